@@ -1,0 +1,31 @@
+# acp-server — developer commands. Every target installs what it needs first.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+ARGS   ?=
+
+.PHONY: install test serve schemas bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest $(ARGS)
+
+serve: $(STAMP)
+	$(VENV)/bin/acp-server serve $(ARGS)
+
+schemas: $(STAMP)
+	$(PY) -m acp_server.schemas schemas
+
+bench: $(STAMP)
+	$(PY) -m bench $(ARGS)
+
+clean:
+	rm -rf $(VENV) build *.egg-info

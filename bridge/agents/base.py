@@ -1,0 +1,94 @@
+"""The seam between the bridge and an agent.
+
+An agent is reached through an ``AgentConnection``: ACP client-to-agent requests and
+notifications as async calls. Traffic in the other direction (``session/update``
+notifications and agent-to-client requests) is delivered to the ``AgentClient`` that
+the bridge hands to ``AgentFactory.connect``::
+
+    connection = await factory.connect(client, task_group)
+    info = await connection.request("initialize", {"protocolVersion": 1, ...})
+    result = await connection.request("session/new", {"cwd": cwd, "mcpServers": []})
+    await connection.notify("session/cancel", {"sessionId": result["sessionId"]})
+    await connection.aclose()
+
+Contracts:
+
+* Params and results are plain JSON values (dicts, lists, ...) decoded without a
+  narrowing schema, so unknown fields survive. ``session/update`` params reach the
+  client as the raw JSON bytes the agent sent (``msgspec.Raw``) or as a dict from an
+  in-process agent; both encode back unchanged.
+* ``session_update`` is called synchronously, in the order the agent sent the
+  notifications, and before the response to the request that produced them.
+* A JSON-RPC error answer raises ``AgentError``; a lost agent raises
+  ``AgentDiedError`` in every waiting call and calls ``client.connection_lost`` once.
+* Agent-to-client requests run concurrently (a waiting permission request must not
+  block updates); an ``AgentClient`` method answers by returning the result or by
+  raising ``RequestError``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+import anyio.abc
+import msgspec
+
+from bridge.errors import AgentDiedError
+
+
+class RequestError(Exception):
+    """Raised by an ``AgentClient`` handler: becomes a JSON-RPC error answer."""
+
+    def __init__(self, code: int, message: str, data: Any = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.data = data
+
+
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
+RESOURCE_NOT_FOUND = -32002
+
+
+class AgentClient(Protocol):
+    """What the bridge offers an agent (the ACP client side)."""
+
+    def session_update(self, session_id: str, params: msgspec.Raw | dict[str, Any]) -> None:
+        """A ``session/update`` notification; ``params`` is the whole params object."""
+
+    async def request_permission(self, session_id: str, params: dict[str, Any]) -> dict[str, Any]:
+        """``session/request_permission``: returns ``{"outcome": {...}}``."""
+
+    async def read_text_file(self, session_id: str, params: dict[str, Any]) -> dict[str, Any]:
+        """``fs/read_text_file``: returns ``{"content": str}``."""
+
+    async def write_text_file(self, session_id: str, params: dict[str, Any]) -> dict[str, Any]:
+        """``fs/write_text_file``: returns ``{}``."""
+
+    def connection_lost(self, error: AgentDiedError) -> None:
+        """The agent went away; called once."""
+
+
+@runtime_checkable
+class AgentConnection(Protocol):
+    @property
+    def closed(self) -> bool: ...
+
+    async def request(self, method: str, params: Any) -> Any: ...
+
+    async def notify(self, method: str, params: Any) -> None: ...
+
+    async def aclose(self) -> None:
+        """Stop the agent; pending calls fail with ``AgentDiedError``. Idempotent."""
+
+
+class AgentFactory(Protocol):
+    """Starts an agent. Background work of the connection runs in ``task_group``."""
+
+    name: str
+
+    async def connect(
+        self, client: AgentClient, task_group: anyio.abc.TaskGroup
+    ) -> AgentConnection: ...

@@ -1,0 +1,513 @@
+"""The bridge: sessions, prompt admission, cancel, branch, permissions, events.
+
+    async with Bridge(ReferenceAgentFactory(), workspace_cwd="/ws") as bridge:
+        info = await bridge.create_session()
+        ticket = bridge.send_prompt(info.session_id, [{"type": "text", "text": "hi"}])
+        async for event in bridge.subscribe(info.session_id, last_event_id=ticket.last_event_id):
+            ...
+        result = await ticket
+
+``Bridge`` knows nothing of HTTP. Every front door drives it through these methods
+and maps its errors (``bridge.errors``) to wire answers. All agent traffic goes
+through one shared ``AgentConnection`` (started on first use, restarted after death).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import logging
+import os
+import time
+from typing import Any
+
+import anyio
+import anyio.abc
+import msgspec
+
+from bridge import events as ev
+from bridge import fs
+from bridge.agents.base import AgentConnection, AgentFactory
+from bridge.bus import Subscription
+from bridge.cancel import CancelToken
+from bridge.errors import (
+    AgentDiedError,
+    AgentTimeoutError,
+    BranchWhilePromptActiveError,
+    InvalidClientIdError,
+    NotSupportedError,
+    PromptCancelledError,
+    PromptNotFoundError,
+    PromptQueueFullError,
+    SessionIdNotHonoredError,
+    SessionLimitExceededError,
+    SessionNotFoundError,
+    WorkspaceMismatchError,
+)
+from bridge.options import BridgeOptions
+from bridge.permissions import PermissionMediator
+from bridge.session import QUEUED, QueueWaitStats, Session, WorkItem
+from bridge.ticket import PromptTicket
+
+log = logging.getLogger("bridge")
+
+REQUESTED_SESSION_ID_META = "acp-server/requestedSessionId"
+CLIENT_INFO = {"name": "acp-server-bridge", "version": "0.1.0"}
+CLOSE_AGENT_SESSION_TIMEOUT_S = 2.0
+
+
+class InvalidPromptError(ValueError):
+    code = "invalid_prompt"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SessionInfo:
+    session_id: str
+    workspace_cwd: str
+    attached: bool
+    client_id: str
+    created_at: str
+    event_epoch: str
+    last_event_id: int
+    has_active_prompt: bool
+    forked_from: str | None = None
+
+
+class _SessionUpdateHead(msgspec.Struct):
+    sessionId: str
+
+
+class Bridge:
+    def __init__(self, agent_factory: AgentFactory, *, workspace_cwd: str,
+                 options: BridgeOptions | None = None) -> None:
+        self.options = options or BridgeOptions()
+        self.workspace_cwd = os.path.realpath(workspace_cwd)
+        self.agent_factory = agent_factory
+        self.permissions = PermissionMediator(self.options.permission_response_timeout_ms)
+        self.queue_wait = QueueWaitStats()
+        self.started_at = time.time()
+        self._sessions: dict[str, Session] = {}
+        self._in_flight_spawns = 0
+        self._default_session_id: str | None = None
+        self._default_spawn: anyio.Event | None = None
+        self._agent: AgentConnection | None = None
+        self._agent_info: dict[str, Any] = {}
+        self._agent_lock: anyio.Lock | None = None
+        self._task_group: anyio.abc.TaskGroup | None = None
+        self._closed = False
+
+    # -- lifecycle ---------------------------------------------------------------------
+    async def __aenter__(self) -> Bridge:
+        self._agent_lock = anyio.Lock()
+        self._task_group = anyio.create_task_group()
+        await self._task_group.__aenter__()
+        if self.options.session_reap_interval_ms and self.options.session_idle_timeout_ms:
+            self._task_group.start_soon(self._reaper)
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        try:
+            with anyio.CancelScope(shield=True):
+                await self.aclose()
+        finally:
+            assert self._task_group is not None
+            self._task_group.cancel_scope.cancel()
+            # The body's own exception propagates unwrapped; only background-task
+            # failures surface from the task group.
+            await self._task_group.__aexit__(None, None, None)
+
+    async def aclose(self) -> None:
+        """Cancel every prompt, close every session, stop the agent."""
+        if self._closed:
+            return
+        self._closed = True
+        for session_id in list(self._sessions):
+            await self.close_session(session_id, reason="shutdown")
+        if self._agent is not None:
+            await self._agent.aclose()
+
+    # -- agent -------------------------------------------------------------------------
+    async def _ensure_agent(self) -> AgentConnection:
+        assert self._agent_lock is not None and self._task_group is not None
+        async with self._agent_lock:
+            if self._agent is not None and not self._agent.closed:
+                return self._agent
+            connection = await self.agent_factory.connect(_AgentClientAdapter(self), self._task_group)
+            timeout_ms = self.options.initialize_timeout_ms
+            try:
+                with anyio.fail_after(timeout_ms / 1000):
+                    info = await connection.request("initialize", {
+                        "protocolVersion": 1,
+                        "clientCapabilities": {"fs": {"readTextFile": True, "writeTextFile": True}},
+                        "clientInfo": CLIENT_INFO})
+            except TimeoutError:
+                await connection.aclose()
+                raise AgentTimeoutError("initialize", timeout_ms) from None
+            except BaseException:
+                await connection.aclose()
+                raise
+            self._agent, self._agent_info = connection, info if isinstance(info, dict) else {}
+            return connection
+
+    @property
+    def agent_info(self) -> dict[str, Any]:
+        return self._agent_info
+
+    def _agent_capability(self, *path: str) -> Any:
+        value: Any = self._agent_info.get("agentCapabilities") or {}
+        for key in path:
+            value = value.get(key) if isinstance(value, dict) else None
+        return value
+
+    # -- sessions ------------------------------------------------------------------------
+    def get_session(self, session_id: str) -> Session:
+        session = self._sessions.get(session_id)
+        if session is None or session.closing:
+            raise SessionNotFoundError(session_id)
+        return session
+
+    def sessions(self) -> list[Session]:
+        return list(self._sessions.values())
+
+    def check_workspace(self, cwd: str | None) -> str:
+        if cwd is None:
+            return self.workspace_cwd
+        requested = os.path.realpath(cwd) if isinstance(cwd, str) and os.path.isabs(cwd) else str(cwd)
+        if requested != self.workspace_cwd:
+            raise WorkspaceMismatchError(self.workspace_cwd, str(cwd))
+        return requested
+
+    def _check_session_capacity(self) -> None:
+        limit = self.options.session_limit
+        if limit is not None and len(self._sessions) + self._in_flight_spawns >= limit:
+            raise SessionLimitExceededError(limit)
+
+    async def create_session(self, *, cwd: str | None = None,
+                             session_id: str | None = None) -> SessionInfo:
+        """A fresh session (``thread`` scope). A requested id that is live attaches."""
+        self.check_workspace(cwd)
+        if session_id is not None and session_id in self._sessions:
+            return self._info(self.get_session(session_id), attached=True)
+        session = await self._spawn("session/new", requested_id=session_id)
+        return self._info(session, attached=False)
+
+    async def attach_session(self, *, cwd: str | None = None) -> SessionInfo:
+        """The workspace's default session (``single`` scope), created on first use."""
+        self.check_workspace(cwd)
+        while True:
+            sid = self._default_session_id
+            if sid is not None and sid in self._sessions and not self._sessions[sid].closing:
+                return self._info(self._sessions[sid], attached=True)
+            if self._default_spawn is None:
+                break
+            await self._default_spawn.wait()
+        self._default_spawn = anyio.Event()
+        try:
+            session = await self._spawn("session/new")
+            self._default_session_id = session.session_id
+        finally:
+            self._default_spawn.set()
+            self._default_spawn = None
+        return self._info(session, attached=False)
+
+    async def load_session(self, session_id: str, *, cwd: str | None = None) -> SessionInfo:
+        """Attach a live session, or restore it through ACP ``session/load``."""
+        self.check_workspace(cwd)
+        if session_id in self._sessions and not self._sessions[session_id].closing:
+            return self._info(self._sessions[session_id], attached=True)
+        await self._ensure_agent()
+        if not self._agent_capability("loadSession"):
+            raise NotSupportedError("The agent does not support session/load")
+        session = await self._spawn("session/load", restore_id=session_id)
+        return self._info(session, attached=False)
+
+    async def resume_session(self, session_id: str, *, cwd: str | None = None) -> SessionInfo:
+        """Attach a live session, or restore it through ACP ``session/resume`` (no replay)."""
+        self.check_workspace(cwd)
+        if session_id in self._sessions and not self._sessions[session_id].closing:
+            return self._info(self._sessions[session_id], attached=True)
+        await self._ensure_agent()
+        if self._agent_capability("sessionCapabilities", "resume") is None:
+            raise NotSupportedError("The agent does not support session/resume")
+        session = await self._spawn("session/resume", restore_id=session_id)
+        return self._info(session, attached=False)
+
+    async def _spawn(self, method: str, *, requested_id: str | None = None,
+                     restore_id: str | None = None, fork_of: str | None = None) -> Session:
+        self._check_session_capacity()   # synchronous with the in-flight increment
+        self._in_flight_spawns += 1
+        try:
+            agent = await self._ensure_agent()
+            params: dict[str, Any] = {"cwd": self.workspace_cwd, "mcpServers": []}
+            if restore_id is not None or fork_of is not None:
+                params["sessionId"] = restore_id or fork_of
+            if requested_id is not None:
+                params["_meta"] = {REQUESTED_SESSION_ID_META: requested_id}
+            if restore_id is not None:
+                # Register first: session/load replays history as session/update.
+                session = self._new_session(restore_id, agent)
+                await self._start_session(session)
+                try:
+                    await agent.request(method, params)
+                except BaseException:
+                    self._drop_session(session)
+                    raise
+                return session
+            result = await agent.request(method, params)
+            sid = result.get("sessionId") if isinstance(result, dict) else None
+            if not isinstance(sid, str) or not sid:
+                raise AgentDiedError(f"Agent answered {method} without a sessionId")
+            if requested_id is not None and sid.lower() != requested_id.lower():
+                raise SessionIdNotHonoredError(requested_id, sid)
+            session = self._new_session(sid, agent)
+            session.forked_from = fork_of
+            await self._start_session(session)
+            return session
+        finally:
+            self._in_flight_spawns -= 1
+
+    def _new_session(self, session_id: str, agent: AgentConnection) -> Session:
+        session = Session(session_id, self.workspace_cwd, agent, self.options, self.queue_wait)
+        session.on_cancel = lambda s: self.permissions.cancel_session(s)
+        self._sessions[session_id] = session
+        return session
+
+    async def _start_session(self, session: Session) -> None:
+        assert self._task_group is not None
+        await self._task_group.start(session.run)
+
+    def _drop_session(self, session: Session) -> None:
+        if self._sessions.get(session.session_id) is session:
+            del self._sessions[session.session_id]
+        session.closing = True
+        session.bus.close()
+        session.stop()
+
+    def _info(self, session: Session, *, attached: bool) -> SessionInfo:
+        session.touch()
+        return SessionInfo(
+            session_id=session.session_id, workspace_cwd=session.workspace_cwd,
+            attached=attached, client_id=session.register_client(),
+            created_at=_iso(session.created_at), event_epoch=session.bus.epoch,
+            last_event_id=session.bus.last_event_id,
+            has_active_prompt=session.pending_count > 0, forked_from=session.forked_from)
+
+    async def close_session(self, session_id: str, *, reason: str = "client_close",
+                            closed_by: str | None = None) -> None:
+        session = self.get_session(session_id)
+        session.closing = True
+        del self._sessions[session_id]
+        if self._default_session_id == session_id:
+            self._default_session_id = None
+        running = session.active is not None
+        session.fail_all(session.close_error(reason))
+        self.permissions.cancel_session(session, reason="session_closed")
+        data: dict[str, Any] = {"sessionId": session_id, "reason": reason}
+        if closed_by is not None:
+            data["closedBy"] = closed_by
+        session.bus.publish(ev.SESSION_CLOSED, data)
+        session.bus.close()
+        session.stop()
+        agent = session.agent
+        if agent.closed:
+            return
+        with anyio.move_on_after(CLOSE_AGENT_SESSION_TIMEOUT_S):
+            try:
+                if running:
+                    await agent.notify("session/cancel", {"sessionId": session_id})
+                if self._agent_capability("sessionCapabilities", "close") is not None:
+                    await agent.request("session/close", {"sessionId": session_id})
+            except Exception as exc:
+                log.debug("closing agent session %s: %s", session_id, exc)
+
+    def _on_agent_lost(self, error: AgentDiedError) -> None:
+        """The agent died: every session on it dies, every pending prompt fails."""
+        for session in [s for s in self._sessions.values() if s.agent.closed]:
+            session.closing = True
+            del self._sessions[session.session_id]
+            if self._default_session_id == session.session_id:
+                self._default_session_id = None
+            session.bus.publish(ev.SESSION_DIED, {"sessionId": session.session_id,
+                                                  "reason": "agent_exited", "message": str(error),
+                                                  "exitCode": error.exit_code})
+            session.fail_all(error)
+            self.permissions.cancel_session(session, reason="session_died")
+            session.bus.close()
+            session.stop()
+
+    # -- prompts -------------------------------------------------------------------------
+    def send_prompt(self, session_id: str, prompt: list[Any], *, prompt_id: str | None = None,
+                    deadline_ms: int | None = None, cancel: CancelToken | None = None,
+                    client_id: str | None = None) -> PromptTicket:
+        """Admit a prompt or raise, synchronously (see the module contract)."""
+        session = self.get_session(session_id)
+        if not isinstance(prompt, list) or not prompt:
+            raise InvalidPromptError("`prompt` must be a non-empty array of content blocks")
+        if cancel is not None and cancel.cancelled:
+            raise PromptCancelledError("Prompt request was cancelled before admission",
+                                       reason=cancel.reason)
+        limit = session.limit
+        if limit is not None and session.pending_count >= limit:
+            raise PromptQueueFullError(session_id, limit, session.pending_count)
+        ticket = session.admit(prompt, prompt_id, self._effective_deadline(deadline_ms), client_id)
+        if cancel is not None:
+            session.pending[ticket.prompt_id].unhook_cancel = cancel.add_callback(ticket.cancel)
+        return ticket
+
+    def _effective_deadline(self, requested_ms: int | None) -> int | None:
+        server_ms = self.options.prompt_deadline_ms
+        if server_ms is None:
+            return None
+        return min(server_ms, requested_ms) if requested_ms is not None else server_ms
+
+    async def cancel_session(self, session_id: str, *, reason: str = "client_cancel") -> bool:
+        """Cancel the active prompt only (queued prompts still run) and the session's
+        pending permission requests; forwards ACP ``session/cancel``. ``True`` if a
+        prompt was running."""
+        session = self.get_session(session_id)
+        self.permissions.cancel_session(session, reason="prompt_cancelled")
+        return session.cancel_active(reason)
+
+    def pending_prompts(self, session_id: str) -> list[dict[str, Any]]:
+        return [p.describe() for p in self.get_session(session_id).pending.values()]
+
+    def remove_pending_prompt(self, session_id: str, prompt_id: str) -> str:
+        """Drop a queued prompt (slot freed) or cancel the running one. Returns the
+        state it was in (``queued`` or ``running``)."""
+        session = self.get_session(session_id)
+        pending = session.pending.get(prompt_id)
+        if pending is None:
+            raise PromptNotFoundError(session_id, prompt_id)
+        state = pending.state
+        session.cancel_prompt(prompt_id, "removed" if state == QUEUED else "client_cancel")
+        return state
+
+    # -- branch --------------------------------------------------------------------------
+    async def branch_session(self, session_id: str) -> SessionInfo:
+        """Fork behind the session's FIFO; takes no prompt slot. Fails fast while prompts
+        are pending, as the peer does."""
+        session = self.get_session(session_id)
+        if session.pending_count > 0:
+            raise BranchWhilePromptActiveError(session_id)
+        self._check_session_capacity()
+        if self._agent_capability("sessionCapabilities", "fork") is None:
+            raise NotSupportedError("The agent does not support session/fork")
+
+        async def fork() -> Session:
+            return await self._spawn("session/fork", fork_of=session_id)
+
+        item = WorkItem(fork)
+        session.enqueue_work(item)
+        forked: Session = await item.wait()
+        return self._info(forked, attached=False)
+
+    # -- permissions ---------------------------------------------------------------------
+    def respond_to_permission(self, request_id: str, outcome: dict[str, Any], *,
+                              session_id: str | None = None,
+                              voter_client_id: str | None = None) -> None:
+        if session_id is not None:
+            self.get_session(session_id)
+        self.permissions.vote(request_id, outcome, session_id=session_id,
+                              voter_client_id=voter_client_id)
+
+    # -- events and clients --------------------------------------------------------------
+    def subscribe(self, session_id: str, *, last_event_id: int | None = None,
+                  epoch: str | None = None, max_queued: int | None = None) -> Subscription:
+        session = self.get_session(session_id)
+        session.touch()
+        return session.bus.subscribe(last_event_id=last_event_id, epoch=epoch,
+                                     max_queued=max_queued)
+
+    def check_client(self, session_id: str, client_id: str) -> None:
+        if client_id not in self.get_session(session_id).clients:
+            raise InvalidClientIdError(session_id, client_id)
+
+    def heartbeat(self, session_id: str, client_id: str | None = None) -> float:
+        session = self.get_session(session_id)
+        if client_id is not None:
+            self.check_client(session_id, client_id)
+            session.clients[client_id] = time.time()
+        session.touch()
+        return time.time()
+
+    def session_status(self, session_id: str) -> dict[str, Any]:
+        session = self.get_session(session_id)
+        return {
+            "sessionId": session.session_id, "workspaceCwd": session.workspace_cwd,
+            "createdAt": _iso(session.created_at), "clientCount": len(session.clients),
+            "hasActivePrompt": session.active is not None,
+            "activePromptId": session.active.prompt_id if session.active else None,
+            "pendingPrompts": session.pending_count, "queuedPrompts": session.queued_count,
+            "isWaitingForPermission": bool(session.permissions),
+            "pendingInteractionCount": len(session.permissions),
+            "subscribers": session.bus.subscriber_count,
+            "lastEventId": session.bus.last_event_id, "eventEpoch": session.bus.epoch,
+        }
+
+    def stats(self) -> dict[str, Any]:
+        sessions = list(self._sessions.values())
+        pending = sum(s.pending_count for s in sessions)
+        active = sum(1 for s in sessions if s.active is not None)
+        return {
+            "sessions": len(sessions), "admissionInFlight": self._in_flight_spawns,
+            "pendingPrompts": pending, "queuedPrompts": pending - active,
+            "activePrompts": active, "pendingPermissions": self.permissions.pending_count,
+            "subscribers": sum(s.bus.subscriber_count for s in sessions),
+            "promptQueueWait": self.queue_wait.as_dict(),
+        }
+
+    # -- the idle reaper -----------------------------------------------------------------
+    async def _reaper(self) -> None:
+        while True:
+            await anyio.sleep(self.options.session_reap_interval_ms / 1000)
+            await self.reap_idle_sessions()
+
+    async def reap_idle_sessions(self) -> list[str]:
+        threshold = self.options.session_idle_timeout_ms / 1000
+        now = time.monotonic()
+        idle = [s.session_id for s in self._sessions.values()
+                if not s.closing and now - s.last_seen >= threshold
+                and s.bus.subscriber_count == 0 and s.pending_count == 0 and not s.permissions]
+        for session_id in idle:
+            if session_id in self._sessions:
+                await self.close_session(session_id, reason="idle_timeout")
+        return idle
+
+
+class _AgentClientAdapter:
+    """The ACP client side the bridge offers its agent."""
+
+    def __init__(self, bridge: Bridge) -> None:
+        self._bridge = bridge
+
+    def session_update(self, session_id: str, params: msgspec.Raw | dict[str, Any]) -> None:
+        session = self._bridge._sessions.get(session_id)
+        if session is None or session.closing:
+            log.debug("dropping session/update for unknown session %s", session_id)
+            return
+        prompt_id = session.active.prompt_id if session.active is not None else None
+        session.bus.publish(ev.SESSION_UPDATE, params, prompt_id=prompt_id)
+
+    async def request_permission(self, session_id: str, params: dict[str, Any]) -> dict[str, Any]:
+        session = self._bridge._sessions.get(session_id)
+        if session is None or session.closing:
+            return {"outcome": {"outcome": "cancelled"}}
+        return await self._bridge.permissions.request(session, params)
+
+    async def read_text_file(self, session_id: str, params: dict[str, Any]) -> dict[str, Any]:
+        return await anyio.to_thread.run_sync(fs.read_text_file, self._workspace(session_id), params)
+
+    async def write_text_file(self, session_id: str, params: dict[str, Any]) -> dict[str, Any]:
+        return await anyio.to_thread.run_sync(fs.write_text_file, self._workspace(session_id), params)
+
+    def _workspace(self, session_id: str) -> str:
+        session = self._bridge._sessions.get(session_id)
+        return session.workspace_cwd if session is not None else self._bridge.workspace_cwd
+
+    def connection_lost(self, error: AgentDiedError) -> None:
+        self._bridge._on_agent_lost(error)
+
+
+def _iso(timestamp: float) -> str:
+    return datetime.datetime.fromtimestamp(timestamp, datetime.UTC).isoformat(
+        timespec="milliseconds").replace("+00:00", "Z")

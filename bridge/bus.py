@@ -1,0 +1,244 @@
+"""A session's event bus: ids from 1, an epoch per bus, a bounded ring, replay, and
+bounded subscriber queues.
+
+    bus = EventBus(ring_size=8000, max_subscribers=64)
+    bus.publish("turn_complete", {"sessionId": sid, "stopReason": "end_turn"}, prompt_id=pid)
+
+    subscription = bus.subscribe(last_event_id=12, epoch=bus.epoch)
+    async for event in subscription:   # replayed events, replay_complete, then live
+        send(event.sse)
+
+Contracts:
+
+* ``publish`` and ``subscribe`` are synchronous: no event is published between a
+  subscriber's replay snapshot and its first live event, so nothing is missed or
+  doubled.
+* Without a cursor a subscriber gets live events only. With one it gets every ring
+  event after the cursor, then ``replay_complete``. When the cursor cannot be
+  honoured it first gets ``state_resync_required`` (``epoch_reset`` for a foreign
+  epoch or a cursor ahead of the bus, ``ring_evicted`` when events after the cursor
+  are gone, ``replay_budget_exceeded`` when the replay is over its byte budget) and
+  then whatever the ring still holds.
+* A live queue holds at most ``max_queued`` frames and ``max_queued_bytes`` bytes.
+  At 75 % of either bound the subscriber gets one ``slow_client_warning`` (re-armed
+  below 37.5 %); past a bound it gets ``client_evicted`` and its stream ends. A slow
+  reader never blocks ``publish``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from collections import deque
+from typing import Any
+
+import anyio
+
+from bridge import events as ev
+from bridge.errors import SubscriberLimitExceededError
+from bridge.events import Event
+
+REPLAY_BUDGET_BYTES = 8 * 1024 * 1024
+
+
+class Subscription:
+    """An async iterator of ``Event`` frames for one reader. ``close()`` ends it."""
+
+    def __init__(self, bus: EventBus, max_queued: int, max_queued_bytes: int) -> None:
+        self._bus = bus
+        self._replay: deque[Event] = deque()
+        self._queue: deque[Event] = deque()
+        self._queued_bytes = 0
+        self._queued_events = 0  # bus events in _queue; control frames are not counted
+        self.max_queued = max_queued
+        self.max_queued_bytes = max_queued_bytes
+        self._warned = False
+        self._ended = False  # no more frames will be queued
+        self._wakeup: anyio.Event | None = None
+        self.last_queued_id = 0
+        self.evicted_reason: str | None = None
+
+    # -- reader side -------------------------------------------------------------
+    def __aiter__(self) -> Subscription:
+        return self
+
+    async def __anext__(self) -> Event:
+        while True:
+            event = self.receive_nowait()
+            if event is not None:
+                return event
+            if self._ended:
+                raise StopAsyncIteration
+            self._wakeup = anyio.Event()
+            await self._wakeup.wait()
+
+    def receive_nowait(self) -> Event | None:
+        """The next frame if one is ready, else ``None``."""
+        if self._replay:
+            return self._replay.popleft()
+        if self._queue:
+            event = self._queue.popleft()
+            if event.id is not None:
+                self._queued_events -= 1
+                self._queued_bytes -= len(event.json)
+            if self._warned and self._below_rearm():
+                self._warned = False
+            return event
+        return None
+
+    @property
+    def ended(self) -> bool:
+        return self._ended and not self._replay and not self._queue
+
+    def close(self) -> None:
+        self._bus._detach(self)
+        self._end()
+
+    # -- bus side ------------------------------------------------------------------
+    def _end(self) -> None:
+        self._ended = True
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._wakeup is not None:
+            self._wakeup.set()
+            self._wakeup = None
+
+    def _below_rearm(self) -> bool:
+        return (self._queued_events * 8 < self.max_queued * 3
+                and self._queued_bytes * 8 < self.max_queued_bytes * 3)
+
+    def _push(self, event: Event) -> None:
+        if self._ended:
+            return
+        size = len(event.json)
+        if self._queued_events >= self.max_queued:
+            self._evict("queue_overflow")
+            return
+        if self._queued_bytes + size > self.max_queued_bytes:
+            self._evict("queue_bytes_overflow")
+            return
+        self._queue.append(event)
+        self._queued_events += 1
+        self._queued_bytes += size
+        self.last_queued_id = event.id  # type: ignore[assignment]  # bus events have ids
+        if not self._warned and (self._queued_events * 4 >= self.max_queued * 3
+                                 or self._queued_bytes * 4 >= self.max_queued_bytes * 3):
+            self._warned = True
+            self._queue.append(Event.build(None, ev.SLOW_CLIENT_WARNING, {
+                "queueSize": self._queued_events, "maxQueued": self.max_queued,
+                "lastEventId": self.last_queued_id, "queuedBytes": self._queued_bytes,
+                "maxQueuedBytes": self.max_queued_bytes, "threshold": 0.75,
+            }))
+        self._wake()
+
+    def _evict(self, reason: str) -> None:
+        self.evicted_reason = reason
+        self._bus._detach(self)
+        self._queue.append(Event.build(None, ev.CLIENT_EVICTED, {
+            "reason": reason, "droppedAfter": self.last_queued_id,
+            "queueSize": self._queued_events, "maxQueued": self.max_queued,
+            "queuedBytes": self._queued_bytes, "maxQueuedBytes": self.max_queued_bytes,
+        }))
+        self._end()
+
+
+class EventBus:
+    def __init__(self, *, ring_size: int = 8000, max_subscribers: int = 64,
+                 max_queued: int = 256, max_queued_bytes: int = 2 * 1024 * 1024,
+                 session_id: str = "") -> None:
+        self.epoch = str(uuid.uuid4())
+        self.session_id = session_id
+        self._ring: deque[Event] = deque(maxlen=ring_size)
+        self._last_id = 0
+        self._subscribers: list[Subscription] = []
+        self.max_subscribers = max_subscribers
+        self.max_queued = max_queued
+        self.max_queued_bytes = max_queued_bytes
+        self.closed = False
+
+    @property
+    def last_event_id(self) -> int:
+        return self._last_id
+
+    @property
+    def subscriber_count(self) -> int:
+        return len(self._subscribers)
+
+    @property
+    def earliest_available_id(self) -> int:
+        return self._ring[0].id if self._ring else self._last_id + 1  # type: ignore[return-value]
+
+    def publish(self, type_: str, data: Any, *, prompt_id: str | None = None,
+                originator_client_id: str | None = None) -> Event | None:
+        """Store and fan out one event. After ``close()`` it is dropped (``None``)."""
+        if self.closed:
+            return None
+        self._last_id += 1
+        event = Event.build(self._last_id, type_, data, prompt_id=prompt_id,
+                            originator_client_id=originator_client_id)
+        self._ring.append(event)
+        for subscriber in tuple(self._subscribers):
+            subscriber._push(event)
+        return event
+
+    def subscribe(self, *, last_event_id: int | None = None, epoch: str | None = None,
+                  max_queued: int | None = None) -> Subscription:
+        if len(self._subscribers) >= self.max_subscribers:
+            raise SubscriberLimitExceededError(self.session_id, self.max_subscribers)
+        subscription = Subscription(self, max_queued or self.max_queued, self.max_queued_bytes)
+        if last_event_id is not None:
+            subscription._replay.extend(self._replay_frames(last_event_id, epoch))
+        if self.closed:
+            subscription._end()
+        else:
+            self._subscribers.append(subscription)
+        return subscription
+
+    def close(self) -> None:
+        """End every subscription (after they drain what is queued)."""
+        self.closed = True
+        subscribers, self._subscribers = self._subscribers, []
+        for subscriber in subscribers:
+            subscriber._end()
+
+    def _detach(self, subscription: Subscription) -> None:
+        try:
+            self._subscribers.remove(subscription)
+        except ValueError:
+            pass
+
+    def _replay_frames(self, cursor: int, epoch: str | None) -> list[Event]:
+        earliest = self.earliest_available_id
+        frames: list[Event] = []
+        resync: dict[str, Any] | None = None
+        if epoch is not None and epoch != self.epoch:
+            resync = {"reason": "epoch_reset", "detail": "epoch_mismatch"}
+            replay = list(self._ring)
+        elif cursor > self._last_id:
+            resync = {"reason": "epoch_reset"}
+            replay = list(self._ring)
+        elif cursor + 1 < earliest:
+            resync = {"reason": "ring_evicted"}
+            replay = list(self._ring)
+        else:
+            replay = list(itertools.islice(self._ring, cursor + 1 - earliest, None))
+        total = sum(len(event.json) for event in replay)
+        if total > REPLAY_BUDGET_BYTES:   # keep the newest events that fit the budget
+            start = 0
+            while start < len(replay) and total > REPLAY_BUDGET_BYTES:
+                total -= len(replay[start].json)
+                start += 1
+            replay = replay[start:]
+            resync = {"reason": "replay_budget_exceeded"}
+        if resync is not None:
+            resync.update(lastDeliveredId=cursor,
+                          earliestAvailableId=replay[0].id if replay else self._last_id + 1)
+            frames.append(Event.build(None, ev.STATE_RESYNC_REQUIRED, resync))
+        frames.extend(replay)
+        last_replayed = replay[-1].id if replay else min(cursor, self._last_id)
+        frames.append(Event.build(None, ev.REPLAY_COMPLETE, {
+            "lastReplayedEventId": last_replayed, "lastEventId": last_replayed,
+            "replayedCount": len(replay),
+        }))
+        return frames

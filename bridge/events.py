@@ -1,0 +1,110 @@
+"""Event wire types: the envelope every front door sends, encoded once per event.
+
+    event = Event.build(7, "turn_complete", {"sessionId": sid, "stopReason": "end_turn"},
+                        prompt_id=pid)
+    event.json   # b'{"id":7,"v":1,"type":"turn_complete","promptId":...,"data":{...},"_meta":{...}}'
+    event.sse    # b'id: 7\\nevent: turn_complete\\ndata: {...}\\n\\n'
+
+Synthetic stream-control frames (``replay_complete``, ``state_resync_required``,
+``slow_client_warning``, ``client_evicted``) have no id and no ``id:`` line.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import msgspec
+
+# Event types published on a session bus.
+SESSION_UPDATE = "session_update"
+PENDING_PROMPT_ADDED = "pending_prompt_added"
+PENDING_PROMPT_STARTED = "pending_prompt_started"
+PENDING_PROMPT_COMPLETED = "pending_prompt_completed"
+TURN_COMPLETE = "turn_complete"
+TURN_ERROR = "turn_error"
+PROMPT_CANCELLED = "prompt_cancelled"
+PERMISSION_REQUEST = "permission_request"
+PERMISSION_RESOLVED = "permission_resolved"
+SESSION_CLOSED = "session_closed"
+SESSION_DIED = "session_died"
+
+# Synthetic frames (never stored in the ring, no id).
+REPLAY_COMPLETE = "replay_complete"
+STATE_RESYNC_REQUIRED = "state_resync_required"
+SLOW_CLIENT_WARNING = "slow_client_warning"
+CLIENT_EVICTED = "client_evicted"
+
+BUS_EVENT_TYPES = (
+    SESSION_UPDATE, PENDING_PROMPT_ADDED, PENDING_PROMPT_STARTED, PENDING_PROMPT_COMPLETED,
+    TURN_COMPLETE, TURN_ERROR, PROMPT_CANCELLED, PERMISSION_REQUEST, PERMISSION_RESOLVED,
+    SESSION_CLOSED, SESSION_DIED,
+)
+SYNTHETIC_EVENT_TYPES = (REPLAY_COMPLETE, STATE_RESYNC_REQUIRED, SLOW_CLIENT_WARNING, CLIENT_EVICTED)
+
+
+class EventMeta(msgspec.Struct, omit_defaults=True):
+    serverTimestamp: int
+
+
+class EventEnvelope(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """The JSON object of one event frame (``data:`` of an SSE frame). ``id`` is
+    absent on synthetic frames."""
+
+    id: int | None = None
+    v: int
+    type: str
+    promptId: str | None = None
+    originatorClientId: str | None = None
+    data: Any
+    meta: EventMeta | None = msgspec.field(default=None, name="_meta")
+
+
+_encoder = msgspec.json.Encoder()
+_envelope_decoder = msgspec.json.Decoder(EventEnvelope)
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class Event:
+    """One published (or synthetic) event; JSON and SSE bytes are built once."""
+
+    __slots__ = ("id", "type", "data", "prompt_id", "timestamp_ms", "json", "_sse")
+
+    def __init__(self, event_id: int | None, type_: str, data: Any, prompt_id: str | None,
+                 timestamp_ms: int, json: bytes) -> None:
+        self.id = event_id
+        self.type = type_
+        self.data = data
+        self.prompt_id = prompt_id
+        self.timestamp_ms = timestamp_ms
+        self.json = json
+        self._sse: bytes | None = None
+
+    @classmethod
+    def build(cls, event_id: int | None, type_: str, data: Any, *,
+              prompt_id: str | None = None, originator_client_id: str | None = None) -> Event:
+        ts = now_ms()
+        envelope = EventEnvelope(v=1, type=type_, data=data, id=event_id, promptId=prompt_id,
+                                 originatorClientId=originator_client_id,
+                                 meta=EventMeta(serverTimestamp=ts))
+        return cls(event_id, type_, data, prompt_id, ts, _encoder.encode(envelope))
+
+    @property
+    def sse(self) -> bytes:
+        """The complete SSE frame, ending in a blank line."""
+        sse = self._sse
+        if sse is None:
+            head = b"event: " + self.type.encode() + b"\ndata: "
+            if self.id is not None:
+                head = b"id: " + str(self.id).encode() + b"\n" + head
+            sse = self._sse = head + self.json + b"\n\n"
+        return sse
+
+    def envelope(self) -> EventEnvelope:
+        return _envelope_decoder.decode(self.json)
+
+    def __repr__(self) -> str:
+        return f"Event(id={self.id!r}, type={self.type!r}, prompt_id={self.prompt_id!r})"

@@ -1,0 +1,114 @@
+"""First-responder permission mediation.
+
+    mediator = PermissionMediator(timeout_ms=0)
+    outcome = await mediator.request(session, params)     # publishes permission_request
+    mediator.vote(request_id, {"outcome": "selected", "optionId": "allow_once"})
+
+Contracts: the first valid vote resolves a request; a later vote, or a vote for an
+unknown request, raises ``PermissionNotFoundError``; an option id the agent did not
+offer raises ``InvalidPermissionOptionError`` and leaves the request pending. A
+timeout (when set), a cancel, a close or the agent's death resolve it as
+``{"outcome": "cancelled"}``. Each resolution publishes one ``permission_resolved``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from bridge import events as ev
+from bridge.errors import InvalidPermissionOptionError, PermissionNotFoundError
+
+if TYPE_CHECKING:
+    from bridge.session import Session
+
+CANCELLED: dict[str, Any] = {"outcome": "cancelled"}
+RESERVED_OPTION_ID = "__cancelled__"
+MAX_PENDING_PER_SESSION = 64
+
+
+class PendingPermission:
+    __slots__ = ("request_id", "session", "params", "option_ids", "done", "outcome", "prompt_id")
+
+    def __init__(self, request_id: str, session: Session, params: dict[str, Any],
+                 prompt_id: str | None) -> None:
+        self.request_id = request_id
+        self.session = session
+        self.params = params
+        options = params.get("options")
+        self.option_ids = {o.get("optionId") for o in options if isinstance(o, dict)} \
+            if isinstance(options, list) else set()
+        self.done = anyio.Event()
+        self.outcome: dict[str, Any] | None = None
+        self.prompt_id = prompt_id
+
+
+class PermissionMediator:
+    def __init__(self, timeout_ms: int = 0) -> None:
+        self.timeout_ms = timeout_ms
+        self._by_id: dict[str, PendingPermission] = {}
+
+    @property
+    def pending_count(self) -> int:
+        return len(self._by_id)
+
+    async def request(self, session: Session, params: dict[str, Any]) -> dict[str, Any]:
+        """Publish the request, wait for the first valid vote; returns ``{"outcome": ...}``."""
+        if session.closing or len(session.permissions) >= MAX_PENDING_PER_SESSION:
+            return {"outcome": dict(CANCELLED)}
+        request_id = str(uuid.uuid4())
+        prompt_id = session.active.prompt_id if session.active is not None else None
+        pending = PendingPermission(request_id, session, params, prompt_id)
+        self._by_id[request_id] = pending
+        session.permissions[request_id] = pending
+        data = dict(params)
+        data["requestId"] = request_id
+        data["sessionId"] = session.session_id
+        session.bus.publish(ev.PERMISSION_REQUEST, data, prompt_id=prompt_id)
+        try:
+            if self.timeout_ms:
+                with anyio.move_on_after(self.timeout_ms / 1000):
+                    await pending.done.wait()
+            else:
+                await pending.done.wait()
+        finally:
+            if pending.outcome is None:  # timeout, or our caller was cancelled
+                self._resolve(pending, dict(CANCELLED), None, reason="timeout")
+        assert pending.outcome is not None
+        return {"outcome": pending.outcome}
+
+    def vote(self, request_id: str, outcome: dict[str, Any], *, session_id: str | None = None,
+             voter_client_id: str | None = None) -> None:
+        pending = self._by_id.get(request_id)
+        if pending is None or (session_id is not None and pending.session.session_id != session_id):
+            raise PermissionNotFoundError(request_id, session_id)
+        if outcome.get("outcome") == "selected":
+            option_id = outcome.get("optionId")
+            if option_id == RESERVED_OPTION_ID or option_id not in pending.option_ids:
+                raise InvalidPermissionOptionError(request_id, str(option_id))
+            resolved = {"outcome": "selected", "optionId": option_id}
+        else:
+            resolved = dict(CANCELLED)
+        self._resolve(pending, resolved, voter_client_id)
+
+    def cancel_session(self, session: Session, reason: str = "cancelled") -> None:
+        for pending in list(session.permissions.values()):
+            self._resolve(pending, dict(CANCELLED), None, reason=reason)
+
+    def _resolve(self, pending: PendingPermission, outcome: dict[str, Any],
+                 voter_client_id: str | None, reason: str | None = None) -> None:
+        if pending.outcome is not None:
+            return
+        pending.outcome = outcome
+        self._by_id.pop(pending.request_id, None)
+        pending.session.permissions.pop(pending.request_id, None)
+        data: dict[str, Any] = {"requestId": pending.request_id,
+                                "sessionId": pending.session.session_id, "outcome": outcome}
+        if voter_client_id is not None:
+            data["voterClientId"] = voter_client_id
+        if reason is not None:
+            data["reason"] = reason
+        pending.session.bus.publish(ev.PERMISSION_RESOLVED, data, prompt_id=pending.prompt_id)
+        pending.done.set()

@@ -1,0 +1,390 @@
+"""One bridge session: its FIFO, its admission counter, its bus, its permissions.
+
+    session = Session(session_id, workspace_cwd, agent, options)
+    await task_group.start(session.run)            # the FIFO worker and timers live here
+    ticket = session.admit(prompt, prompt_id=None, deadline_ms=None)
+
+Contracts:
+
+* ``admit`` is synchronous. It checks ``pending_count >= limit`` and increments the
+  count with no ``await`` in between, so admission cannot race on any backend.
+* Work runs strictly in arrival order, one item at a time (prompts and branches).
+* A prompt settles exactly once (``_settle``): its ticket gets the outcome, its slot is
+  released, its terminal event is published. Every path — completion, agent error,
+  cancel while queued or running, deadline, close, agent death — goes through it.
+* A failed prompt never blocks the FIFO: the worker moves on whatever the outcome.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.abc
+
+from bridge import events as ev
+from bridge.bus import EventBus
+from bridge.errors import (
+    AgentDiedError,
+    AgentError,
+    PromptDeadlineExceededError,
+    SessionClosedError,
+)
+from bridge.options import BridgeOptions
+from bridge.ticket import PromptResult, PromptTicket
+
+if TYPE_CHECKING:
+    from bridge.agents.base import AgentConnection
+    from bridge.permissions import PendingPermission
+
+log = logging.getLogger("bridge.session")
+
+QUEUED, RUNNING, DONE = "queued", "running", "done"
+MAX_TRACKED_CLIENTS = 1024
+PROMPT_TEXT_PREVIEW = 500
+
+
+def prompt_text(prompt: list[Any]) -> str:
+    parts = [block.get("text", "") for block in prompt
+             if isinstance(block, dict) and block.get("type") == "text"]
+    text = "\n".join(p for p in parts if isinstance(p, str))
+    return text[:PROMPT_TEXT_PREVIEW]
+
+
+class PendingPrompt:
+    __slots__ = ("prompt_id", "prompt", "text", "queued_at_ms", "admitted_at", "deadline_ms",
+                 "state", "was_queued", "ticket", "cancel_requested", "run_scope",
+                 "timer_scope", "unhook_cancel", "client_id")
+
+    def __init__(self, prompt_id: str, prompt: list[Any], ticket: PromptTicket,
+                 deadline_ms: int | None, was_queued: bool, client_id: str | None) -> None:
+        self.prompt_id = prompt_id
+        self.prompt = prompt
+        self.text = prompt_text(prompt)
+        self.queued_at_ms = ev.now_ms()
+        self.admitted_at = time.monotonic()
+        self.deadline_ms = deadline_ms
+        self.state = QUEUED
+        self.was_queued = was_queued
+        self.ticket = ticket
+        self.cancel_requested = False
+        self.run_scope: anyio.CancelScope | None = None
+        self.timer_scope: anyio.CancelScope | None = None
+        self.unhook_cancel: Callable[[], None] | None = None
+        self.client_id = client_id
+
+    def describe(self) -> dict[str, Any]:
+        return {"promptId": self.prompt_id, "queuedAt": self.queued_at_ms,
+                "text": self.text, "state": self.state}
+
+
+class WorkItem:
+    """A non-prompt job on the FIFO (e.g. a branch). Takes no prompt slot."""
+
+    __slots__ = ("job", "done", "outcome")
+
+    def __init__(self, job: Callable[[], Awaitable[Any]]) -> None:
+        self.job = job
+        self.done = anyio.Event()
+        self.outcome: Any = None
+
+    async def wait(self) -> Any:
+        await self.done.wait()
+        if isinstance(self.outcome, BaseException):
+            raise self.outcome
+        return self.outcome
+
+
+class QueueWaitStats:
+    __slots__ = ("count", "total_ms", "max_ms", "last_ms")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.total_ms = 0.0
+        self.max_ms = 0.0
+        self.last_ms = 0.0
+
+    def record(self, wait_ms: float) -> None:
+        self.count += 1
+        self.total_ms += wait_ms
+        self.last_ms = wait_ms
+        if wait_ms > self.max_ms:
+            self.max_ms = wait_ms
+
+    def as_dict(self) -> dict[str, Any]:
+        mean = self.total_ms / self.count if self.count else 0.0
+        return {"count": self.count, "meanMs": round(mean, 3), "maxMs": round(self.max_ms, 3),
+                "lastMs": round(self.last_ms, 3)}
+
+
+class Session:
+    def __init__(self, session_id: str, workspace_cwd: str, agent: AgentConnection,
+                 options: BridgeOptions, queue_wait: QueueWaitStats) -> None:
+        self.session_id = session_id
+        self.workspace_cwd = workspace_cwd
+        self.agent = agent
+        self.options = options
+        self.created_at = time.time()
+        self.last_seen = time.monotonic()
+        self.bus = EventBus(ring_size=options.event_ring_size,
+                            max_subscribers=options.max_subscribers_per_session,
+                            max_queued=options.subscriber_max_queued,
+                            max_queued_bytes=options.subscriber_max_queued_bytes,
+                            session_id=session_id)
+        self.limit = options.pending_prompt_limit
+        self.pending_count = 0
+        self.pending: dict[str, PendingPrompt] = {}
+        self.active: PendingPrompt | None = None
+        self.permissions: dict[str, PendingPermission] = {}
+        self.clients: dict[str, float] = {}
+        self.closing = False
+        self.forked_from: str | None = None
+        self._work: deque[PendingPrompt | WorkItem] = deque()
+        self._wakeup: anyio.Event | None = None
+        self._task_group: anyio.abc.TaskGroup | None = None
+        self._scope: anyio.CancelScope | None = None
+        self._queue_wait = queue_wait
+        # Called when a prompt is cancelled: cancels the session's pending permissions.
+        self.on_cancel: Callable[[Session], None] = lambda session: None
+
+    # -- lifecycle -----------------------------------------------------------------
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Owns the FIFO worker and the deadline timers until ``stop()``."""
+        async with anyio.create_task_group() as tg:
+            self._task_group = tg
+            self._scope = tg.cancel_scope
+            task_status.started()
+            await self._worker()
+
+    def stop(self) -> None:
+        if self._scope is not None:
+            self._scope.cancel()
+
+    def touch(self) -> None:
+        self.last_seen = time.monotonic()
+
+    def register_client(self) -> str:
+        client_id = f"client_{uuid.uuid4()}"
+        self.clients[client_id] = time.time()
+        if len(self.clients) > MAX_TRACKED_CLIENTS:
+            del self.clients[next(iter(self.clients))]
+        return client_id
+
+    @property
+    def queued_count(self) -> int:
+        return sum(1 for p in self.pending.values() if p.state == QUEUED)
+
+    # -- admission -------------------------------------------------------------------
+    def admit(self, prompt: list[Any], prompt_id: str | None, deadline_ms: int | None,
+              client_id: str | None) -> PromptTicket:
+        """Caller has checked the limit; this increments, enqueues and returns the ticket."""
+        self.pending_count += 1
+        prompt_id = prompt_id or str(uuid.uuid4())
+        ticket = PromptTicket(prompt_id, self.session_id, self.bus.last_event_id, self.bus.epoch,
+                              lambda reason, pid=prompt_id: self.cancel_prompt(pid, reason))
+        was_queued = self.active is not None or bool(self._work)
+        pending = PendingPrompt(prompt_id, prompt, ticket, deadline_ms, was_queued, client_id)
+        self.pending[prompt_id] = pending
+        self.touch()
+        if was_queued:
+            self.bus.publish(ev.PENDING_PROMPT_ADDED, {
+                "sessionId": self.session_id, "promptId": prompt_id, "text": pending.text,
+                "queuedAt": pending.queued_at_ms}, prompt_id=prompt_id)
+        if deadline_ms is not None and self._task_group is not None:
+            self._task_group.start_soon(self._deadline_timer, pending)
+        self._enqueue(pending)
+        return ticket
+
+    def enqueue_work(self, item: WorkItem) -> None:
+        self._enqueue(item)
+
+    def _enqueue(self, item: PendingPrompt | WorkItem) -> None:
+        self._work.append(item)
+        if self._wakeup is not None:
+            self._wakeup.set()
+            self._wakeup = None
+
+    # -- the FIFO worker ---------------------------------------------------------------
+    async def _worker(self) -> None:
+        while True:
+            while not self._work:
+                self._wakeup = anyio.Event()
+                await self._wakeup.wait()
+            item = self._work.popleft()
+            if isinstance(item, WorkItem):
+                await self._run_work(item)
+            elif item.state == QUEUED:
+                await self._run_prompt(item)
+
+    async def _run_work(self, item: WorkItem) -> None:
+        try:
+            item.outcome = await item.job()
+        except Exception as exc:  # delivered to the waiter; the FIFO goes on
+            item.outcome = exc
+        finally:
+            item.done.set()
+
+    async def _run_prompt(self, pending: PendingPrompt) -> None:
+        pending.state = RUNNING
+        self.active = pending
+        self._queue_wait.record((time.monotonic() - pending.admitted_at) * 1000.0)
+        sid, pid = self.session_id, pending.prompt_id
+        if pending.was_queued:
+            self.bus.publish(ev.PENDING_PROMPT_STARTED, {"sessionId": sid, "promptId": pid,
+                                                         "text": pending.text}, prompt_id=pid)
+        for block in pending.prompt:
+            self.bus.publish(ev.SESSION_UPDATE, {"sessionId": sid, "update": {
+                "sessionUpdate": "user_message_chunk", "content": block,
+                "_meta": {"source": "bridge-echo"}}}, prompt_id=pid)
+        outcome: PromptResult | BaseException
+        try:
+            with anyio.CancelScope() as scope:
+                pending.run_scope = scope
+                if pending.cancel_requested:  # cancelled between dequeue and here
+                    scope.deadline = anyio.current_time() + self.options.cancel_grace_ms / 1000
+                response = await self.agent.request("session/prompt", {"sessionId": sid,
+                                                                      "prompt": pending.prompt})
+            if scope.cancelled_caught:
+                outcome = PromptResult("cancelled", {"stopReason": "cancelled"})
+            else:
+                outcome = _prompt_result(response)
+        except (AgentError, AgentDiedError) as exc:
+            outcome = exc
+        except Exception as exc:
+            log.exception("session %s: prompt %s failed", sid, pid)
+            outcome = AgentError(-32603, f"Internal error: {exc}")
+        finally:
+            pending.run_scope = None
+            self.active = None
+        self._settle(pending, outcome)
+
+    # -- settlement --------------------------------------------------------------------
+    def _settle(self, pending: PendingPrompt, outcome: PromptResult | BaseException) -> None:
+        if not pending.ticket._settle(outcome):
+            return
+        pending.state = DONE
+        self.pending.pop(pending.prompt_id, None)
+        self.pending_count = max(0, self.pending_count - 1)   # the one release of this slot
+        self.touch()
+        if pending.timer_scope is not None:
+            pending.timer_scope.cancel()
+        if pending.unhook_cancel is not None:
+            pending.unhook_cancel()
+        sid, pid = self.session_id, pending.prompt_id
+        if isinstance(outcome, PromptResult):
+            self.bus.publish(ev.TURN_COMPLETE, {"sessionId": sid, "stopReason": outcome.stop_reason,
+                                                "promptId": pid}, prompt_id=pid)
+            state = "cancelled" if outcome.stop_reason == "cancelled" else "completed"
+        else:
+            self.bus.publish(ev.TURN_ERROR, {"sessionId": sid, "message": str(outcome),
+                                             "code": _error_code(outcome), "promptId": pid},
+                             prompt_id=pid)
+            state = "failed"
+        if pending.was_queued:
+            self.bus.publish(ev.PENDING_PROMPT_COMPLETED, {"sessionId": sid, "promptId": pid,
+                                                           "state": state}, prompt_id=pid)
+
+    # -- cancellation ----------------------------------------------------------------
+    def cancel_prompt(self, prompt_id: str, reason: str | None = None) -> bool:
+        """Queued: drop it and settle as cancelled. Running: forward ``session/cancel``.
+        ``False`` when the prompt is not pending."""
+        pending = self.pending.get(prompt_id)
+        if pending is None:
+            return False
+        if pending.state == QUEUED:
+            self._drop_queued(pending)
+            self.bus.publish(ev.PROMPT_CANCELLED, {"sessionId": self.session_id,
+                                                   "reason": reason or "cancelled"},
+                             prompt_id=prompt_id)
+            self._settle(pending, PromptResult("cancelled", {"stopReason": "cancelled"}))
+        else:
+            self._cancel_running(pending, reason)
+        return True
+
+    def cancel_active(self, reason: str | None = None) -> bool:
+        if self.active is None or self.active.state != RUNNING:
+            return False
+        self._cancel_running(self.active, reason)
+        return True
+
+    def _cancel_running(self, pending: PendingPrompt, reason: str | None) -> None:
+        if pending.cancel_requested:
+            return
+        pending.cancel_requested = True
+        self.bus.publish(ev.PROMPT_CANCELLED, {"sessionId": self.session_id,
+                                               "reason": reason or "cancelled"},
+                         prompt_id=pending.prompt_id)
+        self.on_cancel(self)
+        self._forward_cancel(pending)
+
+    def _forward_cancel(self, pending: PendingPrompt) -> None:
+        """Send ACP ``session/cancel`` and bound how long the agent may take to stop."""
+        if pending.run_scope is not None:
+            pending.run_scope.deadline = min(
+                pending.run_scope.deadline,
+                anyio.current_time() + self.options.cancel_grace_ms / 1000)
+        if self._task_group is not None:
+            self._task_group.start_soon(self._notify_cancel)
+
+    async def _notify_cancel(self) -> None:
+        try:
+            await self.agent.notify("session/cancel", {"sessionId": self.session_id})
+        except Exception as exc:  # the agent may already be gone
+            log.debug("session %s: forwarding cancel failed: %s", self.session_id, exc)
+
+    def _drop_queued(self, pending: PendingPrompt) -> None:
+        try:
+            self._work.remove(pending)
+        except ValueError:
+            pass
+
+    async def _deadline_timer(self, pending: PendingPrompt) -> None:
+        assert pending.deadline_ms is not None
+        with anyio.CancelScope() as scope:
+            pending.timer_scope = scope
+            if pending.state == DONE:
+                return
+            await anyio.sleep(max(0.0, pending.admitted_at + pending.deadline_ms / 1000
+                                  - time.monotonic()))
+            if pending.state == DONE:
+                return
+            if pending.state == QUEUED:
+                self._drop_queued(pending)
+            else:
+                pending.cancel_requested = True
+                self.on_cancel(self)
+                self._forward_cancel(pending)
+            self._settle(pending, PromptDeadlineExceededError(pending.deadline_ms))
+
+    def fail_all(self, error: BaseException) -> None:
+        """Settle every pending prompt with ``error`` (close, agent death)."""
+        for pending in list(self.pending.values()):
+            if pending.state == QUEUED:
+                self._drop_queued(pending)
+            elif pending.run_scope is not None:
+                pending.run_scope.cancel()
+            self._settle(pending, error)
+
+    def close_error(self, reason: str) -> SessionClosedError:
+        return SessionClosedError(self.session_id, reason)
+
+
+def _prompt_result(response: Any) -> PromptResult:
+    if not isinstance(response, dict):
+        raise AgentError(-32603, f"Invalid session/prompt response: {response!r}")
+    stop_reason = response.get("stopReason")
+    if not isinstance(stop_reason, str):
+        raise AgentError(-32603, "Invalid session/prompt response: missing stopReason")
+    return PromptResult(stop_reason, response)
+
+
+def _error_code(error: BaseException) -> str:
+    if isinstance(error, AgentError):
+        return str(error.rpc_code)
+    code = getattr(error, "code", None)
+    return code if isinstance(code, str) else "internal_error"

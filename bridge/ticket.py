@@ -1,0 +1,72 @@
+"""What ``Bridge.send_prompt`` hands back: a ``PromptTicket``.
+
+    ticket = bridge.send_prompt(session_id, [{"type": "text", "text": "hi"}])
+    ticket.prompt_id, ticket.last_event_id, ticket.epoch   # subscribe from here
+    result = await ticket            # PromptResult(stop_reason="end_turn", ...)
+
+Awaiting the ticket returns a ``PromptResult`` (a cancelled prompt is a result with
+``stop_reason == "cancelled"``) or raises the prompt's error (``AgentError``,
+``AgentDiedError``, ``PromptDeadlineExceededError``, ``SessionClosedError``). A ticket
+settles exactly once; its pending slot is released at that moment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Generator
+from typing import Any
+
+import anyio
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PromptResult:
+    stop_reason: str
+    response: dict[str, Any]
+
+
+class PromptTicket:
+    __slots__ = ("prompt_id", "session_id", "last_event_id", "epoch", "_done",
+                 "_outcome", "_cancel")
+
+    def __init__(self, prompt_id: str, session_id: str, last_event_id: int, epoch: str,
+                 cancel: Callable[[str | None], None]) -> None:
+        self.prompt_id = prompt_id
+        self.session_id = session_id
+        self.last_event_id = last_event_id
+        self.epoch = epoch
+        self._done = anyio.Event()
+        self._outcome: PromptResult | BaseException | None = None
+        self._cancel = cancel
+
+    @property
+    def done(self) -> bool:
+        return self._outcome is not None
+
+    @property
+    def outcome(self) -> PromptResult | BaseException | None:
+        return self._outcome
+
+    def cancel(self, reason: str | None = None) -> None:
+        """Queued: dropped without reaching the agent. Running: ACP ``session/cancel``."""
+        if self._outcome is None:
+            self._cancel(reason)
+
+    async def result(self) -> PromptResult:
+        await self._done.wait()
+        outcome = self._outcome
+        if isinstance(outcome, BaseException):
+            raise outcome
+        assert outcome is not None
+        return outcome
+
+    def __await__(self) -> Generator[Any, None, PromptResult]:
+        return self.result().__await__()
+
+    def _settle(self, outcome: PromptResult | BaseException) -> bool:
+        """Record the outcome; ``False`` when the ticket had already settled."""
+        if self._outcome is not None:
+            return False
+        self._outcome = outcome
+        self._done.set()
+        return True

@@ -1,0 +1,182 @@
+"""Sessions: create, attach, load, resume, limits, clients, permissions, the reaper."""
+
+from __future__ import annotations
+
+import uuid
+
+import anyio
+import pytest
+
+from bridge.errors import (
+    InvalidClientIdError,
+    InvalidPermissionOptionError,
+    PermissionNotFoundError,
+    SessionIdNotHonoredError,
+    SessionLimitExceededError,
+    SessionNotFoundError,
+    WorkspaceMismatchError,
+)
+from tests.bridge.helpers import drain, open_bridge, text, wait_until
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_attach_reuses_default_session_with_new_client_ids(tmp_path):
+    async with open_bridge(tmp_path) as (bridge, agent):
+        first, second = await bridge.attach_session(), await bridge.attach_session(cwd=str(tmp_path))
+        assert first.session_id == second.session_id
+        assert (first.attached, second.attached) == (False, True)
+        assert first.client_id != second.client_id and first.client_id.startswith("client_")
+        bridge.check_client(first.session_id, first.client_id)
+        with pytest.raises(InvalidClientIdError):
+            bridge.check_client(first.session_id, "client_unknown")
+        thread = await bridge.create_session()
+        assert thread.session_id != first.session_id
+
+
+async def test_concurrent_attach_spawns_once(tmp_path):
+    async with open_bridge(tmp_path) as (bridge, agent):
+        infos = []
+
+        async def attach() -> None:
+            infos.append(await bridge.attach_session())
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(5):
+                tg.start_soon(attach)
+        assert len({i.session_id for i in infos}) == 1
+        assert sum(1 for m, _ in agent.calls if m == "session/new") == 1
+
+
+async def test_workspace_mismatch(tmp_path):
+    async with open_bridge(tmp_path) as (bridge, agent):
+        with pytest.raises(WorkspaceMismatchError) as info:
+            await bridge.create_session(cwd="/somewhere/else")
+        assert info.value.bound_workspace == bridge.workspace_cwd
+
+
+async def test_session_limit_counts_live_and_in_flight(tmp_path):
+    async with open_bridge(tmp_path, max_sessions=2) as (bridge, agent):
+        await bridge.create_session()
+        await bridge.create_session()
+        with pytest.raises(SessionLimitExceededError) as info:
+            await bridge.create_session()
+        assert info.value.limit == 2
+        # attaching an existing default session is free; spawning it is not
+        with pytest.raises(SessionLimitExceededError):
+            await bridge.attach_session()
+        await bridge.close_session(bridge.sessions()[0].session_id)
+        await bridge.attach_session()
+        assert len(bridge.sessions()) == 2
+
+
+async def test_requested_session_id(tmp_path):
+    async with open_bridge(tmp_path) as (bridge, agent):
+        wanted = str(uuid.uuid4())
+        info = await bridge.create_session(session_id=wanted)
+        assert info.session_id == wanted and not info.attached
+        again = await bridge.create_session(session_id=wanted)
+        assert again.attached
+
+
+async def test_requested_session_id_not_honoured(tmp_path):
+    async with open_bridge(tmp_path) as (bridge, agent):
+        async def ignore_meta(method, params, original=agent.request):
+            if method == "session/new":
+                params = {k: v for k, v in params.items() if k != "_meta"}
+            return await original(method, params)
+        agent.request = ignore_meta
+        with pytest.raises(SessionIdNotHonoredError):
+            await bridge.create_session(session_id=str(uuid.uuid4()))
+        assert bridge.sessions() == []
+
+
+async def test_close_then_not_found_then_load(tmp_path):
+    async with open_bridge(tmp_path) as (bridge, agent):
+        sid = (await bridge.create_session()).session_id
+        await bridge.close_session(sid)
+        with pytest.raises(SessionNotFoundError):
+            bridge.send_prompt(sid, text("ok"))
+        with pytest.raises(SessionNotFoundError):
+            await bridge.close_session(sid)
+        loaded = await bridge.load_session(sid)
+        assert loaded.session_id == sid and not loaded.attached
+        assert ("session/load", {"cwd": bridge.workspace_cwd, "mcpServers": [], "sessionId": sid}) in agent.calls
+        assert (await bridge.load_session(sid)).attached
+        assert (await bridge.resume_session(sid)).attached
+
+
+async def test_first_responder_permission(tmp_path):
+    async with open_bridge(tmp_path) as (bridge, agent):
+        sid = (await bridge.create_session()).session_id
+        sub = bridge.subscribe(sid)
+        ticket = bridge.send_prompt(sid, text("perm"))
+        await wait_until(lambda: bridge.permissions.pending_count == 1)
+        request = [f for f in drain(sub) if f.type == "permission_request"][0].envelope()
+        request_id = request.data["requestId"]
+        assert request.data["sessionId"] == sid and request.promptId == ticket.prompt_id
+        assert [o["optionId"] for o in request.data["options"]] == ["yes", "no"]
+        with pytest.raises(InvalidPermissionOptionError):
+            bridge.respond_to_permission(request_id, {"outcome": "selected", "optionId": "maybe"})
+        with pytest.raises(PermissionNotFoundError):   # a vote through another session
+            bridge.permissions.vote(request_id, {"outcome": "cancelled"}, session_id="nope")
+        bridge.respond_to_permission(request_id, {"outcome": "selected", "optionId": "yes"},
+                                     session_id=sid, voter_client_id="client_a")
+        with pytest.raises(PermissionNotFoundError):
+            bridge.respond_to_permission(request_id, {"outcome": "selected", "optionId": "no"})
+        assert (await ticket).stop_reason == "yes"
+        resolved = [f for f in drain(sub) if f.type == "permission_resolved"]
+        assert len(resolved) == 1
+        assert resolved[0].envelope().data == {"requestId": request_id, "sessionId": sid,
+                                               "outcome": {"outcome": "selected", "optionId": "yes"},
+                                               "voterClientId": "client_a"}
+
+
+async def test_permission_timeout_and_cancel(tmp_path):
+    async with open_bridge(tmp_path, permission_response_timeout_ms=50) as (bridge, agent):
+        sid = (await bridge.create_session()).session_id
+        assert (await bridge.send_prompt(sid, text("perm"))).stop_reason == "cancelled"
+    async with open_bridge(tmp_path) as (bridge, agent):
+        sid = (await bridge.create_session()).session_id
+        ticket = bridge.send_prompt(sid, text("perm"))
+        await wait_until(lambda: bridge.permissions.pending_count == 1)
+        await bridge.cancel_session(sid)
+        assert bridge.permissions.pending_count == 0
+        assert (await ticket).stop_reason == "cancelled"
+
+
+async def test_idle_reaper_spares_busy_and_watched_sessions(tmp_path):
+    async with open_bridge(tmp_path, session_idle_timeout_ms=1, session_reap_interval_ms=0) as (bridge, agent):
+        idle = (await bridge.create_session()).session_id
+        watched = (await bridge.create_session()).session_id
+        busy = (await bridge.create_session()).session_id
+        sub = bridge.subscribe(watched)
+        ticket = bridge.send_prompt(busy, text("hold b"))
+        await anyio.sleep(0.01)
+        assert await bridge.reap_idle_sessions() == [idle]
+        assert {s.session_id for s in bridge.sessions()} == {watched, busy}
+        sub.close()
+        agent.release("b")
+        await ticket
+
+
+async def test_reaper_task_runs(tmp_path):
+    async with open_bridge(tmp_path, session_idle_timeout_ms=20, session_reap_interval_ms=10) as (bridge, agent):
+        sid = (await bridge.create_session()).session_id
+        await wait_until(lambda: not bridge.sessions(), timeout=3)
+        with pytest.raises(SessionNotFoundError):
+            bridge.get_session(sid)
+
+
+async def test_stats(tmp_path):
+    async with open_bridge(tmp_path, max_pending_prompts_per_session=0) as (bridge, agent):
+        sid = (await bridge.create_session()).session_id
+        tickets = [bridge.send_prompt(sid, text(f"hold s{i}")) for i in range(7)]
+        await wait_until(lambda: bridge.get_session(sid).active is not None)
+        stats = bridge.stats()
+        assert (stats["pendingPrompts"], stats["queuedPrompts"], stats["activePrompts"]) == (7, 6, 1)
+        for i in range(7):
+            agent.release(f"s{i}")
+        for t in tickets:
+            await t
+        assert bridge.stats()["promptQueueWait"]["count"] == 7
