@@ -302,10 +302,8 @@ class Bridge:
         running = session.active is not None
         session.fail_all(session.close_error(reason))
         self.permissions.cancel_session(session, reason="session_closed")
-        data: dict[str, Any] = {"sessionId": session_id, "reason": reason}
-        if closed_by is not None:
-            data["closedBy"] = closed_by
-        session.bus.publish(ev.SESSION_CLOSED, data)
+        session.bus.publish(ev.SESSION_CLOSED, ev.SessionClosed(
+            sessionId=session_id, reason=reason, closedBy=closed_by))
         session.bus.close()
         session.stop()
         agent = session.agent
@@ -327,9 +325,9 @@ class Bridge:
             del self._sessions[session.session_id]
             if self._default_session_id == session.session_id:
                 self._default_session_id = None
-            session.bus.publish(ev.SESSION_DIED, {"sessionId": session.session_id,
-                                                  "reason": "agent_exited", "message": str(error),
-                                                  "exitCode": error.exit_code})
+            session.bus.publish(ev.SESSION_DIED, ev.SessionDied(
+                sessionId=session.session_id, reason="agent_exited", message=str(error),
+                exitCode=error.exit_code))
             session.fail_all(error)
             self.permissions.cancel_session(session, reason="session_died")
             session.bus.close()

@@ -125,21 +125,19 @@ class Subscription:
         if not self._warned and (self._queued_events * 4 >= self.max_queued * 3
                                  or self._queued_bytes * 4 >= self.max_queued_bytes * 3):
             self._warned = True
-            self._queue.append(Event.build(None, ev.SLOW_CLIENT_WARNING, {
-                "queueSize": self._queued_events, "maxQueued": self.max_queued,
-                "lastEventId": self.last_queued_id, "queuedBytes": self._queued_bytes,
-                "maxQueuedBytes": self.max_queued_bytes, "threshold": 0.75,
-            }))
+            self._queue.append(Event.build(None, ev.SLOW_CLIENT_WARNING, ev.SlowClientWarning(
+                queueSize=self._queued_events, maxQueued=self.max_queued,
+                lastEventId=self.last_queued_id, queuedBytes=self._queued_bytes,
+                maxQueuedBytes=self.max_queued_bytes, threshold=0.75)))
         self._wake()
 
     def _evict(self, reason: str) -> None:
         self.evicted_reason = reason
         self._bus._detach(self)
-        self._queue.append(Event.build(None, ev.CLIENT_EVICTED, {
-            "reason": reason, "droppedAfter": self.last_queued_id,
-            "queueSize": self._queued_events, "maxQueued": self.max_queued,
-            "queuedBytes": self._queued_bytes, "maxQueuedBytes": self.max_queued_bytes,
-        }))
+        self._queue.append(Event.build(None, ev.CLIENT_EVICTED, ev.ClientEvicted(
+            reason=reason, droppedAfter=self.last_queued_id, queueSize=self._queued_events,
+            maxQueued=self.max_queued, queuedBytes=self._queued_bytes,
+            maxQueuedBytes=self.max_queued_bytes)))
         self._end()
 
 
@@ -211,15 +209,15 @@ class EventBus:
     def _replay_frames(self, cursor: int, epoch: str | None) -> list[Event]:
         earliest = self.earliest_available_id
         frames: list[Event] = []
-        resync: dict[str, Any] | None = None
+        resync: tuple[str, str | None] | None = None
         if epoch is not None and epoch != self.epoch:
-            resync = {"reason": "epoch_reset", "detail": "epoch_mismatch"}
+            resync = ("epoch_reset", "epoch_mismatch")
             replay = list(self._ring)
         elif cursor > self._last_id:
-            resync = {"reason": "epoch_reset"}
+            resync = ("epoch_reset", None)
             replay = list(self._ring)
         elif cursor + 1 < earliest:
-            resync = {"reason": "ring_evicted"}
+            resync = ("ring_evicted", None)
             replay = list(self._ring)
         else:
             replay = list(itertools.islice(self._ring, cursor + 1 - earliest, None))
@@ -230,15 +228,14 @@ class EventBus:
                 total -= len(replay[start].json)
                 start += 1
             replay = replay[start:]
-            resync = {"reason": "replay_budget_exceeded"}
+            resync = ("replay_budget_exceeded", None)
         if resync is not None:
-            resync.update(lastDeliveredId=cursor,
-                          earliestAvailableId=replay[0].id if replay else self._last_id + 1)
-            frames.append(Event.build(None, ev.STATE_RESYNC_REQUIRED, resync))
+            frames.append(Event.build(None, ev.STATE_RESYNC_REQUIRED, ev.StateResyncRequired(
+                reason=resync[0], detail=resync[1], lastDeliveredId=cursor,
+                earliestAvailableId=replay[0].id if replay else self._last_id + 1)))
         frames.extend(replay)
         last_replayed = replay[-1].id if replay else min(cursor, self._last_id)
-        frames.append(Event.build(None, ev.REPLAY_COMPLETE, {
-            "lastReplayedEventId": last_replayed, "lastEventId": last_replayed,
-            "replayedCount": len(replay),
-        }))
+        frames.append(Event.build(None, ev.REPLAY_COMPLETE, ev.ReplayComplete(
+            lastReplayedEventId=last_replayed, lastEventId=last_replayed,  # type: ignore[arg-type]
+            replayedCount=len(replay))))
         return frames

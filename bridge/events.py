@@ -60,6 +60,99 @@ class EventEnvelope(msgspec.Struct, omit_defaults=True, kw_only=True):
     meta: EventMeta | None = msgspec.field(default=None, name="_meta")
 
 
+class _Data(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """Base of the typed ``data`` payloads; ``None`` fields are left out."""
+
+
+class PendingPromptAdded(_Data):
+    sessionId: str
+    promptId: str
+    text: str
+    queuedAt: int
+
+
+class PendingPromptStarted(_Data):
+    sessionId: str
+    promptId: str
+    text: str
+
+
+class PendingPromptCompleted(_Data):
+    sessionId: str
+    promptId: str
+    state: str  # completed | cancelled | failed
+
+
+class TurnComplete(_Data):
+    sessionId: str
+    stopReason: str
+    promptId: str
+
+
+class TurnError(_Data):
+    sessionId: str
+    message: str
+    code: str  # a string, as the peer sends it ("-32603", "prompt_deadline_exceeded", ...)
+    promptId: str
+
+
+class PromptCancelled(_Data):
+    sessionId: str
+    reason: str | None = None
+
+
+class PermissionResolved(_Data):
+    requestId: str
+    sessionId: str
+    outcome: dict[str, Any]
+    voterClientId: str | None = None
+    reason: str | None = None
+
+
+class SessionClosed(_Data):
+    sessionId: str
+    reason: str
+    closedBy: str | None = None
+
+
+class SessionDied(_Data):
+    sessionId: str
+    reason: str
+    message: str
+    exitCode: int | None = None
+
+
+class ReplayComplete(_Data):
+    lastReplayedEventId: int
+    lastEventId: int  # deprecated alias of lastReplayedEventId
+    replayedCount: int
+
+
+class StateResyncRequired(_Data):
+    reason: str  # epoch_reset | ring_evicted | replay_budget_exceeded
+    lastDeliveredId: int
+    earliestAvailableId: int
+    detail: str | None = None
+
+
+class SlowClientWarning(_Data):
+    queueSize: int
+    maxQueued: int
+    lastEventId: int
+    queuedBytes: int
+    maxQueuedBytes: int
+    threshold: float
+
+
+class ClientEvicted(_Data):
+    reason: str  # queue_overflow | queue_bytes_overflow
+    droppedAfter: int
+    queueSize: int
+    maxQueued: int
+    queuedBytes: int
+    maxQueuedBytes: int
+
+
 _encoder = msgspec.json.Encoder()
 _envelope_decoder = msgspec.json.Decoder(EventEnvelope)
 

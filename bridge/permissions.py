@@ -104,11 +104,7 @@ class PermissionMediator:
         pending.outcome = outcome
         self._by_id.pop(pending.request_id, None)
         pending.session.permissions.pop(pending.request_id, None)
-        data: dict[str, Any] = {"requestId": pending.request_id,
-                                "sessionId": pending.session.session_id, "outcome": outcome}
-        if voter_client_id is not None:
-            data["voterClientId"] = voter_client_id
-        if reason is not None:
-            data["reason"] = reason
-        pending.session.bus.publish(ev.PERMISSION_RESOLVED, data, prompt_id=pending.prompt_id)
+        pending.session.bus.publish(ev.PERMISSION_RESOLVED, ev.PermissionResolved(
+            requestId=pending.request_id, sessionId=pending.session.session_id, outcome=outcome,
+            voterClientId=voter_client_id, reason=reason), prompt_id=pending.prompt_id)
         pending.done.set()

@@ -192,9 +192,9 @@ class Session:
         self.pending[prompt_id] = pending
         self.touch()
         if was_queued:
-            self.bus.publish(ev.PENDING_PROMPT_ADDED, {
-                "sessionId": self.session_id, "promptId": prompt_id, "text": pending.text,
-                "queuedAt": pending.queued_at_ms}, prompt_id=prompt_id)
+            self.bus.publish(ev.PENDING_PROMPT_ADDED, ev.PendingPromptAdded(
+                sessionId=self.session_id, promptId=prompt_id, text=pending.text,
+                queuedAt=pending.queued_at_ms), prompt_id=prompt_id)
         if deadline_ms is not None and self._task_group is not None:
             self._task_group.start_soon(self._deadline_timer, pending)
         self._enqueue(pending)
@@ -235,8 +235,8 @@ class Session:
         self._queue_wait.record((time.monotonic() - pending.admitted_at) * 1000.0)
         sid, pid = self.session_id, pending.prompt_id
         if pending.was_queued:
-            self.bus.publish(ev.PENDING_PROMPT_STARTED, {"sessionId": sid, "promptId": pid,
-                                                         "text": pending.text}, prompt_id=pid)
+            self.bus.publish(ev.PENDING_PROMPT_STARTED, ev.PendingPromptStarted(
+                sessionId=sid, promptId=pid, text=pending.text), prompt_id=pid)
         for block in pending.prompt:
             self.bus.publish(ev.SESSION_UPDATE, {"sessionId": sid, "update": {
                 "sessionUpdate": "user_message_chunk", "content": block,
@@ -277,17 +277,17 @@ class Session:
             pending.unhook_cancel()
         sid, pid = self.session_id, pending.prompt_id
         if isinstance(outcome, PromptResult):
-            self.bus.publish(ev.TURN_COMPLETE, {"sessionId": sid, "stopReason": outcome.stop_reason,
-                                                "promptId": pid}, prompt_id=pid)
+            self.bus.publish(ev.TURN_COMPLETE, ev.TurnComplete(
+                sessionId=sid, stopReason=outcome.stop_reason, promptId=pid), prompt_id=pid)
             state = "cancelled" if outcome.stop_reason == "cancelled" else "completed"
         else:
-            self.bus.publish(ev.TURN_ERROR, {"sessionId": sid, "message": str(outcome),
-                                             "code": _error_code(outcome), "promptId": pid},
-                             prompt_id=pid)
+            self.bus.publish(ev.TURN_ERROR, ev.TurnError(
+                sessionId=sid, message=str(outcome), code=_error_code(outcome), promptId=pid),
+                prompt_id=pid)
             state = "failed"
         if pending.was_queued:
-            self.bus.publish(ev.PENDING_PROMPT_COMPLETED, {"sessionId": sid, "promptId": pid,
-                                                           "state": state}, prompt_id=pid)
+            self.bus.publish(ev.PENDING_PROMPT_COMPLETED, ev.PendingPromptCompleted(
+                sessionId=sid, promptId=pid, state=state), prompt_id=pid)
 
     # -- cancellation ----------------------------------------------------------------
     def cancel_prompt(self, prompt_id: str, reason: str | None = None) -> bool:
@@ -298,9 +298,8 @@ class Session:
             return False
         if pending.state == QUEUED:
             self._drop_queued(pending)
-            self.bus.publish(ev.PROMPT_CANCELLED, {"sessionId": self.session_id,
-                                                   "reason": reason or "cancelled"},
-                             prompt_id=prompt_id)
+            self.bus.publish(ev.PROMPT_CANCELLED, ev.PromptCancelled(
+                sessionId=self.session_id, reason=reason or "cancelled"), prompt_id=prompt_id)
             self._settle(pending, PromptResult("cancelled", {"stopReason": "cancelled"}))
         else:
             self._cancel_running(pending, reason)
@@ -316,9 +315,8 @@ class Session:
         if pending.cancel_requested:
             return
         pending.cancel_requested = True
-        self.bus.publish(ev.PROMPT_CANCELLED, {"sessionId": self.session_id,
-                                               "reason": reason or "cancelled"},
-                         prompt_id=pending.prompt_id)
+        self.bus.publish(ev.PROMPT_CANCELLED, ev.PromptCancelled(
+            sessionId=self.session_id, reason=reason or "cancelled"), prompt_id=pending.prompt_id)
         self.on_cancel(self)
         self._forward_cancel(pending)
 

@@ -150,7 +150,8 @@ async def test_branch_runs_behind_the_fifo(tmp_path):
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(branch)
-            await anyio.sleep(0)
+            await wait_until(lambda: bool(session._work) or session.forked_from is not None
+                             or any(m == "session/fork" for m, _ in agent.calls))
             ticket = bridge.send_prompt(sid, text("ok"))   # admitted behind the branch
             assert session.pending_count == 1
         await ticket
