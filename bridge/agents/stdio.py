@@ -1,0 +1,468 @@
+"""ACP agents as child processes speaking newline-delimited JSON-RPC 2.0 on stdio::
+
+    factory = StdioAgentFactory(["qwen", "--acp"], env={"HOME": "/tmp/agent-home"})
+    async with anyio.create_task_group() as tg:
+        conn = await factory.connect(client, tg)       # spawns the process
+        info = await conn.request("initialize", {"protocolVersion": 1})
+        ...
+        await conn.aclose()                            # stdin EOF → SIGTERM → SIGKILL
+
+Contracts (see ``bridge.agents.base``):
+
+* One id table per direction: our request ids count from 0; the agent's request ids
+  are independent and echoed verbatim in our answers.
+* One reader task dispatches stdout lines in order. ``session/update`` reaches
+  ``client.session_update`` synchronously as ``msgspec.Raw`` (the agent's exact
+  params bytes), before any later response resolves its ``request()``. Results are
+  decoded to plain values (unknown fields survive); error answers raise ``AgentError``.
+* Agent-to-client requests run concurrently, each in its own task of the task group;
+  unknown methods are answered -32601 with ``data: {method}``. When the connection
+  goes away, handlers still running are cancelled.
+* A line longer than ``max_line_bytes`` is a protocol failure: the agent is treated
+  as lost and stopped.
+* Death (stdout EOF, exit, broken pipe, protocol failure): every pending call raises
+  ``AgentDiedError(message, exit_code)``, ``client.connection_lost`` is called once,
+  ``closed`` becomes True and the process is reaped. ``aclose()`` fails pending calls
+  the same way but does not call ``connection_lost``.
+* ``env`` entries are added to (override) the inherited environment.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import subprocess
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import anyio
+import anyio.abc
+import msgspec
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+from bridge.agents.base import AgentClient, RequestError
+from bridge.errors import AgentDiedError, AgentError
+from bridge.jsonrpc import (
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    METHOD_NOT_FOUND,
+    UNSET,
+    JsonRpcError,
+    Message,
+    decode_message,
+    decode_value,
+    encode_error,
+    encode_notification,
+    encode_request,
+    encode_result,
+)
+
+__all__ = ["StdioAgentFactory", "StdioAgentConnection", "DEFAULT_MAX_LINE_BYTES"]
+
+logger = logging.getLogger(__name__)
+stderr_logger = logging.getLogger(__name__ + ".stderr")
+
+DEFAULT_MAX_LINE_BYTES = 64 * 1024 * 1024
+_STDERR_LINE_BYTES = 64 * 1024
+_PIPE_ERRORS = (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)
+
+
+class _SessionIdOnly(msgspec.Struct):
+    sessionId: str
+
+
+_session_id_decoder = msgspec.json.Decoder(_SessionIdOnly)
+
+
+class _Pending:
+    __slots__ = ("event", "result", "error")
+
+    def __init__(self) -> None:
+        self.event = anyio.Event()
+        self.result: Any = None
+        self.error: Exception | None = None
+
+    def outcome(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+class StdioAgentFactory:
+    """``AgentFactory`` spawning ``command`` for each connection."""
+
+    def __init__(
+        self,
+        command: Sequence[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        name: str | None = None,
+        max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+        shutdown_grace_s: float = 2.0,
+    ) -> None:
+        if not command:
+            raise ValueError("command must not be empty")
+        self.command = list(command)
+        self.cwd = cwd
+        self.env = dict(env) if env is not None else None
+        self.name = name or os.path.basename(self.command[0])
+        self.max_line_bytes = max_line_bytes
+        self.shutdown_grace_s = shutdown_grace_s
+
+    async def connect(self, client: AgentClient, task_group: anyio.abc.TaskGroup) -> StdioAgentConnection:
+        environ = None if self.env is None else {**os.environ, **self.env}
+        try:
+            process = await anyio.open_process(
+                self.command,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=self.cwd,
+                env=environ,
+            )
+        except OSError as exc:
+            raise AgentDiedError(f"Cannot start agent {self.name!r}: {exc}") from exc
+        connection = StdioAgentConnection(
+            process,
+            client,
+            name=self.name,
+            max_line_bytes=self.max_line_bytes,
+            shutdown_grace_s=self.shutdown_grace_s,
+        )
+        connection.start(task_group)
+        return connection
+
+
+class StdioAgentConnection:
+    """``AgentConnection`` over a child process's stdin/stdout. Build it via the factory."""
+
+    def __init__(
+        self,
+        process: anyio.abc.Process,
+        client: AgentClient,
+        *,
+        name: str,
+        max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+        shutdown_grace_s: float = 2.0,
+    ) -> None:
+        assert process.stdin and process.stdout and process.stderr, "all three pipes are needed"
+        self.name = name
+        self._process = process
+        self._client = client
+        self._stdin = process.stdin
+        self._stdout = BufferedByteReceiveStream(process.stdout)
+        self._max_line_bytes = max_line_bytes
+        self._grace = shutdown_grace_s
+        self._prefix = f"[agent {name} pid={process.pid}]"
+        self._task_group: anyio.abc.TaskGroup | None = None
+        self._ids = itertools.count()
+        self._pending: dict[int, _Pending] = {}
+        self._write_lock = anyio.Lock()
+        self._death: AgentDiedError | None = None
+        self._lost = anyio.Event()
+        self._closing = False
+        self._close_done = anyio.Event()
+        self._reaping = False
+        self._reaped = anyio.Event()
+        self._reader_scope = anyio.CancelScope()
+        self._stderr_scope = anyio.CancelScope()
+        self._reader_done = anyio.Event()
+        self._stderr_done = anyio.Event()
+        self._handler_scopes: set[anyio.CancelScope] = set()
+        self._handlers = {
+            "session/request_permission": client.request_permission,
+            "fs/read_text_file": client.read_text_file,
+            "fs/write_text_file": client.write_text_file,
+        }
+
+    def start(self, task_group: anyio.abc.TaskGroup) -> None:
+        """Start the stdout reader and the stderr logger in ``task_group``."""
+        self._task_group = task_group
+        task_group.start_soon(self._read_stdout)
+        task_group.start_soon(self._read_stderr)
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._process.returncode
+
+    @property
+    def closed(self) -> bool:
+        return self._closing or self._death is not None
+
+    # --- client → agent ------------------------------------------------------------
+
+    async def request(self, method: str, params: Any) -> Any:
+        """Send a request; the decoded result, or ``AgentError`` / ``AgentDiedError``."""
+        if self.closed:
+            raise self._death or AgentDiedError("Agent connection closed")
+        request_id = next(self._ids)
+        pending = self._pending[request_id] = _Pending()
+        try:
+            await self._send_line(encode_request(request_id, method, params))
+            await pending.event.wait()
+        finally:
+            self._pending.pop(request_id, None)
+        return pending.outcome()
+
+    async def notify(self, method: str, params: Any) -> None:
+        if self.closed:
+            raise self._death or AgentDiedError("Agent connection closed")
+        await self._send_line(encode_notification(method, params))
+
+    async def _send_line(self, data: bytes) -> None:
+        try:
+            async with self._write_lock:
+                if self._death is not None:
+                    raise self._death
+                await self._stdin.send(data + b"\n")
+        except _PIPE_ERRORS as exc:
+            # Prefer the reader's verdict (it knows the exit code); don't wait forever.
+            logger.debug("%s write failed: %r", self._prefix, exc)
+            with anyio.move_on_after(self._grace):
+                await self._lost.wait()
+            self._lose(AgentDiedError(f"Agent stdin closed: {exc!r}", self._process.returncode))
+            assert self._death is not None
+            raise self._death from None
+
+    # --- shutdown ----------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        """Fail pending calls, then stop the process: stdin EOF, grace, SIGTERM, grace,
+        SIGKILL. Returns once the process is reaped and the background tasks ended."""
+        if self._closing:
+            await self._close_done.wait()
+            return
+        self._closing = True
+        try:
+            self._lose(AgentDiedError("Agent connection closed"), notify=False)
+            with anyio.CancelScope(shield=True):
+                await self._reap()
+                # Give the reader a moment to drain what the agent wrote before exiting
+                # (a grandchild may still hold the pipes open: then cut it short).
+                with anyio.move_on_after(min(self._grace, 0.5)):
+                    await self._reader_done.wait()
+                    await self._stderr_done.wait()
+                self._reader_scope.cancel()
+                self._stderr_scope.cancel()
+                await self._reader_done.wait()
+                await self._stderr_done.wait()
+                with anyio.move_on_after(self._grace):
+                    await self._process.aclose()
+        finally:
+            self._close_done.set()
+
+    async def _reap(self) -> None:
+        """Make sure the process is gone; shielded; concurrent callers wait for the first."""
+        if self._reaping:
+            await self._reaped.wait()
+            return
+        self._reaping = True
+        try:
+            with anyio.CancelScope(shield=True):
+                process = self._process
+                with anyio.move_on_after(self._grace):
+                    try:
+                        await self._stdin.aclose()
+                    except _PIPE_ERRORS:
+                        pass
+                if process.returncode is None:
+                    with anyio.move_on_after(self._grace):
+                        await process.wait()
+                if process.returncode is None:
+                    logger.warning("%s still running %.1fs after stdin EOF: SIGTERM", self._prefix, self._grace)
+                    self._signal(process.terminate)
+                    with anyio.move_on_after(self._grace):
+                        await process.wait()
+                if process.returncode is None:
+                    logger.warning("%s ignored SIGTERM: SIGKILL", self._prefix)
+                    self._signal(process.kill)
+                    with anyio.move_on_after(5):
+                        await process.wait()
+        finally:
+            self._reaped.set()
+
+    @staticmethod
+    def _signal(send: Any) -> None:
+        try:
+            send()
+        except ProcessLookupError:
+            pass
+
+    def _lose(self, error: AgentDiedError, *, notify: bool = True) -> None:
+        """Mark the connection dead (once): fail pending calls, cancel agent-request
+        handlers, and, unless we are closing it ourselves, tell the client."""
+        if self._death is not None:
+            return
+        self._death = error
+        self._lost.set()
+        for pending in self._pending.values():
+            pending.error = error
+            pending.event.set()
+        for scope in list(self._handler_scopes):
+            scope.cancel()
+        if notify and not self._closing:
+            try:
+                self._client.connection_lost(error)
+            except Exception:
+                logger.exception("%s AgentClient.connection_lost failed", self._prefix)
+
+    # --- agent → client ------------------------------------------------------------
+
+    async def _read_stdout(self) -> None:
+        finished = False
+        try:
+            with self._reader_scope:
+                reason, wait_for_exit = await self._read_lines()
+                finished = True
+            if finished:
+                with anyio.CancelScope(shield=True):  # bounded; must not leave an orphan
+                    await self._agent_gone(reason, wait_for_exit)
+        finally:
+            self._reader_done.set()
+            if not finished and not self._closing:
+                # Cancelled from outside (the host is shutting down): no orphan.
+                self._lose(AgentDiedError("Agent connection cancelled"), notify=False)
+                if self._process.returncode is None:
+                    self._signal(self._process.kill)
+                    with anyio.CancelScope(shield=True), anyio.move_on_after(1):
+                        await self._process.wait()
+
+    async def _read_lines(self) -> tuple[str, bool]:
+        """Dispatch lines until the stream ends: (why it ended, wait for an exit code)."""
+        while True:
+            try:
+                line = await self._stdout.receive_until(b"\n", self._max_line_bytes)
+            except anyio.IncompleteRead:
+                tail = self._stdout.buffer
+                if tail.strip():
+                    self._dispatch(tail)
+                return "Agent process exited (stdout closed)", True
+            except anyio.DelimiterNotFound:
+                return self._line_too_long()
+            except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                return "Agent process exited (stdout closed)", True
+            # receive_until enforces max_bytes only while the delimiter is missing: a
+            # long line that arrived in one read is caught here.
+            if len(line) > self._max_line_bytes:
+                return self._line_too_long()
+            if line.strip():
+                self._dispatch(line)
+
+    def _line_too_long(self) -> tuple[str, bool]:
+        limit = self._max_line_bytes
+        logger.error("%s protocol failure: a line exceeds %d bytes", self._prefix, limit)
+        return f"Agent sent a line over the {limit}-byte limit", False
+
+    async def _agent_gone(self, reason: str, wait_for_exit: bool) -> None:
+        if wait_for_exit and self._process.returncode is None:
+            with anyio.move_on_after(self._grace):
+                await self._process.wait()
+        code = self._process.returncode
+        message = reason if code is None else f"{reason}, exit code {code}"
+        if not self._closing:
+            logger.warning("%s %s", self._prefix, message)
+        self._lose(AgentDiedError(message, code))
+        if not self._closing:
+            await self._reap()
+
+    def _dispatch(self, line: bytes) -> None:
+        try:
+            msg = decode_message(line)
+        except JsonRpcError as exc:
+            logger.warning("%s ignoring invalid message: %s", self._prefix, exc)
+            return
+        if msg.is_response:
+            self._resolve(msg)
+        elif msg.is_notification:
+            self._on_notification(msg)
+        elif self._task_group is not None and self._death is None:
+            self._task_group.start_soon(self._serve_agent_request, msg)
+
+    def _resolve(self, msg: Message) -> None:
+        pending = self._pending.get(msg.id) if type(msg.id) is int else None  # type: ignore[arg-type]
+        if pending is None:
+            logger.warning("%s response to unknown request id %r", self._prefix, msg.id)
+            return
+        if msg.error is not UNSET:
+            pending.error = AgentError(msg.error.code, msg.error.message, decode_value(msg.error.data))
+        else:
+            pending.result = decode_value(msg.result)
+        pending.event.set()
+
+    def _on_notification(self, msg: Message) -> None:
+        if msg.method != "session/update":
+            logger.info("%s ignoring notification %s", self._prefix, msg.method)
+            return
+        if msg.params is UNSET:
+            logger.warning("%s session/update without params", self._prefix)
+            return
+        try:
+            session_id = _session_id_decoder.decode(msg.params).sessionId
+        except msgspec.DecodeError as exc:
+            logger.warning("%s session/update without a sessionId: %s", self._prefix, exc)
+            return
+        try:
+            self._client.session_update(session_id, msg.params)
+        except Exception:
+            logger.exception("%s AgentClient.session_update failed", self._prefix)
+
+    async def _serve_agent_request(self, msg: Message) -> None:
+        scope = anyio.CancelScope()
+        self._handler_scopes.add(scope)
+        try:
+            with scope:
+                reply = await self._answer(msg)
+                await self._send_line(reply)
+        except AgentDiedError:
+            pass  # nobody left to answer
+        finally:
+            self._handler_scopes.discard(scope)
+
+    async def _answer(self, msg: Message) -> bytes:
+        """The encoded answer to an agent request (never raises for handler failures)."""
+        method = msg.method
+        handler = self._handlers.get(method)  # type: ignore[arg-type]
+        if handler is None:
+            logger.info("%s unknown agent request %s", self._prefix, method)
+            return encode_error(msg.id, METHOD_NOT_FOUND, "Method not found", {"method": method})
+        try:
+            params = decode_value(msg.params)
+            session_id = params.get("sessionId") if isinstance(params, dict) else None
+            if not isinstance(session_id, str):
+                raise RequestError(INVALID_PARAMS, 'Invalid params: "sessionId" must be a string')
+            return encode_result(msg.id, await handler(session_id, params))
+        except RequestError as exc:
+            return encode_error(msg.id, exc.code, exc.message, exc.data)
+        except Exception as exc:
+            logger.exception("%s handler for %s failed", self._prefix, method)
+            return encode_error(msg.id, INTERNAL_ERROR, "Internal error", {"details": str(exc)})
+
+    async def _read_stderr(self) -> None:
+        assert self._process.stderr is not None
+        stream = BufferedByteReceiveStream(self._process.stderr)
+        try:
+            with self._stderr_scope:
+                while True:
+                    try:
+                        line = await stream.receive_until(b"\n", _STDERR_LINE_BYTES)
+                    except anyio.DelimiterNotFound:
+                        line = await stream.receive(_STDERR_LINE_BYTES)
+                    except anyio.IncompleteRead:
+                        line = stream.buffer
+                        if line:
+                            self._log_stderr(line)
+                        return
+                    except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                        return
+                    self._log_stderr(line)
+        finally:
+            self._stderr_done.set()
+
+    def _log_stderr(self, line: bytes) -> None:
+        stderr_logger.info("%s %s", self._prefix, line.decode("utf-8", "replace").rstrip())
