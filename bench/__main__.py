@@ -1,0 +1,23 @@
+"""``python -m bench [bridge] [http]`` — run the benchmarks and print a Markdown report."""
+
+from __future__ import annotations
+
+import importlib
+import platform
+import sys
+
+SECTIONS = {"bridge": "bench.bridge_bench", "http": "bench.http_bench"}
+
+
+def main(argv: list[str]) -> None:
+    wanted = argv or list(SECTIONS)
+    print(f"# acp-server benchmarks ({platform.python_implementation()} {platform.python_version()}, "
+          f"{platform.machine()})\n")
+    for name in wanted:
+        module = importlib.import_module(SECTIONS[name])
+        print("\n".join(module.main()))
+        print()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
