@@ -30,10 +30,27 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
+import anyio
 import anyio.abc
 import msgspec
 
 from bridge.errors import AgentDiedError
+
+
+class Answer:
+    """One awaited JSON-RPC answer: set ``value`` or ``error``, then ``done``."""
+
+    __slots__ = ("done", "value", "error")
+
+    def __init__(self) -> None:
+        self.done = anyio.Event()
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+    def unwrap(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.value
 
 
 class RequestError(Exception):

@@ -69,7 +69,7 @@ import anyio
 import anyio.abc
 import anyio.to_thread
 
-from bridge.agents.base import AgentClient, RequestError
+from bridge.agents.base import AgentClient, Answer, RequestError
 from bridge.agents.reference_agent import (
     AgentPeer,
     Directives,
@@ -119,22 +119,6 @@ def _plain(value: Any) -> Any:
     return decode_value(encode_value(value))
 
 
-class _Outcome:
-    """One answer slot: a value or a ``RequestError``."""
-
-    __slots__ = ("done", "value", "error")
-
-    def __init__(self) -> None:
-        self.done = anyio.Event()
-        self.value: Any = None
-        self.error: RequestError | None = None
-
-    def unwrap(self) -> Any:
-        if self.error is not None:
-            raise self.error
-        return self.value
-
-
 class _InProcessPeer:
     """What the in-process agent talks to: the ``AgentClient`` behind the connection."""
 
@@ -154,7 +138,7 @@ class _InProcessPeer:
     async def request(self, method: str, params: dict[str, Any]) -> Any:
         # Like over stdio, the client handler runs in its own task: an agent that stops
         # waiting (session/cancel) does not cancel the client's handler.
-        outcome = _Outcome()
+        outcome = Answer()
         self._connection._start_client_call(method, params, outcome)
         await outcome.done.wait()
         return outcome.unwrap()
@@ -227,7 +211,7 @@ class ReferenceConnection:
             except Exception:
                 logger.exception("AgentClient.connection_lost failed")
 
-    def _start_client_call(self, method: str, params: dict[str, Any], outcome: _Outcome) -> None:
+    def _start_client_call(self, method: str, params: dict[str, Any], outcome: Answer) -> None:
         handlers = {
             "session/request_permission": self.client.request_permission,
             "fs/read_text_file": self.client.read_text_file,
@@ -240,7 +224,7 @@ class ReferenceConnection:
             return
         self._task_group.start_soon(self._client_call, handler, params, outcome)
 
-    async def _client_call(self, handler: Callable[..., Awaitable[Any]], params: dict[str, Any], outcome: _Outcome) -> None:
+    async def _client_call(self, handler: Callable[..., Awaitable[Any]], params: dict[str, Any], outcome: Answer) -> None:
         scope = anyio.CancelScope()
         self._scopes.add(scope)
         try:
@@ -283,7 +267,7 @@ class _StdioPeer:
         self._out = out
         self._lock = anyio.Lock()
         self._ids = itertools.count()
-        self._pending: dict[int, _Outcome] = {}
+        self._pending: dict[int, Answer] = {}
 
     async def send(self, data: bytes) -> None:
         async with self._lock:
@@ -298,7 +282,7 @@ class _StdioPeer:
 
     async def request(self, method: str, params: dict[str, Any]) -> Any:
         request_id = next(self._ids)
-        outcome = self._pending[request_id] = _Outcome()
+        outcome = self._pending[request_id] = Answer()
         try:
             await self.send(encode_request(request_id, method, params))
             await outcome.done.wait()

@@ -41,7 +41,7 @@ import anyio.abc
 import msgspec
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from bridge.agents.base import AgentClient, RequestError
+from bridge.agents.base import AgentClient, Answer, RequestError
 from bridge.errors import AgentDiedError, AgentError
 from bridge.jsonrpc import (
     INTERNAL_ERROR,
@@ -73,20 +73,6 @@ class _SessionIdOnly(msgspec.Struct):
 
 
 _session_id_decoder = msgspec.json.Decoder(_SessionIdOnly)
-
-
-class _Pending:
-    __slots__ = ("event", "result", "error")
-
-    def __init__(self) -> None:
-        self.event = anyio.Event()
-        self.result: Any = None
-        self.error: Exception | None = None
-
-    def outcome(self) -> Any:
-        if self.error is not None:
-            raise self.error
-        return self.result
 
 
 class StdioAgentFactory:
@@ -158,7 +144,7 @@ class StdioAgentConnection:
         self._prefix = f"[agent {name} pid={process.pid}]"
         self._task_group: anyio.abc.TaskGroup | None = None
         self._ids = itertools.count()
-        self._pending: dict[int, _Pending] = {}
+        self._pending: dict[int, Answer] = {}
         self._write_lock = anyio.Lock()
         self._death: AgentDiedError | None = None
         self._lost = anyio.Event()
@@ -202,13 +188,13 @@ class StdioAgentConnection:
         if self.closed:
             raise self._death or AgentDiedError("Agent connection closed")
         request_id = next(self._ids)
-        pending = self._pending[request_id] = _Pending()
+        pending = self._pending[request_id] = Answer()
         try:
             await self._send_line(encode_request(request_id, method, params))
-            await pending.event.wait()
+            await pending.done.wait()
         finally:
             self._pending.pop(request_id, None)
-        return pending.outcome()
+        return pending.unwrap()
 
     async def notify(self, method: str, params: Any) -> None:
         if self.closed:
@@ -303,7 +289,7 @@ class StdioAgentConnection:
         self._lost.set()
         for pending in self._pending.values():
             pending.error = error
-            pending.event.set()
+            pending.done.set()
         for scope in list(self._handler_scopes):
             scope.cancel()
         if notify and not self._closing:
@@ -392,8 +378,8 @@ class StdioAgentConnection:
         if msg.error is not UNSET:
             pending.error = AgentError(msg.error.code, msg.error.message, decode_value(msg.error.data))
         else:
-            pending.result = decode_value(msg.result)
-        pending.event.set()
+            pending.value = decode_value(msg.result)
+        pending.done.set()
 
     def _on_notification(self, msg: Message) -> None:
         if msg.method != "session/update":
