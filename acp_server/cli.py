@@ -1,0 +1,147 @@
+"""The ``acp-server`` command.
+
+    $ acp-server serve --port 0 --workspace . --max-pending-prompts-per-session 12
+    acp-server listening on http://127.0.0.1:53117 (workspace=/abs/ws, agent=reference)
+
+Contracts:
+
+* An invalid flag value exits with status 2 and the validation message on stderr
+  (the bridge's own message for bridge options), before anything is started.
+* The listening line is printed to stdout (flushed) once the socket accepts
+  connections, with the real port when ``--port 0``.
+* SIGTERM or SIGINT drains: every prompt is cancelled, every session closed (open
+  event streams end with ``session_closed``), the agent is stopped, then the server
+  stops and the process exits 0. A second signal skips the wait for open connections.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+import uvicorn
+
+from acp_server import __version__
+from acp_server.app import build_app
+from acp_server.settings import DEFAULT_HOSTNAME, DEFAULT_PORT, TOKEN_ENV, Settings, SettingsError
+from bridge import Bridge
+
+log = logging.getLogger("acp_server")
+
+GRACEFUL_SHUTDOWN_S = 5
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    """The top-level parser and its ``serve`` sub-parser."""
+    parser = argparse.ArgumentParser(
+        prog="acp-server", description="An HTTP daemon serving ACP coding agents "
+        "(compatible with `qwen serve`).")
+    parser.add_argument("--version", action="version", version=f"acp-server {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    serve = commands.add_parser("serve", help="serve the REST + SSE API")
+    serve.add_argument("--hostname", default=DEFAULT_HOSTNAME,
+                       help="address to bind (default %(default)s)")
+    serve.add_argument("--port", default=str(DEFAULT_PORT),
+                       help="port to bind, 0 = ephemeral (default %(default)s)")
+    serve.add_argument("--workspace", default=None,
+                       help="the workspace folder (default: the current folder)")
+    serve.add_argument("--token", default=None,
+                       help=f"bearer token required on every request (default ${TOKEN_ENV})")
+    serve.add_argument("--require-auth", action="store_true",
+                       help="require the token on /health too, even on loopback")
+    serve.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                       help="allow browser requests from ORIGIN (repeatable)")
+    serve.add_argument("--max-sessions", help="live session cap, 0 = off (default 32)")
+    serve.add_argument("--max-pending-prompts-per-session",
+                       help="queued + running prompts per session, 0 = off (default 5)")
+    serve.add_argument("--prompt-deadline-ms", help="absolute prompt deadline (default none)")
+    serve.add_argument("--event-ring-size", help="events kept per session for replay (default 8000)")
+    serve.add_argument("--session-idle-timeout-ms",
+                       help="close idle sessions after this long, 0 = never (default 1800000)")
+    serve.add_argument("--agent", default="reference",
+                       help="'reference' (default) or the command line of a stdio ACP agent")
+    return parser, serve
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    return Settings.from_flags(
+        hostname=args.hostname, port=args.port, workspace=args.workspace, token=args.token,
+        require_auth=args.require_auth, allow_origin=args.allow_origin, agent=args.agent,
+        max_sessions=args.max_sessions,
+        max_pending_prompts_per_session=args.max_pending_prompts_per_session,
+        prompt_deadline_ms=args.prompt_deadline_ms, event_ring_size=args.event_ring_size,
+        session_idle_timeout_ms=args.session_idle_timeout_ms)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser, serve_parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        settings = settings_from_args(args)
+    except SettingsError as exc:
+        serve_parser.error(str(exc))  # exits 2
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    anyio.run(serve, settings, backend="asyncio")
+    return 0
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handling (``serve`` drains first), announcing
+    the bound address once listening."""
+
+    def __init__(self, config: uvicorn.Config, settings: Settings) -> None:
+        super().__init__(config)
+        self.settings = settings
+
+    def capture_signals(self) -> Any:
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    async def startup(self, sockets: Any = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started:
+            print(f"acp-server listening on {listening_url(self)} "
+                  f"(workspace={self.settings.workspace}, agent={self.settings.agent})",
+                  flush=True)
+
+
+def listening_url(server: uvicorn.Server) -> str:
+    host, port = server.servers[0].sockets[0].getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+async def serve(settings: Settings) -> None:
+    """Run the daemon until SIGTERM/SIGINT, then drain."""
+    async with Bridge(settings.agent_factory(), workspace_cwd=settings.workspace,
+                      options=settings.options) as bridge:
+        config = uvicorn.Config(build_app(settings, bridge), host=settings.hostname,
+                                port=settings.port, lifespan="off", access_log=False,
+                                log_level="warning", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
+        server = _Server(config, settings)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_drain_on_signal, server, bridge)
+            await server.serve()
+            tg.cancel_scope.cancel()
+
+
+async def _drain_on_signal(server: uvicorn.Server, bridge: Bridge) -> None:
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            if server.should_exit:
+                server.force_exit = True
+                continue
+            log.info("received %s: draining", signal.Signals(signum).name)
+            with anyio.CancelScope(shield=True):
+                await bridge.aclose()
+            server.should_exit = True
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,19 @@
+"""The REST + SSE front door (``qwen serve`` 0.24.4 core session surface).
+
+    from acp_server.rest import routes
+    app = Starlette(routes=routes(), exception_handlers=EXCEPTION_HANDLERS)
+
+Each module holds one noun's routes; every endpoint reads the ``Bridge`` and the
+``Settings`` from ``request.app.state`` (set by ``acp_server.app.build_app``).
+"""
+
+from __future__ import annotations
+
+from starlette.routing import BaseRoute
+
+from acp_server.rest import capabilities, daemon, events, health, permissions, prompts, sessions
+
+
+def routes() -> list[BaseRoute]:
+    return [*health.routes, *capabilities.routes, *daemon.routes, *sessions.routes,
+            *prompts.routes, *events.routes, *permissions.routes]

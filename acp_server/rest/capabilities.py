@@ -1,0 +1,68 @@
+"""``GET /capabilities``: what this daemon offers, in the peer's envelope.
+
+    $ curl -s localhost:4170/capabilities
+    {"v":1,"protocolVersions":{"current":"v1","supported":["v1"]},"mode":"http-bridge",
+     "features":["health",...],"workspaceCwd":"/abs/ws","transports":["rest"],
+     "policy":{"permission":"first-responder"},"limits":{"maxPendingPromptsPerSession":5,...}}
+
+``features`` lists only tags whose behaviour is implemented here (clients gate on
+them); ``limits.maxPendingPromptsPerSession`` is ``null`` when the cap is disabled.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from acp_server import __version__
+from acp_server.rest.errors import json_response
+from acp_server.settings import Settings
+from bridge import Bridge
+
+FEATURES = (
+    "health", "capabilities", "daemon_status",
+    "session_create", "session_id_override", "session_scope_override",
+    "session_load", "session_resume", "unstable_session_resume",
+    "session_prompt", "non_blocking_prompt", "session_cancel", "session_events",
+    "slow_client_warning", "typed_event_schema", "client_identity", "client_heartbeat",
+    "session_permission_vote", "permission_vote", "permission_mediation",
+    "session_close", "session_branch", "session_status", "session_pending_prompts",
+)
+
+
+def features(settings: Settings) -> list[str]:
+    tags = list(FEATURES)
+    if settings.require_auth:
+        tags.append("require_auth")
+    if settings.allow_origins:
+        tags.append("allow_origin")
+    if settings.options.prompt_deadline_ms is not None:
+        tags.append("prompt_absolute_deadline")
+    return tags
+
+
+def limits(bridge: Bridge) -> dict[str, Any]:
+    options = bridge.options
+    return {"maxPendingPromptsPerSession": options.pending_prompt_limit,
+            "maxSessionsPerWorkspace": options.session_limit}
+
+
+def capabilities_body(bridge: Bridge, settings: Settings) -> dict[str, Any]:
+    return {
+        "v": 1, "protocolVersions": {"current": "v1", "supported": ["v1"]},
+        "acpServerVersion": __version__, "mode": "http-bridge",
+        "features": features(settings), "workspaceCwd": bridge.workspace_cwd,
+        "transports": ["rest"], "policy": {"permission": "first-responder"},
+        "limits": limits(bridge),
+    }
+
+
+async def capabilities(request: Request) -> Response:
+    state = request.app.state
+    return json_response(200, capabilities_body(state.bridge, state.settings))
+
+
+routes = [Route("/capabilities", capabilities, methods=["GET"])]

@@ -1,0 +1,77 @@
+"""``GET /daemon/status``: limits in force and runtime activity.
+
+    $ curl -s localhost:4170/daemon/status
+    {"v":1,"status":"ok","limits":{...},"runtime":{"activity":{"activePrompts":1,
+     "pendingPrompts":7,"queuedPrompts":6},"perf":{"promptQueueWait":{"count":..}}},...}
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import time
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from acp_server import __version__
+from acp_server.rest.capabilities import features
+from acp_server.rest.errors import json_response
+from acp_server.settings import Settings
+from bridge import Bridge
+
+
+def _iso(timestamp: float) -> str:
+    return datetime.datetime.fromtimestamp(timestamp, datetime.UTC).isoformat(
+        timespec="milliseconds").replace("+00:00", "Z")
+
+
+def status_body(bridge: Bridge, settings: Settings) -> dict[str, Any]:
+    options = bridge.options
+    stats = bridge.stats()
+    now = time.time()
+    return {
+        "v": 1, "detail": "summary", "generatedAt": _iso(now), "status": "ok", "issues": [],
+        "daemon": {"pid": os.getpid(), "uptimeMs": int((now - bridge.started_at) * 1000),
+                   "mode": "http-bridge", "workspaceCwd": bridge.workspace_cwd,
+                   "acpServerVersion": __version__, "agent": settings.agent_name},
+        "security": {"tokenConfigured": settings.token is not None,
+                     "requireAuth": settings.require_auth, "loopbackBind": settings.loopback,
+                     "allowOriginConfigured": bool(settings.allow_origins)},
+        "limits": {
+            "maxSessions": options.session_limit,
+            "maxPendingPromptsPerSession": options.pending_prompt_limit,
+            "eventRingSize": options.event_ring_size,
+            "promptDeadlineMs": options.prompt_deadline_ms,
+            "sessionIdleTimeoutMs": options.session_idle_timeout_ms,
+            "sessionReapIntervalMs": options.session_reap_interval_ms,
+            "permissionResponseTimeoutMs": options.permission_response_timeout_ms,
+            "initializeTimeoutMs": options.initialize_timeout_ms,
+            "maxSubscribersPerSession": options.max_subscribers_per_session,
+            "subscriberMaxQueued": options.subscriber_max_queued,
+            "subscriberMaxQueuedBytes": options.subscriber_max_queued_bytes,
+            "maxRequestBodyBytes": settings.max_body_bytes,
+        },
+        "capabilities": {"features": features(settings)},
+        "runtime": {
+            "sessions": {"active": stats["sessions"],
+                         "admissionInFlight": stats["admissionInFlight"]},
+            "permissions": {"pending": stats["pendingPermissions"],
+                            "policy": "first-responder"},
+            "transport": {"restSseActive": stats["subscribers"]},
+            "perf": {"promptQueueWait": stats["promptQueueWait"]},
+            "activity": {"activePrompts": stats["activePrompts"],
+                         "pendingPrompts": stats["pendingPrompts"],
+                         "queuedPrompts": stats["queuedPrompts"]},
+        },
+    }
+
+
+async def daemon_status(request: Request) -> Response:
+    state = request.app.state
+    return json_response(200, status_body(state.bridge, state.settings))
+
+
+routes = [Route("/daemon/status", daemon_status, methods=["GET"])]

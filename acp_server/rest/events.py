@@ -1,0 +1,42 @@
+"""``GET /session/{id}/events``: the session's event stream (SSE), with replay.
+
+    $ curl -N localhost:4170/session/$SID/events -H 'Last-Event-ID: 1' \\
+        -H "X-Qwen-Event-Epoch: $EPOCH"
+    retry: 3000
+
+    id: 2
+    event: pending_prompt_started
+    data: {"id":2,"v":1,"type":"pending_prompt_started",...}
+
+Contracts: a malformed ``Last-Event-ID`` or ``X-Qwen-Event-Epoch`` is ignored (as
+the peer does); ``maxQueued`` outside [16, 2048] is 400 ``invalid_max_queued``;
+past the per-session subscriber cap the answer is 429 with ``Retry-After: 5``; an
+unknown session is 404 before any stream starts.
+"""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.routing import Route
+from starlette.types import ASGIApp
+
+from acp_server.rest import wire
+from acp_server.rest.sse import EventStreamResponse
+from bridge import Bridge
+
+
+async def session_events(request: Request) -> ASGIApp:
+    session_id = request.path_params["session_id"]
+    client_id = wire.client_id(request)
+    max_queued = wire.max_queued(request)
+    bridge: Bridge = request.app.state.bridge
+    if client_id is not None:
+        bridge.check_client(session_id, client_id)
+    subscription = bridge.subscribe(session_id, last_event_id=wire.last_event_id(request),
+                                    epoch=wire.event_epoch(request), max_queued=max_queued)
+    epoch = bridge.get_session(session_id).bus.epoch
+    return EventStreamResponse(subscription, epoch=epoch,
+                               heartbeat_s=request.app.state.settings.heartbeat_s)
+
+
+routes = [Route("/session/{session_id}/events", session_events, methods=["GET"])]

@@ -1,0 +1,36 @@
+"""``GET /health``: liveness, and ``?deep=1`` aggregates from the bridge.
+
+    $ curl -s localhost:4170/health           # {"status":"ok"}
+    $ curl -s 'localhost:4170/health?deep=1'  # {"status":"ok","sessions":1,"activePrompts":0,...}
+
+Open without a token on a loopback bind unless ``--require-auth`` (see ``security``).
+"""
+
+from __future__ import annotations
+
+import time
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from acp_server.rest.errors import json_response
+
+_OK = b'{"status":"ok"}'
+
+
+async def health(request: Request) -> Response:
+    if request.query_params.get("deep") not in ("1", "true"):
+        return Response(_OK, 200, media_type="application/json")
+    bridge = request.app.state.bridge
+    stats = bridge.stats()
+    return json_response(200, {
+        "status": "ok", "workspaceCount": 1, "sessions": stats["sessions"],
+        "pendingPermissions": stats["pendingPermissions"],
+        "activePrompts": stats["activePrompts"], "pendingPrompts": stats["pendingPrompts"],
+        "queuedPrompts": stats["queuedPrompts"], "connectedClients": stats["subscribers"],
+        "uptimeMs": int((time.time() - bridge.started_at) * 1000),
+    })
+
+
+routes = [Route("/health", health, methods=["GET"])]

@@ -1,0 +1,61 @@
+"""Permission votes: first responder wins.
+
+    $ curl -s -X POST localhost:4170/session/$SID/permission/$REQ \\
+        -d '{"outcome":{"outcome":"selected","optionId":"allow_once"}}'     # 200 {}
+    # again: 404 {"error":"No pending permission request for session",...}
+
+``POST /permission/{requestId}`` is the legacy route (no session in the path).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from acp_server.rest import wire
+from acp_server.rest.errors import bad_request
+from bridge import Bridge
+
+OUTCOME_REQUIRED = ('`outcome` must be `{ outcome: "cancelled" }` or '
+                    '`{ outcome: "selected", optionId: string }`')
+_EMPTY = b"{}"
+
+
+def parse_outcome(body: wire.PermissionVoteBody) -> dict[str, Any]:
+    outcome = body.outcome
+    if isinstance(outcome, dict):
+        kind = outcome.get("outcome")
+        if kind == "cancelled":
+            return {"outcome": "cancelled"}
+        option_id = outcome.get("optionId")
+        if kind == "selected" and isinstance(option_id, str) and option_id:
+            return {"outcome": "selected", "optionId": option_id}
+    raise bad_request(OUTCOME_REQUIRED)
+
+
+async def _vote(request: Request, session_id: str | None) -> Response:
+    client_id = wire.client_id(request)
+    outcome = parse_outcome(await wire.read_json(request, wire.PermissionVoteBody))
+    bridge: Bridge = request.app.state.bridge
+    if session_id is not None and client_id is not None:
+        bridge.check_client(session_id, client_id)
+    bridge.respond_to_permission(request.path_params["request_id"], outcome,
+                                 session_id=session_id, voter_client_id=client_id)
+    return Response(_EMPTY, 200, media_type="application/json")
+
+
+async def session_vote(request: Request) -> Response:
+    return await _vote(request, request.path_params["session_id"])
+
+
+async def legacy_vote(request: Request) -> Response:
+    return await _vote(request, None)
+
+
+routes = [
+    Route("/session/{session_id}/permission/{request_id}", session_vote, methods=["POST"]),
+    Route("/permission/{request_id}", legacy_vote, methods=["POST"]),
+]

@@ -1,0 +1,128 @@
+"""The network guard in front of every route: Origin policy, CORS, bearer token.
+
+    app = Starlette(routes=..., middleware=[Middleware(SecurityMiddleware, settings=settings)])
+
+Contracts (``qwen serve`` 0.24.4, qwen-serve.md §1.1 and §3.5):
+
+* A request with an ``Origin`` header gets ``403 {"error":"Request denied by CORS
+  policy"}`` unless the origin is allow-listed (``--allow-origin``; ``*`` allows any).
+  A loopback self-origin (``http://127.0.0.1:<our port>``, ``localhost``, ``[::1]``)
+  from a loopback client is treated as no Origin at all.
+* Allowed origins get ``Access-Control-Allow-Origin`` and ``-Expose-Headers`` on every
+  answer; a preflight ``OPTIONS`` answers 204 with the allowed methods and headers,
+  before (and without) authentication.
+* With a token configured every request needs ``Authorization: Bearer <token>``,
+  compared in constant time; every failure is the same ``401 {"error":"Unauthorized"}``.
+  ``/health`` is exempt on a loopback bind unless ``--require-auth``.
+* The checks run before the body is read and add no per-request allocation on the
+  common path (no Origin, no token).
+"""
+
+from __future__ import annotations
+
+import hmac
+from urllib.parse import urlsplit
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from acp_server.settings import Settings, is_loopback
+
+ALLOW_METHODS = b"GET, POST, PATCH, DELETE, OPTIONS"
+ALLOW_HEADERS = b"Authorization, Content-Type, X-Qwen-Client-Id, Last-Event-ID, X-Qwen-Event-Epoch"
+EXPOSE_HEADERS = b"Retry-After, X-Qwen-Event-Epoch, X-Qwen-SSE-Stream-Id"
+_UNAUTHORIZED = b'{"error":"Unauthorized"}'
+_CORS_DENIED = b'{"error":"Request denied by CORS policy"}'
+_JSON = (b"content-type", b"application/json")
+
+
+def _header(scope: Scope, name: bytes) -> bytes | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return bytes(value)
+    return None
+
+
+def is_self_origin(origin: str, scope: Scope) -> bool:
+    """A loopback origin naming our own port, sent by a loopback client."""
+    client = scope.get("client")
+    server = scope.get("server")
+    if not client or not server or not is_loopback(client[0]):
+        return False
+    try:
+        parts = urlsplit(origin)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and is_loopback(parts.hostname or "") \
+        and port == server[1]
+
+
+class SecurityMiddleware:
+    def __init__(self, app: ASGIApp, settings: Settings) -> None:
+        self.app = app
+        self.token = settings.token.encode() if settings.token is not None else None
+        self.health_open = not settings.health_needs_auth
+        self.allow_any = "*" in settings.allow_origins
+        self.allowed = frozenset(o.rstrip("/").lower() for o in settings.allow_origins)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        origin_raw = _header(scope, b"origin")
+        allowed_origin: bytes | None = None
+        if origin_raw is not None:
+            origin = origin_raw.decode("latin-1")
+            if self.allow_any or origin.rstrip("/").lower() in self.allowed:
+                allowed_origin = origin_raw
+            elif not is_self_origin(origin, scope):
+                await _send(send, 403, _CORS_DENIED)
+                return
+        if allowed_origin is not None and scope["method"] == "OPTIONS" \
+                and _header(scope, b"access-control-request-method") is not None:
+            await send({"type": "http.response.start", "status": 204, "headers": [
+                *_cors_headers(allowed_origin),
+                (b"access-control-allow-methods", ALLOW_METHODS),
+                (b"access-control-allow-headers", ALLOW_HEADERS),
+                (b"access-control-max-age", b"600"),
+            ]})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        if self.token is not None and not self._authorized(scope):
+            await _send(send, 401, _UNAUTHORIZED, allowed_origin)
+            return
+        if allowed_origin is None:
+            await self.app(scope, receive, send)
+            return
+        cors = _cors_headers(allowed_origin)
+
+        async def send_with_cors(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", ()), *cors]
+            await send(message)
+
+        await self.app(scope, receive, send_with_cors)
+
+    def _authorized(self, scope: Scope) -> bool:
+        if self.health_open and scope["path"] == "/health":
+            return True
+        assert self.token is not None
+        value = _header(scope, b"authorization")
+        if value is None or len(value) < 7 or value[:7].lower() != b"bearer ":
+            # Still compare, so a missing header costs what a wrong one does.
+            hmac.compare_digest(self.token, b"")
+            return False
+        return hmac.compare_digest(self.token, value[7:].strip())
+
+
+def _cors_headers(origin: bytes) -> list[tuple[bytes, bytes]]:
+    return [(b"access-control-allow-origin", origin), (b"vary", b"Origin"),
+            (b"access-control-expose-headers", EXPOSE_HEADERS)]
+
+
+async def _send(send: Send, status: int, body: bytes, origin: bytes | None = None) -> None:
+    headers = [_JSON, (b"content-length", str(len(body)).encode())]
+    if origin is not None:
+        headers.extend(_cors_headers(origin))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,127 @@
+"""Session routes: create or attach, load, resume, branch, cancel, close, status, heartbeat.
+
+    $ curl -s -X POST localhost:4170/session -d '{"sessionScope":"thread"}'
+    {"sessionId":"3c0f…","workspaceCwd":"/abs/ws","attached":false,"clientId":"client_…",
+     "createdAt":"2026-…Z","eventEpoch":"…"}
+    $ curl -s -X DELETE localhost:4170/session/3c0f…     # 204, then 404
+
+Contracts: ``sessionScope`` ``single`` (default) attaches to the workspace's default
+session; ``thread`` always spawns; a ``sessionId`` override must be a UUID v1–v5 and
+forces ``thread``. Creation is 200 (not 201) as on the peer; branch is 201.
+"""
+
+from __future__ import annotations
+
+import datetime
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from acp_server.rest import wire
+from acp_server.rest.errors import bad_request, json_response
+from bridge import Bridge, SessionInfo
+
+
+def _no_content() -> Response:
+    return Response(status_code=204)
+
+
+def _bridge(request: Request) -> Bridge:
+    return request.app.state.bridge  # type: ignore[no-any-return]
+
+
+def created(info: SessionInfo) -> wire.SessionCreated:
+    return wire.SessionCreated(sessionId=info.session_id, workspaceCwd=info.workspace_cwd,
+                               attached=info.attached, clientId=info.client_id,
+                               createdAt=info.created_at, eventEpoch=info.event_epoch)
+
+
+def restored(info: SessionInfo) -> wire.SessionRestored:
+    return wire.SessionRestored(sessionId=info.session_id, workspaceCwd=info.workspace_cwd,
+                                attached=info.attached, clientId=info.client_id,
+                                createdAt=info.created_at, hasActivePrompt=info.has_active_prompt,
+                                lastEventId=info.last_event_id, eventEpoch=info.event_epoch)
+
+
+async def create_session(request: Request) -> Response:
+    wire.client_id(request)  # validated as on every route; a new id is issued anyway
+    body = await wire.read_json(request, wire.CreateSessionBody)
+    scope = "single" if body.sessionScope is None else body.sessionScope
+    if scope not in ("single", "thread"):
+        raise bad_request('`sessionScope` must be "single" or "thread"', "invalid_session_scope")
+    bridge = _bridge(request)
+    if body.sessionId is not None:
+        if not wire.is_uuid(body.sessionId):
+            raise bad_request("`sessionId` must be a UUID (RFC 4122, versions 1-5)",
+                              "invalid_session_id")
+        info = await bridge.create_session(cwd=body.cwd, session_id=body.sessionId)
+    elif scope == "thread":
+        info = await bridge.create_session(cwd=body.cwd)
+    else:
+        info = await bridge.attach_session(cwd=body.cwd)
+    return json_response(200, created(info))
+
+
+async def load_session(request: Request) -> Response:
+    wire.client_id(request)
+    body = await wire.read_json(request, wire.RestoreBody)
+    info = await _bridge(request).load_session(request.path_params["session_id"], cwd=body.cwd)
+    return json_response(200, restored(info))
+
+
+async def resume_session(request: Request) -> Response:
+    wire.client_id(request)
+    body = await wire.read_json(request, wire.RestoreBody)
+    info = await _bridge(request).resume_session(request.path_params["session_id"], cwd=body.cwd)
+    return json_response(200, restored(info))
+
+
+async def branch_session(request: Request) -> Response:
+    wire.client_id(request)
+    await wire.read_json(request, wire.EmptyBody)
+    session_id = request.path_params["session_id"]
+    info = await _bridge(request).branch_session(session_id)
+    return json_response(201, wire.SessionBranched(
+        sessionId=info.session_id, workspaceCwd=info.workspace_cwd, attached=info.attached,
+        clientId=info.client_id, createdAt=info.created_at,
+        forkedFrom=wire.ForkedFrom(sessionId=info.forked_from or session_id),
+        lastEventId=info.last_event_id, eventEpoch=info.event_epoch))
+
+
+async def cancel_session(request: Request) -> Response:
+    wire.client_id(request)
+    await _bridge(request).cancel_session(request.path_params["session_id"])
+    return _no_content()
+
+
+async def close_session(request: Request) -> Response:
+    client_id = wire.client_id(request)
+    await _bridge(request).close_session(request.path_params["session_id"], closed_by=client_id)
+    return _no_content()
+
+
+async def session_status(request: Request) -> Response:
+    return json_response(200, _bridge(request).session_status(request.path_params["session_id"]))
+
+
+async def heartbeat(request: Request) -> Response:
+    client_id = wire.client_id(request)
+    session_id = request.path_params["session_id"]
+    seen = _bridge(request).heartbeat(session_id, client_id)
+    last_seen = datetime.datetime.fromtimestamp(seen, datetime.UTC).isoformat(
+        timespec="milliseconds").replace("+00:00", "Z")
+    return json_response(200, wire.Heartbeat(sessionId=session_id, lastSeenAt=last_seen,
+                                             clientId=client_id))
+
+
+routes = [
+    Route("/session", create_session, methods=["POST"]),
+    Route("/session/{session_id}", close_session, methods=["DELETE"]),
+    Route("/session/{session_id}/load", load_session, methods=["POST"]),
+    Route("/session/{session_id}/resume", resume_session, methods=["POST"]),
+    Route("/session/{session_id}/branch", branch_session, methods=["POST"]),
+    Route("/session/{session_id}/cancel", cancel_session, methods=["POST"]),
+    Route("/session/{session_id}/status", session_status, methods=["GET"]),
+    Route("/session/{session_id}/heartbeat", heartbeat, methods=["POST"]),
+]

@@ -1,0 +1,203 @@
+"""Wire types of the REST surface: request bodies, response bodies, header checks.
+
+    body = await read_json(request, PromptBody)     # 400 / 413 raised as RestError
+    return json_response(202, PromptAccepted(promptId=..., lastEventId=3, eventEpoch=...))
+
+Contracts:
+
+* Bodies are read up to ``settings.max_body_bytes`` (a ``Content-Length`` above it is
+  refused before reading): over the cap → 413. An empty body is ``{}`` (Express's
+  ``json()`` does the same). Malformed JSON → 400 ``{"error": "Invalid JSON in
+  request body"}``; well-formed JSON of the wrong shape → 400 ``invalid_request_body``.
+* Decoders and encoders are built once, at import.
+* Fields whose bad values have a peer-specific error code are typed ``Any`` here and
+  checked by the route, so the route can answer with that code.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from typing import Any, TypeVar
+
+import msgspec
+from starlette.requests import Request
+
+from acp_server.rest.errors import RestError, bad_request
+
+T = TypeVar("T")
+
+CLIENT_ID_HEADER = "x-qwen-client-id"
+_CLIENT_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+_EPOCH = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_DECIMAL = re.compile(r"[0-9]{1,16}")
+MAX_SAFE_INTEGER = 2**53 - 1
+MIN_MAX_QUEUED, MAX_MAX_QUEUED = 16, 2048
+
+
+# -- request bodies ---------------------------------------------------------------------
+class CreateSessionBody(msgspec.Struct):
+    cwd: str | None = None
+    sessionScope: Any = None
+    sessionId: Any = None
+
+
+class PromptBody(msgspec.Struct):
+    prompt: Any = None
+    deadlineMs: Any = None
+
+
+class PermissionVoteBody(msgspec.Struct):
+    outcome: Any = None
+
+
+class RestoreBody(msgspec.Struct):
+    cwd: str | None = None
+
+
+class EmptyBody(msgspec.Struct):
+    """Routes whose body is optional and ignored (cancel, branch, heartbeat)."""
+
+
+# -- response bodies ----------------------------------------------------------------------
+class SessionCreated(msgspec.Struct, omit_defaults=True):
+    sessionId: str
+    workspaceCwd: str
+    attached: bool
+    clientId: str
+    createdAt: str
+    eventEpoch: str | None = None
+
+
+class SessionRestored(msgspec.Struct):
+    sessionId: str
+    workspaceCwd: str
+    attached: bool
+    clientId: str
+    createdAt: str
+    hasActivePrompt: bool
+    lastEventId: int
+    eventEpoch: str
+
+
+class ForkedFrom(msgspec.Struct):
+    sessionId: str
+
+
+class SessionBranched(msgspec.Struct):
+    sessionId: str
+    workspaceCwd: str
+    attached: bool
+    clientId: str
+    createdAt: str
+    forkedFrom: ForkedFrom
+    lastEventId: int
+    eventEpoch: str
+
+
+class PromptAccepted(msgspec.Struct):
+    promptId: str
+    lastEventId: int
+    eventEpoch: str
+
+
+class Heartbeat(msgspec.Struct, omit_defaults=True):
+    sessionId: str
+    lastSeenAt: str
+    clientId: str | None = None
+
+
+_decoders: dict[type, msgspec.json.Decoder[Any]] = {
+    t: msgspec.json.Decoder(t)
+    for t in (CreateSessionBody, PromptBody, PermissionVoteBody, RestoreBody, EmptyBody)
+}
+
+
+# -- body reading -------------------------------------------------------------------------
+def too_large(limit: int) -> RestError:
+    return RestError(413, {"error": "Request body too large", "code": "payload_too_large",
+                           "limit": limit})
+
+
+async def read_body(request: Request) -> bytes:
+    """The raw body, at most ``settings.max_body_bytes`` bytes (else 413)."""
+    limit: int = request.app.state.settings.max_body_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_large(limit)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def decode(body: bytes, type_: type[T]) -> T:
+    if not body.strip():
+        body = b"{}"
+    try:
+        return _decoders[type_].decode(body)  # type: ignore[no-any-return]
+    except msgspec.ValidationError as exc:
+        raise bad_request(f"Invalid request body: {exc}", "invalid_request_body") from None
+    except msgspec.DecodeError:
+        raise RestError(400, {"error": "Invalid JSON in request body"}) from None
+
+
+async def read_json(request: Request, type_: type[T]) -> T:
+    return decode(await read_body(request), type_)
+
+
+# -- headers and small values -------------------------------------------------------------
+def client_id(request: Request) -> str | None:
+    """``X-Qwen-Client-Id`` when present, validated as the peer does."""
+    value = request.headers.get(CLIENT_ID_HEADER)
+    if value is None:
+        return None
+    if not _CLIENT_ID.fullmatch(value):
+        raise bad_request("`X-Qwen-Client-Id` must be a non-empty token of 128 characters or fewer",
+                          "invalid_client_id")
+    return value
+
+
+def last_event_id(request: Request) -> int | None:
+    """``Last-Event-ID`` when it is a safe decimal integer; anything else is ignored."""
+    value = request.headers.get("last-event-id")
+    if value is None or not _DECIMAL.fullmatch(value.strip()):
+        return None
+    number = int(value)
+    return number if number <= MAX_SAFE_INTEGER else None
+
+
+def event_epoch(request: Request) -> str | None:
+    value = request.headers.get("x-qwen-event-epoch")
+    return value if value is not None and _EPOCH.fullmatch(value) else None
+
+
+def max_queued(request: Request) -> int | None:
+    value = request.query_params.get("maxQueued")
+    if value is None:
+        return None
+    if not _DECIMAL.fullmatch(value) or not MIN_MAX_QUEUED <= int(value) <= MAX_MAX_QUEUED:
+        raise bad_request(
+            f"`maxQueued` must be an integer in [{MIN_MAX_QUEUED}, {MAX_MAX_QUEUED}]",
+            "invalid_max_queued")
+    return int(value)
+
+
+def is_uuid(value: Any) -> bool:
+    """An RFC 4122 UUID of version 1 to 5."""
+    if not isinstance(value, str) or len(value) != 36:
+        return False
+    try:
+        parsed = uuid.UUID(value)
+    except ValueError:
+        return False
+    return parsed.variant == uuid.RFC_4122 and parsed.version in (1, 2, 3, 4, 5) \
+        and str(parsed) == value.lower()
+
+
+def is_positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= 2**31 - 1

@@ -1,0 +1,190 @@
+"""Daemon settings: one frozen value built from the command line, validated once.
+
+    settings = Settings.from_flags(port="0", workspace=".", max_pending_prompts_per_session="12")
+    settings.options.pending_prompt_limit    # 12
+    settings.base_url                        # "http://127.0.0.1:0"
+
+Contracts:
+
+* ``Settings(...)`` and ``Settings.from_flags(...)`` raise ``SettingsError`` (a
+  ``ValueError``) whose message is what the CLI prints before exiting with status 2.
+  Bridge option values are checked by ``BridgeOptions`` itself, so the messages are
+  the bridge's (``Invalid max_sessions: -1. Must be ...``).
+* A non-loopback bind needs a token; ``require_auth`` needs a token; ``*`` in the
+  allowed origins needs a token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import os
+import re
+import shlex
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from bridge.errors import InvalidOptionError
+from bridge.options import BridgeOptions
+
+if TYPE_CHECKING:
+    from bridge.agents.base import AgentFactory
+
+DEFAULT_HOSTNAME = "127.0.0.1"
+DEFAULT_PORT = 4170
+DEFAULT_MAX_BODY_BYTES = 10 * 1024 * 1024
+DEFAULT_HEARTBEAT_S = 15.0
+REFERENCE_AGENT = "reference"
+TOKEN_ENV = "ACP_SERVER_TOKEN"
+_ORIGIN = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/\s?#]+$")
+
+# CLI flag name -> BridgeOptions field. Values arrive as strings and are parsed by
+# ``parse_number``; BridgeOptions validates them.
+OPTION_FLAGS = {
+    "max_sessions": "max_sessions",
+    "max_pending_prompts_per_session": "max_pending_prompts_per_session",
+    "prompt_deadline_ms": "prompt_deadline_ms",
+    "event_ring_size": "event_ring_size",
+    "session_idle_timeout_ms": "session_idle_timeout_ms",
+}
+
+
+class SettingsError(ValueError):
+    """An invalid setting; the message names the setting and the value."""
+
+
+def is_loopback(hostname: str) -> bool:
+    host = hostname.strip("[]")
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def parse_number(text: str) -> Any:
+    """``"5"`` → 5, ``"1.5"`` → 1.5, ``"inf"`` → inf; anything else is returned as is
+    so that the validator names it in its message."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Settings:
+    workspace: str
+    hostname: str = DEFAULT_HOSTNAME
+    port: int = DEFAULT_PORT
+    token: str | None = None
+    require_auth: bool = False
+    allow_origins: tuple[str, ...] = ()
+    agent: str = REFERENCE_AGENT
+    options: BridgeOptions = dataclasses.field(default_factory=BridgeOptions)
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    heartbeat_s: float = DEFAULT_HEARTBEAT_S
+
+    def __post_init__(self) -> None:
+        if not self.hostname:
+            raise SettingsError("Invalid hostname: ''. Must be a host name or an IP address.")
+        if isinstance(self.port, bool) or not isinstance(self.port, int) \
+                or not 0 <= self.port <= 65535:
+            raise SettingsError(f"Invalid port: {self.port!r}. Must be an integer in [0, 65535].")
+        if not os.path.isdir(self.workspace):
+            raise SettingsError(f"Invalid workspace: {self.workspace!r}. Must be an existing directory.")
+        object.__setattr__(self, "workspace", os.path.realpath(self.workspace))
+        if self.token is not None and not self.token:
+            raise SettingsError("Invalid token: ''. Must be a non-empty string.")
+        if self.require_auth and self.token is None:
+            raise SettingsError(
+                f"--require-auth needs a token: pass --token or set {TOKEN_ENV}.")
+        if not self.loopback and self.token is None:
+            raise SettingsError(
+                f"Refusing to bind {self.hostname} (not a loopback address) without a token: "
+                f"pass --token or set {TOKEN_ENV}, or bind 127.0.0.1.")
+        for origin in self.allow_origins:
+            if origin == "*":
+                if self.token is None:
+                    raise SettingsError(
+                        "Invalid allow-origin: '*' is only allowed when a token is configured.")
+            elif not _ORIGIN.match(origin):
+                raise SettingsError(
+                    f"Invalid allow-origin: {origin!r}. Must be an origin like "
+                    "http://localhost:3000, or '*'.")
+        if not self.agent_argv:
+            raise SettingsError(f"Invalid agent: {self.agent!r}. Must be 'reference' or a command line.")
+        if not (isinstance(self.max_body_bytes, int) and self.max_body_bytes > 0):
+            raise SettingsError(f"Invalid max body bytes: {self.max_body_bytes!r}.")
+        if not self.heartbeat_s > 0:
+            raise SettingsError(f"Invalid heartbeat interval: {self.heartbeat_s!r}.")
+
+    # -- derived -----------------------------------------------------------------------
+    @property
+    def loopback(self) -> bool:
+        return is_loopback(self.hostname)
+
+    @property
+    def health_needs_auth(self) -> bool:
+        """``/health`` is open on a loopback bind unless ``--require-auth``."""
+        return self.token is not None and (self.require_auth or not self.loopback)
+
+    @property
+    def agent_argv(self) -> list[str]:
+        try:
+            return shlex.split(self.agent)
+        except ValueError:
+            return []
+
+    @property
+    def agent_name(self) -> str:
+        argv = self.agent_argv
+        return REFERENCE_AGENT if argv == [REFERENCE_AGENT] else os.path.basename(argv[0])
+
+    def agent_factory(self) -> AgentFactory:
+        """The reference agent in-process, or the command as a stdio ACP agent."""
+        argv = self.agent_argv
+        if argv == [REFERENCE_AGENT]:
+            from bridge.agents.reference import ReferenceAgentFactory
+
+            return ReferenceAgentFactory()
+        from bridge.agents.stdio import StdioAgentFactory
+
+        env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
+        return StdioAgentFactory(argv, cwd=self.workspace, env=env, name=self.agent_name)
+
+    # -- construction from flags ---------------------------------------------------------
+    @classmethod
+    def from_flags(cls, *, hostname: str = DEFAULT_HOSTNAME, port: str | int = DEFAULT_PORT,
+                   workspace: str | None = None, token: str | None = None,
+                   require_auth: bool = False, allow_origin: Iterable[str] = (),
+                   agent: str = REFERENCE_AGENT, **option_flags: str | None) -> Settings:
+        """Build from CLI strings. ``token=None`` falls back to ``$ACP_SERVER_TOKEN``."""
+        parsed_port = parse_number(port) if isinstance(port, str) else port
+        if isinstance(parsed_port, float) or isinstance(parsed_port, str):
+            raise SettingsError(f"Invalid port: {port!r}. Must be an integer in [0, 65535].")
+        if token is None:
+            token = os.environ.get(TOKEN_ENV)
+        token = token.strip() if token is not None else None
+        return cls(workspace=workspace or os.getcwd(), hostname=hostname, port=parsed_port,
+                   token=token or None, require_auth=require_auth,
+                   allow_origins=tuple(allow_origin), agent=agent,
+                   options=build_options(**option_flags))
+
+
+def build_options(**flags: str | None) -> BridgeOptions:
+    """``BridgeOptions`` from CLI strings (``None`` = the bridge default)."""
+    kwargs: dict[str, Any] = {}
+    for flag, value in flags.items():
+        if flag not in OPTION_FLAGS:
+            raise TypeError(f"unknown option flag {flag!r}")
+        if value is not None:
+            kwargs[OPTION_FLAGS[flag]] = parse_number(value) if isinstance(value, str) else value
+    try:
+        return BridgeOptions(**kwargs)
+    except InvalidOptionError as exc:
+        raise SettingsError(str(exc)) from None

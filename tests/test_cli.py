@@ -1,0 +1,138 @@
+"""The ``acp-server serve`` command: flag validation (exit 2 with the message) and one
+real run as a subprocess (listening line, a request, SIGTERM → exit 0)."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+
+from acp_server.cli import build_parser, main, settings_from_args
+from acp_server.settings import TOKEN_ENV
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _no_env_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--port", "abc"], "Invalid port: 'abc'"),
+    (["--port", "-1"], "Invalid port: -1"),
+    (["--port", "70000"], "Invalid port: 70000"),
+    (["--port", "1.5"], "Invalid port: '1.5'"),
+    (["--max-sessions", "-1"], "Invalid max_sessions: -1. Must be a non-negative integer"),
+    (["--max-sessions", "1.5"], "Invalid max_sessions: 1.5"),
+    (["--max-sessions", "abc"], "Invalid max_sessions: 'abc'"),
+    (["--max-pending-prompts-per-session", "-1"],
+     "Invalid max_pending_prompts_per_session: -1. Must be a non-negative integer "
+     "(0 / inf = unlimited)."),
+    (["--max-pending-prompts-per-session", "1.5"], "Invalid max_pending_prompts_per_session: 1.5"),
+    (["--max-pending-prompts-per-session", "nan"], "Invalid max_pending_prompts_per_session: nan"),
+    (["--max-pending-prompts-per-session", "five"], "Invalid max_pending_prompts_per_session: 'five'"),
+    (["--prompt-deadline-ms", "0"], "Invalid prompt_deadline_ms: 0. Must be a positive integer"),
+    (["--prompt-deadline-ms", "-5"], "Invalid prompt_deadline_ms: -5"),
+    (["--prompt-deadline-ms", "2.5"], "Invalid prompt_deadline_ms: 2.5"),
+    (["--prompt-deadline-ms", "99999999999"], "Invalid prompt_deadline_ms: 99999999999"),
+    (["--event-ring-size", "0"], "Invalid event_ring_size: 0. Must be a positive integer in [1, 1000000]."),
+    (["--event-ring-size", "1000001"], "Invalid event_ring_size: 1000001"),
+    (["--event-ring-size", "x"], "Invalid event_ring_size: 'x'"),
+    (["--session-idle-timeout-ms", "-1"], "Invalid session_idle_timeout_ms: -1. Must be a non-negative"),
+    (["--session-idle-timeout-ms", "soon"], "Invalid session_idle_timeout_ms: 'soon'"),
+    (["--workspace", "/definitely/not/here"], "Invalid workspace: '/definitely/not/here'"),
+    (["--hostname", "0.0.0.0"], "Refusing to bind 0.0.0.0 (not a loopback address) without a token"),
+    (["--hostname", ""], "Invalid hostname"),
+    (["--require-auth"], "--require-auth needs a token"),
+    (["--allow-origin", "*"], "'*' is only allowed when a token is configured"),
+    (["--allow-origin", "not an origin"], "Invalid allow-origin: 'not an origin'"),
+    (["--agent", ""], "Invalid agent: ''"),
+    (["--agent", "'unterminated"], "Invalid agent"),
+])
+def test_invalid_flag_exits_2(flags: list[str], message: str, tmp_path: Path,
+                              capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["serve", *flags] if "--workspace" in flags else ["serve", "--workspace", str(tmp_path), *flags]
+    with pytest.raises(SystemExit) as exc_info:
+        main(argv)
+    assert exc_info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err, err
+
+
+def _settings(*flags: str):  # type: ignore[no-untyped-def]
+    parser, _ = build_parser()
+    return settings_from_args(parser.parse_args(["serve", *flags]))
+
+
+def test_valid_flags(tmp_path: Path) -> None:
+    settings = _settings("--workspace", str(tmp_path), "--port", "0",
+                         "--max-pending-prompts-per-session", "inf", "--max-sessions", "0",
+                         "--prompt-deadline-ms", "60000", "--event-ring-size", "3",
+                         "--session-idle-timeout-ms", "0", "--allow-origin", "http://a.example",
+                         "--agent", "python -m some.agent --flag")
+    assert settings.port == 0
+    assert settings.workspace == os.path.realpath(tmp_path)
+    assert settings.options.max_pending_prompts_per_session == math.inf
+    assert settings.options.pending_prompt_limit is None
+    assert settings.options.session_limit is None
+    assert settings.options.prompt_deadline_ms == 60000
+    assert settings.options.event_ring_size == 3
+    assert settings.allow_origins == ("http://a.example",)
+    assert settings.agent_argv == ["python", "-m", "some.agent", "--flag"]
+    defaults = _settings("--workspace", str(tmp_path))
+    assert (defaults.hostname, defaults.port, defaults.agent) == ("127.0.0.1", 4170, "reference")
+    assert defaults.options.pending_prompt_limit == 5
+
+
+def test_token_from_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(TOKEN_ENV, " from-env ")
+    settings = _settings("--workspace", str(tmp_path), "--hostname", "0.0.0.0")
+    assert settings.token == "from-env"
+    assert settings.health_needs_auth  # not a loopback bind
+    assert _settings("--workspace", str(tmp_path), "--token", "flag").token == "flag"
+
+
+def test_real_run(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    with subprocess.Popen(
+        [sys.executable, "-m", "acp_server", "serve", "--port", "0", "--workspace", str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=tmp_path,
+    ) as proc:
+        _talk_then_terminate(proc, tmp_path)
+
+
+def _talk_then_terminate(proc: subprocess.Popen[str], tmp_path: Path) -> None:
+    watchdog = threading.Timer(20, proc.kill)
+    watchdog.start()
+    try:
+        line = proc.stdout.readline() if proc.stdout else ""
+        match = re.fullmatch(
+            r"acp-server listening on (http://127\.0\.0\.1:(\d+)) \(workspace=(.*), agent=reference\)\n",
+            line)
+        assert match, line
+        base_url, port, workspace = match.group(1), int(match.group(2)), match.group(3)
+        assert port != 0
+        assert workspace == os.path.realpath(tmp_path)
+        with httpx.Client(base_url=base_url, timeout=5) as client:
+            assert client.get("/health").json() == {"status": "ok"}
+            sid = client.post("/session", json={}).json()["sessionId"]
+            response = client.post(f"/session/{sid}/prompt",
+                                   json={"prompt": [{"type": "text", "text": "/sleep 2s held"}]})
+            assert response.status_code == 202
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        watchdog.cancel()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
