@@ -46,6 +46,7 @@ class Subscription:
 
     def __init__(self, bus: EventBus, max_queued: int, max_queued_bytes: int) -> None:
         self._bus = bus
+        self.epoch = bus.epoch
         self._replay: deque[Event] = deque()
         self._queue: deque[Event] = deque()
         self._queued_bytes = 0

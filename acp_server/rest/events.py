@@ -34,8 +34,7 @@ async def session_events(request: Request) -> ASGIApp:
         bridge.check_client(session_id, client_id)
     subscription = bridge.subscribe(session_id, last_event_id=wire.last_event_id(request),
                                     epoch=wire.event_epoch(request), max_queued=max_queued)
-    epoch = bridge.get_session(session_id).bus.epoch
-    return EventStreamResponse(subscription, epoch=epoch,
+    return EventStreamResponse(subscription, epoch=subscription.epoch,
                                heartbeat_s=request.app.state.settings.heartbeat_s)
 
 
