@@ -17,6 +17,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
 from acp_server.rest import routes
+from acp_server.routing import IndexedRouter
 from acp_server.rest.errors import EXCEPTION_HANDLERS
 from acp_server.rest.security import SecurityMiddleware
 from acp_server.settings import Settings
@@ -24,8 +25,9 @@ from bridge import Bridge
 
 
 def build_app(settings: Settings, bridge: Bridge) -> Starlette:
-    app = Starlette(routes=routes(), exception_handlers=EXCEPTION_HANDLERS,
+    app = Starlette(exception_handlers=EXCEPTION_HANDLERS,
                     middleware=[Middleware(SecurityMiddleware, settings=settings)])
+    app.router = IndexedRouter(routes=routes())
     app.state.bridge = bridge
     app.state.settings = settings
     return app

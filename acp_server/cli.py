@@ -17,6 +17,7 @@ Contracts:
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import signal
 import sys
@@ -87,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         serve_parser.error(str(exc))  # exits 2
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    anyio.run(serve, settings, backend="asyncio")
+    anyio.run(serve, settings, backend="asyncio", backend_options=_loop_options())
     return 0
 
 
@@ -110,6 +111,11 @@ class _Server(uvicorn.Server):
             print(f"acp-server listening on {listening_url(self)} "
                   f"(workspace={self.settings.workspace}, agent={self.settings.agent})",
                   flush=True)
+
+
+def _loop_options() -> dict[str, Any]:
+    """uvloop when installed (it is, with ``uvicorn[standard]``), as uvicorn itself picks."""
+    return {"use_uvloop": importlib.util.find_spec("uvloop") is not None}
 
 
 def listening_url(server: uvicorn.Server) -> str:

@@ -20,8 +20,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from acp_server.rest import wire
-from acp_server.rest.errors import bad_request, json_response
+from acp_server.rest.errors import bad_request, error_response, json_response
 from bridge import Bridge
+from bridge.errors import PromptQueueFullError
 
 PROMPT_REQUIRED = "`prompt` is required and must be a non-empty array of content blocks"
 
@@ -45,7 +46,10 @@ async def send_prompt(request: Request) -> Response:
     bridge = _bridge(request)
     if client_id is not None:
         bridge.check_client(session_id, client_id)
-    ticket = bridge.send_prompt(session_id, prompt, deadline_ms=deadline_ms, client_id=client_id)
+    try:
+        ticket = bridge.send_prompt(session_id, prompt, deadline_ms=deadline_ms, client_id=client_id)
+    except PromptQueueFullError as exc:   # the hot refusal: answered here, not re-raised
+        return error_response(exc)
     return json_response(202, wire.PromptAccepted(promptId=ticket.prompt_id,
                                                    lastEventId=ticket.last_event_id,
                                                    eventEpoch=ticket.epoch))

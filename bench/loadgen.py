@@ -1,0 +1,79 @@
+"""A small HTTP/1.1 keep-alive load generator, run in its own process.
+
+    python -m bench.loadgen --port 4170 --method POST --path /session/S/prompt \\
+        --body '{"prompt":[{"type":"text","text":"x"}]}' --seconds 3 --connections 16
+
+Prints one JSON line: ``{"requests": N, "seconds": S, "rps": R, "statuses": {...}}``.
+Each connection sends one request at a time (no pipelining) and reads the whole
+response (``Content-Length`` bodies only), so the figure is the server's throughput
+for that route, not the client's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from collections import Counter
+
+
+async def _connection(host: str, port: int, request: bytes, stop_at: float,
+                      statuses: Counter[int]) -> None:
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        while time.perf_counter() < stop_at:
+            writer.write(request)
+            head = await reader.readuntil(b"\r\n\r\n")
+            status = int(head[9:12])
+            length = 0
+            for line in head.split(b"\r\n"):
+                if line[:15].lower() == b"content-length:":
+                    length = int(line[15:])
+            if length:
+                await reader.readexactly(length)
+            statuses[status] += 1
+    finally:
+        writer.close()
+
+
+async def run(host: str, port: int, request: bytes, seconds: float, connections: int) -> dict:
+    statuses: Counter[int] = Counter()
+    start = time.perf_counter()
+    stop_at = start + seconds
+    await asyncio.gather(*(_connection(host, port, request, stop_at, statuses)
+                           for _ in range(connections)))
+    elapsed = time.perf_counter() - start
+    total = sum(statuses.values())
+    return {"requests": total, "seconds": elapsed, "rps": total / elapsed,
+            "statuses": {str(k): v for k, v in statuses.items()}}
+
+
+def build_request(method: str, host: str, port: int, path: str, body: bytes,
+                  headers: list[str]) -> bytes:
+    lines = [f"{method} {path} HTTP/1.1", f"Host: {host}:{port}", "Connection: keep-alive"]
+    lines += headers
+    if body or method in ("POST", "PUT", "PATCH"):
+        lines += ["Content-Type: application/json", f"Content-Length: {len(body)}"]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--method", default="GET")
+    parser.add_argument("--path", default="/")
+    parser.add_argument("--body", default="")
+    parser.add_argument("--header", action="append", default=[])
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--connections", type=int, default=16)
+    args = parser.parse_args()
+    request = build_request(args.method, args.host, args.port, args.path, args.body.encode(),
+                            args.header)
+    result = asyncio.run(run(args.host, args.port, request, args.seconds, args.connections))
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
