@@ -29,7 +29,14 @@ import uvicorn
 
 from acp_server import __version__
 from acp_server.app import build_app
-from acp_server.settings import DEFAULT_HOSTNAME, DEFAULT_PORT, TOKEN_ENV, Settings, SettingsError
+from acp_server.settings import (
+    DEFAULT_HOSTNAME,
+    DEFAULT_PORT,
+    OPTION_FLAGS,
+    TOKEN_ENV,
+    Settings,
+    SettingsError,
+)
 from bridge import Bridge
 
 log = logging.getLogger("acp_server")
@@ -64,6 +71,13 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     serve.add_argument("--event-ring-size", help="events kept per session for replay (default 8000)")
     serve.add_argument("--session-idle-timeout-ms",
                        help="close idle sessions after this long, 0 = never (default 1800000)")
+    serve.add_argument("--session-reap-interval-ms",
+                       help="how often idle sessions are looked for, 0 = never (default 60000)")
+    serve.add_argument("--permission-response-timeout-ms",
+                       help="resolve an unanswered permission request as cancelled after this "
+                            "long, 0 = wait forever (default 0)")
+    serve.add_argument("--initialize-timeout-ms",
+                       help="how long the agent may take to answer initialize (default 10000)")
     serve.add_argument("--agent", default="reference",
                        help="'reference' (default) or the command line of a stdio ACP agent")
     return parser, serve
@@ -73,10 +87,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     return Settings.from_flags(
         hostname=args.hostname, port=args.port, workspace=args.workspace, token=args.token,
         require_auth=args.require_auth, allow_origin=args.allow_origin, agent=args.agent,
-        max_sessions=args.max_sessions,
-        max_pending_prompts_per_session=args.max_pending_prompts_per_session,
-        prompt_deadline_ms=args.prompt_deadline_ms, event_ring_size=args.event_ring_size,
-        session_idle_timeout_ms=args.session_idle_timeout_ms)
+        **{flag: getattr(args, flag) for flag in OPTION_FLAGS})
 
 
 def main(argv: Sequence[str] | None = None) -> int:

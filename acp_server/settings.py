@@ -46,6 +46,9 @@ OPTION_FLAGS = {
     "prompt_deadline_ms": "prompt_deadline_ms",
     "event_ring_size": "event_ring_size",
     "session_idle_timeout_ms": "session_idle_timeout_ms",
+    "session_reap_interval_ms": "session_reap_interval_ms",
+    "permission_response_timeout_ms": "permission_response_timeout_ms",
+    "initialize_timeout_ms": "initialize_timeout_ms",
 }
 
 
