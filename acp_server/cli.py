@@ -99,6 +99,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         serve_parser.error(str(exc))  # exits 2
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if settings.token is None:
+        log.warning("no token configured: trusted loopback mode, every local process has "
+                    "full access (set --token or %s to require one)", TOKEN_ENV)
     anyio.run(serve, settings, backend="asyncio", backend_options=_loop_options())
     return 0
 
