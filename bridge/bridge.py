@@ -19,6 +19,7 @@ import datetime
 import logging
 import os
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import anyio
@@ -27,12 +28,12 @@ import msgspec
 
 from bridge import events as ev
 from bridge import fs
+from bridge.agent_pool import AgentPool
 from bridge.agents.base import AgentConnection, AgentFactory
 from bridge.bus import Subscription
 from bridge.cancel import CancelToken
 from bridge.errors import (
     AgentDiedError,
-    AgentTimeoutError,
     BranchWhilePromptActiveError,
     InvalidClientIdError,
     NotSupportedError,
@@ -52,7 +53,6 @@ from bridge.ticket import PromptTicket
 log = logging.getLogger("bridge")
 
 REQUESTED_SESSION_ID_META = "acp-server/requestedSessionId"
-CLIENT_INFO = {"name": "acp-server-bridge", "version": "0.1.0"}
 CLOSE_AGENT_SESSION_TIMEOUT_S = 2.0
 
 
@@ -71,6 +71,7 @@ class SessionInfo:
     last_event_id: int
     has_active_prompt: bool
     forked_from: str | None = None
+    agent: str = ""
 
 
 class _SessionUpdateHead(msgspec.Struct):
@@ -79,26 +80,29 @@ class _SessionUpdateHead(msgspec.Struct):
 
 class Bridge:
     def __init__(self, agent_factory: AgentFactory, *, workspace_cwd: str,
-                 options: BridgeOptions | None = None) -> None:
+                 options: BridgeOptions | None = None,
+                 agents: Mapping[str, AgentFactory] | None = None) -> None:
+        """``agent_factory`` is the default agent, named by its ``name``; ``agents`` adds
+        more by name (a session picks one with ``agent=``)."""
         self.options = options or BridgeOptions()
         self.workspace_cwd = os.path.realpath(workspace_cwd)
         self.agent_factory = agent_factory
+        default = getattr(agent_factory, "name", None) or "default"
+        self.agents = AgentPool({default: agent_factory, **(agents or {})}, default=default,
+                                initialize_timeout_ms=self.options.initialize_timeout_ms)
+        self._client = _AgentClientAdapter(self)
         self.permissions = PermissionMediator(self.options.permission_response_timeout_ms)
         self.queue_wait = QueueWaitStats()
         self.started_at = time.time()
         self._sessions: dict[str, Session] = {}
         self._in_flight_spawns = 0
-        self._default_session_id: str | None = None
-        self._default_spawn: anyio.Event | None = None
-        self._agent: AgentConnection | None = None
-        self._agent_info: dict[str, Any] = {}
-        self._agent_lock: anyio.Lock | None = None
+        self._default_session_ids: dict[str, str] = {}   # agent name → its default session
+        self._default_spawns: dict[str, anyio.Event] = {}
         self._task_group: anyio.abc.TaskGroup | None = None
         self._closed = False
 
     # -- lifecycle ---------------------------------------------------------------------
     async def __aenter__(self) -> Bridge:
-        self._agent_lock = anyio.Lock()
         self._task_group = anyio.create_task_group()
         await self._task_group.__aenter__()
         if self.options.session_reap_interval_ms and self.options.session_idle_timeout_ms:
@@ -123,41 +127,17 @@ class Bridge:
         self._closed = True
         for session_id in list(self._sessions):
             await self.close_session(session_id, reason="shutdown")
-        if self._agent is not None:
-            await self._agent.aclose()
+        await self.agents.aclose()
 
-    # -- agent -------------------------------------------------------------------------
-    async def _ensure_agent(self) -> AgentConnection:
-        assert self._agent_lock is not None and self._task_group is not None
-        async with self._agent_lock:
-            if self._agent is not None and not self._agent.closed:
-                return self._agent
-            connection = await self.agent_factory.connect(_AgentClientAdapter(self), self._task_group)
-            timeout_ms = self.options.initialize_timeout_ms
-            try:
-                with anyio.fail_after(timeout_ms / 1000):
-                    info = await connection.request("initialize", {
-                        "protocolVersion": 1,
-                        "clientCapabilities": {"fs": {"readTextFile": True, "writeTextFile": True}},
-                        "clientInfo": CLIENT_INFO})
-            except TimeoutError:
-                await connection.aclose()
-                raise AgentTimeoutError("initialize", timeout_ms) from None
-            except BaseException:
-                await connection.aclose()
-                raise
-            self._agent, self._agent_info = connection, info if isinstance(info, dict) else {}
-            return connection
+    # -- agents -----------------------------------------------------------------------
+    async def _ensure_agent(self, name: str) -> AgentConnection:
+        assert self._task_group is not None
+        return await self.agents.ensure(name, self._client, self._task_group)
 
     @property
     def agent_info(self) -> dict[str, Any]:
-        return self._agent_info
-
-    def _agent_capability(self, *path: str) -> Any:
-        value: Any = self._agent_info.get("agentCapabilities") or {}
-        for key in path:
-            value = value.get(key) if isinstance(value, dict) else None
-        return value
+        """The default agent's ``initialize`` result."""
+        return self.agents.info(self.agents.default)
 
     # -- sessions ------------------------------------------------------------------------
     def get_session(self, session_id: str) -> Session:
@@ -182,62 +162,69 @@ class Bridge:
         if limit is not None and len(self._sessions) + self._in_flight_spawns >= limit:
             raise SessionLimitExceededError(limit)
 
-    async def create_session(self, *, cwd: str | None = None,
-                             session_id: str | None = None) -> SessionInfo:
-        """A fresh session (``thread`` scope). A requested id that is live attaches."""
+    async def create_session(self, *, cwd: str | None = None, session_id: str | None = None,
+                             agent: str | None = None) -> SessionInfo:
+        """A fresh session (``thread`` scope) on ``agent`` (default: the default agent).
+        A requested id that is live attaches."""
         self.check_workspace(cwd)
+        name = self.agents.resolve(agent)
         if session_id is not None and session_id in self._sessions:
             return self._info(self.get_session(session_id), attached=True)
-        session = await self._spawn("session/new", requested_id=session_id)
+        session = await self._spawn("session/new", name, requested_id=session_id)
         return self._info(session, attached=False)
 
-    async def attach_session(self, *, cwd: str | None = None) -> SessionInfo:
-        """The workspace's default session (``single`` scope), created on first use."""
+    async def attach_session(self, *, cwd: str | None = None, agent: str | None = None) -> SessionInfo:
+        """The workspace's default session of ``agent`` (``single`` scope), created on
+        first use; concurrent first attaches share one spawn."""
         self.check_workspace(cwd)
+        name = self.agents.resolve(agent)
         while True:
-            sid = self._default_session_id
+            sid = self._default_session_ids.get(name)
             if sid is not None and sid in self._sessions and not self._sessions[sid].closing:
                 return self._info(self._sessions[sid], attached=True)
-            if self._default_spawn is None:
+            spawning = self._default_spawns.get(name)
+            if spawning is None:
                 break
-            await self._default_spawn.wait()
-        self._default_spawn = anyio.Event()
+            await spawning.wait()
+        spawning = self._default_spawns[name] = anyio.Event()
         try:
-            session = await self._spawn("session/new")
-            self._default_session_id = session.session_id
+            session = await self._spawn("session/new", name)
+            self._default_session_ids[name] = session.session_id
         finally:
-            self._default_spawn.set()
-            self._default_spawn = None
+            del self._default_spawns[name]
+            spawning.set()
         return self._info(session, attached=False)
 
-    async def load_session(self, session_id: str, *, cwd: str | None = None) -> SessionInfo:
+    async def load_session(self, session_id: str, *, cwd: str | None = None,
+                           agent: str | None = None) -> SessionInfo:
         """Attach a live session, or restore it through ACP ``session/load``."""
-        self.check_workspace(cwd)
-        if session_id in self._sessions and not self._sessions[session_id].closing:
-            return self._info(self._sessions[session_id], attached=True)
-        await self._ensure_agent()
-        if not self._agent_capability("loadSession"):
-            raise NotSupportedError("The agent does not support session/load")
-        session = await self._spawn("session/load", restore_id=session_id)
-        return self._info(session, attached=False)
+        return await self._restore("session/load", session_id, cwd, agent, ("loadSession",))
 
-    async def resume_session(self, session_id: str, *, cwd: str | None = None) -> SessionInfo:
+    async def resume_session(self, session_id: str, *, cwd: str | None = None,
+                             agent: str | None = None) -> SessionInfo:
         """Attach a live session, or restore it through ACP ``session/resume`` (no replay)."""
+        return await self._restore("session/resume", session_id, cwd, agent,
+                                   ("sessionCapabilities", "resume"))
+
+    async def _restore(self, method: str, session_id: str, cwd: str | None, agent: str | None,
+                       capability: tuple[str, ...]) -> SessionInfo:
         self.check_workspace(cwd)
+        name = self.agents.resolve(agent)
         if session_id in self._sessions and not self._sessions[session_id].closing:
             return self._info(self._sessions[session_id], attached=True)
-        await self._ensure_agent()
-        if self._agent_capability("sessionCapabilities", "resume") is None:
-            raise NotSupportedError("The agent does not support session/resume")
-        session = await self._spawn("session/resume", restore_id=session_id)
+        await self._ensure_agent(name)
+        offered = self.agents.capability(name, *capability)
+        if offered is None or offered is False:
+            raise NotSupportedError(f"The agent does not support {method}")
+        session = await self._spawn(method, name, restore_id=session_id)
         return self._info(session, attached=False)
 
-    async def _spawn(self, method: str, *, requested_id: str | None = None,
+    async def _spawn(self, method: str, agent_name: str, *, requested_id: str | None = None,
                      restore_id: str | None = None, fork_of: str | None = None) -> Session:
         self._check_session_capacity()   # synchronous with the in-flight increment
         self._in_flight_spawns += 1
         try:
-            agent = await self._ensure_agent()
+            agent = await self._ensure_agent(agent_name)
             params: dict[str, Any] = {"cwd": self.workspace_cwd, "mcpServers": []}
             if restore_id is not None or fork_of is not None:
                 params["sessionId"] = restore_id or fork_of
@@ -245,7 +232,7 @@ class Bridge:
                 params["_meta"] = {REQUESTED_SESSION_ID_META: requested_id}
             if restore_id is not None:
                 # Register first: session/load replays history as session/update.
-                session = self._new_session(restore_id, agent)
+                session = self._new_session(restore_id, agent, agent_name)
                 await self._start_session(session)
                 try:
                     await agent.request(method, params)
@@ -259,15 +246,16 @@ class Bridge:
                 raise AgentDiedError(f"Agent answered {method} without a sessionId")
             if requested_id is not None and sid.lower() != requested_id.lower():
                 raise SessionIdNotHonoredError(requested_id, sid)
-            session = self._new_session(sid, agent)
+            session = self._new_session(sid, agent, agent_name)
             session.forked_from = fork_of
             await self._start_session(session)
             return session
         finally:
             self._in_flight_spawns -= 1
 
-    def _new_session(self, session_id: str, agent: AgentConnection) -> Session:
+    def _new_session(self, session_id: str, agent: AgentConnection, agent_name: str) -> Session:
         session = Session(session_id, self.workspace_cwd, agent, self.options, self.queue_wait)
+        session.agent_name = agent_name
         session.on_cancel = lambda s: self.permissions.cancel_session(s)
         self._sessions[session_id] = session
         return session
@@ -276,10 +264,16 @@ class Bridge:
         assert self._task_group is not None
         await self._task_group.start(session.run)
 
-    def _drop_session(self, session: Session) -> None:
+    def _forget(self, session: Session) -> None:
+        """Take a closing or dead session out of the registry (and the defaults)."""
+        session.closing = True
         if self._sessions.get(session.session_id) is session:
             del self._sessions[session.session_id]
-        session.closing = True
+        if self._default_session_ids.get(session.agent_name) == session.session_id:
+            del self._default_session_ids[session.agent_name]
+
+    def _drop_session(self, session: Session) -> None:
+        self._forget(session)
         session.bus.close()
         session.stop()
 
@@ -290,15 +284,13 @@ class Bridge:
             attached=attached, client_id=session.register_client(),
             created_at=_iso(session.created_at), event_epoch=session.bus.epoch,
             last_event_id=session.bus.last_event_id,
-            has_active_prompt=session.pending_count > 0, forked_from=session.forked_from)
+            has_active_prompt=session.pending_count > 0, forked_from=session.forked_from,
+            agent=session.agent_name)
 
     async def close_session(self, session_id: str, *, reason: str = "client_close",
                             closed_by: str | None = None) -> None:
         session = self.get_session(session_id)
-        session.closing = True
-        del self._sessions[session_id]
-        if self._default_session_id == session_id:
-            self._default_session_id = None
+        self._forget(session)
         running = session.active is not None
         session.fail_all(session.close_error(reason))
         self.permissions.cancel_session(session, reason="session_closed")
@@ -313,7 +305,7 @@ class Bridge:
             try:
                 if running:
                     await agent.notify("session/cancel", {"sessionId": session_id})
-                if self._agent_capability("sessionCapabilities", "close") is not None:
+                if self.agents.capability(session.agent_name, "sessionCapabilities", "close") is not None:
                     await agent.request("session/close", {"sessionId": session_id})
             except Exception as exc:
                 log.debug("closing agent session %s: %s", session_id, exc)
@@ -321,10 +313,7 @@ class Bridge:
     def _on_agent_lost(self, error: AgentDiedError) -> None:
         """The agent died: every session on it dies, every pending prompt fails."""
         for session in [s for s in self._sessions.values() if s.agent.closed]:
-            session.closing = True
-            del self._sessions[session.session_id]
-            if self._default_session_id == session.session_id:
-                self._default_session_id = None
+            self._forget(session)
             session.bus.publish(ev.SESSION_DIED, ev.SessionDied(
                 sessionId=session.session_id, reason="agent_exited", message=str(error),
                 exitCode=error.exit_code))
@@ -388,11 +377,11 @@ class Bridge:
         if session.pending_count > 0:
             raise BranchWhilePromptActiveError(session_id)
         self._check_session_capacity()
-        if self._agent_capability("sessionCapabilities", "fork") is None:
+        if self.agents.capability(session.agent_name, "sessionCapabilities", "fork") is None:
             raise NotSupportedError("The agent does not support session/fork")
 
         async def fork() -> Session:
-            return await self._spawn("session/fork", fork_of=session_id)
+            return await self._spawn("session/fork", session.agent_name, fork_of=session_id)
 
         item = WorkItem(fork)
         session.enqueue_work(item)

@@ -131,6 +131,17 @@ class PromptNotFoundError(BridgeError, LookupError):
         self.prompt_id = prompt_id
 
 
+class AgentNotFoundError(BridgeError, LookupError):
+    """No agent (profile) of that name is configured."""
+
+    code = "agent_not_found"
+
+    def __init__(self, name: str, available: list[str]) -> None:
+        super().__init__(f'No agent named "{name}" (available: {", ".join(available)})')
+        self.name = name
+        self.available = available
+
+
 class NotSupportedError(BridgeError):
     """The agent does not offer what was asked (e.g. ``session/load``)."""
 

@@ -144,6 +144,7 @@ class Session:
         self.clients: dict[str, float] = {}
         self.closing = False
         self.forked_from: str | None = None
+        self.agent_name = ""   # the agent profile this session runs on
         self._work: deque[PendingPrompt | WorkItem] = deque()
         self._wakeup: anyio.Event | None = None
         self._task_group: anyio.abc.TaskGroup | None = None

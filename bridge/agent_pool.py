@@ -1,0 +1,98 @@
+"""The bridge's agents, by name: one shared connection each, started on first use,
+initialized once, restarted on the next use after it died.
+
+    pool = AgentPool({"reference": ReferenceAgentFactory(), "qwen": StdioAgentFactory([...])},
+                     default="reference", initialize_timeout_ms=10_000)
+    connection = await pool.ensure("qwen", client, task_group)
+    pool.capability("qwen", "sessionCapabilities", "fork")   # None when not offered
+
+Contracts: concurrent ``ensure`` calls for one name share one start; a start that
+fails or times out closes what it started and raises (``AgentTimeoutError`` for the
+``initialize`` timeout); an unknown name raises ``AgentNotFoundError``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from bridge.agents.base import AgentClient, AgentConnection, AgentFactory
+from bridge.errors import AgentNotFoundError, AgentTimeoutError
+
+CLIENT_INFO = {"name": "acp-server-bridge", "version": "0.1.0"}
+INITIALIZE_PARAMS = {
+    "protocolVersion": 1,
+    "clientCapabilities": {"fs": {"readTextFile": True, "writeTextFile": True}},
+    "clientInfo": CLIENT_INFO,
+}
+
+
+class _Slot:
+    __slots__ = ("factory", "connection", "info", "lock")
+
+    def __init__(self, factory: AgentFactory) -> None:
+        self.factory = factory
+        self.connection: AgentConnection | None = None
+        self.info: dict[str, Any] = {}
+        self.lock: anyio.Lock | None = None
+
+
+class AgentPool:
+    def __init__(self, factories: Mapping[str, AgentFactory], *, default: str,
+                 initialize_timeout_ms: int) -> None:
+        if default not in factories:
+            raise ValueError(f"default agent {default!r} is not among {sorted(factories)}")
+        self._slots = {name: _Slot(factory) for name, factory in factories.items()}
+        self.default = default
+        self.initialize_timeout_ms = initialize_timeout_ms
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._slots)
+
+    def resolve(self, name: str | None) -> str:
+        """``None`` → the default agent; an unknown name → ``AgentNotFoundError``."""
+        if name is None:
+            return self.default
+        if name not in self._slots:
+            raise AgentNotFoundError(name, self.names)
+        return name
+
+    def info(self, name: str) -> dict[str, Any]:
+        """The agent's ``initialize`` result (empty before its first start)."""
+        return self._slots[name].info
+
+    def capability(self, name: str, *path: str) -> Any:
+        value: Any = self._slots[name].info.get("agentCapabilities") or {}
+        for key in path:
+            value = value.get(key) if isinstance(value, dict) else None
+        return value
+
+    async def ensure(self, name: str, client: AgentClient,
+                     task_group: anyio.abc.TaskGroup) -> AgentConnection:
+        slot = self._slots[self.resolve(name)]
+        if slot.lock is None:
+            slot.lock = anyio.Lock()
+        async with slot.lock:
+            if slot.connection is not None and not slot.connection.closed:
+                return slot.connection
+            connection = await slot.factory.connect(client, task_group)
+            try:
+                with anyio.fail_after(self.initialize_timeout_ms / 1000):
+                    info = await connection.request("initialize", INITIALIZE_PARAMS)
+            except TimeoutError:
+                await connection.aclose()
+                raise AgentTimeoutError("initialize", self.initialize_timeout_ms) from None
+            except BaseException:
+                await connection.aclose()
+                raise
+            slot.connection, slot.info = connection, info if isinstance(info, dict) else {}
+            return connection
+
+    async def aclose(self) -> None:
+        for slot in self._slots.values():
+            if slot.connection is not None:
+                await slot.connection.aclose()
