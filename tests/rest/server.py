@@ -135,3 +135,17 @@ async def running_server(workspace: Any, *, options: BridgeOptions | None = None
             finally:
                 stop()
                 await bridge.aclose()  # ends open event streams
+
+
+@contextlib.asynccontextmanager
+async def serving(app: Any) -> AsyncIterator[str]:
+    """Serve any ASGI app on a loopback port for the block; yields its base URL."""
+    async with anyio.create_task_group() as tg:
+        if sniffio.current_async_library() == "trio":
+            port, stop = await _serve_hypercorn(tg, app)
+        else:
+            port, stop = await _serve_uvicorn(tg, app)
+        try:
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            stop()
