@@ -78,15 +78,22 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
                             "long, 0 = wait forever (default 0)")
     serve.add_argument("--initialize-timeout-ms",
                        help="how long the agent may take to answer initialize (default 10000)")
-    serve.add_argument("--agent", default="reference",
-                       help="'reference' (default) or the command line of a stdio ACP agent")
+    serve.add_argument("--agent", action="append", default=[], metavar="[NAME=]COMMAND",
+                       help="the default agent: 'reference' (default) or the command line of a "
+                            "stdio ACP agent; NAME=COMMAND adds a named agent (repeatable)")
+    serve.add_argument("--config", help="a TOML file with [agents.NAME] profiles "
+                                        "(command, env, cwd)")
+    serve.add_argument("--model-server", metavar="URL",
+                       help="an OpenAI-compatible server (e.g. http://127.0.0.1:11434/v1); "
+                            "each model it lists becomes an agent of that name")
     return parser, serve
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
     return Settings.from_flags(
         hostname=args.hostname, port=args.port, workspace=args.workspace, token=args.token,
-        require_auth=args.require_auth, allow_origin=args.allow_origin, agent=args.agent,
+        require_auth=args.require_auth, allow_origin=args.allow_origin,
+        agent=args.agent or ["reference"], config=args.config, model_server=args.model_server,
         **{flag: getattr(args, flag) for flag in OPTION_FLAGS})
 
 
@@ -139,8 +146,9 @@ def listening_url(server: uvicorn.Server) -> str:
 
 async def serve(settings: Settings) -> None:
     """Run the daemon until SIGTERM/SIGINT, then drain."""
+    models = await _discover_models(settings.model_server) if settings.model_server else []
     async with Bridge(settings.agent_factory(), workspace_cwd=settings.workspace,
-                      options=settings.options) as bridge:
+                      options=settings.options, agents=settings.extra_agents(models)) as bridge:
         config = uvicorn.Config(build_app(settings, bridge), host=settings.hostname,
                                 port=settings.port, lifespan="off", access_log=False,
                                 log_level="warning", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
@@ -149,6 +157,18 @@ async def serve(settings: Settings) -> None:
             tg.start_soon(_drain_on_signal, server, bridge)
             await server.serve()
             tg.cancel_scope.cancel()
+
+
+async def _discover_models(url: str) -> list[str]:
+    from bridge.agents.model import discover_models
+
+    try:
+        models = await discover_models(url)
+    except Exception as exc:  # the server still starts; the models are just not offered
+        log.error("cannot list the models of %s: %s", url, exc)
+        return []
+    log.info("model server %s offers: %s", url, ", ".join(models) or "(none)")
+    return models
 
 
 async def _drain_on_signal(server: uvicorn.Server, bridge: Bridge) -> None:

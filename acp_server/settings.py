@@ -24,6 +24,14 @@ import shlex
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from acp_server.profiles import (
+    AgentProfile,
+    ProfileError,
+    build_factory,
+    load_config,
+    merge,
+    parse_agent_flags,
+)
 from bridge.errors import InvalidOptionError
 from bridge.options import BridgeOptions
 
@@ -88,6 +96,9 @@ class Settings:
     require_auth: bool = False
     allow_origins: tuple[str, ...] = ()
     agent: str = REFERENCE_AGENT
+    # Named agents besides the default (``--agent NAME=COMMAND``, ``--config``).
+    agent_profiles: tuple[AgentProfile, ...] = ()
+    model_server: str | None = None
     options: BridgeOptions = dataclasses.field(default_factory=BridgeOptions)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     heartbeat_s: float = DEFAULT_HEARTBEAT_S
@@ -121,6 +132,13 @@ class Settings:
                     "http://localhost:3000, or '*'.")
         if not self.agent_argv:
             raise SettingsError(f"Invalid agent: {self.agent!r}. Must be 'reference' or a command line.")
+        try:
+            merge(self.default_profile, self.agent_profiles)
+        except ProfileError as exc:
+            raise SettingsError(str(exc)) from None
+        if self.model_server is not None and not re.match(r"^https?://[^\s/]+", self.model_server):
+            raise SettingsError(f"Invalid model server: {self.model_server!r}. Must be an http(s) URL "
+                                "such as http://127.0.0.1:11434/v1.")
         if not (isinstance(self.max_body_bytes, int) and self.max_body_bytes > 0):
             raise SettingsError(f"Invalid max body bytes: {self.max_body_bytes!r}.")
         if not self.heartbeat_s > 0:
@@ -145,28 +163,45 @@ class Settings:
 
     @property
     def agent_name(self) -> str:
-        argv = self.agent_argv
-        return REFERENCE_AGENT if argv == [REFERENCE_AGENT] else os.path.basename(argv[0])
+        return self.default_profile.name
 
-    def agent_factory(self) -> AgentFactory:
-        """The reference agent in-process, or the command as a stdio ACP agent."""
+    @property
+    def default_profile(self) -> AgentProfile:
         argv = self.agent_argv
         if argv == [REFERENCE_AGENT]:
-            from bridge.agents.reference import ReferenceAgentFactory
+            return AgentProfile(REFERENCE_AGENT)
+        return AgentProfile(os.path.basename(argv[0]), tuple(argv))
 
-            return ReferenceAgentFactory()
-        from bridge.agents.stdio import StdioAgentFactory
+    def agent_factory(self) -> AgentFactory:
+        """The default agent: the reference agent in-process, or the command as a
+        stdio ACP agent (without the server's token in its environment)."""
+        return build_factory(self.default_profile, workspace=self.workspace, hidden_env=[TOKEN_ENV])
 
-        env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
-        return StdioAgentFactory(argv, cwd=self.workspace, env=env, name=self.agent_name)
+    def extra_agents(self, models: Iterable[str] = ()) -> dict[str, AgentFactory]:
+        """Every named agent besides the default (``reference`` always among them),
+        plus one model-agent profile per model id of ``--model-server``."""
+        named = [*self.agent_profiles,
+                 *(AgentProfile(m, model_server=self.model_server) for m in models)]
+        profiles = merge(self.default_profile, named)[1:]
+        return {p.name: build_factory(p, workspace=self.workspace, hidden_env=[TOKEN_ENV])
+                for p in profiles}
 
     # -- construction from flags ---------------------------------------------------------
     @classmethod
     def from_flags(cls, *, hostname: str = DEFAULT_HOSTNAME, port: str | int = DEFAULT_PORT,
                    workspace: str | None = None, token: str | None = None,
                    require_auth: bool = False, allow_origin: Iterable[str] = (),
-                   agent: str = REFERENCE_AGENT, **option_flags: str | None) -> Settings:
-        """Build from CLI strings. ``token=None`` falls back to ``$ACP_SERVER_TOKEN``."""
+                   agent: str | Iterable[str] = REFERENCE_AGENT, config: str | None = None,
+                   model_server: str | None = None, **option_flags: str | None) -> Settings:
+        """Build from CLI strings. ``token=None`` falls back to ``$ACP_SERVER_TOKEN``;
+        ``agent`` is one ``--agent`` value or all of them (``NAME=COMMAND`` adds a
+        named agent, a bare command sets the default)."""
+        try:
+            default, named = parse_agent_flags([agent] if isinstance(agent, str) else agent)
+            if config is not None:
+                named += load_config(config)
+        except ProfileError as exc:
+            raise SettingsError(str(exc)) from None
         parsed_port = parse_number(port) if isinstance(port, str) else port
         if isinstance(parsed_port, float) or isinstance(parsed_port, str):
             raise SettingsError(f"Invalid port: {port!r}. Must be an integer in [0, 65535].")
@@ -175,7 +210,9 @@ class Settings:
         token = token.strip() if token is not None else None
         return cls(workspace=workspace or os.getcwd(), hostname=hostname, port=parsed_port,
                    token=token or None, require_auth=require_auth,
-                   allow_origins=tuple(allow_origin), agent=agent,
+                   allow_origins=tuple(allow_origin),
+                   agent=shlex.join(default.command) if default.command else REFERENCE_AGENT,
+                   agent_profiles=tuple(named), model_server=model_server,
                    options=build_options(**option_flags))
 
 

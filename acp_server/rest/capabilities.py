@@ -30,6 +30,7 @@ FEATURES = (
     "slow_client_warning", "typed_event_schema", "client_identity", "client_heartbeat",
     "session_permission_vote", "permission_vote", "permission_mediation",
     "session_close", "session_branch", "session_status", "session_pending_prompts",
+    "agent_profiles",
 )
 
 
@@ -57,6 +58,7 @@ def capabilities_body(bridge: Bridge, settings: Settings) -> dict[str, Any]:
         "features": features(settings), "workspaceCwd": bridge.workspace_cwd,
         "transports": ["rest"], "policy": {"permission": "first-responder"},
         "limits": limits(bridge),
+        "agents": {"default": bridge.agents.default, "available": bridge.agents.names},
     }
 
 

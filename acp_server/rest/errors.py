@@ -29,6 +29,7 @@ from starlette.responses import Response
 from bridge.bridge import InvalidPromptError
 from bridge.errors import (
     AgentDiedError,
+    AgentNotFoundError,
     AgentError,
     AgentTimeoutError,
     BranchWhilePromptActiveError,
@@ -113,6 +114,9 @@ def describe(exc: BaseException) -> tuple[int, dict[str, Any], dict[str, str] | 
     if isinstance(exc, PromptNotFoundError):
         return 404, {"error": str(exc), "code": exc.code, "sessionId": exc.session_id,
                      "promptId": exc.prompt_id}, None
+    if isinstance(exc, AgentNotFoundError):
+        return 400, {"error": str(exc), "code": exc.code, "agent": exc.name,
+                     "available": exc.available}, None
     if isinstance(exc, InvalidPromptError):
         return 400, {"error": "`prompt` is required and must be a non-empty array of content blocks"}, None
     if isinstance(exc, AgentTimeoutError):

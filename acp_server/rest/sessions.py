@@ -55,25 +55,28 @@ async def create_session(request: Request) -> Response:
         if not wire.is_uuid(body.sessionId):
             raise bad_request("`sessionId` must be a UUID (RFC 4122, versions 1-5)",
                               "invalid_session_id")
-        info = await bridge.create_session(cwd=body.cwd, session_id=body.sessionId)
+        info = await bridge.create_session(cwd=body.cwd, session_id=body.sessionId,
+                                           agent=body.agent)
     elif scope == "thread":
-        info = await bridge.create_session(cwd=body.cwd)
+        info = await bridge.create_session(cwd=body.cwd, agent=body.agent)
     else:
-        info = await bridge.attach_session(cwd=body.cwd)
+        info = await bridge.attach_session(cwd=body.cwd, agent=body.agent)
     return json_response(200, created(info))
 
 
 async def load_session(request: Request) -> Response:
     wire.client_id(request)
     body = await wire.read_json(request, wire.RestoreBody)
-    info = await _bridge(request).load_session(request.path_params["session_id"], cwd=body.cwd)
+    info = await _bridge(request).load_session(request.path_params["session_id"], cwd=body.cwd,
+                                               agent=body.agent)
     return json_response(200, restored(info))
 
 
 async def resume_session(request: Request) -> Response:
     wire.client_id(request)
     body = await wire.read_json(request, wire.RestoreBody)
-    info = await _bridge(request).resume_session(request.path_params["session_id"], cwd=body.cwd)
+    info = await _bridge(request).resume_session(request.path_params["session_id"], cwd=body.cwd,
+                                                 agent=body.agent)
     return json_response(200, restored(info))
 
 

@@ -40,6 +40,7 @@ class CreateSessionBody(msgspec.Struct):
     cwd: str | None = None
     sessionScope: Any = None
     sessionId: Any = None
+    agent: str | None = None   # an agent profile name (default: the server's default agent)
 
 
 class PromptBody(msgspec.Struct):
@@ -53,6 +54,7 @@ class PermissionVoteBody(msgspec.Struct):
 
 class RestoreBody(msgspec.Struct):
     cwd: str | None = None
+    agent: str | None = None
 
 
 class EmptyBody(msgspec.Struct):

@@ -24,7 +24,8 @@ Contracts (see ``bridge.agents.base``):
   ``AgentDiedError(message, exit_code)``, ``client.connection_lost`` is called once,
   ``closed`` becomes True and the process is reaped. ``aclose()`` fails pending calls
   the same way but does not call ``connection_lost``.
-* ``env`` entries are added to (override) the inherited environment.
+* ``env`` entries are added to (override) the inherited environment; names in
+  ``unset_env`` (e.g. the server's own token) are removed from what the child gets.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import itertools
 import logging
 import os
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -84,6 +85,7 @@ class StdioAgentFactory:
         *,
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
+        unset_env: Iterable[str] = (),
         name: str | None = None,
         max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
         shutdown_grace_s: float = 2.0,
@@ -93,12 +95,16 @@ class StdioAgentFactory:
         self.command = list(command)
         self.cwd = cwd
         self.env = dict(env) if env is not None else None
+        self.unset_env = frozenset(unset_env)
         self.name = name or os.path.basename(self.command[0])
         self.max_line_bytes = max_line_bytes
         self.shutdown_grace_s = shutdown_grace_s
 
     async def connect(self, client: AgentClient, task_group: anyio.abc.TaskGroup) -> StdioAgentConnection:
-        environ = None if self.env is None else {**os.environ, **self.env}
+        environ: dict[str, str] | None = None
+        if self.env is not None or self.unset_env:
+            environ = {k: v for k, v in {**os.environ, **(self.env or {})}.items()
+                       if k not in self.unset_env}
         try:
             process = await anyio.open_process(
                 self.command,
