@@ -38,6 +38,7 @@ from acp_server.settings import (
     SettingsError,
 )
 from bridge import Bridge
+from bridge.agents.children import ChildRegistry
 
 log = logging.getLogger("acp_server")
 
@@ -83,6 +84,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
                             "stdio ACP agent; NAME=COMMAND adds a named agent (repeatable)")
     serve.add_argument("--config", help="a TOML file with [agents.NAME] profiles "
                                         "(command, env, cwd)")
+    serve.add_argument("--state-dir", help="where the server keeps its state (default "
+                                           "$XDG_STATE_HOME/acp-server or ~/.local/state/acp-server)")
     serve.add_argument("--model-server", metavar="URL",
                        help="an OpenAI-compatible server (e.g. http://127.0.0.1:11434/v1); "
                             "each model it lists becomes an agent of that name")
@@ -94,6 +97,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         hostname=args.hostname, port=args.port, workspace=args.workspace, token=args.token,
         require_auth=args.require_auth, allow_origin=args.allow_origin,
         agent=args.agent or ["reference"], config=args.config, model_server=args.model_server,
+        state_dir=args.state_dir,
         **{flag: getattr(args, flag) for flag in OPTION_FLAGS})
 
 
@@ -146,17 +150,27 @@ def listening_url(server: uvicorn.Server) -> str:
 
 async def serve(settings: Settings) -> None:
     """Run the daemon until SIGTERM/SIGINT, then drain."""
-    models = await _discover_models(settings.model_server) if settings.model_server else []
-    async with Bridge(settings.agent_factory(), workspace_cwd=settings.workspace,
-                      options=settings.options, agents=settings.extra_agents(models)) as bridge:
-        config = uvicorn.Config(build_app(settings, bridge), host=settings.hostname,
-                                port=settings.port, lifespan="off", access_log=False,
-                                log_level="warning", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
-        server = _Server(config, settings)
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(_drain_on_signal, server, bridge)
-            await server.serve()
-            tg.cancel_scope.cancel()
+    registry = ChildRegistry(settings.children_dir)
+    registry.reap_stale()   # agents that killed earlier runs left behind
+    try:
+        models = await _discover_models(settings.model_server) if settings.model_server else []
+        async with Bridge(settings.agent_factory(registry), workspace_cwd=settings.workspace,
+                          options=settings.options,
+                          agents=settings.extra_agents(models, registry)) as bridge:
+            await _serve_http(settings, bridge)
+    finally:
+        registry.close()   # every agent was stopped with the bridge
+
+
+async def _serve_http(settings: Settings, bridge: Bridge) -> None:
+    config = uvicorn.Config(build_app(settings, bridge), host=settings.hostname,
+                            port=settings.port, lifespan="off", access_log=False,
+                            log_level="warning", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
+    server = _Server(config, settings)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_drain_on_signal, server, bridge)
+        await server.serve()
+        tg.cancel_scope.cancel()
 
 
 async def _discover_models(url: str) -> list[str]:

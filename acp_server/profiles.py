@@ -26,9 +26,12 @@ import re
 import shlex
 import tomllib
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bridge.agents.base import AgentFactory
+
+if TYPE_CHECKING:
+    from bridge.agents.children import ChildRegistry
 
 REFERENCE = "reference"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
@@ -136,8 +139,8 @@ def merge(default: AgentProfile, named: Iterable[AgentProfile]) -> list[AgentPro
     return result
 
 
-def build_factory(item: AgentProfile, *, workspace: str,
-                  hidden_env: Iterable[str] = ()) -> AgentFactory:
+def build_factory(item: AgentProfile, *, workspace: str, hidden_env: Iterable[str] = (),
+                  registry: ChildRegistry | None = None) -> AgentFactory:
     """The factory of one profile; a stdio child inherits the server's environment
     plus the profile's ``env``, minus ``hidden_env``."""
     if item.kind == "reference":
@@ -152,4 +155,4 @@ def build_factory(item: AgentProfile, *, workspace: str,
     from bridge.agents.stdio import StdioAgentFactory
 
     return StdioAgentFactory(list(item.command), cwd=item.cwd or workspace, env=dict(item.env),
-                             unset_env=hidden_env, name=item.name)
+                             unset_env=hidden_env, name=item.name, registry=registry)

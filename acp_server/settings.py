@@ -37,6 +37,7 @@ from bridge.options import BridgeOptions
 
 if TYPE_CHECKING:
     from bridge.agents.base import AgentFactory
+    from bridge.agents.children import ChildRegistry
 
 DEFAULT_HOSTNAME = "127.0.0.1"
 DEFAULT_PORT = 4170
@@ -62,6 +63,12 @@ OPTION_FLAGS = {
 
 class SettingsError(ValueError):
     """An invalid setting; the message names the setting and the value."""
+
+
+def default_state_dir() -> str:
+    """``$XDG_STATE_HOME/acp-server``, else ``~/.local/state/acp-server``."""
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(base, "acp-server")
 
 
 def is_loopback(hostname: str) -> bool:
@@ -99,6 +106,7 @@ class Settings:
     # Named agents besides the default (``--agent NAME=COMMAND``, ``--config``).
     agent_profiles: tuple[AgentProfile, ...] = ()
     model_server: str | None = None
+    state_dir: str = dataclasses.field(default_factory=lambda: default_state_dir())
     options: BridgeOptions = dataclasses.field(default_factory=BridgeOptions)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     heartbeat_s: float = DEFAULT_HEARTBEAT_S
@@ -172,19 +180,27 @@ class Settings:
             return AgentProfile(REFERENCE_AGENT)
         return AgentProfile(os.path.basename(argv[0]), tuple(argv))
 
-    def agent_factory(self) -> AgentFactory:
+    def agent_factory(self, registry: ChildRegistry | None = None) -> AgentFactory:
         """The default agent: the reference agent in-process, or the command as a
         stdio ACP agent (without the server's token in its environment)."""
-        return build_factory(self.default_profile, workspace=self.workspace, hidden_env=[TOKEN_ENV])
+        return build_factory(self.default_profile, workspace=self.workspace,
+                             hidden_env=[TOKEN_ENV], registry=registry)
 
-    def extra_agents(self, models: Iterable[str] = ()) -> dict[str, AgentFactory]:
+    def extra_agents(self, models: Iterable[str] = (),
+                     registry: ChildRegistry | None = None) -> dict[str, AgentFactory]:
         """Every named agent besides the default (``reference`` always among them),
         plus one model-agent profile per model id of ``--model-server``."""
         named = [*self.agent_profiles,
                  *(AgentProfile(m, model_server=self.model_server) for m in models)]
         profiles = merge(self.default_profile, named)[1:]
-        return {p.name: build_factory(p, workspace=self.workspace, hidden_env=[TOKEN_ENV])
+        return {p.name: build_factory(p, workspace=self.workspace, hidden_env=[TOKEN_ENV],
+                                      registry=registry)
                 for p in profiles}
+
+    @property
+    def children_dir(self) -> str:
+        """Where the stdio agent processes of running servers are recorded."""
+        return os.path.join(self.state_dir, "agents")
 
     # -- construction from flags ---------------------------------------------------------
     @classmethod
@@ -192,7 +208,8 @@ class Settings:
                    workspace: str | None = None, token: str | None = None,
                    require_auth: bool = False, allow_origin: Iterable[str] = (),
                    agent: str | Iterable[str] = REFERENCE_AGENT, config: str | None = None,
-                   model_server: str | None = None, **option_flags: str | None) -> Settings:
+                   model_server: str | None = None, state_dir: str | None = None,
+                   **option_flags: str | None) -> Settings:
         """Build from CLI strings. ``token=None`` falls back to ``$ACP_SERVER_TOKEN``;
         ``agent`` is one ``--agent`` value or all of them (``NAME=COMMAND`` adds a
         named agent, a bare command sets the default)."""
@@ -213,6 +230,7 @@ class Settings:
                    allow_origins=tuple(allow_origin),
                    agent=shlex.join(default.command) if default.command else REFERENCE_AGENT,
                    agent_profiles=tuple(named), model_server=model_server,
+                   state_dir=os.path.abspath(state_dir) if state_dir else default_state_dir(),
                    options=build_options(**option_flags))
 
 

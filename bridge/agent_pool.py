@@ -77,8 +77,10 @@ class AgentPool:
         if slot.lock is None:
             slot.lock = anyio.Lock()
         async with slot.lock:
-            if slot.connection is not None and not slot.connection.closed:
-                return slot.connection
+            if slot.connection is not None:
+                if not slot.connection.closed:
+                    return slot.connection
+                await slot.connection.aclose()   # reap the dead one before a restart
             connection = await slot.factory.connect(client, task_group)
             try:
                 with anyio.fail_after(self.initialize_timeout_ms / 1000):

@@ -33,6 +33,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import signal
 import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -43,6 +44,7 @@ import msgspec
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from bridge.agents.base import AgentClient, Answer, RequestError
+from bridge.agents.children import ChildRegistry
 from bridge.errors import AgentDiedError, AgentError
 from bridge.jsonrpc import (
     INTERNAL_ERROR,
@@ -86,6 +88,7 @@ class StdioAgentFactory:
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
         unset_env: Iterable[str] = (),
+        registry: ChildRegistry | None = None,
         name: str | None = None,
         max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
         shutdown_grace_s: float = 2.0,
@@ -96,6 +99,7 @@ class StdioAgentFactory:
         self.cwd = cwd
         self.env = dict(env) if env is not None else None
         self.unset_env = frozenset(unset_env)
+        self.registry = registry
         self.name = name or os.path.basename(self.command[0])
         self.max_line_bytes = max_line_bytes
         self.shutdown_grace_s = shutdown_grace_s
@@ -113,6 +117,7 @@ class StdioAgentFactory:
                 stderr=subprocess.PIPE,
                 cwd=self.cwd,
                 env=environ,
+                start_new_session=True,   # its own process group: stopped as a whole
             )
         except OSError as exc:
             raise AgentDiedError(f"Cannot start agent {self.name!r}: {exc}") from exc
@@ -122,7 +127,10 @@ class StdioAgentFactory:
             name=self.name,
             max_line_bytes=self.max_line_bytes,
             shutdown_grace_s=self.shutdown_grace_s,
+            registry=self.registry,
         )
+        if self.registry is not None:
+            self.registry.record(process.pid, self.command)
         connection.start(task_group)
         return connection
 
@@ -138,6 +146,7 @@ class StdioAgentConnection:
         name: str,
         max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
         shutdown_grace_s: float = 2.0,
+        registry: ChildRegistry | None = None,
     ) -> None:
         assert process.stdin and process.stdout and process.stderr, "all three pipes are needed"
         self.name = name
@@ -148,6 +157,7 @@ class StdioAgentConnection:
         self._max_line_bytes = max_line_bytes
         self._grace = shutdown_grace_s
         self._prefix = f"[agent {name} pid={process.pid}]"
+        self._registry = registry
         self._task_group: anyio.abc.TaskGroup | None = None
         self._ids = itertools.count()
         self._pending: dict[int, Answer] = {}
@@ -268,22 +278,25 @@ class StdioAgentConnection:
                         await process.wait()
                 if process.returncode is None:
                     logger.warning("%s still running %.1fs after stdin EOF: SIGTERM", self._prefix, self._grace)
-                    self._signal(process.terminate)
+                    self._signal_group(signal.SIGTERM)
                     with anyio.move_on_after(self._grace):
                         await process.wait()
                 if process.returncode is None:
                     logger.warning("%s ignored SIGTERM: SIGKILL", self._prefix)
-                    self._signal(process.kill)
+                    self._signal_group(signal.SIGKILL)
                     with anyio.move_on_after(5):
                         await process.wait()
+                self._signal_group(signal.SIGKILL)   # whatever it left in its group
         finally:
+            if self._registry is not None:
+                self._registry.forget(process.pid)
             self._reaped.set()
 
-    @staticmethod
-    def _signal(send: Any) -> None:
+    def _signal_group(self, signum: int) -> None:
+        """Signal the child's whole process group (it leads one of its own)."""
         try:
-            send()
-        except ProcessLookupError:
+            os.killpg(self._process.pid, signum)
+        except (ProcessLookupError, PermissionError):
             pass
 
     def _lose(self, error: AgentDiedError, *, notify: bool = True) -> None:
@@ -321,7 +334,7 @@ class StdioAgentConnection:
                 # Cancelled from outside (the host is shutting down): no orphan.
                 self._lose(AgentDiedError("Agent connection cancelled"), notify=False)
                 if self._process.returncode is None:
-                    self._signal(self._process.kill)
+                    self._signal_group(signal.SIGKILL)
                     with anyio.CancelScope(shield=True), anyio.move_on_after(1):
                         await self._process.wait()
 
