@@ -1,8 +1,11 @@
 """A fake OpenAI-compatible model server (the model is fake, the HTTP is real).
 
-The last user message drives it: ``ERROR`` → 500; ``LENGTH`` → ``finish_reason:
-"length"``; ``SLOW`` → 50 chunks 100 ms apart (for cancel); otherwise the reply
+The last message drives it: ``ERROR`` → 500; ``LENGTH`` → ``finish_reason:
+"length"``; ``SLOW`` → 50 chunks 100 ms apart (for cancel); ``WRITE`` → a
+``write_file`` tool call for ``state.write_path`` (what coding agents such as
+``qwen --acp`` run as a tool); a ``tool`` message → ``Tool done.``; otherwise the reply
 ``pong: <message>`` streamed in three chunks, then a usage chunk and ``[DONE]``.
+``stream: false`` gets the whole reply as one ``chat.completion``.
 ``state.requests`` records request bodies; ``state.closed_early`` counts streams the
 client closed before the end.
 """
@@ -25,6 +28,7 @@ class FakeModelState:
         self.requests: list[dict[str, Any]] = []
         self.closed_early = 0
         self.finished = 0
+        self.write_path = "/tmp/acp-server-fake-model-write.txt"
 
 
 def _chunk(content: str | None = None, finish: str | None = None,
@@ -38,6 +42,18 @@ def _chunk(content: str | None = None, finish: str | None = None,
     return b"data: " + json.dumps(body).encode() + b"\n\n"
 
 
+async def _tool_call(path: str) -> AsyncIterator[bytes]:
+    arguments = json.dumps({"file_path": path, "content": "written via ACP\n"})
+    for delta in ({"role": "assistant", "content": ""},
+                  {"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                                   "function": {"name": "write_file", "arguments": ""}}]},
+                  {"tool_calls": [{"index": 0, "function": {"arguments": arguments}}]}):
+        yield b"data: " + json.dumps({"object": "chat.completion.chunk", "choices": [
+            {"index": 0, "delta": delta, "finish_reason": None}]}).encode() + b"\n\n"
+    yield _chunk(finish="tool_calls")
+    yield b"data: [DONE]\n\n"
+
+
 def build_fake_model_app(state: FakeModelState) -> Starlette:
     async def models(request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [{"id": "fake-small", "object": "model"},
@@ -46,12 +62,23 @@ def build_fake_model_app(state: FakeModelState) -> Starlette:
     async def completions(request: Request) -> Response:
         body = await request.json()
         state.requests.append(body)
-        last = [m for m in body["messages"] if m["role"] == "user"][-1]["content"]
+        message = body["messages"][-1]
+        content = message.get("content")
+        last = content if isinstance(content, str) else json.dumps(content)
+        if message["role"] == "tool":
+            last = "Tool done."
         if "ERROR" in last:
             return JSONResponse({"error": {"message": "fake failure"}}, status_code=500)
         slow = "SLOW" in last
         finish = "length" if "LENGTH" in last else "stop"
-        reply = f"pong: {last}"
+        reply = "Tool done." if message["role"] == "tool" else f"pong: {last}"
+        if not body.get("stream"):
+            return JSONResponse({"object": "chat.completion", "model": body.get("model"), "choices": [
+                {"index": 0, "finish_reason": finish,
+                 "message": {"role": "assistant", "content": reply}}],
+                "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}})
+        if "WRITE" in last and message["role"] == "user":
+            return StreamingResponse(_tool_call(state.write_path), media_type="text/event-stream")
         third = len(reply) // 3
         pieces = ["x"] * 50 if slow else [reply[:third], reply[third:2 * third], reply[2 * third:]]
 
