@@ -30,6 +30,7 @@ Contracts (see ``bridge.agents.base``):
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import os
@@ -68,6 +69,7 @@ stderr_logger = logging.getLogger(__name__ + ".stderr")
 
 DEFAULT_MAX_LINE_BYTES = 64 * 1024 * 1024
 _STDERR_LINE_BYTES = 64 * 1024
+STDERR_TAIL_LINES = 50
 _PIPE_ERRORS = (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)
 
 
@@ -158,6 +160,8 @@ class StdioAgentConnection:
         self._grace = shutdown_grace_s
         self._prefix = f"[agent {name} pid={process.pid}]"
         self._registry = registry
+        # The agent's last stderr lines, kept for the message of its death.
+        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
         self._task_group: anyio.abc.TaskGroup | None = None
         self._ids = itertools.count()
         self._pending: dict[int, Answer] = {}
@@ -370,6 +374,10 @@ class StdioAgentConnection:
                 await self._process.wait()
         code = self._process.returncode
         message = reason if code is None else f"{reason}, exit code {code}"
+        with anyio.move_on_after(0.2):   # let the last stderr lines arrive
+            await self._stderr_done.wait()
+        if self.stderr_tail:
+            message += "; last stderr: " + " | ".join(list(self.stderr_tail)[-3:])[-500:]
         if not self._closing:
             logger.warning("%s %s", self._prefix, message)
         self._lose(AgentDiedError(message, code))
@@ -470,4 +478,6 @@ class StdioAgentConnection:
             self._stderr_done.set()
 
     def _log_stderr(self, line: bytes) -> None:
-        stderr_logger.info("%s %s", self._prefix, line.decode("utf-8", "replace").rstrip())
+        text = line.decode("utf-8", "replace").rstrip()
+        self.stderr_tail.append(text)
+        stderr_logger.info("%s %s", self._prefix, text)

@@ -113,3 +113,14 @@ async def test_initialize_timeout(tmp_path):
             await bridge.create_session()
         assert info.value.phase == "initialize"
         assert bridge.stats()["admissionInFlight"] == 0
+
+
+async def test_death_message_carries_the_stderr_tail(tmp_path):
+    script = tmp_path / "dies.py"
+    script.write_text("import sys\nsys.stderr.write('boom: missing credentials\\n')\nsys.exit(4)\n")
+    factory = StdioAgentFactory([sys.executable, str(script)], cwd=str(tmp_path))
+    async with Bridge(factory, workspace_cwd=str(tmp_path)) as bridge:
+        with pytest.raises(AgentDiedError) as info:
+            await bridge.create_session()
+        assert info.value.exit_code == 4
+        assert "last stderr: boom: missing credentials" in str(info.value)
