@@ -124,3 +124,26 @@ async def test_death_message_carries_the_stderr_tail(tmp_path):
             await bridge.create_session()
         assert info.value.exit_code == 4
         assert "last stderr: boom: missing credentials" in str(info.value)
+
+
+async def test_sigkill_of_the_agent_mid_turn(tmp_path):
+    import os
+    import signal
+
+    async with Bridge(reference_child(tmp_path), workspace_cwd=str(tmp_path)) as bridge:
+        sid = (await bridge.create_session()).session_id
+        sub = bridge.subscribe(sid)
+        running = bridge.send_prompt(sid, text("/sleep 30s long"))
+        queued = bridge.send_prompt(sid, text("next"))
+        await wait_until(lambda: bridge.get_session(sid).active is not None)
+        os.kill(bridge.get_session(sid).agent.pid, signal.SIGKILL)
+        with anyio.fail_after(10):
+            for ticket in (running, queued):
+                with pytest.raises(AgentDiedError) as info:
+                    await ticket
+                assert info.value.exit_code == -signal.SIGKILL
+            kinds = [f.type async for f in sub]
+        assert "session_died" in kinds and kinds.count("turn_error") == 2
+        assert bridge.stats()["pendingPrompts"] == 0
+        sid2 = (await bridge.create_session()).session_id
+        assert (await bridge.send_prompt(sid2, text("back"))).stop_reason == "end_turn"
