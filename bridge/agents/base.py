@@ -28,6 +28,8 @@ Contracts:
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, runtime_checkable
 
 import anyio
@@ -35,6 +37,7 @@ import anyio.abc
 import msgspec
 
 from bridge.errors import AgentDiedError
+from bridge.jsonrpc import UNSET, Message, decode_value, encode_request
 
 
 class Answer:
@@ -51,6 +54,46 @@ class Answer:
         if self.error is not None:
             raise self.error
         return self.value
+
+
+class PendingRequests:
+    """Our outgoing JSON-RPC requests awaiting answers: ids from 0, one table per
+    direction of a connection.
+
+        answer = await table.call(send_line, "session/new", params)   # in one task
+        table.resolve(message, AgentError)                             # in the reader
+    """
+
+    def __init__(self) -> None:
+        self._ids = itertools.count()
+        self._waiting: dict[int, Answer] = {}
+
+    async def call(self, send: Callable[[bytes], Awaitable[None]], method: str, params: Any) -> Any:
+        request_id = next(self._ids)
+        answer = self._waiting[request_id] = Answer()
+        try:
+            await send(encode_request(request_id, method, params))
+            await answer.done.wait()
+        finally:
+            self._waiting.pop(request_id, None)
+        return answer.unwrap()
+
+    def resolve(self, msg: Message, error_type: Callable[[int, str, Any], BaseException]) -> bool:
+        """Settle the request ``msg`` answers; ``False`` for an unknown or abandoned id."""
+        answer = self._waiting.get(msg.id) if type(msg.id) is int else None  # type: ignore[arg-type]
+        if answer is None:
+            return False
+        if msg.error is not UNSET:
+            answer.error = error_type(msg.error.code, msg.error.message, decode_value(msg.error.data))
+        else:
+            answer.value = decode_value(msg.result)
+        answer.done.set()
+        return True
+
+    def fail_all(self, error: BaseException) -> None:
+        for answer in self._waiting.values():
+            answer.error = error
+            answer.done.set()
 
 
 class RequestError(Exception):

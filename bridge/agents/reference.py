@@ -58,7 +58,6 @@ store for all its connections, like an agent that persists sessions on disk.
 from __future__ import annotations
 
 import argparse
-import itertools
 import logging
 import os
 import sys
@@ -69,7 +68,7 @@ import anyio
 import anyio.abc
 import anyio.to_thread
 
-from bridge.agents.base import AgentClient, Answer, RequestError
+from bridge.agents.base import AgentClient, Answer, PendingRequests, RequestError
 from bridge.agents.reference_agent import (
     AgentPeer,
     Directives,
@@ -82,7 +81,6 @@ from bridge.errors import AgentDiedError, AgentError
 from bridge.jsonrpc import (
     INTERNAL_ERROR,
     METHOD_NOT_FOUND,
-    UNSET,
     JsonRpcInvalidRequest,
     JsonRpcParseError,
     Message,
@@ -90,7 +88,6 @@ from bridge.jsonrpc import (
     decode_value,
     encode_error,
     encode_notification,
-    encode_request,
     encode_result,
     encode_value,
 )
@@ -266,8 +263,7 @@ class _StdioPeer:
     def __init__(self, out: BinaryIO) -> None:
         self._out = out
         self._lock = anyio.Lock()
-        self._ids = itertools.count()
-        self._pending: dict[int, Answer] = {}
+        self._requests = PendingRequests()
 
     async def send(self, data: bytes) -> None:
         async with self._lock:
@@ -281,25 +277,11 @@ class _StdioPeer:
         await self.send(encode_notification(method, params))
 
     async def request(self, method: str, params: dict[str, Any]) -> Any:
-        request_id = next(self._ids)
-        outcome = self._pending[request_id] = Answer()
-        try:
-            await self.send(encode_request(request_id, method, params))
-            await outcome.done.wait()
-        finally:
-            self._pending.pop(request_id, None)
-        return outcome.unwrap()
+        return await self._requests.call(self.send, method, params)
 
     def resolve(self, msg: Message) -> None:
-        outcome = self._pending.get(msg.id) if isinstance(msg.id, int) else None
-        if outcome is None:
+        if not self._requests.resolve(msg, RequestError):
             logger.debug("answer to unknown or abandoned request %r", msg.id)
-            return
-        if msg.error is not UNSET:
-            outcome.error = RequestError(msg.error.code, msg.error.message, decode_value(msg.error.data))
-        else:
-            outcome.value = decode_value(msg.result)
-        outcome.done.set()
 
     async def crash(self, exit_code: int) -> None:
         # Everything sent so far is already written and flushed (send awaits the write).

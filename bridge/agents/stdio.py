@@ -31,7 +31,6 @@ Contracts (see ``bridge.agents.base``):
 from __future__ import annotations
 
 import collections
-import itertools
 import logging
 import os
 import signal
@@ -44,7 +43,7 @@ import anyio.abc
 import msgspec
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from bridge.agents.base import AgentClient, Answer, RequestError
+from bridge.agents.base import AgentClient, PendingRequests, RequestError
 from bridge.agents.children import ChildRegistry
 from bridge.errors import AgentDiedError, AgentError
 from bridge.jsonrpc import (
@@ -58,7 +57,6 @@ from bridge.jsonrpc import (
     decode_value,
     encode_error,
     encode_notification,
-    encode_request,
     encode_result,
 )
 
@@ -163,8 +161,7 @@ class StdioAgentConnection:
         # The agent's last stderr lines, kept for the message of its death.
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
         self._task_group: anyio.abc.TaskGroup | None = None
-        self._ids = itertools.count()
-        self._pending: dict[int, Answer] = {}
+        self._requests = PendingRequests()
         self._write_lock = anyio.Lock()
         self._death: AgentDiedError | None = None
         self._lost = anyio.Event()
@@ -207,14 +204,7 @@ class StdioAgentConnection:
         """Send a request; the decoded result, or ``AgentError`` / ``AgentDiedError``."""
         if self.closed:
             raise self._death or AgentDiedError("Agent connection closed")
-        request_id = next(self._ids)
-        pending = self._pending[request_id] = Answer()
-        try:
-            await self._send_line(encode_request(request_id, method, params))
-            await pending.done.wait()
-        finally:
-            self._pending.pop(request_id, None)
-        return pending.unwrap()
+        return await self._requests.call(self._send_line, method, params)
 
     async def notify(self, method: str, params: Any) -> None:
         if self.closed:
@@ -310,9 +300,7 @@ class StdioAgentConnection:
             return
         self._death = error
         self._lost.set()
-        for pending in self._pending.values():
-            pending.error = error
-            pending.done.set()
+        self._requests.fail_all(error)
         for scope in list(self._handler_scopes):
             scope.cancel()
         if notify and not self._closing:
@@ -398,15 +386,8 @@ class StdioAgentConnection:
             self._task_group.start_soon(self._serve_agent_request, msg)
 
     def _resolve(self, msg: Message) -> None:
-        pending = self._pending.get(msg.id) if type(msg.id) is int else None  # type: ignore[arg-type]
-        if pending is None:
+        if not self._requests.resolve(msg, AgentError):
             logger.warning("%s response to unknown request id %r", self._prefix, msg.id)
-            return
-        if msg.error is not UNSET:
-            pending.error = AgentError(msg.error.code, msg.error.message, decode_value(msg.error.data))
-        else:
-            pending.value = decode_value(msg.result)
-        pending.done.set()
 
     def _on_notification(self, msg: Message) -> None:
         if msg.method != "session/update":
