@@ -16,6 +16,7 @@ from __future__ import annotations
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
+from acp_server.acp_http import acp_routes
 from acp_server.rest import routes
 from acp_server.routing import IndexedRouter
 from acp_server.rest.errors import EXCEPTION_HANDLERS
@@ -27,7 +28,7 @@ from bridge import Bridge
 def build_app(settings: Settings, bridge: Bridge) -> Starlette:
     app = Starlette(exception_handlers=EXCEPTION_HANDLERS,
                     middleware=[Middleware(SecurityMiddleware, settings=settings)])
-    app.router = IndexedRouter(routes=routes())
+    app.router = IndexedRouter(routes=[*routes(), *acp_routes()])
     app.state.bridge = bridge
     app.state.settings = settings
     return app

@@ -37,6 +37,7 @@ from acp_server.settings import (
     Settings,
     SettingsError,
 )
+from acp_server.acp_http import ConnectionRegistry, registry_for
 from bridge import Bridge
 from bridge.agents.children import ChildRegistry
 
@@ -84,6 +85,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
                             "stdio ACP agent; NAME=COMMAND adds a named agent (repeatable)")
     serve.add_argument("--config", help="a TOML file with [agents.NAME] profiles "
                                         "(command, env, cwd)")
+    serve.add_argument("--max-acp-connections", default="64",
+                       help="live /acp connections; initialize past it is refused (default 64)")
     serve.add_argument("--state-dir", help="where the server keeps its state (default "
                                            "$XDG_STATE_HOME/acp-server or ~/.local/state/acp-server)")
     serve.add_argument("--model-server", metavar="URL",
@@ -97,7 +100,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         hostname=args.hostname, port=args.port, workspace=args.workspace, token=args.token,
         require_auth=args.require_auth, allow_origin=args.allow_origin,
         agent=args.agent or ["reference"], config=args.config, model_server=args.model_server,
-        state_dir=args.state_dir,
+        state_dir=args.state_dir, max_acp_connections=args.max_acp_connections,
         **{flag: getattr(args, flag) for flag in OPTION_FLAGS})
 
 
@@ -163,12 +166,13 @@ async def serve(settings: Settings) -> None:
 
 
 async def _serve_http(settings: Settings, bridge: Bridge) -> None:
-    config = uvicorn.Config(build_app(settings, bridge), host=settings.hostname,
+    app = build_app(settings, bridge)
+    config = uvicorn.Config(app, host=settings.hostname,
                             port=settings.port, lifespan="off", access_log=False,
                             log_level="warning", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
     server = _Server(config, settings)
     async with anyio.create_task_group() as tg:
-        tg.start_soon(_drain_on_signal, server, bridge)
+        tg.start_soon(_drain_on_signal, server, bridge, registry_for(app))
         await server.serve()
         tg.cancel_scope.cancel()
 
@@ -185,7 +189,8 @@ async def _discover_models(url: str) -> list[str]:
     return models
 
 
-async def _drain_on_signal(server: uvicorn.Server, bridge: Bridge) -> None:
+async def _drain_on_signal(server: uvicorn.Server, bridge: Bridge,
+                           acp: ConnectionRegistry) -> None:
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async for signum in signals:
             if server.should_exit:
@@ -194,6 +199,7 @@ async def _drain_on_signal(server: uvicorn.Server, bridge: Bridge) -> None:
             log.info("received %s: draining", signal.Signals(signum).name)
             with anyio.CancelScope(shield=True):
                 await bridge.aclose()
+            acp.shutdown()   # /acp streams end with their connections
             server.should_exit = True
 
 

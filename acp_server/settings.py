@@ -109,6 +109,8 @@ class Settings:
     state_dir: str = dataclasses.field(default_factory=lambda: default_state_dir())
     options: BridgeOptions = dataclasses.field(default_factory=BridgeOptions)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_acp_connections: int = 64
+    acp_reap_grace_s: float = 10.0
     heartbeat_s: float = DEFAULT_HEARTBEAT_S
 
     def __post_init__(self) -> None:
@@ -147,6 +149,10 @@ class Settings:
         if self.model_server is not None and not re.match(r"^https?://[^\s/]+", self.model_server):
             raise SettingsError(f"Invalid model server: {self.model_server!r}. Must be an http(s) URL "
                                 "such as http://127.0.0.1:11434/v1.")
+        if isinstance(self.max_acp_connections, bool) or not isinstance(self.max_acp_connections, int) \
+                or self.max_acp_connections < 1:
+            raise SettingsError(f"Invalid max_acp_connections: {self.max_acp_connections!r}. "
+                                "Must be a positive integer.")
         if not (isinstance(self.max_body_bytes, int) and self.max_body_bytes > 0):
             raise SettingsError(f"Invalid max body bytes: {self.max_body_bytes!r}.")
         if not self.heartbeat_s > 0:
@@ -209,6 +215,7 @@ class Settings:
                    require_auth: bool = False, allow_origin: Iterable[str] = (),
                    agent: str | Iterable[str] = REFERENCE_AGENT, config: str | None = None,
                    model_server: str | None = None, state_dir: str | None = None,
+                   max_acp_connections: str | int = 64,
                    **option_flags: str | None) -> Settings:
         """Build from CLI strings. ``token=None`` falls back to ``$ACP_SERVER_TOKEN``;
         ``agent`` is one ``--agent`` value or all of them (``NAME=COMMAND`` adds a
@@ -231,6 +238,8 @@ class Settings:
                    agent=shlex.join(default.command) if default.command else REFERENCE_AGENT,
                    agent_profiles=tuple(named), model_server=model_server,
                    state_dir=os.path.abspath(state_dir) if state_dir else default_state_dir(),
+                   max_acp_connections=parse_number(max_acp_connections)
+                   if isinstance(max_acp_connections, str) else max_acp_connections,
                    options=build_options(**option_flags))
 
 

@@ -72,6 +72,9 @@ class SessionInfo:
     has_active_prompt: bool
     forked_from: str | None = None
     agent: str = ""
+    # The agent's answer to session/new (or load, resume, fork), unknown fields kept:
+    # modes, configOptions, models, ...
+    agent_result: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 class _SessionUpdateHead(msgspec.Struct):
@@ -133,6 +136,17 @@ class Bridge:
     async def _ensure_agent(self, name: str) -> AgentConnection:
         assert self._task_group is not None
         return await self.agents.ensure(name, self._client, self._task_group)
+
+    async def ensure_agent(self, name: str | None = None) -> dict[str, Any]:
+        """Start the agent (default: the default one) if needed; its ``initialize`` result."""
+        resolved = self.agents.resolve(name)
+        await self._ensure_agent(resolved)
+        return self.agents.info(resolved)
+
+    async def forward(self, session_id: str, method: str, params: Any) -> Any:
+        """Send an ACP request the bridge has no rule for (``session/set_mode``, ...)
+        to the session's agent, unchanged; its answer, unchanged."""
+        return await self.get_session(session_id).agent.request(method, params)
 
     @property
     def agent_info(self) -> dict[str, Any]:
@@ -235,10 +249,11 @@ class Bridge:
                 session = self._new_session(restore_id, agent, agent_name)
                 await self._start_session(session)
                 try:
-                    await agent.request(method, params)
+                    result = await agent.request(method, params)
                 except BaseException:
                     self._drop_session(session)
                     raise
+                session.agent_result = result if isinstance(result, dict) else {}
                 return session
             result = await agent.request(method, params)
             sid = result.get("sessionId") if isinstance(result, dict) else None
@@ -248,6 +263,7 @@ class Bridge:
                 raise SessionIdNotHonoredError(requested_id, sid)
             session = self._new_session(sid, agent, agent_name)
             session.forked_from = fork_of
+            session.agent_result = result
             await self._start_session(session)
             return session
         finally:
@@ -285,7 +301,7 @@ class Bridge:
             created_at=_iso(session.created_at), event_epoch=session.bus.epoch,
             last_event_id=session.bus.last_event_id,
             has_active_prompt=session.pending_count > 0, forked_from=session.forked_from,
-            agent=session.agent_name)
+            agent=session.agent_name, agent_result=session.agent_result)
 
     async def close_session(self, session_id: str, *, reason: str = "client_close",
                             closed_by: str | None = None) -> None:

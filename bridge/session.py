@@ -145,6 +145,7 @@ class Session:
         self.closing = False
         self.forked_from: str | None = None
         self.agent_name = ""   # the agent profile this session runs on
+        self.agent_result: dict[str, Any] = {}   # the agent's session/new (load, ...) answer
         self._work: deque[PendingPrompt | WorkItem] = deque()
         self._wakeup: anyio.Event | None = None
         self._task_group: anyio.abc.TaskGroup | None = None

@@ -42,6 +42,8 @@ def _no_env_token(monkeypatch: pytest.MonkeyPatch) -> None:
     (["--session-reap-interval-ms", "-5"], "Invalid session_reap_interval_ms: -5"),
     (["--permission-response-timeout-ms", "2.5"], "Invalid permission_response_timeout_ms: 2.5"),
     (["--initialize-timeout-ms", "0"], "Invalid initialize_timeout_ms: 0"),
+    (["--max-acp-connections", "0"], "Invalid max_acp_connections: 0"),
+    (["--max-acp-connections", "1.5"], "Invalid max_acp_connections: 1.5"),
     (["--max-pending-prompts-per-session", "five"], "Invalid max_pending_prompts_per_session: 'five'"),
     (["--prompt-deadline-ms", "0"], "Invalid prompt_deadline_ms: 0. Must be a positive integer"),
     (["--prompt-deadline-ms", "-5"], "Invalid prompt_deadline_ms: -5"),

@@ -28,8 +28,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from acp_server.settings import Settings, is_loopback
 
 ALLOW_METHODS = b"GET, POST, PATCH, DELETE, OPTIONS"
-ALLOW_HEADERS = b"Authorization, Content-Type, X-Qwen-Client-Id, Last-Event-ID, X-Qwen-Event-Epoch"
-EXPOSE_HEADERS = b"Retry-After, X-Qwen-Event-Epoch, X-Qwen-SSE-Stream-Id"
+ALLOW_HEADERS = (b"Authorization, Content-Type, X-Qwen-Client-Id, Last-Event-ID, X-Qwen-Event-Epoch, "
+                 b"Acp-Connection-Id, Acp-Session-Id")
+EXPOSE_HEADERS = b"Retry-After, X-Qwen-Event-Epoch, X-Qwen-SSE-Stream-Id, Acp-Connection-Id"
 _UNAUTHORIZED = b'{"error":"Unauthorized"}'
 _CORS_DENIED = b'{"error":"Request denied by CORS policy"}'
 _JSON = (b"content-type", b"application/json")

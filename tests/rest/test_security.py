@@ -73,7 +73,7 @@ async def test_allowed_origin_and_preflight(tmp_path: Path) -> None:
         assert response.status_code == 200
         assert response.headers["access-control-allow-origin"] == origin
         assert response.headers["access-control-expose-headers"] == \
-            "Retry-After, X-Qwen-Event-Epoch, X-Qwen-SSE-Stream-Id"
+            "Retry-After, X-Qwen-Event-Epoch, X-Qwen-SSE-Stream-Id, Acp-Connection-Id"
         assert "allow_origin" in response.json()["features"]
 
         preflight = await srv.client.options("/session", headers={
@@ -83,7 +83,8 @@ async def test_allowed_origin_and_preflight(tmp_path: Path) -> None:
         assert preflight.headers["access-control-allow-origin"] == origin
         assert preflight.headers["access-control-allow-methods"] == "GET, POST, PATCH, DELETE, OPTIONS"
         assert preflight.headers["access-control-allow-headers"] == (
-            "Authorization, Content-Type, X-Qwen-Client-Id, Last-Event-ID, X-Qwen-Event-Epoch")
+            "Authorization, Content-Type, X-Qwen-Client-Id, Last-Event-ID, X-Qwen-Event-Epoch, "
+            "Acp-Connection-Id, Acp-Session-Id")
 
         # A 401 to an allowed origin still carries CORS headers (so the page can read it).
         response = await srv.client.get("/capabilities", headers={"Origin": origin})

@@ -1,0 +1,102 @@
+"""A bounded frame FIFO between producers (POST handlers, a bus pump) and one reader.
+
+    buffer = FrameBuffer(limit=512)
+    buffer.push(Frame(None, payload))        # direct reply: never blocks, False if dropped
+    await buffer.put(frame)                  # the pump: waits while the buffer is full
+    while await buffer.wait():               # the reader
+        frame = buffer.pop()
+
+Contracts:
+
+* ``wait()`` never consumes: cancelling it (heartbeat timeout, client gone) loses no
+  frame. A frame leaves the buffer only through ``pop()`` / ``take_all()``.
+* ``put`` waits while ``limit`` frames are queued, so a slow reader slows the pump
+  (whose bus subscription then applies its own bound). ``push`` may use
+  ``DIRECT_HEADROOM`` more, so replies are not crowded out by bus traffic; past
+  that a pushed frame is dropped and counted.
+* After ``close()`` nothing is accepted; the reader still gets what is queued, then
+  ``wait()`` answers ``False``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import anyio
+
+from acp_server.acp_http.frames import Frame
+
+DIRECT_HEADROOM = 2   # push() may fill up to limit * DIRECT_HEADROOM
+
+
+class FrameBuffer:
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.closed = False
+        self.dropped = 0
+        self._frames: deque[Frame] = deque()
+        self._readable: anyio.Event | None = None
+        self._writable: anyio.Event | None = None
+
+    def __len__(self) -> int:
+        return len(self._frames)
+
+    def push(self, frame: Frame) -> bool:
+        if self.closed:
+            return False
+        if len(self._frames) >= self.limit * DIRECT_HEADROOM:
+            self.dropped += 1
+            return False
+        self._append(frame)
+        return True
+
+    async def put(self, frame: Frame) -> None:
+        """Raises ``anyio.ClosedResourceError`` once closed."""
+        while not self.closed and len(self._frames) >= self.limit:
+            self._writable = anyio.Event()
+            await self._writable.wait()
+        if self.closed:
+            raise anyio.ClosedResourceError
+        self._append(frame)
+
+    def pop(self) -> Frame | None:
+        if not self._frames:
+            return None
+        frame = self._frames.popleft()
+        if self._writable is not None and len(self._frames) < self.limit:
+            self._writable.set()
+            self._writable = None
+        return frame
+
+    def take_all(self) -> list[Frame]:
+        frames = list(self._frames)
+        self._frames.clear()
+        if self._writable is not None:
+            self._writable.set()
+            self._writable = None
+        return frames
+
+    async def wait(self) -> bool:
+        """``True`` when a frame is ready; ``False`` when closed and drained."""
+        while not self._frames:
+            if self.closed:
+                return False
+            self._readable = anyio.Event()
+            await self._readable.wait()
+        return True
+
+    def close(self) -> None:
+        self.closed = True
+        self._wake()
+        if self._writable is not None:
+            self._writable.set()
+            self._writable = None
+
+    def _append(self, frame: Frame) -> None:
+        self._frames.append(frame)
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._readable is not None:
+            self._readable.set()
+            self._readable = None

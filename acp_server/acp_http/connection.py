@@ -1,0 +1,329 @@
+"""Per-connection state of the ``/acp`` transport: the connection stream, one
+``SessionChannel`` per session the connection uses, pending agent-to-client requests.
+
+    conn = AcpConnection("c-1", bridge)
+    conn.push(encode_result(1, {"sessions": []}))      # connection stream, buffered
+    channel = conn.channel(session_id)                  # subscribes to the session bus
+    channel.track_prompt(ticket, rpc_id=3)              # reply {stopReason} on the stream
+    async for frame in conn.frames: ...                 # what a GET / WebSocket writes
+    conn.close()                                        # detach, cancel own prompts
+
+Contracts:
+
+* Every buffer is bounded. Frames wait in a ``FrameBuffer`` of ``CONNECTION_BUFFER``
+  / ``SESSION_BUFFER`` frames (direct replies get headroom; past it they are dropped
+  and counted in ``frames.dropped``). Bus events wait in the bridge's bus subscription, which is
+  bounded and evicts a reader that falls too far behind: the channel then
+  resubscribes from the last event it delivered, replaying from the session ring.
+* Bus events reach a session stream only while ``pump()`` runs (a GET or WebSocket
+  reader is attached); until then they stay queued in the subscription. A
+  ``session/prompt`` response is emitted by the pump when it meets the prompt's
+  ``turn_complete`` / ``turn_error`` event, so it always follows the turn's
+  ``session/update`` notifications on the wire.
+* Bus events are delivered at most once per channel per bus epoch (``delivered_id``);
+  ``rewind`` (a GET with ``Last-Event-ID``) is the only way to see them again.
+* ``close()`` is synchronous and idempotent: this connection's queued and running
+  prompts are cancelled (which cancels their permission requests), the other
+  permission requests it was sent are cancelled when ``cancel_permissions``, every
+  subscription is closed and every stream ends after its buffered frames.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+
+from acp_server.acp_http import frames as fr
+from acp_server.acp_http.buffer import FrameBuffer
+from acp_server.acp_http.frames import Frame
+from bridge import Bridge, PromptTicket, Subscription
+from bridge import events as ev
+from bridge.errors import BridgeError, SessionNotFoundError
+from bridge.events import Event
+from bridge.jsonrpc import encode_error, encode_result
+
+log = logging.getLogger("acp_server.acp_http")
+
+CONNECTION_BUFFER = 1024
+SESSION_BUFFER = 512
+MAX_CHANNELS_PER_CONNECTION = 256
+MAX_TRACKED_PROMPTS = 1024       # per channel; admission normally bounds it far lower
+MAX_PENDING_REQUESTS = 1024      # agent-to-client requests awaiting this client's answer
+
+RpcId = int | str | None
+# Builds the error response for a failed prompt: (rpc id, exception) -> payload.
+ErrorEncoder = Callable[[RpcId, BaseException], bytes]
+
+
+class SessionChannel:
+    """One session's stream on one connection."""
+
+    def __init__(self, conn: AcpConnection, session_id: str) -> None:
+        self.conn = conn
+        self.session_id = session_id
+        self.frames = FrameBuffer(SESSION_BUFFER)
+        self.subscription: Subscription | None = None
+        self.epoch: str | None = None
+        self.delivered_id = 0
+        self.prompts: dict[str, tuple[RpcId, PromptTicket]] = {}
+        self.reader_attached = False
+        self.retired = False
+        self._changed = anyio.Event()
+
+    # -- subscription ------------------------------------------------------------------
+    def subscribe(self, last_event_id: int | None = None, epoch: str | None = None) -> bool:
+        """(Re)subscribe to the session bus; ``False`` if the bridge has no such session.
+        Raises ``SubscriberLimitExceededError`` at the bus's subscriber cap."""
+        bridge = self.conn.bridge
+        try:
+            bus_epoch = bridge.get_session(self.session_id).bus.epoch
+            subscription = bridge.subscribe(self.session_id, last_event_id=last_event_id,
+                                            epoch=epoch)
+        except SessionNotFoundError:
+            return False
+        if bus_epoch != self.epoch:
+            self.epoch, self.delivered_id = bus_epoch, 0
+        old, self.subscription = self.subscription, subscription
+        if old is not None:
+            old.close()
+        self._wake()
+        return True
+
+    def ensure_subscribed(self) -> bool:
+        subscription = self.subscription
+        if subscription is not None and not subscription.ended:
+            return True
+        if subscription is not None and subscription.evicted_reason is not None:
+            return self.subscribe(last_event_id=self.delivered_id, epoch=self.epoch)
+        return self.subscribe()
+
+    def rewind(self, last_event_id: int, epoch: str | None) -> bool:
+        """A reader asks for events after ``last_event_id``: drop buffered bus frames
+        (they will be replayed, in order) and resubscribe with that cursor."""
+        for frame in self.frames.take_all():
+            if frame.event_id is None:
+                self._push(frame)
+        if epoch is None or epoch == self.epoch:
+            self.delivered_id = min(self.delivered_id, last_event_id)
+        else:
+            self.delivered_id = 0     # a foreign epoch: the bus replays its whole ring
+        return self.subscribe(last_event_id=last_event_id, epoch=epoch)
+
+    # -- direct frames ---------------------------------------------------------------
+    def push(self, payload: bytes) -> None:
+        self._push(Frame(None, payload))
+
+    def _push(self, frame: Frame) -> None:
+        if not self.frames.push(frame) and not self.frames.closed:
+            log.warning("acp connection %s session %s: stream buffer full, frame dropped",
+                        self.conn.id, self.session_id)
+
+    def track_prompt(self, ticket: PromptTicket, rpc_id: RpcId) -> None:
+        self.prompts[ticket.prompt_id] = (rpc_id, ticket)
+
+    # -- the pump (runs while a reader is attached) -----------------------------------
+    async def pump(self) -> None:
+        """Move bus events, translated, into this stream until ``retire()``."""
+        try:
+            while not self.retired:
+                subscription = self.subscription
+                if subscription is None:
+                    await self._wait_changed()
+                    continue
+                async for event in subscription:
+                    for frame in self._translate(event):
+                        await self.frames.put(frame)
+                    if self.subscription is not subscription:
+                        break
+                if self.subscription is subscription:   # it ended by itself
+                    self.subscription = None
+                    if subscription.evicted_reason is not None:
+                        self._resubscribe_after_eviction()
+        except anyio.ClosedResourceError:
+            return
+
+    def drain_now(self) -> None:
+        """Translate what the subscription holds right now into the stream buffer
+        (before the channel is retired, so nothing already published is lost)."""
+        subscription = self.subscription
+        while subscription is not None:
+            event = subscription.receive_nowait()
+            if event is None:
+                return
+            for frame in self._translate(event):
+                self._push(frame)
+
+    def _resubscribe_after_eviction(self) -> None:
+        try:
+            self.subscribe(last_event_id=self.delivered_id, epoch=self.epoch)
+        except BridgeError as exc:
+            log.debug("acp session %s: resubscribe failed: %s", self.session_id, exc)
+
+    async def _wait_changed(self) -> None:
+        await self._changed.wait()
+        self._changed = anyio.Event()
+
+    def _wake(self) -> None:
+        self._changed.set()
+
+    def _translate(self, event: Event) -> list[Frame]:
+        if event.id is not None:
+            if event.id <= self.delivered_id:
+                return []
+            self.delivered_id = event.id
+        kind = event.type
+        if kind == ev.CLIENT_EVICTED:
+            return []    # not the client's concern: the pump resubscribes and replays
+        if kind == ev.SESSION_UPDATE:
+            return [fr.update_frame(event)]
+        if kind == ev.PERMISSION_REQUEST:
+            found = fr.permission_frame(event)
+            if found is not None:
+                self.conn.expect_answer(found[0], self.session_id)
+                return [found[1]]
+        elif kind == ev.PERMISSION_RESOLVED:
+            self.conn.pending_requests.pop(getattr(event.data, "requestId", ""), None)
+        frames = [fr.notify_frame(event)]
+        if kind in (ev.TURN_COMPLETE, ev.TURN_ERROR) and event.prompt_id in self.prompts:
+            frames.append(self._prompt_response(event.prompt_id))  # type: ignore[arg-type]
+        return frames
+
+    def _prompt_response(self, prompt_id: str) -> Frame:
+        rpc_id, ticket = self.prompts.pop(prompt_id)
+        outcome = ticket.outcome
+        if isinstance(outcome, BaseException):
+            return Frame(None, self.conn.encode_error(rpc_id, outcome))
+        response: Any = outcome.response if outcome is not None else {"stopReason": "cancelled"}
+        return Frame(None, encode_result(rpc_id, response))
+
+    # -- teardown ----------------------------------------------------------------------
+    def cancel_prompts(self, reason: str) -> None:
+        for _rpc_id, ticket in list(self.prompts.values()):
+            ticket.cancel(reason)
+
+    def retire(self) -> None:
+        """End this stream: no more frames; the reader ends after the buffered ones."""
+        if self.retired:
+            return
+        self.retired = True
+        if self.subscription is not None:
+            self.subscription.close()
+            self.subscription = None
+        self.frames.close()
+        self._wake()
+
+
+class AcpConnection:
+    """One ACP client connection (many sessions)."""
+
+    def __init__(self, connection_id: str, bridge: Bridge, error_encoder: ErrorEncoder,
+                 *, websocket: bool = False) -> None:
+        self.id = connection_id
+        self.bridge = bridge
+        self.encode_error = error_encoder
+        self.websocket = websocket
+        self.created_at = time.time()
+        self.frames = FrameBuffer(CONNECTION_BUFFER)
+        self.channels: dict[str, SessionChannel] = {}
+        # agent-to-client request id -> session id, oldest first (bounded).
+        self.pending_requests: OrderedDict[str, str] = OrderedDict()
+        self.reader_attached = False
+        self.open_streams = 0
+        self.streams_gone_at: float | None = time.monotonic()
+        self.closed = False
+        # Set by a WebSocket while attached: called for every new channel.
+        self.on_channel: Callable[[SessionChannel], None] | None = None
+
+    # -- the connection stream ---------------------------------------------------------
+    def push(self, payload: bytes) -> None:
+        if not self.frames.push(Frame(None, payload)) and not self.frames.closed:
+            log.warning("acp connection %s: stream buffer full, frame dropped", self.id)
+
+    def reply(self, rpc_id: RpcId, result: Any) -> None:
+        self.push(encode_result(rpc_id, result))
+
+    def reply_error(self, rpc_id: RpcId, code: int, message: str, data: Any = None) -> None:
+        self.push(encode_error(rpc_id, code, message, data))
+
+    # -- session channels ------------------------------------------------------------
+    def channel(self, session_id: str) -> SessionChannel:
+        """This connection's channel for ``session_id``, created (and subscribed when
+        the bridge knows the session) on first use. Raises ``ChannelLimitError``, or
+        ``ConnectionClosedError`` once closed (a late reply must not subscribe)."""
+        if self.closed:
+            raise ConnectionClosedError(self.id)
+        channel = self.channels.get(session_id)
+        if channel is None:
+            if len(self.channels) >= MAX_CHANNELS_PER_CONNECTION:
+                raise ChannelLimitError(MAX_CHANNELS_PER_CONNECTION)
+            channel = self.channels[session_id] = SessionChannel(self, session_id)
+            if self.on_channel is not None:
+                self.on_channel(channel)
+        channel.ensure_subscribed()
+        return channel
+
+    def drop_channel(self, session_id: str) -> None:
+        channel = self.channels.pop(session_id, None)
+        if channel is not None:
+            channel.retire()
+
+    def expect_answer(self, request_id: str, session_id: str) -> None:
+        self.pending_requests[request_id] = session_id
+        self.pending_requests.move_to_end(request_id)
+        while len(self.pending_requests) > MAX_PENDING_REQUESTS:
+            self.pending_requests.popitem(last=False)
+
+    # -- streams bookkeeping (for reaping) -------------------------------------------------
+    def stream_opened(self) -> None:
+        self.open_streams += 1
+        self.streams_gone_at = None
+
+    def stream_closed(self) -> None:
+        self.open_streams = max(0, self.open_streams - 1)
+        if self.open_streams == 0:
+            self.streams_gone_at = time.monotonic()
+
+    # -- teardown ------------------------------------------------------------------------
+    def close(self, *, cancel_permissions: Callable[[str], bool] = lambda _sid: True) -> None:
+        """Detach every session. ``cancel_permissions(session_id)`` says whether the
+        permission requests this connection was sent on that session are cancelled
+        (not when another connection still serves the session)."""
+        if self.closed:
+            return
+        self.closed = True
+        for channel in self.channels.values():
+            channel.cancel_prompts("connection_closed")
+        for request_id, session_id in list(self.pending_requests.items()):
+            if cancel_permissions(session_id):
+                try:
+                    self.bridge.respond_to_permission(request_id, {"outcome": "cancelled"},
+                                                      session_id=session_id)
+                except BridgeError:
+                    pass  # already resolved, or the session is gone
+        self.pending_requests.clear()
+        for channel in self.channels.values():
+            channel.retire()
+        self.channels.clear()
+        self.frames.close()
+
+
+class ConnectionClosedError(BridgeError):
+    """The connection was closed (DELETE, reaping) while a request was running."""
+
+    code = "connection_closed"
+
+    def __init__(self, connection_id: str) -> None:
+        super().__init__(f'ACP connection "{connection_id}" is closed')
+
+
+class ChannelLimitError(BridgeError):
+    code = "session_stream_limit_exceeded"
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"Too many sessions on one ACP connection (limit {limit})")
+        self.limit = limit

@@ -1,0 +1,73 @@
+"""JSON-RPC frames of the ``/acp`` transport: bus events translated, SSE framing.
+
+    frame = Frame(7, encode_notification("session/update", params))
+    sse_bytes(frame)        # b'id: 7\\ndata: {"jsonrpc":"2.0",...}\\n\\n'
+    notify_frame(event)     # any other bus event as ``_qwen/notify {kind, data}``
+
+Contracts:
+
+* A ``Frame`` is one JSON-RPC message (``payload``, one line of JSON) plus the bus
+  id of the event it came from (``None`` for responses and synthetic frames). SSE
+  writes ``id:`` only for bus events, so ``Last-Event-ID`` names a bus id.
+* Event data is encoded with msgspec as it is (``msgspec.Raw`` agent params are
+  written through byte for byte); nothing is re-serialized through a narrower type.
+* A permission request becomes the agent-to-client request
+  ``session/request_permission`` whose JSON-RPC id is the bridge's ``requestId``
+  (a string), with ``_meta.qwen.requestId`` as the peer sends it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import msgspec
+
+from bridge.events import Event
+from bridge.jsonrpc import encode_notification, encode_request
+
+QWEN_NOTIFY = "_qwen/notify"
+RETRY_FRAME = b"retry: 3000\n\n"
+HEARTBEAT_FRAME = b": hb\n\n"
+
+
+class Frame(NamedTuple):
+    event_id: int | None
+    payload: bytes
+
+
+class _Notify(msgspec.Struct):
+    kind: str
+    data: Any
+
+
+def sse_bytes(frame: Frame) -> bytes:
+    """One SSE event: ``id:`` (bus events only) and one ``data:`` line."""
+    if frame.event_id is None:
+        return b"data: " + frame.payload + b"\n\n"
+    return b"id: " + str(frame.event_id).encode() + b"\ndata: " + frame.payload + b"\n\n"
+
+
+def update_frame(event: Event) -> Frame:
+    """A ``session_update`` bus event: its data is the whole ``session/update`` params."""
+    return Frame(event.id, encode_notification("session/update", event.data))
+
+
+def notify_frame(event: Event) -> Frame:
+    """Any other bus event (or synthetic frame) as the peer's ``_qwen/notify``."""
+    return Frame(event.id, encode_notification(QWEN_NOTIFY, _Notify(event.type, event.data)))
+
+
+def permission_frame(event: Event) -> tuple[str, Frame] | None:
+    """A ``permission_request`` event as ``(request id, JSON-RPC request frame)``."""
+    data = event.data
+    if not isinstance(data, dict) or not isinstance(data.get("requestId"), str):
+        return None
+    params = {k: v for k, v in data.items() if k != "requestId"}
+    request_id: str = data["requestId"]
+    meta = params.get("_meta")
+    meta = dict(meta) if isinstance(meta, dict) else {}
+    qwen = meta.get("qwen")
+    meta["qwen"] = {**(qwen if isinstance(qwen, dict) else {}), "requestId": request_id}
+    params["_meta"] = meta
+    return request_id, Frame(event.id, encode_request(request_id, "session/request_permission",
+                                                      params))

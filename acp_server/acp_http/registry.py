@@ -1,0 +1,119 @@
+"""The live ``/acp`` connections of one app: the cap, lookup, DELETE and reaping.
+
+    registry = registry_for(request.app)           # created lazily on app.state
+    conn = registry.create()                       # ConnectionCapError past the cap
+    registry.get(conn.id)                          # None once closed or reaped
+    registry.close(conn)                           # DELETE /acp
+    registry.sweep()                               # reap connections without streams
+
+Contracts:
+
+* At most ``max_connections`` connections are live (HTTP and WebSocket together);
+  before refusing one, connections past their grace period are reaped.
+* A connection whose streams have all been gone for ``grace_s`` seconds (or that
+  never opened one) is reaped exactly as a DELETE would close it. ``sweep()`` runs
+  at the start of every ``/acp`` request, and a stream whose client disconnected
+  runs it once more ``grace_s`` later, so reaping does not depend on traffic.
+* Closing cancels the permission requests the connection was sent only on sessions
+  that no other live connection serves.
+
+For tests, put a registry on the app before the first request:
+``app.state.acp_registry = ConnectionRegistry(bridge, max_connections=2, grace_s=0.2)``.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import anyio
+
+from acp_server.acp_http.connection import AcpConnection, ErrorEncoder
+from bridge import Bridge
+
+DEFAULT_MAX_CONNECTIONS = 64
+DEFAULT_GRACE_S = 10.0
+
+
+class ConnectionCapError(Exception):
+    def __init__(self, limit: int) -> None:
+        super().__init__("Too many ACP connections; retry later")
+        self.limit = limit
+
+
+class ConnectionRegistry:
+    def __init__(self, bridge: Bridge, *, max_connections: int = DEFAULT_MAX_CONNECTIONS,
+                 grace_s: float = DEFAULT_GRACE_S,
+                 error_encoder: ErrorEncoder | None = None) -> None:
+        if error_encoder is None:
+            from acp_server.acp_http.dispatch import encode_bridge_error
+
+            error_encoder = encode_bridge_error
+        self.bridge = bridge
+        self.max_connections = max_connections
+        self.grace_s = grace_s
+        self.error_encoder = error_encoder
+        self.connections: dict[str, AcpConnection] = {}
+        self.reaped = 0
+        self._shutdown = anyio.Event()
+
+    def create(self, connection_id: str | None = None, *, websocket: bool = False) -> AcpConnection:
+        if len(self.connections) >= self.max_connections:
+            self.sweep()
+        if len(self.connections) >= self.max_connections:
+            raise ConnectionCapError(self.max_connections)
+        conn = AcpConnection(connection_id or str(uuid.uuid4()), self.bridge, self.error_encoder,
+                             websocket=websocket)
+        self.connections[conn.id] = conn
+        return conn
+
+    def get(self, connection_id: str) -> AcpConnection | None:
+        return self.connections.get(connection_id)
+
+    def close(self, conn: AcpConnection) -> None:
+        if self.connections.get(conn.id) is conn:
+            del self.connections[conn.id]
+        conn.close(cancel_permissions=lambda sid: not self.served_elsewhere(sid, conn))
+
+    def served_elsewhere(self, session_id: str, conn: AcpConnection) -> bool:
+        return any(other is not conn and session_id in other.channels
+                   for other in self.connections.values())
+
+    def shutdown(self) -> None:
+        """Close every connection (their streams end) and end pending grace waits.
+        Call it before stopping the server so shutdown does not wait for them."""
+        self._shutdown.set()
+        for conn in list(self.connections.values()):
+            self.close(conn)
+
+    async def sweep_after_grace(self) -> None:
+        """Wait out the grace period (or shutdown), then sweep."""
+        with anyio.move_on_after(self.grace_s):
+            await self._shutdown.wait()
+        self.sweep()
+
+    def sweep(self) -> list[str]:
+        """Reap every connection whose streams have been gone for the grace period."""
+        now = time.monotonic()
+        expired = [c for c in self.connections.values()
+                   if c.streams_gone_at is not None and now - c.streams_gone_at >= self.grace_s]
+        for conn in expired:
+            self.close(conn)
+        self.reaped += len(expired)
+        return [c.id for c in expired]
+
+
+def registry_for(app: Any) -> ConnectionRegistry:
+    """The app's registry, created on first use from ``app.state.settings``
+    (``max_acp_connections``, ``acp_reap_grace_s`` when the settings have them)."""
+    state = app.state
+    registry: ConnectionRegistry | None = getattr(state, "acp_registry", None)
+    if registry is None:
+        settings = getattr(state, "settings", None)
+        registry = ConnectionRegistry(
+            state.bridge,
+            max_connections=getattr(settings, "max_acp_connections", DEFAULT_MAX_CONNECTIONS),
+            grace_s=getattr(settings, "acp_reap_grace_s", DEFAULT_GRACE_S))
+        state.acp_registry = registry
+    return registry

@@ -1,0 +1,228 @@
+"""``POST`` / ``GET`` / ``DELETE /acp``: the Streamable HTTP transport (ACP RFD #721,
+as ``qwen serve`` 0.24.4 serves it).
+
+    $ curl -si localhost:4170/acp -H 'Content-Type: application/json' \\
+        -d '{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1}}'
+    HTTP/1.1 200 OK
+    acp-connection-id: 6f1c...
+    $ curl -N localhost:4170/acp -H 'Accept: text/event-stream' -H "Acp-Connection-Id: $C"
+
+Status rules (each answer with a JSON-RPC error body unless noted):
+
+* POST: ``Content-Type`` not ``application/json`` → 415; a batch array → 501
+  ``{"error": ...}``; malformed JSON → 400 ``-32700``; not JSON-RPC 2.0 → 400
+  ``-32600``; body over ``max_body_bytes`` → 413. ``initialize`` → 200 with the
+  response inline and ``Acp-Connection-Id`` (503 + ``Retry-After: 5`` + ``-32603`` at
+  the connection cap; 400 when it carries an ``Acp-Connection-Id``). Anything else
+  needs ``Acp-Connection-Id`` (missing → 400 ``-32600``; unknown → 404 ``-32600``);
+  ``Acp-Session-Id`` ≠ ``params.sessionId`` → 400 ``-32602``; a session-scoped method
+  without ``Acp-Session-Id`` → 400 ``-32600``; otherwise 202, empty body, and the
+  reply arrives on a stream.
+* GET: ``Accept`` without ``text/event-stream`` → 406; connection header rules as
+  POST; a second reader of the same stream → 409. With ``Acp-Session-Id`` it is that
+  session's stream (opened leniently before ``session/load``: 200, buffered), with
+  ``Last-Event-ID`` (and ``X-Qwen-Event-Epoch``) replaying missed bus events.
+* DELETE: connection header rules as POST; 202, the connection is closed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import ASGIApp
+
+from acp_server.acp_http.connection import AcpConnection, SessionChannel
+from acp_server.acp_http.dispatch import (
+    HEADER_REQUIRED,
+    InvalidParamsError,
+    answer_agent_request,
+    dispatch,
+    encode_bridge_error,
+    initialize_result,
+    request_params,
+)
+from acp_server.acp_http.registry import ConnectionCapError, ConnectionRegistry, registry_for
+from acp_server.acp_http.streams import FrameStream
+from acp_server.rest import wire
+from acp_server.rest.errors import RestError
+from bridge.errors import BridgeError
+from bridge.jsonrpc import (
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    JsonRpcInvalidRequest,
+    JsonRpcParseError,
+    Message,
+    decode_message,
+    encode_error,
+    encode_result,
+)
+
+CONNECTION_HEADER = "acp-connection-id"
+SESSION_HEADER = "acp-session-id"
+_JSON = "application/json"
+_BATCH = b'{"error":"Batch JSON-RPC requests are not supported"}'
+_UNSUPPORTED_MEDIA = b'{"error":"Content-Type must be application/json"}'
+_NOT_ACCEPTABLE = b'{"error":"Accept must include text/event-stream"}'
+
+
+def _json(status: int, body: bytes, headers: dict[str, str] | None = None) -> Response:
+    return Response(body, status, headers, _JSON)
+
+
+def _rpc_error(status: int, rpc_id: Any, code: int, message: str,
+               headers: dict[str, str] | None = None) -> Response:
+    return _json(status, encode_error(rpc_id, code, message), headers)
+
+
+def _connection(request: Request, registry: ConnectionRegistry,
+                rpc_id: Any = None) -> AcpConnection | Response:
+    connection_id = request.headers.get(CONNECTION_HEADER)
+    if not connection_id:
+        return _rpc_error(400, rpc_id, INVALID_REQUEST, "Missing Acp-Connection-Id")
+    conn = registry.get(connection_id)
+    if conn is None:
+        return _rpc_error(404, rpc_id, INVALID_REQUEST, "Unknown Acp-Connection-Id")
+    return conn
+
+
+# -- POST ---------------------------------------------------------------------------------
+async def _read_message(request: Request) -> Message | Response:
+    content_type = request.headers.get("content-type", "")
+    if content_type.split(";", 1)[0].strip().lower() != _JSON:
+        return _json(415, _UNSUPPORTED_MEDIA)
+    try:
+        body = await wire.read_body(request)
+    except RestError as exc:   # 413
+        return _json(exc.status, msgspec.json.encode(exc.body))
+    if body.lstrip()[:1] == b"[":
+        return _json(501, _BATCH)
+    try:
+        return decode_message(body)
+    except JsonRpcParseError as exc:
+        return _rpc_error(400, None, exc.code, exc.message)
+    except JsonRpcInvalidRequest as exc:
+        return _rpc_error(400, exc.id, exc.code, exc.message)
+
+
+async def post_acp(request: Request) -> Response:
+    registry = registry_for(request.app)
+    registry.sweep()
+    msg = await _read_message(request)
+    if isinstance(msg, Response):
+        return msg
+    rpc_id = None if msg.is_notification or msg.id is msgspec.UNSET else msg.id
+    try:
+        params = request_params(msg) if not msg.is_response else {}
+    except InvalidParamsError as exc:
+        return _rpc_error(400, rpc_id, INVALID_PARAMS, str(exc))
+    if msg.method == "initialize":
+        return _initialize(request, registry, msg, params)
+    conn = _connection(request, registry, rpc_id)
+    if isinstance(conn, Response):
+        return conn
+    if msg.is_response:
+        answer_agent_request(conn, msg)
+        return Response(status_code=202)
+    header_sid = request.headers.get(SESSION_HEADER)
+    params_sid = params.get("sessionId")
+    if header_sid is not None and isinstance(params_sid, str) and header_sid != params_sid:
+        return _rpc_error(400, rpc_id, INVALID_PARAMS, "Mismatched Acp-Session-Id")
+    if header_sid is None and msg.method in HEADER_REQUIRED:
+        return _rpc_error(400, rpc_id, INVALID_REQUEST,
+                          f"Missing Acp-Session-Id for {msg.method}")
+    if header_sid is not None and params_sid is None:
+        params["sessionId"] = header_sid       # the header names the session
+    await dispatch(conn, msg, params)
+    return Response(status_code=202)
+
+
+def _initialize(request: Request, registry: ConnectionRegistry, msg: Message,
+                params: dict[str, Any]) -> Response:
+    rpc_id = None if msg.id is msgspec.UNSET else msg.id
+    if msg.is_notification:
+        return _rpc_error(400, None, INVALID_REQUEST, "initialize must be a request")
+    if request.headers.get(CONNECTION_HEADER):
+        return _rpc_error(400, rpc_id, INVALID_REQUEST,
+                          "initialize must not carry Acp-Connection-Id")
+    try:
+        conn = registry.create()
+    except ConnectionCapError as exc:
+        return _rpc_error(503, rpc_id, INTERNAL_ERROR, str(exc), {"Retry-After": "5"})
+    result = initialize_result(request.app.state.bridge, params, conn.id)
+    return _json(200, encode_result(rpc_id, result), {"Acp-Connection-Id": conn.id})
+
+
+# -- GET ----------------------------------------------------------------------------------
+async def get_acp(request: Request) -> Response | ASGIApp:
+    registry = registry_for(request.app)
+    registry.sweep()
+    if "text/event-stream" not in request.headers.get("accept", "").lower():
+        return _json(406, _NOT_ACCEPTABLE)
+    conn = _connection(request, registry)
+    if isinstance(conn, Response):
+        return conn
+    heartbeat_s: float = request.app.state.settings.heartbeat_s
+    session_id = request.headers.get(SESSION_HEADER)
+
+    if session_id is None:
+        if conn.reader_attached:
+            return _rpc_error(409, None, INVALID_REQUEST,
+                              "Connection stream already has an active receiver")
+        conn.reader_attached = True
+        conn.stream_opened()
+
+        def release_connection() -> None:
+            conn.reader_attached = False
+            conn.stream_closed()
+
+        return FrameStream(conn.frames, heartbeat_s=heartbeat_s, on_close=release_connection,
+                           after_disconnect=registry.sweep_after_grace)
+    try:
+        channel = conn.channel(session_id)
+        existing = channel.reader_attached
+        if not existing:
+            _rewind(request, channel)
+    except BridgeError as exc:   # the bus's subscriber cap, or too many session streams
+        return _json(429, encode_bridge_error(None, exc), {"Retry-After": "5"})
+    if existing:
+        return _rpc_error(409, None, INVALID_REQUEST,
+                          "Session stream already has an active receiver")
+    channel.reader_attached = True
+    conn.stream_opened()
+
+    def release_session() -> None:
+        channel.reader_attached = False
+        conn.stream_closed()
+
+    headers = [(b"x-qwen-event-epoch", channel.epoch.encode())] if channel.epoch else []
+    return FrameStream(channel.frames, heartbeat_s=heartbeat_s, on_close=release_session,
+                       pump=channel.pump, after_disconnect=registry.sweep_after_grace, headers=headers)
+
+
+def _rewind(request: Request, channel: SessionChannel) -> None:
+    last_event_id = wire.last_event_id(request)
+    if last_event_id is not None:
+        channel.rewind(last_event_id, wire.event_epoch(request))
+
+
+# -- DELETE -------------------------------------------------------------------------------
+async def delete_acp(request: Request) -> Response:
+    registry = registry_for(request.app)
+    registry.sweep()
+    conn = _connection(request, registry)
+    if isinstance(conn, Response):
+        return conn
+    registry.close(conn)
+    return Response(status_code=202)
+
+
+async def acp_endpoint(request: Request) -> Response | ASGIApp:
+    if request.method == "POST":
+        return await post_acp(request)
+    if request.method == "GET":
+        return await get_acp(request)
+    return await delete_acp(request)

@@ -1,0 +1,245 @@
+"""``GET /acp`` with ``Upgrade: websocket``: the same JSON-RPC traffic on one socket.
+
+    $ websocat ws://127.0.0.1:4170/acp
+    > {"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1}}
+    < {"jsonrpc":"2.0","id":0,"result":{"protocolVersion":1,...}}
+
+Contracts:
+
+* One JSON-RPC message per text frame, both ways; binary frames are ignored; a
+  batch, malformed JSON or a non-JSON-RPC message gets an error frame.
+* The first message must be ``initialize`` and must arrive within
+  ``INITIALIZE_TIMEOUT_S`` (30 s), else the socket closes with 1002. Past the
+  connection cap the answer is the ``-32603`` error frame, then close 1013.
+* The upgrade response carries ``Acp-Connection-Id``. Every stream of the
+  connection (its own and every session's) is written to the socket; closing the
+  socket closes the connection as a DELETE would.
+* Auth as REST (the ``SecurityMiddleware`` only guards HTTP scopes, so the checks
+  are here): ``Authorization: Bearer <token>`` or ``Sec-WebSocket-Protocol:
+  qwen-bearer.<base64url(token)>``; a disallowed ``Origin`` or a missing or wrong
+  token closes before the handshake completes (the server answers 403).
+"""
+
+from __future__ import annotations
+
+import base64
+import hmac
+import logging
+import uuid
+
+import anyio
+import anyio.abc
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+
+from acp_server.acp_http.buffer import FrameBuffer
+from acp_server.acp_http.connection import AcpConnection, SessionChannel
+from acp_server.acp_http.dispatch import (
+    InvalidParamsError,
+    answer_agent_request,
+    dispatch,
+    initialize_result,
+    request_params,
+)
+from acp_server.acp_http.registry import ConnectionCapError, registry_for
+from acp_server.rest.security import is_self_origin
+from acp_server.settings import Settings, is_loopback
+from bridge.jsonrpc import (
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    UNSET,
+    JsonRpcInvalidRequest,
+    JsonRpcParseError,
+    Message,
+    decode_message,
+    encode_error,
+    encode_result,
+)
+
+log = logging.getLogger("acp_server.acp_http")
+
+INITIALIZE_TIMEOUT_S = 30.0
+BEARER_PROTOCOL = "qwen-bearer."
+# Methods handled inline, in arrival order (they never wait on the agent for long);
+# the others run concurrently so that a slow session/new does not hold the socket.
+INLINE_METHODS = frozenset({"session/prompt", "session/cancel"})
+
+
+# -- handshake checks -----------------------------------------------------------------------
+def _protocols(ws: WebSocket) -> list[str]:
+    header = ws.headers.get("sec-websocket-protocol", "")
+    return [p.strip() for p in header.split(",") if p.strip()]
+
+
+def _token_ok(ws: WebSocket, token: str) -> bool:
+    expected = token.encode()
+    value = ws.headers.get("authorization", "")
+    if value[:7].lower() == "bearer " and hmac.compare_digest(expected, value[7:].strip().encode()):
+        return True
+    for protocol in _protocols(ws):
+        if protocol.startswith(BEARER_PROTOCOL):
+            encoded = protocol[len(BEARER_PROTOCOL):]
+            try:
+                given = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4))
+            except ValueError:
+                continue
+            if hmac.compare_digest(expected, given):
+                return True
+    return False
+
+
+def handshake_allowed(ws: WebSocket, settings: Settings) -> bool:
+    origin = ws.headers.get("origin")
+    if origin is not None:
+        allowed = {o.rstrip("/").lower() for o in settings.allow_origins}
+        if "*" not in allowed and origin.rstrip("/").lower() not in allowed \
+                and not is_self_origin(origin, ws.scope):
+            return False
+    if settings.token is not None:
+        return _token_ok(ws, settings.token)
+    client = ws.scope.get("client")
+    return client is None or is_loopback(client[0])
+
+
+# -- the socket ---------------------------------------------------------------------------
+class _Socket:
+    """Serialized writes of text frames to one WebSocket."""
+
+    def __init__(self, ws: WebSocket) -> None:
+        self.ws = ws
+        self.lock = anyio.Lock()
+
+    async def send(self, payload: bytes) -> None:
+        async with self.lock:
+            await self.ws.send_text(payload.decode())
+
+
+async def acp_websocket(ws: WebSocket) -> None:
+    settings: Settings = ws.app.state.settings
+    if not handshake_allowed(ws, settings):
+        await ws.close(code=1008)
+        return
+    connection_id = str(uuid.uuid4())
+    subprotocol = next((p for p in _protocols(ws) if p.startswith(BEARER_PROTOCOL)), None)
+    await ws.accept(subprotocol=subprotocol,
+                    headers=[(b"acp-connection-id", connection_id.encode())])
+    socket = _Socket(ws)
+    conn = await _handshake(ws, socket, connection_id)
+    if conn is None:
+        return
+    registry = registry_for(ws.app)
+    try:
+        async with anyio.create_task_group() as tg:
+            conn.stream_opened()
+            tg.start_soon(_forward, conn.frames, socket)
+            conn.on_channel = lambda channel: _attach_channel(tg, channel, socket)
+            await _receive_loop(ws, socket, conn, tg)
+            tg.cancel_scope.cancel()
+    finally:
+        conn.on_channel = None
+        conn.stream_closed()
+        registry.close(conn)
+        if ws.client_state == WebSocketState.CONNECTED:
+            with anyio.CancelScope(shield=True):
+                try:
+                    await ws.close()
+                except (RuntimeError, OSError):
+                    pass
+
+
+async def _handshake(ws: WebSocket, socket: _Socket, connection_id: str) -> AcpConnection | None:
+    """Wait for ``initialize``; answer it. ``None`` when the socket was closed instead."""
+    text: str | None = None
+    with anyio.move_on_after(INITIALIZE_TIMEOUT_S):
+        try:
+            text = await _next_text(ws)
+        except WebSocketDisconnect:
+            return None
+    if text is None:
+        await ws.close(code=1002, reason="initialize timeout")
+        return None
+    try:
+        msg = decode_message(text)
+        params = request_params(msg)
+    except (JsonRpcParseError, JsonRpcInvalidRequest, InvalidParamsError):
+        msg, params = None, {}
+    if msg is None or msg.method != "initialize" or msg.id is UNSET:
+        await ws.close(code=1002, reason="first message must be initialize")
+        return None
+    try:
+        conn = registry_for(ws.app).create(connection_id, websocket=True)
+    except ConnectionCapError as exc:
+        await socket.send(encode_error(msg.id, INTERNAL_ERROR, str(exc)))
+        await ws.close(code=1013, reason="too many connections")
+        return None
+    result = initialize_result(ws.app.state.bridge, params, conn.id)
+    await socket.send(encode_result(msg.id, result))
+    return conn
+
+
+async def _next_text(ws: WebSocket) -> str:
+    """The next text frame (binary frames are skipped)."""
+    while True:
+        message = await ws.receive()
+        if message["type"] == "websocket.disconnect":
+            raise WebSocketDisconnect(message.get("code", 1000))
+        text = message.get("text")
+        if text is not None:
+            return text  # type: ignore[no-any-return]
+
+
+def _attach_channel(tg: anyio.abc.TaskGroup, channel: SessionChannel, socket: _Socket) -> None:
+    channel.reader_attached = True
+    tg.start_soon(channel.pump)
+    tg.start_soon(_forward, channel.frames, socket)
+
+
+async def _forward(frames: FrameBuffer, socket: _Socket) -> None:
+    while await frames.wait():
+        frame = frames.pop()
+        if frame is not None:
+            await socket.send(frame.payload)
+
+
+async def _receive_loop(ws: WebSocket, socket: _Socket, conn: AcpConnection,
+                        tg: anyio.abc.TaskGroup) -> None:
+    while True:
+        try:
+            text = await _next_text(ws)
+        except WebSocketDisconnect:
+            return
+        msg = await _decode(text, socket)
+        if msg is None:
+            continue
+        if msg.is_response:
+            answer_agent_request(conn, msg)
+            continue
+        rpc_id = None if msg.id is UNSET else msg.id
+        try:
+            params = request_params(msg)
+        except InvalidParamsError as exc:
+            if msg.is_request:
+                await socket.send(encode_error(rpc_id, INVALID_PARAMS, str(exc)))
+            continue
+        if msg.method == "initialize":
+            if msg.is_request:
+                await socket.send(encode_error(rpc_id, INVALID_REQUEST, "Already initialized"))
+            continue
+        if msg.method in INLINE_METHODS:
+            await dispatch(conn, msg, params)
+        else:
+            tg.start_soon(dispatch, conn, msg, params)
+
+
+async def _decode(text: str, socket: _Socket) -> Message | None:
+    if text.lstrip()[:1] == "[":
+        await socket.send(encode_error(None, INVALID_REQUEST,
+                                       "Batch JSON-RPC requests are not supported"))
+        return None
+    try:
+        return decode_message(text)
+    except JsonRpcParseError as exc:
+        await socket.send(encode_error(None, exc.code, exc.message))
+    except JsonRpcInvalidRequest as exc:
+        await socket.send(encode_error(exc.id, exc.code, exc.message))
+    return None

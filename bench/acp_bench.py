@@ -1,0 +1,221 @@
+"""``/acp`` benchmarks: JSON-RPC message cost in process, prompts/s end to end.
+
+    python -m bench acp            # once wired into bench/__main__.py SECTIONS
+
+* µs per message: envelope decode (``decode_message`` + params), decode and dispatch
+  of a request through ``acp_server.acp_http.dispatch`` (reply encoded and buffered),
+  a bus ``session/update`` event turned into its SSE frame, and, for the record, the
+  same request through ``jsonrpcserver`` (when installed).
+* prompts/s over ``/acp``: a server process (``python -m bench.acp_bench --serve``,
+  the app with ``acp_routes()`` mounted, reference agent in process) and an httpx
+  client in this one: sequential turns (POST ``session/prompt``, wait for its
+  ``{stopReason}`` frame on the session stream) and a pipelined batch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+
+ROUNDS = 5
+BATCH = 5000
+SEQUENTIAL = int(os.environ.get("BENCH_ACP_TURNS", "300"))
+PIPELINED = int(os.environ.get("BENCH_ACP_PIPELINED", "500"))
+REQUEST = b'{"jsonrpc":"2.0","id":7,"method":"authenticate","params":{"methodId":"none"}}'
+UPDATE = {"sessionId": "s", "update": {"sessionUpdate": "agent_message_chunk",
+                                       "content": {"type": "text", "text": "hello world"}}}
+
+
+def _best_us(run: Callable[[], None], batch: int = BATCH) -> float:
+    best = float("inf")
+    for _ in range(ROUNDS):
+        start = time.perf_counter()
+        for _ in range(batch):
+            run()
+        best = min(best, (time.perf_counter() - start) / batch)
+    return best * 1e6
+
+
+# -- in process -----------------------------------------------------------------------------
+async def message_costs() -> dict[str, float | None]:
+    import msgspec
+
+    from acp_server.acp_http.connection import AcpConnection
+    from acp_server.acp_http.dispatch import dispatch, encode_bridge_error, request_params
+    from acp_server.acp_http.frames import sse_bytes, update_frame
+    from bridge import Bridge
+    from bridge.agents.reference import ReferenceAgentFactory
+    from bridge.events import Event
+    from bridge.jsonrpc import decode_message
+
+    def decode() -> None:
+        request_params(decode_message(REQUEST))
+
+    results: dict[str, float | None] = {"decode_us": _best_us(decode)}
+    with tempfile.TemporaryDirectory() as workspace:
+        async with Bridge(ReferenceAgentFactory(), workspace_cwd=workspace) as bridge:
+            conn = AcpConnection("bench", bridge, encode_bridge_error)
+            best = float("inf")
+            for _ in range(ROUNDS):
+                start = time.perf_counter()
+                for _ in range(BATCH):
+                    msg = decode_message(REQUEST)
+                    await dispatch(conn, msg, request_params(msg))
+                    conn.frames.pop()
+                best = min(best, (time.perf_counter() - start) / BATCH)
+            results["dispatch_us"] = best * 1e6
+    raw = msgspec.Raw(msgspec.json.encode(UPDATE))
+    event = Event.build(42, "session_update", raw)
+    results["update_frame_us"] = _best_us(lambda: sse_bytes(update_frame(event)))
+    results["jsonrpcserver_us"] = _jsonrpcserver_us()
+    return results
+
+
+def _jsonrpcserver_us() -> float | None:
+    try:
+        from jsonrpcserver import Success, dispatch, method
+    except ImportError:
+        return None
+
+    @method(name="authenticate")
+    def authenticate(methodId: str) -> Any:  # noqa: N803 - the wire name
+        return Success({})
+
+    text = REQUEST.decode()
+    return _best_us(lambda: dispatch(text), batch=BATCH // 5)
+
+
+# -- end to end ---------------------------------------------------------------------------
+async def end_to_end(port: int, workspace: str) -> dict[str, float]:
+    import httpx
+    from httpx_sse import aconnect_sse
+
+    base = f"http://127.0.0.1:{port}"
+    json_headers = {"Content-Type": "application/json"}
+    replies: dict[Any, anyio.Event] = {}
+
+    def post_body(rpc_id: int, method: str, params: dict[str, Any]) -> str:
+        return json.dumps({"jsonrpc": "2.0", "id": rpc_id, "method": method, "params": params})
+
+    async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+        init = await client.post("/acp", content=post_body(0, "initialize", {"protocolVersion": 1}),
+                                 headers=json_headers)
+        conn_id = init.headers["acp-connection-id"]
+        headers = {**json_headers, "Acp-Connection-Id": conn_id}
+        results: dict[str, Any] = {}
+
+        async def read(session_id: str | None, task_status: Any) -> None:
+            sse_headers = {"Acp-Connection-Id": conn_id}
+            if session_id is not None:
+                sse_headers["Acp-Session-Id"] = session_id
+            async with aconnect_sse(client, "GET", "/acp", headers=sse_headers) as source:
+                task_status.started()
+                async for sse in source.aiter_sse():
+                    if not sse.data:
+                        continue
+                    message = json.loads(sse.data)
+                    if "method" not in message and message.get("id") in replies:
+                        results[message["id"]] = message
+                        replies.pop(message["id"]).set()
+
+        async def call(rpc_id: int, method: str, params: dict[str, Any],
+                       session_id: str | None = None) -> anyio.Event:
+            done = replies[rpc_id] = anyio.Event()
+            sent = dict(headers)
+            if session_id is not None:
+                sent["Acp-Session-Id"] = session_id
+            await client.post("/acp", content=post_body(rpc_id, method, params), headers=sent)
+            return done
+
+        async with anyio.create_task_group() as tg:
+            await tg.start(read, None)
+            await (await call(1, "session/new", {"cwd": workspace, "mcpServers": []})).wait()
+            sid = results[1]["result"]["sessionId"]
+            await tg.start(read, sid)
+            prompt = {"sessionId": sid, "prompt": [{"type": "text", "text": "/chunks 1 ping"}]}
+            rpc_id = 10
+            start = time.perf_counter()
+            for _ in range(SEQUENTIAL):
+                rpc_id += 1
+                await (await call(rpc_id, "session/prompt", prompt, sid)).wait()
+            sequential = SEQUENTIAL / (time.perf_counter() - start)
+            start = time.perf_counter()
+            pending = []
+            for _ in range(PIPELINED):
+                rpc_id += 1
+                pending.append(await call(rpc_id, "session/prompt", prompt, sid))
+            for done in pending:
+                await done.wait()
+            pipelined = PIPELINED / (time.perf_counter() - start)
+            tg.cancel_scope.cancel()
+        await client.delete("/acp", headers={"Acp-Connection-Id": conn_id})
+    return {"sequential_per_s": sequential, "pipelined_per_s": pipelined}
+
+
+def serve(workspace: str) -> None:
+    """The server process: the app with ``/acp``, uvicorn, the reference agent."""
+    import uvicorn
+
+    from acp_server.acp_http import acp_routes
+    from acp_server.app import build_app
+    from acp_server.settings import Settings
+    from bridge import Bridge
+    from bridge.agents.reference import ReferenceAgentFactory
+    from bridge.options import BridgeOptions
+
+    async def run() -> None:
+        settings = Settings(workspace=workspace, port=0,
+                            options=BridgeOptions(max_pending_prompts_per_session=0,
+                                                  subscriber_max_queued=2048))
+        async with Bridge(ReferenceAgentFactory(), workspace_cwd=settings.workspace,
+                          options=settings.options) as bridge:
+            app = build_app(settings, bridge)
+            app.router.routes.extend(acp_routes())
+            config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
+                                    access_log=False, lifespan="off")
+            server = uvicorn.Server(config)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(server.serve)
+                while not server.started:
+                    await anyio.sleep(0.01)
+                port = server.servers[0].sockets[0].getsockname()[1]
+                print(f"listening on http://127.0.0.1:{port}", flush=True)
+
+    anyio.run(run)
+
+
+def main() -> list[str]:
+    from bench.http_bench import server
+
+    costs = anyio.run(message_costs)
+    jrs = costs["jsonrpcserver_us"]
+    lines = ["## /acp (ACP JSON-RPC over HTTP)", "",
+             "| message path | µs per message |", "|---|---|",
+             f"| envelope decode (msgspec, params as Raw) | {costs['decode_us']:.2f} |",
+             f"| decode + dispatch (`authenticate`, reply buffered) | {costs['dispatch_us']:.2f} |",
+             f"| bus `session/update` → SSE frame | {costs['update_frame_us']:.2f} |",
+             f"| jsonrpcserver 5 `dispatch` (same request, for the record) | "
+             f"{'n/a (not installed)' if jrs is None else f'{jrs:.2f}'} |", ""]
+    with tempfile.TemporaryDirectory() as workspace:
+        with server(["-m", "bench.acp_bench", "--serve", workspace],
+                    "listening on http://") as port:
+            e2e = anyio.run(end_to_end, port, os.path.realpath(workspace))
+    lines += ["| end to end over /acp (uvicorn, reference agent) | prompts/s |", "|---|---|",
+              f"| sequential (POST → `{{stopReason}}` on the session stream) "
+              f"| {e2e['sequential_per_s']:.0f} |",
+              f"| pipelined ({PIPELINED} POSTs, then all replies) | {e2e['pipelined_per_s']:.0f} |"]
+    return lines
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--serve":
+        serve(sys.argv[2])
+    else:
+        print("\n".join(main()))

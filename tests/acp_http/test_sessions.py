@@ -1,0 +1,260 @@
+"""Methods over ``/acp``: queue-full error frame, permissions, cancel, close, load,
+resume, list, replay with ``Last-Event-ID``, error passthrough."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from tests.acp_http.server import RunningAcpServer, request, text
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_prompt_queue_full_error_frame(server: RunningAcpServer) -> None:
+    conn_id, _ = await server.initialize()
+    async with server.stream(conn_id) as conn_stream:
+        sid = await server.new_session(conn_id, conn_stream)
+        async with server.stream(conn_id, sid) as session_stream:
+            for n in range(5):
+                response = await server.prompt(conn_id, sid, 10 + n, f"/sleep 400ms held {n}")
+                assert response.status_code == 202
+            response = await server.prompt(conn_id, sid, 99, "one too many")
+            assert response.status_code == 202          # the POST itself is accepted
+            reply = await session_stream.wait_for_id(99)
+            assert reply == {"jsonrpc": "2.0", "id": 99, "error": {
+                "code": -32603,
+                "message": f'Prompt queue full for session "{sid}" (5/5 pending)',
+                "data": {"errorKind": "prompt_queue_full", "sessionId": sid,
+                         "limit": 5, "pendingCount": 5}}}
+            # A second prompt on the same connection queued (did not cancel the first).
+            for n in range(5):
+                reply = await session_stream.wait_for_id(10 + n, timeout=15)
+                assert reply["result"]["stopReason"] == "end_turn"
+
+
+async def test_permission_round_trip(server: RunningAcpServer) -> None:
+    conn_id, _ = await server.initialize()
+    async with server.stream(conn_id) as conn_stream:
+        sid = await server.new_session(conn_id, conn_stream)
+        async with server.stream(conn_id, sid) as session_stream:
+            await server.prompt(conn_id, sid, 2, "/permission go")
+            ask = await session_stream.wait_for(
+                lambda m: m.get("method") == "session/request_permission")
+            request_id = ask["id"]
+            assert isinstance(request_id, str)
+            assert ask["params"]["sessionId"] == sid
+            assert ask["params"]["_meta"]["qwen"]["requestId"] == request_id
+            option = ask["params"]["options"][0]["optionId"]
+            answer = {"jsonrpc": "2.0", "id": request_id,
+                      "result": {"outcome": {"outcome": "selected", "optionId": option}}}
+            response = await server.post(conn_id, answer, sid)
+            assert response.status_code == 202
+            reply = await session_stream.wait_for_id(2)
+            assert reply["result"]["stopReason"] == "end_turn"
+            chunks = "".join(m["params"]["update"]["content"]["text"]
+                             for m in session_stream.messages
+                             if m.get("method") == "session/update"
+                             and m["params"]["update"]["sessionUpdate"] == "agent_message_chunk")
+            assert f"Permission allowed ({option})." in chunks
+            assert not server.bridge.permissions.pending_count
+
+
+async def test_cancel_mid_turn(server: RunningAcpServer) -> None:
+    conn_id, _ = await server.initialize()
+    async with server.stream(conn_id) as conn_stream:
+        sid = await server.new_session(conn_id, conn_stream)
+        async with server.stream(conn_id, sid) as session_stream:
+            await server.prompt(conn_id, sid, 2, "/sleep 2s slow")
+            await session_stream.wait_for(
+                lambda m: m.get("method") == "session/update"
+                and m["params"]["update"]["sessionUpdate"] == "user_message_chunk")
+            # As a notification (the ACP form) ...
+            response = await server.post(conn_id, request(None, "session/cancel",
+                                                          {"sessionId": sid}), sid)
+            assert response.status_code == 202
+            reply = await session_stream.wait_for_id(2, timeout=3)
+            assert reply["result"]["stopReason"] == "cancelled"
+            # ... or as a request, answered on the session stream.
+            response = await server.post(conn_id, request(3, "session/cancel",
+                                                          {"sessionId": sid}), sid)
+            assert (await session_stream.wait_for_id(3))["result"] == {}
+
+
+async def test_agent_error_passthrough_and_internal(server: RunningAcpServer) -> None:
+    conn_id, _ = await server.initialize()
+    async with server.stream(conn_id) as conn_stream:
+        sid = await server.new_session(conn_id, conn_stream)
+        async with server.stream(conn_id, sid) as session_stream:
+            await server.prompt(conn_id, sid, 2, "/fail")
+            reply = await session_stream.wait_for_id(2)
+            assert reply["error"]["code"] == -32603
+            assert reply["error"]["message"] == "Reference agent failure (/fail)"
+            # Forwarded method the reference agent does not know: its -32601 passes through.
+            await server.post(conn_id, request(3, "session/set_mode",
+                                               {"sessionId": sid, "modeId": "x"}), sid)
+            reply = await session_stream.wait_for_id(3)
+            assert reply["error"]["code"] == -32601
+
+
+async def test_bad_params_and_unknown_session(server: RunningAcpServer) -> None:
+    conn_id, _ = await server.initialize()
+    async with server.stream(conn_id) as conn_stream:
+        await server.post(conn_id, request(1, "session/load", {"cwd": server.workspace}))
+        assert (await conn_stream.wait_for_id(1))["error"]["code"] == -32602
+        await server.post(conn_id, request(2, "session/prompt",
+                                           {"sessionId": "missing", "prompt": text("x")}),
+                          "missing")
+        assert (await conn_stream.wait_for_id(2))["error"]["code"] == -32602
+        await server.post(conn_id, request(3, "session/new", {"cwd": "/elsewhere"}))
+        assert (await conn_stream.wait_for_id(3))["error"]["code"] == -32602
+
+
+async def test_list_close_resume_load(server: RunningAcpServer) -> None:
+    conn_id, _ = await server.initialize()
+    async with server.stream(conn_id) as conn_stream:
+        sid = await server.new_session(conn_id, conn_stream)
+        async with server.stream(conn_id, sid) as session_stream:
+            await server.prompt(conn_id, sid, 2, "remember me")
+            await session_stream.wait_for_id(2)
+            await server.post(conn_id, request(3, "session/list", {}))
+            listed = (await conn_stream.wait_for_id(3))["result"]["sessions"]
+            assert {"sessionId": sid, "cwd": server.workspace} in listed
+            await server.post(conn_id, request(4, "session/close", {"sessionId": sid}), sid)
+            assert (await session_stream.wait_for_id(4))["result"] == {}
+            await session_stream.wait_for_end()     # the channel retired
+        # Restore it on a fresh connection: the history is replayed as session/update.
+        other, _ = await server.initialize()
+        async with server.stream(other) as other_stream:
+            async with server.stream(other, sid) as restored:   # opened before load
+                await server.post(other, request(5, "session/load",
+                                                 {"sessionId": sid, "cwd": server.workspace,
+                                                  "mcpServers": []}), sid)
+                assert (await other_stream.wait_for_id(5))["result"] == {}
+                update = await restored.wait_for(
+                    lambda m: m.get("method") == "session/update"
+                    and m["params"]["update"]["sessionUpdate"] == "agent_message_chunk")
+                assert update["params"]["update"]["content"]["text"] == "Echo: remember me"
+                await server.post(other, request(6, "session/resume",
+                                                 {"sessionId": sid, "cwd": server.workspace}))
+                assert (await other_stream.wait_for_id(6))["result"] == {}
+        await server.post(other, request(7, "authenticate", {"methodId": "x"}))
+
+
+async def test_last_event_id_replay(server: RunningAcpServer) -> None:
+    conn_id, _ = await server.initialize()
+    async with server.stream(conn_id) as conn_stream:
+        sid = await server.new_session(conn_id, conn_stream)
+        async with server.stream(conn_id, sid) as first:
+            await server.prompt(conn_id, sid, 2, "/chunks 4 abcdefgh")
+            await first.wait_for_id(2)
+        ids = [int(i) for i, _m in first.frames if i is not None]
+        assert ids == sorted(ids) and len(ids) >= 5
+        cursor = ids[1]
+        async with server.stream(conn_id, sid, **{"Last-Event-ID": str(cursor)}) as again:
+            await again.wait_for(lambda m: m.get("method") == "_qwen/notify"
+                                 and m["params"]["kind"] == "replay_complete")
+        replayed = [int(i) for i, _m in again.frames if i is not None]
+        assert replayed == [i for i in ids if i > cursor]
+        assert again.response.headers["x-qwen-event-epoch"]
+
+
+async def test_late_session_stream_gets_everything(server: RunningAcpServer) -> None:
+    """More events than a bus subscriber may queue arrive before the session stream
+    opens: the channel resubscribes from the ring and nothing is lost."""
+    conn_id, _ = await server.initialize()
+    async with server.stream(conn_id) as conn_stream:
+        sid = await server.new_session(conn_id, conn_stream)
+        await server.prompt(conn_id, sid, 2, "/chunks 400 " + "x" * 800)
+        session = server.bridge.get_session(sid)
+        with anyio.fail_after(5):
+            while session.pending_count:
+                await anyio.sleep(0.02)
+        async with server.stream(conn_id, sid) as late:
+            reply = await late.wait_for_id(2)
+        assert reply["result"]["stopReason"] == "end_turn"
+        chunks = [m for m in late.messages if m.get("method") == "session/update"
+                  and m["params"]["update"]["sessionUpdate"] == "agent_message_chunk"]
+        assert len(chunks) == 400
+        # (SSE keeps the last id across frames without one, so look at updates only.)
+        ids = [int(i) for i, m in late.frames if m.get("method") == "session/update"]
+        assert ids == sorted(set(ids))
+
+
+async def test_vendor_permission_vote(server: RunningAcpServer) -> None:
+    conn_id, _ = await server.initialize()
+    async with server.stream(conn_id) as conn_stream:
+        sid = await server.new_session(conn_id, conn_stream)
+        async with server.stream(conn_id, sid) as session_stream:
+            await server.prompt(conn_id, sid, 2, "/permission vote")
+            ask = await session_stream.wait_for(
+                lambda m: m.get("method") == "session/request_permission")
+            await server.post(conn_id, request(3, "session/permission", {
+                "requestId": ask["id"], "sessionId": sid,
+                "outcome": {"outcome": "selected", "optionId": "nope"}}))
+            assert (await conn_stream.wait_for_id(3))["error"]["code"] == -32602
+            await server.post(conn_id, request(4, "session/permission", {
+                "requestId": ask["id"], "outcome": {"outcome": "cancelled"}}))
+            assert (await conn_stream.wait_for_id(4))["result"] == {}
+            assert (await session_stream.wait_for_id(2))["result"]["stopReason"] == "cancelled"
+
+
+async def test_session_limit_error_data(tmp_path) -> None:
+    from bridge import BridgeOptions
+    from tests.acp_http.server import running_acp_server
+
+    async with running_acp_server(tmp_path, options=BridgeOptions(max_sessions=1)) as srv:
+        conn_id, _ = await srv.initialize()
+        async with srv.stream(conn_id) as conn_stream:
+            await srv.new_session(conn_id, conn_stream)
+            await srv.post(conn_id, request(2, "session/new", {"cwd": srv.workspace}))
+            error = (await conn_stream.wait_for_id(2))["error"]
+            assert error == {"code": -32603, "message": "Session limit reached (1 live sessions)",
+                             "data": {"errorKind": "session_limit_exceeded", "limit": 1,
+                                      "scope": "workspace", "retryable": True}}
+
+
+async def test_agent_crash_mid_turn(server: RunningAcpServer) -> None:
+    conn_id, _ = await server.initialize()
+    async with server.stream(conn_id) as conn_stream:
+        sid = await server.new_session(conn_id, conn_stream)
+        async with server.stream(conn_id, sid) as session_stream:
+            await server.prompt(conn_id, sid, 2, "/crash boom")
+            reply = await session_stream.wait_for_id(2)
+            assert reply["error"]["code"] == -32603
+            assert reply["error"]["data"]["errorKind"] == "agent_died"
+            kinds = [m["params"]["kind"] for m in session_stream.messages
+                     if m.get("method") == "_qwen/notify"]
+            assert "session_died" in kinds
+
+
+async def test_foreign_epoch_replays_everything(server: RunningAcpServer) -> None:
+    conn_id, _ = await server.initialize()
+    async with server.stream(conn_id) as conn_stream:
+        sid = await server.new_session(conn_id, conn_stream)
+        async with server.stream(conn_id, sid) as first:
+            await server.prompt(conn_id, sid, 2, "hello")
+            await first.wait_for_id(2)
+        headers = {"Last-Event-ID": "2", "X-Qwen-Event-Epoch": "not-this-one"}
+        async with server.stream(conn_id, sid, **headers) as again:
+            await again.wait_for(lambda m: m.get("method") == "_qwen/notify"
+                                 and m["params"]["kind"] == "replay_complete")
+        resync = [m["params"]["data"] for m in again.messages
+                  if m.get("method") == "_qwen/notify"
+                  and m["params"]["kind"] == "state_resync_required"]
+        assert resync and resync[0]["reason"] == "epoch_reset"
+        first_ids = [i for i, m in first.frames if m.get("method") == "session/update"]
+        again_ids = [i for i, m in again.frames if m.get("method") == "session/update"]
+        assert again_ids == first_ids
+
+
+async def test_set_model_without_session_header(server: RunningAcpServer) -> None:
+    conn_id, _ = await server.initialize()
+    async with server.stream(conn_id) as conn_stream:
+        sid = await server.new_session(conn_id, conn_stream)
+        response = await server.post(conn_id, request(3, "session/set_model",
+                                                      {"sessionId": sid, "modelId": "m"}))
+        assert response.status_code == 202
+        async with server.stream(conn_id, sid) as session_stream:
+            reply = await session_stream.wait_for_id(3)
+            assert reply["error"]["code"] == -32601   # the reference agent has no models

@@ -1,0 +1,102 @@
+"""``/acp`` over WebSocket, on both backends."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+import anyio
+import pytest
+
+from acp_server.acp_http import websocket as acp_ws
+from tests.acp_http.server import RunningAcpServer, request, running_acp_server, text
+from tests.acp_http.wsclient import WsClosed, WsRejected, ws_connect
+
+pytestmark = pytest.mark.anyio
+
+INIT = request(0, "initialize", {"protocolVersion": 1})
+
+
+def _is(rpc_id: object):
+    return lambda m: m.get("id") == rpc_id and "method" not in m
+
+
+async def test_websocket_turn(server: RunningAcpServer) -> None:
+    async with ws_connect(server.base_url) as ws:
+        assert ws.headers["acp-connection-id"]
+        await ws.send_json(INIT)
+        init = await ws.receive_json()
+        assert init["id"] == 0 and init["result"]["protocolVersion"] == 1
+        await ws.send_json(request(1, "session/new", {"cwd": server.workspace,
+                                                      "mcpServers": []}))
+        sid = (await ws.wait_for(_is(1)))["result"]["sessionId"]
+        await ws.send_json(request(2, "session/prompt", {"sessionId": sid,
+                                                         "prompt": text("/chunks 2 hi ws")}))
+        seen: list[dict] = []
+        reply = await ws.wait_for(lambda m: seen.append(m) or _is(2)(m))
+        assert reply["result"]["stopReason"] == "end_turn"
+        chunks = [m["params"]["update"]["content"]["text"] for m in seen
+                  if m.get("method") == "session/update"
+                  and m["params"]["update"]["sessionUpdate"] == "agent_message_chunk"]
+        assert "".join(chunks) == "Echo: hi ws"
+        # Permission round trip: answer the agent's request with a JSON-RPC response.
+        await ws.send_json(request(3, "session/prompt", {"sessionId": sid,
+                                                         "prompt": text("/permission x")}))
+        ask = await ws.wait_for(lambda m: m.get("method") == "session/request_permission")
+        await ws.send_json({"jsonrpc": "2.0", "id": ask["id"], "result": {
+            "outcome": {"outcome": "selected", "optionId": "allow_once"}}})
+        assert (await ws.wait_for(_is(3)))["result"]["stopReason"] == "end_turn"
+        # Errors come back as frames.
+        await ws.send_text("{oops")
+        assert (await ws.receive_json())["error"]["code"] == -32700
+        await ws.send_json([INIT])
+        assert (await ws.receive_json())["error"]["code"] == -32600
+        await ws.send_json(request(4, "nope/x", {}))
+        assert (await ws.wait_for(_is(4)))["error"]["code"] == -32601
+        assert len(server.registry.connections) == 1
+    with anyio.fail_after(3):
+        while server.registry.connections:    # closing the socket closes the connection
+            await anyio.sleep(0.02)
+
+
+async def test_websocket_first_message_must_be_initialize(server: RunningAcpServer) -> None:
+    async with ws_connect(server.base_url) as ws:
+        await ws.send_json(request(1, "session/list", {}))
+        assert await ws.wait_closed() == 1002
+
+
+async def test_websocket_initialize_timeout(server: RunningAcpServer,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(acp_ws, "INITIALIZE_TIMEOUT_S", 0.2)
+    async with ws_connect(server.base_url) as ws:
+        assert await ws.wait_closed() == 1002
+
+
+async def test_websocket_connection_cap(tmp_path: Path) -> None:
+    async with running_acp_server(tmp_path, max_connections=1) as srv:
+        await srv.initialize()
+        async with ws_connect(srv.base_url) as ws:
+            await ws.send_json(INIT)
+            reply = await ws.receive_json()
+            assert reply["error"] == {"code": -32603,
+                                      "message": "Too many ACP connections; retry later"}
+            with pytest.raises(WsClosed):
+                await ws.receive_json()
+
+
+async def test_websocket_auth(tmp_path: Path) -> None:
+    async with running_acp_server(tmp_path, token="s3cret") as srv:
+        with pytest.raises(WsRejected):
+            async with ws_connect(srv.base_url):
+                pass
+        async with ws_connect(srv.base_url, headers={"Authorization": "Bearer s3cret"}) as ws:
+            await ws.send_json(INIT)
+            assert (await ws.receive_json())["result"]["protocolVersion"] == 1
+        encoded = base64.urlsafe_b64encode(b"s3cret").decode().rstrip("=")
+        async with ws_connect(srv.base_url, subprotocols=[f"qwen-bearer.{encoded}"]) as ws:
+            await ws.send_json(INIT)
+            assert (await ws.receive_json())["result"]["protocolVersion"] == 1
+        with pytest.raises(WsRejected):
+            async with ws_connect(srv.base_url, headers={"Authorization": "Bearer s3cret",
+                                                         "Origin": "http://evil.example"}):
+                pass
