@@ -1,6 +1,6 @@
 """`qwen --acp` (npm @qwen-code/qwen-code) behind our server, against our fake model server.
 
-Real turns over REST: a plain turn, the permission round trip on a tool call, cancel
+Real turns over REST (and over `/acp`): a plain turn, the permission round trip on a tool call, cancel
 mid-turn, and the queue cap with a real agent behind it.
 """
 
@@ -18,10 +18,12 @@ import httpx
 import pytest
 from httpx_sse import aconnect_sse
 
+from acp_server.acp_http import registry_for
 from acp_server.app import build_app
 from acp_server.settings import Settings
 from bridge import Bridge, BridgeOptions
 from bridge.agents.stdio import StdioAgentFactory
+from tests.acp_http.server import RunningAcpServer, request, text
 from tests.bridge.fake_model_server import FakeModelState, build_fake_model_app
 from tests.rest.server import serving
 
@@ -30,7 +32,9 @@ pytestmark = [pytest.mark.anyio, pytest.mark.agents]
 
 @contextlib.asynccontextmanager
 async def qwen_server(tmp_path: Path, qwen_entry: str, *, max_pending: int = 5,
+                      acp: list[RunningAcpServer] | None = None,
                       ) -> AsyncIterator[tuple[httpx.AsyncClient, FakeModelState, Path]]:
+    """Our server with qwen behind it; ``acp`` (when given) receives an /acp driver."""
     state = FakeModelState()
     workspace = tmp_path / "ws"
     workspace.mkdir()
@@ -49,9 +53,17 @@ async def qwen_server(tmp_path: Path, qwen_entry: str, *, max_pending: int = 5,
                                 initialize_timeout_ms=60_000)
         settings = Settings(workspace=str(workspace), port=0, options=options)
         async with Bridge(factory, workspace_cwd=str(workspace), options=options) as bridge:
-            async with serving(build_app(settings, bridge)) as url:
+            app = build_app(settings, bridge)
+            async with serving(app) as url:
                 async with httpx.AsyncClient(base_url=url, timeout=60) as client:
-                    yield client, state, workspace
+                    if acp is not None:
+                        async with anyio.create_task_group() as tg:
+                            acp.append(RunningAcpServer(url, bridge, settings, registry_for(app),
+                                                        client, tg))
+                            yield client, state, workspace
+                            tg.cancel_scope.cancel()
+                    else:
+                        yield client, state, workspace
 
 
 async def new_session(client: httpx.AsyncClient) -> str:
@@ -155,3 +167,35 @@ async def test_queue_full_with_a_real_agent(tmp_path, qwen_entry):
         await client.post(f"/session/{sid}/cancel")
         await events(client, sid, first.json()["lastEventId"], "turn_complete")
         assert (await prompt(client, sid, "again")).status_code == 202
+
+
+async def test_turn_and_permission_over_acp(tmp_path, qwen_entry):
+    drivers: list[RunningAcpServer] = []
+    async with qwen_server(tmp_path, qwen_entry, acp=drivers) as (client, state, workspace):
+        acp = drivers[0]
+        conn_id, init = await acp.initialize()
+        assert init["result"]["protocolVersion"] == 1
+        async with acp.stream(conn_id) as conn_stream:
+            await acp.post(conn_id, request(1, "session/new", {"cwd": str(workspace),
+                                                              "mcpServers": []}))
+            created = (await conn_stream.wait_for_id(1, timeout=60))["result"]
+            sid = created["sessionId"]
+            assert "models" in created or "modes" in created   # qwen's own fields kept
+            async with acp.stream(conn_id, sid) as session_stream:
+                await acp.post(conn_id, request(2, "session/prompt", {
+                    "sessionId": sid, "prompt": text("say hello")}), sid)
+                reply = await session_stream.wait_for_id(2, timeout=60)
+                assert reply["result"]["stopReason"] == "end_turn"
+                assert any(m.get("method") == "session/update" for m in session_stream.messages)
+
+                await acp.post(conn_id, request(3, "session/prompt", {
+                    "sessionId": sid, "prompt": text("WRITE the file please")}), sid)
+                asked = await session_stream.wait_for(
+                    lambda m: m.get("method") == "session/request_permission", timeout=60)
+                option = next(o for o in asked["params"]["options"] if o["kind"] == "allow_once")
+                answer = await acp.post(conn_id, {"jsonrpc": "2.0", "id": asked["id"], "result": {
+                    "outcome": {"outcome": "selected", "optionId": option["optionId"]}}}, sid)
+                assert answer.status_code == 202
+                reply = await session_stream.wait_for_id(3, timeout=60)
+                assert reply["result"]["stopReason"] == "end_turn"
+                assert (workspace / "hello.txt").read_text() == "written via ACP\n"
