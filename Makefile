@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+BENCH_STAMP := $(VENV)/.installed-bench
 ARGS   ?=
 
 .PHONY: install test serve schemas bench clean
@@ -24,7 +25,11 @@ serve: $(STAMP)
 schemas: $(STAMP)
 	$(PY) -m acp_server.schemas schemas
 
-bench: $(STAMP)
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[test,bench]'
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
 	$(PY) -m bench $(ARGS)
 
 clean:
