@@ -9,9 +9,12 @@ Contracts:
   (the bridge's own message for bridge options), before anything is started.
 * The listening line is printed to stdout (flushed) once the socket accepts
   connections, with the real port when ``--port 0``.
-* SIGTERM or SIGINT drains: every prompt is cancelled, every session closed (open
-  event streams end with ``session_closed``), the agent is stopped, then the server
-  stops and the process exits 0. A second signal skips the wait for open connections.
+* LMSP tasks (``/lmsp/v1``) are kept in ``--store`` (default ``lmsp.sqlite3`` in the
+  state directory); restart recovery runs before the server listens.
+* SIGTERM or SIGINT drains: LMSP stops starting tasks (running ones are left to restart
+  recovery), every prompt is cancelled, every session closed (open event streams end
+  with ``session_closed``), the agent is stopped, then the server stops and the
+  process exits 0. A second signal skips the wait for open connections.
 """
 
 from __future__ import annotations
@@ -28,7 +31,10 @@ import anyio
 import uvicorn
 
 from acp_server import __version__
+from acp_server.acp_http import ConnectionRegistry, registry_for
 from acp_server.app import build_app
+from acp_server.lmsp import LmspService, install_lmsp, open_lmsp
+from acp_server.prompt_cli import add_prompt_arguments, run_prompt_args
 from acp_server.settings import (
     DEFAULT_HOSTNAME,
     DEFAULT_PORT,
@@ -37,7 +43,7 @@ from acp_server.settings import (
     Settings,
     SettingsError,
 )
-from acp_server.acp_http import ConnectionRegistry, registry_for
+from acp_server.tasks_cli import add_tasks_arguments, run_tasks_args
 from bridge import Bridge
 from bridge.agents.children import ChildRegistry
 
@@ -53,7 +59,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         "(compatible with `qwen serve`).")
     parser.add_argument("--version", action="version", version=f"acp-server {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    serve = commands.add_parser("serve", help="serve the REST + SSE API")
+    serve = commands.add_parser("serve", help="serve the HTTP API (REST + SSE, /acp)")
     serve.add_argument("--hostname", default=DEFAULT_HOSTNAME,
                        help="address to bind (default %(default)s)")
     serve.add_argument("--port", default=str(DEFAULT_PORT),
@@ -89,9 +95,19 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
                        help="live /acp connections; initialize past it is refused (default 64)")
     serve.add_argument("--state-dir", help="where the server keeps its state (default "
                                            "$XDG_STATE_HOME/acp-server or ~/.local/state/acp-server)")
+    serve.add_argument("--store", metavar="URL",
+                       help="the LMSP task store, sqlite:///PATH (default: "
+                            "lmsp.sqlite3 in the state directory)")
+    serve.add_argument("--max-running-tasks", default="4",
+                       help="LMSP tasks run at once; queued ones start in creation order "
+                            "(default 4)")
     serve.add_argument("--model-server", metavar="URL",
                        help="an OpenAI-compatible server (e.g. http://127.0.0.1:11434/v1); "
                             "each model it lists becomes an agent of that name")
+    add_prompt_arguments(commands.add_parser(
+        "prompt", help="send a prompt to a running daemon and stream the reply"))
+    add_tasks_arguments(commands.add_parser(
+        "tasks", help="create, get, cancel or watch LMSP async tasks"))
     return parser, serve
 
 
@@ -101,12 +117,17 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         require_auth=args.require_auth, allow_origin=args.allow_origin,
         agent=args.agent or ["reference"], config=args.config, model_server=args.model_server,
         state_dir=args.state_dir, max_acp_connections=args.max_acp_connections,
+        store=args.store, max_running_tasks=args.max_running_tasks,
         **{flag: getattr(args, flag) for flag in OPTION_FLAGS})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser, serve_parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "prompt":
+        return run_prompt_args(args)
+    if args.command == "tasks":
+        return run_tasks_args(args)
     try:
         settings = settings_from_args(args)
     except SettingsError as exc:
@@ -159,20 +180,24 @@ async def serve(settings: Settings) -> None:
         models = await _discover_models(settings.model_server) if settings.model_server else []
         async with Bridge(settings.agent_factory(registry), workspace_cwd=settings.workspace,
                           options=settings.options,
-                          agents=settings.extra_agents(models, registry)) as bridge:
-            await _serve_http(settings, bridge)
+                          agents=settings.extra_agents(models, registry)) as bridge, \
+                open_lmsp(bridge, state_dir=settings.state_dir, store_url=settings.store_url,
+                          token=settings.token,
+                          max_running_tasks=settings.max_running_tasks) as lmsp:
+            await _serve_http(settings, bridge, lmsp)
     finally:
         registry.close()   # every agent was stopped with the bridge
 
 
-async def _serve_http(settings: Settings, bridge: Bridge) -> None:
+async def _serve_http(settings: Settings, bridge: Bridge, lmsp: LmspService) -> None:
     app = build_app(settings, bridge)
+    install_lmsp(app, lmsp)   # app.state.lmsp, the /lmsp/v1 routes, 401 as a problem
     config = uvicorn.Config(app, host=settings.hostname,
                             port=settings.port, lifespan="off", access_log=False,
                             log_level="warning", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
     server = _Server(config, settings)
     async with anyio.create_task_group() as tg:
-        tg.start_soon(_drain_on_signal, server, bridge, registry_for(app))
+        tg.start_soon(_drain_on_signal, server, bridge, registry_for(app), lmsp)
         await server.serve()
         tg.cancel_scope.cancel()
 
@@ -190,13 +215,16 @@ async def _discover_models(url: str) -> list[str]:
 
 
 async def _drain_on_signal(server: uvicorn.Server, bridge: Bridge,
-                           acp: ConnectionRegistry) -> None:
+                           acp: ConnectionRegistry, lmsp: LmspService) -> None:
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async for signum in signals:
             if server.should_exit:
                 server.force_exit = True
                 continue
             log.info("received %s: draining", signal.Signals(signum).name)
+            # LMSP first: running tasks stay running in the store (the next start
+            # applies their on_restart) instead of failing as their sessions close.
+            lmsp.stop()
             with anyio.CancelScope(shield=True):
                 await bridge.aclose()
             acp.shutdown()   # /acp streams end with their connections

@@ -18,7 +18,8 @@ from collections.abc import Iterator
 
 import msgspec
 
-WIRE_MODULES = ("bridge.events", "bridge.jsonrpc", "acp_server.rest.wire")
+WIRE_MODULES = ("bridge.events", "bridge.jsonrpc", "acp_server.rest.wire",
+                "acp_server.lmsp.wire")
 
 
 def wire_types() -> Iterator[tuple[str, type[msgspec.Struct]]]:

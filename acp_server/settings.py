@@ -44,6 +44,7 @@ DEFAULT_PORT = 4170
 DEFAULT_MAX_BODY_BYTES = 10 * 1024 * 1024
 DEFAULT_HEARTBEAT_S = 15.0
 REFERENCE_AGENT = "reference"
+DEFAULT_MAX_RUNNING_TASKS = 4
 TOKEN_ENV = "ACP_SERVER_TOKEN"
 _ORIGIN = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/\s?#]+$")
 
@@ -112,6 +113,10 @@ class Settings:
     max_acp_connections: int = 64
     acp_reap_grace_s: float = 10.0
     heartbeat_s: float = DEFAULT_HEARTBEAT_S
+    # LMSP task store (``sqlite:///path``; ``None`` = ``<state_dir>/lmsp.sqlite3``) and
+    # how many tasks run at once (0 = accept tasks, run none).
+    store: str | None = None
+    max_running_tasks: int = DEFAULT_MAX_RUNNING_TASKS
 
     def __post_init__(self) -> None:
         if not self.hostname:
@@ -146,6 +151,12 @@ class Settings:
             merge(self.default_profile, self.agent_profiles)
         except ProfileError as exc:
             raise SettingsError(str(exc)) from None
+        if self.store is not None and not self.store.startswith("sqlite:///"):
+            raise SettingsError(f"Invalid store: {self.store!r}. Must be sqlite:///PATH.")
+        if isinstance(self.max_running_tasks, bool) or not isinstance(self.max_running_tasks, int) \
+                or self.max_running_tasks < 0:
+            raise SettingsError(f"Invalid max-running-tasks: {self.max_running_tasks!r}. "
+                                "Must be a non-negative integer.")
         if self.model_server is not None and not re.match(r"^https?://[^\s/]+", self.model_server):
             raise SettingsError(f"Invalid model server: {self.model_server!r}. Must be an http(s) URL "
                                 "such as http://127.0.0.1:11434/v1.")
@@ -204,6 +215,11 @@ class Settings:
                 for p in profiles}
 
     @property
+    def store_url(self) -> str:
+        """The LMSP task store: ``--store``, else a file under the state directory."""
+        return self.store or f"sqlite:///{os.path.join(self.state_dir, 'lmsp.sqlite3')}"
+
+    @property
     def children_dir(self) -> str:
         """Where the stdio agent processes of running servers are recorded."""
         return os.path.join(self.state_dir, "agents")
@@ -215,7 +231,8 @@ class Settings:
                    require_auth: bool = False, allow_origin: Iterable[str] = (),
                    agent: str | Iterable[str] = REFERENCE_AGENT, config: str | None = None,
                    model_server: str | None = None, state_dir: str | None = None,
-                   max_acp_connections: str | int = 64,
+                   max_acp_connections: str | int = 64, store: str | None = None,
+                   max_running_tasks: str | int = DEFAULT_MAX_RUNNING_TASKS,
                    **option_flags: str | None) -> Settings:
         """Build from CLI strings. ``token=None`` falls back to ``$ACP_SERVER_TOKEN``;
         ``agent`` is one ``--agent`` value or all of them (``NAME=COMMAND`` adds a
@@ -240,6 +257,8 @@ class Settings:
                    state_dir=os.path.abspath(state_dir) if state_dir else default_state_dir(),
                    max_acp_connections=parse_number(max_acp_connections)
                    if isinstance(max_acp_connections, str) else max_acp_connections,
+                   store=store, max_running_tasks=parse_number(max_running_tasks)
+                   if isinstance(max_running_tasks, str) else max_running_tasks,
                    options=build_options(**option_flags))
 
 

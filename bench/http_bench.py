@@ -52,6 +52,7 @@ def server(argv: list[str], marker: str) -> Iterator[int]:
 
 def acp_server(workspace: str, cap: int) -> contextlib.AbstractContextManager[int]:
     return server(["-m", "acp_server", "serve", "--port", "0", "--workspace", workspace,
+                   "--state-dir", os.path.join(workspace, ".state"),
                    "--max-pending-prompts-per-session", str(cap)], "listening on http://")
 
 

@@ -44,6 +44,8 @@ def _no_env_token(monkeypatch: pytest.MonkeyPatch) -> None:
     (["--initialize-timeout-ms", "0"], "Invalid initialize_timeout_ms: 0"),
     (["--max-acp-connections", "0"], "Invalid max_acp_connections: 0"),
     (["--max-acp-connections", "1.5"], "Invalid max_acp_connections: 1.5"),
+    (["--store", "postgres://x"], "Invalid store: 'postgres://x'"),
+    (["--max-running-tasks", "-1"], "Invalid max-running-tasks: -1"),
     (["--max-pending-prompts-per-session", "five"], "Invalid max_pending_prompts_per_session: 'five'"),
     (["--prompt-deadline-ms", "0"], "Invalid prompt_deadline_ms: 0. Must be a positive integer"),
     (["--prompt-deadline-ms", "-5"], "Invalid prompt_deadline_ms: -5"),
@@ -110,7 +112,8 @@ def test_real_run(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     with subprocess.Popen(
-        [sys.executable, "-m", "acp_server", "serve", "--port", "0", "--workspace", str(tmp_path)],
+        [sys.executable, "-m", "acp_server", "serve", "--port", "0", "--workspace", str(tmp_path),
+         "--state-dir", str(tmp_path / "state")],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=tmp_path,
     ) as proc:
         _talk_then_terminate(proc, tmp_path)

@@ -63,7 +63,8 @@ async def test_serve_with_named_agents_and_a_model_server(tmp_path):
         async with await anyio.open_process(
                 [sys.executable, "-m", "acp_server", "serve", "--port", "0",
                  "--workspace", str(tmp_path), "--agent", f"alt={sys.executable} -m bridge.agents.reference",
-                 "--model-server", model_url + "/v1"], env=env, cwd=tmp_path) as proc:
+                 "--model-server", model_url + "/v1", "--state-dir", str(tmp_path / "state")],
+                env=env, cwd=tmp_path) as proc:
             try:
                 assert proc.stdout is not None
                 line = b""

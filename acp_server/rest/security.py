@@ -21,6 +21,7 @@ Contracts (``qwen serve`` 0.24.4, qwen-serve.md §1.1 and §3.5):
 from __future__ import annotations
 
 import hmac
+from collections.abc import Sequence
 from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -29,8 +30,9 @@ from acp_server.settings import Settings, is_loopback
 
 ALLOW_METHODS = b"GET, POST, PATCH, DELETE, OPTIONS"
 ALLOW_HEADERS = (b"Authorization, Content-Type, X-Qwen-Client-Id, Last-Event-ID, X-Qwen-Event-Epoch, "
-                 b"Acp-Connection-Id, Acp-Session-Id")
-EXPOSE_HEADERS = b"Retry-After, X-Qwen-Event-Epoch, X-Qwen-SSE-Stream-Id, Acp-Connection-Id"
+                 b"Acp-Connection-Id, Acp-Session-Id, Idempotency-Key")
+EXPOSE_HEADERS = (b"Retry-After, X-Qwen-Event-Epoch, X-Qwen-SSE-Stream-Id, Acp-Connection-Id, "
+                  b"Idempotent-Replayed, Location, x-should-retry")
 _UNAUTHORIZED = b'{"error":"Unauthorized"}'
 _CORS_DENIED = b'{"error":"Request denied by CORS policy"}'
 _JSON = (b"content-type", b"application/json")
@@ -59,8 +61,12 @@ def is_self_origin(origin: str, scope: Scope) -> bool:
 
 
 class SecurityMiddleware:
-    def __init__(self, app: ASGIApp, settings: Settings) -> None:
+    def __init__(self, app: ASGIApp, settings: Settings,
+                 unauthorized: Sequence[tuple[str, bytes, bytes]] = ()) -> None:
+        """``unauthorized``: (path prefix, content type, body) of the 401 answered
+        under that prefix instead of the REST body (e.g. a problem object for LMSP)."""
         self.app = app
+        self.unauthorized = tuple(unauthorized)
         self.token = settings.token.encode() if settings.token is not None else None
         self.health_open = not settings.health_needs_auth
         self.allow_any = "*" in settings.allow_origins
@@ -90,7 +96,12 @@ class SecurityMiddleware:
             await send({"type": "http.response.body", "body": b""})
             return
         if self.token is not None and not self._authorized(scope):
-            await _send(send, 401, _UNAUTHORIZED, allowed_origin)
+            content_type, body = _JSON[1], _UNAUTHORIZED
+            for prefix, prefix_type, prefix_body in self.unauthorized:
+                if scope["path"].startswith(prefix):
+                    content_type, body = prefix_type, prefix_body
+                    break
+            await _send(send, 401, body, allowed_origin, content_type)
             return
         if allowed_origin is None:
             await self.app(scope, receive, send)
@@ -121,8 +132,9 @@ def _cors_headers(origin: bytes) -> list[tuple[bytes, bytes]]:
             (b"access-control-expose-headers", EXPOSE_HEADERS)]
 
 
-async def _send(send: Send, status: int, body: bytes, origin: bytes | None = None) -> None:
-    headers = [_JSON, (b"content-length", str(len(body)).encode())]
+async def _send(send: Send, status: int, body: bytes, origin: bytes | None = None,
+                content_type: bytes = _JSON[1]) -> None:
+    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
     if origin is not None:
         headers.extend(_cors_headers(origin))
     await send({"type": "http.response.start", "status": status, "headers": headers})

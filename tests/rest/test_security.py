@@ -72,8 +72,9 @@ async def test_allowed_origin_and_preflight(tmp_path: Path) -> None:
         response = await srv.client.get("/capabilities", headers={"Origin": origin, **auth})
         assert response.status_code == 200
         assert response.headers["access-control-allow-origin"] == origin
-        assert response.headers["access-control-expose-headers"] == \
-            "Retry-After, X-Qwen-Event-Epoch, X-Qwen-SSE-Stream-Id, Acp-Connection-Id"
+        assert response.headers["access-control-expose-headers"] == (
+            "Retry-After, X-Qwen-Event-Epoch, X-Qwen-SSE-Stream-Id, Acp-Connection-Id, "
+            "Idempotent-Replayed, Location, x-should-retry")
         assert "allow_origin" in response.json()["features"]
 
         preflight = await srv.client.options("/session", headers={
@@ -84,7 +85,7 @@ async def test_allowed_origin_and_preflight(tmp_path: Path) -> None:
         assert preflight.headers["access-control-allow-methods"] == "GET, POST, PATCH, DELETE, OPTIONS"
         assert preflight.headers["access-control-allow-headers"] == (
             "Authorization, Content-Type, X-Qwen-Client-Id, Last-Event-ID, X-Qwen-Event-Epoch, "
-            "Acp-Connection-Id, Acp-Session-Id")
+            "Acp-Connection-Id, Acp-Session-Id, Idempotency-Key")
 
         # A 401 to an allowed origin still carries CORS headers (so the page can read it).
         response = await srv.client.get("/capabilities", headers={"Origin": origin})

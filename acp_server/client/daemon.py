@@ -1,0 +1,347 @@
+"""``DaemonClient``: the REST + SSE client of an acp-server (or ``qwen serve``) daemon.
+
+    async with DaemonClient("http://127.0.0.1:4170") as client:
+        caps = await client.capabilities()
+        client = DaemonClient(url, max_pending_prompts_per_session=
+                              caps.limits.max_pending_prompts_per_session)   # None = no cap
+        session = await client.create_or_attach_session()
+        result = await client.prompt(session.session_id, "hello")         # PromptResult
+        async for event in client.subscribe_events(session.session_id, last_event_id=0):
+            ...
+
+Contracts (``prompt``, mirroring the peer SDK):
+
+* A caller already cancelled reserves nothing. Otherwise a local slot is reserved
+  *before* the request; at the cap → ``DaemonPendingPromptLimitError`` and no request.
+* The slot is released exactly once, on: a blocking 200, the matching
+  ``turn_complete`` of a 202, ``turn_error`` (→ ``DaemonTurnError``), cancellation by
+  the caller (which also cancels the prompt on the server), the end of the event stream
+  (→ ``DaemonStreamEndedError`` / ``DaemonStreamError``), and any failure to send the
+  request or to parse the answer.
+* After a 202 the client subscribes from the envelope's ``lastEventId`` with its
+  ``eventEpoch``, so no event of the turn is missed.
+* A 503 ``prompt_queue_full`` → ``DaemonPendingPromptLimitError`` with the server's
+  values (also from ``prompt_nonblocking``, which reserves nothing). Other non-2xx →
+  ``DaemonHttpError``; transport failures → ``DaemonConnectionError``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from types import TracebackType
+from typing import Any
+from urllib.parse import quote
+
+import anyio
+import anyio.lowlevel
+import httpx
+import msgspec
+
+from acp_server.client import wire
+from acp_server.client.errors import (DaemonConnectionError, DaemonError,
+                                      DaemonSessionIdProtocolError, DaemonStreamEndedError,
+                                      error_from_status)
+from acp_server.client.events import (StreamCursor, event_prompt_id, match_turn_event,
+                                      subscribe_events)
+from acp_server.client.reservations import (DEFAULT_MAX_PENDING_PROMPTS_PER_SESSION,
+                                            PromptReservations, Reservation,
+                                            normalize_pending_prompt_limit)
+from acp_server.client.wire import (Capabilities, CreateSessionRequest, DaemonEvent,
+                                    PromptAccepted, PromptRequest, PromptResult, RestoreRequest,
+                                    SessionInfo)
+
+TOKEN_ENV = "ACP_SERVER_TOKEN"
+CLIENT_ID_HEADER = "X-Qwen-Client-Id"
+# How long a cancelled prompt() may spend telling the server to stop.
+CANCEL_GRACE_S = 5.0
+# Event streams idle up to the 15 s heartbeat; reads may wait at least this long.
+MIN_STREAM_READ_TIMEOUT_S = 45.0
+
+PromptInput = PromptRequest | str | Sequence[Mapping[str, Any]] | Mapping[str, Any]
+EventCallback = Callable[[DaemonEvent], None]
+_CLIENT_CAP: Any = object()
+
+
+def prompt_body(req: PromptInput) -> bytes:
+    """Encode a prompt: text, a list of content blocks, a ``PromptRequest``, or a
+    complete JSON body (a mapping with ``prompt``)."""
+    if isinstance(req, str):
+        return wire.ENCODER.encode(PromptRequest.text(req))
+    if isinstance(req, PromptRequest):
+        return wire.ENCODER.encode(req)
+    if isinstance(req, Mapping):
+        return wire.ENCODER.encode(dict(req))
+    return wire.ENCODER.encode({"prompt": [dict(block) for block in req]})
+
+
+def _json_body(req: msgspec.Struct | Mapping[str, Any] | None) -> bytes:
+    if req is None:
+        return b"{}"
+    if isinstance(req, msgspec.Struct):
+        return wire.ENCODER.encode(req)
+    return wire.ENCODER.encode(dict(req))
+
+
+def _session_path(session_id: str, *rest: str) -> str:
+    return "/".join(["/session", quote(session_id, safe=""), *(quote(p, safe="") for p in rest)])
+
+
+def _env_token() -> str | None:
+    token = os.environ.get(TOKEN_ENV, "").strip()
+    return token or None
+
+
+class _TurnWatch:
+    """What ``prompt()`` has seen of its own turn (decides how to cancel it)."""
+
+    __slots__ = ("prompt_id", "queued", "running")
+
+    def __init__(self, prompt_id: str) -> None:
+        self.prompt_id = prompt_id
+        self.queued = False
+        self.running = False
+
+    def see(self, event: DaemonEvent) -> None:
+        if event.type == "pending_prompt_added":
+            self.queued = True
+        elif event.type != "pending_prompt_completed":
+            self.queued, self.running = False, True
+
+
+class DaemonClient:
+    """See the module docstring. One instance owns one ``httpx.AsyncClient``; close it
+    with ``aclose()`` or ``async with``."""
+
+    def __init__(self, base_url: str, *, token: str | None = None, timeout: float | None = 30.0,
+                 max_pending_prompts_per_session: int | float | None =
+                 DEFAULT_MAX_PENDING_PROMPTS_PER_SESSION,
+                 transport: httpx.AsyncBaseTransport | None = None,
+                 event_hooks: Mapping[str, list[Callable[..., Any]]] | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.max_pending_prompts_per_session = normalize_pending_prompt_limit(
+            max_pending_prompts_per_session)
+        self.token = token.strip() if token is not None and token.strip() else _env_token()
+        self.timeout = timeout
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        self._stream_timeout = httpx.Timeout(
+            timeout, read=None if timeout is None else max(timeout, MIN_STREAM_READ_TIMEOUT_S))
+        self.reservations = PromptReservations()
+        self._http = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=timeout,
+                                       transport=transport, event_hooks=dict(event_hooks or {}))
+
+    # -- lifecycle ------------------------------------------------------------------------
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> DaemonClient:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.aclose()
+
+    # -- plumbing --------------------------------------------------------------------------
+    @staticmethod
+    def _headers(client_id: str | None, json: bool = False) -> dict[str, str]:
+        headers = {"Content-Type": "application/json"} if json else {}
+        if client_id is not None:
+            headers[CLIENT_ID_HEADER] = client_id
+        return headers
+
+    async def _send(self, method: str, path: str, *, body: bytes | None = None,
+                    client_id: str | None = None, params: Mapping[str, str] | None = None
+                    ) -> httpx.Response:
+        try:
+            return await self._http.request(method, path, content=body, params=params,
+                                            headers=self._headers(client_id, body is not None))
+        except httpx.TransportError as exc:
+            raise DaemonConnectionError(f"{method} {path} failed: {exc!r}") from exc
+
+    async def _call(self, method: str, path: str, *, body: bytes | None = None,
+                    client_id: str | None = None, ok: tuple[int, ...] = (200,),
+                    session_id: str | None = None,
+                    params: Mapping[str, str] | None = None) -> httpx.Response:
+        response = await self._send(method, path, body=body, client_id=client_id, params=params)
+        if response.status_code not in ok:
+            raise error_from_status(response.status_code, wire.decode_body(response.content),
+                                    session_id)
+        return response
+
+    # -- reservations ------------------------------------------------------------------------
+    def pending_prompt_count(self, session_id: str) -> int:
+        """Slots this client holds locally for ``session_id``."""
+        return self.reservations.count(session_id)
+
+    def reserve_prompt_slot(self, session_id: str, limit: int | None = _CLIENT_CAP) -> Reservation:
+        """Reserve a local slot (``limit`` defaults to this client's cap; ``None`` = no
+        cap); at the cap → ``DaemonPendingPromptLimitError``."""
+        cap = self.max_pending_prompts_per_session if limit is _CLIENT_CAP else limit
+        return self.reservations.reserve(session_id, cap)
+
+    # -- daemon ------------------------------------------------------------------------------
+    async def health(self) -> dict[str, Any]:
+        response = await self._call("GET", "/health")
+        return wire.decode(wire.ANY, response.content)
+
+    async def capabilities(self) -> Capabilities:
+        response = await self._call("GET", "/capabilities")
+        return wire.decode(wire.CAPABILITIES, response.content)
+
+    # -- sessions ----------------------------------------------------------------------------
+    async def create_or_attach_session(self, req: CreateSessionRequest | Mapping[str, Any] |
+                                       None = None, client_id: str | None = None) -> SessionInfo:
+        response = await self._call("POST", "/session", body=_json_body(req), client_id=client_id)
+        info = wire.decode(wire.SESSION_INFO, response.content)
+        requested = (req.session_id if isinstance(req, CreateSessionRequest)
+                     else (req or {}).get("sessionId"))
+        if isinstance(requested, str) and info.session_id.lower() != requested.lower():
+            raise DaemonSessionIdProtocolError(requested, info.session_id)
+        return info
+
+    async def load_session(self, session_id: str, req: RestoreRequest | Mapping[str, Any] |
+                           None = None, client_id: str | None = None) -> SessionInfo:
+        response = await self._call("POST", _session_path(session_id, "load"),
+                                    body=_json_body(req), client_id=client_id)
+        return wire.decode(wire.SESSION_INFO, response.content)
+
+    async def resume_session(self, session_id: str, req: RestoreRequest | Mapping[str, Any] |
+                             None = None, client_id: str | None = None) -> SessionInfo:
+        response = await self._call("POST", _session_path(session_id, "resume"),
+                                    body=_json_body(req), client_id=client_id)
+        return wire.decode(wire.SESSION_INFO, response.content)
+
+    async def branch_session(self, session_id: str, name: str | None = None,
+                             client_id: str | None = None) -> SessionInfo:
+        body = wire.ENCODER.encode({"name": name} if name is not None else {})
+        response = await self._call("POST", _session_path(session_id, "branch"), body=body,
+                                    client_id=client_id, ok=(200, 201))
+        return wire.decode(wire.SESSION_INFO, response.content)
+
+    async def cancel(self, session_id: str, client_id: str | None = None) -> None:
+        """Cancel the session's running prompt (queued prompts still run)."""
+        await self._call("POST", _session_path(session_id, "cancel"), body=b"{}",
+                         client_id=client_id, ok=(200, 202, 204))
+
+    async def close_session(self, session_id: str, client_id: str | None = None) -> None:
+        """Close the session; 204 and 404 (already gone) are both success."""
+        await self._call("DELETE", _session_path(session_id), client_id=client_id,
+                         ok=(200, 204, 404))
+
+    async def session_status(self, session_id: str) -> dict[str, Any]:
+        response = await self._call("GET", _session_path(session_id, "status"))
+        return wire.decode(wire.ANY, response.content)
+
+    async def respond_to_permission(self, request_id: str, response: Mapping[str, Any],
+                                    client_id: str | None = None, *,
+                                    session_id: str | None = None) -> bool:
+        """Vote (``{"outcome": {"outcome": "selected", "optionId": …}}``). ``True`` when
+        accepted, ``False`` when the request is unknown or already resolved (404)."""
+        path = (_session_path(session_id, "permission", request_id) if session_id is not None
+                else "/permission/" + quote(request_id, safe=""))
+        answer = await self._call("POST", path, body=wire.ENCODER.encode(dict(response)),
+                                  client_id=client_id, ok=(200, 404), session_id=session_id)
+        return answer.status_code == 200
+
+    async def pending_prompts(self, session_id: str) -> list[dict[str, Any]]:
+        response = await self._call("GET", _session_path(session_id, "pending-prompts"))
+        return wire.decode(wire.PENDING_PROMPTS, response.content).pending_prompts
+
+    async def remove_pending_prompt(self, session_id: str, prompt_id: str,
+                                    client_id: str | None = None) -> bool:
+        """Drop a queued prompt. ``False`` when the server no longer has it (404)."""
+        path = _session_path(session_id, "pending-prompts", prompt_id)
+        response = await self._call("DELETE", path, client_id=client_id, ok=(200, 204, 404))
+        return response.status_code != 404
+
+    # -- prompts -------------------------------------------------------------------------------
+    async def prompt_nonblocking(self, session_id: str, req: PromptInput,
+                                 client_id: str | None = None) -> PromptAccepted | PromptResult:
+        """Admission only: the 202 envelope (a legacy daemon's 200 → its result). No local
+        reservation; a full server queue → ``DaemonPendingPromptLimitError``."""
+        response = await self._call("POST", _session_path(session_id, "prompt"),
+                                    body=prompt_body(req), client_id=client_id, ok=(200, 202),
+                                    session_id=session_id)
+        if response.status_code == 202:
+            return wire.decode(wire.PROMPT_ACCEPTED, response.content)
+        return wire.decode(wire.PROMPT_RESULT, response.content)
+
+    async def prompt(self, session_id: str, req: PromptInput, client_id: str | None = None, *,
+                     on_event: EventCallback | None = None) -> PromptResult:
+        """Send a prompt and wait for its turn to end (see the module contract).
+        ``on_event`` sees each event of this prompt as it arrives."""
+        return await self._prompt(session_id, req, client_id, self.max_pending_prompts_per_session,
+                                  on_event)
+
+    async def _prompt(self, session_id: str, req: PromptInput, client_id: str | None,
+                      limit: int | None, on_event: EventCallback | None) -> PromptResult:
+        await anyio.lowlevel.checkpoint_if_cancelled()  # already cancelled: reserve nothing
+        body = prompt_body(req)
+        with self.reservations.reserve(session_id, limit):
+            response = await self._send("POST", _session_path(session_id, "prompt"), body=body,
+                                        client_id=client_id)
+            if response.status_code == 202:
+                accepted = wire.decode(wire.PROMPT_ACCEPTED, response.content)
+                return await self._await_turn(session_id, accepted, client_id, on_event)
+            if response.status_code == 200:
+                return wire.decode(wire.PROMPT_RESULT, response.content)
+            raise error_from_status(response.status_code, wire.decode_body(response.content),
+                                    session_id)
+
+    async def _await_turn(self, session_id: str, accepted: PromptAccepted, client_id: str | None,
+                          on_event: EventCallback | None) -> PromptResult:
+        watch = _TurnWatch(accepted.prompt_id)
+        cursor = StreamCursor(accepted.last_event_id, accepted.event_epoch)
+        try:
+            async with contextlib.aclosing(self._events(session_id, cursor, client_id)) as events:
+                async for event in events:
+                    if event_prompt_id(event) == watch.prompt_id:
+                        watch.see(event)
+                        if on_event is not None:
+                            on_event(event)
+                    result = match_turn_event(event, watch.prompt_id)
+                    if result is not None:
+                        return result
+            raise DaemonStreamEndedError(
+                f"Event stream of session {session_id!r} ended without the turn's completion")
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True), anyio.move_on_after(CANCEL_GRACE_S):
+                await self._cancel_turn(session_id, watch, client_id)
+            raise
+
+    async def _cancel_turn(self, session_id: str, watch: _TurnWatch, client_id: str | None) -> None:
+        """Stop our own prompt: ``cancel`` once it runs (cancel hits only the running
+        prompt); while it may still be queued, drop it from the queue first."""
+        try:
+            if not watch.running and await self.remove_pending_prompt(
+                    session_id, watch.prompt_id, client_id):
+                return
+            await self.cancel(session_id, client_id)
+        except DaemonError:
+            pass  # best effort: the caller has gone either way
+
+    # -- events ----------------------------------------------------------------------------------
+    def _events(self, session_id: str, cursor: StreamCursor, client_id: str | None, *,
+                max_queued: int | None = None, reconnect: bool = True,
+                max_reconnects: int = 5) -> AsyncGenerator[DaemonEvent, None]:
+        return subscribe_events(self._http, _session_path(session_id, "events"), cursor=cursor,
+                                headers=self._headers(client_id), max_queued=max_queued,
+                                timeout=self._stream_timeout, session_id=session_id,
+                                reconnect=reconnect, max_reconnects=max_reconnects)
+
+    def subscribe_events(self, session_id: str, *, last_event_id: int | None = None,
+                         epoch: str | None = None, max_queued: int | None = None,
+                         client_id: str | None = None, cursor: StreamCursor | None = None,
+                         reconnect: bool = True, max_reconnects: int = 5
+                         ) -> AsyncGenerator[DaemonEvent, None]:
+        """The session's events (async iterator; close it with ``contextlib.aclosing``).
+        Without ``last_event_id`` only live events; with it, everything after it. Drops
+        are resumed (see ``acp_server.client.events``); pass ``cursor`` to observe it."""
+        if cursor is None:
+            cursor = StreamCursor(last_event_id, epoch)
+        return self._events(session_id, cursor, client_id, max_queued=max_queued,
+                            reconnect=reconnect, max_reconnects=max_reconnects)
+
+
+__all__ = ["DaemonClient", "PromptInput", "prompt_body"]

@@ -1,0 +1,118 @@
+"""Typed errors raised by ``acp_server.client``.
+
+    try:
+        await client.prompt(session_id, "hello")
+    except DaemonPendingPromptLimitError as exc:     # local cap, or the server's 503
+        print(exc.session_id, exc.pending_count, exc.limit)
+    except DaemonHttpError as exc:                   # any other non-2xx answer
+        print(exc.status, exc.code, exc.body)
+
+Contracts: every error derives from ``DaemonError``. ``DaemonPendingPromptLimitError``
+takes ``(session_id, limit, pending_count)`` in that order (the SDK's order, not the
+bridge's). ``DaemonHttpError.body`` is the decoded JSON body when it was JSON, else
+the text (possibly empty).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class DaemonError(Exception):
+    """Base class of every client error."""
+
+
+class DaemonPendingPromptLimitError(DaemonError):
+    """The session's pending prompts are at the cap.
+
+    Raised locally (no request was sent) or mapped from a server 503
+    ``prompt_queue_full`` (then the values are the server's)."""
+
+    def __init__(self, session_id: str, limit: int, pending_count: int) -> None:
+        self.session_id = session_id
+        self.limit = limit
+        self.pending_count = pending_count
+        super().__init__(f'Pending prompts full: "{session_id}" ({pending_count}/{limit})')
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.session_id, self.limit, self.pending_count))
+
+
+class DaemonHttpError(DaemonError):
+    """A non-2xx answer. ``code`` and ``message`` are read from a JSON error body
+    (``{"error": …, "code": …}``) when there is one."""
+
+    def __init__(self, status: int, body: Any, message: str | None = None) -> None:
+        self.status = status
+        self.body = body
+        fields = body if isinstance(body, dict) else {}
+        code = fields.get("code")
+        self.code: str | None = None if code is None else str(code)
+        text = message or fields.get("error") or fields.get("message")
+        if not text:
+            text = body if isinstance(body, str) and body else f"HTTP {status}"
+        self.message = str(text)
+        suffix = f" ({self.code})" if self.code else ""
+        super().__init__(f"HTTP {status}: {self.message}{suffix}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.status, self.body, self.message))
+
+
+class DaemonTurnError(DaemonHttpError):
+    """A prompt's turn ended with ``turn_error``; ``body`` is the event's data
+    (``{sessionId, message, code, promptId}``), ``status`` is 500 as in the peer SDK."""
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.prompt_id: str | None = data.get("promptId")
+        self.session_id: str | None = data.get("sessionId")
+        super().__init__(500, data, str(data.get("message") or "Prompt failed"))
+        if self.code is None:
+            self.code = "turn_error"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.body,))
+
+
+class DaemonStreamEndedError(DaemonError):
+    """The event stream ended before the awaited turn's terminal event."""
+
+
+class DaemonStreamError(DaemonError):
+    """The event stream dropped and could not be resumed within the retry budget."""
+
+
+class DaemonProtocolError(DaemonError):
+    """An answer could not be parsed, or broke the protocol (e.g. a session id the
+    server did not honour)."""
+
+
+class DaemonSessionIdProtocolError(DaemonProtocolError):
+    def __init__(self, requested: str, returned: str) -> None:
+        self.requested = requested
+        self.returned = returned
+        super().__init__(f"Daemon returned session {returned!r}, requested {requested!r}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.requested, self.returned))
+
+
+class DaemonConnectionError(DaemonError):
+    """The request could not be sent or its answer not received (``__cause__`` is the
+    ``httpx`` error)."""
+
+
+def error_from_status(status: int, body: Any, session_id: str | None = None) -> DaemonError:
+    """The error for a non-2xx answer: a 503 ``prompt_queue_full`` becomes
+    ``DaemonPendingPromptLimitError`` with the server's values; anything else
+    ``DaemonHttpError``."""
+    if status == 503 and isinstance(body, dict) and body.get("code") == "prompt_queue_full":
+        sid = body.get("sessionId")
+        return DaemonPendingPromptLimitError(
+            sid if isinstance(sid, str) else (session_id or ""),
+            _int(body.get("limit")), _int(body.get("pendingCount")))
+    return DaemonHttpError(status, body)
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0

@@ -1,0 +1,323 @@
+"""``TaskClient``: LMSP v1 async tasks (``/lmsp/v1/tasks``).
+
+    async with TaskClient("http://127.0.0.1:4170") as tasks:
+        task = await tasks.create({"model": "reference", "input": "Write a report."})
+        async with contextlib.aclosing(tasks.events(task.id)) as events:
+            async for event in events:            # TaskEvent(type=…, sequence_number=…)
+                if event.type == "response.output_text.delta":
+                    print(event.delta, end="")
+        done = await tasks.wait(task.id)          # Task(status="succeeded", response={…})
+
+Contracts:
+
+* ``create`` sends an ``Idempotency-Key`` (a new UUID unless given), so a retried
+  create returns the same task; ``on_restart`` is ``fail`` unless given.
+* Problem objects (``application/problem+json``) become ``LmspProblem`` subclasses
+  chosen by ``code`` (``TaskNotFoundError``, ``TaskNotCancelableError``,
+  ``EventHistoryExpiredError`` for 410, …); each carries ``code``, ``status`` and
+  the whole ``problem``.
+* ``events`` replays from ``after`` (default: from the first event), resumes a dropped
+  stream with ``Last-Event-ID`` = the last ``sequence_number`` seen (at most
+  ``max_reconnects`` times in a row without progress), and stops after the terminal
+  event (or on ``204``: nothing after the cursor). Events are yielded one at a time.
+* ``wait`` follows the events to the end (falls back to polling when the server has no
+  event stream) and returns the final task object.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from collections.abc import AsyncGenerator, Mapping
+from types import TracebackType
+from typing import Any
+
+import anyio
+import httpx
+import msgspec
+from httpx_sse import SSEError, aconnect_sse
+
+from acp_server.client.errors import (DaemonConnectionError, DaemonError, DaemonProtocolError,
+                                      DaemonStreamError)
+from acp_server.client.events import MAX_RECONNECT_DELAY_S
+
+TOKEN_ENV = "ACP_SERVER_TOKEN"
+PREFIX = "/lmsp/v1"
+TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
+TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed",
+                             "response.cancelled"})
+MIN_STREAM_READ_TIMEOUT_S = 45.0
+
+
+# -- wire ----------------------------------------------------------------------------------
+class Task(msgspec.Struct, kw_only=True):
+    """The task object (LMSP §7.1)."""
+
+    id: str
+    status: str
+    object: str = "task"
+    type: str = "response"
+    created_at: int = 0
+    updated_at: int = 0
+    response_id: str | None = None
+    events_url: str | None = None
+    on_restart: str = "fail"
+    response: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+
+class TaskEvent(msgspec.Struct, kw_only=True):
+    """One response event (LMSP §6.3); the members an event type lacks are ``None``."""
+
+    type: str
+    sequence_number: int
+    response: dict[str, Any] | None = None
+    item: dict[str, Any] | None = None
+    part: dict[str, Any] | None = None
+    item_id: str | None = None
+    output_index: int | None = None
+    content_index: int | None = None
+    delta: str | None = None
+    text: str | None = None
+
+    @property
+    def terminal(self) -> bool:
+        return self.type in TERMINAL_EVENTS
+
+
+_TASK = msgspec.json.Decoder(Task)
+_EVENT = msgspec.json.Decoder(TaskEvent)
+_ANY = msgspec.json.Decoder()
+_ENCODER = msgspec.json.Encoder()
+
+
+# -- problems ---------------------------------------------------------------------------------
+class LmspProblem(DaemonError):
+    """An LMSP problem object (RFC 9457). ``code`` is what to switch on."""
+
+    def __init__(self, status: int, problem: dict[str, Any]) -> None:
+        self.status = status
+        self.problem = problem
+        self.code: str = str(problem.get("code") or "unknown")
+        self.title: str | None = problem.get("title")
+        self.detail: str | None = problem.get("detail")
+        super().__init__(f"HTTP {status} {self.code}: {self.detail or self.title or ''}".rstrip())
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.status, self.problem))
+
+
+class InvalidRequestError(LmspProblem):
+    pass
+
+
+class UnsupportedCapabilityError(LmspProblem):
+    pass
+
+
+class UnauthorizedError(LmspProblem):
+    pass
+
+
+class TaskNotFoundError(LmspProblem):
+    pass
+
+
+class ModelNotFoundError(LmspProblem):
+    pass
+
+
+class TaskNotCancelableError(LmspProblem):
+    pass
+
+
+class IdempotencyKeyInUseError(LmspProblem):
+    pass
+
+
+class IdempotencyKeyReusedError(LmspProblem):
+    pass
+
+
+class EventHistoryExpiredError(LmspProblem):
+    """410: the task's events are past retention (``earliest_sequence_number``,
+    ``retention_seconds`` from the problem)."""
+
+    @property
+    def earliest_sequence_number(self) -> int | None:
+        return self.problem.get("earliest_sequence_number")
+
+    @property
+    def retention_seconds(self) -> int | None:
+        return self.problem.get("retention_seconds")
+
+
+class PayloadTooLargeError(LmspProblem):
+    pass
+
+
+class TaskQueueFullError(LmspProblem):
+    pass
+
+
+PROBLEM_CLASSES: dict[str, type[LmspProblem]] = {
+    "invalid_request": InvalidRequestError,
+    "unsupported_capability": UnsupportedCapabilityError,
+    "unauthorized": UnauthorizedError,
+    "task_not_found": TaskNotFoundError,
+    "model_not_found": ModelNotFoundError,
+    "task_not_cancelable": TaskNotCancelableError,
+    "idempotency_key_in_use": IdempotencyKeyInUseError,
+    "idempotency_key_reused": IdempotencyKeyReusedError,
+    "event_history_expired": EventHistoryExpiredError,
+    "payload_too_large": PayloadTooLargeError,
+    "prompt_queue_full": TaskQueueFullError,
+}
+
+
+def problem_error(status: int, content: bytes) -> LmspProblem:
+    """The typed error for a non-2xx answer (a non-problem body gets code ``http_<status>``)."""
+    try:
+        body = _ANY.decode(content) if content else None
+    except msgspec.DecodeError:
+        body = None
+    if not isinstance(body, dict) or not isinstance(body.get("code"), str):
+        text = content.decode("utf-8", "replace") if content else ""
+        body = {"code": f"http_{status}", "detail": text or None}
+    return PROBLEM_CLASSES.get(body["code"], LmspProblem)(status, body)
+
+
+def _decode(decoder: msgspec.json.Decoder[Any], content: bytes | str) -> Any:
+    try:
+        return decoder.decode(content)
+    except msgspec.DecodeError as exc:
+        raise DaemonProtocolError(f"Malformed LMSP answer: {exc}") from exc
+
+
+# -- client -----------------------------------------------------------------------------------
+class TaskClient:
+    """See the module docstring. Owns one ``httpx.AsyncClient``."""
+
+    def __init__(self, base_url: str, *, token: str | None = None, timeout: float | None = 30.0,
+                 transport: httpx.AsyncBaseTransport | None = None, max_reconnects: int = 5,
+                 reconnect_delay: float = 0.25) -> None:
+        self.base_url = base_url.rstrip("/")
+        token = (token or "").strip() or os.environ.get(TOKEN_ENV, "").strip() or None
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.max_reconnects = max_reconnects
+        self.reconnect_delay = reconnect_delay
+        self._stream_timeout = httpx.Timeout(
+            timeout, read=None if timeout is None else max(timeout, MIN_STREAM_READ_TIMEOUT_S))
+        self._http = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=timeout,
+                                       transport=transport)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> TaskClient:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.aclose()
+
+    async def _call(self, method: str, path: str, *, body: bytes | None = None,
+                    headers: Mapping[str, str] | None = None,
+                    ok: tuple[int, ...] = (200,)) -> httpx.Response:
+        all_headers = dict(headers or {})
+        if body is not None:
+            all_headers["Content-Type"] = "application/json"
+        try:
+            response = await self._http.request(method, PREFIX + path, content=body,
+                                                headers=all_headers)
+        except httpx.TransportError as exc:
+            raise DaemonConnectionError(f"{method} {PREFIX}{path} failed: {exc!r}") from exc
+        if response.status_code not in ok:
+            raise problem_error(response.status_code, response.content)
+        return response
+
+    async def capabilities(self) -> dict[str, Any]:
+        response = await self._call("GET", "/capabilities")
+        return _decode(_ANY, response.content)  # type: ignore[no-any-return]
+
+    async def create(self, input: Mapping[str, Any], *, on_restart: str = "fail",
+                     idempotency_key: str | None = None) -> Task:
+        """Create a task running the response request ``input``."""
+        key = idempotency_key if idempotency_key is not None else str(uuid.uuid4())
+        body = _ENCODER.encode({"type": "response", "input": dict(input),
+                                "on_restart": on_restart})
+        response = await self._call("POST", "/tasks", body=body,
+                                    headers={"Idempotency-Key": key}, ok=(200, 201, 202))
+        return _decode(_TASK, response.content)  # type: ignore[no-any-return]
+
+    async def get(self, task_id: str) -> Task:
+        response = await self._call("GET", f"/tasks/{task_id}")
+        return _decode(_TASK, response.content)  # type: ignore[no-any-return]
+
+    async def cancel(self, task_id: str) -> Task:
+        response = await self._call("POST", f"/tasks/{task_id}/cancel", body=b"{}")
+        return _decode(_TASK, response.content)  # type: ignore[no-any-return]
+
+    async def events(self, task_id: str, *, after: int | None = None
+                     ) -> AsyncGenerator[TaskEvent, None]:
+        """The task's events after ``after``, resumed across drops (module contract)."""
+        cursor = after
+        attempt = 0
+        path = f"{PREFIX}/tasks/{task_id}/events"
+        while True:
+            headers = {"Last-Event-ID": str(cursor)} if cursor is not None else {}
+            problem = "the stream ended before the terminal event"
+            try:
+                async with aconnect_sse(self._http, "GET", path, headers=headers,
+                                        timeout=self._stream_timeout) as source:
+                    response = source.response
+                    if response.status_code == 204:
+                        return
+                    if response.status_code != 200:
+                        error = problem_error(response.status_code, await response.aread())
+                        if response.status_code not in (502, 503, 504) or not attempt:
+                            raise error
+                        problem = str(error)
+                    else:
+                        async for sse in source.aiter_sse():
+                            if not sse.data:
+                                continue
+                            event: TaskEvent = _decode(_EVENT, sse.data)
+                            if cursor is not None and event.sequence_number <= cursor:
+                                continue  # never yield an event twice
+                            cursor = event.sequence_number
+                            attempt = 0
+                            yield event
+                            if event.terminal:
+                                return
+            except SSEError as exc:
+                raise DaemonProtocolError(f"Not an event stream: {exc}") from exc
+            except httpx.TransportError as exc:
+                problem = repr(exc)
+            attempt += 1
+            if attempt > self.max_reconnects:
+                raise DaemonStreamError(f"Task {task_id} event stream lost and not resumed "
+                                        f"after {self.max_reconnects} attempts ({problem})")
+            delay = 0.0 if attempt <= 1 else self.reconnect_delay * 2.0 ** (attempt - 2)
+            await anyio.sleep(min(delay, MAX_RECONNECT_DELAY_S))
+
+    async def wait(self, task_id: str, *, poll_interval: float = 0.5) -> Task:
+        """The task once it is terminal."""
+        try:
+            async with contextlib.aclosing(self.events(task_id)) as events:
+                async for event in events:
+                    if event.terminal:
+                        break
+        except LmspProblem as exc:
+            if exc.status not in (404, 410):  # no stream (or no history): poll instead
+                raise
+        while True:
+            task = await self.get(task_id)
+            if task.terminal:
+                return task
+            await anyio.sleep(poll_interval)

@@ -1,0 +1,20 @@
+"""LMSP v1: async tasks and responses on a durable store (issue 5, ``docs: LMSP.md``).
+
+    async with open_lmsp(bridge, state_dir="/var/lib/acp", store_url="sqlite:///x.db",
+                         max_running_tasks=4, token=settings.token) as lmsp:
+        app = build_app(settings, bridge)
+        install_lmsp(app, lmsp)     # = app.state.lmsp = lmsp; the routes
+
+Modules: ``wire`` (public wire types), ``problems`` (§9.3), ``requests`` (parsing),
+``store`` (the store interface), ``sqlite`` (its SQLite implementation), ``hub`` (live
+fan-out), ``responses`` (ACP → response events), ``runner`` (execution),
+``service`` (``open_lmsp``), ``routes`` (HTTP).
+"""
+
+from __future__ import annotations
+
+from acp_server.lmsp.routes import UNAUTHORIZED_PROBLEM, install_lmsp, lmsp_routes
+from acp_server.lmsp.service import LmspConfig, LmspService, open_lmsp
+
+__all__ = ["UNAUTHORIZED_PROBLEM", "LmspConfig", "LmspService", "install_lmsp", "lmsp_routes",
+           "open_lmsp"]

@@ -1,0 +1,91 @@
+"""LMSP problem objects (§9.3): the code table, the exception and the response.
+
+    raise LmspError("task_not_found", f"No task {task_id!r}.", task_id=task_id)
+    ...
+    return problem_response(exc, instance=request.url.path)   # application/problem+json
+
+Contracts: ``code`` is mandatory and stable; ``type`` = ``PROBLEM_BASE`` + code;
+``title`` is fixed per code; the HTTP status and fixed headers (``Retry-After``,
+``x-should-retry``) come from the table, never from the raiser.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from msgspec import UNSET
+from starlette.responses import Response
+
+from acp_server.lmsp.wire import ErrorPointer, Problem, encode
+
+PROBLEM_BASE = "https://lmsp.invalid/problems/"
+PROBLEM_JSON = "application/problem+json"
+
+# code -> (HTTP status, title, fixed headers)
+CODES: dict[str, tuple[int, str, dict[str, str]]] = {
+    "invalid_request": (400, "Invalid request", {}),
+    "unsupported_capability": (400, "Unsupported capability", {}),
+    "unauthorized": (401, "Unauthorized", {}),
+    "task_not_found": (404, "Task not found", {}),
+    "model_not_found": (404, "Model not found", {}),
+    "not_found": (404, "Not found", {}),
+    "method_not_allowed": (405, "Method not allowed", {}),
+    "idempotency_key_in_use": (409, "Idempotency key in use", {"Retry-After": "1"}),
+    "task_not_cancelable": (409, "Task cannot be cancelled", {"x-should-retry": "false"}),
+    "event_history_expired": (410, "Event history expired", {"x-should-retry": "false"}),
+    "payload_too_large": (413, "Payload too large", {}),
+    "idempotency_key_reused": (422, "Idempotency key reused", {}),
+    "prompt_queue_full": (503, "Prompt queue full", {"Retry-After": "5"}),
+    "server_restarted": (0, "Server restarted", {}),
+    "agent_error": (0, "Agent error", {}),
+    "server_error": (0, "Server error", {}),
+}
+
+
+class LmspError(Exception):
+    """An error answered with a problem object. ``extensions`` are §9.3 members."""
+
+    def __init__(self, code: str, detail: str, **extensions: Any) -> None:
+        super().__init__(detail)
+        self.code = code
+        self.detail = detail
+        self.extensions = extensions
+
+    @property
+    def status(self) -> int:
+        return CODES[self.code][0]
+
+
+def invalid(pointer: str, detail: str, *more: tuple[str, str], param: str | None = None
+            ) -> LmspError:
+    """400 ``invalid_request``; ``param`` defaults to the first pointer, dotted."""
+    errors = [ErrorPointer(pointer=pointer, detail=detail)]
+    errors += [ErrorPointer(pointer=p, detail=d) for p, d in more]
+    return LmspError("invalid_request", detail, param=param or pointer_to_param(pointer),
+                     errors=errors)
+
+
+def pointer_to_param(pointer: str) -> str:
+    """``/input/input/0/role`` → ``input.input[0].role``."""
+    out = ""
+    for part in pointer.strip("/").split("/"):
+        if part.isdigit():
+            out += f"[{part}]"
+        elif part:
+            out += f".{part}" if out else part
+    return out
+
+
+def problem(code: str, detail: str | None = None, *, instance: str | None = None,
+            with_status: bool = True, **extensions: Any) -> Problem:
+    status, title, _ = CODES[code]
+    return Problem(type=PROBLEM_BASE + code, title=title,
+                   status=status if with_status and status else UNSET,
+                   detail=UNSET if detail is None else detail,
+                   instance=UNSET if instance is None else instance, code=code, **extensions)
+
+
+def problem_response(exc: LmspError, *, instance: str | None = None) -> Response:
+    status, _, headers = CODES[exc.code]
+    body = encode(problem(exc.code, exc.detail, instance=instance, **exc.extensions))
+    return Response(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)

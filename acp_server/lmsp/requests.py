@@ -1,0 +1,206 @@
+"""Request parsing for LMSP: bodies (413/400 with pointers), Idempotency-Key, cursors.
+
+    raw = await read_body(request, limit=1 << 20)        # LmspError 413 / 400
+    envelope = parse_task_envelope(decode_json(raw))    # LmspError 400 with errors[]
+    key = parse_idempotency_key(request.headers.get("idempotency-key"))
+
+Contracts: every malformed field is reported (``errors`` holds one pointer per
+problem, ``param`` names the first); unknown members are ignored; nothing here
+touches the store, so failed validation is never recorded (§9.2).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+import msgspec
+from starlette.requests import Request
+
+from acp_server.lmsp.problems import LmspError, invalid
+from acp_server.lmsp.wire import decode_any
+
+ROLES = ("user", "assistant", "system", "developer")
+ON_RESTART = ("fail", "retry", "resume")
+_KEY_BARE = re.compile(r"[\x21-\x7e]{1,255}")
+_KEY_QUOTED = re.compile(r'"((?:[\x20\x21\x23-\x5b\x5d-\x7e]|\\["\\]){1,255})"')
+_DECIMAL = re.compile(r"[0-9]{1,16}")
+MAX_CURSOR = 2**53 - 1
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ResponseRequest:
+    model: str
+    prompt_text: str            # what the agent is sent
+    input_text: str             # the text counted as input tokens
+    metadata: dict[str, str]
+    stream: bool
+    body: Any                   # the decoded request (stored with the task)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TaskEnvelope:
+    request: ResponseRequest
+    on_restart: str
+    body: Any
+
+
+async def read_body(request: Request, *, limit: int) -> bytes:
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise LmspError("payload_too_large", f"The body exceeds {limit} bytes.", limit=limit)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise LmspError("payload_too_large", f"The body exceeds {limit} bytes.",
+                            limit=limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def decode_json(raw: bytes) -> Any:
+    if not raw.strip():
+        raise invalid("", "The request body is empty; a JSON object is required.", param="body")
+    try:
+        return decode_any(raw)
+    except msgspec.DecodeError as exc:
+        raise invalid("", f"The request body is not valid JSON: {exc}.", param="body") from None
+
+
+def _text_of(content: Any, pointer: str, errors: list[tuple[str, str]]) -> str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        errors.append((pointer, "Must be a string or an array of input_text parts."))
+        return ""
+    texts = []
+    for j, part in enumerate(content):
+        where = f"{pointer}/{j}"
+        if not isinstance(part, dict) or part.get("type") != "input_text":
+            errors.append((f"{where}/type", "Must be 'input_text'."))
+        elif not isinstance(part.get("text"), str):
+            errors.append((f"{where}/text", "Must be a string."))
+        else:
+            texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def _check_response_request(body: Any, base: str, errors: list[tuple[str, str]]
+                            ) -> ResponseRequest | None:
+    if not isinstance(body, dict):
+        errors.append((base, "Must be a JSON object (the response request)."))
+        return None
+    model = body.get("model")
+    if "model" not in body:
+        errors.append((f"{base}/model", "Required."))
+    elif not isinstance(model, str) or not model:
+        errors.append((f"{base}/model", "Must be a non-empty string."))
+    texts: list[str] = []
+    value = body.get("input")
+    if "input" not in body:
+        errors.append((f"{base}/input", "Required."))
+    elif isinstance(value, str):
+        texts.append(value)
+    elif isinstance(value, list) and value:
+        for i, item in enumerate(value):
+            where = f"{base}/input/{i}"
+            if not isinstance(item, dict):
+                errors.append((where, "Must be an input item object."))
+                continue
+            if item.get("type", "message") != "message":
+                errors.append((f"{where}/type", "Must be 'message'."))
+            if item.get("role") not in ROLES:
+                errors.append((f"{where}/role", f"Must be one of {', '.join(ROLES)}."))
+            if "content" not in item:
+                errors.append((f"{where}/content", "Required."))
+            else:
+                texts.append(_text_of(item["content"], f"{where}/content", errors))
+    else:
+        errors.append((f"{base}/input", "Must be a string or a non-empty array of input items."))
+    instructions = body.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        errors.append((f"{base}/instructions", "Must be a string."))
+    tokens = body.get("max_output_tokens")
+    if tokens is not None and (not isinstance(tokens, int) or isinstance(tokens, bool)
+                               or tokens < 1):
+        errors.append((f"{base}/max_output_tokens", "Must be a positive integer."))
+    metadata = body.get("metadata")
+    if metadata is not None and not (isinstance(metadata, dict) and all(
+            isinstance(v, str) for v in metadata.values())):
+        errors.append((f"{base}/metadata", "Must be an object of string values."))
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        errors.append((f"{base}/stream", "Must be a boolean."))
+    if errors:
+        return None
+    text = "\n".join(texts)
+    prompt = text if not instructions else f"{text}\n{instructions}"
+    return ResponseRequest(model=model, prompt_text=prompt, input_text=prompt,
+                           metadata=dict(metadata or {}), stream=bool(stream), body=body)
+
+
+def _raise(errors: list[tuple[str, str]]) -> None:
+    if errors:
+        (pointer, detail), *more = errors
+        raise invalid(pointer, detail, *more)
+
+
+def parse_response_request(body: Any) -> ResponseRequest:
+    errors: list[tuple[str, str]] = []
+    parsed = _check_response_request(body, "", errors)
+    _raise(errors)
+    assert parsed is not None
+    return parsed
+
+
+def parse_task_envelope(body: Any) -> TaskEnvelope:
+    errors: list[tuple[str, str]] = []
+    if not isinstance(body, dict):
+        raise invalid("", "The body must be a JSON object (a task envelope).", param="body")
+    if "type" not in body:
+        errors.append(("/type", "Required."))
+    elif body["type"] != "response":
+        errors.append(("/type", "Unknown task type; 'response' is the only type in 1.0."))
+    parsed = None
+    if "input" not in body:
+        errors.append(("/input", "Required."))
+    else:
+        parsed = _check_response_request(body["input"], "/input", errors)
+    on_restart = body.get("on_restart", "fail")
+    if on_restart not in ON_RESTART:
+        errors.append(("/on_restart", "Must be one of fail, retry, resume."))
+    _raise(errors)
+    assert parsed is not None
+    return TaskEnvelope(request=parsed, on_restart=on_restart, body=body)
+
+
+def parse_idempotency_key(value: str | None) -> str | None:
+    """1–255 visible ASCII characters, bare or as an sf-string (§9.2)."""
+    if value is None:
+        return None
+    quoted = _KEY_QUOTED.fullmatch(value)
+    if quoted is not None:
+        return re.sub(r'\\(["\\])', r"\1", quoted.group(1))
+    if _KEY_BARE.fullmatch(value) and '"' not in value:
+        return value
+    raise LmspError("invalid_request", "Idempotency-Key must be 1-255 visible ASCII "
+                    "characters, bare or as a quoted string.", param="Idempotency-Key",
+                    errors=[])
+
+
+def parse_cursor(request: Request) -> tuple[int, str] | None:
+    """``Last-Event-ID`` (wins) or ``starting_after``: events after N (§6.4).
+    Returns (N, the parameter it came from)."""
+    for name, value in (("Last-Event-ID", request.headers.get("last-event-id")),
+                        ("starting_after", request.query_params.get("starting_after"))):
+        if value is None:
+            continue
+        value = value.strip()
+        if not _DECIMAL.fullmatch(value) or int(value) > MAX_CURSOR:
+            raise LmspError("invalid_request", f"{name} must be a non-negative integer.",
+                            param=name, errors=[])
+        return int(value), name
+    return None

@@ -1,0 +1,212 @@
+"""Building response objects and the §6.3 events of one attempt, from ACP traffic.
+
+    build = Attempt(record)                     # one per run of a task
+    drafts = build.text("Hel")                  # [output_item.added, content_part.added, delta]
+    finish = build.finish("end_turn")           # done events + response.completed, response
+
+Mapping from ACP (issue 5): ``agent_message_chunk`` → ``response.output_text.delta``
+(the output item and content part events open before the first delta and close
+before the terminal event); stopReason ``end_turn`` → ``response.completed``;
+``max_tokens`` / ``max_turn_requests`` → ``response.incomplete`` (reason
+``max_output_tokens`` / ``max_turn_requests``); ``refusal`` → ``response.incomplete``
+(reason ``content_filter``); ``cancelled`` → ``response.cancelled``; errors →
+``response.failed`` with ``response.error``. The task is ``succeeded`` for completed
+and incomplete.
+
+``max_output_tokens``: ACP prompts carry no such limit, so it is enforced here: text
+past the limit (counted delta by delta, as below) is cut, the prompt is cancelled,
+and the response ends ``incomplete`` with reason ``max_output_tokens``.
+
+Usage: the agent's ``usage_update`` (``used`` / ``inputTokens`` / ``outputTokens``)
+when it sends one; otherwise *counted*: tokens = words and punctuation marks
+(``\\w+|[^\\w\\s]``) of the prompt text (input) and of the output text (output).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from acp_server.lmsp.problems import problem
+from acp_server.lmsp.store import Finish, TaskRecord
+from acp_server.lmsp.wire import (
+    AnyEvent,
+    ContentPartEvent,
+    IncompleteDetails,
+    OutputItemEvent,
+    OutputMessage,
+    OutputText,
+    ResponseError,
+    ResponseEvent,
+    ResponseObject,
+    TextDeltaEvent,
+    TextDoneEvent,
+    Usage,
+    decode_any,
+    encode,
+)
+
+_TOKEN = re.compile(r"\w+|[^\w\s]")
+INCOMPLETE_REASONS = {"max_tokens": "max_output_tokens", "max_turn_requests": "max_turn_requests",
+                      "refusal": "content_filter"}
+
+
+def count_tokens(text: str) -> int:
+    return len(_TOKEN.findall(text))
+
+
+def _metadata(record: TaskRecord) -> dict[str, str]:
+    if b'"metadata"' not in record.request:   # the common case: nothing to decode
+        return {}
+    body = decode_any(record.request)
+    metadata = body.get("metadata") if isinstance(body, dict) else None
+    return dict(metadata) if isinstance(metadata, dict) else {}
+
+
+def base_response(record: TaskRecord, status: str, **fields: Any) -> ResponseObject:
+    return ResponseObject(id=record.response_id, created_at=int(record.created_at),
+                          status=status, model=record.model,  # type: ignore[arg-type]
+                          metadata=_metadata(record), **fields)
+
+
+def created_event(record: TaskRecord) -> ResponseEvent:
+    return ResponseEvent(type="response.created", response=base_response(record, "queued"))
+
+
+def in_progress_event(record: TaskRecord) -> ResponseEvent:
+    return ResponseEvent(type="response.in_progress",
+                         response=base_response(record, "in_progress"))
+
+
+def error_finish(record: TaskRecord, code: str, message: str, *, status: str = "failed"
+                 ) -> Finish:
+    """``response.failed`` (or ``.cancelled``) with no output: recovery, queued cancel."""
+    if status == "cancelled":
+        response = base_response(record, "cancelled")
+        return Finish(events=[ResponseEvent(type="response.cancelled", response=response)],
+                      response=encode(response))
+    response = base_response(record, "failed", error=ResponseError(code=code, message=message))
+    error = encode(problem(code, message, with_status=False))
+    return Finish(events=[ResponseEvent(type="response.failed", response=response)],
+                  response=encode(response), error=error)
+
+
+def recovery_finish(record: TaskRecord, target: str) -> Finish:
+    if target == "cancelled":
+        return error_finish(record, "", "", status="cancelled")
+    detail = "The server restarted while the task was running."
+    if record.on_restart == "retry":
+        detail = f"The server restarted during the last of {record.attempt} attempts."
+    return error_finish(record, "server_restarted", detail)
+
+
+class Attempt:
+    """The output of one run of a task: text so far, usage, and its events."""
+
+    def __init__(self, record: TaskRecord, input_text: str,
+                 max_output_tokens: int | None = None) -> None:
+        self.record = record
+        self.limit = max_output_tokens
+        self.counted = 0            # output tokens, counted delta by delta
+        self.truncated = False      # the limit was reached: later text is dropped
+        self.item_id = "msg_" + record.response_id.removeprefix("resp_") + f"_{record.attempt}"
+        self.text_parts: list[str] = []
+        self.opened = False
+        self.input_tokens = count_tokens(input_text)
+        self.reported_usage: Usage | None = None
+
+    @property
+    def output_text(self) -> str:
+        return "".join(self.text_parts)
+
+    def text(self, delta: str) -> list[AnyEvent]:
+        """Events for a chunk of text; past ``max_output_tokens`` it is cut (at a token
+        boundary) and ``truncated`` is set."""
+        if self.limit is not None:
+            if self.truncated:
+                return []
+            tokens = list(_TOKEN.finditer(delta))
+            if self.counted + len(tokens) > self.limit:
+                keep = self.limit - self.counted
+                delta = delta[:tokens[keep - 1].end()] if keep > 0 else ""
+                self.truncated = True
+                self.counted = self.limit
+                if not delta:
+                    return []
+            else:
+                self.counted += len(tokens)
+        drafts: list[AnyEvent] = []
+        if not self.opened:
+            self.opened = True
+            drafts.append(OutputItemEvent(type="response.output_item.added",
+                                          item=OutputMessage(id=self.item_id)))
+            drafts.append(ContentPartEvent(type="response.content_part.added",
+                                           item_id=self.item_id, part=OutputText()))
+        self.text_parts.append(delta)
+        drafts.append(TextDeltaEvent(item_id=self.item_id, delta=delta))
+        return drafts
+
+    def usage_update(self, update: dict[str, Any]) -> None:
+        """ACP ``usage_update``; accepts the shapes agents send (best effort)."""
+        inp = update.get("inputTokens", update.get("input_tokens"))
+        out = update.get("outputTokens", update.get("output_tokens"))
+        if isinstance(inp, int) and isinstance(out, int):
+            self.reported_usage = Usage(input_tokens=inp, output_tokens=out,
+                                        total_tokens=inp + out)
+
+    def usage(self) -> Usage:
+        if self.reported_usage is not None:
+            return self.reported_usage
+        out = count_tokens(self.output_text)
+        if self.limit is not None:
+            out = min(out, self.limit)
+        return Usage(input_tokens=self.input_tokens, output_tokens=out,
+                     total_tokens=self.input_tokens + out)
+
+    def _output(self, item_status: str) -> list[OutputMessage]:
+        if not self.opened:
+            return []
+        return [OutputMessage(id=self.item_id, status=item_status,  # type: ignore[arg-type]
+                              content=[OutputText(text=self.output_text)])]
+
+    def _close_item(self, item_status: str) -> list[AnyEvent]:
+        if not self.opened:
+            return []
+        text = self.output_text
+        part = OutputText(text=text)
+        return [TextDoneEvent(item_id=self.item_id, text=text),
+                ContentPartEvent(type="response.content_part.done", item_id=self.item_id,
+                                 part=part),
+                OutputItemEvent(type="response.output_item.done",
+                                item=OutputMessage(id=self.item_id, status=item_status,
+                                                   content=[part]))]  # type: ignore[arg-type]
+
+    def finish(self, stop_reason: str) -> tuple[str, Finish]:
+        """(task status, what the terminal transition writes) for a stopReason."""
+        if self.truncated:
+            stop_reason = "max_tokens"   # we stopped it at max_output_tokens
+        elif stop_reason == "cancelled":
+            return "cancelled", self.cancelled()
+        reason = INCOMPLETE_REASONS.get(stop_reason)
+        item_status = "incomplete" if reason else "completed"
+        response = base_response(
+            self.record, "incomplete" if reason else "completed",
+            output=self._output(item_status), usage=self.usage(),
+            incomplete_details=IncompleteDetails(reason=reason) if reason else None)
+        kind = "response.incomplete" if reason else "response.completed"
+        events = [*self._close_item(item_status), ResponseEvent(type=kind, response=response)]
+        return "succeeded", Finish(events=events, response=encode(response))
+
+    def cancelled(self) -> Finish:
+        response = base_response(self.record, "cancelled", output=self._output("incomplete"),
+                                 usage=self.usage())
+        return Finish(events=[ResponseEvent(type="response.cancelled", response=response)],
+                      response=encode(response))
+
+    def failed(self, code: str, message: str) -> Finish:
+        response = base_response(self.record, "failed", output=self._output("incomplete"),
+                                 usage=self.usage(),
+                                 error=ResponseError(code=code, message=message))
+        return Finish(events=[ResponseEvent(type="response.failed", response=response)],
+                      response=encode(response),
+                      error=encode(problem(code, message, with_status=False)))

@@ -1,0 +1,282 @@
+"""The runner: claims queued tasks in creation order and runs them through the bridge.
+
+    runner = Runner(store, {"reference": (bridge, "reference")}, max_running=4)
+    tg.start_soon(runner.run)        # until cancelled
+    runner.wake()                    # after a create: look for queued work
+    runner.cancel(task_id)           # after the store moved it to ``cancelling``
+
+Contracts:
+
+* At most ``max_running`` tasks are past ``queued`` in this process (``0`` = never
+  start tasks: they stay queued; used by benchmarks and restart tests).
+* ``loading`` = the agent session is being created; ``running`` = the prompt is in
+  flight (entered with ``response.in_progress``). Every transition is conditional:
+  losing one to a cancel moves the task ``cancelling`` → ``cancelled`` instead.
+* Text deltas are buffered and written in one transaction at most every
+  ``FLUSH_S`` or ``FLUSH_EVENTS`` events; state events are written at once.
+* Being cancelled from outside (shutdown) writes nothing: the task stays
+  ``loading``/``running`` in the store and restart recovery applies its policy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import anyio
+import msgspec
+
+from acp_server.lmsp.responses import Attempt, in_progress_event
+from acp_server.lmsp.store import Finish, TaskRecord, TaskStore
+from acp_server.lmsp.wire import AnyEvent, decode_any
+from bridge import Bridge
+from bridge.ticket import PromptResult, PromptTicket
+
+log = logging.getLogger("acp_server.lmsp")
+
+FLUSH_S = 0.05
+FLUSH_EVENTS = 64
+MAX_PENDING = 4096
+SUBSCRIPTION_QUEUE = 2048
+LIVE = ("loading", "running", "cancelling")
+
+
+@dataclasses.dataclass(eq=False)
+class _Handle:
+    cancel_requested: bool = False
+    stopping: bool = False      # the runner itself cancelled the prompt
+    ticket: PromptTicket | None = None
+
+
+class DeltaWriter:
+    """Batches non-state events of one task: a commit at most ``FLUSH_S`` after the
+    first pending event, or as soon as ``FLUSH_EVENTS`` are pending. At most
+    ``MAX_PENDING`` wait (``add`` blocks beyond that). ``run`` returns once closed and
+    drained."""
+
+    def __init__(self, store: TaskStore, task_id: str) -> None:
+        self.store = store
+        self.task_id = task_id
+        self.pending: list[AnyEvent] = []
+        self.closed = False
+        self._some = anyio.Event()    # pending is not empty (or closed)
+        self._full = anyio.Event()    # FLUSH_EVENTS pending (or closed)
+        self._space = anyio.Event()   # set after each flush
+
+    async def add(self, drafts: list[AnyEvent]) -> None:
+        while len(self.pending) >= MAX_PENDING:
+            await self._space.wait()
+        self.pending.extend(drafts)
+        self._some.set()
+        if len(self.pending) >= FLUSH_EVENTS:
+            self._full.set()
+
+    def close(self) -> None:
+        self.closed = True
+        self._some.set()
+        self._full.set()
+
+    async def run(self) -> None:
+        while True:
+            await self._some.wait()
+            with anyio.move_on_after(FLUSH_S):
+                await self._full.wait()
+            batch, self.pending = self.pending, []
+            self._some, self._full = anyio.Event(), anyio.Event()
+            if self.closed:
+                self._some.set()
+                self._full.set()
+            space, self._space = self._space, anyio.Event()
+            space.set()
+            if batch:
+                await self.store.append_events(self.task_id, batch, ("running", "cancelling"))
+            if self.closed and not self.pending:
+                return
+
+
+class Runner:
+    def __init__(self, store: TaskStore, models: Mapping[str, tuple[Bridge, str | None]], *,
+                 max_running: int = 4) -> None:
+        self.store = store
+        self.models = models
+        self.max_running = max_running
+        self._running: dict[str, _Handle] = {}
+        self._wakeup = anyio.Event()
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    def wake(self) -> None:
+        self._wakeup.set()
+
+    def cancel(self, task_id: str) -> None:
+        """Ask the backend to stop (idempotent); the run records ``cancelled``."""
+        handle = self._running.get(task_id)
+        if handle is None:
+            return
+        handle.cancel_requested = True
+        if handle.ticket is not None:
+            handle.ticket.cancel("lmsp_cancel")
+
+    async def run(self) -> None:
+        async with anyio.create_task_group() as tg:
+            while True:
+                while len(self._running) < self.max_running:
+                    record = await self.store.claim_next(time.time())
+                    if record is None:
+                        break
+                    self._running[record.id] = _Handle()   # before any await: see cancel()
+                    tg.start_soon(self._run, record)
+                await self._wakeup.wait()
+                self._wakeup = anyio.Event()
+
+    async def _run(self, record: TaskRecord) -> None:
+        handle = self._running[record.id]
+        try:
+            await self._execute(record, handle)
+        except Exception as exc:   # noqa: BLE001 - a bug must still end the task
+            log.exception("lmsp task %s crashed", record.id)
+            await self._end_failed(record, Attempt(record, ""), "server_error", str(exc))
+        finally:
+            del self._running[record.id]
+            self.wake()
+
+    async def _execute(self, record: TaskRecord, handle: _Handle) -> None:
+        request = decode_any(record.request)
+        prompt = _prompt_text(request)
+        limit = request.get("max_output_tokens") if isinstance(request, dict) else None
+        attempt = Attempt(record, prompt, limit if isinstance(limit, int) else None)
+        target = self.models.get(record.model)
+        if target is None:
+            await self._end_failed(record, attempt, "model_not_found",
+                                   f"The model {record.model!r} is not served any more.")
+            return
+        bridge, agent = target
+        try:
+            info = await bridge.create_session(agent=agent)
+        except Exception as exc:   # noqa: BLE001 - any bridge failure fails the task
+            await self._end_failed(record, attempt, "agent_error", str(exc))
+            return
+        try:
+            now = time.time()
+            won = await self.store.transition(
+                record.id, ("loading",), "running",
+                lambda rec: Finish(events=[in_progress_event(rec)]), now=now)
+            if won is None:   # cancelled while loading
+                await self._end_cancelled(record, attempt)
+                return
+            ticket = bridge.send_prompt(info.session_id, [{"type": "text", "text": prompt}])
+            handle.ticket = ticket
+            if handle.cancel_requested:
+                ticket.cancel("lmsp_cancel")
+            subscription = bridge.subscribe(info.session_id, last_event_id=ticket.last_event_id,
+                                            max_queued=SUBSCRIPTION_QUEUE)
+            await self._pump(record, attempt, ticket, subscription, handle)
+            try:
+                result: PromptResult = await ticket
+            except Exception as exc:   # noqa: BLE001 - AgentError, AgentDiedError, ...
+                await self._end_failed(record, attempt, "agent_error", str(exc))
+                return
+            status, finish = attempt.finish(result.stop_reason)
+            if status == "cancelled":
+                await self._end_cancelled(record, attempt)
+                return
+            won = await self.store.transition(record.id, ("running",), status, finish,
+                                              now=time.time())
+            if won is None:   # a cancel committed first
+                await self._end_cancelled(record, attempt)
+        finally:
+            with anyio.CancelScope(shield=True):
+                try:
+                    await bridge.close_session(info.session_id, reason="lmsp_task_done")
+                except Exception:   # noqa: BLE001 - the session may already be gone
+                    pass
+
+    async def _pump(self, record: TaskRecord, attempt: Attempt, ticket: PromptTicket,
+                    subscription: Any, handle: _Handle) -> None:
+        """Session updates → events, until the prompt's turn ends. Reading never waits
+        for the store (so the bridge's subscription queue does not back up); a
+        ``DeltaWriter`` commits what accumulated."""
+        writer = DeltaWriter(self.store, record.id)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(writer.run)
+            try:
+                async for event in subscription:
+                    if event.prompt_id != ticket.prompt_id:
+                        continue
+                    if event.type in ("turn_complete", "turn_error"):
+                        break
+                    if event.type == "session_update":
+                        drafts = _map_update(attempt, event.data)
+                        if drafts:
+                            await writer.add(drafts)
+                        if attempt.truncated and not handle.stopping:
+                            handle.stopping = True   # max_output_tokens: stop the agent
+                            ticket.cancel("max_output_tokens")
+            finally:
+                writer.close()
+
+    async def _end_cancelled(self, record: TaskRecord, attempt: Attempt) -> None:
+        """→ ``cancelled``, through ``cancelling`` when the backend stopped on its own
+        (e.g. a bridge deadline) without an LMSP cancel."""
+        with anyio.CancelScope(shield=True):
+            if await self.store.transition(record.id, ("cancelling",), "cancelled",
+                                           attempt.cancelled(), now=time.time()) is not None:
+                return
+            if await self.store.transition(record.id, ("loading", "running"), "cancelling",
+                                           now=time.time()) is not None:
+                await self.store.transition(record.id, ("cancelling",), "cancelled",
+                                            attempt.cancelled(), now=time.time())
+
+    async def _end_failed(self, record: TaskRecord, attempt: Attempt, code: str,
+                          message: str) -> None:
+        with anyio.CancelScope(shield=True):
+            won = await self.store.transition(record.id, ("loading", "running"), "failed",
+                                              attempt.failed(code, message), now=time.time())
+            if won is None:
+                await self._end_cancelled(record, attempt)
+
+
+_update_decoder = msgspec.json.Decoder()
+
+
+def _map_update(attempt: Attempt, data: Any) -> list[AnyEvent]:
+    params = _update_decoder.decode(data) if isinstance(data, msgspec.Raw) else data
+    if not isinstance(params, dict):
+        return []
+    update = params.get("update")
+    if not isinstance(update, dict):
+        return []
+    kind = update.get("sessionUpdate")
+    if kind == "agent_message_chunk":
+        content = update.get("content")
+        text = content.get("text") if isinstance(content, dict) else None
+        if isinstance(text, str) and text:
+            return attempt.text(text)
+    elif kind == "usage_update":
+        attempt.usage_update(update)
+    return []
+
+
+def _prompt_text(request: Any) -> str:
+    """The text sent to the agent: input messages' text joined by newlines."""
+    value = request.get("input") if isinstance(request, dict) else None
+    texts: list[str] = []
+    if isinstance(value, str):
+        texts.append(value)
+    elif isinstance(value, list):
+        for item in value:
+            content = item.get("content") if isinstance(item, dict) else None
+            if isinstance(content, str):
+                texts.append(content)
+            elif isinstance(content, list):
+                texts.extend(p["text"] for p in content
+                             if isinstance(p, dict) and isinstance(p.get("text"), str))
+    instructions = request.get("instructions") if isinstance(request, dict) else None
+    if isinstance(instructions, str) and instructions:
+        texts.append(instructions)
+    return "\n".join(texts)

@@ -1,0 +1,323 @@
+"""The LMSP service: store + runner + live hub + retention, behind ``open_lmsp``.
+
+    async with Bridge(factory, workspace_cwd=ws) as bridge, \\
+            open_lmsp(bridge, store_url="sqlite:///var/lib/acp/lmsp.db", state_dir=ws) as lmsp:
+        app = build_app(settings, bridge)
+        install_lmsp(app, lmsp)          # app.state.lmsp, routes, 401-problem shim
+
+Contracts:
+
+* ``open_lmsp`` opens the store, runs restart recovery (§7.5) BEFORE the runner
+  starts, then runs the runner and the periodic retention purge in its own task
+  group; leaving it stops them (running tasks stay ``loading``/``running`` in the
+  store: the next start applies their ``on_restart``) and closes the store.
+  ``service.stop()`` does the stopping part early (a drain calls it before closing
+  the bridge, so closing sessions does not fail the tasks).
+* ``model`` names an agent of the bridge (``bridge.agents.names``: the default agent
+  and every configured one), and ``reference`` always (a private in-process
+  reference bridge when the bridge has no agent of that name).
+* Retention (§11.2) is judged by the clock, not by the purge: a task finished more
+  than ``task_retention_s`` ago is 404 and its events more than ``event_retention_s``
+  ago are 410 even before the purge deletes them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import logging
+import os
+import secrets
+import time
+from collections.abc import AsyncIterator, Mapping
+
+import anyio
+import msgspec
+
+from acp_server.lmsp.hub import Hub
+from acp_server.lmsp.problems import LmspError
+from acp_server.lmsp.requests import ResponseRequest
+from acp_server.lmsp.responses import created_event, error_finish, recovery_finish
+from acp_server.lmsp.runner import Runner
+from acp_server.lmsp.sqlite import SqliteTaskStore
+from acp_server.lmsp.store import (
+    TERMINAL,
+    CommittedEvent,
+    IdempotencyClaim,
+    KeyReusedError,
+    NewTask,
+    QueueFullError,
+    RecoveryReport,
+    TaskRecord,
+    TaskStore,
+)
+from acp_server.lmsp.wire import (
+    TERMINAL_EVENTS,
+    Capabilities,
+    CapabilityFlags,
+    Limits,
+    TaskObject,
+    canonical,
+    encode,
+)
+from bridge import Bridge
+
+log = logging.getLogger("acp_server.lmsp")
+PAGE = 256
+_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+
+
+def new_id(prefix: str) -> str:
+    """``prefix_`` + a ULID (48-bit ms time, 80 random bits, Crockford base32)."""
+    value = (time.time_ns() // 1_000_000) << 80 | secrets.randbits(80)
+    chars = [_CROCKFORD[(value >> shift) & 31] for shift in range(125, -1, -5)]
+    return f"{prefix}_{''.join(chars)}"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LmspConfig:
+    event_retention_s: float = 600
+    task_retention_s: float = 86400
+    idempotency_ttl_s: float = 86400
+    max_request_bytes: int = 1 << 20
+    purge_interval_s: float = 60
+    max_attempts: int = 3
+    keepalive_s: float = 15
+    idempotency_wait_s: float = 10
+    max_queued_tasks: int | None = 10_000
+
+
+class LmspService:
+    def __init__(self, store: TaskStore, hub: Hub, models: Mapping[str, tuple[Bridge, str | None]],
+                 config: LmspConfig, *, max_running_tasks: int, token: str | None) -> None:
+        self.store = store
+        self.hub = hub
+        self.models = models
+        self.config = config
+        self.runner = Runner(store, models, max_running=max_running_tasks)
+        self.principal = ("token:" + hashlib.sha256(token.encode()).hexdigest()[:16]
+                          if token else "anonymous")
+        self.recovery = RecoveryReport()
+        self.closed = anyio.Event()
+        self._background = anyio.CancelScope()
+
+    def stop(self) -> None:
+        """Stop the runner and the purge, end open event streams (idempotent). Call it
+        before closing the bridge on a drain, so running tasks stay ``running`` in the
+        store (restart recovery applies ``on_restart``) instead of failing."""
+        self.closed.set()
+        self.hub.close()
+        self._background.cancel()
+
+    async def run_background(self) -> None:
+        with self._background:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self.runner.run)
+                tg.start_soon(self._purge_loop)
+
+    # -- capabilities -----------------------------------------------------------------
+    def capabilities(self) -> Capabilities:
+        c = self.config
+        return Capabilities(
+            capabilities=CapabilityFlags(),
+            limits=Limits(event_retention_seconds=int(c.event_retention_s),
+                          task_retention_seconds=int(c.task_retention_s),
+                          idempotency_key_ttl_seconds=int(c.idempotency_ttl_s),
+                          max_request_bytes=c.max_request_bytes),
+            models=sorted(self.models))
+
+    # -- tasks ------------------------------------------------------------------------
+    async def create_task(self, request: ResponseRequest, *, on_restart: str, body: object,
+                          key: str | None, route: str) -> tuple[TaskRecord, bool]:
+        """Durable before it returns. ``(task, replayed)``."""
+        if on_restart == "resume":
+            raise LmspError("unsupported_capability", "on_restart 'resume' needs snapshots, "
+                            "which no configured agent supports.", capability="snapshots",
+                            param="on_restart")
+        if request.model not in self.models:
+            raise LmspError("model_not_found", f"The model {request.model!r} does not exist.",
+                            model=request.model)
+        now = time.time()
+        task = NewTask(id=new_id("task"), response_id=new_id("resp"), on_restart=on_restart,
+                       model=request.model, principal=self.principal,
+                       request=encode(request.body), created_at=now)
+        idem = None
+        if key is not None:
+            idem = IdempotencyClaim(scope=f"{self.principal} {route}", key=key,
+                                    fingerprint=hashlib.sha256(canonical(body)).hexdigest(),
+                                    expires_at=now + self.config.idempotency_ttl_s)
+        record = _record_of(task)
+        try:
+            outcome = await self.store.create_task(
+                task, created_event(record), idem,
+                timeout=self.config.idempotency_wait_s if idem is not None else None,
+                max_queued=self.config.max_queued_tasks)
+        except KeyReusedError:
+            raise LmspError("idempotency_key_reused", "This Idempotency-Key was used with a "
+                            "different request body.") from None
+        except QueueFullError as exc:
+            raise LmspError("prompt_queue_full", f"{exc.pending} tasks are already queued.",
+                            limit=exc.limit, pendingCount=exc.pending) from None
+        except TimeoutError:
+            raise LmspError("idempotency_key_in_use", "A request with this Idempotency-Key "
+                            "is still being processed.") from None
+        if not outcome.replayed:
+            self.runner.wake()
+        return outcome.task, outcome.replayed
+
+    async def get_task(self, task_id: str) -> TaskRecord:
+        record = await self.store.get_task(task_id)
+        if record is None or self._task_expired(record, time.time()):
+            raise LmspError("task_not_found", f"No task {task_id!r}.", task_id=task_id)
+        return record
+
+    def _task_expired(self, record: TaskRecord, now: float) -> bool:
+        return record.finished_at is not None and \
+            record.finished_at + self.config.task_retention_s < now
+
+    def _events_expired(self, record: TaskRecord, now: float) -> bool:
+        return record.events_purged or (record.finished_at is not None and
+                                        record.finished_at + self.config.event_retention_s < now)
+
+    async def cancel(self, task_id: str) -> TaskRecord:
+        """§7.3: 200 with the task; 409 when it already succeeded or failed."""
+        await self.get_task(task_id)
+        record, _ = await self.store.request_cancel(
+            task_id, lambda rec: error_finish(rec, "", "", status="cancelled"), now=time.time())
+        if record is None:
+            raise LmspError("task_not_found", f"No task {task_id!r}.", task_id=task_id)
+        if record.status in ("succeeded", "failed"):
+            raise LmspError("task_not_cancelable", f"Task {task_id} already finished with "
+                            f"status '{record.status}'.", task_id=task_id,
+                            task_status=record.status)
+        if record.status == "cancelling":
+            self.runner.cancel(task_id)
+        return record
+
+    def task_object(self, record: TaskRecord) -> TaskObject:
+        return TaskObject(
+            id=record.id, status=record.status,  # type: ignore[arg-type]
+            created_at=int(record.created_at), updated_at=int(record.updated_at),
+            response_id=record.response_id, events_url=f"/lmsp/v1/tasks/{record.id}/events",
+            on_restart=record.on_restart,  # type: ignore[arg-type]
+            response=msgspec.Raw(record.response)
+            if record.status == "succeeded" and record.response else None,
+            error=msgspec.Raw(record.error) if record.status == "failed" and record.error
+            else None)
+
+    # -- events -----------------------------------------------------------------------
+    async def open_events(self, task_id: str, cursor: int | None, *,
+                          param: str | None = None
+                          ) -> AsyncIterator[list[CommittedEvent]] | None:
+        """Checks §6.4 (404/410/400); ``None`` means 204. The iterator yields batches
+        of events in order (``[]`` for a keep-alive) and ends after the terminal one."""
+        record = await self.get_task(task_id)
+        if self._events_expired(record, time.time()):
+            raise LmspError("event_history_expired", f"The events of task {task_id} are "
+                            "older than the retention period.", task_id=task_id,
+                            earliest_sequence_number=None,
+                            retention_seconds=int(self.config.event_retention_s))
+        last_written = record.next_seq - 1
+        if cursor is not None and cursor > last_written:
+            raise LmspError("invalid_request", f"The cursor {cursor} is past the last event "
+                            f"({last_written}).", param=param or "Last-Event-ID",
+                            errors=[])
+        if cursor is not None and record.status in TERMINAL and cursor >= last_written:
+            return None
+        return self._stream(task_id, -1 if cursor is None else cursor)
+
+    async def _stream(self, task_id: str, last: int
+                      ) -> AsyncIterator[list[CommittedEvent]]:
+        """Batches of consecutive events (``[]`` = a keep-alive is due), ending with
+        the batch that holds the terminal event."""
+        with self.hub.watch(task_id) as watch:   # registered before the first read
+            rows: list[CommittedEvent] | None = None
+            while not self.closed.is_set():
+                from_store = rows is None
+                if rows is None:
+                    rows = await self.store.read_events(task_id, last, PAGE)
+                for i, event in enumerate(rows):
+                    if event.type in TERMINAL_EVENTS:
+                        yield rows[:i + 1]
+                        return
+                if rows:
+                    yield rows
+                    last = rows[-1].seq
+                if from_store and len(rows) == PAGE:
+                    rows = None
+                    continue
+                rows = watch.take(last)
+                if rows == []:
+                    if not await watch.wait(self.config.keepalive_s):
+                        yield []
+                    rows = watch.take(last)
+
+    async def wait_terminal(self, task_id: str) -> TaskRecord:
+        with self.hub.watch(task_id) as watch:
+            while True:
+                record = await self.get_task(task_id)
+                if record.status in TERMINAL or self.closed.is_set():
+                    return record
+                await watch.wait(1.0)
+
+    # -- background -------------------------------------------------------------------
+    async def purge_once(self) -> int:
+        c = self.config
+        return await self.store.purge(now=time.time(), event_retention=c.event_retention_s,
+                                      task_retention=c.task_retention_s,
+                                      key_ttl=c.idempotency_ttl_s)
+
+    async def _purge_loop(self) -> None:
+        while True:
+            await anyio.sleep(self.config.purge_interval_s)
+            try:
+                await self.purge_once()
+            except Exception:   # noqa: BLE001 - retried at the next interval
+                log.exception("lmsp retention purge failed")
+
+
+def _record_of(task: NewTask) -> TaskRecord:
+    return TaskRecord(task.id, task.response_id, "queued", task.on_restart, task.model,
+                      task.principal, task.request, task.created_at, task.created_at, None, 0, 0,
+                      None, None, False)
+
+
+@contextlib.asynccontextmanager
+async def open_lmsp(bridge: Bridge, *, state_dir: str, store_url: str | None = None,
+                    token: str | None = None, max_running_tasks: int = 4,
+                    config: LmspConfig | None = None,
+                    group_commit: bool = True, store: TaskStore | None = None
+                    ) -> AsyncIterator[LmspService]:
+    """See the module docstring. ``store_url`` defaults to
+    ``sqlite:///<state_dir>/lmsp.sqlite3``; ``store`` overrides it (other engines)."""
+    hub = Hub()
+    if store is None:
+        os.makedirs(state_dir, exist_ok=True)
+        url = store_url or f"sqlite:///{os.path.join(os.path.abspath(state_dir), 'lmsp.sqlite3')}"
+        if not url.startswith("sqlite:"):
+            raise ValueError(f"Unsupported store {url!r}: only sqlite:///path is available.")
+        store = SqliteTaskStore(url, on_commit=hub.publish, group_commit=group_commit)
+    else:
+        store.on_commit = hub.publish
+    async with contextlib.AsyncExitStack() as stack:
+        models: dict[str, tuple[Bridge, str | None]] = {
+            name: (bridge, name) for name in bridge.agents.names}
+        if "reference" not in models:
+            from bridge.agents.reference import ReferenceAgentFactory
+
+            private = await stack.enter_async_context(
+                Bridge(ReferenceAgentFactory(), workspace_cwd=bridge.workspace_cwd))
+            models["reference"] = (private, None)
+        await stack.enter_async_context(store)
+        service = LmspService(store, hub, models, config or LmspConfig(),
+                              max_running_tasks=max_running_tasks, token=token)
+        service.recovery = await store.recover(recovery_finish,
+                                               max_attempts=service.config.max_attempts,
+                                               now=time.time())
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(service.run_background)
+            try:
+                yield service
+            finally:
+                service.stop()

@@ -1,0 +1,173 @@
+"""The task store interface: what SQLite implements now and PostgreSQL will next.
+
+    store = SqliteTaskStore(path, on_commit=hub.publish)
+    async with store:
+        outcome = await store.create_task(new, event0, idem)       # durable on return
+        won = await store.transition(task_id, ("running",), "succeeded", finish)
+
+Contracts every implementation keeps (the test-suite in ``tests/lmsp`` is
+parametrizable over stores through the ``store_factory`` fixture):
+
+* A method returns only after its writes are durably committed (fsync).
+* Each status change is ONE conditional update (``WHERE status IN from_states``);
+  events produced by a transition are inserted in the same transaction, with numbers
+  taken from ``tasks.next_seq`` in that transaction: gapless, never reused.
+* A terminal status is never left; only the winning transition writes its events.
+* ``on_commit(events)`` is called after the commit, in commit order, with every event
+  the transaction wrote: the only way events reach live subscribers.
+* ``create_task`` writes the task row, event 0 and the idempotency key in one
+  transaction; a key already present answers with its task (``replayed``) or raises
+  ``KeyReusedError`` for a different fingerprint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from acp_server.lmsp.wire import AnyEvent
+
+TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
+ACTIVE = frozenset({"loading", "running", "cancelling"})
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TaskRecord:
+    id: str
+    response_id: str
+    status: str
+    on_restart: str
+    model: str
+    principal: str
+    request: bytes          # the response request, JSON
+    created_at: float
+    updated_at: float
+    finished_at: float | None
+    next_seq: int           # number the next event will get
+    attempt: int            # attempts started (claims)
+    response: bytes | None  # final ResponseObject JSON (any terminal status)
+    error: bytes | None     # problem object JSON when failed
+    events_purged: bool
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CommittedEvent:
+    task_id: str
+    seq: int
+    type: str
+    data: bytes             # the event JSON exactly as sent
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NewTask:
+    id: str
+    response_id: str
+    on_restart: str
+    model: str
+    principal: str
+    request: bytes
+    created_at: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class IdempotencyClaim:
+    scope: str              # principal + route
+    key: str
+    fingerprint: str
+    expires_at: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CreateOutcome:
+    task: TaskRecord
+    replayed: bool
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Finish:
+    """What a winning transition writes besides the status."""
+
+    events: Sequence[AnyEvent] = ()
+    response: bytes | None = None
+    error: bytes | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Transition:
+    task: TaskRecord        # the row after the update
+    events: list[CommittedEvent]
+    previous: str = ""      # the status it left
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RecoveryReport:
+    failed: int = 0
+    requeued: int = 0
+    cancelled: int = 0
+
+
+class KeyReusedError(Exception):
+    """The idempotency key exists with another fingerprint (422)."""
+
+
+class QueueFullError(Exception):
+    """``max_queued`` tasks are already queued (503 ``prompt_queue_full``)."""
+
+    def __init__(self, limit: int, pending: int) -> None:
+        super().__init__(f"{pending} tasks queued (limit {limit})")
+        self.limit = limit
+        self.pending = pending
+
+
+# Builds what a transition writes from the row as read in the transaction.
+FinishFactory = Callable[[TaskRecord], Finish]
+# (row, target status) -> what recovery writes for it
+RecoveryFactory = Callable[[TaskRecord, str], Finish]
+
+
+class TaskStore(Protocol):
+    # Called after each commit with the events it wrote (``open_lmsp`` sets it).
+    on_commit: Callable[[list[CommittedEvent]], None] | None
+    # Transactions committed so far (group commit is observable through it).
+    commits: int
+
+    async def __aenter__(self) -> TaskStore: ...
+    async def __aexit__(self, *exc: object) -> None: ...
+
+    async def create_task(self, task: NewTask, event0: AnyEvent,
+                          idem: IdempotencyClaim | None, *,
+                          timeout: float | None = None,
+                          max_queued: int | None = None) -> CreateOutcome:
+        """``QueueFullError`` when ``max_queued`` tasks are queued already (checked after
+        the idempotency key, so a replay never fails on it).
+        ``TimeoutError`` when the commit is not seen within ``timeout`` (the write
+        may still land; an idempotent retry then replays it)."""
+
+    async def get_task(self, task_id: str) -> TaskRecord | None: ...
+
+    async def claim_next(self, now: float) -> TaskRecord | None:
+        """The oldest ``queued`` task → ``loading`` (attempt + 1), or ``None``."""
+
+    async def transition(self, task_id: str, from_states: Sequence[str], to_state: str,
+                         finish: FinishFactory | Finish | None = None, *,
+                         now: float) -> Transition | None:
+        """``None`` when the task was not in ``from_states`` (another commit won)."""
+
+    async def append_events(self, task_id: str, events: Sequence[AnyEvent],
+                            while_states: Sequence[str]) -> list[CommittedEvent] | None:
+        """Non-state events (deltas); ``None`` when the task left ``while_states``."""
+
+    async def request_cancel(self, task_id: str, finish: FinishFactory, *,
+                             now: float) -> tuple[TaskRecord | None, bool]:
+        """queued → cancelled (writing ``finish``), loading/running → cancelling;
+        otherwise unchanged. Returns (row after, changed)."""
+
+    async def read_events(self, task_id: str, after: int, limit: int) -> list[CommittedEvent]: ...
+
+    async def recover(self, factory: RecoveryFactory, *, max_attempts: int,
+                      now: float) -> RecoveryReport:
+        """Startup: every loading/running/cancelling task per its ``on_restart``."""
+
+    async def purge(self, *, now: float, event_retention: float, task_retention: float,
+                    key_ttl: float) -> int: ...

@@ -1,0 +1,201 @@
+"""LMSP v1 wire types: task and response objects, response events, capabilities.
+
+    body = encode(task_object(record))            # bytes, JSON
+    draft = TextDeltaEvent(type="response.output_text.delta", item_id="msg_1", delta="hi")
+    data = encode(msgspec.structs.replace(draft, sequence_number=7))
+
+Contracts:
+
+* Every event Struct has ``type`` first and ``sequence_number`` second; drafts carry
+  ``sequence_number=-1`` and the store sets the real number inside the transaction
+  that writes them (LMSP §6.4).
+* No event carries a top-level ``error`` member (§6.3); failures live in
+  ``response.error``.
+* Stored blobs (the final response, the task's problem object) are embedded as
+  ``msgspec.Raw`` so they are written byte for byte, never re-encoded.
+* Encoders/decoders are built once, at import.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Union
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+TaskStatus = Literal["queued", "loading", "running", "cancelling", "succeeded", "failed",
+                     "cancelled"]
+ResponseStatus = Literal["queued", "in_progress", "completed", "incomplete", "failed",
+                         "cancelled"]
+OnRestart = Literal["fail", "retry", "resume"]
+
+
+# -- response object (§6.2) ------------------------------------------------------------
+class OutputText(msgspec.Struct, kw_only=True):
+    type: Literal["output_text"] = "output_text"
+    text: str = ""
+    annotations: list[Any] = msgspec.field(default_factory=list)
+
+
+class OutputMessage(msgspec.Struct, kw_only=True):
+    id: str
+    type: Literal["message"] = "message"
+    status: Literal["in_progress", "completed", "incomplete"] = "in_progress"
+    role: Literal["assistant"] = "assistant"
+    content: list[OutputText] = msgspec.field(default_factory=list)
+
+
+class Usage(msgspec.Struct, kw_only=True):
+    input_tokens: int
+    output_tokens: int
+    total_tokens: int
+
+
+class ResponseError(msgspec.Struct, kw_only=True):
+    code: str
+    message: str
+
+
+class IncompleteDetails(msgspec.Struct, kw_only=True):
+    reason: str
+
+
+class ResponseObject(msgspec.Struct, kw_only=True):
+    id: str
+    object: Literal["response"] = "response"
+    created_at: int
+    status: ResponseStatus
+    model: str
+    output: list[OutputMessage] = msgspec.field(default_factory=list)
+    usage: Usage | None = None
+    error: ResponseError | None = None
+    incomplete_details: IncompleteDetails | None = None
+    metadata: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+# -- task object (§7.1) ----------------------------------------------------------------
+class TaskObject(msgspec.Struct, kw_only=True):
+    id: str
+    object: Literal["task"] = "task"
+    type: Literal["response"] = "response"
+    status: TaskStatus
+    created_at: int
+    updated_at: int
+    response_id: str
+    events_url: str
+    on_restart: OnRestart
+    response: msgspec.Raw | None = None   # a ResponseObject, only when succeeded
+    error: msgspec.Raw | None = None      # a problem object, only when failed
+
+
+# -- response events (§6.3) ------------------------------------------------------------
+class ResponseEvent(msgspec.Struct, kw_only=True):
+    """``response.created`` / ``.in_progress`` / terminal events."""
+
+    type: str
+    sequence_number: int = -1
+    response: ResponseObject
+
+
+class OutputItemEvent(msgspec.Struct, kw_only=True):
+    type: str   # response.output_item.added / .done
+    sequence_number: int = -1
+    output_index: int = 0
+    item: OutputMessage
+
+
+class ContentPartEvent(msgspec.Struct, kw_only=True):
+    type: str   # response.content_part.added / .done
+    sequence_number: int = -1
+    item_id: str
+    output_index: int = 0
+    content_index: int = 0
+    part: OutputText
+
+
+class TextDeltaEvent(msgspec.Struct, kw_only=True):
+    type: Literal["response.output_text.delta"] = "response.output_text.delta"
+    sequence_number: int = -1
+    item_id: str
+    output_index: int = 0
+    content_index: int = 0
+    delta: str
+    logprobs: list[Any] = msgspec.field(default_factory=list)
+
+
+class TextDoneEvent(msgspec.Struct, kw_only=True):
+    type: Literal["response.output_text.done"] = "response.output_text.done"
+    sequence_number: int = -1
+    item_id: str
+    output_index: int = 0
+    content_index: int = 0
+    text: str
+    logprobs: list[Any] = msgspec.field(default_factory=list)
+
+
+AnyEvent = Union[ResponseEvent, OutputItemEvent, ContentPartEvent, TextDeltaEvent,
+                 TextDoneEvent]
+TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed",
+                             "response.cancelled"})
+
+
+# -- capabilities (§5) -----------------------------------------------------------------
+class CapabilityFlags(msgspec.Struct, kw_only=True):
+    tasks: bool = True
+    event_resume: bool = True
+    snapshots: bool = False
+    idempotency: bool = True
+
+
+class Limits(msgspec.Struct, kw_only=True):
+    event_retention_seconds: int
+    task_retention_seconds: int
+    idempotency_key_ttl_seconds: int
+    max_request_bytes: int
+
+
+class Capabilities(msgspec.Struct, kw_only=True):
+    object: Literal["capabilities"] = "capabilities"
+    version: str = "1.0"
+    capabilities: CapabilityFlags
+    limits: Limits
+    models: list[str]
+
+
+# -- problem objects (§9.3) ------------------------------------------------------------
+class ErrorPointer(msgspec.Struct, kw_only=True):
+    pointer: str
+    detail: str
+
+
+class Problem(msgspec.Struct, kw_only=True):
+    """RFC 9457 problem object. Extensions are only those of its ``code`` (§9.3);
+    unset members are omitted, ``None`` ones are sent as ``null``."""
+
+    type: str
+    title: str
+    status: int | UnsetType = UNSET
+    detail: str | UnsetType = UNSET
+    instance: str | UnsetType = UNSET
+    code: str
+    param: str | UnsetType = UNSET
+    errors: list[ErrorPointer] | UnsetType = UNSET
+    capability: str | UnsetType = UNSET
+    task_id: str | UnsetType = UNSET
+    model: str | UnsetType = UNSET
+    task_status: str | UnsetType = UNSET
+    earliest_sequence_number: int | None | UnsetType = UNSET
+    retention_seconds: int | UnsetType = UNSET
+    limit: int | UnsetType = UNSET
+    pendingCount: int | UnsetType = UNSET
+
+
+_encoder = msgspec.json.Encoder()
+encode = _encoder.encode
+decode_any = msgspec.json.Decoder().decode
+decode_response = msgspec.json.Decoder(ResponseObject).decode
+
+
+def canonical(value: Any) -> bytes:
+    """JSON with recursively sorted keys: the idempotency fingerprint input (§9.2)."""
+    return msgspec.json.encode(value, order="sorted")

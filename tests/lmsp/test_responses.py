@@ -1,0 +1,75 @@
+"""POST /lmsp/v1/responses (§6.1): non-streaming and ``stream: true``."""
+
+from __future__ import annotations
+
+import json
+
+import anyio
+import pytest
+
+from acp_server.lmsp.sqlite import SqliteTaskStore
+from tests.lmsp.server import LmspServer
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_non_streaming_returns_the_response_object(server: LmspServer) -> None:
+    response = await server.client.post("/lmsp/v1/responses", json={
+        "model": "reference", "input": [{"type": "message", "role": "user", "content": "hi"}],
+        "metadata": {"k": "v"}})
+    assert response.status_code == 200
+    body = response.json()
+    assert body["object"] == "response" and body["status"] == "completed"
+    assert body["metadata"] == {"k": "v"}
+    assert body["output"][0]["content"][0]["text"] == "Echo: hi"
+    assert body["usage"] == {"input_tokens": 1, "output_tokens": 3, "total_tokens": 4}
+
+
+async def test_non_streaming_failure_is_a_failed_response(server: LmspServer) -> None:
+    response = await server.client.post("/lmsp/v1/responses",
+                                        json={"model": "reference", "input": "/fail x"})
+    assert response.status_code == 200
+    body = response.json()
+    assert body["status"] == "failed" and body["error"]["code"] == "agent_error"
+
+
+async def test_streaming(server: LmspServer) -> None:
+    async with server.client.stream("POST", "/lmsp/v1/responses", json={
+            "model": "reference", "input": "/chunks 3 a b c", "stream": True}) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        text = (await response.aread()).decode()
+    events = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert events[0]["type"] == "response.created"
+    assert events[-1]["type"] == "response.completed"
+    assert sum(e["type"] == "response.output_text.delta" for e in events) == 3
+
+
+async def test_validation_and_model_errors(server: LmspServer) -> None:
+    response = await server.client.post("/lmsp/v1/responses", json={"model": "reference"})
+    assert response.status_code == 400
+    assert response.json()["errors"] == [{"pointer": "/input", "detail": "Required."}]
+    response = await server.client.post("/lmsp/v1/responses", json={"model": "m", "input": "x"})
+    assert response.status_code == 404 and response.json()["code"] == "model_not_found"
+
+
+async def test_closing_a_stream_cancels_the_response(server: LmspServer) -> None:
+    async with server.client.stream("POST", "/lmsp/v1/responses", json={
+            "model": "reference", "input": "/sleep 5s x", "stream": True}) as response:
+        async for line in response.aiter_lines():
+            if line.startswith("data: "):
+                response_id = json.loads(line[6:])["response"]["id"]
+                break
+
+    if not isinstance(server.service.store, SqliteTaskStore):
+        pytest.skip("finds the task by response id in SQL")
+
+    def find(conn: object) -> str:
+        return conn.execute("SELECT id FROM tasks WHERE response_id = ?",  # type: ignore
+                            (response_id,)).fetchone()[0]
+
+    task_id = await server.service.store._read(find)  # type: ignore[attr-defined]
+    with anyio.fail_after(5):
+        while (await server.get(task_id))["status"] != "cancelled":
+            await anyio.sleep(0.02)
