@@ -20,7 +20,6 @@ from typing import Any
 import anyio
 import anyio.abc
 import httpx
-import sniffio
 from httpx_sse import aconnect_sse
 
 from acp_server.acp_http import ConnectionRegistry, registry_for
@@ -28,7 +27,7 @@ from acp_server.app import build_app
 from acp_server.settings import Settings
 from bridge import Bridge, BridgeOptions
 from bridge.agents.reference import ReferenceAgentFactory
-from tests.rest.server import _serve_hypercorn, _serve_uvicorn
+from tests.rest.server import serving
 
 JSON = {"Content-Type": "application/json"}
 
@@ -170,16 +169,11 @@ async def running_acp_server(workspace: Any, *, options: BridgeOptions | None = 
                       options=config.options) as bridge:
         app = build_app(config, bridge)
         registry = registry_for(app)
-        async with anyio.create_task_group() as tg:
-            if sniffio.current_async_library() == "trio":
-                port, stop = await _serve_hypercorn(tg, app)
-            else:
-                port, stop = await _serve_uvicorn(tg, app)
-            base_url = f"http://127.0.0.1:{port}"
-            try:
-                async with httpx.AsyncClient(base_url=base_url, timeout=10) as client:
-                    yield RunningAcpServer(base_url, bridge, config, registry, client, tg)
-            finally:
-                registry.shutdown()    # ends open streams and grace waits
-                stop()
-                await bridge.aclose()
+
+        async def stop() -> None:
+            registry.shutdown()    # ends open streams and grace waits
+            await bridge.aclose()
+
+        async with serving(app, on_stop=stop) as base_url, anyio.create_task_group() as tg:
+            async with httpx.AsyncClient(base_url=base_url, timeout=10) as client:
+                yield RunningAcpServer(base_url, bridge, config, registry, client, tg)

@@ -22,14 +22,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
-import sniffio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from acp_server.app import build_app
 from acp_server.settings import Settings
 from bridge import Bridge, BridgeOptions
 from bridge.agents.reference import ReferenceAgentFactory
-from tests.rest.server import _serve_hypercorn, _serve_uvicorn
+from tests.rest.server import serving
 
 Wrap = Callable[[ASGIApp], ASGIApp]
 
@@ -105,22 +104,6 @@ class DropEvents:
         return dropping
 
 
-@contextlib.asynccontextmanager
-async def serve(app: ASGIApp, *,
-                on_stop: Callable[[], Any] | None = None) -> AsyncIterator[str]:
-    async with anyio.create_task_group() as tg:
-        if sniffio.current_async_library() == "trio":
-            port, stop = await _serve_hypercorn(tg, app)
-        else:
-            port, stop = await _serve_uvicorn(tg, app)
-        try:
-            yield f"http://127.0.0.1:{port}"
-        finally:
-            stop()
-            if on_stop is not None:
-                await on_stop()  # e.g. end open event streams, so the server stops at once
-
-
 @dataclass
 class Daemon:
     url: str
@@ -136,7 +119,7 @@ async def daemon(workspace: Any, *, options: BridgeOptions | None = None,
         app: ASGIApp = build_app(config, bridge)
         if wrap is not None:
             app = wrap(app)
-        async with serve(app, on_stop=bridge.aclose) as url:
+        async with serving(app, on_stop=bridge.aclose) as url:
             yield Daemon(url, bridge)
 
 
@@ -157,7 +140,7 @@ async def lmsp_daemon(workspace: Any, *, wrap: Wrap | None = None,
             service.closed.set()
             service.hub.close()
 
-        async with serve(wrap(app) if wrap is not None else app, on_stop=on_stop) as url:
+        async with serving(wrap(app) if wrap is not None else app, on_stop=on_stop) as url:
             yield Daemon(url, bridge)
 
 

@@ -15,7 +15,7 @@ from starlette.routing import Route
 
 from acp_server.client import (DaemonClient, DaemonProtocolError, DaemonStreamEndedError,
                                DaemonStreamError)
-from tests.client.harness import serve
+from tests.rest.server import serving
 
 pytestmark = pytest.mark.anyio
 
@@ -64,7 +64,7 @@ def frame(event_id: int, kind: str, data: dict[str, object]) -> bytes:
 
 async def test_blocking_200_releases() -> None:
     app, _ = fake(lambda _r: JSONResponse({"stopReason": "end_turn"}))
-    async with serve(app) as url, DaemonClient(url, max_pending_prompts_per_session=1) as client:
+    async with serving(app) as url, DaemonClient(url, max_pending_prompts_per_session=1) as client:
         for _ in range(3):  # the slot comes back each time
             result = await client.prompt("s-1", "hi")
             assert result.stop_reason == "end_turn"
@@ -78,7 +78,7 @@ async def test_stream_end_releases() -> None:
         return JSONResponse({"error": "gone", "code": "session_not_found"}, status_code=404)
 
     app, seen = fake(lambda _r: JSONResponse(ENVELOPE, status_code=202), events)
-    async with serve(app) as url, DaemonClient(url) as client:
+    async with serving(app) as url, DaemonClient(url) as client:
         with pytest.raises(DaemonStreamEndedError):
             await client.prompt("s-1", "hi")
         assert client.pending_prompt_count("s-1") == 0
@@ -93,7 +93,7 @@ async def test_epoch_header_omitted_without_epoch() -> None:
 
     app, seen = fake(lambda _r: JSONResponse({"promptId": "p-1", "lastEventId": 4},
                                              status_code=202), events)
-    async with serve(app) as url, DaemonClient(url) as client:
+    async with serving(app) as url, DaemonClient(url) as client:
         assert (await client.prompt("s-1", "hi")).stop_reason == "end_turn"
     assert seen[0]["last-event-id"] == "4" and "x-qwen-event-epoch" not in seen[0]
 
@@ -102,7 +102,7 @@ async def test_epoch_header_omitted_without_epoch() -> None:
     (202, b"not json"), (202, b'{"lastEventId": 1}'), (200, b'{"stopReason": 5}')])
 async def test_parse_failure_releases(status: int, body: bytes) -> None:
     app, _ = fake(lambda _r: Response(body, status_code=status, media_type="application/json"))
-    async with serve(app) as url, DaemonClient(url) as client:
+    async with serving(app) as url, DaemonClient(url) as client:
         with pytest.raises(DaemonProtocolError):
             await client.prompt("s-1", "hi")
         assert client.pending_prompt_count("s-1") == 0
@@ -113,7 +113,7 @@ async def test_malformed_event_releases() -> None:
         return sse(b"id: 5\nevent: session_update\ndata: {broken\n\n")
 
     app, _ = fake(lambda _r: JSONResponse(ENVELOPE, status_code=202), events)
-    async with serve(app) as url, DaemonClient(url) as client:
+    async with serving(app) as url, DaemonClient(url) as client:
         with pytest.raises(DaemonProtocolError):
             await client.prompt("s-1", "hi")
         assert client.pending_prompt_count("s-1") == 0
@@ -123,7 +123,7 @@ async def test_reconnects_are_bounded() -> None:
     """A stream that keeps ending without events is given up after the budget."""
     app, seen = fake(lambda _r: Response(status_code=500),
                      lambda _r, _n: sse(b": heartbeat\n\n"))
-    async with serve(app) as url, DaemonClient(url) as client:
+    async with serving(app) as url, DaemonClient(url) as client:
         stream = client.subscribe_events("s-1", last_event_id=0, max_reconnects=2)
         with pytest.raises(DaemonStreamError):
             async with contextlib.aclosing(stream) as events:
@@ -136,7 +136,7 @@ async def test_reconnects_are_bounded() -> None:
 async def test_no_reconnect_ends_with_the_stream() -> None:
     app, seen = fake(lambda _r: Response(status_code=500),
                      lambda _r, _n: sse(frame(1, "session_update", {})))
-    async with serve(app) as url, DaemonClient(url) as client, \
+    async with serving(app) as url, DaemonClient(url) as client, \
             contextlib.aclosing(client.subscribe_events("s-1", reconnect=False)) as events:
         got = [event async for event in events]
     assert [e.id for e in got] == [1] and len(seen) == 1

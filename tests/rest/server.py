@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,30 +116,11 @@ async def _serve_hypercorn(tg: anyio.abc.TaskGroup, app: Any) -> tuple[int, Call
 
 
 @contextlib.asynccontextmanager
-async def running_server(workspace: Any, *, options: BridgeOptions | None = None,
-                         **settings: Any) -> AsyncIterator[RunningServer]:
-    config = Settings(workspace=str(workspace), port=0, options=options or BridgeOptions(),
-                      **settings)
-    async with Bridge(ReferenceAgentFactory(), workspace_cwd=config.workspace,
-                      options=config.options) as bridge:
-        app = build_app(config, bridge)
-        async with anyio.create_task_group() as tg:
-            if sniffio.current_async_library() == "trio":
-                port, stop = await _serve_hypercorn(tg, app)
-            else:
-                port, stop = await _serve_uvicorn(tg, app)
-            base_url = f"http://127.0.0.1:{port}"
-            try:
-                async with httpx.AsyncClient(base_url=base_url, timeout=10) as client:
-                    yield RunningServer(base_url, bridge, config, client)
-            finally:
-                stop()
-                await bridge.aclose()  # ends open event streams
-
-
-@contextlib.asynccontextmanager
-async def serving(app: Any) -> AsyncIterator[str]:
-    """Serve any ASGI app on a loopback port for the block; yields its base URL."""
+async def serving(app: Any, *, on_stop: Callable[[], Awaitable[Any]] | None = None,
+                  ) -> AsyncIterator[str]:
+    """Serve any ASGI app on a loopback port for the block (uvicorn under asyncio,
+    hypercorn under trio); yields its base URL. ``on_stop`` runs right after the server
+    is told to stop (e.g. to end open event streams, so it stops at once)."""
     async with anyio.create_task_group() as tg:
         if sniffio.current_async_library() == "trio":
             port, stop = await _serve_hypercorn(tg, app)
@@ -149,3 +130,17 @@ async def serving(app: Any) -> AsyncIterator[str]:
             yield f"http://127.0.0.1:{port}"
         finally:
             stop()
+            if on_stop is not None:
+                await on_stop()
+
+
+@contextlib.asynccontextmanager
+async def running_server(workspace: Any, *, options: BridgeOptions | None = None,
+                         **settings: Any) -> AsyncIterator[RunningServer]:
+    config = Settings(workspace=str(workspace), port=0, options=options or BridgeOptions(),
+                      **settings)
+    async with Bridge(ReferenceAgentFactory(), workspace_cwd=config.workspace,
+                      options=config.options) as bridge:
+        async with serving(build_app(config, bridge), on_stop=bridge.aclose) as base_url:
+            async with httpx.AsyncClient(base_url=base_url, timeout=10) as client:
+                yield RunningServer(base_url, bridge, config, client)
