@@ -64,14 +64,21 @@ class Subscription:
         return self
 
     async def __anext__(self) -> Event:
-        while True:
-            event = self.receive_nowait()
-            if event is not None:
-                return event
+        if not await self.wait_ready():
+            raise StopAsyncIteration
+        event = self.receive_nowait()
+        assert event is not None
+        return event
+
+    async def wait_ready(self) -> bool:
+        """Wait until a frame is ready (``True``) or the stream has ended (``False``).
+        Consumes nothing, so it may be cancelled (e.g. by a heartbeat timeout)."""
+        while not (self._replay or self._queue):
             if self._ended:
-                raise StopAsyncIteration
+                return False
             self._wakeup = anyio.Event()
             await self._wakeup.wait()
+        return True
 
     def receive_nowait(self) -> Event | None:
         """The next frame if one is ready, else ``None``."""

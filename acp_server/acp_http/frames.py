@@ -26,7 +26,6 @@ from bridge.events import Event
 from bridge.jsonrpc import encode_notification, encode_request
 
 QWEN_NOTIFY = "_qwen/notify"
-RETRY_FRAME = b"retry: 3000\n\n"
 HEARTBEAT_FRAME = b": hb\n\n"
 
 
