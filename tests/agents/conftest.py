@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 QWEN_PACKAGE = "@qwen-code/qwen-code@0.24.4"
+CLAUDE_PACKAGE = "@zed-industries/claude-agent-acp@0.23.1"
 
 
 def _cache() -> Path:
@@ -22,19 +23,30 @@ def _cache() -> Path:
                                Path.home() / ".cache" / "acp-server" / "npm"))
 
 
-@pytest.fixture(scope="session")
-def qwen_entry() -> str:
-    """The path of qwen-code's CLI entry script, installed on first use."""
+def _installed(package: str, entry: str) -> str:
+    """The path of ``entry`` inside the npm cache, installing ``package`` on first use."""
     npm, node = shutil.which("npm"), shutil.which("node")
     if npm is None or node is None:
         pytest.skip("npm/node not installed: the real-agent suite needs them")
     cache = _cache()
-    entry = cache / "node_modules" / "@qwen-code" / "qwen-code" / "cli-entry.js"
-    if not entry.exists():
+    path = cache / "node_modules" / entry
+    if not path.exists():
         cache.mkdir(parents=True, exist_ok=True)
         if not (cache / "package.json").exists():
             (cache / "package.json").write_text('{"name": "acp-server-agent-cache", "private": true}\n')
-        subprocess.run([npm, "install", QWEN_PACKAGE, "--no-audit", "--no-fund", "--loglevel=error"],
+        subprocess.run([npm, "install", package, "--no-audit", "--no-fund", "--loglevel=error"],
                        cwd=cache, check=True, timeout=600)
-    assert entry.exists(), f"{QWEN_PACKAGE} installed no {entry}"
-    return str(entry)
+    assert path.exists(), f"{package} installed no {path}"
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def qwen_entry() -> str:
+    """qwen-code's CLI entry script (``node <it> --acp``)."""
+    return _installed(QWEN_PACKAGE, "@qwen-code/qwen-code/cli-entry.js")
+
+
+@pytest.fixture(scope="session")
+def claude_entry() -> str:
+    """claude-agent-acp's entry script (``node <it>``, an ACP agent on stdio)."""
+    return _installed(CLAUDE_PACKAGE, "@zed-industries/claude-agent-acp/dist/index.js")

@@ -5,7 +5,9 @@ The last message drives it: ``ERROR`` → 500; ``LENGTH`` → ``finish_reason:
 ``write_file`` tool call for ``state.write_path`` (what coding agents such as
 ``qwen --acp`` run as a tool); a ``tool`` message → ``Tool done.``; otherwise the reply
 ``pong: <message>`` streamed in three chunks, then a usage chunk and ``[DONE]``.
-``stream: false`` gets the whole reply as one ``chat.completion``.
+``stream: false`` gets the whole reply as one ``chat.completion``. The Anthropic
+Messages shape (``POST /v1/messages``, what ``claude-agent-acp`` calls) streams the same
+``pong: <message>`` reply.
 ``state.requests`` records request bodies; ``state.closed_early`` counts streams the
 client closed before the end.
 """
@@ -102,5 +104,43 @@ def build_fake_model_app(state: FakeModelState) -> Starlette:
 
         return StreamingResponse(stream(), media_type="text/event-stream")
 
+    async def messages(request: Request) -> Response:
+        body = await request.json()
+        state.requests.append(body)
+        message = body["messages"][-1]
+        content = message.get("content")
+        last = content if isinstance(content, str) else json.dumps(content)
+        return _anthropic_reply(body, f"pong: {last[:200]}")
+
+    async def count_tokens(request: Request) -> Response:
+        return JSONResponse({"input_tokens": 10})
+
     return Starlette(routes=[Route("/v1/models", models, methods=["GET"]),
-                             Route("/v1/chat/completions", completions, methods=["POST"])])
+                             Route("/v1/chat/completions", completions, methods=["POST"]),
+                             Route("/v1/messages", messages, methods=["POST"]),
+                             Route("/v1/messages/count_tokens", count_tokens, methods=["POST"])])
+
+
+def _anthropic_reply(body: dict[str, Any], reply: str) -> Response:
+    message = {"id": "msg_1", "type": "message", "role": "assistant", "model": body.get("model"),
+               "content": [], "stop_reason": None, "stop_sequence": None,
+               "usage": {"input_tokens": 10, "output_tokens": 1}}
+    if not body.get("stream"):
+        return JSONResponse({**message, "content": [{"type": "text", "text": reply}],
+                             "stop_reason": "end_turn"})
+
+    def event(kind: str, data: dict[str, Any]) -> bytes:
+        return f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n".encode()
+
+    async def stream() -> AsyncIterator[bytes]:
+        yield event("message_start", {"message": message})
+        yield event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})
+        for piece in (reply[:len(reply) // 2], reply[len(reply) // 2:]):
+            yield event("content_block_delta", {"index": 0,
+                                                "delta": {"type": "text_delta", "text": piece}})
+        yield event("content_block_stop", {"index": 0})
+        yield event("message_delta", {"delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                                      "usage": {"output_tokens": 2}})
+        yield event("message_stop", {})
+
+    return StreamingResponse(stream(), media_type="text/event-stream")
