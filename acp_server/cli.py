@@ -96,7 +96,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     serve.add_argument("--state-dir", help="where the server keeps its state (default "
                                            "$XDG_STATE_HOME/acp-server or ~/.local/state/acp-server)")
     serve.add_argument("--store", metavar="URL",
-                       help="the LMSP task store, sqlite:///PATH (default: "
+                       help="the LMSP task store, sqlite:///PATH or postgresql://… "
+                            "(shared by several instances) (default: "
                             "lmsp.sqlite3 in the state directory)")
     serve.add_argument("--max-running-tasks", default="4",
                        help="LMSP tasks run at once; queued ones start in creation order "

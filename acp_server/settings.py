@@ -151,8 +151,10 @@ class Settings:
             merge(self.default_profile, self.agent_profiles)
         except ProfileError as exc:
             raise SettingsError(str(exc)) from None
-        if self.store is not None and not self.store.startswith("sqlite:///"):
-            raise SettingsError(f"Invalid store: {self.store!r}. Must be sqlite:///PATH.")
+        if self.store is not None and \
+                not self.store.startswith(("sqlite:///", "postgresql://", "postgres://")):
+            raise SettingsError(f"Invalid store: {self.store!r}. "
+                                "Must be sqlite:///PATH or postgresql://….")
         if isinstance(self.max_running_tasks, bool) or not isinstance(self.max_running_tasks, int) \
                 or self.max_running_tasks < 0:
             raise SettingsError(f"Invalid max-running-tasks: {self.max_running_tasks!r}. "

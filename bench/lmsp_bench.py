@@ -11,17 +11,31 @@ per create, same run), and events/s streamed to 100 concurrent subscribers.
 * fan-out: one task producing ``CHUNKS`` deltas; ``SUBSCRIBERS`` raw-socket SSE readers
   connected before it starts; events/s = events delivered to all readers / time from
   the task's start to the last reader's terminal event.
+* PostgreSQL, same run, when a database is at hand (``ACP_SERVER_BENCH_POSTGRES``, else
+  a throwaway cluster from ``tests/lmsp/pg.sh``, else "n/a (no PostgreSQL)"): creates/s
+  against one instance (fresh schema, same load), and event latency from a writer on
+  instance A to a subscriber on instance B: a queued task is cancelled on A while B
+  streams it; latency = ``POST …/cancel`` sent on A → ``response.cancelled`` read on B
+  (an upper bound of commit → NOTIFY → re-read → SSE). SQLite's figure is the same
+  measure within one instance (one SQLite file cannot be shared across machines).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
 import os
+import secrets
+import shutil
+import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 
@@ -32,6 +46,9 @@ CONNECTIONS = 64
 SUBSCRIBERS = 100
 CHUNKS = 2000
 TASK = json.dumps({"type": "response", "input": {"model": "reference", "input": "bench"}})
+LATENCY_SAMPLES = 50
+PG_SCRIPT = Path(__file__).resolve().parents[1] / "tests" / "lmsp" / "pg.sh"
+PG_PORT = 54339
 
 
 @contextlib.contextmanager
@@ -43,14 +60,15 @@ def lmsp_server(workspace: str, *flags: str) -> Iterator[int]:
 
 
 def creates(workspace: str, *flags: str) -> dict:
-    import subprocess
-    import sys
-
     with lmsp_server(workspace, *flags) as port:
-        out = subprocess.run([sys.executable, "-m", "bench.loadgen", "--port", str(port),
-                              "--method", "POST", "--path", "/lmsp/v1/tasks", "--body", TASK,
-                              "--seconds", str(SECONDS), "--connections", str(CONNECTIONS)],
-                             capture_output=True, text=True, check=True)
+        return _load(port)
+
+
+def _load(port: int) -> dict:
+    out = subprocess.run([sys.executable, "-m", "bench.loadgen", "--port", str(port),
+                          "--method", "POST", "--path", "/lmsp/v1/tasks", "--body", TASK,
+                          "--seconds", str(SECONDS), "--connections", str(CONNECTIONS)],
+                         capture_output=True, text=True, check=True)
     result = json.loads(out.stdout)
     assert set(result["statuses"]) == {"202"}, result
     return result
@@ -97,12 +115,107 @@ async def _fan_out(port: int) -> tuple[int, float]:
     return sum(counts), max(done_at) - start
 
 
+# -- PostgreSQL: creates/s and A → B latency ---------------------------------------------
+@contextlib.contextmanager
+def postgres_dsn() -> Iterator[str | None]:
+    """``ACP_SERVER_BENCH_POSTGRES``, else a throwaway cluster (stopped after), else None."""
+    if os.environ.get("ACP_SERVER_BENCH_POSTGRES"):
+        yield os.environ["ACP_SERVER_BENCH_POSTGRES"]
+        return
+    directory = tempfile.mkdtemp(prefix="acp-bench-pg.")
+    try:
+        started = subprocess.run(["bash", str(PG_SCRIPT), "start", directory, str(PG_PORT)],
+                                 capture_output=True, text=True)
+        if started.returncode != 0:
+            yield None
+            return
+        try:
+            yield started.stdout.strip().split("=", 1)[1]
+        finally:
+            subprocess.run(["bash", str(PG_SCRIPT), "stop", directory], capture_output=True)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def fresh_schema(dsn: str) -> str:
+    """A new schema in ``dsn``; the URL of it."""
+    import urllib.parse
+
+    import psycopg
+
+    name = f"bench_{secrets.token_hex(4)}"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{name}"')
+    parts = urllib.parse.urlsplit(dsn)
+    query = urllib.parse.parse_qsl(parts.query) + [("options", f"-csearch_path={name}")]
+    return urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(query)))
+
+
+def instance(workspace: str, url: str) -> contextlib.AbstractContextManager[int]:
+    """An LMSP server on ``url`` that runs no task (``--serve``, below)."""
+    os.makedirs(workspace, exist_ok=True)
+    return server(["-m", "bench.lmsp_bench", "--serve", url, "--workspace", workspace],
+                  "lmsp listening on ")
+
+
+async def _latency(writer: int, reader: int) -> list[float]:
+    """Seconds from ``POST …/cancel`` on ``writer`` to ``response.cancelled`` on ``reader``."""
+    samples: list[float] = []
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{writer}", timeout=30) as a, \
+            httpx.AsyncClient(base_url=f"http://127.0.0.1:{reader}", timeout=30) as b:
+        for _ in range(LATENCY_SAMPLES):
+            task = (await a.post("/lmsp/v1/tasks", content=TASK)).json()
+            async with b.stream("GET", f"/lmsp/v1/tasks/{task['id']}/events") as response:
+                lines = response.aiter_lines()
+                async for line in lines:
+                    if line.startswith("event: response.created"):
+                        break
+                began = time.perf_counter()
+                cancel = asyncio.create_task(a.post(f"/lmsp/v1/tasks/{task['id']}/cancel"))
+                async for line in lines:
+                    if line.startswith("event: response.cancelled"):
+                        samples.append(time.perf_counter() - began)
+                        break
+                await cancel
+    return samples
+
+
+def _ms(samples: list[float]) -> str:
+    ordered = sorted(samples)
+    p95 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))]
+    return f"{statistics.median(ordered) * 1000:.1f} / {p95 * 1000:.1f}"
+
+
+def postgres_rows(workspace: str, sqlite_latency: list[float]) -> list[str]:
+    with postgres_dsn() as dsn:
+        if dsn is None:
+            return ["", "PostgreSQL: n/a (no PostgreSQL)"]
+        with instance(os.path.join(workspace, "pg-c"), fresh_schema(dsn)) as port:
+            pg_creates = _load(port)
+        url = fresh_schema(dsn)
+        with instance(os.path.join(workspace, "pg-a"), url) as a, \
+                instance(os.path.join(workspace, "pg-b"), url) as b:
+            across = asyncio.run(_latency(a, b))
+    return [
+        "", f"PostgreSQL (same run, same load; local cluster, synchronous_commit=on): "
+        f"{pg_creates['rps']:.0f} creates/s (one instance)", "",
+        f"| event latency, cancel on writer → `response.cancelled` on subscriber "
+        f"({LATENCY_SAMPLES} samples) | p50 / p95 ms |", "|---|---|",
+        f"| PostgreSQL, instance A → instance B (LISTEN/NOTIFY wake-up, re-read) "
+        f"| {_ms(across)} |",
+        f"| SQLite, one instance (in-process hub) | {_ms(sqlite_latency)} |",
+    ]
+
+
 def main() -> list[str]:
     with tempfile.TemporaryDirectory() as workspace:
         grouped = creates(workspace, "--group-commit")
         single = creates(workspace, "--no-group-commit")
         with lmsp_server(workspace, "--max-running-tasks", "1") as port:
             events, elapsed = asyncio.run(_fan_out(port))
+        with lmsp_server(workspace) as port:
+            sqlite_latency = asyncio.run(_latency(port, port))
+        postgres = postgres_rows(workspace, sqlite_latency)
     ratio = grouped["rps"] / single["rps"]
     return [
         f"## LMSP (SQLite WAL, synchronous=FULL; {CONNECTIONS} keep-alive connections from a "
@@ -113,8 +226,52 @@ def main() -> list[str]:
         f"| one commit per create | {single['rps']:.0f} | 1.00 |", "",
         f"Fan-out: one task of {CHUNKS} deltas to {SUBSCRIBERS} SSE subscribers: "
         f"{events} events in {elapsed:.2f} s = {events / elapsed:.0f} events/s",
+        *postgres,
     ]
 
 
+async def _serve(url: str, workspace: str) -> None:
+    """``bench.lmsp_server`` on a store URL (PostgreSQL), runner off."""
+    import anyio
+    import uvicorn
+
+    from acp_server.app import build_app
+    from acp_server.lmsp import LmspConfig, install_lmsp, open_lmsp
+    from acp_server.settings import Settings
+    from bridge import Bridge
+    from bridge.agents.reference import ReferenceAgentFactory
+
+    settings = Settings(workspace=workspace, port=0)
+    async with Bridge(ReferenceAgentFactory(), workspace_cwd=workspace,
+                      options=settings.options) as bridge, \
+            open_lmsp(bridge, state_dir=workspace, store_url=url, max_running_tasks=0,
+                      config=LmspConfig(max_queued_tasks=None)) as service:
+        app = build_app(settings, bridge)
+        install_lmsp(app, service)
+        server_ = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="off",
+                                               log_level="warning", access_log=False,
+                                               backlog=4096))
+        server_.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(server_.serve)
+            while not server_.started:
+                await anyio.sleep(0.01)
+            port = server_.servers[0].sockets[0].getsockname()[1]
+            print(f"lmsp listening on 127.0.0.1:{port}", flush=True)
+
+
 if __name__ == "__main__":
-    print("\n".join(main()))
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--serve", metavar="URL", help="run one LMSP instance on URL")
+    parser.add_argument("--workspace")
+    args = parser.parse_args()
+    if args.serve:
+        import importlib.util
+
+        import anyio
+
+        uvloop = importlib.util.find_spec("uvloop") is not None
+        anyio.run(_serve, args.serve, args.workspace, backend="asyncio",
+                  backend_options={"use_uvloop": uvloop})
+    else:
+        print("\n".join(main()))

@@ -10,7 +10,9 @@ Contracts: ``publish`` is called by the store after COMMIT only (so anything a
 subscriber sees can be replayed). A watch keeps at most ``WINDOW`` recent events;
 when they are not contiguous with what the subscriber has (a gap, or it fell behind),
 ``take`` answers ``None`` and the subscriber re-reads the store — notifications are
-hints, the store is the truth. Tasks without watchers cost nothing.
+hints, the store is the truth. Tasks without watchers cost nothing. ``poke`` (events
+committed by another instance, or the polling fallback) makes the next ``take``
+answer ``None``: the subscriber re-reads the store by sequence number.
 """
 
 from __future__ import annotations
@@ -27,11 +29,17 @@ WINDOW = 512
 
 
 class Watch:
-    __slots__ = ("recent", "_wakeup")
+    __slots__ = ("recent", "stale", "_wakeup")
 
     def __init__(self) -> None:
         self.recent: deque[CommittedEvent] = deque(maxlen=WINDOW)
+        self.stale = False
         self._wakeup = anyio.Event()
+
+    def poke(self) -> None:
+        """Something may have been committed elsewhere: re-read the store."""
+        self.stale = True
+        self._wakeup.set()
 
     def push(self, events: list[CommittedEvent]) -> None:
         self.recent.extend(events)
@@ -39,6 +47,9 @@ class Watch:
 
     def take(self, last: int) -> list[CommittedEvent] | None:
         """Events with seq > ``last``, if the window holds them without a gap."""
+        if self.stale:
+            self.stale = False
+            return None
         recent = self.recent
         if not recent or recent[-1].seq <= last:
             return []
@@ -82,6 +93,13 @@ class Hub:
             watches.discard(watch)
             if not watches:
                 del self._watches[task_id]
+
+    def poke(self, task_id: str) -> None:
+        for watch in self._watches.get(task_id, ()):
+            watch.poke()
+
+    def watched(self) -> list[str]:
+        return list(self._watches)
 
     def close(self) -> None:
         """Wake every watcher (shutdown); they see the service closed and end."""

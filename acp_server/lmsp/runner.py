@@ -110,6 +110,9 @@ class Runner:
     def running(self) -> int:
         return len(self._running)
 
+    def running_ids(self) -> list[str]:
+        return list(self._running)
+
     def wake(self) -> None:
         self._wakeup.set()
 

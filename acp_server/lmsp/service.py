@@ -13,6 +13,10 @@ Contracts:
   store: the next start applies their ``on_restart``) and closes the store.
   ``service.stop()`` does the stopping part early (a drain calls it before closing
   the bridge, so closing sessions does not fail the tasks).
+* With a shared store (PostgreSQL, several instances), the background also renews
+  this instance's leases, recovers expired ones (any instance's) per ``on_restart``,
+  and turns other instances' notices into wake-ups (runner, live subscribers,
+  cancels), with polling every ``poll_s`` as the fallback.
 * ``model`` names an agent of the bridge (``bridge.agents.names``: the default agent
   and every configured one), and ``reference`` always (a private in-process
   reference bridge when the bridge has no agent of that name).
@@ -39,6 +43,7 @@ from acp_server.lmsp.hub import Hub
 from acp_server.lmsp.problems import LmspError
 from acp_server.lmsp.requests import ResponseRequest
 from acp_server.lmsp.responses import created_event, error_finish, recovery_finish
+from acp_server.lmsp.postgres import PostgresTaskStore, is_postgres_url
 from acp_server.lmsp.runner import Runner
 from acp_server.lmsp.sqlite import SqliteTaskStore
 from acp_server.lmsp.store import (
@@ -115,6 +120,62 @@ class LmspService:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self.runner.run)
                 tg.start_soon(self._purge_loop)
+                if isinstance(self.store, PostgresTaskStore):
+                    self.store.on_notify = self._on_notice
+                    tg.start_soon(self._lease_loop, self.store)
+                    tg.start_soon(self._poll_loop, self.store)
+
+    # -- several instances on one store (PostgreSQL) ---------------------------------
+    def _on_notice(self, kind: str, task_id: str) -> None:
+        """Another instance committed: events (``e``), queued work (``q``), a cancel
+        request (``c``). Hints only (see ``_poll_loop``)."""
+        if kind == "e":
+            self.hub.poke(task_id)
+        elif kind == "q":
+            self.runner.wake()
+        elif kind == "c":
+            self.runner.cancel(task_id)
+            self.hub.poke(task_id)
+
+    async def _lease_loop(self, store: PostgresTaskStore) -> None:
+        """Every ``renew_s``: renew this instance's leases (and stop tasks cancelled
+        elsewhere), then recover tasks whose lease expired on any instance."""
+        while True:
+            try:
+                _, cancelling = await store.renew_leases()
+                for task_id in cancelling:
+                    self.runner.cancel(task_id)
+                report = await store.recover(recovery_finish,
+                                             max_attempts=self.config.max_attempts,
+                                             now=time.time())
+                if report.requeued:
+                    self.runner.wake()
+                if report.failed or report.requeued or report.cancelled:
+                    log.warning("lmsp: recovered tasks of a dead instance: %s", report)
+            except Exception:   # noqa: BLE001 - retried at the next interval
+                log.exception("lmsp lease renewal/recovery failed")
+            await anyio.sleep(store.renew_s)
+
+    async def _poll_loop(self, store: PostgresTaskStore) -> None:
+        """The fallback for lost notices: every ``poll_s`` look for queued work, wake
+        the subscribers of tasks with new events (one query for all watched tasks),
+        and stop local tasks cancelled elsewhere."""
+        seen: dict[str, int] = {}
+        while True:
+            await anyio.sleep(store.poll_s)
+            self.runner.wake()
+            try:
+                watched = self.hub.watched()
+                latest = await store.next_seqs(watched) if watched else {}
+                for task_id, next_seq in latest.items():
+                    if seen.get(task_id) != next_seq:   # first sight included
+                        self.hub.poke(task_id)
+                seen = latest
+                running = self.runner.running_ids()
+                for task_id in await store.cancelling_among(running) if running else ():
+                    self.runner.cancel(task_id)
+            except Exception:   # noqa: BLE001 - retried at the next interval
+                log.exception("lmsp poll failed")
 
     # -- capabilities -----------------------------------------------------------------
     def capabilities(self) -> Capabilities:
@@ -295,9 +356,13 @@ async def open_lmsp(bridge: Bridge, *, state_dir: str, store_url: str | None = N
     if store is None:
         os.makedirs(state_dir, exist_ok=True)
         url = store_url or f"sqlite:///{os.path.join(os.path.abspath(state_dir), 'lmsp.sqlite3')}"
-        if not url.startswith("sqlite:"):
-            raise ValueError(f"Unsupported store {url!r}: only sqlite:///path is available.")
-        store = SqliteTaskStore(url, on_commit=hub.publish, group_commit=group_commit)
+        if is_postgres_url(url):
+            store = PostgresTaskStore(url, on_commit=hub.publish, group_commit=group_commit)
+        elif url.startswith("sqlite:"):
+            store = SqliteTaskStore(url, on_commit=hub.publish, group_commit=group_commit)
+        else:
+            raise ValueError(f"Unsupported store {url!r}: use sqlite:///PATH or "
+                             f"postgresql://….")
     else:
         store.on_commit = hub.publish
     async with contextlib.AsyncExitStack() as stack:

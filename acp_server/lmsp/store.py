@@ -1,4 +1,4 @@
-"""The task store interface: what SQLite implements now and PostgreSQL will next.
+"""The task store interface, implemented by SQLite (``sqlite``) and PostgreSQL (``postgres``).
 
     store = SqliteTaskStore(path, on_commit=hub.publish)
     async with store:

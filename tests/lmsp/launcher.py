@@ -1,9 +1,12 @@
 """Test-only server process: ``build_app`` + ``install_lmsp`` under uvicorn on loopback.
 
     python -m tests.lmsp.launcher --db /tmp/x/lmsp.db --workspace /tmp/x --max-running-tasks 2
+    python -m tests.lmsp.launcher --store postgresql://…/acp_test --workspace /tmp/a \\
+        --lease-s 3 --renew-s 1 --poll-s 0.5          # one of several instances
     LMSP_PORT 41234                  # printed (flushed) once listening
 
-The restart/crash tests kill it with SIGKILL and start it again on the same file.
+The restart/crash tests kill it with SIGKILL and start it again on the same file; the
+multi-instance tests run two of them on one PostgreSQL schema.
 """
 
 from __future__ import annotations
@@ -16,17 +19,28 @@ import uvicorn
 
 from acp_server.app import build_app
 from acp_server.lmsp import install_lmsp, open_lmsp
+from acp_server.lmsp.postgres import PostgresTaskStore
+from acp_server.lmsp.store import TaskStore
 from acp_server.settings import Settings
 from bridge import Bridge
 from bridge.agents.reference import ReferenceAgentFactory
 
 
-async def serve(db: str, workspace: str, max_running: int) -> None:
-    settings = Settings(workspace=workspace, port=0)
+def make_store(args: argparse.Namespace) -> TaskStore | None:
+    """A PostgreSQL store with the lease timings asked for; ``None`` = SQLite ``--db``."""
+    if args.store is None:
+        return None
+    return PostgresTaskStore(args.store, lease_s=args.lease_s, renew_s=args.renew_s,
+                             poll_s=args.poll_s)
+
+
+async def serve(args: argparse.Namespace) -> None:
+    settings = Settings(workspace=args.workspace, port=0)
     async with Bridge(ReferenceAgentFactory(), workspace_cwd=settings.workspace,
                       options=settings.options) as bridge, \
-            open_lmsp(bridge, state_dir=workspace, store_url=f"sqlite:///{db}",
-                      max_running_tasks=max_running) as service:
+            open_lmsp(bridge, state_dir=args.workspace, store_url=f"sqlite:///{args.db}",
+                      store=make_store(args), max_running_tasks=args.max_running_tasks) \
+            as service:
         app = build_app(settings, bridge)
         install_lmsp(app, service)
         config = uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="off",
@@ -42,11 +56,17 @@ async def serve(db: str, workspace: str, max_running: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--db", required=True)
+    parser.add_argument("--db", help="SQLite file (when --store is not given)")
+    parser.add_argument("--store", help="postgresql://… (several instances may share it)")
     parser.add_argument("--workspace", required=True)
     parser.add_argument("--max-running-tasks", type=int, default=4)
+    parser.add_argument("--lease-s", type=float, default=30)
+    parser.add_argument("--renew-s", type=float, default=10)
+    parser.add_argument("--poll-s", type=float, default=1.0)
     args = parser.parse_args()
-    anyio.run(serve, args.db, args.workspace, args.max_running_tasks)
+    if (args.db is None) == (args.store is None):
+        parser.error("give exactly one of --db and --store")
+    anyio.run(serve, args)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@
         events = await srv.events(task["id"])
 
 Composition is exactly what the CLI wiring does: ``build_app`` + ``install_lmsp``; the
-store is the first of ``LMSP_TEST_STORES`` (``tests.lmsp.stores``).
+store is the one the ``store_name`` fixture selected (``tests.lmsp.stores.current``;
+SQLite for tests without it).
 uvicorn under asyncio, hypercorn under trio, inside the test's own event loop.
 """
 
@@ -28,7 +29,7 @@ from acp_server.lmsp import LmspConfig, LmspService, install_lmsp, open_lmsp
 from acp_server.settings import Settings
 from bridge import Bridge
 from bridge.agents.reference import ReferenceAgentFactory
-from tests.lmsp.stores import STORE_FACTORIES, selected_stores
+from tests.lmsp.stores import STORE_FACTORIES, current
 from tests.rest.server import _serve_hypercorn, _serve_uvicorn
 
 TERMINAL = {"succeeded", "failed", "cancelled"}
@@ -90,7 +91,7 @@ async def running_lmsp(tmp_path: Any, *, token: str | None = None, max_running_t
     settings = Settings(workspace=str(tmp_path), port=0, token=token)
     async with Bridge(ReferenceAgentFactory(), workspace_cwd=settings.workspace,
                       options=settings.options) as bridge:
-        store = STORE_FACTORIES[selected_stores()[0]](Path(tmp_path), db_name, group_commit)
+        store = STORE_FACTORIES[current["name"]](Path(tmp_path), db_name, group_commit)
         async with open_lmsp(bridge, state_dir=str(tmp_path), store=store, token=token,
                              max_running_tasks=max_running_tasks, config=config) as service:
             app = build_app(settings, bridge)

@@ -10,7 +10,7 @@ import pytest
 from acp_server.lmsp import LmspConfig
 from tests.lmsp.server import LmspServer, running_lmsp
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("store_name")]
 
 
 def _check_numbering(frames: list[tuple[str, str, dict]], start: int = 0) -> None:

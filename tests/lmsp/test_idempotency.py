@@ -9,10 +9,11 @@ from pathlib import Path
 import anyio
 import pytest
 
+from acp_server.lmsp.postgres import PostgresTaskStore
 from acp_server.lmsp.sqlite import SqliteTaskStore
 from tests.lmsp.server import LmspServer, envelope, running_lmsp
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("store_name")]
 
 
 async def test_replay_returns_the_same_task_in_its_current_state(server: LmspServer) -> None:
@@ -71,11 +72,12 @@ async def test_twenty_concurrent_identical_posts_make_one_task(tmp_path: Path) -
         assert [e.type for e in events] == ["response.created"]
 
         store = srv.service.store
-        if isinstance(store, SqliteTaskStore):   # one row, whatever the engine says
-            def count(conn: sqlite3.Connection) -> int:
-                return int(conn.execute("SELECT COUNT(*) FROM tasks").fetchone()[0])
+        assert isinstance(store, (SqliteTaskStore, PostgresTaskStore))
 
-            assert await store._read(count) == 1
+        def count(conn: sqlite3.Connection) -> int:   # one row, whatever the engine says
+            return int(conn.execute("SELECT COUNT(*) FROM tasks").fetchone()[0])
+
+        assert await store._read(count) == 1
 
 
 async def test_keys_are_scoped_by_route(server: LmspServer) -> None:

@@ -10,7 +10,7 @@ import pytest
 from acp_server.lmsp import LmspConfig
 from tests.lmsp.server import running_lmsp
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("store_name")]
 
 
 async def test_policies_after_restart(tmp_path: Path) -> None:

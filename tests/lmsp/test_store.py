@@ -1,6 +1,7 @@
 """The store contract (``acp_server.lmsp.store``), parametrized over implementations.
 
-A PostgreSQL store joins by adding a param to ``store_factory``.
+Each test runs on every store of ``LMSP_TEST_STORES`` (SQLite, and PostgreSQL when
+``ACP_SERVER_TEST_POSTGRES`` is set).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import pytest
 
 from acp_server.lmsp.responses import created_event, error_finish, recovery_finish
 from acp_server.lmsp.service import _record_of, new_id
+from acp_server.lmsp.postgres import PostgresTaskStore
 from acp_server.lmsp.sqlite import SqliteTaskStore
 from acp_server.lmsp.store import (
     CommittedEvent,
@@ -24,10 +26,11 @@ from acp_server.lmsp.store import (
     IdempotencyClaim,
     KeyReusedError,
     NewTask,
+    QueueFullError,
     TaskStore,
 )
 from acp_server.lmsp.wire import ResponseEvent
-from tests.lmsp.stores import STORE_FACTORIES, selected_stores
+from tests.lmsp.stores import SKIP_POSTGRES, STORE_FACTORIES, postgres_dsn, selected_stores
 
 pytestmark = pytest.mark.anyio
 StoreFactory = Callable[..., contextlib.AbstractAsyncContextManager[TaskStore]]
@@ -35,6 +38,8 @@ StoreFactory = Callable[..., contextlib.AbstractAsyncContextManager[TaskStore]]
 
 @pytest.fixture(params=selected_stores())
 def store_factory(request: pytest.FixtureRequest, tmp_path: Path) -> StoreFactory:
+    if request.param == "postgres" and not postgres_dsn():
+        pytest.skip(SKIP_POSTGRES)
     @contextlib.asynccontextmanager
     async def open_store(*, on_commit: Any = None, group_commit: bool = True
                          ) -> AsyncIterator[TaskStore]:
@@ -188,6 +193,8 @@ async def test_recovery_applies_each_policy(store_factory: StoreFactory) -> None
             claimed = await store.claim_next(time.time())
             assert claimed is not None and claimed.id == ids["retry_exhausted"]
             await store.transition(ids["retry_exhausted"], ("loading",), "running", now=1)
+        if isinstance(store, PostgresTaskStore):
+            await store.release_leases()   # the crash: the owner's leases lapse
         report = await store.recover(recovery_finish, max_attempts=3, now=10)
         assert (report.failed, report.requeued, report.cancelled) == (3, 1, 1)
         records = {name: await store.get_task(i) for name, i in ids.items()}
@@ -253,3 +260,25 @@ async def test_events_are_published_only_after_commit(tmp_path: Path) -> None:
         await store.transition(task_id, ("running",), "succeeded", terminal(), now=2)
         assert seen == [0, 1, 2, 3, 4]
         outside[0].close()
+
+
+async def test_queue_limit_holds_for_concurrent_creates(store_factory: StoreFactory) -> None:
+    async with store_factory() as store:
+        outcomes: list[str] = []
+
+        async def post() -> None:
+            task = new_task()
+            try:
+                await store.create_task(task, created_event(_record_of(task)), None,
+                                        max_queued=10)
+                outcomes.append("created")
+            except QueueFullError:
+                outcomes.append("full")
+
+        for _ in range(2):   # the second round: the queue is already full
+            async with anyio.create_task_group() as tg:
+                for _ in range(30):
+                    tg.start_soon(post)
+        assert outcomes.count("created") == 10 and outcomes.count("full") == 50
+        assert (await store.claim_next(time.time())) is not None
+        await create(store)   # a freed slot (no limit given here)

@@ -10,7 +10,7 @@ import pytest
 
 from tests.lmsp.server import LmspServer, running_lmsp
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("store_name")]
 
 
 def _response(task: dict[str, Any], status: str, **fields: Any) -> dict[str, Any]:

@@ -1,0 +1,124 @@
+"""PostgreSQL schema (versioned migrations) and the SQL helpers of ``postgres``.
+
+    version = migrate(conn)               # under an advisory lock; idempotent
+    record = select_task(conn, task_id, lock=True)
+
+Contracts: ``MIGRATIONS[n - 1]`` takes the schema from version ``n - 1`` to ``n`` and is
+never edited once released (add a new entry); ``schema_version`` lists every version
+applied. Everything lives in the connection's ``search_path`` schema.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+import psycopg
+
+from acp_server.lmsp.store import CommittedEvent, NewTask, TaskRecord
+from acp_server.lmsp.wire import AnyEvent, encode
+
+Conn = psycopg.Connection[Any]
+
+MIGRATIONS: list[str] = [
+    # 1: the SQLite schema, plus ownership (owner, lease_expires_at)
+    """
+    CREATE TABLE tasks (
+        seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,   -- creation order
+        id TEXT NOT NULL UNIQUE,
+        response_id TEXT NOT NULL,
+        status TEXT NOT NULL,
+        on_restart TEXT NOT NULL,
+        model TEXT NOT NULL,
+        principal TEXT NOT NULL,
+        request BYTEA NOT NULL,
+        created_at DOUBLE PRECISION NOT NULL,
+        updated_at DOUBLE PRECISION NOT NULL,
+        finished_at DOUBLE PRECISION,
+        next_seq INTEGER NOT NULL DEFAULT 0,
+        attempt INTEGER NOT NULL DEFAULT 0,
+        response BYTEA,
+        error BYTEA,
+        events_purged BOOLEAN NOT NULL DEFAULT FALSE,
+        owner TEXT,
+        lease_expires_at DOUBLE PRECISION
+    );
+    CREATE INDEX tasks_status ON tasks(status, seq);
+    CREATE INDEX tasks_finished ON tasks(finished_at) WHERE finished_at IS NOT NULL;
+    CREATE INDEX tasks_leases ON tasks(lease_expires_at)
+        WHERE status IN ('loading', 'running', 'cancelling');
+    CREATE TABLE task_events (
+        task_id TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        type TEXT NOT NULL,
+        data BYTEA NOT NULL,
+        PRIMARY KEY (task_id, seq)
+    );
+    CREATE TABLE idempotency_keys (
+        scope TEXT NOT NULL,
+        key TEXT NOT NULL,
+        fingerprint TEXT NOT NULL,
+        task_id TEXT NOT NULL,
+        expires_at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (scope, key)
+    );
+    CREATE INDEX idem_task ON idempotency_keys(task_id);
+    """,
+]
+
+COLUMNS = ("id, response_id, status, on_restart, model, principal, request, created_at, "
+           "updated_at, finished_at, next_seq, attempt, response, error, events_purged")
+def row_record(row: Sequence[Any]) -> TaskRecord:
+    return TaskRecord(row[0], row[1], row[2], row[3], row[4], row[5], bytes(row[6]), row[7],
+                      row[8], row[9], row[10], row[11],
+                      None if row[12] is None else bytes(row[12]),
+                      None if row[13] is None else bytes(row[13]), bool(row[14]))
+
+
+def migrate(conn: Conn) -> int:
+    """Create/upgrade the schema in the connection's ``search_path``; returns the version."""
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext(current_schema() || '.lmsp'))")
+        conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+        row = conn.execute("SELECT max(version) FROM schema_version").fetchone()
+        current = row[0] if row and row[0] is not None else 0
+        for version in range(current + 1, len(MIGRATIONS) + 1):
+            conn.execute(MIGRATIONS[version - 1])
+            conn.execute("INSERT INTO schema_version(version) VALUES (%s)", (version,))
+    return len(MIGRATIONS)
+
+
+def queued_record(task: NewTask) -> TaskRecord:
+    return TaskRecord(task.id, task.response_id, "queued", task.on_restart, task.model,
+                      task.principal, task.request, task.created_at, task.created_at, None, 1,
+                      0, None, None, False)
+
+
+def queued_count(conn: Conn) -> int:
+    """Queued tasks, exact until the transaction ends: transactions that check the
+    queue limit (any writer, any instance) take this lock, so they count in turn."""
+    conn.execute("SELECT pg_advisory_xact_lock(hashtext(current_schema() || '.lmsp.queue'))")
+    row = conn.execute("SELECT COUNT(*) FROM tasks WHERE status = 'queued'").fetchone()
+    return int(row[0]) if row else 0
+
+
+def select_task(conn: Conn, task_id: str, lock: bool = False) -> TaskRecord | None:
+    row = conn.execute(f"SELECT {COLUMNS} FROM tasks WHERE id = %s"
+                       f"{' FOR UPDATE' if lock else ''}", (task_id,)).fetchone()
+    return None if row is None else row_record(row)
+
+
+def insert_events(conn: Conn, task_id: str, first_seq: int, events: Sequence[AnyEvent],
+                   out: list[CommittedEvent]) -> None:
+    rows = []
+    for offset, draft in enumerate(events):
+        seq = first_seq + offset
+        data = encode(msgspec.structs.replace(draft, sequence_number=seq))
+        rows.append((task_id, seq, draft.type, data))
+        out.append(CommittedEvent(task_id, seq, draft.type, data))
+    if rows:   # one statement, one round trip, whatever the count
+        conn.execute("INSERT INTO task_events(task_id, seq, type, data) SELECT %s, "
+                     "unnest(%s::integer[]), unnest(%s::text[]), unnest(%s::bytea[])",
+                     (task_id, [r[1] for r in rows], [r[2] for r in rows],
+                      [r[3] for r in rows]))

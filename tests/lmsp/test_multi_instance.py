@@ -1,0 +1,194 @@
+"""Several server instances on one PostgreSQL database: two real processes, A and B.
+
+Create on A and stream on B; cancel on B what runs on A; SIGKILL A mid-task and B
+recovers it by ``on_restart`` within the lease timeout (and not before: A's renewals
+keep its leases); identical idempotent creates split across A and B make one task.
+Lease timings are the test ones (``tests.lmsp.stores``: 3 s lease, 0.5 s renewal).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+from tests.lmsp import stores
+from tests.lmsp.server import envelope
+
+pytestmark = pytest.mark.anyio
+ROOT = Path(__file__).resolve().parents[2]
+FINAL = {"succeeded", "failed", "cancelled"}
+
+
+class Instance:
+    """``tests.lmsp.launcher`` on the shared schema, reference agent, loopback."""
+
+    def __init__(self, url: str, workspace: Path, max_running: int) -> None:
+        workspace.mkdir(exist_ok=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.lmsp.launcher", "--store", url,
+             "--workspace", str(workspace), "--max-running-tasks", str(max_running),
+             "--lease-s", str(stores.TEST_LEASE_S), "--renew-s", str(stores.TEST_RENEW_S),
+             "--poll-s", str(stores.TEST_POLL_S)],
+            cwd=ROOT, stdout=subprocess.PIPE, text=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        assert line.startswith("LMSP_PORT "), line
+        self.url = f"http://127.0.0.1:{int(line.split()[1])}"
+        self.client = httpx.AsyncClient(base_url=self.url, timeout=10)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+
+@pytest.fixture
+def shared_url(tmp_path: Path) -> str:
+    if not stores.postgres_dsn():
+        pytest.skip(stores.SKIP_POSTGRES)
+    return stores.postgres_url_for(tmp_path, "multi")
+
+
+@pytest.fixture
+def instances() -> Iterator[list[Instance]]:
+    started: list[Instance] = []
+    yield started
+    for instance in started:
+        instance.kill()
+
+
+def start(instances: list[Instance], url: str, workspace: Path, max_running: int) -> Instance:
+    instance = Instance(url, workspace, max_running)
+    instances.append(instance)
+    return instance
+
+
+async def wait_status(client: httpx.AsyncClient, task_id: str, statuses: set[str],
+                      timeout: float = 15) -> dict[str, Any]:
+    with anyio.fail_after(timeout):
+        while True:
+            task = (await client.get(f"/lmsp/v1/tasks/{task_id}")).json()
+            if task["status"] in statuses:
+                return task  # type: ignore[no-any-return]
+            await anyio.sleep(0.02)
+
+
+async def stream(client: httpx.AsyncClient, task_id: str) -> list[dict[str, Any]]:
+    """Every event until the server closes the stream (after the terminal one)."""
+    events: list[dict[str, Any]] = []
+    async with client.stream("GET", f"/lmsp/v1/tasks/{task_id}/events",
+                             timeout=20) as response:
+        assert response.status_code == 200
+        async for line in response.aiter_lines():
+            if line.startswith("data: "):
+                events.append(json.loads(line[6:]))
+    return events
+
+
+def check_log(events: list[dict[str, Any]], last: str) -> None:
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert events[0]["type"] == "response.created" and events[-1]["type"] == last
+
+
+async def test_create_on_a_stream_on_b(tmp_path: Path, shared_url: str,
+                                       instances: list[Instance]) -> None:
+    a = start(instances, shared_url, tmp_path / "a", max_running=2)
+    b = start(instances, shared_url, tmp_path / "b", max_running=0)   # B runs nothing
+    task = (await a.client.post("/lmsp/v1/tasks", json=envelope(
+        "/sleep 300ms /chunks 40 " + "word " * 80))).json()
+    on_b = await stream(b.client, task["id"])        # connected while queued/running on A
+    check_log(on_b, "response.completed")
+    assert sum(e["type"] == "response.output_text.delta" for e in on_b) == 40
+    assert on_b == await stream(a.client, task["id"])
+    # B learns of A's tasks through the store; a cursor resumes there too
+    tail = await b.client.get(f"/lmsp/v1/tasks/{task['id']}/events",
+                              headers={"Last-Event-ID": "10"})
+    assert [json.loads(x[6:])["sequence_number"] for x in tail.text.splitlines()
+            if x.startswith("data: ")] == list(range(11, len(on_b)))
+
+
+async def test_cancel_on_b_stops_the_task_on_a(tmp_path: Path, shared_url: str,
+                                               instances: list[Instance]) -> None:
+    a = start(instances, shared_url, tmp_path / "a", max_running=2)
+    b = start(instances, shared_url, tmp_path / "b", max_running=0)
+    task = (await a.client.post("/lmsp/v1/tasks", json=envelope("/sleep 20s long"))).json()
+    await wait_status(b.client, task["id"], {"running"})
+    began = time.monotonic()
+    response = await b.client.post(f"/lmsp/v1/tasks/{task['id']}/cancel")
+    assert response.status_code == 200 and response.json()["status"] == "cancelling"
+    done = await wait_status(b.client, task["id"], FINAL, timeout=5)
+    assert done["status"] == "cancelled"
+    assert time.monotonic() - began < 3   # A stopped it, long before the 20 s prompt
+    check_log(await stream(b.client, task["id"]), "response.cancelled")
+
+
+async def test_sigkill_a_then_b_recovers_by_policy(tmp_path: Path, shared_url: str,
+                                                   instances: list[Instance]) -> None:
+    a = start(instances, shared_url, tmp_path / "a", max_running=2)
+    ids = {}
+    for policy in ("fail", "retry"):
+        created = await a.client.post("/lmsp/v1/tasks", json=envelope(
+            "/sleep 30s /chunks 2 long", on_restart=policy))
+        ids[policy] = created.json()["id"]
+    for task_id in ids.values():
+        await wait_status(a.client, task_id, {"running"})
+    b = start(instances, shared_url, tmp_path / "b", max_running=2)
+    # A is alive: its renewals keep the leases past their 3 s timeout
+    await anyio.sleep(stores.TEST_LEASE_S + 1.5)
+    for task_id in ids.values():
+        task = (await b.client.get(f"/lmsp/v1/tasks/{task_id}")).json()
+        assert task["status"] == "running", task
+    a.kill()   # mid-task
+    killed = time.monotonic()
+    failed = await wait_status(b.client, ids["fail"], FINAL,
+                               timeout=stores.TEST_LEASE_S + 2 * stores.TEST_RENEW_S + 3)
+    recovered_after = time.monotonic() - killed
+    assert failed["status"] == "failed" and failed["error"]["code"] == "server_restarted"
+    assert recovered_after <= stores.TEST_LEASE_S + 2 * stores.TEST_RENEW_S + 2
+    check_log(await stream(b.client, ids["fail"]), "response.failed")
+    retried = await wait_status(b.client, ids["retry"], {"running", "succeeded"})
+    assert retried["status"] in ("running", "succeeded")   # attempt 2, on B
+    response = await b.client.post(f"/lmsp/v1/tasks/{ids['retry']}/cancel")
+    assert response.status_code == 200
+    done = await wait_status(b.client, ids["retry"], FINAL)
+    assert done["status"] == "cancelled"
+    events = await stream(b.client, ids["retry"])
+    check_log(events, "response.cancelled")
+    assert [e["type"] for e in events].count("response.in_progress") == 2
+
+
+async def test_idempotent_creates_split_across_instances(tmp_path: Path, shared_url: str,
+                                                         instances: list[Instance]) -> None:
+    a = start(instances, shared_url, tmp_path / "a", max_running=0)
+    b = start(instances, shared_url, tmp_path / "b", max_running=0)
+    answers: list[tuple[int, str, str | None]] = []
+
+    async def post(client: httpx.AsyncClient) -> None:
+        response = await client.post("/lmsp/v1/tasks", json=envelope("same"),
+                                     headers={"Idempotency-Key": "split"})
+        answers.append((response.status_code, response.json()["id"],
+                        response.headers.get("idempotent-replayed")))
+
+    async with anyio.create_task_group() as tg:
+        for i in range(20):
+            tg.start_soon(post, (a.client, b.client)[i % 2])
+    assert {s for s, _, _ in answers} == {202}, answers
+    assert len({task_id for _, task_id, _ in answers}) == 1
+    assert sorted(r or "" for _, _, r in answers) == [""] + ["true"] * 19
+    import psycopg
+
+    with psycopg.connect(shared_url) as conn:
+        row = conn.execute("SELECT COUNT(*) FROM tasks").fetchone()
+    assert row is not None and row[0] == 1

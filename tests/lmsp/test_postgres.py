@@ -1,0 +1,218 @@
+"""PostgreSQL-only store behaviour: two stores (instances) on one schema.
+
+Schema versioning, claims that never hand one task to two instances, idempotency
+keys across instances, leases (an instance that lost its lease writes nothing; an
+expired lease is recovered by another instance), cross-instance notices, and the
+polling fallback alone (notices dropped) carrying events, queued work and cancels.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+import psycopg
+import pytest
+
+from acp_server.lmsp import LmspService, open_lmsp
+from acp_server.lmsp.postgres import MIGRATIONS, PostgresTaskStore
+from acp_server.lmsp.requests import parse_task_envelope
+from acp_server.lmsp.responses import created_event, recovery_finish
+from acp_server.lmsp.service import _record_of
+from acp_server.lmsp.store import IdempotencyClaim
+from bridge import Bridge
+from bridge.agents.reference import ReferenceAgentFactory
+from tests.lmsp import stores
+from tests.lmsp.server import envelope
+from tests.lmsp.test_store import create, new_task, terminal
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def url(tmp_path: Path) -> str:
+    if not stores.postgres_dsn():
+        pytest.skip(stores.SKIP_POSTGRES)
+    return stores.postgres_url_for(tmp_path, "pg")
+
+
+@contextlib.asynccontextmanager
+async def two_stores(url: str, *, lease_s: float = 30) -> AsyncIterator[
+        tuple[PostgresTaskStore, PostgresTaskStore]]:
+    async with PostgresTaskStore(url, lease_s=lease_s) as a, \
+            PostgresTaskStore(url, lease_s=lease_s) as b:
+        yield a, b
+
+
+async def test_schema_is_versioned_and_migration_is_idempotent(url: str) -> None:
+    async with two_stores(url):
+        pass
+    async with PostgresTaskStore(url):
+        pass
+    with psycopg.connect(url) as conn:
+        rows = conn.execute("SELECT version FROM schema_version ORDER BY version").fetchall()
+    assert [r[0] for r in rows] == list(range(1, len(MIGRATIONS) + 1))
+
+
+async def test_concurrent_claims_never_share_a_task(url: str) -> None:
+    async with two_stores(url) as (a, b):
+        ids = {await create(a) for _ in range(40)}
+        claimed: list[tuple[str, str]] = []
+
+        async def drain(store: PostgresTaskStore) -> None:
+            while (record := await store.claim_next(time.time())) is not None:
+                claimed.append((store.instance, record.id))
+
+        async with anyio.create_task_group() as tg:
+            for store in (a, b, a, b):
+                tg.start_soon(drain, store)
+        assert sorted(task_id for _, task_id in claimed) == sorted(ids)
+        assert {instance for instance, _ in claimed} <= {a.instance, b.instance}
+
+
+async def test_idempotency_key_across_instances(url: str) -> None:
+    async with two_stores(url) as (a, b):
+        claim = IdempotencyClaim(scope="s", key="k", fingerprint="f",
+                                 expires_at=time.time() + 60)
+        outcomes = []
+
+        async def post(store: PostgresTaskStore) -> None:
+            task = new_task()
+            outcomes.append(await store.create_task(task, created_event(_record_of(task)),
+                                                    claim))
+
+        async with anyio.create_task_group() as tg:
+            for i in range(20):
+                tg.start_soon(post, (a, b)[i % 2])
+        assert len({o.task.id for o in outcomes}) == 1
+        assert sorted(o.replayed for o in outcomes) == [False] + [True] * 19
+
+
+async def test_lost_lease_writes_nothing_and_expiry_is_recovered(url: str) -> None:
+    async with two_stores(url, lease_s=0.5) as (a, b):
+        task_id = await create(a, "fail")
+        assert (await a.claim_next(time.time())) is not None
+        assert await a.transition(task_id, ("loading",), "running", now=1) is not None
+        assert (await b.recover(recovery_finish, max_attempts=3, now=2)).failed == 0
+        await anyio.sleep(0.7)   # A stops renewing: its lease expires
+        assert (await b.recover(recovery_finish, max_attempts=3, now=3)).failed == 1
+        # A's late writes lose: the task is B's verdict
+        assert await a.transition(task_id, ("running",), "succeeded", terminal(), now=4) is None
+        assert await a.append_events(task_id, [], ("running",)) is None
+        record = await b.get_task(task_id)
+        assert record is not None and record.status == "failed"
+        types = [e.type for e in await b.read_events(task_id, -1, 10)]
+        assert types == ["response.created", "response.failed"]
+
+
+async def test_renewal_keeps_the_lease(url: str) -> None:
+    async with two_stores(url, lease_s=0.5) as (a, b):
+        task_id = await create(a, "fail")
+        await a.claim_next(time.time())
+        for _ in range(4):
+            await anyio.sleep(0.25)
+            owned, cancelling = await a.renew_leases()
+            assert owned == {task_id} and not cancelling
+        assert (await b.recover(recovery_finish, max_attempts=3, now=2)).failed == 0
+        await b.request_cancel(task_id, terminal("response.cancelled"), now=3)
+        assert (await a.renew_leases()) == ({task_id}, {task_id})
+
+
+async def test_notices_reach_the_other_instance(url: str) -> None:
+    async with two_stores(url) as (a, b):
+        heard_b: list[tuple[str, str]] = []
+        heard_a: list[tuple[str, str]] = []
+        b.on_notify = lambda kind, task_id: heard_b.append((kind, task_id))
+        a.on_notify = lambda kind, task_id: heard_a.append((kind, task_id))
+        task_id = await create(a)
+        await a.claim_next(time.time())
+        await a.transition(task_id, ("loading",), "running", terminal("response.in_progress"),
+                           now=1)
+        await b.request_cancel(task_id, terminal("response.cancelled"), now=2)
+        with anyio.fail_after(5):
+            while ("e", task_id) not in heard_b or ("c", task_id) not in heard_a:
+                await anyio.sleep(0.02)
+        assert ("q", "") in heard_b
+        assert all(kind != "c" for kind, _ in heard_b)   # its own notices are not echoed
+
+
+@contextlib.asynccontextmanager
+async def service_on(url: str, workspace: Path, max_running: int,
+                     notices: bool) -> AsyncIterator[LmspService]:
+    """An in-process instance; ``notices=False`` drops every NOTIFY (polling only)."""
+    workspace.mkdir(exist_ok=True)
+    store = PostgresTaskStore(url, lease_s=stores.TEST_LEASE_S, renew_s=stores.TEST_RENEW_S,
+                              poll_s=0.2)
+    if not notices:
+        store._deliver = lambda payload: None  # type: ignore[method-assign]
+    async with Bridge(ReferenceAgentFactory(), workspace_cwd=str(workspace)) as bridge, \
+            open_lmsp(bridge, state_dir=str(workspace), store=store,
+                      max_running_tasks=max_running) as service:
+        yield service
+
+
+async def _create(service: LmspService, text: str) -> str:
+    body = envelope(text)
+    record, _ = await service.create_task(parse_task_envelope(body).request,
+                                          on_restart="fail", body=body, key=None, route="t")
+    return record.id
+
+
+async def test_polling_alone_carries_events_work_and_cancels(url: str, tmp_path: Path) -> None:
+    async with service_on(url, tmp_path / "a", 1, notices=False), \
+            service_on(url, tmp_path / "b", 0, notices=False) as b:
+        task_id = await _create(b, "/sleep 100ms /chunks 20 " + "w " * 40)   # runs on A
+        stream = await b.open_events(task_id, None)
+        assert stream is not None
+        seqs: list[int] = []
+        with anyio.fail_after(10):
+            async for batch in stream:
+                seqs.extend(e.seq for e in batch)
+        assert seqs == list(range(len(seqs))) and len(seqs) > 20
+        assert (await b.get_task(task_id)).status == "succeeded"
+        long_id = await _create(b, "/sleep 20s long")
+        with anyio.fail_after(10):
+            while (await b.get_task(long_id)).status != "running":
+                await anyio.sleep(0.05)
+        assert (await b.cancel(long_id)).status == "cancelling"
+        with anyio.fail_after(5):
+            while (await b.get_task(long_id)).status != "cancelled":
+                await anyio.sleep(0.05)
+
+
+async def test_open_lmsp_picks_postgres_from_the_url(url: str, tmp_path: Path) -> None:
+    async with Bridge(ReferenceAgentFactory(), workspace_cwd=str(tmp_path)) as bridge, \
+            open_lmsp(bridge, state_dir=str(tmp_path), store_url=url,
+                      max_running_tasks=0) as service:
+        assert isinstance(service.store, PostgresTaskStore)
+        assert service.store.lease_s == 30 and service.store.renew_s == 10
+        task_id = await _create(service, "x")
+        assert (await service.get_task(task_id)).status == "queued"
+
+
+async def test_a_dropped_writer_connection_fails_the_batch_then_reconnects(url: str) -> None:
+    async with PostgresTaskStore(url) as store:
+        pid = store._writers[0].info.backend_pid
+        with psycopg.connect(url, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        outcomes: list[object] = []
+
+        async def post() -> None:
+            try:
+                outcomes.append(await create(store))
+            except psycopg.OperationalError as exc:
+                outcomes.append(exc)
+
+        async with anyio.create_task_group() as tg:   # a batch, bulk creates included
+            for _ in range(5):
+                tg.start_soon(post)
+        failed = [o for o in outcomes if isinstance(o, Exception)]
+        for task_id in outcomes:
+            if isinstance(task_id, str):   # reported created: it must exist
+                assert await store.get_task(task_id) is not None
+        assert failed, outcomes
+        task_id = await create(store)   # reconnected
+        assert (await store.get_task(task_id)) is not None
