@@ -33,6 +33,7 @@ from acp_server.lmsp.responses import Attempt, in_progress_event
 from acp_server.lmsp.store import Finish, TaskRecord, TaskStore
 from acp_server.lmsp.wire import AnyEvent, decode_any
 from bridge import Bridge
+from bridge.errors import AgentDiedError
 from bridge.ticket import PromptResult, PromptTicket
 
 log = logging.getLogger("acp_server.lmsp")
@@ -99,10 +100,11 @@ class DeltaWriter:
 
 class Runner:
     def __init__(self, store: TaskStore, models: Mapping[str, tuple[Bridge, str | None]], *,
-                 max_running: int = 4) -> None:
+                 max_running: int = 4, max_attempts: int = 3) -> None:
         self.store = store
         self.models = models
         self.max_running = max_running
+        self.max_attempts = max_attempts
         self._running: dict[str, _Handle] = {}
         self._wakeup = anyio.Event()
 
@@ -162,7 +164,7 @@ class Runner:
         try:
             info = await bridge.create_session(agent=agent)
         except Exception as exc:   # noqa: BLE001 - any bridge failure fails the task
-            await self._end_failed(record, attempt, "agent_error", str(exc))
+            await self._end_agent_error(record, attempt, exc)
             return
         try:
             now = time.time()
@@ -182,7 +184,7 @@ class Runner:
             try:
                 result: PromptResult = await ticket
             except Exception as exc:   # noqa: BLE001 - AgentError, AgentDiedError, ...
-                await self._end_failed(record, attempt, "agent_error", str(exc))
+                await self._end_agent_error(record, attempt, exc)
                 return
             status, finish = attempt.finish(result.stop_reason)
             if status == "cancelled":
@@ -234,6 +236,22 @@ class Runner:
                                            now=time.time()) is not None:
                 await self.store.transition(record.id, ("cancelling",), "cancelled",
                                             attempt.cancelled(), now=time.time())
+
+    async def _end_agent_error(self, record: TaskRecord, attempt: Attempt,
+                               error: Exception) -> None:
+        """A dead agent is what a restart is to the service: an ``on_restart: retry``
+        task with attempts left goes back to ``queued`` (the bridge restarts the agent
+        for its next attempt; numbering continues). Anything else fails the task."""
+        if isinstance(error, AgentDiedError) and record.on_restart == "retry" \
+                and record.attempt < self.max_attempts:
+            with anyio.CancelScope(shield=True):
+                requeued = await self.store.transition(record.id, ("loading", "running"),
+                                                       "queued", None, now=time.time())
+            if requeued is not None:
+                log.warning("lmsp task %s: the agent died (%s); attempt %d of %d queued again",
+                            record.id, error, record.attempt + 1, self.max_attempts)
+                return
+        await self._end_failed(record, attempt, "agent_error", str(error))
 
     async def _end_failed(self, record: TaskRecord, attempt: Attempt, code: str,
                           message: str) -> None:

@@ -100,7 +100,8 @@ class LmspService:
         self.hub = hub
         self.models = models
         self.config = config
-        self.runner = Runner(store, models, max_running=max_running_tasks)
+        self.runner = Runner(store, models, max_running=max_running_tasks,
+                             max_attempts=config.max_attempts)
         self.principal = ("token:" + hashlib.sha256(token.encode()).hexdigest()[:16]
                           if token else "anonymous")
         self.recovery = RecoveryReport()

@@ -63,3 +63,26 @@ async def test_cancel_frees_a_queue_slot(tmp_path: Path) -> None:
         await srv.create("b", status=503)
         await srv.client.post(f"/lmsp/v1/tasks/{first['id']}/cancel")
         await srv.create("c")
+
+
+async def test_agent_death_applies_the_restart_policy(tmp_path: Path) -> None:
+    """A dead agent is treated like a restart: ``retry`` runs the task again on the
+    restarted agent (capped), ``fail`` fails it with the agent's error."""
+    config = LmspConfig(max_attempts=3)
+    async with running_lmsp(tmp_path, max_running_tasks=1, config=config) as srv:
+        retried = await srv.create("/crash down", on_restart="retry")
+        done = await srv.wait(retried["id"], {"failed"})
+        assert done["error"]["code"] == "agent_error"
+        frames = await srv.events(retried["id"])
+        kinds = [f[1] for f in frames]
+        assert kinds.count("response.in_progress") == 3   # three attempts, numbering goes on
+        assert kinds[0] == "response.created" and kinds[-1] == "response.failed"
+        assert [int(f[0]) for f in frames] == list(range(len(frames)))
+
+        failed = await srv.create("/crash down", on_restart="fail")
+        done = await srv.wait(failed["id"], {"failed"})
+        kinds = [f[1] for f in await srv.events(failed["id"])]
+        assert kinds.count("response.in_progress") == 1
+        # the agent came back for the next task
+        ok = await srv.create("fine")
+        assert (await srv.wait(ok["id"], {"succeeded"}))["status"] == "succeeded"
