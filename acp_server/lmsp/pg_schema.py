@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 import psycopg
 
-from acp_server.lmsp.store import CommittedEvent, NewTask, TaskRecord
+from acp_server.lmsp.store import COLUMNS, CommittedEvent, TaskRecord, record_from_row
 from acp_server.lmsp.wire import AnyEvent, encode
 
 Conn = psycopg.Connection[Any]
@@ -67,15 +67,6 @@ MIGRATIONS: list[str] = [
     """,
 ]
 
-COLUMNS = ("id, response_id, status, on_restart, model, principal, request, created_at, "
-           "updated_at, finished_at, next_seq, attempt, response, error, events_purged")
-def row_record(row: Sequence[Any]) -> TaskRecord:
-    return TaskRecord(row[0], row[1], row[2], row[3], row[4], row[5], bytes(row[6]), row[7],
-                      row[8], row[9], row[10], row[11],
-                      None if row[12] is None else bytes(row[12]),
-                      None if row[13] is None else bytes(row[13]), bool(row[14]))
-
-
 def migrate(conn: Conn) -> int:
     """Create/upgrade the schema in the connection's ``search_path``; returns the version."""
     with conn.transaction():
@@ -89,12 +80,6 @@ def migrate(conn: Conn) -> int:
     return len(MIGRATIONS)
 
 
-def queued_record(task: NewTask) -> TaskRecord:
-    return TaskRecord(task.id, task.response_id, "queued", task.on_restart, task.model,
-                      task.principal, task.request, task.created_at, task.created_at, None, 1,
-                      0, None, None, False)
-
-
 def queued_count(conn: Conn) -> int:
     """Queued tasks, exact until the transaction ends: transactions that check the
     queue limit (any writer, any instance) take this lock, so they count in turn."""
@@ -106,7 +91,7 @@ def queued_count(conn: Conn) -> int:
 def select_task(conn: Conn, task_id: str, lock: bool = False) -> TaskRecord | None:
     row = conn.execute(f"SELECT {COLUMNS} FROM tasks WHERE id = %s"
                        f"{' FOR UPDATE' if lock else ''}", (task_id,)).fetchone()
-    return None if row is None else row_record(row)
+    return None if row is None else record_from_row(row)
 
 
 def insert_events(conn: Conn, task_id: str, first_seq: int, events: Sequence[AnyEvent],

@@ -49,6 +49,7 @@ import psycopg
 from psycopg import errors as pg_errors
 
 from acp_server.lmsp.store import (
+    COLUMNS,
     TERMINAL,
     CommittedEvent,
     CreateOutcome,
@@ -62,16 +63,15 @@ from acp_server.lmsp.store import (
     RecoveryReport,
     TaskRecord,
     Transition,
+    queued_record,
+    record_from_row,
 )
 from acp_server.lmsp.pg_schema import (
-    COLUMNS,
     MIGRATIONS,
     Conn,
     insert_events,
     migrate,
     queued_count,
-    queued_record,
-    row_record,
     select_task,
 )
 from acp_server.lmsp.wire import AnyEvent, encode
@@ -421,7 +421,7 @@ class PostgresTaskStore:
                 f"WHERE seq = (SELECT seq FROM tasks WHERE status = 'queued' ORDER BY seq "
                 f"LIMIT 1 FOR UPDATE SKIP LOCKED) AND status = 'queued' RETURNING {COLUMNS}",
                 (now, self.instance, self.lease_s)).fetchone()
-            return None if row is None else row_record(row)
+            return None if row is None else record_from_row(row)
 
         return await self._write(op)  # type: ignore[no-any-return]
 
@@ -455,7 +455,7 @@ class PostgresTaskStore:
              requeue, requeue or terminal, *args)).fetchone()
         if row is None:
             return None
-        record = row_record(row)
+        record = record_from_row(row)
         events: list[CommittedEvent] = []
         insert_events(conn, task_id, record.next_seq - len(done.events), done.events, events)
         out.extend(events)

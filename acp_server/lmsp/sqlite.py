@@ -28,6 +28,7 @@ import anyio.abc
 import msgspec
 
 from acp_server.lmsp.store import (
+    COLUMNS,
     TERMINAL,
     CommittedEvent,
     CreateOutcome,
@@ -41,6 +42,8 @@ from acp_server.lmsp.store import (
     RecoveryReport,
     TaskRecord,
     Transition,
+    queued_record,
+    record_from_row,
 )
 from acp_server.lmsp.wire import AnyEvent, encode
 
@@ -87,17 +90,6 @@ CREATE TABLE IF NOT EXISTS idempotency_keys (
 CREATE INDEX IF NOT EXISTS idem_task ON idempotency_keys(task_id);
 """
 
-COLUMNS = ("id, response_id, status, on_restart, model, principal, request, created_at, "
-           "updated_at, finished_at, next_seq, attempt, response, error, events_purged")
-
-
-def _record(row: Sequence[Any]) -> TaskRecord:
-    return TaskRecord(row[0], row[1], row[2], row[3], row[4], row[5], bytes(row[6]), row[7],
-                      row[8], row[9], row[10], row[11],
-                      None if row[12] is None else bytes(row[12]),
-                      None if row[13] is None else bytes(row[13]), bool(row[14]))
-
-
 def _connect(path: str) -> sqlite3.Connection:
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=10)
     conn.execute("PRAGMA busy_timeout=10000")
@@ -116,7 +108,7 @@ class _Op:
 
 def _select(conn: sqlite3.Connection, task_id: str) -> TaskRecord | None:
     row = conn.execute(f"SELECT {COLUMNS} FROM tasks WHERE id = ?", (task_id,)).fetchone()
-    return None if row is None else _record(row)
+    return None if row is None else record_from_row(row)
 
 
 def _insert_events(conn: sqlite3.Connection, task_id: str, first_seq: int,
@@ -149,7 +141,7 @@ def _transition(conn: sqlite3.Connection, out: list[CommittedEvent], task_id: st
          *from_states)).fetchone()
     if row is None:
         return None
-    record = _record(row)
+    record = record_from_row(row)
     events: list[CommittedEvent] = []
     _insert_events(conn, task_id, record.next_seq - len(done.events), done.events, events)
     out.extend(events)
@@ -294,10 +286,7 @@ class SqliteTaskStore:
                  task.principal, task.request, task.created_at, task.created_at))
             _insert_events(conn, task.id, 0, [event0], out)
             self._moved("", "queued")
-            return CreateOutcome(TaskRecord(
-                task.id, task.response_id, "queued", task.on_restart, task.model,
-                task.principal, task.request, task.created_at, task.created_at, None, 1, 0,
-                None, None, False), replayed=False)
+            return CreateOutcome(queued_record(task), replayed=False)
 
         return await self._write(op, timeout)  # type: ignore[no-any-return]
 
@@ -313,7 +302,7 @@ class SqliteTaskStore:
             if row is None:
                 return None
             self._moved("queued", "loading")
-            return _record(row)
+            return record_from_row(row)
 
         return await self._write(op)  # type: ignore[no-any-return]
 

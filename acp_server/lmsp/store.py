@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from acp_server.lmsp.wire import AnyEvent
 
@@ -171,3 +171,23 @@ class TaskStore(Protocol):
 
     async def purge(self, *, now: float, event_retention: float, task_retention: float,
                     key_ttl: float) -> int: ...
+
+
+# The task columns, in the order ``record_from_row`` reads them (both stores' SQL).
+COLUMNS = ("id, response_id, status, on_restart, model, principal, request, created_at, "
+           "updated_at, finished_at, next_seq, attempt, response, error, events_purged")
+
+
+def record_from_row(row: Sequence[Any]) -> TaskRecord:
+    """A ``TaskRecord`` from a row of ``COLUMNS`` (blobs as bytes, flags as bool)."""
+    return TaskRecord(row[0], row[1], row[2], row[3], row[4], row[5], bytes(row[6]), row[7],
+                      row[8], row[9], row[10], row[11],
+                      None if row[12] is None else bytes(row[12]),
+                      None if row[13] is None else bytes(row[13]), bool(row[14]))
+
+
+def queued_record(task: NewTask) -> TaskRecord:
+    """The record of a task just created (what its INSERT wrote)."""
+    return TaskRecord(task.id, task.response_id, "queued", task.on_restart, task.model,
+                      task.principal, task.request, task.created_at, task.created_at, None, 1,
+                      0, None, None, False)
