@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import tempfile
 import time
+from pathlib import Path
 
 import anyio
 import pytest
@@ -22,16 +23,19 @@ from acp_server.lmsp.requests import parse_task_envelope
 from bridge import Bridge
 from bridge.agents.reference import ReferenceAgentFactory
 from tests.lmsp.server import envelope
+from tests.lmsp.stores import SKIP_POSTGRES, STORE_FACTORIES, postgres_dsn
 
 FINAL = {"response.completed": "succeeded", "response.incomplete": "succeeded",
          "response.failed": "failed", "response.cancelled": "cancelled"}
 
 
-async def scenario(ending: str, sleep_ms: int, chunks: int, cancel_at_ms: list[float],
-                   running: int) -> None:
+async def scenario(store_name: str, ending: str, sleep_ms: int, chunks: int,
+                   cancel_at_ms: list[float], running: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
+        store = STORE_FACTORIES[store_name](Path(tmp), "lmsp", True)
         async with Bridge(ReferenceAgentFactory(), workspace_cwd=tmp) as bridge, \
-                open_lmsp(bridge, state_dir=tmp, max_running_tasks=running) as service:
+                open_lmsp(bridge, state_dir=tmp, max_running_tasks=running,
+                          store=store) as service:
             text = f"/sleep {sleep_ms}ms /chunks {chunks} {ending} words here"
             body = envelope(text)
             parsed = parse_task_envelope(body)
@@ -64,6 +68,10 @@ async def scenario(ending: str, sleep_ms: int, chunks: int, cancel_at_ms: list[f
                 assert all(code == 409 for code, _ in answers)
 
 
+@pytest.mark.parametrize("store_name", [
+    "sqlite",
+    pytest.param("postgres", marks=pytest.mark.skipif(postgres_dsn() is None, reason=SKIP_POSTGRES)),
+])
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 @settings(max_examples=25, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -71,6 +79,7 @@ async def scenario(ending: str, sleep_ms: int, chunks: int, cancel_at_ms: list[f
        sleep_ms=st.integers(0, 30), chunks=st.integers(1, 80),
        cancel_at_ms=st.lists(st.floats(0, 60), min_size=1, max_size=3),
        running=st.sampled_from([0, 1, 4]))
-def test_cancel_races(backend: str, ending: str, sleep_ms: int, chunks: int,
+def test_cancel_races(store_name: str, backend: str, ending: str, sleep_ms: int, chunks: int,
                       cancel_at_ms: list[float], running: int) -> None:
-    anyio.run(scenario, ending, sleep_ms, chunks, cancel_at_ms, running, backend=backend)
+    anyio.run(scenario, store_name, ending, sleep_ms, chunks, cancel_at_ms, running,
+              backend=backend)
