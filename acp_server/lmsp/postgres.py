@@ -65,6 +65,7 @@ from acp_server.lmsp.store import (
     Transition,
     queued_record,
     record_from_row,
+    restart_target,
 )
 from acp_server.lmsp.pg_schema import (
     MIGRATIONS,
@@ -546,12 +547,7 @@ class PostgresTaskStore:
                 f"FOR UPDATE SKIP LOCKED", (list(ACTIVE),)).fetchall()
             counts = {"failed": 0, "queued": 0, "cancelled": 0}
             for task_id, status, policy, attempt in rows:
-                if status == "cancelling":
-                    target = "cancelled"
-                elif policy == "retry" and attempt < max_attempts:
-                    target = "queued"
-                else:
-                    target = "failed"
+                target = restart_target(status, policy, attempt, max_attempts)
                 finish = None if target == "queued" else (lambda rec, t=target: factory(rec, t))
                 if self._transition(conn, out, state, task_id, (status,), target, finish, now,
                                     owned=False) is not None:

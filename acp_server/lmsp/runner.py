@@ -30,7 +30,7 @@ import anyio
 import msgspec
 
 from acp_server.lmsp.responses import Attempt, in_progress_event
-from acp_server.lmsp.store import Finish, TaskRecord, TaskStore
+from acp_server.lmsp.store import Finish, TaskRecord, TaskStore, restart_target
 from acp_server.lmsp.wire import AnyEvent, decode_any
 from bridge import Bridge
 from bridge.errors import AgentDiedError
@@ -242,8 +242,8 @@ class Runner:
         """A dead agent is what a restart is to the service: an ``on_restart: retry``
         task with attempts left goes back to ``queued`` (the bridge restarts the agent
         for its next attempt; numbering continues). Anything else fails the task."""
-        if isinstance(error, AgentDiedError) and record.on_restart == "retry" \
-                and record.attempt < self.max_attempts:
+        if isinstance(error, AgentDiedError) and restart_target(
+                "running", record.on_restart, record.attempt, self.max_attempts) == "queued":
             with anyio.CancelScope(shield=True):
                 requeued = await self.store.transition(record.id, ("loading", "running"),
                                                        "queued", None, now=time.time())

@@ -44,6 +44,7 @@ from acp_server.lmsp.store import (
     Transition,
     queued_record,
     record_from_row,
+    restart_target,
 )
 from acp_server.lmsp.wire import AnyEvent, encode
 
@@ -369,12 +370,7 @@ class SqliteTaskStore:
                 "('loading', 'running', 'cancelling') ORDER BY seq").fetchall()
             counts = {"failed": 0, "queued": 0, "cancelled": 0}
             for task_id, status, policy, attempt in ids:
-                if status == "cancelling":
-                    target = "cancelled"
-                elif policy == "retry" and attempt < max_attempts:
-                    target = "queued"
-                else:
-                    target = "failed"
+                target = restart_target(status, policy, attempt, max_attempts)
                 finish = None if target == "queued" else (lambda rec, t=target: factory(rec, t))
                 if self._counted(_transition(conn, out, task_id, (status,), target, finish,
                                              now)) is not None:

@@ -191,3 +191,14 @@ def queued_record(task: NewTask) -> TaskRecord:
     return TaskRecord(task.id, task.response_id, "queued", task.on_restart, task.model,
                       task.principal, task.request, task.created_at, task.created_at, None, 1,
                       0, None, None, False)
+
+
+def restart_target(status: str, on_restart: str, attempt: int, max_attempts: int) -> str:
+    """Where an unfinished task goes when what ran it is gone (a restart, an expired
+    lease, a dead agent): ``cancelling`` → ``cancelled`` whatever the policy; ``retry``
+    with attempts left → ``queued``; anything else → ``failed``."""
+    if status == "cancelling":
+        return "cancelled"
+    if on_restart == "retry" and attempt < max_attempts:
+        return "queued"
+    return "failed"
