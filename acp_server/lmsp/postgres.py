@@ -65,6 +65,7 @@ from acp_server.lmsp.store import (
     Transition,
     queued_record,
     record_from_row,
+    purge_statements,
     restart_target,
 )
 from acp_server.lmsp.pg_schema import (
@@ -573,19 +574,9 @@ class PostgresTaskStore:
     async def purge(self, *, now: float, event_retention: float, task_retention: float,
                     key_ttl: float) -> int:
         def op(conn: Conn, out: list[CommittedEvent], state: _Batch) -> int:
-            stale = "SELECT id FROM tasks WHERE finished_at IS NOT NULL AND finished_at < %s"
-            gone = conn.execute(
-                f"DELETE FROM task_events WHERE task_id IN ({stale} AND NOT events_purged)",
-                (now - event_retention,)).rowcount
-            conn.execute("UPDATE tasks SET events_purged = TRUE WHERE finished_at IS NOT NULL "
-                         "AND finished_at < %s AND NOT events_purged", (now - event_retention,))
-            conn.execute(f"DELETE FROM task_events WHERE task_id IN ({stale})",
-                         (now - task_retention,))
-            conn.execute(f"DELETE FROM idempotency_keys WHERE expires_at < %s OR task_id IN "
-                         f"({stale})", (now, now - task_retention))
-            gone += conn.execute("DELETE FROM tasks WHERE finished_at IS NOT NULL AND "
-                                 "finished_at < %s", (now - task_retention,)).rowcount
-            return gone
+            counts = [conn.execute(sql, params).rowcount for sql, params in purge_statements(
+                "%s", now=now, event_retention=event_retention, task_retention=task_retention)]
+            return counts[0] + counts[-1]
 
         return await self._write(op)  # type: ignore[no-any-return]
 

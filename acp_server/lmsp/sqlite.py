@@ -44,6 +44,7 @@ from acp_server.lmsp.store import (
     Transition,
     queued_record,
     record_from_row,
+    purge_statements,
     restart_target,
 )
 from acp_server.lmsp.wire import AnyEvent, encode
@@ -383,20 +384,9 @@ class SqliteTaskStore:
     async def purge(self, *, now: float, event_retention: float, task_retention: float,
                     key_ttl: float) -> int:
         def op(conn: sqlite3.Connection, out: list[CommittedEvent]) -> int:
-            gone = conn.execute(
-                "DELETE FROM task_events WHERE task_id IN (SELECT id FROM tasks WHERE "
-                "finished_at IS NOT NULL AND finished_at < ? AND events_purged = 0)",
-                (now - event_retention,)).rowcount
-            conn.execute("UPDATE tasks SET events_purged = 1 WHERE finished_at IS NOT NULL "
-                         "AND finished_at < ? AND events_purged = 0", (now - event_retention,))
-            old = "SELECT id FROM tasks WHERE finished_at IS NOT NULL AND finished_at < ?"
-            conn.execute(f"DELETE FROM task_events WHERE task_id IN ({old})",
-                         (now - task_retention,))
-            conn.execute(f"DELETE FROM idempotency_keys WHERE expires_at < ? OR task_id IN "
-                         f"({old})", (now, now - task_retention))
-            gone += conn.execute("DELETE FROM tasks WHERE finished_at IS NOT NULL AND "
-                                 "finished_at < ?", (now - task_retention,)).rowcount
-            return gone
+            counts = [conn.execute(sql, params).rowcount for sql, params in purge_statements(
+                "?", now=now, event_retention=event_retention, task_retention=task_retention)]
+            return counts[0] + counts[-1]
 
         return await self._write(op)  # type: ignore[no-any-return]
 

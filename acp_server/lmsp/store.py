@@ -202,3 +202,24 @@ def restart_target(status: str, on_restart: str, attempt: int, max_attempts: int
     if on_restart == "retry" and attempt < max_attempts:
         return "queued"
     return "failed"
+
+
+def purge_statements(p: str, *, now: float, event_retention: float,
+                     task_retention: float) -> list[tuple[str, tuple[Any, ...]]]:
+    """The retention purge as (SQL, params) for either store (``p`` is the driver's
+    placeholder). The row counts of the first and the last statement add up to what
+    was purged: the events of tasks past ``event_retention`` (their tasks are marked),
+    then everything of tasks past ``task_retention``, and expired idempotency keys."""
+    ended = f"SELECT id FROM tasks WHERE finished_at IS NOT NULL AND finished_at < {p}"
+    events_before, tasks_before = now - event_retention, now - task_retention
+    return [
+        (f"DELETE FROM task_events WHERE task_id IN ({ended} AND events_purged = {p})",
+         (events_before, False)),
+        (f"UPDATE tasks SET events_purged = {p} WHERE finished_at IS NOT NULL "
+         f"AND finished_at < {p} AND events_purged = {p}", (True, events_before, False)),
+        (f"DELETE FROM task_events WHERE task_id IN ({ended})", (tasks_before,)),
+        (f"DELETE FROM idempotency_keys WHERE expires_at < {p} OR task_id IN ({ended})",
+         (now, tasks_before)),
+        (f"DELETE FROM tasks WHERE finished_at IS NOT NULL AND finished_at < {p}",
+         (tasks_before,)),
+    ]
