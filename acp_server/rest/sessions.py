@@ -13,6 +13,7 @@ forces ``thread``. Creation is 200 (not 201) as on the peer; branch is 201.
 from __future__ import annotations
 
 import datetime
+from collections.abc import Awaitable, Callable
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -65,18 +66,18 @@ async def create_session(request: Request) -> Response:
 
 
 async def load_session(request: Request) -> Response:
-    wire.client_id(request)
-    body = await wire.read_json(request, wire.RestoreBody)
-    info = await _bridge(request).load_session(request.path_params["session_id"], cwd=body.cwd,
-                                               agent=body.agent)
-    return json_response(200, restored(info))
+    return await _restore(request, _bridge(request).load_session)
 
 
 async def resume_session(request: Request) -> Response:
+    return await _restore(request, _bridge(request).resume_session)
+
+
+async def _restore(request: Request, restore: Callable[..., Awaitable[SessionInfo]]) -> Response:
+    """``/load`` and ``/resume``: the same body and answer, a different bridge call."""
     wire.client_id(request)
     body = await wire.read_json(request, wire.RestoreBody)
-    info = await _bridge(request).resume_session(request.path_params["session_id"], cwd=body.cwd,
-                                                 agent=body.agent)
+    info = await restore(request.path_params["session_id"], cwd=body.cwd, agent=body.agent)
     return json_response(200, restored(info))
 
 
