@@ -36,7 +36,7 @@ export function mount(root, [sessionId], { caps }) {
     refusal.hidden = true;
     try {
       await request("POST", `${base}/prompt`, { prompt: [{ type: "text", text }] });
-      input.value = "";
+      if (input.value === text) input.value = "";   // not what was typed meanwhile
     } catch (error) {
       showRefusal(error);
     }
