@@ -218,29 +218,40 @@ def test_with_a_token_nothing_works_until_it_is_entered(browser: Browser, tmp_pa
 
 
 def _visit_every_view(page: Page, console: Console, shots: Path, suffix: str) -> None:
+    """Every view with something in it; a screenshot of each (only the session view
+    for the dark and phone variants)."""
+    def shot(name: str) -> None:
+        if not suffix or name == "session":
+            page.screenshot(path=str(shots / f"{name}{suffix}.png"))
+
+    idle = console.session()
     sid = console.session()
     console.prompt(sid, "/chunks 6 Here is the answer, streamed in six chunks.")
     console.prompt(sid, "/tool write report.md")
     for i in range(2):
         console.prompt(sid, f"{SLEEP} {i}")
     task = console.client.post("/lmsp/v1/tasks", json={
-        "type": "response", "input": {"model": "reference", "input": "/chunks 4 a task's output"}}).json()
+        "type": "response", "input": {"model": "reference",
+                                      "input": "/chunks 8 A task's output, streamed live."}}).json()
     page.goto(console.url("/"))
-    expect(page.get_by_test_id("session-row").first).to_be_visible()
-    page.screenshot(path=str(shots / f"sessions{suffix}.png"))
+    expect(page.locator(f'[data-testid=session-row][data-session-id="{sid}"]')).to_contain_text("approval")
+    shot("sessions")
     page.goto(console.url(f"/#/session/{sid}"))
     expect(page.get_by_test_id("permission-request")).to_have_count(1)
     expect(page.get_by_test_id("queue-depth")).to_have_text("3 / 5")
-    page.screenshot(path=str(shots / f"session{suffix}.png"))
+    shot("session")
     page.goto(console.url("/#/tasks"))
     expect(page.locator(f'[data-task-id="{task["id"]}"]')).to_have_attribute("data-status", "succeeded")
-    page.screenshot(path=str(shots / f"tasks{suffix}.png"))
+    shot("tasks")
     page.goto(console.url(f"/#/task/{task['id']}"))
-    expect(page.get_by_test_id("task-output")).to_have_text("Echo: a task's output")
+    expect(page.get_by_test_id("task-output")).to_have_text("Echo: A task's output, streamed live.")
+    expect(page.get_by_test_id("task-events")).to_contain_text("response.completed")
+    shot("task")
     page.goto(console.url("/#/daemon"))
     expect(page.locator("[data-testid=agent-row][data-state=running]")).to_have_count(1)
-    page.screenshot(path=str(shots / f"daemon{suffix}.png"))
-    console.client.delete(f"/session/{sid}")
+    shot("daemon")
+    for session_id in (sid, idle):
+        console.client.delete(f"/session/{session_id}")
 
 
 @pytest.mark.parametrize(("viewport", "scheme", "suffix"), [
