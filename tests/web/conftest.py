@@ -107,8 +107,10 @@ def running_console(tmp: Path, *flags: str, token: str | None = None) -> Iterato
             process.wait()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
+    """One chromium per module. Not per session: Playwright's sync API keeps an asyncio
+    loop running while it is open, and the anyio tests of other modules need none."""
     path = chromium_path()
     if path is None:
         pytest.skip(f"no chromium found (install Debian's chromium package or set {CHROMIUM_ENV})")

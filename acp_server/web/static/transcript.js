@@ -25,6 +25,10 @@ function contentText(content) {
 export class Transcript {
   constructor() {
     this.node = h("div", { class: "transcript", testid: "transcript", role: "log" });
+    this.node.addEventListener("scroll", () => {
+      const n = this.node;
+      this.atEnd = n.scrollHeight - n.scrollTop - n.clientHeight < 80;
+    });
     this.reset();
   }
 
@@ -35,9 +39,16 @@ export class Transcript {
     this.plans = new Map();
   }
 
+  // Follows the end when the reader is at the end; once per frame, however many events.
   scroll() {
+    if (this.scrolling) return;
+    this.scrolling = true;
     const n = this.node;
-    if (n.scrollHeight - n.scrollTop - n.clientHeight < 80) n.scrollTop = n.scrollHeight;
+    const atEnd = this.atEnd !== false;
+    requestAnimationFrame(() => {
+      this.scrolling = false;
+      if (atEnd) n.scrollTop = n.scrollHeight;
+    });
   }
 
   note(text, cls = "note", testid = undefined) {
