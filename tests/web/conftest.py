@@ -28,12 +28,15 @@ from typing import Any
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 CHROMIUM_ENV = "ACP_SERVER_CHROMIUM"
 DESKTOP = {"width": 1280, "height": 800}
 PHONE = {"width": 390, "height": 844}
 START_TIMEOUT_S = 30
+# A loaded CI machine (2 cores, several runs) may take seconds for what takes
+# milliseconds here; the waits are for conditions, so a long ceiling costs nothing.
+expect.set_options(timeout=15_000)
 
 
 def chromium_path() -> str | None:
@@ -116,7 +119,7 @@ def browser() -> Iterator[Browser]:
         pytest.skip(f"no chromium found (install Debian's chromium package or set {CHROMIUM_ENV})")
     with sync_playwright() as playwright:
         launched = playwright.chromium.launch(executable_path=path, headless=True,
-                                              args=["--no-sandbox"])
+                                              args=["--no-sandbox", "--disable-dev-shm-usage"])
         yield launched
         launched.close()
 
