@@ -31,7 +31,10 @@ let ctx = null;
 let asking = null;
 
 function askToken(message = "") {
-  if (asking) return asking;
+  if (asking) {
+    if (!dialog.open) dialog.showModal();   // closed with Escape: the question stands
+    return asking;
+  }
   document.getElementById("token-error").textContent = message;
   const input = document.getElementById("token-input");
   input.value = "";
@@ -79,6 +82,8 @@ function route() {
   clear(view, h("p", { class: "empty" }, "No such page. ", h("a", { href: "#/" }, "Sessions")));
 }
 
+dialog.addEventListener("cancel", (event) => event.preventDefault());
+
 async function boot() {
   try {
     ctx = { caps: await connect() };
@@ -89,6 +94,7 @@ async function boot() {
   document.getElementById("workspace").textContent = ctx.caps.workspaceCwd || "";
   window.addEventListener("hashchange", route);
   window.addEventListener("acp:unauthorized", async () => {
+    if (asking) return;   // every refused request of the moment shares one question
     await askToken("The daemon refused the token.");
     route();
   });
