@@ -83,3 +83,28 @@ def test_reads_an_lmsp_stream_to_its_end(console: Console, page: Page) -> None:
     assert all(kind == data_type for kind, _, data_type in events)
     assert events[-1][0] == "response.completed"
     assert "response.output_text.delta" in {e[0] for e in events}
+
+
+FOLLOW = """(path) => new Promise(async (resolve) => {
+  const { follow } = await import('/web/api.js');
+  const ids = [];
+  const states = [];
+  follow(path, {
+    onEvent: (type, data, id) => { ids.push(Number(id)); },
+    onState: (state) => {
+      states.push(state);
+      if (state === 'ended') resolve({ ids, states });
+    },
+  });
+})"""
+
+
+def test_follow_resumes_after_the_stream_closes(console: Console, page: Page) -> None:
+    """A closed stream is reopened (after the server's ``retry``) with Last-Event-ID:
+    no event twice; the task's stream then answers 204 and the follow ends."""
+    task = console.client.post("/lmsp/v1/tasks", json={
+        "type": "response", "input": {"model": "reference", "input": "/chunks 3 x y z"}}).json()
+    page.goto(console.url("/"))
+    result = page.evaluate(FOLLOW, f"/lmsp/v1/tasks/{task['id']}/events")
+    assert result["ids"] == list(range(len(result["ids"])))   # 0.. once each, in order
+    assert result["states"] == ["live", "reconnecting", "ended"]
