@@ -21,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
+from acp_server.lmsp.listing import list_tasks
 from acp_server.lmsp.problems import LmspError, problem, problem_response
 from acp_server.lmsp.requests import (
     decode_json,
@@ -151,7 +152,7 @@ def lmsp_routes() -> list[BaseRoute]:
     table: list[tuple[str, dict[str, Endpoint]]] = [
         ("/capabilities", {"GET": capabilities}),
         ("/responses", {"POST": create_response}),
-        ("/tasks", {"POST": create_task}),
+        ("/tasks", {"POST": create_task, "GET": list_tasks}),
         ("/tasks/{task_id}", {"GET": get_task}),
         ("/tasks/{task_id}/cancel", {"POST": cancel_task}),
         ("/tasks/{task_id}/events", {"GET": task_events}),
