@@ -18,7 +18,7 @@ import httpx
 from httpx_ws import WebSocketDisconnect, aconnect_ws
 
 from acp_server.conformance.backpressure import fill, limit_of
-from acp_server.conformance.context import CheckFailed, Context, Frame, Skip, Stream, describe
+from acp_server.conformance.context import CheckFailed, Context, Skip, Stream, describe
 
 PATH = "/acp"
 JSON = {"Content-Type": "application/json"}
@@ -229,6 +229,9 @@ async def check_websocket(ctx: Context) -> None:
 
 
 async def check_load(ctx: Context) -> None:
+    """Over HTTP the session stream is opened before ``session/load`` (as the TS client
+    does); a server that refuses that stream is tried on the WebSocket profile, where
+    everything shares one ordered channel."""
     check = "acp-http.load.history-first"
     marker = "conformance history probe"
     async with ctx.checking(check):
@@ -242,31 +245,44 @@ async def check_load(ctx: Context) -> None:
                     "sessionId": sid, "prompt": text(f"{ctx.options.quick_prompt} {marker}")}),
                     sid)
                 await session.wait_for(session.rpc_reply(2), timeout=ctx.options.settle_timeout_s)
+        load = rpc(3, "session/load", {"sessionId": sid, "cwd": cwd(ctx), "mcpServers": []})
         again, _ = await initialize(ctx)
         async with open_stream(ctx, again) as connection:
             async with open_stream(ctx, again, sid, expect=None) as session:
-                if session.response.status_code != 200:
-                    raise CheckFailed(f"the session stream cannot be opened before session/load "
-                                      f"(GET /acp Acp-Session-Id: {session.response.status_code}"
-                                      f" {session.response.text[:200]}), so the history cannot "
-                                      "arrive before the answer")
-                await accepted(ctx, again, rpc(3, "session/load", {
-                    "sessionId": sid, "cwd": cwd(ctx), "mcpServers": []}), sid)
-                reply = await connection.wait_for(connection.rpc_reply(3),
-                                                  timeout=ctx.options.settle_timeout_s)
-                if "error" in reply.data:
-                    raise CheckFailed(f"session/load answered {reply.data}")
-                history = [f for f in session.frames if _is_update(sid)(f)
-                           and f.seq < reply.seq]
-                echoed = [f for f in history if marker in json.dumps(f.data)]
-                ctx.expect(check, bool(echoed),
-                           f"session/load (id 3) answered {clip_data(reply)}; session/update "
-                           f"frames before it: {len(history)}, carrying the earlier prompt: "
-                           f"{len(echoed)}; after it: {len(session.frames) - len(history)}")
+                if session.response.status_code == 200:
+                    await accepted(ctx, again, load, sid)
+                    reply = await connection.wait_for(connection.rpc_reply(3),
+                                                      timeout=ctx.options.settle_timeout_s)
+                    before = [f.data for f in session.frames
+                              if _is_update(sid)(f) and f.seq < reply.seq]
+                    _judge_load(ctx, marker, reply.data, before, "over HTTP")
+                    return
+                refused = (f"GET /acp with Acp-Session-Id before session/load answered "
+                           f"{session.response.status_code} {session.response.text[:160]}")
+        async with websocket(ctx) as ws:
+            await ws.send_text(json.dumps(INITIALIZE))
+            await ws_reply(ctx, ws, 0)
+            await ws.send_text(json.dumps(load))
+            before = []
+            with anyio.fail_after(ctx.options.settle_timeout_s):
+                while True:
+                    message = json.loads(await ws.receive_text())
+                    if isinstance(message, dict) and message.get("id") == 3 \
+                            and "method" not in message:
+                        break
+                    if isinstance(message, dict) and message.get("method") == "session/update":
+                        before.append(message)
+            _judge_load(ctx, marker, message, before, f"over WebSocket ({refused})")
 
 
-def clip_data(frame: Frame) -> str:
-    return json.dumps(frame.data)[:200]
+def _judge_load(ctx: Context, marker: str, reply: dict[str, Any], before: list[Any],
+                how: str) -> None:
+    if "error" in reply:
+        raise CheckFailed(f"session/load {how} answered {json.dumps(reply)[:300]}")
+    echoed = [m for m in before if marker in json.dumps(m)]
+    ctx.expect("acp-http.load.history-first", bool(echoed),
+               f"session/load {how} answered {json.dumps(reply)[:200]}; session/update before "
+               f"the answer: {len(before)}, carrying the earlier prompt: {len(echoed)}")
 
 
 async def check_queue_full(ctx: Context) -> None:

@@ -225,6 +225,12 @@ async def check_branch(ctx: Context) -> None:
             raise Skip("the target does not advertise session_branch")
         limit = limit_of(ctx)
         sid = await new_session(ctx)
+        async with _events(ctx, sid) as events:   # a branch needs some history
+            turn = await post_prompt(ctx, sid, ctx.options.quick_prompt)
+            if turn.status_code != 202:
+                raise CheckFailed(f"prompt not admitted: {describe(turn)}")
+            await events.wait_for(_about(turn.json()["promptId"], *TERMINAL),
+                                  timeout=ctx.options.settle_timeout_s)
         branch = await ctx.request("POST", f"/session/{sid}/branch", json={"name": "conformance"})
         if branch.status_code not in (200, 201):
             raise CheckFailed(f"branch failed: {describe(branch)}")

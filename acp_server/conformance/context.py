@@ -139,6 +139,16 @@ class Stream:
             and "method" not in f.data
 
 
+_EXPECTED = (httpx.HTTPError, ValueError, KeyError, TypeError, IndexError, AttributeError)
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    """The first non-group exception of a (nested) exception group, else ``exc``."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
+
+
 class Context:
     def __init__(self, client: httpx.AsyncClient, options: Options,
                  on_result: Callable[[Result], None] | None = None) -> None:
@@ -217,22 +227,24 @@ class Context:
     @contextlib.asynccontextmanager
     async def checking(self, *check_ids: str) -> AsyncIterator[None]:
         """Failures inside (``CheckFailed``, a timeout, an HTTP error, a bad body) fail
-        the named checks that have no result yet; ``Skip`` skips them."""
+        the named checks that have no result yet; ``Skip`` skips them. Exceptions that
+        reach here through task groups (open streams) are unwrapped."""
         try:
             yield
-        except Skip as exc:
+        except BaseException as raised:
+            exc = _leaf(raised)
+            if isinstance(exc, Skip):
+                outcome, detail = "skip", str(exc)
+            elif isinstance(exc, CheckFailed):
+                outcome, detail = "fail", str(exc)
+            elif isinstance(exc, TimeoutError):
+                outcome, detail = "fail", "timed out waiting (see --timeout / --settle-timeout)"
+            elif isinstance(exc, _EXPECTED):
+                outcome, detail = "fail", f"{type(exc).__name__}: {exc}"
+            else:
+                raise
             for check_id in check_ids:
-                self.skipped(check_id, str(exc))
-        except CheckFailed as exc:
-            for check_id in check_ids:
-                self.failed(check_id, str(exc))
-        except TimeoutError:
-            for check_id in check_ids:
-                self.failed(check_id, "timed out waiting (see --timeout / --settle-timeout)")
-        except (httpx.HTTPError, ValueError, KeyError, TypeError, IndexError,
-                AttributeError) as exc:
-            for check_id in check_ids:
-                self.failed(check_id, f"{type(exc).__name__}: {exc}")
+                self.record(check_id, outcome, detail)  # type: ignore[arg-type]
 
     # HTTP
 
