@@ -76,14 +76,27 @@ def clip(value: str, limit: int = DETAIL_CHARS) -> str:
 
 
 def describe(response: httpx.Response, *, headers: tuple[str, ...] = ()) -> str:
-    """``POST /x {sent} -> 503 {headers} {body}``, clipped."""
+    """``sent POST /x {body}; saw 503 {headers} {body}``, clipped."""
     request = response.request
-    sent = request.content.decode(errors="replace") if request.content else ""
+    target = request.url.path + (f"?{request.url.query.decode()}" if request.url.query else "")
+    sent = clip(request.content.decode(errors="replace"), 200) if request.content else ""
     shown = {name: response.headers[name] for name in headers if name in response.headers}
-    body = response.text if not response.is_stream_consumed or response.content else ""
-    return clip(f"sent {request.method} {request.url.path}{'?' + request.url.query.decode() if request.url.query else ''}"
-                f"{' ' + clip(sent, 200) if sent else ''}; saw {response.status_code}"
-                f"{' ' + json.dumps(shown) if shown else ''} {clip(body, 300)}")
+    try:
+        body = response.text
+    except httpx.ResponseNotRead:
+        body = "(body not read)"
+    return clip(f"sent {request.method} {target}{' ' + sent if sent else ''}; "
+                f"saw {response.status_code}{' ' + json.dumps(shown) if shown else ''} "
+                f"{clip(body, 300)}")
+
+
+def json_of(response: httpx.Response) -> dict[str, Any]:
+    """The body as a JSON object, or ``{}`` (not JSON, not an object)."""
+    try:
+        body = response.json()
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
 
 
 @dataclass
@@ -261,7 +274,8 @@ class Context:
         timeout = httpx.Timeout(self.options.timeout_s, read=None)
         request = self.client.build_request(method, path, headers=sent, params=params,
                                             timeout=timeout)
-        response = await self.client.send(request, stream=True)
+        with anyio.fail_after(self.options.timeout_s):   # the answer's head is bounded
+            response = await self.client.send(request, stream=True)
         try:
             stream = Stream(response, timeout_s=self.options.timeout_s)
             if expect is not None and response.status_code != expect:

@@ -15,7 +15,8 @@ from typing import Any
 import anyio
 import httpx
 
-from acp_server.conformance.context import CheckFailed, Context, Frame, Skip, Stream, describe
+from acp_server.conformance.context import (CheckFailed, Context, Frame, Skip, Stream, describe,
+                                            json_of)
 
 BASE = "/lmsp/v1"
 TERMINAL = {"succeeded", "failed", "cancelled"}
@@ -44,7 +45,10 @@ def reachable(source: str, target: str) -> bool:
 def model(ctx: Context) -> str:
     if ctx.options.model:
         return ctx.options.model
-    models = (ctx.lmsp_capabilities or {}).get("models") or []
+    if ctx.lmsp_capabilities is None:
+        raise CheckFailed("no LMSP here: GET /lmsp/v1/capabilities did not answer 200 "
+                          "with a JSON object")
+    models = ctx.lmsp_capabilities.get("models") or []
     if not models:
         raise Skip("no model advertised by /lmsp/v1/capabilities: pass --model")
     first = models[0]
@@ -122,7 +126,7 @@ async def check_lifecycle(ctx: Context) -> None:
               and (not with_events or isinstance(task.get("events_url"), str)))
         ctx.expect(ids[0], ok, f"missing {missing}; {describe(response)}")
         readable = await ctx.request("GET", f"{BASE}/tasks/{task['id']}")
-        ctx.expect(ids[1], readable.status_code == 200 and readable.json().get("id") == task["id"],
+        ctx.expect(ids[1], readable.status_code == 200 and json_of(readable).get("id") == task["id"],
                    describe(readable))
         statuses = await watch_statuses(ctx, task["id"], task["status"])
         bad = [(a, b) for a, b in zip(statuses, statuses[1:]) if not reachable(a, b)]
@@ -133,7 +137,7 @@ async def check_lifecycle(ctx: Context) -> None:
         await _check_events(ctx, task["id"], ids)
         cancel = await ctx.request("POST", f"{BASE}/tasks/{task['id']}/cancel")
         finished = statuses[-1]
-        body = cancel.json() if cancel.headers.get("content-type", "").find("json") >= 0 else {}
+        body = json_of(cancel)
         if finished in ("succeeded", "failed"):
             ctx.expect(ids[9], cancel.status_code == 409
                        and body.get("code") == "task_not_cancelable", describe(cancel))
@@ -173,7 +177,7 @@ async def _check_events(ctx: Context, task_id: str, ids: tuple[str, ...]) -> Non
             response = await ctx.request("GET", f"{BASE}/tasks/{task_id}/events",
                                          headers={"Last-Event-ID": bad,
                                                   "Accept": "text/event-stream"})
-            body = response.json() if response.status_code == 400 else {}
+            body = json_of(response)
             if response.status_code != 400 or body.get("code") != "invalid_request":
                 seen.append(describe(response))
         ctx.expect(ids[8], not seen, "; ".join(seen))
@@ -196,14 +200,14 @@ async def check_cancel_running(ctx: Context) -> None:
             again = await ctx.request("POST", f"{BASE}/tasks/{task['id']}/cancel")
             await stream.wait_for_end(ctx.options.settle_timeout_s)
         final = await get(ctx, task["id"])
-        status = first.json().get("status") if first.status_code == 200 else None
+        status = json_of(first).get("status") if first.status_code == 200 else None
         last_event = stream.frames[-1].event if stream.frames else None
         ctx.expect(ids[0], status == "cancelling" and final["status"] == "cancelled"
                    and last_event == "response.cancelled",
                    f"cancel while running: {describe(first)}; then status {final['status']}, "
                    f"last event {last_event}")
         ctx.expect(ids[1], again.status_code == 200
-                   and again.json().get("status") in ("cancelling", "cancelled"),
+                   and json_of(again).get("status") in ("cancelling", "cancelled"),
                    f"second cancel: {describe(again)}")
         later = [final["status"]]
         for _ in range(3):
@@ -232,7 +236,7 @@ async def check_cancel_queued(ctx: Context) -> None:
             raise Skip(f"no task stayed queued behind {len(created)} running ones "
                        "(raise --saturate-tasks)")
         cancel = await ctx.request("POST", f"{BASE}/tasks/{queued['id']}/cancel")
-        ctx.expect(check, cancel.status_code == 200 and cancel.json().get("status") == "cancelled",
+        ctx.expect(check, cancel.status_code == 200 and json_of(cancel).get("status") == "cancelled",
                    f"cancel of a queued task: {describe(cancel)}")
 
 
@@ -244,7 +248,7 @@ async def check_not_found(ctx: Context) -> None:
         for method, path in (("GET", f"{BASE}/tasks/{unknown}"),
                              ("POST", f"{BASE}/tasks/{unknown}/cancel")):
             response = await ctx.request(method, path)
-            body = response.json() if response.status_code == 404 else {}
+            body = json_of(response)
             if response.status_code != 404 or body.get("code") != "task_not_found":
                 seen.append(describe(response))
         ctx.expect(check, not seen, "; ".join(seen))
@@ -258,14 +262,14 @@ async def check_idempotency(ctx: Context) -> None:
         replay = await ctx.request("POST", f"{BASE}/tasks",
                                    json=envelope(ctx, ctx.options.quick_prompt),
                                    headers={"Idempotency-Key": key})
-        ok = replay.status_code == 202 and replay.json().get("id") == first["id"] \
+        ok = replay.status_code == 202 and json_of(replay).get("id") == first["id"] \
             and replay.headers.get("idempotent-replayed") == "true"
         ctx.expect(ids[0], ok, f"first task {first['id']}; replay: "
                                f"{describe(replay, headers=('idempotent-replayed',))}")
         other = await ctx.request("POST", f"{BASE}/tasks",
                                   json=envelope(ctx, ctx.options.quick_prompt + " (other)"),
                                   headers={"Idempotency-Key": key})
-        body = other.json() if other.status_code == 422 else {}
+        body = json_of(other)
         ctx.expect(ids[1], other.status_code == 422
                    and body.get("code") == "idempotency_key_reused", describe(other))
 
@@ -277,14 +281,15 @@ async def check_on_restart(ctx: Context) -> None:
         bogus = await ctx.request("POST", f"{BASE}/tasks",
                                   json=envelope(ctx, ctx.options.quick_prompt,
                                                 on_restart="sometimes"))
-        if bogus.status_code != 400 or bogus.json().get("code") != "invalid_request":
+        if bogus.status_code != 400 or json_of(bogus).get("code") != "invalid_request":
             seen.append(describe(bogus))
         snapshots = (ctx.lmsp_capabilities or {}).get("capabilities", {}).get("snapshots")
         if snapshots is False:
             resume = await ctx.request("POST", f"{BASE}/tasks",
                                        json=envelope(ctx, ctx.options.quick_prompt,
                                                      on_restart="resume"))
-            if resume.status_code != 400 or resume.json().get("code") != "unsupported_capability":
+            if resume.status_code != 400 \
+                    or json_of(resume).get("code") != "unsupported_capability":
                 seen.append(describe(resume))
         retry, _ = await create(ctx, ctx.options.quick_prompt, on_restart="retry")
         if retry.get("on_restart") != "retry":

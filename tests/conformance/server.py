@@ -27,7 +27,7 @@ from bridge.agents.reference import ReferenceAgentFactory
 from tests.rest.server import serving
 
 # Short holds keep the suite quick: the completion check waits for one hold to end.
-FAST = Options(hold_prompt="/sleep 1500ms conformance hold", timeout_s=5.0,
+FAST = Options(hold_prompt="/sleep 2s conformance hold", timeout_s=5.0,
                settle_timeout_s=15.0, saturate_tasks=3, oversize_bytes=11 * 1024 * 1024)
 LIMIT = 3
 

@@ -22,7 +22,7 @@ from tests.conformance.broken import BROKEN
 from tests.conformance.server import running_target
 
 pytestmark = pytest.mark.anyio
-FAST_FLAGS = ["--hold-prompt", "/sleep 1500ms hold", "--timeout", "5", "--settle-timeout", "15",
+FAST_FLAGS = ["--hold-prompt", "/sleep 2s hold", "--timeout", "5", "--settle-timeout", "15",
               "--saturate-tasks", "3"]
 
 
