@@ -126,7 +126,7 @@ _ALL = [
     Check("lmsp.idempotency.conflict", "MUST",
           "LMSP §9.2: same key, different body -> 422 idempotency_key_reused"),
     Check("lmsp.on-restart.validated", "MUST",
-          "LMSP §7.1, §7.5: on_restart is fail|retry|resume; resume without snapshots -> 400 unsupported_capability"),
+          "LMSP §7.1, §7.5: on_restart is fail, retry or resume; resume without snapshots -> 400 unsupported_capability"),
 ]
 
 CHECKS: dict[str, Check] = {check.id: check for check in _ALL}
