@@ -8,17 +8,23 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import re
 import socket
+import sys
 import xml.etree.ElementTree as ET
 
 import anyio
+import anyio.abc
 import pytest
 from rich.console import Console
 
 from acp_server.cli import build_parser, main
+from acp_server.conformance import CHECKS
 from acp_server.conformance.catalog import checks_of
 from acp_server.conformance.cli import run_conformance_args
 from tests.conformance.broken import BROKEN
+from tests.conformance.conftest import KNOWN_FAILING
 from tests.conformance.server import running_target
 
 pytestmark = pytest.mark.anyio
@@ -89,3 +95,42 @@ def test_an_unreachable_target_exits_2(capsys):
     assert "cannot reach the target" in capsys.readouterr().err
 
 
+
+
+async def test_the_command_against_acp_server_serve_end_to_end(tmp_path):
+    """Two real processes: ``acp-server serve`` and ``acp-server conformance`` on it."""
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    serve = [sys.executable, "-m", "acp_server", "serve", "--port", "0", "--workspace",
+             str(workspace), "--state-dir", str(tmp_path / "state"),
+             "--max-pending-prompts-per-session", "2", "--max-running-tasks", "2"]
+    env = {k: v for k, v in os.environ.items() if k != "ACP_SERVER_TOKEN"}
+    async with await anyio.open_process(serve, env=env) as server:
+        try:
+            url = await _listening(server)
+            report_path = tmp_path / "report.json"
+            done = await anyio.run_process(
+                [sys.executable, "-m", "acp_server", "conformance", url, "--json",
+                 str(report_path), *FAST_FLAGS], env=env, check=False)
+        finally:
+            server.terminate()
+            with anyio.fail_after(20):
+                assert await server.wait() == 0           # drained on SIGTERM
+    report = json.loads(report_path.read_text())
+    assert [c["id"] for c in report["checks"]] == list(CHECKS)
+    failed = {c["id"] for c in report["checks"] if c["outcome"] != "pass"}
+    assert failed <= set(KNOWN_FAILING), [c for c in report["checks"] if c["id"] in failed]
+    assert done.returncode == (1 if failed else 0), done.stdout.decode()[-3000:]
+    assert b"passed" in done.stdout
+
+
+async def _listening(process: anyio.abc.Process) -> str:
+    assert process.stdout is not None
+    seen = b""
+    with anyio.fail_after(30):
+        async for chunk in process.stdout:
+            seen += chunk
+            match = re.search(rb"listening on (http://127\.0\.0\.1:\d+)", seen)
+            if match:
+                return match.group(1).decode()
+    raise AssertionError(f"acp-server serve exited: {seen!r}")
