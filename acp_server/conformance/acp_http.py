@@ -280,9 +280,9 @@ def _judge_load(ctx: Context, marker: str, reply: dict[str, Any], before: list[A
     if "error" in reply:
         raise CheckFailed(f"session/load {how} answered {json.dumps(reply)[:300]}")
     echoed = [m for m in before if marker in json.dumps(m)]
-    ctx.expect("acp-http.load.history-first", bool(echoed),
-               f"session/load {how} answered {json.dumps(reply)[:200]}; session/update before "
-               f"the answer: {len(before)}, carrying the earlier prompt: {len(echoed)}")
+    seen = (f"session/load {how} answered {json.dumps(reply)[:200]}; session/update before "
+            f"the answer: {len(before)}, carrying the earlier prompt: {len(echoed)}")
+    ctx.record("acp-http.load.history-first", "pass" if echoed else "fail", seen)
 
 
 async def check_queue_full(ctx: Context) -> None:

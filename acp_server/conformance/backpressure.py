@@ -38,8 +38,9 @@ async def post_prompt(ctx: Context, sid: str, text: str) -> httpx.Response:
 
 def limit_of(ctx: Context) -> int:
     """The advertised limit, or Skip when it is off, unusable or nothing can hold."""
-    limits = (ctx.capabilities or {}).get("limits") or {}
-    limit = limits.get("maxPendingPromptsPerSession")
+    if not isinstance((ctx.capabilities or {}).get("limits"), dict):
+        raise Skip("no limits in /capabilities: the queue limit is unknown")
+    limit = ctx.capabilities["limits"].get("maxPendingPromptsPerSession")  # type: ignore[index]
     if limit is None:
         raise Skip("the cap is disabled (maxPendingPromptsPerSession is null)")
     if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
