@@ -36,14 +36,14 @@ LIMIT = 3
 async def running_target(tmp_path: Any, *, wrap: Callable[[Any], Any] | None = None,
                          tamper: Callable[[Bridge], None] | None = None,
                          limit: int = LIMIT, max_running_tasks: int = 2,
-                         ) -> AsyncIterator[str]:
+                         token: str | None = None) -> AsyncIterator[str]:
     options = BridgeOptions(max_pending_prompts_per_session=limit)
-    settings = Settings(workspace=str(tmp_path), port=0, options=options)
+    settings = Settings(workspace=str(tmp_path), port=0, options=options, token=token)
     async with Bridge(ReferenceAgentFactory(), workspace_cwd=settings.workspace,
                       options=options) as bridge:
         if tamper is not None:
             tamper(bridge)
-        async with open_lmsp(bridge, state_dir=str(tmp_path / "state"),
+        async with open_lmsp(bridge, state_dir=str(tmp_path / "state"), token=token,
                              max_running_tasks=max_running_tasks) as service:
             app = build_app(settings, bridge)
             install_lmsp(app, service)

@@ -3,6 +3,8 @@ check passes, under asyncio and trio."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from acp_server.conformance import CHECKS, SUITES, run_conformance
@@ -39,3 +41,14 @@ async def test_a_disabled_cap_skips_the_filling_checks(tmp_path):
     assert set(outcomes.values()) == {"skip"}
     assert all("disabled" in r.detail for r in report.results if r.outcome == "skip")
     assert report.exit_status() == 0
+
+
+async def test_the_token_is_sent_on_every_request_and_the_websocket(tmp_path):
+    async with running_target(tmp_path, token="s3cret") as url:
+        report = await run_conformance(url, options=dataclasses.replace(FAST, token="s3cret"))
+        refused = await run_conformance(url, options=FAST, suites=["acp-http"])
+    assert {r.id for r in report.results if r.outcome != "pass"} <= set(KNOWN_FAILING)
+    assert len(report.results) == len(CHECKS)
+    initialize = next(r for r in refused.results if r.id == "acp-http.initialize")
+    assert initialize.outcome == "fail" and "saw 401" in initialize.detail
+    assert refused.exit_status() == 1
