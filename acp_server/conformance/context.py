@@ -337,6 +337,3 @@ class Context:
                 with anyio.move_on_after(self.options.timeout_s), \
                         contextlib.suppress(Exception):
                     await cleanup()
-
-    def next_seq(self) -> int:
-        return next(self._seq)

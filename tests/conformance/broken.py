@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bridge import Bridge
+from bridge.ticket import PromptResult
 
 Asgi = Callable[..., Awaitable[None]]
 Headers = list[tuple[bytes, bytes]]
@@ -162,6 +163,25 @@ def _leak_on_cancel(bridge: Bridge) -> None:
     bridge.cancel_session = cancel_session  # type: ignore[method-assign]
 
 
+def _keep_completed_slots(bridge: Bridge) -> None:
+    """A prompt that completes (end_turn) keeps its slot; cancelled or failed ones free it."""
+    original = bridge.send_prompt
+
+    def send_prompt(session_id: str, prompt: list[Any], **kwargs: Any) -> Any:
+        ticket = original(session_id, prompt, **kwargs)
+        session = bridge.get_session(session_id)
+        if "_settle" not in vars(session):          # once per session
+            settle = session._settle
+
+            def settled(pending: Any, outcome: Any) -> None:
+                settle(pending, outcome)
+                if isinstance(outcome, PromptResult) and outcome.stop_reason == "end_turn":
+                    session.pending_count += 1     # the release undone
+            session._settle = settled  # type: ignore[method-assign]
+        return ticket
+    bridge.send_prompt = send_prompt  # type: ignore[method-assign]
+
+
 def _branch_takes_a_slot(bridge: Bridge) -> None:
     original = bridge.branch_session
 
@@ -185,6 +205,8 @@ BROKEN = {
                              {"wrap": rewrite("POST", PROMPT, edit=_no_retry_after)}),
     "prompt-id-in-refusal": Broken("backpressure", "backpressure.refusal.no-prompt-id", {
         "wrap": rewrite("POST", PROMPT, edit=_json_edit(_prompt_id_in_refusal))}),
+    "slot-kept-after-completion": Broken("backpressure", "backpressure.release.completed",
+                                         {"tamper": _keep_completed_slots}),
     "slot-kept-after-cancel": Broken("backpressure", "backpressure.release.cancelled",
                                      {"tamper": _leak_on_cancel}),
     "branch-takes-a-slot": Broken("backpressure", "backpressure.branch.no-slot",

@@ -26,8 +26,8 @@ from bridge import Bridge, BridgeOptions
 from bridge.agents.reference import ReferenceAgentFactory
 from tests.rest.server import serving
 
-# Short holds keep the suite quick: the completion check waits for one hold to end.
-FAST = Options(hold_prompt="/sleep 2s conformance hold", timeout_s=5.0,
+# Holds end only when the runner cancels them (no check waits for one to end).
+FAST = Options(hold_prompt="/sleep 30s conformance hold", timeout_s=5.0,
                settle_timeout_s=15.0, saturate_tasks=3, oversize_bytes=11 * 1024 * 1024)
 LIMIT = 3
 

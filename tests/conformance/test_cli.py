@@ -28,7 +28,7 @@ from tests.conformance.conftest import KNOWN_FAILING
 from tests.conformance.server import running_target
 
 pytestmark = pytest.mark.anyio
-FAST_FLAGS = ["--hold-prompt", "/sleep 2s hold", "--timeout", "5", "--settle-timeout", "15",
+FAST_FLAGS = ["--hold-prompt", "/sleep 30s hold", "--timeout", "5", "--settle-timeout", "15",
               "--saturate-tasks", "3"]
 
 
