@@ -112,9 +112,13 @@ async def check_flow(ctx: Context) -> None:
                                                 {"cwd": cwd(ctx), "mcpServers": []}))
             ctx.expect(ids[1], created.status_code == 202 and created.content == b"",
                        describe(created))
+            await accepted(ctx, conn, rpc("conformance-2", "_conformance/unknown", {}))
             reply = await connection.wait_for(connection.rpc_reply(1))
+            other = await connection.wait_for(connection.rpc_reply("conformance-2"))
             sid = (reply.data.get("result") or {}).get("sessionId")
-            ctx.expect(ids[2], bool(sid), f"reply to session/new (id 1): {reply.data}")
+            ctx.expect(ids[2], bool(sid) and ("result" in other.data or "error" in other.data),
+                       f"reply to session/new (id 1): {reply.data}; to an unknown extension "
+                       f"method (id 'conformance-2'): {other.data}")
             if not sid:
                 raise Skip("no session")
             async with open_stream(ctx, conn, sid) as session:
