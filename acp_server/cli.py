@@ -33,6 +33,7 @@ import uvicorn
 from acp_server import __version__
 from acp_server.acp_http import ConnectionRegistry, registry_for
 from acp_server.app import build_app
+from acp_server.conformance.cli import add_conformance_arguments, run_conformance_args
 from acp_server.lmsp import LmspService, install_lmsp, open_lmsp
 from acp_server.prompt_cli import add_prompt_arguments, run_prompt_args
 from acp_server.settings import (
@@ -111,6 +112,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         "prompt", help="send a prompt to a running daemon and stream the reply"))
     add_tasks_arguments(commands.add_parser(
         "tasks", help="create, get, cancel or watch LMSP async tasks"))
+    add_conformance_arguments(commands.add_parser(
+        "conformance", help="check a server (ours or another) against the backpressure, "
+                            "ACP-over-HTTP and LMSP suites"))
     return parser, serve
 
 
@@ -131,6 +135,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_prompt_args(args)
     if args.command == "tasks":
         return run_tasks_args(args)
+    if args.command == "conformance":
+        return run_conformance_args(args)
     try:
         settings = settings_from_args(args)
     except SettingsError as exc:

@@ -1,0 +1,315 @@
+"""The ``acp-http`` suite: ACP JSON-RPC over Streamable HTTP and WebSocket at ``/acp``.
+
+    await run_acp_http(ctx)     # records every ``acp-http.*`` check in ctx
+
+Each scenario opens its own connection (``initialize``) and deletes it afterwards.
+``session/new`` uses the target's ``workspaceCwd`` from ``/capabilities``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import httpx
+from httpx_ws import WebSocketDisconnect, aconnect_ws
+
+from acp_server.conformance.backpressure import fill, limit_of
+from acp_server.conformance.context import CheckFailed, Context, Skip, Stream, describe
+
+PATH = "/acp"
+JSON = {"Content-Type": "application/json"}
+WS_MAX_MESSAGE = 64 * 1024 * 1024
+
+
+def rpc(rpc_id: Any, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+    message: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
+    if rpc_id is not None:
+        message["id"] = rpc_id
+    if params is not None:
+        message["params"] = params
+    return message
+
+
+INITIALIZE = rpc(0, "initialize", {"protocolVersion": 1, "clientCapabilities": {},
+                                   "clientInfo": {"name": "acp-server-conformance",
+                                                  "version": "1"}})
+
+
+def cwd(ctx: Context) -> str:
+    return str((ctx.capabilities or {}).get("workspaceCwd") or "/")
+
+
+def text(value: str) -> list[dict[str, Any]]:
+    return [{"type": "text", "text": value}]
+
+
+async def post(ctx: Context, conn: str | None, message: Any, session: str | None = None,
+               **headers: str) -> httpx.Response:
+    sent = {**JSON, **headers}
+    if conn is not None:
+        sent["Acp-Connection-Id"] = conn
+    if session is not None:
+        sent["Acp-Session-Id"] = session
+    return await ctx.request("POST", PATH, content=json.dumps(message), headers=sent)
+
+
+async def initialize(ctx: Context) -> tuple[str, httpx.Response]:
+    response = await post(ctx, None, INITIALIZE)
+    conn = response.headers.get("acp-connection-id")
+    if response.status_code != 200 or not conn:
+        raise CheckFailed(f"initialize failed: {describe(response, headers=('acp-connection-id',))}")
+    ctx.later(lambda: ctx.request("DELETE", PATH, headers={"Acp-Connection-Id": conn}))
+    return conn, response
+
+
+def open_stream(ctx: Context, conn: str, session: str | None = None,
+                expect: int | None = 200) -> Any:
+    headers = {"Acp-Connection-Id": conn}
+    if session is not None:
+        headers["Acp-Session-Id"] = session
+    return ctx.stream("GET", PATH, headers=headers, expect=expect)
+
+
+async def accepted(ctx: Context, conn: str, message: Any, session: str | None = None) -> None:
+    response = await post(ctx, conn, message, session)
+    if response.status_code != 202:
+        raise CheckFailed(f"not accepted: {describe(response)}")
+
+
+async def new_session(ctx: Context, conn: str, stream: Stream, rpc_id: Any) -> str:
+    await accepted(ctx, conn, rpc(rpc_id, "session/new", {"cwd": cwd(ctx), "mcpServers": []}))
+    reply = await stream.wait_for(stream.rpc_reply(rpc_id))
+    sid = (reply.data.get("result") or {}).get("sessionId")
+    if not sid:
+        raise CheckFailed(f"session/new answered {reply.data}")
+    return str(sid)
+
+
+def _is_update(session_id: str) -> Any:
+    return lambda f: isinstance(f.data, dict) and f.data.get("method") == "session/update" \
+        and (f.data.get("params") or {}).get("sessionId") == session_id
+
+
+async def check_flow(ctx: Context) -> None:
+    ids = ("acp-http.initialize", "acp-http.post.accepted", "acp-http.stream.connection",
+           "acp-http.stream.session")
+    async with ctx.checking(*ids):
+        response = await post(ctx, None, INITIALIZE)
+        conn = response.headers.get("acp-connection-id")
+        body = response.json() if response.status_code == 200 else None
+        ok = bool(conn) and isinstance(body, dict) and body.get("id") == 0 \
+            and isinstance(body.get("result"), dict)
+        ctx.expect(ids[0], ok, describe(response, headers=("acp-connection-id",)))
+        if not conn:
+            raise Skip("no connection")
+        ctx.later(lambda: ctx.request("DELETE", PATH, headers={"Acp-Connection-Id": conn}))
+        async with open_stream(ctx, conn) as connection:
+            created = await post(ctx, conn, rpc(1, "session/new",
+                                                {"cwd": cwd(ctx), "mcpServers": []}))
+            ctx.expect(ids[1], created.status_code == 202 and created.content == b"",
+                       describe(created))
+            await accepted(ctx, conn, rpc("conformance-2", "_conformance/unknown", {}))
+            reply = await connection.wait_for(connection.rpc_reply(1))
+            other = await connection.wait_for(connection.rpc_reply("conformance-2"))
+            sid = (reply.data.get("result") or {}).get("sessionId")
+            ctx.expect(ids[2], bool(sid) and ("result" in other.data or "error" in other.data),
+                       f"reply to session/new (id 1): {reply.data}; to an unknown extension "
+                       f"method (id 'conformance-2'): {other.data}")
+            if not sid:
+                raise Skip("no session")
+            async with open_stream(ctx, conn, sid) as session:
+                await accepted(ctx, conn, rpc(2, "session/prompt", {
+                    "sessionId": sid, "prompt": text(ctx.options.quick_prompt)}), sid)
+                answer = await session.wait_for(session.rpc_reply(2),
+                                                timeout=ctx.options.settle_timeout_s)
+                updates = [f for f in session.frames if _is_update(sid)(f)]
+                ok = "stopReason" in (answer.data.get("result") or {}) and bool(updates)
+                ctx.expect(ids[3], ok, f"session stream: {len(updates)} session/update, reply "
+                                       f"to session/prompt (id 2): {answer.data}")
+
+
+async def check_statuses(ctx: Context) -> None:
+    conn = ""
+    async with ctx.checking("acp-http.status.415", "acp-http.status.406", "acp-http.status.400",
+                            "acp-http.status.404", "acp-http.status.409", "acp-http.status.501",
+                            "acp-http.status.413"):
+        conn, _ = await initialize(ctx)
+    if not conn:
+        return
+    async with ctx.checking("acp-http.status.415"):
+        response = await ctx.request("POST", PATH, content=json.dumps(rpc(1, "session/list", {})),
+                                     headers={"Content-Type": "text/plain",
+                                              "Acp-Connection-Id": conn})
+        ctx.expect("acp-http.status.415", response.status_code == 415, describe(response))
+    async with ctx.checking("acp-http.status.406"):
+        response = await ctx.request("GET", PATH, headers={"Accept": "application/json",
+                                                           "Acp-Connection-Id": conn})
+        ctx.expect("acp-http.status.406", response.status_code == 406, describe(response))
+    async with ctx.checking("acp-http.status.400"):
+        response = await post(ctx, None, rpc(1, "session/list", {}))
+        ctx.expect("acp-http.status.400", response.status_code == 400, describe(response))
+    async with ctx.checking("acp-http.status.404"):
+        response = await post(ctx, "00000000-0000-4000-8000-00000000dead",
+                              rpc(1, "session/list", {}))
+        ctx.expect("acp-http.status.404", response.status_code == 404, describe(response))
+    async with ctx.checking("acp-http.status.501"):
+        response = await post(ctx, conn, [rpc(1, "session/list", {}), rpc(2, "session/list", {})])
+        ctx.expect("acp-http.status.501", response.status_code == 501, describe(response))
+    async with ctx.checking("acp-http.status.409"):
+        async with open_stream(ctx, conn):
+            async with open_stream(ctx, conn, expect=None) as second:
+                status = second.response.status_code
+                ctx.expect("acp-http.status.409", status == 409,
+                           f"a second GET /acp connection stream for {conn}: {status} "
+                           f"{second.response.text[:200] if second.ended else ''}")
+    async with ctx.checking("acp-http.status.413"):
+        size = ctx.options.oversize_bytes
+        payload = b'{"jsonrpc":"2.0","id":1,"method":"session/list","params":{"pad":"' \
+            + b"x" * size + b'"}}'
+        response = await ctx.request("POST", PATH, content=payload,
+                                     headers={**JSON, "Acp-Connection-Id": conn})
+        ctx.expect("acp-http.status.413", response.status_code == 413,
+                   f"sent POST /acp of {len(payload)} bytes; saw {response.status_code} "
+                   f"{response.text[:200]}")
+
+
+async def check_delete(ctx: Context) -> None:
+    async with ctx.checking("acp-http.delete"):
+        conn, _ = await initialize(ctx)
+        deleted = await ctx.request("DELETE", PATH, headers={"Acp-Connection-Id": conn})
+        after = await post(ctx, conn, rpc(1, "session/list", {}))
+        ctx.expect("acp-http.delete", deleted.status_code == 202 and after.status_code == 404,
+                   f"{describe(deleted)}; then {describe(after)}")
+
+
+@contextlib.asynccontextmanager
+async def websocket(ctx: Context) -> AsyncIterator[Any]:
+    url = ctx.base_url.replace("http://", "ws://", 1).replace("https://", "wss://", 1) + PATH
+    async with aconnect_ws(url, ctx.client, max_message_size_bytes=WS_MAX_MESSAGE,
+                           keepalive_ping_interval_seconds=None) as ws:
+        yield ws
+
+
+async def ws_reply(ctx: Context, ws: Any, rpc_id: Any, timeout: float | None = None
+                   ) -> dict[str, Any]:
+    with anyio.fail_after(timeout or ctx.options.timeout_s):
+        while True:
+            message = json.loads(await ws.receive_text())
+            if isinstance(message, dict) and message.get("id") == rpc_id \
+                    and "method" not in message:
+                return message  # type: ignore[no-any-return]
+
+
+async def check_websocket(ctx: Context) -> None:
+    check = "acp-http.websocket"
+    async with ctx.checking(check):
+        try:
+            async with websocket(ctx) as ws:
+                await ws.send_text(json.dumps(INITIALIZE))
+                init = await ws_reply(ctx, ws, 0)
+                if "result" not in init:
+                    raise CheckFailed(f"initialize over WebSocket answered {init}")
+                await ws.send_text(json.dumps(rpc(1, "session/new", {"cwd": cwd(ctx),
+                                                                     "mcpServers": []})))
+                created = await ws_reply(ctx, ws, 1)
+                sid = (created.get("result") or {}).get("sessionId")
+                if not sid:
+                    raise CheckFailed(f"session/new over WebSocket answered {created}")
+                await ws.send_text(json.dumps(rpc(2, "session/prompt", {
+                    "sessionId": sid, "prompt": text(ctx.options.quick_prompt)})))
+                answer = await ws_reply(ctx, ws, 2, ctx.options.settle_timeout_s)
+                ctx.expect(check, "stopReason" in (answer.get("result") or {}),
+                           f"session/prompt over WebSocket answered {answer}")
+        except (WebSocketDisconnect, OSError) as exc:
+            raise CheckFailed(f"WebSocket on {PATH}: {type(exc).__name__}: {exc}") from exc
+        except Exception as exc:   # httpx_ws upgrade refusals
+            if type(exc).__module__.startswith("httpx_ws"):
+                raise CheckFailed(f"WebSocket upgrade on {PATH}: {exc!r}") from exc
+            raise
+
+
+async def check_load(ctx: Context) -> None:
+    """Over HTTP the session stream is opened before ``session/load`` (as the TS client
+    does); a server that refuses that stream is tried on the WebSocket profile, where
+    everything shares one ordered channel."""
+    check = "acp-http.load.history-first"
+    marker = "conformance history probe"
+    async with ctx.checking(check):
+        conn, init = await initialize(ctx)
+        if not (init.json().get("result") or {}).get("agentCapabilities", {}).get("loadSession"):
+            raise Skip("the agent does not advertise loadSession")
+        async with open_stream(ctx, conn) as connection:
+            sid = await new_session(ctx, conn, connection, 1)
+            async with open_stream(ctx, conn, sid) as session:
+                await accepted(ctx, conn, rpc(2, "session/prompt", {
+                    "sessionId": sid, "prompt": text(f"{ctx.options.quick_prompt} {marker}")}),
+                    sid)
+                await session.wait_for(session.rpc_reply(2), timeout=ctx.options.settle_timeout_s)
+        load = rpc(3, "session/load", {"sessionId": sid, "cwd": cwd(ctx), "mcpServers": []})
+        again, _ = await initialize(ctx)
+        async with open_stream(ctx, again) as connection:
+            async with open_stream(ctx, again, sid, expect=None) as session:
+                if session.response.status_code == 200:
+                    await accepted(ctx, again, load, sid)
+                    reply = await connection.wait_for(connection.rpc_reply(3),
+                                                      timeout=ctx.options.settle_timeout_s)
+                    before = [f.data for f in session.frames
+                              if _is_update(sid)(f) and f.seq < reply.seq]
+                    _judge_load(ctx, marker, reply.data, before, "over HTTP")
+                    return
+                refused = (f"GET /acp with Acp-Session-Id before session/load answered "
+                           f"{session.response.status_code} {session.response.text[:160]}")
+        async with websocket(ctx) as ws:
+            await ws.send_text(json.dumps(INITIALIZE))
+            await ws_reply(ctx, ws, 0)
+            await ws.send_text(json.dumps(load))
+            before = []
+            with anyio.fail_after(ctx.options.settle_timeout_s):
+                while True:
+                    message = json.loads(await ws.receive_text())
+                    if isinstance(message, dict) and message.get("id") == 3 \
+                            and "method" not in message:
+                        break
+                    if isinstance(message, dict) and message.get("method") == "session/update":
+                        before.append(message)
+            _judge_load(ctx, marker, message, before, f"over WebSocket ({refused})")
+
+
+def _judge_load(ctx: Context, marker: str, reply: dict[str, Any], before: list[Any],
+                how: str) -> None:
+    if "error" in reply:
+        raise CheckFailed(f"session/load {how} answered {json.dumps(reply)[:300]}")
+    echoed = [m for m in before if marker in json.dumps(m)]
+    seen = (f"session/load {how} answered {json.dumps(reply)[:200]}; session/update before "
+            f"the answer: {len(before)}, carrying the earlier prompt: {len(echoed)}")
+    ctx.record("acp-http.load.history-first", "pass" if echoed else "fail", seen)
+
+
+async def check_queue_full(ctx: Context) -> None:
+    check = "acp-http.prompt-queue-full"
+    async with ctx.checking(check):
+        limit = limit_of(ctx)
+        conn, _ = await initialize(ctx)
+        async with open_stream(ctx, conn) as connection:
+            sid = await new_session(ctx, conn, connection, 1)
+            ctx.later(lambda: ctx.request("DELETE", f"/session/{sid}"))
+            async with open_stream(ctx, conn, sid) as session:
+                await fill(ctx, sid, limit)   # over REST: one ACP connection may hold one
+                await accepted(ctx, conn, rpc(2, "session/prompt", {
+                    "sessionId": sid, "prompt": text(ctx.hold_prompt or "")}), sid)
+                reply = (await session.wait_for(session.rpc_reply(2))).data
+                error = reply.get("error") or {}
+                data = error.get("data") or {}
+                ok = (error.get("code") == -32603 and data.get("errorKind") == "prompt_queue_full"
+                      and data.get("sessionId") == sid and data.get("limit") == limit
+                      and data.get("pendingCount") == limit)
+                ctx.expect(check, ok, f"{limit} prompts pending (REST), then session/prompt "
+                                      f"(id 2) on /acp answered {reply}")
+
+
+SCENARIOS = (check_flow, check_statuses, check_delete, check_websocket, check_load,
+             check_queue_full)

@@ -1,0 +1,339 @@
+"""What a scenario works with: the target, the options, results and bounded waits.
+
+    async with Context.open(url, options, on_result=print) as ctx:
+        response = await ctx.request("POST", "/session", json={"sessionScope": "thread"})
+        async with ctx.stream("GET", f"/session/{sid}/events",
+                              headers={"Last-Event-ID": "0"}) as events:
+            frame = await events.wait_for(lambda f: f.event == "turn_complete")
+        ctx.passed("backpressure.release.completed")
+
+Contracts: every wait is bounded: a request by ``options.timeout_s`` (httpx timeout), a
+frame by ``options.timeout_s`` unless the caller names a longer bound (the settle
+bound, ``options.settle_timeout_s``, for prompts that end by themselves). A check gets
+exactly one result; the first one recorded wins. ``describe`` renders what was sent
+and what was seen, for failure details.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import anyio
+import anyio.abc
+import httpx
+
+from acp_server.conformance.catalog import CHECKS
+
+Outcome = Literal["pass", "fail", "skip"]
+DETAIL_CHARS = 600
+
+
+@dataclass(frozen=True)
+class Options:
+    token: str | None = None
+    hold_prompt: str | None = None     # stays pending >= 5 s; None: the reference default
+    fail_prompt: str | None = None     # ends in turn_error; None: the reference default
+    quick_prompt: str = "Say hello."
+    model: str | None = None           # LMSP model; None: the first one advertised
+    timeout_s: float = 10.0            # one request, one awaited frame
+    settle_timeout_s: float = 60.0     # a prompt or task ending by itself
+    poll_interval_s: float = 0.05      # LMSP status polling
+    max_fill: int = 32                 # largest queue limit the runner fills
+    saturate_tasks: int = 8            # tasks created to observe a queued one
+    oversize_bytes: int = 17 * 1024 * 1024
+
+
+@dataclass
+class Result:
+    id: str
+    outcome: Outcome
+    detail: str = ""
+
+    @property
+    def suite(self) -> str:
+        return CHECKS[self.id].suite
+
+    @property
+    def level(self) -> str:
+        return CHECKS[self.id].level
+
+
+class CheckFailed(Exception):
+    """Raised inside ``ctx.checking(id)`` to fail that check with a detail."""
+
+
+class Skip(Exception):
+    """Raised inside ``ctx.checking(id)`` to skip that check with a reason."""
+
+
+def clip(value: str, limit: int = DETAIL_CHARS) -> str:
+    return value if len(value) <= limit else value[:limit] + f"… ({len(value)} chars)"
+
+
+def describe(response: httpx.Response, *, headers: tuple[str, ...] = ()) -> str:
+    """``sent POST /x {body}; saw 503 {headers} {body}``, clipped."""
+    request = response.request
+    target = request.url.path + (f"?{request.url.query.decode()}" if request.url.query else "")
+    sent = clip(request.content.decode(errors="replace"), 200) if request.content else ""
+    shown = {name: response.headers[name] for name in headers if name in response.headers}
+    try:
+        body = response.text
+    except httpx.ResponseNotRead:
+        body = "(body not read)"
+    return clip(f"sent {request.method} {target}{' ' + sent if sent else ''}; "
+                f"saw {response.status_code}{' ' + json.dumps(shown) if shown else ''} "
+                f"{clip(body, 300)}")
+
+
+def json_of(response: httpx.Response) -> dict[str, Any]:
+    """The body as a JSON object, or ``{}`` (not JSON, not an object)."""
+    try:
+        body = response.json()
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+@dataclass
+class Frame:
+    """One SSE frame; ``seq`` orders frames across every stream of one context."""
+
+    event: str
+    id: str | None
+    data: Any
+    seq: int
+
+
+@dataclass
+class Stream:
+    """An open SSE stream read in the background."""
+
+    response: httpx.Response
+    frames: list[Frame] = field(default_factory=list)
+    ended: bool = False
+    timeout_s: float = 10.0
+    _changed: anyio.Event = field(default_factory=anyio.Event)
+
+    def _add(self, frame: Frame) -> None:
+        self.frames.append(frame)
+        self._wake()
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    async def wait_for(self, match: Callable[[Frame], bool],
+                       timeout: float | None = None) -> Frame:
+        """The first frame (seen or to come) matching; TimeoutError past the bound."""
+        seen = 0
+        with anyio.fail_after(timeout or self.timeout_s):
+            while True:
+                for frame in self.frames[seen:]:
+                    if match(frame):
+                        return frame
+                seen = len(self.frames)
+                if self.ended:
+                    raise CheckFailed(f"the stream ended before the frame awaited; "
+                                      f"frames: {clip(str([f.data for f in self.frames]))}")
+                await self._changed.wait()
+
+    async def wait_for_end(self, timeout: float | None = None) -> None:
+        with anyio.fail_after(timeout or self.timeout_s):
+            while not self.ended:
+                await self._changed.wait()
+
+    def rpc_reply(self, rpc_id: Any) -> Callable[[Frame], bool]:
+        return lambda f: isinstance(f.data, dict) and f.data.get("id") == rpc_id \
+            and "method" not in f.data
+
+
+_EXPECTED = (httpx.HTTPError, ValueError, KeyError, TypeError, IndexError, AttributeError)
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    """The first non-group exception of a (nested) exception group, else ``exc``."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
+
+
+class Context:
+    def __init__(self, client: httpx.AsyncClient, options: Options,
+                 on_result: Callable[[Result], None] | None = None) -> None:
+        self.client = client
+        self.options = options
+        self.results: dict[str, Result] = {}
+        self.capabilities: dict[str, Any] | None = None
+        self.lmsp_capabilities: dict[str, Any] | None = None
+        self._on_result = on_result
+        self._seq = itertools.count()
+        self._cleanups: list[Callable[[], Awaitable[Any]]] = []
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def open(cls, url: str, options: Options,
+                   on_result: Callable[[Result], None] | None = None,
+                   transport: httpx.AsyncBaseTransport | None = None,
+                   ) -> AsyncIterator[Context]:
+        headers = {"Authorization": f"Bearer {options.token}"} if options.token else {}
+        limits = httpx.Limits(max_connections=200, max_keepalive_connections=20)
+        async with httpx.AsyncClient(base_url=url.rstrip("/"), headers=headers,
+                                     timeout=options.timeout_s, limits=limits,
+                                     transport=transport) as client:
+            yield cls(client, options, on_result)
+
+    @property
+    def base_url(self) -> str:
+        return str(self.client.base_url).rstrip("/")
+
+    @property
+    def reference_agent(self) -> bool:
+        """The target serves our reference agent by default (acp-server's envelope)."""
+        agents = (self.capabilities or {}).get("agents")
+        return isinstance(agents, dict) and agents.get("default") == "reference"
+
+    @property
+    def hold_prompt(self) -> str | None:
+        if self.options.hold_prompt is not None:
+            return self.options.hold_prompt
+        return "/sleep 5s conformance hold" if self.reference_agent else None
+
+    @property
+    def fail_prompt(self) -> str | None:
+        if self.options.fail_prompt is not None:
+            return self.options.fail_prompt
+        return "/fail conformance" if self.reference_agent else None
+
+    # results
+
+    def record(self, check_id: str, outcome: Outcome, detail: str = "") -> None:
+        if check_id not in CHECKS:
+            raise KeyError(check_id)
+        if check_id in self.results:
+            return
+        result = Result(check_id, outcome, clip(detail, 2 * DETAIL_CHARS))
+        self.results[check_id] = result
+        if self._on_result is not None:
+            self._on_result(result)
+
+    def passed(self, check_id: str, detail: str = "") -> None:
+        self.record(check_id, "pass", detail)
+
+    def failed(self, check_id: str, detail: str) -> None:
+        self.record(check_id, "fail", detail)
+
+    def skipped(self, check_id: str, reason: str) -> None:
+        self.record(check_id, "skip", reason)
+
+    def expect(self, check_id: str, ok: bool, detail: str) -> bool:
+        if ok:
+            self.passed(check_id)
+        else:
+            self.failed(check_id, detail)
+        return ok
+
+    @contextlib.asynccontextmanager
+    async def checking(self, *check_ids: str) -> AsyncIterator[None]:
+        """Failures inside (``CheckFailed``, a timeout, an HTTP error, a bad body) fail
+        the named checks that have no result yet; ``Skip`` skips them. Exceptions that
+        reach here through task groups (open streams) are unwrapped."""
+        try:
+            yield
+        except BaseException as raised:
+            exc = _leaf(raised)
+            if isinstance(exc, Skip):
+                outcome, detail = "skip", str(exc)
+            elif isinstance(exc, CheckFailed):
+                outcome, detail = "fail", str(exc)
+            elif isinstance(exc, TimeoutError):
+                outcome, detail = "fail", "timed out waiting (see --timeout / --settle-timeout)"
+            elif isinstance(exc, _EXPECTED):
+                outcome, detail = "fail", f"{type(exc).__name__}: {exc}"
+            else:
+                raise
+            for check_id in check_ids:
+                self.record(check_id, outcome, detail)  # type: ignore[arg-type]
+
+    # HTTP
+
+    async def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        return await self.client.request(method, path, **kwargs)
+
+    @contextlib.asynccontextmanager
+    async def stream(self, method: str, path: str, *, headers: dict[str, str] | None = None,
+                     params: dict[str, str] | None = None, expect: int | None = 200,
+                     ) -> AsyncIterator[Stream]:
+        """An SSE stream read in the background; a status other than ``expect`` fails
+        with the response described (``expect=None`` yields any answer)."""
+        sent = {"Accept": "text/event-stream", **(headers or {})}
+        timeout = httpx.Timeout(self.options.timeout_s, read=None)
+        request = self.client.build_request(method, path, headers=sent, params=params,
+                                            timeout=timeout)
+        with anyio.fail_after(self.options.timeout_s):   # the answer's head is bounded
+            response = await self.client.send(request, stream=True)
+        try:
+            stream = Stream(response, timeout_s=self.options.timeout_s)
+            if expect is not None and response.status_code != expect:
+                await response.aread()
+                raise CheckFailed(f"stream not opened: {describe(response)}")
+            async with anyio.create_task_group() as tg:
+                if response.status_code == 200:
+                    tg.start_soon(self._read, stream)
+                else:
+                    await response.aread()
+                    stream.ended = True
+                try:
+                    yield stream
+                finally:
+                    tg.cancel_scope.cancel()
+        finally:
+            await response.aclose()
+
+    async def _read(self, stream: Stream) -> None:
+        event, data, last_id = "message", [], None
+        try:
+            async for line in stream.response.aiter_lines():
+                if line == "":
+                    if data:
+                        text = "\n".join(data)
+                        try:
+                            value: Any = json.loads(text)
+                        except ValueError:
+                            value = text
+                        stream._add(Frame(event, last_id, value, next(self._seq)))
+                    event, data, last_id = "message", [], None
+                    continue
+                if line.startswith(":"):
+                    continue
+                name, _, value_text = line.partition(":")
+                value_text = value_text[1:] if value_text.startswith(" ") else value_text
+                if name == "data":
+                    data.append(value_text)
+                elif name == "event":
+                    event = value_text
+                elif name == "id":
+                    last_id = value_text
+        except (httpx.HTTPError, anyio.ClosedResourceError, anyio.EndOfStream):
+            pass
+        finally:
+            stream.ended = True
+            stream._wake()
+
+    # clean-up
+
+    def later(self, cleanup: Callable[[], Awaitable[Any]]) -> None:
+        """Run ``cleanup`` when the scenario ends (shielded, bounded, errors ignored)."""
+        self._cleanups.append(cleanup)
+
+    async def run_cleanups(self) -> None:
+        cleanups, self._cleanups = self._cleanups[::-1], []
+        with anyio.CancelScope(shield=True):
+            for cleanup in cleanups:
+                with anyio.move_on_after(self.options.timeout_s), \
+                        contextlib.suppress(Exception):
+                    await cleanup()

@@ -1,0 +1,91 @@
+"""Run the suites against a target and collect a ``Report``.
+
+    report = await run_conformance("http://127.0.0.1:4170", options=Options(),
+                                   suites=None, on_result=print)
+    report.exit_status()
+
+Contracts: with ``suites=None`` the suites the target advertises run (``backpressure``
+when ``/capabilities`` has ``limits``, ``acp-http`` when ``/acp`` answers something
+other than 404/405, ``lmsp`` when ``/lmsp/v1/capabilities`` answers 200 with
+``capabilities.tasks``); named suites always run. Scenarios run one after another;
+their clean-ups (sessions deleted, tasks cancelled, connections deleted) run after
+each one. Every check of a suite that ran has exactly one result. A target that
+answers nothing raises ``TargetUnreachable``.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import httpx
+
+from acp_server.conformance import acp_http, backpressure, lmsp
+from acp_server.conformance.catalog import SUITES, checks_of
+from acp_server.conformance.context import Context, Options, Result
+from acp_server.conformance.report import Report
+
+Scenario = Callable[[Context], Awaitable[None]]
+SCENARIOS: dict[str, Sequence[Scenario]] = {
+    "backpressure": backpressure.SCENARIOS, "acp-http": acp_http.SCENARIOS,
+    "lmsp": lmsp.SCENARIOS}
+
+
+class TargetUnreachable(Exception):
+    pass
+
+
+async def _json(ctx: Context, path: str) -> dict[str, Any] | None:
+    response = await ctx.request("GET", path)
+    if response.status_code != 200:
+        return None
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    return body if isinstance(body, dict) else None
+
+
+async def discover(ctx: Context) -> list[str]:
+    """Read the target's capabilities into ``ctx``; the suites it advertises."""
+    try:
+        ctx.capabilities = await _json(ctx, "/capabilities")
+        ctx.lmsp_capabilities = await _json(ctx, "/lmsp/v1/capabilities")
+        probe = await ctx.request("GET", acp_http.PATH, headers={"Accept": "text/event-stream"})
+    except httpx.HTTPError as exc:
+        raise TargetUnreachable(f"{ctx.base_url}: {type(exc).__name__}: {exc}") from exc
+    found = []
+    if ctx.capabilities is not None and isinstance(ctx.capabilities.get("limits"), dict):
+        found.append("backpressure")
+    if probe.status_code not in (404, 405):
+        found.append("acp-http")
+    if ((ctx.lmsp_capabilities or {}).get("capabilities") or {}).get("tasks"):
+        found.append("lmsp")
+    return found
+
+
+async def run_conformance(url: str, *, options: Options | None = None,
+                          suites: Sequence[str] | None = None,
+                          on_result: Callable[[Result], None] | None = None,
+                          on_plan: Callable[[list[str]], None] | None = None,
+                          transport: httpx.AsyncBaseTransport | None = None) -> Report:
+    options = options or Options()
+    started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    async with Context.open(url, options, on_result, transport) as ctx:
+        advertised = await discover(ctx)
+        chosen = [s for s in SUITES if s in (suites or advertised)]
+        if on_plan is not None:
+            on_plan([check.id for suite in chosen for check in checks_of(suite)])
+        for suite in chosen:
+            for scenario in SCENARIOS[suite]:
+                try:
+                    await scenario(ctx)
+                finally:
+                    await ctx.run_cleanups()
+            for check in checks_of(suite):
+                if check.id not in ctx.results:
+                    ctx.failed(check.id, "the runner recorded no result (a runner bug)")
+        order = [check.id for suite in chosen for check in checks_of(suite)]
+        return Report(target=url, started_at=started,
+                      results=[ctx.results[check_id] for check_id in order])
