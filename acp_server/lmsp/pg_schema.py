@@ -65,6 +65,10 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX idem_task ON idempotency_keys(task_id);
     """,
+    # 2: responses are looked up by id (GET/DELETE /responses/{id}, previous_response_id)
+    """
+    CREATE INDEX tasks_response ON tasks(response_id);
+    """,
 ]
 
 def migrate(conn: Conn) -> int:

@@ -60,6 +60,7 @@ from acp_server.lmsp.store import (
     NewTask,
     QueueFullError,
     RecoveryFactory,
+    delete_statements,
     RecoveryReport,
     TaskRecord,
     Transition,
@@ -414,6 +415,26 @@ class PostgresTaskStore:
     async def get_task(self, task_id: str) -> TaskRecord | None:
         return await self._read(  # type: ignore[no-any-return]
             lambda conn: select_task(conn, task_id))
+
+    async def get_by_response(self, response_id: str) -> TaskRecord | None:
+        def fn(conn: Conn) -> TaskRecord | None:
+            row = conn.execute(f"SELECT {COLUMNS} FROM tasks WHERE response_id = %s",
+                               (response_id,)).fetchone()
+            return None if row is None else record_from_row(row)
+
+        return await self._read(fn)  # type: ignore[no-any-return]
+
+    async def delete_task(self, task_id: str) -> bool:
+        def op(conn: Conn, out: list[CommittedEvent], state: _Batch) -> bool:
+            statements = delete_statements("%s", task_id)
+            if conn.execute(*statements[0]).rowcount == 0:
+                return False
+            for sql, params in statements[1:]:
+                conn.execute(sql, params)
+            self._notice(state, "e", task_id)   # watchers re-read: the task is gone
+            return True
+
+        return await self._write(op)  # type: ignore[no-any-return]
 
     async def claim_next(self, now: float) -> TaskRecord | None:
         def op(conn: Conn, out: list[CommittedEvent], state: _Batch) -> TaskRecord | None:

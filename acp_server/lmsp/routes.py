@@ -33,7 +33,7 @@ from acp_server.lmsp.requests import (
 from acp_server.lmsp.service import LmspService
 from acp_server.lmsp.store import TERMINAL, CommittedEvent
 from acp_server.lmsp.responses import base_response
-from acp_server.lmsp.wire import encode
+from acp_server.lmsp.wire import DeletedResponse, encode
 
 PREFIX = "/lmsp/v1"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -107,14 +107,47 @@ async def create_response(request: Request, service: LmspService) -> Response:
     if parsed.stream:
         stream = await service.open_events(record.id, None)
         assert stream is not None
-        return StreamingResponse(_sse(stream, cancel_on_close=(service, record.id)),
+        # A background stream's client may drop and resume; a foreground one cancels.
+        cancel = None if parsed.background else (service, record.id)
+        return StreamingResponse(_sse(stream, cancel_on_close=cancel),
                                  media_type="text/event-stream",
                                  headers={**SSE_HEADERS, **headers})
+    if parsed.background:   # durable already: answer at once
+        return _json(200, service.response_object(record), headers)
     record = await service.wait_terminal(record.id)
     if record.response is None:   # the server is stopping: the response as it stands
         status = "queued" if record.status == "queued" else "in_progress"
         return _json(200, encode(base_response(record, status)), headers)
     return _json(200, record.response, headers)
+
+
+async def get_response(request: Request, service: LmspService) -> Response:
+    """The response object; ``stream=true`` streams its events (§6.4 cursor rules)."""
+    response_id = request.path_params["response_id"]
+    stream = request.query_params.get("stream", "false").strip().lower()
+    if stream not in ("true", "false", "1", "0"):
+        raise LmspError("invalid_request", "stream must be true or false.", param="stream",
+                        errors=[])
+    record = await service.get_response(response_id)
+    if stream in ("false", "0"):
+        return _json(200, service.response_object(record))
+    cursor = parse_cursor(request)
+    events = await service.open_events(record.id, None if cursor is None else cursor[0],
+                                       param=None if cursor is None else cursor[1])
+    if events is None:
+        return Response(status_code=204)
+    return StreamingResponse(_sse(events), media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+async def cancel_response(request: Request, service: LmspService) -> Response:
+    record = await service.cancel_response(request.path_params["response_id"])
+    return _json(200, service.response_object(record))
+
+
+async def delete_response(request: Request, service: LmspService) -> Response:
+    response_id = request.path_params["response_id"]
+    await service.delete_response(response_id)
+    return _json(200, encode(DeletedResponse(id=response_id)))
 
 
 # -- SSE ---------------------------------------------------------------------------------
@@ -151,6 +184,8 @@ def lmsp_routes() -> list[BaseRoute]:
     table: list[tuple[str, dict[str, Endpoint]]] = [
         ("/capabilities", {"GET": capabilities}),
         ("/responses", {"POST": create_response}),
+        ("/responses/{response_id}", {"GET": get_response, "DELETE": delete_response}),
+        ("/responses/{response_id}/cancel", {"POST": cancel_response}),
         ("/tasks", {"POST": create_task}),
         ("/tasks/{task_id}", {"GET": get_task}),
         ("/tasks/{task_id}/cancel", {"POST": cancel_task}),
