@@ -13,7 +13,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -58,14 +58,20 @@ class Server:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(10)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+    async def aclose(self) -> None:
+        self.kill()
+        await self.client.close()
 
 
 @pytest.fixture
-def servers() -> Iterator[list[Server]]:
+async def servers() -> AsyncIterator[list[Server]]:
     started: list[Server] = []
     yield started
     for server in started:
-        server.kill()
+        await server.aclose()
 
 
 def store_args(tmp_path: Path, store_name: str) -> list[str]:
@@ -100,7 +106,6 @@ async def test_sigkill_then_restart_fails_the_running_response(
     queued = await client.responses.create(model="reference", input="after the restart",
                                            background=True)
     assert (await client.responses.retrieve(queued.id)).status == "queued"   # one slot
-    await client.close()
     first.kill()
 
     second = Server(store, tmp_path / "second")
@@ -120,4 +125,3 @@ async def test_sigkill_then_restart_fails_the_running_response(
                                           previous_response_id=done.id)
     assert after.output_text.splitlines() == [
         "History:", "user: /chunks 2 kept", "assistant: Echo: kept", "Echo: again"]
-    await client.close()
