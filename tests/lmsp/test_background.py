@@ -262,3 +262,79 @@ async def test_previous_response_still_running_is_a_conflict(server: LmspServer)
         # a cancelled turn is history too: its input, and no output
         assert after.output_text.splitlines() == [
             "History:", "user: /sleep 30s slow", "Echo: next"]
+
+
+# -- streams -------------------------------------------------------------------------------
+async def read_stream(stream: Any, limit: int | None = None) -> list[Any]:
+    """Events of an SDK stream until it ends (or ``limit`` of them, then drop it)."""
+    events: list[Any] = []
+    with anyio.fail_after(15):
+        async for event in stream:
+            events.append(event)
+            if limit is not None and len(events) >= limit:
+                break
+    await stream.close()
+    return events
+
+
+async def test_background_stream_dropped_then_resumed(server: LmspServer) -> None:
+    async with client_of(server) as client:
+        stream = await client.responses.create(
+            model="reference", input="/sleep 300ms /chunks 12 " + "word " * 24,
+            background=True, stream=True)
+        head = await read_stream(stream, limit=2)   # created, in_progress: then the client drops
+        assert [e.type for e in head] == ["response.created", "response.in_progress"]
+        response_id = head[0].response.id
+        assert head[0].response.background is True
+        tail = await read_stream(await client.responses.retrieve(
+            response_id, stream=True, starting_after=head[-1].sequence_number))
+        events = head + tail
+        assert [e.sequence_number for e in events] == list(range(len(events)))
+        assert events[-1].type == "response.completed"
+        deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+        assert len(deltas) == 12
+        done = await client.responses.retrieve(response_id)
+        assert done.status == "completed" and "".join(deltas) == done.output_text
+        # any cursor resumes right after it; the whole log from the start without one
+        middle = await read_stream(await client.responses.retrieve(
+            response_id, stream=True, starting_after=5))
+        assert [e.sequence_number for e in middle] == list(range(6, len(events)))
+        whole = await read_stream(await client.responses.retrieve(response_id, stream=True))
+        assert [e.model_dump() for e in whole] == [e.model_dump() for e in events]
+        # at the end: 204, an empty stream
+        after = await read_stream(await client.responses.retrieve(
+            response_id, stream=True, starting_after=events[-1].sequence_number))
+        assert after == []
+
+
+async def test_stream_of_a_cancelled_response(server: LmspServer) -> None:
+    async with client_of(server) as client:
+        created = await client.responses.create(model="reference", input="/sleep 30s x",
+                                                background=True)
+        await running(server, created.id)
+        await client.responses.cancel(created.id)
+        events = await read_stream(await client.responses.retrieve(created.id, stream=True))
+        assert [e.type for e in events] == ["response.created", "response.in_progress",
+                                            "response.cancelled"]
+        # not in the SDK's event union (an LMSP extension): it gets the plain payload
+        assert events[-1].response["status"] == "cancelled"
+
+
+async def test_foreground_stream_dropped_is_cancelled(server: LmspServer) -> None:
+    async with client_of(server) as client:
+        stream = await client.responses.create(model="reference", input="/sleep 30s x",
+                                               stream=True)
+        head = await read_stream(stream, limit=2)
+        cancelled = await poll(client, head[0].response.id)
+        assert cancelled.status == "cancelled"
+
+
+async def test_expired_event_history_is_410(tmp_path: Path, store_name: str) -> None:
+    config = LmspConfig(event_retention_s=0)   # events expire as soon as the task ends
+    async with running_lmsp(tmp_path, config=config) as srv, client_of(srv) as client:
+        done = await client.responses.create(model="reference", input="old")
+        assert (await client.responses.retrieve(done.id)).output_text == "Echo: old"
+        with pytest.raises(openai.APIStatusError) as caught:
+            await client.responses.retrieve(done.id, stream=True, starting_after=0)
+        assert caught.value.status_code == 410
+        assert caught.value.code == "event_history_expired"

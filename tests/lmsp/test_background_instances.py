@@ -1,6 +1,6 @@
 """Background responses on two server instances sharing one PostgreSQL schema, through
 the ``openai`` SDK: what A creates (and runs), B retrieves, cancels, continues and
-deletes; B runs nothing (``--max-running-tasks 0``), so every run happens on A.
+deletes, and streams (resuming a stream dropped on A); B runs nothing (``--max-running-tasks 0``), so every run happens on A.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import openai
 import pytest
 
 from tests.lmsp import stores
+from tests.lmsp.test_background import read_stream
 from tests.lmsp.test_background_restart import Server, poll
 
 pytestmark = pytest.mark.anyio
@@ -79,3 +80,19 @@ async def test_continue_on_b_and_delete_on_b(pair: tuple[Server, Server]) -> Non
     with pytest.raises(openai.NotFoundError):
         await a.client.responses.create(model="reference", input="x",
                                         previous_response_id=first.id)
+
+
+async def test_stream_on_a_dropped_resumed_on_b(pair: tuple[Server, Server]) -> None:
+    a, b = pair
+    stream = await a.client.responses.create(
+        model="reference", input="/sleep 300ms /chunks 10 " + "word " * 20,
+        background=True, stream=True)
+    head = await read_stream(stream, limit=2)
+    tail = await read_stream(await b.client.responses.retrieve(
+        head[0].response.id, stream=True, starting_after=head[-1].sequence_number))
+    events = head + tail
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert events[-1].type == "response.completed"
+    assert sum(e.type == "response.output_text.delta" for e in events) == 10
+    whole = await read_stream(await b.client.responses.retrieve(head[0].response.id, stream=True))
+    assert [e.model_dump() for e in whole] == [e.model_dump() for e in events]
