@@ -60,7 +60,6 @@ from acp_server.lmsp.store import (
     NewTask,
     QueueFullError,
     RecoveryFactory,
-    delete_statements,
     RecoveryReport,
     TaskRecord,
     Transition,
@@ -72,9 +71,11 @@ from acp_server.lmsp.store import (
 from acp_server.lmsp.pg_schema import (
     MIGRATIONS,
     Conn,
+    delete_finished,
     insert_events,
     migrate,
     queued_count,
+    select_by_response,
     select_task,
 )
 from acp_server.lmsp.wire import AnyEvent, encode
@@ -417,22 +418,15 @@ class PostgresTaskStore:
             lambda conn: select_task(conn, task_id))
 
     async def get_by_response(self, response_id: str) -> TaskRecord | None:
-        def fn(conn: Conn) -> TaskRecord | None:
-            row = conn.execute(f"SELECT {COLUMNS} FROM tasks WHERE response_id = %s",
-                               (response_id,)).fetchone()
-            return None if row is None else record_from_row(row)
-
-        return await self._read(fn)  # type: ignore[no-any-return]
+        return await self._read(  # type: ignore[no-any-return]
+            lambda conn: select_by_response(conn, response_id))
 
     async def delete_task(self, task_id: str) -> bool:
         def op(conn: Conn, out: list[CommittedEvent], state: _Batch) -> bool:
-            statements = delete_statements("%s", task_id)
-            if conn.execute(*statements[0]).rowcount == 0:
-                return False
-            for sql, params in statements[1:]:
-                conn.execute(sql, params)
-            self._notice(state, "e", task_id)   # watchers re-read: the task is gone
-            return True
+            deleted = delete_finished(conn, task_id)
+            if deleted:
+                self._notice(state, "e", task_id)   # watchers re-read: the task is gone
+            return deleted
 
         return await self._write(op)  # type: ignore[no-any-return]
 

@@ -10,7 +10,9 @@ creation answers 202 only after the commit; a replay adds ``Idempotent-Replayed:
 true``. Event streams are SSE (§6.4) written by ``acp_server.sse``: ``retry: 3000``
 once (a field of the first frame), ``id``/``event``/``data`` per event, a
 ``: keep-alive`` comment line after ``LmspConfig.keepalive_s`` of silence, closed right
-after the terminal event.
+after the terminal event. A ``background`` response is answered as soon as it is
+committed, and its stream outlives its client (resumed with ``GET /responses/{id}
+?stream=true``); the client of a foreground stream that drops cancels it.
 """
 
 from __future__ import annotations

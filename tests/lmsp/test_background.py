@@ -189,9 +189,28 @@ async def test_bad_stream_flag_is_a_problem(server: LmspServer) -> None:
     answer = await server.client.get(f"/lmsp/v1/responses/{done.json()['id']}",
                                      params={"stream": "maybe"})
     assert answer.status_code == 400 and answer.json()["code"] == "invalid_request"
+    for params in ({"stream": "true", "starting_after": "abc"},
+                   {"stream": "true", "starting_after": "999"}):   # past the last event
+        answer = await server.client.get(f"/lmsp/v1/responses/{done.json()['id']}",
+                                         params=params)
+        assert answer.status_code == 400 and answer.json()["param"] == "starting_after"
     answer = await server.client.post("/lmsp/v1/responses", json={
         "model": "reference", "input": "x", "background": "yes"})
     assert answer.status_code == 400 and answer.json()["param"] == "background"
+    answer = await server.client.post("/lmsp/v1/responses", json={
+        "model": "reference", "input": "x", "previous_response_id": 7})
+    assert answer.status_code == 400 and answer.json()["param"] == "previous_response_id"
+
+
+async def test_idempotent_background_create(server: LmspServer) -> None:
+    async with client_of(server) as client:
+        key = {"Idempotency-Key": "bg-1"}
+        first = await client.responses.with_raw_response.create(
+            model="reference", input="/sleep 200ms once", background=True, extra_headers=key)
+        again = await client.responses.with_raw_response.create(
+            model="reference", input="/sleep 200ms once", background=True, extra_headers=key)
+        assert again.headers["idempotent-replayed"] == "true"
+        assert again.parse().id == first.parse().id
 
 
 # -- previous_response_id ------------------------------------------------------------------
