@@ -14,7 +14,9 @@ Contracts:
   the second gets the history instead), and the session is kept again under the new
   response once that one completes. ``keep`` and ``drop`` answer the sessions the
   caller must close; a session the bridge closed meanwhile (idle reaper, agent
-  exit) is never answered by ``take``.
+  exit) is never answered by ``take``. Kept sessions count against the bridge's
+  ``max_sessions``: one is kept only while the bridge is at most half full
+  (``may_keep``), and the runner evicts kept sessions when a new one hits the limit.
 * ``history`` walks ``previous_response_id`` links through the store, oldest turn
   first: each response's input messages (their roles) and its output text
   (``assistant``). A link to a deleted or purged response ends the walk; at most
@@ -82,6 +84,21 @@ class LiveSessions:
 
     def drop(self, response_id: str) -> LiveSession | None:
         return self._by_response.pop(response_id, None)
+
+    def evict_oldest(self, bridge: Bridge) -> LiveSession | None:
+        """The least recently kept session of ``bridge`` (removed), to make room."""
+        for response_id, live in self._by_response.items():
+            if live.bridge is bridge:
+                del self._by_response[response_id]
+                return live
+        return None
+
+
+def may_keep(bridge: Bridge) -> bool:
+    """Kept sessions never crowd out the bridge's other clients: a session is kept only
+    while the bridge holds at most half of its ``max_sessions``."""
+    limit = bridge.options.session_limit
+    return limit is None or len(bridge.sessions()) <= limit // 2
 
 
 def _text_of(content: Any) -> str:

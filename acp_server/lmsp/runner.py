@@ -34,12 +34,18 @@ from typing import Any
 import anyio
 import msgspec
 
-from acp_server.lmsp.conversation import LiveSessions, history, history_prompt, transcript
+from acp_server.lmsp.conversation import (
+    LiveSessions,
+    history,
+    history_prompt,
+    may_keep,
+    transcript,
+)
 from acp_server.lmsp.responses import Attempt, count_tokens, in_progress_event
 from acp_server.lmsp.store import Finish, TaskRecord, TaskStore, restart_target
 from acp_server.lmsp.wire import AnyEvent, decode_any
 from bridge import Bridge
-from bridge.errors import AgentDiedError
+from bridge.errors import AgentDiedError, SessionLimitExceededError
 from bridge.ticket import PromptResult, PromptTicket
 
 log = logging.getLogger("acp_server.lmsp")
@@ -182,7 +188,7 @@ class Runner:
         blocks: list[dict[str, Any]] = [{"type": "text", "text": prompt}]
         if session_id is None:
             try:
-                session_id = (await bridge.create_session(agent=agent)).session_id
+                session_id = await self._new_session(bridge, agent)
             except Exception as exc:   # noqa: BLE001 - any bridge failure fails the task
                 await self._end_agent_error(record, attempt, exc)
                 return
@@ -225,7 +231,7 @@ class Runner:
             if won is None:   # a cancel committed first
                 await self._end_cancelled(record, attempt)
                 return
-            keep = (status == "succeeded" and not attempt.truncated
+            keep = (status == "succeeded" and not attempt.truncated and may_keep(bridge)
                     and isinstance(request, dict) and request.get("store") is not False)
         finally:
             with anyio.CancelScope(shield=True):
@@ -235,6 +241,17 @@ class Runner:
                         record.response_id, record.model, bridge, session_id)]
                 for owner, sid in closing:
                     await _close(owner, sid)
+
+    async def _new_session(self, bridge: Bridge, agent: str | None) -> str:
+        """A fresh session; at the bridge's session limit, kept sessions make room."""
+        while True:
+            try:
+                return (await bridge.create_session(agent=agent)).session_id
+            except SessionLimitExceededError:
+                live = self.sessions.evict_oldest(bridge)
+                if live is None:
+                    raise
+                await _close(live.bridge, live.session_id)
 
     async def _pump(self, record: TaskRecord, attempt: Attempt, ticket: PromptTicket,
                     subscription: Any, handle: _Handle) -> None:
