@@ -3,7 +3,7 @@
     settings = Settings(workspace="/ws")
     async with Bridge(settings.agent_factory(), workspace_cwd=settings.workspace,
                       options=settings.options) as bridge:
-        app = build_app(settings, bridge)          # REST + SSE and /acp
+        app = build_app(settings, bridge)          # REST + SSE, /acp, the web console at /
         install_lmsp(app, lmsp_service)             # /lmsp/v1, when LMSP runs (cli.serve)
         await uvicorn.Server(uvicorn.Config(app, port=0)).serve()
 
@@ -25,14 +25,17 @@ from acp_server.rest.errors import EXCEPTION_HANDLERS
 from acp_server.rest.security import SecurityMiddleware
 from acp_server.routing import IndexedRouter
 from acp_server.settings import Settings
+from acp_server.web import public_path, web_routes
 from bridge import Bridge
 
 
 def build_app(settings: Settings, bridge: Bridge) -> Starlette:
     app = Starlette(exception_handlers=EXCEPTION_HANDLERS,
                     middleware=[Middleware(SecurityMiddleware, settings=settings, unauthorized=[
-                        ("/lmsp/", PROBLEM_JSON.encode(), UNAUTHORIZED_PROBLEM)])])
-    app.router = IndexedRouter(routes=[*routes(), *acp_routes()])
+                        ("/lmsp/", PROBLEM_JSON.encode(), UNAUTHORIZED_PROBLEM)],
+                        public=public_path if settings.web else None)])
+    app.router = IndexedRouter(routes=[*routes(), *acp_routes(),
+                                       *(web_routes() if settings.web else ())])
     app.state.bridge = bridge
     app.state.settings = settings
     return app

@@ -105,6 +105,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     serve.add_argument("--model-server", metavar="URL",
                        help="an OpenAI-compatible server (e.g. http://127.0.0.1:11434/v1); "
                             "each model it lists becomes an agent of that name")
+    serve.add_argument("--no-web", action="store_true",
+                       help="do not serve the web console at / (404 there)")
     add_prompt_arguments(commands.add_parser(
         "prompt", help="send a prompt to a running daemon and stream the reply"))
     add_tasks_arguments(commands.add_parser(
@@ -118,7 +120,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         require_auth=args.require_auth, allow_origin=args.allow_origin,
         agent=args.agent or ["reference"], config=args.config, model_server=args.model_server,
         state_dir=args.state_dir, max_acp_connections=args.max_acp_connections,
-        store=args.store, max_running_tasks=args.max_running_tasks,
+        store=args.store, max_running_tasks=args.max_running_tasks, web=not args.no_web,
         **{flag: getattr(args, flag) for flag in OPTION_FLAGS})
 
 

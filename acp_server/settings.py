@@ -117,6 +117,8 @@ class Settings:
     # how many tasks run at once (0 = accept tasks, run none).
     store: str | None = None
     max_running_tasks: int = DEFAULT_MAX_RUNNING_TASKS
+    # The web console at ``/`` (``--no-web`` turns it off: 404).
+    web: bool = True
 
     def __post_init__(self) -> None:
         if not self.hostname:
@@ -235,6 +237,7 @@ class Settings:
                    model_server: str | None = None, state_dir: str | None = None,
                    max_acp_connections: str | int = 64, store: str | None = None,
                    max_running_tasks: str | int = DEFAULT_MAX_RUNNING_TASKS,
+                   web: bool = True,
                    **option_flags: str | None) -> Settings:
         """Build from CLI strings. ``token=None`` falls back to ``$ACP_SERVER_TOKEN``;
         ``agent`` is one ``--agent`` value or all of them (``NAME=COMMAND`` adds a
@@ -261,7 +264,7 @@ class Settings:
                    if isinstance(max_acp_connections, str) else max_acp_connections,
                    store=store, max_running_tasks=parse_number(max_running_tasks)
                    if isinstance(max_running_tasks, str) else max_running_tasks,
-                   options=build_options(**option_flags))
+                   web=web, options=build_options(**option_flags))
 
 
 def build_options(**flags: str | None) -> BridgeOptions:

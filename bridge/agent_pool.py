@@ -65,6 +65,13 @@ class AgentPool:
         """The agent's ``initialize`` result (empty before its first start)."""
         return self._slots[name].info
 
+    def state(self, name: str) -> str:
+        """``not_started`` (never used), ``running``, or ``exited`` (restarted on next use)."""
+        connection = self._slots[name].connection
+        if connection is None:
+            return "not_started"
+        return "exited" if connection.closed else "running"
+
     def capability(self, name: str, *path: str) -> Any:
         value: Any = self._slots[name].info.get("agentCapabilities") or {}
         for key in path:

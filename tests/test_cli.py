@@ -101,6 +101,11 @@ def test_valid_flags(tmp_path: Path) -> None:
     assert defaults.options.pending_prompt_limit == 5
 
 
+def test_no_web(tmp_path: Path) -> None:
+    assert _settings("--workspace", str(tmp_path)).web is True
+    assert _settings("--workspace", str(tmp_path), "--no-web").web is False
+
+
 def test_token_from_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(TOKEN_ENV, " from-env ")
     settings = _settings("--workspace", str(tmp_path), "--hostname", "0.0.0.0")

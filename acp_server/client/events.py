@@ -9,8 +9,8 @@
 
 Contracts:
 
-* Frames are parsed with httpx-sse; the leading ``retry:`` block and heartbeat
-  comments are skipped; a frame whose JSON is malformed raises ``DaemonProtocolError``.
+* Frames are read by ``client.sse.ResumingStream`` (httpx-sse; the ``retry:`` block and
+  heartbeat comments skipped); a frame whose JSON is malformed raises ``DaemonProtocolError``.
 * ``cursor`` is updated in place: ``last_event_id`` after each event with an id,
   ``epoch`` from each response's ``X-Qwen-Event-Epoch``. A reconnect sends both as
   ``Last-Event-ID`` / ``X-Qwen-Event-Epoch``, so the server replays what was missed or
@@ -28,21 +28,19 @@ Contracts:
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
 
-import anyio
 import httpx
-from httpx_sse import SSEError, aconnect_sse
 
 from acp_server.client import wire
-from acp_server.client.errors import (DaemonProtocolError, DaemonStreamError, DaemonTurnError,
-                                      error_from_status)
+from acp_server.client.errors import DaemonTurnError, error_from_status
+from acp_server.client.sse import END, READ, ResumingStream, Retry
 from acp_server.client.wire import DaemonEvent, PromptResult
 
 END_OF_SESSION = frozenset({"session_closed", "session_died"})
 RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
-MAX_RECONNECT_DELAY_S = 5.0
 
 
 @dataclass
@@ -77,22 +75,6 @@ def event_prompt_id(event: DaemonEvent) -> str | None:
     return pid if isinstance(pid, str) else None
 
 
-def _request_headers(base: Mapping[str, str], cursor: StreamCursor) -> dict[str, str]:
-    headers = dict(base)
-    if cursor.last_event_id is not None:
-        headers["Last-Event-ID"] = str(cursor.last_event_id)
-    if cursor.epoch:
-        headers["X-Qwen-Event-Epoch"] = cursor.epoch
-    return headers
-
-
-def _backoff(attempt: int, base_delay: float) -> float:
-    """0 for the first retry (a drop is usually one-off), then doubling, capped."""
-    if attempt <= 1:
-        return 0.0
-    return float(min(base_delay * 2.0 ** (attempt - 2), MAX_RECONNECT_DELAY_S))
-
-
 async def subscribe_events(http: httpx.AsyncClient, path: str, *,
                            cursor: StreamCursor | None = None,
                            headers: Mapping[str, str] | None = None,
@@ -104,48 +86,38 @@ async def subscribe_events(http: httpx.AsyncClient, path: str, *,
     """Yield the events of ``path`` (``/session/{id}/events``); see the module contract."""
     cursor = cursor if cursor is not None else StreamCursor()
     base_headers = dict(headers or {})
-    attempt = 0
-    while True:
-        params: dict[str, str] = {}
-        if max_queued is not None:
-            params["maxQueued"] = str(max_queued)
+
+    def request(attempt: int) -> tuple[dict[str, str], dict[str, str]]:
+        sent = dict(base_headers)
+        if cursor.last_event_id is not None:
+            sent["Last-Event-ID"] = str(cursor.last_event_id)
+        if cursor.epoch:
+            sent["X-Qwen-Event-Epoch"] = cursor.epoch
+        params = {"maxQueued": str(max_queued)} if max_queued is not None else {}
         if attempt:
             params["connectReason"] = "resume"
-        problem: str
-        try:
-            async with aconnect_sse(http, "GET", path, params=params, timeout=timeout,
-                                    headers=_request_headers(base_headers, cursor)) as source:
-                response = source.response
-                if response.status_code != 200:
-                    body = wire.decode_body(await response.aread())
-                    if attempt and response.status_code == 404:
-                        return  # the session is gone: its stream has ended for good
-                    if not (reconnect and attempt and response.status_code in RETRYABLE_STATUS):
-                        raise error_from_status(response.status_code, body, session_id)
-                    problem = f"HTTP {response.status_code}"
-                else:
-                    cursor.epoch = response.headers.get("x-qwen-event-epoch") or cursor.epoch
-                    async for sse in source.aiter_sse():
-                        if not sse.data:
-                            continue
-                        event = wire.decode(wire.EVENT, sse.data)
-                        if event.id is not None:
-                            cursor.last_event_id = event.id
-                            attempt = 0
-                        yield event
-                        if event.type in END_OF_SESSION:
-                            return
-                    problem = "the stream ended"
-        except SSEError as exc:
-            raise DaemonProtocolError(f"Not an event stream: {exc}") from exc
-        except httpx.TransportError as exc:
-            if not reconnect:
-                raise DaemonStreamError(f"Event stream dropped: {exc!r}") from exc
-            problem = repr(exc)
-        if not reconnect:
-            return
-        attempt += 1
-        if attempt > max_reconnects:
-            raise DaemonStreamError(
-                f"Event stream lost and not resumed after {max_reconnects} attempts ({problem})")
-        await anyio.sleep(_backoff(attempt, reconnect_delay))
+        return sent, params
+
+    async def answer(response: httpx.Response, attempt: int) -> str | Retry:
+        if response.status_code == 200:
+            cursor.epoch = response.headers.get("x-qwen-event-epoch") or cursor.epoch
+            return READ
+        body = wire.decode_body(await response.aread())
+        if attempt and response.status_code == 404:
+            return END  # the session is gone: its stream has ended for good
+        if not (reconnect and attempt and response.status_code in RETRYABLE_STATUS):
+            raise error_from_status(response.status_code, body, session_id)
+        return Retry(f"HTTP {response.status_code}")
+
+    stream = ResumingStream(http, path, answer=answer, request=request,
+                            lost="Event stream lost", timeout=timeout, reconnect=reconnect,
+                            max_reconnects=max_reconnects, reconnect_delay=reconnect_delay)
+    async with contextlib.aclosing(stream.frames()) as frames:
+        async for frame in frames:
+            event = wire.decode(wire.EVENT, frame.data)
+            if event.id is not None:
+                cursor.last_event_id = event.id
+                stream.progressed()
+            yield event
+            if event.type in END_OF_SESSION:
+                return

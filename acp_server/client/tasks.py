@@ -36,11 +36,9 @@ from typing import Any
 import anyio
 import httpx
 import msgspec
-from httpx_sse import SSEError, aconnect_sse
 
-from acp_server.client.errors import (DaemonConnectionError, DaemonError, DaemonProtocolError,
-                                      DaemonStreamError)
-from acp_server.client.events import MAX_RECONNECT_DELAY_S
+from acp_server.client.errors import DaemonConnectionError, DaemonError, DaemonProtocolError
+from acp_server.client.sse import END, READ, ResumingStream, Retry
 
 TOKEN_ENV = "ACP_SERVER_TOKEN"
 PREFIX = "/lmsp/v1"
@@ -267,44 +265,36 @@ class TaskClient:
                      ) -> AsyncGenerator[TaskEvent, None]:
         """The task's events after ``after``, resumed across drops (module contract)."""
         cursor = after
-        attempt = 0
-        path = f"{PREFIX}/tasks/{task_id}/events"
-        while True:
-            headers = {"Last-Event-ID": str(cursor)} if cursor is not None else {}
-            problem = "the stream ended before the terminal event"
-            try:
-                async with aconnect_sse(self._http, "GET", path, headers=headers,
-                                        timeout=self._stream_timeout) as source:
-                    response = source.response
-                    if response.status_code == 204:
-                        return
-                    if response.status_code != 200:
-                        error = problem_error(response.status_code, await response.aread())
-                        if response.status_code not in (502, 503, 504) or not attempt:
-                            raise error
-                        problem = str(error)
-                    else:
-                        async for sse in source.aiter_sse():
-                            if not sse.data:
-                                continue
-                            event: TaskEvent = _decode(_EVENT, sse.data)
-                            if cursor is not None and event.sequence_number <= cursor:
-                                continue  # never yield an event twice
-                            cursor = event.sequence_number
-                            attempt = 0
-                            yield event
-                            if event.terminal:
-                                return
-            except SSEError as exc:
-                raise DaemonProtocolError(f"Not an event stream: {exc}") from exc
-            except httpx.TransportError as exc:
-                problem = repr(exc)
-            attempt += 1
-            if attempt > self.max_reconnects:
-                raise DaemonStreamError(f"Task {task_id} event stream lost and not resumed "
-                                        f"after {self.max_reconnects} attempts ({problem})")
-            delay = 0.0 if attempt <= 1 else self.reconnect_delay * 2.0 ** (attempt - 2)
-            await anyio.sleep(min(delay, MAX_RECONNECT_DELAY_S))
+
+        def request(attempt: int) -> tuple[dict[str, str], dict[str, str]]:
+            return ({"Last-Event-ID": str(cursor)} if cursor is not None else {}), {}
+
+        async def answer(response: httpx.Response, attempt: int) -> str | Retry:
+            if response.status_code == 200:
+                return READ
+            if response.status_code == 204:
+                return END
+            error = problem_error(response.status_code, await response.aread())
+            if response.status_code not in (502, 503, 504) or not attempt:
+                raise error
+            return Retry(str(error))
+
+        stream = ResumingStream(self._http, f"{PREFIX}/tasks/{task_id}/events", answer=answer,
+                                request=request, lost=f"Task {task_id} event stream lost",
+                                ended="the stream ended before the terminal event",
+                                timeout=self._stream_timeout,
+                                max_reconnects=self.max_reconnects,
+                                reconnect_delay=self.reconnect_delay)
+        async with contextlib.aclosing(stream.frames()) as frames:
+            async for frame in frames:
+                event: TaskEvent = _decode(_EVENT, frame.data)
+                if cursor is not None and event.sequence_number <= cursor:
+                    continue  # never yield an event twice
+                cursor = event.sequence_number
+                stream.progressed()
+                yield event
+                if event.terminal:
+                    return
 
     async def wait(self, task_id: str, *, poll_interval: float = 0.5) -> Task:
         """The task once it is terminal."""

@@ -26,6 +26,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import Send
 
+from acp_server.lmsp.listing import list_tasks
 from acp_server.lmsp.problems import LmspError, problem, problem_response
 from acp_server.lmsp.requests import (
     decode_json,
@@ -199,9 +200,9 @@ def lmsp_routes() -> list[BaseRoute]:
     table: list[tuple[str, dict[str, Endpoint]]] = [
         ("/capabilities", {"GET": capabilities}),
         ("/responses", {"POST": create_response}),
+        ("/tasks", {"POST": create_task, "GET": list_tasks}),
         ("/responses/{response_id}", {"GET": get_response, "DELETE": delete_response}),
         ("/responses/{response_id}/cancel", {"POST": cancel_response}),
-        ("/tasks", {"POST": create_task}),
         ("/tasks/{task_id}", {"GET": get_task}),
         ("/tasks/{task_id}/cancel", {"POST": cancel_task}),
         ("/tasks/{task_id}/events", {"GET": task_events}),

@@ -44,6 +44,7 @@ from acp_server.lmsp.store import (
     TaskRecord,
     Transition,
     queued_record,
+    list_statement,
     record_from_row,
     purge_statements,
     restart_target,
@@ -315,6 +316,13 @@ class SqliteTaskStore:
             return True
 
         return await self._write(op)  # type: ignore[no-any-return]
+
+    async def list_tasks(self, principal: str, *, status: str | None, after: str | None,
+                         limit: int) -> list[TaskRecord]:
+        sql, params = list_statement("?", principal=principal, status=status, after=after,
+                                     limit=limit)
+        return await self._read(  # type: ignore[no-any-return]
+            lambda conn: [record_from_row(r) for r in conn.execute(sql, params).fetchall()])
 
     async def claim_next(self, now: float) -> TaskRecord | None:
         def op(conn: sqlite3.Connection, out: list[CommittedEvent]) -> TaskRecord | None:

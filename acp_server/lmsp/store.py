@@ -153,6 +153,11 @@ class TaskStore(Protocol):
         """Deletes a *finished* task with its events and idempotency keys, in one
         transaction; ``False`` when it is unfinished or gone."""
 
+    async def list_tasks(self, principal: str, *, status: str | None, after: str | None,
+                         limit: int) -> list[TaskRecord]:
+        """Up to ``limit`` of ``principal``'s tasks, newest first, created before the
+        task ``after`` (``GET /lmsp/v1/tasks``)."""
+
     async def claim_next(self, now: float) -> TaskRecord | None:
         """The oldest ``queued`` task → ``loading`` (attempt + 1), or ``None``."""
 
@@ -241,3 +246,18 @@ def purge_statements(p: str, *, now: float, event_retention: float,
         (f"DELETE FROM tasks WHERE finished_at IS NOT NULL AND finished_at < {p}",
          (tasks_before,)),
     ]
+
+
+def list_statement(p: str, *, principal: str, status: str | None, after: str | None,
+                   limit: int) -> tuple[str, tuple[Any, ...]]:
+    """The page query as (SQL, params) for either store (``p`` is the placeholder):
+    ``limit`` rows of ``COLUMNS``, newest first, older than the task ``after``."""
+    where, params = [f"principal = {p}"], [principal]
+    if status is not None:
+        where.append(f"status = {p}")
+        params.append(status)
+    if after is not None:
+        where.append(f"seq < (SELECT seq FROM tasks WHERE id = {p})")
+        params.append(after)
+    sql = f"SELECT {COLUMNS} FROM tasks WHERE {' AND '.join(where)} ORDER BY seq DESC LIMIT {p}"
+    return sql, (*params, limit)

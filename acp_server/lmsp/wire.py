@@ -98,6 +98,21 @@ class TaskObject(msgspec.Struct, kw_only=True):
     error: msgspec.Raw | None = None      # a problem object, only when failed
 
 
+class TaskSummary(TaskObject, kw_only=True):
+    """An item of ``GET /lmsp/v1/tasks``: the task object, its model and final usage."""
+
+    model: str
+    usage: Usage | None = None
+
+
+class TaskList(msgspec.Struct, kw_only=True):
+    object: Literal["list"] = "list"
+    data: list[TaskSummary]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
 # -- response events (§6.3) ------------------------------------------------------------
 class ResponseEvent(msgspec.Struct, kw_only=True):
     """``response.created`` / ``.in_progress`` / terminal events."""

@@ -11,9 +11,18 @@ from __future__ import annotations
 
 from starlette.routing import BaseRoute
 
-from acp_server.rest import capabilities, daemon, events, health, permissions, prompts, sessions
+from acp_server.rest import (
+    capabilities,
+    daemon,
+    events,
+    health,
+    permissions,
+    prompts,
+    sessions,
+    workspace,
+)
 
 
 def routes() -> list[BaseRoute]:
     return [*health.routes, *capabilities.routes, *daemon.routes, *sessions.routes,
-            *prompts.routes, *events.routes, *permissions.routes]
+            *prompts.routes, *events.routes, *permissions.routes, *workspace.routes]

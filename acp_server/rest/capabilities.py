@@ -19,6 +19,7 @@ from starlette.routing import Route
 
 from acp_server import __version__
 from acp_server.rest.errors import json_response
+from acp_server.rest.workspace import workspaces
 from acp_server.settings import Settings
 from bridge import Bridge
 
@@ -59,6 +60,7 @@ def capabilities_body(bridge: Bridge, settings: Settings) -> dict[str, Any]:
         "transports": ["rest"], "policy": {"permission": "first-responder"},
         "limits": limits(bridge),
         "agents": {"default": bridge.agents.default, "available": bridge.agents.names},
+        "workspaces": workspaces(bridge),
     }
 
 

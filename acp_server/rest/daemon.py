@@ -54,6 +54,7 @@ def status_body(bridge: Bridge, settings: Settings) -> dict[str, Any]:
             "subscriberMaxQueuedBytes": options.subscriber_max_queued_bytes,
             "maxRequestBodyBytes": settings.max_body_bytes,
         },
+        "agents": agents(bridge),
         "capabilities": {"features": features(settings)},
         "runtime": {
             "sessions": {"active": stats["sessions"],
@@ -67,6 +68,20 @@ def status_body(bridge: Bridge, settings: Settings) -> dict[str, Any]:
                          "queuedPrompts": stats["queuedPrompts"]},
         },
     }
+
+
+def agents(bridge: Bridge) -> list[dict[str, Any]]:
+    """Each agent: its state, how many live sessions run on it, what it said it is."""
+    counts: dict[str, int] = {}
+    for session in bridge.sessions():
+        counts[session.agent_name] = counts.get(session.agent_name, 0) + 1
+    out = []
+    for name in bridge.agents.names:
+        info = bridge.agents.info(name).get("agentInfo")
+        out.append({"name": name, "default": name == bridge.agents.default,
+                    "state": bridge.agents.state(name), "sessions": counts.get(name, 0),
+                    "agentInfo": info if isinstance(info, dict) else None})
+    return out
 
 
 async def daemon_status(request: Request) -> Response:

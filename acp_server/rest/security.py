@@ -13,7 +13,8 @@ Contracts (``qwen serve`` 0.24.4, qwen-serve.md §1.1 and §3.5):
   before (and without) authentication.
 * With a token configured every request needs ``Authorization: Bearer <token>``,
   compared in constant time; every failure is the same ``401 {"error":"Unauthorized"}``.
-  ``/health`` is exempt on a loopback bind unless ``--require-auth``.
+  ``/health`` is exempt on a loopback bind unless ``--require-auth``, and so are the
+  ``public`` requests (the web console's static files).
 * The checks run before the body is read and add no per-request allocation on the
   common path (no Origin, no token).
 """
@@ -21,7 +22,7 @@ Contracts (``qwen serve`` 0.24.4, qwen-serve.md §1.1 and §3.5):
 from __future__ import annotations
 
 import hmac
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -62,10 +63,14 @@ def is_self_origin(origin: str, scope: Scope) -> bool:
 
 class SecurityMiddleware:
     def __init__(self, app: ASGIApp, settings: Settings,
-                 unauthorized: Sequence[tuple[str, bytes, bytes]] = ()) -> None:
+                 unauthorized: Sequence[tuple[str, bytes, bytes]] = (),
+                 public: Callable[[str, str], bool] | None = None) -> None:
         """``unauthorized``: (path prefix, content type, body) of the 401 answered
-        under that prefix instead of the REST body (e.g. a problem object for LMSP)."""
+        under that prefix instead of the REST body (e.g. a problem object for LMSP).
+        ``public(method, path)``: requests served without the token (the web
+        console's static files); the Origin rules still apply to them."""
         self.app = app
+        self.public = public
         self.unauthorized = tuple(unauthorized)
         self.token = settings.token.encode() if settings.token is not None else None
         self.health_open = not settings.health_needs_auth
@@ -117,6 +122,8 @@ class SecurityMiddleware:
 
     def _authorized(self, scope: Scope) -> bool:
         if self.health_open and scope["path"] == "/health":
+            return True
+        if self.public is not None and self.public(scope["method"], scope["path"]):
             return True
         assert self.token is not None
         value = _header(scope, b"authorization")

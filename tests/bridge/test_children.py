@@ -125,7 +125,6 @@ def test_a_killed_server_leaves_no_agent_after_the_next_start(tmp_path):
     finally:
         first.kill()
         first.wait()
-    time.sleep(0.3)
     assert not gone(agent_pid) and not gone(grandchild)   # the stubborn agent survived the kill
     second, _ = start()
     try:

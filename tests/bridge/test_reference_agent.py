@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -120,9 +119,8 @@ async def test_chunks_sleep_and_stop_reasons() -> None:
         sid = await new_session(conn)
         await conn.request("session/prompt", prompt(sid, "/chunks 7 abcdefghijkl"))
         assert len(client.chunks(sid)) == 7 and client.texts(sid) == "Echo: abcdefghijkl"
-        started = time.monotonic()
-        await conn.request("session/prompt", prompt(sid, "/sleep 150ms x"))
-        assert time.monotonic() - started >= 0.14
+        slept = await conn.request("session/prompt", prompt(sid, "/sleep 150ms x"))
+        assert slept["stopReason"] == "end_turn" and client.texts(sid).endswith("Echo: x")
         assert (await conn.request("session/prompt", prompt(sid, "/max_tokens x")))["stopReason"] == "max_tokens"
         assert (await conn.request("session/prompt", prompt(sid, "/refuse x")))["stopReason"] == "refusal"
 
@@ -266,13 +264,12 @@ async def test_cancel_interrupts_sleep() -> None:
         async def run() -> None:
             results.append(await conn.request("session/prompt", prompt(sid, "/sleep 10s late")))
 
-        started = time.monotonic()
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(run)
-            await anyio.sleep(0.05)
-            await conn.notify("session/cancel", {"sessionId": sid})
+        with anyio.fail_after(5):   # a hang guard: the cancel ends the 10 s sleep
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(run)
+                await anyio.sleep(0.05)
+                await conn.notify("session/cancel", {"sessionId": sid})
         assert results == [{"stopReason": "cancelled"}]
-        assert time.monotonic() - started < 1
         assert client.chunks(sid) == []
         # The next turn is not affected by the earlier cancel.
         assert (await conn.request("session/prompt", prompt(sid, "again")))["stopReason"] == "end_turn"

@@ -7,7 +7,6 @@ import os
 import signal
 import sys
 import textwrap
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -111,18 +110,17 @@ async def test_cancel_interrupts_sleep(anyio_backend: str) -> None:
     client = FakeClient()
     async with spawned(client, reference_command(anyio_backend)) as conn:
         sid = await new_session(conn)
-        started = time.monotonic()
-        async with anyio.create_task_group() as tg:
-            results: list[Any] = []
+        results: list[Any] = []
 
-            async def run() -> None:
-                results.append(await conn.request("session/prompt", prompt(sid, "/sleep 10s")))
+        async def run() -> None:
+            results.append(await conn.request("session/prompt", prompt(sid, "/sleep 10s")))
 
-            tg.start_soon(run)
-            await anyio.sleep(0.05)
-            await conn.notify("session/cancel", {"sessionId": sid})
+        with anyio.fail_after(5):   # a hang guard: the cancel ends the 10 s sleep
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(run)
+                await anyio.sleep(0.05)
+                await conn.notify("session/cancel", {"sessionId": sid})
         assert results == [{"stopReason": "cancelled"}]
-        assert time.monotonic() - started < 2
 
 
 async def test_fs_write_confined(tmp_path: Path, anyio_backend: str) -> None:
@@ -254,15 +252,13 @@ async def test_aclose_kills_a_child_ignoring_eof_and_sigterm() -> None:
                 await conn.request("never/answered", {})
             pending.append(info.value)
 
-        started = time.monotonic()
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(waiter)
-            await anyio.sleep(0.02)
-            await conn.aclose()
-        elapsed = time.monotonic() - started
+        with anyio.fail_after(10):   # a hang guard: stdin EOF, SIGTERM, then SIGKILL
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(waiter)
+                await anyio.sleep(0.02)
+                await conn.aclose()
         assert len(pending) == 1
-        assert conn.returncode == -signal.SIGKILL
-        assert 0.35 < elapsed < 3
+        assert conn.returncode == -signal.SIGKILL   # it outlived both graces
         await conn.aclose()  # idempotent
         assert_reaped(conn.pid)
         with pytest.raises(AgentDiedError):

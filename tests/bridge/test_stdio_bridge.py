@@ -71,8 +71,8 @@ async def test_cancel_mid_turn_over_stdio(tmp_path):
         sid = (await bridge.create_session()).session_id
         ticket = bridge.send_prompt(sid, text("/sleep 30s slow"))
         queued = bridge.send_prompt(sid, text("next"))
-        await wait_until(lambda: bridge.get_session(sid).active is not None)
-        await anyio.sleep(0.05)
+        await wait_until(lambda: (active := bridge.get_session(sid).active) is not None
+                         and active.run_scope is not None)   # session/prompt is being sent
         await bridge.cancel_session(sid)
         with anyio.fail_after(5):
             assert (await ticket).stop_reason == "cancelled"

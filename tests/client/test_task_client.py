@@ -81,7 +81,10 @@ async def test_problems_are_typed(tmp_path: Path) -> None:
 async def test_cancel(tmp_path: Path) -> None:
     async with lmsp_daemon(tmp_path) as srv, TaskClient(srv.url) as tasks:
         task = await tasks.create(request("/sleep 5s slow"))
-        await anyio.sleep(0.2)
+        async with contextlib.aclosing(tasks.events(task.id)) as events:
+            async for event in events:
+                if event.type == "response.in_progress":
+                    break
         cancelled = await tasks.cancel(task.id)
         assert cancelled.status in {"cancelling", "cancelled"}
         assert (await tasks.cancel(task.id)).status in {"cancelling", "cancelled"}  # idempotent

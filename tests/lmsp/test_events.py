@@ -6,6 +6,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+from httpx_sse import aconnect_sse
 
 from acp_server.lmsp import LmspConfig
 from tests.lmsp.server import LmspServer, running_lmsp
@@ -118,15 +119,16 @@ async def test_live_subscriber_receives_the_cancel(tmp_path: Path) -> None:
     async with running_lmsp(tmp_path, max_running_tasks=0) as srv:
         task = await srv.create("x")
         got: list = []
-
-        async def listen() -> None:
-            got.extend(await srv.events(task["id"]))
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(listen)
-            await anyio.sleep(0.2)
-            await srv.client.post(f"/lmsp/v1/tasks/{task['id']}/cancel")
-        assert [f[1] for f in got] == ["response.created", "response.cancelled"]
+        with anyio.fail_after(10):
+            async with aconnect_sse(srv.client, "GET",
+                                    f"/lmsp/v1/tasks/{task['id']}/events") as source:
+                async for sse in source.aiter_sse():
+                    if not sse.data:
+                        continue
+                    got.append(sse.event)
+                    if sse.event == "response.created":   # subscribed: now cancel
+                        await srv.client.post(f"/lmsp/v1/tasks/{task['id']}/cancel")
+        assert got == ["response.created", "response.cancelled"]
 
 
 async def test_retention_410_then_404(tmp_path: Path) -> None:

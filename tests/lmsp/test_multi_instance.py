@@ -1,7 +1,7 @@
 """Several server instances on one PostgreSQL database: two real processes, A and B.
 
 Create on A and stream on B; cancel on B what runs on A; SIGKILL A mid-task and B
-recovers it by ``on_restart`` within the lease timeout (and not before: A's renewals
+recovers it by ``on_restart`` once the leases expire (and not before: A's renewals
 keep its leases); identical idempotent creates split across A and B make one task.
 Lease timings are the test ones (``tests.lmsp.stores``: 3 s lease, 0.5 s renewal).
 """
@@ -13,8 +13,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +84,29 @@ async def wait_status(client: httpx.AsyncClient, task_id: str, statuses: set[str
             await anyio.sleep(0.02)
 
 
+async def lease(url: str, task_id: str) -> dict[str, Any]:
+    """The task's ownership columns, read straight from the shared database."""
+    import psycopg
+    from psycopg.rows import dict_row
+
+    def read() -> dict[str, Any]:
+        with psycopg.connect(url, row_factory=dict_row) as conn:
+            row = conn.execute("SELECT status, owner, attempt, lease_expires_at FROM tasks "
+                               "WHERE id = %s", (task_id,)).fetchone()
+        assert row is not None, task_id
+        return row
+
+    return await anyio.to_thread.run_sync(read)
+
+
+async def wait_lease(url: str, task_id: str, ready: Callable[[dict[str, Any]], bool],
+                     timeout: float = 15) -> dict[str, Any]:
+    with anyio.fail_after(timeout):
+        while not ready(row := await lease(url, task_id)):
+            await anyio.sleep(0.05)
+    return row
+
+
 async def stream(client: httpx.AsyncClient, task_id: str) -> list[dict[str, Any]]:
     """Every event until the server closes the stream (after the terminal one)."""
     events: list[dict[str, Any]] = []
@@ -125,12 +147,10 @@ async def test_cancel_on_b_stops_the_task_on_a(tmp_path: Path, shared_url: str,
     b = start(instances, shared_url, tmp_path / "b", max_running=0)
     task = (await a.client.post("/lmsp/v1/tasks", json=envelope("/sleep 20s long"))).json()
     await wait_status(b.client, task["id"], {"running"})
-    began = time.monotonic()
     response = await b.client.post(f"/lmsp/v1/tasks/{task['id']}/cancel")
     assert response.status_code == 200 and response.json()["status"] == "cancelling"
-    done = await wait_status(b.client, task["id"], FINAL, timeout=5)
+    done = await wait_status(b.client, task["id"], FINAL, timeout=15)   # not the 20 s prompt
     assert done["status"] == "cancelled"
-    assert time.monotonic() - began < 3   # A stopped it, long before the 20 s prompt
     check_log(await stream(b.client, task["id"]), "response.cancelled")
 
 
@@ -145,21 +165,24 @@ async def test_sigkill_a_then_b_recovers_by_policy(tmp_path: Path, shared_url: s
     for task_id in ids.values():
         await wait_status(a.client, task_id, {"running"})
     b = start(instances, shared_url, tmp_path / "b", max_running=2)
-    # A is alive: its renewals keep the leases past their 3 s timeout
-    await anyio.sleep(stores.TEST_LEASE_S + 1.5)
-    for task_id in ids.values():
+    # A is alive: its renewals move every lease forward, so B takes nothing over
+    first = {task_id: await lease(shared_url, task_id) for task_id in ids.values()}
+    owner_a = first[ids["fail"]]["owner"]
+    for task_id, row in first.items():
+        await wait_lease(shared_url, task_id,
+                         lambda now, was=row: now["lease_expires_at"] > was["lease_expires_at"])
         task = (await b.client.get(f"/lmsp/v1/tasks/{task_id}")).json()
         assert task["status"] == "running", task
-    a.kill()   # mid-task
-    killed = time.monotonic()
+        assert (await lease(shared_url, task_id))["owner"] == owner_a
+    a.kill()   # mid-task: B recovers once the leases expire
     failed = await wait_status(b.client, ids["fail"], FINAL,
-                               timeout=stores.TEST_LEASE_S + 2 * stores.TEST_RENEW_S + 3)
-    recovered_after = time.monotonic() - killed
+                               timeout=stores.TEST_LEASE_S + 2 * stores.TEST_RENEW_S + 10)
     assert failed["status"] == "failed" and failed["error"]["code"] == "server_restarted"
-    assert recovered_after <= stores.TEST_LEASE_S + 2 * stores.TEST_RENEW_S + 2
     check_log(await stream(b.client, ids["fail"]), "response.failed")
-    retried = await wait_status(b.client, ids["retry"], {"running", "succeeded"})
-    assert retried["status"] in ("running", "succeeded")   # attempt 2, on B
+    # the retry task runs again: attempt 2, owned by B
+    retried = await wait_lease(shared_url, ids["retry"],
+                               lambda now: now["attempt"] == 2 and now["status"] == "running")
+    assert retried["owner"] not in (None, owner_a)
     response = await b.client.post(f"/lmsp/v1/tasks/{ids['retry']}/cancel")
     assert response.status_code == 200
     done = await wait_status(b.client, ids["retry"], FINAL)

@@ -200,14 +200,12 @@ async def test_branch_while_prompt_active(server: RunningServer) -> None:
 async def test_cancel_active_prompt(server: RunningServer) -> None:
     sid = (await server.create_session())["sessionId"]
     accepted = (await server.prompt(sid, "/sleep 2s long")).json()
-
-    async def cancel() -> None:
-        await anyio.sleep(0.1)
-        response = await server.client.post(f"/session/{sid}/cancel")
-        assert response.status_code == 204
-
-    frames = await server.events_until(sid, "turn_complete", last_event_id=accepted["lastEventId"],
-                                       on_open=cancel)
+    # the bridge echoes the prompt as the turn starts, in the same step as the agent call
+    await server.events_until(sid, lambda kind, frame: kind == "session_update" and frame[
+        "data"]["update"]["sessionUpdate"] == "user_message_chunk",
+        last_event_id=accepted["lastEventId"])
+    assert (await server.client.post(f"/session/{sid}/cancel")).status_code == 204
+    frames = await server.events_until(sid, "turn_complete", last_event_id=accepted["lastEventId"])
     assert frames[-1][1]["data"]["stopReason"] == "cancelled"
     assert frames[-1][1]["promptId"] == accepted["promptId"]
 

@@ -1,0 +1,114 @@
+"""One reconnecting Server-Sent Events reader, shared by the session and task streams.
+
+    stream = ResumingStream(http, "/lmsp/v1/tasks/t-1/events", answer=check_answer,
+                            request=lambda attempt: ({"Last-Event-ID": "4"}, {}),
+                            lost="Task t-1 event stream lost")
+    async with contextlib.aclosing(stream.frames()) as frames:
+        async for frame in frames:           # httpx_sse.ServerSentEvent, data never empty
+            stream.progressed()               # an event moved the cursor: retries start over
+            ...
+
+Contracts:
+
+* Each connection asks ``request(attempt)`` for its headers and query parameters, so a
+  reconnect carries the cursor the caller kept (``attempt`` is 0 for the first one).
+* ``answer(response, attempt)`` judges each answer before any frame is read: ``READ``
+  (parse the frames), ``END`` (the stream is over for good), ``Retry(problem)``; or it
+  raises the caller's error.
+* Frames without data (the ``retry:`` block, comments) are skipped; a body that is not
+  an event stream raises ``DaemonProtocolError``.
+* A drop (transport error, a clean end, a ``Retry``) is resumed after ``backoff``, at
+  most ``max_reconnects`` times in a row without ``progressed()``; past that →
+  ``DaemonStreamError(f"{lost} and not resumed after N attempts (problem)")``. With
+  ``reconnect=False`` a clean end ends the iteration and a transport error raises
+  ``DaemonStreamError``.
+* The caller stops the iteration when its stream is done (a terminal event); closing the
+  generator drops the connection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Final
+
+import anyio
+import httpx
+from httpx_sse import ServerSentEvent, SSEError, aconnect_sse
+
+from acp_server.client.errors import DaemonProtocolError, DaemonStreamError
+
+MAX_RECONNECT_DELAY_S = 5.0
+READ: Final = "read"
+END: Final = "end"
+
+
+@dataclass(frozen=True)
+class Retry:
+    """An answer worth reconnecting after; ``problem`` says what it was."""
+
+    problem: str
+
+
+Answer = Callable[[httpx.Response, int], Awaitable[str | Retry]]
+Request = Callable[[int], tuple[Mapping[str, str], Mapping[str, str]]]
+
+
+def backoff(attempt: int, base_delay: float) -> float:
+    """0 for the first retry (a drop is usually one-off), then doubling, capped."""
+    if attempt <= 1:
+        return 0.0
+    return float(min(base_delay * 2.0 ** (attempt - 2), MAX_RECONNECT_DELAY_S))
+
+
+class ResumingStream:
+    """See the module contract."""
+
+    def __init__(self, http: httpx.AsyncClient, path: str, *, answer: Answer,
+                 request: Request, lost: str, ended: str = "the stream ended",
+                 timeout: httpx.Timeout | None = None, reconnect: bool = True,
+                 max_reconnects: int = 5, reconnect_delay: float = 0.25) -> None:
+        self.http = http
+        self.path = path
+        self.answer = answer
+        self.request = request
+        self.lost = lost
+        self.ended = ended
+        self.timeout = timeout
+        self.reconnect = reconnect
+        self.max_reconnects = max_reconnects
+        self.reconnect_delay = reconnect_delay
+        self.attempt = 0
+
+    def progressed(self) -> None:
+        self.attempt = 0
+
+    async def frames(self) -> AsyncGenerator[ServerSentEvent, None]:
+        while True:
+            headers, params = self.request(self.attempt)
+            try:
+                async with aconnect_sse(self.http, "GET", self.path, params=params,
+                                        headers=headers, timeout=self.timeout) as source:
+                    verdict = await self.answer(source.response, self.attempt)
+                    if verdict == END:
+                        return
+                    if isinstance(verdict, Retry):
+                        problem = verdict.problem
+                    else:
+                        async for frame in source.aiter_sse():
+                            if frame.data:
+                                yield frame
+                        problem = self.ended
+            except SSEError as exc:
+                raise DaemonProtocolError(f"Not an event stream: {exc}") from exc
+            except httpx.TransportError as exc:
+                if not self.reconnect:
+                    raise DaemonStreamError(f"Event stream dropped: {exc!r}") from exc
+                problem = repr(exc)
+            if not self.reconnect:
+                return
+            self.attempt += 1
+            if self.attempt > self.max_reconnects:
+                raise DaemonStreamError(f"{self.lost} and not resumed after "
+                                        f"{self.max_reconnects} attempts ({problem})")
+            await anyio.sleep(backoff(self.attempt, self.reconnect_delay))

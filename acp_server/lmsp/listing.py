@@ -1,0 +1,89 @@
+"""``GET /lmsp/v1/tasks``: the tasks of the caller, newest first, a page at a time.
+
+    $ curl -s 'localhost:4170/lmsp/v1/tasks?limit=2&status=running'
+    {"object":"list","data":[{"id":"task_01J…","object":"task","status":"running",
+      "model":"reference","usage":null,…}],"first_id":"task_01J…","last_id":"task_01J…",
+     "has_more":true}
+    $ curl -s 'localhost:4170/lmsp/v1/tasks?after=task_01J…'     # the next page
+
+Contracts:
+
+* Only the caller's tasks (the principal of the server's token), in creation order
+  reversed; tasks past the task retention window are left out, as ``GET
+  /tasks/{id}`` answers 404 for them.
+* ``limit`` 1..100 (default 20); ``after`` is the ``last_id`` of the previous page and
+  must name a task of the caller; ``status`` is one task status. Anything else is a
+  400 ``invalid_request`` problem naming the parameter.
+* Each item is the task object (§7.1) plus ``model`` and ``usage`` (the final
+  response's usage, ``null`` until the task has ended).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+
+from acp_server.lmsp.problems import LmspError
+from acp_server.lmsp.service import LmspService
+from acp_server.lmsp.store import TaskRecord
+from acp_server.lmsp.wire import TaskList, TaskSummary, decode_response, encode
+
+DEFAULT_LIMIT = 20
+MAX_LIMIT = 100
+STATUSES = ("queued", "loading", "running", "cancelling", "succeeded", "failed", "cancelled")
+_TASK_ID = re.compile(r"^task_[0-9A-Z]{26}$")
+
+
+def _invalid(param: str, detail: str) -> LmspError:
+    return LmspError("invalid_request", detail, param=param, errors=[])
+
+
+def parse_query(request: Request) -> tuple[int, str | None, str | None]:
+    query = request.query_params
+    raw_limit = query.get("limit")
+    limit = DEFAULT_LIMIT
+    if raw_limit is not None:
+        if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_LIMIT:
+            raise _invalid("limit", f"limit must be an integer from 1 to {MAX_LIMIT}.")
+        limit = int(raw_limit)
+    status = query.get("status")
+    if status is not None and status not in STATUSES:
+        raise _invalid("status", f"status must be one of {', '.join(STATUSES)}.")
+    after = query.get("after")
+    if after is not None and not _TASK_ID.match(after):
+        raise _invalid("after", "after must be a task id (the last_id of a page).")
+    return limit, status, after
+
+
+def summary(service: LmspService, record: TaskRecord) -> TaskSummary:
+    task = service.task_object(record)
+    usage = None
+    if record.response is not None:
+        try:
+            usage = decode_response(record.response).usage
+        except msgspec.DecodeError:   # not a response object: no usage to show
+            usage = None
+    return TaskSummary(**{f: getattr(task, f) for f in task.__struct_fields__},
+                       model=record.model, usage=usage)
+
+
+async def list_tasks(request: Request, service: LmspService) -> Response:
+    limit, status, after = parse_query(request)
+    if after is not None:
+        anchor = await service.store.get_task(after)
+        if anchor is None or anchor.principal != service.principal:
+            raise _invalid("after", f"No task {after!r} to page after.")
+    now = time.time()
+    records = await service.store.list_tasks(service.principal, status=status, after=after,
+                                             limit=limit + 1)
+    page = records[:limit]
+    items = [summary(service, r) for r in page
+             if r.finished_at is None or r.finished_at + service.config.task_retention_s >= now]
+    body = TaskList(data=items, first_id=page[0].id if page else None,
+                    last_id=page[-1].id if page else None, has_more=len(records) > limit)
+    return Response(encode(body), status_code=200, media_type="application/json")

@@ -1,0 +1,92 @@
+"""``GET /workspace/{id}/sessions``: the live sessions of the workspace, newest first.
+
+    $ curl -s localhost:4170/capabilities | jq -r '.workspaces[0].id'     # 6a48a62980ca2198
+    $ curl -s localhost:4170/workspace/6a48a62980ca2198/sessions?size=2
+    {"sessions":[{"sessionId":"3c0f…","workspaceCwd":"/abs/ws","createdAt":"2026-…Z",
+      "clientCount":1,"hasActivePrompt":true,"agent":"reference","pendingPrompts":3,
+      "queuedPrompts":2,"maxPendingPrompts":5,"activePromptId":"…","activePromptText":"…",
+      "subscribers":1,"isWaitingForPermission":false,…}],"nextCursor":"2"}
+
+The peer serves this route (``GET /workspace/:id/sessions``, also
+``/workspaces/:workspace/sessions``) with persisted sessions merged in; this daemon has
+only live ones. Contracts: ``{id}`` is the workspace id of ``/capabilities``
+(``workspaces[0].id``); another id is 404 ``workspace_not_found``. ``size`` 1..100
+(default 20) else 400 ``invalid_session_page_size``; ``cursor`` is the ``nextCursor``
+of the previous page, else 400 ``invalid_cursor``. ``maxPendingPrompts`` is ``null``
+when the cap is off.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from acp_server.rest.errors import RestError, bad_request, json_response
+from bridge import Bridge
+from bridge.session import Session
+
+DEFAULT_PAGE_SIZE = 20
+MAX_PAGE_SIZE = 100
+
+
+def workspace_id(cwd: str) -> str:
+    """A stable id of the workspace folder (16 hex digits, as the peer's ids look)."""
+    return hashlib.sha256(cwd.encode()).hexdigest()[:16]
+
+
+def workspaces(bridge: Bridge) -> list[dict[str, Any]]:
+    """``/capabilities`` ``workspaces``: the one workspace this daemon serves."""
+    return [{"id": workspace_id(bridge.workspace_cwd), "cwd": bridge.workspace_cwd,
+             "primary": True}]
+
+
+def session_summary(bridge: Bridge, session: Session) -> dict[str, Any]:
+    summary = bridge.session_status(session.session_id)
+    idle_s = time.monotonic() - session.last_seen
+    updated = time.time() - max(0.0, idle_s)
+    summary.update({
+        "updatedAt": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(updated))
+        + f".{int(updated * 1000) % 1000:03d}Z",
+        "agent": session.agent_name, "maxPendingPrompts": session.limit,
+        "activePromptText": session.active.text if session.active is not None else None,
+    })
+    return summary
+
+
+def _page_args(request: Request) -> tuple[int, int]:
+    raw_size = request.query_params.get("size")
+    size = DEFAULT_PAGE_SIZE
+    if raw_size is not None:
+        if not raw_size.isdigit() or not 1 <= int(raw_size) <= MAX_PAGE_SIZE:
+            raise bad_request(f"`size` must be an integer from 1 to {MAX_PAGE_SIZE}",
+                              "invalid_session_page_size")
+        size = int(raw_size)
+    cursor = request.query_params.get("cursor") or "0"
+    if not cursor.isdigit() or len(cursor) > 9:
+        raise bad_request(f'Invalid cursor: "{cursor[:64]}" is not a valid live cursor',
+                          "invalid_cursor")
+    return size, int(cursor)
+
+
+async def list_sessions(request: Request) -> Response:
+    bridge: Bridge = request.app.state.bridge
+    requested = request.path_params["workspace"]
+    if requested != workspace_id(bridge.workspace_cwd):
+        raise RestError(404, {"error": "Workspace is not registered with this daemon.",
+                              "code": "workspace_not_found", "workspace": requested[:256]})
+    size, offset = _page_args(request)
+    live = [s for s in bridge.sessions() if not s.closing]
+    live.sort(key=lambda s: (-s.created_at, s.session_id))
+    page = live[offset:offset + size]
+    body: dict[str, Any] = {"sessions": [session_summary(bridge, s) for s in page]}
+    if offset + size < len(live):
+        body["nextCursor"] = str(offset + size)
+    return json_response(200, body)
+
+
+routes = [Route("/workspace/{workspace}/sessions", list_sessions, methods=["GET"])]

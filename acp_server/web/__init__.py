@@ -1,0 +1,76 @@
+"""The web console: static files shipped in this package, served at ``/``.
+
+    app.router.routes.extend(web_routes())     # build_app does it unless --no-web
+    # GET /             -> static/index.html
+    # GET /web/app.js   -> static/app.js (one flat folder, names fixed at import)
+
+Contracts:
+
+* Only the files present in ``static/`` when the module is imported are served, by
+  exact name (no sub-folders, no path parameters, so no traversal); anything else
+  under ``/web/`` is 404.
+* The files are public (``PUBLIC_PATHS``: the network guard lets ``GET``/``HEAD``
+  through without the token); they hold no data. Everything the page shows comes
+  from the API with the bearer token the page asks for.
+* Each answer carries a Content Security Policy allowing only this origin's scripts,
+  styles and fetches (no inline script, nothing from the network), ``nosniff``,
+  ``no-referrer`` and ``frame-ancestors 'none'``.
+"""
+
+from __future__ import annotations
+
+import os
+from importlib import resources
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from acp_server.rest.errors import json_response
+
+PREFIX = "/web/"
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+       "img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+CONTENT_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
+                 ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml"}
+HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
+           "Referrer-Policy": "no-referrer", "Cache-Control": "no-cache"}
+
+
+def _load() -> dict[str, tuple[bytes, str]]:
+    folder = resources.files(__package__).joinpath("static")
+    files: dict[str, tuple[bytes, str]] = {}
+    for entry in folder.iterdir():
+        content_type = CONTENT_TYPES.get(os.path.splitext(entry.name)[1])
+        if entry.is_file() and content_type is not None:
+            files[entry.name] = (entry.read_bytes(), content_type)
+    return files
+
+
+FILES = _load()
+
+
+def public_path(method: str, path: str) -> bool:
+    """Whether the network guard serves this request without the token."""
+    return method in ("GET", "HEAD") and (path == "/" or path.startswith(PREFIX))
+
+
+def _file(name: str) -> Response:
+    found = FILES.get(name)
+    if found is None:
+        return json_response(404, {"error": "Not Found"})
+    body, content_type = found
+    return Response(body, 200, HEADERS, content_type)
+
+
+async def index(request: Request) -> Response:
+    return _file("index.html")
+
+
+async def static(request: Request) -> Response:
+    return _file(request.path_params["name"])
+
+
+def web_routes() -> list[BaseRoute]:
+    return [Route("/", index, methods=["GET", "HEAD"]),
+            Route(PREFIX + "{name}", static, methods=["GET", "HEAD"])]

@@ -1,0 +1,104 @@
+// The console's entry: asks for the token when the daemon wants one, loads
+// /capabilities, then routes on the URL fragment to one view at a time.
+//
+//   #/               sessions        #/session/ID    one session
+//   #/tasks          LMSP tasks      #/task/ID       one task
+//   #/daemon         limits, activity, agents
+//
+// A view is mount(root, params, ctx) returning a function that stops everything it
+// started (streams, timers); ctx = { caps } (the /capabilities body).
+
+import { request, setToken, token } from "./api.js";
+import { clear, errorText, h } from "./dom.js";
+import * as daemon from "./daemon.js";
+import * as session from "./session.js";
+import * as sessions from "./sessions.js";
+import * as task from "./task.js";
+import * as tasks from "./tasks.js";
+
+const ROUTES = [
+  [/^#?\/?$/, sessions, "sessions"],
+  [/^#\/session\/([^/]+)$/, session, "sessions"],
+  [/^#\/tasks$/, tasks, "tasks"],
+  [/^#\/task\/([^/]+)$/, task, "tasks"],
+  [/^#\/daemon$/, daemon, "daemon"],
+];
+
+const view = document.getElementById("view");
+const dialog = document.getElementById("token-dialog");
+let unmount = null;
+let ctx = null;
+let asking = null;
+
+function askToken(message = "") {
+  if (asking) {
+    if (!dialog.open) dialog.showModal();   // closed with Escape: the question stands
+    return asking;
+  }
+  document.getElementById("token-error").textContent = message;
+  const input = document.getElementById("token-input");
+  input.value = "";
+  asking = new Promise((resolve) => {
+    const form = document.getElementById("token-form");
+    const submit = (event) => {
+      event.preventDefault();
+      form.removeEventListener("submit", submit);
+      setToken(input.value.trim());
+      dialog.close();
+      asking = null;
+      resolve();
+    };
+    form.addEventListener("submit", submit);
+  });
+  if (!dialog.open) dialog.showModal();
+  return asking;
+}
+
+async function connect() {
+  for (let attempt = 0; ; attempt++) {
+    try {
+      return await request("GET", "/capabilities");
+    } catch (error) {
+      if (error.status !== 401) throw error;
+      await askToken(attempt > 0 || token() ? "That token was refused." : "");
+    }
+  }
+}
+
+function route() {
+  if (unmount) unmount();
+  unmount = null;
+  const hash = location.hash || "#/";
+  for (const [pattern, module, nav] of ROUTES) {
+    const match = pattern.exec(hash);
+    if (!match) continue;
+    for (const link of document.querySelectorAll("[data-nav]")) {
+      link.classList.toggle("active", link.dataset.nav === nav);
+    }
+    clear(view);
+    unmount = module.mount(view, match.slice(1).map(decodeURIComponent), ctx);
+    return;
+  }
+  clear(view, h("p", { class: "empty" }, "No such page. ", h("a", { href: "#/" }, "Sessions")));
+}
+
+dialog.addEventListener("cancel", (event) => event.preventDefault());
+
+async function boot() {
+  try {
+    ctx = { caps: await connect() };
+  } catch (error) {
+    clear(view, h("p", { class: "error", testid: "boot-error" }, errorText(error)));
+    return;
+  }
+  document.getElementById("workspace").textContent = ctx.caps.workspaceCwd || "";
+  window.addEventListener("hashchange", route);
+  window.addEventListener("acp:unauthorized", async () => {
+    if (asking) return;   // every refused request of the moment shares one question
+    await askToken("The daemon refused the token.");
+    route();
+  });
+  route();
+}
+
+boot();

@@ -1,0 +1,80 @@
+// The sessions view: every live session with its queue against the cap; create
+// (choosing the agent), open and delete.
+//
+//   mount(root, [], { caps })  // polls GET /workspace/{id}/sessions every second
+
+import { request } from "./api.js";
+import { ago, errorText, h, limitText, poll, reconcile, shortId } from "./dom.js";
+
+const REFRESH_MS = 1000;
+
+export function mount(root, _params, { caps }) {
+  const agents = (caps.agents && caps.agents.available) || ["reference"];
+  const workspace = caps.workspaces && caps.workspaces[0] ? caps.workspaces[0].id : null;
+  const select = h("select", { testid: "agent-select", "aria-label": "Agent" },
+    agents.map((name) => h("option", { value: name, selected: caps.agents && name === caps.agents.default }, name)));
+  const status = h("p", { class: "error", testid: "sessions-error" });
+  const body = h("tbody");
+  const create = async () => {
+    status.textContent = "";
+    try {
+      await request("POST", "/session", { sessionScope: "thread", agent: select.value });
+      await refresh();
+    } catch (error) {
+      status.textContent = errorText(error);
+    }
+  };
+  root.append(
+    h("section", { class: "toolbar" },
+      h("h1", {}, "Sessions"),
+      h("label", {}, "Agent ", select),
+      h("button", { class: "primary", testid: "new-session", onclick: create }, "New session")),
+    status,
+    h("div", { class: "table-wrap" },
+      h("table", { class: "list" },
+        h("thead", {}, h("tr", {},
+          ["Session", "Agent", "Pending / limit", "Running prompt", "Subscribers", "Age", ""].map((t) => h("th", {}, t)))),
+        body)));
+
+  const remove = async (id) => {
+    try {
+      await request("DELETE", `/session/${encodeURIComponent(id)}`);
+    } catch (error) {
+      if (error.status !== 404) status.textContent = errorText(error);
+    }
+    await refresh();
+  };
+
+  const row = (s) => h("tr", { testid: "session-row", dataset: { sessionId: s.sessionId } },
+    h("td", { class: "mono" }, h("a", { href: `#/session/${encodeURIComponent(s.sessionId)}`, title: s.sessionId }, shortId(s.sessionId))),
+    h("td", {}, s.agent),
+    h("td", { class: "num", testid: "row-pending" }, `${s.pendingPrompts} / ${limitText(s.maxPendingPrompts)}`),
+    h("td", { class: "prompt-text" }, s.activePromptText || (s.isWaitingForPermission ? "waiting for approval" : "—"),
+      s.isWaitingForPermission ? h("span", { class: "badge warn" }, "approval") : null),
+    h("td", { class: "num" }, String(s.subscribers)),
+    h("td", { testid: "row-age", dataset: { created: s.createdAt } }, ago(Date.parse(s.createdAt))),
+    h("td", { class: "actions" },
+      h("a", { class: "button", href: `#/session/${encodeURIComponent(s.sessionId)}`, testid: "open-session" }, "Open"),
+      h("button", { class: "danger", testid: "delete-session", onclick: () => remove(s.sessionId) }, "Delete")));
+
+  async function refresh() {
+    if (!workspace) return;
+    const sessions = [];
+    let cursor = null;
+    do {
+      const query = cursor ? `?size=100&cursor=${encodeURIComponent(cursor)}` : "?size=100";
+      const page = await request("GET", `/workspace/${workspace}/sessions${query}`);
+      sessions.push(...page.sessions);
+      cursor = page.nextCursor || null;
+    } while (cursor);
+    reconcile(body, sessions, (s) => s.sessionId, row,
+      (s) => JSON.stringify([s.agent, s.pendingPrompts, s.maxPendingPrompts, s.activePromptText,
+        s.isWaitingForPermission, s.subscribers]),
+      h("tr", { class: "empty-row" }, h("td", { colspan: 7, class: "empty" }, "No live session. Create one above.")));
+    for (const cell of body.querySelectorAll("[data-testid=row-age]")) {
+      cell.textContent = ago(Date.parse(cell.dataset.created));
+    }
+  }
+
+  return poll(refresh, REFRESH_MS);
+}

@@ -1,0 +1,73 @@
+// The LMSP tasks view: the caller's tasks (GET /lmsp/v1/tasks) with status, model,
+// created and tokens, refreshed every second; create one, cancel one, open one.
+//
+//   mount(root, [], ctx)
+
+import { request } from "./api.js";
+import { errorText, h, poll, reconcile, shortId, time } from "./dom.js";
+
+const REFRESH_MS = 1000;
+export const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
+
+export function tokens(usage) {
+  if (!usage) return "—";
+  return `${usage.total_tokens} (${usage.input_tokens} in, ${usage.output_tokens} out)`;
+}
+
+export function mount(root) {
+  const body = h("tbody");
+  const status = h("p", { class: "error", testid: "tasks-error" });
+  const model = h("select", { testid: "task-model", "aria-label": "Model" });
+  const input = h("input", { testid: "task-input", placeholder: "Input text", "aria-label": "Input" });
+  request("GET", "/lmsp/v1/capabilities").then((caps) => {
+    for (const name of caps.models || []) model.append(h("option", { value: name }, name));
+  }).catch((error) => { status.textContent = errorText(error); });
+
+  const create = async () => {
+    status.textContent = "";
+    try {
+      await request("POST", "/lmsp/v1/tasks",
+        { type: "response", input: { model: model.value || "reference", input: input.value || "hello" } });
+      input.value = "";
+      await refresh();
+    } catch (error) {
+      status.textContent = errorText(error);
+    }
+  };
+  const cancel = async (id) => {
+    try {
+      await request("POST", `/lmsp/v1/tasks/${encodeURIComponent(id)}/cancel`);
+    } catch (error) {
+      status.textContent = errorText(error);
+    }
+    await refresh();
+  };
+
+  root.append(
+    h("section", { class: "toolbar" }, h("h1", {}, "Tasks"),
+      h("label", {}, "Model ", model), input,
+      h("button", { class: "primary", testid: "new-task", onclick: create }, "New task")),
+    status,
+    h("div", { class: "table-wrap" }, h("table", { class: "list" },
+      h("thead", {}, h("tr", {}, ["Task", "Status", "Model", "Created", "Tokens", ""].map((t) => h("th", {}, t)))),
+      body)));
+
+  const row = (t) => h("tr", { testid: "task-row", dataset: { taskId: t.id, status: t.status } },
+    h("td", { class: "mono" }, h("a", { href: `#/task/${encodeURIComponent(t.id)}`, title: t.id }, shortId(t.id))),
+    h("td", {}, h("span", { class: `badge ${t.status}` }, t.status)),
+    h("td", {}, t.model),
+    h("td", {}, time(t.created_at)),
+    h("td", { class: "num" }, tokens(t.usage)),
+    h("td", { class: "actions" },
+      h("a", { class: "button", href: `#/task/${encodeURIComponent(t.id)}` }, "Open"),
+      TERMINAL.has(t.status) ? null
+        : h("button", { class: "danger", testid: "cancel-task", onclick: () => cancel(t.id) }, "Cancel")));
+
+  async function refresh() {
+    const page = await request("GET", "/lmsp/v1/tasks?limit=100");
+    reconcile(body, page.data, (t) => t.id, row, (t) => JSON.stringify([t.status, t.usage]),
+      h("tr", { class: "empty-row" }, h("td", { colspan: 6, class: "empty" }, "No task yet.")));
+  }
+
+  return poll(refresh, REFRESH_MS);
+}

@@ -1,0 +1,113 @@
+"""``GET /lmsp/v1/tasks`` over real HTTP, on every selected store: newest first,
+paging, the status filter, model and usage per item, the caller's tasks only,
+retention, and problem objects for bad parameters."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from acp_server.lmsp import LmspConfig
+from tests.lmsp.server import LmspServer, running_lmsp
+
+pytestmark = pytest.mark.anyio
+
+
+async def _list(server: LmspServer, **params: str) -> dict[str, Any]:
+    response = await server.client.get("/lmsp/v1/tasks", params=params)
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"] == "application/json"
+    return response.json()  # type: ignore[no-any-return]
+
+
+async def test_lists_newest_first_with_model_and_usage(server: LmspServer) -> None:
+    assert await _list(server) == {"object": "list", "data": [], "first_id": None,
+                                   "last_id": None, "has_more": False}
+    first = await server.create("one two three")
+    second = await server.create("/sleep 30s hold")
+    done = await server.wait(first["id"])
+    await server.wait(second["id"], {"running"})
+    body = await _list(server)
+    assert [t["id"] for t in body["data"]] == [second["id"], first["id"]]
+    assert (body["first_id"], body["last_id"], body["has_more"]) == (second["id"], first["id"], False)
+    running, finished = body["data"]
+    assert running["status"] == "running" and running["usage"] is None
+    assert running["model"] == finished["model"] == "reference"
+    assert finished["status"] == "succeeded"
+    assert finished["usage"] == done["response"]["usage"] and finished["usage"]["total_tokens"] > 0
+    # Each item is the task object of GET /tasks/{id}, plus model and usage.
+    assert {k: v for k, v in finished.items() if k not in ("model", "usage")} == done
+    await server.client.post(f"/lmsp/v1/tasks/{second['id']}/cancel")
+
+
+async def test_pages_with_limit_and_after(server: LmspServer) -> None:
+    made = [(await server.create(f"task {i}"))["id"] for i in range(5)]
+    seen: list[str] = []
+    params: dict[str, str] = {"limit": "2"}
+    while True:
+        body = await _list(server, **params)
+        seen += [t["id"] for t in body["data"]]
+        if not body["has_more"]:
+            break
+        params = {"limit": "2", "after": body["last_id"]}
+    assert seen == made[::-1]
+
+
+async def test_status_filter(server: LmspServer) -> None:
+    done = await server.create("quick")
+    await server.wait(done["id"])
+    slow = await server.create("/sleep 30s slow")
+    await server.wait(slow["id"], {"running"})
+    assert [t["id"] for t in (await _list(server, status="running"))["data"]] == [slow["id"]]
+    assert [t["id"] for t in (await _list(server, status="succeeded"))["data"]] == [done["id"]]
+    assert (await _list(server, status="failed"))["data"] == []
+    await server.client.post(f"/lmsp/v1/tasks/{slow['id']}/cancel")
+
+
+async def test_only_the_callers_tasks(tmp_path: Path, store_name: str) -> None:
+    async with running_lmsp(tmp_path, token="alpha") as alpha:
+        mine = await alpha.create("alpha's")
+        await alpha.wait(mine["id"])
+    async with running_lmsp(tmp_path, token="beta") as beta:
+        assert (await _list(beta))["data"] == []
+        response = await beta.client.get("/lmsp/v1/tasks", params={"after": mine["id"]})
+        assert response.status_code == 400
+        assert response.json()["param"] == "after"
+    async with running_lmsp(tmp_path, token="alpha") as again:
+        assert [t["id"] for t in (await _list(again))["data"]] == [mine["id"]]
+
+
+async def test_tasks_past_retention_are_left_out(tmp_path: Path, store_name: str) -> None:
+    async with running_lmsp(tmp_path, config=LmspConfig(task_retention_s=0)) as srv:
+        task = await srv.create("short-lived")
+        with anyio.fail_after(10):   # GET answers 404 once it has ended
+            while (await srv.client.get(f"/lmsp/v1/tasks/{task['id']}")).status_code != 404:
+                await anyio.sleep(0.01)
+        assert (await _list(srv))["data"] == []
+
+
+@pytest.mark.parametrize(("query", "param"), [
+    ("limit=0", "limit"), ("limit=101", "limit"), ("limit=ten", "limit"), ("limit=-1", "limit"),
+    ("status=done", "status"), ("after=nope", "after"),
+    ("after=task_00000000000000000000000000", "after"),
+])
+async def test_bad_parameters_are_problems(server: LmspServer, query: str, param: str) -> None:
+    response = await server.client.get(f"/lmsp/v1/tasks?{query}")
+    assert response.status_code == 400
+    assert response.headers["content-type"] == "application/problem+json"
+    body = response.json()
+    assert body["code"] == "invalid_request" and body["param"] == param
+    assert body["type"] == "https://lmsp.invalid/problems/invalid_request"
+    assert body["instance"] == "/lmsp/v1/tasks"
+
+
+async def test_needs_the_token(tmp_path: Path) -> None:
+    async with running_lmsp(tmp_path, token="secret") as srv:
+        assert (await _list(srv))["data"] == []
+        response = await srv.client.get("/lmsp/v1/tasks", headers={"Authorization": "Bearer no"})
+        assert response.status_code == 401
+        assert response.headers["content-type"] == "application/problem+json"
+        assert response.json()["code"] == "unauthorized"
