@@ -357,3 +357,20 @@ async def test_expired_event_history_is_410(tmp_path: Path, store_name: str) -> 
             await client.responses.retrieve(done.id, stream=True, starting_after=0)
         assert caught.value.status_code == 410
         assert caught.value.code == "event_history_expired"
+
+
+async def test_expired_response_is_404(tmp_path: Path, store_name: str) -> None:
+    config = LmspConfig(task_retention_s=0)   # records expire as soon as the task ends
+    async with running_lmsp(tmp_path, config=config) as srv, client_of(srv) as client:
+        created = await client.responses.create(model="reference", input="brief",
+                                                background=True)
+        with anyio.fail_after(10), pytest.raises(openai.NotFoundError) as caught:
+            while True:   # retrievable while unfinished, gone once it has ended
+                response = await client.responses.retrieve(created.id)
+                assert response.status in ("queued", "in_progress")
+                await anyio.sleep(0.01)
+        assert caught.value.code == "response_not_found"
+        assert (await srv.service.store.get_by_response(created.id)) is not None  # not purged
+        with pytest.raises(openai.NotFoundError):
+            await client.responses.create(model="reference", input="x",
+                                          previous_response_id=created.id)
