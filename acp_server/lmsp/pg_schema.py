@@ -16,7 +16,13 @@ from typing import Any
 import msgspec
 import psycopg
 
-from acp_server.lmsp.store import COLUMNS, CommittedEvent, TaskRecord, record_from_row
+from acp_server.lmsp.store import (
+    COLUMNS,
+    CommittedEvent,
+    TaskRecord,
+    delete_statements,
+    record_from_row,
+)
 from acp_server.lmsp.wire import AnyEvent, encode
 
 Conn = psycopg.Connection[Any]
@@ -65,6 +71,10 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX idem_task ON idempotency_keys(task_id);
     """,
+    # 2: responses are looked up by id (GET/DELETE /responses/{id}, previous_response_id)
+    """
+    CREATE INDEX tasks_response ON tasks(response_id);
+    """,
 ]
 
 def migrate(conn: Conn) -> int:
@@ -92,6 +102,22 @@ def select_task(conn: Conn, task_id: str, lock: bool = False) -> TaskRecord | No
     row = conn.execute(f"SELECT {COLUMNS} FROM tasks WHERE id = %s"
                        f"{' FOR UPDATE' if lock else ''}", (task_id,)).fetchone()
     return None if row is None else record_from_row(row)
+
+
+def select_by_response(conn: Conn, response_id: str) -> TaskRecord | None:
+    row = conn.execute(f"SELECT {COLUMNS} FROM tasks WHERE response_id = %s",
+                       (response_id,)).fetchone()
+    return None if row is None else record_from_row(row)
+
+
+def delete_finished(conn: Conn, task_id: str) -> bool:
+    """``TaskStore.delete_task`` inside the caller's transaction."""
+    (first, first_params), *rest = delete_statements("%s", task_id)
+    if conn.execute(first, first_params).rowcount == 0:
+        return False
+    for sql, params in rest:
+        conn.execute(sql, params)
+    return True
 
 
 def insert_events(conn: Conn, task_id: str, first_seq: int, events: Sequence[AnyEvent],

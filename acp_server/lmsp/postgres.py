@@ -72,9 +72,11 @@ from acp_server.lmsp.store import (
 from acp_server.lmsp.pg_schema import (
     MIGRATIONS,
     Conn,
+    delete_finished,
     insert_events,
     migrate,
     queued_count,
+    select_by_response,
     select_task,
 )
 from acp_server.lmsp.wire import AnyEvent, encode
@@ -415,6 +417,19 @@ class PostgresTaskStore:
     async def get_task(self, task_id: str) -> TaskRecord | None:
         return await self._read(  # type: ignore[no-any-return]
             lambda conn: select_task(conn, task_id))
+
+    async def get_by_response(self, response_id: str) -> TaskRecord | None:
+        return await self._read(  # type: ignore[no-any-return]
+            lambda conn: select_by_response(conn, response_id))
+
+    async def delete_task(self, task_id: str) -> bool:
+        def op(conn: Conn, out: list[CommittedEvent], state: _Batch) -> bool:
+            deleted = delete_finished(conn, task_id)
+            if deleted:
+                self._notice(state, "e", task_id)   # watchers re-read: the task is gone
+            return deleted
+
+        return await self._write(op)  # type: ignore[no-any-return]
 
     async def list_tasks(self, principal: str, *, status: str | None, after: str | None,
                          limit: int) -> list[TaskRecord]:

@@ -37,6 +37,9 @@ class ResponseRequest:
     metadata: dict[str, str]
     stream: bool
     body: Any                   # the decoded request (stored with the task)
+    background: bool = False    # answer at once; the work outlives the connection
+    store: bool = True          # retrievable by id (GET /responses/{id})
+    previous_response_id: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -131,15 +134,22 @@ def _check_response_request(body: Any, base: str, errors: list[tuple[str, str]]
     if metadata is not None and not (isinstance(metadata, dict) and all(
             isinstance(v, str) for v in metadata.values())):
         errors.append((f"{base}/metadata", "Must be an object of string values."))
-    stream = body.get("stream")
-    if stream is not None and not isinstance(stream, bool):
-        errors.append((f"{base}/stream", "Must be a boolean."))
+    for flag in ("stream", "background", "store"):
+        value = body.get(flag)
+        if value is not None and not isinstance(value, bool):
+            errors.append((f"{base}/{flag}", "Must be a boolean."))
+    previous = body.get("previous_response_id")
+    if previous is not None and (not isinstance(previous, str) or not previous):
+        errors.append((f"{base}/previous_response_id", "Must be a non-empty string."))
     if errors:
         return None
     text = "\n".join(texts)
     prompt = text if not instructions else f"{text}\n{instructions}"
     return ResponseRequest(model=model, prompt_text=prompt, input_text=prompt,
-                           metadata=dict(metadata or {}), stream=bool(stream), body=body)
+                           metadata=dict(metadata or {}), stream=bool(body.get("stream")),
+                           body=body, background=body.get("background") is True,
+                           store=body.get("store") is not False,
+                           previous_response_id=previous)
 
 
 def _raise(errors: list[tuple[str, str]]) -> None:
@@ -151,6 +161,9 @@ def _raise(errors: list[tuple[str, str]]) -> None:
 def parse_response_request(body: Any) -> ResponseRequest:
     errors: list[tuple[str, str]] = []
     parsed = _check_response_request(body, "", errors)
+    if parsed is not None and parsed.background and not parsed.store:
+        errors.append(("/store", "Background responses must be stored: 'background: true' "
+                                 "needs 'store' true or absent."))
     _raise(errors)
     assert parsed is not None
     return parsed

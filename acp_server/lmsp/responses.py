@@ -55,18 +55,33 @@ def count_tokens(text: str) -> int:
     return len(_TOKEN.findall(text))
 
 
-def _metadata(record: TaskRecord) -> dict[str, str]:
-    if b'"metadata"' not in record.request:   # the common case: nothing to decode
+_ECHOED = (b'"metadata"', b'"background"', b'"previous_response_id"')
+
+
+def _echoed(record: TaskRecord) -> dict[str, Any]:
+    """The request members a response object repeats: ``metadata``, ``background``,
+    ``previous_response_id``."""
+    if not any(name in record.request for name in _ECHOED):   # common: nothing to decode
         return {}
     body = decode_any(record.request)
-    metadata = body.get("metadata") if isinstance(body, dict) else None
-    return dict(metadata) if isinstance(metadata, dict) else {}
+    if not isinstance(body, dict):
+        return {}
+    fields: dict[str, Any] = {}
+    metadata = body.get("metadata")
+    if isinstance(metadata, dict):
+        fields["metadata"] = dict(metadata)
+    if body.get("background") is True:
+        fields["background"] = True
+    previous = body.get("previous_response_id")
+    if isinstance(previous, str):
+        fields["previous_response_id"] = previous
+    return fields
 
 
 def base_response(record: TaskRecord, status: str, **fields: Any) -> ResponseObject:
     return ResponseObject(id=record.response_id, created_at=int(record.created_at),
                           status=status, model=record.model,  # type: ignore[arg-type]
-                          metadata=_metadata(record), **fields)
+                          **_echoed(record), **fields)
 
 
 def created_event(record: TaskRecord) -> ResponseEvent:

@@ -4,6 +4,7 @@
     tg.start_soon(runner.run)        # until cancelled
     runner.wake()                    # after a create: look for queued work
     runner.cancel(task_id)           # after the store moved it to ``cancelling``
+    await runner.forget(response_id) # a deleted response: close its live session
 
 Contracts:
 
@@ -16,6 +17,10 @@ Contracts:
   ``FLUSH_S`` or ``FLUSH_EVENTS`` events; state events are written at once.
 * Being cancelled from outside (shutdown) writes nothing: the task stays
   ``loading``/``running`` in the store and restart recovery applies its policy.
+* ``previous_response_id`` (``acp_server.lmsp.conversation``): the prompt goes to the
+  previous response's live session when this process kept it, else to a fresh
+  session with the history before the new text. A stored response that completed
+  (not cut at ``max_output_tokens``) keeps its session; any other is closed.
 """
 
 from __future__ import annotations
@@ -29,11 +34,18 @@ from typing import Any
 import anyio
 import msgspec
 
-from acp_server.lmsp.responses import Attempt, in_progress_event
+from acp_server.lmsp.conversation import (
+    LiveSessions,
+    history,
+    history_prompt,
+    may_keep,
+    transcript,
+)
+from acp_server.lmsp.responses import Attempt, count_tokens, in_progress_event
 from acp_server.lmsp.store import Finish, TaskRecord, TaskStore, restart_target
 from acp_server.lmsp.wire import AnyEvent, decode_any
 from bridge import Bridge
-from bridge.errors import AgentDiedError
+from bridge.errors import AgentDiedError, SessionLimitExceededError
 from bridge.ticket import PromptResult, PromptTicket
 
 log = logging.getLogger("acp_server.lmsp")
@@ -100,11 +112,12 @@ class DeltaWriter:
 
 class Runner:
     def __init__(self, store: TaskStore, models: Mapping[str, tuple[Bridge, str | None]], *,
-                 max_running: int = 4, max_attempts: int = 3) -> None:
+                 max_running: int = 4, max_attempts: int = 3, live_sessions: int = 8) -> None:
         self.store = store
         self.models = models
         self.max_running = max_running
         self.max_attempts = max_attempts
+        self.sessions = LiveSessions(live_sessions)
         self._running: dict[str, _Handle] = {}
         self._wakeup = anyio.Event()
 
@@ -126,6 +139,12 @@ class Runner:
         handle.cancel_requested = True
         if handle.ticket is not None:
             handle.ticket.cancel("lmsp_cancel")
+
+    async def forget(self, response_id: str) -> None:
+        """Close the live session kept for ``response_id`` (if any)."""
+        live = self.sessions.drop(response_id)
+        if live is not None:
+            await _close(live.bridge, live.session_id)
 
     async def run(self) -> None:
         async with anyio.create_task_group() as tg:
@@ -161,12 +180,26 @@ class Runner:
                                    f"The model {record.model!r} is not served any more.")
             return
         bridge, agent = target
+        previous = request.get("previous_response_id") if isinstance(request, dict) else None
+        session_id = None
+        if isinstance(previous, str):
+            session_id = self.sessions.take(previous, record.model)
+        continued = session_id is not None   # the session already holds the history
+        blocks: list[dict[str, Any]] = [{"type": "text", "text": prompt}]
+        if session_id is None:
+            try:
+                session_id = await self._new_session(bridge, agent)
+            except Exception as exc:   # noqa: BLE001 - any bridge failure fails the task
+                await self._end_agent_error(record, attempt, exc)
+                return
+        keep = False
         try:
-            info = await bridge.create_session(agent=agent)
-        except Exception as exc:   # noqa: BLE001 - any bridge failure fails the task
-            await self._end_agent_error(record, attempt, exc)
-            return
-        try:
+            if isinstance(previous, str) and not continued:
+                messages = await history(self.store, previous)
+                embedded = bridge.agents.capability(bridge.agents.resolve(agent),
+                                                    "promptCapabilities", "embeddedContext")
+                blocks = history_prompt(previous, messages, prompt, embedded=bool(embedded))
+                attempt.input_tokens += count_tokens(transcript(messages))
             now = time.time()
             won = await self.store.transition(
                 record.id, ("loading",), "running",
@@ -174,13 +207,16 @@ class Runner:
             if won is None:   # cancelled while loading
                 await self._end_cancelled(record, attempt)
                 return
-            ticket = bridge.send_prompt(info.session_id, [{"type": "text", "text": prompt}])
+            ticket = bridge.send_prompt(session_id, blocks)
             handle.ticket = ticket
             if handle.cancel_requested:
                 ticket.cancel("lmsp_cancel")
-            subscription = bridge.subscribe(info.session_id, last_event_id=ticket.last_event_id,
+            subscription = bridge.subscribe(session_id, last_event_id=ticket.last_event_id,
                                             max_queued=SUBSCRIPTION_QUEUE)
-            await self._pump(record, attempt, ticket, subscription, handle)
+            try:
+                await self._pump(record, attempt, ticket, subscription, handle)
+            finally:
+                subscription.close()   # the session may outlive this task
             try:
                 result: PromptResult = await ticket
             except Exception as exc:   # noqa: BLE001 - AgentError, AgentDiedError, ...
@@ -194,12 +230,28 @@ class Runner:
                                               now=time.time())
             if won is None:   # a cancel committed first
                 await self._end_cancelled(record, attempt)
+                return
+            keep = (status == "succeeded" and not attempt.truncated and may_keep(bridge)
+                    and isinstance(request, dict) and request.get("store") is not False)
         finally:
             with anyio.CancelScope(shield=True):
-                try:
-                    await bridge.close_session(info.session_id, reason="lmsp_task_done")
-                except Exception:   # noqa: BLE001 - the session may already be gone
-                    pass
+                closing = [(bridge, session_id)]
+                if keep:
+                    closing = [(live.bridge, live.session_id) for live in self.sessions.keep(
+                        record.response_id, record.model, bridge, session_id)]
+                for owner, sid in closing:
+                    await _close(owner, sid)
+
+    async def _new_session(self, bridge: Bridge, agent: str | None) -> str:
+        """A fresh session; at the bridge's session limit, kept sessions make room."""
+        while True:
+            try:
+                return (await bridge.create_session(agent=agent)).session_id
+            except SessionLimitExceededError:
+                live = self.sessions.evict_oldest(bridge)
+                if live is None:
+                    raise
+                await _close(live.bridge, live.session_id)
 
     async def _pump(self, record: TaskRecord, attempt: Attempt, ticket: PromptTicket,
                     subscription: Any, handle: _Handle) -> None:
@@ -260,6 +312,13 @@ class Runner:
                                               attempt.failed(code, message), now=time.time())
             if won is None:
                 await self._end_cancelled(record, attempt)
+
+
+async def _close(bridge: Bridge, session_id: str) -> None:
+    try:
+        await bridge.close_session(session_id, reason="lmsp_task_done")
+    except Exception:   # noqa: BLE001 - the session may already be gone
+        pass
 
 
 _update_decoder = msgspec.json.Decoder()

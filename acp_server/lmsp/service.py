@@ -42,7 +42,12 @@ import msgspec
 from acp_server.lmsp.hub import Hub
 from acp_server.lmsp.problems import LmspError
 from acp_server.lmsp.requests import ResponseRequest
-from acp_server.lmsp.responses import created_event, error_finish, recovery_finish
+from acp_server.lmsp.responses import (
+    base_response,
+    created_event,
+    error_finish,
+    recovery_finish,
+)
 from acp_server.lmsp.postgres import PostgresTaskStore, is_postgres_url
 from acp_server.lmsp.runner import Runner
 from acp_server.lmsp.sqlite import SqliteTaskStore
@@ -91,6 +96,8 @@ class LmspConfig:
     keepalive_s: float = 15
     idempotency_wait_s: float = 10
     max_queued_tasks: int | None = 10_000
+    live_sessions: int = 8          # ACP sessions kept for previous_response_id (LRU)
+    cancel_wait_s: float = 10       # POST /responses/{id}/cancel waits this for the stop
 
 
 class LmspService:
@@ -101,7 +108,8 @@ class LmspService:
         self.models = models
         self.config = config
         self.runner = Runner(store, models, max_running=max_running_tasks,
-                             max_attempts=config.max_attempts)
+                             max_attempts=config.max_attempts,
+                             live_sessions=config.live_sessions)
         self.principal = ("token:" + hashlib.sha256(token.encode()).hexdigest()[:16]
                           if token else "anonymous")
         self.recovery = RecoveryReport()
@@ -200,6 +208,15 @@ class LmspService:
         if request.model not in self.models:
             raise LmspError("model_not_found", f"The model {request.model!r} does not exist.",
                             model=request.model)
+        if request.previous_response_id is not None:
+            previous = await self.get_response(request.previous_response_id,
+                                               param="previous_response_id")
+            if previous.status not in TERMINAL:
+                raise LmspError("response_in_progress", f"The previous response "
+                                f"{previous.response_id} has not finished yet; wait for it "
+                                "(or cancel it) before continuing it.",
+                                response_id=previous.response_id,
+                                response_status=_response_status(previous))
         now = time.time()
         task = NewTask(id=new_id("task"), response_id=new_id("resp"), on_restart=on_restart,
                        model=request.model, principal=self.principal,
@@ -268,6 +285,60 @@ class LmspService:
             error=msgspec.Raw(record.error) if record.status == "failed" and record.error
             else None)
 
+    # -- responses (§6, OpenAI background mode) ----------------------------------------
+    async def get_response(self, response_id: str, *, param: str | None = None
+                           ) -> TaskRecord:
+        """The task of a stored response; 404 ``response_not_found`` when unknown,
+        deleted, past the task retention, or created with ``store: false``."""
+        record = await self.store.get_by_response(response_id)
+        if record is None or self._task_expired(record, time.time()) or \
+                b'"store"' in record.request and _unstored(record):
+            raise LmspError("response_not_found", f"No response {response_id!r}.",
+                            response_id=response_id,
+                            **({"param": param} if param else {}))
+        return record
+
+    def response_object(self, record: TaskRecord) -> bytes:
+        """The response as it stands: the final object once finished, else its
+        ``queued`` / ``in_progress`` head (``loading``/``running``/``cancelling``)."""
+        if record.status in TERMINAL and record.response:
+            return record.response
+        return encode(base_response(record, _response_status(record)))
+
+    async def cancel_response(self, response_id: str) -> TaskRecord:
+        """A queued response is cancelled at once; a running one once its agent has
+        stopped (waited for up to ``cancel_wait_s``); a cancelled one answers as is.
+        A completed, incomplete or failed one: 400 ``response_not_cancelable``."""
+        record = await self.get_response(response_id)
+        try:
+            record = await self.cancel(record.id)
+        except LmspError as exc:
+            if exc.code != "task_not_cancelable":
+                raise
+            record = await self.get_task(record.id)
+            raise LmspError("response_not_cancelable", f"Cannot cancel a "
+                            f"{_response_status(record)} response.", response_id=response_id,
+                            response_status=_response_status(record)) from None
+        if record.status not in TERMINAL:
+            with anyio.move_on_after(self.config.cancel_wait_s):
+                record = await self.wait_terminal(record.id)
+        return record
+
+    async def delete_response(self, response_id: str) -> None:
+        """Deletes a finished response (task, events, keys); 409
+        ``response_in_progress`` while it is unfinished."""
+        record = await self.get_response(response_id)
+        if record.status not in TERMINAL or not await self.store.delete_task(record.id):
+            current = await self.store.get_task(record.id)
+            if current is None:
+                raise LmspError("response_not_found", f"No response {response_id!r}.",
+                                response_id=response_id)
+            raise LmspError("response_in_progress", f"The response {response_id} has not "
+                            "finished yet; cancel it first.", response_id=response_id,
+                            response_status=_response_status(current))
+        await self.runner.forget(response_id)
+        self.hub.poke(record.id)
+
     # -- events -----------------------------------------------------------------------
     async def open_events(self, task_id: str, cursor: int | None, *,
                           param: str | None = None
@@ -309,6 +380,8 @@ class LmspService:
                 if from_store and len(rows) == PAGE:
                     rows = None
                     continue
+                if from_store and not rows and await self.store.get_task(task_id) is None:
+                    return   # deleted (DELETE /responses/{id}) while streaming
                 rows = watch.take(last)
                 if rows == []:
                     if not await watch.wait(self.config.keepalive_s):
@@ -337,6 +410,24 @@ class LmspService:
                 await self.purge_once()
             except Exception:   # noqa: BLE001 - retried at the next interval
                 log.exception("lmsp retention purge failed")
+
+
+def _response_status(record: TaskRecord) -> str:
+    """The response status of a task: queued, in_progress, or the final one."""
+    if record.status == "queued":
+        return "queued"
+    if record.status not in TERMINAL:
+        return "in_progress"
+    if record.response:
+        status = msgspec.json.decode(record.response).get("status")
+        if isinstance(status, str):
+            return status
+    return {"succeeded": "completed"}.get(record.status, record.status)
+
+
+def _unstored(record: TaskRecord) -> bool:
+    body = msgspec.json.decode(record.request)
+    return isinstance(body, dict) and body.get("store") is False
 
 
 def _record_of(task: NewTask) -> TaskRecord:

@@ -38,6 +38,7 @@ from acp_server.lmsp.store import (
     KeyReusedError,
     QueueFullError,
     NewTask,
+    delete_statements,
     RecoveryFactory,
     RecoveryReport,
     TaskRecord,
@@ -75,6 +76,7 @@ CREATE TABLE IF NOT EXISTS tasks (
 );
 CREATE INDEX IF NOT EXISTS tasks_status ON tasks(status, seq);
 CREATE INDEX IF NOT EXISTS tasks_finished ON tasks(finished_at) WHERE finished_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS tasks_response ON tasks(response_id);
 CREATE TABLE IF NOT EXISTS task_events (
     task_id TEXT NOT NULL,
     seq INTEGER NOT NULL,
@@ -295,6 +297,25 @@ class SqliteTaskStore:
 
     async def get_task(self, task_id: str) -> TaskRecord | None:
         return await self._read(lambda conn: _select(conn, task_id))  # type: ignore[no-any-return]
+
+    async def get_by_response(self, response_id: str) -> TaskRecord | None:
+        def fn(conn: sqlite3.Connection) -> TaskRecord | None:
+            row = conn.execute(f"SELECT {COLUMNS} FROM tasks WHERE response_id = ?",
+                               (response_id,)).fetchone()
+            return None if row is None else record_from_row(row)
+
+        return await self._read(fn)  # type: ignore[no-any-return]
+
+    async def delete_task(self, task_id: str) -> bool:
+        def op(conn: sqlite3.Connection, out: list[CommittedEvent]) -> bool:
+            statements = delete_statements("?", task_id)
+            if conn.execute(*statements[0]).rowcount == 0:
+                return False
+            for sql, params in statements[1:]:
+                conn.execute(sql, params)
+            return True
+
+        return await self._write(op)  # type: ignore[no-any-return]
 
     async def list_tasks(self, principal: str, *, status: str | None, after: str | None,
                          limit: int) -> list[TaskRecord]:

@@ -146,6 +146,13 @@ class TaskStore(Protocol):
 
     async def get_task(self, task_id: str) -> TaskRecord | None: ...
 
+    async def get_by_response(self, response_id: str) -> TaskRecord | None:
+        """The task that produces ``response_id`` (indexed)."""
+
+    async def delete_task(self, task_id: str) -> bool:
+        """Deletes a *finished* task with its events and idempotency keys, in one
+        transaction; ``False`` when it is unfinished or gone."""
+
     async def list_tasks(self, principal: str, *, status: str | None, after: str | None,
                          limit: int) -> list[TaskRecord]:
         """Up to ``limit`` of ``principal``'s tasks, newest first, created before the
@@ -196,6 +203,17 @@ def queued_record(task: NewTask) -> TaskRecord:
     return TaskRecord(task.id, task.response_id, "queued", task.on_restart, task.model,
                       task.principal, task.request, task.created_at, task.created_at, None, 1,
                       0, None, None, False)
+
+
+def delete_statements(p: str, task_id: str) -> list[tuple[str, tuple[Any, ...]]]:
+    """``delete_task`` as (SQL, params) for either store, the task row first (its row
+    count says whether anything was deleted: only a finished task is)."""
+    finished = ", ".join(f"'{status}'" for status in sorted(TERMINAL))
+    return [
+        (f"DELETE FROM tasks WHERE id = {p} AND status IN ({finished})", (task_id,)),
+        (f"DELETE FROM task_events WHERE task_id = {p}", (task_id,)),
+        (f"DELETE FROM idempotency_keys WHERE task_id = {p}", (task_id,)),
+    ]
 
 
 def restart_target(status: str, on_restart: str, attempt: int, max_attempts: int) -> str:

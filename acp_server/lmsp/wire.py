@@ -71,6 +71,16 @@ class ResponseObject(msgspec.Struct, kw_only=True):
     error: ResponseError | None = None
     incomplete_details: IncompleteDetails | None = None
     metadata: dict[str, str] = msgspec.field(default_factory=dict)
+    background: bool = False                  # created with ``background: true``
+    previous_response_id: str | None = None   # the response it continues
+
+
+class DeletedResponse(msgspec.Struct, kw_only=True):
+    """The answer of ``DELETE /responses/{id}``."""
+
+    id: str
+    object: Literal["response.deleted"] = "response.deleted"
+    deleted: bool = True
 
 
 # -- task object (§7.1) ----------------------------------------------------------------
@@ -160,6 +170,8 @@ class CapabilityFlags(msgspec.Struct, kw_only=True):
     event_resume: bool = True
     snapshots: bool = False
     idempotency: bool = True
+    background: bool = True            # POST /responses {"background": true}, retrieve, cancel
+    previous_response_id: bool = True  # conversation state across responses
 
 
 class Limits(msgspec.Struct, kw_only=True):
@@ -199,6 +211,8 @@ class Problem(msgspec.Struct, kw_only=True):
     task_id: str | UnsetType = UNSET
     model: str | UnsetType = UNSET
     task_status: str | UnsetType = UNSET
+    response_id: str | UnsetType = UNSET
+    response_status: str | UnsetType = UNSET
     earliest_sequence_number: int | None | UnsetType = UNSET
     retention_seconds: int | UnsetType = UNSET
     limit: int | UnsetType = UNSET

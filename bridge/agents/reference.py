@@ -40,6 +40,10 @@ first thing that is not a directive ends them and the rest is the *message*:
   / ``Write to <path> failed: <message>``.
 * ``/fail``: answer the prompt with JSON-RPC error -32603
   ``Reference agent failure (/fail)`` (after any sleep/permission/tool step).
+* ``/history``: the reply starts with ``History:`` and one ``user: …`` /
+  ``assistant: …`` line per earlier message of the session, then the text of the
+  prompt's embedded resources (how LMSP hands a fresh session the history of a
+  ``previous_response_id`` conversation).
 * ``/max_tokens``, ``/refuse``: stopReason ``max_tokens`` / ``refusal`` after the reply.
 * ``/crash``: send one chunk (the first half of the reply), then die: over stdio the
   process exits with status 3 (``os._exit``); in process the connection is lost

@@ -18,7 +18,7 @@ import os
 import re
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -107,7 +107,7 @@ _DIRECTIVE_RE = re.compile(
     r"/(?:sleep[ \t]+(?P<sleep>\d+)(?P<unit>ms|s)"
     r"|chunks[ \t]+(?P<chunks>\d+)"
     r"|tool[ \t]+write[ \t]+(?P<path>\S+)"
-    r"|(?P<flag>permission|fail|max_tokens|refuse|crash))(?=\s|\Z)"
+    r"|(?P<flag>permission|fail|max_tokens|refuse|crash|history))(?=\s|\Z)"
 )
 _MAX_CHUNKS = 100_000
 
@@ -122,6 +122,7 @@ class Directives:
     max_tokens: bool = False
     refuse: bool = False
     crash: bool = False
+    history: bool = False
     message: str = ""
 
 
@@ -158,6 +159,17 @@ def split_chunks(text: str, count: int) -> list[str]:
         pieces.append(text[start:end])
         start = end
     return pieces
+
+
+def embedded_texts(prompt: list[Any]) -> list[str]:
+    """The text of the prompt's embedded resources (``{"type": "resource"}`` blocks)."""
+    texts = []
+    for block in prompt:
+        resource = block.get("resource") if isinstance(block, dict) and \
+            block.get("type") == "resource" else None
+        if isinstance(resource, dict) and isinstance(resource.get("text"), str):
+            texts.append(resource["text"])
+    return texts
 
 
 def prompt_text(prompt: list[Any]) -> str:
@@ -306,7 +318,7 @@ class ReferenceAgent:
 
     # -- prompt turns
 
-    def _begin_turn(self, params: Any) -> tuple[_Turn, str]:
+    def _begin_turn(self, params: Any) -> tuple[_Turn, str, list[str]]:
         session = self._session(_require_dict(params))
         prompt = params.get("prompt")
         if not isinstance(prompt, list):
@@ -315,20 +327,26 @@ class ReferenceAgent:
             raise RequestError(INVALID_PARAMS, "A prompt is already running in this session")
         turn = _Turn(session, anyio.CancelScope())
         self._turns[session.session_id] = turn
-        return turn, prompt_text(prompt)
+        return turn, prompt_text(prompt), embedded_texts(prompt)
 
-    async def _run_turn(self, turn: _Turn, text: str) -> dict[str, Any]:
+    async def _run_turn(self, turn: _Turn, text: str, context: list[str]) -> dict[str, Any]:
         try:
             with turn.scope:
-                return await self._play(turn.session, text)
+                return await self._play(turn.session, text, context)
             return {"stopReason": "cancelled"}  # session/cancel interrupted the turn
         finally:
             if self._turns.get(turn.session.session_id) is turn:
                 del self._turns[turn.session.session_id]
 
-    async def _play(self, session: StoredSession, text: str) -> dict[str, Any]:
+    async def _play(self, session: StoredSession, text: str,
+                    context: Sequence[str] = ()) -> dict[str, Any]:
         directives = parse_directives(text)
         lines: list[str] = []
+        if directives.history:
+            lines.append("History:")
+            lines.extend(f"{'user' if role == 'user' else 'assistant'}: {said}"
+                         for role, said in session.history)
+            lines.extend(context)
         if directives.sleep_s > 0:
             await anyio.sleep(directives.sleep_s)
         if directives.permission:

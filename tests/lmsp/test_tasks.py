@@ -16,7 +16,8 @@ pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("store_name")]
 def _response(task: dict[str, Any], status: str, **fields: Any) -> dict[str, Any]:
     return {"id": task["response_id"], "object": "response", "created_at": task["created_at"],
             "status": status, "model": "reference", "output": [], "usage": None, "error": None,
-            "incomplete_details": None, "metadata": {}, **fields}
+            "incomplete_details": None, "metadata": {}, "background": False,
+            "previous_response_id": None, **fields}
 
 
 def _message(task: dict[str, Any], text: str, status: str = "completed") -> dict[str, Any]:
@@ -193,7 +194,8 @@ async def test_capabilities(server: LmspServer) -> None:
     assert response.json() == {
         "object": "capabilities", "version": "1.0",
         "capabilities": {"tasks": True, "event_resume": True, "snapshots": False,
-                         "idempotency": True},
+                         "idempotency": True,
+                         "background": True, "previous_response_id": True},
         "limits": {"event_retention_seconds": 600, "task_retention_seconds": 86400,
                    "idempotency_key_ttl_seconds": 86400, "max_request_bytes": 1048576},
         "models": ["reference"]}
