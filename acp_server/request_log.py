@@ -1,0 +1,220 @@
+"""Request logs and request metrics: one ASGI middleware outside every other.
+
+    app.add_middleware(RequestLogMiddleware, router_of=lambda: app.router, metrics=metrics)
+    configure_logging("json")      # the CLI's --log-format text|json
+
+    # text:  2026-12-01 10:02:03,114 INFO acp_server.access: POST /session/{session_id}/prompt
+    #        503 0.41ms door=rest session=3c0f…
+    # json:  {"ts":"2026-12-01T10:02:03.114Z","level":"INFO","logger":"acp_server.access",
+    #         "message":"…","kind":"request","method":"POST","route":"/session/{session_id}/prompt",
+    #         "status":503,"duration_ms":0.41,"door":"rest","session_id":"3c0f…"}
+
+Contracts:
+
+* One line per HTTP request (logger ``acp_server.access``, level INFO): method, route
+  template (``unmatched`` when no route matched; never the raw path or the query),
+  status, duration in ms, door (``rest``, ``acp``, ``lmsp``, ``ops``), and the
+  ``session_id`` / ``task_id`` of the path when it has one. Never a header, a token
+  or a body.
+* An event stream (a ``text/event-stream`` answer) logs ``stream_open`` when its
+  headers go out and ``stream_close`` (its request line) when it ends, with its
+  duration and the number of events sent (SSE frames other than comments and
+  ``retry:``; every writer here sends whole frames per write).
+* Every request is counted in ``acp_server_http_requests_total`` and timed in
+  ``acp_server_http_request_duration_seconds``; open streams are the
+  ``acp_server_sse_subscribers`` gauge. A request that raised before answering is
+  counted as 500.
+* With INFO disabled for ``acp_server.access`` the middleware only times and counts.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+from starlette.routing import Match, Router
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from acp_server.metrics import Metrics
+
+access_log = logging.getLogger("acp_server.access")
+LOG_FORMATS = ("text", "json")
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+OPS_PATHS = frozenset({"/metrics", "/openapi.json"})
+UNMATCHED = "unmatched"
+_SSE = b"text/event-stream"
+_ID_PARAMS = ("session_id", "task_id")
+
+
+def door_of(path: str) -> str:
+    if path.startswith("/lmsp/"):
+        return "lmsp"
+    if path == "/acp" or path.startswith("/acp/"):
+        return "acp"
+    return "ops" if path in OPS_PATHS else "rest"
+
+
+def count_events(chunk: bytes) -> int:
+    """SSE frames in ``chunk`` that carry an event (whole frames assumed)."""
+    frames = chunk.count(b"\n\n")
+    if not frames:
+        return 0
+    other = chunk.count(b"\n\n:") + chunk.count(b"\n\nretry:") \
+        + chunk.startswith((b":", b"retry:"))
+    return frames - other
+
+
+def _is_stream(message: Message) -> bool:
+    for key, value in message.get("headers", ()):
+        if key == b"content-type":
+            return bytes(value).startswith(_SSE)
+    return False
+
+
+class RequestLogMiddleware:
+    def __init__(self, app: ASGIApp, *, router_of: Callable[[], Router],
+                 metrics: Metrics | None = None) -> None:
+        self.app = app
+        self.router_of = router_of
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        state = _Exchange(self, scope, send, start)
+        try:
+            await self.app(scope, receive, state.send)
+        finally:
+            state.finish(time.perf_counter() - start)
+
+    def resolve(self, scope: Scope) -> tuple[str, dict[str, Any]]:
+        """The route template and path parameters; matched again when the router did
+        not run (an answer of the network guard)."""
+        route = scope.get("route")
+        if route is not None:
+            return route.path, scope.get("path_params") or {}
+        router = self.router_of()
+        candidates = router.candidates(scope["path"]) if hasattr(router, "candidates") \
+            else router.routes
+        for candidate in candidates:
+            match, child = candidate.matches(scope)
+            if match is not Match.NONE and hasattr(candidate, "path"):
+                return candidate.path, child.get("path_params") or {}
+        return UNMATCHED, {}
+
+
+class _Exchange:
+    """One request: its status, whether it is a stream, the events sent."""
+
+    __slots__ = ("owner", "scope", "downstream", "start", "status", "events", "door")
+
+    def __init__(self, owner: RequestLogMiddleware, scope: Scope, send: Send,
+                 start: float) -> None:
+        self.owner = owner
+        self.scope = scope
+        self.downstream = send
+        self.start = start
+        self.status = 500
+        self.events: int | None = None   # None: not a stream
+        self.door = door_of(scope["path"])
+
+    async def send(self, message: Message) -> None:
+        kind = message["type"]
+        if kind == "http.response.start":
+            self.status = message["status"]
+            if _is_stream(message):
+                self.events = 0
+                if self.owner.metrics is not None:
+                    self.owner.metrics.stream_opened(self.door)
+                if access_log.isEnabledFor(logging.INFO):
+                    self._log("stream_open", None)
+        elif self.events is not None and kind == "http.response.body":
+            self.events += count_events(message.get("body", b""))
+        await self.downstream(message)
+
+    def finish(self, seconds: float) -> None:
+        route, params = self.owner.resolve(self.scope)
+        metrics = self.owner.metrics
+        if metrics is not None:
+            metrics.request_done(self.door, route, self.status, seconds)
+            if self.events is not None:
+                metrics.stream_closed(self.door)
+        if access_log.isEnabledFor(logging.INFO):
+            self._log("request" if self.events is None else "stream_close", seconds,
+                      route, params)
+
+    def _log(self, kind: str, seconds: float | None, route: str | None = None,
+             params: dict[str, Any] | None = None) -> None:
+        if route is None:
+            route, params = self.owner.resolve(self.scope)
+        fields: dict[str, Any] = {"kind": kind, "method": self.scope["method"], "route": route,
+                                  "status": self.status, "door": self.door}
+        if seconds is not None:
+            fields["duration_ms"] = round(seconds * 1000, 3)
+        for name in _ID_PARAMS:
+            value = (params or {}).get(name)
+            if value is not None:
+                fields[name] = value
+        if kind == "stream_close":
+            fields["events"] = self.events
+        access_log.info("%s", _Line(fields), extra={"access": fields})
+
+
+class _Line:
+    """The text form of an access record, built only if a handler formats it."""
+
+    __slots__ = ("fields",)
+
+    def __init__(self, fields: dict[str, Any]) -> None:
+        self.fields = fields
+
+    def __str__(self) -> str:
+        f = self.fields
+        head = "" if f["kind"] == "request" else f"{f['kind']} "
+        text = f"{head}{f['method']} {f['route']} {f['status']}"
+        if "duration_ms" in f:
+            text += f" {f['duration_ms']:.2f}ms"
+        text += f" door={f['door']}"
+        if "session_id" in f:
+            text += f" session={f['session_id']}"
+        if "task_id" in f:
+            text += f" task={f['task_id']}"
+        if "events" in f:
+            text += f" events={f['events']}"
+        return text
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ts, level, logger, message, and an access record's
+    fields."""
+
+    _encode = msgspec.json.Encoder().encode
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": datetime.datetime.fromtimestamp(record.created, datetime.UTC).isoformat(
+                timespec="milliseconds").replace("+00:00", "Z"),
+            "level": record.levelname, "logger": record.name, "message": record.getMessage()}
+        access = getattr(record, "access", None)
+        if access is not None:
+            out.update(access)
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        return self._encode(out).decode()
+
+
+def configure_logging(log_format: str = "text", *, stream: Any = None) -> None:
+    """The process's logging: INFO to stderr, as text or JSON lines."""
+    if log_format not in LOG_FORMATS:
+        raise ValueError(f"Invalid log format: {log_format!r}. Must be text or json.")
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(JsonFormatter() if log_format == "json"
+                         else logging.Formatter(TEXT_FORMAT))
+    logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
