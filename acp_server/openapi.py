@@ -26,7 +26,7 @@ import dataclasses
 import json
 import re
 import sys
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -128,6 +128,34 @@ class EmptyObject(msgspec.Struct):
     pass
 
 
+# Request bodies as accepted. The wire types type some fields ``Any`` so that the route
+# can answer the peer's own error code; these say what passes.
+class CreateSessionRequest(msgspec.Struct):
+    cwd: str | None = None   # the workspace (the only one); another → 400 workspace_mismatch
+    sessionScope: Literal["single", "thread"] | None = None
+    sessionId: Annotated[str, msgspec.Meta(
+        description="A UUID (RFC 4122, versions 1-5); forces `thread`")] | None = None
+    agent: Annotated[str, msgspec.Meta(examples=["reference"])] | None = None
+
+
+class PromptRequest(msgspec.Struct):
+    prompt: Annotated[list[dict[str, Any]], msgspec.Meta(min_length=1, description=(
+        "ACP content blocks, e.g. {\"type\": \"text\", \"text\": \"hello\"}"))]
+    deadlineMs: Annotated[int, msgspec.Meta(ge=1, le=2**31 - 1)] | None = None
+
+
+class SelectedOutcome(msgspec.Struct, tag_field="outcome", tag="selected"):
+    optionId: Annotated[str, msgspec.Meta(min_length=1)]
+
+
+class CancelledOutcome(msgspec.Struct, tag_field="outcome", tag="cancelled"):
+    pass
+
+
+class PermissionVote(msgspec.Struct):
+    outcome: SelectedOutcome | CancelledOutcome
+
+
 class InputText(msgspec.Struct):
     type: Literal["input_text"]
     text: str
@@ -142,10 +170,11 @@ class InputMessage(msgspec.Struct):
 class ResponseRequest(msgspec.Struct):
     """``POST /lmsp/v1/responses`` (and a task's ``input``); unknown members are ignored."""
 
-    model: str
-    input: str | list[InputMessage]
+    model: Annotated[str, msgspec.Meta(min_length=1, examples=["reference"], description=(
+        "An agent of the server (`reference` always is one)"))]
+    input: str | Annotated[list[InputMessage], msgspec.Meta(min_length=1)]
     instructions: str | None = None
-    max_output_tokens: int | None = None
+    max_output_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None
     metadata: dict[str, str] | None = None
     stream: bool | None = None
 
@@ -164,6 +193,9 @@ class Answer:
     schema: Any = None               # a msgspec type, or None for no body
     content_type: str = JSON
     headers: tuple[str, ...] = ()    # names in RESPONSE_HEADERS
+    # (path parameter, JSON pointer into this body): an OpenAPI link to every operation
+    # whose path has that parameter
+    link: tuple[str, str] | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -214,6 +246,7 @@ SSE_ANSWER = Answer(200, "The event stream", None, SSE, ("X-Qwen-Event-Epoch", "
 CLIENT = ("X-Qwen-Client-Id",)
 AGENT = (500, 504)   # routes that wait on the agent
 W, L = rest_wire, lmsp_wire
+SESSION_LINK = ("session_id", "/sessionId")
 
 OPERATIONS: tuple[Op, ...] = (
     # -- REST + SSE (qwen serve 0.24.4) --
@@ -224,8 +257,9 @@ OPERATIONS: tuple[Op, ...] = (
     Op("GET", "/daemon/status", "Limits in force and runtime activity",
        (Answer(200, "Status", DaemonStatus),)),
     Op("POST", "/session", "Create a session or attach to the workspace's default one",
-       (Answer(200, "The session", W.SessionCreated),), (400, 413, 503, *AGENT),
-       body=W.CreateSessionBody, headers=CLIENT),
+       (Answer(200, "The session", W.SessionCreated, link=SESSION_LINK),),
+       (400, 413, 503, *AGENT),
+       body=CreateSessionRequest, headers=CLIENT),
     Op("DELETE", "/session/{session_id}", "Close a session",
        (Answer(204, "Closed"),), (400, 404), headers=CLIENT),
     Op("POST", "/session/{session_id}/load", "Attach a live session or restore it (session/load)",
@@ -236,7 +270,8 @@ OPERATIONS: tuple[Op, ...] = (
        (Answer(200, "The session", W.SessionRestored),), (400, 404, 413, 501, 503, *AGENT),
        body=W.RestoreBody, headers=CLIENT),
     Op("POST", "/session/{session_id}/branch", "Fork a session (no prompt pending)",
-       (Answer(201, "The new session", W.SessionBranched),), (400, 404, 409, 413, 501, 503, *AGENT),
+       (Answer(201, "The new session", W.SessionBranched, link=SESSION_LINK),),
+       (400, 404, 409, 413, 501, 503, *AGENT),
        body=W.EmptyBody, headers=CLIENT),
     Op("POST", "/session/{session_id}/cancel", "Cancel the running prompt",
        (Answer(204, "Cancelled (or nothing was running)"),), (400, 404), headers=CLIENT),
@@ -246,7 +281,7 @@ OPERATIONS: tuple[Op, ...] = (
        (Answer(200, "Last seen", W.Heartbeat),), (400, 404), headers=CLIENT),
     Op("POST", "/session/{session_id}/prompt", "Send a prompt (non-blocking)",
        (Answer(202, "Admitted", W.PromptAccepted),), (400, 404, 413, 503),
-       body=W.PromptBody, headers=CLIENT),
+       body=PromptRequest, headers=CLIENT),
     Op("GET", "/session/{session_id}/pending-prompts", "Queued and running prompts",
        (Answer(200, "The pending prompts", PendingPrompts),), (404,)),
     Op("DELETE", "/session/{session_id}/pending-prompts/{prompt_id}",
@@ -259,10 +294,10 @@ OPERATIONS: tuple[Op, ...] = (
        headers=("X-Qwen-Client-Id", "Last-Event-ID", "X-Qwen-Event-Epoch")),
     Op("POST", "/session/{session_id}/permission/{request_id}", "Vote on a permission request",
        (Answer(200, "Recorded", EmptyObject),), (400, 404, 413),
-       body=W.PermissionVoteBody, headers=CLIENT),
+       body=PermissionVote, headers=CLIENT),
     Op("POST", "/permission/{request_id}", "Vote on a permission request (legacy route)",
        (Answer(200, "Recorded", EmptyObject),), (400, 404, 413),
-       body=W.PermissionVoteBody, headers=CLIENT),
+       body=PermissionVote, headers=CLIENT),
     # -- operability --
     Op("GET", "/metrics", "Prometheus text exposition (the /health auth rule)",
        (Answer(200, "The metrics", str, "text/plain"),)),
@@ -275,7 +310,8 @@ OPERATIONS: tuple[Op, ...] = (
                L.ResponseObject, headers=("Idempotent-Replayed",)),),
        (400, 404, 409, 413, 422, 503), body=ResponseRequest, headers=("Idempotency-Key",)),
     Op("POST", "/lmsp/v1/tasks", "Create an async task (202 once durable)",
-       (Answer(202, "The task", L.TaskObject, headers=("Location", "Idempotent-Replayed")),),
+       (Answer(202, "The task", L.TaskObject, headers=("Location", "Idempotent-Replayed"),
+               link=("task_id", "/id")),),
        (400, 404, 409, 413, 422, 503), body=TaskEnvelope, headers=("Idempotency-Key",)),
     Op("GET", "/lmsp/v1/tasks/{task_id}", "A task", (Answer(200, "The task", L.TaskObject),),
        (404,)),
@@ -333,6 +369,8 @@ def _operation(op: Op, refs: dict[Any, dict[str, Any]]) -> dict[str, Any]:
             entry["content"] = {answer.content_type: {"schema": _schema_of(answer.schema, refs)}}
         if answer.headers:
             entry["headers"] = _header_objects(answer.headers, RESPONSE_HEADERS)
+        if answer.link is not None:
+            entry["links"] = _links(*answer.link)
         responses[str(answer.status)] = entry
     if op.path == "/lmsp/v1/responses":   # `stream: true` answers the events instead
         responses["200"]["content"][SSE] = {"schema": {"type": "string"}}
@@ -351,6 +389,12 @@ def _operation(op: Op, refs: dict[Any, dict[str, Any]]) -> dict[str, Any]:
         out["requestBody"] = {"required": op.path.startswith("/lmsp/"), "content": {
             JSON: {"schema": refs[op.body]}}}
     return out
+
+
+def _links(param: str, pointer: str) -> dict[str, Any]:
+    return {_operation_id(op): {"operationId": _operation_id(op),
+                                "parameters": {param: f"$response.body#{pointer}"}}
+            for op in OPERATIONS if "{" + param + "}" in op.path}
 
 
 def _door(path: str) -> str:
