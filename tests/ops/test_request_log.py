@@ -114,21 +114,38 @@ def test_count_events_skips_comments_and_retry() -> None:
     assert count_events(b"data: {\"t\":\"retry: 1\\n\\n\"}\n\n") == 1
 
 
-def test_text_format_is_one_readable_line() -> None:
-    buffer = io.StringIO()
-    configure_logging("text", stream=buffer)
-    try:
-        logger = logging.getLogger("acp_server.access")
-        from acp_server.request_log import _Line
+FIELDS = {"kind": "request", "method": "GET", "route": "/session/{session_id}/status",
+          "status": 404, "door": "rest", "duration_ms": 0.5, "session_id": "abc"}
+TEXT_LINE = "INFO acp_server.access: GET /session/{session_id}/status 404 0.50ms door=rest session=abc"
 
-        fields = {"kind": "request", "method": "GET", "route": "/session/{session_id}/status",
-                  "status": 404, "door": "rest", "duration_ms": 0.5, "session_id": "abc"}
-        logger.info("%s", _Line(fields), extra={"access": fields})
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_the_cli_writer_and_the_logger_write_the_same_lines(log_format: str) -> None:
+    from acp_server import request_log
+
+    through_logger, through_writer = io.StringIO(), io.StringIO()
+    configure_logging(log_format, stream=through_logger)
+    request_log.unconfigure_access_writer()
+    try:
+        logging.getLogger("acp_server.access").info(
+            "%s", request_log._Line(FIELDS), extra={"access": FIELDS})
+        configure_logging(log_format, stream=through_writer)
+        assert request_log.access_writer is not None
+        request_log.access_writer.write(FIELDS)
+        request_log.access_writer.flush()
     finally:
-        configure_logging("text")
-    line = buffer.getvalue().strip()
-    assert line.endswith("INFO acp_server.access: GET /session/{session_id}/status 404 0.50ms "
-                         "door=rest session=abc")
+        request_log.unconfigure_access_writer()
+        logging.basicConfig(force=True)   # pytest's capture again, no stream of ours
+    a, b = through_logger.getvalue(), through_writer.getvalue()
+    assert a.count("\n") == b.count("\n") == 1
+    if log_format == "text":
+        assert a.strip().endswith(TEXT_LINE) and b.strip().endswith(TEXT_LINE)
+        assert len(a) == len(b)   # the same time stamp format
+    else:
+        one, two = json.loads(a), json.loads(b)
+        stamps = one.pop("ts"), two.pop("ts")
+        assert all(len(t) == 24 and t.endswith("Z") for t in stamps)
+        assert one == two and one["route"] == FIELDS["route"] and one["level"] == "INFO"
 
 
 def test_serve_logs_json_lines(tmp_path: Path) -> None:
