@@ -161,6 +161,14 @@ class _Exchange:
              params: dict[str, Any] | None = None) -> None:
         if route is None:
             route, params = self.owner.resolve(self.scope)
+        writer = access_writer
+        if writer is not None and not writer.json:   # the hot case: straight to the line
+            ids = params or {}
+            writer.queue.append(writer.prefix() + text_line(
+                kind, self.scope["method"], route, self.status,
+                None if seconds is None else seconds * 1000, self.door,
+                ids.get("session_id"), ids.get("task_id"), self.events))
+            return
         fields: dict[str, Any] = {"kind": kind, "method": self.scope["method"], "route": route,
                                   "status": self.status, "door": self.door}
         if seconds is not None:
@@ -187,18 +195,26 @@ class _Line:
 
     def __str__(self) -> str:
         f = self.fields
-        head = "" if f["kind"] == "request" else f"{f['kind']} "
-        text = f"{head}{f['method']} {f['route']} {f['status']}"
-        if "duration_ms" in f:
-            text += f" {f['duration_ms']:.2f}ms"
-        text += f" door={f['door']}"
-        if "session_id" in f:
-            text += f" session={f['session_id']}"
-        if "task_id" in f:
-            text += f" task={f['task_id']}"
-        if "events" in f:
-            text += f" events={f['events']}"
-        return text
+        return text_line(f["kind"], f["method"], f["route"], f["status"], f.get("duration_ms"),
+                         f["door"], f.get("session_id"), f.get("task_id"), f.get("events"))
+
+
+def text_line(kind: str, method: str, route: str, status: int, duration_ms: float | None,
+              door: str, session_id: str | None, task_id: str | None,
+              events: int | None) -> str:
+    """``[kind ]METHOD ROUTE STATUS[ N.NNms] door=D[ session=S][ task=T][ events=E]``."""
+    text = f"{method} {route} {status}" if kind == "request" else \
+        f"{kind} {method} {route} {status}"
+    if duration_ms is not None:
+        text += f" {duration_ms:.2f}ms"
+    text += " door=" + door
+    if session_id is not None:
+        text += " session=" + session_id
+    if task_id is not None:
+        text += " task=" + task_id
+    if kind == "stream_close":
+        text += f" events={events}"
+    return text
 
 
 class JsonFormatter(logging.Formatter):
@@ -227,8 +243,8 @@ class AccessWriter:
         self.stream = stream
         self.json = log_format == "json"
         self.queue: deque[str] = deque()
-        self._second = -1
-        self._stamp = ""
+        self._second = self._ms = -1
+        self._stamp = self._prefix = ""
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="access-log", daemon=True)
@@ -241,8 +257,17 @@ class AccessWriter:
                                           "logger": access_log.name,
                                           "message": str(_Line(fields)), **fields}).decode()
         else:
-            line = f"{self._asctime(now)} INFO {access_log.name}: {_Line(fields)}"
+            line = self.prefix() + str(_Line(fields))
         self.queue.append(line)
+
+    def prefix(self) -> str:
+        """``<asctime> INFO acp_server.access: `` as ``TEXT_FORMAT`` writes it (built
+        once per millisecond)."""
+        now = time.time()
+        ms = int(now * 1000)
+        if ms != self._ms:
+            self._ms, self._prefix = ms, f"{self._asctime(now)} INFO acp_server.access: "
+        return self._prefix
 
     def _asctime(self, now: float) -> str:
         second = int(now)
