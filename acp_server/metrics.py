@@ -59,7 +59,7 @@ from acp_server.lmsp.wire import TaskStatus
 from bridge import Bridge
 from bridge.observer import BridgeObserver
 
-DOORS = ("rest", "acp", "lmsp", "ops")
+DOORS = ("rest", "acp", "lmsp")   # the doors with event streams
 TRANSPORTS = ("http", "websocket")
 TASK_STATUSES: tuple[str, ...] = get_args(TaskStatus)
 DEFAULT_TASK_TTL_S = 5.0
@@ -224,9 +224,9 @@ class Metrics(BridgeObserver):
         self.subscriber_evicted = Counter(  # type: ignore[method-assign]
             "acp_server_sse_evictions", "Event subscribers evicted for reading too slowly.",
             registry=registry).inc
-        sse = Gauge("acp_server_sse_subscribers", "Open event streams.", ["door"],
-                    registry=registry)
-        self._streams = {door: sse.labels(door) for door in DOORS}
+        self._sse = Gauge("acp_server_sse_subscribers", "Open event streams.", ["door"],
+                          registry=registry)
+        self._streams = {door: self._sse.labels(door) for door in DOORS}
         self._requests = _RequestCollector()
         registry.register(self._requests)
         self._http = self._requests.requests
@@ -260,7 +260,10 @@ class Metrics(BridgeObserver):
         timing.sum += seconds
 
     def stream_opened(self, door: str) -> None:
-        self._streams[door].inc()
+        child = self._streams.get(door)
+        if child is None:
+            child = self._streams[door] = self._sse.labels(door)
+        child.inc()
 
     def stream_closed(self, door: str) -> None:
         self._streams[door].dec()

@@ -14,8 +14,8 @@ Contracts:
 * One line per HTTP request (logger ``acp_server.access``, level INFO): method, route
   template (``unmatched`` when no route matched; never the raw path or the query),
   status, duration in ms, door (``rest``, ``acp``, ``lmsp``, ``ops``), and the
-  ``session_id`` / ``task_id`` of the path when it has one. Never a header, a token
-  or a body.
+  ``session_id`` / ``task_id`` of the path when it has one (escaped in text lines
+  unless printable, at most 128 characters). Never a header, a token or a body.
 * An event stream (a ``text/event-stream`` answer) logs ``stream_open`` when its
   headers go out and ``stream_close`` (its request line) when it ends, with its
   duration and the number of events sent (SSE frames other than comments and
@@ -56,6 +56,7 @@ OPS_PATHS = frozenset({"/metrics", "/openapi.json"})
 UNMATCHED = "unmatched"
 _SSE = b"text/event-stream"
 _ID_PARAMS = ("session_id", "task_id")
+MAX_ID_CHARS = 128
 
 
 def door_of(path: str) -> str:
@@ -199,6 +200,14 @@ class _Line:
                          f["door"], f.get("session_id"), f.get("task_id"), f.get("events"))
 
 
+def printable(value: str) -> str:
+    """A path parameter as it may appear in a text line: escaped unless printable,
+    at most ``MAX_ID_CHARS`` (the client chose it; a newline must not forge a line)."""
+    if len(value) > MAX_ID_CHARS:
+        value = value[:MAX_ID_CHARS] + "…"
+    return value if value.isprintable() else value.encode("unicode_escape").decode("ascii")
+
+
 def text_line(kind: str, method: str, route: str, status: int, duration_ms: float | None,
               door: str, session_id: str | None, task_id: str | None,
               events: int | None) -> str:
@@ -209,9 +218,9 @@ def text_line(kind: str, method: str, route: str, status: int, duration_ms: floa
         text += f" {duration_ms:.2f}ms"
     text += " door=" + door
     if session_id is not None:
-        text += " session=" + session_id
+        text += " session=" + printable(session_id)
     if task_id is not None:
-        text += " task=" + task_id
+        text += " task=" + printable(task_id)
     if kind == "stream_close":
         text += f" events={events}"
     return text

@@ -107,6 +107,30 @@ async def test_a_rest_stream_counts_its_events(tmp_path: Path, access: io.String
     assert seen >= 4 and closed["events"] >= seen + 1   # + turn_complete itself
 
 
+@pytest.mark.anyio
+async def test_a_client_chosen_id_cannot_forge_a_line(tmp_path: Path) -> None:
+    from acp_server import request_log
+
+    buffer = io.StringIO()
+    configure_logging("text", stream=buffer)
+    try:
+        async with daemon(tmp_path) as (client, _bridge, _app):
+            forged = "x%0A2026-01-01 00:00:00,000 INFO acp_server.access: GET fake 200"
+            assert (await client.get(f"/session/{forged}/status")).status_code == 404
+            long = "y" * 5000
+            assert (await client.get(f"/session/{long}/status")).status_code == 404
+        assert request_log.access_writer is not None
+        request_log.access_writer.flush()
+    finally:
+        request_log.unconfigure_access_writer()
+        logging.basicConfig(force=True)
+    lines = [line for line in buffer.getvalue().splitlines()
+             if line.split(" ")[2:4] == ["INFO", "acp_server.access:"]]
+    assert len(lines) == 2   # one per request: the %0A did not start another
+    assert "session=x\\n2026-01-01" in lines[0]
+    assert lines[1].endswith("door=rest session=" + "y" * 128 + "…")
+
+
 def test_count_events_skips_comments_and_retry() -> None:
     assert count_events(b"retry: 3000\n\n") == 0
     assert count_events(b": heartbeat\n\n") == 0
