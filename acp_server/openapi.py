@@ -53,6 +53,16 @@ class RestError(msgspec.Struct):
     code: str | int | UnsetType = UNSET
 
 
+class PromptQueueFull(msgspec.Struct):
+    """503 of ``POST /session/{id}/prompt``: exactly these five members."""
+
+    error: str
+    code: Literal["prompt_queue_full"]
+    sessionId: str
+    limit: int
+    pendingCount: int
+
+
 class Health(msgspec.Struct):
     status: str
     workspaceCount: int | UnsetType = UNSET
@@ -215,6 +225,8 @@ class Op:
     body: Any = None                 # a msgspec type (application/json, optional)
     query: tuple[Query, ...] = ()
     headers: tuple[str, ...] = ()    # names in REQUEST_HEADERS
+    # error statuses whose body has its own schema (instead of the door's error shape)
+    error_schemas: tuple[tuple[int, Any], ...] = ()
 
 
 REQUEST_HEADERS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -281,7 +293,7 @@ OPERATIONS: tuple[Op, ...] = (
        (Answer(200, "Last seen", W.Heartbeat),), (400, 404), headers=CLIENT),
     Op("POST", "/session/{session_id}/prompt", "Send a prompt (non-blocking)",
        (Answer(202, "Admitted", W.PromptAccepted),), (400, 404, 413, 503),
-       body=PromptRequest, headers=CLIENT),
+       body=PromptRequest, headers=CLIENT, error_schemas=((503, PromptQueueFull),)),
     Op("GET", "/session/{session_id}/pending-prompts", "Queued and running prompts",
        (Answer(200, "The pending prompts", PendingPrompts),), (404,)),
     Op("DELETE", "/session/{session_id}/pending-prompts/{prompt_id}",
@@ -331,7 +343,7 @@ OPERATIONS: tuple[Op, ...] = (
 def _types() -> list[Any]:
     found: list[Any] = [RestError, lmsp_wire.Problem]
     for op in OPERATIONS:
-        for t in (op.body, *(a.schema for a in op.answers)):
+        for t in (op.body, *(a.schema for a in op.answers), *(s for _, s in op.error_schemas)):
             if isinstance(t, type) and issubclass(t, msgspec.Struct) and t not in found:
                 found.append(t)
     return found
@@ -376,7 +388,7 @@ def _operation(op: Op, refs: dict[Any, dict[str, Any]]) -> dict[str, Any]:
         responses["200"]["content"][SSE] = {"schema": {"type": "string"}}
     for status in sorted({*op.errors, 401, 403}):
         content_type, schema = (PROBLEM_JSON, refs[lmsp_wire.Problem]) if lmsp and status != 403 \
-            else (JSON, refs[RestError])
+            else (JSON, refs[dict(op.error_schemas).get(status, RestError)])
         entry = {"description": ERROR_TEXT[status], "content": {content_type: {"schema": schema}}}
         if status in RETRYABLE:
             entry["headers"] = _header_objects(("Retry-After",), RESPONSE_HEADERS)

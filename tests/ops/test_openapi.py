@@ -186,3 +186,33 @@ def test_the_live_server_conforms_through_links(live_url: str, door: str) -> Non
 
 
 STATEFUL_EXAMPLES = int(os.environ.get("OPENAPI_FUZZ_STATEFUL", "30"))
+
+
+@pytest.mark.anyio
+async def test_the_prompt_answers_match_their_schemas(tmp_path: Path) -> None:
+    """The 202 and the 503 of a full queue (which the fuzzing, on random sessions, never
+    reaches), checked against the document."""
+    import jsonschema
+
+    from bridge import BridgeOptions
+    from tests.rest.server import running_server
+
+    document = openapi.document()
+    responses = document["paths"]["/session/{session_id}/prompt"]["post"]["responses"]
+
+    def check(status: int, body: Any) -> None:
+        schema = {**responses[str(status)]["content"]["application/json"]["schema"],
+                  "components": document["components"]}
+        jsonschema.validate(body, schema)
+
+    async with running_server(tmp_path,
+                              options=BridgeOptions(max_pending_prompts_per_session=1)) as srv:
+        sid = (await srv.create_session())["sessionId"]
+        accepted = await srv.prompt(sid, "/sleep 30s hold")
+        refused = await srv.prompt(sid, "more")
+    assert (accepted.status_code, refused.status_code) == (202, 503)
+    check(202, accepted.json())
+    check(503, refused.json())
+    assert refused.headers["retry-after"] == "5"
+    with pytest.raises(jsonschema.ValidationError):
+        check(503, {**refused.json(), "limit": "1"})
