@@ -21,15 +21,15 @@ from __future__ import annotations
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
-from acp_server.acp_http import acp_routes
-from acp_server.lmsp import UNAUTHORIZED_PROBLEM
 from acp_server import metrics as metrics_module
 from acp_server import openapi
+from acp_server.acp_http import acp_routes
+from acp_server.lmsp import UNAUTHORIZED_PROBLEM
 from acp_server.lmsp.problems import PROBLEM_JSON
 from acp_server.metrics import Metrics
+from acp_server.request_log import RequestLogMiddleware
 from acp_server.rest import routes
 from acp_server.rest.errors import EXCEPTION_HANDLERS
-from acp_server.request_log import RequestLogMiddleware
 from acp_server.rest.security import SecurityMiddleware
 from acp_server.routing import IndexedRouter
 from acp_server.settings import Settings
