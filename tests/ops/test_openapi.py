@@ -4,11 +4,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 from pathlib import Path
 
@@ -58,20 +59,13 @@ def test_check_mode_reports_a_stale_copy(tmp_path: Path) -> None:
     assert openapi.main([str(stale)]) == 0 and openapi.main(["--check", str(stale)]) == 0
 
 
-@pytest.mark.anyio
-async def test_every_mounted_route_is_documented(tmp_path: Path) -> None:
-    """Routes added later (any door but /acp) fail here until they are in OPERATIONS."""
-    settings = Settings(workspace=str(tmp_path), port=0)
-    async with Bridge(ReferenceAgentFactory(), workspace_cwd=settings.workspace) as bridge, \
-            open_lmsp(bridge, state_dir=str(tmp_path), max_running_tasks=0) as service:
-        app = build_app(settings, bridge)
-        install_lmsp(app, service)
-        mounted = [r for r in app.routes if isinstance(r, Route) and r.path not in NOT_DOCUMENTED]
-        service.stop()
+def undocumented(routes: list[Any]) -> list[str]:
+    """Mounted routes (``/acp`` aside) that ``openapi.OPERATIONS`` does not describe."""
     paths = openapi.document()["paths"]
     missing = []
-    assert any(r.path.startswith("/lmsp/") for r in mounted)
-    for route in mounted:
+    for route in routes:
+        if not isinstance(route, Route) or route.path in NOT_DOCUMENTED:
+            continue
         methods = set(route.methods or ()) - {"HEAD"}
         documented = {m.upper() for m in paths.get(route.path, {})}
         if methods == EVERY_METHOD:   # one endpoint dispatching by method: at least one
@@ -79,9 +73,47 @@ async def test_every_mounted_route_is_documented(tmp_path: Path) -> None:
                 missing.append(f"{route.path} (any method)")
             continue
         missing += [f"{m} {route.path}" for m in sorted(methods - documented)]
-    assert not missing, f"routes missing from acp_server/openapi.py OPERATIONS: {missing}"
-    documented_paths = {r.path for r in mounted}
-    assert set(paths) <= documented_paths, "documented routes that are not mounted"
+    return missing
+
+
+@contextlib.asynccontextmanager
+async def full_app(workspace: Path) -> AsyncIterator[Any]:
+    """The app as the CLI composes it (REST, /acp, LMSP)."""
+    settings = Settings(workspace=str(workspace), port=0)
+    async with Bridge(ReferenceAgentFactory(), workspace_cwd=settings.workspace) as bridge, \
+            open_lmsp(bridge, state_dir=str(workspace), max_running_tasks=0) as service:
+        app = build_app(settings, bridge)
+        install_lmsp(app, service)
+        yield app
+        service.stop()
+
+
+@pytest.mark.anyio
+async def test_every_mounted_route_is_documented(tmp_path: Path) -> None:
+    """Routes added later (any door but /acp) fail here until they are in OPERATIONS."""
+    async with full_app(tmp_path) as app:
+        routes = list(app.routes)
+    assert any(getattr(r, "path", "").startswith("/lmsp/") for r in routes)
+    assert not undocumented(routes), \
+        f"routes missing from acp_server/openapi.py OPERATIONS: {undocumented(routes)}"
+    mounted = {getattr(r, "path", None) for r in routes}
+    assert set(openapi.document()["paths"]) <= mounted, "documented routes that are not mounted"
+
+
+@pytest.mark.anyio
+async def test_a_route_added_without_its_document_is_reported(tmp_path: Path) -> None:
+    async def endpoint(request: Any) -> Any:
+        raise AssertionError("never called")
+
+    async with full_app(tmp_path) as app:
+        app.router.routes.append(Route("/session/{session_id}/todo", endpoint,
+                                       methods=["GET", "POST"]))
+        app.router.routes.append(Route("/lmsp/v1/things", endpoint,
+                                       methods=sorted(EVERY_METHOD)))
+        app.router.routes.append(Route("/session", endpoint, methods=["PUT"]))
+        missing = undocumented(list(app.routes))
+    assert missing == ["GET /session/{session_id}/todo", "POST /session/{session_id}/todo",
+                       "/lmsp/v1/things (any method)", "PUT /session"]
 
 
 def test_lmsp_errors_are_problems_and_rest_errors_are_rest_bodies() -> None:

@@ -191,3 +191,12 @@ def test_serve_logs_json_lines(tmp_path: Path) -> None:
     assert len(health) == 1 and health[0]["status"] == 200 and health[0]["door"] == "rest"
     assert all({"ts", "level", "logger", "message"} <= r.keys() for r in lines)
     assert any(r["logger"] == "acp_server" and r["level"] == "WARNING" for r in lines)
+
+
+def test_an_unknown_log_format_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    from acp_server.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", "--log-format", "xml"])
+    assert exited.value.code == 2
+    assert "--log-format" in capsys.readouterr().err
