@@ -24,6 +24,7 @@ serve: $(STAMP)
 
 schemas: $(STAMP)
 	$(PY) -m acp_server.schemas schemas
+	$(PY) -m acp_server.openapi openapi.json
 
 $(BENCH_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet -e '.[test,bench]'

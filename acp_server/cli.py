@@ -23,7 +23,6 @@ import argparse
 import importlib.util
 import logging
 import signal
-import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,6 +35,7 @@ from acp_server.app import build_app
 from acp_server.conformance.cli import add_conformance_arguments, run_conformance_args
 from acp_server.lmsp import LmspService, install_lmsp, open_lmsp
 from acp_server.prompt_cli import add_prompt_arguments, run_prompt_args
+from acp_server.request_log import configure_logging
 from acp_server.settings import (
     DEFAULT_HOSTNAME,
     DEFAULT_PORT,
@@ -108,6 +108,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
                             "each model it lists becomes an agent of that name")
     serve.add_argument("--no-web", action="store_true",
                        help="do not serve the web console at / (404 there)")
+    serve.add_argument("--log-format", choices=("text", "json"), default="text",
+                       help="log lines as text or JSON objects, one per line; every request "
+                            "is logged (default %(default)s)")
     add_prompt_arguments(commands.add_parser(
         "prompt", help="send a prompt to a running daemon and stream the reply"))
     add_tasks_arguments(commands.add_parser(
@@ -125,6 +128,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         agent=args.agent or ["reference"], config=args.config, model_server=args.model_server,
         state_dir=args.state_dir, max_acp_connections=args.max_acp_connections,
         store=args.store, max_running_tasks=args.max_running_tasks, web=not args.no_web,
+        log_format=args.log_format,
         **{flag: getattr(args, flag) for flag in OPTION_FLAGS})
 
 
@@ -141,8 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = settings_from_args(args)
     except SettingsError as exc:
         serve_parser.error(str(exc))  # exits 2
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(settings.log_format)
     if settings.token is None:
         log.warning("no token configured: trusted loopback mode, every local process has "
                     "full access (set --token or %s to require one)", TOKEN_ENV)

@@ -119,6 +119,9 @@ class Settings:
     max_running_tasks: int = DEFAULT_MAX_RUNNING_TASKS
     # The web console at ``/`` (``--no-web`` turns it off: 404).
     web: bool = True
+    # ``--log-format``; how long /metrics reuses the LMSP task counts.
+    log_format: str = "text"
+    metrics_task_ttl_s: float = 5.0
 
     def __post_init__(self) -> None:
         if not self.hostname:
@@ -170,6 +173,10 @@ class Settings:
                                 "Must be a positive integer.")
         if not (isinstance(self.max_body_bytes, int) and self.max_body_bytes > 0):
             raise SettingsError(f"Invalid max body bytes: {self.max_body_bytes!r}.")
+        if self.log_format not in ("text", "json"):
+            raise SettingsError(f"Invalid log format: {self.log_format!r}. Must be text or json.")
+        if not self.metrics_task_ttl_s >= 0:
+            raise SettingsError(f"Invalid metrics task TTL: {self.metrics_task_ttl_s!r}.")
         if not self.heartbeat_s > 0:
             raise SettingsError(f"Invalid heartbeat interval: {self.heartbeat_s!r}.")
 
@@ -238,6 +245,7 @@ class Settings:
                    max_acp_connections: str | int = 64, store: str | None = None,
                    max_running_tasks: str | int = DEFAULT_MAX_RUNNING_TASKS,
                    web: bool = True,
+                   log_format: str = "text",
                    **option_flags: str | None) -> Settings:
         """Build from CLI strings. ``token=None`` falls back to ``$ACP_SERVER_TOKEN``;
         ``agent`` is one ``--agent`` value or all of them (``NAME=COMMAND`` adds a
@@ -264,7 +272,7 @@ class Settings:
                    if isinstance(max_acp_connections, str) else max_acp_connections,
                    store=store, max_running_tasks=parse_number(max_running_tasks)
                    if isinstance(max_running_tasks, str) else max_running_tasks,
-                   web=web, options=build_options(**option_flags))
+                   web=web, log_format=log_format, options=build_options(**option_flags))
 
 
 def build_options(**flags: str | None) -> BridgeOptions:

@@ -21,6 +21,7 @@ import anyio.abc
 
 from bridge.agents.base import AgentClient, AgentConnection, AgentFactory
 from bridge.errors import AgentNotFoundError, AgentTimeoutError
+from bridge.observer import NO_OBSERVER, BridgeObserver
 
 CLIENT_INFO = {"name": "acp-server-bridge", "version": "0.1.0"}
 INITIALIZE_PARAMS = {
@@ -48,6 +49,7 @@ class AgentPool:
         self._slots = {name: _Slot(factory) for name, factory in factories.items()}
         self.default = default
         self.initialize_timeout_ms = initialize_timeout_ms
+        self.observer: BridgeObserver = NO_OBSERVER
 
     @property
     def names(self) -> list[str]:
@@ -88,6 +90,7 @@ class AgentPool:
                 if not slot.connection.closed:
                     return slot.connection
                 await slot.connection.aclose()   # reap the dead one before a restart
+                self.observer.agent_restarted(self.resolve(name))
             connection = await slot.factory.connect(client, task_group)
             try:
                 with anyio.fail_after(self.initialize_timeout_ms / 1000):

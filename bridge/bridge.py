@@ -45,6 +45,7 @@ from bridge.errors import (
     SessionNotFoundError,
     WorkspaceMismatchError,
 )
+from bridge.observer import NO_OBSERVER, BridgeObserver
 from bridge.options import BridgeOptions
 from bridge.permissions import PermissionMediator
 from bridge.session import QUEUED, QueueWaitStats, Session, WorkItem
@@ -96,6 +97,7 @@ class Bridge:
         self._client = _AgentClientAdapter(self)
         self.permissions = PermissionMediator(self.options.permission_response_timeout_ms)
         self.queue_wait = QueueWaitStats()
+        self.observer: BridgeObserver = NO_OBSERVER
         self.started_at = time.time()
         self._sessions: dict[str, Session] = {}
         self._in_flight_spawns = 0
@@ -131,6 +133,12 @@ class Bridge:
         for session_id in list(self._sessions):
             await self.close_session(session_id, reason="shutdown")
         await self.agents.aclose()
+
+    def observe(self, observer: BridgeObserver) -> None:
+        """Report to ``observer`` (``bridge.observer``) from now on; sessions opened
+        before keep the observer they had."""
+        self.observer = observer
+        self.agents.observer = observer
 
     # -- agents -----------------------------------------------------------------------
     async def _ensure_agent(self, name: str) -> AgentConnection:
@@ -270,7 +278,8 @@ class Bridge:
             self._in_flight_spawns -= 1
 
     def _new_session(self, session_id: str, agent: AgentConnection, agent_name: str) -> Session:
-        session = Session(session_id, self.workspace_cwd, agent, self.options, self.queue_wait)
+        session = Session(session_id, self.workspace_cwd, agent, self.options, self.queue_wait,
+                          observer=self.observer)
         session.agent_name = agent_name
         session.on_cancel = lambda s: self.permissions.cancel_session(s)
         self._sessions[session_id] = session
@@ -351,8 +360,10 @@ class Bridge:
                                        reason=cancel.reason)
         limit = session.limit
         if limit is not None and session.pending_count >= limit:
+            self.observer.prompt_rejected()
             raise PromptQueueFullError(session_id, limit, session.pending_count)
         ticket = session.admit(prompt, prompt_id, self._effective_deadline(deadline_ms), client_id)
+        self.observer.prompt_admitted()
         if cancel is not None:
             session.pending[ticket.prompt_id].unhook_cancel = cancel.add_callback(ticket.cancel)
         return ticket

@@ -30,6 +30,7 @@ from __future__ import annotations
 import itertools
 import uuid
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -142,6 +143,8 @@ class Subscription:
     def _evict(self, reason: str) -> None:
         self.evicted_reason = reason
         self._bus._detach(self)
+        if self._bus.on_evict is not None:
+            self._bus.on_evict()
         self._queue.append(Event.build(None, ev.CLIENT_EVICTED, ev.ClientEvicted(
             reason=reason, droppedAfter=self.last_queued_id, queueSize=self._queued_events,
             maxQueued=self.max_queued, queuedBytes=self._queued_bytes,
@@ -152,8 +155,9 @@ class Subscription:
 class EventBus:
     def __init__(self, *, ring_size: int = 8000, max_subscribers: int = 64,
                  max_queued: int = 256, max_queued_bytes: int = 2 * 1024 * 1024,
-                 session_id: str = "") -> None:
+                 session_id: str = "", on_evict: Callable[[], None] | None = None) -> None:
         self.epoch = str(uuid.uuid4())
+        self.on_evict = on_evict   # called once per evicted subscriber
         self.session_id = session_id
         self._ring: deque[Event] = deque(maxlen=ring_size)
         self._last_id = 0

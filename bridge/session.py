@@ -35,6 +35,7 @@ from bridge.errors import (
     PromptDeadlineExceededError,
     SessionClosedError,
 )
+from bridge.observer import NO_OBSERVER, BridgeObserver
 from bridge.options import BridgeOptions
 from bridge.ticket import PromptResult, PromptTicket
 
@@ -59,7 +60,7 @@ def prompt_text(prompt: list[Any]) -> str:
 class PendingPrompt:
     __slots__ = ("prompt_id", "prompt", "text", "queued_at_ms", "admitted_at", "deadline_ms",
                  "state", "was_queued", "ticket", "cancel_requested", "run_scope",
-                 "timer_scope", "unhook_cancel", "client_id")
+                 "timer_scope", "unhook_cancel", "client_id", "started_at")
 
     def __init__(self, prompt_id: str, prompt: list[Any], ticket: PromptTicket,
                  deadline_ms: int | None, was_queued: bool, client_id: str | None) -> None:
@@ -77,6 +78,7 @@ class PendingPrompt:
         self.timer_scope: anyio.CancelScope | None = None
         self.unhook_cancel: Callable[[], None] | None = None
         self.client_id = client_id
+        self.started_at: float | None = None   # monotonic, when its turn started
 
     def describe(self) -> dict[str, Any]:
         return {"promptId": self.prompt_id, "queuedAt": self.queued_at_ms,
@@ -124,7 +126,8 @@ class QueueWaitStats:
 
 class Session:
     def __init__(self, session_id: str, workspace_cwd: str, agent: AgentConnection,
-                 options: BridgeOptions, queue_wait: QueueWaitStats) -> None:
+                 options: BridgeOptions, queue_wait: QueueWaitStats, *,
+                 observer: BridgeObserver = NO_OBSERVER) -> None:
         self.session_id = session_id
         self.workspace_cwd = workspace_cwd
         self.agent = agent
@@ -135,7 +138,8 @@ class Session:
                             max_subscribers=options.max_subscribers_per_session,
                             max_queued=options.subscriber_max_queued,
                             max_queued_bytes=options.subscriber_max_queued_bytes,
-                            session_id=session_id)
+                            session_id=session_id, on_evict=observer.subscriber_evicted)
+        self.observer = observer
         self.limit = options.pending_prompt_limit
         self.pending_count = 0
         self.pending: dict[str, PendingPrompt] = {}
@@ -234,7 +238,10 @@ class Session:
     async def _run_prompt(self, pending: PendingPrompt) -> None:
         pending.state = RUNNING
         self.active = pending
-        self._queue_wait.record((time.monotonic() - pending.admitted_at) * 1000.0)
+        pending.started_at = time.monotonic()
+        waited = pending.started_at - pending.admitted_at
+        self._queue_wait.record(waited * 1000.0)
+        self.observer.turn_started(waited)
         sid, pid = self.session_id, pending.prompt_id
         if pending.was_queued:
             self.bus.publish(ev.PENDING_PROMPT_STARTED, ev.PendingPromptStarted(
@@ -278,6 +285,10 @@ class Session:
         if pending.unhook_cancel is not None:
             pending.unhook_cancel()
         sid, pid = self.session_id, pending.prompt_id
+        if pending.started_at is not None:
+            self.observer.turn_settled(
+                outcome.stop_reason if isinstance(outcome, PromptResult) else "error",
+                time.monotonic() - pending.started_at)
         if isinstance(outcome, PromptResult):
             self.bus.publish(ev.TURN_COMPLETE, ev.TurnComplete(
                 sessionId=sid, stopReason=outcome.stop_reason, promptId=pid), prompt_id=pid)

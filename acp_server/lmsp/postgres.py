@@ -50,6 +50,7 @@ from psycopg import errors as pg_errors
 
 from acp_server.lmsp.store import (
     COLUMNS,
+    STATUS_COUNTS_SQL,
     TERMINAL,
     CommittedEvent,
     CreateOutcome,
@@ -68,6 +69,7 @@ from acp_server.lmsp.store import (
     record_from_row,
     purge_statements,
     restart_target,
+    moves_of,
 )
 from acp_server.lmsp.pg_schema import (
     MIGRATIONS,
@@ -126,6 +128,7 @@ class PostgresTaskStore:
                  renew_s: float = 10, poll_s: float = 1.0, writers: int = WRITERS) -> None:
         self.url = url
         self.on_commit = on_commit
+        self.on_transition: Callable[[str], None] | None = None
         self.on_notify: Callable[[str, str], None] | None = None
         self.group_commit = group_commit
         self.lease_s, self.renew_s, self.poll_s = lease_s, renew_s, poll_s
@@ -318,6 +321,9 @@ class PostgresTaskStore:
             raise TimeoutError("the store did not commit in time")
         if op.error is not None:
             raise op.error
+        if self.on_transition is not None:
+            for status in moves_of(op.result):
+                self.on_transition(status)
         return op.result
 
     async def _read(self, fn: Callable[[Conn], Any]) -> Any:
@@ -602,6 +608,10 @@ class PostgresTaskStore:
             return counts[0] + counts[-1]
 
         return await self._write(op)  # type: ignore[no-any-return]
+
+    async def status_counts(self) -> dict[str, int]:
+        return await self._read(  # type: ignore[no-any-return]
+            lambda conn: dict(conn.execute(STATUS_COUNTS_SQL).fetchall()))
 
 
 def is_postgres_url(url: str) -> bool:

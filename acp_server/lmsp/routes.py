@@ -220,6 +220,9 @@ def install_lmsp(app: Any, service: LmspService) -> None:
     """The whole composition: the service on ``app.state`` and the routes."""
     app.state.lmsp = service
     app.router.routes.extend(lmsp_routes())
+    metrics = getattr(app.state, "metrics", None)
+    if metrics is not None:   # task transitions and the task gauge of /metrics
+        metrics.watch_lmsp(service)
 
 
 __all__ = ["UNAUTHORIZED_PROBLEM", "install_lmsp", "lmsp_routes"]

@@ -29,6 +29,7 @@ import msgspec
 
 from acp_server.lmsp.store import (
     COLUMNS,
+    STATUS_COUNTS_SQL,
     TERMINAL,
     CommittedEvent,
     CreateOutcome,
@@ -48,6 +49,7 @@ from acp_server.lmsp.store import (
     record_from_row,
     purge_statements,
     restart_target,
+    moves_of,
 )
 from acp_server.lmsp.wire import AnyEvent, encode
 
@@ -160,6 +162,7 @@ class SqliteTaskStore:
                  | None = None, group_commit: bool = True) -> None:
         self.path = store_path(path)
         self.on_commit = on_commit
+        self.on_transition: Callable[[str], None] | None = None
         self.group_commit = group_commit
         self.commits = 0        # transactions committed (for the benchmark and tests)
         self._writer: sqlite3.Connection | None = None
@@ -248,6 +251,9 @@ class SqliteTaskStore:
             raise TimeoutError("the store did not commit in time")
         if op.error is not None:
             raise op.error
+        if self.on_transition is not None:
+            for status in moves_of(op.result):
+                self.on_transition(status)
         return op.result
 
     async def _read(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
@@ -418,6 +424,10 @@ class SqliteTaskStore:
             return counts[0] + counts[-1]
 
         return await self._write(op)  # type: ignore[no-any-return]
+
+    async def status_counts(self) -> dict[str, int]:
+        return await self._read(  # type: ignore[no-any-return]
+            lambda conn: dict(conn.execute(STATUS_COUNTS_SQL).fetchall()))
 
 
 def store_path(url: str) -> str:

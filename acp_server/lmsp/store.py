@@ -131,6 +131,9 @@ class TaskStore(Protocol):
     on_commit: Callable[[list[CommittedEvent]], None] | None
     # Transactions committed so far (group commit is observable through it).
     commits: int
+    # Called after each commit with the status each committed transition moved a
+    # task to (``moves_of``); the metrics set it.
+    on_transition: Callable[[str], None] | None
 
     async def __aenter__(self) -> TaskStore: ...
     async def __aexit__(self, *exc: object) -> None: ...
@@ -184,6 +187,9 @@ class TaskStore(Protocol):
     async def purge(self, *, now: float, event_retention: float, task_retention: float,
                     key_ttl: float) -> int: ...
 
+    async def status_counts(self) -> dict[str, int]:
+        """Tasks in the store by status (``STATUS_COUNTS_SQL``)."""
+
 
 # The task columns, in the order ``record_from_row`` reads them (both stores' SQL).
 COLUMNS = ("id, response_id, status, on_restart, model, principal, request, created_at, "
@@ -214,6 +220,28 @@ def delete_statements(p: str, task_id: str) -> list[tuple[str, tuple[Any, ...]]]
         (f"DELETE FROM task_events WHERE task_id = {p}", (task_id,)),
         (f"DELETE FROM idempotency_keys WHERE task_id = {p}", (task_id,)),
     ]
+# Tasks by status (both stores; an index-only scan of ``tasks_status``).
+STATUS_COUNTS_SQL = "SELECT status, COUNT(*) FROM tasks GROUP BY status"
+
+
+def moves_of(result: Any) -> list[str]:
+    """The statuses a committed write moved tasks to, read from what the write
+    returned: a created task (``queued``), a claim (``loading``), a ``Transition``,
+    a changed ``request_cancel``, a ``RecoveryReport``; nothing for other writes.
+    Stores call ``on_transition`` with each, after the commit."""
+    if isinstance(result, Transition):
+        return [result.task.status]
+    if isinstance(result, CreateOutcome):
+        return [] if result.replayed else ["queued"]
+    if isinstance(result, TaskRecord):
+        return [result.status]
+    if isinstance(result, RecoveryReport):
+        return ["failed"] * result.failed + ["queued"] * result.requeued \
+            + ["cancelled"] * result.cancelled
+    if isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], TaskRecord) \
+            and result[1] is True:
+        return [result[0].status]
+    return []
 
 
 def restart_target(status: str, on_restart: str, attempt: int, max_attempts: int) -> str:

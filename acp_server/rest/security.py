@@ -13,8 +13,8 @@ Contracts (``qwen serve`` 0.24.4, qwen-serve.md §1.1 and §3.5):
   before (and without) authentication.
 * With a token configured every request needs ``Authorization: Bearer <token>``,
   compared in constant time; every failure is the same ``401 {"error":"Unauthorized"}``.
-  ``/health`` is exempt on a loopback bind unless ``--require-auth``, and so are the
-  ``public`` requests (the web console's static files).
+  ``/health`` and ``/metrics`` are exempt on a loopback bind unless ``--require-auth``,
+  and so are the ``public`` requests (the web console's static files).
 * The checks run before the body is read and add no per-request allocation on the
   common path (no Origin, no token).
 """
@@ -37,6 +37,7 @@ EXPOSE_HEADERS = (b"Retry-After, X-Qwen-Event-Epoch, X-Qwen-SSE-Stream-Id, Acp-C
 _UNAUTHORIZED = b'{"error":"Unauthorized"}'
 _CORS_DENIED = b'{"error":"Request denied by CORS policy"}'
 _JSON = (b"content-type", b"application/json")
+OPEN_PATHS = frozenset({"/health", "/metrics"})   # the health_needs_auth rule
 
 
 def _header(scope: Scope, name: bytes) -> bytes | None:
@@ -121,7 +122,7 @@ class SecurityMiddleware:
         await self.app(scope, receive, send_with_cors)
 
     def _authorized(self, scope: Scope) -> bool:
-        if self.health_open and scope["path"] == "/health":
+        if self.health_open and scope["path"] in OPEN_PATHS:
             return True
         if self.public is not None and self.public(scope["method"], scope["path"]):
             return True

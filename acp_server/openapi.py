@@ -1,0 +1,485 @@
+"""The OpenAPI 3.1 document of every REST and LMSP route, built from one table.
+
+    document()                                   # the dict served at GET /openapi.json
+    python -m acp_server.openapi openapi.json            # (re)write the checked-in copy
+    python -m acp_server.openapi --check openapi.json    # exit 1 when it is stale
+
+Contracts:
+
+* ``OPERATIONS`` is the only description of the routes: one ``Op`` per method and
+  path, with its body type, query parameters, the request headers that matter, and
+  every status it answers. Schemas come from msgspec types through
+  ``msgspec.json.schema_components``: the wire types of ``acp_server.rest.wire`` and
+  ``acp_server.lmsp.wire``, plus the documentation types below for answers built as
+  dicts. A test fails when a route mounted in the app is missing here.
+* Errors are ``RestError`` bodies (``application/json``) on REST routes and problem
+  objects (``application/problem+json``) under ``/lmsp/v1``; 401 and 403 (the network
+  guard) are listed on every operation. Event streams are ``text/event-stream``.
+* ``/acp`` (JSON-RPC) is not in the document.
+* The document does not depend on the settings, so the checked-in ``openapi.json``
+  (``make schemas``) is exactly what the server answers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import sys
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import UNSET, UnsetType
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from acp_server import __version__
+from acp_server.lmsp import wire as lmsp_wire
+from acp_server.rest import wire as rest_wire
+
+REF = "#/components/schemas/{name}"
+PROBLEM_JSON = "application/problem+json"
+JSON = "application/json"
+SSE = "text/event-stream"
+
+
+# -- documentation types: answers the routes build as dicts ---------------------------------
+class RestError(msgspec.Struct):
+    """Every REST error: a message, and the peer's ``code`` and fields where it has them
+    (``code`` is the JSON-RPC error code, an integer, for an agent error)."""
+
+    error: str
+    code: str | int | UnsetType = UNSET
+
+
+class PromptQueueFull(msgspec.Struct):
+    """503 of ``POST /session/{id}/prompt``: exactly these five members."""
+
+    error: str
+    code: Literal["prompt_queue_full"]
+    sessionId: str
+    limit: int
+    pendingCount: int
+
+
+class Health(msgspec.Struct):
+    status: str
+    workspaceCount: int | UnsetType = UNSET
+    sessions: int | UnsetType = UNSET
+    pendingPermissions: int | UnsetType = UNSET
+    activePrompts: int | UnsetType = UNSET
+    pendingPrompts: int | UnsetType = UNSET
+    queuedPrompts: int | UnsetType = UNSET
+    connectedClients: int | UnsetType = UNSET
+    uptimeMs: int | UnsetType = UNSET
+
+
+class RestLimits(msgspec.Struct):
+    maxPendingPromptsPerSession: int | None
+    maxSessionsPerWorkspace: int | None
+
+
+class AgentsInfo(msgspec.Struct):
+    default: str
+    available: list[str]
+
+
+class RestCapabilities(msgspec.Struct):
+    v: int
+    protocolVersions: dict[str, Any]
+    acpServerVersion: str
+    mode: str
+    features: list[str]
+    workspaceCwd: str
+    transports: list[str]
+    policy: dict[str, str]
+    limits: RestLimits
+    agents: AgentsInfo
+
+
+class DaemonStatus(msgspec.Struct):
+    v: int
+    status: str
+    daemon: dict[str, Any]
+    security: dict[str, Any]
+    limits: dict[str, Any]
+    runtime: dict[str, Any]
+
+
+class SessionStatus(msgspec.Struct):
+    sessionId: str
+    workspaceCwd: str
+    createdAt: str
+    clientCount: int
+    hasActivePrompt: bool
+    activePromptId: str | None
+    pendingPrompts: int
+    queuedPrompts: int
+    isWaitingForPermission: bool
+    pendingInteractionCount: int
+    subscribers: int
+    lastEventId: int
+    eventEpoch: str
+
+
+class PendingPrompt(msgspec.Struct):
+    promptId: str
+    queuedAt: int
+    text: str
+    state: Literal["queued", "running"]
+
+
+class PendingPrompts(msgspec.Struct):
+    pendingPrompts: list[PendingPrompt]
+
+
+class EmptyObject(msgspec.Struct):
+    pass
+
+
+# Request bodies as accepted. The wire types type some fields ``Any`` so that the route
+# can answer the peer's own error code; these say what passes.
+class CreateSessionRequest(msgspec.Struct):
+    cwd: str | None = None   # the workspace (the only one); another → 400 workspace_mismatch
+    sessionScope: Literal["single", "thread"] | None = None
+    sessionId: Annotated[str, msgspec.Meta(
+        description="A UUID (RFC 4122, versions 1-5); forces `thread`")] | None = None
+    agent: Annotated[str, msgspec.Meta(examples=["reference"])] | None = None
+
+
+class PromptRequest(msgspec.Struct):
+    prompt: Annotated[list[dict[str, Any]], msgspec.Meta(min_length=1, description=(
+        "ACP content blocks, e.g. {\"type\": \"text\", \"text\": \"hello\"}"))]
+    deadlineMs: Annotated[int, msgspec.Meta(ge=1, le=2**31 - 1)] | None = None
+
+
+class SelectedOutcome(msgspec.Struct, tag_field="outcome", tag="selected"):
+    optionId: Annotated[str, msgspec.Meta(min_length=1)]
+
+
+class CancelledOutcome(msgspec.Struct, tag_field="outcome", tag="cancelled"):
+    pass
+
+
+class PermissionVote(msgspec.Struct):
+    outcome: SelectedOutcome | CancelledOutcome
+
+
+class InputText(msgspec.Struct):
+    type: Literal["input_text"]
+    text: str
+
+
+class InputMessage(msgspec.Struct):
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str | list[InputText]
+    type: Literal["message"] = "message"
+
+
+class ResponseRequest(msgspec.Struct):
+    """``POST /lmsp/v1/responses`` (and a task's ``input``); unknown members are ignored."""
+
+    model: Annotated[str, msgspec.Meta(min_length=1, examples=["reference"], description=(
+        "An agent of the server (`reference` always is one)"))]
+    input: str | Annotated[list[InputMessage], msgspec.Meta(min_length=1)]
+    instructions: str | None = None
+    max_output_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    metadata: dict[str, str] | None = None
+    stream: bool | None = None
+
+
+class TaskEnvelope(msgspec.Struct):
+    type: Literal["response"]
+    input: ResponseRequest
+    on_restart: lmsp_wire.OnRestart = "fail"
+
+
+# -- the table ---------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True, slots=True)
+class Answer:
+    status: int
+    description: str
+    schema: Any = None               # a msgspec type, or None for no body
+    content_type: str = JSON
+    headers: tuple[str, ...] = ()    # names in RESPONSE_HEADERS
+    # (path parameter, JSON pointer into this body): an OpenAPI link to every operation
+    # whose path has that parameter
+    link: tuple[str, str] | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Query:
+    name: str
+    description: str
+    schema: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Op:
+    method: str
+    path: str
+    summary: str
+    answers: tuple[Answer, ...]
+    errors: tuple[int, ...] = ()     # error statuses in the door's error shape
+    body: Any = None                 # a msgspec type (application/json, optional)
+    query: tuple[Query, ...] = ()
+    headers: tuple[str, ...] = ()    # names in REQUEST_HEADERS
+    # error statuses whose body has its own schema (instead of the door's error shape)
+    error_schemas: tuple[tuple[int, Any], ...] = ()
+
+
+REQUEST_HEADERS: dict[str, tuple[str, dict[str, Any]]] = {
+    "X-Qwen-Client-Id": ("The client id the server issued for this session (validated: "
+                         "1-128 of A-Z a-z 0-9 . _ : -).", {"type": "string"}),
+    "Last-Event-ID": ("Resume after this event id (a decimal integer).", {"type": "string"}),
+    "X-Qwen-Event-Epoch": ("The event epoch the Last-Event-ID belongs to.", {"type": "string"}),
+    "Idempotency-Key": ("1-255 visible ASCII characters, bare or as a quoted string; a "
+                        "replay answers the same task.", {"type": "string"}),
+}
+RESPONSE_HEADERS: dict[str, tuple[str, dict[str, Any]]] = {
+    "Retry-After": ("Seconds to wait before retrying.", {"type": "string"}),
+    "X-Qwen-Event-Epoch": ("The epoch of the session's event ids.", {"type": "string"}),
+    "X-Qwen-SSE-Stream-Id": ("A fresh id for this stream.", {"type": "string"}),
+    "Location": ("The task's URL.", {"type": "string"}),
+    "Idempotent-Replayed": ("`true` when the answer replays an earlier request.",
+                            {"type": "string"}),
+}
+ERROR_TEXT = {
+    400: "Invalid request", 401: "Unauthorized (a valid bearer token is required)",
+    403: "Request denied by the Origin policy", 404: "Not found", 405: "Method not allowed",
+    409: "Conflict", 410: "Gone (past the retention window)", 413: "Body too large",
+    422: "Idempotency key reused with another body", 429: "Too many subscribers",
+    500: "Agent error", 501: "Not supported by the agent", 503: "Over capacity, retry later",
+    504: "The agent did not answer in time",
+}
+RETRYABLE = (429, 503)
+SSE_ANSWER = Answer(200, "The event stream", None, SSE, ("X-Qwen-Event-Epoch", "X-Qwen-SSE-Stream-Id"))
+CLIENT = ("X-Qwen-Client-Id",)
+AGENT = (500, 504)   # routes that wait on the agent
+W, L = rest_wire, lmsp_wire
+SESSION_LINK = ("session_id", "/sessionId")
+
+OPERATIONS: tuple[Op, ...] = (
+    # -- REST + SSE (qwen serve 0.24.4) --
+    Op("GET", "/health", "Liveness; `?deep=1` adds aggregates", (Answer(200, "Alive", Health),),
+       query=(Query("deep", "`1` or `true` for aggregates", {"type": "string"}),)),
+    Op("GET", "/capabilities", "What this daemon offers",
+       (Answer(200, "Capabilities", RestCapabilities),)),
+    Op("GET", "/daemon/status", "Limits in force and runtime activity",
+       (Answer(200, "Status", DaemonStatus),)),
+    Op("POST", "/session", "Create a session or attach to the workspace's default one",
+       (Answer(200, "The session", W.SessionCreated, link=SESSION_LINK),),
+       (400, 413, 503, *AGENT),
+       body=CreateSessionRequest, headers=CLIENT),
+    Op("DELETE", "/session/{session_id}", "Close a session",
+       (Answer(204, "Closed"),), (400, 404), headers=CLIENT),
+    Op("POST", "/session/{session_id}/load", "Attach a live session or restore it (session/load)",
+       (Answer(200, "The session", W.SessionRestored),), (400, 404, 413, 501, 503, *AGENT),
+       body=W.RestoreBody, headers=CLIENT),
+    Op("POST", "/session/{session_id}/resume",
+       "Attach a live session or restore it (session/resume)",
+       (Answer(200, "The session", W.SessionRestored),), (400, 404, 413, 501, 503, *AGENT),
+       body=W.RestoreBody, headers=CLIENT),
+    Op("POST", "/session/{session_id}/branch", "Fork a session (no prompt pending)",
+       (Answer(201, "The new session", W.SessionBranched, link=SESSION_LINK),),
+       (400, 404, 409, 413, 501, 503, *AGENT),
+       body=W.EmptyBody, headers=CLIENT),
+    Op("POST", "/session/{session_id}/cancel", "Cancel the running prompt",
+       (Answer(204, "Cancelled (or nothing was running)"),), (400, 404), headers=CLIENT),
+    Op("GET", "/session/{session_id}/status", "A session's status",
+       (Answer(200, "Status", SessionStatus),), (404,)),
+    Op("POST", "/session/{session_id}/heartbeat", "Mark the client as present",
+       (Answer(200, "Last seen", W.Heartbeat),), (400, 404), headers=CLIENT),
+    Op("POST", "/session/{session_id}/prompt", "Send a prompt (non-blocking)",
+       (Answer(202, "Admitted", W.PromptAccepted),), (400, 404, 413, 503),
+       body=PromptRequest, headers=CLIENT, error_schemas=((503, PromptQueueFull),)),
+    Op("GET", "/session/{session_id}/pending-prompts", "Queued and running prompts",
+       (Answer(200, "The pending prompts", PendingPrompts),), (404,)),
+    Op("DELETE", "/session/{session_id}/pending-prompts/{prompt_id}",
+       "Drop a queued prompt or cancel the running one",
+       (Answer(204, "Removed"),), (400, 404), headers=CLIENT),
+    Op("GET", "/session/{session_id}/events", "The session's event stream, with replay",
+       (SSE_ANSWER,), (400, 404, 429),
+       query=(Query("maxQueued", "Subscriber queue bound, 16..2048",
+                    {"type": "string"}),),
+       headers=("X-Qwen-Client-Id", "Last-Event-ID", "X-Qwen-Event-Epoch")),
+    Op("POST", "/session/{session_id}/permission/{request_id}", "Vote on a permission request",
+       (Answer(200, "Recorded", EmptyObject),), (400, 404, 413),
+       body=PermissionVote, headers=CLIENT),
+    Op("POST", "/permission/{request_id}", "Vote on a permission request (legacy route)",
+       (Answer(200, "Recorded", EmptyObject),), (400, 404, 413),
+       body=PermissionVote, headers=CLIENT),
+    # -- operability --
+    Op("GET", "/metrics", "Prometheus text exposition (the /health auth rule)",
+       (Answer(200, "The metrics", str, "text/plain"),)),
+    Op("GET", "/openapi.json", "This document", (Answer(200, "OpenAPI 3.1", dict),)),
+    # -- LMSP v1 --
+    Op("GET", "/lmsp/v1/capabilities", "LMSP capabilities and limits",
+       (Answer(200, "Capabilities", L.Capabilities),)),
+    Op("POST", "/lmsp/v1/responses", "Create a response (waits, or streams with `stream`)",
+       (Answer(200, "The response (`stream: true`: its event stream, text/event-stream)",
+               L.ResponseObject, headers=("Idempotent-Replayed",)),),
+       (400, 404, 409, 413, 422, 503), body=ResponseRequest, headers=("Idempotency-Key",)),
+    Op("POST", "/lmsp/v1/tasks", "Create an async task (202 once durable)",
+       (Answer(202, "The task", L.TaskObject, headers=("Location", "Idempotent-Replayed"),
+               link=("task_id", "/id")),),
+       (400, 404, 409, 413, 422, 503), body=TaskEnvelope, headers=("Idempotency-Key",)),
+    Op("GET", "/lmsp/v1/tasks/{task_id}", "A task", (Answer(200, "The task", L.TaskObject),),
+       (404,)),
+    Op("POST", "/lmsp/v1/tasks/{task_id}/cancel", "Cancel a task",
+       (Answer(200, "The task", L.TaskObject),), (404, 409)),
+    Op("GET", "/lmsp/v1/tasks/{task_id}/events", "A task's events (SSE), resumable",
+       (Answer(200, "The event stream", None, SSE),
+        Answer(204, "The task has ended and no event is left")),
+       (400, 404, 410),
+       query=(Query("starting_after", "Events after this sequence number",
+                    {"type": "string"}),),
+       headers=("Last-Event-ID",)),
+)
+
+
+# -- rendering ---------------------------------------------------------------------------
+def _types() -> list[Any]:
+    found: list[Any] = [RestError, lmsp_wire.Problem]
+    for op in OPERATIONS:
+        for t in (op.body, *(a.schema for a in op.answers), *(s for _, s in op.error_schemas)):
+            if isinstance(t, type) and issubclass(t, msgspec.Struct) and t not in found:
+                found.append(t)
+    return found
+
+
+def _schema_of(t: Any, refs: dict[Any, dict[str, Any]]) -> dict[str, Any]:
+    if t is str:
+        return {"type": "string"}
+    if t is dict:
+        return {"type": "object"}
+    return refs[t]
+
+
+def _header_objects(names: tuple[str, ...], table: dict[str, tuple[str, dict[str, Any]]]
+                    ) -> dict[str, Any]:
+    return {n: {"description": table[n][0], "schema": table[n][1]} for n in names}
+
+
+def _operation(op: Op, refs: dict[Any, dict[str, Any]]) -> dict[str, Any]:
+    lmsp = op.path.startswith("/lmsp/")
+    params: list[dict[str, Any]] = [
+        {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+        for name in re.findall(r"{(\w+)}", op.path)]
+    params += [{"name": q.name, "in": "query", "required": False, "description": q.description,
+                "schema": q.schema} for q in op.query]
+    params += [{"name": h, "in": "header", "required": False,
+                "description": REQUEST_HEADERS[h][0], "schema": REQUEST_HEADERS[h][1]}
+               for h in op.headers]
+    responses: dict[str, Any] = {}
+    for answer in op.answers:
+        entry: dict[str, Any] = {"description": answer.description}
+        if answer.content_type == SSE:
+            entry["content"] = {SSE: {"schema": {"type": "string"}}}
+        elif answer.schema is not None:
+            entry["content"] = {answer.content_type: {"schema": _schema_of(answer.schema, refs)}}
+        if answer.headers:
+            entry["headers"] = _header_objects(answer.headers, RESPONSE_HEADERS)
+        if answer.link is not None:
+            entry["links"] = _links(*answer.link)
+        responses[str(answer.status)] = entry
+    if op.path == "/lmsp/v1/responses":   # `stream: true` answers the events instead
+        responses["200"]["content"][SSE] = {"schema": {"type": "string"}}
+    for status in sorted({*op.errors, 401, 403}):
+        content_type, schema = (PROBLEM_JSON, refs[lmsp_wire.Problem]) if lmsp and status != 403 \
+            else (JSON, refs[dict(op.error_schemas).get(status, RestError)])
+        entry = {"description": ERROR_TEXT[status], "content": {content_type: {"schema": schema}}}
+        if status in RETRYABLE:
+            entry["headers"] = _header_objects(("Retry-After",), RESPONSE_HEADERS)
+        responses[str(status)] = entry
+    out: dict[str, Any] = {"summary": op.summary, "tags": [_door(op.path)],
+                           "operationId": _operation_id(op), "responses": responses}
+    if params:
+        out["parameters"] = params
+    if op.body is not None:
+        out["requestBody"] = {"required": op.path.startswith("/lmsp/"), "content": {
+            JSON: {"schema": refs[op.body]}}}
+    return out
+
+
+def _links(param: str, pointer: str) -> dict[str, Any]:
+    return {_operation_id(op): {"operationId": _operation_id(op),
+                                "parameters": {param: f"$response.body#{pointer}"}}
+            for op in OPERATIONS if "{" + param + "}" in op.path}
+
+
+def _door(path: str) -> str:
+    if path.startswith("/lmsp/"):
+        return "lmsp"
+    return "ops" if path in ("/metrics", "/openapi.json") else "rest"
+
+
+def _operation_id(op: Op) -> str:
+    words = re.sub(r"[{}]", "", op.path).replace("/lmsp/v1", "lmsp").strip("/")
+    return op.method.lower() + "_" + re.sub(r"[^A-Za-z0-9]+", "_", words)
+
+
+def document() -> dict[str, Any]:
+    types = _types()
+    schemas, components = msgspec.json.schema_components(types, ref_template=REF)
+    refs = dict(zip(types, schemas))
+    paths: dict[str, dict[str, Any]] = {}
+    for op in OPERATIONS:
+        paths.setdefault(op.path, {})[op.method.lower()] = _operation(op, refs)
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "acp-server", "version": __version__,
+                 "description": "REST + SSE (compatible with qwen serve 0.24.4) and LMSP v1. "
+                                "ACP JSON-RPC at /acp is not described here."},
+        "tags": [{"name": "rest", "description": "REST + SSE"},
+                 {"name": "lmsp", "description": "LMSP v1 tasks and responses"},
+                 {"name": "ops", "description": "Metrics and this document"}],
+        "paths": paths,
+        "components": {"schemas": components, "securitySchemes": {
+            "bearer": {"type": "http", "scheme": "bearer"}}},
+        "security": [{}, {"bearer": []}],
+    }
+
+
+def render() -> str:
+    return json.dumps(document(), indent=2, sort_keys=True) + "\n"
+
+
+_BODY: bytes | None = None
+
+
+async def openapi_endpoint(request: Request) -> Response:
+    global _BODY
+    if _BODY is None:
+        _BODY = msgspec.json.encode(document())
+    return Response(_BODY, 200, media_type=JSON)
+
+
+routes = [Route("/openapi.json", openapi_endpoint, methods=["GET"])]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    check = "--check" in args
+    args = [a for a in args if a != "--check"]
+    path = args[0] if args else "openapi.json"
+    text = render()
+    if check:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                current = fh.read()
+        except FileNotFoundError:
+            current = ""
+        if current != text:
+            print(f"stale: {path} (run `make schemas`)", file=sys.stderr)
+            return 1
+        return 0
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,202 @@
+"""Request logs: one line per request (route template, status, duration, door, ids),
+stream open/close with events sent, text and JSON, never a token or a body; and
+``acp-server serve --log-format json`` end to end in a child process."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+
+from acp_server.request_log import JsonFormatter, configure_logging, count_events
+from tests.ops.test_metrics import daemon, run_task
+from tests.rest.server import text_prompt
+
+TOKEN = "tok-never-logged"
+SECRET_TEXT = "body-never-logged"
+
+
+@pytest.fixture
+def access() -> Iterator[io.StringIO]:
+    """The access log as JSON lines, for the test."""
+    buffer = io.StringIO()
+    handler = logging.StreamHandler(buffer)
+    handler.setFormatter(JsonFormatter())
+    logger = logging.getLogger("acp_server.access")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield buffer
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+def records(buffer: io.StringIO) -> list[dict]:
+    return [json.loads(line) for line in buffer.getvalue().splitlines()]
+
+
+@pytest.mark.anyio
+async def test_one_line_per_request_with_template_door_and_ids(
+        tmp_path: Path, access: io.StringIO) -> None:
+    async with daemon(tmp_path, token=TOKEN) as (client, _bridge, _app):
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        sid = (await client.post("/session", json={}, headers=auth)).json()["sessionId"]
+        prompt = await client.post(f"/session/{sid}/prompt?x={SECRET_TEXT}",
+                                   json=text_prompt(SECRET_TEXT), headers=auth)
+        assert prompt.status_code == 202
+        assert (await client.get(f"/session/{sid}/status")).status_code == 401
+        assert (await client.get("/no/such/route", headers=auth)).status_code == 404
+        client.headers.update(auth)
+        task_id = await run_task(client)
+    lines = records(access)
+    text = access.getvalue()
+    assert TOKEN not in text and SECRET_TEXT not in text
+    requests = [r for r in lines if r["kind"] == "request"]
+    first = requests[0]
+    assert {k: first[k] for k in ("method", "route", "status", "door")} == {
+        "method": "POST", "route": "/session", "status": 200, "door": "rest"}
+    assert first["duration_ms"] >= 0 and first["logger"] == "acp_server.access"
+    assert {k: requests[1][k] for k in ("route", "status", "session_id")} == {
+        "route": "/session/{session_id}/prompt", "status": 202, "session_id": sid}
+    assert {k: requests[2][k] for k in ("route", "status", "session_id")} == {
+        "route": "/session/{session_id}/status", "status": 401, "session_id": sid}
+    assert (requests[3]["route"], requests[3]["status"]) == ("unmatched", 404)
+    assert not any("/no/such" in json.dumps(r) for r in lines)
+    task_lines = [r for r in lines if r.get("task_id") == task_id]
+    assert [(r["kind"], r["route"]) for r in task_lines] == [
+        ("stream_open", "/lmsp/v1/tasks/{task_id}/events"),
+        ("stream_close", "/lmsp/v1/tasks/{task_id}/events"),
+        ("request", "/lmsp/v1/tasks/{task_id}")]
+    opened, closed = task_lines[0], task_lines[1]
+    assert "duration_ms" not in opened and opened["door"] == "lmsp"
+    assert closed["status"] == 200 and closed["duration_ms"] >= 0
+    assert closed["events"] >= 4   # created, in_progress, …, completed
+
+
+@pytest.mark.anyio
+async def test_a_rest_stream_counts_its_events(tmp_path: Path, access: io.StringIO) -> None:
+    async with daemon(tmp_path) as (client, _bridge, _app):
+        sid = (await client.post("/session", json={})).json()["sessionId"]
+        assert (await client.post(f"/session/{sid}/prompt",
+                                  json=text_prompt("/chunks 3 x"))).status_code == 202
+        seen = 0
+        with anyio.fail_after(10):
+            async with client.stream("GET", f"/session/{sid}/events",
+                                     headers={"Last-Event-ID": "0"}) as stream:
+                async for line in stream.aiter_lines():
+                    seen += line.startswith("data:")
+                    if line.startswith("event: turn_complete"):
+                        break
+    # the server logs the close once it sees the client go; wait for that line
+    with anyio.fail_after(5):
+        while not any(r["kind"] == "stream_close" for r in records(access)):
+            await anyio.sleep(0.01)
+    closed = next(r for r in records(access) if r["kind"] == "stream_close")
+    assert closed["route"] == "/session/{session_id}/events" and closed["session_id"] == sid
+    assert seen >= 4 and closed["events"] >= seen + 1   # + turn_complete itself
+
+
+@pytest.mark.anyio
+async def test_a_client_chosen_id_cannot_forge_a_line(tmp_path: Path) -> None:
+    from acp_server import request_log
+
+    buffer = io.StringIO()
+    configure_logging("text", stream=buffer)
+    try:
+        async with daemon(tmp_path) as (client, _bridge, _app):
+            forged = "x%0A2026-01-01 00:00:00,000 INFO acp_server.access: GET fake 200"
+            assert (await client.get(f"/session/{forged}/status")).status_code == 404
+            long = "y" * 5000
+            assert (await client.get(f"/session/{long}/status")).status_code == 404
+        assert request_log.access_writer is not None
+        request_log.access_writer.flush()
+    finally:
+        request_log.unconfigure_access_writer()
+        logging.basicConfig(force=True)
+    lines = [line for line in buffer.getvalue().splitlines()
+             if line.split(" ")[2:4] == ["INFO", "acp_server.access:"]]
+    assert len(lines) == 2   # one per request: the %0A did not start another
+    assert "session=x\\n2026-01-01" in lines[0]
+    assert lines[1].endswith("door=rest session=" + "y" * 128 + "…")
+
+
+def test_count_events_skips_comments_and_retry() -> None:
+    assert count_events(b"retry: 3000\n\n") == 0
+    assert count_events(b": heartbeat\n\n") == 0
+    assert count_events(b"id: 1\nevent: a\ndata: {}\n\n: hb\n\nid: 2\ndata: x\n\n") == 2
+    assert count_events(b"data: {\"t\":\"retry: 1\\n\\n\"}\n\n") == 1
+
+
+FIELDS = {"kind": "request", "method": "GET", "route": "/session/{session_id}/status",
+          "status": 404, "door": "rest", "duration_ms": 0.5, "session_id": "abc"}
+TEXT_LINE = "INFO acp_server.access: GET /session/{session_id}/status 404 0.50ms door=rest session=abc"
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_the_cli_writer_and_the_logger_write_the_same_lines(log_format: str) -> None:
+    from acp_server import request_log
+
+    through_logger, through_writer = io.StringIO(), io.StringIO()
+    configure_logging(log_format, stream=through_logger)
+    request_log.unconfigure_access_writer()
+    try:
+        logging.getLogger("acp_server.access").info(
+            "%s", request_log._Line(FIELDS), extra={"access": FIELDS})
+        configure_logging(log_format, stream=through_writer)
+        assert request_log.access_writer is not None
+        request_log.access_writer.write(FIELDS)
+        request_log.access_writer.flush()
+    finally:
+        request_log.unconfigure_access_writer()
+        logging.basicConfig(force=True)   # pytest's capture again, no stream of ours
+    a, b = through_logger.getvalue(), through_writer.getvalue()
+    assert a.count("\n") == b.count("\n") == 1
+    if log_format == "text":
+        assert a.strip().endswith(TEXT_LINE) and b.strip().endswith(TEXT_LINE)
+        assert len(a) == len(b)   # the same time stamp format
+    else:
+        one, two = json.loads(a), json.loads(b)
+        stamps = one.pop("ts"), two.pop("ts")
+        assert all(len(t) == 24 and t.endswith("Z") for t in stamps)
+        assert one == two and one["route"] == FIELDS["route"] and one["level"] == "INFO"
+
+
+def test_serve_logs_json_lines(tmp_path: Path) -> None:
+    env = {**os.environ, "ACP_SERVER_TOKEN": ""}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "acp_server", "serve", "--port", "0", "--workspace",
+         str(tmp_path), "--state-dir", str(tmp_path / "state"), "--log-format", "json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        url = line.split("listening on ", 1)[1].split()[0]
+        assert httpx.get(f"{url}/health", timeout=10).status_code == 200
+    finally:
+        proc.terminate()
+        _, stderr = proc.communicate(timeout=20)
+    lines = [json.loads(line) for line in stderr.splitlines() if line.strip()]
+    health = [r for r in lines if r.get("route") == "/health"]
+    assert len(health) == 1 and health[0]["status"] == 200 and health[0]["door"] == "rest"
+    assert all({"ts", "level", "logger", "message"} <= r.keys() for r in lines)
+    assert any(r["logger"] == "acp_server" and r["level"] == "WARNING" for r in lines)
+
+
+def test_an_unknown_log_format_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    from acp_server.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", "--log-format", "xml"])
+    assert exited.value.code == 2
+    assert "--log-format" in capsys.readouterr().err
