@@ -46,6 +46,7 @@ from acp_server.acp_http.dispatch import (
 )
 from acp_server.acp_http.registry import ConnectionCapError, ConnectionRegistry, registry_for
 from acp_server.acp_http.streams import FrameStream
+from acp_server.http.body import BodyError, check_json
 from acp_server.rest import wire
 from acp_server.rest.errors import RestError
 from bridge.errors import BridgeError
@@ -53,6 +54,7 @@ from bridge.jsonrpc import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
     INVALID_REQUEST,
+    PARSE_ERROR,
     JsonRpcInvalidRequest,
     JsonRpcParseError,
     Message,
@@ -95,13 +97,16 @@ async def _read_message(request: Request) -> Message | Response:
     if content_type.split(";", 1)[0].strip().lower() != _JSON:
         return _json(415, _UNSUPPORTED_MEDIA)
     try:
-        body = await wire.read_body(request)
+        raw = await wire.read_body(request)
     except RestError as exc:   # 413
         return _json(exc.status, msgspec.json.encode(exc.body))
-    if body.lstrip()[:1] == b"[":
+    if raw.lstrip()[:1] == b"[":
         return _json(501, _BATCH)
     try:
-        return decode_message(body)
+        check_json(raw)
+        return decode_message(raw)
+    except BodyError as exc:   # nested too deep / too many containers: refused unparsed
+        return _rpc_error(400, None, PARSE_ERROR, f"Parse error: {exc.message}")
     except JsonRpcParseError as exc:
         return _rpc_error(400, None, exc.code, exc.message)
     except JsonRpcInvalidRequest as exc:
