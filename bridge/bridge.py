@@ -34,6 +34,7 @@ from bridge.bus import Subscription
 from bridge.cancel import CancelToken
 from bridge.errors import (
     AgentDiedError,
+    AgentError,
     BranchWhilePromptActiveError,
     InvalidClientIdError,
     NotSupportedError,
@@ -45,6 +46,7 @@ from bridge.errors import (
     SessionNotFoundError,
     WorkspaceMismatchError,
 )
+from bridge.jsonrpc import RESOURCE_NOT_FOUND
 from bridge.options import BridgeOptions
 from bridge.permissions import PermissionMediator
 from bridge.session import QUEUED, QueueWaitStats, Session, WorkItem
@@ -166,6 +168,8 @@ class Bridge:
     def check_workspace(self, cwd: str | None) -> str:
         if cwd is None:
             return self.workspace_cwd
+        if not isinstance(cwd, str) or "\x00" in cwd:   # no such path can be the workspace
+            raise WorkspaceMismatchError(self.workspace_cwd, repr(cwd))
         requested = os.path.realpath(cwd) if isinstance(cwd, str) and os.path.isabs(cwd) else str(cwd)
         if requested != self.workspace_cwd:
             raise WorkspaceMismatchError(self.workspace_cwd, str(cwd))
@@ -230,7 +234,12 @@ class Bridge:
         offered = self.agents.capability(name, *capability)
         if offered is None or offered is False:
             raise NotSupportedError(f"The agent does not support {method}")
-        session = await self._spawn(method, name, restore_id=session_id)
+        try:
+            session = await self._spawn(method, name, restore_id=session_id)
+        except AgentError as exc:   # the agent does not know it: the caller's 404
+            if exc.rpc_code == RESOURCE_NOT_FOUND:
+                raise SessionNotFoundError(session_id) from None
+            raise
         return self._info(session, attached=False)
 
     async def _spawn(self, method: str, agent_name: str, *, requested_id: str | None = None,
