@@ -110,11 +110,37 @@ async def create_response(request: Request, service: LmspService) -> Response:
         return StreamingResponse(_sse(stream, cancel_on_close=(service, record.id)),
                                  media_type="text/event-stream",
                                  headers={**SSE_HEADERS, **headers})
-    record = await service.wait_terminal(record.id)
+    record = await _wait_unless_gone(request, service, record.id)
+    if record is None:   # the client went away: the response was cancelled, nobody reads
+        return Response(status_code=499)
     if record.response is None:   # the server is stopping: the response as it stands
         status = "queued" if record.status == "queued" else "in_progress"
         return _json(200, encode(base_response(record, status)), headers)
     return _json(200, record.response, headers)
+
+
+async def _wait_unless_gone(request: Request, service: LmspService, task_id: str) -> Any:
+    """The terminal task, or ``None`` once the client disconnected (the task is then
+    cancelled, as a closed ``stream: true`` response is)."""
+    result: list[Any] = []
+    async with anyio.create_task_group() as tg:
+        async def wait() -> None:
+            result.append(await service.wait_terminal(task_id))
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(wait)
+        while (await request.receive())["type"] != "http.disconnect":
+            pass   # the body was read: the next message is the disconnect
+        tg.cancel_scope.cancel()
+    if result:
+        return result[0]
+    with anyio.CancelScope(shield=True):
+        try:
+            if (await service.get_task(task_id)).status not in TERMINAL:
+                await service.cancel(task_id)
+        except LmspError:
+            pass
+    return None
 
 
 # -- SSE ---------------------------------------------------------------------------------

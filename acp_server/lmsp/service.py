@@ -91,6 +91,7 @@ class LmspConfig:
     keepalive_s: float = 15
     idempotency_wait_s: float = 10
     max_queued_tasks: int | None = 10_000
+    permission_policy: str = "reject"   # --lmsp-permissions (acp_server/lmsp/permissions.py)
 
 
 class LmspService:
@@ -101,7 +102,8 @@ class LmspService:
         self.models = models
         self.config = config
         self.runner = Runner(store, models, max_running=max_running_tasks,
-                             max_attempts=config.max_attempts)
+                             max_attempts=config.max_attempts,
+                             permission_policy=config.permission_policy)
         self.principal = ("token:" + hashlib.sha256(token.encode()).hexdigest()[:16]
                           if token else "anonymous")
         self.recovery = RecoveryReport()

@@ -53,6 +53,9 @@ def status_body(bridge: Bridge, settings: Settings) -> dict[str, Any]:
             "subscriberMaxQueued": options.subscriber_max_queued,
             "subscriberMaxQueuedBytes": options.subscriber_max_queued_bytes,
             "maxRequestBodyBytes": settings.max_body_bytes,
+            "maxPromptBlocks": options.max_prompt_blocks,
+            "headerTimeoutMs": settings.header_timeout_ms,
+            "maxConnections": settings.max_connections,
         },
         "capabilities": {"features": features(settings)},
         "runtime": {
@@ -71,7 +74,12 @@ def status_body(bridge: Bridge, settings: Settings) -> dict[str, Any]:
 
 async def daemon_status(request: Request) -> Response:
     state = request.app.state
-    return json_response(200, status_body(state.bridge, state.settings))
+    body = status_body(state.bridge, state.settings)
+    lmsp = getattr(state, "lmsp", None)
+    if lmsp is not None:   # permissions answered by --lmsp-permissions, per decision
+        body["runtime"]["permissions"]["lmspPolicy"] = lmsp.runner.permission_policy
+        body["runtime"]["permissions"]["lmspDecisions"] = dict(lmsp.runner.permission_decisions)
+    return json_response(200, body)
 
 
 routes = [Route("/daemon/status", daemon_status, methods=["GET"])]
