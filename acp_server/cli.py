@@ -34,7 +34,7 @@ from acp_server import __version__
 from acp_server.acp_http import ConnectionRegistry, registry_for
 from acp_server.app import build_app
 from acp_server.http.guard import connection_cap, guarded_protocol, raise_fd_limit
-from acp_server.lmsp import LmspService, install_lmsp, open_lmsp
+from acp_server.lmsp import LmspConfig, LmspService, install_lmsp, open_lmsp
 from acp_server.prompt_cli import add_prompt_arguments, run_prompt_args
 from acp_server.settings import (
     DEFAULT_HOSTNAME,
@@ -106,6 +106,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     serve.add_argument("--model-server", metavar="URL",
                        help="an OpenAI-compatible server (e.g. http://127.0.0.1:11434/v1); "
                             "each model it lists becomes an agent of that name")
+    serve.add_argument("--max-prompt-blocks",
+                       help="content blocks per prompt; more is refused with 400 (default 1024)")
     serve.add_argument("--header-timeout-ms", default="10000",
                        help="close a connection that has not sent a complete request head "
                             "within this long (default 10000)")
@@ -196,8 +198,8 @@ async def serve(settings: Settings) -> None:
                           options=settings.options,
                           agents=settings.extra_agents(models, registry)) as bridge, \
                 open_lmsp(bridge, state_dir=settings.state_dir, store_url=settings.store_url,
-                          token=settings.token,
-                          max_running_tasks=settings.max_running_tasks) as lmsp:
+                          token=settings.token, max_running_tasks=settings.max_running_tasks,
+                          config=LmspConfig(permission_policy=settings.lmsp_permissions)) as lmsp:
             await _serve_http(settings, bridge, lmsp)
     finally:
         registry.close()   # every agent was stopped with the bridge

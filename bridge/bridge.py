@@ -62,6 +62,17 @@ class InvalidPromptError(ValueError):
     code = "invalid_prompt"
 
 
+class TooManyContentBlocksError(InvalidPromptError):
+    """A prompt of more than ``BridgeOptions.max_prompt_blocks`` content blocks."""
+
+    code = "too_many_content_blocks"
+
+    def __init__(self, count: int, limit: int) -> None:
+        super().__init__(f"`prompt` has {count} content blocks; at most {limit} are accepted")
+        self.count = count
+        self.limit = limit
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class SessionInfo:
     session_id: str
@@ -355,6 +366,8 @@ class Bridge:
         session = self.get_session(session_id)
         if not isinstance(prompt, list) or not prompt:
             raise InvalidPromptError("`prompt` must be a non-empty array of content blocks")
+        if len(prompt) > self.options.max_prompt_blocks:
+            raise TooManyContentBlocksError(len(prompt), self.options.max_prompt_blocks)
         if cancel is not None and cancel.cancelled:
             raise PromptCancelledError("Prompt request was cancelled before admission",
                                        reason=cancel.reason)

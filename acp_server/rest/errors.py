@@ -26,7 +26,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from bridge.bridge import InvalidPromptError
+from bridge.bridge import InvalidPromptError, TooManyContentBlocksError
 from bridge.errors import (
     AgentDiedError,
     AgentNotFoundError,
@@ -117,6 +117,8 @@ def describe(exc: BaseException) -> tuple[int, dict[str, Any], dict[str, str] | 
     if isinstance(exc, AgentNotFoundError):
         return 400, {"error": str(exc), "code": exc.code, "agent": exc.name,
                      "available": exc.available}, None
+    if isinstance(exc, TooManyContentBlocksError):
+        return 400, {"error": str(exc), "code": exc.code, "limit": exc.limit}, None
     if isinstance(exc, InvalidPromptError):
         return 400, {"error": "`prompt` is required and must be a non-empty array of content blocks"}, None
     if isinstance(exc, AgentTimeoutError):
