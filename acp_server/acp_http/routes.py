@@ -69,6 +69,9 @@ _JSON = "application/json"
 _BATCH = b'{"error":"Batch JSON-RPC requests are not supported"}'
 _UNSUPPORTED_MEDIA = b'{"error":"Content-Type must be application/json"}'
 _NOT_ACCEPTABLE = b'{"error":"Accept must include text/event-stream"}'
+# A session created as a notification would have an id nobody can learn and hold a
+# --max-sessions slot until reaped: these are refused (400 -32600) unless requests.
+REQUEST_ONLY = frozenset({"session/new", "session/load", "session/resume"})
 
 
 def _json(status: int, body: bytes, headers: dict[str, str] | None = None) -> Response:
@@ -126,6 +129,8 @@ async def post_acp(request: Request) -> Response:
         return _rpc_error(400, rpc_id, INVALID_PARAMS, str(exc))
     if msg.method == "initialize":
         return _initialize(request, registry, msg, params)
+    if msg.is_notification and msg.method in REQUEST_ONLY:
+        return _rpc_error(400, None, INVALID_REQUEST, f"{msg.method} must be a request")
     conn = _connection(request, registry, rpc_id)
     if isinstance(conn, Response):
         return conn

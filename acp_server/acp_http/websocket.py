@@ -41,6 +41,7 @@ from acp_server.acp_http.dispatch import (
     request_params,
 )
 from acp_server.acp_http.registry import ConnectionCapError, registry_for
+from acp_server.acp_http.routes import REQUEST_ONLY
 from acp_server.http.body import BodyError, check_json
 from acp_server.rest.security import is_self_origin
 from acp_server.settings import Settings, is_loopback
@@ -242,6 +243,9 @@ async def _receive_loop(ws: WebSocket, socket: _Socket, conn: AcpConnection,
         if msg.method == "initialize":
             if msg.is_request:
                 await socket.send(encode_error(rpc_id, INVALID_REQUEST, "Already initialized"))
+            continue
+        if msg.is_notification and msg.method in REQUEST_ONLY:
+            await socket.send(encode_error(None, INVALID_REQUEST, f"{msg.method} must be a request"))
             continue
         if msg.method in INLINE_METHODS:
             await dispatch(conn, msg, params)

@@ -134,3 +134,23 @@ async def test_unknown_session_restore_is_404(server: LmspServer) -> None:
         response = await server.client.post(f"/session/{sid}/{route}", json={})
         assert_rest_error(response, 404, "session_not_found")
     assert (await server.client.get("/daemon/status")).status_code == 200
+
+
+# -- 12. session/new as a notification -----------------------------------------------------
+async def test_session_new_notification_is_refused(server: LmspServer) -> None:
+    conn = await acp_connection(server)
+    before = len(server.service.models["reference"][0].sessions())
+    for method in ("session/new", "session/load", "session/resume"):
+        response = await server.client.post("/acp", headers={**JSON, "Acp-Connection-Id": conn},
+                                            content=json.dumps({
+                                                "jsonrpc": "2.0", "method": method,
+                                                "params": {"cwd": "/", "sessionId": "x"}}))
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["code"] == -32600
+    async with ws_connect(server.base_url) as ws:
+        await ws.send_json(INIT)
+        assert (await ws.receive_json())["id"] == 0
+        await ws.send_json({"jsonrpc": "2.0", "method": "session/new", "params": {}})
+        reply = await ws.receive_json()
+        assert reply["id"] is None and reply["error"]["code"] == -32600
+    assert len(server.service.models["reference"][0].sessions()) == before
