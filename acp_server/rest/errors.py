@@ -18,14 +18,16 @@ Contracts:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
 import msgspec
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
+from acp_server.http.body import ClientDisconnected
 from bridge.bridge import InvalidPromptError, TooManyContentBlocksError
 from bridge.errors import (
     AgentDiedError,
@@ -50,6 +52,7 @@ from bridge.errors import (
     WorkspaceMismatchError,
 )
 
+log = logging.getLogger("acp_server.http")
 RETRY_AFTER = {"Retry-After": "5"}
 _encoder = msgspec.json.Encoder()
 
@@ -162,7 +165,17 @@ async def handle_http(request: Request, exc: Exception) -> Response:
     return json_response(exc.status_code, {"error": exc.detail}, exc.headers)
 
 
+async def handle_disconnect(request: Request, exc: Exception) -> Response:
+    # A client gone in the middle of its body: one quiet line, no traceback; the
+    # answer is never read.
+    log.info("client disconnected during the request body: %s %s", request.method,
+             request.url.path)
+    return Response(status_code=400)
+
+
 EXCEPTION_HANDLERS: dict[Any, Any] = {
+    ClientDisconnected: handle_disconnect,
+    ClientDisconnect: handle_disconnect,
     RestError: handle_error,
     BridgeError: handle_error,
     InvalidPromptError: handle_error,
