@@ -18,7 +18,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
 from acp_server.acp_http import acp_routes
-from acp_server.lmsp import UNAUTHORIZED_PROBLEM
+from acp_server.lmsp import CORS_DENIED_PROBLEM, UNAUTHORIZED_PROBLEM
 from acp_server.lmsp.problems import PROBLEM_JSON
 from acp_server.rest import routes
 from acp_server.rest.errors import EXCEPTION_HANDLERS
@@ -31,7 +31,8 @@ from bridge import Bridge
 def build_app(settings: Settings, bridge: Bridge) -> Starlette:
     app = Starlette(exception_handlers=EXCEPTION_HANDLERS,
                     middleware=[Middleware(SecurityMiddleware, settings=settings, unauthorized=[
-                        ("/lmsp/", PROBLEM_JSON.encode(), UNAUTHORIZED_PROBLEM)])])
+                        ("/lmsp/", PROBLEM_JSON.encode(), UNAUTHORIZED_PROBLEM)], denied=[
+                        ("/lmsp/", PROBLEM_JSON.encode(), CORS_DENIED_PROBLEM)])])
     app.router = IndexedRouter(routes=[*routes(), *acp_routes()])
     app.state.bridge = bridge
     app.state.settings = settings

@@ -189,6 +189,8 @@ def lmsp_routes() -> list[BaseRoute]:
 # -- 401 as a problem object -------------------------------------------------------------
 # The network guard's 401 under /lmsp/ (acp_server.app hands it to SecurityMiddleware).
 UNAUTHORIZED_PROBLEM = encode(problem("unauthorized", "A valid bearer token is required."))
+# The guard's CORS refusal under /lmsp/ (403; §9.3 has no code of its own for it).
+CORS_DENIED_PROBLEM = encode(problem("forbidden", "Request denied by CORS policy."))
 
 
 def install_lmsp(app: Any, service: LmspService) -> None:
@@ -197,4 +199,4 @@ def install_lmsp(app: Any, service: LmspService) -> None:
     app.router.routes.extend(lmsp_routes())
 
 
-__all__ = ["UNAUTHORIZED_PROBLEM", "install_lmsp", "lmsp_routes"]
+__all__ = ["CORS_DENIED_PROBLEM", "UNAUTHORIZED_PROBLEM", "install_lmsp", "lmsp_routes"]

@@ -162,7 +162,26 @@ async def handle_unexpected(request: Request, exc: Exception) -> Response:
 
 async def handle_http(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
+    if request.url.path.startswith(LMSP_PREFIX):   # every LMSP error is a problem object
+        return _lmsp_problem(request, exc)
     return json_response(exc.status_code, {"error": exc.detail}, exc.headers)
+
+
+LMSP_PREFIX = "/lmsp/"
+_LMSP_CODES = {404: "not_found", 405: "method_not_allowed"}
+
+
+def _lmsp_problem(request: Request, exc: HTTPException) -> Response:
+    from acp_server.lmsp.problems import PROBLEM_JSON, problem
+    from acp_server.lmsp.wire import encode
+
+    code = _LMSP_CODES.get(exc.status_code, "invalid_request")
+    detail = (f"No resource at {request.url.path}." if code == "not_found"
+              else f"{request.method} is not allowed on {request.url.path}."
+              if code == "method_not_allowed" else str(exc.detail))
+    body = encode(problem(code, detail, instance=request.url.path))
+    return Response(body, exc.status_code if code != "invalid_request" else 400,
+                    exc.headers, PROBLEM_JSON)
 
 
 async def handle_disconnect(request: Request, exc: Exception) -> Response:

@@ -154,3 +154,31 @@ async def test_session_new_notification_is_refused(server: LmspServer) -> None:
         reply = await ws.receive_json()
         assert reply["id"] is None and reply["error"]["code"] == -32600
     assert len(server.service.models["reference"][0].sessions()) == before
+
+
+# -- 4. every LMSP error is a problem object -----------------------------------------------
+@pytest.mark.parametrize(("method", "path", "status", "code"), [
+    ("GET", "/lmsp/v1/nope", 404, "not_found"),
+    ("POST", "/lmsp/v1/tasks/x/y/z", 404, "not_found"),
+    ("GET", "/lmsp/v1/tasks/a%2Fb", 404, "not_found"),
+    ("GET", "/lmsp/v1/tasks/a%2Fb/events", 404, "not_found"),
+    ("OPTIONS", "/lmsp/v1/tasks", 405, "method_not_allowed"),
+    ("PUT", "/lmsp/v1/capabilities", 405, "method_not_allowed"),
+    ("HEAD", "/lmsp/v1/tasks", 405, "method_not_allowed"),
+    ("GET", "/lmsp/", 404, "not_found"),
+])
+async def test_lmsp_errors_are_problems(server: LmspServer, method: str, path: str,
+                                        status: int, code: str) -> None:
+    response = await server.client.request(method, path)
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/problem+json")
+    if method != "HEAD":
+        assert response.json()["code"] == code
+
+
+async def test_lmsp_cors_refusal_is_a_problem(server: LmspServer) -> None:
+    response = await server.client.post("/lmsp/v1/tasks", json={},
+                                        headers={"Origin": "https://evil.example"})
+    assert_problem(response, 403, "forbidden")
+    rest = await server.client.post("/session", json={}, headers={"Origin": "https://evil.example"})
+    assert rest.status_code == 403 and rest.json() == {"error": "Request denied by CORS policy"}
