@@ -513,6 +513,12 @@ class _AgentClientAdapter:
         prompt_id = session.active.prompt_id if session.active is not None else None
         session.bus.publish(ev.SESSION_UPDATE, params, prompt_id=prompt_id)
 
+    async def wait_for_readers(self, session_id: str) -> None:
+        """Flow control for an agent that can wait (the in-process one): see ``bus``."""
+        session = self._bridge._sessions.get(session_id)
+        if session is not None:
+            await session.bus.wait_for_readers()
+
     async def request_permission(self, session_id: str, params: dict[str, Any]) -> dict[str, Any]:
         session = self._bridge._sessions.get(session_id)
         if session is None or session.closing:
