@@ -137,6 +137,10 @@ async def post_acp(request: Request) -> Response:
     if msg.is_response:
         answer_agent_request(conn, msg)
         return Response(status_code=202)
+    if conn.replies_full():   # nobody takes the replies: refuse more, memory stays bounded
+        return _rpc_error(503, rpc_id, INTERNAL_ERROR,
+                          "Reply buffer full: open the stream and read it",
+                          {"Retry-After": "5"})
     header_sid = request.headers.get(SESSION_HEADER)
     params_sid = params.get("sessionId")
     if header_sid is not None and isinstance(params_sid, str) and header_sid != params_sid:

@@ -233,6 +233,9 @@ async def _receive_loop(ws: WebSocket, socket: _Socket, conn: AcpConnection,
         if msg.is_response:
             answer_agent_request(conn, msg)
             continue
+        if conn.replies_full():   # the client does not read its replies: fail it
+            await ws.close(code=1013, reason="reply buffer full")
+            return
         rpc_id = None if msg.id is UNSET else msg.id
         try:
             params = request_params(msg)
