@@ -360,7 +360,8 @@ async def open_lmsp(bridge: Bridge, *, state_dir: str, store_url: str | None = N
         os.makedirs(state_dir, exist_ok=True)
         url = store_url or f"sqlite:///{os.path.join(os.path.abspath(state_dir), 'lmsp.sqlite3')}"
         if is_postgres_url(url):
-            store = PostgresTaskStore(url, on_commit=hub.publish, group_commit=group_commit)
+            store = PostgresTaskStore(url, on_commit=hub.publish, group_commit=group_commit,
+                                      state_dir=state_dir)
         elif url.startswith("sqlite:"):
             store = SqliteTaskStore(url, on_commit=hub.publish, group_commit=group_commit)
         else:
@@ -382,7 +383,7 @@ async def open_lmsp(bridge: Bridge, *, state_dir: str, store_url: str | None = N
                               max_running_tasks=max_running_tasks, token=token)
         service.recovery = await store.recover(recovery_finish,
                                                max_attempts=service.config.max_attempts,
-                                               now=time.time())
+                                               now=time.time(), own=True)
         async with anyio.create_task_group() as tg:
             tg.start_soon(service.run_background)
             try:

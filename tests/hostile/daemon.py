@@ -86,7 +86,9 @@ async def running_daemon(tmp_path: Path, *flags: str, env: dict[str, str] | None
             async with httpx.AsyncClient(base_url=match.group(1), timeout=10,
                                          headers=headers) as client:
                 yield Daemon(match.group(1), int(match.group(2)), process.pid, client, stderr)
-            process.send_signal(signal.SIGTERM)
+            if process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    process.send_signal(signal.SIGTERM)
             with anyio.fail_after(15):
                 await process.wait()
             tg.cancel_scope.cancel()
