@@ -103,10 +103,10 @@ async def _read_message(request: Request) -> Message | Response:
         raw = await wire.read_body(request)
     except RestError as exc:   # 413
         return _json(exc.status, msgspec.json.encode(exc.body))
-    if raw.lstrip()[:1] == b"[":
-        return _json(501, _BATCH)
     try:
         check_json(raw)
+        if raw.lstrip()[:1] == b"[" and _is_array(raw):
+            return _json(501, _BATCH)
         return decode_message(raw)
     except BodyError as exc:   # nested too deep / too many containers: refused unparsed
         return _rpc_error(400, None, PARSE_ERROR, f"Parse error: {exc.message}")
@@ -114,6 +114,18 @@ async def _read_message(request: Request) -> Message | Response:
         return _rpc_error(400, None, exc.code, exc.message)
     except JsonRpcInvalidRequest as exc:
         return _rpc_error(400, exc.id, exc.code, exc.message)
+
+
+def _is_array(raw: bytes) -> bool:
+    """A well-formed JSON array (a batch); anything else starting with ``[`` is a
+    parse error."""
+    try:
+        return isinstance(_any_decoder.decode(raw), list)
+    except msgspec.DecodeError:
+        return False
+
+
+_any_decoder: msgspec.json.Decoder[object] = msgspec.json.Decoder()
 
 
 async def post_acp(request: Request) -> Response:

@@ -162,7 +162,8 @@ async def handle_unexpected(request: Request, exc: Exception) -> Response:
 
 async def handle_http(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
-    if request.url.path.startswith(LMSP_PREFIX):   # every LMSP error is a problem object
+    path = request.url.path
+    if path.startswith(LMSP_PREFIX) or path == LMSP_PREFIX[:-1]:   # LMSP: problem objects
         return _lmsp_problem(request, exc)
     return json_response(exc.status_code, {"error": exc.detail}, exc.headers)
 
