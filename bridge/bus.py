@@ -27,10 +27,10 @@ Contracts:
 * Flow control: a publisher that can wait (the in-process agent's updates, the
   prompt echo) awaits ``wait_for_readers()`` between events. It waits while a reader
   holds half of either bound or more, until that reader drains below half, but at
-  most ``FLOW_WAIT_S`` per reader: one that does not drain by then is ``stalled`` and
-  not waited for again until it does (it is warned and evicted as above). So a
-  reader that keeps up is never evicted by a burst, and one that stopped costs a
-  publisher ``FLOW_WAIT_S`` once.
+  most ``FLOW_WAIT_S`` in all: a reader that has not drained by then is ``stalled``
+  and not waited for again until it does (it is warned and evicted as above). So a
+  reader that keeps up is never evicted by a burst, and readers that stopped cost a
+  publisher ``FLOW_WAIT_S`` once, however many they are.
 """
 
 from __future__ import annotations
@@ -123,14 +123,14 @@ class Subscription:
         return (self._queued_events * 2 >= self.max_queued
                 or self._queued_bytes * 2 >= self.max_queued_bytes)
 
-    async def wait_drained(self) -> bool:
+    async def wait_drained(self, deadline: float) -> bool:
         """Wait until the queue is below half of its bounds; ``False`` if the reader
-        did not drain within ``FLOW_WAIT_S`` (it is then ``stalled``)."""
+        did not drain by ``deadline`` (it is then ``stalled``)."""
         if self._ended or self.stalled or not self.half_full():
             return True
         if self._drained is None:
             self._drained = anyio.Event()
-        with anyio.move_on_after(FLOW_WAIT_S):
+        with anyio.move_on_at(deadline):
             await self._drained.wait()
             return True
         self.stalled = True
@@ -189,7 +189,8 @@ class Subscription:
 class EventBus:
     def __init__(self, *, ring_size: int = 8000, max_subscribers: int = 64,
                  max_queued: int = 256, max_queued_bytes: int = 2 * 1024 * 1024,
-                 session_id: str = "") -> None:
+                 flow_wait_s: float = FLOW_WAIT_S, session_id: str = "") -> None:
+        self.flow_wait_s = flow_wait_s
         self.epoch = str(uuid.uuid4())
         self.session_id = session_id
         self._ring: deque[Event] = deque(maxlen=ring_size)
@@ -226,9 +227,16 @@ class EventBus:
         return event
 
     async def wait_for_readers(self) -> None:
-        """Flow control between events (see the module contracts)."""
+        """Flow control between events (see the module contracts): one wait of at
+        most ``flow_wait_s`` (default ``FLOW_WAIT_S``) whatever the number of slow
+        readers."""
+        deadline: float | None = None
         for subscriber in tuple(self._subscribers):
-            await subscriber.wait_drained()
+            if subscriber.stalled or not subscriber.half_full():
+                continue
+            if deadline is None:
+                deadline = anyio.current_time() + self.flow_wait_s
+            await subscriber.wait_drained(deadline)
 
     def subscribe(self, *, last_event_id: int | None = None, epoch: str | None = None,
                   max_queued: int | None = None) -> Subscription:

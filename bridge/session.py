@@ -137,6 +137,7 @@ class Session:
                             max_subscribers=options.max_subscribers_per_session,
                             max_queued=options.subscriber_max_queued,
                             max_queued_bytes=options.subscriber_max_queued_bytes,
+                            flow_wait_s=options.subscriber_flow_wait_ms / 1000,
                             session_id=session_id)
         self.limit = options.pending_prompt_limit
         self.pending_count = 0
