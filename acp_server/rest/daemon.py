@@ -17,6 +17,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from acp_server import __version__
+from acp_server.http.guard import REFUSED
 from acp_server.rest.capabilities import features
 from acp_server.rest.errors import json_response
 from acp_server.settings import Settings
@@ -75,6 +76,9 @@ def status_body(bridge: Bridge, settings: Settings) -> dict[str, Any]:
 async def daemon_status(request: Request) -> Response:
     state = request.app.state
     body = status_body(state.bridge, state.settings)
+    # The connection guard's counters (acp_server/http/guard.py; uvicorn only).
+    body["runtime"]["transport"]["connectionsRefused"] = REFUSED["connections"]
+    body["runtime"]["transport"]["headerTimeouts"] = REFUSED["header_timeouts"]
     lmsp = getattr(state, "lmsp", None)
     if lmsp is not None:   # permissions answered by --lmsp-permissions, per decision
         body["runtime"]["permissions"]["lmspPolicy"] = lmsp.runner.permission_policy

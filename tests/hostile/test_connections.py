@@ -33,7 +33,8 @@ async def test_silent_and_partial_heads_are_closed(tmp_path: Path) -> None:
                         b"\r\nContent-Length: 2\r\n\r\n")
         await slow.send(b"{}")
         assert (await slow.receive()).startswith(b"HTTP/1.1 200")
-        assert (await daemon.client.get("/health")).status_code == 200
+        transport = (await daemon.client.get("/daemon/status")).json()["runtime"]["transport"]
+        assert transport["headerTimeouts"] >= 3
 
 
 async def test_connection_cap_refuses_at_once(tmp_path: Path) -> None:
@@ -52,6 +53,9 @@ async def test_connection_cap_refuses_at_once(tmp_path: Path) -> None:
         with anyio.fail_after(10):
             while (await daemon.client.get("/health")).status_code != 200:
                 await anyio.sleep(0.01)
+        status = (await daemon.client.get("/daemon/status")).json()
+        assert status["runtime"]["transport"]["connectionsRefused"] >= 1
+        assert status["limits"]["maxConnections"] == 4
         for stream in held:
             await stream.aclose()
 
