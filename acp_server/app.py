@@ -24,7 +24,7 @@ from starlette.middleware import Middleware
 from acp_server import metrics as metrics_module
 from acp_server import openapi
 from acp_server.acp_http import acp_routes
-from acp_server.lmsp import UNAUTHORIZED_PROBLEM
+from acp_server.lmsp import CORS_DENIED_PROBLEM, UNAUTHORIZED_PROBLEM
 from acp_server.lmsp.problems import PROBLEM_JSON
 from acp_server.metrics import Metrics
 from acp_server.request_log import RequestLogMiddleware
@@ -40,7 +40,8 @@ from bridge import Bridge
 def build_app(settings: Settings, bridge: Bridge) -> Starlette:
     app = Starlette(exception_handlers=EXCEPTION_HANDLERS,
                     middleware=[Middleware(SecurityMiddleware, settings=settings, unauthorized=[
-                        ("/lmsp/", PROBLEM_JSON.encode(), UNAUTHORIZED_PROBLEM)],
+                        ("/lmsp/", PROBLEM_JSON.encode(), UNAUTHORIZED_PROBLEM)], denied=[
+                        ("/lmsp/", PROBLEM_JSON.encode(), CORS_DENIED_PROBLEM)],
                         public=public_path if settings.web else None)])
     app.router = IndexedRouter(routes=[*routes(), *metrics_module.routes, *openapi.routes,
                                        *acp_routes(), *(web_routes() if settings.web else ())])

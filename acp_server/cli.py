@@ -33,7 +33,8 @@ from acp_server import __version__
 from acp_server.acp_http import ConnectionRegistry, registry_for
 from acp_server.app import build_app
 from acp_server.conformance.cli import add_conformance_arguments, run_conformance_args
-from acp_server.lmsp import LmspService, install_lmsp, open_lmsp
+from acp_server.http.guard import connection_cap, guarded_protocol, raise_fd_limit
+from acp_server.lmsp import LmspConfig, LmspService, install_lmsp, open_lmsp
 from acp_server.prompt_cli import add_prompt_arguments, run_prompt_args
 from acp_server.request_log import configure_logging
 from acp_server.settings import (
@@ -111,6 +112,18 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     serve.add_argument("--log-format", choices=("text", "json"), default="text",
                        help="log lines as text or JSON objects, one per line; every request "
                             "is logged (default %(default)s)")
+    serve.add_argument("--max-prompt-blocks",
+                       help="content blocks per prompt; more is refused with 400 (default 1024)")
+    serve.add_argument("--header-timeout-ms", default="10000",
+                       help="close a connection that has not sent a complete request head "
+                            "within this long (default 10000)")
+    serve.add_argument("--max-connections", default="2560",
+                       help="live connections (SSE streams and WebSockets included); past it a "
+                            "new one is refused at once with 503 (default 2560)")
+    serve.add_argument("--lmsp-permissions", default="reject",
+                       choices=["reject", "allow", "cancel"],
+                       help="how a permission asked during LMSP work is answered "
+                            "(default reject: the agent's reject option, else cancelled)")
     add_prompt_arguments(commands.add_parser(
         "prompt", help="send a prompt to a running daemon and stream the reply"))
     add_tasks_arguments(commands.add_parser(
@@ -129,6 +142,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         state_dir=args.state_dir, max_acp_connections=args.max_acp_connections,
         store=args.store, max_running_tasks=args.max_running_tasks, web=not args.no_web,
         log_format=args.log_format,
+        header_timeout_ms=args.header_timeout_ms, max_connections=args.max_connections,
+        lmsp_permissions=args.lmsp_permissions,
         **{flag: getattr(args, flag) for flag in OPTION_FLAGS})
 
 
@@ -194,8 +209,8 @@ async def serve(settings: Settings) -> None:
                           options=settings.options,
                           agents=settings.extra_agents(models, registry)) as bridge, \
                 open_lmsp(bridge, state_dir=settings.state_dir, store_url=settings.store_url,
-                          token=settings.token,
-                          max_running_tasks=settings.max_running_tasks) as lmsp:
+                          token=settings.token, max_running_tasks=settings.max_running_tasks,
+                          config=LmspConfig(permission_policy=settings.lmsp_permissions)) as lmsp:
             await _serve_http(settings, bridge, lmsp)
     finally:
         registry.close()   # every agent was stopped with the bridge
@@ -204,7 +219,13 @@ async def serve(settings: Settings) -> None:
 async def _serve_http(settings: Settings, bridge: Bridge, lmsp: LmspService) -> None:
     app = build_app(settings, bridge)
     install_lmsp(app, lmsp)   # app.state.lmsp, the /lmsp/v1 routes, 401 as a problem
-    config = uvicorn.Config(app, host=settings.hostname,
+    # The connection guard: header timeout and connection cap below ASGI
+    # (acp_server/http/guard.py); WebSocket frames capped at the body cap (close 1009).
+    cap = connection_cap(settings.max_connections, raise_fd_limit())
+    protocol = guarded_protocol(header_timeout_s=settings.header_timeout_ms / 1000,
+                                max_connections=cap)
+    config = uvicorn.Config(app, host=settings.hostname, http=protocol,
+                            ws_max_size=settings.max_body_bytes,
                             port=settings.port, lifespan="off", access_log=False,
                             log_level="warning", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
     server = _Server(config, settings)

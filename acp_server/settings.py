@@ -45,6 +45,11 @@ DEFAULT_MAX_BODY_BYTES = 10 * 1024 * 1024
 DEFAULT_HEARTBEAT_S = 15.0
 REFERENCE_AGENT = "reference"
 DEFAULT_MAX_RUNNING_TASKS = 4
+DEFAULT_HEADER_TIMEOUT_MS = 10_000
+# Every SSE subscriber the bridge allows (32 sessions x 64 subscribers = 2048) plus
+# 512 for requests, /acp streams and WebSockets; kept below the descriptor limit.
+DEFAULT_MAX_CONNECTIONS = 2560
+LMSP_PERMISSION_POLICIES = ("reject", "allow", "cancel")
 TOKEN_ENV = "ACP_SERVER_TOKEN"
 _ORIGIN = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/\s?#]+$")
 
@@ -59,6 +64,7 @@ OPTION_FLAGS = {
     "session_reap_interval_ms": "session_reap_interval_ms",
     "permission_response_timeout_ms": "permission_response_timeout_ms",
     "initialize_timeout_ms": "initialize_timeout_ms",
+    "max_prompt_blocks": "max_prompt_blocks",
 }
 
 
@@ -122,6 +128,10 @@ class Settings:
     # ``--log-format``; how long /metrics reuses the LMSP task counts.
     log_format: str = "text"
     metrics_task_ttl_s: float = 5.0
+    # Connection guard (acp_server/http/guard.py) and LMSP permission policy.
+    header_timeout_ms: int = DEFAULT_HEADER_TIMEOUT_MS
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    lmsp_permissions: str = "reject"
 
     def __post_init__(self) -> None:
         if not self.hostname:
@@ -179,6 +189,14 @@ class Settings:
             raise SettingsError(f"Invalid metrics task TTL: {self.metrics_task_ttl_s!r}.")
         if not self.heartbeat_s > 0:
             raise SettingsError(f"Invalid heartbeat interval: {self.heartbeat_s!r}.")
+        for name in ("header_timeout_ms", "max_connections"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise SettingsError(f"Invalid {name.replace('_', '-')}: {value!r}. "
+                                    "Must be a positive integer.")
+        if self.lmsp_permissions not in LMSP_PERMISSION_POLICIES:
+            raise SettingsError(f"Invalid lmsp-permissions: {self.lmsp_permissions!r}. Must be "
+                                f"one of {', '.join(LMSP_PERMISSION_POLICIES)}.")
 
     # -- derived -----------------------------------------------------------------------
     @property
@@ -246,6 +264,9 @@ class Settings:
                    max_running_tasks: str | int = DEFAULT_MAX_RUNNING_TASKS,
                    web: bool = True,
                    log_format: str = "text",
+                   header_timeout_ms: str | int = DEFAULT_HEADER_TIMEOUT_MS,
+                   max_connections: str | int = DEFAULT_MAX_CONNECTIONS,
+                   lmsp_permissions: str = "reject",
                    **option_flags: str | None) -> Settings:
         """Build from CLI strings. ``token=None`` falls back to ``$ACP_SERVER_TOKEN``;
         ``agent`` is one ``--agent`` value or all of them (``NAME=COMMAND`` adds a
@@ -259,9 +280,16 @@ class Settings:
         parsed_port = parse_number(port) if isinstance(port, str) else port
         if isinstance(parsed_port, float) or isinstance(parsed_port, str):
             raise SettingsError(f"Invalid port: {port!r}. Must be an integer in [0, 65535].")
+        source = "--token"
         if token is None:
-            token = os.environ.get(TOKEN_ENV)
+            token, source = os.environ.get(TOKEN_ENV), TOKEN_ENV
         token = token.strip() if token is not None else None
+        if token == "" and source == "--token":   # never a silent "auth off"
+            raise SettingsError("Invalid token: --token is empty or blank. Pass a token, "
+                                f"or leave --token out (and {TOKEN_ENV} unset) for none.")
+        if token == "":
+            raise SettingsError(f"Invalid token: {TOKEN_ENV} is set but empty or blank. "
+                                "Set a token, or unset it for none.")
         return cls(workspace=workspace or os.getcwd(), hostname=hostname, port=parsed_port,
                    token=token or None, require_auth=require_auth,
                    allow_origins=tuple(allow_origin),
@@ -272,7 +300,13 @@ class Settings:
                    if isinstance(max_acp_connections, str) else max_acp_connections,
                    store=store, max_running_tasks=parse_number(max_running_tasks)
                    if isinstance(max_running_tasks, str) else max_running_tasks,
-                   web=web, log_format=log_format, options=build_options(**option_flags))
+                   web=web, log_format=log_format,
+                   header_timeout_ms=parse_number(header_timeout_ms)
+                   if isinstance(header_timeout_ms, str) else header_timeout_ms,
+                   max_connections=parse_number(max_connections)
+                   if isinstance(max_connections, str) else max_connections,
+                   lmsp_permissions=lmsp_permissions,
+                   options=build_options(**option_flags))
 
 
 def build_options(**flags: str | None) -> BridgeOptions:

@@ -34,6 +34,7 @@ from bridge.bus import Subscription
 from bridge.cancel import CancelToken
 from bridge.errors import (
     AgentDiedError,
+    AgentError,
     BranchWhilePromptActiveError,
     InvalidClientIdError,
     NotSupportedError,
@@ -45,6 +46,7 @@ from bridge.errors import (
     SessionNotFoundError,
     WorkspaceMismatchError,
 )
+from bridge.jsonrpc import RESOURCE_NOT_FOUND
 from bridge.observer import NO_OBSERVER, BridgeObserver
 from bridge.options import BridgeOptions
 from bridge.permissions import PermissionMediator
@@ -59,6 +61,17 @@ CLOSE_AGENT_SESSION_TIMEOUT_S = 2.0
 
 class InvalidPromptError(ValueError):
     code = "invalid_prompt"
+
+
+class TooManyContentBlocksError(InvalidPromptError):
+    """A prompt of more than ``BridgeOptions.max_prompt_blocks`` content blocks."""
+
+    code = "too_many_content_blocks"
+
+    def __init__(self, count: int, limit: int) -> None:
+        super().__init__(f"`prompt` has {count} content blocks; at most {limit} are accepted")
+        self.count = count
+        self.limit = limit
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -174,6 +187,8 @@ class Bridge:
     def check_workspace(self, cwd: str | None) -> str:
         if cwd is None:
             return self.workspace_cwd
+        if not isinstance(cwd, str) or "\x00" in cwd:   # no such path can be the workspace
+            raise WorkspaceMismatchError(self.workspace_cwd, repr(cwd))
         requested = os.path.realpath(cwd) if isinstance(cwd, str) and os.path.isabs(cwd) else str(cwd)
         if requested != self.workspace_cwd:
             raise WorkspaceMismatchError(self.workspace_cwd, str(cwd))
@@ -238,7 +253,12 @@ class Bridge:
         offered = self.agents.capability(name, *capability)
         if offered is None or offered is False:
             raise NotSupportedError(f"The agent does not support {method}")
-        session = await self._spawn(method, name, restore_id=session_id)
+        try:
+            session = await self._spawn(method, name, restore_id=session_id)
+        except AgentError as exc:   # the agent does not know it: the caller's 404
+            if exc.rpc_code == RESOURCE_NOT_FOUND:
+                raise SessionNotFoundError(session_id) from None
+            raise
         return self._info(session, attached=False)
 
     async def _spawn(self, method: str, agent_name: str, *, requested_id: str | None = None,
@@ -355,6 +375,8 @@ class Bridge:
         session = self.get_session(session_id)
         if not isinstance(prompt, list) or not prompt:
             raise InvalidPromptError("`prompt` must be a non-empty array of content blocks")
+        if len(prompt) > self.options.max_prompt_blocks:
+            raise TooManyContentBlocksError(len(prompt), self.options.max_prompt_blocks)
         if cancel is not None and cancel.cancelled:
             raise PromptCancelledError("Prompt request was cancelled before admission",
                                        reason=cancel.reason)
@@ -501,6 +523,12 @@ class _AgentClientAdapter:
             return
         prompt_id = session.active.prompt_id if session.active is not None else None
         session.bus.publish(ev.SESSION_UPDATE, params, prompt_id=prompt_id)
+
+    async def wait_for_readers(self, session_id: str) -> None:
+        """Flow control for an agent that can wait (the in-process one): see ``bus``."""
+        session = self._bridge._sessions.get(session_id)
+        if session is not None:
+            await session.bus.wait_for_readers()
 
     async def request_permission(self, session_id: str, params: dict[str, Any]) -> dict[str, Any]:
         session = self._bridge._sessions.get(session_id)

@@ -19,10 +19,18 @@ Contracts:
   epoch or a cursor ahead of the bus, ``ring_evicted`` when events after the cursor
   are gone, ``replay_budget_exceeded`` when the replay is over its byte budget) and
   then whatever the ring still holds.
-* A live queue holds at most ``max_queued`` frames and ``max_queued_bytes`` bytes.
-  At 75 % of either bound the subscriber gets one ``slow_client_warning`` (re-armed
-  below 37.5 %); past a bound it gets ``client_evicted`` and its stream ends. A slow
-  reader never blocks ``publish``.
+* A live queue holds at most ``max_queued`` frames, and at most ``max_queued_bytes``
+  bytes besides its newest frame (so one frame larger than the byte bound reaches a
+  reader that reads). At 75 % of either bound the subscriber gets one
+  ``slow_client_warning`` (re-armed below 37.5 %); past a bound it gets
+  ``client_evicted`` and its stream ends. A slow reader never blocks ``publish``.
+* Flow control: a publisher that can wait (the in-process agent's updates, the
+  prompt echo) awaits ``wait_for_readers()`` between events. It waits while a reader
+  holds half of either bound or more, until that reader drains below half, but at
+  most ``FLOW_WAIT_S`` in all: a reader that has not drained by then is ``stalled``
+  and not waited for again until it does (it is warned and evicted as above). So a
+  reader that keeps up is never evicted by a burst, and readers that stopped cost a
+  publisher ``FLOW_WAIT_S`` once, however many they are.
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ from bridge.errors import SubscriberLimitExceededError
 from bridge.events import Event
 
 REPLAY_BUDGET_BYTES = 8 * 1024 * 1024
+FLOW_WAIT_S = 0.5
 
 
 class Subscription:
@@ -59,6 +68,8 @@ class Subscription:
         self._wakeup: anyio.Event | None = None
         self.last_queued_id = 0
         self.evicted_reason: str | None = None
+        self.stalled = False   # did not drain within FLOW_WAIT_S: publishers do not wait
+        self._drained: anyio.Event | None = None
 
     # -- reader side -------------------------------------------------------------
     def __aiter__(self) -> Subscription:
@@ -92,6 +103,11 @@ class Subscription:
                 self._queued_bytes -= len(event.json)
             if self._warned and self._below_rearm():
                 self._warned = False
+            if not self.half_full():
+                self.stalled = False
+                if self._drained is not None:
+                    self._drained.set()
+                    self._drained = None
             return event
         return None
 
@@ -104,9 +120,29 @@ class Subscription:
         self._end()
 
     # -- bus side ------------------------------------------------------------------
+    def half_full(self) -> bool:
+        return (self._queued_events * 2 >= self.max_queued
+                or self._queued_bytes * 2 >= self.max_queued_bytes)
+
+    async def wait_drained(self, deadline: float) -> bool:
+        """Wait until the queue is below half of its bounds; ``False`` if the reader
+        did not drain by ``deadline`` (it is then ``stalled``)."""
+        if self._ended or self.stalled or not self.half_full():
+            return True
+        if self._drained is None:
+            self._drained = anyio.Event()
+        with anyio.move_on_at(deadline):
+            await self._drained.wait()
+            return True
+        self.stalled = True
+        return False
+
     def _end(self) -> None:
         self._ended = True
         self._wake()
+        if self._drained is not None:
+            self._drained.set()
+            self._drained = None
 
     def _wake(self) -> None:
         if self._wakeup is not None:
@@ -121,10 +157,11 @@ class Subscription:
         if self._ended:
             return
         size = len(event.json)
+        backlog = self._queued_bytes   # the byte bound applies to what precedes the newest
         if self._queued_events >= self.max_queued:
             self._evict("queue_overflow")
             return
-        if self._queued_bytes + size > self.max_queued_bytes:
+        if backlog > self.max_queued_bytes:
             self._evict("queue_bytes_overflow")
             return
         self._queue.append(event)
@@ -132,7 +169,7 @@ class Subscription:
         self._queued_bytes += size
         self.last_queued_id = event.id  # type: ignore[assignment]  # bus events have ids
         if not self._warned and (self._queued_events * 4 >= self.max_queued * 3
-                                 or self._queued_bytes * 4 >= self.max_queued_bytes * 3):
+                                 or backlog * 4 >= self.max_queued_bytes * 3):
             self._warned = True
             self._queue.append(Event.build(None, ev.SLOW_CLIENT_WARNING, ev.SlowClientWarning(
                 queueSize=self._queued_events, maxQueued=self.max_queued,
@@ -155,7 +192,9 @@ class Subscription:
 class EventBus:
     def __init__(self, *, ring_size: int = 8000, max_subscribers: int = 64,
                  max_queued: int = 256, max_queued_bytes: int = 2 * 1024 * 1024,
-                 session_id: str = "", on_evict: Callable[[], None] | None = None) -> None:
+                 flow_wait_s: float = FLOW_WAIT_S, session_id: str = "",
+                 on_evict: Callable[[], None] | None = None) -> None:
+        self.flow_wait_s = flow_wait_s
         self.epoch = str(uuid.uuid4())
         self.on_evict = on_evict   # called once per evicted subscriber
         self.session_id = session_id
@@ -191,6 +230,18 @@ class EventBus:
         for subscriber in tuple(self._subscribers):
             subscriber._push(event)
         return event
+
+    async def wait_for_readers(self) -> None:
+        """Flow control between events (see the module contracts): one wait of at
+        most ``flow_wait_s`` (default ``FLOW_WAIT_S``) whatever the number of slow
+        readers."""
+        deadline: float | None = None
+        for subscriber in tuple(self._subscribers):
+            if subscriber.stalled or not subscriber.half_full():
+                continue
+            if deadline is None:
+                deadline = anyio.current_time() + self.flow_wait_s
+            await subscriber.wait_drained(deadline)
 
     def subscribe(self, *, last_event_id: int | None = None, epoch: str | None = None,
                   max_queued: int | None = None) -> Subscription:

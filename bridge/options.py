@@ -94,6 +94,12 @@ class BridgeOptions:
     # How long a cancelled or timed-out prompt may keep the FIFO busy while the
     # agent winds down before the bridge abandons the agent call.
     cancel_grace_ms: int = 5_000
+    # Content blocks per prompt; more is refused before admission (each block of a
+    # prompt becomes one user_message_chunk event).
+    max_prompt_blocks: int = 1024
+    # Flow control: the longest a publisher that can wait waits for slow readers
+    # (bus.wait_for_readers); 0 = never waits.
+    subscriber_flow_wait_ms: int = 500
 
     def __post_init__(self) -> None:
         validate_count_limit("max_pending_prompts_per_session", self.max_pending_prompts_per_session)
@@ -108,6 +114,8 @@ class BridgeOptions:
         validate_int_range("subscriber_max_queued", self.subscriber_max_queued, 16, 2048)
         validate_int_range("subscriber_max_queued_bytes", self.subscriber_max_queued_bytes, 1024, 1 << 30)
         validate_positive_ms("cancel_grace_ms", self.cancel_grace_ms)
+        validate_int_range("max_prompt_blocks", self.max_prompt_blocks, 1, 1_000_000)
+        validate_non_negative_ms("subscriber_flow_wait_ms", self.subscriber_flow_wait_ms)
 
     @property
     def pending_prompt_limit(self) -> int | None:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 
 from bridge import events as ev
 from bridge.bus import EventBus
@@ -48,6 +49,7 @@ log = logging.getLogger("bridge.session")
 QUEUED, RUNNING, DONE = "queued", "running", "done"
 MAX_TRACKED_CLIENTS = 1024
 PROMPT_TEXT_PREVIEW = 500
+ECHO_SLICE = 64   # prompt blocks echoed between two checkpoints of the event loop
 
 
 def prompt_text(prompt: list[Any]) -> str:
@@ -138,6 +140,7 @@ class Session:
                             max_subscribers=options.max_subscribers_per_session,
                             max_queued=options.subscriber_max_queued,
                             max_queued_bytes=options.subscriber_max_queued_bytes,
+                            flow_wait_s=options.subscriber_flow_wait_ms / 1000,
                             session_id=session_id, on_evict=observer.subscriber_evicted)
         self.observer = observer
         self.limit = options.pending_prompt_limit
@@ -246,10 +249,14 @@ class Session:
         if pending.was_queued:
             self.bus.publish(ev.PENDING_PROMPT_STARTED, ev.PendingPromptStarted(
                 sessionId=sid, promptId=pid, text=pending.text), prompt_id=pid)
-        for block in pending.prompt:
-            self.bus.publish(ev.SESSION_UPDATE, {"sessionId": sid, "update": {
-                "sessionUpdate": "user_message_chunk", "content": block,
-                "_meta": {"source": "bridge-echo"}}}, prompt_id=pid)
+        with anyio.CancelScope(shield=True):   # bounded: FLOW_WAIT_S per stalled reader
+            for i, block in enumerate(pending.prompt):
+                self.bus.publish(ev.SESSION_UPDATE, {"sessionId": sid, "update": {
+                    "sessionUpdate": "user_message_chunk", "content": block,
+                    "_meta": {"source": "bridge-echo"}}}, prompt_id=pid)
+                await self.bus.wait_for_readers()   # readers that keep up are never evicted
+                if i % ECHO_SLICE == ECHO_SLICE - 1:
+                    await anyio.lowlevel.checkpoint()   # a large prompt is echoed in slices
         outcome: PromptResult | BaseException
         try:
             with anyio.CancelScope() as scope:

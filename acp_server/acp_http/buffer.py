@@ -16,6 +16,11 @@ Contracts:
   that a pushed frame is dropped and counted.
 * After ``close()`` nothing is accepted; the reader still gets what is queued, then
   ``wait()`` answers ``False``.
+* ``nbytes`` counts the payload bytes queued. ``put`` also waits while ``max_bytes``
+  or more are queued; ``push`` drops a frame (counted) once ``max_bytes`` are
+  queued before it (a frame larger than the bound is accepted into an empty
+  buffer). The HTTP door refuses new requests before that happens
+  (``AcpConnection.replies_full``).
 """
 
 from __future__ import annotations
@@ -30,8 +35,10 @@ DIRECT_HEADROOM = 2   # push() may fill up to limit * DIRECT_HEADROOM
 
 
 class FrameBuffer:
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, max_bytes: int | None = None) -> None:
         self.limit = limit
+        self.max_bytes = max_bytes
+        self.nbytes = 0
         self.closed = False
         self.dropped = 0
         self._frames: deque[Frame] = deque()
@@ -44,7 +51,7 @@ class FrameBuffer:
     def push(self, frame: Frame) -> bool:
         if self.closed:
             return False
-        if len(self._frames) >= self.limit * DIRECT_HEADROOM:
+        if len(self._frames) >= self.limit * DIRECT_HEADROOM or self.bytes_full:
             self.dropped += 1
             return False
         self._append(frame)
@@ -52,7 +59,7 @@ class FrameBuffer:
 
     async def put(self, frame: Frame) -> None:
         """Raises ``anyio.ClosedResourceError`` once closed."""
-        while not self.closed and len(self._frames) >= self.limit:
+        while not self.closed and (len(self._frames) >= self.limit or self.bytes_full):
             self._writable = anyio.Event()
             await self._writable.wait()
         if self.closed:
@@ -63,7 +70,9 @@ class FrameBuffer:
         if not self._frames:
             return None
         frame = self._frames.popleft()
-        if self._writable is not None and len(self._frames) < self.limit:
+        self.nbytes -= len(frame.payload)
+        if self._writable is not None and len(self._frames) < self.limit \
+                and not self.bytes_full:
             self._writable.set()
             self._writable = None
         return frame
@@ -71,6 +80,7 @@ class FrameBuffer:
     def take_all(self) -> list[Frame]:
         frames = list(self._frames)
         self._frames.clear()
+        self.nbytes = 0
         if self._writable is not None:
             self._writable.set()
             self._writable = None
@@ -92,8 +102,13 @@ class FrameBuffer:
             self._writable.set()
             self._writable = None
 
+    @property
+    def bytes_full(self) -> bool:
+        return self.max_bytes is not None and self.nbytes >= self.max_bytes
+
     def _append(self, frame: Frame) -> None:
         self._frames.append(frame)
+        self.nbytes += len(frame.payload)
         self._wake()
 
     def _wake(self) -> None:

@@ -51,6 +51,10 @@ log = logging.getLogger("acp_server.acp_http")
 
 CONNECTION_BUFFER = 1024
 SESSION_BUFFER = 512
+# Bytes of replies and frames one connection may hold for a reader that has not
+# taken them; past it a POST is answered 503 + Retry-After and a WebSocket closed
+# (1013). One frame past the bound is kept, so the bound is this plus one reply.
+REPLY_BUFFER_BYTES = 8 * 1024 * 1024
 MAX_CHANNELS_PER_CONNECTION = 256
 MAX_TRACKED_PROMPTS = 1024       # per channel; admission normally bounds it far lower
 MAX_PENDING_REQUESTS = 1024      # agent-to-client requests awaiting this client's answer
@@ -66,7 +70,7 @@ class SessionChannel:
     def __init__(self, conn: AcpConnection, session_id: str) -> None:
         self.conn = conn
         self.session_id = session_id
-        self.frames = FrameBuffer(SESSION_BUFFER)
+        self.frames = FrameBuffer(SESSION_BUFFER, REPLY_BUFFER_BYTES)
         self.subscription: Subscription | None = None
         self.epoch: str | None = None
         self.delivered_id = 0
@@ -228,7 +232,7 @@ class AcpConnection:
         self.encode_error = error_encoder
         self.websocket = websocket
         self.created_at = time.time()
-        self.frames = FrameBuffer(CONNECTION_BUFFER)
+        self.frames = FrameBuffer(CONNECTION_BUFFER, REPLY_BUFFER_BYTES)
         self.channels: dict[str, SessionChannel] = {}
         # agent-to-client request id -> session id, oldest first (bounded).
         self.pending_requests: OrderedDict[str, str] = OrderedDict()
@@ -238,6 +242,11 @@ class AcpConnection:
         self.closed = False
         # Set by a WebSocket while attached: called for every new channel.
         self.on_channel: Callable[[SessionChannel], None] | None = None
+
+    def replies_full(self) -> bool:
+        """``REPLY_BUFFER_BYTES`` or more wait in this connection's buffers."""
+        total = self.frames.nbytes + sum(c.frames.nbytes for c in self.channels.values())
+        return total >= REPLY_BUFFER_BYTES
 
     # -- the connection stream ---------------------------------------------------------
     def push(self, payload: bytes) -> None:

@@ -46,6 +46,7 @@ from acp_server.acp_http.dispatch import (
 )
 from acp_server.acp_http.registry import ConnectionCapError, ConnectionRegistry, registry_for
 from acp_server.acp_http.streams import FrameStream
+from acp_server.http.body import BodyError, check_json
 from acp_server.rest import wire
 from acp_server.rest.errors import RestError
 from bridge.errors import BridgeError
@@ -53,6 +54,7 @@ from bridge.jsonrpc import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
     INVALID_REQUEST,
+    PARSE_ERROR,
     JsonRpcInvalidRequest,
     JsonRpcParseError,
     Message,
@@ -67,6 +69,9 @@ _JSON = "application/json"
 _BATCH = b'{"error":"Batch JSON-RPC requests are not supported"}'
 _UNSUPPORTED_MEDIA = b'{"error":"Content-Type must be application/json"}'
 _NOT_ACCEPTABLE = b'{"error":"Accept must include text/event-stream"}'
+# A session created as a notification would have an id nobody can learn and hold a
+# --max-sessions slot until reaped: these are refused (400 -32600) unless requests.
+REQUEST_ONLY = frozenset({"session/new", "session/load", "session/resume"})
 
 
 def _json(status: int, body: bytes, headers: dict[str, str] | None = None) -> Response:
@@ -95,17 +100,32 @@ async def _read_message(request: Request) -> Message | Response:
     if content_type.split(";", 1)[0].strip().lower() != _JSON:
         return _json(415, _UNSUPPORTED_MEDIA)
     try:
-        body = await wire.read_body(request)
+        raw = await wire.read_body(request)
     except RestError as exc:   # 413
         return _json(exc.status, msgspec.json.encode(exc.body))
-    if body.lstrip()[:1] == b"[":
-        return _json(501, _BATCH)
     try:
-        return decode_message(body)
+        check_json(raw)
+        if raw.lstrip()[:1] == b"[" and _is_array(raw):
+            return _json(501, _BATCH)
+        return decode_message(raw)
+    except BodyError as exc:   # nested too deep / too many containers: refused unparsed
+        return _rpc_error(400, None, PARSE_ERROR, f"Parse error: {exc.message}")
     except JsonRpcParseError as exc:
         return _rpc_error(400, None, exc.code, exc.message)
     except JsonRpcInvalidRequest as exc:
         return _rpc_error(400, exc.id, exc.code, exc.message)
+
+
+def _is_array(raw: bytes) -> bool:
+    """A well-formed JSON array (a batch); anything else starting with ``[`` is a
+    parse error."""
+    try:
+        return isinstance(_any_decoder.decode(raw), list)
+    except msgspec.DecodeError:
+        return False
+
+
+_any_decoder: msgspec.json.Decoder[object] = msgspec.json.Decoder()
 
 
 async def post_acp(request: Request) -> Response:
@@ -121,12 +141,18 @@ async def post_acp(request: Request) -> Response:
         return _rpc_error(400, rpc_id, INVALID_PARAMS, str(exc))
     if msg.method == "initialize":
         return _initialize(request, registry, msg, params)
+    if msg.is_notification and msg.method in REQUEST_ONLY:
+        return _rpc_error(400, None, INVALID_REQUEST, f"{msg.method} must be a request")
     conn = _connection(request, registry, rpc_id)
     if isinstance(conn, Response):
         return conn
     if msg.is_response:
         answer_agent_request(conn, msg)
         return Response(status_code=202)
+    if conn.replies_full():   # nobody takes the replies: refuse more, memory stays bounded
+        return _rpc_error(503, rpc_id, INTERNAL_ERROR,
+                          "Reply buffer full: open the stream and read it",
+                          {"Retry-After": "5"})
     header_sid = request.headers.get(SESSION_HEADER)
     params_sid = params.get("sessionId")
     if header_sid is not None and isinstance(params_sid, str) and header_sid != params_sid:

@@ -41,12 +41,15 @@ from acp_server.acp_http.dispatch import (
     request_params,
 )
 from acp_server.acp_http.registry import ConnectionCapError, registry_for
+from acp_server.acp_http.routes import REQUEST_ONLY
+from acp_server.http.body import BodyError, check_json
 from acp_server.rest.security import is_self_origin
 from acp_server.settings import Settings, is_loopback
 from bridge.jsonrpc import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
     INVALID_REQUEST,
+    PARSE_ERROR,
     UNSET,
     JsonRpcInvalidRequest,
     JsonRpcParseError,
@@ -159,9 +162,10 @@ async def _handshake(ws: WebSocket, socket: _Socket, connection_id: str) -> AcpC
         await ws.close(code=1002, reason="initialize timeout")
         return None
     try:
+        check_json(text)
         msg = decode_message(text)
         params = request_params(msg)
-    except (JsonRpcParseError, JsonRpcInvalidRequest, InvalidParamsError):
+    except (BodyError, JsonRpcParseError, JsonRpcInvalidRequest, InvalidParamsError):
         msg, params = None, {}
     if msg is None or msg.method != "initialize" or msg.id is UNSET:
         await ws.close(code=1002, reason="first message must be initialize")
@@ -177,15 +181,30 @@ async def _handshake(ws: WebSocket, socket: _Socket, connection_id: str) -> AcpC
     return conn
 
 
+FRAME_TOO_BIG = 1009
+
+
 async def _next_text(ws: WebSocket) -> str:
-    """The next text frame (binary frames are skipped)."""
+    """The next text frame (binary frames are skipped). A frame over the HTTP body
+    cap (``settings.max_body_bytes``) closes the socket with 1009."""
+    limit: int = ws.app.state.settings.max_body_bytes
     while True:
         message = await ws.receive()
         if message["type"] == "websocket.disconnect":
             raise WebSocketDisconnect(message.get("code", 1000))
         text = message.get("text")
+        data = message.get("bytes") if text is None else None
+        if _frame_size(text, data, limit) > limit:
+            await ws.close(code=FRAME_TOO_BIG, reason="frame too large")
+            raise WebSocketDisconnect(FRAME_TOO_BIG)
         if text is not None:
             return text  # type: ignore[no-any-return]
+
+
+def _frame_size(text: str | None, data: bytes | None, limit: int) -> int:
+    if text is not None:   # at most 4 bytes a character: encode only when it may matter
+        return len(text) if len(text) * 4 <= limit else len(text.encode())
+    return len(data) if data is not None else 0
 
 
 def _attach_channel(tg: anyio.abc.TaskGroup, channel: SessionChannel, socket: _Socket) -> None:
@@ -214,6 +233,9 @@ async def _receive_loop(ws: WebSocket, socket: _Socket, conn: AcpConnection,
         if msg.is_response:
             answer_agent_request(conn, msg)
             continue
+        if conn.replies_full():   # the client does not read its replies: fail it
+            await ws.close(code=1013, reason="reply buffer full")
+            return
         rpc_id = None if msg.id is UNSET else msg.id
         try:
             params = request_params(msg)
@@ -224,6 +246,9 @@ async def _receive_loop(ws: WebSocket, socket: _Socket, conn: AcpConnection,
         if msg.method == "initialize":
             if msg.is_request:
                 await socket.send(encode_error(rpc_id, INVALID_REQUEST, "Already initialized"))
+            continue
+        if msg.is_notification and msg.method in REQUEST_ONLY:
+            await socket.send(encode_error(None, INVALID_REQUEST, f"{msg.method} must be a request"))
             continue
         if msg.method in INLINE_METHODS:
             await dispatch(conn, msg, params)
@@ -237,7 +262,10 @@ async def _decode(text: str, socket: _Socket) -> Message | None:
                                        "Batch JSON-RPC requests are not supported"))
         return None
     try:
+        check_json(text)
         return decode_message(text)
+    except BodyError as exc:   # refused before parsing; the socket stays open
+        await socket.send(encode_error(None, PARSE_ERROR, f"Parse error: {exc.message}"))
     except JsonRpcParseError as exc:
         await socket.send(encode_error(None, exc.code, exc.message))
     except JsonRpcInvalidRequest as exc:

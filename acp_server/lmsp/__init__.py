@@ -14,8 +14,13 @@ fan-out), ``responses`` (ACP → response events), ``runner`` (execution),
 
 from __future__ import annotations
 
-from acp_server.lmsp.routes import UNAUTHORIZED_PROBLEM, install_lmsp, lmsp_routes
+from acp_server.lmsp.routes import (
+    CORS_DENIED_PROBLEM,
+    UNAUTHORIZED_PROBLEM,
+    install_lmsp,
+    lmsp_routes,
+)
 from acp_server.lmsp.service import LmspConfig, LmspService, open_lmsp
 
-__all__ = ["UNAUTHORIZED_PROBLEM", "LmspConfig", "LmspService", "install_lmsp", "lmsp_routes",
+__all__ = ["CORS_DENIED_PROBLEM", "UNAUTHORIZED_PROBLEM", "LmspConfig", "LmspService", "install_lmsp", "lmsp_routes",
            "open_lmsp"]

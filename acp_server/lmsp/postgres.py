@@ -23,7 +23,9 @@ Contracts (besides those of ``acp_server.lmsp.store``):
   ``owner IS NULL OR owner = instance``: an instance that lost its lease writes nothing.
   ``recover`` (start-up, and periodically by the service) applies ``on_restart`` to
   tasks whose lease expired, whoever owned them. Closing the store expires this
-  instance's leases, so another instance (or the next start) recovers at once.
+  instance's leases, so another instance (or the next start) recovers at once. With
+  a state directory the instance id is stable across restarts (``identity.py``), so
+  start-up recovery also takes this instance's own tasks after a crash, at once.
 * Cross-instance wake-ups: each transaction NOTIFYs ``lmsp_<schema>`` with
   ``kind:instance:task`` (``e`` events, ``q`` new queued work, ``c`` cancel requested);
   ``on_notify(kind, task_id)`` gets the other instances' notices in the event loop.
@@ -48,6 +50,7 @@ import msgspec
 import psycopg
 from psycopg import errors as pg_errors
 
+from acp_server.lmsp.identity import claim_identity
 from acp_server.lmsp.store import (
     COLUMNS,
     STATUS_COUNTS_SQL,
@@ -125,7 +128,8 @@ class PostgresTaskStore:
 
     def __init__(self, url: str, *, on_commit: Callable[[list[CommittedEvent]], None]
                  | None = None, group_commit: bool = True, lease_s: float = 30,
-                 renew_s: float = 10, poll_s: float = 1.0, writers: int = WRITERS) -> None:
+                 renew_s: float = 10, poll_s: float = 1.0, writers: int = WRITERS,
+                 state_dir: str | None = None) -> None:
         self.url = url
         self.on_commit = on_commit
         self.on_transition: Callable[[str], None] | None = None
@@ -133,7 +137,9 @@ class PostgresTaskStore:
         self.group_commit = group_commit
         self.lease_s, self.renew_s, self.poll_s = lease_s, renew_s, poll_s
         self.writers = writers
-        self.instance = secrets.token_hex(6)
+        # Stable across restarts with a state dir (identity.py): own tasks recovered at once.
+        self._identity = claim_identity(state_dir, url) if state_dir else None
+        self.instance = self._identity.instance if self._identity else secrets.token_hex(6)
         self.commits = 0
         self.channel = "lmsp"
         self._writers: list[Conn] = []
@@ -160,6 +166,8 @@ class PostgresTaskStore:
                 self._readers.append(await anyio.to_thread.run_sync(self._connect, True))
         except BaseException:
             self._close_all()
+            if self._identity is not None:
+                self._identity.release()
             raise
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
@@ -183,6 +191,8 @@ class PostgresTaskStore:
             await self._tg.__aexit__(None, None, None)
         finally:
             self._close_all()
+            if self._identity is not None:
+                self._identity.release()
 
     def _connect(self, autocommit: bool = False) -> Conn:
         conn = psycopg.connect(self.url, autocommit=autocommit)
@@ -568,13 +578,15 @@ class PostgresTaskStore:
         await self._write(self._release_op)
 
     async def recover(self, factory: RecoveryFactory, *, max_attempts: int,
-                      now: float) -> RecoveryReport:
-        """Every active task whose lease expired (any instance's) per its ``on_restart``."""
+                      now: float, own: bool = False) -> RecoveryReport:
+        """Every active task whose lease expired (any instance's), and at start-up every
+        task this instance owned (its previous run died), per its ``on_restart``."""
         def op(conn: Conn, out: list[CommittedEvent], state: _Batch) -> RecoveryReport:
             rows = conn.execute(
                 f"SELECT id, status, on_restart, attempt FROM tasks WHERE status = ANY(%s) "
-                f"AND (lease_expires_at IS NULL OR lease_expires_at < {NOW}) ORDER BY seq "
-                f"FOR UPDATE SKIP LOCKED", (list(ACTIVE),)).fetchall()
+                f"AND (lease_expires_at IS NULL OR lease_expires_at < {NOW} OR owner = %s) "
+                f"ORDER BY seq FOR UPDATE SKIP LOCKED",
+                (list(ACTIVE), mine)).fetchall()
             counts = {"failed": 0, "queued": 0, "cancelled": 0}
             for task_id, status, policy, attempt in rows:
                 target = restart_target(status, policy, attempt, max_attempts)
@@ -585,6 +597,7 @@ class PostgresTaskStore:
             return RecoveryReport(failed=counts["failed"], requeued=counts["queued"],
                                   cancelled=counts["cancelled"])
 
+        mine = self.instance if own and self._identity is not None else ""
         return await self._write(op)  # type: ignore[no-any-return]
 
     async def next_seqs(self, task_ids: Sequence[str]) -> dict[str, int]:

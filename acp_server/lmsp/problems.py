@@ -26,6 +26,7 @@ CODES: dict[str, tuple[int, str, dict[str, str]]] = {
     "invalid_request": (400, "Invalid request", {}),
     "unsupported_capability": (400, "Unsupported capability", {}),
     "unauthorized": (401, "Unauthorized", {}),
+    "forbidden": (403, "Forbidden", {}),
     "task_not_found": (404, "Task not found", {}),
     "model_not_found": (404, "Model not found", {}),
     "response_not_found": (404, "Response not found", {}),

@@ -18,8 +18,10 @@ from typing import Any
 import msgspec
 from starlette.requests import Request
 
+from acp_server.http import body
 from acp_server.lmsp.problems import LmspError, invalid
-from acp_server.lmsp.wire import decode_any
+
+_any_decoder = msgspec.json.Decoder()
 
 ROLES = ("user", "assistant", "system", "developer")
 ON_RESTART = ("fail", "retry", "resume")
@@ -50,25 +52,20 @@ class TaskEnvelope:
 
 
 async def read_body(request: Request, *, limit: int) -> bytes:
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > limit:
-        raise LmspError("payload_too_large", f"The body exceeds {limit} bytes.", limit=limit)
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise LmspError("payload_too_large", f"The body exceeds {limit} bytes.",
-                            limit=limit)
-        chunks.append(chunk)
-    return b"".join(chunks)
+    try:
+        return await body.read_body(request, limit=limit)
+    except body.BodyTooLarge:
+        raise LmspError("payload_too_large", f"The body exceeds {limit} bytes.",
+                        limit=limit) from None
 
 
 def decode_json(raw: bytes) -> Any:
     if not raw.strip():
         raise invalid("", "The request body is empty; a JSON object is required.", param="body")
     try:
-        return decode_any(raw)
+        return body.decode_json(raw, _any_decoder)
+    except body.BodyError as exc:
+        raise invalid("", f"The request body is refused: {exc.message}.", param="body") from None
     except msgspec.DecodeError as exc:
         raise invalid("", f"The request body is not valid JSON: {exc}.", param="body") from None
 

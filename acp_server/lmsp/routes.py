@@ -120,7 +120,9 @@ async def create_response(request: Request, service: LmspService) -> Response:
                            headers=[(b"idempotent-replayed", b"true")] if replayed else None)
     if parsed.background:   # durable already: answer at once
         return _json(200, service.response_object(record), headers)
-    record = await service.wait_terminal(record.id)
+    record = await _wait_unless_gone(request, service, record.id)
+    if record is None:   # the client went away: the response was cancelled, nobody reads
+        return Response(status_code=499)
     if record.response is None:   # the server is stopping: the response as it stands
         status = "queued" if record.status == "queued" else "in_progress"
         return _json(200, encode(base_response(record, status)), headers)
@@ -154,6 +156,30 @@ async def delete_response(request: Request, service: LmspService) -> Response:
     response_id = request.path_params["response_id"]
     await service.delete_response(response_id)
     return _json(200, encode(DeletedResponse(id=response_id)))
+
+
+async def _wait_unless_gone(request: Request, service: LmspService, task_id: str) -> Any:
+    """The terminal task, or ``None`` once the client disconnected (the task is then
+    cancelled, as a closed ``stream: true`` response is)."""
+    result: list[Any] = []
+    async with anyio.create_task_group() as tg:
+        async def wait() -> None:
+            result.append(await service.wait_terminal(task_id))
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(wait)
+        while (await request.receive())["type"] != "http.disconnect":
+            pass   # the body was read: the next message is the disconnect
+        tg.cancel_scope.cancel()
+    if result:
+        return result[0]
+    with anyio.CancelScope(shield=True):
+        try:
+            if (await service.get_task(task_id)).status not in TERMINAL:
+                await service.cancel(task_id)
+        except LmspError:
+            pass
+    return None
 
 
 # -- SSE ---------------------------------------------------------------------------------
@@ -214,6 +240,8 @@ def lmsp_routes() -> list[BaseRoute]:
 # -- 401 as a problem object -------------------------------------------------------------
 # The network guard's 401 under /lmsp/ (acp_server.app hands it to SecurityMiddleware).
 UNAUTHORIZED_PROBLEM = encode(problem("unauthorized", "A valid bearer token is required."))
+# The guard's CORS refusal under /lmsp/ (403; §9.3 has no code of its own for it).
+CORS_DENIED_PROBLEM = encode(problem("forbidden", "Request denied by CORS policy."))
 
 
 def install_lmsp(app: Any, service: LmspService) -> None:
@@ -225,4 +253,4 @@ def install_lmsp(app: Any, service: LmspService) -> None:
         metrics.watch_lmsp(service)
 
 
-__all__ = ["UNAUTHORIZED_PROBLEM", "install_lmsp", "lmsp_routes"]
+__all__ = ["CORS_DENIED_PROBLEM", "UNAUTHORIZED_PROBLEM", "install_lmsp", "lmsp_routes"]

@@ -41,11 +41,13 @@ from acp_server.lmsp.conversation import (
     may_keep,
     transcript,
 )
+from acp_server.lmsp.permissions import decide, decision_label
 from acp_server.lmsp.responses import Attempt, count_tokens, in_progress_event
 from acp_server.lmsp.store import Finish, TaskRecord, TaskStore, restart_target
-from acp_server.lmsp.wire import AnyEvent, decode_any
+from acp_server.lmsp.wire import AnyEvent, PermissionDecidedEvent, decode_any
 from bridge import Bridge
-from bridge.errors import AgentDiedError, SessionLimitExceededError
+from bridge import events as ev
+from bridge.errors import AgentDiedError, BridgeError, SessionLimitExceededError
 from bridge.ticket import PromptResult, PromptTicket
 
 log = logging.getLogger("acp_server.lmsp")
@@ -112,12 +114,15 @@ class DeltaWriter:
 
 class Runner:
     def __init__(self, store: TaskStore, models: Mapping[str, tuple[Bridge, str | None]], *,
-                 max_running: int = 4, max_attempts: int = 3, live_sessions: int = 8) -> None:
+                 max_running: int = 4, max_attempts: int = 3, live_sessions: int = 8,
+                 permission_policy: str = "reject") -> None:
         self.store = store
         self.models = models
         self.max_running = max_running
         self.max_attempts = max_attempts
         self.sessions = LiveSessions(live_sessions)
+        self.permission_policy = permission_policy
+        self.permission_decisions = {"reject": 0, "allow": 0, "cancelled": 0}
         self._running: dict[str, _Handle] = {}
         self._wakeup = anyio.Event()
 
@@ -214,7 +219,7 @@ class Runner:
             subscription = bridge.subscribe(session_id, last_event_id=ticket.last_event_id,
                                             max_queued=SUBSCRIPTION_QUEUE)
             try:
-                await self._pump(record, attempt, ticket, subscription, handle)
+                await self._pump(record, attempt, ticket, subscription, handle, bridge)
             finally:
                 subscription.close()   # the session may outlive this task
             try:
@@ -254,7 +259,7 @@ class Runner:
                 await _close(live.bridge, live.session_id)
 
     async def _pump(self, record: TaskRecord, attempt: Attempt, ticket: PromptTicket,
-                    subscription: Any, handle: _Handle) -> None:
+                    subscription: Any, handle: _Handle, bridge: Bridge) -> None:
         """Session updates → events, until the prompt's turn ends. Reading never waits
         for the store (so the bridge's subscription queue does not back up); a
         ``DeltaWriter`` commits what accumulated."""
@@ -267,7 +272,11 @@ class Runner:
                         continue
                     if event.type in ("turn_complete", "turn_error"):
                         break
-                    if event.type == "session_update":
+                    if event.type == ev.PERMISSION_REQUEST:
+                        decided = self._answer_permission(bridge, event.data)
+                        if decided is not None:
+                            await writer.add([decided])
+                    elif event.type == "session_update":
                         drafts = _map_update(attempt, event.data)
                         if drafts:
                             await writer.add(drafts)
@@ -276,6 +285,22 @@ class Runner:
                             ticket.cancel("max_output_tokens")
             finally:
                 writer.close()
+
+    def _answer_permission(self, bridge: Bridge, data: Any) -> PermissionDecidedEvent | None:
+        """Nobody can vote over LMSP: the policy answers at once (first responder)."""
+        if not isinstance(data, dict) or not isinstance(data.get("requestId"), str):
+            return None
+        outcome, kind = decide(self.permission_policy, data.get("options"))
+        try:
+            bridge.respond_to_permission(data["requestId"], outcome,
+                                         session_id=data.get("sessionId"),
+                                         voter_client_id="lmsp-policy")
+        except BridgeError:   # already resolved (a timeout, a cancel)
+            return None
+        self.permission_decisions[decision_label(outcome, kind)] += 1
+        return PermissionDecidedEvent(request_id=data["requestId"], policy=self.permission_policy,
+                                      outcome=outcome, option_kind=kind,
+                                      tool_call=data.get("toolCall"))
 
     async def _end_cancelled(self, record: TaskRecord, attempt: Attempt) -> None:
         """→ ``cancelled``, through ``cancelling`` when the backend stopped on its own

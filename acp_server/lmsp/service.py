@@ -98,6 +98,7 @@ class LmspConfig:
     max_queued_tasks: int | None = 10_000
     live_sessions: int = 8          # ACP sessions kept for previous_response_id (LRU)
     cancel_wait_s: float = 10       # POST /responses/{id}/cancel waits this for the stop
+    permission_policy: str = "reject"   # --lmsp-permissions (acp_server/lmsp/permissions.py)
 
 
 class LmspService:
@@ -109,7 +110,8 @@ class LmspService:
         self.config = config
         self.runner = Runner(store, models, max_running=max_running_tasks,
                              max_attempts=config.max_attempts,
-                             live_sessions=config.live_sessions)
+                             live_sessions=config.live_sessions,
+                             permission_policy=config.permission_policy)
         self.principal = ("token:" + hashlib.sha256(token.encode()).hexdigest()[:16]
                           if token else "anonymous")
         self.recovery = RecoveryReport()
@@ -449,7 +451,8 @@ async def open_lmsp(bridge: Bridge, *, state_dir: str, store_url: str | None = N
         os.makedirs(state_dir, exist_ok=True)
         url = store_url or f"sqlite:///{os.path.join(os.path.abspath(state_dir), 'lmsp.sqlite3')}"
         if is_postgres_url(url):
-            store = PostgresTaskStore(url, on_commit=hub.publish, group_commit=group_commit)
+            store = PostgresTaskStore(url, on_commit=hub.publish, group_commit=group_commit,
+                                      state_dir=state_dir)
         elif url.startswith("sqlite:"):
             store = SqliteTaskStore(url, on_commit=hub.publish, group_commit=group_commit)
         else:
@@ -471,7 +474,7 @@ async def open_lmsp(bridge: Bridge, *, state_dir: str, store_url: str | None = N
                               max_running_tasks=max_running_tasks, token=token)
         service.recovery = await store.recover(recovery_finish,
                                                max_attempts=service.config.max_attempts,
-                                               now=time.time())
+                                               now=time.time(), own=True)
         async with anyio.create_task_group() as tg:
             tg.start_soon(service.run_background)
             try:

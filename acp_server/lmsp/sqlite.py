@@ -399,7 +399,7 @@ class SqliteTaskStore:
         return await self._read(fn)  # type: ignore[no-any-return]
 
     async def recover(self, factory: RecoveryFactory, *, max_attempts: int,
-                      now: float) -> RecoveryReport:
+                      now: float, own: bool = False) -> RecoveryReport:
         def op(conn: sqlite3.Connection, out: list[CommittedEvent]) -> RecoveryReport:
             ids = conn.execute(
                 "SELECT id, status, on_restart, attempt FROM tasks WHERE status IN "

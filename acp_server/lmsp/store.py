@@ -181,8 +181,10 @@ class TaskStore(Protocol):
     async def read_events(self, task_id: str, after: int, limit: int) -> list[CommittedEvent]: ...
 
     async def recover(self, factory: RecoveryFactory, *, max_attempts: int,
-                      now: float) -> RecoveryReport:
-        """Startup: every loading/running/cancelling task per its ``on_restart``."""
+                      now: float, own: bool = False) -> RecoveryReport:
+        """Startup: every loading/running/cancelling task per its ``on_restart``
+        (``own``: the start-up call; a shared store then also takes this instance's
+        own tasks, whatever their lease)."""
 
     async def purge(self, *, now: float, event_retention: float, task_retention: float,
                     key_ttl: float) -> int: ...

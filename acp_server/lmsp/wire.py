@@ -158,8 +158,21 @@ class TextDoneEvent(msgspec.Struct, kw_only=True):
     logprobs: list[Any] = msgspec.field(default_factory=list)
 
 
+class PermissionDecidedEvent(msgspec.Struct, kw_only=True):
+    """A permission the agent asked during the task, answered by the server's policy
+    (``--lmsp-permissions``; ``acp_server/lmsp/permissions.py``)."""
+
+    type: Literal["response.permission_decided"] = "response.permission_decided"
+    sequence_number: int = -1
+    request_id: str
+    policy: str
+    outcome: dict[str, Any]
+    option_kind: str | None = None
+    tool_call: Any = None
+
+
 AnyEvent = Union[ResponseEvent, OutputItemEvent, ContentPartEvent, TextDeltaEvent,
-                 TextDoneEvent]
+                 TextDoneEvent, PermissionDecidedEvent]
 TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed",
                              "response.cancelled"})
 

@@ -17,6 +17,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from acp_server import __version__
+from acp_server.http.guard import REFUSED
 from acp_server.rest.capabilities import features
 from acp_server.rest.errors import json_response
 from acp_server.settings import Settings
@@ -53,6 +54,9 @@ def status_body(bridge: Bridge, settings: Settings) -> dict[str, Any]:
             "subscriberMaxQueued": options.subscriber_max_queued,
             "subscriberMaxQueuedBytes": options.subscriber_max_queued_bytes,
             "maxRequestBodyBytes": settings.max_body_bytes,
+            "maxPromptBlocks": options.max_prompt_blocks,
+            "headerTimeoutMs": settings.header_timeout_ms,
+            "maxConnections": settings.max_connections,
         },
         "agents": agents(bridge),
         "capabilities": {"features": features(settings)},
@@ -86,7 +90,15 @@ def agents(bridge: Bridge) -> list[dict[str, Any]]:
 
 async def daemon_status(request: Request) -> Response:
     state = request.app.state
-    return json_response(200, status_body(state.bridge, state.settings))
+    body = status_body(state.bridge, state.settings)
+    # The connection guard's counters (acp_server/http/guard.py; uvicorn only).
+    body["runtime"]["transport"]["connectionsRefused"] = REFUSED["connections"]
+    body["runtime"]["transport"]["headerTimeouts"] = REFUSED["header_timeouts"]
+    lmsp = getattr(state, "lmsp", None)
+    if lmsp is not None:   # permissions answered by --lmsp-permissions, per decision
+        body["runtime"]["permissions"]["lmspPolicy"] = lmsp.runner.permission_policy
+        body["runtime"]["permissions"]["lmspDecisions"] = dict(lmsp.runner.permission_decisions)
+    return json_response(200, body)
 
 
 routes = [Route("/daemon/status", daemon_status, methods=["GET"])]

@@ -65,14 +65,16 @@ def is_self_origin(origin: str, scope: Scope) -> bool:
 class SecurityMiddleware:
     def __init__(self, app: ASGIApp, settings: Settings,
                  unauthorized: Sequence[tuple[str, bytes, bytes]] = (),
+                 denied: Sequence[tuple[str, bytes, bytes]] = (),
                  public: Callable[[str, str], bool] | None = None) -> None:
-        """``unauthorized``: (path prefix, content type, body) of the 401 answered
-        under that prefix instead of the REST body (e.g. a problem object for LMSP).
-        ``public(method, path)``: requests served without the token (the web
-        console's static files); the Origin rules still apply to them."""
+        """``unauthorized`` / ``denied``: (path prefix, content type, body) of the 401 /
+        CORS 403 answered under that prefix instead of the REST body (e.g. a problem
+        object for LMSP). ``public(method, path)``: requests served without the token
+        (the web console's static files); the Origin rules still apply to them."""
         self.app = app
         self.public = public
         self.unauthorized = tuple(unauthorized)
+        self.denied = tuple(denied)
         self.token = settings.token.encode() if settings.token is not None else None
         self.health_open = not settings.health_needs_auth
         self.allow_any = "*" in settings.allow_origins
@@ -89,7 +91,8 @@ class SecurityMiddleware:
             if self.allow_any or origin.rstrip("/").lower() in self.allowed:
                 allowed_origin = origin_raw
             elif not is_self_origin(origin, scope):
-                await _send(send, 403, _CORS_DENIED)
+                content_type, body = _for_path(scope, self.denied, _CORS_DENIED)
+                await _send(send, 403, body, content_type=content_type)
                 return
         if allowed_origin is not None and scope["method"] == "OPTIONS" \
                 and _header(scope, b"access-control-request-method") is not None:
@@ -102,11 +105,7 @@ class SecurityMiddleware:
             await send({"type": "http.response.body", "body": b""})
             return
         if self.token is not None and not self._authorized(scope):
-            content_type, body = _JSON[1], _UNAUTHORIZED
-            for prefix, prefix_type, prefix_body in self.unauthorized:
-                if scope["path"].startswith(prefix):
-                    content_type, body = prefix_type, prefix_body
-                    break
+            content_type, body = _for_path(scope, self.unauthorized, _UNAUTHORIZED)
             await _send(send, 401, body, allowed_origin, content_type)
             return
         if allowed_origin is None:
@@ -133,6 +132,14 @@ class SecurityMiddleware:
             hmac.compare_digest(self.token, b"")
             return False
         return hmac.compare_digest(self.token, value[7:].strip())
+
+
+def _for_path(scope: Scope, overrides: Sequence[tuple[str, bytes, bytes]],
+              default: bytes) -> tuple[bytes, bytes]:
+    for prefix, content_type, body in overrides:
+        if scope["path"].startswith(prefix):
+            return content_type, body
+    return _JSON[1], default
 
 
 def _cors_headers(origin: bytes) -> list[tuple[bytes, bytes]]:

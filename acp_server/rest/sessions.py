@@ -22,8 +22,6 @@ from starlette.routing import Route
 from acp_server.rest import wire
 from acp_server.rest.errors import bad_request, json_response
 from bridge import Bridge, SessionInfo
-from bridge.errors import AgentError, SessionNotFoundError
-from bridge.jsonrpc import RESOURCE_NOT_FOUND
 
 
 def _no_content() -> Response:
@@ -79,13 +77,8 @@ async def _restore(request: Request, restore: Callable[..., Awaitable[SessionInf
     """``/load`` and ``/resume``: the same body and answer, a different bridge call."""
     wire.client_id(request)
     body = await wire.read_json(request, wire.RestoreBody)
-    session_id = request.path_params["session_id"]
-    try:
-        info = await restore(session_id, cwd=body.cwd, agent=body.agent)
-    except AgentError as exc:   # the agent has no such session: 404, as for a live one
-        if exc.rpc_code == RESOURCE_NOT_FOUND:
-            raise SessionNotFoundError(session_id) from None
-        raise
+    info = await restore(request.path_params["session_id"], cwd=body.cwd,
+                         agent=body.agent)   # unknown to the agent: SessionNotFoundError
     return json_response(200, restored(info))
 
 

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import msgspec
 from starlette.requests import Request
 
+from acp_server.http import body
 from acp_server.rest.errors import RestError, bad_request
 
 T = TypeVar("T")
@@ -124,24 +125,19 @@ def too_large(limit: int) -> RestError:
 async def read_body(request: Request) -> bytes:
     """The raw body, at most ``settings.max_body_bytes`` bytes (else 413)."""
     limit: int = request.app.state.settings.max_body_bytes
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise too_large(limit)
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_large(limit)
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def decode(body: bytes, type_: type[T]) -> T:
-    if not body.strip():
-        body = b"{}"
     try:
-        return _decoders[type_].decode(body)  # type: ignore[no-any-return]
+        return await body.read_body(request, limit=limit)
+    except body.BodyTooLarge:
+        raise too_large(limit) from None
+
+
+def decode(raw: bytes, type_: type[T]) -> T:
+    if not raw.strip():
+        raw = b"{}"
+    try:
+        return body.decode_json(raw, _decoders[type_])
+    except body.BodyError as exc:   # too deep / too many containers, before msgspec runs
+        raise bad_request(exc.message, "invalid_json") from None
     except msgspec.ValidationError as exc:
         raise bad_request(f"Invalid request body: {exc}", "invalid_request_body") from None
     except msgspec.DecodeError:

@@ -135,6 +135,10 @@ class _InProcessPeer:
             client.session_update(params["sessionId"], params)
         except Exception:
             logger.exception("AgentClient.session_update failed")
+            return
+        wait = getattr(client, "wait_for_readers", None)
+        if wait is not None:   # flow control: the agent runs at its readers' pace
+            await wait(params["sessionId"])
 
     async def request(self, method: str, params: dict[str, Any]) -> Any:
         # Like over stdio, the client handler runs in its own task: an agent that stops

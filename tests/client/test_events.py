@@ -68,7 +68,8 @@ async def test_prompt_survives_a_dropped_stream(tmp_path: Path) -> None:
 async def test_resumes_after_eviction(tmp_path: Path) -> None:
     """A live subscriber that stalls is evicted (``client_evicted``, the server ends the
     stream); the iterator reconnects from its cursor and still sees the whole turn."""
-    options = BridgeOptions(subscriber_max_queued=16)
+    # A stall far longer than the bus's flow-control wait: the reader is evicted.
+    options = BridgeOptions(subscriber_max_queued=16, subscriber_flow_wait_ms=20)
     async with daemon(tmp_path, options=options) as srv, DaemonClient(srv.url) as client:
         sid = (await client.create_or_attach_session()).session_id
         got: list[DaemonEvent] = []
@@ -77,7 +78,7 @@ async def test_resumes_after_eviction(tmp_path: Path) -> None:
             async with contextlib.aclosing(client.subscribe_events(sid, last_event_id=0)) as events:
                 async for event in events:
                     got.append(event)
-                    if len(got) == 3:
+                    if len(got) == 1:   # before the 5 MB echo: the socket fills up
                         await anyio.sleep(0.5)  # stall: the server's queue overflows
                     if event.type == "turn_complete":
                         return
@@ -85,7 +86,9 @@ async def test_resumes_after_eviction(tmp_path: Path) -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(consume)
             await anyio.sleep(0.1)
-            await client.prompt_nonblocking(sid, "/chunks 100 " + "x" * 100 * 20_000)
+            # 5 MB: more than the socket buffers take while the reader stalls (a
+            # reader that keeps up is not evicted: the bus flow-controls the agent).
+            await client.prompt_nonblocking(sid, "/chunks 100 " + "x" * 100 * 50_000)
     kinds = [e.type for e in got]
     assert "client_evicted" in kinds and kinds[-1] == "turn_complete"
     ids = [e.id for e in got if e.id is not None]

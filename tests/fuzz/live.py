@@ -1,0 +1,88 @@
+"""A live loopback server with all three doors, run in a blocking portal so that
+hypothesis (synchronous) drives it over real HTTP and WebSocket, on either backend.
+
+    with live_server(tmp_path, "trio") as live:        # hypercorn under trio
+        live.http.post("/session", json={})             # a sync httpx client
+        live.portal.call(async_fn, ...)                 # run in the server's event loop
+
+The bridge runs without session / queue caps (a fuzz run creates many sessions), so
+every answer the doors give is a documented 4xx or a success.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio.from_thread
+import httpx
+
+from acp_server.acp_http import registry_for
+from acp_server.app import build_app
+from acp_server.lmsp import install_lmsp, open_lmsp
+from acp_server.settings import Settings
+from bridge import Bridge, BridgeOptions
+from bridge.agents.reference import ReferenceAgentFactory
+from tests.rest.server import serving
+
+OPTIONS = BridgeOptions(max_sessions=0, max_pending_prompts_per_session=0)
+
+
+@dataclass
+class Live:
+    base_url: str
+    http: httpx.Client
+    portal: anyio.from_thread.BlockingPortal
+    session_id: str
+    task_id: str
+    connection_id: str
+
+
+@contextlib.asynccontextmanager
+async def _serve(workspace: Path) -> Any:
+    settings = Settings(workspace=str(workspace), port=0, options=OPTIONS)
+    async with Bridge(ReferenceAgentFactory(), workspace_cwd=settings.workspace,
+                      options=settings.options) as bridge, \
+            open_lmsp(bridge, state_dir=str(workspace / "state"),
+                      max_running_tasks=4) as service:
+        app = build_app(settings, bridge)
+        install_lmsp(app, service)
+
+        async def stop() -> None:   # as the CLI drains: LMSP, the bridge, /acp streams
+            service.stop()
+            await bridge.aclose()
+            registry_for(app).shutdown()
+
+        async with serving(app, on_stop=stop) as base_url:
+            yield base_url
+
+
+@contextlib.contextmanager
+def live_server(workspace: Path, backend: str) -> Iterator[Live]:
+    with anyio.from_thread.start_blocking_portal(backend) as portal, \
+            portal.wrap_async_context_manager(_serve(workspace)) as base_url, \
+            httpx.Client(base_url=base_url, timeout=15) as http:
+        session_id = http.post("/session", json={}).json()["sessionId"]
+        task = http.post("/lmsp/v1/tasks", json={"type": "response", "input": {
+            "model": "reference", "input": "seed"}}).json()
+        init = http.post("/acp", json={"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                                       "params": {"protocolVersion": 1}})
+        yield Live(base_url, http, portal, session_id, task["id"],
+                   init.headers["acp-connection-id"])
+        assert_healthy(http)
+
+
+def assert_healthy(http: httpx.Client) -> None:
+    """Still serving every door after the run: a REST turn, an LMSP response, /acp."""
+    assert http.get("/health").json() == {"status": "ok"}
+    sid = http.post("/session", json={"sessionScope": "thread"}).json()["sessionId"]
+    assert http.post(f"/session/{sid}/prompt", json={
+        "prompt": [{"type": "text", "text": "after the fuzz"}]}).status_code == 202
+    response = http.post("/lmsp/v1/responses", json={"model": "reference", "input": "ok?"})
+    assert response.status_code == 200 and response.json()["status"] == "completed"
+    init = http.post("/acp", json={"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                                   "params": {"protocolVersion": 1}})
+    assert init.status_code == 200 and init.json()["result"]["protocolVersion"] == 1

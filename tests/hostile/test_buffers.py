@@ -1,0 +1,54 @@
+"""Memory bounded in bytes on ``/acp``: replies buffered for a connection without a
+stream, and WebSocket frames (over real HTTP / WebSocket)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from acp_server.acp_http.connection import REPLY_BUFFER_BYTES
+from tests.acp_http.wsclient import ws_connect
+from tests.hostile.test_input import INIT, JSON, acp_connection
+from tests.lmsp.server import LmspServer
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_reply_buffer_is_capped_in_bytes(server: LmspServer) -> None:
+    conn = await acp_connection(server)
+    headers = {**JSON, "Acp-Connection-Id": conn}
+    method = "x" * (4 * 1024 * 1024)   # the -32601 reply echoes it: 4 MB per reply
+    statuses = []
+    for i in range(6):
+        response = await server.client.post("/acp", headers=headers, content=json.dumps(
+            {"jsonrpc": "2.0", "id": i, "method": method}))
+        statuses.append(response.status_code)
+        if response.status_code == 503:
+            assert response.headers["retry-after"] == "5"
+            assert response.json()["error"]["code"] == -32603 and response.json()["id"] == i
+    accepted = statuses.count(202)
+    assert statuses == [202] * accepted + [503] * (6 - accepted)
+    assert accepted * len(method) <= REPLY_BUFFER_BYTES + len(method)
+    # Reading the stream frees the buffer: the next request is accepted again.
+    async with server.client.stream("GET", "/acp", headers={
+            "Accept": "text/event-stream", "Acp-Connection-Id": conn}) as stream:
+        seen = 0
+        async for line in stream.aiter_lines():
+            if line.startswith("data: "):
+                seen += 1
+                if seen == accepted:
+                    break
+        response = await server.client.post("/acp", headers=headers, content=json.dumps(
+            {"jsonrpc": "2.0", "id": 99, "method": "session/list"}))
+        assert response.status_code == 202
+
+
+async def test_websocket_frame_over_the_body_cap_closes_1009(server: LmspServer) -> None:
+    cap = 10 * 1024 * 1024
+    async with ws_connect(server.base_url) as ws:
+        await ws.send_json(INIT)
+        assert (await ws.receive_json())["id"] == 0
+        await ws.send_text('{"jsonrpc":"2.0","id":1,"method":"session/list","params":{"a":"'
+                           + "y" * cap + '"}}')
+        assert await ws.wait_closed(timeout=30) == 1009

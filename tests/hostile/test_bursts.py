@@ -1,0 +1,104 @@
+"""Bursts: a reader at full speed is never evicted, a stopped one still is; prompts
+are capped in content blocks and echoed in slices (REST SSE over real HTTP)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from acp_server.http.body import MAX_JSON_CONTAINERS
+from tests.rest.server import RunningServer, running_server, text_prompt
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+async def server(tmp_path: Path):  # type: ignore[no-untyped-def]
+    async with running_server(tmp_path) as srv:
+        yield srv
+
+
+def _kinds(frames: list[tuple[str, Any]]) -> list[str]:
+    return [kind for kind, _data in frames]
+
+
+def _updates(frames: list[tuple[str, Any]], kind: str) -> list[Any]:
+    return [data["data"]["update"] for k, data in frames
+            if k == "session_update" and data["data"]["update"]["sessionUpdate"] == kind]
+
+
+async def test_full_speed_reader_gets_every_chunk(server: RunningServer) -> None:
+    sid = (await server.create_session())["sessionId"]
+
+    async def send() -> None:
+        assert (await server.prompt(sid, "/chunks 5000 go")).status_code == 202
+
+    frames = await server.events_until(sid, "turn_complete", on_open=send, timeout=60)
+    assert "client_evicted" not in _kinds(frames) and "slow_client_warning" not in _kinds(frames)
+    assert len(_updates(frames, "agent_message_chunk")) == 5000
+
+
+async def test_large_prompt_evicts_no_reader(server: RunningServer) -> None:
+    sid = (await server.create_session())["sessionId"]
+    big = "x" * (3 * 1024 * 1024)
+
+    async def send() -> None:
+        response = await server.client.post(f"/session/{sid}/prompt", json=text_prompt(big))
+        assert response.status_code == 202
+
+    frames = await server.events_until(sid, "turn_complete", on_open=send, timeout=60)
+    assert "client_evicted" not in _kinds(frames)
+    [echo] = _updates(frames, "user_message_chunk")
+    assert echo["content"]["text"] == big
+
+
+async def test_stopped_reader_is_still_evicted(server: RunningServer) -> None:
+    sid = (await server.create_session())["sessionId"]
+    port = int(server.base_url.rsplit(":", 1)[1])
+    stalled = await anyio.connect_tcp("127.0.0.1", port)
+    await stalled.send(f"GET /session/{sid}/events HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    bus = server.bridge.get_session(sid).bus
+    with anyio.fail_after(10):
+        while bus.subscriber_count < 1:
+            await anyio.sleep(0.01)
+
+    async def send() -> None:
+        assert (await server.prompt(sid, "/chunks 20000 " + "y" * 2000)).status_code == 202
+
+    frames = await server.events_until(sid, "turn_complete", on_open=send, timeout=120)
+    assert "client_evicted" not in _kinds(frames)          # the reader that reads
+    assert len(_updates(frames, "agent_message_chunk")) == 20000
+    with anyio.fail_after(10):
+        while bus.subscriber_count > 0:                     # the one that stopped: evicted
+            await anyio.sleep(0.01)
+    await stalled.aclose()
+
+
+async def test_content_block_cap_and_sliced_echo(server: RunningServer) -> None:
+    sid = (await server.create_session())["sessionId"]
+    limit = server.bridge.options.max_prompt_blocks
+    over = {"prompt": [{"type": "text", "text": ""}] * (limit + 1)}
+    response = await server.client.post(f"/session/{sid}/prompt", json=over)
+    assert response.status_code == 400
+    assert response.json()["code"] == "too_many_content_blocks"
+    assert response.json()["limit"] == limit
+    burst = b'{"prompt":[' + b",".join([b"{}"] * 3_000_000) + b"]}"
+    response = await server.client.post(f"/session/{sid}/prompt", content=burst,
+                                        headers={"Content-Type": "application/json"})
+    assert response.status_code == 400, response.text
+    assert str(MAX_JSON_CONTAINERS) in response.json()["error"]
+    at_cap = {"prompt": [{"type": "text", "text": f"b{i}"} for i in range(limit)]}
+
+    async def send() -> None:
+        r = await server.client.post(f"/session/{sid}/prompt", json=at_cap)
+        assert r.status_code == 202, r.text
+
+    frames = await server.events_until(sid, "turn_complete", on_open=send, timeout=60)
+    assert "client_evicted" not in _kinds(frames)
+    echoed = [u["content"]["text"] for u in _updates(frames, "user_message_chunk")]
+    assert echoed == [f"b{i}" for i in range(limit)]
+    assert (await server.client.get("/health")).json() == {"status": "ok"}
+
