@@ -1,18 +1,37 @@
-"""One Server-Sent Events response for every stream the server writes.
+"""Server-Sent Events for every stream the server writes: framing, ``retry``,
+keep-alive, response headers.
+
+    frame(payload, event="turn_complete", event_id=7)  # b'id: 7\\nevent: turn_complete\\ndata: ...\\n\\n'
+    event_frame(bus_event)                             # the same, built once per bus event
+    keepalive(b"heartbeat")                            # b': heartbeat\\n'
 
     class MyStream(SseResponse):
         async def wait_ready(self) -> bool: ...     # frames ready (True) or the end (False)
         def pop_frame(self) -> bytes | None: ...     # one complete SSE frame, or None
 
-    return MyStream(heartbeat_frame=b": heartbeat\\n\\n", heartbeat_s=15.0,
+    return MyStream(keepalive_comment=b"heartbeat", heartbeat_s=15.0,
                     headers=[(b"x-qwen-event-epoch", epoch)], on_close=subscription.close)
 
-Contracts:
+The framing rule (one for the three doors): **no blank line ever ends a frame that has
+no ``data:``.** Decoders that dispatch on any blank line once a field was set — the
+OpenAI SDK's, httpx-sse's, both of which keep the last event id across events — would
+otherwise yield an event with empty data. So:
 
-* The first write is ``retry: 3000``; then the frames, several ready ones in one write
-  (at most ``MAX_BATCH_BYTES``); ``heartbeat_frame`` after ``heartbeat_s`` seconds of
-  silence.
-* ``wait_ready`` consumes nothing, so the heartbeat timeout may cancel it safely.
+* the first write is the field line ``retry: 3000`` *without* a blank line: it becomes
+  part of the first event's frame (a browser ``EventSource`` applies it at once);
+* a keep-alive is one comment line (``: heartbeat``) *without* a blank line: comment
+  lines are ignored wherever they stand, so it prefixes the next frame harmlessly;
+* every frame has exactly one ``data:`` line (JSON is one line), ``id:`` only when
+  given, and ends with the one blank line.
+
+``SseResponse`` contracts:
+
+* Headers: ``SSE_HEADERS`` plus the door's own; status 200.
+* Then the frames, several ready ones in one write (at most ``MAX_BATCH_BYTES``);
+  the keep-alive after ``heartbeat_s`` seconds of silence.
+* ``wait_ready`` consumes nothing, so the heartbeat timeout may cancel it safely. A
+  subclass may instead override ``write_frames`` (e.g. to pull from an iterator that
+  produces its own keep-alive ticks).
 * ``pump`` (a task feeding the frames) runs only while the response is open.
 * The stream ends when ``wait_ready`` answers ``False`` or the client disconnects;
   ``on_close`` runs exactly once either way, and after a client disconnect
@@ -22,11 +41,16 @@ Contracts:
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import anyio
 from starlette.types import Receive, Scope, Send
 
-RETRY_FRAME = b"retry: 3000\n\n"
+if TYPE_CHECKING:
+    from bridge.events import Event
+
+RETRY_MS = 3000
+RETRY_LINE = b"retry: %d\n" % RETRY_MS
 MAX_BATCH_BYTES = 256 * 1024
 SSE_HEADERS = [
     (b"content-type", b"text/event-stream"),
@@ -34,22 +58,50 @@ SSE_HEADERS = [
     (b"x-accel-buffering", b"no"),
 ]
 
+__all__ = ["MAX_BATCH_BYTES", "RETRY_LINE", "SSE_HEADERS", "SseResponse", "event_frame",
+           "frame", "keepalive"]
+
+
+def frame(data: bytes, *, event: str | None = None, event_id: int | None = None) -> bytes:
+    """One complete SSE frame. ``data`` must be one line (compact JSON)."""
+    head = b"data: "
+    if event is not None:
+        head = b"event: " + event.encode() + b"\n" + head
+    if event_id is not None:
+        head = b"id: " + str(event_id).encode() + b"\n" + head
+    return head + data + b"\n\n"
+
+
+def event_frame(event: Event) -> bytes:
+    """A bus event's frame (``id:`` for bus events, ``event:`` its type), built once and
+    kept on the event for every subscriber."""
+    cached = event.sse_cache
+    if cached is None:
+        cached = event.sse_cache = frame(event.json, event=event.type, event_id=event.id)
+    return cached
+
+
+def keepalive(comment: bytes) -> bytes:
+    """A keep-alive: one comment line, no blank line (see the framing rule)."""
+    return b": " + comment + b"\n"
+
 
 class SseResponse:
     """An ASGI response (Starlette accepts any ASGI callable as an endpoint's answer)."""
 
-    def __init__(self, *, heartbeat_frame: bytes, heartbeat_s: float,
+    def __init__(self, *, keepalive_comment: bytes, heartbeat_s: float,
                  headers: list[tuple[bytes, bytes]] | None = None,
                  on_close: Callable[[], None] | None = None,
                  pump: Callable[[], Awaitable[None]] | None = None,
                  after_disconnect: Callable[[], Awaitable[None]] | None = None) -> None:
-        self.heartbeat_frame = heartbeat_frame
+        self.keepalive_frame = keepalive(keepalive_comment)
         self.heartbeat_s = heartbeat_s
         self.headers = [*SSE_HEADERS, *(headers or ())]
         self.on_close = on_close
         self.pump = pump
         self.after_disconnect = after_disconnect
         self.disconnected = False
+        self.finished = False   # the frames ended (not a disconnect)
 
     async def wait_ready(self) -> bool:
         raise NotImplementedError
@@ -60,12 +112,13 @@ class SseResponse:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self.headers})
-            await send({"type": "http.response.body", "body": RETRY_FRAME, "more_body": True})
+            await send({"type": "http.response.body", "body": RETRY_LINE, "more_body": True})
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._watch_disconnect, receive, tg.cancel_scope)
                 if self.pump is not None:
                     tg.start_soon(self.pump)
-                await self._write(send)
+                await self.write_frames(send)
+                self.finished = True
                 tg.cancel_scope.cancel()
             if not self.disconnected:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -85,13 +138,14 @@ class SseResponse:
                 scope.cancel()
                 return
 
-    async def _write(self, send: Send) -> None:
+    async def write_frames(self, send: Send) -> None:
+        """Write frames until the source ends; the keep-alive on silence."""
         while True:
             ready: bool | None = None
             with anyio.move_on_after(self.heartbeat_s):
                 ready = await self.wait_ready()
             if ready is None:
-                await send({"type": "http.response.body", "body": self.heartbeat_frame,
+                await send({"type": "http.response.body", "body": self.keepalive_frame,
                             "more_body": True})
                 continue
             if not ready:
@@ -99,11 +153,11 @@ class SseResponse:
             chunk: list[bytes] = []
             size = 0
             while size < MAX_BATCH_BYTES:
-                frame = self.pop_frame()
-                if frame is None:
+                next_frame = self.pop_frame()
+                if next_frame is None:
                     break
-                chunk.append(frame)
-                size += len(frame)
+                chunk.append(next_frame)
+                size += len(next_frame)
             if chunk:
                 await send({"type": "http.response.body", "body": b"".join(chunk),
                             "more_body": True})

@@ -6,7 +6,7 @@ bounded subscriber queues.
 
     subscription = bus.subscribe(last_event_id=12, epoch=bus.epoch)
     async for event in subscription:   # replayed events, replay_complete, then live
-        send(event.sse)
+        send(event.json)
 
 Contracts:
 

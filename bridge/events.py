@@ -3,7 +3,9 @@
     event = Event.build(7, "turn_complete", {"sessionId": sid, "stopReason": "end_turn"},
                         prompt_id=pid)
     event.json   # b'{"id":7,"v":1,"type":"turn_complete","promptId":...,"data":{...},"_meta":{...}}'
-    event.sse    # b'id: 7\\nevent: turn_complete\\ndata: {...}\\n\\n'
+
+The SSE frame of an event is built by the front doors (``acp_server.sse.event_frame``),
+once per event: ``sse_cache`` holds it for every subscriber.
 
 Synthetic stream-control frames (``replay_complete``, ``state_resync_required``,
 ``slow_client_warning``, ``client_evicted``) have no id and no ``id:`` line.
@@ -164,7 +166,7 @@ def now_ms() -> int:
 class Event:
     """One published (or synthetic) event; JSON and SSE bytes are built once."""
 
-    __slots__ = ("id", "type", "data", "prompt_id", "timestamp_ms", "json", "_sse")
+    __slots__ = ("id", "type", "data", "prompt_id", "timestamp_ms", "json", "sse_cache")
 
     def __init__(self, event_id: int | None, type_: str, data: Any, prompt_id: str | None,
                  timestamp_ms: int, json: bytes) -> None:
@@ -174,7 +176,7 @@ class Event:
         self.prompt_id = prompt_id
         self.timestamp_ms = timestamp_ms
         self.json = json
-        self._sse: bytes | None = None
+        self.sse_cache: bytes | None = None   # owned by acp_server.sse.event_frame
 
     @classmethod
     def build(cls, event_id: int | None, type_: str, data: Any, *,
@@ -184,17 +186,6 @@ class Event:
                                  originatorClientId=originator_client_id,
                                  meta=EventMeta(serverTimestamp=ts))
         return cls(event_id, type_, data, prompt_id, ts, _encoder.encode(envelope))
-
-    @property
-    def sse(self) -> bytes:
-        """The complete SSE frame, ending in a blank line."""
-        sse = self._sse
-        if sse is None:
-            head = b"event: " + self.type.encode() + b"\ndata: "
-            if self.id is not None:
-                head = b"id: " + str(self.id).encode() + b"\n" + head
-            sse = self._sse = head + self.json + b"\n\n"
-        return sse
 
     def envelope(self) -> EventEnvelope:
         return _envelope_decoder.decode(self.json)

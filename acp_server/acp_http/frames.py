@@ -8,7 +8,8 @@ Contracts:
 
 * A ``Frame`` is one JSON-RPC message (``payload``, one line of JSON) plus the bus
   id of the event it came from (``None`` for responses and synthetic frames). SSE
-  writes ``id:`` only for bus events, so ``Last-Event-ID`` names a bus id.
+  (``acp_server.sse.frame``) writes ``id:`` only for bus events, so ``Last-Event-ID``
+  names a bus id.
 * Event data is encoded with msgspec as it is (``msgspec.Raw`` agent params are
   written through byte for byte); nothing is re-serialized through a narrower type.
 * A permission request becomes the agent-to-client request
@@ -22,11 +23,12 @@ from typing import Any, NamedTuple
 
 import msgspec
 
+from acp_server.sse import frame as sse_frame
 from bridge.events import Event
 from bridge.jsonrpc import encode_notification, encode_request
 
 QWEN_NOTIFY = "_qwen/notify"
-HEARTBEAT_FRAME = b": hb\n\n"
+HEARTBEAT_COMMENT = b"hb"
 
 
 class Frame(NamedTuple):
@@ -41,9 +43,7 @@ class _Notify(msgspec.Struct):
 
 def sse_bytes(frame: Frame) -> bytes:
     """One SSE event: ``id:`` (bus events only) and one ``data:`` line."""
-    if frame.event_id is None:
-        return b"data: " + frame.payload + b"\n\n"
-    return b"id: " + str(frame.event_id).encode() + b"\ndata: " + frame.payload + b"\n\n"
+    return sse_frame(frame.payload, event_id=frame.event_id)
 
 
 def update_frame(event: Event) -> Frame:

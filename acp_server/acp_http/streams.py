@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from acp_server.acp_http.buffer import FrameBuffer
-from acp_server.acp_http.frames import HEARTBEAT_FRAME, sse_bytes
+from acp_server.acp_http.frames import HEARTBEAT_COMMENT, sse_bytes
 from acp_server.sse import SseResponse
 
 
@@ -32,7 +32,7 @@ class FrameStream(SseResponse):
                  pump: Callable[[], Awaitable[None]] | None = None,
                  after_disconnect: Callable[[], Awaitable[None]] | None = None,
                  headers: list[tuple[bytes, bytes]] | None = None) -> None:
-        super().__init__(heartbeat_frame=HEARTBEAT_FRAME, heartbeat_s=heartbeat_s,
+        super().__init__(keepalive_comment=HEARTBEAT_COMMENT, heartbeat_s=heartbeat_s,
                          headers=headers, on_close=on_close, pump=pump,
                          after_disconnect=after_disconnect)
         self.frames = frames

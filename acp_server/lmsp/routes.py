@@ -7,8 +7,10 @@ Contracts: every error is a problem object (``application/problem+json``), 405
 included, and the network guard's 401 (``UNAUTHORIZED_PROBLEM``, which
 ``acp_server.app`` hands to the guard for ``/lmsp/`` paths) (each path takes every method and answers unknown ones itself). Task
 creation answers 202 only after the commit; a replay adds ``Idempotent-Replayed:
-true``. Event streams are SSE (§6.4): ``retry: 3000`` first, ``id``/``event``/``data``
-per event, ``: keep-alive`` after silence, closed right after the terminal event.
+true``. Event streams are SSE (§6.4) written by ``acp_server.sse``: ``retry: 3000``
+once (a field of the first frame), ``id``/``event``/``data`` per event, a
+``: keep-alive`` comment line after ``LmspConfig.keepalive_s`` of silence, closed right
+after the terminal event.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from typing import Any
 
 import anyio
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
+from starlette.types import Send
 
 from acp_server.lmsp.problems import LmspError, problem, problem_response
 from acp_server.lmsp.requests import (
@@ -34,9 +37,10 @@ from acp_server.lmsp.service import LmspService
 from acp_server.lmsp.store import TERMINAL, CommittedEvent
 from acp_server.lmsp.responses import base_response
 from acp_server.lmsp.wire import encode
+from acp_server.sse import SseResponse, frame
 
 PREFIX = "/lmsp/v1"
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+KEEPALIVE_COMMENT = b"keep-alive"
 _ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 Endpoint = Callable[[Request, LmspService], Awaitable[Response]]
 
@@ -94,7 +98,7 @@ async def task_events(request: Request, service: LmspService) -> Response:
                                        param=None if cursor is None else cursor[1])
     if stream is None:
         return Response(status_code=204)
-    return StreamingResponse(_sse(stream), media_type="text/event-stream", headers=SSE_HEADERS)
+    return EventStream(stream)
 
 
 async def create_response(request: Request, service: LmspService) -> Response:
@@ -107,9 +111,8 @@ async def create_response(request: Request, service: LmspService) -> Response:
     if parsed.stream:
         stream = await service.open_events(record.id, None)
         assert stream is not None
-        return StreamingResponse(_sse(stream, cancel_on_close=(service, record.id)),
-                                 media_type="text/event-stream",
-                                 headers={**SSE_HEADERS, **headers})
+        return EventStream(stream, cancel_on_close=(service, record.id),
+                           headers=[(b"idempotent-replayed", b"true")] if replayed else None)
     record = await service.wait_terminal(record.id)
     if record.response is None:   # the server is stopping: the response as it stands
         status = "queued" if record.status == "queued" else "in_progress"
@@ -119,31 +122,41 @@ async def create_response(request: Request, service: LmspService) -> Response:
 
 # -- SSE ---------------------------------------------------------------------------------
 def _frame(event: CommittedEvent) -> bytes:
-    return (b"id: " + str(event.seq).encode() + b"\nevent: " + event.type.encode()
-            + b"\ndata: " + event.data + b"\n\n")
+    return frame(event.data, event=event.type, event_id=event.seq)
 
 
-async def _sse(stream: AsyncIterator[list[CommittedEvent]], *,
-               cancel_on_close: tuple[LmspService, str] | None = None) -> AsyncIterator[bytes]:
-    """One write per batch of events (a commit's worth), not per event."""
-    finished = False
-    try:
-        yield b"retry: 3000\n\n"
-        async for batch in stream:
-            yield b"".join(map(_frame, batch)) if batch else b": keep-alive\n\n"
-        finished = True
-    finally:
-        await stream.aclose()  # type: ignore[attr-defined]
-        if cancel_on_close is not None and not finished:
-            # A client closing a streamed /responses cancels it (as OpenAI's do).
-            service, task_id = cancel_on_close
+class EventStream(SseResponse):
+    """One write per batch of events (a commit's worth), not per event; the service's
+    empty batch is the keep-alive tick. A client closing a streamed ``/responses``
+    before its end cancels it (as OpenAI's do)."""
+
+    def __init__(self, stream: AsyncIterator[list[CommittedEvent]], *,
+                 cancel_on_close: tuple[LmspService, str] | None = None,
+                 headers: list[tuple[bytes, bytes]] | None = None) -> None:
+        super().__init__(keepalive_comment=KEEPALIVE_COMMENT, heartbeat_s=0, headers=headers,
+                         after_disconnect=self._cancel if cancel_on_close else None)
+        self.stream = stream
+        self.cancel_on_close = cancel_on_close
+
+    async def write_frames(self, send: Send) -> None:
+        try:
+            async for batch in self.stream:
+                body = b"".join(map(_frame, batch)) if batch else self.keepalive_frame
+                await send({"type": "http.response.body", "body": body, "more_body": True})
+        finally:
             with anyio.CancelScope(shield=True):
-                try:
-                    record = await service.get_task(task_id)
-                    if record.status not in TERMINAL:
-                        await service.cancel(task_id)
-                except LmspError:
-                    pass
+                await self.stream.aclose()  # type: ignore[attr-defined]
+
+    async def _cancel(self) -> None:
+        assert self.cancel_on_close is not None
+        service, task_id = self.cancel_on_close
+        with anyio.CancelScope(shield=True):
+            try:
+                record = await service.get_task(task_id)
+                if record.status not in TERMINAL:
+                    await service.cancel(task_id)
+            except LmspError:
+                pass
 
 
 def lmsp_routes() -> list[BaseRoute]:

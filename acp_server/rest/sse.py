@@ -3,8 +3,8 @@
     subscription = bridge.subscribe(session_id, last_event_id=12, epoch=epoch)
     return EventStreamResponse(subscription, epoch=subscription.epoch, heartbeat_s=15.0)
 
-Contracts (beyond ``acp_server.sse.SseResponse``): each frame is the event's prebuilt
-``sse`` bytes; ``: heartbeat`` after silence; the response carries
+Contracts (beyond ``acp_server.sse.SseResponse``): each frame is the event's
+``event_frame`` (``id:``, ``event:``, ``data:``); ``: heartbeat`` after silence; the response carries
 ``X-Qwen-Event-Epoch`` and a fresh ``X-Qwen-SSE-Stream-Id``; the subscription is closed
 exactly once when the stream ends or the client goes, so a gone client never holds a
 bus slot.
@@ -14,19 +14,19 @@ from __future__ import annotations
 
 import uuid
 
-from acp_server.sse import SseResponse
+from acp_server.sse import SseResponse, event_frame
 from bridge.bus import Subscription
 
-HEARTBEAT_FRAME = b": heartbeat\n\n"
+HEARTBEAT_COMMENT = b"heartbeat"
 
-__all__ = ["HEARTBEAT_FRAME", "EventStreamResponse"]
+__all__ = ["HEARTBEAT_COMMENT", "EventStreamResponse"]
 
 
 class EventStreamResponse(SseResponse):
     def __init__(self, subscription: Subscription, *, epoch: str, heartbeat_s: float) -> None:
         self.subscription = subscription
         self.stream_id = str(uuid.uuid4())
-        super().__init__(heartbeat_frame=HEARTBEAT_FRAME, heartbeat_s=heartbeat_s,
+        super().__init__(keepalive_comment=HEARTBEAT_COMMENT, heartbeat_s=heartbeat_s,
                          headers=[(b"x-qwen-event-epoch", epoch.encode()),
                                   (b"x-qwen-sse-stream-id", self.stream_id.encode())],
                          on_close=subscription.close)
@@ -36,4 +36,4 @@ class EventStreamResponse(SseResponse):
 
     def pop_frame(self) -> bytes | None:
         event = self.subscription.receive_nowait()
-        return event.sse if event is not None else None
+        return event_frame(event) if event is not None else None

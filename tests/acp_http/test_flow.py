@@ -54,9 +54,9 @@ async def test_sse_framing_retry_and_heartbeat(tmp_path) -> None:
             with anyio.fail_after(3):
                 async for chunk in response.aiter_bytes():
                     received += chunk
-                    if received.count(b": hb\n\n") >= 2:
+                    if received.count(b": hb\n") >= 2:
                         break
-        assert received.startswith(b"retry: 3000\n\n")
+        assert received.startswith(b"retry: 3000\n: hb\n: hb\n")   # no data-less frame
 
 
 async def test_session_new_picks_an_agent_and_passes_its_answer_through(server: RunningAcpServer) -> None:

@@ -26,9 +26,9 @@ async def test_raw_framing(server: LmspServer) -> None:
     response = await server.client.get(f"/lmsp/v1/tasks/{task['id']}/events")
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/event-stream")
-    assert response.headers["cache-control"] == "no-cache"
+    assert response.headers["cache-control"] == "no-cache, no-transform"
     text = response.text
-    assert text.startswith("retry: 3000\n\nid: 0\nevent: response.created\ndata: {")
+    assert text.startswith("retry: 3000\nid: 0\nevent: response.created\ndata: {")
     assert text.endswith("}\n\n") and text.count("event: response.completed") == 1
 
 
@@ -163,7 +163,8 @@ async def test_keep_alive_comment(tmp_path: Path) -> None:
                     chunks += chunk
                     if b": keep-alive" in chunks:
                         break
-        assert b": keep-alive\n\n" in chunks
+        assert b": keep-alive\n" in chunks
+        assert b": keep-alive\n\n" not in chunks   # a comment line, never a data-less frame
 
 
 async def test_text_deltas_are_batched(server: LmspServer) -> None:

@@ -28,7 +28,8 @@ async def test_headers_and_first_frame(server: RunningServer) -> None:
         assert len(headers["x-qwen-sse-stream-id"]) == 36
         async with aclosing(response.aiter_raw()) as chunks:
             first = await chunks.__anext__()
-        assert first.startswith(b"retry: 3000\n\n")
+        assert first.startswith(b"retry: 3000\n")
+        assert not first.startswith(b"retry: 3000\n\n")  # never a frame without data
 
 
 async def test_frame_shape(server: RunningServer) -> None:
@@ -44,10 +45,10 @@ async def test_frame_shape(server: RunningServer) -> None:
                     if b"event: replay_complete" in raw:
                         break
     frames = raw.split(b"\n\n")
-    assert frames[0] == b"retry: 3000"
-    assert frames[1].startswith(b"id: 1\nevent: session_update\ndata: {")
+    assert frames[0].startswith(b"retry: 3000\nid: 1\nevent: session_update\ndata: {")
+    assert all(b"\ndata: " in f or f.startswith(b"data: ") for f in frames[:-1])
     assert any(f.startswith(b"event: replay_complete\ndata: ") for f in frames)  # no id line
-    assert accepted["promptId"].encode() in frames[1]
+    assert accepted["promptId"].encode() in frames[0]
 
 
 async def test_heartbeat(tmp_path: Path) -> None:
@@ -59,9 +60,10 @@ async def test_heartbeat(tmp_path: Path) -> None:
                 async with aclosing(response.aiter_raw()) as chunks:
                     async for chunk in chunks:
                         raw += chunk
-                        if raw.count(b": heartbeat\n\n") >= 2:
+                        if raw.count(b": heartbeat\n") >= 2:
                             break
-        assert raw.startswith(b"retry: 3000\n\n: heartbeat\n\n")
+        # comment lines, never a blank line: they prefix the next frame
+        assert raw.startswith(b"retry: 3000\n: heartbeat\n: heartbeat\n")
 
 
 @pytest.mark.parametrize("value", ["15", "2049", "abc", "-1", "16.5"])
