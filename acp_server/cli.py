@@ -33,7 +33,7 @@ import uvicorn
 from acp_server import __version__
 from acp_server.acp_http import ConnectionRegistry, registry_for
 from acp_server.app import build_app
-from acp_server.lmsp import LmspService, install_lmsp, open_lmsp
+from acp_server.lmsp import LmspConfig, LmspService, install_lmsp, open_lmsp
 from acp_server.prompt_cli import add_prompt_arguments, run_prompt_args
 from acp_server.settings import (
     DEFAULT_HOSTNAME,
@@ -183,8 +183,8 @@ async def serve(settings: Settings) -> None:
                           options=settings.options,
                           agents=settings.extra_agents(models, registry)) as bridge, \
                 open_lmsp(bridge, state_dir=settings.state_dir, store_url=settings.store_url,
-                          token=settings.token,
-                          max_running_tasks=settings.max_running_tasks) as lmsp:
+                          token=settings.token, max_running_tasks=settings.max_running_tasks,
+                          config=LmspConfig(keepalive_s=settings.lmsp_keepalive_s)) as lmsp:
             await _serve_http(settings, bridge, lmsp)
     finally:
         registry.close()   # every agent was stopped with the bridge
