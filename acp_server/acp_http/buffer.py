@@ -16,6 +16,9 @@ Contracts:
   that a pushed frame is dropped and counted.
 * After ``close()`` nothing is accepted; the reader still gets what is queued, then
   ``wait()`` answers ``False``.
+* ``appended`` / ``taken`` count the frames that entered and left; ``changed()``
+  returns after the next append, pop or close (or ``notify()``), so a producer can
+  wait until the reader has taken what it put (``session/load``'s history).
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ class FrameBuffer:
         self._frames: deque[Frame] = deque()
         self._readable: anyio.Event | None = None
         self._writable: anyio.Event | None = None
+        self._changed: anyio.Event | None = None
+        self.appended = 0
+        self.taken = 0
 
     def __len__(self) -> int:
         return len(self._frames)
@@ -63,6 +69,8 @@ class FrameBuffer:
         if not self._frames:
             return None
         frame = self._frames.popleft()
+        self.taken += 1
+        self.notify()
         if self._writable is not None and len(self._frames) < self.limit:
             self._writable.set()
             self._writable = None
@@ -71,6 +79,8 @@ class FrameBuffer:
     def take_all(self) -> list[Frame]:
         frames = list(self._frames)
         self._frames.clear()
+        self.taken += len(frames)
+        self.notify()
         if self._writable is not None:
             self._writable.set()
             self._writable = None
@@ -85,8 +95,19 @@ class FrameBuffer:
             await self._readable.wait()
         return True
 
+    async def changed(self) -> None:
+        if self._changed is None:
+            self._changed = anyio.Event()
+        await self._changed.wait()
+
+    def notify(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
+
     def close(self) -> None:
         self.closed = True
+        self.notify()
         self._wake()
         if self._writable is not None:
             self._writable.set()
@@ -94,6 +115,8 @@ class FrameBuffer:
 
     def _append(self, frame: Frame) -> None:
         self._frames.append(frame)
+        self.appended += 1
+        self.notify()
         self._wake()
 
     def _wake(self) -> None:
