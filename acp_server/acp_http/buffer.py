@@ -16,9 +16,10 @@ Contracts:
   that a pushed frame is dropped and counted.
 * After ``close()`` nothing is accepted; the reader still gets what is queued, then
   ``wait()`` answers ``False``.
-* ``appended`` / ``taken`` count the frames that entered and left; ``changed()``
-  returns after the next append, pop or close (or ``notify()``), so a producer can
-  wait until the reader has taken what it put (``session/load``'s history).
+* ``appended`` / ``taken`` count the frames that entered and left, ``written`` those
+  the reader reports written (``sent``); ``changed()`` returns after the next
+  append, pop, report or close (or ``notify()``), so a producer can wait until the
+  reader has written what it put (``session/load``'s history).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class FrameBuffer:
         self._changed: anyio.Event | None = None
         self.appended = 0
         self.taken = 0
+        self.written = 0
 
     def __len__(self) -> int:
         return len(self._frames)
@@ -80,6 +82,7 @@ class FrameBuffer:
         frames = list(self._frames)
         self._frames.clear()
         self.taken += len(frames)
+        self.written += len(frames)   # gone without a write: nobody waits for them
         self.notify()
         if self._writable is not None:
             self._writable.set()
@@ -94,6 +97,11 @@ class FrameBuffer:
             self._readable = anyio.Event()
             await self._readable.wait()
         return True
+
+    def sent(self, count: int) -> None:
+        """The reader wrote ``count`` more of the frames it took."""
+        self.written += count
+        self.notify()
 
     async def changed(self) -> None:
         if self._changed is None:

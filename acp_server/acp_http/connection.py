@@ -20,9 +20,11 @@ Contracts:
   ``session/prompt`` response is emitted by the pump when it meets the prompt's
   ``turn_complete`` / ``turn_error`` event, so it always follows the turn's
   ``session/update`` notifications on the wire.
+* A ``permission_request`` becomes a ``session/request_permission`` request only
+  while it is pending (a replayed, resolved one is a ``_qwen/notify``).
 * Bus events are delivered at most once per channel per bus epoch (``delivered_id``);
   ``rewind`` (a GET with ``Last-Event-ID``) is the only way to see them again.
-* ``flush_through(event_id)`` returns once the reader has taken every frame of the
+* ``flush_through(event_id)`` returns once the reader has written every frame of the
   bus events up to ``event_id`` (at once without a reader, at most after
   ``FLUSH_TIMEOUT_S``): ``session/load`` answers only after its history is written.
 * ``close()`` is synchronous and idempotent: this connection's queued and running
@@ -156,13 +158,13 @@ class SessionChannel:
             return
 
     async def flush_through(self, event_id: int) -> None:
-        """Wait until the reader has taken the frames of the bus events up to
+        """Wait until the reader has written the frames of the bus events up to
         ``event_id`` (see the module contracts)."""
         with anyio.move_on_after(FLUSH_TIMEOUT_S):
             while self.reader_attached and not self.retired and self.buffered_id < event_id:
                 await self.frames.changed()
             mark = self.frames.appended
-            while self.reader_attached and not self.retired and self.frames.taken < mark:
+            while self.reader_attached and not self.retired and self.frames.written < mark:
                 await self.frames.changed()
 
     def drain_now(self) -> None:
@@ -203,7 +205,8 @@ class SessionChannel:
             return [fr.update_frame(event)]
         if kind == ev.PERMISSION_REQUEST:
             found = fr.permission_frame(event)
-            if found is not None:
+            # a replayed request that was resolved meanwhile is history, not a question
+            if found is not None and self.conn.bridge.permissions.is_pending(found[0]):
                 self.conn.expect_answer(found[0], self.session_id)
                 return [found[1]]
         elif kind == ev.PERMISSION_RESOLVED:
