@@ -249,12 +249,13 @@ class Events:
     """An event stream's schema (OpenAPI 3.1: the schema of one event, as a client
     parses it): ``event`` one of the names, ``id`` decimal, ``retry`` on the first, and
     ``data`` one line of JSON of that variant's type (``contentSchema``). No names:
-    any ``event``."""
+    any ``event``. ``name`` is its component."""
 
+    name: str
     variants: tuple[tuple[tuple[str, ...], Any], ...]
 
 
-LMSP_EVENTS = Events((
+LMSP_EVENTS = Events("ResponseStreamEvent", (
     (("response.created", "response.in_progress", "response.completed", "response.incomplete",
       "response.failed", "response.cancelled"), lmsp_wire.ResponseEvent),
     (("response.output_item.added", "response.output_item.done"), lmsp_wire.OutputItemEvent),
@@ -263,7 +264,7 @@ LMSP_EVENTS = Events((
     (("response.output_text.delta",), lmsp_wire.TextDeltaEvent),
     (("response.output_text.done",), lmsp_wire.TextDoneEvent),
 ))
-SESSION_EVENTS = Events((((), EventEnvelope),))
+SESSION_EVENTS = Events("SessionStreamEvent", (((), EventEnvelope),))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -478,9 +479,18 @@ def _schema_of(t: Any, refs: dict[Any, dict[str, Any]]) -> dict[str, Any]:
     if t is dict:
         return {"type": "object"}
     if isinstance(t, Events):
-        variants = [_event_schema(names, refs[data]) for names, data in t.variants]
-        return variants[0] if len(variants) == 1 else {"oneOf": variants}
+        return {"$ref": REF.format(name=t.name)}
     return refs[t]
+
+
+def _stream_components(refs: dict[Any, dict[str, Any]]) -> dict[str, Any]:
+    streams = {t for op in OPERATIONS for a in op.answers
+               for t in (a.schema, *(t for _, t in a.alternatives)) if isinstance(t, Events)}
+    out = {}
+    for stream in sorted(streams, key=lambda e: e.name):
+        variants = [_event_schema(names, refs[data]) for names, data in stream.variants]
+        out[stream.name] = variants[0] if len(variants) == 1 else {"oneOf": variants}
+    return out
 
 
 def _event_schema(names: tuple[str, ...], data: dict[str, Any]) -> dict[str, Any]:
@@ -563,6 +573,7 @@ def document() -> dict[str, Any]:
     types = _types()
     schemas, components = msgspec.json.schema_components(types, ref_template=REF)
     refs = dict(zip(types, schemas))
+    components.update(_stream_components(refs))
     paths: dict[str, dict[str, Any]] = {}
     for op in OPERATIONS:
         paths.setdefault(op.path, {})[op.method.lower()] = _operation(op, refs)
