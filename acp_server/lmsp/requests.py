@@ -51,7 +51,7 @@ class TaskEnvelope:
 
 async def read_body(request: Request, *, limit: int) -> bytes:
     length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > limit:
+    if length is not None and length.isascii() and length.isdigit() and int(length) > limit:
         raise LmspError("payload_too_large", f"The body exceeds {limit} bytes.", limit=limit)
     chunks: list[bytes] = []
     size = 0

@@ -125,7 +125,8 @@ async def read_body(request: Request) -> bytes:
     """The raw body, at most ``settings.max_body_bytes`` bytes (else 413)."""
     limit: int = request.app.state.settings.max_body_bytes
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    if declared is not None and declared.isascii() and declared.isdigit() \
+            and int(declared) > limit:
         raise too_large(limit)
     chunks: list[bytes] = []
     size = 0
