@@ -332,6 +332,8 @@ HTML = "text/html"
 STATIC_TYPES = (("text/javascript", str), ("text/css", str), ("image/svg+xml", str))
 LMSP_STREAM = ((SSE, LMSP_EVENTS),)
 # schemas of path parameters other than plain strings (by name, across routes)
+PAGE_SIZE = {"type": "integer", "minimum": 1, "maximum": 100}
+SEQUENCE = {"type": "integer", "minimum": 0, "maximum": 2**53 - 1}
 PATH_PARAMS: dict[str, dict[str, Any]] = {
     "name": {"type": "string", "examples": ["app.js", "style.css", "index.html"]},
 }
@@ -354,8 +356,9 @@ OPERATIONS: tuple[Op, ...] = (
     Op("GET", "/workspace/{workspace}/sessions",
        "The workspace's live sessions, newest first, a page at a time",
        (Answer(200, "A page of sessions", SessionPage),), (400, 404),
-       query=(Query("size", "Page size, 1..100 (default 20)", {"type": "string"}),
-              Query("cursor", "The `nextCursor` of the previous page", {"type": "string"}))),
+       query=(Query("size", "Page size (default 20)", PAGE_SIZE),
+              Query("cursor", "The `nextCursor` of the previous page",
+                    {"type": "string", "pattern": "^[0-9]{1,9}$"}))),
     Op("POST", "/session", "Create a session or attach to the workspace's default one",
        (Answer(200, "The session", W.SessionCreated, links=(SESSION_LINK,)),),
        (400, 413, 503, *AGENT),
@@ -389,8 +392,8 @@ OPERATIONS: tuple[Op, ...] = (
        (Answer(204, "Removed"),), (400, 404), headers=CLIENT),
     Op("GET", "/session/{session_id}/events", "The session's event stream, with replay",
        (SSE_ANSWER,), (400, 404, 429),
-       query=(Query("maxQueued", "Subscriber queue bound, 16..2048",
-                    {"type": "string"}),),
+       query=(Query("maxQueued", "Subscriber queue bound",
+                    {"type": "integer", "minimum": 16, "maximum": 2048}),),
        headers=("X-Qwen-Client-Id", "Last-Event-ID", "X-Qwen-Event-Epoch")),
     Op("POST", "/session/{session_id}/permission/{request_id}", "Vote on a permission request",
        (Answer(200, "Recorded", EmptyObject),), (400, 404, 413),
@@ -426,7 +429,7 @@ OPERATIONS: tuple[Op, ...] = (
        query=(Query("stream", "`true` (or `1`): the event stream instead of the object",
                     {"type": "string", "enum": ["true", "false", "1", "0"]}),
               Query("starting_after", "With `stream=true`: events after this sequence "
-                    "number", {"type": "string"})),
+                    "number", SEQUENCE)),
        headers=("Last-Event-ID",)),
     Op("DELETE", "/lmsp/v1/responses/{response_id}",
        "Delete a finished response (its task and events)",
@@ -436,8 +439,9 @@ OPERATIONS: tuple[Op, ...] = (
        (Answer(200, "The response", L.ResponseObject),), (400, 404)),
     Op("GET", "/lmsp/v1/tasks", "The caller's tasks, newest first, a page at a time",
        (Answer(200, "A page of tasks", L.TaskList),), (400,),
-       query=(Query("limit", "Page size, 1..100 (default 20)", {"type": "string"}),
-              Query("after", "The `last_id` of the previous page", {"type": "string"}),
+       query=(Query("limit", "Page size (default 20)", PAGE_SIZE),
+              Query("after", "The `last_id` of the previous page",
+                    {"type": "string", "pattern": "^task_[0-9A-Z]{26}$"}),
               Query("status", "Only tasks in this status", {"type": "string", "enum": [
                   "queued", "loading", "running", "cancelling", "succeeded", "failed",
                   "cancelled"]}))),
@@ -453,8 +457,7 @@ OPERATIONS: tuple[Op, ...] = (
        (Answer(200, "The event stream", LMSP_EVENTS, SSE),
         Answer(204, "The task has ended and no event is left")),
        (400, 404, 410),
-       query=(Query("starting_after", "Events after this sequence number",
-                    {"type": "string"}),),
+       query=(Query("starting_after", "Events after this sequence number", SEQUENCE),),
        headers=("Last-Event-ID",)),
 )
 

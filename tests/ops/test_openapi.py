@@ -167,12 +167,17 @@ def test_the_live_server_serves_the_document(live_url: str) -> None:
 
 SCHEMA = schemathesis.openapi.from_dict(openapi.document())
 OPERATIONS = [result.ok() for result in SCHEMA.get_all_operations()]
+# operations with a query parameter narrower than any string (an integer, a pattern, an enum)
+TYPED_QUERY = {f"{method.upper()} {path}" for path, item in SCHEMA.raw_schema["paths"].items()
+               for method, op in item.items()
+               if any(p["in"] == "query" and p["schema"] != {"type": "string"}
+                      for p in op.get("parameters", ()))}
 # (operation, mode): the documented examples (e.g. model `reference`), positive cases,
-# and negative cases where there is a body to break (path, query and header parameters
-# are strings, which every wire value is)
+# and negative cases where there is a body or a typed query parameter to break (path and
+# header parameters are strings, which every wire value is)
 CASES = [pytest.param(op, mode, id=f"{op.label} {mode}") for op in OPERATIONS
          for mode in ("examples", "positive", "negative")
-         if mode == "positive" or (mode == "negative" and op.body)
+         if mode == "positive" or (mode == "negative" and (op.body or op.label in TYPED_QUERY))
          or (mode == "examples" and op.get_strategies_from_examples())]
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
           response_schema_conformance]
