@@ -14,7 +14,10 @@ Contracts:
   dicts. A test fails when a route mounted in the app is missing here.
 * Errors are ``RestError`` bodies (``application/json``) on REST routes and problem
   objects (``application/problem+json``) under ``/lmsp/v1``; 401 and 403 (the network
-  guard) are listed on every operation. Event streams are ``text/event-stream``.
+  guard) are listed on every operation, 401 aside on the ``public`` ones (the web
+  console's files). Event streams are ``text/event-stream`` whose schema is one event
+  (``Events``: OpenAPI 3.1 reads it so), its ``data`` JSON described by
+  ``contentSchema``.
 * ``/acp`` (JSON-RPC) is not in the document.
 * The document does not depend on the settings, so the checked-in ``openapi.json``
   (``make schemas``) is exactly what the server answers.
