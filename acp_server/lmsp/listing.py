@@ -48,7 +48,8 @@ def parse_query(request: Request) -> tuple[int, str | None, str | None]:
     raw_limit = query.get("limit")
     limit = DEFAULT_LIMIT
     if raw_limit is not None:
-        if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_LIMIT:
+        if not (raw_limit.isascii() and raw_limit.isdigit()) or \
+                not 1 <= int(raw_limit) <= MAX_LIMIT:
             raise _invalid("limit", f"limit must be an integer from 1 to {MAX_LIMIT}.")
         limit = int(raw_limit)
     status = query.get("status")
