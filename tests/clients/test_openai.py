@@ -121,25 +121,24 @@ class _KeepAliveWatch(httpx.BaseTransport):
 
 
 async def test_stream_silent_past_keepalive(tmp_path: Path) -> None:
-    """The agent waits on a permission (silent) until keep-alives went through the
-    SDK's decoder; from the second one on, each grants what is pending, and the turn
-    completes."""
-    async with running_lmsp(tmp_path, config=LmspConfig(keepalive_s=0.05)) as srv:
-        bridge = srv.service.models["reference"][0]
+    """The streamed response waits, silent, behind a task holding the only running
+    slot until keep-alives went through the SDK's decoder; from the second one on, each
+    cancels the holder, so the response runs and completes."""
+    async with running_lmsp(tmp_path, max_running_tasks=1,
+                            config=LmspConfig(keepalive_s=0.05)) as srv:
+        holder = await srv.create("/sleep 60s hold the slot")
         granted = threading.Event()
 
-        def grant() -> None:
-            for request_id in list(bridge.permissions._by_id):
-                bridge.respond_to_permission(request_id, {"outcome": "selected",
-                                                          "optionId": "allow_once"})
+        async def release() -> None:
+            if not granted.is_set():
                 granted.set()
+                await srv.client.post(f"/lmsp/v1/tasks/{holder['id']}/cancel")
 
         def run() -> list[Any]:
-            watch = _KeepAliveWatch(2, lambda: anyio.from_thread.run_sync(grant))
+            watch = _KeepAliveWatch(2, lambda: anyio.from_thread.run(release))
             with httpx.Client(transport=watch) as http, _client(srv, http_client=http) as client:
                 return list(client.responses.create(model="reference",
-                                                    input="/permission wait for me",
-                                                    stream=True))
+                                                    input="wait for me", stream=True))
 
         events = await anyio.to_thread.run_sync(run)
     assert granted.is_set()
