@@ -1,4 +1,5 @@
-"""``model`` → agent: the bridge's agents by name, ``reference`` always (§6.1)."""
+"""``model`` → agent: the bridge's agents by name, plus what the composition maps (§6.1;
+``acp_server.cli`` always configures ``reference``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 
 from acp_server.lmsp import open_lmsp
 from acp_server.lmsp.requests import parse_task_envelope
+from acp_server.lmsp.service import bridge_models
 from bridge import Bridge
 from bridge.agents.reference import ReferenceAgentFactory
 
@@ -29,11 +31,13 @@ async def _run(service: object, model: str) -> str:
     return (await service.wait_terminal(record.id)).status  # type: ignore
 
 
-async def test_every_bridge_agent_is_a_model_and_reference_is_always_there() -> None:
+async def test_every_bridge_agent_is_a_model_and_composed_models_join_them() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         async with Bridge(Renamed(), workspace_cwd=tmp,
                           agents={"second": ReferenceAgentFactory()}) as bridge, \
-                open_lmsp(bridge, state_dir=tmp) as service:
+                Bridge(ReferenceAgentFactory(), workspace_cwd=tmp) as private, \
+                open_lmsp(bridge, state_dir=tmp, models={
+                    **bridge_models(bridge), "reference": (private, None)}) as service:
             assert service.capabilities().models == ["house-agent", "reference", "second"]
             assert service.models["reference"][0] is not bridge   # a private reference bridge
             for model in ("house-agent", "second", "reference"):

@@ -21,7 +21,7 @@ from acp_server.lmsp import LmspService, open_lmsp
 from acp_server.lmsp.postgres import MIGRATIONS, PostgresTaskStore
 from acp_server.lmsp.requests import parse_task_envelope
 from acp_server.lmsp.responses import created_event, recovery_finish
-from acp_server.lmsp.service import _record_of
+from acp_server.lmsp.store import queued_record
 from acp_server.lmsp.store import IdempotencyClaim
 from bridge import Bridge
 from bridge.agents.reference import ReferenceAgentFactory
@@ -81,7 +81,7 @@ async def test_idempotency_key_across_instances(url: str) -> None:
 
         async def post(store: PostgresTaskStore) -> None:
             task = new_task()
-            outcomes.append(await store.create_task(task, created_event(_record_of(task)),
+            outcomes.append(await store.create_task(task, created_event(queued_record(task)),
                                                     claim))
 
         async with anyio.create_task_group() as tg:
