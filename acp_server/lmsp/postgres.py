@@ -67,20 +67,9 @@ from acp_server.lmsp.store import (
     RecoveryReport,
     TaskRecord,
     Transition,
-    append_in,
     cancel_in,
-    claim_oldest,
-    delete_finished,
-    purge_tasks,
     queued_record,
     recover_rows,
-    replay_key,
-    select_by_response,
-    select_counts,
-    select_events,
-    select_page,
-    select_task,
-    transition_in,
 )
 from acp_server.lmsp.wire import AnyEvent, encode
 from acp_server.lmsp.writer import GroupCommitStore, Op
@@ -329,7 +318,7 @@ class PostgresTaskStore(GroupCommitStore[Conn]):
                           max_queued: int | None = None) -> CreateOutcome:
         def op(conn: Conn, out: list[CommittedEvent], state: _Batch) -> CreateOutcome:
             if idem is not None:
-                if (found := replay_key(PG, conn, idem, task.created_at)) is not None:
+                if (found := PG.replay_key(conn, idem, task.created_at)) is not None:
                     return found
                 # waits for a concurrent insert of the key (any instance) to end
                 inserted = conn.execute(
@@ -338,7 +327,7 @@ class PostgresTaskStore(GroupCommitStore[Conn]):
                     (idem.scope, idem.key, idem.fingerprint, task.id,
                      idem.expires_at)).fetchone()
                 if inserted is None:   # another instance committed it first
-                    found = replay_key(PG, conn, idem, task.created_at)
+                    found = PG.replay_key(conn, idem, task.created_at)
                     if found is None:
                         raise pg_errors.SerializationFailure("idempotency key churn")
                     return found
@@ -364,14 +353,14 @@ class PostgresTaskStore(GroupCommitStore[Conn]):
         return await self._write(op, timeout, bulk)
 
     async def get_task(self, task_id: str) -> TaskRecord | None:
-        return await self._read(lambda conn: select_task(PG, conn, task_id))
+        return await self._read(lambda conn: PG.select_task(conn, task_id))
 
     async def get_by_response(self, response_id: str) -> TaskRecord | None:
-        return await self._read(lambda conn: select_by_response(PG, conn, response_id))
+        return await self._read(lambda conn: PG.select_by_response(conn, response_id))
 
     async def delete_task(self, task_id: str) -> bool:
         def op(conn: Conn, out: list[CommittedEvent], state: _Batch) -> bool:
-            deleted = delete_finished(PG, conn, task_id)
+            deleted = PG.delete_finished(conn, task_id)
             if deleted:
                 self._notice(state, "e", task_id)   # watchers re-read: the task is gone
             return deleted
@@ -381,12 +370,12 @@ class PostgresTaskStore(GroupCommitStore[Conn]):
     async def list_tasks(self, principal: str, *, status: str | None, after: str | None,
                          limit: int) -> list[TaskRecord]:
         return await self._read(
-            lambda conn: select_page(PG, conn, principal, status, after, limit))
+            lambda conn: PG.select_page(conn, principal, status, after, limit))
 
     async def claim_next(self, now: float) -> TaskRecord | None:
         lease: Extra = (f", owner = %s, lease_expires_at = {NOW} + %s",
                         (self.instance, self.lease_s))
-        return await self._write(lambda conn, out, state: claim_oldest(PG, conn, now, lease))
+        return await self._write(lambda conn, out, state: PG.claim_oldest(conn, now, lease))
 
     def _owned(self) -> Extra:
         """Runner writes: only while no other instance owns the task."""
@@ -396,12 +385,12 @@ class PostgresTaskStore(GroupCommitStore[Conn]):
                     from_states: Sequence[str], to_state: str,
                     finish: FinishFactory | Finish | None, now: float, *,
                     owned: bool = True) -> Transition | None:
-        """``transition_in`` (row locked first), ownership kept, its notices added."""
+        """``Dialect.transition_in`` (row locked first), ownership kept, its notices added."""
         requeue = to_state == "queued"
         released: Extra = (", owner = CASE WHEN %s THEN NULL ELSE owner END, "
                            "lease_expires_at = CASE WHEN %s THEN NULL ELSE lease_expires_at "
                            "END", (requeue, requeue or to_state in TERMINAL))
-        won = transition_in(PG, conn, out, task_id, from_states, to_state, finish, now,
+        won = PG.transition_in(conn, out, task_id, from_states, to_state, finish, now,
                             set_extra=released,
                             where_extra=self._owned() if owned else NO_EXTRA)
         if won is None:
@@ -425,7 +414,7 @@ class PostgresTaskStore(GroupCommitStore[Conn]):
                             while_states: Sequence[str]) -> list[CommittedEvent] | None:
         def op(conn: Conn, out: list[CommittedEvent], state: _Batch
                ) -> list[CommittedEvent] | None:
-            written = append_in(PG, conn, out, task_id, events, while_states, self._owned())
+            written = PG.append_in(conn, out, task_id, events, while_states, self._owned())
             if written is not None:
                 self._notice(state, "e", task_id)
             return written
@@ -438,12 +427,12 @@ class PostgresTaskStore(GroupCommitStore[Conn]):
                ) -> tuple[TaskRecord | None, bool]:   # any instance may ask
             return cancel_in(lambda states, to, done: self._transition(
                 conn, out, state, task_id, states, to, done, now, owned=False), finish,
-                lambda: select_task(PG, conn, task_id))
+                lambda: PG.select_task(conn, task_id))
 
         return await self._write(op)
 
     async def read_events(self, task_id: str, after: int, limit: int) -> list[CommittedEvent]:
-        return await self._read(lambda conn: select_events(PG, conn, task_id, after, limit))
+        return await self._read(lambda conn: PG.select_events(conn, task_id, after, limit))
 
     # -- leases and recovery -------------------------------------------------------
     async def renew_leases(self) -> tuple[set[str], set[str]]:
@@ -499,11 +488,11 @@ class PostgresTaskStore(GroupCommitStore[Conn]):
 
     async def purge(self, *, now: float, event_retention: float, task_retention: float,
                     key_ttl: float) -> int:
-        return await self._write(lambda conn, out, state: purge_tasks(
-            PG, conn, now=now, event_retention=event_retention, task_retention=task_retention))
+        return await self._write(lambda conn, out, state: PG.purge_tasks(
+            conn, now=now, event_retention=event_retention, task_retention=task_retention))
 
     async def status_counts(self) -> dict[str, int]:
-        return await self._read(select_counts)
+        return await self._read(PG.select_counts)
 
 
 def is_postgres_url(url: str) -> bool:

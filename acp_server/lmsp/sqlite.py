@@ -35,20 +35,9 @@ from acp_server.lmsp.store import (
     RecoveryReport,
     TaskRecord,
     Transition,
-    append_in,
     cancel_in,
-    claim_oldest,
-    delete_finished,
-    purge_tasks,
     queued_record,
     recover_rows,
-    replay_key,
-    select_by_response,
-    select_counts,
-    select_events,
-    select_page,
-    select_task,
-    transition_in,
 )
 from acp_server.lmsp.wire import AnyEvent
 from acp_server.lmsp.writer import GroupCommitStore, Op
@@ -171,7 +160,7 @@ class SqliteTaskStore(GroupCommitStore[sqlite3.Connection]):
     def _step(self, conn: sqlite3.Connection, out: list[CommittedEvent], task_id: str,
               from_states: Sequence[str], to_state: str,
               finish: FinishFactory | Finish | None, now: float) -> Transition | None:
-        won = transition_in(SQL, conn, out, task_id, from_states, to_state, finish, now)
+        won = SQL.transition_in(conn, out, task_id, from_states, to_state, finish, now)
         if won is not None:
             self._moved(won.previous, won.task.status)
         return won
@@ -183,7 +172,7 @@ class SqliteTaskStore(GroupCommitStore[sqlite3.Connection]):
                           max_queued: int | None = None) -> CreateOutcome:
         def op(conn: sqlite3.Connection, out: list[CommittedEvent]) -> CreateOutcome:
             if idem is not None:
-                if (found := replay_key(SQL, conn, idem, task.created_at)) is not None:
+                if (found := SQL.replay_key(conn, idem, task.created_at)) is not None:
                     return found
                 conn.execute("INSERT INTO idempotency_keys VALUES (?,?,?,?,?)",
                              (idem.scope, idem.key, idem.fingerprint, task.id, idem.expires_at))
@@ -205,22 +194,22 @@ class SqliteTaskStore(GroupCommitStore[sqlite3.Connection]):
         return await self._write(op, timeout)
 
     async def get_task(self, task_id: str) -> TaskRecord | None:
-        return await self._read(lambda conn: select_task(SQL, conn, task_id))
+        return await self._read(lambda conn: SQL.select_task(conn, task_id))
 
     async def get_by_response(self, response_id: str) -> TaskRecord | None:
-        return await self._read(lambda conn: select_by_response(SQL, conn, response_id))
+        return await self._read(lambda conn: SQL.select_by_response(conn, response_id))
 
     async def delete_task(self, task_id: str) -> bool:
-        return await self._write(lambda conn, out: delete_finished(SQL, conn, task_id))
+        return await self._write(lambda conn, out: SQL.delete_finished(conn, task_id))
 
     async def list_tasks(self, principal: str, *, status: str | None, after: str | None,
                          limit: int) -> list[TaskRecord]:
         return await self._read(
-            lambda conn: select_page(SQL, conn, principal, status, after, limit))
+            lambda conn: SQL.select_page(conn, principal, status, after, limit))
 
     async def claim_next(self, now: float) -> TaskRecord | None:
         def op(conn: sqlite3.Connection, out: list[CommittedEvent]) -> TaskRecord | None:
-            claimed = claim_oldest(SQL, conn, now)
+            claimed = SQL.claim_oldest(conn, now)
             if claimed is not None:
                 self._moved("queued", "loading")
             return claimed
@@ -236,7 +225,7 @@ class SqliteTaskStore(GroupCommitStore[sqlite3.Connection]):
     async def append_events(self, task_id: str, events: Sequence[AnyEvent],
                             while_states: Sequence[str]) -> list[CommittedEvent] | None:
         return await self._write(
-            lambda conn, out: append_in(SQL, conn, out, task_id, events, while_states))
+            lambda conn, out: SQL.append_in(conn, out, task_id, events, while_states))
 
     async def request_cancel(self, task_id: str, finish: FinishFactory, *,
                              now: float) -> tuple[TaskRecord | None, bool]:
@@ -244,12 +233,12 @@ class SqliteTaskStore(GroupCommitStore[sqlite3.Connection]):
                ) -> tuple[TaskRecord | None, bool]:
             return cancel_in(lambda states, to, done: self._step(
                 conn, out, task_id, states, to, done, now), finish,
-                lambda: select_task(SQL, conn, task_id))
+                lambda: SQL.select_task(conn, task_id))
 
         return await self._write(op)
 
     async def read_events(self, task_id: str, after: int, limit: int) -> list[CommittedEvent]:
-        return await self._read(lambda conn: select_events(SQL, conn, task_id, after, limit))
+        return await self._read(lambda conn: SQL.select_events(conn, task_id, after, limit))
 
     async def recover(self, factory: RecoveryFactory, *, max_attempts: int,
                       now: float, own: bool = False) -> RecoveryReport:
@@ -264,11 +253,11 @@ class SqliteTaskStore(GroupCommitStore[sqlite3.Connection]):
 
     async def purge(self, *, now: float, event_retention: float, task_retention: float,
                     key_ttl: float) -> int:
-        return await self._write(lambda conn, out: purge_tasks(
-            SQL, conn, now=now, event_retention=event_retention, task_retention=task_retention))
+        return await self._write(lambda conn, out: SQL.purge_tasks(
+            conn, now=now, event_retention=event_retention, task_retention=task_retention))
 
     async def status_counts(self) -> dict[str, int]:
-        return await self._read(select_counts)
+        return await self._read(SQL.select_counts)
 
 
 def store_path(url: str) -> str:

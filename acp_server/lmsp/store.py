@@ -318,6 +318,11 @@ def list_statement(p: str, *, principal: str, status: str | None, after: str | N
 
 
 # -- the operations both stores run, on a DB-API connection (``conn.execute``) ------------
+# Extra SQL of one statement: (clause, its params).
+Extra = tuple[str, Sequence[Any]]
+NO_EXTRA: Extra = ("", ())
+
+
 class Dialect:
     """What differs in the two engines' SQL; SQLite's here, PostgreSQL's in ``pg_schema``."""
 
@@ -333,6 +338,120 @@ class Dialect:
         conn.executemany("INSERT INTO task_events(task_id, seq, type, data) VALUES (?,?,?,?)",
                          rows)
 
+    def select_task(self, conn: Any, task_id: str, lock: bool = False) -> TaskRecord | None:
+        row = conn.execute(f"SELECT {COLUMNS} FROM tasks WHERE id = {self.p}"
+                           f"{self.lock if lock else ''}", (task_id,)).fetchone()
+        return None if row is None else record_from_row(row)
+
+    def select_by_response(self, conn: Any, response_id: str) -> TaskRecord | None:
+        row = conn.execute(f"SELECT {COLUMNS} FROM tasks WHERE response_id = {self.p}",
+                           (response_id,)).fetchone()
+        return None if row is None else record_from_row(row)
+
+    def select_page(self, conn: Any, principal: str, status: str | None, after: str | None,
+                    limit: int) -> list[TaskRecord]:
+        sql, params = list_statement(self.p, principal=principal, status=status, after=after,
+                                     limit=limit)
+        return [record_from_row(r) for r in conn.execute(sql, params).fetchall()]
+
+    def select_events(self, conn: Any, task_id: str, after: int,
+                      limit: int) -> list[CommittedEvent]:
+        rows = conn.execute(
+            f"SELECT seq, type, data FROM task_events WHERE task_id = {self.p} AND seq > {self.p} "
+            f"ORDER BY seq LIMIT {self.p}", (task_id, after, limit)).fetchall()
+        return [CommittedEvent(task_id, r[0], r[1], bytes(r[2])) for r in rows]
+
+    def select_counts(self, conn: Any) -> dict[str, int]:
+        return dict(conn.execute(STATUS_COUNTS_SQL).fetchall())
+
+    def replay_key(self, conn: Any, idem: IdempotencyClaim,
+                   created_at: float) -> CreateOutcome | None:
+        """The task a live key already names (``replayed``; ``KeyReusedError`` for another
+        fingerprint), else ``None`` after deleting a stale key: the caller inserts it."""
+        p = self.p
+        row = conn.execute(f"SELECT fingerprint, task_id, expires_at FROM idempotency_keys "
+                           f"WHERE scope = {p} AND key = {p}{self.lock}",
+                           (idem.scope, idem.key)).fetchone()
+        existing = self.select_task(conn, row[1]) if row is not None else None
+        if row is not None and existing is not None and row[2] > created_at:
+            if row[0] != idem.fingerprint:
+                raise KeyReusedError(idem.key)
+            return CreateOutcome(existing, replayed=True)
+        if row is not None:
+            conn.execute(f"DELETE FROM idempotency_keys WHERE scope = {p} AND key = {p}",
+                         (idem.scope, idem.key))
+        return None
+
+    def delete_finished(self, conn: Any, task_id: str) -> bool:
+        """``TaskStore.delete_task`` inside the caller's transaction."""
+        (first, first_params), *rest = delete_statements(self.p, task_id)
+        if conn.execute(first, first_params).rowcount == 0:
+            return False
+        for sql, params in rest:
+            conn.execute(sql, params)
+        return True
+
+    def purge_tasks(self, conn: Any, *, now: float, event_retention: float,
+                    task_retention: float) -> int:
+        counts = [conn.execute(sql, params).rowcount for sql, params in purge_statements(
+            self.p, now=now, event_retention=event_retention, task_retention=task_retention)]
+        return counts[0] + counts[-1]
+
+    def claim_oldest(self, conn: Any, now: float, set_extra: Extra = NO_EXTRA
+                     ) -> TaskRecord | None:
+        """The oldest ``queued`` task → ``loading`` (attempt + 1), or ``None``."""
+        p = self.p
+        row = conn.execute(
+            f"UPDATE tasks SET status = 'loading', attempt = attempt + 1, updated_at = {p}"
+            f"{set_extra[0]} WHERE seq = (SELECT seq FROM tasks WHERE status = 'queued' "
+            f"ORDER BY seq LIMIT 1{self.skip_locked}) AND status = 'queued' RETURNING {COLUMNS}",
+            (now, *set_extra[1])).fetchone()
+        return None if row is None else record_from_row(row)
+
+    def transition_in(self, conn: Any, out: list[CommittedEvent], task_id: str,
+                      from_states: Sequence[str], to_state: str,
+                      finish: FinishFactory | Finish | None, now: float, *,
+                      set_extra: Extra = NO_EXTRA, where_extra: Extra = NO_EXTRA
+                      ) -> Transition | None:
+        """One conditional UPDATE (the row read first, locked where the engine locks, so
+        ``finish`` sees what it updates) and its events, in the caller's transaction.
+        ``None`` = the task was not in ``from_states`` (another commit won)."""
+        current = self.select_task(conn, task_id, lock=True)
+        if current is None or current.status not in from_states:
+            return None
+        done = finish(current) if callable(finish) else (finish or Finish())
+        p = self.p
+        marks = ",".join([p] * len(from_states))
+        row = conn.execute(
+            f"UPDATE tasks SET status = {p}, updated_at = {p}, next_seq = next_seq + {p}, "
+            f"finished_at = CASE WHEN {p} THEN {p} ELSE finished_at END, "
+            f"response = COALESCE({p}, response), error = COALESCE({p}, error){set_extra[0]} "
+            f"WHERE id = {p} AND status IN ({marks}){where_extra[0]} RETURNING {COLUMNS}",
+            (to_state, now, len(done.events), to_state in TERMINAL, now, done.response,
+             done.error, *set_extra[1], task_id, *from_states, *where_extra[1])).fetchone()
+        if row is None:
+            return None
+        record = record_from_row(row)
+        events: list[CommittedEvent] = []
+        self.insert_events(conn, task_id, record.next_seq - len(done.events), done.events, events)
+        out.extend(events)
+        return Transition(record, events, current.status)
+
+    def append_in(self, conn: Any, out: list[CommittedEvent], task_id: str,
+                  events: Sequence[AnyEvent], while_states: Sequence[str],
+                  where_extra: Extra = NO_EXTRA) -> list[CommittedEvent] | None:
+        """``TaskStore.append_events`` inside the caller's transaction."""
+        p = self.p
+        marks = ",".join([p] * len(while_states))
+        row = conn.execute(
+            f"UPDATE tasks SET next_seq = next_seq + {p} WHERE id = {p} AND status IN ({marks})"
+            f"{where_extra[0]} RETURNING next_seq",
+            (len(events), task_id, *while_states, *where_extra[1])).fetchone()
+        if row is None:
+            return None
+        self.insert_events(conn, task_id, row[0] - len(events), events, out)
+        return list(out)
+
 
 def numbered(task_id: str, first_seq: int, events: Sequence[AnyEvent],
              out: list[CommittedEvent]) -> list[CommittedEvent]:
@@ -342,136 +461,6 @@ def numbered(task_id: str, first_seq: int, events: Sequence[AnyEvent],
             for i, draft in enumerate(events)]
     out.extend(done)
     return done
-
-
-def select_task(d: Dialect, conn: Any, task_id: str, lock: bool = False) -> TaskRecord | None:
-    row = conn.execute(f"SELECT {COLUMNS} FROM tasks WHERE id = {d.p}"
-                       f"{d.lock if lock else ''}", (task_id,)).fetchone()
-    return None if row is None else record_from_row(row)
-
-
-def select_by_response(d: Dialect, conn: Any, response_id: str) -> TaskRecord | None:
-    row = conn.execute(f"SELECT {COLUMNS} FROM tasks WHERE response_id = {d.p}",
-                       (response_id,)).fetchone()
-    return None if row is None else record_from_row(row)
-
-
-def select_page(d: Dialect, conn: Any, principal: str, status: str | None, after: str | None,
-                limit: int) -> list[TaskRecord]:
-    sql, params = list_statement(d.p, principal=principal, status=status, after=after,
-                                 limit=limit)
-    return [record_from_row(r) for r in conn.execute(sql, params).fetchall()]
-
-
-def select_events(d: Dialect, conn: Any, task_id: str, after: int,
-                  limit: int) -> list[CommittedEvent]:
-    rows = conn.execute(
-        f"SELECT seq, type, data FROM task_events WHERE task_id = {d.p} AND seq > {d.p} "
-        f"ORDER BY seq LIMIT {d.p}", (task_id, after, limit)).fetchall()
-    return [CommittedEvent(task_id, r[0], r[1], bytes(r[2])) for r in rows]
-
-
-def select_counts(conn: Any) -> dict[str, int]:
-    return dict(conn.execute(STATUS_COUNTS_SQL).fetchall())
-
-
-def replay_key(d: Dialect, conn: Any, idem: IdempotencyClaim,
-               created_at: float) -> CreateOutcome | None:
-    """The task a live key already names (``replayed``; ``KeyReusedError`` for another
-    fingerprint), else ``None`` after deleting a stale key: the caller inserts it."""
-    p = d.p
-    row = conn.execute(f"SELECT fingerprint, task_id, expires_at FROM idempotency_keys "
-                       f"WHERE scope = {p} AND key = {p}{d.lock}",
-                       (idem.scope, idem.key)).fetchone()
-    existing = select_task(d, conn, row[1]) if row is not None else None
-    if row is not None and existing is not None and row[2] > created_at:
-        if row[0] != idem.fingerprint:
-            raise KeyReusedError(idem.key)
-        return CreateOutcome(existing, replayed=True)
-    if row is not None:
-        conn.execute(f"DELETE FROM idempotency_keys WHERE scope = {p} AND key = {p}",
-                     (idem.scope, idem.key))
-    return None
-
-
-def delete_finished(d: Dialect, conn: Any, task_id: str) -> bool:
-    """``TaskStore.delete_task`` inside the caller's transaction."""
-    (first, first_params), *rest = delete_statements(d.p, task_id)
-    if conn.execute(first, first_params).rowcount == 0:
-        return False
-    for sql, params in rest:
-        conn.execute(sql, params)
-    return True
-
-
-def purge_tasks(d: Dialect, conn: Any, *, now: float, event_retention: float,
-                task_retention: float) -> int:
-    counts = [conn.execute(sql, params).rowcount for sql, params in purge_statements(
-        d.p, now=now, event_retention=event_retention, task_retention=task_retention)]
-    return counts[0] + counts[-1]
-
-
-# Extra SQL of one statement: (clause, its params).
-Extra = tuple[str, Sequence[Any]]
-NO_EXTRA: Extra = ("", ())
-
-
-def claim_oldest(d: Dialect, conn: Any, now: float, set_extra: Extra = NO_EXTRA
-                 ) -> TaskRecord | None:
-    """The oldest ``queued`` task → ``loading`` (attempt + 1), or ``None``."""
-    p = d.p
-    row = conn.execute(
-        f"UPDATE tasks SET status = 'loading', attempt = attempt + 1, updated_at = {p}"
-        f"{set_extra[0]} WHERE seq = (SELECT seq FROM tasks WHERE status = 'queued' "
-        f"ORDER BY seq LIMIT 1{d.skip_locked}) AND status = 'queued' RETURNING {COLUMNS}",
-        (now, *set_extra[1])).fetchone()
-    return None if row is None else record_from_row(row)
-
-
-def transition_in(d: Dialect, conn: Any, out: list[CommittedEvent], task_id: str,
-                  from_states: Sequence[str], to_state: str,
-                  finish: FinishFactory | Finish | None, now: float, *,
-                  set_extra: Extra = NO_EXTRA, where_extra: Extra = NO_EXTRA
-                  ) -> Transition | None:
-    """One conditional UPDATE (the row read first, locked where the engine locks, so
-    ``finish`` sees what it updates) and its events, in the caller's transaction.
-    ``None`` = the task was not in ``from_states`` (another commit won)."""
-    current = select_task(d, conn, task_id, lock=True)
-    if current is None or current.status not in from_states:
-        return None
-    done = finish(current) if callable(finish) else (finish or Finish())
-    p = d.p
-    marks = ",".join([p] * len(from_states))
-    row = conn.execute(
-        f"UPDATE tasks SET status = {p}, updated_at = {p}, next_seq = next_seq + {p}, "
-        f"finished_at = CASE WHEN {p} THEN {p} ELSE finished_at END, "
-        f"response = COALESCE({p}, response), error = COALESCE({p}, error){set_extra[0]} "
-        f"WHERE id = {p} AND status IN ({marks}){where_extra[0]} RETURNING {COLUMNS}",
-        (to_state, now, len(done.events), to_state in TERMINAL, now, done.response,
-         done.error, *set_extra[1], task_id, *from_states, *where_extra[1])).fetchone()
-    if row is None:
-        return None
-    record = record_from_row(row)
-    events: list[CommittedEvent] = []
-    d.insert_events(conn, task_id, record.next_seq - len(done.events), done.events, events)
-    out.extend(events)
-    return Transition(record, events, current.status)
-
-
-def append_in(d: Dialect, conn: Any, out: list[CommittedEvent], task_id: str,
-              events: Sequence[AnyEvent], while_states: Sequence[str],
-              where_extra: Extra = NO_EXTRA) -> list[CommittedEvent] | None:
-    """``TaskStore.append_events`` inside the caller's transaction."""
-    p = d.p
-    marks = ",".join([p] * len(while_states))
-    row = conn.execute(
-        f"UPDATE tasks SET next_seq = next_seq + {p} WHERE id = {p} AND status IN ({marks})"
-        f"{where_extra[0]} RETURNING next_seq",
-        (len(events), task_id, *while_states, *where_extra[1])).fetchone()
-    if row is None:
-        return None
-    d.insert_events(conn, task_id, row[0] - len(events), events, out)
-    return list(out)
 
 
 # (from states, to state, finish) -> the transition, or None when it lost
