@@ -38,6 +38,7 @@ import math
 from collections.abc import AsyncIterator, Callable, Mapping
 
 import anyio
+import anyio.abc
 import msgspec
 
 from acp_server.lmsp.hub import Hub
@@ -133,7 +134,10 @@ class LmspService:
         self.hub.close()
         self._background.cancel()
 
-    async def run_background(self) -> None:
+    async def run_background(self, *, task_status: anyio.abc.TaskStatus[None]
+                             = anyio.TASK_STATUS_IGNORED) -> None:
+        """The runner, the purge and (shared store) leases and polling; started once
+        other instances' notices are wired to this service."""
         with self._background:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self.runner.run)
@@ -142,6 +146,7 @@ class LmspService:
                     self.store.on_notify = self._on_notice
                     tg.start_soon(self._lease_loop, self.store)
                     tg.start_soon(self._poll_loop, self.store)
+                task_status.started()
 
     # -- several instances on one store (PostgreSQL) ---------------------------------
     def _on_notice(self, kind: str, task_id: str) -> None:
@@ -480,7 +485,7 @@ async def open_lmsp(bridge: Bridge, *, state_dir: str, store_url: str | None = N
                                                max_attempts=config.max_attempts,
                                                now=config.clock(), own=True)
         async with anyio.create_task_group() as tg:
-            tg.start_soon(service.run_background)
+            await tg.start(service.run_background)
             try:
                 yield service
             finally:

@@ -6,9 +6,9 @@
 Contracts (see ``acp_server.lmsp.store`` for the interface):
 
 * Writes are *operations* (a function of the connection) sent through a bounded
-  memory stream to one writer task, which runs everything queued so far — at most
-  ``MAX_BATCH`` — in one ``BEGIN IMMEDIATE … COMMIT`` on one worker thread
-  (``CapacityLimiter(1)``): concurrent creates share one transaction and one fsync.
+  memory stream to one writer task (``writer.py``), which runs everything queued so
+  far — at most ``MAX_BATCH`` — in one ``BEGIN IMMEDIATE … COMMIT`` on one worker
+  thread: concurrent creates share one transaction and one fsync.
   Each operation runs inside a SAVEPOINT, so one failing operation rolls back alone.
   ``group_commit=False`` commits every operation on its own (the benchmark baseline).
 * Callers wake only after the COMMIT; ``on_commit`` gets the batch's events first.
