@@ -112,6 +112,8 @@ class PostgresTaskStore(GroupCommitStore[Conn]):
         self.url = url
         self.on_notify: Callable[[str, str], None] | None = None
         self.lease_s, self.renew_s, self.poll_s = lease_s, renew_s, poll_s
+        # Seconds added to the database clock of the leases (tests move time with it).
+        self.clock_offset_s = 0.0
         # Stable across restarts with a state dir (identity.py): own tasks recovered at once.
         self._identity = claim_identity(state_dir, url) if state_dir else None
         self.instance = self._identity.instance if self._identity else secrets.token_hex(6)
@@ -374,7 +376,7 @@ class PostgresTaskStore(GroupCommitStore[Conn]):
 
     async def claim_next(self, now: float) -> TaskRecord | None:
         lease: Extra = (f", owner = %s, lease_expires_at = {NOW} + %s",
-                        (self.instance, self.lease_s))
+                        (self.instance, self.clock_offset_s + self.lease_s))
         return await self._write(lambda conn, out, state: PG.claim_oldest(conn, now, lease))
 
     def _owned(self) -> Extra:
@@ -442,14 +444,15 @@ class PostgresTaskStore(GroupCommitStore[Conn]):
             rows = conn.execute(
                 f"UPDATE tasks SET lease_expires_at = {NOW} + %s WHERE owner = %s "
                 f"AND status = ANY(%s) RETURNING id, status",
-                (self.lease_s, self.instance, list(ACTIVE))).fetchall()
+                (self.clock_offset_s + self.lease_s, self.instance, list(ACTIVE))).fetchall()
             return {r[0] for r in rows}, {r[0] for r in rows if r[1] == "cancelling"}
 
         return await self._write(op)
 
     def _release_op(self, conn: Conn, out: list[CommittedEvent], state: _Batch) -> None:
-        conn.execute(f"UPDATE tasks SET lease_expires_at = {NOW} - 1 WHERE owner = %s "
-                     f"AND status = ANY(%s)", (self.instance, list(ACTIVE)))
+        conn.execute(f"UPDATE tasks SET lease_expires_at = {NOW} + %s WHERE owner = %s "
+                     f"AND status = ANY(%s)", (self.clock_offset_s - 1, self.instance,
+                                               list(ACTIVE)))
 
     async def release_leases(self) -> None:
         """Expire this instance's leases now (closing does it; tests use it to play a
@@ -463,9 +466,9 @@ class PostgresTaskStore(GroupCommitStore[Conn]):
         def op(conn: Conn, out: list[CommittedEvent], state: _Batch) -> RecoveryReport:
             rows = conn.execute(
                 f"SELECT id, status, on_restart, attempt FROM tasks WHERE status = ANY(%s) "
-                f"AND (lease_expires_at IS NULL OR lease_expires_at < {NOW} OR owner = %s) "
-                f"ORDER BY seq FOR UPDATE SKIP LOCKED",
-                (list(ACTIVE), mine)).fetchall()
+                f"AND (lease_expires_at IS NULL OR lease_expires_at < {NOW} + %s "
+                f"OR owner = %s) ORDER BY seq FOR UPDATE SKIP LOCKED",
+                (list(ACTIVE), self.clock_offset_s, mine)).fetchall()
             return recover_rows(rows, lambda task_id, states, to, done: self._transition(
                 conn, out, state, task_id, states, to, done, now, owned=False),
                 factory, max_attempts)

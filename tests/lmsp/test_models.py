@@ -45,10 +45,16 @@ async def test_every_bridge_agent_is_a_model_and_composed_models_join_them() -> 
 
 
 class SlowStart(ReferenceAgentFactory):
+    """Starts once the test opens ``gate``: the task stays ``loading`` until then."""
+
     name = "slow"
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = anyio.Event()
+
     async def connect(self, client: object, task_group: object) -> object:
-        await anyio.sleep(0.4)
+        await self.gate.wait()
         return await super().connect(client, task_group)  # type: ignore[arg-type]
 
 
@@ -74,8 +80,9 @@ async def test_loading_then_failed_when_the_agent_cannot_start(tmp_path: Path) -
 
 
 async def test_cancel_while_loading(tmp_path: Path) -> None:
+    slow = SlowStart()
     async with Bridge(ReferenceAgentFactory(), workspace_cwd=str(tmp_path),
-                      agents={"slow": SlowStart()}) as bridge, \
+                      agents={"slow": slow}) as bridge, \
             open_lmsp(bridge, state_dir=str(tmp_path)) as service:
         body = {"type": "response", "input": {"model": "slow", "input": "hi"}}
         parsed = parse_task_envelope(body)
@@ -86,6 +93,7 @@ async def test_cancel_while_loading(tmp_path: Path) -> None:
                 await anyio.sleep(0.01)
         cancelling = await service.cancel(record.id)
         assert cancelling.status == "cancelling"
+        slow.gate.set()
         done = await service.wait_terminal(record.id)
         assert done.status == "cancelled"
         events = await service.store.read_events(record.id, -1, 10)
