@@ -31,10 +31,10 @@ import contextlib
 import dataclasses
 import hashlib
 import logging
+import math
 import os
 import secrets
 import time
-import math
 from collections.abc import AsyncIterator, Callable, Mapping
 
 import anyio

@@ -2,12 +2,12 @@
 drained by writer loops that run each batch in one transaction on a worker thread.
 
     class MyStore(GroupCommitStore[Connection]):
-        def _run_batch(self, index: int, batch: list[Op]) -> None: ...   # one transaction
-        async def count(self) -> int:
-            return await self._write(lambda conn, out, state: 1)
+        def _run_batch(self, index: int, batch: list[Op]) -> None: ...   # op.fn(conn, op.events)
+        async def touch(self, task_id: str) -> int:
+            return await self._write(lambda conn, out: touch_row(conn, task_id))
 
-    async with MyStore(on_commit=hub.publish) as store:   # ``open()`` underneath
-        ...
+    async with MyStore(on_commit=hub.publish, group_commit=True) as store:   # ``open()``
+        await store.touch("task_1")
 
 Contracts:
 
@@ -29,7 +29,7 @@ import contextlib
 import dataclasses
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, Generic, Self, TypeVar, cast
 
 import anyio
 import anyio.abc
@@ -104,7 +104,7 @@ class GroupCommitStore(Generic[C]):
 
     # -- lifecycle -----------------------------------------------------------------
     @contextlib.asynccontextmanager
-    async def open(self) -> AsyncIterator[GroupCommitStore[C]]:
+    async def open(self) -> AsyncIterator[Self]:
         await self._connect_all()
         try:
             async with anyio.create_task_group() as tg:
@@ -121,7 +121,7 @@ class GroupCommitStore(Generic[C]):
         finally:
             self._disconnect_all()
 
-    async def __aenter__(self) -> Any:
+    async def __aenter__(self) -> Self:
         stack = contextlib.AsyncExitStack()
         await stack.enter_async_context(self.open())
         self._exit = stack
