@@ -21,7 +21,6 @@ Contracts:
 from __future__ import annotations
 
 import re
-import time
 from typing import Any
 
 import msgspec
@@ -79,7 +78,7 @@ async def list_tasks(request: Request, service: LmspService) -> Response:
         anchor = await service.store.get_task(after)
         if anchor is None or anchor.principal != service.principal:
             raise _invalid("after", f"No task {after!r} to page after.")
-    now = time.time()
+    now = service.config.clock()
     records = await service.store.list_tasks(service.principal, status=status, after=after,
                                              limit=limit + 1)
     page = records[:limit]

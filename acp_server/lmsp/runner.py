@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import anyio
@@ -115,8 +115,10 @@ class DeltaWriter:
 class Runner:
     def __init__(self, store: TaskStore, models: Mapping[str, tuple[Bridge, str | None]], *,
                  max_running: int = 4, max_attempts: int = 3, live_sessions: int = 8,
-                 permission_policy: str = "reject") -> None:
+                 permission_policy: str = "reject",
+                 clock: Callable[[], float] = time.time) -> None:
         self.store = store
+        self.clock = clock   # wall-clock seconds for the store's updated/finished times
         self.models = models
         self.max_running = max_running
         self.max_attempts = max_attempts
@@ -155,7 +157,7 @@ class Runner:
         async with anyio.create_task_group() as tg:
             while True:
                 while len(self._running) < self.max_running:
-                    record = await self.store.claim_next(time.time())
+                    record = await self.store.claim_next(self.clock())
                     if record is None:
                         break
                     self._running[record.id] = _Handle()   # before any await: see cancel()
@@ -205,7 +207,7 @@ class Runner:
                                                     "promptCapabilities", "embeddedContext")
                 blocks = history_prompt(previous, messages, prompt, embedded=bool(embedded))
                 attempt.input_tokens += count_tokens(transcript(messages))
-            now = time.time()
+            now = self.clock()
             won = await self.store.transition(
                 record.id, ("loading",), "running",
                 lambda rec: Finish(events=[in_progress_event(rec)]), now=now)
@@ -232,7 +234,7 @@ class Runner:
                 await self._end_cancelled(record, attempt)
                 return
             won = await self.store.transition(record.id, ("running",), status, finish,
-                                              now=time.time())
+                                              now=self.clock())
             if won is None:   # a cancel committed first
                 await self._end_cancelled(record, attempt)
                 return
@@ -307,12 +309,12 @@ class Runner:
         (e.g. a bridge deadline) without an LMSP cancel."""
         with anyio.CancelScope(shield=True):
             if await self.store.transition(record.id, ("cancelling",), "cancelled",
-                                           attempt.cancelled(), now=time.time()) is not None:
+                                           attempt.cancelled(), now=self.clock()) is not None:
                 return
             if await self.store.transition(record.id, ("loading", "running"), "cancelling",
-                                           now=time.time()) is not None:
+                                           now=self.clock()) is not None:
                 await self.store.transition(record.id, ("cancelling",), "cancelled",
-                                            attempt.cancelled(), now=time.time())
+                                            attempt.cancelled(), now=self.clock())
 
     async def _end_agent_error(self, record: TaskRecord, attempt: Attempt,
                                error: Exception) -> None:
@@ -323,7 +325,7 @@ class Runner:
                 "running", record.on_restart, record.attempt, self.max_attempts) == "queued":
             with anyio.CancelScope(shield=True):
                 requeued = await self.store.transition(record.id, ("loading", "running"),
-                                                       "queued", None, now=time.time())
+                                                       "queued", None, now=self.clock())
             if requeued is not None:
                 log.warning("lmsp task %s: the agent died (%s); attempt %d of %d queued again",
                             record.id, error, record.attempt + 1, self.max_attempts)
@@ -334,7 +336,7 @@ class Runner:
                           message: str) -> None:
         with anyio.CancelScope(shield=True):
             won = await self.store.transition(record.id, ("loading", "running"), "failed",
-                                              attempt.failed(code, message), now=time.time())
+                                              attempt.failed(code, message), now=self.clock())
             if won is None:
                 await self._end_cancelled(record, attempt)
 
