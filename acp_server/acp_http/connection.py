@@ -45,6 +45,12 @@ import anyio
 
 from acp_server.acp_http import frames as fr
 from acp_server.acp_http.buffer import FrameBuffer
+from acp_server.acp_http.errors import (  # noqa: F401 - re-exported
+    ChannelLimitError,
+    ConnectionClosedError,
+    RpcId,
+    encode_bridge_error,
+)
 from acp_server.acp_http.frames import Frame
 from bridge import Bridge, PromptTicket, Subscription
 from bridge import events as ev
@@ -65,9 +71,6 @@ MAX_TRACKED_PROMPTS = 1024       # per channel; admission normally bounds it far
 MAX_PENDING_REQUESTS = 1024      # agent-to-client requests awaiting this client's answer
 FLUSH_TIMEOUT_S = 10.0           # a reader that takes longer does not hold a reply back
 
-RpcId = int | str | None
-# Builds the error response for a failed prompt: (rpc id, exception) -> payload.
-ErrorEncoder = Callable[[RpcId, BaseException], bytes]
 
 
 class SessionChannel:
@@ -224,7 +227,7 @@ class SessionChannel:
         rpc_id, ticket = self.prompts.pop(prompt_id)
         outcome = ticket.outcome
         if isinstance(outcome, BaseException):
-            return Frame(None, self.conn.encode_error(rpc_id, outcome))
+            return Frame(None, encode_bridge_error(rpc_id, outcome))
         response: Any = outcome.response if outcome is not None else {"stopReason": "cancelled"}
         return Frame(None, encode_result(rpc_id, response))
 
@@ -248,11 +251,9 @@ class SessionChannel:
 class AcpConnection:
     """One ACP client connection (many sessions)."""
 
-    def __init__(self, connection_id: str, bridge: Bridge, error_encoder: ErrorEncoder,
-                 *, websocket: bool = False) -> None:
+    def __init__(self, connection_id: str, bridge: Bridge, *, websocket: bool = False) -> None:
         self.id = connection_id
         self.bridge = bridge
-        self.encode_error = error_encoder
         self.websocket = websocket
         self.created_at = time.time()
         self.frames = FrameBuffer(CONNECTION_BUFFER, REPLY_BUFFER_BYTES)
@@ -342,20 +343,3 @@ class AcpConnection:
             channel.retire()
         self.channels.clear()
         self.frames.close()
-
-
-class ConnectionClosedError(BridgeError):
-    """The connection was closed (DELETE, reaping) while a request was running."""
-
-    code = "connection_closed"
-
-    def __init__(self, connection_id: str) -> None:
-        super().__init__(f'ACP connection "{connection_id}" is closed')
-
-
-class ChannelLimitError(BridgeError):
-    code = "session_stream_limit_exceeded"
-
-    def __init__(self, limit: int) -> None:
-        super().__init__(f"Too many sessions on one ACP connection (limit {limit})")
-        self.limit = limit

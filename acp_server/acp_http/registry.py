@@ -29,7 +29,7 @@ from typing import Any
 
 import anyio
 
-from acp_server.acp_http.connection import AcpConnection, ErrorEncoder
+from acp_server.acp_http.connection import AcpConnection
 from bridge import Bridge
 
 DEFAULT_MAX_CONNECTIONS = 64
@@ -44,16 +44,10 @@ class ConnectionCapError(Exception):
 
 class ConnectionRegistry:
     def __init__(self, bridge: Bridge, *, max_connections: int = DEFAULT_MAX_CONNECTIONS,
-                 grace_s: float = DEFAULT_GRACE_S,
-                 error_encoder: ErrorEncoder | None = None) -> None:
-        if error_encoder is None:
-            from acp_server.acp_http.dispatch import encode_bridge_error
-
-            error_encoder = encode_bridge_error
+                 grace_s: float = DEFAULT_GRACE_S) -> None:
         self.bridge = bridge
         self.max_connections = max_connections
         self.grace_s = grace_s
-        self.error_encoder = error_encoder
         self.connections: dict[str, AcpConnection] = {}
         self.reaped = 0
         self._shutdown = anyio.Event()
@@ -63,8 +57,7 @@ class ConnectionRegistry:
             self.sweep()
         if len(self.connections) >= self.max_connections:
             raise ConnectionCapError(self.max_connections)
-        conn = AcpConnection(connection_id or str(uuid.uuid4()), self.bridge, self.error_encoder,
-                             websocket=websocket)
+        conn = AcpConnection(connection_id or str(uuid.uuid4()), self.bridge, websocket=websocket)
         self.connections[conn.id] = conn
         return conn
 

@@ -27,6 +27,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from acp_server.rest.errors import RestError, bad_request, json_response
+from acp_server.rest.sessions import status_body
 from bridge import Bridge
 from bridge.session import Session
 
@@ -46,7 +47,7 @@ def workspaces(bridge: Bridge) -> list[dict[str, Any]]:
 
 
 def session_summary(bridge: Bridge, session: Session) -> dict[str, Any]:
-    summary = bridge.session_status(session.session_id)
+    summary = status_body(bridge.session_status(session.session_id))
     idle_s = time.monotonic() - session.last_seen
     updated = time.time() - max(0.0, idle_s)
     summary.update({

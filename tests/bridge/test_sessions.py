@@ -174,9 +174,9 @@ async def test_stats(tmp_path):
         tickets = [bridge.send_prompt(sid, text(f"hold s{i}")) for i in range(7)]
         await wait_until(lambda: bridge.get_session(sid).active is not None)
         stats = bridge.stats()
-        assert (stats["pendingPrompts"], stats["queuedPrompts"], stats["activePrompts"]) == (7, 6, 1)
+        assert (stats.pending_prompts, stats.queued_prompts, stats.active_prompts) == (7, 6, 1)
         for i in range(7):
             agent.release(f"s{i}")
         for t in tickets:
             await t
-        assert bridge.stats()["promptQueueWait"]["count"] == 7
+        assert bridge.stats().prompt_queue_wait.count == 7
