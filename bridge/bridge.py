@@ -43,6 +43,7 @@ from bridge.errors import (
     SessionIdNotHonoredError,
     SessionLimitExceededError,
     SessionNotFoundError,
+    TooManyContentBlocksError,
     WorkspaceMismatchError,
 )
 from bridge.history import session_history
@@ -69,7 +70,6 @@ class Bridge:
         more by name (a session picks one with ``agent=``)."""
         self.options = options or BridgeOptions()
         self.workspace_cwd = os.path.realpath(workspace_cwd)
-        self.agent_factory = agent_factory
         default = getattr(agent_factory, "name", None) or "default"
         self.agents = AgentPool({default: agent_factory, **(agents or {})}, default=default,
                                 initialize_timeout_ms=self.options.initialize_timeout_ms)
@@ -139,12 +139,6 @@ class Bridge:
 
     async def _ensure_agent(self, name: str) -> AgentConnection:
         return await self.agents.ensure(name, self._client, self._tasks())
-
-    async def ensure_agent(self, name: str | None = None) -> dict[str, Any]:
-        """Start the agent (default: the default one) if needed; its ``initialize`` result."""
-        resolved = self.agents.resolve(name)
-        await self._ensure_agent(resolved)
-        return self.agents.info(resolved)
 
     async def forward(self, session_id: str, method: str, params: Any) -> Any:
         """Send an ACP request the bridge has no rule for (``session/set_mode``, ...)

@@ -56,7 +56,7 @@ from bridge import Bridge, PromptTicket, Subscription
 from bridge import events as ev
 from bridge.errors import BridgeError, SessionNotFoundError
 from bridge.events import Event
-from bridge.jsonrpc import encode_error, encode_result
+from bridge.jsonrpc import encode_result
 
 log = logging.getLogger("acp_server.acp_http")
 
@@ -68,6 +68,7 @@ SESSION_BUFFER = 512
 REPLY_BUFFER_BYTES = 8 * 1024 * 1024
 MAX_CHANNELS_PER_CONNECTION = 256
 MAX_TRACKED_PROMPTS = 1024       # per channel; admission normally bounds it far lower
+                                 # (not at all with --max-pending-prompts-per-session 0)
 MAX_PENDING_REQUESTS = 1024      # agent-to-client requests awaiting this client's answer
 FLUSH_TIMEOUT_S = 10.0           # a reader that takes longer does not hold a reply back
 
@@ -251,9 +252,12 @@ class SessionChannel:
 class AcpConnection:
     """One ACP client connection (many sessions)."""
 
-    def __init__(self, connection_id: str, bridge: Bridge, *, websocket: bool = False) -> None:
+    def __init__(self, connection_id: str, bridge: Bridge, *, websocket: bool = False,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """``clock``: monotonic seconds, for ``streams_gone_at`` (the registry's)."""
         self.id = connection_id
         self.bridge = bridge
+        self._clock = clock
         self.websocket = websocket
         self.created_at = time.time()
         self.frames = FrameBuffer(CONNECTION_BUFFER, REPLY_BUFFER_BYTES)
@@ -262,7 +266,7 @@ class AcpConnection:
         self.pending_requests: OrderedDict[str, str] = OrderedDict()
         self.reader_attached = False
         self.open_streams = 0
-        self.streams_gone_at: float | None = time.monotonic()
+        self.streams_gone_at: float | None = clock()
         self.closed = False
         # Set by a WebSocket while attached: called for every new channel.
         self.on_channel: Callable[[SessionChannel], None] | None = None
@@ -276,12 +280,6 @@ class AcpConnection:
     def push(self, payload: bytes) -> None:
         if not self.frames.push(Frame(None, payload)) and not self.frames.closed:
             log.warning("acp connection %s: stream buffer full, frame dropped", self.id)
-
-    def reply(self, rpc_id: RpcId, result: Any) -> None:
-        self.push(encode_result(rpc_id, result))
-
-    def reply_error(self, rpc_id: RpcId, code: int, message: str, data: Any = None) -> None:
-        self.push(encode_error(rpc_id, code, message, data))
 
     # -- session channels ------------------------------------------------------------
     def channel(self, session_id: str) -> SessionChannel:
@@ -319,7 +317,7 @@ class AcpConnection:
     def stream_closed(self) -> None:
         self.open_streams = max(0, self.open_streams - 1)
         if self.open_streams == 0:
-            self.streams_gone_at = time.monotonic()
+            self.streams_gone_at = self._clock()
 
     # -- teardown ------------------------------------------------------------------------
     def close(self, *, cancel_permissions: Callable[[str], bool] = lambda _sid: True) -> None:

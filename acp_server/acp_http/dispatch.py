@@ -23,12 +23,16 @@ from typing import Any
 import msgspec
 
 from acp_server import __version__
-from acp_server.acp_http.connection import AcpConnection, RpcId, SessionChannel
+from acp_server.acp_http.connection import (
+    MAX_TRACKED_PROMPTS,
+    AcpConnection,
+    RpcId,
+    SessionChannel,
+)
 from acp_server.acp_http.errors import (  # noqa: F401 - re-exported for the routes
     ChannelLimitError,
     InvalidParamsError,
     encode_bridge_error,
-    to_rpc_error,
 )
 from bridge import Bridge
 from bridge.errors import BridgeError, InvalidPermissionOptionError, PermissionNotFoundError
@@ -163,8 +167,8 @@ async def _session_prompt(conn: AcpConnection, rpc_id: RpcId, params: dict[str, 
     sid = _session_id(params)
     prompt = params.get("prompt")
     channel = conn.channel(sid)         # subscribed before admission: no event is missed
-    if len(channel.prompts) >= 1024:
-        raise ChannelLimitError(1024)
+    if len(channel.prompts) >= MAX_TRACKED_PROMPTS:
+        raise ChannelLimitError(MAX_TRACKED_PROMPTS)
     ticket = conn.bridge.send_prompt(sid, prompt)
     if rpc_id is not None:
         channel.track_prompt(ticket, rpc_id)
