@@ -456,7 +456,10 @@ class Bridge:
             pending_prompts=session.pending_count, queued_prompts=session.queued_count,
             pending_permissions=self.permissions.count(session),
             subscribers=session.bus.subscriber_count, last_event_id=session.bus.last_event_id,
-            event_epoch=session.bus.epoch)
+            event_epoch=session.bus.epoch, agent=session.agent_name,
+            max_pending_prompts=session.limit,
+            active_prompt_text=session.active.text if session.active else None,
+            updated_at=time.time() - max(0.0, time.monotonic() - session.last_seen))
 
     def stats(self) -> BridgeStats:
         sessions = list(self._sessions.values())

@@ -51,6 +51,10 @@ class SessionStatus:
     subscribers: int
     last_event_id: int
     event_epoch: str
+    agent: str = ""                        # the agent profile it runs on
+    max_pending_prompts: int | None = None   # its admission limit (None: no limit)
+    active_prompt_text: str | None = None    # the running prompt's text preview
+    updated_at: float = 0.0                # epoch seconds of its last activity
 
     @property
     def has_active_prompt(self) -> bool:
