@@ -39,7 +39,6 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
 
 import anyio
 
@@ -227,10 +226,10 @@ class SessionChannel:
     def _prompt_response(self, prompt_id: str) -> Frame:
         rpc_id, ticket = self.prompts.pop(prompt_id)
         outcome = ticket.outcome
+        assert outcome is not None, "a turn's terminal event follows its ticket's settlement"
         if isinstance(outcome, BaseException):
             return Frame(None, encode_bridge_error(rpc_id, outcome))
-        response: Any = outcome.response if outcome is not None else {"stopReason": "cancelled"}
-        return Frame(None, encode_result(rpc_id, response))
+        return Frame(None, encode_result(rpc_id, outcome.response))
 
     # -- teardown ----------------------------------------------------------------------
     def cancel_prompts(self, reason: str) -> None:
