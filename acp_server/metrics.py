@@ -56,7 +56,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from acp_server.lmsp.wire import TaskStatus
-from bridge import Bridge
+from bridge import Bridge, BridgeStats
 from bridge.observer import BridgeObserver
 
 DOORS = ("rest", "acp", "lmsp")   # the doors with event streams
@@ -102,7 +102,7 @@ class _LiveCollector(Collector):
         self.tasks = tasks
 
     def describe(self) -> Iterator[Metric]:
-        return self._families({}, {}, None)
+        return self._families(None, {}, None)
 
     def collect(self) -> Iterator[Metric]:
         stats = self.bridge.stats()
@@ -114,15 +114,15 @@ class _LiveCollector(Collector):
         return self._families(stats, connections, self.tasks.counts)
 
     @staticmethod
-    def _families(stats: dict[str, Any], connections: dict[str, int],
+    def _families(stats: BridgeStats | None, connections: dict[str, int],
                   tasks: dict[str, int] | None) -> Iterator[Metric]:
         for name, key, doc in (
                 ("acp_server_sessions", "sessions", "Live sessions."),
-                ("acp_server_prompts_pending", "pendingPrompts",
+                ("acp_server_prompts_pending", "pending_prompts",
                  "Queued plus running prompts, all sessions."),
-                ("acp_server_prompts_queued", "queuedPrompts", "Prompts waiting for their turn."),
-                ("acp_server_prompts_running", "activePrompts", "Prompts whose turn is running.")):
-            yield GaugeMetricFamily(name, doc, value=stats.get(key, 0))
+                ("acp_server_prompts_queued", "queued_prompts", "Prompts waiting for their turn."),
+                ("acp_server_prompts_running", "active_prompts", "Prompts whose turn is running.")):
+            yield GaugeMetricFamily(name, doc, value=getattr(stats, key, 0))
         acp = GaugeMetricFamily("acp_server_acp_connections", "Live /acp connections.",
                                 labels=["transport"])
         for transport, count in connections.items():

@@ -48,7 +48,7 @@ async def message_costs() -> dict[str, float | None]:
     import msgspec
 
     from acp_server.acp_http.connection import AcpConnection
-    from acp_server.acp_http.dispatch import dispatch, encode_bridge_error, request_params
+    from acp_server.acp_http.dispatch import dispatch, request_params
     from acp_server.acp_http.frames import sse_bytes, update_frame
     from bridge import Bridge
     from bridge.agents.reference import ReferenceAgentFactory
@@ -61,7 +61,7 @@ async def message_costs() -> dict[str, float | None]:
     results: dict[str, float | None] = {"decode_us": _best_us(decode)}
     with tempfile.TemporaryDirectory() as workspace:
         async with Bridge(ReferenceAgentFactory(), workspace_cwd=workspace) as bridge:
-            conn = AcpConnection("bench", bridge, encode_bridge_error)
+            conn = AcpConnection("bench", bridge)
             best = float("inf")
             for _ in range(ROUNDS):
                 start = time.perf_counter()

@@ -40,7 +40,7 @@ async def admission_costs(workspace: str, calls: int = 20_000) -> dict[str, floa
                 bridge.send_prompt(sid, PROMPT)
             best = min(best, (time.perf_counter() - start) / batch)
             for entry in bridge.pending_prompts(sid)[1:]:
-                bridge.remove_pending_prompt(sid, entry["promptId"])
+                bridge.remove_pending_prompt(sid, entry.prompt_id)
         accepted_us = best * 1e6
     options = BridgeOptions(max_pending_prompts_per_session=5)
     async with Bridge(ReferenceAgentFactory(), workspace_cwd=workspace, options=options) as bridge:

@@ -10,15 +10,17 @@
 
 from __future__ import annotations
 
-from bridge.bridge import Bridge, InvalidPromptError, SessionInfo
+from bridge.bridge import Bridge
 from bridge.bus import EventBus, Subscription
 from bridge.cancel import CancelToken
 from bridge.errors import *  # noqa: F403
 from bridge.events import Event
+from bridge.errors import InvalidPromptError
 from bridge.options import BridgeOptions
+from bridge.status import BridgeStats, SessionInfo, SessionStatus
 from bridge.ticket import PromptResult, PromptTicket
 
 __all__ = [
-    "Bridge", "BridgeOptions", "CancelToken", "Event", "EventBus", "InvalidPromptError",
-    "PromptResult", "PromptTicket", "SessionInfo", "Subscription",
+    "Bridge", "BridgeOptions", "BridgeStats", "CancelToken", "Event", "EventBus", "InvalidPromptError",
+    "PromptResult", "PromptTicket", "SessionInfo", "SessionStatus", "Subscription",
 ]

@@ -14,12 +14,11 @@ through one shared ``AgentConnection`` (started on first use, restarted after de
 
 from __future__ import annotations
 
-import dataclasses
-import datetime
+import contextlib
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import anyio
@@ -37,21 +36,23 @@ from bridge.errors import (
     AgentError,
     BranchWhilePromptActiveError,
     InvalidClientIdError,
+    InvalidDeadlineError,
+    InvalidPromptError,
     NotSupportedError,
-    PromptCancelledError,
     PromptNotFoundError,
-    PromptQueueFullError,
     SessionIdNotHonoredError,
     SessionLimitExceededError,
     SessionNotFoundError,
+    TooManyContentBlocksError,
     WorkspaceMismatchError,
 )
-from bridge.history import SessionHistory, session_history
+from bridge.history import session_history
 from bridge.jsonrpc import RESOURCE_NOT_FOUND
 from bridge.observer import NO_OBSERVER, BridgeObserver
 from bridge.options import BridgeOptions
 from bridge.permissions import PermissionMediator
 from bridge.session import QUEUED, QueueWaitStats, Session, WorkItem
+from bridge.status import BridgeStats, PendingPromptInfo, SessionInfo, SessionStatus
 from bridge.ticket import PromptTicket
 
 log = logging.getLogger("bridge")
@@ -59,44 +60,6 @@ log = logging.getLogger("bridge")
 REQUESTED_SESSION_ID_META = "acp-server/requestedSessionId"
 CLOSE_AGENT_SESSION_TIMEOUT_S = 2.0
 MAX_CLOSED_SESSION_HISTORIES = 1024
-
-
-class InvalidPromptError(ValueError):
-    code = "invalid_prompt"
-
-
-class TooManyContentBlocksError(InvalidPromptError):
-    """A prompt of more than ``BridgeOptions.max_prompt_blocks`` content blocks."""
-
-    code = "too_many_content_blocks"
-
-    def __init__(self, count: int, limit: int) -> None:
-        super().__init__(f"`prompt` has {count} content blocks; at most {limit} are accepted")
-        self.count = count
-        self.limit = limit
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class SessionInfo:
-    session_id: str
-    workspace_cwd: str
-    attached: bool
-    client_id: str
-    created_at: str
-    event_epoch: str
-    last_event_id: int
-    has_active_prompt: bool
-    forked_from: str | None = None
-    agent: str = ""
-    # The agent's answer to session/new (or load, resume, fork), unknown fields kept:
-    # modes, configOptions, models, ...
-    agent_result: dict[str, Any] = dataclasses.field(default_factory=dict)
-    # ``load`` only: the session's history (bridge.history), read with last_event_id.
-    history: SessionHistory | None = None
-
-
-class _SessionUpdateHead(msgspec.Struct):
-    sessionId: str
 
 
 class Bridge:
@@ -107,7 +70,6 @@ class Bridge:
         more by name (a session picks one with ``agent=``)."""
         self.options = options or BridgeOptions()
         self.workspace_cwd = os.path.realpath(workspace_cwd)
-        self.agent_factory = agent_factory
         default = getattr(agent_factory, "name", None) or "default"
         self.agents = AgentPool({default: agent_factory, **(agents or {})}, default=default,
                                 initialize_timeout_ms=self.options.initialize_timeout_ms)
@@ -123,26 +85,36 @@ class Bridge:
         # Prompt terminals of closed sessions, for a later cold load (bounded, oldest out).
         self._closed_terminals: dict[str, Any] = {}
         self._task_group: anyio.abc.TaskGroup | None = None
+        self._stack: contextlib.AsyncExitStack | None = None
         self._closed = False
 
     # -- lifecycle ---------------------------------------------------------------------
     async def __aenter__(self) -> Bridge:
-        self._task_group = anyio.create_task_group()
-        await self._task_group.__aenter__()
-        if self.options.session_reap_interval_ms and self.options.session_idle_timeout_ms:
-            self._task_group.start_soon(self._reaper)
+        async with contextlib.AsyncExitStack() as stack:
+            await stack.enter_async_context(self._running())
+            self._stack = stack.pop_all()
         return self
 
     async def __aexit__(self, *exc_info: Any) -> None:
-        try:
-            with anyio.CancelScope(shield=True):
-                await self.aclose()
-        finally:
-            assert self._task_group is not None
-            self._task_group.cancel_scope.cancel()
-            # The body's own exception propagates unwrapped; only background-task
-            # failures surface from the task group.
-            await self._task_group.__aexit__(None, None, None)
+        stack, self._stack = self._stack, None
+        assert stack is not None, "the bridge is not running"
+        # The body's own exception propagates unwrapped; only background-task
+        # failures surface from the task group.
+        await stack.aclose()
+
+    @contextlib.asynccontextmanager
+    async def _running(self) -> AsyncIterator[None]:
+        """The bridge's task group: sessions, agents and the reaper live in it."""
+        async with anyio.create_task_group() as tg:
+            self._task_group = tg
+            if self.options.session_reap_interval_ms and self.options.session_idle_timeout_ms:
+                await tg.start(self._reaper)
+            try:
+                yield
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await self.aclose()
+                tg.cancel_scope.cancel()
 
     async def aclose(self) -> None:
         """Cancel every prompt, close every session, stop the agent."""
@@ -160,15 +132,13 @@ class Bridge:
         self.agents.observer = observer
 
     # -- agents -----------------------------------------------------------------------
-    async def _ensure_agent(self, name: str) -> AgentConnection:
-        assert self._task_group is not None
-        return await self.agents.ensure(name, self._client, self._task_group)
+    def _tasks(self) -> anyio.abc.TaskGroup:
+        if self._task_group is None:
+            raise RuntimeError("the bridge is not running (use `async with Bridge(...)`)")
+        return self._task_group
 
-    async def ensure_agent(self, name: str | None = None) -> dict[str, Any]:
-        """Start the agent (default: the default one) if needed; its ``initialize`` result."""
-        resolved = self.agents.resolve(name)
-        await self._ensure_agent(resolved)
-        return self.agents.info(resolved)
+    async def _ensure_agent(self, name: str) -> AgentConnection:
+        return await self.agents.ensure(name, self._client, self._tasks())
 
     async def forward(self, session_id: str, method: str, params: Any) -> Any:
         """Send an ACP request the bridge has no rule for (``session/set_mode``, ...)
@@ -282,8 +252,7 @@ class Bridge:
                 params["_meta"] = {REQUESTED_SESSION_ID_META: requested_id}
             if restore_id is not None:
                 # Register first: session/load replays history as session/update.
-                session = self._new_session(restore_id, agent, agent_name)
-                await self._start_session(session)
+                session = await self._new_session(restore_id, agent, agent_name)
                 try:
                     result = await agent.request(method, params)
                 except BaseException:
@@ -297,28 +266,26 @@ class Bridge:
                 raise AgentDiedError(f"Agent answered {method} without a sessionId")
             if requested_id is not None and sid.lower() != requested_id.lower():
                 raise SessionIdNotHonoredError(requested_id, sid)
-            session = self._new_session(sid, agent, agent_name)
+            session = await self._new_session(sid, agent, agent_name)
             session.forked_from = fork_of
             session.agent_result = result
-            await self._start_session(session)
             return session
         finally:
             self._in_flight_spawns -= 1
 
-    def _new_session(self, session_id: str, agent: AgentConnection, agent_name: str) -> Session:
+    async def _new_session(self, session_id: str, agent: AgentConnection,
+                           agent_name: str) -> Session:
+        """A started session, then registered: a registered session always runs."""
         session = Session(session_id, self.workspace_cwd, agent, self.options, self.queue_wait,
                           observer=self.observer)
         session.agent_name = agent_name
-        session.on_cancel = lambda s: self.permissions.cancel_session(s)
+        session.on_cancel = self.permissions.cancel_session
+        await self._tasks().start(session.run)
         terminals = self._closed_terminals.pop(session_id, None)
         if terminals is not None:
             session.prompt_terminals.extend(terminals)
         self._sessions[session_id] = session
         return session
-
-    async def _start_session(self, session: Session) -> None:
-        assert self._task_group is not None
-        await self._task_group.start(session.run)
 
     def _forget(self, session: Session) -> None:
         """Take a closing or dead session out of the registry (and the defaults)."""
@@ -344,7 +311,7 @@ class Bridge:
         return SessionInfo(
             session_id=session.session_id, workspace_cwd=session.workspace_cwd,
             attached=attached, client_id=session.register_client(),
-            created_at=_iso(session.created_at), event_epoch=session.bus.epoch,
+            created_at=session.created_at, event_epoch=session.bus.epoch,
             last_event_id=session.bus.last_event_id if history is None else history.last_event_id,
             has_active_prompt=session.pending_count > 0, forked_from=session.forked_from,
             agent=session.agent_name, agent_result=session.agent_result, history=history)
@@ -388,24 +355,22 @@ class Bridge:
     def send_prompt(self, session_id: str, prompt: list[Any], *, prompt_id: str | None = None,
                     deadline_ms: int | None = None, cancel: CancelToken | None = None,
                     client_id: str | None = None) -> PromptTicket:
-        """Admit a prompt or raise, synchronously (see the module contract)."""
-        session = self.get_session(session_id)
-        if not isinstance(prompt, list) or not prompt:
-            raise InvalidPromptError("`prompt` must be a non-empty array of content blocks")
+        """Admit a prompt or raise, synchronously (see the module contract). Checked in
+        this order: the prompt (``InvalidPromptError``, ``TooManyContentBlocksError``),
+        the deadline (``InvalidDeadlineError``), the session, the client id
+        (``InvalidClientIdError``), then ``Session.admit``."""
+        if not isinstance(prompt, list) or not prompt \
+                or not all(isinstance(block, dict) for block in prompt):
+            raise InvalidPromptError()
         if len(prompt) > self.options.max_prompt_blocks:
             raise TooManyContentBlocksError(len(prompt), self.options.max_prompt_blocks)
-        if cancel is not None and cancel.cancelled:
-            raise PromptCancelledError("Prompt request was cancelled before admission",
-                                       reason=cancel.reason)
-        limit = session.limit
-        if limit is not None and session.pending_count >= limit:
-            self.observer.prompt_rejected()
-            raise PromptQueueFullError(session_id, limit, session.pending_count)
-        ticket = session.admit(prompt, prompt_id, self._effective_deadline(deadline_ms), client_id)
-        self.observer.prompt_admitted()
-        if cancel is not None:
-            session.pending[ticket.prompt_id].unhook_cancel = cancel.add_callback(ticket.cancel)
-        return ticket
+        if deadline_ms is not None and not _positive_ms(deadline_ms):
+            raise InvalidDeadlineError(deadline_ms)
+        session = self.get_session(session_id)
+        if client_id is not None and client_id not in session.clients:
+            raise InvalidClientIdError(session_id, client_id)
+        return session.admit(prompt, prompt_id, self._effective_deadline(deadline_ms), client_id,
+                             cancel)
 
     def _effective_deadline(self, requested_ms: int | None) -> int | None:
         server_ms = self.options.prompt_deadline_ms
@@ -417,12 +382,11 @@ class Bridge:
         """Cancel the active prompt only (queued prompts still run) and the session's
         pending permission requests; forwards ACP ``session/cancel``. ``True`` if a
         prompt was running."""
-        session = self.get_session(session_id)
-        self.permissions.cancel_session(session, reason="prompt_cancelled")
-        return session.cancel_active(reason)
+        return self.get_session(session_id).cancel_active(reason,
+                                                          permission_reason="prompt_cancelled")
 
-    def pending_prompts(self, session_id: str) -> list[dict[str, Any]]:
-        return [p.describe() for p in self.get_session(session_id).pending.values()]
+    def pending_prompts(self, session_id: str) -> list[PendingPromptInfo]:
+        return [p.info() for p in self.get_session(session_id).pending.values()]
 
     def remove_pending_prompt(self, session_id: str, prompt_id: str) -> str:
         """Drop a queued prompt (slot freed) or cancel the running one. Returns the
@@ -483,34 +447,35 @@ class Bridge:
         session.touch()
         return time.time()
 
-    def session_status(self, session_id: str) -> dict[str, Any]:
+    def session_status(self, session_id: str) -> SessionStatus:
         session = self.get_session(session_id)
-        return {
-            "sessionId": session.session_id, "workspaceCwd": session.workspace_cwd,
-            "createdAt": _iso(session.created_at), "clientCount": len(session.clients),
-            "hasActivePrompt": session.active is not None,
-            "activePromptId": session.active.prompt_id if session.active else None,
-            "pendingPrompts": session.pending_count, "queuedPrompts": session.queued_count,
-            "isWaitingForPermission": bool(session.permissions),
-            "pendingInteractionCount": len(session.permissions),
-            "subscribers": session.bus.subscriber_count,
-            "lastEventId": session.bus.last_event_id, "eventEpoch": session.bus.epoch,
-        }
+        return SessionStatus(
+            session_id=session.session_id, workspace_cwd=session.workspace_cwd,
+            created_at=session.created_at, client_count=len(session.clients),
+            active_prompt_id=session.active.prompt_id if session.active else None,
+            pending_prompts=session.pending_count, queued_prompts=session.queued_count,
+            pending_permissions=self.permissions.count(session),
+            subscribers=session.bus.subscriber_count, last_event_id=session.bus.last_event_id,
+            event_epoch=session.bus.epoch, agent=session.agent_name,
+            max_pending_prompts=session.limit,
+            active_prompt_text=session.active.text if session.active else None,
+            updated_at=time.time() - max(0.0, time.monotonic() - session.last_seen))
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> BridgeStats:
         sessions = list(self._sessions.values())
         pending = sum(s.pending_count for s in sessions)
         active = sum(1 for s in sessions if s.active is not None)
-        return {
-            "sessions": len(sessions), "admissionInFlight": self._in_flight_spawns,
-            "pendingPrompts": pending, "queuedPrompts": pending - active,
-            "activePrompts": active, "pendingPermissions": self.permissions.pending_count,
-            "subscribers": sum(s.bus.subscriber_count for s in sessions),
-            "promptQueueWait": self.queue_wait.as_dict(),
-        }
+        return BridgeStats(
+            sessions=len(sessions), admission_in_flight=self._in_flight_spawns,
+            pending_prompts=pending, queued_prompts=pending - active, active_prompts=active,
+            pending_permissions=self.permissions.pending_count,
+            subscribers=sum(s.bus.subscriber_count for s in sessions),
+            prompt_queue_wait=self.queue_wait.snapshot())
 
     # -- the idle reaper -----------------------------------------------------------------
-    async def _reaper(self) -> None:
+    async def _reaper(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+                      ) -> None:
+        task_status.started()
         while True:
             await anyio.sleep(self.options.session_reap_interval_ms / 1000)
             await self.reap_idle_sessions()
@@ -520,7 +485,8 @@ class Bridge:
         now = time.monotonic()
         idle = [s.session_id for s in self._sessions.values()
                 if not s.closing and now - s.last_seen >= threshold
-                and s.bus.subscriber_count == 0 and s.pending_count == 0 and not s.permissions]
+                and s.bus.subscriber_count == 0 and s.pending_count == 0
+                and not self.permissions.count(s)]
         for session_id in idle:
             if session_id in self._sessions:
                 await self.close_session(session_id, reason="idle_timeout")
@@ -567,6 +533,5 @@ class _AgentClientAdapter:
         self._bridge._on_agent_lost(error)
 
 
-def _iso(timestamp: float) -> str:
-    return datetime.datetime.fromtimestamp(timestamp, datetime.UTC).isoformat(
-        timespec="milliseconds").replace("+00:00", "Z")
+def _positive_ms(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= 2**31 - 1

@@ -46,26 +46,33 @@ class PendingPermission:
 
 
 class PermissionMediator:
+    """The one registry of pending permission requests, by id and by session."""
+
     def __init__(self, timeout_ms: int = 0) -> None:
         self.timeout_ms = timeout_ms
         self._by_id: dict[str, PendingPermission] = {}
+        self._by_session: dict[str, dict[str, PendingPermission]] = {}
 
     @property
     def pending_count(self) -> int:
         return len(self._by_id)
+
+    def count(self, session: Session) -> int:
+        """The session's pending requests."""
+        return len(self._by_session.get(session.session_id, ()))
 
     def is_pending(self, request_id: str) -> bool:
         return request_id in self._by_id
 
     async def request(self, session: Session, params: dict[str, Any]) -> dict[str, Any]:
         """Publish the request, wait for the first valid vote; returns ``{"outcome": ...}``."""
-        if session.closing or len(session.permissions) >= MAX_PENDING_PER_SESSION:
+        if session.closing or self.count(session) >= MAX_PENDING_PER_SESSION:
             return {"outcome": dict(CANCELLED)}
         request_id = str(uuid.uuid4())
         prompt_id = session.active.prompt_id if session.active is not None else None
         pending = PendingPermission(request_id, session, params, prompt_id)
         self._by_id[request_id] = pending
-        session.permissions[request_id] = pending
+        self._by_session.setdefault(session.session_id, {})[request_id] = pending
         data = dict(params)
         data["requestId"] = request_id
         data["sessionId"] = session.session_id
@@ -97,7 +104,7 @@ class PermissionMediator:
         self._resolve(pending, resolved, voter_client_id)
 
     def cancel_session(self, session: Session, reason: str = "cancelled") -> None:
-        for pending in list(session.permissions.values()):
+        for pending in list(self._by_session.get(session.session_id, {}).values()):
             self._resolve(pending, dict(CANCELLED), None, reason=reason)
 
     def _resolve(self, pending: PendingPermission, outcome: dict[str, Any],
@@ -105,8 +112,11 @@ class PermissionMediator:
         if pending.outcome is not None:
             return
         pending.outcome = outcome
-        self._by_id.pop(pending.request_id, None)
-        pending.session.permissions.pop(pending.request_id, None)
+        del self._by_id[pending.request_id]
+        of_session = self._by_session[pending.session.session_id]
+        del of_session[pending.request_id]
+        if not of_session:
+            del self._by_session[pending.session.session_id]
         pending.session.bus.publish(ev.PERMISSION_RESOLVED, ev.PermissionResolved(
             requestId=pending.request_id, sessionId=pending.session.session_id, outcome=outcome,
             voterClientId=voter_client_id, reason=reason), prompt_id=pending.prompt_id)

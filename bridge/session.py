@@ -2,12 +2,13 @@
 
     session = Session(session_id, workspace_cwd, agent, options)
     await task_group.start(session.run)            # the FIFO worker and timers live here
-    ticket = session.admit(prompt, prompt_id=None, deadline_ms=None)
+    ticket = session.admit(prompt, prompt_id=None, deadline_ms=None)   # or PromptQueueFullError
 
 Contracts:
 
-* ``admit`` is synchronous. It checks ``pending_count >= limit`` and increments the
-  count with no ``await`` in between, so admission cannot race on any backend.
+* ``admit`` is the one admission decision: it checks the limit, counts the prompt
+  (``pending_count`` is ``len(pending)``) and raises, with no ``await`` in it, so
+  admission cannot race on any backend.
 * Work runs strictly in arrival order, one item at a time (prompts and branches).
 * A prompt settles exactly once (``_settle``): its ticket gets the outcome, its slot is
   released, its terminal event is published. Every path — completion, agent error,
@@ -31,19 +32,23 @@ import anyio.lowlevel
 from bridge import events as ev
 from bridge.bus import EventBus
 from bridge.history import MAX_PROMPT_TERMINALS, PromptTerminal
+from bridge.cancel import CancelToken
 from bridge.errors import (
     AgentDiedError,
     AgentError,
+    PromptCancelledError,
     PromptDeadlineExceededError,
+    PromptQueueFullError,
     SessionClosedError,
 )
 from bridge.observer import NO_OBSERVER, BridgeObserver
 from bridge.options import BridgeOptions
 from bridge.ticket import PromptResult, PromptTicket
 
+from bridge.status import PendingPromptInfo, QueueWait
+
 if TYPE_CHECKING:
     from bridge.agents.base import AgentConnection
-    from bridge.permissions import PendingPermission
 
 log = logging.getLogger("bridge.session")
 
@@ -83,9 +88,8 @@ class PendingPrompt:
         self.client_id = client_id
         self.started_at: float | None = None   # monotonic, when its turn started
 
-    def describe(self) -> dict[str, Any]:
-        return {"promptId": self.prompt_id, "queuedAt": self.queued_at_ms,
-                "text": self.text, "state": self.state}
+    def info(self) -> PendingPromptInfo:
+        return PendingPromptInfo(self.prompt_id, self.queued_at_ms, self.text, self.state)
 
 
 class WorkItem:
@@ -121,10 +125,10 @@ class QueueWaitStats:
         if wait_ms > self.max_ms:
             self.max_ms = wait_ms
 
-    def as_dict(self) -> dict[str, Any]:
+    def snapshot(self) -> QueueWait:
         mean = self.total_ms / self.count if self.count else 0.0
-        return {"count": self.count, "meanMs": round(mean, 3), "maxMs": round(self.max_ms, 3),
-                "lastMs": round(self.last_ms, 3)}
+        return QueueWait(self.count, round(mean, 3), round(self.max_ms, 3),
+                         round(self.last_ms, 3))
 
 
 class Session:
@@ -145,10 +149,8 @@ class Session:
                             session_id=session_id, on_evict=observer.subscriber_evicted)
         self.observer = observer
         self.limit = options.pending_prompt_limit
-        self.pending_count = 0
-        self.pending: dict[str, PendingPrompt] = {}
+        self.pending: dict[str, PendingPrompt] = {}   # admitted, not settled: the slots
         self.active: PendingPrompt | None = None
-        self.permissions: dict[str, PendingPermission] = {}
         self.clients: dict[str, float] = {}
         self.closing = False
         self.forked_from: str | None = None
@@ -161,12 +163,15 @@ class Session:
         self._task_group: anyio.abc.TaskGroup | None = None
         self._scope: anyio.CancelScope | None = None
         self._queue_wait = queue_wait
-        # Called when a prompt is cancelled: cancels the session's pending permissions.
-        self.on_cancel: Callable[[Session], None] = lambda session: None
+        # Called once per cancel (of the running prompt, or by its deadline) with a
+        # reason: cancels the session's pending permission requests.
+        self.on_cancel: Callable[[Session, str], None] = lambda session, reason: None
 
     # -- lifecycle -----------------------------------------------------------------
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Owns the FIFO worker and the deadline timers until ``stop()``."""
+        """Owns the FIFO worker and the deadline timers until ``stop()``. Start it with
+        ``task_group.start`` before the session is reachable: ``admit`` and cancels
+        need it running."""
         async with anyio.create_task_group() as tg:
             self._task_group = tg
             self._scope = tg.cancel_scope
@@ -188,14 +193,28 @@ class Session:
         return client_id
 
     @property
+    def pending_count(self) -> int:
+        """Queued plus running prompts: the slots taken."""
+        return len(self.pending)
+
+    @property
     def queued_count(self) -> int:
         return sum(1 for p in self.pending.values() if p.state == QUEUED)
 
     # -- admission -------------------------------------------------------------------
     def admit(self, prompt: list[Any], prompt_id: str | None, deadline_ms: int | None,
-              client_id: str | None) -> PromptTicket:
-        """Caller has checked the limit; this increments, enqueues and returns the ticket."""
-        self.pending_count += 1
+              client_id: str | None, cancel: CancelToken | None = None) -> PromptTicket:
+        """Check the limit, take a slot, enqueue; the ticket. Raises
+        ``PromptCancelledError`` (``cancel`` already cancelled) or
+        ``PromptQueueFullError``, with no slot taken."""
+        if cancel is not None and cancel.cancelled:
+            raise PromptCancelledError("Prompt request was cancelled before admission",
+                                       reason=cancel.reason)
+        limit = self.limit
+        if limit is not None and len(self.pending) >= limit:
+            self.observer.prompt_rejected()
+            raise PromptQueueFullError(self.session_id, limit, len(self.pending))
+        tg = self._running()
         prompt_id = prompt_id or str(uuid.uuid4())
         ticket = PromptTicket(prompt_id, self.session_id, self.bus.last_event_id, self.bus.epoch,
                               lambda reason, pid=prompt_id: self.cancel_prompt(pid, reason))
@@ -207,10 +226,18 @@ class Session:
             self.bus.publish(ev.PENDING_PROMPT_ADDED, ev.PendingPromptAdded(
                 sessionId=self.session_id, promptId=prompt_id, text=pending.text,
                 queuedAt=pending.queued_at_ms), prompt_id=prompt_id)
-        if deadline_ms is not None and self._task_group is not None:
-            self._task_group.start_soon(self._deadline_timer, pending)
+        if deadline_ms is not None:
+            tg.start_soon(self._deadline_timer, pending)
+        if cancel is not None:
+            pending.unhook_cancel = cancel.add_callback(ticket.cancel)
         self._enqueue(pending)
+        self.observer.prompt_admitted()
         return ticket
+
+    def _running(self) -> anyio.abc.TaskGroup:
+        if self._task_group is None:
+            raise RuntimeError(f"session {self.session_id} is not running (start run() first)")
+        return self._task_group
 
     def enqueue_work(self, item: WorkItem) -> None:
         self._enqueue(item)
@@ -287,8 +314,7 @@ class Session:
         if not pending.ticket._settle(outcome):
             return
         pending.state = DONE
-        self.pending.pop(pending.prompt_id, None)
-        self.pending_count = max(0, self.pending_count - 1)   # the one release of this slot
+        del self.pending[pending.prompt_id]   # the one release of this slot
         self.touch()
         if pending.timer_scope is not None:
             pending.timer_scope.cancel()
@@ -334,19 +360,28 @@ class Session:
             self._cancel_running(pending, reason)
         return True
 
-    def cancel_active(self, reason: str | None = None) -> bool:
-        if self.active is None or self.active.state != RUNNING:
-            return False
-        self._cancel_running(self.active, reason)
+    def cancel_active(self, reason: str | None = None, *,
+                      permission_reason: str = "cancelled") -> bool:
+        """Cancel the running prompt (if any) and the session's pending permission
+        requests. ``True`` if a prompt was running."""
+        active = self.active
+        running = active is not None and active.state == RUNNING
+        if active is None or not running or active.cancel_requested:
+            self.on_cancel(self, permission_reason)
+            return running
+        self._cancel_running(active, reason, permission_reason)
         return True
 
-    def _cancel_running(self, pending: PendingPrompt, reason: str | None) -> None:
+    def _cancel_running(self, pending: PendingPrompt, reason: str | None,
+                        permission_reason: str = "cancelled") -> None:
+        """The one cancel of a running prompt: its permissions, then
+        ``prompt_cancelled``, then ACP ``session/cancel``."""
         if pending.cancel_requested:
             return
         pending.cancel_requested = True
+        self.on_cancel(self, permission_reason)
         self.bus.publish(ev.PROMPT_CANCELLED, ev.PromptCancelled(
             sessionId=self.session_id, reason=reason or "cancelled"), prompt_id=pending.prompt_id)
-        self.on_cancel(self)
         self._forward_cancel(pending)
 
     def _forward_cancel(self, pending: PendingPrompt) -> None:
@@ -355,8 +390,7 @@ class Session:
             pending.run_scope.deadline = min(
                 pending.run_scope.deadline,
                 anyio.current_time() + self.options.cancel_grace_ms / 1000)
-        if self._task_group is not None:
-            self._task_group.start_soon(self._notify_cancel)
+        self._running().start_soon(self._notify_cancel)
 
     async def _notify_cancel(self) -> None:
         try:
@@ -384,7 +418,7 @@ class Session:
                 self._drop_queued(pending)
             else:
                 pending.cancel_requested = True
-                self.on_cancel(self)
+                self.on_cancel(self, "cancelled")
                 self._forward_cancel(pending)
             self._settle(pending, PromptDeadlineExceededError(pending.deadline_ms))
 

@@ -39,18 +39,23 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
 
 import anyio
 
 from acp_server.acp_http import frames as fr
 from acp_server.acp_http.buffer import FrameBuffer
+from acp_server.acp_http.errors import (  # noqa: F401 - re-exported
+    ChannelLimitError,
+    ConnectionClosedError,
+    RpcId,
+    encode_bridge_error,
+)
 from acp_server.acp_http.frames import Frame
 from bridge import Bridge, PromptTicket, Subscription
 from bridge import events as ev
 from bridge.errors import BridgeError, SessionNotFoundError
 from bridge.events import Event
-from bridge.jsonrpc import encode_error, encode_result
+from bridge.jsonrpc import encode_result
 
 log = logging.getLogger("acp_server.acp_http")
 
@@ -62,12 +67,10 @@ SESSION_BUFFER = 512
 REPLY_BUFFER_BYTES = 8 * 1024 * 1024
 MAX_CHANNELS_PER_CONNECTION = 256
 MAX_TRACKED_PROMPTS = 1024       # per channel; admission normally bounds it far lower
+                                 # (not at all with --max-pending-prompts-per-session 0)
 MAX_PENDING_REQUESTS = 1024      # agent-to-client requests awaiting this client's answer
 FLUSH_TIMEOUT_S = 10.0           # a reader that takes longer does not hold a reply back
 
-RpcId = int | str | None
-# Builds the error response for a failed prompt: (rpc id, exception) -> payload.
-ErrorEncoder = Callable[[RpcId, BaseException], bytes]
 
 
 class SessionChannel:
@@ -223,10 +226,10 @@ class SessionChannel:
     def _prompt_response(self, prompt_id: str) -> Frame:
         rpc_id, ticket = self.prompts.pop(prompt_id)
         outcome = ticket.outcome
+        assert outcome is not None, "a turn's terminal event follows its ticket's settlement"
         if isinstance(outcome, BaseException):
-            return Frame(None, self.conn.encode_error(rpc_id, outcome))
-        response: Any = outcome.response if outcome is not None else {"stopReason": "cancelled"}
-        return Frame(None, encode_result(rpc_id, response))
+            return Frame(None, encode_bridge_error(rpc_id, outcome))
+        return Frame(None, encode_result(rpc_id, outcome.response))
 
     # -- teardown ----------------------------------------------------------------------
     def cancel_prompts(self, reason: str) -> None:
@@ -248,11 +251,12 @@ class SessionChannel:
 class AcpConnection:
     """One ACP client connection (many sessions)."""
 
-    def __init__(self, connection_id: str, bridge: Bridge, error_encoder: ErrorEncoder,
-                 *, websocket: bool = False) -> None:
+    def __init__(self, connection_id: str, bridge: Bridge, *, websocket: bool = False,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """``clock``: monotonic seconds, for ``streams_gone_at`` (the registry's)."""
         self.id = connection_id
         self.bridge = bridge
-        self.encode_error = error_encoder
+        self._clock = clock
         self.websocket = websocket
         self.created_at = time.time()
         self.frames = FrameBuffer(CONNECTION_BUFFER, REPLY_BUFFER_BYTES)
@@ -261,7 +265,7 @@ class AcpConnection:
         self.pending_requests: OrderedDict[str, str] = OrderedDict()
         self.reader_attached = False
         self.open_streams = 0
-        self.streams_gone_at: float | None = time.monotonic()
+        self.streams_gone_at: float | None = clock()
         self.closed = False
         # Set by a WebSocket while attached: called for every new channel.
         self.on_channel: Callable[[SessionChannel], None] | None = None
@@ -275,12 +279,6 @@ class AcpConnection:
     def push(self, payload: bytes) -> None:
         if not self.frames.push(Frame(None, payload)) and not self.frames.closed:
             log.warning("acp connection %s: stream buffer full, frame dropped", self.id)
-
-    def reply(self, rpc_id: RpcId, result: Any) -> None:
-        self.push(encode_result(rpc_id, result))
-
-    def reply_error(self, rpc_id: RpcId, code: int, message: str, data: Any = None) -> None:
-        self.push(encode_error(rpc_id, code, message, data))
 
     # -- session channels ------------------------------------------------------------
     def channel(self, session_id: str) -> SessionChannel:
@@ -318,7 +316,7 @@ class AcpConnection:
     def stream_closed(self) -> None:
         self.open_streams = max(0, self.open_streams - 1)
         if self.open_streams == 0:
-            self.streams_gone_at = time.monotonic()
+            self.streams_gone_at = self._clock()
 
     # -- teardown ------------------------------------------------------------------------
     def close(self, *, cancel_permissions: Callable[[str], bool] = lambda _sid: True) -> None:
@@ -342,20 +340,3 @@ class AcpConnection:
             channel.retire()
         self.channels.clear()
         self.frames.close()
-
-
-class ConnectionClosedError(BridgeError):
-    """The connection was closed (DELETE, reaping) while a request was running."""
-
-    code = "connection_closed"
-
-    def __init__(self, connection_id: str) -> None:
-        super().__init__(f'ACP connection "{connection_id}" is closed')
-
-
-class ChannelLimitError(BridgeError):
-    code = "session_stream_limit_exceeded"
-
-    def __init__(self, limit: int) -> None:
-        super().__init__(f"Too many sessions on one ACP connection (limit {limit})")
-        self.limit = limit

@@ -1,5 +1,4 @@
-"""JSON-RPC methods of ``/acp`` mapped onto the ``Bridge``, and bridge errors mapped
-onto JSON-RPC errors (the peer's ``toRpcError``).
+"""JSON-RPC methods of ``/acp`` mapped onto the ``Bridge`` (errors: ``acp_http.errors``).
 
     msg = decode_message(body)
     params = request_params(msg)                 # dict; JsonRpcInvalidParams otherwise
@@ -10,25 +9,9 @@ when the connection has, or can open, a channel for that session, else to the
 connection stream. ``session/prompt`` is answered later, by the session stream
 itself, when the turn ends (``{stopReason, ...}`` as the agent sent it, or an error).
 
-Error mapping (stable; documented in README "ACP over HTTP"):
-
-==================================  =======  =================================================
-bridge error                        code     data
-==================================  =======  =================================================
-``PromptQueueFullError``            -32603   ``{errorKind: "prompt_queue_full", sessionId,
-                                             limit, pendingCount}``
-``SessionNotFoundError``, bad       -32602   (none)
-params, workspace mismatch
-``SessionLimitExceededError``       -32603   ``{errorKind: "session_limit_exceeded", limit,
-                                             scope, retryable: true}``
-``AgentError`` (agent's JSON-RPC)   as sent  as sent
-other ``BridgeError``               -32603   ``{errorKind: <error code>, ...}``
-anything else                       -32603   ``{errorKind: "internal"}`` ("Internal error")
-==================================  =======  =================================================
-
 Unlike ``qwen serve``, a second ``session/prompt`` on the same connection does not
 cancel the first: it is queued behind it under the same admission rule as REST
-(``--max-pending-prompts-per-session``), and a full queue answers the error above.
+(``--max-pending-prompts-per-session``), and a full queue answers ``prompt_queue_full`` (``acp_http.errors``).
 """
 
 from __future__ import annotations
@@ -40,29 +23,20 @@ from typing import Any
 import msgspec
 
 from acp_server import __version__
-from acp_server.acp_http.connection import AcpConnection, ChannelLimitError, RpcId, SessionChannel
-from bridge import Bridge
-from bridge.bridge import InvalidPromptError
-from bridge.errors import (
-    AgentDiedError,
-    AgentError,
-    AgentNotFoundError,
-    AgentTimeoutError,
-    BridgeError,
-    InvalidClientIdError,
-    InvalidPermissionOptionError,
-    PermissionNotFoundError,
-    PromptDeadlineExceededError,
-    PromptQueueFullError,
-    SessionClosedError,
-    SessionLimitExceededError,
-    SessionNotFoundError,
-    SubscriberLimitExceededError,
-    WorkspaceMismatchError,
+from acp_server.acp_http.connection import (
+    MAX_TRACKED_PROMPTS,
+    AcpConnection,
+    RpcId,
+    SessionChannel,
 )
+from acp_server.acp_http.errors import (  # noqa: F401 - re-exported for the routes
+    ChannelLimitError,
+    InvalidParamsError,
+    encode_bridge_error,
+)
+from bridge import Bridge
+from bridge.errors import BridgeError, InvalidPermissionOptionError, PermissionNotFoundError
 from bridge.jsonrpc import (
-    INTERNAL_ERROR,
-    INVALID_PARAMS,
     METHOD_NOT_FOUND,
     UNSET,
     Message,
@@ -86,53 +60,6 @@ DEFAULT_AGENT_CAPABILITIES: dict[str, Any] = {
     "promptCapabilities": {"image": False, "audio": False, "embeddedContext": True},
     "sessionCapabilities": {"list": {}, "resume": {}, "close": {}},
 }
-
-
-class InvalidParamsError(BridgeError):
-    code = "invalid_params"
-
-
-# -- error mapping ------------------------------------------------------------------------
-def to_rpc_error(exc: BaseException) -> tuple[int, str, dict[str, Any] | None]:
-    """``(code, message, data)`` for an error raised by the bridge or a method."""
-    if isinstance(exc, PromptQueueFullError):
-        return INTERNAL_ERROR, str(exc), {"errorKind": "prompt_queue_full",
-                                          "sessionId": exc.session_id, "limit": exc.limit,
-                                          "pendingCount": exc.pending_count}
-    if isinstance(exc, (SessionNotFoundError, WorkspaceMismatchError, InvalidClientIdError,
-                        InvalidParamsError, InvalidPromptError, PermissionNotFoundError,
-                        InvalidPermissionOptionError)):
-        return INVALID_PARAMS, str(exc) or "Invalid params", None
-    if isinstance(exc, AgentNotFoundError):
-        return INVALID_PARAMS, str(exc), {"errorKind": exc.code, "available": exc.available}
-    if isinstance(exc, SessionLimitExceededError):
-        return INTERNAL_ERROR, str(exc), {"errorKind": "session_limit_exceeded",
-                                          "limit": exc.limit, "scope": exc.scope,
-                                          "retryable": True}
-    if isinstance(exc, AgentError):
-        return exc.rpc_code, exc.message, exc.data
-    if isinstance(exc, (SubscriberLimitExceededError, ChannelLimitError)):
-        return INTERNAL_ERROR, str(exc), {"errorKind": exc.code, "limit": exc.limit,
-                                          "retryable": True}
-    if isinstance(exc, AgentTimeoutError):
-        return INTERNAL_ERROR, str(exc), {"errorKind": exc.code, "httpStatus": 504,
-                                          "retryable": True, "phase": exc.phase,
-                                          "timeoutMs": exc.timeout_ms}
-    if isinstance(exc, SessionClosedError):
-        return INTERNAL_ERROR, str(exc), {"errorKind": exc.code, "sessionId": exc.session_id,
-                                          "reason": exc.reason}
-    if isinstance(exc, PromptDeadlineExceededError):
-        return INTERNAL_ERROR, str(exc), {"errorKind": exc.code, "deadlineMs": exc.deadline_ms}
-    if isinstance(exc, AgentDiedError):
-        return INTERNAL_ERROR, str(exc), {"errorKind": exc.code, "exitCode": exc.exit_code}
-    if isinstance(exc, BridgeError):
-        return INTERNAL_ERROR, str(exc) or "Internal error", {"errorKind": exc.code}
-    return INTERNAL_ERROR, "Internal error", {"errorKind": "internal"}
-
-
-def encode_bridge_error(rpc_id: RpcId, exc: BaseException) -> bytes:
-    code, message, data = to_rpc_error(exc)
-    return encode_error(rpc_id, code, message, data)
 
 
 # -- params -----------------------------------------------------------------------------
@@ -239,12 +166,9 @@ async def _session_list(conn: AcpConnection, rpc_id: RpcId, params: dict[str, An
 async def _session_prompt(conn: AcpConnection, rpc_id: RpcId, params: dict[str, Any]) -> Any:
     sid = _session_id(params)
     prompt = params.get("prompt")
-    if not isinstance(prompt, list) or not prompt or not all(isinstance(b, dict) for b in prompt):
-        raise InvalidParamsError('Invalid params: "prompt" must be a non-empty array of '
-                                 "content blocks")
     channel = conn.channel(sid)         # subscribed before admission: no event is missed
-    if len(channel.prompts) >= 1024:
-        raise ChannelLimitError(1024)
+    if len(channel.prompts) >= MAX_TRACKED_PROMPTS:
+        raise ChannelLimitError(MAX_TRACKED_PROMPTS)
     ticket = conn.bridge.send_prompt(sid, prompt)
     if rpc_id is not None:
         channel.track_prompt(ticket, rpc_id)

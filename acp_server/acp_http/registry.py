@@ -18,22 +18,42 @@ Contracts:
   that no other live connection serves.
 
 For tests, put a registry on the app before the first request:
-``app.state.acp_registry = ConnectionRegistry(bridge, max_connections=2, grace_s=0.2)``.
+``app.state.acp_registry = ConnectionRegistry(bridge, max_connections=2, grace_s=0.2)``;
+``clock=`` takes any ``Clock`` (``now()`` and ``sleep()``), e.g. one the test advances.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 
-from acp_server.acp_http.connection import AcpConnection, ErrorEncoder
+from acp_server.acp_http.connection import AcpConnection
 from bridge import Bridge
 
 DEFAULT_MAX_CONNECTIONS = 64
 DEFAULT_GRACE_S = 10.0
+
+
+class Clock(Protocol):
+    """The time grace periods are measured in (seconds, monotonic)."""
+
+    def now(self) -> float: ...
+
+    async def sleep(self, seconds: float) -> None: ...
+
+
+class MonotonicClock:
+    def now(self) -> float:
+        return time.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        await anyio.sleep(seconds)
+
+
+MONOTONIC = MonotonicClock()
 
 
 class ConnectionCapError(Exception):
@@ -44,16 +64,11 @@ class ConnectionCapError(Exception):
 
 class ConnectionRegistry:
     def __init__(self, bridge: Bridge, *, max_connections: int = DEFAULT_MAX_CONNECTIONS,
-                 grace_s: float = DEFAULT_GRACE_S,
-                 error_encoder: ErrorEncoder | None = None) -> None:
-        if error_encoder is None:
-            from acp_server.acp_http.dispatch import encode_bridge_error
-
-            error_encoder = encode_bridge_error
+                 grace_s: float = DEFAULT_GRACE_S, clock: Clock = MONOTONIC) -> None:
         self.bridge = bridge
+        self.clock = clock
         self.max_connections = max_connections
         self.grace_s = grace_s
-        self.error_encoder = error_encoder
         self.connections: dict[str, AcpConnection] = {}
         self.reaped = 0
         self._shutdown = anyio.Event()
@@ -63,8 +78,8 @@ class ConnectionRegistry:
             self.sweep()
         if len(self.connections) >= self.max_connections:
             raise ConnectionCapError(self.max_connections)
-        conn = AcpConnection(connection_id or str(uuid.uuid4()), self.bridge, self.error_encoder,
-                             websocket=websocket)
+        conn = AcpConnection(connection_id or str(uuid.uuid4()), self.bridge, websocket=websocket,
+                             clock=self.clock.now)
         self.connections[conn.id] = conn
         return conn
 
@@ -89,13 +104,19 @@ class ConnectionRegistry:
 
     async def sweep_after_grace(self) -> None:
         """Wait out the grace period (or shutdown), then sweep."""
-        with anyio.move_on_after(self.grace_s):
-            await self._shutdown.wait()
+        async with anyio.create_task_group() as tg:
+            async def end_on_shutdown() -> None:
+                await self._shutdown.wait()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(end_on_shutdown)
+            await self.clock.sleep(self.grace_s)
+            tg.cancel_scope.cancel()
         self.sweep()
 
     def sweep(self) -> list[str]:
         """Reap every connection whose streams have been gone for the grace period."""
-        now = time.monotonic()
+        now = self.clock.now()
         expired = [c for c in self.connections.values()
                    if c.streams_gone_at is not None and now - c.streams_gone_at >= self.grace_s]
         for conn in expired:

@@ -22,11 +22,17 @@ from acp_server.rest.capabilities import features
 from acp_server.rest.errors import json_response
 from acp_server.settings import Settings
 from bridge import Bridge
+from bridge.status import QueueWait
 
 
 def _iso(timestamp: float) -> str:
     return datetime.datetime.fromtimestamp(timestamp, datetime.UTC).isoformat(
         timespec="milliseconds").replace("+00:00", "Z")
+
+
+def queue_wait(wait: QueueWait) -> dict[str, Any]:
+    return {"count": wait.count, "meanMs": wait.mean_ms, "maxMs": wait.max_ms,
+            "lastMs": wait.last_ms}
 
 
 def status_body(bridge: Bridge, settings: Settings) -> dict[str, Any]:
@@ -61,15 +67,15 @@ def status_body(bridge: Bridge, settings: Settings) -> dict[str, Any]:
         "agents": agents(bridge),
         "capabilities": {"features": features(settings)},
         "runtime": {
-            "sessions": {"active": stats["sessions"],
-                         "admissionInFlight": stats["admissionInFlight"]},
-            "permissions": {"pending": stats["pendingPermissions"],
+            "sessions": {"active": stats.sessions,
+                         "admissionInFlight": stats.admission_in_flight},
+            "permissions": {"pending": stats.pending_permissions,
                             "policy": "first-responder"},
-            "transport": {"restSseActive": stats["subscribers"]},
-            "perf": {"promptQueueWait": stats["promptQueueWait"]},
-            "activity": {"activePrompts": stats["activePrompts"],
-                         "pendingPrompts": stats["pendingPrompts"],
-                         "queuedPrompts": stats["queuedPrompts"]},
+            "transport": {"restSseActive": stats.subscribers},
+            "perf": {"promptQueueWait": queue_wait(stats.prompt_queue_wait)},
+            "activity": {"activePrompts": stats.active_prompts,
+                         "pendingPrompts": stats.pending_prompts,
+                         "queuedPrompts": stats.queued_prompts},
         },
     }
 

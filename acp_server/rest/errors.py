@@ -19,7 +19,7 @@ Contracts:
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import msgspec
@@ -28,28 +28,17 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from acp_server.http.body import ClientDisconnected
-from bridge.bridge import InvalidPromptError, TooManyContentBlocksError
 from bridge.errors import (
     AgentDiedError,
-    AgentNotFoundError,
     AgentError,
     AgentTimeoutError,
-    BranchWhilePromptActiveError,
     BridgeError,
-    InvalidClientIdError,
-    InvalidOptionError,
-    InvalidPermissionOptionError,
+    InvalidDeadlineError,
+    InvalidPromptError,
     NotSupportedError,
     PermissionNotFoundError,
-    PromptCancelledError,
-    PromptNotFoundError,
-    PromptQueueFullError,
+    PromptDeadlineExceededError,
     SessionClosedError,
-    SessionIdNotHonoredError,
-    SessionLimitExceededError,
-    SessionNotFoundError,
-    SubscriberLimitExceededError,
-    WorkspaceMismatchError,
 )
 
 log = logging.getLogger("acp_server.http")
@@ -80,69 +69,51 @@ def bad_request(message: str, code: str | None = None, **extra: Any) -> RestErro
     return RestError(400, body)
 
 
+PROMPT_REQUIRED = "`prompt` is required and must be a non-empty array of content blocks"
+RETRY_STATUSES = frozenset({429, 503})
+
+
+def _permission_not_found(exc: Any) -> dict[str, Any]:
+    if exc.session_id is None:  # the legacy route
+        return {"error": "No pending permission request", "requestId": exc.request_id}
+    return {"error": "No pending permission request for session",
+            "sessionId": exc.session_id, "requestId": exc.request_id}
+
+
+def _short(exc: Any) -> dict[str, Any]:
+    return {"error": str(exc), "code": exc.code}
+
+
+# The bodies that differ from {"error": message, "code": code, **details()}, by the
+# error's exact class.
+BODIES: dict[type[BridgeError], Callable[[Any], dict[str, Any]]] = {
+    SessionClosedError: lambda exc: {"error": str(exc), "code": "session_closing",
+                                     "sessionId": exc.session_id},
+    PermissionNotFoundError: _permission_not_found,
+    InvalidPromptError: lambda exc: {"error": PROMPT_REQUIRED},
+    InvalidDeadlineError: lambda exc: {"error": "`deadlineMs` must be a positive integer "
+                                                "(milliseconds)", "code": exc.code},
+    AgentTimeoutError: lambda exc: {"error": str(exc), "code": exc.code, "errorKind": exc.code,
+                                    "retryable": True, **exc.details()},
+    NotSupportedError: lambda exc: {"error": str(exc) or "Not supported", "code": exc.code},
+    AgentError: lambda exc: {"error": "Internal error", "code": exc.rpc_code, "data": exc.data},
+    AgentDiedError: _short,
+    PromptDeadlineExceededError: _short,
+}
+
+
 def describe(exc: BaseException) -> tuple[int, dict[str, Any], dict[str, str] | None]:
-    """Status, body and headers for an error raised by the bridge or a route."""
+    """Status, body and headers for an error raised by the bridge or a route;
+    ``Retry-After: 5`` on 429 and 503."""
     if isinstance(exc, RestError):
         return exc.status, exc.body, exc.headers
-    if isinstance(exc, PromptQueueFullError):  # the body is exactly these five keys
-        return 503, {"error": str(exc), "code": exc.code, "sessionId": exc.session_id,
-                     "limit": exc.limit, "pendingCount": exc.pending_count}, RETRY_AFTER
-    if isinstance(exc, SessionNotFoundError):
-        return 404, {"error": str(exc), "code": exc.code, "sessionId": exc.session_id}, None
-    if isinstance(exc, SessionClosedError):
-        return 404, {"error": str(exc), "code": "session_closing",
-                     "sessionId": exc.session_id}, None
-    if isinstance(exc, WorkspaceMismatchError):
-        return 400, {"error": str(exc), "code": exc.code, "boundWorkspace": exc.bound_workspace,
-                     "requestedWorkspace": exc.requested_workspace}, None
-    if isinstance(exc, SessionLimitExceededError):
-        return 503, {"error": str(exc), "code": exc.code, "limit": exc.limit,
-                     "scope": exc.scope}, RETRY_AFTER
-    if isinstance(exc, SubscriberLimitExceededError):
-        return 429, {"error": str(exc), "code": exc.code, "limit": exc.limit}, RETRY_AFTER
-    if isinstance(exc, BranchWhilePromptActiveError):
-        return 409, {"error": str(exc), "code": exc.code, "sessionId": exc.session_id}, None
-    if isinstance(exc, InvalidClientIdError):
-        return 400, {"error": str(exc), "code": exc.code, "sessionId": exc.session_id,
-                     "clientId": exc.client_id}, None
-    if isinstance(exc, InvalidPermissionOptionError):
-        return 400, {"error": str(exc), "code": exc.code, "requestId": exc.request_id,
-                     "optionId": exc.option_id}, None
-    if isinstance(exc, PermissionNotFoundError):
-        if exc.session_id is None:  # the legacy route
-            return 404, {"error": "No pending permission request",
-                         "requestId": exc.request_id}, None
-        return 404, {"error": "No pending permission request for session",
-                     "sessionId": exc.session_id, "requestId": exc.request_id}, None
-    if isinstance(exc, PromptNotFoundError):
-        return 404, {"error": str(exc), "code": exc.code, "sessionId": exc.session_id,
-                     "promptId": exc.prompt_id}, None
-    if isinstance(exc, AgentNotFoundError):
-        return 400, {"error": str(exc), "code": exc.code, "agent": exc.name,
-                     "available": exc.available}, None
-    if isinstance(exc, TooManyContentBlocksError):
-        return 400, {"error": str(exc), "code": exc.code, "limit": exc.limit}, None
-    if isinstance(exc, InvalidPromptError):
-        return 400, {"error": "`prompt` is required and must be a non-empty array of content blocks"}, None
-    if isinstance(exc, AgentTimeoutError):
-        return 504, {"error": str(exc), "code": exc.code, "errorKind": exc.code,
-                     "retryable": True, "phase": exc.phase, "timeoutMs": exc.timeout_ms}, None
-    if isinstance(exc, NotSupportedError):
-        return 501, {"error": str(exc) or "Not supported", "code": exc.code}, None
-    if isinstance(exc, SessionIdNotHonoredError):
-        return 500, {"error": str(exc), "code": exc.code, "requestedSessionId": exc.requested,
-                     "sessionId": exc.actual}, None
-    if isinstance(exc, AgentError):
-        return 500, {"error": "Internal error", "code": exc.rpc_code, "data": exc.data}, None
-    if isinstance(exc, AgentDiedError):
-        return 500, {"error": str(exc), "code": exc.code}, None
-    if isinstance(exc, PromptCancelledError):
-        return 409, {"error": str(exc), "code": exc.code}, None
-    if isinstance(exc, InvalidOptionError):
-        return 400, {"error": str(exc), "code": exc.code}, None
-    if isinstance(exc, BridgeError):
-        return 500, {"error": str(exc), "code": exc.code}, None
-    return 500, {"error": "Internal error"}, None
+    if not isinstance(exc, BridgeError):
+        return 500, {"error": "Internal error"}, None
+    special = BODIES.get(type(exc))
+    body = special(exc) if special is not None else {"error": str(exc), "code": exc.code,
+                                                      **exc.details()}
+    status = exc.http_status
+    return status, body, RETRY_AFTER if status in RETRY_STATUSES else None
 
 
 def error_response(exc: BaseException) -> Response:
@@ -198,7 +169,6 @@ EXCEPTION_HANDLERS: dict[Any, Any] = {
     ClientDisconnect: handle_disconnect,
     RestError: handle_error,
     BridgeError: handle_error,
-    InvalidPromptError: handle_error,
     HTTPException: handle_http,
     Exception: handle_unexpected,
 }

@@ -25,10 +25,10 @@ async def health(request: Request) -> Response:
     bridge = request.app.state.bridge
     stats = bridge.stats()
     return json_response(200, {
-        "status": "ok", "workspaceCount": 1, "sessions": stats["sessions"],
-        "pendingPermissions": stats["pendingPermissions"],
-        "activePrompts": stats["activePrompts"], "pendingPrompts": stats["pendingPrompts"],
-        "queuedPrompts": stats["queuedPrompts"], "connectedClients": stats["subscribers"],
+        "status": "ok", "workspaceCount": 1, "sessions": stats.sessions,
+        "pendingPermissions": stats.pending_permissions,
+        "activePrompts": stats.active_prompts, "pendingPrompts": stats.pending_prompts,
+        "queuedPrompts": stats.queued_prompts, "connectedClients": stats.subscribers,
         "uptimeMs": int((time.time() - bridge.started_at) * 1000),
     })
 

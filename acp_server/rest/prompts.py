@@ -20,11 +20,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from acp_server.rest import wire
-from acp_server.rest.errors import bad_request, error_response, json_response
+from acp_server.rest.errors import error_response, json_response
 from bridge import Bridge
 from bridge.errors import PromptQueueFullError
-
-PROMPT_REQUIRED = "`prompt` is required and must be a non-empty array of content blocks"
 
 
 def _bridge(request: Request) -> Bridge:
@@ -35,19 +33,9 @@ async def send_prompt(request: Request) -> Response:
     session_id = request.path_params["session_id"]
     client_id = wire.client_id(request)
     body = await wire.read_json(request, wire.PromptBody)
-    prompt = body.prompt
-    if not isinstance(prompt, list) or not prompt \
-            or not all(isinstance(block, dict) for block in prompt):
-        raise bad_request(PROMPT_REQUIRED)
-    deadline_ms = body.deadlineMs
-    if deadline_ms is not None and not wire.is_positive_int(deadline_ms):
-        raise bad_request("`deadlineMs` must be a positive integer (milliseconds)",
-                          "invalid_deadline_ms")
-    bridge = _bridge(request)
-    if client_id is not None:
-        bridge.check_client(session_id, client_id)
-    try:
-        ticket = bridge.send_prompt(session_id, prompt, deadline_ms=deadline_ms, client_id=client_id)
+    try:   # the bridge checks the prompt, the deadline and the client id
+        ticket = _bridge(request).send_prompt(session_id, body.prompt, deadline_ms=body.deadlineMs,
+                                              client_id=client_id)
     except PromptQueueFullError as exc:   # the hot refusal: answered here, not re-raised
         return error_response(exc)
     return json_response(202, wire.PromptAccepted(promptId=ticket.prompt_id,
@@ -57,7 +45,9 @@ async def send_prompt(request: Request) -> Response:
 
 async def pending_prompts(request: Request) -> Response:
     items = _bridge(request).pending_prompts(request.path_params["session_id"])
-    return json_response(200, {"pendingPrompts": items})
+    return json_response(200, {"pendingPrompts": [
+        {"promptId": p.prompt_id, "queuedAt": p.queued_at_ms, "text": p.text, "state": p.state}
+        for p in items]})
 
 
 async def remove_pending_prompt(request: Request) -> Response:

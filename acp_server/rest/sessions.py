@@ -24,7 +24,27 @@ from starlette.routing import Route
 
 from acp_server.rest import wire
 from acp_server.rest.errors import bad_request, json_response
-from bridge import Bridge, SessionInfo
+from bridge import Bridge, SessionInfo, SessionStatus
+
+
+def iso(timestamp: float) -> str:
+    """Epoch seconds as the peer writes times: ISO 8601, UTC, milliseconds, ``Z``."""
+    return datetime.datetime.fromtimestamp(timestamp, datetime.UTC).isoformat(
+        timespec="milliseconds").replace("+00:00", "Z")
+
+
+def status_body(status: SessionStatus) -> dict[str, Any]:
+    """``GET /session/:id/status`` (and the workspace listing's summaries)."""
+    return {
+        "sessionId": status.session_id, "workspaceCwd": status.workspace_cwd,
+        "createdAt": iso(status.created_at), "clientCount": status.client_count,
+        "hasActivePrompt": status.has_active_prompt, "activePromptId": status.active_prompt_id,
+        "pendingPrompts": status.pending_prompts, "queuedPrompts": status.queued_prompts,
+        "isWaitingForPermission": status.pending_permissions > 0,
+        "pendingInteractionCount": status.pending_permissions,
+        "subscribers": status.subscribers, "lastEventId": status.last_event_id,
+        "eventEpoch": status.event_epoch,
+    }
 
 
 def _no_content() -> Response:
@@ -38,7 +58,7 @@ def _bridge(request: Request) -> Bridge:
 def created(info: SessionInfo) -> wire.SessionCreated:
     return wire.SessionCreated(sessionId=info.session_id, workspaceCwd=info.workspace_cwd,
                                attached=info.attached, clientId=info.client_id,
-                               createdAt=info.created_at, eventEpoch=info.event_epoch)
+                               createdAt=iso(info.created_at), eventEpoch=info.event_epoch)
 
 
 def _state(info: SessionInfo) -> dict[str, Any]:
@@ -52,12 +72,12 @@ def restored(info: SessionInfo) -> wire.SessionRestored | wire.SessionLoaded:
     if history is None:
         return wire.SessionRestored(
             sessionId=info.session_id, workspaceCwd=info.workspace_cwd, attached=info.attached,
-            clientId=info.client_id, createdAt=info.created_at, state=_state(info),
+            clientId=info.client_id, createdAt=iso(info.created_at), state=_state(info),
             hasRunningBackgroundTasks=False, hasActivePrompt=info.has_active_prompt,
             lastEventId=info.last_event_id, eventEpoch=info.event_epoch)
     return wire.SessionLoaded(
         sessionId=info.session_id, workspaceCwd=info.workspace_cwd, attached=info.attached,
-        clientId=info.client_id, createdAt=info.created_at, state=_state(info),
+        clientId=info.client_id, createdAt=iso(info.created_at), state=_state(info),
         hasRunningBackgroundTasks=False, hasActivePrompt=info.has_active_prompt,
         compactedReplay=history.compacted_replay, liveJournal=history.live_journal,
         lastEventId=history.last_event_id, eventEpoch=info.event_epoch,
@@ -108,7 +128,7 @@ async def branch_session(request: Request) -> Response:
     info = await _bridge(request).branch_session(session_id)
     return json_response(201, wire.SessionBranched(
         sessionId=info.session_id, workspaceCwd=info.workspace_cwd, attached=info.attached,
-        clientId=info.client_id, createdAt=info.created_at,
+        clientId=info.client_id, createdAt=iso(info.created_at),
         forkedFrom=wire.ForkedFrom(sessionId=info.forked_from or session_id),
         lastEventId=info.last_event_id, eventEpoch=info.event_epoch))
 
@@ -126,16 +146,15 @@ async def close_session(request: Request) -> Response:
 
 
 async def session_status(request: Request) -> Response:
-    return json_response(200, _bridge(request).session_status(request.path_params["session_id"]))
+    status = _bridge(request).session_status(request.path_params["session_id"])
+    return json_response(200, status_body(status))
 
 
 async def heartbeat(request: Request) -> Response:
     client_id = wire.client_id(request)
     session_id = request.path_params["session_id"]
     seen = _bridge(request).heartbeat(session_id, client_id)
-    last_seen = datetime.datetime.fromtimestamp(seen, datetime.UTC).isoformat(
-        timespec="milliseconds").replace("+00:00", "Z")
-    return json_response(200, wire.Heartbeat(sessionId=session_id, lastSeenAt=last_seen,
+    return json_response(200, wire.Heartbeat(sessionId=session_id, lastSeenAt=iso(seen),
                                              clientId=client_id))
 
 

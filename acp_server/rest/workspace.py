@@ -27,6 +27,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from acp_server.rest.errors import RestError, bad_request, json_response
+from acp_server.rest.sessions import status_body
 from bridge import Bridge
 from bridge.session import Session
 
@@ -46,16 +47,13 @@ def workspaces(bridge: Bridge) -> list[dict[str, Any]]:
 
 
 def session_summary(bridge: Bridge, session: Session) -> dict[str, Any]:
-    summary = bridge.session_status(session.session_id)
-    idle_s = time.monotonic() - session.last_seen
-    updated = time.time() - max(0.0, idle_s)
-    summary.update({
-        "updatedAt": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(updated))
-        + f".{int(updated * 1000) % 1000:03d}Z",
-        "agent": session.agent_name, "maxPendingPrompts": session.limit,
-        "activePromptText": session.active.text if session.active is not None else None,
-    })
-    return summary
+    status = bridge.session_status(session.session_id)
+    updated = status.updated_at
+    return {**status_body(status),
+            "updatedAt": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(updated))
+            + f".{int(updated * 1000) % 1000:03d}Z",
+            "agent": status.agent, "maxPendingPrompts": status.max_pending_prompts,
+            "activePromptText": status.active_prompt_text}
 
 
 def _decimal(text: str) -> bool:

@@ -382,7 +382,8 @@ class StdioAgentConnection:
             self._resolve(msg)
         elif msg.is_notification:
             self._on_notification(msg)
-        elif self._task_group is not None and self._death is None:
+        elif self._death is None:   # a dead agent's requests have nobody to answer
+            assert self._task_group is not None, "start() runs the reader that calls this"
             self._task_group.start_soon(self._serve_agent_request, msg)
 
     def _resolve(self, msg: Message) -> None:

@@ -23,6 +23,7 @@ import httpx
 from httpx_sse import aconnect_sse
 
 from acp_server.acp_http import ConnectionRegistry, registry_for
+from acp_server.acp_http.registry import Clock
 from acp_server.app import build_app
 from acp_server.settings import Settings
 from bridge import Bridge, BridgeOptions
@@ -159,15 +160,45 @@ class RunningAcpServer:
             "sessionId": session_id, "prompt": text(value)}), session_id)
 
 
+class FakeClock:
+    """A ``Clock`` the test moves: ``sleep`` returns once ``advance`` passed its end."""
+
+    def __init__(self) -> None:
+        self.time = 0.0
+        self.sleepers = 0
+        self._moved = anyio.Event()
+
+    def now(self) -> float:
+        return self.time
+
+    async def sleep(self, seconds: float) -> None:
+        deadline = self.time + seconds
+        self.sleepers += 1
+        try:
+            while self.time < deadline:
+                await self._moved.wait()
+        finally:
+            self.sleepers -= 1
+
+    def advance(self, seconds: float) -> None:
+        self.time += seconds
+        moved, self._moved = self._moved, anyio.Event()
+        moved.set()
+
+
 @contextlib.asynccontextmanager
 async def running_acp_server(workspace: Any, *, options: BridgeOptions | None = None,
                              max_connections: int = 64, grace_s: float = 10.0,
+                             clock: Clock | None = None,
                              **settings: Any) -> AsyncIterator[RunningAcpServer]:
     config = Settings(workspace=str(workspace), port=0, options=options or BridgeOptions(),
                       max_acp_connections=max_connections, acp_reap_grace_s=grace_s, **settings)
     async with Bridge(ReferenceAgentFactory(), workspace_cwd=config.workspace,
                       options=config.options) as bridge:
         app = build_app(config, bridge)
+        if clock is not None:
+            app.state.acp_registry = ConnectionRegistry(
+                bridge, max_connections=max_connections, grace_s=grace_s, clock=clock)
         registry = registry_for(app)
 
         async def stop() -> None:

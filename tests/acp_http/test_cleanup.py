@@ -1,15 +1,20 @@
-"""DELETE and reaping: sessions detached, permission requests cancelled, turns stopped."""
+"""DELETE and reaping: sessions detached, permission requests cancelled, turns stopped.
+
+Grace periods run on a ``FakeClock`` the tests advance; every wait is on a condition.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import anyio
 import pytest
 
-from tests.acp_http.server import RunningAcpServer, running_acp_server
+from tests.acp_http.server import FakeClock, RunningAcpServer, running_acp_server
+from tests.bridge.helpers import wait_until
 
 pytestmark = pytest.mark.anyio
+
+GRACE_S = 10.0
 
 
 async def _waiting_on_permission(srv: RunningAcpServer, conn_id: str, conn_stream, sid: str,
@@ -20,9 +25,16 @@ async def _waiting_on_permission(srv: RunningAcpServer, conn_id: str, conn_strea
 
 
 async def _settled(srv: RunningAcpServer, sid: str) -> None:
-    with anyio.fail_after(3):
-        while srv.bridge.permissions.pending_count or srv.bridge.get_session(sid).active:
-            await anyio.sleep(0.02)
+    """The permission request is cancelled and the turn has ended."""
+    await wait_until(lambda: not srv.bridge.permissions.pending_count
+                     and srv.bridge.get_session(sid).active is None, timeout=3)
+
+
+async def _streams_gone(srv: RunningAcpServer, clock: FakeClock, conn_id: str) -> None:
+    """The server saw every stream of the connection end, and a grace wait started."""
+    conn = srv.registry.get(conn_id)
+    assert conn is not None
+    await wait_until(lambda: conn.open_streams == 0 and clock.sleepers > 0)
 
 
 async def test_delete_cleans_up(server: RunningAcpServer) -> None:
@@ -41,36 +53,46 @@ async def test_delete_cleans_up(server: RunningAcpServer) -> None:
 
 
 async def test_dropped_streams_reaped_after_grace(tmp_path: Path) -> None:
-    async with running_acp_server(tmp_path, grace_s=0.3) as srv:
+    clock = FakeClock()
+    async with running_acp_server(tmp_path, grace_s=GRACE_S, clock=clock) as srv:
         conn_id, _ = await srv.initialize()
         async with srv.stream(conn_id) as conn_stream:
             sid = await srv.new_session(conn_id, conn_stream)
             async with srv.stream(conn_id, sid) as session_stream:
                 await _waiting_on_permission(srv, conn_id, conn_stream, sid, session_stream)
+        await _streams_gone(srv, clock, conn_id)
         # Streams gone: nothing happens within the grace period ...
-        await anyio.sleep(0.1)
+        clock.advance(GRACE_S / 2)
+        assert srv.registry.sweep() == []
         assert srv.registry.get(conn_id) is not None
         assert srv.bridge.permissions.pending_count == 1
         # ... and the connection is reaped after it, with no request to trigger it.
+        clock.advance(GRACE_S / 2)
+        await wait_until(lambda: srv.registry.get(conn_id) is None)
         await _settled(srv, sid)
-        assert srv.registry.get(conn_id) is None
         assert srv.registry.reaped == 1
 
 
 async def test_reopened_stream_keeps_connection(tmp_path: Path) -> None:
-    async with running_acp_server(tmp_path, grace_s=0.3) as srv:
+    clock = FakeClock()
+    async with running_acp_server(tmp_path, grace_s=GRACE_S, clock=clock) as srv:
         conn_id, _ = await srv.initialize()
         async with srv.stream(conn_id):
             pass
+        await _streams_gone(srv, clock, conn_id)
         async with srv.stream(conn_id):
-            await anyio.sleep(0.5)
-            srv.registry.sweep()
+            clock.advance(2 * GRACE_S)
+            await wait_until(lambda: clock.sleepers == 0)   # the grace waits swept
+            assert srv.registry.sweep() == []
             assert srv.registry.get(conn_id) is not None
+            assert srv.registry.reaped == 0
 
 
 async def test_never_streamed_connection_reaped(tmp_path: Path) -> None:
-    async with running_acp_server(tmp_path, grace_s=0.1, max_connections=1) as srv:
+    clock = FakeClock()
+    async with running_acp_server(tmp_path, grace_s=GRACE_S, max_connections=1,
+                                  clock=clock) as srv:
         await srv.initialize()
-        await anyio.sleep(0.15)
+        clock.advance(GRACE_S)
         await srv.initialize()         # the cap frees the idle one first
         assert srv.registry.reaped == 1

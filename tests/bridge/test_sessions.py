@@ -174,9 +174,32 @@ async def test_stats(tmp_path):
         tickets = [bridge.send_prompt(sid, text(f"hold s{i}")) for i in range(7)]
         await wait_until(lambda: bridge.get_session(sid).active is not None)
         stats = bridge.stats()
-        assert (stats["pendingPrompts"], stats["queuedPrompts"], stats["activePrompts"]) == (7, 6, 1)
+        assert (stats.pending_prompts, stats.queued_prompts, stats.active_prompts) == (7, 6, 1)
         for i in range(7):
             agent.release(f"s{i}")
         for t in tickets:
             await t
-        assert bridge.stats()["promptQueueWait"]["count"] == 7
+        assert bridge.stats().prompt_queue_wait.count == 7
+
+
+async def test_one_cancel_resolves_each_permission_once(tmp_path):
+    """A cancel (of the session, or of the prompt's ticket) cancels the session's
+    permission requests once, before ``prompt_cancelled``."""
+    async with open_bridge(tmp_path) as (bridge, agent):
+        sid = (await bridge.create_session()).session_id
+        for cancel in ("session", "ticket"):
+            sub = bridge.subscribe(sid)
+            ticket = bridge.send_prompt(sid, text("perm"))
+            await wait_until(lambda: bridge.permissions.pending_count == 1)
+            if cancel == "session":
+                assert await bridge.cancel_session(sid)
+            else:
+                ticket.cancel("client_cancel")
+            assert bridge.permissions.pending_count == 0
+            assert (await ticket).stop_reason == "cancelled"
+            kinds = [(f.type, f.envelope().data.get("reason")) for f in drain(sub)
+                     if f.type in ("permission_resolved", "prompt_cancelled")]
+            permission_reason = "prompt_cancelled" if cancel == "session" else "cancelled"
+            assert kinds == [("permission_resolved", permission_reason),
+                             ("prompt_cancelled", "client_cancel")], kinds
+            sub.close()

@@ -112,7 +112,7 @@ async def test_initialize_timeout(tmp_path):
         with pytest.raises(AgentTimeoutError) as info:
             await bridge.create_session()
         assert info.value.phase == "initialize"
-        assert bridge.stats()["admissionInFlight"] == 0
+        assert bridge.stats().admission_in_flight == 0
 
 
 async def test_death_message_carries_the_stderr_tail(tmp_path):
@@ -144,6 +144,6 @@ async def test_sigkill_of_the_agent_mid_turn(tmp_path):
                 assert info.value.exit_code == -signal.SIGKILL
             kinds = [f.type async for f in sub]
         assert "session_died" in kinds and kinds.count("turn_error") == 2
-        assert bridge.stats()["pendingPrompts"] == 0
+        assert bridge.stats().pending_prompts == 0
         sid2 = (await bridge.create_session()).session_id
         assert (await bridge.send_prompt(sid2, text("back"))).stop_reason == "end_turn"

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bridge import Bridge
-from bridge.ticket import PromptResult
+from bridge.session import PendingPrompt, Session
+from bridge.ticket import PromptResult, PromptTicket
 
 Asgi = Callable[..., Awaitable[None]]
 Headers = list[tuple[bytes, bytes]]
@@ -152,13 +153,21 @@ def _finished_cancel_ok(path: str, status: int, body: dict[str, Any]
     return None
 
 
+def _leak_slot(session: Session) -> None:
+    """Take a slot that nothing releases: a pending prompt that is not on the FIFO."""
+    prompt_id = f"leaked-{len(session.pending)}-{id(session)}"
+    ticket = PromptTicket(prompt_id, session.session_id, 0, session.bus.epoch, lambda _r: None)
+    session.pending[prompt_id] = PendingPrompt(prompt_id, [{"type": "text", "text": ""}], ticket,
+                                               None, False, None)
+
+
 def _leak_on_cancel(bridge: Bridge) -> None:
     """The prompt cancelled by POST /session/:id/cancel keeps its slot."""
     original = bridge.cancel_session
 
     async def cancel_session(session_id: str, **kwargs: Any) -> bool:
         cancelled = await original(session_id, **kwargs)
-        bridge.get_session(session_id).pending_count += 1
+        _leak_slot(bridge.get_session(session_id))
         return cancelled
     bridge.cancel_session = cancel_session  # type: ignore[method-assign]
 
@@ -176,7 +185,7 @@ def _keep_completed_slots(bridge: Bridge) -> None:
             def settled(pending: Any, outcome: Any) -> None:
                 settle(pending, outcome)
                 if isinstance(outcome, PromptResult) and outcome.stop_reason == "end_turn":
-                    session.pending_count += 1     # the release undone
+                    _leak_slot(session)     # the release undone
             session._settle = settled  # type: ignore[method-assign]
         return ticket
     bridge.send_prompt = send_prompt  # type: ignore[method-assign]
@@ -187,7 +196,7 @@ def _branch_takes_a_slot(bridge: Bridge) -> None:
 
     async def branch_session(session_id: str) -> Any:
         info = await original(session_id)
-        bridge.get_session(session_id).pending_count += 1
+        _leak_slot(bridge.get_session(session_id))
         return info
     bridge.branch_session = branch_session  # type: ignore[method-assign]
 

@@ -1,0 +1,128 @@
+"""Errors of the ``/acp`` door, and every error mapped onto a JSON-RPC error (the
+peer's ``toRpcError``).
+
+    code, message, data = to_rpc_error(exc)       # (-32603, "...", {"errorKind": ...})
+    payload = encode_bridge_error(rpc_id, exc)     # the JSON-RPC error response
+
+Error mapping (stable; documented in README "ACP over HTTP"):
+
+==================================  =======  =================================================
+bridge error                        code     data
+==================================  =======  =================================================
+``PromptQueueFullError``            -32603   ``{errorKind: "prompt_queue_full", sessionId,
+                                             limit, pendingCount}``
+``SessionNotFoundError``, bad       -32602   (none)
+params, workspace mismatch
+``SessionLimitExceededError``       -32603   ``{errorKind: "session_limit_exceeded", limit,
+                                             scope, retryable: true}``
+``AgentError`` (agent's JSON-RPC)   as sent  as sent
+other ``BridgeError``               -32603   ``{errorKind: <error code>, ...}``
+anything else                       -32603   ``{errorKind: "internal"}`` ("Internal error")
+==================================  =======  =================================================
+
+The rule is read from the error (``rpc_code``, ``code``, ``details()``); ``DATA`` and
+``ANSWERS`` hold the answers that carry more, or differ.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from bridge.errors import (
+    AgentDiedError,
+    AgentError,
+    AgentNotFoundError,
+    AgentTimeoutError,
+    BridgeError,
+    InvalidPromptError,
+    PromptDeadlineExceededError,
+    PromptQueueFullError,
+    SessionClosedError,
+    SessionLimitExceededError,
+    SubscriberLimitExceededError,
+)
+from bridge.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, encode_error
+
+RpcId = int | str | None
+
+
+class ConnectionClosedError(BridgeError):
+    """The connection was closed (DELETE, reaping) while a request was running."""
+
+    code = "connection_closed"
+
+    def __init__(self, connection_id: str) -> None:
+        super().__init__(f'ACP connection "{connection_id}" is closed')
+
+
+class ChannelLimitError(BridgeError):
+    code = "session_stream_limit_exceeded"
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"Too many sessions on one ACP connection (limit {limit})")
+        self.limit = limit
+
+    def details(self) -> dict[str, Any]:
+        return {"limit": self.limit}
+
+
+class InvalidParamsError(BridgeError):
+    code = "invalid_params"
+    http_status = 400
+    rpc_code = INVALID_PARAMS
+
+
+PROMPT_REQUIRED = 'Invalid params: "prompt" must be a non-empty array of content blocks'
+RpcError = tuple[int, str, dict[str, Any] | None]
+
+
+def _kind(exc: Any) -> dict[str, Any]:
+    return {"errorKind": exc.code, **exc.details()}
+
+
+def _retryable(exc: Any) -> dict[str, Any]:
+    return {"errorKind": exc.code, **exc.details(), "retryable": True}
+
+
+# ``data`` of the -32603 answers that carry more than ``{errorKind}``, by exact class.
+DATA: dict[type[BridgeError], Callable[[Any], dict[str, Any]]] = {
+    PromptQueueFullError: _kind,
+    SessionLimitExceededError: _retryable,
+    SubscriberLimitExceededError: _retryable,
+    ChannelLimitError: _retryable,
+    AgentTimeoutError: lambda exc: {"errorKind": exc.code, "httpStatus": exc.http_status,
+                                    "retryable": True, **exc.details()},
+    SessionClosedError: _kind,
+    PromptDeadlineExceededError: _kind,
+    AgentDiedError: _kind,
+}
+# Answers that follow neither rule, by exact class.
+ANSWERS: dict[type[BridgeError], Callable[[Any], RpcError]] = {
+    AgentError: lambda exc: (exc.rpc_code, exc.message, exc.data),
+    AgentNotFoundError: lambda exc: (INVALID_PARAMS, str(exc),
+                                     {"errorKind": exc.code, "available": exc.available}),
+    InvalidPromptError: lambda exc: (INVALID_PARAMS, PROMPT_REQUIRED, None),
+}
+
+
+def to_rpc_error(exc: BaseException) -> RpcError:
+    """``(code, message, data)`` for an error raised by the bridge or a method:
+    ``-32602`` with no data for the caller's mistakes (``rpc_code``), else
+    ``-32603`` with ``{errorKind: code, ...}``."""
+    if not isinstance(exc, BridgeError):
+        return INTERNAL_ERROR, "Internal error", {"errorKind": "internal"}
+    answer = ANSWERS.get(type(exc))
+    if answer is not None:
+        return answer(exc)
+    if exc.rpc_code == INVALID_PARAMS:
+        return INVALID_PARAMS, str(exc) or "Invalid params", None
+    data = DATA.get(type(exc))
+    return (exc.rpc_code, str(exc) or "Internal error",
+            data(exc) if data is not None else {"errorKind": exc.code})
+
+
+def encode_bridge_error(rpc_id: RpcId, exc: BaseException) -> bytes:
+    code, message, data = to_rpc_error(exc)
+    return encode_error(rpc_id, code, message, data)
+
