@@ -140,7 +140,7 @@ def test_lmsp_errors_are_problems_and_rest_errors_are_rest_bodies() -> None:
 def live_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``acp-server serve`` in a child process, session cap off (no legitimate 5xx)."""
     workspace = tmp_path_factory.mktemp("fuzz")
-    env = {**os.environ, "ACP_SERVER_TOKEN": ""}
+    env = {k: v for k, v in os.environ.items() if k != "ACP_SERVER_TOKEN"}   # no token
     proc = subprocess.Popen(
         [sys.executable, "-m", "acp_server", "serve", "--port", "0", "--workspace",
          str(workspace), "--state-dir", str(workspace / "state"), "--max-sessions", "0"],
