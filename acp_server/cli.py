@@ -256,13 +256,24 @@ async def _drain_on_signal(server: uvicorn.Server, bridge: Bridge,
                 server.force_exit = True
                 continue
             log.info("received %s: draining", signal.Signals(signum).name)
-            # LMSP first: running tasks stay running in the store (the next start
-            # applies their on_restart) instead of failing as their sessions close.
-            lmsp.stop()
-            with anyio.CancelScope(shield=True):
-                await bridge.aclose()
-            acp.shutdown()   # /acp streams end with their connections
+            await drain(bridge, acp, lmsp)
             server.should_exit = True
+
+
+async def drain(bridge: Bridge, acp: ConnectionRegistry, lmsp: LmspService | None) -> None:
+    """Shut down in the designed order: the front doors, then the sessions, then the agents.
+
+    LMSP first: it takes no more work, and running tasks stay running in the store (the
+    next start applies their ``on_restart``) instead of failing as their sessions close.
+    Then every ``/acp`` connection closes, its streams end. Then ``bridge.aclose``: each
+    session closes (a REST event stream ends with its session's ``session_closed``,
+    the peer's contract), then the agents stop.
+    """
+    if lmsp is not None:
+        lmsp.stop()
+    acp.shutdown()
+    with anyio.CancelScope(shield=True):
+        await bridge.aclose()
 
 
 if __name__ == "__main__":

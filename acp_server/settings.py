@@ -17,13 +17,13 @@ Contracts:
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import os
 import re
 import shlex
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from acp_server.http.security import is_loopback
 from acp_server.profiles import (
     AgentProfile,
     ProfileError,
@@ -76,16 +76,6 @@ def default_state_dir() -> str:
     """``$XDG_STATE_HOME/acp-server``, else ``~/.local/state/acp-server``."""
     base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
     return os.path.join(base, "acp-server")
-
-
-def is_loopback(hostname: str) -> bool:
-    host = hostname.strip("[]")
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def parse_number(text: str) -> Any:

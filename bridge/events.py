@@ -4,7 +4,7 @@
                         prompt_id=pid)
     event.json   # b'{"id":7,"v":1,"type":"turn_complete","promptId":...,"data":{...},"_meta":{...}}'
 
-The SSE frame of an event is built by the front doors (``acp_server.sse.event_frame``),
+The SSE frame of an event is built by the front doors (``acp_server.http.sse.event_frame``),
 once per event: ``sse_cache`` holds it for every subscriber.
 
 Synthetic stream-control frames (``replay_complete``, ``state_resync_required``,
@@ -176,7 +176,7 @@ class Event:
         self.prompt_id = prompt_id
         self.timestamp_ms = timestamp_ms
         self.json = json
-        self.sse_cache: bytes | None = None   # owned by acp_server.sse.event_frame
+        self.sse_cache: bytes | None = None   # owned by acp_server.http.sse.event_frame
 
     @classmethod
     def build(cls, event_id: int | None, type_: str, data: Any, *,

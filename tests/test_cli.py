@@ -150,3 +150,66 @@ def _talk_then_terminate(proc: subprocess.Popen[str], tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+# -- the shutdown order ------------------------------------------------------------------
+@pytest.mark.anyio
+async def test_drain_closes_the_front_doors_then_the_sessions_then_the_agents(
+        tmp_path: Path) -> None:
+    """``drain`` (what SIGTERM runs), recorded on the real objects: the ``/acp``
+    connections close first (their streams end), then each session (its REST stream
+    ends with ``session_closed``), then the agents."""
+    import inspect
+    import json
+    from typing import Any
+
+    import anyio
+    from httpx_sse import aconnect_sse
+
+    from acp_server.cli import drain
+    from tests.acp_http.server import running_acp_server
+
+    async with running_acp_server(tmp_path) as srv:
+        conn_id, _ = await srv.initialize()
+        order: list[str] = []
+
+        def recorded(name: str, call: Any) -> Any:
+            """``call`` itself, noting in ``order`` when it starts."""
+            def sync(*args: Any, **kwargs: Any) -> Any:
+                order.append(name)
+                return call(*args, **kwargs)
+
+            async def coro(*args: Any, **kwargs: Any) -> Any:
+                order.append(name)
+                return await call(*args, **kwargs)
+
+            return coro if inspect.iscoroutinefunction(call) else sync
+
+        async with srv.stream(conn_id) as conn_stream:
+            session_id = await srv.new_session(conn_id, conn_stream)
+            rest_types: list[str] = []
+            rest_open = anyio.Event()
+
+            async def read_rest() -> None:
+                async with aconnect_sse(srv.client, "GET", f"/session/{session_id}/events",
+                                        headers={"Last-Event-ID": "0"}) as source:
+                    assert source.response.status_code == 200
+                    rest_open.set()
+                    async for event in source.aiter_sse():
+                        if event.data:
+                            rest_types.append(json.loads(event.data)["type"])
+
+            srv.registry.shutdown = recorded("acp connections", srv.registry.shutdown)
+            srv.bridge.close_session = recorded("session", srv.bridge.close_session)
+            srv.bridge.agents.aclose = recorded("agents", srv.bridge.agents.aclose)
+            async with srv.stream(conn_id, session_id) as session_stream:
+                with anyio.fail_after(10):
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(read_rest)
+                        await rest_open.wait()
+                        await drain(srv.bridge, srv.registry, None)
+                await session_stream.wait_for_end()
+                await conn_stream.wait_for_end()
+        assert order == ["acp connections", "session", "agents"]
+        assert rest_types[-1] == "session_closed", rest_types
+        assert srv.registry.connections == {}

@@ -8,7 +8,7 @@ Contracts:
 
 * A ``Frame`` is one JSON-RPC message (``payload``, one line of JSON) plus the bus
   id of the event it came from (``None`` for responses and synthetic frames). SSE
-  (``acp_server.sse.frame``) writes ``id:`` only for bus events, so ``Last-Event-ID``
+  (``acp_server.http.sse.frame``) writes ``id:`` only for bus events, so ``Last-Event-ID``
   names a bus id.
 * Event data is encoded with msgspec as it is (``msgspec.Raw`` agent params are
   written through byte for byte); nothing is re-serialized through a narrower type.
@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from acp_server.sse import frame as sse_frame
+from acp_server.http.sse import frame as sse_frame
 from bridge.events import Event
 from bridge.jsonrpc import encode_notification, encode_request
 

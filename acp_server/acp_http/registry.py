@@ -126,15 +126,15 @@ class ConnectionRegistry:
 
 
 def registry_for(app: Any) -> ConnectionRegistry:
-    """The app's registry, created on first use from ``app.state.settings``
-    (``max_acp_connections``, ``acp_reap_grace_s`` when the settings have them)."""
+    """The app's registry, created on first use from ``app.state.acp_config``
+    (``max_connections``, ``reap_grace_s``; the defaults without one)."""
     state = app.state
     registry: ConnectionRegistry | None = getattr(state, "acp_registry", None)
     if registry is None:
-        settings = getattr(state, "settings", None)
+        config = getattr(state, "acp_config", None)
         registry = ConnectionRegistry(
             state.bridge,
-            max_connections=getattr(settings, "max_acp_connections", DEFAULT_MAX_CONNECTIONS),
-            grace_s=getattr(settings, "acp_reap_grace_s", DEFAULT_GRACE_S))
+            max_connections=getattr(config, "max_connections", DEFAULT_MAX_CONNECTIONS),
+            grace_s=getattr(config, "reap_grace_s", DEFAULT_GRACE_S))
         state.acp_registry = registry
     return registry

@@ -48,9 +48,9 @@ from acp_server.acp_http.dispatch import (
 )
 from acp_server.acp_http.registry import ConnectionCapError, ConnectionRegistry, registry_for
 from acp_server.acp_http.streams import FrameStream
+from acp_server.http import body
 from acp_server.http.body import BodyError, check_json
-from acp_server.rest import wire
-from acp_server.rest.errors import RestError
+from acp_server.http.headers import event_epoch, last_event_id
 from bridge.errors import BridgeError
 from bridge.jsonrpc import (
     INTERNAL_ERROR,
@@ -101,10 +101,12 @@ async def _read_message(request: Request) -> Message | Response:
     content_type = request.headers.get("content-type", "")
     if content_type.split(";", 1)[0].strip().lower() != _JSON:
         return _json(415, _UNSUPPORTED_MEDIA)
+    limit: int = request.app.state.acp_config.max_body_bytes
     try:
-        raw = await wire.read_body(request)
-    except RestError as exc:   # 413
-        return _json(exc.status, msgspec.json.encode(exc.body))
+        raw = await body.read_body(request, limit=limit)
+    except body.BodyTooLarge:
+        return _json(413, msgspec.json.encode({"error": "Request body too large",
+                                               "code": "payload_too_large", "limit": limit}))
     try:
         check_json(raw)
         if raw.lstrip()[:1] == b"[" and _is_array(raw):
@@ -195,7 +197,7 @@ async def get_acp(request: Request) -> Response | ASGIApp:
     conn = _connection(request, registry)
     if isinstance(conn, Response):
         return conn
-    heartbeat_s: float = request.app.state.settings.heartbeat_s
+    heartbeat_s: float = request.app.state.acp_config.heartbeat_s
     session_id = request.headers.get(SESSION_HEADER)
 
     if session_id is None:
@@ -234,9 +236,9 @@ async def get_acp(request: Request) -> Response | ASGIApp:
 
 
 def _rewind(request: Request, channel: SessionChannel) -> None:
-    last_event_id = wire.last_event_id(request)
-    if last_event_id is not None:
-        channel.rewind(last_event_id, wire.event_epoch(request))
+    last_id = last_event_id(request)
+    if last_id is not None:
+        channel.rewind(last_id, event_epoch(request))
 
 
 # -- DELETE -------------------------------------------------------------------------------

@@ -7,7 +7,7 @@
 
 Contracts:
 
-* Beyond ``acp_server.sse.SseResponse``: one ``data:`` line per JSON-RPC message,
+* Beyond ``acp_server.http.sse.SseResponse``: one ``data:`` line per JSON-RPC message,
   preceded by ``id: N`` for bus events; ``: hb`` after ``heartbeat_s`` seconds of
   silence.
 * ``pump`` (a session stream's bus pump) runs only while the response is open.
@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 
 from acp_server.acp_http.buffer import FrameBuffer
 from acp_server.acp_http.frames import HEARTBEAT_COMMENT, sse_bytes
-from acp_server.sse import SseResponse
+from acp_server.http.sse import SseResponse
 
 
 class FrameStream(SseResponse):

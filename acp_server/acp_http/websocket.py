@@ -14,9 +14,9 @@ Contracts:
 * The upgrade response carries ``Acp-Connection-Id``. Every stream of the
   connection (its own and every session's) is written to the socket; closing the
   socket closes the connection as a DELETE would.
-* Auth as REST (the ``SecurityMiddleware`` only guards HTTP scopes, so the checks
-  are here): ``Authorization: Bearer <token>`` or ``Sec-WebSocket-Protocol:
-  qwen-bearer.<base64url(token)>``; a disallowed ``Origin`` or a missing or wrong
+* Auth as REST (the shared ``SecurityMiddleware`` only guards HTTP scopes, so the
+  checks of its ``GuardPolicy`` are here): ``Authorization: Bearer <token>`` or
+  ``Sec-WebSocket-Protocol: qwen-bearer.<base64url(token)>``; a disallowed ``Origin`` or a missing or wrong
   token closes before the handshake completes (the server answers 403).
 """
 
@@ -32,6 +32,7 @@ import anyio.abc
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from acp_server.acp_http.buffer import FrameBuffer
+from acp_server.acp_http.config import AcpConfig
 from acp_server.acp_http.connection import AcpConnection, SessionChannel
 from acp_server.acp_http.dispatch import (
     InvalidParamsError,
@@ -43,8 +44,7 @@ from acp_server.acp_http.dispatch import (
 from acp_server.acp_http.registry import ConnectionCapError, registry_for
 from acp_server.acp_http.routes import REQUEST_ONLY
 from acp_server.http.body import BodyError, check_json
-from acp_server.rest.security import is_self_origin
-from acp_server.settings import Settings, is_loopback
+from acp_server.http.security import GuardPolicy, is_loopback, is_self_origin
 from bridge.jsonrpc import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
@@ -91,15 +91,15 @@ def _token_ok(ws: WebSocket, token: str) -> bool:
     return False
 
 
-def handshake_allowed(ws: WebSocket, settings: Settings) -> bool:
+def handshake_allowed(ws: WebSocket, policy: GuardPolicy) -> bool:
     origin = ws.headers.get("origin")
     if origin is not None:
-        allowed = {o.rstrip("/").lower() for o in settings.allow_origins}
+        allowed = {o.rstrip("/").lower() for o in policy.allow_origins}
         if "*" not in allowed and origin.rstrip("/").lower() not in allowed \
                 and not is_self_origin(origin, ws.scope):
             return False
-    if settings.token is not None:
-        return _token_ok(ws, settings.token)
+    if policy.token is not None:
+        return _token_ok(ws, policy.token)
     client = ws.scope.get("client")
     return client is None or is_loopback(client[0])
 
@@ -118,8 +118,8 @@ class _Socket:
 
 
 async def acp_websocket(ws: WebSocket) -> None:
-    settings: Settings = ws.app.state.settings
-    if not handshake_allowed(ws, settings):
+    config: AcpConfig = ws.app.state.acp_config
+    if not handshake_allowed(ws, config.guard):
         await ws.close(code=1008)
         return
     connection_id = str(uuid.uuid4())
@@ -186,8 +186,8 @@ FRAME_TOO_BIG = 1009
 
 async def _next_text(ws: WebSocket) -> str:
     """The next text frame (binary frames are skipped). A frame over the HTTP body
-    cap (``settings.max_body_bytes``) closes the socket with 1009."""
-    limit: int = ws.app.state.settings.max_body_bytes
+    cap (``acp_config.max_body_bytes``) closes the socket with 1009."""
+    limit: int = ws.app.state.acp_config.max_body_bytes
     while True:
         message = await ws.receive()
         if message["type"] == "websocket.disconnect":

@@ -10,11 +10,13 @@ Modules: ``wire`` (public wire types), ``problems`` (§9.3), ``requests`` (parsi
 group-commit writer), ``sqlite`` (the SQLite store), ``postgres`` and ``pg_schema``
 (the PostgreSQL one, shared by several instances), ``hub`` (live
 fan-out), ``responses`` (ACP → response events), ``runner`` (execution),
-``service`` (``open_lmsp``), ``routes`` (HTTP).
+``service`` (``open_lmsp``), ``routes`` (HTTP), ``errors`` (the door's exception
+handlers: problem objects).
 """
 
 from __future__ import annotations
 
+from acp_server.lmsp.errors import EXCEPTION_HANDLERS
 from acp_server.lmsp.routes import (
     CORS_DENIED_PROBLEM,
     UNAUTHORIZED_PROBLEM,
@@ -23,5 +25,5 @@ from acp_server.lmsp.routes import (
 )
 from acp_server.lmsp.service import LmspConfig, LmspService, open_lmsp
 
-__all__ = ["CORS_DENIED_PROBLEM", "UNAUTHORIZED_PROBLEM", "LmspConfig", "LmspService", "install_lmsp", "lmsp_routes",
+__all__ = ["CORS_DENIED_PROBLEM", "EXCEPTION_HANDLERS", "UNAUTHORIZED_PROBLEM", "LmspConfig", "LmspService", "install_lmsp", "lmsp_routes",
            "open_lmsp"]

@@ -8,7 +8,7 @@ included (each path takes every method and answers unknown ones itself), and the
 network guard's 401 (``UNAUTHORIZED_PROBLEM``, which ``acp_server.app`` hands to the
 guard for ``/lmsp/`` paths). Task
 creation answers 202 only after the commit; a replay adds ``Idempotent-Replayed:
-true``. Event streams are SSE (§6.4) written by ``acp_server.sse``: ``retry: 3000``
+true``. Event streams are SSE (§6.4) written by ``acp_server.http.sse``: ``retry: 3000``
 once (a field of the first frame), ``id``/``event``/``data`` per event, a
 ``: keep-alive`` comment line after ``LmspConfig.keepalive_s`` of silence, closed right
 after the terminal event. A ``background`` response is answered as soon as it is
@@ -41,7 +41,7 @@ from acp_server.lmsp.service import LmspService
 from acp_server.lmsp.store import TERMINAL, CommittedEvent
 from acp_server.lmsp.responses import base_response
 from acp_server.lmsp.wire import DeletedResponse, encode
-from acp_server.sse import SseResponse, frame
+from acp_server.http.sse import SseResponse, frame
 
 PREFIX = "/lmsp/v1"
 KEEPALIVE_COMMENT = b"keep-alive"

@@ -18,9 +18,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from acp_server import __version__
+from acp_server.rest.config import RestConfig
 from acp_server.rest.errors import json_response
 from acp_server.rest.workspace import workspaces
-from acp_server.settings import Settings
 from bridge import Bridge
 
 FEATURES = (
@@ -35,13 +35,13 @@ FEATURES = (
 )
 
 
-def features(settings: Settings) -> list[str]:
+def features(config: RestConfig) -> list[str]:
     tags = list(FEATURES)
-    if settings.require_auth:
+    if config.require_auth:
         tags.append("require_auth")
-    if settings.allow_origins:
+    if config.allow_origins:
         tags.append("allow_origin")
-    if settings.options.prompt_deadline_ms is not None:
+    if config.prompt_deadline_ms is not None:
         tags.append("prompt_absolute_deadline")
     return tags
 
@@ -57,11 +57,11 @@ def limits(bridge: Bridge) -> dict[str, Any]:
 TRANSPORTS = ["rest", "acp-http", "acp-ws"]
 
 
-def capabilities_body(bridge: Bridge, settings: Settings) -> dict[str, Any]:
+def capabilities_body(bridge: Bridge, config: RestConfig) -> dict[str, Any]:
     return {
         "v": 1, "protocolVersions": {"current": "v1", "supported": ["v1"]},
         "acpServerVersion": __version__, "mode": "http-bridge",
-        "features": features(settings), "workspaceCwd": bridge.workspace_cwd,
+        "features": features(config), "workspaceCwd": bridge.workspace_cwd,
         "transports": TRANSPORTS, "policy": {"permission": "first-responder"},
         "limits": limits(bridge),
         "agents": {"default": bridge.agents.default, "available": bridge.agents.names},
@@ -71,7 +71,7 @@ def capabilities_body(bridge: Bridge, settings: Settings) -> dict[str, Any]:
 
 async def capabilities(request: Request) -> Response:
     state = request.app.state
-    return json_response(200, capabilities_body(state.bridge, state.settings))
+    return json_response(200, capabilities_body(state.bridge, state.rest_config))
 
 
 routes = [Route("/capabilities", capabilities, methods=["GET"])]

@@ -19,8 +19,8 @@ from starlette.routing import Route
 from acp_server import __version__
 from acp_server.http.guard import REFUSED
 from acp_server.rest.capabilities import features
+from acp_server.rest.config import RestConfig
 from acp_server.rest.errors import json_response
-from acp_server.settings import Settings
 from bridge import Bridge
 from bridge.status import QueueWait
 
@@ -35,7 +35,7 @@ def queue_wait(wait: QueueWait) -> dict[str, Any]:
             "lastMs": wait.last_ms}
 
 
-def status_body(bridge: Bridge, settings: Settings) -> dict[str, Any]:
+def status_body(bridge: Bridge, config: RestConfig) -> dict[str, Any]:
     options = bridge.options
     stats = bridge.stats()
     now = time.time()
@@ -43,10 +43,10 @@ def status_body(bridge: Bridge, settings: Settings) -> dict[str, Any]:
         "v": 1, "detail": "summary", "generatedAt": _iso(now), "status": "ok", "issues": [],
         "daemon": {"pid": os.getpid(), "uptimeMs": int((now - bridge.started_at) * 1000),
                    "mode": "http-bridge", "workspaceCwd": bridge.workspace_cwd,
-                   "acpServerVersion": __version__, "agent": settings.agent_name},
-        "security": {"tokenConfigured": settings.token is not None,
-                     "requireAuth": settings.require_auth, "loopbackBind": settings.loopback,
-                     "allowOriginConfigured": bool(settings.allow_origins)},
+                   "acpServerVersion": __version__, "agent": config.agent_name},
+        "security": {"tokenConfigured": config.token_configured,
+                     "requireAuth": config.require_auth, "loopbackBind": config.loopback_bind,
+                     "allowOriginConfigured": bool(config.allow_origins)},
         "limits": {
             "maxSessions": options.session_limit,
             "maxPendingPromptsPerSession": options.pending_prompt_limit,
@@ -59,13 +59,13 @@ def status_body(bridge: Bridge, settings: Settings) -> dict[str, Any]:
             "maxSubscribersPerSession": options.max_subscribers_per_session,
             "subscriberMaxQueued": options.subscriber_max_queued,
             "subscriberMaxQueuedBytes": options.subscriber_max_queued_bytes,
-            "maxRequestBodyBytes": settings.max_body_bytes,
+            "maxRequestBodyBytes": config.max_body_bytes,
             "maxPromptBlocks": options.max_prompt_blocks,
-            "headerTimeoutMs": settings.header_timeout_ms,
-            "maxConnections": settings.max_connections,
+            "headerTimeoutMs": config.header_timeout_ms,
+            "maxConnections": config.max_connections,
         },
         "agents": agents(bridge),
-        "capabilities": {"features": features(settings)},
+        "capabilities": {"features": features(config)},
         "runtime": {
             "sessions": {"active": stats.sessions,
                          "admissionInFlight": stats.admission_in_flight},
@@ -96,7 +96,7 @@ def agents(bridge: Bridge) -> list[dict[str, Any]]:
 
 async def daemon_status(request: Request) -> Response:
     state = request.app.state
-    body = status_body(state.bridge, state.settings)
+    body = status_body(state.bridge, state.rest_config)
     # The connection guard's counters (acp_server/http/guard.py; uvicorn only).
     body["runtime"]["transport"]["connectionsRefused"] = REFUSED["connections"]
     body["runtime"]["transport"]["headerTimeouts"] = REFUSED["header_timeouts"]

@@ -18,7 +18,6 @@ Contracts:
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -28,6 +27,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from acp_server.http.body import ClientDisconnected
+from acp_server.http.handlers import handle_disconnect
 from bridge.errors import (
     AgentDiedError,
     AgentError,
@@ -41,7 +41,6 @@ from bridge.errors import (
     SessionClosedError,
 )
 
-log = logging.getLogger("acp_server.http")
 RETRY_AFTER = {"Retry-After": "5"}
 _encoder = msgspec.json.Encoder()
 
@@ -133,35 +132,7 @@ async def handle_unexpected(request: Request, exc: Exception) -> Response:
 
 async def handle_http(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
-    path = request.url.path
-    if path.startswith(LMSP_PREFIX) or path == LMSP_PREFIX[:-1]:   # LMSP: problem objects
-        return _lmsp_problem(request, exc)
     return json_response(exc.status_code, {"error": exc.detail}, exc.headers)
-
-
-LMSP_PREFIX = "/lmsp/"
-_LMSP_CODES = {404: "not_found", 405: "method_not_allowed"}
-
-
-def _lmsp_problem(request: Request, exc: HTTPException) -> Response:
-    from acp_server.lmsp.problems import PROBLEM_JSON, problem
-    from acp_server.lmsp.wire import encode
-
-    code = _LMSP_CODES.get(exc.status_code, "invalid_request")
-    detail = (f"No resource at {request.url.path}." if code == "not_found"
-              else f"{request.method} is not allowed on {request.url.path}."
-              if code == "method_not_allowed" else str(exc.detail))
-    body = encode(problem(code, detail, instance=request.url.path))
-    return Response(body, exc.status_code if code != "invalid_request" else 400,
-                    exc.headers, PROBLEM_JSON)
-
-
-async def handle_disconnect(request: Request, exc: Exception) -> Response:
-    # A client gone in the middle of its body: one quiet line, no traceback; the
-    # answer is never read.
-    log.info("client disconnected during the request body: %s %s", request.method,
-             request.url.path)
-    return Response(status_code=400)
 
 
 EXCEPTION_HANDLERS: dict[Any, Any] = {

@@ -20,6 +20,7 @@ from starlette.requests import Request
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
+from acp_server.http.headers import event_epoch, last_event_id
 from acp_server.rest import wire
 from acp_server.rest.sse import EventStreamResponse
 from bridge import Bridge
@@ -32,10 +33,10 @@ async def session_events(request: Request) -> ASGIApp:
     bridge: Bridge = request.app.state.bridge
     if client_id is not None:
         bridge.check_client(session_id, client_id)
-    subscription = bridge.subscribe(session_id, last_event_id=wire.last_event_id(request),
-                                    epoch=wire.event_epoch(request), max_queued=max_queued)
+    subscription = bridge.subscribe(session_id, last_event_id=last_event_id(request),
+                                    epoch=event_epoch(request), max_queued=max_queued)
     return EventStreamResponse(subscription, epoch=subscription.epoch,
-                               heartbeat_s=request.app.state.settings.heartbeat_s)
+                               heartbeat_s=request.app.state.rest_config.heartbeat_s)
 
 
 routes = [Route("/session/{session_id}/events", session_events, methods=["GET"])]

@@ -3,7 +3,7 @@
     subscription = bridge.subscribe(session_id, last_event_id=12, epoch=epoch)
     return EventStreamResponse(subscription, epoch=subscription.epoch, heartbeat_s=15.0)
 
-Contracts (beyond ``acp_server.sse.SseResponse``): each frame is the event's
+Contracts (beyond ``acp_server.http.sse.SseResponse``): each frame is the event's
 ``event_frame`` (``id:``, ``event:``, ``data:``); ``: heartbeat`` after silence; the response carries
 ``X-Qwen-Event-Epoch`` and a fresh ``X-Qwen-SSE-Stream-Id``; the subscription is closed
 exactly once when the stream ends or the client goes, so a gone client never holds a
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import uuid
 
-from acp_server.sse import SseResponse, event_frame
+from acp_server.http.sse import SseResponse, event_frame
 from bridge.bus import Subscription
 
 HEARTBEAT_COMMENT = b"heartbeat"

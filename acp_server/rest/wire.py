@@ -5,7 +5,7 @@
 
 Contracts:
 
-* Bodies are read up to ``settings.max_body_bytes`` (a ``Content-Length`` above it is
+* Bodies are read up to ``rest_config.max_body_bytes`` (a ``Content-Length`` above it is
   refused before reading): over the cap → 413. An empty body is ``{}`` (Express's
   ``json()`` does the same). Malformed JSON → 400 ``{"error": "Invalid JSON in
   request body"}``; well-formed JSON of the wrong shape → 400 ``invalid_request_body``.
@@ -24,6 +24,7 @@ import msgspec
 from starlette.requests import Request
 
 from acp_server.http import body
+from acp_server.http.headers import DECIMAL
 from acp_server.rest.errors import RestError, bad_request
 from bridge.history import PromptTerminal
 
@@ -31,9 +32,6 @@ T = TypeVar("T")
 
 CLIENT_ID_HEADER = "x-qwen-client-id"
 _CLIENT_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
-_EPOCH = re.compile(r"[A-Za-z0-9_-]{1,64}")
-_DECIMAL = re.compile(r"[0-9]{1,16}")
-MAX_SAFE_INTEGER = 2**53 - 1
 MIN_MAX_QUEUED, MAX_MAX_QUEUED = 16, 2048
 
 
@@ -147,8 +145,8 @@ def too_large(limit: int) -> RestError:
 
 
 async def read_body(request: Request) -> bytes:
-    """The raw body, at most ``settings.max_body_bytes`` bytes (else 413)."""
-    limit: int = request.app.state.settings.max_body_bytes
+    """The raw body, at most ``rest_config.max_body_bytes`` bytes (else 413)."""
+    limit: int = request.app.state.rest_config.max_body_bytes
     try:
         return await body.read_body(request, limit=limit)
     except body.BodyTooLarge:
@@ -184,25 +182,11 @@ def client_id(request: Request) -> str | None:
     return value
 
 
-def last_event_id(request: Request) -> int | None:
-    """``Last-Event-ID`` when it is a safe decimal integer; anything else is ignored."""
-    value = request.headers.get("last-event-id")
-    if value is None or not _DECIMAL.fullmatch(value.strip()):
-        return None
-    number = int(value)
-    return number if number <= MAX_SAFE_INTEGER else None
-
-
-def event_epoch(request: Request) -> str | None:
-    value = request.headers.get("x-qwen-event-epoch")
-    return value if value is not None and _EPOCH.fullmatch(value) else None
-
-
 def max_queued(request: Request) -> int | None:
     value = request.query_params.get("maxQueued")
     if value is None:
         return None
-    if not _DECIMAL.fullmatch(value) or not MIN_MAX_QUEUED <= int(value) <= MAX_MAX_QUEUED:
+    if not DECIMAL.fullmatch(value) or not MIN_MAX_QUEUED <= int(value) <= MAX_MAX_QUEUED:
         raise bad_request(
             f"`maxQueued` must be an integer in [{MIN_MAX_QUEUED}, {MAX_MAX_QUEUED}]",
             "invalid_max_queued")

@@ -26,8 +26,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from acp_server.rest.errors import json_response
-
 PREFIX = "/web/"
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
        "img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
@@ -58,7 +56,7 @@ def public_path(method: str, path: str) -> bool:
 def _file(name: str) -> Response:
     found = FILES.get(name)
     if found is None:
-        return json_response(404, {"error": "Not Found"})
+        return Response(b'{"error":"Not Found"}', 404, media_type="application/json")
     body, content_type = found
     return Response(body, 200, HEADERS, content_type)
 

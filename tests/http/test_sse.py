@@ -1,4 +1,4 @@
-"""The one SSE framing (``acp_server.sse``) read by the decoders clients use: the
+"""The one SSE framing (``acp_server.http.sse``) read by the decoders clients use: the
 OpenAI SDK's and httpx-sse's. Both dispatch on every blank line once a field was
 set (and keep the last event id), so a data-less frame would reach their callers
 as an empty event; ours never makes one."""
@@ -10,7 +10,7 @@ import json
 import pytest
 from httpx_sse._decoders import SSEDecoder as HttpxSseDecoder
 
-from acp_server.sse import RETRY_LINE, frame, keepalive
+from acp_server.http.sse import RETRY_LINE, frame, keepalive
 
 openai_streaming = pytest.importorskip("openai._streaming")
 

@@ -1,6 +1,8 @@
-"""The network guard in front of every route: Origin policy, CORS, bearer token.
+"""The network guard in front of every door: Origin policy, CORS, bearer token.
 
-    app = Starlette(routes=..., middleware=[Middleware(SecurityMiddleware, settings=settings)])
+    policy = GuardPolicy(token="s3cret", health_needs_auth=False, allow_origins=())
+    app = Starlette(routes=..., middleware=[Middleware(SecurityMiddleware, policy=policy,
+                                                       unauthorized=[("/lmsp/", ctype, body)])])
 
 Contracts (``qwen serve`` 0.24.4, qwen-serve.md §1.1 and §3.5):
 
@@ -17,17 +19,21 @@ Contracts (``qwen serve`` 0.24.4, qwen-serve.md §1.1 and §3.5):
   and so are the ``public`` requests (the web console's static files).
 * The checks run before the body is read and add no per-request allocation on the
   common path (no Origin, no token).
+* The guard knows no door: the 401 / 403 bodies under a path prefix are given by the
+  composer (``acp_server.app``); elsewhere they are ``{"error": ...}`` JSON objects.
+  Each door maps its own errors behind it. WebSocket scopes pass through: the ``/acp``
+  door checks its handshake with the same ``GuardPolicy`` (``is_self_origin``).
 """
 
 from __future__ import annotations
 
 import hmac
+import ipaddress
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
-from acp_server.settings import Settings, is_loopback
 
 ALLOW_METHODS = b"GET, POST, PATCH, DELETE, OPTIONS"
 ALLOW_HEADERS = (b"Authorization, Content-Type, X-Qwen-Client-Id, Last-Event-ID, X-Qwen-Event-Epoch, "
@@ -38,6 +44,26 @@ _UNAUTHORIZED = b'{"error":"Unauthorized"}'
 _CORS_DENIED = b'{"error":"Request denied by CORS policy"}'
 _JSON = (b"content-type", b"application/json")
 OPEN_PATHS = frozenset({"/health", "/metrics"})   # the health_needs_auth rule
+
+
+@dataclass(frozen=True, slots=True)
+class GuardPolicy:
+    """What the guard enforces: the token (``None`` = none), whether ``OPEN_PATHS``
+    need it too, and the allow-listed origins (``*`` = any)."""
+
+    token: str | None = None
+    health_needs_auth: bool = False
+    allow_origins: tuple[str, ...] = ()
+
+
+def is_loopback(hostname: str) -> bool:
+    host = hostname.strip("[]")
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _header(scope: Scope, name: bytes) -> bytes | None:
@@ -63,22 +89,22 @@ def is_self_origin(origin: str, scope: Scope) -> bool:
 
 
 class SecurityMiddleware:
-    def __init__(self, app: ASGIApp, settings: Settings,
+    def __init__(self, app: ASGIApp, policy: GuardPolicy,
                  unauthorized: Sequence[tuple[str, bytes, bytes]] = (),
                  denied: Sequence[tuple[str, bytes, bytes]] = (),
                  public: Callable[[str, str], bool] | None = None) -> None:
         """``unauthorized`` / ``denied``: (path prefix, content type, body) of the 401 /
-        CORS 403 answered under that prefix instead of the REST body (e.g. a problem
-        object for LMSP). ``public(method, path)``: requests served without the token
+        CORS 403 answered under that prefix instead of the plain JSON body (e.g. a
+        problem object for LMSP). ``public(method, path)``: requests served without the token
         (the web console's static files); the Origin rules still apply to them."""
         self.app = app
         self.public = public
         self.unauthorized = tuple(unauthorized)
         self.denied = tuple(denied)
-        self.token = settings.token.encode() if settings.token is not None else None
-        self.health_open = not settings.health_needs_auth
-        self.allow_any = "*" in settings.allow_origins
-        self.allowed = frozenset(o.rstrip("/").lower() for o in settings.allow_origins)
+        self.token = policy.token.encode() if policy.token is not None else None
+        self.health_open = not policy.health_needs_auth
+        self.allow_any = "*" in policy.allow_origins
+        self.allowed = frozenset(o.rstrip("/").lower() for o in policy.allow_origins)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

@@ -12,7 +12,7 @@ from acp_server.app import build_app
 from acp_server.settings import Settings
 from bridge import Bridge, BridgeOptions
 from bridge.agents.stdio import StdioAgentFactory
-from tests.agents.test_qwen import agent_text, events, new_session, prompt
+from tests.npm_agents.test_qwen import agent_text, events, new_session, prompt
 from tests.bridge.fake_model_server import FakeModelState, build_fake_model_app
 from tests.rest.server import serving
 

@@ -1,0 +1,28 @@
+"""What the REST door needs of the server's settings, handed to it when it is composed.
+
+    app.state.rest_config = RestConfig(max_body_bytes=1 << 20, heartbeat_s=15.0,
+                                       agent_name="reference")
+
+Contracts: the door reads ``request.app.state.rest_config`` and nothing of
+``acp_server.settings``; ``acp_server.app.build_app`` fills it from the ``Settings``.
+The security fields are reported by ``/daemon/status`` and ``/capabilities`` only:
+the guard itself (``acp_server.http.security``) enforces them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class RestConfig:
+    max_body_bytes: int
+    heartbeat_s: float
+    agent_name: str
+    token_configured: bool = False
+    require_auth: bool = False
+    loopback_bind: bool = True
+    allow_origins: tuple[str, ...] = ()
+    header_timeout_ms: int = 10_000
+    max_connections: int = 2560
+    prompt_deadline_ms: int | None = None

@@ -1,0 +1,73 @@
+"""Each door answers its own errors (``acp_server.http.handlers.by_prefix`` as
+``acp_server.app`` composes it), over real HTTP on loopback."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from acp_server.app import build_app
+from acp_server.settings import Settings
+from bridge import Bridge
+from bridge.agents.reference import ReferenceAgentFactory
+from tests.rest.server import serving
+
+pytestmark = pytest.mark.anyio
+
+
+async def boom(request: Request) -> Response:
+    raise RuntimeError("a secret the client must not see")
+
+
+@pytest.fixture
+async def client(tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
+    settings = Settings(workspace=str(tmp_path), port=0)
+    async with Bridge(ReferenceAgentFactory(), workspace_cwd=settings.workspace,
+                      options=settings.options) as bridge:
+        app = build_app(settings, bridge)
+        # A route of each door that fails unexpectedly (the 500 of its own shape).
+        app.router.routes.extend([Route("/lmsp/v1/boom", boom), Route("/acp/boom", boom),
+                                  Route("/session/x/boom", boom)])
+        async with serving(app, on_stop=bridge.aclose) as base_url, \
+                httpx.AsyncClient(base_url=base_url) as http:
+            yield http
+
+
+async def test_an_unexpected_error_is_a_500_in_each_doors_shape(
+        client: httpx.AsyncClient) -> None:
+    lmsp = await client.get("/lmsp/v1/boom")
+    assert lmsp.status_code == 500
+    assert lmsp.headers["content-type"].startswith("application/problem+json")
+    assert lmsp.json()["code"] == "server_error"
+    for path in ("/acp/boom", "/session/x/boom"):
+        response = await client.get(path)
+        assert response.status_code == 500
+        assert response.json() == {"error": "Internal error"}
+        assert "secret" not in response.text
+
+
+@pytest.mark.parametrize(("method", "path", "status", "body"), [
+    ("PUT", "/acp", 405, {"error": "Method Not Allowed"}),        # the /acp door
+    ("GET", "/no/such/route", 404, {"error": "Not Found"}),        # REST, the default
+    ("PUT", "/capabilities", 405, {"error": "Method Not Allowed"}),
+])
+async def test_router_errors_outside_lmsp_are_plain_json(
+        client: httpx.AsyncClient, method: str, path: str, status: int,
+        body: dict[str, str]) -> None:
+    response = await client.request(method, path)
+    assert response.status_code == status
+    assert response.headers["content-type"] == "application/json"
+    assert response.json() == body
+
+
+async def test_router_errors_under_lmsp_are_problems(client: httpx.AsyncClient) -> None:
+    response = await client.get("/lmsp/v1/nope")
+    assert response.status_code == 404
+    assert response.headers["content-type"].startswith("application/problem+json")
+    assert response.json()["code"] == "not_found"

@@ -1,0 +1,88 @@
+"""The import rules of ``docs/architecture.md``, checked on the source with ``ast``.
+
+Every ``import`` and ``from ... import`` counts, wherever it stands (inside a function,
+under ``TYPE_CHECKING``); relative imports are resolved against their package.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DOORS = ("acp_server.rest", "acp_server.acp_http", "acp_server.lmsp", "acp_server.web")
+SERVER_ONLY = ("acp_server.settings", "acp_server.app", "acp_server.cli")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: Path) -> Iterator[str]:
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            yield base
+            yield from (f"{base}.{alias.name}" for alias in node.names)
+
+
+def _modules(*packages: str) -> list[Path]:
+    return sorted(p for package in packages for p in (ROOT / package.replace(".", "/")).rglob("*.py"))
+
+
+def _within(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def _violations(paths: list[Path], forbidden: tuple[str, ...]) -> list[str]:
+    found = []
+    for path in paths:
+        for name in set(_imports(path)):
+            if any(_within(name, bad) for bad in forbidden):
+                found.append(f"{_module_name(path)} imports {name}")
+    return sorted(found)
+
+
+@pytest.mark.parametrize("door", DOORS)
+def test_no_door_imports_another_door_or_the_settings(door: str) -> None:
+    others = tuple(d for d in DOORS if d != door)
+    assert _violations(_modules(door), others + SERVER_ONLY) == []
+
+
+def test_the_shared_http_folder_imports_no_door() -> None:
+    assert _violations(_modules("acp_server.http"), DOORS + SERVER_ONLY) == []
+
+
+def test_the_bridge_serves_no_http_and_knows_no_door() -> None:
+    """Outbound clients (``httpx`` for the model agent) are allowed; serving is not."""
+    assert _violations(_modules("bridge"), ("starlette", "uvicorn", "hypercorn",
+                                            "acp_server")) == []
+
+
+@pytest.mark.parametrize("package", ["acp_server.client", "acp_server.conformance"])
+def test_the_client_and_the_conformance_import_nothing_of_the_server(package: str) -> None:
+    allowed = ("acp_server.client", "acp_server.conformance", "acp_server.__version__")
+    paths = _modules(package)
+    found = [v for v in _violations(paths, ("acp_server", "bridge", "starlette", "uvicorn"))
+             if not any(_within(v.split(" imports ")[1], ok) for ok in allowed)
+             and v.split(" imports ")[1] != "acp_server"]
+    assert found == []
+
+
+def test_the_rules_see_the_imports() -> None:
+    """The checker itself: it finds a known cross-room import (the composer's)."""
+    imports = set(_imports(ROOT / "acp_server" / "app.py"))
+    assert "acp_server.rest.errors" in imports and "bridge" in imports
