@@ -207,6 +207,10 @@ def main() -> list[str]:
         with server(["-m", "bench.acp_bench", "--serve", workspace],
                     "listening on http://") as port:
             e2e = anyio.run(end_to_end, port, os.path.realpath(workspace))
+    from bench.targets import record
+
+    record("/acp pipelined prompts/s", e2e["pipelined_per_s"], 2000)
+    record("/acp sequential prompts/s", e2e["sequential_per_s"], 1500)
     lines += ["| end to end over /acp (uvicorn, reference agent) | prompts/s |", "|---|---|",
               f"| sequential (POST → `{{stopReason}}` on the session stream) "
               f"| {e2e['sequential_per_s']:.0f} |",
