@@ -154,14 +154,33 @@ class Runner:
     async def run(self) -> None:
         async with anyio.create_task_group() as tg:
             while True:
-                while len(self._running) < self.max_running:
-                    record = await self.store.claim_next(time.time())
-                    if record is None:
+                while (free := self.max_running - len(self._running)) > 0:
+                    records = await self._claim(free)
+                    for record in records:
+                        self._running[record.id] = _Handle()   # see cancel()
+                        tg.start_soon(self._run, record)
+                    if len(records) < free:   # the queue is empty
                         break
-                    self._running[record.id] = _Handle()   # before any await: see cancel()
-                    tg.start_soon(self._run, record)
                 await self._wakeup.wait()
                 self._wakeup = anyio.Event()
+
+    async def _claim(self, count: int) -> list[TaskRecord]:
+        """Up to ``count`` queued tasks, claimed at once so that the store commits the
+        claims together (one group commit, not one round trip per claim)."""
+        if count == 1:
+            record = await self.store.claim_next(time.time())
+            return [] if record is None else [record]
+        claimed: list[TaskRecord] = []
+
+        async def one() -> None:
+            record = await self.store.claim_next(time.time())
+            if record is not None:
+                claimed.append(record)
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(count):
+                tg.start_soon(one)
+        return claimed
 
     async def _run(self, record: TaskRecord) -> None:
         handle = self._running[record.id]
