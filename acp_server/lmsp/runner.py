@@ -14,7 +14,9 @@ Contracts:
   flight (entered with ``response.in_progress``). Every transition is conditional:
   losing one to a cancel moves the task ``cancelling`` → ``cancelled`` instead.
 * Text deltas are buffered and written in one transaction at most every
-  ``FLUSH_S`` or ``FLUSH_EVENTS`` events; state events are written at once.
+  ``FLUSH_S`` or ``FLUSH_EVENTS`` events; state events are written at once. Those
+  still buffered when the turn ends go in the final transition's transaction (before
+  its events), or on their own if that transition is lost to a cancel.
 * Being cancelled from outside (shutdown) writes nothing: the task stays
   ``loading``/``running`` in the store and restart recovery applies its policy.
 * ``previous_response_id`` (``acp_server.lmsp.conversation``): the prompt goes to the
@@ -77,6 +79,10 @@ class DeltaWriter:
         self.task_id = task_id
         self.pending: list[AnyEvent] = []
         self.closed = False
+        # Set before ``close``: the events pending at close are left in ``tail`` for the
+        # caller's next commit (the final transition) instead of a commit of their own.
+        self.hold_tail = False
+        self.tail: list[AnyEvent] = []
         self._some = anyio.Event()    # pending is not empty (or closed)
         self._full = anyio.Event()    # FLUSH_EVENTS pending (or closed)
         self._space = anyio.Event()   # set after each flush
@@ -106,6 +112,9 @@ class DeltaWriter:
                 self._full.set()
             space, self._space = self._space, anyio.Event()
             space.set()
+            if self.closed and self.hold_tail:
+                self.tail = batch + self.pending
+                return
             if batch:
                 await self.store.append_events(self.task_id, batch, ("running", "cancelling"))
             if self.closed and not self.pending:
@@ -238,21 +247,26 @@ class Runner:
             subscription = bridge.subscribe(session_id, last_event_id=ticket.last_event_id,
                                             max_queued=SUBSCRIPTION_QUEUE)
             try:
-                await self._pump(record, attempt, ticket, subscription, handle, bridge)
+                tail = await self._pump(record, attempt, ticket, subscription, handle, bridge)
             finally:
                 subscription.close()   # the session may outlive this task
             try:
                 result: PromptResult = await ticket
             except Exception as exc:   # noqa: BLE001 - AgentError, AgentDiedError, ...
+                await self._write_tail(record, tail)
                 await self._end_agent_error(record, attempt, exc)
                 return
             status, finish = attempt.finish(result.stop_reason)
             if status == "cancelled":
+                await self._write_tail(record, tail)
                 await self._end_cancelled(record, attempt)
                 return
-            won = await self.store.transition(record.id, ("running",), status, finish,
-                                              now=time.time())
+            # the last deltas ride in the final transition's commit, before its events
+            won = await self.store.transition(
+                record.id, ("running",), status,
+                dataclasses.replace(finish, events=[*tail, *finish.events]), now=time.time())
             if won is None:   # a cancel committed first
+                await self._write_tail(record, tail)
                 await self._end_cancelled(record, attempt)
                 return
             keep = (status == "succeeded" and not attempt.truncated and may_keep(bridge)
@@ -277,11 +291,16 @@ class Runner:
                     raise
                 await _close(live.bridge, live.session_id)
 
+    async def _write_tail(self, record: TaskRecord, tail: list[AnyEvent]) -> None:
+        if tail:
+            await self.store.append_events(record.id, tail, ("running", "cancelling"))
+
     async def _pump(self, record: TaskRecord, attempt: Attempt, ticket: PromptTicket,
-                    subscription: Any, handle: _Handle, bridge: Bridge) -> None:
+                    subscription: Any, handle: _Handle, bridge: Bridge) -> list[AnyEvent]:
         """Session updates → events, until the prompt's turn ends. Reading never waits
         for the store (so the bridge's subscription queue does not back up); a
-        ``DeltaWriter`` commits what accumulated."""
+        ``DeltaWriter`` commits what accumulated. When the turn ended, the events not
+        yet written are returned (the caller writes them), else written here."""
         writer = DeltaWriter(self.store, record.id)
         async with anyio.create_task_group() as tg:
             tg.start_soon(writer.run)
@@ -290,6 +309,7 @@ class Runner:
                     if event.prompt_id != ticket.prompt_id:
                         continue
                     if event.type in ("turn_complete", "turn_error"):
+                        writer.hold_tail = True
                         break
                     if event.type == ev.PERMISSION_REQUEST:
                         decided = self._answer_permission(bridge, event.data)
@@ -304,6 +324,7 @@ class Runner:
                             ticket.cancel("max_output_tokens")
             finally:
                 writer.close()
+        return writer.tail
 
     def _answer_permission(self, bridge: Bridge, data: Any) -> PermissionDecidedEvent | None:
         """Nobody can vote over LMSP: the policy answers at once (first responder)."""
