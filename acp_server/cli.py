@@ -210,7 +210,8 @@ async def serve(settings: Settings) -> None:
                           agents=settings.extra_agents(models, registry)) as bridge, \
                 open_lmsp(bridge, state_dir=settings.state_dir, store_url=settings.store_url,
                           token=settings.token, max_running_tasks=settings.max_running_tasks,
-                          config=LmspConfig(permission_policy=settings.lmsp_permissions)) as lmsp:
+                          config=LmspConfig(permission_policy=settings.lmsp_permissions,
+                                            keepalive_s=settings.lmsp_keepalive_s)) as lmsp:
             await _serve_http(settings, bridge, lmsp)
     finally:
         registry.close()   # every agent was stopped with the bridge

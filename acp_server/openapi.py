@@ -14,7 +14,10 @@ Contracts:
   dicts. A test fails when a route mounted in the app is missing here.
 * Errors are ``RestError`` bodies (``application/json``) on REST routes and problem
   objects (``application/problem+json``) under ``/lmsp/v1``; 401 and 403 (the network
-  guard) are listed on every operation. Event streams are ``text/event-stream``.
+  guard) are listed on every operation, 401 aside on the ``public`` ones (the web
+  console's files). Event streams are ``text/event-stream`` whose schema is one event
+  (``Events``: OpenAPI 3.1 reads it so), its ``data`` JSON described by
+  ``contentSchema``.
 * ``/acp`` (JSON-RPC) is not in the document.
 * The document does not depend on the settings, so the checked-in ``openapi.json``
   (``make schemas``) is exactly what the server answers.
@@ -37,6 +40,7 @@ from starlette.routing import Route
 from acp_server import __version__
 from acp_server.lmsp import wire as lmsp_wire
 from acp_server.rest import wire as rest_wire
+from bridge.events import EventEnvelope
 
 REF = "#/components/schemas/{name}"
 PROBLEM_JSON = "application/problem+json"
@@ -85,6 +89,14 @@ class AgentsInfo(msgspec.Struct):
     available: list[str]
 
 
+class WorkspaceInfo(msgspec.Struct):
+    """The workspace this daemon serves; ``id`` names it in ``/workspace/{id}/…``."""
+
+    id: str
+    cwd: str
+    primary: bool
+
+
 class RestCapabilities(msgspec.Struct):
     v: int
     protocolVersions: dict[str, Any]
@@ -96,14 +108,31 @@ class RestCapabilities(msgspec.Struct):
     policy: dict[str, str]
     limits: RestLimits
     agents: AgentsInfo
+    workspaces: list[WorkspaceInfo]
+
+
+class AgentStatus(msgspec.Struct):
+    """One agent of ``/daemon/status``: its process state, its live sessions, and the
+    ``agentInfo`` of its ``initialize`` answer (``null`` before its first start)."""
+
+    name: str
+    default: bool
+    state: Literal["not_started", "running", "exited"]
+    sessions: int
+    agentInfo: dict[str, Any] | None
 
 
 class DaemonStatus(msgspec.Struct):
     v: int
+    detail: str
+    generatedAt: str
     status: str
+    issues: list[Any]
     daemon: dict[str, Any]
     security: dict[str, Any]
     limits: dict[str, Any]
+    agents: list[AgentStatus]
+    capabilities: dict[str, Any]
     runtime: dict[str, Any]
 
 
@@ -121,6 +150,21 @@ class SessionStatus(msgspec.Struct):
     subscribers: int
     lastEventId: int
     eventEpoch: str
+
+
+class SessionSummary(SessionStatus):
+    """An item of ``GET /workspace/{workspace}/sessions``: the status and more."""
+
+    updatedAt: str
+    agent: str
+    maxPendingPrompts: int | None
+    activePromptText: str | None
+
+
+class SessionPage(msgspec.Struct):
+    sessions: list[SessionSummary]
+    nextCursor: Annotated[str, msgspec.Meta(description="The `cursor` of the next page; "
+                                            "absent on the last one")] | UnsetType = UNSET
 
 
 class PendingPrompt(msgspec.Struct):
@@ -187,6 +231,13 @@ class ResponseRequest(msgspec.Struct):
     max_output_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None
     metadata: dict[str, str] | None = None
     stream: bool | None = None
+    background: Annotated[bool, msgspec.Meta(description=(
+        "Answer at once (`queued`); retrieve, stream or cancel it by id later"))] | None = None
+    store: Annotated[bool, msgspec.Meta(description=(
+        "`false`: not retrievable by id (not allowed with `background`)"))] | None = None
+    previous_response_id: Annotated[str, msgspec.Meta(min_length=1, description=(
+        "Continue this finished response's conversation (404 unknown, 409 unfinished)"
+    ))] | None = None
 
 
 class TaskEnvelope(msgspec.Struct):
@@ -197,15 +248,40 @@ class TaskEnvelope(msgspec.Struct):
 
 # -- the table ---------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True, slots=True)
+class Events:
+    """An event stream's schema (OpenAPI 3.1: the schema of one event, as a client
+    parses it): ``event`` one of the names, ``id`` decimal, ``retry`` on the first, and
+    ``data`` one line of JSON of that variant's type (``contentSchema``). No names:
+    any ``event``. ``name`` is its component."""
+
+    name: str
+    variants: tuple[tuple[tuple[str, ...], Any], ...]
+
+
+LMSP_EVENTS = Events("ResponseStreamEvent", (
+    (("response.created", "response.in_progress", "response.completed", "response.incomplete",
+      "response.failed", "response.cancelled"), lmsp_wire.ResponseEvent),
+    (("response.output_item.added", "response.output_item.done"), lmsp_wire.OutputItemEvent),
+    (("response.content_part.added", "response.content_part.done"),
+     lmsp_wire.ContentPartEvent),
+    (("response.output_text.delta",), lmsp_wire.TextDeltaEvent),
+    (("response.output_text.done",), lmsp_wire.TextDoneEvent),
+))
+SESSION_EVENTS = Events("SessionStreamEvent", (((), EventEnvelope),))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Answer:
     status: int
     description: str
     schema: Any = None               # a msgspec type, or None for no body
     content_type: str = JSON
     headers: tuple[str, ...] = ()    # names in RESPONSE_HEADERS
-    # (path parameter, JSON pointer into this body): an OpenAPI link to every operation
-    # whose path has that parameter
-    link: tuple[str, str] | None = None
+    # each (path parameter, JSON pointer into this body): an OpenAPI link to every
+    # operation whose path has that parameter
+    links: tuple[tuple[str, str], ...] = ()
+    # other (content type, schema) pairs the same status may answer with
+    alternatives: tuple[tuple[str, Any], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -227,6 +303,7 @@ class Op:
     headers: tuple[str, ...] = ()    # names in REQUEST_HEADERS
     # error statuses whose body has its own schema (instead of the door's error shape)
     error_schemas: tuple[tuple[int, Any], ...] = ()
+    public: bool = False             # served without the token (no 401)
 
 
 REQUEST_HEADERS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -254,7 +331,17 @@ ERROR_TEXT = {
     504: "The agent did not answer in time",
 }
 RETRYABLE = (429, 503)
-SSE_ANSWER = Answer(200, "The event stream", None, SSE, ("X-Qwen-Event-Epoch", "X-Qwen-SSE-Stream-Id"))
+HTML = "text/html"
+STATIC_TYPES = (("text/javascript", str), ("text/css", str), ("image/svg+xml", str))
+LMSP_STREAM = ((SSE, LMSP_EVENTS),)
+# schemas of path parameters other than plain strings (by name, across routes)
+PAGE_SIZE = {"type": "integer", "minimum": 1, "maximum": 100}
+SEQUENCE = {"type": "integer", "minimum": 0, "maximum": 2**53 - 1}
+PATH_PARAMS: dict[str, dict[str, Any]] = {
+    "name": {"type": "string", "examples": ["app.js", "style.css", "index.html"]},
+}
+SSE_ANSWER = Answer(200, "The event stream", SESSION_EVENTS, SSE,
+                    ("X-Qwen-Event-Epoch", "X-Qwen-SSE-Stream-Id"))
 CLIENT = ("X-Qwen-Client-Id",)
 AGENT = (500, 504)   # routes that wait on the agent
 W, L = rest_wire, lmsp_wire
@@ -265,11 +352,18 @@ OPERATIONS: tuple[Op, ...] = (
     Op("GET", "/health", "Liveness; `?deep=1` adds aggregates", (Answer(200, "Alive", Health),),
        query=(Query("deep", "`1` or `true` for aggregates", {"type": "string"}),)),
     Op("GET", "/capabilities", "What this daemon offers",
-       (Answer(200, "Capabilities", RestCapabilities),)),
+       (Answer(200, "Capabilities", RestCapabilities,
+               links=(("workspace", "/workspaces/0/id"),)),)),
     Op("GET", "/daemon/status", "Limits in force and runtime activity",
        (Answer(200, "Status", DaemonStatus),)),
+    Op("GET", "/workspace/{workspace}/sessions",
+       "The workspace's live sessions, newest first, a page at a time",
+       (Answer(200, "A page of sessions", SessionPage),), (400, 404),
+       query=(Query("size", "Page size (default 20)", PAGE_SIZE),
+              Query("cursor", "The `nextCursor` of the previous page",
+                    {"type": "string", "pattern": "^[0-9]{1,9}$"}))),
     Op("POST", "/session", "Create a session or attach to the workspace's default one",
-       (Answer(200, "The session", W.SessionCreated, link=SESSION_LINK),),
+       (Answer(200, "The session", W.SessionCreated, links=(SESSION_LINK,)),),
        (400, 413, 503, *AGENT),
        body=CreateSessionRequest, headers=CLIENT),
     Op("DELETE", "/session/{session_id}", "Close a session",
@@ -282,7 +376,7 @@ OPERATIONS: tuple[Op, ...] = (
        (Answer(200, "The session", W.SessionRestored),), (400, 404, 413, 501, 503, *AGENT),
        body=W.RestoreBody, headers=CLIENT),
     Op("POST", "/session/{session_id}/branch", "Fork a session (no prompt pending)",
-       (Answer(201, "The new session", W.SessionBranched, link=SESSION_LINK),),
+       (Answer(201, "The new session", W.SessionBranched, links=(SESSION_LINK,)),),
        (400, 404, 409, 413, 501, 503, *AGENT),
        body=W.EmptyBody, headers=CLIENT),
     Op("POST", "/session/{session_id}/cancel", "Cancel the running prompt",
@@ -301,8 +395,8 @@ OPERATIONS: tuple[Op, ...] = (
        (Answer(204, "Removed"),), (400, 404), headers=CLIENT),
     Op("GET", "/session/{session_id}/events", "The session's event stream, with replay",
        (SSE_ANSWER,), (400, 404, 429),
-       query=(Query("maxQueued", "Subscriber queue bound, 16..2048",
-                    {"type": "string"}),),
+       query=(Query("maxQueued", "Subscriber queue bound",
+                    {"type": "integer", "minimum": 16, "maximum": 2048}),),
        headers=("X-Qwen-Client-Id", "Last-Event-ID", "X-Qwen-Event-Epoch")),
     Op("POST", "/session/{session_id}/permission/{request_id}", "Vote on a permission request",
        (Answer(200, "Recorded", EmptyObject),), (400, 404, 413),
@@ -310,6 +404,12 @@ OPERATIONS: tuple[Op, ...] = (
     Op("POST", "/permission/{request_id}", "Vote on a permission request (legacy route)",
        (Answer(200, "Recorded", EmptyObject),), (400, 404, 413),
        body=PermissionVote, headers=CLIENT),
+    # -- the web console (static files, public) --
+    Op("GET", "/", "The web console's page", (Answer(200, "index.html", str, HTML),),
+       public=True),
+    Op("GET", "/web/{name}", "A file of the web console (one flat folder, exact names)",
+       (Answer(200, "The file", str, HTML, alternatives=STATIC_TYPES),), (404,),
+       public=True),
     # -- operability --
     Op("GET", "/metrics", "Prometheus text exposition (the /health auth rule)",
        (Answer(200, "The metrics", str, "text/plain"),)),
@@ -317,24 +417,50 @@ OPERATIONS: tuple[Op, ...] = (
     # -- LMSP v1 --
     Op("GET", "/lmsp/v1/capabilities", "LMSP capabilities and limits",
        (Answer(200, "Capabilities", L.Capabilities),)),
-    Op("POST", "/lmsp/v1/responses", "Create a response (waits, or streams with `stream`)",
+    Op("POST", "/lmsp/v1/responses",
+       "Create a response (waits; streams with `stream`; answers at once with `background`)",
        (Answer(200, "The response (`stream: true`: its event stream, text/event-stream)",
-               L.ResponseObject, headers=("Idempotent-Replayed",)),),
+               L.ResponseObject, headers=("Idempotent-Replayed",), alternatives=LMSP_STREAM,
+               links=(("response_id", "/id"),)),),
        (400, 404, 409, 413, 422, 503), body=ResponseRequest, headers=("Idempotency-Key",)),
+    Op("GET", "/lmsp/v1/responses/{response_id}",
+       "A stored response as it stands; `stream=true` streams its events, resumable",
+       (Answer(200, "The response (`stream=true`: its event stream)", L.ResponseObject,
+               alternatives=LMSP_STREAM),
+        Answer(204, "`stream=true` after the last event of a finished response")),
+       (400, 404, 410),
+       query=(Query("stream", "`true` (or `1`): the event stream instead of the object",
+                    {"type": "string", "enum": ["true", "false", "1", "0"]}),
+              Query("starting_after", "With `stream=true`: events after this sequence "
+                    "number", SEQUENCE)),
+       headers=("Last-Event-ID",)),
+    Op("DELETE", "/lmsp/v1/responses/{response_id}",
+       "Delete a finished response (its task and events)",
+       (Answer(200, "Deleted", L.DeletedResponse),), (404, 409)),
+    Op("POST", "/lmsp/v1/responses/{response_id}/cancel",
+       "Cancel a queued or running response (400 once it has ended otherwise)",
+       (Answer(200, "The response", L.ResponseObject),), (400, 404)),
+    Op("GET", "/lmsp/v1/tasks", "The caller's tasks, newest first, a page at a time",
+       (Answer(200, "A page of tasks", L.TaskList),), (400,),
+       query=(Query("limit", "Page size (default 20)", PAGE_SIZE),
+              Query("after", "The `last_id` of the previous page",
+                    {"type": "string", "pattern": "^task_[0-9A-Z]{26}$"}),
+              Query("status", "Only tasks in this status", {"type": "string", "enum": [
+                  "queued", "loading", "running", "cancelling", "succeeded", "failed",
+                  "cancelled"]}))),
     Op("POST", "/lmsp/v1/tasks", "Create an async task (202 once durable)",
        (Answer(202, "The task", L.TaskObject, headers=("Location", "Idempotent-Replayed"),
-               link=("task_id", "/id")),),
+               links=(("task_id", "/id"), ("response_id", "/response_id"))),),
        (400, 404, 409, 413, 422, 503), body=TaskEnvelope, headers=("Idempotency-Key",)),
     Op("GET", "/lmsp/v1/tasks/{task_id}", "A task", (Answer(200, "The task", L.TaskObject),),
        (404,)),
     Op("POST", "/lmsp/v1/tasks/{task_id}/cancel", "Cancel a task",
        (Answer(200, "The task", L.TaskObject),), (404, 409)),
     Op("GET", "/lmsp/v1/tasks/{task_id}/events", "A task's events (SSE), resumable",
-       (Answer(200, "The event stream", None, SSE),
+       (Answer(200, "The event stream", LMSP_EVENTS, SSE),
         Answer(204, "The task has ended and no event is left")),
        (400, 404, 410),
-       query=(Query("starting_after", "Events after this sequence number",
-                    {"type": "string"}),),
+       query=(Query("starting_after", "Events after this sequence number", SEQUENCE),),
        headers=("Last-Event-ID",)),
 )
 
@@ -343,9 +469,13 @@ OPERATIONS: tuple[Op, ...] = (
 def _types() -> list[Any]:
     found: list[Any] = [RestError, lmsp_wire.Problem]
     for op in OPERATIONS:
-        for t in (op.body, *(a.schema for a in op.answers), *(s for _, s in op.error_schemas)):
-            if isinstance(t, type) and issubclass(t, msgspec.Struct) and t not in found:
-                found.append(t)
+        answers = [(a.schema, *(t for _, t in a.alternatives)) for a in op.answers]
+        for t in (op.body, *(t for group in answers for t in group),
+                  *(s for _, s in op.error_schemas)):
+            for one in (v for _, v in t.variants) if isinstance(t, Events) else (t,):
+                if isinstance(one, type) and issubclass(one, msgspec.Struct) \
+                        and one not in found:
+                    found.append(one)
     return found
 
 
@@ -354,7 +484,27 @@ def _schema_of(t: Any, refs: dict[Any, dict[str, Any]]) -> dict[str, Any]:
         return {"type": "string"}
     if t is dict:
         return {"type": "object"}
+    if isinstance(t, Events):
+        return {"$ref": REF.format(name=t.name)}
     return refs[t]
+
+
+def _stream_components(refs: dict[Any, dict[str, Any]]) -> dict[str, Any]:
+    streams = {t for op in OPERATIONS for a in op.answers
+               for t in (a.schema, *(t for _, t in a.alternatives)) if isinstance(t, Events)}
+    out = {}
+    for stream in sorted(streams, key=lambda e: e.name):
+        variants = [_event_schema(names, refs[data]) for names, data in stream.variants]
+        out[stream.name] = variants[0] if len(variants) == 1 else {"oneOf": variants}
+    return out
+
+
+def _event_schema(names: tuple[str, ...], data: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "object", "required": ["event", "data"], "properties": {
+        "event": {"enum": list(names)} if names else {"type": "string"},
+        "id": {"type": "string", "pattern": "^[0-9]+$"},
+        "retry": {"type": "integer", "minimum": 0},
+        "data": {"type": "string", "contentMediaType": JSON, "contentSchema": data}}}
 
 
 def _header_objects(names: tuple[str, ...], table: dict[str, tuple[str, dict[str, Any]]]
@@ -365,7 +515,8 @@ def _header_objects(names: tuple[str, ...], table: dict[str, tuple[str, dict[str
 def _operation(op: Op, refs: dict[Any, dict[str, Any]]) -> dict[str, Any]:
     lmsp = op.path.startswith("/lmsp/")
     params: list[dict[str, Any]] = [
-        {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+        {"name": name, "in": "path", "required": True,
+         "schema": PATH_PARAMS.get(name, {"type": "string"})}
         for name in re.findall(r"{(\w+)}", op.path)]
     params += [{"name": q.name, "in": "query", "required": False, "description": q.description,
                 "schema": q.schema} for q in op.query]
@@ -375,18 +526,18 @@ def _operation(op: Op, refs: dict[Any, dict[str, Any]]) -> dict[str, Any]:
     responses: dict[str, Any] = {}
     for answer in op.answers:
         entry: dict[str, Any] = {"description": answer.description}
-        if answer.content_type == SSE:
-            entry["content"] = {SSE: {"schema": {"type": "string"}}}
-        elif answer.schema is not None:
-            entry["content"] = {answer.content_type: {"schema": _schema_of(answer.schema, refs)}}
+        content = {content_type: {"schema": _schema_of(schema, refs)}
+                   for content_type, schema in ((answer.content_type, answer.schema),
+                                                *answer.alternatives)
+                   if schema is not None}
+        if content:
+            entry["content"] = content
         if answer.headers:
             entry["headers"] = _header_objects(answer.headers, RESPONSE_HEADERS)
-        if answer.link is not None:
-            entry["links"] = _links(*answer.link)
+        if answer.links:
+            entry["links"] = {k: v for link in answer.links for k, v in _links(*link).items()}
         responses[str(answer.status)] = entry
-    if op.path == "/lmsp/v1/responses":   # `stream: true` answers the events instead
-        responses["200"]["content"][SSE] = {"schema": {"type": "string"}}
-    for status in sorted({*op.errors, 401, 403}):
+    for status in sorted({*op.errors, 403} | (set() if op.public else {401})):
         content_type, schema = (PROBLEM_JSON, refs[lmsp_wire.Problem]) if lmsp and status != 403 \
             else (JSON, refs[dict(op.error_schemas).get(status, RestError)])
         entry = {"description": ERROR_TEXT[status], "content": {content_type: {"schema": schema}}}
@@ -395,6 +546,8 @@ def _operation(op: Op, refs: dict[Any, dict[str, Any]]) -> dict[str, Any]:
         responses[str(status)] = entry
     out: dict[str, Any] = {"summary": op.summary, "tags": [_door(op.path)],
                            "operationId": _operation_id(op), "responses": responses}
+    if op.public:
+        out["security"] = [{}]
     if params:
         out["parameters"] = params
     if op.body is not None:
@@ -412,18 +565,21 @@ def _links(param: str, pointer: str) -> dict[str, Any]:
 def _door(path: str) -> str:
     if path.startswith("/lmsp/"):
         return "lmsp"
+    if path == "/" or path.startswith("/web/"):
+        return "web"
     return "ops" if path in ("/metrics", "/openapi.json") else "rest"
 
 
 def _operation_id(op: Op) -> str:
     words = re.sub(r"[{}]", "", op.path).replace("/lmsp/v1", "lmsp").strip("/")
-    return op.method.lower() + "_" + re.sub(r"[^A-Za-z0-9]+", "_", words)
+    return op.method.lower() + "_" + (re.sub(r"[^A-Za-z0-9]+", "_", words) or "index")
 
 
 def document() -> dict[str, Any]:
     types = _types()
     schemas, components = msgspec.json.schema_components(types, ref_template=REF)
     refs = dict(zip(types, schemas))
+    components.update(_stream_components(refs))
     paths: dict[str, dict[str, Any]] = {}
     for op in OPERATIONS:
         paths.setdefault(op.path, {})[op.method.lower()] = _operation(op, refs)
@@ -434,7 +590,8 @@ def document() -> dict[str, Any]:
                                 "ACP JSON-RPC at /acp is not described here."},
         "tags": [{"name": "rest", "description": "REST + SSE"},
                  {"name": "lmsp", "description": "LMSP v1 tasks and responses"},
-                 {"name": "ops", "description": "Metrics and this document"}],
+                 {"name": "ops", "description": "Metrics and this document"},
+                 {"name": "web", "description": "The web console's static files (public)"}],
         "paths": paths,
         "components": {"schemas": components, "securitySchemes": {
             "bearer": {"type": "http", "scheme": "bearer"}}},

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import msgspec
 
-WIRE_MODULES = ("bridge.events", "bridge.jsonrpc", "acp_server.rest.wire",
+WIRE_MODULES = ("bridge.events", "bridge.history", "bridge.jsonrpc", "acp_server.rest.wire",
                 "acp_server.lmsp.wire")
 
 

@@ -119,6 +119,8 @@ class Settings:
     max_acp_connections: int = 64
     acp_reap_grace_s: float = 10.0
     heartbeat_s: float = DEFAULT_HEARTBEAT_S
+    # The LMSP SSE keep-alive after this much silence (LMSP §6.4: 15 s).
+    lmsp_keepalive_s: float = DEFAULT_HEARTBEAT_S
     # LMSP task store (``sqlite:///path``; ``None`` = ``<state_dir>/lmsp.sqlite3``) and
     # how many tasks run at once (0 = accept tasks, run none).
     store: str | None = None
@@ -197,6 +199,8 @@ class Settings:
         if self.lmsp_permissions not in LMSP_PERMISSION_POLICIES:
             raise SettingsError(f"Invalid lmsp-permissions: {self.lmsp_permissions!r}. Must be "
                                 f"one of {', '.join(LMSP_PERMISSION_POLICIES)}.")
+        if not self.lmsp_keepalive_s > 0:
+            raise SettingsError(f"Invalid LMSP keep-alive interval: {self.lmsp_keepalive_s!r}.")
 
     # -- derived -----------------------------------------------------------------------
     @property

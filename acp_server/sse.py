@@ -29,7 +29,8 @@ otherwise yield an event with empty data. So:
 * Headers: ``SSE_HEADERS`` plus the door's own; status 200.
 * Then the frames, several ready ones in one write (at most ``MAX_BATCH_BYTES``);
   the keep-alive after ``heartbeat_s`` seconds of silence.
-* ``wait_ready`` consumes nothing, so the heartbeat timeout may cancel it safely. A
+* ``wait_ready`` consumes nothing, so the heartbeat timeout may cancel it safely;
+  ``frames_sent`` reports each write of popped frames once it returned. A
   subclass may instead override ``write_frames`` (e.g. to pull from an iterator that
   produces its own keep-alive ticks).
 * ``pump`` (a task feeding the frames) runs only while the response is open.
@@ -109,6 +110,9 @@ class SseResponse:
     def pop_frame(self) -> bytes | None:
         raise NotImplementedError
 
+    def frames_sent(self, count: int) -> None:
+        """Called after ``count`` popped frames were handed to the server's transport."""
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self.headers})
@@ -161,3 +165,4 @@ class SseResponse:
             if chunk:
                 await send({"type": "http.response.body", "body": b"".join(chunk),
                             "more_body": True})
+                self.frames_sent(len(chunk))

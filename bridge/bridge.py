@@ -46,6 +46,7 @@ from bridge.errors import (
     SessionNotFoundError,
     WorkspaceMismatchError,
 )
+from bridge.history import SessionHistory, session_history
 from bridge.jsonrpc import RESOURCE_NOT_FOUND
 from bridge.observer import NO_OBSERVER, BridgeObserver
 from bridge.options import BridgeOptions
@@ -57,6 +58,7 @@ log = logging.getLogger("bridge")
 
 REQUESTED_SESSION_ID_META = "acp-server/requestedSessionId"
 CLOSE_AGENT_SESSION_TIMEOUT_S = 2.0
+MAX_CLOSED_SESSION_HISTORIES = 1024
 
 
 class InvalidPromptError(ValueError):
@@ -89,6 +91,8 @@ class SessionInfo:
     # The agent's answer to session/new (or load, resume, fork), unknown fields kept:
     # modes, configOptions, models, ...
     agent_result: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # ``load`` only: the session's history (bridge.history), read with last_event_id.
+    history: SessionHistory | None = None
 
 
 class _SessionUpdateHead(msgspec.Struct):
@@ -116,6 +120,8 @@ class Bridge:
         self._in_flight_spawns = 0
         self._default_session_ids: dict[str, str] = {}   # agent name → its default session
         self._default_spawns: dict[str, anyio.Event] = {}
+        # Prompt terminals of closed sessions, for a later cold load (bounded, oldest out).
+        self._closed_terminals: dict[str, Any] = {}
         self._task_group: anyio.abc.TaskGroup | None = None
         self._closed = False
 
@@ -247,8 +253,10 @@ class Bridge:
                        capability: tuple[str, ...]) -> SessionInfo:
         self.check_workspace(cwd)
         name = self.agents.resolve(agent)
+        with_history = method == "session/load"
         if session_id in self._sessions and not self._sessions[session_id].closing:
-            return self._info(self._sessions[session_id], attached=True)
+            return self._info(self._sessions[session_id], attached=True,
+                              with_history=with_history)
         await self._ensure_agent(name)
         offered = self.agents.capability(name, *capability)
         if offered is None or offered is False:
@@ -259,7 +267,7 @@ class Bridge:
             if exc.rpc_code == RESOURCE_NOT_FOUND:
                 raise SessionNotFoundError(session_id) from None
             raise
-        return self._info(session, attached=False)
+        return self._info(session, attached=False, with_history=with_history)
 
     async def _spawn(self, method: str, agent_name: str, *, requested_id: str | None = None,
                      restore_id: str | None = None, fork_of: str | None = None) -> Session:
@@ -302,6 +310,9 @@ class Bridge:
                           observer=self.observer)
         session.agent_name = agent_name
         session.on_cancel = lambda s: self.permissions.cancel_session(s)
+        terminals = self._closed_terminals.pop(session_id, None)
+        if terminals is not None:
+            session.prompt_terminals.extend(terminals)
         self._sessions[session_id] = session
         return session
 
@@ -314,6 +325,10 @@ class Bridge:
         session.closing = True
         if self._sessions.get(session.session_id) is session:
             del self._sessions[session.session_id]
+            if session.prompt_terminals:
+                self._closed_terminals[session.session_id] = session.prompt_terminals
+                if len(self._closed_terminals) > MAX_CLOSED_SESSION_HISTORIES:
+                    del self._closed_terminals[next(iter(self._closed_terminals))]
         if self._default_session_ids.get(session.agent_name) == session.session_id:
             del self._default_session_ids[session.agent_name]
 
@@ -322,15 +337,17 @@ class Bridge:
         session.bus.close()
         session.stop()
 
-    def _info(self, session: Session, *, attached: bool) -> SessionInfo:
+    def _info(self, session: Session, *, attached: bool,
+              with_history: bool = False) -> SessionInfo:
         session.touch()
+        history = session_history(session) if with_history else None
         return SessionInfo(
             session_id=session.session_id, workspace_cwd=session.workspace_cwd,
             attached=attached, client_id=session.register_client(),
             created_at=_iso(session.created_at), event_epoch=session.bus.epoch,
-            last_event_id=session.bus.last_event_id,
+            last_event_id=session.bus.last_event_id if history is None else history.last_event_id,
             has_active_prompt=session.pending_count > 0, forked_from=session.forked_from,
-            agent=session.agent_name, agent_result=session.agent_result)
+            agent=session.agent_name, agent_result=session.agent_result, history=history)
 
     async def close_session(self, session_id: str, *, reason: str = "client_close",
                             closed_by: str | None = None) -> None:

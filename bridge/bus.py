@@ -218,6 +218,10 @@ class EventBus:
     def earliest_available_id(self) -> int:
         return self._ring[0].id if self._ring else self._last_id + 1  # type: ignore[return-value]
 
+    def ring_events(self) -> list[Event]:
+        """The events the ring still holds, oldest first."""
+        return list(self._ring)
+
     def publish(self, type_: str, data: Any, *, prompt_id: str | None = None,
                 originator_client_id: str | None = None) -> Event | None:
         """Store and fan out one event. After ``close()`` it is dropped (``None``)."""

@@ -54,6 +54,9 @@ class PermissionMediator:
     def pending_count(self) -> int:
         return len(self._by_id)
 
+    def is_pending(self, request_id: str) -> bool:
+        return request_id in self._by_id
+
     async def request(self, session: Session, params: dict[str, Any]) -> dict[str, Any]:
         """Publish the request, wait for the first valid vote; returns ``{"outcome": ...}``."""
         if session.closing or len(session.permissions) >= MAX_PENDING_PER_SESSION:

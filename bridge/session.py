@@ -30,6 +30,7 @@ import anyio.lowlevel
 
 from bridge import events as ev
 from bridge.bus import EventBus
+from bridge.history import MAX_PROMPT_TERMINALS, PromptTerminal
 from bridge.errors import (
     AgentDiedError,
     AgentError,
@@ -153,6 +154,8 @@ class Session:
         self.forked_from: str | None = None
         self.agent_name = ""   # the agent profile this session runs on
         self.agent_result: dict[str, Any] = {}   # the agent's session/new (load, ...) answer
+        # How its prompts ended (bridge.history), kept across a close and a cold load.
+        self.prompt_terminals: deque[PromptTerminal] = deque(maxlen=MAX_PROMPT_TERMINALS)
         self._work: deque[PendingPrompt | WorkItem] = deque()
         self._wakeup: anyio.Event | None = None
         self._task_group: anyio.abc.TaskGroup | None = None
@@ -300,11 +303,17 @@ class Session:
             self.bus.publish(ev.TURN_COMPLETE, ev.TurnComplete(
                 sessionId=sid, stopReason=outcome.stop_reason, promptId=pid), prompt_id=pid)
             state = "cancelled" if outcome.stop_reason == "cancelled" else "completed"
+            terminal = PromptTerminal(v=1, promptId=pid, terminal=state,
+                                      stopReason=outcome.stop_reason, at=ev.now_ms())
         else:
+            code = _error_code(outcome)
             self.bus.publish(ev.TURN_ERROR, ev.TurnError(
-                sessionId=sid, message=str(outcome), code=_error_code(outcome), promptId=pid),
+                sessionId=sid, message=str(outcome), code=code, promptId=pid),
                 prompt_id=pid)
             state = "failed"
+            terminal = PromptTerminal(v=1, promptId=pid, terminal=state, errorCode=code,
+                                      at=ev.now_ms())
+        self.prompt_terminals.append(terminal)
         if pending.was_queued:
             self.bus.publish(ev.PENDING_PROMPT_COMPLETED, ev.PendingPromptCompleted(
                 sessionId=sid, promptId=pid, state=state), prompt_id=pid)

@@ -21,6 +21,10 @@ Contracts:
   queued before it (a frame larger than the bound is accepted into an empty
   buffer). The HTTP door refuses new requests before that happens
   (``AcpConnection.replies_full``).
+* ``appended`` / ``taken`` count the frames that entered and left, ``written`` those
+  the reader reports written (``sent``); ``changed()`` returns after the next
+  append, pop, report or close (or ``notify()``), so a producer can wait until the
+  reader has written what it put (``session/load``'s history).
 """
 
 from __future__ import annotations
@@ -44,6 +48,10 @@ class FrameBuffer:
         self._frames: deque[Frame] = deque()
         self._readable: anyio.Event | None = None
         self._writable: anyio.Event | None = None
+        self._changed: anyio.Event | None = None
+        self.appended = 0
+        self.taken = 0
+        self.written = 0
 
     def __len__(self) -> int:
         return len(self._frames)
@@ -71,6 +79,8 @@ class FrameBuffer:
             return None
         frame = self._frames.popleft()
         self.nbytes -= len(frame.payload)
+        self.taken += 1
+        self.notify()
         if self._writable is not None and len(self._frames) < self.limit \
                 and not self.bytes_full:
             self._writable.set()
@@ -81,6 +91,9 @@ class FrameBuffer:
         frames = list(self._frames)
         self._frames.clear()
         self.nbytes = 0
+        self.taken += len(frames)
+        self.written += len(frames)   # gone without a write: nobody waits for them
+        self.notify()
         if self._writable is not None:
             self._writable.set()
             self._writable = None
@@ -95,8 +108,24 @@ class FrameBuffer:
             await self._readable.wait()
         return True
 
+    def sent(self, count: int) -> None:
+        """The reader wrote ``count`` more of the frames it took."""
+        self.written += count
+        self.notify()
+
+    async def changed(self) -> None:
+        if self._changed is None:
+            self._changed = anyio.Event()
+        await self._changed.wait()
+
+    def notify(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
+
     def close(self) -> None:
         self.closed = True
+        self.notify()
         self._wake()
         if self._writable is not None:
             self._writable.set()
@@ -109,6 +138,8 @@ class FrameBuffer:
     def _append(self, frame: Frame) -> None:
         self._frames.append(frame)
         self.nbytes += len(frame.payload)
+        self.appended += 1
+        self.notify()
         self._wake()
 
     def _wake(self) -> None:

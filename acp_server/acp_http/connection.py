@@ -20,8 +20,13 @@ Contracts:
   ``session/prompt`` response is emitted by the pump when it meets the prompt's
   ``turn_complete`` / ``turn_error`` event, so it always follows the turn's
   ``session/update`` notifications on the wire.
+* A ``permission_request`` becomes a ``session/request_permission`` request only
+  while it is pending (a replayed, resolved one is a ``_qwen/notify``).
 * Bus events are delivered at most once per channel per bus epoch (``delivered_id``);
   ``rewind`` (a GET with ``Last-Event-ID``) is the only way to see them again.
+* ``flush_through(event_id)`` returns once the reader has written every frame of the
+  bus events up to ``event_id`` (at once without a reader, at most after
+  ``FLUSH_TIMEOUT_S``): ``session/load`` answers only after its history is written.
 * ``close()`` is synchronous and idempotent: this connection's queued and running
   prompts are cancelled (which cancels their permission requests), the other
   permission requests it was sent are cancelled when ``cancel_permissions``, every
@@ -58,6 +63,7 @@ REPLY_BUFFER_BYTES = 8 * 1024 * 1024
 MAX_CHANNELS_PER_CONNECTION = 256
 MAX_TRACKED_PROMPTS = 1024       # per channel; admission normally bounds it far lower
 MAX_PENDING_REQUESTS = 1024      # agent-to-client requests awaiting this client's answer
+FLUSH_TIMEOUT_S = 10.0           # a reader that takes longer does not hold a reply back
 
 RpcId = int | str | None
 # Builds the error response for a failed prompt: (rpc id, exception) -> payload.
@@ -74,6 +80,7 @@ class SessionChannel:
         self.subscription: Subscription | None = None
         self.epoch: str | None = None
         self.delivered_id = 0
+        self.buffered_id = 0   # the last bus event whose frames are in ``frames`` (or gone)
         self.prompts: dict[str, tuple[RpcId, PromptTicket]] = {}
         self.reader_attached = False
         self.retired = False
@@ -91,7 +98,7 @@ class SessionChannel:
         except SessionNotFoundError:
             return False
         if bus_epoch != self.epoch:
-            self.epoch, self.delivered_id = bus_epoch, 0
+            self.epoch, self.delivered_id, self.buffered_id = bus_epoch, 0, 0
         old, self.subscription = self.subscription, subscription
         if old is not None:
             old.close()
@@ -142,6 +149,9 @@ class SessionChannel:
                 async for event in subscription:
                     for frame in self._translate(event):
                         await self.frames.put(frame)
+                    if event.id is not None and event.id > self.buffered_id:
+                        self.buffered_id = event.id
+                        self.frames.notify()
                     if self.subscription is not subscription:
                         break
                 if self.subscription is subscription:   # it ended by itself
@@ -150,6 +160,16 @@ class SessionChannel:
                         self._resubscribe_after_eviction()
         except anyio.ClosedResourceError:
             return
+
+    async def flush_through(self, event_id: int) -> None:
+        """Wait until the reader has written the frames of the bus events up to
+        ``event_id`` (see the module contracts)."""
+        with anyio.move_on_after(FLUSH_TIMEOUT_S):
+            while self.reader_attached and not self.retired and self.buffered_id < event_id:
+                await self.frames.changed()
+            mark = self.frames.appended
+            while self.reader_attached and not self.retired and self.frames.written < mark:
+                await self.frames.changed()
 
     def drain_now(self) -> None:
         """Translate what the subscription holds right now into the stream buffer
@@ -161,6 +181,8 @@ class SessionChannel:
                 return
             for frame in self._translate(event):
                 self._push(frame)
+            if event.id is not None and event.id > self.buffered_id:
+                self.buffered_id = event.id
 
     def _resubscribe_after_eviction(self) -> None:
         try:
@@ -187,7 +209,8 @@ class SessionChannel:
             return [fr.update_frame(event)]
         if kind == ev.PERMISSION_REQUEST:
             found = fr.permission_frame(event)
-            if found is not None:
+            # a replayed request that was resolved meanwhile is history, not a question
+            if found is not None and self.conn.bridge.permissions.is_pending(found[0]):
                 self.conn.expect_answer(found[0], self.session_id)
                 return [found[1]]
         elif kind == ev.PERMISSION_RESOLVED:

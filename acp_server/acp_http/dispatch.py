@@ -207,10 +207,18 @@ async def _session_new(conn: AcpConnection, rpc_id: RpcId, params: dict[str, Any
 
 
 async def _session_load(conn: AcpConnection, rpc_id: RpcId, params: dict[str, Any]) -> Any:
+    """ACP: the agent streams the whole conversation as ``session/update`` and *then*
+    answers. The history is the session ring (for a cold session: the agent's own
+    replay, published during the restore), written to the session stream; the answer
+    (the agent's session state) follows once the reader has taken it."""
     sid = _session_id(params)
-    await conn.bridge.load_session(sid, cwd=_cwd(params))
-    conn.channel(sid).subscribe(last_event_id=0)   # the history, as ACP load promises
-    return {}
+    info = await conn.bridge.load_session(sid, cwd=_cwd(params))
+    channel = conn.channel(sid)
+    channel.subscribe(last_event_id=0)
+    history = info.history
+    await channel.flush_through(info.last_event_id if history is None
+                                else history.last_event_id)
+    return {k: v for k, v in info.agent_result.items() if k != "sessionId"}
 
 
 async def _session_resume(conn: AcpConnection, rpc_id: RpcId, params: dict[str, Any]) -> Any:

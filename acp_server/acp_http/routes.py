@@ -16,8 +16,9 @@ Status rules (each answer with a JSON-RPC error body unless noted):
   the connection cap; 400 when it carries an ``Acp-Connection-Id``). Anything else
   needs ``Acp-Connection-Id`` (missing → 400 ``-32600``; unknown → 404 ``-32600``);
   ``Acp-Session-Id`` ≠ ``params.sessionId`` → 400 ``-32602``; a session-scoped method
-  without ``Acp-Session-Id`` → 400 ``-32600``; otherwise 202, empty body, and the
-  reply arrives on a stream.
+  names its session by ``Acp-Session-Id``, else by ``params.sessionId`` (as qwen's
+  ``AcpHttpTransport`` sends it), with neither → 400 ``-32600``; otherwise 202, empty
+  body (sent before the message runs), and the reply arrives on a stream.
 * GET: ``Accept`` without ``text/event-stream`` → 406; connection header rules as
   POST; a second reader of the same stream → 409. With ``Acp-Session-Id`` it is that
   session's stream (opened leniently before ``session/load``: 200, buffered), with
@@ -30,6 +31,7 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
+from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp
@@ -157,13 +159,15 @@ async def post_acp(request: Request) -> Response:
     params_sid = params.get("sessionId")
     if header_sid is not None and isinstance(params_sid, str) and header_sid != params_sid:
         return _rpc_error(400, rpc_id, INVALID_PARAMS, "Mismatched Acp-Session-Id")
-    if header_sid is None and msg.method in HEADER_REQUIRED:
+    if header_sid is None and msg.method in HEADER_REQUIRED and not isinstance(params_sid, str):
         return _rpc_error(400, rpc_id, INVALID_REQUEST,
                           f"Missing Acp-Session-Id for {msg.method}")
     if header_sid is not None and params_sid is None:
         params["sessionId"] = header_sid       # the header names the session
-    await dispatch(conn, msg, params)
-    return Response(status_code=202)
+    # The 202 is sent before the message runs, so that no reply can reach a stream
+    # before the POST that asked for it has its answer (qwen's AcpHttpTransport and
+    # the ACP TypeScript client register the request only once the POST returned).
+    return Response(status_code=202, background=BackgroundTask(dispatch, conn, msg, params))
 
 
 def _initialize(request: Request, registry: ConnectionRegistry, msg: Message,

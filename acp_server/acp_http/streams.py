@@ -43,3 +43,6 @@ class FrameStream(SseResponse):
     def pop_frame(self) -> bytes | None:
         frame = self.frames.pop()
         return sse_bytes(frame) if frame is not None else None
+
+    def frames_sent(self, count: int) -> None:
+        self.frames.sent(count)

@@ -218,6 +218,7 @@ async def _forward(frames: FrameBuffer, socket: _Socket) -> None:
         frame = frames.pop()
         if frame is not None:
             await socket.send(frame.payload)
+            frames.sent(1)
 
 
 async def _receive_loop(ws: WebSocket, socket: _Socket, conn: AcpConnection,

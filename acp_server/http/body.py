@@ -73,7 +73,7 @@ def too_large(limit: int) -> BodyTooLarge:
 async def read_body(request: Request, *, limit: int) -> bytes:
     """The raw body, at most ``limit`` bytes."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > limit:
         raise too_large(limit)
     chunks: list[bytes] = []
     size = 0

@@ -21,7 +21,6 @@ Contracts:
 from __future__ import annotations
 
 import re
-import time
 from typing import Any
 
 import msgspec
@@ -48,7 +47,8 @@ def parse_query(request: Request) -> tuple[int, str | None, str | None]:
     raw_limit = query.get("limit")
     limit = DEFAULT_LIMIT
     if raw_limit is not None:
-        if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_LIMIT:
+        if not (raw_limit.isascii() and raw_limit.isdigit()) or \
+                not 1 <= int(raw_limit) <= MAX_LIMIT:
             raise _invalid("limit", f"limit must be an integer from 1 to {MAX_LIMIT}.")
         limit = int(raw_limit)
     status = query.get("status")
@@ -78,7 +78,7 @@ async def list_tasks(request: Request, service: LmspService) -> Response:
         anchor = await service.store.get_task(after)
         if anchor is None or anchor.principal != service.principal:
             raise _invalid("after", f"No task {after!r} to page after.")
-    now = time.time()
+    now = service.config.clock()
     records = await service.store.list_tasks(service.principal, status=status, after=after,
                                              limit=limit + 1)
     page = records[:limit]

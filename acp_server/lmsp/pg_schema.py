@@ -1,7 +1,7 @@
-"""PostgreSQL schema (versioned migrations) and the SQL helpers of ``postgres``.
+"""PostgreSQL schema (versioned migrations) and the SQL dialect of ``postgres``.
 
     version = migrate(conn)               # under an advisory lock; idempotent
-    record = select_task(conn, task_id, lock=True)
+    record = select_task(PG, conn, task_id, lock=True)    # store.py, in this dialect
 
 Contracts: ``MIGRATIONS[n - 1]`` takes the schema from version ``n - 1`` to ``n`` and is
 never edited once released (add a new entry); ``schema_version`` lists every version
@@ -13,17 +13,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import msgspec
 import psycopg
 
-from acp_server.lmsp.store import (
-    COLUMNS,
-    CommittedEvent,
-    TaskRecord,
-    delete_statements,
-    record_from_row,
-)
-from acp_server.lmsp.wire import AnyEvent, encode
+from acp_server.lmsp.store import CommittedEvent, Dialect, numbered
+from acp_server.lmsp.wire import AnyEvent
 
 Conn = psycopg.Connection[Any]
 
@@ -98,38 +91,19 @@ def queued_count(conn: Conn) -> int:
     return int(row[0]) if row else 0
 
 
-def select_task(conn: Conn, task_id: str, lock: bool = False) -> TaskRecord | None:
-    row = conn.execute(f"SELECT {COLUMNS} FROM tasks WHERE id = %s"
-                       f"{' FOR UPDATE' if lock else ''}", (task_id,)).fetchone()
-    return None if row is None else record_from_row(row)
+class PostgresDialect(Dialect):
+    p = "%s"
+    lock = " FOR UPDATE"
+    skip_locked = " FOR UPDATE SKIP LOCKED"
+
+    def insert_events(self, conn: Any, task_id: str, first_seq: int,
+                      events: Sequence[AnyEvent], out: list[CommittedEvent]) -> None:
+        rows = numbered(task_id, first_seq, events, out)
+        if rows:   # one statement, one round trip, whatever the count
+            conn.execute("INSERT INTO task_events(task_id, seq, type, data) SELECT %s, "
+                         "unnest(%s::integer[]), unnest(%s::text[]), unnest(%s::bytea[])",
+                         (task_id, [r.seq for r in rows], [r.type for r in rows],
+                          [r.data for r in rows]))
 
 
-def select_by_response(conn: Conn, response_id: str) -> TaskRecord | None:
-    row = conn.execute(f"SELECT {COLUMNS} FROM tasks WHERE response_id = %s",
-                       (response_id,)).fetchone()
-    return None if row is None else record_from_row(row)
-
-
-def delete_finished(conn: Conn, task_id: str) -> bool:
-    """``TaskStore.delete_task`` inside the caller's transaction."""
-    (first, first_params), *rest = delete_statements("%s", task_id)
-    if conn.execute(first, first_params).rowcount == 0:
-        return False
-    for sql, params in rest:
-        conn.execute(sql, params)
-    return True
-
-
-def insert_events(conn: Conn, task_id: str, first_seq: int, events: Sequence[AnyEvent],
-                   out: list[CommittedEvent]) -> None:
-    rows = []
-    for offset, draft in enumerate(events):
-        seq = first_seq + offset
-        data = encode(msgspec.structs.replace(draft, sequence_number=seq))
-        rows.append((task_id, seq, draft.type, data))
-        out.append(CommittedEvent(task_id, seq, draft.type, data))
-    if rows:   # one statement, one round trip, whatever the count
-        conn.execute("INSERT INTO task_events(task_id, seq, type, data) SELECT %s, "
-                     "unnest(%s::integer[]), unnest(%s::text[]), unnest(%s::bytea[])",
-                     (task_id, [r[1] for r in rows], [r[2] for r in rows],
-                      [r[3] for r in rows]))
+PG = PostgresDialect()

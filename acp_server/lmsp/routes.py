@@ -4,8 +4,9 @@
     app.router.routes.extend(lmsp_routes())
 
 Contracts: every error is a problem object (``application/problem+json``), 405
-included, and the network guard's 401 (``UNAUTHORIZED_PROBLEM``, which
-``acp_server.app`` hands to the guard for ``/lmsp/`` paths) (each path takes every method and answers unknown ones itself). Task
+included (each path takes every method and answers unknown ones itself), and the
+network guard's 401 (``UNAUTHORIZED_PROBLEM``, which ``acp_server.app`` hands to the
+guard for ``/lmsp/`` paths). Task
 creation answers 202 only after the commit; a replay adds ``Idempotent-Replayed:
 true``. Event streams are SSE (§6.4) written by ``acp_server.sse``: ``retry: 3000``
 once (a field of the first frame), ``id``/``event``/``data`` per event, a

@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import anyio
@@ -124,8 +124,10 @@ class DeltaWriter:
 class Runner:
     def __init__(self, store: TaskStore, models: Mapping[str, tuple[Bridge, str | None]], *,
                  max_running: int = 4, max_attempts: int = 3, live_sessions: int = 8,
-                 permission_policy: str = "reject") -> None:
+                 permission_policy: str = "reject",
+                 clock: Callable[[], float] = time.time) -> None:
         self.store = store
+        self.clock = clock   # wall-clock seconds for the store's updated/finished times
         self.models = models
         self.max_running = max_running
         self.max_attempts = max_attempts
@@ -177,12 +179,12 @@ class Runner:
         """Up to ``count`` queued tasks, claimed at once so that the store commits the
         claims together (one group commit, not one round trip per claim)."""
         if count == 1:
-            record = await self.store.claim_next(time.time())
+            record = await self.store.claim_next(self.clock())
             return [] if record is None else [record]
         claimed: list[TaskRecord] = []
 
         async def one() -> None:
-            record = await self.store.claim_next(time.time())
+            record = await self.store.claim_next(self.clock())
             if record is not None:
                 claimed.append(record)
 
@@ -233,7 +235,7 @@ class Runner:
                                                     "promptCapabilities", "embeddedContext")
                 blocks = history_prompt(previous, messages, prompt, embedded=bool(embedded))
                 attempt.input_tokens += count_tokens(transcript(messages))
-            now = time.time()
+            now = self.clock()
             won = await self.store.transition(
                 record.id, ("loading",), "running",
                 lambda rec: Finish(events=[in_progress_event(rec)]), now=now)
@@ -264,7 +266,7 @@ class Runner:
             # the last deltas ride in the final transition's commit, before its events
             won = await self.store.transition(
                 record.id, ("running",), status,
-                dataclasses.replace(finish, events=[*tail, *finish.events]), now=time.time())
+                dataclasses.replace(finish, events=[*tail, *finish.events]), now=self.clock())
             if won is None:   # a cancel committed first
                 await self._write_tail(record, tail)
                 await self._end_cancelled(record, attempt)
@@ -347,12 +349,12 @@ class Runner:
         (e.g. a bridge deadline) without an LMSP cancel."""
         with anyio.CancelScope(shield=True):
             if await self.store.transition(record.id, ("cancelling",), "cancelled",
-                                           attempt.cancelled(), now=time.time()) is not None:
+                                           attempt.cancelled(), now=self.clock()) is not None:
                 return
             if await self.store.transition(record.id, ("loading", "running"), "cancelling",
-                                           now=time.time()) is not None:
+                                           now=self.clock()) is not None:
                 await self.store.transition(record.id, ("cancelling",), "cancelled",
-                                            attempt.cancelled(), now=time.time())
+                                            attempt.cancelled(), now=self.clock())
 
     async def _end_agent_error(self, record: TaskRecord, attempt: Attempt,
                                error: Exception) -> None:
@@ -363,7 +365,7 @@ class Runner:
                 "running", record.on_restart, record.attempt, self.max_attempts) == "queued":
             with anyio.CancelScope(shield=True):
                 requeued = await self.store.transition(record.id, ("loading", "running"),
-                                                       "queued", None, now=time.time())
+                                                       "queued", None, now=self.clock())
             if requeued is not None:
                 log.warning("lmsp task %s: the agent died (%s); attempt %d of %d queued again",
                             record.id, error, record.attempt + 1, self.max_attempts)
@@ -374,7 +376,7 @@ class Runner:
                           message: str) -> None:
         with anyio.CancelScope(shield=True):
             won = await self.store.transition(record.id, ("loading", "running"), "failed",
-                                              attempt.failed(code, message), now=time.time())
+                                              attempt.failed(code, message), now=self.clock())
             if won is None:
                 await self._end_cancelled(record, attempt)
 

@@ -18,11 +18,11 @@ Contracts:
   and turns other instances' notices into wake-ups (runner, live subscribers,
   cancels), with polling every ``poll_s`` as the fallback.
 * ``model`` names an agent of the bridge (``bridge.agents.names``: the default agent
-  and every configured one), and ``reference`` always (a private in-process
-  reference bridge when the bridge has no agent of that name).
-* Retention (§11.2) is judged by the clock, not by the purge: a task finished more
-  than ``task_retention_s`` ago is 404 and its events more than ``event_retention_s``
-  ago are 410 even before the purge deletes them.
+  and every configured one; the composition, ``acp_server.cli``, always configures
+  ``reference``), or what ``models`` maps to a bridge and agent.
+* Retention (§11.2) is judged by the clock (``LmspConfig.clock``), not by the purge: a
+  task finished more than ``task_retention_s`` ago is 404 and its events more than
+  ``event_retention_s`` ago are 410 even before the purge deletes them.
 """
 
 from __future__ import annotations
@@ -31,12 +31,14 @@ import contextlib
 import dataclasses
 import hashlib
 import logging
+import math
 import os
 import secrets
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 
 import anyio
+import anyio.abc
 import msgspec
 
 from acp_server.lmsp.hub import Hub
@@ -59,8 +61,11 @@ from acp_server.lmsp.store import (
     NewTask,
     QueueFullError,
     RecoveryReport,
+    SharedTaskStore,
     TaskRecord,
     TaskStore,
+    is_shared,
+    queued_record,
 )
 from acp_server.lmsp.wire import (
     TERMINAL_EVENTS,
@@ -99,6 +104,9 @@ class LmspConfig:
     live_sessions: int = 8          # ACP sessions kept for previous_response_id (LRU)
     cancel_wait_s: float = 10       # POST /responses/{id}/cancel waits this for the stop
     permission_policy: str = "reject"   # --lmsp-permissions (acp_server/lmsp/permissions.py)
+    # Wall-clock seconds for created/finished times, retention and the purge (tests
+    # inject a fake one). Leases are on the database clock (``postgres``).
+    clock: Callable[[], float] = dataclasses.field(default=time.time, compare=False)
 
 
 class LmspService:
@@ -111,7 +119,7 @@ class LmspService:
         self.runner = Runner(store, models, max_running=max_running_tasks,
                              max_attempts=config.max_attempts,
                              live_sessions=config.live_sessions,
-                             permission_policy=config.permission_policy)
+                             permission_policy=config.permission_policy, clock=config.clock)
         self.principal = ("token:" + hashlib.sha256(token.encode()).hexdigest()[:16]
                           if token else "anonymous")
         self.recovery = RecoveryReport()
@@ -126,15 +134,19 @@ class LmspService:
         self.hub.close()
         self._background.cancel()
 
-    async def run_background(self) -> None:
+    async def run_background(self, *, task_status: anyio.abc.TaskStatus[None]
+                             = anyio.TASK_STATUS_IGNORED) -> None:
+        """The runner, the purge and (shared store) leases and polling; started once
+        other instances' notices are wired to this service."""
         with self._background:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self.runner.run)
                 tg.start_soon(self._purge_loop)
-                if isinstance(self.store, PostgresTaskStore):
+                if is_shared(self.store):
                     self.store.on_notify = self._on_notice
                     tg.start_soon(self._lease_loop, self.store)
                     tg.start_soon(self._poll_loop, self.store)
+                task_status.started()
 
     # -- several instances on one store (PostgreSQL) ---------------------------------
     def _on_notice(self, kind: str, task_id: str) -> None:
@@ -148,7 +160,7 @@ class LmspService:
             self.runner.cancel(task_id)
             self.hub.poke(task_id)
 
-    async def _lease_loop(self, store: PostgresTaskStore) -> None:
+    async def _lease_loop(self, store: SharedTaskStore) -> None:
         """Every ``renew_s``: renew this instance's leases (and stop tasks cancelled
         elsewhere), then recover tasks whose lease expired on any instance."""
         while True:
@@ -158,7 +170,7 @@ class LmspService:
                     self.runner.cancel(task_id)
                 report = await store.recover(recovery_finish,
                                              max_attempts=self.config.max_attempts,
-                                             now=time.time())
+                                             now=self.config.clock())
                 if report.requeued:
                     self.runner.wake()
                 if report.failed or report.requeued or report.cancelled:
@@ -167,7 +179,7 @@ class LmspService:
                 log.exception("lmsp lease renewal/recovery failed")
             await anyio.sleep(store.renew_s)
 
-    async def _poll_loop(self, store: PostgresTaskStore) -> None:
+    async def _poll_loop(self, store: SharedTaskStore) -> None:
         """The fallback for lost notices: every ``poll_s`` look for queued work, wake
         the subscribers of tasks with new events (one query for all watched tasks),
         and stop local tasks cancelled elsewhere."""
@@ -219,7 +231,7 @@ class LmspService:
                                 "(or cancel it) before continuing it.",
                                 response_id=previous.response_id,
                                 response_status=_response_status(previous))
-        now = time.time()
+        now = self.config.clock()
         task = NewTask(id=new_id("task"), response_id=new_id("resp"), on_restart=on_restart,
                        model=request.model, principal=self.principal,
                        request=encode(request.body), created_at=now)
@@ -228,10 +240,9 @@ class LmspService:
             idem = IdempotencyClaim(scope=f"{self.principal} {route}", key=key,
                                     fingerprint=hashlib.sha256(canonical(body)).hexdigest(),
                                     expires_at=now + self.config.idempotency_ttl_s)
-        record = _record_of(task)
         try:
             outcome = await self.store.create_task(
-                task, created_event(record), idem,
+                task, created_event(queued_record(task)), idem,
                 timeout=self.config.idempotency_wait_s if idem is not None else None,
                 max_queued=self.config.max_queued_tasks)
         except KeyReusedError:
@@ -249,7 +260,7 @@ class LmspService:
 
     async def get_task(self, task_id: str) -> TaskRecord:
         record = await self.store.get_task(task_id)
-        if record is None or self._task_expired(record, time.time()):
+        if record is None or self._task_expired(record, self.config.clock()):
             raise LmspError("task_not_found", f"No task {task_id!r}.", task_id=task_id)
         return record
 
@@ -265,7 +276,8 @@ class LmspService:
         """§7.3: 200 with the task; 409 when it already succeeded or failed."""
         await self.get_task(task_id)
         record, _ = await self.store.request_cancel(
-            task_id, lambda rec: error_finish(rec, "", "", status="cancelled"), now=time.time())
+            task_id, lambda rec: error_finish(rec, "", "", status="cancelled"),
+            now=self.config.clock())
         if record is None:
             raise LmspError("task_not_found", f"No task {task_id!r}.", task_id=task_id)
         if record.status in ("succeeded", "failed"):
@@ -293,7 +305,7 @@ class LmspService:
         """The task of a stored response; 404 ``response_not_found`` when unknown,
         deleted, past the task retention, or created with ``store: false``."""
         record = await self.store.get_by_response(response_id)
-        if record is None or self._task_expired(record, time.time()) or \
+        if record is None or self._task_expired(record, self.config.clock()) or \
                 b'"store"' in record.request and _unstored(record):
             raise LmspError("response_not_found", f"No response {response_id!r}.",
                             response_id=response_id,
@@ -348,7 +360,7 @@ class LmspService:
         """Checks §6.4 (404/410/400); ``None`` means 204. The iterator yields batches
         of events in order (``[]`` for a keep-alive) and ends after the terminal one."""
         record = await self.get_task(task_id)
-        if self._events_expired(record, time.time()):
+        if self._events_expired(record, self.config.clock()):
             raise LmspError("event_history_expired", f"The events of task {task_id} are "
                             "older than the retention period.", task_id=task_id,
                             earliest_sequence_number=None,
@@ -391,17 +403,21 @@ class LmspService:
                     rows = watch.take(last)
 
     async def wait_terminal(self, task_id: str) -> TaskRecord:
-        with self.hub.watch(task_id) as watch:
+        """The task once finished (or as it stands when the service closes). Every
+        terminal transition writes its terminal event, so the hub wakes the watch: on
+        this instance at its commit, from another one through its notice (``e``) or,
+        when a notice is lost, the shared store's polling (``_poll_loop``)."""
+        with self.hub.watch(task_id) as watch:   # registered before the read
             while True:
                 record = await self.get_task(task_id)
                 if record.status in TERMINAL or self.closed.is_set():
                     return record
-                await watch.wait(1.0)
+                await watch.wait(math.inf)
 
     # -- background -------------------------------------------------------------------
     async def purge_once(self) -> int:
         c = self.config
-        return await self.store.purge(now=time.time(), event_retention=c.event_retention_s,
+        return await self.store.purge(now=c.clock(), event_retention=c.event_retention_s,
                                       task_retention=c.task_retention_s,
                                       key_ttl=c.idempotency_ttl_s)
 
@@ -432,20 +448,21 @@ def _unstored(record: TaskRecord) -> bool:
     return isinstance(body, dict) and body.get("store") is False
 
 
-def _record_of(task: NewTask) -> TaskRecord:
-    return TaskRecord(task.id, task.response_id, "queued", task.on_restart, task.model,
-                      task.principal, task.request, task.created_at, task.created_at, None, 0, 0,
-                      None, None, False)
+def bridge_models(bridge: Bridge) -> dict[str, tuple[Bridge, str | None]]:
+    """Every agent of ``bridge`` as a model of the same name."""
+    return {name: (bridge, name) for name in bridge.agents.names}
 
 
 @contextlib.asynccontextmanager
 async def open_lmsp(bridge: Bridge, *, state_dir: str, store_url: str | None = None,
                     token: str | None = None, max_running_tasks: int = 4,
                     config: LmspConfig | None = None,
-                    group_commit: bool = True, store: TaskStore | None = None
+                    group_commit: bool = True, store: TaskStore | None = None,
+                    models: Mapping[str, tuple[Bridge, str | None]] | None = None
                     ) -> AsyncIterator[LmspService]:
     """See the module docstring. ``store_url`` defaults to
-    ``sqlite:///<state_dir>/lmsp.sqlite3``; ``store`` overrides it (other engines)."""
+    ``sqlite:///<state_dir>/lmsp.sqlite3``; ``store`` overrides it (other engines).
+    ``models`` defaults to ``bridge_models(bridge)``."""
     hub = Hub()
     if store is None:
         os.makedirs(state_dir, exist_ok=True)
@@ -460,23 +477,15 @@ async def open_lmsp(bridge: Bridge, *, state_dir: str, store_url: str | None = N
                              f"postgresql://….")
     else:
         store.on_commit = hub.publish
-    async with contextlib.AsyncExitStack() as stack:
-        models: dict[str, tuple[Bridge, str | None]] = {
-            name: (bridge, name) for name in bridge.agents.names}
-        if "reference" not in models:
-            from bridge.agents.reference import ReferenceAgentFactory
-
-            private = await stack.enter_async_context(
-                Bridge(ReferenceAgentFactory(), workspace_cwd=bridge.workspace_cwd))
-            models["reference"] = (private, None)
-        await stack.enter_async_context(store)
-        service = LmspService(store, hub, models, config or LmspConfig(),
-                              max_running_tasks=max_running_tasks, token=token)
+    config = config or LmspConfig()
+    async with store:
+        service = LmspService(store, hub, bridge_models(bridge) if models is None else models,
+                              config, max_running_tasks=max_running_tasks, token=token)
         service.recovery = await store.recover(recovery_finish,
-                                               max_attempts=service.config.max_attempts,
-                                               now=time.time(), own=True)
+                                               max_attempts=config.max_attempts,
+                                               now=config.clock(), own=True)
         async with anyio.create_task_group() as tg:
-            tg.start_soon(service.run_background)
+            await tg.start(service.run_background)
             try:
                 yield service
             finally:

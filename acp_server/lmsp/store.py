@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeGuard
 
-from acp_server.lmsp.wire import AnyEvent
+import msgspec
+
+from acp_server.lmsp.wire import AnyEvent, encode
 
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 ACTIVE = frozenset({"loading", "running", "cancelling"})
@@ -134,6 +136,9 @@ class TaskStore(Protocol):
     # Called after each commit with the status each committed transition moved a
     # task to (``moves_of``); the metrics set it.
     on_transition: Callable[[str], None] | None
+    # Several server instances share the store: the service then renews leases,
+    # recovers expired ones and polls (``SharedTaskStore``, ``is_shared``).
+    shared: bool
 
     async def __aenter__(self) -> TaskStore: ...
     async def __aexit__(self, *exc: object) -> None: ...
@@ -191,6 +196,25 @@ class TaskStore(Protocol):
 
     async def status_counts(self) -> dict[str, int]:
         """Tasks in the store by status (``STATUS_COUNTS_SQL``)."""
+
+
+class SharedTaskStore(TaskStore, Protocol):
+    """A store several instances share (PostgreSQL): leases and cross-instance notices."""
+
+    # Another instance committed: ``(kind, task_id)``, kind ``e`` events, ``q`` queued
+    # work, ``c`` cancel requested (hints only; the service also polls).
+    on_notify: Callable[[str, str], None] | None
+    renew_s: float
+    poll_s: float
+
+    async def renew_leases(self) -> tuple[set[str], set[str]]: ...
+    async def next_seqs(self, task_ids: Sequence[str]) -> dict[str, int]: ...
+    async def cancelling_among(self, task_ids: Sequence[str]) -> list[str]: ...
+
+
+def is_shared(store: TaskStore) -> TypeGuard[SharedTaskStore]:
+    """The store's own word (``shared``) that it is a ``SharedTaskStore``."""
+    return store.shared
 
 
 # The task columns, in the order ``record_from_row`` reads them (both stores' SQL).
@@ -291,3 +315,180 @@ def list_statement(p: str, *, principal: str, status: str | None, after: str | N
         params.append(after)
     sql = f"SELECT {COLUMNS} FROM tasks WHERE {' AND '.join(where)} ORDER BY seq DESC LIMIT {p}"
     return sql, (*params, limit)
+
+
+# -- the operations both stores run, on a DB-API connection (``conn.execute``) ------------
+# Extra SQL of one statement: (clause, its params).
+Extra = tuple[str, Sequence[Any]]
+NO_EXTRA: Extra = ("", ())
+
+
+class Dialect:
+    """What differs in the two engines' SQL; SQLite's here, PostgreSQL's in ``pg_schema``."""
+
+    p = "?"              # the driver's placeholder
+    lock = ""            # appended to the read of a row the transaction will update
+    skip_locked = ""     # appended to the claim's pick of the oldest queued task
+
+    def insert_events(self, conn: Any, task_id: str, first_seq: int,
+                      events: Sequence[AnyEvent], out: list[CommittedEvent]) -> None:
+        """Numbers ``events`` from ``first_seq``, inserts them, appends them to ``out``."""
+        rows = [(e.task_id, e.seq, e.type, e.data)
+                for e in numbered(task_id, first_seq, events, out)]
+        conn.executemany("INSERT INTO task_events(task_id, seq, type, data) VALUES (?,?,?,?)",
+                         rows)
+
+    def select_task(self, conn: Any, task_id: str, lock: bool = False) -> TaskRecord | None:
+        row = conn.execute(f"SELECT {COLUMNS} FROM tasks WHERE id = {self.p}"
+                           f"{self.lock if lock else ''}", (task_id,)).fetchone()
+        return None if row is None else record_from_row(row)
+
+    def select_by_response(self, conn: Any, response_id: str) -> TaskRecord | None:
+        row = conn.execute(f"SELECT {COLUMNS} FROM tasks WHERE response_id = {self.p}",
+                           (response_id,)).fetchone()
+        return None if row is None else record_from_row(row)
+
+    def select_page(self, conn: Any, principal: str, status: str | None, after: str | None,
+                    limit: int) -> list[TaskRecord]:
+        sql, params = list_statement(self.p, principal=principal, status=status, after=after,
+                                     limit=limit)
+        return [record_from_row(r) for r in conn.execute(sql, params).fetchall()]
+
+    def select_events(self, conn: Any, task_id: str, after: int,
+                      limit: int) -> list[CommittedEvent]:
+        rows = conn.execute(
+            f"SELECT seq, type, data FROM task_events WHERE task_id = {self.p} AND seq > {self.p} "
+            f"ORDER BY seq LIMIT {self.p}", (task_id, after, limit)).fetchall()
+        return [CommittedEvent(task_id, r[0], r[1], bytes(r[2])) for r in rows]
+
+    def select_counts(self, conn: Any) -> dict[str, int]:
+        return dict(conn.execute(STATUS_COUNTS_SQL).fetchall())
+
+    def replay_key(self, conn: Any, idem: IdempotencyClaim,
+                   created_at: float) -> CreateOutcome | None:
+        """The task a live key already names (``replayed``; ``KeyReusedError`` for another
+        fingerprint), else ``None`` after deleting a stale key: the caller inserts it."""
+        p = self.p
+        row = conn.execute(f"SELECT fingerprint, task_id, expires_at FROM idempotency_keys "
+                           f"WHERE scope = {p} AND key = {p}{self.lock}",
+                           (idem.scope, idem.key)).fetchone()
+        existing = self.select_task(conn, row[1]) if row is not None else None
+        if row is not None and existing is not None and row[2] > created_at:
+            if row[0] != idem.fingerprint:
+                raise KeyReusedError(idem.key)
+            return CreateOutcome(existing, replayed=True)
+        if row is not None:
+            conn.execute(f"DELETE FROM idempotency_keys WHERE scope = {p} AND key = {p}",
+                         (idem.scope, idem.key))
+        return None
+
+    def delete_finished(self, conn: Any, task_id: str) -> bool:
+        """``TaskStore.delete_task`` inside the caller's transaction."""
+        (first, first_params), *rest = delete_statements(self.p, task_id)
+        if conn.execute(first, first_params).rowcount == 0:
+            return False
+        for sql, params in rest:
+            conn.execute(sql, params)
+        return True
+
+    def purge_tasks(self, conn: Any, *, now: float, event_retention: float,
+                    task_retention: float) -> int:
+        counts = [conn.execute(sql, params).rowcount for sql, params in purge_statements(
+            self.p, now=now, event_retention=event_retention, task_retention=task_retention)]
+        return counts[0] + counts[-1]
+
+    def claim_oldest(self, conn: Any, now: float, set_extra: Extra = NO_EXTRA
+                     ) -> TaskRecord | None:
+        """The oldest ``queued`` task → ``loading`` (attempt + 1), or ``None``."""
+        p = self.p
+        row = conn.execute(
+            f"UPDATE tasks SET status = 'loading', attempt = attempt + 1, updated_at = {p}"
+            f"{set_extra[0]} WHERE seq = (SELECT seq FROM tasks WHERE status = 'queued' "
+            f"ORDER BY seq LIMIT 1{self.skip_locked}) AND status = 'queued' RETURNING {COLUMNS}",
+            (now, *set_extra[1])).fetchone()
+        return None if row is None else record_from_row(row)
+
+    def transition_in(self, conn: Any, out: list[CommittedEvent], task_id: str,
+                      from_states: Sequence[str], to_state: str,
+                      finish: FinishFactory | Finish | None, now: float, *,
+                      set_extra: Extra = NO_EXTRA, where_extra: Extra = NO_EXTRA
+                      ) -> Transition | None:
+        """One conditional UPDATE (the row read first, locked where the engine locks, so
+        ``finish`` sees what it updates) and its events, in the caller's transaction.
+        ``None`` = the task was not in ``from_states`` (another commit won)."""
+        current = self.select_task(conn, task_id, lock=True)
+        if current is None or current.status not in from_states:
+            return None
+        done = finish(current) if callable(finish) else (finish or Finish())
+        p = self.p
+        marks = ",".join([p] * len(from_states))
+        row = conn.execute(
+            f"UPDATE tasks SET status = {p}, updated_at = {p}, next_seq = next_seq + {p}, "
+            f"finished_at = CASE WHEN {p} THEN {p} ELSE finished_at END, "
+            f"response = COALESCE({p}, response), error = COALESCE({p}, error){set_extra[0]} "
+            f"WHERE id = {p} AND status IN ({marks}){where_extra[0]} RETURNING {COLUMNS}",
+            (to_state, now, len(done.events), to_state in TERMINAL, now, done.response,
+             done.error, *set_extra[1], task_id, *from_states, *where_extra[1])).fetchone()
+        if row is None:
+            return None
+        record = record_from_row(row)
+        events: list[CommittedEvent] = []
+        self.insert_events(conn, task_id, record.next_seq - len(done.events), done.events, events)
+        out.extend(events)
+        return Transition(record, events, current.status)
+
+    def append_in(self, conn: Any, out: list[CommittedEvent], task_id: str,
+                  events: Sequence[AnyEvent], while_states: Sequence[str],
+                  where_extra: Extra = NO_EXTRA) -> list[CommittedEvent] | None:
+        """``TaskStore.append_events`` inside the caller's transaction."""
+        p = self.p
+        marks = ",".join([p] * len(while_states))
+        row = conn.execute(
+            f"UPDATE tasks SET next_seq = next_seq + {p} WHERE id = {p} AND status IN ({marks})"
+            f"{where_extra[0]} RETURNING next_seq",
+            (len(events), task_id, *while_states, *where_extra[1])).fetchone()
+        if row is None:
+            return None
+        self.insert_events(conn, task_id, row[0] - len(events), events, out)
+        return list(out)
+
+
+def numbered(task_id: str, first_seq: int, events: Sequence[AnyEvent],
+             out: list[CommittedEvent]) -> list[CommittedEvent]:
+    """``events`` encoded with their sequence numbers (also appended to ``out``)."""
+    done = [CommittedEvent(task_id, first_seq + i, draft.type,
+                           encode(msgspec.structs.replace(draft, sequence_number=first_seq + i)))
+            for i, draft in enumerate(events)]
+    out.extend(done)
+    return done
+
+
+# (from states, to state, finish) -> the transition, or None when it lost
+Step = Callable[[Sequence[str], str, FinishFactory | None], Transition | None]
+# the same for the task given first
+TaskStep = Callable[[str, Sequence[str], str, FinishFactory | None], Transition | None]
+
+
+def cancel_in(step: Step, finish: FinishFactory,
+              current: Callable[[], TaskRecord | None]) -> tuple[TaskRecord | None, bool]:
+    """``TaskStore.request_cancel`` with the store's transition ``step``."""
+    won = step(("queued",), "cancelled", finish)
+    if won is None:   # any instance may ask; the owner finishes it
+        won = step(("loading", "running"), "cancelling", None)
+    if won is not None:
+        return won.task, True
+    return current(), False
+
+
+def recover_rows(rows: Sequence[Sequence[Any]], step: TaskStep, factory: RecoveryFactory,
+                 max_attempts: int) -> RecoveryReport:
+    """``recover`` over rows of (id, status, on_restart, attempt), each per its
+    ``restart_target``."""
+    counts = {"failed": 0, "queued": 0, "cancelled": 0}
+    for task_id, status, policy, attempt in rows:
+        target = restart_target(status, policy, attempt, max_attempts)
+        finish = None if target == "queued" else (lambda rec, t=target: factory(rec, t))
+        if step(task_id, (status,), target, finish) is not None:
+            counts[target] += 1
+    return RecoveryReport(failed=counts["failed"], requeued=counts["queued"],
+                          cancelled=counts["cancelled"])

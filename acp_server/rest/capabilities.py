@@ -2,7 +2,7 @@
 
     $ curl -s localhost:4170/capabilities
     {"v":1,"protocolVersions":{"current":"v1","supported":["v1"]},"mode":"http-bridge",
-     "features":["health",...],"workspaceCwd":"/abs/ws","transports":["rest"],
+     "features":["health",...],"workspaceCwd":"/abs/ws","transports":["rest","acp-http","acp-ws"],
      "policy":{"permission":"first-responder"},"limits":{"maxPendingPromptsPerSession":5,...}}
 
 ``features`` lists only tags whose behaviour is implemented here (clients gate on
@@ -52,12 +52,17 @@ def limits(bridge: Bridge) -> dict[str, Any]:
             "maxSessionsPerWorkspace": options.session_limit}
 
 
+# What this server serves, under the names @qwen-code/sdk's negotiateTransport() looks
+# for: REST + SSE, /acp over Streamable HTTP, /acp over WebSocket.
+TRANSPORTS = ["rest", "acp-http", "acp-ws"]
+
+
 def capabilities_body(bridge: Bridge, settings: Settings) -> dict[str, Any]:
     return {
         "v": 1, "protocolVersions": {"current": "v1", "supported": ["v1"]},
         "acpServerVersion": __version__, "mode": "http-bridge",
         "features": features(settings), "workspaceCwd": bridge.workspace_cwd,
-        "transports": ["rest"], "policy": {"permission": "first-responder"},
+        "transports": TRANSPORTS, "policy": {"permission": "first-responder"},
         "limits": limits(bridge),
         "agents": {"default": bridge.agents.default, "available": bridge.agents.names},
         "workspaces": workspaces(bridge),

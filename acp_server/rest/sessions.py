@@ -7,13 +7,16 @@
 
 Contracts: ``sessionScope`` ``single`` (default) attaches to the workspace's default
 session; ``thread`` always spawns; a ``sessionId`` override must be a UUID v1–v5 and
-forces ``thread``. Creation is 200 (not 201) as on the peer; branch is 201.
+forces ``thread``. Creation is 200 (not 201) as on the peer; branch is 201. ``/load``
+carries the history (``compactedReplay``, ``liveJournal``, ``promptTerminals``, with
+``lastEventId`` after them, ``bridge.history``); ``/resume`` carries none.
 """
 
 from __future__ import annotations
 
 import datetime
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -38,11 +41,27 @@ def created(info: SessionInfo) -> wire.SessionCreated:
                                createdAt=info.created_at, eventEpoch=info.event_epoch)
 
 
-def restored(info: SessionInfo) -> wire.SessionRestored:
-    return wire.SessionRestored(sessionId=info.session_id, workspaceCwd=info.workspace_cwd,
-                                attached=info.attached, clientId=info.client_id,
-                                createdAt=info.created_at, hasActivePrompt=info.has_active_prompt,
-                                lastEventId=info.last_event_id, eventEpoch=info.event_epoch)
+def _state(info: SessionInfo) -> dict[str, Any]:
+    """The agent's session state (its session/new or load answer, less the id)."""
+    return {k: v for k, v in info.agent_result.items() if k != "sessionId"}
+
+
+def restored(info: SessionInfo) -> wire.SessionRestored | wire.SessionLoaded:
+    """``/resume`` (no history) or ``/load`` (``info.history`` set)."""
+    history = info.history
+    if history is None:
+        return wire.SessionRestored(
+            sessionId=info.session_id, workspaceCwd=info.workspace_cwd, attached=info.attached,
+            clientId=info.client_id, createdAt=info.created_at, state=_state(info),
+            hasRunningBackgroundTasks=False, hasActivePrompt=info.has_active_prompt,
+            lastEventId=info.last_event_id, eventEpoch=info.event_epoch)
+    return wire.SessionLoaded(
+        sessionId=info.session_id, workspaceCwd=info.workspace_cwd, attached=info.attached,
+        clientId=info.client_id, createdAt=info.created_at, state=_state(info),
+        hasRunningBackgroundTasks=False, hasActivePrompt=info.has_active_prompt,
+        compactedReplay=history.compacted_replay, liveJournal=history.live_journal,
+        lastEventId=history.last_event_id, eventEpoch=info.event_epoch,
+        promptTerminals=history.prompt_terminals)
 
 
 async def create_session(request: Request) -> Response:

@@ -25,6 +25,7 @@ from starlette.requests import Request
 
 from acp_server.http import body
 from acp_server.rest.errors import RestError, bad_request
+from bridge.history import PromptTerminal
 
 T = TypeVar("T")
 
@@ -73,14 +74,37 @@ class SessionCreated(msgspec.Struct, omit_defaults=True):
 
 
 class SessionRestored(msgspec.Struct):
+    """``/resume``: the peer's fields in the peer's order; no history."""
+
     sessionId: str
     workspaceCwd: str
     attached: bool
     clientId: str
     createdAt: str
+    state: dict[str, Any]   # the agent's session state (modes, configOptions, models, ...)
+    hasRunningBackgroundTasks: bool
     hasActivePrompt: bool
     lastEventId: int
     eventEpoch: str
+
+
+class SessionLoaded(msgspec.Struct):
+    """``/load``: ``/resume``'s fields plus the history; ``lastEventId`` is the id of
+    the last event in ``compactedReplay`` + ``liveJournal`` (subscribe from it)."""
+
+    sessionId: str
+    workspaceCwd: str
+    attached: bool
+    clientId: str
+    createdAt: str
+    state: dict[str, Any]
+    hasRunningBackgroundTasks: bool
+    hasActivePrompt: bool
+    compactedReplay: list[msgspec.Raw]   # bus events, adjacent agent_message_chunks joined
+    liveJournal: list[msgspec.Raw]       # the running prompt's events
+    lastEventId: int
+    eventEpoch: str
+    promptTerminals: list[PromptTerminal]
 
 
 class ForkedFrom(msgspec.Struct):

@@ -58,16 +58,22 @@ def session_summary(bridge: Bridge, session: Session) -> dict[str, Any]:
     return summary
 
 
+def _decimal(text: str) -> bool:
+    """ASCII digits only (``str.isdigit`` also takes ``²`` and ``١``, which ``int``
+    refuses or reads as another number)."""
+    return text.isascii() and text.isdigit()
+
+
 def _page_args(request: Request) -> tuple[int, int]:
     raw_size = request.query_params.get("size")
     size = DEFAULT_PAGE_SIZE
     if raw_size is not None:
-        if not raw_size.isdigit() or not 1 <= int(raw_size) <= MAX_PAGE_SIZE:
+        if not _decimal(raw_size) or not 1 <= int(raw_size) <= MAX_PAGE_SIZE:
             raise bad_request(f"`size` must be an integer from 1 to {MAX_PAGE_SIZE}",
                               "invalid_session_page_size")
         size = int(raw_size)
     cursor = request.query_params.get("cursor") or "0"
-    if not cursor.isdigit() or len(cursor) > 9:
+    if not _decimal(cursor) or len(cursor) > 9:
         raise bad_request(f'Invalid cursor: "{cursor[:64]}" is not a valid live cursor',
                           "invalid_cursor")
     return size, int(cursor)

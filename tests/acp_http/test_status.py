@@ -77,12 +77,21 @@ async def test_session_header_mismatch_400(server: RunningAcpServer) -> None:
     assert response.json()["id"] == 3
 
 
-async def test_session_method_without_session_header_400(server: RunningAcpServer) -> None:
+async def test_session_method_without_any_session_id_400(server: RunningAcpServer) -> None:
+    conn_id, _ = await server.initialize()
+    message = request(3, "session/prompt", {"prompt": []})
+    response = await server.post(conn_id, message)
+    assert response.status_code == 400
+    assert rpc_error(response.content) == {"code": -32600,
+                                           "message": "Missing Acp-Session-Id for session/prompt"}
+
+
+async def test_session_method_falls_back_to_params_session_id(server: RunningAcpServer) -> None:
+    """qwen's AcpHttpTransport sends ``params.sessionId`` without the header."""
     conn_id, _ = await server.initialize()
     message = request(3, "session/prompt", {"sessionId": "a", "prompt": []})
     response = await server.post(conn_id, message)
-    assert response.status_code == 400
-    assert rpc_error(response.content)["code"] == -32600
+    assert response.status_code == 202 and response.content == b""
 
 
 async def test_post_over_body_limit_413(tmp_path: Path) -> None:

@@ -100,3 +100,43 @@ async def test_websocket_auth(tmp_path: Path) -> None:
             async with ws_connect(srv.base_url, headers={"Authorization": "Bearer s3cret",
                                                          "Origin": "http://evil.example"}):
                 pass
+
+
+async def _new_socket_load(server: RunningAcpServer, sid: str) -> tuple[list[dict], dict]:
+    """The reconnect recipe on a fresh socket: initialize, session/load; every message
+    up to the load's answer."""
+    async with ws_connect(server.base_url) as ws:
+        await ws.send_json(INIT)
+        await ws.receive_json()
+        await ws.send_json(request(7, "session/load", {"sessionId": sid, "cwd": server.workspace,
+                                                       "mcpServers": []}))
+        seen: list[dict] = []
+        reply = await ws.wait_for(lambda m: seen.append(m) or _is(7)(m))
+        return seen[:-1], reply
+
+
+def _history(messages: list[dict]) -> list[tuple[str, str]]:
+    return [(m["params"]["update"]["sessionUpdate"], m["params"]["update"]["content"]["text"])
+            for m in messages if m.get("method") == "session/update"]
+
+
+@pytest.mark.parametrize("cold", [False, True], ids=["live", "cold"])
+async def test_websocket_load_streams_history_before_answering(server: RunningAcpServer,
+                                                                cold: bool) -> None:
+    async with ws_connect(server.base_url) as ws:
+        await ws.send_json(INIT)
+        await ws.receive_json()
+        await ws.send_json(request(1, "session/new", {"cwd": server.workspace, "mcpServers": []}))
+        sid = (await ws.wait_for(_is(1)))["result"]["sessionId"]
+        await ws.send_json(request(2, "session/prompt", {"sessionId": sid,
+                                                         "prompt": text("/chunks 2 remember me")}))
+        await ws.wait_for(_is(2))
+        if cold:
+            await ws.send_json(request(3, "session/close", {"sessionId": sid}))
+            await ws.wait_for(_is(3))
+    before, reply = await _new_socket_load(server, sid)
+    assert "error" not in reply
+    history = _history(before)
+    assert history[0] == ("user_message_chunk", "/chunks 2 remember me")
+    assert "".join(t for kind, t in history if kind == "agent_message_chunk") == \
+        "Echo: remember me"

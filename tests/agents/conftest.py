@@ -7,37 +7,15 @@ missing. A failed install is a failure, not a skip.
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-from pathlib import Path
-
 import pytest
+
+from tests.npm import installed
 
 QWEN_PACKAGE = "@qwen-code/qwen-code@0.24.4"
 CLAUDE_PACKAGE = "@zed-industries/claude-agent-acp@0.23.1"
 
 
-def _cache() -> Path:
-    return Path(os.environ.get("ACP_SERVER_AGENT_CACHE",
-                               Path.home() / ".cache" / "acp-server" / "npm"))
-
-
-def _installed(package: str, entry: str) -> str:
-    """The path of ``entry`` inside the npm cache, installing ``package`` on first use."""
-    npm, node = shutil.which("npm"), shutil.which("node")
-    if npm is None or node is None:
-        pytest.skip("npm/node not installed: the real-agent suite needs them")
-    cache = _cache()
-    path = cache / "node_modules" / entry
-    if not path.exists():
-        cache.mkdir(parents=True, exist_ok=True)
-        if not (cache / "package.json").exists():
-            (cache / "package.json").write_text('{"name": "acp-server-agent-cache", "private": true}\n')
-        subprocess.run([npm, "install", package, "--no-audit", "--no-fund", "--loglevel=error"],
-                       cwd=cache, check=True, timeout=600)
-    assert path.exists(), f"{package} installed no {path}"
-    return str(path)
+_installed = installed   # the shared helper (tests/npm.py)
 
 
 @pytest.fixture(scope="session")

@@ -14,6 +14,7 @@ from acp_server.client import (EventHistoryExpiredError, LmspProblem, TaskClient
 from acp_server.client.tasks import IdempotencyKeyReusedError, InvalidRequestError
 from acp_server.lmsp import LmspConfig
 from tests.client.harness import DropEvents, Recorder, lmsp_daemon
+from tests.lmsp.server import FakeClock
 
 pytestmark = pytest.mark.anyio
 
@@ -111,11 +112,12 @@ async def test_events_resume_after_a_drop(tmp_path: Path) -> None:
 
 
 async def test_event_history_expired(tmp_path: Path) -> None:
-    config = LmspConfig(event_retention_s=0.2, purge_interval_s=0.05)
+    clock = FakeClock()   # expiry is judged by the service's clock
+    config = LmspConfig(event_retention_s=0.2, purge_interval_s=3600, clock=clock)
     async with lmsp_daemon(tmp_path, config=config) as srv, TaskClient(srv.url) as tasks:
         task = await tasks.create(request("x"))
         await tasks.wait(task.id)
-        await anyio.sleep(0.5)
+        clock.advance(0.5)
         with pytest.raises(EventHistoryExpiredError) as info:
             await collect(tasks, task.id)
         assert info.value.status == 410 and info.value.code == "event_history_expired"

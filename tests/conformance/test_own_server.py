@@ -24,7 +24,6 @@ async def test_every_check_passes_against_our_server(tmp_path):
     assert failed == {}
 
 
-@pytest.mark.xfail(strict=False, reason=KNOWN_FAILING["acp-http.load.history-first"])
 async def test_session_load_streams_the_history_before_its_answer(tmp_path):
     async with running_target(tmp_path) as url:
         report = await run_conformance(url, options=FAST, suites=["acp-http"])

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,19 @@ TERMINAL = {"succeeded", "failed", "cancelled"}
 
 def envelope(text: str, **extra: Any) -> dict[str, Any]:
     return {"type": "response", "input": {"model": "reference", "input": text}, **extra}
+
+
+class FakeClock:
+    """A wall clock the test moves: ``LmspConfig(clock=clock)``, then ``clock.advance(s)``."""
+
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
 
 
 @dataclass

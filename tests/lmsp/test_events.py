@@ -9,7 +9,7 @@ import pytest
 from httpx_sse import aconnect_sse
 
 from acp_server.lmsp import LmspConfig
-from tests.lmsp.server import LmspServer, running_lmsp
+from tests.lmsp.server import FakeClock, LmspServer, running_lmsp
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("store_name")]
 
@@ -132,11 +132,14 @@ async def test_live_subscriber_receives_the_cancel(tmp_path: Path) -> None:
 
 
 async def test_retention_410_then_404(tmp_path: Path) -> None:
-    config = LmspConfig(event_retention_s=0.3, task_retention_s=0.8, purge_interval_s=0.1)
+    clock = FakeClock()   # the purge runs when the test says, on the test's clock
+    config = LmspConfig(event_retention_s=0.3, task_retention_s=0.8, purge_interval_s=3600,
+                        clock=clock)
     async with running_lmsp(tmp_path, config=config) as srv:
         task = await srv.create("x")
         await srv.wait(task["id"])
-        await anyio.sleep(0.5)
+        clock.advance(0.5)
+        await srv.service.purge_once()
         response = await srv.client.get(f"/lmsp/v1/tasks/{task['id']}/events")
         assert response.status_code == 410
         assert response.headers["x-should-retry"] == "false"
@@ -148,10 +151,41 @@ async def test_retention_410_then_404(tmp_path: Path) -> None:
             "task_id": task["id"], "earliest_sequence_number": None, "retention_seconds": 0}
         assert (await srv.get(task["id"]))["status"] == "succeeded"
         assert await srv.service.store.read_events(task["id"], -1, 10) == []
-        await anyio.sleep(0.6)
+        clock.advance(0.6)
+        await srv.service.purge_once()
         response = await srv.client.get(f"/lmsp/v1/tasks/{task['id']}")
         assert response.status_code == 404 and response.json()["code"] == "task_not_found"
         assert await srv.service.store.get_task(task["id"]) is None
+
+
+async def test_retention_is_judged_by_the_clock_before_the_purge(tmp_path: Path) -> None:
+    clock = FakeClock()
+    config = LmspConfig(event_retention_s=0.3, task_retention_s=0.8, purge_interval_s=3600,
+                        clock=clock)
+    async with running_lmsp(tmp_path, config=config) as srv:
+        task = await srv.create("x")
+        await srv.wait(task["id"])
+        clock.advance(0.5)
+        response = await srv.client.get(f"/lmsp/v1/tasks/{task['id']}/events")
+        assert response.status_code == 410
+        assert len(await srv.service.store.read_events(task["id"], -1, 10)) > 0   # not purged
+        clock.advance(0.6)
+        response = await srv.client.get(f"/lmsp/v1/tasks/{task['id']}")
+        assert response.status_code == 404
+        assert await srv.service.store.get_task(task["id"]) is not None
+
+
+async def test_the_purge_runs_every_interval(tmp_path: Path) -> None:
+    clock = FakeClock()
+    config = LmspConfig(event_retention_s=0.3, task_retention_s=0.8, purge_interval_s=0.01,
+                        clock=clock)
+    async with running_lmsp(tmp_path, config=config) as srv:
+        task = await srv.create("x")
+        await srv.wait(task["id"])
+        clock.advance(1.0)
+        with anyio.fail_after(10):   # the background purge deletes it within an interval
+            while await srv.service.store.get_task(task["id"]) is not None:
+                await anyio.sleep(0.01)
 
 
 async def test_keep_alive_comment(tmp_path: Path) -> None:

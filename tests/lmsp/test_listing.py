@@ -93,6 +93,8 @@ async def test_tasks_past_retention_are_left_out(tmp_path: Path, store_name: str
     ("limit=0", "limit"), ("limit=101", "limit"), ("limit=ten", "limit"), ("limit=-1", "limit"),
     ("status=done", "status"), ("after=nope", "after"),
     ("after=task_00000000000000000000000000", "after"),
+    # digits to str.isdigit, not to int: superscript two, Arabic-Indic one, fullwidth one
+    ("limit=%C2%B2", "limit"), ("limit=%D9%A1", "limit"), ("limit=%EF%BC%91", "limit"),
 ])
 async def test_bad_parameters_are_problems(server: LmspServer, query: str, param: str) -> None:
     response = await server.client.get(f"/lmsp/v1/tasks?{query}")

@@ -1,4 +1,5 @@
-"""``model`` → agent: the bridge's agents by name, ``reference`` always (§6.1)."""
+"""``model`` → agent: the bridge's agents by name, plus what the composition maps (§6.1;
+``acp_server.cli`` always configures ``reference``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 
 from acp_server.lmsp import open_lmsp
 from acp_server.lmsp.requests import parse_task_envelope
+from acp_server.lmsp.service import bridge_models
 from bridge import Bridge
 from bridge.agents.reference import ReferenceAgentFactory
 
@@ -29,11 +31,13 @@ async def _run(service: object, model: str) -> str:
     return (await service.wait_terminal(record.id)).status  # type: ignore
 
 
-async def test_every_bridge_agent_is_a_model_and_reference_is_always_there() -> None:
+async def test_every_bridge_agent_is_a_model_and_composed_models_join_them() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         async with Bridge(Renamed(), workspace_cwd=tmp,
                           agents={"second": ReferenceAgentFactory()}) as bridge, \
-                open_lmsp(bridge, state_dir=tmp) as service:
+                Bridge(ReferenceAgentFactory(), workspace_cwd=tmp) as private, \
+                open_lmsp(bridge, state_dir=tmp, models={
+                    **bridge_models(bridge), "reference": (private, None)}) as service:
             assert service.capabilities().models == ["house-agent", "reference", "second"]
             assert service.models["reference"][0] is not bridge   # a private reference bridge
             for model in ("house-agent", "second", "reference"):
@@ -41,10 +45,16 @@ async def test_every_bridge_agent_is_a_model_and_reference_is_always_there() -> 
 
 
 class SlowStart(ReferenceAgentFactory):
+    """Starts once the test opens ``gate``: the task stays ``loading`` until then."""
+
     name = "slow"
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = anyio.Event()
+
     async def connect(self, client: object, task_group: object) -> object:
-        await anyio.sleep(0.4)
+        await self.gate.wait()
         return await super().connect(client, task_group)  # type: ignore[arg-type]
 
 
@@ -70,8 +80,9 @@ async def test_loading_then_failed_when_the_agent_cannot_start(tmp_path: Path) -
 
 
 async def test_cancel_while_loading(tmp_path: Path) -> None:
+    slow = SlowStart()
     async with Bridge(ReferenceAgentFactory(), workspace_cwd=str(tmp_path),
-                      agents={"slow": SlowStart()}) as bridge, \
+                      agents={"slow": slow}) as bridge, \
             open_lmsp(bridge, state_dir=str(tmp_path)) as service:
         body = {"type": "response", "input": {"model": "slow", "input": "hi"}}
         parsed = parse_task_envelope(body)
@@ -82,6 +93,7 @@ async def test_cancel_while_loading(tmp_path: Path) -> None:
                 await anyio.sleep(0.01)
         cancelling = await service.cancel(record.id)
         assert cancelling.status == "cancelling"
+        slow.gate.set()
         done = await service.wait_terminal(record.id)
         assert done.status == "cancelled"
         events = await service.store.read_events(record.id, -1, 10)

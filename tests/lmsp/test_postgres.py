@@ -21,8 +21,7 @@ from acp_server.lmsp import LmspService, open_lmsp
 from acp_server.lmsp.postgres import MIGRATIONS, PostgresTaskStore
 from acp_server.lmsp.requests import parse_task_envelope
 from acp_server.lmsp.responses import created_event, recovery_finish
-from acp_server.lmsp.service import _record_of
-from acp_server.lmsp.store import IdempotencyClaim
+from acp_server.lmsp.store import IdempotencyClaim, queued_record
 from bridge import Bridge
 from bridge.agents.reference import ReferenceAgentFactory
 from tests.lmsp import stores
@@ -81,7 +80,7 @@ async def test_idempotency_key_across_instances(url: str) -> None:
 
         async def post(store: PostgresTaskStore) -> None:
             task = new_task()
-            outcomes.append(await store.create_task(task, created_event(_record_of(task)),
+            outcomes.append(await store.create_task(task, created_event(queued_record(task)),
                                                     claim))
 
         async with anyio.create_task_group() as tg:
@@ -97,7 +96,7 @@ async def test_lost_lease_writes_nothing_and_expiry_is_recovered(url: str) -> No
         assert (await a.claim_next(time.time())) is not None
         assert await a.transition(task_id, ("loading",), "running", now=1) is not None
         assert (await b.recover(recovery_finish, max_attempts=3, now=2)).failed == 0
-        await anyio.sleep(0.7)   # A stops renewing: its lease expires
+        b.clock_offset_s = 0.7   # 0.7 s on, A has not renewed: its lease expired
         assert (await b.recover(recovery_finish, max_attempts=3, now=3)).failed == 1
         # A's late writes lose: the task is B's verdict
         assert await a.transition(task_id, ("running",), "succeeded", terminal(), now=4) is None
@@ -112,8 +111,9 @@ async def test_renewal_keeps_the_lease(url: str) -> None:
     async with two_stores(url, lease_s=0.5) as (a, b):
         task_id = await create(a, "fail")
         await a.claim_next(time.time())
-        for _ in range(4):
-            await anyio.sleep(0.25)
+        for _ in range(4):   # 1 s on the database clock, past the 0.5 s lease
+            a.clock_offset_s += 0.25
+            b.clock_offset_s += 0.25
             owned, cancelling = await a.renew_leases()
             assert owned == {task_id} and not cancelling
         assert (await b.recover(recovery_finish, max_attempts=3, now=2)).failed == 0
@@ -141,11 +141,11 @@ async def test_notices_reach_the_other_instance(url: str) -> None:
 
 @contextlib.asynccontextmanager
 async def service_on(url: str, workspace: Path, max_running: int,
-                     notices: bool) -> AsyncIterator[LmspService]:
+                     notices: bool, poll_s: float = 0.2) -> AsyncIterator[LmspService]:
     """An in-process instance; ``notices=False`` drops every NOTIFY (polling only)."""
     workspace.mkdir(exist_ok=True)
     store = PostgresTaskStore(url, lease_s=stores.TEST_LEASE_S, renew_s=stores.TEST_RENEW_S,
-                              poll_s=0.2)
+                              poll_s=poll_s)
     if not notices:
         store._deliver = lambda payload: None  # type: ignore[method-assign]
     async with Bridge(ReferenceAgentFactory(), workspace_cwd=str(workspace)) as bridge, \
@@ -181,6 +181,21 @@ async def test_polling_alone_carries_events_work_and_cancels(url: str, tmp_path:
         with anyio.fail_after(5):
             while (await b.get_task(long_id)).status != "cancelled":
                 await anyio.sleep(0.05)
+
+
+@pytest.mark.parametrize("notices", [True, False], ids=["notices", "polling"])
+async def test_wait_terminal_wakes_for_another_instances_commit(
+        url: str, tmp_path: Path, notices: bool) -> None:
+    """B waits for a task A runs: woken by A's notice alone (B polls once an hour), or
+    by B's polling alone (notices dropped); ``wait_terminal`` itself never polls."""
+    poll_s = 3600 if notices else 0.2
+    async with service_on(url, tmp_path / "a", 1, notices=notices, poll_s=poll_s), \
+            service_on(url, tmp_path / "b", 0, notices=notices, poll_s=poll_s) as b:
+        task_id = await _create(b, "/sleep 100ms done")   # runs on A
+        with anyio.fail_after(10):
+            done = await b.wait_terminal(task_id)
+        assert done.status == "succeeded"
+        assert b.hub.watchers(task_id) == 0
 
 
 async def test_open_lmsp_picks_postgres_from_the_url(url: str, tmp_path: Path) -> None:

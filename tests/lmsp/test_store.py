@@ -17,7 +17,7 @@ import anyio
 import pytest
 
 from acp_server.lmsp.responses import created_event, error_finish, recovery_finish
-from acp_server.lmsp.service import _record_of, new_id
+from acp_server.lmsp.service import new_id
 from acp_server.lmsp.postgres import PostgresTaskStore
 from acp_server.lmsp.sqlite import SqliteTaskStore
 from acp_server.lmsp.store import (
@@ -28,6 +28,7 @@ from acp_server.lmsp.store import (
     NewTask,
     QueueFullError,
     TaskStore,
+    queued_record,
 )
 from acp_server.lmsp.wire import ResponseEvent
 from tests.lmsp.stores import SKIP_POSTGRES, STORE_FACTORIES, postgres_dsn, selected_stores
@@ -60,7 +61,7 @@ def new_task(policy: str = "fail", model: str = "reference") -> NewTask:
 async def create(store: TaskStore, policy: str = "fail", idem: IdempotencyClaim | None = None
                  ) -> str:
     task = new_task(policy)
-    outcome = await store.create_task(task, created_event(_record_of(task)), idem)
+    outcome = await store.create_task(task, created_event(queued_record(task)), idem)
     return outcome.task.id
 
 
@@ -255,7 +256,7 @@ async def test_events_are_published_only_after_commit(tmp_path: Path) -> None:
         await store.claim_next(time.time())
         await store.transition(task_id, ("loading",), "running", now=1)
         drafts = [ResponseEvent(type="response.in_progress",
-                                response=created_event(_record_of(new_task())).response)] * 3
+                                response=created_event(queued_record(new_task())).response)] * 3
         await store.append_events(task_id, drafts, ("running",))
         await store.transition(task_id, ("running",), "succeeded", terminal(), now=2)
         assert seen == [0, 1, 2, 3, 4]
@@ -269,7 +270,7 @@ async def test_queue_limit_holds_for_concurrent_creates(store_factory: StoreFact
         async def post() -> None:
             task = new_task()
             try:
-                await store.create_task(task, created_event(_record_of(task)), None,
+                await store.create_task(task, created_event(queued_record(task)), None,
                                         max_queued=10)
                 outcomes.append("created")
             except QueueFullError:

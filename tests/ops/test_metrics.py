@@ -100,7 +100,9 @@ async def test_the_scripted_scenario(tmp_path: Path) -> None:
     assert value(samples, "acp_server_prompts_pending") == 5
     assert value(samples, "acp_server_prompts_running") == 1
     assert value(samples, "acp_server_prompts_queued") == 4
-    assert value(samples, "acp_server_sessions") == 1
+    # the REST session, and the task's: a completed response keeps its ACP session
+    # for a continuation (previous_response_id, LmspConfig.live_sessions)
+    assert value(samples, "acp_server_sessions") == 2
     assert value(samples, "acp_server_sse_evictions_total") == 1
     assert value(samples, "acp_server_lmsp_tasks", status="succeeded") == 1
     assert value(samples, "acp_server_lmsp_tasks", status="queued") == 0

@@ -140,7 +140,7 @@ def test_lmsp_errors_are_problems_and_rest_errors_are_rest_bodies() -> None:
 def live_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``acp-server serve`` in a child process, session cap off (no legitimate 5xx)."""
     workspace = tmp_path_factory.mktemp("fuzz")
-    env = {**os.environ, "ACP_SERVER_TOKEN": ""}
+    env = {k: v for k, v in os.environ.items() if k != "ACP_SERVER_TOKEN"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "acp_server", "serve", "--port", "0", "--workspace",
          str(workspace), "--state-dir", str(workspace / "state"), "--max-sessions", "0"],
@@ -167,12 +167,17 @@ def test_the_live_server_serves_the_document(live_url: str) -> None:
 
 SCHEMA = schemathesis.openapi.from_dict(openapi.document())
 OPERATIONS = [result.ok() for result in SCHEMA.get_all_operations()]
+# operations with a query parameter narrower than any string (an integer, a pattern, an enum)
+TYPED_QUERY = {f"{method.upper()} {path}" for path, item in SCHEMA.raw_schema["paths"].items()
+               for method, op in item.items()
+               if any(p["in"] == "query" and p["schema"] != {"type": "string"}
+                      for p in op.get("parameters", ()))}
 # (operation, mode): the documented examples (e.g. model `reference`), positive cases,
-# and negative cases where there is a body to break (path, query and header parameters
-# are strings, which every wire value is)
+# and negative cases where there is a body or a typed query parameter to break (path and
+# header parameters are strings, which every wire value is)
 CASES = [pytest.param(op, mode, id=f"{op.label} {mode}") for op in OPERATIONS
          for mode in ("examples", "positive", "negative")
-         if mode == "positive" or (mode == "negative" and op.body)
+         if mode == "positive" or (mode == "negative" and (op.body or op.label in TYPED_QUERY))
          or (mode == "examples" and op.get_strategies_from_examples())]
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
           response_schema_conformance]
@@ -218,6 +223,96 @@ def test_the_live_server_conforms_through_links(live_url: str, door: str) -> Non
 
 
 STATEFUL_EXAMPLES = int(os.environ.get("OPENAPI_FUZZ_STATEFUL", "30"))
+
+
+def _caller(live_url: str) -> Any:
+    """``call(label, expected status, **case fields)``: one request through schemathesis,
+    its answer checked against the document with every check."""
+    by_label = {op.label: op for op in OPERATIONS}
+
+    def call(label: str, status: int, **kwargs: Any) -> Any:
+        case = by_label[label].Case(**kwargs)
+        response = case.call(base_url=live_url, timeout=20)
+        case.validate_response(response, checks=CHECKS)
+        assert response.status_code == status, (label, response.status_code, response.text)
+        return response
+
+    return call
+
+
+def test_the_live_server_conforms_on_real_responses_and_tasks(live_url: str) -> None:
+    """The answers that need an existing response or task, on real ones. (The stateful
+    run does not start from the creating POSTs: schemathesis reads their optional
+    ``previous_response_id`` as a reference nothing produces, so it never takes them as
+    entry points.)"""
+    call = _caller(live_url)
+    create = "POST /lmsp/v1/responses"
+    done = call(create, 200, body={"model": "reference", "input": "hello"}).json()
+    assert done["status"] == "completed"
+    one = {"response_id": done["id"]}
+    held = call(create, 200, body={"model": "reference", "input": "/sleep 30s hold",
+                                   "background": True}).json()
+    assert held["status"] in ("queued", "in_progress") and held["background"] is True
+    running = {"response_id": held["id"]}
+    call(create, 409, body={"model": "reference", "input": "next",
+                            "previous_response_id": held["id"]})
+    call(create, 404, body={"model": "reference", "input": "next",
+                            "previous_response_id": "resp_unknown"})
+    call(create, 400, body={"model": "reference", "input": "x", "background": True,
+                            "store": False})
+    call("GET /lmsp/v1/responses/{response_id}", 200, path_parameters=running)
+    call("DELETE /lmsp/v1/responses/{response_id}", 409, path_parameters=running)
+    cancelled = call("POST /lmsp/v1/responses/{response_id}/cancel", 200,
+                     path_parameters=running).json()
+    assert cancelled["status"] == "cancelled"
+    streamed = call(create, 200, body={"model": "reference", "input": "more", "stream": True,
+                                       "previous_response_id": done["id"]})
+    assert "event: response.completed" in streamed.text
+
+    get = "GET /lmsp/v1/responses/{response_id}"
+    events = call(get, 200, path_parameters=one, query={"stream": "true"}).text
+    last = events.rstrip().rsplit("\nid: ", 1)[-1].split("\n", 1)[0]
+    call(get, 200, path_parameters=one, query={"stream": "1", "starting_after": "0"})
+    call(get, 204, path_parameters=one, query={"stream": "true", "starting_after": last})
+    call(get, 400, path_parameters=one, query={"stream": "true", "starting_after": "99999"})
+    call(get, 400, path_parameters=one, query={"stream": "maybe"})
+    call("POST /lmsp/v1/responses/{response_id}/cancel", 400, path_parameters=one)
+
+    task = call("POST /lmsp/v1/tasks", 202, body={
+        "type": "response", "input": {"model": "reference", "input": "a task"}}).json()
+    listed = call("GET /lmsp/v1/tasks", 200, query={"limit": "2"}).json()
+    assert listed["data"] and listed["has_more"] is True
+    call("GET /lmsp/v1/tasks", 200, query={"after": listed["last_id"], "status": "succeeded"})
+    call("GET /lmsp/v1/tasks", 400, query={"after": "task_unknown"})
+    call("GET /lmsp/v1/tasks/{task_id}/events", 200, path_parameters={"task_id": task["id"]})
+    call("GET /lmsp/v1/tasks/{task_id}", 200, path_parameters={"task_id": task["id"]})
+
+    deleted = call("DELETE /lmsp/v1/responses/{response_id}", 200, path_parameters=one).json()
+    assert deleted == {"id": done["id"], "object": "response.deleted", "deleted": True}
+    call(get, 404, path_parameters=one)
+    call("DELETE /lmsp/v1/responses/{response_id}", 404, path_parameters=one)
+
+
+def test_the_live_server_conforms_on_a_real_workspace(live_url: str) -> None:
+    """``/workspace/{id}/sessions`` with the id of ``/capabilities`` and live sessions,
+    and the web console's files."""
+    call = _caller(live_url)
+    workspace = call("GET /capabilities", 200).json()["workspaces"][0]["id"]
+    for _ in range(2):
+        call("POST /session", 200, body={"sessionScope": "thread"})
+    page = "GET /workspace/{workspace}/sessions"
+    first = call(page, 200, path_parameters={"workspace": workspace}, query={"size": "1"})
+    cursor = first.json()["nextCursor"]
+    call(page, 200, path_parameters={"workspace": workspace},
+         query={"size": "100", "cursor": cursor})
+    call(page, 400, path_parameters={"workspace": workspace}, query={"cursor": "x"})
+    call(page, 404, path_parameters={"workspace": "0" * 16})
+    agents = call("GET /daemon/status", 200).json()["agents"]
+    assert any(a["name"] == "reference" and a["default"] for a in agents)
+    assert call("GET /", 200).headers["content-type"][0].startswith("text/html")
+    for name in ("app.js", "style.css", "index.html"):
+        call("GET /web/{name}", 200, path_parameters={"name": name})
+    call("GET /web/{name}", 404, path_parameters={"name": "missing.js"})
 
 
 @pytest.mark.anyio

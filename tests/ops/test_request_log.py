@@ -173,7 +173,7 @@ def test_the_cli_writer_and_the_logger_write_the_same_lines(log_format: str) -> 
 
 
 def test_serve_logs_json_lines(tmp_path: Path) -> None:
-    env = {**os.environ, "ACP_SERVER_TOKEN": ""}
+    env = {k: v for k, v in os.environ.items() if k != "ACP_SERVER_TOKEN"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "acp_server", "serve", "--port", "0", "--workspace",
          str(tmp_path), "--state-dir", str(tmp_path / "state"), "--log-format", "json"],

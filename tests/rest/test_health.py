@@ -33,7 +33,7 @@ async def test_capabilities_envelope(server: RunningServer) -> None:
     assert body["v"] == 1
     assert body["protocolVersions"] == {"current": "v1", "supported": ["v1"]}
     assert body["mode"] == "http-bridge"
-    assert body["transports"] == ["rest"]
+    assert body["transports"] == ["rest", "acp-http", "acp-ws"]
     assert body["policy"] == {"permission": "first-responder"}
     assert body["workspaceCwd"] == server.settings.workspace
     assert body["limits"]["maxPendingPromptsPerSession"] == 5

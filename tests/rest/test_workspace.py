@@ -82,6 +82,10 @@ async def test_unlimited_cap_is_null(tmp_path: Path) -> None:
     ("size=0", "invalid_session_page_size"), ("size=101", "invalid_session_page_size"),
     ("size=x", "invalid_session_page_size"), ("cursor=-1", "invalid_cursor"),
     ("cursor=abc", "invalid_cursor"), ("cursor=" + "9" * 40, "invalid_cursor"),
+    # digits to str.isdigit, not to int: superscript two, Arabic-Indic one, fullwidth one
+    ("size=%C2%B2", "invalid_session_page_size"), ("size=%D9%A1", "invalid_session_page_size"),
+    ("size=%EF%BC%91", "invalid_session_page_size"), ("cursor=%C2%B2", "invalid_cursor"),
+    ("cursor=%D9%A1", "invalid_cursor"),
 ])
 async def test_bad_query_is_400(server: RunningServer, query: str, code: str) -> None:
     wid = await _workspace_id(server)

@@ -1,0 +1,122 @@
+"""A session's history as ``load`` hands it over: the compacted replay, the live
+journal, the prompt terminals and the cursor placed after them (as ``qwen serve``).
+
+    history = session_history(session)
+    history.compacted_replay   # [b'{"id":1,"v":1,"type":"session_update",...}', ...]
+    history.live_journal       # the running prompt's events, as published
+    history.prompt_terminals   # [PromptTerminal(promptId=..., terminal="completed", ...)]
+    history.last_event_id      # the id of the last event above: subscribe from here
+
+Contracts:
+
+* The events are the bus ring's, in order, as their JSON bytes (nothing re-encoded),
+  except that adjacent ``agent_message_chunk`` updates of one prompt (same non-null
+  ``promptId``, text content) are compacted into one: the text joined, the other
+  fields and the id those of the last chunk. Chunks without a prompt (an agent's
+  ``session/load`` replay) stay as sent.
+* ``live_journal`` holds the running prompt's events from its first one on
+  (uncompacted: the turn is still changing); ``compacted_replay`` the rest.
+* ``prompt_terminals`` outlive the session: ``Bridge`` keeps them when the session is
+  closed, and a cold ``load`` under the same id carries them again.
+* Everything is read synchronously, so ``last_event_id`` is exactly the last event
+  returned: a subscriber from it misses nothing and doubles nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from bridge import events as ev
+from bridge.events import Event
+
+if TYPE_CHECKING:
+    from bridge.session import Session
+
+MAX_PROMPT_TERMINALS = 256
+
+
+class PromptTerminal(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """How one prompt ended: ``terminal`` ``completed`` | ``cancelled`` | ``failed``."""
+
+    v: int   # always 1
+    promptId: str
+    terminal: str
+    stopReason: str | None = None
+    errorCode: str | None = None
+    at: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SessionHistory:
+    compacted_replay: list[msgspec.Raw]
+    live_journal: list[msgspec.Raw]
+    prompt_terminals: list[PromptTerminal]
+    last_event_id: int
+
+
+_encoder = msgspec.json.Encoder()
+
+
+def session_history(session: Session) -> SessionHistory:
+    events = session.bus.ring_events()
+    active = session.active.prompt_id if session.active is not None else None
+    split = len(events)
+    if active is not None:
+        split = next((i for i, e in enumerate(events) if e.prompt_id == active), split)
+    return SessionHistory(
+        compacted_replay=compact(events[:split]),
+        live_journal=[msgspec.Raw(e.json) for e in events[split:]],
+        prompt_terminals=list(session.prompt_terminals),
+        last_event_id=events[-1].id if events else session.bus.last_event_id)  # type: ignore[arg-type]
+
+
+def compact(events: list[Event]) -> list[msgspec.Raw]:
+    out: list[msgspec.Raw] = []
+    run: list[tuple[Event, dict[str, Any]]] = []
+    for event in events:
+        update = _text_chunk(event)
+        if update is not None and run and run[-1][0].prompt_id == event.prompt_id:
+            run.append((event, update))
+            continue
+        out.extend(_flush(run))
+        run = []
+        if update is not None:
+            run.append((event, update))
+        else:
+            out.append(msgspec.Raw(event.json))
+    out.extend(_flush(run))
+    return out
+
+
+def _text_chunk(event: Event) -> dict[str, Any] | None:
+    """The update of a prompt's text ``agent_message_chunk``, else ``None``."""
+    if event.type != ev.SESSION_UPDATE or event.prompt_id is None:
+        return None
+    data = event.data
+    if isinstance(data, msgspec.Raw):
+        try:
+            data = msgspec.json.decode(data)
+        except msgspec.DecodeError:
+            return None
+    update = data.get("update") if isinstance(data, dict) else None
+    if not isinstance(update, dict) or update.get("sessionUpdate") != "agent_message_chunk":
+        return None
+    content = update.get("content")
+    if not isinstance(content, dict) or content.get("type") != "text" \
+            or not isinstance(content.get("text"), str):
+        return None
+    return {"data": data, "update": update}
+
+
+def _flush(run: list[tuple[Event, dict[str, Any]]]) -> list[msgspec.Raw]:
+    if len(run) <= 1:
+        return [msgspec.Raw(event.json) for event, _ in run]
+    last, parts = run[-1]
+    text = "".join(p["update"]["content"]["text"] for _, p in run)
+    update = {**parts["update"], "content": {**parts["update"]["content"], "text": text}}
+    envelope = last.envelope()   # the last chunk's id, promptId, originator, _meta
+    envelope.data = {**parts["data"], "update": update}
+    return [msgspec.Raw(_encoder.encode(envelope))]

@@ -1,0 +1,182 @@
+// qwen's SDK (@qwen-code/sdk) as a client of our server, as a qwen serve user runs it.
+// Driven by tests/clients/test_qwen_sdk.py.
+//
+//   node qwen_sdk.mjs <sdk folder> <base url> rest
+//   node qwen_sdk.mjs <sdk folder> <base url> acp-http|acp-ws
+//
+// `rest`: DaemonClient; DaemonSessionClient createOrAttach / load (live and cold) /
+// resume, event replay after a dropped stream, the local prompt cap.
+// `acp-http` / `acp-ws`: DaemonClient over AcpHttpTransport / AcpWsTransport: create,
+// prompt, cancel, a permission. Prints one JSON object of what the SDK reported.
+import { pathToFileURL } from "node:url";
+import path from "node:path";
+
+const [sdkDir, baseUrl, mode] = process.argv.slice(2);
+const load = (rel) => import(pathToFileURL(path.join(sdkDir, rel)).href);
+const daemon = await load("dist/daemon/index.js");
+const transports = await load("dist/daemon/transports.js");
+const { DaemonClient, DaemonSessionClient } = daemon;
+
+const text = (t) => ({ prompt: [{ type: "text", text: t }] });
+const brief = (ev) => {
+  const d = ev.data || {};
+  const u = d.update || d;
+  const t = u.content && typeof u.content.text === "string" ? u.content.text : undefined;
+  return { id: ev.id, type: ev.type, kind: u.sessionUpdate, text: t, promptId: ev.promptId };
+};
+const errorOf = (e) => ({ name: e.name, status: e.status, limit: e.limit,
+                          pendingCount: e.pendingCount, message: String(e.message) });
+
+// Reads a DaemonSessionClient's events() until `stop(ev)`, then drops the stream.
+async function readUntil(iterable, stop) {
+  const seen = [];
+  for await (const ev of iterable) {
+    seen.push(ev);
+    if (stop(ev)) break;
+  }
+  return seen;
+}
+
+async function rest() {
+  const out = {};
+  const client = new DaemonClient({ baseUrl });
+  out.health = await client.health();
+  const caps = await client.capabilities();
+  out.capabilities = { transports: caps.transports, features: caps.features,
+                       limits: caps.limits, workspaceCwd: caps.workspaceCwd };
+  // negotiateTransport picks the best transport /capabilities lists (acp-ws first)
+  const negotiated = await transports.negotiateTransport(baseUrl);
+  out.negotiated = negotiated.type;
+  negotiated.dispose();
+  // DaemonClient: create/attach, a blocking prompt, the event stream from 0
+  const attached = await client.createOrAttachSession({});
+  out.attach = { attached: attached.attached, clientId: typeof attached.clientId };
+  out.prompt = await client.prompt(attached.sessionId, text("hello daemon"));
+  out.events = (await readUntil(client.subscribeEvents(attached.sessionId, { lastEventId: 0 }),
+                                (ev) => ev.type === "turn_complete")).map(brief);
+
+  // DaemonSessionClient: a thread session with one turn
+  const s = await DaemonSessionClient.createOrAttach(client, { sessionScope: "thread" });
+  out.created = { attached: s.attached, lastEventId: s.lastEventId };
+  out.turn = await s.prompt(text("/chunks 3 say pong"));
+  const other = new DaemonClient({ baseUrl });
+  const live = await DaemonSessionClient.load(other, s.sessionId);
+  out.loadLive = {
+    attached: live.attached, hasActivePrompt: live.hasActivePrompt,
+    lastEventId: live.lastEventId, eventEpoch: live.eventEpoch,
+    complete: live.replaySnapshotComplete,
+    compactedReplay: live.replaySnapshot.compactedReplay.map(brief),
+    liveJournal: live.replaySnapshot.liveJournal.map(brief),
+  };
+  // the first events after load: the next turn, nothing of the history again
+  const next = live.submitPrompt(text("after load"));
+  out.afterLoad = (await readUntil(live.events(), (ev) => ev.type === "turn_complete"))
+    .map(brief);
+  out.afterLoadAccepted = Boolean((await next).promptId);
+  const resumed = await DaemonSessionClient.resume(other, s.sessionId);
+  out.resume = { attached: resumed.attached, lastEventId: resumed.lastEventId,
+                 eventEpoch: resumed.eventEpoch,
+                 compactedReplay: resumed.replaySnapshot.compactedReplay.length };
+  await s.close();
+  const cold = await DaemonSessionClient.load(other, s.sessionId);
+  out.loadCold = {
+    attached: cold.attached, lastEventId: cold.lastEventId, eventEpoch: cold.eventEpoch,
+    compactedReplay: cold.replaySnapshot.compactedReplay.map(brief),
+  };
+  out.coldTurn = await cold.prompt(text("after cold load"));
+
+  // Event replay after a dropped stream: read turn 1, drop, turn 2 while away, resume.
+  const r = await DaemonSessionClient.createOrAttach(client, { sessionScope: "thread" });
+  await r.submitPrompt(text("one"));
+  const before = await readUntil(r.events({ lastEventId: 0 }), (ev) => ev.type === "turn_complete");
+  const seenUpTo = r.lastEventId;
+  await client.prompt(r.sessionId, text("two while away"));   // another caller, no stream
+  const lastBefore = before[before.length - 1].id;
+  const replayed = await readUntil(r.events(),
+                                   (ev) => ev.type === "turn_complete" && ev.id > lastBefore);
+  out.replay = { before: before.map(brief), seenUpTo, replayed: replayed.map(brief) };
+
+  // The local cap: one pending prompt per session, counted by the SDK itself.
+  const capped = new DaemonClient({ baseUrl, maxPendingPromptsPerSession: 1 });
+  const c = await DaemonSessionClient.createOrAttach(capped, { sessionScope: "thread" });
+  let onPermission;
+  const permission = new Promise((resolve) => { onPermission = resolve; });
+  const reader = (async () => {
+    let turns = 0;   // the held prompt's, then the second's (the refused one never ran)
+    for await (const ev of c.events({ lastEventId: 0 })) {
+      if (ev.type === "permission_request") onPermission(ev);
+      if (ev.type === "turn_complete" && ++turns === 2) break;
+    }
+  })();
+  const held = c.prompt(text("/permission held"));
+  const ask = await permission;
+  try {
+    await c.prompt(text("over the cap"));
+    out.capRefused = null;
+  } catch (e) {
+    out.capRefused = errorOf(e);
+  }
+  out.capVoted = await c.respondToPermission(ask.data.requestId,
+    { outcome: { outcome: "selected", optionId: "allow_once" } });
+  out.capHeld = await held;
+  const second = await c.submitPrompt(text("now it fits"));
+  await reader;
+  out.capSecond = Boolean(second.promptId);
+  return out;
+}
+
+async function acp(kind) {
+  const out = { kind };
+  const transport = kind === "acp-ws"
+    ? new transports.AcpWsTransport(baseUrl.replace(/^http/, "ws") + "/acp")
+    : new transports.AcpHttpTransport(baseUrl, undefined, globalThis.fetch.bind(globalThis));
+  out.transportType = transport.type;
+  const client = new DaemonClient({ baseUrl, transport });
+  const session = await client.createOrAttachSession({ sessionScope: "thread" });
+  const sid = session.sessionId;
+  out.created = typeof sid === "string" && sid.length > 0;
+  // one event reader for the session (permission requests, cancel trigger)
+  let onPermission, onCancelMe;
+  const permission = new Promise((resolve) => { onPermission = resolve; });
+  const cancelMe = new Promise((resolve) => { onCancelMe = resolve; });
+  const seen = [];
+  const abort = new AbortController();
+  const reader = (async () => {
+    try {
+      for await (const ev of client.subscribeEvents(sid, { signal: abort.signal })) {
+        seen.push(brief(ev));
+        if (ev.type === "permission_request" || ev.type === "request_permission") onPermission(ev);
+        const b = brief(ev);
+        if (b.type === "user_message_chunk" && b.text === "/sleep 30s cancel me") onCancelMe();
+      }
+    } catch (e) {
+      if (!abort.signal.aborted) throw e;
+    }
+  })();
+  // AcpHttpTransport registers a request only once its POST has returned, so a reply
+  // that overtakes the 202 on the session stream's socket is dropped (the SDK's race,
+  // whatever the server: qwen serve also answers 202 and replies on the stream). A
+  // real agent takes far longer than that window; the reference agent waits 100 ms.
+  // (The later prompts are answered after a vote or a cancel, well after their 202.)
+  out.prompt = await client.prompt(sid, text("/sleep 100ms /chunks 2 hello over acp"));
+  const asked = client.prompt(sid, text("/permission please"));
+  const ask = await permission;
+  const requestId = ask.data.requestId ?? ask.data._meta?.qwen?.requestId;
+  out.permissionOptions = (ask.data.options || []).map((o) => o.optionId);
+  out.voted = await client.respondToPermission(requestId,
+    { outcome: { outcome: "selected", optionId: "allow_once" } });
+  out.permissionPrompt = await asked;
+  const slow = client.prompt(sid, text("/sleep 30s cancel me"));
+  await cancelMe;
+  await client.cancel(sid);
+  out.cancelled = await slow;
+  abort.abort();
+  await reader;
+  out.seen = seen;
+  transport.dispose();
+  return out;
+}
+
+const out = mode === "rest" ? await rest() : await acp(mode);
+process.stdout.write(JSON.stringify(out) + "\n");
+process.exit(0);
