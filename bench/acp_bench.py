@@ -8,7 +8,8 @@
   same request through ``jsonrpcserver`` (when installed).
 * prompts/s over ``/acp``: a server process (``python -m bench.acp_bench --serve``,
   the app with ``acp_routes()`` mounted, reference agent in process) and a raw-socket
-  HTTP/1.1 client in this one (cheaper than the server, so the figure is the server's): sequential turns (POST ``session/prompt``, wait for its
+  HTTP/1.1 client in this one (cheaper than the server, so the figure is the
+  server's): sequential turns (POST ``session/prompt``, wait for its
   ``{stopReason}`` frame on the session stream) and a pipelined batch.
 """
 

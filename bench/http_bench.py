@@ -155,7 +155,8 @@ async def _burst(port: int, readers: int, chunks: int) -> tuple[int, float]:
         done_at: list[float] = []
         tasks, readies, sids = [], [], []
         for first in range(0, readers, PER_SESSION):
-            sid = (await client.post("/session", json={"sessionScope": "thread"})).json()["sessionId"]
+            created = await client.post("/session", json={"sessionScope": "thread"})
+            sid = created.json()["sessionId"]
             sids.append(sid)
             for _ in range(min(PER_SESSION, readers - first)):
                 readies.append(asyncio.Event())
@@ -220,7 +221,8 @@ def main() -> list[str]:
         "", "| REST event stream burst (raw-socket readers, every chunk received, no "
         "eviction) | events | seconds | events/s |", "|---|---|---|---|",
         f"| 1 reader, `/chunks {BURST}` | {one_events} | {one_s:.2f} | {one_events / one_s:.0f} |",
-        f"| {READERS} readers ({PER_SESSION} per session), `/chunks {FAN_BURST}` each | {fan_events} | {fan_s:.2f} "
+        f"| {READERS} readers ({PER_SESSION} per session), `/chunks {FAN_BURST}` each "
+        f"| {fan_events} | {fan_s:.2f} "
         f"| {fan_events / fan_s:.0f} |",
         "", f"Turn latency, POST → `turn_complete` on SSE ({TURNS} sequential turns): "
         f"p50 {p50:.2f} ms, p99 {p99:.2f} ms",
