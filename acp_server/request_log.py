@@ -212,11 +212,14 @@ def text_line(kind: str, method: str, route: str, status: int, duration_ms: floa
               door: str, session_id: str | None, task_id: str | None,
               events: int | None) -> str:
     """``[kind ]METHOD ROUTE STATUS[ N.NNms] door=D[ session=S][ task=T][ events=E]``."""
-    text = f"{method} {route} {status}" if kind == "request" else \
-        f"{kind} {method} {route} {status}"
-    if duration_ms is not None:
-        text += f" {duration_ms:.2f}ms"
-    text += " door=" + door
+    key = (kind, method, route, status, door)
+    parts = _line_parts.get(key)
+    if parts is None:
+        parts = _parts(*key)
+    if duration_ms is None:
+        text = parts[2]
+    else:
+        text = f"{parts[0]}{duration_ms:.2f}{parts[1]}"
     if session_id is not None:
         text += " session=" + printable(session_id)
     if task_id is not None:
@@ -224,6 +227,23 @@ def text_line(kind: str, method: str, route: str, status: int, duration_ms: floa
     if kind == "stream_close":
         text += f" events={events}"
     return text
+
+
+_line_parts: dict[tuple[str, str, str, int, str], tuple[str, str, str]] = {}
+_MAX_LINE_PARTS = 4096
+
+
+def _parts(kind: str, method: str, route: str, status: int, door: str) -> tuple[str, str, str]:
+    """The fixed text around a line's duration, built once per (kind, method, route,
+    status, door); route is a template or ``unmatched``, so the keys are few (bounded
+    anyway: the cache is cleared when full)."""
+    head = f"{method} {route} {status}" if kind == "request" else \
+        f"{kind} {method} {route} {status}"
+    if len(_line_parts) >= _MAX_LINE_PARTS:
+        _line_parts.clear()
+    parts = _line_parts[(kind, method, route, status, door)] = (
+        head + " ", "ms door=" + door, head + " door=" + door)
+    return parts
 
 
 class JsonFormatter(logging.Formatter):

@@ -18,6 +18,9 @@ def main(argv: list[str]) -> None:
         module = importlib.import_module(SECTIONS[name])
         print("\n".join(module.main()))
         print()
+    from bench.targets import summary
+
+    print("\n".join(summary()))
 
 
 if __name__ == "__main__":

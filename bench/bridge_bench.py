@@ -18,6 +18,7 @@ from typing import Any
 
 import anyio
 
+from bench.targets import record
 from bridge import Bridge, BridgeOptions
 from bridge.agents.reference import ReferenceAgentFactory
 from bridge.agents.stdio import StdioAgentFactory
@@ -92,6 +93,8 @@ def main() -> list[str]:
              "|---|---|---|---|---|---|---|"]
     for backend in ("asyncio", "trio"):
         r = anyio.run(run_backend, backend=backend)
+        record(f"`send_prompt` refused ({backend}), µs", r["admission"]["rejected_us"], 1.5,
+               lower_is_better=True)
         lines.append(
             f"| {backend} | {r['admission']['accepted_us']:.2f} | {r['admission']['rejected_us']:.2f} "
             f"| {r['in_process']['sequential_per_s']:.0f} | {r['in_process']['pipelined_per_s']:.0f} "

@@ -8,10 +8,21 @@ turn latency, each server in its own process and the load from another.
 * 202 path: cap disabled, ``/chunks 1`` prompts that the reference agent finishes at once.
 * bare: ``bench.bare_server``, a Starlette route returning the same 503 bytes.
 * latency: POST to ``turn_complete`` on an open SSE stream, sequential turns.
+* accepted **and completed**: the 202 load, then ``GET /daemon/status`` polled until
+  ``pendingPrompts`` is 0; rate = 202s / (first request → queue drained). That server
+  runs under ``bench.probed_server``: the event-loop lag p99 is taken from its probe's
+  samples inside the same window.
+* burst: raw-socket readers of ``/session/{id}/events`` connected before one
+  ``/chunks N`` prompt; every ``agent_message_chunk`` must arrive (no
+  ``client_evicted``); events/s = frames read / (POST → the last reader's
+  ``turn_complete``), once with one reader of ``BURST`` chunks, once with
+  ``READERS`` readers of ``FAN_BURST`` chunks (``PER_SESSION`` readers per session,
+  one prompt per session, all POSTed together).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -25,15 +36,27 @@ from collections.abc import Iterator
 import httpx
 from httpx_sse import connect_sse
 
+from bench.probed_server import INTERVAL_S as PROBE_INTERVAL_S
+from bench.probed_server import lag_p99
+from bench.targets import record
+
 SECONDS = float(os.environ.get("BENCH_SECONDS", "4"))
 CONNECTIONS = 16
 PROMPT = json.dumps({"prompt": [{"type": "text", "text": "/chunks 1 ping"}]})
 TURNS = 300
+BURST = 10_000
+READERS = 100
+FAN_BURST = 2_000
+PER_SESSION = 50   # under the bridge's max_subscribers_per_session (64)
 
 
 @contextlib.contextmanager
 def server(argv: list[str], marker: str) -> Iterator[int]:
-    proc = subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE, text=True)
+    """The server ``argv`` on a free port (read from the line with ``marker``); its stderr
+    (access lines included) goes to a temporary file, shown if it exits early."""
+    log = tempfile.TemporaryFile("w+")
+    proc = subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE, stderr=log,
+                            text=True)
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -41,8 +64,10 @@ def server(argv: list[str], marker: str) -> Iterator[int]:
                 yield int(line.split(marker, 1)[1].split()[0].rsplit(":", 1)[-1])
                 break
         else:
-            raise RuntimeError(f"server {argv} exited before listening")
+            log.seek(0)
+            raise RuntimeError(f"server {argv} exited before listening:\n{log.read()[-4000:]}")
     finally:
+        log.close()
         proc.terminate()
         try:
             proc.wait(10)
@@ -50,10 +75,12 @@ def server(argv: list[str], marker: str) -> Iterator[int]:
             proc.kill()
 
 
-def acp_server(workspace: str, cap: int) -> contextlib.AbstractContextManager[int]:
-    return server(["-m", "acp_server", "serve", "--port", "0", "--workspace", workspace,
+def acp_server(workspace: str, cap: int, probe: str | None = None,
+               *extra: str) -> contextlib.AbstractContextManager[int]:
+    runner = ["-m", "acp_server"] if probe is None else ["-m", "bench.probed_server", probe]
+    return server([*runner, "serve", "--port", "0", "--workspace", workspace,
                    "--state-dir", os.path.join(workspace, ".state"),
-                   "--max-pending-prompts-per-session", str(cap)], "listening on http://")
+                   "--max-pending-prompts-per-session", str(cap), *extra], "listening on http://")
 
 
 def load(port: int, path: str, body: str) -> dict:
@@ -86,6 +113,65 @@ def latency(port: int) -> tuple[float, float]:
     return statistics.median(samples), samples[int(len(samples) * 0.99) - 1]
 
 
+def drained(port: int) -> float:
+    """``time.monotonic()`` once ``/daemon/status`` shows no pending prompt."""
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
+        while True:
+            activity = client.get("/daemon/status").json()["runtime"]["activity"]
+            if activity["pendingPrompts"] == 0:
+                return time.monotonic()
+            time.sleep(0.005)
+
+
+async def _reader(port: int, sid: str, ready: asyncio.Event, seen: list[int],
+                  done_at: list[float]) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET /session/{sid}/events HTTP/1.1\r\nHost: x\r\n"
+                 f"Accept: text/event-stream\r\n\r\n".encode())
+    await reader.readuntil(b"\r\n\r\n")
+    ready.set()
+    chunks, tail = 0, b""
+    while True:
+        data = await reader.read(1 << 16)
+        if not data:
+            raise RuntimeError("stream closed before turn_complete")
+        both = tail + data
+        chunks += both.count(b"agent_message_chunk") - tail.count(b"agent_message_chunk")
+        if b"client_evicted" in both:
+            raise RuntimeError(f"evicted after {chunks} chunks")
+        if b"event: turn_complete" in both:
+            break
+        tail = both[-64:]
+    done_at.append(time.perf_counter())
+    seen.append(chunks)
+    writer.close()
+
+
+async def _burst(port: int, readers: int, chunks: int) -> tuple[int, float]:
+    """Chunk frames read by ``readers`` readers of ``/chunks`` prompts, and seconds: one
+    session per ``PER_SESSION`` readers (the bridge's subscriber cap), one prompt each."""
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
+        seen: list[int] = []
+        done_at: list[float] = []
+        tasks, readies, sids = [], [], []
+        for first in range(0, readers, PER_SESSION):
+            created = await client.post("/session", json={"sessionScope": "thread"})
+            sid = created.json()["sessionId"]
+            sids.append(sid)
+            for _ in range(min(PER_SESSION, readers - first)):
+                readies.append(asyncio.Event())
+                tasks.append(asyncio.create_task(_reader(port, sid, readies[-1], seen, done_at)))
+        await asyncio.gather(*(r.wait() for r in readies))
+        body = {"prompt": [{"type": "text", "text": f"/chunks {chunks} " + "w" * chunks}]}
+        start = time.perf_counter()
+        for sid in sids:
+            answer = await client.post(f"/session/{sid}/prompt", json=body)
+            assert answer.status_code == 202, answer.text
+        await asyncio.gather(*tasks)
+    assert seen == [chunks] * readers, (seen[:5], chunks)
+    return sum(seen), max(done_at) - start
+
+
 def main() -> list[str]:
     with tempfile.TemporaryDirectory() as workspace:
         with acp_server(workspace, 1) as port:
@@ -96,13 +182,27 @@ def main() -> list[str]:
             full = load(port, f"/session/{sid}/prompt", PROMPT)
         with server(["-m", "bench.bare_server"], "listening on ") as port:
             bare = load(port, "/session/00000000-0000-4000-8000-000000000000/prompt", PROMPT)
-        with acp_server(workspace, 0) as port:
+        lag_file = os.path.join(workspace, "lag.txt")
+        with acp_server(workspace, 0, lag_file) as port:
             with httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:
                 sid = create_session(client)
             accepted = load(port, f"/session/{sid}/prompt", PROMPT)
+            drained_at = drained(port)
             p50, p99 = latency(port)
+        with acp_server(workspace, 0) as port:
+            one_events, one_s = asyncio.run(_burst(port, 1, BURST))
+            fan_events, fan_s = asyncio.run(_burst(port, READERS, FAN_BURST))
+        lag50, lag99, lag_n = lag_p99(lag_file, accepted["started_at"], drained_at)
     assert set(full["statuses"]) == {"503"}, full
     assert set(accepted["statuses"]) == {"202"}, accepted
+    completed = accepted["requests"] / (drained_at - accepted["started_at"])
+    record("REST prompts accepted and completed / bare route", completed / bare["rps"], 0.5)
+    record("REST one reader, 10,000-chunk burst, events/s", one_events / one_s, 100_000)
+    record(f"REST {READERS} readers of a {FAN_BURST:,}-chunk burst, events/s in total",
+           fan_events / fan_s, 300_000)
+    record("event-loop lag p99 under the accepted-and-completed load, ms", lag99, 10.0,
+           lower_is_better=True)
+    record("503 path / bare route", full["rps"] / bare["rps"], 0.85)
     return [
         f"## HTTP (uvicorn, {CONNECTIONS} keep-alive connections from a separate process, "
         f"{SECONDS:g} s each)", "",
@@ -112,6 +212,18 @@ def main() -> list[str]:
         f"| {full['rps'] / bare['rps']:.2f} |",
         f"| `POST /session/{{id}}/prompt` → 202 (reference agent runs each turn) "
         f"| {accepted['rps']:.0f} | {accepted['rps'] / bare['rps']:.2f} |",
+        f"| the same prompts accepted **and completed** ({accepted['requests']} turns, "
+        f"first request → queue drained in {drained_at - accepted['started_at']:.2f} s) "
+        f"| {completed:.0f} | {completed / bare['rps']:.2f} |",
+        "", f"Event-loop lag in the server under that load (probe task sleeping "
+        f"{PROBE_INTERVAL_S * 1000:g} ms, {lag_n} samples): p50 {lag50:.2f} ms, "
+        f"p99 {lag99:.2f} ms",
+        "", "| REST event stream burst (raw-socket readers, every chunk received, no "
+        "eviction) | events | seconds | events/s |", "|---|---|---|---|",
+        f"| 1 reader, `/chunks {BURST}` | {one_events} | {one_s:.2f} | {one_events / one_s:.0f} |",
+        f"| {READERS} readers ({PER_SESSION} per session), `/chunks {FAN_BURST}` each "
+        f"| {fan_events} | {fan_s:.2f} "
+        f"| {fan_events / fan_s:.0f} |",
         "", f"Turn latency, POST → `turn_complete` on SSE ({TURNS} sequential turns): "
         f"p50 {p50:.2f} ms, p99 {p99:.2f} ms",
     ]

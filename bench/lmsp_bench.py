@@ -8,6 +8,11 @@ per create, same run), and events/s streamed to 100 concurrent subscribers.
   the create path is measured) loaded by ``bench.loadgen`` from another process with
   ``CONNECTIONS`` keep-alive connections; every answer must be 202 (each one sent
   after its fsync).
+* end to end: the same server with the runner on (``--max-running-tasks 16``) and
+  ``E2E_CLIENTS`` connections creating for ``SECONDS``; then ``GET /lmsp/v1/tasks?status=``
+  ``queued`` / ``running`` polled until both are empty; tasks/s = creates / (first
+  create → every task terminal), next to the create rate of that load and of the
+  runner-off load above. On PostgreSQL too when a database is at hand.
 * fan-out: one task producing ``CHUNKS`` deltas; ``SUBSCRIBERS`` raw-socket SSE readers
   connected before it starts; events/s = events delivered to all readers / time from
   the task's start to the last reader's terminal event.
@@ -40,10 +45,13 @@ from pathlib import Path
 import httpx
 
 from bench.http_bench import server
+from bench.targets import record
 
 SECONDS = float(os.environ.get("BENCH_SECONDS", "4"))
 CONNECTIONS = 64
 SUBSCRIBERS = 100
+E2E_CLIENTS = 8
+E2E_RUNNING = 16
 CHUNKS = 2000
 TASK = json.dumps({"type": "response", "input": {"model": "reference", "input": "bench"}})
 LATENCY_SAMPLES = 50
@@ -64,14 +72,39 @@ def creates(workspace: str, *flags: str) -> dict:
         return _load(port)
 
 
-def _load(port: int) -> dict:
+def _load(port: int, connections: int = CONNECTIONS) -> dict:
     out = subprocess.run([sys.executable, "-m", "bench.loadgen", "--port", str(port),
                           "--method", "POST", "--path", "/lmsp/v1/tasks", "--body", TASK,
-                          "--seconds", str(SECONDS), "--connections", str(CONNECTIONS)],
+                          "--seconds", str(SECONDS), "--connections", str(connections)],
                          capture_output=True, text=True, check=True)
     result = json.loads(out.stdout)
     assert set(result["statuses"]) == {"202"}, result
     return result
+
+
+def _all_terminal(port: int) -> float:
+    """``time.monotonic()`` once no task is queued or running."""
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
+        while True:
+            busy = [client.get("/lmsp/v1/tasks", params={"status": status, "limit": 1}).json()
+                    ["data"] for status in ("queued", "running")]
+            if not any(busy):
+                return time.monotonic()
+            time.sleep(0.01)
+
+
+def end_to_end(port: int) -> dict:
+    """Creates (8 connections) while 16 run, until every task is terminal."""
+    result = _load(port, E2E_CLIENTS)
+    done_at = _all_terminal(port)
+    result["completed_per_s"] = result["requests"] / (done_at - result["started_at"])
+    result["drain_s"] = done_at - result["started_at"]
+    return result
+
+
+def _e2e_row(name: str, r: dict) -> str:
+    return (f"| {name} | {r['requests']} | {r['rps']:.0f} | {r['drain_s']:.2f} "
+            f"| {r['completed_per_s']:.0f} |")
 
 
 async def _subscriber(port: int, task_id: str, ready: asyncio.Event, counts: list[int],
@@ -118,10 +151,12 @@ async def _fan_out(port: int) -> tuple[int, float]:
 # -- PostgreSQL: creates/s and A → B latency ---------------------------------------------
 @contextlib.contextmanager
 def postgres_dsn() -> Iterator[str | None]:
-    """``ACP_SERVER_BENCH_POSTGRES``, else a throwaway cluster (stopped after), else None."""
-    if os.environ.get("ACP_SERVER_BENCH_POSTGRES"):
-        yield os.environ["ACP_SERVER_BENCH_POSTGRES"]
-        return
+    """``ACP_SERVER_BENCH_POSTGRES`` or ``ACP_SERVER_TEST_POSTGRES``, else a throwaway
+    cluster (stopped after), else None."""
+    for name in ("ACP_SERVER_BENCH_POSTGRES", "ACP_SERVER_TEST_POSTGRES"):
+        if os.environ.get(name):
+            yield os.environ[name]
+            return
     directory = tempfile.mkdtemp(prefix="acp-bench-pg.")
     try:
         started = subprocess.run(["bash", str(PG_SCRIPT), "start", directory, str(PG_PORT)],
@@ -151,11 +186,11 @@ def fresh_schema(dsn: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(query)))
 
 
-def instance(workspace: str, url: str) -> contextlib.AbstractContextManager[int]:
-    """An LMSP server on ``url`` that runs no task (``--serve``, below)."""
+def instance(workspace: str, url: str, running: int = 0) -> contextlib.AbstractContextManager[int]:
+    """An LMSP server on ``url`` that runs ``running`` tasks at once (``--serve``, below)."""
     os.makedirs(workspace, exist_ok=True)
-    return server(["-m", "bench.lmsp_bench", "--serve", url, "--workspace", workspace],
-                  "lmsp listening on ")
+    return server(["-m", "bench.lmsp_bench", "--serve", url, "--workspace", workspace,
+                   "--max-running-tasks", str(running)], "lmsp listening on ")
 
 
 async def _latency(writer: int, reader: int) -> list[float]:
@@ -186,12 +221,23 @@ def _ms(samples: list[float]) -> str:
     return f"{statistics.median(ordered) * 1000:.1f} / {p95 * 1000:.1f}"
 
 
+E2E_HEAD = [f"| tasks created ({E2E_CLIENTS} connections, {SECONDS:g} s) and completed "
+            f"(`--max-running-tasks {E2E_RUNNING}`, reference agent) | tasks | creates/s "
+            f"| first create → all terminal, s | completed tasks/s |", "|---|---|---|---|---|"]
+
+
 def postgres_rows(workspace: str, sqlite_latency: list[float]) -> list[str]:
     with postgres_dsn() as dsn:
         if dsn is None:
+            record("LMSP tasks completed end to end, PostgreSQL, tasks/s", None, 500,
+                   note="no PostgreSQL")
             return ["", "PostgreSQL: n/a (no PostgreSQL)"]
         with instance(os.path.join(workspace, "pg-c"), fresh_schema(dsn)) as port:
             pg_creates = _load(port)
+        with instance(os.path.join(workspace, "pg-e"), fresh_schema(dsn), E2E_RUNNING) as port:
+            pg_e2e = end_to_end(port)
+        record("LMSP tasks completed end to end, PostgreSQL, tasks/s", pg_e2e["completed_per_s"],
+               500, note=f"creates alone {pg_creates['rps']:.0f}/s")
         url = fresh_schema(dsn)
         with instance(os.path.join(workspace, "pg-a"), url) as a, \
                 instance(os.path.join(workspace, "pg-b"), url) as b:
@@ -199,6 +245,7 @@ def postgres_rows(workspace: str, sqlite_latency: list[float]) -> list[str]:
     return [
         "", f"PostgreSQL (same run, same load; local cluster, synchronous_commit=on): "
         f"{pg_creates['rps']:.0f} creates/s (one instance)", "",
+        *E2E_HEAD, _e2e_row("PostgreSQL, runner on", pg_e2e), "",
         f"| event latency, cancel on writer → `response.cancelled` on subscriber "
         f"({LATENCY_SAMPLES} samples) | p50 / p95 ms |", "|---|---|",
         f"| PostgreSQL, instance A → instance B (LISTEN/NOTIFY wake-up, re-read) "
@@ -211,10 +258,14 @@ def main() -> list[str]:
     with tempfile.TemporaryDirectory() as workspace:
         grouped = creates(workspace, "--group-commit")
         single = creates(workspace, "--no-group-commit")
+        with lmsp_server(workspace, "--max-running-tasks", str(E2E_RUNNING)) as port:
+            e2e = end_to_end(port)
         with lmsp_server(workspace, "--max-running-tasks", "1") as port:
             events, elapsed = asyncio.run(_fan_out(port))
         with lmsp_server(workspace) as port:
             sqlite_latency = asyncio.run(_latency(port, port))
+        record("LMSP tasks completed end to end, SQLite, tasks/s", e2e["completed_per_s"], 1000,
+               note=f"creates alone {grouped['rps']:.0f}/s")
         postgres = postgres_rows(workspace, sqlite_latency)
     ratio = grouped["rps"] / single["rps"]
     return [
@@ -224,13 +275,14 @@ def main() -> list[str]:
         f"| group commit (one transaction + fsync per batch) | {grouped['rps']:.0f} "
         f"| {ratio:.2f} |",
         f"| one commit per create | {single['rps']:.0f} | 1.00 |", "",
+        *E2E_HEAD, _e2e_row("SQLite, runner on", e2e), "",
         f"Fan-out: one task of {CHUNKS} deltas to {SUBSCRIBERS} SSE subscribers: "
         f"{events} events in {elapsed:.2f} s = {events / elapsed:.0f} events/s",
         *postgres,
     ]
 
 
-async def _serve(url: str, workspace: str) -> None:
+async def _serve(url: str, workspace: str, running: int = 0) -> None:
     """``bench.lmsp_server`` on a store URL (PostgreSQL), runner off."""
     import anyio
     import uvicorn
@@ -244,7 +296,7 @@ async def _serve(url: str, workspace: str) -> None:
     settings = Settings(workspace=workspace, port=0)
     async with Bridge(ReferenceAgentFactory(), workspace_cwd=workspace,
                       options=settings.options) as bridge, \
-            open_lmsp(bridge, state_dir=workspace, store_url=url, max_running_tasks=0,
+            open_lmsp(bridge, state_dir=workspace, store_url=url, max_running_tasks=running,
                       config=LmspConfig(max_queued_tasks=None)) as service:
         app = build_app(settings, bridge)
         install_lmsp(app, service)
@@ -264,6 +316,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--serve", metavar="URL", help="run one LMSP instance on URL")
     parser.add_argument("--workspace")
+    parser.add_argument("--max-running-tasks", type=int, default=0)
     args = parser.parse_args()
     if args.serve:
         import importlib.util
@@ -271,7 +324,7 @@ if __name__ == "__main__":
         import anyio
 
         uvloop = importlib.util.find_spec("uvloop") is not None
-        anyio.run(_serve, args.serve, args.workspace, backend="asyncio",
+        anyio.run(_serve, args.serve, args.workspace, args.max_running_tasks, backend="asyncio",
                   backend_options={"use_uvloop": uvloop})
     else:
         print("\n".join(main()))

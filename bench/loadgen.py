@@ -3,7 +3,9 @@
     python -m bench.loadgen --port 4170 --method POST --path /session/S/prompt \\
         --body '{"prompt":[{"type":"text","text":"x"}]}' --seconds 3 --connections 16
 
-Prints one JSON line: ``{"requests": N, "seconds": S, "rps": R, "statuses": {...}}``.
+Prints one JSON line: ``{"requests": N, "seconds": S, "rps": R, "statuses": {...},
+"started_at": T}`` (``T``: ``time.monotonic()`` at the first request, comparable across
+processes on one machine).
 Each connection sends one request at a time (no pipelining) and reads the whole
 response (``Content-Length`` bodies only), so the figure is the server's throughput
 for that route, not the client's.
@@ -39,6 +41,7 @@ async def _connection(host: str, port: int, request: bytes, stop_at: float,
 
 async def run(host: str, port: int, request: bytes, seconds: float, connections: int) -> dict:
     statuses: Counter[int] = Counter()
+    started_at = time.monotonic()
     start = time.perf_counter()
     stop_at = start + seconds
     await asyncio.gather(*(_connection(host, port, request, stop_at, statuses)
@@ -46,7 +49,7 @@ async def run(host: str, port: int, request: bytes, seconds: float, connections:
     elapsed = time.perf_counter() - start
     total = sum(statuses.values())
     return {"requests": total, "seconds": elapsed, "rps": total / elapsed,
-            "statuses": {str(k): v for k, v in statuses.items()}}
+            "statuses": {str(k): v for k, v in statuses.items()}, "started_at": started_at}
 
 
 def build_request(method: str, host: str, port: int, path: str, body: bytes,

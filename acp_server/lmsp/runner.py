@@ -14,7 +14,9 @@ Contracts:
   flight (entered with ``response.in_progress``). Every transition is conditional:
   losing one to a cancel moves the task ``cancelling`` → ``cancelled`` instead.
 * Text deltas are buffered and written in one transaction at most every
-  ``FLUSH_S`` or ``FLUSH_EVENTS`` events; state events are written at once.
+  ``FLUSH_S`` or ``FLUSH_EVENTS`` events; state events are written at once. Those
+  still buffered when the turn ends go in the final transition's transaction (before
+  its events), or on their own if that transition is lost to a cancel.
 * Being cancelled from outside (shutdown) writes nothing: the task stays
   ``loading``/``running`` in the store and restart recovery applies its policy.
 * ``previous_response_id`` (``acp_server.lmsp.conversation``): the prompt goes to the
@@ -77,6 +79,10 @@ class DeltaWriter:
         self.task_id = task_id
         self.pending: list[AnyEvent] = []
         self.closed = False
+        # Set before ``close``: the events pending at close are left in ``tail`` for the
+        # caller's next commit (the final transition) instead of a commit of their own.
+        self.hold_tail = False
+        self.tail: list[AnyEvent] = []
         self._some = anyio.Event()    # pending is not empty (or closed)
         self._full = anyio.Event()    # FLUSH_EVENTS pending (or closed)
         self._space = anyio.Event()   # set after each flush
@@ -106,6 +112,9 @@ class DeltaWriter:
                 self._full.set()
             space, self._space = self._space, anyio.Event()
             space.set()
+            if self.closed and self.hold_tail:
+                self.tail = batch + self.pending
+                return
             if batch:
                 await self.store.append_events(self.task_id, batch, ("running", "cancelling"))
             if self.closed and not self.pending:
@@ -156,14 +165,33 @@ class Runner:
     async def run(self) -> None:
         async with anyio.create_task_group() as tg:
             while True:
-                while len(self._running) < self.max_running:
-                    record = await self.store.claim_next(self.clock())
-                    if record is None:
+                while (free := self.max_running - len(self._running)) > 0:
+                    records = await self._claim(free)
+                    for record in records:
+                        self._running[record.id] = _Handle()   # see cancel()
+                        tg.start_soon(self._run, record)
+                    if len(records) < free:   # the queue is empty
                         break
-                    self._running[record.id] = _Handle()   # before any await: see cancel()
-                    tg.start_soon(self._run, record)
                 await self._wakeup.wait()
                 self._wakeup = anyio.Event()
+
+    async def _claim(self, count: int) -> list[TaskRecord]:
+        """Up to ``count`` queued tasks, claimed at once so that the store commits the
+        claims together (one group commit, not one round trip per claim)."""
+        if count == 1:
+            record = await self.store.claim_next(self.clock())
+            return [] if record is None else [record]
+        claimed: list[TaskRecord] = []
+
+        async def one() -> None:
+            record = await self.store.claim_next(self.clock())
+            if record is not None:
+                claimed.append(record)
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(count):
+                tg.start_soon(one)
+        return claimed
 
     async def _run(self, record: TaskRecord) -> None:
         handle = self._running[record.id]
@@ -221,21 +249,26 @@ class Runner:
             subscription = bridge.subscribe(session_id, last_event_id=ticket.last_event_id,
                                             max_queued=SUBSCRIPTION_QUEUE)
             try:
-                await self._pump(record, attempt, ticket, subscription, handle, bridge)
+                tail = await self._pump(record, attempt, ticket, subscription, handle, bridge)
             finally:
                 subscription.close()   # the session may outlive this task
             try:
                 result: PromptResult = await ticket
             except Exception as exc:   # noqa: BLE001 - AgentError, AgentDiedError, ...
+                await self._write_tail(record, tail)
                 await self._end_agent_error(record, attempt, exc)
                 return
             status, finish = attempt.finish(result.stop_reason)
             if status == "cancelled":
+                await self._write_tail(record, tail)
                 await self._end_cancelled(record, attempt)
                 return
-            won = await self.store.transition(record.id, ("running",), status, finish,
-                                              now=self.clock())
+            # the last deltas ride in the final transition's commit, before its events
+            won = await self.store.transition(
+                record.id, ("running",), status,
+                dataclasses.replace(finish, events=[*tail, *finish.events]), now=self.clock())
             if won is None:   # a cancel committed first
+                await self._write_tail(record, tail)
                 await self._end_cancelled(record, attempt)
                 return
             keep = (status == "succeeded" and not attempt.truncated and may_keep(bridge)
@@ -260,11 +293,16 @@ class Runner:
                     raise
                 await _close(live.bridge, live.session_id)
 
+    async def _write_tail(self, record: TaskRecord, tail: list[AnyEvent]) -> None:
+        if tail:
+            await self.store.append_events(record.id, tail, ("running", "cancelling"))
+
     async def _pump(self, record: TaskRecord, attempt: Attempt, ticket: PromptTicket,
-                    subscription: Any, handle: _Handle, bridge: Bridge) -> None:
+                    subscription: Any, handle: _Handle, bridge: Bridge) -> list[AnyEvent]:
         """Session updates → events, until the prompt's turn ends. Reading never waits
         for the store (so the bridge's subscription queue does not back up); a
-        ``DeltaWriter`` commits what accumulated."""
+        ``DeltaWriter`` commits what accumulated. When the turn ended, the events not
+        yet written are returned (the caller writes them), else written here."""
         writer = DeltaWriter(self.store, record.id)
         async with anyio.create_task_group() as tg:
             tg.start_soon(writer.run)
@@ -273,6 +311,7 @@ class Runner:
                     if event.prompt_id != ticket.prompt_id:
                         continue
                     if event.type in ("turn_complete", "turn_error"):
+                        writer.hold_tail = True
                         break
                     if event.type == ev.PERMISSION_REQUEST:
                         decided = self._answer_permission(bridge, event.data)
@@ -287,6 +326,7 @@ class Runner:
                             ticket.cancel("max_output_tokens")
             finally:
                 writer.close()
+        return writer.tail
 
     def _answer_permission(self, bridge: Bridge, data: Any) -> PermissionDecidedEvent | None:
         """Nobody can vote over LMSP: the policy answers at once (first responder)."""
