@@ -28,6 +28,7 @@ Status rules (each answer with a JSON-RPC error body unless noted):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -201,38 +202,40 @@ async def get_acp(request: Request) -> Response | ASGIApp:
     session_id = request.headers.get(SESSION_HEADER)
 
     if session_id is None:
-        if conn.reader_attached:
-            return _rpc_error(409, None, INVALID_REQUEST,
-                              "Connection stream already has an active receiver")
-        conn.reader_attached = True
-        conn.stream_opened()
-
-        def release_connection() -> None:
-            conn.reader_attached = False
-            conn.stream_closed()
-
-        return FrameStream(conn.frames, heartbeat_s=heartbeat_s, on_close=release_connection,
+        release = _attach(conn, conn, "Connection")
+        if isinstance(release, Response):
+            return release
+        return FrameStream(conn.frames, heartbeat_s=heartbeat_s, on_close=release,
                            after_disconnect=registry.sweep_after_grace)
     try:
         channel = conn.channel(session_id)
-        existing = channel.reader_attached
-        if not existing:
+        if not channel.reader_attached:
             _rewind(request, channel)
     except BridgeError as exc:   # the bus's subscriber cap, or too many session streams
         return _json(429, encode_bridge_error(None, exc), {"Retry-After": "5"})
-    if existing:
+    release = _attach(conn, channel, "Session")
+    if isinstance(release, Response):
+        return release
+    headers = [(b"x-qwen-event-epoch", channel.epoch.encode())] if channel.epoch else []
+    return FrameStream(channel.frames, heartbeat_s=heartbeat_s, on_close=release,
+                       pump=channel.pump, after_disconnect=registry.sweep_after_grace, headers=headers)
+
+
+def _attach(conn: AcpConnection, stream: AcpConnection | SessionChannel,
+            name: str) -> Callable[[], None] | Response:
+    """Take ``stream``'s one reader slot (409 when taken) and count the open stream;
+    the answer is the release that undoes both, once the stream ends."""
+    if stream.reader_attached:
         return _rpc_error(409, None, INVALID_REQUEST,
-                          "Session stream already has an active receiver")
-    channel.reader_attached = True
+                          f"{name} stream already has an active receiver")
+    stream.reader_attached = True
     conn.stream_opened()
 
-    def release_session() -> None:
-        channel.reader_attached = False
+    def release() -> None:
+        stream.reader_attached = False
         conn.stream_closed()
 
-    headers = [(b"x-qwen-event-epoch", channel.epoch.encode())] if channel.epoch else []
-    return FrameStream(channel.frames, heartbeat_s=heartbeat_s, on_close=release_session,
-                       pump=channel.pump, after_disconnect=registry.sweep_after_grace, headers=headers)
+    return release
 
 
 def _rewind(request: Request, channel: SessionChannel) -> None:
