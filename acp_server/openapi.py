@@ -10,8 +10,8 @@ Contracts:
   path, with its body type, query parameters, the request headers that matter, and
   every status it answers. Schemas come from msgspec types through
   ``msgspec.json.schema_components``: the wire types of ``acp_server.rest.wire`` and
-  ``acp_server.lmsp.wire``, plus the documentation types below for answers built as
-  dicts. A test fails when a route mounted in the app is missing here.
+  ``acp_server.lmsp.wire``, plus the documentation types of ``acp_server.openapi_types``
+  for answers built as dicts. A test fails when a route mounted in the app is missing here.
 * Errors are ``RestError`` bodies (``application/json``) on REST routes and problem
   objects (``application/problem+json``) under ``/lmsp/v1``; 401 and 403 (the network
   guard) are listed on every operation, 401 aside on the ``public`` ones (the web
@@ -29,16 +29,31 @@ import dataclasses
 import json
 import re
 import sys
-from typing import Annotated, Any, Literal
+from typing import Any
 
 import msgspec
-from msgspec import UNSET, UnsetType
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from acp_server import __version__
 from acp_server.lmsp import wire as lmsp_wire
+from acp_server.openapi_types import (
+    CreateSessionRequest,
+    DaemonStatus,
+    EmptyObject,
+    Health,
+    PendingPrompts,
+    PermissionVote,
+    PromptQueueFull,
+    PromptRequest,
+    ResponseRequest,
+    RestCapabilities,
+    RestError,
+    SessionPage,
+    SessionStatus,
+    TaskEnvelope,
+)
 from acp_server.rest import wire as rest_wire
 from bridge.events import EventEnvelope
 
@@ -46,204 +61,6 @@ REF = "#/components/schemas/{name}"
 PROBLEM_JSON = "application/problem+json"
 JSON = "application/json"
 SSE = "text/event-stream"
-
-
-# -- documentation types: answers the routes build as dicts ---------------------------------
-class RestError(msgspec.Struct):
-    """Every REST error: a message, and the peer's ``code`` and fields where it has them
-    (``code`` is the JSON-RPC error code, an integer, for an agent error)."""
-
-    error: str
-    code: str | int | UnsetType = UNSET
-
-
-class PromptQueueFull(msgspec.Struct):
-    """503 of ``POST /session/{id}/prompt``: exactly these five members."""
-
-    error: str
-    code: Literal["prompt_queue_full"]
-    sessionId: str
-    limit: int
-    pendingCount: int
-
-
-class Health(msgspec.Struct):
-    status: str
-    workspaceCount: int | UnsetType = UNSET
-    sessions: int | UnsetType = UNSET
-    pendingPermissions: int | UnsetType = UNSET
-    activePrompts: int | UnsetType = UNSET
-    pendingPrompts: int | UnsetType = UNSET
-    queuedPrompts: int | UnsetType = UNSET
-    connectedClients: int | UnsetType = UNSET
-    uptimeMs: int | UnsetType = UNSET
-
-
-class RestLimits(msgspec.Struct):
-    maxPendingPromptsPerSession: int | None
-    maxSessionsPerWorkspace: int | None
-
-
-class AgentsInfo(msgspec.Struct):
-    default: str
-    available: list[str]
-
-
-class WorkspaceInfo(msgspec.Struct):
-    """The workspace this daemon serves; ``id`` names it in ``/workspace/{id}/…``."""
-
-    id: str
-    cwd: str
-    primary: bool
-
-
-class RestCapabilities(msgspec.Struct):
-    v: int
-    protocolVersions: dict[str, Any]
-    acpServerVersion: str
-    mode: str
-    features: list[str]
-    workspaceCwd: str
-    transports: list[str]
-    policy: dict[str, str]
-    limits: RestLimits
-    agents: AgentsInfo
-    workspaces: list[WorkspaceInfo]
-
-
-class AgentStatus(msgspec.Struct):
-    """One agent of ``/daemon/status``: its process state, its live sessions, and the
-    ``agentInfo`` of its ``initialize`` answer (``null`` before its first start)."""
-
-    name: str
-    default: bool
-    state: Literal["not_started", "running", "exited"]
-    sessions: int
-    agentInfo: dict[str, Any] | None
-
-
-class DaemonStatus(msgspec.Struct):
-    v: int
-    detail: str
-    generatedAt: str
-    status: str
-    issues: list[Any]
-    daemon: dict[str, Any]
-    security: dict[str, Any]
-    limits: dict[str, Any]
-    agents: list[AgentStatus]
-    capabilities: dict[str, Any]
-    runtime: dict[str, Any]
-
-
-class SessionStatus(msgspec.Struct):
-    sessionId: str
-    workspaceCwd: str
-    createdAt: str
-    clientCount: int
-    hasActivePrompt: bool
-    activePromptId: str | None
-    pendingPrompts: int
-    queuedPrompts: int
-    isWaitingForPermission: bool
-    pendingInteractionCount: int
-    subscribers: int
-    lastEventId: int
-    eventEpoch: str
-
-
-class SessionSummary(SessionStatus):
-    """An item of ``GET /workspace/{workspace}/sessions``: the status and more."""
-
-    updatedAt: str
-    agent: str
-    maxPendingPrompts: int | None
-    activePromptText: str | None
-
-
-class SessionPage(msgspec.Struct):
-    sessions: list[SessionSummary]
-    nextCursor: Annotated[str, msgspec.Meta(description="The `cursor` of the next page; "
-                                            "absent on the last one")] | UnsetType = UNSET
-
-
-class PendingPrompt(msgspec.Struct):
-    promptId: str
-    queuedAt: int
-    text: str
-    state: Literal["queued", "running"]
-
-
-class PendingPrompts(msgspec.Struct):
-    pendingPrompts: list[PendingPrompt]
-
-
-class EmptyObject(msgspec.Struct):
-    pass
-
-
-# Request bodies as accepted. The wire types type some fields ``Any`` so that the route
-# can answer the peer's own error code; these say what passes.
-class CreateSessionRequest(msgspec.Struct):
-    cwd: str | None = None   # the workspace (the only one); another → 400 workspace_mismatch
-    sessionScope: Literal["single", "thread"] | None = None
-    sessionId: Annotated[str, msgspec.Meta(
-        description="A UUID (RFC 4122, versions 1-5); forces `thread`")] | None = None
-    agent: Annotated[str, msgspec.Meta(examples=["reference"])] | None = None
-
-
-class PromptRequest(msgspec.Struct):
-    prompt: Annotated[list[dict[str, Any]], msgspec.Meta(min_length=1, description=(
-        "ACP content blocks, e.g. {\"type\": \"text\", \"text\": \"hello\"}"))]
-    deadlineMs: Annotated[int, msgspec.Meta(ge=1, le=2**31 - 1)] | None = None
-
-
-class SelectedOutcome(msgspec.Struct, tag_field="outcome", tag="selected"):
-    optionId: Annotated[str, msgspec.Meta(min_length=1)]
-
-
-class CancelledOutcome(msgspec.Struct, tag_field="outcome", tag="cancelled"):
-    pass
-
-
-class PermissionVote(msgspec.Struct):
-    outcome: SelectedOutcome | CancelledOutcome
-
-
-class InputText(msgspec.Struct):
-    type: Literal["input_text"]
-    text: str
-
-
-class InputMessage(msgspec.Struct):
-    role: Literal["user", "assistant", "system", "developer"]
-    content: str | list[InputText]
-    type: Literal["message"] = "message"
-
-
-class ResponseRequest(msgspec.Struct):
-    """``POST /lmsp/v1/responses`` (and a task's ``input``); unknown members are ignored."""
-
-    model: Annotated[str, msgspec.Meta(min_length=1, examples=["reference"], description=(
-        "An agent of the server (`reference` always is one)"))]
-    input: str | Annotated[list[InputMessage], msgspec.Meta(min_length=1)]
-    instructions: str | None = None
-    max_output_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None
-    metadata: dict[str, str] | None = None
-    stream: bool | None = None
-    background: Annotated[bool, msgspec.Meta(description=(
-        "Answer at once (`queued`); retrieve, stream or cancel it by id later"))] | None = None
-    store: Annotated[bool, msgspec.Meta(description=(
-        "`false`: not retrievable by id (not allowed with `background`)"))] | None = None
-    previous_response_id: Annotated[str, msgspec.Meta(min_length=1, description=(
-        "Continue this finished response's conversation (404 unknown, 409 unfinished)"
-    ))] | None = None
-
-
-class TaskEnvelope(msgspec.Struct):
-    type: Literal["response"]
-    input: ResponseRequest
-    on_restart: lmsp_wire.OnRestart = "fail"
 
 
 # -- the table ---------------------------------------------------------------------------

@@ -21,7 +21,6 @@ Contracts:
 from __future__ import annotations
 
 import re
-from typing import Any
 
 import msgspec
 from starlette.requests import Request

@@ -40,7 +40,6 @@ import logging
 import secrets
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import anyio
 import anyio.abc

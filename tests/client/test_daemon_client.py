@@ -199,7 +199,8 @@ async def test_close_session_mid_turn_releases(server: Daemon) -> None:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(run)
                 await wait_until(lambda: client.pending_prompt_count(sid) == 1)
-                await anyio.sleep(0.2)
+                await wait_until(lambda: server.bridge.get_session(sid).active
+                                 is not None)   # admitted and running on the server
                 await client.close_session(sid)
         assert client.pending_prompt_count(sid) == 0
         assert len(outcome) == 1

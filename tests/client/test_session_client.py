@@ -119,7 +119,8 @@ async def test_subscription_cancellation_and_stream_end(tmp_path: Path) -> None:
 
             tg.start_soon(doomed)
             await wait_until(lambda: session.pending_prompt_count == 1)
-            await anyio.sleep(0.1)
+            await wait_until(lambda: srv.bridge.get_session(session.session_id).active
+                             is not None)   # admitted and running on the server
             pump_scope.cancel()
             await wait_until(lambda: len(outcome) == 1)
             assert session.pending_prompt_count == 0

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import anyio
+import httpx
 import pytest
 
 from acp_server.tasks_cli import build_parser, run_tasks, tasks_command
@@ -65,7 +66,9 @@ async def test_watch_live_line_and_cancelled_task(tmp_path: Path) -> None:
         slow = json.loads(out)["id"]
 
         async def cancel_soon() -> None:
-            await anyio.sleep(0.3)
+            async with httpx.AsyncClient(base_url=srv.url) as http:
+                while (await http.get(f"/lmsp/v1/tasks/{slow}")).json()["status"] != "running":
+                    await anyio.sleep(0.01)   # a condition: the task runs, then it is cancelled
             assert (await run(["cancel", slow, "--url", srv.url]))[0] == 0
 
         async with anyio.create_task_group() as tg:

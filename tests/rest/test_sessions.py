@@ -6,7 +6,6 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
-import anyio
 import pytest
 
 from bridge import BridgeOptions
