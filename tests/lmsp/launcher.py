@@ -6,13 +6,18 @@
     LMSP_PORT 41234                  # printed (flushed) once listening
 
 The restart/crash tests kill it with SIGKILL and start it again on the same file; the
-multi-instance tests run two of them on one PostgreSQL schema.
+multi-instance tests run two of them on one PostgreSQL schema. They start it with
+``spawn(*args)``, which answers once the child listens.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import anyio
 import uvicorn
@@ -24,6 +29,21 @@ from acp_server.lmsp.store import TaskStore
 from acp_server.settings import Settings
 from bridge import Bridge
 from bridge.agents.reference import ReferenceAgentFactory
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def spawn(*args: str) -> tuple[subprocess.Popen[str], str]:
+    """This launcher as a child process with ``args``: the process and its base URL,
+    once it listens (stdout is a pipe the caller closes)."""
+    proc = subprocess.Popen([sys.executable, "-m", "tests.lmsp.launcher", *args], cwd=ROOT,
+                            stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line.startswith("LMSP_PORT "), line
+    return proc, f"http://127.0.0.1:{int(line.split()[1])}"
 
 
 def make_store(args: argparse.Namespace) -> TaskStore | None:

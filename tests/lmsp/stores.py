@@ -33,6 +33,12 @@ CREATED_SCHEMAS: set[str] = set()
 TEST_LEASE_S, TEST_RENEW_S, TEST_POLL_S = 3.0, 0.5, 0.5
 
 
+def lease_flags() -> list[str]:
+    """``tests.lmsp.launcher`` flags for the test lease timings."""
+    return ["--lease-s", str(TEST_LEASE_S), "--renew-s", str(TEST_RENEW_S),
+            "--poll-s", str(TEST_POLL_S)]
+
+
 def postgres_dsn() -> str | None:
     return os.environ.get(POSTGRES_ENV) or None
 

@@ -9,24 +9,19 @@ instance's leases expire first (the test lease is 3 s), then recovery applies.
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
-import anyio
 import openai
 import pytest
 from openai import AsyncOpenAI
 
 from tests.lmsp import stores
+from tests.lmsp.launcher import spawn
+from tests.lmsp.test_background import poll
 
 pytestmark = pytest.mark.anyio
-ROOT = Path(__file__).resolve().parents[2]
-FINAL = {"completed", "incomplete", "failed", "cancelled"}
 
 
 @pytest.fixture
@@ -40,17 +35,8 @@ class Server:
 
     def __init__(self, store: list[str], workspace: Path, max_running: int = 2) -> None:
         workspace.mkdir(exist_ok=True)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.lmsp.launcher", *store, "--workspace",
-             str(workspace), "--max-running-tasks", str(max_running),
-             "--lease-s", str(stores.TEST_LEASE_S), "--renew-s", str(stores.TEST_RENEW_S),
-             "--poll-s", str(stores.TEST_POLL_S)],
-            cwd=ROOT, stdout=subprocess.PIPE, text=True,
-            env={**os.environ, "PYTHONPATH": str(ROOT)})
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        assert line.startswith("LMSP_PORT "), line
-        self.url = f"http://127.0.0.1:{int(line.split()[1])}"
+        self.proc, self.url = spawn(*store, "--workspace", str(workspace),
+                                    "--max-running-tasks", str(max_running), *stores.lease_flags())
         self.client = AsyncOpenAI(base_url=f"{self.url}/lmsp/v1", api_key="unused",
                                   max_retries=0)
 
@@ -80,16 +66,6 @@ def store_args(tmp_path: Path, store_name: str) -> list[str]:
     return ["--store", stores.postgres_url_for(tmp_path, "restart")]
 
 
-async def poll(client: AsyncOpenAI, response_id: str, statuses: set[str] = FINAL,
-               timeout: float = 20) -> Any:
-    with anyio.fail_after(timeout):
-        while True:
-            response = await client.responses.retrieve(response_id)
-            if response.status in statuses:
-                return response
-            await anyio.sleep(0.05)
-
-
 async def test_sigkill_then_restart_fails_the_running_response(
         tmp_path: Path, store_name: str, servers: list[Server]) -> None:
     store = store_args(tmp_path, store_name)
@@ -98,11 +74,11 @@ async def test_sigkill_then_restart_fails_the_running_response(
     client = first.client
     done = await client.responses.create(model="reference", input="/chunks 2 kept",
                                          background=True)
-    done = await poll(client, done.id)
+    done = await poll(client, done.id, timeout=20)
     assert done.status == "completed"
     running = await client.responses.create(model="reference", input="/sleep 30s long",
                                             background=True)
-    await poll(client, running.id, {"in_progress"})
+    await poll(client, running.id, {"in_progress"}, timeout=20)
     queued = await client.responses.create(model="reference", input="after the restart",
                                            background=True)
     assert (await client.responses.retrieve(queued.id)).status == "queued"   # one slot
@@ -111,12 +87,12 @@ async def test_sigkill_then_restart_fails_the_running_response(
     second = Server(store, tmp_path / "second")
     servers.append(second)
     client = second.client
-    failed = await poll(client, running.id)
+    failed = await poll(client, running.id, timeout=20)
     assert failed.status == "failed" and failed.background is True
     assert failed.error is not None and failed.error.code == "server_restarted"
     kept = await client.responses.retrieve(done.id)
     assert kept.model_dump() == done.model_dump() and kept.output_text == "Echo: kept"
-    ran = await poll(client, queued.id)
+    ran = await poll(client, queued.id, timeout=20)
     assert ran.status == "completed" and ran.output_text == "Echo: after the restart"
     with pytest.raises(openai.BadRequestError):   # finished, so not cancelable
         await client.responses.cancel(running.id)

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,9 +12,9 @@ import httpx
 import pytest
 
 from tests.lmsp.server import envelope
+from tests.lmsp.launcher import spawn
 
 pytestmark = pytest.mark.anyio
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -27,15 +24,8 @@ def anyio_backend() -> str:
 
 class Process:
     def __init__(self, tmp_path: Path, max_running: int) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.lmsp.launcher", "--db", str(tmp_path / "lmsp.db"),
-             "--workspace", str(tmp_path), "--max-running-tasks", str(max_running)],
-            cwd=ROOT, stdout=subprocess.PIPE, text=True,
-            env={**os.environ, "PYTHONPATH": str(ROOT)})
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        assert line.startswith("LMSP_PORT "), line
-        self.url = f"http://127.0.0.1:{int(line.split()[1])}"
+        self.proc, self.url = spawn("--db", str(tmp_path / "lmsp.db"), "--workspace",
+                                    str(tmp_path), "--max-running-tasks", str(max_running))
 
     def kill(self) -> None:
         self.proc.send_signal(signal.SIGKILL)

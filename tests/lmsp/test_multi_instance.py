@@ -9,10 +9,7 @@ Lease timings are the test ones (``tests.lmsp.stores``: 3 s lease, 0.5 s renewal
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,10 +19,10 @@ import httpx
 import pytest
 
 from tests.lmsp import stores
+from tests.lmsp.launcher import spawn
 from tests.lmsp.server import envelope
 
 pytestmark = pytest.mark.anyio
-ROOT = Path(__file__).resolve().parents[2]
 FINAL = {"succeeded", "failed", "cancelled"}
 
 
@@ -34,17 +31,8 @@ class Instance:
 
     def __init__(self, url: str, workspace: Path, max_running: int) -> None:
         workspace.mkdir(exist_ok=True)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.lmsp.launcher", "--store", url,
-             "--workspace", str(workspace), "--max-running-tasks", str(max_running),
-             "--lease-s", str(stores.TEST_LEASE_S), "--renew-s", str(stores.TEST_RENEW_S),
-             "--poll-s", str(stores.TEST_POLL_S)],
-            cwd=ROOT, stdout=subprocess.PIPE, text=True,
-            env={**os.environ, "PYTHONPATH": str(ROOT)})
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        assert line.startswith("LMSP_PORT "), line
-        self.url = f"http://127.0.0.1:{int(line.split()[1])}"
+        self.proc, self.url = spawn("--store", url, "--workspace", str(workspace),
+                                    "--max-running-tasks", str(max_running), *stores.lease_flags())
         self.client = httpx.AsyncClient(base_url=self.url, timeout=10)
 
     def kill(self) -> None:
