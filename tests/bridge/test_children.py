@@ -16,8 +16,8 @@ import pytest
 from bridge.agents.children import ChildRegistry
 from bridge.agents.stdio import StdioAgentFactory
 from tests.bridge.fake_agent_client import FakeClient
+from tests.serve import start_serve
 
-ROOT = Path(__file__).resolve().parents[2]
 
 # An agent that answers initialize and session/new, starts a grandchild, and ignores stdin EOF and SIGTERM.
 STUBBORN_AGENT = r"""
@@ -100,18 +100,10 @@ def test_reap_stale_kills_only_children_of_dead_servers(tmp_path):
 def test_a_killed_server_leaves_no_agent_after_the_next_start(tmp_path):
     script = tmp_path / "stubborn.py"
     script.write_text(STUBBORN_AGENT)
-    env = {k: v for k, v in os.environ.items() if k != "ACP_SERVER_TOKEN"}
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    command = [sys.executable, "-m", "acp_server", "serve", "--port", "0", "--workspace",
-               str(tmp_path), "--state-dir", str(tmp_path / "state"),
-               "--agent", f"{sys.executable} {script} {tmp_path / 'grandchild.pid'}"]
+    agent = f"{sys.executable} {script} {tmp_path / 'grandchild.pid'}"
 
     def start() -> tuple[subprocess.Popen[str], str]:
-        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                text=True, env=env, cwd=tmp_path)
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        return proc, line.split("listening on ", 1)[1].split()[0]
+        return start_serve(tmp_path, "--agent", agent, cwd=tmp_path)
 
     import httpx
 

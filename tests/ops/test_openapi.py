@@ -8,7 +8,6 @@ import contextlib
 import json
 import os
 import subprocess
-import sys
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 from pathlib import Path
@@ -33,6 +32,7 @@ from acp_server.lmsp import install_lmsp, open_lmsp
 from acp_server.settings import Settings
 from bridge import Bridge
 from bridge.agents.reference import ReferenceAgentFactory
+from tests.serve import start_serve
 
 ROOT = Path(__file__).resolve().parents[2]
 CHECKED_IN = ROOT / "openapi.json"
@@ -139,17 +139,9 @@ def test_lmsp_errors_are_problems_and_rest_errors_are_rest_bodies() -> None:
 @pytest.fixture(scope="module")
 def live_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``acp-server serve`` in a child process, session cap off (no legitimate 5xx)."""
-    workspace = tmp_path_factory.mktemp("fuzz")
-    env = {k: v for k, v in os.environ.items() if k != "ACP_SERVER_TOKEN"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "acp_server", "serve", "--port", "0", "--workspace",
-         str(workspace), "--state-dir", str(workspace / "state"), "--max-sessions", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    proc, url = start_serve(tmp_path_factory.mktemp("fuzz"), "--max-sessions", "0")
     try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert "listening on" in line, line
-        yield line.split("listening on ", 1)[1].split()[0]
+        yield url
     finally:
         proc.terminate()
         try:

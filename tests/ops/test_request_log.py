@@ -7,9 +7,7 @@ from __future__ import annotations
 import io
 import json
 import logging
-import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +18,7 @@ import pytest
 from acp_server.request_log import JsonFormatter, configure_logging, count_events
 from tests.ops.test_metrics import daemon, run_task
 from tests.rest.server import text_prompt
+from tests.serve import start_serve
 
 TOKEN = "tok-never-logged"
 SECRET_TEXT = "body-never-logged"
@@ -173,15 +172,8 @@ def test_the_cli_writer_and_the_logger_write_the_same_lines(log_format: str) -> 
 
 
 def test_serve_logs_json_lines(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "ACP_SERVER_TOKEN"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "acp_server", "serve", "--port", "0", "--workspace",
-         str(tmp_path), "--state-dir", str(tmp_path / "state"), "--log-format", "json"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc, url = start_serve(tmp_path, "--log-format", "json", stderr=subprocess.PIPE)
     try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        url = line.split("listening on ", 1)[1].split()[0]
         assert httpx.get(f"{url}/health", timeout=10).status_code == 200
     finally:
         proc.terminate()
