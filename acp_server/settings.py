@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from acp_server.http.security import is_loopback
+from acp_server.lmsp.permissions import POLICIES
 from acp_server.profiles import (
     AgentProfile,
     ProfileError,
@@ -49,7 +50,6 @@ DEFAULT_HEADER_TIMEOUT_MS = 10_000
 # Every SSE subscriber the bridge allows (32 sessions x 64 subscribers = 2048) plus
 # 512 for requests, /acp streams and WebSockets; kept below the descriptor limit.
 DEFAULT_MAX_CONNECTIONS = 2560
-LMSP_PERMISSION_POLICIES = ("reject", "allow", "cancel")
 TOKEN_ENV = "ACP_SERVER_TOKEN"
 _ORIGIN = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/\s?#]+$")
 
@@ -186,9 +186,9 @@ class Settings:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise SettingsError(f"Invalid {name.replace('_', '-')}: {value!r}. "
                                     "Must be a positive integer.")
-        if self.lmsp_permissions not in LMSP_PERMISSION_POLICIES:
+        if self.lmsp_permissions not in POLICIES:
             raise SettingsError(f"Invalid lmsp-permissions: {self.lmsp_permissions!r}. Must be "
-                                f"one of {', '.join(LMSP_PERMISSION_POLICIES)}.")
+                                f"one of {', '.join(POLICIES)}.")
         if not self.lmsp_keepalive_s > 0:
             raise SettingsError(f"Invalid LMSP keep-alive interval: {self.lmsp_keepalive_s!r}.")
 

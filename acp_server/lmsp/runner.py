@@ -58,7 +58,6 @@ FLUSH_S = 0.05
 FLUSH_EVENTS = 64
 MAX_PENDING = 4096
 SUBSCRIPTION_QUEUE = 2048
-LIVE = ("loading", "running", "cancelling")
 
 
 @dataclasses.dataclass(eq=False)

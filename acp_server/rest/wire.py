@@ -203,7 +203,3 @@ def is_uuid(value: Any) -> bool:
         return False
     return parsed.variant == uuid.RFC_4122 and parsed.version in (1, 2, 3, 4, 5) \
         and str(parsed) == value.lower()
-
-
-def is_positive_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= 2**31 - 1
