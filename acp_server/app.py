@@ -28,6 +28,7 @@ from acp_server import acp_http, lmsp
 from acp_server import metrics as metrics_module
 from acp_server import openapi
 from acp_server.acp_http import AcpConfig, acp_routes
+from acp_server.http.guard import GuardStats
 from acp_server.http.handlers import by_prefix
 from acp_server.http.security import GuardPolicy, SecurityMiddleware
 from acp_server.lmsp import CORS_DENIED_PROBLEM, UNAUTHORIZED_PROBLEM
@@ -54,14 +55,14 @@ def guard_policy(settings: Settings) -> GuardPolicy:
                        allow_origins=settings.allow_origins)
 
 
-def rest_config(settings: Settings) -> RestConfig:
+def rest_config(settings: Settings, guard_stats: GuardStats | None = None) -> RestConfig:
     return RestConfig(
         max_body_bytes=settings.max_body_bytes, heartbeat_s=settings.heartbeat_s,
         agent_name=settings.agent_name, token_configured=settings.token is not None,
         require_auth=settings.require_auth, loopback_bind=settings.loopback,
         allow_origins=settings.allow_origins, header_timeout_ms=settings.header_timeout_ms,
         max_connections=settings.max_connections,
-        prompt_deadline_ms=settings.options.prompt_deadline_ms)
+        prompt_deadline_ms=settings.options.prompt_deadline_ms, guard_stats=guard_stats)
 
 
 def acp_config(settings: Settings) -> AcpConfig:
@@ -70,7 +71,9 @@ def acp_config(settings: Settings) -> AcpConfig:
                      reap_grace_s=settings.acp_reap_grace_s)
 
 
-def build_app(settings: Settings, bridge: Bridge) -> Starlette:
+def build_app(settings: Settings, bridge: Bridge, *,
+              guard_stats: GuardStats | None = None) -> Starlette:
+    """``guard_stats``: the connection guard's counters when one runs below the app."""
     app = Starlette(exception_handlers=EXCEPTION_HANDLERS,
                     middleware=[Middleware(SecurityMiddleware, policy=guard_policy(settings),
                         unauthorized=[("/lmsp/", PROBLEM_JSON.encode(), UNAUTHORIZED_PROBLEM)],
@@ -80,7 +83,7 @@ def build_app(settings: Settings, bridge: Bridge) -> Starlette:
                                        *acp_routes(), *(web_routes() if settings.web else ())])
     app.state.bridge = bridge
     app.state.settings = settings
-    app.state.rest_config = rest_config(settings)   # each door gets its values, not Settings
+    app.state.rest_config = rest_config(settings, guard_stats)   # values, not Settings
     app.state.acp_config = acp_config(settings)
     app.state.metrics = metrics = Metrics(bridge, app.state,
                                           task_ttl_s=settings.metrics_task_ttl_s)

@@ -33,7 +33,7 @@ from acp_server import __version__
 from acp_server.acp_http import ConnectionRegistry, registry_for
 from acp_server.app import build_app
 from acp_server.conformance.cli import add_conformance_arguments, run_conformance_args
-from acp_server.http.guard import connection_cap, guarded_protocol, raise_fd_limit
+from acp_server.http.guard import GuardStats, connection_cap, guarded_protocol, raise_fd_limit
 from acp_server.lmsp import LmspConfig, LmspService, install_lmsp, open_lmsp
 from acp_server.prompt_cli import add_prompt_arguments, run_prompt_args
 from acp_server.request_log import configure_logging
@@ -88,6 +88,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
                             "long, 0 = wait forever (default 0)")
     serve.add_argument("--initialize-timeout-ms",
                        help="how long the agent may take to answer initialize (default 10000)")
+    serve.add_argument("--agent-request-timeout-ms",
+                       help="how long an agent may take to answer session/new, load, resume, "
+                            "fork or close (default 30000)")
     serve.add_argument("--agent", action="append", default=[], metavar="[NAME=]COMMAND",
                        help="the default agent: 'reference' (default) or the command line of a "
                             "stdio ACP agent; NAME=COMMAND adds a named agent (repeatable)")
@@ -218,13 +221,14 @@ async def serve(settings: Settings) -> None:
 
 
 async def _serve_http(settings: Settings, bridge: Bridge, lmsp: LmspService) -> None:
-    app = build_app(settings, bridge)
+    guard_stats = GuardStats()   # counted by the guard, reported by /daemon/status
+    app = build_app(settings, bridge, guard_stats=guard_stats)
     install_lmsp(app, lmsp)   # app.state.lmsp, the /lmsp/v1 routes, 401 as a problem
     # The connection guard: header timeout and connection cap below ASGI
     # (acp_server/http/guard.py); WebSocket frames capped at the body cap (close 1009).
     cap = connection_cap(settings.max_connections, raise_fd_limit())
     protocol = guarded_protocol(header_timeout_s=settings.header_timeout_ms / 1000,
-                                max_connections=cap)
+                                max_connections=cap, stats=guard_stats)
     config = uvicorn.Config(app, host=settings.hostname, http=protocol,
                             ws_max_size=settings.max_body_bytes,
                             port=settings.port, lifespan="off", access_log=False,

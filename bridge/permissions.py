@@ -73,10 +73,9 @@ class PermissionMediator:
         pending = PendingPermission(request_id, session, params, prompt_id)
         self._by_id[request_id] = pending
         self._by_session.setdefault(session.session_id, {})[request_id] = pending
-        data = dict(params)
-        data["requestId"] = request_id
-        data["sessionId"] = session.session_id
-        session.bus.publish(ev.PERMISSION_REQUEST, data, prompt_id=prompt_id)
+        session.bus.publish(ev.PERMISSION_REQUEST, ev.PermissionRequest(
+            request_id=request_id, session_id=session.session_id, params=params),
+            prompt_id=prompt_id)
         try:
             if self.timeout_ms:
                 with anyio.move_on_after(self.timeout_ms / 1000):
@@ -118,6 +117,7 @@ class PermissionMediator:
         if not of_session:
             del self._by_session[pending.session.session_id]
         pending.session.bus.publish(ev.PERMISSION_RESOLVED, ev.PermissionResolved(
-            requestId=pending.request_id, sessionId=pending.session.session_id, outcome=outcome,
-            voterClientId=voter_client_id, reason=reason), prompt_id=pending.prompt_id)
+            request_id=pending.request_id, session_id=pending.session.session_id,
+            outcome=outcome, voter_client_id=voter_client_id, reason=reason),
+            prompt_id=pending.prompt_id)
         pending.done.set()

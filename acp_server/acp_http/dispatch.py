@@ -9,6 +9,10 @@ when the connection has, or can open, a channel for that session, else to the
 connection stream. ``session/prompt`` is answered later, by the session stream
 itself, when the turn ends (``{stopReason, ...}`` as the agent sent it, or an error).
 
+A request runs until it is answered or its connection closes (DELETE, reaping, the
+socket gone): then it is cancelled, and a session it was making gives its slot back.
+The sessions a connection made are closed with it (``AcpConnection.close``).
+
 Unlike ``qwen serve``, a second ``session/prompt`` on the same connection does not
 cancel the first: it is queued behind it under the same admission rule as REST
 (``--max-pending-prompts-per-session``), and a full queue answers ``prompt_queue_full`` (``acp_http.errors``).
@@ -98,9 +102,10 @@ def initialize_result(bridge: Bridge, params: dict[str, Any], connection_id: str
     version = PROTOCOL_VERSION
     if isinstance(requested, int) and not isinstance(requested, bool):
         version = max(0, min(requested, PROTOCOL_VERSION))
-    agent_caps = bridge.agent_info.get("agentCapabilities")
+    agent_info = bridge.agent_info()
+    agent_caps = agent_info.get("agentCapabilities")
     capabilities = agent_caps if isinstance(agent_caps, dict) else DEFAULT_AGENT_CAPABILITIES
-    auth_methods = bridge.agent_info.get("authMethods")
+    auth_methods = agent_info.get("authMethods")
     return {
         "protocolVersion": version,
         "agentCapabilities": capabilities,
@@ -129,6 +134,8 @@ async def _session_new(conn: AcpConnection, rpc_id: RpcId, params: dict[str, Any
     if agent is not None and not isinstance(agent, str):
         raise InvalidParamsError(f'Invalid params: "_meta.{AGENT_META}" must be a string')
     info = await conn.bridge.create_session(cwd=_cwd(params), agent=agent)
+    if not info.attached:
+        conn.own(info.session_id)
     conn.channel(info.session_id)
     return {**info.agent_result, "sessionId": info.session_id}
 
@@ -140,6 +147,8 @@ async def _session_load(conn: AcpConnection, rpc_id: RpcId, params: dict[str, An
     (the agent's session state) follows once the reader has taken it."""
     sid = _session_id(params)
     info = await conn.bridge.load_session(sid, cwd=_cwd(params))
+    if not info.attached:   # restored by this connection: it made it
+        conn.own(sid)
     channel = conn.channel(sid)
     channel.subscribe(last_event_id=0)
     history = info.history
@@ -150,7 +159,9 @@ async def _session_load(conn: AcpConnection, rpc_id: RpcId, params: dict[str, An
 
 async def _session_resume(conn: AcpConnection, rpc_id: RpcId, params: dict[str, Any]) -> Any:
     sid = _session_id(params)
-    await conn.bridge.resume_session(sid, cwd=_cwd(params))
+    info = await conn.bridge.resume_session(sid, cwd=_cwd(params))
+    if not info.attached:
+        conn.own(sid)
     conn.channel(sid)
     return {}
 
@@ -158,8 +169,8 @@ async def _session_resume(conn: AcpConnection, rpc_id: RpcId, params: dict[str, 
 async def _session_list(conn: AcpConnection, rpc_id: RpcId, params: dict[str, Any]) -> Any:
     cwd = _cwd(params)
     sessions = [{"sessionId": s.session_id, "cwd": s.workspace_cwd}
-                for s in conn.bridge.sessions()
-                if not s.closing and (cwd is None or s.workspace_cwd == cwd)]
+                for s in conn.bridge.list_sessions()
+                if cwd is None or s.workspace_cwd == cwd]
     return {"sessions": sessions}
 
 
@@ -234,8 +245,9 @@ def _reply_target(conn: AcpConnection, method: str,
     channel = conn.channels.get(sid)
     if channel is not None:
         return channel
+    if not conn.bridge.has_session(sid):
+        return conn
     try:
-        conn.bridge.get_session(sid)
         return conn.channel(sid)
     except BridgeError:
         return conn
@@ -249,21 +261,25 @@ async def dispatch(conn: AcpConnection, msg: Message, params: dict[str, Any]) ->
     is_request = msg.id is not UNSET
     target = _reply_target(conn, method, params)
     handler = METHODS.get(method)
-    try:
-        if handler is not None:
-            result = await handler(conn, rpc_id, params)
-        elif method in FORWARDED:
-            result = await _forward(conn, method, params)
-        else:
+    result: Any = None
+    with conn.dispatching() as scope:   # ends when the connection closes
+        try:
+            if handler is not None:
+                result = await handler(conn, rpc_id, params)
+            elif method in FORWARDED:
+                result = await _forward(conn, method, params)
+            else:
+                if is_request:
+                    target.push(encode_error(rpc_id, METHOD_NOT_FOUND,
+                                             f"Unknown method: {method}", {"method": method}))
+                return
+        except Exception as exc:
+            if not isinstance(exc, BridgeError):
+                log.exception("acp %s failed", method)
             if is_request:
-                target.push(encode_error(rpc_id, METHOD_NOT_FOUND, f"Unknown method: {method}",
-                                         {"method": method}))
+                target.push(encode_bridge_error(rpc_id, exc))
             return
-    except Exception as exc:
-        if not isinstance(exc, BridgeError):
-            log.exception("acp %s failed", method)
-        if is_request:
-            target.push(encode_bridge_error(rpc_id, exc))
+    if scope.cancelled_caught:   # the connection closed: nobody reads a reply
         return
     closing = method == "session/close" and isinstance(target, SessionChannel)
     if closing:

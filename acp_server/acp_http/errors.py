@@ -16,12 +16,16 @@ params, workspace mismatch
 ``SessionLimitExceededError``       -32603   ``{errorKind: "session_limit_exceeded", limit,
                                              scope, retryable: true}``
 ``AgentError`` (agent's JSON-RPC)   as sent  as sent
+``AgentRequestTimeoutError``        -32603   ``{errorKind: "agent_request_timeout",
+                                             httpStatus: 504, retryable: true, phase,
+                                             timeoutMs}``
 other ``BridgeError``               -32603   ``{errorKind: <error code>, ...}``
 anything else                       -32603   ``{errorKind: "internal"}`` ("Internal error")
 ==================================  =======  =================================================
 
-The rule is read from the error (``rpc_code``, ``code``, ``details()``); ``DATA`` and
-``ANSWERS`` hold the answers that carry more, or differ.
+The caller's mistakes (``CALLER_ERRORS``, looked up along the error's MRO) are
+-32602; ``DATA`` and ``ANSWERS`` hold the answers that carry more, or differ. Field
+names are the peer's (``bridge.wire.error_details``).
 """
 
 from __future__ import annotations
@@ -33,16 +37,24 @@ from bridge.errors import (
     AgentDiedError,
     AgentError,
     AgentNotFoundError,
+    AgentRequestTimeoutError,
     AgentTimeoutError,
     BridgeError,
+    InvalidClientIdError,
+    InvalidDeadlineError,
+    InvalidPermissionOptionError,
     InvalidPromptError,
+    PermissionNotFoundError,
     PromptDeadlineExceededError,
     PromptQueueFullError,
     SessionClosedError,
     SessionLimitExceededError,
+    SessionNotFoundError,
     SubscriberLimitExceededError,
+    WorkspaceMismatchError,
 )
 from bridge.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, encode_error
+from bridge.wire import error_details
 
 RpcId = int | str | None
 
@@ -63,26 +75,39 @@ class ChannelLimitError(BridgeError):
         super().__init__(f"Too many sessions on one ACP connection (limit {limit})")
         self.limit = limit
 
-    def details(self) -> dict[str, Any]:
-        return {"limit": self.limit}
-
 
 class InvalidParamsError(BridgeError):
     code = "invalid_params"
-    http_status = 400
-    rpc_code = INVALID_PARAMS
+
+
+# The caller's mistakes: -32602 with no data.
+CALLER_ERRORS: tuple[type[BridgeError], ...] = (
+    SessionNotFoundError, WorkspaceMismatchError, InvalidClientIdError, PermissionNotFoundError,
+    InvalidPermissionOptionError, AgentNotFoundError, InvalidPromptError, InvalidDeadlineError,
+    InvalidParamsError,
+)
 
 
 PROMPT_REQUIRED = 'Invalid params: "prompt" must be a non-empty array of content blocks'
 RpcError = tuple[int, str, dict[str, Any] | None]
 
 
+def _details(exc: Any) -> dict[str, Any]:
+    if isinstance(exc, ChannelLimitError):
+        return {"limit": exc.limit}
+    return error_details(exc)
+
+
 def _kind(exc: Any) -> dict[str, Any]:
-    return {"errorKind": exc.code, **exc.details()}
+    return {"errorKind": exc.code, **_details(exc)}
 
 
 def _retryable(exc: Any) -> dict[str, Any]:
-    return {"errorKind": exc.code, **exc.details(), "retryable": True}
+    return {"errorKind": exc.code, **_details(exc), "retryable": True}
+
+
+def _timeout(exc: Any) -> dict[str, Any]:
+    return {"errorKind": exc.code, "httpStatus": 504, "retryable": True, **_details(exc)}
 
 
 # ``data`` of the -32603 answers that carry more than ``{errorKind}``, by exact class.
@@ -91,8 +116,8 @@ DATA: dict[type[BridgeError], Callable[[Any], dict[str, Any]]] = {
     SessionLimitExceededError: _retryable,
     SubscriberLimitExceededError: _retryable,
     ChannelLimitError: _retryable,
-    AgentTimeoutError: lambda exc: {"errorKind": exc.code, "httpStatus": exc.http_status,
-                                    "retryable": True, **exc.details()},
+    AgentTimeoutError: _timeout,
+    AgentRequestTimeoutError: _timeout,
     SessionClosedError: _kind,
     PromptDeadlineExceededError: _kind,
     AgentDiedError: _kind,
@@ -108,17 +133,17 @@ ANSWERS: dict[type[BridgeError], Callable[[Any], RpcError]] = {
 
 def to_rpc_error(exc: BaseException) -> RpcError:
     """``(code, message, data)`` for an error raised by the bridge or a method:
-    ``-32602`` with no data for the caller's mistakes (``rpc_code``), else
+    ``-32602`` with no data for the caller's mistakes (``CALLER_ERRORS``), else
     ``-32603`` with ``{errorKind: code, ...}``."""
     if not isinstance(exc, BridgeError):
         return INTERNAL_ERROR, "Internal error", {"errorKind": "internal"}
     answer = ANSWERS.get(type(exc))
     if answer is not None:
         return answer(exc)
-    if exc.rpc_code == INVALID_PARAMS:
+    if isinstance(exc, CALLER_ERRORS):
         return INVALID_PARAMS, str(exc) or "Invalid params", None
     data = DATA.get(type(exc))
-    return (exc.rpc_code, str(exc) or "Internal error",
+    return (INTERNAL_ERROR, str(exc) or "Internal error",
             data(exc) if data is not None else {"errorKind": exc.code})
 
 

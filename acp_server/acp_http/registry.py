@@ -14,8 +14,11 @@ Contracts:
   never opened one) is reaped exactly as a DELETE would close it. ``sweep()`` runs
   at the start of every ``/acp`` request, and a stream whose client disconnected
   runs it once more ``grace_s`` later, so reaping does not depend on traffic.
-* Closing cancels the permission requests the connection was sent only on sessions
-  that no other live connection serves.
+* Closing cancels the permission requests the connection was sent, and closes the
+  sessions it made, only on sessions that no other live connection serves
+  (``AcpConnection.close``). The connections that still serve a session it made
+  inherit it: a session made over ``/acp`` is closed when the last connection that
+  made or attached it goes away.
 
 For tests, put a registry on the app before the first request:
 ``app.state.acp_registry = ConnectionRegistry(bridge, max_connections=2, grace_s=0.2)``;
@@ -89,7 +92,11 @@ class ConnectionRegistry:
     def close(self, conn: AcpConnection) -> None:
         if self.connections.get(conn.id) is conn:
             del self.connections[conn.id]
-        conn.close(cancel_permissions=lambda sid: not self.served_elsewhere(sid, conn))
+        for session_id in conn.owned:   # the connections still serving it inherit it
+            for other in self.connections.values():
+                if session_id in other.channels:
+                    other.own(session_id)
+        conn.close(served_elsewhere=lambda sid: self.served_elsewhere(sid, conn))
 
     def served_elsewhere(self, session_id: str, conn: AcpConnection) -> bool:
         return any(other is not conn and session_id in other.channels
@@ -100,6 +107,7 @@ class ConnectionRegistry:
         Call it before stopping the server so shutdown does not wait for them."""
         self._shutdown.set()
         for conn in list(self.connections.values()):
+            conn.owned.clear()   # the bridge's drain closes every session (reason shutdown)
             self.close(conn)
 
     async def sweep_after_grace(self) -> None:

@@ -185,7 +185,7 @@ def _initialize(request: Request, registry: ConnectionRegistry, msg: Message,
         conn = registry.create()
     except ConnectionCapError as exc:
         return _rpc_error(503, rpc_id, INTERNAL_ERROR, str(exc), {"Retry-After": "5"})
-    result = initialize_result(request.app.state.bridge, params, conn.id)
+    result = initialize_result(registry.bridge, params, conn.id)
     return _json(200, encode_result(rpc_id, result), {"Acp-Connection-Id": conn.id})
 
 
@@ -205,7 +205,7 @@ async def get_acp(request: Request) -> Response | ASGIApp:
         release = _attach(conn, conn, "Connection")
         if isinstance(release, Response):
             return release
-        return FrameStream(conn.frames, heartbeat_s=heartbeat_s, on_close=release,
+        return FrameStream(conn, heartbeat_s=heartbeat_s, on_close=release,
                            after_disconnect=registry.sweep_after_grace)
     try:
         channel = conn.channel(session_id)
@@ -217,8 +217,8 @@ async def get_acp(request: Request) -> Response | ASGIApp:
     if isinstance(release, Response):
         return release
     headers = [(b"x-qwen-event-epoch", channel.epoch.encode())] if channel.epoch else []
-    return FrameStream(channel.frames, heartbeat_s=heartbeat_s, on_close=release,
-                       pump=channel.pump, after_disconnect=registry.sweep_after_grace, headers=headers)
+    return FrameStream(channel, heartbeat_s=heartbeat_s, on_close=release,
+                       after_disconnect=registry.sweep_after_grace, headers=headers)
 
 
 def _attach(conn: AcpConnection, stream: AcpConnection | SessionChannel,
@@ -232,7 +232,7 @@ def _attach(conn: AcpConnection, stream: AcpConnection | SessionChannel,
     conn.stream_opened()
 
     def release() -> None:
-        stream.reader_attached = False
+        stream.detach_reader()
         conn.stream_closed()
 
     return release

@@ -1,6 +1,7 @@
 """Connection guard below ASGI: a header timeout and a connection cap for uvicorn.
 
-    protocol = guarded_protocol(header_timeout_s=10.0, max_connections=2560)
+    stats = GuardStats()                 # handed to whoever reports it (/daemon/status)
+    protocol = guarded_protocol(header_timeout_s=10.0, max_connections=2560, stats=stats)
     uvicorn.Config(app, http=protocol, ...)
     raise_fd_limit()                   # soft RLIMIT_NOFILE -> hard, at start-up
 
@@ -21,13 +22,14 @@ Contracts:
 * Past ``max_connections`` live connections (HTTP and WebSocket, SSE streams
   included), a new connection is answered at once with ``503`` (``Retry-After: 5``,
   ``Connection: close``) without reading it, and closed; it is counted in
-  ``REFUSED``.
+  ``stats.connections_refused`` (a header timeout in ``stats.header_timeouts``).
 * ``raise_fd_limit`` raises the soft file-descriptor limit to the hard one and
   returns it; ``connection_cap`` keeps the cap ``FD_RESERVE`` below that limit.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import logging
 import resource
@@ -40,7 +42,14 @@ _REFUSAL_BODY = b'{"error":"Too many connections","code":"connection_limit"}'
 _REFUSAL = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
             b"retry-after: 5\r\nconnection: close\r\ncontent-length: "
             + str(len(_REFUSAL_BODY)).encode() + b"\r\n\r\n" + _REFUSAL_BODY)
-REFUSED = {"connections": 0, "header_timeouts": 0}
+
+
+@dataclasses.dataclass(slots=True)
+class GuardStats:
+    """The guard's counters, one object per server (created by the composition)."""
+
+    connections_refused: int = 0
+    header_timeouts: int = 0
 
 
 def raise_fd_limit() -> int:
@@ -74,9 +83,10 @@ def _base_protocol() -> type:
     return H11Protocol
 
 
-def guarded_protocol(*, header_timeout_s: float, max_connections: int,
+def guarded_protocol(*, header_timeout_s: float, max_connections: int, stats: GuardStats,
                      base: type | None = None) -> type:
-    """An HTTP protocol class for ``uvicorn.Config(http=...)`` with both guards."""
+    """An HTTP protocol class for ``uvicorn.Config(http=...)`` with both guards,
+    counting in ``stats``."""
     parent: Any = base or _base_protocol()
 
     class GuardedProtocol(parent):  # type: ignore[misc, valid-type]
@@ -87,7 +97,7 @@ def guarded_protocol(*, header_timeout_s: float, max_connections: int,
         def connection_made(self, transport: Any) -> None:
             if len(self.connections) >= max_connections:
                 self._refused = True
-                REFUSED["connections"] += 1
+                stats.connections_refused += 1
                 transport.write(_REFUSAL)
                 transport.close()
                 return
@@ -124,11 +134,11 @@ def guarded_protocol(*, header_timeout_s: float, max_connections: int,
             self._head_timer = None
             if self.transport.is_closing() or self.transport.get_protocol() is not self:
                 return
-            REFUSED["header_timeouts"] += 1
+            stats.header_timeouts += 1
             self.transport.close()
 
     GuardedProtocol.__name__ = f"Guarded{parent.__name__}"
     return GuardedProtocol
 
 
-__all__ = ["FD_RESERVE", "REFUSED", "connection_cap", "guarded_protocol", "raise_fd_limit"]
+__all__ = ["FD_RESERVE", "GuardStats", "connection_cap", "guarded_protocol", "raise_fd_limit"]

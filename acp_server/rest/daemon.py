@@ -17,7 +17,6 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from acp_server import __version__
-from acp_server.http.guard import REFUSED
 from acp_server.rest.capabilities import features
 from acp_server.rest.config import RestConfig
 from acp_server.rest.errors import json_response
@@ -56,6 +55,7 @@ def status_body(bridge: Bridge, config: RestConfig) -> dict[str, Any]:
             "sessionReapIntervalMs": options.session_reap_interval_ms,
             "permissionResponseTimeoutMs": options.permission_response_timeout_ms,
             "initializeTimeoutMs": options.initialize_timeout_ms,
+            "agentRequestTimeoutMs": options.agent_request_timeout_ms,
             "maxSubscribersPerSession": options.max_subscribers_per_session,
             "subscriberMaxQueued": options.subscriber_max_queued,
             "subscriberMaxQueuedBytes": options.subscriber_max_queued_bytes,
@@ -69,6 +69,7 @@ def status_body(bridge: Bridge, config: RestConfig) -> dict[str, Any]:
         "runtime": {
             "sessions": {"active": stats.sessions,
                          "admissionInFlight": stats.admission_in_flight},
+            "agents": {"foreignMessagesDropped": stats.foreign_messages_dropped},
             "permissions": {"pending": stats.pending_permissions,
                             "policy": "first-responder"},
             "transport": {"restSseActive": stats.subscribers},
@@ -82,24 +83,23 @@ def status_body(bridge: Bridge, config: RestConfig) -> dict[str, Any]:
 
 def agents(bridge: Bridge) -> list[dict[str, Any]]:
     """Each agent: its state, how many live sessions run on it, what it said it is."""
-    counts: dict[str, int] = {}
-    for session in bridge.sessions():
-        counts[session.agent_name] = counts.get(session.agent_name, 0) + 1
     out = []
-    for name in bridge.agents.names:
-        info = bridge.agents.info(name).get("agentInfo")
-        out.append({"name": name, "default": name == bridge.agents.default,
-                    "state": bridge.agents.state(name), "sessions": counts.get(name, 0),
+    for agent in bridge.list_agents():
+        info = agent.info.get("agentInfo")
+        out.append({"name": agent.name, "default": agent.default, "state": agent.state,
+                    "sessions": agent.sessions,
                     "agentInfo": info if isinstance(info, dict) else None})
     return out
 
 
 async def daemon_status(request: Request) -> Response:
     state = request.app.state
-    body = status_body(state.bridge, state.rest_config)
+    config: RestConfig = state.rest_config
+    body = status_body(state.bridge, config)
     # The connection guard's counters (acp_server/http/guard.py; uvicorn only).
-    body["runtime"]["transport"]["connectionsRefused"] = REFUSED["connections"]
-    body["runtime"]["transport"]["headerTimeouts"] = REFUSED["header_timeouts"]
+    guard = config.guard_stats
+    body["runtime"]["transport"]["connectionsRefused"] = guard.connections_refused if guard else 0
+    body["runtime"]["transport"]["headerTimeouts"] = guard.header_timeouts if guard else 0
     lmsp = getattr(state, "lmsp", None)
     if lmsp is not None:   # permissions answered by --lmsp-permissions, per decision
         body["runtime"]["permissions"]["lmspPolicy"] = lmsp.runner.permission_policy

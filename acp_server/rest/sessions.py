@@ -9,7 +9,8 @@ Contracts: ``sessionScope`` ``single`` (default) attaches to the workspace's def
 session; ``thread`` always spawns; a ``sessionId`` override must be a UUID v1–v5 and
 forces ``thread``. Creation is 200 (not 201) as on the peer; branch is 201. ``/load``
 carries the history (``compactedReplay``, ``liveJournal``, ``promptTerminals``, with
-``lastEventId`` after them, ``bridge.history``); ``/resume`` carries none.
+``lastEventId`` after them, ``bridge.history``, each event as its ``bridge.wire``
+envelope); ``/resume`` carries none.
 """
 
 from __future__ import annotations
@@ -18,13 +19,15 @@ import datetime
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from acp_server.rest import wire
 from acp_server.rest.errors import bad_request, json_response
-from bridge import Bridge, SessionInfo, SessionStatus
+from bridge import Bridge, Event, SessionInfo, SessionStatus
+from bridge.wire import envelope
 
 
 def iso(timestamp: float) -> str:
@@ -79,9 +82,15 @@ def restored(info: SessionInfo) -> wire.SessionRestored | wire.SessionLoaded:
         sessionId=info.session_id, workspaceCwd=info.workspace_cwd, attached=info.attached,
         clientId=info.client_id, createdAt=iso(info.created_at), state=_state(info),
         hasRunningBackgroundTasks=False, hasActivePrompt=info.has_active_prompt,
-        compactedReplay=history.compacted_replay, liveJournal=history.live_journal,
+        compactedReplay=_envelopes(history.compacted_replay),
+        liveJournal=_envelopes(history.live_journal),
         lastEventId=history.last_event_id, eventEpoch=info.event_epoch,
-        promptTerminals=history.prompt_terminals)
+        promptTerminals=[wire.PromptTerminal.of(t) for t in history.prompt_terminals])
+
+
+def _envelopes(events: list[Event]) -> list[msgspec.Raw]:
+    """Events as their JSON envelopes (the bytes the bus built once)."""
+    return [msgspec.Raw(envelope(event)) for event in events]
 
 
 async def create_session(request: Request) -> Response:
