@@ -349,8 +349,17 @@ class AcpConnection:
 
     def own(self, session_id: str) -> None:
         """This connection made ``session_id``: closed with the connection (see
-        ``close``)."""
-        self.owned.add(session_id)
+        ``close``), at once when the connection closed while it was being made (a
+        spawn need not yield, so it may finish in a request cancelled before it ran)."""
+        if not self.closed:
+            self.owned.add(session_id)
+            return
+        try:
+            self.bridge.close_session_soon(session_id, reason="connection_closed",
+                                           closed_by=self.id)
+        except BridgeError:
+            pass   # closed already
+        raise ConnectionClosedError(self.id)
 
     # -- session channels ------------------------------------------------------------
     def channel(self, session_id: str) -> SessionChannel:

@@ -10,7 +10,8 @@ session; ``thread`` always spawns; a ``sessionId`` override must be a UUID v1–
 forces ``thread``. Creation is 200 (not 201) as on the peer; branch is 201. ``/load``
 carries the history (``compactedReplay``, ``liveJournal``, ``promptTerminals``, with
 ``lastEventId`` after them, ``bridge.history``, each event as its ``bridge.wire``
-envelope); ``/resume`` carries none.
+envelope); ``/resume`` carries none. A client that goes away while its session is
+being made (create, load, resume, branch) cancels the making: the slot comes back.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from acp_server.http.disconnect import until_disconnect
 from acp_server.rest import wire
 from acp_server.rest.errors import bad_request, json_response
 from bridge import Bridge, Event, SessionInfo, SessionStatus
@@ -100,17 +102,20 @@ async def create_session(request: Request) -> Response:
     if scope not in ("single", "thread"):
         raise bad_request('`sessionScope` must be "single" or "thread"', "invalid_session_scope")
     bridge = _bridge(request)
-    if body.sessionId is not None:
-        if not wire.is_uuid(body.sessionId):
-            raise bad_request("`sessionId` must be a UUID (RFC 4122, versions 1-5)",
-                              "invalid_session_id")
-        info = await bridge.create_session(cwd=body.cwd, session_id=body.sessionId,
-                                           agent=body.agent)
-    elif scope == "thread":
-        info = await bridge.create_session(cwd=body.cwd, agent=body.agent)
-    else:
-        info = await bridge.attach_session(cwd=body.cwd, agent=body.agent)
-    return json_response(200, created(info))
+    if body.sessionId is not None and not wire.is_uuid(body.sessionId):
+        raise bad_request("`sessionId` must be a UUID (RFC 4122, versions 1-5)",
+                          "invalid_session_id")
+
+    def spawn() -> Awaitable[SessionInfo]:
+        if body.sessionId is not None:
+            return bridge.create_session(cwd=body.cwd, session_id=body.sessionId,
+                                         agent=body.agent)
+        if scope == "thread":
+            return bridge.create_session(cwd=body.cwd, agent=body.agent)
+        return bridge.attach_session(cwd=body.cwd, agent=body.agent)
+
+    # A client that goes away gives its session slot back at once.
+    return json_response(200, created(await until_disconnect(request, spawn)))
 
 
 async def load_session(request: Request) -> Response:
@@ -125,8 +130,9 @@ async def _restore(request: Request, restore: Callable[..., Awaitable[SessionInf
     """``/load`` and ``/resume``: the same body and answer, a different bridge call."""
     wire.client_id(request)
     body = await wire.read_json(request, wire.RestoreBody)
-    info = await restore(request.path_params["session_id"], cwd=body.cwd,
-                         agent=body.agent)   # unknown to the agent: SessionNotFoundError
+    info = await until_disconnect(request, lambda: restore(
+        request.path_params["session_id"], cwd=body.cwd,
+        agent=body.agent))   # unknown to the agent: SessionNotFoundError
     return json_response(200, restored(info))
 
 
@@ -134,7 +140,7 @@ async def branch_session(request: Request) -> Response:
     wire.client_id(request)
     await wire.read_json(request, wire.EmptyBody)
     session_id = request.path_params["session_id"]
-    info = await _bridge(request).branch_session(session_id)
+    info = await until_disconnect(request, lambda: _bridge(request).branch_session(session_id))
     return json_response(201, wire.SessionBranched(
         sessionId=info.session_id, workspaceCwd=info.workspace_cwd, attached=info.attached,
         clientId=info.client_id, createdAt=iso(info.created_at),

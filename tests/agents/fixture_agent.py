@@ -21,7 +21,8 @@ Behaviour (newline-delimited JSON-RPC 2.0 on stdin/stdout):
   (``INJECTED-BY-<name>``), a ``session/request_permission`` and an
   ``fs/read_text_file`` (``secret.txt``) naming ``<sid>``, waits for both answers,
   reports them in an ``agent_message_chunk`` of its own session (``saw: <json>``) and
-  ends the turn; ``collide <sid>`` ends the turn at once; anything else is echoed as
+  ends the turn; ``collide <sid>`` ends the turn at once; ``gate <file>`` waits until
+  ``<file>`` exists (relative to the agent's folder), then echoes; anything else is echoed as
   one ``agent_message_chunk`` ``<name>: <text>``. With ``--answer-twice`` every
   prompt is answered ``end_turn`` and then, under the same id, with an error.
 """
@@ -31,8 +32,10 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -116,9 +119,18 @@ class Agent:
         elif word == "collide":
             self.collide_with = rest.strip()
             self.end_turn(rpc_id)
+        elif word == "gate":
+            threading.Thread(target=self.gate, args=(rpc_id, sid, text, rest.strip()),
+                             daemon=True).start()
         else:
             send(chunk(sid, f"{self.args.name}: {text}"))
             self.end_turn(rpc_id)
+
+    def gate(self, rpc_id: Any, sid: str, text: str, path: str) -> None:
+        while not os.path.exists(path):   # the test opens the gate by creating the file
+            time.sleep(0.01)
+        send(chunk(sid, f"{self.args.name}: {text}"))
+        self.end_turn(rpc_id)
 
     def end_turn(self, rpc_id: Any) -> None:
         answer = {"id": rpc_id, "result": {"stopReason": "end_turn"}}

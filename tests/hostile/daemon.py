@@ -35,6 +35,7 @@ class Daemon:
     pid: int
     client: httpx.AsyncClient
     stderr: list[bytes]
+    process: anyio.abc.Process
 
     async def raw(self) -> anyio.abc.SocketStream:
         return await anyio.connect_tcp("127.0.0.1", self.port)
@@ -85,7 +86,8 @@ async def running_daemon(tmp_path: Path, *flags: str, env: dict[str, str] | None
             headers = {"Authorization": f"Bearer {token}"} if token else {}
             async with httpx.AsyncClient(base_url=match.group(1), timeout=10,
                                          headers=headers) as client:
-                yield Daemon(match.group(1), int(match.group(2)), process.pid, client, stderr)
+                yield Daemon(match.group(1), int(match.group(2)), process.pid, client, stderr,
+                             process)
             if process.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
                     process.send_signal(signal.SIGTERM)
