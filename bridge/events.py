@@ -162,6 +162,25 @@ class ClientEvicted(Payload):
     max_queued_bytes: int
 
 
+# The typed payload of each event type; the others carry an agent's payload as sent.
+PAYLOADS: dict[str, type[Payload]] = {
+    PENDING_PROMPT_ADDED: PendingPromptAdded,
+    PENDING_PROMPT_STARTED: PendingPromptStarted,
+    PENDING_PROMPT_COMPLETED: PendingPromptCompleted,
+    TURN_COMPLETE: TurnComplete,
+    TURN_ERROR: TurnError,
+    PROMPT_CANCELLED: PromptCancelled,
+    PERMISSION_REQUEST: PermissionRequest,
+    PERMISSION_RESOLVED: PermissionResolved,
+    SESSION_CLOSED: SessionClosed,
+    SESSION_DIED: SessionDied,
+    REPLAY_COMPLETE: ReplayComplete,
+    STATE_RESYNC_REQUIRED: StateResyncRequired,
+    SLOW_CLIENT_WARNING: SlowClientWarning,
+    CLIENT_EVICTED: ClientEvicted,
+}
+
+
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
 

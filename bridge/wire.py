@@ -4,7 +4,8 @@ the doors' clients see them (camelCase, as ``qwen serve`` does), encoded once.
     envelope(event)        # b'{"id":7,"v":1,"type":"turn_complete","promptId":"p1",
                            #    "data":{"sessionId":"s1",...},"_meta":{"serverTimestamp":...}}'
     wire_data(event)       # the ``data`` member in wire shape (``/acp``'s ``_qwen/notify``)
-    decode_envelope(raw)   # EventEnvelope, e.g. in tests and history compaction
+    decode_envelope(raw)   # EventEnvelope, e.g. in tests
+    event_from_envelope(raw)   # the Event again, typed payload and all (a journal's read)
     error_details(exc)     # {"sessionId": "s1", "limit": 5, "pendingCount": 5}
 
 Why here: the REST door sends every event as this envelope (``data:`` of an SSE
@@ -22,6 +23,10 @@ Contracts:
   fields, in the same order, named in camelCase, ``None`` fields left out (a test
   checks that every payload has its twin). A ``permission_request`` is the agent's
   params plus ``requestId`` and ``sessionId``.
+* ``event_from_envelope(envelope(e))`` is ``e`` again: id, type, prompt id, originator,
+  timestamp, typed payload (agents' payloads as the exact bytes they were), and its
+  ``envelope`` is the same bytes. So an envelope is a complete record of an event (what
+  a session journal can store, issue #23).
 * ``error_details`` gives a bridge error's typed fields under the peer's names, in
   the peer's order (both doors put them in their error bodies).
 """
@@ -203,6 +208,39 @@ def decode_envelope(raw: bytes | msgspec.Raw) -> EventEnvelope:
     return _envelope_decoder.decode(raw)
 
 
+class _RawEnvelope(msgspec.Struct, kw_only=True):
+    id: int | None = None
+    type: str
+    promptId: str | None = None
+    originatorClientId: str | None = None
+    data: msgspec.Raw
+    meta: EventMeta | None = msgspec.field(default=None, name="_meta")
+
+
+_raw_envelope_decoder = msgspec.json.Decoder(_RawEnvelope)
+
+
+def event_from_envelope(raw: bytes) -> Event:
+    """The event an envelope records (see the module contracts). Raises
+    ``msgspec.DecodeError`` / ``msgspec.ValidationError`` for a record it cannot read."""
+    found = _raw_envelope_decoder.decode(raw)
+    payload = ev.PAYLOADS.get(found.type)
+    data: Any = found.data
+    if payload is ev.PermissionRequest:
+        params = msgspec.json.decode(found.data)   # the agent's, plus requestId last
+        request_id = params.pop("requestId")
+        data = ev.PermissionRequest(request_id=request_id, session_id=params["sessionId"],
+                                    params=params)
+    elif payload is not None:
+        twin = msgspec.json.decode(found.data, type=TWINS[payload])
+        data = payload(*msgspec.structs.astuple(twin))
+    event = Event(found.id, found.type, data, prompt_id=found.promptId,
+                  originator_client_id=found.originatorClientId,
+                  timestamp_ms=found.meta.serverTimestamp if found.meta else None)
+    event.size = len(raw)
+    return event
+
+
 # -- errors -------------------------------------------------------------------------------
 def _session(exc: Any) -> dict[str, Any]:
     return {"sessionId": exc.session_id}
@@ -265,4 +303,4 @@ def error_details(exc: BaseException) -> dict[str, Any]:
 
 
 __all__ = ["DETAILS", "TWINS", "EventEnvelope", "EventMeta", "decode_envelope", "envelope",
-           "error_details", "wire_data"]
+           "error_details", "event_from_envelope", "wire_data"]

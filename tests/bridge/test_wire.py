@@ -71,3 +71,34 @@ def test_decode_envelope_reads_what_envelope_wrote() -> None:
     decoded = wire.decode_envelope(wire.envelope(event))
     assert decoded.id is None and decoded.type == "replay_complete"
     assert decoded.data == {"lastReplayedEventId": 4, "lastEventId": 4, "replayedCount": 2}
+
+
+def test_an_envelope_is_a_complete_record_of_its_event() -> None:
+    """What a session journal can store: every event comes back from its envelope,
+    to the same bytes."""
+    samples: list[Event] = [
+        Event(1, ev.SESSION_UPDATE, msgspec.Raw(b'{"sessionId":"s","update":{"x": 1}}'),
+              prompt_id="p"),
+        Event(2, ev.SESSION_UPDATE, {"sessionId": "s", "update": {"sessionUpdate": "y"}}),
+        Event(3, ev.PERMISSION_REQUEST, ev.PermissionRequest(
+            request_id="r", session_id="s", params={"sessionId": "s", "options": []}),
+            prompt_id="p", originator_client_id="c"),
+        Event(4, ev.PERMISSION_RESOLVED, ev.PermissionResolved(
+            request_id="r", session_id="s", outcome={"outcome": "cancelled"}, reason="timeout")),
+        Event(5, ev.TURN_ERROR, ev.TurnError(session_id="s", message="m", code="-32603",
+                                             prompt_id="p"), prompt_id="p"),
+        Event(None, ev.CLIENT_EVICTED, ev.ClientEvicted(
+            reason="queue_overflow", dropped_after=4, queue_size=256, max_queued=256,
+            queued_bytes=9, max_queued_bytes=10)),
+    ]
+    for event in samples:
+        body = wire.envelope(event)
+        again = wire.event_from_envelope(body)
+        assert (again.id, again.type, again.prompt_id, again.originator_client_id,
+                again.timestamp_ms) == (event.id, event.type, event.prompt_id,
+                                        event.originator_client_id, event.timestamp_ms)
+        assert wire.envelope(again) == body and again.size == len(body)
+        if isinstance(event.data, ev.Payload):
+            assert again.data == event.data
+    raw = wire.event_from_envelope(wire.envelope(samples[0])).data
+    assert isinstance(raw, msgspec.Raw) and bytes(raw) == bytes(samples[0].data)
