@@ -171,9 +171,8 @@ class Bridge:
         return await self.agents.ensure(name, self._clients[name], self._tasks())
 
     async def _agent_request(self, agent: AgentConnection, method: str, params: Any) -> Any:
-        """``agent.request`` within ``agent_request_timeout_ms``; past it
-        ``AgentRequestTimeoutError`` (the request is abandoned: a late answer is
-        ignored)."""
+        """``agent.request`` within ``agent_request_timeout_ms``, else
+        ``AgentRequestTimeoutError`` (a late answer is ignored)."""
         timeout_ms = self.options.agent_request_timeout_ms
         with anyio.move_on_after(timeout_ms / 1000):
             return await agent.request(method, params)
@@ -203,8 +202,7 @@ class Bridge:
                             state=self.agents.state(name), sessions=counts.get(name, 0),
                             info=self.agents.info(name)) for name in self.agents.names]
 
-    def _foreign_message(self, agent: str, method: str) -> None:
-        """An agent named a session it does not own (``bridge.agent_client``)."""
+    def _foreign_message(self, agent: str, method: str) -> None:   # bridge.agent_client
         self._foreign_dropped += 1
         self.observer.foreign_message_dropped(agent, method)
 
@@ -217,8 +215,7 @@ class Bridge:
             raise SessionNotFoundError(session_id)
         return session
 
-    def has_session(self, session_id: str) -> bool:
-        """``session_id`` is a live session."""
+    def has_session(self, session_id: str) -> bool:   # a live session
         return session_id in self._sessions
 
     def sessions(self) -> list[Session]:

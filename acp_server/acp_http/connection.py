@@ -139,6 +139,7 @@ class SessionChannel:
         event being taken (they will be replayed, in order) and resubscribe with that
         cursor."""
         self._taking = deque(f for f in self._taking if f.event_id is None)
+        self._taking_id = self._taken_id   # what was dropped is not taken
         if epoch is None or epoch == self.epoch:
             self.delivered_id = min(self.delivered_id, last_event_id)
         else:

@@ -9,8 +9,9 @@ when the connection has, or can open, a channel for that session, else to the
 connection stream. ``session/prompt`` is answered later, by the session stream
 itself, when the turn ends (``{stopReason, ...}`` as the agent sent it, or an error).
 
-A request runs until it is answered or its connection closes (DELETE, reaping, the
-socket gone): then it is cancelled, and a session it was making gives its slot back.
+A request that may wait on an agent (``WAITS_ON_AGENT``) runs until it is answered or
+its connection closes (DELETE, reaping, the socket gone): then it is cancelled, and a
+session it was making gives its slot back.
 The sessions a connection made are closed with it (``AcpConnection.close``).
 
 Unlike ``qwen serve``, a second ``session/prompt`` on the same connection does not
@@ -235,6 +236,18 @@ METHODS: dict[str, Handler] = {
 }
 
 
+# Methods that may wait on an agent (a spawn, a forwarded request): cancelled when the
+# connection closes. The others answer at once (a prompt is answered by its stream).
+WAITS_ON_AGENT = frozenset({"session/new", "session/load", "session/resume"}) | FORWARDED
+
+
+async def _run(conn: AcpConnection, handler: Handler | None, method: str, rpc_id: RpcId,
+               params: dict[str, Any]) -> Any:
+    if handler is not None:
+        return await handler(conn, rpc_id, params)
+    return await _forward(conn, method, params)
+
+
 def _reply_target(conn: AcpConnection, method: str,
                   params: dict[str, Any]) -> AcpConnection | SessionChannel:
     if method not in SESSION_SCOPED:
@@ -261,25 +274,24 @@ async def dispatch(conn: AcpConnection, msg: Message, params: dict[str, Any]) ->
     is_request = msg.id is not UNSET
     target = _reply_target(conn, method, params)
     handler = METHODS.get(method)
-    result: Any = None
-    with conn.dispatching() as scope:   # ends when the connection closes
-        try:
-            if handler is not None:
-                result = await handler(conn, rpc_id, params)
-            elif method in FORWARDED:
-                result = await _forward(conn, method, params)
-            else:
-                if is_request:
-                    target.push(encode_error(rpc_id, METHOD_NOT_FOUND,
-                                             f"Unknown method: {method}", {"method": method}))
+    if handler is None and method not in FORWARDED:
+        if is_request:
+            target.push(encode_error(rpc_id, METHOD_NOT_FOUND, f"Unknown method: {method}",
+                                     {"method": method}))
+        return
+    try:
+        if method in WAITS_ON_AGENT:   # ends when the connection closes
+            with conn.dispatching() as scope:
+                result = await _run(conn, handler, method, rpc_id, params)
+            if scope.cancelled_caught:   # nobody reads a reply any more
                 return
-        except Exception as exc:
-            if not isinstance(exc, BridgeError):
-                log.exception("acp %s failed", method)
-            if is_request:
-                target.push(encode_bridge_error(rpc_id, exc))
-            return
-    if scope.cancelled_caught:   # the connection closed: nobody reads a reply
+        else:
+            result = await _run(conn, handler, method, rpc_id, params)
+    except Exception as exc:
+        if not isinstance(exc, BridgeError):
+            log.exception("acp %s failed", method)
+        if is_request:
+            target.push(encode_bridge_error(rpc_id, exc))
         return
     closing = method == "session/close" and isinstance(target, SessionChannel)
     if closing:
