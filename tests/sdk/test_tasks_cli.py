@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from acp_server.tasks_cli import build_parser, run_tasks, tasks_command
-from tests.client.harness import Daemon, DropEvents, lmsp_daemon
+from tests.sdk.harness import Daemon, DropEvents, lmsp_daemon
 
 pytestmark = pytest.mark.anyio
 
