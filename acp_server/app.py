@@ -7,9 +7,9 @@
         install_lmsp(app, lmsp_service)             # /lmsp/v1, when LMSP runs (cli.serve)
         await uvicorn.Server(uvicorn.Config(app, port=0)).serve()
 
-Also mounted: ``GET /metrics`` (``acp_server.metrics``, the bridge's observer),
-``GET /openapi.json`` (``acp_server.openapi``), and outside everything the request
-log and request metrics (``acp_server.request_log``).
+Also mounted: ``GET /metrics`` (``acp_server.ops.metrics``, the bridge's observer),
+``GET /openapi.json`` (``acp_server.ops.openapi``), and outside everything the request
+log and request metrics (``acp_server.ops.request_log``).
 
 Contracts: ``build_app`` has no lifespan of its own. The caller owns the ``Bridge``
 and its ``async with`` (so the CLI can drain it on a signal and tests can serve it
@@ -25,15 +25,15 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
 from acp_server import acp_http, lmsp
-from acp_server import metrics as metrics_module
-from acp_server import openapi
+from acp_server.ops import metrics as metrics_module
+from acp_server.ops import openapi
 from acp_server.acp_http import AcpConfig, acp_routes
 from acp_server.http.handlers import by_prefix
 from acp_server.http.security import GuardPolicy, SecurityMiddleware
 from acp_server.lmsp import CORS_DENIED_PROBLEM, UNAUTHORIZED_PROBLEM
 from acp_server.lmsp.problems import PROBLEM_JSON
-from acp_server.metrics import Metrics
-from acp_server.request_log import RequestLogMiddleware
+from acp_server.ops.metrics import Metrics
+from acp_server.ops.request_log import RequestLogMiddleware
 from acp_server.rest import routes
 from acp_server.rest.config import RestConfig
 from acp_server.rest.errors import EXCEPTION_HANDLERS as REST_HANDLERS

@@ -36,7 +36,7 @@ from acp_server.conformance.cli import add_conformance_arguments, run_conformanc
 from acp_server.http.guard import connection_cap, guarded_protocol, raise_fd_limit
 from acp_server.lmsp import LmspConfig, LmspService, install_lmsp, open_lmsp
 from acp_server.prompt_cli import add_prompt_arguments, run_prompt_args
-from acp_server.request_log import configure_logging
+from acp_server.ops.request_log import configure_logging
 from acp_server.settings import (
     DEFAULT_HOSTNAME,
     DEFAULT_PORT,

@@ -14,7 +14,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 DOORS = ("acp_server.rest", "acp_server.acp_http", "acp_server.lmsp", "acp_server.web")
-SERVER_ONLY = ("acp_server.settings", "acp_server.app", "acp_server.cli")
+SERVER_ONLY = ("acp_server.settings", "acp_server.app", "acp_server.server", "acp_server.cli",
+               "acp_server.ops")
 
 
 def _module_name(path: Path) -> str:

@@ -26,7 +26,7 @@ from schemathesis.specs.openapi.checks import (
 )
 from starlette.routing import Route
 
-from acp_server import openapi
+from acp_server.ops import openapi
 from acp_server.app import build_app
 from acp_server.lmsp import install_lmsp, open_lmsp
 from acp_server.settings import Settings
@@ -95,7 +95,7 @@ async def test_every_mounted_route_is_documented(tmp_path: Path) -> None:
         routes = list(app.routes)
     assert any(getattr(r, "path", "").startswith("/lmsp/") for r in routes)
     assert not undocumented(routes), \
-        f"routes missing from acp_server/openapi.py OPERATIONS: {undocumented(routes)}"
+        f"routes missing from acp_server/ops/openapi.py OPERATIONS: {undocumented(routes)}"
     mounted = {getattr(r, "path", None) for r in routes}
     assert set(openapi.document()["paths"]) <= mounted, "documented routes that are not mounted"
 

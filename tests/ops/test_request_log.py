@@ -15,7 +15,7 @@ import anyio
 import httpx
 import pytest
 
-from acp_server.request_log import JsonFormatter, configure_logging, count_events
+from acp_server.ops.request_log import JsonFormatter, configure_logging, count_events
 from tests.ops.test_metrics import daemon, run_task
 from tests.rest.server import text_prompt
 from tests.serve import start_serve
@@ -108,7 +108,7 @@ async def test_a_rest_stream_counts_its_events(tmp_path: Path, access: io.String
 
 @pytest.mark.anyio
 async def test_a_client_chosen_id_cannot_forge_a_line(tmp_path: Path) -> None:
-    from acp_server import request_log
+    from acp_server.ops import request_log
 
     buffer = io.StringIO()
     configure_logging("text", stream=buffer)
@@ -144,7 +144,7 @@ TEXT_LINE = "INFO acp_server.access: GET /session/{session_id}/status 404 0.50ms
 
 @pytest.mark.parametrize("log_format", ["text", "json"])
 def test_the_cli_writer_and_the_logger_write_the_same_lines(log_format: str) -> None:
-    from acp_server import request_log
+    from acp_server.ops import request_log
 
     through_logger, through_writer = io.StringIO(), io.StringIO()
     configure_logging(log_format, stream=through_logger)
