@@ -34,7 +34,7 @@ from typing import Any
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 from acp_server import __version__
 from acp_server.lmsp import wire as lmsp_wire
@@ -430,7 +430,8 @@ async def openapi_endpoint(request: Request) -> Response:
     return Response(_BODY, 200, media_type=JSON)
 
 
-routes = [Route("/openapi.json", openapi_endpoint, methods=["GET"])]
+def routes() -> list[BaseRoute]:
+    return [Route("/openapi.json", openapi_endpoint, methods=["GET"])]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,7 +20,7 @@ import pytest
 from acp_server.conformance import Options, run_conformance
 from acp_server.conformance.catalog import checks_of
 from tests.bridge.fake_model_server import FakeModelState, build_fake_model_app
-from tests.rest.server import serving
+from tests.harness import serving
 
 pytestmark = [pytest.mark.anyio, pytest.mark.agents]
 LISTENING = re.compile(rb"listening on (http://127\.0\.0\.1:\d+)")
