@@ -29,6 +29,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
@@ -47,14 +48,16 @@ LISTENING = re.compile(r"acp-server listening on (http://(?:\[[^\]]+\]|[^:\s]+):
 class ServeProcess:
     def __init__(self, workspace: Path | str, *flags: str, state_dir: Path | str | None = None,
                  env: dict[str, str] | None = None, cwd: Path | str | None = None,
-                 shell_prefix: str = "") -> None:
-        """``shell_prefix`` runs before ``exec`` in ``sh -c`` (``ulimit -Sn 1024;``)."""
+                 shell_prefix: str = "", runner: Sequence[str] = ("-m", "acp_server")) -> None:
+        """``shell_prefix`` runs before ``exec`` in ``sh -c`` (``ulimit -Sn 1024;``);
+        ``runner`` is what Python runs before ``serve`` (the benchmarks' ``bench.server``)."""
         self.workspace = Path(workspace)
         self.state_dir = Path(state_dir) if state_dir is not None else self.workspace / "state"
         self.flags = flags
         self.env = env or {}
         self.cwd = cwd
         self.shell_prefix = shell_prefix
+        self.runner = tuple(runner)
         self.stderr_path = self.state_dir.with_name(self.state_dir.name + ".log")
         self.process: subprocess.Popen[str] | None = None
         self.listening = ""
@@ -66,7 +69,7 @@ class ServeProcess:
     # -- the process ----------------------------------------------------------------------
     @property
     def argv(self) -> list[str]:
-        return [sys.executable, "-m", "acp_server", "serve", "--port", "0", "--workspace",
+        return [sys.executable, *self.runner, "serve", "--port", "0", "--workspace",
                 str(self.workspace), "--state-dir", str(self.state_dir), *self.flags]
 
     @property
