@@ -178,6 +178,7 @@ def test_the_live_server_conforms(operation: Any, mode: str, live_url: str) -> N
     conforms()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("door", ["^/(session|permission)", "^/lmsp/"], ids=["rest", "lmsp"])
 def test_the_live_server_conforms_through_links(live_url: str, door: str) -> None:
     """Stateful, one door at a time: sessions (tasks) created, then the routes their
