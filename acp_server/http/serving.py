@@ -27,9 +27,7 @@ settings); no door imports it.
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
-import os
 import signal
 import socket
 from typing import TYPE_CHECKING, Any
@@ -61,9 +59,8 @@ def listen(settings: Settings) -> socket.socket:
     try:
         return socket.create_server((host.strip("[]"), port), family=family, backlog=BACKLOG)
     except OSError as exc:
-        reason = os.strerror(exc.errno) if exc.errno else str(exc)
-        if exc.errno == errno.EADDRINUSE:
-            reason = "address already in use"
+        # "Address already in use", "Permission denied", without socket's address suffix
+        reason = (exc.strerror or str(exc)).split(" (while attempting", 1)[0]
         address = f"[{host.strip('[]')}]:{port}" if ":" in host else f"{host}:{port}"
         raise ListenError(f"cannot listen on {address}: {reason[:1].lower()}{reason[1:]}"
                           ) from None
