@@ -38,7 +38,8 @@ from acp_server.rest import routes as rest_routes
 from acp_server.rest.errors import EXCEPTION_HANDLERS as REST_HANDLERS
 from acp_server.routing import IndexedRouter
 from acp_server.settings import Settings
-from acp_server.web import public_path, web_routes
+from acp_server.web import public_path
+from acp_server.web import routes as web_routes
 from bridge import Bridge
 
 # Each door answers the errors of its own paths; every other path (REST, /metrics,
