@@ -35,7 +35,7 @@ from acp_server.app import build_app
 from acp_server.conformance.cli import add_conformance_arguments, run_conformance_args
 from acp_server.http.guard import connection_cap, guarded_protocol, raise_fd_limit
 from acp_server.lmsp import LmspConfig, LmspService, install_lmsp, open_lmsp
-from acp_server.prompt_cli import add_prompt_arguments, run_prompt_args
+from acp_server.client.prompt_cli import add_prompt_arguments, run_prompt_args
 from acp_server.request_log import configure_logging
 from acp_server.settings import (
     DEFAULT_HOSTNAME,
@@ -45,7 +45,7 @@ from acp_server.settings import (
     Settings,
     SettingsError,
 )
-from acp_server.tasks_cli import add_tasks_arguments, run_tasks_args
+from acp_server.client.tasks_cli import add_tasks_arguments, run_tasks_args
 from bridge import Bridge
 from bridge.agents.children import ChildRegistry
 

@@ -13,7 +13,7 @@ import anyio
 import httpx
 import pytest
 
-from acp_server.tasks_cli import build_parser, run_tasks, tasks_command
+from acp_server.client.tasks_cli import build_parser, run_tasks, tasks_command
 from tests.client.harness import Daemon, DropEvents, lmsp_daemon
 
 pytestmark = pytest.mark.anyio
@@ -90,7 +90,7 @@ async def test_module_entry_point(tmp_path: Path) -> None:
     async with lmsp_daemon(tmp_path) as srv:
         env = {**os.environ, "ACP_SERVER_URL": srv.url}
         env.pop("ACP_SERVER_TOKEN", None)
-        result = await anyio.run_process([sys.executable, "-m", "acp_server.tasks_cli", "create",
+        result = await anyio.run_process([sys.executable, "-m", "acp_server.client.tasks_cli", "create",
                                           "hi", "--watch"], env=env, check=False)
         assert result.returncode == 0, result.stderr
         assert b"succeeded" in result.stdout
