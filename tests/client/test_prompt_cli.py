@@ -63,8 +63,9 @@ async def test_errors_exit_non_zero(server: Daemon) -> None:
     assert code == 1 and out == "" and "failure" in err
     code, _, err = await run(["hi", "--url", server.url, "--session", "nope"])
     assert code == 1 and "session_not_found" in err
-    code, _, err = await run(["hi", "--url", closed_port_url(), "--timeout", "2"])
-    assert code == 1 and "failed" in err
+    url = closed_port_url()
+    code, _, err = await run(["hi", "--url", url, "--timeout", "2"])
+    assert (code, err) == (1, f"acp-server prompt: cannot reach {url}: connection refused\n")
 
 
 async def test_token(tmp_path: object) -> None:
