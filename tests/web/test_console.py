@@ -349,19 +349,24 @@ def _visit_every_view(page: Page, console: Console, shots: Path, suffix: str) ->
 
     idle = console.session()
     sid = console.session()
-    console.prompt(sid, "/chunks 6 Here is the answer, streamed in six chunks.")
+    console.prompt(sid, "/chunks 6 Here is the answer, **streamed** in six chunks:\n\n"
+                        "- a list item\n- a [link](https://example.com/)\n\n"
+                        "```sh\nmake test\n```")
     console.prompt(sid, "/tool write report.md")
     for i in range(2):
         console.prompt(sid, f"{SLEEP} {i}")
     task = console.client.post("/lmsp/v1/tasks", json={
         "type": "response", "input": {"model": "reference",
                                       "input": "/chunks 8 A task's output, streamed live."}}).json()
+    console.client.post("/session", json={"sessionScope": "thread",
+                                          "_meta": {"acp-server/origin": "conformance"}})
     page.goto(console.url("/"))
     expect(page.locator(f'[data-testid=session-row][data-session-id="{sid}"]')).to_contain_text("approval")
     shot("sessions")
     page.goto(console.url(f"/#/session/{sid}"))
     expect(page.get_by_test_id("permission-request")).to_have_count(1)
     expect(page.get_by_test_id("queue-depth")).to_have_text("3 / 5")
+    expect(page.get_by_test_id("copy-code")).to_have_count(1)
     shot("session")
     page.goto(console.url("/#/tasks"))
     expect(page.locator(f'[data-task-id="{task["id"]}"]')).to_have_attribute("data-status", "succeeded")

@@ -21,6 +21,8 @@ import { renderMarkdown } from "./markdown.js";
 
 const CHUNKS = { user_message_chunk: "user", agent_message_chunk: "agent", agent_thought_chunk: "thought" };
 const LABELS = { user: "You", agent: "Agent", thought: "Thinking" };
+const TURN_EVENTS = new Set(["pending_prompt_added", "pending_prompt_started", "session_update",
+  "prompt_cancelled", "turn_complete", "turn_error", "permission_request", "permission_resolved"]);
 
 function contentText(content) {
   if (!content) return "";
@@ -120,7 +122,7 @@ export class Transcript {
       this.note("this page fell behind the stream; reconnecting", "note error");
       return;
     }
-    if (type === "session_closed" || type === "session_died") return;   // the view says it
+    if (!TURN_EVENTS.has(type)) return;   // session_closed and the like: the view says it
     const promptId = (event && event.promptId) || data.promptId || null;
     const turn = this.turn(promptId);
     switch (type) {
@@ -144,7 +146,7 @@ export class Transcript {
         turn.note(`permission ${o.outcome === "selected" ? o.optionId : o.outcome || "resolved"}`);
         break;
       }
-      default: return;
+      default: break;
     }
     this.scroll();
   }
