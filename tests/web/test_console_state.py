@@ -40,6 +40,7 @@ def test_a_stopped_server_leaves_nothing_stale_and_a_restart_says_the_session_en
         expect(page.get_by_test_id("cancel-prompt")).to_be_disabled()
         expect(page.get_by_test_id("send-prompt")).to_be_disabled()
         expect(page.get_by_test_id("session-banner")).to_be_visible()
+        expect(page.get_by_test_id("transcript")).to_contain_text(f"{SLEEP} 0")   # kept to read
         # Restarted on the same address: the page tries to load the session, and says
         # plainly that it ended (the reference agent keeps nothing across a restart).
         with running_console(tmp_path / "again", "--port", str(port)) as second:

@@ -22,6 +22,8 @@ import { Transcript } from "./transcript.js";
 const QUEUE_EVENTS = new Set(["pending_prompt_added", "pending_prompt_started", "pending_prompt_completed",
   "turn_complete", "turn_error", "prompt_cancelled", "replay_complete"]);
 const RELOAD_RETRY_MS = 3000;
+const CONTENT_EVENTS = new Set(["session_update", "pending_prompt_added", "turn_complete", "turn_error",
+  "state_resync_required"]);
 
 export function mount(root, [sessionId], { caps }) {
   const base = `/session/${encodeURIComponent(sessionId)}`;
@@ -45,6 +47,7 @@ export function mount(root, [sessionId], { caps }) {
   let running = null;          // the running prompt's id, from the last queue read
   let cancelling = null;       // the prompt id a cancel was sent for
   let queueFull = false;       // a 503 notice is shown
+  let replaying = false;       // a reloaded session's stream: its history replaces the old
 
   async function send() {
     const text = input.value;
@@ -214,7 +217,9 @@ export function mount(root, [sessionId], { caps }) {
   }
 
   // After a shutdown or a 404: load the session when the server has it again.
-  async function reload() {
+  // first: wait before the first try (a server shutting down still answers for a moment).
+  async function reload({ first = 0 } = {}) {
+    if (first) await new Promise((resolve) => setTimeout(resolve, first));
     while (!unmounted && !ended) {
       try {
         await request("POST", `${base}/load`, {});
@@ -232,14 +237,17 @@ export function mount(root, [sessionId], { caps }) {
         await new Promise((resolve) => setTimeout(resolve, RELOAD_RETRY_MS));
         continue;
       }
-      transcript.reset();
-      open();   // replay from the start: the server's history of it
+      open({ fresh: true });   // replayed from the start once the stream opens
       return;
     }
   }
 
   function onEvent(type, event) {
     const data = event && event.data;
+    if (replaying && CONTENT_EVENTS.has(type)) {   // the reloaded history replaces the old
+      replaying = false;
+      transcript.reset();
+    }
     if (type === "state_resync_required") {
       pending.clear();
       renderPermissions();
@@ -257,7 +265,7 @@ export function mount(root, [sessionId], { caps }) {
       disconnected("The server is shutting down; this page reconnects when it is back.");
       state.textContent = "reconnecting";
       state.className = "badge reconnecting";
-      reload();
+      reload({ first: RELOAD_RETRY_MS });
       return "stop";
     }
     if (type === "session_closed" || type === "session_died") {
@@ -269,7 +277,9 @@ export function mount(root, [sessionId], { caps }) {
     return undefined;
   }
 
-  function open() {
+  // fresh: the transcript so far stays until the new stream brings history to replace it.
+  function open({ fresh = false } = {}) {
+    if (stream) stream.stop();
     stream = follow(`${base}/events`, {
       lastEventId: 0,
       onEvent,
@@ -277,6 +287,10 @@ export function mount(root, [sessionId], { caps }) {
         if (unmounted || ended) return;
         state.textContent = s === "error" ? errorText(error) : s;
         state.className = `badge ${s}`;
+        if (s === "live" && fresh) {
+          fresh = false;
+          replaying = true;
+        }
         if (s === "live") {
           connected = true;
           sendButton.disabled = false;
