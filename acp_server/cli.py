@@ -2,6 +2,7 @@
 
     $ acp-server serve --port 0 --workspace . --max-pending-prompts-per-session 12
     acp-server listening on http://127.0.0.1:53117 (workspace=/abs/ws, agent=reference)
+    state in /home/me/.local/state/acp-server/workspaces/ws-1f0c… (--state-dir chooses another)
 
 Contracts:
 
@@ -11,7 +12,8 @@ Contracts:
   ``acp-server: cannot listen on 127.0.0.1:4170: address already in use``, before
   anything is started.
 * The listening line is printed to stdout (flushed) once the socket accepts
-  connections, with the real port when ``--port 0``.
+  connections, with the real port when ``--port 0``; the next line names the state
+  folder (by default one per workspace, ``settings.default_state_dir``).
 * LMSP tasks (``/lmsp/v1``) are kept in ``--store`` (default ``lmsp.sqlite3`` in the
   state directory); restart recovery runs before the server listens.
 * SIGTERM or SIGINT drains: LMSP stops starting tasks (running ones are left to restart
@@ -35,9 +37,10 @@ import anyio
 
 from acp_server import __version__
 from acp_server.conformance.cli import add_conformance_arguments, run_conformance_args
+from acp_server.client.prompt_cli import add_prompt_arguments, run_prompt_args
+from acp_server.client.tasks_cli import add_tasks_arguments, run_tasks_args
 from acp_server.http.serving import ListenError, listen, run_http
 from acp_server.ops.request_log import configure_logging
-from acp_server.prompt_cli import add_prompt_arguments, run_prompt_args
 from acp_server.server import open_server
 from acp_server.settings import (
     DEFAULT_HOSTNAME,
@@ -47,7 +50,6 @@ from acp_server.settings import (
     Settings,
     SettingsError,
 )
-from acp_server.tasks_cli import add_tasks_arguments, run_tasks_args
 
 log = logging.getLogger("acp_server")
 
@@ -93,8 +95,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
                                         "(command, env, cwd)")
     serve.add_argument("--max-acp-connections", default="64",
                        help="live /acp connections; initialize past it is refused (default 64)")
-    serve.add_argument("--state-dir", help="where the server keeps its state (default "
-                                           "$XDG_STATE_HOME/acp-server or ~/.local/state/acp-server)")
+    serve.add_argument("--state-dir", help="where the server keeps its state (default: a folder "
+                                           "per workspace under $XDG_STATE_HOME/acp-server/"
+                                           "workspaces, ~/.local/state by default)")
     serve.add_argument("--store", metavar="URL",
                        help="the LMSP task store, sqlite:///PATH or postgresql://… "
                             "(shared by several instances) (default: "

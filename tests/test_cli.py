@@ -114,24 +114,52 @@ def test_token_from_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 
 
 def test_real_run(tmp_path: Path) -> None:
-    child = ServeProcess(tmp_path, cwd=tmp_path).start()
-    try:
-        match = re.fullmatch(
-            r"acp-server listening on (http://127\.0\.0\.1:(\d+)) \(workspace=(.*), agent=reference\)\n",
-            child.listening)
-        assert match, child.listening
-        base_url, port, workspace = match.group(1), int(match.group(2)), match.group(3)
-        assert port != 0
-        assert workspace == os.path.realpath(tmp_path)
-        with httpx.Client(base_url=base_url, timeout=5) as client:
-            assert client.get("/health").json() == {"status": "ok"}
-            sid = client.post("/session", json={}).json()["sessionId"]
-            response = client.post(f"/session/{sid}/prompt",
-                                   json={"prompt": [{"type": "text", "text": "/sleep 2s held"}]})
-            assert response.status_code == 202
-        assert child.stop(timeout=10) == 0   # SIGTERM drains, exit 0
-    finally:
-        child.kill()
+    with ServeProcess(tmp_path, cwd=tmp_path) as child:
+        _talk_then_terminate(child, tmp_path, state=str(tmp_path / "state"))
+
+
+def test_the_default_state_folder_is_the_workspaces_own_and_start_up_names_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two workspaces, two folders under $XDG_STATE_HOME/acp-server/workspaces; the same
+    workspace (by any spelling of its path) always the same one; --state-dir wins."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir(), two.mkdir()
+    (tmp_path / "link").symlink_to(one)
+    first = _settings("--workspace", str(one)).state_dir
+    assert Path(first).parent == tmp_path / "xdg" / "acp-server" / "workspaces"
+    assert Path(first).name.startswith("one-")
+    assert _settings("--workspace", str(tmp_path / "link")).state_dir == first
+    assert _settings("--workspace", str(one) + "/.").state_dir == first
+    assert _settings("--workspace", str(two)).state_dir not in (first, "")
+    assert _settings("--workspace", str(two)).store_url.startswith(
+        "sqlite:///" + str(tmp_path / "xdg" / "acp-server" / "workspaces" / "two-"))
+    chosen = _settings("--workspace", str(one), "--state-dir", str(tmp_path / "mine")).state_dir
+    assert chosen == str(tmp_path / "mine")
+
+    with ServeProcess(one, state_dir=None, cwd=tmp_path,
+                      env={"XDG_STATE_HOME": str(tmp_path / "xdg")}) as child:
+        _talk_then_terminate(child, one, state=first)
+    assert (Path(first) / "lmsp.sqlite3").exists()
+
+
+def _talk_then_terminate(child: ServeProcess, tmp_path: Path, *, state: str) -> None:
+    """The two start-up lines as printed, one turn, then SIGTERM drains: exit 0."""
+    match = re.fullmatch(
+        r"acp-server listening on (http://127\.0\.0\.1:(\d+)) \(workspace=(.*), agent=reference\)\n",
+        child.listening)
+    assert match, child.listening
+    base_url, port, workspace = match.group(1), int(match.group(2)), match.group(3)
+    assert port != 0
+    assert workspace == os.path.realpath(tmp_path)
+    assert child.state_line == f"state in {state} (--state-dir chooses another)\n"
+    with httpx.Client(base_url=base_url, timeout=5) as client:
+        assert client.get("/health").json() == {"status": "ok"}
+        sid = client.post("/session", json={}).json()["sessionId"]
+        response = client.post(f"/session/{sid}/prompt",
+                               json={"prompt": [{"type": "text", "text": "/sleep 2s held"}]})
+        assert response.status_code == 202
+    assert child.stop(timeout=10) == 0   # SIGTERM drains, exit 0
 
 
 def test_a_port_in_use_is_one_line_and_exit_2(tmp_path: Path) -> None:

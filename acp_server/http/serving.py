@@ -13,7 +13,8 @@ Contracts:
   (``acp_server.http.guard``: the header timeout and the connection cap; WebSocket
   frames capped at the body cap, close 1009), no lifespan, no access log of its own
   (``acp_server.ops.request_log`` logs every request). It prints the listening line to
-  stdout (flushed) once the socket accepts connections, with the real port.
+  stdout (flushed) once the socket accepts connections, with the real port, and the
+  state folder on the next line.
 * Signals are handled from before the listening line on. The first SIGTERM / SIGINT
   runs ``server.drain()`` (front doors, sessions, agents),
   then uvicorn stops listening and finishes the open responses (at most
@@ -80,8 +81,10 @@ class _Uvicorn(uvicorn.Server):
     async def startup(self, sockets: Any = None) -> None:
         await super().startup(sockets=sockets)
         if self.started:
+            settings = self.settings
             print(f"acp-server listening on {listening_url(self)} "
-                  f"(workspace={self.settings.workspace}, agent={self.settings.agent})",
+                  f"(workspace={settings.workspace}, agent={settings.agent})\n"
+                  f"state in {settings.state_dir} (--state-dir chooses another)",
                   flush=True)
 
 

@@ -11,10 +11,12 @@ uvicorn and the connection guard as shipped, signals, crashes, several instances
 
 Contracts: the child runs this checkout (``PYTHONPATH``) as ``python -m acp_server serve
 --port 0 --workspace W --state-dir S`` plus ``flags`` (a later flag wins), without the
-caller's ``ACP_SERVER_TOKEN``; ``S`` defaults to ``<workspace>/state``. ``start()``
-returns once the listening line was read (``base_url``, ``port``, ``pid``; the
-``listening`` line itself), or fails with the child's stderr. stderr goes to
-``stderr_path`` (``<state dir>.log``), read with ``stderr_text()`` at any time.
+caller's ``ACP_SERVER_TOKEN``; ``S`` is ``state_dir`` taken from the workspace (default
+``"state"``: ``<workspace>/state``; ``None`` leaves ``--state-dir`` out, the server's
+default). ``start()`` returns once the listening line and the state line were read
+(``base_url``, ``port``, ``pid``; the lines as ``listening`` and ``state_line``), or
+fails with the child's stderr. stderr goes to ``stderr_path`` (``<state dir>.log``, or
+``<workspace>.serve.log``), read with ``stderr_text()`` at any time.
 ``stop()`` sends SIGTERM and waits (SIGKILL after ``timeout``) and returns the exit
 status; leaving a ``with`` / ``async with`` block stops it.
 """
@@ -46,21 +48,23 @@ LISTENING = re.compile(r"acp-server listening on (http://(?:\[[^\]]+\]|[^:\s]+):
 
 
 class ServeProcess:
-    def __init__(self, workspace: Path | str, *flags: str, state_dir: Path | str | None = None,
+    def __init__(self, workspace: Path | str, *flags: str, state_dir: Path | str | None = "state",
                  env: dict[str, str] | None = None, cwd: Path | str | None = None,
                  shell_prefix: str = "", runner: Sequence[str] = ("-m", "acp_server")) -> None:
         """``shell_prefix`` runs before ``exec`` in ``sh -c`` (``ulimit -Sn 1024;``);
         ``runner`` is what Python runs before ``serve`` (the benchmarks' ``bench.server``)."""
         self.workspace = Path(workspace)
-        self.state_dir = Path(state_dir) if state_dir is not None else self.workspace / "state"
+        self.state_dir = self.workspace / state_dir if state_dir is not None else None
         self.flags = flags
         self.env = env or {}
         self.cwd = cwd
         self.shell_prefix = shell_prefix
         self.runner = tuple(runner)
-        self.stderr_path = self.state_dir.with_name(self.state_dir.name + ".log")
+        self.stderr_path = (self.state_dir.with_name(self.state_dir.name + ".log")
+                            if self.state_dir is not None
+                            else self.workspace.with_name(self.workspace.name + ".serve.log"))
         self.process: subprocess.Popen[str] | None = None
-        self.listening = ""
+        self.listening = self.state_line = ""
         self.base_url = ""
         self.port = 0
         self._http: httpx.Client | None = None
@@ -69,8 +73,9 @@ class ServeProcess:
     # -- the process ----------------------------------------------------------------------
     @property
     def argv(self) -> list[str]:
+        state = ["--state-dir", str(self.state_dir)] if self.state_dir is not None else []
         return [sys.executable, *self.runner, "serve", "--port", "0", "--workspace",
-                str(self.workspace), "--state-dir", str(self.state_dir), *self.flags]
+                str(self.workspace), *state, *self.flags]
 
     @property
     def token(self) -> str | None:
@@ -99,13 +104,15 @@ class ServeProcess:
             self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr,
                                             text=True, env=env, cwd=self.cwd)
         assert self.process.stdout is not None
-        line = _first_line(self.process.stdout)
+        line = _next_line(self.process.stdout)
         match = LISTENING.match(line)
-        if match is None:
+        state_line = _next_line(self.process.stdout) if match else ""
+        if match is None or not state_line.startswith("state in "):
             self.kill()
-            raise AssertionError(f"acp-server serve did not start: {line!r}\n"
+            raise AssertionError(f"acp-server serve did not start: {line!r} {state_line!r}\n"
                                  f"{self.stderr_text()[-4000:]}")
-        self.listening, self.base_url, self.port = line, match.group(1), int(match.group(2))
+        self.listening, self.state_line = line, state_line
+        self.base_url, self.port = match.group(1), int(match.group(2))
         return self
 
     def stop(self, timeout: float = 15) -> int | None:
@@ -193,8 +200,8 @@ async def read_until_closed(stream: anyio.abc.SocketStream) -> bytes:
             return received
 
 
-def _first_line(stdout: IO[str]) -> str:
-    """The child's first stdout line, or ``""`` past ``START_TIMEOUT_S``."""
+def _next_line(stdout: IO[str]) -> str:
+    """The child's next stdout line, or ``""`` past ``START_TIMEOUT_S``."""
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: lines.put(stdout.readline()), daemon=True).start()
     try:
