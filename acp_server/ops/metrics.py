@@ -57,7 +57,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute
 
 from acp_server.acp_http import ConnectionRegistry
-from acp_server.http.endpoints import route
+from acp_server.http.endpoints import route as bound_route
 from acp_server.lmsp.wire import TaskStatus
 from bridge import Bridge, BridgeStats
 from bridge.observer import BridgeObserver
@@ -294,4 +294,4 @@ async def metrics_endpoint(request: Request, *, metrics: Metrics) -> Response:
 
 
 def routes(metrics: Metrics) -> list[BaseRoute]:
-    return [route("/metrics", metrics_endpoint, ["GET"], metrics=metrics)]
+    return [bound_route("/metrics", metrics_endpoint, ["GET"], metrics=metrics)]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import socket
 import sys
 import xml.etree.ElementTree as ET

@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
-import httpx
 import pytest
 
 from acp_server.ops.request_log import JsonFormatter, configure_logging, count_events

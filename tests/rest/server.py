@@ -16,7 +16,7 @@ import anyio
 import httpx
 from httpx_sse import aconnect_sse
 
-from tests.harness.local import LocalServer, local_server, serving
+from tests.harness.local import LocalServer, local_server
 
 TEXT = "text"
 
