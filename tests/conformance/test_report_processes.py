@@ -58,6 +58,7 @@ def test_in_a_terminal_every_id_is_whole(url: str, columns: int) -> None:
     assert re.search(r"\nPASS  \d+ passed, 0 failed", term.text)   # its own line
 
 
+@pytest.mark.slow
 def test_twelve_runs_leave_no_session_behind(url: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Against a cap of 6 sessions: the acp-http suite used to leave 3 per run, so the
     third run already failed. Every run must pass and leave only the LMSP runner's kept
