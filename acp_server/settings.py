@@ -17,6 +17,7 @@ Contracts:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import re
 import shlex
@@ -50,6 +51,7 @@ DEFAULT_HEADER_TIMEOUT_MS = 10_000
 # Every SSE subscriber the bridge allows (32 sessions x 64 subscribers = 2048) plus
 # 512 for requests, /acp streams and WebSockets; kept below the descriptor limit.
 DEFAULT_MAX_CONNECTIONS = 2560
+DEFAULT_STORE_LEASE_MS, DEFAULT_STORE_RENEW_MS, DEFAULT_STORE_POLL_MS = 30_000, 10_000, 1_000
 TOKEN_ENV = "ACP_SERVER_TOKEN"
 _ORIGIN = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/\s?#]+$")
 
@@ -73,10 +75,16 @@ class SettingsError(ValueError):
     """An invalid setting; the message names the setting and the value."""
 
 
-def default_state_dir() -> str:
-    """``$XDG_STATE_HOME/acp-server``, else ``~/.local/state/acp-server``."""
+def default_state_dir(workspace: str) -> str:
+    """One folder per workspace: ``$XDG_STATE_HOME/acp-server/workspaces/NAME-DIGEST``
+    (``$XDG_STATE_HOME`` defaults to ``~/.local/state``). DIGEST (16 hex digits of the
+    SHA-256 of the workspace's real path) is the key; NAME, its last component, is there
+    to be read. So two workspaces never share tasks, and one workspace always finds its own."""
     base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return os.path.join(base, "acp-server")
+    real = os.path.realpath(workspace)
+    digest = hashlib.sha256(os.fsencode(real)).hexdigest()[:16]
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", os.path.basename(real))[:40] or "root"
+    return os.path.join(base, "acp-server", "workspaces", f"{name}-{digest}")
 
 
 def parse_number(text: str) -> Any:
@@ -104,7 +112,8 @@ class Settings:
     # Named agents besides the default (``--agent NAME=COMMAND``, ``--config``).
     agent_profiles: tuple[AgentProfile, ...] = ()
     model_server: str | None = None
-    state_dir: str = dataclasses.field(default_factory=lambda: default_state_dir())
+    # "" = the workspace's own folder (``default_state_dir``); ``--state-dir`` chooses.
+    state_dir: str = ""
     options: BridgeOptions = dataclasses.field(default_factory=BridgeOptions)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_acp_connections: int = 64
@@ -125,6 +134,12 @@ class Settings:
     header_timeout_ms: int = DEFAULT_HEADER_TIMEOUT_MS
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     lmsp_permissions: str = "reject"
+    # A PostgreSQL store shared by several instances: how long a task this instance
+    # claimed stays its own without renewal, how often the leases are renewed, how
+    # often the store is polled for what NOTIFY missed (milliseconds).
+    store_lease_ms: int = DEFAULT_STORE_LEASE_MS
+    store_renew_ms: int = DEFAULT_STORE_RENEW_MS
+    store_poll_ms: int = DEFAULT_STORE_POLL_MS
 
     def __post_init__(self) -> None:
         if not self.hostname:
@@ -135,6 +150,8 @@ class Settings:
         if not os.path.isdir(self.workspace):
             raise SettingsError(f"Invalid workspace: {self.workspace!r}. Must be an existing directory.")
         object.__setattr__(self, "workspace", os.path.realpath(self.workspace))
+        if not self.state_dir:
+            object.__setattr__(self, "state_dir", default_state_dir(self.workspace))
         if self.token is not None and not self.token:
             raise SettingsError("Invalid token: ''. Must be a non-empty string.")
         if self.require_auth and self.token is None:
@@ -182,11 +199,15 @@ class Settings:
             raise SettingsError(f"Invalid metrics task TTL: {self.metrics_task_ttl_s!r}.")
         if not self.heartbeat_s > 0:
             raise SettingsError(f"Invalid heartbeat interval: {self.heartbeat_s!r}.")
-        for name in ("header_timeout_ms", "max_connections"):
+        for name in ("header_timeout_ms", "max_connections", "store_lease_ms",
+                     "store_renew_ms", "store_poll_ms"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise SettingsError(f"Invalid {name.replace('_', '-')}: {value!r}. "
                                     "Must be a positive integer.")
+        if self.store_renew_ms >= self.store_lease_ms:
+            raise SettingsError(f"Invalid store-renew-ms: {self.store_renew_ms!r}. Must be "
+                                f"less than store-lease-ms ({self.store_lease_ms}).")
         if self.lmsp_permissions not in POLICIES:
             raise SettingsError(f"Invalid lmsp-permissions: {self.lmsp_permissions!r}. Must be "
                                 f"one of {', '.join(POLICIES)}.")
@@ -262,6 +283,9 @@ class Settings:
                    header_timeout_ms: str | int = DEFAULT_HEADER_TIMEOUT_MS,
                    max_connections: str | int = DEFAULT_MAX_CONNECTIONS,
                    lmsp_permissions: str = "reject",
+                   store_lease_ms: str | int = DEFAULT_STORE_LEASE_MS,
+                   store_renew_ms: str | int = DEFAULT_STORE_RENEW_MS,
+                   store_poll_ms: str | int = DEFAULT_STORE_POLL_MS,
                    **option_flags: str | None) -> Settings:
         """Build from CLI strings. ``token=None`` falls back to ``$ACP_SERVER_TOKEN``;
         ``agent`` is one ``--agent`` value or all of them (``NAME=COMMAND`` adds a
@@ -290,7 +314,7 @@ class Settings:
                    allow_origins=tuple(allow_origin),
                    agent=shlex.join(default.command) if default.command else REFERENCE_AGENT,
                    agent_profiles=tuple(named), model_server=model_server,
-                   state_dir=os.path.abspath(state_dir) if state_dir else default_state_dir(),
+                   state_dir=os.path.abspath(state_dir) if state_dir else "",
                    max_acp_connections=parse_number(max_acp_connections)
                    if isinstance(max_acp_connections, str) else max_acp_connections,
                    store=store, max_running_tasks=parse_number(max_running_tasks)
@@ -301,7 +325,13 @@ class Settings:
                    max_connections=parse_number(max_connections)
                    if isinstance(max_connections, str) else max_connections,
                    lmsp_permissions=lmsp_permissions,
+                   store_lease_ms=_number(store_lease_ms), store_renew_ms=_number(store_renew_ms),
+                   store_poll_ms=_number(store_poll_ms),
                    options=build_options(**option_flags))
+
+
+def _number(value: str | int) -> Any:
+    return parse_number(value) if isinstance(value, str) else value
 
 
 def build_options(**flags: str | None) -> BridgeOptions:

@@ -91,8 +91,7 @@ class Bridge:
         default = getattr(agent_factory, "name", None) or "default"
         self.agents = AgentPool({default: agent_factory, **(agents or {})}, default=default,
                                 initialize_timeout_ms=self.options.initialize_timeout_ms)
-        # One client side per agent: an agent reaches only its own sessions.
-        self._clients = {name: AgentSide(self, name) for name in self.agents.names}
+        self._clients = {name: AgentSide(self, name) for name in self.agents.names}   # isolated
         self.permissions = PermissionMediator(self.options.permission_response_timeout_ms)
         self.queue_wait = QueueWaitStats()
         self.observer: BridgeObserver = NO_OBSERVER
@@ -119,9 +118,7 @@ class Bridge:
     async def __aexit__(self, *exc_info: Any) -> None:
         stack, self._stack = self._stack, None
         assert stack is not None, "the bridge is not running"
-        # The body's own exception propagates unwrapped; only background-task
-        # failures surface from the task group.
-        await stack.aclose()
+        await stack.aclose()   # the body's own exception propagates unwrapped
 
     @contextlib.asynccontextmanager
     async def _running(self) -> AsyncIterator[None]:
@@ -245,14 +242,17 @@ class Bridge:
             await self.capacity.changed.wait()
 
     async def create_session(self, *, cwd: str | None = None, session_id: str | None = None,
-                             agent: str | None = None) -> SessionInfo:
+                             agent: str | None = None, origin: str | None = None) -> SessionInfo:
         """A fresh session (``thread`` scope) on ``agent`` (default: the default agent).
-        A requested id that is live attaches."""
+        A requested id that is live attaches. ``origin`` labels who made it for the
+        listings (``"lmsp"``, ``"conformance"``; ``None``: a person's client); the bridge
+        only keeps it."""
         self.check_workspace(cwd)
         name = self.agents.resolve(agent)
         if session_id is not None and session_id in self._sessions:
             return self._info(self.get_session(session_id), attached=True)
         session = await self._spawn("session/new", name, requested_id=session_id)
+        session.origin = origin
         return self._info(session, attached=False)
 
     async def attach_session(self, *, cwd: str | None = None, agent: str | None = None) -> SessionInfo:

@@ -162,6 +162,7 @@ class Session:
         self.closing = False
         self.holds_slot = False   # a slot of the session cap (bridge.capacity) is its own
         self.forked_from: str | None = None
+        self.origin: str | None = None   # who made it (create_session's label), or None
         self.agent_name = ""   # the agent profile this session runs on
         self.agent_result: dict[str, Any] = {}   # the agent's session/new (load, ...) answer
         # How its prompts ended (bridge.status), kept across a close and a cold load.
@@ -222,7 +223,8 @@ class Session:
             last_event_id=self.bus.last_event_id, event_epoch=self.bus.epoch,
             agent=self.agent_name, max_pending_prompts=self.limit,
             active_prompt_text=active.text if active else None,
-            updated_at=time.time() - max(0.0, time.monotonic() - self.last_seen))
+            updated_at=time.time() - max(0.0, time.monotonic() - self.last_seen),
+            origin=self.origin)
 
     @property
     def pending_count(self) -> int:

@@ -13,7 +13,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from tests.hostile.daemon import running_daemon
+from tests.harness import ServeProcess
 from tests.hostile.test_hung_agents import runtime, wait_for
 
 pytestmark = pytest.mark.anyio
@@ -22,7 +22,7 @@ CYCLES = 1000
 
 
 async def test_deleted_connections_close_the_sessions_they_made(tmp_path: Path) -> None:
-    async with running_daemon(tmp_path) as daemon:
+    async with ServeProcess(tmp_path) as daemon:
         client = daemon.client
         for cycle in range(CYCLES):
             init = await client.post("/acp", json={"jsonrpc": "2.0", "id": 0,

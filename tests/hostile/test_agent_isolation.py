@@ -18,19 +18,19 @@ import anyio
 import pytest
 from httpx_sse import aconnect_sse
 
-from tests.hostile.daemon import Daemon, running_daemon
+from tests.harness import ServeProcess
 from tests.hostile.test_hung_agents import agent_flag, create, runtime
 
 pytestmark = pytest.mark.anyio
 
 
-async def prompt(daemon: Daemon, sid: str, text: str) -> None:
+async def prompt(daemon: ServeProcess, sid: str, text: str) -> None:
     response = await daemon.client.post(f"/session/{sid}/prompt", json={
         "prompt": [{"type": "text", "text": text}]})
     assert response.status_code == 202, response.text
 
 
-async def turn(daemon: Daemon, sid: str, text: str) -> list[dict[str, Any]]:
+async def turn(daemon: ServeProcess, sid: str, text: str) -> list[dict[str, Any]]:
     """Prompt ``sid`` and read its events (from before the prompt) to its turn's end."""
     status = (await daemon.client.get(f"/session/{sid}/status")).json()
     events: list[dict[str, Any]] = []
@@ -58,7 +58,7 @@ def texts(events: list[dict[str, Any]]) -> str:
 async def test_an_evil_agent_reaches_no_other_agents_session(tmp_path: Path) -> None:
     (tmp_path / "secret.txt").write_text("the honest agent's secret\n")
     flags = [*agent_flag("honest"), *agent_flag("evil")]
-    async with running_daemon(tmp_path, *flags) as daemon:
+    async with ServeProcess(tmp_path, *flags, cwd=tmp_path) as daemon:
         victim = (await create(daemon.client, "honest")).json()["sessionId"]
         evil = (await create(daemon.client, "evil")).json()["sessionId"]
         victim_events: list[dict[str, Any]] = []
@@ -89,7 +89,7 @@ async def test_an_evil_agent_reaches_no_other_agents_session(tmp_path: Path) -> 
         for method in ("session/update", "session/request_permission", "fs/read_text_file"):
             assert (f'acp_server_agent_foreign_messages_dropped_total{{agent="evil",'
                     f'method="{method}"}} 1.0') in metrics
-        assert b"not its session" in b"".join(daemon.stderr)
+        assert "not its session" in daemon.stderr_text()
 
         # A session/new answer naming the live victim is refused; the victim is untouched.
         await turn(daemon, evil, f"collide {victim}")
@@ -103,7 +103,7 @@ async def test_an_evil_agent_reaches_no_other_agents_session(tmp_path: Path) -> 
 
 async def test_an_lmsp_response_of_the_honest_agent_stays_clean(tmp_path: Path) -> None:
     flags = [*agent_flag("honest"), *agent_flag("evil")]
-    async with running_daemon(tmp_path, *flags) as daemon:
+    async with ServeProcess(tmp_path, *flags, cwd=tmp_path) as daemon:
         created = await daemon.client.post("/lmsp/v1/responses", json={
             "model": "honest", "input": "gate open-gate", "background": True})
         assert created.status_code in (200, 202), created.text
@@ -125,13 +125,13 @@ async def test_an_lmsp_response_of_the_honest_agent_stays_clean(tmp_path: Path) 
         assert (await runtime(daemon))["agents"]["foreignMessagesDropped"] == 3
 
 
-async def _sessions(daemon: Daemon) -> list[dict[str, Any]]:
+async def _sessions(daemon: ServeProcess) -> list[dict[str, Any]]:
     workspace = (await daemon.client.get("/capabilities")).json()["workspaces"][0]["id"]
     listed = (await daemon.client.get(f"/workspace/{workspace}/sessions")).json()
     return listed["sessions"]  # type: ignore[no-any-return]
 
 
-async def _session_of(daemon: Daemon, agent: str) -> str:
+async def _session_of(daemon: ServeProcess, agent: str) -> str:
     with anyio.fail_after(20):
         while True:
             mine = [s["sessionId"] for s in await _sessions(daemon) if s["agent"] == agent]

@@ -9,13 +9,12 @@ interleave: whatever closes first, the drain ends with exit code 0 and no traceb
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 
 import anyio
 import pytest
 
-from tests.hostile.daemon import running_daemon
+from tests.harness import ServeProcess
 from tests.hostile.test_hung_agents import agent_flag, create
 
 pytestmark = pytest.mark.anyio
@@ -26,7 +25,7 @@ TASKS = 4   # --max-running-tasks: all of them running at the SIGTERM
 async def test_sigterm_while_lmsp_tasks_run_exits_0(tmp_path: Path) -> None:
     flags = [*agent_flag("slow", "--slow-close-ms", "300"),
              "--max-running-tasks", str(TASKS)]
-    async with running_daemon(tmp_path, *flags) as daemon:
+    async with ServeProcess(tmp_path, *flags) as daemon:
         ids = []
         for i in range(TASKS):
             created = await daemon.client.post("/lmsp/v1/responses", json={
@@ -40,9 +39,7 @@ async def test_sigterm_while_lmsp_tasks_run_exits_0(tmp_path: Path) -> None:
                 while (await daemon.client.get(f"/lmsp/v1/responses/{response_id}")
                        ).json()["status"] != "in_progress":
                     await anyio.sleep(0.02)
-        daemon.process.send_signal(signal.SIGTERM)
-        with anyio.fail_after(30):
-            await daemon.process.wait()
-        stderr = b"".join(daemon.stderr).decode()
-        assert daemon.process.returncode == 0, stderr[-3000:]
+        status = await anyio.to_thread.run_sync(daemon.stop)   # SIGTERM, then the exit status
+        stderr = daemon.stderr_text()
+        assert status == 0, stderr[-3000:]
         assert "Traceback" not in stderr and "SessionNotFoundError" not in stderr

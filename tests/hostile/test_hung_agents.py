@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from tests.agents import fixture_command
-from tests.hostile.daemon import Daemon, running_daemon
+from tests.harness import ServeProcess
 
 pytestmark = pytest.mark.anyio
 
@@ -32,13 +32,13 @@ def agent_flag(name: str, *flags: str) -> list[str]:
     return ["--agent", f"{name}={shlex.join(fixture_command(name, *flags))}"]
 
 
-async def runtime(daemon: Daemon) -> dict[str, Any]:
+async def runtime(daemon: ServeProcess) -> dict[str, Any]:
     response = await daemon.client.get("/daemon/status")
     assert response.status_code == 200
     return response.json()["runtime"]  # type: ignore[no-any-return]
 
 
-async def wait_for(daemon: Daemon, check: Any, timeout: float = 20.0) -> dict[str, Any]:
+async def wait_for(daemon: ServeProcess, check: Any, timeout: float = 20.0) -> dict[str, Any]:
     """Poll ``/daemon/status`` until ``check(runtime)`` holds."""
     with anyio.fail_after(timeout):
         while True:
@@ -55,7 +55,7 @@ async def create(client: httpx.AsyncClient, agent: str) -> httpx.Response:
 async def test_hung_session_new_holds_only_its_share_and_gives_it_back(tmp_path: Path) -> None:
     flags = [*agent_flag("nonew", "--never-answer-new"),
              "--agent-request-timeout-ms", "600000"]
-    async with running_daemon(tmp_path, "--agent", "reference", *flags) as daemon:
+    async with ServeProcess(tmp_path, "--agent", "reference", *flags) as daemon:
         refused: list[dict[str, Any]] = []
 
         async def give_up_later(client: httpx.AsyncClient) -> None:
@@ -94,7 +94,7 @@ async def test_agent_requests_have_a_deadline(tmp_path: Path) -> None:
     flags = [*agent_flag("nonew", "--never-answer-new"),
              *agent_flag("flood", "--swallow-new", str(SWALLOW_BYTES)),
              "--agent-request-timeout-ms", "500"]
-    async with running_daemon(tmp_path, "--agent", "reference", *flags) as daemon:
+    async with ServeProcess(tmp_path, "--agent", "reference", *flags) as daemon:
         for agent in ("nonew", "flood"):
             response = await create(daemon.client, agent)
             assert response.status_code == 504, response.text

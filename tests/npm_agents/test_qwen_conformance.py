@@ -1,7 +1,7 @@
 """The conformance runner against a live `qwen serve` 0.24.4 (npm), its agent on our fake
 model server; ``SLOW`` prompts hold (the fake model streams them for 5 s).
 
-The outcomes are recorded in the README ("Conformance", the qwen serve table); this
+The outcomes are recorded in docs/conformance.md (the qwen serve table); this
 test keeps that table true.
 """
 
@@ -20,16 +20,16 @@ import pytest
 from acp_server.conformance import Options, run_conformance
 from acp_server.conformance.catalog import checks_of
 from tests.bridge.fake_model_server import FakeModelState, build_fake_model_app
-from tests.rest.server import serving
+from tests.harness import serving
 
-pytestmark = [pytest.mark.anyio, pytest.mark.agents]
+pytestmark = [pytest.mark.anyio, pytest.mark.agents, pytest.mark.slow]
 LISTENING = re.compile(rb"listening on (http://127\.0\.0\.1:\d+)")
 START_TIMEOUT_S = 60
 HOLD = "SLOW story please"
 OPTIONS = Options(hold_prompt=HOLD, quick_prompt="say hello", timeout_s=20.0,
                   settle_timeout_s=90.0)
 
-# check id -> outcome against qwen serve 0.24.4 (the README table gives the reasons);
+# check id -> outcome against qwen serve 0.24.4 (docs/conformance.md gives the reasons);
 # qwen serve has no LMSP, so that suite is not advertised and does not run.
 NOT_PASSING = {
     "backpressure.release.dropped": "fail",      # the dropped prompt keeps its slot

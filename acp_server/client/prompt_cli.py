@@ -1,0 +1,196 @@
+"""``acp-server prompt``: send one prompt to a running daemon, stream the reply.
+
+    $ acp-server prompt "hello" --url http://127.0.0.1:4170
+    Echo: hello
+    $ acp-server prompt "/fail boom" ; echo $?
+    acp-server prompt: Reference agent failure (/fail) (-32603)
+    1
+
+Contracts: the agent's ``agent_message_chunk`` text is written to stdout as each event
+arrives (flushed); diagnostics go to stderr. A permission the agent asks is put to the
+person when stdin and stderr are a terminal; otherwise ``--permissions`` answers it
+(``reject`` by default), saying so on stderr (``permissions_cli``). A server that
+cannot be reached is one line, ``cannot reach URL: connection refused``. Without ``--session`` the workspace's
+default session is attached (``--thread``: a fresh one). Exit status: 0 when the turn
+completed (a stop reason other than ``end_turn`` is noted on stderr), 1 on any error
+(turn_error, HTTP error, connection failure, full queue), 2 on bad usage, 130 on
+Ctrl-C. ``--token`` defaults to ``$ACP_SERVER_TOKEN``; ``--url`` to
+``$ACP_SERVER_URL`` or ``http://127.0.0.1:4170``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+import anyio
+import httpx
+
+from acp_server.client import (CreateSessionRequest, DaemonClient, DaemonError, DaemonEvent,
+                               DaemonHttpError)
+from acp_server.client.permissions_cli import POLICIES, PermissionAnswerer, TerminalAsker
+
+URL_ENV = "ACP_SERVER_URL"
+DEFAULT_URL = "http://127.0.0.1:4170"
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+def add_prompt_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("text", help="the prompt text ('-' reads it from stdin)")
+    parser.add_argument("--url", default=None,
+                        help=f"the daemon's address (default ${URL_ENV} or {DEFAULT_URL})")
+    parser.add_argument("--session", default=None, metavar="ID",
+                        help="prompt this session (default: attach the workspace's session)")
+    parser.add_argument("--thread", action="store_true",
+                        help="create a fresh session instead of attaching the default one")
+    parser.add_argument("--agent", default=None, metavar="NAME",
+                        help="the agent profile for a new or attached session")
+    parser.add_argument("--token", default=None, help="bearer token (default $ACP_SERVER_TOKEN)")
+    parser.add_argument("--timeout", type=float, default=30.0,
+                        help="per-request timeout in seconds (default %(default)s)")
+    parser.add_argument("--permissions", choices=POLICIES, default="reject",
+                        help="how to answer the agent's permission requests when not in a "
+                             "terminal (in one, you are asked) (default %(default)s)")
+    return parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    return add_prompt_arguments(argparse.ArgumentParser(
+        prog="acp-server prompt", description="Send a prompt and stream the agent's reply."))
+
+
+def chunk_text(event: DaemonEvent) -> str | None:
+    """The text of an ``agent_message_chunk`` event, else ``None``."""
+    if event.type != "session_update" or not isinstance(event.data, dict):
+        return None
+    update = event.data.get("update")
+    if not isinstance(update, dict) or update.get("sessionUpdate") != "agent_message_chunk":
+        return None
+    content = update.get("content")
+    if isinstance(content, dict) and content.get("type") == "text":
+        text = content.get("text")
+        return text if isinstance(text, str) else None
+    return None
+
+
+class _Printer:
+    """Writes reply chunks as they come; remembers whether a newline is owed."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.open_line = False
+
+    def __call__(self, event: DaemonEvent) -> None:
+        text = chunk_text(event)
+        if text:
+            self.out.write(text)
+            self.out.flush()
+            self.open_line = not text.endswith("\n")
+
+    def finish(self) -> None:
+        if self.open_line:
+            self.out.write("\n")
+            self.out.flush()
+            self.open_line = False
+
+
+def _terminal(args: argparse.Namespace, source: TextIO, err: TextIO) -> bool:
+    """Whether a person can be asked: stdin (not the prompt's text) and stderr are ttys."""
+    return args.text != "-" and source.isatty() and err.isatty()
+
+
+async def prompt_command(args: argparse.Namespace, *, out: TextIO, err: TextIO,
+                         transport: httpx.AsyncBaseTransport | None = None,
+                         source: TextIO | None = None) -> int:
+    """The command's body (async: usable from a running event loop). ``source`` is
+    where a person's answers are read (default stdin)."""
+    source = source or sys.stdin
+    text = source.read() if args.text == "-" else args.text
+    url = args.url or os.environ.get(URL_ENV) or DEFAULT_URL
+    printer = _Printer(out)
+    ask = TerminalAsker(source, err) if _terminal(args, source, err) else None
+    try:
+        async with DaemonClient(url, token=args.token, timeout=args.timeout,
+                                transport=transport) as client:
+            session_id = args.session
+            if session_id is None:
+                req = CreateSessionRequest(session_scope="thread" if args.thread else None,
+                                           agent=args.agent)
+                session_id = (await client.create_or_attach_session(req)).session_id
+            answerer = PermissionAnswerer(client, session_id, err=err,
+                                          policy=getattr(args, "permissions", "reject"), ask=ask)
+            async with anyio.create_task_group() as tg:
+                def on_event(event: DaemonEvent) -> None:
+                    printer(event)
+                    if event.type in ("permission_request", "permission_resolved"):
+                        if event.type == "permission_request":
+                            printer.finish()
+                        answerer.see(event, tg)
+
+                failure: DaemonError | None = None
+                try:
+                    result = await client.prompt(session_id, text, on_event=on_event)
+                except DaemonError as exc:   # raised below, outside the task group
+                    failure = exc
+                tg.cancel_scope.cancel()   # a question still open is moot now
+            if failure is not None:
+                raise failure
+    except DaemonHttpError as exc:
+        printer.finish()
+        detail = f" ({exc.code})" if exc.code else ""
+        print(f"acp-server prompt: {exc.message}{detail}", file=err)
+        return EXIT_ERROR
+    except DaemonError as exc:
+        printer.finish()
+        print(f"acp-server prompt: {exc}", file=err)
+        return EXIT_ERROR
+    printer.finish()
+    if result.stop_reason != "end_turn":
+        print(f"acp-server prompt: stop reason {result.stop_reason}", file=err)
+    return EXIT_OK
+
+
+def run_prompt_args(args: argparse.Namespace, *, out: TextIO | None = None,
+                    err: TextIO | None = None) -> int:
+    """Run the command for parsed arguments (starts its own event loop)."""
+    try:
+        return anyio.run(_run, args, out or sys.stdout, err or sys.stderr)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+
+
+async def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """Ctrl-C cancels the prompt (so the client cancels it on the server too)."""
+    interrupted = False
+    async with anyio.create_task_group() as tg:
+        async def on_sigint() -> None:
+            nonlocal interrupted
+            with anyio.open_signal_receiver(signal.SIGINT) as signals:
+                async for _ in signals:
+                    interrupted = True
+                    tg.cancel_scope.cancel()
+                    return
+
+        if threading.current_thread() is threading.main_thread():
+            tg.start_soon(on_sigint)
+        code = await prompt_command(args, out=out, err=err)
+        tg.cancel_scope.cancel()
+    return EXIT_INTERRUPTED if interrupted else code
+
+
+def run_prompt(argv: Sequence[str] | None = None, **streams: Any) -> int:
+    """``acp-server prompt`` as a function: ``run_prompt(["hello", "--url", url])``."""
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:   # argparse: --help (0) or bad usage (2)
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    return run_prompt_args(args, **streams)
+
+
+if __name__ == "__main__":
+    sys.exit(run_prompt())

@@ -1,0 +1,249 @@
+"""The ``/lmsp/v1`` endpoints and their route factory.
+
+    app = Starlette(routes=routes(service))      # acp_server.lmsp.routes
+
+Contracts: every error is a problem object (``application/problem+json``), 405
+included (each path takes every method and answers unknown ones itself), and the
+network guard's 401 (``UNAUTHORIZED_PROBLEM``, which ``acp_server.app`` hands to the
+guard for ``/lmsp/`` paths). Every endpoint gets the ``LmspService`` bound when the
+routes are built, never from ``app.state``. Task
+creation answers 202 only after the commit; a replay adds ``Idempotent-Replayed:
+true``. Event streams are SSE (§6.4) written by ``acp_server.http.sse``: ``retry: 3000``
+once (a field of the first frame), ``id``/``event``/``data`` per event, a
+``: keep-alive`` comment line after ``LmspConfig.keepalive_s`` of silence, closed right
+after the terminal event. A ``background`` response is answered as soon as it is
+committed, and its stream outlives its client (resumed with ``GET /responses/{id}
+?stream=true``); the client of a foreground stream that drops cancels it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import anyio
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+from starlette.types import Send
+
+from acp_server.lmsp.listing import list_tasks
+from acp_server.lmsp.problems import LmspError, problem, problem_response
+from acp_server.lmsp.requests import (
+    decode_json,
+    parse_cursor,
+    parse_idempotency_key,
+    parse_response_request,
+    parse_task_envelope,
+    read_body,
+)
+from acp_server.lmsp.service import LmspService
+from acp_server.lmsp.store import TERMINAL, CommittedEvent
+from acp_server.lmsp.responses import base_response
+from acp_server.lmsp.wire import DeletedResponse, encode
+from acp_server.http.sse import SseResponse, frame
+
+PREFIX = "/lmsp/v1"
+KEEPALIVE_COMMENT = b"keep-alive"
+_ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
+Endpoint = Callable[[Request, LmspService], Awaitable[Response]]
+
+
+def _json(status: int, body: bytes, headers: dict[str, str] | None = None) -> Response:
+    return Response(body, status_code=status, media_type="application/json", headers=headers)
+
+
+def _endpoint(methods: dict[str, Endpoint],
+              service: LmspService) -> Callable[[Request], Awaitable[Response]]:
+    async def handle(request: Request) -> Response:
+        try:
+            handler = methods.get(request.method)
+            if handler is None:
+                raise LmspError("method_not_allowed",
+                                f"{request.method} is not allowed on {request.url.path}.")
+            return await handler(request, service)
+        except LmspError as exc:
+            return problem_response(exc, instance=request.url.path)
+
+    return handle
+
+
+# -- endpoints ---------------------------------------------------------------------------
+async def capabilities(request: Request, service: LmspService) -> Response:
+    return _json(200, encode(service.capabilities()))
+
+
+async def create_task(request: Request, service: LmspService) -> Response:
+    key = parse_idempotency_key(request.headers.get("idempotency-key"))
+    body = decode_json(await read_body(request, limit=service.config.max_request_bytes))
+    envelope = parse_task_envelope(body)
+    record, replayed = await service.create_task(
+        envelope.request, on_restart=envelope.on_restart, body=body, key=key,
+        route="POST /lmsp/v1/tasks")
+    headers = {"Location": f"{PREFIX}/tasks/{record.id}"}
+    if replayed:
+        headers["Idempotent-Replayed"] = "true"
+    return _json(202, encode(service.task_object(record)), headers)
+
+
+async def get_task(request: Request, service: LmspService) -> Response:
+    record = await service.get_task(request.path_params["task_id"])
+    return _json(200, encode(service.task_object(record)))
+
+
+async def cancel_task(request: Request, service: LmspService) -> Response:
+    record = await service.cancel(request.path_params["task_id"])
+    return _json(200, encode(service.task_object(record)))
+
+
+async def task_events(request: Request, service: LmspService) -> Response:
+    cursor = parse_cursor(request)
+    stream = await service.open_events(request.path_params["task_id"],
+                                       None if cursor is None else cursor[0],
+                                       param=None if cursor is None else cursor[1])
+    if stream is None:
+        return Response(status_code=204)
+    return EventStream(stream)
+
+
+async def create_response(request: Request, service: LmspService) -> Response:
+    key = parse_idempotency_key(request.headers.get("idempotency-key"))
+    body = decode_json(await read_body(request, limit=service.config.max_request_bytes))
+    parsed = parse_response_request(body)
+    record, replayed = await service.create_task(parsed, on_restart="fail", body=body, key=key,
+                                                 route="POST /lmsp/v1/responses")
+    headers = {"Idempotent-Replayed": "true"} if replayed else {}
+    if parsed.stream:
+        stream = await service.open_events(record.id, None)
+        assert stream is not None
+        # A background stream's client may drop and resume; a foreground one cancels.
+        cancel = None if parsed.background else (service, record.id)
+        return EventStream(stream, cancel_on_close=cancel,
+                           headers=[(b"idempotent-replayed", b"true")] if replayed else None)
+    if parsed.background:   # durable already: answer at once
+        return _json(200, service.response_object(record), headers)
+    record = await _wait_unless_gone(request, service, record.id)
+    if record is None:   # the client went away: the response was cancelled, nobody reads
+        return Response(status_code=499)
+    if record.response is None:   # the server is stopping: the response as it stands
+        status = "queued" if record.status == "queued" else "in_progress"
+        return _json(200, encode(base_response(record, status)), headers)
+    return _json(200, record.response, headers)
+
+
+async def get_response(request: Request, service: LmspService) -> Response:
+    """The response object; ``stream=true`` streams its events (§6.4 cursor rules)."""
+    response_id = request.path_params["response_id"]
+    stream = request.query_params.get("stream", "false").strip().lower()
+    if stream not in ("true", "false", "1", "0"):
+        raise LmspError("invalid_request", "stream must be true or false.", param="stream",
+                        errors=[])
+    record = await service.get_response(response_id)
+    if stream in ("false", "0"):
+        return _json(200, service.response_object(record))
+    cursor = parse_cursor(request)
+    events = await service.open_events(record.id, None if cursor is None else cursor[0],
+                                       param=None if cursor is None else cursor[1])
+    if events is None:
+        return Response(status_code=204)
+    return EventStream(events)
+
+
+async def cancel_response(request: Request, service: LmspService) -> Response:
+    record = await service.cancel_response(request.path_params["response_id"])
+    return _json(200, service.response_object(record))
+
+
+async def delete_response(request: Request, service: LmspService) -> Response:
+    response_id = request.path_params["response_id"]
+    await service.delete_response(response_id)
+    return _json(200, encode(DeletedResponse(id=response_id)))
+
+
+async def _wait_unless_gone(request: Request, service: LmspService, task_id: str) -> Any:
+    """The terminal task, or ``None`` once the client disconnected (the task is then
+    cancelled, as a closed ``stream: true`` response is)."""
+    result: list[Any] = []
+    async with anyio.create_task_group() as tg:
+        async def wait() -> None:
+            result.append(await service.wait_terminal(task_id))
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(wait)
+        while (await request.receive())["type"] != "http.disconnect":
+            pass   # the body was read: the next message is the disconnect
+        tg.cancel_scope.cancel()
+    if result:
+        return result[0]
+    with anyio.CancelScope(shield=True):
+        try:
+            if (await service.get_task(task_id)).status not in TERMINAL:
+                await service.cancel(task_id)
+        except LmspError:
+            pass
+    return None
+
+
+# -- SSE ---------------------------------------------------------------------------------
+def _frame(event: CommittedEvent) -> bytes:
+    return frame(event.data, event=event.type, event_id=event.seq)
+
+
+class EventStream(SseResponse):
+    """One write per batch of events (a commit's worth), not per event; the service's
+    empty batch is the keep-alive tick. A client closing a streamed ``/responses``
+    before its end cancels it (as OpenAI's do)."""
+
+    def __init__(self, stream: AsyncIterator[list[CommittedEvent]], *,
+                 cancel_on_close: tuple[LmspService, str] | None = None,
+                 headers: list[tuple[bytes, bytes]] | None = None) -> None:
+        super().__init__(keepalive_comment=KEEPALIVE_COMMENT, heartbeat_s=0, headers=headers,
+                         after_disconnect=self._cancel if cancel_on_close else None)
+        self.stream = stream
+        self.cancel_on_close = cancel_on_close
+
+    async def write_frames(self, send: Send) -> None:
+        try:
+            async for batch in self.stream:
+                body = b"".join(map(_frame, batch)) if batch else self.keepalive_frame
+                await send({"type": "http.response.body", "body": body, "more_body": True})
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.stream.aclose()  # type: ignore[attr-defined]
+
+    async def _cancel(self) -> None:
+        assert self.cancel_on_close is not None
+        service, task_id = self.cancel_on_close
+        with anyio.CancelScope(shield=True):
+            try:
+                record = await service.get_task(task_id)
+                if record.status not in TERMINAL:
+                    await service.cancel(task_id)
+            except LmspError:
+                pass
+
+
+def routes(service: LmspService) -> list[BaseRoute]:
+    """Every ``/lmsp/v1`` route, over the service."""
+    table: list[tuple[str, dict[str, Endpoint]]] = [
+        ("/capabilities", {"GET": capabilities}),
+        ("/responses", {"POST": create_response}),
+        ("/tasks", {"POST": create_task, "GET": list_tasks}),
+        ("/responses/{response_id}", {"GET": get_response, "DELETE": delete_response}),
+        ("/responses/{response_id}/cancel", {"POST": cancel_response}),
+        ("/tasks/{task_id}", {"GET": get_task}),
+        ("/tasks/{task_id}/cancel", {"POST": cancel_task}),
+        ("/tasks/{task_id}/events", {"GET": task_events}),
+    ]
+    return [Route(PREFIX + path, _endpoint(methods, service), methods=_ALL_METHODS)
+            for path, methods in table]
+
+
+# -- 401 as a problem object -------------------------------------------------------------
+# The network guard's 401 under /lmsp/ (acp_server.app hands it to SecurityMiddleware).
+UNAUTHORIZED_PROBLEM = encode(problem("unauthorized", "A valid bearer token is required."))
+# The guard's CORS refusal under /lmsp/ (403; §9.3 has no code of its own for it).
+CORS_DENIED_PROBLEM = encode(problem("forbidden", "Request denied by CORS policy."))
+
+
+__all__ = ["CORS_DENIED_PROBLEM", "UNAUTHORIZED_PROBLEM", "routes"]

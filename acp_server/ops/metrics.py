@@ -1,0 +1,303 @@
+"""Prometheus metrics: every series of ``GET /metrics``, on one registry per app.
+
+    metrics = Metrics(bridge, acp_registry)  # its own CollectorRegistry
+    bridge.observe(metrics)                  # admissions, turns, evictions, restarts
+    metrics.watch_lmsp(service)              # LMSP transitions; the task gauge reads its store
+    body = await metrics.render()            # the text exposition (prometheus_client)
+    app = Starlette(routes=routes(metrics))   # GET /metrics
+
+Contracts:
+
+* Series names are fixed (dashboards rely on them; README lists them). Counters get
+  ``_total`` from ``prometheus_client``; the process and platform collectors are on.
+* Pushed series use children bound once: the refusal path of ``send_prompt`` costs
+  one ``Counter.inc`` (``prompt_rejected`` *is* the bound method of the ``rejected``
+  child). The request metrics, paid by every request, are cheaper still: a record
+  per (door, route, status) bound on first use, two integer additions and a
+  ``bisect`` on the event loop, exposed at scrape time as a counter and a histogram
+  family (``prometheus_client.core``).
+* Live quantities are read when scraped, never pushed: sessions and prompts from
+  ``Bridge.stats()``, ``/acp`` connections from the server's registry, LMSP tasks from
+  the store. The task counts (one ``GROUP BY status`` over the ``tasks_status``
+  index) are cached for ``task_ttl_s`` (5 s), fetched by at most one scrape at a
+  time, so with PostgreSQL and several instances a scrape of every instance costs
+  the shared store one query per instance per 5 s at most.
+* ``route`` labels are route templates (``/session/{session_id}/prompt``) or
+  ``unmatched``, never a raw path.
+"""
+
+from __future__ import annotations
+
+import time
+from bisect import bisect_left
+from collections.abc import Iterator
+from typing import Any, get_args
+
+import anyio
+from prometheus_client import (
+    CONTENT_TYPE_PLAIN_0_0_4,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute
+
+from acp_server.acp_http import ConnectionRegistry
+from acp_server.http.endpoints import route as bound_route
+from acp_server.lmsp.wire import TaskStatus
+from bridge import Bridge, BridgeStats
+from bridge.observer import BridgeObserver
+
+DOORS = ("rest", "acp", "lmsp")   # the doors with event streams
+TRANSPORTS = ("http", "websocket")
+TASK_STATUSES: tuple[str, ...] = get_args(TaskStatus)
+DEFAULT_TASK_TTL_S = 5.0
+HTTP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                5.0, 10.0)
+WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0)
+TURN_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0)
+
+
+class _TaskCounts:
+    """The LMSP store's tasks by status, cached for ``ttl_s``; one fetch at a time."""
+
+    def __init__(self, ttl_s: float) -> None:
+        self.ttl_s = ttl_s
+        self.store: Any = None
+        self.counts: dict[str, int] | None = None
+        self.fetched_at = -float("inf")
+        self.fetches = 0
+        self._lock: anyio.Lock | None = None
+
+    async def refresh(self) -> None:
+        if self.store is None or time.monotonic() - self.fetched_at < self.ttl_s:
+            return
+        if self._lock is None:
+            self._lock = anyio.Lock()
+        async with self._lock:
+            if time.monotonic() - self.fetched_at < self.ttl_s:
+                return   # another scrape fetched them meanwhile
+            self.counts = await self.store.status_counts()
+            self.fetched_at = time.monotonic()
+            self.fetches += 1
+
+
+class _LiveCollector(Collector):
+    """Gauges read at scrape time."""
+
+    def __init__(self, bridge: Bridge, acp: ConnectionRegistry | None,
+                 tasks: _TaskCounts) -> None:
+        self.bridge = bridge
+        self.acp = acp
+        self.tasks = tasks
+
+    def describe(self) -> Iterator[Metric]:
+        return self._families(None, {}, None)
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self.bridge.stats()
+        connections = dict.fromkeys(TRANSPORTS, 0)
+        if self.acp is not None:
+            for conn in self.acp.connections.values():
+                connections["websocket" if conn.websocket else "http"] += 1
+        return self._families(stats, connections, self.tasks.counts)
+
+    @staticmethod
+    def _families(stats: BridgeStats | None, connections: dict[str, int],
+                  tasks: dict[str, int] | None) -> Iterator[Metric]:
+        for name, key, doc in (
+                ("acp_server_sessions", "sessions", "Live sessions."),
+                ("acp_server_prompts_pending", "pending_prompts",
+                 "Queued plus running prompts, all sessions."),
+                ("acp_server_prompts_queued", "queued_prompts", "Prompts waiting for their turn."),
+                ("acp_server_prompts_running", "active_prompts", "Prompts whose turn is running.")):
+            yield GaugeMetricFamily(name, doc, value=getattr(stats, key, 0))
+        acp = GaugeMetricFamily("acp_server_acp_connections", "Live /acp connections.",
+                                labels=["transport"])
+        for transport, count in connections.items():
+            acp.add_metric([transport], count)
+        yield acp
+        family = GaugeMetricFamily("acp_server_lmsp_tasks",
+                                   "LMSP tasks in the store by status (cached a few seconds).",
+                                   labels=["status"])
+        if tasks is not None:
+            for status in TASK_STATUSES:
+                family.add_metric([status], tasks.get(status, 0))
+        yield family
+
+
+class _Timing:
+    """One (door, route): observations per bucket (the last is +Inf) and their sum."""
+
+    __slots__ = ("counts", "sum")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(HTTP_BUCKETS) + 1)
+        self.sum = 0.0
+
+
+class _Requests:
+    """One (door, route, status): its count, and its route's timing."""
+
+    __slots__ = ("count", "timing")
+
+    def __init__(self, timing: _Timing) -> None:
+        self.count = 0
+        self.timing = timing
+
+
+class _RequestCollector(Collector):
+    """``acp_server_http_requests_total`` and ``…_request_duration_seconds`` from the
+    records the middleware keeps."""
+
+    def __init__(self) -> None:
+        self.requests: dict[tuple[str, str, int], _Requests] = {}
+        self.timings: dict[tuple[str, str], _Timing] = {}
+
+    def record(self, door: str, route: str, status: int) -> _Requests:
+        timing = self.timings.get((door, route))
+        if timing is None:
+            timing = self.timings[(door, route)] = _Timing()
+        record = self.requests[(door, route, status)] = _Requests(timing)
+        return record
+
+    def describe(self) -> Iterator[Metric]:
+        return self._families({}, {})
+
+    def collect(self) -> Iterator[Metric]:
+        return self._families(dict(self.requests), dict(self.timings))
+
+    @staticmethod
+    def _families(requests: dict[tuple[str, str, int], _Requests],
+                  timings: dict[tuple[str, str], _Timing]) -> Iterator[Metric]:
+        counter = CounterMetricFamily("acp_server_http_requests", "HTTP requests answered.",
+                                      labels=["door", "route", "status"])
+        for (door, route, status), record in requests.items():
+            counter.add_metric([door, route, str(status)], record.count)
+        yield counter
+        histogram = HistogramMetricFamily(
+            "acp_server_http_request_duration_seconds",
+            "HTTP request duration (streams: until they close).", labels=["door", "route"])
+        for (door, route), timing in timings.items():
+            total, buckets = 0, []
+            for bound, count in zip((*map(str, HTTP_BUCKETS), "+Inf"), timing.counts):
+                total += count
+                buckets.append((bound, total))
+            histogram.add_metric([door, route], buckets, timing.sum)
+        yield histogram
+
+
+class Metrics(BridgeObserver):
+    """The app's metrics; also the bridge's observer (see ``bridge.observer``)."""
+
+    def __init__(self, bridge: Bridge, acp: ConnectionRegistry | None = None, *,
+                 task_ttl_s: float = DEFAULT_TASK_TTL_S) -> None:
+        self.registry = registry = CollectorRegistry()
+        ProcessCollector(registry=registry)
+        PlatformCollector(registry=registry)
+        GCCollector(registry=registry)
+        self.tasks = _TaskCounts(task_ttl_s)
+        registry.register(_LiveCollector(bridge, acp, self.tasks))
+
+        admissions = Counter("acp_server_prompt_admissions", "send_prompt admissions.",
+                             ["outcome"], registry=registry)
+        self.prompt_admitted = admissions.labels("accepted").inc   # type: ignore[method-assign]
+        self.prompt_rejected = admissions.labels("rejected").inc   # type: ignore[method-assign]
+        self.turn_started = Histogram(  # type: ignore[method-assign]
+            "acp_server_prompt_queue_wait_seconds", "Admission to the start of the turn.",
+            buckets=WAIT_BUCKETS, registry=registry).observe
+        self._turns = Histogram("acp_server_turn_duration_seconds",
+                                "Start of the turn to its settlement.", ["stop_reason"],
+                                buckets=TURN_BUCKETS, registry=registry)
+        self._turn_children: dict[str, Any] = {}
+        self.subscriber_evicted = Counter(  # type: ignore[method-assign]
+            "acp_server_sse_evictions", "Event subscribers evicted for reading too slowly.",
+            registry=registry).inc
+        self._sse = Gauge("acp_server_sse_subscribers", "Open event streams.", ["door"],
+                          registry=registry)
+        self._streams = {door: self._sse.labels(door) for door in DOORS}
+        self._requests = _RequestCollector()
+        registry.register(self._requests)
+        self._http = self._requests.requests
+        self._transitions = Counter("acp_server_lmsp_task_transitions",
+                                    "Committed LMSP task transitions, by target status.",
+                                    ["to"], registry=registry)
+        self._transition_children = {s: self._transitions.labels(s) for s in TASK_STATUSES}
+        self._restarts = Counter("acp_server_agent_restarts",
+                                 "Agent process (re)starts after a death.", ["agent"],
+                                 registry=registry)
+        self._foreign = Counter("acp_server_agent_foreign_messages_dropped",
+                                "Agent messages naming another agent's session, dropped.",
+                                ["agent", "method"], registry=registry)
+
+    # -- bridge hooks (the others are bound methods set in __init__) --------------------
+    def turn_settled(self, stop_reason: str, duration_s: float) -> None:
+        child = self._turn_children.get(stop_reason)
+        if child is None:
+            child = self._turn_children[stop_reason] = self._turns.labels(stop_reason)
+        child.observe(duration_s)
+
+    def agent_restarted(self, agent: str) -> None:
+        self._restarts.labels(agent).inc()
+
+    def foreign_message_dropped(self, agent: str, method: str) -> None:
+        self._foreign.labels(agent, method).inc()
+
+    # -- HTTP (called by the request-log middleware) ----------------------------------
+    def request_done(self, door: str, route: str, status: int, seconds: float) -> None:
+        """On the event loop only (the records are plain integers)."""
+        record = self._http.get((door, route, status))
+        if record is None:
+            record = self._requests.record(door, route, status)
+        record.count += 1
+        timing = record.timing
+        timing.counts[bisect_left(HTTP_BUCKETS, seconds)] += 1
+        timing.sum += seconds
+
+    def stream_opened(self, door: str) -> None:
+        child = self._streams.get(door)
+        if child is None:
+            child = self._streams[door] = self._sse.labels(door)
+        child.inc()
+
+    def stream_closed(self, door: str) -> None:
+        self._streams[door].dec()
+
+    # -- LMSP -------------------------------------------------------------------------
+    def watch_lmsp(self, service: Any) -> None:
+        """Count the store's committed transitions; read its tasks when scraped."""
+        service.store.on_transition = self.task_moved
+        self.tasks.store = service.store
+
+    def task_moved(self, status: str) -> None:
+        child = self._transition_children.get(status)
+        if child is None:
+            child = self._transition_children[status] = self._transitions.labels(status)
+        child.inc()
+
+    # -- exposition -------------------------------------------------------------------
+    async def render(self) -> bytes:
+        await self.tasks.refresh()
+        return generate_latest(self.registry)
+
+
+async def metrics_endpoint(request: Request, *, metrics: Metrics) -> Response:
+    return Response(await metrics.render(), 200, media_type=CONTENT_TYPE_PLAIN_0_0_4)
+
+
+def routes(metrics: Metrics) -> list[BaseRoute]:
+    return [bound_route("/metrics", metrics_endpoint, ["GET"], metrics=metrics)]

@@ -1,0 +1,222 @@
+"""Documentation types of the OpenAPI document: the answers and bodies that the routes
+build as dicts or read field by field, typed here so that ``acp_server.ops.openapi`` can
+take their schemas from msgspec like those of the wire types.
+
+    from acp_server.ops.openapi_types import RestError, PromptQueueFull
+
+Contract: documentation only. No route encodes or decodes with these types; a field
+changes here when the route's answer changes (the live schemathesis run checks that).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+from acp_server.lmsp import wire as lmsp_wire
+
+
+class RestError(msgspec.Struct):
+    """Every REST error: a message, and the peer's ``code`` and fields where it has them
+    (``code`` is the JSON-RPC error code, an integer, for an agent error)."""
+
+    error: str
+    code: str | int | UnsetType = UNSET
+
+
+class PromptQueueFull(msgspec.Struct):
+    """503 of ``POST /session/{id}/prompt``: exactly these five members."""
+
+    error: str
+    code: Literal["prompt_queue_full"]
+    sessionId: str
+    limit: int
+    pendingCount: int
+
+
+class Health(msgspec.Struct):
+    status: str
+    workspaceCount: int | UnsetType = UNSET
+    sessions: int | UnsetType = UNSET
+    pendingPermissions: int | UnsetType = UNSET
+    activePrompts: int | UnsetType = UNSET
+    pendingPrompts: int | UnsetType = UNSET
+    queuedPrompts: int | UnsetType = UNSET
+    connectedClients: int | UnsetType = UNSET
+    uptimeMs: int | UnsetType = UNSET
+
+
+class RestLimits(msgspec.Struct):
+    maxPendingPromptsPerSession: int | None
+    maxSessionsPerWorkspace: int | None
+
+
+class AgentsInfo(msgspec.Struct):
+    default: str
+    available: list[str]
+
+
+class WorkspaceInfo(msgspec.Struct):
+    """The workspace this daemon serves; ``id`` names it in ``/workspace/{id}/…``."""
+
+    id: str
+    cwd: str
+    primary: bool
+
+
+class RestCapabilities(msgspec.Struct):
+    v: int
+    protocolVersions: dict[str, Any]
+    acpServerVersion: str
+    mode: str
+    features: list[str]
+    workspaceCwd: str
+    transports: list[str]
+    policy: dict[str, str]
+    limits: RestLimits
+    agents: AgentsInfo
+    workspaces: list[WorkspaceInfo]
+
+
+class AgentStatus(msgspec.Struct):
+    """One agent of ``/daemon/status``: its process state, its live sessions, and the
+    ``agentInfo`` of its ``initialize`` answer (``null`` before its first start)."""
+
+    name: str
+    default: bool
+    state: Literal["not_started", "running", "exited"]
+    sessions: int
+    agentInfo: dict[str, Any] | None
+
+
+class DaemonStatus(msgspec.Struct):
+    v: int
+    detail: str
+    generatedAt: str
+    status: str
+    issues: list[Any]
+    daemon: dict[str, Any]
+    security: dict[str, Any]
+    limits: dict[str, Any]
+    agents: list[AgentStatus]
+    capabilities: dict[str, Any]
+    runtime: dict[str, Any]
+
+
+class SessionStatus(msgspec.Struct):
+    sessionId: str
+    workspaceCwd: str
+    createdAt: str
+    clientCount: int
+    hasActivePrompt: bool
+    activePromptId: str | None
+    pendingPrompts: int
+    queuedPrompts: int
+    isWaitingForPermission: bool
+    pendingInteractionCount: int
+    subscribers: int
+    lastEventId: int
+    eventEpoch: str
+
+
+class SessionSummary(SessionStatus):
+    """An item of ``GET /workspace/{workspace}/sessions``: the status and more."""
+
+    updatedAt: str
+    agent: str
+    maxPendingPrompts: int | None
+    activePromptText: str | None
+    origin: Annotated[str, msgspec.Meta(
+        description="Who made it (`_meta[\"acp-server/origin\"]` at creation; `lmsp` for "
+                    "LMSP tasks); null for a person's session")] | None
+
+
+class SessionPage(msgspec.Struct):
+    sessions: list[SessionSummary]
+    nextCursor: Annotated[str, msgspec.Meta(description="The `cursor` of the next page; "
+                                            "absent on the last one")] | UnsetType = UNSET
+
+
+class PendingPrompt(msgspec.Struct):
+    promptId: str
+    queuedAt: int
+    text: str
+    state: Literal["queued", "running"]
+
+
+class PendingPrompts(msgspec.Struct):
+    pendingPrompts: list[PendingPrompt]
+
+
+class EmptyObject(msgspec.Struct):
+    pass
+
+
+# Request bodies as accepted. The wire types type some fields ``Any`` so that the route
+# can answer the peer's own error code; these say what passes.
+class CreateSessionRequest(msgspec.Struct):
+    cwd: str | None = None   # the workspace (the only one); another → 400 workspace_mismatch
+    sessionScope: Literal["single", "thread"] | None = None
+    sessionId: Annotated[str, msgspec.Meta(
+        description="A UUID (RFC 4122, versions 1-5); forces `thread`")] | None = None
+    agent: Annotated[str, msgspec.Meta(examples=["reference"])] | None = None
+    meta: Annotated[dict[str, Any], msgspec.Meta(
+        description="`{\"acp-server/origin\": LABEL}` labels a session made by a program "
+                    "(`[a-z][a-z0-9._-]{0,31}`; anything else is ignored)")] | None = \
+        msgspec.field(default=None, name="_meta")
+
+
+class PromptRequest(msgspec.Struct):
+    prompt: Annotated[list[dict[str, Any]], msgspec.Meta(min_length=1, description=(
+        "ACP content blocks, e.g. {\"type\": \"text\", \"text\": \"hello\"}"))]
+    deadlineMs: Annotated[int, msgspec.Meta(ge=1, le=2**31 - 1)] | None = None
+
+
+class SelectedOutcome(msgspec.Struct, tag_field="outcome", tag="selected"):
+    optionId: Annotated[str, msgspec.Meta(min_length=1)]
+
+
+class CancelledOutcome(msgspec.Struct, tag_field="outcome", tag="cancelled"):
+    pass
+
+
+class PermissionVote(msgspec.Struct):
+    outcome: SelectedOutcome | CancelledOutcome
+
+
+class InputText(msgspec.Struct):
+    type: Literal["input_text"]
+    text: str
+
+
+class InputMessage(msgspec.Struct):
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str | list[InputText]
+    type: Literal["message"] = "message"
+
+
+class ResponseRequest(msgspec.Struct):
+    """``POST /lmsp/v1/responses`` (and a task's ``input``); unknown members are ignored."""
+
+    model: Annotated[str, msgspec.Meta(min_length=1, examples=["reference"], description=(
+        "An agent of the server (`reference` always is one)"))]
+    input: str | Annotated[list[InputMessage], msgspec.Meta(min_length=1)]
+    instructions: str | None = None
+    max_output_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    metadata: dict[str, str] | None = None
+    stream: bool | None = None
+    background: Annotated[bool, msgspec.Meta(description=(
+        "Answer at once (`queued`); retrieve, stream or cancel it by id later"))] | None = None
+    store: Annotated[bool, msgspec.Meta(description=(
+        "`false`: not retrievable by id (not allowed with `background`)"))] | None = None
+    previous_response_id: Annotated[str, msgspec.Meta(min_length=1, description=(
+        "Continue this finished response's conversation (404 unknown, 409 unfinished)"
+    ))] | None = None
+
+
+class TaskEnvelope(msgspec.Struct):
+    type: Literal["response"]
+    input: ResponseRequest
+    on_restart: lmsp_wire.OnRestart = "fail"

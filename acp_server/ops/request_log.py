@@ -1,0 +1,360 @@
+"""Request logs and request metrics: one ASGI middleware outside every other.
+
+    app.add_middleware(RequestLogMiddleware, router_of=lambda: app.router, metrics=metrics)
+    configure_logging("json")      # the CLI's --log-format text|json
+
+    # text:  2026-12-01 10:02:03,114 INFO acp_server.access: POST /session/{session_id}/prompt
+    #        503 0.41ms door=rest session=3c0f…
+    # json:  {"ts":"2026-12-01T10:02:03.114Z","level":"INFO","logger":"acp_server.access",
+    #         "message":"…","kind":"request","method":"POST","route":"/session/{session_id}/prompt",
+    #         "status":503,"duration_ms":0.41,"door":"rest","session_id":"3c0f…"}
+
+Contracts:
+
+* One line per HTTP request (logger ``acp_server.access``, level INFO): method, route
+  template (``unmatched`` when no route matched; never the raw path or the query),
+  status, duration in ms, door (``rest``, ``acp``, ``lmsp``, ``ops``), and the
+  ``session_id`` / ``task_id`` of the path when it has one (escaped in text lines
+  unless printable, at most 128 characters). Never a header, a token or a body.
+* An event stream (a ``text/event-stream`` answer) logs ``stream_open`` when its
+  headers go out and ``stream_close`` (its request line) when it ends, with its
+  duration and the number of events sent (SSE frames other than comments and
+  ``retry:``; every writer here sends whole frames per write).
+* Every request is counted in ``acp_server_http_requests_total`` and timed in
+  ``acp_server_http_request_duration_seconds``; open streams are the
+  ``acp_server_sse_subscribers`` gauge. A request that raised before answering is
+  counted as 500.
+* Lines go through the ``acp_server.access`` logger, unless ``configure_logging`` (the
+  CLI) installed an ``AccessWriter``: then the request path formats the line itself
+  and appends it to a queue that a thread writes out every 50 ms (and at exit), so a
+  line costs a few µs and no write on the 503 path. With INFO disabled for
+  ``acp_server.access`` (and no writer) the middleware only times and counts.
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime
+import logging
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+from starlette.routing import Match, Router
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from acp_server.ops.metrics import Metrics
+
+access_log = logging.getLogger("acp_server.access")
+LOG_FORMATS = ("text", "json")
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+OPS_PATHS = frozenset({"/metrics", "/openapi.json"})
+UNMATCHED = "unmatched"
+_SSE = b"text/event-stream"
+_ID_PARAMS = ("session_id", "task_id")
+MAX_ID_CHARS = 128
+
+
+def door_of(path: str) -> str:
+    if path.startswith("/lmsp/"):
+        return "lmsp"
+    if path == "/acp" or path.startswith("/acp/"):
+        return "acp"
+    return "ops" if path in OPS_PATHS else "rest"
+
+
+def count_events(chunk: bytes) -> int:
+    """SSE frames in ``chunk`` that carry an event (whole frames assumed)."""
+    frames = chunk.count(b"\n\n")
+    if not frames:
+        return 0
+    other = chunk.count(b"\n\n:") + chunk.count(b"\n\nretry:") \
+        + chunk.startswith((b":", b"retry:"))
+    return frames - other
+
+
+def _is_stream(message: Message) -> bool:
+    for key, value in message.get("headers", ()):
+        if key == b"content-type":
+            return bytes(value).startswith(_SSE)
+    return False
+
+
+class RequestLogMiddleware:
+    def __init__(self, app: ASGIApp, *, router_of: Callable[[], Router],
+                 metrics: Metrics | None = None) -> None:
+        self.app = app
+        self.router_of = router_of
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        state = _Exchange(self, scope, send, start)
+        try:
+            await self.app(scope, receive, state.send)
+        finally:
+            state.finish(time.perf_counter() - start)
+
+    def resolve(self, scope: Scope) -> tuple[str, dict[str, Any]]:
+        """The route template and path parameters; matched again when the router did
+        not run (an answer of the network guard)."""
+        route = scope.get("route")
+        if route is not None:
+            return route.path, scope.get("path_params") or {}
+        router = self.router_of()
+        candidates = router.candidates(scope["path"]) if hasattr(router, "candidates") \
+            else router.routes
+        for candidate in candidates:
+            match, child = candidate.matches(scope)
+            if match is not Match.NONE and hasattr(candidate, "path"):
+                return candidate.path, child.get("path_params") or {}
+        return UNMATCHED, {}
+
+
+class _Exchange:
+    """One request: its status, whether it is a stream, the events sent."""
+
+    __slots__ = ("owner", "scope", "downstream", "start", "status", "events", "door")
+
+    def __init__(self, owner: RequestLogMiddleware, scope: Scope, send: Send,
+                 start: float) -> None:
+        self.owner = owner
+        self.scope = scope
+        self.downstream = send
+        self.start = start
+        self.status = 500
+        self.events: int | None = None   # None: not a stream
+        self.door = door_of(scope["path"])
+
+    async def send(self, message: Message) -> None:
+        kind = message["type"]
+        if kind == "http.response.start":
+            self.status = message["status"]
+            if _is_stream(message):
+                self.events = 0
+                if self.owner.metrics is not None:
+                    self.owner.metrics.stream_opened(self.door)
+                if access_writer is not None or access_log.isEnabledFor(logging.INFO):
+                    self._log("stream_open", None)
+        elif self.events is not None and kind == "http.response.body":
+            self.events += count_events(message.get("body", b""))
+        await self.downstream(message)
+
+    def finish(self, seconds: float) -> None:
+        route, params = self.owner.resolve(self.scope)
+        metrics = self.owner.metrics
+        if metrics is not None:
+            metrics.request_done(self.door, route, self.status, seconds)
+            if self.events is not None:
+                metrics.stream_closed(self.door)
+        if access_writer is not None or access_log.isEnabledFor(logging.INFO):
+            self._log("request" if self.events is None else "stream_close", seconds,
+                      route, params)
+
+    def _log(self, kind: str, seconds: float | None, route: str | None = None,
+             params: dict[str, Any] | None = None) -> None:
+        if route is None:
+            route, params = self.owner.resolve(self.scope)
+        writer = access_writer
+        if writer is not None and not writer.json:   # the hot case: straight to the line
+            ids = params or {}
+            writer.queue.append(writer.prefix() + text_line(
+                kind, self.scope["method"], route, self.status,
+                None if seconds is None else seconds * 1000, self.door,
+                ids.get("session_id"), ids.get("task_id"), self.events))
+            return
+        fields: dict[str, Any] = {"kind": kind, "method": self.scope["method"], "route": route,
+                                  "status": self.status, "door": self.door}
+        if seconds is not None:
+            fields["duration_ms"] = round(seconds * 1000, 3)
+        for name in _ID_PARAMS:
+            value = (params or {}).get(name)
+            if value is not None:
+                fields[name] = value
+        if kind == "stream_close":
+            fields["events"] = self.events
+        if access_writer is not None:
+            access_writer.write(fields)
+        else:
+            access_log.info("%s", _Line(fields), extra={"access": fields})
+
+
+class _Line:
+    """The text form of an access record, built only if a handler formats it."""
+
+    __slots__ = ("fields",)
+
+    def __init__(self, fields: dict[str, Any]) -> None:
+        self.fields = fields
+
+    def __str__(self) -> str:
+        f = self.fields
+        return text_line(f["kind"], f["method"], f["route"], f["status"], f.get("duration_ms"),
+                         f["door"], f.get("session_id"), f.get("task_id"), f.get("events"))
+
+
+def printable(value: str) -> str:
+    """A path parameter as it may appear in a text line: escaped unless printable,
+    at most ``MAX_ID_CHARS`` (the client chose it; a newline must not forge a line)."""
+    if len(value) > MAX_ID_CHARS:
+        value = value[:MAX_ID_CHARS] + "…"
+    return value if value.isprintable() else value.encode("unicode_escape").decode("ascii")
+
+
+def text_line(kind: str, method: str, route: str, status: int, duration_ms: float | None,
+              door: str, session_id: str | None, task_id: str | None,
+              events: int | None) -> str:
+    """``[kind ]METHOD ROUTE STATUS[ N.NNms] door=D[ session=S][ task=T][ events=E]``."""
+    key = (kind, method, route, status, door)
+    parts = _line_parts.get(key)
+    if parts is None:
+        parts = _parts(*key)
+    if duration_ms is None:
+        text = parts[2]
+    else:
+        text = f"{parts[0]}{duration_ms:.2f}{parts[1]}"
+    if session_id is not None:
+        text += " session=" + printable(session_id)
+    if task_id is not None:
+        text += " task=" + printable(task_id)
+    if kind == "stream_close":
+        text += f" events={events}"
+    return text
+
+
+_line_parts: dict[tuple[str, str, str, int, str], tuple[str, str, str]] = {}
+_MAX_LINE_PARTS = 4096
+
+
+def _parts(kind: str, method: str, route: str, status: int, door: str) -> tuple[str, str, str]:
+    """The fixed text around a line's duration, built once per (kind, method, route,
+    status, door); route is a template or ``unmatched``, so the keys are few (bounded
+    anyway: the cache is cleared when full)."""
+    head = f"{method} {route} {status}" if kind == "request" else \
+        f"{kind} {method} {route} {status}"
+    if len(_line_parts) >= _MAX_LINE_PARTS:
+        _line_parts.clear()
+    parts = _line_parts[(kind, method, route, status, door)] = (
+        head + " ", "ms door=" + door, head + " door=" + door)
+    return parts
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ts, level, logger, message, and an access record's
+    fields."""
+
+    _encode = msgspec.json.Encoder().encode
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": _iso(record.created), "level": record.levelname, "logger": record.name, "message": record.getMessage()}
+        access = getattr(record, "access", None)
+        if access is not None:
+            out.update(access)
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        return self._encode(out).decode()
+
+
+class AccessWriter:
+    """Access lines formatted as the handler would, queued, written by a thread."""
+
+    FLUSH_S = 0.05
+
+    def __init__(self, stream: Any, log_format: str) -> None:
+        self.stream = stream
+        self.json = log_format == "json"
+        self.queue: deque[str] = deque()
+        self._second = self._ms = -1
+        self._stamp = self._prefix = ""
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="access-log", daemon=True)
+        self._thread.start()
+
+    def write(self, fields: dict[str, Any]) -> None:
+        now = time.time()
+        if self.json:
+            line = JsonFormatter._encode({"ts": _iso(now), "level": "INFO",
+                                          "logger": access_log.name,
+                                          "message": str(_Line(fields)), **fields}).decode()
+        else:
+            line = self.prefix() + str(_Line(fields))
+        self.queue.append(line)
+
+    def prefix(self) -> str:
+        """``<asctime> INFO acp_server.access: `` as ``TEXT_FORMAT`` writes it (built
+        once per millisecond)."""
+        now = time.time()
+        ms = int(now * 1000)
+        if ms != self._ms:
+            self._ms, self._prefix = ms, f"{self._asctime(now)} INFO acp_server.access: "
+        return self._prefix
+
+    def _asctime(self, now: float) -> str:
+        second = int(now)
+        if second != self._second:   # logging.Formatter's default asctime, local time
+            self._second, self._stamp = second, time.strftime("%Y-%m-%d %H:%M:%S",
+                                                              time.localtime(second))
+        return f"{self._stamp},{int((now - second) * 1000):03d}"
+
+    def flush(self) -> None:
+        with self._lock:
+            lines = []
+            while self.queue:
+                lines.append(self.queue.popleft())
+            if lines:
+                try:
+                    self.stream.write("\n".join(lines) + "\n")
+                    self.stream.flush()
+                except (OSError, ValueError):   # the stream is gone (exit)
+                    pass
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.FLUSH_S):
+            self.flush()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.flush()
+
+
+def _iso(timestamp: float) -> str:
+    return datetime.datetime.fromtimestamp(timestamp, datetime.UTC).isoformat(
+        timespec="milliseconds").replace("+00:00", "Z")
+
+
+access_writer: AccessWriter | None = None
+
+
+def configure_logging(log_format: str = "text", *, stream: Any = None) -> None:
+    """The process's logging: INFO to stderr, as text or JSON lines; access lines
+    through an ``AccessWriter`` on the same stream."""
+    global access_writer
+    if log_format not in LOG_FORMATS:
+        raise ValueError(f"Invalid log format: {log_format!r}. Must be text or json.")
+    stream = stream or sys.stderr
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter() if log_format == "json"
+                         else logging.Formatter(TEXT_FORMAT))
+    logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
+    if access_writer is not None:
+        access_writer.close()
+    access_writer = AccessWriter(stream, log_format)
+    atexit.register(access_writer.close)
+
+
+def unconfigure_access_writer() -> None:
+    """Back to the ``acp_server.access`` logger (tests, embedding)."""
+    global access_writer
+    if access_writer is not None:
+        access_writer.close()
+        access_writer = None

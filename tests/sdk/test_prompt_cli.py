@@ -1,0 +1,105 @@
+"""``acp-server prompt`` end to end against the real daemon: streamed output, exit
+statuses, the in-process function and the ``python -m`` module."""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+
+import anyio
+import pytest
+
+from acp_server.client.prompt_cli import build_parser, chunk_text, prompt_command, run_prompt
+from tests.sdk.harness import Daemon, Recorder, closed_port_url, daemon
+
+pytestmark = pytest.mark.anyio
+
+
+class Streams:
+    def __init__(self) -> None:
+        self.out, self.err = io.StringIO(), io.StringIO()
+
+
+async def run(argv: list[str]) -> tuple[int, str, str]:
+    streams = Streams()
+    code = await prompt_command(build_parser().parse_args(argv), out=streams.out,
+                                err=streams.err)
+    return code, streams.out.getvalue(), streams.err.getvalue()
+
+
+async def test_streams_the_reply(server: Daemon) -> None:
+    code, out, err = await run(["/chunks 5 hello world", "--url", server.url])
+    assert (code, out, err) == (0, "Echo: hello world\n", "")
+
+
+async def test_chunks_arrive_as_they_come(tmp_path: object) -> None:
+    """Output is written per event: each chunk reaches stdout before the next."""
+    writes: list[str] = []
+
+    class Recording(io.StringIO):
+        def write(self, text: str) -> int:
+            writes.append(text)
+            return super().write(text)
+
+    async with daemon(tmp_path) as srv:
+        code = await prompt_command(build_parser().parse_args(["/chunks 4 abcdefgh", "--url",
+                                                               srv.url]),
+                                    out=Recording(), err=io.StringIO())
+    assert code == 0 and writes == ["Echo", ": ab", "cde", "fgh", "\n"]
+
+
+async def test_session_and_stop_reason(server: Daemon) -> None:
+    from acp_server.client import DaemonClient
+
+    async with DaemonClient(server.url) as client:
+        sid = (await client.create_or_attach_session({"sessionScope": "thread"})).session_id
+    code, out, err = await run(["/max_tokens cut", "--url", server.url, "--session", sid])
+    assert code == 0 and out == "Echo: cut\n" and "max_tokens" in err
+
+
+async def test_errors_exit_non_zero(server: Daemon) -> None:
+    code, out, err = await run(["/fail", "--url", server.url])
+    assert code == 1 and out == "" and "failure" in err
+    code, _, err = await run(["hi", "--url", server.url, "--session", "nope"])
+    assert code == 1 and "session_not_found" in err
+    url = closed_port_url()
+    code, _, err = await run(["hi", "--url", url, "--timeout", "2"])
+    assert (code, err) == (1, f"acp-server prompt: cannot reach {url}: connection refused\n")
+
+
+async def test_token(tmp_path: object) -> None:
+    recorder = Recorder()
+    async with daemon(tmp_path, wrap=recorder.wrap) as srv:
+        code, out, _ = await run(["hi", "--url", srv.url, "--token", "s3cret"])
+    assert code == 0 and out == "Echo: hi\n"
+    assert {r.headers.get("authorization") for r in recorder.requests} == {"Bearer s3cret"}
+
+
+async def test_run_prompt_function(server: Daemon) -> None:
+    streams = Streams()
+    code = await anyio.to_thread.run_sync(
+        lambda: run_prompt(["hello", "--url", server.url], out=streams.out, err=streams.err))
+    assert code == 0 and streams.out.getvalue() == "Echo: hello\n"
+    assert run_prompt([]) == 2  # usage
+
+
+async def test_module_entry_point(server: Daemon) -> None:
+    env = {**os.environ, "ACP_SERVER_URL": server.url}
+    env.pop("ACP_SERVER_TOKEN", None)
+    result = await anyio.run_process([sys.executable, "-m", "acp_server.client.prompt_cli",
+                                      "/chunks 3 from a subprocess"], env=env, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == b"Echo: from a subprocess\n"
+    failed = await anyio.run_process([sys.executable, "-m", "acp_server.client.prompt_cli", "/fail"],
+                                     env=env, check=False)
+    assert failed.returncode == 1 and b"failure" in failed.stderr
+
+
+def test_chunk_text_ignores_other_events() -> None:
+    from acp_server.client import DaemonEvent
+
+    assert chunk_text(DaemonEvent(type="turn_complete", data={})) is None
+    user = {"update": {"sessionUpdate": "user_message_chunk",
+                       "content": {"type": "text", "text": "x"}}}
+    assert chunk_text(DaemonEvent(type="session_update", data=user)) is None
