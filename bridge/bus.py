@@ -58,106 +58,90 @@ REPLAY_BUDGET_BYTES = 8 * 1024 * 1024
 FLOW_WAIT_S = 0.5
 
 
-class Subscription:
+class Subscription(BoundedFifo[Event]):
     """An async iterator of ``Event`` frames for one reader. ``close()`` ends it.
 
-    ``epoch`` is the bus epoch its event ids belong to; ``wakeup`` (optional) is set
-    whenever a frame arrives or the subscription ends, for a reader that waits on
-    several sources at once."""
+    A ``BoundedFifo`` of events with the bus's policy on top: bus events are counted,
+    replayed history and control frames take no room; a reader falling behind is
+    warned, then evicted. ``epoch`` is the bus epoch its event ids belong to;
+    ``wakeup`` (optional) is set whenever a frame arrives or the subscription ends,
+    for a reader that waits on several sources at once."""
+
+    __slots__ = ("_bus", "epoch", "_warned", "last_queued_id", "evicted_reason", "stalled")
 
     def __init__(self, bus: EventBus, max_queued: int, max_queued_bytes: int,
                  wakeup: Wakeup | None = None) -> None:
+        super().__init__(max_queued, max_queued_bytes, wakeup=wakeup, low_water=Wakeup())
         self._bus = bus
         self.epoch = bus.epoch
-        # Bus events are counted; replayed history and control frames take no room.
-        self._fifo: BoundedFifo[Event] = BoundedFifo(max_queued, max_queued_bytes,
-                                                     wakeup=wakeup)
-        self.max_queued = max_queued
-        self.max_queued_bytes = max_queued_bytes
         self._warned = False
         self.last_queued_id = 0
         self.evicted_reason: str | None = None
         self.stalled = False   # did not drain within FLOW_WAIT_S: publishers do not wait
-        self._drained = Wakeup()
+
+    @property
+    def max_queued(self) -> int:
+        return self.max_items  # type: ignore[return-value]
+
+    @property
+    def max_queued_bytes(self) -> int:
+        return self.max_bytes  # type: ignore[return-value]
 
     # -- reader side -------------------------------------------------------------
     def __aiter__(self) -> Subscription:
         return self
 
     async def __anext__(self) -> Event:
-        if not await self.wait_ready():
+        if not await self.wait():
             raise StopAsyncIteration
-        event = self.receive_nowait()
+        event = self.get_nowait()
         assert event is not None
         return event
 
-    async def wait_ready(self) -> bool:
-        """Wait until a frame is ready (``True``) or the stream has ended (``False``).
-        Consumes nothing, so it may be cancelled (e.g. by a heartbeat timeout)."""
-        return await self._fifo.wait()
-
-    def receive_nowait(self) -> Event | None:
-        """The next frame if one is ready, else ``None``."""
-        event = self._fifo.get_nowait()
-        if event is not None and event.id is not None:
-            if self._warned and self._below_rearm():
-                self._warned = False
-            if not self.half_full():
-                self.stalled = False
-                self._drained.set()
-        return event
+    # ``wait_ready()``: a frame is ready (``True``) or the stream has ended (``False``);
+    # consumes nothing, so it may be cancelled (e.g. by a heartbeat timeout).
+    # ``receive_nowait()``: the next frame if one is ready, else ``None``.
+    wait_ready = BoundedFifo.wait
+    receive_nowait = BoundedFifo.get_nowait
 
     @property
     def ready(self) -> bool:
         """A frame is queued."""
-        return len(self._fifo) > 0
-
-    @property
-    def ended(self) -> bool:
-        return self._fifo.ended
+        return bool(self._entries)
 
     def close(self) -> None:
         self._bus._detach(self)
-        self._end()
+        BoundedFifo.close(self)
 
     # -- bus side ------------------------------------------------------------------
-    def half_full(self) -> bool:
-        return (self._fifo.items * 2 >= self.max_queued
-                or self._fifo.nbytes * 2 >= self.max_queued_bytes)
-
     async def wait_drained(self, deadline: float) -> bool:
         """Wait until the queue is below half of its bounds; ``False`` if the reader
         did not drain by ``deadline`` (it is then ``stalled``)."""
+        low = self._low
+        assert low is not None
         with anyio.move_on_at(deadline):
-            while not self._fifo.closed and not self.stalled and self.half_full():
-                await self._drained.wait()
+            while not self.closed and self.half_full():
+                await low.wait()
             return True
         self.stalled = True
         return False
 
-    def _end(self) -> None:
-        self._fifo.close()
-        self._drained.set()
-
-    def _below_rearm(self) -> bool:
-        return (self._fifo.items * 8 < self.max_queued * 3
-                and self._fifo.nbytes * 8 < self.max_queued_bytes * 3)
-
     def _push(self, event: Event) -> None:
-        fifo = self._fifo
-        if fifo.closed:
-            return
-        backlog = fifo.nbytes   # the byte bound applies to what precedes the newest
-        if not fifo.put_nowait(event, event.size):
-            self._evict("queue_overflow" if fifo.overflow() == "items" else "queue_bytes_overflow")
+        backlog = self.nbytes   # the byte bound applies to what precedes the newest
+        if not self.put_nowait(event, event.size):
+            if not self.closed:
+                self._evict("queue_overflow" if self.overflow() == "items"
+                            else "queue_bytes_overflow")
             return
         self.last_queued_id = event.id  # type: ignore[assignment]  # bus events have ids
-        if not self._warned and (fifo.items * 4 >= self.max_queued * 3
-                                 or backlog * 4 >= self.max_queued_bytes * 3):
+        if self._warned:   # re-armed once below 37.5 % of both bounds
+            if self.items * 8 < self.max_items * 3 and self.nbytes * 8 < self.max_bytes * 3:  # type: ignore[operator]
+                self._warned = False
+        elif self.items * 4 >= self.max_items * 3 or backlog * 4 >= self.max_bytes * 3:  # type: ignore[operator]
             self._warned = True
-            fifo.put_uncounted(Event(None, ev.SLOW_CLIENT_WARNING, ev.SlowClientWarning(
-                queue_size=fifo.items, max_queued=self.max_queued,
-                last_event_id=self.last_queued_id, queued_bytes=fifo.nbytes,
+            self.put_uncounted(Event(None, ev.SLOW_CLIENT_WARNING, ev.SlowClientWarning(
+                queue_size=self.items, max_queued=self.max_queued,
+                last_event_id=self.last_queued_id, queued_bytes=self.nbytes,
                 max_queued_bytes=self.max_queued_bytes, threshold=0.75)))
 
     def _evict(self, reason: str) -> None:
@@ -165,12 +149,11 @@ class Subscription:
         self._bus._detach(self)
         if self._bus.on_evict is not None:
             self._bus.on_evict()
-        fifo = self._fifo
-        fifo.put_uncounted(Event(None, ev.CLIENT_EVICTED, ev.ClientEvicted(
-            reason=reason, dropped_after=self.last_queued_id, queue_size=fifo.items,
-            max_queued=self.max_queued, queued_bytes=fifo.nbytes,
+        self.put_uncounted(Event(None, ev.CLIENT_EVICTED, ev.ClientEvicted(
+            reason=reason, dropped_after=self.last_queued_id, queue_size=self.items,
+            max_queued=self.max_queued, queued_bytes=self.nbytes,
             max_queued_bytes=self.max_queued_bytes)))
-        self._end()
+        BoundedFifo.close(self)
 
 
 class EventBus:
@@ -229,7 +212,10 @@ class EventBus:
         readers."""
         deadline: float | None = None
         for subscriber in tuple(self._subscribers):
-            if subscriber.stalled or not subscriber.half_full():
+            if not subscriber.half_full():
+                subscriber.stalled = False   # it drained: waited for again next time
+                continue
+            if subscriber.stalled:
                 continue
             if deadline is None:
                 deadline = anyio.current_time() + self.flow_wait_s
@@ -243,9 +229,9 @@ class EventBus:
                                     wakeup)
         if last_event_id is not None:
             for frame in self._replay_frames(last_event_id, epoch):
-                subscription._fifo.put_uncounted(frame)
+                subscription.put_uncounted(frame)
         if self.closed:
-            subscription._end()
+            BoundedFifo.close(subscription)
         else:
             self._subscribers.append(subscription)
         return subscription
@@ -255,7 +241,7 @@ class EventBus:
         self.closed = True
         subscribers, self._subscribers = self._subscribers, []
         for subscriber in subscribers:
-            subscriber._end()
+            BoundedFifo.close(subscriber)
 
     def _detach(self, subscription: Subscription) -> None:
         try:

@@ -201,16 +201,13 @@ class Event:
         self.originator_client_id = originator_client_id
         self.timestamp_ms = now_ms() if timestamp_ms is None else timestamp_ms
         self.size = 0
-        self._encoded: dict[Callable[[Event], bytes], bytes] | None = None
+        self._encoded: dict[Callable[[Event], bytes], bytes] = {}
 
     def encoded(self, fmt: Callable[[Event], bytes]) -> bytes:
         """This event in format ``fmt``, built once and kept (see the module contracts)."""
-        cache = self._encoded
-        if cache is None:
-            cache = self._encoded = {}
-        found = cache.get(fmt)
+        found = self._encoded.get(fmt)
         if found is None:
-            found = cache[fmt] = fmt(self)
+            found = self._encoded[fmt] = fmt(self)
         return found
 
     def __repr__(self) -> str:

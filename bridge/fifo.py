@@ -27,7 +27,13 @@ Contracts:
   ``wait()`` answers ``False``.
 * ``wakeup`` (a ``bridge.wakeup.Wakeup``, else the FIFO's own) is set on every put
   and on ``close()``: a reader of several sources passes one shared wake-up to each.
-* Everything but ``wait()`` is synchronous: producers never block.
+* ``low_water`` (a ``Wakeup``, optional) is set when a counted item leaves and the
+  FIFO is below half of both bounds (``half_full()`` false) and on ``close()``: a
+  producer that can wait (flow control) waits on it.
+* Everything but ``wait()`` is synchronous: producers never block. A subclass adds a
+  producer policy on top (``bridge.bus.Subscription``: warn, then evict).
+* One FIFO serves every bounded reader queue, so its per-item cost is the hot path of
+  every event stream: one call to put, one to get, no allocation beyond the entry.
 """
 
 from __future__ import annotations
@@ -43,17 +49,27 @@ _UNCOUNTED = -1
 
 
 class BoundedFifo(Generic[T]):
-    __slots__ = ("max_items", "max_bytes", "items", "nbytes", "closed", "_entries", "_ready")
+    __slots__ = ("max_items", "max_bytes", "items", "nbytes", "closed", "_entries", "_sizes",
+                 "_ready", "_low")
 
     def __init__(self, max_items: int | None, max_bytes: int | None, *,
-                 wakeup: Wakeup | None = None) -> None:
+                 wakeup: Wakeup | None = None, low_water: Wakeup | None = None) -> None:
         self.max_items = max_items
         self.max_bytes = max_bytes
         self.items = 0          # counted items queued
         self.nbytes = 0         # their bytes
         self.closed = False
-        self._entries: deque[tuple[T, int]] = deque()
+        # Items and their sizes side by side (no tuple per item: nothing for the cyclic
+        # garbage collector to track on the hot path).
+        self._entries: deque[T] = deque()
+        self._sizes: deque[int] = deque()
         self._ready = wakeup if wakeup is not None else Wakeup()
+        self._low = low_water
+
+    def half_full(self) -> bool:
+        """Half of either bound or more is taken."""
+        return ((self.max_items is not None and self.items * 2 >= self.max_items)
+                or (self.max_bytes is not None and self.nbytes * 2 >= self.max_bytes))
 
     def __len__(self) -> int:
         """Every queued item, counted or not."""
@@ -70,40 +86,53 @@ class BoundedFifo(Generic[T]):
         return None
 
     def put_nowait(self, item: T, size: int) -> bool:
-        if self.closed or self.overflow() is not None:
+        # overflow() inlined: this runs once per event per subscriber
+        if self.closed or (self.max_items is not None and self.items >= self.max_items) \
+                or (self.max_bytes is not None and self.nbytes > self.max_bytes):
             return False
-        self._entries.append((item, size))
+        self._entries.append(item)
+        self._sizes.append(size)
         self.items += 1
         self.nbytes += size
-        self._ready.set()
+        ready = self._ready
+        if ready._event is not None:   # Wakeup.waiting, without the call: the hot path
+            ready.set()
         return True
 
     def put_uncounted(self, item: T) -> bool:
         if self.closed:
             return False
-        self._entries.append((item, _UNCOUNTED))
+        self._entries.append(item)
+        self._sizes.append(_UNCOUNTED)
         self._ready.set()
         return True
 
     def close(self) -> None:
         self.closed = True
         self._ready.set()
+        if self._low is not None:
+            self._low.set()
 
     # -- the reader ------------------------------------------------------------------
     def get_nowait(self) -> T | None:
         """The next item, or ``None`` when none is queued."""
         if not self._entries:
             return None
-        item, size = self._entries.popleft()
+        item = self._entries.popleft()
+        size = self._sizes.popleft()
         if size != _UNCOUNTED:
             self.items -= 1
             self.nbytes -= size
+            low = self._low
+            if low is not None and low._event is not None and not self.half_full():
+                low.set()   # (Wakeup.waiting without the call: the hot path)
         return item
 
     def take_all(self) -> list[T]:
         """Every queued item, in order; the FIFO is left empty (and still open)."""
-        items = [item for item, _ in self._entries]
+        items = list(self._entries)
         self._entries.clear()
+        self._sizes.clear()
         self.items = self.nbytes = 0
         return items
 

@@ -49,4 +49,4 @@ class EventStreamResponse(SseResponse):
 
     def pop_frame(self) -> bytes | None:
         event = self.subscription.receive_nowait()
-        return event_frame(event) if event is not None else None
+        return event.encoded(_sse_frame) if event is not None else None   # event_frame
