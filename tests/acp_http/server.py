@@ -189,11 +189,11 @@ class FakeClock:
 @contextlib.asynccontextmanager
 async def running_acp_server(workspace: Any, *, options: BridgeOptions | None = None,
                              max_connections: int = 64, grace_s: float = 10.0,
-                             clock: Clock | None = None,
+                             clock: Clock | None = None, agent_factory: Any = None,
                              **settings: Any) -> AsyncIterator[RunningAcpServer]:
     config = Settings(workspace=str(workspace), port=0, options=options or BridgeOptions(),
                       max_acp_connections=max_connections, acp_reap_grace_s=grace_s, **settings)
-    async with Bridge(ReferenceAgentFactory(), workspace_cwd=config.workspace,
+    async with Bridge(agent_factory or ReferenceAgentFactory(), workspace_cwd=config.workspace,
                       options=config.options) as bridge:
         app = build_app(config, bridge)
         if clock is not None:
