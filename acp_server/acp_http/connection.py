@@ -234,7 +234,7 @@ class SessionChannel:
 
     def _annotated(self, frame: Frame) -> Frame:
         if self.conn.resumable and frame.event_id is not None and self.epoch is not None:
-            return fr.with_event_meta(frame, self.epoch)
+            return fr.with_event_meta(frame, self.session_id, self.epoch)
         return frame
 
     def _prompt_response(self, prompt_id: str) -> Frame:

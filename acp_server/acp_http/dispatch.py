@@ -25,7 +25,7 @@ advertises it (``advertised``), else ``-32601``; an unknown notification is drop
 Reconnecting clients (``acp-server connect``) use ``_meta`` keys, all optional:
 
 * ``initialize`` ``{"acp-server/resumable": true}``: event frames carry
-  ``params._meta["acp-server/event"] = {id, epoch}``, and permission requests sent
+  ``params._meta["acp-server/event"] = {sessionId, id, epoch}``, and permission requests sent
   to the connection outlive its loss for the registry's ``resume_grace_s``.
 * ``session/prompt`` ``{"acp-server/promptId": ID}``: the prompt's id. Sent again
   under the same id it is not admitted twice: a pending prompt is re-attached (its

@@ -31,7 +31,7 @@ from bridge.events import Event
 from bridge.jsonrpc import encode_notification, encode_request
 
 QWEN_NOTIFY = "_qwen/notify"
-EVENT_META = "acp-server/event"   # params._meta key: {"id": bus event id, "epoch": bus epoch}
+EVENT_META = "acp-server/event"   # params._meta key: {sessionId, id: bus event id, epoch}
 HEARTBEAT_COMMENT = b"hb"
 
 
@@ -80,14 +80,14 @@ _members = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _encoder = msgspec.json.Encoder()
 
 
-def with_event_meta(frame: Frame, epoch: str) -> Frame:
+def with_event_meta(frame: Frame, session_id: str, epoch: str) -> Frame:
     """``frame`` (a bus event's request or notification) with its event id and epoch
     in ``params._meta`` (a ``_meta`` that is not an object is replaced)."""
     message = _members.decode(frame.payload)
     params = _members.decode(message["params"]) if "params" in message else {}
     meta: Any = msgspec.json.decode(params["_meta"]) if "_meta" in params else None
     meta = meta if isinstance(meta, dict) else {}
-    meta[EVENT_META] = {"id": frame.event_id, "epoch": epoch}
+    meta[EVENT_META] = {"sessionId": session_id, "id": frame.event_id, "epoch": epoch}
     params["_meta"] = msgspec.Raw(_encoder.encode(meta))
     message["params"] = msgspec.Raw(_encoder.encode(params))
     return Frame(frame.event_id, _encoder.encode(message))

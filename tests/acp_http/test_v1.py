@@ -197,6 +197,7 @@ async def test_resumable_frames_carry_event_ids(server: RunningAcpServer) -> Non
         epoch = server.bridge.get_session(sid).bus.epoch
         metas = [_event_meta(m) for m in seen]
         assert [m["epoch"] for m in metas] == [epoch] * len(seen)
+        assert {m["sessionId"] for m in metas} == {sid}
         assert [m["id"] for m in metas] == list(range(1, len(seen) + 1))
         update = next(m for m in seen if m["method"] == "session/update")
         assert set(update["params"]) == {"sessionId", "update", "_meta"}

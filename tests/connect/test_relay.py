@@ -1,0 +1,56 @@
+"""``acp-server connect`` spoken to as an editor speaks to its agent (raw JSON-RPC
+lines on the child's stdio), over each transport, against a real server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.acp_http.server import running_acp_server
+from tests.connect.harness import spawn_adapter
+
+pytestmark = pytest.mark.anyio
+
+INIT = {"protocolVersion": 1, "clientCapabilities": {"fs": {"readTextFile": False}},
+        "clientInfo": {"name": "test-editor", "version": "1"}}
+
+
+def text(value: str) -> list[dict[str, str]]:
+    return [{"type": "text", "text": value}]
+
+
+@pytest.mark.parametrize("transport", ["websocket", "http"])
+async def test_a_conversation_with_a_permission(tmp_path: Path, transport: str) -> None:
+    async with running_acp_server(tmp_path) as srv, \
+            spawn_adapter(srv.base_url + "/acp", "--transport", transport) as adapter:
+        init = await adapter.request("initialize", INIT)
+        assert init["result"]["protocolVersion"] == 1
+        assert init["result"]["agentCapabilities"]["loadSession"] is True
+        created = await adapter.request("session/new", {"cwd": srv.workspace, "mcpServers": []})
+        sid = created["result"]["sessionId"]
+        done = await adapter.request("session/prompt", {"sessionId": sid,
+                                                        "prompt": text("/chunks 2 hello")})
+        assert done["result"] == {"stopReason": "end_turn"}
+        asked = await adapter.request("session/prompt", {"sessionId": sid,
+                                                         "prompt": text("/permission may I")})
+        assert asked["result"]["stopReason"] == "end_turn"
+        [permission] = adapter.asked
+        assert permission["params"]["sessionId"] == sid
+        assert "acp-server/event" not in permission["params"]["_meta"]
+        said = "".join(adapter.texts("agent_message_chunk", sid))
+        assert said == "Echo: hello" + "Permission allowed (allow_once).\nEcho: may I"
+        assert adapter.texts("user_message_chunk", sid) == ["/chunks 2 hello",
+                                                            "/permission may I"]
+        for update in adapter.updates():
+            assert "acp-server/event" not in update.get("_meta", {})
+        # unknown methods pass through; the server's answer comes back under our id
+        unknown = await adapter.request("_nobody/knows", {"sessionId": sid}, rpc_id="x-1")
+        assert unknown["error"]["code"] == -32601
+        listed = await adapter.request("session/list", {})
+        assert sid in [s["sessionId"] for s in listed["result"]["sessions"]]
+        closed = await adapter.request("session/close", {"sessionId": sid})
+        assert closed["result"] == {}
+        await adapter.process.stdin.aclose()   # the editor goes away
+        assert await adapter.exit_code() == 0, "\n".join(adapter.stderr)
+        assert not [line for line in adapter.stderr if "Traceback" in line]
