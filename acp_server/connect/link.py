@@ -115,8 +115,7 @@ class WebSocketLink:
     async def send(self, payload: bytes, *, session_id: str | None = None) -> None:
         try:
             await self._ws.send_text(payload.decode())
-        except (HTTPXWSException, httpx.HTTPError, OSError, anyio.BrokenResourceError,
-                anyio.ClosedResourceError) as exc:
+        except Exception as exc:   # wsproto's state errors included: the socket is done
             raise LinkLost(f"WebSocket send failed: {_reason(exc)}") from None
 
     async def receive(self) -> bytes:
@@ -127,8 +126,7 @@ class WebSocketLink:
                 continue   # binary frames are ignored, as the server ignores them
             except WebSocketDisconnect as exc:
                 raise LinkLost(f"the server closed the WebSocket ({exc.code})") from None
-            except (HTTPXWSException, httpx.HTTPError, OSError, anyio.BrokenResourceError,
-                    anyio.ClosedResourceError, anyio.EndOfStream) as exc:
+            except Exception as exc:
                 raise LinkLost(f"WebSocket failed: {_reason(exc)}") from None
 
     async def watch_session(self, session_id: str) -> None:

@@ -66,6 +66,9 @@ EVENTS_META = "acp-server/events"
 RESTORING = frozenset({"session/new", "session/load", "session/resume"})
 REGISTERS = frozenset({"session/new", "session/fork"})
 FORGETS = frozenset({"session/close", "session/delete"})
+# Requests of the server kept until it reports them resolved (``_qwen/notify``).
+RESOLVED_BY_EVENT = frozenset({"session/request_permission"})
+QWEN_NOTIFY = "_qwen/notify"
 
 
 class Clock:
@@ -204,6 +207,9 @@ class Relay:
             self._enqueue(Outgoing(msg.raw, None))
             return
         asked.answer = msg.raw
+        if asked.method in RESOLVED_BY_EVENT:
+            self._enqueue(Outgoing(msg.raw, asked.session_id))
+            return
 
         def delivered(request_key: Any = key(msg.id)) -> None:
             self.book.asked.pop(request_key, None)
@@ -279,6 +285,7 @@ class Relay:
     async def _supervise(self, *, task_status: anyio.abc.TaskStatus[Any]) -> None:
         """Own the link: connect, relay, and on a loss reconnect (see the contracts)."""
         first = True
+        started = False
         attempt = 0
         deadline = 0.0
         last = ""
@@ -295,6 +302,7 @@ class Relay:
                     answer = self._accept(raw)
                     if first:
                         task_status.started(answer)
+                        started = True
                     else:
                         log.warning("reconnected to %s (%s)", self.target.shown, link.transport)
                     attempt = 0
@@ -307,7 +315,7 @@ class Relay:
                 log.info("reconnect attempt %d failed: %s", attempt, exc)
                 continue
             except Exception as exc:   # the link failed on its way in or out
-                if first and reason is None:
+                if not started:
                     task_status.started(StartupError(
                         f"{self.target.shown} failed during initialize: {exc!r}",
                         kind="initialize_refused"))
@@ -402,8 +410,15 @@ class Relay:
             sid = msg.params().get("sessionId")
             self.book.asked[request_key] = Asked(
                 sid if isinstance(sid, str) else None,
-                event.get("id") if event is not None else None)
+                event.get("id") if event is not None else None, msg.method or "")
+        elif msg.method == QWEN_NOTIFY:
+            self._resolved(msg.params())
         await self.out.send(payload)
+
+    def _resolved(self, params: dict[str, Any]) -> None:
+        data = params.get("data")
+        if params.get("kind") == "permission_resolved" and isinstance(data, dict):
+            self.book.asked.pop(key(data.get("requestId")), None)
 
     async def _answered(self, link: Link, msg: wire.Message) -> None:
         call = self.book.calls.pop(msg.id, None) if type(msg.id) is int else None
@@ -443,6 +458,10 @@ class Relay:
         for call in reversed(resend):
             self.outbox.appendleft(Outgoing(call.payload, call.session_id, call))
             self.outbox_bytes += len(call.payload)
+        for asked in self.book.asked.values():   # answers the server may not have had
+            if asked.answer is not None and asked.method in RESOLVED_BY_EVENT:
+                self.outbox.appendleft(Outgoing(asked.answer, asked.session_id))
+                self.outbox_bytes += len(asked.answer)
 
     @property
     def resumable(self) -> bool:

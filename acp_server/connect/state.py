@@ -13,9 +13,10 @@ Contracts:
   or below the last one seen is a duplicate; a new epoch is adopted (the server
   resynchronised: ids of two epochs cannot be compared).
 * ``cursor`` resumes after the last event the editor saw, except that a server
-  request the editor has not answered yet (or whose answer has not reached the
-  server) moves it back before that request, so the new connection asks it again
-  and can take the answer (the adapter drops the repeated question).
+  request the editor has not answered yet (or that the server has not reported
+  resolved) moves it back before that request, so the new connection asks it again
+  and can take the answer (the adapter drops the repeated question, and sends the
+  answer again when the editor gave one).
 * Server request ids are remembered in a bounded set once answered (``ANSWERED``),
   so a question asked again after a reconnect is not put to the editor twice.
 """
@@ -73,11 +74,14 @@ class Call:
 
 @dataclass
 class Asked:
-    """A request of the server to the editor (a permission, ...)."""
+    """A request of the server to the editor (a permission, ...). A permission's
+    entry lives until the server says it is resolved (``permission_resolved``): an
+    answer written to a link that was already dying is sent again after reconnecting."""
 
     session_id: str | None
     event_id: int | None
-    answer: bytes | None = None    # the editor's answer, not yet delivered to the server
+    method: str = ""
+    answer: bytes | None = None    # the editor's answer, once given
 
 
 @dataclass

@@ -42,6 +42,7 @@ class Adapter:
     answer_permission: PermissionAnswer | None = allow_first
     ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     _held: list[dict[str, Any]] = field(default_factory=list)
+    _scanned: int = 0
 
     async def send(self, message: Any) -> None:
         await self.send_raw(json.dumps(message).encode() + b"\n")
@@ -69,13 +70,26 @@ class Adapter:
         return await self.response(rpc_id, timeout=timeout)
 
     async def response(self, rpc_id: Any, *, timeout: float = 30.0) -> dict[str, Any]:
+        def answers(message: dict[str, Any]) -> bool:
+            return message.get("id") == rpc_id and "method" not in message
+
+        return await self.until(answers, timeout=timeout)
+
+    async def until(self, match: Callable[[dict[str, Any]], bool], *,
+                    timeout: float = 30.0) -> dict[str, Any]:
+        """The first message (already received or next) that ``match``es; requests of
+        the agent met on the way are answered (``answer_permission``)."""
+        for message in self.received[self._scanned:]:
+            if match(message):
+                return message
+        self._scanned = len(self.received)
         with anyio.fail_after(timeout):
             while True:
                 message = await self._next()
-                if message.get("id") == rpc_id and "method" not in message:
-                    return message
                 if "method" in message and "id" in message:
                     await self._asked(message)
+                if match(message):
+                    return message
 
     async def _next(self) -> dict[str, Any]:
         with anyio.fail_after(60):

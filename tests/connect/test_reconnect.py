@@ -1,0 +1,132 @@
+"""Network cuts between the adapter and the server (a TCP relay the test drops): the
+editor-side turn completes, every update reaches it once, in the server's order, and
+the prompt ran once; permissions asked before or during the cut are answered."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from tests.acp_http.server import RunningAcpServer, running_acp_server
+from tests.connect.harness import Adapter, TcpRelay, port_of, spawn_adapter, tcp_relay
+
+pytestmark = pytest.mark.anyio
+
+INIT = {"protocolVersion": 1, "clientCapabilities": {}}
+
+
+def text(value: str) -> list[dict[str, str]]:
+    return [{"type": "text", "text": value}]
+
+
+def server_updates(srv: RunningAcpServer, sid: str) -> list[dict[str, Any]]:
+    """The session's updates as the server published them (the truth)."""
+    ring = srv.bridge.get_session(sid).bus.ring_events()
+    return [json.loads(e.json)["data"]["update"] for e in ring if e.type == "session_update"]
+
+
+async def until(condition: Any, timeout: float = 20.0) -> None:
+    with anyio.fail_after(timeout):
+        while not condition():
+            await anyio.sleep(0.02)
+
+
+async def start(adapter: Adapter, srv: RunningAcpServer) -> str:
+    await adapter.request("initialize", INIT)
+    created = await adapter.request("session/new", {"cwd": srv.workspace, "mcpServers": []})
+    return created["result"]["sessionId"]  # type: ignore[no-any-return]
+
+
+async def cut_until(relay: TcpRelay, condition: Any) -> None:
+    """Drop every connection and refuse new ones until ``condition`` holds."""
+    relay.refusing = True
+    relay.cut()
+    await until(condition)
+    relay.refusing = False
+
+
+def echo_of(value: str) -> Any:
+    return lambda m: m.get("method") == "session/update" \
+        and m["params"]["update"].get("content", {}).get("text") == value \
+        and m["params"]["update"]["sessionUpdate"] == "user_message_chunk"
+
+
+def check_once(adapter: Adapter, srv: RunningAcpServer, sid: str, prompts: int) -> None:
+    updates = adapter.updates(sid)
+    assert updates == server_updates(srv, sid)    # none missing, none doubled, in order
+    echoes = [u for u in updates if u["sessionUpdate"] == "user_message_chunk"]
+    assert len(echoes) == prompts                  # each prompt ran once
+
+
+@pytest.mark.parametrize("transport", ["websocket", "http"])
+async def test_a_cut_mid_turn(tmp_path: Path, transport: str) -> None:
+    async with running_acp_server(tmp_path) as srv, tcp_relay(port_of(srv.base_url)) as relay, \
+            spawn_adapter(f"http://127.0.0.1:{relay.port}/acp", "--transport", transport,
+                          "--verbose") as adapter:
+        sid = await start(adapter, srv)
+        first = await adapter.request("session/prompt", {"sessionId": sid,
+                                                         "prompt": text("before the cut")})
+        assert first["result"]["stopReason"] == "end_turn"
+        await adapter.send({"jsonrpc": "2.0", "id": "turn", "method": "session/prompt",
+                            "params": {"sessionId": sid,
+                                       "prompt": text("/sleep 2s /chunks 7 across the cut")}})
+        await adapter.until(echo_of("/sleep 2s /chunks 7 across the cut"))
+        # the turn goes on on the server while nothing gets through
+        await cut_until(relay, lambda: not srv.bridge.get_session(sid).pending)
+        done = await adapter.response("turn", timeout=60)
+        assert done["result"] == {"stopReason": "end_turn"}
+        said = adapter.texts("agent_message_chunk", sid)
+        assert "".join(said) == "Echo: before the cut" + "Echo: across the cut"
+        check_once(adapter, srv, sid, prompts=2)
+        assert relay.connections >= 2
+        assert any("reconnected" in line for line in adapter.stderr), adapter.stderr
+        after = await adapter.request("session/prompt", {"sessionId": sid,
+                                                         "prompt": text("after")})
+        assert after["result"]["stopReason"] == "end_turn"
+        check_once(adapter, srv, sid, prompts=3)
+
+
+async def test_a_permission_asked_while_down(tmp_path: Path) -> None:
+    async with running_acp_server(tmp_path) as srv, tcp_relay(port_of(srv.base_url)) as relay, \
+            spawn_adapter(f"http://127.0.0.1:{relay.port}/acp") as adapter:
+        sid = await start(adapter, srv)
+        await adapter.send({"jsonrpc": "2.0", "id": "turn", "method": "session/prompt",
+                            "params": {"sessionId": sid, "prompt": text("/sleep 1s /permission go")}})
+        await adapter.until(echo_of("/sleep 1s /permission go"))
+        await cut_until(relay, lambda: srv.bridge.permissions.pending_count == 1)
+        done = await adapter.response("turn", timeout=60)
+        assert done["result"]["stopReason"] == "end_turn"
+        assert [m["method"] for m in adapter.asked] == ["session/request_permission"]
+        assert "".join(adapter.texts("agent_message_chunk", sid)) == \
+            "Permission allowed (allow_once).\nEcho: go"
+        check_once(adapter, srv, sid, prompts=1)
+
+
+async def test_a_permission_answered_while_down(tmp_path: Path) -> None:
+    async with running_acp_server(tmp_path) as srv, tcp_relay(port_of(srv.base_url)) as relay, \
+            spawn_adapter(f"http://127.0.0.1:{relay.port}/acp", "--verbose",
+                          answer_permission=None) as adapter:
+        sid = await start(adapter, srv)
+        await adapter.send({"jsonrpc": "2.0", "id": "turn", "method": "session/prompt",
+                            "params": {"sessionId": sid, "prompt": text("/permission wait")}})
+        ask = await adapter.until(lambda m: m.get("method") == "session/request_permission")
+        relay.refusing = True
+        relay.cut()
+        # the editor answers while the adapter is cut off from the server
+        await adapter.send({"jsonrpc": "2.0", "id": ask["id"], "result": {
+            "outcome": {"outcome": "selected", "optionId": "reject_once"}}})
+        assert srv.bridge.permissions.pending_count == 1   # it stays pending meanwhile
+        relay.refusing = False
+        try:
+            done = await adapter.response("turn", timeout=15)
+        except TimeoutError:
+            raise AssertionError("\n".join(adapter.stderr) + repr(adapter.received[-5:]))
+        assert done["result"]["stopReason"] == "end_turn"
+        assert len(adapter.asked) == 1                      # not asked twice
+        assert "".join(adapter.texts("agent_message_chunk", sid)) == \
+            "Permission rejected (reject_once).\nEcho: wait"
+        check_once(adapter, srv, sid, prompts=1)
