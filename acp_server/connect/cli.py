@@ -54,8 +54,11 @@ def add_connect_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     parser.add_argument("--give-up-after", type=duration, default=600.0, metavar="DURATION",
                         help="fail pending requests and exit 1 when the server stays "
                              "unreachable this long (default 10m)")
-    parser.add_argument("--transport", choices=("auto", "websocket", "http"), default="auto",
-                        help="auto: WebSocket, else Streamable HTTP (default %(default)s)")
+    parser.add_argument("--transport", choices=("auto", "websocket", "http", "http1"),
+                        default="auto",
+                        help="auto: WebSocket, else Streamable HTTP; http: Streamable HTTP "
+                             "(HTTP/2 when the server speaks it); http1: HTTP/1.1 only "
+                             "(default %(default)s)")
     parser.add_argument("--max-line-bytes", type=int, default=DEFAULT_MAX_LINE,
                         metavar="BYTES", help="largest message either way (default 32 MiB)")
     parser.add_argument("--verbose", action="store_true",

@@ -72,7 +72,7 @@ class StartupError(Exception):
 class Target:
     url: str                      # http(s)://host:port/acp
     token: str | None = None
-    transport: str = "auto"       # auto | websocket | http
+    transport: str = "auto"       # auto | websocket | http | http1 (HTTP/1.1 only)
     max_bytes: int = 32 << 20
 
     @property
@@ -298,7 +298,7 @@ async def _http_initialize(client: httpx.AsyncClient, target: Target,
 
 @contextlib.asynccontextmanager
 async def _http(target: Target, init: bytes) -> AsyncIterator[tuple[Link, bytes]]:
-    versions = ["HTTP/2", "HTTP/1.1"]
+    versions = ["HTTP/1.1"] if target.transport == "http1" else ["HTTP/2", "HTTP/1.1"]
     for version in versions:
         h2 = version == "HTTP/2"
         # cleartext HTTP/2 is tried with prior knowledge; over TLS ALPN decides
@@ -360,10 +360,12 @@ async def open_link(target: Target, init: bytes) -> AsyncIterator[tuple[Link, by
             except WebSocketUpgradeError as exc:
                 opened = None
                 if target.transport == "websocket":
-                    _check_answer(target, exc.response)
+                    status = exc.response.status_code
+                    if status == 401:
+                        _check_answer(target, exc.response)
                     raise StartupError(f"{target.shown} refused the WebSocket upgrade "
-                                       f"(HTTP {exc.response.status_code})",
-                                       kind="not_acp") from None
+                                       f"(HTTP {status}): a wrong token, or not an ACP "
+                                       "endpoint", kind="not_acp") from None
         if opened is None:
             opened = _http(target, init)
             pair = await opened.__aenter__()

@@ -15,12 +15,14 @@ Contracts:
 * ``EditorWriter`` is the only writer of stdout: every payload becomes one line; the
   queue in front of it is bounded (``send`` waits when the editor does not read).
 * ``stdin_reader`` / ``stdout_writer`` read and write the process's file descriptors
-  on worker threads (anyio), so the event loop never blocks on a pipe.
+  without blocking the event loop: polled when non-blocking (pipes, terminals),
+  else on worker threads; a cancelled read or write leaves nothing behind.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
@@ -119,16 +121,28 @@ class EditorWriter:
 
 
 def stdin_reader(fd: int | None = None) -> Callable[[], Awaitable[bytes]]:
+    """Reads of ``fd`` (default stdin): non-blocking and polled where the descriptor
+    can be polled (a pipe, a socket, a terminal), else on a worker thread."""
     source = sys.stdin.buffer.fileno() if fd is None else fd
+    polled = _nonblocking(source)
 
     async def read() -> bytes:
-        return await anyio.to_thread.run_sync(os.read, source, CHUNK, abandon_on_cancel=True)
+        if not polled:
+            return await anyio.to_thread.run_sync(os.read, source, CHUNK,
+                                                  abandon_on_cancel=True)
+        while True:
+            try:
+                return os.read(source, CHUNK)
+            except BlockingIOError:
+                await anyio.wait_readable(source)
 
     return read
 
 
 def stdout_writer(fd: int | None = None) -> Callable[[bytes], Awaitable[None]]:
+    """Whole writes to ``fd`` (default stdout), polled like ``stdin_reader``."""
     target = sys.stdout.buffer.fileno() if fd is None else fd
+    polled = _nonblocking(target)
 
     def write_all(data: bytes) -> None:
         view = memoryview(data)
@@ -136,6 +150,27 @@ def stdout_writer(fd: int | None = None) -> Callable[[bytes], Awaitable[None]]:
             view = view[os.write(target, view):]
 
     async def write(data: bytes) -> None:
-        await anyio.to_thread.run_sync(write_all, data)
+        if not polled:
+            await anyio.to_thread.run_sync(write_all, data)
+            return
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[os.write(target, view):]
+            except BlockingIOError:
+                await anyio.wait_writable(target)
 
     return write
+
+
+def _nonblocking(fd: int) -> bool:
+    """Make ``fd`` non-blocking when it is a pipe, socket or character device (what
+    the event loop can poll); ``False`` for anything else (a regular file)."""
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        return False
+    if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISCHR(mode)):
+        return False
+    os.set_blocking(fd, False)
+    return True
