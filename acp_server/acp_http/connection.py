@@ -48,6 +48,7 @@ from collections.abc import Callable
 
 import anyio
 
+from acp_server.acp_http import elicitation
 from acp_server.acp_http import frames as fr
 from acp_server.acp_http.buffer import FrameBuffer
 from acp_server.acp_http.errors import (  # noqa: F401 - re-exported
@@ -227,6 +228,9 @@ class SessionChannel:
                 return [self._annotated(found[1])]
         elif kind == ev.PERMISSION_RESOLVED:
             self.conn.pending_requests.pop(getattr(event.data, "requestId", ""), None)
+        elif kind in elicitation.KINDS:
+            return [self._annotated(f) for f in elicitation.elicitation_frames(self.conn, self,
+                                                                               event)]
         frames = [self._annotated(fr.notify_frame(event))]
         if kind in (ev.TURN_COMPLETE, ev.TURN_ERROR) and event.prompt_id in self.prompts:
             frames.append(self._prompt_response(event.prompt_id))  # type: ignore[arg-type]
@@ -293,6 +297,7 @@ class AcpConnection:
         self.streams_gone_at: float | None = clock()
         self.closed = False
         self.resumable = False
+        self.elicitation = False   # the client offered clientCapabilities.elicitation
         self.in_flight: dict[tuple[type, RpcId], anyio.CancelScope] = {}
         # Set by a WebSocket while attached: called for every new channel.
         self.on_channel: Callable[[SessionChannel], None] | None = None

@@ -75,6 +75,7 @@ from bridge.jsonrpc import (
     decode_value,
     encode_result,
 )
+from acp_server.acp_http.elicitation import answer_elicitation, offers_elicitation
 from acp_server.acp_http.passthrough import pass_through
 from acp_server.acp_http.resume import (
     PENDING,
@@ -296,6 +297,7 @@ def initialize_connection(bridge: Bridge, conn: AcpConnection,
     """``initialize``'s answer for ``conn``, and the options the client asked for
     (``_meta["acp-server/resumable"]``, acknowledged in the answer's ``_meta``)."""
     result = initialize_result(bridge, params, conn.id)
+    conn.elicitation = offers_elicitation(params)
     if meta_value(params, RESUMABLE_META, object) is True:
         conn.resumable = True
         result["_meta"]["acp-server"]["resumable"] = True
@@ -431,6 +433,9 @@ def answer_agent_request(conn: AcpConnection, msg: Message) -> None:
         return
     session_id = conn.pending_requests.pop(request_id, None)
     if session_id is None:
+        return
+    if conn.bridge.elicitations.is_pending(request_id):
+        answer_elicitation(conn, msg, session_id)
         return
     outcome: dict[str, Any] = {"outcome": "cancelled"}
     if msg.error is UNSET:

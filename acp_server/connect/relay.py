@@ -67,7 +67,8 @@ RESTORING = frozenset({"session/new", "session/load", "session/resume"})
 REGISTERS = frozenset({"session/new", "session/fork"})
 FORGETS = frozenset({"session/close", "session/delete"})
 # Requests of the server kept until it reports them resolved (``_qwen/notify``).
-RESOLVED_BY_EVENT = frozenset({"session/request_permission"})
+RESOLVED_BY_EVENT = frozenset({"session/request_permission", "elicitation/create"})
+RESOLVED_KINDS = frozenset({"permission_resolved", "elicitation_resolved"})
 QWEN_NOTIFY = "_qwen/notify"
 
 
@@ -417,7 +418,7 @@ class Relay:
 
     def _resolved(self, params: dict[str, Any]) -> None:
         data = params.get("data")
-        if params.get("kind") == "permission_resolved" and isinstance(data, dict):
+        if params.get("kind") in RESOLVED_KINDS and isinstance(data, dict):
             self.book.asked.pop(key(data.get("requestId")), None)
 
     async def _answered(self, link: Link, msg: wire.Message) -> None:

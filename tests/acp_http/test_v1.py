@@ -8,62 +8,16 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import anyio.abc
 import pytest
 
 from acp_server.acp_http.passthrough import advertised
-from bridge.agents.reference import ReferenceAgentFactory, ReferenceConnection
+from tests.acp_http.extended_agent import ExtendedFactory
 from tests.acp_http.server import RunningAcpServer, request, running_acp_server, text
 from tests.acp_http.wsclient import ws_connect
 
 pytestmark = pytest.mark.anyio
 
 RESUMABLE = {"protocolVersion": 1, "_meta": {"acp-server/resumable": True}}
-
-
-class _ExtendedConnection:
-    """The reference agent plus an advertised extension (``_example.com/echo``), an
-    unadvertised one, and a ``session/load`` that never ends for ids ``slow-*``."""
-
-    def __init__(self, inner: ReferenceConnection) -> None:
-        self.inner = inner
-        self.notes: list[Any] = []
-
-    @property
-    def closed(self) -> bool:
-        return self.inner.closed
-
-    async def request(self, method: str, params: Any) -> Any:
-        if method == "initialize":
-            result = await self.inner.request(method, params)
-            result["agentCapabilities"]["_meta"] = {"example.com": {"echo": True}}
-            return result
-        if method == "_example.com/echo":
-            return {"echoed": params}
-        if method == "session/load" and str(params.get("sessionId")).startswith("slow-"):
-            await anyio.sleep_forever()
-        return await self.inner.request(method, params)
-
-    async def notify(self, method: str, params: Any) -> None:
-        if method.startswith("_example.com/"):
-            self.notes.append((method, params))
-            return
-        await self.inner.notify(method, params)
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
-
-
-class ExtendedFactory:
-    name = "reference"
-
-    def __init__(self) -> None:
-        self.inner = ReferenceAgentFactory()
-        self.connection: _ExtendedConnection | None = None
-
-    async def connect(self, client: Any, task_group: anyio.abc.TaskGroup) -> _ExtendedConnection:
-        self.connection = _ExtendedConnection(await self.inner.connect(client, task_group))
-        return self.connection
 
 
 async def test_session_delete(server: RunningAcpServer) -> None:

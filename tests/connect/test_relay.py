@@ -54,3 +54,25 @@ async def test_a_conversation_with_a_permission(tmp_path: Path, transport: str) 
         await adapter.process.stdin.aclose()   # the editor goes away
         assert await adapter.exit_code() == 0, "\n".join(adapter.stderr)
         assert not [line for line in adapter.stderr if "Traceback" in line]
+
+
+async def test_an_elicitation_through_the_adapter(tmp_path: Path) -> None:
+    from tests.acp_http.extended_agent import ExtendedFactory
+
+    def name(request: dict) -> dict:
+        return {"action": "accept", "content": {"name": "Grace"}}
+
+    async with running_acp_server(tmp_path, agent_factory=ExtendedFactory()) as srv, \
+            spawn_adapter(srv.base_url + "/acp") as adapter:
+        await adapter.request("initialize", {"protocolVersion": 1, "clientCapabilities": {
+            "elicitation": {"form": {}}}})
+        sid = (await adapter.request("session/new", {"cwd": srv.workspace,
+                                                     "mcpServers": []}))["result"]["sessionId"]
+        await adapter.send({"jsonrpc": "2.0", "id": "p", "method": "session/prompt",
+                            "params": {"sessionId": sid, "prompt": text("/elicit form")}})
+        ask = await adapter.until(lambda m: m.get("method") == "elicitation/create")
+        assert "acp-server/event" not in ask["params"].get("_meta", {})
+        await adapter.send({"jsonrpc": "2.0", "id": ask["id"], "result": name(ask)})
+        done = await adapter.response("p")
+        assert done["result"]["stopReason"] == "end_turn"
+        assert adapter.texts("agent_message_chunk", sid) == ['Elicited accept {"name": "Grace"}']

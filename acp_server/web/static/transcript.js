@@ -72,6 +72,9 @@ export class Transcript {
         this.note(`permission ${o.outcome === "selected" ? o.optionId : o.outcome || "resolved"}`);
         break;
       }
+      case "elicitation_request": this.note(`input asked: ${data.message || data.requestId}`); break;
+      case "elicitation_resolved":
+        this.note(`input ${data.action || "resolved"}${data.reason ? ` (${data.reason})` : ""}`); break;
       case "session_closed": this.note(`session closed (${data.reason})`, "note error"); break;
       case "session_died": this.note(`agent died: ${data.message || data.reason}`, "note error"); break;
       case "state_resync_required":
