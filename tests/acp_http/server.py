@@ -190,11 +190,12 @@ class FakeClock:
 async def running_acp_server(workspace: Any, *, options: BridgeOptions | None = None,
                              max_connections: int = 64, grace_s: float = 10.0,
                              clock: Clock | None = None, agent_factory: Any = None,
+                             agents: Any = None,
                              **settings: Any) -> AsyncIterator[RunningAcpServer]:
     config = Settings(workspace=str(workspace), port=0, options=options or BridgeOptions(),
                       max_acp_connections=max_connections, acp_reap_grace_s=grace_s, **settings)
     async with Bridge(agent_factory or ReferenceAgentFactory(), workspace_cwd=config.workspace,
-                      options=config.options) as bridge:
+                      options=config.options, agents=agents) as bridge:
         app = build_app(config, bridge)
         if clock is not None:
             app.state.acp_registry = ConnectionRegistry(

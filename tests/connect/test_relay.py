@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from bridge.agents.reference import ReferenceAgentFactory
 from tests.acp_http.server import running_acp_server
 from tests.connect.harness import spawn_adapter
 
@@ -76,3 +77,26 @@ async def test_an_elicitation_through_the_adapter(tmp_path: Path) -> None:
         done = await adapter.response("p")
         assert done["result"]["stopReason"] == "end_turn"
         assert adapter.texts("agent_message_chunk", sid) == ['Elicited accept {"name": "Grace"}']
+
+
+class _Named(ReferenceAgentFactory):
+    name = "other"
+
+
+async def test_agent_picks_the_servers_profile(tmp_path: Path) -> None:
+    async with running_acp_server(tmp_path, agents={"other": _Named()}) as srv:
+        async with spawn_adapter(srv.base_url + "/acp", "--agent", "other") as adapter:
+            await adapter.request("initialize", INIT)
+            created = await adapter.request("session/new", {"cwd": srv.workspace,
+                                                            "mcpServers": []})
+            sid = created["result"]["sessionId"]
+            assert srv.bridge.get_session(sid).agent_name == "other"
+            done = await adapter.request("session/prompt", {"sessionId": sid,
+                                                            "prompt": text("hi")})
+            assert done["result"]["stopReason"] == "end_turn"
+        async with spawn_adapter(srv.base_url + "/acp", "--agent", "nope") as adapter:
+            await adapter.request("initialize", INIT)
+            refused = await adapter.request("session/new", {"cwd": srv.workspace,
+                                                            "mcpServers": []})
+            assert refused["error"]["code"] == -32602
+            assert "other" in refused["error"]["data"]["available"]
