@@ -3,11 +3,12 @@ lines on the child's stdio), over each transport, against a real server."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 
-from bridge.agents.reference import ReferenceAgentFactory
+from acp_server.profiles import profile
 from tests.acp_http.server import running_acp_server
 from tests.connect.harness import spawn_adapter
 
@@ -79,12 +80,9 @@ async def test_an_elicitation_through_the_adapter(tmp_path: Path) -> None:
         assert adapter.texts("agent_message_chunk", sid) == ['Elicited accept {"name": "Grace"}']
 
 
-class _Named(ReferenceAgentFactory):
-    name = "other"
-
-
 async def test_agent_picks_the_servers_profile(tmp_path: Path) -> None:
-    async with running_acp_server(tmp_path, agents={"other": _Named()}) as srv:
+    other = profile("other", [sys.executable, "-m", "bridge.agents.reference"])
+    async with running_acp_server(tmp_path, agent_profiles=(other,)) as srv:
         async with spawn_adapter(srv.base_url + "/acp", "--agent", "other") as adapter:
             await adapter.request("initialize", INIT)
             created = await adapter.request("session/new", {"cwd": srv.workspace,
