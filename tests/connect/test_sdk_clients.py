@@ -54,9 +54,8 @@ class _Recorder:
         self.permissions: list[list[str]] = []
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])   # the ACP Python SDK is asyncio-only
 async def test_the_python_sdk_over_stdio(tmp_path: Path, anyio_backend: str) -> None:
-    if anyio_backend != "asyncio":
-        pytest.skip("the ACP Python SDK is asyncio-only")
     acp = pytest.importorskip("acp")
     from acp.schema import (AgentMessageChunk, AllowedOutcome, ClientCapabilities,
                             RequestPermissionResponse)
