@@ -5,14 +5,16 @@
 
 Contracts (agent isolation):
 
-* An agent's ``session/update``, ``session/request_permission`` and ``fs/*`` act only
-  on sessions that agent owns (sessions it made, or restored, through this bridge).
+* An agent's ``session/update``, ``session/request_permission``, ``elicitation/*`` and
+  ``fs/*`` act only on sessions that agent owns (sessions it made, or restored,
+  through this bridge).
 * A message naming another agent's live session is dropped, logged (a warning naming
   both agents) and counted (``Bridge.stats().foreign_messages_dropped`` and the
   observer's ``foreign_message_dropped``). To the agent it looks exactly like a
   message for an unknown session, so it learns nothing about the others: an update
-  is dropped, a permission request is answered ``cancelled``, an ``fs/*`` request
-  gets -32002 "Session not found".
+  or an ``elicitation/complete`` is dropped, a permission request is answered
+  ``cancelled``, an elicitation ``{"action": "cancel"}``, an ``fs/*`` request gets
+  -32002 "Session not found".
 * Messages for unknown (e.g. just closed) sessions are dropped quietly (debug log).
 """
 
@@ -77,6 +79,24 @@ class AgentSide:
         if session is None:
             return {"outcome": dict(CANCELLED["outcome"])}
         return await self._bridge.permissions.request(session, params)
+
+    async def create_elicitation(self, session_id: str, params: dict[str, Any]) -> dict[str, Any]:
+        session = self._own(session_id, "elicitation/create")
+        if session is None:
+            return {"action": "cancel"}
+        return await self._bridge.elicitations.request(session, params)
+
+    def complete_elicitation(self, session_id: str | None, params: Any) -> None:
+        """``elicitation/complete``: its session by ``sessionId`` or by the URL
+        elicitation it completes (which must be this agent's); otherwise dropped."""
+        if not isinstance(params, dict):
+            return
+        if session_id is None:
+            found = self._bridge.elicitations.session_of(params.get("elicitationId"))
+            session_id = found.session_id if found is not None else None
+        session = self._own(session_id, "elicitation/complete") if session_id else None
+        if session is not None:
+            self._bridge.elicitations.complete(session, params)
 
     async def read_text_file(self, session_id: str, params: dict[str, Any]) -> dict[str, Any]:
         workspace = self._workspace(session_id, "fs/read_text_file")

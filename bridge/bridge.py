@@ -46,8 +46,8 @@ from bridge.agent_client import AgentSide
 from bridge.agent_pool import AgentPool
 from bridge.agents.base import AgentConnection, AgentFactory
 from bridge.bus import Subscription
-from bridge.cancel import CancelToken
 from bridge.capacity import SessionCapacity
+from bridge.elicitation import ElicitationMediator
 from bridge.errors import (
     AgentDiedError,
     AgentError,
@@ -55,13 +55,9 @@ from bridge.errors import (
     AgentRequestTimeoutError,
     BranchWhilePromptActiveError,
     InvalidClientIdError,
-    InvalidDeadlineError,
-    InvalidPromptError,
     NotSupportedError,
-    PromptNotFoundError,
     SessionIdNotHonoredError,
     SessionNotFoundError,
-    TooManyContentBlocksError,
     WorkspaceMismatchError,
 )
 from bridge.history import session_history
@@ -69,9 +65,9 @@ from bridge.jsonrpc import RESOURCE_NOT_FOUND
 from bridge.observer import NO_OBSERVER, BridgeObserver
 from bridge.options import BridgeOptions
 from bridge.permissions import PermissionMediator
-from bridge.session import QUEUED, QueueWaitStats, Session, WorkItem
-from bridge.status import AgentStatus, BridgeStats, PendingPromptInfo, SessionInfo, SessionStatus
-from bridge.ticket import PromptTicket
+from bridge.prompts import PromptsAPI
+from bridge.session import QueueWaitStats, Session, WorkItem
+from bridge.status import AgentStatus, BridgeStats, SessionInfo, SessionStatus
 from bridge.wakeup import Wakeup
 
 log = logging.getLogger("bridge")
@@ -80,7 +76,7 @@ REQUESTED_SESSION_ID_META = "acp-server/requestedSessionId"
 MAX_CLOSED_SESSION_HISTORIES = 1024
 
 
-class Bridge:
+class Bridge(PromptsAPI):
     def __init__(self, agent_factory: AgentFactory, *, workspace_cwd: str,
                  options: BridgeOptions | None = None,
                  agents: Mapping[str, AgentFactory] | None = None) -> None:
@@ -93,6 +89,7 @@ class Bridge:
                                 initialize_timeout_ms=self.options.initialize_timeout_ms)
         self._clients = {name: AgentSide(self, name) for name in self.agents.names}   # isolated
         self.permissions = PermissionMediator(self.options.permission_response_timeout_ms)
+        self.elicitations = ElicitationMediator(self.options.permission_response_timeout_ms)
         self.queue_wait = QueueWaitStats()
         self.observer: BridgeObserver = NO_OBSERVER
         self.started_at = time.time()
@@ -179,6 +176,10 @@ class Bridge:
         """Send an ACP request the bridge has no rule for (``session/set_mode``, ...)
         to the session's agent, unchanged; its answer, unchanged."""
         return await self.get_session(session_id).agent.request(method, params)
+
+    async def forward_notification(self, session_id: str, method: str, params: Any) -> None:
+        """The same for an ACP notification."""
+        await self.get_session(session_id).agent.notify(method, params)
 
     def agent_info(self, name: str | None = None) -> dict[str, Any]:
         """The ``initialize`` answer of agent ``name`` (default: the default agent);
@@ -362,7 +363,7 @@ class Bridge:
         session = Session(session_id, self.workspace_cwd, agent, self.options, self.queue_wait,
                           observer=self.observer)
         session.agent_name = agent_name
-        session.on_cancel = self.permissions.cancel_session
+        session.on_cancel = self._cancel_questions
         await self._tasks().start(session.run)
         terminals = self._closed_terminals.pop(session_id, None)
         if terminals is not None:
@@ -370,6 +371,11 @@ class Bridge:
         self._sessions[session_id] = session
         session.holds_slot = True
         return session
+
+    def _cancel_questions(self, session: Session, reason: str) -> None:
+        """The session's pending permission requests and elicitations, cancelled."""
+        self.permissions.cancel_session(session, reason)
+        self.elicitations.cancel_session(session, reason)
 
     def _forget(self, session: Session) -> None:
         """Take a closing or dead session out of the registry (and the defaults); its
@@ -420,7 +426,7 @@ class Bridge:
         self._forget(session)
         running = session.active is not None
         session.fail_all(session.close_error(reason))
-        self.permissions.cancel_session(session, reason="session_closed")
+        self._cancel_questions(session, "session_closed")
         session.bus.publish(ev.SESSION_CLOSED, ev.SessionClosed(
             session_id=session.session_id, reason=reason, closed_by=closed_by))
         session.bus.close()
@@ -447,57 +453,9 @@ class Bridge:
                 session_id=session.session_id, reason="agent_exited", message=str(error),
                 exit_code=error.exit_code))
             session.fail_all(error)
-            self.permissions.cancel_session(session, reason="session_died")
+            self._cancel_questions(session, "session_died")
             session.bus.close()
             session.stop()
-
-    # -- prompts -------------------------------------------------------------------------
-    def send_prompt(self, session_id: str, prompt: list[Any], *, prompt_id: str | None = None,
-                    deadline_ms: int | None = None, cancel: CancelToken | None = None,
-                    client_id: str | None = None) -> PromptTicket:
-        """Admit a prompt or raise, synchronously (see the module contract). Checked in
-        this order: the prompt (``InvalidPromptError``, ``TooManyContentBlocksError``),
-        the deadline (``InvalidDeadlineError``), the session, the client id
-        (``InvalidClientIdError``), then ``Session.admit``."""
-        if not isinstance(prompt, list) or not prompt \
-                or not all(isinstance(block, dict) for block in prompt):
-            raise InvalidPromptError()
-        if len(prompt) > self.options.max_prompt_blocks:
-            raise TooManyContentBlocksError(len(prompt), self.options.max_prompt_blocks)
-        if deadline_ms is not None and not _positive_ms(deadline_ms):
-            raise InvalidDeadlineError(deadline_ms)
-        session = self.get_session(session_id)
-        if client_id is not None and client_id not in session.clients:
-            raise InvalidClientIdError(session_id, client_id)
-        return session.admit(prompt, prompt_id, self._effective_deadline(deadline_ms), client_id,
-                             cancel)
-
-    def _effective_deadline(self, requested_ms: int | None) -> int | None:
-        server_ms = self.options.prompt_deadline_ms
-        if server_ms is None:
-            return None
-        return min(server_ms, requested_ms) if requested_ms is not None else server_ms
-
-    async def cancel_session(self, session_id: str, *, reason: str = "client_cancel") -> bool:
-        """Cancel the active prompt only (queued prompts still run) and the session's
-        pending permission requests; forwards ACP ``session/cancel``. ``True`` if a
-        prompt was running."""
-        return self.get_session(session_id).cancel_active(reason,
-                                                          permission_reason="prompt_cancelled")
-
-    def pending_prompts(self, session_id: str) -> list[PendingPromptInfo]:
-        return [p.info() for p in self.get_session(session_id).pending.values()]
-
-    def remove_pending_prompt(self, session_id: str, prompt_id: str) -> str:
-        """Drop a queued prompt (slot freed) or cancel the running one. Returns the
-        state it was in (``queued`` or ``running``)."""
-        session = self.get_session(session_id)
-        pending = session.pending.get(prompt_id)
-        if pending is None:
-            raise PromptNotFoundError(session_id, prompt_id)
-        state = pending.state
-        session.cancel_prompt(prompt_id, "removed" if state == QUEUED else "client_cancel")
-        return state
 
     # -- branch --------------------------------------------------------------------------
     async def branch_session(self, session_id: str) -> SessionInfo:
@@ -518,15 +476,6 @@ class Bridge:
         forked: Session = await item.wait()
         return self._info(forked, attached=False)
 
-    # -- permissions ---------------------------------------------------------------------
-    def respond_to_permission(self, request_id: str, outcome: dict[str, Any], *,
-                              session_id: str | None = None,
-                              voter_client_id: str | None = None) -> None:
-        if session_id is not None:
-            self.get_session(session_id)
-        self.permissions.vote(request_id, outcome, session_id=session_id,
-                              voter_client_id=voter_client_id)
-
     # -- events and clients --------------------------------------------------------------
     def subscribe(self, session_id: str, *, last_event_id: int | None = None,
                   epoch: str | None = None, max_queued: int | None = None,
@@ -539,10 +488,6 @@ class Bridge:
         session.touch()
         return session.bus.subscribe(last_event_id=last_event_id, epoch=epoch,
                                      max_queued=max_queued, wakeup=wakeup)
-
-    def permission_pending(self, request_id: str) -> bool:
-        """The permission request ``request_id`` still waits for a vote."""
-        return self.permissions.is_pending(request_id)
 
     def check_client(self, session_id: str, client_id: str) -> None:
         if client_id not in self.get_session(session_id).clients:
@@ -593,7 +538,3 @@ class Bridge:
             if session_id in self._sessions:
                 await self._close_if_live(session_id, "idle_timeout")
         return idle
-
-
-def _positive_ms(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= 2**31 - 1

@@ -51,10 +51,15 @@ STATE_RESYNC_REQUIRED = "state_resync_required"
 SLOW_CLIENT_WARNING = "slow_client_warning"
 CLIENT_EVICTED = "client_evicted"
 
+ELICITATION_REQUEST = "elicitation_request"     # bridge.elicitation
+ELICITATION_RESOLVED = "elicitation_resolved"
+ELICITATION_COMPLETE = "elicitation_complete"
+
 BUS_EVENT_TYPES = (
     SESSION_UPDATE, PENDING_PROMPT_ADDED, PENDING_PROMPT_STARTED, PENDING_PROMPT_COMPLETED,
     TURN_COMPLETE, TURN_ERROR, PROMPT_CANCELLED, PERMISSION_REQUEST, PERMISSION_RESOLVED,
-    SESSION_CLOSED, SESSION_DIED,
+    SESSION_CLOSED, SESSION_DIED, ELICITATION_REQUEST, ELICITATION_RESOLVED,
+    ELICITATION_COMPLETE,
 )
 SYNTHETIC_EVENT_TYPES = (REPLAY_COMPLETE, STATE_RESYNC_REQUIRED, SLOW_CLIENT_WARNING, CLIENT_EVICTED)
 
@@ -106,6 +111,29 @@ class PermissionRequest(Payload):
     the agent's ACP params (``toolCall``, ``options``, ...) as sent."""
 
     request_id: str
+    session_id: str
+    params: dict[str, Any]
+
+
+class ElicitationRequest(Payload):
+    """An agent's ``elicitation/create``, waiting for an answer: ``params`` as sent."""
+
+    request_id: str
+    session_id: str
+    params: dict[str, Any]
+
+
+class ElicitationResolved(Payload):
+    request_id: str
+    session_id: str
+    action: Any          # accept | decline | cancel | an extension's
+    reason: str | None = None
+
+
+class ElicitationComplete(Payload):
+    """An agent's ``elicitation/complete`` (a URL elicitation finished): ``params`` as
+    sent."""
+
     session_id: str
     params: dict[str, Any]
 
@@ -172,6 +200,9 @@ PAYLOADS: dict[str, type[Payload]] = {
     PROMPT_CANCELLED: PromptCancelled,
     PERMISSION_REQUEST: PermissionRequest,
     PERMISSION_RESOLVED: PermissionResolved,
+    ELICITATION_REQUEST: ElicitationRequest,
+    ELICITATION_RESOLVED: ElicitationResolved,
+    ELICITATION_COMPLETE: ElicitationComplete,
     SESSION_CLOSED: SessionClosed,
     SESSION_DIED: SessionDied,
     REPLAY_COMPLETE: ReplayComplete,

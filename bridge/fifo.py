@@ -20,7 +20,9 @@ Contracts:
   ``max_bytes`` plus its newest item. ``None`` turns a bound off.
 * ``put_uncounted(item)`` queues an item that takes no room and is never refused
   (until ``close()``): replayed history, stream-control frames.
-* Items leave in order, only through ``get_nowait()`` or ``take_all()``.
+* Items leave in order, only through ``get_nowait()`` or ``take_all()``; ``taken``
+  counts them, so ``taken + len(fifo)`` is the number of items ever put: a reader
+  that merges several sources can tell what was queued before something else.
   ``wait()`` consumes nothing, so cancelling it (a heartbeat timeout, a client gone)
   loses no item.
 * After ``close()`` nothing is accepted; the reader still gets what is queued, then
@@ -49,8 +51,8 @@ _UNCOUNTED = -1
 
 
 class BoundedFifo(Generic[T]):
-    __slots__ = ("max_items", "max_bytes", "items", "nbytes", "closed", "_entries", "_sizes",
-                 "_ready", "_low")
+    __slots__ = ("max_items", "max_bytes", "items", "nbytes", "closed", "taken", "_entries",
+                 "_sizes", "_ready", "_low")
 
     def __init__(self, max_items: int | None, max_bytes: int | None, *,
                  wakeup: Wakeup | None = None, low_water: Wakeup | None = None) -> None:
@@ -59,6 +61,7 @@ class BoundedFifo(Generic[T]):
         self.items = 0          # counted items queued
         self.nbytes = 0         # their bytes
         self.closed = False
+        self.taken = 0          # items that left, counted or not: taken + len() were put
         # Items and their sizes side by side (no tuple per item: nothing for the cyclic
         # garbage collector to track on the hot path).
         self._entries: deque[T] = deque()
@@ -120,6 +123,7 @@ class BoundedFifo(Generic[T]):
             return None
         item = self._entries.popleft()
         size = self._sizes.popleft()
+        self.taken += 1
         if size != _UNCOUNTED:
             self.items -= 1
             self.nbytes -= size
@@ -131,6 +135,7 @@ class BoundedFifo(Generic[T]):
     def take_all(self) -> list[T]:
         """Every queued item, in order; the FIFO is left empty (and still open)."""
         items = list(self._entries)
+        self.taken += len(items)
         self._entries.clear()
         self._sizes.clear()
         self.items = self.nbytes = 0

@@ -224,7 +224,7 @@ class Session:
             agent=self.agent_name, max_pending_prompts=self.limit,
             active_prompt_text=active.text if active else None,
             updated_at=time.time() - max(0.0, time.monotonic() - self.last_seen),
-            origin=self.origin)
+            origin=self.origin, earliest_event_id=self.bus.earliest_available_id)
 
     @property
     def pending_count(self) -> int:

@@ -83,6 +83,7 @@ class SessionStatus:
     max_pending_prompts: int | None = None   # its admission limit (None: no limit)
     active_prompt_text: str | None = None    # the running prompt's text preview
     updated_at: float = 0.0                # epoch seconds of its last activity
+    earliest_event_id: int = 1             # the oldest event id its ring still holds
     origin: str | None = None              # create_session's label ("lmsp", …); None: a person's
 
     @property

@@ -21,10 +21,12 @@ Contracts:
   as they came (``msgspec.Raw`` byte for byte, in-process agents' dicts as they are).
 * The typed payloads of ``bridge.events`` are rendered as the Structs below: the same
   fields, in the same order, named in camelCase, ``None`` fields left out (a test
-  checks that every payload has its twin). A ``permission_request`` is the agent's
-  params plus ``requestId`` and ``sessionId``.
+  checks that every payload has its twin). A ``permission_request`` and an
+  ``elicitation_request`` are the agent's params plus ``requestId`` and ``sessionId``;
+  an ``elicitation_complete`` the agent's params plus ``sessionId``.
 * ``event_from_envelope(envelope(e))`` is ``e`` again: id, type, prompt id, originator,
-  timestamp, typed payload (agents' payloads as the exact bytes they were), and its
+  timestamp, typed payload (agents' payloads as the exact bytes they were; an agent's
+  params in a request or completion keep the ``sessionId`` the wire added), and its
   ``envelope`` is the same bytes. So an envelope is a complete record of an event (what
   a session journal can store, issue #23).
 * ``error_details`` gives a bridge error's typed fields under the peer's names, in
@@ -103,6 +105,13 @@ class PromptCancelled(_Data):
     reason: str | None = None
 
 
+class ElicitationResolved(_Data):
+    requestId: str
+    sessionId: str
+    action: Any
+    reason: str | None = None
+
+
 class PermissionResolved(_Data):
     requestId: str
     sessionId: str
@@ -164,6 +173,7 @@ TWINS: dict[type[ev.Payload], type[_Data]] = {
     ev.TurnError: TurnError,
     ev.PromptCancelled: PromptCancelled,
     ev.PermissionResolved: PermissionResolved,
+    ev.ElicitationResolved: ElicitationResolved,
     ev.SessionClosed: SessionClosed,
     ev.SessionDied: SessionDied,
     ev.ReplayComplete: ReplayComplete,
@@ -180,11 +190,14 @@ def wire_data(event: Event) -> Any:
     twin = TWINS.get(type(data))
     if twin is not None:
         return twin(*msgspec.structs.astuple(data))
-    if type(data) is ev.PermissionRequest:
+    kind = type(data)
+    if kind is ev.PermissionRequest or kind is ev.ElicitationRequest:
         params = dict(data.params)
         params["requestId"] = data.request_id
         params["sessionId"] = data.session_id
         return params
+    if kind is ev.ElicitationComplete:
+        return {**data.params, "sessionId": data.session_id}
     return data
 
 
@@ -226,11 +239,13 @@ def event_from_envelope(raw: bytes) -> Event:
     found = _raw_envelope_decoder.decode(raw)
     payload = ev.PAYLOADS.get(found.type)
     data: Any = found.data
-    if payload is ev.PermissionRequest:
+    if payload is ev.PermissionRequest or payload is ev.ElicitationRequest:
         params = msgspec.json.decode(found.data)   # the agent's, plus requestId last
         request_id = params.pop("requestId")
-        data = ev.PermissionRequest(request_id=request_id, session_id=params["sessionId"],
-                                    params=params)
+        data = payload(request_id=request_id, session_id=params["sessionId"], params=params)
+    elif payload is ev.ElicitationComplete:
+        params = msgspec.json.decode(found.data)
+        data = ev.ElicitationComplete(session_id=params["sessionId"], params=params)
     elif payload is not None:
         twin = msgspec.json.decode(found.data, type=TWINS[payload])
         data = payload(*msgspec.structs.astuple(twin))

@@ -20,10 +20,11 @@ Contracts:
   replies wait in a ``BoundedFifo`` of ``SESSION_BUFFER`` / ``CONNECTION_BUFFER``
   frames and ``REPLY_BUFFER_BYTES`` (past it a reply is dropped and logged; the HTTP
   door refuses new requests before that, ``AcpConnection.replies_full``).
-* A reader takes, in this order: the rest of the frames of the event it is taking,
-  the direct replies, then the next bus event. A ``session/prompt`` response is made
-  when its turn's ``turn_complete`` / ``turn_error`` event is taken, so it always
-  follows the turn's ``session/update`` notifications.
+* A reader takes frames in the order they arrived: the rest of the frames of the
+  event it is taking, then a direct reply once every bus event queued before it was
+  taken, else the next bus event. A ``session/prompt`` response is made when its
+  turn's ``turn_complete`` / ``turn_error`` event is taken, so it always follows the
+  turn's ``session/update`` notifications.
 * A ``permission_request`` becomes a ``session/request_permission`` request only
   while it is pending (a replayed, resolved one is a ``_qwen/notify``).
 * Bus events are delivered at most once per channel per bus epoch (``delivered_id``);
@@ -31,27 +32,34 @@ Contracts:
 * ``flush_through(event_id)`` returns once the reader has written every frame of the
   bus events up to ``event_id`` (at once without a reader, at most after
   ``FLUSH_TIMEOUT_S``): ``session/load`` answers only after its history is written.
-* The requests a connection runs (``dispatching``) end when it closes: a spawn in
-  flight gives its session slot back.
-* ``close()`` is synchronous and idempotent: this connection's running requests are
-  cancelled, its queued and running prompts are cancelled (which cancels their
-  permission requests), the other permission requests it was sent are cancelled,
-  and the sessions it made (``owned``: ``session/new``, a cold ``session/load`` or
-  ``session/resume``) are closed, except where another live connection serves the
-  session (``served_elsewhere``). Every subscription is closed and every stream ends
-  after its buffered frames.
+* ``close()`` is synchronous and idempotent: this connection's running requests
+  (``in_flight``) are cancelled, so a spawn in flight gives its session slot back; its
+  queued and running prompts are cancelled (which cancels their permission requests),
+  the other permission requests it was sent are cancelled, and the sessions it made
+  (``owned``: ``session/new``, a cold ``session/load`` or ``session/resume``) are
+  closed, except where ``served_elsewhere`` (another live connection serves the
+  session; for a lost resumable connection the registry lets them linger instead).
+  Every subscription is closed and every stream ends after its buffered frames.
+  Prompts sent with a client prompt id (``detached``) belong to their session, not
+  to the connection: a close leaves them running (a client re-attaches them by that
+  id).
+* A ``resumable`` connection (asked for at ``initialize``) gets the bus event id and
+  epoch of every event frame in ``params._meta`` (``frames.with_event_meta``).
+* ``in_flight`` maps the request ids of the requests running now to their cancel
+  scopes (``$/cancel_request``, and ``close()``), bounded by the requests a client can
+  have running.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import anyio
 
+from acp_server.acp_http import elicitation
 from acp_server.acp_http import frames as fr
 from acp_server.acp_http.errors import (  # noqa: F401 - re-exported
     ChannelLimitError,
@@ -82,9 +90,12 @@ MAX_PENDING_REQUESTS = 1024      # agent-to-client requests awaiting this client
 FLUSH_TIMEOUT_S = 10.0           # a reader that takes longer does not hold a reply back
 
 
-def _put_reply(fifo: BoundedFifo[Frame], frame: Frame, where: str) -> None:
-    if not fifo.put_nowait(frame, len(frame.payload)) and not fifo.closed:
+def _put_reply(fifo: BoundedFifo[Frame], frame: Frame, where: str) -> bool:
+    if fifo.put_nowait(frame, len(frame.payload)):
+        return True
+    if not fifo.closed:
         log.warning("acp %s: stream buffer full, frame dropped", where)
+    return False
 
 
 class SessionChannel:
@@ -96,6 +107,9 @@ class SessionChannel:
         self.ready = Wakeup()   # a reply or an event arrived, a (re)subscription, the end
         self.replies: BoundedFifo[Frame] = BoundedFifo(SESSION_BUFFER, REPLY_BUFFER_BYTES,
                                                        wakeup=self.ready)
+        # Beside each reply: the subscription and how many of its frames were put when
+        # the reply came (the reply goes after them).
+        self._reply_marks: deque[tuple[Subscription | None, int]] = deque()
         self.subscription: Subscription | None = None
         self.epoch: str | None = None
         self.delivered_id = 0   # the last bus event translated
@@ -105,6 +119,7 @@ class SessionChannel:
         self._taken_id = 0
         self._written = Wakeup()
         self.prompts: dict[str, tuple[RpcId, PromptTicket]] = {}
+        self.detached: set[str] = set()   # prompt ids a close leaves running
         self.reader_attached = False
         self.retired = False
 
@@ -148,11 +163,16 @@ class SessionChannel:
 
     # -- direct frames ---------------------------------------------------------------
     def push(self, payload: bytes) -> None:
-        _put_reply(self.replies, Frame(None, payload),
-                   f"connection {self.conn.id} session {self.session_id}")
+        subscription = self.subscription
+        if _put_reply(self.replies, Frame(None, payload),
+                      f"connection {self.conn.id} session {self.session_id}"):
+            mark = subscription.taken + len(subscription) if subscription is not None else 0
+            self._reply_marks.append((subscription, mark))
 
-    def track_prompt(self, ticket: PromptTicket, rpc_id: RpcId) -> None:
+    def track_prompt(self, ticket: PromptTicket, rpc_id: RpcId, *, detached: bool = False) -> None:
         self.prompts[ticket.prompt_id] = (rpc_id, ticket)
+        if detached:
+            self.detached.add(ticket.prompt_id)
 
     # -- the reader ----------------------------------------------------------------------
     async def wait_ready(self) -> bool:
@@ -174,17 +194,20 @@ class SessionChannel:
 
     def pop(self) -> Frame | None:
         """The next frame (see the module contracts), or ``None``."""
-        if self._taking:
-            frame = self._taking.popleft()
-            if not self._taking:
-                self._taken_id = max(self._taken_id, self._taking_id)
-            return frame
-        frame = self.replies.get_nowait()
-        if frame is not None:
-            return frame
-        subscription = self.subscription
-        while subscription is not None:
-            event = subscription.receive_nowait()
+        while True:
+            if self._taking:
+                frame = self._taking.popleft()
+                if not self._taking:
+                    self._taken_id = max(self._taken_id, self._taking_id)
+                return frame
+            subscription = self.subscription
+            if self._reply_marks:
+                marked, mark = self._reply_marks[0]
+                if marked is not subscription or subscription is None \
+                        or subscription.taken >= mark:   # every event queued before it taken
+                    self._reply_marks.popleft()
+                    return self.replies.get_nowait()
+            event = subscription.receive_nowait() if subscription is not None else None
             if event is None:
                 return None
             frames = self._translate(event)
@@ -192,10 +215,8 @@ class SessionChannel:
                 self._taking.extend(frames)
                 if event.id is not None:
                     self._taking_id = event.id
-                return self.pop()
-            if event.id is not None:
+            elif event.id is not None:
                 self._taken_id = max(self._taken_id, event.id)
-        return None
 
     def sent(self, count: int) -> None:
         """The reader wrote every frame it popped."""
@@ -249,22 +270,31 @@ class SessionChannel:
         if kind == ev.CLIENT_EVICTED:
             return []    # not the client's concern: the channel resubscribes and replays
         if kind == ev.SESSION_UPDATE:
-            return [fr.update_frame(event)]
+            return [self._annotated(fr.update_frame(event))]
         if kind == ev.PERMISSION_REQUEST:
             found = fr.permission_frame(event)
             # a replayed request that was resolved meanwhile is history, not a question
             if found is not None and self.conn.bridge.permission_pending(found[0]):
                 self.conn.expect_answer(found[0], self.session_id)
-                return [found[1]]
+                return [self._annotated(found[1])]
         elif kind == ev.PERMISSION_RESOLVED:
             self.conn.pending_requests.pop(event.data.request_id, None)
-        frames = [fr.notify_frame(event)]
+        elif kind in elicitation.KINDS:
+            return [self._annotated(f) for f in elicitation.elicitation_frames(self.conn, self,
+                                                                               event)]
+        frames = [self._annotated(fr.notify_frame(event))]
         if kind in (ev.TURN_COMPLETE, ev.TURN_ERROR) and event.prompt_id in self.prompts:
             frames.append(self._prompt_response(event.prompt_id))  # type: ignore[arg-type]
         return frames
 
+    def _annotated(self, frame: Frame) -> Frame:
+        if self.conn.resumable and frame.event_id is not None and self.epoch is not None:
+            return fr.with_event_meta(frame, self.session_id, self.epoch)
+        return frame
+
     def _prompt_response(self, prompt_id: str) -> Frame:
         rpc_id, ticket = self.prompts.pop(prompt_id)
+        self.detached.discard(prompt_id)
         outcome = ticket.outcome
         assert outcome is not None, "a turn's terminal event follows its ticket's settlement"
         if isinstance(outcome, BaseException):
@@ -273,8 +303,18 @@ class SessionChannel:
 
     # -- teardown ----------------------------------------------------------------------
     def cancel_prompts(self, reason: str) -> None:
-        for _rpc_id, ticket in list(self.prompts.values()):
-            ticket.cancel(reason)
+        for prompt_id, (_rpc_id, ticket) in list(self.prompts.items()):
+            if prompt_id not in self.detached:
+                ticket.cancel(reason)
+
+    def cancel_request(self, rpc_id: RpcId) -> bool:
+        """``$/cancel_request`` for a ``session/prompt`` awaiting its turn's end: the
+        prompt is cancelled (its answer follows, ``stopReason: "cancelled"``)."""
+        for _prompt_id, (tracked_id, ticket) in list(self.prompts.items()):
+            if tracked_id == rpc_id and type(tracked_id) is type(rpc_id):
+                ticket.cancel("client_cancel")
+                return True
+        return False
 
     def retire(self) -> None:
         """End this stream: no more frames; the reader ends after the buffered ones."""
@@ -304,11 +344,13 @@ class AcpConnection:
         # agent-to-client request id -> session id, oldest first (bounded).
         self.pending_requests: OrderedDict[str, str] = OrderedDict()
         self.owned: set[str] = set()   # sessions this connection made
-        self._running: set[anyio.CancelScope] = set()
         self.reader_attached = False
         self.open_streams = 0
         self.streams_gone_at: float | None = clock()
         self.closed = False
+        self.resumable = False
+        self.elicitation = False   # the client offered clientCapabilities.elicitation
+        self.in_flight: dict[tuple[type, RpcId], anyio.CancelScope] = {}
         # Set by a WebSocket while attached: called for every new channel.
         self.on_channel: Callable[[SessionChannel], None] | None = None
 
@@ -333,21 +375,7 @@ class AcpConnection:
     def detach_reader(self) -> None:
         self.reader_attached = False
 
-    # -- requests and sessions ---------------------------------------------------------
-    @contextlib.contextmanager
-    def dispatching(self) -> Iterator[anyio.CancelScope]:
-        """The scope of one request this connection runs: cancelled when it closes
-        (already, when it closed before the request started)."""
-        scope = anyio.CancelScope()
-        if self.closed:
-            scope.cancel()
-        self._running.add(scope)
-        try:
-            with scope:
-                yield scope
-        finally:
-            self._running.discard(scope)
-
+    # -- sessions ------------------------------------------------------------------------
     def own(self, session_id: str) -> None:
         """This connection made ``session_id``: closed with the connection (see
         ``close``), at once when the connection closed while it was being made (a
@@ -409,7 +437,7 @@ class AcpConnection:
         if self.closed:
             return
         self.closed = True
-        for scope in list(self._running):
+        for scope in list(self.in_flight.values()):
             scope.cancel()
         for channel in self.channels.values():
             channel.cancel_prompts("connection_closed")

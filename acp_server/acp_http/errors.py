@@ -53,7 +53,8 @@ from bridge.errors import (
     SubscriberLimitExceededError,
     WorkspaceMismatchError,
 )
-from bridge.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, encode_error
+from bridge.jsonrpc import (INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND, REQUEST_CANCELLED,
+                            encode_error)
 from bridge.wire import error_details
 
 RpcId = int | str | None
@@ -88,14 +89,50 @@ CALLER_ERRORS: tuple[type[BridgeError], ...] = (
 )
 
 
+class MethodNotFoundError(BridgeError):
+    """Neither ours nor advertised by the session's agent (-32601, ``data: {method}``)."""
+
+    code = "method_not_found"
+
+    def __init__(self, method: str) -> None:
+        super().__init__(f"Unknown method: {method}")
+        self.method = method
+
+
+class RequestCancelledError(BridgeError):
+    """The request was cancelled by ``$/cancel_request`` (-32800)."""
+
+    code = "request_cancelled"
+
+    def __init__(self) -> None:
+        super().__init__("Request cancelled")
+
+
+class PromptFailedError(BridgeError):
+    """A prompt sent again under its id had failed: its terminal's error code."""
+
+    code = "prompt_failed"
+
+    def __init__(self, prompt_id: str, error_code: str) -> None:
+        super().__init__(f'Prompt "{prompt_id}" failed ({error_code})')
+        self.prompt_id = prompt_id
+        self.error_code = error_code
+
+
 PROMPT_REQUIRED = 'Invalid params: "prompt" must be a non-empty array of content blocks'
 RpcError = tuple[int, str, dict[str, Any] | None]
 
 
+# The fields of this door's own errors; the bridge's are named by bridge.wire.
+DOOR_DETAILS: dict[type[BridgeError], Callable[[Any], dict[str, Any]]] = {
+    ChannelLimitError: lambda exc: {"limit": exc.limit},
+    PromptFailedError: lambda exc: {"promptId": exc.prompt_id, "errorCode": exc.error_code},
+}
+
+
 def _details(exc: Any) -> dict[str, Any]:
-    if isinstance(exc, ChannelLimitError):
-        return {"limit": exc.limit}
-    return error_details(exc)
+    door = DOOR_DETAILS.get(type(exc))
+    return door(exc) if door is not None else error_details(exc)
 
 
 def _kind(exc: Any) -> dict[str, Any]:
@@ -121,6 +158,7 @@ DATA: dict[type[BridgeError], Callable[[Any], dict[str, Any]]] = {
     SessionClosedError: _kind,
     PromptDeadlineExceededError: _kind,
     AgentDiedError: _kind,
+    PromptFailedError: _kind,
 }
 # Answers that follow neither rule, by exact class.
 ANSWERS: dict[type[BridgeError], Callable[[Any], RpcError]] = {
@@ -128,6 +166,8 @@ ANSWERS: dict[type[BridgeError], Callable[[Any], RpcError]] = {
     AgentNotFoundError: lambda exc: (INVALID_PARAMS, str(exc),
                                      {"errorKind": exc.code, "available": exc.available}),
     InvalidPromptError: lambda exc: (INVALID_PARAMS, PROMPT_REQUIRED, None),
+    MethodNotFoundError: lambda exc: (METHOD_NOT_FOUND, str(exc), {"method": exc.method}),
+    RequestCancelledError: lambda exc: (REQUEST_CANCELLED, str(exc), None),
 }
 
 

@@ -20,6 +20,12 @@ Contracts:
   (``AcpConnection.close``). The connections that still serve a session it made
   inherit it: a session made over ``/acp`` is closed when the last connection that
   made or attached it goes away.
+* A ``resumable`` connection that is lost (its socket dropped, or it was reaped), not
+  closed by DELETE or shutdown, leaves its permission requests pending and its
+  sessions open for ``resume_grace_s`` (default 600 s), so that its client can
+  reconnect, attach them and answer them; a sweep after that cancels the requests
+  and closes the sessions that no live connection serves by then (those that one
+  serves are inherited by it).
 
 One registry per server, built by the composition (``acp_server.server``) from the
 ``AcpConfig``; ``clock=`` takes any ``Clock`` (``now()`` and ``sleep()``), e.g. one a
@@ -36,9 +42,11 @@ import anyio
 
 from acp_server.acp_http.connection import AcpConnection
 from bridge import Bridge
+from bridge.errors import BridgeError
 
 DEFAULT_MAX_CONNECTIONS = 64
 DEFAULT_GRACE_S = 10.0
+DEFAULT_RESUME_GRACE_S = 600.0
 
 
 class Clock(Protocol):
@@ -68,11 +76,17 @@ class ConnectionCapError(Exception):
 
 class ConnectionRegistry:
     def __init__(self, bridge: Bridge, *, max_connections: int = DEFAULT_MAX_CONNECTIONS,
-                 grace_s: float = DEFAULT_GRACE_S, clock: Clock = MONOTONIC) -> None:
+                 grace_s: float = DEFAULT_GRACE_S, clock: Clock = MONOTONIC,
+                 resume_grace_s: float = DEFAULT_RESUME_GRACE_S) -> None:
         self.bridge = bridge
         self.clock = clock
         self.max_connections = max_connections
         self.grace_s = grace_s
+        self.resume_grace_s = resume_grace_s
+        # Permission requests of lost resumable connections: (deadline, request, session),
+        # and the sessions they made: (deadline, session).
+        self.lingering: list[tuple[float, str, str]] = []
+        self.lingering_sessions: list[tuple[float, str]] = []
         self.connections: dict[str, AcpConnection] = {}
         self.reaped = 0
         self._shutdown = anyio.Event()
@@ -90,14 +104,31 @@ class ConnectionRegistry:
     def get(self, connection_id: str) -> AcpConnection | None:
         return self.connections.get(connection_id)
 
-    def close(self, conn: AcpConnection) -> None:
+    def close(self, conn: AcpConnection, *, lost: bool = False) -> None:
+        """``lost``: the transport went away (not DELETE): a resumable connection's
+        permission requests linger (see the module contracts)."""
         if self.connections.get(conn.id) is conn:
             del self.connections[conn.id]
+        if lost and conn.resumable and not conn.closed:
+            deadline = self.clock.now() + self.resume_grace_s
+            self.lingering.extend((deadline, request_id, session_id)
+                                  for request_id, session_id in conn.pending_requests.items())
+            self.lingering_sessions.extend((deadline, sid) for sid in conn.owned)
+            conn.owned.clear()
+            conn.close(served_elsewhere=lambda sid: True)   # nothing cancelled, nothing closed
+            return
         for session_id in conn.owned:   # the connections still serving it inherit it
-            for other in self.connections.values():
-                if session_id in other.channels:
-                    other.own(session_id)
+            self._inherit(session_id, conn)
         conn.close(served_elsewhere=lambda sid: self.served_elsewhere(sid, conn))
+
+    def _inherit(self, session_id: str, conn: AcpConnection | None = None) -> bool:
+        """Every other live connection serving ``session_id`` owns it now; ``False``
+        when there is none."""
+        heirs = [other for other in self.connections.values()
+                 if other is not conn and session_id in other.channels]
+        for heir in heirs:
+            heir.own(session_id)
+        return bool(heirs)
 
     def served_elsewhere(self, session_id: str, conn: AcpConnection) -> bool:
         return any(other is not conn and session_id in other.channels
@@ -110,26 +141,63 @@ class ConnectionRegistry:
         for conn in list(self.connections.values()):
             conn.owned.clear()   # the bridge's drain closes every session (reason shutdown)
             self.close(conn)
+        self.lingering.clear()   # the sessions close next, and their permissions with them
+        self.lingering_sessions.clear()
 
     async def sweep_after_grace(self) -> None:
-        """Wait out the grace period (or shutdown), then sweep."""
-        async with anyio.create_task_group() as tg:
-            async def end_on_shutdown() -> None:
-                await self._shutdown.wait()
-                tg.cancel_scope.cancel()
+        """Wait out the grace period (or shutdown), then sweep; then, while permission
+        requests linger, sweep again at the earliest of their deadlines."""
+        delay = self.grace_s
+        while not self._shutdown.is_set():
+            async with anyio.create_task_group() as tg:
+                async def end_on_shutdown() -> None:
+                    await self._shutdown.wait()
+                    tg.cancel_scope.cancel()
 
-            tg.start_soon(end_on_shutdown)
-            await self.clock.sleep(self.grace_s)
-            tg.cancel_scope.cancel()
-        self.sweep()
+                tg.start_soon(end_on_shutdown)
+                await self.clock.sleep(delay)
+                tg.cancel_scope.cancel()
+            self.sweep()
+            deadlines = [d for d, _r, _s in self.lingering] + [d for d, _s in self.lingering_sessions]
+            if not deadlines:
+                return
+            delay = max(0.0, min(deadlines) - self.clock.now())
 
     def sweep(self) -> list[str]:
-        """Reap every connection whose streams have been gone for the grace period."""
+        """Reap every connection whose streams have been gone for the grace period;
+        cancel the lingering permission requests past their deadline."""
         now = self.clock.now()
         expired = [c for c in self.connections.values()
                    if c.streams_gone_at is not None and now - c.streams_gone_at >= self.grace_s]
         for conn in expired:
-            self.close(conn)
+            self.close(conn, lost=True)
         self.reaped += len(expired)
+        if self.lingering:
+            self._cancel_lingering(now)
+        if self.lingering_sessions:
+            self._close_lingering(now)
         return [c.id for c in expired]
+
+    def _close_lingering(self, now: float) -> None:
+        due = [sid for deadline, sid in self.lingering_sessions if deadline <= now]
+        self.lingering_sessions = [e for e in self.lingering_sessions if e[0] > now]
+        for session_id in due:
+            if self._inherit(session_id):
+                continue   # a live connection serves it again: it owns it now
+            try:
+                self.bridge.close_session_soon(session_id, reason="connection_closed")
+            except BridgeError:
+                pass   # closed meanwhile
+
+    def _cancel_lingering(self, now: float) -> None:
+        due = [entry for entry in self.lingering if entry[0] <= now]
+        self.lingering = [entry for entry in self.lingering if entry[0] > now]
+        for _deadline, request_id, session_id in due:
+            if any(session_id in c.channels for c in self.connections.values()):
+                continue   # a live connection serves the session: it was re-sent there
+            try:
+                self.bridge.respond_to_permission(request_id, {"outcome": "cancelled"},
+                                                  session_id=session_id)
+            except BridgeError:
+                pass   # answered meanwhile, or the session is gone
 

@@ -32,6 +32,7 @@ from starlette.responses import Response
 from acp_server.http.body import ClientDisconnected
 from acp_server.http.handlers import handle_disconnect
 from bridge import errors as be
+from bridge.elicitation import ElicitationNotFoundError, InvalidElicitationAnswerError
 from bridge.errors import (
     AgentDiedError,
     AgentError,
@@ -97,6 +98,8 @@ STATUS: dict[type[BridgeError], int] = {
     be.AgentProtocolError: 502,
     be.InvalidPromptError: 400,
     be.InvalidDeadlineError: 400,
+    ElicitationNotFoundError: 404,
+    InvalidElicitationAnswerError: 400,
 }
 
 
