@@ -8,8 +8,9 @@
         await uvicorn.Server(uvicorn.Config(app, port=0)).serve()
 
 Also mounted: ``GET /metrics`` (``acp_server.metrics``, the bridge's observer),
-``GET /openapi.json`` (``acp_server.openapi``), and outside everything the request
-log and request metrics (``acp_server.request_log``).
+``GET /openapi.json`` (``acp_server.openapi``). Outside everything, one front layer
+(``acp_server.http.front``): the guard (``GuardPolicy``), CORS, and the hooks of the
+request log and request metrics (``acp_server.request_log.AccessRecorder``).
 
 Contracts: ``build_app`` has no lifespan of its own. The caller owns the ``Bridge``
 and its ``async with`` (so the CLI can drain it on a signal and tests can serve it
@@ -21,22 +22,26 @@ errors (``EXCEPTION_HANDLERS``, by path prefix). No door reads ``Settings``.
 
 from __future__ import annotations
 
+from typing import Any
+
 from starlette.applications import Starlette
-from starlette.middleware import Middleware
 
 from acp_server import acp_http, lmsp
 from acp_server import metrics as metrics_module
 from acp_server import openapi
 from acp_server.acp_http import AcpConfig, acp_routes
+from acp_server.acp_http.errors import render_refusal as acp_refusal
+from acp_server.http.front import Door, FrontLayer
+from acp_server.http.guard import REFUSED
 from acp_server.http.handlers import by_prefix
-from acp_server.http.security import GuardPolicy, SecurityMiddleware
-from acp_server.lmsp import CORS_DENIED_PROBLEM, UNAUTHORIZED_PROBLEM
-from acp_server.lmsp.problems import PROBLEM_JSON
+from acp_server.http.policy import GuardPolicy
+from acp_server.lmsp.problems import render_refusal as lmsp_refusal
 from acp_server.metrics import Metrics
-from acp_server.request_log import RequestLogMiddleware
+from acp_server.request_log import AccessRecorder
 from acp_server.rest import routes
 from acp_server.rest.config import RestConfig
 from acp_server.rest.errors import EXCEPTION_HANDLERS as REST_HANDLERS
+from acp_server.rest.errors import render_refusal as rest_refusal
 from acp_server.routing import IndexedRouter
 from acp_server.settings import Settings
 from acp_server.web import public_path, web_routes
@@ -49,9 +54,32 @@ EXCEPTION_HANDLERS = by_prefix([("/lmsp/", lmsp.EXCEPTION_HANDLERS),
                                 ("", REST_HANDLERS)])
 
 
+# The doors as the front layer sees them: refusals in each door's shape, and the door
+# named in logs and metrics.
+DOORS = (Door("/lmsp/", "lmsp", lmsp_refusal), Door(acp_http.ACP_PATH, "acp", acp_refusal),
+         Door("/metrics", "ops", rest_refusal), Door("/openapi.json", "ops", rest_refusal),
+         Door("", "rest", rest_refusal))
+
+
 def guard_policy(settings: Settings) -> GuardPolicy:
     return GuardPolicy(token=settings.token, health_needs_auth=settings.health_needs_auth,
-                       allow_origins=settings.allow_origins)
+                       allow_origins=settings.allow_origins, loopback_bind=settings.loopback,
+                       allow_hosts=settings.http.allow_hosts,
+                       max_header_bytes=settings.http.max_header_bytes,
+                       max_headers=settings.http.max_headers,
+                       max_request_line=settings.http.max_request_line,
+                       public=public_path if settings.web else None)
+
+
+class _App(Starlette):
+    """Starlette with the front layer outside its whole stack (its error middleware
+    included), so that a refusal or a 503 costs one layer."""
+
+    front: Any = None
+
+    def build_middleware_stack(self) -> Any:
+        stack = super().build_middleware_stack()
+        return stack if self.front is None else self.front(stack)
 
 
 def rest_config(settings: Settings) -> RestConfig:
@@ -70,12 +98,11 @@ def acp_config(settings: Settings) -> AcpConfig:
                      reap_grace_s=settings.acp_reap_grace_s)
 
 
-def build_app(settings: Settings, bridge: Bridge) -> Starlette:
-    app = Starlette(exception_handlers=EXCEPTION_HANDLERS,
-                    middleware=[Middleware(SecurityMiddleware, policy=guard_policy(settings),
-                        unauthorized=[("/lmsp/", PROBLEM_JSON.encode(), UNAUTHORIZED_PROBLEM)],
-                        denied=[("/lmsp/", PROBLEM_JSON.encode(), CORS_DENIED_PROBLEM)],
-                        public=public_path if settings.web else None)])
+def build_app(settings: Settings, bridge: Bridge, *, max_in_flight: int | None = None
+              ) -> Starlette:
+    """``max_in_flight``: the request cap of the front layer, for HTTP servers that
+    cannot cap connections below ASGI (``acp_server.http.servers``)."""
+    app = _App(exception_handlers=EXCEPTION_HANDLERS)
     app.router = IndexedRouter(routes=[*routes(), *metrics_module.routes, *openapi.routes,
                                        *acp_routes(), *(web_routes() if settings.web else ())])
     app.state.bridge = bridge
@@ -85,5 +112,8 @@ def build_app(settings: Settings, bridge: Bridge) -> Starlette:
     app.state.metrics = metrics = Metrics(bridge, app.state,
                                           task_ttl_s=settings.metrics_task_ttl_s)
     bridge.observe(metrics)
-    app.add_middleware(RequestLogMiddleware, router_of=lambda: app.router, metrics=metrics)
+    recorder = AccessRecorder(router_of=lambda: app.router, metrics=metrics)
+    policy = app.state.acp_config.guard
+    app.front = lambda stack: FrontLayer(stack, policy, doors=DOORS, observer=recorder,
+                                         max_in_flight=max_in_flight, stats=REFUSED)
     return app

@@ -23,7 +23,8 @@ import shlex
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from acp_server.http.security import is_loopback
+from acp_server.http.options import HttpOptions
+from acp_server.http.policy import is_loopback
 from acp_server.lmsp.permissions import POLICIES
 from acp_server.profiles import (
     AgentProfile,
@@ -124,6 +125,8 @@ class Settings:
     header_timeout_ms: int = DEFAULT_HEADER_TIMEOUT_MS
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     lmsp_permissions: str = "reject"
+    # The HTTP server, TLS, Host allow-list and head caps (acp_server/http/options.py).
+    http: HttpOptions = dataclasses.field(default_factory=HttpOptions)
 
     def __post_init__(self) -> None:
         if not self.hostname:
@@ -136,6 +139,10 @@ class Settings:
         object.__setattr__(self, "workspace", os.path.realpath(self.workspace))
         if self.token is not None and not self.token:
             raise SettingsError("Invalid token: ''. Must be a non-empty string.")
+        if self.http.require_tls and not self.loopback and not self.http.tls:
+            raise SettingsError(
+                f"Refusing to bind {self.hostname} (not a loopback address) without TLS "
+                "(--require-tls): pass --tls-cert and --tls-key, or bind 127.0.0.1.")
         if self.require_auth and self.token is None:
             raise SettingsError(
                 f"--require-auth needs a token: pass --token or set {TOKEN_ENV}.")
@@ -261,6 +268,7 @@ class Settings:
                    header_timeout_ms: str | int = DEFAULT_HEADER_TIMEOUT_MS,
                    max_connections: str | int = DEFAULT_MAX_CONNECTIONS,
                    lmsp_permissions: str = "reject",
+                   http: HttpOptions | None = None,
                    **option_flags: str | None) -> Settings:
         """Build from CLI strings. ``token=None`` falls back to ``$ACP_SERVER_TOKEN``;
         ``agent`` is one ``--agent`` value or all of them (``NAME=COMMAND`` adds a
@@ -299,7 +307,7 @@ class Settings:
                    if isinstance(header_timeout_ms, str) else header_timeout_ms,
                    max_connections=parse_number(max_connections)
                    if isinstance(max_connections, str) else max_connections,
-                   lmsp_permissions=lmsp_permissions,
+                   lmsp_permissions=lmsp_permissions, http=http or HttpOptions(),
                    options=build_options(**option_flags))
 
 

@@ -6,7 +6,7 @@
 Contracts: the door reads ``app.state.acp_config`` and nothing of
 ``acp_server.settings``; ``acp_server.app.build_app`` fills it from the ``Settings``.
 ``guard`` is the same policy the HTTP guard enforces; the WebSocket handshake, which
-the guard does not see, checks it here (``websocket.handshake_allowed``).
+the front layer leaves to this door, checks it here (``websocket.handshake_refusal``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from acp_server.acp_http.registry import DEFAULT_GRACE_S, DEFAULT_MAX_CONNECTIONS
-from acp_server.http.security import GuardPolicy
+from acp_server.http.policy import GuardPolicy
 
 
 @dataclass(frozen=True, slots=True)

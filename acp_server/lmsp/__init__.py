@@ -17,13 +17,8 @@ handlers: problem objects).
 from __future__ import annotations
 
 from acp_server.lmsp.errors import EXCEPTION_HANDLERS
-from acp_server.lmsp.routes import (
-    CORS_DENIED_PROBLEM,
-    UNAUTHORIZED_PROBLEM,
-    install_lmsp,
-    lmsp_routes,
-)
+from acp_server.lmsp.routes import install_lmsp, lmsp_routes
 from acp_server.lmsp.service import LmspConfig, LmspService, open_lmsp
 
-__all__ = ["CORS_DENIED_PROBLEM", "EXCEPTION_HANDLERS", "UNAUTHORIZED_PROBLEM", "LmspConfig", "LmspService", "install_lmsp", "lmsp_routes",
+__all__ = ["EXCEPTION_HANDLERS", "LmspConfig", "LmspService", "install_lmsp", "lmsp_routes",
            "open_lmsp"]

@@ -5,8 +5,8 @@
 
 Contracts: every error is a problem object (``application/problem+json``), 405
 included (each path takes every method and answers unknown ones itself), and the
-network guard's 401 (``UNAUTHORIZED_PROBLEM``, which ``acp_server.app`` hands to the
-guard for ``/lmsp/`` paths). Task
+front layer's refusals (401, 403, 421, 431, …, rendered by
+``problems.render_refusal``). Task
 creation answers 202 only after the commit; a replay adds ``Idempotent-Replayed:
 true``. Event streams are SSE (§6.4) written by ``acp_server.http.sse``: ``retry: 3000``
 once (a field of the first frame), ``id``/``event``/``data`` per event, a
@@ -238,13 +238,6 @@ def lmsp_routes() -> list[BaseRoute]:
             for path, methods in table]
 
 
-# -- 401 as a problem object -------------------------------------------------------------
-# The network guard's 401 under /lmsp/ (acp_server.app hands it to SecurityMiddleware).
-UNAUTHORIZED_PROBLEM = encode(problem("unauthorized", "A valid bearer token is required."))
-# The guard's CORS refusal under /lmsp/ (403; §9.3 has no code of its own for it).
-CORS_DENIED_PROBLEM = encode(problem("forbidden", "Request denied by CORS policy."))
-
-
 def install_lmsp(app: Any, service: LmspService) -> None:
     """The whole composition: the service on ``app.state`` and the routes."""
     app.state.lmsp = service
@@ -254,4 +247,4 @@ def install_lmsp(app: Any, service: LmspService) -> None:
         metrics.watch_lmsp(service)
 
 
-__all__ = ["CORS_DENIED_PROBLEM", "UNAUTHORIZED_PROBLEM", "install_lmsp", "lmsp_routes"]
+__all__ = ["install_lmsp", "lmsp_routes"]
