@@ -27,13 +27,19 @@ from collections.abc import Sequence
 from typing import Any
 
 import anyio
-import uvicorn
 
 from acp_server import __version__
 from acp_server.acp_http import ConnectionRegistry, registry_for
 from acp_server.app import build_app
 from acp_server.conformance.cli import add_conformance_arguments, run_conformance_args
-from acp_server.http.guard import connection_cap, guarded_protocol, raise_fd_limit
+from acp_server.http.guard import connection_cap, raise_fd_limit
+from acp_server.http.options import DEFAULT_SERVER, SERVERS, HttpOptions
+from acp_server.http.policy import (
+    DEFAULT_MAX_HEADER_BYTES,
+    DEFAULT_MAX_HEADERS,
+    DEFAULT_MAX_REQUEST_LINE,
+)
+from acp_server.http.servers import HttpServer, Limits, http_server
 from acp_server.lmsp import LmspConfig, LmspService, install_lmsp, open_lmsp
 from acp_server.prompt_cli import add_prompt_arguments, run_prompt_args
 from acp_server.request_log import configure_logging
@@ -51,7 +57,10 @@ from bridge.agents.children import ChildRegistry
 
 log = logging.getLogger("acp_server")
 
-GRACEFUL_SHUTDOWN_S = 5
+PLAIN_HTTP_WARNING = (
+    "\n" + "!" * 78 + "\n!! PLAIN HTTP on %s, a non-loopback address: the bearer token and every "
+    "prompt\n!! cross the network in clear. Pass --tls-cert and --tls-key (or put a TLS proxy "
+    "in\n!! front), and --require-tls to refuse to start like this.\n" + "!" * 78)
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
@@ -120,6 +129,28 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     serve.add_argument("--max-connections", default="2560",
                        help="live connections (SSE streams and WebSockets included); past it a "
                             "new one is refused at once with 503 (default 2560)")
+    serve.add_argument("--http-server", choices=SERVERS, default=DEFAULT_SERVER,
+                       help="the HTTP server: granian (HTTP/1.1 and HTTP/2 on one port, TLS "
+                            "with ALPN) or uvicorn (HTTP/1.1 only) (default %(default)s)")
+    serve.add_argument("--tls-cert", metavar="PEM",
+                       help="serve HTTPS with this certificate chain (with --tls-key)")
+    serve.add_argument("--tls-key", metavar="PEM", help="the private key of --tls-cert")
+    serve.add_argument("--tls-client-ca", metavar="PEM",
+                       help="mutual TLS: require client certificates signed by this CA")
+    serve.add_argument("--require-tls", action="store_true",
+                       help="refuse to start on a non-loopback address without TLS")
+    serve.add_argument("--allow-host", action="append", default=[], metavar="HOST[:PORT]",
+                       help="accept this Host header besides the loopback names (DNS "
+                            "rebinding guard; repeatable)")
+    serve.add_argument("--max-header-bytes", default=str(DEFAULT_MAX_HEADER_BYTES),
+                       help="request header bytes; more is refused with 431 "
+                            "(default %(default)s)")
+    serve.add_argument("--max-headers", default=str(DEFAULT_MAX_HEADERS),
+                       help="request header fields; more is refused with 431 "
+                            "(default %(default)s)")
+    serve.add_argument("--max-request-line-bytes", default=str(DEFAULT_MAX_REQUEST_LINE),
+                       help="request line bytes (method, target, version); more is "
+                            "refused with 414 (default %(default)s)")
     serve.add_argument("--lmsp-permissions", default="reject",
                        choices=["reject", "allow", "cancel"],
                        help="how a permission asked during LMSP work is answered "
@@ -135,7 +166,15 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
-    return Settings.from_flags(
+    try:
+        http = HttpOptions.from_flags(
+            server=args.http_server, tls_cert=args.tls_cert, tls_key=args.tls_key,
+            tls_client_ca=args.tls_client_ca, require_tls=args.require_tls,
+            allow_host=args.allow_host, max_header_bytes=args.max_header_bytes,
+            max_headers=args.max_headers, max_request_line=args.max_request_line_bytes)
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from None
+    return Settings.from_flags(http=http,
         hostname=args.hostname, port=args.port, workspace=args.workspace, token=args.token,
         require_auth=args.require_auth, allow_origin=args.allow_origin,
         agent=args.agent or ["reference"], config=args.config, model_server=args.model_server,
@@ -164,39 +203,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if settings.token is None:
         log.warning("no token configured: trusted loopback mode, every local process has "
                     "full access (set --token or %s to require one)", TOKEN_ENV)
+    if not settings.loopback and not settings.http.tls:
+        log.warning(PLAIN_HTTP_WARNING, settings.hostname)
     anyio.run(serve, settings, backend="asyncio", backend_options=_loop_options())
     return 0
-
-
-class _Server(uvicorn.Server):
-    """uvicorn without its own signal handling (``serve`` drains first), announcing
-    the bound address once listening."""
-
-    def __init__(self, config: uvicorn.Config, settings: Settings) -> None:
-        super().__init__(config)
-        self.settings = settings
-
-    def capture_signals(self) -> Any:
-        import contextlib
-
-        return contextlib.nullcontext()
-
-    async def startup(self, sockets: Any = None) -> None:
-        await super().startup(sockets=sockets)
-        if self.started:
-            print(f"acp-server listening on {listening_url(self)} "
-                  f"(workspace={self.settings.workspace}, agent={self.settings.agent})",
-                  flush=True)
 
 
 def _loop_options() -> dict[str, Any]:
     """uvloop when installed (it is, with ``uvicorn[standard]``), as uvicorn itself picks."""
     return {"use_uvloop": importlib.util.find_spec("uvloop") is not None}
-
-
-def listening_url(server: uvicorn.Server) -> str:
-    host, port = server.servers[0].sockets[0].getsockname()[:2]
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 async def serve(settings: Settings) -> None:
@@ -218,21 +233,27 @@ async def serve(settings: Settings) -> None:
 
 
 async def _serve_http(settings: Settings, bridge: Bridge, lmsp: LmspService) -> None:
-    app = build_app(settings, bridge)
-    install_lmsp(app, lmsp)   # app.state.lmsp, the /lmsp/v1 routes, 401 as a problem
-    # The connection guard: header timeout and connection cap below ASGI
-    # (acp_server/http/guard.py); WebSocket frames capped at the body cap (close 1009).
+    # The connection guards: header timeout, connection cap, head caps below ASGI where
+    # the server allows it (acp_server/http/servers.py says who enforces what).
     cap = connection_cap(settings.max_connections, raise_fd_limit())
-    protocol = guarded_protocol(header_timeout_s=settings.header_timeout_ms / 1000,
-                                max_connections=cap)
-    config = uvicorn.Config(app, host=settings.hostname, http=protocol,
-                            ws_max_size=settings.max_body_bytes,
-                            port=settings.port, lifespan="off", access_log=False,
-                            log_level="warning", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
-    server = _Server(config, settings)
+    granian = settings.http.server == "granian"
+    app = build_app(settings, bridge, max_in_flight=cap if granian else None)
+    install_lmsp(app, lmsp)   # app.state.lmsp, the /lmsp/v1 routes
+    limits = Limits(header_timeout_s=settings.header_timeout_ms / 1000, max_connections=cap,
+                    max_header_bytes=settings.http.max_header_bytes,
+                    max_headers=settings.http.max_headers,
+                    max_request_line=settings.http.max_request_line,
+                    ws_max_bytes=settings.max_body_bytes)
+    server = http_server(app, settings.http, host=settings.hostname, port=settings.port,
+                         limits=limits)
+
+    def started(url: str) -> None:
+        print(f"acp-server listening on {url} "
+              f"(workspace={settings.workspace}, agent={settings.agent})", flush=True)
+
     async with anyio.create_task_group() as tg:
         tg.start_soon(_drain_on_signal, server, bridge, registry_for(app), lmsp)
-        await server.serve()
+        await server.serve(started)
         tg.cancel_scope.cancel()
 
 
@@ -248,16 +269,18 @@ async def _discover_models(url: str) -> list[str]:
     return models
 
 
-async def _drain_on_signal(server: uvicorn.Server, bridge: Bridge,
+async def _drain_on_signal(server: HttpServer, bridge: Bridge,
                            acp: ConnectionRegistry, lmsp: LmspService) -> None:
+    draining = False
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async for signum in signals:
-            if server.should_exit:
-                server.force_exit = True
+            if draining:
+                server.stop(force=True)
                 continue
+            draining = True
             log.info("received %s: draining", signal.Signals(signum).name)
             await drain(bridge, acp, lmsp)
-            server.should_exit = True
+            server.stop()
 
 
 async def drain(bridge: Bridge, acp: ConnectionRegistry, lmsp: LmspService | None) -> None:

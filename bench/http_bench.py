@@ -126,7 +126,7 @@ def drained(port: int) -> float:
 async def _reader(port: int, sid: str, ready: asyncio.Event, seen: list[int],
                   done_at: list[float]) -> None:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(f"GET /session/{sid}/events HTTP/1.1\r\nHost: x\r\n"
+    writer.write(f"GET /session/{sid}/events HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                  f"Accept: text/event-stream\r\n\r\n".encode())
     await reader.readuntil(b"\r\n\r\n")
     ready.set()
