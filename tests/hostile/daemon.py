@@ -1,5 +1,7 @@
-"""The real ``acp-server serve`` as a child process (uvicorn and the connection guard
-exactly as shipped), driven from a test on either anyio backend.
+"""The real ``acp-server serve`` as a child process (its HTTP server and connection
+guards exactly as shipped; ``--http-server`` picks one), driven from a test on either
+anyio backend. With ``--tls-cert`` the URL is ``https://`` (the client trusts any
+certificate).
 
     async with running_daemon(tmp_path, "--header-timeout-ms", "300") as daemon:
         response = await daemon.client.get("/health")
@@ -25,7 +27,7 @@ import httpx
 from acp_server.settings import TOKEN_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
-_LISTENING = re.compile(r"acp-server listening on (http://127\.0\.0\.1:(\d+)) ")
+_LISTENING = re.compile(r"acp-server listening on (https?://127\.0\.0\.1:(\d+)) ")
 
 
 @dataclass
@@ -84,7 +86,7 @@ async def running_daemon(tmp_path: Path, *flags: str, env: dict[str, str] | None
                 token = flags[flags.index("--token") + 1]
             headers = {"Authorization": f"Bearer {token}"} if token else {}
             async with httpx.AsyncClient(base_url=match.group(1), timeout=10,
-                                         headers=headers) as client:
+                                         headers=headers, verify=False) as client:
                 yield Daemon(match.group(1), int(match.group(2)), process.pid, client, stderr)
             if process.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
