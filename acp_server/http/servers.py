@@ -41,6 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import anyio
 import uvicorn
 
 from acp_server.http.guard import guarded_protocol
@@ -101,7 +102,7 @@ class GranianServer:
         self.options = options
         self.limits = limits
         self._host = host
-        self._started: Callable[[str], None] | None = None
+        self._port = port
         owner = self
 
         class _Embedded(Server):   # type: ignore[misc]
@@ -126,14 +127,33 @@ class GranianServer:
             ssl_protocol_min=SSLProtocols.tls12)
 
     def _listening(self, server: Any) -> None:
+        # On Linux the spec only resolves the port (``port=0``); the worker's own
+        # listener (SO_REUSEPORT) comes a moment later, in granian's runtime thread.
         spec = getattr(server, "_ssp", None)
-        port = spec.__getstate__()[1] if spec is not None else server.bind_port
-        if self._started is not None:
-            self._started(url_of(self._host, int(port), self.options.tls))
+        self._port = int(spec.__getstate__()[1] if spec is not None else server.bind_port)
+        self._bound.set()
 
     async def serve(self, started: Callable[[str], None]) -> None:
-        self._started = started
-        await self._server.serve()
+        self._bound = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._announce, started)
+            await self._server.serve()
+            tg.cancel_scope.cancel()
+
+    async def _announce(self, started: Callable[[str], None]) -> None:
+        """``started(url)`` once a connection to the port is accepted."""
+        await self._bound.wait()
+        probe = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(self._host,
+                                                                          self._host)
+        while True:
+            try:
+                stream = await anyio.connect_tcp(probe, self._port)
+            except OSError:
+                await anyio.sleep(0.005)
+                continue
+            await stream.aclose()
+            break
+        started(url_of(self._host, self._port, self.options.tls))
 
     def stop(self, force: bool = False) -> None:
         self._server.stop()
