@@ -1,9 +1,12 @@
 """A live loopback server with all three doors, run in a blocking portal so that
-hypothesis (synchronous) drives it over real HTTP and WebSocket, on either backend.
+hypothesis (synchronous) drives it over real HTTP and WebSocket, on either backend;
+or the shipped daemon (granian) in a child process, driven over HTTP/2.
 
     with live_server(tmp_path, "trio") as live:        # hypercorn under trio
         live.http.post("/session", json={})             # a sync httpx client
         live.portal.call(async_fn, ...)                 # run in the server's event loop
+    with live_daemon(tmp_path) as live:                 # acp-server serve, HTTP/2 client
+        ...                                             # (the portal only runs clients)
 
 The bridge runs without session / queue caps (a fuzz run creates many sessions), so
 every answer the doors give is a documented 4xx or a success.
@@ -12,6 +15,9 @@ every answer the doors give is a documented 4xx or a success.
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,12 +29,13 @@ import httpx
 from acp_server.acp_http import registry_for
 from acp_server.app import build_app
 from acp_server.lmsp import install_lmsp, open_lmsp
-from acp_server.settings import Settings
+from acp_server.settings import TOKEN_ENV, Settings
 from bridge import Bridge, BridgeOptions
 from bridge.agents.reference import ReferenceAgentFactory
 from tests.rest.server import serving
 
 OPTIONS = BridgeOptions(max_sessions=0, max_pending_prompts_per_session=0)
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -65,14 +72,50 @@ def live_server(workspace: Path, backend: str) -> Iterator[Live]:
     with anyio.from_thread.start_blocking_portal(backend) as portal, \
             portal.wrap_async_context_manager(_serve(workspace)) as base_url, \
             httpx.Client(base_url=base_url, timeout=15) as http:
-        session_id = http.post("/session", json={}).json()["sessionId"]
-        task = http.post("/lmsp/v1/tasks", json={"type": "response", "input": {
-            "model": "reference", "input": "seed"}}).json()
-        init = http.post("/acp", json={"jsonrpc": "2.0", "id": 0, "method": "initialize",
-                                       "params": {"protocolVersion": 1}})
-        yield Live(base_url, http, portal, session_id, task["id"],
-                   init.headers["acp-connection-id"])
+        yield _seeded(base_url, http, portal)
         assert_healthy(http)
+
+
+DAEMON_FLAGS = ("--max-sessions", "0", "--max-pending-prompts-per-session", "0",
+                "--max-running-tasks", "4")
+
+
+@contextlib.contextmanager
+def live_daemon(workspace: Path) -> Iterator[Live]:
+    """``acp-server serve`` (granian) in a child process; an HTTP/2-only client."""
+    env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "acp_server", "serve", "--port", "0", "--workspace",
+         str(workspace), "--state-dir", str(workspace / "state"), *DAEMON_FLAGS],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        base_url = line.split("listening on ", 1)[1].split()[0]
+        with anyio.from_thread.start_blocking_portal("asyncio") as portal, \
+                httpx.Client(base_url=base_url, timeout=15, http1=False, http2=True) as http:
+            yield _seeded(base_url, http, portal)
+            assert http.get("/health").http_version == "HTTP/2"
+            assert_healthy(http)
+    finally:
+        process.terminate()
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def _seeded(base_url: str, http: httpx.Client, portal: anyio.from_thread.BlockingPortal
+            ) -> Live:
+    """A session, a task and an /acp connection for the fuzzed paths to name."""
+    session_id = http.post("/session", json={}).json()["sessionId"]
+    task = http.post("/lmsp/v1/tasks", json={"type": "response", "input": {
+        "model": "reference", "input": "seed"}}).json()
+    init = http.post("/acp", json={"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                                   "params": {"protocolVersion": 1}})
+    return Live(base_url, http, portal, session_id, task["id"],
+                init.headers["acp-connection-id"])
 
 
 def assert_healthy(http: httpx.Client) -> None:
