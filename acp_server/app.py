@@ -31,7 +31,7 @@ from acp_server import metrics as metrics_module
 from acp_server import openapi
 from acp_server.acp_http import AcpConfig, acp_routes
 from acp_server.acp_http.errors import render_refusal as acp_refusal
-from acp_server.http.front import Door, FrontLayer
+from acp_server.http.front import Door, FrontLayer, HotRoute
 from acp_server.http.guard import REFUSED
 from acp_server.http.handlers import by_prefix
 from acp_server.http.policy import GuardPolicy
@@ -42,6 +42,7 @@ from acp_server.rest import routes
 from acp_server.rest.config import RestConfig
 from acp_server.rest.errors import EXCEPTION_HANDLERS as REST_HANDLERS
 from acp_server.rest.errors import render_refusal as rest_refusal
+from acp_server.rest.prompts import send_prompt_fast
 from acp_server.routing import IndexedRouter
 from acp_server.settings import Settings
 from acp_server.web import public_path, web_routes
@@ -114,6 +115,9 @@ def build_app(settings: Settings, bridge: Bridge, *, max_in_flight: int | None =
     bridge.observe(metrics)
     recorder = AccessRecorder(router_of=lambda: app.router, metrics=metrics)
     policy = app.state.acp_config.guard
+    prompt_route = next(r for r in app.router.routes
+                        if getattr(r, "path", None) == "/session/{session_id}/prompt")
+    hot = [HotRoute("POST", prompt_route, send_prompt_fast)]   # the REST prompt: 202 / 503
     app.front = lambda stack: FrontLayer(stack, policy, doors=DOORS, observer=recorder,
-                                         max_in_flight=max_in_flight, stats=REFUSED)
+                                         max_in_flight=max_in_flight, stats=REFUSED, hot=hot)
     return app

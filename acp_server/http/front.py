@@ -27,6 +27,12 @@ Contracts:
   close`` at once; counted in ``stats["connections"]``.
 * **websocket** scopes pass to the app, which checks its handshake with the same
   policy (``acp_server.acp_http.websocket``); other scope types pass through.
+* **Hot routes** (``HotRoute``): a request whose method and path match one (segment
+  by segment, no regex) has its body read here (up to ``HOT_BODY_MAX`` bytes) and is
+  handed to the door's fast handler with ``scope["route"]`` and ``path_params`` set as
+  the router would; when the handler declines (returns ``False`` having sent nothing),
+  the full app runs the request with the body replayed. Answers are the route's own,
+  byte for byte: the fast handler only skips the framework.
 * The observer sees every http exchange: ``stream_opened(door, scope)`` when an
   ``text/event-stream`` answer starts, ``done(door, scope, status, seconds, events)``
   when the exchange ends (``events`` is ``None`` unless it was a stream; status 500
@@ -57,6 +63,23 @@ CONNECTION_LIMIT = Refusal(503, "connection_limit", "Too many connections",
                            peer_body=b'{"error":"Too many connections","code":"connection_limit"}',
                            headers=((b"retry-after", b"5"), (b"connection", b"close")))
 _SSE = b"text/event-stream"
+
+
+HOT_BODY_MAX = 1 << 20
+HotHandler = Callable[[Scope, bytes, Send], Any]   # -> awaitable bool: answered or not
+
+
+@dataclass(frozen=True, slots=True)
+class HotRoute:
+    """A framework route (``route``, for logs and metrics) with a fast handler."""
+
+    method: str
+    route: Any
+    handler: HotHandler
+
+    def template(self) -> tuple[str | tuple[str], ...]:
+        return tuple((part[1:-1],) if part.startswith("{") else part
+                     for part in self.route.path.strip("/").split("/"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +156,8 @@ class _Exchange:
 class FrontLayer:
     def __init__(self, app: ASGIApp, policy: GuardPolicy, *, doors: Sequence[Door],
                  observer: Observer | None = None, max_in_flight: int | None = None,
-                 stats: MutableMapping[str, int] | None = None) -> None:
+                 stats: MutableMapping[str, int] | None = None,
+                 hot: Sequence[HotRoute] = ()) -> None:
         self.app = app
         self.policy = policy
         self.doors = tuple(doors)
@@ -142,6 +166,23 @@ class FrontLayer:
         self.in_flight = 0
         self.stats = stats if stats is not None else {"connections": 0}
         self._encoded: dict[tuple[Refusal, str], tuple[Message, Message]] = {}
+        self._hot = {(h.method, len(h.template())): (h, h.template()) for h in hot}
+
+    def _hot_route(self, scope: Scope) -> tuple[HotRoute, dict[str, str]] | None:
+        segments = scope["path"].strip("/").split("/")
+        found = self._hot.get((scope["method"], len(segments)))
+        if found is None:
+            return None
+        hot, template = found
+        params: dict[str, str] = {}
+        for want, got in zip(template, segments):
+            if type(want) is tuple:
+                if not got:
+                    return None
+                params[want[0]] = got
+            elif want != got:
+                return None
+        return hot, params
 
     def door_of(self, path: str) -> Door:
         for door in self.doors:
@@ -191,10 +232,34 @@ class FrontLayer:
                              None if origin is None else cors_headers(origin))
         self.in_flight += 1
         try:
+            hot = self._hot_route(scope) if self._hot else None
+            if hot is not None:
+                receive = await self._hot_path(scope, receive, exchange, *hot)
+                if receive is None:
+                    return
             await self.app(scope, receive, exchange.send)
         finally:
             self.in_flight -= 1
             self._done(door, scope, exchange.status, start, exchange.events)
+
+    async def _hot_path(self, scope: Scope, receive: Receive, exchange: _Exchange,
+                        hot: HotRoute, params: dict[str, str]) -> Receive | None:
+        """``None`` when the fast handler answered; else the ``receive`` that replays
+        the body read so far, for the full app."""
+        chunks: list[bytes] = []
+        size, more = 0, True
+        while more and size <= HOT_BODY_MAX:
+            message = await receive()
+            if message["type"] != "http.request":   # gone: the app sees it as it was
+                return _replay(chunks, message, receive)
+            chunk = message.get("body", b"")
+            chunks.append(chunk)
+            size += len(chunk)
+            more = message.get("more_body", False)
+        scope["route"], scope["path_params"] = hot.route, params
+        if not more and await hot.handler(scope, b"".join(chunks), exchange.send):
+            return None
+        return _replay(chunks, None if not more else {"more": True}, receive)
 
     def _done(self, door: Door, scope: Scope, status: int, start: float,
               events: int | None) -> None:
@@ -220,9 +285,27 @@ class FrontLayer:
         await send(dict(body_message))
 
 
+def _replay(chunks: list[bytes], last: Message | None, receive: Receive) -> Receive:
+    """A ``receive`` that gives the body read so far as one message, then the rest."""
+    pending: list[Message] = []
+    if last is not None and "more" in last:
+        pending.append({"type": "http.request", "body": b"".join(chunks), "more_body": True})
+    else:
+        pending.append({"type": "http.request", "body": b"".join(chunks), "more_body": False})
+        if last is not None:   # a disconnect seen while reading
+            pending.append(last)
+
+    async def replayed() -> Message:
+        if pending:
+            return pending.pop(0)
+        return await receive()   # type: ignore[no-any-return]
+
+    return replayed
+
+
 def _has(scope: Scope, name: bytes) -> bool:
     return any(key == name for key, _ in scope["headers"])
 
 
 __all__ = ["ALLOW_HEADERS", "ALLOW_METHODS", "CONNECTION_LIMIT", "Door", "EXPOSE_HEADERS",
-           "FrontLayer", "Observer", "count_events", "cors_headers"]
+           "FrontLayer", "HotRoute", "Observer", "count_events", "cors_headers"]

@@ -174,6 +174,7 @@ class GuardPolicy:
         setattr_(self, "_check_host", self.loopback_bind or bool(self.allow_hosts))
         # Accepted Host header values seen so far (bounded): the common case is one lookup.
         setattr_(self, "_good_hosts", {})
+        setattr_(self, "_clients", {})   # client address -> loopback (bounded memo)
 
     # -- the check ------------------------------------------------------------------
     def check(self, scope: Any) -> Refusal | None:
@@ -224,7 +225,7 @@ class GuardPolicy:
                 return None, allowed   # a preflight is answered before authentication
         if self._token is None:   # type: ignore[attr-defined]
             client = scope.get("client")
-            if client and not is_loopback(str(client[0])):
+            if client and not self._loopback_client(client[0]):
                 return NOT_LOOPBACK, allowed
             return None, allowed
         if self._exempt(scope):
@@ -252,6 +253,15 @@ class GuardPolicy:
         if len(good) < 256:   # a bounded memo; hostile values beyond it are just re-parsed
             good[value] = ok
         return ok
+
+    def _loopback_client(self, address: Any) -> bool:
+        seen: dict[Any, bool] = self._clients   # type: ignore[attr-defined]
+        known = seen.get(address)
+        if known is None:
+            known = is_loopback(str(address))
+            if len(seen) < 256:
+                seen[address] = known
+        return known
 
     def _exempt(self, scope: Any) -> bool:
         if scope["type"] != "http":

@@ -15,14 +15,17 @@ published on the session's event stream, not awaited here).
 
 from __future__ import annotations
 
+from typing import Any
+
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from acp_server.http.body import BodyError, decode_json
 from acp_server.rest import wire
 from acp_server.rest.errors import error_response, json_response
 from bridge import Bridge
-from bridge.errors import PromptQueueFullError
+from bridge.errors import BridgeError, PromptQueueFullError
 
 
 def _bridge(request: Request) -> Bridge:
@@ -55,6 +58,42 @@ async def remove_pending_prompt(request: Request) -> Response:
     _bridge(request).remove_pending_prompt(request.path_params["session_id"],
                                            request.path_params["prompt_id"])
     return Response(status_code=204)
+
+
+_PROMPT_DECODER = wire._decoders[wire.PromptBody]
+
+
+async def send_prompt_fast(scope: Any, body: bytes, send: Any) -> bool:
+    """``send_prompt`` for the front layer's hot path (``acp_server.http.front``): the
+    same answers, bytes for bytes, without the framework. ``False`` (nothing sent) for
+    any case but a plain admission or a full queue: the caller then runs the route
+    itself on the same body (a refused ``send_prompt`` has no effect to repeat)."""
+    state = scope["app"].state
+    for name, _value in scope["headers"]:
+        if name == b"x-qwen-client-id":
+            return False   # validated by the route
+    if len(body) > state.rest_config.max_body_bytes or not body.strip():
+        return False
+    try:
+        parsed = decode_json(body, _PROMPT_DECODER)
+    except (BodyError, ValueError):
+        return False
+    bridge: Bridge = state.bridge
+    try:
+        ticket = bridge.send_prompt(scope["path_params"]["session_id"], parsed.prompt,
+                                    deadline_ms=parsed.deadlineMs)
+    except PromptQueueFullError as exc:
+        response = error_response(exc)
+    except BridgeError:
+        return False
+    else:
+        response = json_response(202, wire.PromptAccepted(
+            promptId=ticket.prompt_id, lastEventId=ticket.last_event_id,
+            eventEpoch=ticket.epoch))
+    await send({"type": "http.response.start", "status": response.status_code,
+                "headers": response.raw_headers})
+    await send({"type": "http.response.body", "body": response.body})
+    return True
 
 
 routes = [
