@@ -64,6 +64,7 @@ from bridge.jsonrpc import (
 log = logging.getLogger("acp_server.acp_http")
 
 INITIALIZE_TIMEOUT_S = 30.0
+CLOSE_TIMEOUT_S = 2.0
 # Methods handled inline, in arrival order (they never wait on the agent for long);
 # the others run concurrently so that a slow session/new does not hold the socket.
 INLINE_METHODS = frozenset({"session/prompt", "session/cancel"})
@@ -136,7 +137,8 @@ async def acp_websocket(ws: WebSocket) -> None:
         conn.stream_closed()
         registry.close(conn)
         if ws.client_state == WebSocketState.CONNECTED:
-            with anyio.CancelScope(shield=True):
+            # Bounded: a server that has stopped (granian at exit) may never complete it.
+            with anyio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
                 try:
                     await ws.close()
                 except (RuntimeError, OSError):

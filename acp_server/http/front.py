@@ -28,7 +28,8 @@ Contracts:
 * **websocket** scopes pass to the app, which checks its handshake with the same
   policy (``acp_server.acp_http.websocket``); other scope types pass through.
 * **Hot routes** (``HotRoute``): a request whose method and path match one (segment
-  by segment, no regex) has its body read here (up to ``HOT_BODY_MAX`` bytes) and is
+  by segment, no regex) has its body read here (up to ``HOT_BODY_MAX`` bytes; a larger
+  declared ``Content-Length`` skips the hot path, unread) and is
   handed to the door's fast handler with ``scope["route"]`` and ``path_params`` set as
   the router would; when the handler declines (returns ``False`` having sent nothing),
   the full app runs the request with the body replayed. Answers are the route's own,
@@ -245,7 +246,13 @@ class FrontLayer:
     async def _hot_path(self, scope: Scope, receive: Receive, exchange: _Exchange,
                         hot: HotRoute, params: dict[str, str]) -> Receive | None:
         """``None`` when the fast handler answered; else the ``receive`` that replays
-        the body read so far, for the full app."""
+        the body read so far, for the full app. A declared body over ``HOT_BODY_MAX``
+        goes to the app unread (its cap answers before the body)."""
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                if not value.isdigit() or int(value) > HOT_BODY_MAX:
+                    return receive
+                break
         chunks: list[bytes] = []
         size, more = 0, True
         while more and size <= HOT_BODY_MAX:

@@ -52,11 +52,12 @@ class HttpOptions:
                            ("tls-client-ca", self.tls_client_ca)):
             if path is not None and not os.access(path, os.R_OK):
                 raise ValueError(f"Invalid {flag}: {path!r}. Must be a readable PEM file.")
-        for name in ("max_header_bytes", "max_headers", "max_request_line"):
+        for name, flag in (("max_header_bytes", "max-header-bytes"),
+                           ("max_headers", "max-headers"),
+                           ("max_request_line", "max-request-line-bytes")):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"Invalid {name.replace('_', '-')}: {value!r}. "
-                                 "Must be a positive integer.")
+                raise ValueError(f"Invalid {flag}: {value!r}. Must be a positive integer.")
         for host in self.allow_hosts:
             if not host or split_host(host) is None or "/" in host:
                 raise ValueError(f"Invalid allow-host: {host!r}. Must be a host name or "
