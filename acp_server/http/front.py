@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, MutableMapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from acp_server.http.policy import GuardPolicy, Refusal, Renderer
@@ -90,12 +90,15 @@ class Door:
     prefix: str
     name: str
     render: Renderer
+    _base: str = field(init=False, repr=False, compare=False)
+    _under: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_base", self.prefix.rstrip("/"))
+        object.__setattr__(self, "_under", self.prefix.rstrip("/") + "/")
 
     def matches(self, path: str) -> bool:
-        if not self.prefix:
-            return True
-        base = self.prefix.rstrip("/")
-        return path == base or path.startswith(base + "/")
+        return not self.prefix or path == self._base or path.startswith(self._under)
 
 
 class Observer(Protocol):
