@@ -37,7 +37,7 @@ ROUNDS = int(os.environ.get("BENCH_H2_ROUNDS", "10"))
 H1_CONNECTIONS = 16
 CHUNKS = int(os.environ.get("BENCH_LATENCY_CHUNKS", "500"))
 PROMPT = {"prompt": [{"type": "text", "text": "/chunks 1 ping"}]}
-STAMP = re.compile(rb'"text":"(\d{19})"')
+STAMP = re.compile(rb'"text": ?"(\d{19})"')
 
 
 async def _stream(client: httpx.AsyncClient, sid: str, done: list[int],

@@ -52,7 +52,7 @@ def qwen_503(load: Callable[..., dict]) -> dict | None:
         return None
     procs: list[subprocess.Popen[str]] = []
     try:
-        with tempfile.TemporaryDirectory() as folder:
+        with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as folder:
             model = subprocess.Popen([sys.executable, "-m", "bench.peer_bench", "--fake-model"],
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                      text=True)
@@ -76,12 +76,19 @@ def qwen_503(load: Callable[..., dict]) -> dict | None:
                 sid = client.post("/session", json={"cwd": str(workspace)}).json()["sessionId"]
                 held = client.post(f"/session/{sid}/prompt", json=HOLD)
                 assert held.status_code == 202, held.text
-            return load(port, f"/session/{sid}/prompt", PROMPT, seconds=3.0)
+            result = load(port, f"/session/{sid}/prompt", PROMPT, seconds=3.0)
+            _stop(procs)
+            return result
     except (RuntimeError, OSError, httpx.HTTPError, KeyError) as exc:
         print(f"qwen serve: not measured ({exc!r})", file=sys.stderr)
         return None
     finally:
-        for proc in procs:
+        _stop(procs)
+
+
+def _stop(procs: list[subprocess.Popen[str]]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
             proc.terminate()
             try:
                 proc.wait(10)

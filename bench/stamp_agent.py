@@ -17,7 +17,7 @@ GAP_S = 0.002
 
 
 def send(message: dict) -> None:
-    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.write(json.dumps(message, separators=(",", ":")) + "\n")
     sys.stdout.flush()
 
 
