@@ -5,7 +5,8 @@
 
 Attack (loopback only, bounded in bytes and time): 4 connections send header lines of
 8 KiB until 250 MiB each went out, and 4 connections send 1 M short header lines
-each; a connection the server closes is reopened and the sending goes on. Meanwhile
+each; a connection the server closes is reopened and the sending goes on, for at least
+``MIN_SECONDS`` (the server refuses each head within its first 64 KiB). Meanwhile
 one keep-alive connection asks ``GET /health`` in a loop and a thread samples the
 server's RSS (``/proc/PID/status``) every 20 ms. Done-when: peak RSS < 150 MB and
 ``/health`` p99 < 50 ms.
@@ -24,17 +25,24 @@ import time
 BYTES_PER_CONNECTION = int(os.environ.get("BENCH_HEAD_BYTES", str(250 << 20)))
 LINES_PER_CONNECTION = int(os.environ.get("BENCH_HEAD_LINES", "1000000"))
 DEADLINE_S = float(os.environ.get("BENCH_HEAD_SECONDS", "60"))
+MIN_SECONDS = 5.0   # a refused head ends fast: the attack goes on at least this long
 HEAD = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n"
 
 
 def _flood(port: int, line: bytes, total: int, stop_at: float, sent: list[int]) -> None:
     chunk = line * max(1, (1 << 16) // len(line))
     done = 0
-    while done < total and time.monotonic() < stop_at:
+    busy_until = time.monotonic() + MIN_SECONDS
+
+    def more() -> bool:
+        now = time.monotonic()
+        return (done < total or now < busy_until) and now < stop_at
+
+    while more():
         try:
             with socket.create_connection(("127.0.0.1", port)) as sock:
                 sock.sendall(HEAD)
-                while done < total and time.monotonic() < stop_at:
+                while more():
                     sock.sendall(chunk)
                     done += len(chunk)
         except OSError:
