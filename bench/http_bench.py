@@ -55,16 +55,18 @@ BURST = 10_000
 READERS = 100
 FAN_BURST = 2_000
 PER_SESSION = 50   # under the bridge's max_subscribers_per_session (64)
-ROUNDS = int(os.environ.get("BENCH_ROUNDS", "2"))
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
 
 
 @contextlib.contextmanager
-def server(argv: list[str], marker: str, env: dict[str, str] | None = None) -> Iterator[int]:
+def server(argv: list[str], marker: str, env: dict[str, str] | None = None,
+           cwd: str | None = None) -> Iterator[int]:
     """The server ``argv`` on a free port (read from the line with ``marker``); its stderr
     (access lines included) goes to a temporary file, shown if it exits early."""
     log = tempfile.TemporaryFile("w+")
     proc = subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE, stderr=log,
-                            text=True, env=None if env is None else {**os.environ, **env})
+                            text=True, env=None if env is None else {**os.environ, **env},
+                            cwd=cwd)
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -84,12 +86,15 @@ def server(argv: list[str], marker: str, env: dict[str, str] | None = None) -> I
 
 
 def acp_server(workspace: str, cap: int, probe: str | None = None, *extra: str,
-               env: dict[str, str] | None = None) -> contextlib.AbstractContextManager[int]:
+               source: str | None = None) -> contextlib.AbstractContextManager[int]:
+    """``acp-server serve`` (``source``: another source tree's, run from its folder so
+    that ``-m acp_server`` finds that tree first)."""
     runner = ["-m", "acp_server"] if probe is None else ["-m", "bench.probed_server", probe]
     return server([*runner, "serve", "--port", "0", "--workspace", workspace,
                    "--state-dir", os.path.join(workspace, ".state"),
                    "--max-pending-prompts-per-session", str(cap), *extra],
-                  "listening on http://", env=env)
+                  "listening on http://",
+                  env=None if source is None else {"PYTHONPATH": source}, cwd=source)
 
 
 def load(port: int, path: str, body: str, seconds: float = SECONDS) -> dict:
@@ -201,9 +206,9 @@ HOLD = {"prompt": [{"type": "text", "text": "/sleep 600s hold"}]}
 FLOOR_PATH = "/session/00000000-0000-4000-8000-000000000000/prompt"
 
 
-def refused_503(workspace: str, *extra: str, env: dict[str, str] | None = None) -> dict:
+def refused_503(workspace: str, *extra: str, source: str | None = None) -> dict:
     """The 503 path: a session whose queue (cap 1) a held prompt fills, loaded."""
-    with acp_server(workspace, 1, None, *extra, env=env) as port:
+    with acp_server(workspace, 1, None, *extra, source=source) as port:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:
             sid = create_session(client)
             client.post(f"/session/{sid}/prompt", json=HOLD)
@@ -233,8 +238,7 @@ def floors_and_503(workspace: str) -> dict[str, float]:
     }
     before = os.environ.get("BENCH_BEFORE")
     if before:
-        runs["before/uvicorn"] = lambda: refused_503(
-            workspace, env={"PYTHONPATH": os.path.abspath(before)})
+        runs["before/uvicorn"] = lambda: refused_503(workspace, source=os.path.abspath(before))
     best: dict[str, float] = {}
     for _ in range(ROUNDS):
         for name, run in runs.items():
