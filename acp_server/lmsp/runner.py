@@ -205,7 +205,7 @@ class Runner:
 
     async def _execute(self, record: TaskRecord, handle: _Handle) -> None:
         request = decode_any(record.request)
-        prompt = _prompt_text(request)
+        prompt = prompt_text(request)
         limit = request.get("max_output_tokens") if isinstance(request, dict) else None
         attempt = Attempt(record, prompt, limit if isinstance(limit, int) else None)
         target = self.models.get(record.model)
@@ -285,7 +285,7 @@ class Runner:
         """A fresh session; at the bridge's session limit, kept sessions make room."""
         while True:
             try:
-                return (await bridge.create_session(agent=agent)).session_id
+                return (await bridge.create_session(agent=agent, origin="lmsp")).session_id
             except SessionLimitExceededError:
                 live = self.sessions.evict_oldest(bridge)
                 if live is None:
@@ -408,7 +408,7 @@ def _map_update(attempt: Attempt, data: Any) -> list[AnyEvent]:
     return []
 
 
-def _prompt_text(request: Any) -> str:
+def prompt_text(request: Any) -> str:
     """The text sent to the agent: input messages' text joined by newlines."""
     value = request.get("input") if isinstance(request, dict) else None
     texts: list[str] = []
