@@ -1,23 +1,25 @@
-"""The ASGI application: routes, error mapping and the network guard, composed.
+"""The ASGI application over the server's parts: every door, the front layer, the
+request log.
 
-    settings = Settings(workspace="/ws")
-    async with Bridge(settings.agent_factory(), workspace_cwd=settings.workspace,
-                      options=settings.options) as bridge:
-        app = build_app(settings, bridge)          # REST + SSE, /acp, the web console at /
-        install_lmsp(app, lmsp_service)             # /lmsp/v1, when LMSP runs (cli.serve)
-        await uvicorn.Server(uvicorn.Config(app, port=0)).serve()
+    app = build_app(settings, bridge=bridge, acp=registry, lmsp=service, metrics=metrics)
 
-Also mounted: ``GET /metrics`` (``acp_server.metrics``, the bridge's observer),
-``GET /openapi.json`` (``acp_server.openapi``). Outside everything, one front layer
-(``acp_server.http.front``): the guard (``GuardPolicy``), CORS, and the hooks of the
-request log and request metrics (``acp_server.request_log.AccessRecorder``).
+``acp_server.server.open_server`` owns the parts and calls this; nothing else does.
+Mounted: REST + SSE (``acp_server.rest``), ``/acp`` (``acp_server.acp_http``),
+``/lmsp/v1`` (``acp_server.lmsp``), ``GET /metrics`` and ``GET /openapi.json``
+(``acp_server.ops``), the web console at ``/`` unless ``--no-web``. Outside everything,
+one front layer (``acp_server.http.front``): the guard (``GuardPolicy.check``), CORS,
+the hot path, and the hooks of the request log and request metrics
+(``acp_server.ops.request_log.AccessRecorder``).
 
-Contracts: ``build_app`` has no lifespan of its own. The caller owns the ``Bridge``
-and its ``async with`` (so the CLI can drain it on a signal and tests can serve it
-on any backend). The composition is here: the shared guard (``acp_server.http``)
-wraps every door; each door gets its own values (``app.state.rest_config``,
-``app.state.acp_config``; the LMSP service carries its own) and answers its own
-errors (``EXCEPTION_HANDLERS``, by path prefix). No door reads ``Settings``.
+Contracts: the app has no lifespan and no ``app.state``: each door's route factory gets
+its typed dependencies here (``rest.routes(bridge, RestConfig)``,
+``acp_http.routes(registry, AcpConfig)``, ``lmsp.routes(service)``), built from the
+``Settings`` the doors never see. Each door answers its own errors
+(``EXCEPTION_HANDLERS``, by path prefix) and renders the front layer's refusals
+(``render_refusal``: REST ``{error, code}``, ``/acp`` JSON-RPC error, LMSP problem).
+With ``--http-server granian`` the front layer also caps requests in flight at
+``--max-connections`` (granian cannot cap connections below ASGI; see
+``acp_server.http.servers``).
 """
 
 from __future__ import annotations
@@ -25,39 +27,41 @@ from __future__ import annotations
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.routing import BaseRoute
 
-from acp_server import acp_http, lmsp
-from acp_server import metrics as metrics_module
-from acp_server import openapi
-from acp_server.acp_http import AcpConfig, acp_routes
+from acp_server.acp_http import ACP_PATH, AcpConfig, ConnectionRegistry
+from acp_server.acp_http import EXCEPTION_HANDLERS as ACP_HANDLERS
+from acp_server.acp_http import routes as acp_routes
 from acp_server.acp_http.errors import render_refusal as acp_refusal
 from acp_server.http.front import Door, FrontLayer, HotRoute
 from acp_server.http.guard import REFUSED
 from acp_server.http.handlers import by_prefix
 from acp_server.http.policy import GuardPolicy
+from acp_server.lmsp import EXCEPTION_HANDLERS as LMSP_HANDLERS
+from acp_server.lmsp import LmspService
+from acp_server.lmsp import routes as lmsp_routes
 from acp_server.lmsp.problems import render_refusal as lmsp_refusal
-from acp_server.metrics import Metrics
-from acp_server.request_log import AccessRecorder
-from acp_server.rest import routes
-from acp_server.rest.config import RestConfig
+from acp_server.ops import openapi
+from acp_server.ops.metrics import Metrics
+from acp_server.ops.metrics import routes as metrics_routes
+from acp_server.ops.request_log import AccessRecorder
+from acp_server.rest import PermissionReport, RestConfig, fast_routes
+from acp_server.rest import routes as rest_routes
 from acp_server.rest.errors import EXCEPTION_HANDLERS as REST_HANDLERS
 from acp_server.rest.errors import render_refusal as rest_refusal
-from acp_server.rest.prompts import send_prompt_fast
 from acp_server.routing import IndexedRouter
 from acp_server.settings import Settings
-from acp_server.web import public_path, web_routes
+from acp_server.web import public_path
+from acp_server.web import routes as web_routes
 from bridge import Bridge
 
 # Each door answers the errors of its own paths; every other path (REST, /metrics,
 # /openapi.json, the web console) gets the REST shape.
-EXCEPTION_HANDLERS = by_prefix([("/lmsp/", lmsp.EXCEPTION_HANDLERS),
-                                (acp_http.ACP_PATH, acp_http.EXCEPTION_HANDLERS),
+EXCEPTION_HANDLERS = by_prefix([("/lmsp/", LMSP_HANDLERS), (ACP_PATH, ACP_HANDLERS),
                                 ("", REST_HANDLERS)])
-
-
 # The doors as the front layer sees them: refusals in each door's shape, and the door
 # named in logs and metrics.
-DOORS = (Door("/lmsp/", "lmsp", lmsp_refusal), Door(acp_http.ACP_PATH, "acp", acp_refusal),
+DOORS = (Door("/lmsp/", "lmsp", lmsp_refusal), Door(ACP_PATH, "acp", acp_refusal),
          Door("/metrics", "ops", rest_refusal), Door("/openapi.json", "ops", rest_refusal),
          Door("", "rest", rest_refusal))
 
@@ -72,6 +76,29 @@ def guard_policy(settings: Settings) -> GuardPolicy:
                        public=public_path if settings.web else None)
 
 
+def rest_config(settings: Settings) -> RestConfig:
+    return RestConfig(
+        max_body_bytes=settings.max_body_bytes, heartbeat_s=settings.heartbeat_s,
+        agent_name=settings.agent_name, token_configured=settings.token is not None,
+        require_auth=settings.require_auth, loopback_bind=settings.loopback,
+        allow_origins=settings.allow_origins, header_timeout_ms=settings.header_timeout_ms,
+        max_connections=settings.max_connections,
+        prompt_deadline_ms=settings.options.prompt_deadline_ms)
+
+
+def acp_config(settings: Settings, guard: GuardPolicy | None = None) -> AcpConfig:
+    return AcpConfig(max_body_bytes=settings.max_body_bytes, heartbeat_s=settings.heartbeat_s,
+                     guard=guard or guard_policy(settings),
+                     max_connections=settings.max_acp_connections,
+                     reap_grace_s=settings.acp_reap_grace_s)
+
+
+def lmsp_permissions(service: LmspService) -> PermissionReport:
+    """``/daemon/status``'s view of how LMSP answered permission requests."""
+    runner = service.runner
+    return lambda: (runner.permission_policy, dict(runner.permission_decisions))
+
+
 class _App(Starlette):
     """Starlette with the front layer outside its whole stack (its error middleware
     included), so that a refusal or a 503 costs one layer."""
@@ -83,41 +110,25 @@ class _App(Starlette):
         return stack if self.front is None else self.front(stack)
 
 
-def rest_config(settings: Settings) -> RestConfig:
-    return RestConfig(
-        max_body_bytes=settings.max_body_bytes, heartbeat_s=settings.heartbeat_s,
-        agent_name=settings.agent_name, token_configured=settings.token is not None,
-        require_auth=settings.require_auth, loopback_bind=settings.loopback,
-        allow_origins=settings.allow_origins, header_timeout_ms=settings.header_timeout_ms,
-        max_connections=settings.max_connections,
-        prompt_deadline_ms=settings.options.prompt_deadline_ms)
-
-
-def acp_config(settings: Settings) -> AcpConfig:
-    return AcpConfig(max_body_bytes=settings.max_body_bytes, heartbeat_s=settings.heartbeat_s,
-                     guard=guard_policy(settings), max_connections=settings.max_acp_connections,
-                     reap_grace_s=settings.acp_reap_grace_s)
-
-
-def build_app(settings: Settings, bridge: Bridge, *, max_in_flight: int | None = None
-              ) -> Starlette:
-    """``max_in_flight``: the request cap of the front layer, for HTTP servers that
-    cannot cap connections below ASGI (``acp_server.http.servers``)."""
+def build_app(settings: Settings, *, bridge: Bridge, acp: ConnectionRegistry,
+              lmsp: LmspService, metrics: Metrics) -> Starlette:
+    policy = guard_policy(settings)
+    # granian cannot cap connections below ASGI: the front layer caps requests in flight
+    max_in_flight = settings.max_connections if settings.http.server == "granian" else None
+    config = rest_config(settings)
     app = _App(exception_handlers=EXCEPTION_HANDLERS)
-    app.router = IndexedRouter(routes=[*routes(), *metrics_module.routes, *openapi.routes,
-                                       *acp_routes(), *(web_routes() if settings.web else ())])
-    app.state.bridge = bridge
-    app.state.settings = settings
-    app.state.rest_config = rest_config(settings)   # each door gets its values, not Settings
-    app.state.acp_config = acp_config(settings)
-    app.state.metrics = metrics = Metrics(bridge, app.state,
-                                          task_ttl_s=settings.metrics_task_ttl_s)
-    bridge.observe(metrics)
+    app.router = IndexedRouter(routes=[
+        *rest_routes(bridge, config, lmsp_permissions=lmsp_permissions(lmsp)),
+        *metrics_routes(metrics), *openapi.routes(),
+        *acp_routes(acp, acp_config(settings, policy)), *lmsp_routes(lmsp),
+        *(web_routes() if settings.web else ())])
     recorder = AccessRecorder(router_of=lambda: app.router, metrics=metrics)
-    policy = app.state.acp_config.guard
-    prompt_route = next(r for r in app.router.routes
-                        if getattr(r, "path", None) == "/session/{session_id}/prompt")
-    hot = [HotRoute("POST", prompt_route, send_prompt_fast)]   # the REST prompt: 202 / 503
+    hot = [HotRoute("POST", route, handler) for path, handler in
+           fast_routes(bridge, config).items() for route in _routes_at(app.router, path)]
     app.front = lambda stack: FrontLayer(stack, policy, doors=DOORS, observer=recorder,
                                          max_in_flight=max_in_flight, stats=REFUSED, hot=hot)
     return app
+
+
+def _routes_at(router: IndexedRouter, path: str) -> list[BaseRoute]:
+    return [route for route in router.routes if getattr(route, "path", None) == path]

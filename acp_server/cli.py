@@ -8,6 +8,9 @@ Contracts:
 
 * An invalid flag value exits with status 2 and the validation message on stderr
   (the bridge's own message for bridge options), before anything is started.
+* An address that cannot be bound (a port in use) exits with status 2 and one line,
+  ``acp-server: cannot listen on 127.0.0.1:4170: address already in use``, before
+  anything is started.
 * The listening line is printed to stdout (flushed) once the socket accepts
   connections, with the real port when ``--port 0``; the next line names the state
   folder (by default one per workspace, ``settings.default_state_dir``).
@@ -22,29 +25,29 @@ Contracts:
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import logging
-import signal
+import socket
+import sys
 from collections.abc import Sequence
 from typing import Any
 
 import anyio
 
 from acp_server import __version__
-from acp_server.acp_http import ConnectionRegistry, registry_for
-from acp_server.app import build_app
 from acp_server.conformance.cli import add_conformance_arguments, run_conformance_args
-from acp_server.http.guard import connection_cap, raise_fd_limit
 from acp_server.http.options import DEFAULT_SERVER, SERVERS, HttpOptions
 from acp_server.http.policy import (
     DEFAULT_MAX_HEADER_BYTES,
     DEFAULT_MAX_HEADERS,
     DEFAULT_MAX_REQUEST_LINE,
 )
-from acp_server.http.servers import HttpServer, Limits, http_server
-from acp_server.lmsp import LmspConfig, LmspService, install_lmsp, open_lmsp
 from acp_server.client.prompt_cli import add_prompt_arguments, run_prompt_args
-from acp_server.request_log import configure_logging
+from acp_server.client.tasks_cli import add_tasks_arguments, run_tasks_args
+from acp_server.http.serving import ListenError, listen, run_http
+from acp_server.ops.request_log import configure_logging
+from acp_server.server import open_server
 from acp_server.settings import (
     DEFAULT_HOSTNAME,
     DEFAULT_PORT,
@@ -53,9 +56,6 @@ from acp_server.settings import (
     Settings,
     SettingsError,
 )
-from acp_server.client.tasks_cli import add_tasks_arguments, run_tasks_args
-from bridge import Bridge
-from bridge.agents.children import ChildRegistry
 
 log = logging.getLogger("acp_server")
 
@@ -158,6 +158,16 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
                        choices=["reject", "allow", "cancel"],
                        help="how a permission asked during LMSP work is answered "
                             "(default reject: the agent's reject option, else cancelled)")
+    serve.add_argument("--store-lease-ms", default="30000",
+                       help="PostgreSQL store shared by several instances: how long a task "
+                            "this instance claimed stays its own without renewal; another "
+                            "instance recovers it after that (default 30000)")
+    serve.add_argument("--store-renew-ms", default="10000",
+                       help="how often this instance renews its leases, below "
+                            "--store-lease-ms (default 10000)")
+    serve.add_argument("--store-poll-ms", default="1000",
+                       help="how often the shared store is polled for what its notifications "
+                            "missed (default 1000)")
     add_prompt_arguments(commands.add_parser(
         "prompt", help="send a prompt to a running daemon and stream the reply"))
     add_tasks_arguments(commands.add_parser(
@@ -185,7 +195,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         store=args.store, max_running_tasks=args.max_running_tasks, web=not args.no_web,
         log_format=args.log_format,
         header_timeout_ms=args.header_timeout_ms, max_connections=args.max_connections,
-        lmsp_permissions=args.lmsp_permissions,
+        lmsp_permissions=args.lmsp_permissions, store_lease_ms=args.store_lease_ms,
+        store_renew_ms=args.store_renew_ms, store_poll_ms=args.store_poll_ms,
         **{flag: getattr(args, flag) for flag in OPTION_FLAGS})
 
 
@@ -202,13 +213,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = settings_from_args(args)
     except SettingsError as exc:
         serve_parser.error(str(exc))  # exits 2
+    try:
+        sock = listen(settings)   # before anything starts: a port in use is one line
+    except ListenError as exc:
+        print(f"acp-server: {exc}", file=sys.stderr)
+        return 2
     configure_logging(settings.log_format)
     if settings.token is None:
         log.warning("no token configured: trusted loopback mode, every local process has "
                     "full access (set --token or %s to require one)", TOKEN_ENV)
     if not settings.loopback and not settings.http.tls:
         log.warning(PLAIN_HTTP_WARNING, settings.hostname)
-    anyio.run(serve, settings, backend="asyncio", backend_options=_loop_options())
+    anyio.run(functools.partial(serve, settings, sock=sock), backend="asyncio",
+              backend_options=_loop_options())
     return 0
 
 
@@ -217,90 +234,15 @@ def _loop_options() -> dict[str, Any]:
     return {"use_uvloop": importlib.util.find_spec("uvloop") is not None}
 
 
-async def serve(settings: Settings) -> None:
-    """Run the daemon until SIGTERM/SIGINT, then drain."""
-    registry = ChildRegistry(settings.children_dir)
-    registry.reap_stale()   # agents that killed earlier runs left behind
-    try:
-        models = await _discover_models(settings.model_server) if settings.model_server else []
-        async with Bridge(settings.agent_factory(registry), workspace_cwd=settings.workspace,
-                          options=settings.options,
-                          agents=settings.extra_agents(models, registry)) as bridge, \
-                open_lmsp(bridge, state_dir=settings.state_dir, store_url=settings.store_url,
-                          token=settings.token, max_running_tasks=settings.max_running_tasks,
-                          config=LmspConfig(permission_policy=settings.lmsp_permissions,
-                                            keepalive_s=settings.lmsp_keepalive_s)) as lmsp:
-            await _serve_http(settings, bridge, lmsp)
-    finally:
-        registry.close()   # every agent was stopped with the bridge
-
-
-async def _serve_http(settings: Settings, bridge: Bridge, lmsp: LmspService) -> None:
-    # The connection guards: header timeout, connection cap, head caps below ASGI where
-    # the server allows it (acp_server/http/servers.py says who enforces what).
-    cap = connection_cap(settings.max_connections, raise_fd_limit())
-    granian = settings.http.server == "granian"
-    app = build_app(settings, bridge, max_in_flight=cap if granian else None)
-    install_lmsp(app, lmsp)   # app.state.lmsp, the /lmsp/v1 routes
-    limits = Limits(header_timeout_s=settings.header_timeout_ms / 1000, max_connections=cap,
-                    max_header_bytes=settings.http.max_header_bytes,
-                    max_headers=settings.http.max_headers,
-                    max_request_line=settings.http.max_request_line,
-                    ws_max_bytes=settings.max_body_bytes)
-    server = http_server(app, settings.http, host=settings.hostname, port=settings.port,
-                         limits=limits)
-
-    def started(url: str) -> None:
-        print(f"acp-server listening on {url} "
-              f"(workspace={settings.workspace}, agent={settings.agent})\n"
-              f"state in {settings.state_dir} (--state-dir chooses another)", flush=True)
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(_drain_on_signal, server, bridge, registry_for(app), lmsp)
-        await server.serve(started)
-        tg.cancel_scope.cancel()
-
-
-async def _discover_models(url: str) -> list[str]:
-    from bridge.agents.model import discover_models
-
-    try:
-        models = await discover_models(url)
-    except Exception as exc:  # the server still starts; the models are just not offered
-        log.error("cannot list the models of %s: %s", url, exc)
-        return []
-    log.info("model server %s offers: %s", url, ", ".join(models) or "(none)")
-    return models
-
-
-async def _drain_on_signal(server: HttpServer, bridge: Bridge,
-                           acp: ConnectionRegistry, lmsp: LmspService) -> None:
-    draining = False
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async for signum in signals:
-            if draining:
-                server.stop(force=True)
-                continue
-            draining = True
-            log.info("received %s: draining", signal.Signals(signum).name)
-            await drain(bridge, acp, lmsp)
-            server.stop()
-
-
-async def drain(bridge: Bridge, acp: ConnectionRegistry, lmsp: LmspService | None) -> None:
-    """Shut down in the designed order: the front doors, then the sessions, then the agents.
-
-    LMSP first: it takes no more work, and running tasks stay running in the store (the
-    next start applies their ``on_restart``) instead of failing as their sessions close.
-    Then every ``/acp`` connection closes, its streams end. Then ``bridge.aclose``: each
-    session closes (a REST event stream ends with its session's ``session_closed``,
-    the peer's contract), then the agents stop.
-    """
-    if lmsp is not None:
-        lmsp.stop()
-    acp.shutdown()
-    with anyio.CancelScope(shield=True):
-        await bridge.aclose()
+async def serve(settings: Settings, *, sock: socket.socket | None = None,
+                **overrides: Any) -> None:
+    """The daemon: ``open_server`` plus the HTTP server, until SIGTERM/SIGINT (drained).
+    ``overrides`` are ``open_server``'s (benchmarks only)."""
+    if sock is None:
+        sock = listen(settings)
+    with sock:
+        async with open_server(settings, **overrides) as server:
+            await run_http(server, settings, sock)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ least any ASGI app can cost there, ``bare`` what one framework route costs.
 from __future__ import annotations
 
 import importlib.util
+import socket
 import sys
 from typing import Any
 
@@ -71,8 +72,8 @@ async def serve(app_name: str, server_name: str) -> None:
         return
     limits = Limits(header_timeout_s=10.0, max_connections=2560, max_header_bytes=65536,
                     max_headers=100, max_request_line=8192, ws_max_bytes=10 << 20)
-    server = http_server(APPS[app_name], HttpOptions(server=server_name), host="127.0.0.1",
-                         port=0, limits=limits)
+    sock = socket.create_server(("127.0.0.1", 0), backlog=2048)
+    server = http_server(APPS[app_name], HttpOptions(server=server_name), sock, limits=limits)
     await server.serve(announce)
 
 

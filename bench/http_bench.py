@@ -16,7 +16,7 @@ installed, else ``bench.loadgen``).
 * latency: POST to ``turn_complete`` on an open SSE stream, sequential turns.
 * accepted **and completed**: the 202 load, then ``GET /daemon/status`` polled until
   ``pendingPrompts`` is 0; rate = 202s / (first request → queue drained). That server
-  runs under ``bench.probed_server``: the event-loop lag p99 is taken from its probe's
+  runs under ``bench.server --lag-probe``: the event-loop lag p99 is taken from its probe's
   samples inside the same window.
 * burst: raw-socket readers of ``/session/{id}/events`` connected before one
   ``/chunks N`` prompt; every ``agent_message_chunk`` must arrive (no
@@ -37,13 +37,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import httpx
 from httpx_sse import connect_sse
 
-from bench.probed_server import INTERVAL_S as PROBE_INTERVAL_S
-from bench.probed_server import lag_p99
+from tests.harness import ServeProcess
+from bench.server import INTERVAL_S as PROBE_INTERVAL_S
+from bench.server import lag_p99
 from bench.loadgen import wrk_load
 from bench.targets import record
 
@@ -85,16 +86,27 @@ def server(argv: list[str], marker: str, env: dict[str, str] | None = None,
             proc.kill()
 
 
+@contextlib.contextmanager
+def served(workspace: str, *flags: str, knobs: Sequence[str] = ()) -> Iterator[int]:
+    """``acp-server serve`` with ``flags`` (through ``bench.server`` and its ``knobs``),
+    started by the tests' launcher (``tests.harness.ServeProcess``); yields its port."""
+    with ServeProcess(workspace, *flags, state_dir=os.path.join(workspace, ".state"),
+                      runner=["-m", "bench.server", *knobs]) as child:
+        yield child.port
+
+
 def acp_server(workspace: str, cap: int, probe: str | None = None, *extra: str,
                source: str | None = None) -> contextlib.AbstractContextManager[int]:
-    """``acp-server serve`` (``source``: another source tree's, run from its folder so
-    that ``-m acp_server`` finds that tree first)."""
-    runner = ["-m", "acp_server"] if probe is None else ["-m", "bench.probed_server", probe]
-    return server([*runner, "serve", "--port", "0", "--workspace", workspace,
-                   "--state-dir", os.path.join(workspace, ".state"),
-                   "--max-pending-prompts-per-session", str(cap), *extra],
-                  "listening on http://",
-                  env=None if source is None else {"PYTHONPATH": source}, cwd=source)
+    """``acp-server serve`` with a prompt cap; ``source``: another source tree's server
+    (an older checkout, without ``bench.server``), run from its folder so that ``-m
+    acp_server`` finds that tree first."""
+    if source is not None:
+        return server(["-m", "acp_server", "serve", "--port", "0", "--workspace", workspace,
+                       "--state-dir", os.path.join(workspace, ".state-before"),
+                       "--max-pending-prompts-per-session", str(cap), *extra],
+                      "listening on http://", env={"PYTHONPATH": source}, cwd=source)
+    knobs = ["--lag-probe", probe] if probe is not None else []
+    return served(workspace, "--max-pending-prompts-per-session", str(cap), *extra, knobs=knobs)
 
 
 def load(port: int, path: str, body: str, seconds: float = SECONDS) -> dict:
@@ -118,6 +130,8 @@ def refused_only(result: dict) -> bool:
 def accepted_only(result: dict) -> bool:
     statuses = result["statuses"]
     return set(statuses) == {"202"} or statuses.get("non-2xx") == 0
+
+
 
 
 def create_session(client: httpx.Client) -> str:

@@ -1,6 +1,6 @@
 """The HTTP servers we ship, behind one small interface: granian (default) and uvicorn.
 
-    server = http_server(app, options, host="127.0.0.1", port=0, limits=Limits(...))
+    server = http_server(app, options, sock, limits=Limits(...))   # sock: bound, listening
     async with anyio.create_task_group() as tg:
         tg.start_soon(server.serve, lambda url: print("listening on", url))
         ...
@@ -36,6 +36,7 @@ connections (the real port when ``port=0``; ``https://`` with TLS) and returns a
 from __future__ import annotations
 
 import contextlib
+import socket
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -48,6 +49,7 @@ from acp_server.http.guard import guarded_protocol
 from acp_server.http.options import HttpOptions
 
 GRACEFUL_SHUTDOWN_S = 5
+BACKLOG = 2048
 H2_MAX_CONCURRENT_STREAMS = 100     # per connection; more is refused by the peer's SETTINGS
 HEAD_SLACK = 1024                   # the request line and framing around the header fields
 
@@ -82,10 +84,15 @@ def accept_cap(max_connections: int) -> int:
     return max_connections + 64
 
 
-def http_server(app: Any, options: HttpOptions, *, host: str, port: int,
+def http_server(app: Any, options: HttpOptions, sock: socket.socket, *,
                 limits: Limits) -> HttpServer:
+    """The server of ``options.server`` on ``sock`` (bound and listening: a port in use
+    was found before anything started). uvicorn serves that socket; granian binds its
+    own listener, so the socket is closed and granian takes its address."""
     if options.server == "uvicorn":
-        return UvicornServer(app, options, host=host, port=port, limits=limits)
+        return UvicornServer(app, options, sock, limits=limits)
+    host, port = sock.getsockname()[:2]
+    sock.close()
     return GranianServer(app, options, host=host, port=port, limits=limits)
 
 
@@ -113,7 +120,7 @@ class GranianServer:
         head = limits.max_header_bytes + limits.max_request_line + HEAD_SLACK
         self._server = _Embedded(
             app, address=host, port=port, interface=Interfaces.ASGINL, http=HTTPModes.auto,
-            websockets=True, backlog=2048, backpressure=accept_cap(limits.max_connections),
+            websockets=True, backlog=BACKLOG, backpressure=accept_cap(limits.max_connections),
             http1_settings=HTTP1Settings(
                 header_read_timeout=max(1, int(limits.header_timeout_s * 1000)),
                 keep_alive=True, max_buffer_size=max(8192, head)),
@@ -171,8 +178,10 @@ def _path(value: str | None) -> Any:
 class UvicornServer:
     """uvicorn with the connection guard below ASGI (``acp_server.http.guard``)."""
 
-    def __init__(self, app: Any, options: HttpOptions, *, host: str, port: int,
+    def __init__(self, app: Any, options: HttpOptions, sock: socket.socket, *,
                  limits: Limits) -> None:
+        host, port = sock.getsockname()[:2]
+        self._sock = sock
         protocol = guarded_protocol(
             header_timeout_s=limits.header_timeout_s, max_connections=limits.max_connections,
             max_header_bytes=limits.max_header_bytes, max_headers=limits.max_headers,
@@ -182,7 +191,7 @@ class UvicornServer:
             tls = {"ssl_certfile": options.tls_cert, "ssl_keyfile": options.tls_key}
             if options.tls_client_ca is not None:
                 tls.update(ssl_ca_certs=options.tls_client_ca, ssl_cert_reqs=ssl.CERT_REQUIRED)
-        config = uvicorn.Config(app, host=host, port=port, http=protocol,
+        config = uvicorn.Config(app, host=host, port=port, http=protocol, backlog=BACKLOG,
                                 ws_max_size=limits.ws_max_bytes, lifespan="off",
                                 access_log=False, log_level="warning",
                                 timeout_graceful_shutdown=int(limits.graceful_s), **tls)
@@ -191,7 +200,8 @@ class UvicornServer:
 
     async def serve(self, started: Callable[[str], None]) -> None:
         self._server.announce = lambda: started(self._url())
-        await self._server.serve()
+        with self._sock:
+            await self._server.serve(sockets=[self._sock])
 
     def _url(self) -> str:
         host, port = self._server.servers[0].sockets[0].getsockname()[:2]

@@ -3,23 +3,21 @@ throughout, is ``docs/spec/LMSP.md``).
 
     async with open_lmsp(bridge, state_dir="/var/lib/acp", store_url="sqlite:///x.db",
                          max_running_tasks=4, token=settings.token) as lmsp:
-        app = build_app(settings, bridge)
-        install_lmsp(app, lmsp)     # = app.state.lmsp = lmsp; the routes
+        app = Starlette(routes=routes(lmsp))     # /lmsp/v1, the service bound to each
 
 Modules: ``wire`` (public wire types), ``problems`` (§9.3), ``requests`` (parsing),
 ``store`` (the store interface and the SQL both stores run), ``writer`` (their
 group-commit writer), ``sqlite`` (the SQLite store), ``postgres`` and ``pg_schema``
 (the PostgreSQL one, shared by several instances), ``hub`` (live
 fan-out), ``responses`` (ACP → response events), ``runner`` (execution),
-``service`` (``open_lmsp``), ``routes`` (HTTP), ``errors`` (the door's exception
+``service`` (``open_lmsp``), ``endpoints`` (HTTP, ``routes``), ``errors`` (the door's exception
 handlers: problem objects).
 """
 
 from __future__ import annotations
 
 from acp_server.lmsp.errors import EXCEPTION_HANDLERS
-from acp_server.lmsp.routes import install_lmsp, lmsp_routes
+from acp_server.lmsp.endpoints import routes
 from acp_server.lmsp.service import LmspConfig, LmspService, open_lmsp
 
-__all__ = ["EXCEPTION_HANDLERS", "LmspConfig", "LmspService", "install_lmsp", "lmsp_routes",
-           "open_lmsp"]
+__all__ = ["EXCEPTION_HANDLERS", "LmspConfig", "LmspService", "open_lmsp", "routes"]

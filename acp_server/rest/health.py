@@ -12,17 +12,18 @@ import time
 
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute
 
+from acp_server.http.endpoints import route
 from acp_server.rest.errors import json_response
+from bridge import Bridge
 
 _OK = b'{"status":"ok"}'
 
 
-async def health(request: Request) -> Response:
+async def health(request: Request, *, bridge: Bridge) -> Response:
     if request.query_params.get("deep") not in ("1", "true"):
         return Response(_OK, 200, media_type="application/json")
-    bridge = request.app.state.bridge
     stats = bridge.stats()
     return json_response(200, {
         "status": "ok", "workspaceCount": 1, "sessions": stats.sessions,
@@ -33,4 +34,5 @@ async def health(request: Request) -> Response:
     })
 
 
-routes = [Route("/health", health, methods=["GET"])]
+def routes(bridge: Bridge) -> list[BaseRoute]:
+    return [route("/health", health, ["GET"], bridge=bridge)]

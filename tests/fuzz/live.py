@@ -1,6 +1,6 @@
-"""A live loopback server with all three doors, run in a blocking portal so that
-hypothesis (synchronous) drives it over real HTTP and WebSocket, on either backend;
-or the shipped daemon (granian) in a child process, driven over HTTP/2.
+"""The in-process server (``tests.harness.local_server``), run in a blocking portal so that
+hypothesis (synchronous) drives it over real HTTP and WebSocket, on either backend; or
+the shipped daemon (granian, ``tests.harness.ServeProcess``) driven over HTTP/2.
 
     with live_server(tmp_path, "trio") as live:        # hypercorn under trio
         live.http.post("/session", json={})             # a sync httpx client
@@ -15,9 +15,6 @@ every answer the doors give is a documented 4xx or a success.
 from __future__ import annotations
 
 import contextlib
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,16 +23,11 @@ from typing import Any
 import anyio.from_thread
 import httpx
 
-from acp_server.acp_http import registry_for
-from acp_server.app import build_app
-from acp_server.lmsp import install_lmsp, open_lmsp
-from acp_server.settings import TOKEN_ENV, Settings
-from bridge import Bridge, BridgeOptions
-from bridge.agents.reference import ReferenceAgentFactory
-from tests.rest.server import serving
+from bridge import BridgeOptions
+from tests.harness.local import local_server
+from tests.harness.process import ServeProcess
 
 OPTIONS = BridgeOptions(max_sessions=0, max_pending_prompts_per_session=0)
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -50,21 +42,8 @@ class Live:
 
 @contextlib.asynccontextmanager
 async def _serve(workspace: Path) -> Any:
-    settings = Settings(workspace=str(workspace), port=0, options=OPTIONS)
-    async with Bridge(ReferenceAgentFactory(), workspace_cwd=settings.workspace,
-                      options=settings.options) as bridge, \
-            open_lmsp(bridge, state_dir=str(workspace / "state"),
-                      max_running_tasks=4) as service:
-        app = build_app(settings, bridge)
-        install_lmsp(app, service)
-
-        async def stop() -> None:   # as the CLI drains: LMSP, the bridge, /acp streams
-            service.stop()
-            await bridge.aclose()
-            registry_for(app).shutdown()
-
-        async with serving(app, on_stop=stop) as base_url:
-            yield base_url
+    async with local_server(workspace, options=OPTIONS, max_running_tasks=4) as srv:
+        yield srv.base_url
 
 
 @contextlib.contextmanager
@@ -83,27 +62,12 @@ DAEMON_FLAGS = ("--max-sessions", "0", "--max-pending-prompts-per-session", "0",
 @contextlib.contextmanager
 def live_daemon(workspace: Path) -> Iterator[Live]:
     """``acp-server serve`` (granian) in a child process; an HTTP/2-only client."""
-    env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "acp_server", "serve", "--port", "0", "--workspace",
-         str(workspace), "--state-dir", str(workspace / "state"), *DAEMON_FLAGS],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
-    try:
-        assert process.stdout is not None
-        line = process.stdout.readline()
-        base_url = line.split("listening on ", 1)[1].split()[0]
-        with anyio.from_thread.start_blocking_portal("asyncio") as portal, \
-                httpx.Client(base_url=base_url, timeout=15, http1=False, http2=True) as http:
-            yield _seeded(base_url, http, portal)
-            assert http.get("/health").http_version == "HTTP/2"
-            assert_healthy(http)
-    finally:
-        process.terminate()
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            process.kill()
+    with ServeProcess(workspace, *DAEMON_FLAGS) as child, \
+            anyio.from_thread.start_blocking_portal("asyncio") as portal, \
+            httpx.Client(base_url=child.base_url, timeout=15, http1=False, http2=True) as http:
+        yield _seeded(child.base_url, http, portal)
+        assert http.get("/health").http_version == "HTTP/2"
+        assert_healthy(http)
 
 
 def _seeded(base_url: str, http: httpx.Client, portal: anyio.from_thread.BlockingPortal

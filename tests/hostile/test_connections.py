@@ -14,7 +14,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from tests.hostile.daemon import read_until_closed, running_daemon
+from tests.harness import ServeProcess, read_until_closed
 
 pytestmark = pytest.mark.anyio
 SERVERS = pytest.mark.parametrize("server", ["granian", "uvicorn"])
@@ -22,7 +22,7 @@ SERVERS = pytest.mark.parametrize("server", ["granian", "uvicorn"])
 
 @SERVERS
 async def test_silent_and_partial_heads_are_closed(tmp_path: Path, server: str) -> None:
-    async with running_daemon(tmp_path, "--header-timeout-ms", "300",
+    async with ServeProcess(tmp_path, "--header-timeout-ms", "300",
                               "--http-server", server) as daemon:
         silent = await daemon.raw() if server == "uvicorn" else None
         partial = await daemon.raw()
@@ -49,7 +49,7 @@ async def test_silent_and_partial_heads_are_closed(tmp_path: Path, server: str) 
 
 
 async def test_connection_cap_refuses_at_once(tmp_path: Path) -> None:
-    async with running_daemon(tmp_path, "--max-connections", "4", "--http-server", "uvicorn",
+    async with ServeProcess(tmp_path, "--max-connections", "4", "--http-server", "uvicorn",
                               "--header-timeout-ms", "60000") as daemon:
         held = [await daemon.raw() for _ in range(4)]
         with anyio.fail_after(10):
@@ -73,7 +73,7 @@ async def test_connection_cap_refuses_at_once(tmp_path: Path) -> None:
 
 async def test_request_cap_refuses_at_once_on_granian(tmp_path: Path) -> None:
     """Four event streams in flight: the fifth request is answered 503 at once."""
-    async with running_daemon(tmp_path, "--max-connections", "4", "--http-server", "granian",
+    async with ServeProcess(tmp_path, "--max-connections", "4", "--http-server", "granian",
                               ) as daemon:
         sid = (await daemon.client.post("/session", json={})).json()["sessionId"]
         streams = []
@@ -99,7 +99,7 @@ async def test_request_cap_refuses_at_once_on_granian(tmp_path: Path) -> None:
 @SERVERS
 async def test_health_with_400_idle_connections_and_fd_limit(tmp_path: Path,
                                                              server: str) -> None:
-    async with running_daemon(tmp_path, "--http-server", server,
+    async with ServeProcess(tmp_path, "--http-server", server,
                               shell_prefix="ulimit -Sn 1024;") as daemon:
         limits = Path(f"/proc/{daemon.pid}/limits").read_text()
         row = next(line for line in limits.splitlines() if line.startswith("Max open files"))

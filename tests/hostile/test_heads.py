@@ -15,7 +15,7 @@ import anyio
 import httpx
 import pytest
 
-from tests.hostile.daemon import Daemon, read_until_closed, running_daemon
+from tests.harness import ServeProcess, read_until_closed
 from tests.hostile.h2client import H2Client
 
 pytestmark = pytest.mark.anyio
@@ -30,7 +30,7 @@ def rss_kb(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
-async def raw_exchange(daemon: Daemon, head: bytes) -> bytes:
+async def raw_exchange(daemon: ServeProcess, head: bytes) -> bytes:
     stream = await daemon.raw()
     try:
         await stream.send(head)
@@ -40,7 +40,7 @@ async def raw_exchange(daemon: Daemon, head: bytes) -> bytes:
         return await read_until_closed(stream)
 
 
-async def flood(daemon: Daemon, line: bytes, total: int) -> None:
+async def flood(daemon: ServeProcess, line: bytes, total: int) -> None:
     """Send header lines until ``total`` bytes or until the server closes."""
     stream = await daemon.raw()
     sent = 0
@@ -63,7 +63,7 @@ def status_of(answer: bytes) -> int | None:
 
 @SERVERS
 async def test_head_caps_refuse_before_the_app(tmp_path: Path, server: str) -> None:
-    async with running_daemon(tmp_path, "--http-server", server, "--max-headers", "20",
+    async with ServeProcess(tmp_path, "--http-server", server, "--max-headers", "20",
                               "--max-header-bytes", "4096",
                               "--max-request-line-bytes", "2048") as daemon:
         many = await raw_exchange(daemon, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n"
@@ -90,7 +90,7 @@ async def test_head_caps_refuse_before_the_app(tmp_path: Path, server: str) -> N
 async def test_header_floods_keep_the_process_healthy(tmp_path: Path, server: str) -> None:
     """4 connections of 32 MiB of header bytes and 4 of 200,000 header lines (the
     done-when attack is 250 MiB and 1 M lines: ``make bench`` runs that one)."""
-    async with running_daemon(tmp_path, "--http-server", server) as daemon:
+    async with ServeProcess(tmp_path, "--http-server", server) as daemon:
         async with anyio.create_task_group() as tg:
             for _ in range(4):
                 tg.start_soon(flood, daemon, b"X-Big: " + b"a" * 8185 + b"\r\n", 32 << 20)
@@ -101,7 +101,7 @@ async def test_header_floods_keep_the_process_healthy(tmp_path: Path, server: st
 
 @SERVERS
 async def test_foreign_host_is_421_in_each_doors_shape(tmp_path: Path, server: str) -> None:
-    async with running_daemon(tmp_path, "--http-server", server,
+    async with ServeProcess(tmp_path, "--http-server", server,
                               "--allow-host", "dev.box") as daemon:
         port = daemon.port
         evil = {"Host": f"evil.example:{port}"}
@@ -131,7 +131,7 @@ async def test_foreign_host_is_421_in_each_doors_shape(tmp_path: Path, server: s
 @SERVERS
 async def test_transfer_codings_other_than_chunked_are_501(tmp_path: Path,
                                                           server: str) -> None:
-    async with running_daemon(tmp_path, "--http-server", server) as daemon:
+    async with ServeProcess(tmp_path, "--http-server", server) as daemon:
         answer = await raw_exchange(daemon, b"POST /session HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                                     b"Content-Type: application/json\r\n"
                                     b"Transfer-Encoding: gzip, chunked\r\nConnection: close"
@@ -143,7 +143,7 @@ async def test_transfer_codings_other_than_chunked_are_501(tmp_path: Path,
 async def test_http2_abuse(tmp_path: Path) -> None:
     """Too many streams, a stream that never reads, headers over the cap: each refused
     or contained; the process and the other streams stay healthy."""
-    async with running_daemon(tmp_path, "--max-header-bytes", "8192") as daemon:
+    async with ServeProcess(tmp_path, "--max-header-bytes", "8192") as daemon:
         sid = (await daemon.client.post("/session", json={})).json()["sessionId"]
         async with await H2Client.connect(daemon.port) as h2:
             # 1. More concurrent streams than the server allows (100).

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from httpx_sse import aconnect_sse
 
-from tests.hostile.daemon import running_daemon
+from tests.harness import ServeProcess
 
 pytestmark = pytest.mark.anyio
 CURL = shutil.which("curl")
@@ -35,7 +35,7 @@ def rpc(rpc_id: Any, method: str, params: dict[str, Any]) -> dict[str, Any]:
 
 
 async def test_rest_acp_and_lmsp_over_h2c(tmp_path: Path) -> None:
-    async with running_daemon(tmp_path) as daemon, h2c(daemon.base_url) as client:
+    async with ServeProcess(tmp_path) as daemon, h2c(daemon.base_url) as client:
         # REST: a session, a prompt, its events on an SSE stream of the same connection
         created = await client.post("/session", json={})
         assert created.http_version == "HTTP/2" and created.status_code == 200
@@ -85,14 +85,14 @@ async def test_rest_acp_and_lmsp_over_h2c(tmp_path: Path) -> None:
 
 
 async def test_uvicorn_stays_http1(tmp_path: Path) -> None:
-    async with running_daemon(tmp_path, "--http-server", "uvicorn") as daemon:
+    async with ServeProcess(tmp_path, "--http-server", "uvicorn") as daemon:
         response = await daemon.client.get("/health")
         assert response.http_version == "HTTP/1.1" and response.json() == {"status": "ok"}
 
 
 @needs_curl
 async def test_curl_prior_knowledge_and_http1_on_one_port(tmp_path: Path) -> None:
-    async with running_daemon(tmp_path) as daemon:
+    async with ServeProcess(tmp_path) as daemon:
         for flag, version in (("--http2-prior-knowledge", "2"), ("--http1.1", "1.1")):
             out = await anyio.run_process([CURL, "-sS", flag, "-w", "\n%{http_version}",
                                            daemon.base_url + "/health"])
@@ -128,7 +128,7 @@ def make_certificates(folder: Path) -> dict[str, Path]:
 @needs_curl
 async def test_tls_with_alpn_h2_and_http1(tmp_path: Path) -> None:
     certs = make_certificates(tmp_path)
-    async with running_daemon(tmp_path, "--tls-cert", str(certs["server"]),
+    async with ServeProcess(tmp_path, "--tls-cert", str(certs["server"]),
                               "--tls-key", str(certs["server-key"])) as daemon:
         assert daemon.base_url.startswith("https://127.0.0.1:")
         url = daemon.base_url.replace("127.0.0.1", "localhost")
@@ -151,7 +151,7 @@ async def test_tls_with_alpn_h2_and_http1(tmp_path: Path) -> None:
 @needs_curl
 async def test_mutual_tls(tmp_path: Path) -> None:
     certs = make_certificates(tmp_path)
-    async with running_daemon(tmp_path, "--tls-cert", str(certs["server"]),
+    async with ServeProcess(tmp_path, "--tls-cert", str(certs["server"]),
                               "--tls-key", str(certs["server-key"]),
                               "--tls-client-ca", str(certs["ca"])) as daemon:
         url = daemon.base_url.replace("127.0.0.1", "localhost") + "/health"

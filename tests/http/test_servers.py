@@ -17,7 +17,7 @@ import pytest
 from httpx_ws import WebSocketUpgradeError, aconnect_ws
 
 from acp_server.settings import TOKEN_ENV
-from tests.hostile.daemon import running_daemon
+from tests.harness import ServeProcess
 from tests.http.test_http2 import OPENSSL, make_certificates
 
 pytestmark = pytest.mark.anyio
@@ -30,7 +30,7 @@ INITIALIZE = {"jsonrpc": "2.0", "id": 0, "method": "initialize",
 async def test_body_cap_is_413_before_the_body(tmp_path: Path, server: str) -> None:
     """A declared body over the cap is answered 413 without being read (granian then
     closes the connection: a client still sending sees a reset, as with most servers)."""
-    async with running_daemon(tmp_path, "--http-server", server) as daemon:
+    async with ServeProcess(tmp_path, "--http-server", server) as daemon:
         sid = (await daemon.client.post("/session", json={})).json()["sessionId"]
         stream = await daemon.raw()
         await stream.send(f"POST /session/{sid}/prompt HTTP/1.1\r\nHost: 127.0.0.1\r\n"
@@ -51,7 +51,7 @@ async def test_body_cap_is_413_before_the_body(tmp_path: Path, server: str) -> N
 
 @SERVERS
 async def test_websocket_with_the_bearer_subprotocol(tmp_path: Path, server: str) -> None:
-    async with running_daemon(tmp_path, "--http-server", server, "--token", "s3cret") as daemon:
+    async with ServeProcess(tmp_path, "--http-server", server, "--token", "s3cret") as daemon:
         url = daemon.base_url.replace("http", "ws") + "/acp"
         token = base64.urlsafe_b64encode(b"s3cret").decode().rstrip("=")
         async with httpx.AsyncClient() as client:
@@ -70,7 +70,7 @@ async def test_websocket_with_the_bearer_subprotocol(tmp_path: Path, server: str
 @SERVERS
 async def test_tls_and_websocket_over_tls(tmp_path: Path, server: str) -> None:
     certs = make_certificates(tmp_path)
-    async with running_daemon(tmp_path, "--http-server", server, "--tls-cert",
+    async with ServeProcess(tmp_path, "--http-server", server, "--tls-cert",
                               str(certs["server"]), "--tls-key", str(certs["server-key"])
                               ) as daemon:
         base = daemon.base_url.replace("127.0.0.1", "localhost")

@@ -49,7 +49,7 @@ from starlette.routing import Match, Router
 from starlette.types import Scope
 
 from acp_server.http.front import count_events
-from acp_server.metrics import Metrics
+from acp_server.ops.metrics import Metrics
 
 access_log = logging.getLogger("acp_server.access")
 LOG_FORMATS = ("text", "json")

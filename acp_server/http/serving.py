@@ -1,0 +1,106 @@
+"""The HTTP server in front of the composed app: bind, serve, drain on a signal.
+
+    sock = listen(settings)                       # ListenError: "cannot listen on …"
+    async with open_server(settings) as server:
+        await run_http(server, settings, sock)     # until SIGTERM / SIGINT, then drained
+
+Contracts:
+
+* ``listen`` binds the address before anything else starts (``acp-server serve``
+  calls it before opening the store), so a port in use is one ``ListenError`` line
+  naming the address, not a traceback and not a store that was opened for nothing.
+* ``run_http`` runs the HTTP server of ``--http-server`` (``acp_server.http.servers``:
+  granian, HTTP/1.1 and HTTP/2 on one port, TLS with ALPN; or uvicorn with the
+  connection guard below ASGI) with the header timeout, the connection cap, the head
+  caps and WebSocket frames capped at the body cap; no lifespan, no access log of its
+  own (``acp_server.ops.request_log`` logs every request). It prints the listening line
+  to stdout (flushed) once the socket accepts connections, with the real port
+  (``https://`` with TLS), and the state folder on the next line.
+* Signals are handled from before the listening line on. The first SIGTERM / SIGINT
+  runs ``server.drain()`` (front doors, sessions, agents),
+  then the HTTP server stops listening and finishes the open responses (at most
+  ``GRACEFUL_SHUTDOWN_S``); a second signal skips that wait.
+
+This module and ``servers`` are the seam for the choice of HTTP server: the only ones
+that know granian and uvicorn. It belongs to the composition (it may import
+``acp_server.server`` and the settings); no door imports it.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+from typing import TYPE_CHECKING
+
+import anyio
+import anyio.abc
+
+from acp_server.http.guard import connection_cap, raise_fd_limit
+from acp_server.http.servers import BACKLOG, GRACEFUL_SHUTDOWN_S, HttpServer, Limits, http_server
+
+if TYPE_CHECKING:
+    from acp_server.server import Server
+    from acp_server.settings import Settings
+
+log = logging.getLogger("acp_server")
+
+
+
+class ListenError(Exception):
+    """The address cannot be bound; ``str()`` is the one line the CLI prints."""
+
+
+def listen(settings: Settings) -> socket.socket:
+    """A socket bound to ``settings.hostname:settings.port`` and listening."""
+    host, port = settings.hostname, settings.port
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host.strip("[]"), port), family=family, backlog=BACKLOG)
+    except OSError as exc:
+        # "Address already in use", "Permission denied", without socket's address suffix
+        reason = (exc.strerror or str(exc)).split(" (while attempting", 1)[0]
+        address = f"[{host.strip('[]')}]:{port}" if ":" in host else f"{host}:{port}"
+        raise ListenError(f"cannot listen on {address}: {reason[:1].lower()}{reason[1:]}"
+                          ) from None
+
+
+async def run_http(server: Server, settings: Settings, sock: socket.socket | None = None
+                   ) -> None:
+    """Serve ``server.app`` on ``sock`` (bound here when ``None``) with the HTTP server
+    of ``--http-server`` until a signal, then drain ``server`` and stop."""
+    if sock is None:
+        sock = listen(settings)
+    cap = connection_cap(settings.max_connections, raise_fd_limit())
+    limits = Limits(header_timeout_s=settings.header_timeout_ms / 1000, max_connections=cap,
+                    max_header_bytes=settings.http.max_header_bytes,
+                    max_headers=settings.http.max_headers,
+                    max_request_line=settings.http.max_request_line,
+                    ws_max_bytes=settings.max_body_bytes, graceful_s=GRACEFUL_SHUTDOWN_S)
+    http = http_server(server.app, settings.http, sock, limits=limits)
+
+    def started(url: str) -> None:
+        print(f"acp-server listening on {url} "
+              f"(workspace={settings.workspace}, agent={settings.agent})\n"
+              f"state in {settings.state_dir} (--state-dir chooses another)", flush=True)
+
+    async with anyio.create_task_group() as tg:
+        await tg.start(_drain_on_signal, http, server)   # before the listening line
+        await http.serve(started)
+        tg.cancel_scope.cancel()
+
+
+async def _drain_on_signal(http: HttpServer, server: Server, *,
+                           task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+                           ) -> None:
+    draining = False
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        task_status.started()
+        async for signum in signals:
+            if draining:
+                http.stop(force=True)
+                continue
+            draining = True
+            log.info("received %s: draining", signal.Signals(signum).name)
+            await server.drain()
+            http.stop()
