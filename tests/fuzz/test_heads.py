@@ -4,6 +4,7 @@ Host, 431 past a head cap, never a 5xx, and the server healthy afterwards."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -14,6 +15,7 @@ from tests.fuzz.live import Live
 from tests.fuzz.shapes import check_acp, check_lmsp, check_rest
 from tests.fuzz.strategies import HEAD_SIZES, hosts
 
+pytestmark = pytest.mark.slow   # hypothesis against a live server: tens of seconds
 PATHS = [("GET", "/health", check_rest), ("GET", "/capabilities", check_rest),
          ("GET", "/lmsp/v1/tasks", check_lmsp), ("POST", "/acp", check_acp),
          ("GET", "/metrics", check_rest), ("GET", "/nope", check_rest)]
