@@ -39,7 +39,7 @@ from acp_server.acp_http.dispatch import (
     InvalidParamsError,
     answer_agent_request,
     dispatch,
-    initialize_result,
+    initialize_connection,
     request_params,
 )
 from acp_server.acp_http.registry import ConnectionCapError, ConnectionRegistry
@@ -67,7 +67,7 @@ INITIALIZE_TIMEOUT_S = 30.0
 CLOSE_TIMEOUT_S = 2.0
 # Methods handled inline, in arrival order (they never wait on the agent for long);
 # the others run concurrently so that a slow session/new does not hold the socket.
-INLINE_METHODS = frozenset({"session/prompt", "session/cancel"})
+INLINE_METHODS = frozenset({"session/prompt", "session/cancel", "$/cancel_request"})
 
 
 # -- handshake checks -----------------------------------------------------------------------
@@ -136,7 +136,7 @@ async def acp_websocket(ws: WebSocket, *, registry: ConnectionRegistry,
     finally:
         conn.on_channel = None
         conn.stream_closed()
-        registry.close(conn)
+        registry.close(conn, lost=True)
         if ws.client_state == WebSocketState.CONNECTED:
             # Bounded: a server that has stopped (granian at exit) may never complete it.
             with anyio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
@@ -144,6 +144,8 @@ async def acp_websocket(ws: WebSocket, *, registry: ConnectionRegistry,
                     await ws.close()
                 except (RuntimeError, OSError):
                     pass
+    if conn.resumable and registry.lingering:
+        await registry.sweep_after_grace()   # its permission requests wait for it, bounded
 
 
 async def _handshake(ws: WebSocket, socket: _Socket, connection_id: str,
@@ -173,7 +175,7 @@ async def _handshake(ws: WebSocket, socket: _Socket, connection_id: str,
         await socket.send(encode_error(msg.id, INTERNAL_ERROR, str(exc)))
         await ws.close(code=1013, reason="too many connections")
         return None
-    result = initialize_result(registry.bridge, params, conn.id)
+    result = initialize_connection(registry.bridge, conn, params)
     await socket.send(encode_result(msg.id, result))
     return conn
 
