@@ -17,9 +17,10 @@ Contracts (the checks run in this order; the first that fails is the answer):
 2. **Transfer codings** (http scopes): a ``Transfer-Encoding`` other than ``chunked``
    alone (``gzip, chunked``, ``identity``, …) → ``501``; we decode no coding.
 3. **Host** (DNS rebinding): on a loopback bind only ``localhost``, ``127.0.0.1``,
-   ``[::1]`` (any loopback address), with no port or our port, are accepted, plus
-   the ``allow_hosts`` entries (``name`` = any port, ``name:port`` = that port);
-   anything else → ``421``. With ``allow_hosts`` given the same holds on any bind;
+   ``[::1]`` (any loopback address), with any port (a local relay or port forward
+   names its own; a rebound name is never one of these), are accepted, plus the
+   ``allow_hosts`` entries (``name`` = any port, ``name:port`` = that port); anything
+   else → ``421``. With ``allow_hosts`` given the same holds on any bind;
    on a non-loopback bind without it the Host is not checked. A request with no
    ``Host`` (HTTP/1.0 tools; no browser sends one) passes.
 4. **Origin**: an ``Origin`` not allow-listed (``allow_origins``; ``*`` = any) and not
@@ -212,7 +213,7 @@ class GuardPolicy:
         if coding is not None and coding.strip().lower() != b"chunked" \
                 and scope["type"] == "http":
             return CODING_UNSUPPORTED, None
-        if host is not None and self._check_host and not self._host_ok(host, scope):
+        if host is not None and self._check_host and not self._host_ok(host):
             return MISDIRECTED, None
         allowed: bytes | None = None
         if origin is not None:
@@ -235,21 +236,17 @@ class GuardPolicy:
         return UNAUTHORIZED, allowed
 
     # -- parts ----------------------------------------------------------------------
-    def _host_ok(self, value: bytes, scope: Any) -> bool:
+    def _host_ok(self, value: bytes) -> bool:
         good: dict[bytes, bool] = self._good_hosts   # type: ignore[attr-defined]
         known = good.get(value)
         if known is not None:
             return known
         parsed = split_host(value.decode("latin-1"))
-        server = scope.get("server")
-        ours = _port(server[1]) if server else None
         ok = False
         if parsed is not None:
-            name, port = parsed
-            if name in self._hosts_any_port or parsed in self._hosts_exact:   # type: ignore[attr-defined]
-                ok = True
-            elif self.loopback_bind and is_loopback(name):
-                ok = port is None or ours is None or port == ours
+            name = parsed[0]
+            ok = name in self._hosts_any_port or parsed in self._hosts_exact \
+                or (self.loopback_bind and is_loopback(name))   # type: ignore[attr-defined]
         if len(good) < 256:   # a bounded memo; hostile values beyond it are just re-parsed
             good[value] = ok
         return ok
