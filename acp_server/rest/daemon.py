@@ -101,10 +101,10 @@ def agents(bridge: Bridge) -> list[dict[str, Any]]:
 async def daemon_status(request: Request, *, bridge: Bridge, config: RestConfig,
                         lmsp_permissions: PermissionReport | None) -> Response:
     body = status_body(bridge, config)
-    # The connection guard's counters (acp_server/http/guard.py; uvicorn only).
+    # The guards' counters (acp_server/http/guard.py, the front layer), one per server.
     guard = config.guard_stats
-    body["runtime"]["transport"]["connectionsRefused"] = guard.connections_refused if guard else 0
-    body["runtime"]["transport"]["headerTimeouts"] = guard.header_timeouts if guard else 0
+    body["runtime"]["transport"]["connectionsRefused"] = guard["connections"] if guard else 0
+    body["runtime"]["transport"]["headerTimeouts"] = guard["header_timeouts"] if guard else 0
     if lmsp_permissions is not None:   # answered by --lmsp-permissions, per decision
         policy, decisions = lmsp_permissions()
         body["runtime"]["permissions"]["lmspPolicy"] = policy
