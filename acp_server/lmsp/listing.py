@@ -28,7 +28,7 @@ from starlette.responses import Response
 
 from acp_server.lmsp.problems import LmspError
 from acp_server.lmsp.service import LmspService
-from acp_server.lmsp.store import TaskRecord
+from acp_server.store.tasks import TaskRecord
 from acp_server.lmsp.wire import TaskList, TaskSummary, decode_response, encode
 
 DEFAULT_LIMIT = 20

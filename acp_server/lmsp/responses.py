@@ -28,7 +28,7 @@ import re
 from typing import Any
 
 from acp_server.lmsp.problems import problem
-from acp_server.lmsp.store import Finish, TaskRecord
+from acp_server.store.tasks import Finish, TaskRecord
 from acp_server.lmsp.wire import (
     AnyEvent,
     ContentPartEvent,

@@ -38,7 +38,7 @@ from acp_server.lmsp.requests import (
     read_body,
 )
 from acp_server.lmsp.service import LmspService
-from acp_server.lmsp.store import TERMINAL, CommittedEvent
+from acp_server.store.tasks import TERMINAL, CommittedEvent
 from acp_server.lmsp.responses import base_response
 from acp_server.lmsp.wire import DeletedResponse, encode
 from acp_server.http.sse import SseResponse, frame

@@ -45,7 +45,7 @@ from acp_server.lmsp.conversation import (
 )
 from acp_server.lmsp.permissions import decide, decision_label
 from acp_server.lmsp.responses import Attempt, count_tokens, in_progress_event
-from acp_server.lmsp.store import Finish, TaskRecord, TaskStore, restart_target
+from acp_server.store.tasks import Finish, TaskRecord, TaskStore, restart_target
 from acp_server.lmsp.wire import AnyEvent, PermissionDecidedEvent, decode_any
 from bridge import Bridge
 from bridge import events as ev

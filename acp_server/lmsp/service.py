@@ -41,7 +41,7 @@ import anyio
 import anyio.abc
 import msgspec
 
-from acp_server.lmsp.hub import Hub
+from acp_server.store.hub import Hub
 from acp_server.lmsp.problems import LmspError
 from acp_server.lmsp.requests import ResponseRequest
 from acp_server.lmsp.responses import (
@@ -50,10 +50,10 @@ from acp_server.lmsp.responses import (
     error_finish,
     recovery_finish,
 )
-from acp_server.lmsp.postgres import PostgresTaskStore, is_postgres_url
+from acp_server.store.postgres import PostgresTaskStore, is_postgres_url
 from acp_server.lmsp.runner import Runner
-from acp_server.lmsp.sqlite import SqliteTaskStore
-from acp_server.lmsp.store import (
+from acp_server.store.sqlite import SqliteTaskStore
+from acp_server.store.tasks import (
     TERMINAL,
     CommittedEvent,
     IdempotencyClaim,

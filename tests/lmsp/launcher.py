@@ -24,8 +24,8 @@ import uvicorn
 
 from acp_server.app import build_app
 from acp_server.lmsp import install_lmsp, open_lmsp
-from acp_server.lmsp.postgres import PostgresTaskStore
-from acp_server.lmsp.store import TaskStore
+from acp_server.store.postgres import PostgresTaskStore
+from acp_server.store.tasks import TaskStore
 from acp_server.settings import Settings
 from bridge import Bridge
 from bridge.agents.reference import ReferenceAgentFactory

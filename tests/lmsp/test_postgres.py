@@ -18,10 +18,11 @@ import psycopg
 import pytest
 
 from acp_server.lmsp import LmspService, open_lmsp
-from acp_server.lmsp.postgres import MIGRATIONS, PostgresTaskStore
+from acp_server.store.postgres import PostgresTaskStore
+from acp_server.store.schema import MIGRATIONS
 from acp_server.lmsp.requests import parse_task_envelope
 from acp_server.lmsp.responses import created_event, recovery_finish
-from acp_server.lmsp.store import IdempotencyClaim, queued_record
+from acp_server.store.tasks import IdempotencyClaim, queued_record
 from bridge import Bridge
 from bridge.agents.reference import ReferenceAgentFactory
 from tests.lmsp import stores

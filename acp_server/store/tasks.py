@@ -28,7 +28,10 @@ from typing import Any, Protocol, TypeGuard
 
 import msgspec
 
-from acp_server.lmsp.wire import AnyEvent, encode
+# An event draft: a msgspec Struct whose fields include ``type`` and ``sequence_number``
+# (a door's wire type, e.g. ``acp_server.lmsp.wire``); the store numbers and encodes it.
+AnyEvent = Any
+encode = msgspec.json.Encoder().encode
 
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 ACTIVE = frozenset({"loading", "running", "cancelling"})

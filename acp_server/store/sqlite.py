@@ -3,7 +3,7 @@
     async with SqliteTaskStore("/var/lib/acp/lmsp.db", on_commit=hub.publish) as store:
         outcome = await store.create_task(new, event0, None)   # fsynced on return
 
-Contracts (see ``acp_server.lmsp.store`` for the interface):
+Contracts (see ``acp_server.store.tasks`` for the interface):
 
 * Writes are *operations* (a function of the connection) sent through a bounded
   memory stream to one writer task (``writer.py``), which runs everything queued so
@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 
 import anyio
 
-from acp_server.lmsp.store import (
+from acp_server.store.tasks import (
     CommittedEvent,
     CreateOutcome,
     Dialect,
@@ -39,51 +39,13 @@ from acp_server.lmsp.store import (
     queued_record,
     recover_rows,
 )
-from acp_server.lmsp.wire import AnyEvent
-from acp_server.lmsp.writer import GroupCommitStore, Op
+from acp_server.store.tasks import AnyEvent
+from acp_server.store.schema import migrate_sqlite
+from acp_server.store.writer import GroupCommitStore, Op
 
 READERS = 2
 SQL = Dialect()
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS tasks (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,      -- creation order
-    id TEXT NOT NULL UNIQUE,
-    response_id TEXT NOT NULL,
-    status TEXT NOT NULL,
-    on_restart TEXT NOT NULL,
-    model TEXT NOT NULL,
-    principal TEXT NOT NULL,
-    request BLOB NOT NULL,
-    created_at REAL NOT NULL,
-    updated_at REAL NOT NULL,
-    finished_at REAL,
-    next_seq INTEGER NOT NULL DEFAULT 0,
-    attempt INTEGER NOT NULL DEFAULT 0,
-    response BLOB,
-    error BLOB,
-    events_purged INTEGER NOT NULL DEFAULT 0
-);
-CREATE INDEX IF NOT EXISTS tasks_status ON tasks(status, seq);
-CREATE INDEX IF NOT EXISTS tasks_finished ON tasks(finished_at) WHERE finished_at IS NOT NULL;
-CREATE INDEX IF NOT EXISTS tasks_response ON tasks(response_id);
-CREATE TABLE IF NOT EXISTS task_events (
-    task_id TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    type TEXT NOT NULL,
-    data BLOB NOT NULL,
-    PRIMARY KEY (task_id, seq)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS idempotency_keys (
-    scope TEXT NOT NULL,
-    key TEXT NOT NULL,
-    fingerprint TEXT NOT NULL,
-    task_id TEXT NOT NULL,
-    expires_at REAL NOT NULL,
-    PRIMARY KEY (scope, key)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS idem_task ON idempotency_keys(task_id);
-"""
 
 def _connect(path: str) -> sqlite3.Connection:
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=10)
@@ -127,7 +89,7 @@ class SqliteTaskStore(GroupCommitStore[sqlite3.Connection]):
         conn = _connect(self.path)
         mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
         assert mode.lower() == "wal", mode
-        conn.executescript(SCHEMA)
+        migrate_sqlite(conn)
         return conn
 
     # -- the writer ----------------------------------------------------------------

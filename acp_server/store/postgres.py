@@ -6,7 +6,7 @@
         outcome = await store.create_task(new, event0, None)   # committed (WAL fsynced)
         claimed = await store.claim_next(time.time())          # FOR UPDATE SKIP LOCKED
 
-Contracts (besides those of ``acp_server.lmsp.store``):
+Contracts (besides those of ``acp_server.store.tasks``):
 
 * psycopg 3's *synchronous* API on anyio worker threads (asyncio and trio alike):
   ``writers`` writer loops (default 1) drain one bounded queue of operations and run
@@ -14,7 +14,7 @@ Contracts (besides those of ``acp_server.lmsp.store``):
   the batch's plain creates share one multi-row INSERT); reads use a small pool of
   autocommit connections. An operation that lost a deadlock or a
   serialization race is rolled back alone and re-run in a later transaction.
-* The schema (``pg_schema``) is created and migrated at start-up under an advisory
+* The schema (``schema``) is created and migrated at start-up under an advisory
   lock; the applied versions are in ``schema_version``. The ``max_queued`` check
   takes a transaction advisory lock, so the limit holds across writers and instances.
 * Ownership: a claim sets ``owner`` (this store's ``instance``) and a lease of
@@ -40,6 +40,7 @@ import logging
 import secrets
 import threading
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -48,10 +49,12 @@ import msgspec
 import psycopg
 from psycopg import errors as pg_errors
 
-from acp_server.lmsp.identity import claim_identity
-from acp_server.lmsp.pg_schema import MIGRATIONS, PG, Conn, migrate, queued_count
-from acp_server.lmsp.store import (
+from acp_server.store.identity import claim_identity
+from acp_server.store.schema import MIGRATIONS, migrate_postgres
+from acp_server.store.tasks import (
     ACTIVE,
+    Dialect,
+    numbered,
     NO_EXTRA,
     TERMINAL,
     CommittedEvent,
@@ -70,8 +73,8 @@ from acp_server.lmsp.store import (
     queued_record,
     recover_rows,
 )
-from acp_server.lmsp.wire import AnyEvent, encode
-from acp_server.lmsp.writer import GroupCommitStore, Op
+from acp_server.store.tasks import AnyEvent, encode
+from acp_server.store.writer import GroupCommitStore, Op
 
 __all__ = ["MIGRATIONS", "PostgresTaskStore", "is_postgres_url"]
 log = logging.getLogger("acp_server.lmsp")
@@ -86,6 +89,35 @@ TRANSIENT = (pg_errors.DeadlockDetected, pg_errors.SerializationFailure,
 # A create without idempotency key (task, event 0, max_queued): it may join the
 # batch's one multi-row INSERT (``_bulk_creates``) instead of running its operation.
 Bulk = tuple[NewTask, AnyEvent, int | None]
+
+
+Conn = psycopg.Connection[Any]
+
+
+def queued_count(conn: Conn) -> int:
+    """Queued tasks, exact until the transaction ends: transactions that check the
+    queue limit (any writer, any instance) take this lock, so they count in turn."""
+    conn.execute("SELECT pg_advisory_xact_lock(hashtext(current_schema() || '.lmsp.queue'))")
+    row = conn.execute("SELECT COUNT(*) FROM tasks WHERE status = 'queued'").fetchone()
+    return int(row[0]) if row else 0
+
+
+class PostgresDialect(Dialect):
+    p = "%s"
+    lock = " FOR UPDATE"
+    skip_locked = " FOR UPDATE SKIP LOCKED"
+
+    def insert_events(self, conn: Any, task_id: str, first_seq: int,
+                      events: Sequence[AnyEvent], out: list[CommittedEvent]) -> None:
+        rows = numbered(task_id, first_seq, events, out)
+        if rows:   # one statement, one round trip, whatever the count
+            conn.execute("INSERT INTO task_events(task_id, seq, type, data) SELECT %s, "
+                         "unnest(%s::integer[]), unnest(%s::text[]), unnest(%s::bytea[])",
+                         (task_id, [r.seq for r in rows], [r.type for r in rows],
+                          [r.data for r in rows]))
+
+
+PG = PostgresDialect()
 
 
 @dataclasses.dataclass
@@ -126,7 +158,7 @@ class PostgresTaskStore(GroupCommitStore[Conn]):
         try:
             first = await anyio.to_thread.run_sync(self._connect)
             self._writers.append(first)
-            await anyio.to_thread.run_sync(migrate, first)
+            await anyio.to_thread.run_sync(migrate_postgres, first)
             row = await anyio.to_thread.run_sync(
                 lambda: first.execute("SELECT current_schema()").fetchone())
             self.channel = f"lmsp_{row[0] if row else 'public'}"[:63]

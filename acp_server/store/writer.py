@@ -34,7 +34,7 @@ from typing import Any, Generic, Self, TypeVar, cast
 import anyio
 import anyio.abc
 
-from acp_server.lmsp.store import CommittedEvent, moves_of
+from acp_server.store.tasks import CommittedEvent, moves_of
 
 MAX_BATCH = 256
 QUEUE_SIZE = 4096

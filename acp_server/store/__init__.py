@@ -1,0 +1,1 @@
+"""The durable store (placeholder docstring, rewritten below)."""
