@@ -28,6 +28,8 @@ from typing import Any, Protocol, TypeGuard
 
 import msgspec
 
+from acp_server.store.errors import StoreHealth
+
 # An event draft: a msgspec Struct whose fields include ``type`` and ``sequence_number``
 # (a door's wire type, e.g. ``acp_server.lmsp.wire``); the store numbers and encodes it.
 AnyEvent = Any
@@ -139,6 +141,8 @@ class TaskStore(Protocol):
     # Called after each commit with the status each committed transition moved a
     # task to (``moves_of``); the metrics set it.
     on_transition: Callable[[str], None] | None
+    # What the store knows of its own availability (``errors.StoreHealth``).
+    health: StoreHealth
     # Several server instances share the store: the service then renews leases,
     # recovers expired ones and polls (``SharedTaskStore``, ``is_shared``).
     shared: bool
@@ -199,6 +203,9 @@ class TaskStore(Protocol):
 
     async def status_counts(self) -> dict[str, int]:
         """Tasks in the store by status (``STATUS_COUNTS_SQL``)."""
+
+    async def probe(self, timeout: float = 2.0) -> str | None:
+        """``None`` when the store serves, else why not (``/health?deep=1``)."""
 
 
 class SharedTaskStore(TaskStore, Protocol):
@@ -271,6 +278,17 @@ def moves_of(result: Any) -> list[str]:
             and result[1] is True:
         return [result[0].status]
     return []
+
+
+class ObservedMoves:
+    """``TaskStore.on_transition`` for a ``GroupCommitStore``: its ``_observe`` hook."""
+
+    on_transition: Callable[[str], None] | None = None
+
+    def _observe(self, result: Any) -> None:
+        if self.on_transition is not None:
+            for status in moves_of(result):
+                self.on_transition(status)
 
 
 def restart_target(status: str, on_restart: str, attempt: int, max_attempts: int) -> str:
