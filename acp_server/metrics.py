@@ -56,6 +56,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from acp_server.lmsp.wire import TaskStatus
+from acp_server.store.errors import StoreUnavailableError
 from bridge import Bridge, BridgeStats
 from bridge.observer import BridgeObserver
 
@@ -88,7 +89,10 @@ class _TaskCounts:
         async with self._lock:
             if time.monotonic() - self.fetched_at < self.ttl_s:
                 return   # another scrape fetched them meanwhile
-            self.counts = await self.store.status_counts()
+            try:
+                self.counts = await self.store.status_counts()
+            except StoreUnavailableError:
+                return   # the last counts stand; /health?deep=1 says the store is down
             self.fetched_at = time.monotonic()
             self.fetches += 1
 

@@ -1,6 +1,7 @@
 """The ``/lmsp/v1`` routes.
 
     app.state.lmsp = service
+    app.state.store = service.store   # /health?deep=1 asks it (acp_server.rest.health)
     app.router.routes.extend(lmsp_routes())
 
 Contracts: every error is a problem object (``application/problem+json``), 405
@@ -28,7 +29,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import Send
 
 from acp_server.lmsp.listing import list_tasks
-from acp_server.lmsp.problems import LmspError, problem, problem_response
+from acp_server.lmsp.problems import LmspError, problem, problem_response, store_unavailable
 from acp_server.lmsp.requests import (
     decode_json,
     parse_cursor,
@@ -42,6 +43,7 @@ from acp_server.store.tasks import TERMINAL, CommittedEvent
 from acp_server.lmsp.responses import base_response
 from acp_server.lmsp.wire import DeletedResponse, encode
 from acp_server.http.sse import SseResponse, frame
+from acp_server.store.errors import StoreUnavailableError
 
 PREFIX = "/lmsp/v1"
 KEEPALIVE_COMMENT = b"keep-alive"
@@ -63,6 +65,8 @@ def _endpoint(methods: dict[str, Endpoint]) -> Callable[[Request], Awaitable[Res
             return await handler(request, request.app.state.lmsp)
         except LmspError as exc:
             return problem_response(exc, instance=request.url.path)
+        except StoreUnavailableError as exc:
+            return problem_response(store_unavailable(exc), instance=request.url.path)
 
     return handle
 
@@ -178,8 +182,8 @@ async def _wait_unless_gone(request: Request, service: LmspService, task_id: str
         try:
             if (await service.get_task(task_id)).status not in TERMINAL:
                 await service.cancel(task_id)
-        except LmspError:
-            pass
+        except (LmspError, StoreUnavailableError):
+            pass   # nobody reads the answer; a task left running ends on its own
     return None
 
 
@@ -218,7 +222,7 @@ class EventStream(SseResponse):
                 record = await service.get_task(task_id)
                 if record.status not in TERMINAL:
                     await service.cancel(task_id)
-            except LmspError:
+            except (LmspError, StoreUnavailableError):
                 pass
 
 
@@ -248,6 +252,7 @@ CORS_DENIED_PROBLEM = encode(problem("forbidden", "Request denied by CORS policy
 def install_lmsp(app: Any, service: LmspService) -> None:
     """The whole composition: the service on ``app.state`` and the routes."""
     app.state.lmsp = service
+    app.state.store = service.store   # /health?deep=1 asks it (acp_server.rest.health)
     app.router.routes.extend(lmsp_routes())
     metrics = getattr(app.state, "metrics", None)
     if metrics is not None:   # task transitions and the task gauge of /metrics

@@ -45,6 +45,7 @@ from acp_server.lmsp.conversation import (
 )
 from acp_server.lmsp.permissions import decide, decision_label
 from acp_server.lmsp.responses import Attempt, count_tokens, in_progress_event
+from acp_server.store.errors import Backoff, StoreUnavailableError, persist
 from acp_server.store.tasks import Finish, TaskRecord, TaskStore, restart_target
 from acp_server.lmsp.wire import AnyEvent, PermissionDecidedEvent, decode_any
 from bridge import Bridge
@@ -63,6 +64,8 @@ SUBSCRIPTION_QUEUE = 2048
 @dataclasses.dataclass(eq=False)
 class _Handle:
     cancel_requested: bool = False
+    # covers the agent session's creation (``loading``): a cancel ends the wait
+    loading: anyio.CancelScope = dataclasses.field(default_factory=anyio.CancelScope)
     stopping: bool = False      # the runner itself cancelled the prompt
     ticket: PromptTicket | None = None
 
@@ -114,8 +117,10 @@ class DeltaWriter:
             if self.closed and self.hold_tail:
                 self.tail = batch + self.pending
                 return
-            if batch:
-                await self.store.append_events(self.task_id, batch, ("running", "cancelling"))
+            if batch:   # kept until the store takes them (``add`` blocks past MAX_PENDING)
+                await persist(lambda: self.store.append_events(
+                    self.task_id, batch, ("running", "cancelling")),
+                    what=f"lmsp task {self.task_id}: events")
             if self.closed and not self.pending:
                 return
 
@@ -135,6 +140,11 @@ class Runner:
         self.permission_decisions = {"reject": 0, "allow": 0, "cancelled": 0}
         self._running: dict[str, _Handle] = {}
         self._wakeup = anyio.Event()
+        # At the bridge's session limit: claims pause (``_slot_backoff``) until a task of
+        # ours ends (``_slot_freed``) or the backoff delay passes.
+        self._slot_backoff = Backoff(0.05, 2.0)
+        self._slot_wait = 0.0
+        self._slot_freed = anyio.Event()
 
     @property
     def running(self) -> int:
@@ -154,6 +164,8 @@ class Runner:
         handle.cancel_requested = True
         if handle.ticket is not None:
             handle.ticket.cancel("lmsp_cancel")
+        else:   # loading: stop waiting for the agent's session
+            handle.loading.cancel()
 
     async def forget(self, response_id: str) -> None:
         """Close the live session kept for ``response_id`` (if any)."""
@@ -162,35 +174,42 @@ class Runner:
             await _close(live.bridge, live.session_id)
 
     async def run(self) -> None:
+        """Claims and starts work until cancelled. A store that cannot serve (or any
+        other failure to claim) is retried with a capped backoff, wake-ups or not:
+        queued work starts by itself once the store is back."""
+        backoff = Backoff(0.05, 5.0)
         async with anyio.create_task_group() as tg:
             while True:
-                while (free := self.max_running - len(self._running)) > 0:
-                    records = await self._claim(free)
-                    for record in records:
-                        self._running[record.id] = _Handle()   # see cancel()
-                        tg.start_soon(self._run, record)
-                    if len(records) < free:   # the queue is empty
-                        break
+                try:
+                    await self._wait_for_slots()
+                    while (free := self.max_running - len(self._running)) > 0:
+                        # one write claims them all (one statement, one commit)
+                        records = await self.store.claim(self.clock(), free)
+                        for record in records:
+                            self._running[record.id] = _Handle()   # see cancel()
+                            tg.start_soon(self._run, record)
+                        if len(records) < free:   # the queue is empty
+                            break
+                except Exception as exc:   # noqa: BLE001 - the loop outlives any fault
+                    delay = backoff.next()
+                    if isinstance(exc, StoreUnavailableError):
+                        log.warning("lmsp: cannot claim tasks (%s); again in %.2f s",
+                                    exc.reason, delay)
+                    else:
+                        log.exception("lmsp: claiming tasks failed; again in %.2f s", delay)
+                    await anyio.sleep(delay)
+                    continue
+                backoff.reset()
                 await self._wakeup.wait()
                 self._wakeup = anyio.Event()
 
-    async def _claim(self, count: int) -> list[TaskRecord]:
-        """Up to ``count`` queued tasks, claimed at once so that the store commits the
-        claims together (one group commit, not one round trip per claim)."""
-        if count == 1:
-            record = await self.store.claim_next(self.clock())
-            return [] if record is None else [record]
-        claimed: list[TaskRecord] = []
-
-        async def one() -> None:
-            record = await self.store.claim_next(self.clock())
-            if record is not None:
-                claimed.append(record)
-
-        async with anyio.create_task_group() as tg:
-            for _ in range(count):
-                tg.start_soon(one)
-        return claimed
+    async def _wait_for_slots(self) -> None:
+        """After a task met the bridge's session limit: wait until one of ours ends or
+        the backoff passes (doubling while the limit holds, up to 2 s)."""
+        if self._slot_wait > 0:
+            with anyio.move_on_after(self._slot_wait):
+                await self._slot_freed.wait()
+            self._slot_wait = 0.0
 
     async def _run(self, record: TaskRecord) -> None:
         handle = self._running[record.id]
@@ -198,9 +217,12 @@ class Runner:
             await self._execute(record, handle)
         except Exception as exc:   # noqa: BLE001 - a bug must still end the task
             log.exception("lmsp task %s crashed", record.id)
-            await self._end_failed(record, Attempt(record, ""), "server_error", str(exc))
+            await self._end_failed(record, Attempt(record, ""), "server_error",
+                                   "Internal error.")
         finally:
             del self._running[record.id]
+            self._slot_freed.set()
+            self._slot_freed = anyio.Event()
             self.wake()
 
     async def _execute(self, record: TaskRecord, handle: _Handle) -> None:
@@ -222,22 +244,31 @@ class Runner:
         blocks: list[dict[str, Any]] = [{"type": "text", "text": prompt}]
         if session_id is None:
             try:
-                session_id = await self._new_session(bridge, agent)
+                with handle.loading:
+                    session_id = await self._new_session(bridge, agent)
+            except SessionLimitExceededError:
+                await self._requeue_at_limit(record)
+                return
             except Exception as exc:   # noqa: BLE001 - any bridge failure fails the task
                 await self._end_agent_error(record, attempt, exc)
                 return
+            if session_id is None:   # cancelled while loading (the agent never answered)
+                await self._end_cancelled(record, attempt)
+                return
+            self._slot_backoff.reset()
         keep = False
         try:
             if isinstance(previous, str) and not continued:
-                messages = await history(self.store, previous)
+                messages = await persist(lambda: history(self.store, previous),
+                                         what=f"lmsp task {record.id}: its history")
                 embedded = bridge.agents.capability(bridge.agents.resolve(agent),
                                                     "promptCapabilities", "embeddedContext")
                 blocks = history_prompt(previous, messages, prompt, embedded=bool(embedded))
                 attempt.input_tokens += count_tokens(transcript(messages))
-            now = self.clock()
-            won = await self.store.transition(
+            won = await persist(lambda: self.store.transition(
                 record.id, ("loading",), "running",
-                lambda rec: Finish(events=[in_progress_event(rec)]), now=now)
+                lambda rec: Finish(events=[in_progress_event(rec)]), now=self.clock()),
+                what=f"lmsp task {record.id} → running")
             if won is None:   # cancelled while loading
                 await self._end_cancelled(record, attempt)
                 return
@@ -263,9 +294,10 @@ class Runner:
                 await self._end_cancelled(record, attempt)
                 return
             # the last deltas ride in the final transition's commit, before its events
-            won = await self.store.transition(
-                record.id, ("running",), status,
-                dataclasses.replace(finish, events=[*tail, *finish.events]), now=self.clock())
+            final = dataclasses.replace(finish, events=[*tail, *finish.events])
+            won = await persist(lambda: self.store.transition(
+                record.id, ("running",), status, final, now=self.clock()),
+                what=f"lmsp task {record.id} → {status}")
             if won is None:   # a cancel committed first
                 await self._write_tail(record, tail)
                 await self._end_cancelled(record, attempt)
@@ -292,9 +324,23 @@ class Runner:
                     raise
                 await _close(live.bridge, live.session_id)
 
+    async def _requeue_at_limit(self, record: TaskRecord) -> None:
+        """The bridge is at its session limit: the task goes back to ``queued`` (its
+        attempt not counted, its place in the queue kept) and claims pause until a
+        slot frees. A cancel that came meanwhile ends it instead."""
+        if self._slot_wait == 0:
+            self._slot_wait = self._slot_backoff.next()
+        if await persist(lambda: self.store.unclaim(record.id, now=self.clock()),
+                         what=f"lmsp task {record.id} → queued"):
+            log.info("lmsp task %s waits for a session slot (the bridge is at its limit)",
+                     record.id)
+            return
+        await self._end_cancelled(record, Attempt(record, ""))
+
     async def _write_tail(self, record: TaskRecord, tail: list[AnyEvent]) -> None:
         if tail:
-            await self.store.append_events(record.id, tail, ("running", "cancelling"))
+            await persist(lambda: self.store.append_events(
+                record.id, tail, ("running", "cancelling")), what=f"lmsp task {record.id}")
 
     async def _pump(self, record: TaskRecord, attempt: Attempt, ticket: PromptTicket,
                     subscription: Any, handle: _Handle, bridge: Bridge) -> list[AnyEvent]:
@@ -343,17 +389,22 @@ class Runner:
                                       outcome=outcome, option_kind=kind,
                                       tool_call=data.get("toolCall"))
 
+    async def _transition(self, record: TaskRecord, from_states: tuple[str, ...], to: str,
+                          finish: Finish | None = None) -> bool:
+        """One transition, retried while the store is unavailable (each try is shielded
+        by the store; a shutdown may cut the retries: restart recovery then applies
+        ``on_restart``). Whether it won."""
+        return await persist(lambda: self.store.transition(
+            record.id, from_states, to, finish, now=self.clock()),
+            what=f"lmsp task {record.id} → {to}") is not None
+
     async def _end_cancelled(self, record: TaskRecord, attempt: Attempt) -> None:
         """→ ``cancelled``, through ``cancelling`` when the backend stopped on its own
         (e.g. a bridge deadline) without an LMSP cancel."""
-        with anyio.CancelScope(shield=True):
-            if await self.store.transition(record.id, ("cancelling",), "cancelled",
-                                           attempt.cancelled(), now=self.clock()) is not None:
-                return
-            if await self.store.transition(record.id, ("loading", "running"), "cancelling",
-                                           now=self.clock()) is not None:
-                await self.store.transition(record.id, ("cancelling",), "cancelled",
-                                            attempt.cancelled(), now=self.clock())
+        if await self._transition(record, ("cancelling",), "cancelled", attempt.cancelled()):
+            return
+        if await self._transition(record, ("loading", "running"), "cancelling"):
+            await self._transition(record, ("cancelling",), "cancelled", attempt.cancelled())
 
     async def _end_agent_error(self, record: TaskRecord, attempt: Attempt,
                                error: Exception) -> None:
@@ -362,10 +413,7 @@ class Runner:
         for its next attempt; numbering continues). Anything else fails the task."""
         if isinstance(error, AgentDiedError) and restart_target(
                 "running", record.on_restart, record.attempt, self.max_attempts) == "queued":
-            with anyio.CancelScope(shield=True):
-                requeued = await self.store.transition(record.id, ("loading", "running"),
-                                                       "queued", None, now=self.clock())
-            if requeued is not None:
+            if await self._transition(record, ("loading", "running"), "queued"):
                 log.warning("lmsp task %s: the agent died (%s); attempt %d of %d queued again",
                             record.id, error, record.attempt + 1, self.max_attempts)
                 return
@@ -373,11 +421,10 @@ class Runner:
 
     async def _end_failed(self, record: TaskRecord, attempt: Attempt, code: str,
                           message: str) -> None:
-        with anyio.CancelScope(shield=True):
-            won = await self.store.transition(record.id, ("loading", "running"), "failed",
-                                              attempt.failed(code, message), now=self.clock())
-            if won is None:
-                await self._end_cancelled(record, attempt)
+        """→ ``failed``; never raises for the store (it waits for it to come back)."""
+        if not await self._transition(record, ("loading", "running"), "failed",
+                                      attempt.failed(code, message)):
+            await self._end_cancelled(record, attempt)
 
 
 async def _close(bridge: Bridge, session_id: str) -> None:

@@ -32,7 +32,6 @@ import dataclasses
 import hashlib
 import logging
 import math
-import os
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -41,6 +40,8 @@ import anyio
 import anyio.abc
 import msgspec
 
+from acp_server.store import store_for
+from acp_server.store.errors import Backoff, StoreUnavailableError
 from acp_server.store.hub import Hub
 from acp_server.lmsp.problems import LmspError
 from acp_server.lmsp.requests import ResponseRequest
@@ -50,9 +51,7 @@ from acp_server.lmsp.responses import (
     error_finish,
     recovery_finish,
 )
-from acp_server.store.postgres import PostgresTaskStore, is_postgres_url
 from acp_server.lmsp.runner import Runner
-from acp_server.store.sqlite import SqliteTaskStore
 from acp_server.store.tasks import (
     TERMINAL,
     CommittedEvent,
@@ -175,8 +174,8 @@ class LmspService:
                     self.runner.wake()
                 if report.failed or report.requeued or report.cancelled:
                     log.warning("lmsp: recovered tasks of a dead instance: %s", report)
-            except Exception:   # noqa: BLE001 - retried at the next interval
-                log.exception("lmsp lease renewal/recovery failed")
+            except Exception as exc:   # noqa: BLE001 - retried at the next interval
+                _log_failure("lease renewal/recovery", exc)
             await anyio.sleep(store.renew_s)
 
     async def _poll_loop(self, store: SharedTaskStore) -> None:
@@ -197,8 +196,8 @@ class LmspService:
                 running = self.runner.running_ids()
                 for task_id in await store.cancelling_among(running) if running else ():
                     self.runner.cancel(task_id)
-            except Exception:   # noqa: BLE001 - retried at the next interval
-                log.exception("lmsp poll failed")
+            except Exception as exc:   # noqa: BLE001 - retried at the next interval
+                _log_failure("poll", exc)
 
     # -- capabilities -----------------------------------------------------------------
     def capabilities(self) -> Capabilities:
@@ -378,12 +377,19 @@ class LmspService:
                       ) -> AsyncIterator[list[CommittedEvent]]:
         """Batches of consecutive events (``[]`` = a keep-alive is due), ending with
         the batch that holds the terminal event."""
+        backoff = Backoff(0.05, 5.0)
         with self.hub.watch(task_id) as watch:   # registered before the first read
             rows: list[CommittedEvent] | None = None
             while not self.closed.is_set():
                 from_store = rows is None
                 if rows is None:
-                    rows = await self.store.read_events(task_id, last, PAGE)
+                    try:
+                        rows = await self.store.read_events(task_id, last, PAGE)
+                    except StoreUnavailableError:   # the stream waits for the store
+                        if not await watch.wait(backoff.next()):
+                            yield []   # a keep-alive meanwhile
+                        continue
+                    backoff.reset()
                 for i, event in enumerate(rows):
                     if event.type in TERMINAL_EVENTS:
                         yield rows[:i + 1]
@@ -394,7 +400,7 @@ class LmspService:
                 if from_store and len(rows) == PAGE:
                     rows = None
                     continue
-                if from_store and not rows and await self.store.get_task(task_id) is None:
+                if from_store and not rows and await self._gone(task_id):
                     return   # deleted (DELETE /responses/{id}) while streaming
                 rows = watch.take(last)
                 if rows == []:
@@ -402,14 +408,26 @@ class LmspService:
                         yield []
                     rows = watch.take(last)
 
+    async def _gone(self, task_id: str) -> bool:
+        try:
+            return await self.store.get_task(task_id) is None
+        except StoreUnavailableError:
+            return False   # the next read tells
+
     async def wait_terminal(self, task_id: str) -> TaskRecord:
         """The task once finished (or as it stands when the service closes). Every
         terminal transition writes its terminal event, so the hub wakes the watch: on
         this instance at its commit, from another one through its notice (``e``) or,
         when a notice is lost, the shared store's polling (``_poll_loop``)."""
+        backoff = Backoff(0.05, 5.0)
         with self.hub.watch(task_id) as watch:   # registered before the read
             while True:
-                record = await self.get_task(task_id)
+                try:
+                    record = await self.get_task(task_id)
+                except StoreUnavailableError:   # wait for the store, then read again
+                    await watch.wait(backoff.next())
+                    continue
+                backoff.reset()
                 if record.status in TERMINAL or self.closed.is_set():
                     return record
                 await watch.wait(math.inf)
@@ -426,8 +444,17 @@ class LmspService:
             await anyio.sleep(self.config.purge_interval_s)
             try:
                 await self.purge_once()
-            except Exception:   # noqa: BLE001 - retried at the next interval
-                log.exception("lmsp retention purge failed")
+            except Exception as exc:   # noqa: BLE001 - retried at the next interval
+                _log_failure("retention purge", exc)
+
+
+def _log_failure(what: str, exc: Exception) -> None:
+    """A background loop's failure: a store outage in one line (the store logs when it
+    goes down and comes back), anything else with its traceback."""
+    if isinstance(exc, StoreUnavailableError):
+        log.info("lmsp %s skipped: %s", what, exc.reason)
+    else:
+        log.error("lmsp %s failed", what, exc_info=exc)
 
 
 def _response_status(record: TaskRecord) -> str:
@@ -465,18 +492,8 @@ async def open_lmsp(bridge: Bridge, *, state_dir: str, store_url: str | None = N
     ``models`` defaults to ``bridge_models(bridge)``."""
     hub = Hub()
     if store is None:
-        os.makedirs(state_dir, exist_ok=True)
-        url = store_url or f"sqlite:///{os.path.join(os.path.abspath(state_dir), 'lmsp.sqlite3')}"
-        if is_postgres_url(url):
-            store = PostgresTaskStore(url, on_commit=hub.publish, group_commit=group_commit,
-                                      state_dir=state_dir)
-        elif url.startswith("sqlite:"):
-            store = SqliteTaskStore(url, on_commit=hub.publish, group_commit=group_commit)
-        else:
-            raise ValueError(f"Unsupported store {url!r}: use sqlite:///PATH or "
-                             f"postgresql://….")
-    else:
-        store.on_commit = hub.publish
+        store = store_for(store_url, state_dir=state_dir, group_commit=group_commit)
+    store.on_commit = hub.publish
     config = config or LmspConfig()
     async with store:
         service = LmspService(store, hub, bridge_models(bridge) if models is None else models,

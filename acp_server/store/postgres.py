@@ -39,6 +39,9 @@ from psycopg import errors as pg_errors
 from acp_server.store.identity import claim_identity
 from acp_server.store.pg_engine import WRITERS, Batch, Conn, PostgresEngine
 from acp_server.store.tasks import (
+    COLUMNS,
+    record_from_row,
+    UNCLAIM,
     ACTIVE,
     NO_EXTRA,
     TERMINAL,
@@ -69,6 +72,7 @@ __all__ = ["PostgresTaskStore", "is_postgres_url"]
 log = logging.getLogger("acp_server.store")
 
 NOW = "extract(epoch FROM clock_timestamp())"   # the database clock, seconds
+COLUMNS_OF_TASKS = ", ".join(f"tasks.{c.strip()}" for c in COLUMNS.split(","))
 # A create without idempotency key (task, event 0, max_queued): it may join the
 # batch's one multi-row INSERT (``_prepare``) instead of running its operation.
 Bulk = tuple[NewTask, AnyEvent, int | None]
@@ -95,6 +99,19 @@ class PostgresDialect(Dialect):
                          "unnest(%s::integer[]), unnest(%s::text[]), unnest(%s::bytea[])",
                          (task_id, [r.seq for r in rows], [r.type for r in rows],
                           [r.data for r in rows]))
+
+
+    def claim_oldest(self, conn: Any, now: float, set_extra: Extra = NO_EXTRA,
+                     limit: int = 1) -> list[TaskRecord]:
+        """The picked rows are locked once, in a materialized CTE (an ``IN (subquery)``
+        may be re-run by the planner, and ``SKIP LOCKED`` then skips its own rows)."""
+        rows = conn.execute(
+            f"WITH picked AS MATERIALIZED (SELECT seq FROM tasks WHERE status = 'queued' "
+            f"ORDER BY seq LIMIT %s FOR UPDATE SKIP LOCKED) "
+            f"UPDATE tasks SET status = 'loading', attempt = attempt + 1, updated_at = %s"
+            f"{set_extra[0]} FROM picked WHERE tasks.seq = picked.seq "
+            f"RETURNING {COLUMNS_OF_TASKS}", (limit, now, *set_extra[1])).fetchall()
+        return sorted(map(record_from_row, rows), key=lambda r: r.id)
 
 
 PG = PostgresDialect()
@@ -240,9 +257,14 @@ class PostgresTaskStore(ObservedMoves, PostgresEngine):
             lambda conn: PG.select_page(conn, principal, status, after, limit))
 
     async def claim_next(self, now: float) -> TaskRecord | None:
+        claimed = await self.claim(now, 1)
+        return claimed[0] if claimed else None
+
+    async def claim(self, now: float, limit: int) -> list[TaskRecord]:
         lease: Extra = (f", owner = %s, lease_expires_at = {NOW} + %s",
                         (self.instance, self.clock_offset_s + self.lease_s))
-        return await self._write(lambda conn, out, state: PG.claim_oldest(conn, now, lease))
+        return await self._write(
+            lambda conn, out, state: PG.claim_oldest(conn, now, lease, limit))
 
     def _owned(self) -> Extra:
         """Runner writes: only while no other instance owns the task."""
@@ -251,12 +273,13 @@ class PostgresTaskStore(ObservedMoves, PostgresEngine):
     def _transition(self, conn: Conn, out: list[CommittedEvent], state: Batch, task_id: str,
                     from_states: Sequence[str], to_state: str,
                     finish: FinishFactory | Finish | None, now: float, *,
-                    owned: bool = True) -> Transition | None:
+                    owned: bool = True, extra: Extra = NO_EXTRA) -> Transition | None:
         """``Dialect.transition_in`` (row locked first), ownership kept, its notices added."""
         requeue = to_state == "queued"
         released: Extra = (", owner = CASE WHEN %s THEN NULL ELSE owner END, "
                            "lease_expires_at = CASE WHEN %s THEN NULL ELSE lease_expires_at "
-                           "END", (requeue, requeue or to_state in TERMINAL))
+                           "END" + extra[0], (requeue, requeue or to_state in TERMINAL,
+                                              *extra[1]))
         won = PG.transition_in(conn, out, task_id, from_states, to_state, finish, now,
                             set_extra=released,
                             where_extra=self._owned() if owned else NO_EXTRA)
@@ -276,6 +299,11 @@ class PostgresTaskStore(ObservedMoves, PostgresEngine):
         return await self._write(
             lambda conn, out, state: self._transition(conn, out, state, task_id, from_states,
                                                       to_state, finish, now))
+
+    async def unclaim(self, task_id: str, *, now: float) -> bool:
+        return await self._write(lambda conn, out, state: self._transition(
+            conn, out, state, task_id, ("loading",), "queued", None, now,
+            extra=UNCLAIM) is not None)
 
     async def append_events(self, task_id: str, events: Sequence[AnyEvent],
                             while_states: Sequence[str]) -> list[CommittedEvent] | None:

@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 import anyio
 
 from acp_server.store.tasks import (
+    UNCLAIM,
     ObservedMoves,
     CommittedEvent,
     CreateOutcome,
@@ -255,9 +256,13 @@ class SqliteTaskStore(ObservedMoves, GroupCommitStore[sqlite3.Connection]):
             lambda conn: SQL.select_page(conn, principal, status, after, limit))
 
     async def claim_next(self, now: float) -> TaskRecord | None:
-        def op(conn: sqlite3.Connection, out: list[CommittedEvent]) -> TaskRecord | None:
-            claimed = SQL.claim_oldest(conn, now)
-            if claimed is not None:
+        claimed = await self.claim(now, 1)
+        return claimed[0] if claimed else None
+
+    async def claim(self, now: float, limit: int) -> list[TaskRecord]:
+        def op(conn: sqlite3.Connection, out: list[CommittedEvent]) -> list[TaskRecord]:
+            claimed = SQL.claim_oldest(conn, now, limit=limit)
+            for _ in claimed:
                 self._moved("queued", "loading")
             return claimed
 
@@ -268,6 +273,16 @@ class SqliteTaskStore(ObservedMoves, GroupCommitStore[sqlite3.Connection]):
                          now: float) -> Transition | None:
         return await self._write(lambda conn, out: self._step(
             conn, out, task_id, from_states, to_state, finish, now))
+
+    async def unclaim(self, task_id: str, *, now: float) -> bool:
+        def op(conn: sqlite3.Connection, out: list[CommittedEvent]) -> bool:
+            won = SQL.transition_in(conn, out, task_id, ("loading",), "queued", None, now,
+                                    set_extra=UNCLAIM)
+            if won is not None:
+                self._moved("loading", "queued")
+            return won is not None
+
+        return await self._write(op)
 
     async def append_events(self, task_id: str, events: Sequence[AnyEvent],
                             while_states: Sequence[str]) -> list[CommittedEvent] | None:

@@ -176,10 +176,17 @@ class TaskStore(Protocol):
     async def claim_next(self, now: float) -> TaskRecord | None:
         """The oldest ``queued`` task → ``loading`` (attempt + 1), or ``None``."""
 
+    async def claim(self, now: float, limit: int) -> list[TaskRecord]:
+        """Up to ``limit`` of the oldest ``queued`` tasks → ``loading``, in one write."""
+
     async def transition(self, task_id: str, from_states: Sequence[str], to_state: str,
                          finish: FinishFactory | Finish | None = None, *,
                          now: float) -> Transition | None:
         """``None`` when the task was not in ``from_states`` (another commit won)."""
+
+    async def unclaim(self, task_id: str, *, now: float) -> bool:
+        """``loading`` → ``queued`` undoing the claim (its attempt not counted; no
+        events): the runner could not start it yet. ``False`` when no longer loading."""
 
     async def append_events(self, task_id: str, events: Sequence[AnyEvent],
                             while_states: Sequence[str]) -> list[CommittedEvent] | None:
@@ -271,6 +278,8 @@ def moves_of(result: Any) -> list[str]:
         return [] if result.replayed else ["queued"]
     if isinstance(result, TaskRecord):
         return [result.status]
+    if isinstance(result, list):   # a claim of several
+        return [r.status for r in result if isinstance(r, TaskRecord)]
     if isinstance(result, RecoveryReport):
         return ["failed"] * result.failed + ["queued"] * result.requeued \
             + ["cancelled"] * result.cancelled
@@ -278,6 +287,9 @@ def moves_of(result: Any) -> list[str]:
             and result[1] is True:
         return [result[0].status]
     return []
+
+
+UNCLAIM: Extra = (", attempt = attempt - 1", ())
 
 
 class ObservedMoves:
@@ -418,16 +430,17 @@ class Dialect:
             self.p, now=now, event_retention=event_retention, task_retention=task_retention)]
         return counts[0] + counts[-1]
 
-    def claim_oldest(self, conn: Any, now: float, set_extra: Extra = NO_EXTRA
-                     ) -> TaskRecord | None:
-        """The oldest ``queued`` task → ``loading`` (attempt + 1), or ``None``."""
+    def claim_oldest(self, conn: Any, now: float, set_extra: Extra = NO_EXTRA,
+                     limit: int = 1) -> list[TaskRecord]:
+        """The ``limit`` oldest ``queued`` tasks → ``loading`` (attempt + 1), in one
+        statement, oldest first."""
         p = self.p
-        row = conn.execute(
+        rows = conn.execute(
             f"UPDATE tasks SET status = 'loading', attempt = attempt + 1, updated_at = {p}"
-            f"{set_extra[0]} WHERE seq = (SELECT seq FROM tasks WHERE status = 'queued' "
-            f"ORDER BY seq LIMIT 1{self.skip_locked}) AND status = 'queued' RETURNING {COLUMNS}",
-            (now, *set_extra[1])).fetchone()
-        return None if row is None else record_from_row(row)
+            f"{set_extra[0]} WHERE seq IN (SELECT seq FROM tasks WHERE status = 'queued' "
+            f"ORDER BY seq LIMIT {p}{self.skip_locked}) AND status = 'queued' "
+            f"RETURNING {COLUMNS}", (now, *set_extra[1], limit)).fetchall()
+        return sorted(map(record_from_row, rows), key=lambda r: r.id)
 
     def transition_in(self, conn: Any, out: list[CommittedEvent], task_id: str,
                       from_states: Sequence[str], to_state: str,
