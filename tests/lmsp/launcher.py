@@ -25,6 +25,7 @@ import uvicorn
 from acp_server.app import build_app
 from acp_server.lmsp import install_lmsp, open_lmsp
 from acp_server.store.postgres import PostgresTaskStore
+from acp_server.store.sqlite import SqliteTaskStore
 from acp_server.store.tasks import TaskStore
 from acp_server.settings import Settings
 from bridge import Bridge
@@ -47,9 +48,12 @@ def spawn(*args: str) -> tuple[subprocess.Popen[str], str]:
 
 
 def make_store(args: argparse.Namespace) -> TaskStore | None:
-    """A PostgreSQL store with the lease timings asked for; ``None`` = SQLite ``--db``."""
+    """A PostgreSQL store with the lease timings asked for; SQLite ``--db`` with the busy
+    timeout asked for; ``None`` = the default (``store_for``)."""
     if args.store is None:
-        return None
+        if args.busy_timeout_s is None:
+            return None
+        return SqliteTaskStore(args.db, busy_timeout_s=args.busy_timeout_s)
     return PostgresTaskStore(args.store, lease_s=args.lease_s, renew_s=args.renew_s,
                              poll_s=args.poll_s)
 
@@ -83,6 +87,7 @@ def main() -> None:
     parser.add_argument("--lease-s", type=float, default=30)
     parser.add_argument("--renew-s", type=float, default=10)
     parser.add_argument("--poll-s", type=float, default=1.0)
+    parser.add_argument("--busy-timeout-s", type=float, help="SQLite's busy timeout")
     args = parser.parse_args()
     if (args.db is None) == (args.store is None):
         parser.error("give exactly one of --db and --store")

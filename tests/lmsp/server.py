@@ -28,7 +28,9 @@ from httpx_sse import aconnect_sse
 from acp_server.app import build_app
 from acp_server.lmsp import LmspConfig, LmspService, install_lmsp, open_lmsp
 from acp_server.settings import Settings
+from acp_server.store.tasks import TaskStore
 from bridge import Bridge
+from bridge.options import BridgeOptions
 from bridge.agents.reference import ReferenceAgentFactory
 from tests.lmsp.stores import STORE_FACTORIES, current
 from tests.rest.server import _serve_hypercorn, _serve_uvicorn
@@ -101,11 +103,16 @@ class LmspServer:
 @contextlib.asynccontextmanager
 async def running_lmsp(tmp_path: Any, *, token: str | None = None, max_running_tasks: int = 4,
                        config: LmspConfig | None = None, group_commit: bool = True,
-                       db_name: str = "lmsp.sqlite3") -> AsyncIterator[LmspServer]:
+                       db_name: str = "lmsp.sqlite3", store: TaskStore | None = None,
+                       factory: Any = None, options: BridgeOptions | None = None
+                       ) -> AsyncIterator[LmspServer]:
+    """``store``: a store of the test's own (else the selected one); ``factory``: the
+    agent factory (else the reference agent); ``options``: the bridge's."""
     settings = Settings(workspace=str(tmp_path), port=0, token=token)
-    async with Bridge(ReferenceAgentFactory(), workspace_cwd=settings.workspace,
-                      options=settings.options) as bridge:
-        store = STORE_FACTORIES[current["name"]](Path(tmp_path), db_name, group_commit)
+    async with Bridge(factory or ReferenceAgentFactory(), workspace_cwd=settings.workspace,
+                      options=options or settings.options) as bridge:
+        if store is None:
+            store = STORE_FACTORIES[current["name"]](Path(tmp_path), db_name, group_commit)
         async with open_lmsp(bridge, state_dir=str(tmp_path), store=store, token=token,
                              max_running_tasks=max_running_tasks, config=config) as service:
             app = build_app(settings, bridge)
