@@ -74,20 +74,31 @@ class DeltaWriter:
     """Batches non-state events of one task: a commit at most ``FLUSH_S`` after the
     first pending event, or as soon as ``FLUSH_EVENTS`` are pending. At most
     ``MAX_PENDING`` wait (``add`` blocks beyond that). ``run`` returns once closed and
-    drained."""
+    drained.
 
-    def __init__(self, store: TaskStore, task_id: str) -> None:
+    ``opening`` (``response.in_progress``) is the first commit: the transition
+    ``loading`` → ``running``, made ``FLUSH_S`` after the prompt was sent with the
+    deltas of that time. A turn that ends sooner never makes it: the final transition
+    carries it (one commit for the whole turn). ``opened`` says which happened."""
+
+    def __init__(self, store: TaskStore, task_id: str, opening: AnyEvent,
+                 clock: Callable[[], float]) -> None:
         self.store = store
         self.task_id = task_id
+        self.clock = clock
+        self.opening = opening
+        self.opened = False     # ``running`` committed
+        self.lost = False       # the opening transition lost (a cancel came first)
         self.pending: list[AnyEvent] = []
         self.closed = False
         # Set before ``close``: the events pending at close are left in ``tail`` for the
         # caller's next commit (the final transition) instead of a commit of their own.
         self.hold_tail = False
         self.tail: list[AnyEvent] = []
-        self._some = anyio.Event()    # pending is not empty (or closed)
+        self._some = anyio.Event()    # pending is not empty (or closed, or to open)
         self._full = anyio.Event()    # FLUSH_EVENTS pending (or closed)
         self._space = anyio.Event()   # set after each flush
+        self._some.set()              # the opening is due
 
     async def add(self, drafts: list[AnyEvent]) -> None:
         while len(self.pending) >= MAX_PENDING:
@@ -117,12 +128,25 @@ class DeltaWriter:
             if self.closed and self.hold_tail:
                 self.tail = batch + self.pending
                 return
-            if batch:   # kept until the store takes them (``add`` blocks past MAX_PENDING)
-                await persist(lambda: self.store.append_events(
-                    self.task_id, batch, ("running", "cancelling")),
-                    what=f"lmsp task {self.task_id}: events")
+            # kept until the store takes them (``add`` blocks past MAX_PENDING)
+            await self.write(batch)
             if self.closed and not self.pending:
                 return
+
+    async def write(self, batch: list[AnyEvent]) -> None:
+        """``batch`` committed: with the opening transition first if not made yet."""
+        if self.lost:
+            return
+        if not self.opened:
+            opening = Finish(events=[self.opening, *batch])
+            won = await persist(lambda: self.store.transition(
+                self.task_id, ("loading",), "running", opening, now=self.clock()),
+                what=f"lmsp task {self.task_id} → running")
+            self.opened, self.lost = won is not None, won is None
+        elif batch:
+            await persist(lambda: self.store.append_events(
+                self.task_id, batch, ("running", "cancelling")),
+                what=f"lmsp task {self.task_id}: events")
 
 
 class Runner:
@@ -265,11 +289,7 @@ class Runner:
                                                     "promptCapabilities", "embeddedContext")
                 blocks = history_prompt(previous, messages, prompt, embedded=bool(embedded))
                 attempt.input_tokens += count_tokens(transcript(messages))
-            won = await persist(lambda: self.store.transition(
-                record.id, ("loading",), "running",
-                lambda rec: Finish(events=[in_progress_event(rec)]), now=self.clock()),
-                what=f"lmsp task {record.id} → running")
-            if won is None:   # cancelled while loading
+            if handle.cancel_requested:   # cancelled while loading
                 await self._end_cancelled(record, attempt)
                 return
             ticket = bridge.send_prompt(session_id, blocks)
@@ -278,28 +298,33 @@ class Runner:
                 ticket.cancel("lmsp_cancel")
             subscription = bridge.subscribe(session_id, last_event_id=ticket.last_event_id,
                                             max_queued=SUBSCRIPTION_QUEUE)
+            writer = DeltaWriter(self.store, record.id, in_progress_event(record), self.clock)
             try:
-                tail = await self._pump(record, attempt, ticket, subscription, handle, bridge)
+                await self._pump(attempt, ticket, subscription, handle, bridge, writer)
             finally:
                 subscription.close()   # the session may outlive this task
             try:
                 result: PromptResult = await ticket
             except Exception as exc:   # noqa: BLE001 - AgentError, AgentDiedError, ...
-                await self._write_tail(record, tail)
+                await writer.write(writer.tail)
                 await self._end_agent_error(record, attempt, exc)
                 return
             status, finish = attempt.finish(result.stop_reason)
             if status == "cancelled":
-                await self._write_tail(record, tail)
+                await writer.write(writer.tail)
                 await self._end_cancelled(record, attempt)
                 return
             # the last deltas ride in the final transition's commit, before its events
-            final = dataclasses.replace(finish, events=[*tail, *finish.events])
+            # (and ``response.in_progress`` first when the turn ended before it was due)
+            opening = [] if writer.opened else [writer.opening]
+            final = dataclasses.replace(finish, events=[*opening, *writer.tail,
+                                                        *finish.events])
+            state = ("running",) if writer.opened else ("loading",)
             won = await persist(lambda: self.store.transition(
-                record.id, ("running",), status, final, now=self.clock()),
+                record.id, state, status, final, now=self.clock()),
                 what=f"lmsp task {record.id} → {status}")
             if won is None:   # a cancel committed first
-                await self._write_tail(record, tail)
+                await writer.write(writer.tail)
                 await self._end_cancelled(record, attempt)
                 return
             keep = (status == "succeeded" and not attempt.truncated and may_keep(bridge)
@@ -337,18 +362,12 @@ class Runner:
             return
         await self._end_cancelled(record, Attempt(record, ""))
 
-    async def _write_tail(self, record: TaskRecord, tail: list[AnyEvent]) -> None:
-        if tail:
-            await persist(lambda: self.store.append_events(
-                record.id, tail, ("running", "cancelling")), what=f"lmsp task {record.id}")
-
-    async def _pump(self, record: TaskRecord, attempt: Attempt, ticket: PromptTicket,
-                    subscription: Any, handle: _Handle, bridge: Bridge) -> list[AnyEvent]:
+    async def _pump(self, attempt: Attempt, ticket: PromptTicket, subscription: Any,
+                    handle: _Handle, bridge: Bridge, writer: DeltaWriter) -> None:
         """Session updates → events, until the prompt's turn ends. Reading never waits
-        for the store (so the bridge's subscription queue does not back up); a
-        ``DeltaWriter`` commits what accumulated. When the turn ended, the events not
-        yet written are returned (the caller writes them), else written here."""
-        writer = DeltaWriter(self.store, record.id)
+        for the store (so the bridge's subscription queue does not back up); ``writer``
+        commits what accumulated. When the turn ended, the events not yet written are
+        left in ``writer.tail`` (the caller writes them), else written here."""
         async with anyio.create_task_group() as tg:
             tg.start_soon(writer.run)
             try:
@@ -371,7 +390,6 @@ class Runner:
                             ticket.cancel("max_output_tokens")
             finally:
                 writer.close()
-        return writer.tail
 
     def _answer_permission(self, bridge: Bridge, data: Any) -> PermissionDecidedEvent | None:
         """Nobody can vote over LMSP: the policy answers at once (first responder)."""

@@ -74,6 +74,13 @@ class Batch:
     notices: set[tuple[str, str]] = dataclasses.field(default_factory=set)
 
 
+def _parse(payload: str) -> tuple[str, str, list[str]]:
+    """``kind:instance:id,…`` → (kind, instance, ids)."""
+    kind, _, rest = payload.partition(":")
+    instance, _, ids = rest.partition(":")
+    return kind, instance, ids.split(",")
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
@@ -298,14 +305,10 @@ class PostgresEngine(GroupCommitStore[Conn]):
                     backoff.reset()
                     while not self._stop.is_set():   # each notice as soon as it arrives
                         for notice in conn.notifies(timeout=0.2):
-                            anyio.from_thread.run_sync(self._deliver, notice.payload)
+                            kind, instance, ids = _parse(notice.payload)
+                            if instance != self.instance:   # ours: no hop to the loop
+                                anyio.from_thread.run_sync(self._on_notice, kind, ids)
             except Exception as exc:   # noqa: BLE001 - psycopg, or the loop going away
                 log.warning("LISTEN connection lost (%s); reconnecting", _first_line(exc))
                 ready.set()
                 self._stop.wait(backoff.next())
-
-    def _deliver(self, payload: str) -> None:
-        kind, _, rest = payload.partition(":")
-        instance, _, ids = rest.partition(":")
-        if instance != self.instance:
-            self._on_notice(kind, ids.split(","))

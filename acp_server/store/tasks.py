@@ -447,13 +447,19 @@ class Dialect:
                       finish: FinishFactory | Finish | None, now: float, *,
                       set_extra: Extra = NO_EXTRA, where_extra: Extra = NO_EXTRA
                       ) -> Transition | None:
-        """One conditional UPDATE (the row read first, locked where the engine locks, so
-        ``finish`` sees what it updates) and its events, in the caller's transaction.
+        """One conditional UPDATE and its events, in the caller's transaction. The row is
+        read first (locked where the engine locks) when ``finish`` is a factory, so it
+        sees what it updates, or when several ``from_states`` are allowed; a ready
+        ``Finish`` from one state is a single UPDATE.
         ``None`` = the task was not in ``from_states`` (another commit won)."""
-        current = self.select_task(conn, task_id, lock=True)
-        if current is None or current.status not in from_states:
-            return None
-        done = finish(current) if callable(finish) else (finish or Finish())
+        if callable(finish) or len(from_states) != 1:
+            current = self.select_task(conn, task_id, lock=True)
+            if current is None or current.status not in from_states:
+                return None
+            done, previous = finish(current) if callable(finish) else (finish or Finish()), \
+                current.status
+        else:   # nothing to read first: the conditional UPDATE decides alone
+            done, previous = finish or Finish(), from_states[0]
         p = self.p
         marks = ",".join([p] * len(from_states))
         row = conn.execute(
@@ -469,7 +475,7 @@ class Dialect:
         events: list[CommittedEvent] = []
         self.insert_events(conn, task_id, record.next_seq - len(done.events), done.events, events)
         out.extend(events)
-        return Transition(record, events, current.status)
+        return Transition(record, events, previous)
 
     def append_in(self, conn: Any, out: list[CommittedEvent], task_id: str,
                   events: Sequence[AnyEvent], while_states: Sequence[str],
