@@ -8,7 +8,8 @@ Contracts:
 
 * psycopg 3's *synchronous* API on anyio worker threads (asyncio and trio alike):
   ``writers`` writer loops (default 1) drain one bounded queue of operations and run
-  each batch in one transaction, a SAVEPOINT per operation (an operation is
+  each batch in one transaction, without savepoints first, then (when an operation
+  raised) again with a SAVEPOINT per operation (an operation is
   ``fn(conn, events_out, batch)``; ``batch`` is the transaction's ``Batch``); reads use
   a small pool of autocommit connections. An operation that lost a deadlock or a
   serialization race is rolled back alone and re-run in a later transaction.
@@ -106,8 +107,9 @@ class PostgresEngine(GroupCommitStore[Conn]):
         self._down = ""                 # why the last connection attempt failed
 
     # -- hooks for the operations ----------------------------------------------------
-    def _prepare(self, conn: Conn, batch: list[Op], state: Batch) -> list[Op]:
-        """Run what the batch may do in bulk; returns the operations left to run."""
+    def _prepare(self, conn: Conn, batch: list[Op], state: Batch, careful: bool) -> list[Op]:
+        """Run what the batch may do in bulk; returns the operations left to run
+        (``careful``: inside the savepoint ``op``, which it may roll back to)."""
         return batch
 
     def _on_notice(self, kind: str, ids: list[str]) -> None:
@@ -185,19 +187,25 @@ class PostgresEngine(GroupCommitStore[Conn]):
 
     # -- the writers -----------------------------------------------------------------
     def _run_batch(self, index: int, batch: list[Op]) -> None:
-        """Runs in a worker thread. Transient losers re-run in a following transaction;
-        a batch whose connection broke before COMMIT is re-run once on a new one."""
-        pending, resend = batch, True
-        for attempt in range(RETRIES):
-            pending, resent = self._transaction(index, pending, last=attempt == RETRIES - 1,
-                                                resend=resend)
-            resend = resend and not resent
+        """Runs in a worker thread. The batch goes first without savepoints (one round
+        trip less per operation); when an operation raises, it is run again with a
+        SAVEPOINT per operation. Transient losers re-run in a following transaction; a
+        batch whose connection broke before COMMIT is re-run once on a new one."""
+        pending, resend, careful = batch, True, False
+        for attempt in range(RETRIES + 1):
+            pending, outcome = self._transaction(index, pending, last=attempt >= RETRIES - 1,
+                                                 resend=resend, careful=careful)
+            if outcome == "resent":
+                resend = False
+            elif outcome == "careful":
+                careful = True
             if not pending:
                 return
 
-    def _transaction(self, index: int, batch: list[Op], *, last: bool,
-                     resend: bool) -> tuple[list[Op], bool]:
-        """(operations to run again, whether the whole batch is re-sent)."""
+    def _transaction(self, index: int, batch: list[Op], *, last: bool, resend: bool,
+                     careful: bool) -> tuple[list[Op], str]:
+        """(operations to run again, why: ``""`` transient losers, ``"resent"`` the
+        connection broke, ``"careful"`` an operation raised in an optimistic run)."""
         conn = self._writers[index]
         if not self._usable(conn):
             try:
@@ -205,16 +213,20 @@ class PostgresEngine(GroupCommitStore[Conn]):
             except StoreUnavailableError as exc:
                 for op in batch:
                     op.result, op.error, op.events = None, exc, []
-                return [], False
+                return [], ""
         state = Batch()
         retry: list[Op] = []
         committing = False
         try:
-            # One savepoint per operation; between two operations RELEASE + SAVEPOINT go
-            # in one round trip, and ROLLBACK TO keeps the savepoint for the next one.
-            conn.execute("SAVEPOINT op")
-            rest = self._prepare(conn, batch, state)
+            if careful:
+                conn.execute("SAVEPOINT op")
+            rest = self._prepare(conn, batch, state, careful)
             for i, op in enumerate(rest):
+                if not careful:   # an error aborts the transaction: see below
+                    op.result = op.fn(conn, op.events, state)
+                    continue
+                # One savepoint per operation; between two operations RELEASE + SAVEPOINT
+                # go in one round trip, and ROLLBACK TO keeps the savepoint for the next.
                 try:
                     op.result = op.fn(conn, op.events, state)
                 except TRANSIENT as exc:
@@ -241,8 +253,13 @@ class PostgresEngine(GroupCommitStore[Conn]):
                 conn.rollback()
             except psycopg.Error:
                 pass
-            again = resend and not committing and not self._usable(conn)
-            if committing and not self._usable(conn):
+            lost = not self._usable(conn)
+            if not careful and not lost and not committing:   # again, with savepoints
+                for op in batch:
+                    op.result, op.error, op.events = None, None, []
+                return batch, "careful"
+            again = resend and not committing and lost
+            if committing and lost:
                 exc = StoreUnavailableError(f"PostgreSQL: the connection was lost during "
                                             f"COMMIT ({_first_line(exc)}); the outcome is "
                                             f"unknown")
@@ -251,8 +268,8 @@ class PostgresEngine(GroupCommitStore[Conn]):
             if again:
                 log.warning("PostgreSQL connection lost (%s); the batch is re-sent",
                             _first_line(exc))
-            return (batch, True) if again else ([], False)
-        return retry, False
+            return (batch, "resent") if again else ([], "")
+        return retry, ""
 
     def _send_notices(self, conn: Conn, state: Batch) -> None:
         """Every notice of the transaction in one statement: one payload per kind,

@@ -153,7 +153,7 @@ class PostgresTaskStore(ObservedMoves, PostgresEngine):
             for task_id in ids:
                 self.on_notify(kind, task_id)
 
-    def _prepare(self, conn: Conn, batch: list[Op], state: Batch) -> list[Op]:
+    def _prepare(self, conn: Conn, batch: list[Op], state: Batch, careful: bool) -> list[Op]:
         """The batch's plain creates in one statement (one round trip for all, not two
         each); returns the operations left to run. On any error, or when the queue
         limit could be reached, none is done here: each then runs on its own."""
@@ -183,10 +183,13 @@ class PostgresTaskStore(ObservedMoves, PostgresEngine):
                  [t.request for t in tasks], [t.created_at for t in tasks],
                  ids, types, datas))
         except pg_errors.Error:
+            if not careful:
+                raise   # the batch runs again, carefully
             conn.execute("ROLLBACK TO SAVEPOINT op")
             state.queued = None
             return batch
-        conn.execute("RELEASE SAVEPOINT op; SAVEPOINT op")
+        if careful:
+            conn.execute("RELEASE SAVEPOINT op; SAVEPOINT op")
         for op, task, kind, data in zip(plain, tasks, types, datas):
             op.events.append(CommittedEvent(task.id, 0, kind, data))
             op.result = CreateOutcome(queued_record(task), replayed=False)

@@ -9,7 +9,8 @@ Contracts (see ``acp_server.store.tasks`` for the interface):
   memory stream to one writer task (``writer.py``), which runs everything queued so
   far — at most ``MAX_BATCH`` — in one ``BEGIN IMMEDIATE … COMMIT`` on one worker
   thread: concurrent creates share one transaction and one fsync.
-  Each operation runs inside a SAVEPOINT, so one failing operation rolls back alone.
+  A batch runs without savepoints; when one of its operations raises, it is rolled
+  back and run again with a SAVEPOINT per operation, so that one rolls back alone.
   ``group_commit=False`` commits every operation on its own (the benchmark baseline).
 * Callers wake only after the COMMIT; ``on_commit`` gets the batch's events first.
 * Reads use separate connections (WAL readers never block the writer).
@@ -176,10 +177,16 @@ class SqliteTaskStore(ObservedMoves, GroupCommitStore[sqlite3.Connection]):
 
     # -- the writer ----------------------------------------------------------------
     def _run_batch(self, index: int, batch: list[Op]) -> None:
+        """Optimistic first: the whole batch in one transaction with no savepoints (each
+        statement is a call that gives up the GIL and must win it back from a busy event
+        loop, so fewer statements is lower latency). Only when an operation raises is
+        the batch rolled back and run again with a SAVEPOINT per operation."""
         conn = self._writer
         assert conn is not None
         try:
             self._check_file()
+            if self._optimistic(conn, batch):
+                return
             conn.execute("BEGIN IMMEDIATE")
             for op in batch:
                 conn.execute("SAVEPOINT op")
@@ -192,14 +199,36 @@ class SqliteTaskStore(ObservedMoves, GroupCommitStore[sqlite3.Connection]):
             conn.execute("COMMIT")
             self.commits += 1
         except Exception as exc:   # noqa: BLE001 - the whole batch failed
-            self._queued = None
-            try:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass   # SQLite rolls back on its own what it could not keep
+            self._rollback(conn)
             for op in batch:
                 op.error, op.events = exc, []
+
+    def _optimistic(self, conn: sqlite3.Connection, batch: list[Op]) -> bool:
+        """The batch without savepoints; ``False`` (rolled back, operations reset) when
+        one of several raised. A lone operation's error is its own: no second run."""
+        conn.execute("BEGIN IMMEDIATE")
+        for op in batch:
+            try:
+                op.result = op.fn(conn, op.events)
+            except Exception as exc:   # noqa: BLE001 - undone below
+                self._rollback(conn)
+                for each in batch:
+                    each.result, each.events = None, []
+                if len(batch) > 1:
+                    return False
+                op.error = exc
+                return True
+        conn.execute("COMMIT")
+        self.commits += 1
+        return True
+
+    def _rollback(self, conn: sqlite3.Connection) -> None:
+        self._queued = None   # recounted when next needed
+        try:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass   # SQLite rolls back on its own what it could not keep
 
     def _moved(self, before: str, after: str) -> None:
         if self._queued is not None:
