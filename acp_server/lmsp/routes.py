@@ -81,8 +81,7 @@ async def create_task(request: Request, service: LmspService) -> Response:
     body = decode_json(await read_body(request, limit=service.config.max_request_bytes))
     envelope = parse_task_envelope(body)
     record, replayed = await service.create_task(
-        envelope.request, on_restart=envelope.on_restart, body=body, key=key,
-        route="POST /lmsp/v1/tasks")
+        envelope.request, on_restart=envelope.on_restart, key=key, route="POST /lmsp/v1/tasks")
     headers = {"Location": f"{PREFIX}/tasks/{record.id}"}
     if replayed:
         headers["Idempotent-Replayed"] = "true"
@@ -113,7 +112,7 @@ async def create_response(request: Request, service: LmspService) -> Response:
     key = parse_idempotency_key(request.headers.get("idempotency-key"))
     body = decode_json(await read_body(request, limit=service.config.max_request_bytes))
     parsed = parse_response_request(body)
-    record, replayed = await service.create_task(parsed, on_restart="fail", body=body, key=key,
+    record, replayed = await service.create_task(parsed, on_restart="fail", key=key,
                                                  route="POST /lmsp/v1/responses")
     headers = {"Idempotent-Replayed": "true"} if replayed else {}
     if parsed.stream:

@@ -47,7 +47,8 @@ from acp_server.lmsp.permissions import decide, decision_label
 from acp_server.lmsp.responses import Attempt, count_tokens, in_progress_event
 from acp_server.store.errors import Backoff, StoreUnavailableError, persist
 from acp_server.store.tasks import Finish, TaskRecord, TaskStore, restart_target
-from acp_server.lmsp.wire import AnyEvent, PermissionDecidedEvent, decode_any
+from acp_server.lmsp.requests import decode_stored
+from acp_server.lmsp.wire import AnyEvent, PermissionDecidedEvent
 from bridge import Bridge
 from bridge import events as ev
 from bridge.errors import AgentDiedError, BridgeError, SessionLimitExceededError
@@ -250,17 +251,16 @@ class Runner:
             self.wake()
 
     async def _execute(self, record: TaskRecord, handle: _Handle) -> None:
-        request = decode_any(record.request)
-        prompt = _prompt_text(request)
-        limit = request.get("max_output_tokens") if isinstance(request, dict) else None
-        attempt = Attempt(record, prompt, limit if isinstance(limit, int) else None)
+        request = decode_stored(record.request)   # the one decode of the stored request
+        prompt = request.prompt_text
+        attempt = Attempt(record, prompt, request.max_output_tokens)
         target = self.models.get(record.model)
         if target is None:
             await self._end_failed(record, attempt, "model_not_found",
                                    f"The model {record.model!r} is not served any more.")
             return
         bridge, agent = target
-        previous = request.get("previous_response_id") if isinstance(request, dict) else None
+        previous = request.previous_response_id
         session_id = None
         if isinstance(previous, str):
             session_id = self.sessions.take(previous, record.model)
@@ -328,7 +328,7 @@ class Runner:
                 await self._end_cancelled(record, attempt)
                 return
             keep = (status == "succeeded" and not attempt.truncated and may_keep(bridge)
-                    and isinstance(request, dict) and request.get("store") is not False)
+                    and request.store is not False)
         finally:
             with anyio.CancelScope(shield=True):
                 closing = [(bridge, session_id)]
@@ -471,23 +471,3 @@ def _map_update(attempt: Attempt, data: Any) -> list[AnyEvent]:
     elif kind == "usage_update":
         attempt.usage_update(update)
     return []
-
-
-def _prompt_text(request: Any) -> str:
-    """The text sent to the agent: input messages' text joined by newlines."""
-    value = request.get("input") if isinstance(request, dict) else None
-    texts: list[str] = []
-    if isinstance(value, str):
-        texts.append(value)
-    elif isinstance(value, list):
-        for item in value:
-            content = item.get("content") if isinstance(item, dict) else None
-            if isinstance(content, str):
-                texts.append(content)
-            elif isinstance(content, list):
-                texts.extend(p["text"] for p in content
-                             if isinstance(p, dict) and isinstance(p.get("text"), str))
-    instructions = request.get("instructions") if isinstance(request, dict) else None
-    if isinstance(instructions, str) and instructions:
-        texts.append(instructions)
-    return "\n".join(texts)

@@ -44,7 +44,7 @@ from acp_server.store import store_for
 from acp_server.store.errors import Backoff, StoreUnavailableError
 from acp_server.store.hub import Hub
 from acp_server.lmsp.problems import LmspError
-from acp_server.lmsp.requests import ResponseRequest
+from acp_server.lmsp.requests import ResponseRequest, decode_stored
 from acp_server.lmsp.responses import (
     base_response,
     created_event,
@@ -72,7 +72,6 @@ from acp_server.lmsp.wire import (
     CapabilityFlags,
     Limits,
     TaskObject,
-    canonical,
     encode,
 )
 from bridge import Bridge
@@ -211,9 +210,11 @@ class LmspService:
             models=sorted(self.models))
 
     # -- tasks ------------------------------------------------------------------------
-    async def create_task(self, request: ResponseRequest, *, on_restart: str, body: object,
+    async def create_task(self, request: ResponseRequest, *, on_restart: str,
                           key: str | None, route: str) -> tuple[TaskRecord, bool]:
-        """Durable before it returns. ``(task, replayed)``."""
+        """Durable before it returns. ``(task, replayed)``. The stored request is
+        ``request.canonical``; the idempotency fingerprint hashes those bytes and
+        ``on_restart`` (members the service ignores are in neither)."""
         if on_restart == "resume":
             raise LmspError("unsupported_capability", "on_restart 'resume' needs snapshots, "
                             "which no configured agent supports.", capability="snapshots",
@@ -233,11 +234,13 @@ class LmspService:
         now = self.config.clock()
         task = NewTask(id=new_id("task"), response_id=new_id("resp"), on_restart=on_restart,
                        model=request.model, principal=self.principal,
-                       request=encode(request.body), created_at=now)
+                       request=request.canonical, created_at=now)
         idem = None
         if key is not None:
             idem = IdempotencyClaim(scope=f"{self.principal} {route}", key=key,
-                                    fingerprint=hashlib.sha256(canonical(body)).hexdigest(),
+                                    fingerprint=hashlib.sha256(
+                                        on_restart.encode() + b"\n" + request.canonical
+                                    ).hexdigest(),
                                     expires_at=now + self.config.idempotency_ttl_s)
         try:
             outcome = await self.store.create_task(
@@ -471,8 +474,7 @@ def _response_status(record: TaskRecord) -> str:
 
 
 def _unstored(record: TaskRecord) -> bool:
-    body = msgspec.json.decode(record.request)
-    return isinstance(body, dict) and body.get("store") is False
+    return decode_stored(record.request).store is False
 
 
 def bridge_models(bridge: Bridge) -> dict[str, tuple[Bridge, str | None]]:

@@ -98,7 +98,7 @@ async def test_kept_sessions_make_room_at_the_session_limit(tmp_path: Path,
         async def respond(text: str) -> str:
             record, _ = await service.create_task(
                 parse_response_request({"model": "reference", "input": text}),
-                on_restart="fail", body={}, key=None, route="test")
+                on_restart="fail", key=None, route="test")
             with anyio.fail_after(10):
                 record = await service.wait_terminal(record.id)
             assert record.status in TERMINAL

@@ -158,7 +158,7 @@ async def service_on(url: str, workspace: Path, max_running: int,
 async def _create(service: LmspService, text: str) -> str:
     body = envelope(text)
     record, _ = await service.create_task(parse_task_envelope(body).request,
-                                          on_restart="fail", body=body, key=None, route="t")
+                                          on_restart="fail", key=None, route="t")
     return record.id
 
 
