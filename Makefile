@@ -10,11 +10,15 @@ ARGS   ?=
 
 install: $(STAMP)
 
+# Set-up says one line; pip speaks only on an error.
+PIP := $(PY) -m pip --quiet --quiet --disable-pip-version-check
+
 $(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
-	touch $(STAMP)
+	@echo "setting up $(VENV) (first run only: the package, editable, with its test extras)"
+	@$(PYTHON) -m venv $(VENV)
+	@$(PIP) install --upgrade pip
+	@$(PIP) install -e '.[test]'
+	@touch $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest $(ARGS)
@@ -27,8 +31,8 @@ schemas: $(STAMP)
 	$(PY) -m acp_server.openapi openapi.json
 
 $(BENCH_STAMP): $(STAMP)
-	$(PY) -m pip install --quiet -e '.[test,bench]'
-	touch $(BENCH_STAMP)
+	@$(PIP) install -e '.[test,bench]'
+	@touch $(BENCH_STAMP)
 
 bench: $(BENCH_STAMP)
 	$(PY) -m bench $(ARGS)

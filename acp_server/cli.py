@@ -2,13 +2,15 @@
 
     $ acp-server serve --port 0 --workspace . --max-pending-prompts-per-session 12
     acp-server listening on http://127.0.0.1:53117 (workspace=/abs/ws, agent=reference)
+    state in /home/me/.local/state/acp-server/workspaces/ws-1f0c… (--state-dir chooses another)
 
 Contracts:
 
 * An invalid flag value exits with status 2 and the validation message on stderr
   (the bridge's own message for bridge options), before anything is started.
 * The listening line is printed to stdout (flushed) once the socket accepts
-  connections, with the real port when ``--port 0``.
+  connections, with the real port when ``--port 0``; the next line names the state
+  folder (by default one per workspace, ``settings.default_state_dir``).
 * LMSP tasks (``/lmsp/v1``) are kept in ``--store`` (default ``lmsp.sqlite3`` in the
   state directory); restart recovery runs before the server listens.
 * SIGTERM or SIGINT drains: LMSP stops starting tasks (running ones are left to restart
@@ -35,7 +37,7 @@ from acp_server.app import build_app
 from acp_server.conformance.cli import add_conformance_arguments, run_conformance_args
 from acp_server.http.guard import connection_cap, guarded_protocol, raise_fd_limit
 from acp_server.lmsp import LmspConfig, LmspService, install_lmsp, open_lmsp
-from acp_server.prompt_cli import add_prompt_arguments, run_prompt_args
+from acp_server.client.prompt_cli import add_prompt_arguments, run_prompt_args
 from acp_server.request_log import configure_logging
 from acp_server.settings import (
     DEFAULT_HOSTNAME,
@@ -45,7 +47,7 @@ from acp_server.settings import (
     Settings,
     SettingsError,
 )
-from acp_server.tasks_cli import add_tasks_arguments, run_tasks_args
+from acp_server.client.tasks_cli import add_tasks_arguments, run_tasks_args
 from bridge import Bridge
 from bridge.agents.children import ChildRegistry
 
@@ -95,8 +97,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
                                         "(command, env, cwd)")
     serve.add_argument("--max-acp-connections", default="64",
                        help="live /acp connections; initialize past it is refused (default 64)")
-    serve.add_argument("--state-dir", help="where the server keeps its state (default "
-                                           "$XDG_STATE_HOME/acp-server or ~/.local/state/acp-server)")
+    serve.add_argument("--state-dir", help="where the server keeps its state (default: a folder "
+                                           "per workspace under $XDG_STATE_HOME/acp-server/"
+                                           "workspaces, ~/.local/state by default)")
     serve.add_argument("--store", metavar="URL",
                        help="the LMSP task store, sqlite:///PATH or postgresql://… "
                             "(shared by several instances) (default: "
@@ -184,8 +187,10 @@ class _Server(uvicorn.Server):
     async def startup(self, sockets: Any = None) -> None:
         await super().startup(sockets=sockets)
         if self.started:
+            settings = self.settings
             print(f"acp-server listening on {listening_url(self)} "
-                  f"(workspace={self.settings.workspace}, agent={self.settings.agent})",
+                  f"(workspace={settings.workspace}, agent={settings.agent})\n"
+                  f"state in {settings.state_dir} (--state-dir chooses another)",
                   flush=True)
 
 

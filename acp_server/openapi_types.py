@@ -128,6 +128,9 @@ class SessionSummary(SessionStatus):
     agent: str
     maxPendingPrompts: int | None
     activePromptText: str | None
+    origin: Annotated[str, msgspec.Meta(
+        description="Who made it (`_meta[\"acp-server/origin\"]` at creation; `lmsp` for "
+                    "LMSP tasks); null for a person's session")] | None
 
 
 class SessionPage(msgspec.Struct):
@@ -159,6 +162,10 @@ class CreateSessionRequest(msgspec.Struct):
     sessionId: Annotated[str, msgspec.Meta(
         description="A UUID (RFC 4122, versions 1-5); forces `thread`")] | None = None
     agent: Annotated[str, msgspec.Meta(examples=["reference"])] | None = None
+    meta: Annotated[dict[str, Any], msgspec.Meta(
+        description="`{\"acp-server/origin\": LABEL}` labels a session made by a program "
+                    "(`[a-z][a-z0-9._-]{0,31}`; anything else is ignored)")] | None = \
+        msgspec.field(default=None, name="_meta")
 
 
 class PromptRequest(msgspec.Struct):

@@ -17,6 +17,7 @@ Contracts:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import re
 import shlex
@@ -72,10 +73,16 @@ class SettingsError(ValueError):
     """An invalid setting; the message names the setting and the value."""
 
 
-def default_state_dir() -> str:
-    """``$XDG_STATE_HOME/acp-server``, else ``~/.local/state/acp-server``."""
+def default_state_dir(workspace: str) -> str:
+    """One folder per workspace: ``$XDG_STATE_HOME/acp-server/workspaces/NAME-DIGEST``
+    (``$XDG_STATE_HOME`` defaults to ``~/.local/state``). DIGEST (16 hex digits of the
+    SHA-256 of the workspace's real path) is the key; NAME, its last component, is there
+    to be read. So two workspaces never share tasks, and one workspace always finds its own."""
     base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return os.path.join(base, "acp-server")
+    real = os.path.realpath(workspace)
+    digest = hashlib.sha256(os.fsencode(real)).hexdigest()[:16]
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", os.path.basename(real))[:40] or "root"
+    return os.path.join(base, "acp-server", "workspaces", f"{name}-{digest}")
 
 
 def parse_number(text: str) -> Any:
@@ -103,7 +110,8 @@ class Settings:
     # Named agents besides the default (``--agent NAME=COMMAND``, ``--config``).
     agent_profiles: tuple[AgentProfile, ...] = ()
     model_server: str | None = None
-    state_dir: str = dataclasses.field(default_factory=lambda: default_state_dir())
+    # "" = the workspace's own folder (``default_state_dir``); ``--state-dir`` chooses.
+    state_dir: str = ""
     options: BridgeOptions = dataclasses.field(default_factory=BridgeOptions)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_acp_connections: int = 64
@@ -134,6 +142,8 @@ class Settings:
         if not os.path.isdir(self.workspace):
             raise SettingsError(f"Invalid workspace: {self.workspace!r}. Must be an existing directory.")
         object.__setattr__(self, "workspace", os.path.realpath(self.workspace))
+        if not self.state_dir:
+            object.__setattr__(self, "state_dir", default_state_dir(self.workspace))
         if self.token is not None and not self.token:
             raise SettingsError("Invalid token: ''. Must be a non-empty string.")
         if self.require_auth and self.token is None:
@@ -289,7 +299,7 @@ class Settings:
                    allow_origins=tuple(allow_origin),
                    agent=shlex.join(default.command) if default.command else REFERENCE_AGENT,
                    agent_profiles=tuple(named), model_server=model_server,
-                   state_dir=os.path.abspath(state_dir) if state_dir else default_state_dir(),
+                   state_dir=os.path.abspath(state_dir) if state_dir else "",
                    max_acp_connections=parse_number(max_acp_connections)
                    if isinstance(max_acp_connections, str) else max_acp_connections,
                    store=store, max_running_tasks=parse_number(max_running_tasks)

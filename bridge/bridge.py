@@ -176,14 +176,17 @@ class Bridge:
             raise SessionLimitExceededError(limit)
 
     async def create_session(self, *, cwd: str | None = None, session_id: str | None = None,
-                             agent: str | None = None) -> SessionInfo:
+                             agent: str | None = None, origin: str | None = None) -> SessionInfo:
         """A fresh session (``thread`` scope) on ``agent`` (default: the default agent).
-        A requested id that is live attaches."""
+        A requested id that is live attaches. ``origin`` labels who made it for the
+        listings (``"lmsp"``, ``"conformance"``; ``None``: a person's client); the bridge
+        only keeps it."""
         self.check_workspace(cwd)
         name = self.agents.resolve(agent)
         if session_id is not None and session_id in self._sessions:
             return self._info(self.get_session(session_id), attached=True)
         session = await self._spawn("session/new", name, requested_id=session_id)
+        session.origin = origin
         return self._info(session, attached=False)
 
     async def attach_session(self, *, cwd: str | None = None, agent: str | None = None) -> SessionInfo:
@@ -459,7 +462,8 @@ class Bridge:
             event_epoch=session.bus.epoch, agent=session.agent_name,
             max_pending_prompts=session.limit,
             active_prompt_text=session.active.text if session.active else None,
-            updated_at=time.time() - max(0.0, time.monotonic() - session.last_seen))
+            updated_at=time.time() - max(0.0, time.monotonic() - session.last_seen),
+            origin=session.origin)
 
     def stats(self) -> BridgeStats:
         sessions = list(self._sessions.values())

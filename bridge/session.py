@@ -154,6 +154,7 @@ class Session:
         self.clients: dict[str, float] = {}
         self.closing = False
         self.forked_from: str | None = None
+        self.origin: str | None = None   # who made it (create_session's label), or None
         self.agent_name = ""   # the agent profile this session runs on
         self.agent_result: dict[str, Any] = {}   # the agent's session/new (load, ...) answer
         # How its prompts ended (bridge.history), kept across a close and a cold load.

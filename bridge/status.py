@@ -55,6 +55,7 @@ class SessionStatus:
     max_pending_prompts: int | None = None   # its admission limit (None: no limit)
     active_prompt_text: str | None = None    # the running prompt's text preview
     updated_at: float = 0.0                # epoch seconds of its last activity
+    origin: str | None = None              # create_session's label ("lmsp", …); None: a person's
 
     @property
     def has_active_prompt(self) -> bool:

@@ -122,10 +122,40 @@ def test_real_run(tmp_path: Path) -> None:
          "--state-dir", str(tmp_path / "state")],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=tmp_path,
     ) as proc:
-        _talk_then_terminate(proc, tmp_path)
+        _talk_then_terminate(proc, tmp_path, state=str(tmp_path / "state"))
 
 
-def _talk_then_terminate(proc: subprocess.Popen[str], tmp_path: Path) -> None:
+def test_the_default_state_folder_is_the_workspaces_own_and_start_up_names_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two workspaces, two folders under $XDG_STATE_HOME/acp-server/workspaces; the same
+    workspace (by any spelling of its path) always the same one; --state-dir wins."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir(), two.mkdir()
+    (tmp_path / "link").symlink_to(one)
+    first = _settings("--workspace", str(one)).state_dir
+    assert Path(first).parent == tmp_path / "xdg" / "acp-server" / "workspaces"
+    assert Path(first).name.startswith("one-")
+    assert _settings("--workspace", str(tmp_path / "link")).state_dir == first
+    assert _settings("--workspace", str(one) + "/.").state_dir == first
+    assert _settings("--workspace", str(two)).state_dir not in (first, "")
+    assert _settings("--workspace", str(two)).store_url.startswith(
+        "sqlite:///" + str(tmp_path / "xdg" / "acp-server" / "workspaces" / "two-"))
+    chosen = _settings("--workspace", str(one), "--state-dir", str(tmp_path / "mine")).state_dir
+    assert chosen == str(tmp_path / "mine")
+
+    env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["XDG_STATE_HOME"] = str(tmp_path / "xdg")
+    with subprocess.Popen(
+        [sys.executable, "-m", "acp_server", "serve", "--port", "0", "--workspace", str(one)],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=tmp_path,
+    ) as proc:
+        _talk_then_terminate(proc, one, state=first)
+    assert (Path(first) / "lmsp.sqlite3").exists()
+
+
+def _talk_then_terminate(proc: subprocess.Popen[str], tmp_path: Path, *, state: str) -> None:
     watchdog = threading.Timer(20, proc.kill)
     watchdog.start()
     try:
@@ -137,6 +167,8 @@ def _talk_then_terminate(proc: subprocess.Popen[str], tmp_path: Path) -> None:
         base_url, port, workspace = match.group(1), int(match.group(2)), match.group(3)
         assert port != 0
         assert workspace == os.path.realpath(tmp_path)
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == f"state in {state} (--state-dir chooses another)\n"
         with httpx.Client(base_url=base_url, timeout=5) as client:
             assert client.get("/health").json() == {"status": "ok"}
             sid = client.post("/session", json={}).json()["sessionId"]

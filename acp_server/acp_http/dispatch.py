@@ -29,6 +29,7 @@ from acp_server.acp_http.connection import (
     RpcId,
     SessionChannel,
 )
+from acp_server.http.origin import session_origin
 from acp_server.acp_http.errors import (  # noqa: F401 - re-exported for the routes
     ChannelLimitError,
     InvalidParamsError,
@@ -123,12 +124,14 @@ async def _authenticate(conn: AcpConnection, rpc_id: RpcId, params: dict[str, An
 
 async def _session_new(conn: AcpConnection, rpc_id: RpcId, params: dict[str, Any]) -> Any:
     """A fresh session on the agent named by ``_meta["acp-server/agent"]`` (default:
-    the server's default agent); the reply is the agent's own, unknown fields kept."""
+    the server's default agent), labelled by ``_meta["acp-server/origin"]``; the reply
+    is the agent's own, unknown fields kept."""
     meta = params.get("_meta")
     agent = meta.get(AGENT_META) if isinstance(meta, dict) else None
     if agent is not None and not isinstance(agent, str):
         raise InvalidParamsError(f'Invalid params: "_meta.{AGENT_META}" must be a string')
-    info = await conn.bridge.create_session(cwd=_cwd(params), agent=agent)
+    info = await conn.bridge.create_session(cwd=_cwd(params), agent=agent,
+                                            origin=session_origin(meta))
     conn.channel(info.session_id)
     return {**info.agent_result, "sessionId": info.session_id}
 

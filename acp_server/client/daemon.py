@@ -157,7 +157,8 @@ class DaemonClient:
             return await self._http.request(method, path, content=body, params=params,
                                             headers=self._headers(client_id, body is not None))
         except httpx.TransportError as exc:
-            raise DaemonConnectionError(f"{method} {path} failed: {exc!r}") from exc
+            raise DaemonConnectionError.from_transport(exc, str(self._http.base_url), method,
+                                                       path) from exc
 
     async def _call(self, method: str, path: str, *, body: bytes | None = None,
                     client_id: str | None = None, ok: tuple[int, ...] = (200,),

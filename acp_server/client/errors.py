@@ -15,7 +15,10 @@ the text (possibly empty).
 
 from __future__ import annotations
 
+import socket
 from typing import Any
+
+import httpx
 
 
 class DaemonError(Exception):
@@ -99,7 +102,43 @@ class DaemonSessionIdProtocolError(DaemonProtocolError):
 
 class DaemonConnectionError(DaemonError):
     """The request could not be sent or its answer not received (``__cause__`` is the
-    ``httpx`` error)."""
+    ``httpx`` error). Made by ``from_transport``: ``cannot reach URL: connection
+    refused`` when no connection was made, else ``METHOD PATH failed: REASON``."""
+
+    @classmethod
+    def from_transport(cls, exc: httpx.TransportError, base_url: str, method: str,
+                       path: str) -> DaemonConnectionError:
+        reason = transport_reason(exc)
+        if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
+            return cls(f"cannot reach {base_url.rstrip('/')}: {reason}")
+        return cls(f"{method} {path} failed: {reason}")
+
+
+def transport_reason(exc: BaseException) -> str:
+    """Why a connection failed, in a few words (``connection refused``, ``name not
+    resolved``, ``timed out``, …), read from the causes under an ``httpx`` error (whose
+    own message is often ``All connection attempts failed``), exception groups included."""
+    chain: list[BaseException] = []
+    todo: list[BaseException] = [exc]
+    while todo and len(chain) < 50:
+        seen = todo.pop(0)
+        chain.append(seen)
+        if isinstance(seen, BaseExceptionGroup):
+            todo.extend(seen.exceptions)
+        todo.extend(e for e in (seen.__cause__, seen.__context__) if e is not None)
+    for seen in chain:
+        if isinstance(seen, socket.gaierror):
+            return "name not resolved"
+        if isinstance(seen, ConnectionRefusedError):
+            return "connection refused"
+        if isinstance(seen, (TimeoutError, httpx.TimeoutException)):
+            return "timed out"
+    for seen in chain:
+        if isinstance(seen, httpx.RemoteProtocolError):
+            return str(seen).lower() or "the server closed the connection"
+        if isinstance(seen, OSError) and seen.strerror:
+            return seen.strerror.lower()
+    return str(exc) or type(exc).__name__
 
 
 def error_from_status(status: int, body: Any, session_id: str | None = None) -> DaemonError:

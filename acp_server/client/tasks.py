@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
+from urllib.parse import urlencode
 from collections.abc import AsyncGenerator, Mapping
 from types import TracebackType
 from typing import Any
@@ -69,6 +70,22 @@ class Task(msgspec.Struct, kw_only=True):
         return self.status in TERMINAL_STATUSES
 
 
+class TaskSummary(Task, kw_only=True):
+    """An item of ``GET /lmsp/v1/tasks`` (acp-server's listing): the task, its model,
+    its input's text (a preview) and its final usage (``None`` until it ends)."""
+
+    model: str = ""
+    input_text: str = ""
+    usage: dict[str, Any] | None = None
+
+
+class TaskPage(msgspec.Struct, kw_only=True):
+    data: list[TaskSummary]
+    first_id: str | None = None
+    last_id: str | None = None
+    has_more: bool = False
+
+
 class TaskEvent(msgspec.Struct, kw_only=True):
     """One response event (LMSP §6.3); the members an event type lacks are ``None``."""
 
@@ -90,6 +107,7 @@ class TaskEvent(msgspec.Struct, kw_only=True):
 
 _TASK = msgspec.json.Decoder(Task)
 _EVENT = msgspec.json.Decoder(TaskEvent)
+_PAGE = msgspec.json.Decoder(TaskPage)
 _ANY = msgspec.json.Decoder()
 _ENCODER = msgspec.json.Encoder()
 
@@ -234,7 +252,8 @@ class TaskClient:
             response = await self._http.request(method, PREFIX + path, content=body,
                                                 headers=all_headers)
         except httpx.TransportError as exc:
-            raise DaemonConnectionError(f"{method} {PREFIX}{path} failed: {exc!r}") from exc
+            raise DaemonConnectionError.from_transport(exc, str(self._http.base_url), method,
+                                                       PREFIX + path) from exc
         if response.status_code not in ok:
             raise problem_error(response.status_code, response.content)
         return response
@@ -256,6 +275,15 @@ class TaskClient:
     async def get(self, task_id: str) -> Task:
         response = await self._call("GET", f"/tasks/{task_id}")
         return _decode(_TASK, response.content)  # type: ignore[no-any-return]
+
+    async def list(self, *, limit: int = 20, status: str | None = None,
+                   after: str | None = None) -> TaskPage:
+        """One page of the caller's tasks, newest first (``after``: the previous page's
+        ``last_id``)."""
+        query = {"limit": str(limit), **({"status": status} if status else {}),
+                 **({"after": after} if after else {})}
+        response = await self._call("GET", "/tasks?" + urlencode(query))
+        return _decode(_PAGE, response.content)  # type: ignore[no-any-return]
 
     async def cancel(self, task_id: str) -> Task:
         response = await self._call("POST", f"/tasks/{task_id}/cancel", body=b"{}")

@@ -18,7 +18,8 @@ import httpx
 from httpx_ws import WebSocketDisconnect, aconnect_ws
 
 from acp_server.conformance.backpressure import fill, limit_of
-from acp_server.conformance.context import CheckFailed, Context, Skip, Stream, describe
+from acp_server.conformance.context import (ORIGIN_META, CheckFailed, Context, Skip, Stream,
+                                            describe)
 
 PATH = "/acp"
 JSON = {"Content-Type": "application/json"}
@@ -41,6 +42,11 @@ INITIALIZE = rpc(0, "initialize", {"protocolVersion": 1, "clientCapabilities": {
 
 def cwd(ctx: Context) -> str:
     return str((ctx.capabilities or {}).get("workspaceCwd") or "/")
+
+
+def new_params(ctx: Context) -> dict[str, Any]:
+    """``session/new`` params: the target's workspace, labelled as the runner's."""
+    return {"cwd": cwd(ctx), "mcpServers": [], "_meta": ORIGIN_META}
 
 
 def text(value: str) -> list[dict[str, Any]]:
@@ -80,12 +86,27 @@ async def accepted(ctx: Context, conn: str, message: Any, session: str | None = 
         raise CheckFailed(f"not accepted: {describe(response)}")
 
 
+def close_later(ctx: Context, sid: str, conn: str | None = None) -> None:
+    """Close a session the runner made when the scenario ends, however it ends:
+    ``session/close`` on its connection (cleanups run newest first, so before the
+    connection's DELETE), and ``DELETE /session/{id}`` where the target has REST (a
+    deleted ``/acp`` connection only detaches its sessions)."""
+    async def close() -> None:
+        if conn is not None:
+            with contextlib.suppress(httpx.HTTPError):
+                await post(ctx, conn, rpc(f"close-{sid}", "session/close", {"sessionId": sid}))
+        if ctx.capabilities is not None:
+            await ctx.request("DELETE", f"/session/{sid}")
+    ctx.later(close)
+
+
 async def new_session(ctx: Context, conn: str, stream: Stream, rpc_id: Any) -> str:
-    await accepted(ctx, conn, rpc(rpc_id, "session/new", {"cwd": cwd(ctx), "mcpServers": []}))
+    await accepted(ctx, conn, rpc(rpc_id, "session/new", new_params(ctx)))
     reply = await stream.wait_for(stream.rpc_reply(rpc_id))
     sid = (reply.data.get("result") or {}).get("sessionId")
     if not sid:
         raise CheckFailed(f"session/new answered {reply.data}")
+    close_later(ctx, str(sid), conn)
     return str(sid)
 
 
@@ -108,14 +129,15 @@ async def check_flow(ctx: Context) -> None:
             raise Skip("no connection")
         ctx.later(lambda: ctx.request("DELETE", PATH, headers={"Acp-Connection-Id": conn}))
         async with open_stream(ctx, conn) as connection:
-            created = await post(ctx, conn, rpc(1, "session/new",
-                                                {"cwd": cwd(ctx), "mcpServers": []}))
+            created = await post(ctx, conn, rpc(1, "session/new", new_params(ctx)))
             ctx.expect(ids[1], created.status_code == 202 and created.content == b"",
                        describe(created))
             await accepted(ctx, conn, rpc("conformance-2", "_conformance/unknown", {}))
             reply = await connection.wait_for(connection.rpc_reply(1))
             other = await connection.wait_for(connection.rpc_reply("conformance-2"))
             sid = (reply.data.get("result") or {}).get("sessionId")
+            if sid:
+                close_later(ctx, str(sid), conn)
             ctx.expect(ids[2], bool(sid) and ("result" in other.data or "error" in other.data),
                        f"reply to session/new (id 1): {reply.data}; to an unknown extension "
                        f"method (id 'conformance-2'): {other.data}")
@@ -213,12 +235,12 @@ async def check_websocket(ctx: Context) -> None:
                 init = await ws_reply(ctx, ws, 0)
                 if "result" not in init:
                     raise CheckFailed(f"initialize over WebSocket answered {init}")
-                await ws.send_text(json.dumps(rpc(1, "session/new", {"cwd": cwd(ctx),
-                                                                     "mcpServers": []})))
+                await ws.send_text(json.dumps(rpc(1, "session/new", new_params(ctx))))
                 created = await ws_reply(ctx, ws, 1)
                 sid = (created.get("result") or {}).get("sessionId")
                 if not sid:
                     raise CheckFailed(f"session/new over WebSocket answered {created}")
+                close_later(ctx, str(sid))
                 await ws.send_text(json.dumps(rpc(2, "session/prompt", {
                     "sessionId": sid, "prompt": text(ctx.options.quick_prompt)})))
                 answer = await ws_reply(ctx, ws, 2, ctx.options.settle_timeout_s)
@@ -296,7 +318,6 @@ async def check_queue_full(ctx: Context) -> None:
         conn, _ = await initialize(ctx)
         async with open_stream(ctx, conn) as connection:
             sid = await new_session(ctx, conn, connection, 1)
-            ctx.later(lambda: ctx.request("DELETE", f"/session/{sid}"))
             async with open_stream(ctx, conn, sid) as session:
                 await fill(ctx, sid, limit)   # over REST: one ACP connection may hold one
                 await accepted(ctx, conn, rpc(2, "session/prompt", {

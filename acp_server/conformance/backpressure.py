@@ -14,7 +14,8 @@ from typing import Any
 import anyio
 import httpx
 
-from acp_server.conformance.context import CheckFailed, Context, Frame, Skip, Stream, describe
+from acp_server.conformance.context import (ORIGIN_META, CheckFailed, Context, Frame, Skip,
+                                            Stream, describe)
 
 TERMINAL = ("turn_complete", "turn_error")
 
@@ -24,7 +25,8 @@ def _body(text: str) -> dict[str, Any]:
 
 
 async def new_session(ctx: Context) -> str:
-    response = await ctx.request("POST", "/session", json={"sessionScope": "thread"})
+    response = await ctx.request("POST", "/session", json={"sessionScope": "thread",
+                                                          "_meta": ORIGIN_META})
     if response.status_code != 200:
         raise CheckFailed(f"cannot create a session: {describe(response)}")
     sid = response.json()["sessionId"]

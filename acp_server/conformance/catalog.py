@@ -7,7 +7,8 @@ Contracts: ids never change meaning (reports and CI filters key on them); a leve
 MUST where the text states the rule as a requirement of the server, SHOULD where the
 rule comes from a reference implementation or a recommendation. The texts are the
 prompt-queue backpressure seed (``seed``), the ACP Streamable HTTP RFD as recorded in
-``reference/acp.md`` (``RFD``), ``qwen-serve.md`` (the peer) and LMSP §6.4, §7, §9.2.
+``reference/acp.md`` (``RFD``), ``qwen-serve.md`` (the peer) and LMSP §6.4, §7, §9.2
+(``docs/spec/LMSP.md``).
 """
 
 from __future__ import annotations

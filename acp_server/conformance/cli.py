@@ -5,8 +5,10 @@
           --hold-prompt "SLOW story please"
 
 Contracts: exit 0 exactly when no MUST check failed, 1 otherwise; 2 for bad usage or
-a target that answers nothing. Without ``--suite`` every suite the target advertises
-runs. The live table goes to stdout; ``--json`` / ``--junit`` write the reports.
+a target that answers nothing (one line on stderr: ``cannot reach URL: connection
+refused``). Without ``--suite`` every suite the target advertises runs. The results go
+to stdout (``display``: a live table in a terminal, one line per check otherwise);
+``--json`` / ``--junit`` write the reports.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from rich.console import Console
 
 from acp_server.conformance.catalog import SUITES
 from acp_server.conformance.context import Options
-from acp_server.conformance.display import LiveTable
+from acp_server.conformance.display import display_for
 from acp_server.conformance.report import EXIT_USAGE, Report
 from acp_server.conformance.runner import TargetUnreachable, run_conformance
 
@@ -83,20 +85,20 @@ def options_from_args(args: argparse.Namespace) -> Options:
 
 def run_conformance_args(args: argparse.Namespace, console: Console | None = None) -> int:
     console = console or Console()
-    table = LiveTable(console, f"conformance: {args.url}")
+    display = display_for(console, f"conformance: {args.url}")
 
     async def run() -> Report:
-        with table:
+        with display:
             return await run_conformance(args.url, options=options_from_args(args),
-                                         suites=args.suite, on_result=table.add,
-                                         on_plan=table.plan)
+                                         suites=args.suite, on_result=display.add,
+                                         on_plan=display.plan)
 
     try:
         report = anyio.run(run)
     except TargetUnreachable as exc:
-        print(f"acp-server conformance: cannot reach the target: {exc}", file=sys.stderr)
+        print(f"acp-server conformance: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    table.print_summary(report)
+    display.print_summary(report)
     if args.json is not None:
         args.json.write_bytes(report.json_bytes())
     if args.junit is not None:

@@ -31,6 +31,9 @@ from acp_server.conformance.catalog import CHECKS
 
 Outcome = Literal["pass", "fail", "skip"]
 DETAIL_CHARS = 600
+# Sent with every session the runner creates (POST /session, /acp session/new): a
+# server that knows the label (acp-server) lists them as the runner's; others ignore it.
+ORIGIN_META = {"acp-server/origin": "conformance"}
 
 
 @dataclass(frozen=True)

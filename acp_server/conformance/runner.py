@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 
+from acp_server.client.errors import transport_reason
 from acp_server.conformance import acp_http, backpressure, lmsp
 from acp_server.conformance.catalog import SUITES, checks_of
 from acp_server.conformance.context import Context, Options, Result
@@ -54,7 +55,7 @@ async def discover(ctx: Context) -> list[str]:
         ctx.lmsp_capabilities = await _json(ctx, "/lmsp/v1/capabilities")
         probe = await ctx.request("GET", acp_http.PATH, headers={"Accept": "text/event-stream"})
     except httpx.HTTPError as exc:
-        raise TargetUnreachable(f"{ctx.base_url}: {type(exc).__name__}: {exc}") from exc
+        raise TargetUnreachable(f"cannot reach {ctx.base_url}: {transport_reason(exc)}") from exc
     found = []
     if ctx.capabilities is not None and isinstance(ctx.capabilities.get("limits"), dict):
         found.append("backpressure")

@@ -1,4 +1,5 @@
-"""LMSP v1: async tasks and responses on a durable store (issue 5, ``docs: LMSP.md``).
+"""LMSP v1: async tasks and responses on a durable store (the spec text, cited as "§N"
+throughout, is ``docs/spec/LMSP.md``).
 
     async with open_lmsp(bridge, state_dir="/var/lib/acp", store_url="sqlite:///x.db",
                          max_running_tasks=4, token=settings.token) as lmsp:

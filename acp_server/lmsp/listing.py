@@ -14,8 +14,9 @@ Contracts:
 * ``limit`` 1..100 (default 20); ``after`` is the ``last_id`` of the previous page and
   must name a task of the caller; ``status`` is one task status. Anything else is a
   400 ``invalid_request`` problem naming the parameter.
-* Each item is the task object (§7.1) plus ``model`` and ``usage`` (the final
-  response's usage, ``null`` until the task has ended).
+* Each item is the task object (§7.1) plus ``model``, ``input_text`` (the text the
+  agent is sent, cut to ``INPUT_PREVIEW_CHARS``) and ``usage`` (the final response's
+  usage, ``null`` until the task has ended).
 """
 
 from __future__ import annotations
@@ -27,12 +28,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from acp_server.lmsp.problems import LmspError
+from acp_server.lmsp.requests import decode_stored
 from acp_server.lmsp.service import LmspService
 from acp_server.store.tasks import TaskRecord
 from acp_server.lmsp.wire import TaskList, TaskSummary, decode_response, encode
 
 DEFAULT_LIMIT = 20
 MAX_LIMIT = 100
+INPUT_PREVIEW_CHARS = 500
 STATUSES = ("queued", "loading", "running", "cancelling", "succeeded", "failed", "cancelled")
 _TASK_ID = re.compile(r"^task_[0-9A-Z]{26}$")
 
@@ -67,8 +70,14 @@ def summary(service: LmspService, record: TaskRecord) -> TaskSummary:
             usage = decode_response(record.response).usage
         except msgspec.DecodeError:   # not a response object: no usage to show
             usage = None
+    try:
+        text = decode_stored(record.request).prompt_text
+    except msgspec.DecodeError:
+        text = ""
+    if len(text) > INPUT_PREVIEW_CHARS:
+        text = text[:INPUT_PREVIEW_CHARS - 1] + "…"
     return TaskSummary(**{f: getattr(task, f) for f in task.__struct_fields__},
-                       model=record.model, usage=usage)
+                       model=record.model, input_text=text, usage=usage)
 
 
 async def list_tasks(request: Request, service: LmspService) -> Response:

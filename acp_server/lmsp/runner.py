@@ -342,7 +342,7 @@ class Runner:
         """A fresh session; at the bridge's session limit, kept sessions make room."""
         while True:
             try:
-                return (await bridge.create_session(agent=agent)).session_id
+                return (await bridge.create_session(agent=agent, origin="lmsp")).session_id
             except SessionLimitExceededError:
                 live = self.sessions.evict_oldest(bridge)
                 if live is None:

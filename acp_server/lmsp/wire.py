@@ -99,9 +99,11 @@ class TaskObject(msgspec.Struct, kw_only=True):
 
 
 class TaskSummary(TaskObject, kw_only=True):
-    """An item of ``GET /lmsp/v1/tasks``: the task object, its model and final usage."""
+    """An item of ``GET /lmsp/v1/tasks``: the task object, its model, its input's text
+    (cut to ``INPUT_PREVIEW_CHARS``) and final usage."""
 
     model: str
+    input_text: str = ""
     usage: Usage | None = None
 
 

@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from acp_server.http.origin import session_origin
 from acp_server.rest import wire
 from acp_server.rest.errors import bad_request, json_response
 from bridge import Bridge, SessionInfo, SessionStatus
@@ -96,9 +97,10 @@ async def create_session(request: Request) -> Response:
             raise bad_request("`sessionId` must be a UUID (RFC 4122, versions 1-5)",
                               "invalid_session_id")
         info = await bridge.create_session(cwd=body.cwd, session_id=body.sessionId,
-                                           agent=body.agent)
+                                           agent=body.agent, origin=session_origin(body.meta))
     elif scope == "thread":
-        info = await bridge.create_session(cwd=body.cwd, agent=body.agent)
+        info = await bridge.create_session(cwd=body.cwd, agent=body.agent,
+                                           origin=session_origin(body.meta))
     else:
         info = await bridge.attach_session(cwd=body.cwd, agent=body.agent)
     return json_response(200, created(info))

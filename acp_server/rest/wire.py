@@ -41,6 +41,7 @@ class CreateSessionBody(msgspec.Struct):
     sessionScope: Any = None
     sessionId: Any = None
     agent: str | None = None   # an agent profile name (default: the server's default agent)
+    meta: Any = msgspec.field(default=None, name="_meta")   # {"acp-server/origin": label}
 
 
 class PromptBody(msgspec.Struct):

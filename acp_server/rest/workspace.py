@@ -53,7 +53,7 @@ def session_summary(bridge: Bridge, session: Session) -> dict[str, Any]:
             "updatedAt": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(updated))
             + f".{int(updated * 1000) % 1000:03d}Z",
             "agent": status.agent, "maxPendingPrompts": status.max_pending_prompts,
-            "activePromptText": status.active_prompt_text}
+            "activePromptText": status.active_prompt_text, "origin": status.origin}
 
 
 def _decimal(text: str) -> bool:

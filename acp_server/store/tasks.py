@@ -357,7 +357,7 @@ NO_EXTRA: Extra = ("", ())
 
 
 class Dialect:
-    """What differs in the two engines' SQL; SQLite's here, PostgreSQL's in ``pg_schema``."""
+    """What differs in the two engines' SQL; SQLite's here, PostgreSQL's in ``postgres``."""
 
     p = "?"              # the driver's placeholder
     lock = ""            # appended to the read of a row the transaction will update

@@ -15,6 +15,10 @@ Contracts:
 * Each answer carries a Content Security Policy allowing only this origin's scripts,
   styles and fetches (no inline script, nothing from the network), ``nosniff``,
   ``no-referrer`` and ``frame-ancestors 'none'``.
+* ``VENDORED`` files are third-party libraries shipped byte for byte as their npm
+  package publishes them (no build step), pinned by version and SHA-256, with their
+  licence files beside them in ``static/`` (shipped in the package, not served). To
+  move one: ``npm pack NAME@VERSION``, copy the file and its licence, update the row.
 """
 
 from __future__ import annotations
@@ -31,6 +35,14 @@ CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'se
        "img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 CONTENT_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
                  ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml"}
+# served name -> (npm package, version, licence, licence file(s) in static/, SHA-256)
+VENDORED = {
+    "marked.esm.js": ("marked", "18.2.1", "MIT", ("marked.LICENSE.md",),
+                      "5371fea86fd0656b4fc7bea7c94c663109d82789b69433eeee78d42895aa44de"),
+    "purify.es.js": ("dompurify", "3.4.18", "MPL-2.0 OR Apache-2.0",
+                     ("purify.LICENSE.txt", "purify.LICENSE-MPL.txt"),
+                     "1a06b721ad8b46d6174b21f22ea70290aaf3e5a81d65af3b7178113953f7c9b1"),
+}
 HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
            "Referrer-Policy": "no-referrer", "Cache-Control": "no-cache"}
 

@@ -64,10 +64,12 @@ async def test_session_new_picks_an_agent_and_passes_its_answer_through(server: 
 
     conn_id, _ = await server.initialize()
     async with server.stream(conn_id) as conn_stream:
-        params = {"cwd": server.workspace, "mcpServers": [], "_meta": {"acp-server/agent": "reference"}}
+        params = {"cwd": server.workspace, "mcpServers": [],
+                  "_meta": {"acp-server/agent": "reference", "acp-server/origin": "ci.editor"}}
         await server.post(conn_id, request(7, "session/new", params))
         reply = await conn_stream.wait_for_id(7)
         assert isinstance(reply["result"]["sessionId"], str)
+        assert server.bridge.session_status(reply["result"]["sessionId"]).origin == "ci.editor"
         params["_meta"] = {"acp-server/agent": "nope"}
         await server.post(conn_id, request(8, "session/new", params))
         error = (await conn_stream.wait_for_id(8))["error"]

@@ -10,7 +10,7 @@ import sys
 import anyio
 import pytest
 
-from acp_server.prompt_cli import build_parser, chunk_text, prompt_command, run_prompt
+from acp_server.client.prompt_cli import build_parser, chunk_text, prompt_command, run_prompt
 from tests.client.harness import Daemon, Recorder, closed_port_url, daemon
 
 pytestmark = pytest.mark.anyio
@@ -63,8 +63,9 @@ async def test_errors_exit_non_zero(server: Daemon) -> None:
     assert code == 1 and out == "" and "failure" in err
     code, _, err = await run(["hi", "--url", server.url, "--session", "nope"])
     assert code == 1 and "session_not_found" in err
-    code, _, err = await run(["hi", "--url", closed_port_url(), "--timeout", "2"])
-    assert code == 1 and "failed" in err
+    url = closed_port_url()
+    code, _, err = await run(["hi", "--url", url, "--timeout", "2"])
+    assert (code, err) == (1, f"acp-server prompt: cannot reach {url}: connection refused\n")
 
 
 async def test_token(tmp_path: object) -> None:
@@ -86,11 +87,11 @@ async def test_run_prompt_function(server: Daemon) -> None:
 async def test_module_entry_point(server: Daemon) -> None:
     env = {**os.environ, "ACP_SERVER_URL": server.url}
     env.pop("ACP_SERVER_TOKEN", None)
-    result = await anyio.run_process([sys.executable, "-m", "acp_server.prompt_cli",
+    result = await anyio.run_process([sys.executable, "-m", "acp_server.client.prompt_cli",
                                       "/chunks 3 from a subprocess"], env=env, check=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout == b"Echo: from a subprocess\n"
-    failed = await anyio.run_process([sys.executable, "-m", "acp_server.prompt_cli", "/fail"],
+    failed = await anyio.run_process([sys.executable, "-m", "acp_server.client.prompt_cli", "/fail"],
                                      env=env, check=False)
     assert failed.returncode == 1 and b"failure" in failed.stderr
 

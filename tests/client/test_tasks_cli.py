@@ -13,20 +13,14 @@ import anyio
 import httpx
 import pytest
 
-from acp_server.tasks_cli import build_parser, run_tasks, tasks_command
-from tests.client.harness import Daemon, DropEvents, lmsp_daemon
+from acp_server.client.tasks_cli import build_parser, run_tasks, tasks_command
+from tests.client.harness import Daemon, DropEvents, closed_port_url, lmsp_daemon
 
 pytestmark = pytest.mark.anyio
 
 
-class Tty(io.StringIO):
-    def isatty(self) -> bool:
-        return True
-
-
-async def run(argv: list[str], out: io.StringIO | None = None) -> tuple[int, str, str]:
-    out = out if out is not None else io.StringIO()
-    err = io.StringIO()
+async def run(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
     code = await tasks_command(build_parser().parse_args(argv), out=out, err=err)
     return code, out.getvalue(), err.getvalue()
 
@@ -36,10 +30,11 @@ async def test_create_get_watch_cancel(tmp_path: Path) -> None:
         code, out, _ = await run(["create", "/chunks 5 hello", "--url", srv.url])
         task = json.loads(out)
         assert code == 0 and task["status"] == "queued" and task["id"].startswith("task_")
-        code, out, _ = await run(["watch", task["id"], "--url", srv.url])
-        lines = out.splitlines()
-        assert code == 0 and lines[-1].startswith(f"{task['id']}  succeeded  ")
-        assert lines[-1].endswith(" tokens")
+        code, out, err = await run(["watch", task["id"], "--url", srv.url])
+        assert code == 0 and out == "Echo: hello\n"   # the answer on stdout
+        [final] = [line for line in err.splitlines() if "  succeeded  " in line]
+        assert final.startswith(f"{task['id']}  succeeded  ") and final.endswith(" tokens")
+        assert err.splitlines()[-1] == final
         code, out, _ = await run(["get", task["id"], "--url", srv.url])
         assert code == 0 and json.loads(out)["status"] == "succeeded"
         code, _, err = await run(["cancel", task["id"], "--url", srv.url])
@@ -48,20 +43,35 @@ async def test_create_get_watch_cancel(tmp_path: Path) -> None:
         assert code == 1 and "task_not_found" in err
 
 
-async def test_watch_live_line_and_cancelled_task(tmp_path: Path) -> None:
-    async with lmsp_daemon(tmp_path) as srv:
-        _, out, _ = await run(["create", "/sleep 600ms /chunks 20 " + "z " * 40, "--url", srv.url])
-        task_id = json.loads(out)["id"]
-        tty = Tty()
-        code, out, _ = await run(["watch", task_id, "--url", srv.url], out=tty)
-        assert code == 0
-        assert "\x1b[" in out   # drawn in place by rich, with cursor movements
-        plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out)
-        frames = [f for f in re.split(r"[\r\n]", plain) if f.strip()]
-        assert len(frames) > 3  # redrawn while it ran
-        assert any("  running  " in f for f in frames)
-        assert frames[-1].startswith(f"{task_id}  succeeded") and plain.endswith("\n")
+async def test_watch_streams_the_text_and_the_status_only_moves_forward(tmp_path: Path) -> None:
+    """Text deltas reach stdout as they arrive; status lines never go back (the
+    replayed ``response.created`` of a running task is not "queued" again), and the
+    final line is printed once."""
+    writes: list[str] = []
 
+    class Recording(io.StringIO):
+        def write(self, text: str) -> int:
+            writes.append(text)
+            return super().write(text)
+
+    async with lmsp_daemon(tmp_path) as srv:
+        _, out, _ = await run(["create", "/sleep 300ms /chunks 6 one two three four five six",
+                               "--url", srv.url])
+        task_id = json.loads(out)["id"]
+        async with httpx.AsyncClient(base_url=srv.url) as http:
+            while (await http.get(f"/lmsp/v1/tasks/{task_id}")).json()["status"] != "running":
+                await anyio.sleep(0.01)   # a condition: watch starts on a running task
+        err = io.StringIO()
+        code = await tasks_command(build_parser().parse_args(["watch", task_id, "--url", srv.url]),
+                                   out=Recording(), err=err)
+    assert code == 0
+    assert "".join(writes) == "Echo: one two three four five six\n" and len(writes) >= 6
+    statuses = [line.split("  ")[1] for line in err.getvalue().splitlines()]
+    assert statuses == ["running", "succeeded"]
+
+
+async def test_a_cancelled_task_ends_the_watch_with_status_1(tmp_path: Path) -> None:
+    async with lmsp_daemon(tmp_path) as srv:
         _, out, _ = await run(["create", "/sleep 5s slow", "--url", srv.url])
         slow = json.loads(out)["id"]
 
@@ -73,8 +83,26 @@ async def test_watch_live_line_and_cancelled_task(tmp_path: Path) -> None:
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(cancel_soon)
-            code, out, _ = await run(["watch", slow, "--url", srv.url])
-        assert code == 1 and "  cancelled  " in out.splitlines()[-1]
+            code, out, err = await run(["watch", slow, "--url", srv.url])
+        assert code == 1 and out == "" and "  cancelled  " in err.splitlines()[-1]
+        assert [line.split("  ")[1] for line in err.splitlines()].count("cancelled") == 1
+
+
+async def test_list_prints_one_line_per_task_newest_first(tmp_path: Path) -> None:
+    async with lmsp_daemon(tmp_path) as srv:
+        code, out, err = await run(["list", "--url", srv.url])
+        assert (code, out, err) == (0, "", "no tasks\n")
+        first = json.loads((await run(["create", "the first", "--url", srv.url]))[1])["id"]
+        second = json.loads((await run(["create", "/sleep 5s the\nsecond", "--url", srv.url]))[1])
+        code, out, _ = await run(["list", "--url", srv.url])
+        lines = out.splitlines()
+        assert code == 0 and [line.split()[0] for line in lines] == [second["id"], first]
+        assert lines[0].endswith("/sleep 5s the second") and "reference" in lines[0]
+        code, out, _ = await run(["list", "--url", srv.url, "--json", "--limit", "1"])
+        page = json.loads(out)
+        assert [t["id"] for t in page["data"]] == [second["id"]] and page["has_more"] is True
+        assert page["data"][0]["input_text"] == "/sleep 5s the\nsecond"
+        await run(["cancel", second["id"], "--url", srv.url])
 
 
 async def test_watch_resumes_after_a_drop(tmp_path: Path) -> None:
@@ -83,20 +111,23 @@ async def test_watch_resumes_after_a_drop(tmp_path: Path) -> None:
         code, out, _ = await run(["create", "/sleep 200ms /chunks 12 a b c d e f", "--watch",
                                   "--url", srv.url])
     assert code == 0 and drop.dropped == 1
-    assert "  succeeded  " in out.splitlines()[-1]
+    assert out == "Echo: a b c d e f\n"
 
 
 async def test_module_entry_point(tmp_path: Path) -> None:
     async with lmsp_daemon(tmp_path) as srv:
         env = {**os.environ, "ACP_SERVER_URL": srv.url}
         env.pop("ACP_SERVER_TOKEN", None)
-        result = await anyio.run_process([sys.executable, "-m", "acp_server.tasks_cli", "create",
+        result = await anyio.run_process([sys.executable, "-m", "acp_server.client.tasks_cli", "create",
                                           "hi", "--watch"], env=env, check=False)
         assert result.returncode == 0, result.stderr
-        assert b"succeeded" in result.stdout
+        assert result.stdout == b"Echo: hi\n" and b"  succeeded  " in result.stderr
     assert run_tasks(["bogus"]) == 2
 
 
 async def test_unreachable(server: Daemon) -> None:
     code, _, err = await run(["get", "task_x", "--url", server.url + "/nowhere"])
     assert code == 1 and err
+    code, _, err = await run(["list", "--url", closed_port_url()])
+    assert code == 1 and re.fullmatch(
+        r"acp-server tasks: cannot reach http://127\.0\.0\.1:\d+: connection refused\n", err)

@@ -46,7 +46,7 @@ def test_synthetic_event_has_no_id() -> None:
 
 
 def test_client_does_not_import_the_server() -> None:
-    code = ("import sys, acp_server.client, acp_server.prompt_cli, acp_server.tasks_cli; "
+    code = ("import sys, acp_server.client, acp_server.client.prompt_cli, acp_server.client.tasks_cli; "
             "bad = [m for m in sys.modules if m == 'bridge' or m.startswith(('bridge.', "
             "'acp_server.rest', 'acp_server.app', 'acp_server.lmsp', 'starlette', 'uvicorn'))]; "
             "print(bad); sys.exit(1 if bad else 0)")

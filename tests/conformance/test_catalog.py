@@ -12,7 +12,7 @@ from pathlib import Path
 from acp_server.conformance import CHECKS, SUITES, Options, Report, Result
 from acp_server.conformance.context import Context
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+CATALOGUE_PAGE = Path(__file__).resolve().parents[2] / "docs" / "conformance.md"
 
 
 def test_every_check_has_a_stable_id_a_suite_a_level_and_a_reference():
@@ -23,8 +23,8 @@ def test_every_check_has_a_stable_id_a_suite_a_level_and_a_reference():
     assert {check.suite for check in CHECKS.values()} == set(SUITES)
 
 
-def test_the_readme_lists_every_check_with_its_level_and_reference():
-    text = README.read_text()
+def test_the_conformance_page_lists_every_check_with_its_level_and_reference():
+    text = CATALOGUE_PAGE.read_text()
     for check in CHECKS.values():
         assert f"| `{check.id}` | {check.level} | {check.reference} |" in text, check.id
 

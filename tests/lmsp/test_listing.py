@@ -36,11 +36,27 @@ async def test_lists_newest_first_with_model_and_usage(server: LmspServer) -> No
     running, finished = body["data"]
     assert running["status"] == "running" and running["usage"] is None
     assert running["model"] == finished["model"] == "reference"
+    assert (running["input_text"], finished["input_text"]) == ("/sleep 30s hold", "one two three")
     assert finished["status"] == "succeeded"
     assert finished["usage"] == done["response"]["usage"] and finished["usage"]["total_tokens"] > 0
-    # Each item is the task object of GET /tasks/{id}, plus model and usage.
-    assert {k: v for k, v in finished.items() if k not in ("model", "usage")} == done
+    # Each item is the task object of GET /tasks/{id}, plus model, input_text and usage.
+    assert {k: v for k, v in finished.items()
+            if k not in ("model", "usage", "input_text")} == done
     await server.client.post(f"/lmsp/v1/tasks/{second['id']}/cancel")
+
+
+async def test_input_text_joins_messages_and_is_cut(server: LmspServer) -> None:
+    messages = [{"role": "user", "content": "first line"},
+                {"role": "user", "content": [{"type": "input_text", "text": "x" * 600}]}]
+    task = await server.create(messages)  # type: ignore[arg-type]
+    await server.wait(task["id"])
+    [item] = (await _list(server))["data"]
+    assert item["input_text"].startswith("first line\nxxx") and len(item["input_text"]) == 500
+    assert item["input_text"].endswith("…")
+    # The task's ACP session (kept for a continuation) is labelled as the runner's.
+    bridge = server.service.models["reference"][0]
+    kept = [bridge.session_status(s.session_id) for s in bridge.sessions()]
+    assert kept and {status.origin for status in kept} == {"lmsp"}
 
 
 async def test_pages_with_limit_and_after(server: LmspServer) -> None:

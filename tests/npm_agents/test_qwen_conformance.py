@@ -1,7 +1,7 @@
 """The conformance runner against a live `qwen serve` 0.24.4 (npm), its agent on our fake
 model server; ``SLOW`` prompts hold (the fake model streams them for 5 s).
 
-The outcomes are recorded in the README ("Conformance", the qwen serve table); this
+The outcomes are recorded in docs/conformance.md (the qwen serve table); this
 test keeps that table true.
 """
 
@@ -29,7 +29,7 @@ HOLD = "SLOW story please"
 OPTIONS = Options(hold_prompt=HOLD, quick_prompt="say hello", timeout_s=20.0,
                   settle_timeout_s=90.0)
 
-# check id -> outcome against qwen serve 0.24.4 (the README table gives the reasons);
+# check id -> outcome against qwen serve 0.24.4 (docs/conformance.md gives the reasons);
 # qwen serve has no LMSP, so that suite is not advertised and does not run.
 NOT_PASSING = {
     "backpressure.release.dropped": "fail",      # the dropped prompt keeps its slot

@@ -52,6 +52,21 @@ async def test_lists_live_sessions_with_their_queue(server: RunningServer) -> No
     assert [s["sessionId"] for s in after["sessions"]] == [idle]
 
 
+async def test_a_session_made_by_a_program_carries_its_origin(server: RunningServer) -> None:
+    """``_meta["acp-server/origin"]`` of POST /session labels the session in the list;
+    a malformed label is no label (the session is a person's), never an error."""
+    wid = await _workspace_id(server)
+    mine = (await server.create_session(sessionScope="thread"))["sessionId"]
+    robot = (await server.create_session(
+        sessionScope="thread", _meta={"acp-server/origin": "conformance"}))["sessionId"]
+    odd = (await server.create_session(
+        sessionScope="thread", _meta={"acp-server/origin": "<b>Not A Label</b>"}))["sessionId"]
+    typed = (await server.create_session(sessionScope="thread", _meta=["not", "an", "object"]))
+    origins = {s["sessionId"]: s["origin"]
+               for s in (await server.client.get(f"/workspace/{wid}/sessions")).json()["sessions"]}
+    assert origins == {mine: None, robot: "conformance", odd: None, typed["sessionId"]: None}
+
+
 async def test_pages_with_size_and_cursor(server: RunningServer) -> None:
     wid = await _workspace_id(server)
     made = [(await server.create_session(sessionScope="thread"))["sessionId"] for _ in range(5)]

@@ -64,6 +64,9 @@ class Console:
         assert response.status_code == 200, response.text
         return str(response.json()["sessionId"])
 
+    def workspace_id(self) -> str:
+        return str(self.client.get("/capabilities").json()["workspaces"][0]["id"])
+
     def prompt(self, session_id: str, text: str) -> httpx.Response:
         return self.client.post(f"/session/{session_id}/prompt",
                                 json={"prompt": [{"type": "text", "text": text}]})

@@ -5,6 +5,7 @@ the streamed transcript and its replay, permissions, the queue against the cap, 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,9 @@ from playwright.sync_api import Browser, Page, expect
 from tests.web.conftest import DESKTOP, PHONE, Console, open_page, running_console
 
 SLEEP = "/sleep 60s hold"
+MARKDOWN = ("Here is the plan:\n\n- one **bold** step\n- [a link](https://example.com/)\n\n"
+            "```python\nprint('hi')\n```\n\n<img src=x onerror=alert(1)> "
+            "<script>window.__pwned = 1</script> [js](javascript:window.__pwned=2)")
 WRITE_SCREENSHOTS_ENV = "ACP_SERVER_SCREENSHOTS"   # a folder: the README's pictures
 
 
@@ -26,21 +30,69 @@ def send(page: Page, text: str) -> None:
     page.get_by_test_id("send-prompt").click()
 
 
-def test_create_a_session_from_the_page(console: Console, page: Page) -> None:
+def test_new_session_takes_you_into_it_with_the_prompt_box_focused(console: Console,
+                                                                     page: Page) -> None:
     page.goto(console.url("/"))
     expect(page.get_by_test_id("agent-select")).to_have_value("reference")
-    before = {r.get_attribute("data-session-id") for r in page.get_by_test_id("session-row").all()}
     page.get_by_test_id("new-session").click()
-    rows = page.get_by_test_id("session-row")
-    expect(rows).to_have_count(len(before) + 1)
-    [sid] = {r.get_attribute("data-session-id") for r in rows.all()} - before
-    status = console.client.get(f"/session/{sid}/status")
-    assert status.status_code == 200
-    row = page.locator(f'[data-testid=session-row][data-session-id="{sid}"]')
-    expect(row.get_by_test_id("row-pending")).to_have_text("0 / 5")
-    row.get_by_test_id("open-session").click()
-    expect(page).to_have_url(console.url(f"/#/session/{sid}"))
+    expect(page).to_have_url(re.compile(r"/#/session/[0-9a-f-]{36}$"))
+    sid = page.url.rsplit("/", 1)[1]
+    assert console.client.get(f"/session/{sid}/status").status_code == 200
+    expect(page.get_by_test_id("prompt-input")).to_be_focused()
     expect(page.get_by_test_id("queue-depth")).to_have_text("0 / 5")
+    page.keyboard.type("typed straight away")
+    page.keyboard.press("Control+Enter")
+    expect(page.get_by_test_id("transcript").get_by_test_id("msg-agent")).to_have_text(
+        "AgentEcho: typed straight away")
+    page.get_by_test_id("nav-sessions").click()
+    expect(page.locator(f'[data-testid=session-row][data-session-id="{sid}"]')).to_have_count(1)
+    console.client.delete(f"/session/{sid}")
+
+
+def test_delete_asks_first(console: Console, page: Page) -> None:
+    sid = console.session()
+    page.goto(console.url("/"))
+    row = page.locator(f'[data-testid=session-row][data-session-id="{sid}"]')
+    row.get_by_test_id("delete-session").click()
+    dialog = page.get_by_test_id("confirm")
+    expect(dialog).to_be_visible()
+    expect(page.get_by_test_id("confirm-text")).to_contain_text(f"Delete session {sid[:8]}")
+    expect(page.get_by_test_id("confirm-cancel")).to_be_focused()   # Enter does not delete
+    page.get_by_test_id("confirm-cancel").click()
+    expect(dialog).to_be_hidden()
+    expect(row).to_have_count(1)
+    assert console.client.get(f"/session/{sid}/status").status_code == 200
+    row.get_by_test_id("delete-session").click()
+    page.get_by_test_id("confirm-ok").click()
+    expect(row).to_have_count(0)
+    assert console.client.get(f"/session/{sid}/status").status_code == 404
+
+
+def test_sessions_made_by_programs_are_marked_and_hidden_by_default(console: Console,
+                                                                    page: Page) -> None:
+    mine = console.session()
+    robot = console.client.post("/session", json={
+        "sessionScope": "thread", "_meta": {"acp-server/origin": "conformance"}}).json()["sessionId"]
+    task = console.client.post("/lmsp/v1/tasks", json={
+        "type": "response", "input": {"model": "reference", "input": "/sleep 60s held"}}).json()
+    page.goto(console.url("/"))
+    expect(page.locator(f'[data-session-id="{mine}"]')).to_have_count(1)
+    expect(page.locator(f'[data-session-id="{robot}"]')).to_have_count(0)
+    expect(page.get_by_test_id("hidden-sessions")).to_contain_text("hidden")
+    origins = {s["origin"] for s in console.client.get(
+        f"/workspace/{console.workspace_id()}/sessions?size=100").json()["sessions"]}
+    assert {"conformance", "lmsp"} <= origins
+    page.get_by_test_id("show-all-sessions").check()
+    expect(page.locator(f'[data-session-id="{robot}"]').get_by_test_id("row-origin")).to_have_text(
+        "conformance")
+    expect(page.locator("[data-testid=row-origin]", has_text="lmsp")).to_have_count(1)
+    page.reload()   # the choice is kept for the tab
+    expect(page.locator(f'[data-session-id="{robot}"]')).to_have_count(1)
+    page.get_by_test_id("show-all-sessions").uncheck()
+    expect(page.locator(f'[data-session-id="{robot}"]')).to_have_count(0)
+    console.client.post(f"/lmsp/v1/tasks/{task['id']}/cancel")
+    for sid in (mine, robot):
+        console.client.delete(f"/session/{sid}")
 
 
 def test_a_reply_streams_into_the_transcript(console: Console, page: Page) -> None:
@@ -50,7 +102,7 @@ def test_a_reply_streams_into_the_transcript(console: Console, page: Page) -> No
     send(page, f"/chunks 40 {words}")
     transcript = page.get_by_test_id("transcript")
     expect(transcript.get_by_test_id("msg-user")).to_have_text(f"You/chunks 40 {words}")
-    # 40 agent_message_chunk updates join one agent message, in order.
+    # 40 agent_message_chunk updates join one agent message, in order, under the prompt.
     expect(transcript.get_by_test_id("msg-agent")).to_have_text(f"AgentEcho: {words}")
     expect(transcript.get_by_text("turn ended: end_turn")).to_be_visible()
     expect(page.get_by_test_id("prompt-input")).to_have_value("")
@@ -62,6 +114,10 @@ def test_a_permission_is_answered_from_the_page(console: Console, page: Page) ->
     send(page, "/permission may I")
     request = page.get_by_test_id("permission-request")
     expect(request).to_have_count(1)
+    # The reference agent's kind is "other": said in words, not as a bare badge.
+    expect(request.get_by_test_id("permission-kind")).to_have_text("unclassified tool")
+    expect(request.get_by_test_id("permission-kind-explain")).to_contain_text(
+        "the agent did not say what kind of tool this is")
     options = request.get_by_test_id("permission-option")
     assert [o.get_attribute("data-option-id") for o in options.all()] == [
         "allow_once", "allow_always", "reject_once"]
@@ -77,29 +133,46 @@ def test_a_permission_is_answered_from_the_page(console: Console, page: Page) ->
     assert not console.client.get(f"/session/{sid}/status").json()["isWaitingForPermission"]
 
 
-def test_three_sleeps_show_3_of_5_and_a_queued_one_is_dropped(console: Console, page: Page) -> None:
+def test_a_dropped_prompt_is_shown_as_dropped_under_itself(console: Console, page: Page) -> None:
     sid = console.session()
     open_session(page, console, sid)
+    cancel = page.get_by_test_id("cancel-prompt")
+    expect(cancel).to_be_disabled()                       # nothing runs
     for i in range(3):
         send(page, f"{SLEEP} {i}")
     expect(page.get_by_test_id("queue-depth")).to_have_text("3 / 5")
     queued = page.locator("[data-testid=pending-prompt][data-state=queued]")
     expect(queued).to_have_count(2)
-    expect(page.locator("[data-testid=pending-prompt][data-state=running]")).to_have_count(1)
+    running = page.locator("[data-testid=pending-prompt][data-state=running]")
+    expect(running).to_have_count(1)
+    running_id = running.get_attribute("data-prompt-id")
     dropped = queued.first.get_attribute("data-prompt-id")
     queued.first.get_by_test_id("drop-prompt").click()
     expect(page.get_by_test_id("queue-depth")).to_have_text("2 / 5")
-    expect(page.locator(f'[data-prompt-id="{dropped}"]')).to_have_count(0)
     pending = console.client.get(f"/session/{sid}/pending-prompts").json()["pendingPrompts"]
     assert len(pending) == 2 and dropped not in {p["promptId"] for p in pending}
-    page.get_by_test_id("cancel-prompt").click()   # the running one; the queued one starts
-    # Both the dropped prompt and the cancelled one end their turn as cancelled.
-    expect(page.get_by_test_id("transcript").get_by_text("turn ended: cancelled")).to_have_count(2)
-    expect(page.get_by_test_id("queue-depth")).to_have_text("1 / 5")
+    # The drop is shown under the dropped prompt, as a drop; the running one is untouched.
+    dropped_turn = page.locator(f'[data-testid=turn][data-prompt-id="{dropped}"]')
+    expect(dropped_turn).to_have_attribute("data-state", "dropped")
+    expect(dropped_turn.get_by_test_id("turn-dropped")).to_have_text(
+        "dropped from the queue before it ran")
+    expect(dropped_turn).not_to_contain_text("turn ended")
+    running_turn = page.locator(f'[data-testid=turn][data-prompt-id="{running_id}"]')
+    expect(running_turn).to_have_attribute("data-state", "running")
+    expect(running_turn).not_to_contain_text("cancel")
+    # Cancel running: enabled now, says what it did, acts on the running prompt only.
+    expect(cancel).to_be_enabled()
+    cancel.click()
+    expect(page.get_by_test_id("cancel-feedback")).to_have_text("The prompt was cancelled.")
+    expect(running_turn).to_have_attribute("data-state", "cancelled")
+    expect(running_turn.get_by_text("turn ended: cancelled")).to_be_visible()
+    expect(page.get_by_test_id("transcript").get_by_text("turn ended: cancelled")).to_have_count(1)
+    expect(page.get_by_test_id("queue-depth")).to_have_text("1 / 5")   # the last one runs
     console.client.delete(f"/session/{sid}")
 
 
-def test_a_refused_prompt_shows_the_503(console: Console, page: Page) -> None:
+def test_a_refused_prompt_is_said_once_above_the_fold_and_clears_itself(console: Console,
+                                                                         page: Page) -> None:
     sid = console.session()
     for i in range(5):
         assert console.prompt(sid, f"{SLEEP} {i}").status_code == 202
@@ -107,13 +180,56 @@ def test_a_refused_prompt_shows_the_503(console: Console, page: Page) -> None:
     expect(page.get_by_test_id("queue-depth")).to_have_text("5 / 5")
     send(page, "one too many")
     error = page.get_by_test_id("prompt-error")
-    expect(error).to_be_visible()
-    expect(error).to_contain_text("503 prompt_queue_full")
-    expect(error).to_contain_text("(5 / 5 pending)")
-    expect(error).to_contain_text("Retry after 5 s.")
+    expect(error).to_have_text("Queue full — 5 of 5 prompts pending (503 prompt_queue_full). "
+                               "Retry in 5 s, or when a prompt ends; your prompt is still in the box.")
+    expect(error).to_be_in_viewport(ratio=1.0)            # 1280 × 800: no scrolling to see it
+    expect(page.get_by_test_id("prompt-input")).to_be_in_viewport(ratio=1.0)
     expect(page.get_by_test_id("prompt-input")).to_have_value("one too many")   # kept to retry
+    queued = console.client.get(f"/session/{sid}/pending-prompts").json()["pendingPrompts"][-1]
+    console.client.delete(f"/session/{sid}/pending-prompts/{queued['promptId']}")
+    expect(page.get_by_test_id("queue-depth")).to_have_text("4 / 5")
+    expect(error).to_be_hidden()                          # room again: the notice is gone
+    page.get_by_test_id("send-prompt").click()            # and the kept prompt goes in
     expect(page.get_by_test_id("queue-depth")).to_have_text("5 / 5")
+    expect(page.get_by_test_id("prompt-input")).to_have_value("")
     console.client.delete(f"/session/{sid}")
+
+
+def test_agent_messages_are_markdown_sanitized_and_only_the_streaming_one_rerenders(
+        console: Console, browser: Browser) -> None:
+    page = open_page(browser)
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    try:
+        sid = console.session()
+        open_session(page, console, sid)
+        send(page, MARKDOWN)
+        message = page.get_by_test_id("transcript").get_by_test_id("msg-agent")
+        expect(message.locator("li")).to_have_count(2)
+        expect(message.locator("strong")).to_have_text("bold")
+        link = message.locator("a", has_text="a link")
+        expect(link).to_have_attribute("href", "https://example.com/")
+        expect(link).to_have_attribute("target", "_blank")
+        expect(link).to_have_attribute("rel", "noopener noreferrer")
+        expect(message.locator("pre code")).to_have_text("print('hi')\n")
+        message.get_by_test_id("copy-code").click()
+        expect(message.get_by_test_id("copy-code")).to_have_text("Copied")
+        assert page.evaluate("navigator.clipboard.readText()") == "print('hi')\n"
+        # Nothing an agent writes becomes script or a handler; raw HTML is text.
+        assert message.locator("script, img, iframe, [onerror], [onclick], a[href^=javascript]").count() == 0
+        expect(message).to_contain_text("<img src=x onerror=alert(1)>")
+        assert page.evaluate("window.__pwned === undefined")
+        csp = console.client.get("/").headers["content-security-policy"]
+        assert "script-src 'self'" in csp and "unsafe-inline" not in csp
+        # Streaming re-renders only the message being streamed: the first one's nodes stay.
+        page.evaluate("document.querySelector('[data-testid=msg-agent] li').dataset.mark = 'kept'")
+        send(page, "/chunks 30 " + " ".join(f"**w{i}**" for i in range(30)))
+        expect(message).to_have_count(2)
+        expect(message.nth(1).locator("strong")).to_have_count(30)
+        assert page.evaluate("document.querySelector('[data-testid=msg-agent] li').dataset.mark") == "kept"
+        assert page.page_errors == []  # type: ignore[attr-defined]
+        console.client.delete(f"/session/{sid}")
+    finally:
+        page.context.close()
 
 
 def test_a_task_created_over_http_appears_and_succeeds_live(console: Console, page: Page) -> None:
@@ -158,10 +274,12 @@ def test_reloading_replays_the_transcript(console: Console, page: Page) -> None:
     page.get_by_test_id("permission-option").first.click()
     transcript = page.get_by_test_id("transcript")
     expect(transcript.get_by_text("turn ended: end_turn")).to_be_visible()
+    expect(transcript.get_by_test_id("msg-agent")).to_contain_text("Echo:")   # rendered
     before = transcript.inner_text()
     page.reload()
     expect(page.get_by_test_id("stream-state")).to_have_text("live")
     expect(transcript.get_by_text("turn ended: end_turn")).to_be_visible()
+    expect(transcript.get_by_test_id("msg-agent")).to_contain_text("Echo:")
     assert transcript.inner_text() == before
     expect(transcript.get_by_test_id("tool-call")).to_have_attribute("data-status", "completed")
     expect(transcript.get_by_test_id("msg-agent")).to_have_count(1)
@@ -201,6 +319,8 @@ def test_with_a_token_nothing_works_until_it_is_entered(browser: Browser, tmp_pa
             page.get_by_test_id("token-submit").click()
             expect(dialog).to_be_hidden()
             page.get_by_test_id("new-session").click()
+            expect(page.get_by_test_id("stream-state")).to_have_text("live")   # in the session
+            page.get_by_test_id("nav-sessions").click()
             expect(page.get_by_test_id("session-row")).to_have_count(1)
             assert "s3cret" not in page.url
             assert page.evaluate("sessionStorage.getItem('acp-server.token')") == "s3cret-token"
@@ -229,19 +349,24 @@ def _visit_every_view(page: Page, console: Console, shots: Path, suffix: str) ->
 
     idle = console.session()
     sid = console.session()
-    console.prompt(sid, "/chunks 6 Here is the answer, streamed in six chunks.")
+    console.prompt(sid, "/chunks 6 Here is the answer, **streamed** in six chunks:\n\n"
+                        "- a list item\n- a [link](https://example.com/)\n\n"
+                        "```sh\nmake test\n```")
     console.prompt(sid, "/tool write report.md")
     for i in range(2):
         console.prompt(sid, f"{SLEEP} {i}")
     task = console.client.post("/lmsp/v1/tasks", json={
         "type": "response", "input": {"model": "reference",
                                       "input": "/chunks 8 A task's output, streamed live."}}).json()
+    console.client.post("/session", json={"sessionScope": "thread",
+                                          "_meta": {"acp-server/origin": "conformance"}})
     page.goto(console.url("/"))
     expect(page.locator(f'[data-testid=session-row][data-session-id="{sid}"]')).to_contain_text("approval")
     shot("sessions")
     page.goto(console.url(f"/#/session/{sid}"))
     expect(page.get_by_test_id("permission-request")).to_have_count(1)
     expect(page.get_by_test_id("queue-depth")).to_have_text("3 / 5")
+    expect(page.get_by_test_id("copy-code")).to_have_count(1)
     shot("session")
     page.goto(console.url("/#/tasks"))
     expect(page.locator(f'[data-task-id="{task["id"]}"]')).to_have_attribute("data-status", "succeeded")

@@ -4,11 +4,13 @@ that they are public while the API still needs the token, the Origin rules, and
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import pytest
 
-from acp_server.web import CSP, FILES
+import acp_server.web
+from acp_server.web import CSP, FILES, VENDORED
 from tests.rest.server import running_server
 
 pytestmark = pytest.mark.anyio
@@ -36,9 +38,21 @@ async def test_index_and_modules_are_served_with_a_csp(tmp_path: Path) -> None:
 
 async def test_nothing_is_fetched_from_the_network() -> None:
     for name, (body, _) in FILES.items():
+        if name in VENDORED:       # URLs in their comments and XML namespaces; pinned below
+            continue
         text = body.decode()
         assert "http://" not in text and "https://" not in text, name
         assert "new EventSource" not in text, name   # streams go through fetch()
+
+
+async def test_vendored_libraries_are_the_published_bytes_with_their_licences() -> None:
+    folder = Path(acp_server.web.__file__).parent / "static"
+    for name, (package, version, _licence, licence_files, digest) in VENDORED.items():
+        assert hashlib.sha256(FILES[name][0]).hexdigest() == digest, (package, version)
+        assert version in FILES[name][0].decode()[:400]     # the banner names the version
+        for licence in licence_files:
+            assert (folder / licence).stat().st_size > 500 and licence not in FILES
+    assert "unsafe" not in CSP and "script-src 'self'" in CSP
 
 
 @pytest.mark.parametrize("path", ["/web/nope.js", "/web/..%2fapp.py", "/web/index.html.bak",

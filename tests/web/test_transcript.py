@@ -1,6 +1,7 @@
 """The console's transcript (``/web/transcript.js``) in chromium, fed the bus events an
 agent may send that the reference agent does not: thoughts, plans, tool call updates,
-non-text content; and agent text that looks like markup stays text."""
+non-text content; raw HTML in agent text stays text; each prompt's events in its own
+block, a queued prompt dropped before it ran shown as dropped."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ RENDER = """async (events) => {
   const t = new Transcript();
   document.body.replaceChildren(t.node);
   for (const [type, event] of events) t.add(type, event);
-  return [...t.node.children].map((n) => [n.dataset.testid || n.className, n.innerText,
-                                          n.dataset.status || null]);
+  await new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)));
+  const block = (n) => [n.dataset.testid || n.className, n.innerText, n.dataset.status || null];
+  return [...t.node.children].map((n) => n.dataset.testid === 'turn'
+    ? ['turn', n.dataset.promptId, n.dataset.state, [...n.children].map(block)] : block(n));
 }"""
 
 
@@ -42,18 +45,19 @@ def test_thoughts_plans_tools_and_content(console: Console, page: Page) -> None:
         update("p1", sessionUpdate="agent_message_chunk",
                content={"type": "resource_link", "uri": "file:///a.py", "name": "a.py"}),
         update("p1", sessionUpdate="usage_update", used=10),
-        ("turn_error", {"type": "turn_error", "data": {"code": "-32603", "message": "boom"}}),
+        ("turn_error", {"type": "turn_error", "promptId": "p1",
+                        "data": {"code": "-32603", "message": "boom"}}),
     ]
     blocks = page.evaluate(RENDER, events)
-    assert blocks == [
+    assert blocks == [["turn", "p1", "failed", [
         ["msg-user", "You\nfix it", None],
         ["msg-thought", "Thinking\nLet me think.", None],
         ["plan", "Plan\nread — completed\nwrite — pending", None],   # replaced in place
         ["tool-call", "ToolRead a.pyreadcompleted", "completed"],
-        ["msg-agent", "Agent\n<img src=x onerror=alert(1)>[a.py]", None],
+        ["msg-agent", "Agent\n\n<img src=x onerror=alert(1)>[a.py]", None],
         ["note error", "turn failed: -32603: boom", None],
-    ]
-    assert page.locator("img").count() == 0   # agent text is never markup
+    ]]]
+    assert page.locator("img").count() == 0   # raw HTML in agent text is shown as text
 
 
 def test_resync_starts_over_with_a_notice(console: Console, page: Page) -> None:
@@ -67,5 +71,37 @@ def test_resync_starts_over_with_a_notice(console: Console, page: Page) -> None:
     assert blocks == [
         ["resync-notice", "Events before #1 are no longer available (epoch_reset); "
                           "the transcript starts there.", None],
-        ["msg-agent", "Agent\nnew", None],
+        ["turn", "p2", "running", [["msg-agent", "Agent\n\nnew", None]]],
+    ]
+
+
+def _event(kind: str, prompt: str, **data: Any) -> tuple[str, dict[str, Any]]:
+    return (kind, {"type": kind, "promptId": prompt, "data": {"sessionId": "s", **data}})
+
+
+def test_each_event_goes_under_its_own_prompt_and_a_drop_is_a_drop(console: Console,
+                                                                    page: Page) -> None:
+    """The bus order of a running prompt r with q1, q2 queued behind it, q1 dropped: q1's
+    cancel and turn end are q1's, shown as dropped; r goes on and completes."""
+    page.goto(console.url("/web/transcript.js"))
+    text = {"type": "text", "text": "slow one"}
+    blocks = page.evaluate(RENDER, [
+        update("r", sessionUpdate="user_message_chunk", content=text),
+        _event("pending_prompt_added", "q1", promptId="q1", text="queued one", queuedAt=1),
+        _event("pending_prompt_added", "q2", promptId="q2", text="queued two", queuedAt=2),
+        _event("prompt_cancelled", "q1", reason="removed"),
+        _event("turn_complete", "q1", stopReason="cancelled", promptId="q1"),
+        _event("pending_prompt_completed", "q1", promptId="q1", state="cancelled"),
+        update("r", sessionUpdate="agent_message_chunk", content={"type": "text", "text": "Done."}),
+        _event("turn_complete", "r", stopReason="end_turn", promptId="r"),
+        _event("pending_prompt_started", "q2", promptId="q2", text="queued two"),
+        update("q2", sessionUpdate="user_message_chunk", content={"type": "text", "text": "queued two"}),
+    ])
+    assert blocks == [
+        ["turn", "r", "completed", [["msg-user", "You\nslow one", None],
+                                    ["msg-agent", "Agent\n\nDone.", None],
+                                    ["note", "turn ended: end_turn", None]]],
+        ["turn", "q1", "dropped", [["msg-dropped", "You dropped\nqueued one", None],
+                                   ["turn-dropped", "dropped from the queue before it ran", None]]],
+        ["turn", "q2", "running", [["msg-user", "You\nqueued two", None]]],
     ]

@@ -1,12 +1,19 @@
 // The daemon view: limits in force, activity (GET /daemon/status)
-// and the state of each agent, refreshed every two seconds.
+// and the state of each agent, refreshed every two seconds; durations in human units.
 //
 //   mount(root, [], ctx)
 
 import { request } from "./api.js";
-import { clear, errorText, h, limitText, poll } from "./dom.js";
+import { clear, duration, errorText, h, limitText, poll } from "./dom.js";
 
 const REFRESH_MS = 2000;
+
+function bytes(n) {
+  if (n === null || n === undefined) return "—";
+  if (n >= 1024 * 1024) return `${(n / 1024 / 1024).toFixed(n % (1024 * 1024) ? 1 : 0)} MiB`;
+  if (n >= 1024) return `${Math.round(n / 1024)} KiB`;
+  return `${n} bytes`;
+}
 
 function table(rows) {
   return h("table", { class: "kv" }, h("tbody", {}, rows.map(([k, v]) => h("tr", {}, h("th", {}, k), h("td", { class: "num" }, v)))));
@@ -38,12 +45,12 @@ export function mount(root) {
     clear(limits, table([
       ["Sessions", limitText(l.maxSessions)],
       ["Pending prompts per session", limitText(l.maxPendingPromptsPerSession)],
-      ["Prompt deadline (ms)", l.promptDeadlineMs ?? "none"],
-      ["Event ring", l.eventRingSize],
-      ["Idle timeout (ms)", l.sessionIdleTimeoutMs],
-      ["Permission timeout (ms)", l.permissionResponseTimeoutMs || "wait forever"],
+      ["Prompt deadline", l.promptDeadlineMs ? duration(l.promptDeadlineMs) : "none"],
+      ["Event ring", `${l.eventRingSize} events`],
+      ["Idle sessions closed after", l.sessionIdleTimeoutMs ? duration(l.sessionIdleTimeoutMs) : "never"],
+      ["Permission timeout", l.permissionResponseTimeoutMs ? duration(l.permissionResponseTimeoutMs) : "wait forever"],
       ["Subscribers per session", l.maxSubscribersPerSession],
-      ["Request body (bytes)", l.maxRequestBodyBytes],
+      ["Request body", bytes(l.maxRequestBodyBytes)],
     ]));
     clear(activity, table([
       ["Sessions", status.runtime.sessions.active],
@@ -52,8 +59,8 @@ export function mount(root) {
       ["Queued prompts", a.queuedPrompts],
       ["Waiting permissions", status.runtime.permissions.pending],
       ["Event streams", status.runtime.transport.restSseActive],
-      ["Queue wait mean / max (ms)", `${(wait.meanMs || 0).toFixed(1)} / ${(wait.maxMs || 0).toFixed(1)}`],
-      ["Uptime (s)", Math.round(status.daemon.uptimeMs / 1000)],
+      ["Queue wait mean / max", `${duration(wait.meanMs || 0)} / ${duration(wait.maxMs || 0)}`],
+      ["Up for", duration(status.daemon.uptimeMs)],
     ]));
     clear(agents, h("table", { class: "list" },
       h("thead", {}, h("tr", {}, ["Agent", "State", "Sessions", "Reports as"].map((t) => h("th", {}, t)))),

@@ -51,6 +51,61 @@ export function shortId(id) {
   return id.length > 13 ? `${id.slice(0, 8)}…${id.slice(-4)}` : id;
 }
 
+// "350 ms", "4.2 s", "30 min", "1 h 5 min", "2 d 3 h"; null/undefined as "—".
+export function duration(ms) {
+  if (ms === null || ms === undefined) return "—";
+  if (ms < 1000) return `${Math.round(ms)} ms`;
+  const s = ms / 1000;
+  if (s < 60) return `${s < 10 ? s.toFixed(1) : Math.round(s)} s`;
+  const units = [["d", 86400], ["h", 3600], ["min", 60], ["s", 1]];
+  const parts = [];
+  let rest = Math.round(s);
+  for (const [name, size] of units) {
+    if (rest >= size) {
+      parts.push(`${Math.floor(rest / size)} ${name}`);
+      rest %= size;
+    }
+  }
+  return parts.slice(0, 2).join(" ");
+}
+
+// ACP tool kinds as a person reads them: a short label and what it means.
+const TOOL_KINDS = {
+  read: ["read", "reads files"], edit: ["edit", "changes files"], delete: ["delete", "deletes files"],
+  move: ["move", "moves or renames files"], search: ["search", "searches files or the web"],
+  execute: ["execute", "runs a command"], think: ["think", "reasons, changes nothing"],
+  fetch: ["fetch", "fetches from the network"], switch_mode: ["switch mode", "changes the agent's mode"],
+  other: ["unclassified tool", "the agent did not say what kind of tool this is (ACP kind \"other\"): read its title"],
+};
+
+export function toolKind(kind) {
+  const [label, explain] = TOOL_KINDS[kind] || [kind, `ACP tool kind "${kind}"`];
+  return { label, explain };
+}
+
+// A modal question; resolves true when the person confirms. The dialog is built once.
+let confirmBox = null;
+export function confirmAction(message, { ok = "OK", danger = false } = {}) {
+  if (!confirmBox) {
+    const text = h("p", { testid: "confirm-text" });
+    const yes = h("button", { value: "yes", testid: "confirm-ok" });
+    const no = h("button", { value: "no", testid: "confirm-cancel" }, "Cancel");
+    confirmBox = { text, yes, no, dialog: h("dialog", { class: "confirm", testid: "confirm" },
+      h("form", { method: "dialog" }, text, h("div", { class: "options" }, no, yes))) };
+    document.body.append(confirmBox.dialog);
+  }
+  const { dialog, text, yes, no } = confirmBox;
+  text.textContent = message;
+  yes.textContent = ok;
+  yes.className = danger ? "danger" : "primary";
+  dialog.returnValue = "";
+  dialog.showModal();
+  no.focus();   // Enter does not confirm by accident
+  return new Promise((resolve) => {
+    dialog.addEventListener("close", () => resolve(dialog.returnValue === "yes"), { once: true });
+  });
+}
+
 export function time(seconds) {
   return new Date(seconds * 1000).toLocaleTimeString();
 }

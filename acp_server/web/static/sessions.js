@@ -1,12 +1,17 @@
 // The sessions view: every live session with its queue against the cap; create
-// (choosing the agent), open and delete.
+// (choosing the agent, then into the new session), open and delete (after a yes).
 //
 //   mount(root, [], { caps })  // polls GET /workspace/{id}/sessions every second
+//
+// Sessions made by programs (an "origin": LMSP tasks, conformance runs) are hidden
+// unless "Show sessions made by programs" is ticked (kept for the tab); their rows
+// carry the origin as a badge.
 
 import { request } from "./api.js";
-import { ago, errorText, h, limitText, poll, reconcile, shortId } from "./dom.js";
+import { ago, confirmAction, errorText, h, limitText, poll, reconcile, shortId } from "./dom.js";
 
 const REFRESH_MS = 1000;
+const SHOW_ALL_KEY = "acp-server.sessions.all";
 
 export function mount(root, _params, { caps }) {
   const agents = (caps.agents && caps.agents.available) || ["reference"];
@@ -15,11 +20,18 @@ export function mount(root, _params, { caps }) {
     agents.map((name) => h("option", { value: name, selected: caps.agents && name === caps.agents.default }, name)));
   const status = h("p", { class: "error", testid: "sessions-error" });
   const body = h("tbody");
+  const showAll = h("input", { type: "checkbox", testid: "show-all-sessions",
+    checked: sessionStorage.getItem(SHOW_ALL_KEY) === "1" });
+  const hiddenCount = h("span", { class: "hint", testid: "hidden-sessions" });
+  showAll.addEventListener("change", () => {
+    sessionStorage.setItem(SHOW_ALL_KEY, showAll.checked ? "1" : "0");
+    refresh();
+  });
   const create = async () => {
     status.textContent = "";
     try {
-      await request("POST", "/session", { sessionScope: "thread", agent: select.value });
-      await refresh();
+      const created = await request("POST", "/session", { sessionScope: "thread", agent: select.value });
+      location.hash = `#/session/${encodeURIComponent(created.sessionId)}`;
     } catch (error) {
       status.textContent = errorText(error);
     }
@@ -28,7 +40,8 @@ export function mount(root, _params, { caps }) {
     h("section", { class: "toolbar" },
       h("h1", {}, "Sessions"),
       h("label", {}, "Agent ", select),
-      h("button", { class: "primary", testid: "new-session", onclick: create }, "New session")),
+      h("button", { class: "primary", testid: "new-session", onclick: create }, "New session"),
+      h("label", { class: "filter" }, showAll, " Show sessions made by programs ", hiddenCount)),
     status,
     h("div", { class: "table-wrap" },
       h("table", { class: "list" },
@@ -37,6 +50,8 @@ export function mount(root, _params, { caps }) {
         body)));
 
   const remove = async (id) => {
+    if (!await confirmAction(`Delete session ${shortId(id)}? Its running and queued prompts are `
+      + "cancelled and its history is gone.", { ok: "Delete", danger: true })) return;
     try {
       await request("DELETE", `/session/${encodeURIComponent(id)}`);
     } catch (error) {
@@ -46,7 +61,8 @@ export function mount(root, _params, { caps }) {
   };
 
   const row = (s) => h("tr", { testid: "session-row", dataset: { sessionId: s.sessionId } },
-    h("td", { class: "mono" }, h("a", { href: `#/session/${encodeURIComponent(s.sessionId)}`, title: s.sessionId }, shortId(s.sessionId))),
+    h("td", { class: "mono" }, h("a", { href: `#/session/${encodeURIComponent(s.sessionId)}`, title: s.sessionId }, shortId(s.sessionId)),
+      s.origin ? h("span", { class: "badge origin", testid: "row-origin", title: "made by a program, not a person" }, s.origin) : null),
     h("td", {}, s.agent),
     h("td", { class: "num", testid: "row-pending" }, `${s.pendingPrompts} / ${limitText(s.maxPendingPrompts)}`),
     h("td", { class: "prompt-text" }, s.activePromptText || (s.isWaitingForPermission ? "waiting for approval" : "—"),
@@ -67,9 +83,12 @@ export function mount(root, _params, { caps }) {
       sessions.push(...page.sessions);
       cursor = page.nextCursor || null;
     } while (cursor);
-    reconcile(body, sessions, (s) => s.sessionId, row,
+    const hidden = showAll.checked ? 0 : sessions.filter((s) => s.origin).length;
+    hiddenCount.textContent = hidden ? `(${hidden} hidden)` : "";
+    const shown = showAll.checked ? sessions : sessions.filter((s) => !s.origin);
+    reconcile(body, shown, (s) => s.sessionId, row,
       (s) => JSON.stringify([s.agent, s.pendingPrompts, s.maxPendingPrompts, s.activePromptText,
-        s.isWaitingForPermission, s.subscribers]),
+        s.isWaitingForPermission, s.subscribers, s.origin]),
       h("tr", { class: "empty-row" }, h("td", { colspan: 7, class: "empty" }, "No live session. Create one above.")));
     for (const cell of body.querySelectorAll("[data-testid=row-age]")) {
       cell.textContent = ago(Date.parse(cell.dataset.created));

@@ -1,6 +1,7 @@
-// One LMSP task: its status and output, live from GET /lmsp/v1/tasks/{id}/events
-// (resumed with Last-Event-ID after a drop, closed after the terminal event), and
-// cancel.
+// One LMSP task: its input, status and output, live from GET
+// /lmsp/v1/tasks/{id}/events (resumed with Last-Event-ID after a drop, closed after the
+// terminal event), and cancel. The input is the listing's input_text (the task object
+// itself, LMSP §7.1, does not carry it): looked up among the latest 100 tasks.
 //
 //   mount(root, [taskId], ctx)
 
@@ -15,6 +16,7 @@ export function mount(root, [taskId]) {
   const status = h("span", { class: "badge", testid: "task-status" }, "…");
   const facts = h("dl", { class: "facts" });
   const output = h("pre", { class: "output", testid: "task-output" });
+  const inputText = h("pre", { class: "output input", testid: "task-input" }, "…");
   const log = h("ol", { class: "events", testid: "task-events" });
   const error = h("p", { class: "error", testid: "task-error" });
   const cancelButton = h("button", { class: "danger", testid: "cancel-task", onclick: () => cancel() }, "Cancel");
@@ -59,8 +61,13 @@ export function mount(root, [taskId]) {
       cancelButton, h("a", { class: "button", href: "#/tasks" }, "All tasks")),
     error, facts,
     h("div", { class: "task-grid" },
-      h("section", {}, h("h2", {}, "Output"), output),
+      h("section", {}, h("h2", {}, "Input"), inputText, h("h2", {}, "Output"), output),
       h("section", {}, h("h2", {}, "Events"), log)));
+
+  request("GET", "/lmsp/v1/tasks?limit=100").then((page) => {
+    const mine = page.data.find((t) => t.id === taskId);
+    inputText.textContent = mine ? mine.input_text : "(not among the latest 100 tasks)";
+  }).catch(() => { inputText.textContent = "—"; });
 
   load().then(() => {
     stream = follow(`${path}/events`, {

@@ -1,5 +1,6 @@
-// The LMSP tasks view: the caller's tasks (GET /lmsp/v1/tasks) with status, model,
-// created and tokens, refreshed every second; create one, cancel one, open one.
+// The LMSP tasks view: the caller's tasks (GET /lmsp/v1/tasks) with status, input,
+// model, created and tokens, refreshed every second; create one (an empty input is
+// refused in the form, nothing is sent), cancel one, open one.
 //
 //   mount(root, [], ctx)
 
@@ -25,9 +26,16 @@ export function mount(root) {
 
   const create = async () => {
     status.textContent = "";
+    input.removeAttribute("aria-invalid");
+    if (!input.value.trim()) {
+      status.textContent = "Write the task's input first.";
+      input.setAttribute("aria-invalid", "true");
+      input.focus();
+      return;
+    }
     try {
       await request("POST", "/lmsp/v1/tasks",
-        { type: "response", input: { model: model.value || "reference", input: input.value || "hello" } });
+        { type: "response", input: { model: model.value || "reference", input: input.value } });
       input.value = "";
       await refresh();
     } catch (error) {
@@ -43,18 +51,20 @@ export function mount(root) {
     await refresh();
   };
 
+  input.addEventListener("keydown", (event) => { if (event.key === "Enter") create(); });
   root.append(
     h("section", { class: "toolbar" }, h("h1", {}, "Tasks"),
       h("label", {}, "Model ", model), input,
       h("button", { class: "primary", testid: "new-task", onclick: create }, "New task")),
     status,
     h("div", { class: "table-wrap" }, h("table", { class: "list" },
-      h("thead", {}, h("tr", {}, ["Task", "Status", "Model", "Created", "Tokens", ""].map((t) => h("th", {}, t)))),
+      h("thead", {}, h("tr", {}, ["Task", "Status", "Input", "Model", "Created", "Tokens", ""].map((t) => h("th", {}, t)))),
       body)));
 
   const row = (t) => h("tr", { testid: "task-row", dataset: { taskId: t.id, status: t.status } },
     h("td", { class: "mono" }, h("a", { href: `#/task/${encodeURIComponent(t.id)}`, title: t.id }, shortId(t.id))),
     h("td", {}, h("span", { class: `badge ${t.status}` }, t.status)),
+    h("td", { class: "prompt-text input-text", testid: "task-input-text", title: t.input_text || "" }, t.input_text || "—"),
     h("td", {}, t.model),
     h("td", {}, time(t.created_at)),
     h("td", { class: "num" }, tokens(t.usage)),
@@ -66,7 +76,7 @@ export function mount(root) {
   async function refresh() {
     const page = await request("GET", "/lmsp/v1/tasks?limit=100");
     reconcile(body, page.data, (t) => t.id, row, (t) => JSON.stringify([t.status, t.usage]),
-      h("tr", { class: "empty-row" }, h("td", { colspan: 6, class: "empty" }, "No task yet.")));
+      h("tr", { class: "empty-row" }, h("td", { colspan: 7, class: "empty" }, "No task yet.")));
   }
 
   return poll(refresh, REFRESH_MS);

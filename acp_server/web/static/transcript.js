@@ -1,18 +1,28 @@
-// A session transcript built from bus events, rendered as text.
+// A session transcript built from bus events, one block per prompt.
 //
 //   const transcript = new Transcript();
 //   root.append(transcript.node);
 //   transcript.add("session_update", envelope);   // any event type; unknown ones are ignored
 //
-// Consecutive chunks of one kind (user, agent, thought) of one prompt join one block;
-// tool calls are one block each, updated in place by tool_call_update; a plan replaces
-// the prompt's previous plan; turn ends, errors, cancels and permission outcomes are
-// one-line notes. state_resync_required empties the transcript and leaves a notice.
+// Contracts: every event carrying a promptId is shown inside that prompt's block
+// (section.turn, data-prompt-id, data-state queued | running | completed | cancelled |
+// failed | dropped), created by the prompt's first event, so a queued prompt's events
+// never land under the running one. A queued prompt shows its text until it starts;
+// one dropped from the queue is marked dropped (it never ran), not as a cancelled
+// turn. Events without a promptId (a loaded session's history) go to a block of
+// their own after the last one. Inside a block, consecutive chunks of one kind (user,
+// agent, thought) join one message; agent messages are Markdown (markdown.js),
+// re-rendered once per frame and only the message that is streaming; tool calls are
+// one block each, updated in place; a plan replaces the prompt's previous plan.
+// state_resync_required empties the transcript and leaves a notice.
 
-import { clear, h } from "./dom.js";
+import { clear, h, toolKind } from "./dom.js";
+import { renderMarkdown } from "./markdown.js";
 
 const CHUNKS = { user_message_chunk: "user", agent_message_chunk: "agent", agent_thought_chunk: "thought" };
 const LABELS = { user: "You", agent: "Agent", thought: "Thinking" };
+const TURN_EVENTS = new Set(["pending_prompt_added", "pending_prompt_started", "session_update",
+  "prompt_cancelled", "turn_complete", "turn_error", "permission_request", "permission_resolved"]);
 
 function contentText(content) {
   if (!content) return "";
@@ -22,6 +32,30 @@ function contentText(content) {
   return `[${content.type}]`;
 }
 
+class Turn {
+  constructor(promptId) {
+    this.promptId = promptId;
+    this.node = h("section", { class: "turn", testid: "turn", dataset: { promptId: promptId || "", state: "" } });
+    this.last = null;        // the message chunks join: { kind, body, source }
+    this.tools = new Map();
+    this.plan = null;
+    this.queued = null;      // the queued prompt's text, until it starts
+  }
+
+  get state() { return this.node.dataset.state; }
+
+  set state(value) { this.node.dataset.state = value; }
+
+  append(node) {
+    this.node.append(node);
+    this.last = null;
+  }
+
+  note(text, cls = "note", testid = undefined) {
+    this.append(h("p", { class: cls, testid }, text));
+  }
+}
+
 export class Transcript {
   constructor() {
     this.node = h("div", { class: "transcript", testid: "transcript", role: "log" });
@@ -29,14 +63,15 @@ export class Transcript {
       const n = this.node;
       this.atEnd = n.scrollHeight - n.scrollTop - n.clientHeight < 80;
     });
+    this.dirty = new Set();   // agent messages waiting for their next render
     this.reset();
   }
 
   reset() {
     clear(this.node);
-    this.last = null;      // { kind, promptId, text node }
-    this.tools = new Map();
-    this.plans = new Map();
+    this.turns = new Map();
+    this.loose = null;
+    this.dirty.clear();
   }
 
   // Follows the end when the reader is at the end; once per frame, however many events.
@@ -51,94 +86,167 @@ export class Transcript {
     });
   }
 
+  turn(promptId) {
+    if (!promptId) {
+      if (!this.loose || this.node.lastElementChild !== this.loose.node) {
+        this.loose = new Turn(null);
+        this.node.append(this.loose.node);
+      }
+      return this.loose;
+    }
+    let turn = this.turns.get(promptId);
+    if (!turn) {
+      turn = new Turn(promptId);
+      this.turns.set(promptId, turn);
+      this.node.append(turn.node);
+    }
+    return turn;
+  }
+
+  // A note of the session itself (the stream, its end), after every block.
   note(text, cls = "note", testid = undefined) {
-    this.last = null;
+    this.loose = null;
     this.node.append(h("p", { class: cls, testid }, text));
     this.scroll();
   }
 
   add(type, event) {
     const data = (event && event.data) || {};
-    const promptId = event && event.promptId;
+    if (type === "state_resync_required") {
+      this.reset();
+      this.note(`Events before #${data.earliestAvailableId} are no longer available (${data.reason}); `
+        + "the transcript starts there.", "notice", "resync-notice");
+      return;
+    }
+    if (type === "client_evicted") {
+      this.note("this page fell behind the stream; reconnecting", "note error");
+      return;
+    }
+    if (!TURN_EVENTS.has(type)) return;   // session_closed and the like: the view says it
+    const promptId = (event && event.promptId) || data.promptId || null;
+    const turn = this.turn(promptId);
     switch (type) {
-      case "session_update": this.update(data.update || {}, promptId); break;
-      case "turn_complete": this.note(`turn ended: ${data.stopReason}`); break;
-      case "turn_error": this.note(`turn failed: ${data.code}: ${data.message}`, "note error"); break;
-      case "prompt_cancelled": this.note(`prompt cancelled${data.reason ? ` (${data.reason})` : ""}`); break;
+      case "pending_prompt_added": this.queue(turn, data.text); break;
+      case "pending_prompt_started": this.start(turn); break;
+      case "session_update": this.update(turn, data.update || {}); break;
+      case "prompt_cancelled": this.cancelled(turn, data.reason); break;
+      case "turn_complete":
+        if (turn.state === "dropped") break;
+        turn.state = data.stopReason === "cancelled" ? "cancelled" : "completed";
+        turn.note(`turn ended: ${data.stopReason}`);
+        break;
+      case "turn_error":
+        turn.state = "failed";
+        turn.note(`turn failed: ${data.code}: ${data.message}`, "note error");
+        break;
       case "permission_request":
-        this.note(`permission asked: ${(data.toolCall && data.toolCall.title) || data.requestId}`); break;
+        turn.note(`permission asked: ${(data.toolCall && data.toolCall.title) || data.requestId}`); break;
       case "permission_resolved": {
         const o = data.outcome || {};
-        this.note(`permission ${o.outcome === "selected" ? o.optionId : o.outcome || "resolved"}`);
+        turn.note(`permission ${o.outcome === "selected" ? o.optionId : o.outcome || "resolved"}`);
         break;
       }
-      case "session_closed": this.note(`session closed (${data.reason})`, "note error"); break;
-      case "session_died": this.note(`agent died: ${data.message || data.reason}`, "note error"); break;
-      case "state_resync_required":
-        this.reset();
-        this.note(`Events before #${data.earliestAvailableId} are no longer available (${data.reason}); `
-          + "the transcript starts there.", "notice", "resync-notice");
-        break;
-      case "client_evicted": this.note("this page fell behind the stream; reconnecting", "note error"); break;
       default: break;
-    }
-  }
-
-  update(u, promptId) {
-    const kind = CHUNKS[u.sessionUpdate];
-    if (kind) {
-      this.chunk(kind, promptId, contentText(u.content));
-    } else if (u.sessionUpdate === "tool_call" || u.sessionUpdate === "tool_call_update") {
-      this.tool(u);
-    } else if (u.sessionUpdate === "plan") {
-      this.plan(u, promptId);
-    }
-  }
-
-  chunk(kind, promptId, text) {
-    const last = this.last;
-    if (last && last.kind === kind && last.promptId === promptId) {
-      last.text.appendData(text);
-    } else {
-      const body = document.createTextNode(text);
-      this.node.append(h("div", { class: `msg ${kind}`, testid: `msg-${kind}` },
-        h("span", { class: "who" }, LABELS[kind]), h("div", { class: "text" }, body)));
-      this.last = { kind, promptId, text: body };
     }
     this.scroll();
   }
 
-  tool(u) {
-    let block = this.tools.get(u.toolCallId);
+  queue(turn, text) {
+    turn.state = "queued";
+    turn.queued = h("div", { class: "msg user queued", testid: "msg-queued" },
+      h("span", { class: "who" }, "You ", h("span", { class: "badge queued" }, "queued")),
+      h("div", { class: "text" }, text || ""));
+    turn.append(turn.queued);
+  }
+
+  start(turn) {
+    turn.state = "running";
+    if (turn.queued) turn.queued.remove();
+    turn.queued = null;
+  }
+
+  cancelled(turn, reason) {
+    if (turn.state === "queued") {   // it never ran: dropped from the queue
+      turn.state = "dropped";
+      if (turn.queued) {
+        turn.queued.classList.replace("queued", "dropped");
+        turn.queued.dataset.testid = "msg-dropped";
+        const badge = turn.queued.querySelector(".badge");
+        badge.textContent = "dropped";
+        badge.className = "badge dropped";
+      }
+      turn.note("dropped from the queue before it ran", "note", "turn-dropped");
+    } else {
+      turn.note(`cancel requested${reason && reason !== "cancelled" ? ` (${reason})` : ""}`);
+    }
+  }
+
+  update(turn, u) {
+    const kind = CHUNKS[u.sessionUpdate];
+    if (kind) {
+      if (!turn.state) turn.state = turn.promptId ? "running" : "";
+      if (kind === "user" && turn.queued) this.start(turn);
+      this.chunk(turn, kind, contentText(u.content));
+    } else if (u.sessionUpdate === "tool_call" || u.sessionUpdate === "tool_call_update") {
+      this.tool(turn, u);
+    } else if (u.sessionUpdate === "plan") {
+      this.plan(turn, u);
+    }
+  }
+
+  chunk(turn, kind, text) {
+    let last = turn.last;
+    if (!last || last.kind !== kind) {
+      const body = h("div", { class: kind === "agent" ? "text markdown" : "text" });
+      turn.append(h("div", { class: `msg ${kind}`, testid: `msg-${kind}` }, h("span", { class: "who" }, LABELS[kind]), body));
+      last = turn.last = { kind, body, source: "" };
+    }
+    last.source += text;
+    if (kind === "agent") this.render(last);
+    else last.body.textContent = last.source;
+  }
+
+  // Markdown of the streaming message, at most once per frame.
+  render(message) {
+    this.dirty.add(message);
+    if (this.rendering) return;
+    this.rendering = true;
+    requestAnimationFrame(() => {
+      this.rendering = false;
+      for (const m of this.dirty) renderMarkdown(m.body, m.source);
+      this.dirty.clear();
+      this.scroll();
+    });
+  }
+
+  tool(turn, u) {
+    let block = turn.tools.get(u.toolCallId);
     if (!block) {
-      block = {
-        title: h("span", { class: "title" }), status: h("span", { class: "badge" }),
-        kind: h("span", { class: "kind" }),
-      };
+      block = { title: h("span", { class: "title" }), status: h("span", { class: "badge" }), kind: h("span", { class: "kind" }) };
       block.node = h("div", { class: "tool", testid: "tool-call", dataset: { toolCallId: u.toolCallId } },
         h("span", { class: "who" }, "Tool"), block.title, block.kind, block.status);
-      this.tools.set(u.toolCallId, block);
-      this.node.append(block.node);
-      this.last = null;
+      turn.tools.set(u.toolCallId, block);
+      turn.append(block.node);
     }
     if (u.title) block.title.textContent = u.title;
-    if (u.kind) block.kind.textContent = u.kind;
+    if (u.kind) {
+      const kind = toolKind(u.kind);
+      block.kind.textContent = kind.label;
+      block.kind.title = kind.explain;
+    }
     if (u.status) {
       block.status.textContent = u.status;
       block.status.className = `badge ${u.status}`;
       block.node.dataset.status = u.status;
     }
-    this.scroll();
   }
 
-  plan(u, promptId) {
+  plan(turn, u) {
     const items = (u.entries || []).map((e) => h("li", { class: e.status }, `${e.content} — ${e.status}`));
-    const old = this.plans.get(promptId);
     const node = h("div", { class: "plan", testid: "plan" }, h("span", { class: "who" }, "Plan"), h("ol", {}, items));
-    if (old) old.replaceWith(node);
-    else this.node.append(node);
-    this.plans.set(promptId, node);
-    this.last = null;
-    this.scroll();
+    if (turn.plan) turn.plan.replaceWith(node);
+    else turn.append(node);
+    turn.plan = node;
+    turn.last = null;
   }
 }

@@ -7,7 +7,10 @@
     1
 
 Contracts: the agent's ``agent_message_chunk`` text is written to stdout as each event
-arrives (flushed); diagnostics go to stderr. Without ``--session`` the workspace's
+arrives (flushed); diagnostics go to stderr. A permission the agent asks is put to the
+person when stdin and stderr are a terminal; otherwise ``--permissions`` answers it
+(``reject`` by default), saying so on stderr (``permissions_cli``). A server that
+cannot be reached is one line, ``cannot reach URL: connection refused``. Without ``--session`` the workspace's
 default session is attached (``--thread``: a fresh one). Exit status: 0 when the turn
 completed (a stop reason other than ``end_turn`` is noted on stderr), 1 on any error
 (turn_error, HTTP error, connection failure, full queue), 2 on bad usage, 130 on
@@ -30,6 +33,7 @@ import httpx
 
 from acp_server.client import (CreateSessionRequest, DaemonClient, DaemonError, DaemonEvent,
                                DaemonHttpError)
+from acp_server.client.permissions_cli import POLICIES, PermissionAnswerer, TerminalAsker
 
 URL_ENV = "ACP_SERVER_URL"
 DEFAULT_URL = "http://127.0.0.1:4170"
@@ -49,6 +53,9 @@ def add_prompt_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     parser.add_argument("--token", default=None, help="bearer token (default $ACP_SERVER_TOKEN)")
     parser.add_argument("--timeout", type=float, default=30.0,
                         help="per-request timeout in seconds (default %(default)s)")
+    parser.add_argument("--permissions", choices=POLICIES, default="reject",
+                        help="how to answer the agent's permission requests when not in a "
+                             "terminal (in one, you are asked) (default %(default)s)")
     return parser
 
 
@@ -92,12 +99,21 @@ class _Printer:
             self.open_line = False
 
 
+def _terminal(args: argparse.Namespace, source: TextIO, err: TextIO) -> bool:
+    """Whether a person can be asked: stdin (not the prompt's text) and stderr are ttys."""
+    return args.text != "-" and source.isatty() and err.isatty()
+
+
 async def prompt_command(args: argparse.Namespace, *, out: TextIO, err: TextIO,
-                         transport: httpx.AsyncBaseTransport | None = None) -> int:
-    """The command's body (async: usable from a running event loop)."""
-    text = sys.stdin.read() if args.text == "-" else args.text
+                         transport: httpx.AsyncBaseTransport | None = None,
+                         source: TextIO | None = None) -> int:
+    """The command's body (async: usable from a running event loop). ``source`` is
+    where a person's answers are read (default stdin)."""
+    source = source or sys.stdin
+    text = source.read() if args.text == "-" else args.text
     url = args.url or os.environ.get(URL_ENV) or DEFAULT_URL
     printer = _Printer(out)
+    ask = TerminalAsker(source, err) if _terminal(args, source, err) else None
     try:
         async with DaemonClient(url, token=args.token, timeout=args.timeout,
                                 transport=transport) as client:
@@ -106,7 +122,24 @@ async def prompt_command(args: argparse.Namespace, *, out: TextIO, err: TextIO,
                 req = CreateSessionRequest(session_scope="thread" if args.thread else None,
                                            agent=args.agent)
                 session_id = (await client.create_or_attach_session(req)).session_id
-            result = await client.prompt(session_id, text, on_event=printer)
+            answerer = PermissionAnswerer(client, session_id, err=err,
+                                          policy=getattr(args, "permissions", "reject"), ask=ask)
+            async with anyio.create_task_group() as tg:
+                def on_event(event: DaemonEvent) -> None:
+                    printer(event)
+                    if event.type in ("permission_request", "permission_resolved"):
+                        if event.type == "permission_request":
+                            printer.finish()
+                        answerer.see(event, tg)
+
+                failure: DaemonError | None = None
+                try:
+                    result = await client.prompt(session_id, text, on_event=on_event)
+                except DaemonError as exc:   # raised below, outside the task group
+                    failure = exc
+                tg.cancel_scope.cancel()   # a question still open is moot now
+            if failure is not None:
+                raise failure
     except DaemonHttpError as exc:
         printer.finish()
         detail = f" ({exc.code})" if exc.code else ""

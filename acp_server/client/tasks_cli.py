@@ -1,0 +1,227 @@
+"""``acp-server tasks``: create, list, inspect, cancel and watch LMSP async tasks.
+
+    $ acp-server tasks create "Write a report." --model reference
+    {"id": "task_01…", "status": "queued", …}
+    $ acp-server tasks create "/chunks 4 Write a report." --watch
+    task_01…  queued                                   (stderr)
+    task_01…  running                                  (stderr)
+    Echo: Write a report.                              (stdout, as it streams)
+    task_01…  succeeded  3.1s  4 tokens                (stderr, once)
+    $ acp-server tasks list --status running
+    task_01…  running  reference  12:03:51  —  Write a report.
+
+Contracts: ``create``/``get``/``cancel`` print the task object as JSON on stdout.
+``watch`` (and ``create --watch``) follows the task's event stream (resumed after a
+drop by ``TaskClient``): the output text goes to stdout as it streams; the status goes
+to stderr, one line per change, never backwards (queued, loading, running,
+cancelling, then the end), and the final line (status, elapsed time from the server's
+clock, output tokens) is printed once. ``list`` prints one line per task, newest
+first (``--json`` prints the page as JSON). A server that cannot be reached is one
+line, ``cannot reach URL: connection refused``. Exit status: 0 on success (``watch``:
+the task succeeded), 1 on an error or a task that failed or was cancelled, 2 on bad
+usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+import anyio
+import msgspec
+
+from acp_server.client import DaemonError, TaskClient, TaskEvent
+from acp_server.client.tasks import Task, TaskSummary
+
+URL_ENV = "ACP_SERVER_URL"
+DEFAULT_URL = "http://127.0.0.1:4170"
+EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+STATUSES = ("queued", "loading", "running", "cancelling", "succeeded", "failed", "cancelled")
+# How far along a status is: a watch never shows one lower than what it has shown.
+_RANK = {"queued": 0, "loading": 1, "running": 2, "cancelling": 3, "succeeded": 4,
+         "failed": 4, "cancelled": 4}
+_EVENT_STATUS = {"response.created": "queued", "response.in_progress": "running",
+                 "response.completed": "succeeded", "response.incomplete": "succeeded",
+                 "response.failed": "failed", "response.cancelled": "cancelled"}
+
+
+def add_tasks_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--url", default=None,
+                        help=f"the daemon's address (default ${URL_ENV} or {DEFAULT_URL})")
+    common.add_argument("--token", default=None, help="bearer token (default $ACP_SERVER_TOKEN)")
+    common.add_argument("--timeout", type=float, default=30.0,
+                        help="per-request timeout in seconds (default %(default)s)")
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    create = actions.add_parser("create", parents=[common], help="create a task")
+    create.add_argument("text", help="the user message ('-' reads it from stdin)")
+    create.add_argument("--model", default="reference", help="model name (default %(default)s)")
+    create.add_argument("--on-restart", default="fail", choices=["fail", "retry", "resume"])
+    create.add_argument("--idempotency-key", default=None, help="default: a new UUID")
+    create.add_argument("--watch", action="store_true",
+                        help="then stream its output (stdout) and status (stderr)")
+    listing = actions.add_parser("list", parents=[common], help="list your tasks, newest first")
+    listing.add_argument("--status", choices=STATUSES, default=None, help="only this status")
+    listing.add_argument("--limit", type=int, default=20, help="at most this many (1-100)")
+    listing.add_argument("--json", action="store_true", help="print the page as JSON")
+    for name, text in (("get", "print a task"), ("cancel", "cancel a task"),
+                       ("watch", "follow a task live until it ends")):
+        actions.add_parser(name, parents=[common], help=text).add_argument("task_id")
+    return parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    return add_tasks_arguments(argparse.ArgumentParser(
+        prog="acp-server tasks", description="LMSP async tasks."))
+
+
+def _print_task(task: Task, out: TextIO) -> None:
+    out.write(json.dumps(msgspec.to_builtins(task), indent=2) + "\n")
+    out.flush()
+
+
+class Watch:
+    """What ``watch`` shows: the text on ``out`` as it comes, the status on ``err``."""
+
+    def __init__(self, out: TextIO, err: TextIO, task: Task) -> None:
+        self.out, self.err = out, err
+        self.task_id = task.id
+        self.status: str | None = None
+        self.tokens = 0
+        self.open_line = False
+        self.advance(task.status)
+
+    def advance(self, status: str) -> None:
+        """Show ``status`` when it is further along than the one shown; the end is
+        left to ``finish``."""
+        if _RANK[status] >= _RANK["succeeded"]:
+            return
+        if self.status is None or _RANK[status] > _RANK[self.status]:
+            self.status = status
+            self._status_line(f"{self.task_id}  {status}")
+
+    def see(self, event: TaskEvent) -> None:
+        if event.type == "response.output_text.delta" and event.delta:
+            self.tokens += 1
+            self.out.write(event.delta)
+            self.out.flush()
+            self.open_line = not event.delta.endswith("\n")
+        status = _EVENT_STATUS.get(event.type)
+        if status is not None:
+            self.advance(status)
+
+    def finish(self, task: Task) -> None:
+        if self.open_line:
+            self.out.write("\n")
+            self.out.flush()
+            self.open_line = False
+        usage = (task.response or {}).get("usage")
+        if isinstance(usage, dict) and isinstance(usage.get("output_tokens"), int):
+            self.tokens = usage["output_tokens"]
+        elapsed = max(task.updated_at - task.created_at, 0) if task.created_at else 0
+        line = f"{self.task_id}  {task.status}  {elapsed:.1f}s  {self.tokens} tokens"
+        if task.error:
+            line += f"  {task.error.get('code', '')}: {task.error.get('detail', '')}"
+        self._status_line(line)
+
+    def _status_line(self, text: str) -> None:
+        if self.open_line:      # the text so far keeps its own line
+            self.out.write("\n")
+            self.out.flush()
+            self.open_line = False
+        self.err.write(text + "\n")
+        self.err.flush()
+
+
+async def watch(tasks: TaskClient, task_id: str, out: TextIO, err: TextIO) -> Task:
+    task = await tasks.get(task_id)
+    shown = Watch(out, err, task)
+    if not task.terminal:
+        async with contextlib.aclosing(tasks.events(task_id)) as events:
+            async for event in events:
+                shown.see(event)
+                if event.terminal:
+                    break
+    final = await tasks.wait(task_id, poll_interval=0.2)
+    shown.finish(final)
+    return final
+
+
+def _when(seconds: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds)) if seconds else "—"
+
+
+def task_line(task: TaskSummary) -> str:
+    tokens = str(task.usage.get("total_tokens", "—")) if task.usage else "—"
+    text = " ".join(task.input_text.split())
+    if len(text) > 60:
+        text = text[:59] + "…"
+    return f"{task.id}  {task.status:<10}  {task.model}  {_when(task.created_at)}  " \
+           f"{tokens:>5}  {text}"
+
+
+async def tasks_command(args: argparse.Namespace, *, out: TextIO, err: TextIO) -> int:
+    url = args.url or os.environ.get(URL_ENV) or DEFAULT_URL
+    try:
+        async with TaskClient(url, token=args.token, timeout=args.timeout) as tasks:
+            if args.action == "create":
+                text = sys.stdin.read() if args.text == "-" else args.text
+                task = await tasks.create({"model": args.model, "input": text},
+                                          on_restart=args.on_restart,
+                                          idempotency_key=args.idempotency_key)
+                if not args.watch:
+                    _print_task(task, out)
+                    return EXIT_OK
+                final = await watch(tasks, task.id, out, err)
+                return EXIT_OK if final.status == "succeeded" else EXIT_ERROR
+            if args.action == "watch":
+                final = await watch(tasks, args.task_id, out, err)
+                return EXIT_OK if final.status == "succeeded" else EXIT_ERROR
+            if args.action == "list":
+                page = await tasks.list(limit=args.limit, status=args.status)
+                if args.json:
+                    out.write(json.dumps(msgspec.to_builtins(page), indent=2) + "\n")
+                else:
+                    for item in page.data:
+                        out.write(task_line(item) + "\n")
+                    if not page.data:
+                        err.write("no tasks\n")
+                out.flush()
+                return EXIT_OK
+            method = tasks.get if args.action == "get" else tasks.cancel
+            _print_task(await method(args.task_id), out)
+            return EXIT_OK
+    except DaemonError as exc:
+        print(f"acp-server tasks: {exc}", file=err)
+        return EXIT_ERROR
+
+
+def run_tasks_args(args: argparse.Namespace, *, out: TextIO | None = None,
+                   err: TextIO | None = None) -> int:
+    try:
+        return anyio.run(_run, args, out or sys.stdout, err or sys.stderr)
+    except KeyboardInterrupt:
+        return 130
+
+
+async def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    return await tasks_command(args, out=out, err=err)
+
+
+def run_tasks(argv: Sequence[str] | None = None, **streams: Any) -> int:
+    """``acp-server tasks`` as a function: ``run_tasks(["get", task_id, "--url", url])``."""
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    return run_tasks_args(args, **streams)
+
+
+if __name__ == "__main__":
+    sys.exit(run_tasks())

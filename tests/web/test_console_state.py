@@ -1,0 +1,127 @@
+"""The console when the server goes away and comes back, and the small things of the
+Tasks and Daemon pages, in Debian's chromium against live ``acp-server serve``."""
+
+from __future__ import annotations
+
+import re
+import socket
+from pathlib import Path
+
+from playwright.sync_api import Browser, Page, Route, expect
+
+from tests.web.conftest import Console, open_page, running_console
+
+SLEEP = "/sleep 60s hold"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_a_stopped_server_leaves_nothing_stale_and_a_restart_says_the_session_ended(
+        browser: Browser, tmp_path: Path) -> None:
+    port = _free_port()
+    page = open_page(browser)
+    try:
+        with running_console(tmp_path, "--port", str(port)) as first:
+            sid = first.session()
+            for i in range(3):
+                assert first.prompt(sid, f"{SLEEP} {i}").status_code == 202
+            page.goto(first.url(f"/#/session/{sid}"))
+            expect(page.get_by_test_id("queue-depth")).to_have_text("3 / 5")
+            expect(page.get_by_test_id("drop-prompt")).to_have_count(2)
+        # Stopped: no counts, no rows, no buttons that would act on nothing.
+        expect(page.get_by_test_id("queue-depth")).to_have_text("– / 5")
+        expect(page.get_by_test_id("pending-prompt")).to_have_count(0)
+        expect(page.get_by_test_id("drop-prompt")).to_have_count(0)
+        expect(page.get_by_test_id("pending-queue")).to_have_text("Not connected.")
+        expect(page.get_by_test_id("cancel-prompt")).to_be_disabled()
+        expect(page.get_by_test_id("send-prompt")).to_be_disabled()
+        expect(page.get_by_test_id("session-banner")).to_be_visible()
+        expect(page.get_by_test_id("transcript")).to_contain_text(f"{SLEEP} 0")   # kept to read
+        # Restarted on the same address: the page tries to load the session, and says
+        # plainly that it ended (the reference agent keeps nothing across a restart).
+        with running_console(tmp_path / "again", "--port", str(port)) as second:
+            banner = page.get_by_test_id("session-banner")
+            expect(banner).to_contain_text("This session has ended")
+            expect(page.get_by_test_id("stream-state")).to_have_text("ended")
+            expect(page.get_by_test_id("prompt-input")).to_be_disabled()
+            expect(page.get_by_test_id("queue-depth")).to_have_text("– / 5")
+            page.get_by_test_id("back-to-list").click()
+            expect(page).to_have_url(second.url("/#/"))
+            expect(page.get_by_test_id("session-row")).to_have_count(0)
+        assert page.page_errors == []  # type: ignore[attr-defined]
+    finally:
+        page.context.close()
+
+
+def test_a_session_the_server_has_again_is_loaded_and_goes_on(console: Console, page: Page) -> None:
+    """The stream finds the session gone (404, as after a restart); the page loads it
+    (POST /load) and, the server having it, replays it and goes on live. (The first
+    stream request is answered 404 by the browser, standing in for the restart.)"""
+    sid = console.session()
+    assert console.prompt(sid, "before the restart").status_code == 202
+    answered = {"404": 0}
+    loads: list[str] = []
+
+    def gone_once(route: Route) -> None:
+        if answered["404"] == 0:
+            answered["404"] += 1
+            route.fulfill(status=404, content_type="application/json",
+                          body='{"error":"Session not found","code":"session_not_found"}')
+        else:
+            route.continue_()
+
+    page.route(re.compile(r".*/session/[^/]+/events$"), gone_once)
+    page.on("request", lambda r: r.url.endswith("/load") and loads.append(r.method))
+    page.goto(console.url(f"/#/session/{sid}"))
+    expect(page.get_by_test_id("stream-state")).to_have_text("live")
+    assert loads == ["POST"]
+    transcript = page.get_by_test_id("transcript")
+    expect(transcript.get_by_test_id("msg-agent")).to_have_text("AgentEcho: before the restart")
+    expect(page.get_by_test_id("session-banner")).to_be_hidden()
+    page.get_by_test_id("prompt-input").fill("after it")
+    page.get_by_test_id("send-prompt").click()
+    expect(transcript.get_by_test_id("msg-agent").nth(1)).to_have_text("AgentEcho: after it")
+    console.client.delete(f"/session/{sid}")
+
+
+def test_a_deleted_session_says_it_ended_and_offers_the_list(console: Console, page: Page) -> None:
+    sid = console.session()
+    page.goto(console.url(f"/#/session/{sid}"))
+    expect(page.get_by_test_id("stream-state")).to_have_text("live")
+    console.client.delete(f"/session/{sid}")
+    expect(page.get_by_test_id("session-banner")).to_contain_text("This session has ended")
+    expect(page.get_by_test_id("back-to-list")).to_be_visible()
+
+
+def test_an_empty_task_is_refused_in_the_form_and_tasks_show_their_input(console: Console,
+                                                                          page: Page) -> None:
+    page.goto(console.url("/#/tasks"))
+    before = len(console.client.get("/lmsp/v1/tasks?limit=100").json()["data"])
+    page.get_by_test_id("new-task").click()
+    expect(page.get_by_test_id("tasks-error")).to_have_text("Write the task's input first.")
+    expect(page.get_by_test_id("task-input")).to_be_focused()
+    assert len(console.client.get("/lmsp/v1/tasks?limit=100").json()["data"]) == before
+    page.get_by_test_id("task-input").fill("/chunks 3 summarise the day")
+    page.get_by_test_id("new-task").click()
+    row = page.get_by_test_id("task-row").first
+    expect(row.get_by_test_id("task-input-text")).to_have_text("/chunks 3 summarise the day")
+    expect(row).to_have_attribute("data-status", "succeeded")
+    expect(page.get_by_test_id("tasks-error")).to_be_hidden()
+    row.get_by_role("link").first.click()
+    expect(page.get_by_test_id("task-input")).to_have_text("/chunks 3 summarise the day")
+    expect(page.get_by_test_id("task-output")).to_have_text("Echo: summarise the day")
+
+
+def test_the_daemon_page_speaks_in_human_units(console: Console, page: Page) -> None:
+    page.goto(console.url("/#/daemon"))
+    cards = page.locator(".card")
+    expect(cards.filter(has_text="Idle sessions closed after")).to_contain_text("30 min")
+    expect(cards.filter(has_text="Permission timeout")).to_contain_text("wait forever")
+    expect(cards.filter(has_text="Request body")).to_contain_text("10 MiB")
+    up = page.get_by_test_id("daemon-activity").locator("tr", has_text="Up for")
+    expect(up).to_have_text(re.compile(r"Up for\s*\d+(\.\d)? (ms|s)$|Up for\s*\d+ min( \d+ s)?$"))
+    assert "(ms)" not in page.locator("main").inner_text()
