@@ -8,8 +8,9 @@
 
 Contracts:
 
-* At most ``max_running`` tasks are past ``queued`` in this process (``0`` = never
-  start tasks: they stay queued; used by benchmarks and restart tests).
+* At most ``max_running`` agent turns run at once in this process (``0`` = never
+  start tasks: they stay queued; used by benchmarks and restart tests). A task's slot
+  frees when its turn is over, so its final commit and the next claim share a batch.
 * ``loading`` = the agent session is being created; ``running`` = the prompt is in
   flight (entered with ``response.in_progress``). Every transition is conditional:
   losing one to a cancel moves the task ``cancelling`` → ``cancelled`` instead.
@@ -164,6 +165,9 @@ class Runner:
         self.permission_policy = permission_policy
         self.permission_decisions = {"reject": 0, "allow": 0, "cancelled": 0}
         self._running: dict[str, _Handle] = {}
+        # Tasks holding one of the ``max_running`` slots: from the claim until the agent's
+        # turn is over (the final commit is then in flight, sharing the next claim's).
+        self._slots: set[str] = set()
         self._wakeup = anyio.Event()
         # At the bridge's session limit: claims pause (``_slot_backoff``) until a task of
         # ours ends (``_slot_freed``) or the backoff delay passes.
@@ -207,11 +211,12 @@ class Runner:
             while True:
                 try:
                     await self._wait_for_slots()
-                    while (free := self.max_running - len(self._running)) > 0:
+                    while (free := self.max_running - len(self._slots)) > 0:
                         # one write claims them all (one statement, one commit)
                         records = await self.store.claim(self.clock(), free)
                         for record in records:
                             self._running[record.id] = _Handle()   # see cancel()
+                            self._slots.add(record.id)
                             tg.start_soon(self._run, record)
                         if len(records) < free:   # the queue is empty
                             break
@@ -246,6 +251,12 @@ class Runner:
                                    "Internal error.")
         finally:
             del self._running[record.id]
+            self._release(record.id)
+
+    def _release(self, task_id: str) -> None:
+        """The task's runner slot is free (idempotent): the next task may be claimed."""
+        if task_id in self._slots:
+            self._slots.discard(task_id)
             self._slot_freed.set()
             self._slot_freed = anyio.Event()
             self.wake()
@@ -320,6 +331,7 @@ class Runner:
             final = dataclasses.replace(finish, events=[*opening, *writer.tail,
                                                         *finish.events])
             state = ("running",) if writer.opened else ("loading",)
+            self._release(record.id)   # the turn is over: what is left is writing
             won = await persist(lambda: self.store.transition(
                 record.id, state, status, final, now=self.clock()),
                 what=f"lmsp task {record.id} → {status}")
