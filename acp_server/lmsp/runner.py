@@ -167,7 +167,7 @@ class Runner:
         self._running: dict[str, _Handle] = {}
         # Tasks holding one of the ``max_running`` slots: from the claim until the agent's
         # turn is over (the final commit is then in flight, sharing the next claim's).
-        self._slots: set[str] = set()
+        self._slots: set[_Handle] = set()
         self._wakeup = anyio.Event()
         # At the bridge's session limit: claims pause (``_slot_backoff``) until a task of
         # ours ends (``_slot_freed``) or the backoff delay passes.
@@ -215,9 +215,9 @@ class Runner:
                         # one write claims them all (one statement, one commit)
                         records = await self.store.claim(self.clock(), free)
                         for record in records:
-                            self._running[record.id] = _Handle()   # see cancel()
-                            self._slots.add(record.id)
-                            tg.start_soon(self._run, record)
+                            handle = self._running[record.id] = _Handle()   # see cancel()
+                            self._slots.add(handle)
+                            tg.start_soon(self._run, record, handle)
                         if len(records) < free:   # the queue is empty
                             break
                 except Exception as exc:   # noqa: BLE001 - the loop outlives any fault
@@ -241,8 +241,7 @@ class Runner:
                 await self._slot_freed.wait()
             self._slot_wait = 0.0
 
-    async def _run(self, record: TaskRecord) -> None:
-        handle = self._running[record.id]
+    async def _run(self, record: TaskRecord, handle: _Handle) -> None:
         try:
             await self._execute(record, handle)
         except Exception as exc:   # noqa: BLE001 - a bug must still end the task
@@ -250,13 +249,14 @@ class Runner:
             await self._end_failed(record, Attempt(record, ""), "server_error",
                                    "Internal error.")
         finally:
-            del self._running[record.id]
-            self._release(record.id)
+            if self._running.get(record.id) is handle:   # (not a later claim's)
+                del self._running[record.id]
+            self._release(handle)
 
-    def _release(self, task_id: str) -> None:
+    def _release(self, handle: _Handle) -> None:
         """The task's runner slot is free (idempotent): the next task may be claimed."""
-        if task_id in self._slots:
-            self._slots.discard(task_id)
+        if handle in self._slots:
+            self._slots.discard(handle)
             self._slot_freed.set()
             self._slot_freed = anyio.Event()
             self.wake()
@@ -331,7 +331,7 @@ class Runner:
             final = dataclasses.replace(finish, events=[*opening, *writer.tail,
                                                         *finish.events])
             state = ("running",) if writer.opened else ("loading",)
-            self._release(record.id)   # the turn is over: what is left is writing
+            self._release(handle)   # the turn is over: what is left is writing
             won = await persist(lambda: self.store.transition(
                 record.id, state, status, final, now=self.clock()),
                 what=f"lmsp task {record.id} → {status}")
