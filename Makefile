@@ -27,8 +27,8 @@ serve: $(STAMP)
 	$(VENV)/bin/acp-server serve $(ARGS)
 
 schemas: $(STAMP)
-	$(PY) -m acp_server.schemas schemas
-	$(PY) -m acp_server.openapi openapi.json
+	$(PY) -m acp_server.ops.schemas schemas
+	$(PY) -m acp_server.ops.openapi openapi.json
 
 $(BENCH_STAMP): $(STAMP)
 	@$(PIP) install -e '.[test,bench]'

@@ -1,22 +1,18 @@
-"""The ASGI application: routes, error mapping and the network guard, composed.
+"""The ASGI application over the server's parts: every door, the guard, the request log.
 
-    settings = Settings(workspace="/ws")
-    async with Bridge(settings.agent_factory(), workspace_cwd=settings.workspace,
-                      options=settings.options) as bridge:
-        app = build_app(settings, bridge)          # REST + SSE, /acp, the web console at /
-        install_lmsp(app, lmsp_service)             # /lmsp/v1, when LMSP runs (cli.serve)
-        await uvicorn.Server(uvicorn.Config(app, port=0)).serve()
+    app = build_app(settings, bridge=bridge, acp=registry, lmsp=service, metrics=metrics)
 
-Also mounted: ``GET /metrics`` (``acp_server.metrics``, the bridge's observer),
-``GET /openapi.json`` (``acp_server.openapi``), and outside everything the request
-log and request metrics (``acp_server.request_log``).
+``acp_server.server.open_server`` owns the parts and calls this; nothing else does.
+Mounted: REST + SSE (``acp_server.rest``), ``/acp`` (``acp_server.acp_http``),
+``/lmsp/v1`` (``acp_server.lmsp``), ``GET /metrics`` and ``GET /openapi.json``
+(``acp_server.ops``), the web console at ``/`` unless ``--no-web``; outside everything
+the request log and request metrics (``acp_server.ops.request_log``).
 
-Contracts: ``build_app`` has no lifespan of its own. The caller owns the ``Bridge``
-and its ``async with`` (so the CLI can drain it on a signal and tests can serve it
-on any backend). The composition is here: the shared guard (``acp_server.http``)
-wraps every door; each door gets its own values (``app.state.rest_config``,
-``app.state.acp_config``; the LMSP service carries its own) and answers its own
-errors (``EXCEPTION_HANDLERS``, by path prefix). No door reads ``Settings``.
+Contracts: the app has no lifespan and no ``app.state``: each door's route factory gets
+its typed dependencies here (``rest.routes(bridge, RestConfig)``,
+``acp_http.routes(registry, AcpConfig)``, ``lmsp.routes(service)``), built from the
+``Settings`` the doors never see. The shared guard (``acp_server.http``) wraps every
+door, and each door answers its own errors (``EXCEPTION_HANDLERS``, by path prefix).
 """
 
 from __future__ import annotations
@@ -24,28 +20,31 @@ from __future__ import annotations
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
-from acp_server import acp_http, lmsp
-from acp_server import metrics as metrics_module
-from acp_server import openapi
-from acp_server.acp_http import AcpConfig, acp_routes
+from acp_server.acp_http import ACP_PATH, AcpConfig, ConnectionRegistry
+from acp_server.acp_http import EXCEPTION_HANDLERS as ACP_HANDLERS
+from acp_server.acp_http import routes as acp_routes
 from acp_server.http.handlers import by_prefix
 from acp_server.http.security import GuardPolicy, SecurityMiddleware
-from acp_server.lmsp import CORS_DENIED_PROBLEM, UNAUTHORIZED_PROBLEM
+from acp_server.lmsp import CORS_DENIED_PROBLEM, UNAUTHORIZED_PROBLEM, LmspService
+from acp_server.lmsp import EXCEPTION_HANDLERS as LMSP_HANDLERS
+from acp_server.lmsp import routes as lmsp_routes
 from acp_server.lmsp.problems import PROBLEM_JSON
-from acp_server.metrics import Metrics
-from acp_server.request_log import RequestLogMiddleware
-from acp_server.rest import routes
-from acp_server.rest.config import RestConfig
+from acp_server.ops import openapi
+from acp_server.ops.metrics import Metrics
+from acp_server.ops.metrics import routes as metrics_routes
+from acp_server.ops.request_log import RequestLogMiddleware
+from acp_server.rest import PermissionReport, RestConfig
+from acp_server.rest import routes as rest_routes
 from acp_server.rest.errors import EXCEPTION_HANDLERS as REST_HANDLERS
 from acp_server.routing import IndexedRouter
 from acp_server.settings import Settings
-from acp_server.web import public_path, web_routes
+from acp_server.web import public_path
+from acp_server.web import routes as web_routes
 from bridge import Bridge
 
 # Each door answers the errors of its own paths; every other path (REST, /metrics,
 # /openapi.json, the web console) gets the REST shape.
-EXCEPTION_HANDLERS = by_prefix([("/lmsp/", lmsp.EXCEPTION_HANDLERS),
-                                (acp_http.ACP_PATH, acp_http.EXCEPTION_HANDLERS),
+EXCEPTION_HANDLERS = by_prefix([("/lmsp/", LMSP_HANDLERS), (ACP_PATH, ACP_HANDLERS),
                                 ("", REST_HANDLERS)])
 
 
@@ -70,20 +69,24 @@ def acp_config(settings: Settings) -> AcpConfig:
                      reap_grace_s=settings.acp_reap_grace_s)
 
 
-def build_app(settings: Settings, bridge: Bridge) -> Starlette:
+def lmsp_permissions(service: LmspService) -> PermissionReport:
+    """``/daemon/status``'s view of how LMSP answered permission requests."""
+    runner = service.runner
+    return lambda: (runner.permission_policy, dict(runner.permission_decisions))
+
+
+def build_app(settings: Settings, *, bridge: Bridge, acp: ConnectionRegistry,
+              lmsp: LmspService, metrics: Metrics) -> Starlette:
     app = Starlette(exception_handlers=EXCEPTION_HANDLERS,
                     middleware=[Middleware(SecurityMiddleware, policy=guard_policy(settings),
                         unauthorized=[("/lmsp/", PROBLEM_JSON.encode(), UNAUTHORIZED_PROBLEM)],
                         denied=[("/lmsp/", PROBLEM_JSON.encode(), CORS_DENIED_PROBLEM)],
                         public=public_path if settings.web else None)])
-    app.router = IndexedRouter(routes=[*routes(), *metrics_module.routes, *openapi.routes,
-                                       *acp_routes(), *(web_routes() if settings.web else ())])
-    app.state.bridge = bridge
-    app.state.settings = settings
-    app.state.rest_config = rest_config(settings)   # each door gets its values, not Settings
-    app.state.acp_config = acp_config(settings)
-    app.state.metrics = metrics = Metrics(bridge, app.state,
-                                          task_ttl_s=settings.metrics_task_ttl_s)
-    bridge.observe(metrics)
+    app.router = IndexedRouter(routes=[
+        *rest_routes(bridge, rest_config(settings), lmsp_permissions=lmsp_permissions(lmsp),
+                     store=lmsp.store),
+        *metrics_routes(metrics), *openapi.routes(),
+        *acp_routes(acp, acp_config(settings)), *lmsp_routes(lmsp),
+        *(web_routes() if settings.web else ())])
     app.add_middleware(RequestLogMiddleware, router_of=lambda: app.router, metrics=metrics)
     return app

@@ -8,6 +8,9 @@ Contracts:
 
 * An invalid flag value exits with status 2 and the validation message on stderr
   (the bridge's own message for bridge options), before anything is started.
+* An address that cannot be bound (a port in use) exits with status 2 and one line,
+  ``acp-server: cannot listen on 127.0.0.1:4170: address already in use``, before
+  anything is started.
 * The listening line is printed to stdout (flushed) once the socket accepts
   connections, with the real port when ``--port 0``; the next line names the state
   folder (by default one per workspace, ``settings.default_state_dir``).
@@ -22,23 +25,23 @@ Contracts:
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import logging
-import signal
+import socket
+import sys
 from collections.abc import Sequence
 from typing import Any
 
 import anyio
-import uvicorn
 
 from acp_server import __version__
-from acp_server.acp_http import ConnectionRegistry, registry_for
-from acp_server.app import build_app
 from acp_server.conformance.cli import add_conformance_arguments, run_conformance_args
-from acp_server.http.guard import connection_cap, guarded_protocol, raise_fd_limit
-from acp_server.lmsp import LmspConfig, LmspService, install_lmsp, open_lmsp
 from acp_server.client.prompt_cli import add_prompt_arguments, run_prompt_args
-from acp_server.request_log import configure_logging
+from acp_server.client.tasks_cli import add_tasks_arguments, run_tasks_args
+from acp_server.http.serving import ListenError, listen, run_http
+from acp_server.ops.request_log import configure_logging
+from acp_server.server import open_server
 from acp_server.settings import (
     DEFAULT_HOSTNAME,
     DEFAULT_PORT,
@@ -47,13 +50,8 @@ from acp_server.settings import (
     Settings,
     SettingsError,
 )
-from acp_server.client.tasks_cli import add_tasks_arguments, run_tasks_args
-from bridge import Bridge
-from bridge.agents.children import ChildRegistry
 
 log = logging.getLogger("acp_server")
-
-GRACEFUL_SHUTDOWN_S = 5
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
@@ -127,6 +125,19 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
                        choices=["reject", "allow", "cancel"],
                        help="how a permission asked during LMSP work is answered "
                             "(default reject: the agent's reject option, else cancelled)")
+    serve.add_argument("--store-lease-ms", default="30000",
+                       help="PostgreSQL store shared by several instances: how long a task "
+                            "this instance claimed stays its own without renewal; another "
+                            "instance recovers it after that (default 30000)")
+    serve.add_argument("--store-renew-ms", default="10000",
+                       help="how often this instance renews its leases, below "
+                            "--store-lease-ms (default 10000)")
+    serve.add_argument("--store-poll-ms", default="1000",
+                       help="how often the shared store is polled for what its notifications "
+                            "missed (default 1000)")
+    serve.add_argument("--store-busy-timeout-ms", default="5000",
+                       help="SQLite store: how long a write waits for a lock another process "
+                            "holds before it answers 503 (default 5000)")
     add_prompt_arguments(commands.add_parser(
         "prompt", help="send a prompt to a running daemon and stream the reply"))
     add_tasks_arguments(commands.add_parser(
@@ -146,7 +157,9 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         store=args.store, max_running_tasks=args.max_running_tasks, web=not args.no_web,
         log_format=args.log_format,
         header_timeout_ms=args.header_timeout_ms, max_connections=args.max_connections,
-        lmsp_permissions=args.lmsp_permissions,
+        lmsp_permissions=args.lmsp_permissions, store_lease_ms=args.store_lease_ms,
+        store_renew_ms=args.store_renew_ms, store_poll_ms=args.store_poll_ms,
+        store_busy_timeout_ms=args.store_busy_timeout_ms,
         **{flag: getattr(args, flag) for flag in OPTION_FLAGS})
 
 
@@ -163,35 +176,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = settings_from_args(args)
     except SettingsError as exc:
         serve_parser.error(str(exc))  # exits 2
+    try:
+        sock = listen(settings)   # before anything starts: a port in use is one line
+    except ListenError as exc:
+        print(f"acp-server: {exc}", file=sys.stderr)
+        return 2
     configure_logging(settings.log_format)
     if settings.token is None:
         log.warning("no token configured: trusted loopback mode, every local process has "
                     "full access (set --token or %s to require one)", TOKEN_ENV)
-    anyio.run(serve, settings, backend="asyncio", backend_options=_loop_options())
+    anyio.run(functools.partial(serve, settings, sock=sock), backend="asyncio",
+              backend_options=_loop_options())
     return 0
-
-
-class _Server(uvicorn.Server):
-    """uvicorn without its own signal handling (``serve`` drains first), announcing
-    the bound address once listening."""
-
-    def __init__(self, config: uvicorn.Config, settings: Settings) -> None:
-        super().__init__(config)
-        self.settings = settings
-
-    def capture_signals(self) -> Any:
-        import contextlib
-
-        return contextlib.nullcontext()
-
-    async def startup(self, sockets: Any = None) -> None:
-        await super().startup(sockets=sockets)
-        if self.started:
-            settings = self.settings
-            print(f"acp-server listening on {listening_url(self)} "
-                  f"(workspace={settings.workspace}, agent={settings.agent})\n"
-                  f"state in {settings.state_dir} (--state-dir chooses another)",
-                  flush=True)
 
 
 def _loop_options() -> dict[str, Any]:
@@ -199,86 +195,15 @@ def _loop_options() -> dict[str, Any]:
     return {"use_uvloop": importlib.util.find_spec("uvloop") is not None}
 
 
-def listening_url(server: uvicorn.Server) -> str:
-    host, port = server.servers[0].sockets[0].getsockname()[:2]
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-
-
-async def serve(settings: Settings) -> None:
-    """Run the daemon until SIGTERM/SIGINT, then drain."""
-    registry = ChildRegistry(settings.children_dir)
-    registry.reap_stale()   # agents that killed earlier runs left behind
-    try:
-        models = await _discover_models(settings.model_server) if settings.model_server else []
-        async with Bridge(settings.agent_factory(registry), workspace_cwd=settings.workspace,
-                          options=settings.options,
-                          agents=settings.extra_agents(models, registry)) as bridge, \
-                open_lmsp(bridge, state_dir=settings.state_dir, store_url=settings.store_url,
-                          token=settings.token, max_running_tasks=settings.max_running_tasks,
-                          config=LmspConfig(permission_policy=settings.lmsp_permissions,
-                                            keepalive_s=settings.lmsp_keepalive_s)) as lmsp:
-            await _serve_http(settings, bridge, lmsp)
-    finally:
-        registry.close()   # every agent was stopped with the bridge
-
-
-async def _serve_http(settings: Settings, bridge: Bridge, lmsp: LmspService) -> None:
-    app = build_app(settings, bridge)
-    install_lmsp(app, lmsp)   # app.state.lmsp, the /lmsp/v1 routes, 401 as a problem
-    # The connection guard: header timeout and connection cap below ASGI
-    # (acp_server/http/guard.py); WebSocket frames capped at the body cap (close 1009).
-    cap = connection_cap(settings.max_connections, raise_fd_limit())
-    protocol = guarded_protocol(header_timeout_s=settings.header_timeout_ms / 1000,
-                                max_connections=cap)
-    config = uvicorn.Config(app, host=settings.hostname, http=protocol,
-                            ws_max_size=settings.max_body_bytes,
-                            port=settings.port, lifespan="off", access_log=False,
-                            log_level="warning", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
-    server = _Server(config, settings)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(_drain_on_signal, server, bridge, registry_for(app), lmsp)
-        await server.serve()
-        tg.cancel_scope.cancel()
-
-
-async def _discover_models(url: str) -> list[str]:
-    from bridge.agents.model import discover_models
-
-    try:
-        models = await discover_models(url)
-    except Exception as exc:  # the server still starts; the models are just not offered
-        log.error("cannot list the models of %s: %s", url, exc)
-        return []
-    log.info("model server %s offers: %s", url, ", ".join(models) or "(none)")
-    return models
-
-
-async def _drain_on_signal(server: uvicorn.Server, bridge: Bridge,
-                           acp: ConnectionRegistry, lmsp: LmspService) -> None:
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async for signum in signals:
-            if server.should_exit:
-                server.force_exit = True
-                continue
-            log.info("received %s: draining", signal.Signals(signum).name)
-            await drain(bridge, acp, lmsp)
-            server.should_exit = True
-
-
-async def drain(bridge: Bridge, acp: ConnectionRegistry, lmsp: LmspService | None) -> None:
-    """Shut down in the designed order: the front doors, then the sessions, then the agents.
-
-    LMSP first: it takes no more work, and running tasks stay running in the store (the
-    next start applies their ``on_restart``) instead of failing as their sessions close.
-    Then every ``/acp`` connection closes, its streams end. Then ``bridge.aclose``: each
-    session closes (a REST event stream ends with its session's ``session_closed``,
-    the peer's contract), then the agents stop.
-    """
-    if lmsp is not None:
-        lmsp.stop()
-    acp.shutdown()
-    with anyio.CancelScope(shield=True):
-        await bridge.aclose()
+async def serve(settings: Settings, *, sock: socket.socket | None = None,
+                **overrides: Any) -> None:
+    """The daemon: ``open_server`` plus the HTTP server, until SIGTERM/SIGINT (drained).
+    ``overrides`` are ``open_server``'s (benchmarks only)."""
+    if sock is None:
+        sock = listen(settings)
+    with sock:
+        async with open_server(settings, **overrides) as server:
+            await run_http(server, settings, sock)
 
 
 if __name__ == "__main__":

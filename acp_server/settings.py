@@ -51,6 +51,7 @@ DEFAULT_HEADER_TIMEOUT_MS = 10_000
 # Every SSE subscriber the bridge allows (32 sessions x 64 subscribers = 2048) plus
 # 512 for requests, /acp streams and WebSockets; kept below the descriptor limit.
 DEFAULT_MAX_CONNECTIONS = 2560
+DEFAULT_STORE_LEASE_MS, DEFAULT_STORE_RENEW_MS, DEFAULT_STORE_POLL_MS = 30_000, 10_000, 1_000
 TOKEN_ENV = "ACP_SERVER_TOKEN"
 _ORIGIN = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/\s?#]+$")
 
@@ -132,6 +133,14 @@ class Settings:
     header_timeout_ms: int = DEFAULT_HEADER_TIMEOUT_MS
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     lmsp_permissions: str = "reject"
+    # A PostgreSQL store shared by several instances: how long a task this instance
+    # claimed stays its own without renewal, how often the leases are renewed, how
+    # often the store is polled for what NOTIFY missed (milliseconds).
+    store_lease_ms: int = DEFAULT_STORE_LEASE_MS
+    store_renew_ms: int = DEFAULT_STORE_RENEW_MS
+    store_poll_ms: int = DEFAULT_STORE_POLL_MS
+    # A SQLite store: how long a write waits for another process's lock (then 503).
+    store_busy_timeout_ms: int = 5000
 
     def __post_init__(self) -> None:
         if not self.hostname:
@@ -191,11 +200,15 @@ class Settings:
             raise SettingsError(f"Invalid metrics task TTL: {self.metrics_task_ttl_s!r}.")
         if not self.heartbeat_s > 0:
             raise SettingsError(f"Invalid heartbeat interval: {self.heartbeat_s!r}.")
-        for name in ("header_timeout_ms", "max_connections"):
+        for name in ("header_timeout_ms", "max_connections", "store_lease_ms",
+                     "store_renew_ms", "store_poll_ms", "store_busy_timeout_ms"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise SettingsError(f"Invalid {name.replace('_', '-')}: {value!r}. "
                                     "Must be a positive integer.")
+        if self.store_renew_ms >= self.store_lease_ms:
+            raise SettingsError(f"Invalid store-renew-ms: {self.store_renew_ms!r}. Must be "
+                                f"less than store-lease-ms ({self.store_lease_ms}).")
         if self.lmsp_permissions not in POLICIES:
             raise SettingsError(f"Invalid lmsp-permissions: {self.lmsp_permissions!r}. Must be "
                                 f"one of {', '.join(POLICIES)}.")
@@ -271,6 +284,10 @@ class Settings:
                    header_timeout_ms: str | int = DEFAULT_HEADER_TIMEOUT_MS,
                    max_connections: str | int = DEFAULT_MAX_CONNECTIONS,
                    lmsp_permissions: str = "reject",
+                   store_lease_ms: str | int = DEFAULT_STORE_LEASE_MS,
+                   store_renew_ms: str | int = DEFAULT_STORE_RENEW_MS,
+                   store_poll_ms: str | int = DEFAULT_STORE_POLL_MS,
+                   store_busy_timeout_ms: str | int = 5000,
                    **option_flags: str | None) -> Settings:
         """Build from CLI strings. ``token=None`` falls back to ``$ACP_SERVER_TOKEN``;
         ``agent`` is one ``--agent`` value or all of them (``NAME=COMMAND`` adds a
@@ -310,7 +327,14 @@ class Settings:
                    max_connections=parse_number(max_connections)
                    if isinstance(max_connections, str) else max_connections,
                    lmsp_permissions=lmsp_permissions,
+                   store_lease_ms=_number(store_lease_ms), store_renew_ms=_number(store_renew_ms),
+                   store_poll_ms=_number(store_poll_ms),
+                   store_busy_timeout_ms=_number(store_busy_timeout_ms),
                    options=build_options(**option_flags))
+
+
+def _number(value: str | int) -> Any:
+    return parse_number(value) if isinstance(value, str) else value
 
 
 def build_options(**flags: str | None) -> BridgeOptions:

@@ -6,8 +6,8 @@
   of a request through ``acp_server.acp_http.dispatch`` (reply encoded and buffered),
   a bus ``session/update`` event turned into its SSE frame, and, for the record, the
   same request through ``jsonrpcserver`` (when installed).
-* prompts/s over ``/acp``: a server process (``python -m bench.acp_bench --serve``,
-  the app with ``acp_routes()`` mounted, reference agent in process) and a raw-socket
+* prompts/s over ``/acp``: a server process (``acp-server serve`` through
+  ``bench.server``, no prompt cap, reference agent in process) and a raw-socket
   HTTP/1.1 client in this one (cheaper than the server, so the figure is the
   server's): sequential turns (POST ``session/prompt``, wait for its
   ``{stopReason}`` frame on the session stream) and a pipelined batch.
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -210,44 +209,8 @@ async def end_to_end(port: int, workspace: str) -> dict[str, float]:
     return {"sequential_per_s": sequential, "pipelined_per_s": pipelined}
 
 
-def serve(workspace: str) -> None:
-    """The server process: the app with ``/acp``, uvicorn, the reference agent."""
-    import uvicorn
-
-    from acp_server.acp_http import acp_routes
-    from acp_server.app import build_app
-    from acp_server.settings import Settings
-    from bridge import Bridge
-    from bridge.agents.reference import ReferenceAgentFactory
-    from bridge.options import BridgeOptions
-
-    async def run() -> None:
-        settings = Settings(workspace=workspace, port=0,
-                            options=BridgeOptions(max_pending_prompts_per_session=0,
-                                                  subscriber_max_queued=2048))
-        async with Bridge(ReferenceAgentFactory(), workspace_cwd=settings.workspace,
-                          options=settings.options) as bridge:
-            app = build_app(settings, bridge)
-            app.router.routes.extend(acp_routes())
-            config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
-                                    access_log=False, lifespan="off")
-            server = uvicorn.Server(config)
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(server.serve)
-                while not server.started:
-                    await anyio.sleep(0.01)
-                port = server.servers[0].sockets[0].getsockname()[1]
-                print(f"listening on http://127.0.0.1:{port}", flush=True)
-
-    import importlib.util
-
-    # uvloop when installed, as ``acp-server serve`` runs
-    anyio.run(run, backend="asyncio",
-              backend_options={"use_uvloop": importlib.util.find_spec("uvloop") is not None})
-
-
 def main() -> list[str]:
-    from bench.http_bench import server
+    from bench.http_bench import served
 
     costs = anyio.run(message_costs)
     jrs = costs["jsonrpcserver_us"]
@@ -259,8 +222,8 @@ def main() -> list[str]:
              f"| jsonrpcserver 5 `dispatch` (same request, for the record) | "
              f"{'n/a (not installed)' if jrs is None else f'{jrs:.2f}'} |", ""]
     with tempfile.TemporaryDirectory() as workspace:
-        with server(["-m", "bench.acp_bench", "--serve", workspace],
-                    "listening on http://") as port:
+        with served(workspace, "--max-pending-prompts-per-session", "0",
+                    knobs=["--subscriber-max-queued", "2048"]) as port:
             import asyncio
 
             e2e = asyncio.run(end_to_end(port, os.path.realpath(workspace)))
@@ -276,7 +239,4 @@ def main() -> list[str]:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--serve":
-        serve(sys.argv[2])
-    else:
-        print("\n".join(main()))
+    print("\n".join(main()))

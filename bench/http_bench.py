@@ -10,7 +10,7 @@ turn latency, each server in its own process and the load from another.
 * latency: POST to ``turn_complete`` on an open SSE stream, sequential turns.
 * accepted **and completed**: the 202 load, then ``GET /daemon/status`` polled until
   ``pendingPrompts`` is 0; rate = 202s / (first request → queue drained). That server
-  runs under ``bench.probed_server``: the event-loop lag p99 is taken from its probe's
+  runs with ``bench.server --lag-probe``: the event-loop lag p99 is taken from its probe's
   samples inside the same window.
 * burst: raw-socket readers of ``/session/{id}/events`` connected before one
   ``/chunks N`` prompt; every ``agent_message_chunk`` must arrive (no
@@ -31,13 +31,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import httpx
 from httpx_sse import connect_sse
 
-from bench.probed_server import INTERVAL_S as PROBE_INTERVAL_S
-from bench.probed_server import lag_p99
+from tests.harness import ServeProcess
+from bench.server import INTERVAL_S as PROBE_INTERVAL_S
+from bench.server import lag_p99
 from bench.targets import record
 
 SECONDS = float(os.environ.get("BENCH_SECONDS", "4"))
@@ -75,12 +76,19 @@ def server(argv: list[str], marker: str) -> Iterator[int]:
             proc.kill()
 
 
+@contextlib.contextmanager
+def served(workspace: str, *flags: str, knobs: Sequence[str] = ()) -> Iterator[int]:
+    """``acp-server serve`` with ``flags`` (through ``bench.server`` and its ``knobs``),
+    started by the tests' launcher (``tests.harness.ServeProcess``); yields its port."""
+    with ServeProcess(workspace, *flags, state_dir=os.path.join(workspace, ".state"),
+                      runner=["-m", "bench.server", *knobs]) as child:
+        yield child.port
+
+
 def acp_server(workspace: str, cap: int, probe: str | None = None,
                *extra: str) -> contextlib.AbstractContextManager[int]:
-    runner = ["-m", "acp_server"] if probe is None else ["-m", "bench.probed_server", probe]
-    return server([*runner, "serve", "--port", "0", "--workspace", workspace,
-                   "--state-dir", os.path.join(workspace, ".state"),
-                   "--max-pending-prompts-per-session", str(cap), *extra], "listening on http://")
+    knobs = ["--lag-probe", probe] if probe is not None else []
+    return served(workspace, "--max-pending-prompts-per-session", str(cap), *extra, knobs=knobs)
 
 
 def load(port: int, path: str, body: str) -> dict:

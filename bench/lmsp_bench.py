@@ -4,7 +4,7 @@ per create, same run), and events/s streamed to 100 concurrent subscribers.
     python -m bench lmsp          # once wired into bench/__main__.py SECTIONS
     python -m bench.lmsp_bench
 
-* creates: ``bench.lmsp_server`` (SQLite WAL, ``synchronous=FULL``, runner off so only
+* creates: ``acp-server serve`` through ``bench.server`` (SQLite WAL, ``synchronous=FULL``, runner off so only
   the create path is measured) loaded by ``bench.loadgen`` from another process with
   ``CONNECTIONS`` keep-alive connections; every answer must be 202 (each one sent
   after its fsync).
@@ -27,7 +27,6 @@ per create, same run), and events/s streamed to 100 concurrent subscribers.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
@@ -44,7 +43,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.http_bench import server
+from bench.http_bench import served
 from bench.targets import record
 
 SECONDS = float(os.environ.get("BENCH_SECONDS", "4"))
@@ -60,15 +59,20 @@ PG_PORT = 54339
 
 
 @contextlib.contextmanager
-def lmsp_server(workspace: str, *flags: str) -> Iterator[int]:
-    db = os.path.join(workspace, f"bench-{time.monotonic_ns()}.db")
-    with server(["-m", "bench.lmsp_server", "--db", db, "--workspace", workspace, *flags],
-                "lmsp listening on ") as port:
+def lmsp_server(workspace: str, *, running: int = 0, store: str | None = None,
+                group_commit: bool = True) -> Iterator[int]:
+    """``acp-server serve`` (``bench.server``) running ``running`` tasks at once on
+    ``store`` (default: a new SQLite file), no queued-task cap; yields its port."""
+    os.makedirs(workspace, exist_ok=True)
+    store = store or f"sqlite:///{os.path.join(workspace, f'bench-{time.monotonic_ns()}.db')}"
+    knobs = ["--unbounded-task-queue", *(() if group_commit else ("--no-group-commit",))]
+    with served(workspace, "--store", store, "--max-running-tasks", str(running),
+                knobs=knobs) as port:
         yield port
 
 
-def creates(workspace: str, *flags: str) -> dict:
-    with lmsp_server(workspace, *flags) as port:
+def creates(workspace: str, *, group_commit: bool) -> dict:
+    with lmsp_server(workspace, group_commit=group_commit) as port:
         return _load(port)
 
 
@@ -187,10 +191,8 @@ def fresh_schema(dsn: str) -> str:
 
 
 def instance(workspace: str, url: str, running: int = 0) -> contextlib.AbstractContextManager[int]:
-    """An LMSP server on ``url`` that runs ``running`` tasks at once (``--serve``, below)."""
-    os.makedirs(workspace, exist_ok=True)
-    return server(["-m", "bench.lmsp_bench", "--serve", url, "--workspace", workspace,
-                   "--max-running-tasks", str(running)], "lmsp listening on ")
+    """An LMSP server on ``url`` that runs ``running`` tasks at once."""
+    return lmsp_server(workspace, running=running, store=url)
 
 
 async def _latency(writer: int, reader: int) -> list[float]:
@@ -256,11 +258,11 @@ def postgres_rows(workspace: str, sqlite_latency: list[float]) -> list[str]:
 
 def main() -> list[str]:
     with tempfile.TemporaryDirectory() as workspace:
-        grouped = creates(workspace, "--group-commit")
-        single = creates(workspace, "--no-group-commit")
-        with lmsp_server(workspace, "--max-running-tasks", str(E2E_RUNNING)) as port:
+        grouped = creates(workspace, group_commit=True)
+        single = creates(workspace, group_commit=False)
+        with lmsp_server(workspace, running=E2E_RUNNING) as port:
             e2e = end_to_end(port)
-        with lmsp_server(workspace, "--max-running-tasks", "1") as port:
+        with lmsp_server(workspace, running=1) as port:
             events, elapsed = asyncio.run(_fan_out(port))
         with lmsp_server(workspace) as port:
             sqlite_latency = asyncio.run(_latency(port, port))
@@ -282,49 +284,5 @@ def main() -> list[str]:
     ]
 
 
-async def _serve(url: str, workspace: str, running: int = 0) -> None:
-    """``bench.lmsp_server`` on a store URL (PostgreSQL), runner off."""
-    import anyio
-    import uvicorn
-
-    from acp_server.app import build_app
-    from acp_server.lmsp import LmspConfig, install_lmsp, open_lmsp
-    from acp_server.settings import Settings
-    from bridge import Bridge
-    from bridge.agents.reference import ReferenceAgentFactory
-
-    settings = Settings(workspace=workspace, port=0)
-    async with Bridge(ReferenceAgentFactory(), workspace_cwd=workspace,
-                      options=settings.options) as bridge, \
-            open_lmsp(bridge, state_dir=workspace, store_url=url, max_running_tasks=running,
-                      config=LmspConfig(max_queued_tasks=None)) as service:
-        app = build_app(settings, bridge)
-        install_lmsp(app, service)
-        server_ = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="off",
-                                               log_level="warning", access_log=False,
-                                               backlog=4096))
-        server_.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(server_.serve)
-            while not server_.started:
-                await anyio.sleep(0.01)
-            port = server_.servers[0].sockets[0].getsockname()[1]
-            print(f"lmsp listening on 127.0.0.1:{port}", flush=True)
-
-
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--serve", metavar="URL", help="run one LMSP instance on URL")
-    parser.add_argument("--workspace")
-    parser.add_argument("--max-running-tasks", type=int, default=0)
-    args = parser.parse_args()
-    if args.serve:
-        import importlib.util
-
-        import anyio
-
-        uvloop = importlib.util.find_spec("uvloop") is not None
-        anyio.run(_serve, args.serve, args.workspace, args.max_running_tasks, backend="asyncio",
-                  backend_options={"use_uvloop": uvloop})
-    else:
-        print("\n".join(main()))
+    print("\n".join(main()))

@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+SERVING = ROOT / "acp_server" / "http" / "serving.py"
 DOORS = ("acp_server.rest", "acp_server.acp_http", "acp_server.lmsp", "acp_server.web")
-SERVER_ONLY = ("acp_server.settings", "acp_server.app", "acp_server.cli")
+SERVER_ONLY = ("acp_server.settings", "acp_server.app", "acp_server.server", "acp_server.cli",
+               "acp_server.ops")
 
 
 def _module_name(path: Path) -> str:
@@ -70,7 +72,44 @@ def test_the_store_imports_no_door_and_serves_no_http() -> None:
 
 
 def test_the_shared_http_folder_imports_no_door() -> None:
-    assert _violations(_modules("acp_server.http"), DOORS + SERVER_ONLY) == []
+    """``http/serving.py`` runs the HTTP server for the composition (it may know the
+    ``Server`` and the settings); the rest of the folder is what the doors share."""
+    shared = [p for p in _modules("acp_server.http") if p != SERVING]
+    assert _violations(shared, DOORS + SERVER_ONLY + ("acp_server.http.serving",)) == []
+    assert _violations([SERVING], DOORS + ("acp_server.cli", "acp_server.app")) == []
+
+
+@pytest.mark.parametrize("door", [*DOORS, "acp_server.ops"])
+def test_no_door_imports_the_http_server(door: str) -> None:
+    assert _violations(_modules(door), ("acp_server.http.serving", "uvicorn", "hypercorn")) == []
+
+
+def _state_reads(path: Path) -> Iterator[str]:
+    """``x.app.state``, ``app.state`` and ``scope["app"].state`` in ``path``."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not (isinstance(node, ast.Attribute) and node.attr == "state"):
+            continue
+        owner = node.value
+        if (isinstance(owner, ast.Attribute) and owner.attr == "app") \
+                or (isinstance(owner, ast.Name) and owner.id == "app") \
+                or (isinstance(owner, ast.Subscript) and isinstance(owner.slice, ast.Constant)
+                    and owner.slice.value == "app"):
+            name = _module_name(path) if path.is_relative_to(ROOT) else path.name
+            yield f"{name}:{node.lineno} reads {ast.unparse(node)}"
+
+
+def test_no_module_reads_app_state() -> None:
+    """Every door gets its dependencies from its route factory (``rest.routes(bridge,
+    config)``, ``acp_http.routes(registry, config)``, ``lmsp.routes(service)``), composed
+    by ``acp_server.server``; nothing is looked up on an untyped ``app.state``."""
+    found = [read for path in _modules("acp_server") for read in _state_reads(path)]
+    assert found == []
+
+
+def test_the_state_rule_sees_a_read(tmp_path: Path) -> None:
+    module = tmp_path / "door.py"
+    module.write_text("def f(request):\n    return request.app.state.bridge\n")
+    assert len(list(_state_reads(module))) == 1
 
 
 def test_the_bridge_serves_no_http_and_knows_no_door() -> None:

@@ -6,10 +6,8 @@ from __future__ import annotations
 import math
 import os
 import re
-import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import httpx
@@ -17,6 +15,7 @@ import pytest
 
 from acp_server.cli import build_parser, main, settings_from_args
 from acp_server.settings import TOKEN_ENV
+from tests.harness import ServeProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -115,14 +114,8 @@ def test_token_from_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 
 
 def test_real_run(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    with subprocess.Popen(
-        [sys.executable, "-m", "acp_server", "serve", "--port", "0", "--workspace", str(tmp_path),
-         "--state-dir", str(tmp_path / "state")],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=tmp_path,
-    ) as proc:
-        _talk_then_terminate(proc, tmp_path, state=str(tmp_path / "state"))
+    with ServeProcess(tmp_path, cwd=tmp_path) as child:
+        _talk_then_terminate(child, tmp_path, state=str(tmp_path / "state"))
 
 
 def test_the_default_state_folder_is_the_workspaces_own_and_start_up_names_it(
@@ -144,53 +137,58 @@ def test_the_default_state_folder_is_the_workspaces_own_and_start_up_names_it(
     chosen = _settings("--workspace", str(one), "--state-dir", str(tmp_path / "mine")).state_dir
     assert chosen == str(tmp_path / "mine")
 
-    env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    env["XDG_STATE_HOME"] = str(tmp_path / "xdg")
-    with subprocess.Popen(
-        [sys.executable, "-m", "acp_server", "serve", "--port", "0", "--workspace", str(one)],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=tmp_path,
-    ) as proc:
-        _talk_then_terminate(proc, one, state=first)
+    with ServeProcess(one, state_dir=None, cwd=tmp_path,
+                      env={"XDG_STATE_HOME": str(tmp_path / "xdg")}) as child:
+        _talk_then_terminate(child, one, state=first)
     assert (Path(first) / "lmsp.sqlite3").exists()
 
 
-def _talk_then_terminate(proc: subprocess.Popen[str], tmp_path: Path, *, state: str) -> None:
-    watchdog = threading.Timer(20, proc.kill)
-    watchdog.start()
-    try:
-        line = proc.stdout.readline() if proc.stdout else ""
-        match = re.fullmatch(
-            r"acp-server listening on (http://127\.0\.0\.1:(\d+)) \(workspace=(.*), agent=reference\)\n",
-            line)
-        assert match, line
-        base_url, port, workspace = match.group(1), int(match.group(2)), match.group(3)
-        assert port != 0
-        assert workspace == os.path.realpath(tmp_path)
-        assert proc.stdout is not None
-        assert proc.stdout.readline() == f"state in {state} (--state-dir chooses another)\n"
-        with httpx.Client(base_url=base_url, timeout=5) as client:
-            assert client.get("/health").json() == {"status": "ok"}
-            sid = client.post("/session", json={}).json()["sessionId"]
-            response = client.post(f"/session/{sid}/prompt",
-                                   json={"prompt": [{"type": "text", "text": "/sleep 2s held"}]})
-            assert response.status_code == 202
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=10) == 0
-    finally:
-        watchdog.cancel()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+def _talk_then_terminate(child: ServeProcess, tmp_path: Path, *, state: str) -> None:
+    """The two start-up lines as printed, one turn, then SIGTERM drains: exit 0."""
+    match = re.fullmatch(
+        r"acp-server listening on (http://127\.0\.0\.1:(\d+)) \(workspace=(.*), agent=reference\)\n",
+        child.listening)
+    assert match, child.listening
+    base_url, port, workspace = match.group(1), int(match.group(2)), match.group(3)
+    assert port != 0
+    assert workspace == os.path.realpath(tmp_path)
+    assert child.state_line == f"state in {state} (--state-dir chooses another)\n"
+    with httpx.Client(base_url=base_url, timeout=5) as client:
+        assert client.get("/health").json() == {"status": "ok"}
+        sid = client.post("/session", json={}).json()["sessionId"]
+        response = client.post(f"/session/{sid}/prompt",
+                               json={"prompt": [{"type": "text", "text": "/sleep 2s held"}]})
+        assert response.status_code == 202
+    assert child.stop(timeout=10) == 0   # SIGTERM drains, exit 0
+
+
+def test_a_port_in_use_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    """A second real process on the port of a running one: one line naming the
+    address, exit status 2, nothing started (#21 item 12)."""
+    second = tmp_path / "second"
+    second.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    with ServeProcess(tmp_path) as first:
+        result = subprocess.run(
+            [sys.executable, "-m", "acp_server", "serve", "--port", str(first.port),
+             "--workspace", str(second), "--state-dir", str(second / "state")],
+            capture_output=True, text=True, env=env, timeout=30)
+        assert first.http.get("/health").status_code == 200   # the first one is untouched
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""
+    assert result.stderr == (f"acp-server: cannot listen on 127.0.0.1:{first.port}: "
+                             "address already in use\n")
+    assert not (second / "state").exists()   # nothing was started: no store, no record
 
 
 # -- the shutdown order ------------------------------------------------------------------
 @pytest.mark.anyio
 async def test_drain_closes_the_front_doors_then_the_sessions_then_the_agents(
         tmp_path: Path) -> None:
-    """``drain`` (what SIGTERM runs), recorded on the real objects: the ``/acp``
-    connections close first (their streams end), then each session (its REST stream
-    ends with ``session_closed``), then the agents."""
+    """``Server.drain`` (what SIGTERM runs), recorded on the real objects: LMSP stops
+    first, then the ``/acp`` connections close (their streams end), then each session
+    (its REST stream ends with ``session_closed``), then the agents."""
     import inspect
     import json
     from typing import Any
@@ -198,7 +196,6 @@ async def test_drain_closes_the_front_doors_then_the_sessions_then_the_agents(
     import anyio
     from httpx_sse import aconnect_sse
 
-    from acp_server.cli import drain
     from tests.acp_http.server import running_acp_server
 
     async with running_acp_server(tmp_path) as srv:
@@ -231,6 +228,7 @@ async def test_drain_closes_the_front_doors_then_the_sessions_then_the_agents(
                         if event.data:
                             rest_types.append(json.loads(event.data)["type"])
 
+            srv.lmsp.stop = recorded("lmsp", srv.lmsp.stop)
             srv.registry.shutdown = recorded("acp connections", srv.registry.shutdown)
             srv.bridge.close_session = recorded("session", srv.bridge.close_session)
             srv.bridge.agents.aclose = recorded("agents", srv.bridge.agents.aclose)
@@ -239,9 +237,9 @@ async def test_drain_closes_the_front_doors_then_the_sessions_then_the_agents(
                     async with anyio.create_task_group() as tg:
                         tg.start_soon(read_rest)
                         await rest_open.wait()
-                        await drain(srv.bridge, srv.registry, None)
+                        await srv.server.drain()
                 await session_stream.wait_for_end()
                 await conn_stream.wait_for_end()
-        assert order == ["acp connections", "session", "agents"]
+        assert order == ["lmsp", "acp connections", "session", "agents"]
         assert rest_types[-1] == "session_closed", rest_types
         assert srv.registry.connections == {}

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import os
-import re
 import sys
-from pathlib import Path
 
 import anyio
 import httpx
@@ -14,9 +11,8 @@ import pytest
 from acp_server.profiles import AgentProfile, ProfileError, load_config, merge, parse_agent_flags
 from acp_server.settings import Settings, SettingsError
 from tests.bridge.fake_model_server import FakeModelState, build_fake_model_app
-from tests.rest.server import serving
+from tests.harness import ServeProcess, serving
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_agent_flags():
@@ -58,39 +54,25 @@ def test_stdio_profile_does_not_inherit_the_token(tmp_path, monkeypatch):
 async def test_serve_with_named_agents_and_a_model_server(tmp_path):
     state = FakeModelState()
     async with serving(build_fake_model_app(state)) as model_url:
-        env = {k: v for k, v in os.environ.items() if k != "ACP_SERVER_TOKEN"}
-        env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-        async with await anyio.open_process(
-                [sys.executable, "-m", "acp_server", "serve", "--port", "0",
-                 "--workspace", str(tmp_path), "--agent", f"alt={sys.executable} -m bridge.agents.reference",
-                 "--model-server", model_url + "/v1", "--state-dir", str(tmp_path / "state")],
-                env=env, cwd=tmp_path) as proc:
-            try:
-                assert proc.stdout is not None
-                line = b""
-                with anyio.fail_after(20):
-                    while not line.endswith(b"\n"):
-                        line += await proc.stdout.receive(1)
-                base_url = re.search(r"(http://127\.0\.0\.1:\d+)", line.decode()).group(1)
-                async with httpx.AsyncClient(base_url=base_url, timeout=10) as client:
-                    caps = (await client.get("/capabilities")).json()
-                    assert caps["agents"] == {"default": "reference",
-                                              "available": ["reference", "alt", "fake-small", "fake-large"]}
-                    answer = await client.post("/session", json={"agent": "nope"})
-                    assert answer.status_code == 400 and answer.json()["code"] == "agent_not_found"
-                    for agent, expected in [("alt", "Echo: hi"), ("fake-small", "pong: hi")]:
-                        created = (await client.post("/session", json={"agent": agent,
-                                                                        "sessionScope": "thread"})).json()
-                        sid = created["sessionId"]
-                        accepted = (await client.post(f"/session/{sid}/prompt", json={
-                            "prompt": [{"type": "text", "text": "hi"}]})).json()
-                        text = await _reply(client, sid, accepted["lastEventId"])
-                        assert text == expected
-                    assert state.requests[-1]["model"] == "fake-small"
-            finally:
-                proc.terminate()
-                with anyio.fail_after(10):
-                    assert await proc.wait() == 0
+        async with ServeProcess(tmp_path, "--agent",
+                                f"alt={sys.executable} -m bridge.agents.reference",
+                                "--model-server", model_url + "/v1", cwd=tmp_path) as child:
+            client = child.client
+            caps = (await client.get("/capabilities")).json()
+            assert caps["agents"] == {"default": "reference",
+                                      "available": ["reference", "alt", "fake-small", "fake-large"]}
+            answer = await client.post("/session", json={"agent": "nope"})
+            assert answer.status_code == 400 and answer.json()["code"] == "agent_not_found"
+            for agent, expected in [("alt", "Echo: hi"), ("fake-small", "pong: hi")]:
+                created = (await client.post("/session", json={"agent": agent,
+                                                                "sessionScope": "thread"})).json()
+                sid = created["sessionId"]
+                accepted = (await client.post(f"/session/{sid}/prompt", json={
+                    "prompt": [{"type": "text", "text": "hi"}]})).json()
+                text = await _reply(client, sid, accepted["lastEventId"])
+                assert text == expected
+            assert state.requests[-1]["model"] == "fake-small"
+        assert child.returncode == 0   # drained on SIGTERM
 
 
 async def _reply(client: httpx.AsyncClient, sid: str, cursor: int) -> str:

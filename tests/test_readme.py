@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.serve import ROOT, start_serve
+from tests.harness import ServeProcess
+from tests.harness.process import ROOT
 
 README = ROOT / "README.md"
 DOCUMENTED_URL = "http://127.0.0.1:4170"
@@ -41,18 +42,8 @@ def served(tmp_path: Path) -> Iterator[tuple[str, str]]:
     workspace = tmp_path / "project"
     workspace.mkdir()
     flags = serve_flags(quick_start_blocks()[0], workspace)
-    proc, url = start_serve(workspace, *flags, "--port", "0", "--state-dir",
-                            str(tmp_path / "state"))
-    try:
-        assert proc.stdout is not None
-        yield url, proc.stdout.readline()
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    with ServeProcess(workspace, *flags, "--port", "0", state_dir=tmp_path / "state") as child:
+        yield child.base_url, child.state_line
 
 
 def test_the_quick_start_starts_a_server_on_a_workspace() -> None:

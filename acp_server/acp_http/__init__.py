@@ -1,36 +1,40 @@
 """ACP JSON-RPC over HTTP at ``/acp``: the Streamable HTTP transport and WebSocket.
 
-    app = build_app(settings, bridge)
-    app.router.routes.extend(acp_routes())     # POST/GET/DELETE /acp + WebSocket /acp
+    registry = ConnectionRegistry(bridge, max_connections=64, grace_s=10.0)
+    config = AcpConfig(max_body_bytes=1 << 20, heartbeat_s=15.0)
+    app = Starlette(routes=acp_http.routes(registry, config))   # POST/GET/DELETE + WS /acp
 
-The endpoints read ``app.state.bridge`` and ``app.state.acp_config`` (an ``AcpConfig``,
-set by ``acp_server.app.build_app``) and keep their connections in a
-``ConnectionRegistry`` created lazily on ``app.state.acp_registry`` (cap
-``max_connections``, default 64; reaping grace ``reap_grace_s``, default 10 s).
+The endpoints get the ``ConnectionRegistry`` (which holds the bridge and the live
+connections: cap ``max_connections``, default 64; reaping grace ``grace_s``, default
+10 s) and the ``AcpConfig`` bound when the routes are built, never from ``app.state``;
+the composition (``acp_server.server``) owns the registry and shuts it down on drain.
 Errors of the door's routes are answered by ``EXCEPTION_HANDLERS`` (``errors``).
 
-Modules: ``routes`` (HTTP endpoints and status rules), ``websocket`` (the socket),
-``dispatch`` (methods → bridge, errors → JSON-RPC), ``connection`` (per-connection
-and per-session stream state), ``registry`` (cap, lookup, reaping), ``streams``
-(the SSE writer), ``frames`` (bus events → JSON-RPC frames).
+Modules: ``streamable`` (the Streamable HTTP endpoints and status rules), ``websocket``
+(the socket), ``dispatch`` (methods → bridge, errors → JSON-RPC), ``connection``
+(per-connection and per-session stream state), ``registry`` (cap, lookup, reaping),
+``streams`` (the SSE writer), ``frames`` (bus events → JSON-RPC frames).
 """
 
 from __future__ import annotations
 
-from starlette.routing import BaseRoute, Route, WebSocketRoute
+from starlette.routing import BaseRoute
 
 from acp_server.acp_http.config import AcpConfig
 from acp_server.acp_http.handlers import EXCEPTION_HANDLERS
-from acp_server.acp_http.registry import ConnectionRegistry, registry_for
-from acp_server.acp_http.routes import acp_endpoint
+from acp_server.acp_http.registry import ConnectionRegistry
+from acp_server.acp_http.streamable import acp_endpoint
 from acp_server.acp_http.websocket import acp_websocket
+from acp_server.http.endpoints import route, websocket_route
 
 ACP_PATH = "/acp"
 
-__all__ = ["ACP_PATH", "EXCEPTION_HANDLERS", "AcpConfig", "ConnectionRegistry", "acp_routes",
-           "registry_for"]
+__all__ = ["ACP_PATH", "EXCEPTION_HANDLERS", "AcpConfig", "ConnectionRegistry", "routes"]
 
 
-def acp_routes(path: str = ACP_PATH) -> list[BaseRoute]:
-    return [Route(path, acp_endpoint, methods=["GET", "POST", "DELETE"]),
-            WebSocketRoute(path, acp_websocket)]
+def routes(registry: ConnectionRegistry, config: AcpConfig,
+           path: str = ACP_PATH) -> list[BaseRoute]:
+    """``/acp`` over Streamable HTTP and WebSocket, on one registry of connections."""
+    return [route(path, acp_endpoint, ["GET", "POST", "DELETE"], registry=registry,
+                  config=config),
+            websocket_route(path, acp_websocket, registry=registry, config=config)]

@@ -1,10 +1,12 @@
 """What the ``/acp`` door needs of the server's settings, handed to it when composed.
 
-    app.state.acp_config = AcpConfig(max_body_bytes=1 << 20, heartbeat_s=15.0,
-                                     guard=GuardPolicy(token="s3cret"))
+    config = AcpConfig(max_body_bytes=1 << 20, heartbeat_s=15.0,
+                       guard=GuardPolicy(token="s3cret"))
+    routes = acp_http.routes(registry, config)
 
-Contracts: the door reads ``app.state.acp_config`` and nothing of
-``acp_server.settings``; ``acp_server.app.build_app`` fills it from the ``Settings``.
+Contracts: the door reads this and nothing of ``acp_server.settings``; the composition
+(``acp_server.server``) builds it from the ``Settings`` (and the registry from its
+``max_connections`` and ``reap_grace_s``).
 ``guard`` is the same policy the HTTP guard enforces; the WebSocket handshake, which
 the guard does not see, checks it here (``websocket.handshake_allowed``).
 """

@@ -1,6 +1,7 @@
 """The live ``/acp`` connections of one app: the cap, lookup, DELETE and reaping.
 
-    registry = registry_for(request.app)           # created lazily on app.state
+    registry = ConnectionRegistry(bridge, max_connections=64, grace_s=10.0)
+    routes = acp_http.routes(registry, config)     # the composition owns the registry
     conn = registry.create()                       # ConnectionCapError past the cap
     registry.get(conn.id)                          # None once closed or reaped
     registry.close(conn)                           # DELETE /acp
@@ -17,16 +18,16 @@ Contracts:
 * Closing cancels the permission requests the connection was sent only on sessions
   that no other live connection serves.
 
-For tests, put a registry on the app before the first request:
-``app.state.acp_registry = ConnectionRegistry(bridge, max_connections=2, grace_s=0.2)``;
-``clock=`` takes any ``Clock`` (``now()`` and ``sleep()``), e.g. one the test advances.
+One registry per server, built by the composition (``acp_server.server``) from the
+``AcpConfig``; ``clock=`` takes any ``Clock`` (``now()`` and ``sleep()``), e.g. one a
+test advances.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Protocol
+from typing import Protocol
 
 import anyio
 
@@ -124,17 +125,3 @@ class ConnectionRegistry:
         self.reaped += len(expired)
         return [c.id for c in expired]
 
-
-def registry_for(app: Any) -> ConnectionRegistry:
-    """The app's registry, created on first use from ``app.state.acp_config``
-    (``max_connections``, ``reap_grace_s``; the defaults without one)."""
-    state = app.state
-    registry: ConnectionRegistry | None = getattr(state, "acp_registry", None)
-    if registry is None:
-        config = getattr(state, "acp_config", None)
-        registry = ConnectionRegistry(
-            state.bridge,
-            max_connections=getattr(config, "max_connections", DEFAULT_MAX_CONNECTIONS),
-            grace_s=getattr(config, "reap_grace_s", DEFAULT_GRACE_S))
-        state.acp_registry = registry
-    return registry

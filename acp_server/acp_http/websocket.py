@@ -41,8 +41,8 @@ from acp_server.acp_http.dispatch import (
     initialize_result,
     request_params,
 )
-from acp_server.acp_http.registry import ConnectionCapError, registry_for
-from acp_server.acp_http.routes import REQUEST_ONLY
+from acp_server.acp_http.registry import ConnectionCapError, ConnectionRegistry
+from acp_server.acp_http.streamable import REQUEST_ONLY
 from acp_server.http.body import BodyError, check_json
 from acp_server.http.security import GuardPolicy, is_loopback, is_self_origin
 from bridge.jsonrpc import (
@@ -117,8 +117,9 @@ class _Socket:
             await self.ws.send_text(payload.decode())
 
 
-async def acp_websocket(ws: WebSocket) -> None:
-    config: AcpConfig = ws.app.state.acp_config
+async def acp_websocket(ws: WebSocket, *, registry: ConnectionRegistry,
+                        config: AcpConfig) -> None:
+    """``/acp`` over one WebSocket; the registry holds the connection (and the bridge)."""
     if not handshake_allowed(ws, config.guard):
         await ws.close(code=1008)
         return
@@ -127,16 +128,16 @@ async def acp_websocket(ws: WebSocket) -> None:
     await ws.accept(subprotocol=subprotocol,
                     headers=[(b"acp-connection-id", connection_id.encode())])
     socket = _Socket(ws)
-    conn = await _handshake(ws, socket, connection_id)
+    limit = config.max_body_bytes
+    conn = await _handshake(ws, socket, connection_id, registry, limit)
     if conn is None:
         return
-    registry = registry_for(ws.app)
     try:
         async with anyio.create_task_group() as tg:
             conn.stream_opened()
             tg.start_soon(_forward, conn.frames, socket)
             conn.on_channel = lambda channel: _attach_channel(tg, channel, socket)
-            await _receive_loop(ws, socket, conn, tg)
+            await _receive_loop(ws, socket, conn, tg, limit)
             tg.cancel_scope.cancel()
     finally:
         conn.on_channel = None
@@ -150,12 +151,13 @@ async def acp_websocket(ws: WebSocket) -> None:
                     pass
 
 
-async def _handshake(ws: WebSocket, socket: _Socket, connection_id: str) -> AcpConnection | None:
+async def _handshake(ws: WebSocket, socket: _Socket, connection_id: str,
+                     registry: ConnectionRegistry, limit: int) -> AcpConnection | None:
     """Wait for ``initialize``; answer it. ``None`` when the socket was closed instead."""
     text: str | None = None
     with anyio.move_on_after(INITIALIZE_TIMEOUT_S):
         try:
-            text = await _next_text(ws)
+            text = await _next_text(ws, limit)
         except WebSocketDisconnect:
             return None
     if text is None:
@@ -171,12 +173,12 @@ async def _handshake(ws: WebSocket, socket: _Socket, connection_id: str) -> AcpC
         await ws.close(code=1002, reason="first message must be initialize")
         return None
     try:
-        conn = registry_for(ws.app).create(connection_id, websocket=True)
+        conn = registry.create(connection_id, websocket=True)
     except ConnectionCapError as exc:
         await socket.send(encode_error(msg.id, INTERNAL_ERROR, str(exc)))
         await ws.close(code=1013, reason="too many connections")
         return None
-    result = initialize_result(ws.app.state.bridge, params, conn.id)
+    result = initialize_result(registry.bridge, params, conn.id)
     await socket.send(encode_result(msg.id, result))
     return conn
 
@@ -184,10 +186,9 @@ async def _handshake(ws: WebSocket, socket: _Socket, connection_id: str) -> AcpC
 FRAME_TOO_BIG = 1009
 
 
-async def _next_text(ws: WebSocket) -> str:
+async def _next_text(ws: WebSocket, limit: int) -> str:
     """The next text frame (binary frames are skipped). A frame over the HTTP body
-    cap (``acp_config.max_body_bytes``) closes the socket with 1009."""
-    limit: int = ws.app.state.acp_config.max_body_bytes
+    cap (``AcpConfig.max_body_bytes``, ``limit``) closes the socket with 1009."""
     while True:
         message = await ws.receive()
         if message["type"] == "websocket.disconnect":
@@ -222,10 +223,10 @@ async def _forward(frames: FrameBuffer, socket: _Socket) -> None:
 
 
 async def _receive_loop(ws: WebSocket, socket: _Socket, conn: AcpConnection,
-                        tg: anyio.abc.TaskGroup) -> None:
+                        tg: anyio.abc.TaskGroup, limit: int) -> None:
     while True:
         try:
-            text = await _next_text(ws)
+            text = await _next_text(ws, limit)
         except WebSocketDisconnect:
             return
         msg = await _decode(text, socket)

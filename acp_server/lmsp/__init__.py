@@ -3,12 +3,11 @@ throughout, is ``docs/spec/LMSP.md``).
 
     async with open_lmsp(bridge, state_dir="/var/lib/acp", store_url="sqlite:///x.db",
                          max_running_tasks=4, token=settings.token) as lmsp:
-        app = build_app(settings, bridge)
-        install_lmsp(app, lmsp)     # = app.state.lmsp = lmsp; the routes
+        app = Starlette(routes=routes(lmsp))     # /lmsp/v1, the service bound to each
 
 Modules: ``wire`` (public wire types), ``problems`` (§9.3), ``requests`` (parsing),
 ``responses`` (ACP → response events), ``runner`` (execution),
-``service`` (``open_lmsp``), ``routes`` (HTTP), ``errors`` (the door's exception
+``service`` (``open_lmsp``), ``endpoints`` (HTTP, ``routes``), ``errors`` (the door's exception
 handlers: problem objects). The durable store, its writer and the live hub are the
 room ``acp_server.store``.
 """
@@ -16,13 +15,8 @@ room ``acp_server.store``.
 from __future__ import annotations
 
 from acp_server.lmsp.errors import EXCEPTION_HANDLERS
-from acp_server.lmsp.routes import (
-    CORS_DENIED_PROBLEM,
-    UNAUTHORIZED_PROBLEM,
-    install_lmsp,
-    lmsp_routes,
-)
+from acp_server.lmsp.endpoints import CORS_DENIED_PROBLEM, UNAUTHORIZED_PROBLEM, routes
 from acp_server.lmsp.service import LmspConfig, LmspService, open_lmsp
 
-__all__ = ["CORS_DENIED_PROBLEM", "EXCEPTION_HANDLERS", "UNAUTHORIZED_PROBLEM", "LmspConfig", "LmspService", "install_lmsp", "lmsp_routes",
-           "open_lmsp"]
+__all__ = ["CORS_DENIED_PROBLEM", "EXCEPTION_HANDLERS", "UNAUTHORIZED_PROBLEM", "LmspConfig",
+           "LmspService", "open_lmsp", "routes"]

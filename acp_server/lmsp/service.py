@@ -2,8 +2,7 @@
 
     async with Bridge(factory, workspace_cwd=ws) as bridge, \\
             open_lmsp(bridge, store_url="sqlite:///var/lib/acp/lmsp.db", state_dir=ws) as lmsp:
-        app = build_app(settings, bridge)
-        install_lmsp(app, lmsp)          # app.state.lmsp, routes, 401-problem shim
+        routes = acp_server.lmsp.routes(lmsp)      # composed by acp_server.server
 
 Contracts:
 
@@ -487,14 +486,19 @@ async def open_lmsp(bridge: Bridge, *, state_dir: str, store_url: str | None = N
                     token: str | None = None, max_running_tasks: int = 4,
                     config: LmspConfig | None = None,
                     group_commit: bool = True, store: TaskStore | None = None,
-                    models: Mapping[str, tuple[Bridge, str | None]] | None = None
-                    ) -> AsyncIterator[LmspService]:
+                    models: Mapping[str, tuple[Bridge, str | None]] | None = None,
+                    lease_s: float = 30, renew_s: float = 10, poll_s: float = 1.0,
+                    busy_timeout_s: float = 5.0) -> AsyncIterator[LmspService]:
     """See the module docstring. ``store_url`` defaults to
     ``sqlite:///<state_dir>/lmsp.sqlite3``; ``store`` overrides it (other engines).
-    ``models`` defaults to ``bridge_models(bridge)``."""
+    ``models`` defaults to ``bridge_models(bridge)``. ``lease_s``, ``renew_s`` and
+    ``poll_s`` are a PostgreSQL store's (``PostgresTaskStore``), ``busy_timeout_s`` a
+    SQLite store's."""
     hub = Hub()
     if store is None:
-        store = store_for(store_url, state_dir=state_dir, group_commit=group_commit)
+        store = store_for(store_url, state_dir=state_dir, group_commit=group_commit,
+                          lease_s=lease_s, renew_s=renew_s, poll_s=poll_s,
+                          busy_timeout_s=busy_timeout_s)
     store.on_commit = hub.publish
     config = config or LmspConfig()
     async with store:

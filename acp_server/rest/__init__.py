@@ -2,11 +2,15 @@
 
     from acp_server.rest import routes
     from acp_server.rest.errors import EXCEPTION_HANDLERS
-    app = Starlette(routes=routes(), exception_handlers=EXCEPTION_HANDLERS)
+    app = Starlette(routes=routes(bridge, RestConfig(max_body_bytes=1 << 20, heartbeat_s=15,
+                                                     agent_name="reference")),
+                    exception_handlers=EXCEPTION_HANDLERS)
 
-Each module holds one noun's routes; every endpoint reads the ``Bridge`` and its
-``RestConfig`` from ``request.app.state`` (``bridge``, ``rest_config``; set by
-``acp_server.app.build_app``). ``errors.EXCEPTION_HANDLERS`` answers the door's errors.
+Each module holds one noun's routes and its route factory; ``routes`` joins them. The
+endpoints get the ``Bridge`` and the door's ``RestConfig`` bound when the routes are
+built (``acp_server.http.endpoints``), never from ``app.state``. ``daemon_status`` also
+reports LMSP's permission answers when the composition hands it ``lmsp_permissions``.
+``errors.EXCEPTION_HANDLERS`` answers the door's errors.
 """
 
 from __future__ import annotations
@@ -23,8 +27,20 @@ from acp_server.rest import (
     sessions,
     workspace,
 )
+from acp_server.rest.config import RestConfig
+from acp_server.rest.daemon import PermissionReport
+from acp_server.store.errors import Probed
+from bridge import Bridge
+
+__all__ = ["PermissionReport", "RestConfig", "routes"]
 
 
-def routes() -> list[BaseRoute]:
-    return [*health.routes, *capabilities.routes, *daemon.routes, *sessions.routes,
-            *prompts.routes, *events.routes, *permissions.routes, *workspace.routes]
+def routes(bridge: Bridge, config: RestConfig, *,
+           lmsp_permissions: PermissionReport | None = None,
+           store: Probed | None = None) -> list[BaseRoute]:
+    """Every REST route, over its dependencies (``store``: what ``/health?deep=1`` asks)."""
+    return [*health.routes(bridge, store), *capabilities.routes(bridge, config),
+            *daemon.routes(bridge, config, lmsp_permissions=lmsp_permissions),
+            *sessions.routes(bridge, config), *prompts.routes(bridge, config),
+            *events.routes(bridge, config), *permissions.routes(bridge, config),
+            *workspace.routes(bridge)]

@@ -15,9 +15,10 @@ from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute
 
 from acp_server import __version__
+from acp_server.http.endpoints import route
 from acp_server.rest.config import RestConfig
 from acp_server.rest.errors import json_response
 from acp_server.rest.workspace import workspaces
@@ -69,9 +70,9 @@ def capabilities_body(bridge: Bridge, config: RestConfig) -> dict[str, Any]:
     }
 
 
-async def capabilities(request: Request) -> Response:
-    state = request.app.state
-    return json_response(200, capabilities_body(state.bridge, state.rest_config))
+async def capabilities(request: Request, *, bridge: Bridge, config: RestConfig) -> Response:
+    return json_response(200, capabilities_body(bridge, config))
 
 
-routes = [Route("/capabilities", capabilities, methods=["GET"])]
+def routes(bridge: Bridge, config: RestConfig) -> list[BaseRoute]:
+    return [route("/capabilities", capabilities, ["GET"], bridge=bridge, config=config)]

@@ -1,10 +1,10 @@
 """What the REST door needs of the server's settings, handed to it when it is composed.
 
-    app.state.rest_config = RestConfig(max_body_bytes=1 << 20, heartbeat_s=15.0,
-                                       agent_name="reference")
+    routes = rest.routes(bridge, RestConfig(max_body_bytes=1 << 20, heartbeat_s=15.0,
+                                            agent_name="reference"))
 
-Contracts: the door reads ``request.app.state.rest_config`` and nothing of
-``acp_server.settings``; ``acp_server.app.build_app`` fills it from the ``Settings``.
+Contracts: the door reads this and nothing of ``acp_server.settings``; the composition
+(``acp_server.server``) builds it from the ``Settings``.
 The security fields are reported by ``/daemon/status`` and ``/capabilities`` only:
 the guard itself (``acp_server.http.security``) enforces them.
 """

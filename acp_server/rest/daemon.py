@@ -10,19 +10,25 @@ from __future__ import annotations
 import datetime
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute
 
 from acp_server import __version__
+from acp_server.http.endpoints import route
 from acp_server.http.guard import REFUSED
 from acp_server.rest.capabilities import features
 from acp_server.rest.config import RestConfig
 from acp_server.rest.errors import json_response
 from bridge import Bridge
 from bridge.status import QueueWait
+
+# How LMSP work's permission requests were answered: (policy, decisions by outcome).
+# Handed over by the composition when LMSP runs (the REST door imports no other door).
+PermissionReport = Callable[[], tuple[str, dict[str, int]]]
 
 
 def _iso(timestamp: float) -> str:
@@ -94,17 +100,20 @@ def agents(bridge: Bridge) -> list[dict[str, Any]]:
     return out
 
 
-async def daemon_status(request: Request) -> Response:
-    state = request.app.state
-    body = status_body(state.bridge, state.rest_config)
+async def daemon_status(request: Request, *, bridge: Bridge, config: RestConfig,
+                        lmsp_permissions: PermissionReport | None) -> Response:
+    body = status_body(bridge, config)
     # The connection guard's counters (acp_server/http/guard.py; uvicorn only).
     body["runtime"]["transport"]["connectionsRefused"] = REFUSED["connections"]
     body["runtime"]["transport"]["headerTimeouts"] = REFUSED["header_timeouts"]
-    lmsp = getattr(state, "lmsp", None)
-    if lmsp is not None:   # permissions answered by --lmsp-permissions, per decision
-        body["runtime"]["permissions"]["lmspPolicy"] = lmsp.runner.permission_policy
-        body["runtime"]["permissions"]["lmspDecisions"] = dict(lmsp.runner.permission_decisions)
+    if lmsp_permissions is not None:   # answered by --lmsp-permissions, per decision
+        policy, decisions = lmsp_permissions()
+        body["runtime"]["permissions"]["lmspPolicy"] = policy
+        body["runtime"]["permissions"]["lmspDecisions"] = decisions
     return json_response(200, body)
 
 
-routes = [Route("/daemon/status", daemon_status, methods=["GET"])]
+def routes(bridge: Bridge, config: RestConfig, *,
+           lmsp_permissions: PermissionReport | None = None) -> list[BaseRoute]:
+    return [route("/daemon/status", daemon_status, ["GET"], bridge=bridge, config=config,
+                  lmsp_permissions=lmsp_permissions)]

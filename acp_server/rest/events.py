@@ -17,26 +17,29 @@ unknown session is 404 before any stream starts.
 from __future__ import annotations
 
 from starlette.requests import Request
-from starlette.routing import Route
+from starlette.routing import BaseRoute
 from starlette.types import ASGIApp
 
 from acp_server.http.headers import event_epoch, last_event_id
+from acp_server.http.endpoints import route
 from acp_server.rest import wire
+from acp_server.rest.config import RestConfig
 from acp_server.rest.sse import EventStreamResponse
 from bridge import Bridge
 
 
-async def session_events(request: Request) -> ASGIApp:
+async def session_events(request: Request, *, bridge: Bridge, config: RestConfig) -> ASGIApp:
     session_id = request.path_params["session_id"]
     client_id = wire.client_id(request)
     max_queued = wire.max_queued(request)
-    bridge: Bridge = request.app.state.bridge
     if client_id is not None:
         bridge.check_client(session_id, client_id)
     subscription = bridge.subscribe(session_id, last_event_id=last_event_id(request),
                                     epoch=event_epoch(request), max_queued=max_queued)
     return EventStreamResponse(subscription, epoch=subscription.epoch,
-                               heartbeat_s=request.app.state.rest_config.heartbeat_s)
+                               heartbeat_s=config.heartbeat_s)
 
 
-routes = [Route("/session/{session_id}/events", session_events, methods=["GET"])]
+def routes(bridge: Bridge, config: RestConfig) -> list[BaseRoute]:
+    return [route("/session/{session_id}/events", session_events, ["GET"], bridge=bridge,
+                  config=config)]

@@ -4,7 +4,7 @@
     $ curl -s 'localhost:4170/health?deep=1'  # {"status":"ok","sessions":1,"activePrompts":0,...}
 
 Open without a token on a loopback bind unless ``--require-auth`` (see ``security``).
-The deep check also asks the durable store (``app.state.store``, when composed; see
+The deep check also asks the durable store (``store``, when composed; see
 ``acp_server.store``): while it cannot serve, the answer is 503 with
 ``"status": "unavailable"`` and ``store: {status: "down", reason, downSince}``.
 """
@@ -15,19 +15,20 @@ import time
 
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute
 
+from acp_server.http.endpoints import route
 from acp_server.rest.errors import json_response
+from acp_server.store.errors import Probed
+from bridge import Bridge
 
 _OK = b'{"status":"ok"}'
 
 
-async def health(request: Request) -> Response:
+async def health(request: Request, *, bridge: Bridge, store: Probed | None) -> Response:
     if request.query_params.get("deep") not in ("1", "true"):
         return Response(_OK, 200, media_type="application/json")
-    bridge = request.app.state.bridge
     stats = bridge.stats()
-    store = getattr(request.app.state, "store", None)
     down = await store.probe() if store is not None else None
     extra: dict[str, object] = {}
     if store is not None:
@@ -43,4 +44,5 @@ async def health(request: Request) -> Response:
     })
 
 
-routes = [Route("/health", health, methods=["GET"])]
+def routes(bridge: Bridge, store: Probed | None = None) -> list[BaseRoute]:
+    return [route("/health", health, ["GET"], bridge=bridge, store=store)]

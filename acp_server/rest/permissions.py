@@ -13,9 +13,11 @@ from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute
 
+from acp_server.http.endpoints import route
 from acp_server.rest import wire
+from acp_server.rest.config import RestConfig
 from acp_server.rest.errors import bad_request
 from bridge import Bridge
 
@@ -36,10 +38,11 @@ def parse_outcome(body: wire.PermissionVoteBody) -> dict[str, Any]:
     raise bad_request(OUTCOME_REQUIRED)
 
 
-async def _vote(request: Request, session_id: str | None) -> Response:
+async def _vote(request: Request, session_id: str | None, bridge: Bridge,
+                config: RestConfig) -> Response:
     client_id = wire.client_id(request)
-    outcome = parse_outcome(await wire.read_json(request, wire.PermissionVoteBody))
-    bridge: Bridge = request.app.state.bridge
+    outcome = parse_outcome(await wire.read_json(request, wire.PermissionVoteBody,
+                                                 limit=config.max_body_bytes))
     if session_id is not None and client_id is not None:
         bridge.check_client(session_id, client_id)
     bridge.respond_to_permission(request.path_params["request_id"], outcome,
@@ -47,15 +50,17 @@ async def _vote(request: Request, session_id: str | None) -> Response:
     return Response(_EMPTY, 200, media_type="application/json")
 
 
-async def session_vote(request: Request) -> Response:
-    return await _vote(request, request.path_params["session_id"])
+async def session_vote(request: Request, *, bridge: Bridge, config: RestConfig) -> Response:
+    return await _vote(request, request.path_params["session_id"], bridge, config)
 
 
-async def legacy_vote(request: Request) -> Response:
-    return await _vote(request, None)
+async def legacy_vote(request: Request, *, bridge: Bridge, config: RestConfig) -> Response:
+    return await _vote(request, None, bridge, config)
 
 
-routes = [
-    Route("/session/{session_id}/permission/{request_id}", session_vote, methods=["POST"]),
-    Route("/permission/{request_id}", legacy_vote, methods=["POST"]),
-]
+def routes(bridge: Bridge, config: RestConfig) -> list[BaseRoute]:
+    return [
+        route("/session/{session_id}/permission/{request_id}", session_vote, ["POST"],
+              bridge=bridge, config=config),
+        route("/permission/{request_id}", legacy_vote, ["POST"], bridge=bridge, config=config),
+    ]

@@ -20,10 +20,12 @@ from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute
 
+from acp_server.http.endpoints import route
 from acp_server.http.origin import session_origin
 from acp_server.rest import wire
+from acp_server.rest.config import RestConfig
 from acp_server.rest.errors import bad_request, json_response
 from bridge import Bridge, SessionInfo, SessionStatus
 
@@ -50,10 +52,6 @@ def status_body(status: SessionStatus) -> dict[str, Any]:
 
 def _no_content() -> Response:
     return Response(status_code=204)
-
-
-def _bridge(request: Request) -> Bridge:
-    return request.app.state.bridge  # type: ignore[no-any-return]
 
 
 def created(info: SessionInfo) -> wire.SessionCreated:
@@ -85,13 +83,12 @@ def restored(info: SessionInfo) -> wire.SessionRestored | wire.SessionLoaded:
         promptTerminals=history.prompt_terminals)
 
 
-async def create_session(request: Request) -> Response:
+async def create_session(request: Request, *, bridge: Bridge, config: RestConfig) -> Response:
     wire.client_id(request)  # validated as on every route; a new id is issued anyway
-    body = await wire.read_json(request, wire.CreateSessionBody)
+    body = await wire.read_json(request, wire.CreateSessionBody, limit=config.max_body_bytes)
     scope = "single" if body.sessionScope is None else body.sessionScope
     if scope not in ("single", "thread"):
         raise bad_request('`sessionScope` must be "single" or "thread"', "invalid_session_scope")
-    bridge = _bridge(request)
     if body.sessionId is not None:
         if not wire.is_uuid(body.sessionId):
             raise bad_request("`sessionId` must be a UUID (RFC 4122, versions 1-5)",
@@ -106,28 +103,29 @@ async def create_session(request: Request) -> Response:
     return json_response(200, created(info))
 
 
-async def load_session(request: Request) -> Response:
-    return await _restore(request, _bridge(request).load_session)
+async def load_session(request: Request, *, bridge: Bridge, config: RestConfig) -> Response:
+    return await _restore(request, bridge.load_session, config)
 
 
-async def resume_session(request: Request) -> Response:
-    return await _restore(request, _bridge(request).resume_session)
+async def resume_session(request: Request, *, bridge: Bridge, config: RestConfig) -> Response:
+    return await _restore(request, bridge.resume_session, config)
 
 
-async def _restore(request: Request, restore: Callable[..., Awaitable[SessionInfo]]) -> Response:
+async def _restore(request: Request, restore: Callable[..., Awaitable[SessionInfo]],
+                   config: RestConfig) -> Response:
     """``/load`` and ``/resume``: the same body and answer, a different bridge call."""
     wire.client_id(request)
-    body = await wire.read_json(request, wire.RestoreBody)
+    body = await wire.read_json(request, wire.RestoreBody, limit=config.max_body_bytes)
     info = await restore(request.path_params["session_id"], cwd=body.cwd,
                          agent=body.agent)   # unknown to the agent: SessionNotFoundError
     return json_response(200, restored(info))
 
 
-async def branch_session(request: Request) -> Response:
+async def branch_session(request: Request, *, bridge: Bridge, config: RestConfig) -> Response:
     wire.client_id(request)
-    await wire.read_json(request, wire.EmptyBody)
+    await wire.read_json(request, wire.EmptyBody, limit=config.max_body_bytes)
     session_id = request.path_params["session_id"]
-    info = await _bridge(request).branch_session(session_id)
+    info = await bridge.branch_session(session_id)
     return json_response(201, wire.SessionBranched(
         sessionId=info.session_id, workspaceCwd=info.workspace_cwd, attached=info.attached,
         clientId=info.client_id, createdAt=iso(info.created_at),
@@ -135,38 +133,40 @@ async def branch_session(request: Request) -> Response:
         lastEventId=info.last_event_id, eventEpoch=info.event_epoch))
 
 
-async def cancel_session(request: Request) -> Response:
+async def cancel_session(request: Request, *, bridge: Bridge) -> Response:
     wire.client_id(request)
-    await _bridge(request).cancel_session(request.path_params["session_id"])
+    await bridge.cancel_session(request.path_params["session_id"])
     return _no_content()
 
 
-async def close_session(request: Request) -> Response:
+async def close_session(request: Request, *, bridge: Bridge) -> Response:
     client_id = wire.client_id(request)
-    await _bridge(request).close_session(request.path_params["session_id"], closed_by=client_id)
+    await bridge.close_session(request.path_params["session_id"], closed_by=client_id)
     return _no_content()
 
 
-async def session_status(request: Request) -> Response:
-    status = _bridge(request).session_status(request.path_params["session_id"])
+async def session_status(request: Request, *, bridge: Bridge) -> Response:
+    status = bridge.session_status(request.path_params["session_id"])
     return json_response(200, status_body(status))
 
 
-async def heartbeat(request: Request) -> Response:
+async def heartbeat(request: Request, *, bridge: Bridge) -> Response:
     client_id = wire.client_id(request)
     session_id = request.path_params["session_id"]
-    seen = _bridge(request).heartbeat(session_id, client_id)
+    seen = bridge.heartbeat(session_id, client_id)
     return json_response(200, wire.Heartbeat(sessionId=session_id, lastSeenAt=iso(seen),
                                              clientId=client_id))
 
 
-routes = [
-    Route("/session", create_session, methods=["POST"]),
-    Route("/session/{session_id}", close_session, methods=["DELETE"]),
-    Route("/session/{session_id}/load", load_session, methods=["POST"]),
-    Route("/session/{session_id}/resume", resume_session, methods=["POST"]),
-    Route("/session/{session_id}/branch", branch_session, methods=["POST"]),
-    Route("/session/{session_id}/cancel", cancel_session, methods=["POST"]),
-    Route("/session/{session_id}/status", session_status, methods=["GET"]),
-    Route("/session/{session_id}/heartbeat", heartbeat, methods=["POST"]),
-]
+def routes(bridge: Bridge, config: RestConfig) -> list[BaseRoute]:
+    deps = {"bridge": bridge, "config": config}
+    return [
+        route("/session", create_session, ["POST"], **deps),
+        route("/session/{session_id}", close_session, ["DELETE"], bridge=bridge),
+        route("/session/{session_id}/load", load_session, ["POST"], **deps),
+        route("/session/{session_id}/resume", resume_session, ["POST"], **deps),
+        route("/session/{session_id}/branch", branch_session, ["POST"], **deps),
+        route("/session/{session_id}/cancel", cancel_session, ["POST"], bridge=bridge),
+        route("/session/{session_id}/status", session_status, ["GET"], bridge=bridge),
+        route("/session/{session_id}/heartbeat", heartbeat, ["POST"], bridge=bridge),
+    ]

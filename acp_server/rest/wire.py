@@ -1,11 +1,11 @@
 """Wire types of the REST surface: request bodies, response bodies, header checks.
 
-    body = await read_json(request, PromptBody)     # 400 / 413 raised as RestError
+    body = await read_json(request, PromptBody, limit=config.max_body_bytes)  # 400 / 413
     return json_response(202, PromptAccepted(promptId=..., lastEventId=3, eventEpoch=...))
 
 Contracts:
 
-* Bodies are read up to ``rest_config.max_body_bytes`` (a ``Content-Length`` above it is
+* Bodies are read up to ``limit`` bytes (``RestConfig.max_body_bytes``) (a ``Content-Length`` above it is
   refused before reading): over the cap → 413. An empty body is ``{}`` (Express's
   ``json()`` does the same). Malformed JSON → 400 ``{"error": "Invalid JSON in
   request body"}``; well-formed JSON of the wrong shape → 400 ``invalid_request_body``.
@@ -145,9 +145,8 @@ def too_large(limit: int) -> RestError:
                            "limit": limit})
 
 
-async def read_body(request: Request) -> bytes:
-    """The raw body, at most ``rest_config.max_body_bytes`` bytes (else 413)."""
-    limit: int = request.app.state.rest_config.max_body_bytes
+async def read_body(request: Request, *, limit: int) -> bytes:
+    """The raw body, at most ``limit`` bytes (else 413)."""
     try:
         return await body.read_body(request, limit=limit)
     except body.BodyTooLarge:
@@ -167,8 +166,8 @@ def decode(raw: bytes, type_: type[T]) -> T:
         raise RestError(400, {"error": "Invalid JSON in request body"}) from None
 
 
-async def read_json(request: Request, type_: type[T]) -> T:
-    return decode(await read_body(request), type_)
+async def read_json(request: Request, type_: type[T], *, limit: int) -> T:
+    return decode(await read_body(request, limit=limit), type_)
 
 
 # -- headers and small values -------------------------------------------------------------

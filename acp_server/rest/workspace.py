@@ -24,8 +24,9 @@ from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute
 
+from acp_server.http.endpoints import route
 from acp_server.rest.errors import RestError, bad_request, json_response
 from acp_server.rest.sessions import status_body
 from bridge import Bridge
@@ -77,8 +78,7 @@ def _page_args(request: Request) -> tuple[int, int]:
     return size, int(cursor)
 
 
-async def list_sessions(request: Request) -> Response:
-    bridge: Bridge = request.app.state.bridge
+async def list_sessions(request: Request, *, bridge: Bridge) -> Response:
     requested = request.path_params["workspace"]
     if requested != workspace_id(bridge.workspace_cwd):
         raise RestError(404, {"error": "Workspace is not registered with this daemon.",
@@ -93,4 +93,5 @@ async def list_sessions(request: Request) -> Response:
     return json_response(200, body)
 
 
-routes = [Route("/workspace/{workspace}/sessions", list_sessions, methods=["GET"])]
+def routes(bridge: Bridge) -> list[BaseRoute]:
+    return [route("/workspace/{workspace}/sessions", list_sessions, ["GET"], bridge=bridge)]

@@ -31,7 +31,7 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import anyio
 
@@ -98,6 +98,14 @@ class StoreHealth:
                         self.clock() - (self.down_since or self.clock()), self.reason)
         self.reason = None
         self.down_since = None
+
+
+class Probed(Protocol):
+    """What ``/health?deep=1`` asks of a store (every store of this room is one)."""
+
+    health: StoreHealth
+
+    async def probe(self, timeout: float = 2.0) -> str | None: ...
 
 
 async def persist(fn: Callable[[], Awaitable[T]], *, what: str,

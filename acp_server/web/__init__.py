@@ -1,6 +1,6 @@
 """The web console: static files shipped in this package, served at ``/``.
 
-    app.router.routes.extend(web_routes())     # build_app does it unless --no-web
+    app = Starlette(routes=routes())     # acp_server.app.build_app, unless --no-web
     # GET /             -> static/index.html
     # GET /web/app.js   -> static/app.js (one flat folder, names fixed at import)
 
@@ -81,6 +81,6 @@ async def static(request: Request) -> Response:
     return _file(request.path_params["name"])
 
 
-def web_routes() -> list[BaseRoute]:
+def routes() -> list[BaseRoute]:
     return [Route("/", index, methods=["GET", "HEAD"]),
             Route(PREFIX + "{name}", static, methods=["GET", "HEAD"])]

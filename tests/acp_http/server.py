@@ -1,4 +1,4 @@
-"""An app with ``/acp`` mounted, served on a real loopback port on either backend.
+"""The ``/acp`` tests' helpers on the in-process server (``tests.harness.local_server``).
 
     async with running_acp_server(tmp_path, grace_s=0.3) as srv:
         conn_id, init = await srv.initialize()
@@ -6,7 +6,8 @@
             await srv.post(conn_id, request(1, "session/new", {"cwd": srv.workspace}))
             reply = await conn_stream.wait_for_id(1)
 
-The server half is ``tests.rest.server`` (uvicorn under asyncio, hypercorn under trio).
+``grace_s`` and ``max_connections`` are the registry's (``--acp-reap-grace-s``,
+``--max-acp-connections``), ``clock`` its clock (``FakeClock``).
 """
 
 from __future__ import annotations
@@ -18,17 +19,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
-import anyio.abc
 import httpx
 from httpx_sse import aconnect_sse
 
-from acp_server.acp_http import ConnectionRegistry, registry_for
+from acp_server.acp_http import ConnectionRegistry
 from acp_server.acp_http.registry import Clock
-from acp_server.app import build_app
-from acp_server.settings import Settings
-from bridge import Bridge, BridgeOptions
-from bridge.agents.reference import ReferenceAgentFactory
-from tests.rest.server import serving
+from tests.harness.local import LocalServer, local_server
 
 JSON = {"Content-Type": "application/json"}
 
@@ -91,18 +87,10 @@ class Sse:
                 await self._changed.wait()
 
 
-@dataclass
-class RunningAcpServer:
-    base_url: str
-    bridge: Bridge
-    settings: Settings
-    registry: ConnectionRegistry
-    client: httpx.AsyncClient
-    tg: anyio.abc.TaskGroup
-
+class RunningAcpServer(LocalServer):
     @property
-    def workspace(self) -> str:
-        return self.settings.workspace
+    def registry(self) -> ConnectionRegistry:
+        return self.server.acp
 
     async def initialize(self, **headers: str) -> tuple[str, dict[str, Any]]:
         response = await self.client.post("/acp", json=request(0, "initialize",
@@ -186,25 +174,9 @@ class FakeClock:
         moved.set()
 
 
-@contextlib.asynccontextmanager
-async def running_acp_server(workspace: Any, *, options: BridgeOptions | None = None,
-                             max_connections: int = 64, grace_s: float = 10.0,
-                             clock: Clock | None = None,
-                             **settings: Any) -> AsyncIterator[RunningAcpServer]:
-    config = Settings(workspace=str(workspace), port=0, options=options or BridgeOptions(),
-                      max_acp_connections=max_connections, acp_reap_grace_s=grace_s, **settings)
-    async with Bridge(ReferenceAgentFactory(), workspace_cwd=config.workspace,
-                      options=config.options) as bridge:
-        app = build_app(config, bridge)
-        if clock is not None:
-            app.state.acp_registry = ConnectionRegistry(
-                bridge, max_connections=max_connections, grace_s=grace_s, clock=clock)
-        registry = registry_for(app)
-
-        async def stop() -> None:
-            registry.shutdown()    # ends open streams and grace waits
-            await bridge.aclose()
-
-        async with serving(app, on_stop=stop) as base_url, anyio.create_task_group() as tg:
-            async with httpx.AsyncClient(base_url=base_url, timeout=10) as client:
-                yield RunningAcpServer(base_url, bridge, config, registry, client, tg)
+def running_acp_server(workspace: Any, *, max_connections: int = 64, grace_s: float = 10.0,
+                       clock: Clock | None = None, **kwargs: Any
+                       ) -> contextlib.AbstractAsyncContextManager[RunningAcpServer]:
+    """``tests.harness.local_server`` with the ``/acp`` helpers."""
+    return local_server(workspace, kind=RunningAcpServer, max_acp_connections=max_connections,
+                        acp_reap_grace_s=grace_s, acp_clock=clock, **kwargs)

@@ -16,7 +16,7 @@ import pytest
 from bridge.agents.children import ChildRegistry
 from bridge.agents.stdio import StdioAgentFactory
 from tests.bridge.fake_agent_client import FakeClient
-from tests.serve import start_serve
+from tests.harness import ServeProcess
 
 
 # An agent that answers initialize and session/new, starts a grandchild, and ignores stdin EOF and SIGTERM.
@@ -103,7 +103,9 @@ def test_a_killed_server_leaves_no_agent_after_the_next_start(tmp_path):
     agent = f"{sys.executable} {script} {tmp_path / 'grandchild.pid'}"
 
     def start() -> tuple[subprocess.Popen[str], str]:
-        return start_serve(tmp_path, "--agent", agent, cwd=tmp_path)
+        child = ServeProcess(tmp_path, "--agent", agent, cwd=tmp_path).start()
+        assert child.process is not None
+        return child.process, child.base_url
 
     import httpx
 

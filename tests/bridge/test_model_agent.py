@@ -10,7 +10,7 @@ from bridge.agents.model import ModelAgentFactory, discover_models
 from bridge.errors import AgentError
 from tests.bridge.fake_model_server import FakeModelState, build_fake_model_app
 from tests.bridge.helpers import drain, text, wait_until
-from tests.rest.server import serving
+from tests.harness import serving
 
 pytestmark = pytest.mark.anyio
 

@@ -15,7 +15,6 @@ import sys
 import xml.etree.ElementTree as ET
 
 import anyio
-import anyio.abc
 import pytest
 from rich.console import Console
 
@@ -26,6 +25,7 @@ from acp_server.conformance.cli import run_conformance_args
 from tests.conformance.broken import BROKEN
 from tests.conformance.conftest import KNOWN_FAILING
 from tests.conformance.server import running_target
+from tests.harness import ServeProcess
 
 pytestmark = pytest.mark.anyio
 FAST_FLAGS = ["--hold-prompt", "/sleep 30s hold", "--timeout", "5", "--settle-timeout", "15",
@@ -108,21 +108,14 @@ async def test_the_command_against_acp_server_serve_end_to_end(tmp_path):
     """Two real processes: ``acp-server serve`` and ``acp-server conformance`` on it."""
     workspace = tmp_path / "ws"
     workspace.mkdir()
-    serve = [sys.executable, "-m", "acp_server", "serve", "--port", "0", "--workspace",
-             str(workspace), "--state-dir", str(tmp_path / "state"),
-             "--max-pending-prompts-per-session", "2", "--max-running-tasks", "2"]
     env = {k: v for k, v in os.environ.items() if k != "ACP_SERVER_TOKEN"}
-    async with await anyio.open_process(serve, env=env) as server:
-        try:
-            url = await _listening(server)
-            report_path = tmp_path / "report.json"
-            done = await anyio.run_process(
-                [sys.executable, "-m", "acp_server", "conformance", url, "--json",
-                 str(report_path), *FAST_FLAGS], env=env, check=False)
-        finally:
-            server.terminate()
-            with anyio.fail_after(20):
-                assert await server.wait() == 0           # drained on SIGTERM
+    async with ServeProcess(workspace, "--max-pending-prompts-per-session", "2",
+                            "--max-running-tasks", "2", state_dir=tmp_path / "state") as server:
+        report_path = tmp_path / "report.json"
+        done = await anyio.run_process(
+            [sys.executable, "-m", "acp_server", "conformance", server.base_url, "--json",
+             str(report_path), *FAST_FLAGS], env=env, check=False)
+    assert server.returncode == 0           # drained on SIGTERM
     report = json.loads(report_path.read_text())
     assert [c["id"] for c in report["checks"]] == list(CHECKS)
     failed = {c["id"] for c in report["checks"] if c["outcome"] != "pass"}
@@ -131,13 +124,3 @@ async def test_the_command_against_acp_server_serve_end_to_end(tmp_path):
     assert b"passed" in done.stdout
 
 
-async def _listening(process: anyio.abc.Process) -> str:
-    assert process.stdout is not None
-    seen = b""
-    with anyio.fail_after(30):
-        async for chunk in process.stdout:
-            seen += chunk
-            match = re.search(rb"listening on (http://127\.0\.0\.1:\d+)", seen)
-            if match:
-                return match.group(1).decode()
-    raise AssertionError(f"acp-server serve exited: {seen!r}")

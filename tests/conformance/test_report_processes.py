@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 from collections.abc import Iterator
 
 import httpx
@@ -15,7 +14,7 @@ import pytest
 from acp_server.conformance import CHECKS
 from acp_server.conformance.catalog import checks_of
 from tests.conformance.conftest import KNOWN_FAILING
-from tests.serve import start_serve
+from tests.harness import ServeProcess
 from tests.terminal import Terminal, piped
 
 FAST = ["--timeout", "5", "--settle-timeout", "15", "--saturate-tasks", "3"]
@@ -24,17 +23,9 @@ SESSION_CAP = 6
 
 @pytest.fixture(scope="module")
 def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    proc, base = start_serve(tmp_path_factory.mktemp("conformance"),
-                             "--max-sessions", str(SESSION_CAP), "--max-running-tasks", "2")
-    try:
-        yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    with ServeProcess(tmp_path_factory.mktemp("conformance"), "--max-sessions", str(SESSION_CAP),
+                      "--max-running-tasks", "2") as child:
+        yield child.base_url
 
 
 def _sessions(url: str) -> list[dict[str, object]]:
@@ -67,6 +58,7 @@ def test_in_a_terminal_every_id_is_whole(url: str, columns: int) -> None:
     assert re.search(r"\nPASS  \d+ passed, 0 failed", term.text)   # its own line
 
 
+@pytest.mark.slow
 def test_twelve_runs_leave_no_session_behind(url: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Against a cap of 6 sessions: the acp-http suite used to leave 3 per run, so the
     third run already failed. Every run must pass and leave only the LMSP runner's kept

@@ -13,7 +13,7 @@ import pytest
 from acp_server.conformance import run_conformance
 from tests.conformance.sdk_server import sdk_app
 from tests.conformance.server import FAST
-from tests.rest.server import serving
+from tests.harness import serving
 
 pytestmark = pytest.mark.anyio
 

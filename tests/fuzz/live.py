@@ -1,4 +1,4 @@
-"""A live loopback server with all three doors, run in a blocking portal so that
+"""The in-process server (``tests.harness.local_server``), run in a blocking portal so that
 hypothesis (synchronous) drives it over real HTTP and WebSocket, on either backend.
 
     with live_server(tmp_path, "trio") as live:        # hypercorn under trio
@@ -20,13 +20,8 @@ from typing import Any
 import anyio.from_thread
 import httpx
 
-from acp_server.acp_http import registry_for
-from acp_server.app import build_app
-from acp_server.lmsp import install_lmsp, open_lmsp
-from acp_server.settings import Settings
-from bridge import Bridge, BridgeOptions
-from bridge.agents.reference import ReferenceAgentFactory
-from tests.rest.server import serving
+from bridge import BridgeOptions
+from tests.harness.local import local_server
 
 OPTIONS = BridgeOptions(max_sessions=0, max_pending_prompts_per_session=0)
 
@@ -43,21 +38,8 @@ class Live:
 
 @contextlib.asynccontextmanager
 async def _serve(workspace: Path) -> Any:
-    settings = Settings(workspace=str(workspace), port=0, options=OPTIONS)
-    async with Bridge(ReferenceAgentFactory(), workspace_cwd=settings.workspace,
-                      options=settings.options) as bridge, \
-            open_lmsp(bridge, state_dir=str(workspace / "state"),
-                      max_running_tasks=4) as service:
-        app = build_app(settings, bridge)
-        install_lmsp(app, service)
-
-        async def stop() -> None:   # as the CLI drains: LMSP, the bridge, /acp streams
-            service.stop()
-            await bridge.aclose()
-            registry_for(app).shutdown()
-
-        async with serving(app, on_stop=stop) as base_url:
-            yield base_url
+    async with local_server(workspace, options=OPTIONS, max_running_tasks=4) as srv:
+        yield srv.base_url
 
 
 @contextlib.contextmanager

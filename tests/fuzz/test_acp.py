@@ -9,6 +9,7 @@ import json
 from typing import Any
 
 import anyio
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -18,6 +19,8 @@ from tests.fuzz.http import send
 from tests.fuzz.live import Live
 from tests.fuzz.shapes import check_acp, check_rpc_message
 from tests.fuzz.strategies import CONTENT_TYPE, HEADER_VALUE, bodies, deep, rpc_messages
+
+pytestmark = pytest.mark.slow   # hypothesis against a live server: tens of seconds
 
 INIT = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": 1}}
 

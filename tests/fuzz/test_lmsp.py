@@ -3,6 +3,7 @@ every error a problem object, the server healthy afterwards."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -11,6 +12,8 @@ from tests.fuzz.http import send
 from tests.fuzz.live import Live
 from tests.fuzz.shapes import check_lmsp, check_rest
 from tests.fuzz.strategies import CONTENT_TYPE, HEADERS, LMSP_KEYS, QUERY, bodies, path_ids
+
+pytestmark = pytest.mark.slow   # hypothesis against a live server: tens of seconds
 
 ROUTES = [
     ("GET", "/lmsp/v1/capabilities"), ("POST", "/lmsp/v1/responses"),

@@ -3,6 +3,7 @@ No 5xx, every error ``{"error": str, "code"?}``, the server healthy afterwards."
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -11,6 +12,8 @@ from tests.fuzz.http import send
 from tests.fuzz.live import Live
 from tests.fuzz.shapes import check_rest
 from tests.fuzz.strategies import CONTENT_TYPE, HEADERS, QUERY, REST_KEYS, bodies, path_ids
+
+pytestmark = pytest.mark.slow   # hypothesis against a live server: tens of seconds
 
 ROUTES = [
     ("GET", "/health"), ("GET", "/capabilities"), ("GET", "/daemon/status"),

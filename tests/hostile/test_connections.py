@@ -8,13 +8,13 @@ from pathlib import Path
 import anyio
 import pytest
 
-from tests.hostile.daemon import read_until_closed, running_daemon
+from tests.harness import ServeProcess, read_until_closed
 
 pytestmark = pytest.mark.anyio
 
 
 async def test_silent_and_partial_heads_are_closed(tmp_path: Path) -> None:
-    async with running_daemon(tmp_path, "--header-timeout-ms", "300") as daemon:
+    async with ServeProcess(tmp_path, "--header-timeout-ms", "300") as daemon:
         silent = await daemon.raw()
         partial = await daemon.raw()
         await partial.send(b"GET /health HTTP/1.1\r\nHost: x\r\n")
@@ -38,7 +38,7 @@ async def test_silent_and_partial_heads_are_closed(tmp_path: Path) -> None:
 
 
 async def test_connection_cap_refuses_at_once(tmp_path: Path) -> None:
-    async with running_daemon(tmp_path, "--max-connections", "4",
+    async with ServeProcess(tmp_path, "--max-connections", "4",
                               "--header-timeout-ms", "60000") as daemon:
         held = [await daemon.raw() for _ in range(4)]
         with anyio.fail_after(10):
@@ -61,7 +61,7 @@ async def test_connection_cap_refuses_at_once(tmp_path: Path) -> None:
 
 
 async def test_health_with_400_idle_connections_and_fd_limit(tmp_path: Path) -> None:
-    async with running_daemon(tmp_path, shell_prefix="ulimit -Sn 1024;") as daemon:
+    async with ServeProcess(tmp_path, shell_prefix="ulimit -Sn 1024;") as daemon:
         limits = Path(f"/proc/{daemon.pid}/limits").read_text()
         row = next(line for line in limits.splitlines() if line.startswith("Max open files"))
         soft, hard = row.split()[3:5]

@@ -8,25 +8,25 @@ from pathlib import Path
 import anyio
 import pytest
 
-from tests.hostile.daemon import running_daemon
+from tests.harness import ServeProcess
 
 pytestmark = pytest.mark.anyio
 
 
 async def test_disconnect_mid_body_logs_one_quiet_line(tmp_path: Path) -> None:
     paths = ["/session", "/acp", "/lmsp/v1/tasks"]
-    async with running_daemon(tmp_path) as daemon:
+    async with ServeProcess(tmp_path) as daemon:
         for path in paths:
             stream = await daemon.raw()
             await stream.send(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
                               "\r\nContent-Length: 1000\r\n\r\n{\"cwd\":".encode())
             await stream.aclose()
         with anyio.fail_after(10):
-            while b"".join(daemon.stderr).count(b"client disconnected during the request body") \
+            while daemon.stderr_text().count("client disconnected during the request body") \
                     < len(paths):
                 await anyio.sleep(0.02)
         assert (await daemon.client.get("/health")).status_code == 200
-        log = b"".join(daemon.stderr).decode()
+        log = daemon.stderr_text()
     assert "Traceback" not in log and "Exception in ASGI application" not in log, log
     for path in paths:
         assert f"client disconnected during the request body: POST {path}\n" in log

@@ -10,7 +10,7 @@ import anyio
 import pytest
 
 from acp_server.settings import TOKEN_ENV
-from tests.hostile.daemon import ROOT
+from tests.harness.process import ROOT
 
 pytestmark = pytest.mark.anyio
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from tests.hostile.daemon import running_daemon
+from tests.harness import ServeProcess
 from tests.lmsp import stores
 
 pytestmark = pytest.mark.anyio
@@ -38,7 +38,7 @@ async def _task_status(daemon, task_id: str) -> str:  # type: ignore[no-untyped-
 async def test_restarted_instance_recovers_its_own_tasks_at_once(tmp_path: Path,
                                                                   store_url: str) -> None:
     flags = ("--store", store_url)
-    async with running_daemon(tmp_path, *flags) as first:
+    async with ServeProcess(tmp_path, *flags) as first:
         response = await first.client.post("/lmsp/v1/tasks", json={
             "type": "response", "input": {"model": "reference", "input": "/sleep 60s held"}})
         assert response.status_code == 202, response.text
@@ -50,13 +50,13 @@ async def test_restarted_instance_recovers_its_own_tasks_at_once(tmp_path: Path,
     identities = sorted(p.name for p in (tmp_path / "state").iterdir()
                         if p.name.startswith("lmsp-instance-"))
     assert len(identities) == 1
-    async with running_daemon(tmp_path, *flags) as second:
+    async with ServeProcess(tmp_path, *flags) as second:
         # Listening means recovery already ran: no wait for the lease (30 s).
         task = (await second.client.get(f"/lmsp/v1/tasks/{task_id}")).json()
         assert task["status"] == "failed", task
         assert task["error"]["code"] == "server_restarted"
         # A second live instance on the same state directory gets its own identity.
-        async with running_daemon(tmp_path, *flags):
+        async with ServeProcess(tmp_path, *flags):
             slots = sorted(p.name for p in (tmp_path / "state").iterdir()
                            if p.name.startswith("lmsp-instance-"))
             assert len(slots) == 2

@@ -12,11 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from acp_server.app import build_app
-from acp_server.settings import Settings
-from bridge import Bridge
-from bridge.agents.reference import ReferenceAgentFactory
-from tests.rest.server import serving
+from tests.harness import local_server
 
 pytestmark = pytest.mark.anyio
 
@@ -27,16 +23,12 @@ async def boom(request: Request) -> Response:
 
 @pytest.fixture
 async def client(tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
-    settings = Settings(workspace=str(tmp_path), port=0)
-    async with Bridge(ReferenceAgentFactory(), workspace_cwd=settings.workspace,
-                      options=settings.options) as bridge:
-        app = build_app(settings, bridge)
+    async with local_server(tmp_path) as srv:
         # A route of each door that fails unexpectedly (the 500 of its own shape).
-        app.router.routes.extend([Route("/lmsp/v1/boom", boom), Route("/acp/boom", boom),
-                                  Route("/session/x/boom", boom)])
-        async with serving(app, on_stop=bridge.aclose) as base_url, \
-                httpx.AsyncClient(base_url=base_url) as http:
-            yield http
+        srv.server.app.router.routes.extend([Route("/lmsp/v1/boom", boom),
+                                             Route("/acp/boom", boom),
+                                             Route("/session/x/boom", boom)])
+        yield srv.client
 
 
 async def test_an_unexpected_error_is_a_500_in_each_doors_shape(

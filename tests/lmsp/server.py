@@ -1,13 +1,11 @@
-"""Serve the app with LMSP over real HTTP on a loopback port, on either backend.
+"""The LMSP tests' helpers on the in-process server (``tests.harness.local_server``).
 
     async with running_lmsp(tmp_path) as srv:
         task = await srv.create({"model": "reference", "input": "hi"})
         events = await srv.events(task["id"])
 
-Composition is exactly what the CLI wiring does: ``build_app`` + ``install_lmsp``; the
-store is the one the ``store_name`` fixture selected (``tests.lmsp.stores.current``;
-SQLite for tests without it).
-uvicorn under asyncio, hypercorn under trio, inside the test's own event loop.
+The store is the one the ``store_name`` fixture selected (``tests.lmsp.stores.current``;
+SQLite for tests without it); with a ``token`` the client sends it.
 """
 
 from __future__ import annotations
@@ -15,25 +13,16 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import anyio
-import httpx
-import sniffio
 from httpx_sse import aconnect_sse
 
-from acp_server.app import build_app
-from acp_server.lmsp import LmspConfig, LmspService, install_lmsp, open_lmsp
-from acp_server.settings import Settings
+from acp_server.lmsp import LmspConfig, LmspService
 from acp_server.store.tasks import TaskStore
-from bridge import Bridge
-from bridge.options import BridgeOptions
-from bridge.agents.reference import ReferenceAgentFactory
+from tests.harness.local import LocalServer, local_server
 from tests.lmsp.stores import STORE_FACTORIES, current
-from tests.rest.server import _serve_hypercorn, _serve_uvicorn
 
 TERMINAL = {"succeeded", "failed", "cancelled"}
 
@@ -55,11 +44,10 @@ class FakeClock:
         self.now += seconds
 
 
-@dataclass
-class LmspServer:
-    base_url: str
-    service: LmspService
-    client: httpx.AsyncClient
+class LmspServer(LocalServer):
+    @property
+    def service(self) -> LmspService:
+        return self.server.lmsp
 
     async def create(self, text: str = "hello", *, status: int = 202, headers: dict[str, str]
                      | None = None, **extra: Any) -> dict[str, Any]:
@@ -100,34 +88,16 @@ class LmspServer:
         return frames
 
 
-@contextlib.asynccontextmanager
-async def running_lmsp(tmp_path: Any, *, token: str | None = None, max_running_tasks: int = 4,
-                       config: LmspConfig | None = None, group_commit: bool = True,
-                       db_name: str = "lmsp.sqlite3", store: TaskStore | None = None,
-                       factory: Any = None, options: BridgeOptions | None = None
-                       ) -> AsyncIterator[LmspServer]:
-    """``store``: a store of the test's own (else the selected one); ``factory``: the
-    agent factory (else the reference agent); ``options``: the bridge's."""
-    settings = Settings(workspace=str(tmp_path), port=0, token=token)
-    async with Bridge(factory or ReferenceAgentFactory(), workspace_cwd=settings.workspace,
-                      options=options or settings.options) as bridge:
-        if store is None:
-            store = STORE_FACTORIES[current["name"]](Path(tmp_path), db_name, group_commit)
-        async with open_lmsp(bridge, state_dir=str(tmp_path), store=store, token=token,
-                             max_running_tasks=max_running_tasks, config=config) as service:
-            app = build_app(settings, bridge)
-            install_lmsp(app, service)
-            async with anyio.create_task_group() as tg:
-                if sniffio.current_async_library() == "trio":
-                    port, stop = await _serve_hypercorn(tg, app)
-                else:
-                    port, stop = await _serve_uvicorn(tg, app)
-                base_url = f"http://127.0.0.1:{port}"
-                headers = {"Authorization": f"Bearer {token}"} if token else {}
-                try:
-                    async with httpx.AsyncClient(base_url=base_url, timeout=10,
-                                                 headers=headers) as client:
-                        yield LmspServer(base_url, service, client)
-                finally:
-                    service.stop()
-                    stop()
+def running_lmsp(tmp_path: Any, *, token: str | None = None, max_running_tasks: int = 4,
+                 config: LmspConfig | None = None, group_commit: bool = True,
+                 db_name: str = "lmsp.sqlite3", store: TaskStore | None = None,
+                 **kwargs: Any) -> contextlib.AbstractAsyncContextManager[LmspServer]:
+    """``tests.harness.local_server`` with the LMSP helpers, on the selected store (or
+    ``store``, a test's own: a fault-injecting one, say)."""
+    if store is None:
+        store = STORE_FACTORIES[current["name"]](Path(tmp_path), db_name, group_commit)
+    return local_server(tmp_path, kind=LmspServer, token=token,
+                        max_running_tasks=max_running_tasks, lmsp_store=store,
+                        lmsp_config=config, group_commit=group_commit,
+                        headers={"Authorization": f"Bearer {token}"} if token else None,
+                        **kwargs)

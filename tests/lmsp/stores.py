@@ -34,9 +34,10 @@ TEST_LEASE_S, TEST_RENEW_S, TEST_POLL_S = 3.0, 0.5, 0.5
 
 
 def lease_flags() -> list[str]:
-    """``tests.lmsp.launcher`` flags for the test lease timings."""
-    return ["--lease-s", str(TEST_LEASE_S), "--renew-s", str(TEST_RENEW_S),
-            "--poll-s", str(TEST_POLL_S)]
+    """``acp-server serve`` flags for the test lease timings."""
+    return ["--store-lease-ms", str(int(TEST_LEASE_S * 1000)),
+            "--store-renew-ms", str(int(TEST_RENEW_S * 1000)),
+            "--store-poll-ms", str(int(TEST_POLL_S * 1000))]
 
 
 def postgres_dsn() -> str | None:

@@ -1,4 +1,4 @@
-"""Background responses across a SIGKILL: a real server process (``tests.lmsp.launcher``),
+"""Background responses across a SIGKILL: a real ``acp-server serve`` process,
 killed mid-response and started again on the same store, read through the ``openai`` SDK.
 
 The default restart rule (``on_restart: fail``, §7.5) leaves the response that was
@@ -18,7 +18,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from tests.lmsp import stores
-from tests.lmsp.launcher import spawn
+from tests.harness import ServeProcess
 from tests.lmsp.test_background import poll
 
 pytestmark = pytest.mark.anyio
@@ -30,13 +30,14 @@ def anyio_backend() -> str:
 
 
 class Server:
-    """One ``tests.lmsp.launcher`` process on the given store (SQLite file or a
+    """One ``acp-server serve`` process on the given store (SQLite file or a
     PostgreSQL schema), with the test lease timings."""
 
     def __init__(self, store: list[str], workspace: Path, max_running: int = 2) -> None:
         workspace.mkdir(exist_ok=True)
-        self.proc, self.url = spawn(*store, "--workspace", str(workspace),
-                                    "--max-running-tasks", str(max_running), *stores.lease_flags())
+        child = ServeProcess(workspace, *store, "--max-running-tasks", str(max_running),
+                             *stores.lease_flags()).start()
+        self.proc, self.url = child.process, child.base_url
         self.client = AsyncOpenAI(base_url=f"{self.url}/lmsp/v1", api_key="unused",
                                   max_retries=0)
 
@@ -62,7 +63,7 @@ async def servers() -> AsyncIterator[list[Server]]:
 
 def store_args(tmp_path: Path, store_name: str) -> list[str]:
     if store_name == "sqlite":
-        return ["--db", str(tmp_path / "lmsp.db")]
+        return ["--store", f"sqlite:///{tmp_path / 'lmsp.db'}"]
     return ["--store", stores.postgres_url_for(tmp_path, "restart")]
 
 

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from tests.lmsp.server import envelope
-from tests.lmsp.launcher import spawn
+from tests.harness import ServeProcess
 
 pytestmark = pytest.mark.anyio
 
@@ -24,8 +24,9 @@ def anyio_backend() -> str:
 
 class Process:
     def __init__(self, tmp_path: Path, max_running: int) -> None:
-        self.proc, self.url = spawn("--db", str(tmp_path / "lmsp.db"), "--workspace",
-                                    str(tmp_path), "--max-running-tasks", str(max_running))
+        child = ServeProcess(tmp_path, "--store", f"sqlite:///{tmp_path / 'lmsp.db'}",
+                             "--max-running-tasks", str(max_running)).start()
+        self.proc, self.url = child.process, child.base_url
 
     def kill(self) -> None:
         self.proc.send_signal(signal.SIGKILL)

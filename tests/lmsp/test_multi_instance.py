@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from tests.lmsp import stores
-from tests.lmsp.launcher import spawn
+from tests.harness import ServeProcess
 from tests.lmsp.server import envelope
 
 pytestmark = pytest.mark.anyio
@@ -27,12 +27,13 @@ FINAL = {"succeeded", "failed", "cancelled"}
 
 
 class Instance:
-    """``tests.lmsp.launcher`` on the shared schema, reference agent, loopback."""
+    """``acp-server serve`` on the shared schema, reference agent, loopback."""
 
     def __init__(self, url: str, workspace: Path, max_running: int) -> None:
         workspace.mkdir(exist_ok=True)
-        self.proc, self.url = spawn("--store", url, "--workspace", str(workspace),
-                                    "--max-running-tasks", str(max_running), *stores.lease_flags())
+        child = ServeProcess(workspace, "--store", url, "--max-running-tasks", str(max_running),
+                             *stores.lease_flags()).start()
+        self.proc, self.url = child.process, child.base_url
         self.client = httpx.AsyncClient(base_url=self.url, timeout=10)
 
     def kill(self) -> None:

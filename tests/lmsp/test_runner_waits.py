@@ -39,7 +39,7 @@ class NoNewFactory(ReferenceAgentFactory):
 
 
 async def test_cancelling_a_loading_task_ends_it(tmp_path: Path) -> None:
-    async with running_lmsp(tmp_path, factory=NoNewFactory()) as server:
+    async with running_lmsp(tmp_path, agent_factory=NoNewFactory()) as server:
         task = await server.create("never starts")
         await server.wait(task["id"], {"loading"})
         answer = await server.client.post(f"/lmsp/v1/tasks/{task['id']}/cancel")

@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import shutil
 
-import httpx
 import pytest
 
-from acp_server.app import build_app
-from acp_server.settings import Settings
-from bridge import Bridge, BridgeOptions
+from bridge import BridgeOptions
 from bridge.agents.stdio import StdioAgentFactory
-from tests.npm_agents.test_qwen import agent_text, events, new_session, prompt
 from tests.bridge.fake_model_server import FakeModelState, build_fake_model_app
-from tests.rest.server import serving
+from tests.harness import local_server, serving
+from tests.npm_agents.test_qwen import agent_text, events, new_session, prompt
 
 pytestmark = [pytest.mark.anyio, pytest.mark.agents]
 
@@ -32,14 +29,13 @@ async def test_plain_turn(tmp_path, claude_entry):
             env={"HOME": str(home), "IS_SANDBOX": "1", "ANTHROPIC_API_KEY": "x",
                  "ANTHROPIC_BASE_URL": model_url})
         options = BridgeOptions(initialize_timeout_ms=60_000)
-        settings = Settings(workspace=str(workspace), port=0, options=options)
-        async with Bridge(factory, workspace_cwd=str(workspace), options=options) as bridge:
-            async with serving(build_app(settings, bridge)) as url, \
-                    httpx.AsyncClient(base_url=url, timeout=90) as client:
-                sid = await new_session(client)
-                accepted = await prompt(client, sid, "say hello")
-                assert accepted.status_code == 202
-                frames = await events(client, sid, accepted.json()["lastEventId"], "turn_complete")
-                assert frames[-1][1]["data"]["stopReason"] == "end_turn"
-                assert "pong" in agent_text(frames)
-                assert any("messages" in r for r in state.requests)
+        async with local_server(workspace, options=options, agent_factory=factory,
+                                state_dir=tmp_path / "state", timeout=90) as srv:
+            client = srv.client
+            sid = await new_session(client)
+            accepted = await prompt(client, sid, "say hello")
+            assert accepted.status_code == 202
+            frames = await events(client, sid, accepted.json()["lastEventId"], "turn_complete")
+            assert frames[-1][1]["data"]["stopReason"] == "end_turn"
+            assert "pong" in agent_text(frames)
+            assert any("messages" in r for r in state.requests)

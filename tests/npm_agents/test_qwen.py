@@ -18,14 +18,11 @@ import httpx
 import pytest
 from httpx_sse import aconnect_sse
 
-from acp_server.acp_http import registry_for
-from acp_server.app import build_app
-from acp_server.settings import Settings
-from bridge import Bridge, BridgeOptions
+from bridge import BridgeOptions
 from bridge.agents.stdio import StdioAgentFactory
 from tests.acp_http.server import RunningAcpServer, request, text
 from tests.bridge.fake_model_server import FakeModelState, build_fake_model_app
-from tests.rest.server import serving
+from tests.harness import local_server, serving
 
 pytestmark = [pytest.mark.anyio, pytest.mark.agents]
 
@@ -51,19 +48,12 @@ async def qwen_server(tmp_path: Path, qwen_entry: str, *, max_pending: int = 5,
                  "NO_COLOR": "1"})
         options = BridgeOptions(max_pending_prompts_per_session=max_pending,
                                 initialize_timeout_ms=60_000)
-        settings = Settings(workspace=str(workspace), port=0, options=options)
-        async with Bridge(factory, workspace_cwd=str(workspace), options=options) as bridge:
-            app = build_app(settings, bridge)
-            async with serving(app) as url:
-                async with httpx.AsyncClient(base_url=url, timeout=60) as client:
-                    if acp is not None:
-                        async with anyio.create_task_group() as tg:
-                            acp.append(RunningAcpServer(url, bridge, settings, registry_for(app),
-                                                        client, tg))
-                            yield client, state, workspace
-                            tg.cancel_scope.cancel()
-                    else:
-                        yield client, state, workspace
+        async with local_server(workspace, kind=RunningAcpServer, options=options,
+                                agent_factory=factory, state_dir=tmp_path / "state",
+                                timeout=60) as srv:
+            if acp is not None:
+                acp.append(srv)
+            yield srv.client, state, workspace
 
 
 async def new_session(client: httpx.AsyncClient) -> str:

@@ -20,9 +20,9 @@ import pytest
 from acp_server.conformance import Options, run_conformance
 from acp_server.conformance.catalog import checks_of
 from tests.bridge.fake_model_server import FakeModelState, build_fake_model_app
-from tests.rest.server import serving
+from tests.harness import serving
 
-pytestmark = [pytest.mark.anyio, pytest.mark.agents]
+pytestmark = [pytest.mark.anyio, pytest.mark.agents, pytest.mark.slow]
 LISTENING = re.compile(rb"listening on (http://127\.0\.0\.1:\d+)")
 START_TIMEOUT_S = 60
 HOLD = "SLOW story please"

@@ -17,13 +17,11 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from acp_server.app import build_app
-from acp_server.lmsp import install_lmsp, open_lmsp
-from acp_server.settings import Settings
+from acp_server.server import Server
 from bridge import Bridge, BridgeOptions
-from bridge.agents.reference import ReferenceAgentFactory
+from tests.harness import local_server
 from tests.lmsp import stores
-from tests.rest.server import serving, text_prompt
+from tests.rest.server import text_prompt
 
 pytestmark = pytest.mark.anyio
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -40,22 +38,11 @@ def value(samples: Samples, name: str, **labels: str) -> float:
 
 @contextlib.asynccontextmanager
 async def daemon(workspace: Path, *, store_url: str | None = None, **settings: Any
-                 ) -> AsyncIterator[tuple[httpx.AsyncClient, Bridge, Any]]:
-    config = Settings(workspace=str(workspace), port=0, metrics_task_ttl_s=0,
-                      options=BridgeOptions(max_pending_prompts_per_session=5), **settings)
-    async with Bridge(ReferenceAgentFactory(), workspace_cwd=config.workspace,
-                      options=config.options) as bridge, \
-            open_lmsp(bridge, state_dir=str(workspace), store_url=store_url) as service:
-        app = build_app(config, bridge)
-        install_lmsp(app, service)
-
-        async def stop() -> None:
-            service.stop()
-            await bridge.aclose()
-
-        async with serving(app, on_stop=stop) as url, \
-                httpx.AsyncClient(base_url=url, timeout=10) as client:
-            yield client, bridge, app
+                 ) -> AsyncIterator[tuple[httpx.AsyncClient, Bridge, Server]]:
+    async with local_server(workspace, metrics_task_ttl_s=0, store=store_url,
+                            options=BridgeOptions(max_pending_prompts_per_session=5),
+                            **settings) as srv:
+        yield srv.client, srv.bridge, srv.server
 
 
 async def scrape(client: httpx.AsyncClient, **headers: str) -> Samples:
@@ -147,18 +134,15 @@ async def test_an_agent_restart_is_counted(tmp_path: Path) -> None:
 
     from bridge.agents.stdio import StdioAgentFactory
 
-    config = Settings(workspace=str(tmp_path), port=0)
     factory = StdioAgentFactory([sys.executable, "-m", "bridge.agents.reference"], name="ref")
-    async with Bridge(factory, workspace_cwd=config.workspace) as bridge:
-        app = build_app(config, bridge)
-        async with serving(app, on_stop=bridge.aclose) as url, \
-                httpx.AsyncClient(base_url=url, timeout=10) as client:
-            sid = (await client.post("/session", json={})).json()["sessionId"]
-            ticket = bridge.send_prompt(sid, [{"type": "text", "text": "/crash"}])
-            with anyio.fail_after(10), contextlib.suppress(Exception):
-                await ticket
-            assert (await client.post("/session", json={})).status_code == 200   # restarts
-            samples = await scrape(client)
+    async with local_server(tmp_path, agent_factory=factory) as srv:
+        client = srv.client
+        sid = (await client.post("/session", json={})).json()["sessionId"]
+        ticket = srv.bridge.send_prompt(sid, [{"type": "text", "text": "/crash"}])
+        with anyio.fail_after(10), contextlib.suppress(Exception):
+            await ticket
+        assert (await client.post("/session", json={})).status_code == 200   # restarts
+        samples = await scrape(client)
     assert value(samples, "acp_server_agent_restarts_total", agent="ref") == 1
 
 
@@ -179,8 +163,8 @@ async def test_the_task_gauge_reads_postgres_once_per_ttl(tmp_path: Path) -> Non
     if not stores.postgres_dsn():
         pytest.skip(stores.SKIP_POSTGRES)
     url = stores.postgres_url_for(tmp_path, "metrics")
-    async with daemon(tmp_path, store_url=url) as (client, _bridge, app):
-        metrics = app.state.metrics
+    async with daemon(tmp_path, store_url=url) as (client, _bridge, server):
+        metrics = server.metrics
         await run_task(client)
         samples = await scrape(client)
         assert value(samples, "acp_server_lmsp_tasks", status="succeeded") == 1

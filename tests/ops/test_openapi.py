@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import subprocess
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 from pathlib import Path
@@ -26,13 +25,10 @@ from schemathesis.specs.openapi.checks import (
 )
 from starlette.routing import Route
 
-from acp_server import openapi
-from acp_server.app import build_app
-from acp_server.lmsp import install_lmsp, open_lmsp
+from acp_server.ops import openapi
+from acp_server.server import open_server
 from acp_server.settings import Settings
-from bridge import Bridge
-from bridge.agents.reference import ReferenceAgentFactory
-from tests.serve import start_serve
+from tests.harness import ServeProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 CHECKED_IN = ROOT / "openapi.json"
@@ -78,14 +74,11 @@ def undocumented(routes: list[Any]) -> list[str]:
 
 @contextlib.asynccontextmanager
 async def full_app(workspace: Path) -> AsyncIterator[Any]:
-    """The app as the CLI composes it (REST, /acp, LMSP)."""
-    settings = Settings(workspace=str(workspace), port=0)
-    async with Bridge(ReferenceAgentFactory(), workspace_cwd=settings.workspace) as bridge, \
-            open_lmsp(bridge, state_dir=str(workspace), max_running_tasks=0) as service:
-        app = build_app(settings, bridge)
-        install_lmsp(app, service)
-        yield app
-        service.stop()
+    """The app as the CLI composes it (``open_server``: REST, /acp, LMSP, ops, web)."""
+    settings = Settings(workspace=str(workspace), port=0, state_dir=str(workspace / "state"),
+                        max_running_tasks=0)
+    async with open_server(settings) as server:
+        yield server.app
 
 
 @pytest.mark.anyio
@@ -95,7 +88,7 @@ async def test_every_mounted_route_is_documented(tmp_path: Path) -> None:
         routes = list(app.routes)
     assert any(getattr(r, "path", "").startswith("/lmsp/") for r in routes)
     assert not undocumented(routes), \
-        f"routes missing from acp_server/openapi.py OPERATIONS: {undocumented(routes)}"
+        f"routes missing from acp_server/ops/openapi.py OPERATIONS: {undocumented(routes)}"
     mounted = {getattr(r, "path", None) for r in routes}
     assert set(openapi.document()["paths"]) <= mounted, "documented routes that are not mounted"
 
@@ -139,16 +132,8 @@ def test_lmsp_errors_are_problems_and_rest_errors_are_rest_bodies() -> None:
 @pytest.fixture(scope="module")
 def live_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``acp-server serve`` in a child process, session cap off (no legitimate 5xx)."""
-    proc, url = start_serve(tmp_path_factory.mktemp("fuzz"), "--max-sessions", "0")
-    try:
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    with ServeProcess(tmp_path_factory.mktemp("fuzz"), "--max-sessions", "0") as child:
+        yield child.base_url
 
 
 def test_the_live_server_serves_the_document(live_url: str) -> None:
@@ -193,6 +178,7 @@ def test_the_live_server_conforms(operation: Any, mode: str, live_url: str) -> N
     conforms()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("door", ["^/(session|permission)", "^/lmsp/"], ids=["rest", "lmsp"])
 def test_the_live_server_conforms_through_links(live_url: str, door: str) -> None:
     """Stateful, one door at a time: sessions (tasks) created, then the routes their

@@ -7,18 +7,16 @@ from __future__ import annotations
 import io
 import json
 import logging
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
-import httpx
 import pytest
 
-from acp_server.request_log import JsonFormatter, configure_logging, count_events
+from acp_server.ops.request_log import JsonFormatter, configure_logging, count_events
 from tests.ops.test_metrics import daemon, run_task
 from tests.rest.server import text_prompt
-from tests.serve import start_serve
+from tests.harness import ServeProcess
 
 TOKEN = "tok-never-logged"
 SECRET_TEXT = "body-never-logged"
@@ -108,7 +106,7 @@ async def test_a_rest_stream_counts_its_events(tmp_path: Path, access: io.String
 
 @pytest.mark.anyio
 async def test_a_client_chosen_id_cannot_forge_a_line(tmp_path: Path) -> None:
-    from acp_server import request_log
+    from acp_server.ops import request_log
 
     buffer = io.StringIO()
     configure_logging("text", stream=buffer)
@@ -144,7 +142,7 @@ TEXT_LINE = "INFO acp_server.access: GET /session/{session_id}/status 404 0.50ms
 
 @pytest.mark.parametrize("log_format", ["text", "json"])
 def test_the_cli_writer_and_the_logger_write_the_same_lines(log_format: str) -> None:
-    from acp_server import request_log
+    from acp_server.ops import request_log
 
     through_logger, through_writer = io.StringIO(), io.StringIO()
     configure_logging(log_format, stream=through_logger)
@@ -172,13 +170,9 @@ def test_the_cli_writer_and_the_logger_write_the_same_lines(log_format: str) -> 
 
 
 def test_serve_logs_json_lines(tmp_path: Path) -> None:
-    proc, url = start_serve(tmp_path, "--log-format", "json", stderr=subprocess.PIPE)
-    try:
-        assert httpx.get(f"{url}/health", timeout=10).status_code == 200
-    finally:
-        proc.terminate()
-        _, stderr = proc.communicate(timeout=20)
-    lines = [json.loads(line) for line in stderr.splitlines() if line.strip()]
+    with ServeProcess(tmp_path, "--log-format", "json") as child:
+        assert child.http.get("/health").status_code == 200
+    lines = [json.loads(line) for line in child.stderr_text().splitlines() if line.strip()]
     health = [r for r in lines if r.get("route") == "/health"]
     assert len(health) == 1 and health[0]["status"] == 200 and health[0]["door"] == "rest"
     assert all({"ts", "level", "logger", "message"} <= r.keys() for r in lines)

@@ -1,33 +1,22 @@
-"""Serve the app over real HTTP on an ephemeral loopback port, on either backend.
+"""The REST tests' helpers on the in-process server (``tests.harness.local_server``).
 
     async with running_server(tmp_path, options=BridgeOptions(max_sessions=1)) as srv:
         response = await srv.client.post("/session", json={})
         events = await srv.events_until(sid, "turn_complete", last_event_id=0)
-
-Under asyncio the server is uvicorn; under trio (which uvicorn does not support) it is
-hypercorn. Both run inside the test's own event loop, around a ``Bridge`` on the
-in-process reference agent.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import anyio
-import anyio.abc
 import httpx
-import sniffio
 from httpx_sse import aconnect_sse
 
-from acp_server.app import build_app
-from acp_server.settings import Settings
-from bridge import Bridge, BridgeOptions
-from bridge.agents.reference import ReferenceAgentFactory
+from tests.harness.local import LocalServer, local_server
 
 TEXT = "text"
 
@@ -36,12 +25,7 @@ def text_prompt(text: str) -> dict[str, Any]:
     return {"prompt": [{"type": "text", "text": text}]}
 
 
-@dataclass
-class RunningServer:
-    base_url: str
-    bridge: Bridge
-    settings: Settings
-    client: httpx.AsyncClient
+class RunningServer(LocalServer):
 
     async def create_session(self, **body: Any) -> dict[str, Any]:
         response = await self.client.post("/session", json=body)
@@ -82,65 +66,7 @@ class RunningServer:
         return frames
 
 
-async def _serve_uvicorn(tg: anyio.abc.TaskGroup, app: Any) -> tuple[int, Callable[[], None]]:
-    import uvicorn
-
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="off", log_level="warning",
-                            access_log=False, timeout_graceful_shutdown=1)
-    server = uvicorn.Server(config)
-    server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
-    tg.start_soon(server.serve)
-    with anyio.fail_after(5):
-        while not server.started:
-            await anyio.sleep(0.005)
-    port = server.servers[0].sockets[0].getsockname()[1]
-
-    def stop() -> None:
-        server.should_exit = True
-
-    return port, stop
-
-
-async def _serve_hypercorn(tg: anyio.abc.TaskGroup, app: Any) -> tuple[int, Callable[[], None]]:
-    import hypercorn.trio
-    from hypercorn.config import Config
-
-    config = Config()
-    config.bind = ["127.0.0.1:0"]
-    config.graceful_timeout = 1
-    config.accesslog = None
-    shutdown = anyio.Event()
-    binds = await tg.start(functools.partial(hypercorn.trio.serve, app, config,
-                                             shutdown_trigger=shutdown.wait))
-    return int(binds[0].rsplit(":", 1)[1]), shutdown.set
-
-
-@contextlib.asynccontextmanager
-async def serving(app: Any, *, on_stop: Callable[[], Awaitable[Any]] | None = None,
-                  ) -> AsyncIterator[str]:
-    """Serve any ASGI app on a loopback port for the block (uvicorn under asyncio,
-    hypercorn under trio); yields its base URL. ``on_stop`` runs right after the server
-    is told to stop (e.g. to end open event streams, so it stops at once)."""
-    async with anyio.create_task_group() as tg:
-        if sniffio.current_async_library() == "trio":
-            port, stop = await _serve_hypercorn(tg, app)
-        else:
-            port, stop = await _serve_uvicorn(tg, app)
-        try:
-            yield f"http://127.0.0.1:{port}"
-        finally:
-            stop()
-            if on_stop is not None:
-                await on_stop()
-
-
-@contextlib.asynccontextmanager
-async def running_server(workspace: Any, *, options: BridgeOptions | None = None,
-                         **settings: Any) -> AsyncIterator[RunningServer]:
-    config = Settings(workspace=str(workspace), port=0, options=options or BridgeOptions(),
-                      **settings)
-    async with Bridge(ReferenceAgentFactory(), workspace_cwd=config.workspace,
-                      options=config.options) as bridge:
-        async with serving(build_app(config, bridge), on_stop=bridge.aclose) as base_url:
-            async with httpx.AsyncClient(base_url=base_url, timeout=10) as client:
-                yield RunningServer(base_url, bridge, config, client)
+def running_server(workspace: Any, **kwargs: Any
+                   ) -> contextlib.AbstractAsyncContextManager[RunningServer]:
+    """``tests.harness.local_server`` with the REST helpers (same keyword arguments)."""
+    return local_server(workspace, kind=RunningServer, **kwargs)

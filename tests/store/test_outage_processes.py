@@ -1,4 +1,4 @@
-"""Real store outages against a real server process (``tests.lmsp.launcher``): SQLite's
+"""Real store outages against a real server process (``acp-server serve``): SQLite's
 disk full on a tiny tmpfs, its file locked by another process, its file deleted;
 PostgreSQL restarted (``pg_ctl restart -m fast``) and its backends terminated mid-load.
 
@@ -31,7 +31,7 @@ import psycopg
 import pytest
 
 from tests.lmsp import stores
-from tests.lmsp.launcher import spawn
+from tests.harness import ServeProcess
 from tests.lmsp.server import envelope
 
 pytestmark = pytest.mark.anyio
@@ -45,16 +45,13 @@ def anyio_backend() -> str:
 
 
 @contextlib.contextmanager
-def server(*args: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
-    proc, url = spawn(*args)
+def server(workspace: Path, *flags: str) -> Iterator[tuple[ServeProcess, str]]:
+    """``acp-server serve`` with ``flags``; (the process, its base URL)."""
+    child = ServeProcess(workspace, *flags).start()
     try:
-        yield proc, url
+        yield child, child.base_url
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
-        if proc.stdout is not None:
-            proc.stdout.close()
+        child.kill()
 
 
 class Load:
@@ -156,8 +153,8 @@ def fill(path: Path) -> None:
 
 async def test_sqlite_disk_full_on_a_tiny_tmpfs(tmp_path: Path) -> None:
     small = tmp_path / "small"
-    with tmpfs(small, "16m"), server("--db", str(small / "lmsp.db"), "--workspace",
-                                    str(tmp_path), "--max-running-tasks", "4") as (proc, url):
+    with tmpfs(small, "16m"), server(tmp_path, "--store", f"sqlite:///{small / 'lmsp.db'}",
+                                    "--max-running-tasks", "4") as (proc, url):
         load = Load()
         await load.run(url, clients=2, limit=20)
         assert not load.failures and load.statuses == Counter({202: 40}), load.statuses
@@ -168,19 +165,19 @@ async def test_sqlite_disk_full_on_a_tiny_tmpfs(tmp_path: Path) -> None:
         assert full.statuses[503] > 0, full.statuses
         health = await deep_health(url)
         assert health.status_code == 503 and health.json()["store"]["status"] == "down"
-        assert proc.poll() is None
+        assert proc.returncode is None
         (small / "fill").unlink()
         last = await until_created(url)
         outcome = await wait_terminal(url, [*load.accepted, *full.accepted, last])
         assert sum(outcome.values()) == len(load.accepted) + len(full.accepted) + 1
-        assert proc.poll() is None
+        assert proc.returncode is None
         assert (await deep_health(url)).status_code == 200
 
 
 async def test_sqlite_locked_by_another_process(tmp_path: Path) -> None:
     db = tmp_path / "lmsp.db"
-    with server("--db", str(db), "--workspace", str(tmp_path), "--busy-timeout-s",
-                "0.3") as (proc, url):
+    with server(tmp_path, "--store", f"sqlite:///{db}", "--store-busy-timeout-ms",
+                "300") as (proc, url):
         before = await until_created(url)
         holder = sqlite3.connect(db, isolation_level=None, timeout=5)
         holder.execute("BEGIN EXCLUSIVE")   # the writer waits 0.3 s, then gives up
@@ -196,12 +193,12 @@ async def test_sqlite_locked_by_another_process(tmp_path: Path) -> None:
             holder.close()
         after = await until_created(url)
         assert sum((await wait_terminal(url, [before, after])).values()) == 2
-        assert proc.poll() is None
+        assert proc.returncode is None
 
 
 async def test_sqlite_file_deleted_while_running(tmp_path: Path) -> None:
     db = tmp_path / "lmsp.db"
-    with server("--db", str(db), "--workspace", str(tmp_path)) as (proc, url):
+    with server(tmp_path, "--store", f"sqlite:///{db}") as (proc, url):
         task_id = await until_created(url)
         await wait_terminal(url, [task_id])
         os.unlink(db)
@@ -214,7 +211,7 @@ async def test_sqlite_file_deleted_while_running(tmp_path: Path) -> None:
         health = await deep_health(url)
         assert health.status_code == 503
         assert "deleted or replaced" in health.json()["store"]["reason"]
-        assert proc.poll() is None
+        assert proc.returncode is None
 
 
 def test_state_files_are_private(tmp_path: Path) -> None:
@@ -265,18 +262,16 @@ def own_cluster() -> Iterator[Path]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def _pg_args(url: str, tmp_path: Path) -> list[str]:
-    return ["--store", url, "--workspace", str(tmp_path / "ws"), "--max-running-tasks", "4",
-            *stores.lease_flags()]
+def _pg_args(url: str) -> list[str]:
+    return ["--store", url, "--max-running-tasks", "4", *stores.lease_flags()]
 
 
 async def test_postgres_restarted_idle_and_under_load(tmp_path: Path, own_cluster: Path) -> None:
     url = os.environ["_ACP_OWN_PG"]
-    (tmp_path / "ws").mkdir()
-    with server(*_pg_args(url, tmp_path)) as (proc, base):
+    with server(tmp_path, *_pg_args(url)) as (proc, base):
         await anyio.to_thread.run_sync(_restart, own_cluster)   # idle
         first = await until_created(base)
-        assert proc.poll() is None
+        assert proc.returncode is None
         load = Load()
         async with anyio.create_task_group() as tg:
             tg.start_soon(load.run, base, 4, 150)
@@ -292,7 +287,7 @@ async def test_postgres_restarted_idle_and_under_load(tmp_path: Path, own_cluste
         assert not load.failures, load.failures
         outcome = await wait_terminal(base, [first, *load.accepted])
         assert sum(outcome.values()) == len(load.accepted) + 1
-        assert proc.poll() is None
+        assert proc.returncode is None
         assert (await deep_health(base)).status_code == 200
 
 
@@ -309,8 +304,7 @@ async def test_postgres_backends_terminated_mid_load(tmp_path: Path) -> None:
     parts = urllib.parse.urlsplit(url)
     query = urllib.parse.parse_qsl(parts.query) + [("application_name", name)]
     url = urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(query)))
-    (tmp_path / "ws").mkdir()
-    with server(*_pg_args(url, tmp_path)) as (proc, base):
+    with server(tmp_path, *_pg_args(url)) as (proc, base):
         load = Load()
         killed = 0
         async with anyio.create_task_group() as tg:
@@ -325,7 +319,7 @@ async def test_postgres_backends_terminated_mid_load(tmp_path: Path) -> None:
         assert not load.failures, load.failures
         outcome = await wait_terminal(base, load.accepted)
         assert sum(outcome.values()) == len(load.accepted)
-        assert proc.poll() is None
+        assert proc.returncode is None
 
 
 def _terminate(application_name: str) -> int:

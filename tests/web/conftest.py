@@ -15,12 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import queue
-import re
 import shutil
 import subprocess
-import sys
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,10 +26,11 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
+from tests.harness import ServeProcess
+
 CHROMIUM_ENV = "ACP_SERVER_CHROMIUM"
 DESKTOP = {"width": 1280, "height": 800}
 PHONE = {"width": 390, "height": 844}
-START_TIMEOUT_S = 30
 # A loaded CI machine (2 cores, several runs) may take seconds for what takes
 # milliseconds here; the waits are for conditions, so a long ceiling costs nothing.
 expect.set_options(timeout=15_000)
@@ -72,45 +69,16 @@ class Console:
                                 json={"prompt": [{"type": "text", "text": text}]})
 
 
-def _read_listening_line(process: subprocess.Popen[str]) -> str:
-    lines: queue.Queue[str] = queue.Queue()
-    assert process.stdout is not None
-    stdout = process.stdout
-    threading.Thread(target=lambda: lines.put(stdout.readline()), daemon=True).start()
-    try:
-        line = lines.get(timeout=START_TIMEOUT_S)
-    except queue.Empty:
-        raise AssertionError("acp-server did not start listening") from None
-    found = re.search(r"listening on (http://\S+)", line)
-    assert found, f"unexpected first line: {line!r}"
-    return found.group(1)
-
-
 @contextlib.contextmanager
 def running_console(tmp: Path, *flags: str, token: str | None = None) -> Iterator[Console]:
-    """``acp-server serve --port 0`` in its own workspace and state folder, stopped by
-    its pid (SIGTERM, then SIGKILL) at the end."""
+    """``acp-server serve`` (``tests.harness.ServeProcess``) in its own workspace and
+    state folder, stopped (SIGTERM, then SIGKILL) at the end."""
     workspace = tmp / "ws"
     workspace.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "acp_server", "serve", "--port", "0",
-            "--workspace", str(workspace), "--state-dir", str(tmp / "state"), *flags]
-    if token is not None:
-        argv += ["--token", token]
-    env = {k: v for k, v in os.environ.items() if k != "ACP_SERVER_TOKEN"}
-    with open(tmp / "server.log", "w") as log:
-        process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
-    try:
-        base_url = _read_listening_line(process)
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        with httpx.Client(base_url=base_url, headers=headers, timeout=10) as client:
-            yield Console(base_url, client, process, token)
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    token_flags = ("--token", token) if token is not None else ()
+    with ServeProcess(workspace, *flags, *token_flags, state_dir=tmp / "state") as child:
+        assert child.process is not None
+        yield Console(child.base_url, child.http, child.process, token)
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.client.harness import Daemon, daemon
+from tests.sdk.harness import Daemon, daemon
 
 
 @pytest.fixture

@@ -47,7 +47,7 @@ import msgspec
 from starlette.routing import Match, Router
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from acp_server.metrics import Metrics
+from acp_server.ops.metrics import Metrics
 
 access_log = logging.getLogger("acp_server.access")
 LOG_FORMATS = ("text", "json")

@@ -1,8 +1,8 @@
 """The OpenAPI 3.1 document of every REST and LMSP route, built from one table.
 
     document()                                   # the dict served at GET /openapi.json
-    python -m acp_server.openapi openapi.json            # (re)write the checked-in copy
-    python -m acp_server.openapi --check openapi.json    # exit 1 when it is stale
+    python -m acp_server.ops.openapi openapi.json            # (re)write the checked-in copy
+    python -m acp_server.ops.openapi --check openapi.json    # exit 1 when it is stale
 
 Contracts:
 
@@ -10,7 +10,7 @@ Contracts:
   path, with its body type, query parameters, the request headers that matter, and
   every status it answers. Schemas come from msgspec types through
   ``msgspec.json.schema_components``: the wire types of ``acp_server.rest.wire`` and
-  ``acp_server.lmsp.wire``, plus the documentation types of ``acp_server.openapi_types``
+  ``acp_server.lmsp.wire``, plus the documentation types of ``acp_server.ops.openapi_types``
   for answers built as dicts. A test fails when a route mounted in the app is missing here.
 * Errors are ``RestError`` bodies (``application/json``) on REST routes and problem
   objects (``application/problem+json``) under ``/lmsp/v1``; 401 and 403 (the network
@@ -34,11 +34,11 @@ from typing import Any
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 from acp_server import __version__
 from acp_server.lmsp import wire as lmsp_wire
-from acp_server.openapi_types import (
+from acp_server.ops.openapi_types import (
     CreateSessionRequest,
     DaemonStatus,
     EmptyObject,
@@ -430,7 +430,8 @@ async def openapi_endpoint(request: Request) -> Response:
     return Response(_BODY, 200, media_type=JSON)
 
 
-routes = [Route("/openapi.json", openapi_endpoint, methods=["GET"])]
+def routes() -> list[BaseRoute]:
+    return [Route("/openapi.json", openapi_endpoint, methods=["GET"])]
 
 
 def main(argv: list[str] | None = None) -> int:

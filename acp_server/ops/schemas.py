@@ -1,7 +1,7 @@
 """JSON Schemas for every public wire type, generated from the msgspec Structs.
 
-    python -m acp_server.schemas schemas            # (re)write schemas/*.json
-    python -m acp_server.schemas --check schemas    # exit 1 when a file is stale
+    python -m acp_server.ops.schemas schemas            # (re)write schemas/*.json
+    python -m acp_server.ops.schemas --check schemas    # exit 1 when a file is stale
 
 A public wire type is a ``msgspec.Struct`` defined (not imported) in one of
 ``WIRE_MODULES`` whose name does not start with ``_``. Each is written to

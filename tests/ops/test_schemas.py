@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pathlib
 
-from acp_server import schemas
+from acp_server.ops import schemas
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def test_every_wire_module_has_types():

@@ -4,14 +4,13 @@ against a served instance, in a terminal (a pty) and without one (pipes)."""
 from __future__ import annotations
 
 import re
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.client.harness import closed_port_url
-from tests.serve import start_serve
+from tests.harness import ServeProcess
+from tests.sdk.harness import closed_port_url
 from tests.terminal import Terminal, piped
 
 RANK = {"queued": 0, "loading": 1, "running": 2, "cancelling": 3, "succeeded": 4,
@@ -20,16 +19,8 @@ RANK = {"queued": 0, "loading": 1, "running": 2, "cancelling": 3, "succeeded": 4
 
 @pytest.fixture(scope="module")
 def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    proc, base = start_serve(tmp_path_factory.mktemp("cli"))
-    try:
-        yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    with ServeProcess(tmp_path_factory.mktemp("cli")) as child:
+        yield child.base_url
 
 
 # -- acp-server prompt on a permission ----------------------------------------------------

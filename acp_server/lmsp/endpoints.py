@@ -1,13 +1,12 @@
-"""The ``/lmsp/v1`` routes.
+"""The ``/lmsp/v1`` endpoints and their route factory.
 
-    app.state.lmsp = service
-    app.state.store = service.store   # /health?deep=1 asks it (acp_server.rest.health)
-    app.router.routes.extend(lmsp_routes())
+    app = Starlette(routes=routes(service))      # acp_server.lmsp.routes
 
 Contracts: every error is a problem object (``application/problem+json``), 405
 included (each path takes every method and answers unknown ones itself), and the
 network guard's 401 (``UNAUTHORIZED_PROBLEM``, which ``acp_server.app`` hands to the
-guard for ``/lmsp/`` paths). Task
+guard for ``/lmsp/`` paths). Every endpoint gets the ``LmspService`` bound when the
+routes are built, never from ``app.state``. Task
 creation answers 202 only after the commit; a replay adds ``Idempotent-Replayed:
 true``. Event streams are SSE (§6.4) written by ``acp_server.http.sse``: ``retry: 3000``
 once (a field of the first frame), ``id``/``event``/``data`` per event, a
@@ -55,14 +54,15 @@ def _json(status: int, body: bytes, headers: dict[str, str] | None = None) -> Re
     return Response(body, status_code=status, media_type="application/json", headers=headers)
 
 
-def _endpoint(methods: dict[str, Endpoint]) -> Callable[[Request], Awaitable[Response]]:
+def _endpoint(methods: dict[str, Endpoint],
+              service: LmspService) -> Callable[[Request], Awaitable[Response]]:
     async def handle(request: Request) -> Response:
         try:
             handler = methods.get(request.method)
             if handler is None:
                 raise LmspError("method_not_allowed",
                                 f"{request.method} is not allowed on {request.url.path}.")
-            return await handler(request, request.app.state.lmsp)
+            return await handler(request, service)
         except LmspError as exc:
             return problem_response(exc, instance=request.url.path)
         except StoreUnavailableError as exc:
@@ -225,8 +225,8 @@ class EventStream(SseResponse):
                 pass
 
 
-def lmsp_routes() -> list[BaseRoute]:
-    """The routes; they read the service from ``request.app.state.lmsp``."""
+def routes(service: LmspService) -> list[BaseRoute]:
+    """Every ``/lmsp/v1`` route, over the service."""
     table: list[tuple[str, dict[str, Endpoint]]] = [
         ("/capabilities", {"GET": capabilities}),
         ("/responses", {"POST": create_response}),
@@ -237,7 +237,7 @@ def lmsp_routes() -> list[BaseRoute]:
         ("/tasks/{task_id}/cancel", {"POST": cancel_task}),
         ("/tasks/{task_id}/events", {"GET": task_events}),
     ]
-    return [Route(PREFIX + path, _endpoint(methods), methods=_ALL_METHODS)
+    return [Route(PREFIX + path, _endpoint(methods, service), methods=_ALL_METHODS)
             for path, methods in table]
 
 
@@ -248,14 +248,4 @@ UNAUTHORIZED_PROBLEM = encode(problem("unauthorized", "A valid bearer token is r
 CORS_DENIED_PROBLEM = encode(problem("forbidden", "Request denied by CORS policy."))
 
 
-def install_lmsp(app: Any, service: LmspService) -> None:
-    """The whole composition: the service on ``app.state`` and the routes."""
-    app.state.lmsp = service
-    app.state.store = service.store   # /health?deep=1 asks it (acp_server.rest.health)
-    app.router.routes.extend(lmsp_routes())
-    metrics = getattr(app.state, "metrics", None)
-    if metrics is not None:   # task transitions and the task gauge of /metrics
-        metrics.watch_lmsp(service)
-
-
-__all__ = ["CORS_DENIED_PROBLEM", "UNAUTHORIZED_PROBLEM", "install_lmsp", "lmsp_routes"]
+__all__ = ["CORS_DENIED_PROBLEM", "UNAUTHORIZED_PROBLEM", "routes"]

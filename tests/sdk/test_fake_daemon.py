@@ -15,7 +15,7 @@ from starlette.routing import Route
 
 from acp_server.client import (DaemonClient, DaemonProtocolError, DaemonStreamEndedError,
                                DaemonStreamError)
-from tests.rest.server import serving
+from tests.harness import serving
 
 pytestmark = pytest.mark.anyio
 

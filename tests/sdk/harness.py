@@ -1,9 +1,9 @@
-"""Test servers for the client: the real daemon (optionally wrapped in ASGI
-middleware) or a tiny Starlette app, on a real loopback port, on either backend.
+"""Test servers for the client: the real daemon in process (``tests.harness``,
+optionally wrapped in ASGI middleware) on a real loopback port, on either backend.
 
     recorder = Recorder()
-    async with daemon(tmp_path, wrap=recorder.wrap) as url:
-        async with DaemonClient(url) as client: ...
+    async with daemon(tmp_path, wrap=recorder.wrap) as server:
+        async with DaemonClient(server.url) as client: ...
     assert recorder.count("POST", "/prompt") == 1
 
 Contracts: ``Recorder`` records (method, path, headers) of every request before the
@@ -16,19 +16,16 @@ from __future__ import annotations
 
 import contextlib
 import socket
-from contextlib import asynccontextmanager
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from acp_server.app import build_app
-from acp_server.settings import Settings
-from bridge import Bridge, BridgeOptions
-from bridge.agents.reference import ReferenceAgentFactory
-from tests.rest.server import serving
+from acp_server.lmsp import LmspConfig
+from bridge import BridgeOptions
+from tests.harness.local import LocalServer, local_server
 
 Wrap = Callable[[ASGIApp], ASGIApp]
 
@@ -104,45 +101,20 @@ class DropEvents:
         return dropping
 
 
-@dataclass
-class Daemon:
-    url: str
-    bridge: Bridge
+class Daemon(LocalServer):
+    @property
+    def url(self) -> str:
+        return self.base_url
 
 
-@contextlib.asynccontextmanager
-async def daemon(workspace: Any, *, options: BridgeOptions | None = None,
-                 wrap: Wrap | None = None) -> AsyncIterator[Daemon]:
-    config = Settings(workspace=str(workspace), port=0, options=options or BridgeOptions())
-    async with Bridge(ReferenceAgentFactory(), workspace_cwd=config.workspace,
-                      options=config.options) as bridge:
-        app: ASGIApp = build_app(config, bridge)
-        if wrap is not None:
-            app = wrap(app)
-        async with serving(app, on_stop=bridge.aclose) as url:
-            yield Daemon(url, bridge)
+def daemon(workspace: Any, *, options: BridgeOptions | None = None, wrap: Wrap | None = None,
+           config: LmspConfig | None = None) -> contextlib.AbstractAsyncContextManager[Daemon]:
+    """The real daemon in process (``tests.harness.local_server``), optionally wrapped;
+    ``config`` is LMSP's."""
+    return local_server(workspace, kind=Daemon, options=options, wrap=wrap, lmsp_config=config)
 
 
-@asynccontextmanager
-async def lmsp_daemon(workspace: Any, *, wrap: Wrap | None = None,
-                      config: Any = None) -> AsyncIterator[Daemon]:
-    """The daemon with LMSP installed, composed as ``tests/lmsp/server.py`` does."""
-    from acp_server.lmsp import install_lmsp, open_lmsp
-
-    settings = Settings(workspace=str(workspace), port=0)
-    async with Bridge(ReferenceAgentFactory(), workspace_cwd=settings.workspace,
-                      options=settings.options) as bridge, \
-            open_lmsp(bridge, state_dir=str(workspace), config=config) as service:
-        app = build_app(settings, bridge)
-        install_lmsp(app, service)
-
-        async def on_stop() -> None:
-            service.closed.set()
-            service.hub.close()
-
-        async with serving(wrap(app) if wrap is not None else app, on_stop=on_stop) as url:
-            yield Daemon(url, bridge)
-
+lmsp_daemon = daemon   # every daemon serves LMSP; the name the task tests use
 
 def closed_port_url() -> str:
     """An address where nothing listens."""

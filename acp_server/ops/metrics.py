@@ -1,9 +1,10 @@
 """Prometheus metrics: every series of ``GET /metrics``, on one registry per app.
 
-    metrics = Metrics(bridge, app.state)     # its own CollectorRegistry
+    metrics = Metrics(bridge, acp_registry)  # its own CollectorRegistry
     bridge.observe(metrics)                  # admissions, turns, evictions, restarts
     metrics.watch_lmsp(service)              # LMSP transitions; the task gauge reads its store
     body = await metrics.render()            # the text exposition (prometheus_client)
+    app = Starlette(routes=routes(metrics))   # GET /metrics
 
 Contracts:
 
@@ -16,7 +17,7 @@ Contracts:
   ``bisect`` on the event loop, exposed at scrape time as a counter and a histogram
   family (``prometheus_client.core``).
 * Live quantities are read when scraped, never pushed: sessions and prompts from
-  ``Bridge.stats()``, ``/acp`` connections from the app's registry, LMSP tasks from
+  ``Bridge.stats()``, ``/acp`` connections from the server's registry, LMSP tasks from
   the store. The task counts (one ``GROUP BY status`` over the ``tasks_status``
   index) are cached for ``task_ttl_s`` (5 s), fetched by at most one scrape at a
   time, so with PostgreSQL and several instances a scrape of every instance costs
@@ -53,8 +54,10 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute
 
+from acp_server.acp_http import ConnectionRegistry
+from acp_server.http.endpoints import route as bound_route
 from acp_server.lmsp.wire import TaskStatus
 from acp_server.store.errors import StoreUnavailableError
 from bridge import Bridge, BridgeStats
@@ -100,9 +103,10 @@ class _TaskCounts:
 class _LiveCollector(Collector):
     """Gauges read at scrape time."""
 
-    def __init__(self, bridge: Bridge, state: Any, tasks: _TaskCounts) -> None:
+    def __init__(self, bridge: Bridge, acp: ConnectionRegistry | None,
+                 tasks: _TaskCounts) -> None:
         self.bridge = bridge
-        self.state = state
+        self.acp = acp
         self.tasks = tasks
 
     def describe(self) -> Iterator[Metric]:
@@ -110,10 +114,9 @@ class _LiveCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         stats = self.bridge.stats()
-        registry = getattr(self.state, "acp_registry", None)
         connections = dict.fromkeys(TRANSPORTS, 0)
-        if registry is not None:
-            for conn in registry.connections.values():
+        if self.acp is not None:
+            for conn in self.acp.connections.values():
                 connections["websocket" if conn.websocket else "http"] += 1
         return self._families(stats, connections, self.tasks.counts)
 
@@ -205,14 +208,14 @@ class _RequestCollector(Collector):
 class Metrics(BridgeObserver):
     """The app's metrics; also the bridge's observer (see ``bridge.observer``)."""
 
-    def __init__(self, bridge: Bridge, state: Any, *,
+    def __init__(self, bridge: Bridge, acp: ConnectionRegistry | None = None, *,
                  task_ttl_s: float = DEFAULT_TASK_TTL_S) -> None:
         self.registry = registry = CollectorRegistry()
         ProcessCollector(registry=registry)
         PlatformCollector(registry=registry)
         GCCollector(registry=registry)
         self.tasks = _TaskCounts(task_ttl_s)
-        registry.register(_LiveCollector(bridge, state, self.tasks))
+        registry.register(_LiveCollector(bridge, acp, self.tasks))
 
         admissions = Counter("acp_server_prompt_admissions", "send_prompt admissions.",
                              ["outcome"], registry=registry)
@@ -290,9 +293,9 @@ class Metrics(BridgeObserver):
         return generate_latest(self.registry)
 
 
-async def metrics_endpoint(request: Request) -> Response:
-    metrics: Metrics = request.app.state.metrics
+async def metrics_endpoint(request: Request, *, metrics: Metrics) -> Response:
     return Response(await metrics.render(), 200, media_type=CONTENT_TYPE_PLAIN_0_0_4)
 
 
-routes = [Route("/metrics", metrics_endpoint, methods=["GET"])]
+def routes(metrics: Metrics) -> list[BaseRoute]:
+    return [bound_route("/metrics", metrics_endpoint, ["GET"], metrics=metrics)]

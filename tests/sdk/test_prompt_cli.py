@@ -11,7 +11,7 @@ import anyio
 import pytest
 
 from acp_server.client.prompt_cli import build_parser, chunk_text, prompt_command, run_prompt
-from tests.client.harness import Daemon, Recorder, closed_port_url, daemon
+from tests.sdk.harness import Daemon, Recorder, closed_port_url, daemon
 
 pytestmark = pytest.mark.anyio
 

@@ -12,7 +12,7 @@ import pytest
 from acp_server.client import (CreateSessionRequest, DaemonClient, DaemonEvent,
                                DaemonPendingPromptLimitError, DaemonSessionClient,
                                DaemonStreamEndedError, DaemonTurnError)
-from tests.client.harness import Daemon, Recorder, daemon, wait_until
+from tests.sdk.harness import Daemon, Recorder, daemon, wait_until
 
 pytestmark = pytest.mark.anyio
 

@@ -47,7 +47,8 @@ from acp_server.acp_http.dispatch import (
     initialize_result,
     request_params,
 )
-from acp_server.acp_http.registry import ConnectionCapError, ConnectionRegistry, registry_for
+from acp_server.acp_http.config import AcpConfig
+from acp_server.acp_http.registry import ConnectionCapError, ConnectionRegistry
 from acp_server.acp_http.streams import FrameStream
 from acp_server.http import body
 from acp_server.http.body import BodyError, check_json
@@ -98,11 +99,10 @@ def _connection(request: Request, registry: ConnectionRegistry,
 
 
 # -- POST ---------------------------------------------------------------------------------
-async def _read_message(request: Request) -> Message | Response:
+async def _read_message(request: Request, limit: int) -> Message | Response:
     content_type = request.headers.get("content-type", "")
     if content_type.split(";", 1)[0].strip().lower() != _JSON:
         return _json(415, _UNSUPPORTED_MEDIA)
-    limit: int = request.app.state.acp_config.max_body_bytes
     try:
         raw = await body.read_body(request, limit=limit)
     except body.BodyTooLarge:
@@ -133,10 +133,10 @@ def _is_array(raw: bytes) -> bool:
 _any_decoder: msgspec.json.Decoder[object] = msgspec.json.Decoder()
 
 
-async def post_acp(request: Request) -> Response:
-    registry = registry_for(request.app)
+async def post_acp(request: Request, registry: ConnectionRegistry,
+                   config: AcpConfig) -> Response:
     registry.sweep()
-    msg = await _read_message(request)
+    msg = await _read_message(request, config.max_body_bytes)
     if isinstance(msg, Response):
         return msg
     rpc_id = None if msg.is_notification or msg.id is msgspec.UNSET else msg.id
@@ -185,20 +185,20 @@ def _initialize(request: Request, registry: ConnectionRegistry, msg: Message,
         conn = registry.create()
     except ConnectionCapError as exc:
         return _rpc_error(503, rpc_id, INTERNAL_ERROR, str(exc), {"Retry-After": "5"})
-    result = initialize_result(request.app.state.bridge, params, conn.id)
+    result = initialize_result(registry.bridge, params, conn.id)
     return _json(200, encode_result(rpc_id, result), {"Acp-Connection-Id": conn.id})
 
 
 # -- GET ----------------------------------------------------------------------------------
-async def get_acp(request: Request) -> Response | ASGIApp:
-    registry = registry_for(request.app)
+async def get_acp(request: Request, registry: ConnectionRegistry,
+                  config: AcpConfig) -> Response | ASGIApp:
     registry.sweep()
     if "text/event-stream" not in request.headers.get("accept", "").lower():
         return _json(406, _NOT_ACCEPTABLE)
     conn = _connection(request, registry)
     if isinstance(conn, Response):
         return conn
-    heartbeat_s: float = request.app.state.acp_config.heartbeat_s
+    heartbeat_s = config.heartbeat_s
     session_id = request.headers.get(SESSION_HEADER)
 
     if session_id is None:
@@ -245,8 +245,7 @@ def _rewind(request: Request, channel: SessionChannel) -> None:
 
 
 # -- DELETE -------------------------------------------------------------------------------
-async def delete_acp(request: Request) -> Response:
-    registry = registry_for(request.app)
+async def delete_acp(request: Request, registry: ConnectionRegistry) -> Response:
     registry.sweep()
     conn = _connection(request, registry)
     if isinstance(conn, Response):
@@ -255,9 +254,11 @@ async def delete_acp(request: Request) -> Response:
     return Response(status_code=202)
 
 
-async def acp_endpoint(request: Request) -> Response | ASGIApp:
+async def acp_endpoint(request: Request, *, registry: ConnectionRegistry,
+                       config: AcpConfig) -> Response | ASGIApp:
+    """``/acp`` over HTTP; the registry holds the connections (and the bridge)."""
     if request.method == "POST":
-        return await post_acp(request)
+        return await post_acp(request, registry, config)
     if request.method == "GET":
-        return await get_acp(request)
-    return await delete_acp(request)
+        return await get_acp(request, registry, config)
+    return await delete_acp(request, registry)

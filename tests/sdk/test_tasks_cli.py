@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from acp_server.client.tasks_cli import build_parser, run_tasks, tasks_command
-from tests.client.harness import Daemon, DropEvents, closed_port_url, lmsp_daemon
+from tests.sdk.harness import Daemon, DropEvents, closed_port_url, lmsp_daemon
 
 pytestmark = pytest.mark.anyio
 

@@ -11,7 +11,7 @@ import pytest
 
 from acp_server.client import DaemonClient, DaemonEvent, PromptAccepted, StreamCursor
 from bridge import BridgeOptions
-from tests.client.harness import Daemon, DropEvents, Recorder, daemon
+from tests.sdk.harness import Daemon, DropEvents, Recorder, daemon
 
 pytestmark = pytest.mark.anyio
 

@@ -1,8 +1,8 @@
 """Documentation types of the OpenAPI document: the answers and bodies that the routes
-build as dicts or read field by field, typed here so that ``acp_server.openapi`` can
+build as dicts or read field by field, typed here so that ``acp_server.ops.openapi`` can
 take their schemas from msgspec like those of the wire types.
 
-    from acp_server.openapi_types import RestError, PromptQueueFull
+    from acp_server.ops.openapi_types import RestError, PromptQueueFull
 
 Contract: documentation only. No route encodes or decodes with these types; a field
 changes here when the route's answer changes (the live schemathesis run checks that).

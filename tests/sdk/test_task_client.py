@@ -13,7 +13,7 @@ from acp_server.client import (EventHistoryExpiredError, LmspProblem, TaskClient
                                TaskNotCancelableError, TaskNotFoundError)
 from acp_server.client.tasks import IdempotencyKeyReusedError, InvalidRequestError
 from acp_server.lmsp import LmspConfig
-from tests.client.harness import DropEvents, Recorder, lmsp_daemon
+from tests.sdk.harness import DropEvents, Recorder, lmsp_daemon
 from tests.lmsp.server import FakeClock
 
 pytestmark = pytest.mark.anyio

@@ -14,7 +14,7 @@ from acp_server.client import (CreateSessionRequest, DaemonClient, DaemonConnect
                                DaemonEvent, DaemonHttpError, DaemonPendingPromptLimitError,
                                DaemonTurnError, PromptAccepted, PromptRequest)
 from bridge import BridgeOptions
-from tests.client.harness import Daemon, Recorder, closed_port_url, daemon, wait_until
+from tests.sdk.harness import Daemon, Recorder, closed_port_url, daemon, wait_until
 
 pytestmark = pytest.mark.anyio
 

@@ -1,0 +1,123 @@
+"""The server, composed in one place: every part it runs on, owned by one ``async with``.
+
+    settings = Settings(workspace="/ws", port=0, state_dir="/var/lib/acp-server")
+    async with open_server(settings) as server:
+        await run_http(server, settings)            # acp_server.http.serving (the CLI)
+        # or, in a test: serve ``server.app`` on any ASGI server, then
+        await server.drain()
+
+``open_server`` starts, in this order: the record of agent child processes
+(``ChildRegistry``, stale ones of crashed runs reaped), the models of
+``--model-server``, the ``Bridge`` and its agents, the LMSP service and its store
+(restart recovery runs before anything is served), the ``/acp`` connection registry,
+the metrics, and the ASGI app over them (``acp_server.app.build_app``). It yields a
+``Server`` holding all of them.
+
+Contracts:
+
+* Nothing of it lives on ``app.state``: each door got its dependencies when its routes
+  were built, so two servers in one process share nothing.
+* ``Server.drain()`` shuts down in the designed order (``docs/architecture.md``):
+  the front doors (LMSP stops taking and running work, running tasks stay in the store
+  for the next start; every ``/acp`` connection closes), then the sessions
+  (``Bridge.aclose``: prompts fail, streams end with ``session_closed``), then the
+  agents. It is idempotent and shielded from cancellation; leaving ``open_server``
+  drains (if nobody did), closes the store and removes the child record.
+* Test overrides (keyword arguments, for tests and benchmarks only): ``agent_factory``
+  (the default agent instead of ``settings.agent``), ``lmsp_store`` (an unopened
+  ``TaskStore`` instead of ``settings.store_url``), ``lmsp_config``, ``group_commit``,
+  ``acp_clock`` (the ``/acp`` registry's clock). Everything else comes from
+  ``settings``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import anyio
+from starlette.applications import Starlette
+
+from acp_server.acp_http import ConnectionRegistry
+from acp_server.acp_http.registry import MONOTONIC, Clock
+from acp_server.app import build_app
+from acp_server.lmsp import LmspConfig, LmspService, open_lmsp
+from acp_server.store.tasks import TaskStore
+from acp_server.ops.metrics import Metrics
+from acp_server.settings import Settings
+from bridge import Bridge
+from bridge.agents.base import AgentFactory
+from bridge.agents.children import ChildRegistry
+
+log = logging.getLogger("acp_server")
+
+
+@dataclass(eq=False)
+class Server:
+    """The ASGI app and the parts it serves, as ``open_server`` composed them."""
+
+    app: Starlette
+    settings: Settings
+    bridge: Bridge
+    lmsp: LmspService
+    acp: ConnectionRegistry
+    metrics: Metrics
+
+    async def drain(self) -> None:
+        """The front doors, then the sessions, then the agents (see the module docstring)."""
+        self.lmsp.stop()
+        self.acp.shutdown()
+        with anyio.CancelScope(shield=True):
+            await self.bridge.aclose()
+
+
+@contextlib.asynccontextmanager
+async def open_server(settings: Settings, *, agent_factory: AgentFactory | None = None,
+                      lmsp_store: TaskStore | None = None,
+                      lmsp_config: LmspConfig | None = None, group_commit: bool = True,
+                      acp_clock: Clock | None = None) -> AsyncIterator[Server]:
+    children = ChildRegistry(settings.children_dir)
+    children.reap_stale()   # agents that killed earlier runs left behind
+    try:
+        models = await discover_models(settings.model_server) if settings.model_server else []
+        config = lmsp_config or LmspConfig(permission_policy=settings.lmsp_permissions,
+                                           keepalive_s=settings.lmsp_keepalive_s)
+        async with Bridge(agent_factory or settings.agent_factory(children),
+                          workspace_cwd=settings.workspace, options=settings.options,
+                          agents=settings.extra_agents(models, children)) as bridge, \
+                open_lmsp(bridge, state_dir=settings.state_dir, store_url=settings.store_url,
+                          store=lmsp_store, token=settings.token,
+                          max_running_tasks=settings.max_running_tasks, config=config,
+                          group_commit=group_commit, lease_s=settings.store_lease_ms / 1000,
+                          renew_s=settings.store_renew_ms / 1000,
+                          poll_s=settings.store_poll_ms / 1000,
+                          busy_timeout_s=settings.store_busy_timeout_ms / 1000) as lmsp:
+            acp = ConnectionRegistry(bridge, max_connections=settings.max_acp_connections,
+                                     grace_s=settings.acp_reap_grace_s,
+                                     clock=acp_clock or MONOTONIC)
+            metrics = Metrics(bridge, acp, task_ttl_s=settings.metrics_task_ttl_s)
+            bridge.observe(metrics)
+            metrics.watch_lmsp(lmsp)   # task transitions and the task gauge
+            app = build_app(settings, bridge=bridge, acp=acp, lmsp=lmsp, metrics=metrics)
+            server = Server(app, settings, bridge, lmsp, acp, metrics)
+            try:
+                yield server
+            finally:
+                await server.drain()
+    finally:
+        children.close()   # every agent was stopped with the bridge
+
+
+async def discover_models(url: str) -> list[str]:
+    """The model ids ``url`` lists; none (logged) when it cannot be reached."""
+    from bridge.agents.model import discover_models as list_models
+
+    try:
+        models = await list_models(url)
+    except Exception as exc:  # the server still starts; the models are just not offered
+        log.error("cannot list the models of %s: %s", url, exc)
+        return []
+    log.info("model server %s offers: %s", url, ", ".join(models) or "(none)")
+    return models

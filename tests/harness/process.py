@@ -1,0 +1,210 @@
+"""``acp-server serve`` as a child process, for the tests that need the real thing:
+uvicorn and the connection guard as shipped, signals, crashes, several instances.
+
+    with ServeProcess(tmp_path, "--max-sessions", "0") as child:        # synchronous
+        child.http.get("/health")
+    async with ServeProcess(tmp_path, "--token", "t") as child:         # either backend
+        await child.client.get("/health")                # the token is sent
+        stream = await child.raw()                       # a bare TCP connection
+    child = ServeProcess(tmp_path, "--store", url).start()   # crash tests:
+    child.kill(); child.start()                               # SIGKILL, then again
+
+Contracts: the child runs this checkout (``PYTHONPATH``) as ``python -m acp_server serve
+--port 0 --workspace W --state-dir S`` plus ``flags`` (a later flag wins), without the
+caller's ``ACP_SERVER_TOKEN``; ``S`` is ``state_dir`` taken from the workspace (default
+``"state"``: ``<workspace>/state``; ``None`` leaves ``--state-dir`` out, the server's
+default). ``start()`` returns once the listening line and the state line were read
+(``base_url``, ``port``, ``pid``; the lines as ``listening`` and ``state_line``), or
+fails with the child's stderr. stderr goes to ``stderr_path`` (``<state dir>.log``, or
+``<workspace>.serve.log``), read with ``stderr_text()`` at any time.
+``stop()`` sends SIGTERM and waits (SIGKILL after ``timeout``) and returns the exit
+status; leaving a ``with`` / ``async with`` block stops it.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+
+import anyio
+import anyio.abc
+import anyio.to_thread
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+TOKEN_ENV = "ACP_SERVER_TOKEN"
+START_TIMEOUT_S = 30
+LISTENING = re.compile(r"acp-server listening on (http://(?:\[[^\]]+\]|[^:\s]+):(\d+)) ")
+
+
+class ServeProcess:
+    def __init__(self, workspace: Path | str, *flags: str, state_dir: Path | str | None = "state",
+                 env: dict[str, str] | None = None, cwd: Path | str | None = None,
+                 shell_prefix: str = "", runner: Sequence[str] = ("-m", "acp_server")) -> None:
+        """``shell_prefix`` runs before ``exec`` in ``sh -c`` (``ulimit -Sn 1024;``);
+        ``runner`` is what Python runs before ``serve`` (the benchmarks' ``bench.server``)."""
+        self.workspace = Path(workspace)
+        self.state_dir = self.workspace / state_dir if state_dir is not None else None
+        self.flags = flags
+        self.env = env or {}
+        self.cwd = cwd
+        self.shell_prefix = shell_prefix
+        self.runner = tuple(runner)
+        self.stderr_path = (self.state_dir.with_name(self.state_dir.name + ".log")
+                            if self.state_dir is not None
+                            else self.workspace.with_name(self.workspace.name + ".serve.log"))
+        self.process: subprocess.Popen[str] | None = None
+        self.listening = self.state_line = ""
+        self.base_url = ""
+        self.port = 0
+        self._http: httpx.Client | None = None
+        self._client: httpx.AsyncClient | None = None
+
+    # -- the process ----------------------------------------------------------------------
+    @property
+    def argv(self) -> list[str]:
+        state = ["--state-dir", str(self.state_dir)] if self.state_dir is not None else []
+        return [sys.executable, *self.runner, "serve", "--port", "0", "--workspace",
+                str(self.workspace), *state, *self.flags]
+
+    @property
+    def token(self) -> str | None:
+        flags = list(self.flags)
+        return flags[flags.index("--token") + 1] if "--token" in flags else None
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None, "not started"
+        return self.process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self.process is None else self.process.poll()
+
+    def start(self) -> ServeProcess:
+        """Start the child and wait for its listening line."""
+        env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
+        env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+        env.update(self.env)
+        command: Any = self.argv
+        if self.shell_prefix:
+            command = ["sh", "-c", f"{self.shell_prefix} exec {shlex.join(self.argv)}"]
+        self.stderr_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.stderr_path, "a") as stderr:
+            self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr,
+                                            text=True, env=env, cwd=self.cwd)
+        assert self.process.stdout is not None
+        line = _next_line(self.process.stdout)
+        match = LISTENING.match(line)
+        state_line = _next_line(self.process.stdout) if match else ""
+        if match is None or not state_line.startswith("state in "):
+            self.kill()
+            raise AssertionError(f"acp-server serve did not start: {line!r} {state_line!r}\n"
+                                 f"{self.stderr_text()[-4000:]}")
+        self.listening, self.state_line = line, state_line
+        self.base_url, self.port = match.group(1), int(match.group(2))
+        return self
+
+    def stop(self, timeout: float = 15) -> int | None:
+        """SIGTERM, then wait (SIGKILL past ``timeout``); the exit status."""
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._close_stdout()
+        return self.process.returncode
+
+    def kill(self) -> None:
+        """SIGKILL (a crash) and reap."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+        self._close_stdout()
+
+    def stderr_text(self) -> str:
+        try:
+            return self.stderr_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def _close_stdout(self) -> None:
+        if self.process is not None and self.process.stdout is not None:
+            self.process.stdout.close()
+
+    # -- clients --------------------------------------------------------------------------
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
+    @property
+    def http(self) -> httpx.Client:
+        """A synchronous client on the child (with its token), closed on stop."""
+        if self._http is None:
+            self._http = httpx.Client(base_url=self.base_url, timeout=10,
+                                      headers=self._headers())
+        return self._http
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        """The asynchronous client of an ``async with`` block (with the token)."""
+        assert self._client is not None, "use `async with ServeProcess(...)`"
+        return self._client
+
+    async def raw(self) -> anyio.abc.SocketStream:
+        """A bare TCP connection to the child."""
+        return await anyio.connect_tcp("127.0.0.1", self.port)
+
+    # -- with / async with ------------------------------------------------------------------
+    def __enter__(self) -> ServeProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        if self._http is not None:
+            self._http.close()
+        self.stop()
+
+    async def __aenter__(self) -> ServeProcess:
+        await anyio.to_thread.run_sync(self.start)
+        self._client = httpx.AsyncClient(base_url=self.base_url, timeout=10,
+                                         headers=self._headers())
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        with anyio.CancelScope(shield=True):
+            if self._client is not None:
+                await self._client.aclose()
+            await anyio.to_thread.run_sync(self.__exit__, exc_type, exc, tb)
+
+
+async def read_until_closed(stream: anyio.abc.SocketStream) -> bytes:
+    """Everything the server sends on ``stream`` until it closes the connection."""
+    received = b""
+    while True:
+        try:
+            received += await stream.receive()
+        except (anyio.EndOfStream, anyio.BrokenResourceError, ConnectionResetError):
+            return received
+
+
+def _next_line(stdout: IO[str]) -> str:
+    """The child's next stdout line, or ``""`` past ``START_TIMEOUT_S``."""
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: lines.put(stdout.readline()), daemon=True).start()
+    try:
+        return lines.get(timeout=START_TIMEOUT_S)
+    except queue.Empty:
+        return ""
