@@ -11,9 +11,15 @@ Contracts:
 * At most ``max_running`` agent turns run at once in this process (``0`` = never
   start tasks: they stay queued; used by benchmarks and restart tests). A task's slot
   frees when its turn is over, so its final commit and the next claim share a batch.
-* ``loading`` = the agent session is being created; ``running`` = the prompt is in
-  flight (entered with ``response.in_progress``). Every transition is conditional:
-  losing one to a cancel moves the task ``cancelling`` → ``cancelled`` instead.
+* ``loading`` = the agent session is being created (a cancel ends the wait);
+  ``running`` = the prompt is in flight, committed with ``response.in_progress`` at
+  the first flush (``FLUSH_S`` after the prompt went out); a turn that ends sooner
+  goes ``loading`` → final in one commit. Every transition is conditional: losing
+  one to a cancel moves the task ``cancelling`` → ``cancelled`` instead.
+* Store outages: claims are retried with a capped backoff; a task's own writes (its
+  events, its outcome) wait for the store (``persist``) and never fail the task.
+* At the bridge's session limit the task goes back to ``queued`` (``unclaim``: its
+  attempt not counted) and claims pause until a task of ours ends or a backoff passes.
 * Text deltas are buffered and written in one transaction at most every
   ``FLUSH_S`` or ``FLUSH_EVENTS`` events; state events are written at once. Those
   still buffered when the turn ends go in the final transition's transaction (before
