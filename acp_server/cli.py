@@ -37,6 +37,7 @@ import anyio
 
 from acp_server import __version__
 from acp_server.conformance.cli import add_conformance_arguments, run_conformance_args
+from acp_server.connect.cli import add_connect_arguments, run_connect_args
 from acp_server.client.prompt_cli import add_prompt_arguments, run_prompt_args
 from acp_server.client.tasks_cli import add_tasks_arguments, run_tasks_args
 from acp_server.http.serving import ListenError, listen, run_http
@@ -142,6 +143,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         "prompt", help="send a prompt to a running daemon and stream the reply"))
     add_tasks_arguments(commands.add_parser(
         "tasks", help="create, get, cancel or watch LMSP async tasks"))
+    add_connect_arguments(commands.add_parser(
+        "connect", help="be an editor's ACP agent on stdio, relayed to a server's /acp"))
     add_conformance_arguments(commands.add_parser(
         "conformance", help="check a server (ours or another) against the backpressure, "
                             "ACP-over-HTTP and LMSP suites"))
@@ -172,6 +175,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_tasks_args(args)
     if args.command == "conformance":
         return run_conformance_args(args)
+    if args.command == "connect":
+        return run_connect_args(args)
     try:
         settings = settings_from_args(args)
     except SettingsError as exc:

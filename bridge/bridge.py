@@ -31,6 +31,7 @@ from bridge.agent_pool import AgentPool
 from bridge.agents.base import AgentConnection, AgentFactory
 from bridge.bus import Subscription
 from bridge.cancel import CancelToken
+from bridge.elicitation import ElicitationMediator
 from bridge.errors import (
     AgentDiedError,
     AgentError,
@@ -75,6 +76,7 @@ class Bridge:
                                 initialize_timeout_ms=self.options.initialize_timeout_ms)
         self._client = _AgentClientAdapter(self)
         self.permissions = PermissionMediator(self.options.permission_response_timeout_ms)
+        self.elicitations = ElicitationMediator(self.options.permission_response_timeout_ms)
         self.queue_wait = QueueWaitStats()
         self.observer: BridgeObserver = NO_OBSERVER
         self.started_at = time.time()
@@ -282,13 +284,18 @@ class Bridge:
         session = Session(session_id, self.workspace_cwd, agent, self.options, self.queue_wait,
                           observer=self.observer)
         session.agent_name = agent_name
-        session.on_cancel = self.permissions.cancel_session
+        session.on_cancel = self._cancel_questions
         await self._tasks().start(session.run)
         terminals = self._closed_terminals.pop(session_id, None)
         if terminals is not None:
             session.prompt_terminals.extend(terminals)
         self._sessions[session_id] = session
         return session
+
+    def _cancel_questions(self, session: Session, reason: str) -> None:
+        """The session's pending permission requests and elicitations, cancelled."""
+        self.permissions.cancel_session(session, reason)
+        self.elicitations.cancel_session(session, reason)
 
     def _forget(self, session: Session) -> None:
         """Take a closing or dead session out of the registry (and the defaults)."""
@@ -325,7 +332,7 @@ class Bridge:
         self._forget(session)
         running = session.active is not None
         session.fail_all(session.close_error(reason))
-        self.permissions.cancel_session(session, reason="session_closed")
+        self._cancel_questions(session, "session_closed")
         session.bus.publish(ev.SESSION_CLOSED, ev.SessionClosed(
             sessionId=session_id, reason=reason, closedBy=closed_by))
         session.bus.close()
@@ -350,7 +357,7 @@ class Bridge:
                 sessionId=session.session_id, reason="agent_exited", message=str(error),
                 exitCode=error.exit_code))
             session.fail_all(error)
-            self.permissions.cancel_session(session, reason="session_died")
+            self._cancel_questions(session, "session_died")
             session.bus.close()
             session.stop()
 
@@ -429,6 +436,13 @@ class Bridge:
             self.get_session(session_id)
         self.permissions.vote(request_id, outcome, session_id=session_id,
                               voter_client_id=voter_client_id)
+
+    def respond_to_elicitation(self, request_id: str, answer: dict[str, Any], *,
+                               session_id: str | None = None) -> None:
+        """First responder wins (``bridge.elicitation``)."""
+        if session_id is not None:
+            self.get_session(session_id)
+        self.elicitations.respond(request_id, answer, session_id=session_id)
 
     # -- events and clients --------------------------------------------------------------
     def subscribe(self, session_id: str, *, last_event_id: int | None = None,
@@ -522,6 +536,22 @@ class _AgentClientAdapter:
         if session is None or session.closing:
             return {"outcome": {"outcome": "cancelled"}}
         return await self._bridge.permissions.request(session, params)
+
+    async def create_elicitation(self, session_id: str, params: dict[str, Any]) -> dict[str, Any]:
+        session = self._bridge._sessions.get(session_id)
+        if session is None or session.closing:
+            return {"action": "cancel"}
+        return await self._bridge.elicitations.request(session, params)
+
+    def complete_elicitation(self, session_id: str | None, params: Any) -> None:
+        """``elicitation/complete``: its session by ``sessionId`` or by the URL
+        elicitation it completes; otherwise dropped."""
+        mediator = self._bridge.elicitations
+        session = self._bridge._sessions.get(session_id) if session_id is not None \
+            else mediator.session_of(params.get("elicitationId") if isinstance(params, dict)
+                                     else None)
+        if session is not None and not session.closing and isinstance(params, dict):
+            mediator.complete(session, params)
 
     async def read_text_file(self, session_id: str, params: dict[str, Any]) -> dict[str, Any]:
         return await anyio.to_thread.run_sync(fs.read_text_file, self._workspace(session_id), params)

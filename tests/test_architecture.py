@@ -118,9 +118,12 @@ def test_the_bridge_serves_no_http_and_knows_no_door() -> None:
                                             "acp_server")) == []
 
 
-@pytest.mark.parametrize("package", ["acp_server.client", "acp_server.conformance"])
+@pytest.mark.parametrize("package", ["acp_server.client", "acp_server.conformance",
+                                     "acp_server.connect"])
 def test_the_client_and_the_conformance_import_nothing_of_the_server(package: str) -> None:
     allowed = ("acp_server.client", "acp_server.conformance", "acp_server.__version__")
+    if package == "acp_server.connect":   # the stdio adapter: itself only
+        allowed = ("acp_server.connect",)
     paths = _modules(package)
     found = [v for v in _violations(paths, ("acp_server", "bridge", "starlette", "uvicorn"))
              if not any(_within(v.split(" imports ")[1], ok) for ok in allowed)

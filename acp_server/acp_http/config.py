@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from acp_server.acp_http.registry import DEFAULT_GRACE_S, DEFAULT_MAX_CONNECTIONS
+from acp_server.acp_http.registry import (DEFAULT_GRACE_S, DEFAULT_MAX_CONNECTIONS,
+                                          DEFAULT_RESUME_GRACE_S)
 from acp_server.http.security import GuardPolicy
 
 
@@ -26,3 +27,5 @@ class AcpConfig:
     guard: GuardPolicy = field(default_factory=GuardPolicy)
     max_connections: int = DEFAULT_MAX_CONNECTIONS   # live connections (initialize past it: 503)
     reap_grace_s: float = DEFAULT_GRACE_S            # streams gone this long: connection reaped
+    # a lost resumable connection's permission requests wait this long for it to return
+    resume_grace_s: float = DEFAULT_RESUME_GRACE_S

@@ -30,7 +30,13 @@ Contracts:
 * ``close()`` is synchronous and idempotent: this connection's queued and running
   prompts are cancelled (which cancels their permission requests), the other
   permission requests it was sent are cancelled when ``cancel_permissions``, every
-  subscription is closed and every stream ends after its buffered frames.
+  subscription is closed and every stream ends after its buffered frames. Prompts
+  sent with a client prompt id (``detached``) belong to their session, not to the
+  connection: a close leaves them running (a client re-attaches them by that id).
+* A ``resumable`` connection (asked for at ``initialize``) gets the bus event id and
+  epoch of every event frame in ``params._meta`` (``frames.with_event_meta``).
+* ``in_flight`` maps the request ids of the requests running now to their cancel
+  scopes (``$/cancel_request``), bounded by the requests a client can have running.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from collections.abc import Callable
 
 import anyio
 
+from acp_server.acp_http import elicitation
 from acp_server.acp_http import frames as fr
 from acp_server.acp_http.buffer import FrameBuffer
 from acp_server.acp_http.errors import (  # noqa: F401 - re-exported
@@ -85,6 +92,7 @@ class SessionChannel:
         self.delivered_id = 0
         self.buffered_id = 0   # the last bus event whose frames are in ``frames`` (or gone)
         self.prompts: dict[str, tuple[RpcId, PromptTicket]] = {}
+        self.detached: set[str] = set()   # prompt ids a close leaves running
         self.reader_attached = False
         self.retired = False
         self._changed = anyio.Event()
@@ -137,8 +145,10 @@ class SessionChannel:
             log.warning("acp connection %s session %s: stream buffer full, frame dropped",
                         self.conn.id, self.session_id)
 
-    def track_prompt(self, ticket: PromptTicket, rpc_id: RpcId) -> None:
+    def track_prompt(self, ticket: PromptTicket, rpc_id: RpcId, *, detached: bool = False) -> None:
         self.prompts[ticket.prompt_id] = (rpc_id, ticket)
+        if detached:
+            self.detached.add(ticket.prompt_id)
 
     # -- the pump (runs while a reader is attached) -----------------------------------
     async def pump(self) -> None:
@@ -209,22 +219,31 @@ class SessionChannel:
         if kind == ev.CLIENT_EVICTED:
             return []    # not the client's concern: the pump resubscribes and replays
         if kind == ev.SESSION_UPDATE:
-            return [fr.update_frame(event)]
+            return [self._annotated(fr.update_frame(event))]
         if kind == ev.PERMISSION_REQUEST:
             found = fr.permission_frame(event)
             # a replayed request that was resolved meanwhile is history, not a question
             if found is not None and self.conn.bridge.permissions.is_pending(found[0]):
                 self.conn.expect_answer(found[0], self.session_id)
-                return [found[1]]
+                return [self._annotated(found[1])]
         elif kind == ev.PERMISSION_RESOLVED:
             self.conn.pending_requests.pop(getattr(event.data, "requestId", ""), None)
-        frames = [fr.notify_frame(event)]
+        elif kind in elicitation.KINDS:
+            return [self._annotated(f) for f in elicitation.elicitation_frames(self.conn, self,
+                                                                               event)]
+        frames = [self._annotated(fr.notify_frame(event))]
         if kind in (ev.TURN_COMPLETE, ev.TURN_ERROR) and event.prompt_id in self.prompts:
             frames.append(self._prompt_response(event.prompt_id))  # type: ignore[arg-type]
         return frames
 
+    def _annotated(self, frame: Frame) -> Frame:
+        if self.conn.resumable and frame.event_id is not None and self.epoch is not None:
+            return fr.with_event_meta(frame, self.session_id, self.epoch)
+        return frame
+
     def _prompt_response(self, prompt_id: str) -> Frame:
         rpc_id, ticket = self.prompts.pop(prompt_id)
+        self.detached.discard(prompt_id)
         outcome = ticket.outcome
         assert outcome is not None, "a turn's terminal event follows its ticket's settlement"
         if isinstance(outcome, BaseException):
@@ -233,8 +252,18 @@ class SessionChannel:
 
     # -- teardown ----------------------------------------------------------------------
     def cancel_prompts(self, reason: str) -> None:
-        for _rpc_id, ticket in list(self.prompts.values()):
-            ticket.cancel(reason)
+        for prompt_id, (_rpc_id, ticket) in list(self.prompts.items()):
+            if prompt_id not in self.detached:
+                ticket.cancel(reason)
+
+    def cancel_request(self, rpc_id: RpcId) -> bool:
+        """``$/cancel_request`` for a ``session/prompt`` awaiting its turn's end: the
+        prompt is cancelled (its answer follows, ``stopReason: "cancelled"``)."""
+        for _prompt_id, (tracked_id, ticket) in list(self.prompts.items()):
+            if tracked_id == rpc_id and type(tracked_id) is type(rpc_id):
+                ticket.cancel("client_cancel")
+                return True
+        return False
 
     def retire(self) -> None:
         """End this stream: no more frames; the reader ends after the buffered ones."""
@@ -267,6 +296,9 @@ class AcpConnection:
         self.open_streams = 0
         self.streams_gone_at: float | None = clock()
         self.closed = False
+        self.resumable = False
+        self.elicitation = False   # the client offered clientCapabilities.elicitation
+        self.in_flight: dict[tuple[type, RpcId], anyio.CancelScope] = {}
         # Set by a WebSocket while attached: called for every new channel.
         self.on_channel: Callable[[SessionChannel], None] | None = None
 

@@ -12,14 +12,41 @@ itself, when the turn ends (``{stopReason, ...}`` as the agent sent it, or an er
 Unlike ``qwen serve``, a second ``session/prompt`` on the same connection does not
 cancel the first: it is queued behind it under the same admission rule as REST
 (``--max-pending-prompts-per-session``), and a full queue answers ``prompt_queue_full`` (``acp_http.errors``).
+
+ACP v1 as of schema 1.21 (the section "ACP v1.21" below, table ``V1_METHODS``):
+``session/delete`` (closes a live session, after the agent's own ``session/delete``
+when it offers one; an unknown id succeeds), ``session/fork`` (our branch),
+``logout`` (``{}``: the credential is the bearer token the client holds; the shared
+agent is not logged out), ``$/cancel_request`` (cancels a running request, answered
+``-32800``, or a ``session/prompt``'s turn, answered ``stopReason: "cancelled"``).
+Any other method goes to the session's agent (``params.sessionId``) when that agent
+advertises it (``advertised``), else ``-32601``; an unknown notification is dropped.
+
+Reconnecting clients (``acp-server connect``) use ``_meta`` keys, all optional:
+
+* ``initialize`` ``{"acp-server/resumable": true}``: event frames carry
+  ``params._meta["acp-server/event"] = {sessionId, id, epoch}``, and permission requests sent
+  to the connection outlive its loss for the registry's ``resume_grace_s``.
+* ``session/prompt`` ``{"acp-server/promptId": ID}``: the prompt's id. Sent again
+  under the same id it is not admitted twice: a pending prompt is re-attached (its
+  answer comes when its turn ends), a finished one answered from its terminal. A
+  connection's close does not cancel it.
+* ``session/load`` / ``session/resume`` ``{"acp-server/lastEventId": N,
+  "acp-server/eventEpoch": E}``: replay only the events after ``N`` (all of the bus
+  from ``N`` = 0). Under another epoch nothing the client saw can be matched: nothing
+  is replayed and the answer says ``resync: "epoch_reset"``. The answer's ``_meta``
+  carries ``"acp-server/events": {eventEpoch, lastEventId[, resync]}``.
+  ``{"acp-server/agent": NAME}`` names the agent that restores a cold session.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import anyio
 import msgspec
 
 from acp_server import __version__
@@ -33,17 +60,33 @@ from acp_server.http.origin import session_origin
 from acp_server.acp_http.errors import (  # noqa: F401 - re-exported for the routes
     ChannelLimitError,
     InvalidParamsError,
+    RequestCancelledError,
     encode_bridge_error,
 )
 from bridge import Bridge
-from bridge.errors import BridgeError, InvalidPermissionOptionError, PermissionNotFoundError
+from bridge.errors import (
+    BridgeError,
+    InvalidPermissionOptionError,
+    PermissionNotFoundError,
+    SessionNotFoundError,
+)
 from bridge.jsonrpc import (
-    METHOD_NOT_FOUND,
     UNSET,
     Message,
     decode_value,
-    encode_error,
     encode_result,
+)
+from acp_server.acp_http.elicitation import answer_elicitation, offers_elicitation
+from acp_server.acp_http.passthrough import pass_through
+from acp_server.acp_http.resume import (
+    PENDING,
+    RESUMABLE_META,
+    cursor_param,
+    meta_value,
+    prompt_id_param,
+    rejoin_prompt,
+    replay_after,
+    with_events_meta,
 )
 
 log = logging.getLogger("acp_server.acp_http")
@@ -53,8 +96,10 @@ PROTOCOL_VERSION = 1
 # ``Acp-Session-Id``). ``session/set_model`` is legacy and the Python SDK sends it
 # without the header, so the header is required only for ``HEADER_REQUIRED``.
 SESSION_SCOPED = frozenset({"session/prompt", "session/cancel", "session/set_mode",
-                            "session/set_config_option", "session/set_model", "session/close"})
-HEADER_REQUIRED = SESSION_SCOPED - {"session/set_model"}
+                            "session/set_config_option", "session/set_model", "session/close",
+                            "session/delete"})
+HEADER_REQUIRED = SESSION_SCOPED - {"session/set_model", "session/delete"}
+CLOSING = frozenset({"session/close", "session/delete"})   # the session stream ends after
 FORWARDED = frozenset({"session/set_mode", "session/set_config_option", "session/set_model"})
 DEFAULT_AGENT_CAPABILITIES: dict[str, Any] = {
     "loadSession": True,
@@ -100,7 +145,8 @@ def initialize_result(bridge: Bridge, params: dict[str, Any], connection_id: str
     if isinstance(requested, int) and not isinstance(requested, bool):
         version = max(0, min(requested, PROTOCOL_VERSION))
     agent_caps = bridge.agent_info.get("agentCapabilities")
-    capabilities = agent_caps if isinstance(agent_caps, dict) else DEFAULT_AGENT_CAPABILITIES
+    capabilities = with_own_capabilities(
+        agent_caps if isinstance(agent_caps, dict) else DEFAULT_AGENT_CAPABILITIES)
     auth_methods = bridge.agent_info.get("authMethods")
     return {
         "protocolVersion": version,
@@ -126,12 +172,9 @@ async def _session_new(conn: AcpConnection, rpc_id: RpcId, params: dict[str, Any
     """A fresh session on the agent named by ``_meta["acp-server/agent"]`` (default:
     the server's default agent), labelled by ``_meta["acp-server/origin"]``; the reply
     is the agent's own, unknown fields kept."""
-    meta = params.get("_meta")
-    agent = meta.get(AGENT_META) if isinstance(meta, dict) else None
-    if agent is not None and not isinstance(agent, str):
-        raise InvalidParamsError(f'Invalid params: "_meta.{AGENT_META}" must be a string')
+    agent = meta_value(params, AGENT_META, str)
     info = await conn.bridge.create_session(cwd=_cwd(params), agent=agent,
-                                            origin=session_origin(meta))
+                                            origin=session_origin(params.get("_meta")))
     conn.channel(info.session_id)
     return {**info.agent_result, "sessionId": info.session_id}
 
@@ -140,20 +183,30 @@ async def _session_load(conn: AcpConnection, rpc_id: RpcId, params: dict[str, An
     """ACP: the agent streams the whole conversation as ``session/update`` and *then*
     answers. The history is the session ring (for a cold session: the agent's own
     replay, published during the restore), written to the session stream; the answer
-    (the agent's session state) follows once the reader has taken it."""
+    (the agent's session state) follows once the reader has taken it. With a cursor
+    only what follows it (see the module docstring)."""
     sid = _session_id(params)
-    info = await conn.bridge.load_session(sid, cwd=_cwd(params))
+    cursor = cursor_param(params)
+    info = await conn.bridge.load_session(sid, cwd=_cwd(params),
+                                          agent=meta_value(params, AGENT_META, str))
+    result = {k: v for k, v in info.agent_result.items() if k != "sessionId"}
+    if cursor is not None:
+        return with_events_meta(result, await replay_after(conn, info, cursor))
     channel = conn.channel(sid)
     channel.subscribe(last_event_id=0)
     history = info.history
     await channel.flush_through(info.last_event_id if history is None
                                 else history.last_event_id)
-    return {k: v for k, v in info.agent_result.items() if k != "sessionId"}
+    return result
 
 
 async def _session_resume(conn: AcpConnection, rpc_id: RpcId, params: dict[str, Any]) -> Any:
     sid = _session_id(params)
-    await conn.bridge.resume_session(sid, cwd=_cwd(params))
+    cursor = cursor_param(params)
+    info = await conn.bridge.resume_session(sid, cwd=_cwd(params),
+                                            agent=meta_value(params, AGENT_META, str))
+    if cursor is not None:
+        return with_events_meta({}, await replay_after(conn, info, cursor))
     conn.channel(sid)
     return {}
 
@@ -169,12 +222,17 @@ async def _session_list(conn: AcpConnection, rpc_id: RpcId, params: dict[str, An
 async def _session_prompt(conn: AcpConnection, rpc_id: RpcId, params: dict[str, Any]) -> Any:
     sid = _session_id(params)
     prompt = params.get("prompt")
+    prompt_id = prompt_id_param(params)
     channel = conn.channel(sid)         # subscribed before admission: no event is missed
     if len(channel.prompts) >= MAX_TRACKED_PROMPTS:
         raise ChannelLimitError(MAX_TRACKED_PROMPTS)
-    ticket = conn.bridge.send_prompt(sid, prompt)
+    if prompt_id is not None:
+        known = rejoin_prompt(conn, channel, prompt_id, rpc_id)
+        if known is not None:
+            return DEFERRED if known == PENDING else known
+    ticket = conn.bridge.send_prompt(sid, prompt, prompt_id=prompt_id)
     if rpc_id is not None:
-        channel.track_prompt(ticket, rpc_id)
+        channel.track_prompt(ticket, rpc_id, detached=prompt_id is not None)
     return DEFERRED
 
 
@@ -227,6 +285,106 @@ METHODS: dict[str, Handler] = {
 }
 
 
+# -- ACP v1.21: session/delete, session/fork, logout, $/cancel_request -------------------
+def with_own_capabilities(capabilities: dict[str, Any]) -> dict[str, Any]:
+    """The agent's capabilities plus what ``/acp`` implements whatever the agent:
+    ``sessionCapabilities.delete``."""
+    session_caps = capabilities.get("sessionCapabilities")
+    session_caps = dict(session_caps) if isinstance(session_caps, dict) else {}
+    session_caps.setdefault("delete", {})
+    return {**capabilities, "sessionCapabilities": session_caps}
+
+
+def initialize_connection(bridge: Bridge, conn: AcpConnection,
+                          params: dict[str, Any]) -> dict[str, Any]:
+    """``initialize``'s answer for ``conn``, and the options the client asked for
+    (``_meta["acp-server/resumable"]``, acknowledged in the answer's ``_meta``)."""
+    result = initialize_result(bridge, params, conn.id)
+    conn.elicitation = offers_elicitation(params)
+    if meta_value(params, RESUMABLE_META, object) is True:
+        conn.resumable = True
+        result["_meta"]["acp-server"]["resumable"] = True
+    return result
+
+
+async def _session_delete(conn: AcpConnection, rpc_id: RpcId, params: dict[str, Any]) -> Any:
+    """Close the session (its prompts fail, its streams end) after the agent's own
+    ``session/delete`` when the agent offers it; an unknown session succeeds."""
+    sid = _session_id(params)
+    bridge = conn.bridge
+    try:
+        session = bridge.get_session(sid)
+    except SessionNotFoundError:
+        return {}
+    if bridge.agents.capability(session.agent_name, "sessionCapabilities", "delete") is not None:
+        await bridge.forward(sid, "session/delete", {"sessionId": sid})
+    with contextlib.suppress(SessionNotFoundError):
+        await bridge.close_session(sid, reason="deleted", closed_by=conn.id)
+    return {}
+
+
+async def _session_fork(conn: AcpConnection, rpc_id: RpcId, params: dict[str, Any]) -> Any:
+    """Unstable ACP ``session/fork``: our branch (behind the session's FIFO)."""
+    sid = _session_id(params)
+    conn.bridge.check_workspace(_cwd(params))
+    info = await conn.bridge.branch_session(sid)
+    conn.channel(info.session_id)
+    return {**info.agent_result, "sessionId": info.session_id}
+
+
+async def _logout(conn: AcpConnection, rpc_id: RpcId, params: dict[str, Any]) -> Any:
+    return {}
+
+
+async def _cancel_request(conn: AcpConnection, rpc_id: RpcId, params: dict[str, Any]) -> Any:
+    """``$/cancel_request {requestId}``: a running request of this connection is
+    cancelled (answered ``-32800``); a ``session/prompt`` has its turn cancelled."""
+    target = params.get("requestId")
+    if not isinstance(target, int | str) or isinstance(target, bool):
+        raise InvalidParamsError('Invalid params: "requestId" must be a string or an integer')
+    scope = conn.in_flight.get((type(target), target))
+    if scope is not None:
+        scope.cancel()
+    else:
+        any(channel.cancel_request(target) for channel in list(conn.channels.values()))
+    return {}
+
+
+V1_METHODS: dict[str, Handler] = {
+    "session/delete": _session_delete,
+    "session/fork": _session_fork,
+    "logout": _logout,
+    "$/cancel_request": _cancel_request,
+}
+
+
+def _other(method: str, is_request: bool) -> Handler:
+    """The handler of a method without one of its own: forwarded or passed through."""
+    async def handle(conn: AcpConnection, rpc_id: RpcId, params: dict[str, Any]) -> Any:
+        if method in FORWARDED:
+            return await _forward(conn, method, params)
+        return await pass_through(conn, method, params, is_request)
+
+    return handle
+
+
+async def _run(conn: AcpConnection, rpc_id: RpcId, is_request: bool, handler: Handler,
+               params: dict[str, Any]) -> Any:
+    """Run a handler; a request's under a cancel scope that ``$/cancel_request`` finds
+    (``RequestCancelledError`` when it was cancelled)."""
+    if not is_request:
+        return await handler(conn, rpc_id, params)
+    key = (type(rpc_id), rpc_id)
+    with anyio.CancelScope() as scope:
+        conn.in_flight[key] = scope
+        try:
+            return await handler(conn, rpc_id, params)
+        finally:
+            if conn.in_flight.get(key) is scope:
+                del conn.in_flight[key]
+    raise RequestCancelledError()
+
+
 def _reply_target(conn: AcpConnection, method: str,
                   params: dict[str, Any]) -> AcpConnection | SessionChannel:
     if method not in SESSION_SCOPED:
@@ -251,24 +409,16 @@ async def dispatch(conn: AcpConnection, msg: Message, params: dict[str, Any]) ->
     rpc_id: RpcId = None if msg.id is UNSET else msg.id
     is_request = msg.id is not UNSET
     target = _reply_target(conn, method, params)
-    handler = METHODS.get(method)
+    handler = METHODS.get(method) or V1_METHODS.get(method) or _other(method, is_request)
     try:
-        if handler is not None:
-            result = await handler(conn, rpc_id, params)
-        elif method in FORWARDED:
-            result = await _forward(conn, method, params)
-        else:
-            if is_request:
-                target.push(encode_error(rpc_id, METHOD_NOT_FOUND, f"Unknown method: {method}",
-                                         {"method": method}))
-            return
+        result = await _run(conn, rpc_id, is_request, handler, params)
     except Exception as exc:
         if not isinstance(exc, BridgeError):
             log.exception("acp %s failed", method)
         if is_request:
             target.push(encode_bridge_error(rpc_id, exc))
         return
-    closing = method == "session/close" and isinstance(target, SessionChannel)
+    closing = method in CLOSING and isinstance(target, SessionChannel)
     if closing:
         target.drain_now()   # the turn's last events and prompt replies come first
     if is_request and result is not DEFERRED:
@@ -286,6 +436,9 @@ def answer_agent_request(conn: AcpConnection, msg: Message) -> None:
         return
     session_id = conn.pending_requests.pop(request_id, None)
     if session_id is None:
+        return
+    if conn.bridge.elicitations.is_pending(request_id):
+        answer_elicitation(conn, msg, session_id)
         return
     outcome: dict[str, Any] = {"outcome": "cancelled"}
     if msg.error is UNSET:

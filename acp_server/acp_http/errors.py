@@ -31,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from acp_server.store.errors import StoreUnavailableError
 from bridge.errors import (
     AgentDiedError,
     AgentError,
@@ -44,8 +45,8 @@ from bridge.errors import (
     SessionLimitExceededError,
     SubscriberLimitExceededError,
 )
-from acp_server.store.errors import StoreUnavailableError
-from bridge.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, encode_error
+from bridge.jsonrpc import (INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND, REQUEST_CANCELLED,
+                            encode_error)
 
 RpcId = int | str | None
 
@@ -76,6 +77,41 @@ class InvalidParamsError(BridgeError):
     rpc_code = INVALID_PARAMS
 
 
+class MethodNotFoundError(BridgeError):
+    """Neither ours nor advertised by the session's agent (-32601, ``data: {method}``)."""
+
+    code = "method_not_found"
+    rpc_code = METHOD_NOT_FOUND
+
+    def __init__(self, method: str) -> None:
+        super().__init__(f"Unknown method: {method}")
+        self.method = method
+
+
+class RequestCancelledError(BridgeError):
+    """The request was cancelled by ``$/cancel_request`` (-32800)."""
+
+    code = "request_cancelled"
+    rpc_code = REQUEST_CANCELLED
+
+    def __init__(self) -> None:
+        super().__init__("Request cancelled")
+
+
+class PromptFailedError(BridgeError):
+    """A prompt sent again under its id had failed: its terminal's error code."""
+
+    code = "prompt_failed"
+
+    def __init__(self, prompt_id: str, error_code: str) -> None:
+        super().__init__(f'Prompt "{prompt_id}" failed ({error_code})')
+        self.prompt_id = prompt_id
+        self.error_code = error_code
+
+    def details(self) -> dict[str, Any]:
+        return {"promptId": self.prompt_id, "errorCode": self.error_code}
+
+
 PROMPT_REQUIRED = 'Invalid params: "prompt" must be a non-empty array of content blocks'
 RpcError = tuple[int, str, dict[str, Any] | None]
 
@@ -99,6 +135,7 @@ DATA: dict[type[BridgeError], Callable[[Any], dict[str, Any]]] = {
     SessionClosedError: _kind,
     PromptDeadlineExceededError: _kind,
     AgentDiedError: _kind,
+    PromptFailedError: _kind,
 }
 # Answers that follow neither rule, by exact class.
 ANSWERS: dict[type[BridgeError], Callable[[Any], RpcError]] = {
@@ -106,6 +143,8 @@ ANSWERS: dict[type[BridgeError], Callable[[Any], RpcError]] = {
     AgentNotFoundError: lambda exc: (INVALID_PARAMS, str(exc),
                                      {"errorKind": exc.code, "available": exc.available}),
     InvalidPromptError: lambda exc: (INVALID_PARAMS, PROMPT_REQUIRED, None),
+    MethodNotFoundError: lambda exc: (METHOD_NOT_FOUND, str(exc), {"method": exc.method}),
+    RequestCancelledError: lambda exc: (REQUEST_CANCELLED, str(exc), None),
 }
 
 

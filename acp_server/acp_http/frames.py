@@ -15,6 +15,9 @@ Contracts:
 * A permission request becomes the agent-to-client request
   ``session/request_permission`` whose JSON-RPC id is the bridge's ``requestId``
   (a string), with ``_meta.qwen.requestId`` as the peer sends it.
+* ``with_event_meta`` (for a connection that asked for it at ``initialize``, see
+  ``dispatch``) adds ``params._meta["acp-server/event"] = {"id": N, "epoch": E}`` to a
+  bus event's frame; every other member is written through as it was.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from bridge.events import Event
 from bridge.jsonrpc import encode_notification, encode_request
 
 QWEN_NOTIFY = "_qwen/notify"
+EVENT_META = "acp-server/event"   # params._meta key: {sessionId, id: bus event id, epoch}
 HEARTBEAT_COMMENT = b"hb"
 
 
@@ -70,3 +74,20 @@ def permission_frame(event: Event) -> tuple[str, Frame] | None:
     params["_meta"] = meta
     return request_id, Frame(event.id, encode_request(request_id, "session/request_permission",
                                                       params))
+
+
+_members = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_encoder = msgspec.json.Encoder()
+
+
+def with_event_meta(frame: Frame, session_id: str, epoch: str) -> Frame:
+    """``frame`` (a bus event's request or notification) with its event id and epoch
+    in ``params._meta`` (a ``_meta`` that is not an object is replaced)."""
+    message = _members.decode(frame.payload)
+    params = _members.decode(message["params"]) if "params" in message else {}
+    meta: Any = msgspec.json.decode(params["_meta"]) if "_meta" in params else None
+    meta = meta if isinstance(meta, dict) else {}
+    meta[EVENT_META] = {"sessionId": session_id, "id": frame.event_id, "epoch": epoch}
+    params["_meta"] = msgspec.Raw(_encoder.encode(meta))
+    message["params"] = msgspec.Raw(_encoder.encode(params))
+    return Frame(frame.event_id, _encoder.encode(message))

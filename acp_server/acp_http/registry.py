@@ -16,7 +16,11 @@ Contracts:
   at the start of every ``/acp`` request, and a stream whose client disconnected
   runs it once more ``grace_s`` later, so reaping does not depend on traffic.
 * Closing cancels the permission requests the connection was sent only on sessions
-  that no other live connection serves.
+  that no other live connection serves. A ``resumable`` connection that is lost
+  (its socket dropped, or it was reaped), not closed by DELETE or shutdown, leaves
+  them pending for ``resume_grace_s`` (default 600 s), so that its client can
+  reconnect and answer them; a sweep after that cancels those whose session no
+  live connection serves by then.
 
 One registry per server, built by the composition (``acp_server.server``) from the
 ``AcpConfig``; ``clock=`` takes any ``Clock`` (``now()`` and ``sleep()``), e.g. one a
@@ -33,9 +37,11 @@ import anyio
 
 from acp_server.acp_http.connection import AcpConnection
 from bridge import Bridge
+from bridge.errors import BridgeError
 
 DEFAULT_MAX_CONNECTIONS = 64
 DEFAULT_GRACE_S = 10.0
+DEFAULT_RESUME_GRACE_S = 600.0
 
 
 class Clock(Protocol):
@@ -65,11 +71,15 @@ class ConnectionCapError(Exception):
 
 class ConnectionRegistry:
     def __init__(self, bridge: Bridge, *, max_connections: int = DEFAULT_MAX_CONNECTIONS,
-                 grace_s: float = DEFAULT_GRACE_S, clock: Clock = MONOTONIC) -> None:
+                 grace_s: float = DEFAULT_GRACE_S, clock: Clock = MONOTONIC,
+                 resume_grace_s: float = DEFAULT_RESUME_GRACE_S) -> None:
         self.bridge = bridge
         self.clock = clock
         self.max_connections = max_connections
         self.grace_s = grace_s
+        self.resume_grace_s = resume_grace_s
+        # Permission requests of lost resumable connections: (deadline, request, session).
+        self.lingering: list[tuple[float, str, str]] = []
         self.connections: dict[str, AcpConnection] = {}
         self.reaped = 0
         self._shutdown = anyio.Event()
@@ -87,9 +97,17 @@ class ConnectionRegistry:
     def get(self, connection_id: str) -> AcpConnection | None:
         return self.connections.get(connection_id)
 
-    def close(self, conn: AcpConnection) -> None:
+    def close(self, conn: AcpConnection, *, lost: bool = False) -> None:
+        """``lost``: the transport went away (not DELETE): a resumable connection's
+        permission requests linger (see the module contracts)."""
         if self.connections.get(conn.id) is conn:
             del self.connections[conn.id]
+        if lost and conn.resumable and not conn.closed:
+            deadline = self.clock.now() + self.resume_grace_s
+            self.lingering.extend((deadline, request_id, session_id)
+                                  for request_id, session_id in conn.pending_requests.items())
+            conn.close(cancel_permissions=lambda sid: False)
+            return
         conn.close(cancel_permissions=lambda sid: not self.served_elsewhere(sid, conn))
 
     def served_elsewhere(self, session_id: str, conn: AcpConnection) -> bool:
@@ -102,26 +120,48 @@ class ConnectionRegistry:
         self._shutdown.set()
         for conn in list(self.connections.values()):
             self.close(conn)
+        self.lingering.clear()   # the sessions close next, and their permissions with them
 
     async def sweep_after_grace(self) -> None:
-        """Wait out the grace period (or shutdown), then sweep."""
-        async with anyio.create_task_group() as tg:
-            async def end_on_shutdown() -> None:
-                await self._shutdown.wait()
-                tg.cancel_scope.cancel()
+        """Wait out the grace period (or shutdown), then sweep; then, while permission
+        requests linger, sweep again at the earliest of their deadlines."""
+        delay = self.grace_s
+        while not self._shutdown.is_set():
+            async with anyio.create_task_group() as tg:
+                async def end_on_shutdown() -> None:
+                    await self._shutdown.wait()
+                    tg.cancel_scope.cancel()
 
-            tg.start_soon(end_on_shutdown)
-            await self.clock.sleep(self.grace_s)
-            tg.cancel_scope.cancel()
-        self.sweep()
+                tg.start_soon(end_on_shutdown)
+                await self.clock.sleep(delay)
+                tg.cancel_scope.cancel()
+            self.sweep()
+            if not self.lingering:
+                return
+            delay = max(0.0, min(d for d, _r, _s in self.lingering) - self.clock.now())
 
     def sweep(self) -> list[str]:
-        """Reap every connection whose streams have been gone for the grace period."""
+        """Reap every connection whose streams have been gone for the grace period;
+        cancel the lingering permission requests past their deadline."""
         now = self.clock.now()
         expired = [c for c in self.connections.values()
                    if c.streams_gone_at is not None and now - c.streams_gone_at >= self.grace_s]
         for conn in expired:
-            self.close(conn)
+            self.close(conn, lost=True)
         self.reaped += len(expired)
+        if self.lingering:
+            self._cancel_lingering(now)
         return [c.id for c in expired]
+
+    def _cancel_lingering(self, now: float) -> None:
+        due = [entry for entry in self.lingering if entry[0] <= now]
+        self.lingering = [entry for entry in self.lingering if entry[0] > now]
+        for _deadline, request_id, session_id in due:
+            if any(session_id in c.channels for c in self.connections.values()):
+                continue   # a live connection serves the session: it was re-sent there
+            try:
+                self.bridge.respond_to_permission(request_id, {"outcome": "cancelled"},
+                                                  session_id=session_id)
+            except BridgeError:
+                pass   # answered meanwhile, or the session is gone
 

@@ -44,7 +44,7 @@ from acp_server.acp_http.dispatch import (
     answer_agent_request,
     dispatch,
     encode_bridge_error,
-    initialize_result,
+    initialize_connection,
     request_params,
 )
 from acp_server.acp_http.config import AcpConfig
@@ -185,7 +185,7 @@ def _initialize(request: Request, registry: ConnectionRegistry, msg: Message,
         conn = registry.create()
     except ConnectionCapError as exc:
         return _rpc_error(503, rpc_id, INTERNAL_ERROR, str(exc), {"Retry-After": "5"})
-    result = initialize_result(registry.bridge, params, conn.id)
+    result = initialize_connection(registry.bridge, conn, params)
     return _json(200, encode_result(rpc_id, result), {"Acp-Connection-Id": conn.id})
 
 

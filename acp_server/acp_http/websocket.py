@@ -38,7 +38,7 @@ from acp_server.acp_http.dispatch import (
     InvalidParamsError,
     answer_agent_request,
     dispatch,
-    initialize_result,
+    initialize_connection,
     request_params,
 )
 from acp_server.acp_http.registry import ConnectionCapError, ConnectionRegistry
@@ -65,7 +65,7 @@ INITIALIZE_TIMEOUT_S = 30.0
 BEARER_PROTOCOL = "qwen-bearer."
 # Methods handled inline, in arrival order (they never wait on the agent for long);
 # the others run concurrently so that a slow session/new does not hold the socket.
-INLINE_METHODS = frozenset({"session/prompt", "session/cancel"})
+INLINE_METHODS = frozenset({"session/prompt", "session/cancel", "$/cancel_request"})
 
 
 # -- handshake checks -----------------------------------------------------------------------
@@ -142,13 +142,15 @@ async def acp_websocket(ws: WebSocket, *, registry: ConnectionRegistry,
     finally:
         conn.on_channel = None
         conn.stream_closed()
-        registry.close(conn)
+        registry.close(conn, lost=True)
         if ws.client_state == WebSocketState.CONNECTED:
             with anyio.CancelScope(shield=True):
                 try:
                     await ws.close()
                 except (RuntimeError, OSError):
                     pass
+    if conn.resumable and registry.lingering:
+        await registry.sweep_after_grace()   # its permission requests wait for it, bounded
 
 
 async def _handshake(ws: WebSocket, socket: _Socket, connection_id: str,
@@ -178,7 +180,7 @@ async def _handshake(ws: WebSocket, socket: _Socket, connection_id: str,
         await socket.send(encode_error(msg.id, INTERNAL_ERROR, str(exc)))
         await ws.close(code=1013, reason="too many connections")
         return None
-    result = initialize_result(registry.bridge, params, conn.id)
+    result = initialize_connection(registry.bridge, conn, params)
     await socket.send(encode_result(msg.id, result))
     return conn
 

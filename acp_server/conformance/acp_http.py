@@ -332,5 +332,85 @@ async def check_queue_full(ctx: Context) -> None:
                                       f"(id 2) on /acp answered {reply}")
 
 
+# -- ACP v1.21 methods -------------------------------------------------------------------
+async def _reply(ctx: Context, streams: tuple[Stream, ...], rpc_id: Any) -> dict[str, Any]:
+    """The reply to ``rpc_id`` on whichever of ``streams`` carries it (servers differ on
+    the stream of session-scoped replies)."""
+    found: list[dict[str, Any]] = []
+    with anyio.fail_after(ctx.options.settle_timeout_s):
+        async with anyio.create_task_group() as tg:
+            async def watch(stream: Stream) -> None:
+                found.append((await stream.wait_for(stream.rpc_reply(rpc_id))).data)
+                tg.cancel_scope.cancel()
+
+            for stream in streams:
+                tg.start_soon(watch, stream)
+    return found[0]
+
+
+async def check_v1_methods(ctx: Context) -> None:
+    ids = ("acp-http.v1.logout", "acp-http.v1.unknown-method", "acp-http.v1.session-fork",
+           "acp-http.v1.session-delete")
+    async with ctx.checking(*ids):
+        conn, init = await initialize(ctx)
+        caps = (init.json().get("result") or {}).get("agentCapabilities") or {}
+        session_caps = caps.get("sessionCapabilities") or {}
+        async with open_stream(ctx, conn) as connection:
+            await accepted(ctx, conn, rpc(1, "logout", {}))
+            reply = await _reply(ctx, (connection,), 1)
+            offered = (caps.get("auth") or {}).get("logout") is not None
+            ctx.expect(ids[0], reply.get("result") == {} or (
+                not offered and (reply.get("error") or {}).get("code") == -32601),
+                f"logout answered {reply}")
+            sid = await new_session(ctx, conn, connection, 2)
+            async with open_stream(ctx, conn, sid) as session:
+                both = (connection, session)
+                await accepted(ctx, conn, rpc(3, "_conformance/unadvertised", {"sessionId": sid}))
+                reply = await _reply(ctx, both, 3)
+                ctx.expect(ids[1], (reply.get("error") or {}).get("code") == -32601,
+                           f"an unadvertised extension request answered {reply}")
+                if session_caps.get("fork") is None:
+                    ctx.skipped(ids[2], "sessionCapabilities.fork is not advertised")
+                else:
+                    await accepted(ctx, conn, rpc(4, "session/fork", {
+                        "sessionId": sid, "cwd": cwd(ctx), "mcpServers": []}), sid)
+                    reply = await _reply(ctx, both, 4)
+                    forked = (reply.get("result") or {}).get("sessionId")
+                    if isinstance(forked, str):
+                        close_later(ctx, forked, conn)
+                    ctx.expect(ids[2], isinstance(forked, str) and forked != sid,
+                               f"session/fork answered {reply}")
+                if session_caps.get("delete") is None:
+                    raise Skip("sessionCapabilities.delete is not advertised")
+                await accepted(ctx, conn, rpc(5, "session/delete", {"sessionId": sid}), sid)
+                deleted = await _reply(ctx, both, 5)
+            await accepted(ctx, conn, rpc(6, "session/list", {}))
+            listed = await _reply(ctx, (connection,), 6)
+            left = [s.get("sessionId") for s in (listed.get("result") or {}).get("sessions", [])]
+            ctx.expect(ids[3], deleted.get("result") == {} and sid not in left,
+                       f"session/delete answered {deleted}; session/list then listed {left}")
+
+
+async def check_cancel_request(ctx: Context) -> None:
+    check = "acp-http.v1.cancel-request"
+    async with ctx.checking(check):
+        if ctx.hold_prompt is None:
+            raise Skip("no prompt known to stay pending (--hold-prompt)")
+        conn, _ = await initialize(ctx)
+        async with open_stream(ctx, conn) as connection:
+            sid = await new_session(ctx, conn, connection, 1)
+            async with open_stream(ctx, conn, sid) as session:
+                await accepted(ctx, conn, rpc("held", "session/prompt", {
+                    "sessionId": sid, "prompt": text(ctx.hold_prompt)}), sid)
+                await session.wait_for(_is_update(sid))       # the turn has started
+                await accepted(ctx, conn, rpc(None, "$/cancel_request", {"requestId": "held"}),
+                               sid)
+                reply = await _reply(ctx, (connection, session), "held")
+                ok = (reply.get("result") or {}).get("stopReason") == "cancelled" \
+                    or (reply.get("error") or {}).get("code") == -32800
+                ctx.expect(check, ok, f"the held session/prompt, cancelled by "
+                                      f"$/cancel_request, answered {reply}")
+
+
 SCENARIOS = (check_flow, check_statuses, check_delete, check_websocket, check_load,
-             check_queue_full)
+             check_queue_full, check_v1_methods, check_cancel_request)

@@ -33,6 +33,7 @@ class Check:
 
 _SEED = "seed prompt-queue-backpressure"
 _RFD = "ACP RFD Streamable HTTP (acp.md §2.2)"
+_V1 = "ACP v1 schema 1.21 (acp.md §1.2)"
 
 _ALL = [
     # backpressure (REST)
@@ -91,6 +92,19 @@ _ALL = [
           "acp.md §1.2 session/load + RFD flow: the history is replayed as session/update before the answer"),
     Check("acp-http.prompt-queue-full", "MUST",
           f"{_SEED}, ACP HTTP: -32603 with data {{errorKind: 'prompt_queue_full', sessionId, limit, pendingCount}}"),
+    Check("acp-http.v1.session-delete", "MUST",
+          f"{_V1}: session/delete answers {{}} and the session leaves session/list (when "
+          "sessionCapabilities.delete is advertised)"),
+    Check("acp-http.v1.cancel-request", "SHOULD",
+          f"{_V1}, cancellation: $/cancel_request of a running session/prompt ends it "
+          "(the answer MUST come: stopReason cancelled, or -32800)"),
+    Check("acp-http.v1.logout", "SHOULD",
+          f"{_V1}: logout answers {{}} (-32601 only when auth.logout is not advertised)"),
+    Check("acp-http.v1.session-fork", "SHOULD",
+          f"{_V1} unstable: session/fork answers a new sessionId (when "
+          "sessionCapabilities.fork is advertised)"),
+    Check("acp-http.v1.unknown-method", "SHOULD",
+          f"{_V1}, extensibility: an unrecognised request is answered -32601 (Method not found)"),
     # lmsp
     Check("lmsp.create.shape", "MUST",
           "LMSP §7.1: POST /tasks -> 202 with the task object (id, object, type, status, ..., response, error)"),

@@ -179,6 +179,9 @@ class StdioAgentConnection:
             "fs/read_text_file": client.read_text_file,
             "fs/write_text_file": client.write_text_file,
         }
+        elicit = getattr(client, "create_elicitation", None)
+        if elicit is not None:
+            self._handlers["elicitation/create"] = elicit
 
     def start(self, task_group: anyio.abc.TaskGroup) -> None:
         """Start the stdout reader and the stderr logger in ``task_group``."""
@@ -391,6 +394,9 @@ class StdioAgentConnection:
             logger.warning("%s response to unknown request id %r", self._prefix, msg.id)
 
     def _on_notification(self, msg: Message) -> None:
+        if msg.method == "elicitation/complete":
+            self._elicitation_complete(msg)
+            return
         if msg.method != "session/update":
             logger.info("%s ignoring notification %s", self._prefix, msg.method)
             return
@@ -406,6 +412,13 @@ class StdioAgentConnection:
             self._client.session_update(session_id, msg.params)
         except Exception:
             logger.exception("%s AgentClient.session_update failed", self._prefix)
+
+    def _elicitation_complete(self, msg: Message) -> None:
+        params = decode_value(msg.params) if msg.params is not UNSET else None
+        complete = getattr(self._client, "complete_elicitation", None)
+        sid = params.get("sessionId") if isinstance(params, dict) else None
+        if complete is not None and isinstance(params, dict):
+            complete(sid if isinstance(sid, str) else None, params)
 
     async def _serve_agent_request(self, msg: Message) -> None:
         scope = anyio.CancelScope()

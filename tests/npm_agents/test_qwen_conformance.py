@@ -36,6 +36,9 @@ NOT_PASSING = {
     "backpressure.failure.no-poison": "skip",    # no prompt that fails quickly
     "acp-http.status.409": "fail",               # a second reader is accepted (200)
     "acp-http.load.history-first": "fail",       # a live session is attached, no replay
+    "acp-http.v1.session-delete": "skip",        # sessionCapabilities.delete not advertised
+    "acp-http.v1.session-fork": "skip",          # sessionCapabilities.fork not advertised
+    "acp-http.v1.cancel-request": "fail",        # the held turn runs to its end
 }
 EXPECTED = {check.id: NOT_PASSING.get(check.id, "pass")
             for suite in ("backpressure", "acp-http") for check in checks_of(suite)}

@@ -22,7 +22,8 @@ import { renderMarkdown } from "./markdown.js";
 const CHUNKS = { user_message_chunk: "user", agent_message_chunk: "agent", agent_thought_chunk: "thought" };
 const LABELS = { user: "You", agent: "Agent", thought: "Thinking" };
 const TURN_EVENTS = new Set(["pending_prompt_added", "pending_prompt_started", "session_update",
-  "prompt_cancelled", "turn_complete", "turn_error", "permission_request", "permission_resolved"]);
+  "prompt_cancelled", "turn_complete", "turn_error", "permission_request", "permission_resolved",
+  "elicitation_request", "elicitation_resolved"]);
 
 function contentText(content) {
   if (!content) return "";
@@ -146,6 +147,10 @@ export class Transcript {
         turn.note(`permission ${o.outcome === "selected" ? o.optionId : o.outcome || "resolved"}`);
         break;
       }
+      case "elicitation_request":
+        turn.note(`input asked: ${data.message || data.requestId}`); break;
+      case "elicitation_resolved":
+        turn.note(`input ${data.action || "resolved"}${data.reason ? ` (${data.reason})` : ""}`); break;
       default: break;
     }
     this.scroll();

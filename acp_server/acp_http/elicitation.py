@@ -1,0 +1,72 @@
+"""``elicitation/create`` and ``elicitation/complete`` on ``/acp``: the bridge's
+mediated elicitations (``bridge.elicitation``) as agent-to-client traffic.
+
+    frames = elicitation_frames(conn, channel, event)   # [] when not for this client
+    answer_elicitation(conn, msg, session_id)            # the client's JSON-RPC response
+
+Contracts:
+
+* An ``elicitation_request`` becomes the request ``elicitation/create`` whose JSON-RPC
+  id is the bridge's ``requestId`` (params as the agent sent them, ``sessionId``
+  included), only while it is pending and only to a connection whose
+  ``initialize`` offered ``clientCapabilities.elicitation``; for others it is a
+  ``_qwen/notify`` like any event. An ``elicitation_complete`` becomes the
+  notification ``elicitation/complete``.
+* The first answer wins (the bridge's rule). A result is the answer as sent; an
+  error answer counts as ``{"action": "cancel"}``; an answer the bridge refuses
+  (no ``action``) leaves the request pending for another answer.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from acp_server.acp_http import frames as fr
+from acp_server.acp_http.frames import Frame
+from bridge import events as ev
+from bridge.errors import BridgeError
+from bridge.events import Event
+from bridge.jsonrpc import UNSET, Message, decode_value, encode_notification, encode_request
+
+if TYPE_CHECKING:
+    from acp_server.acp_http.connection import AcpConnection, SessionChannel
+
+log = logging.getLogger("acp_server.acp_http")
+
+KINDS = frozenset({ev.ELICITATION_REQUEST, ev.ELICITATION_COMPLETE})
+
+
+def offers_elicitation(params: dict[str, Any]) -> bool:
+    """Does an ``initialize`` offer ``clientCapabilities.elicitation``?"""
+    caps = params.get("clientCapabilities")
+    value = caps.get("elicitation") if isinstance(caps, dict) else None
+    return value is not None and value is not False
+
+
+def elicitation_frames(conn: AcpConnection, channel: SessionChannel, event: Event) -> list[Frame]:
+    data = event.data
+    if not conn.elicitation or not isinstance(data, dict):
+        return [fr.notify_frame(event)]
+    if event.type == ev.ELICITATION_COMPLETE:
+        return [Frame(event.id, encode_notification("elicitation/complete", data))]
+    request_id = data.get("requestId")
+    if not isinstance(request_id, str) or not conn.bridge.elicitations.is_pending(request_id):
+        return [fr.notify_frame(event)]   # answered meanwhile: history, not a question
+    conn.expect_answer(request_id, channel.session_id)
+    params = {k: v for k, v in data.items() if k != "requestId"}
+    return [Frame(event.id, encode_request(request_id, "elicitation/create", params))]
+
+
+def answer_elicitation(conn: AcpConnection, msg: Message, session_id: str) -> None:
+    request_id = msg.id
+    assert isinstance(request_id, str)
+    answer: Any = {"action": "cancel"}
+    if msg.error is UNSET:
+        answer = decode_value(msg.result)
+    try:
+        conn.bridge.respond_to_elicitation(request_id, answer, session_id=session_id)
+    except BridgeError as exc:
+        if conn.bridge.elicitations.is_pending(request_id):
+            conn.expect_answer(request_id, session_id)   # may be answered again
+        log.info("acp %s: elicitation answer for %s refused: %s", conn.id, request_id, exc)

@@ -1,0 +1,93 @@
+"""``acp-server connect``: the command line of the stdio adapter.
+
+    $ acp-server connect http://127.0.0.1:4170/acp --agent claude --give-up-after 10m
+
+Contracts: the URL is the server's ``/acp`` endpoint (a bare ``http://host:port`` gets
+``/acp`` appended). ``--token`` defaults to ``$ACP_SERVER_TOKEN``; it is never
+printed. Exit status: 0 when the editor closed stdin, 1 after giving up on the
+server, 2 on bad usage. stdout carries only protocol; diagnostics go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import sys
+from collections.abc import Sequence
+from urllib.parse import urlsplit
+
+import anyio
+
+from acp_server.connect.link import Target
+from acp_server.connect.relay import Relay
+from acp_server.connect.stdio import EditorWriter, LineReader, stdin_reader, stdout_writer
+
+TOKEN_ENV = "ACP_SERVER_TOKEN"
+DEFAULT_MAX_LINE = 32 << 20
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+def duration(text: str) -> float:
+    """``500ms``, ``30s``, ``10m``, ``1h`` or plain seconds."""
+    match = _DURATION.match(text)
+    if match is None:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 30s, 10m, 1h)")
+    return float(match[1]) * _UNITS[match[2]]
+
+
+def endpoint(text: str) -> str:
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise argparse.ArgumentTypeError(f"not an http(s) URL: {text!r}")
+    return text if parts.path not in ("", "/") else text.rstrip("/") + "/acp"
+
+
+def add_connect_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("url", type=endpoint,
+                        help="the server's /acp endpoint, e.g. http://127.0.0.1:4170/acp")
+    parser.add_argument("--token", default=None, help=f"bearer token (default ${TOKEN_ENV})")
+    parser.add_argument("--agent", default=None, metavar="NAME",
+                        help="the server's agent profile for the sessions this creates")
+    parser.add_argument("--give-up-after", type=duration, default=600.0, metavar="DURATION",
+                        help="fail pending requests and exit 1 when the server stays "
+                             "unreachable this long (default 10m)")
+    parser.add_argument("--transport", choices=("auto", "websocket", "http", "http1"),
+                        default="auto",
+                        help="auto: WebSocket, else Streamable HTTP; http: Streamable HTTP "
+                             "(HTTP/2 when the server speaks it); http1: HTTP/1.1 only "
+                             "(default %(default)s)")
+    parser.add_argument("--max-line-bytes", type=int, default=DEFAULT_MAX_LINE,
+                        metavar="BYTES", help="largest message either way (default 32 MiB)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="log every reconnect attempt on stderr")
+    return parser
+
+
+def run_connect_args(args: argparse.Namespace) -> int:
+    logging.basicConfig(stream=sys.stderr, format="acp-server connect: %(message)s",
+                        level=logging.INFO if args.verbose else logging.WARNING)
+    for noisy in ("httpx", "httpcore", "httpx_ws"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    token = args.token if args.token is not None else os.environ.get(TOKEN_ENV) or None
+    target = Target(args.url, token, args.transport, args.max_line_bytes)
+    return anyio.run(_main, target, args.agent, args.give_up_after, backend="asyncio")
+
+
+async def _main(target: Target, agent: str | None, give_up_after_s: float) -> int:
+    async with EditorWriter(stdout_writer()) as out:
+        relay = Relay(target, out=out, agent=agent, give_up_after_s=give_up_after_s)
+        return await relay.run(LineReader(stdin_reader(), max_bytes=target.max_bytes))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = add_connect_arguments(argparse.ArgumentParser(
+        prog="acp-server connect",
+        description="Run as an ACP agent on stdio and relay to an acp-server's /acp."))
+    return run_connect_args(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,388 @@
+"""The server's side of the adapter: one ``/acp`` connection, over WebSocket or over
+Streamable HTTP (HTTP/2 where the server speaks it, else HTTP/1.1).
+
+    async with open_link(target, initialize_payload) as (link, answer):
+        await link.send(payload, session_id=sid)     # LinkLost when the connection is gone
+        payload = await link.receive()               # the server's messages, in stream order
+        await link.watch_session(sid)                # HTTP: open the session's stream first
+
+Contracts:
+
+* ``open_link`` connects and sends ``initialize``; it yields the link and the raw
+  ``initialize`` answer. ``transport="auto"`` tries the WebSocket first and falls back
+  to Streamable HTTP when the upgrade is refused; a connection that cannot be made
+  at all is not retried over HTTP. It raises ``StartupError`` with a message that
+  names the cause: unreachable, refused credentials (401/403), or not an ACP
+  endpoint (an answer that is not JSON-RPC).
+* After that, any failure of the connection raises ``LinkLost`` from ``send`` or
+  ``receive``. HTTP: the connection stream ending, a stream failing, or a POST
+  answered 404/410/401/403 is a lost link; a POST answered 4xx with a JSON-RPC error
+  body hands that body to ``receive`` (as the server's answer); a 503 is retried
+  after its ``Retry-After`` (at most ``POST_RETRIES`` times).
+* Every message is bounded by ``max_bytes`` (WebSocket frames, SSE lines).
+* The token goes in ``Authorization`` only; nothing here logs headers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+from urllib.parse import urlsplit, urlunsplit
+
+import anyio
+import anyio.abc
+import httpx
+from httpx_ws import (
+    HTTPXWSException,
+    WebSocketDisconnect,
+    WebSocketInvalidTypeReceived,
+    WebSocketUpgradeError,
+    aconnect_ws,
+)
+
+log = logging.getLogger("acp_server.connect")
+
+CONNECT_TIMEOUT_S = 10.0
+INITIALIZE_TIMEOUT_S = 60.0     # the server starts its agent on the first initialize
+STREAM_READ_TIMEOUT_S = 45.0    # three SSE heartbeats (15 s each)
+PING_INTERVAL_S = 15.0          # WebSocket keep-alive: a dead peer is found within 30 s
+POST_RETRIES = 5
+INCOMING = 256
+
+
+class LinkLost(Exception):
+    """The connection to the server is gone (the message says why)."""
+
+
+class StartupError(Exception):
+    """``initialize`` could not reach an ACP server (the message names the cause;
+    ``kind``: ``server_unreachable``, ``unauthorized``, ``not_acp``,
+    ``initialize_refused``)."""
+
+    def __init__(self, message: str, *, kind: str = "server_unreachable") -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass(frozen=True)
+class Target:
+    url: str                      # http(s)://host:port/acp
+    token: str | None = None
+    transport: str = "auto"       # auto | websocket | http | http1 (HTTP/1.1 only)
+    max_bytes: int = 32 << 20
+
+    @property
+    def shown(self) -> str:
+        """The URL without credentials or query, for messages."""
+        parts = urlsplit(self.url)
+        host = parts.hostname or ""
+        netloc = f"[{host}]" if ":" in host else host
+        if parts.port:
+            netloc += f":{parts.port}"
+        return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
+
+class Link(Protocol):
+    transport: str
+
+    async def send(self, payload: bytes, *, session_id: str | None = None) -> None: ...
+
+    async def receive(self) -> bytes: ...
+
+    async def watch_session(self, session_id: str) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+def _timeout() -> httpx.Timeout:
+    return httpx.Timeout(INITIALIZE_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
+
+
+# -- WebSocket -----------------------------------------------------------------------------
+class WebSocketLink:
+    transport = "websocket"
+
+    def __init__(self, ws: Any) -> None:
+        self._ws = ws
+
+    async def send(self, payload: bytes, *, session_id: str | None = None) -> None:
+        try:
+            await self._ws.send_text(payload.decode())
+        except Exception as exc:   # wsproto's state errors included: the socket is done
+            raise LinkLost(f"WebSocket send failed: {_reason(exc)}") from None
+
+    async def receive(self) -> bytes:
+        while True:
+            try:
+                return (await self._ws.receive_text()).encode()
+            except WebSocketInvalidTypeReceived:
+                continue   # binary frames are ignored, as the server ignores them
+            except WebSocketDisconnect as exc:
+                raise LinkLost(f"the server closed the WebSocket ({exc.code})") from None
+            except Exception as exc:
+                raise LinkLost(f"WebSocket failed: {_reason(exc)}") from None
+
+    async def watch_session(self, session_id: str) -> None:
+        return None   # one socket carries every stream
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self._ws.close()
+
+
+@contextlib.asynccontextmanager
+async def _websocket(target: Target, init: bytes) -> AsyncIterator[tuple[Link, bytes]]:
+    parts = urlsplit(target.url)
+    ws_url = urlunsplit(("wss" if parts.scheme == "https" else "ws", *parts[1:]))
+    async with httpx.AsyncClient(headers=target.headers(), timeout=_timeout()) as client:
+        async with aconnect_ws(ws_url, client, max_message_size_bytes=target.max_bytes,
+                               keepalive_ping_interval_seconds=PING_INTERVAL_S,
+                               keepalive_ping_timeout_seconds=PING_INTERVAL_S) as ws:
+            link = WebSocketLink(ws)
+            await link.send(init)
+            with anyio.fail_after(INITIALIZE_TIMEOUT_S):
+                answer = await link.receive()
+            yield link, answer
+
+
+# -- Streamable HTTP -------------------------------------------------------------------------
+class HttpLink:
+    def __init__(self, client: httpx.AsyncClient, target: Target, connection_id: str,
+                 tg: anyio.abc.TaskGroup, http_version: str) -> None:
+        self._client = client
+        self._target = target
+        self._tg = tg
+        self.connection_id = connection_id
+        self.transport = f"streamable-http ({http_version})"
+        self._send, self._receive = anyio.create_memory_object_stream[bytes | LinkLost](INCOMING)
+        self._watched: set[str] = set()
+        self._post_lock = anyio.Lock()
+
+    def _headers(self, session_id: str | None = None) -> dict[str, str]:
+        headers = {"Acp-Connection-Id": self.connection_id}
+        if session_id is not None:
+            headers["Acp-Session-Id"] = session_id
+        return headers
+
+    async def open_connection_stream(self) -> None:
+        await self._tg.start(self._stream, None)
+
+    async def watch_session(self, session_id: str) -> None:
+        if session_id not in self._watched:
+            self._watched.add(session_id)
+            await self._tg.start(self._stream, session_id)
+
+    async def _stream(self, session_id: str | None, *,
+                      task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        headers = {**self._headers(session_id), "Accept": "text/event-stream"}
+        timeout = httpx.Timeout(STREAM_READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
+        lost: LinkLost | None = None
+        started = False
+        try:
+            async with self._client.stream("GET", self._target.url, headers=headers,
+                                           timeout=timeout) as response:
+                if response.status_code != 200:
+                    task_status.started()
+                    started = True
+                    if session_id is None or response.status_code in (401, 403, 404):
+                        lost = LinkLost(f"GET stream answered HTTP {response.status_code}")
+                    return
+                task_status.started()
+                started = True
+                async for data in sse_data(response, self._target.max_bytes):
+                    await self._send.send(data)
+            if session_id is None:
+                lost = LinkLost("the server ended the connection stream")
+        except (httpx.HTTPError, OSError, anyio.BrokenResourceError) as exc:
+            lost = LinkLost(f"stream failed: {_reason(exc)}")
+        finally:
+            if not started:
+                task_status.started()
+            if session_id is not None:
+                self._watched.discard(session_id)
+            if lost is not None:
+                with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    self._send.send_nowait(lost)
+
+    async def send(self, payload: bytes, *, session_id: str | None = None) -> None:
+        if session_id is not None:
+            await self.watch_session(session_id)
+        async with self._post_lock:   # one at a time: the order is the editor's
+            for _attempt in range(POST_RETRIES + 1):
+                try:
+                    response = await self._client.post(
+                        self._target.url, content=payload,
+                        headers={**self._headers(session_id), "Content-Type": "application/json"})
+                except (httpx.HTTPError, OSError) as exc:
+                    raise LinkLost(f"POST failed: {_reason(exc)}") from None
+                if response.status_code != 503:
+                    break
+                await anyio.sleep(_retry_after(response))
+        status = response.status_code
+        if status in (200, 202):
+            return
+        if status in (401, 403, 404, 410):
+            raise LinkLost(f"POST answered HTTP {status}")
+        body = response.content
+        if _is_jsonrpc(body):   # the server's own error answer to this message
+            await self._send.send(body)
+            return
+        raise LinkLost(f"POST answered HTTP {status}")
+
+    async def receive(self) -> bytes:
+        try:
+            item = await self._receive.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            raise LinkLost("the link was closed") from None
+        if isinstance(item, LinkLost):
+            raise item
+        return item
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception), anyio.move_on_after(2):
+            await self._client.request("DELETE", self._target.url, headers=self._headers())
+
+
+async def sse_data(response: httpx.Response, max_bytes: int) -> AsyncIterator[bytes]:
+    """The ``data`` of each SSE event (comments and ``id:`` lines skipped), every line
+    bounded by ``max_bytes`` (a longer one fails the stream)."""
+    buffer = bytearray()
+    data: list[bytes] = []
+    async for chunk in response.aiter_bytes():
+        buffer += chunk
+        while True:
+            end = buffer.find(b"\n")
+            if end < 0:
+                if len(buffer) > max_bytes:
+                    raise httpx.DecodingError(f"an SSE line over {max_bytes} bytes")
+                break
+            line = bytes(buffer[:end]).rstrip(b"\r")
+            del buffer[:end + 1]
+            if not line:
+                if data:
+                    yield b"\n".join(data)
+                    data = []
+            elif line.startswith(b"data:"):
+                value = line[5:]
+                data.append(value[1:] if value.startswith(b" ") else value)
+
+
+def _retry_after(response: httpx.Response) -> float:
+    try:
+        return min(30.0, max(0.1, float(response.headers.get("retry-after", "1"))))
+    except ValueError:
+        return 1.0
+
+
+def _is_jsonrpc(body: bytes) -> bool:
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return False
+    return isinstance(value, dict) and value.get("jsonrpc") == "2.0"
+
+
+async def _http_initialize(client: httpx.AsyncClient, target: Target,
+                           init: bytes) -> httpx.Response:
+    return await client.post(target.url, content=init,
+                             headers={"Content-Type": "application/json",
+                                      "Accept": "application/json"})
+
+
+@contextlib.asynccontextmanager
+async def _http(target: Target, init: bytes) -> AsyncIterator[tuple[Link, bytes]]:
+    versions = ["HTTP/1.1"] if target.transport == "http1" else ["HTTP/2", "HTTP/1.1"]
+    for version in versions:
+        h2 = version == "HTTP/2"
+        # cleartext HTTP/2 is tried with prior knowledge; over TLS ALPN decides
+        client = httpx.AsyncClient(headers=target.headers(), timeout=_timeout(), http2=h2,
+                                   http1=not h2 or target.url.startswith("https:"))
+        try:
+            response = await _http_initialize(client, target, init)
+        except httpx.ConnectError:
+            await client.aclose()
+            raise
+        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+            await client.aclose()
+            if h2:
+                log.debug("no cleartext HTTP/2 at %s (%s): HTTP/1.1", target.shown, exc)
+                continue
+            raise
+        break
+    try:
+        _check_answer(target, response)
+        connection_id = response.headers["acp-connection-id"]
+        async with anyio.create_task_group() as tg:
+            link = HttpLink(client, target, connection_id, tg, response.http_version)
+            try:
+                await link.open_connection_stream()
+                yield link, response.content
+            finally:
+                tg.cancel_scope.cancel()
+    finally:
+        with anyio.CancelScope(shield=True):
+            await client.aclose()
+
+
+def _check_answer(target: Target, response: httpx.Response) -> None:
+    status = response.status_code
+    if status in (401, 403):
+        raise StartupError(f"{target.shown} refused the credentials (HTTP {status}): "
+                           "check --token / $ACP_SERVER_TOKEN", kind="unauthorized")
+    if not _is_jsonrpc(response.content):
+        kind = response.headers.get("content-type", "no content type")
+        raise StartupError(f"{target.shown} is not an ACP endpoint (HTTP {status}, {kind})",
+                           kind="not_acp")
+    if status != 200 or "acp-connection-id" not in response.headers:
+        error = json.loads(response.content).get("error") or {}
+        raise StartupError(f"{target.shown} refused initialize (HTTP {status}): "
+                           f"{error.get('message', 'no connection id')}",
+                           kind="initialize_refused")
+
+
+# -- choosing ------------------------------------------------------------------------------
+@contextlib.asynccontextmanager
+async def open_link(target: Target, init: bytes) -> AsyncIterator[tuple[Link, bytes]]:
+    """Connect (see the module contracts) and yield ``(link, initialize answer)``."""
+    opened: contextlib.AbstractAsyncContextManager[tuple[Link, bytes]] | None = None
+    try:
+        if target.transport in ("auto", "websocket"):
+            try:
+                opened = _websocket(target, init)
+                pair = await opened.__aenter__()
+            except WebSocketUpgradeError as exc:
+                opened = None
+                if target.transport == "websocket":
+                    status = exc.response.status_code
+                    if status == 401:
+                        _check_answer(target, exc.response)
+                    raise StartupError(f"{target.shown} refused the WebSocket upgrade "
+                                       f"(HTTP {status}): a wrong token, or not an ACP "
+                                       "endpoint", kind="not_acp") from None
+        if opened is None:
+            opened = _http(target, init)
+            pair = await opened.__aenter__()
+    except (httpx.ConnectError, httpx.ConnectTimeout, OSError) as exc:
+        raise StartupError(f"{target.shown} is unreachable: {_reason(exc)}") from None
+    except (httpx.HTTPError, HTTPXWSException, LinkLost, TimeoutError) as exc:
+        raise StartupError(f"{target.shown} failed during initialize: {_reason(exc)}",
+                           kind="initialize_refused") from None
+    try:
+        yield pair
+    except BaseException as exc:
+        if not await opened.__aexit__(type(exc), exc, exc.__traceback__):
+            raise
+    else:
+        await opened.__aexit__(None, None, None)
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return text.splitlines()[0][:200]

@@ -1,0 +1,573 @@
+"""The relay between one editor (stdio) and one acp-server ``/acp``, across reconnects.
+
+    relay = Relay(Target(url, token), out=writer, agent="claude", give_up_after_s=600)
+    code = await relay.run(LineReader(stdin_reader(), max_bytes=32 << 20))
+
+Contracts:
+
+* **Pass-through.** Every editor message goes to the server and every server message
+  to the editor, known or not, members unknown to us kept as sent. Request ids are
+  rewritten on the way to the server (the adapter's own requests share that id
+  space) and back. The adapter adds to ``params._meta`` only: the prompt id of a
+  ``session/prompt``, the ``--agent`` of ``session/new`` / ``load`` / ``resume``, and
+  ``acp-server/resumable`` to ``initialize``; it removes the event marker the server
+  adds to each event (``acp_http.dispatch``).
+* **Start-up.** Nothing is connected before the editor's ``initialize``. If the server
+  cannot be reached, refuses the token or is not ACP, that ``initialize`` gets an
+  error naming the cause, one line goes to stderr, and the adapter keeps reading (a
+  later ``initialize`` tries again). Requests before ``initialize`` get ``-32600``.
+* **Reconnect.** A lost link is reconnected with capped exponential backoff and
+  jitter (``Backoff``); then ``initialize`` again, then every session the editor
+  uses is re-attached (``session/load``, or ``session/resume`` without
+  ``loadSession``) after the last event the editor saw (``state.Book.cursor``),
+  then the requests that were in flight are sent again when repeatable
+  (``state.REPEATABLE``; a prompt under its prompt id is admitted once by the
+  server) or fail with ``connection_lost``, then what the editor sent meanwhile, in
+  order. Events are forwarded at most once (``state.Session.seen``). A session the
+  server no longer has fails its pending requests with ``session_lost``.
+* **Giving up.** Down longer than ``give_up_after_s``: every pending request gets an
+  error naming the server and the last failure, and ``run`` returns 1.
+* **Bounds.** Messages waiting for the link: ``OUTBOX_BYTES`` (past it a request is
+  refused at once). Editor lines: the reader's cap (past it ``-32600``).
+* stdout carries only protocol (``EditorWriter``); diagnostics go to the
+  ``acp_server.connect`` logger (stderr); the token is never logged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import time
+import uuid
+from collections import deque
+from collections.abc import AsyncIterable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from acp_server.connect import wire
+from acp_server.connect.link import Link, LinkLost, StartupError, Target, open_link
+from acp_server.connect.state import REPEATABLE, Asked, Book, Call, key
+from acp_server.connect.stdio import EditorWriter, TooLong
+
+log = logging.getLogger("acp_server.connect")
+
+OUTBOX_BYTES = 64 << 20
+REATTACH_TIMEOUT_S = 120.0
+AGENT_META = "acp-server/agent"
+PROMPT_ID_META = "acp-server/promptId"
+RESUMABLE_META = "acp-server/resumable"
+CURSOR_META = "acp-server/lastEventId"
+EPOCH_META = "acp-server/eventEpoch"
+EVENTS_META = "acp-server/events"
+RESTORING = frozenset({"session/new", "session/load", "session/resume"})
+REGISTERS = frozenset({"session/new", "session/fork"})
+FORGETS = frozenset({"session/close", "session/delete"})
+# Requests of the server kept until it reports them resolved (``_qwen/notify``).
+RESOLVED_BY_EVENT = frozenset({"session/request_permission", "elicitation/create"})
+RESOLVED_KINDS = frozenset({"permission_resolved", "elicitation_resolved"})
+QWEN_NOTIFY = "_qwen/notify"
+
+
+class Clock:
+    """Monotonic seconds and sleeping in them (tests pass their own)."""
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        await anyio.sleep(seconds)
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """``first_s`` doubling up to ``cap_s``; each delay drawn in its upper half."""
+
+    first_s: float = 0.5
+    cap_s: float = 30.0
+
+    def delay(self, attempt: int, rng: Callable[[], float] = random.random) -> float:
+        ceiling = min(self.cap_s, self.first_s * 2 ** min(attempt, 30))
+        return ceiling / 2 + rng() * ceiling / 2
+
+
+@dataclass
+class Outgoing:
+    payload: bytes
+    session_id: str | None
+    call: Call | None = None
+    on_sent: Callable[[], None] | None = None
+
+
+class GaveUp(Exception):
+    pass
+
+
+class Relay:
+    def __init__(self, target: Target, *, out: EditorWriter, agent: str | None = None,
+                 give_up_after_s: float = 600.0, clock: Clock | None = None,
+                 backoff: Backoff = Backoff()) -> None:
+        self.target = target
+        self.out = out
+        self.agent = agent
+        self.give_up_after_s = give_up_after_s
+        self.clock = clock or Clock()
+        self.backoff = backoff
+        self.book = Book()
+        self.outbox: deque[Outgoing] = deque()
+        self.outbox_bytes = 0
+        self._wake = anyio.Event()
+        self.init_members: wire.Members | None = None   # the editor's initialize, ours added
+        self.server_init: dict[str, Any] | None = None
+        self.link: Link | None = None
+        self.exit_code = 0
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._connecting = anyio.Lock()
+
+    # -- the editor --------------------------------------------------------------------
+    async def run(self, lines: AsyncIterable[bytes | TooLong]) -> int:
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            async for item in lines:
+                await self.from_editor(item)
+            await self._quit()
+            tg.cancel_scope.cancel()
+        return self.exit_code
+
+    async def from_editor(self, item: bytes | TooLong) -> None:
+        if isinstance(item, TooLong):
+            await self.out.send(wire.error(None, wire.INVALID_REQUEST,
+                                           f"Message too large: {item.size} bytes (limit "
+                                           f"{self.target.max_bytes})"))
+            return
+        try:
+            msg = wire.parse(item)
+        except wire.ParseError as exc:
+            await self.out.send(wire.error(None, exc.code, str(exc)))
+            return
+        except wire.InvalidRequest as exc:
+            await self.out.send(wire.error(exc.id, exc.code, str(exc)))
+            return
+        if msg.is_response:
+            self._answer_server(msg)
+        elif msg.method == "initialize":
+            await self._initialize(msg)
+        elif self.server_init is None:
+            if msg.is_request:
+                await self.out.send(wire.error(msg.id, wire.INVALID_REQUEST,
+                                               "Not initialized: send initialize first"))
+        elif msg.method == "$/cancel_request":
+            await self._cancel_request(msg)
+        else:
+            await self._to_server(msg)
+
+    async def _to_server(self, msg: wire.Message) -> None:
+        params = msg.params()
+        sid = params.get("sessionId") if isinstance(params.get("sessionId"), str) else None
+        members = msg.members
+        method = msg.method or ""
+        if self.agent is not None and method in RESTORING:
+            members = wire.set_meta(members, AGENT_META, self.agent, replace=False)
+        if not msg.is_request:
+            self._enqueue(Outgoing(wire.encode(members) if members is not msg.members
+                                   else msg.raw, sid))
+            return
+        if method == "session/prompt":
+            members = wire.set_meta(members, PROMPT_ID_META, uuid.uuid4().hex, replace=False)
+        server_id = self.book.next_id()
+        call = self.book.add_call(msg.id, method, wire.with_id(members, server_id), sid,
+                                  server_id=server_id)
+        if method in RESTORING or method == "session/fork":
+            call.params = params
+        if method in ("session/load", "session/resume") and sid is not None:
+            self._register(sid, params)   # its replay may come before the answer
+        if self.outbox_bytes + len(call.payload) > OUTBOX_BYTES:
+            del self.book.calls[server_id]
+            await self.out.send(wire.error(msg.id, wire.INTERNAL_ERROR,
+                                           "acp-server connect: too much waiting for the "
+                                           "connection to the server; try again later",
+                                           {"errorKind": "queue_full"}))
+            return
+        self._enqueue(Outgoing(call.payload, sid, call))
+
+    def _register(self, sid: str, params: dict[str, Any]) -> None:
+        session = self.book.session(sid)
+        cwd = params.get("cwd")
+        session.cwd = cwd if isinstance(cwd, str) else session.cwd
+        servers = params.get("mcpServers")
+        session.mcp_servers = servers if isinstance(servers, list) else session.mcp_servers
+
+    def _answer_server(self, msg: wire.Message) -> None:
+        """The editor answers a request of the server (a permission, ...)."""
+        asked = self.book.asked.get(key(msg.id))
+        self.book.remember_answered(msg.id)
+        if asked is None:
+            self._enqueue(Outgoing(msg.raw, None))
+            return
+        asked.answer = msg.raw
+        if asked.method in RESOLVED_BY_EVENT:
+            self._enqueue(Outgoing(msg.raw, asked.session_id))
+            return
+
+        def delivered(request_key: Any = key(msg.id)) -> None:
+            self.book.asked.pop(request_key, None)
+
+        self._enqueue(Outgoing(msg.raw, asked.session_id, on_sent=delivered))
+
+    async def _cancel_request(self, msg: wire.Message) -> None:
+        target = msg.params().get("requestId")
+        call = next((c for c in self.book.calls.values()
+                     if not c.internal and c.editor_id == target
+                     and type(c.editor_id) is type(target)), None)
+        if call is None:
+            return
+        if not call.sent:   # still here: it never reaches the server
+            self._drop_outgoing(call)
+            del self.book.calls[call.server_id]
+            if call.editor_id is not None:
+                await self.out.send(wire.error(call.editor_id, wire.REQUEST_CANCELLED,
+                                               "Request cancelled"))
+            return
+        self._enqueue(Outgoing(wire.notification("$/cancel_request",
+                                                 {"requestId": call.server_id}),
+                               call.session_id))
+
+    def _enqueue(self, item: Outgoing) -> None:
+        self.outbox.append(item)
+        self.outbox_bytes += len(item.payload)
+        self._wake.set()
+
+    def _drop_outgoing(self, call: Call) -> None:
+        for item in list(self.outbox):
+            if item.call is call:
+                self.outbox.remove(item)
+                self.outbox_bytes -= len(item.payload)
+
+    # -- initialize and the link's life ----------------------------------------------
+    async def _initialize(self, msg: wire.Message) -> None:
+        if self.server_init is not None:   # again: the same answer
+            await self.out.send(wire.result(msg.id, self.server_init))
+            return
+        members = wire.set_meta(msg.members, RESUMABLE_META, True)
+        self.init_members = members
+        assert self._tg is not None
+        answer = await self._tg.start(self._supervise)
+        if isinstance(answer, StartupError):
+            log.error("%s", answer)
+            await self.out.send(wire.error(msg.id, wire.INTERNAL_ERROR,
+                                           f"acp-server connect: {answer}",
+                                           {"errorKind": answer.kind}))
+            return
+        await self.out.send(wire.with_id(answer.members, msg.id))
+
+    def _init_payload(self) -> bytes:
+        assert self.init_members is not None
+        return wire.with_id(self.init_members, 0)
+
+    def _accept(self, raw: bytes) -> wire.Message:
+        """The server's ``initialize`` answer; ``StartupError`` unless it is a result."""
+        try:
+            answer: wire.Message | None = wire.parse(raw)
+        except (wire.ParseError, wire.InvalidRequest):
+            answer = None
+        result = wire.decode(answer.members["result"]) if answer is not None \
+            and "result" in answer.members else None
+        if answer is None or not isinstance(result, dict):
+            detail = wire.decode(answer.members["error"]) if answer is not None \
+                and "error" in answer.members else raw[:200]
+            raise StartupError(f"{self.target.shown} refused initialize: {detail}",
+                               kind="initialize_refused")
+        self.server_init = result
+        return answer
+
+    async def _supervise(self, *, task_status: anyio.abc.TaskStatus[Any]) -> None:
+        """Own the link: connect, relay, and on a loss reconnect (see the contracts)."""
+        first = True
+        started = False
+        attempt = 0
+        deadline = 0.0
+        last = ""
+        while True:
+            if not first:
+                remaining = deadline - self.clock.now()
+                if remaining <= 0:
+                    await self._give_up(last)
+                await self.clock.sleep(min(self.backoff.delay(attempt), remaining))
+                attempt += 1
+            reason: str | None = None
+            try:
+                async with open_link(self.target, self._init_payload()) as (link, raw):
+                    answer = self._accept(raw)
+                    if first:
+                        task_status.started(answer)
+                        started = True
+                    else:
+                        log.warning("reconnected to %s (%s)", self.target.shown, link.transport)
+                    attempt = 0
+                    reason = await self._serve(link, first=first)
+            except StartupError as exc:
+                if first:
+                    task_status.started(exc)
+                    return
+                last = str(exc)
+                log.info("reconnect attempt %d failed: %s", attempt, exc)
+                continue
+            except Exception as exc:   # the link failed on its way in or out
+                if not started:
+                    task_status.started(StartupError(
+                        f"{self.target.shown} failed during initialize: {exc!r}",
+                        kind="initialize_refused"))
+                    return
+                reason = reason or repr(exc)
+            first = False
+            last = reason or "closed"
+            deadline = self.clock.now() + self.give_up_after_s
+            log.warning("connection to %s lost (%s); reconnecting", self.target.shown, last)
+
+    async def _serve(self, link: Link, *, first: bool) -> str:
+        """Relay over ``link`` until it is lost; the reason."""
+        reason = "closed"
+        try:
+            async with anyio.create_task_group() as tg:
+                async def pump() -> None:
+                    nonlocal reason
+                    try:
+                        while True:
+                            payload = await link.receive()
+                            try:
+                                await self._from_server(link, payload)
+                            except (LinkLost, anyio.get_cancelled_exc_class()):
+                                raise
+                            except Exception:   # one bad message does not end the relay
+                                log.exception("dropped a message from the server")
+                    except LinkLost as exc:
+                        reason = str(exc)
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(pump)
+                try:
+                    if not first:
+                        await self._reattach(link)
+                    self.link = link
+                    await self._send_outbox(link)
+                except LinkLost as exc:
+                    reason = str(exc)
+                tg.cancel_scope.cancel()
+        finally:
+            self.link = None
+            for call in [c for c in self.book.calls.values() if c.internal]:
+                del self.book.calls[call.server_id]
+        return reason
+
+    async def _send_outbox(self, link: Link) -> None:
+        while True:
+            while not self.outbox:
+                self._wake = anyio.Event()
+                await self._wake.wait()
+            item = self.outbox[0]
+            if item.call is not None:
+                item.call.sent = True   # before the write: an answer may come at once
+            try:
+                await link.send(item.payload, session_id=item.session_id)
+            except LinkLost:
+                if item.call is not None:
+                    item.call.sent = False
+                raise
+            if self.outbox and self.outbox[0] is item:
+                self.outbox.popleft()
+                self.outbox_bytes -= len(item.payload)
+            if item.on_sent is not None:
+                item.on_sent()
+
+    # -- the server ------------------------------------------------------------------------
+    async def _from_server(self, link: Link, payload: bytes) -> None:
+        try:
+            msg = wire.parse(payload)
+        except (wire.ParseError, wire.InvalidRequest) as exc:
+            log.warning("dropped a message from the server: %s", exc)
+            return
+        if msg.is_response:
+            await self._answered(link, msg)
+            return
+        event = wire.event_meta(msg.members)
+        if event is not None:
+            sid, event_id, epoch = event.get("sessionId"), event.get("id"), event.get("epoch")
+            if isinstance(sid, str) and isinstance(event_id, int) and isinstance(epoch, str):
+                session = self.book.session(sid)
+                if epoch == session.epoch and event_id > session.last_id + 1 \
+                        and session.last_id:
+                    log.warning("session %s: events %d to %d are no longer on the server",
+                                sid, session.last_id + 1, event_id - 1)
+                if not session.seen(event_id, epoch):
+                    return
+            payload = wire.without_event_meta(msg.members)
+        if msg.is_request:
+            request_key = key(msg.id)
+            if request_key in self.book.asked or self.book.was_answered(msg.id):
+                return   # asked again after a reconnect: the editor has it already
+            sid = msg.params().get("sessionId")
+            self.book.asked[request_key] = Asked(
+                sid if isinstance(sid, str) else None,
+                event.get("id") if event is not None else None, msg.method or "")
+        elif msg.method == QWEN_NOTIFY:
+            self._resolved(msg.params())
+        await self.out.send(payload)
+
+    def _resolved(self, params: dict[str, Any]) -> None:
+        data = params.get("data")
+        if params.get("kind") in RESOLVED_KINDS and isinstance(data, dict):
+            self.book.asked.pop(key(data.get("requestId")), None)
+
+    async def _answered(self, link: Link, msg: wire.Message) -> None:
+        call = self.book.calls.pop(msg.id, None) if type(msg.id) is int else None
+        if call is None:
+            return   # answered on an earlier link, or not ours
+        if call.internal:
+            call.answer = msg.raw
+            call.done.set()
+            return
+        ok = "result" in msg.members
+        result = wire.decode(msg.members["result"]) if ok else None
+        if ok and call.method in REGISTERS and isinstance(result, dict) \
+                and isinstance(result.get("sessionId"), str):
+            self._register(result["sessionId"], call.params or {})
+            await link.watch_session(result["sessionId"])
+        elif call.method in FORGETS and ok and call.session_id is not None:
+            self.book.forget_session(call.session_id)
+        await self.out.send(wire.with_id(msg.members, call.editor_id))
+
+    # -- after a reconnect -----------------------------------------------------------------
+    async def _reattach(self, link: Link) -> None:
+        for sid in list(self.book.sessions):
+            await self._reattach_session(link, sid)
+        resend: list[Call] = []
+        for call in sorted(self.book.calls.values(), key=lambda c: c.server_id):
+            if call.internal or not call.sent:
+                continue
+            if call.method in REPEATABLE and (call.method != "session/prompt"
+                                              or self.resumable):
+                call.sent = False
+                resend.append(call)
+            else:
+                del self.book.calls[call.server_id]
+                await self._fail(call, "the connection to the server was lost before the "
+                                       "answer; the request was not repeated",
+                                 "connection_lost")
+        for call in reversed(resend):
+            self.outbox.appendleft(Outgoing(call.payload, call.session_id, call))
+            self.outbox_bytes += len(call.payload)
+        for asked in self.book.asked.values():   # answers the server may not have had
+            if asked.answer is not None and asked.method in RESOLVED_BY_EVENT:
+                self.outbox.appendleft(Outgoing(asked.answer, asked.session_id))
+                self.outbox_bytes += len(asked.answer)
+
+    @property
+    def resumable(self) -> bool:
+        meta = (self.server_init or {}).get("_meta")
+        ours = meta.get("acp-server") if isinstance(meta, dict) else None
+        return isinstance(ours, dict) and ours.get("resumable") is True
+
+    async def _reattach_session(self, link: Link, sid: str) -> None:
+        session = self.book.sessions[sid]
+        last, epoch = self.book.cursor(sid)
+        meta: dict[str, Any] = {CURSOR_META: last}
+        if epoch is not None:
+            meta[EPOCH_META] = epoch
+        if self.agent is not None:
+            meta[AGENT_META] = self.agent
+        method = self._reattach_method()
+        params: dict[str, Any] = {"sessionId": sid, "cwd": session.cwd or self._workspace(),
+                                  "mcpServers": session.mcp_servers or [], "_meta": meta}
+        answer = await self._call(link, method, params)
+        if "error" in answer.members:
+            error = wire.decode(answer.members["error"])
+            await self._session_lost(sid, error.get("message") if isinstance(error, dict)
+                                     else str(error))
+            return
+        result = wire.decode(answer.members["result"])
+        events = (result.get("_meta") or {}).get(EVENTS_META) if isinstance(result, dict) \
+            else None
+        if isinstance(events, dict) and events.get("resync"):
+            log.warning("session %s: the server resynchronised (%s): what happened while "
+                        "disconnected may be missing", sid, events["resync"])
+            if events["resync"] == "epoch_reset" and session.epoch != events.get("eventEpoch"):
+                session.epoch = events.get("eventEpoch")
+                session.last_id = int(events.get("lastEventId") or 0)
+
+    def _reattach_method(self) -> str:
+        """``session/load`` with our server (its cursor makes it replay only what was
+        missed), else ``session/resume`` where offered (no replay, no duplicates)."""
+        caps = (self.server_init or {}).get("agentCapabilities")
+        caps = caps if isinstance(caps, dict) else {}
+        session_caps = caps.get("sessionCapabilities")
+        resume = isinstance(session_caps, dict) and session_caps.get("resume") is not None
+        load = caps.get("loadSession") is True
+        if self.resumable:
+            return "session/load" if load or not resume else "session/resume"
+        return "session/resume" if resume or not load else "session/load"
+
+    def _workspace(self) -> str | None:
+        meta = (self.server_init or {}).get("_meta")
+        ours = meta.get("acp-server") if isinstance(meta, dict) else None
+        cwd = ours.get("workspaceCwd") if isinstance(ours, dict) else None
+        return cwd if isinstance(cwd, str) else None
+
+    async def _call(self, link: Link, method: str, params: dict[str, Any]) -> wire.Message:
+        server_id = self.book.next_id()
+        call = self.book.add_call(None, method, wire.request(server_id, method, params),
+                                  params.get("sessionId"), internal=True, server_id=server_id)
+        call.done = anyio.Event()
+        call.sent = True
+        await link.send(call.payload, session_id=call.session_id)
+        with anyio.fail_after(REATTACH_TIMEOUT_S):
+            await call.done.wait()
+        assert call.answer is not None
+        return wire.parse(call.answer)
+
+    async def _session_lost(self, sid: str, cause: str | None) -> None:
+        log.error("session %s could not be re-attached: %s", sid, cause)
+        for call in self.book.forget_session(sid):
+            self._drop_outgoing(call)
+            await self._fail(call, f"session {sid} could not be re-attached after the "
+                                   f"reconnect ({cause}); the server may have restarted "
+                                   "without keeping it", "session_lost",
+                             {"sessionId": sid, "cause": cause})
+
+    async def _fail(self, call: Call, message: str, kind: str,
+                    data: dict[str, Any] | None = None) -> None:
+        if call.editor_id is None and call.internal:
+            return
+        await self.out.send(wire.error(call.editor_id, wire.INTERNAL_ERROR,
+                                       f"acp-server connect: {message}",
+                                       {"errorKind": kind, **(data or {})}))
+
+    # -- the end -------------------------------------------------------------------------
+    async def _give_up(self, last: str) -> None:
+        message = (f"gave up after {self.give_up_after_s:g} s: {self.target.shown} "
+                   f"unreachable (last error: {last})")
+        log.error("%s", message)
+        for call in sorted(self.book.calls.values(), key=lambda c: c.server_id):
+            if not call.internal:
+                await self._fail(call, message, "server_unreachable")
+        self.book.calls.clear()
+        self.exit_code = 1
+        assert self._tg is not None
+        self._tg.cancel_scope.cancel()
+        await anyio.sleep_forever()
+
+    async def _quit(self) -> None:
+        """The editor closed stdin: its turns are cancelled (best effort, bounded)."""
+        link = self.link
+        if link is None:
+            return
+        prompting = {c.session_id for c in self.book.calls.values()
+                     if c.method == "session/prompt" and c.session_id is not None}
+        with anyio.move_on_after(2):
+            for sid in prompting:
+                with contextlib.suppress(LinkLost):
+                    await link.send(wire.notification("session/cancel", {"sessionId": sid}),
+                                    session_id=sid)
+            await link.close()

@@ -1,0 +1,136 @@
+"""What the adapter does with bad input from the editor, a bad server at start-up,
+and a server that never comes back: an error in JSON-RPC's terms, one line on stderr
+where it helps, never a crash, never anything but protocol on stdout."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import anyio
+import pytest
+
+from tests.acp_http.server import running_acp_server
+from tests.connect.harness import port_of, spawn_adapter, tcp_relay
+
+pytestmark = pytest.mark.anyio
+
+INIT = {"protocolVersion": 1, "clientCapabilities": {}}
+
+
+def no_h2(anyio_backend: str) -> tuple[str, ...]:
+    """Under trio the test server is hypercorn, whose HTTP/2 fails by itself when it
+    answers a request early (401, 404) and the request's body arrives after (a
+    KeyError in its stream table, which ends the whole server): HTTP/1.1 there."""
+    return ("--transport", "http1") if anyio_backend == "trio" else ()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def test_bad_lines_are_answered_and_the_adapter_goes_on(tmp_path: Path) -> None:
+    async with running_acp_server(tmp_path) as srv, \
+            spawn_adapter(srv.base_url + "/acp", "--max-line-bytes", "4096") as adapter:
+        early = await adapter.request("session/list", {})
+        assert early["error"]["code"] == -32600 and "initialize" in early["error"]["message"]
+        cases = [
+            (b"this is not json\n", -32700, None),
+            (b'{"jsonrpc": "2.0", "id": 5, "method": \n', -32700, None),   # cut short
+            (b"[1, 2, 3]\n", -32600, None),
+            (b'{"id": 6, "method": "session/list"}\n', -32600, 6),         # no "jsonrpc"
+            (b'{"jsonrpc": "1.0", "id": 7, "method": "x"}\n', -32600, 7),
+            (b'{"jsonrpc": "2.0", "id": {"a": 1}, "method": "x"}\n', -32600, None),
+            (b'{"jsonrpc": "2.0", "id": 8}\n', -32600, 8),                 # neither kind
+            (b'{"jsonrpc": "2.0", "method": 12}\n', -32600, None),
+            (b'{"jsonrpc": "2.0", "id": 9, "method": "' + b"x" * 8000 + b'"}\n', -32600, None),
+        ]
+        for line, code, rpc_id in cases:
+            await adapter.send_raw(line)
+            answer = await adapter.receive()
+            assert answer["error"]["code"] == code, (line[:60], answer)
+            assert answer["id"] == rpc_id
+        assert "too large" in adapter.received[-1]["error"]["message"]
+        # a huge line in pieces, without a newline for a while: refused, not buffered
+        for _ in range(8):
+            await adapter.send_raw(b"y" * 4096)
+        await adapter.send_raw(b"\n")
+        assert "too large" in (await adapter.receive())["error"]["message"]
+        init = await adapter.request("initialize", INIT)   # still working
+        assert init["result"]["protocolVersion"] == 1
+        listed = await adapter.request("session/list", {})
+        assert listed["result"] == {"sessions": []}
+        await adapter.send_raw(b"\n\n  \n")   # blank lines are no messages
+        assert (await adapter.request("session/list", {}))["result"] == {"sessions": []}
+        assert adapter.stderr == []
+
+
+async def test_an_unreachable_server_fails_initialize() -> None:
+    port = free_port()
+    async with spawn_adapter(f"http://127.0.0.1:{port}/acp") as adapter:
+        answer = await adapter.request("initialize", INIT)
+        error = answer["error"]
+        assert error["code"] == -32603
+        assert "unreachable" in error["message"] and str(port) in error["message"]
+        assert error["data"] == {"errorKind": "server_unreachable"}
+        with anyio.fail_after(10):
+            while not adapter.stderr:
+                await anyio.sleep(0.02)
+        assert len(adapter.stderr) == 1 and "unreachable" in adapter.stderr[0]
+        # it keeps running: the editor may try again
+        again = await adapter.request("initialize", INIT)
+        assert again["error"]["data"] == {"errorKind": "server_unreachable"}
+
+
+async def test_a_wrong_token_fails_initialize_without_showing_the_token(
+        tmp_path: Path, anyio_backend: str) -> None:
+    async with running_acp_server(tmp_path, token="right-token") as srv:
+        async with spawn_adapter(srv.base_url + "/acp", "--token", "wrong-token-123",
+                                 *no_h2(anyio_backend)) as adapter:
+            answer = await adapter.request("initialize", INIT)
+            assert answer["error"]["data"] == {"errorKind": "unauthorized"}
+            assert "credentials" in answer["error"]["message"]
+            assert "401" in answer["error"]["message"]
+            with anyio.fail_after(10):
+                while not adapter.stderr:
+                    await anyio.sleep(0.02)
+        assert len(adapter.stderr) == 1
+        everything = "\n".join(adapter.stderr) + repr(adapter.received)
+        assert "wrong-token-123" not in everything and "right-token" not in everything
+        async with spawn_adapter(srv.base_url + "/acp",
+                                 env={"ACP_SERVER_TOKEN": "right-token"}) as adapter:
+            assert (await adapter.request("initialize", INIT))["result"]["protocolVersion"] == 1
+
+
+@pytest.mark.parametrize("path", ["/health", "/nothing-here"])
+async def test_not_an_acp_endpoint(tmp_path: Path, path: str, anyio_backend: str) -> None:
+    async with running_acp_server(tmp_path) as srv, \
+            spawn_adapter(srv.base_url + path, *no_h2(anyio_backend)) as adapter:
+        answer = await adapter.request("initialize", INIT)
+        assert answer["error"]["data"] == {"errorKind": "not_acp"}
+        assert "not an ACP endpoint" in answer["error"]["message"]
+
+
+async def test_giving_up_fails_what_is_pending_and_exits_1(tmp_path: Path) -> None:
+    async with running_acp_server(tmp_path) as srv, tcp_relay(port_of(srv.base_url)) as relay, \
+            spawn_adapter(f"http://127.0.0.1:{relay.port}/acp",
+                          "--give-up-after", "1500ms") as adapter:
+        await adapter.request("initialize", INIT)
+        sid = (await adapter.request("session/new", {"cwd": srv.workspace,
+                                                     "mcpServers": []}))["result"]["sessionId"]
+        await adapter.send({"jsonrpc": "2.0", "id": "long", "method": "session/prompt",
+                            "params": {"sessionId": sid,
+                                       "prompt": [{"type": "text", "text": "/sleep 30s x"}]}})
+        await adapter.until(lambda m: m.get("method") == "session/update")
+        relay.refusing = True
+        relay.cut()
+        await adapter.send({"jsonrpc": "2.0", "id": "queued", "method": "session/list",
+                            "params": {}})
+        for rpc_id in ("long", "queued"):
+            error = (await adapter.response(rpc_id, timeout=60))["error"]
+            assert error["data"]["errorKind"] == "server_unreachable"
+            assert "gave up" in error["message"] and str(relay.port) in error["message"]
+        assert await adapter.exit_code() == 1
+        assert any("gave up" in line for line in adapter.stderr)
