@@ -1,41 +1,54 @@
-"""The ASGI application over the server's parts: every door, the guard, the request log.
+"""The ASGI application over the server's parts: every door, the front layer, the
+request log.
 
     app = build_app(settings, bridge=bridge, acp=registry, lmsp=service, metrics=metrics)
 
 ``acp_server.server.open_server`` owns the parts and calls this; nothing else does.
 Mounted: REST + SSE (``acp_server.rest``), ``/acp`` (``acp_server.acp_http``),
 ``/lmsp/v1`` (``acp_server.lmsp``), ``GET /metrics`` and ``GET /openapi.json``
-(``acp_server.ops``), the web console at ``/`` unless ``--no-web``; outside everything
-the request log and request metrics (``acp_server.ops.request_log``).
+(``acp_server.ops``), the web console at ``/`` unless ``--no-web``. Outside everything,
+one front layer (``acp_server.http.front``): the guard (``GuardPolicy.check``), CORS,
+the hot path, and the hooks of the request log and request metrics
+(``acp_server.ops.request_log.AccessRecorder``).
 
 Contracts: the app has no lifespan and no ``app.state``: each door's route factory gets
 its typed dependencies here (``rest.routes(bridge, RestConfig)``,
 ``acp_http.routes(registry, AcpConfig)``, ``lmsp.routes(service)``), built from the
-``Settings`` the doors never see. The shared guard (``acp_server.http``) wraps every
-door, and each door answers its own errors (``EXCEPTION_HANDLERS``, by path prefix).
+``Settings`` the doors never see. Each door answers its own errors
+(``EXCEPTION_HANDLERS``, by path prefix) and renders the front layer's refusals
+(``render_refusal``: REST ``{error, code}``, ``/acp`` JSON-RPC error, LMSP problem).
+With ``--http-server granian`` the front layer also caps requests in flight at
+``--max-connections`` (granian cannot cap connections below ASGI; see
+``acp_server.http.servers``).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from starlette.applications import Starlette
-from starlette.middleware import Middleware
+from starlette.routing import BaseRoute
 
 from acp_server.acp_http import ACP_PATH, AcpConfig, ConnectionRegistry
 from acp_server.acp_http import EXCEPTION_HANDLERS as ACP_HANDLERS
 from acp_server.acp_http import routes as acp_routes
+from acp_server.acp_http.errors import render_refusal as acp_refusal
+from acp_server.http.front import Door, FrontLayer, HotRoute
+from acp_server.http.guard import REFUSED
 from acp_server.http.handlers import by_prefix
-from acp_server.http.security import GuardPolicy, SecurityMiddleware
-from acp_server.lmsp import CORS_DENIED_PROBLEM, UNAUTHORIZED_PROBLEM, LmspService
+from acp_server.http.policy import GuardPolicy
 from acp_server.lmsp import EXCEPTION_HANDLERS as LMSP_HANDLERS
+from acp_server.lmsp import LmspService
 from acp_server.lmsp import routes as lmsp_routes
-from acp_server.lmsp.problems import PROBLEM_JSON
+from acp_server.lmsp.problems import render_refusal as lmsp_refusal
 from acp_server.ops import openapi
 from acp_server.ops.metrics import Metrics
 from acp_server.ops.metrics import routes as metrics_routes
-from acp_server.ops.request_log import RequestLogMiddleware
-from acp_server.rest import PermissionReport, RestConfig
+from acp_server.ops.request_log import AccessRecorder
+from acp_server.rest import PermissionReport, RestConfig, fast_routes
 from acp_server.rest import routes as rest_routes
 from acp_server.rest.errors import EXCEPTION_HANDLERS as REST_HANDLERS
+from acp_server.rest.errors import render_refusal as rest_refusal
 from acp_server.routing import IndexedRouter
 from acp_server.settings import Settings
 from acp_server.web import public_path
@@ -46,11 +59,21 @@ from bridge import Bridge
 # /openapi.json, the web console) gets the REST shape.
 EXCEPTION_HANDLERS = by_prefix([("/lmsp/", LMSP_HANDLERS), (ACP_PATH, ACP_HANDLERS),
                                 ("", REST_HANDLERS)])
+# The doors as the front layer sees them: refusals in each door's shape, and the door
+# named in logs and metrics.
+DOORS = (Door("/lmsp/", "lmsp", lmsp_refusal), Door(ACP_PATH, "acp", acp_refusal),
+         Door("/metrics", "ops", rest_refusal), Door("/openapi.json", "ops", rest_refusal),
+         Door("", "rest", rest_refusal))
 
 
 def guard_policy(settings: Settings) -> GuardPolicy:
     return GuardPolicy(token=settings.token, health_needs_auth=settings.health_needs_auth,
-                       allow_origins=settings.allow_origins)
+                       allow_origins=settings.allow_origins, loopback_bind=settings.loopback,
+                       allow_hosts=settings.http.allow_hosts,
+                       max_header_bytes=settings.http.max_header_bytes,
+                       max_headers=settings.http.max_headers,
+                       max_request_line=settings.http.max_request_line,
+                       public=public_path if settings.web else None)
 
 
 def rest_config(settings: Settings) -> RestConfig:
@@ -63,9 +86,10 @@ def rest_config(settings: Settings) -> RestConfig:
         prompt_deadline_ms=settings.options.prompt_deadline_ms)
 
 
-def acp_config(settings: Settings) -> AcpConfig:
+def acp_config(settings: Settings, guard: GuardPolicy | None = None) -> AcpConfig:
     return AcpConfig(max_body_bytes=settings.max_body_bytes, heartbeat_s=settings.heartbeat_s,
-                     guard=guard_policy(settings), max_connections=settings.max_acp_connections,
+                     guard=guard or guard_policy(settings),
+                     max_connections=settings.max_acp_connections,
                      reap_grace_s=settings.acp_reap_grace_s)
 
 
@@ -75,18 +99,37 @@ def lmsp_permissions(service: LmspService) -> PermissionReport:
     return lambda: (runner.permission_policy, dict(runner.permission_decisions))
 
 
+class _App(Starlette):
+    """Starlette with the front layer outside its whole stack (its error middleware
+    included), so that a refusal or a 503 costs one layer."""
+
+    front: Any = None
+
+    def build_middleware_stack(self) -> Any:
+        stack = super().build_middleware_stack()
+        return stack if self.front is None else self.front(stack)
+
+
 def build_app(settings: Settings, *, bridge: Bridge, acp: ConnectionRegistry,
               lmsp: LmspService, metrics: Metrics) -> Starlette:
-    app = Starlette(exception_handlers=EXCEPTION_HANDLERS,
-                    middleware=[Middleware(SecurityMiddleware, policy=guard_policy(settings),
-                        unauthorized=[("/lmsp/", PROBLEM_JSON.encode(), UNAUTHORIZED_PROBLEM)],
-                        denied=[("/lmsp/", PROBLEM_JSON.encode(), CORS_DENIED_PROBLEM)],
-                        public=public_path if settings.web else None)])
+    policy = guard_policy(settings)
+    # granian cannot cap connections below ASGI: the front layer caps requests in flight
+    max_in_flight = settings.max_connections if settings.http.server == "granian" else None
+    config = rest_config(settings)
+    app = _App(exception_handlers=EXCEPTION_HANDLERS)
     app.router = IndexedRouter(routes=[
-        *rest_routes(bridge, rest_config(settings), lmsp_permissions=lmsp_permissions(lmsp),
+        *rest_routes(bridge, config, lmsp_permissions=lmsp_permissions(lmsp),
                      store=lmsp.store),
         *metrics_routes(metrics), *openapi.routes(),
-        *acp_routes(acp, acp_config(settings)), *lmsp_routes(lmsp),
+        *acp_routes(acp, acp_config(settings, policy)), *lmsp_routes(lmsp),
         *(web_routes() if settings.web else ())])
-    app.add_middleware(RequestLogMiddleware, router_of=lambda: app.router, metrics=metrics)
+    recorder = AccessRecorder(router_of=lambda: app.router, metrics=metrics)
+    hot = [HotRoute("POST", route, handler) for path, handler in
+           fast_routes(bridge, config).items() for route in _routes_at(app.router, path)]
+    app.front = lambda stack: FrontLayer(stack, policy, doors=DOORS, observer=recorder,
+                                         max_in_flight=max_in_flight, stats=REFUSED, hot=hot)
     return app
+
+
+def _routes_at(router: IndexedRouter, path: str) -> list[BaseRoute]:
+    return [route for route in router.routes if getattr(route, "path", None) == path]

@@ -37,6 +37,12 @@ import anyio
 
 from acp_server import __version__
 from acp_server.conformance.cli import add_conformance_arguments, run_conformance_args
+from acp_server.http.options import DEFAULT_SERVER, SERVERS, HttpOptions
+from acp_server.http.policy import (
+    DEFAULT_MAX_HEADER_BYTES,
+    DEFAULT_MAX_HEADERS,
+    DEFAULT_MAX_REQUEST_LINE,
+)
 from acp_server.connect.cli import add_connect_arguments, run_connect_args
 from acp_server.client.prompt_cli import add_prompt_arguments, run_prompt_args
 from acp_server.client.tasks_cli import add_tasks_arguments, run_tasks_args
@@ -53,6 +59,11 @@ from acp_server.settings import (
 )
 
 log = logging.getLogger("acp_server")
+
+PLAIN_HTTP_WARNING = (
+    "\n" + "!" * 78 + "\n!! PLAIN HTTP on %s, a non-loopback address: the bearer token and every "
+    "prompt\n!! cross the network in clear. Pass --tls-cert and --tls-key (or put a TLS proxy "
+    "in\n!! front), and --require-tls to refuse to start like this.\n" + "!" * 78)
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
@@ -122,6 +133,28 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     serve.add_argument("--max-connections", default="2560",
                        help="live connections (SSE streams and WebSockets included); past it a "
                             "new one is refused at once with 503 (default 2560)")
+    serve.add_argument("--http-server", choices=SERVERS, default=DEFAULT_SERVER,
+                       help="the HTTP server: granian (HTTP/1.1 and HTTP/2 on one port, TLS "
+                            "with ALPN) or uvicorn (HTTP/1.1 only) (default %(default)s)")
+    serve.add_argument("--tls-cert", metavar="PEM",
+                       help="serve HTTPS with this certificate chain (with --tls-key)")
+    serve.add_argument("--tls-key", metavar="PEM", help="the private key of --tls-cert")
+    serve.add_argument("--tls-client-ca", metavar="PEM",
+                       help="mutual TLS: require client certificates signed by this CA")
+    serve.add_argument("--require-tls", action="store_true",
+                       help="refuse to start on a non-loopback address without TLS")
+    serve.add_argument("--allow-host", action="append", default=[], metavar="HOST[:PORT]",
+                       help="accept this Host header besides the loopback names (DNS "
+                            "rebinding guard; repeatable)")
+    serve.add_argument("--max-header-bytes", default=str(DEFAULT_MAX_HEADER_BYTES),
+                       help="request header bytes; more is refused with 431 "
+                            "(default %(default)s)")
+    serve.add_argument("--max-headers", default=str(DEFAULT_MAX_HEADERS),
+                       help="request header fields; more is refused with 431 "
+                            "(default %(default)s)")
+    serve.add_argument("--max-request-line-bytes", default=str(DEFAULT_MAX_REQUEST_LINE),
+                       help="request line bytes (method, target, version); more is "
+                            "refused with 414 (default %(default)s)")
     serve.add_argument("--lmsp-permissions", default="reject",
                        choices=["reject", "allow", "cancel"],
                        help="how a permission asked during LMSP work is answered "
@@ -152,7 +185,15 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
-    return Settings.from_flags(
+    try:
+        http = HttpOptions.from_flags(
+            server=args.http_server, tls_cert=args.tls_cert, tls_key=args.tls_key,
+            tls_client_ca=args.tls_client_ca, require_tls=args.require_tls,
+            allow_host=args.allow_host, max_header_bytes=args.max_header_bytes,
+            max_headers=args.max_headers, max_request_line=args.max_request_line_bytes)
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from None
+    return Settings.from_flags(http=http,
         hostname=args.hostname, port=args.port, workspace=args.workspace, token=args.token,
         require_auth=args.require_auth, allow_origin=args.allow_origin,
         agent=args.agent or ["reference"], config=args.config, model_server=args.model_server,
@@ -190,6 +231,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if settings.token is None:
         log.warning("no token configured: trusted loopback mode, every local process has "
                     "full access (set --token or %s to require one)", TOKEN_ENV)
+    if not settings.loopback and not settings.http.tls:
+        log.warning(PLAIN_HTTP_WARNING, settings.hostname)
     anyio.run(functools.partial(serve, settings, sock=sock), backend="asyncio",
               backend_options=_loop_options())
     return 0

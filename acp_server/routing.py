@@ -6,21 +6,59 @@
 Starlette's router tries every route's regex in order; with a dozen routes before
 ``POST /session/{id}/prompt`` that is most of the cost of a refused prompt. This
 router indexes each ``Route``/``WebSocketRoute`` by (segment count, first segment,
-last segment or ``*`` for a parameter) and runs ``matches`` only on the few
-candidates, in their original order, so the answer is the same as Starlette's:
-first full match wins, else the first partial match (405), else 404. Routes it
-cannot index (mounts, ``{x:path}`` parameters) are candidates for every path. No
-trailing-slash redirects.
+last segment or ``*`` for a parameter) and tries only the few candidates, in their
+original order, so the answer is the same as Starlette's: first full match wins, else
+the first partial match (405), else 404. An HTTP ``Route`` whose parameters are plain
+``{name}`` (Starlette's ``str`` convertor, ``[^/]+``) is matched segment by segment,
+without its regex; others use ``Route.matches``. Routes it cannot index (mounts,
+``{x:path}`` parameters) are candidates for every path. No trailing-slash redirects.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from starlette.routing import BaseRoute, Match, Route, Router, WebSocketRoute
+from starlette.routing import BaseRoute, Match, Route, Router, WebSocketRoute, get_route_path
 from starlette.types import Receive, Scope, Send
 
 _Key = tuple[int, str, str]
+# A plain route's path as segments: a literal, or (the parameter's name,) for ``{name}``.
+_Template = tuple["str | tuple[str]", ...]
+
+
+def _template(route: BaseRoute) -> _Template | None:
+    if type(route) is not Route or ":" in route.path:
+        return None
+    template: list[str | tuple[str]] = []
+    for segment in route.path.strip("/").split("/"):
+        if "{" in segment:
+            if not (segment.startswith("{") and segment.endswith("}")) or \
+                    segment.count("{") != 1:
+                return None
+            template.append((segment[1:-1],))
+        else:
+            template.append(segment)
+    return tuple(template)
+
+
+def _match(route: Route, template: _Template, segments: list[str],
+           scope: Scope) -> tuple[Match, Scope]:
+    """``Route.matches`` for a plain route, without the regex."""
+    if len(segments) != len(template):
+        return Match.NONE, {}
+    params: dict[str, Any] = {}
+    for want, got in zip(template, segments):
+        if type(want) is tuple:
+            if not got:
+                return Match.NONE, {}
+            params[want[0]] = got
+        elif want != got:
+            return Match.NONE, {}
+    path_params = {**scope["path_params"], **params} if scope.get("path_params") else params
+    child = {"endpoint": route.endpoint, "path_params": path_params}
+    if route.methods and scope["method"] not in route.methods:
+        return Match.PARTIAL, child
+    return Match.FULL, child
 
 
 def _shape(path: str) -> _Key | None:
@@ -38,6 +76,7 @@ class IndexedRouter(Router):
         self._indexed_count = -1
         self._index: dict[_Key, list[BaseRoute]] = {}
         self._anywhere: list[BaseRoute] = []
+        self._templates: dict[int, _Template] = {}
 
     def _build_index(self) -> None:
         index: dict[_Key, list[BaseRoute]] = {}
@@ -49,6 +88,7 @@ class IndexedRouter(Router):
             else:
                 index.setdefault(key, []).append(route)
         self._index, self._anywhere = index, anywhere
+        self._templates = {id(r): t for r in self.routes if (t := _template(r)) is not None}
         self._indexed_count = len(self.routes)
 
     def candidates(self, path: str) -> list[BaseRoute]:
@@ -69,8 +109,15 @@ class IndexedRouter(Router):
             return
         scope.setdefault("router", self)
         partial = partial_scope = None
-        for route in self.candidates(scope["path"]):
-            match, child_scope = route.matches(scope)
+        candidates = self.candidates(scope["path"])
+        segments = get_route_path(scope).strip("/").split("/") if scope["type"] == "http" \
+            else None
+        for route in candidates:
+            template = self._templates.get(id(route)) if segments is not None else None
+            if template is not None:
+                match, child_scope = _match(route, template, segments, scope)  # type: ignore[arg-type]
+            else:
+                match, child_scope = route.matches(scope)
             if match is Match.FULL:
                 scope["route"] = route
                 scope.update(child_scope)

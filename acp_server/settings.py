@@ -24,7 +24,8 @@ import shlex
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from acp_server.http.security import is_loopback
+from acp_server.http.options import HttpOptions
+from acp_server.http.policy import is_loopback
 from acp_server.lmsp.permissions import POLICIES
 from acp_server.profiles import (
     AgentProfile,
@@ -133,6 +134,8 @@ class Settings:
     header_timeout_ms: int = DEFAULT_HEADER_TIMEOUT_MS
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     lmsp_permissions: str = "reject"
+    # The HTTP server, TLS, Host allow-list and head caps (acp_server/http/options.py).
+    http: HttpOptions = dataclasses.field(default_factory=HttpOptions)
     # A PostgreSQL store shared by several instances: how long a task this instance
     # claimed stays its own without renewal, how often the leases are renewed, how
     # often the store is polled for what NOTIFY missed (milliseconds).
@@ -155,6 +158,10 @@ class Settings:
             object.__setattr__(self, "state_dir", default_state_dir(self.workspace))
         if self.token is not None and not self.token:
             raise SettingsError("Invalid token: ''. Must be a non-empty string.")
+        if self.http.require_tls and not self.loopback and not self.http.tls:
+            raise SettingsError(
+                f"Refusing to bind {self.hostname} (not a loopback address) without TLS "
+                "(--require-tls): pass --tls-cert and --tls-key, or bind 127.0.0.1.")
         if self.require_auth and self.token is None:
             raise SettingsError(
                 f"--require-auth needs a token: pass --token or set {TOKEN_ENV}.")
@@ -284,6 +291,7 @@ class Settings:
                    header_timeout_ms: str | int = DEFAULT_HEADER_TIMEOUT_MS,
                    max_connections: str | int = DEFAULT_MAX_CONNECTIONS,
                    lmsp_permissions: str = "reject",
+                   http: HttpOptions | None = None,
                    store_lease_ms: str | int = DEFAULT_STORE_LEASE_MS,
                    store_renew_ms: str | int = DEFAULT_STORE_RENEW_MS,
                    store_poll_ms: str | int = DEFAULT_STORE_POLL_MS,
@@ -326,7 +334,7 @@ class Settings:
                    if isinstance(header_timeout_ms, str) else header_timeout_ms,
                    max_connections=parse_number(max_connections)
                    if isinstance(max_connections, str) else max_connections,
-                   lmsp_permissions=lmsp_permissions,
+                   lmsp_permissions=lmsp_permissions, http=http or HttpOptions(),
                    store_lease_ms=_number(store_lease_ms), store_renew_ms=_number(store_renew_ms),
                    store_poll_ms=_number(store_poll_ms),
                    store_busy_timeout_ms=_number(store_busy_timeout_ms),

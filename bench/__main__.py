@@ -6,7 +6,8 @@ import importlib
 import platform
 import sys
 
-SECTIONS = {"bridge": "bench.bridge_bench", "http": "bench.http_bench", "acp": "bench.acp_bench",
+SECTIONS = {"bridge": "bench.bridge_bench", "http": "bench.http_bench", "h2": "bench.h2_bench",
+            "heads": "bench.heads_bench", "acp": "bench.acp_bench",
             "lmsp": "bench.lmsp_bench"}
 
 

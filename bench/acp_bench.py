@@ -116,7 +116,7 @@ async def _stream(port: int, headers: str, replies: dict[Any, Any], results: dic
 
     decode = msgspec.json.decode
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(f"GET /acp HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n"
+    writer.write(f"GET /acp HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n"
                  f"{headers}\r\n".encode())
     await reader.readuntil(b"\r\n\r\n")
     ready.set()
@@ -151,7 +151,7 @@ async def end_to_end(port: int, workspace: str) -> dict[str, float]:
                            "params": params}).encode()
 
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    base = b"POST /acp HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    base = b"POST /acp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
     init = body(0, "initialize", {"protocolVersion": 1})
     writer.write(base + b"Content-Length: %d\r\n\r\n" % len(init) + init)
     head = await reader.readuntil(b"\r\n\r\n")
@@ -203,7 +203,7 @@ async def end_to_end(port: int, workspace: str) -> dict[str, float]:
     pipelined = PIPELINED / (time.perf_counter() - start)
     for task in tasks:
         task.cancel()
-    await _post(reader, writer, f"DELETE /acp HTTP/1.1\r\nHost: x\r\n"
+    await _post(reader, writer, f"DELETE /acp HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                 f"Acp-Connection-Id: {conn_id}\r\n".encode(), b"")
     writer.close()
     return {"sequential_per_s": sequential, "pipelined_per_s": pipelined}

@@ -1,16 +1,22 @@
-"""HTTP benchmarks: the 503 and 202 prompt paths against a bare Starlette route, and
-turn latency, each server in its own process and the load from another.
+"""HTTP benchmarks: the 503 and 202 prompt paths against the floors (a raw ASGI callable
+and a bare Starlette route, on granian and on uvicorn) and ``qwen serve``, and turn
+latency, each server in its own process and the load from another (``wrk`` when
+installed, else ``bench.loadgen``).
 
     python -m bench http
+    BENCH_BEFORE=/tmp/main-worktree python -m bench http   # + the old 503 path, same rounds
 
 * 503 path: a session whose queue (cap 1) is held by a ``/sleep`` prompt; every
-  POST is refused with ``prompt_queue_full``.
+  POST is refused with ``prompt_queue_full``; on the shipped server (granian) and on
+  uvicorn.
+* floors: ``bench.floor_server`` (``raw`` callable, ``bare`` route) returning the same
+  503 bytes; qwen serve: ``bench.peer_bench``. Each figure is the best of ``ROUNDS``
+  rounds that run every server in turn.
 * 202 path: cap disabled, ``/chunks 1`` prompts that the reference agent finishes at once.
-* bare: ``bench.bare_server``, a Starlette route returning the same 503 bytes.
 * latency: POST to ``turn_complete`` on an open SSE stream, sequential turns.
 * accepted **and completed**: the 202 load, then ``GET /daemon/status`` polled until
   ``pendingPrompts`` is 0; rate = 202s / (first request → queue drained). That server
-  runs with ``bench.server --lag-probe``: the event-loop lag p99 is taken from its probe's
+  runs under ``bench.server --lag-probe``: the event-loop lag p99 is taken from its probe's
   samples inside the same window.
 * burst: raw-socket readers of ``/session/{id}/events`` connected before one
   ``/chunks N`` prompt; every ``agent_message_chunk`` must arrive (no
@@ -31,7 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import httpx
 from httpx_sse import connect_sse
@@ -39,6 +45,7 @@ from httpx_sse import connect_sse
 from tests.harness import ServeProcess
 from bench.server import INTERVAL_S as PROBE_INTERVAL_S
 from bench.server import lag_p99
+from bench.loadgen import wrk_load
 from bench.targets import record
 
 SECONDS = float(os.environ.get("BENCH_SECONDS", "4"))
@@ -49,15 +56,18 @@ BURST = 10_000
 READERS = 100
 FAN_BURST = 2_000
 PER_SESSION = 50   # under the bridge's max_subscribers_per_session (64)
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
 
 
 @contextlib.contextmanager
-def server(argv: list[str], marker: str) -> Iterator[int]:
+def server(argv: list[str], marker: str, env: dict[str, str] | None = None,
+           cwd: str | None = None) -> Iterator[int]:
     """The server ``argv`` on a free port (read from the line with ``marker``); its stderr
     (access lines included) goes to a temporary file, shown if it exits early."""
     log = tempfile.TemporaryFile("w+")
     proc = subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE, stderr=log,
-                            text=True)
+                            text=True, env=None if env is None else {**os.environ, **env},
+                            cwd=cwd)
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -85,18 +95,43 @@ def served(workspace: str, *flags: str, knobs: Sequence[str] = ()) -> Iterator[i
         yield child.port
 
 
-def acp_server(workspace: str, cap: int, probe: str | None = None,
-               *extra: str) -> contextlib.AbstractContextManager[int]:
+def acp_server(workspace: str, cap: int, probe: str | None = None, *extra: str,
+               source: str | None = None) -> contextlib.AbstractContextManager[int]:
+    """``acp-server serve`` with a prompt cap; ``source``: another source tree's server
+    (an older checkout, without ``bench.server``), run from its folder so that ``-m
+    acp_server`` finds that tree first."""
+    if source is not None:
+        return server(["-m", "acp_server", "serve", "--port", "0", "--workspace", workspace,
+                       "--state-dir", os.path.join(workspace, ".state-before"),
+                       "--max-pending-prompts-per-session", str(cap), *extra],
+                      "listening on http://", env={"PYTHONPATH": source}, cwd=source)
     knobs = ["--lag-probe", probe] if probe is not None else []
     return served(workspace, "--max-pending-prompts-per-session", str(cap), *extra, knobs=knobs)
 
 
-def load(port: int, path: str, body: str) -> dict:
+def load(port: int, path: str, body: str, seconds: float = SECONDS) -> dict:
+    """``CONNECTIONS`` keep-alive connections POSTing ``body`` for ``SECONDS``: ``wrk``
+    when installed (a client far cheaper than the server), else ``bench.loadgen``."""
+    result = wrk_load(port, "POST", path, body, seconds, CONNECTIONS)
+    if result is not None:
+        return result
     out = subprocess.run([sys.executable, "-m", "bench.loadgen", "--port", str(port),
                           "--method", "POST", "--path", path, "--body", body,
-                          "--seconds", str(SECONDS), "--connections", str(CONNECTIONS)],
+                          "--seconds", str(seconds), "--connections", str(CONNECTIONS)],
                          capture_output=True, text=True, check=True)
-    return json.loads(out.stdout)
+    return {**json.loads(out.stdout), "client": "bench.loadgen"}
+
+
+def refused_only(result: dict) -> bool:
+    statuses = result["statuses"]
+    return set(statuses) == {"503"} or (statuses.get("2xx") == 0 and "non-2xx" in statuses)
+
+
+def accepted_only(result: dict) -> bool:
+    statuses = result["statuses"]
+    return set(statuses) == {"202"} or statuses.get("non-2xx") == 0
+
+
 
 
 def create_session(client: httpx.Client) -> str:
@@ -134,7 +169,7 @@ def drained(port: int) -> float:
 async def _reader(port: int, sid: str, ready: asyncio.Event, seen: list[int],
                   done_at: list[float]) -> None:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(f"GET /session/{sid}/events HTTP/1.1\r\nHost: x\r\n"
+    writer.write(f"GET /session/{sid}/events HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                  f"Accept: text/event-stream\r\n\r\n".encode())
     await reader.readuntil(b"\r\n\r\n")
     ready.set()
@@ -180,49 +215,115 @@ async def _burst(port: int, readers: int, chunks: int) -> tuple[int, float]:
     return sum(seen), max(done_at) - start
 
 
+SHIPPED = "granian"
+HOLD = {"prompt": [{"type": "text", "text": "/sleep 600s hold"}]}
+FLOOR_PATH = "/session/00000000-0000-4000-8000-000000000000/prompt"
+
+
+def refused_503(workspace: str, *extra: str, source: str | None = None) -> dict:
+    """The 503 path: a session whose queue (cap 1) a held prompt fills, loaded."""
+    with acp_server(workspace, 1, None, *extra, source=source) as port:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:
+            sid = create_session(client)
+            client.post(f"/session/{sid}/prompt", json=HOLD)
+        result = load(port, f"/session/{sid}/prompt", PROMPT)
+    assert refused_only(result), result
+    return result
+
+
+def floor(app: str, http: str) -> dict:
+    with server(["-m", "bench.floor_server", app, http], "listening on ") as port:
+        result = load(port, FLOOR_PATH, PROMPT)
+    assert refused_only(result), result
+    return result
+
+
+def floors_and_503(workspace: str) -> dict[str, float]:
+    """Requests/s of every 503 answer, best of ``ROUNDS`` rounds run in turn (the
+    machine's noise hits each alike). ``BENCH_BEFORE`` = another source tree (e.g. a
+    worktree of main): its 503 path is measured in the same rounds."""
+    runs: dict[str, Callable[[], dict]] = {
+        "bare/uvicorn": lambda: floor("bare", "uvicorn"),
+        f"ours/{SHIPPED}": lambda: refused_503(workspace, "--http-server", SHIPPED),
+        "raw/granian": lambda: floor("raw", "granian"),
+        "ours/uvicorn": lambda: refused_503(workspace, "--http-server", "uvicorn"),
+        "raw/uvicorn": lambda: floor("raw", "uvicorn"),
+        "bare/granian": lambda: floor("bare", "granian"),
+    }
+    before = os.environ.get("BENCH_BEFORE")
+    if before:
+        runs["before/uvicorn"] = lambda: refused_503(workspace, source=os.path.abspath(before))
+    best: dict[str, float] = {}
+    for _ in range(ROUNDS):
+        for name, run in runs.items():
+            best[name] = max(best.get(name, 0.0), run()["rps"])
+    return best
+
+
 def main() -> list[str]:
     with tempfile.TemporaryDirectory() as workspace:
-        with acp_server(workspace, 1) as port:
-            with httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:
-                sid = create_session(client)
-                client.post(f"/session/{sid}/prompt",
-                            json={"prompt": [{"type": "text", "text": "/sleep 600s hold"}]})
-            full = load(port, f"/session/{sid}/prompt", PROMPT)
-        with server(["-m", "bench.bare_server"], "listening on ") as port:
-            bare = load(port, "/session/00000000-0000-4000-8000-000000000000/prompt", PROMPT)
+        rps = floors_and_503(workspace)
+        from bench.peer_bench import qwen_503
+
+        qwen = qwen_503(load)
         lag_file = os.path.join(workspace, "lag.txt")
-        with acp_server(workspace, 0, lag_file) as port:
+        with acp_server(workspace, 0, lag_file, "--http-server", SHIPPED) as port:
             with httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:
                 sid = create_session(client)
             accepted = load(port, f"/session/{sid}/prompt", PROMPT)
             drained_at = drained(port)
             p50, p99 = latency(port)
-        with acp_server(workspace, 0) as port:
+        with acp_server(workspace, 0, None, "--http-server", SHIPPED) as port:
             one_events, one_s = asyncio.run(_burst(port, 1, BURST))
             fan_events, fan_s = asyncio.run(_burst(port, READERS, FAN_BURST))
         lag50, lag99, lag_n = lag_p99(lag_file, accepted["started_at"], drained_at)
-    assert set(full["statuses"]) == {"503"}, full
-    assert set(accepted["statuses"]) == {"202"}, accepted
+    assert accepted_only(accepted), accepted
+    ours = rps[f"ours/{SHIPPED}"]
     completed = accepted["requests"] / (drained_at - accepted["started_at"])
-    record("REST prompts accepted and completed / bare route", completed / bare["rps"], 0.5)
+    record(f"503 path ({SHIPPED}) / bare Starlette route on uvicorn", ours / rps["bare/uvicorn"],
+           1.0)
+    record(f"503 path ({SHIPPED}) / raw ASGI callable on {SHIPPED}",
+           ours / rps[f"raw/{SHIPPED}"], 0.7)
+    record(f"503 path ({SHIPPED}) / qwen serve 0.24.4",
+           None if qwen is None else ours / qwen["rps"], 10.0,
+           note="" if qwen is not None else "qwen serve not runnable here")
+    record(f"REST prompts accepted and completed ({SHIPPED}) / bare route on uvicorn",
+           completed / rps["bare/uvicorn"], 0.5)
     record("REST one reader, 10,000-chunk burst, events/s", one_events / one_s, 100_000)
     record(f"REST {READERS} readers of a {FAN_BURST:,}-chunk burst, events/s in total",
            fan_events / fan_s, 300_000)
     record("event-loop lag p99 under the accepted-and-completed load, ms", lag99, 10.0,
            lower_is_better=True)
-    record("503 path / bare route", full["rps"] / bare["rps"], 0.85)
+    client = accepted.get("client", "wrk")
+    rows = [(f"raw ASGI callable, {SHIPPED}", f"raw/{SHIPPED}"),
+            ("raw ASGI callable, uvicorn", "raw/uvicorn"),
+            (f"bare Starlette route, {SHIPPED}", f"bare/{SHIPPED}"),
+            ("bare Starlette route, uvicorn (the floor)", "bare/uvicorn"),
+            (f"**acp-server 503 path, {SHIPPED} (shipped)**", f"ours/{SHIPPED}"),
+            ("acp-server 503 path, uvicorn", "ours/uvicorn"),
+            ("acp-server 503 path before this change (uvicorn)", "before/uvicorn")]
+    lines = [
+        f"## HTTP ({CONNECTIONS} keep-alive connections, {client} in a separate process, "
+        f"{SECONDS:g} s each, best of {ROUNDS} interleaved rounds)", "",
+        "| server and route (the same 503 bytes) | requests/s | / bare route on uvicorn "
+        f"| / raw callable on {SHIPPED} |", "|---|---|---|---|"]
+    for label, key in rows:
+        if key in rps:
+            lines.append(f"| {label} | {rps[key]:.0f} | {rps[key] / rps['bare/uvicorn']:.2f} "
+                         f"| {rps[key] / rps[f'raw/{SHIPPED}']:.2f} |")
+    if qwen is not None:
+        lines.append(f"| qwen serve 0.24.4 (node) | {qwen['rps']:.0f} "
+                     f"| {qwen['rps'] / rps['bare/uvicorn']:.2f} "
+                     f"| {qwen['rps'] / rps[f'raw/{SHIPPED}']:.2f} |")
     return [
-        f"## HTTP (uvicorn, {CONNECTIONS} keep-alive connections from a separate process, "
-        f"{SECONDS:g} s each)", "",
-        "| route | requests/s | ratio to bare |", "|---|---|---|",
-        f"| bare Starlette route, same 503 bytes | {bare['rps']:.0f} | 1.00 |",
-        f"| `POST /session/{{id}}/prompt` → 503 `prompt_queue_full` | {full['rps']:.0f} "
-        f"| {full['rps'] / bare['rps']:.2f} |",
-        f"| `POST /session/{{id}}/prompt` → 202 (reference agent runs each turn) "
-        f"| {accepted['rps']:.0f} | {accepted['rps'] / bare['rps']:.2f} |",
+        *lines, "",
+        f"| `POST /session/{{id}}/prompt` on {SHIPPED} | requests/s | ratio to bare (uvicorn) |",
+        "|---|---|---|",
+        f"| → 202 (reference agent runs each turn) | {accepted['rps']:.0f} "
+        f"| {accepted['rps'] / rps['bare/uvicorn']:.2f} |",
         f"| the same prompts accepted **and completed** ({accepted['requests']} turns, "
         f"first request → queue drained in {drained_at - accepted['started_at']:.2f} s) "
-        f"| {completed:.0f} | {completed / bare['rps']:.2f} |",
+        f"| {completed:.0f} | {completed / rps['bare/uvicorn']:.2f} |",
         "", f"Event-loop lag in the server under that load (probe task sleeping "
         f"{PROBE_INTERVAL_S * 1000:g} ms, {lag_n} samples): p50 {lag50:.2f} ms, "
         f"p99 {lag99:.2f} ms",

@@ -114,7 +114,7 @@ def _e2e_row(name: str, r: dict) -> str:
 async def _subscriber(port: int, task_id: str, ready: asyncio.Event, counts: list[int],
                       done_at: list[float]) -> None:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(f"GET /lmsp/v1/tasks/{task_id}/events HTTP/1.1\r\nHost: x\r\n"
+    writer.write(f"GET /lmsp/v1/tasks/{task_id}/events HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                  f"Accept: text/event-stream\r\n\r\n".encode())
     seen, tail = 0, b""
     ready.set()

@@ -64,6 +64,17 @@ def _no_env_token(monkeypatch: pytest.MonkeyPatch) -> None:
     (["--allow-origin", "not an origin"], "Invalid allow-origin: 'not an origin'"),
     (["--agent", ""], "Invalid agent: ''"),
     (["--agent", "'unterminated"], "Invalid agent"),
+    (["--tls-cert", "/etc/hostname"], "--tls-cert and --tls-key go together"),
+    (["--tls-cert", "/nope.pem", "--tls-key", "/nope.pem"], "Invalid tls-cert: '/nope.pem'"),
+    (["--tls-client-ca", "/etc/hostname"], "--tls-client-ca needs --tls-cert and --tls-key"),
+    (["--hostname", "0.0.0.0", "--token", "t", "--require-tls"],
+     "Refusing to bind 0.0.0.0 (not a loopback address) without TLS"),
+    (["--max-headers", "0"], "Invalid max-headers: 0"),
+    (["--max-header-bytes", "lots"], "Invalid max-header-bytes: 'lots'"),
+    (["--max-request-line-bytes", "-1"], "Invalid max-request-line-bytes: -1"),
+    (["--allow-host", "a:b:c"], "Invalid allow-host: 'a:b:c'"),
+    (["--allow-host", "http://x"], "Invalid allow-host: 'http://x'"),
+    (["--http-server", "nope"], "invalid choice: 'nope'"),
 ])
 def test_invalid_flag_exits_2(flags: list[str], message: str, tmp_path: Path,
                               capsys: pytest.CaptureFixture[str]) -> None:
@@ -113,8 +124,9 @@ def test_token_from_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert _settings("--workspace", str(tmp_path), "--token", "flag").token == "flag"
 
 
-def test_real_run(tmp_path: Path) -> None:
-    with ServeProcess(tmp_path, cwd=tmp_path) as child:
+@pytest.mark.parametrize("server", ["granian", "uvicorn"])
+def test_real_run(tmp_path: Path, server: str) -> None:
+    with ServeProcess(tmp_path, "--http-server", server, cwd=tmp_path) as child:
         _talk_then_terminate(child, tmp_path, state=str(tmp_path / "state"))
 
 
@@ -243,3 +255,29 @@ async def test_drain_closes_the_front_doors_then_the_sessions_then_the_agents(
         assert order == ["lmsp", "acp connections", "session", "agents"]
         assert rest_types[-1] == "session_closed", rest_types
         assert srv.registry.connections == {}
+
+
+@pytest.mark.parametrize("server", ["granian", "uvicorn"])
+def test_sigterm_ends_open_streams_in_order_and_exits_0(tmp_path: Path, server: str) -> None:
+    """On each HTTP server: SIGTERM with a REST event stream and an /acp stream open;
+    the /acp stream ends, the REST stream ends with ``session_closed`` (front doors,
+    then sessions), then the process exits 0."""
+    import json
+    import signal
+
+    with ServeProcess(tmp_path, "--http-server", server) as child:
+        with httpx.Client(base_url=child.base_url, timeout=20) as client:
+            sid = client.post("/session", json={}).json()["sessionId"]
+            conn = client.post("/acp", json={"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                                             "params": {"protocolVersion": 1}}
+                               ).headers["acp-connection-id"]
+            with client.stream("GET", f"/session/{sid}/events") as rest, \
+                    client.stream("GET", "/acp", headers={
+                        "Acp-Connection-Id": conn, "Accept": "text/event-stream"}) as acp:
+                assert rest.status_code == 200 and acp.status_code == 200
+                assert child.process is not None
+                child.process.send_signal(signal.SIGTERM)
+                b"".join(acp.iter_raw())          # ends: the doors close first
+                rest_lines = [ln for ln in rest.iter_lines() if ln.startswith("data:")]
+        assert json.loads(rest_lines[-1][5:])["type"] == "session_closed", rest_lines
+        assert child.process.wait(15) == 0

@@ -8,7 +8,7 @@ Contracts: the door reads this and nothing of ``acp_server.settings``; the compo
 (``acp_server.server``) builds it from the ``Settings`` (and the registry from its
 ``max_connections`` and ``reap_grace_s``).
 ``guard`` is the same policy the HTTP guard enforces; the WebSocket handshake, which
-the guard does not see, checks it here (``websocket.handshake_allowed``).
+the front layer leaves to this door, checks it here (``websocket.handshake_refusal``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from acp_server.acp_http.registry import (DEFAULT_GRACE_S, DEFAULT_MAX_CONNECTIONS,
                                           DEFAULT_RESUME_GRACE_S)
-from acp_server.http.security import GuardPolicy
+from acp_server.http.policy import GuardPolicy
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,8 +45,11 @@ from bridge.errors import (
     SessionLimitExceededError,
     SubscriberLimitExceededError,
 )
-from bridge.jsonrpc import (INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND, REQUEST_CANCELLED,
-                            encode_error)
+import msgspec
+
+from acp_server.http.policy import Refusal
+from bridge.jsonrpc import (INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND,
+                            REQUEST_CANCELLED, encode_error)
 
 RpcId = int | str | None
 
@@ -171,3 +174,14 @@ def encode_bridge_error(rpc_id: RpcId, exc: BaseException) -> bytes:
     code, message, data = to_rpc_error(exc)
     return encode_error(rpc_id, code, message, data)
 
+
+def render_refusal(refusal: Refusal) -> tuple[bytes, bytes]:
+    """The front layer's refusals (and the WebSocket handshake's) in this door's shape:
+    the peer's own bytes where ``qwen serve`` has them (401, the CORS 403), else a
+    JSON-RPC error with no id and ``data.errorKind``."""
+    if refusal.peer_body is not None:
+        return b"application/json", refusal.peer_body
+    return b"application/json", msgspec.json.encode({
+        "jsonrpc": "2.0", "id": None, "error": {
+            "code": INVALID_REQUEST, "message": refusal.message,
+            "data": {"errorKind": refusal.code}}})

@@ -14,16 +14,17 @@ Contracts:
 * The upgrade response carries ``Acp-Connection-Id``. Every stream of the
   connection (its own and every session's) is written to the socket; closing the
   socket closes the connection as a DELETE would.
-* Auth as REST (the shared ``SecurityMiddleware`` only guards HTTP scopes, so the
-  checks of its ``GuardPolicy`` are here): ``Authorization: Bearer <token>`` or
-  ``Sec-WebSocket-Protocol: qwen-bearer.<base64url(token)>``; a disallowed ``Origin`` or a missing or wrong
-  token closes before the handshake completes (the server answers 403).
+* The handshake is checked by the same ``GuardPolicy.check`` as every HTTP request
+  (the front layer leaves WebSocket scopes to this door): Host, Origin, the token as
+  ``Authorization: Bearer <token>`` or ``Sec-WebSocket-Protocol:
+  qwen-bearer.<base64url(token)>``, loopback clients only without a token. A refusal
+  is an HTTP answer in this door's shape where the server supports it
+  (``websocket.http.response``: its status, e.g. 401, 403, 421), else a close before
+  the handshake completes (the server answers 403).
 """
 
 from __future__ import annotations
 
-import base64
-import hmac
 import logging
 import uuid
 
@@ -44,7 +45,8 @@ from acp_server.acp_http.dispatch import (
 from acp_server.acp_http.registry import ConnectionCapError, ConnectionRegistry
 from acp_server.acp_http.streamable import REQUEST_ONLY
 from acp_server.http.body import BodyError, check_json
-from acp_server.http.security import GuardPolicy, is_loopback, is_self_origin
+from acp_server.acp_http.errors import render_refusal
+from acp_server.http.policy import BEARER_PROTOCOL, GuardPolicy, Refusal
 from bridge.jsonrpc import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
@@ -62,7 +64,7 @@ from bridge.jsonrpc import (
 log = logging.getLogger("acp_server.acp_http")
 
 INITIALIZE_TIMEOUT_S = 30.0
-BEARER_PROTOCOL = "qwen-bearer."
+CLOSE_TIMEOUT_S = 2.0
 # Methods handled inline, in arrival order (they never wait on the agent for long);
 # the others run concurrently so that a slow session/new does not hold the socket.
 INLINE_METHODS = frozenset({"session/prompt", "session/cancel", "$/cancel_request"})
@@ -74,34 +76,25 @@ def _protocols(ws: WebSocket) -> list[str]:
     return [p.strip() for p in header.split(",") if p.strip()]
 
 
-def _token_ok(ws: WebSocket, token: str) -> bool:
-    expected = token.encode()
-    value = ws.headers.get("authorization", "")
-    if value[:7].lower() == "bearer " and hmac.compare_digest(expected, value[7:].strip().encode()):
-        return True
-    for protocol in _protocols(ws):
-        if protocol.startswith(BEARER_PROTOCOL):
-            encoded = protocol[len(BEARER_PROTOCOL):]
-            try:
-                given = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4))
-            except ValueError:
-                continue
-            if hmac.compare_digest(expected, given):
-                return True
-    return False
+def handshake_refusal(ws: WebSocket, policy: GuardPolicy) -> Refusal | None:
+    """The shared guard's answer to this handshake (``GuardPolicy.check``: Host, Origin,
+    the token or the bearer subprotocol, loopback only without a token)."""
+    return policy.check(ws.scope)
 
 
-def handshake_allowed(ws: WebSocket, policy: GuardPolicy) -> bool:
-    origin = ws.headers.get("origin")
-    if origin is not None:
-        allowed = {o.rstrip("/").lower() for o in policy.allow_origins}
-        if "*" not in allowed and origin.rstrip("/").lower() not in allowed \
-                and not is_self_origin(origin, ws.scope):
-            return False
-    if policy.token is not None:
-        return _token_ok(ws, policy.token)
-    client = ws.scope.get("client")
-    return client is None or is_loopback(client[0])
+async def refuse_handshake(ws: WebSocket, refusal: Refusal) -> None:
+    """The refusal as an HTTP answer in this door's shape when the server can send one
+    (the ``websocket.http.response`` extension), else a close before the handshake
+    completes (1008; the server answers 403)."""
+    if "websocket.http.response" in ws.scope.get("extensions", {}):
+        content_type, body = render_refusal(refusal)
+        await ws.send({"type": "websocket.http.response.start", "status": refusal.status,
+                       "headers": [(b"content-type", content_type),
+                                   (b"content-length", str(len(body)).encode()),
+                                   *refusal.headers]})
+        await ws.send({"type": "websocket.http.response.body", "body": body})
+        return
+    await ws.close(code=1008)
 
 
 # -- the socket ---------------------------------------------------------------------------
@@ -120,8 +113,9 @@ class _Socket:
 async def acp_websocket(ws: WebSocket, *, registry: ConnectionRegistry,
                         config: AcpConfig) -> None:
     """``/acp`` over one WebSocket; the registry holds the connection (and the bridge)."""
-    if not handshake_allowed(ws, config.guard):
-        await ws.close(code=1008)
+    refusal = handshake_refusal(ws, config.guard)
+    if refusal is not None:
+        await refuse_handshake(ws, refusal)
         return
     connection_id = str(uuid.uuid4())
     subprotocol = next((p for p in _protocols(ws) if p.startswith(BEARER_PROTOCOL)), None)
@@ -144,7 +138,8 @@ async def acp_websocket(ws: WebSocket, *, registry: ConnectionRegistry,
         conn.stream_closed()
         registry.close(conn, lost=True)
         if ws.client_state == WebSocketState.CONNECTED:
-            with anyio.CancelScope(shield=True):
+            # Bounded: a server that has stopped (granian at exit) may never complete it.
+            with anyio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
                 try:
                     await ws.close()
                 except (RuntimeError, OSError):

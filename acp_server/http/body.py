@@ -5,8 +5,13 @@
 
 Contracts:
 
-* ``read_body`` refuses a ``Content-Length`` above ``limit`` before reading anything,
-  and stops reading as soon as the bytes received pass ``limit``: ``BodyTooLarge``.
+* ``read_body`` refuses a ``Content-Length`` above ``limit`` without keeping anything,
+  and stops keeping bytes as soon as the bytes received pass ``limit``:
+  ``BodyTooLarge``. Before the refusal it reads and discards what the client still
+  sends, up to ``DRAIN_MAX_BYTES`` in all and ``DRAIN_S`` seconds (nothing when a larger
+  body is declared): most clients send their whole body before they read, and an HTTP
+  server that closes a connection with unread bytes (granian does) makes them see a
+  reset instead of the 413.
   A client that goes away in the middle of the body raises ``ClientDisconnected``
   (the door answers nothing; the server logs one quiet line).
 * ``check_json`` is a bounded pre-scan run before msgspec sees the bytes: nesting
@@ -26,8 +31,10 @@ from __future__ import annotations
 
 import itertools
 import operator
+from collections.abc import AsyncIterator
 from typing import Any, TypeVar
 
+import anyio
 import msgspec
 from starlette.requests import ClientDisconnect, Request
 
@@ -70,22 +77,42 @@ def too_large(limit: int) -> BodyTooLarge:
     return BodyTooLarge(f"Request body too large (limit {limit} bytes)", limit)
 
 
+DRAIN_MAX_BYTES = 64 << 20   # discarded at most before a 413 (see the contracts)
+DRAIN_S = 5.0
+
+
 async def read_body(request: Request, *, limit: int) -> bytes:
     """The raw body, at most ``limit`` bytes."""
     declared = request.headers.get("content-length")
+    stream = request.stream()
     if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > limit:
+        if int(declared) <= DRAIN_MAX_BYTES:
+            await _discard(stream, DRAIN_MAX_BYTES)
         raise too_large(limit)
     chunks: list[bytes] = []
     size = 0
     try:
-        async for chunk in request.stream():
+        async for chunk in stream:
             size += len(chunk)
             if size > limit:
+                await _discard(stream, DRAIN_MAX_BYTES - size)
                 raise too_large(limit)
             chunks.append(chunk)
     except ClientDisconnect:
         raise ClientDisconnected("The client disconnected during the body") from None
     return b"".join(chunks)
+
+
+async def _discard(stream: AsyncIterator[bytes], budget: int) -> None:
+    """Read and drop the rest of the body: at most ``budget`` bytes and ``DRAIN_S``."""
+    with anyio.move_on_after(DRAIN_S):
+        try:
+            async for chunk in stream:
+                budget -= len(chunk)
+                if budget < 0:
+                    return
+        except ClientDisconnect:
+            return
 
 
 def _brackets(data: bytes) -> bytes:

@@ -1,6 +1,7 @@
-"""Connection guard below ASGI: a header timeout and a connection cap for uvicorn.
+"""Connection guard below ASGI: a header timeout, a connection cap and head caps for uvicorn.
 
-    protocol = guarded_protocol(header_timeout_s=10.0, max_connections=2560)
+    protocol = guarded_protocol(header_timeout_s=10.0, max_connections=2560,
+                                max_header_bytes=65536, max_headers=100, max_request_line=8192)
     uvicorn.Config(app, http=protocol, ...)
     raise_fd_limit()                   # soft RLIMIT_NOFILE -> hard, at start-up
 
@@ -22,6 +23,12 @@ Contracts:
   included), a new connection is answered at once with ``503`` (``Retry-After: 5``,
   ``Connection: close``) without reading it, and closed; it is counted in
   ``REFUSED``.
+* A request head whose request line passes ``max_request_line`` bytes is answered
+  ``414``, one with more than ``max_headers`` header lines or more than
+  ``max_header_bytes`` bytes after its request line ``431`` (REST shape,
+  ``Connection: close``), as soon as the bytes received show it, before the parser
+  buffers more, and the connection is closed: a hostile head costs at most the cap in
+  memory. The front layer checks the same caps exactly on the parsed request.
 * ``raise_fd_limit`` raises the soft file-descriptor limit to the hard one and
   returns it; ``connection_cap`` keeps the cap ``FD_RESERVE`` below that limit.
 """
@@ -40,7 +47,18 @@ _REFUSAL_BODY = b'{"error":"Too many connections","code":"connection_limit"}'
 _REFUSAL = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
             b"retry-after: 5\r\nconnection: close\r\ncontent-length: "
             + str(len(_REFUSAL_BODY)).encode() + b"\r\n\r\n" + _REFUSAL_BODY)
-REFUSED = {"connections": 0, "header_timeouts": 0}
+REFUSED = {"connections": 0, "header_timeouts": 0, "oversized_heads": 0}
+
+
+def _answer(status: bytes, code: bytes, message: bytes) -> bytes:
+    body = b'{"error":"' + message + b'","code":"' + code + b'"}'
+    return (b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\nconnection: close"
+            b"\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+
+LINE_TOO_LONG = _answer(b"414 URI Too Long", b"uri_too_long", b"Request line too long.")
+HEAD_TOO_LARGE = _answer(b"431 Request Header Fields Too Large", b"header_fields_too_large",
+                         b"Header fields too large.")
 
 
 def raise_fd_limit() -> int:
@@ -75,14 +93,22 @@ def _base_protocol() -> type:
 
 
 def guarded_protocol(*, header_timeout_s: float, max_connections: int,
-                     base: type | None = None) -> type:
-    """An HTTP protocol class for ``uvicorn.Config(http=...)`` with both guards."""
+                     max_header_bytes: int = 64 * 1024, max_headers: int = 100,
+                     max_request_line: int = 8 * 1024, base: type | None = None) -> type:
+    """An HTTP protocol class for ``uvicorn.Config(http=...)`` with the guards."""
     parent: Any = base or _base_protocol()
 
     class GuardedProtocol(parent):  # type: ignore[misc, valid-type]
         _refused = False
+        _accepted = False
         _head_timer: Any = None
         _waiting_for: Any = None   # the cycle in force when the timer was armed
+        # The head being received: bytes of its request line (None once complete), of
+        # the header lines after it, their count, and the last bytes (a split CRLF).
+        _line: int | None = 0
+        _fields = 0
+        _lines = 0
+        _tail = b""
 
         def connection_made(self, transport: Any) -> None:
             if len(self.connections) >= max_connections:
@@ -92,10 +118,11 @@ def guarded_protocol(*, header_timeout_s: float, max_connections: int,
                 transport.close()
                 return
             super().connection_made(transport)
+            self._accepted = True
             self._arm()
 
         def connection_lost(self, exc: Exception | None) -> None:
-            if self._refused:
+            if self._refused and not self._accepted:
                 return
             self._disarm()
             super().connection_lost(exc)
@@ -105,13 +132,44 @@ def guarded_protocol(*, header_timeout_s: float, max_connections: int,
                 return
             if self._head_timer is None and (self.cycle is None or self.cycle.response_complete):
                 self._arm()   # a new request starts after a response: its head is timed
+            if self._head_timer is not None:
+                answer = self._measure(data)
+                if answer is not None:
+                    REFUSED["oversized_heads"] += 1
+                    self._disarm()
+                    self.transport.write(answer)
+                    self.transport.close()
+                    self._refused = True
+                    return
             super().data_received(data)
             if self._head_timer is not None and (
                     self.cycle is not self._waiting_for
                     or self.transport.get_protocol() is not self):
                 self._disarm()   # the head is complete, or the connection was upgraded
 
+        def _measure(self, data: bytes) -> bytes | None:
+            """The refusal when the head so far passes a cap, else None."""
+            seen = self._tail + data
+            end = seen.find(b"\r\n\r\n")
+            part = data if end < 0 else data[:max(0, end + 4 - len(self._tail))]
+            self._tail = seen[-3:]
+            if self._line is not None:
+                newline = part.find(b"\n")
+                if newline < 0:
+                    self._line += len(part)
+                    return LINE_TOO_LONG if self._line > max_request_line else None
+                if self._line + newline > max_request_line:
+                    return LINE_TOO_LONG
+                self._line = None
+                part = part[newline + 1:]
+            self._fields += len(part)
+            self._lines += part.count(b"\n")
+            if self._fields > max_header_bytes + 2 * max_headers or self._lines > max_headers + 1:
+                return HEAD_TOO_LARGE
+            return None
+
         def _arm(self) -> None:
+            self._line, self._fields, self._lines, self._tail = 0, 0, 0, b""
             self._waiting_for = self.cycle
             self._head_timer = self.loop.call_later(header_timeout_s, self._head_timeout)
 

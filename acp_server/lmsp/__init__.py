@@ -15,8 +15,7 @@ room ``acp_server.store``.
 from __future__ import annotations
 
 from acp_server.lmsp.errors import EXCEPTION_HANDLERS
-from acp_server.lmsp.endpoints import CORS_DENIED_PROBLEM, UNAUTHORIZED_PROBLEM, routes
+from acp_server.lmsp.endpoints import routes
 from acp_server.lmsp.service import LmspConfig, LmspService, open_lmsp
 
-__all__ = ["CORS_DENIED_PROBLEM", "EXCEPTION_HANDLERS", "UNAUTHORIZED_PROBLEM", "LmspConfig",
-           "LmspService", "open_lmsp", "routes"]
+__all__ = ["EXCEPTION_HANDLERS", "LmspConfig", "LmspService", "open_lmsp", "routes"]

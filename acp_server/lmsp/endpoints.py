@@ -4,8 +4,8 @@
 
 Contracts: every error is a problem object (``application/problem+json``), 405
 included (each path takes every method and answers unknown ones itself), and the
-network guard's 401 (``UNAUTHORIZED_PROBLEM``, which ``acp_server.app`` hands to the
-guard for ``/lmsp/`` paths). Every endpoint gets the ``LmspService`` bound when the
+front layer's refusals (401, 403, 421, 431, …, rendered by
+``problems.render_refusal``). Every endpoint gets the ``LmspService`` bound when the
 routes are built, never from ``app.state``. Task
 creation answers 202 only after the commit; a replay adds ``Idempotent-Replayed:
 true``. Event streams are SSE (§6.4) written by ``acp_server.http.sse``: ``retry: 3000``
@@ -28,7 +28,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import Send
 
 from acp_server.lmsp.listing import list_tasks
-from acp_server.lmsp.problems import LmspError, problem, problem_response, store_unavailable
+from acp_server.lmsp.problems import LmspError, problem_response, store_unavailable
 from acp_server.lmsp.requests import (
     decode_json,
     parse_cursor,
@@ -241,11 +241,4 @@ def routes(service: LmspService) -> list[BaseRoute]:
             for path, methods in table]
 
 
-# -- 401 as a problem object -------------------------------------------------------------
-# The network guard's 401 under /lmsp/ (acp_server.app hands it to SecurityMiddleware).
-UNAUTHORIZED_PROBLEM = encode(problem("unauthorized", "A valid bearer token is required."))
-# The guard's CORS refusal under /lmsp/ (403; §9.3 has no code of its own for it).
-CORS_DENIED_PROBLEM = encode(problem("forbidden", "Request denied by CORS policy."))
-
-
-__all__ = ["CORS_DENIED_PROBLEM", "UNAUTHORIZED_PROBLEM", "routes"]
+__all__ = ["routes"]

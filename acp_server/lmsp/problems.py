@@ -16,6 +16,7 @@ from typing import Any
 from msgspec import UNSET
 from starlette.responses import Response
 
+from acp_server.http.policy import Refusal
 from acp_server.lmsp.wire import ErrorPointer, Problem, encode
 from acp_server.store.errors import RETRY_AFTER_S, StoreUnavailableError
 
@@ -102,3 +103,19 @@ def problem_response(exc: LmspError, *, instance: str | None = None) -> Response
     status, _, headers = CODES[exc.code]
     body = encode(problem(exc.code, exc.detail, instance=instance, **exc.extensions))
     return Response(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
+
+
+_REFUSAL_TITLES = {414: "URI too long", 421: "Misdirected request",
+                   431: "Request header fields too large", 501: "Not implemented",
+                   503: "Service unavailable"}
+
+
+def render_refusal(refusal: Refusal) -> tuple[bytes, bytes]:
+    """The front layer's refusals as problem objects (``code`` = the refusal's code)."""
+    if refusal.code in CODES:
+        body = problem(refusal.code, refusal.message)
+    else:
+        body = Problem(type=PROBLEM_BASE + refusal.code, code=refusal.code,
+                       title=_REFUSAL_TITLES.get(refusal.status, "Refused"),
+                       status=refusal.status, detail=refusal.message)
+    return PROBLEM_JSON.encode(), encode(body)

@@ -1,7 +1,7 @@
 """The top floor: what operators and tooling see of the server, beside the doors.
 
     from acp_server.ops.metrics import Metrics               # GET /metrics
-    from acp_server.ops.request_log import RequestLogMiddleware, configure_logging
+    from acp_server.ops.request_log import AccessRecorder, configure_logging
     from acp_server.ops import openapi                      # GET /openapi.json, `make schemas`
     python -m acp_server.ops.schemas schemas                 # schemas/*.json
 

@@ -1,6 +1,7 @@
-"""Request logs and request metrics: one ASGI middleware outside every other.
+"""Request logs and request metrics: the observer of the one front layer.
 
-    app.add_middleware(RequestLogMiddleware, router_of=lambda: app.router, metrics=metrics)
+    recorder = AccessRecorder(router_of=lambda: app.router, metrics=metrics)
+    FrontLayer(app, policy, doors=..., observer=recorder)   # acp_server.http.front
     configure_logging("json")      # the CLI's --log-format text|json
 
     # text:  2026-12-01 10:02:03,114 INFO acp_server.access: POST /session/{session_id}/prompt
@@ -45,66 +46,50 @@ from typing import Any
 
 import msgspec
 from starlette.routing import Match, Router
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Scope
 
+from acp_server.http.front import count_events
 from acp_server.ops.metrics import Metrics
 
 access_log = logging.getLogger("acp_server.access")
 LOG_FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-OPS_PATHS = frozenset({"/metrics", "/openapi.json"})
 UNMATCHED = "unmatched"
-_SSE = b"text/event-stream"
 _ID_PARAMS = ("session_id", "task_id")
 MAX_ID_CHARS = 128
 
 
-def door_of(path: str) -> str:
-    if path.startswith("/lmsp/"):
-        return "lmsp"
-    if path == "/acp" or path.startswith("/acp/"):
-        return "acp"
-    return "ops" if path in OPS_PATHS else "rest"
+class AccessRecorder:
+    """The request log and the request metrics, as the front layer's observer
+    (``acp_server.http.front.Observer``): called on the event loop when a stream
+    opens and when an exchange ends; never awaits."""
 
-
-def count_events(chunk: bytes) -> int:
-    """SSE frames in ``chunk`` that carry an event (whole frames assumed)."""
-    frames = chunk.count(b"\n\n")
-    if not frames:
-        return 0
-    other = chunk.count(b"\n\n:") + chunk.count(b"\n\nretry:") \
-        + chunk.startswith((b":", b"retry:"))
-    return frames - other
-
-
-def _is_stream(message: Message) -> bool:
-    for key, value in message.get("headers", ()):
-        if key == b"content-type":
-            return bytes(value).startswith(_SSE)
-    return False
-
-
-class RequestLogMiddleware:
-    def __init__(self, app: ASGIApp, *, router_of: Callable[[], Router],
-                 metrics: Metrics | None = None) -> None:
-        self.app = app
+    def __init__(self, *, router_of: Callable[[], Router], metrics: Metrics | None = None
+                 ) -> None:
         self.router_of = router_of
         self.metrics = metrics
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        start = time.perf_counter()
-        state = _Exchange(self, scope, send, start)
-        try:
-            await self.app(scope, receive, state.send)
-        finally:
-            state.finish(time.perf_counter() - start)
+    def stream_opened(self, door: str, scope: Scope) -> None:
+        if self.metrics is not None:
+            self.metrics.stream_opened(door)
+        if access_writer is not None or access_log.isEnabledFor(logging.INFO):
+            self._log(scope, "stream_open", door, 200, None, None)
+
+    def done(self, door: str, scope: Scope, status: int, seconds: float,
+             events: int | None) -> None:
+        route, params = self.resolve(scope)
+        metrics = self.metrics
+        if metrics is not None:
+            metrics.request_done(door, route, status, seconds)
+            if events is not None:
+                metrics.stream_closed(door)
+        if access_writer is not None or access_log.isEnabledFor(logging.INFO):
+            self._log(scope, "request" if events is None else "stream_close", door, status,
+                      seconds, events, route, params)
 
     def resolve(self, scope: Scope) -> tuple[str, dict[str, Any]]:
         """The route template and path parameters; matched again when the router did
-        not run (an answer of the network guard)."""
+        not run (an answer of the front layer)."""
         route = scope.get("route")
         if route is not None:
             return route.path, scope.get("path_params") or {}
@@ -117,61 +102,21 @@ class RequestLogMiddleware:
                 return candidate.path, child.get("path_params") or {}
         return UNMATCHED, {}
 
-
-class _Exchange:
-    """One request: its status, whether it is a stream, the events sent."""
-
-    __slots__ = ("owner", "scope", "downstream", "start", "status", "events", "door")
-
-    def __init__(self, owner: RequestLogMiddleware, scope: Scope, send: Send,
-                 start: float) -> None:
-        self.owner = owner
-        self.scope = scope
-        self.downstream = send
-        self.start = start
-        self.status = 500
-        self.events: int | None = None   # None: not a stream
-        self.door = door_of(scope["path"])
-
-    async def send(self, message: Message) -> None:
-        kind = message["type"]
-        if kind == "http.response.start":
-            self.status = message["status"]
-            if _is_stream(message):
-                self.events = 0
-                if self.owner.metrics is not None:
-                    self.owner.metrics.stream_opened(self.door)
-                if access_writer is not None or access_log.isEnabledFor(logging.INFO):
-                    self._log("stream_open", None)
-        elif self.events is not None and kind == "http.response.body":
-            self.events += count_events(message.get("body", b""))
-        await self.downstream(message)
-
-    def finish(self, seconds: float) -> None:
-        route, params = self.owner.resolve(self.scope)
-        metrics = self.owner.metrics
-        if metrics is not None:
-            metrics.request_done(self.door, route, self.status, seconds)
-            if self.events is not None:
-                metrics.stream_closed(self.door)
-        if access_writer is not None or access_log.isEnabledFor(logging.INFO):
-            self._log("request" if self.events is None else "stream_close", seconds,
-                      route, params)
-
-    def _log(self, kind: str, seconds: float | None, route: str | None = None,
+    def _log(self, scope: Scope, kind: str, door: str, status: int, seconds: float | None,
+             events: int | None, route: str | None = None,
              params: dict[str, Any] | None = None) -> None:
         if route is None:
-            route, params = self.owner.resolve(self.scope)
+            route, params = self.resolve(scope)
         writer = access_writer
         if writer is not None and not writer.json:   # the hot case: straight to the line
             ids = params or {}
             writer.queue.append(writer.prefix() + text_line(
-                kind, self.scope["method"], route, self.status,
-                None if seconds is None else seconds * 1000, self.door,
-                ids.get("session_id"), ids.get("task_id"), self.events))
+                kind, scope["method"], route, status,
+                None if seconds is None else seconds * 1000, door,
+                ids.get("session_id"), ids.get("task_id"), events))
             return
-        fields: dict[str, Any] = {"kind": kind, "method": self.scope["method"], "route": route,
-                                  "status": self.status, "door": self.door}
+        fields: dict[str, Any] = {"kind": kind, "method": scope["method"], "route": route,
+                                  "status": status, "door": door}
         if seconds is not None:
             fields["duration_ms"] = round(seconds * 1000, 3)
         for name in _ID_PARAMS:
@@ -179,7 +124,7 @@ class _Exchange:
             if value is not None:
                 fields[name] = value
         if kind == "stream_close":
-            fields["events"] = self.events
+            fields["events"] = events
         if access_writer is not None:
             access_writer.write(fields)
         else:

@@ -32,7 +32,9 @@ from acp_server.rest.daemon import PermissionReport
 from acp_server.store.errors import Probed
 from bridge import Bridge
 
-__all__ = ["PermissionReport", "RestConfig", "routes"]
+__all__ = ["PermissionReport", "RestConfig", "fast_routes", "routes"]
+
+fast_routes = prompts.fast_routes   # the front layer's hot path: path -> fast handler
 
 
 def routes(bridge: Bridge, config: RestConfig, *,

@@ -6,7 +6,7 @@
 Contracts: the door reads this and nothing of ``acp_server.settings``; the composition
 (``acp_server.server``) builds it from the ``Settings``.
 The security fields are reported by ``/daemon/status`` and ``/capabilities`` only:
-the guard itself (``acp_server.http.security``) enforces them.
+the guard itself (``acp_server.http.policy``) enforces them.
 """
 
 from __future__ import annotations

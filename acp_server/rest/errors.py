@@ -30,6 +30,7 @@ from starlette.responses import Response
 
 from acp_server.http.body import ClientDisconnected
 from acp_server.http.handlers import handle_disconnect
+from acp_server.http.policy import Refusal
 from acp_server.store.errors import StoreUnavailableError
 from bridge.errors import (
     AgentDiedError,
@@ -127,6 +128,14 @@ def error_response(exc: BaseException) -> Response:
 
 
 # -- Starlette exception handlers ----------------------------------------------------------
+def render_refusal(refusal: Refusal) -> tuple[bytes, bytes]:
+    """The front layer's refusals in this door's shape: the peer's own bytes where
+    ``qwen serve`` has them (401, the CORS 403), else ``{"error", "code"}``."""
+    if refusal.peer_body is not None:
+        return b"application/json", refusal.peer_body
+    return b"application/json", _encoder.encode({"error": refusal.message, "code": refusal.code})
+
+
 async def handle_error(request: Request, exc: Exception) -> Response:
     return error_response(exc)
 

@@ -15,16 +15,20 @@ published on the session's event stream, not awaited here).
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute
 
+from acp_server.http.body import BodyError, decode_json
 from acp_server.http.endpoints import route
 from acp_server.rest import wire
 from acp_server.rest.config import RestConfig
 from acp_server.rest.errors import error_response, json_response
 from bridge import Bridge
-from bridge.errors import PromptQueueFullError
+from bridge.errors import BridgeError, PromptQueueFullError
 
 
 async def send_prompt(request: Request, *, bridge: Bridge, config: RestConfig) -> Response:
@@ -53,6 +57,47 @@ async def remove_pending_prompt(request: Request, *, bridge: Bridge) -> Response
     bridge.remove_pending_prompt(request.path_params["session_id"],
                                  request.path_params["prompt_id"])
     return Response(status_code=204)
+
+
+_PROMPT_DECODER = wire._decoders[wire.PromptBody]
+
+
+async def send_prompt_fast(scope: Any, body: bytes, send: Any, *, bridge: Bridge,
+                           config: RestConfig) -> bool:
+    """``send_prompt`` for the front layer's hot path (``acp_server.http.front``): the
+    same answers, bytes for bytes, without the framework. ``False`` (nothing sent) for
+    any case but a plain admission or a full queue: the caller then runs the route
+    itself on the same body (a refused ``send_prompt`` has no effect to repeat)."""
+    for name, _value in scope["headers"]:
+        if name == b"x-qwen-client-id":
+            return False   # validated by the route
+    if len(body) > config.max_body_bytes or not body.strip():
+        return False
+    try:
+        parsed = decode_json(body, _PROMPT_DECODER)
+    except (BodyError, ValueError):
+        return False
+    try:
+        ticket = bridge.send_prompt(scope["path_params"]["session_id"], parsed.prompt,
+                                    deadline_ms=parsed.deadlineMs)
+    except PromptQueueFullError as exc:
+        response = error_response(exc)
+    except BridgeError:
+        return False
+    else:
+        response = json_response(202, wire.PromptAccepted(
+            promptId=ticket.prompt_id, lastEventId=ticket.last_event_id,
+            eventEpoch=ticket.epoch))
+    await send({"type": "http.response.start", "status": response.status_code,
+                "headers": response.raw_headers})
+    await send({"type": "http.response.body", "body": response.body})
+    return True
+
+
+def fast_routes(bridge: Bridge, config: RestConfig) -> dict[str, Any]:
+    """The front layer's fast handlers of this door, by route path (``acp_server.app``)."""
+    return {"/session/{session_id}/prompt":
+            functools.partial(send_prompt_fast, bridge=bridge, config=config)}
 
 
 def routes(bridge: Bridge, config: RestConfig) -> list[BaseRoute]:

@@ -5,11 +5,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.fuzz.live import Live, live_server
+from tests.fuzz.live import Live, live_daemon, live_server
 
 
-@pytest.fixture(params=["asyncio", "trio"])
+@pytest.fixture(params=["asyncio", "trio", "granian-h2"])
 def live(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Live]:
-    """The server under each anyio backend (uvicorn / hypercorn), driven synchronously."""
+    """The server under each anyio backend (uvicorn / hypercorn, HTTP/1.1), and the
+    shipped daemon (granian) over HTTP/2, driven synchronously."""
+    if request.param == "granian-h2":
+        with live_daemon(tmp_path) as server:
+            yield server
+        return
     with live_server(tmp_path, request.param) as server:
         yield server

@@ -1,9 +1,12 @@
 """The in-process server (``tests.harness.local_server``), run in a blocking portal so that
-hypothesis (synchronous) drives it over real HTTP and WebSocket, on either backend.
+hypothesis (synchronous) drives it over real HTTP and WebSocket, on either backend; or
+the shipped daemon (granian, ``tests.harness.ServeProcess``) driven over HTTP/2.
 
     with live_server(tmp_path, "trio") as live:        # hypercorn under trio
         live.http.post("/session", json={})             # a sync httpx client
         live.portal.call(async_fn, ...)                 # run in the server's event loop
+    with live_daemon(tmp_path) as live:                 # acp-server serve, HTTP/2 client
+        ...                                             # (the portal only runs clients)
 
 The bridge runs without session / queue caps (a fuzz run creates many sessions), so
 every answer the doors give is a documented 4xx or a success.
@@ -22,6 +25,7 @@ import httpx
 
 from bridge import BridgeOptions
 from tests.harness.local import local_server
+from tests.harness.process import ServeProcess
 
 OPTIONS = BridgeOptions(max_sessions=0, max_pending_prompts_per_session=0)
 
@@ -47,14 +51,35 @@ def live_server(workspace: Path, backend: str) -> Iterator[Live]:
     with anyio.from_thread.start_blocking_portal(backend) as portal, \
             portal.wrap_async_context_manager(_serve(workspace)) as base_url, \
             httpx.Client(base_url=base_url, timeout=15) as http:
-        session_id = http.post("/session", json={}).json()["sessionId"]
-        task = http.post("/lmsp/v1/tasks", json={"type": "response", "input": {
-            "model": "reference", "input": "seed"}}).json()
-        init = http.post("/acp", json={"jsonrpc": "2.0", "id": 0, "method": "initialize",
-                                       "params": {"protocolVersion": 1}})
-        yield Live(base_url, http, portal, session_id, task["id"],
-                   init.headers["acp-connection-id"])
+        yield _seeded(base_url, http, portal)
         assert_healthy(http)
+
+
+DAEMON_FLAGS = ("--max-sessions", "0", "--max-pending-prompts-per-session", "0",
+                "--max-running-tasks", "4")
+
+
+@contextlib.contextmanager
+def live_daemon(workspace: Path) -> Iterator[Live]:
+    """``acp-server serve`` (granian) in a child process; an HTTP/2-only client."""
+    with ServeProcess(workspace, *DAEMON_FLAGS) as child, \
+            anyio.from_thread.start_blocking_portal("asyncio") as portal, \
+            httpx.Client(base_url=child.base_url, timeout=15, http1=False, http2=True) as http:
+        yield _seeded(child.base_url, http, portal)
+        assert http.get("/health").http_version == "HTTP/2"
+        assert_healthy(http)
+
+
+def _seeded(base_url: str, http: httpx.Client, portal: anyio.from_thread.BlockingPortal
+            ) -> Live:
+    """A session, a task and an /acp connection for the fuzzed paths to name."""
+    session_id = http.post("/session", json={}).json()["sessionId"]
+    task = http.post("/lmsp/v1/tasks", json={"type": "response", "input": {
+        "model": "reference", "input": "seed"}}).json()
+    init = http.post("/acp", json={"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                                   "params": {"protocolVersion": 1}})
+    return Live(base_url, http, portal, session_id, task["id"],
+                init.headers["acp-connection-id"])
 
 
 def assert_healthy(http: httpx.Client) -> None:

@@ -96,3 +96,23 @@ def path_ids(real: list[str]) -> st.SearchStrategy[str]:
         lambda s: urllib.parse.quote(s, safe="") or "x")
     encoded = st.sampled_from(["a%2Fb", "%2F", "..", "%00", "%2e%2e", "%ZZ", "%"])
     return st.one_of(quoted, encoded)
+
+
+# -- Host and head sizes (the front layer's guard) ----------------------------------------
+LOOPBACK_NAMES = ["localhost", "127.0.0.1", "[::1]", "LocalHost", "127.1.2.3"]
+HOST_NAMES = st.one_of(st.sampled_from([*LOOPBACK_NAMES, "evil.example", "localhost.evil",
+                                        "127.0.0.1.nip.io", "[::1", "::1", "", "a b",
+                                        "xn--e1afmkfd", "0x7f.1", "2130706433"]),
+                       st.text(alphabet=st.characters(min_codepoint=0x21, max_codepoint=0x7e),
+                               min_size=1, max_size=30).filter(lambda s: "/" not in s))
+
+
+def hosts(port: int) -> st.SearchStrategy[str]:
+    """``Host`` values: names, with our port, another port, a malformed one, or none."""
+    ports = st.sampled_from(["", f":{port}", ":1", ":", ":99999999", f":{port}0", ":x"])
+    return st.tuples(HOST_NAMES, ports).map("".join)
+
+
+# (count, size) of extra header fields: around the caps of the fuzzed server
+HEAD_SIZES = st.tuples(st.integers(min_value=0, max_value=140),
+                       st.integers(min_value=1, max_value=2048))

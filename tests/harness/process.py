@@ -1,5 +1,7 @@
 """``acp-server serve`` as a child process, for the tests that need the real thing:
-uvicorn and the connection guard as shipped, signals, crashes, several instances.
+the HTTP server (``--http-server``) and its guards as shipped, signals, crashes, several
+instances; with ``--tls-cert`` the URL is ``https://`` and the clients trust any
+certificate.
 
     with ServeProcess(tmp_path, "--max-sessions", "0") as child:        # synchronous
         child.http.get("/health")
@@ -44,7 +46,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN_ENV = "ACP_SERVER_TOKEN"
 START_TIMEOUT_S = 30
-LISTENING = re.compile(r"acp-server listening on (http://(?:\[[^\]]+\]|[^:\s]+):(\d+)) ")
+LISTENING = re.compile(r"acp-server listening on (https?://(?:\[[^\]]+\]|[^:\s]+):(\d+)) ")
 
 
 class ServeProcess:
@@ -154,7 +156,7 @@ class ServeProcess:
         """A synchronous client on the child (with its token), closed on stop."""
         if self._http is None:
             self._http = httpx.Client(base_url=self.base_url, timeout=10,
-                                      headers=self._headers())
+                                      headers=self._headers(), verify=False)
         return self._http
 
     @property
@@ -179,7 +181,7 @@ class ServeProcess:
     async def __aenter__(self) -> ServeProcess:
         await anyio.to_thread.run_sync(self.start)
         self._client = httpx.AsyncClient(base_url=self.base_url, timeout=10,
-                                         headers=self._headers())
+                                         headers=self._headers(), verify=False)
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None,

@@ -59,7 +59,7 @@ async def test_stopped_reader_is_still_evicted(server: RunningServer) -> None:
     sid = (await server.create_session())["sessionId"]
     port = int(server.base_url.rsplit(":", 1)[1])
     stalled = await anyio.connect_tcp("127.0.0.1", port)
-    await stalled.send(f"GET /session/{sid}/events HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    await stalled.send(f"GET /session/{sid}/events HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
     bus = server.bridge.get_session(sid).bus
     with anyio.fail_after(10):
         while bus.subscriber_count < 1:

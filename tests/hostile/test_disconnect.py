@@ -18,7 +18,7 @@ async def test_disconnect_mid_body_logs_one_quiet_line(tmp_path: Path) -> None:
     async with ServeProcess(tmp_path) as daemon:
         for path in paths:
             stream = await daemon.raw()
-            await stream.send(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+            await stream.send(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json"
                               "\r\nContent-Length: 1000\r\n\r\n{\"cwd\":".encode())
             await stream.aclose()
         with anyio.fail_after(10):

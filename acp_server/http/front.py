@@ -1,0 +1,321 @@
+"""The one ASGI layer outside every door: the guard, CORS, the request cap, and the
+hooks of the request log and the request metrics.
+
+    front = FrontLayer(app, policy, doors=[Door("/lmsp/", "lmsp", lmsp_render),
+                                           Door("/acp", "acp", acp_render),
+                                           Door("", "rest", rest_render)],
+                       observer=access_recorder, max_in_flight=None)
+
+Why one layer: a request used to cross three (the request log, the security
+middleware, Starlette's error middleware) before the router; each cost an ``await``
+frame and a wrapped ``send`` on the 503 path. Here one ``__call__`` checks the request
+(``GuardPolicy.inspect``), answers a refusal from bytes encoded once per (refusal,
+door), wraps ``send`` once to see the status and count SSE events, and reports the
+exchange to the observer when it ends.
+
+Contracts:
+
+* **http** scopes: a refusal of the policy is answered in the door's shape (the first
+  ``Door`` whose prefix matches the path; ``"/x/"`` and ``"/x"`` match ``/x`` and
+  ``/x/…``; ``""`` matches all), with its CORS headers when the Origin is allowed,
+  before the body is read and without entering the app. An allowed preflight
+  (``OPTIONS`` with ``Access-Control-Request-Method``) is answered 204. Every other
+  answer from the app gets the CORS headers of an allowed Origin.
+* ``max_in_flight`` (for servers that cannot cap connections below ASGI): past that
+  many http requests and WebSockets in progress (SSE streams included), a new one is
+  answered ``503`` ``connection_limit`` with ``Retry-After: 5`` and ``Connection:
+  close`` at once; counted in ``stats["connections"]``.
+* **websocket** scopes pass to the app, which checks its handshake with the same
+  policy (``acp_server.acp_http.websocket``); other scope types pass through.
+* **Hot routes** (``HotRoute``): a request whose method and path match one (segment
+  by segment, no regex) has its body read here (up to ``HOT_BODY_MAX`` bytes; a larger
+  declared ``Content-Length`` skips the hot path, unread) and is
+  handed to the door's fast handler with ``scope["route"]`` and ``path_params`` set as
+  the router would; when the handler declines (returns ``False`` having sent nothing),
+  the full app runs the request with the body replayed. Answers are the route's own,
+  byte for byte: the fast handler only skips the framework.
+* The observer sees every http exchange: ``stream_opened(door, scope)`` when an
+  ``text/event-stream`` answer starts, ``done(door, scope, status, seconds, events)``
+  when the exchange ends (``events`` is ``None`` unless it was a stream; status 500
+  when the app raised before answering). It is called on the event loop, never awaits.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, MutableMapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from acp_server.http.policy import GuardPolicy, Refusal, Renderer
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Any]
+Send = Callable[[Message], Any]
+ASGIApp = Callable[[Scope, Receive, Send], Any]
+
+ALLOW_METHODS = b"GET, POST, PATCH, DELETE, OPTIONS"
+ALLOW_HEADERS = (b"Authorization, Content-Type, X-Qwen-Client-Id, Last-Event-ID, X-Qwen-Event-Epoch, "
+                 b"Acp-Connection-Id, Acp-Session-Id, Idempotency-Key")
+EXPOSE_HEADERS = (b"Retry-After, X-Qwen-Event-Epoch, X-Qwen-SSE-Stream-Id, Acp-Connection-Id, "
+                  b"Idempotent-Replayed, Location, x-should-retry")
+CONNECTION_LIMIT = Refusal(503, "connection_limit", "Too many connections",
+                           peer_body=b'{"error":"Too many connections","code":"connection_limit"}',
+                           headers=((b"retry-after", b"5"), (b"connection", b"close")))
+_SSE = b"text/event-stream"
+
+
+HOT_BODY_MAX = 1 << 20
+HotHandler = Callable[[Scope, bytes, Send], Any]   # -> awaitable bool: answered or not
+
+
+@dataclass(frozen=True, slots=True)
+class HotRoute:
+    """A framework route (``route``, for logs and metrics) with a fast handler."""
+
+    method: str
+    route: Any
+    handler: HotHandler
+
+    def template(self) -> tuple[str | tuple[str], ...]:
+        return tuple((part[1:-1],) if part.startswith("{") else part
+                     for part in self.route.path.strip("/").split("/"))
+
+
+@dataclass(frozen=True, slots=True)
+class Door:
+    """A path prefix, the door's name (logs, metrics) and how it renders a refusal."""
+
+    prefix: str
+    name: str
+    render: Renderer
+    _base: str = field(init=False, repr=False, compare=False)
+    _under: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_base", self.prefix.rstrip("/"))
+        object.__setattr__(self, "_under", self.prefix.rstrip("/") + "/")
+
+    def matches(self, path: str) -> bool:
+        return not self.prefix or path == self._base or path.startswith(self._under)
+
+
+class Observer(Protocol):
+    def stream_opened(self, door: str, scope: Scope) -> None: ...
+
+    def done(self, door: str, scope: Scope, status: int, seconds: float,
+             events: int | None) -> None: ...
+
+
+def count_events(chunk: bytes) -> int:
+    """SSE frames in ``chunk`` that carry an event (whole frames assumed)."""
+    frames = chunk.count(b"\n\n")
+    if not frames:
+        return 0
+    other = chunk.count(b"\n\n:") + chunk.count(b"\n\nretry:") \
+        + chunk.startswith((b":", b"retry:"))
+    return frames - other
+
+
+def cors_headers(origin: bytes) -> list[tuple[bytes, bytes]]:
+    return [(b"access-control-allow-origin", origin), (b"vary", b"Origin"),
+            (b"access-control-expose-headers", EXPOSE_HEADERS)]
+
+
+class _Exchange:
+    """One request's answer as it goes out: its status, and events when a stream."""
+
+    __slots__ = ("front", "door", "scope", "downstream", "status", "events", "cors")
+
+    def __init__(self, front: FrontLayer, door: Door, scope: Scope, send: Send,
+                 cors: list[tuple[bytes, bytes]] | None) -> None:
+        self.front = front
+        self.door = door
+        self.scope = scope
+        self.downstream = send
+        self.status = 500
+        self.events: int | None = None
+        self.cors = cors
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+            headers = message.get("headers", ())
+            for key, value in headers:
+                if key == b"content-type":
+                    if bytes(value).startswith(_SSE):
+                        self.events = 0
+                        observer = self.front.observer
+                        if observer is not None:
+                            observer.stream_opened(self.door.name, self.scope)
+                    break
+            if self.cors is not None:
+                message["headers"] = [*headers, *self.cors]
+        elif self.events is not None and message["type"] == "http.response.body":
+            self.events += count_events(message.get("body", b""))
+        await self.downstream(message)
+
+
+class FrontLayer:
+    def __init__(self, app: ASGIApp, policy: GuardPolicy, *, doors: Sequence[Door],
+                 observer: Observer | None = None, max_in_flight: int | None = None,
+                 stats: MutableMapping[str, int] | None = None,
+                 hot: Sequence[HotRoute] = ()) -> None:
+        self.app = app
+        self.policy = policy
+        self.doors = tuple(doors)
+        self.observer = observer
+        self.max_in_flight = max_in_flight
+        self.in_flight = 0
+        self.stats = stats if stats is not None else {"connections": 0}
+        self._encoded: dict[tuple[Refusal, str], tuple[Message, Message]] = {}
+        self._hot = {(h.method, len(h.template())): (h, h.template()) for h in hot}
+
+    def _hot_route(self, scope: Scope) -> tuple[HotRoute, dict[str, str]] | None:
+        segments = scope["path"].strip("/").split("/")
+        found = self._hot.get((scope["method"], len(segments)))
+        if found is None:
+            return None
+        hot, template = found
+        params: dict[str, str] = {}
+        for want, got in zip(template, segments):
+            if type(want) is tuple:
+                if not got:
+                    return None
+                params[want[0]] = got
+            elif want != got:
+                return None
+        return hot, params
+
+    def door_of(self, path: str) -> Door:
+        for door in self.doors:
+            if door.matches(path):
+                return door
+        return self.doors[-1]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind != "http":
+            if kind == "websocket" and self.max_in_flight is not None:
+                if self.in_flight >= self.max_in_flight:
+                    self.stats["connections"] = self.stats.get("connections", 0) + 1
+                    await send({"type": "websocket.close", "code": 1013})
+                    return
+                self.in_flight += 1
+                try:
+                    await self.app(scope, receive, send)
+                finally:
+                    self.in_flight -= 1
+                return
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        door = self.door_of(scope["path"])
+        if self.max_in_flight is not None and self.in_flight >= self.max_in_flight:
+            self.stats["connections"] = self.stats.get("connections", 0) + 1
+            await self._refuse(send, CONNECTION_LIMIT, door, None)
+            self._done(door, scope, CONNECTION_LIMIT.status, start, None)
+            return
+        refusal, origin = self.policy.inspect(scope)
+        if refusal is not None:
+            await self._refuse(send, refusal, door, origin)
+            self._done(door, scope, refusal.status, start, None)
+            return
+        if origin is not None and scope["method"] == "OPTIONS" and _has(
+                scope, b"access-control-request-method"):
+            await send({"type": "http.response.start", "status": 204, "headers": [
+                *cors_headers(origin),
+                (b"access-control-allow-methods", ALLOW_METHODS),
+                (b"access-control-allow-headers", ALLOW_HEADERS),
+                (b"access-control-max-age", b"600")]})
+            await send({"type": "http.response.body", "body": b""})
+            self._done(door, scope, 204, start, None)
+            return
+        exchange = _Exchange(self, door, scope, send,
+                             None if origin is None else cors_headers(origin))
+        self.in_flight += 1
+        try:
+            hot = self._hot_route(scope) if self._hot else None
+            if hot is not None:
+                receive = await self._hot_path(scope, receive, exchange, *hot)
+                if receive is None:
+                    return
+            await self.app(scope, receive, exchange.send)
+        finally:
+            self.in_flight -= 1
+            self._done(door, scope, exchange.status, start, exchange.events)
+
+    async def _hot_path(self, scope: Scope, receive: Receive, exchange: _Exchange,
+                        hot: HotRoute, params: dict[str, str]) -> Receive | None:
+        """``None`` when the fast handler answered; else the ``receive`` that replays
+        the body read so far, for the full app. A declared body over ``HOT_BODY_MAX``
+        goes to the app unread (its cap answers before the body)."""
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                if not value.isdigit() or int(value) > HOT_BODY_MAX:
+                    return receive
+                break
+        chunks: list[bytes] = []
+        size, more = 0, True
+        while more and size <= HOT_BODY_MAX:
+            message = await receive()
+            if message["type"] != "http.request":   # gone: the app sees it as it was
+                return _replay(chunks, message, receive)
+            chunk = message.get("body", b"")
+            chunks.append(chunk)
+            size += len(chunk)
+            more = message.get("more_body", False)
+        scope["route"], scope["path_params"] = hot.route, params
+        if not more and await hot.handler(scope, b"".join(chunks), exchange.send):
+            return None
+        return _replay(chunks, None if not more else {"more": True}, receive)
+
+    def _done(self, door: Door, scope: Scope, status: int, start: float,
+              events: int | None) -> None:
+        if self.observer is not None:
+            self.observer.done(door.name, scope, status, time.perf_counter() - start, events)
+
+    async def _refuse(self, send: Send, refusal: Refusal, door: Door,
+                      origin: bytes | None) -> None:
+        key = (refusal, door.name)
+        encoded = self._encoded.get(key)
+        if encoded is None:
+            content_type, body = door.render(refusal)
+            headers = [(b"content-type", content_type),
+                       (b"content-length", str(len(body)).encode()), *refusal.headers]
+            encoded = self._encoded[key] = (
+                {"type": "http.response.start", "status": refusal.status, "headers": headers},
+                {"type": "http.response.body", "body": body})
+        start, body_message = encoded
+        if origin is not None:
+            start = {**start, "headers": [*start["headers"], *cors_headers(origin)]}
+        # Fresh dicts: a server may keep or change what it is sent.
+        await send(dict(start))
+        await send(dict(body_message))
+
+
+def _replay(chunks: list[bytes], last: Message | None, receive: Receive) -> Receive:
+    """A ``receive`` that gives the body read so far as one message, then the rest."""
+    pending: list[Message] = []
+    if last is not None and "more" in last:
+        pending.append({"type": "http.request", "body": b"".join(chunks), "more_body": True})
+    else:
+        pending.append({"type": "http.request", "body": b"".join(chunks), "more_body": False})
+        if last is not None:   # a disconnect seen while reading
+            pending.append(last)
+
+    async def replayed() -> Message:
+        if pending:
+            return pending.pop(0)
+        return await receive()   # type: ignore[no-any-return]
+
+    return replayed
+
+
+def _has(scope: Scope, name: bytes) -> bool:
+    return any(key == name for key, _ in scope["headers"])
+
+
+__all__ = ["ALLOW_HEADERS", "ALLOW_METHODS", "CONNECTION_LIMIT", "Door", "EXPOSE_HEADERS",
+           "FrontLayer", "HotRoute", "Observer", "count_events", "cors_headers"]

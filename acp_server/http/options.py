@@ -1,0 +1,93 @@
+"""The HTTP layer's options: which server, TLS, and the caps on request heads.
+
+    options = HttpOptions.from_flags(server="granian", tls_cert="c.pem", tls_key="k.pem",
+                                     allow_host=["dev.box"], max_header_bytes="65536")
+    options.tls        # True
+    options.server     # "granian"
+
+Contracts: ``HttpOptions(...)`` and ``from_flags`` raise ``ValueError`` with the message
+the CLI prints before exiting 2: an unknown server, a certificate without its key (or
+the reverse), a client CA without a certificate, a file that cannot be read, a cap
+that is not a positive integer, or a malformed ``--allow-host``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from acp_server.http.policy import (
+    DEFAULT_MAX_HEADER_BYTES,
+    DEFAULT_MAX_HEADERS,
+    DEFAULT_MAX_REQUEST_LINE,
+    split_host,
+)
+
+SERVERS = ("granian", "uvicorn", "hypercorn")
+DEFAULT_SERVER = "granian"
+
+
+@dataclass(frozen=True, slots=True)
+class HttpOptions:
+    server: str = DEFAULT_SERVER
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_client_ca: str | None = None    # mutual TLS: clients must show a certificate it signed
+    require_tls: bool = False           # refuse to start on a non-loopback bind without TLS
+    allow_hosts: tuple[str, ...] = ()
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
+    max_headers: int = DEFAULT_MAX_HEADERS
+    max_request_line: int = DEFAULT_MAX_REQUEST_LINE
+
+    def __post_init__(self) -> None:
+        if self.server not in SERVERS:
+            raise ValueError(f"Invalid http-server: {self.server!r}. Must be one of "
+                             f"{', '.join(SERVERS)}.")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("--tls-cert and --tls-key go together: pass both or neither.")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise ValueError("--tls-client-ca needs --tls-cert and --tls-key.")
+        for flag, path in (("tls-cert", self.tls_cert), ("tls-key", self.tls_key),
+                           ("tls-client-ca", self.tls_client_ca)):
+            if path is not None and not os.access(path, os.R_OK):
+                raise ValueError(f"Invalid {flag}: {path!r}. Must be a readable PEM file.")
+        for name, flag in (("max_header_bytes", "max-header-bytes"),
+                           ("max_headers", "max-headers"),
+                           ("max_request_line", "max-request-line-bytes")):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"Invalid {flag}: {value!r}. Must be a positive integer.")
+        for host in self.allow_hosts:
+            if not host or split_host(host) is None or "/" in host:
+                raise ValueError(f"Invalid allow-host: {host!r}. Must be a host name or "
+                                 "address, optionally with :port (e.g. dev.box:4170).")
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert is not None
+
+    @classmethod
+    def from_flags(cls, *, server: str = DEFAULT_SERVER, tls_cert: str | None = None,
+                   tls_key: str | None = None, tls_client_ca: str | None = None,
+                   require_tls: bool = False, allow_host: Iterable[str] = (),
+                   max_header_bytes: str | int = DEFAULT_MAX_HEADER_BYTES,
+                   max_headers: str | int = DEFAULT_MAX_HEADERS,
+                   max_request_line: str | int = DEFAULT_MAX_REQUEST_LINE) -> HttpOptions:
+        return cls(server=server, tls_cert=tls_cert, tls_key=tls_key,
+                   tls_client_ca=tls_client_ca, require_tls=require_tls,
+                   allow_hosts=tuple(h.strip().lower() for h in allow_host),
+                   max_header_bytes=_int(max_header_bytes), max_headers=_int(max_headers),
+                   max_request_line=_int(max_request_line))
+
+
+def _int(value: str | int) -> int | str:
+    if isinstance(value, int):
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        return value   # named by the validator's message
+
+
+__all__ = ["DEFAULT_SERVER", "SERVERS", "HttpOptions"]

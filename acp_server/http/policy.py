@@ -1,0 +1,299 @@
+"""One security check for every transport: ``GuardPolicy.check(scope) -> Refusal | None``.
+
+    policy = GuardPolicy(token="s3cret", loopback_bind=True, allow_hosts=("dev.box",))
+    refusal = policy.check(scope)          # an ASGI http or websocket scope
+    if refusal is not None:
+        content_type, body = render(refusal)   # the door's own renderer (its error shape)
+
+The HTTP front layer (``acp_server.http.front``) and the ``/acp`` WebSocket handshake
+both call it, as the MCP SDK's ``transport_security`` is called by each transport.
+
+Contracts (the checks run in this order; the first that fails is the answer):
+
+1. **Sizes** (a second line behind the HTTP server's own caps, the same on every
+   server and on HTTP/2): a request line (method, target, version) over
+   ``max_request_line`` bytes → ``414``; more than ``max_headers`` header fields, or
+   more than ``max_header_bytes`` of names and values → ``431``.
+2. **Transfer codings** (http scopes): a ``Transfer-Encoding`` other than ``chunked``
+   alone (``gzip, chunked``, ``identity``, …) → ``501``; we decode no coding.
+3. **Host** (DNS rebinding): on a loopback bind only ``localhost``, ``127.0.0.1``,
+   ``[::1]`` (any loopback address), with any port (a local relay or port forward
+   names its own; a rebound name is never one of these), are accepted, plus the
+   ``allow_hosts`` entries (``name`` = any port, ``name:port`` = that port); anything
+   else → ``421``. With ``allow_hosts`` given the same holds on any bind;
+   on a non-loopback bind without it the Host is not checked. A request with no
+   ``Host`` (HTTP/1.0 tools; no browser sends one) passes.
+4. **Origin**: an ``Origin`` not allow-listed (``allow_origins``; ``*`` = any) and not
+   our own loopback origin seen from a loopback client → ``403`` (the peer's bytes,
+   ``{"error":"Request denied by CORS policy"}``).
+5. **Token**: with a token, every request needs ``Authorization: Bearer <token>``
+   (a WebSocket may carry it as ``Sec-WebSocket-Protocol: qwen-bearer.<base64url>``),
+   compared in constant time → ``401`` otherwise. ``OPEN_PATHS`` are exempt unless
+   ``health_needs_auth``, and so are ``public(method, path)`` requests (the web
+   console's files; never a WebSocket), and so is an allowed CORS preflight
+   (``OPTIONS`` with ``Access-Control-Request-Method``). **Without** a token only loopback clients
+   are served, on HTTP and WebSocket alike → ``403``.
+
+``check`` is pure: it reads the scope, allocates nothing on the common path (no
+Origin, no token, a loopback Host) and never awaits. ``inspect`` also returns the
+Origin to echo in CORS headers (the front layer needs it; the WebSocket does not).
+"""
+
+from __future__ import annotations
+
+import base64
+import hmac
+import ipaddress
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+OPEN_PATHS = frozenset({"/health", "/metrics"})   # the health_needs_auth rule
+BEARER_PROTOCOL = "qwen-bearer."
+DEFAULT_MAX_HEADER_BYTES = 64 * 1024
+DEFAULT_MAX_HEADERS = 100
+DEFAULT_MAX_REQUEST_LINE = 8 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """An answer given before any door runs; each door renders it in its own shape
+    (``Renderer``). ``code`` is machine-readable (REST ``code``, ``/acp``
+    ``data.errorKind``, LMSP problem ``code``); ``peer_body`` is the exact body
+    ``qwen serve`` answers (401, CORS 403), which REST and ``/acp`` keep."""
+
+    status: int
+    code: str
+    message: str
+    peer_body: bytes | None = None
+    headers: tuple[tuple[bytes, bytes], ...] = ()
+
+
+UNAUTHORIZED = Refusal(401, "unauthorized", "A valid bearer token is required.",
+                       peer_body=b'{"error":"Unauthorized"}')
+CORS_DENIED = Refusal(403, "forbidden", "Request denied by CORS policy.",
+                      peer_body=b'{"error":"Request denied by CORS policy"}')
+NOT_LOOPBACK = Refusal(403, "forbidden",
+                       "No token is configured: only loopback clients are served.")
+MISDIRECTED = Refusal(421, "misdirected_request",
+                      "Host not accepted by this server (see --allow-host).")
+LINE_TOO_LONG = Refusal(414, "uri_too_long", "Request line too long.")
+TOO_MANY_HEADERS = Refusal(431, "header_fields_too_large", "Too many header fields.")
+HEADERS_TOO_LARGE = Refusal(431, "header_fields_too_large", "Header fields too large.")
+CODING_UNSUPPORTED = Refusal(501, "transfer_coding_unsupported",
+                             "Transfer-Encoding other than chunked is not supported.")
+
+
+Renderer = Callable[[Refusal], tuple[bytes, bytes]]   # -> (content type, body)
+
+
+def is_loopback(hostname: str) -> bool:
+    host = hostname.strip("[]")
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _port(value: Any) -> int | None:
+    try:
+        return int(value)   # some servers (granian) give ports as strings
+    except (TypeError, ValueError):
+        return None
+
+
+def is_self_origin(origin: str, scope: Any) -> bool:
+    """A loopback origin naming our own port, sent by a loopback client."""
+    client = scope.get("client")
+    server = scope.get("server")
+    if not client or not server or not is_loopback(str(client[0])):
+        return False
+    try:
+        parts = urlsplit(origin)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and is_loopback(parts.hostname or "") \
+        and port == _port(server[1])
+
+
+def split_host(value: str) -> tuple[str, int | None] | None:
+    """``Host`` → (lowercase name, port or None); ``None`` when malformed."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        end = value.find("]")
+        if end < 0:
+            return None
+        name, rest = value[:end + 1], value[end + 1:]
+        if not rest:
+            return name, None
+        if not rest.startswith(":"):
+            return None
+        port_text = rest[1:]
+    else:
+        name, sep, port_text = value.rpartition(":")
+        if not sep:
+            return value, None
+        if ":" in name:   # a bare IPv6 address is not a valid Host
+            return None
+    if not port_text.isdigit() or len(port_text) > 5:
+        return None
+    return name, int(port_text)
+
+
+@dataclass(frozen=True)
+class GuardPolicy:
+    """What the guard enforces (see the module docstring for the rules)."""
+
+    token: str | None = None
+    health_needs_auth: bool = False
+    allow_origins: tuple[str, ...] = ()
+    loopback_bind: bool = True
+    allow_hosts: tuple[str, ...] = ()
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
+    max_headers: int = DEFAULT_MAX_HEADERS
+    max_request_line: int = DEFAULT_MAX_REQUEST_LINE
+    public: Callable[[str, str], bool] | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        setattr_ = object.__setattr__
+        setattr_(self, "_token", self.token.encode() if self.token is not None else None)
+        setattr_(self, "_allow_any", "*" in self.allow_origins)
+        setattr_(self, "_origins", frozenset(o.rstrip("/").lower() for o in self.allow_origins))
+        any_port, exact = set(), set()
+        for entry in self.allow_hosts:
+            parsed = split_host(entry)
+            if parsed is None:
+                raise ValueError(f"Invalid allow-host: {entry!r}. Must be a host name, "
+                                 "optionally with :port.")
+            (exact.add(parsed) if parsed[1] is not None else any_port.add(parsed[0]))
+        setattr_(self, "_hosts_any_port", frozenset(any_port))
+        setattr_(self, "_hosts_exact", frozenset(exact))
+        setattr_(self, "_check_host", self.loopback_bind or bool(self.allow_hosts))
+        # Accepted Host header values seen so far (bounded): the common case is one lookup.
+        setattr_(self, "_good_hosts", {})
+        setattr_(self, "_clients", {})   # client address -> loopback (bounded memo)
+
+    # -- the check ------------------------------------------------------------------
+    def check(self, scope: Any) -> Refusal | None:
+        """The refusal for this http or websocket scope, or ``None`` to serve it."""
+        return self.inspect(scope)[0]
+
+    def inspect(self, scope: Any) -> tuple[Refusal | None, bytes | None]:
+        """(refusal or None, the allow-listed ``Origin`` to echo or None)."""
+        headers = scope["headers"]
+        if len(headers) > self.max_headers:
+            return TOO_MANY_HEADERS, None
+        line = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"") \
+            + len(scope.get("method", "GET")) + 11
+        if line > self.max_request_line:
+            return LINE_TOO_LONG, None
+        host = origin = authorization = coding = protocols = None
+        preflight = False
+        size = 0
+        for name, value in headers:
+            size += len(name) + len(value)
+            if name == b"host":
+                host = value
+            elif name == b"origin":
+                origin = value
+            elif name == b"authorization":
+                authorization = value
+            elif name == b"transfer-encoding":
+                coding = value if coding is None else coding + b"," + value
+            elif name == b"sec-websocket-protocol":
+                protocols = value
+            elif name == b"access-control-request-method":
+                preflight = True
+        if size > self.max_header_bytes:
+            return HEADERS_TOO_LARGE, None
+        if coding is not None and coding.strip().lower() != b"chunked" \
+                and scope["type"] == "http":
+            return CODING_UNSUPPORTED, None
+        if host is not None and self._check_host and not self._host_ok(host):
+            return MISDIRECTED, None
+        allowed: bytes | None = None
+        if origin is not None:
+            text = origin.decode("latin-1")
+            if self._allow_any or text.rstrip("/").lower() in self._origins:  # type: ignore[attr-defined]
+                allowed = origin
+            elif not is_self_origin(text, scope):
+                return CORS_DENIED, None
+            if preflight and allowed is not None and scope.get("method") == "OPTIONS":
+                return None, allowed   # a preflight is answered before authentication
+        if self._token is None:   # type: ignore[attr-defined]
+            client = scope.get("client")
+            if client and not self._loopback_client(client[0]):
+                return NOT_LOOPBACK, allowed
+            return None, allowed
+        if self._exempt(scope):
+            return None, allowed
+        if self._token_ok(authorization, protocols if scope["type"] == "websocket" else None):
+            return None, allowed
+        return UNAUTHORIZED, allowed
+
+    # -- parts ----------------------------------------------------------------------
+    def _host_ok(self, value: bytes) -> bool:
+        good: dict[bytes, bool] = self._good_hosts   # type: ignore[attr-defined]
+        known = good.get(value)
+        if known is not None:
+            return known
+        parsed = split_host(value.decode("latin-1"))
+        ok = False
+        if parsed is not None:
+            name = parsed[0]
+            ok = name in self._hosts_any_port or parsed in self._hosts_exact \
+                or (self.loopback_bind and is_loopback(name))   # type: ignore[attr-defined]
+        if len(good) < 256:   # a bounded memo; hostile values beyond it are just re-parsed
+            good[value] = ok
+        return ok
+
+    def _loopback_client(self, address: Any) -> bool:
+        seen: dict[Any, bool] = self._clients   # type: ignore[attr-defined]
+        known = seen.get(address)
+        if known is None:
+            known = is_loopback(str(address))
+            if len(seen) < 256:
+                seen[address] = known
+        return known
+
+    def _exempt(self, scope: Any) -> bool:
+        if scope["type"] != "http":
+            return False
+        path = scope["path"]
+        if not self.health_needs_auth and path in OPEN_PATHS:
+            return True
+        return self.public is not None and self.public(scope["method"], path)
+
+    def _token_ok(self, authorization: bytes | None, protocols: bytes | None) -> bool:
+        expected: bytes = self._token   # type: ignore[attr-defined]
+        if authorization is not None and len(authorization) >= 7 \
+                and authorization[:7].lower() == b"bearer ":
+            if hmac.compare_digest(expected, authorization[7:].strip()):
+                return True
+        else:   # still compare, so a missing header costs what a wrong one does
+            hmac.compare_digest(expected, b"")
+        for protocol in bearer_protocols(protocols):
+            encoded = protocol[len(BEARER_PROTOCOL):]
+            try:
+                given = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4))
+            except ValueError:
+                continue
+            if hmac.compare_digest(expected, given):
+                return True
+        return False
+
+
+def bearer_protocols(value: bytes | None) -> list[str]:
+    """The ``qwen-bearer.*`` entries of a ``Sec-WebSocket-Protocol`` value."""
+    if not value:
+        return []
+    return [p.strip() for p in value.decode("latin-1").split(",")
+            if p.strip().startswith(BEARER_PROTOCOL)]
+
+
+__all__ = ["BEARER_PROTOCOL", "CORS_DENIED", "GuardPolicy", "OPEN_PATHS", "Refusal", "Renderer",
+           "UNAUTHORIZED", "bearer_protocols", "is_loopback", "is_self_origin", "split_host"]

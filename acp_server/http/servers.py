@@ -1,0 +1,231 @@
+"""The HTTP servers we ship, behind one small interface: granian (default) and uvicorn.
+
+    server = http_server(app, options, sock, limits=Limits(...))   # sock: bound, listening
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(server.serve, lambda url: print("listening on", url))
+        ...
+        server.stop()            # stop listening; open responses finish (graceful_s)
+
+Both servers run inside the caller's asyncio event loop (uvloop when installed), so
+the app, the bridge and the agents share one loop, and the caller drains the doors,
+sessions and agents before it calls ``stop`` (``acp_server.cli``).
+
+What each gives (``docs/benchmarks.md`` has the measurements behind the choice):
+
+==========================  ====================================  ==============================
+                            granian (embedded, Rust/hyper)        uvicorn (httptools)
+==========================  ====================================  ==============================
+HTTP/1.1, h2c, WebSocket    one port; h2c by prior knowledge      HTTP/1.1 and WebSocket only
+TLS (``--tls-cert/-key``)   rustls, ALPN ``h2`` and ``http/1.1``  ``ssl``, ``http/1.1``
+mutual TLS                  ``--tls-client-ca``                   ``--tls-client-ca``
+header timeout              hyper ``header_read_timeout`` (h1)    ``guard.guarded_protocol``
+connection cap, 503         the front layer's request cap (503)   ``guard.guarded_protocol``
+                            and an accept cap above it (queued)   (answered before reading)
+head caps 414 / 431         hyper's head buffer (431), then the   ``guard.guarded_protocol``
+                            front layer's exact checks            (before parsing), then the
+                                                                  front layer's
+HTTP/2 abuse                hyper/h2: stream cap, header list     n/a
+                            cap, flow-control windows
+==========================  ====================================  ==============================
+
+Contracts: ``serve(started)`` calls ``started(url)`` once the socket accepts
+connections (the real port when ``port=0``; ``https://`` with TLS) and returns after
+``stop()``. ``stop(force=True)`` (a second signal) skips the wait for open responses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import ssl
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import anyio
+import uvicorn
+
+from acp_server.http.guard import guarded_protocol
+from acp_server.http.options import HttpOptions
+
+GRACEFUL_SHUTDOWN_S = 5
+BACKLOG = 2048
+H2_MAX_CONCURRENT_STREAMS = 100     # per connection; more is refused by the peer's SETTINGS
+HEAD_SLACK = 1024                   # the request line and framing around the header fields
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """The connection-level limits every server enforces (see the table above)."""
+
+    header_timeout_s: float
+    max_connections: int
+    max_header_bytes: int
+    max_headers: int
+    max_request_line: int
+    ws_max_bytes: int
+    graceful_s: float = GRACEFUL_SHUTDOWN_S
+
+
+class HttpServer(Protocol):
+    async def serve(self, started: Callable[[str], None]) -> None: ...
+
+    def stop(self, force: bool = False) -> None: ...
+
+
+def url_of(host: str, port: int, tls: bool) -> str:
+    scheme = "https" if tls else "http"
+    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
+
+
+def accept_cap(max_connections: int) -> int:
+    """granian's accept cap (its ``backpressure``) above the front layer's request cap,
+    so that the request past the cap is answered 503 rather than left in the backlog."""
+    return max_connections + 64
+
+
+def http_server(app: Any, options: HttpOptions, sock: socket.socket, *,
+                limits: Limits) -> HttpServer:
+    """The server of ``options.server`` on ``sock`` (bound and listening: a port in use
+    was found before anything started). uvicorn serves that socket; granian binds its
+    own listener, so the socket is closed and granian takes its address."""
+    if options.server == "uvicorn":
+        return UvicornServer(app, options, sock, limits=limits)
+    host, port = sock.getsockname()[:2]
+    sock.close()
+    return GranianServer(app, options, host=host, port=port, limits=limits)
+
+
+# -- granian ------------------------------------------------------------------------
+class GranianServer:
+    """granian's embedded server (``granian.server.embed``) in this event loop."""
+
+    def __init__(self, app: Any, options: HttpOptions, *, host: str, port: int,
+                 limits: Limits) -> None:
+        from granian.constants import HTTPModes, Interfaces, SSLProtocols
+        from granian.http import HTTP1Settings, HTTP2Settings
+        from granian.server.embed import Server
+
+        self.options = options
+        self.limits = limits
+        self._host = host
+        self._port = port
+        owner = self
+
+        class _Embedded(Server):   # type: ignore[misc]
+            def startup(self, spawn_target: Any, target_loader: Any) -> None:
+                super().startup(spawn_target, target_loader)
+                owner._listening(self)
+
+        head = limits.max_header_bytes + limits.max_request_line + HEAD_SLACK
+        self._server = _Embedded(
+            app, address=host, port=port, interface=Interfaces.ASGINL, http=HTTPModes.auto,
+            websockets=True, backlog=BACKLOG, backpressure=accept_cap(limits.max_connections),
+            http1_settings=HTTP1Settings(
+                header_read_timeout=max(1, int(limits.header_timeout_s * 1000)),
+                keep_alive=True, max_buffer_size=max(8192, head)),
+            http2_settings=HTTP2Settings(
+                max_concurrent_streams=H2_MAX_CONCURRENT_STREAMS,
+                max_headers_size=limits.max_header_bytes + limits.max_request_line),
+            log_enabled=False,
+            ssl_cert=_path(options.tls_cert), ssl_key=_path(options.tls_key),
+            ssl_ca=_path(options.tls_client_ca),
+            ssl_client_verify=options.tls_client_ca is not None,
+            ssl_protocol_min=SSLProtocols.tls12)
+
+    def _listening(self, server: Any) -> None:
+        # On Linux the spec only resolves the port (``port=0``); the worker's own
+        # listener (SO_REUSEPORT) comes a moment later, in granian's runtime thread.
+        spec = getattr(server, "_ssp", None)
+        self._port = int(spec.__getstate__()[1] if spec is not None else server.bind_port)
+        self._bound.set()
+
+    async def serve(self, started: Callable[[str], None]) -> None:
+        self._bound = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._announce, started)
+            await self._server.serve()
+            tg.cancel_scope.cancel()
+
+    async def _announce(self, started: Callable[[str], None]) -> None:
+        """``started(url)`` once a connection to the port is accepted."""
+        await self._bound.wait()
+        probe = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(self._host,
+                                                                          self._host)
+        while True:
+            try:
+                stream = await anyio.connect_tcp(probe, self._port)
+            except OSError:
+                await anyio.sleep(0.005)
+                continue
+            await stream.aclose()
+            break
+        started(url_of(self._host, self._port, self.options.tls))
+
+    def stop(self, force: bool = False) -> None:
+        self._server.stop()
+
+
+def _path(value: str | None) -> Any:
+    if value is None:
+        return None
+    from pathlib import Path
+
+    return Path(value)
+
+
+# -- uvicorn ------------------------------------------------------------------------
+class UvicornServer:
+    """uvicorn with the connection guard below ASGI (``acp_server.http.guard``)."""
+
+    def __init__(self, app: Any, options: HttpOptions, sock: socket.socket, *,
+                 limits: Limits) -> None:
+        host, port = sock.getsockname()[:2]
+        self._sock = sock
+        protocol = guarded_protocol(
+            header_timeout_s=limits.header_timeout_s, max_connections=limits.max_connections,
+            max_header_bytes=limits.max_header_bytes, max_headers=limits.max_headers,
+            max_request_line=limits.max_request_line)
+        tls: dict[str, Any] = {}
+        if options.tls:
+            tls = {"ssl_certfile": options.tls_cert, "ssl_keyfile": options.tls_key}
+            if options.tls_client_ca is not None:
+                tls.update(ssl_ca_certs=options.tls_client_ca, ssl_cert_reqs=ssl.CERT_REQUIRED)
+        config = uvicorn.Config(app, host=host, port=port, http=protocol, backlog=BACKLOG,
+                                ws_max_size=limits.ws_max_bytes, lifespan="off",
+                                access_log=False, log_level="warning",
+                                timeout_graceful_shutdown=int(limits.graceful_s), **tls)
+        self.options = options
+        self._server = _Uvicorn(config)
+
+    async def serve(self, started: Callable[[str], None]) -> None:
+        self._server.announce = lambda: started(self._url())
+        with self._sock:
+            await self._server.serve(sockets=[self._sock])
+
+    def _url(self) -> str:
+        host, port = self._server.servers[0].sockets[0].getsockname()[:2]
+        return url_of(host, port, self.options.tls)
+
+    def stop(self, force: bool = False) -> None:
+        self._server.should_exit = True
+        if force:
+            self._server.force_exit = True
+
+
+class _Uvicorn(uvicorn.Server):
+    """No signal handling of its own (the caller drains first); says when it listens."""
+
+    announce: Callable[[], None] | None = None
+
+    def capture_signals(self) -> Any:
+        return contextlib.nullcontext()
+
+    async def startup(self, sockets: Any = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started and self.announce is not None:
+            self.announce()
+
+
+__all__ = ["GRACEFUL_SHUTDOWN_S", "GranianServer", "HttpServer", "Limits", "UvicornServer",
+           "http_server", "url_of"]

@@ -1,0 +1,73 @@
+"""The front layer's hot path for ``POST /session/{id}/prompt``: the same answers as
+the route, byte for byte, and every other case handed to the route with its body
+replayed (real HTTP, both backends)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bridge import BridgeOptions
+from tests.rest.server import running_server, text_prompt
+
+pytestmark = pytest.mark.anyio
+CLIENT = "X-Qwen-Client-Id"   # the hot path leaves this header to the route
+
+
+async def test_hot_and_routed_answers_are_the_same(tmp_path: Path) -> None:
+    options = BridgeOptions(max_pending_prompts_per_session=1)
+    async with running_server(tmp_path, options=options) as srv:
+        created = await srv.create_session()
+        sid, client = created["sessionId"], {CLIENT: created["clientId"]}
+        held = await srv.prompt(sid, "/sleep 30s hold")
+        assert held.status_code == 202
+        assert set(held.json()) == {"promptId", "lastEventId", "eventEpoch"}
+        hot = await srv.prompt(sid, "x")
+        routed = await srv.client.post(f"/session/{sid}/prompt", json=text_prompt("x"),
+                                       headers=client)
+        assert hot.status_code == routed.status_code == 503
+        assert hot.content == routed.content
+        assert json.loads(hot.content)["code"] == "prompt_queue_full"
+        strip = {"date", "server"}
+        assert {k: v for k, v in hot.headers.items() if k not in strip} == \
+            {k: v for k, v in routed.headers.items() if k not in strip}
+        await srv.bridge.cancel_session(sid)
+
+
+@pytest.mark.parametrize(("body", "status"), [
+    (b"{not json", 400), (b"", 400), (b'{"prompt": []}', 400), (b"[1]", 400),
+    (b'{"prompt": [{"type": "text", "text": "ok"}], "deadlineMs": -1}', 400),
+])
+async def test_declined_cases_get_the_routes_answer(tmp_path: Path, body: bytes,
+                                                    status: int) -> None:
+    async with running_server(tmp_path) as srv:
+        created = await srv.create_session()
+        sid, client = created["sessionId"], {CLIENT: created["clientId"]}
+        headers = {"Content-Type": "application/json"}
+        hot = await srv.client.post(f"/session/{sid}/prompt", content=body, headers=headers)
+        routed = await srv.client.post(f"/session/{sid}/prompt", content=body,
+                                       headers={**headers, **client})
+        assert hot.status_code == routed.status_code == status, hot.text
+        assert hot.content == routed.content
+
+
+async def test_unknown_session_large_and_chunked_bodies(tmp_path: Path) -> None:
+    async with running_server(tmp_path) as srv:
+        missing = await srv.prompt("no-such-session", "hi")
+        assert missing.status_code == 404 and missing.json()["code"]
+        sid = (await srv.create_session())["sessionId"]
+        big = await srv.prompt(sid, "y" * (2 << 20))   # past the hot path's body bound
+        assert big.status_code == 202
+
+        async def chunks():   # a chunked body in several messages
+            for part in (b'{"prompt": [{"type": "text", ', b'"text": "in parts"}]}'):
+                yield part
+
+        chunked = await srv.client.post(f"/session/{sid}/prompt", content=chunks(),
+                                        headers={"Content-Type": "application/json"})
+        assert chunked.status_code == 202
+        metrics = (await srv.client.get("/metrics")).text
+        assert 'route="/session/{session_id}/prompt",status="202"' in metrics
+        assert 'route="/session/{session_id}/prompt",status="404"' in metrics

@@ -1,0 +1,114 @@
+"""What every HTTP server we ship keeps, checked on the real process with each
+(``--http-server granian|uvicorn``): the body cap, WebSocket (with the bearer
+subprotocol, and over TLS), TLS itself, the loud warning on plain HTTP off loopback."""
+
+from __future__ import annotations
+
+import base64
+import os
+import ssl
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+from httpx_ws import WebSocketUpgradeError, aconnect_ws
+
+from acp_server.settings import TOKEN_ENV
+from tests.harness import ServeProcess
+from tests.http.test_http2 import OPENSSL, make_certificates
+
+pytestmark = pytest.mark.anyio
+SERVERS = pytest.mark.parametrize("server", ["granian", "uvicorn"])
+INITIALIZE = {"jsonrpc": "2.0", "id": 0, "method": "initialize",
+              "params": {"protocolVersion": 1}}
+
+
+@SERVERS
+async def test_body_cap_is_413_and_read_by_a_client_that_sends_it_all(tmp_path: Path,
+                                                                      server: str) -> None:
+    """A client that sends its whole oversized body before reading (httpx, the
+    conformance runner) reads the 413, on granian too (the server drains the body it
+    will not keep); a declared body past the drain bound is answered 413 unread."""
+    async with ServeProcess(tmp_path, "--http-server", server) as daemon:
+        sid = (await daemon.client.post("/session", json={})).json()["sessionId"]
+        big = b'{"prompt":[{"type":"text","text":"' + b"x" * (11 << 20) + b'"}]}'
+        for path in (f"/session/{sid}/prompt", "/acp", "/lmsp/v1/tasks"):
+            response = await daemon.client.post(path, content=big, headers={
+                "Content-Type": "application/json"})
+            assert response.status_code == 413, (path, response.text[:200])
+        stream = await daemon.raw()
+        await stream.send(f"POST /session/{sid}/prompt HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                          f"Content-Type: application/json\r\nContent-Length: {1 << 30}"
+                          f"\r\n\r\n".encode() + b'{"prompt":[')
+        answer = b""
+        with anyio.fail_after(10):   # the head and the body may come in two segments
+            while b"}" not in answer:
+                try:
+                    answer += await stream.receive()
+                except (anyio.EndOfStream, anyio.BrokenResourceError):
+                    break
+        await stream.aclose()
+        assert answer.startswith(b"HTTP/1.1 413"), answer[:100]
+        assert b'"code":"payload_too_large"' in answer
+        assert (await daemon.client.get("/health")).status_code == 200
+
+
+@SERVERS
+async def test_websocket_with_the_bearer_subprotocol(tmp_path: Path, server: str) -> None:
+    async with ServeProcess(tmp_path, "--http-server", server, "--token", "s3cret") as daemon:
+        url = daemon.base_url.replace("http", "ws") + "/acp"
+        token = base64.urlsafe_b64encode(b"s3cret").decode().rstrip("=")
+        async with httpx.AsyncClient() as client:
+            async with aconnect_ws(url, client, subprotocols=[f"qwen-bearer.{token}"]) as ws:
+                await ws.send_json(INITIALIZE)
+                with anyio.fail_after(10):
+                    reply = await ws.receive_json()
+                assert reply["result"]["protocolVersion"] == 1
+            with pytest.raises(WebSocketUpgradeError) as refused:
+                async with aconnect_ws(url, client):
+                    pass
+            assert refused.value.response.status_code in (401, 403)
+
+
+@pytest.mark.skipif(OPENSSL is None, reason="openssl is not installed")
+@SERVERS
+async def test_tls_and_websocket_over_tls(tmp_path: Path, server: str) -> None:
+    certs = make_certificates(tmp_path)
+    async with ServeProcess(tmp_path, "--http-server", server, "--tls-cert",
+                              str(certs["server"]), "--tls-key", str(certs["server-key"])
+                              ) as daemon:
+        base = daemon.base_url.replace("127.0.0.1", "localhost")
+        context = ssl.create_default_context(cafile=str(certs["ca"]))
+        async with httpx.AsyncClient(base_url=base, verify=context, http2=True) as client:
+            health = await client.get("/health")
+            assert health.json() == {"status": "ok"}
+            assert health.http_version == ("HTTP/2" if server == "granian" else "HTTP/1.1")
+        async with httpx.AsyncClient(verify=context) as client:
+            async with aconnect_ws(base.replace("https", "wss") + "/acp", client) as ws:
+                await ws.send_json(INITIALIZE)
+                with anyio.fail_after(10):
+                    assert (await ws.receive_json())["result"]["protocolVersion"] == 1
+
+
+def test_plain_http_off_loopback_is_loud(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
+    with subprocess.Popen([sys.executable, "-m", "acp_server", "serve", "--hostname",
+                           "0.0.0.0", "--port", "0", "--token", "t", "--workspace",
+                           str(tmp_path), "--state-dir", str(tmp_path / "state")],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env=env) as proc:
+        try:
+            assert proc.stdout is not None and proc.stderr is not None
+            assert "listening on http://0.0.0.0:" in proc.stdout.readline()
+            warning = ""
+            while "--require-tls" not in warning:
+                line = proc.stderr.readline()
+                assert line, warning
+                warning += line
+            assert "!!" in warning and "--require-tls" in warning
+        finally:
+            proc.terminate()
+            proc.wait(15)
