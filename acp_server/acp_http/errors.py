@@ -16,6 +16,8 @@ params, workspace mismatch
 ``SessionLimitExceededError``       -32603   ``{errorKind: "session_limit_exceeded", limit,
                                              scope, retryable: true}``
 ``AgentError`` (agent's JSON-RPC)   as sent  as sent
+``StoreUnavailableError`` (store)    -32603   ``{errorKind: "store_unavailable",
+                                             retryable: true, retryAfterSeconds}``
 other ``BridgeError``               -32603   ``{errorKind: <error code>, ...}``
 anything else                       -32603   ``{errorKind: "internal"}`` ("Internal error")
 ==================================  =======  =================================================
@@ -29,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from acp_server.store.errors import StoreUnavailableError
 from bridge.errors import (
     AgentDiedError,
     AgentError,
@@ -152,6 +155,9 @@ def to_rpc_error(exc: BaseException) -> RpcError:
     """``(code, message, data)`` for an error raised by the bridge or a method:
     ``-32602`` with no data for the caller's mistakes (``rpc_code``), else
     ``-32603`` with ``{errorKind: code, ...}``."""
+    if isinstance(exc, StoreUnavailableError):
+        return INTERNAL_ERROR, "The store is unavailable; retry later", {
+            "errorKind": exc.code, "retryable": True, "retryAfterSeconds": exc.retry_after}
     if not isinstance(exc, BridgeError):
         return INTERNAL_ERROR, "Internal error", {"errorKind": "internal"}
     answer = ANSWERS.get(type(exc))

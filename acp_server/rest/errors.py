@@ -12,6 +12,8 @@ Contracts:
   retryable 503/429 answers.
 * ``RestError`` is raised by the route layer itself (validation) and carries its own
   status, body and headers.
+* ``StoreUnavailableError`` (``acp_server.store``) is a 503 ``{error, code:
+  "store_unavailable"}`` with ``Retry-After``.
 * Anything unrecognised is a 500 ``{"error": "Internal error"}``: no message from an
   unexpected exception reaches the client.
 """
@@ -29,6 +31,7 @@ from starlette.responses import Response
 from acp_server.http.body import ClientDisconnected
 from acp_server.http.handlers import handle_disconnect
 from acp_server.http.policy import Refusal
+from acp_server.store.errors import StoreUnavailableError
 from bridge.errors import (
     AgentDiedError,
     AgentError,
@@ -107,6 +110,9 @@ def describe(exc: BaseException) -> tuple[int, dict[str, Any], dict[str, str] | 
     ``Retry-After: 5`` on 429 and 503."""
     if isinstance(exc, RestError):
         return exc.status, exc.body, exc.headers
+    if isinstance(exc, StoreUnavailableError):
+        return 503, {"error": "The store is unavailable; retry later", "code": exc.code}, \
+            {"Retry-After": str(exc.retry_after)}
     if not isinstance(exc, BridgeError):
         return 500, {"error": "Internal error"}, None
     special = BODIES.get(type(exc))
@@ -149,6 +155,7 @@ EXCEPTION_HANDLERS: dict[Any, Any] = {
     ClientDisconnect: handle_disconnect,
     RestError: handle_error,
     BridgeError: handle_error,
+    StoreUnavailableError: handle_error,
     HTTPException: handle_http,
     Exception: handle_unexpected,
 }
