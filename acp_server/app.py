@@ -122,7 +122,8 @@ def build_app(settings: Settings, *, bridge: Bridge, acp: ConnectionRegistry,
     config = rest_config(settings, guard_stats)
     app = _App(exception_handlers=EXCEPTION_HANDLERS)
     app.router = IndexedRouter(routes=[
-        *rest_routes(bridge, config, lmsp_permissions=lmsp_permissions(lmsp)),
+        *rest_routes(bridge, config, lmsp_permissions=lmsp_permissions(lmsp),
+                     store=lmsp.store),
         *metrics_routes(metrics), *openapi.routes(),
         *acp_routes(acp, acp_config(settings, policy)), *lmsp_routes(lmsp),
         *(web_routes() if settings.web else ())])

@@ -172,6 +172,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     serve.add_argument("--store-poll-ms", default="1000",
                        help="how often the shared store is polled for what its notifications "
                             "missed (default 1000)")
+    serve.add_argument("--store-busy-timeout-ms", default="5000",
+                       help="SQLite store: how long a write waits for a lock another process "
+                            "holds before it answers 503 (default 5000)")
     add_prompt_arguments(commands.add_parser(
         "prompt", help="send a prompt to a running daemon and stream the reply"))
     add_tasks_arguments(commands.add_parser(
@@ -203,6 +206,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         header_timeout_ms=args.header_timeout_ms, max_connections=args.max_connections,
         lmsp_permissions=args.lmsp_permissions, store_lease_ms=args.store_lease_ms,
         store_renew_ms=args.store_renew_ms, store_poll_ms=args.store_poll_ms,
+        store_busy_timeout_ms=args.store_busy_timeout_ms,
         **{flag: getattr(args, flag) for flag in OPTION_FLAGS})
 
 

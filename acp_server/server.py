@@ -45,7 +45,7 @@ from acp_server.acp_http.registry import MONOTONIC, Clock
 from acp_server.app import build_app
 from acp_server.http.guard import GuardStats
 from acp_server.lmsp import LmspConfig, LmspService, open_lmsp
-from acp_server.lmsp.store import TaskStore
+from acp_server.store.tasks import TaskStore
 from acp_server.ops.metrics import Metrics
 from acp_server.settings import Settings
 from bridge import Bridge
@@ -96,7 +96,8 @@ async def open_server(settings: Settings, *, agent_factory: AgentFactory | None 
                           max_running_tasks=settings.max_running_tasks, config=config,
                           group_commit=group_commit, lease_s=settings.store_lease_ms / 1000,
                           renew_s=settings.store_renew_ms / 1000,
-                          poll_s=settings.store_poll_ms / 1000) as lmsp:
+                          poll_s=settings.store_poll_ms / 1000,
+                          busy_timeout_s=settings.store_busy_timeout_ms / 1000) as lmsp:
             acp = ConnectionRegistry(bridge, max_connections=settings.max_acp_connections,
                                      grace_s=settings.acp_reap_grace_s,
                                      clock=acp_clock or MONOTONIC)

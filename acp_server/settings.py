@@ -143,6 +143,8 @@ class Settings:
     store_lease_ms: int = DEFAULT_STORE_LEASE_MS
     store_renew_ms: int = DEFAULT_STORE_RENEW_MS
     store_poll_ms: int = DEFAULT_STORE_POLL_MS
+    # A SQLite store: how long a write waits for another process's lock (then 503).
+    store_busy_timeout_ms: int = 5000
 
     def __post_init__(self) -> None:
         if not self.hostname:
@@ -207,7 +209,7 @@ class Settings:
         if not self.heartbeat_s > 0:
             raise SettingsError(f"Invalid heartbeat interval: {self.heartbeat_s!r}.")
         for name in ("header_timeout_ms", "max_connections", "store_lease_ms",
-                     "store_renew_ms", "store_poll_ms"):
+                     "store_renew_ms", "store_poll_ms", "store_busy_timeout_ms"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise SettingsError(f"Invalid {name.replace('_', '-')}: {value!r}. "
@@ -294,6 +296,7 @@ class Settings:
                    store_lease_ms: str | int = DEFAULT_STORE_LEASE_MS,
                    store_renew_ms: str | int = DEFAULT_STORE_RENEW_MS,
                    store_poll_ms: str | int = DEFAULT_STORE_POLL_MS,
+                   store_busy_timeout_ms: str | int = 5000,
                    **option_flags: str | None) -> Settings:
         """Build from CLI strings. ``token=None`` falls back to ``$ACP_SERVER_TOKEN``;
         ``agent`` is one ``--agent`` value or all of them (``NAME=COMMAND`` adds a
@@ -335,6 +338,7 @@ class Settings:
                    lmsp_permissions=lmsp_permissions, http=http or HttpOptions(),
                    store_lease_ms=_number(store_lease_ms), store_renew_ms=_number(store_renew_ms),
                    store_poll_ms=_number(store_poll_ms),
+                   store_busy_timeout_ms=_number(store_busy_timeout_ms),
                    options=build_options(**option_flags))
 
 

@@ -65,6 +65,13 @@ def test_no_door_imports_another_door_or_the_settings(door: str) -> None:
     assert _violations(_modules(door), others + SERVER_ONLY) == []
 
 
+def test_the_store_imports_no_door_and_serves_no_http() -> None:
+    """``acp_server/store`` (the durable store every door may use) knows no door, no
+    settings, no HTTP; the doors may import it."""
+    assert _violations(_modules("acp_server.store"), DOORS + SERVER_ONLY + (
+        "acp_server.http", "starlette", "uvicorn", "bridge")) == []
+
+
 def test_the_shared_http_folder_imports_no_door() -> None:
     """``http/serving.py`` runs the HTTP server for the composition (it may know the
     ``Server`` and the settings); the rest of the folder is what the doors share."""

@@ -19,6 +19,8 @@ params, workspace mismatch
 ``AgentRequestTimeoutError``        -32603   ``{errorKind: "agent_request_timeout",
                                              httpStatus: 504, retryable: true, phase,
                                              timeoutMs}``
+``StoreUnavailableError`` (store)    -32603   ``{errorKind: "store_unavailable",
+                                             retryable: true, retryAfterSeconds}``
 other ``BridgeError``               -32603   ``{errorKind: <error code>, ...}``
 anything else                       -32603   ``{errorKind: "internal"}`` ("Internal error")
 ==================================  =======  =================================================
@@ -36,6 +38,7 @@ from typing import Any
 import msgspec
 
 from acp_server.http.policy import Refusal
+from acp_server.store.errors import StoreUnavailableError
 from bridge.errors import (
     AgentDiedError,
     AgentError,
@@ -178,6 +181,9 @@ def to_rpc_error(exc: BaseException) -> RpcError:
     """``(code, message, data)`` for an error raised by the bridge or a method:
     ``-32602`` with no data for the caller's mistakes (``CALLER_ERRORS``), else
     ``-32603`` with ``{errorKind: code, ...}``."""
+    if isinstance(exc, StoreUnavailableError):
+        return INTERNAL_ERROR, "The store is unavailable; retry later", {
+            "errorKind": exc.code, "retryable": True, "retryAfterSeconds": exc.retry_after}
     if not isinstance(exc, BridgeError):
         return INTERNAL_ERROR, "Internal error", {"errorKind": "internal"}
     answer = ANSWERS.get(type(exc))

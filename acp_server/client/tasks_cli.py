@@ -37,7 +37,7 @@ import anyio
 import msgspec
 
 from acp_server.client import DaemonError, TaskClient, TaskEvent
-from acp_server.client.tasks import Task, TaskSummary
+from acp_server.client.tasks import LmspProblem, Task, TaskSummary
 
 URL_ENV = "ACP_SERVER_URL"
 DEFAULT_URL = "http://127.0.0.1:4170"
@@ -142,12 +142,15 @@ class Watch:
 async def watch(tasks: TaskClient, task_id: str, out: TextIO, err: TextIO) -> Task:
     task = await tasks.get(task_id)
     shown = Watch(out, err, task)
-    if not task.terminal:
+    try:   # a task that has already ended replays its events (its text included)
         async with contextlib.aclosing(tasks.events(task_id)) as events:
             async for event in events:
                 shown.see(event)
                 if event.terminal:
                     break
+    except LmspProblem as exc:
+        if exc.code != "event_history_expired":
+            raise   # past the event retention: the final line still says how it ended
     final = await tasks.wait(task_id, poll_interval=0.2)
     shown.finish(final)
     return final

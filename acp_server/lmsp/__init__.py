@@ -6,12 +6,10 @@ throughout, is ``docs/spec/LMSP.md``).
         app = Starlette(routes=routes(lmsp))     # /lmsp/v1, the service bound to each
 
 Modules: ``wire`` (public wire types), ``problems`` (§9.3), ``requests`` (parsing),
-``store`` (the store interface and the SQL both stores run), ``writer`` (their
-group-commit writer), ``sqlite`` (the SQLite store), ``postgres`` and ``pg_schema``
-(the PostgreSQL one, shared by several instances), ``hub`` (live
-fan-out), ``responses`` (ACP → response events), ``runner`` (execution),
+``responses`` (ACP → response events), ``runner`` (execution),
 ``service`` (``open_lmsp``), ``endpoints`` (HTTP, ``routes``), ``errors`` (the door's exception
-handlers: problem objects).
+handlers: problem objects). The durable store, its writer and the live hub are the
+room ``acp_server.store``.
 """
 
 from __future__ import annotations

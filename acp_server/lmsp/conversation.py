@@ -33,7 +33,7 @@ import dataclasses
 from collections import OrderedDict
 from typing import Any
 
-from acp_server.lmsp.store import TaskStore
+from acp_server.store.tasks import TaskStore
 from acp_server.lmsp.wire import decode_any
 from bridge import Bridge
 from bridge.errors import SessionNotFoundError

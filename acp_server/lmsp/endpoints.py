@@ -28,7 +28,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import Send
 
 from acp_server.lmsp.listing import list_tasks
-from acp_server.lmsp.problems import LmspError, problem_response
+from acp_server.lmsp.problems import LmspError, problem_response, store_unavailable
 from acp_server.lmsp.requests import (
     decode_json,
     parse_cursor,
@@ -38,10 +38,11 @@ from acp_server.lmsp.requests import (
     read_body,
 )
 from acp_server.lmsp.service import LmspService
-from acp_server.lmsp.store import TERMINAL, CommittedEvent
+from acp_server.store.tasks import TERMINAL, CommittedEvent
 from acp_server.lmsp.responses import base_response
 from acp_server.lmsp.wire import DeletedResponse, encode
 from acp_server.http.sse import SseResponse, frame
+from acp_server.store.errors import StoreUnavailableError
 
 PREFIX = "/lmsp/v1"
 KEEPALIVE_COMMENT = b"keep-alive"
@@ -64,6 +65,8 @@ def _endpoint(methods: dict[str, Endpoint],
             return await handler(request, service)
         except LmspError as exc:
             return problem_response(exc, instance=request.url.path)
+        except StoreUnavailableError as exc:
+            return problem_response(store_unavailable(exc), instance=request.url.path)
 
     return handle
 
@@ -78,8 +81,7 @@ async def create_task(request: Request, service: LmspService) -> Response:
     body = decode_json(await read_body(request, limit=service.config.max_request_bytes))
     envelope = parse_task_envelope(body)
     record, replayed = await service.create_task(
-        envelope.request, on_restart=envelope.on_restart, body=body, key=key,
-        route="POST /lmsp/v1/tasks")
+        envelope.request, on_restart=envelope.on_restart, key=key, route="POST /lmsp/v1/tasks")
     headers = {"Location": f"{PREFIX}/tasks/{record.id}"}
     if replayed:
         headers["Idempotent-Replayed"] = "true"
@@ -110,7 +112,7 @@ async def create_response(request: Request, service: LmspService) -> Response:
     key = parse_idempotency_key(request.headers.get("idempotency-key"))
     body = decode_json(await read_body(request, limit=service.config.max_request_bytes))
     parsed = parse_response_request(body)
-    record, replayed = await service.create_task(parsed, on_restart="fail", body=body, key=key,
+    record, replayed = await service.create_task(parsed, on_restart="fail", key=key,
                                                  route="POST /lmsp/v1/responses")
     headers = {"Idempotent-Replayed": "true"} if replayed else {}
     if parsed.stream:
@@ -179,8 +181,8 @@ async def _wait_unless_gone(request: Request, service: LmspService, task_id: str
         try:
             if (await service.get_task(task_id)).status not in TERMINAL:
                 await service.cancel(task_id)
-        except LmspError:
-            pass
+        except (LmspError, StoreUnavailableError):
+            pass   # nobody reads the answer; a task left running ends on its own
     return None
 
 
@@ -219,7 +221,7 @@ class EventStream(SseResponse):
                 record = await service.get_task(task_id)
                 if record.status not in TERMINAL:
                     await service.cancel(task_id)
-            except LmspError:
+            except (LmspError, StoreUnavailableError):
                 pass
 
 

@@ -6,7 +6,8 @@ Contracts: the routes answer ``LmspError`` themselves (``routes._endpoint``); wh
 left here, under ``/lmsp``, is answered as a §9.3 problem (``application/problem+json``):
 no route at the path → 404 ``not_found``; a router 405 → ``method_not_allowed``; any
 other router ``HTTPException`` → 400 ``invalid_request``; a client gone during its body
-→ the quiet 400; anything unexpected → 500 ``server_error``, no message of the exception.
+→ the quiet 400; ``StoreUnavailableError`` → 503 ``store_unavailable`` with
+``Retry-After``; anything unexpected → 500 ``server_error``, no message of the exception.
 """
 
 from __future__ import annotations
@@ -19,8 +20,14 @@ from starlette.responses import Response
 
 from acp_server.http.body import ClientDisconnected
 from acp_server.http.handlers import handle_disconnect
-from acp_server.lmsp.problems import PROBLEM_JSON, problem
+from acp_server.lmsp.problems import (
+    PROBLEM_JSON,
+    problem,
+    problem_response,
+    store_unavailable,
+)
 from acp_server.lmsp.wire import encode
+from acp_server.store.errors import StoreUnavailableError
 
 _CODES = {404: "not_found", 405: "method_not_allowed"}
 
@@ -36,6 +43,11 @@ async def handle_http(request: Request, exc: Exception) -> Response:
                     exc.headers, PROBLEM_JSON)
 
 
+async def handle_store(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, StoreUnavailableError)
+    return problem_response(store_unavailable(exc), instance=request.url.path)
+
+
 async def handle_unexpected(request: Request, exc: Exception) -> Response:
     # Starlette's ServerErrorMiddleware calls this, then re-raises so the server logs it.
     body = encode(problem("server_error", "Internal error.", instance=request.url.path))
@@ -46,5 +58,6 @@ EXCEPTION_HANDLERS: dict[Any, Any] = {
     ClientDisconnected: handle_disconnect,
     ClientDisconnect: handle_disconnect,
     HTTPException: handle_http,
+    StoreUnavailableError: handle_store,
     Exception: handle_unexpected,
 }

@@ -28,10 +28,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from acp_server.lmsp.problems import LmspError
-from acp_server.lmsp.runner import prompt_text
+from acp_server.lmsp.requests import decode_stored
 from acp_server.lmsp.service import LmspService
-from acp_server.lmsp.store import TaskRecord
-from acp_server.lmsp.wire import TaskList, TaskSummary, decode_any, decode_response, encode
+from acp_server.store.tasks import TaskRecord
+from acp_server.lmsp.wire import TaskList, TaskSummary, decode_response, encode
 
 DEFAULT_LIMIT = 20
 MAX_LIMIT = 100
@@ -71,7 +71,7 @@ def summary(service: LmspService, record: TaskRecord) -> TaskSummary:
         except msgspec.DecodeError:   # not a response object: no usage to show
             usage = None
     try:
-        text = prompt_text(decode_any(record.request))
+        text = decode_stored(record.request).prompt_text
     except msgspec.DecodeError:
         text = ""
     if len(text) > INPUT_PREVIEW_CHARS:

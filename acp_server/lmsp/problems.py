@@ -18,6 +18,7 @@ from starlette.responses import Response
 
 from acp_server.http.policy import Refusal
 from acp_server.lmsp.wire import ErrorPointer, Problem, encode
+from acp_server.store.errors import RETRY_AFTER_S, StoreUnavailableError
 
 PROBLEM_BASE = "https://lmsp.invalid/problems/"
 PROBLEM_JSON = "application/problem+json"
@@ -42,6 +43,7 @@ CODES: dict[str, tuple[int, str, dict[str, str]]] = {
     "payload_too_large": (413, "Payload too large", {}),
     "idempotency_key_reused": (422, "Idempotency key reused", {}),
     "prompt_queue_full": (503, "Prompt queue full", {"Retry-After": "5"}),
+    "store_unavailable": (503, "Store unavailable", {"Retry-After": str(RETRY_AFTER_S)}),
     "server_restarted": (0, "Server restarted", {}),
     "agent_error": (0, "Agent error", {}),
     "server_error": (0, "Server error", {}),
@@ -89,6 +91,12 @@ def problem(code: str, detail: str | None = None, *, instance: str | None = None
                    status=status if with_status and status else UNSET,
                    detail=UNSET if detail is None else detail,
                    instance=UNSET if instance is None else instance, code=code, **extensions)
+
+
+def store_unavailable(exc: StoreUnavailableError) -> LmspError:
+    """503 ``store_unavailable`` (the reason stays in the log and ``/health?deep=1``)."""
+    return LmspError("store_unavailable", "The task store is unavailable; nothing was "
+                     "recorded. Retry later (with the same Idempotency-Key to be safe).")
 
 
 def problem_response(exc: LmspError, *, instance: str | None = None) -> Response:

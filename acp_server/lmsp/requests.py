@@ -7,6 +7,13 @@
 Contracts: every malformed field is reported (``errors`` holds one pointer per
 problem, ``param`` names the first); unknown members are ignored; nothing here
 touches the store, so failed validation is never recorded (§9.2).
+
+Parse once: the body is decoded once (``decode_json``) and validated; the response
+request is then encoded once, canonically (sorted keys: ``ResponseRequest.canonical``).
+Those bytes are what the task stores and what the idempotency fingerprint hashes.
+Whoever reads a stored request back (the runner, the response objects) decodes it
+once into ``StoredRequest``; ``prompt_text`` is the one rule for the text an agent
+is sent, at validation and at run time alike.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from starlette.requests import Request
 
 from acp_server.http import body
 from acp_server.lmsp.problems import LmspError, invalid
+from acp_server.lmsp.wire import canonical
 
 _any_decoder = msgspec.json.Decoder()
 
@@ -34,11 +42,10 @@ MAX_CURSOR = 2**53 - 1
 @dataclasses.dataclass(frozen=True, slots=True)
 class ResponseRequest:
     model: str
-    prompt_text: str            # what the agent is sent
-    input_text: str             # the text counted as input tokens
+    prompt_text: str            # what the agent is sent (and counted as input tokens)
     metadata: dict[str, str]
     stream: bool
-    body: Any                   # the decoded request (stored with the task)
+    canonical: bytes            # the request, encoded once with sorted keys (stored)
     background: bool = False    # answer at once; the work outlives the connection
     store: bool = True          # retrievable by id (GET /responses/{id})
     previous_response_id: str | None = None
@@ -48,7 +55,6 @@ class ResponseRequest:
 class TaskEnvelope:
     request: ResponseRequest
     on_restart: str
-    body: Any
 
 
 async def read_body(request: Request, *, limit: int) -> bytes:
@@ -70,22 +76,18 @@ def decode_json(raw: bytes) -> Any:
         raise invalid("", f"The request body is not valid JSON: {exc}.", param="body") from None
 
 
-def _text_of(content: Any, pointer: str, errors: list[tuple[str, str]]) -> str:
+def _check_content(content: Any, pointer: str, errors: list[tuple[str, str]]) -> None:
     if isinstance(content, str):
-        return content
+        return
     if not isinstance(content, list):
         errors.append((pointer, "Must be a string or an array of input_text parts."))
-        return ""
-    texts = []
+        return
     for j, part in enumerate(content):
         where = f"{pointer}/{j}"
         if not isinstance(part, dict) or part.get("type") != "input_text":
             errors.append((f"{where}/type", "Must be 'input_text'."))
         elif not isinstance(part.get("text"), str):
             errors.append((f"{where}/text", "Must be a string."))
-        else:
-            texts.append(part["text"])
-    return "\n".join(texts)
 
 
 def _check_response_request(body: Any, base: str, errors: list[tuple[str, str]]
@@ -98,12 +100,11 @@ def _check_response_request(body: Any, base: str, errors: list[tuple[str, str]]
         errors.append((f"{base}/model", "Required."))
     elif not isinstance(model, str) or not model:
         errors.append((f"{base}/model", "Must be a non-empty string."))
-    texts: list[str] = []
     value = body.get("input")
     if "input" not in body:
         errors.append((f"{base}/input", "Required."))
     elif isinstance(value, str):
-        texts.append(value)
+        pass
     elif isinstance(value, list) and value:
         for i, item in enumerate(value):
             where = f"{base}/input/{i}"
@@ -117,7 +118,7 @@ def _check_response_request(body: Any, base: str, errors: list[tuple[str, str]]
             if "content" not in item:
                 errors.append((f"{where}/content", "Required."))
             else:
-                texts.append(_text_of(item["content"], f"{where}/content", errors))
+                _check_content(item["content"], f"{where}/content", errors)
     else:
         errors.append((f"{base}/input", "Must be a string or a non-empty array of input items."))
     instructions = body.get("instructions")
@@ -140,13 +141,59 @@ def _check_response_request(body: Any, base: str, errors: list[tuple[str, str]]
         errors.append((f"{base}/previous_response_id", "Must be a non-empty string."))
     if errors:
         return None
-    text = "\n".join(texts)
-    prompt = text if not instructions else f"{text}\n{instructions}"
-    return ResponseRequest(model=model, prompt_text=prompt, input_text=prompt,
+    return ResponseRequest(model=model, prompt_text=prompt_text(value, instructions),
                            metadata=dict(metadata or {}), stream=bool(body.get("stream")),
-                           body=body, background=body.get("background") is True,
+                           canonical=canonical(body), background=body.get("background") is True,
                            store=body.get("store") is not False,
                            previous_response_id=previous)
+
+
+class StoredRequest(msgspec.Struct, kw_only=True):
+    """A stored (validated) response request, decoded once by those who read it back."""
+
+    model: str = ""
+    input: str | list[Any] = ""
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    metadata: dict[str, str] | None = None
+    background: bool | None = None
+    store: bool | None = None
+    previous_response_id: str | None = None
+
+    @property
+    def prompt_text(self) -> str:
+        return prompt_text(self.input, self.instructions)
+
+
+_stored_decoder = msgspec.json.Decoder(StoredRequest)
+
+
+def decode_stored(data: bytes) -> StoredRequest:
+    """The stored request bytes of a task (validated when they were accepted)."""
+    try:
+        return _stored_decoder.decode(data)
+    except msgspec.ValidationError:   # not one of ours: read what is there, loosely
+        body = _any_decoder.decode(data)
+        return StoredRequest(input=body.get("input", "") if isinstance(body, dict) else "")
+
+
+def prompt_text(value: Any, instructions: Any) -> str:
+    """The text an agent is sent: the input's text (a string, or each message's content
+    string or text parts), one line per text, then the instructions."""
+    texts: list[str] = []
+    if isinstance(value, str):
+        texts.append(value)
+    elif isinstance(value, list):
+        for item in value:
+            content = item.get("content") if isinstance(item, dict) else None
+            if isinstance(content, str):
+                texts.append(content)
+            elif isinstance(content, list):
+                texts.extend(part["text"] for part in content
+                             if isinstance(part, dict) and isinstance(part.get("text"), str))
+    if isinstance(instructions, str) and instructions:
+        texts.append(instructions)
+    return "\n".join(texts)
 
 
 def _raise(errors: list[tuple[str, str]]) -> None:
@@ -184,7 +231,7 @@ def parse_task_envelope(body: Any) -> TaskEnvelope:
         errors.append(("/on_restart", "Must be one of fail, retry, resume."))
     _raise(errors)
     assert parsed is not None
-    return TaskEnvelope(request=parsed, on_restart=on_restart, body=body)
+    return TaskEnvelope(request=parsed, on_restart=on_restart)
 
 
 def parse_idempotency_key(value: str | None) -> str | None:

@@ -24,11 +24,13 @@ when it sends one; otherwise *counted*: tokens = words and punctuation marks
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
 from acp_server.lmsp.problems import problem
-from acp_server.lmsp.store import Finish, TaskRecord
+from acp_server.lmsp.requests import decode_stored
+from acp_server.store.tasks import Finish, TaskRecord
 from acp_server.lmsp.wire import (
     AnyEvent,
     ContentPartEvent,
@@ -42,7 +44,6 @@ from acp_server.lmsp.wire import (
     TextDeltaEvent,
     TextDoneEvent,
     Usage,
-    decode_any,
     encode,
 )
 
@@ -60,22 +61,23 @@ _ECHOED = (b'"metadata"', b'"background"', b'"previous_response_id"')
 
 def _echoed(record: TaskRecord) -> dict[str, Any]:
     """The request members a response object repeats: ``metadata``, ``background``,
-    ``previous_response_id``."""
+    ``previous_response_id`` (decoded once per stored request, then remembered)."""
     if not any(name in record.request for name in _ECHOED):   # common: nothing to decode
         return {}
-    body = decode_any(record.request)
-    if not isinstance(body, dict):
-        return {}
-    fields: dict[str, Any] = {}
-    metadata = body.get("metadata")
-    if isinstance(metadata, dict):
-        fields["metadata"] = dict(metadata)
-    if body.get("background") is True:
-        fields["background"] = True
-    previous = body.get("previous_response_id")
-    if isinstance(previous, str):
-        fields["previous_response_id"] = previous
-    return fields
+    return dict(_echo_of(record.request))
+
+
+@functools.lru_cache(maxsize=1024)
+def _echo_of(request: bytes) -> tuple[tuple[str, Any], ...]:
+    stored = decode_stored(request)
+    fields: list[tuple[str, Any]] = []
+    if stored.metadata is not None:
+        fields.append(("metadata", dict(stored.metadata)))
+    if stored.background is True:
+        fields.append(("background", True))
+    if stored.previous_response_id is not None:
+        fields.append(("previous_response_id", stored.previous_response_id))
+    return tuple(fields)
 
 
 def base_response(record: TaskRecord, status: str, **fields: Any) -> ResponseObject:

@@ -8,11 +8,18 @@
 
 Contracts:
 
-* At most ``max_running`` tasks are past ``queued`` in this process (``0`` = never
-  start tasks: they stay queued; used by benchmarks and restart tests).
-* ``loading`` = the agent session is being created; ``running`` = the prompt is in
-  flight (entered with ``response.in_progress``). Every transition is conditional:
-  losing one to a cancel moves the task ``cancelling`` → ``cancelled`` instead.
+* At most ``max_running`` agent turns run at once in this process (``0`` = never
+  start tasks: they stay queued; used by benchmarks and restart tests). A task's slot
+  frees when its turn is over, so its final commit and the next claim share a batch.
+* ``loading`` = the agent session is being created (a cancel ends the wait);
+  ``running`` = the prompt is in flight, committed with ``response.in_progress`` at
+  the first flush (``FLUSH_S`` after the prompt went out); a turn that ends sooner
+  goes ``loading`` → final in one commit. Every transition is conditional: losing
+  one to a cancel moves the task ``cancelling`` → ``cancelled`` instead.
+* Store outages: claims are retried with a capped backoff; a task's own writes (its
+  events, its outcome) wait for the store (``persist``) and never fail the task.
+* At the bridge's session limit the task goes back to ``queued`` (``unclaim``: its
+  attempt not counted) and claims pause until a task of ours ends or a backoff passes.
 * Text deltas are buffered and written in one transaction at most every
   ``FLUSH_S`` or ``FLUSH_EVENTS`` events; state events are written at once. Those
   still buffered when the turn ends go in the final transition's transaction (before
@@ -45,8 +52,10 @@ from acp_server.lmsp.conversation import (
 )
 from acp_server.lmsp.permissions import decide, decision_label
 from acp_server.lmsp.responses import Attempt, count_tokens, in_progress_event
-from acp_server.lmsp.store import Finish, TaskRecord, TaskStore, restart_target
-from acp_server.lmsp.wire import AnyEvent, PermissionDecidedEvent, decode_any
+from acp_server.store.errors import Backoff, StoreUnavailableError, persist
+from acp_server.store.tasks import Finish, TaskRecord, TaskStore, restart_target
+from acp_server.lmsp.requests import decode_stored
+from acp_server.lmsp.wire import AnyEvent, PermissionDecidedEvent
 from bridge import Bridge
 from bridge import events as ev
 from bridge.errors import AgentDiedError, BridgeError, SessionLimitExceededError
@@ -63,6 +72,8 @@ SUBSCRIPTION_QUEUE = 2048
 @dataclasses.dataclass(eq=False)
 class _Handle:
     cancel_requested: bool = False
+    # covers the agent session's creation (``loading``): a cancel ends the wait
+    loading: anyio.CancelScope = dataclasses.field(default_factory=anyio.CancelScope)
     stopping: bool = False      # the runner itself cancelled the prompt
     ticket: PromptTicket | None = None
 
@@ -71,20 +82,31 @@ class DeltaWriter:
     """Batches non-state events of one task: a commit at most ``FLUSH_S`` after the
     first pending event, or as soon as ``FLUSH_EVENTS`` are pending. At most
     ``MAX_PENDING`` wait (``add`` blocks beyond that). ``run`` returns once closed and
-    drained."""
+    drained.
 
-    def __init__(self, store: TaskStore, task_id: str) -> None:
+    ``opening`` (``response.in_progress``) is the first commit: the transition
+    ``loading`` → ``running``, made ``FLUSH_S`` after the prompt was sent with the
+    deltas of that time. A turn that ends sooner never makes it: the final transition
+    carries it (one commit for the whole turn). ``opened`` says which happened."""
+
+    def __init__(self, store: TaskStore, task_id: str, opening: AnyEvent,
+                 clock: Callable[[], float]) -> None:
         self.store = store
         self.task_id = task_id
+        self.clock = clock
+        self.opening = opening
+        self.opened = False     # ``running`` committed
+        self.lost = False       # the opening transition lost (a cancel came first)
         self.pending: list[AnyEvent] = []
         self.closed = False
         # Set before ``close``: the events pending at close are left in ``tail`` for the
         # caller's next commit (the final transition) instead of a commit of their own.
         self.hold_tail = False
         self.tail: list[AnyEvent] = []
-        self._some = anyio.Event()    # pending is not empty (or closed)
+        self._some = anyio.Event()    # pending is not empty (or closed, or to open)
         self._full = anyio.Event()    # FLUSH_EVENTS pending (or closed)
         self._space = anyio.Event()   # set after each flush
+        self._some.set()              # the opening is due
 
     async def add(self, drafts: list[AnyEvent]) -> None:
         while len(self.pending) >= MAX_PENDING:
@@ -114,10 +136,25 @@ class DeltaWriter:
             if self.closed and self.hold_tail:
                 self.tail = batch + self.pending
                 return
-            if batch:
-                await self.store.append_events(self.task_id, batch, ("running", "cancelling"))
+            # kept until the store takes them (``add`` blocks past MAX_PENDING)
+            await self.write(batch)
             if self.closed and not self.pending:
                 return
+
+    async def write(self, batch: list[AnyEvent]) -> None:
+        """``batch`` committed: with the opening transition first if not made yet."""
+        if self.lost:
+            return
+        if not self.opened:
+            opening = Finish(events=[self.opening, *batch])
+            won = await persist(lambda: self.store.transition(
+                self.task_id, ("loading",), "running", opening, now=self.clock()),
+                what=f"lmsp task {self.task_id} → running")
+            self.opened, self.lost = won is not None, won is None
+        elif batch:
+            await persist(lambda: self.store.append_events(
+                self.task_id, batch, ("running", "cancelling")),
+                what=f"lmsp task {self.task_id}: events")
 
 
 class Runner:
@@ -134,7 +171,15 @@ class Runner:
         self.permission_policy = permission_policy
         self.permission_decisions = {"reject": 0, "allow": 0, "cancelled": 0}
         self._running: dict[str, _Handle] = {}
+        # Tasks holding one of the ``max_running`` slots: from the claim until the agent's
+        # turn is over (the final commit is then in flight, sharing the next claim's).
+        self._slots: set[_Handle] = set()
         self._wakeup = anyio.Event()
+        # At the bridge's session limit: claims pause (``_slot_backoff``) until a task of
+        # ours ends (``_slot_freed``) or the backoff delay passes.
+        self._slot_backoff = Backoff(0.05, 2.0)
+        self._slot_wait = 0.0
+        self._slot_freed = anyio.Event()
 
     @property
     def running(self) -> int:
@@ -154,6 +199,8 @@ class Runner:
         handle.cancel_requested = True
         if handle.ticket is not None:
             handle.ticket.cancel("lmsp_cancel")
+        else:   # loading: stop waiting for the agent's session
+            handle.loading.cancel()
 
     async def forget(self, response_id: str) -> None:
         """Close the live session kept for ``response_id`` (if any)."""
@@ -162,59 +209,75 @@ class Runner:
             await _close(live.bridge, live.session_id)
 
     async def run(self) -> None:
+        """Claims and starts work until cancelled. A store that cannot serve (or any
+        other failure to claim) is retried with a capped backoff, wake-ups or not:
+        queued work starts by itself once the store is back."""
+        backoff = Backoff(0.05, 5.0)
         async with anyio.create_task_group() as tg:
             while True:
-                while (free := self.max_running - len(self._running)) > 0:
-                    records = await self._claim(free)
-                    for record in records:
-                        self._running[record.id] = _Handle()   # see cancel()
-                        tg.start_soon(self._run, record)
-                    if len(records) < free:   # the queue is empty
-                        break
+                try:
+                    await self._wait_for_slots()
+                    while (free := self.max_running - len(self._slots)) > 0:
+                        # one write claims them all (one statement, one commit)
+                        records = await self.store.claim(self.clock(), free)
+                        for record in records:
+                            handle = self._running[record.id] = _Handle()   # see cancel()
+                            self._slots.add(handle)
+                            tg.start_soon(self._run, record, handle)
+                        if len(records) < free:   # the queue is empty
+                            break
+                except Exception as exc:   # noqa: BLE001 - the loop outlives any fault
+                    delay = backoff.next()
+                    if isinstance(exc, StoreUnavailableError):
+                        log.warning("lmsp: cannot claim tasks (%s); again in %.2f s",
+                                    exc.reason, delay)
+                    else:
+                        log.exception("lmsp: claiming tasks failed; again in %.2f s", delay)
+                    await anyio.sleep(delay)
+                    continue
+                backoff.reset()
                 await self._wakeup.wait()
                 self._wakeup = anyio.Event()
 
-    async def _claim(self, count: int) -> list[TaskRecord]:
-        """Up to ``count`` queued tasks, claimed at once so that the store commits the
-        claims together (one group commit, not one round trip per claim)."""
-        if count == 1:
-            record = await self.store.claim_next(self.clock())
-            return [] if record is None else [record]
-        claimed: list[TaskRecord] = []
+    async def _wait_for_slots(self) -> None:
+        """After a task met the bridge's session limit: wait until one of ours ends or
+        the backoff passes (doubling while the limit holds, up to 2 s)."""
+        if self._slot_wait > 0:
+            with anyio.move_on_after(self._slot_wait):
+                await self._slot_freed.wait()
+            self._slot_wait = 0.0
 
-        async def one() -> None:
-            record = await self.store.claim_next(self.clock())
-            if record is not None:
-                claimed.append(record)
-
-        async with anyio.create_task_group() as tg:
-            for _ in range(count):
-                tg.start_soon(one)
-        return claimed
-
-    async def _run(self, record: TaskRecord) -> None:
-        handle = self._running[record.id]
+    async def _run(self, record: TaskRecord, handle: _Handle) -> None:
         try:
             await self._execute(record, handle)
         except Exception as exc:   # noqa: BLE001 - a bug must still end the task
             log.exception("lmsp task %s crashed", record.id)
-            await self._end_failed(record, Attempt(record, ""), "server_error", str(exc))
+            await self._end_failed(record, Attempt(record, ""), "server_error",
+                                   "Internal error.")
         finally:
-            del self._running[record.id]
+            if self._running.get(record.id) is handle:   # (not a later claim's)
+                del self._running[record.id]
+            self._release(handle)
+
+    def _release(self, handle: _Handle) -> None:
+        """The task's runner slot is free (idempotent): the next task may be claimed."""
+        if handle in self._slots:
+            self._slots.discard(handle)
+            self._slot_freed.set()
+            self._slot_freed = anyio.Event()
             self.wake()
 
     async def _execute(self, record: TaskRecord, handle: _Handle) -> None:
-        request = decode_any(record.request)
-        prompt = prompt_text(request)
-        limit = request.get("max_output_tokens") if isinstance(request, dict) else None
-        attempt = Attempt(record, prompt, limit if isinstance(limit, int) else None)
+        request = decode_stored(record.request)   # the one decode of the stored request
+        prompt = request.prompt_text
+        attempt = Attempt(record, prompt, request.max_output_tokens)
         target = self.models.get(record.model)
         if target is None:
             await self._end_failed(record, attempt, "model_not_found",
                                    f"The model {record.model!r} is not served any more.")
             return
         bridge, agent = target
-        previous = request.get("previous_response_id") if isinstance(request, dict) else None
+        previous = request.previous_response_id
         session_id = None
         if isinstance(previous, str):
             session_id = self.sessions.take(previous, record.model)
@@ -222,23 +285,28 @@ class Runner:
         blocks: list[dict[str, Any]] = [{"type": "text", "text": prompt}]
         if session_id is None:
             try:
-                session_id = await self._new_session(bridge, agent)
+                with handle.loading:
+                    session_id = await self._new_session(bridge, agent)
+            except SessionLimitExceededError:
+                await self._requeue_at_limit(record)
+                return
             except Exception as exc:   # noqa: BLE001 - any bridge failure fails the task
                 await self._end_agent_error(record, attempt, exc)
                 return
+            if session_id is None:   # cancelled while loading (the agent never answered)
+                await self._end_cancelled(record, attempt)
+                return
+            self._slot_backoff.reset()
         keep = False
         try:
             if isinstance(previous, str) and not continued:
-                messages = await history(self.store, previous)
+                messages = await persist(lambda: history(self.store, previous),
+                                         what=f"lmsp task {record.id}: its history")
                 embedded = bridge.agents.capability(bridge.agents.resolve(agent),
                                                     "promptCapabilities", "embeddedContext")
                 blocks = history_prompt(previous, messages, prompt, embedded=bool(embedded))
                 attempt.input_tokens += count_tokens(transcript(messages))
-            now = self.clock()
-            won = await self.store.transition(
-                record.id, ("loading",), "running",
-                lambda rec: Finish(events=[in_progress_event(rec)]), now=now)
-            if won is None:   # cancelled while loading
+            if handle.cancel_requested:   # cancelled while loading
                 await self._end_cancelled(record, attempt)
                 return
             ticket = bridge.send_prompt(session_id, blocks)
@@ -247,31 +315,38 @@ class Runner:
                 ticket.cancel("lmsp_cancel")
             subscription = bridge.subscribe(session_id, last_event_id=ticket.last_event_id,
                                             max_queued=SUBSCRIPTION_QUEUE)
+            writer = DeltaWriter(self.store, record.id, in_progress_event(record), self.clock)
             try:
-                tail = await self._pump(record, attempt, ticket, subscription, handle, bridge)
+                await self._pump(attempt, ticket, subscription, handle, bridge, writer)
             finally:
                 subscription.close()   # the session may outlive this task
             try:
                 result: PromptResult = await ticket
             except Exception as exc:   # noqa: BLE001 - AgentError, AgentDiedError, ...
-                await self._write_tail(record, tail)
+                await writer.write(writer.tail)
                 await self._end_agent_error(record, attempt, exc)
                 return
             status, finish = attempt.finish(result.stop_reason)
             if status == "cancelled":
-                await self._write_tail(record, tail)
+                await writer.write(writer.tail)
                 await self._end_cancelled(record, attempt)
                 return
             # the last deltas ride in the final transition's commit, before its events
-            won = await self.store.transition(
-                record.id, ("running",), status,
-                dataclasses.replace(finish, events=[*tail, *finish.events]), now=self.clock())
+            # (and ``response.in_progress`` first when the turn ended before it was due)
+            opening = [] if writer.opened else [writer.opening]
+            final = dataclasses.replace(finish, events=[*opening, *writer.tail,
+                                                        *finish.events])
+            state = ("running",) if writer.opened else ("loading",)
+            self._release(handle)   # the turn is over: what is left is writing
+            won = await persist(lambda: self.store.transition(
+                record.id, state, status, final, now=self.clock()),
+                what=f"lmsp task {record.id} → {status}")
             if won is None:   # a cancel committed first
-                await self._write_tail(record, tail)
+                await writer.write(writer.tail)
                 await self._end_cancelled(record, attempt)
                 return
             keep = (status == "succeeded" and not attempt.truncated and may_keep(bridge)
-                    and isinstance(request, dict) and request.get("store") is not False)
+                    and request.store is not False)
         finally:
             with anyio.CancelScope(shield=True):
                 closing = [(bridge, session_id)]
@@ -292,17 +367,25 @@ class Runner:
                     raise
                 await _close(live.bridge, live.session_id)
 
-    async def _write_tail(self, record: TaskRecord, tail: list[AnyEvent]) -> None:
-        if tail:
-            await self.store.append_events(record.id, tail, ("running", "cancelling"))
+    async def _requeue_at_limit(self, record: TaskRecord) -> None:
+        """The bridge is at its session limit: the task goes back to ``queued`` (its
+        attempt not counted, its place in the queue kept) and claims pause until a
+        slot frees. A cancel that came meanwhile ends it instead."""
+        if self._slot_wait == 0:
+            self._slot_wait = self._slot_backoff.next()
+        if await persist(lambda: self.store.unclaim(record.id, now=self.clock()),
+                         what=f"lmsp task {record.id} → queued"):
+            log.info("lmsp task %s waits for a session slot (the bridge is at its limit)",
+                     record.id)
+            return
+        await self._end_cancelled(record, Attempt(record, ""))
 
-    async def _pump(self, record: TaskRecord, attempt: Attempt, ticket: PromptTicket,
-                    subscription: Any, handle: _Handle, bridge: Bridge) -> list[AnyEvent]:
+    async def _pump(self, attempt: Attempt, ticket: PromptTicket, subscription: Any,
+                    handle: _Handle, bridge: Bridge, writer: DeltaWriter) -> None:
         """Session updates → events, until the prompt's turn ends. Reading never waits
-        for the store (so the bridge's subscription queue does not back up); a
-        ``DeltaWriter`` commits what accumulated. When the turn ended, the events not
-        yet written are returned (the caller writes them), else written here."""
-        writer = DeltaWriter(self.store, record.id)
+        for the store (so the bridge's subscription queue does not back up); ``writer``
+        commits what accumulated. When the turn ended, the events not yet written are
+        left in ``writer.tail`` (the caller writes them), else written here."""
         async with anyio.create_task_group() as tg:
             tg.start_soon(writer.run)
             try:
@@ -325,7 +408,6 @@ class Runner:
                             ticket.cancel("max_output_tokens")
             finally:
                 writer.close()
-        return writer.tail
 
     def _answer_permission(self, bridge: Bridge, data: Any) -> PermissionDecidedEvent | None:
         """Nobody can vote over LMSP: the policy answers at once (first responder).
@@ -343,17 +425,22 @@ class Runner:
                                       outcome=outcome, option_kind=kind,
                                       tool_call=data.params.get("toolCall"))
 
+    async def _transition(self, record: TaskRecord, from_states: tuple[str, ...], to: str,
+                          finish: Finish | None = None) -> bool:
+        """One transition, retried while the store is unavailable (each try is shielded
+        by the store; a shutdown may cut the retries: restart recovery then applies
+        ``on_restart``). Whether it won."""
+        return await persist(lambda: self.store.transition(
+            record.id, from_states, to, finish, now=self.clock()),
+            what=f"lmsp task {record.id} → {to}") is not None
+
     async def _end_cancelled(self, record: TaskRecord, attempt: Attempt) -> None:
         """→ ``cancelled``, through ``cancelling`` when the backend stopped on its own
         (e.g. a bridge deadline) without an LMSP cancel."""
-        with anyio.CancelScope(shield=True):
-            if await self.store.transition(record.id, ("cancelling",), "cancelled",
-                                           attempt.cancelled(), now=self.clock()) is not None:
-                return
-            if await self.store.transition(record.id, ("loading", "running"), "cancelling",
-                                           now=self.clock()) is not None:
-                await self.store.transition(record.id, ("cancelling",), "cancelled",
-                                            attempt.cancelled(), now=self.clock())
+        if await self._transition(record, ("cancelling",), "cancelled", attempt.cancelled()):
+            return
+        if await self._transition(record, ("loading", "running"), "cancelling"):
+            await self._transition(record, ("cancelling",), "cancelled", attempt.cancelled())
 
     async def _end_agent_error(self, record: TaskRecord, attempt: Attempt,
                                error: Exception) -> None:
@@ -362,10 +449,7 @@ class Runner:
         for its next attempt; numbering continues). Anything else fails the task."""
         if isinstance(error, AgentDiedError) and restart_target(
                 "running", record.on_restart, record.attempt, self.max_attempts) == "queued":
-            with anyio.CancelScope(shield=True):
-                requeued = await self.store.transition(record.id, ("loading", "running"),
-                                                       "queued", None, now=self.clock())
-            if requeued is not None:
+            if await self._transition(record, ("loading", "running"), "queued"):
                 log.warning("lmsp task %s: the agent died (%s); attempt %d of %d queued again",
                             record.id, error, record.attempt + 1, self.max_attempts)
                 return
@@ -373,11 +457,10 @@ class Runner:
 
     async def _end_failed(self, record: TaskRecord, attempt: Attempt, code: str,
                           message: str) -> None:
-        with anyio.CancelScope(shield=True):
-            won = await self.store.transition(record.id, ("loading", "running"), "failed",
-                                              attempt.failed(code, message), now=self.clock())
-            if won is None:
-                await self._end_cancelled(record, attempt)
+        """→ ``failed``; never raises for the store (it waits for it to come back)."""
+        if not await self._transition(record, ("loading", "running"), "failed",
+                                      attempt.failed(code, message)):
+            await self._end_cancelled(record, attempt)
 
 
 async def _close(bridge: Bridge, session_id: str) -> None:
@@ -406,23 +489,3 @@ def _map_update(attempt: Attempt, data: Any) -> list[AnyEvent]:
     elif kind == "usage_update":
         attempt.usage_update(update)
     return []
-
-
-def prompt_text(request: Any) -> str:
-    """The text sent to the agent: input messages' text joined by newlines."""
-    value = request.get("input") if isinstance(request, dict) else None
-    texts: list[str] = []
-    if isinstance(value, str):
-        texts.append(value)
-    elif isinstance(value, list):
-        for item in value:
-            content = item.get("content") if isinstance(item, dict) else None
-            if isinstance(content, str):
-                texts.append(content)
-            elif isinstance(content, list):
-                texts.extend(p["text"] for p in content
-                             if isinstance(p, dict) and isinstance(p.get("text"), str))
-    instructions = request.get("instructions") if isinstance(request, dict) else None
-    if isinstance(instructions, str) and instructions:
-        texts.append(instructions)
-    return "\n".join(texts)

@@ -31,7 +31,6 @@ import dataclasses
 import hashlib
 import logging
 import math
-import os
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -40,19 +39,19 @@ import anyio
 import anyio.abc
 import msgspec
 
-from acp_server.lmsp.hub import Hub
+from acp_server.store import store_for
+from acp_server.store.errors import Backoff, StoreUnavailableError
+from acp_server.store.hub import Hub
 from acp_server.lmsp.problems import LmspError
-from acp_server.lmsp.requests import ResponseRequest
+from acp_server.lmsp.requests import ResponseRequest, decode_stored
 from acp_server.lmsp.responses import (
     base_response,
     created_event,
     error_finish,
     recovery_finish,
 )
-from acp_server.lmsp.postgres import PostgresTaskStore, is_postgres_url
 from acp_server.lmsp.runner import Runner
-from acp_server.lmsp.sqlite import SqliteTaskStore
-from acp_server.lmsp.store import (
+from acp_server.store.tasks import (
     TERMINAL,
     CommittedEvent,
     IdempotencyClaim,
@@ -72,7 +71,6 @@ from acp_server.lmsp.wire import (
     CapabilityFlags,
     Limits,
     TaskObject,
-    canonical,
     encode,
 )
 from bridge import Bridge
@@ -174,8 +172,8 @@ class LmspService:
                     self.runner.wake()
                 if report.failed or report.requeued or report.cancelled:
                     log.warning("lmsp: recovered tasks of a dead instance: %s", report)
-            except Exception:   # noqa: BLE001 - retried at the next interval
-                log.exception("lmsp lease renewal/recovery failed")
+            except Exception as exc:   # noqa: BLE001 - retried at the next interval
+                _log_failure("lease renewal/recovery", exc)
             await anyio.sleep(store.renew_s)
 
     async def _poll_loop(self, store: SharedTaskStore) -> None:
@@ -196,8 +194,8 @@ class LmspService:
                 running = self.runner.running_ids()
                 for task_id in await store.cancelling_among(running) if running else ():
                     self.runner.cancel(task_id)
-            except Exception:   # noqa: BLE001 - retried at the next interval
-                log.exception("lmsp poll failed")
+            except Exception as exc:   # noqa: BLE001 - retried at the next interval
+                _log_failure("poll", exc)
 
     # -- capabilities -----------------------------------------------------------------
     def capabilities(self) -> Capabilities:
@@ -211,9 +209,11 @@ class LmspService:
             models=sorted(self.models))
 
     # -- tasks ------------------------------------------------------------------------
-    async def create_task(self, request: ResponseRequest, *, on_restart: str, body: object,
+    async def create_task(self, request: ResponseRequest, *, on_restart: str,
                           key: str | None, route: str) -> tuple[TaskRecord, bool]:
-        """Durable before it returns. ``(task, replayed)``."""
+        """Durable before it returns. ``(task, replayed)``. The stored request is
+        ``request.canonical``; the idempotency fingerprint hashes those bytes and
+        ``on_restart`` (members the service ignores are in neither)."""
         if on_restart == "resume":
             raise LmspError("unsupported_capability", "on_restart 'resume' needs snapshots, "
                             "which no configured agent supports.", capability="snapshots",
@@ -233,11 +233,13 @@ class LmspService:
         now = self.config.clock()
         task = NewTask(id=new_id("task"), response_id=new_id("resp"), on_restart=on_restart,
                        model=request.model, principal=self.principal,
-                       request=encode(request.body), created_at=now)
+                       request=request.canonical, created_at=now)
         idem = None
         if key is not None:
             idem = IdempotencyClaim(scope=f"{self.principal} {route}", key=key,
-                                    fingerprint=hashlib.sha256(canonical(body)).hexdigest(),
+                                    fingerprint=hashlib.sha256(
+                                        on_restart.encode() + b"\n" + request.canonical
+                                    ).hexdigest(),
                                     expires_at=now + self.config.idempotency_ttl_s)
         try:
             outcome = await self.store.create_task(
@@ -377,12 +379,19 @@ class LmspService:
                       ) -> AsyncIterator[list[CommittedEvent]]:
         """Batches of consecutive events (``[]`` = a keep-alive is due), ending with
         the batch that holds the terminal event."""
+        backoff = Backoff(0.05, 5.0)
         with self.hub.watch(task_id) as watch:   # registered before the first read
             rows: list[CommittedEvent] | None = None
             while not self.closed.is_set():
                 from_store = rows is None
                 if rows is None:
-                    rows = await self.store.read_events(task_id, last, PAGE)
+                    try:
+                        rows = await self.store.read_events(task_id, last, PAGE)
+                    except StoreUnavailableError:   # the stream waits for the store
+                        if not await watch.wait(backoff.next()):
+                            yield []   # a keep-alive meanwhile
+                        continue
+                    backoff.reset()
                 for i, event in enumerate(rows):
                     if event.type in TERMINAL_EVENTS:
                         yield rows[:i + 1]
@@ -393,7 +402,7 @@ class LmspService:
                 if from_store and len(rows) == PAGE:
                     rows = None
                     continue
-                if from_store and not rows and await self.store.get_task(task_id) is None:
+                if from_store and not rows and await self._gone(task_id):
                     return   # deleted (DELETE /responses/{id}) while streaming
                 rows = watch.take(last)
                 if rows == []:
@@ -401,14 +410,26 @@ class LmspService:
                         yield []
                     rows = watch.take(last)
 
+    async def _gone(self, task_id: str) -> bool:
+        try:
+            return await self.store.get_task(task_id) is None
+        except StoreUnavailableError:
+            return False   # the next read tells
+
     async def wait_terminal(self, task_id: str) -> TaskRecord:
         """The task once finished (or as it stands when the service closes). Every
         terminal transition writes its terminal event, so the hub wakes the watch: on
         this instance at its commit, from another one through its notice (``e``) or,
         when a notice is lost, the shared store's polling (``_poll_loop``)."""
+        backoff = Backoff(0.05, 5.0)
         with self.hub.watch(task_id) as watch:   # registered before the read
             while True:
-                record = await self.get_task(task_id)
+                try:
+                    record = await self.get_task(task_id)
+                except StoreUnavailableError:   # wait for the store, then read again
+                    await watch.wait(backoff.next())
+                    continue
+                backoff.reset()
                 if record.status in TERMINAL or self.closed.is_set():
                     return record
                 await watch.wait(math.inf)
@@ -425,8 +446,17 @@ class LmspService:
             await anyio.sleep(self.config.purge_interval_s)
             try:
                 await self.purge_once()
-            except Exception:   # noqa: BLE001 - retried at the next interval
-                log.exception("lmsp retention purge failed")
+            except Exception as exc:   # noqa: BLE001 - retried at the next interval
+                _log_failure("retention purge", exc)
+
+
+def _log_failure(what: str, exc: Exception) -> None:
+    """A background loop's failure: a store outage in one line (the store logs when it
+    goes down and comes back), anything else with its traceback."""
+    if isinstance(exc, StoreUnavailableError):
+        log.info("lmsp %s skipped: %s", what, exc.reason)
+    else:
+        log.error("lmsp %s failed", what, exc_info=exc)
 
 
 def _response_status(record: TaskRecord) -> str:
@@ -443,8 +473,7 @@ def _response_status(record: TaskRecord) -> str:
 
 
 def _unstored(record: TaskRecord) -> bool:
-    body = msgspec.json.decode(record.request)
-    return isinstance(body, dict) and body.get("store") is False
+    return decode_stored(record.request).store is False
 
 
 def bridge_models(bridge: Bridge) -> dict[str, tuple[Bridge, str | None]]:
@@ -458,27 +487,19 @@ async def open_lmsp(bridge: Bridge, *, state_dir: str, store_url: str | None = N
                     config: LmspConfig | None = None,
                     group_commit: bool = True, store: TaskStore | None = None,
                     models: Mapping[str, tuple[Bridge, str | None]] | None = None,
-                    lease_s: float = 30, renew_s: float = 10, poll_s: float = 1.0
-                    ) -> AsyncIterator[LmspService]:
+                    lease_s: float = 30, renew_s: float = 10, poll_s: float = 1.0,
+                    busy_timeout_s: float = 5.0) -> AsyncIterator[LmspService]:
     """See the module docstring. ``store_url`` defaults to
     ``sqlite:///<state_dir>/lmsp.sqlite3``; ``store`` overrides it (other engines).
     ``models`` defaults to ``bridge_models(bridge)``. ``lease_s``, ``renew_s`` and
-    ``poll_s`` are a PostgreSQL store's (``PostgresTaskStore``)."""
+    ``poll_s`` are a PostgreSQL store's (``PostgresTaskStore``), ``busy_timeout_s`` a
+    SQLite store's."""
     hub = Hub()
     if store is None:
-        os.makedirs(state_dir, exist_ok=True)
-        url = store_url or f"sqlite:///{os.path.join(os.path.abspath(state_dir), 'lmsp.sqlite3')}"
-        if is_postgres_url(url):
-            store = PostgresTaskStore(url, on_commit=hub.publish, group_commit=group_commit,
-                                      state_dir=state_dir, lease_s=lease_s, renew_s=renew_s,
-                                      poll_s=poll_s)
-        elif url.startswith("sqlite:"):
-            store = SqliteTaskStore(url, on_commit=hub.publish, group_commit=group_commit)
-        else:
-            raise ValueError(f"Unsupported store {url!r}: use sqlite:///PATH or "
-                             f"postgresql://….")
-    else:
-        store.on_commit = hub.publish
+        store = store_for(store_url, state_dir=state_dir, group_commit=group_commit,
+                          lease_s=lease_s, renew_s=renew_s, poll_s=poll_s,
+                          busy_timeout_s=busy_timeout_s)
+    store.on_commit = hub.publish
     config = config or LmspConfig()
     async with store:
         service = LmspService(store, hub, bridge_models(bridge) if models is None else models,

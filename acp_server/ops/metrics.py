@@ -59,6 +59,7 @@ from starlette.routing import BaseRoute
 from acp_server.acp_http import ConnectionRegistry
 from acp_server.http.endpoints import route as bound_route
 from acp_server.lmsp.wire import TaskStatus
+from acp_server.store.errors import StoreUnavailableError
 from bridge import Bridge, BridgeStats
 from bridge.observer import BridgeObserver
 
@@ -91,7 +92,10 @@ class _TaskCounts:
         async with self._lock:
             if time.monotonic() - self.fetched_at < self.ttl_s:
                 return   # another scrape fetched them meanwhile
-            self.counts = await self.store.status_counts()
+            try:
+                self.counts = await self.store.status_counts()
+            except StoreUnavailableError:
+                return   # the last counts stand; /health?deep=1 says the store is down
             self.fetched_at = time.monotonic()
             self.fetches += 1
 

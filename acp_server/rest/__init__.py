@@ -29,6 +29,7 @@ from acp_server.rest import (
 )
 from acp_server.rest.config import RestConfig
 from acp_server.rest.daemon import PermissionReport
+from acp_server.store.errors import Probed
 from bridge import Bridge
 
 __all__ = ["PermissionReport", "RestConfig", "fast_routes", "routes"]
@@ -37,9 +38,10 @@ fast_routes = prompts.fast_routes   # the front layer's hot path: path -> fast h
 
 
 def routes(bridge: Bridge, config: RestConfig, *,
-           lmsp_permissions: PermissionReport | None = None) -> list[BaseRoute]:
-    """Every REST route, over its dependencies."""
-    return [*health.routes(bridge), *capabilities.routes(bridge, config),
+           lmsp_permissions: PermissionReport | None = None,
+           store: Probed | None = None) -> list[BaseRoute]:
+    """Every REST route, over its dependencies (``store``: what ``/health?deep=1`` asks)."""
+    return [*health.routes(bridge, store), *capabilities.routes(bridge, config),
             *daemon.routes(bridge, config, lmsp_permissions=lmsp_permissions),
             *sessions.routes(bridge, config), *prompts.routes(bridge, config),
             *events.routes(bridge, config), *permissions.routes(bridge, config),

@@ -15,6 +15,8 @@ Contracts:
   retryable 503/429 answers.
 * ``RestError`` is raised by the route layer itself (validation) and carries its own
   status, body and headers.
+* ``StoreUnavailableError`` (``acp_server.store``) is a 503 ``{error, code:
+  "store_unavailable"}`` with ``Retry-After``.
 * Anything unrecognised is a 500 ``{"error": "Internal error"}``: no message from an
   unexpected exception reaches the client.
 """
@@ -32,6 +34,7 @@ from starlette.responses import Response
 from acp_server.http.body import ClientDisconnected
 from acp_server.http.handlers import handle_disconnect
 from acp_server.http.policy import Refusal
+from acp_server.store.errors import StoreUnavailableError
 from bridge import errors as be
 from bridge.elicitation import ElicitationNotFoundError, InvalidElicitationAnswerError
 from bridge.errors import (
@@ -152,6 +155,9 @@ def describe(exc: BaseException) -> tuple[int, dict[str, Any], dict[str, str] | 
     ``Retry-After: 5`` on 429 and 503."""
     if isinstance(exc, RestError):
         return exc.status, exc.body, exc.headers
+    if isinstance(exc, StoreUnavailableError):
+        return 503, {"error": "The store is unavailable; retry later", "code": exc.code}, \
+            {"Retry-After": str(exc.retry_after)}
     if not isinstance(exc, BridgeError):
         return 500, {"error": "Internal error"}, None
     special = BODIES.get(type(exc))
@@ -194,6 +200,7 @@ EXCEPTION_HANDLERS: dict[Any, Any] = {
     ClientDisconnect: handle_disconnect,
     RestError: handle_error,
     BridgeError: handle_error,
+    StoreUnavailableError: handle_error,
     HTTPException: handle_http,
     Exception: handle_unexpected,
 }

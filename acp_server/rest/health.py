@@ -4,6 +4,9 @@
     $ curl -s 'localhost:4170/health?deep=1'  # {"status":"ok","sessions":1,"activePrompts":0,...}
 
 Open without a token on a loopback bind unless ``--require-auth`` (see ``security``).
+The deep check also asks the durable store (``store``, when composed; see
+``acp_server.store``): while it cannot serve, the answer is 503 with
+``"status": "unavailable"`` and ``store: {status: "down", reason, downSince}``.
 """
 
 from __future__ import annotations
@@ -16,17 +19,24 @@ from starlette.routing import BaseRoute
 
 from acp_server.http.endpoints import route
 from acp_server.rest.errors import json_response
+from acp_server.store.errors import Probed
 from bridge import Bridge
 
 _OK = b'{"status":"ok"}'
 
 
-async def health(request: Request, *, bridge: Bridge) -> Response:
+async def health(request: Request, *, bridge: Bridge, store: Probed | None) -> Response:
     if request.query_params.get("deep") not in ("1", "true"):
         return Response(_OK, 200, media_type="application/json")
     stats = bridge.stats()
-    return json_response(200, {
-        "status": "ok", "workspaceCount": 1, "sessions": stats.sessions,
+    down = await store.probe() if store is not None else None
+    extra: dict[str, object] = {}
+    if store is not None:
+        extra["store"] = {"status": "ok"} if down is None else {
+            "status": "down", "reason": down, "downSince": store.health.down_since}
+    return json_response(200 if down is None else 503, {
+        "status": "ok" if down is None else "unavailable", **extra,
+        "workspaceCount": 1, "sessions": stats.sessions,
         "pendingPermissions": stats.pending_permissions,
         "activePrompts": stats.active_prompts, "pendingPrompts": stats.pending_prompts,
         "queuedPrompts": stats.queued_prompts, "connectedClients": stats.subscribers,
@@ -34,5 +44,5 @@ async def health(request: Request, *, bridge: Bridge) -> Response:
     })
 
 
-def routes(bridge: Bridge) -> list[BaseRoute]:
-    return [route("/health", health, ["GET"], bridge=bridge)]
+def routes(bridge: Bridge, store: Probed | None = None) -> list[BaseRoute]:
+    return [route("/health", health, ["GET"], bridge=bridge, store=store)]

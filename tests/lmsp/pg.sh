@@ -4,6 +4,7 @@
 #   eval "$(tests/lmsp/pg.sh start /tmp/acp-pg 54329)"   # exports ACP_SERVER_TEST_POSTGRES
 #   make test
 #   tests/lmsp/pg.sh stop /tmp/acp-pg
+#   tests/lmsp/pg.sh restart /tmp/acp-pg        # pg_ctl restart -m fast (outage tests)
 #
 # start: initdb (as the `postgres` user when run as root) in DIR/data, pg_ctl start on
 # 127.0.0.1:PORT only, sockets in DIR/sock, trust auth, fsync on; creates database
@@ -46,8 +47,11 @@ start)
 stop)
     [ -f "$dir/data/postmaster.pid" ] && as_pg "$bin/pg_ctl" -D "$dir/data" -m fast -w stop >&2
     ;;
+restart)
+    as_pg "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -m fast -w -t 30 restart >&2
+    ;;
 *)
-    echo "usage: pg.sh start|stop DIR [PORT]" >&2
+    echo "usage: pg.sh start|stop|restart DIR [PORT]" >&2
     exit 2
     ;;
 esac

@@ -20,6 +20,7 @@ import anyio
 from httpx_sse import aconnect_sse
 
 from acp_server.lmsp import LmspConfig, LmspService
+from acp_server.store.tasks import TaskStore
 from tests.harness.local import LocalServer, local_server
 from tests.lmsp.stores import STORE_FACTORIES, current
 
@@ -89,10 +90,12 @@ class LmspServer(LocalServer):
 
 def running_lmsp(tmp_path: Any, *, token: str | None = None, max_running_tasks: int = 4,
                  config: LmspConfig | None = None, group_commit: bool = True,
-                 db_name: str = "lmsp.sqlite3", **kwargs: Any
-                 ) -> contextlib.AbstractAsyncContextManager[LmspServer]:
-    """``tests.harness.local_server`` with the LMSP helpers, on the selected store."""
-    store = STORE_FACTORIES[current["name"]](Path(tmp_path), db_name, group_commit)
+                 db_name: str = "lmsp.sqlite3", store: TaskStore | None = None,
+                 **kwargs: Any) -> contextlib.AbstractAsyncContextManager[LmspServer]:
+    """``tests.harness.local_server`` with the LMSP helpers, on the selected store (or
+    ``store``, a test's own: a fault-injecting one, say)."""
+    if store is None:
+        store = STORE_FACTORIES[current["name"]](Path(tmp_path), db_name, group_commit)
     return local_server(tmp_path, kind=LmspServer, token=token,
                         max_running_tasks=max_running_tasks, lmsp_store=store,
                         lmsp_config=config, group_commit=group_commit,

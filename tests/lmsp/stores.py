@@ -19,9 +19,9 @@ import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 
-from acp_server.lmsp.postgres import PostgresTaskStore
-from acp_server.lmsp.sqlite import SqliteTaskStore
-from acp_server.lmsp.store import TaskStore
+from acp_server.store.postgres import PostgresTaskStore
+from acp_server.store.sqlite import SqliteTaskStore
+from acp_server.store.tasks import TaskStore
 
 # (directory, database name, group commit) -> an unopened store
 StoreMaker = Callable[[Path, str, bool], TaskStore]

@@ -15,11 +15,11 @@ import psycopg
 import pytest
 
 from acp_server.lmsp import open_lmsp
-from acp_server.lmsp.pg_schema import MIGRATIONS
-from acp_server.lmsp.postgres import PostgresTaskStore
+from acp_server.store.schema import MIGRATIONS
+from acp_server.store.postgres import PostgresTaskStore
 from acp_server.lmsp.requests import parse_response_request
-from acp_server.lmsp.sqlite import SqliteTaskStore
-from acp_server.lmsp.store import TERMINAL, IdempotencyClaim
+from acp_server.store.sqlite import SqliteTaskStore
+from acp_server.store.tasks import TERMINAL, IdempotencyClaim
 from bridge import Bridge
 from bridge.agents.reference import ReferenceAgentFactory
 from bridge.options import BridgeOptions
@@ -56,7 +56,8 @@ async def test_sqlite_store_of_an_older_schema_gets_the_index(tmp_path: Path) ->
     async with SqliteTaskStore(str(path)) as store:
         await create(store)
     with sqlite3.connect(path) as conn:   # as the store was before the response routes
-        conn.execute("DROP INDEX tasks_response")
+        conn.execute("DROP INDEX tasks_response")   # and before the schema versions
+        conn.execute("PRAGMA user_version = 0")
     async with SqliteTaskStore(str(path)) as store:
         task_id = await create(store)
         record = await store.get_task(task_id)
@@ -73,7 +74,7 @@ async def test_postgres_schema_1_is_migrated(tmp_path: Path) -> None:
     url = stores.postgres_url_for(tmp_path, "v1")
     with psycopg.connect(url) as conn:   # a store created before migration 2
         conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
-        conn.execute(MIGRATIONS[0])
+        conn.execute(MIGRATIONS[0].postgres)
         conn.execute("INSERT INTO schema_version(version) VALUES (1)")
     async with PostgresTaskStore(url) as store:
         task_id = await create(store)
@@ -97,7 +98,7 @@ async def test_kept_sessions_make_room_at_the_session_limit(tmp_path: Path,
         async def respond(text: str) -> str:
             record, _ = await service.create_task(
                 parse_response_request({"model": "reference", "input": text}),
-                on_restart="fail", body={}, key=None, route="test")
+                on_restart="fail", key=None, route="test")
             with anyio.fail_after(10):
                 record = await service.wait_terminal(record.id)
             assert record.status in TERMINAL

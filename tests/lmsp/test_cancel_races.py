@@ -39,7 +39,7 @@ async def scenario(store_name: str, ending: str, sleep_ms: int, chunks: int,
             text = f"/sleep {sleep_ms}ms /chunks {chunks} {ending} words here"
             body = envelope(text)
             parsed = parse_task_envelope(body)
-            record, _ = await service.create_task(parsed.request, on_restart="fail", body=body,
+            record, _ = await service.create_task(parsed.request, on_restart="fail",
                                                   key=None, route="test")
             answers: list[tuple[int, str]] = []
             start = time.monotonic()

@@ -9,8 +9,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from acp_server.lmsp.postgres import PostgresTaskStore
-from acp_server.lmsp.sqlite import SqliteTaskStore
+from acp_server.store.postgres import PostgresTaskStore
+from acp_server.store.sqlite import SqliteTaskStore
 from tests.lmsp.server import LmspServer, envelope, running_lmsp
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("store_name")]

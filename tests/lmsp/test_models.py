@@ -27,7 +27,7 @@ async def _run(service: object, model: str) -> str:
     body = {"type": "response", "input": {"model": model, "input": "hi"}}
     parsed = parse_task_envelope(body)
     record, _ = await service.create_task(parsed.request, on_restart="fail",  # type: ignore
-                                          body=body, key=None, route="t")
+                                          key=None, route="t")
     return (await service.wait_terminal(record.id)).status  # type: ignore
 
 
@@ -71,7 +71,7 @@ async def test_loading_then_failed_when_the_agent_cannot_start(tmp_path: Path) -
             open_lmsp(bridge, state_dir=str(tmp_path)) as service:
         body = {"type": "response", "input": {"model": "broken", "input": "hi"}}
         parsed = parse_task_envelope(body)
-        record, _ = await service.create_task(parsed.request, on_restart="fail", body=body,
+        record, _ = await service.create_task(parsed.request, on_restart="fail",
                                               key=None, route="t")
         done = await service.wait_terminal(record.id)
         assert done.status == "failed" and b'"code":"agent_error"' in (done.error or b"")
@@ -86,7 +86,7 @@ async def test_cancel_while_loading(tmp_path: Path) -> None:
             open_lmsp(bridge, state_dir=str(tmp_path)) as service:
         body = {"type": "response", "input": {"model": "slow", "input": "hi"}}
         parsed = parse_task_envelope(body)
-        record, _ = await service.create_task(parsed.request, on_restart="fail", body=body,
+        record, _ = await service.create_task(parsed.request, on_restart="fail",
                                               key=None, route="t")
         with anyio.fail_after(5):
             while (await service.get_task(record.id)).status != "loading":

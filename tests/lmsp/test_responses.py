@@ -7,7 +7,7 @@ import json
 import anyio
 import pytest
 
-from acp_server.lmsp.sqlite import SqliteTaskStore
+from acp_server.store.sqlite import SqliteTaskStore
 from tests.lmsp.server import LmspServer
 
 pytestmark = pytest.mark.anyio

@@ -1,4 +1,4 @@
-"""The store contract (``acp_server.lmsp.store``), parametrized over implementations.
+"""The store contract (``acp_server.store.tasks``), parametrized over implementations.
 
 Each test runs on every store of ``LMSP_TEST_STORES`` (SQLite, and PostgreSQL when
 ``ACP_SERVER_TEST_POSTGRES`` is set).
@@ -18,9 +18,9 @@ import pytest
 
 from acp_server.lmsp.responses import created_event, error_finish, recovery_finish
 from acp_server.lmsp.service import new_id
-from acp_server.lmsp.postgres import PostgresTaskStore
-from acp_server.lmsp.sqlite import SqliteTaskStore
-from acp_server.lmsp.store import (
+from acp_server.store.postgres import PostgresTaskStore
+from acp_server.store.sqlite import SqliteTaskStore
+from acp_server.store.tasks import (
     CommittedEvent,
     Finish,
     IdempotencyClaim,

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 
 import anyio
 
-from acp_server.lmsp.store import CommittedEvent
+from acp_server.store.tasks import CommittedEvent
 
 WINDOW = 512
 

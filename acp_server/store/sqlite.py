@@ -3,26 +3,41 @@
     async with SqliteTaskStore("/var/lib/acp/lmsp.db", on_commit=hub.publish) as store:
         outcome = await store.create_task(new, event0, None)   # fsynced on return
 
-Contracts (see ``acp_server.lmsp.store`` for the interface):
+Contracts (see ``acp_server.store.tasks`` for the interface):
 
 * Writes are *operations* (a function of the connection) sent through a bounded
   memory stream to one writer task (``writer.py``), which runs everything queued so
   far — at most ``MAX_BATCH`` — in one ``BEGIN IMMEDIATE … COMMIT`` on one worker
   thread: concurrent creates share one transaction and one fsync.
-  Each operation runs inside a SAVEPOINT, so one failing operation rolls back alone.
+  A batch runs without savepoints; when one of its operations raises, it is rolled
+  back and run again with a SAVEPOINT per operation, so that one rolls back alone.
   ``group_commit=False`` commits every operation on its own (the benchmark baseline).
 * Callers wake only after the COMMIT; ``on_commit`` gets the batch's events first.
 * Reads use separate connections (WAL readers never block the writer).
+* Faults answer ``StoreUnavailableError`` (503), never end the process: a full disk,
+  an I/O error, a file locked by another process for longer than ``busy_timeout_s``
+  (the writer waits that long, then that batch fails; the next one tries again).
+* The file is checked before every batch (``os.stat``: device and inode as opened).
+  Deleted or replaced under us, the store is *lost*: every write and read answers
+  ``StoreUnavailableError`` from then on (nothing is acknowledged into an unlinked
+  inode) and ``probe`` says why, until a restart opens the file anew.
+* The database and its ``-wal`` / ``-shm`` files are mode 0600 (created so, tightened
+  when found wider); the folder is made by ``prepare_state_dir`` (0700).
 """
 
 from __future__ import annotations
 
+import errno
+import os
 import sqlite3
+import stat
 from collections.abc import Callable, Sequence
 
 import anyio
 
-from acp_server.lmsp.store import (
+from acp_server.store.tasks import (
+    UNCLAIM,
+    ObservedMoves,
     CommittedEvent,
     CreateOutcome,
     Dialect,
@@ -39,69 +54,55 @@ from acp_server.lmsp.store import (
     queued_record,
     recover_rows,
 )
-from acp_server.lmsp.wire import AnyEvent
-from acp_server.lmsp.writer import GroupCommitStore, Op
+from acp_server.store.tasks import AnyEvent
+from acp_server.store.errors import StoreUnavailableError
+from acp_server.store.schema import migrate_sqlite
+from acp_server.store.writer import GroupCommitStore, Op
 
 READERS = 2
+BUSY_TIMEOUT_S = 5.0
+MIN_FREE_BYTES = 1 << 20   # less free space than this in the folder: ``probe`` says full
 SQL = Dialect()
+# sqlite3 errors that are the operation's own (a bug or a constraint), not the store's
+_OWN_ERRORS = (sqlite3.IntegrityError, sqlite3.ProgrammingError, sqlite3.InterfaceError,
+               sqlite3.NotSupportedError, sqlite3.DataError)
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS tasks (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,      -- creation order
-    id TEXT NOT NULL UNIQUE,
-    response_id TEXT NOT NULL,
-    status TEXT NOT NULL,
-    on_restart TEXT NOT NULL,
-    model TEXT NOT NULL,
-    principal TEXT NOT NULL,
-    request BLOB NOT NULL,
-    created_at REAL NOT NULL,
-    updated_at REAL NOT NULL,
-    finished_at REAL,
-    next_seq INTEGER NOT NULL DEFAULT 0,
-    attempt INTEGER NOT NULL DEFAULT 0,
-    response BLOB,
-    error BLOB,
-    events_purged INTEGER NOT NULL DEFAULT 0
-);
-CREATE INDEX IF NOT EXISTS tasks_status ON tasks(status, seq);
-CREATE INDEX IF NOT EXISTS tasks_finished ON tasks(finished_at) WHERE finished_at IS NOT NULL;
-CREATE INDEX IF NOT EXISTS tasks_response ON tasks(response_id);
-CREATE TABLE IF NOT EXISTS task_events (
-    task_id TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    type TEXT NOT NULL,
-    data BLOB NOT NULL,
-    PRIMARY KEY (task_id, seq)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS idempotency_keys (
-    scope TEXT NOT NULL,
-    key TEXT NOT NULL,
-    fingerprint TEXT NOT NULL,
-    task_id TEXT NOT NULL,
-    expires_at REAL NOT NULL,
-    PRIMARY KEY (scope, key)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS idem_task ON idempotency_keys(task_id);
-"""
 
-def _connect(path: str) -> sqlite3.Connection:
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=10)
-    conn.execute("PRAGMA busy_timeout=10000")
+def _connect(path: str, busy_timeout_s: float = BUSY_TIMEOUT_S) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
+                           timeout=busy_timeout_s)
+    conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
     conn.execute("PRAGMA synchronous=FULL")
     return conn
 
 
-class SqliteTaskStore(GroupCommitStore[sqlite3.Connection]):
+def private_files(path: str) -> None:
+    """The database file exists with mode 0600; it and its ``-wal`` / ``-shm`` files
+    are tightened to 0600 when wider (SQLite gives the latter the database's mode)."""
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600))
+    for name in (path, f"{path}-wal", f"{path}-shm"):
+        try:
+            info = os.stat(name)
+        except FileNotFoundError:
+            continue
+        if stat.S_IMODE(info.st_mode) & 0o077 and info.st_uid == os.getuid():
+            os.chmod(name, 0o600)
+
+
+class SqliteTaskStore(ObservedMoves, GroupCommitStore[sqlite3.Connection]):
     """See the module docstring. ``path`` is a file path (``sqlite:///`` stripped)."""
 
     shared = False   # one instance per file
 
     def __init__(self, path: str, *, on_commit: Callable[[list[CommittedEvent]], None]
-                 | None = None, group_commit: bool = True) -> None:
+                 | None = None, group_commit: bool = True,
+                 busy_timeout_s: float = BUSY_TIMEOUT_S) -> None:
         super().__init__(on_commit=on_commit, group_commit=group_commit, readers=READERS)
         self.path = store_path(path)
+        self.busy_timeout_s = busy_timeout_s
         self._writer: sqlite3.Connection | None = None
+        self._file: tuple[int, int] | None = None   # (st_dev, st_ino) as opened
+        self._lost: str | None = None               # why the file is gone, for good
         # Queued tasks, kept by the writer thread (for ``max_queued`` without a COUNT
         # per create); ``None`` = unknown, recounted when next needed.
         self._queued: int | None = None
@@ -111,7 +112,8 @@ class SqliteTaskStore(GroupCommitStore[sqlite3.Connection]):
         try:
             self._writer = await anyio.to_thread.run_sync(self._open_writer)
             for _ in range(READERS):
-                self._readers.append(await anyio.to_thread.run_sync(_connect, self.path))
+                self._readers.append(await anyio.to_thread.run_sync(
+                    _connect, self.path, self.busy_timeout_s))
         except BaseException:
             self._disconnect_all()
             raise
@@ -124,17 +126,67 @@ class SqliteTaskStore(GroupCommitStore[sqlite3.Connection]):
         self._readers.clear()
 
     def _open_writer(self) -> sqlite3.Connection:
-        conn = _connect(self.path)
+        private_files(self.path)
+        conn = _connect(self.path, self.busy_timeout_s)
         mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
         assert mode.lower() == "wal", mode
-        conn.executescript(SCHEMA)
+        migrate_sqlite(conn)
+        private_files(self.path)
+        info = os.stat(self.path)
+        self._file = (info.st_dev, info.st_ino)
         return conn
+
+    # -- faults --------------------------------------------------------------------
+    def _check_file(self) -> None:
+        """Raises ``StoreUnavailableError`` when the file is not the one opened."""
+        if self._lost is None:
+            try:
+                info = os.stat(self.path)
+                same = (info.st_dev, info.st_ino) == self._file
+            except OSError as exc:
+                same = exc.errno not in (errno.ENOENT, errno.ENOTDIR)   # gone; else unsure
+                if same:
+                    raise StoreUnavailableError(f"{self.path}: {exc.strerror}") from None
+            if not same:
+                self._lost = (f"the database file {self.path} was deleted or replaced while "
+                              f"the server ran; restore it and restart the server")
+        if self._lost is not None:
+            raise StoreUnavailableError(self._lost)
+
+    def _unavailable(self, exc: BaseException) -> str | None:
+        if isinstance(exc, sqlite3.Error) and not isinstance(exc, _OWN_ERRORS):
+            name = getattr(exc, "sqlite_errorname", None)
+            return f"SQLite: {exc}" + (f" ({name})" if name else "")
+        if isinstance(exc, OSError):
+            return f"SQLite: {exc}"
+        return None
+
+    def _before_read(self) -> None:
+        if self._lost is not None:
+            raise StoreUnavailableError(self._lost)
+
+    async def _ping(self) -> None:
+        def check(conn: sqlite3.Connection) -> None:
+            self._check_file()
+            folder = os.statvfs(os.path.dirname(os.path.abspath(self.path)))
+            if folder.f_bavail * folder.f_frsize < MIN_FREE_BYTES:
+                raise StoreUnavailableError(f"the disk of {self.path} is full")
+            conn.execute("SELECT 1").fetchone()
+
+        await self._read(check)
 
     # -- the writer ----------------------------------------------------------------
     def _run_batch(self, index: int, batch: list[Op]) -> None:
+        """Optimistic first: the whole batch in one transaction with no savepoints (each
+        statement is a call that gives up the GIL and must win it back from a busy event
+        loop, so fewer statements is lower latency). Only when an operation raises is
+        the batch rolled back and run again with a SAVEPOINT per operation."""
         conn = self._writer
         assert conn is not None
         try:
+            self._check_file()
+            if self._optimistic(conn, batch):
+                return
             conn.execute("BEGIN IMMEDIATE")
             for op in batch:
                 conn.execute("SAVEPOINT op")
@@ -147,11 +199,36 @@ class SqliteTaskStore(GroupCommitStore[sqlite3.Connection]):
             conn.execute("COMMIT")
             self.commits += 1
         except Exception as exc:   # noqa: BLE001 - the whole batch failed
-            self._queued = None
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
+            self._rollback(conn)
             for op in batch:
                 op.error, op.events = exc, []
+
+    def _optimistic(self, conn: sqlite3.Connection, batch: list[Op]) -> bool:
+        """The batch without savepoints; ``False`` (rolled back, operations reset) when
+        one of several raised. A lone operation's error is its own: no second run."""
+        conn.execute("BEGIN IMMEDIATE")
+        for op in batch:
+            try:
+                op.result = op.fn(conn, op.events)
+            except Exception as exc:   # noqa: BLE001 - undone below
+                self._rollback(conn)
+                for each in batch:
+                    each.result, each.events = None, []
+                if len(batch) > 1:
+                    return False
+                op.error = exc
+                return True
+        conn.execute("COMMIT")
+        self.commits += 1
+        return True
+
+    def _rollback(self, conn: sqlite3.Connection) -> None:
+        self._queued = None   # recounted when next needed
+        try:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass   # SQLite rolls back on its own what it could not keep
 
     def _moved(self, before: str, after: str) -> None:
         if self._queued is not None:
@@ -208,9 +285,13 @@ class SqliteTaskStore(GroupCommitStore[sqlite3.Connection]):
             lambda conn: SQL.select_page(conn, principal, status, after, limit))
 
     async def claim_next(self, now: float) -> TaskRecord | None:
-        def op(conn: sqlite3.Connection, out: list[CommittedEvent]) -> TaskRecord | None:
-            claimed = SQL.claim_oldest(conn, now)
-            if claimed is not None:
+        claimed = await self.claim(now, 1)
+        return claimed[0] if claimed else None
+
+    async def claim(self, now: float, limit: int) -> list[TaskRecord]:
+        def op(conn: sqlite3.Connection, out: list[CommittedEvent]) -> list[TaskRecord]:
+            claimed = SQL.claim_oldest(conn, now, limit=limit)
+            for _ in claimed:
                 self._moved("queued", "loading")
             return claimed
 
@@ -221,6 +302,16 @@ class SqliteTaskStore(GroupCommitStore[sqlite3.Connection]):
                          now: float) -> Transition | None:
         return await self._write(lambda conn, out: self._step(
             conn, out, task_id, from_states, to_state, finish, now))
+
+    async def unclaim(self, task_id: str, *, now: float) -> bool:
+        def op(conn: sqlite3.Connection, out: list[CommittedEvent]) -> bool:
+            won = SQL.transition_in(conn, out, task_id, ("loading",), "queued", None, now,
+                                    set_extra=UNCLAIM)
+            if won is not None:
+                self._moved("loading", "queued")
+            return won is not None
+
+        return await self._write(op)
 
     async def append_events(self, task_id: str, events: Sequence[AnyEvent],
                             while_states: Sequence[str]) -> list[CommittedEvent] | None:

@@ -28,7 +28,12 @@ from typing import Any, Protocol, TypeGuard
 
 import msgspec
 
-from acp_server.lmsp.wire import AnyEvent, encode
+from acp_server.store.errors import StoreHealth
+
+# An event draft: a msgspec Struct whose fields include ``type`` and ``sequence_number``
+# (a door's wire type, e.g. ``acp_server.lmsp.wire``); the store numbers and encodes it.
+AnyEvent = Any
+encode = msgspec.json.Encoder().encode
 
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 ACTIVE = frozenset({"loading", "running", "cancelling"})
@@ -136,6 +141,8 @@ class TaskStore(Protocol):
     # Called after each commit with the status each committed transition moved a
     # task to (``moves_of``); the metrics set it.
     on_transition: Callable[[str], None] | None
+    # What the store knows of its own availability (``errors.StoreHealth``).
+    health: StoreHealth
     # Several server instances share the store: the service then renews leases,
     # recovers expired ones and polls (``SharedTaskStore``, ``is_shared``).
     shared: bool
@@ -169,10 +176,17 @@ class TaskStore(Protocol):
     async def claim_next(self, now: float) -> TaskRecord | None:
         """The oldest ``queued`` task → ``loading`` (attempt + 1), or ``None``."""
 
+    async def claim(self, now: float, limit: int) -> list[TaskRecord]:
+        """Up to ``limit`` of the oldest ``queued`` tasks → ``loading``, in one write."""
+
     async def transition(self, task_id: str, from_states: Sequence[str], to_state: str,
                          finish: FinishFactory | Finish | None = None, *,
                          now: float) -> Transition | None:
         """``None`` when the task was not in ``from_states`` (another commit won)."""
+
+    async def unclaim(self, task_id: str, *, now: float) -> bool:
+        """``loading`` → ``queued`` undoing the claim (its attempt not counted; no
+        events): the runner could not start it yet. ``False`` when no longer loading."""
 
     async def append_events(self, task_id: str, events: Sequence[AnyEvent],
                             while_states: Sequence[str]) -> list[CommittedEvent] | None:
@@ -196,6 +210,9 @@ class TaskStore(Protocol):
 
     async def status_counts(self) -> dict[str, int]:
         """Tasks in the store by status (``STATUS_COUNTS_SQL``)."""
+
+    async def probe(self, timeout: float = 2.0) -> str | None:
+        """``None`` when the store serves, else why not (``/health?deep=1``)."""
 
 
 class SharedTaskStore(TaskStore, Protocol):
@@ -261,6 +278,8 @@ def moves_of(result: Any) -> list[str]:
         return [] if result.replayed else ["queued"]
     if isinstance(result, TaskRecord):
         return [result.status]
+    if isinstance(result, list):   # a claim of several
+        return [r.status for r in result if isinstance(r, TaskRecord)]
     if isinstance(result, RecoveryReport):
         return ["failed"] * result.failed + ["queued"] * result.requeued \
             + ["cancelled"] * result.cancelled
@@ -268,6 +287,20 @@ def moves_of(result: Any) -> list[str]:
             and result[1] is True:
         return [result[0].status]
     return []
+
+
+UNCLAIM: Extra = (", attempt = attempt - 1", ())
+
+
+class ObservedMoves:
+    """``TaskStore.on_transition`` for a ``GroupCommitStore``: its ``_observe`` hook."""
+
+    on_transition: Callable[[str], None] | None = None
+
+    def _observe(self, result: Any) -> None:
+        if self.on_transition is not None:
+            for status in moves_of(result):
+                self.on_transition(status)
 
 
 def restart_target(status: str, on_restart: str, attempt: int, max_attempts: int) -> str:
@@ -324,7 +357,7 @@ NO_EXTRA: Extra = ("", ())
 
 
 class Dialect:
-    """What differs in the two engines' SQL; SQLite's here, PostgreSQL's in ``pg_schema``."""
+    """What differs in the two engines' SQL; SQLite's here, PostgreSQL's in ``postgres``."""
 
     p = "?"              # the driver's placeholder
     lock = ""            # appended to the read of a row the transaction will update
@@ -397,29 +430,36 @@ class Dialect:
             self.p, now=now, event_retention=event_retention, task_retention=task_retention)]
         return counts[0] + counts[-1]
 
-    def claim_oldest(self, conn: Any, now: float, set_extra: Extra = NO_EXTRA
-                     ) -> TaskRecord | None:
-        """The oldest ``queued`` task → ``loading`` (attempt + 1), or ``None``."""
+    def claim_oldest(self, conn: Any, now: float, set_extra: Extra = NO_EXTRA,
+                     limit: int = 1) -> list[TaskRecord]:
+        """The ``limit`` oldest ``queued`` tasks → ``loading`` (attempt + 1), in one
+        statement, oldest first."""
         p = self.p
-        row = conn.execute(
+        rows = conn.execute(
             f"UPDATE tasks SET status = 'loading', attempt = attempt + 1, updated_at = {p}"
-            f"{set_extra[0]} WHERE seq = (SELECT seq FROM tasks WHERE status = 'queued' "
-            f"ORDER BY seq LIMIT 1{self.skip_locked}) AND status = 'queued' RETURNING {COLUMNS}",
-            (now, *set_extra[1])).fetchone()
-        return None if row is None else record_from_row(row)
+            f"{set_extra[0]} WHERE seq IN (SELECT seq FROM tasks WHERE status = 'queued' "
+            f"ORDER BY seq LIMIT {p}{self.skip_locked}) AND status = 'queued' "
+            f"RETURNING {COLUMNS}", (now, *set_extra[1], limit)).fetchall()
+        return sorted(map(record_from_row, rows), key=lambda r: r.id)
 
     def transition_in(self, conn: Any, out: list[CommittedEvent], task_id: str,
                       from_states: Sequence[str], to_state: str,
                       finish: FinishFactory | Finish | None, now: float, *,
                       set_extra: Extra = NO_EXTRA, where_extra: Extra = NO_EXTRA
                       ) -> Transition | None:
-        """One conditional UPDATE (the row read first, locked where the engine locks, so
-        ``finish`` sees what it updates) and its events, in the caller's transaction.
+        """One conditional UPDATE and its events, in the caller's transaction. The row is
+        read first (locked where the engine locks) when ``finish`` is a factory, so it
+        sees what it updates, or when several ``from_states`` are allowed; a ready
+        ``Finish`` from one state is a single UPDATE.
         ``None`` = the task was not in ``from_states`` (another commit won)."""
-        current = self.select_task(conn, task_id, lock=True)
-        if current is None or current.status not in from_states:
-            return None
-        done = finish(current) if callable(finish) else (finish or Finish())
+        if callable(finish) or len(from_states) != 1:
+            current = self.select_task(conn, task_id, lock=True)
+            if current is None or current.status not in from_states:
+                return None
+            done, previous = finish(current) if callable(finish) else (finish or Finish()), \
+                current.status
+        else:   # nothing to read first: the conditional UPDATE decides alone
+            done, previous = finish or Finish(), from_states[0]
         p = self.p
         marks = ",".join([p] * len(from_states))
         row = conn.execute(
@@ -435,7 +475,7 @@ class Dialect:
         events: list[CommittedEvent] = []
         self.insert_events(conn, task_id, record.next_seq - len(done.events), done.events, events)
         out.extend(events)
-        return Transition(record, events, current.status)
+        return Transition(record, events, previous)
 
     def append_in(self, conn: Any, out: list[CommittedEvent], task_id: str,
                   events: Sequence[AnyEvent], while_states: Sequence[str],

@@ -6,16 +6,10 @@
         outcome = await store.create_task(new, event0, None)   # committed (WAL fsynced)
         claimed = await store.claim_next(time.time())          # FOR UPDATE SKIP LOCKED
 
-Contracts (besides those of ``acp_server.lmsp.store``):
+Contracts (besides those of ``acp_server.store.tasks``):
 
-* psycopg 3's *synchronous* API on anyio worker threads (asyncio and trio alike):
-  ``writers`` writer loops (default 1) drain one bounded queue of operations and run
-  each batch in one transaction (SAVEPOINT per operation, like SQLite's group commit;
-  the batch's plain creates share one multi-row INSERT); reads use a small pool of
-  autocommit connections. An operation that lost a deadlock or a
-  serialization race is rolled back alone and re-run in a later transaction.
-* The schema (``pg_schema``) is created and migrated at start-up under an advisory
-  lock; the applied versions are in ``schema_version``. The ``max_queued`` check
+* The engine (``pg_engine``): batches, healing connections, LISTEN. The batch's
+  plain creates share one multi-row INSERT (``_prepare``). The ``max_queued`` check
   takes a transaction advisory lock, so the limit holds across writers and instances.
 * Ownership: a claim sets ``owner`` (this store's ``instance``) and a lease of
   ``lease_s`` seconds on the database clock; ``renew_leases`` extends every lease of
@@ -27,7 +21,7 @@ Contracts (besides those of ``acp_server.lmsp.store``):
   a state directory the instance id is stable across restarts (``identity.py``), so
   start-up recovery also takes this instance's own tasks after a crash, at once.
 * Cross-instance wake-ups: each transaction NOTIFYs ``lmsp_<schema>`` with
-  ``kind:instance:task`` (``e`` events, ``q`` new queued work, ``c`` cancel requested);
+  ``kind:instance:id,…`` (``e`` events, ``q`` new queued work, ``c`` cancel requested);
   ``on_notify(kind, task_id)`` gets the other instances' notices in the event loop.
   They are hints only: readers always re-read by sequence number, and the service
   polls every ``poll_s`` as a fallback.
@@ -35,68 +29,95 @@ Contracts (besides those of ``acp_server.lmsp.store``):
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import secrets
-import threading
 from collections.abc import Callable, Sequence
+from typing import Any
 
-import anyio
-import anyio.abc
-import anyio.from_thread
 import msgspec
-import psycopg
 from psycopg import errors as pg_errors
 
-from acp_server.lmsp.identity import claim_identity
-from acp_server.lmsp.pg_schema import MIGRATIONS, PG, Conn, migrate, queued_count
-from acp_server.lmsp.store import (
+from acp_server.store.identity import claim_identity
+from acp_server.store.pg_engine import WRITERS, Batch, Conn, PostgresEngine
+from acp_server.store.tasks import (
+    COLUMNS,
+    record_from_row,
+    UNCLAIM,
     ACTIVE,
     NO_EXTRA,
     TERMINAL,
+    AnyEvent,
     CommittedEvent,
     CreateOutcome,
+    Dialect,
     Extra,
     Finish,
     FinishFactory,
     IdempotencyClaim,
     NewTask,
+    ObservedMoves,
     QueueFullError,
     RecoveryFactory,
     RecoveryReport,
     TaskRecord,
     Transition,
     cancel_in,
+    encode,
+    numbered,
     queued_record,
     recover_rows,
 )
-from acp_server.lmsp.wire import AnyEvent, encode
-from acp_server.lmsp.writer import GroupCommitStore, Op
+from acp_server.store.writer import Op
 
-__all__ = ["MIGRATIONS", "PostgresTaskStore", "is_postgres_url"]
-log = logging.getLogger("acp_server.lmsp")
+__all__ = ["PostgresTaskStore", "is_postgres_url"]
+log = logging.getLogger("acp_server.store")
 
-WRITERS = 1   # measured: one writer batches more than two contend (GIL, locks)
-READERS = 4
-RETRIES = 5
-LISTEN_READY_S = 10   # start-up waits this long at most for LISTEN (polling covers)
 NOW = "extract(epoch FROM clock_timestamp())"   # the database clock, seconds
-TRANSIENT = (pg_errors.DeadlockDetected, pg_errors.SerializationFailure,
-             pg_errors.LockNotAvailable)
+COLUMNS_OF_TASKS = ", ".join(f"tasks.{c.strip()}" for c in COLUMNS.split(","))
 # A create without idempotency key (task, event 0, max_queued): it may join the
-# batch's one multi-row INSERT (``_bulk_creates``) instead of running its operation.
+# batch's one multi-row INSERT (``_prepare``) instead of running its operation.
 Bulk = tuple[NewTask, AnyEvent, int | None]
 
 
-@dataclasses.dataclass
-class _Batch:
-    """Per-transaction state: the queued count (once) and the notices to send."""
+def queued_count(conn: Conn) -> int:
+    """Queued tasks, exact until the transaction ends: transactions that check the
+    queue limit (any writer, any instance) take this lock, so they count in turn."""
+    conn.execute("SELECT pg_advisory_xact_lock(hashtext(current_schema() || '.lmsp.queue'))")
+    row = conn.execute("SELECT COUNT(*) FROM tasks WHERE status = 'queued'").fetchone()
+    return int(row[0]) if row else 0
 
-    queued: int | None = None
-    notices: set[str] = dataclasses.field(default_factory=set)
+
+class PostgresDialect(Dialect):
+    p = "%s"
+    lock = " FOR UPDATE"
+    skip_locked = " FOR UPDATE SKIP LOCKED"
+
+    def insert_events(self, conn: Any, task_id: str, first_seq: int,
+                      events: Sequence[AnyEvent], out: list[CommittedEvent]) -> None:
+        rows = numbered(task_id, first_seq, events, out)
+        if rows:   # one statement, one round trip, whatever the count
+            conn.execute("INSERT INTO task_events(task_id, seq, type, data) SELECT %s, "
+                         "unnest(%s::integer[]), unnest(%s::text[]), unnest(%s::bytea[])",
+                         (task_id, [r.seq for r in rows], [r.type for r in rows],
+                          [r.data for r in rows]))
 
 
-class PostgresTaskStore(GroupCommitStore[Conn]):
+    def claim_oldest(self, conn: Any, now: float, set_extra: Extra = NO_EXTRA,
+                     limit: int = 1) -> list[TaskRecord]:
+        """The picked rows are locked once, in a materialized CTE (an ``IN (subquery)``
+        may be re-run by the planner, and ``SKIP LOCKED`` then skips its own rows)."""
+        rows = conn.execute(
+            f"WITH picked AS MATERIALIZED (SELECT seq FROM tasks WHERE status = 'queued' "
+            f"ORDER BY seq LIMIT %s FOR UPDATE SKIP LOCKED) "
+            f"UPDATE tasks SET status = 'loading', attempt = attempt + 1, updated_at = %s"
+            f"{set_extra[0]} FROM picked WHERE tasks.seq = picked.seq "
+            f"RETURNING {COLUMNS_OF_TASKS}", (limit, now, *set_extra[1])).fetchall()
+        return sorted(map(record_from_row, rows), key=lambda r: r.id)
+
+
+PG = PostgresDialect()
+
+
+class PostgresTaskStore(ObservedMoves, PostgresEngine):
     """See the module docstring. ``url``: a libpq URL (``postgresql://…``; add
     ``?options=-csearch_path%3Dname`` for a schema other than ``public``)."""
 
@@ -106,49 +127,20 @@ class PostgresTaskStore(GroupCommitStore[Conn]):
                  | None = None, group_commit: bool = True, lease_s: float = 30,
                  renew_s: float = 10, poll_s: float = 1.0, writers: int = WRITERS,
                  state_dir: str | None = None) -> None:
-        super().__init__(on_commit=on_commit, group_commit=group_commit, writers=writers,
-                         readers=READERS)
-        self.url = url
+        # Stable across restarts with a state dir (identity.py): own tasks recovered at once.
+        self._identity = claim_identity(state_dir, url) if state_dir else None
+        super().__init__(url, on_commit=on_commit, group_commit=group_commit, writers=writers,
+                         instance=self._identity.instance if self._identity else None)
         self.on_notify: Callable[[str, str], None] | None = None
         self.lease_s, self.renew_s, self.poll_s = lease_s, renew_s, poll_s
         # Seconds added to the database clock of the leases (tests move time with it).
         self.clock_offset_s = 0.0
-        # Stable across restarts with a state dir (identity.py): own tasks recovered at once.
-        self._identity = claim_identity(state_dir, url) if state_dir else None
-        self.instance = self._identity.instance if self._identity else secrets.token_hex(6)
-        self.channel = "lmsp"
-        self._writers: list[Conn] = []
-        self._write_limiter = anyio.CapacityLimiter(writers + 1)   # writers + listener
-        self._stop = threading.Event()
 
     # -- lifecycle -----------------------------------------------------------------
-    async def _connect_all(self) -> None:
-        try:
-            first = await anyio.to_thread.run_sync(self._connect)
-            self._writers.append(first)
-            await anyio.to_thread.run_sync(migrate, first)
-            row = await anyio.to_thread.run_sync(
-                lambda: first.execute("SELECT current_schema()").fetchone())
-            self.channel = f"lmsp_{row[0] if row else 'public'}"[:63]
-            for _ in range(self.writers - 1):
-                self._writers.append(await anyio.to_thread.run_sync(self._connect))
-            for _ in range(READERS):
-                self._readers.append(await anyio.to_thread.run_sync(self._connect, True))
-        except BaseException:
-            self._disconnect_all()
-            raise
-
     def _disconnect_all(self) -> None:
-        for conn in (*self._writers, *self._readers):
-            conn.close()
-        self._writers.clear()
-        self._readers.clear()
+        super()._disconnect_all()
         if self._identity is not None:
             self._identity.release()
-
-    async def _background(self, tg: anyio.abc.TaskGroup) -> None:
-        # notices committed after start-up reach us (unless LISTEN fails: polling then)
-        await tg.start(self._listen)
 
     async def _closing(self) -> None:
         try:
@@ -156,78 +148,12 @@ class PostgresTaskStore(GroupCommitStore[Conn]):
         except Exception:   # noqa: BLE001 - the leases then expire on their own
             log.warning("could not release the leases of %s", self.instance)
 
-    def _stopping(self) -> None:
-        self._stop.set()         # the listener ends within its poll timeout
+    def _on_notice(self, kind: str, ids: list[str]) -> None:
+        if self.on_notify is not None:
+            for task_id in ids:
+                self.on_notify(kind, task_id)
 
-    def _connect(self, autocommit: bool = False) -> Conn:
-        conn = psycopg.connect(self.url, autocommit=autocommit)
-        conn.execute("SET synchronous_commit = on")   # durable on COMMIT, whatever the default
-        if not autocommit:
-            conn.commit()
-        return conn
-
-    def _usable(self, conn: Conn) -> bool:
-        return not (conn.closed or conn.broken)
-
-    def _reconnect(self) -> Conn:
-        return self._connect(True)
-
-    # -- the writers ---------------------------------------------------------------
-    def _run_batch(self, index: int, batch: list[Op]) -> None:
-        """Runs in a worker thread. Transient losers re-run in a following transaction."""
-        pending = batch
-        for attempt in range(RETRIES):
-            pending = self._transaction(index, pending, last=attempt == RETRIES - 1)
-            if not pending:
-                return
-
-    def _transaction(self, index: int, batch: list[Op], *, last: bool) -> list[Op]:
-        conn = self._writers[index]
-        if conn.closed or conn.broken:
-            try:
-                conn = self._writers[index] = self._connect()
-            except psycopg.Error as exc:
-                for op in batch:
-                    op.error, op.events = exc, []
-                return []
-        state = _Batch()
-        retry: list[Op] = []
-        try:
-            # One savepoint per operation; between two operations RELEASE + SAVEPOINT go
-            # in one round trip, and ROLLBACK TO keeps the savepoint for the next one.
-            conn.execute("SAVEPOINT op")
-            rest = self._bulk_creates(conn, batch, state)
-            for i, op in enumerate(rest):
-                try:
-                    op.result = op.fn(conn, op.events, state)
-                except TRANSIENT as exc:
-                    conn.execute("ROLLBACK TO SAVEPOINT op")
-                    op.events = []
-                    if last:
-                        op.error = exc
-                    else:
-                        retry.append(op)
-                except Exception as exc:   # noqa: BLE001 - handed to the caller
-                    conn.execute("ROLLBACK TO SAVEPOINT op")
-                    op.error, op.events = exc, []
-                else:
-                    if i < len(rest) - 1:
-                        conn.execute("RELEASE SAVEPOINT op; SAVEPOINT op")
-            for notice in sorted(state.notices):
-                conn.execute("SELECT pg_notify(%s, %s)", (self.channel, notice))
-            conn.commit()
-            self.commits += 1
-        except Exception as exc:   # noqa: BLE001 - the whole batch failed (bulk creates too)
-            try:
-                conn.rollback()
-            except psycopg.Error:
-                pass
-            for op in batch:
-                op.result, op.error, op.events = None, exc, []
-            return []
-        return retry
-
-    def _bulk_creates(self, conn: Conn, batch: list[Op], state: _Batch) -> list[Op]:
+    def _prepare(self, conn: Conn, batch: list[Op], state: Batch, careful: bool) -> list[Op]:
         """The batch's plain creates in one statement (one round trip for all, not two
         each); returns the operations left to run. On any error, or when the queue
         limit could be reached, none is done here: each then runs on its own."""
@@ -256,68 +182,28 @@ class PostgresTaskStore(GroupCommitStore[Conn]):
                  [t.model for t in tasks], [t.principal for t in tasks],
                  [t.request for t in tasks], [t.created_at for t in tasks],
                  ids, types, datas))
-        except psycopg.Error:
+        except pg_errors.Error:
+            if not careful:
+                raise   # the batch runs again, carefully
             conn.execute("ROLLBACK TO SAVEPOINT op")
             state.queued = None
             return batch
-        conn.execute("RELEASE SAVEPOINT op; SAVEPOINT op")
+        if careful:
+            conn.execute("RELEASE SAVEPOINT op; SAVEPOINT op")
         for op, task, kind, data in zip(plain, tasks, types, datas):
             op.events.append(CommittedEvent(task.id, 0, kind, data))
             op.result = CreateOutcome(queued_record(task), replayed=False)
         if state.queued is not None:
             state.queued += len(plain)
-        self._notice(state, "q")
+        self.notice(state, "q")
         return [op for op in batch if op.bulk is None]
-
-    def _notice(self, state: _Batch, kind: str, task_id: str = "") -> None:
-        state.notices.add(f"{kind}:{self.instance}:{task_id}")
-
-    # -- cross-instance notices ----------------------------------------------------
-    async def _listen(self, *, task_status: anyio.abc.TaskStatus[None]
-                      = anyio.TASK_STATUS_IGNORED) -> None:
-        """Started (``task_status``) once LISTEN is on, or has failed once, or after
-        ``LISTEN_READY_S``: notices lost meanwhile are found by the service's polling."""
-        ready = threading.Event()
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(self._report_ready, ready, task_status)
-            await anyio.to_thread.run_sync(self._listen_thread, ready,
-                                           limiter=self._write_limiter)
-            tg.cancel_scope.cancel()
-
-    @staticmethod
-    async def _report_ready(ready: threading.Event,
-                            task_status: anyio.abc.TaskStatus[None]) -> None:
-        await anyio.to_thread.run_sync(ready.wait, LISTEN_READY_S, abandon_on_cancel=True)
-        task_status.started()
-
-    def _listen_thread(self, ready: threading.Event) -> None:
-        """LISTEN on a dedicated connection until the store closes; reconnects (the
-        service's polling covers notices lost meanwhile)."""
-        while not self._stop.is_set():
-            try:
-                with psycopg.connect(self.url, autocommit=True) as conn:
-                    conn.execute(f'LISTEN "{self.channel}"')
-                    ready.set()
-                    while not self._stop.is_set():   # each notice as soon as it arrives
-                        for notice in conn.notifies(timeout=0.2):
-                            anyio.from_thread.run_sync(self._deliver, notice.payload)
-            except psycopg.Error:
-                log.warning("LISTEN connection lost; reconnecting", exc_info=True)
-                ready.set()
-                self._stop.wait(1.0)
-
-    def _deliver(self, payload: str) -> None:
-        kind, _, rest = payload.partition(":")
-        instance, _, task_id = rest.partition(":")
-        if self.on_notify is not None and instance != self.instance:
-            self.on_notify(kind, task_id)
 
     # -- operations ----------------------------------------------------------------
     async def create_task(self, task: NewTask, event0: AnyEvent,
                           idem: IdempotencyClaim | None, *,
                           timeout: float | None = None,
                           max_queued: int | None = None) -> CreateOutcome:
-        def op(conn: Conn, out: list[CommittedEvent], state: _Batch) -> CreateOutcome:
+        def op(conn: Conn, out: list[CommittedEvent], state: Batch) -> CreateOutcome:
             if idem is not None:
                 if (found := PG.replay_key(conn, idem, task.created_at)) is not None:
                     return found
@@ -347,7 +233,7 @@ class PostgresTaskStore(GroupCommitStore[Conn]):
                 (task.id, task.response_id, task.on_restart, task.model, task.principal,
                  task.request, task.created_at, task.created_at, task.id, event0.type, data))
             out.append(CommittedEvent(task.id, 0, event0.type, data))
-            self._notice(state, "q")
+            self.notice(state, "q")
             return CreateOutcome(queued_record(task), replayed=False)
 
         bulk: Bulk | None = (task, event0, max_queued) if idem is None else None
@@ -360,10 +246,10 @@ class PostgresTaskStore(GroupCommitStore[Conn]):
         return await self._read(lambda conn: PG.select_by_response(conn, response_id))
 
     async def delete_task(self, task_id: str) -> bool:
-        def op(conn: Conn, out: list[CommittedEvent], state: _Batch) -> bool:
+        def op(conn: Conn, out: list[CommittedEvent], state: Batch) -> bool:
             deleted = PG.delete_finished(conn, task_id)
             if deleted:
-                self._notice(state, "e", task_id)   # watchers re-read: the task is gone
+                self.notice(state, "e", task_id)   # watchers re-read: the task is gone
             return deleted
 
         return await self._write(op)
@@ -374,34 +260,40 @@ class PostgresTaskStore(GroupCommitStore[Conn]):
             lambda conn: PG.select_page(conn, principal, status, after, limit))
 
     async def claim_next(self, now: float) -> TaskRecord | None:
+        claimed = await self.claim(now, 1)
+        return claimed[0] if claimed else None
+
+    async def claim(self, now: float, limit: int) -> list[TaskRecord]:
         lease: Extra = (f", owner = %s, lease_expires_at = {NOW} + %s",
                         (self.instance, self.clock_offset_s + self.lease_s))
-        return await self._write(lambda conn, out, state: PG.claim_oldest(conn, now, lease))
+        return await self._write(
+            lambda conn, out, state: PG.claim_oldest(conn, now, lease, limit))
 
     def _owned(self) -> Extra:
         """Runner writes: only while no other instance owns the task."""
         return " AND (owner IS NULL OR owner = %s)", (self.instance,)
 
-    def _transition(self, conn: Conn, out: list[CommittedEvent], state: _Batch, task_id: str,
+    def _transition(self, conn: Conn, out: list[CommittedEvent], state: Batch, task_id: str,
                     from_states: Sequence[str], to_state: str,
                     finish: FinishFactory | Finish | None, now: float, *,
-                    owned: bool = True) -> Transition | None:
+                    owned: bool = True, extra: Extra = NO_EXTRA) -> Transition | None:
         """``Dialect.transition_in`` (row locked first), ownership kept, its notices added."""
         requeue = to_state == "queued"
         released: Extra = (", owner = CASE WHEN %s THEN NULL ELSE owner END, "
                            "lease_expires_at = CASE WHEN %s THEN NULL ELSE lease_expires_at "
-                           "END", (requeue, requeue or to_state in TERMINAL))
+                           "END" + extra[0], (requeue, requeue or to_state in TERMINAL,
+                                              *extra[1]))
         won = PG.transition_in(conn, out, task_id, from_states, to_state, finish, now,
                             set_extra=released,
                             where_extra=self._owned() if owned else NO_EXTRA)
         if won is None:
             return None
         if won.events:
-            self._notice(state, "e", task_id)
+            self.notice(state, "e", task_id)
         if requeue:
-            self._notice(state, "q")
+            self.notice(state, "q")
         if to_state == "cancelling":
-            self._notice(state, "c", task_id)
+            self.notice(state, "c", task_id)
         return won
 
     async def transition(self, task_id: str, from_states: Sequence[str], to_state: str,
@@ -411,20 +303,25 @@ class PostgresTaskStore(GroupCommitStore[Conn]):
             lambda conn, out, state: self._transition(conn, out, state, task_id, from_states,
                                                       to_state, finish, now))
 
+    async def unclaim(self, task_id: str, *, now: float) -> bool:
+        return await self._write(lambda conn, out, state: self._transition(
+            conn, out, state, task_id, ("loading",), "queued", None, now,
+            extra=UNCLAIM) is not None)
+
     async def append_events(self, task_id: str, events: Sequence[AnyEvent],
                             while_states: Sequence[str]) -> list[CommittedEvent] | None:
-        def op(conn: Conn, out: list[CommittedEvent], state: _Batch
+        def op(conn: Conn, out: list[CommittedEvent], state: Batch
                ) -> list[CommittedEvent] | None:
             written = PG.append_in(conn, out, task_id, events, while_states, self._owned())
             if written is not None:
-                self._notice(state, "e", task_id)
+                self.notice(state, "e", task_id)
             return written
 
         return await self._write(op)
 
     async def request_cancel(self, task_id: str, finish: FinishFactory, *,
                              now: float) -> tuple[TaskRecord | None, bool]:
-        def op(conn: Conn, out: list[CommittedEvent], state: _Batch
+        def op(conn: Conn, out: list[CommittedEvent], state: Batch
                ) -> tuple[TaskRecord | None, bool]:   # any instance may ask
             return cancel_in(lambda states, to, done: self._transition(
                 conn, out, state, task_id, states, to, done, now, owned=False), finish,
@@ -438,7 +335,7 @@ class PostgresTaskStore(GroupCommitStore[Conn]):
     # -- leases and recovery -------------------------------------------------------
     async def renew_leases(self) -> tuple[set[str], set[str]]:
         """Extends this instance's leases: ``(owned ids, of which cancelling)``."""
-        def op(conn: Conn, out: list[CommittedEvent], state: _Batch
+        def op(conn: Conn, out: list[CommittedEvent], state: Batch
                ) -> tuple[set[str], set[str]]:
             rows = conn.execute(
                 f"UPDATE tasks SET lease_expires_at = {NOW} + %s WHERE owner = %s "
@@ -448,7 +345,7 @@ class PostgresTaskStore(GroupCommitStore[Conn]):
 
         return await self._write(op)
 
-    def _release_op(self, conn: Conn, out: list[CommittedEvent], state: _Batch) -> None:
+    def _release_op(self, conn: Conn, out: list[CommittedEvent], state: Batch) -> None:
         conn.execute(f"UPDATE tasks SET lease_expires_at = {NOW} + %s WHERE owner = %s "
                      f"AND status = ANY(%s)", (self.clock_offset_s - 1, self.instance,
                                                list(ACTIVE)))
@@ -462,7 +359,7 @@ class PostgresTaskStore(GroupCommitStore[Conn]):
                       now: float, own: bool = False) -> RecoveryReport:
         """Every active task whose lease expired (any instance's), and at start-up every
         task this instance owned (its previous run died), per its ``on_restart``."""
-        def op(conn: Conn, out: list[CommittedEvent], state: _Batch) -> RecoveryReport:
+        def op(conn: Conn, out: list[CommittedEvent], state: Batch) -> RecoveryReport:
             rows = conn.execute(
                 f"SELECT id, status, on_restart, attempt FROM tasks WHERE status = ANY(%s) "
                 f"AND (lease_expires_at IS NULL OR lease_expires_at < {NOW} + %s "

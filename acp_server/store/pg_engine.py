@@ -1,0 +1,331 @@
+"""The PostgreSQL engine under the store: connections that heal, batches, LISTEN.
+
+    class PostgresTaskStore(PostgresEngine):          # postgres.py: the task operations
+        async def touch(self, task_id: str) -> None:
+            await self._write(lambda conn, out, batch: conn.execute(...))
+
+Contracts:
+
+* psycopg 3's *synchronous* API on anyio worker threads (asyncio and trio alike):
+  ``writers`` writer loops (default 1) drain one bounded queue of operations and run
+  each batch in one transaction, without savepoints first, then (when an operation
+  raised) again with a SAVEPOINT per operation (an operation is
+  ``fn(conn, events_out, batch)``; ``batch`` is the transaction's ``Batch``); reads use
+  a small pool of autocommit connections. An operation that lost a deadlock or a
+  serialization race is rolled back alone and re-run in a later transaction.
+* Connections heal. A broken connection (a restart, ``pg_terminate_backend``, a
+  network cut) is replaced on next use; connecting is gated by a capped exponential
+  backoff (``Backoff``: 50 ms doubling to ``RECONNECT_CAP_S``), and while the gate is
+  shut operations fail at once with ``StoreUnavailableError`` instead of queueing
+  behind connect timeouts. A batch whose connection broke *before* its COMMIT was sent
+  is re-run once on a fresh connection (the server rolled it back); one whose COMMIT
+  was cut fails with ``StoreUnavailableError`` (it may have landed: an idempotent
+  retry replays it). A read whose connection broke is retried once on a fresh one.
+* The schema is migrated at start-up (``schema.migrate_postgres``).
+* Notices: an operation adds ``(kind, task_id)`` to ``batch.notices``; the commit
+  sends them all in one ``pg_notify`` statement on ``channel`` as
+  ``kind:instance:id[,id…]``; ``_on_notice(kind, ids)`` gets other instances' notices
+  on the event loop. The LISTEN connection reconnects with the same backoff; notices
+  lost meanwhile are what the service's polling is for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import anyio.abc
+import anyio.from_thread
+import psycopg
+from psycopg import errors as pg_errors
+
+from acp_server.store.errors import Backoff, StoreUnavailableError
+from acp_server.store.schema import migrate_postgres
+from acp_server.store.tasks import CommittedEvent
+from acp_server.store.writer import GroupCommitStore, Op
+
+log = logging.getLogger("acp_server.store")
+
+Conn = psycopg.Connection[Any]
+WRITERS = 1   # measured: one writer batches more than two contend (GIL, locks)
+READERS = 4
+RETRIES = 5
+CONNECT_TIMEOUT_S = 3
+RECONNECT_CAP_S = 5.0
+LISTEN_READY_S = 10   # start-up waits this long at most for LISTEN (polling covers)
+NOTICE_BYTES = 7000   # a pg_notify payload stays under PostgreSQL's 8000 bytes
+TRANSIENT = (pg_errors.DeadlockDetected, pg_errors.SerializationFailure,
+             pg_errors.LockNotAvailable)
+# Errors that mean the database cannot serve now (besides every OperationalError).
+UNAVAILABLE = (psycopg.OperationalError, pg_errors.ReadOnlySqlTransaction,
+               pg_errors.DiskFull, pg_errors.InsufficientResources)
+
+
+@dataclasses.dataclass
+class Batch:
+    """Per-transaction state: the queued count (once) and the notices to send."""
+
+    queued: int | None = None
+    notices: set[tuple[str, str]] = dataclasses.field(default_factory=set)
+
+
+def _parse(payload: str) -> tuple[str, str, list[str]]:
+    """``kind:instance:id,…`` → (kind, instance, ids)."""
+    kind, _, rest = payload.partition(":")
+    instance, _, ids = rest.partition(":")
+    return kind, instance, ids.split(",")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+class PostgresEngine(GroupCommitStore[Conn]):
+    """See the module docstring. ``url``: a libpq URL (``postgresql://…``; add
+    ``?options=-csearch_path%3Dname`` for a schema other than ``public``)."""
+
+    def __init__(self, url: str, *, on_commit: Callable[[list[CommittedEvent]], None]
+                 | None, group_commit: bool, writers: int, instance: str | None) -> None:
+        super().__init__(on_commit=on_commit, group_commit=group_commit, writers=writers,
+                         readers=READERS)
+        self.url = url
+        self.instance = instance or secrets.token_hex(6)
+        self.channel = "lmsp"
+        self._writers: list[Conn] = []
+        self._write_limiter = anyio.CapacityLimiter(writers + 1)   # writers + listener
+        self._stop = threading.Event()
+        self._gate = threading.Lock()
+        self._backoff = Backoff(0.05, RECONNECT_CAP_S)
+        self._retry_at = 0.0            # monotonic: no connection attempt before
+        self._down = ""                 # why the last connection attempt failed
+
+    # -- hooks for the operations ----------------------------------------------------
+    def _prepare(self, conn: Conn, batch: list[Op], state: Batch, careful: bool) -> list[Op]:
+        """Run what the batch may do in bulk; returns the operations left to run
+        (``careful``: inside the savepoint ``op``, which it may roll back to)."""
+        return batch
+
+    def _on_notice(self, kind: str, ids: list[str]) -> None:
+        """Another instance's notice (on the event loop)."""
+
+    def notice(self, state: Batch, kind: str, task_id: str = "") -> None:
+        state.notices.add((kind, task_id))
+
+    # -- connections -----------------------------------------------------------------
+    def _connect(self, autocommit: bool = False) -> Conn:
+        """A new connection, or ``StoreUnavailableError`` (at once while the backoff
+        gate is shut)."""
+        with self._gate:
+            if time.monotonic() < self._retry_at:
+                raise StoreUnavailableError(self._down)
+        try:
+            conn = psycopg.connect(self.url, autocommit=autocommit,
+                                   connect_timeout=CONNECT_TIMEOUT_S)
+            conn.execute("SET synchronous_commit = on")   # durable on COMMIT, always
+            if not autocommit:
+                conn.commit()
+        except psycopg.Error as exc:
+            with self._gate:
+                self._retry_at = time.monotonic() + self._backoff.next()
+                self._down = f"PostgreSQL: {_first_line(exc)}"
+            raise StoreUnavailableError(self._down) from exc
+        with self._gate:
+            self._backoff.reset()
+            self._retry_at = 0.0
+        return conn
+
+    async def _connect_all(self) -> None:
+        try:
+            first = await anyio.to_thread.run_sync(self._connect)
+            self._writers.append(first)
+            await anyio.to_thread.run_sync(migrate_postgres, first)
+            row = await anyio.to_thread.run_sync(
+                lambda: first.execute("SELECT current_schema()").fetchone())
+            first.commit()
+            self.channel = f"lmsp_{row[0] if row else 'public'}"[:63]
+            for _ in range(self.writers - 1):
+                self._writers.append(await anyio.to_thread.run_sync(self._connect))
+            for _ in range(READERS):
+                self._readers.append(await anyio.to_thread.run_sync(self._connect, True))
+        except BaseException:
+            self._disconnect_all()
+            raise
+
+    def _disconnect_all(self) -> None:
+        for conn in (*self._writers, *self._readers):
+            conn.close()
+        self._writers.clear()
+        self._readers.clear()
+
+    async def _background(self, tg: anyio.abc.TaskGroup) -> None:
+        # notices committed after start-up reach us (unless LISTEN fails: polling then)
+        await tg.start(self._listen)
+
+    def _stopping(self) -> None:
+        self._stop.set()         # the listener ends within its poll timeout
+
+    def _usable(self, conn: Conn) -> bool:
+        return not (conn.closed or conn.broken)
+
+    def _reconnect(self) -> Conn:
+        return self._connect(True)
+
+    def _unavailable(self, exc: BaseException) -> str | None:
+        if isinstance(exc, UNAVAILABLE):
+            return f"PostgreSQL: {_first_line(exc)}"
+        return None
+
+    async def _ping(self) -> None:
+        await self._read(lambda conn: conn.execute("SELECT 1").fetchone())
+
+    # -- the writers -----------------------------------------------------------------
+    def _run_batch(self, index: int, batch: list[Op]) -> None:
+        """Runs in a worker thread. The batch goes first without savepoints (one round
+        trip less per operation); when an operation raises, it is run again with a
+        SAVEPOINT per operation. Transient losers re-run in a following transaction; a
+        batch whose connection broke before COMMIT is re-run once on a new one."""
+        pending, resend, careful = batch, True, False
+        for attempt in range(RETRIES + 1):
+            pending, outcome = self._transaction(index, pending, last=attempt >= RETRIES - 1,
+                                                 resend=resend, careful=careful)
+            if outcome == "resent":
+                resend = False
+            elif outcome == "careful":
+                careful = True
+            if not pending:
+                return
+
+    def _transaction(self, index: int, batch: list[Op], *, last: bool, resend: bool,
+                     careful: bool) -> tuple[list[Op], str]:
+        """(operations to run again, why: ``""`` transient losers, ``"resent"`` the
+        connection broke, ``"careful"`` an operation raised in an optimistic run)."""
+        conn = self._writers[index]
+        if not self._usable(conn):
+            try:
+                conn = self._writers[index] = self._connect()
+            except StoreUnavailableError as exc:
+                for op in batch:
+                    op.result, op.error, op.events = None, exc, []
+                return [], ""
+        state = Batch()
+        retry: list[Op] = []
+        committing = False
+        try:
+            if careful:
+                conn.execute("SAVEPOINT op")
+            rest = self._prepare(conn, batch, state, careful)
+            for i, op in enumerate(rest):
+                if not careful:   # an error aborts the transaction: see below
+                    op.result = op.fn(conn, op.events, state)
+                    continue
+                # One savepoint per operation; between two operations RELEASE + SAVEPOINT
+                # go in one round trip, and ROLLBACK TO keeps the savepoint for the next.
+                try:
+                    op.result = op.fn(conn, op.events, state)
+                except TRANSIENT as exc:
+                    conn.execute("ROLLBACK TO SAVEPOINT op")
+                    op.events = []
+                    if last:
+                        op.error = exc
+                    else:
+                        retry.append(op)
+                except Exception as exc:   # noqa: BLE001 - handed to the caller
+                    if conn.broken:
+                        raise
+                    conn.execute("ROLLBACK TO SAVEPOINT op")
+                    op.error, op.events = exc, []
+                else:
+                    if i < len(rest) - 1:
+                        conn.execute("RELEASE SAVEPOINT op; SAVEPOINT op")
+            self._send_notices(conn, state)
+            committing = True
+            conn.commit()
+            self.commits += 1
+        except Exception as exc:   # noqa: BLE001 - the whole batch failed (bulk creates too)
+            try:
+                conn.rollback()
+            except psycopg.Error:
+                pass
+            lost = not self._usable(conn)
+            if not careful and not lost and not committing:   # again, with savepoints
+                for op in batch:
+                    op.result, op.error, op.events = None, None, []
+                return batch, "careful"
+            again = resend and not committing and lost
+            if committing and lost:
+                exc = StoreUnavailableError(f"PostgreSQL: the connection was lost during "
+                                            f"COMMIT ({_first_line(exc)}); the outcome is "
+                                            f"unknown")
+            for op in batch:
+                op.result, op.error, op.events = None, None if again else exc, []
+            if again:
+                log.warning("PostgreSQL connection lost (%s); the batch is re-sent",
+                            _first_line(exc))
+            return (batch, "resent") if again else ([], "")
+        return retry, ""
+
+    def _send_notices(self, conn: Conn, state: Batch) -> None:
+        """Every notice of the transaction in one statement: one payload per kind,
+        the task ids joined (split to stay under PostgreSQL's payload limit)."""
+        if not state.notices:
+            return
+        by_kind: dict[str, list[str]] = {}
+        for kind, task_id in state.notices:
+            by_kind.setdefault(kind, []).append(task_id)
+        payloads = []
+        for kind, ids in sorted(by_kind.items()):
+            head, chunk = f"{kind}:{self.instance}:", []
+            for task_id in sorted(ids):
+                if chunk and len(head) + sum(map(len, chunk)) + len(chunk) > NOTICE_BYTES:
+                    payloads.append(head + ",".join(chunk))
+                    chunk = []
+                chunk.append(task_id)
+            payloads.append(head + ",".join(chunk))
+        conn.execute("SELECT pg_notify(%s, p) FROM unnest(%s::text[]) AS p",
+                     (self.channel, payloads))
+
+    # -- cross-instance notices ------------------------------------------------------
+    async def _listen(self, *, task_status: anyio.abc.TaskStatus[None]
+                      = anyio.TASK_STATUS_IGNORED) -> None:
+        """Started (``task_status``) once LISTEN is on, or has failed once, or after
+        ``LISTEN_READY_S``: notices lost meanwhile are found by the service's polling."""
+        ready = threading.Event()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._report_ready, ready, task_status)
+            await anyio.to_thread.run_sync(self._listen_thread, ready,
+                                           limiter=self._write_limiter)
+            tg.cancel_scope.cancel()
+
+    @staticmethod
+    async def _report_ready(ready: threading.Event,
+                            task_status: anyio.abc.TaskStatus[None]) -> None:
+        await anyio.to_thread.run_sync(ready.wait, LISTEN_READY_S, abandon_on_cancel=True)
+        task_status.started()
+
+    def _listen_thread(self, ready: threading.Event) -> None:
+        """LISTEN on a dedicated connection until the store closes; reconnects with a
+        capped backoff (the service's polling covers notices lost meanwhile)."""
+        backoff = Backoff(0.05, RECONNECT_CAP_S)
+        while not self._stop.is_set():
+            try:
+                with psycopg.connect(self.url, autocommit=True,
+                                     connect_timeout=CONNECT_TIMEOUT_S) as conn:
+                    conn.execute(f'LISTEN "{self.channel}"')
+                    ready.set()
+                    backoff.reset()
+                    while not self._stop.is_set():   # each notice as soon as it arrives
+                        for notice in conn.notifies(timeout=0.2):
+                            kind, instance, ids = _parse(notice.payload)
+                            if instance != self.instance:   # ours: no hop to the loop
+                                anyio.from_thread.run_sync(self._on_notice, kind, ids)
+            except Exception as exc:   # noqa: BLE001 - psycopg, or the loop going away
+                log.warning("LISTEN connection lost (%s); reconnecting", _first_line(exc))
+                ready.set()
+                self._stop.wait(backoff.next())

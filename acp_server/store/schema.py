@@ -1,0 +1,170 @@
+"""The store's schema, one versioned list for both engines.
+
+    version = migrate_sqlite(conn)        # PRAGMA user_version; in one transaction
+    version = migrate_postgres(conn)      # schema_version rows; under an advisory lock
+
+Contracts:
+
+* ``MIGRATIONS[n - 1]`` takes the schema from version ``n - 1`` to ``n`` on both engines
+  (``Migration.sqlite`` and ``Migration.postgres``), and is never edited once released:
+  a new table (the session journal's, say) is a new entry at the end. A state dir or a
+  database at an older version is brought up to date at start-up, atomically; one at a
+  newer version than this code knows is refused (``SchemaTooNewError``).
+* SQLite keeps the version in ``PRAGMA user_version``; files written before the
+  versioning (version 0 with the tables present) are adopted as is, since every SQLite
+  statement of the first entries is ``IF NOT EXISTS``.
+* PostgreSQL keeps every applied version in ``schema_version`` (one row each), inside
+  the connection's ``search_path`` schema, under ``pg_advisory_xact_lock`` so several
+  instances starting together migrate once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sqlite3
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Migration:
+    name: str
+    sqlite: str
+    postgres: str
+
+
+class SchemaTooNewError(RuntimeError):
+    """The store was written by a newer acp-server (its version is past ``MIGRATIONS``)."""
+
+
+_SQLITE_TASKS = """CREATE TABLE IF NOT EXISTS tasks (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,      -- creation order
+    id TEXT NOT NULL UNIQUE,
+    response_id TEXT NOT NULL,
+    status TEXT NOT NULL,
+    on_restart TEXT NOT NULL,
+    model TEXT NOT NULL,
+    principal TEXT NOT NULL,
+    request BLOB NOT NULL,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    finished_at REAL,
+    next_seq INTEGER NOT NULL DEFAULT 0,
+    attempt INTEGER NOT NULL DEFAULT 0,
+    response BLOB,
+    error BLOB,
+    events_purged INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS tasks_status ON tasks(status, seq);
+CREATE INDEX IF NOT EXISTS tasks_finished ON tasks(finished_at) WHERE finished_at IS NOT NULL;
+CREATE TABLE IF NOT EXISTS task_events (
+    task_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    type TEXT NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (task_id, seq)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS idempotency_keys (
+    scope TEXT NOT NULL,
+    key TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    task_id TEXT NOT NULL,
+    expires_at REAL NOT NULL,
+    PRIMARY KEY (scope, key)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS idem_task ON idempotency_keys(task_id);
+"""
+
+_POSTGRES_TASKS = """    CREATE TABLE tasks (
+        seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,   -- creation order
+        id TEXT NOT NULL UNIQUE,
+        response_id TEXT NOT NULL,
+        status TEXT NOT NULL,
+        on_restart TEXT NOT NULL,
+        model TEXT NOT NULL,
+        principal TEXT NOT NULL,
+        request BYTEA NOT NULL,
+        created_at DOUBLE PRECISION NOT NULL,
+        updated_at DOUBLE PRECISION NOT NULL,
+        finished_at DOUBLE PRECISION,
+        next_seq INTEGER NOT NULL DEFAULT 0,
+        attempt INTEGER NOT NULL DEFAULT 0,
+        response BYTEA,
+        error BYTEA,
+        events_purged BOOLEAN NOT NULL DEFAULT FALSE,
+        owner TEXT,
+        lease_expires_at DOUBLE PRECISION
+    );
+    CREATE INDEX tasks_status ON tasks(status, seq);
+    CREATE INDEX tasks_finished ON tasks(finished_at) WHERE finished_at IS NOT NULL;
+    CREATE INDEX tasks_leases ON tasks(lease_expires_at)
+        WHERE status IN ('loading', 'running', 'cancelling');
+    CREATE TABLE task_events (
+        task_id TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        type TEXT NOT NULL,
+        data BYTEA NOT NULL,
+        PRIMARY KEY (task_id, seq)
+    );
+    CREATE TABLE idempotency_keys (
+        scope TEXT NOT NULL,
+        key TEXT NOT NULL,
+        fingerprint TEXT NOT NULL,
+        task_id TEXT NOT NULL,
+        expires_at DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (scope, key)
+    );
+    CREATE INDEX idem_task ON idempotency_keys(task_id);
+"""
+
+MIGRATIONS: list[Migration] = [
+    # 1: LMSP tasks, their events and idempotency keys (PostgreSQL: plus ownership)
+    Migration("lmsp tasks", _SQLITE_TASKS, _POSTGRES_TASKS),
+    # 2: responses are looked up by id (GET/DELETE /responses/{id}, previous_response_id)
+    Migration("lmsp responses by id",
+              "CREATE INDEX IF NOT EXISTS tasks_response ON tasks(response_id);",
+              "CREATE INDEX tasks_response ON tasks(response_id);"),
+    # 3: (next) the session journal's tables go here, on both engines.
+]
+
+
+def _too_new(current: int) -> SchemaTooNewError:
+    return SchemaTooNewError(f"the store is at schema version {current}; this acp-server "
+                             f"knows versions up to {len(MIGRATIONS)}")
+
+
+def migrate_sqlite(conn: sqlite3.Connection) -> int:
+    """Bring a SQLite file (autocommit connection) up to date; returns the version."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        current = conn.execute("PRAGMA user_version").fetchone()[0]
+        if current > len(MIGRATIONS):
+            raise _too_new(current)
+        for version in range(current + 1, len(MIGRATIONS) + 1):
+            for statement in _statements(MIGRATIONS[version - 1].sqlite):
+                conn.execute(statement)
+        conn.execute(f"PRAGMA user_version = {len(MIGRATIONS)}")
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    return len(MIGRATIONS)
+
+
+def _statements(script: str) -> list[str]:
+    """A script's statements (``executescript`` would COMMIT the open transaction)."""
+    return [s.strip() for s in script.split(";") if s.strip()]
+
+
+def migrate_postgres(conn: Any) -> int:
+    """Create/upgrade the schema in the connection's ``search_path``; returns the version."""
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext(current_schema() || '.lmsp'))")
+        conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+        row = conn.execute("SELECT max(version) FROM schema_version").fetchone()
+        current = row[0] if row and row[0] is not None else 0
+        if current > len(MIGRATIONS):
+            raise _too_new(current)
+        for version in range(current + 1, len(MIGRATIONS) + 1):
+            conn.execute(MIGRATIONS[version - 1].postgres)
+            conn.execute("INSERT INTO schema_version(version) VALUES (%s)", (version,))
+    return len(MIGRATIONS)

@@ -1,0 +1,85 @@
+"""A fault-injecting store: the real SQLite or PostgreSQL store, told to fail on demand.
+
+    store = faulty(tmp_path)                  # the store ``store_name`` selected
+    store.faults.on()                         # every batch and read fails as the engine would
+    store.faults.off()                        # the engine answers again
+
+The failure is the engine's own exception type raised where the engine raises it (a
+write batch, a read), so the store's classification, health and the doors' 503 are
+what a real outage gets. Used where a real fault (a tmpfs, a cluster restart) cannot be
+staged, and to make the timing of a fault deterministic.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from acp_server.store.postgres import PostgresTaskStore
+from acp_server.store.sqlite import SqliteTaskStore
+from acp_server.store.tasks import TaskStore
+from tests.lmsp import stores
+
+
+class Faults:
+    def __init__(self, make: Callable[[], BaseException]) -> None:
+        self.make = make
+        self.active = False
+        self.refused_writes = 0   # batches refused while on
+        self.refused_reads = 0
+
+    def on(self) -> None:
+        self.active = True
+
+    def off(self) -> None:
+        self.active = False
+
+
+class _Faulty:
+    faults: Faults
+
+    def _run_batch(self, index: int, batch: list[Any]) -> None:
+        if self.faults.active:
+            self.faults.refused_writes += 1
+            raise self.faults.make()
+        super()._run_batch(index, batch)  # type: ignore[misc]
+
+    async def _read(self, fn: Callable[[Any], Any]) -> Any:
+        if self.faults.active:
+            self.faults.refused_reads += 1
+            error = self.faults.make()
+
+            def fail(conn: Any) -> Any:
+                raise error
+
+            return await super()._read(fail)  # type: ignore[misc]
+        return await super()._read(fn)  # type: ignore[misc]
+
+
+class FaultySqlite(_Faulty, SqliteTaskStore):
+    pass
+
+
+class FaultyPostgres(_Faulty, PostgresTaskStore):
+    pass
+
+
+def faulty(tmp: Path) -> Any:
+    """The selected store (``tests.lmsp.stores.current``) with ``faults``."""
+    if stores.current["name"] == "postgres":
+        store: Any = FaultyPostgres(stores.postgres_url_for(tmp, "faulty"),
+                                    lease_s=stores.TEST_LEASE_S, renew_s=stores.TEST_RENEW_S,
+                                    poll_s=stores.TEST_POLL_S)
+        store.faults = Faults(lambda: psycopg.OperationalError(
+            "server closed the connection unexpectedly"))
+    else:
+        store = FaultySqlite(f"sqlite:///{tmp}/faulty.sqlite3")
+        store.faults = Faults(lambda: sqlite3.OperationalError("database or disk is full"))
+    return store
+
+
+__all__ = ["Faults", "TaskStore", "faulty"]

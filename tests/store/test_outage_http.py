@@ -1,0 +1,118 @@
+"""A store outage over real HTTP, on both stores (the fault-injecting wrapper, so the
+fault comes and goes exactly when the test says): 503s in the door's shape, health
+says down, nothing acknowledged is lost, work resumes by itself."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pytest
+
+from acp_server.acp_http.errors import to_rpc_error
+from acp_server.rest.errors import describe
+from acp_server.store.errors import StoreUnavailableError
+from tests.lmsp.server import envelope, running_lmsp
+from tests.store.faults import faulty
+
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("store_name")]
+
+
+async def _until(condition: object, timeout: float = 10) -> None:
+    with anyio.fail_after(timeout):
+        while not condition():  # type: ignore[operator]
+            await anyio.sleep(0.01)
+
+
+def _assert_503(response: object) -> None:
+    assert response.status_code == 503, response.text  # type: ignore[attr-defined]
+    assert response.headers["retry-after"] == "5"  # type: ignore[attr-defined]
+    assert response.headers["content-type"] == "application/problem+json"  # type: ignore
+    body = response.json()  # type: ignore[attr-defined]
+    assert body["code"] == "store_unavailable" and body["status"] == 503
+    assert body["type"].endswith("/store_unavailable")
+
+
+async def test_an_outage_answers_503_and_the_running_task_finishes_after(
+        tmp_path: Path) -> None:
+    store = faulty(tmp_path)
+    async with running_lmsp(tmp_path, store=store) as server:
+        client = server.client
+        task = await server.create("/sleep 300ms still here")
+        await server.wait(task["id"], {"running"})
+        store.faults.on()
+        bridge = server.service.runner.models["reference"][0]
+        # the agent's turn ends while the store is down: the runner keeps trying
+        await _until(lambda: bridge.stats().active_prompts == 0)
+        refused = store.faults.refused_writes
+        await _until(lambda: store.faults.refused_writes > refused + 1)
+        _assert_503(await client.post("/lmsp/v1/tasks", json=envelope("lost?")))
+        _assert_503(await client.post("/lmsp/v1/responses",
+                                      json={"model": "reference", "input": "x"}))
+        _assert_503(await client.get(f"/lmsp/v1/tasks/{task['id']}"))
+        _assert_503(await client.get("/lmsp/v1/tasks"))
+        health = await client.get("/health", params={"deep": "1"})
+        assert health.status_code == 503
+        assert health.json()["status"] == "unavailable"
+        assert health.json()["store"]["status"] == "down"
+        assert health.json()["store"]["reason"]
+        assert (await client.get("/health")).status_code == 200   # liveness stays
+        store.faults.off()
+        done = await server.wait(task["id"])
+        assert done["status"] == "succeeded"
+        assert "still here" in done["response"]["output"][0]["content"][0]["text"]
+        listed = (await client.get("/lmsp/v1/tasks")).json()["data"]
+        assert [t["id"] for t in listed] == [task["id"]]   # the refused create left nothing
+        health = await client.get("/health", params={"deep": "1"})
+        assert health.status_code == 200 and health.json()["store"] == {"status": "ok"}
+        again = await server.create("after")
+        assert (await server.wait(again["id"]))["status"] == "succeeded"
+
+
+async def test_queued_work_starts_by_itself_when_the_store_is_back(tmp_path: Path) -> None:
+    store = faulty(tmp_path)
+    async with running_lmsp(tmp_path, store=store, max_running_tasks=1) as server:
+        first = await server.create("/sleep 200ms first")
+        second = await server.create("second")     # queued behind the first
+        await server.wait(first["id"], {"running"})
+        store.faults.on()
+        refused = store.faults.refused_writes
+        await _until(lambda: store.faults.refused_writes > refused + 2)
+        store.faults.off()
+        for task in (first, second):
+            assert (await server.wait(task["id"]))["status"] == "succeeded"
+
+
+async def test_an_event_stream_waits_out_the_outage(tmp_path: Path) -> None:
+    store = faulty(tmp_path)
+    async with running_lmsp(tmp_path, store=store) as server:
+        task = await server.create("/sleep 300ms streamed")
+        async with anyio.create_task_group() as tg:
+            frames: list[object] = []
+
+            async def read() -> None:
+                frames.extend(await server.events(task["id"], timeout=20))
+
+            tg.start_soon(read)
+            await server.wait(task["id"], {"running"})
+            store.faults.on()
+            refused = store.faults.refused_reads + store.faults.refused_writes
+            await _until(lambda: store.faults.refused_writes + store.faults.refused_reads
+                         > refused + 2)
+            store.faults.off()
+        kinds = [event for _, event, _ in frames]  # type: ignore[misc]
+        assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+        numbers = [int(i) for i, _, _ in frames]  # type: ignore[misc]
+        assert numbers == list(range(len(numbers)))   # no gap, no duplicate
+
+
+def test_every_door_maps_the_outage_to_its_own_503() -> None:
+    exc = StoreUnavailableError("PostgreSQL: the database system is shutting down")
+    status, body, headers = describe(exc)
+    assert (status, body["code"], headers) == (503, "store_unavailable", {"Retry-After": "5"})
+    assert "shutting down" not in body["error"]   # the reason stays with the operator
+    code, _, data = to_rpc_error(exc)
+    assert code == -32603 and data is not None
+    assert data["errorKind"] == "store_unavailable" and data["retryable"] is True
+
+

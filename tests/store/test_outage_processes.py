@@ -1,0 +1,333 @@
+"""Real store outages against a real server process (``acp-server serve``): SQLite's
+disk full on a tiny tmpfs, its file locked by another process, its file deleted;
+PostgreSQL restarted (``pg_ctl restart -m fast``) and its backends terminated mid-load.
+
+Every case checks the same contract: the process survives; each answer is a 202 or a
+503 ``store_unavailable`` problem (never a 500, never a dropped connection); every
+task acknowledged with 202 reaches a terminal state once the store is back; and
+``/health?deep=1`` says the store is down while it is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import tempfile
+import urllib.parse
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+
+import anyio
+import httpx
+import psycopg
+import pytest
+
+from tests.lmsp import stores
+from tests.harness import ServeProcess
+from tests.lmsp.server import envelope
+
+pytestmark = pytest.mark.anyio
+PG_SCRIPT = Path(__file__).resolve().parents[1] / "lmsp" / "pg.sh"
+TERMINAL = {"succeeded", "failed", "cancelled"}
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"   # the client side only; the server is its own process
+
+
+@contextlib.contextmanager
+def server(workspace: Path, *flags: str) -> Iterator[tuple[ServeProcess, str]]:
+    """``acp-server serve`` with ``flags``; (the process, its base URL)."""
+    child = ServeProcess(workspace, *flags).start()
+    try:
+        yield child, child.base_url
+    finally:
+        child.kill()
+
+
+class Load:
+    """Creates tasks from ``clients`` connections until ``stop`` (at most ``limit`` each);
+    records every answer. Anything but 202 or a 503 ``store_unavailable`` problem, or
+    a transport error, is a failure."""
+
+    def __init__(self) -> None:
+        self.statuses: Counter[int] = Counter()
+        self.accepted: list[str] = []
+        self.failures: list[str] = []
+        self.stop = anyio.Event()
+
+    async def run(self, url: str, clients: int = 4, limit: int = 400) -> None:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client, \
+                anyio.create_task_group() as tg:
+            for _ in range(clients):
+                tg.start_soon(self._client, client, limit)
+
+    async def _client(self, client: httpx.AsyncClient, limit: int) -> None:
+        for _ in range(limit):
+            if self.stop.is_set():
+                return
+            try:
+                answer = await client.post("/lmsp/v1/tasks", json=envelope("load"))
+            except httpx.HTTPError as exc:
+                self.failures.append(f"transport: {exc!r}")
+                continue
+            self.statuses[answer.status_code] += 1
+            if answer.status_code == 202:
+                self.accepted.append(answer.json()["id"])
+            elif answer.status_code == 503 and answer.headers.get("retry-after") and \
+                    answer.json().get("code") == "store_unavailable":
+                await anyio.sleep(0.05)
+            else:
+                self.failures.append(f"{answer.status_code}: {answer.text[:200]}")
+
+
+async def wait_terminal(url: str, ids: list[str], timeout: float = 60) -> Counter[str]:
+    """Each task's final status (503s while the store is still coming back are retried)."""
+    outcome: Counter[str] = Counter()
+    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+        with anyio.fail_after(timeout):
+            for task_id in ids:
+                while True:
+                    answer = await client.get(f"/lmsp/v1/tasks/{task_id}")
+                    assert answer.status_code in (200, 503), answer.text
+                    if answer.status_code == 200 and answer.json()["status"] in TERMINAL:
+                        outcome[answer.json()["status"]] += 1
+                        break
+                    await anyio.sleep(0.02)
+    return outcome
+
+
+async def until_created(url: str, tries: int = 500) -> str:
+    """A create that is accepted (the store is back), retrying its 503s."""
+    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+        for _ in range(tries):
+            answer = await client.post("/lmsp/v1/tasks", json=envelope("after"))
+            if answer.status_code == 202:
+                return str(answer.json()["id"])
+            assert answer.status_code == 503 and answer.json()["code"] == "store_unavailable"
+            await anyio.sleep(0.05)
+    raise AssertionError("the store never came back")
+
+
+async def deep_health(url: str) -> httpx.Response:
+    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+        return await client.get("/health", params={"deep": "1"})
+
+
+# -- SQLite -------------------------------------------------------------------------------
+@contextlib.contextmanager
+def tmpfs(path: Path, size: str) -> Iterator[None]:
+    path.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs",
+                           str(path)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip() or done.returncode}); "
+                    f"tests/store/test_outage_http.py covers the case with injected faults")
+    try:
+        yield
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+def fill(path: Path) -> None:
+    """Write ``path`` until the file system is full."""
+    with open(path, "wb") as out:
+        chunk = b"\0" * 65536
+        while True:
+            try:
+                out.write(chunk)
+                out.flush()
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC
+                return
+
+
+async def test_sqlite_disk_full_on_a_tiny_tmpfs(tmp_path: Path) -> None:
+    small = tmp_path / "small"
+    with tmpfs(small, "16m"), server(tmp_path, "--store", f"sqlite:///{small / 'lmsp.db'}",
+                                    "--max-running-tasks", "4") as (proc, url):
+        load = Load()
+        await load.run(url, clients=2, limit=20)
+        assert not load.failures and load.statuses == Counter({202: 40}), load.statuses
+        fill(small / "fill")
+        full = Load()
+        await full.run(url, clients=2, limit=60)
+        assert not full.failures, full.failures
+        assert full.statuses[503] > 0, full.statuses
+        health = await deep_health(url)
+        assert health.status_code == 503 and health.json()["store"]["status"] == "down"
+        assert proc.returncode is None
+        (small / "fill").unlink()
+        last = await until_created(url)
+        outcome = await wait_terminal(url, [*load.accepted, *full.accepted, last])
+        assert sum(outcome.values()) == len(load.accepted) + len(full.accepted) + 1
+        assert proc.returncode is None
+        assert (await deep_health(url)).status_code == 200
+
+
+async def test_sqlite_locked_by_another_process(tmp_path: Path) -> None:
+    db = tmp_path / "lmsp.db"
+    with server(tmp_path, "--store", f"sqlite:///{db}", "--store-busy-timeout-ms",
+                "300") as (proc, url):
+        before = await until_created(url)
+        holder = sqlite3.connect(db, isolation_level=None, timeout=5)
+        holder.execute("BEGIN EXCLUSIVE")   # the writer waits 0.3 s, then gives up
+        try:
+            load = Load()
+            await load.run(url, clients=2, limit=3)
+            assert not load.failures, load.failures
+            assert load.statuses == Counter({503: 6}), load.statuses
+            health = await deep_health(url)
+            assert health.status_code == 503 and "locked" in health.json()["store"]["reason"]
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        after = await until_created(url)
+        assert sum((await wait_terminal(url, [before, after])).values()) == 2
+        assert proc.returncode is None
+
+
+async def test_sqlite_file_deleted_while_running(tmp_path: Path) -> None:
+    db = tmp_path / "lmsp.db"
+    with server(tmp_path, "--store", f"sqlite:///{db}") as (proc, url):
+        task_id = await until_created(url)
+        await wait_terminal(url, [task_id])
+        os.unlink(db)
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            for _ in range(3):   # never acknowledged into the unlinked inode
+                answer = await client.post("/lmsp/v1/tasks", json=envelope("lost"))
+                assert answer.status_code == 503 and answer.headers["retry-after"]
+                assert answer.json()["code"] == "store_unavailable"
+            assert (await client.get(f"/lmsp/v1/tasks/{task_id}")).status_code == 503
+        health = await deep_health(url)
+        assert health.status_code == 503
+        assert "deleted or replaced" in health.json()["store"]["reason"]
+        assert proc.returncode is None
+
+
+def test_state_files_are_private(tmp_path: Path) -> None:
+    from acp_server.store import prepare_state_dir
+    from acp_server.store.sqlite import private_files
+
+    state = tmp_path / "state"
+    state.mkdir(mode=0o755)
+    os.chmod(state, 0o755)
+    prepare_state_dir(str(state))
+    assert state.stat().st_mode & 0o777 == 0o700
+    db = state / "lmsp.sqlite3"
+    for name in (db, state / "lmsp.sqlite3-wal"):
+        name.write_bytes(b"")
+        os.chmod(name, 0o644)
+    private_files(str(db))
+    assert {(p.name, p.stat().st_mode & 0o777) for p in state.iterdir()} == {
+        ("lmsp.sqlite3", 0o600), ("lmsp.sqlite3-wal", 0o600)}
+    fresh = tmp_path / "fresh" / "x.sqlite3"
+    prepare_state_dir(str(fresh.parent))
+    private_files(str(fresh))
+    assert fresh.stat().st_mode & 0o777 == 0o600
+
+
+# -- PostgreSQL ---------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def own_cluster() -> Iterator[Path]:
+    """A throwaway PostgreSQL cluster of this test's own (it gets restarted), in a
+    folder the ``postgres`` user can reach."""
+    directory = Path(tempfile.mkdtemp(prefix="acp-outage-pg."))
+    started = subprocess.run(["bash", str(PG_SCRIPT), "start", str(directory),
+                              str(_free_port())], capture_output=True, text=True)
+    if started.returncode != 0:
+        shutil.rmtree(directory, ignore_errors=True)
+        pytest.skip(f"no PostgreSQL cluster could be started: {started.stderr[-300:]}")
+    os.environ["_ACP_OWN_PG"] = started.stdout.strip().split("=", 1)[1]
+    try:
+        yield directory
+    finally:
+        subprocess.run(["bash", str(PG_SCRIPT), "stop", str(directory)], capture_output=True)
+        os.environ.pop("_ACP_OWN_PG", None)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _pg_args(url: str) -> list[str]:
+    return ["--store", url, "--max-running-tasks", "4", *stores.lease_flags()]
+
+
+async def test_postgres_restarted_idle_and_under_load(tmp_path: Path, own_cluster: Path) -> None:
+    url = os.environ["_ACP_OWN_PG"]
+    with server(tmp_path, *_pg_args(url)) as (proc, base):
+        await anyio.to_thread.run_sync(_restart, own_cluster)   # idle
+        first = await until_created(base)
+        assert proc.returncode is None
+        load = Load()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(load.run, base, 4, 150)
+            with anyio.fail_after(30):
+                while len(load.accepted) < 20:
+                    await anyio.sleep(0.01)
+            await anyio.to_thread.run_sync(_restart, own_cluster)
+            with anyio.fail_after(60):
+                seen = len(load.accepted)
+                while len(load.accepted) < seen + 20 and not load.stop.is_set():
+                    await anyio.sleep(0.01)
+            load.stop.set()
+        assert not load.failures, load.failures
+        outcome = await wait_terminal(base, [first, *load.accepted])
+        assert sum(outcome.values()) == len(load.accepted) + 1
+        assert proc.returncode is None
+        assert (await deep_health(base)).status_code == 200
+
+
+def _restart(directory: Path) -> None:
+    subprocess.run(["bash", str(PG_SCRIPT), "restart", str(directory)], check=True,
+                   capture_output=True)
+
+
+async def test_postgres_backends_terminated_mid_load(tmp_path: Path) -> None:
+    if not stores.postgres_dsn():
+        pytest.skip(stores.SKIP_POSTGRES)
+    name = f"acp-outage-{os.getpid()}"
+    url = stores.postgres_url_for(tmp_path, "terminated")
+    parts = urllib.parse.urlsplit(url)
+    query = urllib.parse.parse_qsl(parts.query) + [("application_name", name)]
+    url = urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(query)))
+    with server(tmp_path, *_pg_args(url)) as (proc, base):
+        load = Load()
+        killed = 0
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(load.run, base, 4, 150)
+            for round_ in range(3):
+                with anyio.fail_after(30):
+                    while len(load.accepted) < 15 * (round_ + 1):
+                        await anyio.sleep(0.01)
+                killed += await anyio.to_thread.run_sync(_terminate, name)
+            load.stop.set()
+        assert killed > 0
+        assert not load.failures, load.failures
+        outcome = await wait_terminal(base, load.accepted)
+        assert sum(outcome.values()) == len(load.accepted)
+        assert proc.returncode is None
+
+
+def _terminate(application_name: str) -> int:
+    dsn = stores.postgres_dsn()
+    assert dsn
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        rows = admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                             "WHERE application_name = %s", (application_name,)).fetchall()
+    return sum(1 for (ok,) in rows if ok)
+
+
