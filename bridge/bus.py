@@ -67,7 +67,8 @@ class Subscription(BoundedFifo[Event]):
     ``wakeup`` (optional) is set whenever a frame arrives or the subscription ends,
     for a reader that waits on several sources at once."""
 
-    __slots__ = ("_bus", "epoch", "_warned", "last_queued_id", "evicted_reason", "stalled")
+    __slots__ = ("_bus", "epoch", "_warned", "last_queued_id", "evicted_reason", "stalled",
+                 "skip_through")
 
     def __init__(self, bus: EventBus, max_queued: int, max_queued_bytes: int,
                  wakeup: Wakeup | None = None) -> None:
@@ -78,6 +79,9 @@ class Subscription(BoundedFifo[Event]):
         self.last_queued_id = 0
         self.evicted_reason: str | None = None
         self.stalled = False   # did not drain within FLOW_WAIT_S: publishers do not wait
+        # Held events up to this id were replayed or are behind the reader's cursor
+        # (a durable bus releases them later): not pushed again.
+        self.skip_through = 0
 
     @property
     def max_queued(self) -> int:
@@ -127,6 +131,8 @@ class Subscription(BoundedFifo[Event]):
         return False
 
     def _push(self, event: Event) -> None:
+        if event.id <= self.skip_through:  # type: ignore[operator]
+            return
         backlog = self.nbytes   # the byte bound applies to what precedes the newest
         if not self.put_nowait(event, event.size):
             if not self.closed:
@@ -170,6 +176,13 @@ class EventBus:
         self.session_id = session_id
         self._ring: deque[Event] = deque(maxlen=ring_size)
         self._last_id = 0
+        # Held (a durable journal, see ``hold``): events are in the ring at once but
+        # reach readers when ``release`` says they are committed. ``_released_id`` is
+        # the last event readers may see; ``sink`` gets each event to journal.
+        self.hold = False
+        self.sink: Callable[[Event], None] | None = None
+        self._released_id = 0
+        self._close_when_released = False
         self._subscribers: list[Subscription] = []
         self.max_subscribers = max_subscribers
         self.max_queued = max_queued
@@ -185,12 +198,24 @@ class EventBus:
         return len(self._subscribers)
 
     @property
+    def released_id(self) -> int:
+        """The last event readers may see (``last_event_id`` unless held)."""
+        return self._released_id
+
+    def restore(self, events: list[Event], last_event_id: int) -> None:
+        """Continue a journaled bus: its newest events (in id order) and its last id."""
+        self._ring.extend(events)
+        self._last_id = self._released_id = last_event_id
+
+    @property
     def earliest_available_id(self) -> int:
         return self._ring[0].id if self._ring else self._last_id + 1  # type: ignore[return-value]
 
     def ring_events(self) -> list[Event]:
-        """The events the ring still holds, oldest first."""
-        return list(self._ring)
+        """The events the ring still holds that readers may see, oldest first."""
+        if self._released_id == self._last_id:
+            return list(self._ring)
+        return [event for event in self._ring if event.id <= self._released_id]  # type: ignore[operator]
 
     def publish(self, type_: str, data: Any, *, prompt_id: str | None = None,
                 originator_client_id: str | None = None) -> Event | None:
@@ -202,9 +227,28 @@ class EventBus:
                       originator_client_id=originator_client_id)
         event.size = len(wire.envelope(event))   # encoded once, here, for every door
         self._ring.append(event)
-        for subscriber in tuple(self._subscribers):
-            subscriber._push(event)
+        if self.sink is not None:
+            self.sink(event)
+        if not self.hold:
+            self._released_id = self._last_id
+            for subscriber in tuple(self._subscribers):
+                subscriber._push(event)
         return event
+
+    def release(self, through: int) -> None:
+        """Held events up to id ``through`` are committed: fan them out, in order."""
+        if through <= self._released_id:
+            return
+        earliest = self.earliest_available_id
+        start = max(self._released_id + 1, earliest)
+        self._released_id = min(through, self._last_id)
+        if start <= self._released_id and self._subscribers:
+            for event in itertools.islice(self._ring, start - earliest,
+                                          self._released_id + 1 - earliest):
+                for subscriber in tuple(self._subscribers):
+                    subscriber._push(event)
+        if self._close_when_released and self._released_id >= self._last_id:
+            self._end_subscriptions()
 
     async def wait_for_readers(self) -> None:
         """Flow control between events (see the module contracts): one wait of at
@@ -228,9 +272,18 @@ class EventBus:
         subscription = Subscription(self, max_queued or self.max_queued, self.max_queued_bytes,
                                     wakeup)
         if last_event_id is not None:
-            for frame in self._replay_frames(last_event_id, epoch):
+            frames = self._replay_frames(last_event_id, epoch)
+            for frame in frames:
                 subscription.put_uncounted(frame)
-        if self.closed:
+            # what this reader has covered: held events after it come live
+            if frames[0].type == ev.STATE_RESYNC_REQUIRED:
+                subscription.skip_through = self._released_id
+            else:
+                subscription.skip_through = max(min(last_event_id, self._last_id),
+                                                self._released_id)
+        else:
+            subscription.skip_through = self._last_id   # live: from now on
+        if self.closed and not self._close_when_released:
             BoundedFifo.close(subscription)
         else:
             self._subscribers.append(subscription)
@@ -239,6 +292,13 @@ class EventBus:
     def close(self) -> None:
         """End every subscription (after they drain what is queued)."""
         self.closed = True
+        if self._released_id < self._last_id:   # held events still to reach readers
+            self._close_when_released = True
+            return
+        self._end_subscriptions()
+
+    def _end_subscriptions(self) -> None:
+        self._close_when_released = False
         subscribers, self._subscribers = self._subscribers, []
         for subscriber in subscribers:
             BoundedFifo.close(subscriber)
@@ -253,17 +313,18 @@ class EventBus:
         earliest = self.earliest_available_id
         frames: list[Event] = []
         resync: tuple[str, str | None] | None = None
+        visible = self._ring if self._released_id == self._last_id else self.ring_events()
         if epoch is not None and epoch != self.epoch:
             resync = ("epoch_reset", "epoch_mismatch")
-            replay = list(self._ring)
+            replay = list(visible)
         elif cursor > self._last_id:
             resync = ("epoch_reset", None)
-            replay = list(self._ring)
+            replay = list(visible)
         elif cursor + 1 < earliest:
             resync = ("ring_evicted", None)
-            replay = list(self._ring)
+            replay = list(visible)
         else:
-            replay = list(itertools.islice(self._ring, cursor + 1 - earliest, None))
+            replay = list(itertools.islice(visible, cursor + 1 - earliest, None))
         total = sum(event.size for event in replay)
         if total > REPLAY_BUDGET_BYTES:   # keep the newest events that fit the budget
             start = 0
