@@ -8,8 +8,10 @@
 
 ``open_server`` starts, in this order: the record of agent child processes
 (``ChildRegistry``, stale ones of crashed runs reaped), the models of
-``--model-server``, the ``Bridge`` and its agents, the LMSP service and its store
-(restart recovery runs before anything is served), the ``/acp`` connection registry,
+``--model-server``, the store (``--store``), the session journal on it
+(``--session-journal store``, ``acp_server.store.sessions``), the ``Bridge`` and its
+agents (journaled sessions restored before anything is served), the LMSP service on
+the same store (restart recovery runs before anything is served), the ``/acp`` connection registry,
 the metrics, and the ASGI app over them (``acp_server.app.build_app``). It yields a
 ``Server`` holding all of them.
 
@@ -45,12 +47,15 @@ from acp_server.acp_http.registry import MONOTONIC, Clock
 from acp_server.app import build_app
 from acp_server.http.guard import GuardStats
 from acp_server.lmsp import LmspConfig, LmspService, open_lmsp
+from acp_server.store import store_for
+from acp_server.store.sessions import StoreSessionJournal
 from acp_server.store.tasks import TaskStore
 from acp_server.ops.metrics import Metrics
 from acp_server.settings import Settings
 from bridge import Bridge
 from bridge.agents.base import AgentFactory
 from bridge.agents.children import ChildRegistry
+from bridge.journal import MemoryJournal, SessionJournal
 
 log = logging.getLogger("acp_server")
 
@@ -88,16 +93,24 @@ async def open_server(settings: Settings, *, agent_factory: AgentFactory | None 
         models = await discover_models(settings.model_server) if settings.model_server else []
         config = lmsp_config or LmspConfig(permission_policy=settings.lmsp_permissions,
                                            keepalive_s=settings.lmsp_keepalive_s)
-        async with Bridge(agent_factory or settings.agent_factory(children),
-                          workspace_cwd=settings.workspace, options=settings.options,
-                          agents=settings.extra_agents(models, children)) as bridge, \
-                open_lmsp(bridge, state_dir=settings.state_dir, store_url=settings.store_url,
-                          store=lmsp_store, token=settings.token,
-                          max_running_tasks=settings.max_running_tasks, config=config,
-                          group_commit=group_commit, lease_s=settings.store_lease_ms / 1000,
-                          renew_s=settings.store_renew_ms / 1000,
-                          poll_s=settings.store_poll_ms / 1000,
-                          busy_timeout_s=settings.store_busy_timeout_ms / 1000) as lmsp:
+        store = lmsp_store or store_for(
+            settings.store_url, state_dir=settings.state_dir, group_commit=group_commit,
+            lease_s=settings.store_lease_ms / 1000, renew_s=settings.store_renew_ms / 1000,
+            poll_s=settings.store_poll_ms / 1000,
+            busy_timeout_s=settings.store_busy_timeout_ms / 1000)
+        journal: SessionJournal = MemoryJournal()
+        if settings.session_journal == "store":
+            journal = StoreSessionJournal(store, ring_size=settings.options.event_ring_size)
+        async with store, \
+                (journal if isinstance(journal, StoreSessionJournal)
+                 else contextlib.nullcontext(journal)), \
+                Bridge(agent_factory or settings.agent_factory(children),
+                       workspace_cwd=settings.workspace, options=settings.options,
+                       agents=settings.extra_agents(models, children),
+                       journal=journal) as bridge, \
+                open_lmsp(bridge, state_dir=settings.state_dir, store=store, store_open=True,
+                          token=settings.token, max_running_tasks=settings.max_running_tasks,
+                          config=config) as lmsp:
             acp = ConnectionRegistry(bridge, max_connections=settings.max_acp_connections,
                                      grace_s=settings.acp_reap_grace_s,
                                      clock=acp_clock or MONOTONIC)
