@@ -28,7 +28,8 @@ Contracts:
 * Test overrides (keyword arguments, for tests and benchmarks only): ``agent_factory``
   (the default agent instead of ``settings.agent``), ``lmsp_store`` (an unopened
   ``TaskStore`` instead of ``settings.store_url``), ``lmsp_config``, ``group_commit``,
-  ``acp_clock`` (the ``/acp`` registry's clock). Everything else comes from
+  ``acp_clock`` (the ``/acp`` registry's clock), ``session_clock`` (the session
+  journal's retention clock, ``Server.purge_sessions``). Everything else comes from
   ``settings``.
 """
 
@@ -36,7 +37,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import anyio
@@ -58,6 +60,7 @@ from bridge.agents.children import ChildRegistry
 from bridge.journal import MemoryJournal, SessionJournal
 
 log = logging.getLogger("acp_server")
+PURGE_INTERVAL_S = 600
 
 
 @dataclass(eq=False)
@@ -74,6 +77,23 @@ class Server:
     # (acp_server.http.serving), reported by /daemon/status.
     guard_stats: GuardStats
 
+    # The session journal's retention (``--session-retention-ms``) and its clock.
+    session_clock: Callable[[], float] = time.time
+
+    async def purge_sessions(self) -> int:
+        """Remove the journals of sessions closed longer than the retention ago (on
+        ``session_clock``); run every ``PURGE_INTERVAL_S`` and on demand (tests)."""
+        retention = self.settings.session_retention_ms / 1000
+        return await self.bridge.journal.purge(self.session_clock() - retention)
+
+    async def _purge_loop(self) -> None:
+        while True:
+            await anyio.sleep(PURGE_INTERVAL_S)
+            try:
+                await self.purge_sessions()
+            except Exception as exc:   # noqa: BLE001 - a store outage: next time
+                log.warning("session journal purge failed: %s", exc)
+
     async def drain(self) -> None:
         """The front doors, then the sessions, then the agents (see the module docstring)."""
         self.lmsp.stop()
@@ -86,7 +106,8 @@ class Server:
 async def open_server(settings: Settings, *, agent_factory: AgentFactory | None = None,
                       lmsp_store: TaskStore | None = None,
                       lmsp_config: LmspConfig | None = None, group_commit: bool = True,
-                      acp_clock: Clock | None = None) -> AsyncIterator[Server]:
+                      acp_clock: Clock | None = None,
+                      session_clock: Callable[[], float] | None = None) -> AsyncIterator[Server]:
     children = ChildRegistry(settings.children_dir)
     children.reap_stale()   # agents that killed earlier runs left behind
     try:
@@ -107,7 +128,7 @@ async def open_server(settings: Settings, *, agent_factory: AgentFactory | None 
                 Bridge(agent_factory or settings.agent_factory(children),
                        workspace_cwd=settings.workspace, options=settings.options,
                        agents=settings.extra_agents(models, children),
-                       journal=journal) as bridge, \
+                       journal=journal, journal_clock=session_clock or time.time) as bridge, \
                 open_lmsp(bridge, state_dir=settings.state_dir, store=store, store_open=True,
                           token=settings.token, max_running_tasks=settings.max_running_tasks,
                           config=config) as lmsp:
@@ -120,11 +141,16 @@ async def open_server(settings: Settings, *, agent_factory: AgentFactory | None 
             guard_stats = GuardStats()
             app = build_app(settings, bridge=bridge, acp=acp, lmsp=lmsp, metrics=metrics,
                             guard_stats=guard_stats)
-            server = Server(app, settings, bridge, lmsp, acp, metrics, guard_stats)
-            try:
-                yield server
-            finally:
-                await server.drain()
+            server = Server(app, settings, bridge, lmsp, acp, metrics, guard_stats,
+                            session_clock or time.time)
+            async with anyio.create_task_group() as tg:
+                if bridge.journal.durable:
+                    tg.start_soon(server._purge_loop)
+                try:
+                    yield server
+                finally:
+                    await server.drain()
+                    tg.cancel_scope.cancel()
     finally:
         children.close()   # every agent was stopped with the bridge
 

@@ -35,7 +35,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import anyio
@@ -89,12 +89,14 @@ class Bridge(PromptsAPI):
                  options: BridgeOptions | None = None,
                  agents: Mapping[str, AgentFactory] | None = None,
                  journal: SessionJournal | None = None,
-                 unjournaled_origins: frozenset[str] = frozenset({"lmsp"})) -> None:
+                 unjournaled_origins: frozenset[str] = frozenset({"lmsp"}),
+                 journal_clock: Callable[[], float] = time.time) -> None:
         """``agent_factory`` is the default agent, named by its ``name``; ``agents`` adds
         more by name (a session picks one with ``agent=``). ``journal``
         (``bridge.journal``; default ``MemoryJournal``) makes sessions durable, except
         those made with an ``origin`` in ``unjournaled_origins`` (LMSP's sessions:
-        its tasks are durable on their own)."""
+        its tasks are durable on their own); ``journal_clock`` dates the closes it
+        records (the retention's clock)."""
         self.options = options or BridgeOptions()
         self.workspace_cwd = os.path.realpath(workspace_cwd)
         default = getattr(agent_factory, "name", None) or "default"
@@ -115,6 +117,7 @@ class Bridge(PromptsAPI):
         # Prompt terminals of closed sessions, for a later cold load (bounded, oldest out).
         self._closed_terminals: dict[str, Any] = {}
         self.journal: SessionJournal = journal or MemoryJournal()
+        self.journal_clock = journal_clock
         self.unjournaled_origins = unjournaled_origins
         self._held: dict[str, EventBus] = {}   # journaled buses, until fully released
         self.journal.bind(self._events_committed)
@@ -508,11 +511,11 @@ class Bridge(PromptsAPI):
         """The bridge side of a close (synchronous); whether a turn was running."""
         self._forget(session)
         running = session.active is not None
-        self._record_end(session, deleted=reason == "client_close")
         session.fail_all(session.close_error(reason))
         self._cancel_questions(session, "session_closed")
         session.bus.publish(ev.SESSION_CLOSED, ev.SessionClosed(
             session_id=session.session_id, reason=reason, closed_by=closed_by))
+        self._record_end(session, deleted=reason == "client_close")   # after its last event
         session.bus.close()
         session.stop()
         return running
@@ -520,7 +523,7 @@ class Bridge(PromptsAPI):
     def _record_end(self, session: Session, *, deleted: bool) -> None:
         if session.journal.durable:
             session.journal.append(SessionEnded(session_id=session.session_id,
-                                                at=time.time(), deleted=deleted))
+                                                at=self.journal_clock(), deleted=deleted))
 
     async def _close_at_agent(self, session: Session, running: bool) -> None:
         agent, sid = session.agent, session.session_id
@@ -539,12 +542,12 @@ class Bridge(PromptsAPI):
         for session in [s for s in self._sessions.values()
                         if s.agent is not None and s.agent.closed]:
             self._forget(session)
-            self._record_end(session, deleted=False)
             session.bus.publish(ev.SESSION_DIED, ev.SessionDied(
                 session_id=session.session_id, reason="agent_exited", message=str(error),
                 exit_code=error.exit_code))
             session.fail_all(error)
             self._cancel_questions(session, "session_died")
+            self._record_end(session, deleted=False)
             session.bus.close()
             session.stop()
 

@@ -39,6 +39,7 @@ import anyio.abc
 import msgspec
 
 from acp_server.store.errors import Backoff, StoreUnavailableError
+from acp_server.store.pg_engine import PostgresEngine
 from bridge.errors import JournalUnavailableError
 from bridge.journal import (
     RECORD_ENCODER,
@@ -71,7 +72,7 @@ class StoreSessionJournal:
     def __init__(self, store: Any, *, ring_size: int = 8000) -> None:
         self.store = store
         self.ring_size = ring_size
-        self.postgres = type(store).__name__.startswith("Postgres")
+        self.postgres = isinstance(store, PostgresEngine)
         self.commits = 0
         self._on_events: Callable[[Sequence[EventRecord]], None] = lambda records: None
         self._pending: list[tuple[int, JournalRecord]] = []
