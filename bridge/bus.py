@@ -183,6 +183,8 @@ class EventBus:
         self.sink: Callable[[Event], None] | None = None
         self._released_id = 0
         self._close_when_released = False
+        self._released: anyio.Event | None = None   # a publisher waits for a commit
+        self._journal_stalled = False
         self._subscribers: list[Subscription] = []
         self.max_subscribers = max_subscribers
         self.max_queued = max_queued
@@ -249,11 +251,16 @@ class EventBus:
                     subscriber._push(event)
         if self._close_when_released and self._released_id >= self._last_id:
             self._end_subscriptions()
+        if self._released is not None:
+            self._released.set()
+            self._released = None
 
     async def wait_for_readers(self) -> None:
         """Flow control between events (see the module contracts): one wait of at
         most ``flow_wait_s`` (default ``FLOW_WAIT_S``) whatever the number of slow
         readers."""
+        if self.hold:
+            await self._wait_for_journal()
         deadline: float | None = None
         for subscriber in tuple(self._subscribers):
             if not subscriber.half_full():
@@ -264,6 +271,25 @@ class EventBus:
             if deadline is None:
                 deadline = anyio.current_time() + self.flow_wait_s
             await subscriber.wait_drained(deadline)
+
+    async def _wait_for_journal(self) -> None:
+        """Held events are released in commit-sized batches: a publisher that can
+        wait keeps at most ``max_queued // 4`` of them uncommitted, so a release never
+        floods a reader that keeps up. At most ``flow_wait_s`` per stall of the
+        journal (a store that does not commit), as for a stalled reader."""
+        window = max(1, self.max_queued // 4)
+        if self._last_id - self._released_id < window:
+            self._journal_stalled = False
+            return
+        if self._journal_stalled:
+            return
+        with anyio.move_on_after(self.flow_wait_s) as scope:
+            while self.hold and self._last_id - self._released_id >= window:
+                if self._released is None:
+                    self._released = anyio.Event()
+                await self._released.wait()
+        if scope.cancelled_caught:
+            self._journal_stalled = True
 
     def subscribe(self, *, last_event_id: int | None = None, epoch: str | None = None,
                   max_queued: int | None = None, wakeup: Wakeup | None = None) -> Subscription:
