@@ -68,7 +68,7 @@ class Subscription(BoundedFifo[Event]):
     for a reader that waits on several sources at once."""
 
     __slots__ = ("_bus", "epoch", "_warned", "last_queued_id", "evicted_reason", "stalled",
-                 "skip_through")
+                 "skip_through", "next_id")
 
     def __init__(self, bus: EventBus, max_queued: int, max_queued_bytes: int,
                  wakeup: Wakeup | None = None) -> None:
@@ -82,6 +82,8 @@ class Subscription(BoundedFifo[Event]):
         # Held events up to this id were replayed or are behind the reader's cursor
         # (a durable bus releases them later): not pushed again.
         self.skip_through = 0
+        # A held bus's reader is fed from the ring (``_top_up``): the next id it needs.
+        self.next_id = bus._released_id + 1
 
     @property
     def max_queued(self) -> int:
@@ -105,13 +107,60 @@ class Subscription(BoundedFifo[Event]):
     # ``wait_ready()``: a frame is ready (``True``) or the stream has ended (``False``);
     # consumes nothing, so it may be cancelled (e.g. by a heartbeat timeout).
     # ``receive_nowait()``: the next frame if one is ready, else ``None``.
-    wait_ready = BoundedFifo.wait
-    receive_nowait = BoundedFifo.get_nowait
+    def _lagging(self) -> bool:
+        return self._bus.hold and self.next_id <= self._bus._released_id
+
+    async def wait(self) -> bool:
+        if not self._entries and self._lagging():
+            self._top_up()
+        return await BoundedFifo.wait(self)
+
+    def get_nowait(self) -> Event | None:
+        event = BoundedFifo.get_nowait(self)
+        if self.items * 4 <= self.max_items and self._lagging():  # type: ignore[operator]
+            self._top_up()   # a held bus: fed from the ring as the reader reads
+        return event
+
+    wait_ready = wait
+    receive_nowait = get_nowait
 
     @property
     def ready(self) -> bool:
         """A frame is queued."""
+        if not self._entries and self._lagging():
+            self._top_up()
         return bool(self._entries)
+
+    def _top_up(self) -> None:
+        """A held bus (``EventBus.hold``): released events from the ring, up to half of
+        the bounds. A reader the ring has lapped is evicted (``queue_overflow``)."""
+        bus = self._bus
+        if self.closed:
+            return
+        earliest = bus.earliest_available_id
+        if self.next_id < earliest:
+            self._evict("queue_overflow")
+            return
+        end = bus._released_id
+        for event in itertools.islice(bus._ring, self.next_id - earliest, end + 1 - earliest):
+            if self.half_full():
+                break
+            self.next_id = event.id + 1  # type: ignore[operator]
+            self._push(event)
+            if self.closed:
+                return
+
+    def _flush_lag(self) -> None:
+        """Everything released that it still lacks, uncounted (the bus stops holding or
+        closes: bounded by the ring)."""
+        bus = self._bus
+        earliest = bus.earliest_available_id
+        start = max(self.next_id, earliest)
+        for event in itertools.islice(bus._ring, start - earliest,
+                                      bus._released_id + 1 - earliest):
+            if event.id > self.skip_through:  # type: ignore[operator]
+                self.put_uncounted(event)
+        self.next_id = bus._released_id + 1
 
     def close(self) -> None:
         self._bus._detach(self)
@@ -238,17 +287,17 @@ class EventBus:
         return event
 
     def release(self, through: int) -> None:
-        """Held events up to id ``through`` are committed: fan them out, in order."""
+        """Held events up to id ``through`` are committed: readers get them, in order,
+        each fed from the ring as it reads (``Subscription._top_up``)."""
         if through <= self._released_id:
             return
-        earliest = self.earliest_available_id
-        start = max(self._released_id + 1, earliest)
         self._released_id = min(through, self._last_id)
-        if start <= self._released_id and self._subscribers:
-            for event in itertools.islice(self._ring, start - earliest,
-                                          self._released_id + 1 - earliest):
-                for subscriber in tuple(self._subscribers):
-                    subscriber._push(event)
+        for subscriber in tuple(self._subscribers):
+            if not subscriber._entries or not subscriber.half_full():
+                subscriber._top_up()
+        if not self.hold:   # it stops holding: nobody may lag behind direct pushes
+            for subscriber in tuple(self._subscribers):
+                subscriber._flush_lag()
         if self._close_when_released and self._released_id >= self._last_id:
             self._end_subscriptions()
         if self._released is not None:
@@ -261,6 +310,8 @@ class EventBus:
         readers."""
         if self.hold:
             await self._wait_for_journal()
+            await self._wait_for_laggards()
+            return
         deadline: float | None = None
         for subscriber in tuple(self._subscribers):
             if not subscriber.half_full():
@@ -277,7 +328,7 @@ class EventBus:
         wait keeps at most ``max_queued // 4`` of them uncommitted, so a release never
         floods a reader that keeps up. At most ``flow_wait_s`` per stall of the
         journal (a store that does not commit), as for a stalled reader."""
-        window = max(1, self.max_queued // 4)
+        window = max(1, (self._ring.maxlen or 1) // 4)
         if self._last_id - self._released_id < window:
             self._journal_stalled = False
             return
@@ -290,6 +341,28 @@ class EventBus:
                 await self._released.wait()
         if scope.cancelled_caught:
             self._journal_stalled = True
+
+    async def _wait_for_laggards(self) -> None:
+        """Flow control on a held bus: readers are fed from the ring, so a reader may
+        fall at most half the ring behind before the publisher waits for it (at most
+        ``flow_wait_s`` in all, as in ``wait_for_readers``)."""
+        limit = self._last_id - (self._ring.maxlen or 1) // 2
+        deadline: float | None = None
+        for subscriber in tuple(self._subscribers):
+            if subscriber.next_id >= limit:
+                subscriber.stalled = False
+                continue
+            if subscriber.stalled:
+                continue
+            if deadline is None:
+                deadline = anyio.current_time() + self.flow_wait_s
+            low = subscriber._low
+            assert low is not None
+            with anyio.move_on_at(deadline):
+                while not subscriber.closed and subscriber.next_id < limit:
+                    await low.wait()
+                continue
+            subscriber.stalled = True
 
     def subscribe(self, *, last_event_id: int | None = None, epoch: str | None = None,
                   max_queued: int | None = None, wakeup: Wakeup | None = None) -> Subscription:
@@ -325,6 +398,9 @@ class EventBus:
 
     def _end_subscriptions(self) -> None:
         self._close_when_released = False
+        if self.hold:
+            for subscriber in self._subscribers:
+                subscriber._flush_lag()
         subscribers, self._subscribers = self._subscribers, []
         for subscriber in subscribers:
             BoundedFifo.close(subscriber)
