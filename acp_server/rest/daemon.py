@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import datetime
 import os
 import time
 from collections.abc import Callable
@@ -22,17 +21,13 @@ from acp_server.http.endpoints import route
 from acp_server.rest.capabilities import features
 from acp_server.rest.config import RestConfig
 from acp_server.rest.errors import json_response
+from acp_server.rest.wire import iso
 from bridge import Bridge
 from bridge.status import QueueWait
 
 # How LMSP work's permission requests were answered: (policy, decisions by outcome).
 # Handed over by the composition when LMSP runs (the REST door imports no other door).
 PermissionReport = Callable[[], tuple[str, dict[str, int]]]
-
-
-def _iso(timestamp: float) -> str:
-    return datetime.datetime.fromtimestamp(timestamp, datetime.UTC).isoformat(
-        timespec="milliseconds").replace("+00:00", "Z")
 
 
 def queue_wait(wait: QueueWait) -> dict[str, Any]:
@@ -45,7 +40,7 @@ def status_body(bridge: Bridge, config: RestConfig) -> dict[str, Any]:
     stats = bridge.stats()
     now = time.time()
     return {
-        "v": 1, "detail": "summary", "generatedAt": _iso(now), "status": "ok", "issues": [],
+        "v": 1, "detail": "summary", "generatedAt": iso(now), "status": "ok", "issues": [],
         "daemon": {"pid": os.getpid(), "uptimeMs": int((now - bridge.started_at) * 1000),
                    "mode": "http-bridge", "workspaceCwd": bridge.workspace_cwd,
                    "acpServerVersion": __version__, "agent": config.agent_name},

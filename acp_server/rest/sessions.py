@@ -16,7 +16,6 @@ being made (create, load, resume, branch) cancels the making: the slot comes bac
 
 from __future__ import annotations
 
-import datetime
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -31,14 +30,9 @@ from acp_server.http.origin import session_origin
 from acp_server.rest import wire
 from acp_server.rest.config import RestConfig
 from acp_server.rest.errors import bad_request, json_response
+from acp_server.rest.wire import iso
 from bridge import Bridge, Event, SessionInfo, SessionStatus
 from bridge.wire import envelope
-
-
-def iso(timestamp: float) -> str:
-    """Epoch seconds as the peer writes times: ISO 8601, UTC, milliseconds, ``Z``."""
-    return datetime.datetime.fromtimestamp(timestamp, datetime.UTC).isoformat(
-        timespec="milliseconds").replace("+00:00", "Z")
 
 
 def status_body(status: SessionStatus) -> dict[str, Any]:

@@ -16,6 +16,7 @@ Contracts:
 
 from __future__ import annotations
 
+import datetime
 import re
 import uuid
 from typing import Any, TypeVar
@@ -157,6 +158,13 @@ _decoders: dict[type, msgspec.json.Decoder[Any]] = {
 
 
 # -- body reading -------------------------------------------------------------------------
+def iso(timestamp: float) -> str:
+    """Epoch seconds as the peer writes times: ISO 8601, UTC, milliseconds, ``Z`` (the
+    one formatter of every REST time)."""
+    return datetime.datetime.fromtimestamp(timestamp, datetime.UTC).isoformat(
+        timespec="milliseconds").replace("+00:00", "Z")
+
+
 def too_large(limit: int) -> RestError:
     return RestError(413, {"error": "Request body too large", "code": "payload_too_large",
                            "limit": limit})

@@ -19,7 +19,6 @@ when the cap is off.
 from __future__ import annotations
 
 import hashlib
-import time
 from typing import Any
 
 from starlette.requests import Request
@@ -29,6 +28,7 @@ from starlette.routing import BaseRoute
 from acp_server.http.endpoints import route
 from acp_server.rest.errors import RestError, bad_request, json_response
 from acp_server.rest.sessions import status_body
+from acp_server.rest.wire import iso
 from bridge import Bridge, SessionStatus
 
 DEFAULT_PAGE_SIZE = 20
@@ -49,8 +49,7 @@ def workspaces(bridge: Bridge) -> list[dict[str, Any]]:
 def session_summary(status: SessionStatus) -> dict[str, Any]:
     updated = status.updated_at
     return {**status_body(status),
-            "updatedAt": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(updated))
-            + f".{int(updated * 1000) % 1000:03d}Z",
+            "updatedAt": iso(updated),
             "agent": status.agent, "maxPendingPrompts": status.max_pending_prompts,
             "activePromptText": status.active_prompt_text, "origin": status.origin}
 
