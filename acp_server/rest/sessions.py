@@ -35,8 +35,8 @@ from bridge import Bridge, Event, SessionInfo, SessionStatus
 from bridge.wire import envelope
 
 
-def status_body(status: SessionStatus) -> dict[str, Any]:
-    """``GET /session/:id/status`` (and the workspace listing's summaries)."""
+def status_fields(status: SessionStatus) -> dict[str, Any]:
+    """The fields of ``wire.SessionStatus`` (also the start of a listing's summary)."""
     return {
         "sessionId": status.session_id, "workspaceCwd": status.workspace_cwd,
         "createdAt": iso(status.created_at), "clientCount": status.client_count,
@@ -156,7 +156,7 @@ async def close_session(request: Request, *, bridge: Bridge) -> Response:
 
 async def session_status(request: Request, *, bridge: Bridge) -> Response:
     status = bridge.session_status(request.path_params["session_id"])
-    return json_response(200, status_body(status))
+    return json_response(200, wire.SessionStatus(**status_fields(status)))
 
 
 async def heartbeat(request: Request, *, bridge: Bridge) -> Response:
