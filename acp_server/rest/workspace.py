@@ -19,16 +19,16 @@ when the cap is off.
 from __future__ import annotations
 
 import hashlib
-import time
-from typing import Any
 
+import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute
 
 from acp_server.http.endpoints import route
+from acp_server.rest import wire
 from acp_server.rest.errors import RestError, bad_request, json_response
-from acp_server.rest.sessions import status_body
+from acp_server.rest.sessions import status_fields
 from bridge import Bridge, SessionStatus
 
 DEFAULT_PAGE_SIZE = 20
@@ -40,19 +40,17 @@ def workspace_id(cwd: str) -> str:
     return hashlib.sha256(cwd.encode()).hexdigest()[:16]
 
 
-def workspaces(bridge: Bridge) -> list[dict[str, Any]]:
+def workspaces(bridge: Bridge) -> list[wire.WorkspaceInfo]:
     """``/capabilities`` ``workspaces``: the one workspace this daemon serves."""
-    return [{"id": workspace_id(bridge.workspace_cwd), "cwd": bridge.workspace_cwd,
-             "primary": True}]
+    return [wire.WorkspaceInfo(id=workspace_id(bridge.workspace_cwd),
+                               cwd=bridge.workspace_cwd, primary=True)]
 
 
-def session_summary(status: SessionStatus) -> dict[str, Any]:
-    updated = status.updated_at
-    return {**status_body(status),
-            "updatedAt": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(updated))
-            + f".{int(updated * 1000) % 1000:03d}Z",
-            "agent": status.agent, "maxPendingPrompts": status.max_pending_prompts,
-            "activePromptText": status.active_prompt_text, "origin": status.origin}
+def session_summary(status: SessionStatus) -> wire.SessionSummary:
+    return wire.SessionSummary(
+        **status_fields(status), updatedAt=wire.iso(status.updated_at), agent=status.agent,
+        maxPendingPrompts=status.max_pending_prompts,
+        activePromptText=status.active_prompt_text, origin=status.origin)
 
 
 def _decimal(text: str) -> bool:
@@ -85,10 +83,10 @@ async def list_sessions(request: Request, *, bridge: Bridge) -> Response:
     live = bridge.list_sessions()
     live.sort(key=lambda s: (-s.created_at, s.session_id))
     page = live[offset:offset + size]
-    body: dict[str, Any] = {"sessions": [session_summary(s) for s in page]}
-    if offset + size < len(live):
-        body["nextCursor"] = str(offset + size)
-    return json_response(200, body)
+    more = offset + size < len(live)
+    return json_response(200, wire.SessionPage(
+        sessions=[session_summary(s) for s in page],
+        nextCursor=str(offset + size) if more else msgspec.UNSET))
 
 
 def routes(bridge: Bridge) -> list[BaseRoute]:
