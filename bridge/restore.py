@@ -14,6 +14,8 @@ For each journaled session that was not closed, in creation order:
   (``acp-server/requestedSessionId``: the reference agent honours it). When neither
   works the session keeps its readable history and refuses new prompts with
   ``SessionNotRestorableError`` (``session_not_restorable``);
+* a permission request or elicitation still open is resolved as cancelled (reason
+  ``server_restarted``): the turn that asked is gone;
 * its prompts: the one that was running when the server stopped gets its terminal
   with ``ServerRestartedError`` (``server_restarted``, policy ``fail``); the queued
   ones take their slots back and run in their order (or fail with
@@ -29,6 +31,7 @@ import logging
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from bridge import events as ev
 from bridge.errors import (
     AgentError,
     BridgeError,
@@ -45,6 +48,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("bridge.restore")
 
 REQUESTED_SESSION_ID_META = "acp-server/requestedSessionId"
+RESTARTED = "server_restarted"
 
 
 async def restore_sessions(bridge: Bridge, journaled: list[RestoredSession]) -> list[str]:
@@ -99,6 +103,7 @@ async def _restore_one(bridge: Bridge, found: RestoredSession) -> None:
     if record.scope == "single":
         bridge._default_session_ids.setdefault(name, sid)
     bridge._journal_session(session)
+    cancel_open_questions(session)
     if agent is not None:
         try:
             session.agent_result = await _restore_at_agent(bridge, session)
@@ -113,6 +118,27 @@ async def _restore_one(bridge: Bridge, found: RestoredSession) -> None:
             session.fail_restored(pending, ServerRestartedError(accepted.prompt_id))
         elif reason is not None:
             session.fail_restored(pending, SessionNotRestorableError(sid, reason))
+
+
+def cancel_open_questions(session: Session) -> None:
+    """Permission requests and elicitations still open at the stop were asked by a turn
+    that is gone: each gets its resolution, cancelled with reason ``server_restarted``
+    (the stream, the console and ``/load`` show it; an answer to it is a 404)."""
+    asked: dict[str, str] = {}
+    for event in session.bus.ring_events():
+        if event.type in (ev.PERMISSION_REQUEST, ev.ELICITATION_REQUEST):
+            asked[event.data.request_id] = event.type
+        elif event.type in (ev.PERMISSION_RESOLVED, ev.ELICITATION_RESOLVED):
+            asked.pop(event.data.request_id, None)
+    sid = session.session_id
+    for request_id, kind in asked.items():
+        if kind == ev.PERMISSION_REQUEST:
+            session.bus.publish(ev.PERMISSION_RESOLVED, ev.PermissionResolved(
+                request_id=request_id, session_id=sid, outcome={"outcome": "cancelled"},
+                reason=RESTARTED))
+        else:
+            session.bus.publish(ev.ELICITATION_RESOLVED, ev.ElicitationResolved(
+                request_id=request_id, session_id=sid, action="cancel", reason=RESTARTED))
 
 
 async def _restore_at_agent(bridge: Bridge, session: Session) -> dict[str, Any]:

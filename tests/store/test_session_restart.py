@@ -183,3 +183,34 @@ async def test_our_sdk_client_across_a_restart(tmp_path: Path, store_name: str) 
                 "server_restarted"]
     finally:
         child.stop()
+
+
+async def test_a_permission_pending_at_the_kill_is_cancelled(tmp_path: Path,
+                                                             store_name: str) -> None:
+    """Policy ``fail``: the turn that asked is gone, so its permission request is
+    resolved as cancelled (``server_restarted``) and the turn fails visibly."""
+    child = ServeProcess(tmp_path, *_flags(tmp_path, store_name)).start()
+    try:
+        async with httpx.AsyncClient(base_url=child.base_url, timeout=10) as client:
+            created = (await client.post("/session", json={"sessionScope": "thread"})).json()
+            sid = created["sessionId"]
+            asked = (await client.post(f"/session/{sid}/prompt",
+                                       json=_prompt("/permission go"))).json()
+            seen = await read_events(client, sid, lambda e: e["type"] == "permission_request",
+                                     last_event_id=0)
+            request_id = seen[-1]["data"]["requestId"]
+        child.kill()
+        child.start()
+        async with httpx.AsyncClient(base_url=child.base_url, timeout=10) as client:
+            after = await read_events(client, sid, _is("turn_error", asked["promptId"]),
+                                      last_event_id=_ids(seen)[-1], epoch=created["eventEpoch"])
+            resolved = [e for e in after if e["type"] == "permission_resolved"]
+            assert [(e["data"]["requestId"], e["data"]["outcome"], e["data"]["reason"])
+                    for e in resolved] == [(request_id, {"outcome": "cancelled"},
+                                            "server_restarted")]
+            vote = await client.post(f"/permission/{request_id}",
+                                     json={"outcome": {"outcome": "selected",
+                                                       "optionId": "allow_once"}})
+            assert vote.status_code == 404
+    finally:
+        child.stop()
