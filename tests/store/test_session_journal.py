@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from bridge import BridgeOptions
+from bridge.agents.reference import ReferenceAgentFactory
 from tests.harness import ServeProcess, local_server
 from tests.lmsp import stores
 from tests.store.faults import faulty
@@ -171,3 +172,37 @@ async def test_an_acp_sdk_client_loads_the_history_after_kill_9(tmp_path: Path,
     finally:
         child.stop()
 
+
+
+class _Forgetful(ReferenceAgentFactory):
+    """The reference agent, minus what restores a session: no load, ids not honoured."""
+
+    async def connect(self, client: Any, task_group: Any) -> Any:
+        conn = await super().connect(client, task_group)
+        original = conn.request
+
+        async def request(method: str, params: Any) -> Any:
+            if method == "session/new":
+                params = {k: v for k, v in params.items() if k != "_meta"}
+            return await original(method, params)
+
+        conn.request = request  # type: ignore[method-assign]
+        return conn
+
+
+async def test_a_session_its_agent_cannot_restore_keeps_its_history(tmp_path: Path) -> None:
+    async with local_server(tmp_path) as srv:
+        sid = (await srv.client.post("/session", json={"sessionScope": "thread"})
+               ).json()["sessionId"]
+        accepted = await srv.client.post(f"/session/{sid}/prompt", json=_prompt("kept"))
+        await _settled(srv.client, sid, accepted.json()["promptId"])
+    async with local_server(tmp_path, agent_factory=_Forgetful()) as srv:
+        assert [s.session_id for s in srv.bridge.list_sessions()] == [sid]
+        loaded = await srv.client.post(f"/session/{sid}/load", json={})
+        assert loaded.status_code == 200
+        said = [e["data"]["update"]["content"]["text"] for e in loaded.json()["compactedReplay"]
+                if e["type"] == "session_update"]
+        assert said == ["kept", "Echo: kept"]
+        refused = await srv.client.post(f"/session/{sid}/prompt", json=_prompt("more"))
+        assert refused.status_code == 409
+        assert refused.json()["code"] == "session_not_restorable"
