@@ -54,7 +54,6 @@ from bridge.errors import (
     AgentProtocolError,
     AgentRequestTimeoutError,
     BranchWhilePromptActiveError,
-    JournalUnavailableError,
     InvalidClientIdError,
     NotSupportedError,
     SessionIdNotHonoredError,
@@ -207,10 +206,11 @@ class Bridge(PromptsAPI):
                 del self._held[sid]
 
     async def _commit_record(self, session: Session, seq: int) -> None:
-        """Wait for a session's record; a failed commit undoes the session."""
+        """Wait for a session's record; a failed commit, or a caller that gives up
+        meanwhile (cancelled), undoes the session."""
         try:
             await self.journal.wait(seq)
-        except JournalUnavailableError:
+        except BaseException:
             self._drop_session(session)
             self._held.pop(session.session_id, None)
             self._record_end(session, deleted=True)   # whatever of it did land

@@ -292,9 +292,12 @@ class EventBus:
         if through <= self._released_id:
             return
         self._released_id = min(through, self._last_id)
+        earliest = self.earliest_available_id
         for subscriber in tuple(self._subscribers):
             if not subscriber._entries or not subscriber.half_full():
                 subscriber._top_up()
+            elif subscriber.next_id < earliest:   # the ring lapped a reader that stopped
+                subscriber._evict("queue_overflow")
         if not self.hold:   # it stops holding: nobody may lag behind direct pushes
             for subscriber in tuple(self._subscribers):
                 subscriber._flush_lag()
