@@ -71,6 +71,7 @@ from bridge import Bridge
 from bridge.errors import (
     BridgeError,
     InvalidPermissionOptionError,
+    JournalUnavailableError,
     PermissionNotFoundError,
     SessionNotFoundError,
 )
@@ -244,6 +245,12 @@ async def _session_prompt(conn: AcpConnection, rpc_id: RpcId, params: dict[str, 
     ticket = conn.bridge.send_prompt(sid, prompt, prompt_id=prompt_id)
     if rpc_id is not None:
         channel.track_prompt(ticket, rpc_id, detached=prompt_id is not None)
+    try:   # a durable journal: committed before it counts as acknowledged
+        await ticket.committed()
+    except JournalUnavailableError:   # settled, slot released: answered here instead
+        channel.prompts.pop(ticket.prompt_id, None)
+        channel.detached.discard(ticket.prompt_id)
+        raise
     return DEFERRED
 
 

@@ -17,6 +17,7 @@ import pytest
 
 from bridge import BridgeOptions
 from bridge.agents.reference import ReferenceAgentFactory
+from tests.acp_http.wsclient import ws_connect
 from tests.harness import ServeProcess, local_server
 from tests.lmsp import stores
 from tests.store.faults import faulty
@@ -206,3 +207,32 @@ async def test_a_session_its_agent_cannot_restore_keeps_its_history(tmp_path: Pa
         refused = await srv.client.post(f"/session/{sid}/prompt", json=_prompt("more"))
         assert refused.status_code == 409
         assert refused.json()["code"] == "session_not_restorable"
+
+
+async def test_acp_a_failed_commit_is_a_json_rpc_store_error(tmp_path: Path,
+                                                             store_name: str) -> None:
+    """``/acp``: a prompt whose commit fails ends with ``errorKind: store_unavailable``
+    and never runs; a ``session/new`` whose record cannot commit is refused the same way."""
+    store = faulty(tmp_path)
+    async with local_server(tmp_path, lmsp_store=store) as srv, \
+            ws_connect(srv.base_url) as ws:
+        await ws.send_json({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                            "params": {"protocolVersion": 1}})
+        await ws.wait_for(lambda m: m.get("id") == 0)
+        new = {"cwd": str(tmp_path), "mcpServers": []}
+        await ws.send_json({"jsonrpc": "2.0", "id": 1, "method": "session/new", "params": new})
+        sid = (await ws.wait_for(lambda m: m.get("id") == 1))["result"]["sessionId"]
+        store.faults.on()
+        await ws.send_json({"jsonrpc": "2.0", "id": 2, "method": "session/prompt", "params": {
+            "sessionId": sid, "prompt": [{"type": "text", "text": "lost"}]}})
+        error = (await ws.wait_for(lambda m: m.get("id") == 2))["error"]
+        assert error["data"]["errorKind"] == "store_unavailable"
+        await ws.send_json({"jsonrpc": "2.0", "id": 3, "method": "session/new", "params": new})
+        refused = (await ws.wait_for(lambda m: m.get("id") == 3))["error"]
+        assert refused["data"]["errorKind"] == "store_unavailable"
+        assert srv.bridge.session_status(sid).pending_prompts == 0
+        store.faults.off()
+        await ws.send_json({"jsonrpc": "2.0", "id": 4, "method": "session/prompt", "params": {
+            "sessionId": sid, "prompt": [{"type": "text", "text": "kept"}]}})
+        done = await ws.wait_for(lambda m: m.get("id") == 4)
+        assert done["result"]["stopReason"] == "end_turn"
