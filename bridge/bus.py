@@ -150,6 +150,10 @@ class Subscription(BoundedFifo[Event]):
             if self.closed:
                 return
 
+    def behind(self) -> int:
+        """Released events this reader has not taken yet (a held bus)."""
+        return self._bus._released_id - self.next_id + 1 + self.items
+
     def _flush_lag(self) -> None:
         """Everything released that it still lacks, uncounted (the bus stops holding or
         closes: bounded by the ring)."""
@@ -346,26 +350,28 @@ class EventBus:
             self._journal_stalled = True
 
     async def _wait_for_laggards(self) -> None:
-        """Flow control on a held bus: readers are fed from the ring, so a reader may
-        fall at most half the ring behind before the publisher waits for it (at most
-        ``flow_wait_s`` in all, as in ``wait_for_readers``)."""
-        limit = self._last_id - (self._ring.maxlen or 1) // 2
+        """Flow control on a held bus: readers are fed from the ring, so what a reader
+        has not taken is ``behind`` (released events it lacks plus its queue). A
+        publisher waits while a reader is more than its ``max_queued`` plus a commit's
+        worth (a quarter ring) behind, at most
+        ``flow_wait_s`` in all (as ``wait_for_readers``); a reader still that far behind
+        then is evicted (``queue_overflow``): a reader that keeps up never is."""
         deadline: float | None = None
+        slack = (self._ring.maxlen or 1) // 4   # a commit's worth: the journal's window
         for subscriber in tuple(self._subscribers):
-            if subscriber.next_id >= limit:
-                subscriber.stalled = False
-                continue
-            if subscriber.stalled:
+            limit = subscriber.max_queued + slack
+            if subscriber.behind() <= limit:
                 continue
             if deadline is None:
                 deadline = anyio.current_time() + self.flow_wait_s
             low = subscriber._low
             assert low is not None
             with anyio.move_on_at(deadline):
-                while not subscriber.closed and subscriber.next_id < limit:
+                while not subscriber.closed and subscriber.behind() > limit:
                     await low.wait()
                 continue
-            subscriber.stalled = True
+            if not subscriber.closed:
+                subscriber._evict("queue_overflow")
 
     def subscribe(self, *, last_event_id: int | None = None, epoch: str | None = None,
                   max_queued: int | None = None, wakeup: Wakeup | None = None) -> Subscription:
