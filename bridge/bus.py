@@ -35,6 +35,15 @@ Contracts:
   and not waited for again until it does (it is warned and evicted as above). So a
   reader that keeps up is never evicted by a burst, and readers that stopped cost a
   publisher ``FLOW_WAIT_S`` once, however many they are.
+* Held (``hold``, a durable session journal, ``bridge.journal``): ``publish`` gives the
+  event its id, puts it in the ring and hands it to ``sink`` (the journal), but readers
+  get it only after ``release(id)`` (its commit landed), in order; replay and
+  ``ring_events`` show released events only. Readers are then fed from the ring as they
+  read (``Subscription._top_up``, up to half their bounds), so a commit of thousands of
+  events never floods one. A publisher that can wait keeps at most a quarter ring
+  uncommitted and waits (``flow_wait_s`` at most) for a reader more than its queue
+  plus a quarter ring behind, evicting it if it stays there; a reader the ring passes
+  is evicted too. No ``slow_client_warning`` in this mode.
 """
 
 from __future__ import annotations
