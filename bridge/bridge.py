@@ -61,16 +61,12 @@ from bridge.errors import (
     WorkspaceMismatchError,
 )
 from bridge.history import session_history
-from bridge.journal import (
-    MemoryJournal,
-    SessionEnded,
-    SessionJournal,
-    SessionOpened,
-)
+from bridge.journal import MemoryJournal, SessionJournal
 from bridge.jsonrpc import RESOURCE_NOT_FOUND
 from bridge.observer import NO_OBSERVER, BridgeObserver
 from bridge.options import BridgeOptions
 from bridge.permissions import PermissionMediator
+from bridge.journaling import Journaling
 from bridge.prompts import PromptsAPI
 from bridge.restore import restore_sessions
 from bridge.session import QueueWaitStats, Session, WorkItem
@@ -83,7 +79,7 @@ REQUESTED_SESSION_ID_META = "acp-server/requestedSessionId"
 MAX_CLOSED_SESSION_HISTORIES = 1024
 
 
-class Bridge(PromptsAPI):
+class Bridge(Journaling, PromptsAPI):
     def __init__(self, agent_factory: AgentFactory, *, workspace_cwd: str,
                  options: BridgeOptions | None = None,
                  agents: Mapping[str, AgentFactory] | None = None,
@@ -171,51 +167,6 @@ class Bridge(PromptsAPI):
             await self.close_session(session_id, reason=reason)
         except SessionNotFoundError:
             pass   # closed meanwhile (e.g. an LMSP task ending during the drain)
-
-    async def _stop_journaling(self) -> None:
-        """A clean stop: commit what is queued, then record nothing more (the sessions
-        closed by the shutdown stay open in the journal, to be restored)."""
-        if not self.journal.durable:
-            return
-        try:
-            await self.journal.aclose()
-        finally:
-            for bus in list(self._held.values()):
-                bus.hold, bus.sink = False, None
-                bus.release(bus.last_event_id)
-            self._held.clear()
-            for session in self._sessions.values():
-                session.unjournal()
-
-    def _journal_session(self, session: Session) -> None:
-        if self.journal.durable and not self._closed:
-            session.journal_to(self.journal)
-            self._held[session.session_id] = session.bus
-
-    def _events_committed(self, records: Any) -> None:
-        """The journal committed these events: readers may see them now."""
-        last: dict[str, int] = {}
-        for record in records:
-            last[record.session_id] = record.event_id
-        for sid, through in last.items():
-            bus = self._held.get(sid)
-            if bus is None:
-                continue
-            bus.release(through)
-            if bus.closed and bus.released_id >= bus.last_event_id:
-                del self._held[sid]
-
-    async def _commit_record(self, session: Session, seq: int) -> None:
-        """Wait for a session's record; a failed commit, or a caller that gives up
-        meanwhile (cancelled), undoes the session."""
-        try:
-            await self.journal.wait(seq)
-        except BaseException:
-            self._drop_session(session)
-            self._held.pop(session.session_id, None)
-            self._record_end(session, deleted=True)   # whatever of it did land
-            self._tasks().start_soon(self._close_at_agent, session, False)
-            raise
 
     def observe(self, observer: BridgeObserver) -> None:
         """Report to ``observer`` (``bridge.observer``) from now on; sessions opened
@@ -427,18 +378,6 @@ class Bridge(PromptsAPI):
             if not registered:
                 self.capacity.release(agent_name)
 
-    async def _record_session(self, session: Session, scope: str) -> None:
-        """Commit the session's record before its creation is answered (a durable
-        journal); ``JournalUnavailableError`` (the session undone) when it fails."""
-        if session.journal is not self.journal or not self.journal.durable:
-            return
-        seq = self.journal.append(SessionOpened(
-            session_id=session.session_id, agent=session.agent_name,
-            cwd=session.workspace_cwd, created_at=session.created_at,
-            epoch=session.bus.epoch, scope=scope, forked_from=session.forked_from,
-            origin=session.origin))
-        await self._commit_record(session, seq)
-
     async def _new_session(self, session_id: str, agent: AgentConnection,
                            agent_name: str, *, origin: str | None = None) -> Session:
         """A started session, then registered: a registered session always runs and
@@ -519,11 +458,6 @@ class Bridge(PromptsAPI):
         session.bus.close()
         session.stop()
         return running
-
-    def _record_end(self, session: Session, *, deleted: bool) -> None:
-        if session.journal.durable:
-            session.journal.append(SessionEnded(session_id=session.session_id,
-                                                at=self.journal_clock(), deleted=deleted))
 
     async def _close_at_agent(self, session: Session, running: bool) -> None:
         agent, sid = session.agent, session.session_id
