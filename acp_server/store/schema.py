@@ -128,7 +128,8 @@ MIGRATIONS: list[Migration] = [
     id TEXT PRIMARY KEY,
     created_at REAL NOT NULL,
     record BLOB NOT NULL,
-    closed_at REAL
+    closed_at REAL,
+    owner TEXT
 );
 CREATE INDEX IF NOT EXISTS sessions_closed ON sessions(closed_at) WHERE closed_at IS NOT NULL;
 CREATE TABLE IF NOT EXISTS session_prompts (
@@ -152,7 +153,8 @@ CREATE TABLE IF NOT EXISTS session_events (
         id TEXT PRIMARY KEY,
         created_at DOUBLE PRECISION NOT NULL,
         record BYTEA NOT NULL,
-        closed_at DOUBLE PRECISION
+        closed_at DOUBLE PRECISION,
+        owner TEXT
     );
     CREATE INDEX sessions_closed ON sessions(closed_at) WHERE closed_at IS NOT NULL;
     CREATE TABLE session_prompts (

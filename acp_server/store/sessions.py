@@ -24,7 +24,9 @@ Contracts (besides ``bridge.journal``'s):
   ``ring_size`` events are kept (older ones are deleted as newer ones commit: a reader
   behind them gets ``ring_evicted``, as from the in-memory ring) and the newest
   ``MAX_PROMPT_TERMINALS`` settled prompts.
-* ``restore`` logs and skips a row it cannot decode.
+* ``restore`` logs and skips a row it cannot decode. On a PostgreSQL store shared by
+  several instances each restores only the sessions it made (``owner``: the store's
+  stable instance id); moving sessions between instances is issue #24's.
 """
 
 from __future__ import annotations
@@ -73,6 +75,8 @@ class StoreSessionJournal:
         self.store = store
         self.ring_size = ring_size
         self.postgres = isinstance(store, PostgresEngine)
+        # A shared (PostgreSQL) store: this instance restores only the sessions it made.
+        self.owner: str | None = store.instance if self.postgres else None
         self.commits = 0
         self._on_events: Callable[[Sequence[EventRecord]], None] = lambda records: None
         self._pending: list[tuple[int, JournalRecord]] = []
@@ -237,9 +241,11 @@ class StoreSessionJournal:
         sql = self._sql
         if isinstance(record, SessionOpened):
             conn.execute(sql(
-                "INSERT INTO sessions(id, created_at, record) VALUES (?,?,?) ON CONFLICT (id) "
-                "DO UPDATE SET record = excluded.record, closed_at = NULL"),
-                (record.session_id, record.created_at, RECORD_ENCODER.encode(record)))
+                "INSERT INTO sessions(id, created_at, record, owner) VALUES (?,?,?,?) "
+                "ON CONFLICT (id) DO UPDATE SET record = excluded.record, closed_at = NULL, "
+                "owner = excluded.owner"),
+                (record.session_id, record.created_at, RECORD_ENCODER.encode(record),
+                 self.owner))
         elif isinstance(record, PromptAccepted):
             conn.execute(sql(
                 "INSERT INTO session_prompts(session_id, prompt_id, seq, record) "
@@ -273,8 +279,9 @@ class StoreSessionJournal:
     def _restore_in(self, conn: Any) -> list[RestoredSession]:
         sql = self._sql
         found: list[RestoredSession] = []
-        for sid, blob, closed_at in conn.execute(
-                "SELECT id, record, closed_at FROM sessions ORDER BY created_at").fetchall():
+        for sid, blob, closed_at in conn.execute(sql(
+                "SELECT id, record, closed_at FROM sessions WHERE owner IS NULL OR owner = ? "
+                "ORDER BY created_at"), (self.owner,)).fetchall():
             try:
                 record = _OPENED.decode(bytes(blob))
             except msgspec.MsgspecError as exc:
