@@ -518,7 +518,7 @@ class Bridge(Journaling, PromptsAPI):
                                      max_queued=max_queued, wakeup=wakeup)
 
     def check_client(self, session_id: str, client_id: str) -> None:
-        if client_id not in self.get_session(session_id).clients:
+        if not self.get_session(session_id).knows_client(client_id):
             raise InvalidClientIdError(session_id, client_id)
 
     def heartbeat(self, session_id: str, client_id: str | None = None) -> float:

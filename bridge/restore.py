@@ -90,6 +90,7 @@ async def _restore_one(bridge: Bridge, found: RestoredSession) -> None:
     session.created_at = record.created_at
     session.forked_from = record.forked_from
     session.origin = record.origin
+    session.restored = True
     session.bus.epoch = str(uuid.uuid4()) if found.gap else record.epoch
     session.bus.restore(found.events, found.last_event_id)
     session.prompt_terminals.extend(found.terminals)

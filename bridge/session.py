@@ -192,6 +192,7 @@ class Session:
         # are refused with SessionNotRestorableError), else None.
         self.not_restorable: str | None = None
         self.replaying = False   # the agent's session/load replay: not published again
+        self.restored = False    # brought back from the journal at start
 
     def journal_to(self, journal: SessionJournal) -> None:
         """Journal this session from now on: its events are held on the bus until
@@ -235,6 +236,18 @@ class Session:
 
     def touch(self) -> None:
         self.last_seen = time.monotonic()
+
+    def knows_client(self, client_id: str) -> bool:
+        """A client id this session issued. A session restored from the journal
+        adopts the ids its clients bring back (they were issued before the restart)."""
+        if client_id in self.clients:
+            return True
+        if self.restored and isinstance(client_id, str) and client_id.startswith("client_"):
+            self.clients[client_id] = time.time()
+            if len(self.clients) > MAX_TRACKED_CLIENTS:
+                del self.clients[next(iter(self.clients))]
+            return True
+        return False
 
     def register_client(self) -> str:
         client_id = f"client_{uuid.uuid4()}"

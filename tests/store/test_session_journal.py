@@ -235,3 +235,20 @@ async def test_acp_a_failed_commit_is_a_json_rpc_store_error(tmp_path: Path,
             "sessionId": sid, "prompt": [{"type": "text", "text": "kept"}]}})
         done = await ws.wait_for(lambda m: m.get("id") == 4)
         assert done["result"]["stopReason"] == "end_turn"
+
+
+async def test_a_restored_session_adopts_its_clients_ids(tmp_path: Path) -> None:
+    """A client id issued before the restart is accepted after it (the SDKs send theirs
+    on every request); on a session never restored an unknown id stays a 400."""
+    async with local_server(tmp_path) as srv:
+        created = (await srv.client.post("/session", json={"sessionScope": "thread"})).json()
+    async with local_server(tmp_path) as srv:
+        headers = {"X-Qwen-Client-Id": created["clientId"]}
+        accepted = await srv.client.post(f"/session/{created['sessionId']}/prompt",
+                                         json=_prompt("again"), headers=headers)
+        assert accepted.status_code == 202
+        await _settled(srv.client, created["sessionId"], accepted.json()["promptId"])
+        fresh = (await srv.client.post("/session", json={"sessionScope": "thread"})).json()
+        refused = await srv.client.post(f"/session/{fresh['sessionId']}/prompt",
+                                        json=_prompt("x"), headers=headers)
+        assert refused.status_code == 400
