@@ -175,6 +175,15 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     serve.add_argument("--store-busy-timeout-ms", default="5000",
                        help="SQLite store: how long a write waits for a lock another process "
                             "holds before it answers 503 (default 5000)")
+    serve.add_argument("--session-journal", default="store", choices=["store", "memory"],
+                       help="where sessions are journaled: store (the default: sessions, "
+                            "their events and every accepted prompt survive a restart, in "
+                            "--store) or memory (nothing survives)")
+    serve.add_argument("--session-on-restart", default="fail", choices=["fail"],
+                       help="the prompt that was running when the server stopped: fail "
+                            "(its terminal is server_restarted; queued prompts still run)")
+    serve.add_argument("--session-retention-ms", default=str(7 * 24 * 3600 * 1000),
+                       help="how long a closed session's journal is kept (default 7 days)")
     add_prompt_arguments(commands.add_parser(
         "prompt", help="send a prompt to a running daemon and stream the reply"))
     add_tasks_arguments(commands.add_parser(
@@ -207,6 +216,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         lmsp_permissions=args.lmsp_permissions, store_lease_ms=args.store_lease_ms,
         store_renew_ms=args.store_renew_ms, store_poll_ms=args.store_poll_ms,
         store_busy_timeout_ms=args.store_busy_timeout_ms,
+        session_journal=args.session_journal, session_on_restart=args.session_on_restart,
+        session_retention_ms=args.session_retention_ms,
         **{flag: getattr(args, flag) for flag in OPTION_FLAGS})
 
 

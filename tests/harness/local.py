@@ -38,7 +38,8 @@ from acp_server.server import Server, open_server
 from acp_server.settings import Settings
 from bridge import Bridge, BridgeOptions
 
-OVERRIDES = ("agent_factory", "lmsp_store", "lmsp_config", "group_commit", "acp_clock")
+OVERRIDES = ("agent_factory", "lmsp_store", "lmsp_config", "group_commit", "acp_clock",
+             "session_clock")
 
 
 @dataclass
