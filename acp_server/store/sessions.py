@@ -80,6 +80,8 @@ def _encode(record: JournalRecord) -> bytes:
 
 def _decode_accepted(blob: bytes) -> PromptAccepted:
     return (_ACCEPTED_JSON if blob[:1] == b"{" else _ACCEPTED).decode(blob)
+
+
 CRITICAL = (SessionOpened, PromptAccepted)
 
 
