@@ -179,9 +179,10 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
                        help="where sessions are journaled: store (the default: sessions, "
                             "their events and every accepted prompt survive a restart, in "
                             "--store) or memory (nothing survives)")
-    serve.add_argument("--session-on-restart", default="fail", choices=["fail"],
+    serve.add_argument("--session-on-restart", default="fail", choices=["fail", "continue"],
                        help="the prompt that was running when the server stopped: fail "
-                            "(its terminal is server_restarted; queued prompts still run)")
+                            "(its terminal is server_restarted) or continue (the restored "
+                            "agent is asked to continue the turn); queued prompts still run")
     serve.add_argument("--session-retention-ms", default=str(7 * 24 * 3600 * 1000),
                        help="how long a closed session's journal is kept (default 7 days)")
     add_prompt_arguments(commands.add_parser(

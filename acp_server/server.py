@@ -36,6 +36,7 @@ Contracts:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -126,7 +127,9 @@ async def open_server(settings: Settings, *, agent_factory: AgentFactory | None 
                 (journal if isinstance(journal, StoreSessionJournal)
                  else contextlib.nullcontext(journal)), \
                 Bridge(agent_factory or settings.agent_factory(children),
-                       workspace_cwd=settings.workspace, options=settings.options,
+                       workspace_cwd=settings.workspace,
+                       options=dataclasses.replace(
+                           settings.options, session_on_restart=settings.session_on_restart),
                        agents=settings.extra_agents(models, children),
                        journal=journal, journal_clock=session_clock or time.time) as bridge, \
                 open_lmsp(bridge, state_dir=settings.state_dir, store=store, store_open=True,

@@ -229,9 +229,9 @@ class Settings:
         if self.session_journal not in ("store", "memory"):
             raise SettingsError(f"Invalid session-journal: {self.session_journal!r}. Must be "
                                 "store or memory.")
-        if self.session_on_restart != "fail":
+        if self.session_on_restart not in ("fail", "continue"):
             raise SettingsError(f"Invalid session-on-restart: {self.session_on_restart!r}. "
-                                "Must be fail (continue is not implemented yet).")
+                                "Must be fail or continue.")
         if isinstance(self.session_retention_ms, bool) \
                 or not isinstance(self.session_retention_ms, int) or self.session_retention_ms < 1:
             raise SettingsError(f"Invalid session-retention: {self.session_retention_ms!r}. "

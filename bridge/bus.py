@@ -40,10 +40,17 @@ Contracts:
   get it only after ``release(id)`` (its commit landed), in order; replay and
   ``ring_events`` show released events only. Readers are then fed from the ring as they
   read (``Subscription._top_up``, up to half their bounds), so a commit of thousands of
-  events never floods one. A publisher that can wait keeps at most a quarter ring
-  uncommitted and waits (``flow_wait_s`` at most) for a reader more than its queue
-  plus a quarter ring behind, evicting it if it stays there; a reader the ring passes
-  is evicted too. No ``slow_client_warning`` in this mode.
+  events never floods one. A reader's backlog is what it has not taken (``behind``);
+  it is evicted (``queue_overflow``) past ``evict_at`` (its ``max_queued`` plus a
+  quarter ring, at most the ring) or when the ring passes it. As in the push mode, it
+  gets one ``slow_client_warning`` when a release brings its backlog to 75 % of
+  ``evict_at`` (``queueSize`` its backlog, ``maxQueued`` ``evict_at``, ``queuedBytes``
+  the backlog's bytes), re-armed once it had drained below 37.5 %, and always one
+  before ``client_evicted``. A publisher that can wait keeps at most a quarter ring
+  uncommitted and waits (``flow_wait_s`` at most) while a reader lags by half of
+  ``evict_at`` or more, counting events not yet committed (``lag``), so a reader that
+  keeps up is never warned however large a commit; one that has not drained by then
+  is ``stalled`` as above and evicted once past ``evict_at``.
 """
 
 from __future__ import annotations
@@ -206,13 +213,48 @@ class Subscription(BoundedFifo[Event]):
             if self.items * 8 < self.max_items * 3 and self.nbytes * 8 < self.max_bytes * 3:  # type: ignore[operator]
                 self._warned = False
         elif self.items * 4 >= self.max_items * 3 or backlog * 4 >= self.max_bytes * 3:  # type: ignore[operator]
-            self._warned = True
-            self.put_uncounted(Event(None, ev.SLOW_CLIENT_WARNING, ev.SlowClientWarning(
-                queue_size=self.items, max_queued=self.max_queued,
-                last_event_id=self.last_queued_id, queued_bytes=self.nbytes,
-                max_queued_bytes=self.max_queued_bytes, threshold=0.75)))
+            self._warn(self.items, self.max_queued, self.nbytes)
+
+    def _warn(self, queue_size: int, max_queued: int, queued_bytes: int) -> None:
+        self._warned = True
+        self.put_uncounted(Event(None, ev.SLOW_CLIENT_WARNING, ev.SlowClientWarning(
+            queue_size=queue_size, max_queued=max_queued, last_event_id=self.last_queued_id,
+            queued_bytes=queued_bytes, max_queued_bytes=self.max_queued_bytes,
+            threshold=0.75)))
+
+    # -- a held bus: the backlog is what the reader has not taken of the ring ----------
+    def evict_at(self) -> int:
+        """A held bus: the backlog (``behind``) past which this reader is evicted, its
+        queue plus a commit's worth (a quarter ring), at most the ring."""
+        ring = self._bus._ring.maxlen or 1
+        return min(self.max_queued + ring // 4, ring)
+
+    def lag(self) -> int:
+        """Published events this reader has not taken, committed or not (a held bus)."""
+        return self._bus._last_id - self.next_id + 1 + self.items
+
+    def _check_backlog(self, released: int) -> None:
+        """A held bus, after a release of ``released`` events: one
+        ``slow_client_warning`` once ``behind`` reaches 75 % of ``evict_at``, re-armed
+        when the reader had drained below 37.5 % before a release (as the push mode
+        does for its queue)."""
+        behind, limit = self.behind(), self.evict_at()
+        if self._warned and (behind - released) * 8 < limit * 3:
+            self._warned = False
+        if not self._warned and behind * 4 >= limit * 3:
+            self._warn_held()
+
+    def _warn_held(self) -> None:
+        bus = self._bus
+        earliest = bus.earliest_available_id
+        backlog = itertools.islice(bus._ring, max(self.next_id - earliest, 0),
+                                   max(bus._released_id + 1 - earliest, 0))
+        self._warn(self.behind(), self.evict_at(),
+                   self.nbytes + sum(event.size for event in backlog))
 
     def _evict(self, reason: str) -> None:
+        if self._bus.hold and not self._warned and not self.closed:
+            self._warn_held()   # a held reader is warned before it is evicted, always
         self.evicted_reason = reason
         self._bus._detach(self)
         if self._bus.on_evict is not None:
@@ -304,13 +346,15 @@ class EventBus:
         each fed from the ring as it reads (``Subscription._top_up``)."""
         if through <= self._released_id:
             return
-        self._released_id = min(through, self._last_id)
+        previous, self._released_id = self._released_id, min(through, self._last_id)
         earliest = self.earliest_available_id
         for subscriber in tuple(self._subscribers):
             if not subscriber._entries or not subscriber.half_full():
                 subscriber._top_up()
             elif subscriber.next_id < earliest:   # the ring lapped a reader that stopped
                 subscriber._evict("queue_overflow")
+            if not subscriber.closed:
+                subscriber._check_backlog(self._released_id - previous)
         if not self.hold:   # it stops holding: nobody may lag behind direct pushes
             for subscriber in tuple(self._subscribers):
                 subscriber._flush_lag()
@@ -359,27 +403,34 @@ class EventBus:
             self._journal_stalled = True
 
     async def _wait_for_laggards(self) -> None:
-        """Flow control on a held bus: readers are fed from the ring, so what a reader
-        has not taken is ``behind`` (released events it lacks plus its queue). A
-        publisher waits while a reader is more than its ``max_queued`` plus a commit's
-        worth (a quarter ring) behind, at most
-        ``flow_wait_s`` in all (as ``wait_for_readers``); a reader still that far behind
-        then is evicted (``queue_overflow``): a reader that keeps up never is."""
+        """Flow control on a held bus, as ``wait_for_readers`` does for queues: a reader's
+        queue is what it has not taken of the ring, its ``lag`` (published events, so
+        that a commit landing at once does not push a reader that keeps up past the
+        warning), and its bound is ``evict_at``. A publisher waits while a reader lags
+        by half of it or more, until it drains below half, at most ``flow_wait_s`` in
+        all; a reader whose committed backlog (``behind``) is still half or more then
+        is ``stalled``, not waited for again until it drains, and evicted
+        (``queue_overflow``) once ``behind`` passes ``evict_at``. While the journal is
+        stalled only the committed backlog counts."""
         deadline: float | None = None
-        slack = (self._ring.maxlen or 1) // 4   # a commit's worth: the journal's window
         for subscriber in tuple(self._subscribers):
-            limit = subscriber.max_queued + slack
-            if subscriber.behind() <= limit:
+            limit = subscriber.evict_at()
+            lag = subscriber.behind if self._journal_stalled else subscriber.lag
+            if lag() * 2 <= limit:
+                subscriber.stalled = False   # it drained: waited for again next time
                 continue
-            if deadline is None:
-                deadline = anyio.current_time() + self.flow_wait_s
-            low = subscriber._low
-            assert low is not None
-            with anyio.move_on_at(deadline):
-                while not subscriber.closed and subscriber.behind() > limit:
-                    await low.wait()
-                continue
-            if not subscriber.closed:
+            if not subscriber.stalled:
+                if deadline is None:
+                    deadline = anyio.current_time() + self.flow_wait_s
+                low = subscriber._low
+                assert low is not None
+                with anyio.move_on_at(deadline):
+                    while not subscriber.closed and lag() * 2 > limit:
+                        await low.wait()
+                    continue
+                # the journal's delay is not the reader's
+                subscriber.stalled = subscriber.behind() * 2 > limit
+            if not subscriber.closed and subscriber.behind() > limit:
                 subscriber._evict("queue_overflow")
 
     def subscribe(self, *, last_event_id: int | None = None, epoch: str | None = None,

@@ -103,6 +103,9 @@ class BridgeOptions:
     # Flow control: the longest a publisher that can wait waits for slow readers
     # (bus.wait_for_readers); 0 = never waits.
     subscriber_flow_wait_ms: int = 500
+    # A journaled session's prompt that was running when the server stopped: "fail"
+    # (its terminal is server_restarted) or "continue" (bridge.restore).
+    session_on_restart: str = "fail"
 
     def __post_init__(self) -> None:
         validate_count_limit("max_pending_prompts_per_session", self.max_pending_prompts_per_session)
@@ -120,6 +123,9 @@ class BridgeOptions:
         validate_positive_ms("cancel_grace_ms", self.cancel_grace_ms)
         validate_int_range("max_prompt_blocks", self.max_prompt_blocks, 1, 1_000_000)
         validate_non_negative_ms("subscriber_flow_wait_ms", self.subscriber_flow_wait_ms)
+        if self.session_on_restart not in ("fail", "continue"):
+            raise InvalidOptionError(f"Invalid session_on_restart: {self.session_on_restart!r}. "
+                                     "Must be fail or continue.")
 
     @property
     def pending_prompt_limit(self) -> int | None:

@@ -16,10 +16,15 @@ For each journaled session that was not closed, in creation order:
   ``SessionNotRestorableError`` (``session_not_restorable``);
 * a permission request or elicitation still open is resolved as cancelled (reason
   ``server_restarted``): the turn that asked is gone;
-* its prompts: the one that was running when the server stopped gets its terminal
-  with ``ServerRestartedError`` (``server_restarted``, policy ``fail``); the queued
-  ones take their slots back and run in their order (or fail with
-  ``session_not_restorable``).
+* its prompts: the one that was running when the server stopped follows
+  ``BridgeOptions.session_on_restart``: ``fail`` gives it its terminal with
+  ``ServerRestartedError`` (``server_restarted``); ``continue`` runs it again, first,
+  under its prompt id, marked ``_meta["acp-server/continued"] = {"reason":
+  "server_restarted"}`` on its echo and on its ``session/prompt``. An agent that
+  restored its session by ``session/load`` (it has the turn so far) is asked to
+  continue it (``CONTINUE_TEXT``); one that came back empty (``session/new``) gets the
+  prompt again. The queued ones take their slots back and run in their order (or
+  all fail with ``session_not_restorable``).
 
 A closed session's prompt terminals are kept for a later cold load. A failure to
 restore one session is logged and never stops the start.
@@ -49,6 +54,8 @@ log = logging.getLogger("bridge.restore")
 
 REQUESTED_SESSION_ID_META = "acp-server/requestedSessionId"
 RESTARTED = "server_restarted"
+CONTINUE_TEXT = ("The server restarted while you were answering the previous prompt; your "
+                 "turn was interrupted. Continue it from where it stopped.")
 
 
 async def restore_sessions(bridge: Bridge, journaled: list[RestoredSession]) -> list[str]:
@@ -79,6 +86,7 @@ async def _restore_one(bridge: Bridge, found: RestoredSession) -> None:
     name = record.agent if record.agent in bridge.agents.names else bridge.agents.default
     agent = None
     reason: str | None = None
+    loaded = False   # the agent restored its own session (session/load)
     try:
         agent = await bridge._ensure_agent(name)
     except BridgeError as exc:
@@ -107,7 +115,7 @@ async def _restore_one(bridge: Bridge, found: RestoredSession) -> None:
     cancel_open_questions(session)
     if agent is not None:
         try:
-            session.agent_result = await _restore_at_agent(bridge, session)
+            session.agent_result, loaded = await _restore_at_agent(bridge, session)
         except Exception as exc:   # noqa: BLE001 - the history stays readable
             reason = str(exc) or type(exc).__name__
     if reason is not None:
@@ -116,7 +124,13 @@ async def _restore_one(bridge: Bridge, found: RestoredSession) -> None:
     for accepted in found.unsettled:
         pending = session.readmit(accepted)
         if accepted.prompt_id in found.started:
-            session.fail_restored(pending, ServerRestartedError(accepted.prompt_id))
+            if reason is None and bridge.options.session_on_restart == "continue":
+                pending.continued = {"reason": RESTARTED}
+                if loaded:
+                    pending.prompt = [{"type": "text", "text": CONTINUE_TEXT}]
+                    pending.text = CONTINUE_TEXT
+            else:
+                session.fail_restored(pending, ServerRestartedError(accepted.prompt_id))
         elif reason is not None:
             session.fail_restored(pending, SessionNotRestorableError(sid, reason))
 
@@ -142,8 +156,9 @@ def cancel_open_questions(session: Session) -> None:
                 request_id=request_id, session_id=sid, action="cancel", reason=RESTARTED))
 
 
-async def _restore_at_agent(bridge: Bridge, session: Session) -> dict[str, Any]:
-    """``session/load``, else a fresh ``session/new`` under the same id."""
+async def _restore_at_agent(bridge: Bridge, session: Session) -> tuple[dict[str, Any], bool]:
+    """``session/load``, else a fresh ``session/new`` under the same id: (the agent's
+    answer, whether it was a load)."""
     sid = session.session_id
     params: dict[str, Any] = {"cwd": bridge.workspace_cwd, "mcpServers": []}
     if bridge.agents.capability(session.agent_name, "loadSession"):
@@ -151,7 +166,7 @@ async def _restore_at_agent(bridge: Bridge, session: Session) -> dict[str, Any]:
         try:
             result = await bridge._agent_request(session.agent, "session/load",
                                                  {**params, "sessionId": sid})
-            return result if isinstance(result, dict) else {}
+            return (result if isinstance(result, dict) else {}), True
         except AgentError as exc:   # it does not know the session (any more)
             log.debug("session %s: session/load refused (%s); a new agent session", sid, exc)
         finally:
@@ -162,4 +177,4 @@ async def _restore_at_agent(bridge: Bridge, session: Session) -> dict[str, Any]:
     if not isinstance(got, str) or got.lower() != sid.lower():
         raise RuntimeError("the agent can neither load the session nor make a new one "
                            "under its id")
-    return result
+    return result, False

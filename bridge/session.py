@@ -74,6 +74,8 @@ NO_JOURNAL = MemoryJournal()
 MAX_TRACKED_CLIENTS = 1024
 PROMPT_TEXT_PREVIEW = 500
 ECHO_SLICE = 64   # prompt blocks echoed between two checkpoints of the event loop
+# ``_meta`` key of a continued turn's echo and ``session/prompt`` (bridge.restore).
+CONTINUED_META = "acp-server/continued"
 
 
 def prompt_text(prompt: list[Any]) -> str:
@@ -86,7 +88,8 @@ def prompt_text(prompt: list[Any]) -> str:
 class PendingPrompt:
     __slots__ = ("prompt_id", "prompt", "text", "queued_at_ms", "admitted_at", "deadline_ms",
                  "state", "was_queued", "ticket", "cancel_requested", "run_scope",
-                 "timer_scope", "unhook_cancel", "client_id", "started_at", "commit_seq")
+                 "timer_scope", "unhook_cancel", "client_id", "started_at", "commit_seq",
+                 "continued")
 
     def __init__(self, prompt_id: str, prompt: list[Any], ticket: PromptTicket,
                  deadline_ms: int | None, was_queued: bool, client_id: str | None) -> None:
@@ -106,6 +109,8 @@ class PendingPrompt:
         self.client_id = client_id
         self.started_at: float | None = None   # monotonic, when its turn started
         self.commit_seq = 0   # its PromptAccepted in a durable journal (0: none)
+        # Set by bridge.restore (policy continue): the turn runs again, marked with it.
+        self.continued: dict[str, str] | None = None
 
     def info(self) -> PendingPromptInfo:
         return PendingPromptInfo(self.prompt_id, self.queued_at_ms, self.text, self.state)
@@ -412,11 +417,16 @@ class Session:
         if pending.was_queued:
             self.bus.publish(ev.PENDING_PROMPT_STARTED, ev.PendingPromptStarted(
                 session_id=sid, prompt_id=pid, text=pending.text), prompt_id=pid)
+        echo: dict[str, Any] = {"source": "bridge-echo"}
+        params: dict[str, Any] = {"sessionId": sid, "prompt": pending.prompt}
+        if pending.continued is not None:   # a turn interrupted by a restart, continued
+            echo[CONTINUED_META] = pending.continued
+            params["_meta"] = {CONTINUED_META: pending.continued}
         with anyio.CancelScope(shield=True):   # bounded: FLOW_WAIT_S per stalled reader
             for i, block in enumerate(pending.prompt):
                 self.bus.publish(ev.SESSION_UPDATE, {"sessionId": sid, "update": {
                     "sessionUpdate": "user_message_chunk", "content": block,
-                    "_meta": {"source": "bridge-echo"}}}, prompt_id=pid)
+                    "_meta": echo}}, prompt_id=pid)
                 await self.bus.wait_for_readers()   # readers that keep up are never evicted
                 if i % ECHO_SLICE == ECHO_SLICE - 1:
                     await anyio.lowlevel.checkpoint()   # a large prompt is echoed in slices
@@ -426,8 +436,7 @@ class Session:
                 pending.run_scope = scope
                 if pending.cancel_requested:  # cancelled between dequeue and here
                     scope.deadline = anyio.current_time() + self.options.cancel_grace_ms / 1000
-                response = await self.agent.request("session/prompt", {"sessionId": sid,
-                                                                      "prompt": pending.prompt})
+                response = await self.agent.request("session/prompt", params)
             if scope.cancelled_caught:
                 outcome = PromptResult("cancelled", {"stopReason": "cancelled"})
             else:

@@ -63,6 +63,25 @@ COMPACT_EVERY = 256   # events per session between two trims of its oldest event
 _OPENED = msgspec.msgpack.Decoder(SessionOpened)
 _ACCEPTED = msgspec.msgpack.Decoder(PromptAccepted)
 _SETTLED = msgspec.msgpack.Decoder(PromptSettled)
+_JSON_RECORD = msgspec.json.Encoder()
+_ACCEPTED_JSON = msgspec.json.Decoder(PromptAccepted)
+
+
+def _encode(record: JournalRecord) -> bytes:
+    """A record in msgpack; one msgpack cannot hold (a prompt with an integer past 64
+    bits: JSON allows any, and the agent gets it unchanged) in JSON, which starts with
+    ``{`` where a msgpack record never does. So a hostile prompt is journaled like any
+    other and never fails a commit that carries other sessions' records."""
+    try:
+        return RECORD_ENCODER.encode(record)
+    except OverflowError:
+        return _JSON_RECORD.encode(record)
+
+
+def _decode_accepted(blob: bytes) -> PromptAccepted:
+    return (_ACCEPTED_JSON if blob[:1] == b"{" else _ACCEPTED).decode(blob)
+
+
 CRITICAL = (SessionOpened, PromptAccepted)
 
 
@@ -244,18 +263,18 @@ class StoreSessionJournal:
                 "INSERT INTO sessions(id, created_at, record, owner) VALUES (?,?,?,?) "
                 "ON CONFLICT (id) DO UPDATE SET record = excluded.record, closed_at = NULL, "
                 "owner = excluded.owner"),
-                (record.session_id, record.created_at, RECORD_ENCODER.encode(record),
+                (record.session_id, record.created_at, _encode(record),
                  self.owner))
         elif isinstance(record, PromptAccepted):
             conn.execute(sql(
                 "INSERT INTO session_prompts(session_id, prompt_id, seq, record) "
                 "VALUES (?,?,?,?) ON CONFLICT DO NOTHING"),
-                (record.session_id, record.prompt_id, record.seq, RECORD_ENCODER.encode(record)))
+                (record.session_id, record.prompt_id, record.seq, _encode(record)))
         elif isinstance(record, PromptSettled):
             conn.execute(sql(
                 "UPDATE session_prompts SET terminal = ?, settled_at = ? "
                 "WHERE session_id = ? AND prompt_id = ?"),
-                (RECORD_ENCODER.encode(record), record.at, record.session_id, record.prompt_id))
+                (_encode(record), record.at, record.session_id, record.prompt_id))
             if hash(record.prompt_id) % 32 == 0:   # now and then: the newest terminals only
                 conn.execute(sql(
                     "DELETE FROM session_prompts WHERE session_id = ? AND terminal IS NOT NULL "
@@ -301,7 +320,7 @@ class StoreSessionJournal:
                                                         stop_reason=t.stop_reason,
                                                         error_code=t.error_code))
                     else:
-                        unsettled.append(_ACCEPTED.decode(bytes(prompt_blob)))
+                        unsettled.append(_decode_accepted(bytes(prompt_blob)))
                 except msgspec.MsgspecError as exc:
                     log.error("session journal: prompt %s of session %s is unreadable (%s): "
                               "skipped", pid, sid, exc)

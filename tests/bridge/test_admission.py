@@ -112,6 +112,7 @@ def test_invalid_option_message_is_exact():
     ("session_idle_timeout_ms", -1), ("session_reap_interval_ms", 2.5),
     ("permission_response_timeout_ms", -1), ("initialize_timeout_ms", 0),
     ("max_subscribers_per_session", 0), ("subscriber_max_queued", 8),
+    ("session_on_restart", "retry"), ("session_on_restart", None),
 ])
 def test_invalid_other_options_rejected(option, value):
     with pytest.raises(InvalidOptionError, match=f"Invalid {option}: "):

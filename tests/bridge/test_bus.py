@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import anyio
+import anyio.lowlevel
 import msgspec
 import pytest
 
@@ -141,3 +143,97 @@ async def test_replay_budget_keeps_newest_events(monkeypatch):
     assert envelope(frames[0]).data["reason"] == "replay_budget_exceeded"
     replayed = [f.id for f in frames if f.id is not None]
     assert replayed == list(range(11 - len(replayed), 11)) and 0 < len(replayed) < 10
+
+
+# -- a held bus (a durable journal): readers fed from the ring ----------------------
+
+def held_bus(**kwargs: object) -> EventBus:
+    bus = EventBus(ring_size=64, max_queued=16, **kwargs)  # type: ignore[arg-type]
+    bus.hold = True   # evict_at: its queue (16) plus a quarter ring (16)
+    return bus
+
+
+async def test_held_reader_warned_at_75_percent_then_evicted():
+    bus = held_bus(flow_wait_s=0)
+    sub = bus.subscribe()
+    assert sub.evict_at() == 32
+    publish(bus, 23)
+    bus.release(23)
+    assert sub.behind() == 23 and len(sub) == 8     # fed half its queue: no warning yet
+    publish(bus, 1)
+    bus.release(24)                                 # 75 % of 32
+    publish(bus, 9)
+    bus.release(33)
+    await bus.wait_for_readers()                    # past evict_at, did not drain: evicted
+    frames = drain(sub)
+    kinds = [f.type for f in frames]
+    assert kinds == ["session_update"] * 8 + ["slow_client_warning", "client_evicted"]
+    assert envelope(frames[8]).data == {
+        "queueSize": 24, "maxQueued": 32, "lastEventId": 8, "threshold": 0.75,
+        "queuedBytes": sum(e.size for e in bus.ring_events()[:24]),
+        "maxQueuedBytes": bus.max_queued_bytes}
+    assert envelope(frames[9]).data["reason"] == "queue_overflow"
+    assert envelope(frames[9]).data["droppedAfter"] == 8
+    assert sub.ended and bus.subscriber_count == 0
+
+
+async def test_held_reader_lapped_by_the_ring_is_warned_first():
+    bus = held_bus()
+    sub = bus.subscribe()
+    publish(bus, 8)
+    bus.release(8)
+    publish(bus, 70)          # the ring (64) passes the reader before any commit lands
+    bus.release(78)
+    kinds = [f.type for f in drain(sub)]
+    assert kinds == ["session_update"] * 8 + ["slow_client_warning", "client_evicted"]
+
+
+async def test_held_warning_rearms_after_draining():
+    bus = held_bus()
+    sub = bus.subscribe()
+    publish(bus, 24)
+    bus.release(24)
+    frames = drain(sub)                              # read it all, fed from the ring
+    assert [f.id for f in frames if f.id is not None] == list(range(1, 25))
+    assert [f.type for f in frames].count("slow_client_warning") == 1
+    publish(bus, 10)
+    bus.release(34)                                  # had drained: re-armed, 10 < 24
+    publish(bus, 14)
+    bus.release(48)                                  # 24 behind again: warned again
+    frames = drain(sub)
+    assert [f.type for f in frames].count("slow_client_warning") == 1
+    assert [f.id for f in frames if f.id is not None] == list(range(25, 49))
+
+
+async def test_held_reader_that_keeps_up_is_never_warned():
+    """A publisher that waits (the in-process agent) against a reader that reads and a
+    journal that commits in its largest batches (a quarter ring): the reader gets
+    every event, no warning, no eviction."""
+    bus = held_bus(flow_wait_s=60)
+    sub = bus.subscribe()
+    total, got = 600, []
+    done = anyio.Event()
+
+    async def publisher() -> None:
+        for i in range(total):
+            bus.publish("session_update", {"n": i})
+            await bus.wait_for_readers()
+        done.set()
+
+    async def journal() -> None:
+        while bus.released_id < total:
+            if done.is_set() or bus.last_event_id - bus.released_id >= 16:
+                bus.release(bus.last_event_id)
+            await anyio.lowlevel.checkpoint()
+
+    async def reader() -> None:
+        async for frame in sub:
+            got.append(frame)
+            if frame.id == total:
+                return
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(reader)
+        tg.start_soon(journal)
+        tg.start_soon(publisher)
+    assert [f.id for f in got] == list(range(1, total + 1))   # no control frame at all

@@ -3,13 +3,17 @@ are capped in content blocks and echoed in slices (REST SSE over real HTTP)."""
 
 from __future__ import annotations
 
+import json
+import socket
 from pathlib import Path
 from typing import Any
 
 import anyio
+import h11
 import pytest
 
 from acp_server.http.body import MAX_JSON_CONTAINERS
+from bridge import BridgeOptions
 from tests.rest.server import RunningServer, running_server, text_prompt
 
 pytestmark = pytest.mark.anyio
@@ -75,6 +79,69 @@ async def test_stopped_reader_is_still_evicted(server: RunningServer) -> None:
         while bus.subscriber_count > 0:                     # the one that stopped: evicted
             await anyio.sleep(0.01)
     await stalled.aclose()
+
+
+def _read_sse(sock: socket.socket) -> list[tuple[str, Any]]:
+    """Every frame of one SSE answer, read to its end (h11 undoes the chunking)."""
+    conn, body = h11.Connection(h11.CLIENT), bytearray()
+    conn.send(h11.Request(method="GET", target="/", headers=[("Host", "x")]))
+    conn.send(h11.EndOfMessage())   # the request was sent by hand: h11 only reads
+    while True:
+        event = conn.next_event()
+        if event is h11.NEED_DATA:
+            conn.receive_data(sock.recv(65536))
+        elif isinstance(event, h11.Data):
+            body += event.data
+        elif isinstance(event, h11.EndOfMessage):
+            break
+    frames = []
+    for block in body.decode().split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line)
+        if "event" in fields:
+            frames.append((fields["event"], json.loads(fields["data"])))
+    return frames
+
+
+async def test_stalled_reader_of_a_journaled_session_is_warned_then_evicted(
+        tmp_path: Path) -> None:
+    """The session journal holds the bus (readers are fed from the ring as they read):
+    a reader that stops reading still gets one ``slow_client_warning`` before
+    ``client_evicted``, as on the in-memory journal. A small ring (evicted 200 events
+    behind), a 5 MB prompt echoed (the kernel's buffers hold 4 MB) and a thousand 5 KB
+    chunks."""
+    async with running_server(tmp_path, options=BridgeOptions(event_ring_size=200)) as server:
+        await _stall_until_evicted(server)
+
+
+async def _stall_until_evicted(server: RunningServer) -> None:
+    sid = (await server.create_session())["sessionId"]
+    bus = server.bridge.get_session(sid).bus
+    assert bus.hold
+    port = int(server.base_url.rsplit(":", 1)[1])
+    # A plain blocking socket, read by nobody until the end (an anyio stream on asyncio
+    # would read the kernel's buffer eagerly into its own), with a small window.
+    stalled = socket.socket()
+    stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    stalled.settimeout(60)
+    await anyio.to_thread.run_sync(stalled.connect, ("127.0.0.1", port))
+    request = f"GET /session/{sid}/events HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode()
+    await anyio.to_thread.run_sync(stalled.sendall, request)
+    with anyio.fail_after(10):
+        while bus.subscriber_count < 1:
+            await anyio.sleep(0.01)
+    assert (await server.prompt(sid, "/chunks 1000 " + "y" * 5_000_000)).status_code == 202
+    with anyio.fail_after(120):
+        while bus.subscriber_count > 0:                     # the reader that stopped
+            await anyio.sleep(0.01)
+    with stalled:
+        frames = await anyio.to_thread.run_sync(_read_sse, stalled)
+    kinds = _kinds(frames)
+    assert kinds.count("slow_client_warning") == 1 and kinds[-1] == "client_evicted"
+    warning = frames[kinds.index("slow_client_warning")][1]["data"]
+    assert warning["threshold"] == 0.75 and warning["queueSize"] * 4 >= warning["maxQueued"] * 3
+    evicted = frames[-1][1]["data"]
+    assert evicted["reason"] == "queue_overflow"
+    assert warning["lastEventId"] <= evicted["droppedAfter"]
 
 
 async def test_content_block_cap_and_sliced_echo(server: RunningServer) -> None:

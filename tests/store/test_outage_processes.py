@@ -1,6 +1,7 @@
 """Real store outages against a real server process (``acp-server serve``): SQLite's
-disk full on a tiny tmpfs, its file locked by another process, its file deleted;
-PostgreSQL restarted (``pg_ctl restart -m fast``) and its backends terminated mid-load.
+disk full on a tiny tmpfs (for tasks, and for the session journal), its file locked by
+another process, its file deleted; PostgreSQL restarted (``pg_ctl restart -m fast``)
+and its backends terminated mid-load.
 
 Every case checks the same contract: the process survives; each answer is a 202 or a
 503 ``store_unavailable`` problem (never a 500, never a dropped connection); every
@@ -333,3 +334,61 @@ def _terminate(application_name: str) -> int:
     return sum(1 for (ok,) in rows if ok)
 
 
+
+
+async def test_sqlite_disk_full_for_sessions(tmp_path: Path) -> None:
+    """The session journal on a full disk (issue #23): a real server whose state folder
+    (the store, the agents' records) is a tmpfs. REST prompts acknowledged before the
+    fill run; while the disk is full a prompt is answered 202 (SQLite reused its WAL's
+    room) or 503 ``store_unavailable`` with ``Retry-After``, never a 500, and the process
+    lives; once the fill is deleted, prompts are accepted again by themselves and every
+    acknowledged one runs."""
+    from tests.store.test_session_restart import read_events
+
+    state = tmp_path / "state"
+    with tmpfs(state, "64m"), server(tmp_path, "--max-pending-prompts-per-session",
+                                     "0") as (proc, url):
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            sid = (await client.post("/session", json={"sessionScope": "thread"})
+                   ).json()["sessionId"]
+
+            async def prompt(text: str) -> httpx.Response:
+                return await client.post(f"/session/{sid}/prompt", json={
+                    "prompt": [{"type": "text", "text": text}]})
+
+            acked = []
+            for n in range(10):
+                answer = await prompt(f"before {n}")
+                assert answer.status_code == 202, answer.text
+                acked.append(answer.json()["promptId"])
+            fill(state / "fill")
+            refused = 0
+            for n in range(500):
+                answer = await prompt(f"while full {n}")
+                if answer.status_code == 202:
+                    acked.append(answer.json()["promptId"])
+                    continue
+                assert answer.status_code == 503, answer.text
+                assert answer.json()["code"] == "store_unavailable"
+                assert answer.headers["retry-after"] == "5"
+                refused += 1
+                if refused == 3:
+                    break
+            assert refused == 3
+            assert proc.returncode is None
+            (state / "fill").unlink()
+            with anyio.fail_after(60):   # no manual step: the store comes back by itself
+                while (answer := await prompt("after")).status_code != 202:
+                    assert answer.status_code == 503, answer.text
+                    assert answer.json()["code"] == "store_unavailable"
+                    await anyio.sleep(0.05)
+            last = answer.json()["promptId"]
+            events = await read_events(
+                client, sid, lambda e: e["type"] == "turn_complete" and e["promptId"] == last,
+                last_event_id=0, timeout=60)
+            done = [e["promptId"] for e in events if e["type"] == "turn_complete"]
+            assert done == [*acked, last]   # every acknowledged prompt ran, in order
+            loaded = (await client.post(f"/session/{sid}/load", json={})).json()
+            terminals = {t["promptId"]: t["terminal"] for t in loaded["promptTerminals"]}
+            assert all(terminals[p] == "completed" for p in [*acked, last])
+            assert proc.returncode is None

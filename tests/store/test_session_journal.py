@@ -252,3 +252,36 @@ async def test_a_restored_session_adopts_its_clients_ids(tmp_path: Path) -> None
         refused = await srv.client.post(f"/session/{fresh['sessionId']}/prompt",
                                         json=_prompt("x"), headers=headers)
         assert refused.status_code == 400
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])   # the server is its own process
+async def test_a_prompt_msgpack_cannot_hold_is_journaled(tmp_path: Path,
+                                                         store_name: str) -> None:
+    """A prompt block with an integer past 64 bits (valid JSON, which msgpack cannot
+    hold) is accepted like any other (202, never 503 ``store_unavailable``), survives a
+    ``kill -9`` queued, and reaches the agent and the stream unchanged after it."""
+    big = 2**70 + 1
+    child = ServeProcess(tmp_path, *_flags(tmp_path, store_name)).start()
+    try:
+        async with httpx.AsyncClient(base_url=child.base_url, timeout=10) as client:
+            sid = (await client.post("/session", json={"sessionScope": "thread"})
+                   ).json()["sessionId"]
+            long = (await client.post(f"/session/{sid}/prompt",
+                                      json=_prompt("/sleep 30s long"))).json()["promptId"]
+            queued = await client.post(
+                f"/session/{sid}/prompt", headers={"content-type": "application/json"},
+                content='{"prompt": [{"type": "text", "text": "queued", "x": %d}]}' % big)
+            assert queued.status_code == 202, queued.text
+            seen = await read_events(client, sid, _is("session_update", long), last_event_id=0)
+        child.kill()   # the big prompt still queued: it comes back from the journal
+        child.start()
+        async with httpx.AsyncClient(base_url=child.base_url, timeout=10) as client:
+            after = await read_events(client, sid,
+                                      _is("turn_complete", queued.json()["promptId"]),
+                                      last_event_id=seen[-1]["id"])
+        echo = [e["data"]["update"]["content"] for e in after
+                if e["type"] == "session_update" and e["promptId"] == queued.json()["promptId"]
+                and e["data"]["update"]["sessionUpdate"] == "user_message_chunk"]
+        assert echo == [{"type": "text", "text": "queued", "x": big}]
+    finally:
+        child.stop()

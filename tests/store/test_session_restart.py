@@ -214,3 +214,55 @@ async def test_a_permission_pending_at_the_kill_is_cancelled(tmp_path: Path,
             assert vote.status_code == 404
     finally:
         child.stop()
+
+
+async def test_continue_runs_the_interrupted_turn_again(tmp_path: Path,
+                                                        store_name: str) -> None:
+    """Policy ``continue``: the turn that was running at the kill runs again under its
+    prompt id (the reference agent came back empty, so it gets its prompt again), its
+    echo marked ``acp-server/continued``; its old permission request is cancelled and
+    asked anew, and once answered the turn completes, then the queued prompt runs."""
+    child = ServeProcess(tmp_path, *_flags(tmp_path, store_name),
+                         "--session-on-restart", "continue").start()
+    try:
+        async with httpx.AsyncClient(base_url=child.base_url, timeout=10) as client:
+            created = (await client.post("/session", json={"sessionScope": "thread"})).json()
+            sid = created["sessionId"]
+            asked = (await client.post(f"/session/{sid}/prompt",
+                                       json=_prompt("/permission go"))).json()
+            queued = (await client.post(f"/session/{sid}/prompt",
+                                        json=_prompt("queued"))).json()
+            seen = await read_events(client, sid, lambda e: e["type"] == "permission_request",
+                                     last_event_id=0)
+            old_request = seen[-1]["data"]["requestId"]
+        child.kill()
+        child.start()
+        async with httpx.AsyncClient(base_url=child.base_url, timeout=10) as client:
+            after = await read_events(client, sid, lambda e: e["type"] == "permission_request",
+                                      last_event_id=_ids(seen)[-1],
+                                      epoch=created["eventEpoch"])
+            assert [(e["type"], e["data"].get("reason")) for e in after
+                    if e["type"] in ("permission_resolved", "turn_error")] == [
+                ("permission_resolved", "server_restarted")]
+            echo = [e for e in after if e["type"] == "session_update"
+                    and e["data"]["update"]["sessionUpdate"] == "user_message_chunk"]
+            assert [(e["promptId"], e["data"]["update"]["content"]["text"],
+                     e["data"]["update"]["_meta"]["acp-server/continued"]) for e in echo] == [
+                (asked["promptId"], "/permission go", {"reason": "server_restarted"})]
+            new_request = after[-1]["data"]["requestId"]
+            assert new_request != old_request and after[-1]["promptId"] == asked["promptId"]
+            vote = await client.post(f"/permission/{new_request}", json={
+                "outcome": {"outcome": "selected", "optionId": "allow_once"}})
+            assert vote.status_code == 200, vote.text
+            rest = await read_events(client, sid, _is("turn_complete", queued["promptId"]),
+                                     last_event_id=_ids(after)[-1],
+                                     epoch=created["eventEpoch"])
+            assert [e["promptId"] for e in rest if e["type"] in ("turn_complete", "turn_error")
+                    ] == [asked["promptId"], queued["promptId"]]
+            assert [e["data"]["stopReason"] for e in rest if e["type"] == "turn_complete"] == [
+                "end_turn", "end_turn"]
+            loaded = (await client.post(f"/session/{sid}/load", json={})).json()
+            terminals = {t["promptId"]: t["terminal"] for t in loaded["promptTerminals"]}
+            assert terminals[asked["promptId"]] == terminals[queued["promptId"]] == "completed"
+    finally:
+        child.stop()
