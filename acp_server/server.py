@@ -9,9 +9,10 @@
 ``open_server`` starts, in this order: the record of agent child processes
 (``ChildRegistry``, stale ones of crashed runs reaped), the models of
 ``--model-server``, the ``Bridge`` and its agents, the LMSP service and its store
-(restart recovery runs before anything is served), the ``/acp`` connection registry,
-the metrics, and the ASGI app over them (``acp_server.app.build_app``). It yields a
-``Server`` holding all of them.
+(restart recovery runs before anything is served), the principals on that store
+(``acp_server.principals``: tokens, rate limits, the audit log), the ``/acp``
+connection registry, the metrics, and the ASGI app over them
+(``acp_server.app.build_app``). It yields a ``Server`` holding all of them.
 
 Contracts:
 
@@ -26,7 +27,8 @@ Contracts:
 * Test overrides (keyword arguments, for tests and benchmarks only): ``agent_factory``
   (the default agent instead of ``settings.agent``), ``lmsp_store`` (an unopened
   ``TaskStore`` instead of ``settings.store_url``), ``lmsp_config``, ``group_commit``,
-  ``acp_clock`` (the ``/acp`` registry's clock). Everything else comes from
+  ``acp_clock`` (the ``/acp`` registry's clock), ``principals_clock`` (the monotonic
+  clock of the rate limits and the token cache). Everything else comes from
   ``settings``.
 """
 
@@ -34,7 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import anyio
@@ -46,6 +48,7 @@ from acp_server.app import build_app
 from acp_server.lmsp import LmspConfig, LmspService, open_lmsp
 from acp_server.store.tasks import TaskStore
 from acp_server.ops.metrics import Metrics
+from acp_server.principals import Gate, Tier, open_principals
 from acp_server.settings import Settings
 from bridge import Bridge
 from bridge.agents.base import AgentFactory
@@ -64,6 +67,7 @@ class Server:
     lmsp: LmspService
     acp: ConnectionRegistry
     metrics: Metrics
+    gate: Gate
 
     async def drain(self) -> None:
         """The front doors, then the sessions, then the agents (see the module docstring)."""
@@ -77,7 +81,9 @@ class Server:
 async def open_server(settings: Settings, *, agent_factory: AgentFactory | None = None,
                       lmsp_store: TaskStore | None = None,
                       lmsp_config: LmspConfig | None = None, group_commit: bool = True,
-                      acp_clock: Clock | None = None) -> AsyncIterator[Server]:
+                      acp_clock: Clock | None = None,
+                      principals_clock: Callable[[], float] | None = None
+                      ) -> AsyncIterator[Server]:
     children = ChildRegistry(settings.children_dir)
     children.reap_stale()   # agents that killed earlier runs left behind
     try:
@@ -93,15 +99,23 @@ async def open_server(settings: Settings, *, agent_factory: AgentFactory | None 
                           group_commit=group_commit, lease_s=settings.store_lease_ms / 1000,
                           renew_s=settings.store_renew_ms / 1000,
                           poll_s=settings.store_poll_ms / 1000,
-                          busy_timeout_s=settings.store_busy_timeout_ms / 1000) as lmsp:
+                          busy_timeout_s=settings.store_busy_timeout_ms / 1000) as lmsp, \
+                open_principals(lmsp.store, bootstrap=settings.token,
+                                limits={k: Tier(v) for k, v in settings.rate_limits.items()},
+                                share_sessions=settings.share_sessions,
+                                audit_prompts=settings.audit_prompts,
+                                audit_retention_s=settings.audit_retention_s,
+                                **({"monotonic": principals_clock} if principals_clock
+                                   else {})) as gate:
             acp = ConnectionRegistry(bridge, max_connections=settings.max_acp_connections,
                                      grace_s=settings.acp_reap_grace_s,
                                      clock=acp_clock or MONOTONIC)
             metrics = Metrics(bridge, acp, task_ttl_s=settings.metrics_task_ttl_s)
             bridge.observe(metrics)
             metrics.watch_lmsp(lmsp)   # task transitions and the task gauge
-            app = build_app(settings, bridge=bridge, acp=acp, lmsp=lmsp, metrics=metrics)
-            server = Server(app, settings, bridge, lmsp, acp, metrics)
+            app = build_app(settings, bridge=bridge, acp=acp, lmsp=lmsp, metrics=metrics,
+                            gate=gate)
+            server = Server(app, settings, bridge, lmsp, acp, metrics, gate)
             try:
                 yield server
             finally:

@@ -76,10 +76,11 @@ def _protocols(ws: WebSocket) -> list[str]:
     return [p.strip() for p in header.split(",") if p.strip()]
 
 
-def handshake_refusal(ws: WebSocket, policy: GuardPolicy) -> Refusal | None:
+async def handshake_refusal(ws: WebSocket, policy: GuardPolicy) -> Refusal | None:
     """The shared guard's answer to this handshake (``GuardPolicy.check``: Host, Origin,
-    the token or the bearer subprotocol, loopback only without a token)."""
-    return policy.check(ws.scope)
+    the credential or the bearer subprotocol, loopback only without one; a stored
+    token not cached is looked up, ``check_async``)."""
+    return await policy.check_async(ws.scope)
 
 
 async def refuse_handshake(ws: WebSocket, refusal: Refusal) -> None:
@@ -113,7 +114,7 @@ class _Socket:
 async def acp_websocket(ws: WebSocket, *, registry: ConnectionRegistry,
                         config: AcpConfig) -> None:
     """``/acp`` over one WebSocket; the registry holds the connection (and the bridge)."""
-    refusal = handshake_refusal(ws, config.guard)
+    refusal = await handshake_refusal(ws, config.guard)
     if refusal is not None:
         await refuse_handshake(ws, refusal)
         return

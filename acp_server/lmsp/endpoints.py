@@ -42,6 +42,7 @@ from acp_server.store.tasks import TERMINAL, CommittedEvent
 from acp_server.lmsp.responses import base_response
 from acp_server.lmsp.wire import DeletedResponse, encode
 from acp_server.http.sse import SseResponse, frame
+from acp_server.principals.model import INFO, MUTATING, PROMPTING, READING, Access
 from acp_server.store.errors import StoreUnavailableError
 
 PREFIX = "/lmsp/v1"
@@ -225,6 +226,18 @@ class EventStream(SseResponse):
                 pass
 
 
+def access(method: str, path: str) -> Access:
+    """What an LMSP request needs of its principal (the front layer applies it):
+    creating a task or a response is a prompt (scope ``prompt``); cancelling one or
+    deleting a response a mutation (scope ``prompt``); reading needs ``read``;
+    ``/capabilities`` any credential."""
+    if method in ("GET", "HEAD"):
+        return INFO if path == PREFIX + "/capabilities" else READING
+    if method == "POST" and path in (PREFIX + "/tasks", PREFIX + "/responses"):
+        return PROMPTING
+    return MUTATING
+
+
 def routes(service: LmspService) -> list[BaseRoute]:
     """Every ``/lmsp/v1`` route, over the service."""
     table: list[tuple[str, dict[str, Endpoint]]] = [
@@ -241,4 +254,4 @@ def routes(service: LmspService) -> list[BaseRoute]:
             for path, methods in table]
 
 
-__all__ = ["routes"]
+__all__ = ["access", "routes"]

@@ -133,9 +133,19 @@ class Heartbeat(msgspec.Struct, omit_defaults=True):
     clientId: str | None = None
 
 
+class CreateTokenBody(msgspec.Struct, forbid_unknown_fields=True):
+    """``POST /tokens`` (admin)."""
+
+    name: str
+    scopes: list[str] = []
+    expires: str | None = None       # 30d, 12h, seconds
+    rateClass: str = "default"       # default | unlimited
+
+
 _decoders: dict[type, msgspec.json.Decoder[Any]] = {
     t: msgspec.json.Decoder(t)
-    for t in (CreateSessionBody, PromptBody, PermissionVoteBody, RestoreBody, EmptyBody)
+    for t in (CreateSessionBody, PromptBody, PermissionVoteBody, RestoreBody, EmptyBody,
+              CreateTokenBody)
 }
 
 
