@@ -94,7 +94,7 @@ async def open_server(settings: Settings, *, agent_factory: AgentFactory | None 
                           workspace_cwd=settings.workspace, options=settings.options,
                           agents=settings.extra_agents(models, children)) as bridge, \
                 open_lmsp(bridge, state_dir=settings.state_dir, store_url=settings.store_url,
-                          store=lmsp_store, token=settings.token,
+                          store=lmsp_store,
                           max_running_tasks=settings.max_running_tasks, config=config,
                           group_commit=group_commit, lease_s=settings.store_lease_ms / 1000,
                           renew_s=settings.store_renew_ms / 1000,

@@ -58,6 +58,7 @@ from acp_server.acp_http.errors import (  # noqa: F401 - re-exported
     encode_bridge_error,
 )
 from acp_server.acp_http.frames import Frame
+from acp_server.principals import LOCAL_CALLER, Caller
 from bridge import Bridge, PromptTicket, Subscription
 from bridge import events as ev
 from bridge.errors import BridgeError, SessionNotFoundError
@@ -301,6 +302,8 @@ class AcpConnection:
         self.in_flight: dict[tuple[type, RpcId], anyio.CancelScope] = {}
         # Set by a WebSocket while attached: called for every new channel.
         self.on_channel: Callable[[SessionChannel], None] | None = None
+        # Who opened it (``initialize``): only the same principal may use it.
+        self.caller: Caller = LOCAL_CALLER
 
     def replies_full(self) -> bool:
         """``REPLY_BUFFER_BYTES`` or more wait in this connection's buffers."""

@@ -63,6 +63,8 @@ from acp_server.acp_http.errors import (  # noqa: F401 - re-exported for the rou
     RequestCancelledError,
     encode_bridge_error,
 )
+from acp_server.principals import Denial
+from acp_server.principals.model import INFO, MUTATING, PROMPTING, READING, Access
 from bridge import Bridge
 from bridge.errors import (
     BridgeError,
@@ -71,9 +73,11 @@ from bridge.errors import (
     SessionNotFoundError,
 )
 from bridge.jsonrpc import (
+    INVALID_REQUEST,
     UNSET,
     Message,
     decode_value,
+    encode_error,
     encode_result,
 )
 from acp_server.acp_http.elicitation import answer_elicitation, offers_elicitation
@@ -134,6 +138,34 @@ def _cwd(params: dict[str, Any]) -> str | None:
     if cwd is not None and not isinstance(cwd, str):
         raise InvalidParamsError('Invalid params: "cwd" must be a string')
     return cwd
+
+
+# -- principals ---------------------------------------------------------------------------
+READ_METHODS = frozenset({"session/list"})
+INFO_METHODS = frozenset({"initialize", "authenticate", "logout"})
+
+
+def message_access(msg: Message) -> Access:
+    """What one JSON-RPC message needs of its principal: ``session/prompt`` is a
+    prompt; ``session/list`` a read; ``initialize``, ``authenticate`` and ``logout``
+    any credential; everything else (new, load, resume, fork, cancel, close, delete,
+    set_*, permission votes, answers to the agent's requests, methods passed to the
+    agent) a mutation that needs ``prompt``."""
+    method = msg.method
+    if not isinstance(method, str):   # a response: an answer to a permission request
+        return MUTATING
+    if method == "session/prompt":
+        return PROMPTING
+    if method in READ_METHODS:
+        return READING
+    return INFO if method in INFO_METHODS else MUTATING
+
+
+def denial_error(rpc_id: RpcId, denial: Denial) -> bytes:
+    """A 403 / 429 of the principals as a JSON-RPC error (``data.errorKind``: its code,
+    with ``requiredScope`` or ``tier`` and ``retryAfterMs``)."""
+    return encode_error(rpc_id, INVALID_REQUEST, denial.message,
+                        {"errorKind": denial.code, **dict(denial.extra)})
 
 
 # -- initialize -------------------------------------------------------------------------

@@ -270,7 +270,7 @@ class PostgresTaskStore(TokenOps, AuditOps, ObservedMoves, PostgresEngine):
 
         return await self._write(op)
 
-    async def list_tasks(self, principal: str, *, status: str | None, after: str | None,
+    async def list_tasks(self, principal: str | None, *, status: str | None, after: str | None,
                          limit: int) -> list[TaskRecord]:
         return await self._read(
             lambda conn: PG.select_page(conn, principal, status, after, limit))

@@ -293,7 +293,7 @@ class SqliteTaskStore(TokenOps, AuditOps, ObservedMoves, GroupCommitStore[sqlite
     async def delete_task(self, task_id: str) -> bool:
         return await self._write(lambda conn, out: SQL.delete_finished(conn, task_id))
 
-    async def list_tasks(self, principal: str, *, status: str | None, after: str | None,
+    async def list_tasks(self, principal: str | None, *, status: str | None, after: str | None,
                          limit: int) -> list[TaskRecord]:
         return await self._read(
             lambda conn: SQL.select_page(conn, principal, status, after, limit))
