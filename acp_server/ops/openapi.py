@@ -58,6 +58,7 @@ from acp_server.ops.openapi_types import (
     TokenCreated,
     TokenList,
     TokensRevoked,
+    WhoAmI,
 )
 from acp_server.rest import wire as rest_wire
 from bridge.events import EventEnvelope
@@ -235,7 +236,9 @@ OPERATIONS: tuple[Op, ...] = (
     Op("GET", "/web/{name}", "A file of the web console (one flat folder, exact names)",
        (Answer(200, "The file", str, HTML, alternatives=STATIC_TYPES),), (404,),
        public=True),
-    # -- principals (admin scope) --
+    # -- principals --
+    Op("GET", "/whoami", "The caller's principal: name, scopes, rate class",
+       (Answer(200, "The principal", WhoAmI),)),
     Op("POST", "/tokens", "Create a stored token (the token is in this answer only)",
        (Answer(201, "The token", TokenCreated),), (400, 409, 413, 503),
        body=W.CreateTokenBody),

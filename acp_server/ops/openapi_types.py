@@ -274,3 +274,13 @@ class RateLimited(msgspec.Struct):
     code: Literal["rate_limit_exceeded"]
     tier: Literal["prompt", "mutation", "read"]
     retryAfterMs: int
+
+
+class WhoAmI(msgspec.Struct):
+    """``GET /whoami``: the caller's principal (``kind``: bootstrap, local or token)."""
+
+    name: str
+    kind: Literal["bootstrap", "local", "token"]
+    scopes: list[Literal["admin", "prompt", "read"]]
+    rateClass: Literal["default", "unlimited"]
+    sharedSessions: bool

@@ -24,7 +24,11 @@ Contracts:
   within ``ttl_s`` even by an instance that missed the notice (another process on
   the same SQLite file, a lost PostgreSQL notice). ``forget`` drops ids at once. It
   holds at most ``max_entries`` ids (the oldest go first). Concurrent misses of one id
-  share one read.
+  share one read. A credential whose digest matched is remembered with its entry
+  (a dict keyed by the whole credential, as bounded): while that entry is fresh, the
+  same bytes are the same principal without parsing or hashing again (Python hashes
+  ``bytes`` with a per-process keyed SipHash, so the lookup's timing tells nothing of
+  the secret; a wrong secret never matches a remembered key and takes the digest path).
 * When the store cannot answer, a cached row past its ``ttl_s`` is still used (the
   store being down, no revocation can be written either); without one ``lookup``
   raises ``StoreUnavailableError`` (the guard answers 503).
@@ -88,6 +92,8 @@ class Authenticator:
         self.stored_tokens = False         # any token ever stored (``refresh``)
         self.used: dict[str, float] = {}   # token id -> last use, not yet written
         self._cache: dict[str, _Entry] = {}
+        # credential -> its entry, once its digest matched (the hot path's shortcut)
+        self._verified: dict[bytes, _Entry] = {}
         self._reading: dict[str, anyio.Event] = {}
         self._used_written_at = 0.0
 
@@ -102,6 +108,13 @@ class Authenticator:
         bootstrap = self._bootstrap
         if bootstrap is not None and hmac.compare_digest(bootstrap, credential):
             return BOOTSTRAP
+        known = self._verified.get(credential)
+        if known is not None and self.monotonic() - known.checked_at < self.ttl_s:
+            record = known.record
+            now = self.clock()
+            if record is not None and (record.expires_at is None or now < record.expires_at):
+                self.used[record.id] = now
+                return known.principal
         if self.store is None:
             return None
         parsed = tokens.parse(credential)
@@ -110,7 +123,7 @@ class Authenticator:
         entry = self._cache.get(parsed[0])
         if entry is None or self.monotonic() - entry.checked_at >= self.ttl_s:
             return MISS
-        return self._verify(entry, parsed[1])
+        return self._verify(entry, parsed[1], credential)
 
     async def lookup(self, credential: bytes) -> Principal | None:
         """``cached``, reading the store on a miss (see the contracts)."""
@@ -120,7 +133,7 @@ class Authenticator:
         parsed = tokens.parse(credential)
         assert parsed is not None and self.store is not None
         entry = await self._read(parsed[0])
-        return self._verify(entry, parsed[1])
+        return self._verify(entry, parsed[1], credential)
 
     async def _read(self, token_id: str) -> _Entry:
         """The store's answer for ``token_id``, cached; a read already under way for it
@@ -157,7 +170,7 @@ class Authenticator:
                 del cache[old]
         cache[token_id] = entry
 
-    def _verify(self, entry: _Entry, secret: bytes) -> Principal | None:
+    def _verify(self, entry: _Entry, secret: bytes, credential: bytes) -> Principal | None:
         record = entry.record
         if record is None:
             tokens.matches(_NO_RECORD, secret)   # the same work as a wrong secret
@@ -166,12 +179,22 @@ class Authenticator:
         if not tokens.matches(record, secret) or not record.live(now):
             return None
         self.used[record.id] = now
+        verified = self._verified
+        if credential not in verified and len(verified) >= self.max_entries:
+            for old in list(verified)[:max(1, self.max_entries // 8)]:
+                del verified[old]
+        verified[credential] = entry
         return entry.principal
 
     # -- changes -----------------------------------------------------------------------
     def forget(self, token_ids: Iterable[str]) -> None:
-        for token_id in token_ids:
+        ids = set(token_ids)
+        for token_id in ids:
             self._cache.pop(token_id, None)
+        if ids:
+            for credential, entry in list(self._verified.items()):
+                if entry.record is not None and entry.record.id in ids:
+                    del self._verified[credential]
 
     def expired_or_revoked(self, token_id: str) -> bool:
         """What the cache says of an id right now (``True`` when refused or unknown)."""

@@ -56,8 +56,9 @@ class RateLimiter:
         self.tiers = {k: t for k, t in tiers.items() if t.per_minute > 0}
         self.clock = clock
         self.max_keys = max_keys
-        # (principal, class) -> [tokens, last refill]
-        self._buckets: dict[tuple[str, str], list[float]] = {}
+        # class -> (capacity, tokens per second, {principal: [tokens, last refill]})
+        self._classes = {k: (t.per_minute, t.rate, {}) for k, t in self.tiers.items()}
+        self._size = 0
         self.refused: dict[str, int] = {k: 0 for k in tiers}
 
     def tier(self, klass: str) -> Tier | None:
@@ -66,31 +67,36 @@ class RateLimiter:
     def take(self, key: str, klass: str) -> float | None:
         """Take one request of ``klass`` for ``key``: ``None`` when allowed, else the
         seconds until one would be."""
-        tier = self.tiers.get(klass)
-        if tier is None:
+        found = self._classes.get(klass)
+        if found is None:
             return None
+        capacity, rate, buckets = found
         now = self.clock()
-        bucket = self._buckets.get((key, klass))
+        bucket = buckets.get(key)
         if bucket is None:
-            if len(self._buckets) >= self.max_keys and not self._sweep(now):
+            if self._size >= self.max_keys and not self._sweep(now):
                 return None   # bounded memory: see the contracts
-            bucket = self._buckets[(key, klass)] = [tier.per_minute, now]
+            bucket = buckets[key] = [capacity, now]
+            self._size += 1
         else:
-            bucket[0] = min(tier.per_minute, bucket[0] + (now - bucket[1]) * tier.rate)
+            tokens = bucket[0] + (now - bucket[1]) * rate
+            bucket[0] = tokens if tokens < capacity else capacity
             bucket[1] = now
         if bucket[0] >= 1:
             bucket[0] -= 1
             return None
         self.refused[klass] = self.refused.get(klass, 0) + 1
-        return (1 - bucket[0]) / tier.rate
+        return (1 - bucket[0]) / rate
 
     def _sweep(self, now: float) -> bool:
         """Drop the buckets that have refilled completely; whether room was made."""
-        full = [key for key, (tokens, at) in self._buckets.items()
-                if tokens + (now - at) * self.tiers[key[1]].rate >= self.tiers[key[1]].per_minute]
-        for key in full:
-            del self._buckets[key]
-        return len(self._buckets) < self.max_keys
+        for capacity, rate, buckets in self._classes.values():
+            full = [key for key, (tokens, at) in buckets.items()
+                    if tokens + (now - at) * rate >= capacity]
+            for key in full:
+                del buckets[key]
+            self._size -= len(full)
+        return self._size < self.max_keys
 
 
 __all__ = ["DEFAULT_TIERS", "RateLimiter", "Tier", "WINDOW_S"]

@@ -8,7 +8,7 @@ The front layer (``acp_server.http.front``) applies it before the route runs (40
 session) is the routes' own check. The rules (``docs/security.md``):
 
 * ``/health`` and heartbeats need nothing and are not counted (as the peer);
-  ``/capabilities``, ``/daemon/status`` and ``/openapi.json`` any credential (class
+  ``/capabilities``, ``/daemon/status``, ``/whoami`` and ``/openapi.json`` any credential (class
   read); ``/metrics`` (when it needs a credential at all), ``/tokens`` and ``/audit``
   the ``admin`` scope.
 * A prompt (``POST /session/{id}/prompt``) needs ``prompt`` and counts as a prompt;
@@ -23,7 +23,7 @@ from __future__ import annotations
 from acp_server.principals.model import (ADMIN_READ, ADMIN_WRITE, INFO, MUTATING, OPEN,
                                          PROMPTING, READING, Access)
 
-INFO_PATHS = frozenset({"/capabilities", "/daemon/status", "/openapi.json"})
+INFO_PATHS = frozenset({"/capabilities", "/daemon/status", "/openapi.json", "/whoami"})
 ADMIN_PREFIXES = ("/tokens", "/audit", "/metrics")
 
 

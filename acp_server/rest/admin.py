@@ -1,4 +1,5 @@
-"""``/tokens`` and ``/audit``: the principals' administration over HTTP (``admin`` scope).
+"""``/tokens`` and ``/audit``: the principals' administration over HTTP (``admin`` scope);
+``/whoami``: the caller's own principal (any credential).
 
     $ curl -s -X POST localhost:4170/tokens -H "Authorization: Bearer $ADMIN" \\
         -d '{"name":"ci","scopes":["prompt","read"],"expires":"30d"}'
@@ -10,6 +11,8 @@
     $ curl -s 'localhost:4170/audit?principal=ci&since=2026-12-01T00:00:00Z&limit=50' …
     {"records":[{"seq":17,"at":1796…,"principal":"ci","action":"session.created",…}],
      "nextCursor":"17"}
+    $ curl -s localhost:4170/whoami -H "Authorization: Bearer $CI"
+    {"name":"ci","kind":"token","scopes":["prompt","read"],"rateClass":"default",…}
 
 Contracts: the front layer has checked the ``admin`` scope (``rest.access``). The
 token is in the creation answer only, never again. A name with a live token is 409
@@ -116,8 +119,18 @@ async def read_audit(request: Request, *, gate: Gate) -> Response:
                                "nextCursor": str(page[-1].seq) if more and page else None})
 
 
+async def whoami(request: Request, *, gate: Gate) -> Response:
+    caller = caller_of(request.scope)
+    principal = caller.principal
+    return json_response(200, {"name": principal.name, "kind": principal.kind,
+                               "scopes": sorted(principal.scopes),
+                               "rateClass": principal.rate_class,
+                               "sharedSessions": gate.share_sessions})
+
+
 def routes(gate: Gate, config: RestConfig) -> list[BaseRoute]:
     return [
+        route("/whoami", whoami, ["GET"], gate=gate),
         route("/tokens", create_token, ["POST"], gate=gate, config=config),
         route("/tokens", list_tokens, ["GET"], gate=gate),
         route("/tokens/{token_name}", revoke_token, ["DELETE"], gate=gate),
