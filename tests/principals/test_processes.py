@@ -143,3 +143,38 @@ async def test_the_token_cli_works_on_the_store_beside_a_running_server(tmp_path
         assert over_http.returncode == 0 and len(over_http.stdout.splitlines()) == 1
         for secret in (token, ops, BOOT):
             assert secret not in server.stderr_text()
+
+
+async def test_tokens_are_never_logged_in_metrics_or_given_to_agents(tmp_path: Path) -> None:
+    """The bootstrap token (from the environment) and a stored token, used and misused:
+    none appears in the request log (text and JSON), in /metrics, or in the
+    environment of the stdio agent the server starts."""
+    env_file = tmp_path / "agent.env"
+    agent = (f"sh -c 'env > {env_file}; exec {sys.executable} -m bridge.agents.reference'")
+    async with ServeProcess(tmp_path, "--agent", agent, "--log-format", "json",
+                            env={"ACP_SERVER_TOKEN": BOOT}) as server:
+        boot = bearer(BOOT)
+        token = (await server.client.post("/tokens", json={"name": "ci"},
+                                          headers=boot)).json()["token"]
+        ci = bearer(token)
+        sid = (await server.client.post("/session", json={"sessionScope": "thread"},
+                                        headers=ci)).json()["sessionId"]
+        assert (await server.client.post(f"/session/{sid}/prompt", headers=ci, json={
+            "prompt": [{"type": "text", "text": "hello"}]})).status_code == 202
+        for wrong in (token[:-2] + "xx", "acps_" + token[5:21] + "_nope", BOOT + "x"):
+            assert (await server.client.get("/capabilities",
+                                            headers=bearer(wrong))).status_code == 401
+        await server.client.get(f"/session/{sid}/status?token={token[:3]}", headers=ci)
+        metrics = (await server.client.get("/metrics", headers=boot)).text
+        audit = (await server.client.get("/audit", headers=boot)).text
+        with anyio.fail_after(10):
+            while not env_file.exists() or "PATH=" not in env_file.read_text():
+                await anyio.sleep(0.05)
+    secret = token.split("_", 2)[2]
+    log = server.stderr_text()
+    assert "GET /capabilities 401" in log or '"status": 401' in log or '"status":401' in log
+    for text, where in ((log, "the log"), (metrics, "/metrics"), (audit, "/audit"),
+                        (env_file.read_text(), "the agent's environment")):
+        for value in (BOOT, token, secret, token[:-2] + "xx"):
+            assert value not in text, (value, where)
+    assert "ACP_SERVER_TOKEN" not in env_file.read_text()
