@@ -1,5 +1,6 @@
 // The console's entry: asks for the token when the daemon wants one, loads
-// /capabilities, then routes on the URL fragment to one view at a time.
+// /capabilities, shows who the tab is (/whoami: its principal and scopes, and a
+// "Change token" button), then routes on the URL fragment to one view at a time.
 //
 //   #/               sessions        #/session/ID    one session
 //   #/tasks          LMSP tasks      #/task/ID       one task
@@ -84,6 +85,21 @@ function route() {
 
 dialog.addEventListener("cancel", (event) => event.preventDefault());
 
+// Who this tab is (GET /whoami): shown in the header, with a way to change the token.
+async function showPrincipal() {
+  const label = document.getElementById("principal");
+  const change = document.getElementById("change-token");
+  try {
+    const me = await request("GET", "/whoami");
+    label.textContent = `${me.name} (${me.scopes.join(", ")})`;
+    label.title = me.kind === "token" ? "a stored token" : `the ${me.kind} principal`;
+    label.hidden = false;
+    change.hidden = me.kind === "local";
+  } catch {
+    label.hidden = true;   // an older server, or none to show
+  }
+}
+
 async function boot() {
   try {
     ctx = { caps: await connect() };
@@ -91,11 +107,19 @@ async function boot() {
     clear(view, h("p", { class: "error", testid: "boot-error" }, errorText(error)));
     return;
   }
+  await showPrincipal();
+  document.getElementById("change-token").addEventListener("click", async () => {
+    setToken(null);
+    await askToken();
+    await showPrincipal();
+    route();
+  });
   document.getElementById("workspace").textContent = ctx.caps.workspaceCwd || "";
   window.addEventListener("hashchange", route);
   window.addEventListener("acp:unauthorized", async () => {
     if (asking) return;   // every refused request of the moment shares one question
-    await askToken("The daemon refused the token.");
+    await askToken("The daemon refused the token (wrong, revoked or expired).");
+    await showPrincipal();
     route();
   });
   route();
