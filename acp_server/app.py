@@ -35,7 +35,7 @@ from acp_server.acp_http import EXCEPTION_HANDLERS as ACP_HANDLERS
 from acp_server.acp_http import routes as acp_routes
 from acp_server.acp_http.errors import render_refusal as acp_refusal
 from acp_server.http.front import Door, FrontLayer, HotRoute
-from acp_server.http.guard import REFUSED
+from acp_server.http.guard import GuardStats
 from acp_server.http.handlers import by_prefix
 from acp_server.http.policy import GuardPolicy
 from acp_server.lmsp import EXCEPTION_HANDLERS as LMSP_HANDLERS
@@ -83,14 +83,14 @@ def guard_policy(settings: Settings, gate: Gate | None = None) -> GuardPolicy:
                        public=public_path if settings.web else None)
 
 
-def rest_config(settings: Settings) -> RestConfig:
+def rest_config(settings: Settings, guard_stats: GuardStats | None = None) -> RestConfig:
     return RestConfig(
         max_body_bytes=settings.max_body_bytes, heartbeat_s=settings.heartbeat_s,
         agent_name=settings.agent_name, token_configured=settings.token is not None,
         require_auth=settings.require_auth, loopback_bind=settings.loopback,
         allow_origins=settings.allow_origins, header_timeout_ms=settings.header_timeout_ms,
         max_connections=settings.max_connections,
-        prompt_deadline_ms=settings.options.prompt_deadline_ms)
+        prompt_deadline_ms=settings.options.prompt_deadline_ms, guard_stats=guard_stats)
 
 
 def acp_config(settings: Settings, guard: GuardPolicy | None = None) -> AcpConfig:
@@ -118,11 +118,16 @@ class _App(Starlette):
 
 
 def build_app(settings: Settings, *, bridge: Bridge, acp: ConnectionRegistry,
-              lmsp: LmspService, metrics: Metrics, gate: Gate | None = None) -> Starlette:
+              lmsp: LmspService, metrics: Metrics, gate: Gate | None = None,
+              guard_stats: GuardStats | None = None) -> Starlette:
+    """``gate``: the principals' gate (stored tokens, scopes, rate limits);
+    ``guard_stats``: the guards' counters (the front layer's and the HTTP
+    server's), reported by ``/daemon/status``."""
+    guard_stats = guard_stats if guard_stats is not None else GuardStats()
     policy = guard_policy(settings, gate)
     # granian cannot cap connections below ASGI: the front layer caps requests in flight
     max_in_flight = settings.max_connections if settings.http.server == "granian" else None
-    config = rest_config(settings)
+    config = rest_config(settings, guard_stats)
     app = _App(exception_handlers=EXCEPTION_HANDLERS)
     app.router = IndexedRouter(routes=[
         *rest_routes(bridge, config, lmsp_permissions=lmsp_permissions(lmsp),
@@ -134,7 +139,7 @@ def build_app(settings: Settings, *, bridge: Bridge, acp: ConnectionRegistry,
     hot = [HotRoute("POST", route, handler) for path, handler in
            fast_routes(bridge, config).items() for route in _routes_at(app.router, path)]
     app.front = lambda stack: FrontLayer(stack, policy, doors=DOORS, observer=recorder,
-                                         max_in_flight=max_in_flight, stats=REFUSED, hot=hot)
+                                         max_in_flight=max_in_flight, stats=guard_stats, hot=hot)
     return app
 
 

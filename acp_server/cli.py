@@ -105,6 +105,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
                             "long, 0 = wait forever (default 0)")
     serve.add_argument("--initialize-timeout-ms",
                        help="how long the agent may take to answer initialize (default 10000)")
+    serve.add_argument("--agent-request-timeout-ms",
+                       help="how long an agent may take to answer session/new, load, resume, "
+                            "fork or close (default 30000)")
     serve.add_argument("--agent", action="append", default=[], metavar="[NAME=]COMMAND",
                        help="the default agent: 'reference' (default) or the command line of a "
                             "stdio ACP agent; NAME=COMMAND adds a named agent (repeatable)")

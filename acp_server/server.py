@@ -45,6 +45,7 @@ from starlette.applications import Starlette
 from acp_server.acp_http import ConnectionRegistry
 from acp_server.acp_http.registry import MONOTONIC, Clock
 from acp_server.app import build_app
+from acp_server.http.guard import GuardStats
 from acp_server.lmsp import LmspConfig, LmspService, open_lmsp
 from acp_server.store.tasks import TaskStore
 from acp_server.ops.metrics import Metrics
@@ -68,6 +69,9 @@ class Server:
     acp: ConnectionRegistry
     metrics: Metrics
     gate: Gate
+    # The connection guard's counters: counted by the HTTP server's guard
+    # (acp_server.http.serving), reported by /daemon/status.
+    guard_stats: GuardStats
 
     async def drain(self) -> None:
         """The front doors, then the sessions, then the agents (see the module docstring)."""
@@ -113,9 +117,10 @@ async def open_server(settings: Settings, *, agent_factory: AgentFactory | None 
             metrics = Metrics(bridge, acp, task_ttl_s=settings.metrics_task_ttl_s)
             bridge.observe(metrics)
             metrics.watch_lmsp(lmsp)   # task transitions and the task gauge
+            guard_stats = GuardStats()
             app = build_app(settings, bridge=bridge, acp=acp, lmsp=lmsp, metrics=metrics,
-                            gate=gate)
-            server = Server(app, settings, bridge, lmsp, acp, metrics, gate)
+                            gate=gate, guard_stats=guard_stats)
+            server = Server(app, settings, bridge, lmsp, acp, metrics, gate, guard_stats)
             try:
                 yield server
             finally:

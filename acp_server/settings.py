@@ -71,6 +71,7 @@ OPTION_FLAGS = {
     "session_reap_interval_ms": "session_reap_interval_ms",
     "permission_response_timeout_ms": "permission_response_timeout_ms",
     "initialize_timeout_ms": "initialize_timeout_ms",
+    "agent_request_timeout_ms": "agent_request_timeout_ms",
     "max_prompt_blocks": "max_prompt_blocks",
 }
 

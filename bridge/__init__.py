@@ -17,10 +17,19 @@ from bridge.errors import *  # noqa: F403
 from bridge.events import Event
 from bridge.errors import InvalidPromptError
 from bridge.options import BridgeOptions
-from bridge.status import BridgeStats, SessionInfo, SessionStatus
+from bridge.status import (
+    AgentStatus,
+    BridgeStats,
+    PromptTerminal,
+    SessionHistory,
+    SessionInfo,
+    SessionStatus,
+)
 from bridge.ticket import PromptResult, PromptTicket
+from bridge.wakeup import Wakeup
 
 __all__ = [
-    "Bridge", "BridgeOptions", "BridgeStats", "CancelToken", "Event", "EventBus", "InvalidPromptError",
-    "PromptResult", "PromptTicket", "SessionInfo", "SessionStatus", "Subscription",
+    "AgentStatus", "Bridge", "BridgeOptions", "BridgeStats", "CancelToken", "Event", "EventBus",
+    "InvalidPromptError", "PromptResult", "PromptTerminal", "PromptTicket", "SessionHistory",
+    "SessionInfo", "SessionStatus", "Subscription", "Wakeup",
 ]

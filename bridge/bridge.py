@@ -8,8 +8,25 @@
         result = await ticket
 
 ``Bridge`` knows nothing of HTTP. Every front door drives it through these methods
-and maps its errors (``bridge.errors``) to wire answers. All agent traffic goes
+and maps its errors (``bridge.errors``) to wire answers; what it reports is typed
+(``bridge.status``), its events are ``bridge.events``. All traffic to one agent goes
 through one shared ``AgentConnection`` (started on first use, restarted after death).
+
+Contracts:
+
+* Every request the bridge awaits from an agent has a deadline: ``initialize``
+  ``initialize_timeout_ms`` (``AgentTimeoutError``); ``session/new``, ``load``,
+  ``resume``, ``fork`` and ``close`` ``agent_request_timeout_ms``
+  (``AgentRequestTimeoutError``). A caller that gives up (is cancelled) releases
+  what it held at once.
+* The session cap: a session takes a slot from the moment it starts being made
+  until it is gone, and each agent gets a share of the cap (``bridge.capacity``), so
+  an agent that hangs or fails never takes another agent's reserve.
+* Agents are isolated: an agent acts only on its own sessions
+  (``bridge.agent_client``), and a ``session/new`` answer naming a live session is
+  refused (``AgentProtocolError``), the live session untouched.
+* ``aclose`` (and leaving ``async with``) closes every live session, whoever else
+  is closing sessions at the same time, then stops the agents.
 """
 
 from __future__ import annotations
@@ -23,28 +40,24 @@ from typing import Any
 
 import anyio
 import anyio.abc
-import msgspec
 
 from bridge import events as ev
-from bridge import fs
+from bridge.agent_client import AgentSide
 from bridge.agent_pool import AgentPool
 from bridge.agents.base import AgentConnection, AgentFactory
 from bridge.bus import Subscription
-from bridge.cancel import CancelToken
+from bridge.capacity import SessionCapacity
 from bridge.elicitation import ElicitationMediator
 from bridge.errors import (
     AgentDiedError,
     AgentError,
+    AgentProtocolError,
+    AgentRequestTimeoutError,
     BranchWhilePromptActiveError,
     InvalidClientIdError,
-    InvalidDeadlineError,
-    InvalidPromptError,
     NotSupportedError,
-    PromptNotFoundError,
     SessionIdNotHonoredError,
-    SessionLimitExceededError,
     SessionNotFoundError,
-    TooManyContentBlocksError,
     WorkspaceMismatchError,
 )
 from bridge.history import session_history
@@ -52,18 +65,18 @@ from bridge.jsonrpc import RESOURCE_NOT_FOUND
 from bridge.observer import NO_OBSERVER, BridgeObserver
 from bridge.options import BridgeOptions
 from bridge.permissions import PermissionMediator
-from bridge.session import QUEUED, QueueWaitStats, Session, WorkItem
-from bridge.status import BridgeStats, PendingPromptInfo, SessionInfo, SessionStatus
-from bridge.ticket import PromptTicket
+from bridge.prompts import PromptsAPI
+from bridge.session import QueueWaitStats, Session, WorkItem
+from bridge.status import AgentStatus, BridgeStats, SessionInfo, SessionStatus
+from bridge.wakeup import Wakeup
 
 log = logging.getLogger("bridge")
 
 REQUESTED_SESSION_ID_META = "acp-server/requestedSessionId"
-CLOSE_AGENT_SESSION_TIMEOUT_S = 2.0
 MAX_CLOSED_SESSION_HISTORIES = 1024
 
 
-class Bridge:
+class Bridge(PromptsAPI):
     def __init__(self, agent_factory: AgentFactory, *, workspace_cwd: str,
                  options: BridgeOptions | None = None,
                  agents: Mapping[str, AgentFactory] | None = None) -> None:
@@ -74,14 +87,16 @@ class Bridge:
         default = getattr(agent_factory, "name", None) or "default"
         self.agents = AgentPool({default: agent_factory, **(agents or {})}, default=default,
                                 initialize_timeout_ms=self.options.initialize_timeout_ms)
-        self._client = _AgentClientAdapter(self)
+        self._clients = {name: AgentSide(self, name) for name in self.agents.names}   # isolated
         self.permissions = PermissionMediator(self.options.permission_response_timeout_ms)
         self.elicitations = ElicitationMediator(self.options.permission_response_timeout_ms)
         self.queue_wait = QueueWaitStats()
         self.observer: BridgeObserver = NO_OBSERVER
         self.started_at = time.time()
         self._sessions: dict[str, Session] = {}
+        self.capacity = SessionCapacity(self.options.session_limit, self.agents.names)
         self._in_flight_spawns = 0
+        self._foreign_dropped = 0
         self._default_session_ids: dict[str, str] = {}   # agent name → its default session
         self._default_spawns: dict[str, anyio.Event] = {}
         # Prompt terminals of closed sessions, for a later cold load (bounded, oldest out).
@@ -100,9 +115,7 @@ class Bridge:
     async def __aexit__(self, *exc_info: Any) -> None:
         stack, self._stack = self._stack, None
         assert stack is not None, "the bridge is not running"
-        # The body's own exception propagates unwrapped; only background-task
-        # failures surface from the task group.
-        await stack.aclose()
+        await stack.aclose()   # the body's own exception propagates unwrapped
 
     @contextlib.asynccontextmanager
     async def _running(self) -> AsyncIterator[None]:
@@ -119,13 +132,22 @@ class Bridge:
                 tg.cancel_scope.cancel()
 
     async def aclose(self) -> None:
-        """Cancel every prompt, close every session, stop the agent."""
+        """Cancel every prompt, close every session (concurrently: one hung agent costs
+        one ``agent_request_timeout_ms``), stop the agents. A session closed meanwhile
+        by someone else (a door, the LMSP runner) is simply skipped."""
         if self._closed:
             return
         self._closed = True
-        for session_id in list(self._sessions):
-            await self.close_session(session_id, reason="shutdown")
+        async with anyio.create_task_group() as tg:
+            for session_id in list(self._sessions):
+                tg.start_soon(self._close_if_live, session_id)
         await self.agents.aclose()
+
+    async def _close_if_live(self, session_id: str, reason: str = "shutdown") -> None:
+        try:
+            await self.close_session(session_id, reason=reason)
+        except SessionNotFoundError:
+            pass   # closed meanwhile (e.g. an LMSP task ending during the drain)
 
     def observe(self, observer: BridgeObserver) -> None:
         """Report to ``observer`` (``bridge.observer``) from now on; sessions opened
@@ -140,27 +162,67 @@ class Bridge:
         return self._task_group
 
     async def _ensure_agent(self, name: str) -> AgentConnection:
-        return await self.agents.ensure(name, self._client, self._tasks())
+        return await self.agents.ensure(name, self._clients[name], self._tasks())
+
+    async def _agent_request(self, agent: AgentConnection, method: str, params: Any) -> Any:
+        """``agent.request`` within ``agent_request_timeout_ms``, else
+        ``AgentRequestTimeoutError`` (a late answer is ignored)."""
+        timeout_ms = self.options.agent_request_timeout_ms
+        with anyio.move_on_after(timeout_ms / 1000):
+            return await agent.request(method, params)
+        raise AgentRequestTimeoutError(method, timeout_ms)
 
     async def forward(self, session_id: str, method: str, params: Any) -> Any:
         """Send an ACP request the bridge has no rule for (``session/set_mode``, ...)
         to the session's agent, unchanged; its answer, unchanged."""
         return await self.get_session(session_id).agent.request(method, params)
 
-    @property
-    def agent_info(self) -> dict[str, Any]:
-        """The default agent's ``initialize`` result."""
-        return self.agents.info(self.agents.default)
+    async def forward_notification(self, session_id: str, method: str, params: Any) -> None:
+        """The same for an ACP notification."""
+        await self.get_session(session_id).agent.notify(method, params)
+
+    def agent_info(self, name: str | None = None) -> dict[str, Any]:
+        """The ``initialize`` answer of agent ``name`` (default: the default agent);
+        empty before its first start. ``AgentNotFoundError`` for an unknown name."""
+        return self.agents.info(self.agents.resolve(name))
+
+    def agent_capability(self, name: str | None, *path: str) -> Any:
+        """One of agent ``name``'s ``agentCapabilities`` (``None`` when not offered),
+        e.g. ``agent_capability("qwen", "sessionCapabilities", "fork")``."""
+        return self.agents.capability(self.agents.resolve(name), *path)
+
+    def list_agents(self) -> list[AgentStatus]:
+        """Every configured agent, in configuration order (the default first)."""
+        counts: dict[str, int] = {}
+        for session in self._sessions.values():
+            counts[session.agent_name] = counts.get(session.agent_name, 0) + 1
+        return [AgentStatus(name=name, default=name == self.agents.default,
+                            state=self.agents.state(name), sessions=counts.get(name, 0),
+                            info=self.agents.info(name)) for name in self.agents.names]
+
+    def _foreign_message(self, agent: str, method: str) -> None:   # bridge.agent_client
+        self._foreign_dropped += 1
+        self.observer.foreign_message_dropped(agent, method)
 
     # -- sessions ------------------------------------------------------------------------
     def get_session(self, session_id: str) -> Session:
+        """The live ``Session`` (the bridge's own object: for the bridge and its tests;
+        doors use ``session_status`` / ``list_sessions``)."""
         session = self._sessions.get(session_id)
         if session is None or session.closing:
             raise SessionNotFoundError(session_id)
         return session
 
+    def has_session(self, session_id: str) -> bool:   # a live session
+        return session_id in self._sessions
+
     def sessions(self) -> list[Session]:
+        """The live ``Session`` objects (see ``get_session``)."""
         return list(self._sessions.values())
+
+    def list_sessions(self) -> list[SessionStatus]:
+        """Every live session's status, in creation order."""
+        return [self._status(session) for session in self._sessions.values()]
 
     def check_workspace(self, cwd: str | None) -> str:
         if cwd is None:
@@ -172,10 +234,13 @@ class Bridge:
             raise WorkspaceMismatchError(self.workspace_cwd, str(cwd))
         return requested
 
-    def _check_session_capacity(self) -> None:
-        limit = self.options.session_limit
-        if limit is not None and len(self._sessions) + self._in_flight_spawns >= limit:
-            raise SessionLimitExceededError(limit)
+    async def wait_for_session_slot(self, agent: str | None = None) -> None:
+        """Return once a session on ``agent`` would not be refused for want of a slot
+        (``SessionLimitExceededError``): for work that queues for a slot rather than
+        failing. Another caller may take the slot first: retry in a loop."""
+        name = self.agents.resolve(agent)
+        while not self.capacity.available(name):
+            await self.capacity.changed.wait()
 
     async def create_session(self, *, cwd: str | None = None, session_id: str | None = None,
                              agent: str | None = None, origin: str | None = None) -> SessionInfo:
@@ -198,7 +263,7 @@ class Bridge:
         name = self.agents.resolve(agent)
         while True:
             sid = self._default_session_ids.get(name)
-            if sid is not None and sid in self._sessions and not self._sessions[sid].closing:
+            if sid is not None and sid in self._sessions:
                 return self._info(self._sessions[sid], attached=True)
             spawning = self._default_spawns.get(name)
             if spawning is None:
@@ -229,7 +294,7 @@ class Bridge:
         self.check_workspace(cwd)
         name = self.agents.resolve(agent)
         with_history = method == "session/load"
-        if session_id in self._sessions and not self._sessions[session_id].closing:
+        if session_id in self._sessions:
             return self._info(self._sessions[session_id], attached=True,
                               with_history=with_history)
         await self._ensure_agent(name)
@@ -246,8 +311,12 @@ class Bridge:
 
     async def _spawn(self, method: str, agent_name: str, *, requested_id: str | None = None,
                      restore_id: str | None = None, fork_of: str | None = None) -> Session:
-        self._check_session_capacity()   # synchronous with the in-flight increment
+        """Make a session on the agent. Its slot (``bridge.capacity``) is taken first,
+        with no await before, and goes to the session once it is registered; a spawn
+        that fails, times out or whose caller gives up releases it."""
+        self.capacity.take(agent_name)
         self._in_flight_spawns += 1
+        registered = False
         try:
             agent = await self._ensure_agent(agent_name)
             params: dict[str, Any] = {"cwd": self.workspace_cwd, "mcpServers": []}
@@ -258,29 +327,39 @@ class Bridge:
             if restore_id is not None:
                 # Register first: session/load replays history as session/update.
                 session = await self._new_session(restore_id, agent, agent_name)
+                registered = True
                 try:
-                    result = await agent.request(method, params)
+                    result = await self._agent_request(agent, method, params)
                 except BaseException:
                     self._drop_session(session)
                     raise
                 session.agent_result = result if isinstance(result, dict) else {}
                 return session
-            result = await agent.request(method, params)
+            result = await self._agent_request(agent, method, params)
             sid = result.get("sessionId") if isinstance(result, dict) else None
             if not isinstance(sid, str) or not sid:
                 raise AgentDiedError(f"Agent answered {method} without a sessionId")
             if requested_id is not None and sid.lower() != requested_id.lower():
                 raise SessionIdNotHonoredError(requested_id, sid)
+            if sid in self._sessions:   # never replace a live session (agent isolation)
+                log.warning("agent %s answered %s with the id of live session %s: refused",
+                            agent_name, method, sid)
+                raise AgentProtocolError(f"Agent answered {method} with the id of a live "
+                                         f"session", agent_name)
             session = await self._new_session(sid, agent, agent_name)
+            registered = True
             session.forked_from = fork_of
             session.agent_result = result
             return session
         finally:
             self._in_flight_spawns -= 1
+            if not registered:
+                self.capacity.release(agent_name)
 
     async def _new_session(self, session_id: str, agent: AgentConnection,
                            agent_name: str) -> Session:
-        """A started session, then registered: a registered session always runs."""
+        """A started session, then registered: a registered session always runs and
+        holds the slot its spawn took."""
         session = Session(session_id, self.workspace_cwd, agent, self.options, self.queue_wait,
                           observer=self.observer)
         session.agent_name = agent_name
@@ -290,6 +369,7 @@ class Bridge:
         if terminals is not None:
             session.prompt_terminals.extend(terminals)
         self._sessions[session_id] = session
+        session.holds_slot = True
         return session
 
     def _cancel_questions(self, session: Session, reason: str) -> None:
@@ -298,7 +378,8 @@ class Bridge:
         self.elicitations.cancel_session(session, reason)
 
     def _forget(self, session: Session) -> None:
-        """Take a closing or dead session out of the registry (and the defaults)."""
+        """Take a closing or dead session out of the registry (and the defaults); its
+        slot is released."""
         session.closing = True
         if self._sessions.get(session.session_id) is session:
             del self._sessions[session.session_id]
@@ -306,6 +387,9 @@ class Bridge:
                 self._closed_terminals[session.session_id] = session.prompt_terminals
                 if len(self._closed_terminals) > MAX_CLOSED_SESSION_HISTORIES:
                     del self._closed_terminals[next(iter(self._closed_terminals))]
+        if session.holds_slot:
+            session.holds_slot = False
+            self.capacity.release(session.agent_name)
         if self._default_session_ids.get(session.agent_name) == session.session_id:
             del self._default_session_ids[session.agent_name]
 
@@ -316,98 +400,62 @@ class Bridge:
 
     def _info(self, session: Session, *, attached: bool,
               with_history: bool = False) -> SessionInfo:
-        session.touch()
-        history = session_history(session) if with_history else None
-        return SessionInfo(
-            session_id=session.session_id, workspace_cwd=session.workspace_cwd,
-            attached=attached, client_id=session.register_client(),
-            created_at=session.created_at, event_epoch=session.bus.epoch,
-            last_event_id=session.bus.last_event_id if history is None else history.last_event_id,
-            has_active_prompt=session.pending_count > 0, forked_from=session.forked_from,
-            agent=session.agent_name, agent_result=session.agent_result, history=history)
+        return session.info(attached, session_history(session) if with_history else None)
 
     async def close_session(self, session_id: str, *, reason: str = "client_close",
                             closed_by: str | None = None) -> None:
+        """Close a live session (``SessionNotFoundError`` otherwise): its prompts fail,
+        its permission requests are cancelled, ``session_closed`` is published and its
+        bus closed, at once; then the agent gets ``session/cancel`` (a turn was running)
+        and ``session/close`` (when offered), awaited at most
+        ``agent_request_timeout_ms``."""
         session = self.get_session(session_id)
+        running = self._close_here(session, reason, closed_by)
+        await self._close_at_agent(session, running)
+
+    def close_session_soon(self, session_id: str, *, reason: str = "client_close",
+                           closed_by: str | None = None) -> None:
+        """``close_session`` without waiting for the agent: the session is closed on
+        the bridge when this returns; the agent is told in the background."""
+        session = self.get_session(session_id)
+        running = self._close_here(session, reason, closed_by)
+        self._tasks().start_soon(self._close_at_agent, session, running)
+
+    def _close_here(self, session: Session, reason: str, closed_by: str | None) -> bool:
+        """The bridge side of a close (synchronous); whether a turn was running."""
         self._forget(session)
         running = session.active is not None
         session.fail_all(session.close_error(reason))
         self._cancel_questions(session, "session_closed")
         session.bus.publish(ev.SESSION_CLOSED, ev.SessionClosed(
-            sessionId=session_id, reason=reason, closedBy=closed_by))
+            session_id=session.session_id, reason=reason, closed_by=closed_by))
         session.bus.close()
         session.stop()
-        agent = session.agent
+        return running
+
+    async def _close_at_agent(self, session: Session, running: bool) -> None:
+        agent, sid = session.agent, session.session_id
         if agent.closed:
             return
-        with anyio.move_on_after(CLOSE_AGENT_SESSION_TIMEOUT_S):
-            try:
-                if running:
-                    await agent.notify("session/cancel", {"sessionId": session_id})
-                if self.agents.capability(session.agent_name, "sessionCapabilities", "close") is not None:
-                    await agent.request("session/close", {"sessionId": session_id})
-            except Exception as exc:
-                log.debug("closing agent session %s: %s", session_id, exc)
+        try:
+            if running:
+                await agent.notify("session/cancel", {"sessionId": sid})
+            if self.agents.capability(session.agent_name, "sessionCapabilities", "close") is not None:
+                await self._agent_request(agent, "session/close", {"sessionId": sid})
+        except Exception as exc:   # the agent's business now: the session is gone here
+            log.debug("closing agent session %s: %s", sid, exc)
 
     def _on_agent_lost(self, error: AgentDiedError) -> None:
         """The agent died: every session on it dies, every pending prompt fails."""
         for session in [s for s in self._sessions.values() if s.agent.closed]:
             self._forget(session)
             session.bus.publish(ev.SESSION_DIED, ev.SessionDied(
-                sessionId=session.session_id, reason="agent_exited", message=str(error),
-                exitCode=error.exit_code))
+                session_id=session.session_id, reason="agent_exited", message=str(error),
+                exit_code=error.exit_code))
             session.fail_all(error)
             self._cancel_questions(session, "session_died")
             session.bus.close()
             session.stop()
-
-    # -- prompts -------------------------------------------------------------------------
-    def send_prompt(self, session_id: str, prompt: list[Any], *, prompt_id: str | None = None,
-                    deadline_ms: int | None = None, cancel: CancelToken | None = None,
-                    client_id: str | None = None) -> PromptTicket:
-        """Admit a prompt or raise, synchronously (see the module contract). Checked in
-        this order: the prompt (``InvalidPromptError``, ``TooManyContentBlocksError``),
-        the deadline (``InvalidDeadlineError``), the session, the client id
-        (``InvalidClientIdError``), then ``Session.admit``."""
-        if not isinstance(prompt, list) or not prompt \
-                or not all(isinstance(block, dict) for block in prompt):
-            raise InvalidPromptError()
-        if len(prompt) > self.options.max_prompt_blocks:
-            raise TooManyContentBlocksError(len(prompt), self.options.max_prompt_blocks)
-        if deadline_ms is not None and not _positive_ms(deadline_ms):
-            raise InvalidDeadlineError(deadline_ms)
-        session = self.get_session(session_id)
-        if client_id is not None and client_id not in session.clients:
-            raise InvalidClientIdError(session_id, client_id)
-        return session.admit(prompt, prompt_id, self._effective_deadline(deadline_ms), client_id,
-                             cancel)
-
-    def _effective_deadline(self, requested_ms: int | None) -> int | None:
-        server_ms = self.options.prompt_deadline_ms
-        if server_ms is None:
-            return None
-        return min(server_ms, requested_ms) if requested_ms is not None else server_ms
-
-    async def cancel_session(self, session_id: str, *, reason: str = "client_cancel") -> bool:
-        """Cancel the active prompt only (queued prompts still run) and the session's
-        pending permission requests; forwards ACP ``session/cancel``. ``True`` if a
-        prompt was running."""
-        return self.get_session(session_id).cancel_active(reason,
-                                                          permission_reason="prompt_cancelled")
-
-    def pending_prompts(self, session_id: str) -> list[PendingPromptInfo]:
-        return [p.info() for p in self.get_session(session_id).pending.values()]
-
-    def remove_pending_prompt(self, session_id: str, prompt_id: str) -> str:
-        """Drop a queued prompt (slot freed) or cancel the running one. Returns the
-        state it was in (``queued`` or ``running``)."""
-        session = self.get_session(session_id)
-        pending = session.pending.get(prompt_id)
-        if pending is None:
-            raise PromptNotFoundError(session_id, prompt_id)
-        state = pending.state
-        session.cancel_prompt(prompt_id, "removed" if state == QUEUED else "client_cancel")
-        return state
 
     # -- branch --------------------------------------------------------------------------
     async def branch_session(self, session_id: str) -> SessionInfo:
@@ -416,7 +464,7 @@ class Bridge:
         session = self.get_session(session_id)
         if session.pending_count > 0:
             raise BranchWhilePromptActiveError(session_id)
-        self._check_session_capacity()
+        self.capacity.check(session.agent_name)
         if self.agents.capability(session.agent_name, "sessionCapabilities", "fork") is None:
             raise NotSupportedError("The agent does not support session/fork")
 
@@ -428,29 +476,18 @@ class Bridge:
         forked: Session = await item.wait()
         return self._info(forked, attached=False)
 
-    # -- permissions ---------------------------------------------------------------------
-    def respond_to_permission(self, request_id: str, outcome: dict[str, Any], *,
-                              session_id: str | None = None,
-                              voter_client_id: str | None = None) -> None:
-        if session_id is not None:
-            self.get_session(session_id)
-        self.permissions.vote(request_id, outcome, session_id=session_id,
-                              voter_client_id=voter_client_id)
-
-    def respond_to_elicitation(self, request_id: str, answer: dict[str, Any], *,
-                               session_id: str | None = None) -> None:
-        """First responder wins (``bridge.elicitation``)."""
-        if session_id is not None:
-            self.get_session(session_id)
-        self.elicitations.respond(request_id, answer, session_id=session_id)
-
     # -- events and clients --------------------------------------------------------------
     def subscribe(self, session_id: str, *, last_event_id: int | None = None,
-                  epoch: str | None = None, max_queued: int | None = None) -> Subscription:
+                  epoch: str | None = None, max_queued: int | None = None,
+                  wakeup: Wakeup | None = None) -> Subscription:
+        """The session's events from now on (or replayed after ``last_event_id`` of
+        ``epoch``, ``bridge.bus``); ``subscription.epoch`` is the bus epoch its ids
+        belong to. ``wakeup`` is set whenever a frame arrives or the subscription
+        ends (for a reader of several sources)."""
         session = self.get_session(session_id)
         session.touch()
         return session.bus.subscribe(last_event_id=last_event_id, epoch=epoch,
-                                     max_queued=max_queued)
+                                     max_queued=max_queued, wakeup=wakeup)
 
     def check_client(self, session_id: str, client_id: str) -> None:
         if client_id not in self.get_session(session_id).clients:
@@ -465,19 +502,10 @@ class Bridge:
         return time.time()
 
     def session_status(self, session_id: str) -> SessionStatus:
-        session = self.get_session(session_id)
-        return SessionStatus(
-            session_id=session.session_id, workspace_cwd=session.workspace_cwd,
-            created_at=session.created_at, client_count=len(session.clients),
-            active_prompt_id=session.active.prompt_id if session.active else None,
-            pending_prompts=session.pending_count, queued_prompts=session.queued_count,
-            pending_permissions=self.permissions.count(session),
-            subscribers=session.bus.subscriber_count, last_event_id=session.bus.last_event_id,
-            event_epoch=session.bus.epoch, agent=session.agent_name,
-            max_pending_prompts=session.limit,
-            active_prompt_text=session.active.text if session.active else None,
-            updated_at=time.time() - max(0.0, time.monotonic() - session.last_seen),
-            origin=session.origin)
+        return self._status(self.get_session(session_id))
+
+    def _status(self, session: Session) -> SessionStatus:
+        return session.status(self.permissions.count(session))
 
     def stats(self) -> BridgeStats:
         sessions = list(self._sessions.values())
@@ -488,7 +516,8 @@ class Bridge:
             pending_prompts=pending, queued_prompts=pending - active, active_prompts=active,
             pending_permissions=self.permissions.pending_count,
             subscribers=sum(s.bus.subscriber_count for s in sessions),
-            prompt_queue_wait=self.queue_wait.snapshot())
+            prompt_queue_wait=self.queue_wait.snapshot(),
+            foreign_messages_dropped=self._foreign_dropped)
 
     # -- the idle reaper -----------------------------------------------------------------
     async def _reaper(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -502,70 +531,10 @@ class Bridge:
         threshold = self.options.session_idle_timeout_ms / 1000
         now = time.monotonic()
         idle = [s.session_id for s in self._sessions.values()
-                if not s.closing and now - s.last_seen >= threshold
+                if now - s.last_seen >= threshold
                 and s.bus.subscriber_count == 0 and s.pending_count == 0
                 and not self.permissions.count(s)]
         for session_id in idle:
             if session_id in self._sessions:
-                await self.close_session(session_id, reason="idle_timeout")
+                await self._close_if_live(session_id, "idle_timeout")
         return idle
-
-
-class _AgentClientAdapter:
-    """The ACP client side the bridge offers its agent."""
-
-    def __init__(self, bridge: Bridge) -> None:
-        self._bridge = bridge
-
-    def session_update(self, session_id: str, params: msgspec.Raw | dict[str, Any]) -> None:
-        session = self._bridge._sessions.get(session_id)
-        if session is None or session.closing:
-            log.debug("dropping session/update for unknown session %s", session_id)
-            return
-        prompt_id = session.active.prompt_id if session.active is not None else None
-        session.bus.publish(ev.SESSION_UPDATE, params, prompt_id=prompt_id)
-
-    async def wait_for_readers(self, session_id: str) -> None:
-        """Flow control for an agent that can wait (the in-process one): see ``bus``."""
-        session = self._bridge._sessions.get(session_id)
-        if session is not None:
-            await session.bus.wait_for_readers()
-
-    async def request_permission(self, session_id: str, params: dict[str, Any]) -> dict[str, Any]:
-        session = self._bridge._sessions.get(session_id)
-        if session is None or session.closing:
-            return {"outcome": {"outcome": "cancelled"}}
-        return await self._bridge.permissions.request(session, params)
-
-    async def create_elicitation(self, session_id: str, params: dict[str, Any]) -> dict[str, Any]:
-        session = self._bridge._sessions.get(session_id)
-        if session is None or session.closing:
-            return {"action": "cancel"}
-        return await self._bridge.elicitations.request(session, params)
-
-    def complete_elicitation(self, session_id: str | None, params: Any) -> None:
-        """``elicitation/complete``: its session by ``sessionId`` or by the URL
-        elicitation it completes; otherwise dropped."""
-        mediator = self._bridge.elicitations
-        session = self._bridge._sessions.get(session_id) if session_id is not None \
-            else mediator.session_of(params.get("elicitationId") if isinstance(params, dict)
-                                     else None)
-        if session is not None and not session.closing and isinstance(params, dict):
-            mediator.complete(session, params)
-
-    async def read_text_file(self, session_id: str, params: dict[str, Any]) -> dict[str, Any]:
-        return await anyio.to_thread.run_sync(fs.read_text_file, self._workspace(session_id), params)
-
-    async def write_text_file(self, session_id: str, params: dict[str, Any]) -> dict[str, Any]:
-        return await anyio.to_thread.run_sync(fs.write_text_file, self._workspace(session_id), params)
-
-    def _workspace(self, session_id: str) -> str:
-        session = self._bridge._sessions.get(session_id)
-        return session.workspace_cwd if session is not None else self._bridge.workspace_cwd
-
-    def connection_lost(self, error: AgentDiedError) -> None:
-        self._bridge._on_agent_lost(error)
-
-
-def _positive_ms(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= 2**31 - 1

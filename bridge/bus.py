@@ -2,11 +2,12 @@
 bounded subscriber queues.
 
     bus = EventBus(ring_size=8000, max_subscribers=64)
-    bus.publish("turn_complete", {"sessionId": sid, "stopReason": "end_turn"}, prompt_id=pid)
+    bus.publish(TURN_COMPLETE, TurnComplete(session_id=sid, stop_reason="end_turn",
+                                            prompt_id=pid), prompt_id=pid)
 
     subscription = bus.subscribe(last_event_id=12, epoch=bus.epoch)
     async for event in subscription:   # replayed events, replay_complete, then live
-        send(event.json)
+        send(wire.envelope(event))
 
 Contracts:
 
@@ -19,8 +20,11 @@ Contracts:
   epoch or a cursor ahead of the bus, ``ring_evicted`` when events after the cursor
   are gone, ``replay_budget_exceeded`` when the replay is over its byte budget) and
   then whatever the ring still holds.
-* A live queue holds at most ``max_queued`` frames, and at most ``max_queued_bytes``
-  bytes besides its newest frame (so one frame larger than the byte bound reaches a
+* Each event is encoded once, at ``publish`` (``bridge.wire.envelope``, kept on the
+  event); its length is the event's ``size``, what the bounds below count.
+* A subscriber's queue is a ``bridge.fifo.BoundedFifo``: it holds at most
+  ``max_queued`` frames, and at most ``max_queued_bytes`` bytes besides its newest
+  frame (so one frame larger than the byte bound reaches a
   reader that reads). At 75 % of either bound the subscriber gets one
   ``slow_client_warning`` (re-armed below 37.5 %); past a bound it gets
   ``client_evicted`` and its stream ends. A slow reader never blocks ``publish``.
@@ -44,158 +48,124 @@ from typing import Any
 import anyio
 
 from bridge import events as ev
+from bridge import wire
 from bridge.errors import SubscriberLimitExceededError
 from bridge.events import Event
+from bridge.fifo import BoundedFifo
+from bridge.wakeup import Wakeup
 
 REPLAY_BUDGET_BYTES = 8 * 1024 * 1024
 FLOW_WAIT_S = 0.5
 
 
-class Subscription:
-    """An async iterator of ``Event`` frames for one reader. ``close()`` ends it."""
+class Subscription(BoundedFifo[Event]):
+    """An async iterator of ``Event`` frames for one reader. ``close()`` ends it.
 
-    def __init__(self, bus: EventBus, max_queued: int, max_queued_bytes: int) -> None:
+    A ``BoundedFifo`` of events with the bus's policy on top: bus events are counted,
+    replayed history and control frames take no room; a reader falling behind is
+    warned, then evicted. ``epoch`` is the bus epoch its event ids belong to;
+    ``wakeup`` (optional) is set whenever a frame arrives or the subscription ends,
+    for a reader that waits on several sources at once."""
+
+    __slots__ = ("_bus", "epoch", "_warned", "last_queued_id", "evicted_reason", "stalled")
+
+    def __init__(self, bus: EventBus, max_queued: int, max_queued_bytes: int,
+                 wakeup: Wakeup | None = None) -> None:
+        super().__init__(max_queued, max_queued_bytes, wakeup=wakeup, low_water=Wakeup())
         self._bus = bus
         self.epoch = bus.epoch
-        self._replay: deque[Event] = deque()
-        self._queue: deque[Event] = deque()
-        self._queued_bytes = 0
-        self._queued_events = 0  # bus events in _queue; control frames are not counted
-        self.max_queued = max_queued
-        self.max_queued_bytes = max_queued_bytes
         self._warned = False
-        self._ended = False  # no more frames will be queued
-        self._wakeup: anyio.Event | None = None
         self.last_queued_id = 0
         self.evicted_reason: str | None = None
         self.stalled = False   # did not drain within FLOW_WAIT_S: publishers do not wait
-        self._drained: anyio.Event | None = None
+
+    @property
+    def max_queued(self) -> int:
+        return self.max_items  # type: ignore[return-value]
+
+    @property
+    def max_queued_bytes(self) -> int:
+        return self.max_bytes  # type: ignore[return-value]
 
     # -- reader side -------------------------------------------------------------
     def __aiter__(self) -> Subscription:
         return self
 
     async def __anext__(self) -> Event:
-        if not await self.wait_ready():
+        if not await self.wait():
             raise StopAsyncIteration
-        event = self.receive_nowait()
+        event = self.get_nowait()
         assert event is not None
         return event
 
-    async def wait_ready(self) -> bool:
-        """Wait until a frame is ready (``True``) or the stream has ended (``False``).
-        Consumes nothing, so it may be cancelled (e.g. by a heartbeat timeout)."""
-        while not (self._replay or self._queue):
-            if self._ended:
-                return False
-            self._wakeup = anyio.Event()
-            await self._wakeup.wait()
-        return True
-
-    def receive_nowait(self) -> Event | None:
-        """The next frame if one is ready, else ``None``."""
-        if self._replay:
-            return self._replay.popleft()
-        if self._queue:
-            event = self._queue.popleft()
-            if event.id is not None:
-                self._queued_events -= 1
-                self._queued_bytes -= len(event.json)
-            if self._warned and self._below_rearm():
-                self._warned = False
-            if not self.half_full():
-                self.stalled = False
-                if self._drained is not None:
-                    self._drained.set()
-                    self._drained = None
-            return event
-        return None
+    # ``wait_ready()``: a frame is ready (``True``) or the stream has ended (``False``);
+    # consumes nothing, so it may be cancelled (e.g. by a heartbeat timeout).
+    # ``receive_nowait()``: the next frame if one is ready, else ``None``.
+    wait_ready = BoundedFifo.wait
+    receive_nowait = BoundedFifo.get_nowait
 
     @property
-    def ended(self) -> bool:
-        return self._ended and not self._replay and not self._queue
+    def ready(self) -> bool:
+        """A frame is queued."""
+        return bool(self._entries)
 
     def close(self) -> None:
         self._bus._detach(self)
-        self._end()
+        BoundedFifo.close(self)
 
     # -- bus side ------------------------------------------------------------------
-    def half_full(self) -> bool:
-        return (self._queued_events * 2 >= self.max_queued
-                or self._queued_bytes * 2 >= self.max_queued_bytes)
-
     async def wait_drained(self, deadline: float) -> bool:
         """Wait until the queue is below half of its bounds; ``False`` if the reader
         did not drain by ``deadline`` (it is then ``stalled``)."""
-        if self._ended or self.stalled or not self.half_full():
-            return True
-        if self._drained is None:
-            self._drained = anyio.Event()
+        low = self._low
+        assert low is not None
         with anyio.move_on_at(deadline):
-            await self._drained.wait()
+            while not self.closed and self.half_full():
+                await low.wait()
             return True
         self.stalled = True
         return False
 
-    def _end(self) -> None:
-        self._ended = True
-        self._wake()
-        if self._drained is not None:
-            self._drained.set()
-            self._drained = None
-
-    def _wake(self) -> None:
-        if self._wakeup is not None:
-            self._wakeup.set()
-            self._wakeup = None
-
-    def _below_rearm(self) -> bool:
-        return (self._queued_events * 8 < self.max_queued * 3
-                and self._queued_bytes * 8 < self.max_queued_bytes * 3)
-
     def _push(self, event: Event) -> None:
-        if self._ended:
+        backlog = self.nbytes   # the byte bound applies to what precedes the newest
+        if not self.put_nowait(event, event.size):
+            if not self.closed:
+                self._evict("queue_overflow" if self.overflow() == "items"
+                            else "queue_bytes_overflow")
             return
-        size = len(event.json)
-        backlog = self._queued_bytes   # the byte bound applies to what precedes the newest
-        if self._queued_events >= self.max_queued:
-            self._evict("queue_overflow")
-            return
-        if backlog > self.max_queued_bytes:
-            self._evict("queue_bytes_overflow")
-            return
-        self._queue.append(event)
-        self._queued_events += 1
-        self._queued_bytes += size
         self.last_queued_id = event.id  # type: ignore[assignment]  # bus events have ids
-        if not self._warned and (self._queued_events * 4 >= self.max_queued * 3
-                                 or backlog * 4 >= self.max_queued_bytes * 3):
+        if self._warned:   # re-armed once below 37.5 % of both bounds
+            if self.items * 8 < self.max_items * 3 and self.nbytes * 8 < self.max_bytes * 3:  # type: ignore[operator]
+                self._warned = False
+        elif self.items * 4 >= self.max_items * 3 or backlog * 4 >= self.max_bytes * 3:  # type: ignore[operator]
             self._warned = True
-            self._queue.append(Event.build(None, ev.SLOW_CLIENT_WARNING, ev.SlowClientWarning(
-                queueSize=self._queued_events, maxQueued=self.max_queued,
-                lastEventId=self.last_queued_id, queuedBytes=self._queued_bytes,
-                maxQueuedBytes=self.max_queued_bytes, threshold=0.75)))
-        self._wake()
+            self.put_uncounted(Event(None, ev.SLOW_CLIENT_WARNING, ev.SlowClientWarning(
+                queue_size=self.items, max_queued=self.max_queued,
+                last_event_id=self.last_queued_id, queued_bytes=self.nbytes,
+                max_queued_bytes=self.max_queued_bytes, threshold=0.75)))
 
     def _evict(self, reason: str) -> None:
         self.evicted_reason = reason
         self._bus._detach(self)
         if self._bus.on_evict is not None:
             self._bus.on_evict()
-        self._queue.append(Event.build(None, ev.CLIENT_EVICTED, ev.ClientEvicted(
-            reason=reason, droppedAfter=self.last_queued_id, queueSize=self._queued_events,
-            maxQueued=self.max_queued, queuedBytes=self._queued_bytes,
-            maxQueuedBytes=self.max_queued_bytes)))
-        self._end()
+        self.put_uncounted(Event(None, ev.CLIENT_EVICTED, ev.ClientEvicted(
+            reason=reason, dropped_after=self.last_queued_id, queue_size=self.items,
+            max_queued=self.max_queued, queued_bytes=self.nbytes,
+            max_queued_bytes=self.max_queued_bytes)))
+        BoundedFifo.close(self)
 
 
 class EventBus:
     def __init__(self, *, ring_size: int = 8000, max_subscribers: int = 64,
                  max_queued: int = 256, max_queued_bytes: int = 2 * 1024 * 1024,
                  flow_wait_s: float = FLOW_WAIT_S, session_id: str = "",
-                 on_evict: Callable[[], None] | None = None) -> None:
+                 on_evict: Callable[[], None] | None = None,
+                 epoch: str | None = None) -> None:
+        """``epoch``: the epoch to continue (a restored session's); a fresh one by
+        default."""
         self.flow_wait_s = flow_wait_s
-        self.epoch = str(uuid.uuid4())
+        self.epoch = epoch or str(uuid.uuid4())
         self.on_evict = on_evict   # called once per evicted subscriber
         self.session_id = session_id
         self._ring: deque[Event] = deque(maxlen=ring_size)
@@ -228,8 +198,9 @@ class EventBus:
         if self.closed:
             return None
         self._last_id += 1
-        event = Event.build(self._last_id, type_, data, prompt_id=prompt_id,
-                            originator_client_id=originator_client_id)
+        event = Event(self._last_id, type_, data, prompt_id=prompt_id,
+                      originator_client_id=originator_client_id)
+        event.size = len(wire.envelope(event))   # encoded once, here, for every door
         self._ring.append(event)
         for subscriber in tuple(self._subscribers):
             subscriber._push(event)
@@ -241,21 +212,26 @@ class EventBus:
         readers."""
         deadline: float | None = None
         for subscriber in tuple(self._subscribers):
-            if subscriber.stalled or not subscriber.half_full():
+            if not subscriber.half_full():
+                subscriber.stalled = False   # it drained: waited for again next time
+                continue
+            if subscriber.stalled:
                 continue
             if deadline is None:
                 deadline = anyio.current_time() + self.flow_wait_s
             await subscriber.wait_drained(deadline)
 
     def subscribe(self, *, last_event_id: int | None = None, epoch: str | None = None,
-                  max_queued: int | None = None) -> Subscription:
+                  max_queued: int | None = None, wakeup: Wakeup | None = None) -> Subscription:
         if len(self._subscribers) >= self.max_subscribers:
             raise SubscriberLimitExceededError(self.session_id, self.max_subscribers)
-        subscription = Subscription(self, max_queued or self.max_queued, self.max_queued_bytes)
+        subscription = Subscription(self, max_queued or self.max_queued, self.max_queued_bytes,
+                                    wakeup)
         if last_event_id is not None:
-            subscription._replay.extend(self._replay_frames(last_event_id, epoch))
+            for frame in self._replay_frames(last_event_id, epoch):
+                subscription.put_uncounted(frame)
         if self.closed:
-            subscription._end()
+            BoundedFifo.close(subscription)
         else:
             self._subscribers.append(subscription)
         return subscription
@@ -265,7 +241,7 @@ class EventBus:
         self.closed = True
         subscribers, self._subscribers = self._subscribers, []
         for subscriber in subscribers:
-            subscriber._end()
+            BoundedFifo.close(subscriber)
 
     def _detach(self, subscription: Subscription) -> None:
         try:
@@ -288,21 +264,21 @@ class EventBus:
             replay = list(self._ring)
         else:
             replay = list(itertools.islice(self._ring, cursor + 1 - earliest, None))
-        total = sum(len(event.json) for event in replay)
+        total = sum(event.size for event in replay)
         if total > REPLAY_BUDGET_BYTES:   # keep the newest events that fit the budget
             start = 0
             while start < len(replay) and total > REPLAY_BUDGET_BYTES:
-                total -= len(replay[start].json)
+                total -= replay[start].size
                 start += 1
             replay = replay[start:]
             resync = ("replay_budget_exceeded", None)
         if resync is not None:
-            frames.append(Event.build(None, ev.STATE_RESYNC_REQUIRED, ev.StateResyncRequired(
-                reason=resync[0], detail=resync[1], lastDeliveredId=cursor,
-                earliestAvailableId=replay[0].id if replay else self._last_id + 1)))
+            frames.append(Event(None, ev.STATE_RESYNC_REQUIRED, ev.StateResyncRequired(
+                reason=resync[0], detail=resync[1], last_delivered_id=cursor,
+                earliest_available_id=replay[0].id if replay else self._last_id + 1)))  # type: ignore[arg-type]
         frames.extend(replay)
         last_replayed = replay[-1].id if replay else min(cursor, self._last_id)
-        frames.append(Event.build(None, ev.REPLAY_COMPLETE, ev.ReplayComplete(
-            lastReplayedEventId=last_replayed, lastEventId=last_replayed,  # type: ignore[arg-type]
-            replayedCount=len(replay))))
+        frames.append(Event(None, ev.REPLAY_COMPLETE, ev.ReplayComplete(
+            last_replayed_event_id=last_replayed, last_event_id=last_replayed,  # type: ignore[arg-type]
+            replayed_count=len(replay))))
         return frames

@@ -13,7 +13,9 @@ a string (``accept``, ``decline``, ``cancel``, or an extension) raises
 always set: an elicitation nobody answers must not hold a turn forever), a cancel, a
 close or the agent's death resolve it as ``{"action": "cancel"}``. Each resolution
 publishes one ``elicitation_resolved``. The agent's ``elicitation/complete`` (a URL
-elicitation finished) is published as ``elicitation_complete``, unchanged.
+elicitation finished) is published as ``elicitation_complete``, its params unchanged.
+The events are typed (``bridge.events.ElicitationRequest``, ``ElicitationResolved``,
+``ElicitationComplete``); their wire shape is ``bridge.wire``'s.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from bridge import events as ev
 from bridge.errors import BridgeError
 
 if TYPE_CHECKING:
@@ -34,16 +37,13 @@ DEFAULT_TIMEOUT_MS = 600_000
 MAX_PENDING_PER_SESSION = 16
 MAX_REMEMBERED = 1024
 
-from bridge.events import (  # noqa: E402 - the event names live with the others
-    ELICITATION_COMPLETE,
-    ELICITATION_REQUEST,
-    ELICITATION_RESOLVED,
-)
+ELICITATION_COMPLETE = ev.ELICITATION_COMPLETE
+ELICITATION_REQUEST = ev.ELICITATION_REQUEST
+ELICITATION_RESOLVED = ev.ELICITATION_RESOLVED
 
 
 class ElicitationNotFoundError(BridgeError, LookupError):
     code = "elicitation_not_found"
-    http_status = 404
 
     def __init__(self, request_id: str) -> None:
         super().__init__(f'No pending elicitation with id "{request_id}"')
@@ -52,11 +52,11 @@ class ElicitationNotFoundError(BridgeError, LookupError):
 
 class InvalidElicitationAnswerError(BridgeError, ValueError):
     code = "invalid_elicitation_answer"
-    http_status = 400
 
     def __init__(self, request_id: str) -> None:
         super().__init__(f'Invalid answer to elicitation "{request_id}": "action" must be '
                          'a string ("accept", "decline", "cancel")')
+        self.request_id = request_id
 
 
 class _Pending:
@@ -99,9 +99,9 @@ class ElicitationMediator:
             while len(self._sessions) > MAX_REMEMBERED:
                 self._sessions.popitem(last=False)
         prompt_id = session.active.prompt_id if session.active is not None else None
-        session.bus.publish(ELICITATION_REQUEST, {**params, "requestId": request_id,
-                                                  "sessionId": session.session_id},
-                            prompt_id=prompt_id)
+        session.bus.publish(ELICITATION_REQUEST, ev.ElicitationRequest(
+            request_id=request_id, session_id=session.session_id, params=params),
+            prompt_id=prompt_id)
         try:
             with anyio.move_on_after(self.timeout_ms / 1000):
                 await pending.done.wait()
@@ -126,7 +126,8 @@ class ElicitationMediator:
         return self._sessions.get(elicitation_id) if isinstance(elicitation_id, str) else None
 
     def complete(self, session: Session, params: dict[str, Any]) -> None:
-        session.bus.publish(ELICITATION_COMPLETE, {**params, "sessionId": session.session_id})
+        session.bus.publish(ELICITATION_COMPLETE, ev.ElicitationComplete(
+            session_id=session.session_id, params=params))
 
     def cancel_session(self, session: Session, reason: str = "cancelled") -> None:
         for pending in self._of(session):
@@ -138,12 +139,9 @@ class ElicitationMediator:
             return
         pending.answer = answer
         del self._by_id[pending.request_id]
-        data: dict[str, Any] = {"requestId": pending.request_id,
-                                "sessionId": pending.session.session_id,
-                                "action": answer.get("action")}
-        if reason is not None:
-            data["reason"] = reason
-        pending.session.bus.publish(ELICITATION_RESOLVED, data)
+        pending.session.bus.publish(ELICITATION_RESOLVED, ev.ElicitationResolved(
+            request_id=pending.request_id, session_id=pending.session.session_id,
+            action=answer.get("action"), reason=reason))
         pending.done.set()
 
 

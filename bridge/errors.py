@@ -1,73 +1,72 @@
-"""Errors raised by the bridge.
+"""Errors raised by the bridge: a stable ``code`` and typed fields, in no door's wire.
 
     try:
         ticket = bridge.send_prompt(session_id, prompt)
-    except BridgeError as exc:
-        exc.code, exc.http_status, exc.rpc_code   # "prompt_queue_full", 503, -32603
-        exc.details()   # {"sessionId": ..., "limit": 5, "pendingCount": 5}
+    except PromptQueueFullError as exc:
+        exc.code, exc.session_id, exc.limit, exc.pending_count   # "prompt_queue_full", ...
 
-Every error carries what a front door needs to answer without parsing messages or
-testing classes one by one: a stable snake_case ``code``; ``http_status``, the status
-of the peer's (``qwen serve``) answer; ``rpc_code``, the JSON-RPC error code; and
-``details()``, the error's fields as camelCase wire names, in the peer's order.
-Each door keeps a table for the few answers that differ from its general rule.
+Contracts:
+
+* Every error has a stable snake_case ``code`` (the machine-readable name both doors
+  send) and its facts as typed, snake_case attributes. Nothing here knows a status
+  code or a JSON-RPC code: the REST door maps errors to HTTP statuses
+  (``acp_server.rest.errors``), the ``/acp`` door to JSON-RPC errors
+  (``acp_server.acp_http.errors``), and both name the fields as the peer does with
+  ``bridge.wire.error_details``.
+* ``AgentError`` is an agent's own JSON-RPC error answer: ``rpc_code``, ``message`` and
+  ``data`` are what the agent sent (the bridge speaks JSON-RPC to its agents).
+* Errors the doors' callers (the LMSP runner, embedders) may want to wait out rather
+  than fail on: ``SessionLimitExceededError`` (no session slot now: retry when one
+  frees, ``Bridge.wait_for_session_slot``) and ``AgentRequestTimeoutError`` (an
+  agent did not answer ``session/new``, ``load``, ``resume``, ``fork`` or ``close``
+  within ``BridgeOptions.agent_request_timeout_ms``; the slot it held is free again).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from bridge.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS
-
 
 class BridgeError(Exception):
     """Base class. ``code`` is the stable machine-readable name."""
 
     code: str = "internal_error"
-    http_status: int = 500
-    rpc_code: int = INTERNAL_ERROR
-
-    def details(self) -> dict[str, Any]:
-        """The error's fields, camelCase, in wire order (none by default)."""
-        return {}
 
 
 class InvalidOptionError(BridgeError, ValueError):
     """A ``BridgeOptions`` value is out of range; the message names option and value."""
 
     code = "invalid_option"
-    http_status = 400
 
 
 class SessionNotFoundError(BridgeError, LookupError):
     code = "session_not_found"
-    http_status = 404
-    rpc_code = INVALID_PARAMS
 
     def __init__(self, session_id: str) -> None:
         super().__init__(f'No session with id "{session_id}"')
         self.session_id = session_id
 
-    def details(self) -> dict[str, Any]:
-        return {"sessionId": self.session_id}
-
 
 class SessionLimitExceededError(BridgeError):
+    """No session slot: the workspace's cap (``scope == "workspace"``) or the share
+    of it one agent may hold (``scope == "agent"``, ``agent`` names it; see
+    ``Bridge`` "The session cap")."""
+
     code = "session_limit_exceeded"
-    http_status = 503
 
-    def __init__(self, limit: int) -> None:
-        super().__init__(f"Session limit reached ({limit} live sessions)")
+    def __init__(self, limit: int, *, scope: str = "workspace", agent: str | None = None) -> None:
+        if scope == "agent":
+            message = f'Session limit reached for agent "{agent}" ({limit} sessions, its share)'
+        else:
+            message = f"Session limit reached ({limit} live sessions)"
+        super().__init__(message)
         self.limit = limit
-        self.scope = "workspace"
-
-    def details(self) -> dict[str, Any]:
-        return {"limit": self.limit, "scope": self.scope}
+        self.scope = scope
+        self.agent = agent
 
 
 class PromptQueueFullError(BridgeError):
     code = "prompt_queue_full"
-    http_status = 503
 
     def __init__(self, session_id: str, limit: int, pending_count: int) -> None:
         super().__init__(
@@ -77,27 +76,17 @@ class PromptQueueFullError(BridgeError):
         self.limit = limit
         self.pending_count = pending_count
 
-    def details(self) -> dict[str, Any]:
-        return {"sessionId": self.session_id, "limit": self.limit,
-                "pendingCount": self.pending_count}
-
 
 class BranchWhilePromptActiveError(BridgeError):
     code = "branch_while_prompt_active"
-    http_status = 409
 
     def __init__(self, session_id: str) -> None:
         super().__init__(f'Cannot branch session "{session_id}" while a prompt is pending')
         self.session_id = session_id
 
-    def details(self) -> dict[str, Any]:
-        return {"sessionId": self.session_id}
-
 
 class WorkspaceMismatchError(BridgeError):
     code = "workspace_mismatch"
-    http_status = 400
-    rpc_code = INVALID_PARAMS
 
     def __init__(self, bound_workspace: str, requested_workspace: str) -> None:
         super().__init__(
@@ -107,23 +96,14 @@ class WorkspaceMismatchError(BridgeError):
         self.bound_workspace = bound_workspace
         self.requested_workspace = requested_workspace
 
-    def details(self) -> dict[str, Any]:
-        return {"boundWorkspace": self.bound_workspace,
-                "requestedWorkspace": self.requested_workspace}
-
 
 class InvalidClientIdError(BridgeError):
     code = "invalid_client_id"
-    http_status = 400
-    rpc_code = INVALID_PARAMS
 
     def __init__(self, session_id: str, client_id: str) -> None:
         super().__init__(f'Client id "{client_id}" is not attached to session "{session_id}"')
         self.session_id = session_id
         self.client_id = client_id
-
-    def details(self) -> dict[str, Any]:
-        return {"sessionId": self.session_id, "clientId": self.client_id}
 
 
 class SessionIdNotHonoredError(BridgeError):
@@ -134,86 +114,58 @@ class SessionIdNotHonoredError(BridgeError):
         self.requested = requested
         self.actual = actual
 
-    def details(self) -> dict[str, Any]:
-        return {"requestedSessionId": self.requested, "sessionId": self.actual}
-
 
 class SubscriberLimitExceededError(BridgeError):
     code = "subscriber_limit_exceeded"
-    http_status = 429
 
     def __init__(self, session_id: str, limit: int) -> None:
         super().__init__(f'Too many event subscribers for session "{session_id}" (limit {limit})')
         self.session_id = session_id
         self.limit = limit
 
-    def details(self) -> dict[str, Any]:
-        return {"limit": self.limit}
-
 
 class PermissionNotFoundError(BridgeError, LookupError):
     code = "permission_not_found"
-    http_status = 404
-    rpc_code = INVALID_PARAMS
 
     def __init__(self, request_id: str, session_id: str | None = None) -> None:
         super().__init__("No pending permission request")
         self.request_id = request_id
         self.session_id = session_id
 
-    def details(self) -> dict[str, Any]:
-        return ({} if self.session_id is None else {"sessionId": self.session_id}) | {
-            "requestId": self.request_id}
-
 
 class InvalidPermissionOptionError(BridgeError):
     code = "invalid_option_id"
-    http_status = 400
-    rpc_code = INVALID_PARAMS
 
     def __init__(self, request_id: str, option_id: str) -> None:
         super().__init__(f'Option "{option_id}" was not offered by permission request "{request_id}"')
         self.request_id = request_id
         self.option_id = option_id
 
-    def details(self) -> dict[str, Any]:
-        return {"requestId": self.request_id, "optionId": self.option_id}
-
 
 class PromptNotFoundError(BridgeError, LookupError):
     code = "prompt_not_found"
-    http_status = 404
 
     def __init__(self, session_id: str, prompt_id: str) -> None:
         super().__init__(f'No pending prompt "{prompt_id}" in session "{session_id}"')
         self.session_id = session_id
         self.prompt_id = prompt_id
 
-    def details(self) -> dict[str, Any]:
-        return {"sessionId": self.session_id, "promptId": self.prompt_id}
-
 
 class AgentNotFoundError(BridgeError, LookupError):
     """No agent (profile) of that name is configured."""
 
     code = "agent_not_found"
-    http_status = 400
-    rpc_code = INVALID_PARAMS
 
     def __init__(self, name: str, available: list[str]) -> None:
         super().__init__(f'No agent named "{name}" (available: {", ".join(available)})')
         self.name = name
         self.available = available
 
-    def details(self) -> dict[str, Any]:
-        return {"agent": self.name, "available": self.available}
-
 
 class NotSupportedError(BridgeError):
     """The agent does not offer what was asked (e.g. ``session/load``)."""
 
     code = "not_supported"
-    http_status = 501
 
 
 # --- prompt outcomes (what a PromptTicket's result raises) ---------------------------
@@ -224,7 +176,6 @@ class PromptCancelledError(BridgeError):
     already cancelled at admission (then no slot was taken)."""
 
     code = "prompt_cancelled"
-    http_status = 409
 
     def __init__(self, message: str = "Prompt cancelled", reason: str | None = None) -> None:
         super().__init__(message)
@@ -238,25 +189,19 @@ class PromptDeadlineExceededError(BridgeError):
         super().__init__(f"prompt exceeded the {deadline_ms}ms deadline")
         self.deadline_ms = deadline_ms
 
-    def details(self) -> dict[str, Any]:
-        return {"deadlineMs": self.deadline_ms}
-
 
 class SessionClosedError(BridgeError):
     code = "session_closed"
-    http_status = 404
 
     def __init__(self, session_id: str, reason: str = "client_close") -> None:
         super().__init__(f'Session "{session_id}" was closed ({reason})')
         self.session_id = session_id
         self.reason = reason
 
-    def details(self) -> dict[str, Any]:
-        return {"sessionId": self.session_id, "reason": self.reason}
-
 
 class AgentError(BridgeError):
-    """A JSON-RPC error answered by the agent. ``rpc_code`` is the integer code."""
+    """A JSON-RPC error answered by the agent: its integer ``rpc_code``, ``message``
+    and ``data``, as sent."""
 
     code = "agent_error"
 
@@ -265,9 +210,6 @@ class AgentError(BridgeError):
         self.rpc_code = rpc_code
         self.message = message
         self.data = data
-
-    def details(self) -> dict[str, Any]:
-        return {"data": self.data}
 
 
 class AgentDiedError(BridgeError):
@@ -279,29 +221,43 @@ class AgentDiedError(BridgeError):
         super().__init__(message)
         self.exit_code = exit_code
 
-    def details(self) -> dict[str, Any]:
-        return {"exitCode": self.exit_code}
-
 
 class AgentTimeoutError(BridgeError):
+    """The agent did not answer ``initialize`` in time (``phase`` names the request)."""
+
     code = "init_timeout"
-    http_status = 504
 
     def __init__(self, phase: str, timeout_ms: int) -> None:
         super().__init__(f"Agent did not answer {phase} within {timeout_ms}ms")
         self.phase = phase
         self.timeout_ms = timeout_ms
 
-    def details(self) -> dict[str, Any]:
-        return {"phase": self.phase, "timeoutMs": self.timeout_ms}
+
+class AgentRequestTimeoutError(AgentTimeoutError):
+    """The agent did not answer ``session/new``, ``session/load``, ``session/resume``,
+    ``session/fork`` or ``session/close`` (``phase``) within
+    ``BridgeOptions.agent_request_timeout_ms``. The request is abandoned (a late
+    answer is ignored) and any slot it held is free again."""
+
+    code = "agent_request_timeout"
+
+
+class AgentProtocolError(BridgeError):
+    """The agent broke the protocol in a way that cannot be passed on: e.g. it
+    answered ``session/new`` with the id of a session that is live on the bridge
+    (that session is left untouched)."""
+
+    code = "agent_protocol_error"
+
+    def __init__(self, message: str, agent: str) -> None:
+        super().__init__(message)
+        self.agent = agent
 
 
 class InvalidPromptError(BridgeError, ValueError):
     """``prompt`` is not a non-empty array of content blocks (JSON objects)."""
 
     code = "invalid_prompt"
-    http_status = 400
-    rpc_code = INVALID_PARAMS
 
     def __init__(self, message: str = "`prompt` must be a non-empty array of content blocks"
                  ) -> None:
@@ -318,16 +274,11 @@ class TooManyContentBlocksError(InvalidPromptError):
         self.count = count
         self.limit = limit
 
-    def details(self) -> dict[str, Any]:
-        return {"limit": self.limit}
-
 
 class InvalidDeadlineError(BridgeError, ValueError):
     """A prompt deadline that is not a positive integer of milliseconds (at most 2**31-1)."""
 
     code = "invalid_deadline_ms"
-    http_status = 400
-    rpc_code = INVALID_PARAMS
 
     def __init__(self, deadline_ms: object) -> None:
         super().__init__(f"deadline_ms must be a positive integer (milliseconds), not {deadline_ms!r}")

@@ -1,19 +1,33 @@
-"""Event wire types: the envelope every front door sends, encoded once per event.
+"""Session events: what the bridge publishes on a session's bus, typed, in no door's wire.
 
-    event = Event.build(7, "turn_complete", {"sessionId": sid, "stopReason": "end_turn"},
-                        prompt_id=pid)
-    event.json   # b'{"id":7,"v":1,"type":"turn_complete","promptId":...,"data":{...},"_meta":{...}}'
+    event = bus.publish(TURN_COMPLETE, TurnComplete(session_id=sid, stop_reason="end_turn",
+                                                    prompt_id=pid), prompt_id=pid)
+    event.data.stop_reason              # "end_turn": typed, snake_case
+    wire.envelope(event)                # b'{"id":7,"v":1,"type":"turn_complete",...}'
+    event.encoded(my_frame)             # any format of the event, built once
 
-The SSE frame of an event is built by the front doors (``acp_server.http.sse.event_frame``),
-once per event: ``sse_cache`` holds it for every subscriber.
+Contracts:
 
-Synthetic stream-control frames (``replay_complete``, ``state_resync_required``,
-``slow_client_warning``, ``client_evicted``) have no id and no ``id:`` line.
+* ``data`` is one of the typed payloads below (the bridge's own events and the bus's
+  stream-control frames), or an agent's ACP payload passed through untouched: a
+  ``session_update``'s data is the whole ``session/update`` params as the agent sent
+  them (``msgspec.Raw`` from a stdio agent, a dict from an in-process one).
+* The wire shapes (the REST envelope, camelCase names, ``_meta.serverTimestamp``) are
+  ``bridge.wire``'s; each door frames events for its own wire from there.
+* An event does not change once published. ``encoded(fmt)`` returns the event in
+  format ``fmt`` (a function of the event, e.g. ``bridge.wire.envelope``'s encoder or a
+  door's SSE frame): built by the first reader, kept on the event for every other
+  one. The function object is the cache key, so formats are module-level functions.
+* ``size`` is the event's weight on the bus in bytes (its JSON envelope's length, set
+  by the bus at publish): what subscriber queues and the replay budget count.
+* Stream-control frames (``replay_complete``, ``state_resync_required``,
+  ``slow_client_warning``, ``client_evicted``) have no id and are never in the ring.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -31,7 +45,7 @@ PERMISSION_RESOLVED = "permission_resolved"
 SESSION_CLOSED = "session_closed"
 SESSION_DIED = "session_died"
 
-# Synthetic frames (never stored in the ring, no id).
+# Stream-control frames (never stored in the ring, no id).
 REPLAY_COMPLETE = "replay_complete"
 STATE_RESYNC_REQUIRED = "state_resync_required"
 SLOW_CLIENT_WARNING = "slow_client_warning"
@@ -50,118 +64,152 @@ BUS_EVENT_TYPES = (
 SYNTHETIC_EVENT_TYPES = (REPLAY_COMPLETE, STATE_RESYNC_REQUIRED, SLOW_CLIENT_WARNING, CLIENT_EVICTED)
 
 
-class EventMeta(msgspec.Struct, omit_defaults=True):
-    serverTimestamp: int
+class Payload(msgspec.Struct, kw_only=True, frozen=True):
+    """Base of the typed event payloads. ``bridge.wire`` renders each one under the
+    same field names in camelCase, in the same order, leaving out ``None`` fields."""
 
 
-class EventEnvelope(msgspec.Struct, omit_defaults=True, kw_only=True):
-    """The JSON object of one event frame (``data:`` of an SSE frame). ``id`` is
-    absent on synthetic frames."""
-
-    id: int | None = None
-    v: int
-    type: str
-    promptId: str | None = None
-    originatorClientId: str | None = None
-    data: Any
-    meta: EventMeta | None = msgspec.field(default=None, name="_meta")
-
-
-class _Data(msgspec.Struct, omit_defaults=True, kw_only=True):
-    """Base of the typed ``data`` payloads; ``None`` fields are left out."""
-
-
-class PendingPromptAdded(_Data):
-    sessionId: str
-    promptId: str
+class PendingPromptAdded(Payload):
+    session_id: str
+    prompt_id: str
     text: str
-    queuedAt: int
+    queued_at: int   # epoch milliseconds
 
 
-class PendingPromptStarted(_Data):
-    sessionId: str
-    promptId: str
+class PendingPromptStarted(Payload):
+    session_id: str
+    prompt_id: str
     text: str
 
 
-class PendingPromptCompleted(_Data):
-    sessionId: str
-    promptId: str
+class PendingPromptCompleted(Payload):
+    session_id: str
+    prompt_id: str
     state: str  # completed | cancelled | failed
 
 
-class TurnComplete(_Data):
-    sessionId: str
-    stopReason: str
-    promptId: str
+class TurnComplete(Payload):
+    session_id: str
+    stop_reason: str
+    prompt_id: str
 
 
-class TurnError(_Data):
-    sessionId: str
+class TurnError(Payload):
+    session_id: str
     message: str
     code: str  # a string, as the peer sends it ("-32603", "prompt_deadline_exceeded", ...)
-    promptId: str
+    prompt_id: str
 
 
-class PromptCancelled(_Data):
-    sessionId: str
+class PromptCancelled(Payload):
+    session_id: str
     reason: str | None = None
 
 
-class PermissionResolved(_Data):
-    requestId: str
-    sessionId: str
-    outcome: dict[str, Any]
-    voterClientId: str | None = None
+class PermissionRequest(Payload):
+    """An agent's ``session/request_permission``, waiting for a vote: ``params`` are
+    the agent's ACP params (``toolCall``, ``options``, ...) as sent."""
+
+    request_id: str
+    session_id: str
+    params: dict[str, Any]
+
+
+class ElicitationRequest(Payload):
+    """An agent's ``elicitation/create``, waiting for an answer: ``params`` as sent."""
+
+    request_id: str
+    session_id: str
+    params: dict[str, Any]
+
+
+class ElicitationResolved(Payload):
+    request_id: str
+    session_id: str
+    action: Any          # accept | decline | cancel | an extension's
     reason: str | None = None
 
 
-class SessionClosed(_Data):
-    sessionId: str
+class ElicitationComplete(Payload):
+    """An agent's ``elicitation/complete`` (a URL elicitation finished): ``params`` as
+    sent."""
+
+    session_id: str
+    params: dict[str, Any]
+
+
+class PermissionResolved(Payload):
+    request_id: str
+    session_id: str
+    outcome: dict[str, Any]   # ACP: {"outcome": "selected", "optionId": ...} or cancelled
+    voter_client_id: str | None = None
+    reason: str | None = None
+
+
+class SessionClosed(Payload):
+    session_id: str
     reason: str
-    closedBy: str | None = None
+    closed_by: str | None = None
 
 
-class SessionDied(_Data):
-    sessionId: str
+class SessionDied(Payload):
+    session_id: str
     reason: str
     message: str
-    exitCode: int | None = None
+    exit_code: int | None = None
 
 
-class ReplayComplete(_Data):
-    lastReplayedEventId: int
-    lastEventId: int  # deprecated alias of lastReplayedEventId
-    replayedCount: int
+class ReplayComplete(Payload):
+    last_replayed_event_id: int
+    last_event_id: int  # deprecated alias of last_replayed_event_id
+    replayed_count: int
 
 
-class StateResyncRequired(_Data):
+class StateResyncRequired(Payload):
     reason: str  # epoch_reset | ring_evicted | replay_budget_exceeded
-    lastDeliveredId: int
-    earliestAvailableId: int
+    last_delivered_id: int
+    earliest_available_id: int
     detail: str | None = None
 
 
-class SlowClientWarning(_Data):
-    queueSize: int
-    maxQueued: int
-    lastEventId: int
-    queuedBytes: int
-    maxQueuedBytes: int
+class SlowClientWarning(Payload):
+    queue_size: int
+    max_queued: int
+    last_event_id: int
+    queued_bytes: int
+    max_queued_bytes: int
     threshold: float
 
 
-class ClientEvicted(_Data):
+class ClientEvicted(Payload):
     reason: str  # queue_overflow | queue_bytes_overflow
-    droppedAfter: int
-    queueSize: int
-    maxQueued: int
-    queuedBytes: int
-    maxQueuedBytes: int
+    dropped_after: int
+    queue_size: int
+    max_queued: int
+    queued_bytes: int
+    max_queued_bytes: int
 
 
-_encoder = msgspec.json.Encoder()
-_envelope_decoder = msgspec.json.Decoder(EventEnvelope)
+# The typed payload of each event type; the others carry an agent's payload as sent.
+PAYLOADS: dict[str, type[Payload]] = {
+    PENDING_PROMPT_ADDED: PendingPromptAdded,
+    PENDING_PROMPT_STARTED: PendingPromptStarted,
+    PENDING_PROMPT_COMPLETED: PendingPromptCompleted,
+    TURN_COMPLETE: TurnComplete,
+    TURN_ERROR: TurnError,
+    PROMPT_CANCELLED: PromptCancelled,
+    PERMISSION_REQUEST: PermissionRequest,
+    PERMISSION_RESOLVED: PermissionResolved,
+    ELICITATION_REQUEST: ElicitationRequest,
+    ELICITATION_RESOLVED: ElicitationResolved,
+    ELICITATION_COMPLETE: ElicitationComplete,
+    SESSION_CLOSED: SessionClosed,
+    SESSION_DIED: SessionDied,
+    REPLAY_COMPLETE: ReplayComplete,
+    STATE_RESYNC_REQUIRED: StateResyncRequired,
+    SLOW_CLIENT_WARNING: SlowClientWarning,
+    CLIENT_EVICTED: ClientEvicted,
+}
 
 
 def now_ms() -> int:
@@ -169,31 +217,29 @@ def now_ms() -> int:
 
 
 class Event:
-    """One published (or synthetic) event; JSON and SSE bytes are built once."""
+    """One published event (or a stream-control frame, ``id`` ``None``)."""
 
-    __slots__ = ("id", "type", "data", "prompt_id", "timestamp_ms", "json", "sse_cache")
+    __slots__ = ("id", "type", "data", "prompt_id", "originator_client_id", "timestamp_ms",
+                 "size", "_encoded")
 
-    def __init__(self, event_id: int | None, type_: str, data: Any, prompt_id: str | None,
-                 timestamp_ms: int, json: bytes) -> None:
+    def __init__(self, event_id: int | None, type_: str, data: Any, *,
+                 prompt_id: str | None = None, originator_client_id: str | None = None,
+                 timestamp_ms: int | None = None) -> None:
         self.id = event_id
         self.type = type_
         self.data = data
         self.prompt_id = prompt_id
-        self.timestamp_ms = timestamp_ms
-        self.json = json
-        self.sse_cache: bytes | None = None   # owned by acp_server.http.sse.event_frame
+        self.originator_client_id = originator_client_id
+        self.timestamp_ms = now_ms() if timestamp_ms is None else timestamp_ms
+        self.size = 0
+        self._encoded: dict[Callable[[Event], bytes], bytes] = {}
 
-    @classmethod
-    def build(cls, event_id: int | None, type_: str, data: Any, *,
-              prompt_id: str | None = None, originator_client_id: str | None = None) -> Event:
-        ts = now_ms()
-        envelope = EventEnvelope(v=1, type=type_, data=data, id=event_id, promptId=prompt_id,
-                                 originatorClientId=originator_client_id,
-                                 meta=EventMeta(serverTimestamp=ts))
-        return cls(event_id, type_, data, prompt_id, ts, _encoder.encode(envelope))
-
-    def envelope(self) -> EventEnvelope:
-        return _envelope_decoder.decode(self.json)
+    def encoded(self, fmt: Callable[[Event], bytes]) -> bytes:
+        """This event in format ``fmt``, built once and kept (see the module contracts)."""
+        found = self._encoded.get(fmt)
+        if found is None:
+            found = self._encoded[fmt] = fmt(self)
+        return found
 
     def __repr__(self) -> str:
         return f"Event(id={self.id!r}, type={self.type!r}, prompt_id={self.prompt_id!r})"

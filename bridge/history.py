@@ -1,18 +1,19 @@
 """A session's history as ``load`` hands it over: the compacted replay, the live
 journal, the prompt terminals and the cursor placed after them (as ``qwen serve``).
 
-    history = session_history(session)
-    history.compacted_replay   # [b'{"id":1,"v":1,"type":"session_update",...}', ...]
+    history = session_history(session)            # bridge.status.SessionHistory
+    history.compacted_replay   # [Event(id=1, type='session_update', ...), ...]
     history.live_journal       # the running prompt's events, as published
-    history.prompt_terminals   # [PromptTerminal(promptId=..., terminal="completed", ...)]
+    history.prompt_terminals   # [PromptTerminal(prompt_id=..., terminal="completed", ...)]
     history.last_event_id      # the id of the last event above: subscribe from here
 
 Contracts:
 
-* The events are the bus ring's, in order, as their JSON bytes (nothing re-encoded),
-  except that adjacent ``agent_message_chunk`` updates of one prompt (same non-null
-  ``promptId``, text content) are compacted into one: the text joined, the other
-  fields and the id those of the last chunk. Chunks without a prompt (an agent's
+* The events are the bus ring's, in order, the very ``Event`` objects (so a door's
+  encoding of them is the one it already built), except that adjacent
+  ``agent_message_chunk`` updates of one prompt (same non-null ``prompt_id``, text
+  content) are compacted into one new event: the text joined, the other fields, the
+  id and the timestamp those of the last chunk. Chunks without a prompt (an agent's
   ``session/load`` replay) stay as sent.
 * ``live_journal`` holds the running prompt's events from its first one on
   (uncompacted: the turn is still changing); ``compacted_replay`` the rest.
@@ -24,40 +25,16 @@ Contracts:
 
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from bridge import events as ev
 from bridge.events import Event
+from bridge.status import SessionHistory
 
 if TYPE_CHECKING:
     from bridge.session import Session
-
-MAX_PROMPT_TERMINALS = 256
-
-
-class PromptTerminal(msgspec.Struct, omit_defaults=True, kw_only=True):
-    """How one prompt ended: ``terminal`` ``completed`` | ``cancelled`` | ``failed``."""
-
-    v: int   # always 1
-    promptId: str
-    terminal: str
-    stopReason: str | None = None
-    errorCode: str | None = None
-    at: int
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class SessionHistory:
-    compacted_replay: list[msgspec.Raw]
-    live_journal: list[msgspec.Raw]
-    prompt_terminals: list[PromptTerminal]
-    last_event_id: int
-
-
-_encoder = msgspec.json.Encoder()
 
 
 def session_history(session: Session) -> SessionHistory:
@@ -68,13 +45,13 @@ def session_history(session: Session) -> SessionHistory:
         split = next((i for i, e in enumerate(events) if e.prompt_id == active), split)
     return SessionHistory(
         compacted_replay=compact(events[:split]),
-        live_journal=[msgspec.Raw(e.json) for e in events[split:]],
+        live_journal=events[split:],
         prompt_terminals=list(session.prompt_terminals),
         last_event_id=events[-1].id if events else session.bus.last_event_id)  # type: ignore[arg-type]
 
 
-def compact(events: list[Event]) -> list[msgspec.Raw]:
-    out: list[msgspec.Raw] = []
+def compact(events: list[Event]) -> list[Event]:
+    out: list[Event] = []
     run: list[tuple[Event, dict[str, Any]]] = []
     for event in events:
         update = _text_chunk(event)
@@ -86,7 +63,7 @@ def compact(events: list[Event]) -> list[msgspec.Raw]:
         if update is not None:
             run.append((event, update))
         else:
-            out.append(msgspec.Raw(event.json))
+            out.append(event)
     out.extend(_flush(run))
     return out
 
@@ -111,12 +88,14 @@ def _text_chunk(event: Event) -> dict[str, Any] | None:
     return {"data": data, "update": update}
 
 
-def _flush(run: list[tuple[Event, dict[str, Any]]]) -> list[msgspec.Raw]:
+def _flush(run: list[tuple[Event, dict[str, Any]]]) -> list[Event]:
     if len(run) <= 1:
-        return [msgspec.Raw(event.json) for event, _ in run]
+        return [event for event, _ in run]
     last, parts = run[-1]
     text = "".join(p["update"]["content"]["text"] for _, p in run)
     update = {**parts["update"], "content": {**parts["update"]["content"], "text": text}}
-    envelope = last.envelope()   # the last chunk's id, promptId, originator, _meta
-    envelope.data = {**parts["data"], "update": update}
-    return [msgspec.Raw(_encoder.encode(envelope))]
+    joined = Event(last.id, last.type, {**parts["data"], "update": update},
+                   prompt_id=last.prompt_id, originator_client_id=last.originator_client_id,
+                   timestamp_ms=last.timestamp_ms)
+    joined.size = last.size
+    return [joined]

@@ -38,5 +38,10 @@ class BridgeObserver:
     def agent_restarted(self, agent: str) -> None:
         """The agent ``agent`` is being started again after its process died."""
 
+    def foreign_message_dropped(self, agent: str, method: str) -> None:
+        """The agent ``agent`` sent ``method`` (``session/update``,
+        ``session/request_permission``, ``fs/...``) naming another agent's session:
+        dropped (``bridge.agent_client``)."""
+
 
 NO_OBSERVER = BridgeObserver()

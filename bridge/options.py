@@ -88,6 +88,9 @@ class BridgeOptions:
     session_reap_interval_ms: int = 60_000
     permission_response_timeout_ms: int = 0
     initialize_timeout_ms: int = 10_000
+    # The deadline of every other request the bridge awaits from an agent:
+    # session/new, session/load, session/resume, session/fork, session/close.
+    agent_request_timeout_ms: int = 30_000
     max_subscribers_per_session: int = 64
     subscriber_max_queued: int = 256
     subscriber_max_queued_bytes: int = 2 * 1024 * 1024
@@ -110,6 +113,7 @@ class BridgeOptions:
         validate_non_negative_ms("session_reap_interval_ms", self.session_reap_interval_ms)
         validate_non_negative_ms("permission_response_timeout_ms", self.permission_response_timeout_ms)
         validate_positive_ms("initialize_timeout_ms", self.initialize_timeout_ms)
+        validate_positive_ms("agent_request_timeout_ms", self.agent_request_timeout_ms)
         validate_int_range("max_subscribers_per_session", self.max_subscribers_per_session, 1, 65_536)
         validate_int_range("subscriber_max_queued", self.subscriber_max_queued, 16, 2048)
         validate_int_range("subscriber_max_queued_bytes", self.subscriber_max_queued_bytes, 1024, 1 << 30)

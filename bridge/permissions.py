@@ -1,14 +1,33 @@
-"""First-responder permission mediation.
+"""First-responder permission mediation: an agent asks, the first valid vote answers.
 
     mediator = PermissionMediator(timeout_ms=0)
     outcome = await mediator.request(session, params)     # publishes permission_request
     mediator.vote(request_id, {"outcome": "selected", "optionId": "allow_once"})
 
+The API (the bridge calls ``request`` for its agents; doors reach ``vote`` through
+``Bridge.respond_to_permission`` and ``is_pending`` through
+``Bridge.permission_pending``):
+
+* ``request(session, params) -> {"outcome": {...}}``: ``params`` are the agent's ACP
+  ``session/request_permission`` params, kept as sent. Publishes one
+  ``permission_request`` event (``bridge.events.PermissionRequest``: a fresh
+  ``request_id``, the session id, the params) and waits for the answer.
+* ``vote(request_id, outcome, *, session_id=None, voter_client_id=None)``: an ACP
+  ``RequestPermissionOutcome`` (``{"outcome": "selected", "optionId": ...}`` or
+  ``{"outcome": "cancelled"}``) from any voter (a REST client, an ``/acp`` client, the
+  LMSP policy, ...).
+* ``cancel_session(session, reason)``, ``count(session)``, ``pending_count``,
+  ``is_pending(request_id)``.
+
 Contracts: the first valid vote resolves a request; a later vote, or a vote for an
-unknown request, raises ``PermissionNotFoundError``; an option id the agent did not
-offer raises ``InvalidPermissionOptionError`` and leaves the request pending. A
-timeout (when set), a cancel, a close or the agent's death resolve it as
-``{"outcome": "cancelled"}``. Each resolution publishes one ``permission_resolved``.
+unknown request (or one of another session, when ``session_id`` is given), raises
+``PermissionNotFoundError``; an option id the agent did not offer raises
+``InvalidPermissionOptionError`` and leaves the request pending. A timeout (when
+set), a cancel, a close or the agent's death resolve it as ``{"outcome":
+"cancelled"}``. Each resolution publishes one ``permission_resolved``
+(``bridge.events.PermissionResolved``: the outcome, the voter, the reason). At most
+``MAX_PENDING_PER_SESSION`` requests wait per session; past it (or on a closing
+session) a request is answered ``cancelled`` at once.
 """
 
 from __future__ import annotations
@@ -73,10 +92,9 @@ class PermissionMediator:
         pending = PendingPermission(request_id, session, params, prompt_id)
         self._by_id[request_id] = pending
         self._by_session.setdefault(session.session_id, {})[request_id] = pending
-        data = dict(params)
-        data["requestId"] = request_id
-        data["sessionId"] = session.session_id
-        session.bus.publish(ev.PERMISSION_REQUEST, data, prompt_id=prompt_id)
+        session.bus.publish(ev.PERMISSION_REQUEST, ev.PermissionRequest(
+            request_id=request_id, session_id=session.session_id, params=params),
+            prompt_id=prompt_id)
         try:
             if self.timeout_ms:
                 with anyio.move_on_after(self.timeout_ms / 1000):
@@ -118,6 +136,7 @@ class PermissionMediator:
         if not of_session:
             del self._by_session[pending.session.session_id]
         pending.session.bus.publish(ev.PERMISSION_RESOLVED, ev.PermissionResolved(
-            requestId=pending.request_id, sessionId=pending.session.session_id, outcome=outcome,
-            voterClientId=voter_client_id, reason=reason), prompt_id=pending.prompt_id)
+            request_id=pending.request_id, session_id=pending.session.session_id,
+            outcome=outcome, voter_client_id=voter_client_id, reason=reason),
+            prompt_id=pending.prompt_id)
         pending.done.set()

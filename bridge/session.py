@@ -31,7 +31,6 @@ import anyio.lowlevel
 
 from bridge import events as ev
 from bridge.bus import EventBus
-from bridge.history import MAX_PROMPT_TERMINALS, PromptTerminal
 from bridge.cancel import CancelToken
 from bridge.errors import (
     AgentDiedError,
@@ -43,9 +42,17 @@ from bridge.errors import (
 )
 from bridge.observer import NO_OBSERVER, BridgeObserver
 from bridge.options import BridgeOptions
+from bridge.status import (
+    MAX_PROMPT_TERMINALS,
+    PendingPromptInfo,
+    PromptTerminal,
+    QueueWait,
+    SessionHistory,
+    SessionInfo,
+    SessionStatus,
+)
 from bridge.ticket import PromptResult, PromptTicket
-
-from bridge.status import PendingPromptInfo, QueueWait
+from bridge.wakeup import Wakeup
 
 if TYPE_CHECKING:
     from bridge.agents.base import AgentConnection
@@ -153,14 +160,15 @@ class Session:
         self.active: PendingPrompt | None = None
         self.clients: dict[str, float] = {}
         self.closing = False
+        self.holds_slot = False   # a slot of the session cap (bridge.capacity) is its own
         self.forked_from: str | None = None
         self.origin: str | None = None   # who made it (create_session's label), or None
         self.agent_name = ""   # the agent profile this session runs on
         self.agent_result: dict[str, Any] = {}   # the agent's session/new (load, ...) answer
-        # How its prompts ended (bridge.history), kept across a close and a cold load.
+        # How its prompts ended (bridge.status), kept across a close and a cold load.
         self.prompt_terminals: deque[PromptTerminal] = deque(maxlen=MAX_PROMPT_TERMINALS)
         self._work: deque[PendingPrompt | WorkItem] = deque()
-        self._wakeup: anyio.Event | None = None
+        self._work_added = Wakeup()
         self._task_group: anyio.abc.TaskGroup | None = None
         self._scope: anyio.CancelScope | None = None
         self._queue_wait = queue_wait
@@ -192,6 +200,31 @@ class Session:
         if len(self.clients) > MAX_TRACKED_CLIENTS:
             del self.clients[next(iter(self.clients))]
         return client_id
+
+    def info(self, attached: bool, history: SessionHistory | None = None) -> SessionInfo:
+        """What a create, attach, load, resume or branch answers (a new client id)."""
+        self.touch()
+        return SessionInfo(
+            session_id=self.session_id, workspace_cwd=self.workspace_cwd, attached=attached,
+            client_id=self.register_client(), created_at=self.created_at,
+            event_epoch=self.bus.epoch,
+            last_event_id=self.bus.last_event_id if history is None else history.last_event_id,
+            has_active_prompt=self.pending_count > 0, forked_from=self.forked_from,
+            agent=self.agent_name, agent_result=self.agent_result, history=history)
+
+    def status(self, pending_permissions: int) -> SessionStatus:
+        active = self.active
+        return SessionStatus(
+            session_id=self.session_id, workspace_cwd=self.workspace_cwd,
+            created_at=self.created_at, client_count=len(self.clients),
+            active_prompt_id=active.prompt_id if active else None,
+            pending_prompts=self.pending_count, queued_prompts=self.queued_count,
+            pending_permissions=pending_permissions, subscribers=self.bus.subscriber_count,
+            last_event_id=self.bus.last_event_id, event_epoch=self.bus.epoch,
+            agent=self.agent_name, max_pending_prompts=self.limit,
+            active_prompt_text=active.text if active else None,
+            updated_at=time.time() - max(0.0, time.monotonic() - self.last_seen),
+            origin=self.origin, earliest_event_id=self.bus.earliest_available_id)
 
     @property
     def pending_count(self) -> int:
@@ -225,8 +258,8 @@ class Session:
         self.touch()
         if was_queued:
             self.bus.publish(ev.PENDING_PROMPT_ADDED, ev.PendingPromptAdded(
-                sessionId=self.session_id, promptId=prompt_id, text=pending.text,
-                queuedAt=pending.queued_at_ms), prompt_id=prompt_id)
+                session_id=self.session_id, prompt_id=prompt_id, text=pending.text,
+                queued_at=pending.queued_at_ms), prompt_id=prompt_id)
         if deadline_ms is not None:
             tg.start_soon(self._deadline_timer, pending)
         if cancel is not None:
@@ -245,16 +278,13 @@ class Session:
 
     def _enqueue(self, item: PendingPrompt | WorkItem) -> None:
         self._work.append(item)
-        if self._wakeup is not None:
-            self._wakeup.set()
-            self._wakeup = None
+        self._work_added.set()
 
     # -- the FIFO worker ---------------------------------------------------------------
     async def _worker(self) -> None:
         while True:
             while not self._work:
-                self._wakeup = anyio.Event()
-                await self._wakeup.wait()
+                await self._work_added.wait()
             item = self._work.popleft()
             if isinstance(item, WorkItem):
                 await self._run_work(item)
@@ -279,7 +309,7 @@ class Session:
         sid, pid = self.session_id, pending.prompt_id
         if pending.was_queued:
             self.bus.publish(ev.PENDING_PROMPT_STARTED, ev.PendingPromptStarted(
-                sessionId=sid, promptId=pid, text=pending.text), prompt_id=pid)
+                session_id=sid, prompt_id=pid, text=pending.text), prompt_id=pid)
         with anyio.CancelScope(shield=True):   # bounded: FLOW_WAIT_S per stalled reader
             for i, block in enumerate(pending.prompt):
                 self.bus.publish(ev.SESSION_UPDATE, {"sessionId": sid, "update": {
@@ -328,22 +358,22 @@ class Session:
                 time.monotonic() - pending.started_at)
         if isinstance(outcome, PromptResult):
             self.bus.publish(ev.TURN_COMPLETE, ev.TurnComplete(
-                sessionId=sid, stopReason=outcome.stop_reason, promptId=pid), prompt_id=pid)
+                session_id=sid, stop_reason=outcome.stop_reason, prompt_id=pid), prompt_id=pid)
             state = "cancelled" if outcome.stop_reason == "cancelled" else "completed"
-            terminal = PromptTerminal(v=1, promptId=pid, terminal=state,
-                                      stopReason=outcome.stop_reason, at=ev.now_ms())
+            terminal = PromptTerminal(prompt_id=pid, terminal=state,
+                                      stop_reason=outcome.stop_reason, at=ev.now_ms())
         else:
             code = _error_code(outcome)
             self.bus.publish(ev.TURN_ERROR, ev.TurnError(
-                sessionId=sid, message=str(outcome), code=code, promptId=pid),
+                session_id=sid, message=str(outcome), code=code, prompt_id=pid),
                 prompt_id=pid)
             state = "failed"
-            terminal = PromptTerminal(v=1, promptId=pid, terminal=state, errorCode=code,
+            terminal = PromptTerminal(prompt_id=pid, terminal=state, error_code=code,
                                       at=ev.now_ms())
         self.prompt_terminals.append(terminal)
         if pending.was_queued:
             self.bus.publish(ev.PENDING_PROMPT_COMPLETED, ev.PendingPromptCompleted(
-                sessionId=sid, promptId=pid, state=state), prompt_id=pid)
+                session_id=sid, prompt_id=pid, state=state), prompt_id=pid)
 
     # -- cancellation ----------------------------------------------------------------
     def cancel_prompt(self, prompt_id: str, reason: str | None = None) -> bool:
@@ -355,7 +385,7 @@ class Session:
         if pending.state == QUEUED:
             self._drop_queued(pending)
             self.bus.publish(ev.PROMPT_CANCELLED, ev.PromptCancelled(
-                sessionId=self.session_id, reason=reason or "cancelled"), prompt_id=prompt_id)
+                session_id=self.session_id, reason=reason or "cancelled"), prompt_id=prompt_id)
             self._settle(pending, PromptResult("cancelled", {"stopReason": "cancelled"}))
         else:
             self._cancel_running(pending, reason)
@@ -382,7 +412,7 @@ class Session:
         pending.cancel_requested = True
         self.on_cancel(self, permission_reason)
         self.bus.publish(ev.PROMPT_CANCELLED, ev.PromptCancelled(
-            sessionId=self.session_id, reason=reason or "cancelled"), prompt_id=pending.prompt_id)
+            session_id=self.session_id, reason=reason or "cancelled"), prompt_id=pending.prompt_id)
         self._forward_cancel(pending)
 
     def _forward_cancel(self, pending: PendingPrompt) -> None:

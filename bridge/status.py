@@ -4,9 +4,11 @@
     status = bridge.session_status(info.session_id)
     status.pending_prompts, status.created_at     # 0, 1767225600.123
     bridge.stats().prompt_queue_wait.mean_ms
+    info = await bridge.load_session(sid)         # info.history: SessionHistory
 
 No wire names here: each front door formats these values for its own wire (REST's
-camelCase bodies and ISO-8601 times live in ``acp_server.rest``).
+camelCase bodies and ISO-8601 times live in ``acp_server.rest``). This module imports
+nothing of the bridge but its events, so any module may use its types.
 """
 
 from __future__ import annotations
@@ -14,7 +16,33 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from bridge.history import SessionHistory
+from bridge.events import Event
+
+MAX_PROMPT_TERMINALS = 256   # kept per session (and across a close, for a cold load)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PromptTerminal:
+    """How one prompt ended: ``terminal`` ``completed`` | ``cancelled`` | ``failed``;
+    ``at`` in epoch milliseconds."""
+
+    prompt_id: str
+    terminal: str
+    at: int
+    stop_reason: str | None = None
+    error_code: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SessionHistory:
+    """A session's history as ``load`` hands it over (``bridge.history``): the events
+    before the running prompt, adjacent text chunks of a prompt joined; the running
+    prompt's events as published; how prompts ended; the id to subscribe from."""
+
+    compacted_replay: list[Event]
+    live_journal: list[Event]
+    prompt_terminals: list[PromptTerminal]
+    last_event_id: int
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -55,11 +83,23 @@ class SessionStatus:
     max_pending_prompts: int | None = None   # its admission limit (None: no limit)
     active_prompt_text: str | None = None    # the running prompt's text preview
     updated_at: float = 0.0                # epoch seconds of its last activity
+    earliest_event_id: int = 1             # the oldest event id its ring still holds
     origin: str | None = None              # create_session's label ("lmsp", …); None: a person's
 
     @property
     def has_active_prompt(self) -> bool:
         return self.active_prompt_id is not None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AgentStatus:
+    """One configured agent (``Bridge.list_agents``)."""
+
+    name: str
+    default: bool
+    state: str          # not_started | running | exited (restarted on next use)
+    sessions: int       # live sessions on it
+    info: dict[str, Any]   # its ``initialize`` answer (empty before its first start)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -92,3 +132,5 @@ class BridgeStats:
     pending_permissions: int
     subscribers: int
     prompt_queue_wait: QueueWait
+    # Agent messages naming a session the agent does not own, dropped (isolation).
+    foreign_messages_dropped: int = 0

@@ -7,6 +7,7 @@ under ``TYPE_CHECKING``); relative imports are resolved against their package.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -135,3 +136,67 @@ def test_the_rules_see_the_imports() -> None:
     """The checker itself: it finds a known cross-room import (the composer's)."""
     imports = set(_imports(ROOT / "acp_server" / "app.py"))
     assert "acp_server.rest.errors" in imports and "bridge" in imports
+
+
+# -- the bridge speaks no door's wire -------------------------------------------------------
+# camelCase names the bridge may spell outside bridge/wire.py: the ACP protocol's own (the
+# bridge speaks ACP to its agents and passes their payloads through), an ACP ``_meta``
+# key of ours (``acp-server/requestedSessionId``), and the logging module's.
+ACP_NAMES = frozenset({
+    "agentCapabilities", "agentInfo", "authMethods", "clientCapabilities", "clientInfo",
+    "elicitationId", "embeddedContext", "inputTokens", "loadSession", "mcpServers", "optionId",
+    "outputTokens", "promptCapabilities", "protocolVersion", "rawInput", "readTextFile",
+    "requestedSessionId", "sessionCapabilities", "sessionId", "sessionUpdate", "stopReason",
+    "toolCall", "toolCallId", "totalTokens", "writeTextFile",
+})
+PYTHON_NAMES = frozenset({"getLogger", "basicConfig"})
+_CAMEL = re.compile(r"^_?[a-z][a-z0-9]*(?:[A-Z][a-z0-9]*)+$")
+# A status the bridge would answer with (reading an outbound response's
+# ``status_code``, as the model agent's HTTP client does, is not one).
+_HTTP_NAMES = re.compile(r"http_?status", re.IGNORECASE)
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    return {id(node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str)}
+
+
+def _names(path: Path) -> Iterator[str]:
+    """Every name a module spells in code: identifiers, attributes, keyword arguments,
+    field annotations, and the words of its string literals (docstrings aside)."""
+    tree = ast.parse(path.read_text(), str(path))
+    docstrings = _docstrings(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                and id(node) not in docstrings:
+            yield from re.split(r"[^A-Za-z0-9_]+", node.value)
+        elif isinstance(node, ast.keyword) and node.arg:
+            yield node.arg
+        elif isinstance(node, ast.Attribute):
+            yield node.attr
+        elif isinstance(node, ast.Name):
+            yield node.id
+        elif isinstance(node, ast.arg):
+            yield node.arg
+
+
+def test_the_bridge_speaks_no_doors_wire() -> None:
+    """No HTTP status and no camelCase wire name in ``bridge/`` outside ``bridge/wire.py``
+    (the ACP payloads it passes through aside)."""
+    found = []
+    for path in _modules("bridge"):
+        if path.name == "wire.py" and path.parent.name == "bridge":
+            continue
+        for name in set(_names(path)):
+            if _HTTP_NAMES.search(name):
+                found.append(f"{_module_name(path)}: {name} (an HTTP status)")
+            elif _CAMEL.match(name) and name not in ACP_NAMES | PYTHON_NAMES:
+                found.append(f"{_module_name(path)}: {name}")
+    assert sorted(found) == []
+
+
+def test_the_wire_check_sees_wire_names() -> None:
+    """The checker itself: ``bridge/wire.py`` is full of what it looks for."""
+    names = set(_names(ROOT / "bridge" / "wire.py"))
+    assert {"serverTimestamp", "pendingCount", "promptId"} <= names

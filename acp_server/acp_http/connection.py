@@ -1,25 +1,30 @@
 """Per-connection state of the ``/acp`` transport: the connection stream, one
-``SessionChannel`` per session the connection uses, pending agent-to-client requests.
+``SessionChannel`` per session the connection uses, pending agent-to-client requests,
+the sessions the connection made.
 
     conn = AcpConnection("c-1", bridge)
     conn.push(encode_result(1, {"sessions": []}))      # connection stream, buffered
     channel = conn.channel(session_id)                  # subscribes to the session bus
     channel.track_prompt(ticket, rpc_id=3)              # reply {stopReason} on the stream
-    async for frame in conn.frames: ...                 # what a GET / WebSocket writes
-    conn.close()                                        # detach, cancel own prompts
+    while await channel.wait_ready():                   # what a GET / WebSocket writes
+        frame = channel.pop()
+    conn.close()                                        # detach, cancel, close its sessions
 
 Contracts:
 
-* Every buffer is bounded. Frames wait in a ``FrameBuffer`` of ``CONNECTION_BUFFER``
-  / ``SESSION_BUFFER`` frames (direct replies get headroom; past it they are dropped
-  and counted in ``frames.dropped``). Bus events wait in the bridge's bus subscription, which is
-  bounded and evicts a reader that falls too far behind: the channel then
-  resubscribes from the last event it delivered, replaying from the session ring.
-* Bus events reach a session stream only while ``pump()`` runs (a GET or WebSocket
-  reader is attached); until then they stay queued in the subscription. A
-  ``session/prompt`` response is emitted by the pump when it meets the prompt's
-  ``turn_complete`` / ``turn_error`` event, so it always follows the turn's
-  ``session/update`` notifications on the wire.
+* Every buffer is bounded, and there is one queue per stream. Bus events wait in the
+  bridge's bus subscription (a ``bridge.fifo.BoundedFifo``: bounded, evicting a
+  reader that falls too far behind; the channel then resubscribes from the last
+  event it delivered, replaying from the session ring) and are translated into
+  JSON-RPC frames as the reader takes them: no pump task, no second queue. Direct
+  replies wait in a ``BoundedFifo`` of ``SESSION_BUFFER`` / ``CONNECTION_BUFFER``
+  frames and ``REPLY_BUFFER_BYTES`` (past it a reply is dropped and logged; the HTTP
+  door refuses new requests before that, ``AcpConnection.replies_full``).
+* A reader takes frames in the order they arrived: the rest of the frames of the
+  event it is taking, then a direct reply once every bus event queued before it was
+  taken, else the next bus event. A ``session/prompt`` response is made when its
+  turn's ``turn_complete`` / ``turn_error`` event is taken, so it always follows the
+  turn's ``session/update`` notifications.
 * A ``permission_request`` becomes a ``session/request_permission`` request only
   while it is pending (a replayed, resolved one is a ``_qwen/notify``).
 * Bus events are delivered at most once per channel per bus epoch (``delivered_id``);
@@ -27,30 +32,35 @@ Contracts:
 * ``flush_through(event_id)`` returns once the reader has written every frame of the
   bus events up to ``event_id`` (at once without a reader, at most after
   ``FLUSH_TIMEOUT_S``): ``session/load`` answers only after its history is written.
-* ``close()`` is synchronous and idempotent: this connection's queued and running
-  prompts are cancelled (which cancels their permission requests), the other
-  permission requests it was sent are cancelled when ``cancel_permissions``, every
-  subscription is closed and every stream ends after its buffered frames. Prompts
-  sent with a client prompt id (``detached``) belong to their session, not to the
-  connection: a close leaves them running (a client re-attaches them by that id).
+* ``close()`` is synchronous and idempotent: this connection's running requests
+  (``in_flight``) are cancelled, so a spawn in flight gives its session slot back; its
+  queued and running prompts are cancelled (which cancels their permission requests),
+  the other permission requests it was sent are cancelled, and the sessions it made
+  (``owned``: ``session/new``, a cold ``session/load`` or ``session/resume``) are
+  closed, except where ``served_elsewhere`` (another live connection serves the
+  session; for a lost resumable connection the registry lets them linger instead).
+  Every subscription is closed and every stream ends after its buffered frames.
+  Prompts sent with a client prompt id (``detached``) belong to their session, not
+  to the connection: a close leaves them running (a client re-attaches them by that
+  id).
 * A ``resumable`` connection (asked for at ``initialize``) gets the bus event id and
   epoch of every event frame in ``params._meta`` (``frames.with_event_meta``).
 * ``in_flight`` maps the request ids of the requests running now to their cancel
-  scopes (``$/cancel_request``), bounded by the requests a client can have running.
+  scopes (``$/cancel_request``, and ``close()``), bounded by the requests a client can
+  have running.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 
 import anyio
 
 from acp_server.acp_http import elicitation
 from acp_server.acp_http import frames as fr
-from acp_server.acp_http.buffer import FrameBuffer
 from acp_server.acp_http.errors import (  # noqa: F401 - re-exported
     ChannelLimitError,
     ConnectionClosedError,
@@ -59,19 +69,20 @@ from acp_server.acp_http.errors import (  # noqa: F401 - re-exported
 )
 from acp_server.acp_http.frames import Frame
 from acp_server.principals import LOCAL_CALLER, Caller
-from bridge import Bridge, PromptTicket, Subscription
+from bridge import Bridge, PromptTicket, Subscription, Wakeup
 from bridge import events as ev
 from bridge.errors import BridgeError, SessionNotFoundError
 from bridge.events import Event
+from bridge.fifo import BoundedFifo
 from bridge.jsonrpc import encode_result
 
 log = logging.getLogger("acp_server.acp_http")
 
-CONNECTION_BUFFER = 1024
-SESSION_BUFFER = 512
-# Bytes of replies and frames one connection may hold for a reader that has not
-# taken them; past it a POST is answered 503 + Retry-After and a WebSocket closed
-# (1013). One frame past the bound is kept, so the bound is this plus one reply.
+CONNECTION_BUFFER = 2048         # direct replies waiting on the connection stream
+SESSION_BUFFER = 1024            # ... on one session stream
+# Bytes of replies one connection may hold for a reader that has not taken them;
+# past it a POST is answered 503 + Retry-After and a WebSocket closed (1013). One
+# frame past the bound is kept, so the bound is this plus one reply.
 REPLY_BUFFER_BYTES = 8 * 1024 * 1024
 MAX_CHANNELS_PER_CONNECTION = 256
 MAX_TRACKED_PROMPTS = 1024       # per channel; admission normally bounds it far lower
@@ -80,6 +91,13 @@ MAX_PENDING_REQUESTS = 1024      # agent-to-client requests awaiting this client
 FLUSH_TIMEOUT_S = 10.0           # a reader that takes longer does not hold a reply back
 
 
+def _put_reply(fifo: BoundedFifo[Frame], frame: Frame, where: str) -> bool:
+    if fifo.put_nowait(frame, len(frame.payload)):
+        return True
+    if not fifo.closed:
+        log.warning("acp %s: stream buffer full, frame dropped", where)
+    return False
+
 
 class SessionChannel:
     """One session's stream on one connection."""
@@ -87,34 +105,41 @@ class SessionChannel:
     def __init__(self, conn: AcpConnection, session_id: str) -> None:
         self.conn = conn
         self.session_id = session_id
-        self.frames = FrameBuffer(SESSION_BUFFER, REPLY_BUFFER_BYTES)
+        self.ready = Wakeup()   # a reply or an event arrived, a (re)subscription, the end
+        self.replies: BoundedFifo[Frame] = BoundedFifo(SESSION_BUFFER, REPLY_BUFFER_BYTES,
+                                                       wakeup=self.ready)
+        # Beside each reply: the subscription and how many of its frames were put when
+        # the reply came (the reply goes after them).
+        self._reply_marks: deque[tuple[Subscription | None, int]] = deque()
         self.subscription: Subscription | None = None
         self.epoch: str | None = None
-        self.delivered_id = 0
-        self.buffered_id = 0   # the last bus event whose frames are in ``frames`` (or gone)
+        self.delivered_id = 0   # the last bus event translated
+        self.written_id = 0     # the last bus event whose frames the reader wrote
+        self._taking: deque[Frame] = deque()   # the rest of the frames of the taken event
+        self._taking_id = 0
+        self._taken_id = 0
+        self._written = Wakeup()
         self.prompts: dict[str, tuple[RpcId, PromptTicket]] = {}
         self.detached: set[str] = set()   # prompt ids a close leaves running
         self.reader_attached = False
         self.retired = False
-        self._changed = anyio.Event()
 
     # -- subscription ------------------------------------------------------------------
     def subscribe(self, last_event_id: int | None = None, epoch: str | None = None) -> bool:
         """(Re)subscribe to the session bus; ``False`` if the bridge has no such session.
         Raises ``SubscriberLimitExceededError`` at the bus's subscriber cap."""
-        bridge = self.conn.bridge
         try:
-            bus_epoch = bridge.get_session(self.session_id).bus.epoch
-            subscription = bridge.subscribe(self.session_id, last_event_id=last_event_id,
-                                            epoch=epoch)
+            subscription = self.conn.bridge.subscribe(
+                self.session_id, last_event_id=last_event_id, epoch=epoch, wakeup=self.ready)
         except SessionNotFoundError:
             return False
-        if bus_epoch != self.epoch:
-            self.epoch, self.delivered_id, self.buffered_id = bus_epoch, 0, 0
+        if subscription.epoch != self.epoch:
+            self.epoch = subscription.epoch
+            self.delivered_id = self.written_id = self._taken_id = self._taking_id = 0
         old, self.subscription = self.subscription, subscription
         if old is not None:
             old.close()
-        self._wake()
+        self.ready.set()
         return True
 
     def ensure_subscribed(self) -> bool:
@@ -126,11 +151,11 @@ class SessionChannel:
         return self.subscribe()
 
     def rewind(self, last_event_id: int, epoch: str | None) -> bool:
-        """A reader asks for events after ``last_event_id``: drop buffered bus frames
-        (they will be replayed, in order) and resubscribe with that cursor."""
-        for frame in self.frames.take_all():
-            if frame.event_id is None:
-                self._push(frame)
+        """A reader asks for events after ``last_event_id``: drop the frames of the
+        event being taken (they will be replayed, in order) and resubscribe with that
+        cursor."""
+        self._taking = deque(f for f in self._taking if f.event_id is None)
+        self._taking_id = self._taken_id   # what was dropped is not taken
         if epoch is None or epoch == self.epoch:
             self.delivered_id = min(self.delivered_id, last_event_id)
         else:
@@ -139,77 +164,103 @@ class SessionChannel:
 
     # -- direct frames ---------------------------------------------------------------
     def push(self, payload: bytes) -> None:
-        self._push(Frame(None, payload))
-
-    def _push(self, frame: Frame) -> None:
-        if not self.frames.push(frame) and not self.frames.closed:
-            log.warning("acp connection %s session %s: stream buffer full, frame dropped",
-                        self.conn.id, self.session_id)
+        subscription = self.subscription
+        if _put_reply(self.replies, Frame(None, payload),
+                      f"connection {self.conn.id} session {self.session_id}"):
+            mark = subscription.taken + len(subscription) if subscription is not None else 0
+            self._reply_marks.append((subscription, mark))
 
     def track_prompt(self, ticket: PromptTicket, rpc_id: RpcId, *, detached: bool = False) -> None:
         self.prompts[ticket.prompt_id] = (rpc_id, ticket)
         if detached:
             self.detached.add(ticket.prompt_id)
 
-    # -- the pump (runs while a reader is attached) -----------------------------------
-    async def pump(self) -> None:
-        """Move bus events, translated, into this stream until ``retire()``."""
-        try:
-            while not self.retired:
-                subscription = self.subscription
-                if subscription is None:
-                    await self._wait_changed()
+    # -- the reader ----------------------------------------------------------------------
+    async def wait_ready(self) -> bool:
+        """``True`` when a frame is ready, ``False`` once retired and drained. Consumes
+        nothing (a heartbeat timeout may cancel it)."""
+        while True:
+            if self._taking or len(self.replies):
+                return True
+            subscription = self.subscription
+            if subscription is not None:
+                if subscription.ready:
+                    return True
+                if subscription.ended:
+                    self._subscription_ended(subscription)
                     continue
-                async for event in subscription:
-                    for frame in self._translate(event):
-                        await self.frames.put(frame)
-                    if event.id is not None and event.id > self.buffered_id:
-                        self.buffered_id = event.id
-                        self.frames.notify()
-                    if self.subscription is not subscription:
-                        break
-                if self.subscription is subscription:   # it ended by itself
-                    self.subscription = None
-                    if subscription.evicted_reason is not None:
-                        self._resubscribe_after_eviction()
-        except anyio.ClosedResourceError:
-            return
+            if self.retired:
+                return False
+            await self.ready.wait()
+
+    def pop(self) -> Frame | None:
+        """The next frame (see the module contracts), or ``None``."""
+        while True:
+            if self._taking:
+                frame = self._taking.popleft()
+                if not self._taking:
+                    self._taken_id = max(self._taken_id, self._taking_id)
+                return frame
+            subscription = self.subscription
+            if self._reply_marks:
+                marked, mark = self._reply_marks[0]
+                if marked is not subscription or subscription is None \
+                        or subscription.taken >= mark:   # every event queued before it taken
+                    self._reply_marks.popleft()
+                    return self.replies.get_nowait()
+            event = subscription.receive_nowait() if subscription is not None else None
+            if event is None:
+                return None
+            frames = self._translate(event)
+            if frames:
+                self._taking.extend(frames)
+                if event.id is not None:
+                    self._taking_id = event.id
+            elif event.id is not None:
+                self._taken_id = max(self._taken_id, event.id)
+
+    def sent(self, count: int) -> None:
+        """The reader wrote every frame it popped."""
+        self.written_id = self._taken_id
+        self._written.set()
+
+    def detach_reader(self) -> None:
+        self.reader_attached = False
+        self._written.set()
 
     async def flush_through(self, event_id: int) -> None:
         """Wait until the reader has written the frames of the bus events up to
         ``event_id`` (see the module contracts)."""
         with anyio.move_on_after(FLUSH_TIMEOUT_S):
-            while self.reader_attached and not self.retired and self.buffered_id < event_id:
-                await self.frames.changed()
-            mark = self.frames.appended
-            while self.reader_attached and not self.retired and self.frames.written < mark:
-                await self.frames.changed()
+            while self.reader_attached and not self.retired and self.written_id < event_id:
+                await self._written.wait()
 
     def drain_now(self) -> None:
-        """Translate what the subscription holds right now into the stream buffer
-        (before the channel is retired, so nothing already published is lost)."""
+        """Translate what the subscription holds right now, ahead of any reply pushed
+        after this (``session/close``: the turn's last events and prompt replies come
+        first)."""
         subscription = self.subscription
         while subscription is not None:
             event = subscription.receive_nowait()
             if event is None:
                 return
-            for frame in self._translate(event):
-                self._push(frame)
-            if event.id is not None and event.id > self.buffered_id:
-                self.buffered_id = event.id
+            self._taking.extend(self._translate(event))
+            if event.id is not None:
+                self._taking_id = max(self._taking_id, event.id)
+                if not self._taking:
+                    self._taken_id = max(self._taken_id, event.id)
 
-    def _resubscribe_after_eviction(self) -> None:
-        try:
-            self.subscribe(last_event_id=self.delivered_id, epoch=self.epoch)
-        except BridgeError as exc:
-            log.debug("acp session %s: resubscribe failed: %s", self.session_id, exc)
-
-    async def _wait_changed(self) -> None:
-        await self._changed.wait()
-        self._changed = anyio.Event()
-
-    def _wake(self) -> None:
-        self._changed.set()
+    def _subscription_ended(self, subscription: Subscription) -> None:
+        """The subscription ended by itself: evicted (resubscribe from what was
+        delivered, the ring replays the rest) or its session closed."""
+        if self.subscription is not subscription:
+            return
+        self.subscription = None
+        if subscription.evicted_reason is not None and not self.retired:
+            try:
+                self.subscribe(last_event_id=self.delivered_id, epoch=self.epoch)
+            except BridgeError as exc:
+                log.debug("acp session %s: resubscribe failed: %s", self.session_id, exc)
 
     def _translate(self, event: Event) -> list[Frame]:
         if event.id is not None:
@@ -218,17 +269,17 @@ class SessionChannel:
             self.delivered_id = event.id
         kind = event.type
         if kind == ev.CLIENT_EVICTED:
-            return []    # not the client's concern: the pump resubscribes and replays
+            return []    # not the client's concern: the channel resubscribes and replays
         if kind == ev.SESSION_UPDATE:
             return [self._annotated(fr.update_frame(event))]
         if kind == ev.PERMISSION_REQUEST:
             found = fr.permission_frame(event)
             # a replayed request that was resolved meanwhile is history, not a question
-            if found is not None and self.conn.bridge.permissions.is_pending(found[0]):
+            if found is not None and self.conn.bridge.permission_pending(found[0]):
                 self.conn.expect_answer(found[0], self.session_id)
                 return [self._annotated(found[1])]
         elif kind == ev.PERMISSION_RESOLVED:
-            self.conn.pending_requests.pop(getattr(event.data, "requestId", ""), None)
+            self.conn.pending_requests.pop(event.data.request_id, None)
         elif kind in elicitation.KINDS:
             return [self._annotated(f) for f in elicitation.elicitation_frames(self.conn, self,
                                                                                event)]
@@ -273,9 +324,9 @@ class SessionChannel:
         self.retired = True
         if self.subscription is not None:
             self.subscription.close()
-            self.subscription = None
-        self.frames.close()
-        self._wake()
+        self.replies.close()
+        self.ready.set()
+        self._written.set()
 
 
 class AcpConnection:
@@ -289,10 +340,11 @@ class AcpConnection:
         self._clock = clock
         self.websocket = websocket
         self.created_at = time.time()
-        self.frames = FrameBuffer(CONNECTION_BUFFER, REPLY_BUFFER_BYTES)
+        self.frames: BoundedFifo[Frame] = BoundedFifo(CONNECTION_BUFFER, REPLY_BUFFER_BYTES)
         self.channels: dict[str, SessionChannel] = {}
         # agent-to-client request id -> session id, oldest first (bounded).
         self.pending_requests: OrderedDict[str, str] = OrderedDict()
+        self.owned: set[str] = set()   # sessions this connection made
         self.reader_attached = False
         self.open_streams = 0
         self.streams_gone_at: float | None = clock()
@@ -307,13 +359,39 @@ class AcpConnection:
 
     def replies_full(self) -> bool:
         """``REPLY_BUFFER_BYTES`` or more wait in this connection's buffers."""
-        total = self.frames.nbytes + sum(c.frames.nbytes for c in self.channels.values())
+        total = self.frames.nbytes + sum(c.replies.nbytes for c in self.channels.values())
         return total >= REPLY_BUFFER_BYTES
 
     # -- the connection stream ---------------------------------------------------------
     def push(self, payload: bytes) -> None:
-        if not self.frames.push(Frame(None, payload)) and not self.frames.closed:
-            log.warning("acp connection %s: stream buffer full, frame dropped", self.id)
+        _put_reply(self.frames, Frame(None, payload), f"connection {self.id}")
+
+    async def wait_ready(self) -> bool:
+        return await self.frames.wait()
+
+    def pop(self) -> Frame | None:
+        return self.frames.get_nowait()
+
+    def sent(self, count: int) -> None:
+        """The reader wrote what it popped (nothing waits for it here)."""
+
+    def detach_reader(self) -> None:
+        self.reader_attached = False
+
+    # -- sessions ------------------------------------------------------------------------
+    def own(self, session_id: str) -> None:
+        """This connection made ``session_id``: closed with the connection (see
+        ``close``), at once when the connection closed while it was being made (a
+        spawn need not yield, so it may finish in a request cancelled before it ran)."""
+        if not self.closed:
+            self.owned.add(session_id)
+            return
+        try:
+            self.bridge.close_session_soon(session_id, reason="connection_closed",
+                                           closed_by=self.id)
+        except BridgeError:
+            pass   # closed already
+        raise ConnectionClosedError(self.id)
 
     # -- session channels ------------------------------------------------------------
     def channel(self, session_id: str) -> SessionChannel:
@@ -336,6 +414,7 @@ class AcpConnection:
         channel = self.channels.pop(session_id, None)
         if channel is not None:
             channel.retire()
+        self.owned.discard(session_id)
 
     def expect_answer(self, request_id: str, session_id: str) -> None:
         self.pending_requests[request_id] = session_id
@@ -354,17 +433,19 @@ class AcpConnection:
             self.streams_gone_at = self._clock()
 
     # -- teardown ------------------------------------------------------------------------
-    def close(self, *, cancel_permissions: Callable[[str], bool] = lambda _sid: True) -> None:
-        """Detach every session. ``cancel_permissions(session_id)`` says whether the
-        permission requests this connection was sent on that session are cancelled
-        (not when another connection still serves the session)."""
+    def close(self, *, served_elsewhere: Callable[[str], bool] = lambda _sid: False) -> None:
+        """Detach every session (see the module contracts). ``served_elsewhere(sid)``:
+        another live connection serves that session, so its permission requests stay
+        pending and, if this connection made it, it stays open."""
         if self.closed:
             return
         self.closed = True
+        for scope in list(self.in_flight.values()):
+            scope.cancel()
         for channel in self.channels.values():
             channel.cancel_prompts("connection_closed")
         for request_id, session_id in list(self.pending_requests.items()):
-            if cancel_permissions(session_id):
+            if not served_elsewhere(session_id):
                 try:
                     self.bridge.respond_to_permission(request_id, {"outcome": "cancelled"},
                                                       session_id=session_id)
@@ -375,3 +456,12 @@ class AcpConnection:
             channel.retire()
         self.channels.clear()
         self.frames.close()
+        for session_id in sorted(self.owned):
+            if served_elsewhere(session_id):
+                continue
+            try:
+                self.bridge.close_session_soon(session_id, reason="connection_closed",
+                                               closed_by=self.id)
+            except BridgeError:
+                pass   # closed already
+        self.owned.clear()

@@ -9,6 +9,10 @@ when the connection has, or can open, a channel for that session, else to the
 connection stream. ``session/prompt`` is answered later, by the session stream
 itself, when the turn ends (``{stopReason, ...}`` as the agent sent it, or an error).
 
+A request runs until it is answered, cancelled (``$/cancel_request``) or its connection
+closes (DELETE, reaping, the socket gone): a session it was making then gives its slot
+back. The sessions a connection made are closed with it (``AcpConnection.close``).
+
 Unlike ``qwen serve``, a second ``session/prompt`` on the same connection does not
 cancel the first: it is queued behind it under the same admission rule as REST
 (``--max-pending-prompts-per-session``), and a full queue answers ``prompt_queue_full`` (``acp_http.errors``).
@@ -176,10 +180,11 @@ def initialize_result(bridge: Bridge, params: dict[str, Any], connection_id: str
     version = PROTOCOL_VERSION
     if isinstance(requested, int) and not isinstance(requested, bool):
         version = max(0, min(requested, PROTOCOL_VERSION))
-    agent_caps = bridge.agent_info.get("agentCapabilities")
+    agent_info = bridge.agent_info()
+    agent_caps = agent_info.get("agentCapabilities")
     capabilities = with_own_capabilities(
         agent_caps if isinstance(agent_caps, dict) else DEFAULT_AGENT_CAPABILITIES)
-    auth_methods = bridge.agent_info.get("authMethods")
+    auth_methods = agent_info.get("authMethods")
     return {
         "protocolVersion": version,
         "agentCapabilities": capabilities,
@@ -207,6 +212,8 @@ async def _session_new(conn: AcpConnection, rpc_id: RpcId, params: dict[str, Any
     agent = meta_value(params, AGENT_META, str)
     info = await conn.bridge.create_session(cwd=_cwd(params), agent=agent,
                                             origin=session_origin(params.get("_meta")))
+    if not info.attached:
+        conn.own(info.session_id)
     conn.channel(info.session_id)
     return {**info.agent_result, "sessionId": info.session_id}
 
@@ -221,6 +228,8 @@ async def _session_load(conn: AcpConnection, rpc_id: RpcId, params: dict[str, An
     cursor = cursor_param(params)
     info = await conn.bridge.load_session(sid, cwd=_cwd(params),
                                           agent=meta_value(params, AGENT_META, str))
+    if not info.attached:   # restored by this connection: it made it
+        conn.own(sid)
     result = {k: v for k, v in info.agent_result.items() if k != "sessionId"}
     if cursor is not None:
         return with_events_meta(result, await replay_after(conn, info, cursor))
@@ -237,6 +246,8 @@ async def _session_resume(conn: AcpConnection, rpc_id: RpcId, params: dict[str, 
     cursor = cursor_param(params)
     info = await conn.bridge.resume_session(sid, cwd=_cwd(params),
                                             agent=meta_value(params, AGENT_META, str))
+    if not info.attached:
+        conn.own(sid)
     if cursor is not None:
         return with_events_meta({}, await replay_after(conn, info, cursor))
     conn.channel(sid)
@@ -246,8 +257,8 @@ async def _session_resume(conn: AcpConnection, rpc_id: RpcId, params: dict[str, 
 async def _session_list(conn: AcpConnection, rpc_id: RpcId, params: dict[str, Any]) -> Any:
     cwd = _cwd(params)
     sessions = [{"sessionId": s.session_id, "cwd": s.workspace_cwd}
-                for s in conn.bridge.sessions()
-                if not s.closing and (cwd is None or s.workspace_cwd == cwd)]
+                for s in conn.bridge.list_sessions()
+                if cwd is None or s.workspace_cwd == cwd]
     return {"sessions": sessions}
 
 
@@ -344,11 +355,10 @@ async def _session_delete(conn: AcpConnection, rpc_id: RpcId, params: dict[str, 
     ``session/delete`` when the agent offers it; an unknown session succeeds."""
     sid = _session_id(params)
     bridge = conn.bridge
-    try:
-        session = bridge.get_session(sid)
-    except SessionNotFoundError:
+    if not bridge.has_session(sid):
         return {}
-    if bridge.agents.capability(session.agent_name, "sessionCapabilities", "delete") is not None:
+    agent = bridge.session_status(sid).agent
+    if bridge.agent_capability(agent, "sessionCapabilities", "delete") is not None:
         await bridge.forward(sid, "session/delete", {"sessionId": sid})
     with contextlib.suppress(SessionNotFoundError):
         await bridge.close_session(sid, reason="deleted", closed_by=conn.id)
@@ -408,6 +418,8 @@ async def _run(conn: AcpConnection, rpc_id: RpcId, is_request: bool, handler: Ha
         return await handler(conn, rpc_id, params)
     key = (type(rpc_id), rpc_id)
     with anyio.CancelScope() as scope:
+        if conn.closed:   # nobody will read the answer: a spawn must not take a slot
+            scope.cancel()
         conn.in_flight[key] = scope
         try:
             return await handler(conn, rpc_id, params)
@@ -427,8 +439,9 @@ def _reply_target(conn: AcpConnection, method: str,
     channel = conn.channels.get(sid)
     if channel is not None:
         return channel
+    if not conn.bridge.has_session(sid):
+        return conn
     try:
-        conn.bridge.get_session(sid)
         return conn.channel(sid)
     except BridgeError:
         return conn
@@ -469,7 +482,7 @@ def answer_agent_request(conn: AcpConnection, msg: Message) -> None:
     session_id = conn.pending_requests.pop(request_id, None)
     if session_id is None:
         return
-    if conn.bridge.elicitations.is_pending(request_id):
+    if conn.bridge.elicitation_pending(request_id):
         answer_elicitation(conn, msg, session_id)
         return
     outcome: dict[str, Any] = {"outcome": "cancelled"}

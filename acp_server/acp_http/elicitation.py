@@ -26,7 +26,7 @@ from acp_server.acp_http import frames as fr
 from acp_server.acp_http.frames import Frame
 from bridge import events as ev
 from bridge.errors import BridgeError
-from bridge.events import Event
+from bridge.events import ElicitationComplete, ElicitationRequest, Event
 from bridge.jsonrpc import UNSET, Message, decode_value, encode_notification, encode_request
 
 if TYPE_CHECKING:
@@ -46,16 +46,17 @@ def offers_elicitation(params: dict[str, Any]) -> bool:
 
 def elicitation_frames(conn: AcpConnection, channel: SessionChannel, event: Event) -> list[Frame]:
     data = event.data
-    if not conn.elicitation or not isinstance(data, dict):
+    if not conn.elicitation:
         return [fr.notify_frame(event)]
-    if event.type == ev.ELICITATION_COMPLETE:
-        return [Frame(event.id, encode_notification("elicitation/complete", data))]
-    request_id = data.get("requestId")
-    if not isinstance(request_id, str) or not conn.bridge.elicitations.is_pending(request_id):
+    if isinstance(data, ElicitationComplete):
+        return [Frame(event.id, encode_notification(
+            "elicitation/complete", {**data.params, "sessionId": data.session_id}))]
+    if not isinstance(data, ElicitationRequest) \
+            or not conn.bridge.elicitation_pending(data.request_id):
         return [fr.notify_frame(event)]   # answered meanwhile: history, not a question
-    conn.expect_answer(request_id, channel.session_id)
-    params = {k: v for k, v in data.items() if k != "requestId"}
-    return [Frame(event.id, encode_request(request_id, "elicitation/create", params))]
+    conn.expect_answer(data.request_id, channel.session_id)
+    params = {**data.params, "sessionId": data.session_id}
+    return [Frame(event.id, encode_request(data.request_id, "elicitation/create", params))]
 
 
 def answer_elicitation(conn: AcpConnection, msg: Message, session_id: str) -> None:
@@ -67,6 +68,6 @@ def answer_elicitation(conn: AcpConnection, msg: Message, session_id: str) -> No
     try:
         conn.bridge.respond_to_elicitation(request_id, answer, session_id=session_id)
     except BridgeError as exc:
-        if conn.bridge.elicitations.is_pending(request_id):
+        if conn.bridge.elicitation_pending(request_id):
             conn.expect_answer(request_id, session_id)   # may be answered again
         log.info("acp %s: elicitation answer for %s refused: %s", conn.id, request_id, exc)

@@ -16,14 +16,18 @@ params, workspace mismatch
 ``SessionLimitExceededError``       -32603   ``{errorKind: "session_limit_exceeded", limit,
                                              scope, retryable: true}``
 ``AgentError`` (agent's JSON-RPC)   as sent  as sent
+``AgentRequestTimeoutError``        -32603   ``{errorKind: "agent_request_timeout",
+                                             httpStatus: 504, retryable: true, phase,
+                                             timeoutMs}``
 ``StoreUnavailableError`` (store)    -32603   ``{errorKind: "store_unavailable",
                                              retryable: true, retryAfterSeconds}``
 other ``BridgeError``               -32603   ``{errorKind: <error code>, ...}``
 anything else                       -32603   ``{errorKind: "internal"}`` ("Internal error")
 ==================================  =======  =================================================
 
-The rule is read from the error (``rpc_code``, ``code``, ``details()``); ``DATA`` and
-``ANSWERS`` hold the answers that carry more, or differ.
+The caller's mistakes (``CALLER_ERRORS``, looked up along the error's MRO) are
+-32602; ``DATA`` and ``ANSWERS`` hold the answers that carry more, or differ. Field
+names are the peer's (``bridge.wire.error_details``).
 """
 
 from __future__ import annotations
@@ -31,25 +35,33 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
+
+from acp_server.http.policy import Refusal
 from acp_server.store.errors import StoreUnavailableError
 from bridge.errors import (
     AgentDiedError,
     AgentError,
     AgentNotFoundError,
+    AgentRequestTimeoutError,
     AgentTimeoutError,
     BridgeError,
+    InvalidClientIdError,
+    InvalidDeadlineError,
+    InvalidPermissionOptionError,
     InvalidPromptError,
+    PermissionNotFoundError,
     PromptDeadlineExceededError,
     PromptQueueFullError,
     SessionClosedError,
     SessionLimitExceededError,
+    SessionNotFoundError,
     SubscriberLimitExceededError,
+    WorkspaceMismatchError,
 )
-import msgspec
-
-from acp_server.http.policy import Refusal
 from bridge.jsonrpc import (INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND,
                             REQUEST_CANCELLED, encode_error)
+from bridge.wire import error_details
 
 RpcId = int | str | None
 
@@ -70,21 +82,23 @@ class ChannelLimitError(BridgeError):
         super().__init__(f"Too many sessions on one ACP connection (limit {limit})")
         self.limit = limit
 
-    def details(self) -> dict[str, Any]:
-        return {"limit": self.limit}
-
 
 class InvalidParamsError(BridgeError):
     code = "invalid_params"
-    http_status = 400
-    rpc_code = INVALID_PARAMS
+
+
+# The caller's mistakes: -32602 with no data.
+CALLER_ERRORS: tuple[type[BridgeError], ...] = (
+    SessionNotFoundError, WorkspaceMismatchError, InvalidClientIdError, PermissionNotFoundError,
+    InvalidPermissionOptionError, AgentNotFoundError, InvalidPromptError, InvalidDeadlineError,
+    InvalidParamsError,
+)
 
 
 class MethodNotFoundError(BridgeError):
     """Neither ours nor advertised by the session's agent (-32601, ``data: {method}``)."""
 
     code = "method_not_found"
-    rpc_code = METHOD_NOT_FOUND
 
     def __init__(self, method: str) -> None:
         super().__init__(f"Unknown method: {method}")
@@ -95,7 +109,6 @@ class RequestCancelledError(BridgeError):
     """The request was cancelled by ``$/cancel_request`` (-32800)."""
 
     code = "request_cancelled"
-    rpc_code = REQUEST_CANCELLED
 
     def __init__(self) -> None:
         super().__init__("Request cancelled")
@@ -111,20 +124,33 @@ class PromptFailedError(BridgeError):
         self.prompt_id = prompt_id
         self.error_code = error_code
 
-    def details(self) -> dict[str, Any]:
-        return {"promptId": self.prompt_id, "errorCode": self.error_code}
-
 
 PROMPT_REQUIRED = 'Invalid params: "prompt" must be a non-empty array of content blocks'
 RpcError = tuple[int, str, dict[str, Any] | None]
 
 
+# The fields of this door's own errors; the bridge's are named by bridge.wire.
+DOOR_DETAILS: dict[type[BridgeError], Callable[[Any], dict[str, Any]]] = {
+    ChannelLimitError: lambda exc: {"limit": exc.limit},
+    PromptFailedError: lambda exc: {"promptId": exc.prompt_id, "errorCode": exc.error_code},
+}
+
+
+def _details(exc: Any) -> dict[str, Any]:
+    door = DOOR_DETAILS.get(type(exc))
+    return door(exc) if door is not None else error_details(exc)
+
+
 def _kind(exc: Any) -> dict[str, Any]:
-    return {"errorKind": exc.code, **exc.details()}
+    return {"errorKind": exc.code, **_details(exc)}
 
 
 def _retryable(exc: Any) -> dict[str, Any]:
-    return {"errorKind": exc.code, **exc.details(), "retryable": True}
+    return {"errorKind": exc.code, **_details(exc), "retryable": True}
+
+
+def _timeout(exc: Any) -> dict[str, Any]:
+    return {"errorKind": exc.code, "httpStatus": 504, "retryable": True, **_details(exc)}
 
 
 # ``data`` of the -32603 answers that carry more than ``{errorKind}``, by exact class.
@@ -133,8 +159,8 @@ DATA: dict[type[BridgeError], Callable[[Any], dict[str, Any]]] = {
     SessionLimitExceededError: _retryable,
     SubscriberLimitExceededError: _retryable,
     ChannelLimitError: _retryable,
-    AgentTimeoutError: lambda exc: {"errorKind": exc.code, "httpStatus": exc.http_status,
-                                    "retryable": True, **exc.details()},
+    AgentTimeoutError: _timeout,
+    AgentRequestTimeoutError: _timeout,
     SessionClosedError: _kind,
     PromptDeadlineExceededError: _kind,
     AgentDiedError: _kind,
@@ -153,7 +179,7 @@ ANSWERS: dict[type[BridgeError], Callable[[Any], RpcError]] = {
 
 def to_rpc_error(exc: BaseException) -> RpcError:
     """``(code, message, data)`` for an error raised by the bridge or a method:
-    ``-32602`` with no data for the caller's mistakes (``rpc_code``), else
+    ``-32602`` with no data for the caller's mistakes (``CALLER_ERRORS``), else
     ``-32603`` with ``{errorKind: code, ...}``."""
     if isinstance(exc, StoreUnavailableError):
         return INTERNAL_ERROR, "The store is unavailable; retry later", {
@@ -163,10 +189,10 @@ def to_rpc_error(exc: BaseException) -> RpcError:
     answer = ANSWERS.get(type(exc))
     if answer is not None:
         return answer(exc)
-    if exc.rpc_code == INVALID_PARAMS:
+    if isinstance(exc, CALLER_ERRORS):
         return INVALID_PARAMS, str(exc) or "Invalid params", None
     data = DATA.get(type(exc))
-    return (exc.rpc_code, str(exc) or "Internal error",
+    return (INTERNAL_ERROR, str(exc) or "Internal error",
             data(exc) if data is not None else {"errorKind": exc.code})
 
 

@@ -6,12 +6,15 @@
 
 Contracts:
 
+* The frames of a bus event are the same for every connection: each payload is built
+  once per event and kept on it (``Event.encoded``).
 * A ``Frame`` is one JSON-RPC message (``payload``, one line of JSON) plus the bus
   id of the event it came from (``None`` for responses and synthetic frames). SSE
   (``acp_server.http.sse.frame``) writes ``id:`` only for bus events, so ``Last-Event-ID``
   names a bus id.
 * Event data is encoded with msgspec as it is (``msgspec.Raw`` agent params are
   written through byte for byte); nothing is re-serialized through a narrower type.
+  The bridge's own payloads are written in their wire shape (``bridge.wire``).
 * A permission request becomes the agent-to-client request
   ``session/request_permission`` whose JSON-RPC id is the bridge's ``requestId``
   (a string), with ``_meta.qwen.requestId`` as the peer sends it.
@@ -27,8 +30,9 @@ from typing import Any, NamedTuple
 import msgspec
 
 from acp_server.http.sse import frame as sse_frame
-from bridge.events import Event
+from bridge.events import Event, PermissionRequest
 from bridge.jsonrpc import encode_notification, encode_request
+from bridge.wire import wire_data
 
 QWEN_NOTIFY = "_qwen/notify"
 EVENT_META = "acp-server/event"   # params._meta key: {sessionId, id: bus event id, epoch}
@@ -50,30 +54,42 @@ def sse_bytes(frame: Frame) -> bytes:
     return sse_frame(frame.payload, event_id=frame.event_id)
 
 
+def _update_payload(event: Event) -> bytes:
+    return encode_notification("session/update", event.data)
+
+
 def update_frame(event: Event) -> Frame:
     """A ``session_update`` bus event: its data is the whole ``session/update`` params."""
-    return Frame(event.id, encode_notification("session/update", event.data))
+    return Frame(event.id, event.encoded(_update_payload))
+
+
+def _notify_payload(event: Event) -> bytes:
+    return encode_notification(QWEN_NOTIFY, _Notify(event.type, wire_data(event)))
 
 
 def notify_frame(event: Event) -> Frame:
-    """Any other bus event (or synthetic frame) as the peer's ``_qwen/notify``."""
-    return Frame(event.id, encode_notification(QWEN_NOTIFY, _Notify(event.type, event.data)))
+    """Any other bus event (or stream-control frame) as the peer's ``_qwen/notify``."""
+    return Frame(event.id, event.encoded(_notify_payload))
+
+
+def _permission_payload(event: Event) -> bytes:
+    data: PermissionRequest = event.data
+    params = dict(data.params)
+    params["sessionId"] = data.session_id
+    meta = params.get("_meta")
+    meta = dict(meta) if isinstance(meta, dict) else {}
+    qwen = meta.get("qwen")
+    meta["qwen"] = {**(qwen if isinstance(qwen, dict) else {}), "requestId": data.request_id}
+    params["_meta"] = meta
+    return encode_request(data.request_id, "session/request_permission", params)
 
 
 def permission_frame(event: Event) -> tuple[str, Frame] | None:
     """A ``permission_request`` event as ``(request id, JSON-RPC request frame)``."""
     data = event.data
-    if not isinstance(data, dict) or not isinstance(data.get("requestId"), str):
+    if not isinstance(data, PermissionRequest):
         return None
-    params = {k: v for k, v in data.items() if k != "requestId"}
-    request_id: str = data["requestId"]
-    meta = params.get("_meta")
-    meta = dict(meta) if isinstance(meta, dict) else {}
-    qwen = meta.get("qwen")
-    meta["qwen"] = {**(qwen if isinstance(qwen, dict) else {}), "requestId": request_id}
-    params["_meta"] = meta
-    return request_id, Frame(event.id, encode_request(request_id, "session/request_permission",
-                                                      params))
+    return data.request_id, Frame(event.id, event.encoded(_permission_payload))
 
 
 _members = msgspec.json.Decoder(dict[str, msgspec.Raw])

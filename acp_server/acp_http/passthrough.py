@@ -1,7 +1,7 @@
 """Methods that are neither ours nor handled by ``/acp``: to the session's agent when
 it advertises them, else ``-32601``.
 
-    if advertised(bridge.agents.info(session.agent_name), "_zed.dev/buffers"): ...
+    if advertised(bridge.agent_info(agent_name), "_zed.dev/buffers"): ...
     result = await pass_through(conn, method, params, is_request=True)
 
 Contracts:
@@ -21,12 +21,10 @@ Contracts:
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 from acp_server.acp_http.connection import AcpConnection
 from acp_server.acp_http.errors import MethodNotFoundError
-from bridge.errors import SessionNotFoundError
 
 KNOWN_GATES: dict[str, tuple[str, ...]] = {
     "providers/": ("providers",), "nes/": ("nes",), "document/": ("nes",),
@@ -63,13 +61,11 @@ def _lists(value: Any, name: str, depth: int = MAX_DEPTH) -> bool:
 async def pass_through(conn: AcpConnection, method: str, params: dict[str, Any],
                        is_request: bool) -> Any:
     sid = params.get("sessionId")
-    session = None
-    if isinstance(sid, str):
-        with contextlib.suppress(SessionNotFoundError):
-            session = conn.bridge.get_session(sid)
-    if session is None or not advertised(conn.bridge.agents.info(session.agent_name), method):
+    bridge = conn.bridge
+    if not isinstance(sid, str) or not bridge.has_session(sid) \
+            or not advertised(bridge.agent_info(bridge.session_status(sid).agent), method):
         raise MethodNotFoundError(method)
     if is_request:
-        return await session.agent.request(method, params)
-    await session.agent.notify(method, params)
+        return await bridge.forward(sid, method, params)
+    await bridge.forward_notification(sid, method, params)
     return None

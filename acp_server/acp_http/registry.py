@@ -15,12 +15,17 @@ Contracts:
   never opened one) is reaped exactly as a DELETE would close it. ``sweep()`` runs
   at the start of every ``/acp`` request, and a stream whose client disconnected
   runs it once more ``grace_s`` later, so reaping does not depend on traffic.
-* Closing cancels the permission requests the connection was sent only on sessions
-  that no other live connection serves. A ``resumable`` connection that is lost
-  (its socket dropped, or it was reaped), not closed by DELETE or shutdown, leaves
-  them pending for ``resume_grace_s`` (default 600 s), so that its client can
-  reconnect and answer them; a sweep after that cancels those whose session no
-  live connection serves by then.
+* Closing cancels the permission requests the connection was sent, and closes the
+  sessions it made, only on sessions that no other live connection serves
+  (``AcpConnection.close``). The connections that still serve a session it made
+  inherit it: a session made over ``/acp`` is closed when the last connection that
+  made or attached it goes away.
+* A ``resumable`` connection that is lost (its socket dropped, or it was reaped), not
+  closed by DELETE or shutdown, leaves its permission requests pending and its
+  sessions open for ``resume_grace_s`` (default 600 s), so that its client can
+  reconnect, attach them and answer them; a sweep after that cancels the requests
+  and closes the sessions that no live connection serves by then (those that one
+  serves are inherited by it).
 
 One registry per server, built by the composition (``acp_server.server``) from the
 ``AcpConfig``; ``clock=`` takes any ``Clock`` (``now()`` and ``sleep()``), e.g. one a
@@ -79,8 +84,10 @@ class ConnectionRegistry:
         self.max_connections = max_connections
         self.grace_s = grace_s
         self.resume_grace_s = resume_grace_s
-        # Permission requests of lost resumable connections: (deadline, request, session).
+        # Permission requests of lost resumable connections: (deadline, request, session),
+        # and the sessions they made: (deadline, session).
         self.lingering: list[tuple[float, str, str]] = []
+        self.lingering_sessions: list[tuple[float, str]] = []
         self.connections: dict[str, AcpConnection] = {}
         self.reaped = 0
         self._shutdown = anyio.Event()
@@ -110,9 +117,22 @@ class ConnectionRegistry:
             deadline = self.clock.now() + self.resume_grace_s
             self.lingering.extend((deadline, request_id, session_id)
                                   for request_id, session_id in conn.pending_requests.items())
-            conn.close(cancel_permissions=lambda sid: False)
+            self.lingering_sessions.extend((deadline, sid) for sid in conn.owned)
+            conn.owned.clear()
+            conn.close(served_elsewhere=lambda sid: True)   # nothing cancelled, nothing closed
             return
-        conn.close(cancel_permissions=lambda sid: not self.served_elsewhere(sid, conn))
+        for session_id in conn.owned:   # the connections still serving it inherit it
+            self._inherit(session_id, conn)
+        conn.close(served_elsewhere=lambda sid: self.served_elsewhere(sid, conn))
+
+    def _inherit(self, session_id: str, conn: AcpConnection | None = None) -> bool:
+        """Every other live connection serving ``session_id`` owns it now; ``False``
+        when there is none."""
+        heirs = [other for other in self.connections.values()
+                 if other is not conn and session_id in other.channels]
+        for heir in heirs:
+            heir.own(session_id)
+        return bool(heirs)
 
     def served_elsewhere(self, session_id: str, conn: AcpConnection) -> bool:
         return any(other is not conn and session_id in other.channels
@@ -123,8 +143,10 @@ class ConnectionRegistry:
         Call it before stopping the server so shutdown does not wait for them."""
         self._shutdown.set()
         for conn in list(self.connections.values()):
+            conn.owned.clear()   # the bridge's drain closes every session (reason shutdown)
             self.close(conn)
         self.lingering.clear()   # the sessions close next, and their permissions with them
+        self.lingering_sessions.clear()
 
     async def sweep_after_grace(self) -> None:
         """Wait out the grace period (or shutdown), then sweep; then, while permission
@@ -140,9 +162,10 @@ class ConnectionRegistry:
                 await self.clock.sleep(delay)
                 tg.cancel_scope.cancel()
             self.sweep()
-            if not self.lingering:
+            deadlines = [d for d, _r, _s in self.lingering] + [d for d, _s in self.lingering_sessions]
+            if not deadlines:
                 return
-            delay = max(0.0, min(d for d, _r, _s in self.lingering) - self.clock.now())
+            delay = max(0.0, min(deadlines) - self.clock.now())
 
     def sweep(self) -> list[str]:
         """Reap every connection whose streams have been gone for the grace period;
@@ -155,7 +178,20 @@ class ConnectionRegistry:
         self.reaped += len(expired)
         if self.lingering:
             self._cancel_lingering(now)
+        if self.lingering_sessions:
+            self._close_lingering(now)
         return [c.id for c in expired]
+
+    def _close_lingering(self, now: float) -> None:
+        due = [sid for deadline, sid in self.lingering_sessions if deadline <= now]
+        self.lingering_sessions = [e for e in self.lingering_sessions if e[0] > now]
+        for session_id in due:
+            if self._inherit(session_id):
+                continue   # a live connection serves it again: it owns it now
+            try:
+                self.bridge.close_session_soon(session_id, reason="connection_closed")
+            except BridgeError:
+                pass   # closed meanwhile
 
     def _cancel_lingering(self, now: float) -> None:
         due = [entry for entry in self.lingering if entry[0] <= now]

@@ -62,19 +62,17 @@ def prompt_id_param(params: dict[str, Any]) -> str | None:
 def rejoin_prompt(conn: AcpConnection, channel: SessionChannel, prompt_id: str,
                   rpc_id: RpcId) -> Any:
     """A prompt sent again under its id: ``PENDING``, its answer, or ``None``."""
-    session = conn.bridge.get_session(channel.session_id)
-    pending = session.pending.get(prompt_id)
-    if pending is not None:
+    ticket = conn.bridge.prompt_ticket(channel.session_id, prompt_id)
+    if ticket is not None:
         if rpc_id is not None:
-            channel.track_prompt(pending.ticket, rpc_id, detached=True)
+            channel.track_prompt(ticket, rpc_id, detached=True)
         return PENDING
-    terminal = next((t for t in reversed(session.prompt_terminals)
-                     if t.promptId == prompt_id), None)
+    terminal = conn.bridge.prompt_terminal(channel.session_id, prompt_id)
     if terminal is None:
         return None
     if terminal.terminal == "failed":
-        raise PromptFailedError(prompt_id, terminal.errorCode or "internal_error")
-    return {"stopReason": terminal.stopReason or terminal.terminal}
+        raise PromptFailedError(prompt_id, terminal.error_code or "internal_error")
+    return {"stopReason": terminal.stop_reason or terminal.terminal}
 
 
 def cursor_param(params: dict[str, Any]) -> tuple[int, str | None] | None:
@@ -92,13 +90,13 @@ async def replay_after(conn: AcpConnection, info: SessionInfo,
     the answer says of it (``EVENTS_META``)."""
     last, epoch = cursor
     channel = conn.channel(info.session_id)
-    bus = conn.bridge.get_session(info.session_id).bus
+    earliest = conn.bridge.session_status(info.session_id).earliest_event_id
     until = info.last_event_id
     events: dict[str, Any] = {"eventEpoch": info.event_epoch, "lastEventId": until}
     if epoch is not None and epoch != info.event_epoch:
         events["resync"] = "epoch_reset"
         last = until
-    elif last + 1 < bus.earliest_available_id and last < until:
+    elif last + 1 < earliest and last < until:
         events["resync"] = "ring_evicted"
     channel.rewind(last, info.event_epoch)
     if until > last:

@@ -218,7 +218,7 @@ async def get_acp(request: Request, registry: ConnectionRegistry,
         release = _attach(conn, conn, "Connection")
         if isinstance(release, Response):
             return release
-        return FrameStream(conn.frames, heartbeat_s=heartbeat_s, on_close=release,
+        return FrameStream(conn, heartbeat_s=heartbeat_s, on_close=release,
                            after_disconnect=registry.sweep_after_grace)
     try:
         channel = conn.channel(session_id)
@@ -230,8 +230,8 @@ async def get_acp(request: Request, registry: ConnectionRegistry,
     if isinstance(release, Response):
         return release
     headers = [(b"x-qwen-event-epoch", channel.epoch.encode())] if channel.epoch else []
-    return FrameStream(channel.frames, heartbeat_s=heartbeat_s, on_close=release,
-                       pump=channel.pump, after_disconnect=registry.sweep_after_grace, headers=headers)
+    return FrameStream(channel, heartbeat_s=heartbeat_s, on_close=release,
+                       after_disconnect=registry.sweep_after_grace, headers=headers)
 
 
 def _attach(conn: AcpConnection, stream: AcpConnection | SessionChannel,
@@ -245,7 +245,7 @@ def _attach(conn: AcpConnection, stream: AcpConnection | SessionChannel,
     conn.stream_opened()
 
     def release() -> None:
-        stream.reader_attached = False
+        stream.detach_reader()
         conn.stream_closed()
 
     return release

@@ -36,7 +36,6 @@ import anyio
 import anyio.abc
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from acp_server.acp_http.buffer import FrameBuffer
 from acp_server.acp_http.config import AcpConfig
 from acp_server.acp_http.connection import AcpConnection, SessionChannel
 from acp_server.acp_http.dispatch import (
@@ -50,6 +49,7 @@ from acp_server.acp_http.dispatch import (
 )
 from acp_server.acp_http.registry import ConnectionCapError, ConnectionRegistry
 from acp_server.acp_http.streamable import REQUEST_ONLY
+from acp_server.acp_http.streams import FrameSource
 from acp_server.http.body import BodyError, check_json
 from acp_server.acp_http.errors import render_refusal
 from acp_server.http.policy import BEARER_PROTOCOL, GuardPolicy, Refusal
@@ -140,7 +140,7 @@ async def acp_websocket(ws: WebSocket, *, registry: ConnectionRegistry,
         with caller.gate.streams.hold(caller.principal.token_id) as held:
             async with anyio.create_task_group() as tg:
                 conn.stream_opened()
-                tg.start_soon(_forward, conn.frames, socket)
+                tg.start_soon(_forward, conn, socket)
                 conn.on_channel = lambda channel: _attach_channel(tg, channel, socket)
                 await _receive_loop(ws, socket, conn, tg, limit)
                 tg.cancel_scope.cancel()
@@ -230,16 +230,15 @@ def _frame_size(text: str | None, data: bytes | None, limit: int) -> int:
 
 def _attach_channel(tg: anyio.abc.TaskGroup, channel: SessionChannel, socket: _Socket) -> None:
     channel.reader_attached = True
-    tg.start_soon(channel.pump)
-    tg.start_soon(_forward, channel.frames, socket)
+    tg.start_soon(_forward, channel, socket)
 
 
-async def _forward(frames: FrameBuffer, socket: _Socket) -> None:
-    while await frames.wait():
-        frame = frames.pop()
+async def _forward(source: FrameSource, socket: _Socket) -> None:
+    while await source.wait_ready():
+        frame = source.pop()
         if frame is not None:
             await socket.send(frame.payload)
-            frames.sent(1)
+            source.sent(1)
 
 
 async def _receive_loop(ws: WebSocket, socket: _Socket, conn: AcpConnection,

@@ -1,7 +1,9 @@
 """Connection guard below ASGI: a header timeout, a connection cap and head caps for uvicorn.
 
+    stats = GuardStats()                 # one per server (the composition's), read by /daemon/status
     protocol = guarded_protocol(header_timeout_s=10.0, max_connections=2560,
-                                max_header_bytes=65536, max_headers=100, max_request_line=8192)
+                                max_header_bytes=65536, max_headers=100, max_request_line=8192,
+                                stats=stats)
     uvicorn.Config(app, http=protocol, ...)
     raise_fd_limit()                   # soft RLIMIT_NOFILE -> hard, at start-up
 
@@ -22,7 +24,8 @@ Contracts:
 * Past ``max_connections`` live connections (HTTP and WebSocket, SSE streams
   included), a new connection is answered at once with ``503`` (``Retry-After: 5``,
   ``Connection: close``) without reading it, and closed; it is counted in
-  ``REFUSED``.
+  ``stats["connections"]`` (a header timeout in ``stats["header_timeouts"]``, a head
+  over a cap in ``stats["oversized_heads"]``).
 * A request head whose request line passes ``max_request_line`` bytes is answered
   ``414``, one with more than ``max_headers`` header lines or more than
   ``max_header_bytes`` bytes after its request line ``431`` (REST shape,
@@ -47,7 +50,15 @@ _REFUSAL_BODY = b'{"error":"Too many connections","code":"connection_limit"}'
 _REFUSAL = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
             b"retry-after: 5\r\nconnection: close\r\ncontent-length: "
             + str(len(_REFUSAL_BODY)).encode() + b"\r\n\r\n" + _REFUSAL_BODY)
-REFUSED = {"connections": 0, "header_timeouts": 0, "oversized_heads": 0}
+
+
+class GuardStats(dict[str, int]):
+    """The guards' counters, one per server (made by the composition, handed to the
+    guards that count and to ``/daemon/status`` that reports): ``connections``
+    refused, ``header_timeouts``, ``oversized_heads``."""
+
+    def __init__(self) -> None:
+        super().__init__(connections=0, header_timeouts=0, oversized_heads=0)
 
 
 def _answer(status: bytes, code: bytes, message: bytes) -> bytes:
@@ -94,8 +105,11 @@ def _base_protocol() -> type:
 
 def guarded_protocol(*, header_timeout_s: float, max_connections: int,
                      max_header_bytes: int = 64 * 1024, max_headers: int = 100,
-                     max_request_line: int = 8 * 1024, base: type | None = None) -> type:
-    """An HTTP protocol class for ``uvicorn.Config(http=...)`` with the guards."""
+                     max_request_line: int = 8 * 1024, stats: GuardStats | None = None,
+                     base: type | None = None) -> type:
+    """An HTTP protocol class for ``uvicorn.Config(http=...)`` with the guards,
+    counting in ``stats`` (a fresh ``GuardStats`` when none is given)."""
+    counts = stats if stats is not None else GuardStats()
     parent: Any = base or _base_protocol()
 
     class GuardedProtocol(parent):  # type: ignore[misc, valid-type]
@@ -113,7 +127,7 @@ def guarded_protocol(*, header_timeout_s: float, max_connections: int,
         def connection_made(self, transport: Any) -> None:
             if len(self.connections) >= max_connections:
                 self._refused = True
-                REFUSED["connections"] += 1
+                counts["connections"] += 1
                 transport.write(_REFUSAL)
                 transport.close()
                 return
@@ -135,7 +149,7 @@ def guarded_protocol(*, header_timeout_s: float, max_connections: int,
             if self._head_timer is not None:
                 answer = self._measure(data)
                 if answer is not None:
-                    REFUSED["oversized_heads"] += 1
+                    counts["oversized_heads"] += 1
                     self._disarm()
                     self.transport.write(answer)
                     self.transport.close()
@@ -182,11 +196,11 @@ def guarded_protocol(*, header_timeout_s: float, max_connections: int,
             self._head_timer = None
             if self.transport.is_closing() or self.transport.get_protocol() is not self:
                 return
-            REFUSED["header_timeouts"] += 1
+            counts["header_timeouts"] += 1
             self.transport.close()
 
     GuardedProtocol.__name__ = f"Guarded{parent.__name__}"
     return GuardedProtocol
 
 
-__all__ = ["FD_RESERVE", "REFUSED", "connection_cap", "guarded_protocol", "raise_fd_limit"]
+__all__ = ["FD_RESERVE", "GuardStats", "connection_cap", "guarded_protocol", "raise_fd_limit"]

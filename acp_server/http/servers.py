@@ -45,7 +45,7 @@ from typing import Any, Protocol
 import anyio
 import uvicorn
 
-from acp_server.http.guard import guarded_protocol
+from acp_server.http.guard import GuardStats, guarded_protocol
 from acp_server.http.options import HttpOptions
 
 GRACEFUL_SHUTDOWN_S = 5
@@ -85,12 +85,12 @@ def accept_cap(max_connections: int) -> int:
 
 
 def http_server(app: Any, options: HttpOptions, sock: socket.socket, *,
-                limits: Limits) -> HttpServer:
+                limits: Limits, stats: GuardStats | None = None) -> HttpServer:
     """The server of ``options.server`` on ``sock`` (bound and listening: a port in use
     was found before anything started). uvicorn serves that socket; granian binds its
     own listener, so the socket is closed and granian takes its address."""
-    if options.server == "uvicorn":
-        return UvicornServer(app, options, sock, limits=limits)
+    if options.server == "uvicorn":   # ``stats``: where uvicorn's guard counts
+        return UvicornServer(app, options, sock, limits=limits, stats=stats)
     host, port = sock.getsockname()[:2]
     sock.close()
     return GranianServer(app, options, host=host, port=port, limits=limits)
@@ -179,13 +179,13 @@ class UvicornServer:
     """uvicorn with the connection guard below ASGI (``acp_server.http.guard``)."""
 
     def __init__(self, app: Any, options: HttpOptions, sock: socket.socket, *,
-                 limits: Limits) -> None:
+                 limits: Limits, stats: GuardStats | None = None) -> None:
         host, port = sock.getsockname()[:2]
         self._sock = sock
         protocol = guarded_protocol(
             header_timeout_s=limits.header_timeout_s, max_connections=limits.max_connections,
             max_header_bytes=limits.max_header_bytes, max_headers=limits.max_headers,
-            max_request_line=limits.max_request_line)
+            max_request_line=limits.max_request_line, stats=stats)
         tls: dict[str, Any] = {}
         if options.tls:
             tls = {"ssl_certfile": options.tls_cert, "ssl_keyfile": options.tls_key}

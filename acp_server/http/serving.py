@@ -77,7 +77,8 @@ async def run_http(server: Server, settings: Settings, sock: socket.socket | Non
                     max_headers=settings.http.max_headers,
                     max_request_line=settings.http.max_request_line,
                     ws_max_bytes=settings.max_body_bytes, graceful_s=GRACEFUL_SHUTDOWN_S)
-    http = http_server(server.app, settings.http, sock, limits=limits)
+    http = http_server(server.app, settings.http, sock, limits=limits,
+                       stats=server.guard_stats)
 
     def started(url: str) -> None:
         print(f"acp-server listening on {url} "

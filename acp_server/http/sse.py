@@ -2,7 +2,6 @@
 keep-alive, response headers.
 
     frame(payload, event="turn_complete", event_id=7)  # b'id: 7\\nevent: turn_complete\\ndata: ...\\n\\n'
-    event_frame(bus_event)                             # the same, built once per bus event
     keepalive(b"heartbeat")                            # b': heartbeat\\n'
 
     class MyStream(SseResponse):
@@ -33,7 +32,6 @@ otherwise yield an event with empty data. So:
   ``frames_sent`` reports each write of popped frames once it returned. A
   subclass may instead override ``write_frames`` (e.g. to pull from an iterator that
   produces its own keep-alive ticks).
-* ``pump`` (a task feeding the frames) runs only while the response is open.
 * The stream ends when ``wait_ready`` answers ``False`` or the client disconnects;
   ``on_close`` runs exactly once either way, and after a client disconnect
   ``after_disconnect`` runs too.
@@ -42,13 +40,9 @@ otherwise yield an event with empty data. So:
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
 
 import anyio
 from starlette.types import Receive, Scope, Send
-
-if TYPE_CHECKING:
-    from bridge.events import Event
 
 RETRY_MS = 3000
 RETRY_LINE = b"retry: %d\n" % RETRY_MS
@@ -59,8 +53,7 @@ SSE_HEADERS = [
     (b"x-accel-buffering", b"no"),
 ]
 
-__all__ = ["MAX_BATCH_BYTES", "RETRY_LINE", "SSE_HEADERS", "SseResponse", "event_frame",
-           "frame", "keepalive"]
+__all__ = ["MAX_BATCH_BYTES", "RETRY_LINE", "SSE_HEADERS", "SseResponse", "frame", "keepalive"]
 
 
 def frame(data: bytes, *, event: str | None = None, event_id: int | None = None) -> bytes:
@@ -71,15 +64,6 @@ def frame(data: bytes, *, event: str | None = None, event_id: int | None = None)
     if event_id is not None:
         head = b"id: " + str(event_id).encode() + b"\n" + head
     return head + data + b"\n\n"
-
-
-def event_frame(event: Event) -> bytes:
-    """A bus event's frame (``id:`` for bus events, ``event:`` its type), built once and
-    kept on the event for every subscriber."""
-    cached = event.sse_cache
-    if cached is None:
-        cached = event.sse_cache = frame(event.json, event=event.type, event_id=event.id)
-    return cached
 
 
 def keepalive(comment: bytes) -> bytes:
@@ -93,13 +77,11 @@ class SseResponse:
     def __init__(self, *, keepalive_comment: bytes, heartbeat_s: float,
                  headers: list[tuple[bytes, bytes]] | None = None,
                  on_close: Callable[[], None] | None = None,
-                 pump: Callable[[], Awaitable[None]] | None = None,
                  after_disconnect: Callable[[], Awaitable[None]] | None = None) -> None:
         self.keepalive_frame = keepalive(keepalive_comment)
         self.heartbeat_s = heartbeat_s
         self.headers = [*SSE_HEADERS, *(headers or ())]
         self.on_close = on_close
-        self.pump = pump
         self.after_disconnect = after_disconnect
         self.disconnected = False
         self.finished = False   # the frames ended (not a disconnect)
@@ -119,8 +101,6 @@ class SseResponse:
             await send({"type": "http.response.body", "body": RETRY_LINE, "more_body": True})
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._watch_disconnect, receive, tg.cancel_scope)
-                if self.pump is not None:
-                    tg.start_soon(self.pump)
                 await self.write_frames(send)
                 self.finished = True
                 tg.cancel_scope.cancel()

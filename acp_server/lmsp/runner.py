@@ -410,20 +410,20 @@ class Runner:
                 writer.close()
 
     def _answer_permission(self, bridge: Bridge, data: Any) -> PermissionDecidedEvent | None:
-        """Nobody can vote over LMSP: the policy answers at once (first responder)."""
-        if not isinstance(data, dict) or not isinstance(data.get("requestId"), str):
+        """Nobody can vote over LMSP: the policy answers at once (first responder).
+        ``data``: a ``bridge.events.PermissionRequest`` (the agent's ACP params)."""
+        if not isinstance(data, ev.PermissionRequest):
             return None
-        outcome, kind = decide(self.permission_policy, data.get("options"))
+        outcome, kind = decide(self.permission_policy, data.params.get("options"))
         try:
-            bridge.respond_to_permission(data["requestId"], outcome,
-                                         session_id=data.get("sessionId"),
+            bridge.respond_to_permission(data.request_id, outcome, session_id=data.session_id,
                                          voter_client_id="lmsp-policy")
         except BridgeError:   # already resolved (a timeout, a cancel)
             return None
         self.permission_decisions[decision_label(outcome, kind)] += 1
-        return PermissionDecidedEvent(request_id=data["requestId"], policy=self.permission_policy,
+        return PermissionDecidedEvent(request_id=data.request_id, policy=self.permission_policy,
                                       outcome=outcome, option_kind=kind,
-                                      tool_call=data.get("toolCall"))
+                                      tool_call=data.params.get("toolCall"))
 
     async def _transition(self, record: TaskRecord, from_states: tuple[str, ...], to: str,
                           finish: Finish | None = None) -> bool:

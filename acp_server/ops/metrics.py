@@ -244,6 +244,9 @@ class Metrics(BridgeObserver):
         self._restarts = Counter("acp_server_agent_restarts",
                                  "Agent process (re)starts after a death.", ["agent"],
                                  registry=registry)
+        self._foreign = Counter("acp_server_agent_foreign_messages_dropped",
+                                "Agent messages naming another agent's session, dropped.",
+                                ["agent", "method"], registry=registry)
 
     # -- bridge hooks (the others are bound methods set in __init__) --------------------
     def turn_settled(self, stop_reason: str, duration_s: float) -> None:
@@ -254,6 +257,9 @@ class Metrics(BridgeObserver):
 
     def agent_restarted(self, agent: str) -> None:
         self._restarts.labels(agent).inc()
+
+    def foreign_message_dropped(self, agent: str, method: str) -> None:
+        self._foreign.labels(agent, method).inc()
 
     # -- HTTP (called by the request-log middleware) ----------------------------------
     def request_done(self, door: str, route: str, status: int, seconds: float) -> None:

@@ -61,7 +61,7 @@ from acp_server.ops.openapi_types import (
     WhoAmI,
 )
 from acp_server.rest import wire as rest_wire
-from bridge.events import EventEnvelope
+from bridge.wire import EventEnvelope
 
 REF = "#/components/schemas/{name}"
 PROBLEM_JSON = "application/problem+json"

@@ -18,8 +18,7 @@ from collections.abc import Iterator
 
 import msgspec
 
-WIRE_MODULES = ("bridge.events", "bridge.history", "bridge.jsonrpc", "acp_server.rest.wire",
-                "acp_server.lmsp.wire")
+WIRE_MODULES = ("bridge.wire", "bridge.jsonrpc", "acp_server.rest.wire", "acp_server.lmsp.wire")
 
 
 def wire_types() -> Iterator[tuple[str, type[msgspec.Struct]]]:

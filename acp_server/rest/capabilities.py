@@ -58,6 +58,12 @@ def limits(bridge: Bridge) -> dict[str, Any]:
 TRANSPORTS = ["rest", "acp-http", "acp-ws"]
 
 
+def agents(bridge: Bridge) -> dict[str, Any]:
+    configured = bridge.list_agents()
+    return {"default": next(a.name for a in configured if a.default),
+            "available": [a.name for a in configured]}
+
+
 def capabilities_body(bridge: Bridge, config: RestConfig) -> dict[str, Any]:
     return {
         "v": 1, "protocolVersions": {"current": "v1", "supported": ["v1"]},
@@ -65,7 +71,7 @@ def capabilities_body(bridge: Bridge, config: RestConfig) -> dict[str, Any]:
         "features": features(config), "workspaceCwd": bridge.workspace_cwd,
         "transports": TRANSPORTS, "policy": {"permission": "first-responder"},
         "limits": limits(bridge),
-        "agents": {"default": bridge.agents.default, "available": bridge.agents.names},
+        "agents": agents(bridge),
         "workspaces": workspaces(bridge),
     }
 

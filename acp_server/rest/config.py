@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from acp_server.http.guard import GuardStats
+
 
 @dataclass(frozen=True, slots=True)
 class RestConfig:
@@ -26,3 +28,5 @@ class RestConfig:
     header_timeout_ms: int = 10_000
     max_connections: int = 2560
     prompt_deadline_ms: int | None = None
+    # The connection guard's counters (acp_server/http/guard.py), when one runs.
+    guard_stats: GuardStats | None = None

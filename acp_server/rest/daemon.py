@@ -19,7 +19,6 @@ from starlette.routing import BaseRoute
 
 from acp_server import __version__
 from acp_server.http.endpoints import route
-from acp_server.http.guard import REFUSED
 from acp_server.rest.capabilities import features
 from acp_server.rest.config import RestConfig
 from acp_server.rest.errors import json_response
@@ -62,6 +61,7 @@ def status_body(bridge: Bridge, config: RestConfig) -> dict[str, Any]:
             "sessionReapIntervalMs": options.session_reap_interval_ms,
             "permissionResponseTimeoutMs": options.permission_response_timeout_ms,
             "initializeTimeoutMs": options.initialize_timeout_ms,
+            "agentRequestTimeoutMs": options.agent_request_timeout_ms,
             "maxSubscribersPerSession": options.max_subscribers_per_session,
             "subscriberMaxQueued": options.subscriber_max_queued,
             "subscriberMaxQueuedBytes": options.subscriber_max_queued_bytes,
@@ -75,6 +75,7 @@ def status_body(bridge: Bridge, config: RestConfig) -> dict[str, Any]:
         "runtime": {
             "sessions": {"active": stats.sessions,
                          "admissionInFlight": stats.admission_in_flight},
+            "agents": {"foreignMessagesDropped": stats.foreign_messages_dropped},
             "permissions": {"pending": stats.pending_permissions,
                             "policy": "first-responder"},
             "transport": {"restSseActive": stats.subscribers},
@@ -88,14 +89,11 @@ def status_body(bridge: Bridge, config: RestConfig) -> dict[str, Any]:
 
 def agents(bridge: Bridge) -> list[dict[str, Any]]:
     """Each agent: its state, how many live sessions run on it, what it said it is."""
-    counts: dict[str, int] = {}
-    for session in bridge.sessions():
-        counts[session.agent_name] = counts.get(session.agent_name, 0) + 1
     out = []
-    for name in bridge.agents.names:
-        info = bridge.agents.info(name).get("agentInfo")
-        out.append({"name": name, "default": name == bridge.agents.default,
-                    "state": bridge.agents.state(name), "sessions": counts.get(name, 0),
+    for agent in bridge.list_agents():
+        info = agent.info.get("agentInfo")
+        out.append({"name": agent.name, "default": agent.default, "state": agent.state,
+                    "sessions": agent.sessions,
                     "agentInfo": info if isinstance(info, dict) else None})
     return out
 
@@ -103,9 +101,10 @@ def agents(bridge: Bridge) -> list[dict[str, Any]]:
 async def daemon_status(request: Request, *, bridge: Bridge, config: RestConfig,
                         lmsp_permissions: PermissionReport | None) -> Response:
     body = status_body(bridge, config)
-    # The connection guard's counters (acp_server/http/guard.py; uvicorn only).
-    body["runtime"]["transport"]["connectionsRefused"] = REFUSED["connections"]
-    body["runtime"]["transport"]["headerTimeouts"] = REFUSED["header_timeouts"]
+    # The guards' counters (acp_server/http/guard.py, the front layer), one per server.
+    guard = config.guard_stats
+    body["runtime"]["transport"]["connectionsRefused"] = guard["connections"] if guard else 0
+    body["runtime"]["transport"]["headerTimeouts"] = guard["header_timeouts"] if guard else 0
     if lmsp_permissions is not None:   # answered by --lmsp-permissions, per decision
         policy, decisions = lmsp_permissions()
         body["runtime"]["permissions"]["lmspPolicy"] = policy

@@ -7,8 +7,11 @@
 
 Contracts:
 
+* The status of a bridge error is ``STATUS``'s, looked up along the error's MRO (the
+  peer's status for it); an error not in the table is a 500.
 * Every error body is a JSON object with ``error`` (a message) and, where the peer
-  has one, ``code`` plus the extra fields of its table; ``Retry-After: 5`` on the
+  has one, ``code`` plus the error's fields under the peer's names
+  (``bridge.wire.error_details``) or the body of ``BODIES``; ``Retry-After: 5`` on the
   retryable 503/429 answers.
 * ``RestError`` is raised by the route layer itself (validation) and carries its own
   status, body and headers.
@@ -32,6 +35,8 @@ from acp_server.http.body import ClientDisconnected
 from acp_server.http.handlers import handle_disconnect
 from acp_server.http.policy import Refusal
 from acp_server.store.errors import StoreUnavailableError
+from bridge import errors as be
+from bridge.elicitation import ElicitationNotFoundError, InvalidElicitationAnswerError
 from bridge.errors import (
     AgentDiedError,
     AgentError,
@@ -44,6 +49,7 @@ from bridge.errors import (
     PromptDeadlineExceededError,
     SessionClosedError,
 )
+from bridge.wire import error_details
 
 RETRY_AFTER = {"Retry-After": "5"}
 _encoder = msgspec.json.Encoder()
@@ -75,6 +81,40 @@ def bad_request(message: str, code: str | None = None, **extra: Any) -> RestErro
 PROMPT_REQUIRED = "`prompt` is required and must be a non-empty array of content blocks"
 RETRY_STATUSES = frozenset({429, 503})
 
+# The HTTP status of each bridge error (the peer's), looked up along the error's MRO.
+STATUS: dict[type[BridgeError], int] = {
+    be.InvalidOptionError: 400,
+    be.SessionNotFoundError: 404,
+    be.SessionLimitExceededError: 503,
+    be.PromptQueueFullError: 503,
+    be.BranchWhilePromptActiveError: 409,
+    be.WorkspaceMismatchError: 400,
+    be.InvalidClientIdError: 400,
+    be.SubscriberLimitExceededError: 429,
+    be.PermissionNotFoundError: 404,
+    be.InvalidPermissionOptionError: 400,
+    be.PromptNotFoundError: 404,
+    be.AgentNotFoundError: 400,
+    be.NotSupportedError: 501,
+    be.PromptCancelledError: 409,
+    be.SessionClosedError: 404,
+    be.AgentTimeoutError: 504,
+    be.AgentProtocolError: 502,
+    be.InvalidPromptError: 400,
+    be.InvalidDeadlineError: 400,
+    ElicitationNotFoundError: 404,
+    InvalidElicitationAnswerError: 400,
+}
+
+
+def status_of(exc: BridgeError) -> int:
+    """The HTTP status of a bridge error: ``STATUS``'s, else 500."""
+    for cls in type(exc).__mro__:
+        status = STATUS.get(cls)
+        if status is not None:
+            return status
+    return 500
+
 
 def _permission_not_found(exc: Any) -> dict[str, Any]:
     if exc.session_id is None:  # the legacy route
@@ -83,12 +123,17 @@ def _permission_not_found(exc: Any) -> dict[str, Any]:
             "sessionId": exc.session_id, "requestId": exc.request_id}
 
 
+def _retryable_timeout(exc: Any) -> dict[str, Any]:
+    return {"error": str(exc), "code": exc.code, "errorKind": exc.code, "retryable": True,
+            **error_details(exc)}
+
+
 def _short(exc: Any) -> dict[str, Any]:
     return {"error": str(exc), "code": exc.code}
 
 
-# The bodies that differ from {"error": message, "code": code, **details()}, by the
-# error's exact class.
+# The bodies that differ from {"error": message, "code": code, **error_details(exc)},
+# by the error's exact class.
 BODIES: dict[type[BridgeError], Callable[[Any], dict[str, Any]]] = {
     SessionClosedError: lambda exc: {"error": str(exc), "code": "session_closing",
                                      "sessionId": exc.session_id},
@@ -96,8 +141,8 @@ BODIES: dict[type[BridgeError], Callable[[Any], dict[str, Any]]] = {
     InvalidPromptError: lambda exc: {"error": PROMPT_REQUIRED},
     InvalidDeadlineError: lambda exc: {"error": "`deadlineMs` must be a positive integer "
                                                 "(milliseconds)", "code": exc.code},
-    AgentTimeoutError: lambda exc: {"error": str(exc), "code": exc.code, "errorKind": exc.code,
-                                    "retryable": True, **exc.details()},
+    AgentTimeoutError: _retryable_timeout,
+    be.AgentRequestTimeoutError: _retryable_timeout,
     NotSupportedError: lambda exc: {"error": str(exc) or "Not supported", "code": exc.code},
     AgentError: lambda exc: {"error": "Internal error", "code": exc.rpc_code, "data": exc.data},
     AgentDiedError: _short,
@@ -117,8 +162,8 @@ def describe(exc: BaseException) -> tuple[int, dict[str, Any], dict[str, str] | 
         return 500, {"error": "Internal error"}, None
     special = BODIES.get(type(exc))
     body = special(exc) if special is not None else {"error": str(exc), "code": exc.code,
-                                                      **exc.details()}
-    status = exc.http_status
+                                                      **error_details(exc)}
+    status = status_of(exc)
     return status, body, RETRY_AFTER if status in RETRY_STATUSES else None
 
 

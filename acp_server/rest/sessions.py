@@ -9,7 +9,9 @@ Contracts: ``sessionScope`` ``single`` (default) attaches to the workspace's def
 session; ``thread`` always spawns; a ``sessionId`` override must be a UUID v1–v5 and
 forces ``thread``. Creation is 200 (not 201) as on the peer; branch is 201. ``/load``
 carries the history (``compactedReplay``, ``liveJournal``, ``promptTerminals``, with
-``lastEventId`` after them, ``bridge.history``); ``/resume`` carries none.
+``lastEventId`` after them, ``bridge.history``, each event as its ``bridge.wire``
+envelope); ``/resume`` carries none. A client that goes away while its session is
+being made (create, load, resume, branch) cancels the making: the slot comes back.
 """
 
 from __future__ import annotations
@@ -18,16 +20,19 @@ import datetime
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute
 
+from acp_server.http.disconnect import until_disconnect
 from acp_server.http.endpoints import route
 from acp_server.http.origin import session_origin
 from acp_server.rest import wire
 from acp_server.rest.config import RestConfig
 from acp_server.rest.errors import bad_request, json_response
-from bridge import Bridge, SessionInfo, SessionStatus
+from bridge import Bridge, Event, SessionInfo, SessionStatus
+from bridge.wire import envelope
 
 
 def iso(timestamp: float) -> str:
@@ -78,9 +83,15 @@ def restored(info: SessionInfo) -> wire.SessionRestored | wire.SessionLoaded:
         sessionId=info.session_id, workspaceCwd=info.workspace_cwd, attached=info.attached,
         clientId=info.client_id, createdAt=iso(info.created_at), state=_state(info),
         hasRunningBackgroundTasks=False, hasActivePrompt=info.has_active_prompt,
-        compactedReplay=history.compacted_replay, liveJournal=history.live_journal,
+        compactedReplay=_envelopes(history.compacted_replay),
+        liveJournal=_envelopes(history.live_journal),
         lastEventId=history.last_event_id, eventEpoch=info.event_epoch,
-        promptTerminals=history.prompt_terminals)
+        promptTerminals=[wire.PromptTerminal.of(t) for t in history.prompt_terminals])
+
+
+def _envelopes(events: list[Event]) -> list[msgspec.Raw]:
+    """Events as their JSON envelopes (the bytes the bus built once)."""
+    return [msgspec.Raw(envelope(event)) for event in events]
 
 
 async def create_session(request: Request, *, bridge: Bridge, config: RestConfig) -> Response:
@@ -89,18 +100,21 @@ async def create_session(request: Request, *, bridge: Bridge, config: RestConfig
     scope = "single" if body.sessionScope is None else body.sessionScope
     if scope not in ("single", "thread"):
         raise bad_request('`sessionScope` must be "single" or "thread"', "invalid_session_scope")
-    if body.sessionId is not None:
-        if not wire.is_uuid(body.sessionId):
-            raise bad_request("`sessionId` must be a UUID (RFC 4122, versions 1-5)",
-                              "invalid_session_id")
-        info = await bridge.create_session(cwd=body.cwd, session_id=body.sessionId,
-                                           agent=body.agent, origin=session_origin(body.meta))
-    elif scope == "thread":
-        info = await bridge.create_session(cwd=body.cwd, agent=body.agent,
-                                           origin=session_origin(body.meta))
-    else:
-        info = await bridge.attach_session(cwd=body.cwd, agent=body.agent)
-    return json_response(200, created(info))
+    if body.sessionId is not None and not wire.is_uuid(body.sessionId):
+        raise bad_request("`sessionId` must be a UUID (RFC 4122, versions 1-5)",
+                          "invalid_session_id")
+    origin = session_origin(body.meta)
+
+    def spawn() -> Awaitable[SessionInfo]:
+        if body.sessionId is not None:
+            return bridge.create_session(cwd=body.cwd, session_id=body.sessionId,
+                                         agent=body.agent, origin=origin)
+        if scope == "thread":
+            return bridge.create_session(cwd=body.cwd, agent=body.agent, origin=origin)
+        return bridge.attach_session(cwd=body.cwd, agent=body.agent)
+
+    # A client that goes away gives its session slot back at once.
+    return json_response(200, created(await until_disconnect(request, spawn)))
 
 
 async def load_session(request: Request, *, bridge: Bridge, config: RestConfig) -> Response:
@@ -116,8 +130,9 @@ async def _restore(request: Request, restore: Callable[..., Awaitable[SessionInf
     """``/load`` and ``/resume``: the same body and answer, a different bridge call."""
     wire.client_id(request)
     body = await wire.read_json(request, wire.RestoreBody, limit=config.max_body_bytes)
-    info = await restore(request.path_params["session_id"], cwd=body.cwd,
-                         agent=body.agent)   # unknown to the agent: SessionNotFoundError
+    info = await until_disconnect(request, lambda: restore(
+        request.path_params["session_id"], cwd=body.cwd,
+        agent=body.agent))   # unknown to the agent: SessionNotFoundError
     return json_response(200, restored(info))
 
 
@@ -125,7 +140,7 @@ async def branch_session(request: Request, *, bridge: Bridge, config: RestConfig
     wire.client_id(request)
     await wire.read_json(request, wire.EmptyBody, limit=config.max_body_bytes)
     session_id = request.path_params["session_id"]
-    info = await bridge.branch_session(session_id)
+    info = await until_disconnect(request, lambda: bridge.branch_session(session_id))
     return json_response(201, wire.SessionBranched(
         sessionId=info.session_id, workspaceCwd=info.workspace_cwd, attached=info.attached,
         clientId=info.client_id, createdAt=iso(info.created_at),

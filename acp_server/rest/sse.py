@@ -4,7 +4,9 @@
     return EventStreamResponse(subscription, epoch=subscription.epoch, heartbeat_s=15.0)
 
 Contracts (beyond ``acp_server.http.sse.SseResponse``): each frame is the event's
-``event_frame`` (``id:``, ``event:``, ``data:``); ``: heartbeat`` after silence; the response carries
+``event_frame`` (``id:`` for bus events, ``event:`` its type, ``data:`` its
+``bridge.wire`` envelope), built once per event and kept on it (``Event.encoded``)
+for every subscriber; ``: heartbeat`` after silence; the response carries
 ``X-Qwen-Event-Epoch`` and a fresh ``X-Qwen-SSE-Stream-Id``; the subscription is closed
 exactly once when the stream ends or the client goes, so a gone client never holds a
 bus slot.
@@ -14,12 +16,23 @@ from __future__ import annotations
 
 import uuid
 
-from acp_server.http.sse import SseResponse, event_frame
+from acp_server.http.sse import SseResponse, frame
 from bridge.bus import Subscription
+from bridge.events import Event
+from bridge.wire import envelope
 
 HEARTBEAT_COMMENT = b"heartbeat"
 
-__all__ = ["HEARTBEAT_COMMENT", "EventStreamResponse"]
+__all__ = ["HEARTBEAT_COMMENT", "EventStreamResponse", "event_frame"]
+
+
+def _sse_frame(event: Event) -> bytes:
+    return frame(envelope(event), event=event.type, event_id=event.id)
+
+
+def event_frame(event: Event) -> bytes:
+    """An event's SSE frame, built once per event for every subscriber."""
+    return event.encoded(_sse_frame)
 
 
 class EventStreamResponse(SseResponse):
@@ -36,4 +49,4 @@ class EventStreamResponse(SseResponse):
 
     def pop_frame(self) -> bytes | None:
         event = self.subscription.receive_nowait()
-        return event_frame(event) if event is not None else None
+        return event.encoded(_sse_frame) if event is not None else None   # event_frame

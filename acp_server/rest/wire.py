@@ -26,7 +26,7 @@ from starlette.requests import Request
 from acp_server.http import body
 from acp_server.http.headers import DECIMAL
 from acp_server.rest.errors import RestError, bad_request
-from bridge.history import PromptTerminal
+from bridge import status
 
 T = TypeVar("T")
 
@@ -85,6 +85,23 @@ class SessionRestored(msgspec.Struct):
     hasActivePrompt: bool
     lastEventId: int
     eventEpoch: str
+
+
+class PromptTerminal(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """How one prompt ended: ``terminal`` ``completed`` | ``cancelled`` | ``failed``."""
+
+    v: int   # always 1
+    promptId: str
+    terminal: str
+    stopReason: str | None = None
+    errorCode: str | None = None
+    at: int
+
+    @classmethod
+    def of(cls, terminal: status.PromptTerminal) -> PromptTerminal:
+        return cls(v=1, promptId=terminal.prompt_id, terminal=terminal.terminal,
+                   stopReason=terminal.stop_reason, errorCode=terminal.error_code,
+                   at=terminal.at)
 
 
 class SessionLoaded(msgspec.Struct):

@@ -29,8 +29,7 @@ from starlette.routing import BaseRoute
 from acp_server.http.endpoints import route
 from acp_server.rest.errors import RestError, bad_request, json_response
 from acp_server.rest.sessions import status_body
-from bridge import Bridge
-from bridge.session import Session
+from bridge import Bridge, SessionStatus
 
 DEFAULT_PAGE_SIZE = 20
 MAX_PAGE_SIZE = 100
@@ -47,8 +46,7 @@ def workspaces(bridge: Bridge) -> list[dict[str, Any]]:
              "primary": True}]
 
 
-def session_summary(bridge: Bridge, session: Session) -> dict[str, Any]:
-    status = bridge.session_status(session.session_id)
+def session_summary(status: SessionStatus) -> dict[str, Any]:
     updated = status.updated_at
     return {**status_body(status),
             "updatedAt": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(updated))
@@ -84,10 +82,10 @@ async def list_sessions(request: Request, *, bridge: Bridge) -> Response:
         raise RestError(404, {"error": "Workspace is not registered with this daemon.",
                               "code": "workspace_not_found", "workspace": requested[:256]})
     size, offset = _page_args(request)
-    live = [s for s in bridge.sessions() if not s.closing]
+    live = bridge.list_sessions()
     live.sort(key=lambda s: (-s.created_at, s.session_id))
     page = live[offset:offset + size]
-    body: dict[str, Any] = {"sessions": [session_summary(bridge, s) for s in page]}
+    body: dict[str, Any] = {"sessions": [session_summary(s) for s in page]}
     if offset + size < len(live):
         body["nextCursor"] = str(offset + size)
     return json_response(200, body)

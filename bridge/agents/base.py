@@ -79,8 +79,10 @@ class PendingRequests:
         return answer.unwrap()
 
     def resolve(self, msg: Message, error_type: Callable[[int, str, Any], BaseException]) -> bool:
-        """Settle the request ``msg`` answers; ``False`` for an unknown or abandoned id."""
-        answer = self._waiting.get(msg.id) if type(msg.id) is int else None  # type: ignore[arg-type]
+        """Settle the request ``msg`` answers; ``False`` for an unknown or abandoned id,
+        or for an id already answered: the first answer wins (it leaves the table at
+        once, so a second answer to the same id is unknown and changes nothing)."""
+        answer = self._waiting.pop(msg.id, None) if type(msg.id) is int else None  # type: ignore[arg-type]
         if answer is None:
             return False
         if msg.error is not UNSET:

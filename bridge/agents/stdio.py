@@ -391,7 +391,8 @@ class StdioAgentConnection:
 
     def _resolve(self, msg: Message) -> None:
         if not self._requests.resolve(msg, AgentError):
-            logger.warning("%s response to unknown request id %r", self._prefix, msg.id)
+            logger.warning("%s response to an unknown or already answered request id %r: ignored",
+                           self._prefix, msg.id)
 
     def _on_notification(self, msg: Message) -> None:
         if msg.method == "elicitation/complete":

@@ -1,4 +1,5 @@
-"""DELETE and reaping: sessions detached, permission requests cancelled, turns stopped.
+"""DELETE and reaping: permission requests cancelled, turns stopped, the sessions a
+connection made closed unless another connection attached them.
 
 Grace periods run on a ``FakeClock`` the tests advance; every wait is on a condition.
 """
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.acp_http.server import FakeClock, RunningAcpServer, running_acp_server
+from tests.acp_http.server import FakeClock, RunningAcpServer, request, running_acp_server
 from tests.bridge.helpers import wait_until
 
 pytestmark = pytest.mark.anyio
@@ -25,9 +26,10 @@ async def _waiting_on_permission(srv: RunningAcpServer, conn_id: str, conn_strea
 
 
 async def _settled(srv: RunningAcpServer, sid: str) -> None:
-    """The permission request is cancelled and the turn has ended."""
+    """The permission request is cancelled and the session the connection made is
+    closed."""
     await wait_until(lambda: not srv.bridge.permissions.pending_count
-                     and srv.bridge.get_session(sid).active is None, timeout=3)
+                     and not srv.bridge.has_session(sid), timeout=3)
 
 
 async def _streams_gone(srv: RunningAcpServer, clock: FakeClock, conn_id: str) -> None:
@@ -48,8 +50,26 @@ async def test_delete_cleans_up(server: RunningAcpServer) -> None:
             await session_stream.wait_for_end()
         await conn_stream.wait_for_end()
     await _settled(server, sid)
-    assert server.bridge.get_session(sid).pending_count == 0   # detached, still alive
     assert server.registry.get(conn_id) is None
+
+
+async def test_delete_keeps_a_session_another_connection_attached(
+        server: RunningAcpServer) -> None:
+    maker, _ = await server.initialize()
+    other, _ = await server.initialize()
+    async with server.stream(maker) as maker_stream, server.stream(other) as other_stream:
+        sid = await server.new_session(maker, maker_stream)
+        response = await server.post(other, request(7, "session/load", {
+            "sessionId": sid, "cwd": server.workspace, "mcpServers": []}))
+        assert response.status_code == 202
+        await other_stream.wait_for_id(7)
+        assert (await server.client.delete("/acp", headers={"Acp-Connection-Id": maker})
+                ).status_code == 202
+        await maker_stream.wait_for_end()
+        assert server.bridge.has_session(sid)          # attached elsewhere: kept
+        assert (await server.client.delete("/acp", headers={"Acp-Connection-Id": other})
+                ).status_code == 202
+    await wait_until(lambda: not server.bridge.has_session(sid))   # the last one out
 
 
 async def test_dropped_streams_reaped_after_grace(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ import anyio
 import pytest
 
 from bridge import BridgeOptions
+from bridge.wire import envelope
 from tests.acp_http.extended_agent import ExtendedFactory
 from tests.acp_http.server import request, running_acp_server, text
 from tests.acp_http.wsclient import WsClient, ws_connect
@@ -112,5 +113,5 @@ async def test_the_console_stream_shows_it(tmp_path: Path) -> None:
                 await anyio.sleep(0.01)
         events = [e for e in srv.bridge.get_session(sid).bus.ring_events()
                   if e.type == "elicitation_request"]
-        assert json.loads(events[0].json)["data"]["message"] == "Your name?"
+        assert json.loads(envelope(events[0]))["data"]["message"] == "Your name?"
         srv.bridge.get_session(sid).cancel_active("test")

@@ -11,6 +11,7 @@ import anyio
 import pytest
 
 from acp_server.acp_http.passthrough import advertised
+from bridge.wire import envelope
 from tests.acp_http.extended_agent import ExtendedFactory
 from tests.acp_http.server import RunningAcpServer, request, running_acp_server, text
 from tests.acp_http.wsclient import ws_connect
@@ -221,13 +222,15 @@ async def test_reconnect_recipe(server: RunningAcpServer) -> None:
         message = await ws.receive_json()
         assert message == {"jsonrpc": "2.0", "id": 4, "result": {"stopReason": "end_turn"}}
         users = [e for e in session.bus.ring_events() if e.type == "session_update"
-                 and b"user_message_chunk" in e.json]
+                 and b"user_message_chunk" in envelope(e)]
         assert len(users) == 1
         # a foreign epoch: nothing replayed, the answer says why
         await ws.send_json(request(5, "session/resume", {
             "sessionId": sid, "cwd": server.workspace,
             "_meta": {"acp-server/lastEventId": 1, "acp-server/eventEpoch": "other"}}))
         message = await ws.receive_json()
+        while message.get("id") != 5:   # the session stream's replay_complete may come first
+            message = await ws.receive_json()
         assert message["result"]["_meta"]["acp-server/events"]["resync"] == "epoch_reset"
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import anyio
 
-from bridge import Bridge, BridgeOptions
+from bridge import Bridge, BridgeOptions, Event, wire
 from tests.bridge.scripted_agent import ScriptedAgent
 
 
@@ -33,3 +33,8 @@ def drain(subscription: Any) -> list[Any]:
     while (frame := subscription.receive_nowait()) is not None:
         frames.append(frame)
     return frames
+
+
+def envelope(event: Event) -> wire.EventEnvelope:
+    """The event as a REST reader gets it (its ``bridge.wire`` envelope, decoded)."""
+    return wire.decode_envelope(wire.envelope(event))

@@ -4,7 +4,9 @@ Prompt text drives it: ``hold <key>`` waits until ``agent.release(key, stop_reas
 (or a cancel: then it answers ``cancelled``); ``stubborn <key>`` waits for release and
 ignores cancel; ``fail`` answers a JSON-RPC error; ``perm`` asks for a permission and
 answers with the chosen option id as the stop reason; anything else ends the turn at
-once with ``end_turn``. Every call is recorded in ``agent.calls``.
+once with ``end_turn``. Every call is recorded in ``agent.calls``. ``session/new``
+answers ``<name>-<n>``, or the ids queued in ``next_ids``; it waits while
+``hang_new`` is an unset event.
 """
 
 from __future__ import annotations
@@ -19,9 +21,8 @@ from bridge.errors import AgentDiedError, AgentError
 
 
 class ScriptedAgent:
-    name = "scripted"
-
-    def __init__(self) -> None:
+    def __init__(self, name: str = "scripted") -> None:
+        self.name = name
         self.calls: list[tuple[str, Any]] = []
         self.client: Any = None
         self._releases: dict[str, anyio.Event] = {}
@@ -31,6 +32,8 @@ class ScriptedAgent:
         self._ids = itertools.count(1)
         self.closed = False
         self.fork_supported = True
+        self.hang_new: anyio.Event | None = None   # set: session/new waits for it
+        self.next_ids: list[str] = []              # session/new answers these first
 
     # factory
     async def connect(self, client: Any, task_group: anyio.abc.TaskGroup) -> ScriptedAgent:
@@ -68,8 +71,12 @@ class ScriptedAgent:
                 caps["sessionCapabilities"]["fork"] = {}
             return {"protocolVersion": 1, "agentCapabilities": caps}
         if method in ("session/new", "session/fork"):
+            if self.hang_new is not None:
+                await self.hang_new.wait()
+            if self.next_ids:
+                return {"sessionId": self.next_ids.pop(0)}
             requested = (params.get("_meta") or {}).get("acp-server/requestedSessionId")
-            return {"sessionId": requested or f"s-{next(self._ids)}"}
+            return {"sessionId": requested or f"{self.name}-{next(self._ids)}"}
         if method in ("session/load", "session/resume", "session/close"):
             return {}
         if method == "session/prompt":

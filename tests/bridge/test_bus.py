@@ -5,9 +5,10 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from bridge import wire
 from bridge.bus import EventBus
 from bridge.errors import SubscriberLimitExceededError
-from tests.bridge.helpers import drain
+from tests.bridge.helpers import drain, envelope
 
 pytestmark = pytest.mark.anyio
 
@@ -21,7 +22,8 @@ async def test_ids_start_at_one_and_frames_are_exact():
     bus = EventBus()
     event = bus.publish("turn_complete", {"sessionId": "s", "stopReason": "end_turn"}, prompt_id="p")
     assert event.id == 1
-    body = msgspec.json.decode(event.json)
+    body = msgspec.json.decode(wire.envelope(event))
+    assert event.size == len(wire.envelope(event))
     assert body["id"] == 1 and body["v"] == 1 and body["type"] == "turn_complete"
     assert body["promptId"] == "p" and isinstance(body["_meta"]["serverTimestamp"], int)
 
@@ -42,7 +44,7 @@ async def test_replay_then_replay_complete_then_live():
     frames = drain(sub)
     assert [f.id for f in frames] == [3, 4, 5, None, 6]
     assert frames[3].type == "replay_complete"
-    assert frames[3].envelope().data == {"lastReplayedEventId": 5, "lastEventId": 5, "replayedCount": 3}
+    assert envelope(frames[3]).data == {"lastReplayedEventId": 5, "lastEventId": 5, "replayedCount": 3}
 
 
 async def test_epoch_mismatch_requires_resync_and_replays_ring():
@@ -50,7 +52,7 @@ async def test_epoch_mismatch_requires_resync_and_replays_ring():
     publish(bus, 3)
     frames = drain(bus.subscribe(last_event_id=2, epoch="some-other-epoch"))
     assert frames[0].type == "state_resync_required"
-    assert frames[0].envelope().data == {"reason": "epoch_reset", "detail": "epoch_mismatch",
+    assert envelope(frames[0]).data == {"reason": "epoch_reset", "detail": "epoch_mismatch",
                                          "lastDeliveredId": 2, "earliestAvailableId": 1}
     assert [f.id for f in frames[1:]] == [1, 2, 3, None]
 
@@ -59,7 +61,7 @@ async def test_cursor_ahead_of_bus_is_epoch_reset():
     bus = EventBus()
     publish(bus, 2)
     frames = drain(bus.subscribe(last_event_id=99999))
-    assert frames[0].envelope().data["reason"] == "epoch_reset"
+    assert envelope(frames[0]).data["reason"] == "epoch_reset"
     assert [f.id for f in frames[1:-1]] == [1, 2]
 
 
@@ -67,7 +69,7 @@ async def test_ring_evicted():
     bus = EventBus(ring_size=3)
     publish(bus, 10)
     frames = drain(bus.subscribe(last_event_id=2))
-    assert frames[0].envelope().data == {"reason": "ring_evicted", "lastDeliveredId": 2,
+    assert envelope(frames[0]).data == {"reason": "ring_evicted", "lastDeliveredId": 2,
                                          "earliestAvailableId": 8}
     assert [f.id for f in frames[1:]] == [8, 9, 10, None]
     # a cursor right before the ring's start is still honoured
@@ -85,7 +87,7 @@ async def test_slow_subscriber_warned_once_then_evicted():
     assert kinds.count("slow_client_warning") == 1
     assert kinds.index("slow_client_warning") == 12
     assert kinds[-1] == "client_evicted"
-    evicted = frames[-1].envelope().data
+    evicted = envelope(frames[-1]).data
     assert evicted["reason"] == "queue_overflow" and evicted["droppedAfter"] == 16
     assert sub.ended and bus.subscriber_count == 0
     bus.publish("session_update", {})
@@ -98,7 +100,7 @@ async def test_byte_bound_evicts():
     for _ in range(10):
         bus.publish("session_update", {"blob": "x" * 1000})
     frames = drain(sub)
-    assert frames[-1].envelope().data["reason"] == "queue_bytes_overflow"
+    assert envelope(frames[-1]).data["reason"] == "queue_bytes_overflow"
 
 
 async def test_warning_rearms_after_draining():
@@ -136,6 +138,6 @@ async def test_replay_budget_keeps_newest_events(monkeypatch):
     for _ in range(10):
         bus.publish("session_update", {"blob": "y" * 400})
     frames = drain(bus.subscribe(last_event_id=0))
-    assert frames[0].envelope().data["reason"] == "replay_budget_exceeded"
+    assert envelope(frames[0]).data["reason"] == "replay_budget_exceeded"
     replayed = [f.id for f in frames if f.id is not None]
     assert replayed == list(range(11 - len(replayed), 11)) and 0 < len(replayed) < 10

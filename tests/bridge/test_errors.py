@@ -1,5 +1,6 @@
-"""Every bridge error carries what a door needs: ``code``, ``http_status``,
-``rpc_code`` and ``details()`` (camelCase wire names)."""
+"""Every bridge error carries a snake_case ``code`` and typed snake_case fields, no
+wire: ``bridge.wire`` names its fields as the peer does, and each door maps it (REST
+to an HTTP status, ``/acp`` to a JSON-RPC error)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ import re
 import pytest
 
 import bridge.errors as errors
+from acp_server.acp_http.errors import to_rpc_error
+from acp_server.rest.errors import status_of
 from bridge.errors import BridgeError
 from bridge.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS
+from bridge.wire import error_details
 
 SAMPLES: dict[type[BridgeError], BridgeError] = {
     errors.InvalidOptionError: errors.InvalidOptionError("Invalid x: -1"),
@@ -33,6 +37,8 @@ SAMPLES: dict[type[BridgeError], BridgeError] = {
     errors.AgentError: errors.AgentError(-32000, "boom", {"x": 1}),
     errors.AgentDiedError: errors.AgentDiedError(exit_code=3),
     errors.AgentTimeoutError: errors.AgentTimeoutError("initialize", 200),
+    errors.AgentRequestTimeoutError: errors.AgentRequestTimeoutError("session/new", 300),
+    errors.AgentProtocolError: errors.AgentProtocolError("collision", "evil"),
     errors.InvalidPromptError: errors.InvalidPromptError(),
     errors.TooManyContentBlocksError: errors.TooManyContentBlocksError(9, 8),
     errors.InvalidDeadlineError: errors.InvalidDeadlineError(0),
@@ -51,16 +57,30 @@ def test_every_error_is_sampled() -> None:
 def test_error_attributes(cls: type[BridgeError]) -> None:
     exc = SAMPLES[cls]
     assert SNAKE.match(exc.code)
-    assert 400 <= exc.http_status < 600
-    assert exc.rpc_code in (INVALID_PARAMS, INTERNAL_ERROR) or cls is errors.AgentError
-    details = exc.details()
+    fields = {k for k in vars(exc) if not k.startswith("_")} - {"args"}
+    assert all(SNAKE.match(name) for name in fields), fields
+    assert not hasattr(exc, "http_status") and not hasattr(exc, "details")
+    details = error_details(exc)
     assert all(CAMEL.match(key) for key in details), details
-    if exc.rpc_code == INVALID_PARAMS:   # the caller's mistake
-        assert exc.http_status < 500
+
+
+@pytest.mark.parametrize("cls", list(SAMPLES), ids=lambda cls: cls.__name__)
+def test_each_door_answers_every_error(cls: type[BridgeError]) -> None:
+    exc = SAMPLES[cls]
+    status = status_of(exc)
+    assert 400 <= status < 600
+    code, _message, _data = to_rpc_error(exc)
+    assert code in (INVALID_PARAMS, INTERNAL_ERROR) or cls is errors.AgentError
+    if code == INVALID_PARAMS:   # the caller's mistake
+        assert status < 500
 
 
 def test_details_are_the_fields() -> None:
-    assert SAMPLES[errors.PromptQueueFullError].details() == {
+    assert error_details(SAMPLES[errors.PromptQueueFullError]) == {
         "sessionId": "s", "limit": 5, "pendingCount": 5}
     assert SAMPLES[errors.AgentError].rpc_code == -32000
-    assert errors.PermissionNotFoundError("r").details() == {"requestId": "r"}
+    assert error_details(errors.PermissionNotFoundError("r")) == {"requestId": "r"}
+    assert error_details(errors.SessionLimitExceededError(8, scope="agent", agent="a")) == {
+        "limit": 8, "scope": "agent", "agent": "a"}
+    assert error_details(SAMPLES[errors.AgentRequestTimeoutError]) == {
+        "phase": "session/new", "timeoutMs": 300}

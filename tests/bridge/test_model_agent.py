@@ -9,7 +9,7 @@ from bridge import Bridge
 from bridge.agents.model import ModelAgentFactory, discover_models
 from bridge.errors import AgentError
 from tests.bridge.fake_model_server import FakeModelState, build_fake_model_app
-from tests.bridge.helpers import drain, text, wait_until
+from tests.bridge.helpers import drain, envelope, text, wait_until
 from tests.harness import serving
 
 pytestmark = pytest.mark.anyio
@@ -27,7 +27,7 @@ async def test_streams_in_order_keeps_history_and_usage(tmp_path):
             result = await bridge.send_prompt(sid, text("hello there"))
             assert result.stop_reason == "end_turn"
             assert result.response["usage"] == {"inputTokens": 7, "outputTokens": 3, "totalTokens": 10}
-            updates = [f.envelope().data["update"] for f in drain(sub) if f.type == "session_update"]
+            updates = [envelope(f).data["update"] for f in drain(sub) if f.type == "session_update"]
             chunks = [u["content"]["text"] for u in updates if u["sessionUpdate"] == "agent_message_chunk"]
             assert len(chunks) == 3 and "".join(chunks) == "pong: hello there"
             assert updates[-1]["sessionUpdate"] == "usage_update"

@@ -12,7 +12,7 @@ from bridge.errors import (
     PromptNotFoundError,
     SessionClosedError,
 )
-from tests.bridge.helpers import drain, open_bridge, text, wait_until
+from tests.bridge.helpers import drain, envelope, open_bridge, text, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -39,13 +39,13 @@ async def test_turn_events_in_order(tmp_path):
             "pending_prompt_started", "session_update", "session_update",
             "turn_complete", "pending_prompt_completed",
         ]
-        echo = frames[0].envelope()
+        echo = envelope(frames[0])
         assert echo.data["update"]["_meta"] == {"source": "bridge-echo"}
         assert echo.promptId == first.prompt_id
-        done = frames[3].envelope()
+        done = envelope(frames[3])
         assert done.data == {"sessionId": sid, "stopReason": "end_turn", "promptId": first.prompt_id}
         assert [f.id for f in frames] == list(range(1, 10))
-        assert frames[-1].envelope().data["state"] == "completed"
+        assert envelope(frames[-1]).data["state"] == "completed"
 
 
 async def test_cancel_stops_only_the_active_prompt(tmp_path):
@@ -90,7 +90,7 @@ async def test_deadline_while_running_and_while_queued(tmp_path):
                 await running
         assert bridge.get_session(sid).pending_count == 0
         await wait_until(lambda: ("session/cancel", {"sessionId": sid}) in agent.calls)
-        errors = [f.envelope().data for f in drain(sub) if f.type == "turn_error"]
+        errors = [envelope(f).data for f in drain(sub) if f.type == "turn_error"]
         assert [e["code"] for e in errors] == ["prompt_deadline_exceeded"] * 2
         assert "ok" not in agent.prompts()
         agent.release("r")
@@ -173,7 +173,7 @@ async def test_close_settles_everything(tmp_path):
                 await ticket
         frames = [f async for f in sub]   # the stream ends after session_closed
         assert frames[-1].type == "session_closed"
-        assert frames[-1].envelope().data == {"sessionId": sid, "reason": "client_close"}
+        assert envelope(frames[-1]).data == {"sessionId": sid, "reason": "client_close"}
         assert ("session/close", {"sessionId": sid}) in agent.calls
 
 
@@ -190,7 +190,7 @@ async def test_agent_death_fails_prompts_and_publishes_session_died(tmp_path):
                 await ticket
         frames = [f async for f in sub]
         assert "session_died" in types(frames)
-        assert [f.envelope().data["code"] for f in frames if f.type == "turn_error"] == ["agent_died"] * 2
+        assert [envelope(f).data["code"] for f in frames if f.type == "turn_error"] == ["agent_died"] * 2
         assert bridge.sessions() == []
         # a new session restarts the agent
         sid2 = (await bridge.create_session()).session_id

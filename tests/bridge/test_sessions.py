@@ -16,7 +16,7 @@ from bridge.errors import (
     SessionNotFoundError,
     WorkspaceMismatchError,
 )
-from tests.bridge.helpers import drain, open_bridge, text, wait_until
+from tests.bridge.helpers import drain, envelope, open_bridge, text, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -112,7 +112,7 @@ async def test_first_responder_permission(tmp_path):
         sub = bridge.subscribe(sid)
         ticket = bridge.send_prompt(sid, text("perm"))
         await wait_until(lambda: bridge.permissions.pending_count == 1)
-        request = [f for f in drain(sub) if f.type == "permission_request"][0].envelope()
+        request = envelope([f for f in drain(sub) if f.type == "permission_request"][0])
         request_id = request.data["requestId"]
         assert request.data["sessionId"] == sid and request.promptId == ticket.prompt_id
         assert [o["optionId"] for o in request.data["options"]] == ["yes", "no"]
@@ -127,7 +127,7 @@ async def test_first_responder_permission(tmp_path):
         assert (await ticket).stop_reason == "yes"
         resolved = [f for f in drain(sub) if f.type == "permission_resolved"]
         assert len(resolved) == 1
-        assert resolved[0].envelope().data == {"requestId": request_id, "sessionId": sid,
+        assert envelope(resolved[0]).data == {"requestId": request_id, "sessionId": sid,
                                                "outcome": {"outcome": "selected", "optionId": "yes"},
                                                "voterClientId": "client_a"}
 
@@ -197,7 +197,7 @@ async def test_one_cancel_resolves_each_permission_once(tmp_path):
                 ticket.cancel("client_cancel")
             assert bridge.permissions.pending_count == 0
             assert (await ticket).stop_reason == "cancelled"
-            kinds = [(f.type, f.envelope().data.get("reason")) for f in drain(sub)
+            kinds = [(f.type, envelope(f).data.get("reason")) for f in drain(sub)
                      if f.type in ("permission_resolved", "prompt_cancelled")]
             permission_reason = "prompt_cancelled" if cancel == "session" else "cancelled"
             assert kinds == [("permission_resolved", permission_reason),

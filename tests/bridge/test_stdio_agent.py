@@ -19,6 +19,7 @@ import pytest
 from bridge.agents.base import AgentConnection
 from bridge.agents.stdio import StdioAgentConnection, StdioAgentFactory
 from bridge.errors import AgentDiedError, AgentError
+from tests.agents import fixture_command
 from tests.bridge.fake_agent_client import FakeClient, prompt
 
 pytestmark = pytest.mark.anyio
@@ -271,3 +272,21 @@ async def test_missing_command_raises_agent_died() -> None:
     async with anyio.create_task_group() as tg:
         with pytest.raises(AgentDiedError, match="Cannot start agent"):
             await factory.connect(FakeClient(), tg)
+
+
+async def test_the_first_answer_to_a_request_id_wins(caplog: pytest.LogCaptureFixture) -> None:
+    """An agent answering one request twice (``end_turn``, then an error): the first
+    answer is the result, the second is logged and changes nothing."""
+    client = FakeClient()
+    with caplog.at_level(logging.WARNING, logger="bridge.agents.stdio"):
+        async with spawned(client, fixture_command("twice", "--answer-twice")) as conn:
+            await conn.request("initialize", {"protocolVersion": 1})
+            sid = await new_session(conn)
+            assert await conn.request("session/prompt", prompt(sid, "one")) == {
+                "stopReason": "end_turn"}
+            # the next request is answered after the stray second answer was read
+            assert await conn.request("session/prompt", prompt(sid, "two")) == {
+                "stopReason": "end_turn"}
+            assert not conn.closed
+    strays = [r for r in caplog.records if "already answered request id" in r.getMessage()]
+    assert len(strays) >= 1

@@ -11,7 +11,7 @@ import pytest
 from bridge import Bridge, BridgeOptions
 from bridge.agents.stdio import StdioAgentFactory
 from bridge.errors import AgentDiedError, AgentError
-from tests.bridge.helpers import drain, text, wait_until
+from tests.bridge.helpers import drain, envelope, text, wait_until
 
 pytestmark = pytest.mark.anyio
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -29,7 +29,7 @@ async def test_turns_permissions_and_fs_over_stdio(tmp_path):
         sub = bridge.subscribe(sid)
         result = await bridge.send_prompt(sid, text("/chunks 4 hello world"))
         assert result.stop_reason == "end_turn"
-        chunks = [f.envelope().data["update"] for f in drain(sub) if f.type == "session_update"]
+        chunks = [envelope(f).data["update"] for f in drain(sub) if f.type == "session_update"]
         agent_text = "".join(u["content"]["text"] for u in chunks
                              if u["sessionUpdate"] == "agent_message_chunk")
         assert agent_text == "Echo: hello world"
@@ -37,7 +37,7 @@ async def test_turns_permissions_and_fs_over_stdio(tmp_path):
 
         ticket = bridge.send_prompt(sid, text("/tool write notes/out.txt written"))
         await wait_until(lambda: bridge.permissions.pending_count == 1)
-        request = [f for f in drain(sub) if f.type == "permission_request"][0].envelope().data
+        request = envelope([f for f in drain(sub) if f.type == "permission_request"][0]).data
         bridge.respond_to_permission(request["requestId"],
                                      {"outcome": "selected", "optionId": "allow_once"})
         assert (await ticket).stop_reason == "end_turn"
@@ -57,12 +57,12 @@ async def test_write_outside_workspace_is_refused(tmp_path):
         sub = bridge.subscribe(sid)
         ticket = bridge.send_prompt(sid, text("/tool write ../escape.txt nope"))
         await wait_until(lambda: bridge.permissions.pending_count == 1)
-        request = [f for f in drain(sub) if f.type == "permission_request"][0].envelope().data
+        request = envelope([f for f in drain(sub) if f.type == "permission_request"][0]).data
         bridge.respond_to_permission(request["requestId"],
                                      {"outcome": "selected", "optionId": "allow_once"})
         assert (await ticket).stop_reason == "end_turn"
         assert not (tmp_path / "escape.txt").exists()
-        updates = [f.envelope().data["update"] for f in drain(sub) if f.type == "session_update"]
+        updates = [envelope(f).data["update"] for f in drain(sub) if f.type == "session_update"]
         assert any(u.get("status") == "failed" for u in updates)
 
 
@@ -93,7 +93,7 @@ async def test_crash_mid_turn_settles_everything_and_recovers(tmp_path):
             frames = [f async for f in sub]
         kinds = [f.type for f in frames]
         assert "session_died" in kinds
-        died = [f for f in frames if f.type == "session_died"][0].envelope().data
+        died = envelope([f for f in frames if f.type == "session_died"][0]).data
         assert died["exitCode"] == 3
         assert kinds.count("turn_error") == 3
         assert bridge.sessions() == []

@@ -3,9 +3,10 @@
 //
 //   node acp_sdk.mjs <sdk folder> <base url> <http|ws> <workspace>
 //
-// Runs two turns, a permission, a cancel, then the reconnect recipe (a new connection,
-// initialize, session/load) on the live session and, after session/close, on the cold
-// one. Prints one JSON object: what the SDK reported, in the order it reported it.
+// Runs two turns, a permission, a cancel, then, while that connection is still open,
+// the reconnect recipe (a new connection, initialize, session/load) on the live session
+// and, after session/close, on the cold one. Prints one JSON object: what the SDK
+// reported, in the order it reported it.
 import { pathToFileURL } from "node:url";
 import path from "node:path";
 
@@ -97,18 +98,20 @@ const sessionId = await app(log, {
   const r = await ctx.request("session/prompt", { sessionId: sid, prompt: text(cancelFor) });
   log.push({ kind: "stop", stopReason: r.stopReason });
   await settle(ctx, sid);
+  out.first = [...log];
+  // The reconnect recipe while this connection is still there (as after a network
+  // drop, before the server reaps the old connection): the session is live. (A
+  // session is closed when the last connection that made or attached it goes away.)
+  out.live = await reconnectAndLoad(sid);
+  // Cold: close the session on a connection of its own, then the recipe again.
+  await app([]).connectWith(stream(), async (other) => {
+    await initialize(other);
+    await other.request("session/close", { sessionId: sid });
+    await settle(other, sid);
+  });
+  out.cold = await reconnectAndLoad(sid);
   return sid;
 });
 out.sessionId = sessionId;
-out.first = log;
-out.live = await reconnectAndLoad(sessionId);
-
-// Cold: close the session on a connection of its own, then the recipe again.
-await app([]).connectWith(stream(), async (ctx) => {
-  await initialize(ctx);
-  await ctx.request("session/close", { sessionId });
-  await settle(ctx, sessionId);
-});
-out.cold = await reconnectAndLoad(sessionId);
 process.stdout.write(JSON.stringify(out) + "\n");
 process.exit(0);

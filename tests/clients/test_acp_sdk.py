@@ -1,7 +1,7 @@
 """The ACP TypeScript SDK (``@agentclientprotocol/sdk`` 2.4.0), its Streamable HTTP
 and WebSocket clients, against ``/acp``: two turns, a permission, a cancel, and the
-reconnect recipe (new connection, ``initialize``, ``session/load``) live and after
-``session/close``. ``acp_sdk.mjs`` reports what the SDK delivered, in order."""
+reconnect recipe (new connection, ``initialize``, ``session/load``) live (while the
+first connection is still there) and after ``session/close``. ``acp_sdk.mjs`` reports what the SDK delivered, in order."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from tests.acp_http.server import running_acp_server
+from tests.bridge.helpers import wait_until
 from tests.clients.node import run_script
 
 pytestmark = [pytest.mark.anyio, pytest.mark.clients]
@@ -65,4 +66,5 @@ async def test_acp_sdk_client(acp_sdk: str, tmp_path: Path, transport: str) -> N
         # cold: the agent's own replay after session/close (one chunk per message; the
         # reference agent keeps no record of the cancelled turn)
         _check_reload(report["cold"], transport, [*FIRST[:3], "after load"])
-        assert srv.bridge.get_session(sid).session_id == sid
+        # every connection that made or attached it is gone: the session is closed
+        await wait_until(lambda: not srv.bridge.has_session(sid))

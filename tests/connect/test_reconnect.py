@@ -11,6 +11,7 @@ from typing import Any
 import anyio
 import pytest
 
+from bridge.wire import envelope
 from tests.acp_http.server import RunningAcpServer, running_acp_server
 from tests.connect.harness import Adapter, TcpRelay, port_of, spawn_adapter, tcp_relay
 
@@ -26,7 +27,7 @@ def text(value: str) -> list[dict[str, str]]:
 def server_updates(srv: RunningAcpServer, sid: str) -> list[dict[str, Any]]:
     """The session's updates as the server published them (the truth)."""
     ring = srv.bridge.get_session(sid).bus.ring_events()
-    return [json.loads(e.json)["data"]["update"] for e in ring if e.type == "session_update"]
+    return [json.loads(envelope(e))["data"]["update"] for e in ring if e.type == "session_update"]
 
 
 async def until(condition: Any, timeout: float = 20.0) -> None:

@@ -20,6 +20,6 @@ def test_schemas_are_fresh():
 
 
 def test_event_envelope_schema_names_the_wire_fields():
-    text = schemas.render()["bridge.events.EventEnvelope.json"]
+    text = schemas.render()["bridge.wire.EventEnvelope.json"]
     for field in ('"_meta"', '"promptId"', '"type"', '"data"', '"v"'):
         assert field in text

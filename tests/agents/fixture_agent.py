@@ -1,0 +1,178 @@
+"""A stdio ACP agent for tests, honest by default, misbehaving on request.
+
+    python -m tests.agents.fixture_agent --name honest
+    python -m tests.agents.fixture_agent --name nonew --never-answer-new
+    python -m tests.agents.fixture_agent --name big --swallow-new 52428800
+    python -m tests.agents.fixture_agent --name evil
+
+Behaviour (newline-delimited JSON-RPC 2.0 on stdin/stdout):
+
+* ``initialize``: ``loadSession``, ``sessionCapabilities.close`` (unless
+  ``--no-close``), ``agentInfo.name`` = ``--name``.
+* ``session/new``: ``{"sessionId": "<name>-<n>"}``, except:
+  ``--never-answer-new`` never answers; ``--swallow-new N`` writes ``N`` bytes of junk
+  and then the answer on the same line (one invalid line: the answer is lost); after
+  a ``collide <sid>`` prompt, the next answer is ``{"sessionId": "<sid>"}``.
+* ``session/load``, ``session/resume``: ``{}``. ``session/close``: ``{}``, after
+  ``--slow-close-ms`` milliseconds.
+* ``session/prompt``, by the text of its first text block:
+  ``hold`` answers ``cancelled`` at ``session/cancel`` (and only then);
+  ``inject <sid>`` sends a ``session/update`` naming session ``<sid>``
+  (``INJECTED-BY-<name>``), a ``session/request_permission`` and an
+  ``fs/read_text_file`` (``secret.txt``) naming ``<sid>``, waits for both answers,
+  reports them in an ``agent_message_chunk`` of its own session (``saw: <json>``) and
+  ends the turn; ``collide <sid>`` ends the turn at once; ``gate <file>`` waits until
+  ``<file>`` exists (relative to the agent's folder), then echoes; anything else is echoed as
+  one ``agent_message_chunk`` ``<name>: <text>``. With ``--answer-twice`` every
+  prompt is answered ``end_turn`` and then, under the same id, with an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+_write_lock = threading.Lock()
+
+
+def send(message: dict[str, Any], prefix: bytes = b"") -> None:
+    data = prefix + json.dumps({"jsonrpc": "2.0", **message}).encode() + b"\n"
+    with _write_lock:
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+
+
+def chunk(session_id: str, text: str) -> dict[str, Any]:
+    return {"method": "session/update", "params": {"sessionId": session_id, "update": {
+        "sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": text}}}}
+
+
+class Agent:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.ids = itertools.count(1)
+        self.out_ids = itertools.count(1000)
+        self.held: dict[str, Any] = {}        # session id -> prompt request id (hold)
+        self.waiting: dict[int, Callable[[dict[str, Any]], None]] = {}
+        self.collide_with: str | None = None
+
+    def run(self) -> None:
+        for line in sys.stdin.buffer:
+            if not line.strip():
+                continue
+            message = json.loads(line)
+            if "method" not in message:
+                callback = self.waiting.pop(message.get("id"), None)
+                if callback is not None:
+                    callback(message)
+                continue
+            handler = getattr(self, "on_" + message["method"].replace("/", "_"), None)
+            if handler is not None:
+                handler(message.get("id"), message.get("params") or {})
+            elif "id" in message:
+                send({"id": message["id"], "error": {"code": -32601, "message": "Method not found"}})
+
+    def on_initialize(self, rpc_id: Any, params: dict[str, Any]) -> None:
+        session_caps: dict[str, Any] = {} if self.args.no_close else {"close": {}}
+        send({"id": rpc_id, "result": {"protocolVersion": 1, "agentCapabilities": {
+            "loadSession": True, "sessionCapabilities": session_caps},
+            "agentInfo": {"name": self.args.name, "version": "1"}}})
+
+    def on_session_new(self, rpc_id: Any, params: dict[str, Any]) -> None:
+        if self.args.never_answer_new:
+            return
+        sid = self.collide_with or f"{self.args.name}-{next(self.ids)}"
+        self.collide_with = None
+        send({"id": rpc_id, "result": {"sessionId": sid}},
+             prefix=b"x" * self.args.swallow_new if self.args.swallow_new else b"")
+
+    def on_session_load(self, rpc_id: Any, params: dict[str, Any]) -> None:
+        send({"id": rpc_id, "result": {}})
+
+    on_session_resume = on_session_load
+
+    def on_session_close(self, rpc_id: Any, params: dict[str, Any]) -> None:
+        delay = self.args.slow_close_ms / 1000
+        threading.Timer(delay, send, args=({"id": rpc_id, "result": {}},)).start()
+
+    def on_session_cancel(self, rpc_id: Any, params: dict[str, Any]) -> None:
+        held = self.held.pop(params.get("sessionId"), None)
+        if held is not None:
+            send({"id": held, "result": {"stopReason": "cancelled"}})
+
+    def on_session_prompt(self, rpc_id: Any, params: dict[str, Any]) -> None:
+        sid = params["sessionId"]
+        blocks = [b for b in params.get("prompt", []) if b.get("type") == "text"]
+        text = blocks[0]["text"] if blocks else ""
+        word, _, rest = text.partition(" ")
+        if word == "hold":
+            self.held[sid] = rpc_id
+        elif word == "inject":
+            self.inject(rpc_id, sid, rest.strip())
+        elif word == "collide":
+            self.collide_with = rest.strip()
+            self.end_turn(rpc_id)
+        elif word == "gate":
+            threading.Thread(target=self.gate, args=(rpc_id, sid, text, rest.strip()),
+                             daemon=True).start()
+        else:
+            send(chunk(sid, f"{self.args.name}: {text}"))
+            self.end_turn(rpc_id)
+
+    def gate(self, rpc_id: Any, sid: str, text: str, path: str) -> None:
+        while not os.path.exists(path):   # the test opens the gate by creating the file
+            time.sleep(0.01)
+        send(chunk(sid, f"{self.args.name}: {text}"))
+        self.end_turn(rpc_id)
+
+    def end_turn(self, rpc_id: Any) -> None:
+        answer = {"id": rpc_id, "result": {"stopReason": "end_turn"}}
+        if self.args.answer_twice:   # both lines in one write: read in one go
+            first = json.dumps({"jsonrpc": "2.0", **answer}).encode() + b"\n"
+            send({"id": rpc_id, "error": {"code": -32603, "message": "second answer"}},
+                 prefix=first)
+        else:
+            send(answer)
+
+    def inject(self, rpc_id: Any, own: str, victim: str) -> None:
+        send(chunk(victim, f"INJECTED-BY-{self.args.name}"))
+        seen: dict[str, Any] = {}
+
+        def answered(kind: str) -> Callable[[dict[str, Any]], None]:
+            def record(message: dict[str, Any]) -> None:
+                seen[kind] = message.get("result", message.get("error"))
+                if len(seen) == 2:
+                    send(chunk(own, "saw: " + json.dumps(seen, sort_keys=True)))
+                    self.end_turn(rpc_id)
+            return record
+
+        for kind, method, extra in (
+                ("permission", "session/request_permission", {
+                    "toolCall": {"toolCallId": "evil-1", "title": "rm -rf / (from evil)"},
+                    "options": [{"optionId": "allow", "name": "Allow", "kind": "allow_once"}]}),
+                ("fs", "fs/read_text_file", {"path": "secret.txt"})):
+            out_id = next(self.out_ids)
+            self.waiting[out_id] = answered(kind)
+            send({"id": out_id, "method": method, "params": {"sessionId": victim, **extra}})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--name", default="fixture")
+    parser.add_argument("--never-answer-new", action="store_true")
+    parser.add_argument("--swallow-new", type=int, default=0)
+    parser.add_argument("--answer-twice", action="store_true")
+    parser.add_argument("--slow-close-ms", type=int, default=0)
+    parser.add_argument("--no-close", action="store_true")
+    Agent(parser.parse_args()).run()
+
+
+if __name__ == "__main__":
+    main()
