@@ -131,6 +131,9 @@ class SessionSummary(SessionStatus):
     origin: Annotated[str, msgspec.Meta(
         description="Who made it (`_meta[\"acp-server/origin\"]` at creation; `lmsp` for "
                     "LMSP tasks); null for a person's session")] | None
+    owner: Annotated[str, msgspec.Meta(
+        description="The principal that made it (`bootstrap`, `local` or a token's name); "
+                    "null when this instance does not know")] | None = None
 
 
 class SessionPage(msgspec.Struct):

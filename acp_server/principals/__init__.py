@@ -16,6 +16,9 @@ Modules:
 * ``limits`` — ``RateLimiter``: a token bucket per principal and class, in memory.
 * ``audit`` — ``AuditLog``: records batched into the store's audit table.
 * ``streams`` — ``StreamRegistry``: open streams per token, ended on revocation.
+* ``ownership`` — ``SessionOwners``: which principal made each session (the REST and
+  ``/acp`` doors share one per server, ``gate.sessions``; 404 for what a caller does
+  not see), and each principal's default session.
 * ``gate`` — ``Gate`` (all of the above for one server, ``open_principals``) and
   ``Caller`` (a request's principal with that policy). ``admin`` — token creation and
   revocation on a store (``acp-server token`` and ``/tokens``).

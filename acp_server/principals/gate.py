@@ -6,6 +6,7 @@ audit log and revocation, as one object the guard and the doors share.
         caller = gate.caller(principal, client="10.0.0.7")   # what a request carries
         denial = caller.check(PROMPTING)         # None, or 403 (scope) / 429 (rate)
         caller.sees(session.owner)               # ownership: False → answer 404
+        caller.sees_session(sid); caller.claim_session(sid)   # sessions (gate.sessions)
         caller.record("session.created", session_id, agent="reference")   # audit
         issued = await gate.create_token(caller, "ci", scopes=["read"])  # admin
         await gate.revoke_token(caller, "ci")    # refused within a second everywhere
@@ -43,10 +44,11 @@ import anyio
 import anyio.abc
 
 from acp_server.principals import admin
-from acp_server.principals.audit import AuditLog
+from acp_server.principals.audit import AuditLog, prompt_text
 from acp_server.principals.auth import TTL_S, Authenticator
 from acp_server.principals.limits import RateLimiter, Tier
 from acp_server.principals.model import LOCAL, Access, Principal
+from acp_server.principals.ownership import SessionOwners
 from acp_server.principals.streams import StreamRegistry
 from acp_server.principals.tokens import Issued
 from acp_server.store.errors import StoreUnavailableError
@@ -116,9 +118,35 @@ class Caller:
     def sees(self, owner: str | None) -> bool:
         return self.principal.sees(owner, shared=self.gate.share_sessions)
 
+    def sees_session(self, session_id: str) -> bool:
+        """Whether the session exists for it (``False``: the door answers 404)."""
+        return self.sees(self.gate.sessions.owner(session_id))
+
+    def claim_session(self, session_id: str) -> bool:
+        """It made (or restored) the session: its owner unless the session has one;
+        whether it sees the session then (another's restore won a race: 404)."""
+        return self.sees(self.gate.sessions.claim(session_id, self.principal.name))
+
     def record(self, action: str, target: str | None = None, **detail: Any) -> None:
         self.gate.audit.record(self.principal.name, action, target, client=self.client,
                                **detail)
+
+    def prompt_accepted(self, session_id: str, prompt_id: str, prompt: Any, door: str) -> None:
+        """The ``prompt.accepted`` record: the prompt's id, its text only with
+        ``--audit-prompts``."""
+        audit = self.gate.audit
+        if audit.store is None:
+            return
+        extra = {"text": prompt_text(prompt)} if audit.prompts else {}
+        audit.record(self.principal.name, "prompt.accepted", session_id, client=self.client,
+                     prompt_id=prompt_id, door=door, **extra)
+
+    def permission_answered(self, session_id: str, request_id: str,
+                            outcome: Mapping[str, Any], door: str) -> None:
+        option = outcome.get("optionId")
+        self.record("permission.answered", session_id, request_id=request_id,
+                    outcome=outcome.get("outcome"), door=door,
+                    **({"option_id": option} if isinstance(option, str) else {}))
 
 
 class Gate:
@@ -129,6 +157,7 @@ class Gate:
         self.limiter = limiter or RateLimiter({})
         self.audit = audit or AuditLog(None)
         self.streams = StreamRegistry()
+        self.sessions = SessionOwners()   # is_live set by the composition
         self.share_sessions = share_sessions
         self.clock = clock
         self._tg: anyio.abc.TaskGroup | None = None

@@ -13,7 +13,9 @@ only live ones. Contracts: ``{id}`` is the workspace id of ``/capabilities``
 (``workspaces[0].id``); another id is 404 ``workspace_not_found``. ``size`` 1..100
 (default 20) else 400 ``invalid_session_page_size``; ``cursor`` is the ``nextCursor``
 of the previous page, else 400 ``invalid_cursor``. ``maxPendingPrompts`` is ``null``
-when the cap is off.
+when the cap is off. Each principal lists the sessions it sees (its own; every one for
+an admin or with ``--share-sessions``); ``owner`` names the principal that made the
+session (``null``: none this instance knows, as the LMSP runner's).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute
 
 from acp_server.http.endpoints import route
+from acp_server.principals import caller_of
 from acp_server.rest.errors import RestError, bad_request, json_response
 from acp_server.rest.sessions import status_body
 from bridge import Bridge, SessionStatus
@@ -46,13 +49,14 @@ def workspaces(bridge: Bridge) -> list[dict[str, Any]]:
              "primary": True}]
 
 
-def session_summary(status: SessionStatus) -> dict[str, Any]:
+def session_summary(status: SessionStatus, owner: str | None = None) -> dict[str, Any]:
     updated = status.updated_at
     return {**status_body(status),
             "updatedAt": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(updated))
             + f".{int(updated * 1000) % 1000:03d}Z",
             "agent": status.agent, "maxPendingPrompts": status.max_pending_prompts,
-            "activePromptText": status.active_prompt_text, "origin": status.origin}
+            "activePromptText": status.active_prompt_text, "origin": status.origin,
+            "owner": owner}
 
 
 def _decimal(text: str) -> bool:
@@ -82,10 +86,13 @@ async def list_sessions(request: Request, *, bridge: Bridge) -> Response:
         raise RestError(404, {"error": "Workspace is not registered with this daemon.",
                               "code": "workspace_not_found", "workspace": requested[:256]})
     size, offset = _page_args(request)
-    live = bridge.list_sessions()
+    caller = caller_of(request.scope)
+    owners = caller.gate.sessions
+    live = [s for s in bridge.list_sessions() if caller.sees(owners.owner(s.session_id))]
     live.sort(key=lambda s: (-s.created_at, s.session_id))
     page = live[offset:offset + size]
-    body: dict[str, Any] = {"sessions": [session_summary(s) for s in page]}
+    body: dict[str, Any] = {"sessions": [session_summary(s, owners.owner(s.session_id))
+                                         for s in page]}
     if offset + size < len(live):
         body["nextCursor"] = str(offset + size)
     return json_response(200, body)
