@@ -137,6 +137,13 @@ export function errorText(error) {
   return String(error && error.message ? error.message : error);
 }
 
+// Whether the tab's principal (ctx.me, from GET /whoami) has a scope; true when the
+// server did not say (an older server): the server decides anyway.
+export function can(ctx, scope) {
+  const scopes = ctx && ctx.me && ctx.me.scopes;
+  return !scopes || scopes.includes(scope) || scopes.includes("admin");
+}
+
 // What a person can do about a refusal of the principals (401, 403, 429).
 function advice(error) {
   const body = error.body || {};
