@@ -217,3 +217,34 @@ async def test_the_audit_log_records_a_scripted_scenario_exactly(tmp_path: Path)
             ("session.closed", sid, {}),
         ]
         assert {r["client"] for r in page["records"]} == {"127.0.0.1"}
+
+
+async def test_lmsp_tasks_and_responses_are_their_makers(tmp_path: Path) -> None:
+    async with serving(tmp_path) as (srv, who):
+        alice, bob, ops = who["alice"], who["bob"], who["ops"]
+        c = srv.client
+        task = await c.post("/lmsp/v1/tasks", headers=alice, json={
+            "type": "response", "input": {"model": "reference", "input": "/sleep 60s held"}})
+        assert task.status_code == 202, task.text
+        tid = task.json()["id"]
+        done = await c.post("/lmsp/v1/responses", headers=alice,
+                            json={"model": "reference", "input": "hi"})
+        assert done.status_code == 200, done.text
+        rid = done.json()["id"]
+        refused = [await c.get(f"/lmsp/v1/tasks/{tid}", headers=bob),
+                   await c.get(f"/lmsp/v1/tasks/{tid}/events", headers=bob),
+                   await c.post(f"/lmsp/v1/tasks/{tid}/cancel", headers=bob),
+                   await c.get(f"/lmsp/v1/responses/{rid}", headers=bob),
+                   await c.post(f"/lmsp/v1/responses/{rid}/cancel", headers=bob),
+                   await c.delete(f"/lmsp/v1/responses/{rid}", headers=bob),
+                   await c.post("/lmsp/v1/responses", headers=bob, json={
+                       "model": "reference", "input": "x", "previous_response_id": rid})]
+        assert [r.status_code for r in refused] == [404] * len(refused), \
+            [r.text for r in refused]
+        assert (await c.get("/lmsp/v1/tasks", headers=bob)).json()["data"] == []
+        assert (await c.get(f"/lmsp/v1/tasks/{tid}", headers=alice)).json()["status"] in (
+            "queued", "loading", "in_progress")   # bob's cancel did nothing
+        listed = (await c.get("/lmsp/v1/tasks", headers=ops)).json()["data"]
+        assert tid in [t["id"] for t in listed]
+        cancelled = await c.post(f"/lmsp/v1/tasks/{tid}/cancel", headers=ops)   # an admin may
+        assert cancelled.status_code == 200, cancelled.text
