@@ -24,9 +24,9 @@ from starlette.routing import BaseRoute
 
 from acp_server.http.body import BodyError, decode_json
 from acp_server.http.endpoints import route
+from acp_server.principals import caller_of
 from acp_server.rest import wire
 from acp_server.rest.config import RestConfig
-from acp_server.principals import caller_of
 from acp_server.rest.errors import error_response, json_response
 from acp_server.rest.owners import owned
 from bridge import Bridge

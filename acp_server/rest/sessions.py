@@ -7,11 +7,13 @@
 
 Contracts: ``sessionScope`` ``single`` (default) attaches to the workspace's default
 session; ``thread`` always spawns; a ``sessionId`` override must be a UUID v1–v5 and
-forces ``thread``. Creation is 200 (not 201) as on the peer; branch is 201. ``/load``
-carries the history (``compactedReplay``, ``liveJournal``, ``promptTerminals``, with
-``lastEventId`` after them, ``bridge.history``, each event as its ``bridge.wire``
-envelope); ``/resume`` carries none. A client that goes away while its session is
-being made (create, load, resume, branch) cancels the making: the slot comes back.
+forces ``thread``; ``single`` is per principal (``rest.owners``: another principal's
+session is 404 on every route here). Creation is 200 (not 201) as on the peer; branch
+is 201. ``/load`` carries the history (``compactedReplay``, ``liveJournal``,
+``promptTerminals``, with ``lastEventId`` after them, ``bridge.history``, each event as
+its ``bridge.wire`` envelope); ``/resume`` carries none. A client that goes away while
+its session is being made (create, load, resume, branch) cancels the making: the slot
+comes back.
 """
 
 from __future__ import annotations
@@ -28,11 +30,11 @@ from starlette.routing import BaseRoute
 from acp_server.http.disconnect import until_disconnect
 from acp_server.http.endpoints import route
 from acp_server.http.origin import session_origin
+from acp_server.principals import caller_of
 from acp_server.rest import wire
 from acp_server.rest.config import RestConfig
 from acp_server.rest.errors import bad_request, json_response
 from acp_server.rest.owners import check_restore, claim, own_default, owned
-from acp_server.principals import caller_of
 from bridge import Bridge, Event, SessionInfo, SessionStatus
 from bridge.wire import envelope
 

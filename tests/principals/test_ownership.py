@@ -28,7 +28,8 @@ class Doors(RunningAcpServer, RunningServer):
 
 
 @contextlib.asynccontextmanager
-async def serving(tmp_path: Path, **settings: Any) -> AsyncIterator[tuple[Doors, dict[str, dict[str, str]]]]:
+async def serving(tmp_path: Path, **settings: Any
+                  ) -> AsyncIterator[tuple[Doors, dict[str, dict[str, str]]]]:
     async with local_server(tmp_path, kind=Doors, token=BOOT, headers=bearer(BOOT),
                             **settings) as srv:
         people = {name: bearer(await mint(srv.server, name, *scopes, unlimited=True))

@@ -18,7 +18,8 @@ HOLD = "/permission please"   # the reference agent asks before it answers
 
 
 @pytest.fixture(scope="module")
-def team(browser: Browser, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Console, dict[str, str]]]:
+def team(browser: Browser, tmp_path_factory: pytest.TempPathFactory
+         ) -> Iterator[tuple[Console, dict[str, str]]]:
     """One daemon with a bootstrap token and three stored ones: alice and bob (prompt,
     read), viewer (read)."""
     with running_console(tmp_path_factory.mktemp("team"), token=BOOT) as console:
