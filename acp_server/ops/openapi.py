@@ -10,8 +10,8 @@ Contracts:
   path, with its body type, query parameters, the request headers that matter, and
   every status it answers. Schemas come from msgspec types through
   ``msgspec.json.schema_components``: the wire types of ``acp_server.rest.wire`` and
-  ``acp_server.lmsp.wire``, plus the documentation types of ``acp_server.ops.openapi_types``
-  for answers built as dicts. A test fails when a route mounted in the app is missing here.
+  ``acp_server.lmsp.wire`` (every answer is one), plus the documentation types of
+  ``acp_server.ops.openapi_types`` for the error bodies and the bodies as accepted. A test fails when a route mounted in the app is missing here.
 * Errors are ``RestError`` bodies (``application/json``) on REST routes and problem
   objects (``application/problem+json``) under ``/lmsp/v1``; 401 and 403 (the network
   guard) are listed on every operation, 401 aside on the ``public`` ones (the web
@@ -41,19 +41,12 @@ from acp_server.lmsp import wire as lmsp_wire
 from acp_server.ops.openapi_types import (
     AuditPage,
     CreateSessionRequest,
-    DaemonStatus,
-    EmptyObject,
-    Health,
-    PendingPrompts,
     PermissionVote,
     PromptQueueFull,
     PromptRequest,
     RateLimited,
     ResponseRequest,
-    RestCapabilities,
     RestError,
-    SessionPage,
-    SessionStatus,
     TaskEnvelope,
     TokenCreated,
     TokenList,
@@ -175,16 +168,16 @@ SESSION_LINK = ("session_id", "/sessionId")
 
 OPERATIONS: tuple[Op, ...] = (
     # -- REST + SSE (qwen serve 0.24.4) --
-    Op("GET", "/health", "Liveness; `?deep=1` adds aggregates", (Answer(200, "Alive", Health),),
+    Op("GET", "/health", "Liveness; `?deep=1` adds aggregates", (Answer(200, "Alive", W.Health),),
        query=(Query("deep", "`1` or `true` for aggregates", {"type": "string"}),)),
     Op("GET", "/capabilities", "What this daemon offers",
-       (Answer(200, "Capabilities", RestCapabilities,
+       (Answer(200, "Capabilities", W.RestCapabilities,
                links=(("workspace", "/workspaces/0/id"),)),)),
     Op("GET", "/daemon/status", "Limits in force and runtime activity",
-       (Answer(200, "Status", DaemonStatus),)),
+       (Answer(200, "Status", W.DaemonStatus),)),
     Op("GET", "/workspace/{workspace}/sessions",
        "The workspace's live sessions, newest first, a page at a time",
-       (Answer(200, "A page of sessions", SessionPage),), (400, 404),
+       (Answer(200, "A page of sessions", W.SessionPage),), (400, 404),
        query=(Query("size", "Page size (default 20)", PAGE_SIZE),
               Query("cursor", "The `nextCursor` of the previous page",
                     {"type": "string", "pattern": "^[0-9]{1,9}$"}))),
@@ -208,14 +201,14 @@ OPERATIONS: tuple[Op, ...] = (
     Op("POST", "/session/{session_id}/cancel", "Cancel the running prompt",
        (Answer(204, "Cancelled (or nothing was running)"),), (400, 404), headers=CLIENT),
     Op("GET", "/session/{session_id}/status", "A session's status",
-       (Answer(200, "Status", SessionStatus),), (404,)),
+       (Answer(200, "Status", W.SessionStatus),), (404,)),
     Op("POST", "/session/{session_id}/heartbeat", "Mark the client as present",
        (Answer(200, "Last seen", W.Heartbeat),), (400, 404), headers=CLIENT),
     Op("POST", "/session/{session_id}/prompt", "Send a prompt (non-blocking)",
        (Answer(202, "Admitted", W.PromptAccepted),), (400, 404, 413, 503),
        body=PromptRequest, headers=CLIENT, error_schemas=((503, PromptQueueFull),)),
     Op("GET", "/session/{session_id}/pending-prompts", "Queued and running prompts",
-       (Answer(200, "The pending prompts", PendingPrompts),), (404,)),
+       (Answer(200, "The pending prompts", W.PendingPrompts),), (404,)),
     Op("DELETE", "/session/{session_id}/pending-prompts/{prompt_id}",
        "Drop a queued prompt or cancel the running one",
        (Answer(204, "Removed"),), (400, 404), headers=CLIENT),
@@ -225,10 +218,10 @@ OPERATIONS: tuple[Op, ...] = (
                     {"type": "integer", "minimum": 16, "maximum": 2048}),),
        headers=("X-Qwen-Client-Id", "Last-Event-ID", "X-Qwen-Event-Epoch")),
     Op("POST", "/session/{session_id}/permission/{request_id}", "Vote on a permission request",
-       (Answer(200, "Recorded", EmptyObject),), (400, 404, 413),
+       (Answer(200, "Recorded", W.EmptyObject),), (400, 404, 413),
        body=PermissionVote, headers=CLIENT),
     Op("POST", "/permission/{request_id}", "Vote on a permission request (legacy route)",
-       (Answer(200, "Recorded", EmptyObject),), (400, 404, 413),
+       (Answer(200, "Recorded", W.EmptyObject),), (400, 404, 413),
        body=PermissionVote, headers=CLIENT),
     # -- the web console (static files, public) --
     Op("GET", "/", "The web console's page", (Answer(200, "index.html", str, HTML),),

@@ -1,11 +1,12 @@
-"""Documentation types of the OpenAPI document: the answers and bodies that the routes
-build as dicts or read field by field, typed here so that ``acp_server.ops.openapi`` can
-take their schemas from msgspec like those of the wire types.
+"""Documentation types of the OpenAPI document: the error bodies that ``rest.errors``
+builds from its tables, and the request bodies as accepted (the routes decode looser
+types, ``acp_server.rest.wire``, so that they can answer the peer's own error codes).
 
     from acp_server.ops.openapi_types import RestError, PromptQueueFull
 
 Contract: documentation only. No route encodes or decodes with these types; a field
-changes here when the route's answer changes (the live schemathesis run checks that).
+changes here when the route's errors or bodies change (the live schemathesis run checks
+that). Every REST answer is a type of ``acp_server.rest.wire`` that its route encodes.
 """
 
 from __future__ import annotations
@@ -34,127 +35,6 @@ class PromptQueueFull(msgspec.Struct):
     sessionId: str
     limit: int
     pendingCount: int
-
-
-class Health(msgspec.Struct):
-    status: str
-    workspaceCount: int | UnsetType = UNSET
-    sessions: int | UnsetType = UNSET
-    pendingPermissions: int | UnsetType = UNSET
-    activePrompts: int | UnsetType = UNSET
-    pendingPrompts: int | UnsetType = UNSET
-    queuedPrompts: int | UnsetType = UNSET
-    connectedClients: int | UnsetType = UNSET
-    uptimeMs: int | UnsetType = UNSET
-
-
-class RestLimits(msgspec.Struct):
-    maxPendingPromptsPerSession: int | None
-    maxSessionsPerWorkspace: int | None
-
-
-class AgentsInfo(msgspec.Struct):
-    default: str
-    available: list[str]
-
-
-class WorkspaceInfo(msgspec.Struct):
-    """The workspace this daemon serves; ``id`` names it in ``/workspace/{id}/…``."""
-
-    id: str
-    cwd: str
-    primary: bool
-
-
-class RestCapabilities(msgspec.Struct):
-    v: int
-    protocolVersions: dict[str, Any]
-    acpServerVersion: str
-    mode: str
-    features: list[str]
-    workspaceCwd: str
-    transports: list[str]
-    policy: dict[str, str]
-    limits: RestLimits
-    agents: AgentsInfo
-    workspaces: list[WorkspaceInfo]
-
-
-class AgentStatus(msgspec.Struct):
-    """One agent of ``/daemon/status``: its process state, its live sessions, and the
-    ``agentInfo`` of its ``initialize`` answer (``null`` before its first start)."""
-
-    name: str
-    default: bool
-    state: Literal["not_started", "running", "exited"]
-    sessions: int
-    agentInfo: dict[str, Any] | None
-
-
-class DaemonStatus(msgspec.Struct):
-    v: int
-    detail: str
-    generatedAt: str
-    status: str
-    issues: list[Any]
-    daemon: dict[str, Any]
-    security: dict[str, Any]
-    limits: dict[str, Any]
-    agents: list[AgentStatus]
-    capabilities: dict[str, Any]
-    runtime: dict[str, Any]
-
-
-class SessionStatus(msgspec.Struct):
-    sessionId: str
-    workspaceCwd: str
-    createdAt: str
-    clientCount: int
-    hasActivePrompt: bool
-    activePromptId: str | None
-    pendingPrompts: int
-    queuedPrompts: int
-    isWaitingForPermission: bool
-    pendingInteractionCount: int
-    subscribers: int
-    lastEventId: int
-    eventEpoch: str
-
-
-class SessionSummary(SessionStatus):
-    """An item of ``GET /workspace/{workspace}/sessions``: the status and more."""
-
-    updatedAt: str
-    agent: str
-    maxPendingPrompts: int | None
-    activePromptText: str | None
-    origin: Annotated[str, msgspec.Meta(
-        description="Who made it (`_meta[\"acp-server/origin\"]` at creation; `lmsp` for "
-                    "LMSP tasks); null for a person's session")] | None
-    owner: Annotated[str, msgspec.Meta(
-        description="The principal that made it (`bootstrap`, `local` or a token's name); "
-                    "null when this instance does not know")] | None = None
-
-
-class SessionPage(msgspec.Struct):
-    sessions: list[SessionSummary]
-    nextCursor: Annotated[str, msgspec.Meta(description="The `cursor` of the next page; "
-                                            "absent on the last one")] | UnsetType = UNSET
-
-
-class PendingPrompt(msgspec.Struct):
-    promptId: str
-    queuedAt: int
-    text: str
-    state: Literal["queued", "running"]
-
-
-class PendingPrompts(msgspec.Struct):
-    pendingPrompts: list[PendingPrompt]
-
-
-class EmptyObject(msgspec.Struct):
-    pass
 
 
 # Request bodies as accepted. The wire types type some fields ``Any`` so that the route

@@ -19,6 +19,7 @@ from starlette.routing import BaseRoute
 
 from acp_server import __version__
 from acp_server.http.endpoints import route
+from acp_server.rest import wire
 from acp_server.rest.config import RestConfig
 from acp_server.rest.errors import json_response
 from acp_server.rest.workspace import workspaces
@@ -47,10 +48,10 @@ def features(config: RestConfig) -> list[str]:
     return tags
 
 
-def limits(bridge: Bridge) -> dict[str, Any]:
+def limits(bridge: Bridge) -> wire.RestLimits:
     options = bridge.options
-    return {"maxPendingPromptsPerSession": options.pending_prompt_limit,
-            "maxSessionsPerWorkspace": options.session_limit}
+    return wire.RestLimits(maxPendingPromptsPerSession=options.pending_prompt_limit,
+                           maxSessionsPerWorkspace=options.session_limit)
 
 
 # What this server serves, under the names @qwen-code/sdk's negotiateTransport() looks
@@ -58,22 +59,19 @@ def limits(bridge: Bridge) -> dict[str, Any]:
 TRANSPORTS = ["rest", "acp-http", "acp-ws"]
 
 
-def agents(bridge: Bridge) -> dict[str, Any]:
+def agents(bridge: Bridge) -> wire.AgentsInfo:
     configured = bridge.list_agents()
-    return {"default": next(a.name for a in configured if a.default),
-            "available": [a.name for a in configured]}
+    return wire.AgentsInfo(default=next(a.name for a in configured if a.default),
+                           available=[a.name for a in configured])
 
 
-def capabilities_body(bridge: Bridge, config: RestConfig) -> dict[str, Any]:
-    return {
-        "v": 1, "protocolVersions": {"current": "v1", "supported": ["v1"]},
-        "acpServerVersion": __version__, "mode": "http-bridge",
-        "features": features(config), "workspaceCwd": bridge.workspace_cwd,
-        "transports": TRANSPORTS, "policy": {"permission": "first-responder"},
-        "limits": limits(bridge),
-        "agents": agents(bridge),
-        "workspaces": workspaces(bridge),
-    }
+def capabilities_body(bridge: Bridge, config: RestConfig) -> wire.RestCapabilities:
+    return wire.RestCapabilities(
+        v=1, protocolVersions={"current": "v1", "supported": ["v1"]},
+        acpServerVersion=__version__, mode="http-bridge",
+        features=features(config), workspaceCwd=bridge.workspace_cwd,
+        transports=TRANSPORTS, policy={"permission": "first-responder"},
+        limits=limits(bridge), agents=agents(bridge), workspaces=workspaces(bridge))
 
 
 async def capabilities(request: Request, *, bridge: Bridge, config: RestConfig) -> Response:

@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import datetime
 import os
 import time
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from starlette.routing import BaseRoute
 from acp_server import __version__
 from acp_server.http.endpoints import route
 from acp_server.rest.capabilities import features
+from acp_server.rest import wire
 from acp_server.rest.config import RestConfig
 from acp_server.rest.errors import json_response
 from bridge import Bridge
@@ -30,29 +30,24 @@ from bridge.status import QueueWait
 PermissionReport = Callable[[], tuple[str, dict[str, int]]]
 
 
-def _iso(timestamp: float) -> str:
-    return datetime.datetime.fromtimestamp(timestamp, datetime.UTC).isoformat(
-        timespec="milliseconds").replace("+00:00", "Z")
-
-
 def queue_wait(wait: QueueWait) -> dict[str, Any]:
     return {"count": wait.count, "meanMs": wait.mean_ms, "maxMs": wait.max_ms,
             "lastMs": wait.last_ms}
 
 
-def status_body(bridge: Bridge, config: RestConfig) -> dict[str, Any]:
+def status_body(bridge: Bridge, config: RestConfig) -> wire.DaemonStatus:
     options = bridge.options
     stats = bridge.stats()
     now = time.time()
-    return {
-        "v": 1, "detail": "summary", "generatedAt": _iso(now), "status": "ok", "issues": [],
-        "daemon": {"pid": os.getpid(), "uptimeMs": int((now - bridge.started_at) * 1000),
-                   "mode": "http-bridge", "workspaceCwd": bridge.workspace_cwd,
-                   "acpServerVersion": __version__, "agent": config.agent_name},
-        "security": {"tokenConfigured": config.token_configured,
-                     "requireAuth": config.require_auth, "loopbackBind": config.loopback_bind,
-                     "allowOriginConfigured": bool(config.allow_origins)},
-        "limits": {
+    return wire.DaemonStatus(
+        v=1, detail="summary", generatedAt=wire.iso(now), status="ok", issues=[],
+        daemon={"pid": os.getpid(), "uptimeMs": int((now - bridge.started_at) * 1000),
+                "mode": "http-bridge", "workspaceCwd": bridge.workspace_cwd,
+                "acpServerVersion": __version__, "agent": config.agent_name},
+        security={"tokenConfigured": config.token_configured,
+                  "requireAuth": config.require_auth, "loopbackBind": config.loopback_bind,
+                  "allowOriginConfigured": bool(config.allow_origins)},
+        limits={
             "maxSessions": options.session_limit,
             "maxPendingPromptsPerSession": options.pending_prompt_limit,
             "eventRingSize": options.event_ring_size,
@@ -70,9 +65,9 @@ def status_body(bridge: Bridge, config: RestConfig) -> dict[str, Any]:
             "headerTimeoutMs": config.header_timeout_ms,
             "maxConnections": config.max_connections,
         },
-        "agents": agents(bridge),
-        "capabilities": {"features": features(config)},
-        "runtime": {
+        agents=agents(bridge),
+        capabilities={"features": features(config)},
+        runtime={
             "sessions": {"active": stats.sessions,
                          "admissionInFlight": stats.admission_in_flight},
             "agents": {"foreignMessagesDropped": stats.foreign_messages_dropped},
@@ -84,17 +79,18 @@ def status_body(bridge: Bridge, config: RestConfig) -> dict[str, Any]:
                          "pendingPrompts": stats.pending_prompts,
                          "queuedPrompts": stats.queued_prompts},
         },
-    }
+    )
 
 
-def agents(bridge: Bridge) -> list[dict[str, Any]]:
+def agents(bridge: Bridge) -> list[wire.AgentStatus]:
     """Each agent: its state, how many live sessions run on it, what it said it is."""
     out = []
     for agent in bridge.list_agents():
         info = agent.info.get("agentInfo")
-        out.append({"name": agent.name, "default": agent.default, "state": agent.state,
-                    "sessions": agent.sessions,
-                    "agentInfo": info if isinstance(info, dict) else None})
+        out.append(wire.AgentStatus(name=agent.name, default=agent.default,
+                                    state=agent.state,  # type: ignore[arg-type]
+                                    sessions=agent.sessions,
+                                    agentInfo=info if isinstance(info, dict) else None))
     return out
 
 
@@ -103,12 +99,12 @@ async def daemon_status(request: Request, *, bridge: Bridge, config: RestConfig,
     body = status_body(bridge, config)
     # The guards' counters (acp_server/http/guard.py, the front layer), one per server.
     guard = config.guard_stats
-    body["runtime"]["transport"]["connectionsRefused"] = guard["connections"] if guard else 0
-    body["runtime"]["transport"]["headerTimeouts"] = guard["header_timeouts"] if guard else 0
+    body.runtime["transport"]["connectionsRefused"] = guard["connections"] if guard else 0
+    body.runtime["transport"]["headerTimeouts"] = guard["header_timeouts"] if guard else 0
     if lmsp_permissions is not None:   # answered by --lmsp-permissions, per decision
         policy, decisions = lmsp_permissions()
-        body["runtime"]["permissions"]["lmspPolicy"] = policy
-        body["runtime"]["permissions"]["lmspDecisions"] = decisions
+        body.runtime["permissions"]["lmspPolicy"] = policy
+        body.runtime["permissions"]["lmspDecisions"] = decisions
     return json_response(200, body)
 
 

@@ -12,12 +12,16 @@ The deep check also asks the durable store (``store``, when composed; see
 from __future__ import annotations
 
 import time
+from typing import Any
+
+import msgspec
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute
 
 from acp_server.http.endpoints import route
+from acp_server.rest import wire
 from acp_server.rest.errors import json_response
 from acp_server.store.errors import Probed
 from bridge import Bridge
@@ -30,18 +34,17 @@ async def health(request: Request, *, bridge: Bridge, store: Probed | None) -> R
         return Response(_OK, 200, media_type="application/json")
     stats = bridge.stats()
     down = await store.probe() if store is not None else None
-    extra: dict[str, object] = {}
+    report: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
     if store is not None:
-        extra["store"] = {"status": "ok"} if down is None else {
+        report = {"status": "ok"} if down is None else {
             "status": "down", "reason": down, "downSince": store.health.down_since}
-    return json_response(200 if down is None else 503, {
-        "status": "ok" if down is None else "unavailable", **extra,
-        "workspaceCount": 1, "sessions": stats.sessions,
-        "pendingPermissions": stats.pending_permissions,
-        "activePrompts": stats.active_prompts, "pendingPrompts": stats.pending_prompts,
-        "queuedPrompts": stats.queued_prompts, "connectedClients": stats.subscribers,
-        "uptimeMs": int((time.time() - bridge.started_at) * 1000),
-    })
+    return json_response(200 if down is None else 503, wire.Health(
+        status="ok" if down is None else "unavailable", store=report,
+        workspaceCount=1, sessions=stats.sessions,
+        pendingPermissions=stats.pending_permissions,
+        activePrompts=stats.active_prompts, pendingPrompts=stats.pending_prompts,
+        queuedPrompts=stats.queued_prompts, connectedClients=stats.subscribers,
+        uptimeMs=int((time.time() - bridge.started_at) * 1000)))
 
 
 def routes(bridge: Bridge, store: Probed | None = None) -> list[BaseRoute]:

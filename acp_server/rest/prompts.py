@@ -50,9 +50,10 @@ async def send_prompt(request: Request, *, bridge: Bridge, config: RestConfig) -
 
 async def pending_prompts(request: Request, *, bridge: Bridge) -> Response:
     items = bridge.pending_prompts(request.path_params["session_id"])
-    return json_response(200, {"pendingPrompts": [
-        {"promptId": p.prompt_id, "queuedAt": p.queued_at_ms, "text": p.text, "state": p.state}
-        for p in items]})
+    return json_response(200, wire.PendingPrompts(pendingPrompts=[
+        wire.PendingPrompt(promptId=p.prompt_id, queuedAt=p.queued_at_ms, text=p.text,
+                           state=p.state)  # type: ignore[arg-type]
+        for p in items]))
 
 
 async def remove_pending_prompt(request: Request, *, bridge: Bridge) -> Response:

@@ -18,7 +18,6 @@ comes back.
 
 from __future__ import annotations
 
-import datetime
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -35,18 +34,13 @@ from acp_server.rest import wire
 from acp_server.rest.config import RestConfig
 from acp_server.rest.errors import bad_request, json_response
 from acp_server.rest.owners import check_restore, claim, own_default, owned
+from acp_server.rest.wire import iso
 from bridge import Bridge, Event, SessionInfo, SessionStatus
 from bridge.wire import envelope
 
 
-def iso(timestamp: float) -> str:
-    """Epoch seconds as the peer writes times: ISO 8601, UTC, milliseconds, ``Z``."""
-    return datetime.datetime.fromtimestamp(timestamp, datetime.UTC).isoformat(
-        timespec="milliseconds").replace("+00:00", "Z")
-
-
-def status_body(status: SessionStatus) -> dict[str, Any]:
-    """``GET /session/:id/status`` (and the workspace listing's summaries)."""
+def status_fields(status: SessionStatus) -> dict[str, Any]:
+    """The fields of ``wire.SessionStatus`` (also the start of a listing's summary)."""
     return {
         "sessionId": status.session_id, "workspaceCwd": status.workspace_cwd,
         "createdAt": iso(status.created_at), "clientCount": status.client_count,
@@ -186,7 +180,7 @@ async def close_session(request: Request, *, bridge: Bridge) -> Response:
 
 async def session_status(request: Request, *, bridge: Bridge) -> Response:
     status = bridge.session_status(request.path_params["session_id"])
-    return json_response(200, status_body(status))
+    return json_response(200, wire.SessionStatus(**status_fields(status)))
 
 
 async def heartbeat(request: Request, *, bridge: Bridge) -> Response:

@@ -16,11 +16,13 @@ Contracts:
 
 from __future__ import annotations
 
+import datetime
 import re
 import uuid
-from typing import Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
+from msgspec import UNSET, UnsetType
 from starlette.requests import Request
 
 from acp_server.http import body
@@ -159,6 +161,132 @@ class CreateTokenBody(msgspec.Struct, forbid_unknown_fields=True):
     rateClass: str = "default"       # default | unlimited
 
 
+# -- the answers built from the bridge's state (capabilities, health, status, listings) --
+class Health(msgspec.Struct, omit_defaults=True):
+    """`GET /health?deep=1` (a plain `/health` answers `{"status": "ok"}`)."""
+
+    status: str
+    store: dict[str, Any] | UnsetType = UNSET   # {status, reason?, downSince?} when composed
+    workspaceCount: int | UnsetType = UNSET
+    sessions: int | UnsetType = UNSET
+    pendingPermissions: int | UnsetType = UNSET
+    activePrompts: int | UnsetType = UNSET
+    pendingPrompts: int | UnsetType = UNSET
+    queuedPrompts: int | UnsetType = UNSET
+    connectedClients: int | UnsetType = UNSET
+    uptimeMs: int | UnsetType = UNSET
+
+
+class RestLimits(msgspec.Struct):
+    maxPendingPromptsPerSession: int | None
+    maxSessionsPerWorkspace: int | None
+
+
+class AgentsInfo(msgspec.Struct):
+    default: str
+    available: list[str]
+
+
+class WorkspaceInfo(msgspec.Struct):
+    """The workspace this daemon serves; ``id`` names it in ``/workspace/{id}/…``."""
+
+    id: str
+    cwd: str
+    primary: bool
+
+
+class RestCapabilities(msgspec.Struct):
+    v: int
+    protocolVersions: dict[str, Any]
+    acpServerVersion: str
+    mode: str
+    features: list[str]
+    workspaceCwd: str
+    transports: list[str]
+    policy: dict[str, str]
+    limits: RestLimits
+    agents: AgentsInfo
+    workspaces: list[WorkspaceInfo]
+
+
+class AgentStatus(msgspec.Struct):
+    """One agent of ``/daemon/status``: its process state, its live sessions, and the
+    ``agentInfo`` of its ``initialize`` answer (``null`` before its first start)."""
+
+    name: str
+    default: bool
+    state: Literal["not_started", "running", "exited"]
+    sessions: int
+    agentInfo: dict[str, Any] | None
+
+
+class DaemonStatus(msgspec.Struct):
+    v: int
+    detail: str
+    generatedAt: str
+    status: str
+    issues: list[Any]
+    daemon: dict[str, Any]
+    security: dict[str, Any]
+    limits: dict[str, Any]
+    agents: list[AgentStatus]
+    capabilities: dict[str, Any]
+    runtime: dict[str, Any]
+
+
+class SessionStatus(msgspec.Struct):
+    sessionId: str
+    workspaceCwd: str
+    createdAt: str
+    clientCount: int
+    hasActivePrompt: bool
+    activePromptId: str | None
+    pendingPrompts: int
+    queuedPrompts: int
+    isWaitingForPermission: bool
+    pendingInteractionCount: int
+    subscribers: int
+    lastEventId: int
+    eventEpoch: str
+
+
+class SessionSummary(SessionStatus):
+    """An item of ``GET /workspace/{workspace}/sessions``: the status and more."""
+
+    updatedAt: str
+    agent: str
+    maxPendingPrompts: int | None
+    activePromptText: str | None
+    origin: Annotated[str, msgspec.Meta(
+        description="Who made it (`_meta[\"acp-server/origin\"]` at creation; `lmsp` for "
+                    "LMSP tasks); null for a person's session")] | None
+    owner: Annotated[str, msgspec.Meta(
+        description="The principal that made it (`bootstrap`, `local` or a token's name); "
+                    "null when this instance does not know")] | None = None
+
+
+class SessionPage(msgspec.Struct, omit_defaults=True):
+    sessions: list[SessionSummary]
+    nextCursor: Annotated[str, msgspec.Meta(description="The `cursor` of the next page; "
+                                            "absent on the last one")] | UnsetType = UNSET
+
+
+class PendingPrompt(msgspec.Struct):
+    promptId: str
+    queuedAt: int
+    text: str
+    state: Literal["queued", "running"]
+
+
+class PendingPrompts(msgspec.Struct):
+    pendingPrompts: list[PendingPrompt]
+
+
+class EmptyObject(msgspec.Struct):
+    """An empty JSON object."""
+
+
+
 _decoders: dict[type, msgspec.json.Decoder[Any]] = {
     t: msgspec.json.Decoder(t)
     for t in (CreateSessionBody, PromptBody, PermissionVoteBody, RestoreBody, EmptyBody,
@@ -167,6 +295,13 @@ _decoders: dict[type, msgspec.json.Decoder[Any]] = {
 
 
 # -- body reading -------------------------------------------------------------------------
+def iso(timestamp: float) -> str:
+    """Epoch seconds as the peer writes times: ISO 8601, UTC, milliseconds, ``Z`` (the
+    one formatter of every REST time)."""
+    return datetime.datetime.fromtimestamp(timestamp, datetime.UTC).isoformat(
+        timespec="milliseconds").replace("+00:00", "Z")
+
+
 def too_large(limit: int) -> RestError:
     return RestError(413, {"error": "Request body too large", "code": "payload_too_large",
                            "limit": limit})

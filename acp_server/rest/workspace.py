@@ -21,17 +21,17 @@ session (``null``: none this instance knows, as the LMSP runner's).
 from __future__ import annotations
 
 import hashlib
-import time
-from typing import Any
 
+import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute
 
 from acp_server.http.endpoints import route
 from acp_server.principals import caller_of
+from acp_server.rest import wire
 from acp_server.rest.errors import RestError, bad_request, json_response
-from acp_server.rest.sessions import status_body
+from acp_server.rest.sessions import status_fields
 from bridge import Bridge, SessionStatus
 
 DEFAULT_PAGE_SIZE = 20
@@ -43,20 +43,17 @@ def workspace_id(cwd: str) -> str:
     return hashlib.sha256(cwd.encode()).hexdigest()[:16]
 
 
-def workspaces(bridge: Bridge) -> list[dict[str, Any]]:
+def workspaces(bridge: Bridge) -> list[wire.WorkspaceInfo]:
     """``/capabilities`` ``workspaces``: the one workspace this daemon serves."""
-    return [{"id": workspace_id(bridge.workspace_cwd), "cwd": bridge.workspace_cwd,
-             "primary": True}]
+    return [wire.WorkspaceInfo(id=workspace_id(bridge.workspace_cwd),
+                               cwd=bridge.workspace_cwd, primary=True)]
 
 
-def session_summary(status: SessionStatus, owner: str | None = None) -> dict[str, Any]:
-    updated = status.updated_at
-    return {**status_body(status),
-            "updatedAt": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(updated))
-            + f".{int(updated * 1000) % 1000:03d}Z",
-            "agent": status.agent, "maxPendingPrompts": status.max_pending_prompts,
-            "activePromptText": status.active_prompt_text, "origin": status.origin,
-            "owner": owner}
+def session_summary(status: SessionStatus, owner: str | None = None) -> wire.SessionSummary:
+    return wire.SessionSummary(
+        **status_fields(status), updatedAt=wire.iso(status.updated_at), agent=status.agent,
+        maxPendingPrompts=status.max_pending_prompts,
+        activePromptText=status.active_prompt_text, origin=status.origin, owner=owner)
 
 
 def _decimal(text: str) -> bool:
@@ -91,11 +88,10 @@ async def list_sessions(request: Request, *, bridge: Bridge) -> Response:
     live = [s for s in bridge.list_sessions() if caller.sees(owners.owner(s.session_id))]
     live.sort(key=lambda s: (-s.created_at, s.session_id))
     page = live[offset:offset + size]
-    body: dict[str, Any] = {"sessions": [session_summary(s, owners.owner(s.session_id))
-                                         for s in page]}
-    if offset + size < len(live):
-        body["nextCursor"] = str(offset + size)
-    return json_response(200, body)
+    more = offset + size < len(live)
+    return json_response(200, wire.SessionPage(
+        sessions=[session_summary(s, owners.owner(s.session_id)) for s in page],
+        nextCursor=str(offset + size) if more else msgspec.UNSET))
 
 
 def routes(bridge: Bridge) -> list[BaseRoute]:
