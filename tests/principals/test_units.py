@@ -203,3 +203,25 @@ def test_prompt_text_keeps_the_text_blocks_only() -> None:
     assert prompt_text([{"type": "text", "text": "a"}, {"type": "image", "data": "x"},
                         {"type": "text", "text": "b"}]) == "a\nb"
     assert prompt_text("nope") == ""
+
+
+def test_session_owners_keep_the_first_claim_and_forget_closed_sessions_first() -> None:
+    from acp_server.principals.ownership import SessionOwners
+
+    live = {"a", "c"}
+    owners = SessionOwners(limit=3, is_live=live.__contains__)
+    assert owners.claim("a", "alice") == "alice"
+    assert owners.claim("a", "bob") == "alice"          # a claim never replaces an owner
+    for sid in ("b", "c", "d"):                          # b is closed: forgotten first
+        owners.claim(sid, "bob")
+    assert (owners.owner("a"), owners.owner("b"), owners.owner("c"), owners.owner("d")) == (
+        "alice", None, "bob", "bob")
+    assert len(owners) == 3
+    owners.set_default(("alice", None), "a")
+    owners.set_default(("bob", None), "b")
+    assert owners.default(("alice", None)) == "a"
+    assert owners.default(("bob", None)) is None        # not live: spawn another
+    everything = SessionOwners(limit=2, is_live=lambda sid: True)
+    for sid in ("x", "y", "z"):                          # all live: the oldest goes
+        everything.claim(sid, "alice")
+    assert (everything.owner("x"), len(everything)) == (None, 2)
