@@ -30,6 +30,8 @@ async def test_silent_and_partial_heads_are_closed(tmp_path: Path, server: str) 
         keep_alive = await daemon.raw()
         await keep_alive.send(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         first = await keep_alive.receive()
+        while not first.endswith(b'{"status":"ok"}'):   # the head and body may come apart
+            first += await keep_alive.receive()
         assert first.startswith(b"HTTP/1.1 200")
         await keep_alive.send(b"GET /health HTT")   # half of the next head
         with anyio.fail_after(10):
