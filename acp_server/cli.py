@@ -196,6 +196,15 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
                             "(default 30)")
     serve.add_argument("--rate-limit-read", default="120", metavar="N",
                        help="reads per minute per stored token, 0 = no limit (default 120)")
+    serve.add_argument("--session-journal", default="store", choices=["store", "memory"],
+                       help="where sessions are journaled: store (the default: sessions, "
+                            "their events and every accepted prompt survive a restart, in "
+                            "--store) or memory (nothing survives)")
+    serve.add_argument("--session-on-restart", default="fail", choices=["fail"],
+                       help="the prompt that was running when the server stopped: fail "
+                            "(its terminal is server_restarted; queued prompts still run)")
+    serve.add_argument("--session-retention-ms", default=str(7 * 24 * 3600 * 1000),
+                       help="how long a closed session's journal is kept (default 7 days)")
     add_prompt_arguments(commands.add_parser(
         "prompt", help="send a prompt to a running daemon and stream the reply"))
     add_tasks_arguments(commands.add_parser(
@@ -235,6 +244,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         share_sessions=args.share_sessions, audit_prompts=args.audit_prompts,
         audit_retention=args.audit_retention, rate_limit_prompt=args.rate_limit_prompt,
         rate_limit_mutation=args.rate_limit_mutation, rate_limit_read=args.rate_limit_read,
+        session_journal=args.session_journal, session_on_restart=args.session_on_restart,
+        session_retention_ms=args.session_retention_ms,
         **{flag: getattr(args, flag) for flag in OPTION_FLAGS})
 
 

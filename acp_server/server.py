@@ -8,10 +8,12 @@
 
 ``open_server`` starts, in this order: the record of agent child processes
 (``ChildRegistry``, stale ones of crashed runs reaped), the models of
-``--model-server``, the ``Bridge`` and its agents, the LMSP service and its store
-(restart recovery runs before anything is served), the principals on that store
-(``acp_server.principals``: tokens, rate limits, the audit log), the ``/acp``
-connection registry, the metrics, and the ASGI app over them
+``--model-server``, the store (``--store``), the session journal on it
+(``--session-journal store``, ``acp_server.store.sessions``), the ``Bridge`` and its
+agents (journaled sessions restored before anything is served), the LMSP service on
+the same store (restart recovery runs before anything is served), the principals on
+that store (``acp_server.principals``: tokens, rate limits, the audit log), the
+``/acp`` connection registry, the metrics, and the ASGI app over them
 (``acp_server.app.build_app``). It yields a ``Server`` holding all of them.
 
 Contracts:
@@ -27,8 +29,9 @@ Contracts:
 * Test overrides (keyword arguments, for tests and benchmarks only): ``agent_factory``
   (the default agent instead of ``settings.agent``), ``lmsp_store`` (an unopened
   ``TaskStore`` instead of ``settings.store_url``), ``lmsp_config``, ``group_commit``,
-  ``acp_clock`` (the ``/acp`` registry's clock), ``principals_clock`` (the monotonic
-  clock of the rate limits and the token cache). Everything else comes from
+  ``acp_clock`` (the ``/acp`` registry's clock), ``session_clock`` (the session
+  journal's retention clock, ``Server.purge_sessions``), ``principals_clock`` (the
+  monotonic clock of the rate limits and the token cache). Everything else comes from
   ``settings``.
 """
 
@@ -36,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
@@ -47,6 +51,8 @@ from acp_server.acp_http.registry import MONOTONIC, Clock
 from acp_server.app import build_app
 from acp_server.http.guard import GuardStats
 from acp_server.lmsp import LmspConfig, LmspService, open_lmsp
+from acp_server.store import store_for
+from acp_server.store.sessions import StoreSessionJournal
 from acp_server.store.tasks import TaskStore
 from acp_server.ops.metrics import Metrics
 from acp_server.principals import Gate, Tier, open_principals
@@ -54,8 +60,10 @@ from acp_server.settings import Settings
 from bridge import Bridge
 from bridge.agents.base import AgentFactory
 from bridge.agents.children import ChildRegistry
+from bridge.journal import MemoryJournal, SessionJournal
 
 log = logging.getLogger("acp_server")
+PURGE_INTERVAL_S = 600
 
 
 @dataclass(eq=False)
@@ -73,6 +81,23 @@ class Server:
     # (acp_server.http.serving), reported by /daemon/status.
     guard_stats: GuardStats
 
+    # The session journal's retention (``--session-retention-ms``) and its clock.
+    session_clock: Callable[[], float] = time.time
+
+    async def purge_sessions(self) -> int:
+        """Remove the journals of sessions closed longer than the retention ago (on
+        ``session_clock``); run every ``PURGE_INTERVAL_S`` and on demand (tests)."""
+        retention = self.settings.session_retention_ms / 1000
+        return await self.bridge.journal.purge(self.session_clock() - retention)
+
+    async def _purge_loop(self) -> None:
+        while True:
+            await anyio.sleep(PURGE_INTERVAL_S)
+            try:
+                await self.purge_sessions()
+            except Exception as exc:   # noqa: BLE001 - a store outage: next time
+                log.warning("session journal purge failed: %s", exc)
+
     async def drain(self) -> None:
         """The front doors, then the sessions, then the agents (see the module docstring)."""
         self.lmsp.stop()
@@ -86,6 +111,7 @@ async def open_server(settings: Settings, *, agent_factory: AgentFactory | None 
                       lmsp_store: TaskStore | None = None,
                       lmsp_config: LmspConfig | None = None, group_commit: bool = True,
                       acp_clock: Clock | None = None,
+                      session_clock: Callable[[], float] | None = None,
                       principals_clock: Callable[[], float] | None = None
                       ) -> AsyncIterator[Server]:
     children = ChildRegistry(settings.children_dir)
@@ -94,17 +120,25 @@ async def open_server(settings: Settings, *, agent_factory: AgentFactory | None 
         models = await discover_models(settings.model_server) if settings.model_server else []
         config = lmsp_config or LmspConfig(permission_policy=settings.lmsp_permissions,
                                            keepalive_s=settings.lmsp_keepalive_s)
-        async with Bridge(agent_factory or settings.agent_factory(children),
-                          workspace_cwd=settings.workspace, options=settings.options,
-                          agents=settings.extra_agents(models, children)) as bridge, \
-                open_lmsp(bridge, state_dir=settings.state_dir, store_url=settings.store_url,
-                          store=lmsp_store,
-                          max_running_tasks=settings.max_running_tasks, config=config,
-                          group_commit=group_commit, lease_s=settings.store_lease_ms / 1000,
-                          renew_s=settings.store_renew_ms / 1000,
-                          poll_s=settings.store_poll_ms / 1000,
-                          busy_timeout_s=settings.store_busy_timeout_ms / 1000) as lmsp, \
-                open_principals(lmsp.store, bootstrap=settings.token,
+        store = lmsp_store or store_for(
+            settings.store_url, state_dir=settings.state_dir, group_commit=group_commit,
+            lease_s=settings.store_lease_ms / 1000, renew_s=settings.store_renew_ms / 1000,
+            poll_s=settings.store_poll_ms / 1000,
+            busy_timeout_s=settings.store_busy_timeout_ms / 1000)
+        journal: SessionJournal = MemoryJournal()
+        if settings.session_journal == "store":
+            journal = StoreSessionJournal(store, ring_size=settings.options.event_ring_size)
+        async with store, \
+                (journal if isinstance(journal, StoreSessionJournal)
+                 else contextlib.nullcontext(journal)), \
+                Bridge(agent_factory or settings.agent_factory(children),
+                       workspace_cwd=settings.workspace, options=settings.options,
+                       agents=settings.extra_agents(models, children),
+                       journal=journal, journal_clock=session_clock or time.time) as bridge, \
+                open_lmsp(bridge, state_dir=settings.state_dir, store=store, store_open=True,
+                          max_running_tasks=settings.max_running_tasks,
+                          config=config) as lmsp, \
+                open_principals(store, bootstrap=settings.token,
                                 limits={k: Tier(v) for k, v in settings.rate_limits.items()},
                                 share_sessions=settings.share_sessions,
                                 audit_prompts=settings.audit_prompts,
@@ -121,11 +155,16 @@ async def open_server(settings: Settings, *, agent_factory: AgentFactory | None 
             guard_stats = GuardStats()
             app = build_app(settings, bridge=bridge, acp=acp, lmsp=lmsp, metrics=metrics,
                             gate=gate, guard_stats=guard_stats)
-            server = Server(app, settings, bridge, lmsp, acp, metrics, gate, guard_stats)
-            try:
-                yield server
-            finally:
-                await server.drain()
+            server = Server(app, settings, bridge, lmsp, acp, metrics, gate, guard_stats,
+                            session_clock or time.time)
+            async with anyio.create_task_group() as tg:
+                if bridge.journal.durable:
+                    tg.start_soon(server._purge_loop)
+                try:
+                    yield server
+                finally:
+                    await server.drain()
+                    tg.cancel_scope.cancel()
     finally:
         children.close()   # every agent was stopped with the bridge
 

@@ -158,6 +158,12 @@ class Settings:
     rate_limit_prompt: int = DEFAULT_RATE_LIMITS["prompt"]
     rate_limit_mutation: int = DEFAULT_RATE_LIMITS["mutation"]
     rate_limit_read: int = DEFAULT_RATE_LIMITS["read"]
+    # The session journal (issue #23): "store" (sessions survive a restart, on the
+    # store above) or "memory" (nothing survives); what happens to the prompt that
+    # was running at a restart; how long a closed session's journal is kept.
+    session_journal: str = "store"
+    session_on_restart: str = "fail"
+    session_retention_ms: int = 7 * 24 * 3600 * 1000
 
     def __post_init__(self) -> None:
         if not self.hostname:
@@ -233,6 +239,16 @@ class Settings:
         if self.lmsp_permissions not in POLICIES:
             raise SettingsError(f"Invalid lmsp-permissions: {self.lmsp_permissions!r}. Must be "
                                 f"one of {', '.join(POLICIES)}.")
+        if self.session_journal not in ("store", "memory"):
+            raise SettingsError(f"Invalid session-journal: {self.session_journal!r}. Must be "
+                                "store or memory.")
+        if self.session_on_restart != "fail":
+            raise SettingsError(f"Invalid session-on-restart: {self.session_on_restart!r}. "
+                                "Must be fail (continue is not implemented yet).")
+        if isinstance(self.session_retention_ms, bool) \
+                or not isinstance(self.session_retention_ms, int) or self.session_retention_ms < 1:
+            raise SettingsError(f"Invalid session-retention: {self.session_retention_ms!r}. "
+                                "Must be a positive number of milliseconds.")
         if not self.lmsp_keepalive_s > 0:
             raise SettingsError(f"Invalid LMSP keep-alive interval: {self.lmsp_keepalive_s!r}.")
         for klass in DEFAULT_RATE_LIMITS:
@@ -327,6 +343,8 @@ class Settings:
                    rate_limit_prompt: str | int = DEFAULT_RATE_LIMITS["prompt"],
                    rate_limit_mutation: str | int = DEFAULT_RATE_LIMITS["mutation"],
                    rate_limit_read: str | int = DEFAULT_RATE_LIMITS["read"],
+                   session_journal: str = "store", session_on_restart: str = "fail",
+                   session_retention_ms: str | int = 7 * 24 * 3600 * 1000,
                    **option_flags: str | None) -> Settings:
         """Build from CLI strings. ``token=None`` falls back to ``$ACP_SERVER_TOKEN``;
         ``agent`` is one ``--agent`` value or all of them (``NAME=COMMAND`` adds a
@@ -374,6 +392,8 @@ class Settings:
                    rate_limit_prompt=_number(rate_limit_prompt),
                    rate_limit_mutation=_number(rate_limit_mutation),
                    rate_limit_read=_number(rate_limit_read),
+                   session_journal=session_journal, session_on_restart=session_on_restart,
+                   session_retention_ms=_number(session_retention_ms),
                    options=build_options(**option_flags))
 
 

@@ -63,7 +63,7 @@ class AgentSide:
 
     def session_update(self, session_id: str, params: msgspec.Raw | dict[str, Any]) -> None:
         session = self._own(session_id, "session/update")
-        if session is None:
+        if session is None or session.replaying:   # a restore's replay: journaled already
             return
         prompt_id = session.active.prompt_id if session.active is not None else None
         session.bus.publish(ev.SESSION_UPDATE, params, prompt_id=prompt_id)

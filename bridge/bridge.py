@@ -35,7 +35,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import anyio
@@ -45,7 +45,7 @@ from bridge import events as ev
 from bridge.agent_client import AgentSide
 from bridge.agent_pool import AgentPool
 from bridge.agents.base import AgentConnection, AgentFactory
-from bridge.bus import Subscription
+from bridge.bus import EventBus, Subscription
 from bridge.capacity import SessionCapacity
 from bridge.elicitation import ElicitationMediator
 from bridge.errors import (
@@ -61,11 +61,14 @@ from bridge.errors import (
     WorkspaceMismatchError,
 )
 from bridge.history import session_history
+from bridge.journal import MemoryJournal, SessionJournal
 from bridge.jsonrpc import RESOURCE_NOT_FOUND
 from bridge.observer import NO_OBSERVER, BridgeObserver
 from bridge.options import BridgeOptions
 from bridge.permissions import PermissionMediator
+from bridge.journaling import Journaling
 from bridge.prompts import PromptsAPI
+from bridge.restore import restore_sessions
 from bridge.session import QueueWaitStats, Session, WorkItem
 from bridge.status import AgentStatus, BridgeStats, SessionInfo, SessionStatus
 from bridge.wakeup import Wakeup
@@ -76,12 +79,19 @@ REQUESTED_SESSION_ID_META = "acp-server/requestedSessionId"
 MAX_CLOSED_SESSION_HISTORIES = 1024
 
 
-class Bridge(PromptsAPI):
+class Bridge(Journaling, PromptsAPI):
     def __init__(self, agent_factory: AgentFactory, *, workspace_cwd: str,
                  options: BridgeOptions | None = None,
-                 agents: Mapping[str, AgentFactory] | None = None) -> None:
+                 agents: Mapping[str, AgentFactory] | None = None,
+                 journal: SessionJournal | None = None,
+                 unjournaled_origins: frozenset[str] = frozenset({"lmsp"}),
+                 journal_clock: Callable[[], float] = time.time) -> None:
         """``agent_factory`` is the default agent, named by its ``name``; ``agents`` adds
-        more by name (a session picks one with ``agent=``)."""
+        more by name (a session picks one with ``agent=``). ``journal``
+        (``bridge.journal``; default ``MemoryJournal``) makes sessions durable, except
+        those made with an ``origin`` in ``unjournaled_origins`` (LMSP's sessions:
+        its tasks are durable on their own); ``journal_clock`` dates the closes it
+        records (the retention's clock)."""
         self.options = options or BridgeOptions()
         self.workspace_cwd = os.path.realpath(workspace_cwd)
         default = getattr(agent_factory, "name", None) or "default"
@@ -101,6 +111,12 @@ class Bridge(PromptsAPI):
         self._default_spawns: dict[str, anyio.Event] = {}
         # Prompt terminals of closed sessions, for a later cold load (bounded, oldest out).
         self._closed_terminals: dict[str, Any] = {}
+        self.journal: SessionJournal = journal or MemoryJournal()
+        self.journal_clock = journal_clock
+        self.unjournaled_origins = unjournaled_origins
+        self._held: dict[str, EventBus] = {}   # journaled buses, until fully released
+        self.journal.bind(self._events_committed)
+        self.restored: list[str] = []   # the sessions the journal brought back at start
         self._task_group: anyio.abc.TaskGroup | None = None
         self._stack: contextlib.AsyncExitStack | None = None
         self._closed = False
@@ -124,6 +140,8 @@ class Bridge(PromptsAPI):
             self._task_group = tg
             if self.options.session_reap_interval_ms and self.options.session_idle_timeout_ms:
                 await tg.start(self._reaper)
+            if self.journal.durable:
+                self.restored = await restore_sessions(self, await self.journal.restore())
             try:
                 yield
             finally:
@@ -138,6 +156,7 @@ class Bridge(PromptsAPI):
         if self._closed:
             return
         self._closed = True
+        await self._stop_journaling()
         async with anyio.create_task_group() as tg:
             for session_id in list(self._sessions):
                 tg.start_soon(self._close_if_live, session_id)
@@ -252,8 +271,8 @@ class Bridge(PromptsAPI):
         name = self.agents.resolve(agent)
         if session_id is not None and session_id in self._sessions:
             return self._info(self.get_session(session_id), attached=True)
-        session = await self._spawn("session/new", name, requested_id=session_id)
-        session.origin = origin
+        session = await self._spawn("session/new", name, requested_id=session_id,
+                                    origin=origin)
         return self._info(session, attached=False)
 
     async def attach_session(self, *, cwd: str | None = None, agent: str | None = None) -> SessionInfo:
@@ -271,7 +290,7 @@ class Bridge(PromptsAPI):
             await spawning.wait()
         spawning = self._default_spawns[name] = anyio.Event()
         try:
-            session = await self._spawn("session/new", name)
+            session = await self._spawn("session/new", name, scope="single")
             self._default_session_ids[name] = session.session_id
         finally:
             del self._default_spawns[name]
@@ -310,7 +329,8 @@ class Bridge(PromptsAPI):
         return self._info(session, attached=False, with_history=with_history)
 
     async def _spawn(self, method: str, agent_name: str, *, requested_id: str | None = None,
-                     restore_id: str | None = None, fork_of: str | None = None) -> Session:
+                     restore_id: str | None = None, fork_of: str | None = None,
+                     origin: str | None = None, scope: str = "thread") -> Session:
         """Make a session on the agent. Its slot (``bridge.capacity``) is taken first,
         with no await before, and goes to the session once it is registered; a spawn
         that fails, times out or whose caller gives up releases it."""
@@ -326,7 +346,7 @@ class Bridge(PromptsAPI):
                 params["_meta"] = {REQUESTED_SESSION_ID_META: requested_id}
             if restore_id is not None:
                 # Register first: session/load replays history as session/update.
-                session = await self._new_session(restore_id, agent, agent_name)
+                session = await self._new_session(restore_id, agent, agent_name, origin=origin)
                 registered = True
                 try:
                     result = await self._agent_request(agent, method, params)
@@ -334,6 +354,7 @@ class Bridge(PromptsAPI):
                     self._drop_session(session)
                     raise
                 session.agent_result = result if isinstance(result, dict) else {}
+                await self._record_session(session, scope)
                 return session
             result = await self._agent_request(agent, method, params)
             sid = result.get("sessionId") if isinstance(result, dict) else None
@@ -346,10 +367,11 @@ class Bridge(PromptsAPI):
                             agent_name, method, sid)
                 raise AgentProtocolError(f"Agent answered {method} with the id of a live "
                                          f"session", agent_name)
-            session = await self._new_session(sid, agent, agent_name)
+            session = await self._new_session(sid, agent, agent_name, origin=origin)
             registered = True
             session.forked_from = fork_of
             session.agent_result = result
+            await self._record_session(session, scope)
             return session
         finally:
             self._in_flight_spawns -= 1
@@ -357,12 +379,13 @@ class Bridge(PromptsAPI):
                 self.capacity.release(agent_name)
 
     async def _new_session(self, session_id: str, agent: AgentConnection,
-                           agent_name: str) -> Session:
+                           agent_name: str, *, origin: str | None = None) -> Session:
         """A started session, then registered: a registered session always runs and
         holds the slot its spawn took."""
         session = Session(session_id, self.workspace_cwd, agent, self.options, self.queue_wait,
                           observer=self.observer)
         session.agent_name = agent_name
+        session.origin = origin
         session.on_cancel = self._cancel_questions
         await self._tasks().start(session.run)
         terminals = self._closed_terminals.pop(session_id, None)
@@ -370,6 +393,8 @@ class Bridge(PromptsAPI):
             session.prompt_terminals.extend(terminals)
         self._sessions[session_id] = session
         session.holds_slot = True
+        if origin not in self.unjournaled_origins:
+            self._journal_session(session)
         return session
 
     def _cancel_questions(self, session: Session, reason: str) -> None:
@@ -429,13 +454,14 @@ class Bridge(PromptsAPI):
         self._cancel_questions(session, "session_closed")
         session.bus.publish(ev.SESSION_CLOSED, ev.SessionClosed(
             session_id=session.session_id, reason=reason, closed_by=closed_by))
+        self._record_end(session, deleted=reason == "client_close")   # after its last event
         session.bus.close()
         session.stop()
         return running
 
     async def _close_at_agent(self, session: Session, running: bool) -> None:
         agent, sid = session.agent, session.session_id
-        if agent.closed:
+        if agent is None or agent.closed:
             return
         try:
             if running:
@@ -447,13 +473,15 @@ class Bridge(PromptsAPI):
 
     def _on_agent_lost(self, error: AgentDiedError) -> None:
         """The agent died: every session on it dies, every pending prompt fails."""
-        for session in [s for s in self._sessions.values() if s.agent.closed]:
+        for session in [s for s in self._sessions.values()
+                        if s.agent is not None and s.agent.closed]:
             self._forget(session)
             session.bus.publish(ev.SESSION_DIED, ev.SessionDied(
                 session_id=session.session_id, reason="agent_exited", message=str(error),
                 exit_code=error.exit_code))
             session.fail_all(error)
             self._cancel_questions(session, "session_died")
+            self._record_end(session, deleted=False)
             session.bus.close()
             session.stop()
 
@@ -490,7 +518,7 @@ class Bridge(PromptsAPI):
                                      max_queued=max_queued, wakeup=wakeup)
 
     def check_client(self, session_id: str, client_id: str) -> None:
-        if client_id not in self.get_session(session_id).clients:
+        if not self.get_session(session_id).knows_client(client_id):
             raise InvalidClientIdError(session_id, client_id)
 
     def heartbeat(self, session_id: str, client_id: str | None = None) -> float:

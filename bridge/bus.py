@@ -35,6 +35,15 @@ Contracts:
   and not waited for again until it does (it is warned and evicted as above). So a
   reader that keeps up is never evicted by a burst, and readers that stopped cost a
   publisher ``FLOW_WAIT_S`` once, however many they are.
+* Held (``hold``, a durable session journal, ``bridge.journal``): ``publish`` gives the
+  event its id, puts it in the ring and hands it to ``sink`` (the journal), but readers
+  get it only after ``release(id)`` (its commit landed), in order; replay and
+  ``ring_events`` show released events only. Readers are then fed from the ring as they
+  read (``Subscription._top_up``, up to half their bounds), so a commit of thousands of
+  events never floods one. A publisher that can wait keeps at most a quarter ring
+  uncommitted and waits (``flow_wait_s`` at most) for a reader more than its queue
+  plus a quarter ring behind, evicting it if it stays there; a reader the ring passes
+  is evicted too. No ``slow_client_warning`` in this mode.
 """
 
 from __future__ import annotations
@@ -67,7 +76,8 @@ class Subscription(BoundedFifo[Event]):
     ``wakeup`` (optional) is set whenever a frame arrives or the subscription ends,
     for a reader that waits on several sources at once."""
 
-    __slots__ = ("_bus", "epoch", "_warned", "last_queued_id", "evicted_reason", "stalled")
+    __slots__ = ("_bus", "epoch", "_warned", "last_queued_id", "evicted_reason", "stalled",
+                 "skip_through", "next_id")
 
     def __init__(self, bus: EventBus, max_queued: int, max_queued_bytes: int,
                  wakeup: Wakeup | None = None) -> None:
@@ -78,6 +88,11 @@ class Subscription(BoundedFifo[Event]):
         self.last_queued_id = 0
         self.evicted_reason: str | None = None
         self.stalled = False   # did not drain within FLOW_WAIT_S: publishers do not wait
+        # Held events up to this id were replayed or are behind the reader's cursor
+        # (a durable bus releases them later): not pushed again.
+        self.skip_through = 0
+        # A held bus's reader is fed from the ring (``_top_up``): the next id it needs.
+        self.next_id = bus._released_id + 1
 
     @property
     def max_queued(self) -> int:
@@ -101,13 +116,64 @@ class Subscription(BoundedFifo[Event]):
     # ``wait_ready()``: a frame is ready (``True``) or the stream has ended (``False``);
     # consumes nothing, so it may be cancelled (e.g. by a heartbeat timeout).
     # ``receive_nowait()``: the next frame if one is ready, else ``None``.
-    wait_ready = BoundedFifo.wait
-    receive_nowait = BoundedFifo.get_nowait
+    def _lagging(self) -> bool:
+        return self._bus.hold and self.next_id <= self._bus._released_id
+
+    async def wait(self) -> bool:
+        if not self._entries and self._lagging():
+            self._top_up()
+        return await BoundedFifo.wait(self)
+
+    def get_nowait(self) -> Event | None:
+        event = BoundedFifo.get_nowait(self)
+        if self.items * 4 <= self.max_items and self._lagging():  # type: ignore[operator]
+            self._top_up()   # a held bus: fed from the ring as the reader reads
+        return event
+
+    wait_ready = wait
+    receive_nowait = get_nowait
 
     @property
     def ready(self) -> bool:
         """A frame is queued."""
+        if not self._entries and self._lagging():
+            self._top_up()
         return bool(self._entries)
+
+    def _top_up(self) -> None:
+        """A held bus (``EventBus.hold``): released events from the ring, up to half of
+        the bounds. A reader the ring has lapped is evicted (``queue_overflow``)."""
+        bus = self._bus
+        if self.closed:
+            return
+        earliest = bus.earliest_available_id
+        if self.next_id < earliest:
+            self._evict("queue_overflow")
+            return
+        end = bus._released_id
+        for event in itertools.islice(bus._ring, self.next_id - earliest, end + 1 - earliest):
+            if self.half_full():
+                break
+            self.next_id = event.id + 1  # type: ignore[operator]
+            self._push(event)
+            if self.closed:
+                return
+
+    def behind(self) -> int:
+        """Released events this reader has not taken yet (a held bus)."""
+        return self._bus._released_id - self.next_id + 1 + self.items
+
+    def _flush_lag(self) -> None:
+        """Everything released that it still lacks, uncounted (the bus stops holding or
+        closes: bounded by the ring)."""
+        bus = self._bus
+        earliest = bus.earliest_available_id
+        start = max(self.next_id, earliest)
+        for event in itertools.islice(bus._ring, start - earliest,
+                                      bus._released_id + 1 - earliest):
+            if event.id > self.skip_through:  # type: ignore[operator]
+                self.put_uncounted(event)
+        self.next_id = bus._released_id + 1
 
     def close(self) -> None:
         self._bus._detach(self)
@@ -127,6 +193,8 @@ class Subscription(BoundedFifo[Event]):
         return False
 
     def _push(self, event: Event) -> None:
+        if event.id <= self.skip_through:  # type: ignore[operator]
+            return
         backlog = self.nbytes   # the byte bound applies to what precedes the newest
         if not self.put_nowait(event, event.size):
             if not self.closed:
@@ -170,6 +238,15 @@ class EventBus:
         self.session_id = session_id
         self._ring: deque[Event] = deque(maxlen=ring_size)
         self._last_id = 0
+        # Held (a durable journal, see ``hold``): events are in the ring at once but
+        # reach readers when ``release`` says they are committed. ``_released_id`` is
+        # the last event readers may see; ``sink`` gets each event to journal.
+        self.hold = False
+        self.sink: Callable[[Event], None] | None = None
+        self._released_id = 0
+        self._close_when_released = False
+        self._released: anyio.Event | None = None   # a publisher waits for a commit
+        self._journal_stalled = False
         self._subscribers: list[Subscription] = []
         self.max_subscribers = max_subscribers
         self.max_queued = max_queued
@@ -185,12 +262,24 @@ class EventBus:
         return len(self._subscribers)
 
     @property
+    def released_id(self) -> int:
+        """The last event readers may see (``last_event_id`` unless held)."""
+        return self._released_id
+
+    def restore(self, events: list[Event], last_event_id: int) -> None:
+        """Continue a journaled bus: its newest events (in id order) and its last id."""
+        self._ring.extend(events)
+        self._last_id = self._released_id = last_event_id
+
+    @property
     def earliest_available_id(self) -> int:
         return self._ring[0].id if self._ring else self._last_id + 1  # type: ignore[return-value]
 
     def ring_events(self) -> list[Event]:
-        """The events the ring still holds, oldest first."""
-        return list(self._ring)
+        """The events the ring still holds that readers may see, oldest first."""
+        if self._released_id == self._last_id:
+            return list(self._ring)
+        return [event for event in self._ring if event.id <= self._released_id]  # type: ignore[operator]
 
     def publish(self, type_: str, data: Any, *, prompt_id: str | None = None,
                 originator_client_id: str | None = None) -> Event | None:
@@ -202,14 +291,43 @@ class EventBus:
                       originator_client_id=originator_client_id)
         event.size = len(wire.envelope(event))   # encoded once, here, for every door
         self._ring.append(event)
-        for subscriber in tuple(self._subscribers):
-            subscriber._push(event)
+        if self.sink is not None:
+            self.sink(event)
+        if not self.hold:
+            self._released_id = self._last_id
+            for subscriber in tuple(self._subscribers):
+                subscriber._push(event)
         return event
+
+    def release(self, through: int) -> None:
+        """Held events up to id ``through`` are committed: readers get them, in order,
+        each fed from the ring as it reads (``Subscription._top_up``)."""
+        if through <= self._released_id:
+            return
+        self._released_id = min(through, self._last_id)
+        earliest = self.earliest_available_id
+        for subscriber in tuple(self._subscribers):
+            if not subscriber._entries or not subscriber.half_full():
+                subscriber._top_up()
+            elif subscriber.next_id < earliest:   # the ring lapped a reader that stopped
+                subscriber._evict("queue_overflow")
+        if not self.hold:   # it stops holding: nobody may lag behind direct pushes
+            for subscriber in tuple(self._subscribers):
+                subscriber._flush_lag()
+        if self._close_when_released and self._released_id >= self._last_id:
+            self._end_subscriptions()
+        if self._released is not None:
+            self._released.set()
+            self._released = None
 
     async def wait_for_readers(self) -> None:
         """Flow control between events (see the module contracts): one wait of at
         most ``flow_wait_s`` (default ``FLOW_WAIT_S``) whatever the number of slow
         readers."""
+        if self.hold:
+            await self._wait_for_journal()
+            await self._wait_for_laggards()
+            return
         deadline: float | None = None
         for subscriber in tuple(self._subscribers):
             if not subscriber.half_full():
@@ -221,6 +339,49 @@ class EventBus:
                 deadline = anyio.current_time() + self.flow_wait_s
             await subscriber.wait_drained(deadline)
 
+    async def _wait_for_journal(self) -> None:
+        """Held events are released in commit-sized batches: a publisher that can
+        wait keeps at most ``max_queued // 4`` of them uncommitted, so a release never
+        floods a reader that keeps up. At most ``flow_wait_s`` per stall of the
+        journal (a store that does not commit), as for a stalled reader."""
+        window = max(1, (self._ring.maxlen or 1) // 4)
+        if self._last_id - self._released_id < window:
+            self._journal_stalled = False
+            return
+        if self._journal_stalled:
+            return
+        with anyio.move_on_after(self.flow_wait_s) as scope:
+            while self.hold and self._last_id - self._released_id >= window:
+                if self._released is None:
+                    self._released = anyio.Event()
+                await self._released.wait()
+        if scope.cancelled_caught:
+            self._journal_stalled = True
+
+    async def _wait_for_laggards(self) -> None:
+        """Flow control on a held bus: readers are fed from the ring, so what a reader
+        has not taken is ``behind`` (released events it lacks plus its queue). A
+        publisher waits while a reader is more than its ``max_queued`` plus a commit's
+        worth (a quarter ring) behind, at most
+        ``flow_wait_s`` in all (as ``wait_for_readers``); a reader still that far behind
+        then is evicted (``queue_overflow``): a reader that keeps up never is."""
+        deadline: float | None = None
+        slack = (self._ring.maxlen or 1) // 4   # a commit's worth: the journal's window
+        for subscriber in tuple(self._subscribers):
+            limit = subscriber.max_queued + slack
+            if subscriber.behind() <= limit:
+                continue
+            if deadline is None:
+                deadline = anyio.current_time() + self.flow_wait_s
+            low = subscriber._low
+            assert low is not None
+            with anyio.move_on_at(deadline):
+                while not subscriber.closed and subscriber.behind() > limit:
+                    await low.wait()
+                continue
+            if not subscriber.closed:
+                subscriber._evict("queue_overflow")
+
     def subscribe(self, *, last_event_id: int | None = None, epoch: str | None = None,
                   max_queued: int | None = None, wakeup: Wakeup | None = None) -> Subscription:
         if len(self._subscribers) >= self.max_subscribers:
@@ -228,9 +389,18 @@ class EventBus:
         subscription = Subscription(self, max_queued or self.max_queued, self.max_queued_bytes,
                                     wakeup)
         if last_event_id is not None:
-            for frame in self._replay_frames(last_event_id, epoch):
+            frames = self._replay_frames(last_event_id, epoch)
+            for frame in frames:
                 subscription.put_uncounted(frame)
-        if self.closed:
+            # what this reader has covered: held events after it come live
+            if frames[0].type == ev.STATE_RESYNC_REQUIRED:
+                subscription.skip_through = self._released_id
+            else:
+                subscription.skip_through = max(min(last_event_id, self._last_id),
+                                                self._released_id)
+        else:
+            subscription.skip_through = self._last_id   # live: from now on
+        if self.closed and not self._close_when_released:
             BoundedFifo.close(subscription)
         else:
             self._subscribers.append(subscription)
@@ -239,6 +409,16 @@ class EventBus:
     def close(self) -> None:
         """End every subscription (after they drain what is queued)."""
         self.closed = True
+        if self._released_id < self._last_id:   # held events still to reach readers
+            self._close_when_released = True
+            return
+        self._end_subscriptions()
+
+    def _end_subscriptions(self) -> None:
+        self._close_when_released = False
+        if self.hold:
+            for subscriber in self._subscribers:
+                subscriber._flush_lag()
         subscribers, self._subscribers = self._subscribers, []
         for subscriber in subscribers:
             BoundedFifo.close(subscriber)
@@ -253,17 +433,18 @@ class EventBus:
         earliest = self.earliest_available_id
         frames: list[Event] = []
         resync: tuple[str, str | None] | None = None
+        visible = self._ring if self._released_id == self._last_id else self.ring_events()
         if epoch is not None and epoch != self.epoch:
             resync = ("epoch_reset", "epoch_mismatch")
-            replay = list(self._ring)
+            replay = list(visible)
         elif cursor > self._last_id:
             resync = ("epoch_reset", None)
-            replay = list(self._ring)
+            replay = list(visible)
         elif cursor + 1 < earliest:
             resync = ("ring_evicted", None)
-            replay = list(self._ring)
+            replay = list(visible)
         else:
-            replay = list(itertools.islice(self._ring, cursor + 1 - earliest, None))
+            replay = list(itertools.islice(visible, cursor + 1 - earliest, None))
         total = sum(event.size for event in replay)
         if total > REPLAY_BUDGET_BYTES:   # keep the newest events that fit the budget
             start = 0

@@ -283,3 +283,40 @@ class InvalidDeadlineError(BridgeError, ValueError):
     def __init__(self, deadline_ms: object) -> None:
         super().__init__(f"deadline_ms must be a positive integer (milliseconds), not {deadline_ms!r}")
         self.deadline_ms = deadline_ms
+
+
+class JournalUnavailableError(BridgeError):
+    """The session journal could not commit (the store is down, the disk full): the
+    request that needed the commit is refused (each door's 503); nothing was
+    acknowledged."""
+
+    code = "store_unavailable"
+
+    def __init__(self, reason: str, retry_after: int = 5) -> None:
+        super().__init__(f"The session journal is unavailable: {reason}")
+        self.reason = reason
+        self.retry_after = retry_after   # seconds
+
+
+class SessionNotRestorableError(BridgeError):
+    """A session restored from the journal whose agent side could not be restored:
+    its history stays readable, a new prompt is refused."""
+
+    code = "session_not_restorable"
+
+    def __init__(self, session_id: str, reason: str) -> None:
+        super().__init__(f'Session "{session_id}" was restored after a restart but its agent '
+                         f"could not restore it ({reason}); its history is readable, start a "
+                         f"new session to go on")
+        self.session_id = session_id
+        self.reason = reason
+
+
+class ServerRestartedError(BridgeError):
+    """The prompt was running when the server stopped (``--session-on-restart fail``)."""
+
+    code = "server_restarted"
+
+    def __init__(self, prompt_id: str) -> None:
+        super().__init__(f'Prompt "{prompt_id}" was interrupted by a server restart')
+        self.prompt_id = prompt_id

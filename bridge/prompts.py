@@ -61,7 +61,7 @@ class PromptsAPI:
         if deadline_ms is not None and not _positive_ms(deadline_ms):
             raise InvalidDeadlineError(deadline_ms)
         session = self.get_session(session_id)
-        if client_id is not None and client_id not in session.clients:
+        if client_id is not None and not session.knows_client(client_id):
             raise InvalidClientIdError(session_id, client_id)
         return session.admit(prompt, prompt_id, self._effective_deadline(deadline_ms), client_id,
                              cancel)

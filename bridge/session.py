@@ -30,15 +30,25 @@ import anyio.abc
 import anyio.lowlevel
 
 from bridge import events as ev
+from bridge import wire
 from bridge.bus import EventBus
 from bridge.cancel import CancelToken
 from bridge.errors import (
     AgentDiedError,
     AgentError,
+    JournalUnavailableError,
     PromptCancelledError,
     PromptDeadlineExceededError,
     PromptQueueFullError,
     SessionClosedError,
+    SessionNotRestorableError,
+)
+from bridge.journal import (
+    EventRecord,
+    MemoryJournal,
+    PromptAccepted,
+    PromptSettled,
+    SessionJournal,
 )
 from bridge.observer import NO_OBSERVER, BridgeObserver
 from bridge.options import BridgeOptions
@@ -60,6 +70,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("bridge.session")
 
 QUEUED, RUNNING, DONE = "queued", "running", "done"
+NO_JOURNAL = MemoryJournal()
 MAX_TRACKED_CLIENTS = 1024
 PROMPT_TEXT_PREVIEW = 500
 ECHO_SLICE = 64   # prompt blocks echoed between two checkpoints of the event loop
@@ -75,7 +86,7 @@ def prompt_text(prompt: list[Any]) -> str:
 class PendingPrompt:
     __slots__ = ("prompt_id", "prompt", "text", "queued_at_ms", "admitted_at", "deadline_ms",
                  "state", "was_queued", "ticket", "cancel_requested", "run_scope",
-                 "timer_scope", "unhook_cancel", "client_id", "started_at")
+                 "timer_scope", "unhook_cancel", "client_id", "started_at", "commit_seq")
 
     def __init__(self, prompt_id: str, prompt: list[Any], ticket: PromptTicket,
                  deadline_ms: int | None, was_queued: bool, client_id: str | None) -> None:
@@ -94,6 +105,7 @@ class PendingPrompt:
         self.unhook_cancel: Callable[[], None] | None = None
         self.client_id = client_id
         self.started_at: float | None = None   # monotonic, when its turn started
+        self.commit_seq = 0   # its PromptAccepted in a durable journal (0: none)
 
     def info(self) -> PendingPromptInfo:
         return PendingPromptInfo(self.prompt_id, self.queued_at_ms, self.text, self.state)
@@ -175,6 +187,37 @@ class Session:
         # Called once per cancel (of the running prompt, or by its deadline) with a
         # reason: cancels the session's pending permission requests.
         self.on_cancel: Callable[[Session, str], None] = lambda session, reason: None
+        self.journal: SessionJournal = NO_JOURNAL
+        # Restored from the journal, but its agent could not restore it: why (prompts
+        # are refused with SessionNotRestorableError), else None.
+        self.not_restorable: str | None = None
+        self.replaying = False   # the agent's session/load replay: not published again
+        self.restored = False    # brought back from the journal at start
+
+    def journal_to(self, journal: SessionJournal) -> None:
+        """Journal this session from now on: its events are held on the bus until
+        committed (``bridge.journal``), its prompts and terminals recorded."""
+        if not journal.durable:
+            return
+        self.journal = journal
+        self.bus.hold = True
+        sid = self.session_id
+        append = journal.append
+
+        def sink(event: ev.Event) -> None:
+            append(EventRecord(session_id=sid, event_id=event.id,  # type: ignore[arg-type]
+                               type=event.type, prompt_id=event.prompt_id,
+                               envelope=wire.envelope(event)))
+
+        self.bus.sink = sink
+
+    def unjournal(self) -> None:
+        """Stop journaling (a clean stop: what follows is not recorded) and let every
+        held event through."""
+        self.journal = NO_JOURNAL
+        self.bus.sink = None
+        self.bus.hold = False
+        self.bus.release(self.bus.last_event_id)
 
     # -- lifecycle -----------------------------------------------------------------
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -193,6 +236,18 @@ class Session:
 
     def touch(self) -> None:
         self.last_seen = time.monotonic()
+
+    def knows_client(self, client_id: str) -> bool:
+        """A client id this session issued. A session restored from the journal
+        adopts the ids its clients bring back (they were issued before the restart)."""
+        if client_id in self.clients:
+            return True
+        if self.restored and isinstance(client_id, str) and client_id.startswith("client_"):
+            self.clients[client_id] = time.time()
+            if len(self.clients) > MAX_TRACKED_CLIENTS:
+                del self.clients[next(iter(self.clients))]
+            return True
+        return False
 
     def register_client(self) -> str:
         client_id = f"client_{uuid.uuid4()}"
@@ -244,6 +299,8 @@ class Session:
         if cancel is not None and cancel.cancelled:
             raise PromptCancelledError("Prompt request was cancelled before admission",
                                        reason=cancel.reason)
+        if self.not_restorable is not None:
+            raise SessionNotRestorableError(self.session_id, self.not_restorable)
         limit = self.limit
         if limit is not None and len(self.pending) >= limit:
             self.observer.prompt_rejected()
@@ -256,6 +313,12 @@ class Session:
         pending = PendingPrompt(prompt_id, prompt, ticket, deadline_ms, was_queued, client_id)
         self.pending[prompt_id] = pending
         self.touch()
+        if self.journal.durable:   # recorded before anything it causes (its events)
+            pending.commit_seq = self.journal.append(PromptAccepted(
+                session_id=self.session_id, prompt_id=prompt_id, prompt=prompt,
+                queued_at_ms=pending.queued_at_ms, seq=time.time_ns(),
+                deadline_ms=deadline_ms, was_queued=was_queued))
+            ticket._commit = lambda: self._committed(pending)
         if was_queued:
             self.bus.publish(ev.PENDING_PROMPT_ADDED, ev.PendingPromptAdded(
                 session_id=self.session_id, prompt_id=prompt_id, text=pending.text,
@@ -267,6 +330,38 @@ class Session:
         self._enqueue(pending)
         self.observer.prompt_admitted()
         return ticket
+
+    async def _committed(self, pending: PendingPrompt) -> None:
+        """Wait for the prompt's PromptAccepted; a failed commit settles it (once)."""
+        try:
+            await self.journal.wait(pending.commit_seq)
+        except JournalUnavailableError as exc:
+            if pending.state == QUEUED:
+                self._drop_queued(pending)
+            self._settle(pending, exc)
+            raise
+
+    def readmit(self, record: PromptAccepted) -> PendingPrompt:
+        """A journaled prompt that never settled, taken back at restore: its slot is
+        re-taken (even past the limit) and it is queued in order. Nothing is
+        published (its events are in the journal)."""
+        tg = self._running()
+        pid = record.prompt_id
+        ticket = PromptTicket(pid, self.session_id, self.bus.last_event_id, self.bus.epoch,
+                              lambda reason, pid=pid: self.cancel_prompt(pid, reason))
+        pending = PendingPrompt(pid, record.prompt, ticket, record.deadline_ms,
+                                record.was_queued, None)
+        pending.queued_at_ms = record.queued_at_ms
+        self.pending[pid] = pending
+        if record.deadline_ms is not None:
+            tg.start_soon(self._deadline_timer, pending)
+        self._enqueue(pending)
+        return pending
+
+    def fail_restored(self, pending: PendingPrompt, error: BaseException) -> None:
+        """Settle a readmitted prompt at once (the running one under ``fail``)."""
+        self._drop_queued(pending)
+        self._settle(pending, error)
 
     def _running(self) -> anyio.abc.TaskGroup:
         if self._task_group is None:
@@ -300,6 +395,13 @@ class Session:
             item.done.set()
 
     async def _run_prompt(self, pending: PendingPrompt) -> None:
+        if pending.commit_seq:   # never run what was not committed
+            try:
+                await self._committed(pending)
+            except JournalUnavailableError:
+                return
+            if pending.state != QUEUED:
+                return
         pending.state = RUNNING
         self.active = pending
         pending.started_at = time.monotonic()
@@ -371,6 +473,10 @@ class Session:
             terminal = PromptTerminal(prompt_id=pid, terminal=state, error_code=code,
                                       at=ev.now_ms())
         self.prompt_terminals.append(terminal)
+        if self.journal.durable:
+            self.journal.append(PromptSettled(
+                session_id=sid, prompt_id=pid, terminal=terminal.terminal, at=terminal.at,
+                stop_reason=terminal.stop_reason, error_code=terminal.error_code))
         if pending.was_queued:
             self.bus.publish(ev.PENDING_PROMPT_COMPLETED, ev.PendingPromptCompleted(
                 session_id=sid, prompt_id=pid, state=state), prompt_id=pid)

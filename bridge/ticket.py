@@ -7,13 +7,14 @@
 Awaiting the ticket returns a ``PromptResult`` (a cancelled prompt is a result with
 ``stop_reason == "cancelled"``) or raises the prompt's error (``AgentError``,
 ``AgentDiedError``, ``PromptDeadlineExceededError``, ``SessionClosedError``). A ticket
-settles exactly once; its pending slot is released at that moment.
+settles exactly once; its pending slot is released at that moment. With a durable
+session journal a door awaits ``ticket.committed()`` before it acknowledges.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Generator
+from collections.abc import Awaitable, Callable, Generator
 from typing import Any
 
 import anyio
@@ -27,7 +28,7 @@ class PromptResult:
 
 class PromptTicket:
     __slots__ = ("prompt_id", "session_id", "last_event_id", "epoch", "_done",
-                 "_outcome", "_cancel")
+                 "_outcome", "_cancel", "_commit")
 
     def __init__(self, prompt_id: str, session_id: str, last_event_id: int, epoch: str,
                  cancel: Callable[[str | None], None]) -> None:
@@ -38,6 +39,17 @@ class PromptTicket:
         self._done = anyio.Event()
         self._outcome: PromptResult | BaseException | None = None
         self._cancel = cancel
+        # With a durable journal: awaits the commit of the accepted prompt (see
+        # ``committed``); ``None`` when there is nothing to wait for.
+        self._commit: Callable[[], Awaitable[None]] | None = None
+
+    async def committed(self) -> None:
+        """Return once the accepted prompt is committed to the session journal (at
+        once without a durable one). Raises ``JournalUnavailableError`` when the
+        commit failed: the prompt is then settled with that error, its slot released.
+        A door awaits this before it acknowledges the prompt."""
+        if self._commit is not None:
+            await self._commit()
 
     @property
     def done(self) -> bool:

@@ -305,6 +305,7 @@ DETAILS: dict[type[errors.BridgeError], Callable[[Any], dict[str, Any]]] = {
     errors.AgentTimeoutError: lambda exc: {"phase": exc.phase, "timeoutMs": exc.timeout_ms},
     errors.AgentProtocolError: lambda exc: {"agent": exc.agent},
     errors.TooManyContentBlocksError: _limit,
+    errors.SessionNotRestorableError: _session,
 }
 
 

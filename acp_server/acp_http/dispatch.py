@@ -64,6 +64,7 @@ from acp_server.http.origin import session_origin
 from acp_server.acp_http.errors import (  # noqa: F401 - re-exported for the routes
     ChannelLimitError,
     InvalidParamsError,
+    PromptFailedError,
     RequestCancelledError,
     encode_bridge_error,
 )
@@ -73,6 +74,7 @@ from bridge import Bridge
 from bridge.errors import (
     BridgeError,
     InvalidPermissionOptionError,
+    JournalUnavailableError,
     PermissionNotFoundError,
     SessionNotFoundError,
 )
@@ -308,14 +310,33 @@ async def _session_prompt(conn: AcpConnection, rpc_id: RpcId, params: dict[str, 
     if len(channel.prompts) >= MAX_TRACKED_PROMPTS:
         raise ChannelLimitError(MAX_TRACKED_PROMPTS)
     if prompt_id is not None:
-        known = rejoin_prompt(conn, channel, prompt_id, rpc_id)
+        try:
+            known = rejoin_prompt(conn, channel, prompt_id, rpc_id)
+        except PromptFailedError:
+            await _after_its_events(conn, channel)
+            raise
+        if known is not None and known != PENDING:
+            await _after_its_events(conn, channel)
         if known is not None:
             return DEFERRED if known == PENDING else known
     ticket = conn.bridge.send_prompt(sid, prompt, prompt_id=prompt_id)
-    conn.caller.prompt_accepted(sid, ticket.prompt_id, prompt, "acp")
     if rpc_id is not None:
         channel.track_prompt(ticket, rpc_id, detached=prompt_id is not None)
+    try:   # a durable journal: committed before it counts as acknowledged
+        await ticket.committed()
+    except JournalUnavailableError:   # settled, slot released: answered here instead
+        channel.prompts.pop(ticket.prompt_id, None)
+        channel.detached.discard(ticket.prompt_id)
+        raise
+    conn.caller.prompt_accepted(sid, ticket.prompt_id, prompt, "acp")
     return DEFERRED
+
+
+async def _after_its_events(conn: AcpConnection, channel: Any) -> None:
+    """A settled prompt answered again: after the events published before it (with a
+    durable journal they reach the stream once committed, after the settlement)."""
+    last = conn.bridge.session_status(channel.session_id).last_event_id
+    await channel.flush_through(last)
 
 
 async def _session_cancel(conn: AcpConnection, rpc_id: RpcId, params: dict[str, Any]) -> Any:

@@ -53,6 +53,8 @@ from bridge.errors import (
     PermissionNotFoundError,
     PromptDeadlineExceededError,
     PromptQueueFullError,
+    JournalUnavailableError,
+    SessionNotRestorableError,
     SessionClosedError,
     SessionLimitExceededError,
     SessionNotFoundError,
@@ -165,6 +167,7 @@ DATA: dict[type[BridgeError], Callable[[Any], dict[str, Any]]] = {
     PromptDeadlineExceededError: _kind,
     AgentDiedError: _kind,
     PromptFailedError: _kind,
+    SessionNotRestorableError: _kind,
 }
 # Answers that follow neither rule, by exact class.
 ANSWERS: dict[type[BridgeError], Callable[[Any], RpcError]] = {
@@ -181,7 +184,7 @@ def to_rpc_error(exc: BaseException) -> RpcError:
     """``(code, message, data)`` for an error raised by the bridge or a method:
     ``-32602`` with no data for the caller's mistakes (``CALLER_ERRORS``), else
     ``-32603`` with ``{errorKind: code, ...}``."""
-    if isinstance(exc, StoreUnavailableError):
+    if isinstance(exc, (StoreUnavailableError, JournalUnavailableError)):
         return INTERNAL_ERROR, "The store is unavailable; retry later", {
             "errorKind": exc.code, "retryable": True, "retryAfterSeconds": exc.retry_after}
     if not isinstance(exc, BridgeError):

@@ -509,12 +509,14 @@ async def open_lmsp(bridge: Bridge, *, state_dir: str, store_url: str | None = N
                     group_commit: bool = True, store: TaskStore | None = None,
                     models: Mapping[str, tuple[Bridge, str | None]] | None = None,
                     lease_s: float = 30, renew_s: float = 10, poll_s: float = 1.0,
-                    busy_timeout_s: float = 5.0) -> AsyncIterator[LmspService]:
+                    busy_timeout_s: float = 5.0,
+                    store_open: bool = False) -> AsyncIterator[LmspService]:
     """See the module docstring. ``store_url`` defaults to
     ``sqlite:///<state_dir>/lmsp.sqlite3``; ``store`` overrides it (other engines).
     ``models`` defaults to ``bridge_models(bridge)``. ``lease_s``, ``renew_s`` and
     ``poll_s`` are a PostgreSQL store's (``PostgresTaskStore``), ``busy_timeout_s`` a
-    SQLite store's."""
+    SQLite store's. ``store_open``: ``store`` is already open (and stays open: the
+    session journal shares it, ``acp_server.server``)."""
     hub = Hub()
     if store is None:
         store = store_for(store_url, state_dir=state_dir, group_commit=group_commit,
@@ -522,7 +524,7 @@ async def open_lmsp(bridge: Bridge, *, state_dir: str, store_url: str | None = N
                           busy_timeout_s=busy_timeout_s)
     store.on_commit = hub.publish
     config = config or LmspConfig()
-    async with store:
+    async with contextlib.nullcontext(store) if store_open else store:
         service = LmspService(store, hub, bridge_models(bridge) if models is None else models,
                               config, max_running_tasks=max_running_tasks)
         service.recovery = await store.recover(recovery_finish,

@@ -15,7 +15,8 @@ Contracts:
   retryable 503/429 answers.
 * ``RestError`` is raised by the route layer itself (validation) and carries its own
   status, body and headers.
-* ``StoreUnavailableError`` (``acp_server.store``) is a 503 ``{error, code:
+* ``StoreUnavailableError`` (``acp_server.store``) and the bridge's
+  ``JournalUnavailableError`` (the session journal's commit failed) are a 503 ``{error, code:
   "store_unavailable"}`` with ``Retry-After``.
 * Anything unrecognised is a 500 ``{"error": "Internal error"}``: no message from an
   unexpected exception reaches the client.
@@ -102,6 +103,9 @@ STATUS: dict[type[BridgeError], int] = {
     be.AgentProtocolError: 502,
     be.InvalidPromptError: 400,
     be.InvalidDeadlineError: 400,
+    be.JournalUnavailableError: 503,
+    be.SessionNotRestorableError: 409,
+    be.ServerRestartedError: 503,
     ElicitationNotFoundError: 404,
     InvalidElicitationAnswerError: 400,
 }
@@ -155,7 +159,7 @@ def describe(exc: BaseException) -> tuple[int, dict[str, Any], dict[str, str] | 
     ``Retry-After: 5`` on 429 and 503."""
     if isinstance(exc, RestError):
         return exc.status, exc.body, exc.headers
-    if isinstance(exc, StoreUnavailableError):
+    if isinstance(exc, (StoreUnavailableError, be.JournalUnavailableError)):
         return 503, {"error": "The store is unavailable; retry later", "code": exc.code}, \
             {"Retry-After": str(exc.retry_after)}
     if not isinstance(exc, BridgeError):

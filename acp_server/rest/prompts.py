@@ -8,7 +8,9 @@
     #  "sessionId":"…","limit":5,"pendingCount":5}
 
 Contracts: admission is decided synchronously by ``Bridge.send_prompt`` before any
-byte of the answer is written; a refused prompt takes no slot. Once admitted, the
+byte of the answer is written; a refused prompt takes no slot. With a durable session
+journal the accepted prompt is committed before the 202 (``ticket.committed()``); a
+failed commit answers 503 ``store_unavailable`` and releases the slot. Once admitted, the
 prompt runs to its end whatever happens to the HTTP request (its outcome is
 published on the session's event stream, not awaited here).
 """
@@ -30,7 +32,7 @@ from acp_server.rest.config import RestConfig
 from acp_server.rest.errors import error_response, json_response
 from acp_server.rest.owners import owned
 from bridge import Bridge
-from bridge.errors import BridgeError, PromptQueueFullError
+from bridge.errors import BridgeError, JournalUnavailableError, PromptQueueFullError
 
 
 async def send_prompt(request: Request, *, bridge: Bridge, config: RestConfig) -> Response:
@@ -42,6 +44,7 @@ async def send_prompt(request: Request, *, bridge: Bridge, config: RestConfig) -
                                     client_id=client_id)
     except PromptQueueFullError as exc:   # the hot refusal: answered here, not re-raised
         return error_response(exc)
+    await ticket.committed()   # a durable journal: committed before the 202 (else 503)
     caller_of(request.scope).prompt_accepted(session_id, ticket.prompt_id, body.prompt, "rest")
     return json_response(202, wire.PromptAccepted(promptId=ticket.prompt_id,
                                                    lastEventId=ticket.last_event_id,
@@ -92,10 +95,15 @@ async def send_prompt_fast(scope: Any, body: bytes, send: Any, *, bridge: Bridge
     except BridgeError:
         return False
     else:
-        caller.prompt_accepted(session_id, ticket.prompt_id, parsed.prompt, "rest")
-        response = json_response(202, wire.PromptAccepted(
-            promptId=ticket.prompt_id, lastEventId=ticket.last_event_id,
-            eventEpoch=ticket.epoch))
+        try:
+            await ticket.committed()
+        except JournalUnavailableError as exc:   # settled, slot released: 503
+            response = error_response(exc)
+        else:
+            caller.prompt_accepted(session_id, ticket.prompt_id, parsed.prompt, "rest")
+            response = json_response(202, wire.PromptAccepted(
+                promptId=ticket.prompt_id, lastEventId=ticket.last_event_id,
+                eventEpoch=ticket.epoch))
     await send({"type": "http.response.start", "status": response.status_code,
                 "headers": response.raw_headers})
     await send({"type": "http.response.body", "body": response.body})

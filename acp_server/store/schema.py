@@ -177,7 +177,59 @@ MIGRATIONS: list[Migration] = [
     Migration("lmsp responses by id",
               "CREATE INDEX IF NOT EXISTS tasks_response ON tasks(response_id);",
               "CREATE INDEX tasks_response ON tasks(response_id);"),
-    # 3: principals: stored bearer tokens (hashed) and the audit log (acp_server/store/
+    # 3: the session journal (acp_server.store.sessions, issue #23)
+    Migration("session journal", """CREATE TABLE IF NOT EXISTS sessions (
+    id TEXT PRIMARY KEY,
+    created_at REAL NOT NULL,
+    record BLOB NOT NULL,
+    closed_at REAL,
+    owner TEXT
+);
+CREATE INDEX IF NOT EXISTS sessions_closed ON sessions(closed_at) WHERE closed_at IS NOT NULL;
+CREATE TABLE IF NOT EXISTS session_prompts (
+    session_id TEXT NOT NULL,
+    prompt_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    record BLOB NOT NULL,
+    terminal BLOB,
+    settled_at INTEGER,
+    PRIMARY KEY (session_id, prompt_id)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS session_events (
+    session_id TEXT NOT NULL,
+    id INTEGER NOT NULL,
+    type TEXT NOT NULL,
+    prompt_id TEXT,
+    envelope BLOB NOT NULL,
+    PRIMARY KEY (session_id, id)
+) WITHOUT ROWID;
+""", """    CREATE TABLE sessions (
+        id TEXT PRIMARY KEY,
+        created_at DOUBLE PRECISION NOT NULL,
+        record BYTEA NOT NULL,
+        closed_at DOUBLE PRECISION,
+        owner TEXT
+    );
+    CREATE INDEX sessions_closed ON sessions(closed_at) WHERE closed_at IS NOT NULL;
+    CREATE TABLE session_prompts (
+        session_id TEXT NOT NULL,
+        prompt_id TEXT NOT NULL,
+        seq BIGINT NOT NULL,
+        record BYTEA NOT NULL,
+        terminal BYTEA,
+        settled_at BIGINT,
+        PRIMARY KEY (session_id, prompt_id)
+    );
+    CREATE TABLE session_events (
+        session_id TEXT NOT NULL,
+        id BIGINT NOT NULL,
+        type TEXT NOT NULL,
+        prompt_id TEXT,
+        envelope BYTEA NOT NULL,
+        PRIMARY KEY (session_id, id)
+    );
+"""),
+    # 4: principals: stored bearer tokens (hashed) and the audit log (acp_server/store/
     #    tokens.py, audit.py)
     Migration("tokens and audit", _SQLITE_PRINCIPALS, _POSTGRES_PRINCIPALS),
 ]

@@ -111,7 +111,9 @@ async def test_the_console_stream_shows_it(tmp_path: Path) -> None:
         with anyio.fail_after(5):
             while not srv.bridge.elicitations.pending_count:
                 await anyio.sleep(0.01)
-        events = [e for e in srv.bridge.get_session(sid).bus.ring_events()
-                  if e.type == "elicitation_request"]
+        with anyio.fail_after(5):   # published once journaled
+            while not (events := [e for e in srv.bridge.get_session(sid).bus.ring_events()
+                                  if e.type == "elicitation_request"]):
+                await anyio.sleep(0.01)
         assert json.loads(envelope(events[0]))["data"]["message"] == "Your name?"
         srv.bridge.get_session(sid).cancel_active("test")

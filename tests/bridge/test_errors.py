@@ -42,6 +42,9 @@ SAMPLES: dict[type[BridgeError], BridgeError] = {
     errors.InvalidPromptError: errors.InvalidPromptError(),
     errors.TooManyContentBlocksError: errors.TooManyContentBlocksError(9, 8),
     errors.InvalidDeadlineError: errors.InvalidDeadlineError(0),
+    errors.JournalUnavailableError: errors.JournalUnavailableError("disk full"),
+    errors.SessionNotRestorableError: errors.SessionNotRestorableError("s", "gone"),
+    errors.ServerRestartedError: errors.ServerRestartedError("p"),
 }
 CAMEL = re.compile(r"^[a-z]+([A-Z][a-z]*)*$")
 SNAKE = re.compile(r"^[a-z]+(_[a-z]+)*$")

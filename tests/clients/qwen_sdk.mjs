@@ -177,6 +177,34 @@ async function acp(kind) {
   return out;
 }
 
-const out = mode === "rest" ? await rest() : await acp(mode);
+// Across a restart (driven by tests/store/test_session_restart_clients.py):
+// `before`: a thread session with one turn and a queued prompt behind a long one;
+// `after <sid>`: DaemonSessionClient.load of it on the restarted server, and a new turn.
+async function before() {
+  const client = new DaemonClient({ baseUrl });
+  const s = await DaemonSessionClient.createOrAttach(client, { sessionScope: "thread" });
+  const turn = await s.prompt(text("before the restart"));
+  const long = await s.submitPrompt(text("/sleep 60s long"));
+  const queued = await s.submitPrompt(text("queued across"));
+  return { sessionId: s.sessionId, clientId: s.clientId, eventEpoch: s.eventEpoch, turn,
+           long: long.promptId, queued: queued.promptId };
+}
+
+async function after(sid) {
+  const client = new DaemonClient({ baseUrl });
+  const s = await DaemonSessionClient.load(client, sid);
+  const out = { attached: s.attached, eventEpoch: s.eventEpoch,
+                compactedReplay: s.replaySnapshot.compactedReplay.map(brief),
+                promptTerminals: s.replaySnapshot.promptTerminals ?? null };
+  out.turn = await s.prompt(text("after the restart"));   // behind the queued one
+  const again = await DaemonSessionClient.load(new DaemonClient({ baseUrl }), sid);
+  out.history = again.replaySnapshot.compactedReplay.map(brief);
+  return out;
+}
+
+const out = mode === "rest" ? await rest()
+  : mode === "before" ? await before()
+  : mode === "after" ? await after(process.argv[5])
+  : await acp(mode);
 process.stdout.write(JSON.stringify(out) + "\n");
 process.exit(0);

@@ -39,7 +39,7 @@ from acp_server.settings import Settings
 from bridge import Bridge, BridgeOptions
 
 OVERRIDES = ("agent_factory", "lmsp_store", "lmsp_config", "group_commit", "acp_clock",
-             "principals_clock")
+             "session_clock", "principals_clock")
 
 
 @dataclass

@@ -66,7 +66,10 @@ async def run_task(client: httpx.AsyncClient) -> str:
 
 
 async def test_the_scripted_scenario(tmp_path: Path) -> None:
-    async with daemon(tmp_path) as (client, bridge, _app):
+    # The in-memory journal: its bus pushes at publish, so the reader that never reads
+    # overflows during the turn, deterministically (a journaled bus feeds readers from
+    # its ring and evicts one only when a publisher waits for it in vain).
+    async with daemon(tmp_path, session_journal="memory") as (client, bridge, _app):
         await run_task(client)                                   # 1 accepted (the task's turn)
         sid = (await client.post("/session", json={})).json()["sessionId"]
         slow_reader = bridge.subscribe(sid, max_queued=16)      # never read: evicted

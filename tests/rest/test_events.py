@@ -35,6 +35,10 @@ async def test_headers_and_first_frame(server: RunningServer) -> None:
 async def test_frame_shape(server: RunningServer) -> None:
     sid = (await server.create_session())["sessionId"]
     accepted = (await server.prompt(sid, "hi")).json()
+    bus = server.bridge.get_session(sid).bus
+    with anyio.fail_after(5):   # the echo is journaled (readers see committed events)
+        while bus.released_id < 1:
+            await anyio.sleep(0.01)
     raw = b""
     with anyio.fail_after(5):
         async with server.client.stream("GET", f"/session/{sid}/events",

@@ -108,10 +108,12 @@ class Daemon(LocalServer):
 
 
 def daemon(workspace: Any, *, options: BridgeOptions | None = None, wrap: Wrap | None = None,
-           config: LmspConfig | None = None) -> contextlib.AbstractAsyncContextManager[Daemon]:
+           config: LmspConfig | None = None, **settings: Any
+           ) -> contextlib.AbstractAsyncContextManager[Daemon]:
     """The real daemon in process (``tests.harness.local_server``), optionally wrapped;
-    ``config`` is LMSP's."""
-    return local_server(workspace, kind=Daemon, options=options, wrap=wrap, lmsp_config=config)
+    ``config`` is LMSP's; ``settings`` more ``Settings`` fields."""
+    return local_server(workspace, kind=Daemon, options=options, wrap=wrap, lmsp_config=config,
+                        **settings)
 
 
 lmsp_daemon = daemon   # every daemon serves LMSP; the name the task tests use

@@ -70,7 +70,12 @@ async def test_resumes_after_eviction(tmp_path: Path) -> None:
     stream); the iterator reconnects from its cursor and still sees the whole turn."""
     # A stall far longer than the bus's flow-control wait: the reader is evicted.
     options = BridgeOptions(subscriber_max_queued=16, subscriber_flow_wait_ms=20)
-    async with daemon(tmp_path, options=options) as srv, DaemonClient(srv.url) as client:
+    # The in-memory journal: its bus pushes every event at publish, so a stalled
+    # reader's queue overflows at once. (A journaled bus feeds readers from its ring as
+    # they read: a stalled reader costs no memory and is evicted only when a publisher
+    # waits for it in vain, or when the ring passes it; tests/hostile/test_bursts.py.)
+    async with daemon(tmp_path, options=options, session_journal="memory") as srv, \
+            DaemonClient(srv.url) as client:
         sid = (await client.create_or_attach_session()).session_id
         got: list[DaemonEvent] = []
 

@@ -125,3 +125,33 @@ def test_the_daemon_page_speaks_in_human_units(console: Console, page: Page) -> 
     up = page.get_by_test_id("daemon-activity").locator("tr", has_text="Up for")
     expect(up).to_have_text(re.compile(r"Up for\s*\d+(\.\d)? (ms|s)$|Up for\s*\d+ min( \d+ s)?$"))
     assert "(ms)" not in page.locator("main").inner_text()
+
+
+def test_a_killed_server_restarted_on_its_state_restores_the_session(
+        browser: Browser, tmp_path: Path) -> None:
+    """``kill -9``, then the server again on the same state folder and address: the
+    page finds the session restored (issue #23), the history as it was, the prompt
+    that was running failed with ``server_restarted``, and the session goes on."""
+    port = _free_port()
+    page = open_page(browser)
+    try:
+        with running_console(tmp_path, "--port", str(port)) as first:
+            sid = first.session()
+            assert first.prompt(sid, "before the kill").status_code == 202
+            page.goto(first.url(f"/#/session/{sid}"))
+            transcript = page.get_by_test_id("transcript")
+            expect(transcript.get_by_test_id("msg-agent")).to_have_text("AgentEcho: before the kill")
+            assert first.prompt(sid, SLEEP).status_code == 202
+            expect(transcript).to_contain_text(SLEEP)   # its echo: the turn runs
+            first.process.kill()   # SIGKILL: no drain
+            first.process.wait()
+        with running_console(tmp_path, "--port", str(port)):
+            expect(page.get_by_test_id("stream-state")).to_have_text("live")
+            expect(page.get_by_test_id("session-banner")).to_be_hidden()
+            expect(transcript).to_contain_text("turn failed: server_restarted")
+            page.get_by_test_id("prompt-input").fill("after it")
+            page.get_by_test_id("send-prompt").click()
+            expect(transcript.get_by_test_id("msg-agent").last).to_have_text("AgentEcho: after it")
+        assert page.page_errors == []  # type: ignore[attr-defined]
+    finally:
+        page.context.close()

@@ -1,0 +1,361 @@
+"""The session journal on the store: the bridge's ``SessionJournal`` on SQLite or
+PostgreSQL, through the same group-commit writer as the LMSP tasks.
+
+    store = store_for(url, state_dir=state_dir)
+    async with store, StoreSessionJournal(store, ring_size=8000) as journal:
+        async with Bridge(factory, workspace_cwd="/ws", journal=journal) as bridge:
+            ...   # sessions restored at start, every accepted prompt committed before its 202
+
+Contracts (besides ``bridge.journal``'s):
+
+* One flusher task takes everything appended so far and commits it as one operation
+  of the store's writer (which batches it with the tasks' operations: one transaction,
+  one fsync). While a commit is in flight, what is appended waits for the next one:
+  group commit without a timer.
+* A failed commit fails the records somebody waits for (``SessionOpened``,
+  ``PromptAccepted``: their callers answer 503, ``JournalUnavailableError``) and keeps
+  the others (events, terminals, closes) in order for the next attempt, retried with
+  a capped backoff. At most ``MAX_PENDING`` records wait: past it the oldest events are
+  let through to readers without being journaled, and the next start gives that
+  session a new epoch (``RestoredSession.gap``): never a silent gap.
+* Tables (schema migration 3): ``sessions`` (the record, ``closed_at``),
+  ``session_prompts`` (each accepted prompt, its terminal once settled),
+  ``session_events`` (each event's envelope by id). Per session at most
+  ``ring_size`` events are kept (older ones are deleted as newer ones commit: a reader
+  behind them gets ``ring_evicted``, as from the in-memory ring) and the newest
+  ``MAX_PROMPT_TERMINALS`` settled prompts.
+* ``restore`` logs and skips a row it cannot decode. On a PostgreSQL store shared by
+  several instances each restores only the sessions it made (``owner``: the store's
+  stable instance id); moving sessions between instances is issue #24's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any, Self
+
+import anyio
+import anyio.abc
+import msgspec
+
+from acp_server.store.errors import Backoff, StoreUnavailableError
+from acp_server.store.pg_engine import PostgresEngine
+from bridge.errors import JournalUnavailableError
+from bridge.journal import (
+    RECORD_ENCODER,
+    EventRecord,
+    JournalRecord,
+    PromptAccepted,
+    PromptSettled,
+    RestoredSession,
+    SessionEnded,
+    SessionOpened,
+)
+from bridge.status import MAX_PROMPT_TERMINALS, PromptTerminal
+from bridge.wire import event_from_envelope
+
+log = logging.getLogger("acp_server.store.sessions")
+
+MAX_PENDING = 200_000
+COMPACT_EVERY = 256   # events per session between two trims of its oldest events
+_OPENED = msgspec.msgpack.Decoder(SessionOpened)
+_ACCEPTED = msgspec.msgpack.Decoder(PromptAccepted)
+_SETTLED = msgspec.msgpack.Decoder(PromptSettled)
+CRITICAL = (SessionOpened, PromptAccepted)
+
+
+class StoreSessionJournal:
+    """See the module docstring. ``store`` is an open ``GroupCommitStore``."""
+
+    durable = True
+
+    def __init__(self, store: Any, *, ring_size: int = 8000) -> None:
+        self.store = store
+        self.ring_size = ring_size
+        self.postgres = isinstance(store, PostgresEngine)
+        # A shared (PostgreSQL) store: this instance restores only the sessions it made.
+        self.owner: str | None = store.instance if self.postgres else None
+        self.commits = 0
+        self._on_events: Callable[[Sequence[EventRecord]], None] = lambda records: None
+        self._pending: list[tuple[int, JournalRecord]] = []
+        self._next = 1
+        self._durable_through = 0
+        self._failed: dict[int, str] = {}
+        self._wake = anyio.Event()
+        self._flushed = anyio.Event()
+        self._closing = False
+        self._stopped = anyio.Event()
+        self._tg: anyio.abc.TaskGroup | None = None
+
+    # -- lifecycle -------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def open(self) -> AsyncIterator[Self]:
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            tg.start_soon(self._flusher)
+            try:
+                yield self
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await self.aclose()
+
+    async def __aenter__(self) -> Self:
+        self._exit = contextlib.AsyncExitStack()
+        await self._exit.enter_async_context(self.open())
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self._exit.__aexit__(*exc)
+
+    async def aclose(self) -> None:
+        """Commit what is queued (one last attempt), then write nothing more."""
+        if not self._closing:
+            self._closing = True
+            self._wake.set()
+        await self._stopped.wait()
+
+    # -- the SessionJournal protocol -----------------------------------------------------
+    def bind(self, on_events: Callable[[Sequence[EventRecord]], None]) -> None:
+        self._on_events = on_events
+
+    def append(self, record: JournalRecord) -> int:
+        if self._closing:
+            return 0
+        seq = self._next
+        self._next += 1
+        self._pending.append((seq, record))
+        if len(self._pending) == 1:
+            self._wake.set()
+        if len(self._pending) > MAX_PENDING:
+            self._shed()
+        return seq
+
+    async def wait(self, seq: int) -> None:
+        while True:
+            failed = self._failed.get(seq)
+            if failed is not None:
+                raise JournalUnavailableError(failed)
+            if seq <= self._durable_through or seq == 0:
+                return
+            if self._stopped.is_set():
+                raise JournalUnavailableError("the server is stopping")
+            await self._flushed.wait()
+
+    # -- the flusher ---------------------------------------------------------------------
+    async def _flusher(self) -> None:
+        backoff = Backoff(first=0.05, cap=5.0)
+        try:
+            while True:
+                while not self._pending:
+                    if self._closing:
+                        return
+                    await self._wake.wait()
+                    self._wake = anyio.Event()
+                batch, self._pending = self._pending, []
+                try:
+                    await self.store._write(lambda conn, out, *state: self._apply(
+                        conn, [record for _, record in batch]))
+                except Exception as exc:   # noqa: BLE001 - the store's fault, not ours
+                    self._failed_batch(batch, exc)
+                    if self._closing:
+                        return
+                    with anyio.move_on_after(backoff.next()):
+                        while not any(isinstance(r, CRITICAL) for _, r in self._pending):
+                            await self._wake.wait()
+                            self._wake = anyio.Event()
+                    continue
+                backoff.reset()
+                self.commits += 1
+                self._durable_through = batch[-1][0]
+                self._on_events([r for _, r in batch if isinstance(r, EventRecord)])
+                self._signal()
+        finally:
+            self._closing = True
+            self._stopped.set()
+            self._signal()
+
+    def _signal(self) -> None:
+        self._flushed.set()
+        self._flushed = anyio.Event()
+
+    def _failed_batch(self, batch: list[tuple[int, JournalRecord]], exc: Exception) -> None:
+        reason = exc.reason if isinstance(exc, StoreUnavailableError) else str(exc)
+        log.warning("session journal: a commit failed (%s); retrying", reason)
+        keep = []
+        for seq, record in batch:
+            if isinstance(record, CRITICAL):
+                self._failed[seq] = reason
+            else:
+                keep.append((seq, record))
+        if len(self._failed) > 65536:   # nobody waits for the oldest any more
+            for seq in sorted(self._failed)[:32768]:
+                del self._failed[seq]
+        self._pending[:0] = keep
+        self._signal()
+
+    def _shed(self) -> None:
+        """Too much waits for a store that does not commit: the oldest events go to
+        readers unjournaled (the next start gives their session a new epoch)."""
+        shed = [r for _, r in self._pending[: MAX_PENDING // 2] if isinstance(r, EventRecord)]
+        self._pending = ([x for x in self._pending[: MAX_PENDING // 2]
+                          if not isinstance(x[1], EventRecord)]
+                         + self._pending[MAX_PENDING // 2:])
+        log.error("session journal: %d events let through unjournaled (the store does not "
+                  "commit)", len(shed))
+        self._on_events(shed)
+
+    # -- SQL (a worker thread, inside the writer's transaction) --------------------------
+    def _sql(self, text: str) -> str:
+        return text.replace("?", "%s") if self.postgres else text
+
+    def _apply(self, conn: Any, records: list[JournalRecord]) -> None:
+        events: list[tuple[str, int, str, str | None, bytes]] = []
+        trim: dict[str, int] = {}
+        for record in records:
+            if isinstance(record, EventRecord):
+                events.append((record.session_id, record.event_id, record.type,
+                               record.prompt_id, record.envelope))
+                if record.event_id % COMPACT_EVERY == 0 and record.event_id > self.ring_size:
+                    trim[record.session_id] = record.event_id - self.ring_size
+                continue
+            if events:
+                self._insert_events(conn, events)
+                events = []
+            self._apply_one(conn, record)
+        if events:
+            self._insert_events(conn, events)
+        for sid, through in trim.items():
+            conn.execute(self._sql("DELETE FROM session_events WHERE session_id = ? AND id <= ?"),
+                         (sid, through))
+
+    def _insert_events(self, conn: Any, rows: list[tuple[str, int, str, str | None, bytes]]
+                       ) -> None:
+        cur = conn.cursor()
+        cur.executemany(self._sql(
+            "INSERT INTO session_events(session_id, id, type, prompt_id, envelope) "
+            "VALUES (?,?,?,?,?) ON CONFLICT DO NOTHING"), rows)
+
+    def _apply_one(self, conn: Any, record: JournalRecord) -> None:
+        sql = self._sql
+        if isinstance(record, SessionOpened):
+            conn.execute(sql(
+                "INSERT INTO sessions(id, created_at, record, owner) VALUES (?,?,?,?) "
+                "ON CONFLICT (id) DO UPDATE SET record = excluded.record, closed_at = NULL, "
+                "owner = excluded.owner"),
+                (record.session_id, record.created_at, RECORD_ENCODER.encode(record),
+                 self.owner))
+        elif isinstance(record, PromptAccepted):
+            conn.execute(sql(
+                "INSERT INTO session_prompts(session_id, prompt_id, seq, record) "
+                "VALUES (?,?,?,?) ON CONFLICT DO NOTHING"),
+                (record.session_id, record.prompt_id, record.seq, RECORD_ENCODER.encode(record)))
+        elif isinstance(record, PromptSettled):
+            conn.execute(sql(
+                "UPDATE session_prompts SET terminal = ?, settled_at = ? "
+                "WHERE session_id = ? AND prompt_id = ?"),
+                (RECORD_ENCODER.encode(record), record.at, record.session_id, record.prompt_id))
+            if hash(record.prompt_id) % 32 == 0:   # now and then: the newest terminals only
+                conn.execute(sql(
+                    "DELETE FROM session_prompts WHERE session_id = ? AND terminal IS NOT NULL "
+                    "AND seq < (SELECT seq FROM session_prompts WHERE session_id = ? AND "
+                    "terminal IS NOT NULL ORDER BY seq DESC LIMIT 1 OFFSET ?)"),
+                    (record.session_id, record.session_id, MAX_PROMPT_TERMINALS - 1))
+        elif isinstance(record, SessionEnded):
+            if record.deleted:
+                for table, column in (("session_events", "session_id"),
+                                      ("session_prompts", "session_id"), ("sessions", "id")):
+                    conn.execute(sql(f"DELETE FROM {table} WHERE {column} = ?"),
+                                 (record.session_id,))
+            else:
+                conn.execute(sql("UPDATE sessions SET closed_at = ? WHERE id = ?"),
+                             (record.at, record.session_id))
+
+    # -- restore and purge ---------------------------------------------------------------
+    async def restore(self) -> list[RestoredSession]:
+        return await self.store._read(self._restore_in)
+
+    def _restore_in(self, conn: Any) -> list[RestoredSession]:
+        sql = self._sql
+        found: list[RestoredSession] = []
+        for sid, blob, closed_at in conn.execute(sql(
+                "SELECT id, record, closed_at FROM sessions WHERE owner IS NULL OR owner = ? "
+                "ORDER BY created_at"), (self.owner,)).fetchall():
+            try:
+                record = _OPENED.decode(bytes(blob))
+            except msgspec.MsgspecError as exc:
+                log.error("session journal: session %s has an unreadable record (%s): skipped",
+                          sid, exc)
+                continue
+            terminals: list[PromptTerminal] = []
+            unsettled: list[PromptAccepted] = []
+            for pid, prompt_blob, terminal_blob in conn.execute(sql(
+                    "SELECT prompt_id, record, terminal FROM session_prompts "
+                    "WHERE session_id = ? ORDER BY seq"), (sid,)).fetchall():
+                try:
+                    if terminal_blob is not None:
+                        t = _SETTLED.decode(bytes(terminal_blob))
+                        terminals.append(PromptTerminal(prompt_id=t.prompt_id,
+                                                        terminal=t.terminal, at=t.at,
+                                                        stop_reason=t.stop_reason,
+                                                        error_code=t.error_code))
+                    else:
+                        unsettled.append(_ACCEPTED.decode(bytes(prompt_blob)))
+                except msgspec.MsgspecError as exc:
+                    log.error("session journal: prompt %s of session %s is unreadable (%s): "
+                              "skipped", pid, sid, exc)
+            terminals.sort(key=lambda t: t.at)
+            rows = conn.execute(sql(
+                "SELECT id, envelope FROM session_events WHERE session_id = ? "
+                "ORDER BY id DESC LIMIT ?"), (sid, self.ring_size)).fetchall()
+            rows.reverse()
+            events = []
+            gap = False
+            for event_id, envelope in rows:
+                try:
+                    event = event_from_envelope(bytes(envelope))
+                except (msgspec.MsgspecError, KeyError, TypeError) as exc:
+                    log.error("session journal: event %s of session %s is unreadable (%s): "
+                              "skipped", event_id, sid, exc)
+                    gap = True
+                    continue
+                if events and event.id != events[-1].id + 1:
+                    gap = True
+                events.append(event)
+            last = rows[-1][0] if rows else 0
+            started: set[str] = set()
+            if unsettled:
+                ids = {p.prompt_id for p in unsettled}
+                for (pid,) in conn.execute(sql(
+                        "SELECT DISTINCT prompt_id FROM session_events WHERE session_id = ? "
+                        "AND prompt_id IS NOT NULL AND type <> 'pending_prompt_added'"),
+                        (sid,)).fetchall():
+                    if pid in ids:
+                        started.add(pid)
+            if gap:
+                log.warning("session journal: session %s lost events: a new epoch", sid)
+            found.append(RestoredSession(
+                record=record, events=events, last_event_id=last,
+                terminals=terminals[-MAX_PROMPT_TERMINALS:], unsettled=unsettled,
+                started=started, closed_at=closed_at, gap=gap))
+        return found
+
+    async def purge(self, closed_before: float) -> int:
+        """Remove the sessions closed before ``closed_before`` (epoch seconds)."""
+        def op(conn: Any, out: Any, *state: Any) -> int:
+            sql = self._sql
+            ids = [row[0] for row in conn.execute(sql(
+                "SELECT id FROM sessions WHERE closed_at IS NOT NULL AND closed_at < ?"),
+                (closed_before,)).fetchall()]
+            for sid in ids:
+                for table, column in (("session_events", "session_id"),
+                                      ("session_prompts", "session_id"), ("sessions", "id")):
+                    conn.execute(sql(f"DELETE FROM {table} WHERE {column} = ?"), (sid,))
+            return len(ids)
+
+        try:
+            return await self.store._write(op)
+        except StoreUnavailableError as exc:
+            raise JournalUnavailableError(exc.reason) from exc
+

@@ -1,0 +1,166 @@
+"""The session journal: the seam through which the bridge makes its sessions durable.
+
+    journal = MemoryJournal()                       # the default: nothing outlives the process
+    async with Bridge(factory, workspace_cwd="/ws", journal=journal) as bridge: ...
+
+    # acp_server.store.sessions.StoreSessionJournal: the same records on SQLite/PostgreSQL
+    seq = journal.append(PromptAccepted(session_id=sid, prompt_id=pid, ...))
+    await journal.wait(seq)          # committed, or JournalUnavailableError
+    state = await journal.restore()  # what start-up needs: RestoredSession, in creation order
+
+The bridge defines this protocol as it defines ``AgentConnection``; composition hands
+it an implementation (``acp_server.server.open_server``: the store's). The bridge
+never imports a store.
+
+Contracts:
+
+* ``append`` is synchronous and keeps order: records are committed in the order they
+  were appended (one session's events in id order, after its ``SessionOpened``). It
+  returns a sequence number; ``wait(seq)`` returns once that record (and everything
+  appended before it) is committed, or raises ``JournalUnavailableError`` when the
+  commit that carried it failed. Records nobody waits for (events, terminals, closes)
+  are retried until they commit; records that were waited for and failed are not
+  (their caller answered 503 and settled).
+* ``durable`` is ``False`` for ``MemoryJournal``: the bridge then publishes at once and
+  never waits. With a durable journal events are published when their commit
+  lands (``on_events``), so no reader ever sees an event the journal could lose:
+  the event ids and the epoch survive even ``kill -9``.
+* ``restore()`` decodes what it can; a record it cannot decode is logged and skipped,
+  never a crash.
+* ``aclose()`` commits what is queued (the clean stop); after it nothing is written.
+* Records are msgspec structs in snake_case: no door's wire.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import msgspec
+
+from bridge.events import Event
+from bridge.status import PromptTerminal
+
+
+class SessionOpened(msgspec.Struct, kw_only=True, frozen=True, tag="session", tag_field="kind"):
+    """A session's record: committed before its creation is answered."""
+
+    session_id: str
+    agent: str
+    cwd: str
+    created_at: float   # epoch seconds
+    epoch: str
+    scope: str = "thread"
+    forked_from: str | None = None
+    origin: str | None = None
+
+
+class PromptAccepted(msgspec.Struct, kw_only=True, frozen=True, tag="prompt", tag_field="kind"):
+    """An accepted prompt: committed before its 202 / its /acp acknowledgement."""
+
+    session_id: str
+    prompt_id: str
+    prompt: list[Any]
+    queued_at_ms: int
+    seq: int   # admission order across restarts (epoch nanoseconds)
+    deadline_ms: int | None = None
+    was_queued: bool = False
+
+
+class PromptSettled(msgspec.Struct, kw_only=True, frozen=True, tag="terminal", tag_field="kind"):
+    """How a prompt ended (``PromptTerminal``), or that it was dropped while queued."""
+
+    session_id: str
+    prompt_id: str
+    terminal: str
+    at: int
+    stop_reason: str | None = None
+    error_code: str | None = None
+
+
+class EventRecord(msgspec.Struct, kw_only=True, frozen=True, tag="event", tag_field="kind"):
+    """One bus event: its envelope (``bridge.wire.envelope``) is a complete record."""
+
+    session_id: str
+    event_id: int
+    type: str
+    prompt_id: str | None
+    envelope: bytes
+
+
+class SessionEnded(msgspec.Struct, kw_only=True, frozen=True, tag="end", tag_field="kind"):
+    """``deleted``: the session's journal is removed. Else closed at ``at`` (epoch
+    seconds): kept readable until the retention purge."""
+
+    session_id: str
+    at: float
+    deleted: bool = False
+
+
+JournalRecord = SessionOpened | PromptAccepted | PromptSettled | EventRecord | SessionEnded
+
+
+@dataclasses.dataclass(slots=True)
+class RestoredSession:
+    """One journaled session as start-up finds it."""
+
+    record: SessionOpened
+    events: list[Event]                 # the newest events (at most the ring), in id order
+    last_event_id: int
+    terminals: list[PromptTerminal]     # oldest first
+    unsettled: list[PromptAccepted]     # accepted, never settled, in admission order
+    started: set[str]                   # of those, the ones whose turn had started
+    closed_at: float | None = None
+    gap: bool = False                   # events are missing: a new epoch
+
+
+class SessionJournal(Protocol):
+    durable: bool
+
+    def bind(self, on_events: Callable[[Sequence[EventRecord]], None]) -> None:
+        """``on_events`` gets every committed batch's events, in order (event loop)."""
+
+    def append(self, record: JournalRecord) -> int: ...
+
+    async def wait(self, seq: int) -> None: ...
+
+    async def restore(self) -> list[RestoredSession]: ...
+
+    async def purge(self, closed_before: float) -> int:
+        """Remove the sessions closed before ``closed_before`` (epoch seconds)."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+class MemoryJournal:
+    """Nothing outlives the process: today's behaviour, for embedding and unit tests."""
+
+    durable = False
+
+    def bind(self, on_events: Callable[[Sequence[EventRecord]], None]) -> None:
+        pass
+
+    def append(self, record: JournalRecord) -> int:
+        return 0
+
+    async def wait(self, seq: int) -> None:
+        return None
+
+    async def restore(self) -> list[RestoredSession]:
+        return []
+
+    async def purge(self, closed_before: float) -> int:
+        return 0
+
+    async def aclose(self) -> None:
+        return None
+
+
+RECORD_DECODER = msgspec.msgpack.Decoder(JournalRecord)
+RECORD_ENCODER = msgspec.msgpack.Encoder()
+
+__all__ = ["EventRecord", "JournalRecord", "MemoryJournal", "PromptAccepted", "PromptSettled",
+           "RECORD_DECODER", "RECORD_ENCODER", "RestoredSession", "SessionEnded",
+           "SessionJournal", "SessionOpened"]

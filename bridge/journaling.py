@@ -1,0 +1,110 @@
+"""The journal half of the ``Bridge``: what it records and when readers may see it.
+
+    class Bridge(Journaling, PromptsAPI): ...
+    await bridge._record_session(session, "thread")   # committed, or the session undone
+
+``Bridge`` inherits these; they use what every ``Bridge`` has (``journal``, ``_held``,
+``_sessions``, ``_closed``, ``journal_clock``, ``_drop_session``, ``_close_at_agent``,
+``_tasks``). Contracts (``bridge.journal`` has the seam's):
+
+* A session is journaled from its registration (``_journal_session``: its bus held,
+  its prompts and terminals recorded) unless its origin is unjournaled.
+* Its record is committed before its creation is answered (``_record_session``); a
+  failed commit or a caller that gives up meanwhile undoes the session.
+* Committed events are released to readers per session, in order
+  (``_events_committed``); a bus is forgotten once closed and fully released.
+* A clean stop commits what is queued, then records nothing more
+  (``_stop_journaling``): the sessions it closes come back at the next start.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from bridge.bus import EventBus
+from bridge.journal import SessionEnded, SessionJournal, SessionOpened
+
+if TYPE_CHECKING:
+    import anyio.abc
+
+    from bridge.session import Session
+
+
+class Journaling:
+    journal: SessionJournal
+    journal_clock: Callable[[], float]
+    _held: dict[str, EventBus]
+    _sessions: dict[str, Session]
+    _closed: bool
+
+    def _drop_session(self, session: Session) -> None:
+        raise NotImplementedError   # Bridge's
+
+    async def _close_at_agent(self, session: Session, running: bool) -> None:
+        raise NotImplementedError   # Bridge's
+
+    def _tasks(self) -> anyio.abc.TaskGroup:
+        raise NotImplementedError   # Bridge's
+
+    async def _stop_journaling(self) -> None:
+        """A clean stop: commit what is queued, then record nothing more (the sessions
+        closed by the shutdown stay open in the journal, to be restored)."""
+        if not self.journal.durable:
+            return
+        try:
+            await self.journal.aclose()
+        finally:
+            for bus in list(self._held.values()):
+                bus.hold, bus.sink = False, None
+                bus.release(bus.last_event_id)
+            self._held.clear()
+            for session in self._sessions.values():
+                session.unjournal()
+
+    def _journal_session(self, session: Session) -> None:
+        if self.journal.durable and not self._closed:
+            session.journal_to(self.journal)
+            self._held[session.session_id] = session.bus
+
+    def _events_committed(self, records: Any) -> None:
+        """The journal committed these events: readers may see them now."""
+        last: dict[str, int] = {}
+        for record in records:
+            last[record.session_id] = record.event_id
+        for sid, through in last.items():
+            bus = self._held.get(sid)
+            if bus is None:
+                continue
+            bus.release(through)
+            if bus.closed and bus.released_id >= bus.last_event_id:
+                del self._held[sid]
+
+    async def _commit_record(self, session: Session, seq: int) -> None:
+        """Wait for a session's record; a failed commit, or a caller that gives up
+        meanwhile (cancelled), undoes the session."""
+        try:
+            await self.journal.wait(seq)
+        except BaseException:
+            self._drop_session(session)
+            self._held.pop(session.session_id, None)
+            self._record_end(session, deleted=True)   # whatever of it did land
+            self._tasks().start_soon(self._close_at_agent, session, False)
+            raise
+
+    async def _record_session(self, session: Session, scope: str) -> None:
+        """Commit the session's record before its creation is answered (a durable
+        journal); ``JournalUnavailableError`` (the session undone) when it fails."""
+        if session.journal is not self.journal or not self.journal.durable:
+            return
+        seq = self.journal.append(SessionOpened(
+            session_id=session.session_id, agent=session.agent_name,
+            cwd=session.workspace_cwd, created_at=session.created_at,
+            epoch=session.bus.epoch, scope=scope, forked_from=session.forked_from,
+            origin=session.origin))
+        await self._commit_record(session, seq)
+
+    def _record_end(self, session: Session, *, deleted: bool) -> None:
+        if session.journal.durable:
+            session.journal.append(SessionEnded(session_id=session.session_id,
+                                                at=self.journal_clock(), deleted=deleted))

@@ -1,0 +1,165 @@
+"""Sessions back from the journal at start-up (``Bridge.__aenter__``).
+
+    restored = await restore_sessions(bridge, await journal.restore())
+
+For each journaled session that was not closed, in creation order:
+
+* the bridge side comes back at once: its record (id, agent, cwd, creation time,
+  ``forked_from``), its event ring, last event id and epoch (a new epoch when the
+  journal lost events: readers get ``state_resync_required``, never a silent gap),
+  its prompt terminals;
+* the agent side is restored: ``session/load`` when the agent offers it (its replay
+  is not published again: the journal has the events), else, or when the agent does
+  not know the session, a fresh ``session/new`` under the same id
+  (``acp-server/requestedSessionId``: the reference agent honours it). When neither
+  works the session keeps its readable history and refuses new prompts with
+  ``SessionNotRestorableError`` (``session_not_restorable``);
+* a permission request or elicitation still open is resolved as cancelled (reason
+  ``server_restarted``): the turn that asked is gone;
+* its prompts: the one that was running when the server stopped gets its terminal
+  with ``ServerRestartedError`` (``server_restarted``, policy ``fail``); the queued
+  ones take their slots back and run in their order (or fail with
+  ``session_not_restorable``).
+
+A closed session's prompt terminals are kept for a later cold load. A failure to
+restore one session is logged and never stops the start.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from bridge import events as ev
+from bridge.errors import (
+    AgentError,
+    BridgeError,
+    ServerRestartedError,
+    SessionLimitExceededError,
+    SessionNotRestorableError,
+)
+from bridge.journal import RestoredSession
+from bridge.session import Session
+
+if TYPE_CHECKING:
+    from bridge.bridge import Bridge
+
+log = logging.getLogger("bridge.restore")
+
+REQUESTED_SESSION_ID_META = "acp-server/requestedSessionId"
+RESTARTED = "server_restarted"
+
+
+async def restore_sessions(bridge: Bridge, journaled: list[RestoredSession]) -> list[str]:
+    """Bring ``journaled`` back (see the module docstring); the ids restored live."""
+    restored: list[str] = []
+    for found in journaled:
+        sid = found.record.session_id
+        if found.closed_at is not None:
+            if found.terminals:
+                bridge._closed_terminals[sid] = found.terminals
+            continue
+        if sid in bridge._sessions:
+            continue
+        try:
+            await _restore_one(bridge, found)
+        except Exception:   # noqa: BLE001 - one bad session never stops the start
+            log.exception("session %s: could not be restored", sid)
+            continue
+        restored.append(sid)
+    if restored:
+        log.info("restored %d session(s) from the journal", len(restored))
+    return restored
+
+
+async def _restore_one(bridge: Bridge, found: RestoredSession) -> None:
+    record = found.record
+    sid = record.session_id
+    name = record.agent if record.agent in bridge.agents.names else bridge.agents.default
+    agent = None
+    reason: str | None = None
+    try:
+        agent = await bridge._ensure_agent(name)
+    except BridgeError as exc:
+        reason = f"agent {name!r} did not start: {exc}"
+    session = Session(sid, bridge.workspace_cwd, agent, bridge.options,  # type: ignore[arg-type]
+                      bridge.queue_wait, observer=bridge.observer)
+    session.agent_name = name
+    session.on_cancel = bridge._cancel_questions
+    session.created_at = record.created_at
+    session.forked_from = record.forked_from
+    session.origin = record.origin
+    session.restored = True
+    session.bus.epoch = str(uuid.uuid4()) if found.gap else record.epoch
+    session.bus.restore(found.events, found.last_event_id)
+    session.prompt_terminals.extend(found.terminals)
+    await bridge._tasks().start(session.run)
+    bridge._sessions[sid] = session
+    try:
+        bridge.capacity.take(name)
+        session.holds_slot = True
+    except SessionLimitExceededError:
+        log.warning("session %s restored past the session cap", sid)
+    if record.scope == "single":
+        bridge._default_session_ids.setdefault(name, sid)
+    bridge._journal_session(session)
+    cancel_open_questions(session)
+    if agent is not None:
+        try:
+            session.agent_result = await _restore_at_agent(bridge, session)
+        except Exception as exc:   # noqa: BLE001 - the history stays readable
+            reason = str(exc) or type(exc).__name__
+    if reason is not None:
+        log.warning("session %s: the agent side could not be restored: %s", sid, reason)
+        session.not_restorable = reason
+    for accepted in found.unsettled:
+        pending = session.readmit(accepted)
+        if accepted.prompt_id in found.started:
+            session.fail_restored(pending, ServerRestartedError(accepted.prompt_id))
+        elif reason is not None:
+            session.fail_restored(pending, SessionNotRestorableError(sid, reason))
+
+
+def cancel_open_questions(session: Session) -> None:
+    """Permission requests and elicitations still open at the stop were asked by a turn
+    that is gone: each gets its resolution, cancelled with reason ``server_restarted``
+    (the stream, the console and ``/load`` show it; an answer to it is a 404)."""
+    asked: dict[str, str] = {}
+    for event in session.bus.ring_events():
+        if event.type in (ev.PERMISSION_REQUEST, ev.ELICITATION_REQUEST):
+            asked[event.data.request_id] = event.type
+        elif event.type in (ev.PERMISSION_RESOLVED, ev.ELICITATION_RESOLVED):
+            asked.pop(event.data.request_id, None)
+    sid = session.session_id
+    for request_id, kind in asked.items():
+        if kind == ev.PERMISSION_REQUEST:
+            session.bus.publish(ev.PERMISSION_RESOLVED, ev.PermissionResolved(
+                request_id=request_id, session_id=sid, outcome={"outcome": "cancelled"},
+                reason=RESTARTED))
+        else:
+            session.bus.publish(ev.ELICITATION_RESOLVED, ev.ElicitationResolved(
+                request_id=request_id, session_id=sid, action="cancel", reason=RESTARTED))
+
+
+async def _restore_at_agent(bridge: Bridge, session: Session) -> dict[str, Any]:
+    """``session/load``, else a fresh ``session/new`` under the same id."""
+    sid = session.session_id
+    params: dict[str, Any] = {"cwd": bridge.workspace_cwd, "mcpServers": []}
+    if bridge.agents.capability(session.agent_name, "loadSession"):
+        session.replaying = True
+        try:
+            result = await bridge._agent_request(session.agent, "session/load",
+                                                 {**params, "sessionId": sid})
+            return result if isinstance(result, dict) else {}
+        except AgentError as exc:   # it does not know the session (any more)
+            log.debug("session %s: session/load refused (%s); a new agent session", sid, exc)
+        finally:
+            session.replaying = False
+    result = await bridge._agent_request(session.agent, "session/new", {
+        **params, "_meta": {REQUESTED_SESSION_ID_META: sid}})
+    got = result.get("sessionId") if isinstance(result, dict) else None
+    if not isinstance(got, str) or got.lower() != sid.lower():
+        raise RuntimeError("the agent can neither load the session nor make a new one "
+                           "under its id")
+    return result

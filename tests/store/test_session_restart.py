@@ -1,0 +1,216 @@
+"""Sessions survive ``kill -9`` (issue #23): a real ``acp-server serve`` on SQLite and on
+PostgreSQL, with the reference agent, killed with SIGKILL and started again on the same
+state dir and port.
+
+Every prompt acknowledged with 202 before the kill is accounted for: the one that was
+running fails visibly (``server_restarted``, policy ``fail``), the queued ones run after
+the restart in their order. A reader that reconnects with ``Last-Event-ID`` and
+``X-Qwen-Event-Epoch`` gets exactly the events it missed: no gap, no duplicate, no
+resync. Our SDK's ``DaemonSessionClient`` sees the same across the restart.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+from acp_server.client import DaemonClient
+from acp_server.client.errors import DaemonTurnError
+from acp_server.rest.workspace import workspace_id
+from tests.harness import ServeProcess
+from tests.lmsp import stores
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"   # the client side only; the server is its own process
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _flags(tmp_path: Path, store_name: str) -> list[str]:
+    port = ["--port", str(_free_port())]
+    if store_name == "postgres":
+        return [*port, "--store", stores.postgres_url_for(tmp_path, "sessions"),
+                *stores.lease_flags()]
+    return port
+
+
+def _prompt(text: str) -> dict[str, Any]:
+    return {"prompt": [{"type": "text", "text": text}]}
+
+
+async def read_events(client: httpx.AsyncClient, sid: str, stop: Any, *,
+                      last_event_id: int | None = None, epoch: str | None = None,
+                      timeout: float = 20) -> list[dict[str, Any]]:
+    """SSE envelopes (and control frames) until ``stop(envelope)`` is true."""
+    headers = {}
+    if last_event_id is not None:
+        headers["Last-Event-ID"] = str(last_event_id)
+    if epoch is not None:
+        headers["X-Qwen-Event-Epoch"] = epoch
+    seen: list[dict[str, Any]] = []
+    with anyio.fail_after(timeout):
+        async with client.stream("GET", f"/session/{sid}/events", headers=headers) as response:
+            assert response.status_code == 200, await response.aread()
+            async for line in response.aiter_lines():
+                if line.startswith("data: "):
+                    envelope = json.loads(line[len("data: "):])
+                    seen.append(envelope)
+                    if stop(envelope):
+                        return seen
+    return seen
+
+
+def _is(kind: str, prompt_id: str) -> Any:
+    return lambda e: e["type"] == kind and e.get("promptId") == prompt_id
+
+
+def _ids(events: list[dict[str, Any]]) -> list[int]:
+    return [e["id"] for e in events if e.get("id") is not None]
+
+
+async def test_kill_9_keeps_sessions_prompts_and_cursors(tmp_path: Path, store_name: str) -> None:
+    flags = _flags(tmp_path, store_name)
+    child = ServeProcess(tmp_path, *flags).start()
+    try:
+        async with httpx.AsyncClient(base_url=child.base_url, timeout=10) as client:
+            created = (await client.post("/session", json={"sessionScope": "thread"})).json()
+            sid, epoch = created["sessionId"], created["eventEpoch"]
+            first = (await client.post(f"/session/{sid}/prompt", json=_prompt("hello"))).json()
+            await read_events(client, sid, _is("turn_complete", first["promptId"]),
+                              last_event_id=0)
+            acked = []
+            for text in ("/sleep 30s long", "queued one", "queued two"):
+                answer = await client.post(f"/session/{sid}/prompt", json=_prompt(text))
+                assert answer.status_code == 202
+                acked.append(answer.json()["promptId"])
+            long_id = acked[0]
+            # A reader that saw everything up to the long prompt's echo.
+            before = await read_events(client, sid, lambda e: e.get("promptId") == long_id
+                                       and e["type"] == "session_update", last_event_id=0)
+            cursor = _ids(before)[-1]
+            assert _ids(before) == list(range(1, cursor + 1))
+        child.kill()   # SIGKILL: no drain, no clean stop
+        child.start()
+        async with httpx.AsyncClient(base_url=child.base_url, timeout=10) as client:
+            listed = (await client.get(f"/workspace/{workspace_id(str(tmp_path))}/sessions")
+                      ).json()
+            assert sid in [s["sessionId"] for s in listed["sessions"]]
+            after = await read_events(client, sid, _is("turn_complete", acked[2]),
+                                      last_event_id=cursor, epoch=epoch)
+            assert not [e for e in after if e["type"] == "state_resync_required"]
+            ids = _ids(after)
+            assert ids == list(range(cursor + 1, cursor + 1 + len(ids)))   # no gap, no dup
+            failed = [e for e in after if e["type"] == "turn_error"]
+            assert [(e["promptId"], e["data"]["code"]) for e in failed] == [
+                (long_id, "server_restarted")]
+            done = [e["promptId"] for e in after if e["type"] == "turn_complete"]
+            assert done == acked[1:]   # the queued ones, in their order
+            loaded = (await client.post(f"/session/{sid}/load", json={})).json()
+            terminals = {t["promptId"]: t for t in loaded["promptTerminals"]}
+            assert terminals[long_id]["terminal"] == "failed"
+            assert terminals[long_id]["errorCode"] == "server_restarted"
+            assert all(terminals[p]["terminal"] == "completed" for p in [first["promptId"],
+                                                                          *acked[1:]])
+            assert loaded["eventEpoch"] == epoch
+    finally:
+        child.stop()
+
+
+class _Gate(httpx.AsyncBaseTransport):
+    """A real transport that holds requests while the server is down (``closed``), so a
+    client's reconnects wait for the restart instead of spending their attempts."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+        self.open = anyio.Event()
+        self.open.set()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        await self.open.wait()
+        return await self.inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def test_our_sdk_client_across_a_restart(tmp_path: Path, store_name: str) -> None:
+    """``DaemonClient.prompt`` (our SDK) waiting on a running turn when the server is
+    killed: after the restart on the same URL it resumes its stream by cursor and
+    reports the turn's ``server_restarted`` failure; a queued prompt it sent runs."""
+    child = ServeProcess(tmp_path, *_flags(tmp_path, store_name)).start()
+    gate = _Gate()
+    try:
+        async with DaemonClient(child.base_url, transport=gate) as sdk, \
+                httpx.AsyncClient(base_url=child.base_url) as client:
+            session = await sdk.create_or_attach_session({"sessionScope": "thread"})
+            sid = session.session_id
+            outcome: dict[str, Any] = {}
+
+            async def wait_long() -> None:
+                try:
+                    await sdk.prompt(sid, _prompt("/sleep 60s long")["prompt"])
+                except DaemonTurnError as exc:
+                    outcome["error"] = exc
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(wait_long)
+                await read_events(client, sid, lambda e: e["type"] == "session_update",
+                                  last_event_id=0)   # the long turn is running
+                queued = await sdk.prompt_nonblocking(sid, _prompt("queued")["prompt"])
+                gate.open = anyio.Event()   # reconnects wait for the restart
+                await anyio.to_thread.run_sync(child.kill)
+                await anyio.to_thread.run_sync(child.start)
+                gate.open.set()
+            error = outcome["error"]
+            assert error.code == "server_restarted"
+            events = await read_events(client, sid, _is("turn_complete", queued.prompt_id),
+                                       last_event_id=0)
+            assert [e["data"]["code"] for e in events if e["type"] == "turn_error"] == [
+                "server_restarted"]
+    finally:
+        child.stop()
+
+
+async def test_a_permission_pending_at_the_kill_is_cancelled(tmp_path: Path,
+                                                             store_name: str) -> None:
+    """Policy ``fail``: the turn that asked is gone, so its permission request is
+    resolved as cancelled (``server_restarted``) and the turn fails visibly."""
+    child = ServeProcess(tmp_path, *_flags(tmp_path, store_name)).start()
+    try:
+        async with httpx.AsyncClient(base_url=child.base_url, timeout=10) as client:
+            created = (await client.post("/session", json={"sessionScope": "thread"})).json()
+            sid = created["sessionId"]
+            asked = (await client.post(f"/session/{sid}/prompt",
+                                       json=_prompt("/permission go"))).json()
+            seen = await read_events(client, sid, lambda e: e["type"] == "permission_request",
+                                     last_event_id=0)
+            request_id = seen[-1]["data"]["requestId"]
+        child.kill()
+        child.start()
+        async with httpx.AsyncClient(base_url=child.base_url, timeout=10) as client:
+            after = await read_events(client, sid, _is("turn_error", asked["promptId"]),
+                                      last_event_id=_ids(seen)[-1], epoch=created["eventEpoch"])
+            resolved = [e for e in after if e["type"] == "permission_resolved"]
+            assert [(e["data"]["requestId"], e["data"]["outcome"], e["data"]["reason"])
+                    for e in resolved] == [(request_id, {"outcome": "cancelled"},
+                                            "server_restarted")]
+            vote = await client.post(f"/permission/{request_id}",
+                                     json={"outcome": {"outcome": "selected",
+                                                       "optionId": "allow_once"}})
+            assert vote.status_code == 404
+    finally:
+        child.stop()
