@@ -30,6 +30,7 @@ from starlette.applications import Starlette
 from starlette.routing import BaseRoute
 
 from acp_server.acp_http import ACP_PATH, AcpConfig, ConnectionRegistry
+from acp_server.acp_http import access as acp_access
 from acp_server.acp_http import EXCEPTION_HANDLERS as ACP_HANDLERS
 from acp_server.acp_http import routes as acp_routes
 from acp_server.acp_http.errors import render_refusal as acp_refusal
@@ -40,6 +41,7 @@ from acp_server.http.policy import GuardPolicy
 from acp_server.lmsp import EXCEPTION_HANDLERS as LMSP_HANDLERS
 from acp_server.lmsp import LmspService
 from acp_server.lmsp import routes as lmsp_routes
+from acp_server.lmsp.endpoints import access as lmsp_access
 from acp_server.lmsp.problems import render_refusal as lmsp_refusal
 from acp_server.ops import openapi
 from acp_server.ops.metrics import Metrics
@@ -47,8 +49,10 @@ from acp_server.ops.metrics import routes as metrics_routes
 from acp_server.ops.request_log import AccessRecorder
 from acp_server.rest import PermissionReport, RestConfig, fast_routes
 from acp_server.rest import routes as rest_routes
+from acp_server.rest.access import access as rest_access
 from acp_server.rest.errors import EXCEPTION_HANDLERS as REST_HANDLERS
 from acp_server.rest.errors import render_refusal as rest_refusal
+from acp_server.principals import Gate
 from acp_server.routing import IndexedRouter
 from acp_server.settings import Settings
 from acp_server.web import public_path
@@ -61,13 +65,16 @@ EXCEPTION_HANDLERS = by_prefix([("/lmsp/", LMSP_HANDLERS), (ACP_PATH, ACP_HANDLE
                                 ("", REST_HANDLERS)])
 # The doors as the front layer sees them: refusals in each door's shape, and the door
 # named in logs and metrics.
-DOORS = (Door("/lmsp/", "lmsp", lmsp_refusal), Door(ACP_PATH, "acp", acp_refusal),
-         Door("/metrics", "ops", rest_refusal), Door("/openapi.json", "ops", rest_refusal),
-         Door("", "rest", rest_refusal))
+DOORS = (Door("/lmsp/", "lmsp", lmsp_refusal, lmsp_access),
+         Door(ACP_PATH, "acp", acp_refusal, acp_access),
+         Door("/metrics", "ops", rest_refusal, rest_access),
+         Door("/openapi.json", "ops", rest_refusal, rest_access),
+         Door("", "rest", rest_refusal, rest_access))
 
 
-def guard_policy(settings: Settings) -> GuardPolicy:
-    return GuardPolicy(token=settings.token, health_needs_auth=settings.health_needs_auth,
+def guard_policy(settings: Settings, gate: Gate | None = None) -> GuardPolicy:
+    return GuardPolicy(token=settings.token, gate=gate,
+                       health_needs_auth=settings.health_needs_auth,
                        allow_origins=settings.allow_origins, loopback_bind=settings.loopback,
                        allow_hosts=settings.http.allow_hosts,
                        max_header_bytes=settings.http.max_header_bytes,
@@ -111,19 +118,20 @@ class _App(Starlette):
 
 
 def build_app(settings: Settings, *, bridge: Bridge, acp: ConnectionRegistry,
-              lmsp: LmspService, metrics: Metrics,
+              lmsp: LmspService, metrics: Metrics, gate: Gate | None = None,
               guard_stats: GuardStats | None = None) -> Starlette:
-    """``guard_stats``: the guards' counters (the front layer's and the HTTP
+    """``gate``: the principals' gate (stored tokens, scopes, rate limits);
+    ``guard_stats``: the guards' counters (the front layer's and the HTTP
     server's), reported by ``/daemon/status``."""
     guard_stats = guard_stats if guard_stats is not None else GuardStats()
-    policy = guard_policy(settings)
+    policy = guard_policy(settings, gate)
     # granian cannot cap connections below ASGI: the front layer caps requests in flight
     max_in_flight = settings.max_connections if settings.http.server == "granian" else None
     config = rest_config(settings, guard_stats)
     app = _App(exception_handlers=EXCEPTION_HANDLERS)
     app.router = IndexedRouter(routes=[
         *rest_routes(bridge, config, lmsp_permissions=lmsp_permissions(lmsp),
-                     store=lmsp.store),
+                     store=lmsp.store, gate=gate),
         *metrics_routes(metrics), *openapi.routes(),
         *acp_routes(acp, acp_config(settings, policy)), *lmsp_routes(lmsp),
         *(web_routes() if settings.web else ())])

@@ -47,6 +47,11 @@ from acp_server.connect.cli import add_connect_arguments, run_connect_args
 from acp_server.client.prompt_cli import add_prompt_arguments, run_prompt_args
 from acp_server.client.tasks_cli import add_tasks_arguments, run_tasks_args
 from acp_server.http.serving import ListenError, listen, run_http
+from acp_server.ops.principals_cli import (
+    add_audit_arguments,
+    add_token_arguments,
+    run_principals_args,
+)
 from acp_server.ops.request_log import configure_logging
 from acp_server.server import open_server
 from acp_server.settings import (
@@ -175,6 +180,22 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     serve.add_argument("--store-busy-timeout-ms", default="5000",
                        help="SQLite store: how long a write waits for a lock another process "
                             "holds before it answers 503 (default 5000)")
+    serve.add_argument("--share-sessions", action="store_true",
+                       help="every principal sees every session, task and response (by "
+                            "default each is its creator's; admins see all)")
+    serve.add_argument("--audit-prompts", action="store_true",
+                       help="keep the text of each accepted prompt in the audit log "
+                            "(by default only its id)")
+    serve.add_argument("--audit-retention", default="30d", metavar="DURATION",
+                       help="purge audit records older than this (30d, 12h, seconds; "
+                            "0 = keep forever) (default %(default)s)")
+    serve.add_argument("--rate-limit-prompt", default="10", metavar="N",
+                       help="prompts per minute per stored token, 0 = no limit (default 10)")
+    serve.add_argument("--rate-limit-mutation", default="30", metavar="N",
+                       help="other changes per minute per stored token, 0 = no limit "
+                            "(default 30)")
+    serve.add_argument("--rate-limit-read", default="120", metavar="N",
+                       help="reads per minute per stored token, 0 = no limit (default 120)")
     serve.add_argument("--session-journal", default="store", choices=["store", "memory"],
                        help="where sessions are journaled: store (the default: sessions, "
                             "their events and every accepted prompt survive a restart, in "
@@ -191,6 +212,10 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         "tasks", help="create, get, cancel or watch LMSP async tasks"))
     add_connect_arguments(commands.add_parser(
         "connect", help="be an editor's ACP agent on stdio, relayed to a server's /acp"))
+    add_token_arguments(commands.add_parser(
+        "token", help="create, list or revoke stored bearer tokens (principals)"))
+    add_audit_arguments(commands.add_parser(
+        "audit", help="read the audit log (who did what)"))
     add_conformance_arguments(commands.add_parser(
         "conformance", help="check a server (ours or another) against the backpressure, "
                             "ACP-over-HTTP and LMSP suites"))
@@ -217,6 +242,9 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         lmsp_permissions=args.lmsp_permissions, store_lease_ms=args.store_lease_ms,
         store_renew_ms=args.store_renew_ms, store_poll_ms=args.store_poll_ms,
         store_busy_timeout_ms=args.store_busy_timeout_ms,
+        share_sessions=args.share_sessions, audit_prompts=args.audit_prompts,
+        audit_retention=args.audit_retention, rate_limit_prompt=args.rate_limit_prompt,
+        rate_limit_mutation=args.rate_limit_mutation, rate_limit_read=args.rate_limit_read,
         session_journal=args.session_journal, session_on_restart=args.session_on_restart,
         session_retention_ms=args.session_retention_ms,
         **{flag: getattr(args, flag) for flag in OPTION_FLAGS})
@@ -233,6 +261,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_conformance_args(args)
     if args.command == "connect":
         return run_connect_args(args)
+    if args.command in ("token", "audit"):
+        return run_principals_args(args)
     try:
         settings = settings_from_args(args)
     except SettingsError as exc:

@@ -11,9 +11,10 @@
 ``--model-server``, the store (``--store``), the session journal on it
 (``--session-journal store``, ``acp_server.store.sessions``), the ``Bridge`` and its
 agents (journaled sessions restored before anything is served), the LMSP service on
-the same store (restart recovery runs before anything is served), the ``/acp`` connection registry,
-the metrics, and the ASGI app over them (``acp_server.app.build_app``). It yields a
-``Server`` holding all of them.
+the same store (restart recovery runs before anything is served), the principals on
+that store (``acp_server.principals``: tokens, rate limits, the audit log), the
+``/acp`` connection registry, the metrics, and the ASGI app over them
+(``acp_server.app.build_app``). It yields a ``Server`` holding all of them.
 
 Contracts:
 
@@ -29,7 +30,8 @@ Contracts:
   (the default agent instead of ``settings.agent``), ``lmsp_store`` (an unopened
   ``TaskStore`` instead of ``settings.store_url``), ``lmsp_config``, ``group_commit``,
   ``acp_clock`` (the ``/acp`` registry's clock), ``session_clock`` (the session
-  journal's retention clock, ``Server.purge_sessions``). Everything else comes from
+  journal's retention clock, ``Server.purge_sessions``), ``principals_clock`` (the
+  monotonic clock of the rate limits and the token cache). Everything else comes from
   ``settings``.
 """
 
@@ -54,6 +56,7 @@ from acp_server.store import store_for
 from acp_server.store.sessions import StoreSessionJournal
 from acp_server.store.tasks import TaskStore
 from acp_server.ops.metrics import Metrics
+from acp_server.principals import Gate, Tier, open_principals
 from acp_server.settings import Settings
 from bridge import Bridge
 from bridge.agents.base import AgentFactory
@@ -74,6 +77,7 @@ class Server:
     lmsp: LmspService
     acp: ConnectionRegistry
     metrics: Metrics
+    gate: Gate
     # The connection guard's counters: counted by the HTTP server's guard
     # (acp_server.http.serving), reported by /daemon/status.
     guard_stats: GuardStats
@@ -108,7 +112,9 @@ async def open_server(settings: Settings, *, agent_factory: AgentFactory | None 
                       lmsp_store: TaskStore | None = None,
                       lmsp_config: LmspConfig | None = None, group_commit: bool = True,
                       acp_clock: Clock | None = None,
-                      session_clock: Callable[[], float] | None = None) -> AsyncIterator[Server]:
+                      session_clock: Callable[[], float] | None = None,
+                      principals_clock: Callable[[], float] | None = None
+                      ) -> AsyncIterator[Server]:
     children = ChildRegistry(settings.children_dir)
     children.reap_stale()   # agents that killed earlier runs left behind
     try:
@@ -133,8 +139,16 @@ async def open_server(settings: Settings, *, agent_factory: AgentFactory | None 
                        agents=settings.extra_agents(models, children),
                        journal=journal, journal_clock=session_clock or time.time) as bridge, \
                 open_lmsp(bridge, state_dir=settings.state_dir, store=store, store_open=True,
-                          token=settings.token, max_running_tasks=settings.max_running_tasks,
-                          config=config) as lmsp:
+                          max_running_tasks=settings.max_running_tasks,
+                          config=config) as lmsp, \
+                open_principals(store, bootstrap=settings.token,
+                                limits={k: Tier(v) for k, v in settings.rate_limits.items()},
+                                share_sessions=settings.share_sessions,
+                                audit_prompts=settings.audit_prompts,
+                                audit_retention_s=settings.audit_retention_s,
+                                **({"monotonic": principals_clock} if principals_clock
+                                   else {})) as gate:
+            gate.sessions.is_live = bridge.has_session   # ownership forgets closed first
             acp = ConnectionRegistry(bridge, max_connections=settings.max_acp_connections,
                                      grace_s=settings.acp_reap_grace_s,
                                      clock=acp_clock or MONOTONIC)
@@ -143,8 +157,8 @@ async def open_server(settings: Settings, *, agent_factory: AgentFactory | None 
             metrics.watch_lmsp(lmsp)   # task transitions and the task gauge
             guard_stats = GuardStats()
             app = build_app(settings, bridge=bridge, acp=acp, lmsp=lmsp, metrics=metrics,
-                            guard_stats=guard_stats)
-            server = Server(app, settings, bridge, lmsp, acp, metrics, guard_stats,
+                            gate=gate, guard_stats=guard_stats)
+            server = Server(app, settings, bridge, lmsp, acp, metrics, gate, guard_stats,
                             session_clock or time.time)
             async with anyio.create_task_group() as tg:
                 if bridge.journal.durable:

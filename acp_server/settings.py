@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any
 from acp_server.http.options import HttpOptions
 from acp_server.http.policy import is_loopback
 from acp_server.lmsp.permissions import POLICIES
+from acp_server.principals.model import InvalidPrincipalError
+from acp_server.principals.tokens import parse_duration
 from acp_server.profiles import (
     AgentProfile,
     ProfileError,
@@ -54,6 +56,8 @@ DEFAULT_HEADER_TIMEOUT_MS = 10_000
 DEFAULT_MAX_CONNECTIONS = 2560
 DEFAULT_STORE_LEASE_MS, DEFAULT_STORE_RENEW_MS, DEFAULT_STORE_POLL_MS = 30_000, 10_000, 1_000
 TOKEN_ENV = "ACP_SERVER_TOKEN"
+DEFAULT_AUDIT_RETENTION_S = 30 * 86400
+DEFAULT_RATE_LIMITS = {"prompt": 10, "mutation": 30, "read": 120}   # per minute
 _ORIGIN = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/\s?#]+$")
 
 # CLI flag name -> BridgeOptions field. Values arrive as strings and are parsed by
@@ -145,6 +149,15 @@ class Settings:
     store_poll_ms: int = DEFAULT_STORE_POLL_MS
     # A SQLite store: how long a write waits for another process's lock (then 503).
     store_busy_timeout_ms: int = 5000
+    # Principals (acp_server/principals): sessions, tasks and responses are their
+    # creator's unless shared; the audit log; the rate limits of stored tokens
+    # (requests per minute by class, 0 = no limit; qwen serve's tiers by default).
+    share_sessions: bool = False
+    audit_prompts: bool = False
+    audit_retention_s: float = DEFAULT_AUDIT_RETENTION_S
+    rate_limit_prompt: int = DEFAULT_RATE_LIMITS["prompt"]
+    rate_limit_mutation: int = DEFAULT_RATE_LIMITS["mutation"]
+    rate_limit_read: int = DEFAULT_RATE_LIMITS["read"]
     # The session journal (issue #23): "store" (sessions survive a restart, on the
     # store above) or "memory" (nothing survives); what happens to the prompt that
     # was running at a restart; how long a closed session's journal is kept.
@@ -238,6 +251,13 @@ class Settings:
                                 "Must be a positive number of milliseconds.")
         if not self.lmsp_keepalive_s > 0:
             raise SettingsError(f"Invalid LMSP keep-alive interval: {self.lmsp_keepalive_s!r}.")
+        for klass in DEFAULT_RATE_LIMITS:
+            value = getattr(self, f"rate_limit_{klass}")
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise SettingsError(f"Invalid rate-limit-{klass}: {value!r}. Must be a "
+                                    "non-negative integer (requests per minute; 0 = no limit).")
+        if not (isinstance(self.audit_retention_s, int | float) and self.audit_retention_s >= 0):
+            raise SettingsError(f"Invalid audit-retention: {self.audit_retention_s!r}.")
 
     # -- derived -----------------------------------------------------------------------
     @property
@@ -290,6 +310,11 @@ class Settings:
         return self.store or f"sqlite:///{os.path.join(self.state_dir, 'lmsp.sqlite3')}"
 
     @property
+    def rate_limits(self) -> dict[str, int]:
+        """Requests per minute by class for stored tokens (0 = that class unlimited)."""
+        return {klass: getattr(self, f"rate_limit_{klass}") for klass in DEFAULT_RATE_LIMITS}
+
+    @property
     def children_dir(self) -> str:
         """Where the stdio agent processes of running servers are recorded."""
         return os.path.join(self.state_dir, "agents")
@@ -313,6 +338,11 @@ class Settings:
                    store_renew_ms: str | int = DEFAULT_STORE_RENEW_MS,
                    store_poll_ms: str | int = DEFAULT_STORE_POLL_MS,
                    store_busy_timeout_ms: str | int = 5000,
+                   share_sessions: bool = False, audit_prompts: bool = False,
+                   audit_retention: str | float | None = None,
+                   rate_limit_prompt: str | int = DEFAULT_RATE_LIMITS["prompt"],
+                   rate_limit_mutation: str | int = DEFAULT_RATE_LIMITS["mutation"],
+                   rate_limit_read: str | int = DEFAULT_RATE_LIMITS["read"],
                    session_journal: str = "store", session_on_restart: str = "fail",
                    session_retention_ms: str | int = 7 * 24 * 3600 * 1000,
                    **option_flags: str | None) -> Settings:
@@ -357,6 +387,11 @@ class Settings:
                    store_lease_ms=_number(store_lease_ms), store_renew_ms=_number(store_renew_ms),
                    store_poll_ms=_number(store_poll_ms),
                    store_busy_timeout_ms=_number(store_busy_timeout_ms),
+                   share_sessions=share_sessions, audit_prompts=audit_prompts,
+                   audit_retention_s=_retention(audit_retention),
+                   rate_limit_prompt=_number(rate_limit_prompt),
+                   rate_limit_mutation=_number(rate_limit_mutation),
+                   rate_limit_read=_number(rate_limit_read),
                    session_journal=session_journal, session_on_restart=session_on_restart,
                    session_retention_ms=_number(session_retention_ms),
                    options=build_options(**option_flags))
@@ -364,6 +399,19 @@ class Settings:
 
 def _number(value: str | int) -> Any:
     return parse_number(value) if isinstance(value, str) else value
+
+
+def _retention(value: str | float | None) -> float:
+    """``--audit-retention``: a duration (``30d``, ``12h``, seconds); ``0`` = forever."""
+    if value is None:
+        return DEFAULT_AUDIT_RETENTION_S
+    if isinstance(value, int | float) or str(value).strip() == "0":
+        return float(value)
+    try:
+        return parse_duration(value)
+    except InvalidPrincipalError:
+        raise SettingsError(f"Invalid audit-retention: {value!r}. Use a duration such as "
+                            "30d, 12h or seconds; 0 keeps the log forever.") from None
 
 
 def build_options(**flags: str | None) -> BridgeOptions:

@@ -8,7 +8,9 @@ installed, else ``bench.loadgen``).
 
 * 503 path: a session whose queue (cap 1) is held by a ``/sleep`` prompt; every
   POST is refused with ``prompt_queue_full``; on the shipped server (granian) and on
-  uvicorn.
+  uvicorn; and on granian with a credential: the bootstrap ``--token``, and a stored
+  token (its cache, digest and rate limiter on every request: limits set so high that
+  they never refuse), each sending its own session's prompts.
 * floors: ``bench.floor_server`` (``raw`` callable, ``bare`` route) returning the same
   503 bytes; qwen serve: ``bench.peer_bench``. Each figure is the best of ``ROUNDS``
   rounds that run every server in turn.
@@ -109,15 +111,18 @@ def acp_server(workspace: str, cap: int, probe: str | None = None, *extra: str,
     return served(workspace, "--max-pending-prompts-per-session", str(cap), *extra, knobs=knobs)
 
 
-def load(port: int, path: str, body: str, seconds: float = SECONDS) -> dict:
+def load(port: int, path: str, body: str, seconds: float = SECONDS,
+         headers: dict[str, str] | None = None) -> dict:
     """``CONNECTIONS`` keep-alive connections POSTing ``body`` for ``SECONDS``: ``wrk``
     when installed (a client far cheaper than the server), else ``bench.loadgen``."""
-    result = wrk_load(port, "POST", path, body, seconds, CONNECTIONS)
+    result = wrk_load(port, "POST", path, body, seconds, CONNECTIONS, headers)
     if result is not None:
         return result
     out = subprocess.run([sys.executable, "-m", "bench.loadgen", "--port", str(port),
                           "--method", "POST", "--path", path, "--body", body,
-                          "--seconds", str(seconds), "--connections", str(CONNECTIONS)],
+                          "--seconds", str(seconds), "--connections", str(CONNECTIONS),
+                          *(a for k, v in (headers or {}).items()
+                            for a in ("--header", f"{k}: {v}"))],
                          capture_output=True, text=True, check=True)
     return {**json.loads(out.stdout), "client": "bench.loadgen"}
 
@@ -231,6 +236,31 @@ def refused_503(workspace: str, *extra: str, source: str | None = None) -> dict:
     return result
 
 
+BOOTSTRAP = "bench-bootstrap-token"
+# Limits so high they never refuse: the limiter still runs on every request.
+AUTH_FLAGS = ("--token", BOOTSTRAP, "--rate-limit-prompt", "100000000")
+
+
+def authenticated_503(workspace: str, stored: bool) -> dict:
+    """The 503 path with a credential: the bootstrap token, or a stored token (of the
+    default rate class, so the cache, the digest and the limiter all run)."""
+    headers = {"Authorization": f"Bearer {BOOTSTRAP}"}
+    # a state folder of its own: a stored token makes every later server there need one
+    own = tempfile.mkdtemp(dir=workspace)
+    with acp_server(own, 1, None, "--http-server", SHIPPED, *AUTH_FLAGS) as port:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=headers) as client:
+            if stored:   # a session of its own (another principal's would be 404)
+                created = client.post("/tokens", json={"name": "bench"})
+                assert created.status_code == 201, created.text
+                headers = {"Authorization": f"Bearer {created.json()['token']}"}
+                client.headers.update(headers)
+            sid = create_session(client)
+            client.post(f"/session/{sid}/prompt", json=HOLD)
+        result = load(port, f"/session/{sid}/prompt", PROMPT, headers=headers)
+    assert refused_only(result), result
+    return result
+
+
 def floor(app: str, http: str) -> dict:
     with server(["-m", "bench.floor_server", app, http], "listening on ") as port:
         result = load(port, FLOOR_PATH, PROMPT)
@@ -249,6 +279,8 @@ def floors_and_503(workspace: str) -> dict[str, float]:
         "ours/uvicorn": lambda: refused_503(workspace, "--http-server", "uvicorn"),
         "raw/uvicorn": lambda: floor("raw", "uvicorn"),
         "bare/granian": lambda: floor("bare", "granian"),
+        "auth/bootstrap": lambda: authenticated_503(workspace, stored=False),
+        "auth/stored": lambda: authenticated_503(workspace, stored=True),
     }
     before = os.environ.get("BENCH_BEFORE")
     if before:
@@ -284,6 +316,8 @@ def main() -> list[str]:
            1.0)
     record(f"503 path ({SHIPPED}) / raw ASGI callable on {SHIPPED}",
            ours / rps[f"raw/{SHIPPED}"], 0.7)
+    record(f"503 path ({SHIPPED}), stored token / the same with the bootstrap token",
+           rps["auth/stored"] / rps["auth/bootstrap"], 0.95)
     record(f"503 path ({SHIPPED}) / qwen serve 0.24.4",
            None if qwen is None else ours / qwen["rps"], 10.0,
            note="" if qwen is not None else "qwen serve not runnable here")
@@ -301,6 +335,8 @@ def main() -> list[str]:
             ("bare Starlette route, uvicorn (the floor)", "bare/uvicorn"),
             (f"**acp-server 503 path, {SHIPPED} (shipped)**", f"ours/{SHIPPED}"),
             ("acp-server 503 path, uvicorn", "ours/uvicorn"),
+            (f"acp-server 503 path, {SHIPPED}, bootstrap token", "auth/bootstrap"),
+            (f"acp-server 503 path, {SHIPPED}, stored token", "auth/stored"),
             ("acp-server 503 path before this change (uvicorn)", "before/uvicorn")]
     lines = [
         f"## HTTP ({CONNECTIONS} keep-alive connections, {client} in a separate process, "

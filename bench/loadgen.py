@@ -85,6 +85,7 @@ if __name__ == "__main__":
 WRK_SCRIPT = """wrk.method = "{method}"
 wrk.body = {body}
 wrk.headers["Content-Type"] = "application/json"
+{headers}
 done = function(summary, latency, requests)
   io.write(string.format("STATUS-ERRORS %d %d\\n", summary.errors.status, summary.requests))
 end
@@ -92,7 +93,7 @@ end
 
 
 def wrk_load(port: int, method: str, path: str, body: str, seconds: float,
-             connections: int) -> dict | None:
+             connections: int, headers: dict[str, str] | None = None) -> dict | None:
     """The same load from ``wrk`` (C, one thread) when it is installed, else ``None``:
     a client far cheaper than this one, so the figure is the server's on 2 cores.
     ``statuses`` has ``"non-2xx"`` and ``"2xx"`` counts only (wrk reports no more)."""
@@ -104,7 +105,9 @@ def wrk_load(port: int, method: str, path: str, body: str, seconds: float,
     if wrk is None:
         return None
     with tempfile.NamedTemporaryFile("w", suffix=".lua") as script:
-        script.write(WRK_SCRIPT.format(method=method, body=json.dumps(body)))
+        extra = "\n".join(f"wrk.headers[{json.dumps(k)}] = {json.dumps(v)}"
+                          for k, v in (headers or {}).items())
+        script.write(WRK_SCRIPT.format(method=method, body=json.dumps(body), headers=extra))
         script.flush()
         started_at = time.monotonic()
         out = subprocess.run([wrk, "-t1", f"-c{connections}", f"-d{seconds:g}s", "-s",

@@ -83,6 +83,10 @@ class PermissionMediator:
     def is_pending(self, request_id: str) -> bool:
         return request_id in self._by_id
 
+    def session_of(self, request_id: str) -> str | None:
+        pending = self._by_id.get(request_id)
+        return pending.session.session_id if pending is not None else None
+
     async def request(self, session: Session, params: dict[str, Any]) -> dict[str, Any]:
         """Publish the request, wait for the first valid vote; returns ``{"outcome": ...}``."""
         if session.closing or self.count(session) >= MAX_PENDING_PER_SESSION:

@@ -123,6 +123,10 @@ class PromptsAPI:
         """The permission request ``request_id`` still waits for a vote."""
         return self.permissions.is_pending(request_id)
 
+    def permission_session(self, request_id: str) -> str | None:
+        """The session of the pending permission request ``request_id``, else ``None``."""
+        return self.permissions.session_of(request_id)
+
     def elicitation_pending(self, request_id: str) -> bool:
         """The elicitation ``request_id`` still waits for an answer."""
         return self.elicitations.is_pending(request_id)

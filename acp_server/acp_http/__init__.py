@@ -26,10 +26,21 @@ from acp_server.acp_http.registry import ConnectionRegistry
 from acp_server.acp_http.streamable import acp_endpoint
 from acp_server.acp_http.websocket import acp_websocket
 from acp_server.http.endpoints import route, websocket_route
+from acp_server.principals.model import OPEN, PER_MESSAGE, READING, Access
 
 ACP_PATH = "/acp"
 
-__all__ = ["ACP_PATH", "EXCEPTION_HANDLERS", "AcpConfig", "ConnectionRegistry", "routes"]
+__all__ = ["ACP_PATH", "EXCEPTION_HANDLERS", "AcpConfig", "ConnectionRegistry", "access",
+           "routes"]
+
+
+def access(method: str, path: str) -> Access:
+    """What an ``/acp`` request needs of its principal, before its message is read: a
+    stream (GET) needs ``read``; closing a connection (DELETE) nothing; a POST is
+    decided per JSON-RPC message (``dispatch.message_access``)."""
+    if method == "GET":
+        return READING
+    return PER_MESSAGE if method == "POST" else OPEN
 
 
 def routes(registry: ConnectionRegistry, config: AcpConfig,

@@ -68,6 +68,7 @@ from acp_server.acp_http.errors import (  # noqa: F401 - re-exported
     encode_bridge_error,
 )
 from acp_server.acp_http.frames import Frame
+from acp_server.principals import LOCAL_CALLER, Caller
 from bridge import Bridge, PromptTicket, Subscription, Wakeup
 from bridge import events as ev
 from bridge.errors import BridgeError, SessionNotFoundError
@@ -126,7 +127,10 @@ class SessionChannel:
     # -- subscription ------------------------------------------------------------------
     def subscribe(self, last_event_id: int | None = None, epoch: str | None = None) -> bool:
         """(Re)subscribe to the session bus; ``False`` if the bridge has no such session.
-        Raises ``SubscriberLimitExceededError`` at the bus's subscriber cap."""
+        Raises ``SubscriberLimitExceededError`` at the bus's subscriber cap. Another
+        principal's session is no session (``Caller.sees_session``)."""
+        if not self.conn.caller.sees_session(self.session_id):
+            return False
         try:
             subscription = self.conn.bridge.subscribe(
                 self.session_id, last_event_id=last_event_id, epoch=epoch, wakeup=self.ready)
@@ -353,6 +357,8 @@ class AcpConnection:
         self.in_flight: dict[tuple[type, RpcId], anyio.CancelScope] = {}
         # Set by a WebSocket while attached: called for every new channel.
         self.on_channel: Callable[[SessionChannel], None] | None = None
+        # Who opened it (``initialize``): only the same principal may use it.
+        self.caller: Caller = LOCAL_CALLER
 
     def replies_full(self) -> bool:
         """``REPLY_BUFFER_BYTES`` or more wait in this connection's buffers."""
@@ -393,12 +399,17 @@ class AcpConnection:
     # -- session channels ------------------------------------------------------------
     def channel(self, session_id: str) -> SessionChannel:
         """This connection's channel for ``session_id``, created (and subscribed when
-        the bridge knows the session) on first use. Raises ``ChannelLimitError``, or
-        ``ConnectionClosedError`` once closed (a late reply must not subscribe)."""
+        the bridge knows the session) on first use. Raises ``ChannelLimitError``,
+        ``ConnectionClosedError`` once closed (a late reply must not subscribe), or
+        ``SessionNotFoundError`` for another principal's session."""
         if self.closed:
             raise ConnectionClosedError(self.id)
         channel = self.channels.get(session_id)
         if channel is None:
+            if not self.caller.sees_session(session_id) and (
+                    self.bridge.has_session(session_id)
+                    or self.caller.gate.sessions.owner(session_id) is not None):
+                raise SessionNotFoundError(session_id)   # another principal's: 404
             if len(self.channels) >= MAX_CHANNELS_PER_CONNECTION:
                 raise ChannelLimitError(MAX_CHANNELS_PER_CONNECTION)
             channel = self.channels[session_id] = SessionChannel(self, session_id)

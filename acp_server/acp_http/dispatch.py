@@ -68,6 +68,8 @@ from acp_server.acp_http.errors import (  # noqa: F401 - re-exported for the rou
     RequestCancelledError,
     encode_bridge_error,
 )
+from acp_server.principals import Denial
+from acp_server.principals.model import INFO, MUTATING, PROMPTING, READING, Access
 from bridge import Bridge
 from bridge.errors import (
     BridgeError,
@@ -77,9 +79,11 @@ from bridge.errors import (
     SessionNotFoundError,
 )
 from bridge.jsonrpc import (
+    INVALID_REQUEST,
     UNSET,
     Message,
     decode_value,
+    encode_error,
     encode_result,
 )
 from acp_server.acp_http.elicitation import answer_elicitation, offers_elicitation
@@ -142,6 +146,68 @@ def _cwd(params: dict[str, Any]) -> str | None:
     return cwd
 
 
+# -- principals ---------------------------------------------------------------------------
+READ_METHODS = frozenset({"session/list"})
+INFO_METHODS = frozenset({"initialize", "authenticate", "logout"})
+
+
+def message_access(msg: Message) -> Access:
+    """What one JSON-RPC message needs of its principal: ``session/prompt`` is a
+    prompt; ``session/list`` a read; ``initialize``, ``authenticate`` and ``logout``
+    any credential; everything else (new, load, resume, fork, cancel, close, delete,
+    set_*, permission votes, answers to the agent's requests, methods passed to the
+    agent) a mutation that needs ``prompt``."""
+    method = msg.method
+    if not isinstance(method, str):   # a response: an answer to a permission request
+        return MUTATING
+    if method == "session/prompt":
+        return PROMPTING
+    if method in READ_METHODS:
+        return READING
+    return INFO if method in INFO_METHODS else MUTATING
+
+
+# Methods that name no session of their own (or only through this connection's
+# requests), and those that may restore a session nobody holds.
+UNSCOPED = frozenset({"initialize", "authenticate", "logout", "session/new", "session/list",
+                      "session/permission", "$/cancel_request"})
+RESTORING = frozenset({"session/load", "session/resume"})
+
+
+def check_owner(conn: AcpConnection, method: str, params: dict[str, Any]) -> None:
+    """Another principal's session is no session here (``SessionNotFoundError``, as an
+    unknown id): checked before the method runs and before a reply channel is opened.
+    A load or resume may restore a session no principal is known to own."""
+    if method in UNSCOPED:
+        return
+    sid = params.get("sessionId")
+    if not isinstance(sid, str):
+        return
+    caller = conn.caller
+    if caller.sees_session(sid):
+        return
+    if method in RESTORING and caller.gate.sessions.owner(sid) is None \
+            and not conn.bridge.has_session(sid):
+        return
+    raise SessionNotFoundError(sid)
+
+
+def _claim(conn: AcpConnection, session_id: str, how: str, agent: str | None = None,
+           **detail: Any) -> None:
+    """The connection's principal made (or restored) the session; a restore raced and
+    lost to another principal is 404."""
+    if not conn.caller.claim_session(session_id):
+        raise SessionNotFoundError(session_id)
+    conn.caller.record("session.created", session_id, how=how, agent=agent, **detail)
+
+
+def denial_error(rpc_id: RpcId, denial: Denial) -> bytes:
+    """A 403 / 429 of the principals as a JSON-RPC error (``data.errorKind``: its code,
+    with ``requiredScope`` or ``tier`` and ``retryAfterMs``)."""
+    return encode_error(rpc_id, INVALID_REQUEST, denial.message,
+                        {"errorKind": denial.code, **dict(denial.extra)})
+
+
 # -- initialize -------------------------------------------------------------------------
 def initialize_result(bridge: Bridge, params: dict[str, Any], connection_id: str) -> dict[str, Any]:
     """Protocol version ``min(requested, 1)``; the agent's capabilities once the
@@ -182,6 +248,7 @@ async def _session_new(conn: AcpConnection, rpc_id: RpcId, params: dict[str, Any
     agent = meta_value(params, AGENT_META, str)
     info = await conn.bridge.create_session(cwd=_cwd(params), agent=agent,
                                             origin=session_origin(params.get("_meta")))
+    _claim(conn, info.session_id, "new", agent)
     if not info.attached:
         conn.own(info.session_id)
     conn.channel(info.session_id)
@@ -196,9 +263,10 @@ async def _session_load(conn: AcpConnection, rpc_id: RpcId, params: dict[str, An
     only what follows it (see the module docstring)."""
     sid = _session_id(params)
     cursor = cursor_param(params)
-    info = await conn.bridge.load_session(sid, cwd=_cwd(params),
-                                          agent=meta_value(params, AGENT_META, str))
+    agent = meta_value(params, AGENT_META, str)
+    info = await conn.bridge.load_session(sid, cwd=_cwd(params), agent=agent)
     if not info.attached:   # restored by this connection: it made it
+        _claim(conn, sid, "load", agent)
         conn.own(sid)
     result = {k: v for k, v in info.agent_result.items() if k != "sessionId"}
     if cursor is not None:
@@ -214,9 +282,10 @@ async def _session_load(conn: AcpConnection, rpc_id: RpcId, params: dict[str, An
 async def _session_resume(conn: AcpConnection, rpc_id: RpcId, params: dict[str, Any]) -> Any:
     sid = _session_id(params)
     cursor = cursor_param(params)
-    info = await conn.bridge.resume_session(sid, cwd=_cwd(params),
-                                            agent=meta_value(params, AGENT_META, str))
+    agent = meta_value(params, AGENT_META, str)
+    info = await conn.bridge.resume_session(sid, cwd=_cwd(params), agent=agent)
     if not info.attached:
+        _claim(conn, sid, "resume", agent)
         conn.own(sid)
     if cursor is not None:
         return with_events_meta({}, await replay_after(conn, info, cursor))
@@ -226,9 +295,10 @@ async def _session_resume(conn: AcpConnection, rpc_id: RpcId, params: dict[str, 
 
 async def _session_list(conn: AcpConnection, rpc_id: RpcId, params: dict[str, Any]) -> Any:
     cwd = _cwd(params)
+    sees = conn.caller.sees_session
     sessions = [{"sessionId": s.session_id, "cwd": s.workspace_cwd}
                 for s in conn.bridge.list_sessions()
-                if cwd is None or s.workspace_cwd == cwd]
+                if (cwd is None or s.workspace_cwd == cwd) and sees(s.session_id)]
     return {"sessions": sessions}
 
 
@@ -258,6 +328,7 @@ async def _session_prompt(conn: AcpConnection, rpc_id: RpcId, params: dict[str, 
         channel.prompts.pop(ticket.prompt_id, None)
         channel.detached.discard(ticket.prompt_id)
         raise
+    conn.caller.prompt_accepted(sid, ticket.prompt_id, prompt, "acp")
     return DEFERRED
 
 
@@ -269,12 +340,16 @@ async def _after_its_events(conn: AcpConnection, channel: Any) -> None:
 
 
 async def _session_cancel(conn: AcpConnection, rpc_id: RpcId, params: dict[str, Any]) -> Any:
-    await conn.bridge.cancel_session(_session_id(params))
+    sid = _session_id(params)
+    await conn.bridge.cancel_session(sid)
+    conn.caller.record("session.cancelled", sid)
     return {}
 
 
 async def _session_close(conn: AcpConnection, rpc_id: RpcId, params: dict[str, Any]) -> Any:
-    await conn.bridge.close_session(_session_id(params), closed_by=conn.id)
+    sid = _session_id(params)
+    await conn.bridge.close_session(sid, closed_by=conn.id)
+    conn.caller.record("session.closed", sid)
     return {}
 
 
@@ -297,6 +372,7 @@ async def _session_permission(conn: AcpConnection, rpc_id: RpcId,
         raise PermissionNotFoundError(request_id, given if isinstance(given, str) else None)
     conn.bridge.respond_to_permission(request_id, outcome, session_id=session_id)
     conn.pending_requests.pop(request_id, None)
+    conn.caller.permission_answered(session_id, request_id, outcome, "acp")
     return {}
 
 
@@ -351,6 +427,7 @@ async def _session_delete(conn: AcpConnection, rpc_id: RpcId, params: dict[str, 
         await bridge.forward(sid, "session/delete", {"sessionId": sid})
     with contextlib.suppress(SessionNotFoundError):
         await bridge.close_session(sid, reason="deleted", closed_by=conn.id)
+        conn.caller.record("session.closed", sid, how="delete")
     return {}
 
 
@@ -359,6 +436,7 @@ async def _session_fork(conn: AcpConnection, rpc_id: RpcId, params: dict[str, An
     sid = _session_id(params)
     conn.bridge.check_workspace(_cwd(params))
     info = await conn.bridge.branch_session(sid)
+    _claim(conn, info.session_id, "branch", forked_from=sid)
     conn.channel(info.session_id)
     return {**info.agent_result, "sessionId": info.session_id}
 
@@ -442,6 +520,12 @@ async def dispatch(conn: AcpConnection, msg: Message, params: dict[str, Any]) ->
     assert isinstance(method, str)
     rpc_id: RpcId = None if msg.id is UNSET else msg.id
     is_request = msg.id is not UNSET
+    try:
+        check_owner(conn, method, params)
+    except SessionNotFoundError as exc:
+        if is_request:
+            conn.push(encode_bridge_error(rpc_id, exc))
+        return
     target = _reply_target(conn, method, params)
     handler = METHODS.get(method) or V1_METHODS.get(method) or _other(method, is_request)
     try:
@@ -482,6 +566,7 @@ def answer_agent_request(conn: AcpConnection, msg: Message) -> None:
             outcome = found
     try:
         conn.bridge.respond_to_permission(request_id, outcome, session_id=session_id)
+        conn.caller.permission_answered(session_id, request_id, outcome, "acp")
     except InvalidPermissionOptionError:
         conn.expect_answer(request_id, session_id)   # still pending: may be answered again
         log.info("acp %s: invalid permission option for %s", conn.id, request_id)

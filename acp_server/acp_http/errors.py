@@ -213,4 +213,4 @@ def render_refusal(refusal: Refusal) -> tuple[bytes, bytes]:
     return b"application/json", msgspec.json.encode({
         "jsonrpc": "2.0", "id": None, "error": {
             "code": INVALID_REQUEST, "message": refusal.message,
-            "data": {"errorKind": refusal.code}}})
+            "data": {"errorKind": refusal.code, **dict(refusal.extra)}}})

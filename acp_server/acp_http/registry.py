@@ -41,6 +41,7 @@ from typing import Protocol
 import anyio
 
 from acp_server.acp_http.connection import AcpConnection
+from acp_server.principals import Caller
 from bridge import Bridge
 from bridge.errors import BridgeError
 
@@ -91,13 +92,16 @@ class ConnectionRegistry:
         self.reaped = 0
         self._shutdown = anyio.Event()
 
-    def create(self, connection_id: str | None = None, *, websocket: bool = False) -> AcpConnection:
+    def create(self, connection_id: str | None = None, *, websocket: bool = False,
+               caller: Caller | None = None) -> AcpConnection:
         if len(self.connections) >= self.max_connections:
             self.sweep()
         if len(self.connections) >= self.max_connections:
             raise ConnectionCapError(self.max_connections)
         conn = AcpConnection(connection_id or str(uuid.uuid4()), self.bridge, websocket=websocket,
                              clock=self.clock.now)
+        if caller is not None:
+            conn.caller = caller
         self.connections[conn.id] = conn
         return conn
 

@@ -9,6 +9,11 @@ as ``qwen serve`` 0.24.4 serves it).
 
 Status rules (each answer with a JSON-RPC error body unless noted):
 
+* Principals: the message's needs (``dispatch.message_access``) are checked first: a
+  scope the credential lacks → 403, its rate limit → 429 with ``Retry-After`` (a
+  JSON-RPC error, ``data.errorKind`` ``forbidden`` / ``rate_limit_exceeded``). A
+  connection is its opener's: another principal naming it gets 404, as for an
+  unknown one.
 * POST: ``Content-Type`` not ``application/json`` → 415; a batch array → 501
   ``{"error": ...}``; malformed JSON → 400 ``-32700``; not JSON-RPC 2.0 → 400
   ``-32600``; body over ``max_body_bytes`` → 413. ``initialize`` → 200 with the
@@ -42,9 +47,11 @@ from acp_server.acp_http.dispatch import (
     HEADER_REQUIRED,
     InvalidParamsError,
     answer_agent_request,
+    denial_error,
     dispatch,
     encode_bridge_error,
     initialize_connection,
+    message_access,
     request_params,
 )
 from acp_server.acp_http.config import AcpConfig
@@ -53,7 +60,8 @@ from acp_server.acp_http.streams import FrameStream
 from acp_server.http import body
 from acp_server.http.body import BodyError, check_json
 from acp_server.http.headers import event_epoch, last_event_id
-from bridge.errors import BridgeError
+from acp_server.principals import caller_of
+from bridge.errors import BridgeError, SessionNotFoundError
 from bridge.jsonrpc import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
@@ -89,11 +97,12 @@ def _rpc_error(status: int, rpc_id: Any, code: int, message: str,
 
 def _connection(request: Request, registry: ConnectionRegistry,
                 rpc_id: Any = None) -> AcpConnection | Response:
+    """The connection the request names; another principal's is unknown (404)."""
     connection_id = request.headers.get(CONNECTION_HEADER)
     if not connection_id:
         return _rpc_error(400, rpc_id, INVALID_REQUEST, "Missing Acp-Connection-Id")
     conn = registry.get(connection_id)
-    if conn is None:
+    if conn is None or conn.caller.name != caller_of(request.scope).name:
         return _rpc_error(404, rpc_id, INVALID_REQUEST, "Unknown Acp-Connection-Id")
     return conn
 
@@ -140,6 +149,10 @@ async def post_acp(request: Request, registry: ConnectionRegistry,
     if isinstance(msg, Response):
         return msg
     rpc_id = None if msg.is_notification or msg.id is msgspec.UNSET else msg.id
+    denial = caller_of(request.scope).check(message_access(msg))
+    if denial is not None:   # a scope it lacks (403), its rate limit (429)
+        return _json(denial.status, denial_error(rpc_id, denial),
+                     {k.decode(): v.decode() for k, v in denial.headers})
     try:
         params = request_params(msg) if not msg.is_response else {}
     except InvalidParamsError as exc:
@@ -182,7 +195,7 @@ def _initialize(request: Request, registry: ConnectionRegistry, msg: Message,
         return _rpc_error(400, rpc_id, INVALID_REQUEST,
                           "initialize must not carry Acp-Connection-Id")
     try:
-        conn = registry.create()
+        conn = registry.create(caller=caller_of(request.scope))
     except ConnectionCapError as exc:
         return _rpc_error(503, rpc_id, INTERNAL_ERROR, str(exc), {"Retry-After": "5"})
     result = initialize_connection(registry.bridge, conn, params)
@@ -211,6 +224,8 @@ async def get_acp(request: Request, registry: ConnectionRegistry,
         channel = conn.channel(session_id)
         if not channel.reader_attached:
             _rewind(request, channel)
+    except SessionNotFoundError as exc:   # another principal's session
+        return _json(404, encode_bridge_error(None, exc))
     except BridgeError as exc:   # the bus's subscriber cap, or too many session streams
         return _json(429, encode_bridge_error(None, exc), {"Retry-After": "5"})
     release = _attach(conn, channel, "Session")

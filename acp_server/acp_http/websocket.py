@@ -7,7 +7,11 @@
 Contracts:
 
 * One JSON-RPC message per text frame, both ways; binary frames are ignored; a
-  batch, malformed JSON or a non-JSON-RPC message gets an error frame.
+  batch, malformed JSON or a non-JSON-RPC message gets an error frame. So does a
+  message its principal may not send (a scope it lacks, its rate limit:
+  ``dispatch.message_access``, ``data.errorKind`` ``forbidden`` /
+  ``rate_limit_exceeded``); the socket stays open. Revoking the credential closes
+  the socket with 1008.
 * The first message must be ``initialize`` and must arrive within
   ``INITIALIZE_TIMEOUT_S`` (30 s), else the socket closes with 1002. Past the
   connection cap the answer is the ``-32603`` error frame, then close 1013.
@@ -37,8 +41,10 @@ from acp_server.acp_http.connection import AcpConnection, SessionChannel
 from acp_server.acp_http.dispatch import (
     InvalidParamsError,
     answer_agent_request,
+    denial_error,
     dispatch,
     initialize_connection,
+    message_access,
     request_params,
 )
 from acp_server.acp_http.registry import ConnectionCapError, ConnectionRegistry
@@ -47,6 +53,7 @@ from acp_server.acp_http.streams import FrameSource
 from acp_server.http.body import BodyError, check_json
 from acp_server.acp_http.errors import render_refusal
 from acp_server.http.policy import BEARER_PROTOCOL, GuardPolicy, Refusal
+from acp_server.principals import Caller, caller_of
 from bridge.jsonrpc import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
@@ -76,10 +83,11 @@ def _protocols(ws: WebSocket) -> list[str]:
     return [p.strip() for p in header.split(",") if p.strip()]
 
 
-def handshake_refusal(ws: WebSocket, policy: GuardPolicy) -> Refusal | None:
+async def handshake_refusal(ws: WebSocket, policy: GuardPolicy) -> Refusal | None:
     """The shared guard's answer to this handshake (``GuardPolicy.check``: Host, Origin,
-    the token or the bearer subprotocol, loopback only without a token)."""
-    return policy.check(ws.scope)
+    the credential or the bearer subprotocol, loopback only without one; a stored
+    token not cached is looked up, ``check_async``)."""
+    return await policy.check_async(ws.scope)
 
 
 async def refuse_handshake(ws: WebSocket, refusal: Refusal) -> None:
@@ -113,7 +121,7 @@ class _Socket:
 async def acp_websocket(ws: WebSocket, *, registry: ConnectionRegistry,
                         config: AcpConfig) -> None:
     """``/acp`` over one WebSocket; the registry holds the connection (and the bridge)."""
-    refusal = handshake_refusal(ws, config.guard)
+    refusal = await handshake_refusal(ws, config.guard)
     if refusal is not None:
         await refuse_handshake(ws, refusal)
         return
@@ -123,16 +131,25 @@ async def acp_websocket(ws: WebSocket, *, registry: ConnectionRegistry,
                     headers=[(b"acp-connection-id", connection_id.encode())])
     socket = _Socket(ws)
     limit = config.max_body_bytes
-    conn = await _handshake(ws, socket, connection_id, registry, limit)
+    caller = caller_of(ws.scope)
+    conn = await _handshake(ws, socket, connection_id, registry, limit, caller)
     if conn is None:
         return
     try:
-        async with anyio.create_task_group() as tg:
-            conn.stream_opened()
-            tg.start_soon(_forward, conn, socket)
-            conn.on_channel = lambda channel: _attach_channel(tg, channel, socket)
-            await _receive_loop(ws, socket, conn, tg, limit)
-            tg.cancel_scope.cancel()
+        # a revoked token ends the socket (1008) within about a second
+        with caller.gate.streams.hold(caller.principal.token_id) as held:
+            async with anyio.create_task_group() as tg:
+                conn.stream_opened()
+                tg.start_soon(_forward, conn, socket)
+                conn.on_channel = lambda channel: _attach_channel(tg, channel, socket)
+                await _receive_loop(ws, socket, conn, tg, limit)
+                tg.cancel_scope.cancel()
+        if held.cancelled_caught and ws.client_state == WebSocketState.CONNECTED:
+            with anyio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
+                try:
+                    await ws.close(code=1008, reason="credential revoked")
+                except (RuntimeError, OSError):
+                    pass
     finally:
         conn.on_channel = None
         conn.stream_closed()
@@ -149,7 +166,8 @@ async def acp_websocket(ws: WebSocket, *, registry: ConnectionRegistry,
 
 
 async def _handshake(ws: WebSocket, socket: _Socket, connection_id: str,
-                     registry: ConnectionRegistry, limit: int) -> AcpConnection | None:
+                     registry: ConnectionRegistry, limit: int,
+                     caller: Caller) -> AcpConnection | None:
     """Wait for ``initialize``; answer it. ``None`` when the socket was closed instead."""
     text: str | None = None
     with anyio.move_on_after(INITIALIZE_TIMEOUT_S):
@@ -169,8 +187,13 @@ async def _handshake(ws: WebSocket, socket: _Socket, connection_id: str,
     if msg is None or msg.method != "initialize" or msg.id is UNSET:
         await ws.close(code=1002, reason="first message must be initialize")
         return None
+    denial = caller.check(message_access(msg))
+    if denial is not None:
+        await socket.send(denial_error(msg.id, denial))
+        await ws.close(code=1008, reason=denial.code)
+        return None
     try:
-        conn = registry.create(connection_id, websocket=True)
+        conn = registry.create(connection_id, websocket=True, caller=caller)
     except ConnectionCapError as exc:
         await socket.send(encode_error(msg.id, INTERNAL_ERROR, str(exc)))
         await ws.close(code=1013, reason="too many connections")
@@ -227,6 +250,11 @@ async def _receive_loop(ws: WebSocket, socket: _Socket, conn: AcpConnection,
             return
         msg = await _decode(text, socket)
         if msg is None:
+            continue
+        denial = conn.caller.check(message_access(msg))
+        if denial is not None:   # 403 / 429 as an error frame; the socket stays open
+            if msg.is_request:
+                await socket.send(denial_error(msg.id, denial))
             continue
         if msg.is_response:
             answer_agent_request(conn, msg)

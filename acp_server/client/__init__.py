@@ -16,7 +16,9 @@ Works under asyncio and trio. Modules: ``daemon`` (``DaemonClient``), ``session`
 from __future__ import annotations
 
 from acp_server.client.daemon import DaemonClient, prompt_body
-from acp_server.client.errors import (DaemonConnectionError, DaemonError, DaemonHttpError,
+from acp_server.client.errors import (DaemonConnectionError, DaemonError, DaemonForbiddenError,
+                                      DaemonHttpError, DaemonRateLimitError,
+                                      DaemonUnauthorizedError,
                                       DaemonPendingPromptLimitError, DaemonProtocolError,
                                       DaemonSessionIdProtocolError, DaemonStreamEndedError,
                                       DaemonStreamError, DaemonTurnError)
@@ -25,8 +27,9 @@ from acp_server.client.reservations import (DEFAULT_MAX_PENDING_PROMPTS_PER_SESS
                                             PromptReservations, Reservation,
                                             normalize_pending_prompt_limit)
 from acp_server.client.session import DaemonSessionClient
-from acp_server.client.tasks import (EventHistoryExpiredError, LmspProblem, Task, TaskClient,
-                                     TaskEvent, TaskNotCancelableError, TaskNotFoundError)
+from acp_server.client.tasks import (EventHistoryExpiredError, ForbiddenError, LmspProblem,
+                                     RateLimitedError, Task, TaskClient, TaskEvent,
+                                     TaskNotCancelableError, TaskNotFoundError, UnauthorizedError)
 from acp_server.client.wire import (Capabilities, CreateSessionRequest, DaemonEvent, Limits,
                                     PromptAccepted, PromptRequest, PromptResult, RestoreRequest,
                                     SessionInfo)
@@ -39,20 +42,25 @@ __all__ = [
     "DaemonConnectionError",
     "DaemonError",
     "DaemonEvent",
+    "DaemonForbiddenError",
     "DaemonHttpError",
     "DaemonPendingPromptLimitError",
     "DaemonProtocolError",
+    "DaemonRateLimitError",
     "DaemonSessionClient",
     "DaemonSessionIdProtocolError",
     "DaemonStreamEndedError",
     "DaemonStreamError",
     "DaemonTurnError",
+    "DaemonUnauthorizedError",
     "EventHistoryExpiredError",
+    "ForbiddenError",
     "Limits",
     "LmspProblem",
     "PromptAccepted",
     "PromptRequest",
     "PromptReservations",
+    "RateLimitedError",
     "PromptResult",
     "Reservation",
     "RestoreRequest",
@@ -63,6 +71,7 @@ __all__ = [
     "TaskEvent",
     "TaskNotCancelableError",
     "TaskNotFoundError",
+    "UnauthorizedError",
     "match_turn_event",
     "normalize_pending_prompt_limit",
     "prompt_body",

@@ -4,13 +4,16 @@
         await client.prompt(session_id, "hello")
     except DaemonPendingPromptLimitError as exc:     # local cap, or the server's 503
         print(exc.session_id, exc.pending_count, exc.limit)
+    except DaemonForbiddenError as exc:              # 403: a scope the token lacks
+        print(exc.required_scope)
     except DaemonHttpError as exc:                   # any other non-2xx answer
         print(exc.status, exc.code, exc.body)
 
 Contracts: every error derives from ``DaemonError``. ``DaemonPendingPromptLimitError``
 takes ``(session_id, limit, pending_count)`` in that order (the SDK's order, not the
 bridge's). ``DaemonHttpError.body`` is the decoded JSON body when it was JSON, else
-the text (possibly empty).
+the text (possibly empty); 401, 403 and the rate limits' 429 are its subclasses
+``DaemonUnauthorizedError``, ``DaemonForbiddenError``, ``DaemonRateLimitError``.
 """
 
 from __future__ import annotations
@@ -60,6 +63,46 @@ class DaemonHttpError(DaemonError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.status, self.body, self.message))
+
+
+class DaemonUnauthorizedError(DaemonHttpError):
+    """401: no credential, or one the server refused (unknown, wrong, revoked or
+    expired: the server does not say which)."""
+
+
+class DaemonForbiddenError(DaemonHttpError):
+    """403: the credential lacks a scope (``required_scope``: ``read``, ``prompt`` or
+    ``admin``), or the server refused the client (its Origin, or a non-loopback
+    client of a server without credentials)."""
+
+    @property
+    def required_scope(self) -> str | None:
+        scope = self.body.get("requiredScope") if isinstance(self.body, dict) else None
+        return scope if isinstance(scope, str) else None
+
+
+class DaemonRateLimitError(DaemonHttpError):
+    """429 ``rate_limit_exceeded``: this credential's rate limit for ``tier``
+    (``prompt``, ``mutation``, ``read``); retry after ``retry_after_s``."""
+
+    @property
+    def tier(self) -> str | None:
+        tier = self.body.get("tier") if isinstance(self.body, dict) else None
+        return tier if isinstance(tier, str) else None
+
+    @property
+    def retry_after_s(self) -> float | None:
+        value = self.body.get("retryAfterMs") if isinstance(self.body, dict) else None
+        return value / 1000 if isinstance(value, int | float) else None
+
+
+def hint(status: int, required_scope: str | None = None) -> str:
+    """What a person should do about a 401 / 403 (the CLIs print it), else ``""``."""
+    if status == 401:
+        return " (check --token / $ACP_SERVER_TOKEN: missing, wrong, revoked or expired)"
+    if status == 403 and required_scope:
+        return f" (ask an admin for a token with the {required_scope!r} scope)"
+    return ""
 
 
 class DaemonTurnError(DaemonHttpError):
@@ -150,7 +193,12 @@ def error_from_status(status: int, body: Any, session_id: str | None = None) -> 
         return DaemonPendingPromptLimitError(
             sid if isinstance(sid, str) else (session_id or ""),
             _int(body.get("limit")), _int(body.get("pendingCount")))
-    return DaemonHttpError(status, body)
+    kind = {401: DaemonUnauthorizedError, 403: DaemonForbiddenError,
+            429: DaemonRateLimitError}.get(status, DaemonHttpError)
+    if kind is DaemonRateLimitError and not (isinstance(body, dict)
+                                             and body.get("code") == "rate_limit_exceeded"):
+        kind = DaemonHttpError   # the subscriber cap's 429, say
+    return kind(status, body)
 
 
 def _int(value: Any) -> int:

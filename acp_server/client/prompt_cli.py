@@ -33,6 +33,7 @@ import httpx
 
 from acp_server.client import (CreateSessionRequest, DaemonClient, DaemonError, DaemonEvent,
                                DaemonHttpError)
+from acp_server.client.errors import DaemonForbiddenError, hint
 from acp_server.client.permissions_cli import POLICIES, PermissionAnswerer, TerminalAsker
 
 URL_ENV = "ACP_SERVER_URL"
@@ -143,7 +144,8 @@ async def prompt_command(args: argparse.Namespace, *, out: TextIO, err: TextIO,
     except DaemonHttpError as exc:
         printer.finish()
         detail = f" ({exc.code})" if exc.code else ""
-        print(f"acp-server prompt: {exc.message}{detail}", file=err)
+        scope = exc.required_scope if isinstance(exc, DaemonForbiddenError) else None
+        print(f"acp-server prompt: {exc.message}{detail}{hint(exc.status, scope)}", file=err)
         return EXIT_ERROR
     except DaemonError as exc:
         printer.finish()

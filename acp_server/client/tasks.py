@@ -137,7 +137,24 @@ class UnsupportedCapabilityError(LmspProblem):
 
 
 class UnauthorizedError(LmspProblem):
-    pass
+    """401: no credential, or one the server refused (wrong, revoked, expired)."""
+
+
+class ForbiddenError(LmspProblem):
+    """403: the credential lacks ``required_scope`` (or the Origin was refused)."""
+
+    @property
+    def required_scope(self) -> str | None:
+        return self.problem.get("required_scope")
+
+
+class RateLimitedError(LmspProblem):
+    """429: this credential's rate limit (``tier``); retry after ``retry_after_s``."""
+
+    @property
+    def retry_after_s(self) -> float | None:
+        value = self.problem.get("retry_after_ms")
+        return value / 1000 if isinstance(value, int | float) else None
 
 
 class TaskNotFoundError(LmspProblem):
@@ -185,6 +202,8 @@ PROBLEM_CLASSES: dict[str, type[LmspProblem]] = {
     "invalid_request": InvalidRequestError,
     "unsupported_capability": UnsupportedCapabilityError,
     "unauthorized": UnauthorizedError,
+    "forbidden": ForbiddenError,
+    "rate_limit_exceeded": RateLimitedError,
     "task_not_found": TaskNotFoundError,
     "model_not_found": ModelNotFoundError,
     "task_not_cancelable": TaskNotCancelableError,

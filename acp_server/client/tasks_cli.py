@@ -37,7 +37,8 @@ import anyio
 import msgspec
 
 from acp_server.client import DaemonError, TaskClient, TaskEvent
-from acp_server.client.tasks import LmspProblem, Task, TaskSummary
+from acp_server.client.errors import hint
+from acp_server.client.tasks import ForbiddenError, LmspProblem, Task, TaskSummary
 
 URL_ENV = "ACP_SERVER_URL"
 DEFAULT_URL = "http://127.0.0.1:4170"
@@ -201,7 +202,9 @@ async def tasks_command(args: argparse.Namespace, *, out: TextIO, err: TextIO) -
             _print_task(await method(args.task_id), out)
             return EXIT_OK
     except DaemonError as exc:
-        print(f"acp-server tasks: {exc}", file=err)
+        status = getattr(exc, "status", 0)
+        scope = exc.required_scope if isinstance(exc, ForbiddenError) else None
+        print(f"acp-server tasks: {exc}{hint(status, scope)}", file=err)
         return EXIT_ERROR
 
 

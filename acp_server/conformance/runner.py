@@ -10,7 +10,8 @@ other than 404/405, ``lmsp`` when ``/lmsp/v1/capabilities`` answers 200 with
 ``capabilities.tasks``); named suites always run. Scenarios run one after another;
 their clean-ups (sessions deleted, tasks cancelled, connections deleted) run after
 each one. Every check of a suite that ran has exactly one result. A target that
-answers nothing raises ``TargetUnreachable``.
+answers nothing, or refuses the credentials (401 / 403 on ``/capabilities``), raises
+``TargetUnreachable`` (one line, exit status 2).
 """
 
 from __future__ import annotations
@@ -37,8 +38,28 @@ class TargetUnreachable(Exception):
     pass
 
 
+def _refused(ctx: Context, response: httpx.Response) -> TargetUnreachable | None:
+    """A 401 / 403 before anything ran: the credentials, said in one line."""
+    if response.status_code == 401:
+        return TargetUnreachable(f"{ctx.base_url} refused the credentials (401): check "
+                                 "--token / $ACP_SERVER_TOKEN (missing, wrong, revoked or "
+                                 "expired)")
+    if response.status_code == 403:
+        try:
+            why = str(response.json().get("error") or "")
+        except (ValueError, AttributeError):
+            why = ""
+        return TargetUnreachable(f"{ctx.base_url} refused this client (403): {why} (the "
+                                 "suites need the read and prompt scopes; a stored token "
+                                 "also needs --unlimited, or the rate limits answer 429)")
+    return None
+
+
 async def _json(ctx: Context, path: str) -> dict[str, Any] | None:
     response = await ctx.request("GET", path)
+    refused = _refused(ctx, response)
+    if refused is not None:
+        raise refused
     if response.status_code != 200:
         return None
     try:
@@ -56,6 +77,10 @@ async def discover(ctx: Context) -> list[str]:
         probe = await ctx.request("GET", acp_http.PATH, headers={"Accept": "text/event-stream"})
     except httpx.HTTPError as exc:
         raise TargetUnreachable(f"cannot reach {ctx.base_url}: {transport_reason(exc)}") from exc
+    refused = _refused(ctx, probe)   # a stream needs the read scope
+    if refused is not None and probe.headers.get("content-type", "").startswith(
+            "application/json") and b"forbidden" in probe.content:
+        raise refused
     found = []
     if ctx.capabilities is not None and isinstance(ctx.capabilities.get("limits"), dict):
         found.append("backpressure")

@@ -17,7 +17,8 @@ Contracts:
 * After that, any failure of the connection raises ``LinkLost`` from ``send`` or
   ``receive``. HTTP: the connection stream ending, a stream failing, or a POST
   answered 404/410/401/403 is a lost link; a POST answered 4xx with a JSON-RPC error
-  body hands that body to ``receive`` (as the server's answer); a 503 is retried
+  body hands that body to ``receive`` (as the server's answer), a 403 ``forbidden``
+  (the token lacks a scope for that message) included, logged once; a 503 is retried
   after its ``Retry-After`` (at most ``POST_RETRIES`` times).
 * Every message is bounded by ``max_bytes`` (WebSocket frames, SSE lines).
 * The token goes in ``Authorization`` only; nothing here logs headers.
@@ -228,9 +229,16 @@ class HttpLink:
         status = response.status_code
         if status in (200, 202):
             return
+        body = response.content
+        if status == 403 and _error_kind(body) == "forbidden":
+            # the credential lacks a scope for this one message: the editor is told,
+            # the connection stays (reconnecting would not give the scope)
+            log.warning("%s refused a message (HTTP 403): %s", self._target.shown,
+                        _error_message(body))
+            await self._send.send(body)
+            return
         if status in (401, 403, 404, 410):
             raise LinkLost(f"POST answered HTTP {status}")
-        body = response.content
         if _is_jsonrpc(body):   # the server's own error answer to this message
             await self._send.send(body)
             return
@@ -331,11 +339,32 @@ async def _http(target: Target, init: bytes) -> AsyncIterator[tuple[Link, bytes]
             await client.aclose()
 
 
+def _error_kind(body: bytes) -> str | None:
+    """``error.data.errorKind`` of a JSON-RPC error body, if it is one."""
+    try:
+        data = json.loads(body).get("error", {}).get("data", {})
+    except (ValueError, AttributeError):
+        return None
+    kind = data.get("errorKind") if isinstance(data, dict) else None
+    return kind if isinstance(kind, str) else None
+
+
+def _error_message(body: bytes) -> str:
+    try:
+        return str(json.loads(body)["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return body[:200].decode("utf-8", "replace")
+
+
 def _check_answer(target: Target, response: httpx.Response) -> None:
     status = response.status_code
-    if status in (401, 403):
-        raise StartupError(f"{target.shown} refused the credentials (HTTP {status}): "
-                           "check --token / $ACP_SERVER_TOKEN", kind="unauthorized")
+    if status == 401:
+        raise StartupError(f"{target.shown} refused the credentials (HTTP 401): check --token "
+                           "/ $ACP_SERVER_TOKEN (missing, wrong, revoked or expired)",
+                           kind="unauthorized")
+    if status == 403:
+        raise StartupError(f"{target.shown} refused this client (HTTP 403): "
+                           f"{_error_message(response.content)}", kind="unauthorized")
     if not _is_jsonrpc(response.content):
         kind = response.headers.get("content-type", "no content type")
         raise StartupError(f"{target.shown} is not an ACP endpoint (HTTP {status}, {kind})",

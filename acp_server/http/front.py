@@ -25,6 +25,15 @@ Contracts:
   many http requests and WebSockets in progress (SSE streams included), a new one is
   answered ``503`` ``connection_limit`` with ``Retry-After: 5`` and ``Connection:
   close`` at once; counted in ``stats["connections"]``.
+* **Principals** (``acp_server.principals``): a request the policy admits carries its
+  ``Caller``; the door's ``access(method, path)`` says what it needs (a scope, a rate
+  class; ``PER_MESSAGE``: the door decides per message, ``/acp``'s JSON-RPC), and a
+  missing scope (403 ``forbidden``) or an exhausted rate limit (429
+  ``rate_limit_exceeded`` with ``Retry-After``) is answered here, in the door's shape.
+  A stored token not yet cached is looked up in the store first (``admit``). A
+  stored token's requests run under its ``StreamRegistry`` hold (the hot path
+  excepted): revoking the token cancels them; a stream is then ended (its last body
+  message sent), a request not yet answered gets the 401.
 * **websocket** scopes pass to the app, which checks its handshake with the same
   policy (``acp_server.acp_http.websocket``); other scope types pass through.
 * **Hot routes** (``HotRoute``): a request whose method and path match one (segment
@@ -47,7 +56,9 @@ from collections.abc import Callable, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from acp_server.http.policy import GuardPolicy, Refusal, Renderer
+from acp_server.http.policy import LOOKUP, UNAUTHORIZED, GuardPolicy, Refusal, Renderer
+from acp_server.principals import CALLER_KEY, Access, Caller
+from acp_server.principals.model import MUTATING, READING
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -59,7 +70,8 @@ ALLOW_METHODS = b"GET, POST, PATCH, DELETE, OPTIONS"
 ALLOW_HEADERS = (b"Authorization, Content-Type, X-Qwen-Client-Id, Last-Event-ID, X-Qwen-Event-Epoch, "
                  b"Acp-Connection-Id, Acp-Session-Id, Idempotency-Key")
 EXPOSE_HEADERS = (b"Retry-After, X-Qwen-Event-Epoch, X-Qwen-SSE-Stream-Id, Acp-Connection-Id, "
-                  b"Idempotent-Replayed, Location, x-should-retry")
+                  b"Idempotent-Replayed, Location, x-should-retry, X-RateLimit-Limit, "
+                  b"X-RateLimit-Remaining, X-RateLimit-Reset")
 CONNECTION_LIMIT = Refusal(503, "connection_limit", "Too many connections",
                            peer_body=b'{"error":"Too many connections","code":"connection_limit"}',
                            headers=((b"retry-after", b"5"), (b"connection", b"close")))
@@ -83,13 +95,20 @@ class HotRoute:
                      for part in self.route.path.strip("/").split("/"))
 
 
+def default_access(method: str, path: str) -> Access:
+    """Reading for GET and HEAD, else a mutation that needs ``prompt``."""
+    return READING if method in ("GET", "HEAD") else MUTATING
+
+
 @dataclass(frozen=True, slots=True)
 class Door:
-    """A path prefix, the door's name (logs, metrics) and how it renders a refusal."""
+    """A path prefix, the door's name (logs, metrics), how it renders a refusal, and
+    what its requests need of a principal."""
 
     prefix: str
     name: str
     render: Renderer
+    access: Callable[[str, str], Access] = default_access
     _base: str = field(init=False, repr=False, compare=False)
     _under: str = field(init=False, repr=False, compare=False)
 
@@ -126,7 +145,8 @@ def cors_headers(origin: bytes) -> list[tuple[bytes, bytes]]:
 class _Exchange:
     """One request's answer as it goes out: its status, and events when a stream."""
 
-    __slots__ = ("front", "door", "scope", "downstream", "status", "events", "cors")
+    __slots__ = ("front", "door", "scope", "downstream", "status", "events", "cors",
+                 "started", "ended")
 
     def __init__(self, front: FrontLayer, door: Door, scope: Scope, send: Send,
                  cors: list[tuple[bytes, bytes]] | None) -> None:
@@ -137,9 +157,11 @@ class _Exchange:
         self.status = 500
         self.events: int | None = None
         self.cors = cors
+        self.started = self.ended = False
 
     async def send(self, message: Message) -> None:
         if message["type"] == "http.response.start":
+            self.started = True
             self.status = message["status"]
             headers = message.get("headers", ())
             for key, value in headers:
@@ -152,9 +174,22 @@ class _Exchange:
                     break
             if self.cors is not None:
                 message["headers"] = [*headers, *self.cors]
-        elif self.events is not None and message["type"] == "http.response.body":
-            self.events += count_events(message.get("body", b""))
+        elif message["type"] == "http.response.body":
+            if self.events is not None:
+                self.events += count_events(message.get("body", b""))
+            self.ended = not message.get("more_body", False)
         await self.downstream(message)
+
+    async def cut(self) -> None:
+        """The app was cancelled (its token revoked): end what it started."""
+        try:
+            if not self.started:
+                await self.front._refuse(self.send, UNAUTHORIZED, self.door, None)
+            elif not self.ended:
+                await self.send({"type": "http.response.body", "body": b"",
+                                 "more_body": False})
+        except OSError:
+            pass   # the client went away meanwhile
 
 
 class FrontLayer:
@@ -218,6 +253,15 @@ class FrontLayer:
             self._done(door, scope, CONNECTION_LIMIT.status, start, None)
             return
         refusal, origin = self.policy.inspect(scope)
+        if refusal is LOOKUP:
+            refusal, origin = await self.policy.admit(scope)
+        caller: Caller | None = scope.get(CALLER_KEY)
+        if refusal is None and caller is not None:
+            access = door.access(scope["method"], scope["path"])
+            if not access.per_message:
+                denial = caller.check(access)
+                if denial is not None:
+                    refusal = Refusal.of(denial)
         if refusal is not None:
             await self._refuse(send, refusal, door, origin)
             self._done(door, scope, refusal.status, start, None)
@@ -241,7 +285,14 @@ class FrontLayer:
                 receive = await self._hot_path(scope, receive, exchange, *hot)
                 if receive is None:
                     return
-            await self.app(scope, receive, exchange.send)
+            token_id = caller.principal.token_id if caller is not None else None
+            if token_id is None:
+                await self.app(scope, receive, exchange.send)
+                return
+            with caller.gate.streams.hold(token_id) as held:   # type: ignore[union-attr]
+                await self.app(scope, receive, exchange.send)
+            if held.cancelled_caught:
+                await exchange.cut()
         finally:
             self.in_flight -= 1
             self._done(door, scope, exchange.status, start, exchange.events)
@@ -279,14 +330,16 @@ class FrontLayer:
     async def _refuse(self, send: Send, refusal: Refusal, door: Door,
                       origin: bytes | None) -> None:
         key = (refusal, door.name)
-        encoded = self._encoded.get(key)
+        encoded = self._encoded.get(key) if refusal.cacheable else None
         if encoded is None:
             content_type, body = door.render(refusal)
             headers = [(b"content-type", content_type),
                        (b"content-length", str(len(body)).encode()), *refusal.headers]
-            encoded = self._encoded[key] = (
+            encoded = (
                 {"type": "http.response.start", "status": refusal.status, "headers": headers},
                 {"type": "http.response.body", "body": body})
+            if refusal.cacheable:
+                self._encoded[key] = encoded
         start, body_message = encoded
         if origin is not None:
             start = {**start, "headers": [*start["headers"], *cors_headers(origin)]}
@@ -318,4 +371,5 @@ def _has(scope: Scope, name: bytes) -> bool:
 
 
 __all__ = ["ALLOW_HEADERS", "ALLOW_METHODS", "CONNECTION_LIMIT", "Door", "EXPOSE_HEADERS",
-           "FrontLayer", "HotRoute", "Observer", "count_events", "cors_headers"]
+           "FrontLayer", "HotRoute", "Observer", "count_events", "cors_headers",
+           "default_access"]

@@ -26,28 +26,41 @@ Contracts (the checks run in this order; the first that fails is the answer):
 4. **Origin**: an ``Origin`` not allow-listed (``allow_origins``; ``*`` = any) and not
    our own loopback origin seen from a loopback client → ``403`` (the peer's bytes,
    ``{"error":"Request denied by CORS policy"}``).
-5. **Token**: with a token, every request needs ``Authorization: Bearer <token>``
-   (a WebSocket may carry it as ``Sec-WebSocket-Protocol: qwen-bearer.<base64url>``),
-   compared in constant time → ``401`` otherwise. ``OPEN_PATHS`` are exempt unless
+5. **Credentials** (``acp_server.principals``): when a credential is required (a
+   bootstrap ``token``, or a live stored token in the gate's store), every request
+   needs ``Authorization: Bearer <credential>`` (a WebSocket may carry it as
+   ``Sec-WebSocket-Protocol: qwen-bearer.<base64url>``): the bootstrap token or a
+   stored ``acps_…`` token, compared in constant time → ``401`` otherwise (one
+   answer for missing, unknown, wrong, revoked and expired; each failure is an
+   ``auth.failed`` audit record, sampled). ``OPEN_PATHS`` are exempt unless
    ``health_needs_auth``, and so are ``public(method, path)`` requests (the web
    console's files; never a WebSocket), and so is an allowed CORS preflight
-   (``OPTIONS`` with ``Access-Control-Request-Method``). **Without** a token only loopback clients
-   are served, on HTTP and WebSocket alike → ``403``.
+   (``OPTIONS`` with ``Access-Control-Request-Method``). **Without** any credential
+   configured only loopback clients are served, on HTTP and WebSocket alike → ``403``;
+   a loopback client is then the ``local`` principal (admin).
 
-``check`` is pure: it reads the scope, allocates nothing on the common path (no
-Origin, no token, a loopback Host) and never awaits. ``inspect`` also returns the
-Origin to echo in CORS headers (the front layer needs it; the WebSocket does not).
+A request that passes carries its ``Caller`` (``acp_server.principals``) in the scope
+under ``CALLER_KEY`` (an exempt one carries none). ``check`` is synchronous: it reads
+the scope, allocates nothing on the common path (no Origin, a cached credential, a
+loopback Host) and never awaits; a stored token that is not cached makes it answer
+``LOOKUP``, and ``admit`` (the same checks, awaited) reads the store then (503
+``store_unavailable`` when it cannot). ``inspect`` also returns the Origin to echo in
+CORS headers (the front layer needs it; the WebSocket does not).
 """
 
 from __future__ import annotations
 
 import base64
-import hmac
 import ipaddress
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
+
+from acp_server.principals import CALLER_KEY, LOCAL, Denial, Gate
+from acp_server.principals.auth import MISS, bootstrap_only
+from acp_server.principals.tokens import public_id
+from acp_server.store.errors import StoreUnavailableError
 
 OPEN_PATHS = frozenset({"/health", "/metrics"})   # the health_needs_auth rule
 BEARER_PROTOCOL = "qwen-bearer."
@@ -68,6 +81,15 @@ class Refusal:
     message: str
     peer_body: bytes | None = None
     headers: tuple[tuple[bytes, bytes], ...] = ()
+    extra: tuple[tuple[str, object], ...] = ()   # more members of the body (or ``data``)
+    # Its bytes may be kept per door (the front layer's cache): not for per-request ones.
+    cacheable: bool = field(default=True, compare=False)
+
+    @classmethod
+    def of(cls, denial: Denial) -> Refusal:
+        """The principals' 403 / 429 as a refusal (a 429 is per request: not cached)."""
+        return cls(denial.status, denial.code, denial.message, headers=denial.headers,
+                   extra=denial.extra, cacheable=denial.status != 429)
 
 
 UNAUTHORIZED = Refusal(401, "unauthorized", "A valid bearer token is required.",
@@ -83,6 +105,11 @@ TOO_MANY_HEADERS = Refusal(431, "header_fields_too_large", "Too many header fiel
 HEADERS_TOO_LARGE = Refusal(431, "header_fields_too_large", "Header fields too large.")
 CODING_UNSUPPORTED = Refusal(501, "transfer_coding_unsupported",
                              "Transfer-Encoding other than chunked is not supported.")
+STORE_UNAVAILABLE = Refusal(503, "store_unavailable",
+                            "The token store is unavailable; retry later.",
+                            headers=((b"retry-after", b"5"),))
+# Not an answer: ``check`` needs the store to tell (``admit`` awaits it).
+LOOKUP = Refusal(0, "lookup", "")
 
 
 Renderer = Callable[[Refusal], tuple[bytes, bytes]]   # -> (content type, body)
@@ -157,10 +184,13 @@ class GuardPolicy:
     max_headers: int = DEFAULT_MAX_HEADERS
     max_request_line: int = DEFAULT_MAX_REQUEST_LINE
     public: Callable[[str, str], bool] | None = field(default=None, compare=False)
+    # The principals (stored tokens, audit, limits); default: ``token`` alone.
+    gate: Gate | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         setattr_ = object.__setattr__
-        setattr_(self, "_token", self.token.encode() if self.token is not None else None)
+        if self.gate is None:
+            setattr_(self, "gate", Gate(bootstrap_only(self.token)))
         setattr_(self, "_allow_any", "*" in self.allow_origins)
         setattr_(self, "_origins", frozenset(o.rstrip("/").lower() for o in self.allow_origins))
         any_port, exact = set(), set()
@@ -224,16 +254,40 @@ class GuardPolicy:
                 return CORS_DENIED, None
             if preflight and allowed is not None and scope.get("method") == "OPTIONS":
                 return None, allowed   # a preflight is answered before authentication
-        if self._token is None:   # type: ignore[attr-defined]
+        gate: Gate = self.gate   # type: ignore[assignment]
+        if not gate.authenticator.required:
             client = scope.get("client")
             if client and not self._loopback_client(client[0]):
                 return NOT_LOOPBACK, allowed
+            scope[CALLER_KEY] = gate.caller(LOCAL, client[0] if client else None)
             return None, allowed
         if self._exempt(scope):
             return None, allowed
-        if self._token_ok(authorization, protocols if scope["type"] == "websocket" else None):
-            return None, allowed
-        return UNAUTHORIZED, allowed
+        return self._authenticate(scope, authorization, protocols), allowed
+
+    async def admit(self, scope: Any) -> tuple[Refusal | None, bytes | None]:
+        """``inspect``, reading the store when a stored token is not cached."""
+        refusal, origin = self.inspect(scope)
+        if refusal is not LOOKUP:
+            return refusal, origin
+        gate: Gate = self.gate   # type: ignore[assignment]
+        refused = None
+        for credential in self._credentials(scope):
+            try:
+                found = await gate.authenticator.lookup(credential)
+            except StoreUnavailableError:
+                return STORE_UNAVAILABLE, origin
+            if found is not None:
+                client = scope.get("client")
+                scope[CALLER_KEY] = gate.caller(found, client[0] if client else None)
+                return None, origin
+            refused = credential
+        self._failed(scope, refused)
+        return UNAUTHORIZED, origin
+
+    async def check_async(self, scope: Any) -> Refusal | None:
+        """``check`` with the store's answer awaited (the WebSocket handshake)."""
+        return (await self.admit(scope))[0]
 
     # -- parts ----------------------------------------------------------------------
     def _host_ok(self, value: bytes) -> bool:
@@ -268,23 +322,66 @@ class GuardPolicy:
             return True
         return self.public is not None and self.public(scope["method"], path)
 
-    def _token_ok(self, authorization: bytes | None, protocols: bytes | None) -> bool:
-        expected: bytes = self._token   # type: ignore[attr-defined]
+    def _authenticate(self, scope: Any, authorization: bytes | None,
+                      protocols: bytes | None) -> Refusal | None:
+        """The credential step: ``None`` (the ``Caller`` set), ``UNAUTHORIZED`` or
+        ``LOOKUP``."""
+        auth = self.gate.authenticator   # type: ignore[union-attr]
         if authorization is not None and len(authorization) >= 7 \
                 and authorization[:7].lower() == b"bearer ":
-            if hmac.compare_digest(expected, authorization[7:].strip()):
-                return True
+            found = auth.cached(authorization[7:].strip())
         else:   # still compare, so a missing header costs what a wrong one does
-            hmac.compare_digest(expected, b"")
-        for protocol in bearer_protocols(protocols):
-            encoded = protocol[len(BEARER_PROTOCOL):]
-            try:
-                given = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4))
-            except ValueError:
-                continue
-            if hmac.compare_digest(expected, given):
-                return True
-        return False
+            found = auth.cached(b"")
+        if found is None and protocols is not None and scope["type"] == "websocket":
+            for given in _protocol_credentials(protocols):
+                found = auth.cached(given)
+                if found is not None:
+                    break
+        if found is MISS:
+            return LOOKUP
+        if found is None:
+            self._failed(scope, _bearer(authorization))
+            return UNAUTHORIZED
+        client = scope.get("client")
+        scope[CALLER_KEY] = self.gate.caller(found, client[0] if client else None)  # type: ignore[arg-type,union-attr]
+        return None
+
+    def _credentials(self, scope: Any) -> list[bytes]:
+        """Every credential the request offers: the bearer, then a WebSocket's."""
+        found = []
+        protocols = None
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                bearer = _bearer(value)
+                if bearer is not None:
+                    found.insert(0, bearer)
+            elif name == b"sec-websocket-protocol" and scope["type"] == "websocket":
+                protocols = value
+        return found + (_protocol_credentials(protocols) if protocols is not None else [])
+
+    def _failed(self, scope: Any, credential: bytes | None) -> None:
+        client = scope.get("client")
+        self.gate.audit.auth_failed(  # type: ignore[union-attr]
+            client=str(client[0]) if client else None,
+            reason="missing_credential" if not credential else "invalid_credential",
+            path=scope.get("path", ""), token_id=public_id(credential) if credential else None)
+
+
+def _bearer(value: bytes | None) -> bytes | None:
+    if value is not None and len(value) >= 7 and value[:7].lower() == b"bearer ":
+        return value[7:].strip()
+    return None
+
+
+def _protocol_credentials(value: bytes | None) -> list[bytes]:
+    given = []
+    for protocol in bearer_protocols(value):
+        encoded = protocol[len(BEARER_PROTOCOL):]
+        try:
+            given.append(base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)))
+        except ValueError:
+            continue
+    return given
 
 
 def bearer_protocols(value: bytes | None) -> list[str]:
@@ -295,5 +392,5 @@ def bearer_protocols(value: bytes | None) -> list[str]:
             if p.strip().startswith(BEARER_PROTOCOL)]
 
 
-__all__ = ["BEARER_PROTOCOL", "CORS_DENIED", "GuardPolicy", "OPEN_PATHS", "Refusal", "Renderer",
-           "UNAUTHORIZED", "bearer_protocols", "is_loopback", "is_self_origin", "split_host"]
+__all__ = ["BEARER_PROTOCOL", "CORS_DENIED", "GuardPolicy", "LOOKUP", "OPEN_PATHS", "Refusal",
+           "Renderer", "STORE_UNAVAILABLE", "UNAUTHORIZED", "bearer_protocols", "is_loopback", "is_self_origin", "split_host"]

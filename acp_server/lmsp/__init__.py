@@ -2,7 +2,7 @@
 throughout, is ``docs/spec/LMSP.md``).
 
     async with open_lmsp(bridge, state_dir="/var/lib/acp", store_url="sqlite:///x.db",
-                         max_running_tasks=4, token=settings.token) as lmsp:
+                         max_running_tasks=4) as lmsp:
         app = Starlette(routes=routes(lmsp))     # /lmsp/v1, the service bound to each
 
 Modules: ``wire`` (public wire types), ``problems`` (§9.3), ``requests`` (parsing),

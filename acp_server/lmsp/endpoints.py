@@ -42,6 +42,8 @@ from acp_server.store.tasks import TERMINAL, CommittedEvent
 from acp_server.lmsp.responses import base_response
 from acp_server.lmsp.wire import DeletedResponse, encode
 from acp_server.http.sse import SseResponse, frame
+from acp_server.principals import caller_of
+from acp_server.principals.model import INFO, MUTATING, PROMPTING, READING, Access
 from acp_server.store.errors import StoreUnavailableError
 
 PREFIX = "/lmsp/v1"
@@ -81,7 +83,8 @@ async def create_task(request: Request, service: LmspService) -> Response:
     body = decode_json(await read_body(request, limit=service.config.max_request_bytes))
     envelope = parse_task_envelope(body)
     record, replayed = await service.create_task(
-        envelope.request, on_restart=envelope.on_restart, key=key, route="POST /lmsp/v1/tasks")
+        envelope.request, on_restart=envelope.on_restart, key=key, route="POST /lmsp/v1/tasks",
+        caller=caller_of(request.scope))
     headers = {"Location": f"{PREFIX}/tasks/{record.id}"}
     if replayed:
         headers["Idempotent-Replayed"] = "true"
@@ -89,12 +92,12 @@ async def create_task(request: Request, service: LmspService) -> Response:
 
 
 async def get_task(request: Request, service: LmspService) -> Response:
-    record = await service.get_task(request.path_params["task_id"])
+    record = await service.get_task(request.path_params["task_id"], caller_of(request.scope))
     return _json(200, encode(service.task_object(record)))
 
 
 async def cancel_task(request: Request, service: LmspService) -> Response:
-    record = await service.cancel(request.path_params["task_id"])
+    record = await service.cancel(request.path_params["task_id"], caller_of(request.scope))
     return _json(200, encode(service.task_object(record)))
 
 
@@ -102,7 +105,8 @@ async def task_events(request: Request, service: LmspService) -> Response:
     cursor = parse_cursor(request)
     stream = await service.open_events(request.path_params["task_id"],
                                        None if cursor is None else cursor[0],
-                                       param=None if cursor is None else cursor[1])
+                                       param=None if cursor is None else cursor[1],
+                                       caller=caller_of(request.scope))
     if stream is None:
         return Response(status_code=204)
     return EventStream(stream)
@@ -113,7 +117,8 @@ async def create_response(request: Request, service: LmspService) -> Response:
     body = decode_json(await read_body(request, limit=service.config.max_request_bytes))
     parsed = parse_response_request(body)
     record, replayed = await service.create_task(parsed, on_restart="fail", key=key,
-                                                 route="POST /lmsp/v1/responses")
+                                                 route="POST /lmsp/v1/responses",
+                                                 caller=caller_of(request.scope))
     headers = {"Idempotent-Replayed": "true"} if replayed else {}
     if parsed.stream:
         stream = await service.open_events(record.id, None)
@@ -140,7 +145,7 @@ async def get_response(request: Request, service: LmspService) -> Response:
     if stream not in ("true", "false", "1", "0"):
         raise LmspError("invalid_request", "stream must be true or false.", param="stream",
                         errors=[])
-    record = await service.get_response(response_id)
+    record = await service.get_response(response_id, caller=caller_of(request.scope))
     if stream in ("false", "0"):
         return _json(200, service.response_object(record))
     cursor = parse_cursor(request)
@@ -152,13 +157,14 @@ async def get_response(request: Request, service: LmspService) -> Response:
 
 
 async def cancel_response(request: Request, service: LmspService) -> Response:
-    record = await service.cancel_response(request.path_params["response_id"])
+    record = await service.cancel_response(request.path_params["response_id"],
+                                           caller_of(request.scope))
     return _json(200, service.response_object(record))
 
 
 async def delete_response(request: Request, service: LmspService) -> Response:
     response_id = request.path_params["response_id"]
-    await service.delete_response(response_id)
+    await service.delete_response(response_id, caller_of(request.scope))
     return _json(200, encode(DeletedResponse(id=response_id)))
 
 
@@ -225,6 +231,18 @@ class EventStream(SseResponse):
                 pass
 
 
+def access(method: str, path: str) -> Access:
+    """What an LMSP request needs of its principal (the front layer applies it):
+    creating a task or a response is a prompt (scope ``prompt``); cancelling one or
+    deleting a response a mutation (scope ``prompt``); reading needs ``read``;
+    ``/capabilities`` any credential."""
+    if method in ("GET", "HEAD"):
+        return INFO if path == PREFIX + "/capabilities" else READING
+    if method == "POST" and path in (PREFIX + "/tasks", PREFIX + "/responses"):
+        return PROMPTING
+    return MUTATING
+
+
 def routes(service: LmspService) -> list[BaseRoute]:
     """Every ``/lmsp/v1`` route, over the service."""
     table: list[tuple[str, dict[str, Endpoint]]] = [
@@ -241,4 +259,4 @@ def routes(service: LmspService) -> list[BaseRoute]:
             for path, methods in table]
 
 
-__all__ = ["routes"]
+__all__ = ["access", "routes"]

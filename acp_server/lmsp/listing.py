@@ -8,8 +8,8 @@
 
 Contracts:
 
-* Only the caller's tasks (the principal of the server's token), in creation order
-  reversed; tasks past the task retention window are left out, as ``GET
+* Only the caller's tasks (its principal's; every principal's for an admin or with
+  ``--share-sessions``), in creation order reversed; tasks past the task retention window are left out, as ``GET
   /tasks/{id}`` answers 404 for them.
 * ``limit`` 1..100 (default 20); ``after`` is the ``last_id`` of the previous page and
   must name a task of the caller; ``status`` is one task status. Anything else is a
@@ -30,6 +30,7 @@ from starlette.responses import Response
 from acp_server.lmsp.problems import LmspError
 from acp_server.lmsp.requests import decode_stored
 from acp_server.lmsp.service import LmspService
+from acp_server.principals import caller_of
 from acp_server.store.tasks import TaskRecord
 from acp_server.lmsp.wire import TaskList, TaskSummary, decode_response, encode
 
@@ -82,12 +83,15 @@ def summary(service: LmspService, record: TaskRecord) -> TaskSummary:
 
 async def list_tasks(request: Request, service: LmspService) -> Response:
     limit, status, after = parse_query(request)
+    caller = caller_of(request.scope)
+    # an admin (or --share-sessions) lists every principal's tasks
+    principal = None if caller.sees(None) else caller.name
     if after is not None:
         anchor = await service.store.get_task(after)
-        if anchor is None or anchor.principal != service.principal:
+        if anchor is None or not caller.sees(anchor.principal):
             raise _invalid("after", f"No task {after!r} to page after.")
     now = service.config.clock()
-    records = await service.store.list_tasks(service.principal, status=status, after=after,
+    records = await service.store.list_tasks(principal, status=status, after=after,
                                              limit=limit + 1)
     page = records[:limit]
     items = [summary(service, r) for r in page

@@ -42,6 +42,7 @@ CODES: dict[str, tuple[int, str, dict[str, str]]] = {
     "event_history_expired": (410, "Event history expired", {"x-should-retry": "false"}),
     "payload_too_large": (413, "Payload too large", {}),
     "idempotency_key_reused": (422, "Idempotency key reused", {}),
+    "rate_limit_exceeded": (429, "Rate limit exceeded", {}),
     "prompt_queue_full": (503, "Prompt queue full", {"Retry-After": "5"}),
     "store_unavailable": (503, "Store unavailable", {"Retry-After": str(RETRY_AFTER_S)}),
     "server_restarted": (0, "Server restarted", {}),
@@ -110,10 +111,19 @@ _REFUSAL_TITLES = {414: "URI too long", 421: "Misdirected request",
                    503: "Service unavailable"}
 
 
+# The principals' members (camelCase on REST, as the peer) under LMSP's snake_case names.
+_REFUSAL_MEMBERS = {"requiredScope": "required_scope", "tier": "tier",
+                    "retryAfterMs": "retry_after_ms"}
+
+
 def render_refusal(refusal: Refusal) -> tuple[bytes, bytes]:
-    """The front layer's refusals as problem objects (``code`` = the refusal's code)."""
+    """The front layer's refusals as problem objects (``code`` = the refusal's code;
+    a 403 for a missing scope names it, ``required_scope``; a 429 has ``tier`` and
+    ``retry_after_ms``)."""
     if refusal.code in CODES:
-        body = problem(refusal.code, refusal.message)
+        body = problem(refusal.code, refusal.message,
+                       **{_REFUSAL_MEMBERS[k]: v for k, v in refusal.extra
+                          if k in _REFUSAL_MEMBERS})
     else:
         body = Problem(type=PROBLEM_BASE + refusal.code, code=refusal.code,
                        title=_REFUSAL_TITLES.get(refusal.status, "Refused"),

@@ -22,6 +22,14 @@ Contracts:
 * Retention (§11.2) is judged by the clock (``LmspConfig.clock``), not by the purge: a
   task finished more than ``task_retention_s`` ago is 404 and its events more than
   ``event_retention_s`` ago are 410 even before the purge deletes them.
+* Ownership (``acp_server.principals``): a task (and its response) belongs to the
+  principal that created it (``TaskRecord.principal``). Every read, stream, cancel
+  and delete made for a ``Caller`` answers 404 (``task_not_found`` /
+  ``response_not_found``) when the caller may not see it (``Caller.sees``: its own,
+  an admin's view, ``--share-sessions``); the same for ``previous_response_id``.
+  Calls without a caller are the server's own (the runner, a dropped stream's cancel).
+  Creating a task and cancelling one are audit records (``task.created``,
+  ``task.cancelled``).
 """
 
 from __future__ import annotations
@@ -51,6 +59,8 @@ from acp_server.lmsp.responses import (
     recovery_finish,
 )
 from acp_server.lmsp.runner import Runner
+from acp_server.principals import Caller
+from acp_server.principals.audit import PROMPT_TEXT_MAX
 from acp_server.store.tasks import (
     TERMINAL,
     CommittedEvent,
@@ -108,7 +118,7 @@ class LmspConfig:
 
 class LmspService:
     def __init__(self, store: TaskStore, hub: Hub, models: Mapping[str, tuple[Bridge, str | None]],
-                 config: LmspConfig, *, max_running_tasks: int, token: str | None) -> None:
+                 config: LmspConfig, *, max_running_tasks: int) -> None:
         self.store = store
         self.hub = hub
         self.models = models
@@ -117,8 +127,6 @@ class LmspService:
                              max_attempts=config.max_attempts,
                              live_sessions=config.live_sessions,
                              permission_policy=config.permission_policy, clock=config.clock)
-        self.principal = ("token:" + hashlib.sha256(token.encode()).hexdigest()[:16]
-                          if token else "anonymous")
         self.recovery = RecoveryReport()
         self.closed = anyio.Event()
         self._background = anyio.CancelScope()
@@ -210,10 +218,12 @@ class LmspService:
 
     # -- tasks ------------------------------------------------------------------------
     async def create_task(self, request: ResponseRequest, *, on_restart: str,
-                          key: str | None, route: str) -> tuple[TaskRecord, bool]:
-        """Durable before it returns. ``(task, replayed)``. The stored request is
-        ``request.canonical``; the idempotency fingerprint hashes those bytes and
-        ``on_restart`` (members the service ignores are in neither)."""
+                          key: str | None, route: str, caller: Caller
+                          ) -> tuple[TaskRecord, bool]:
+        """Durable before it returns. ``(task, replayed)``, owned by ``caller``. The
+        stored request is ``request.canonical``; the idempotency fingerprint hashes
+        those bytes and ``on_restart`` (members the service ignores are in neither);
+        keys are per principal."""
         if on_restart == "resume":
             raise LmspError("unsupported_capability", "on_restart 'resume' needs snapshots, "
                             "which no configured agent supports.", capability="snapshots",
@@ -223,7 +233,7 @@ class LmspService:
                             model=request.model)
         if request.previous_response_id is not None:
             previous = await self.get_response(request.previous_response_id,
-                                               param="previous_response_id")
+                                               param="previous_response_id", caller=caller)
             if previous.status not in TERMINAL:
                 raise LmspError("response_in_progress", f"The previous response "
                                 f"{previous.response_id} has not finished yet; wait for it "
@@ -232,11 +242,11 @@ class LmspService:
                                 response_status=_response_status(previous))
         now = self.config.clock()
         task = NewTask(id=new_id("task"), response_id=new_id("resp"), on_restart=on_restart,
-                       model=request.model, principal=self.principal,
+                       model=request.model, principal=caller.name,
                        request=request.canonical, created_at=now)
         idem = None
         if key is not None:
-            idem = IdempotencyClaim(scope=f"{self.principal} {route}", key=key,
+            idem = IdempotencyClaim(scope=f"{caller.name} {route}", key=key,
                                     fingerprint=hashlib.sha256(
                                         on_restart.encode() + b"\n" + request.canonical
                                     ).hexdigest(),
@@ -257,11 +267,17 @@ class LmspService:
                             "is still being processed.") from None
         if not outcome.replayed:
             self.runner.wake()
+            detail = {"text": request.prompt_text[:PROMPT_TEXT_MAX]} \
+                if caller.gate.audit.prompts else {}
+            caller.record("task.created", outcome.task.id, response_id=outcome.task.response_id,
+                          model=request.model, **detail)
         return outcome.task, outcome.replayed
 
-    async def get_task(self, task_id: str) -> TaskRecord:
+    async def get_task(self, task_id: str, caller: Caller | None = None) -> TaskRecord:
+        """The task; 404 when unknown, past retention, or not ``caller``'s to see."""
         record = await self.store.get_task(task_id)
-        if record is None or self._task_expired(record, self.config.clock()):
+        if record is None or self._task_expired(record, self.config.clock()) or \
+                (caller is not None and not caller.sees(record.principal)):
             raise LmspError("task_not_found", f"No task {task_id!r}.", task_id=task_id)
         return record
 
@@ -273,9 +289,9 @@ class LmspService:
         return record.events_purged or (record.finished_at is not None and
                                         record.finished_at + self.config.event_retention_s < now)
 
-    async def cancel(self, task_id: str) -> TaskRecord:
+    async def cancel(self, task_id: str, caller: Caller | None = None) -> TaskRecord:
         """§7.3: 200 with the task; 409 when it already succeeded or failed."""
-        await self.get_task(task_id)
+        await self.get_task(task_id, caller)
         record, _ = await self.store.request_cancel(
             task_id, lambda rec: error_finish(rec, "", "", status="cancelled"),
             now=self.config.clock())
@@ -287,6 +303,8 @@ class LmspService:
                             task_status=record.status)
         if record.status == "cancelling":
             self.runner.cancel(task_id)
+        if caller is not None and record.status in ("cancelling", "cancelled"):
+            caller.record("task.cancelled", task_id)
         return record
 
     def task_object(self, record: TaskRecord) -> TaskObject:
@@ -301,12 +319,14 @@ class LmspService:
             else None)
 
     # -- responses (§6, OpenAI background mode) ----------------------------------------
-    async def get_response(self, response_id: str, *, param: str | None = None
-                           ) -> TaskRecord:
+    async def get_response(self, response_id: str, *, param: str | None = None,
+                           caller: Caller | None = None) -> TaskRecord:
         """The task of a stored response; 404 ``response_not_found`` when unknown,
-        deleted, past the task retention, or created with ``store: false``."""
+        deleted, past the task retention, created with ``store: false``, or not
+        ``caller``'s to see."""
         record = await self.store.get_by_response(response_id)
         if record is None or self._task_expired(record, self.config.clock()) or \
+                (caller is not None and not caller.sees(record.principal)) or \
                 b'"store"' in record.request and _unstored(record):
             raise LmspError("response_not_found", f"No response {response_id!r}.",
                             response_id=response_id,
@@ -320,13 +340,14 @@ class LmspService:
             return record.response
         return encode(base_response(record, _response_status(record)))
 
-    async def cancel_response(self, response_id: str) -> TaskRecord:
+    async def cancel_response(self, response_id: str, caller: Caller | None = None
+                              ) -> TaskRecord:
         """A queued response is cancelled at once; a running one once its agent has
         stopped (waited for up to ``cancel_wait_s``); a cancelled one answers as is.
         A completed, incomplete or failed one: 400 ``response_not_cancelable``."""
-        record = await self.get_response(response_id)
+        record = await self.get_response(response_id, caller=caller)
         try:
-            record = await self.cancel(record.id)
+            record = await self.cancel(record.id, caller)
         except LmspError as exc:
             if exc.code != "task_not_cancelable":
                 raise
@@ -339,10 +360,10 @@ class LmspService:
                 record = await self.wait_terminal(record.id)
         return record
 
-    async def delete_response(self, response_id: str) -> None:
+    async def delete_response(self, response_id: str, caller: Caller | None = None) -> None:
         """Deletes a finished response (task, events, keys); 409
         ``response_in_progress`` while it is unfinished."""
-        record = await self.get_response(response_id)
+        record = await self.get_response(response_id, caller=caller)
         if record.status not in TERMINAL or not await self.store.delete_task(record.id):
             current = await self.store.get_task(record.id)
             if current is None:
@@ -356,11 +377,11 @@ class LmspService:
 
     # -- events -----------------------------------------------------------------------
     async def open_events(self, task_id: str, cursor: int | None, *,
-                          param: str | None = None
+                          param: str | None = None, caller: Caller | None = None
                           ) -> AsyncIterator[list[CommittedEvent]] | None:
         """Checks §6.4 (404/410/400); ``None`` means 204. The iterator yields batches
         of events in order (``[]`` for a keep-alive) and ends after the terminal one."""
-        record = await self.get_task(task_id)
+        record = await self.get_task(task_id, caller)
         if self._events_expired(record, self.config.clock()):
             raise LmspError("event_history_expired", f"The events of task {task_id} are "
                             "older than the retention period.", task_id=task_id,
@@ -483,7 +504,7 @@ def bridge_models(bridge: Bridge) -> dict[str, tuple[Bridge, str | None]]:
 
 @contextlib.asynccontextmanager
 async def open_lmsp(bridge: Bridge, *, state_dir: str, store_url: str | None = None,
-                    token: str | None = None, max_running_tasks: int = 4,
+                    max_running_tasks: int = 4,
                     config: LmspConfig | None = None,
                     group_commit: bool = True, store: TaskStore | None = None,
                     models: Mapping[str, tuple[Bridge, str | None]] | None = None,
@@ -505,7 +526,7 @@ async def open_lmsp(bridge: Bridge, *, state_dir: str, store_url: str | None = N
     config = config or LmspConfig()
     async with contextlib.nullcontext(store) if store_open else store:
         service = LmspService(store, hub, bridge_models(bridge) if models is None else models,
-                              config, max_running_tasks=max_running_tasks, token=token)
+                              config, max_running_tasks=max_running_tasks)
         service.recovery = await store.recover(recovery_finish,
                                                max_attempts=config.max_attempts,
                                                now=config.clock(), own=True)

@@ -232,6 +232,9 @@ class Problem(msgspec.Struct, kw_only=True):
     retention_seconds: int | UnsetType = UNSET
     limit: int | UnsetType = UNSET
     pendingCount: int | UnsetType = UNSET
+    required_scope: str | UnsetType = UNSET      # 403 forbidden: the scope it lacks
+    tier: str | UnsetType = UNSET                # 429 rate_limit_exceeded
+    retry_after_ms: int | UnsetType = UNSET
 
 
 _encoder = msgspec.json.Encoder()

@@ -39,13 +39,19 @@ from starlette.routing import BaseRoute, Route
 from acp_server import __version__
 from acp_server.lmsp import wire as lmsp_wire
 from acp_server.ops.openapi_types import (
+    AuditPage,
     CreateSessionRequest,
     PermissionVote,
     PromptQueueFull,
     PromptRequest,
+    RateLimited,
     ResponseRequest,
     RestError,
     TaskEnvelope,
+    TokenCreated,
+    TokenList,
+    TokensRevoked,
+    WhoAmI,
 )
 from acp_server.rest import wire as rest_wire
 from bridge.wire import EventEnvelope
@@ -134,9 +140,11 @@ RESPONSE_HEADERS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 ERROR_TEXT = {
     400: "Invalid request", 401: "Unauthorized (a valid bearer token is required)",
-    403: "Request denied by the Origin policy", 404: "Not found", 405: "Method not allowed",
+    403: "Refused: the Origin policy, or a scope the credential lacks",
+    404: "Not found (or another principal's)", 405: "Method not allowed",
     409: "Conflict", 410: "Gone (past the retention window)", 413: "Body too large",
-    422: "Idempotency key reused with another body", 429: "Too many subscribers",
+    422: "Idempotency key reused with another body",
+    429: "Rate limit exceeded (a stored token's tier), or too many subscribers",
     500: "Agent error", 501: "Not supported by the agent", 503: "Over capacity, retry later",
     504: "The agent did not answer in time",
 }
@@ -149,6 +157,7 @@ PAGE_SIZE = {"type": "integer", "minimum": 1, "maximum": 100}
 SEQUENCE = {"type": "integer", "minimum": 0, "maximum": 2**53 - 1}
 PATH_PARAMS: dict[str, dict[str, Any]] = {
     "name": {"type": "string", "examples": ["app.js", "style.css", "index.html"]},
+    "token_name": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$"},
 }
 SSE_ANSWER = Answer(200, "The event stream", SESSION_EVENTS, SSE,
                     ("X-Qwen-Event-Epoch", "X-Qwen-SSE-Stream-Id"))
@@ -220,6 +229,31 @@ OPERATIONS: tuple[Op, ...] = (
     Op("GET", "/web/{name}", "A file of the web console (one flat folder, exact names)",
        (Answer(200, "The file", str, HTML, alternatives=STATIC_TYPES),), (404,),
        public=True),
+    # -- principals --
+    Op("GET", "/whoami", "The caller's principal: name, scopes, rate class",
+       (Answer(200, "The principal", WhoAmI),)),
+    Op("POST", "/tokens", "Create a stored token (the token is in this answer only)",
+       (Answer(201, "The token", TokenCreated),), (400, 409, 413, 503),
+       body=W.CreateTokenBody),
+    Op("GET", "/tokens", "The stored tokens (never their secrets)",
+       (Answer(200, "The tokens", TokenList),), (503,),
+       query=(Query("all", "`true`: revoked ones too", {"type": "string"}),)),
+    Op("DELETE", "/tokens/{token_name}", "Revoke a token: refused within a second on every "
+       "instance, its open streams ended", (Answer(200, "Revoked", TokensRevoked),),
+       (404, 503)),
+    Op("GET", "/audit", "The audit log, oldest first, a page at a time",
+       (Answer(200, "A page of records", AuditPage),), (400, 503),
+       query=(Query("principal", "Only this principal's records", {"type": "string"}),
+              Query("action", "Only this action (e.g. `session.created`)",
+                    {"type": "string"}),
+              Query("since", "From this time (ISO 8601 or epoch seconds)",
+                    {"type": "string"}),
+              Query("until", "Before this time (ISO 8601 or epoch seconds)",
+                    {"type": "string"}),
+              Query("after", "The `nextCursor` of the previous page",
+                    {"type": "string", "pattern": "^[0-9]{1,18}$"}),
+              Query("limit", "Page size (default 100)",
+                    {"type": "integer", "minimum": 1, "maximum": 1000}))),
     # -- operability --
     Op("GET", "/metrics", "Prometheus text exposition (the /health auth rule)",
        (Answer(200, "The metrics", str, "text/plain"),)),
@@ -277,7 +311,7 @@ OPERATIONS: tuple[Op, ...] = (
 
 # -- rendering ---------------------------------------------------------------------------
 def _types() -> list[Any]:
-    found: list[Any] = [RestError, lmsp_wire.Problem]
+    found: list[Any] = [RestError, RateLimited, lmsp_wire.Problem]
     for op in OPERATIONS:
         answers = [(a.schema, *(t for _, t in a.alternatives)) for a in op.answers]
         for t in (op.body, *(t for group in answers for t in group),
@@ -347,9 +381,12 @@ def _operation(op: Op, refs: dict[Any, dict[str, Any]]) -> dict[str, Any]:
         if answer.links:
             entry["links"] = {k: v for link in answer.links for k, v in _links(*link).items()}
         responses[str(answer.status)] = entry
-    for status in sorted({*op.errors, 403} | (set() if op.public else {401})):
+    for status in sorted({*op.errors, 403} | (set() if op.public else {401, 429})):
+        schemas = dict(op.error_schemas)
+        if 429 not in op.errors:   # only the rate limits' 429
+            schemas.setdefault(429, RateLimited)
         content_type, schema = (PROBLEM_JSON, refs[lmsp_wire.Problem]) if lmsp and status != 403 \
-            else (JSON, refs[dict(op.error_schemas).get(status, RestError)])
+            else (JSON, refs[schemas.get(status, RestError)])
         entry = {"description": ERROR_TEXT[status], "content": {content_type: {"schema": schema}}}
         if status in RETRYABLE:
             entry["headers"] = _header_objects(("Retry-After",), RESPONSE_HEADERS)

@@ -103,3 +103,67 @@ class TaskEnvelope(msgspec.Struct):
     type: Literal["response"]
     input: ResponseRequest
     on_restart: lmsp_wire.OnRestart = "fail"
+
+
+# -- principals: /tokens and /audit (acp_server.rest.admin, admin scope) -----------------
+class TokenInfo(msgspec.Struct):
+    """A stored token as listed (never its secret); times are ISO 8601 or null."""
+
+    name: str
+    id: str
+    scopes: list[Literal["admin", "prompt", "read"]]
+    rateClass: Literal["default", "unlimited"]
+    createdAt: str
+    createdBy: str
+    expiresAt: str | None
+    lastUsedAt: str | None
+    revokedAt: str | None
+    revokedBy: str | None
+
+
+class TokenCreated(TokenInfo):
+    """``POST /tokens``: the token itself, shown this once."""
+
+    token: str
+
+
+class TokenList(msgspec.Struct):
+    tokens: list[TokenInfo]
+
+
+class TokensRevoked(msgspec.Struct):
+    revoked: list[TokenInfo]
+
+
+class AuditEntry(msgspec.Struct):
+    seq: int
+    at: float
+    principal: str
+    action: str
+    target: str | None
+    client: str | None
+    detail: dict[str, Any]
+
+
+class AuditPage(msgspec.Struct):
+    records: list[AuditEntry]
+    nextCursor: str | None
+
+
+class RateLimited(msgspec.Struct):
+    """429 of the rate limits (``qwen serve``'s shape), with ``Retry-After``."""
+
+    error: str
+    code: Literal["rate_limit_exceeded"]
+    tier: Literal["prompt", "mutation", "read"]
+    retryAfterMs: int
+
+
+class WhoAmI(msgspec.Struct):
+    """``GET /whoami``: the caller's principal (``kind``: bootstrap, local or token)."""
+
+    name: str
+    kind: Literal["bootstrap", "local", "token"]
+    scopes: list[Literal["admin", "prompt", "read"]]
+    rateClass: Literal["default", "unlimited"]
+    sharedSessions: bool

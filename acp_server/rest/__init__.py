@@ -18,6 +18,7 @@ from __future__ import annotations
 from starlette.routing import BaseRoute
 
 from acp_server.rest import (
+    admin,
     capabilities,
     daemon,
     events,
@@ -29,6 +30,7 @@ from acp_server.rest import (
 )
 from acp_server.rest.config import RestConfig
 from acp_server.rest.daemon import PermissionReport
+from acp_server.principals import Gate
 from acp_server.store.errors import Probed
 from bridge import Bridge
 
@@ -39,9 +41,11 @@ fast_routes = prompts.fast_routes   # the front layer's hot path: path -> fast h
 
 def routes(bridge: Bridge, config: RestConfig, *,
            lmsp_permissions: PermissionReport | None = None,
-           store: Probed | None = None) -> list[BaseRoute]:
-    """Every REST route, over its dependencies (``store``: what ``/health?deep=1`` asks)."""
-    return [*health.routes(bridge, store), *capabilities.routes(bridge, config),
+           store: Probed | None = None, gate: Gate | None = None) -> list[BaseRoute]:
+    """Every REST route, over its dependencies (``store``: what ``/health?deep=1`` asks;
+    ``gate``: the principals, for ``/tokens`` and ``/audit``)."""
+    return [*(admin.routes(gate, config) if gate is not None else ()),
+            *health.routes(bridge, store), *capabilities.routes(bridge, config),
             *daemon.routes(bridge, config, lmsp_permissions=lmsp_permissions),
             *sessions.routes(bridge, config), *prompts.routes(bridge, config),
             *events.routes(bridge, config), *permissions.routes(bridge, config),

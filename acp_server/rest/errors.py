@@ -182,7 +182,8 @@ def render_refusal(refusal: Refusal) -> tuple[bytes, bytes]:
     ``qwen serve`` has them (401, the CORS 403), else ``{"error", "code"}``."""
     if refusal.peer_body is not None:
         return b"application/json", refusal.peer_body
-    return b"application/json", _encoder.encode({"error": refusal.message, "code": refusal.code})
+    return b"application/json", _encoder.encode({"error": refusal.message, "code": refusal.code,
+                                                 **dict(refusal.extra)})
 
 
 async def handle_error(request: Request, exc: Exception) -> Response:

@@ -24,6 +24,7 @@ from acp_server.http.headers import event_epoch, last_event_id
 from acp_server.http.endpoints import route
 from acp_server.rest import wire
 from acp_server.rest.config import RestConfig
+from acp_server.rest.owners import owned
 from acp_server.rest.sse import EventStreamResponse
 from bridge import Bridge
 
@@ -41,5 +42,5 @@ async def session_events(request: Request, *, bridge: Bridge, config: RestConfig
 
 
 def routes(bridge: Bridge, config: RestConfig) -> list[BaseRoute]:
-    return [route("/session/{session_id}/events", session_events, ["GET"], bridge=bridge,
+    return [route("/session/{session_id}/events", owned(session_events), ["GET"], bridge=bridge,
                   config=config)]

@@ -26,9 +26,11 @@ from starlette.routing import BaseRoute
 
 from acp_server.http.body import BodyError, decode_json
 from acp_server.http.endpoints import route
+from acp_server.principals import caller_of
 from acp_server.rest import wire
 from acp_server.rest.config import RestConfig
 from acp_server.rest.errors import error_response, json_response
+from acp_server.rest.owners import owned
 from bridge import Bridge
 from bridge.errors import BridgeError, JournalUnavailableError, PromptQueueFullError
 
@@ -43,6 +45,7 @@ async def send_prompt(request: Request, *, bridge: Bridge, config: RestConfig) -
     except PromptQueueFullError as exc:   # the hot refusal: answered here, not re-raised
         return error_response(exc)
     await ticket.committed()   # a durable journal: committed before the 202 (else 503)
+    caller_of(request.scope).prompt_accepted(session_id, ticket.prompt_id, body.prompt, "rest")
     return json_response(202, wire.PromptAccepted(promptId=ticket.prompt_id,
                                                    lastEventId=ticket.last_event_id,
                                                    eventEpoch=ticket.epoch))
@@ -81,9 +84,12 @@ async def send_prompt_fast(scope: Any, body: bytes, send: Any, *, bridge: Bridge
         parsed = decode_json(body, _PROMPT_DECODER)
     except (BodyError, ValueError):
         return False
+    session_id = scope["path_params"]["session_id"]
+    caller = caller_of(scope)
+    if not caller.sees_session(session_id):
+        return False   # the route answers 404
     try:
-        ticket = bridge.send_prompt(scope["path_params"]["session_id"], parsed.prompt,
-                                    deadline_ms=parsed.deadlineMs)
+        ticket = bridge.send_prompt(session_id, parsed.prompt, deadline_ms=parsed.deadlineMs)
     except PromptQueueFullError as exc:
         response = error_response(exc)
     except BridgeError:
@@ -94,6 +100,7 @@ async def send_prompt_fast(scope: Any, body: bytes, send: Any, *, bridge: Bridge
         except JournalUnavailableError as exc:   # settled, slot released: 503
             response = error_response(exc)
         else:
+            caller.prompt_accepted(session_id, ticket.prompt_id, parsed.prompt, "rest")
             response = json_response(202, wire.PromptAccepted(
                 promptId=ticket.prompt_id, lastEventId=ticket.last_event_id,
                 eventEpoch=ticket.epoch))
@@ -111,9 +118,10 @@ def fast_routes(bridge: Bridge, config: RestConfig) -> dict[str, Any]:
 
 def routes(bridge: Bridge, config: RestConfig) -> list[BaseRoute]:
     return [
-        route("/session/{session_id}/prompt", send_prompt, ["POST"], bridge=bridge,
+        route("/session/{session_id}/prompt", owned(send_prompt), ["POST"], bridge=bridge,
               config=config),
-        route("/session/{session_id}/pending-prompts", pending_prompts, ["GET"], bridge=bridge),
-        route("/session/{session_id}/pending-prompts/{prompt_id}", remove_pending_prompt,
-              ["DELETE"], bridge=bridge),
+        route("/session/{session_id}/pending-prompts", owned(pending_prompts), ["GET"],
+              bridge=bridge),
+        route("/session/{session_id}/pending-prompts/{prompt_id}",
+              owned(remove_pending_prompt), ["DELETE"], bridge=bridge),
     ]

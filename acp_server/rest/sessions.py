@@ -7,11 +7,13 @@
 
 Contracts: ``sessionScope`` ``single`` (default) attaches to the workspace's default
 session; ``thread`` always spawns; a ``sessionId`` override must be a UUID v1–v5 and
-forces ``thread``. Creation is 200 (not 201) as on the peer; branch is 201. ``/load``
-carries the history (``compactedReplay``, ``liveJournal``, ``promptTerminals``, with
-``lastEventId`` after them, ``bridge.history``, each event as its ``bridge.wire``
-envelope); ``/resume`` carries none. A client that goes away while its session is
-being made (create, load, resume, branch) cancels the making: the slot comes back.
+forces ``thread``; ``single`` is per principal (``rest.owners``: another principal's
+session is 404 on every route here). Creation is 200 (not 201) as on the peer; branch
+is 201. ``/load`` carries the history (``compactedReplay``, ``liveJournal``,
+``promptTerminals``, with ``lastEventId`` after them, ``bridge.history``, each event as
+its ``bridge.wire`` envelope); ``/resume`` carries none. A client that goes away while
+its session is being made (create, load, resume, branch) cancels the making: the slot
+comes back.
 """
 
 from __future__ import annotations
@@ -27,9 +29,11 @@ from starlette.routing import BaseRoute
 from acp_server.http.disconnect import until_disconnect
 from acp_server.http.endpoints import route
 from acp_server.http.origin import session_origin
+from acp_server.principals import caller_of
 from acp_server.rest import wire
 from acp_server.rest.config import RestConfig
 from acp_server.rest.errors import bad_request, json_response
+from acp_server.rest.owners import check_restore, claim, own_default, owned
 from acp_server.rest.wire import iso
 from bridge import Bridge, Event, SessionInfo, SessionStatus
 from bridge.wire import envelope
@@ -98,6 +102,9 @@ async def create_session(request: Request, *, bridge: Bridge, config: RestConfig
         raise bad_request("`sessionId` must be a UUID (RFC 4122, versions 1-5)",
                           "invalid_session_id")
     origin = session_origin(body.meta)
+    caller = caller_of(request.scope)
+    if body.sessionId is not None:
+        check_restore(caller, body.sessionId)
 
     def spawn() -> Awaitable[SessionInfo]:
         if body.sessionId is not None:
@@ -105,28 +112,38 @@ async def create_session(request: Request, *, bridge: Bridge, config: RestConfig
                                          agent=body.agent, origin=origin)
         if scope == "thread":
             return bridge.create_session(cwd=body.cwd, agent=body.agent, origin=origin)
-        return bridge.attach_session(cwd=body.cwd, agent=body.agent)
+        return own_default(bridge, caller, cwd=body.cwd, agent=body.agent)
 
     # A client that goes away gives its session slot back at once.
-    return json_response(200, created(await until_disconnect(request, spawn)))
+    info = await until_disconnect(request, spawn)
+    claim(caller, info)
+    if not info.attached:
+        how = "attach" if scope == "single" and body.sessionId is None else "new"
+        caller.record("session.created", info.session_id, how=how, agent=body.agent)
+    return json_response(200, created(info))
 
 
 async def load_session(request: Request, *, bridge: Bridge, config: RestConfig) -> Response:
-    return await _restore(request, bridge.load_session, config)
+    return await _restore(request, bridge.load_session, config, "load")
 
 
 async def resume_session(request: Request, *, bridge: Bridge, config: RestConfig) -> Response:
-    return await _restore(request, bridge.resume_session, config)
+    return await _restore(request, bridge.resume_session, config, "resume")
 
 
 async def _restore(request: Request, restore: Callable[..., Awaitable[SessionInfo]],
-                   config: RestConfig) -> Response:
+                   config: RestConfig, how: str) -> Response:
     """``/load`` and ``/resume``: the same body and answer, a different bridge call."""
     wire.client_id(request)
+    caller = caller_of(request.scope)
+    session_id = request.path_params["session_id"]
+    check_restore(caller, session_id)
     body = await wire.read_json(request, wire.RestoreBody, limit=config.max_body_bytes)
     info = await until_disconnect(request, lambda: restore(
-        request.path_params["session_id"], cwd=body.cwd,
-        agent=body.agent))   # unknown to the agent: SessionNotFoundError
+        session_id, cwd=body.cwd, agent=body.agent))   # unknown to the agent: 404
+    claim(caller, info)
+    if not info.attached:
+        caller.record("session.created", session_id, how=how, agent=body.agent)
     return json_response(200, restored(info))
 
 
@@ -135,6 +152,9 @@ async def branch_session(request: Request, *, bridge: Bridge, config: RestConfig
     await wire.read_json(request, wire.EmptyBody, limit=config.max_body_bytes)
     session_id = request.path_params["session_id"]
     info = await until_disconnect(request, lambda: bridge.branch_session(session_id))
+    caller = caller_of(request.scope)
+    claim(caller, info)
+    caller.record("session.created", info.session_id, how="branch", forked_from=session_id)
     return json_response(201, wire.SessionBranched(
         sessionId=info.session_id, workspaceCwd=info.workspace_cwd, attached=info.attached,
         clientId=info.client_id, createdAt=iso(info.created_at),
@@ -144,13 +164,17 @@ async def branch_session(request: Request, *, bridge: Bridge, config: RestConfig
 
 async def cancel_session(request: Request, *, bridge: Bridge) -> Response:
     wire.client_id(request)
-    await bridge.cancel_session(request.path_params["session_id"])
+    session_id = request.path_params["session_id"]
+    await bridge.cancel_session(session_id)
+    caller_of(request.scope).record("session.cancelled", session_id)
     return _no_content()
 
 
 async def close_session(request: Request, *, bridge: Bridge) -> Response:
     client_id = wire.client_id(request)
-    await bridge.close_session(request.path_params["session_id"], closed_by=client_id)
+    session_id = request.path_params["session_id"]
+    await bridge.close_session(session_id, closed_by=client_id)
+    caller_of(request.scope).record("session.closed", session_id)
     return _no_content()
 
 
@@ -171,11 +195,11 @@ def routes(bridge: Bridge, config: RestConfig) -> list[BaseRoute]:
     deps = {"bridge": bridge, "config": config}
     return [
         route("/session", create_session, ["POST"], **deps),
-        route("/session/{session_id}", close_session, ["DELETE"], bridge=bridge),
+        route("/session/{session_id}", owned(close_session), ["DELETE"], bridge=bridge),
         route("/session/{session_id}/load", load_session, ["POST"], **deps),
         route("/session/{session_id}/resume", resume_session, ["POST"], **deps),
-        route("/session/{session_id}/branch", branch_session, ["POST"], **deps),
-        route("/session/{session_id}/cancel", cancel_session, ["POST"], bridge=bridge),
-        route("/session/{session_id}/status", session_status, ["GET"], bridge=bridge),
-        route("/session/{session_id}/heartbeat", heartbeat, ["POST"], bridge=bridge),
+        route("/session/{session_id}/branch", owned(branch_session), ["POST"], **deps),
+        route("/session/{session_id}/cancel", owned(cancel_session), ["POST"], bridge=bridge),
+        route("/session/{session_id}/status", owned(session_status), ["GET"], bridge=bridge),
+        route("/session/{session_id}/heartbeat", owned(heartbeat), ["POST"], bridge=bridge),
     ]

@@ -152,6 +152,15 @@ class Heartbeat(msgspec.Struct, omit_defaults=True):
     clientId: str | None = None
 
 
+class CreateTokenBody(msgspec.Struct, forbid_unknown_fields=True):
+    """``POST /tokens`` (admin)."""
+
+    name: str
+    scopes: list[str] = []
+    expires: str | None = None       # 30d, 12h, seconds
+    rateClass: str = "default"       # default | unlimited
+
+
 # -- the answers built from the bridge's state (capabilities, health, status, listings) --
 class Health(msgspec.Struct, omit_defaults=True):
     """`GET /health?deep=1` (a plain `/health` answers `{"status": "ok"}`)."""
@@ -251,6 +260,9 @@ class SessionSummary(SessionStatus):
     origin: Annotated[str, msgspec.Meta(
         description="Who made it (`_meta[\"acp-server/origin\"]` at creation; `lmsp` for "
                     "LMSP tasks); null for a person's session")] | None
+    owner: Annotated[str, msgspec.Meta(
+        description="The principal that made it (`bootstrap`, `local` or a token's name); "
+                    "null when this instance does not know")] | None = None
 
 
 class SessionPage(msgspec.Struct, omit_defaults=True):
@@ -277,7 +289,8 @@ class EmptyObject(msgspec.Struct):
 
 _decoders: dict[type, msgspec.json.Decoder[Any]] = {
     t: msgspec.json.Decoder(t)
-    for t in (CreateSessionBody, PromptBody, PermissionVoteBody, RestoreBody, EmptyBody)
+    for t in (CreateSessionBody, PromptBody, PermissionVoteBody, RestoreBody, EmptyBody,
+              CreateTokenBody)
 }
 
 

@@ -13,7 +13,9 @@ only live ones. Contracts: ``{id}`` is the workspace id of ``/capabilities``
 (``workspaces[0].id``); another id is 404 ``workspace_not_found``. ``size`` 1..100
 (default 20) else 400 ``invalid_session_page_size``; ``cursor`` is the ``nextCursor``
 of the previous page, else 400 ``invalid_cursor``. ``maxPendingPrompts`` is ``null``
-when the cap is off.
+when the cap is off. Each principal lists the sessions it sees (its own; every one for
+an admin or with ``--share-sessions``); ``owner`` names the principal that made the
+session (``null``: none this instance knows, as the LMSP runner's).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute
 
 from acp_server.http.endpoints import route
+from acp_server.principals import caller_of
 from acp_server.rest import wire
 from acp_server.rest.errors import RestError, bad_request, json_response
 from acp_server.rest.sessions import status_fields
@@ -46,11 +49,11 @@ def workspaces(bridge: Bridge) -> list[wire.WorkspaceInfo]:
                                cwd=bridge.workspace_cwd, primary=True)]
 
 
-def session_summary(status: SessionStatus) -> wire.SessionSummary:
+def session_summary(status: SessionStatus, owner: str | None = None) -> wire.SessionSummary:
     return wire.SessionSummary(
         **status_fields(status), updatedAt=wire.iso(status.updated_at), agent=status.agent,
         maxPendingPrompts=status.max_pending_prompts,
-        activePromptText=status.active_prompt_text, origin=status.origin)
+        activePromptText=status.active_prompt_text, origin=status.origin, owner=owner)
 
 
 def _decimal(text: str) -> bool:
@@ -80,12 +83,14 @@ async def list_sessions(request: Request, *, bridge: Bridge) -> Response:
         raise RestError(404, {"error": "Workspace is not registered with this daemon.",
                               "code": "workspace_not_found", "workspace": requested[:256]})
     size, offset = _page_args(request)
-    live = bridge.list_sessions()
+    caller = caller_of(request.scope)
+    owners = caller.gate.sessions
+    live = [s for s in bridge.list_sessions() if caller.sees(owners.owner(s.session_id))]
     live.sort(key=lambda s: (-s.created_at, s.session_id))
     page = live[offset:offset + size]
     more = offset + size < len(live)
     return json_response(200, wire.SessionPage(
-        sessions=[session_summary(s) for s in page],
+        sessions=[session_summary(s, owners.owner(s.session_id)) for s in page],
         nextCursor=str(offset + size) if more else msgspec.UNSET))
 
 

@@ -36,6 +36,7 @@ from typing import Any
 import msgspec
 from psycopg import errors as pg_errors
 
+from acp_server.store.audit import AuditOps
 from acp_server.store.identity import claim_identity
 from acp_server.store.pg_engine import WRITERS, Batch, Conn, PostgresEngine
 from acp_server.store.tasks import (
@@ -66,6 +67,7 @@ from acp_server.store.tasks import (
     queued_record,
     recover_rows,
 )
+from acp_server.store.tokens import TokenOps
 from acp_server.store.writer import Op
 
 __all__ = ["PostgresTaskStore", "is_postgres_url"]
@@ -117,11 +119,14 @@ class PostgresDialect(Dialect):
 PG = PostgresDialect()
 
 
-class PostgresTaskStore(ObservedMoves, PostgresEngine):
+class PostgresTaskStore(TokenOps, AuditOps, ObservedMoves, PostgresEngine):
     """See the module docstring. ``url``: a libpq URL (``postgresql://…``; add
-    ``?options=-csearch_path%3Dname`` for a schema other than ``public``)."""
+    ``?options=-csearch_path%3Dname`` for a schema other than ``public``). The tokens
+    and the audit log (``TokenOps``, ``AuditOps``) share its writer; a token created or
+    revoked is a notice of kind ``t`` to the other instances (``on_tokens_changed``)."""
 
     shared = True   # several instances: the service runs leases, sweeps and polling
+    _p = "%s"
 
     def __init__(self, url: str, *, on_commit: Callable[[list[CommittedEvent]], None]
                  | None = None, group_commit: bool = True, lease_s: float = 30,
@@ -148,7 +153,18 @@ class PostgresTaskStore(ObservedMoves, PostgresEngine):
         except Exception:   # noqa: BLE001 - the leases then expire on their own
             log.warning("could not release the leases of %s", self.instance)
 
+    def _conflict(self, exc: BaseException) -> bool:
+        return isinstance(exc, pg_errors.UniqueViolation)
+
+    def _token_notice(self, state: Batch, token_ids: Sequence[str]) -> None:
+        for token_id in token_ids:
+            self.notice(state, "t", token_id)
+
     def _on_notice(self, kind: str, ids: list[str]) -> None:
+        if kind == "t":   # tokens: not the tasks' (the service ignores unknown kinds)
+            if self.on_tokens_changed is not None:
+                self.on_tokens_changed(ids)
+            return
         if self.on_notify is not None:
             for task_id in ids:
                 self.on_notify(kind, task_id)
@@ -254,7 +270,7 @@ class PostgresTaskStore(ObservedMoves, PostgresEngine):
 
         return await self._write(op)
 
-    async def list_tasks(self, principal: str, *, status: str | None, after: str | None,
+    async def list_tasks(self, principal: str | None, *, status: str | None, after: str | None,
                          limit: int) -> list[TaskRecord]:
         return await self._read(
             lambda conn: PG.select_page(conn, principal, status, after, limit))

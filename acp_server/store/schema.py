@@ -116,6 +116,60 @@ _POSTGRES_TASKS = """    CREATE TABLE tasks (
     CREATE INDEX idem_task ON idempotency_keys(task_id);
 """
 
+_SQLITE_PRINCIPALS = """CREATE TABLE IF NOT EXISTS tokens (
+    id TEXT PRIMARY KEY,                        -- the public id, in the token itself
+    name TEXT NOT NULL,                         -- the principal
+    secret_sha256 TEXT NOT NULL,                -- hex SHA-256 of the secret part
+    scopes TEXT NOT NULL,                       -- comma-separated: read, prompt, admin
+    rate_class TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    created_by TEXT NOT NULL,
+    expires_at REAL,
+    last_used_at REAL,
+    revoked_at REAL,
+    revoked_by TEXT
+);
+CREATE UNIQUE INDEX IF NOT EXISTS tokens_live_name ON tokens(name) WHERE revoked_at IS NULL;
+CREATE TABLE IF NOT EXISTS audit (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    at REAL NOT NULL,
+    principal TEXT NOT NULL,
+    action TEXT NOT NULL,
+    target TEXT,
+    client TEXT,
+    detail TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS audit_principal ON audit(principal, seq);
+CREATE INDEX IF NOT EXISTS audit_at ON audit(at);
+"""
+
+_POSTGRES_PRINCIPALS = """    CREATE TABLE tokens (
+        id TEXT PRIMARY KEY,
+        name TEXT NOT NULL,
+        secret_sha256 TEXT NOT NULL,
+        scopes TEXT NOT NULL,
+        rate_class TEXT NOT NULL,
+        created_at DOUBLE PRECISION NOT NULL,
+        created_by TEXT NOT NULL,
+        expires_at DOUBLE PRECISION,
+        last_used_at DOUBLE PRECISION,
+        revoked_at DOUBLE PRECISION,
+        revoked_by TEXT
+    );
+    CREATE UNIQUE INDEX tokens_live_name ON tokens(name) WHERE revoked_at IS NULL;
+    CREATE TABLE audit (
+        seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        at DOUBLE PRECISION NOT NULL,
+        principal TEXT NOT NULL,
+        action TEXT NOT NULL,
+        target TEXT,
+        client TEXT,
+        detail TEXT NOT NULL
+    );
+    CREATE INDEX audit_principal ON audit(principal, seq);
+    CREATE INDEX audit_at ON audit(at);
+"""
+
 MIGRATIONS: list[Migration] = [
     # 1: LMSP tasks, their events and idempotency keys (PostgreSQL: plus ownership)
     Migration("lmsp tasks", _SQLITE_TASKS, _POSTGRES_TASKS),
@@ -175,6 +229,9 @@ CREATE TABLE IF NOT EXISTS session_events (
         PRIMARY KEY (session_id, id)
     );
 """),
+    # 4: principals: stored bearer tokens (hashed) and the audit log (acp_server/store/
+    #    tokens.py, audit.py)
+    Migration("tokens and audit", _SQLITE_PRINCIPALS, _POSTGRES_PRINCIPALS),
 ]
 
 

@@ -55,7 +55,9 @@ from acp_server.store.tasks import (
     recover_rows,
 )
 from acp_server.store.tasks import AnyEvent
+from acp_server.store.audit import AuditOps
 from acp_server.store.errors import StoreUnavailableError
+from acp_server.store.tokens import TokenOps
 from acp_server.store.schema import migrate_sqlite
 from acp_server.store.writer import GroupCommitStore, Op
 
@@ -78,8 +80,16 @@ def _connect(path: str, busy_timeout_s: float = BUSY_TIMEOUT_S) -> sqlite3.Conne
 
 def private_files(path: str) -> None:
     """The database file exists with mode 0600; it and its ``-wal`` / ``-shm`` files
-    are tightened to 0600 when wider (SQLite gives the latter the database's mode)."""
-    os.close(os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600))
+    are tightened to 0600 when wider (SQLite gives the latter the database's mode).
+    An existing file is never opened here: closing any descriptor of a file drops
+    every POSIX lock this process holds on it, SQLite's included, and another process
+    (``acp-server token``) closing its connection would then take this one's WAL for
+    unused and delete it."""
+    try:
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL
+                         | getattr(os, "O_CLOEXEC", 0), 0o600))
+    except FileExistsError:
+        pass
     for name in (path, f"{path}-wal", f"{path}-shm"):
         try:
             info = os.stat(name)
@@ -89,8 +99,9 @@ def private_files(path: str) -> None:
             os.chmod(name, 0o600)
 
 
-class SqliteTaskStore(ObservedMoves, GroupCommitStore[sqlite3.Connection]):
-    """See the module docstring. ``path`` is a file path (``sqlite:///`` stripped)."""
+class SqliteTaskStore(TokenOps, AuditOps, ObservedMoves, GroupCommitStore[sqlite3.Connection]):
+    """See the module docstring. ``path`` is a file path (``sqlite:///`` stripped). The
+    tokens and the audit log (``TokenOps``, ``AuditOps``) share its writer."""
 
     shared = False   # one instance per file
 
@@ -160,6 +171,9 @@ class SqliteTaskStore(ObservedMoves, GroupCommitStore[sqlite3.Connection]):
         if isinstance(exc, OSError):
             return f"SQLite: {exc}"
         return None
+
+    def _conflict(self, exc: BaseException) -> bool:
+        return isinstance(exc, sqlite3.IntegrityError)
 
     def _before_read(self) -> None:
         if self._lost is not None:
@@ -279,7 +293,7 @@ class SqliteTaskStore(ObservedMoves, GroupCommitStore[sqlite3.Connection]):
     async def delete_task(self, task_id: str) -> bool:
         return await self._write(lambda conn, out: SQL.delete_finished(conn, task_id))
 
-    async def list_tasks(self, principal: str, *, status: str | None, after: str | None,
+    async def list_tasks(self, principal: str | None, *, status: str | None, after: str | None,
                          limit: int) -> list[TaskRecord]:
         return await self._read(
             lambda conn: SQL.select_page(conn, principal, status, after, limit))

@@ -168,10 +168,10 @@ class TaskStore(Protocol):
         """Deletes a *finished* task with its events and idempotency keys, in one
         transaction; ``False`` when it is unfinished or gone."""
 
-    async def list_tasks(self, principal: str, *, status: str | None, after: str | None,
+    async def list_tasks(self, principal: str | None, *, status: str | None, after: str | None,
                          limit: int) -> list[TaskRecord]:
-        """Up to ``limit`` of ``principal``'s tasks, newest first, created before the
-        task ``after`` (``GET /lmsp/v1/tasks``)."""
+        """Up to ``limit`` of ``principal``'s tasks (``None``: everyone's), newest
+        first, created before the task ``after`` (``GET /lmsp/v1/tasks``)."""
 
     async def claim_next(self, now: float) -> TaskRecord | None:
         """The oldest ``queued`` task → ``loading`` (attempt + 1), or ``None``."""
@@ -335,11 +335,13 @@ def purge_statements(p: str, *, now: float, event_retention: float,
     ]
 
 
-def list_statement(p: str, *, principal: str, status: str | None, after: str | None,
+def list_statement(p: str, *, principal: str | None, status: str | None, after: str | None,
                    limit: int) -> tuple[str, tuple[Any, ...]]:
     """The page query as (SQL, params) for either store (``p`` is the placeholder):
-    ``limit`` rows of ``COLUMNS``, newest first, older than the task ``after``."""
-    where, params = [f"principal = {p}"], [principal]
+    ``limit`` rows of ``COLUMNS``, newest first, older than the task ``after``;
+    ``principal`` ``None``: every principal's."""
+    where: list[str] = ["1 = 1"] if principal is None else [f"principal = {p}"]
+    params: list[Any] = [] if principal is None else [principal]
     if status is not None:
         where.append(f"status = {p}")
         params.append(status)
@@ -381,7 +383,7 @@ class Dialect:
                            (response_id,)).fetchone()
         return None if row is None else record_from_row(row)
 
-    def select_page(self, conn: Any, principal: str, status: str | None, after: str | None,
+    def select_page(self, conn: Any, principal: str | None, status: str | None, after: str | None,
                     limit: int) -> list[TaskRecord]:
         sql, params = list_statement(self.p, principal=principal, status=status, after=after,
                                      limit=limit)

@@ -9,9 +9,9 @@ app served by uvicorn under asyncio and by hypercorn under trio (which uvicorn d
 support), inside the test's own event loop. Settings are keyword arguments
 (``Settings`` fields); the state folder defaults to ``<workspace>/state``.
 ``open_server``'s test overrides pass through (``agent_factory``, ``lmsp_store``,
-``lmsp_config``, ``group_commit``, ``acp_clock``). ``wrap`` puts an ASGI middleware in
-front of the app (a recorder, a fault); ``headers`` and ``timeout`` are the client's. A door's tests
-add their helpers with ``kind=`` (a ``LocalServer`` subclass). At the end the server
+``lmsp_config``, ``group_commit``, ``acp_clock``, ``principals_clock``). ``wrap`` puts an
+ASGI middleware in front of the app (a recorder, a fault); ``headers`` and ``timeout``
+are the client's. A door's tests add their helpers with ``kind=`` (a ``LocalServer`` subclass). At the end the server
 is told to stop and ``Server.drain()`` runs (open streams end), as on SIGTERM.
 
 ``serving(app)`` serves any other ASGI app the same way (fake model servers, peers).
@@ -39,7 +39,7 @@ from acp_server.settings import Settings
 from bridge import Bridge, BridgeOptions
 
 OVERRIDES = ("agent_factory", "lmsp_store", "lmsp_config", "group_commit", "acp_clock",
-             "session_clock")
+             "session_clock", "principals_clock")
 
 
 @dataclass

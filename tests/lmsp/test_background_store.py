@@ -20,6 +20,7 @@ from acp_server.store.postgres import PostgresTaskStore
 from acp_server.lmsp.requests import parse_response_request
 from acp_server.store.sqlite import SqliteTaskStore
 from acp_server.store.tasks import TERMINAL, IdempotencyClaim
+from acp_server.principals import LOCAL_CALLER
 from bridge import Bridge
 from bridge.agents.reference import ReferenceAgentFactory
 from bridge.options import BridgeOptions
@@ -98,7 +99,7 @@ async def test_kept_sessions_make_room_at_the_session_limit(tmp_path: Path,
         async def respond(text: str) -> str:
             record, _ = await service.create_task(
                 parse_response_request({"model": "reference", "input": text}),
-                on_restart="fail", key=None, route="test")
+                on_restart="fail", key=None, route="test", caller=LOCAL_CALLER)
             with anyio.fail_after(10):
                 record = await service.wait_terminal(record.id)
             assert record.status in TERMINAL

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from acp_server.lmsp import open_lmsp
 from acp_server.lmsp.problems import LmspError
 from acp_server.lmsp.requests import parse_task_envelope
+from acp_server.principals import LOCAL_CALLER
 from bridge import Bridge
 from bridge.agents.reference import ReferenceAgentFactory
 from tests.lmsp.server import envelope
@@ -40,7 +41,7 @@ async def scenario(store_name: str, ending: str, sleep_ms: int, chunks: int,
             body = envelope(text)
             parsed = parse_task_envelope(body)
             record, _ = await service.create_task(parsed.request, on_restart="fail",
-                                                  key=None, route="test")
+                                                  key=None, route="test", caller=LOCAL_CALLER)
             answers: list[tuple[int, str]] = []
             start = time.monotonic()
             for at in sorted(cancel_at_ms):

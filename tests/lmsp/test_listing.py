@@ -11,6 +11,7 @@ import anyio
 import pytest
 
 from acp_server.lmsp import LmspConfig
+from tests.principals.helpers import bearer, mint
 from tests.lmsp.server import LmspServer, running_lmsp
 
 pytestmark = pytest.mark.anyio
@@ -84,16 +85,24 @@ async def test_status_filter(server: LmspServer) -> None:
 
 
 async def test_only_the_callers_tasks(tmp_path: Path, store_name: str) -> None:
-    async with running_lmsp(tmp_path, token="alpha") as alpha:
-        mine = await alpha.create("alpha's")
-        await alpha.wait(mine["id"])
-    async with running_lmsp(tmp_path, token="beta") as beta:
-        assert (await _list(beta))["data"] == []
-        response = await beta.client.get("/lmsp/v1/tasks", params={"after": mine["id"]})
+    """Two principals (stored tokens) on one store, across a restart: each lists its
+    own; the bootstrap admin lists both."""
+    async with running_lmsp(tmp_path, token="boot") as srv:
+        alpha, beta = await mint(srv.server, "alpha"), await mint(srv.server, "beta")
+        srv.client.headers.update(bearer(alpha))
+        mine = await srv.create("alpha's")
+        await srv.wait(mine["id"])
+    async with running_lmsp(tmp_path, token="boot") as srv:
+        srv.client.headers.update(bearer(beta))
+        assert (await _list(srv))["data"] == []
+        response = await srv.client.get("/lmsp/v1/tasks", params={"after": mine["id"]})
         assert response.status_code == 400
         assert response.json()["param"] == "after"
-    async with running_lmsp(tmp_path, token="alpha") as again:
-        assert [t["id"] for t in (await _list(again))["data"]] == [mine["id"]]
+        theirs = await srv.create("beta's")
+        srv.client.headers.update(bearer(alpha))
+        assert [t["id"] for t in (await _list(srv))["data"]] == [mine["id"]]
+        srv.client.headers.update(bearer("boot"))
+        assert [t["id"] for t in (await _list(srv))["data"]] == [theirs["id"], mine["id"]]
 
 
 async def test_tasks_past_retention_are_left_out(tmp_path: Path, store_name: str) -> None:

@@ -13,6 +13,7 @@ import pytest
 from acp_server.lmsp import open_lmsp
 from acp_server.lmsp.requests import parse_task_envelope
 from acp_server.lmsp.service import bridge_models
+from acp_server.principals import LOCAL_CALLER
 from bridge import Bridge
 from bridge.agents.reference import ReferenceAgentFactory
 
@@ -27,7 +28,7 @@ async def _run(service: object, model: str) -> str:
     body = {"type": "response", "input": {"model": model, "input": "hi"}}
     parsed = parse_task_envelope(body)
     record, _ = await service.create_task(parsed.request, on_restart="fail",  # type: ignore
-                                          key=None, route="t")
+                                          key=None, route="t", caller=LOCAL_CALLER)
     return (await service.wait_terminal(record.id)).status  # type: ignore
 
 
@@ -72,7 +73,7 @@ async def test_loading_then_failed_when_the_agent_cannot_start(tmp_path: Path) -
         body = {"type": "response", "input": {"model": "broken", "input": "hi"}}
         parsed = parse_task_envelope(body)
         record, _ = await service.create_task(parsed.request, on_restart="fail",
-                                              key=None, route="t")
+                                              key=None, route="t", caller=LOCAL_CALLER)
         done = await service.wait_terminal(record.id)
         assert done.status == "failed" and b'"code":"agent_error"' in (done.error or b"")
         events = await service.store.read_events(record.id, -1, 10)
@@ -87,7 +88,7 @@ async def test_cancel_while_loading(tmp_path: Path) -> None:
         body = {"type": "response", "input": {"model": "slow", "input": "hi"}}
         parsed = parse_task_envelope(body)
         record, _ = await service.create_task(parsed.request, on_restart="fail",
-                                              key=None, route="t")
+                                              key=None, route="t", caller=LOCAL_CALLER)
         with anyio.fail_after(5):
             while (await service.get_task(record.id)).status != "loading":
                 await anyio.sleep(0.01)

@@ -23,6 +23,7 @@ from acp_server.store.schema import MIGRATIONS
 from acp_server.lmsp.requests import parse_task_envelope
 from acp_server.lmsp.responses import created_event, recovery_finish
 from acp_server.store.tasks import IdempotencyClaim, queued_record
+from acp_server.principals import LOCAL_CALLER
 from bridge import Bridge
 from bridge.agents.reference import ReferenceAgentFactory
 from tests.lmsp import stores
@@ -158,7 +159,7 @@ async def service_on(url: str, workspace: Path, max_running: int,
 async def _create(service: LmspService, text: str) -> str:
     body = envelope(text)
     record, _ = await service.create_task(parse_task_envelope(body).request,
-                                          on_restart="fail", key=None, route="t")
+                                          on_restart="fail", key=None, route="t", caller=LOCAL_CALLER)
     return record.id
 
 

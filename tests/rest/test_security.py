@@ -74,7 +74,8 @@ async def test_allowed_origin_and_preflight(tmp_path: Path) -> None:
         assert response.headers["access-control-allow-origin"] == origin
         assert response.headers["access-control-expose-headers"] == (
             "Retry-After, X-Qwen-Event-Epoch, X-Qwen-SSE-Stream-Id, Acp-Connection-Id, "
-            "Idempotent-Replayed, Location, x-should-retry")
+            "Idempotent-Replayed, Location, x-should-retry, X-RateLimit-Limit, "
+            "X-RateLimit-Remaining, X-RateLimit-Reset")
         assert "allow_origin" in response.json()["features"]
 
         preflight = await srv.client.options("/session", headers={

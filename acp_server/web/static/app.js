@@ -1,12 +1,14 @@
 // The console's entry: asks for the token when the daemon wants one, loads
-// /capabilities, then routes on the URL fragment to one view at a time.
+// /capabilities, shows who the tab is (/whoami: its principal and scopes, and a
+// "Change token" button), then routes on the URL fragment to one view at a time.
+// Views read ctx.me ({name, kind, scopes}, or null) to offer only what the token may do.
 //
 //   #/               sessions        #/session/ID    one session
 //   #/tasks          LMSP tasks      #/task/ID       one task
 //   #/daemon         limits, activity, agents
 //
 // A view is mount(root, params, ctx) returning a function that stops everything it
-// started (streams, timers); ctx = { caps } (the /capabilities body).
+// started (streams, timers); ctx = { caps, me } (the /capabilities and /whoami bodies).
 
 import { request, setToken, token } from "./api.js";
 import { clear, errorText, h } from "./dom.js";
@@ -84,18 +86,43 @@ function route() {
 
 dialog.addEventListener("cancel", (event) => event.preventDefault());
 
+// Who this tab is (GET /whoami): shown in the header, with a way to change the token.
+async function showPrincipal() {
+  const label = document.getElementById("principal");
+  const change = document.getElementById("change-token");
+  try {
+    const me = await request("GET", "/whoami");
+    ctx.me = me;
+    label.textContent = `${me.name} (${me.scopes.join(", ")})`;
+    label.title = me.kind === "token" ? "a stored token" : `the ${me.kind} principal`;
+    label.hidden = false;
+    change.hidden = me.kind === "local";
+  } catch {
+    ctx.me = null;
+    label.hidden = true;   // an older server, or none to show
+  }
+}
+
 async function boot() {
   try {
-    ctx = { caps: await connect() };
+    ctx = { caps: await connect(), me: null };
   } catch (error) {
     clear(view, h("p", { class: "error", testid: "boot-error" }, errorText(error)));
     return;
   }
+  await showPrincipal();
+  document.getElementById("change-token").addEventListener("click", async () => {
+    setToken(null);
+    await askToken();
+    await showPrincipal();
+    route();
+  });
   document.getElementById("workspace").textContent = ctx.caps.workspaceCwd || "";
   window.addEventListener("hashchange", route);
   window.addEventListener("acp:unauthorized", async () => {
     if (asking) return;   // every refused request of the moment shares one question
-    await askToken("The daemon refused the token.");
+    await askToken("The daemon refused the token (wrong, revoked or expired).");
+    await showPrincipal();
     route();
   });
   route();

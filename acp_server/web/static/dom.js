@@ -132,9 +132,31 @@ export function poll(fn, ms) {
 export function errorText(error) {
   if (error && error.status) {
     const code = error.code ? ` ${error.code}` : "";
-    return `${error.status}${code}: ${error.message}`;
+    return `${error.status}${code}: ${error.message}${advice(error)}`;
   }
   return String(error && error.message ? error.message : error);
+}
+
+// Whether the tab's principal (ctx.me, from GET /whoami) has a scope; true when the
+// server did not say (an older server): the server decides anyway.
+export function can(ctx, scope) {
+  const scopes = ctx && ctx.me && ctx.me.scopes;
+  return !scopes || scopes.includes(scope) || scopes.includes("admin");
+}
+
+// What a person can do about a refusal of the principals (401, 403, 429).
+function advice(error) {
+  const body = error.body || {};
+  if (error.status === 401) return " Enter a valid token (Change token).";
+  if (error.status === 403 && (body.requiredScope || body.required_scope)) {
+    const scope = body.requiredScope || body.required_scope;
+    return ` Your token cannot do this: ask an admin for one with the "${scope}" scope.`;
+  }
+  if (error.status === 429 && error.code === "rate_limit_exceeded") {
+    const wait = error.retryAfter ? ` Retry in ${error.retryAfter} s.` : "";
+    return ` (${body.tier || "rate"} limit)${wait}`;
+  }
+  return "";
 }
 
 // Keyed list update: rows whose signature is unchanged stay the same DOM nodes (so a

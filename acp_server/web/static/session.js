@@ -16,7 +16,7 @@
 // a prompt runs, and says what it did.
 
 import { follow, request } from "./api.js";
-import { clear, errorText, h, limitText, shortId, toolKind } from "./dom.js";
+import { can, clear, errorText, h, limitText, shortId, toolKind } from "./dom.js";
 import { Transcript } from "./transcript.js";
 
 const QUEUE_EVENTS = new Set(["pending_prompt_added", "pending_prompt_started", "pending_prompt_completed",
@@ -25,13 +25,16 @@ const RELOAD_RETRY_MS = 3000;
 const CONTENT_EVENTS = new Set(["session_update", "pending_prompt_added", "turn_complete", "turn_error",
   "state_resync_required"]);
 
-export function mount(root, [sessionId], { caps }) {
+export function mount(root, [sessionId], ctx) {
+  const { caps } = ctx;
+  const mayPrompt = can(ctx, "prompt");   // else: a reader's view, nothing that acts
   const base = `/session/${encodeURIComponent(sessionId)}`;
   const limit = caps.limits ? caps.limits.maxPendingPromptsPerSession : null;
   const transcript = new Transcript();
   const depth = h("span", { class: "depth", testid: "queue-depth" }, `– / ${limitText(limit)}`);
   const state = h("span", { class: "badge", testid: "stream-state" }, "connecting");
-  const input = h("textarea", { testid: "prompt-input", rows: 3, placeholder: "Prompt (Ctrl+Enter sends)", "aria-label": "Prompt" });
+  const input = h("textarea", { testid: "prompt-input", rows: 3, "aria-label": "Prompt", disabled: !mayPrompt,
+    placeholder: mayPrompt ? "Prompt (Ctrl+Enter sends)" : "This token may only read: prompting needs the \"prompt\" scope." });
   const banner = h("div", { class: "banner", testid: "session-banner", role: "status", hidden: true });
   const refusal = h("div", { class: "refusal", testid: "prompt-error", role: "alert", hidden: true });
   const queue = h("ol", { class: "queue", testid: "pending-queue" });
@@ -153,7 +156,7 @@ export function mount(root, [sessionId], { caps }) {
           kind ? h("p", { class: "hint", testid: "permission-kind-explain" }, kind.explain) : null,
           h("div", { class: "options" }, (p.options || []).map((o) => h("button", {
             class: o.kind && o.kind.startsWith("reject") ? "danger" : "primary",
-            testid: "permission-option", dataset: { optionId: o.optionId },
+            testid: "permission-option", dataset: { optionId: o.optionId }, disabled: !mayPrompt,
             onclick: () => vote(p.requestId, o.optionId),
           }, o.name || o.optionId))));
       }));
@@ -184,12 +187,12 @@ export function mount(root, [sessionId], { caps }) {
     clear(queue, pendingPrompts.length === 0 ? h("li", { class: "empty" }, "Nothing pending.") : null,
       pendingPrompts.map((p) => h("li", { testid: "pending-prompt", dataset: { promptId: p.promptId, state: p.state } },
         h("span", { class: `badge ${p.state}` }, p.state), " ", h("span", { class: "prompt-text" }, p.text),
-        p.state === "queued"
+        p.state === "queued" && mayPrompt
           ? h("button", { class: "danger small", testid: "drop-prompt", dataset: { promptId: p.promptId }, onclick: () => drop(p.promptId) }, "Drop")
           : null)));
     const active = pendingPrompts.find((p) => p.state === "running");
     running = active ? active.promptId : null;
-    cancelButton.disabled = !running || running === cancelling;
+    cancelButton.disabled = !mayPrompt || !running || running === cancelling;
     if (cancelling && running !== cancelling) {
       cancelNote.textContent = "The prompt was cancelled.";
       cancelling = null;
@@ -226,7 +229,7 @@ export function mount(root, [sessionId], { caps }) {
       } catch (error) {
         if (error.status === 404) {
           endSession("This session has ended: the server no longer has it (it was restarted, "
-            + "and sessions do not outlive the server yet).");
+            + "and sessions do not outlive the server yet), or another principal made it.");
           return;
         }
         if (error.status) {
@@ -293,7 +296,7 @@ export function mount(root, [sessionId], { caps }) {
         }
         if (s === "live") {
           connected = true;
-          sendButton.disabled = false;
+          sendButton.disabled = !mayPrompt;
           banner.hidden = true;
           refreshQueue();
         } else if (s === "reconnecting") {

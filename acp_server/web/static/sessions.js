@@ -5,20 +5,26 @@
 //
 // Sessions made by programs (an "origin": LMSP tasks, conformance runs) are hidden
 // unless "Show sessions made by programs" is ticked (kept for the tab); their rows
-// carry the origin as a badge.
+// carry the origin as a badge. An admin sees every principal's sessions, each marked
+// with its owner when it is not the admin's own; a token without the "prompt" scope
+// gets no New session or Delete, and says why; a refused listing says what to do.
 
 import { request } from "./api.js";
-import { ago, confirmAction, errorText, h, limitText, poll, reconcile, shortId } from "./dom.js";
+import { ago, can, confirmAction, errorText, h, limitText, poll, reconcile, shortId } from "./dom.js";
 
 const REFRESH_MS = 1000;
 const SHOW_ALL_KEY = "acp-server.sessions.all";
 
-export function mount(root, _params, { caps }) {
+export function mount(root, _params, ctx) {
+  const { caps } = ctx;
+  const me = ctx.me ? ctx.me.name : null;
+  const mayPrompt = can(ctx, "prompt");
   const agents = (caps.agents && caps.agents.available) || ["reference"];
   const workspace = caps.workspaces && caps.workspaces[0] ? caps.workspaces[0].id : null;
   const select = h("select", { testid: "agent-select", "aria-label": "Agent" },
     agents.map((name) => h("option", { value: name, selected: caps.agents && name === caps.agents.default }, name)));
   const status = h("p", { class: "error", testid: "sessions-error" });
+  const listError = h("p", { class: "error", testid: "list-error", role: "alert" });
   const body = h("tbody");
   const showAll = h("input", { type: "checkbox", testid: "show-all-sessions",
     checked: sessionStorage.getItem(SHOW_ALL_KEY) === "1" });
@@ -40,9 +46,12 @@ export function mount(root, _params, { caps }) {
     h("section", { class: "toolbar" },
       h("h1", {}, "Sessions"),
       h("label", {}, "Agent ", select),
-      h("button", { class: "primary", testid: "new-session", onclick: create }, "New session"),
+      h("button", { class: "primary", testid: "new-session", onclick: create, disabled: !mayPrompt,
+        title: mayPrompt ? null : "needs the prompt scope" }, "New session"),
+      mayPrompt ? null : h("span", { class: "hint", testid: "scope-hint" },
+        "This token may only read: creating, prompting and deleting need the \"prompt\" scope."),
       h("label", { class: "filter" }, showAll, " Show sessions made by programs ", hiddenCount)),
-    status,
+    status, listError,
     h("div", { class: "table-wrap" },
       h("table", { class: "list" },
         h("thead", {}, h("tr", {},
@@ -62,7 +71,8 @@ export function mount(root, _params, { caps }) {
 
   const row = (s) => h("tr", { testid: "session-row", dataset: { sessionId: s.sessionId } },
     h("td", { class: "mono" }, h("a", { href: `#/session/${encodeURIComponent(s.sessionId)}`, title: s.sessionId }, shortId(s.sessionId)),
-      s.origin ? h("span", { class: "badge origin", testid: "row-origin", title: "made by a program, not a person" }, s.origin) : null),
+      s.origin ? h("span", { class: "badge origin", testid: "row-origin", title: "made by a program, not a person" }, s.origin) : null,
+      s.owner && s.owner !== me ? h("span", { class: "badge owner", testid: "row-owner", title: "made by this principal" }, s.owner) : null),
     h("td", {}, s.agent),
     h("td", { class: "num", testid: "row-pending" }, `${s.pendingPrompts} / ${limitText(s.maxPendingPrompts)}`),
     h("td", { class: "prompt-text" }, s.activePromptText || (s.isWaitingForPermission ? "waiting for approval" : "—"),
@@ -71,24 +81,30 @@ export function mount(root, _params, { caps }) {
     h("td", { testid: "row-age", dataset: { created: s.createdAt } }, ago(Date.parse(s.createdAt))),
     h("td", { class: "actions" },
       h("a", { class: "button", href: `#/session/${encodeURIComponent(s.sessionId)}`, testid: "open-session" }, "Open"),
-      h("button", { class: "danger", testid: "delete-session", onclick: () => remove(s.sessionId) }, "Delete")));
+      mayPrompt ? h("button", { class: "danger", testid: "delete-session", onclick: () => remove(s.sessionId) }, "Delete") : null));
 
   async function refresh() {
     if (!workspace) return;
     const sessions = [];
     let cursor = null;
-    do {
-      const query = cursor ? `?size=100&cursor=${encodeURIComponent(cursor)}` : "?size=100";
-      const page = await request("GET", `/workspace/${workspace}/sessions${query}`);
-      sessions.push(...page.sessions);
-      cursor = page.nextCursor || null;
-    } while (cursor);
+    try {
+      do {
+        const query = cursor ? `?size=100&cursor=${encodeURIComponent(cursor)}` : "?size=100";
+        const page = await request("GET", `/workspace/${workspace}/sessions${query}`);
+        sessions.push(...page.sessions);
+        cursor = page.nextCursor || null;
+      } while (cursor);
+    } catch (error) {
+      listError.textContent = errorText(error);
+      throw error;
+    }
+    listError.textContent = "";
     const hidden = showAll.checked ? 0 : sessions.filter((s) => s.origin).length;
     hiddenCount.textContent = hidden ? `(${hidden} hidden)` : "";
     const shown = showAll.checked ? sessions : sessions.filter((s) => !s.origin);
     reconcile(body, shown, (s) => s.sessionId, row,
       (s) => JSON.stringify([s.agent, s.pendingPrompts, s.maxPendingPrompts, s.activePromptText,
-        s.isWaitingForPermission, s.subscribers, s.origin]),
+        s.isWaitingForPermission, s.subscribers, s.origin, s.owner]),
       h("tr", { class: "empty-row" }, h("td", { colspan: 7, class: "empty" }, "No live session. Create one above.")));
     for (const cell of body.querySelectorAll("[data-testid=row-age]")) {
       cell.textContent = ago(Date.parse(cell.dataset.created));

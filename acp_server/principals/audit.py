@@ -1,0 +1,217 @@
+"""The audit log: who did what, appended to the store in batches through its writer.
+
+    audit = AuditLog(store, prompts=False, retention_s=30 * 86400)
+    audit.record("ci", "session.created", session_id, client="10.0.0.7", agent="reference")
+    audit.auth_failed(client="10.0.0.9", reason="unknown_token", path="/session")
+    await audit.flush()            # what this process recorded so far is in the store
+    async with anyio.create_task_group() as tg:
+        await tg.start(audit.run)  # flushes as records come, purges past the retention
+
+Contracts:
+
+* ``record`` never waits and never fails: the record joins a bounded buffer (at most
+  ``max_buffered``) that ``run`` writes in one statement per batch through the store's
+  writer, soon after (the next turn of the loop), as one transaction shared with
+  whatever else the writer commits then. While the store is unavailable the buffer
+  waits and is written when it is back (retried with a backoff); past
+  ``max_buffered`` new records are counted (``dropped``), not kept, and one
+  ``audit.records_dropped`` record says how many once writing works again.
+* Authentication failures are sampled per client address: the first of a client in
+  ``failure_window_s`` is recorded, with ``suppressed`` = how many of that client's
+  were not since its previous record; at most ``failures_per_window`` are recorded per
+  window across all clients. So a flood of bad tokens costs the log a few rows.
+* The record's detail is a JSON object; a prompt's text is in it only with
+  ``prompts=True`` (``--audit-prompts``; cut to ``PROMPT_TEXT_MAX`` characters).
+* ``retention_s`` > 0: records older than that are purged every ``purge_interval_s``
+  (and once at start); 0 keeps them forever. ``clock`` is the wall clock (injected).
+* Actions: ``token.created``, ``token.revoked``, ``session.created``,
+  ``session.closed``, ``session.cancelled``, ``prompt.accepted``,
+  ``permission.answered``, ``task.created``, ``task.cancelled``, ``auth.failed``,
+  ``audit.records_dropped``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
+
+import anyio
+import anyio.abc
+import msgspec
+
+from acp_server.store.audit import AuditQuery, AuditRecord
+from acp_server.store.errors import Backoff, StoreUnavailableError
+
+log = logging.getLogger("acp_server.principals")
+
+MAX_BUFFERED = 10_000
+PROMPT_TEXT_MAX = 4096
+BATCH = 512
+_encode = msgspec.json.Encoder().encode
+
+
+class AuditStore(Protocol):
+    async def append_audit(self, records: list[AuditRecord]) -> None: ...
+    async def read_audit(self, query: AuditQuery) -> list[AuditRecord]: ...
+    async def purge_audit(self, *, before: float) -> int: ...
+
+
+def prompt_text(blocks: Any) -> str:
+    """The text blocks of an ACP prompt, joined (what ``--audit-prompts`` keeps)."""
+    if not isinstance(blocks, list):
+        return ""
+    text = "\n".join(b["text"] for b in blocks
+                     if isinstance(b, dict) and b.get("type") == "text"
+                     and isinstance(b.get("text"), str))
+    return text[:PROMPT_TEXT_MAX]
+
+
+class AuditLog:
+    def __init__(self, store: AuditStore | None, *, prompts: bool = False,
+                 retention_s: float = 30 * 86400, clock: Callable[[], float] = time.time,
+                 max_buffered: int = MAX_BUFFERED, failure_window_s: float = 60.0,
+                 failures_per_window: int = 100, purge_interval_s: float = 3600.0) -> None:
+        self.store = store
+        self.prompts = prompts
+        self.retention_s = retention_s
+        self.clock = clock
+        self.max_buffered = max_buffered
+        self.failure_window_s = failure_window_s
+        self.failures_per_window = failures_per_window
+        self.purge_interval_s = purge_interval_s
+        self.dropped = 0          # records not kept (buffer full), since start
+        self.written = 0
+        self._pending_dropped = 0
+        self._buffer: deque[AuditRecord] = deque()
+        self._wake = anyio.Event()
+        self._lock = anyio.Lock()
+        # client -> [window start, suppressed since its last record]
+        self._failures: dict[str, list[float]] = {}
+        self._window = (0.0, 0)   # (start, records this window, all clients)
+
+    # -- recording -------------------------------------------------------------------
+    def record(self, principal: str, action: str, target: str | None = None, *,
+               client: str | None = None, **detail: Any) -> None:
+        if self.store is None:
+            return
+        if len(self._buffer) >= self.max_buffered:
+            self.dropped += 1
+            self._pending_dropped += 1
+            return
+        self._buffer.append(AuditRecord(at=self.clock(), principal=principal, action=action,
+                                        target=target, client=client,
+                                        detail=_encode(detail).decode()))
+        self._wake.set()
+
+    def auth_failed(self, *, client: str | None, reason: str, path: str,
+                    token_id: str | None = None) -> None:
+        """An authentication failure, sampled (see the module docstring)."""
+        if self.store is None:
+            return
+        now = self.clock()
+        key = client or "-"
+        seen = self._failures.get(key)
+        if seen is not None and now - seen[0] < self.failure_window_s:
+            seen[1] += 1
+            return
+        start, count = self._window
+        if now - start >= self.failure_window_s:
+            start, count = now, 0
+        if count >= self.failures_per_window:
+            if seen is not None:
+                seen[1] += 1
+            return
+        self._window = (start, count + 1)
+        suppressed = int(seen[1]) if seen is not None else 0
+        if seen is None and len(self._failures) >= 4096:
+            self._failures.clear()   # bounded: the oldest windows are over by now anyway
+        self._failures[key] = [now, 0]
+        detail: dict[str, Any] = {"reason": reason, "path": path[:256]}
+        if token_id is not None:
+            detail["token_id"] = token_id
+        if suppressed:
+            detail["suppressed"] = suppressed
+        self.record("-", "auth.failed", None, client=client, **detail)
+
+    # -- writing ---------------------------------------------------------------------
+    @property
+    def buffered(self) -> int:
+        return len(self._buffer)
+
+    async def flush(self) -> None:
+        """Write everything recorded so far (waits for the store; raises
+        ``StoreUnavailableError`` when it cannot, the records kept for later)."""
+        if self.store is None:
+            return
+        async with self._lock:
+            while self._buffer or self._pending_dropped:
+                if self._pending_dropped and len(self._buffer) < self.max_buffered:
+                    self._buffer.append(AuditRecord(
+                        at=self.clock(), principal="-", action="audit.records_dropped",
+                        detail=_encode({"count": self._pending_dropped}).decode()))
+                    self._pending_dropped = 0
+                batch = [self._buffer.popleft() for _ in range(min(BATCH, len(self._buffer)))]
+                try:
+                    await self.store.append_audit(batch)
+                except BaseException:
+                    self._buffer.extendleft(reversed(batch))   # kept, in order
+                    raise
+                self.written += len(batch)
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None]
+                  = anyio.TASK_STATUS_IGNORED) -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._writer)
+            if self.retention_s > 0:
+                tg.start_soon(self._purger)
+            task_status.started()
+
+    async def _writer(self) -> None:
+        backoff = Backoff(0.05, 5.0)
+        while True:
+            await self._wake.wait()
+            self._wake = anyio.Event()
+            try:
+                await self.flush()
+                backoff.reset()
+            except StoreUnavailableError:
+                await anyio.sleep(backoff.next())
+                self._wake.set()
+            except Exception:   # noqa: BLE001 - a bug must not end the log; the records stay
+                log.exception("audit: writing records failed")
+                await anyio.sleep(backoff.next())
+                self._wake.set()
+
+    async def purge(self) -> int:
+        if self.store is None or self.retention_s <= 0:
+            return 0
+        return await self.store.purge_audit(before=self.clock() - self.retention_s)
+
+    async def _purger(self) -> None:
+        while True:
+            try:
+                purged = await self.purge()
+                if purged:
+                    log.info("audit: %d records past the retention purged", purged)
+            except Exception as exc:   # noqa: BLE001 - retried at the next interval
+                log.info("audit purge skipped: %s", exc)
+            await anyio.sleep(self.purge_interval_s)
+
+    async def read(self, query: AuditQuery) -> list[AuditRecord]:
+        """What the store holds (after writing what this process buffered)."""
+        assert self.store is not None, "no audit store"
+        await self.flush()
+        return await self.store.read_audit(query)
+
+
+def as_json(records: Iterable[AuditRecord]) -> list[dict[str, Any]]:
+    """Records as the wire shows them (``GET /audit``, ``acp-server audit --json``)."""
+    return [{"seq": r.seq, "at": r.at, "principal": r.principal, "action": r.action,
+             "target": r.target, "client": r.client, "detail": msgspec.json.decode(r.detail)}
+            for r in records]
+
+
+__all__ = ["AuditLog", "AuditStore", "PROMPT_TEXT_MAX", "as_json", "prompt_text"]

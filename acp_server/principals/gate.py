@@ -1,0 +1,279 @@
+"""The principals of one server: authentication, scopes, rate limits, ownership, the
+audit log and revocation, as one object the guard and the doors share.
+
+    async with open_principals(store, bootstrap=settings.token, limits=DEFAULT_TIERS,
+                               share_sessions=False) as gate:
+        caller = gate.caller(principal, client="10.0.0.7")   # what a request carries
+        denial = caller.check(PROMPTING)         # None, or 403 (scope) / 429 (rate)
+        caller.sees(session.owner)               # ownership: False → answer 404
+        caller.sees_session(sid); caller.claim_session(sid)   # sessions (gate.sessions)
+        caller.record("session.created", session_id, agent="reference")   # audit
+        issued = await gate.create_token(caller, "ci", scopes=["read"])  # admin
+        await gate.revoke_token(caller, "ci")    # refused within a second everywhere
+
+Contracts:
+
+* ``Caller`` is the request's principal with the server's policy: ``check(access)``
+  answers a missing scope (403 ``forbidden``) before the rate limit (429
+  ``rate_limit_exceeded``, the class's tier, ``retry_after`` seconds); only
+  principals of the ``default`` rate class are limited (the bootstrap and local ones
+  never are). ``sees(owner)`` is the ownership rule (``Principal.sees``, with
+  ``--share-sessions``).
+* Revocation: revoking here drops the cached token and ends the token's open streams
+  (``StreamRegistry``) at once; another instance learns it from the store's notice
+  (PostgreSQL ``t``: ``tokens_changed`` re-reads those ids) or, failing that, from its
+  cache lifetime (``ttl_s``); and while a token has streams open, its row is re-read
+  every ``ttl_s`` (``run``), so they end within about a second of a revocation made
+  anywhere (the CLI on the store, another instance, an expiry).
+* ``run`` (started by ``open_principals``): the audit writer, and every ``ttl_s`` the
+  count of live stored tokens (whether credentials are required), the re-check of
+  tokens with open streams and the last-use times.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import math
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from acp_server.principals import admin
+from acp_server.principals.audit import AuditLog, prompt_text
+from acp_server.principals.auth import TTL_S, Authenticator
+from acp_server.principals.limits import RateLimiter, Tier
+from acp_server.principals.model import LOCAL, Access, Principal
+from acp_server.principals.ownership import SessionOwners
+from acp_server.principals.streams import StreamRegistry
+from acp_server.principals.tokens import Issued
+from acp_server.store.errors import StoreUnavailableError
+from acp_server.store.tokens import TokenRecord
+
+log = logging.getLogger("acp_server.principals")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Denial:
+    """A request refused by the principals' policy; each door renders it in its shape."""
+
+    status: int                    # 403 or 429
+    code: str                      # forbidden | rate_limit_exceeded
+    message: str
+    headers: tuple[tuple[bytes, bytes], ...] = ()
+    extra: tuple[tuple[str, Any], ...] = ()   # extra body members (REST, LMSP, data)
+
+
+def _scope_denial(scope: str) -> Denial:
+    return Denial(403, "forbidden", f"This credential lacks the {scope!r} scope.",
+                  extra=(("requiredScope", scope),))
+
+
+SCOPE_DENIALS = {s: _scope_denial(s) for s in ("read", "prompt", "admin")}
+
+
+def rate_denial(klass: str, tier: Tier, wait_s: float, now: float) -> Denial:
+    """``qwen serve``'s 429: ``Retry-After`` and ``X-RateLimit-*``, body ``{error:
+    "Rate limit exceeded", code: "rate_limit_exceeded", tier, retryAfterMs}``."""
+    retry_ms = math.ceil(wait_s * 1000)
+    headers = ((b"retry-after", str(max(1, math.ceil(wait_s))).encode()),
+               (b"x-ratelimit-limit", str(int(tier.per_minute)).encode()),
+               (b"x-ratelimit-remaining", b"0"),
+               (b"x-ratelimit-reset", str(math.ceil(now + wait_s)).encode()))
+    return Denial(429, "rate_limit_exceeded", "Rate limit exceeded", headers,
+                  (("tier", klass), ("retryAfterMs", retry_ms)))
+
+
+class Caller:
+    """A request's principal, with the policy of the server it calls."""
+
+    __slots__ = ("principal", "gate", "client")
+
+    def __init__(self, principal: Principal, gate: Gate, client: str | None = None) -> None:
+        self.principal = principal
+        self.gate = gate
+        self.client = client
+
+    @property
+    def name(self) -> str:
+        return self.principal.name
+
+    def check(self, access: Access) -> Denial | None:
+        principal = self.principal
+        if access.scope is not None and not principal.has(access.scope):
+            return SCOPE_DENIALS[access.scope]
+        if access.klass is not None and principal.limited:
+            limiter = self.gate.limiter
+            wait = limiter.take(principal.name, access.klass)
+            if wait is not None:
+                tier = limiter.tier(access.klass)
+                assert tier is not None
+                return rate_denial(access.klass, tier, wait, self.gate.clock())
+        return None
+
+    def sees(self, owner: str | None) -> bool:
+        return self.principal.sees(owner, shared=self.gate.share_sessions)
+
+    def sees_session(self, session_id: str) -> bool:
+        """Whether the session exists for it (``False``: the door answers 404)."""
+        return self.sees(self.gate.sessions.owner(session_id))
+
+    def claim_session(self, session_id: str) -> bool:
+        """It made (or restored) the session: its owner unless the session has one;
+        whether it sees the session then (another's restore won a race: 404)."""
+        return self.sees(self.gate.sessions.claim(session_id, self.principal.name))
+
+    def record(self, action: str, target: str | None = None, **detail: Any) -> None:
+        self.gate.audit.record(self.principal.name, action, target, client=self.client,
+                               **detail)
+
+    def prompt_accepted(self, session_id: str, prompt_id: str, prompt: Any, door: str) -> None:
+        """The ``prompt.accepted`` record: the prompt's id, its text only with
+        ``--audit-prompts``."""
+        audit = self.gate.audit
+        if audit.store is None:
+            return
+        extra = {"text": prompt_text(prompt)} if audit.prompts else {}
+        audit.record(self.principal.name, "prompt.accepted", session_id, client=self.client,
+                     prompt_id=prompt_id, door=door, **extra)
+
+    def permission_answered(self, session_id: str, request_id: str,
+                            outcome: Mapping[str, Any], door: str) -> None:
+        option = outcome.get("optionId")
+        self.record("permission.answered", session_id, request_id=request_id,
+                    outcome=outcome.get("outcome"), door=door,
+                    **({"option_id": option} if isinstance(option, str) else {}))
+
+
+class Gate:
+    def __init__(self, authenticator: Authenticator, *, limiter: RateLimiter | None = None,
+                 audit: AuditLog | None = None, share_sessions: bool = False,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.authenticator = authenticator
+        self.limiter = limiter or RateLimiter({})
+        self.audit = audit or AuditLog(None)
+        self.streams = StreamRegistry()
+        self.sessions = SessionOwners()   # is_live set by the composition
+        self.share_sessions = share_sessions
+        self.clock = clock
+        self._tg: anyio.abc.TaskGroup | None = None
+
+    def caller(self, principal: Principal, client: str | None = None) -> Caller:
+        return Caller(principal, self, client)
+
+    # -- revocation --------------------------------------------------------------------
+    def tokens_changed(self, token_ids: list[str]) -> None:
+        """Another instance created or revoked these tokens (a store notice)."""
+        self.authenticator.forget(token_ids)
+        if self._tg is not None:
+            self._tg.start_soon(self._recheck, token_ids)
+
+    async def _recheck(self, token_ids: list[str]) -> None:
+        gone = await self.authenticator.revalidate(token_ids)
+        if gone:
+            ended = self.streams.end(gone)
+            log.info("tokens revoked elsewhere: %s (%d open streams ended)", gone, ended)
+        await self.authenticator.refresh()
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None]
+                  = anyio.TASK_STATUS_IGNORED) -> None:
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            await tg.start(self.audit.run)
+            tg.start_soon(self._watch)
+            task_status.started()
+
+    async def _watch(self) -> None:
+        auth = self.authenticator
+        while True:
+            await anyio.sleep(auth.ttl_s)
+            try:
+                await auth.refresh()
+                held = self.streams.held()
+                if held:
+                    gone = await auth.revalidate(held)
+                    if gone:
+                        self.streams.end(gone)
+                await auth.flush_used()
+            except Exception:   # noqa: BLE001 - the next round tries again
+                log.exception("principals: the periodic check failed")
+
+    # -- administration ----------------------------------------------------------------
+    @property
+    def _store(self) -> admin.AdminStore:
+        store = self.authenticator.store
+        if store is None:
+            raise StoreUnavailableError("no token store")
+        return store  # type: ignore[return-value]
+
+    async def create_token(self, by: Caller, name: str, *, scopes: list[str] = (),  # type: ignore[assignment]
+                           expires: str | None = None, rate_class: str = "default") -> Issued:
+        issued = await admin.create_token(self._store, self.audit, by=by.name, name=name,
+                                          scopes=scopes, expires=expires,
+                                          rate_class=rate_class, client=by.client)
+        self.authenticator.forget([issued.record.id])
+        self.authenticator.stored_tokens = True
+        return issued
+
+    async def revoke_token(self, by: Caller, name: str) -> list[TokenRecord]:
+        revoked = await admin.revoke_token(self._store, self.audit, by=by.name, name=name,
+                                           client=by.client)
+        ids = [r.id for r in revoked]
+        self.authenticator.forget(ids)
+        self.streams.end(ids)
+        await self.authenticator.refresh()
+        return revoked
+
+    async def list_tokens(self, *, include_revoked: bool = False) -> list[TokenRecord]:
+        await self.authenticator.flush_used(force=True)
+        return await self._store.list_tokens(include_revoked=include_revoked)
+
+
+LOCAL_GATE = Gate(Authenticator(None))
+# What a request the guard did not see carries (a door composed without the front
+# layer, in tests): the local principal, no audit, no limits.
+LOCAL_CALLER = Caller(LOCAL, LOCAL_GATE)
+
+
+@contextlib.asynccontextmanager
+async def open_principals(store: Any, *, bootstrap: str | None = None,
+                          limits: Mapping[str, Tier] | None = None,
+                          share_sessions: bool = False, audit_prompts: bool = False,
+                          audit_retention_s: float = 30 * 86400, ttl_s: float = TTL_S,
+                          clock: Callable[[], float] = time.time,
+                          monotonic: Callable[[], float] = time.monotonic
+                          ) -> AsyncIterator[Gate]:
+    """The ``Gate`` over ``store`` (an open store with ``TokenOps`` and ``AuditOps``),
+    its background running for the block; leaving writes what the audit log and the
+    last-use times still hold (as far as the store allows)."""
+    authenticator = Authenticator(store, bootstrap=bootstrap, ttl_s=ttl_s, clock=clock,
+                                  monotonic=monotonic)
+    gate = Gate(authenticator, limiter=RateLimiter(limits or {}, clock=monotonic),
+                audit=AuditLog(store, prompts=audit_prompts, retention_s=audit_retention_s,
+                               clock=clock),
+                share_sessions=share_sessions, clock=clock)
+    await authenticator.refresh()
+    store.on_tokens_changed = gate.tokens_changed
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(gate.run)
+            try:
+                yield gate
+            finally:
+                tg.cancel_scope.cancel()
+    finally:
+        store.on_tokens_changed = None
+        with anyio.move_on_after(5, shield=True):
+            try:
+                await gate.audit.flush()
+                await authenticator.flush_used(force=True)
+            except Exception as exc:   # noqa: BLE001 - the store is going away anyway
+                log.warning("principals: records not written at shutdown: %s", exc)
+
+
+__all__ = ["Caller", "Denial", "Gate", "LOCAL_CALLER", "LOCAL_GATE", "SCOPE_DENIALS",
+           "open_principals", "rate_denial"]

@@ -1,0 +1,90 @@
+"""Who owns each session: the principal that made it (REST and ``/acp`` share one map).
+
+    owners = SessionOwners(is_live=bridge.has_session)
+    owners.owner(session_id)               # "ci", or None: made by no principal we know
+    owners.claim(session_id, "ci")         # the first claim wins; returns the owner
+    async with owners.default_lock(("ci", None)):
+        sid = owners.default(("ci", None))  # a principal's "single" session, per agent
+        owners.set_default(("ci", None), new_sid)
+
+Contracts:
+
+* A session's owner is the principal whose request made it (create, attach that
+  spawned, load or resume that restored it, branch). A claim never replaces an owner:
+  restoring a remembered session keeps its maker as owner, whoever restores it.
+* A session without a known owner (made before the server started, by the LMSP
+  runner, or forgotten past ``limit``) is seen by admins only (``Principal.sees``): the
+  map fails closed.
+* The map is in memory, per instance, bounded: past ``limit`` entries the oldest whose
+  session is no longer live (``is_live``) is forgotten first; a live session is
+  forgotten only when every entry is live (never with the session cap below ``limit``).
+* The doors answer 404 for what a caller does not see; this module only remembers.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+
+import anyio
+
+MAX_OWNED = 50_000
+DefaultKey = tuple[str, str | None]   # (principal name, agent name or None)
+
+
+def _never_live(session_id: str) -> bool:
+    return False
+
+
+class SessionOwners:
+    def __init__(self, *, limit: int = MAX_OWNED,
+                 is_live: Callable[[str], bool] = _never_live) -> None:
+        self.limit = limit
+        self.is_live = is_live
+        self._owners: OrderedDict[str, str] = OrderedDict()
+        self._defaults: dict[DefaultKey, str] = {}
+        self._locks: dict[DefaultKey, anyio.Lock] = {}
+
+    def __len__(self) -> int:
+        return len(self._owners)
+
+    def owner(self, session_id: str) -> str | None:
+        return self._owners.get(session_id)
+
+    def claim(self, session_id: str, name: str) -> str:
+        """Record ``name`` as the owner unless the session has one; returns the owner."""
+        known = self._owners.get(session_id)
+        if known is not None:
+            return known
+        self._owners[session_id] = name
+        if len(self._owners) > self.limit:
+            self._evict()
+        return name
+
+    def _evict(self) -> None:
+        rotated = 0
+        while len(self._owners) > self.limit:
+            sid = next(iter(self._owners))
+            if rotated < len(self._owners) and self.is_live(sid):
+                self._owners.move_to_end(sid)
+                rotated += 1
+                continue
+            del self._owners[sid]
+
+    # -- a principal's default ("single") session, per agent ----------------------------
+    def default_lock(self, key: DefaultKey) -> anyio.Lock:
+        """Concurrent first attaches of one principal share one spawn."""
+        lock = self._locks.get(key)
+        if lock is None:
+            lock = self._locks[key] = anyio.Lock()
+        return lock
+
+    def default(self, key: DefaultKey) -> str | None:
+        sid = self._defaults.get(key)
+        return sid if sid is not None and self.is_live(sid) else None
+
+    def set_default(self, key: DefaultKey, session_id: str) -> None:
+        self._defaults[key] = session_id
+
+
+__all__ = ["MAX_OWNED", "SessionOwners"]
