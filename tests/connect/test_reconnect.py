@@ -14,6 +14,7 @@ import pytest
 from bridge.wire import envelope
 from tests.acp_http.server import RunningAcpServer, running_acp_server
 from tests.connect.harness import Adapter, TcpRelay, port_of, spawn_adapter, tcp_relay
+from tests.harness import ServeProcess
 
 pytestmark = pytest.mark.anyio
 
@@ -158,3 +159,43 @@ async def test_a_server_restart_keeps_the_session(tmp_path: Path) -> None:
                                                              "prompt": text("hello?")})
             assert later["result"]["stopReason"] == "end_turn"
         assert any("reconnected" in line for line in adapter.stderr)
+
+
+async def test_kill_9_of_a_real_server_through_the_adapter(tmp_path: Path) -> None:
+    """A real ``acp-server serve`` killed with SIGKILL mid-turn and started again on the
+    same state: the adapter re-attaches the session, the turn that was running gets its
+    ``server_restarted`` terminal, the conversation goes on, and the editor saw every
+    update of the earlier turn once."""
+    child = ServeProcess(tmp_path).start()
+    try:
+        async with tcp_relay(child.port) as relay, \
+                spawn_adapter(f"http://127.0.0.1:{relay.port}/acp") as adapter:
+            await adapter.request("initialize", INIT)
+            created = await adapter.request("session/new", {"cwd": str(tmp_path),
+                                                            "mcpServers": []})
+            sid = created["result"]["sessionId"]
+            first = await adapter.request("session/prompt", {"sessionId": sid,
+                                                             "prompt": text("before")})
+            assert first["result"]["stopReason"] == "end_turn"
+            await adapter.send({"jsonrpc": "2.0", "id": "turn", "method": "session/prompt",
+                                "params": {"sessionId": sid, "prompt": text("/sleep 30s slow")}})
+            await adapter.until(echo_of("/sleep 30s slow"))
+            relay.refusing = True
+            child.kill()
+            child.start()                      # a new port, the same state
+            relay.target_port = child.port
+            relay.cut()
+            relay.refusing = False
+            error = (await adapter.response("turn", timeout=60))["error"]
+            assert error["data"]["errorCode"] == "server_restarted"
+            later = await adapter.request("session/prompt", {"sessionId": sid,
+                                                             "prompt": text("after")})
+            assert later["result"]["stopReason"] == "end_turn"
+            said = adapter.texts("agent_message_chunk", sid)
+            assert "".join(said).count("Echo: before") == 1
+            assert "".join(said).endswith("Echo: after")
+            echoes = [u["content"]["text"] for u in adapter.updates(sid)
+                      if u["sessionUpdate"] == "user_message_chunk"]
+            assert echoes == ["before", "/sleep 30s slow", "after"]
+    finally:
+        child.stop()
