@@ -31,7 +31,8 @@ Contracts:
   ``TaskStore`` instead of ``settings.store_url``), ``lmsp_config``, ``group_commit``,
   ``acp_clock`` (the ``/acp`` registry's clock), ``session_clock`` (the session
   journal's retention clock, ``Server.purge_sessions``), ``principals_clock`` (the
-  monotonic clock of the rate limits and the token cache). Everything else comes from
+  monotonic clock of the rate limits and the token cache), ``lease_clock`` (the session
+  leases' epoch clock, ``acp_server.store.leases``). Everything else comes from
   ``settings``.
 """
 
@@ -53,6 +54,8 @@ from acp_server.app import build_app
 from acp_server.http.guard import GuardStats
 from acp_server.lmsp import LmspConfig, LmspService, open_lmsp
 from acp_server.store import store_for
+from acp_server.store.leases import SessionLeases
+from acp_server.store.pg_engine import PostgresEngine
 from acp_server.store.sessions import StoreSessionJournal
 from acp_server.store.tasks import TaskStore
 from acp_server.ops.metrics import Metrics
@@ -65,6 +68,7 @@ from bridge.journal import MemoryJournal, SessionJournal
 
 log = logging.getLogger("acp_server")
 PURGE_INTERVAL_S = 600
+WILDCARDS = ("0.0.0.0", "::", "")
 
 
 @dataclass(eq=False)
@@ -84,6 +88,21 @@ class Server:
 
     # The session journal's retention (``--session-retention-ms``) and its clock.
     session_clock: Callable[[], float] = time.time
+    # Sessions across instances (a PostgreSQL store; else None): the leases and the
+    # instance registry (acp_server.store.leases).
+    leases: SessionLeases | None = None
+
+    def advertise(self, url: str) -> None:
+        """The HTTP server listens at ``url``: unless ``--advertise-url`` says otherwise
+        (or the bind is a wildcard), other instances forward this one's sessions there."""
+        if self.leases is None or self.settings.advertise_url:
+            return
+        if self.settings.hostname.strip("[]") in WILDCARDS:
+            log.warning("sessions across instances: the bind %s is a wildcard; pass "
+                        "--advertise-url so other instances can reach this one",
+                        self.settings.hostname)
+            return
+        self.leases.url = url.rstrip("/")
 
     async def purge_sessions(self) -> int:
         """Remove the journals of sessions closed longer than the retention ago (on
@@ -113,7 +132,8 @@ async def open_server(settings: Settings, *, agent_factory: AgentFactory | None 
                       lmsp_config: LmspConfig | None = None, group_commit: bool = True,
                       acp_clock: Clock | None = None,
                       session_clock: Callable[[], float] | None = None,
-                      principals_clock: Callable[[], float] | None = None
+                      principals_clock: Callable[[], float] | None = None,
+                      lease_clock: Callable[[], float] | None = None
                       ) -> AsyncIterator[Server]:
     children = ChildRegistry(settings.children_dir)
     children.reap_stale()   # agents that killed earlier runs left behind
@@ -127,8 +147,16 @@ async def open_server(settings: Settings, *, agent_factory: AgentFactory | None 
             poll_s=settings.store_poll_ms / 1000,
             busy_timeout_s=settings.store_busy_timeout_ms / 1000)
         journal: SessionJournal = MemoryJournal()
+        leases = None
         if settings.session_journal == "store":
-            journal = StoreSessionJournal(store, ring_size=settings.options.event_ring_size)
+            if isinstance(store, PostgresEngine):
+                leases = SessionLeases(store.instance,
+                                       ttl_s=settings.session_lease_ttl_ms / 1000,
+                                       renew_s=settings.session_lease_renew_ms / 1000,
+                                       clock=lease_clock or time.time,
+                                       url=settings.advertise_url)
+            journal = StoreSessionJournal(store, ring_size=settings.options.event_ring_size,
+                                          leases=leases)
         async with store, \
                 (journal if isinstance(journal, StoreSessionJournal)
                  else contextlib.nullcontext(journal)), \
@@ -159,7 +187,9 @@ async def open_server(settings: Settings, *, agent_factory: AgentFactory | None 
             app = build_app(settings, bridge=bridge, acp=acp, lmsp=lmsp, metrics=metrics,
                             gate=gate, guard_stats=guard_stats)
             server = Server(app, settings, bridge, lmsp, acp, metrics, gate, guard_stats,
-                            session_clock or time.time)
+                            session_clock or time.time, leases)
+            if isinstance(journal, StoreSessionJournal):
+                journal.on_moved = bridge.sessions_moved
             async with anyio.create_task_group() as tg:
                 if bridge.journal.durable:
                     tg.start_soon(server._purge_loop)
