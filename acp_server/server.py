@@ -44,6 +44,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import anyio
 from starlette.applications import Starlette
@@ -51,6 +52,8 @@ from starlette.applications import Starlette
 from acp_server.acp_http import ConnectionRegistry
 from acp_server.acp_http.registry import MONOTONIC, Clock
 from acp_server.app import build_app
+from acp_server.fleet import FleetStats, SessionRouter
+from acp_server.fleet.forward import Forwarder
 from acp_server.http.guard import GuardStats
 from acp_server.lmsp import LmspConfig, LmspService, open_lmsp
 from acp_server.store import store_for
@@ -91,6 +94,7 @@ class Server:
     # Sessions across instances (a PostgreSQL store; else None): the leases and the
     # instance registry (acp_server.store.leases).
     leases: SessionLeases | None = None
+    fleet: FleetStats | None = None
 
     def advertise(self, url: str) -> None:
         """The HTTP server listens at ``url``: unless ``--advertise-url`` says otherwise
@@ -102,7 +106,9 @@ class Server:
                         "--advertise-url so other instances can reach this one",
                         self.settings.hostname)
             return
-        self.leases.url = url.rstrip("/")
+        journal = self.bridge.journal
+        if isinstance(journal, StoreSessionJournal):
+            journal.advertise(url.rstrip("/"))
 
     async def purge_sessions(self) -> int:
         """Remove the journals of sessions closed longer than the retention ago (on
@@ -184,10 +190,19 @@ async def open_server(settings: Settings, *, agent_factory: AgentFactory | None 
             bridge.observe(metrics)
             metrics.watch_lmsp(lmsp)   # task transitions and the task gauge
             guard_stats = GuardStats()
+            fleet = forwarder = router = None
+            if leases is not None and isinstance(journal, StoreSessionJournal):
+                fleet = FleetStats()
+                forwarder = Forwarder(instance=leases.instance,
+                                      max_body_bytes=settings.max_body_bytes)
+
+                def router(stack: Any, journal: StoreSessionJournal = journal) -> Any:
+                    return SessionRouter(stack, bridge=bridge, journal=journal,
+                                         forwarder=forwarder, stats=fleet)
             app = build_app(settings, bridge=bridge, acp=acp, lmsp=lmsp, metrics=metrics,
-                            gate=gate, guard_stats=guard_stats)
+                            gate=gate, guard_stats=guard_stats, sessions_router=router)
             server = Server(app, settings, bridge, lmsp, acp, metrics, gate, guard_stats,
-                            session_clock or time.time, leases)
+                            session_clock or time.time, leases, fleet)
             if isinstance(journal, StoreSessionJournal):
                 journal.on_moved = bridge.sessions_moved
             async with anyio.create_task_group() as tg:
@@ -197,6 +212,9 @@ async def open_server(settings: Settings, *, agent_factory: AgentFactory | None 
                     yield server
                 finally:
                     await server.drain()
+                    if forwarder is not None:
+                        with anyio.CancelScope(shield=True):
+                            await forwarder.aclose()
                     tg.cancel_scope.cancel()
     finally:
         children.close()   # every agent was stopped with the bridge

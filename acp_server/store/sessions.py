@@ -112,6 +112,7 @@ class StoreSessionJournal:
         self.leases = leases if self.postgres else None
         self.fence: dict[str, int] = {}   # session id -> the lease token this instance holds
         self.on_moved: Callable[[set[str]], None] = lambda session_ids: None
+        self._renew_now = anyio.Event()
         self.commits = 0
         self._on_events: Callable[[Sequence[EventRecord]], None] = lambda records: None
         self._pending: list[tuple[int, JournalRecord]] = []
@@ -235,10 +236,18 @@ class StoreSessionJournal:
             self.fence[sid] = LOST
 
     # -- leases --------------------------------------------------------------------------
+    def advertise(self, url: str) -> None:
+        """This instance is reached at ``url`` (the registry): written at once."""
+        assert self.leases is not None
+        self.leases.url = url
+        self._renew_now.set()
+
     async def _renewer(self) -> None:
         assert self.leases is not None
         while not self._closing:
-            await anyio.sleep(self.leases.renew_s)
+            with anyio.move_on_after(self.leases.renew_s):
+                await self._renew_now.wait()
+            self._renew_now = anyio.Event()
             try:
                 await self.renew()
             except Exception as exc:   # noqa: BLE001 - the store's fault: next time

@@ -177,3 +177,28 @@ def test_the_lease_sql(pg_url: str, db: psycopg.Connection[Any]) -> None:
     assert owner is not None and (owner.instance, owner.url, owner.live) == (
         "bbbb", "http://b:2", True)
     assert db.execute("SELECT owner FROM sessions WHERE id = 's1'").fetchone() == ("bbbb",)
+
+
+def test_the_flags_are_checked(tmp_path: Path) -> None:
+    from acp_server.settings import Settings, SettingsError
+
+    with pytest.raises(SettingsError, match="session-lease-renew-ms"):
+        Settings(workspace=str(tmp_path), session_lease_ttl_ms=1000, session_lease_renew_ms=1000)
+    with pytest.raises(SettingsError, match="advertise-url"):
+        Settings(workspace=str(tmp_path), advertise_url="ftp://host:1/path")
+    settings = Settings.from_flags(workspace=str(tmp_path), advertise_url="http://10.0.0.2:4170/",
+                                   session_lease_ttl_ms="3000", session_lease_renew_ms="500")
+    assert (settings.advertise_url, settings.session_lease_ttl_ms,
+            settings.session_lease_renew_ms) == ("http://10.0.0.2:4170", 3000, 500)
+
+
+async def test_a_wildcard_bind_advertises_nothing_unless_told(
+        tmp_path: Path, pg_url: str, db: psycopg.Connection[Any]) -> None:
+    async with local_server(tmp_path, store=pg_url, hostname="0.0.0.0",
+                            token="a-long-enough-token-for-tests-0123456789") as srv:
+        assert srv.server.leases is not None and srv.server.leases.url is None
+    async with local_server(tmp_path, store=pg_url, hostname="0.0.0.0",
+                            token="a-long-enough-token-for-tests-0123456789",
+                            advertise_url="http://10.1.2.3:4170") as srv:
+        assert srv.server.leases is not None
+        assert srv.server.leases.url == "http://10.1.2.3:4170"

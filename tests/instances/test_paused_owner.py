@@ -50,12 +50,14 @@ def test_a_paused_owner_writes_nothing_after_losing_its_lease(tmp_path: Path) ->
             _wait(lambda: db.execute(
                 "SELECT expires_at < %s FROM session_leases WHERE session_id = %s",
                 (time.time(), sid)).fetchone()[0])
-            db.execute("UPDATE session_leases SET instance = 'adopter', token = token + 1 "
-                       "WHERE session_id = %s", (sid,))
+            db.execute("UPDATE session_leases SET instance = 'adopter', token = token + 1, "
+                       "expires_at = %s WHERE session_id = %s", (time.time() + 3600, sid))
             written = count()
         finally:
             os.kill(owner.pid, signal.SIGCONT)
-        _wait(lambda: http.get(f"/session/{sid}/status").status_code == 404)
+        # stopped there: a request for it is now forwarded to the adopter (which
+        # advertises no URL here: 503 owner_unreachable)
+        _wait(lambda: http.get(f"/session/{sid}/status").status_code == 503)
         assert count() == written   # nothing of the woken turn landed
         assert db.execute("SELECT instance FROM session_leases WHERE session_id = %s",
                           (sid,)).fetchone() == ("adopter",)
