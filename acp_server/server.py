@@ -52,8 +52,7 @@ from starlette.applications import Starlette
 from acp_server.acp_http import ConnectionRegistry
 from acp_server.acp_http.registry import MONOTONIC, Clock
 from acp_server.app import build_app
-from acp_server.fleet import FleetStats, SessionRouter
-from acp_server.fleet.forward import Forwarder
+from acp_server.fleet import Fleet, Forwarder, SessionRouter
 from acp_server.http.guard import GuardStats
 from acp_server.lmsp import LmspConfig, LmspService, open_lmsp
 from acp_server.store import store_for
@@ -94,7 +93,7 @@ class Server:
     # Sessions across instances (a PostgreSQL store; else None): the leases and the
     # instance registry (acp_server.store.leases).
     leases: SessionLeases | None = None
-    fleet: FleetStats | None = None
+    fleet: Fleet | None = None
 
     def advertise(self, url: str) -> None:
         """The HTTP server listens at ``url``: unless ``--advertise-url`` says otherwise
@@ -191,15 +190,13 @@ async def open_server(settings: Settings, *, agent_factory: AgentFactory | None 
             bridge.observe(metrics)
             metrics.watch_lmsp(lmsp)   # task transitions and the task gauge
             guard_stats = GuardStats()
-            fleet = forwarder = router = None
+            fleet = router = None
             if leases is not None and isinstance(journal, StoreSessionJournal):
-                fleet = FleetStats()
-                forwarder = Forwarder(instance=leases.instance,
-                                      max_body_bytes=settings.max_body_bytes)
+                fleet = Fleet(bridge, journal, Forwarder(
+                    instance=leases.instance, max_body_bytes=settings.max_body_bytes))
 
-                def router(stack: Any, journal: StoreSessionJournal = journal) -> Any:
-                    return SessionRouter(stack, bridge=bridge, journal=journal,
-                                         forwarder=forwarder, stats=fleet)
+                def router(stack: Any, fleet: Fleet = fleet) -> Any:
+                    return SessionRouter(stack, fleet)
             app = build_app(settings, bridge=bridge, acp=acp, lmsp=lmsp, metrics=metrics,
                             gate=gate, guard_stats=guard_stats, sessions_router=router)
             server = Server(app, settings, bridge, lmsp, acp, metrics, gate, guard_stats,
@@ -209,13 +206,15 @@ async def open_server(settings: Settings, *, agent_factory: AgentFactory | None 
             async with anyio.create_task_group() as tg:
                 if bridge.journal.durable:
                     tg.start_soon(server._purge_loop)
+                if fleet is not None:
+                    tg.start_soon(fleet.sweep_forever)
                 try:
                     yield server
                 finally:
                     await server.drain()
-                    if forwarder is not None:
+                    if fleet is not None:
                         with anyio.CancelScope(shield=True):
-                            await forwarder.aclose()
+                            await fleet.forwarder.aclose()
                     tg.cancel_scope.cancel()
     finally:
         children.close()   # every agent was stopped with the bridge

@@ -1,6 +1,6 @@
 """Requests for a session reach the instance that runs it (issue #24).
 
-    router = SessionRouter(app, bridge=bridge, journal=journal, forwarder=forwarder)
+    router = SessionRouter(app, fleet)   # fleet: acp_server.fleet.adoption.Fleet
     # build_app puts it inside the front layer: a request is authenticated here first
 
 For an HTTP request under ``/session/{id}`` (REST) whose session is not live on this
@@ -17,7 +17,8 @@ instance and that no instance forwarded (``FORWARDED_HEADER``):
   the interrupted prompt), then serves the request itself;
 * no lease (a closed or unknown session): served here as before (journal reads, 404).
 
-Concurrent requests for one session on this instance adopt it once. Nothing here
+Concurrent requests for one session on this instance adopt it once
+(``adoption.Fleet``). Nothing here
 raises: a store that cannot answer lets the request through (it is served as a
 session not live here), an owner that cannot be reached is a 503 ``owner_unreachable``
 with ``Retry-After: 5``. ``stats`` counts forwards, adoptions and failures.
@@ -25,29 +26,15 @@ with ``Retry-After: 5``. ``stats`` counts forwards, adoptions and failures.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import Any
 
-import anyio
-
-from acp_server.fleet.forward import FORWARDED_HEADER, Forwarder, OwnerUnreachableError
-from acp_server.store.sessions import StoreSessionJournal
-from bridge import Bridge
-from bridge.restore import restore_sessions
+from acp_server.fleet.adoption import Fleet
+from acp_server.fleet.forward import FORWARDED_HEADER, OwnerUnreachableError
 
 log = logging.getLogger("acp_server.fleet")
 UNREACHABLE = (b'{"error":"The instance that runs this session cannot be reached; retry '
                b'later","code":"owner_unreachable"}')
-
-
-@dataclasses.dataclass
-class FleetStats:
-    """What ``/daemon/status`` and ``/metrics`` report of sessions across instances."""
-
-    forwards: int = 0
-    forward_failures: int = 0
-    adoptions: int = 0
 
 
 def session_of(path: str) -> str | None:
@@ -61,16 +48,14 @@ def session_of(path: str) -> str | None:
 class SessionRouter:
     """See the module docstring (an ASGI middleware)."""
 
-    def __init__(self, app: Any, *, bridge: Bridge, journal: StoreSessionJournal,
-                 forwarder: Forwarder, stats: FleetStats | None = None) -> None:
-        assert journal.leases is not None, "sessions across instances need leases"
+    def __init__(self, app: Any, fleet: Fleet) -> None:
         self.app = app
-        self.bridge = bridge
-        self.journal = journal
-        self.leases = journal.leases
-        self.forwarder = forwarder
-        self.stats = stats or FleetStats()
-        self._adopting: dict[str, anyio.Event] = {}
+        self.fleet = fleet
+        self.bridge = fleet.bridge
+        self.journal = fleet.journal
+        self.leases = fleet.leases
+        self.forwarder = fleet.forwarder
+        self.stats = fleet.stats
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
@@ -95,32 +80,8 @@ class SessionRouter:
             return None
         if owner.instance != leases.instance and owner.live:
             return owner.url or ""
-        await self.adopt(sid)   # expired, or ours but not live here: restore it
+        await self.fleet.adopt(sid)   # expired, or ours but not live here: restore it
         return None
-
-    async def adopt(self, sid: str) -> bool:
-        """Take ``sid`` over and restore it here (once, however many ask at once);
-        whether it is live here now."""
-        while (adopting := self._adopting.get(sid)) is not None:
-            await adopting.wait()
-        if self.bridge.has_session(sid):
-            return True
-        done = self._adopting[sid] = anyio.Event()
-        try:
-            found = await self.journal.adopt(sid)
-            if found is None:
-                return False
-            restored = await restore_sessions(self.bridge, [found])
-            if restored:
-                self.stats.adoptions += 1
-                log.info("session %s: adopted (its owner's lease expired)", sid)
-            return bool(restored)
-        except Exception as exc:   # noqa: BLE001 - served here as not live
-            log.warning("session %s: could not be adopted (%s)", sid, exc)
-            return False
-        finally:
-            del self._adopting[sid]
-            done.set()
 
     async def _forward(self, url: str, scope: Any, receive: Any, send: Any) -> None:
         try:

@@ -53,7 +53,7 @@ async def test_forwarded_to_the_owner_then_adopted_when_its_lease_expired(
         ids = [f["id"] for f in frames if f.get("id") is not None]
         assert ids == list(range(1, len(ids) + 1))   # a's events, through b, in order
         assert not b.bridge.has_session(sid) and a.bridge.has_session(sid)
-        assert b.server.fleet.forwards == 3 and b.server.fleet.adoptions == 0
+        assert b.server.fleet.stats.forwards == 3 and b.server.fleet.stats.adoptions == 0
         loop = await b.client.get(f"/session/{sid}/status",
                                   headers={"x-acp-forwarded-by": "elsewhere"})
         assert loop.status_code == 404   # a forwarded request is served where it lands
@@ -62,7 +62,7 @@ async def test_forwarded_to_the_owner_then_adopted_when_its_lease_expired(
         now[0] += 61   # a stopped renewing (paused, say): its lease expired
         status = await b.client.get(f"/session/{sid}/status")
         assert status.status_code == 200
-        assert b.bridge.has_session(sid) and b.server.fleet.adoptions == 1
+        assert b.bridge.has_session(sid) and b.server.fleet.stats.adoptions == 1
         assert b.bridge.session_status(sid).event_epoch == epoch   # the stream goes on
         # a still runs it, unaware: its next write is refused and it stops the session
         refused = await a.client.post(f"/session/{sid}/prompt", json=_prompt("stale"))
@@ -73,7 +73,7 @@ async def test_forwarded_to_the_owner_then_adopted_when_its_lease_expired(
         # from now on a forwards to b, and the stream continues from the journal
         again = await a.client.post(f"/session/{sid}/prompt", json=_prompt("/chunks 2 y"))
         assert again.status_code == 202
-        assert a.server.fleet.forwards == 1
+        assert a.server.fleet.stats.forwards == 1
         more = await read_events(a.client, sid, _is("turn_complete", again.json()["promptId"]),
                                  last_event_id=ids[-1])
         more_ids = [f["id"] for f in more if f.get("id") is not None]
@@ -92,4 +92,26 @@ async def test_an_owner_that_cannot_be_reached_is_a_503(tmp_path: Path) -> None:
         assert refused.status_code == 503
         assert refused.json()["code"] == "owner_unreachable"
         assert refused.headers["retry-after"] == "5"
-        assert b.server.fleet.forward_failures == 1 == b.server.fleet.forwards
+        assert b.server.fleet.stats.forward_failures == 1 == b.server.fleet.stats.forwards
+
+
+async def test_the_sweep_adopts_an_orphan_and_settles_its_interrupted_prompt(
+        tmp_path: Path) -> None:
+    now = [7_000_000.0]
+    async with _pair(tmp_path, now) as (a, b):
+        sid = (await a.client.post("/session", json={"sessionScope": "thread"})).json()[
+            "sessionId"]
+        running = await a.client.post(f"/session/{sid}/prompt", json=_prompt("/sleep 60s"))
+        queued = await a.client.post(f"/session/{sid}/prompt", json=_prompt("/chunks 2 q"))
+        pids = [running.json()["promptId"], queued.json()["promptId"]]
+        await read_events(a.client, sid, lambda e: e["type"] == "session_update"
+                          and e.get("promptId") == pids[0], last_event_id=0)
+        assert await b.server.fleet.sweep() == 0   # a's lease is live
+        now[0] += 61   # a stopped renewing
+        assert await b.server.fleet.sweep() == 1 and b.bridge.has_session(sid)
+        await read_events(b.client, sid, _is("turn_complete", pids[1]), last_event_id=0)
+        terminals = (await b.client.post(f"/session/{sid}/load", json={})).json()[
+            "promptTerminals"]
+        by_id = {t["promptId"]: t for t in terminals}
+        assert by_id[pids[0]]["errorCode"] == "server_restarted"   # --session-on-restart fail
+        assert by_id[pids[1]]["terminal"] == "completed"           # the queued one ran on b
