@@ -122,7 +122,8 @@ class _App(Starlette):
 def build_app(settings: Settings, *, bridge: Bridge, acp: ConnectionRegistry,
               lmsp: LmspService, metrics: Metrics, gate: Gate | None = None,
               guard_stats: GuardStats | None = None,
-              sessions_router: Callable[[ASGIApp], ASGIApp] | None = None) -> Starlette:
+              sessions_router: Callable[[ASGIApp], ASGIApp] | None = None,
+              instances: Callable[[], dict[str, Any]] | None = None) -> Starlette:
     """``gate``: the principals' gate (stored tokens, scopes, rate limits);
     ``guard_stats``: the guards' counters (the front layer's and the HTTP
     server's), reported by ``/daemon/status``; ``sessions_router``: wraps the app
@@ -136,7 +137,7 @@ def build_app(settings: Settings, *, bridge: Bridge, acp: ConnectionRegistry,
     app = _App(exception_handlers=EXCEPTION_HANDLERS)
     app.router = IndexedRouter(routes=[
         *rest_routes(bridge, config, lmsp_permissions=lmsp_permissions(lmsp),
-                     store=lmsp.store, gate=gate),
+                     store=lmsp.store, gate=gate, instances=instances),
         *metrics_routes(metrics), *openapi.routes(),
         *acp_routes(acp, acp_config(settings, policy)), *lmsp_routes(lmsp),
         *(web_routes() if settings.web else ())])

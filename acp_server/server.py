@@ -198,7 +198,10 @@ async def open_server(settings: Settings, *, agent_factory: AgentFactory | None 
                 def router(stack: Any, fleet: Fleet = fleet) -> Any:
                     return SessionRouter(stack, fleet)
             app = build_app(settings, bridge=bridge, acp=acp, lmsp=lmsp, metrics=metrics,
-                            gate=gate, guard_stats=guard_stats, sessions_router=router)
+                            gate=gate, guard_stats=guard_stats, sessions_router=router,
+                            instances=fleet.report if fleet is not None else None)
+            if fleet is not None:
+                metrics.watch_fleet(fleet)
             server = Server(app, settings, bridge, lmsp, acp, metrics, gate, guard_stats,
                             session_clock or time.time, leases, fleet)
             if isinstance(journal, StoreSessionJournal):

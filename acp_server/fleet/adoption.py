@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from typing import Any
 
 import anyio
 
@@ -65,6 +66,14 @@ class Fleet:
     def owned(self) -> int:
         """The sessions this instance holds the lease of."""
         return sum(1 for token in self.journal.fence.values() if token > 0)
+
+    def report(self) -> dict[str, Any]:
+        """``/daemon/status``'s ``runtime.instances``."""
+        return {"instance": self.instance, "advertisedUrl": self.leases.url,
+                "sessionsOwned": self.owned(), "leasesTakenOver": self.stats.adoptions,
+                "sessionsMovedAway": self.bridge.moved_sessions,
+                "forwards": self.stats.forwards,
+                "forwardFailures": self.stats.forward_failures}
 
     async def adopt(self, sid: str) -> bool:
         """Take ``sid`` over and restore it here; whether it is live here now."""

@@ -80,6 +80,18 @@ async def test_forwarded_to_the_owner_then_adopted_when_its_lease_expired(
         assert more_ids[0] == ids[-1] + 1   # no gap, no duplicate
         assert more_ids == list(range(more_ids[0], more_ids[0] + len(more_ids)))
 
+        status = (await b.client.get("/daemon/status")).json()["runtime"]["instances"]
+        assert status == {"instance": b.server.leases.instance, "advertisedUrl": b.base_url,
+                          "sessionsOwned": 1, "leasesTakenOver": 1, "sessionsMovedAway": 0,
+                          "forwards": 3, "forwardFailures": 0}
+        moved = (await a.client.get("/daemon/status")).json()["runtime"]["instances"]
+        assert (moved["sessionsOwned"], moved["sessionsMovedAway"]) == (0, 1)
+        text = (await b.client.get("/metrics")).text
+        assert f'acp_server_instance_info{{instance="{b.server.leases.instance}"}} 1.0' in text
+        for line in ("acp_server_sessions_owned 1.0", "acp_server_session_adoptions_total 1.0",
+                     "acp_server_session_forwards_total 3.0"):
+            assert line in text
+
 
 async def test_an_owner_that_cannot_be_reached_is_a_503(tmp_path: Path) -> None:
     now = [6_000_000.0]
