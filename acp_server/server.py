@@ -202,6 +202,7 @@ async def open_server(settings: Settings, *, agent_factory: AgentFactory | None 
                             instances=fleet.report if fleet is not None else None)
             if fleet is not None:
                 metrics.watch_fleet(fleet)
+                bridge.before_restore = fleet.claim
             server = Server(app, settings, bridge, lmsp, acp, metrics, gate, guard_stats,
                             session_clock or time.time, leases, fleet)
             if isinstance(journal, StoreSessionJournal):

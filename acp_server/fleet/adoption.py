@@ -32,6 +32,7 @@ import anyio
 from acp_server.fleet.forward import Forwarder
 from acp_server.store.sessions import StoreSessionJournal
 from bridge import Bridge
+from bridge.errors import JournalUnavailableError
 from bridge.restore import restore_sessions
 
 log = logging.getLogger("acp_server.fleet")
@@ -97,6 +98,24 @@ class Fleet:
         finally:
             del self._adopting[sid]
             done.set()
+
+    async def claim(self, sid: str) -> None:
+        """``Bridge.before_restore``: a session ``/acp`` (or any door) loads or resumes
+        that is not live here is adopted when its lease expired; one another instance
+        runs live is refused with ``JournalUnavailableError`` (a retryable 503 / store
+        error: the client's next attempt, through the balancer, may reach the owner or
+        find the lease expired). A session with no lease goes on as before."""
+        leases = self.leases
+        try:
+            owner = await self.journal.store._read(lambda conn: leases.owner(conn, sid))
+        except Exception as exc:   # noqa: BLE001 - the store: the door's own 503
+            raise JournalUnavailableError(str(exc)) from exc
+        if owner is None:
+            return
+        if owner.instance != leases.instance and owner.live:
+            raise JournalUnavailableError(f"session {sid} runs on another instance "
+                                          f"({owner.instance}); retry")
+        await self.adopt(sid)
 
     async def sweep(self) -> int:
         """Adopt the live sessions whose lease expired; how many were adopted."""

@@ -127,3 +127,48 @@ async def test_the_sweep_adopts_an_orphan_and_settles_its_interrupted_prompt(
         by_id = {t["promptId"]: t for t in terminals}
         assert by_id[pids[0]]["errorCode"] == "server_restarted"   # --session-on-restart fail
         assert by_id[pids[1]]["terminal"] == "completed"           # the queued one ran on b
+
+
+async def test_acp_resume_flow_across_instances(tmp_path: Path) -> None:
+    """``/acp`` on the other instance: its ``Acp-Connection-Id`` is unknown there (404);
+    the client re-``initialize``s and ``session/load``s, which is refused (retryable)
+    while the owner's lease is live and adopts the session once it expired."""
+    from tests.acp_http.wsclient import ws_connect
+
+    now = [8_000_000.0]
+    async with _pair(tmp_path, now) as (a, b):
+        init = {"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                "params": {"protocolVersion": 1}}
+        opened = await a.client.post("/acp", json=init, headers={
+            "accept": "application/json, text/event-stream"})
+        connection = opened.headers["acp-connection-id"]
+        unknown = await b.client.post("/acp", json={
+            "jsonrpc": "2.0", "id": 1, "method": "session/new",
+            "params": {"cwd": str(tmp_path), "mcpServers": []}}, headers={
+            "accept": "application/json, text/event-stream", "acp-connection-id": connection})
+        assert unknown.status_code == 404   # a's connection: b does not hold it
+        sid = (await a.client.post("/session", json={"sessionScope": "thread"})).json()[
+            "sessionId"]
+        done = await a.client.post(f"/session/{sid}/prompt", json=_prompt("/chunks 2 hi"))
+        await read_events(a.client, sid, _is("turn_complete", done.json()["promptId"]),
+                          last_event_id=0)
+        load = {"cwd": str(tmp_path), "mcpServers": [], "sessionId": sid}
+        async with ws_connect(b.base_url) as ws:
+            await ws.send_json(init)
+            await ws.wait_for(lambda m: m.get("id") == 0)
+            await ws.send_json({"jsonrpc": "2.0", "id": 1, "method": "session/load",
+                                "params": load})
+            refused = (await ws.wait_for(lambda m: m.get("id") == 1))["error"]
+            assert refused["data"]["errorKind"] == "store_unavailable"   # retry later
+            assert not b.bridge.has_session(sid)
+            now[0] += 61   # a's lease expired
+            await ws.send_json({"jsonrpc": "2.0", "id": 2, "method": "session/load",
+                                "params": load})
+            loaded = await ws.wait_for(lambda m: m.get("id") == 2)
+            assert "result" in loaded, loaded
+            assert b.bridge.has_session(sid) and b.server.fleet.stats.adoptions == 1
+            await ws.send_json({"jsonrpc": "2.0", "id": 3, "method": "session/prompt",
+                                "params": {"sessionId": sid,
+                                           "prompt": [{"type": "text", "text": "again"}]}})
+            answered = await ws.wait_for(lambda m: m.get("id") == 3)
+            assert answered["result"]["stopReason"] == "end_turn"
