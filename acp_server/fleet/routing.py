@@ -69,18 +69,22 @@ class SessionRouter:
         await self.app(scope, receive, send)
 
     async def _route(self, sid: str) -> str | None:
-        """The owner's URL to forward to, else ``None`` (serve here, adopted if due)."""
+        """The owner's URL to forward to, else ``None`` (serve here, adopted if due).
+        An adoption another instance won meanwhile (its sweep, say) is looked up again
+        and forwarded to."""
         leases = self.leases
-        try:
-            owner = await self.journal.store._read(lambda conn: leases.owner(conn, sid))
-        except Exception as exc:   # noqa: BLE001 - served here as not live
-            log.warning("session %s: its owner could not be looked up (%s)", sid, exc)
-            return None
-        if owner is None:
-            return None
-        if owner.instance != leases.instance and owner.live:
-            return owner.url or ""
-        await self.fleet.adopt(sid)   # expired, or ours but not live here: restore it
+        for _ in range(2):
+            try:
+                owner = await self.journal.store._read(lambda conn: leases.owner(conn, sid))
+            except Exception as exc:   # noqa: BLE001 - served here as not live
+                log.warning("session %s: its owner could not be looked up (%s)", sid, exc)
+                return None
+            if owner is None:
+                return None
+            if owner.instance != leases.instance and owner.live:
+                return owner.url or ""
+            if await self.fleet.adopt(sid):   # expired, or ours but not live here
+                return None
         return None
 
     async def _forward(self, url: str, scope: Any, receive: Any, send: Any) -> None:
