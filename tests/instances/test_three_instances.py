@@ -38,6 +38,7 @@ import pytest
 
 from tests.harness import ServeProcess
 from tests.harness.haproxy import SKIP, HAProxy, haproxy_binary
+from tests.clients.conftest import acp_sdk, qwen_sdk  # noqa: F401 - the fixtures
 from tests.lmsp import stores
 
 pytestmark = pytest.mark.slow
@@ -262,6 +263,60 @@ def test_a_paused_owner_is_replaced_and_writes_nothing_more(
         assert [r[0] for r in rows] == list(range(1, len(rows) + 1)) and len(rows) == written
         assert reader.ids() == sorted(set(reader.ids()))   # no event twice
         assert _owner(db, sid) == new_owner
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"   # the client side only (a Node process)
+
+
+@pytest.mark.anyio
+@pytest.mark.clients
+async def test_qwen_sdk_session_client_round_robin(
+        fleet: tuple[Path, str, list[ServeProcess]], qwen_sdk: str) -> None:
+    """``@qwen-code/sdk``'s ``DaemonClient``/``DaemonSessionClient`` through round robin
+    (no affinity, no cookies kept): every request may land anywhere; the instances
+    forward to the owner."""
+    from tests.clients.node import run_script
+
+    tmp, _, children = fleet
+    with HAProxy(tmp, [c.base_url for c in children]) as lb:
+        lb.wait_up(3)
+        r = await run_script("qwen_sdk.mjs", qwen_sdk, lb.base_url, "rest")
+    assert r["prompt"] == {"stopReason": "end_turn"} and r["turn"] == {"stopReason": "end_turn"}
+    live = r["loadLive"]
+    assert live["attached"] is True and live["complete"] is True
+    assert live["lastEventId"] == live["compactedReplay"][-1]["id"]
+    after = [e for e in r["afterLoad"] if e["type"] != "replay_complete"]
+    assert after[0]["id"] == live["lastEventId"] + 1 and r["afterLoadAccepted"]
+    assert r["resume"]["attached"] is True
+    assert r["coldTurn"] == {"stopReason": "end_turn"}   # a closed session, loaded again
+    replayed = r["replay"]["replayed"]
+    assert replayed[0]["id"] == r["replay"]["seenUpTo"] + 1   # Last-Event-ID, anywhere
+    assert [e["id"] for e in replayed] == list(range(replayed[0]["id"],
+                                                     replayed[0]["id"] + len(replayed)))
+    assert r["capRefused"]["name"] == "DaemonPendingPromptLimitError"
+    assert r["capHeld"] == {"stopReason": "end_turn"}
+
+
+@pytest.mark.anyio
+@pytest.mark.clients
+@pytest.mark.parametrize("transport", ["http", "ws"])
+async def test_acp_sdk_through_the_balancer(fleet: tuple[Path, str, list[ServeProcess]],
+                                            acp_sdk: str, transport: str) -> None:
+    """The ACP TypeScript SDK over Streamable HTTP (it keeps the balancer's cookies, as
+    the RFD asks) and over WebSocket (pinned by the balancer), through HAProxy hashing
+    the path: an ``/acp`` connection lives on the instance that holds it."""
+    from tests.clients.node import run_script
+
+    tmp, _, children = fleet
+    with HAProxy(tmp, [c.base_url for c in children], affinity="hash") as lb:
+        lb.wait_up(1)
+        report = await run_script("acp_sdk.mjs", acp_sdk, lb.base_url, transport,
+                                  str(children[0].workspace))
+    assert report["protocolVersion"] == 1
+    stops = [e["stopReason"] for e in report["first"] if e["kind"] == "stop"]
+    assert stops == ["end_turn", "end_turn", "end_turn", "cancelled"]
 
 
 def test_kill_9_of_the_owner_while_a_client_streams_and_prompts(
