@@ -77,6 +77,7 @@ from bridge.errors import (
     JournalUnavailableError,
     PermissionNotFoundError,
     SessionNotFoundError,
+    SessionNotRestorableError,
 )
 from bridge.jsonrpc import (
     INVALID_REQUEST,
@@ -324,7 +325,7 @@ async def _session_prompt(conn: AcpConnection, rpc_id: RpcId, params: dict[str, 
         channel.track_prompt(ticket, rpc_id, detached=prompt_id is not None)
     try:   # a durable journal: committed before it counts as acknowledged
         await ticket.committed()
-    except JournalUnavailableError:   # settled, slot released: answered here instead
+    except (JournalUnavailableError, SessionNotRestorableError):   # settled: answered here
         channel.prompts.pop(ticket.prompt_id, None)
         channel.detached.discard(ticket.prompt_id)
         raise
