@@ -176,6 +176,8 @@ class AgentSideRestore:
                 log.warning("session %s: the agent side could not be restored: %s", sid,
                             reason)
                 session.not_restorable = reason
+            elif session.closing:   # closed meanwhile: the agent learns of it too
+                await bridge._close_at_agent(session, False)
             for pending in list(session.pending.values()):
                 if pending.continued is None or pending.state != QUEUED:
                     continue
