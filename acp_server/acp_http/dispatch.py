@@ -275,6 +275,14 @@ async def _session_load(conn: AcpConnection, rpc_id: RpcId, params: dict[str, An
     channel = conn.channel(sid)
     channel.subscribe(last_event_id=0)
     history = info.history
+    if not conn.websocket and not channel.reader_attached:
+        # Streamable HTTP with no session stream open: a client that opens it once a
+        # message names the session (the ACP Python SDK) would never see the history
+        # there. It goes on the connection stream, ahead of the answer; what follows
+        # goes on the session stream (the channel counts the history as delivered).
+        for frame in channel.take_now():
+            conn.push(frame.payload)
+        return result
     await channel.flush_through(info.last_event_id if history is None
                                 else history.last_event_id)
     return result
