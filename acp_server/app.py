@@ -24,10 +24,12 @@ With ``--http-server granian`` the front layer also caps requests in flight at
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from starlette.applications import Starlette
 from starlette.routing import BaseRoute
+from starlette.types import ASGIApp
 
 from acp_server.acp_http import ACP_PATH, AcpConfig, ConnectionRegistry
 from acp_server.acp_http import access as acp_access
@@ -119,10 +121,14 @@ class _App(Starlette):
 
 def build_app(settings: Settings, *, bridge: Bridge, acp: ConnectionRegistry,
               lmsp: LmspService, metrics: Metrics, gate: Gate | None = None,
-              guard_stats: GuardStats | None = None) -> Starlette:
+              guard_stats: GuardStats | None = None,
+              sessions_router: Callable[[ASGIApp], ASGIApp] | None = None,
+              instances: Callable[[], dict[str, Any]] | None = None) -> Starlette:
     """``gate``: the principals' gate (stored tokens, scopes, rate limits);
     ``guard_stats``: the guards' counters (the front layer's and the HTTP
-    server's), reported by ``/daemon/status``."""
+    server's), reported by ``/daemon/status``; ``sessions_router``: wraps the app
+    inside the front layer (``acp_server.fleet.SessionRouter``: sessions across
+    instances), so requests are checked before they are forwarded."""
     guard_stats = guard_stats if guard_stats is not None else GuardStats()
     policy = guard_policy(settings, gate)
     # granian cannot cap connections below ASGI: the front layer caps requests in flight
@@ -131,14 +137,15 @@ def build_app(settings: Settings, *, bridge: Bridge, acp: ConnectionRegistry,
     app = _App(exception_handlers=EXCEPTION_HANDLERS)
     app.router = IndexedRouter(routes=[
         *rest_routes(bridge, config, lmsp_permissions=lmsp_permissions(lmsp),
-                     store=lmsp.store, gate=gate),
+                     store=lmsp.store, gate=gate, instances=instances),
         *metrics_routes(metrics), *openapi.routes(),
         *acp_routes(acp, acp_config(settings, policy)), *lmsp_routes(lmsp),
         *(web_routes() if settings.web else ())])
     recorder = AccessRecorder(router_of=lambda: app.router, metrics=metrics)
     hot = [HotRoute("POST", route, handler) for path, handler in
            fast_routes(bridge, config).items() for route in _routes_at(app.router, path)]
-    app.front = lambda stack: FrontLayer(stack, policy, doors=DOORS, observer=recorder,
+    route = sessions_router or (lambda stack: stack)
+    app.front = lambda stack: FrontLayer(route(stack), policy, doors=DOORS, observer=recorder,
                                          max_in_flight=max_in_flight, stats=guard_stats, hot=hot)
     return app
 

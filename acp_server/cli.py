@@ -206,6 +206,17 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
                             "agent is asked to continue the turn); queued prompts still run")
     serve.add_argument("--session-retention-ms", default=str(7 * 24 * 3600 * 1000),
                        help="how long a closed session's journal is kept (default 7 days)")
+    serve.add_argument("--session-lease-ttl-ms", default="8000",
+                       help="PostgreSQL store shared by several instances: how long a "
+                            "session stays this instance's without renewal; another instance "
+                            "takes it over after that (default 8000)")
+    serve.add_argument("--session-lease-renew-ms", default="2000",
+                       help="how often this instance renews its session leases, below "
+                            "--session-lease-ttl-ms (default 2000)")
+    serve.add_argument("--advertise-url", default=None, metavar="URL",
+                       help="the base URL other instances reach this one at, to forward "
+                            "requests for the sessions it runs (default: http://HOST:PORT "
+                            "of the bind, unless HOST is a wildcard)")
     add_prompt_arguments(commands.add_parser(
         "prompt", help="send a prompt to a running daemon and stream the reply"))
     add_tasks_arguments(commands.add_parser(
@@ -247,6 +258,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         rate_limit_mutation=args.rate_limit_mutation, rate_limit_read=args.rate_limit_read,
         session_journal=args.session_journal, session_on_restart=args.session_on_restart,
         session_retention_ms=args.session_retention_ms,
+        session_lease_ttl_ms=args.session_lease_ttl_ms,
+        session_lease_renew_ms=args.session_lease_renew_ms, advertise_url=args.advertise_url,
         **{flag: getattr(args, flag) for flag in OPTION_FLAGS})
 
 

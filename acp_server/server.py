@@ -31,7 +31,8 @@ Contracts:
   ``TaskStore`` instead of ``settings.store_url``), ``lmsp_config``, ``group_commit``,
   ``acp_clock`` (the ``/acp`` registry's clock), ``session_clock`` (the session
   journal's retention clock, ``Server.purge_sessions``), ``principals_clock`` (the
-  monotonic clock of the rate limits and the token cache). Everything else comes from
+  monotonic clock of the rate limits and the token cache), ``lease_clock`` (the session
+  leases' epoch clock, ``acp_server.store.leases``). Everything else comes from
   ``settings``.
 """
 
@@ -43,6 +44,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import anyio
 from starlette.applications import Starlette
@@ -50,9 +52,12 @@ from starlette.applications import Starlette
 from acp_server.acp_http import ConnectionRegistry
 from acp_server.acp_http.registry import MONOTONIC, Clock
 from acp_server.app import build_app
+from acp_server.fleet import Fleet, Forwarder, SessionRouter
 from acp_server.http.guard import GuardStats
 from acp_server.lmsp import LmspConfig, LmspService, open_lmsp
 from acp_server.store import store_for
+from acp_server.store.leases import SessionLeases
+from acp_server.store.pg_engine import PostgresEngine
 from acp_server.store.sessions import StoreSessionJournal
 from acp_server.store.tasks import TaskStore
 from acp_server.ops.metrics import Metrics
@@ -65,6 +70,7 @@ from bridge.journal import MemoryJournal, SessionJournal
 
 log = logging.getLogger("acp_server")
 PURGE_INTERVAL_S = 600
+WILDCARDS = ("0.0.0.0", "::", "")
 
 
 @dataclass(eq=False)
@@ -84,6 +90,24 @@ class Server:
 
     # The session journal's retention (``--session-retention-ms``) and its clock.
     session_clock: Callable[[], float] = time.time
+    # Sessions across instances (a PostgreSQL store; else None): the leases and the
+    # instance registry (acp_server.store.leases).
+    leases: SessionLeases | None = None
+    fleet: Fleet | None = None
+
+    def advertise(self, url: str) -> None:
+        """The HTTP server listens at ``url``: unless ``--advertise-url`` says otherwise
+        (or the bind is a wildcard), other instances forward this one's sessions there."""
+        if self.leases is None or self.settings.advertise_url:
+            return
+        if self.settings.hostname.strip("[]") in WILDCARDS:
+            log.warning("sessions across instances: the bind %s is a wildcard; pass "
+                        "--advertise-url so other instances can reach this one",
+                        self.settings.hostname)
+            return
+        journal = self.bridge.journal
+        if isinstance(journal, StoreSessionJournal):
+            journal.advertise(url.rstrip("/"))
 
     async def purge_sessions(self) -> int:
         """Remove the journals of sessions closed longer than the retention ago (on
@@ -113,7 +137,8 @@ async def open_server(settings: Settings, *, agent_factory: AgentFactory | None 
                       lmsp_config: LmspConfig | None = None, group_commit: bool = True,
                       acp_clock: Clock | None = None,
                       session_clock: Callable[[], float] | None = None,
-                      principals_clock: Callable[[], float] | None = None
+                      principals_clock: Callable[[], float] | None = None,
+                      lease_clock: Callable[[], float] | None = None
                       ) -> AsyncIterator[Server]:
     children = ChildRegistry(settings.children_dir)
     children.reap_stale()   # agents that killed earlier runs left behind
@@ -127,8 +152,16 @@ async def open_server(settings: Settings, *, agent_factory: AgentFactory | None 
             poll_s=settings.store_poll_ms / 1000,
             busy_timeout_s=settings.store_busy_timeout_ms / 1000)
         journal: SessionJournal = MemoryJournal()
+        leases = None
         if settings.session_journal == "store":
-            journal = StoreSessionJournal(store, ring_size=settings.options.event_ring_size)
+            if isinstance(store, PostgresEngine):
+                leases = SessionLeases(store.instance,
+                                       ttl_s=settings.session_lease_ttl_ms / 1000,
+                                       renew_s=settings.session_lease_renew_ms / 1000,
+                                       clock=lease_clock or time.time,
+                                       url=settings.advertise_url)
+            journal = StoreSessionJournal(store, ring_size=settings.options.event_ring_size,
+                                          leases=leases)
         async with store, \
                 (journal if isinstance(journal, StoreSessionJournal)
                  else contextlib.nullcontext(journal)), \
@@ -157,17 +190,35 @@ async def open_server(settings: Settings, *, agent_factory: AgentFactory | None 
             bridge.observe(metrics)
             metrics.watch_lmsp(lmsp)   # task transitions and the task gauge
             guard_stats = GuardStats()
+            fleet = router = None
+            if leases is not None and isinstance(journal, StoreSessionJournal):
+                fleet = Fleet(bridge, journal, Forwarder(
+                    instance=leases.instance, max_body_bytes=settings.max_body_bytes))
+
+                def router(stack: Any, fleet: Fleet = fleet) -> Any:
+                    return SessionRouter(stack, fleet)
             app = build_app(settings, bridge=bridge, acp=acp, lmsp=lmsp, metrics=metrics,
-                            gate=gate, guard_stats=guard_stats)
+                            gate=gate, guard_stats=guard_stats, sessions_router=router,
+                            instances=fleet.report if fleet is not None else None)
+            if fleet is not None:
+                metrics.watch_fleet(fleet)
+                bridge.before_restore = fleet.claim
             server = Server(app, settings, bridge, lmsp, acp, metrics, gate, guard_stats,
-                            session_clock or time.time)
+                            session_clock or time.time, leases, fleet)
+            if isinstance(journal, StoreSessionJournal):
+                journal.on_moved = bridge.sessions_moved
             async with anyio.create_task_group() as tg:
                 if bridge.journal.durable:
                     tg.start_soon(server._purge_loop)
+                if fleet is not None:
+                    tg.start_soon(fleet.sweep_forever)
                 try:
                     yield server
                 finally:
                     await server.drain()
+                    if fleet is not None:
+                        with anyio.CancelScope(shield=True):
+                            await fleet.forwarder.aclose()
                     tg.cancel_scope.cancel()
     finally:
         children.close()   # every agent was stopped with the bridge

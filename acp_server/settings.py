@@ -164,6 +164,13 @@ class Settings:
     session_journal: str = "store"
     session_on_restart: str = "fail"
     session_retention_ms: int = 7 * 24 * 3600 * 1000
+    # Sessions across instances on a PostgreSQL store (issue #24, docs/deployment.md):
+    # the lease that makes one instance a session's owner, how often it is renewed,
+    # and the base URL other instances forward that session's requests to (default:
+    # http://HOST:PORT of the bind, when HOST is not a wildcard).
+    session_lease_ttl_ms: int = 8000
+    session_lease_renew_ms: int = 2000
+    advertise_url: str | None = None
 
     def __post_init__(self) -> None:
         if not self.hostname:
@@ -228,7 +235,8 @@ class Settings:
         if not self.heartbeat_s > 0:
             raise SettingsError(f"Invalid heartbeat interval: {self.heartbeat_s!r}.")
         for name in ("header_timeout_ms", "max_connections", "store_lease_ms",
-                     "store_renew_ms", "store_poll_ms", "store_busy_timeout_ms"):
+                     "store_renew_ms", "store_poll_ms", "store_busy_timeout_ms",
+                     "session_lease_ttl_ms", "session_lease_renew_ms"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise SettingsError(f"Invalid {name.replace('_', '-')}: {value!r}. "
@@ -236,6 +244,14 @@ class Settings:
         if self.store_renew_ms >= self.store_lease_ms:
             raise SettingsError(f"Invalid store-renew-ms: {self.store_renew_ms!r}. Must be "
                                 f"less than store-lease-ms ({self.store_lease_ms}).")
+        if self.session_lease_renew_ms >= self.session_lease_ttl_ms:
+            raise SettingsError(f"Invalid session-lease-renew-ms: {self.session_lease_renew_ms!r}"
+                                f". Must be less than session-lease-ttl-ms "
+                                f"({self.session_lease_ttl_ms}).")
+        if self.advertise_url is not None and not re.fullmatch(
+                r"https?://[^\s/?#]+/?", self.advertise_url):
+            raise SettingsError(f"Invalid advertise-url: {self.advertise_url!r}. Must be "
+                                "http(s)://host:port, with no path.")
         if self.lmsp_permissions not in POLICIES:
             raise SettingsError(f"Invalid lmsp-permissions: {self.lmsp_permissions!r}. Must be "
                                 f"one of {', '.join(POLICIES)}.")
@@ -345,6 +361,9 @@ class Settings:
                    rate_limit_read: str | int = DEFAULT_RATE_LIMITS["read"],
                    session_journal: str = "store", session_on_restart: str = "fail",
                    session_retention_ms: str | int = 7 * 24 * 3600 * 1000,
+                   session_lease_ttl_ms: str | int = 8000,
+                   session_lease_renew_ms: str | int = 2000,
+                   advertise_url: str | None = None,
                    **option_flags: str | None) -> Settings:
         """Build from CLI strings. ``token=None`` falls back to ``$ACP_SERVER_TOKEN``;
         ``agent`` is one ``--agent`` value or all of them (``NAME=COMMAND`` adds a
@@ -394,6 +413,9 @@ class Settings:
                    rate_limit_read=_number(rate_limit_read),
                    session_journal=session_journal, session_on_restart=session_on_restart,
                    session_retention_ms=_number(session_retention_ms),
+                   session_lease_ttl_ms=_number(session_lease_ttl_ms),
+                   session_lease_renew_ms=_number(session_lease_renew_ms),
+                   advertise_url=advertise_url.rstrip("/") if advertise_url else None,
                    options=build_options(**option_flags))
 
 

@@ -8,7 +8,8 @@ import sys
 
 SECTIONS = {"bridge": "bench.bridge_bench", "http": "bench.http_bench", "h2": "bench.h2_bench",
             "heads": "bench.heads_bench", "acp": "bench.acp_bench",
-            "lmsp": "bench.lmsp_bench", "journal": "bench.journal_bench"}
+            "lmsp": "bench.lmsp_bench", "journal": "bench.journal_bench",
+            "fleet": "bench.fleet_bench"}
 
 
 def main(argv: list[str]) -> None:

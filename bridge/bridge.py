@@ -35,7 +35,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import anyio
@@ -125,6 +125,11 @@ class Bridge(Journaling, PromptsAPI):
         self._task_group: anyio.abc.TaskGroup | None = None
         self._stack: contextlib.AsyncExitStack | None = None
         self._closed = False
+        # Called before a session that is not live here is loaded or resumed through
+        # the agent: the composition's sessions across instances (acp_server.fleet)
+        # adopt it here when its owner's lease expired, or raise a BridgeError when
+        # another instance runs it.
+        self.before_restore: Callable[[str], Awaitable[None]] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
     async def __aenter__(self) -> Bridge:
@@ -352,6 +357,8 @@ class Bridge(Journaling, PromptsAPI):
         self.check_workspace(cwd)
         name = self.agents.resolve(agent)
         with_history = method == "session/load"
+        if session_id not in self._sessions and self.before_restore is not None:
+            await self.before_restore(session_id)   # adopted here, or refused
         if session_id in self._sessions:
             live = self._sessions[session_id]
             if live.agent_side is not None:   # restored: the agent's answer is wanted

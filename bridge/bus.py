@@ -465,6 +465,22 @@ class EventBus:
             return
         self._end_subscriptions()
 
+    def abandon(self) -> None:
+        """Another process runs this session now (``Bridge.sessions_moved``): the events
+        not yet released are dropped (the journal refused them; the new owner numbers
+        its own from the journal), nothing more is published or journaled, and every
+        subscription ends after what it was released, with no further event."""
+        self.sink = None
+        while self._ring and self._ring[-1].id > self._released_id:  # type: ignore[operator]
+            self._ring.pop()
+        self._last_id = self._released_id
+        self.closed = True
+        self._end_subscriptions()
+        self.hold = False
+        if self._released is not None:
+            self._released.set()
+            self._released = None
+
     def _end_subscriptions(self) -> None:
         self._close_when_released = False
         if self.hold:

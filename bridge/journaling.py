@@ -19,7 +19,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from bridge.bus import EventBus
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
     from bridge.session import Session
 
+MOVED = "session_moved"   # the close reason of a session another instance took over
 
 class Journaling:
     journal: SessionJournal
@@ -37,6 +38,13 @@ class Journaling:
     _held: dict[str, EventBus]
     _sessions: dict[str, Session]
     _closed: bool
+    moved_sessions = 0   # sessions another instance took over from this one
+
+    def _forget(self, session: Session) -> None:
+        raise NotImplementedError   # Bridge's
+
+    def _cancel_questions(self, session: Session, reason: str) -> None:
+        raise NotImplementedError   # Bridge's
 
     def _drop_session(self, session: Session) -> None:
         raise NotImplementedError   # Bridge's
@@ -66,6 +74,27 @@ class Journaling:
         if self.journal.durable and not self._closed:
             session.journal_to(self.journal)
             self._held[session.session_id] = session.bus
+
+    def sessions_moved(self, session_ids: Iterable[str]) -> None:
+        """Another instance took these sessions over (the journal refused their writes,
+        or their lease was lost): stop running them here at once, writing nothing more.
+        Events not committed are dropped; readers' streams end with no further event
+        (they reconnect with ``Last-Event-ID``, through the balancer, to the new owner);
+        prompts still here fail with ``SessionClosedError`` reason ``session_moved``;
+        the agent is told to cancel and close. Sessions not live here are skipped."""
+        for sid in session_ids:
+            self._held.pop(sid, None)
+            session = self._sessions.get(sid)
+            if session is None:
+                continue
+            session.abandon()
+            self._forget(session)
+            running = session.active is not None
+            session.fail_all(session.close_error(MOVED))
+            self._cancel_questions(session, MOVED)
+            session.stop()
+            self.moved_sessions += 1
+            self._tasks().start_soon(self._close_at_agent, session, running)
 
     def _events_committed(self, records: Any) -> None:
         """The journal committed these events: readers may see them now."""

@@ -229,6 +229,12 @@ class Session:
         self.bus.hold = False
         self.bus.release(self.bus.last_event_id)
 
+    def abandon(self) -> None:
+        """Another instance took the session over: record and publish nothing more
+        (``EventBus.abandon``)."""
+        self.journal = NO_JOURNAL
+        self.bus.abandon()
+
     # -- lifecycle -----------------------------------------------------------------
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Owns the FIFO worker and the deadline timers until ``stop()``. Start it with

@@ -206,3 +206,9 @@ def test_the_wire_check_sees_wire_names() -> None:
     """The checker itself: ``bridge/wire.py`` is full of what it looks for."""
     names = set(_names(ROOT / "bridge" / "wire.py"))
     assert {"serverTimestamp", "pendingCount", "promptId"} <= names
+
+
+def test_the_fleet_imports_no_door_and_no_settings() -> None:
+    """``acp_server/fleet`` (sessions across instances) sits beside the doors: it may use
+    the bridge and the store, never a door or the composition."""
+    assert _violations(_modules("acp_server.fleet"), DOORS + SERVER_ONLY) == []

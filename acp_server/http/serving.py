@@ -81,6 +81,7 @@ async def run_http(server: Server, settings: Settings, sock: socket.socket | Non
                        stats=server.guard_stats)
 
     def started(url: str) -> None:
+        server.advertise(url)
         print(f"acp-server listening on {url} "
               f"(workspace={settings.workspace}, agent={settings.agent})\n"
               f"state in {settings.state_dir} (--state-dir chooses another)", flush=True)

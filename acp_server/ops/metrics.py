@@ -144,6 +144,33 @@ class _LiveCollector(Collector):
         yield family
 
 
+class _FleetCollector(Collector):
+    """Sessions across instances (``acp_server.fleet``), read at scrape time."""
+
+    def __init__(self, fleet: Any) -> None:
+        self.fleet = fleet
+
+    def collect(self) -> Iterator[Metric]:
+        report = self.fleet.report()
+        info = GaugeMetricFamily("acp_server_instance_info",
+                                 "This instance's id on the shared store.", labels=["instance"])
+        info.add_metric([report["instance"]], 1)
+        yield info
+        yield GaugeMetricFamily("acp_server_sessions_owned",
+                                "Sessions whose lease this instance holds.",
+                                value=report["sessionsOwned"])
+        for name, key, doc in (
+                ("acp_server_session_adoptions", "leasesTakenOver",
+                 "Sessions this instance took over after their owner's lease expired."),
+                ("acp_server_sessions_moved_away", "sessionsMovedAway",
+                 "Sessions another instance took over from this one."),
+                ("acp_server_session_forwards", "forwards",
+                 "Requests forwarded to the instance that runs their session."),
+                ("acp_server_session_forward_failures", "forwardFailures",
+                 "Forwards whose owner could not be reached (503).")):
+            yield CounterMetricFamily(name, doc, value=report[key])
+
+
 class _Timing:
     """One (door, route): observations per bucket (the last is +Inf) and their sum."""
 
@@ -292,6 +319,12 @@ class Metrics(BridgeObserver):
         if child is None:
             child = self._transition_children[status] = self._transitions.labels(status)
         child.inc()
+
+    # -- sessions across instances ------------------------------------------------------
+    def watch_fleet(self, fleet: Any) -> None:
+        """Report ``acp_server.fleet.Fleet``'s instance id, owned sessions and counters
+        (read at scrape time)."""
+        self.registry.register(_FleetCollector(fleet))
 
     # -- exposition -------------------------------------------------------------------
     async def render(self) -> bytes:

@@ -41,12 +41,15 @@ fast_routes = prompts.fast_routes   # the front layer's hot path: path -> fast h
 
 def routes(bridge: Bridge, config: RestConfig, *,
            lmsp_permissions: PermissionReport | None = None,
-           store: Probed | None = None, gate: Gate | None = None) -> list[BaseRoute]:
+           store: Probed | None = None, gate: Gate | None = None,
+           instances: daemon.InstancesReport | None = None) -> list[BaseRoute]:
     """Every REST route, over its dependencies (``store``: what ``/health?deep=1`` asks;
-    ``gate``: the principals, for ``/tokens`` and ``/audit``)."""
+    ``gate``: the principals, for ``/tokens`` and ``/audit``; ``instances``: sessions
+    across instances, for ``/daemon/status``)."""
     return [*(admin.routes(gate, config) if gate is not None else ()),
             *health.routes(bridge, store), *capabilities.routes(bridge, config),
-            *daemon.routes(bridge, config, lmsp_permissions=lmsp_permissions),
+            *daemon.routes(bridge, config, lmsp_permissions=lmsp_permissions,
+                           instances=instances),
             *sessions.routes(bridge, config), *prompts.routes(bridge, config),
             *events.routes(bridge, config), *permissions.routes(bridge, config),
             *workspace.routes(bridge)]

@@ -28,6 +28,8 @@ from bridge.status import QueueWait
 # How LMSP work's permission requests were answered: (policy, decisions by outcome).
 # Handed over by the composition when LMSP runs (the REST door imports no other door).
 PermissionReport = Callable[[], tuple[str, dict[str, int]]]
+# Sessions across instances (acp_server.fleet.Fleet.report), when the store is shared.
+InstancesReport = Callable[[], dict[str, Any]]
 
 
 def queue_wait(wait: QueueWait) -> dict[str, Any]:
@@ -95,7 +97,8 @@ def agents(bridge: Bridge) -> list[wire.AgentStatus]:
 
 
 async def daemon_status(request: Request, *, bridge: Bridge, config: RestConfig,
-                        lmsp_permissions: PermissionReport | None) -> Response:
+                        lmsp_permissions: PermissionReport | None,
+                        instances: InstancesReport | None = None) -> Response:
     body = status_body(bridge, config)
     # The guards' counters (acp_server/http/guard.py, the front layer), one per server.
     guard = config.guard_stats
@@ -105,10 +108,13 @@ async def daemon_status(request: Request, *, bridge: Bridge, config: RestConfig,
         policy, decisions = lmsp_permissions()
         body.runtime["permissions"]["lmspPolicy"] = policy
         body.runtime["permissions"]["lmspDecisions"] = decisions
+    if instances is not None:   # the instance id, sessions owned, take-overs, forwards
+        body.runtime["instances"] = instances()
     return json_response(200, body)
 
 
 def routes(bridge: Bridge, config: RestConfig, *,
-           lmsp_permissions: PermissionReport | None = None) -> list[BaseRoute]:
+           lmsp_permissions: PermissionReport | None = None,
+           instances: InstancesReport | None = None) -> list[BaseRoute]:
     return [route("/daemon/status", daemon_status, ["GET"], bridge=bridge, config=config,
-                  lmsp_permissions=lmsp_permissions)]
+                  lmsp_permissions=lmsp_permissions, instances=instances)]

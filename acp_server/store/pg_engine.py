@@ -22,6 +22,9 @@ Contracts:
   was cut fails with ``StoreUnavailableError`` (it may have landed: an idempotent
   retry replays it). A read whose connection broke is retried once on a fresh one.
 * The schema is migrated at start-up (``schema.migrate_postgres``).
+* A connection idle inside a transaction for ``IDLE_IN_TRANSACTION_S`` (its process
+  paused or hung mid-batch) is ended by the server, which releases its locks; the
+  batch then fails or re-runs as for any lost connection.
 * Notices: an operation adds ``(kind, task_id)`` to ``batch.notices``; the commit
   sends them all in one ``pg_notify`` statement on ``channel`` as
   ``kind:instance:id[,id…]``; ``_on_notice(kind, ids)`` gets other instances' notices
@@ -60,6 +63,7 @@ CONNECT_TIMEOUT_S = 3
 RECONNECT_CAP_S = 5.0
 LISTEN_READY_S = 10   # start-up waits this long at most for LISTEN (polling covers)
 NOTICE_BYTES = 7000   # a pg_notify payload stays under PostgreSQL's 8000 bytes
+IDLE_IN_TRANSACTION_S = 2.0   # a batch's statements follow each other within milliseconds
 TRANSIENT = (pg_errors.DeadlockDetected, pg_errors.SerializationFailure,
              pg_errors.LockNotAvailable)
 # Errors that mean the database cannot serve now (besides every OperationalError).
@@ -129,6 +133,11 @@ class PostgresEngine(GroupCommitStore[Conn]):
             conn = psycopg.connect(self.url, autocommit=autocommit,
                                    connect_timeout=CONNECT_TIMEOUT_S)
             conn.execute("SET synchronous_commit = on")   # durable on COMMIT, always
+            # A process paused (SIGSTOP) or hung inside a transaction must not hold its
+            # row locks for ever: the server ends such a session and rolls it back, so
+            # another instance can take a session lease over (store/leases.py).
+            conn.execute(f"SET idle_in_transaction_session_timeout = "
+                         f"{int(IDLE_IN_TRANSACTION_S * 1000)}")
             if not autocommit:
                 conn.commit()
         except psycopg.Error as exc:

@@ -232,6 +232,36 @@ CREATE TABLE IF NOT EXISTS session_events (
     # 4: principals: stored bearer tokens (hashed) and the audit log (acp_server/store/
     #    tokens.py, audit.py)
     Migration("tokens and audit", _SQLITE_PRINCIPALS, _POSTGRES_PRINCIPALS),
+    # 5: sessions across instances (issue #24, acp_server/store/leases.py): who runs each
+    #    session (a lease with a fencing token) and where each instance is reached. On
+    #    SQLite (one instance) the tables exist and stay empty.
+    Migration("session leases and instances", """CREATE TABLE IF NOT EXISTS session_leases (
+    session_id TEXT PRIMARY KEY,
+    instance TEXT NOT NULL,
+    token INTEGER NOT NULL,
+    expires_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS instances (
+    id TEXT PRIMARY KEY,
+    url TEXT,
+    heartbeat_at REAL NOT NULL,
+    started_at REAL NOT NULL
+);
+""", """    CREATE TABLE session_leases (
+        session_id TEXT PRIMARY KEY,
+        instance TEXT NOT NULL,
+        token BIGINT NOT NULL,              -- fencing: +1 at every take-over
+        expires_at DOUBLE PRECISION NOT NULL
+    );
+    CREATE INDEX session_leases_instance ON session_leases(instance);
+    CREATE INDEX session_leases_expiry ON session_leases(expires_at);
+    CREATE TABLE instances (
+        id TEXT PRIMARY KEY,
+        url TEXT,                           -- advertised base URL (forwards)
+        heartbeat_at DOUBLE PRECISION NOT NULL,
+        started_at DOUBLE PRECISION NOT NULL
+    );
+"""),
 ]
 
 

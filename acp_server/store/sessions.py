@@ -31,7 +31,14 @@ Contracts (besides ``bridge.journal``'s):
   plus one batch.
 * ``restore`` logs and skips a row it cannot decode. On a PostgreSQL store shared by
   several instances each restores only the sessions it made (``owner``: the store's
-  stable instance id); moving sessions between instances is issue #24's.
+  stable instance id).
+* Leases (``leases``: a ``SessionLeases``, PostgreSQL only; ``acp_server.store.leases``):
+  a ``SessionOpened`` takes its session's lease in the commit that carries it; every
+  commit is fenced (the records of a session whose token changed are dropped, and
+  ``on_moved`` gets those sessions, on the event loop, after the commit: the bridge
+  stops them here); ``renew`` runs every ``leases.renew_s`` while open; ``restore``
+  brings back the live sessions whose lease this instance still holds;
+  ``adopt(session_id)`` takes an expired lease over and reads that session back.
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ import anyio.abc
 import msgspec
 
 from acp_server.store.errors import Backoff, StoreUnavailableError
+from acp_server.store.leases import SessionLeases
 from acp_server.store.pg_engine import PostgresEngine
 from bridge.errors import JournalUnavailableError
 from bridge.journal import (
@@ -89,6 +97,10 @@ def _decode_accepted(blob: bytes) -> PromptAccepted:
 
 
 CRITICAL = (SessionOpened, PromptAccepted)
+_SESSION_TABLES = (("session_events", "session_id"), ("session_prompts", "session_id"),
+                   ("session_leases", "session_id"), ("sessions", "id"))
+MOVED = "session moved: another instance holds its lease"
+LOST = -1   # the fence of a session this instance lost: every write of it is refused
 
 
 class StoreSessionJournal:
@@ -97,7 +109,8 @@ class StoreSessionJournal:
     durable = True
 
     def __init__(self, store: Any, *, ring_size: int = 8000,
-                 max_session_bytes: int = MAX_SESSION_BYTES) -> None:
+                 max_session_bytes: int = MAX_SESSION_BYTES,
+                 leases: SessionLeases | None = None) -> None:
         self.store = store
         self.ring_size = ring_size
         self.max_session_bytes = max_session_bytes
@@ -105,6 +118,10 @@ class StoreSessionJournal:
         self.postgres = isinstance(store, PostgresEngine)
         # A shared (PostgreSQL) store: this instance restores only the sessions it made.
         self.owner: str | None = store.instance if self.postgres else None
+        self.leases = leases if self.postgres else None
+        self.fence: dict[str, int] = {}   # session id -> the lease token this instance holds
+        self.on_moved: Callable[[set[str]], None] = lambda session_ids: None
+        self._renew_now = anyio.Event()
         self.commits = 0
         self._on_events: Callable[[Sequence[EventRecord]], None] = lambda records: None
         self._pending: list[tuple[int, JournalRecord]] = []
@@ -123,11 +140,15 @@ class StoreSessionJournal:
         async with anyio.create_task_group() as tg:
             self._tg = tg
             tg.start_soon(self._flusher)
+            if self.leases is not None:
+                tg.start_soon(self._renewer)
             try:
                 yield self
             finally:
                 with anyio.CancelScope(shield=True):
                     await self.aclose()
+                    await self._release_leases()
+                tg.cancel_scope.cancel()   # the renewer
 
     async def __aenter__(self) -> Self:
         self._exit = contextlib.AsyncExitStack()
@@ -182,9 +203,11 @@ class StoreSessionJournal:
                     await self._wake.wait()
                     self._wake = anyio.Event()
                 batch, self._pending = self._pending, []
+                fence = dict(self.fence) if self.leases is not None else None
                 try:
-                    await self.store._write(lambda conn, out, *state: self._apply(
-                        conn, [record for _, record in batch]))
+                    taken, refused = await self.store._write(
+                        lambda conn, out, *state: self._apply(
+                            conn, [record for _, record in batch], fence))
                 except Exception as exc:   # noqa: BLE001 - the store's fault, not ours
                     self._failed_batch(batch, exc)
                     if self._closing:
@@ -196,13 +219,92 @@ class StoreSessionJournal:
                     continue
                 backoff.reset()
                 self.commits += 1
+                self._committed(batch, taken, refused)
                 self._durable_through = batch[-1][0]
-                self._on_events([r for _, r in batch if isinstance(r, EventRecord)])
+                self._on_events([r for _, r in batch if isinstance(r, EventRecord)
+                                 and r.session_id not in refused])
                 self._signal()
+                if refused:
+                    self.on_moved(refused)
         finally:
             self._closing = True
             self._stopped.set()
             self._signal()
+
+    def _committed(self, batch: list[tuple[int, JournalRecord]], taken: dict[str, int],
+                   refused: set[str]) -> None:
+        """The leases a commit took, ended or found lost (see the module docstring)."""
+        self.fence.update(taken)
+        for seq, record in batch:
+            if record.session_id in refused:
+                if isinstance(record, CRITICAL):
+                    self._failed[seq] = MOVED
+            elif isinstance(record, SessionEnded):
+                self.fence.pop(record.session_id, None)
+        for sid in refused:
+            self.fence[sid] = LOST
+
+    # -- leases --------------------------------------------------------------------------
+    def advertise(self, url: str) -> None:
+        """This instance is reached at ``url`` (the registry): written at once."""
+        assert self.leases is not None
+        self.leases.url = url
+        self._renew_now.set()
+
+    async def _renewer(self) -> None:
+        assert self.leases is not None
+        while not self._closing:
+            with anyio.move_on_after(self.leases.renew_s):
+                await self._renew_now.wait()
+            self._renew_now = anyio.Event()
+            try:
+                await self.renew()
+            except Exception as exc:   # noqa: BLE001 - the store's fault: next time
+                log.warning("session leases: renewal failed (%s)", exc)
+
+    async def renew(self) -> set[str]:
+        """Renew every lease this instance holds (one statement) and its heartbeat; the
+        sessions it lost are dropped from the fence and handed to ``on_moved``."""
+        assert self.leases is not None
+        leases = self.leases
+        tokens = {sid: token for sid, token in self.fence.items() if token != LOST}
+        lost = await self.store._write(lambda conn, out, *state: leases.renew(conn, tokens))
+        lost = {sid for sid in lost if self.fence.get(sid) == tokens[sid]}
+        for sid in lost:
+            self.fence[sid] = LOST
+        if lost:
+            log.warning("session leases: %d session(s) taken over by another instance",
+                        len(lost))
+            self.on_moved(lost)
+        return lost
+
+    async def _release_leases(self) -> None:
+        """A clean stop: this instance's leases expire now, so another instance adopts
+        its sessions at once (this one takes back those nobody did at its next start)."""
+        if self.leases is None or not self.fence:
+            return
+        sids = sorted(sid for sid, token in self.fence.items() if token != LOST)
+        me = self.leases.instance
+        self.fence.clear()
+        with contextlib.suppress(Exception):
+            await self.store._write(lambda conn, out, *state: conn.execute(
+                "UPDATE session_leases SET expires_at = 0 WHERE instance = %s "
+                "AND session_id = ANY(%s)", (me, sids)))
+
+    async def adopt(self, session_id: str) -> RestoredSession | None:
+        """Take over ``session_id`` when its lease expired (or it has none) and read it
+        back from the journal; ``None`` when a live lease is elsewhere, it is closed or
+        unknown. The caller restores it (``bridge.restore``) and fences it from now."""
+        assert self.leases is not None
+        leases = self.leases
+        token = await self.store._write(
+            lambda conn, out, *state: leases.adopt(conn, session_id))
+        if token is None:
+            return None
+        self.fence[session_id] = token
+        found = await self.store._read(
+            lambda conn: self._restore_in(conn, "id = %s", (session_id,)))
+        return found[0] if found else None
 
     def _signal(self) -> None:
         self._flushed.set()
@@ -238,11 +340,27 @@ class StoreSessionJournal:
     def _sql(self, text: str) -> str:
         return text.replace("?", "%s") if self.postgres else text
 
-    def _apply(self, conn: Any, records: list[JournalRecord]) -> None:
+    def _apply(self, conn: Any, records: list[JournalRecord], fence: dict[str, int] | None
+               ) -> tuple[dict[str, int], set[str]]:
+        """One commit's records: (the leases it took, the sessions it refused)."""
         events: list[tuple[str, int, str, str | None, bytes]] = []
         trim: dict[str, int] = {}
         heavy: set[str] = set()
+        taken: dict[str, int] = {}
+        refused: set[str] = set()
+        if fence and self.leases is not None:
+            mine = {r.session_id: fence[r.session_id] for r in records
+                    if r.session_id in fence}
+            refused = self.leases.stale(conn, mine) if mine else set()
         for record in records:
+            if record.session_id in refused:
+                continue
+            if isinstance(record, SessionOpened) and self.leases is not None:
+                token = self.leases.open(conn, record.session_id)
+                if token is None:
+                    refused.add(record.session_id)
+                    continue
+                taken[record.session_id] = token
             if isinstance(record, EventRecord):
                 events.append((record.session_id, record.event_id, record.type,
                                record.prompt_id, record.envelope))
@@ -262,6 +380,7 @@ class StoreSessionJournal:
                          (sid, through))
         for sid in heavy:
             self._trim_bytes(conn, sid)
+        return taken, refused
 
     def _count_bytes(self, record: EventRecord) -> bool:
         """Count an event's envelope; ``True`` when its session is due a byte trim."""
@@ -323,24 +442,34 @@ class StoreSessionJournal:
         elif isinstance(record, SessionEnded):
             self._unsized.pop(record.session_id, None)
             if record.deleted:
-                for table, column in (("session_events", "session_id"),
-                                      ("session_prompts", "session_id"), ("sessions", "id")):
+                for table, column in _SESSION_TABLES:
                     conn.execute(sql(f"DELETE FROM {table} WHERE {column} = ?"),
                                  (record.session_id,))
             else:
                 conn.execute(sql("UPDATE sessions SET closed_at = ? WHERE id = ?"),
                              (record.at, record.session_id))
+                conn.execute(sql("DELETE FROM session_leases WHERE session_id = ?"),
+                             (record.session_id,))
 
     # -- restore and purge ---------------------------------------------------------------
     async def restore(self) -> list[RestoredSession]:
-        return await self.store._read(self._restore_in)
+        if self.leases is None:
+            return await self.store._read(lambda conn: self._restore_in(
+                conn, "owner IS NULL OR owner = ?", (self.owner,)))
+        leases = self.leases
+        tokens = await self.store._write(lambda conn, out, *state: leases.take_own(conn))
+        self.fence.update(tokens)
+        return await self.store._read(lambda conn: self._restore_in(
+            conn, "(closed_at IS NOT NULL AND (owner IS NULL OR owner = %s)) OR id = ANY(%s)",
+            (self.owner, sorted(tokens))))
 
-    def _restore_in(self, conn: Any) -> list[RestoredSession]:
+    def _restore_in(self, conn: Any, where: str, params: tuple[Any, ...]
+                    ) -> list[RestoredSession]:
         sql = self._sql
         found: list[RestoredSession] = []
         for sid, blob, closed_at in conn.execute(sql(
-                "SELECT id, record, closed_at FROM sessions WHERE owner IS NULL OR owner = ? "
-                "ORDER BY created_at"), (self.owner,)).fetchall():
+                f"SELECT id, record, closed_at FROM sessions WHERE {where} "
+                "ORDER BY created_at"), params).fetchall():
             try:
                 record = _OPENED.decode(bytes(blob))
             except msgspec.MsgspecError as exc:
@@ -408,8 +537,7 @@ class StoreSessionJournal:
                 "SELECT id FROM sessions WHERE closed_at IS NOT NULL AND closed_at < ?"),
                 (closed_before,)).fetchall()]
             for sid in ids:
-                for table, column in (("session_events", "session_id"),
-                                      ("session_prompts", "session_id"), ("sessions", "id")):
+                for table, column in _SESSION_TABLES:
                     conn.execute(sql(f"DELETE FROM {table} WHERE {column} = ?"), (sid,))
             return len(ids)
 

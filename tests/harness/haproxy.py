@@ -5,9 +5,11 @@ the load balancer of the multi-instance tests, started and stopped by the test.
         httpx.get(lb.base_url + "/health")                 # round robin, or sticky
         lb.backend_of(response)                            # "s0" / "s1" (the cookie)
 
-Contracts: ``affinity`` is ``"none"`` (round robin) or ``"cookie"`` (HAProxy inserts
+Contracts: ``affinity`` is ``"none"`` (round robin), ``"cookie"`` (HAProxy inserts
 the ``ACPSRV`` cookie naming the instance that answered; a client that returns it stays
-there, as the ACP Streamable HTTP RFD asks of clients). Each server is health-checked on ``GET /health`` every 200 ms, so a killed
+there, as the ACP Streamable HTTP RFD asks of clients) or ``"hash"`` (the first two path
+segments, ``/session/<id>``, hashed consistently: one session's requests reach one
+instance, whatever the client keeps). Each server is health-checked on ``GET /health`` every 200 ms, so a killed
 instance leaves the rotation without a test waiting on a timer. ``start()`` returns once
 the listener answers; the configuration is ``config_path`` and HAProxy's output goes to
 ``log_path``. ``haproxy_binary()`` is ``None`` where HAProxy is not installed (the
@@ -27,7 +29,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-Affinity = Literal["none", "cookie"]
+Affinity = Literal["none", "cookie", "hash"]
 COOKIE = "ACPSRV"
 SKIP = "HAProxy is not installed (apt-get install haproxy; CI installs it)"
 START_TIMEOUT_S = 15
@@ -47,6 +49,9 @@ def free_port() -> int:
 BALANCE = {
     "none": "    balance roundrobin\n",
     "cookie": f"    balance roundrobin\n    cookie {COOKIE} insert indirect nocache httponly\n",
+    # the first two path segments: every /session/<id>/… request of one session goes to
+    # one instance (consistent hashing: a server leaving moves only its own sessions)
+    "hash": "    balance uri depth 2\n    hash-type consistent\n",
 }
 
 
@@ -54,7 +59,9 @@ def config(port: int, servers: list[str], affinity: Affinity) -> str:
     lines = [
         "global\n    maxconn 2000\n",
         "defaults\n    mode http\n    timeout connect 5s\n    timeout client 120s\n"
-        "    timeout server 120s\n    timeout tunnel 1h\n    option http-server-close\n",
+        "    timeout server 120s\n    timeout tunnel 1h\n    option http-server-close\n"
+        # a connection refused by a killed instance is retried on another one
+        "    option redispatch\n    retries 3\n",
         f"frontend lb\n    bind 127.0.0.1:{port}\n    default_backend instances\n",
         "backend instances\n" + BALANCE[affinity]
         # the check names a loopback Host: the server refuses requests without one (421)

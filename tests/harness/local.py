@@ -39,7 +39,7 @@ from acp_server.settings import Settings
 from bridge import Bridge, BridgeOptions
 
 OVERRIDES = ("agent_factory", "lmsp_store", "lmsp_config", "group_commit", "acp_clock",
-             "session_clock", "principals_clock")
+             "session_clock", "principals_clock", "lease_clock")
 
 
 @dataclass
@@ -139,4 +139,5 @@ async def local_server(workspace: Any, *, kind: type[Kind] = LocalServer,  # typ
         app = wrap(server.app) if wrap is not None else server.app
         async with serving(app, on_stop=server.drain) as base_url, \
                 httpx.AsyncClient(base_url=base_url, timeout=timeout, headers=headers) as client:
+            server.advertise(base_url)
             yield kind(base_url, server, client)

@@ -1,0 +1,135 @@
+"""Adopting sessions whose owner's lease expired (issue #24).
+
+    fleet = Fleet(bridge, journal, forwarder)
+    await fleet.adopt(session_id)          # on a request for it (``routing``)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(fleet.sweep_forever)  # and of orphans nobody asks for
+
+Contracts:
+
+* ``adopt`` takes the lease over (token + 1, which fences the old owner:
+  ``acp_server.store.leases``) and restores the session from the journal as after a
+  restart (``bridge.restore``: the agent side re-made, the interrupted prompt handled by
+  ``--session-on-restart``, the queued ones run in their order). Concurrent calls for
+  one session adopt it once; nothing raises (a failure is logged, the session stays
+  where it is).
+* ``sweep_forever`` looks for live sessions whose lease expired every renewal interval
+  and adopts them, so a prompt accepted by an instance that died is run (or given its
+  terminal) without waiting for a client to ask. Several instances sweeping at once
+  adopt each session once: the store decides (``SessionLeases.adopt``).
+* ``stats`` counts forwards, their failures and adoptions (``/daemon/status``,
+  ``/metrics``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+import anyio
+
+from acp_server.fleet.forward import Forwarder
+from acp_server.store.sessions import StoreSessionJournal
+from bridge import Bridge
+from bridge.errors import JournalUnavailableError
+from bridge.restore import restore_sessions
+
+log = logging.getLogger("acp_server.fleet")
+
+
+@dataclasses.dataclass
+class FleetStats:
+    """What ``/daemon/status`` and ``/metrics`` report of sessions across instances."""
+
+    forwards: int = 0
+    forward_failures: int = 0
+    adoptions: int = 0
+
+
+class Fleet:
+    """See the module docstring."""
+
+    def __init__(self, bridge: Bridge, journal: StoreSessionJournal,
+                 forwarder: Forwarder) -> None:
+        assert journal.leases is not None, "sessions across instances need leases"
+        self.bridge = bridge
+        self.journal = journal
+        self.leases = journal.leases
+        self.forwarder = forwarder
+        self.stats = FleetStats()
+        self._adopting: dict[str, anyio.Event] = {}
+
+    @property
+    def instance(self) -> str:
+        return self.leases.instance
+
+    def owned(self) -> int:
+        """The sessions this instance holds the lease of."""
+        return sum(1 for token in self.journal.fence.values() if token > 0)
+
+    def report(self) -> dict[str, Any]:
+        """``/daemon/status``'s ``runtime.instances``."""
+        return {"instance": self.instance, "advertisedUrl": self.leases.url,
+                "sessionsOwned": self.owned(), "leasesTakenOver": self.stats.adoptions,
+                "sessionsMovedAway": self.bridge.moved_sessions,
+                "forwards": self.stats.forwards,
+                "forwardFailures": self.stats.forward_failures}
+
+    async def adopt(self, sid: str) -> bool:
+        """Take ``sid`` over and restore it here; whether it is live here now."""
+        while (adopting := self._adopting.get(sid)) is not None:
+            await adopting.wait()
+        if self.bridge.has_session(sid):
+            return True
+        done = self._adopting[sid] = anyio.Event()
+        try:
+            found = await self.journal.adopt(sid)
+            if found is None:
+                return False
+            restored = await restore_sessions(self.bridge, [found])
+            if restored:
+                self.stats.adoptions += 1
+                log.info("session %s: adopted (its owner's lease expired)", sid)
+            return bool(restored)
+        except Exception as exc:   # noqa: BLE001 - the session stays where it is
+            log.warning("session %s: could not be adopted (%s)", sid, exc)
+            return False
+        finally:
+            del self._adopting[sid]
+            done.set()
+
+    async def claim(self, sid: str) -> None:
+        """``Bridge.before_restore``: a session ``/acp`` (or any door) loads or resumes
+        that is not live here is adopted when its lease expired; one another instance
+        runs live is refused with ``JournalUnavailableError`` (a retryable 503 / store
+        error: the client's next attempt, through the balancer, may reach the owner or
+        find the lease expired). A session with no lease goes on as before."""
+        leases = self.leases
+        try:
+            owner = await self.journal.store._read(lambda conn: leases.owner(conn, sid))
+        except Exception as exc:   # noqa: BLE001 - the store: the door's own 503
+            raise JournalUnavailableError(str(exc)) from exc
+        if owner is None:
+            return
+        if owner.instance != leases.instance and owner.live:
+            raise JournalUnavailableError(f"session {sid} runs on another instance "
+                                          f"({owner.instance}); retry")
+        await self.adopt(sid)
+
+    async def sweep(self) -> int:
+        """Adopt the live sessions whose lease expired; how many were adopted."""
+        leases = self.leases
+        expired = await self.journal.store._read(lambda conn: leases.expired(conn))
+        adopted = 0
+        for sid in expired:
+            adopted += await self.adopt(sid)
+        return adopted
+
+    async def sweep_forever(self) -> None:
+        while True:
+            await anyio.sleep(self.leases.renew_s)
+            try:
+                await self.sweep()
+            except Exception as exc:   # noqa: BLE001 - a store outage: next time
+                log.warning("sessions across instances: the orphan sweep failed (%s)", exc)

@@ -1,0 +1,102 @@
+"""One HTTP request relayed to another instance, its response streamed back.
+
+    forwarder = Forwarder(instance="a1b2c3d4e5f6", max_body_bytes=1 << 20)
+    await forwarder.relay("http://10.0.0.2:4170", scope, receive, send)   # an ASGI exchange
+    await forwarder.aclose()
+
+Contracts:
+
+* The request goes out as it came (method, path, query, headers: the caller's
+  ``Authorization`` included, so the owner authenticates and authorizes it as it
+  would a direct request), minus the hop-by-hop headers and ``Host``, plus
+  ``FORWARDED_HEADER`` naming this instance. That header grants nothing: it only
+  tells the receiver never to forward or adopt again (no loops).
+* The body is read first, at most ``max_body_bytes + 1`` bytes (the owner answers a
+  larger one with its own 413); the response (an SSE stream too) is relayed chunk by
+  chunk as it arrives, unbuffered, undecoded. A client that goes away ends the relay
+  and the upstream request.
+* An owner that cannot be reached, or stops answering before its headers, is a REST
+  503 ``owner_unreachable`` with ``Retry-After: 5`` (the lease expires, and then an
+  instance adopts the session); a relay cut after the headers ends the response.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+FORWARDED_HEADER = b"x-acp-forwarded-by"
+HOP_BY_HOP = frozenset({b"host", b"connection", b"keep-alive", b"transfer-encoding", b"te",
+                        b"upgrade", b"proxy-connection", b"trailer", b"content-length",
+                        FORWARDED_HEADER})
+CONNECT_TIMEOUT_S = 3.0
+
+
+class OwnerUnreachableError(Exception):
+    """The owner's advertised address did not answer."""
+
+
+class Forwarder:
+    """See the module docstring."""
+
+    def __init__(self, *, instance: str, max_body_bytes: int) -> None:
+        self.instance = instance
+        self.max_body_bytes = max_body_bytes
+        self._client: httpx.AsyncClient | None = None
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = httpx.AsyncClient(
+                timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT_S),
+                limits=httpx.Limits(max_connections=256, max_keepalive_connections=32),
+                follow_redirects=False, trust_env=False)
+        return self._client
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+
+    async def relay(self, base_url: str, scope: Any, receive: Any, send: Any) -> None:
+        body = await _read_body(receive, self.max_body_bytes + 1)
+        headers = [(k, v) for k, v in scope["headers"] if k.lower() not in HOP_BY_HOP]
+        headers.append((FORWARDED_HEADER, self.instance.encode()))
+        target = base_url + scope.get("raw_path", scope["path"].encode()).decode("latin-1")
+        if scope.get("query_string"):
+            target += "?" + scope["query_string"].decode("latin-1")
+        request = self.client.build_request(scope["method"], target, headers=headers,
+                                            content=body)
+        try:
+            response = await self.client.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            raise OwnerUnreachableError(str(exc) or type(exc).__name__) from exc
+        try:
+            await send({"type": "http.response.start", "status": response.status_code,
+                        "headers": [(k, v) for k, v in response.headers.raw
+                                    if k.lower() not in HOP_BY_HOP or k.lower() ==
+                                    b"content-length"]})
+            try:
+                async for chunk in response.aiter_raw():
+                    await send({"type": "http.response.body", "body": chunk,
+                                "more_body": True})
+            except httpx.HTTPError:
+                pass   # the owner went away mid-response: end it here
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            await response.aclose()
+
+
+async def _read_body(receive: Any, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while size < limit:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        chunk = message.get("body", b"")
+        chunks.append(chunk)
+        size += len(chunk)
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)[:limit]

@@ -1,0 +1,103 @@
+"""Requests for a session reach the instance that runs it (issue #24).
+
+    router = SessionRouter(app, fleet)   # fleet: acp_server.fleet.adoption.Fleet
+    # build_app puts it inside the front layer: a request is authenticated here first
+
+For an HTTP request under ``/session/{id}`` (REST) whose session is not live on this
+instance and that no instance forwarded (``FORWARDED_HEADER``):
+
+* the store names the lease holder (``acp_server.store.leases``). Another instance
+  whose lease is live: the request is forwarded to its advertised URL
+  (``forward.Forwarder``), reads and writes alike (a prompt, cancel, permission vote,
+  close, ``/load``, the event stream with ``Last-Event-ID``), so only the owner admits
+  prompts and the admission limit stays exact across instances;
+* a lease that expired (its owner died or paused): this instance adopts the session,
+  taking the lease over (token + 1, which fences the old owner) and restoring it from
+  the journal as after a restart (``bridge.restore``; ``--session-on-restart`` decides
+  the interrupted prompt), then serves the request itself;
+* no lease (a closed or unknown session): served here as before (journal reads, 404).
+
+Concurrent requests for one session on this instance adopt it once
+(``adoption.Fleet``). Nothing here
+raises: a store that cannot answer lets the request through (it is served as a
+session not live here), an owner that cannot be reached is a 503 ``owner_unreachable``
+with ``Retry-After: 5``. ``stats`` counts forwards, adoptions and failures.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from acp_server.fleet.adoption import Fleet
+from acp_server.fleet.forward import FORWARDED_HEADER, OwnerUnreachableError
+
+log = logging.getLogger("acp_server.fleet")
+UNREACHABLE = (b'{"error":"The instance that runs this session cannot be reached; retry '
+               b'later","code":"owner_unreachable"}')
+
+
+def session_of(path: str) -> str | None:
+    """The session id of a ``/session/{id}[/…]`` path."""
+    if not path.startswith("/session/"):
+        return None
+    sid = path[len("/session/"):].split("/", 1)[0]
+    return sid or None
+
+
+class SessionRouter:
+    """See the module docstring (an ASGI middleware)."""
+
+    def __init__(self, app: Any, fleet: Fleet) -> None:
+        self.app = app
+        self.fleet = fleet
+        self.bridge = fleet.bridge
+        self.journal = fleet.journal
+        self.leases = fleet.leases
+        self.forwarder = fleet.forwarder
+        self.stats = fleet.stats
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            sid = session_of(scope["path"])
+            if sid is not None and not self.bridge.has_session(sid) \
+                    and not any(k == FORWARDED_HEADER for k, _ in scope["headers"]):
+                url = await self._route(sid)
+                if url is not None:
+                    await self._forward(url, scope, receive, send)
+                    return
+        await self.app(scope, receive, send)
+
+    async def _route(self, sid: str) -> str | None:
+        """The owner's URL to forward to, else ``None`` (serve here, adopted if due).
+        An adoption another instance won meanwhile (its sweep, say) is looked up again
+        and forwarded to."""
+        leases = self.leases
+        for _ in range(2):
+            try:
+                owner = await self.journal.store._read(lambda conn: leases.owner(conn, sid))
+            except Exception as exc:   # noqa: BLE001 - served here as not live
+                log.warning("session %s: its owner could not be looked up (%s)", sid, exc)
+                return None
+            if owner is None:
+                return None
+            if owner.instance != leases.instance and owner.live:
+                return owner.url or ""
+            if await self.fleet.adopt(sid):   # expired, or ours but not live here
+                return None
+        return None
+
+    async def _forward(self, url: str, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            if not url:
+                raise OwnerUnreachableError("the owner advertises no URL")
+            self.stats.forwards += 1   # attempts; the failures are counted apart
+            await self.forwarder.relay(url, scope, receive, send)
+        except OwnerUnreachableError as exc:
+            self.stats.forward_failures += 1
+            log.warning("a request for a session owned elsewhere could not be forwarded "
+                        "to %s: %s", url or "(no URL)", exc)
+            await send({"type": "http.response.start", "status": 503, "headers": [
+                (b"content-type", b"application/json"), (b"retry-after", b"5"),
+                (b"content-length", str(len(UNREACHABLE)).encode())]})
+            await send({"type": "http.response.body", "body": UNREACHABLE})

@@ -1,0 +1,166 @@
+"""Session leases and the instance registry on a shared PostgreSQL store (issue #24).
+
+    leases = SessionLeases("a1b2c3d4e5f6", ttl_s=8, clock=time.time)
+    tokens = leases.take_own(conn)             # at start: the live sessions this instance ran
+    token = leases.open(conn, sid)             # a session being journaled (None: owned elsewhere)
+    stale = leases.stale(conn, {sid: token})   # fencing: which tokens are no longer current
+    lost = leases.renew(conn, tokens)          # every lease in one statement + the heartbeat
+    token = leases.adopt(conn, sid)            # an expired lease taken over (token + 1)
+    owner = leases.owner(conn, sid)            # who runs it, where it is reached
+
+Every method runs on a connection inside the store's transaction (a worker thread: the
+session journal's group commit, ``acp_server.store.sessions``). Contracts:
+
+* A live session has one row in ``session_leases`` (migration 5): the instance that runs
+  it, a fencing token and ``expires_at`` (epoch seconds on the injected ``clock``; the
+  instances of one deployment share a clock within well under the TTL, as NTP gives).
+  Only the holder renews it, every ``--session-lease-renew-ms``, for
+  ``--session-lease-ttl-ms``. Another instance may take it only once expired
+  (``adopt``), and every take-over by another instance adds 1 to the token.
+* Fencing: each journal commit locks the lease rows of the sessions it writes
+  (``stale``: one ``SELECT … FOR SHARE`` per commit, not a round trip per record) and
+  drops the records of any session whose token changed. A take-over therefore either
+  waits for that commit (and then restores what it wrote) or makes it refuse: an
+  instance that lost a lease, paused past it say, never writes into the session again.
+* ``instances`` is the registry: each instance's advertised base URL and heartbeat,
+  refreshed with the renewal. A lease names its instance; ``owner`` joins the two.
+* A closed or deleted session has no lease (its journal row says closed; any instance
+  serves it from the journal).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+DEFAULT_TTL_S = 8.0
+DEFAULT_RENEW_S = 2.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Owner:
+    """Who holds a session's lease: ``live`` when it has not expired."""
+
+    instance: str
+    token: int
+    expires_at: float
+    url: str | None
+    live: bool
+
+
+class SessionLeases:
+    """See the module docstring. ``url``: this instance's advertised base URL."""
+
+    def __init__(self, instance: str, *, ttl_s: float = DEFAULT_TTL_S,
+                 renew_s: float = DEFAULT_RENEW_S, clock: Callable[[], float],
+                 url: str | None = None) -> None:
+        self.instance = instance
+        self.ttl_s = ttl_s
+        self.renew_s = renew_s
+        self.clock = clock
+        self.url = url
+        self.started_at = clock()
+
+    def _expiry(self) -> tuple[float, float]:
+        now = self.clock()
+        return now, now + self.ttl_s
+
+    def take_own(self, conn: Any) -> dict[str, int]:
+        """At start: the leases of the live sessions this instance (its stable id) ran
+        and nobody took over, renewed; sessions journaled before leases existed are
+        leased to the instance that made them. ``{session id: token}``."""
+        _, expires = self._expiry()
+        me = self.instance
+        conn.execute(
+            "INSERT INTO session_leases(session_id, instance, token, expires_at) "
+            "SELECT id, %s, 1, %s FROM sessions WHERE closed_at IS NULL "
+            "AND (owner = %s OR owner IS NULL) ON CONFLICT (session_id) DO NOTHING",
+            (me, expires, me))
+        rows = conn.execute(
+            "UPDATE session_leases l SET token = l.token + 1, expires_at = %s "
+            "FROM sessions s WHERE s.id = l.session_id AND s.closed_at IS NULL "
+            "AND l.instance = %s RETURNING l.session_id, l.token", (expires, me)).fetchall()
+        self.heartbeat(conn)
+        return {sid: token for sid, token in rows}
+
+    def open(self, conn: Any, session_id: str) -> int | None:
+        """The lease of a session being journaled (its ``SessionOpened``): taken when
+        free, expired or already ours; ``None`` when another instance holds it live."""
+        now, expires = self._expiry()
+        row = conn.execute(
+            "INSERT INTO session_leases(session_id, instance, token, expires_at) "
+            "VALUES (%s, %s, 1, %s) ON CONFLICT (session_id) DO UPDATE SET "
+            "token = CASE WHEN session_leases.instance = excluded.instance "
+            "THEN session_leases.token ELSE session_leases.token + 1 END, "
+            "instance = excluded.instance, expires_at = excluded.expires_at "
+            "WHERE session_leases.instance = excluded.instance "
+            "OR session_leases.expires_at < %s RETURNING token",
+            (session_id, self.instance, expires, now)).fetchone()
+        return None if row is None else row[0]
+
+    def stale(self, conn: Any, tokens: dict[str, int]) -> set[str]:
+        """Fencing (see the module docstring): the sessions whose lease is no longer
+        ``tokens``' (taken over, or gone), their rows locked until the commit."""
+        sids = sorted(tokens)
+        rows = conn.execute(
+            "SELECT session_id, instance, token FROM session_leases "
+            "WHERE session_id = ANY(%s) ORDER BY session_id FOR SHARE", (sids,)).fetchall()
+        current = {sid: (instance, token) for sid, instance, token in rows}
+        return {sid for sid in sids if current.get(sid) != (self.instance, tokens[sid])}
+
+    def renew(self, conn: Any, tokens: dict[str, int]) -> set[str]:
+        """Every lease in ``tokens`` renewed in one statement, and the heartbeat; the
+        sessions whose lease this instance no longer holds (to stop here)."""
+        _, expires = self._expiry()
+        held: dict[str, int] = {}
+        if tokens:
+            held = dict(conn.execute(
+                "UPDATE session_leases SET expires_at = %s WHERE instance = %s "
+                "AND session_id = ANY(%s) RETURNING session_id, token",
+                (expires, self.instance, sorted(tokens))).fetchall())
+        self.heartbeat(conn)
+        return {sid for sid, token in tokens.items() if held.get(sid) != token}
+
+    def heartbeat(self, conn: Any) -> None:
+        conn.execute(
+            "INSERT INTO instances(id, url, heartbeat_at, started_at) VALUES (%s,%s,%s,%s) "
+            "ON CONFLICT (id) DO UPDATE SET url = excluded.url, "
+            "heartbeat_at = excluded.heartbeat_at",
+            (self.instance, self.url, self.clock(), self.started_at))
+
+    def adopt(self, conn: Any, session_id: str) -> int | None:
+        """Take over a live (not closed) session whose lease expired, or that has none:
+        the new token, or ``None`` (a live lease elsewhere, or no such live session)."""
+        now, expires = self._expiry()
+        row = conn.execute(
+            "INSERT INTO session_leases(session_id, instance, token, expires_at) "
+            "SELECT id, %s, 1, %s FROM sessions WHERE id = %s AND closed_at IS NULL "
+            "ON CONFLICT (session_id) DO UPDATE SET instance = excluded.instance, "
+            "token = session_leases.token + 1, expires_at = excluded.expires_at "
+            "WHERE session_leases.expires_at < %s OR session_leases.instance = "
+            "excluded.instance RETURNING token",
+            (self.instance, expires, session_id, now)).fetchone()
+        if row is None:
+            return None
+        conn.execute("UPDATE sessions SET owner = %s WHERE id = %s", (self.instance, session_id))
+        return int(row[0])
+
+    def expired(self, conn: Any, limit: int = 64) -> list[str]:
+        """Live sessions whose lease expired (their owner died or stopped)."""
+        now = self.clock()
+        return [sid for (sid,) in conn.execute(
+            "SELECT l.session_id FROM session_leases l JOIN sessions s ON s.id = l.session_id "
+            "WHERE s.closed_at IS NULL AND l.expires_at < %s ORDER BY l.expires_at LIMIT %s",
+            (now, limit)).fetchall()]
+
+    def owner(self, conn: Any, session_id: str) -> Owner | None:
+        row = conn.execute(
+            "SELECT l.instance, l.token, l.expires_at, i.url FROM session_leases l "
+            "LEFT JOIN instances i ON i.id = l.instance WHERE l.session_id = %s",
+            (session_id,)).fetchone()
+        if row is None:
+            return None
+        instance, token, expires_at, url = row
+        return Owner(instance, int(token), float(expires_at), url,
+                     live=expires_at >= self.clock())

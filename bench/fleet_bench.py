@@ -1,0 +1,186 @@
+"""Sessions across instances (issue #24): instances of ``acp-server serve`` on one
+PostgreSQL store behind Debian's HAProxy (the tests' harness).
+
+    python -m bench fleet
+
+Rows (one run each; "n/a" without PostgreSQL or HAProxy):
+
+* prompts completed per second, ``SESSIONS`` sessions each sent ``PER_SESSION``
+  prompts by its own client as fast as they are accepted, until nothing is pending:
+  two instances behind HAProxy (cookie affinity, so each session's client stays on the
+  instance that made it) against one instance behind the same HAProxy, same run
+  (floor 0.9x);
+* forwarding overhead: ``LATENCY_N`` sequential prompts (``POST /prompt`` to its 202)
+  sent to the owner, then to the other instance (which forwards them), mean latency;
+* failover: ``ROUNDS`` times, ``kill -9`` of the owner of a session whose client
+  streams through the balancer (resuming by ``Last-Event-ID``), then the time to the
+  first event served by the new owner (lease TTL ``TTL_MS``); p50 and p99.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+
+from bench.lmsp_bench import fresh_schema, postgres_dsn
+from bench.targets import record
+from tests.harness import ServeProcess
+from tests.harness.haproxy import HAProxy, haproxy_binary
+
+SESSIONS, PER_SESSION = 16, 100
+LATENCY_N = 300
+ROUNDS = int(os.environ.get("BENCH_FAILOVER_ROUNDS", "5"))
+TTL_MS, RENEW_MS = 2000, 500
+PROMPT = {"prompt": [{"type": "text", "text": "/chunks 1 ping"}]}
+
+
+@contextlib.contextmanager
+def instances(workspace: str, url: str, count: int, tag: str) -> Iterator[list[ServeProcess]]:
+    children: list[ServeProcess] = []
+    try:
+        for n in range(count):
+            children.append(ServeProcess(
+                workspace, "--store", url, "--max-pending-prompts-per-session", "0",
+                "--session-lease-ttl-ms", str(TTL_MS), "--session-lease-renew-ms",
+                str(RENEW_MS), "--session-on-restart", "continue",
+                state_dir=os.path.join(workspace, f".state-{tag}-{n}")).start())
+        yield children
+    finally:
+        for child in children:
+            child.kill()
+
+
+def _pending(children: list[ServeProcess]) -> int:
+    return sum(c.http.get("/daemon/status").json()["runtime"]["activity"]["pendingPrompts"]
+               for c in children if c.returncode is None)
+
+
+async def _completed(base_url: str, children: list[ServeProcess]) -> float:
+    """Prompts/s: every session's client sends its prompts, then all are drained."""
+    async def one(sid_client: tuple[str, httpx.AsyncClient]) -> None:
+        sid, client = sid_client
+        for _ in range(PER_SESSION):
+            response = await client.post(f"/session/{sid}/prompt", json=PROMPT)
+            assert response.status_code == 202, response.text
+
+    clients = [httpx.AsyncClient(base_url=base_url, timeout=60) for _ in range(SESSIONS)]
+    try:
+        sids = [(await c.post("/session", json={"sessionScope": "thread"})).json()["sessionId"]
+                for c in clients]
+        start = time.monotonic()
+        await asyncio.gather(*(one(pair) for pair in zip(sids, clients)))
+        while _pending(children):
+            await asyncio.sleep(0.02)
+        return SESSIONS * PER_SESSION / (time.monotonic() - start)
+    finally:
+        for c in clients:
+            await c.aclose()
+
+
+def _latency(base_url: str, sid: str) -> float:
+    with httpx.Client(base_url=base_url, timeout=30) as client:
+        samples = []
+        for _ in range(LATENCY_N):
+            start = time.perf_counter()
+            assert client.post(f"/session/{sid}/prompt", json=PROMPT).status_code == 202
+            samples.append(time.perf_counter() - start)
+    return statistics.mean(samples) * 1000
+
+
+def _failover_once(tmp: str, url: str, n: int) -> float:
+    """ms from the kill of the owner to the first event its successor serves."""
+    with instances(tmp, url, 2, f"f{n}") as children, \
+            HAProxy(Path(tmp), [c.base_url for c in children],
+                    affinity="cookie") as lb, httpx.Client(base_url=lb.base_url,
+                                                           timeout=10) as client:
+        lb.wait_up(2)
+        sid = client.post("/session", json={"sessionScope": "thread"}).json()["sessionId"]
+        owner = next(c for c in children if c.http.get("/daemon/status").json()[
+            "runtime"]["instances"]["sessionsOwned"])
+        held = client.post(f"/session/{sid}/prompt", json={
+            "prompt": [{"type": "text", "text": "/sleep 30s held"}]}).json()
+        last, got, stop = [0], threading.Event(), threading.Event()
+        killed_at = [0.0]
+
+        def read() -> None:
+            with httpx.Client(base_url=lb.base_url, timeout=httpx.Timeout(10, connect=2),
+                              cookies=client.cookies) as reader:
+                while not stop.is_set():
+                    try:
+                        with reader.stream("GET", f"/session/{sid}/events",
+                                           headers={"Last-Event-ID": str(last[0])}) as stream:
+                            for line in stream.iter_lines():
+                                if line.startswith("id:"):
+                                    last[0] = int(line[3:].strip() or 0)
+                                    if killed_at[0]:
+                                        got.set()
+                                        return
+                    except httpx.HTTPError:
+                        pass
+                    time.sleep(0.02)
+
+        thread = threading.Thread(target=read, daemon=True)
+        thread.start()
+        while last[0] <= held["lastEventId"]:   # the held prompt started
+            time.sleep(0.01)
+        killed_at[0] = time.monotonic()
+        owner.kill()
+        got.wait(60)
+        stop.set()
+        return (time.monotonic() - killed_at[0]) * 1000 if got.is_set() else float("nan")
+
+
+def main() -> list[str]:
+    header = ["## Sessions across instances (PostgreSQL, HAProxy; one run)", ""]
+    if haproxy_binary() is None:
+        return [*header, "n/a (no HAProxy)"]
+    with postgres_dsn() as dsn:
+        if dsn is None:
+            return [*header, "n/a (no PostgreSQL)"]
+        tmp = tempfile.mkdtemp(prefix="acp-bench-fleet.")
+        try:
+            url = fresh_schema(dsn)
+            with instances(tmp, url, 1, "one") as one, \
+                    HAProxy(Path(tmp), [one[0].base_url], affinity="cookie") as lb:
+                lb.wait_up(1)
+                single = asyncio.run(_completed(lb.base_url, one))
+            url = fresh_schema(dsn)
+            with instances(tmp, url, 2, "two") as two, \
+                    HAProxy(Path(tmp), [c.base_url for c in two],
+                            affinity="cookie") as lb:
+                lb.wait_up(2)
+                double = asyncio.run(_completed(lb.base_url, two))
+                sid = two[0].http.post("/session", json={"sessionScope": "thread"}).json()[
+                    "sessionId"]
+                owner_ms = _latency(two[0].base_url, sid)
+                forwarded_ms = _latency(two[1].base_url, sid)
+            failovers = [_failover_once(tmp, fresh_schema(dsn), n) for n in range(ROUNDS)]
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    p50 = statistics.median(failovers)
+    p99 = sorted(failovers)[min(len(failovers) - 1, int(len(failovers) * 0.99))]
+    record("sessions: prompts completed/s, two instances behind HAProxy / one", double / single,
+           0.9)
+    record(f"sessions: failover kill -> first event p99, ms (lease TTL {TTL_MS} ms)", p99,
+           10_000, lower_is_better=True)
+    return [*header, "| run | figure |", "|---|---:|",
+            f"| prompts completed/s, one instance behind HAProxy ({SESSIONS} sessions x "
+            f"{PER_SESSION}) | "
+            f"{single:,.0f} |",
+            f"| prompts completed/s, two instances behind HAProxy | {double:,.0f} "
+            f"({double / single:.2f}x) |",
+            f"| prompt to the owner, mean ms (202) | {owner_ms:.2f} |",
+            f"| prompt to the other instance (forwarded), mean ms | {forwarded_ms:.2f} "
+            f"({forwarded_ms / owner_ms:.2f}x) |",
+            f"| failover kill -9 -> first event from the new owner, p50 / p99 ms "
+            f"({ROUNDS} rounds, TTL {TTL_MS} ms) | {p50:,.0f} / {p99:,.0f} |"]

@@ -1,0 +1,174 @@
+"""Two instances in process on one PostgreSQL store and one injected clock (issue #24):
+a request for a session owned by the other instance is forwarded there (status,
+prompts, the event stream with ``Last-Event-ID``), a forwarded request is never
+forwarded again, and once the owner's lease expired the instance that gets a request
+adopts the session (token + 1) from the journal; the old owner's next write is
+refused, it stops the session there, and from then on forwards to the new owner."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from tests.harness import local_server
+from tests.harness.local import LocalServer
+from tests.lmsp import stores
+from tests.store.test_session_restart import _is, _prompt, read_events
+
+pytestmark = pytest.mark.anyio
+
+
+@contextlib.asynccontextmanager
+async def _pair(tmp_path: Path, now: list[float]) -> AsyncIterator[tuple[LocalServer, ...]]:
+    if not stores.postgres_dsn():
+        pytest.skip(stores.SKIP_POSTGRES)
+    url = stores.postgres_url_for(tmp_path, "fleet")
+    # the renewal is slower than any test: the injected clock alone expires a lease
+    flags: dict[str, Any] = {"store": url, "lease_clock": lambda: now[0],
+                             "session_lease_ttl_ms": 60_000,
+                             "session_lease_renew_ms": 50_000}
+    async with local_server(tmp_path, state_dir=tmp_path / "a", **flags) as a, \
+            local_server(tmp_path, state_dir=tmp_path / "b", **flags) as b:
+        yield a, b
+
+
+async def test_forwarded_to_the_owner_then_adopted_when_its_lease_expired(
+        tmp_path: Path) -> None:
+    now = [5_000_000.0]
+    async with _pair(tmp_path, now) as (a, b):
+        sid = (await a.client.post("/session", json={"sessionScope": "thread"})).json()[
+            "sessionId"]
+        assert not b.bridge.has_session(sid)
+        status = await b.client.get(f"/session/{sid}/status")   # forwarded to a
+        assert status.status_code == 200, status.text
+        accepted = await b.client.post(f"/session/{sid}/prompt", json=_prompt("/chunks 3 x"))
+        assert accepted.status_code == 202
+        pid = accepted.json()["promptId"]
+        frames = await read_events(b.client, sid, _is("turn_complete", pid), last_event_id=0)
+        ids = [f["id"] for f in frames if f.get("id") is not None]
+        assert ids == list(range(1, len(ids) + 1))   # a's events, through b, in order
+        assert not b.bridge.has_session(sid) and a.bridge.has_session(sid)
+        assert b.server.fleet.stats.forwards == 3 and b.server.fleet.stats.adoptions == 0
+        loop = await b.client.get(f"/session/{sid}/status",
+                                  headers={"x-acp-forwarded-by": "elsewhere"})
+        assert loop.status_code == 404   # a forwarded request is served where it lands
+
+        epoch = a.bridge.session_status(sid).event_epoch
+        now[0] += 61   # a stopped renewing (paused, say): its lease expired
+        status = await b.client.get(f"/session/{sid}/status")
+        assert status.status_code == 200
+        assert b.bridge.has_session(sid) and b.server.fleet.stats.adoptions == 1
+        assert b.bridge.session_status(sid).event_epoch == epoch   # the stream goes on
+        # a still runs it, unaware: its next write is refused and it stops the session
+        refused = await a.client.post(f"/session/{sid}/prompt", json=_prompt("stale"))
+        assert refused.status_code == 503
+        with anyio.fail_after(10):
+            while a.bridge.has_session(sid):
+                await anyio.sleep(0.01)
+        # from now on a forwards to b, and the stream continues from the journal
+        again = await a.client.post(f"/session/{sid}/prompt", json=_prompt("/chunks 2 y"))
+        assert again.status_code == 202
+        assert a.server.fleet.stats.forwards == 1
+        more = await read_events(a.client, sid, _is("turn_complete", again.json()["promptId"]),
+                                 last_event_id=ids[-1])
+        more_ids = [f["id"] for f in more if f.get("id") is not None]
+        assert more_ids[0] == ids[-1] + 1   # no gap, no duplicate
+        assert more_ids == list(range(more_ids[0], more_ids[0] + len(more_ids)))
+
+        status = (await b.client.get("/daemon/status")).json()["runtime"]["instances"]
+        assert status == {"instance": b.server.leases.instance, "advertisedUrl": b.base_url,
+                          "sessionsOwned": 1, "leasesTakenOver": 1, "sessionsMovedAway": 0,
+                          "forwards": 3, "forwardFailures": 0}
+        moved = (await a.client.get("/daemon/status")).json()["runtime"]["instances"]
+        assert (moved["sessionsOwned"], moved["sessionsMovedAway"]) == (0, 1)
+        text = (await b.client.get("/metrics")).text
+        assert f'acp_server_instance_info{{instance="{b.server.leases.instance}"}} 1.0' in text
+        for line in ("acp_server_sessions_owned 1.0", "acp_server_session_adoptions_total 1.0",
+                     "acp_server_session_forwards_total 3.0"):
+            assert line in text
+
+
+async def test_an_owner_that_cannot_be_reached_is_a_503(tmp_path: Path) -> None:
+    now = [6_000_000.0]
+    async with _pair(tmp_path, now) as (a, b):
+        sid = (await a.client.post("/session", json={"sessionScope": "thread"})).json()[
+            "sessionId"]
+        a.server.leases.url = "http://127.0.0.1:9"   # type: ignore[union-attr]
+        assert await a.bridge.journal.renew() == set()   # type: ignore[attr-defined]
+        refused = await b.client.post(f"/session/{sid}/prompt", json=_prompt("x"))
+        assert refused.status_code == 503
+        assert refused.json()["code"] == "owner_unreachable"
+        assert refused.headers["retry-after"] == "5"
+        assert b.server.fleet.stats.forward_failures == 1 == b.server.fleet.stats.forwards
+
+
+async def test_the_sweep_adopts_an_orphan_and_settles_its_interrupted_prompt(
+        tmp_path: Path) -> None:
+    now = [7_000_000.0]
+    async with _pair(tmp_path, now) as (a, b):
+        sid = (await a.client.post("/session", json={"sessionScope": "thread"})).json()[
+            "sessionId"]
+        running = await a.client.post(f"/session/{sid}/prompt", json=_prompt("/sleep 60s"))
+        queued = await a.client.post(f"/session/{sid}/prompt", json=_prompt("/chunks 2 q"))
+        pids = [running.json()["promptId"], queued.json()["promptId"]]
+        await read_events(a.client, sid, lambda e: e["type"] == "session_update"
+                          and e.get("promptId") == pids[0], last_event_id=0)
+        assert await b.server.fleet.sweep() == 0   # a's lease is live
+        now[0] += 61   # a stopped renewing
+        assert await b.server.fleet.sweep() == 1 and b.bridge.has_session(sid)
+        await read_events(b.client, sid, _is("turn_complete", pids[1]), last_event_id=0)
+        terminals = (await b.client.post(f"/session/{sid}/load", json={})).json()[
+            "promptTerminals"]
+        by_id = {t["promptId"]: t for t in terminals}
+        assert by_id[pids[0]]["errorCode"] == "server_restarted"   # --session-on-restart fail
+        assert by_id[pids[1]]["terminal"] == "completed"           # the queued one ran on b
+
+
+async def test_acp_resume_flow_across_instances(tmp_path: Path) -> None:
+    """``/acp`` on the other instance: its ``Acp-Connection-Id`` is unknown there (404);
+    the client re-``initialize``s and ``session/load``s, which is refused (retryable)
+    while the owner's lease is live and adopts the session once it expired."""
+    from tests.acp_http.wsclient import ws_connect
+
+    now = [8_000_000.0]
+    async with _pair(tmp_path, now) as (a, b):
+        init = {"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                "params": {"protocolVersion": 1}}
+        opened = await a.client.post("/acp", json=init, headers={
+            "accept": "application/json, text/event-stream"})
+        connection = opened.headers["acp-connection-id"]
+        unknown = await b.client.post("/acp", json={
+            "jsonrpc": "2.0", "id": 1, "method": "session/new",
+            "params": {"cwd": str(tmp_path), "mcpServers": []}}, headers={
+            "accept": "application/json, text/event-stream", "acp-connection-id": connection})
+        assert unknown.status_code == 404   # a's connection: b does not hold it
+        sid = (await a.client.post("/session", json={"sessionScope": "thread"})).json()[
+            "sessionId"]
+        done = await a.client.post(f"/session/{sid}/prompt", json=_prompt("/chunks 2 hi"))
+        await read_events(a.client, sid, _is("turn_complete", done.json()["promptId"]),
+                          last_event_id=0)
+        load = {"cwd": str(tmp_path), "mcpServers": [], "sessionId": sid}
+        async with ws_connect(b.base_url) as ws:
+            await ws.send_json(init)
+            await ws.wait_for(lambda m: m.get("id") == 0)
+            await ws.send_json({"jsonrpc": "2.0", "id": 1, "method": "session/load",
+                                "params": load})
+            refused = (await ws.wait_for(lambda m: m.get("id") == 1))["error"]
+            assert refused["data"]["errorKind"] == "store_unavailable"   # retry later
+            assert not b.bridge.has_session(sid)
+            now[0] += 61   # a's lease expired
+            await ws.send_json({"jsonrpc": "2.0", "id": 2, "method": "session/load",
+                                "params": load})
+            loaded = await ws.wait_for(lambda m: m.get("id") == 2)
+            assert "result" in loaded, loaded
+            assert b.bridge.has_session(sid) and b.server.fleet.stats.adoptions == 1
+            await ws.send_json({"jsonrpc": "2.0", "id": 3, "method": "session/prompt",
+                                "params": {"sessionId": sid,
+                                           "prompt": [{"type": "text", "text": "again"}]}})
+            answered = await ws.wait_for(lambda m: m.get("id") == 3)
+            assert answered["result"]["stopReason"] == "end_turn"

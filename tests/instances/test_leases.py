@@ -1,0 +1,204 @@
+"""Session leases on a shared PostgreSQL store (issue #24), in process, on an injected
+clock: a session's lease is taken with its record, renewed in one statement, and a
+take-over by another instance fences the old owner: its next write is refused by the
+store (nothing of it lands), and it stops the session at once (its readers' streams end,
+its prompts fail with ``session_moved``). On SQLite leases are a no-op. The
+``SessionLeases`` SQL itself: open, stale, renew, adopt, expired, owner."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import psycopg
+import pytest
+
+from acp_server.store.leases import SessionLeases
+from acp_server.store.sessions import LOST
+from tests.harness import local_server
+from tests.lmsp import stores
+from tests.store.test_session_restart import _prompt, read_events
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def pg_url(tmp_path: Path) -> str:
+    if not stores.postgres_dsn():
+        pytest.skip(stores.SKIP_POSTGRES)
+    return stores.postgres_url_for(tmp_path, "leases")
+
+
+@pytest.fixture
+def db(pg_url: str) -> Iterator[psycopg.Connection[Any]]:
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        yield conn
+
+
+def _lease(db: psycopg.Connection[Any], sid: str) -> tuple[str, int, float] | None:
+    row = db.execute("SELECT instance, token, expires_at FROM session_leases "
+                     "WHERE session_id = %s", (sid,)).fetchone()
+    return None if row is None else (row[0], row[1], row[2])
+
+
+def _take_over(db: psycopg.Connection[Any], sid: str) -> None:
+    """What another instance's adoption does to the lease row."""
+    db.execute("UPDATE session_leases SET instance = 'elsewhere', token = token + 1 "
+               "WHERE session_id = %s", (sid,))
+
+
+def _event_count(db: psycopg.Connection[Any], sid: str) -> int:
+    return db.execute("SELECT count(*) FROM session_events WHERE session_id = %s",
+                      (sid,)).fetchone()[0]
+
+
+async def _session(client: httpx.AsyncClient) -> str:
+    created = await client.post("/session", json={"sessionScope": "thread"})
+    assert created.status_code == 200, created.text
+    return str(created.json()["sessionId"])
+
+
+async def test_a_taken_over_session_is_fenced_and_stopped_here(
+        tmp_path: Path, pg_url: str, db: psycopg.Connection[Any]) -> None:
+    now = [1_000_000.0]
+    async with local_server(tmp_path, store=pg_url, lease_clock=lambda: now[0],
+                            session_lease_ttl_ms=8000, session_lease_renew_ms=2000) as srv:
+        leases = srv.server.leases
+        assert leases is not None
+        journal: Any = srv.bridge.journal
+        sid = await _session(srv.client)
+        assert _lease(db, sid) == (leases.instance, 1, now[0] + 8)   # with its record
+        accepted = await srv.client.post(f"/session/{sid}/prompt", json=_prompt("/chunks 2 a"))
+        assert accepted.status_code == 202
+        await read_events(srv.client, sid, lambda e: e["type"] == "turn_complete",
+                          last_event_id=0)
+        now[0] += 5
+        assert await journal.renew() == set()
+        assert _lease(db, sid) == (leases.instance, 1, now[0] + 8)   # renewed
+        row = db.execute("SELECT url FROM instances WHERE id = %s",
+                         (leases.instance,)).fetchone()
+        assert row == (srv.base_url,)   # the registry: where this instance is reached
+
+        written = _event_count(db, sid)
+        frames: list[dict[str, Any]] = []
+
+        async def reader() -> None:
+            frames.extend(await read_events(srv.client, sid, lambda e: False,
+                                            last_event_id=written))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(reader)
+            _take_over(db, sid)
+            refused = await srv.client.post(f"/session/{sid}/prompt", json=_prompt("late"))
+            assert refused.status_code == 503   # its record was refused: not accepted
+            assert refused.headers["retry-after"]   # a retry reaches the new owner
+            with anyio.fail_after(10):
+                while srv.bridge.has_session(sid):   # stopped here at once
+                    await anyio.sleep(0.01)
+        assert [f["type"] for f in frames if f.get("id") is not None] == []  # nothing more
+        assert _event_count(db, sid) == written   # nothing of it landed
+        assert journal.fence[sid] == LOST
+        assert srv.bridge.moved_sessions == 1
+        assert _lease(db, sid) == ("elsewhere", 2, now[0] + 8)
+
+
+async def test_a_renewal_finds_a_lost_lease_and_stops_the_session(
+        tmp_path: Path, pg_url: str, db: psycopg.Connection[Any]) -> None:
+    now = [2_000_000.0]
+    async with local_server(tmp_path, store=pg_url, lease_clock=lambda: now[0]) as srv:
+        journal: Any = srv.bridge.journal
+        kept, lost = await _session(srv.client), await _session(srv.client)
+        running = await srv.client.post(f"/session/{lost}/prompt", json=_prompt("/sleep 60s"))
+        assert running.status_code == 202
+        pid = running.json()["promptId"]
+        await read_events(srv.client, lost, lambda e: e["type"] == "session_update"
+                          and e.get("promptId") == pid, last_event_id=0)   # it sleeps now
+        session = srv.bridge.get_session(lost)
+        _take_over(db, lost)
+        assert await journal.renew() == {lost}
+        assert not srv.bridge.has_session(lost) and srv.bridge.has_session(kept)
+        assert not session.pending   # its prompt failed here (the new owner decides)
+        assert journal.fence[lost] == LOST and journal.fence[kept] == 1
+
+
+async def test_a_clean_stop_releases_the_leases_and_the_next_start_takes_them_back(
+        tmp_path: Path, pg_url: str, db: psycopg.Connection[Any]) -> None:
+    now = [3_000_000.0]
+    settings: dict[str, Any] = {"store": pg_url, "lease_clock": lambda: now[0]}
+    async with local_server(tmp_path, **settings) as srv:
+        sid = await _session(srv.client)
+        instance = srv.server.leases.instance   # type: ignore[union-attr]
+    assert _lease(db, sid) == (instance, 1, 0)   # expired at once: others may adopt
+    async with local_server(tmp_path, **settings) as srv:
+        assert srv.bridge.has_session(sid)
+        assert _lease(db, sid) == (instance, 2, now[0] + 8)   # the same instance, token + 1
+        assert (await srv.client.delete(f"/session/{sid}")).status_code == 204
+        with anyio.fail_after(10):
+            while _lease(db, sid) is not None:   # a closed session has no lease
+                await anyio.sleep(0.01)
+
+
+async def test_on_sqlite_leases_are_a_no_op(tmp_path: Path) -> None:
+    async with local_server(tmp_path) as srv:
+        sid = await _session(srv.client)
+        assert srv.server.leases is None
+        assert srv.bridge.journal.fence == {}   # type: ignore[attr-defined]
+        accepted = await srv.client.post(f"/session/{sid}/prompt", json=_prompt("hi"))
+        assert accepted.status_code == 202
+
+
+def test_the_lease_sql(pg_url: str, db: psycopg.Connection[Any]) -> None:
+    from acp_server.store.schema import migrate_postgres
+
+    migrate_postgres(db)
+    now = [100.0]
+    a = SessionLeases("aaaa", ttl_s=8, clock=lambda: now[0], url="http://a:1")
+    b = SessionLeases("bbbb", ttl_s=8, clock=lambda: now[0], url="http://b:2")
+    db.execute("INSERT INTO sessions(id, created_at, record) VALUES ('s1', 1, '\\x00')")
+    assert a.open(db, "s1") == 1
+    assert a.open(db, "s1") == 1            # ours already: the token stays
+    assert b.open(db, "s1") is None         # a live lease elsewhere
+    assert b.adopt(db, "s1") is None
+    assert a.stale(db, {"s1": 1}) == set() and a.stale(db, {"s1": 0}) == {"s1"}
+    assert b.expired(db) == []
+    now[0] += 9                              # past the TTL, unrenewed
+    assert b.expired(db) == ["s1"]
+    b.heartbeat(db)
+    owner = b.owner(db, "s1")
+    assert owner is not None and (owner.instance, owner.live) == ("aaaa", False)
+    assert b.adopt(db, "s1") == 2            # taken over: token + 1
+    assert a.stale(db, {"s1": 1}) == {"s1"}  # the old owner is fenced
+    assert a.renew(db, {"s1": 1}) == {"s1"}  # and finds out at its renewal
+    assert b.renew(db, {"s1": 2}) == set()
+    owner = a.owner(db, "s1")
+    assert owner is not None and (owner.instance, owner.url, owner.live) == (
+        "bbbb", "http://b:2", True)
+    assert db.execute("SELECT owner FROM sessions WHERE id = 's1'").fetchone() == ("bbbb",)
+
+
+def test_the_flags_are_checked(tmp_path: Path) -> None:
+    from acp_server.settings import Settings, SettingsError
+
+    with pytest.raises(SettingsError, match="session-lease-renew-ms"):
+        Settings(workspace=str(tmp_path), session_lease_ttl_ms=1000, session_lease_renew_ms=1000)
+    with pytest.raises(SettingsError, match="advertise-url"):
+        Settings(workspace=str(tmp_path), advertise_url="ftp://host:1/path")
+    settings = Settings.from_flags(workspace=str(tmp_path), advertise_url="http://10.0.0.2:4170/",
+                                   session_lease_ttl_ms="3000", session_lease_renew_ms="500")
+    assert (settings.advertise_url, settings.session_lease_ttl_ms,
+            settings.session_lease_renew_ms) == ("http://10.0.0.2:4170", 3000, 500)
+
+
+async def test_a_wildcard_bind_advertises_nothing_unless_told(
+        tmp_path: Path, pg_url: str, db: psycopg.Connection[Any]) -> None:
+    async with local_server(tmp_path, store=pg_url, hostname="0.0.0.0",
+                            token="a-long-enough-token-for-tests-0123456789") as srv:
+        assert srv.server.leases is not None and srv.server.leases.url is None
+    async with local_server(tmp_path, store=pg_url, hostname="0.0.0.0",
+                            token="a-long-enough-token-for-tests-0123456789",
+                            advertise_url="http://10.1.2.3:4170") as srv:
+        assert srv.server.leases is not None
+        assert srv.server.leases.url == "http://10.1.2.3:4170"

@@ -1,0 +1,64 @@
+"""A real ``acp-server serve`` paused past its session lease (``SIGSTOP``), its session
+taken over meanwhile (the lease row moved to another instance, token + 1, as an
+adoption does), then resumed (``SIGCONT``): the turn it was running wakes up and
+publishes, but the store refuses those writes (fencing), nothing more of the session
+lands in the journal, and the instance stops the session (``/status`` is a 404 there)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from tests.harness import ServeProcess
+from tests.lmsp import stores
+
+pytestmark = pytest.mark.slow
+
+
+def _wait(condition: object, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():   # type: ignore[operator]
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
+
+
+def test_a_paused_owner_writes_nothing_after_losing_its_lease(tmp_path: Path) -> None:
+    if not stores.postgres_dsn():
+        pytest.skip(stores.SKIP_POSTGRES)
+    url = stores.postgres_url_for(tmp_path, "paused")
+    with ServeProcess(tmp_path, "--store", url, "--session-lease-ttl-ms", "600",
+                      "--session-lease-renew-ms", "150") as owner, \
+            psycopg.connect(url, autocommit=True) as db:
+        http = owner.http
+        sid = http.post("/session", json={"sessionScope": "thread"}).json()["sessionId"]
+        accepted = http.post(f"/session/{sid}/prompt", json={
+            "prompt": [{"type": "text", "text": "/sleep 1s /chunks 20 after the pause"}]})
+        assert accepted.status_code == 202
+
+        def count() -> int:
+            return db.execute("SELECT count(*) FROM session_events WHERE session_id = %s",
+                              (sid,)).fetchone()[0]
+
+        _wait(lambda: count() >= 3)   # the prompt started (its echo is journaled)
+        os.kill(owner.pid, signal.SIGSTOP)
+        try:
+            _wait(lambda: db.execute(
+                "SELECT expires_at < %s FROM session_leases WHERE session_id = %s",
+                (time.time(), sid)).fetchone()[0])
+            db.execute("UPDATE session_leases SET instance = 'adopter', token = token + 1, "
+                       "expires_at = %s WHERE session_id = %s", (time.time() + 3600, sid))
+            written = count()
+        finally:
+            os.kill(owner.pid, signal.SIGCONT)
+        # stopped there: a request for it is now forwarded to the adopter (which
+        # advertises no URL here: 503 owner_unreachable)
+        _wait(lambda: http.get(f"/session/{sid}/status").status_code == 503)
+        assert count() == written   # nothing of the woken turn landed
+        assert db.execute("SELECT instance FROM session_leases WHERE session_id = %s",
+                          (sid,)).fetchone() == ("adopter",)
+        assert owner.returncode is None   # the process itself carries on
