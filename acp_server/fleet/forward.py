@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
 import httpx
 
 FORWARDED_HEADER = b"x-acp-forwarded-by"
@@ -67,10 +68,24 @@ class Forwarder:
             target += "?" + scope["query_string"].decode("latin-1")
         request = self.client.build_request(scope["method"], target, headers=headers,
                                             content=body)
+        unreachable: list[OwnerUnreachableError] = []
+        async with anyio.create_task_group() as tg:
+            # A server may drop sends to a client that went away (uvicorn does): the
+            # client's disconnect is watched apart and ends the relay and the upstream
+            # request, or an event stream would be relayed to nobody for ever.
+            tg.start_soon(_cancel_on_disconnect, receive, tg.cancel_scope)
+            await self._exchange(request, send, unreachable)
+            tg.cancel_scope.cancel()
+        if unreachable:
+            raise unreachable[0]
+
+    async def _exchange(self, request: httpx.Request, send: Any,
+                        unreachable: list[OwnerUnreachableError]) -> None:
         try:
             response = await self.client.send(request, stream=True)
         except httpx.HTTPError as exc:
-            raise OwnerUnreachableError(str(exc) or type(exc).__name__) from exc
+            unreachable.append(OwnerUnreachableError(str(exc) or type(exc).__name__))
+            return
         try:
             await send({"type": "http.response.start", "status": response.status_code,
                         "headers": [(k, v) for k, v in response.headers.raw
@@ -84,7 +99,16 @@ class Forwarder:
                 pass   # the owner went away mid-response: end it here
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
-            await response.aclose()
+            with anyio.CancelScope(shield=True):
+                await response.aclose()
+
+
+async def _cancel_on_disconnect(receive: Any, scope: anyio.CancelScope) -> None:
+    """Cancel ``scope`` once the client disconnects (after the body was read, only
+    ``http.disconnect`` can come)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    scope.cancel()
 
 
 async def _read_body(receive: Any, limit: int) -> bytes:

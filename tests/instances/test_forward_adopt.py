@@ -172,3 +172,23 @@ async def test_acp_resume_flow_across_instances(tmp_path: Path) -> None:
                                            "prompt": [{"type": "text", "text": "again"}]}})
             answered = await ws.wait_for(lambda m: m.get("id") == 3)
             assert answered["result"]["stopReason"] == "end_turn"
+
+
+async def test_a_forwarded_stream_ends_at_the_owner_when_its_client_goes_away(
+        tmp_path: Path) -> None:
+    """A relayed event stream whose client leaves is ended upstream too: the owner's
+    subscriber goes (a server may drop sends to a gone client without a word)."""
+    now = [5_000_000.0]
+    async with _pair(tmp_path, now) as (a, b):
+        sid = (await a.client.post("/session", json={"sessionScope": "thread"})).json()[
+            "sessionId"]
+        bus = a.bridge.get_session(sid).bus
+        for round_ in range(3):
+            accepted = await b.client.post(f"/session/{sid}/prompt",
+                                           json=_prompt(f"/chunks 2 r{round_}"))
+            pid = accepted.json()["promptId"]
+            await read_events(b.client, sid, _is("turn_complete", pid), last_event_id=0)
+            with anyio.fail_after(10):   # the reader left: so does the relayed stream
+                while bus.subscriber_count:
+                    await anyio.sleep(0.01)
+        assert b.server.fleet.stats.forwards == 6
