@@ -15,7 +15,8 @@ Contracts:
   larger one with its own 413); the response (an SSE stream too) is relayed chunk by
   chunk as it arrives, unbuffered, undecoded. A client that goes away ends the relay
   and the upstream request.
-* An owner that cannot be reached, or stops answering before its headers, is a REST
+* An owner that cannot be reached, or does not answer with its headers within
+  ``HEADERS_TIMEOUT_S`` (30 s; a paused process's kernel still accepts), is a REST
   503 ``owner_unreachable`` with ``Retry-After: 5`` (the lease expires, and then an
   instance adopts the session); a relay cut after the headers ends the response.
 """
@@ -32,6 +33,9 @@ HOP_BY_HOP = frozenset({b"host", b"connection", b"keep-alive", b"transfer-encodi
                         b"upgrade", b"proxy-connection", b"trailer", b"content-length",
                         FORWARDED_HEADER})
 CONNECT_TIMEOUT_S = 3.0
+# An owner that accepted the connection but does not answer (paused, say: its kernel
+# still accepts) is given up after this long; a stream's body has no such bound.
+HEADERS_TIMEOUT_S = 30.0
 
 
 class OwnerUnreachableError(Exception):
@@ -41,9 +45,11 @@ class OwnerUnreachableError(Exception):
 class Forwarder:
     """See the module docstring."""
 
-    def __init__(self, *, instance: str, max_body_bytes: int) -> None:
+    def __init__(self, *, instance: str, max_body_bytes: int,
+                 headers_timeout_s: float = HEADERS_TIMEOUT_S) -> None:
         self.instance = instance
         self.max_body_bytes = max_body_bytes
+        self.headers_timeout_s = headers_timeout_s
         self._client: httpx.AsyncClient | None = None
 
     @property
@@ -82,8 +88,9 @@ class Forwarder:
     async def _exchange(self, request: httpx.Request, send: Any,
                         unreachable: list[OwnerUnreachableError]) -> None:
         try:
-            response = await self.client.send(request, stream=True)
-        except httpx.HTTPError as exc:
+            with anyio.fail_after(self.headers_timeout_s):
+                response = await self.client.send(request, stream=True)
+        except (httpx.HTTPError, TimeoutError) as exc:
             unreachable.append(OwnerUnreachableError(str(exc) or type(exc).__name__))
             return
         try:
