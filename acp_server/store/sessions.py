@@ -8,10 +8,13 @@ PostgreSQL, through the same group-commit writer as the LMSP tasks.
 
 Contracts (besides ``bridge.journal``'s):
 
-* One flusher task takes everything appended so far and commits it as one operation
-  of the store's writer (which batches it with the tasks' operations: one transaction,
-  one fsync). While a commit is in flight, what is appended waits for the next one:
-  group commit without a timer.
+* At most one operation of the store's writer is queued or running at a time; it
+  takes everything appended so far when the writer starts it (so what is appended
+  while it waits in the queue joins it) and commits it with whatever else the writer
+  batches (the tasks' operations, the audit log: one transaction, one fsync). While a
+  commit is in flight, what is appended waits for the next one: group commit without
+  a timer. Its outcome is handled in the writer's own task (``Op.on_done``): readers
+  and the callers of ``wait`` are released with no extra task hop.
 * A failed commit fails the records somebody waits for (``SessionOpened``,
   ``PromptAccepted``: their callers answer 503, ``JournalUnavailableError``) and keeps
   the others (events, terminals, closes) in order for the next attempt, retried with
@@ -42,6 +45,7 @@ import msgspec
 
 from acp_server.store.errors import Backoff, StoreUnavailableError
 from acp_server.store.pg_engine import PostgresEngine
+from acp_server.store.writer import Op
 from bridge.errors import JournalUnavailableError
 from bridge.journal import (
     RECORD_ENCODER,
@@ -83,6 +87,15 @@ def _decode_accepted(blob: bytes) -> PromptAccepted:
 
 
 CRITICAL = (SessionOpened, PromptAccepted)
+ROWS_PER_STATEMENT = 500   # x 5 parameters: under SQLite's and PostgreSQL's limits
+EVENT_INSERT = ("INSERT INTO session_events(session_id, id, type, prompt_id, envelope) "
+                "VALUES {} ON CONFLICT DO NOTHING", 5)
+PROMPT_INSERT = ("INSERT INTO session_prompts(session_id, prompt_id, seq, record) "
+                 "VALUES {} ON CONFLICT DO NOTHING", 4)
+SETTLE_UPDATE = ("WITH v(sid, pid, terminal, at) AS (VALUES {}) "
+                 "UPDATE session_prompts SET terminal = v.terminal, "
+                 "settled_at = CAST(v.at AS BIGINT) FROM v "
+                 "WHERE session_prompts.session_id = v.sid AND session_prompts.prompt_id = v.pid")
 
 
 class StoreSessionJournal:
@@ -99,6 +112,11 @@ class StoreSessionJournal:
         self.commits = 0
         self._on_events: Callable[[Sequence[EventRecord]], None] = lambda records: None
         self._pending: list[tuple[int, JournalRecord]] = []
+        self._batch: list[tuple[int, JournalRecord]] = []   # the commit in flight
+        self._inflight: Op | None = None
+        self._unsent: Op | None = None
+        self._failing = False
+        self._backoff = Backoff(first=0.05, cap=5.0)
         self._next = 1
         self._durable_through = 0
         self._failed: dict[int, str] = {}
@@ -132,6 +150,7 @@ class StoreSessionJournal:
         """Commit what is queued (one last attempt), then write nothing more."""
         if not self._closing:
             self._closing = True
+            self._kick()
             self._wake.set()
         await self._stopped.wait()
 
@@ -145,8 +164,8 @@ class StoreSessionJournal:
         seq = self._next
         self._next += 1
         self._pending.append((seq, record))
-        if len(self._pending) == 1:
-            self._wake.set()
+        if self._inflight is None:
+            self._kick()
         if len(self._pending) > MAX_PENDING:
             self._shed()
         return seq
@@ -162,34 +181,74 @@ class StoreSessionJournal:
                 raise JournalUnavailableError("the server is stopping")
             await self._flushed.wait()
 
-    # -- the flusher ---------------------------------------------------------------------
+    # -- committing: one operation of the store's writer at a time ----------------------
+    def _kick(self) -> None:
+        """Queue the next commit when none is queued or running: its records are taken
+        when the writer starts it (``_take``), so whatever is appended meanwhile joins;
+        its outcome comes back in ``_landed`` (no task hop either way)."""
+        if self._inflight is not None or self._failing or not self._pending \
+                or self._stopped.is_set():
+            return
+        op = Op(self._commit_in, prepare=self._take, on_done=self._landed)
+        self._inflight = op
+        try:
+            queued = self.store.submit(op)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self._inflight = None
+            return
+        if not queued:   # the writer's queue is full: the flusher waits for room
+            self._unsent = op
+            self._wake.set()
+
+    def _take(self) -> None:
+        self._batch, self._pending = self._pending, []
+
+    def _commit_in(self, conn: Any, out: Any, *state: Any) -> None:
+        self._apply(conn, [record for _, record in self._batch])
+
+    def _landed(self, op: Op) -> None:
+        batch, self._batch = self._batch, []
+        self._inflight = None
+        if op.error is not None:
+            self._failed_batch(batch, op.error)   # type: ignore[arg-type]
+            self._failing = True   # the flusher backs off, then commits again
+            self._wake.set()
+            return
+        self._backoff.reset()
+        if batch:
+            self.commits += 1
+            self._durable_through = batch[-1][0]
+            self._on_events([r for _, r in batch if isinstance(r, EventRecord)])
+            self._signal()
+        if self._closing and not self._pending:
+            self._wake.set()   # the last commit landed: the flusher ends
+        else:
+            self._kick()
+
     async def _flusher(self) -> None:
-        backoff = Backoff(first=0.05, cap=5.0)
+        """What ``_kick``/``_landed`` cannot do without waiting: a full writer queue,
+        the backoff after a failed commit, and the end (``aclose``)."""
         try:
             while True:
-                while not self._pending:
+                await self._wake.wait()
+                self._wake = anyio.Event()
+                if self._unsent is not None:
+                    op, self._unsent = self._unsent, None
+                    try:
+                        await self.store.send(op)
+                    except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                        return
+                if self._failing:
                     if self._closing:
                         return
-                    await self._wake.wait()
-                    self._wake = anyio.Event()
-                batch, self._pending = self._pending, []
-                try:
-                    await self.store._write(lambda conn, out, *state: self._apply(
-                        conn, [record for _, record in batch]))
-                except Exception as exc:   # noqa: BLE001 - the store's fault, not ours
-                    self._failed_batch(batch, exc)
-                    if self._closing:
-                        return
-                    with anyio.move_on_after(backoff.next()):
+                    with anyio.move_on_after(self._backoff.next()):
                         while not any(isinstance(r, CRITICAL) for _, r in self._pending):
                             await self._wake.wait()
                             self._wake = anyio.Event()
-                    continue
-                backoff.reset()
-                self.commits += 1
-                self._durable_through = batch[-1][0]
-                self._on_events([r for _, r in batch if isinstance(r, EventRecord)])
-                self._signal()
+                    self._failing = False
+                    self._kick()
+                if self._closing and self._inflight is None and not self._pending:
+                    return
         finally:
             self._closing = True
             self._stopped.set()
@@ -230,31 +289,73 @@ class StoreSessionJournal:
         return text.replace("?", "%s") if self.postgres else text
 
     def _apply(self, conn: Any, records: list[JournalRecord]) -> None:
+        """The records in order, in as few statements as it takes: each statement gives
+        up the GIL and must win it back from a busy event loop (see ``store.writer``),
+        so the events, accepted prompts and terminals between two session records
+        (``SessionOpened``, ``SessionEnded``: they order everything around them) go in
+        one multi-row statement each, in that order (a terminal after its prompt)."""
         events: list[tuple[str, int, str, str | None, bytes]] = []
+        accepted: list[tuple[str, str, int, bytes]] = []
+        settled: list[PromptSettled] = []
         trim: dict[str, int] = {}
+
+        def flush() -> None:
+            if events:
+                self._insert_rows(conn, EVENT_INSERT, events)
+                events.clear()
+            if accepted:
+                self._insert_rows(conn, PROMPT_INSERT, accepted)
+                accepted.clear()
+            if settled:
+                self._settle_rows(conn, settled)
+                settled.clear()
+
         for record in records:
             if isinstance(record, EventRecord):
                 events.append((record.session_id, record.event_id, record.type,
                                record.prompt_id, record.envelope))
                 if record.event_id % COMPACT_EVERY == 0 and record.event_id > self.ring_size:
                     trim[record.session_id] = record.event_id - self.ring_size
-                continue
-            if events:
-                self._insert_events(conn, events)
-                events = []
-            self._apply_one(conn, record)
-        if events:
-            self._insert_events(conn, events)
+            elif isinstance(record, PromptAccepted):
+                accepted.append((record.session_id, record.prompt_id, record.seq,
+                                 _encode(record)))
+            elif isinstance(record, PromptSettled):
+                settled.append(record)
+            else:
+                flush()
+                self._apply_one(conn, record)
+        flush()
         for sid, through in trim.items():
             conn.execute(self._sql("DELETE FROM session_events WHERE session_id = ? AND id <= ?"),
                          (sid, through))
 
-    def _insert_events(self, conn: Any, rows: list[tuple[str, int, str, str | None, bytes]]
-                       ) -> None:
-        cur = conn.cursor()
-        cur.executemany(self._sql(
-            "INSERT INTO session_events(session_id, id, type, prompt_id, envelope) "
-            "VALUES (?,?,?,?,?) ON CONFLICT DO NOTHING"), rows)
+    def _insert_rows(self, conn: Any, head: tuple[str, int], rows: list[tuple[Any, ...]]
+                     ) -> None:
+        """``INSERT ... VALUES (..),(..) ON CONFLICT DO NOTHING``, ``ROWS_PER_STATEMENT``
+        rows a statement."""
+        sql, width = head
+        one = "(" + ",".join("?" * width) + ")"
+        for start in range(0, len(rows), ROWS_PER_STATEMENT):
+            chunk = rows[start:start + ROWS_PER_STATEMENT]
+            conn.execute(self._sql(sql.format(",".join([one] * len(chunk)))),
+                         [value for row in chunk for value in row])
+
+    def _settle_rows(self, conn: Any, records: list[PromptSettled]) -> None:
+        sql = self._sql
+        for start in range(0, len(records), ROWS_PER_STATEMENT):
+            chunk = records[start:start + ROWS_PER_STATEMENT]
+            params: list[Any] = []
+            for record in chunk:
+                params += (record.session_id, record.prompt_id, _encode(record), record.at)
+            conn.execute(sql(SETTLE_UPDATE.format(",".join(["(?,?,?,?)"] * len(chunk)))),
+                         params)
+        for record in records:
+            if hash(record.prompt_id) % 32 == 0:   # now and then: the newest terminals only
+                conn.execute(sql(
+                    "DELETE FROM session_prompts WHERE session_id = ? AND terminal IS NOT NULL "
+                    "AND seq < (SELECT seq FROM session_prompts WHERE session_id = ? AND "
+                    "terminal IS NOT NULL ORDER BY seq DESC LIMIT 1 OFFSET ?)"),
+                    (record.session_id, record.session_id, MAX_PROMPT_TERMINALS - 1))
 
     def _apply_one(self, conn: Any, record: JournalRecord) -> None:
         sql = self._sql
@@ -265,22 +366,6 @@ class StoreSessionJournal:
                 "owner = excluded.owner"),
                 (record.session_id, record.created_at, _encode(record),
                  self.owner))
-        elif isinstance(record, PromptAccepted):
-            conn.execute(sql(
-                "INSERT INTO session_prompts(session_id, prompt_id, seq, record) "
-                "VALUES (?,?,?,?) ON CONFLICT DO NOTHING"),
-                (record.session_id, record.prompt_id, record.seq, _encode(record)))
-        elif isinstance(record, PromptSettled):
-            conn.execute(sql(
-                "UPDATE session_prompts SET terminal = ?, settled_at = ? "
-                "WHERE session_id = ? AND prompt_id = ?"),
-                (_encode(record), record.at, record.session_id, record.prompt_id))
-            if hash(record.prompt_id) % 32 == 0:   # now and then: the newest terminals only
-                conn.execute(sql(
-                    "DELETE FROM session_prompts WHERE session_id = ? AND terminal IS NOT NULL "
-                    "AND seq < (SELECT seq FROM session_prompts WHERE session_id = ? AND "
-                    "terminal IS NOT NULL ORDER BY seq DESC LIMIT 1 OFFSET ?)"),
-                    (record.session_id, record.session_id, MAX_PROMPT_TERMINALS - 1))
         elif isinstance(record, SessionEnded):
             if record.deleted:
                 for table, column in (("session_events", "session_id"),
