@@ -149,6 +149,7 @@ async def open_server(settings: Settings, *, agent_factory: AgentFactory | None 
                                 **({"monotonic": principals_clock} if principals_clock
                                    else {})) as gate:
             gate.sessions.is_live = bridge.has_session   # ownership forgets closed first
+            gate.sessions.recorded = bridge.session_owner   # journaled with each session
             acp = ConnectionRegistry(bridge, max_connections=settings.max_acp_connections,
                                      grace_s=settings.acp_reap_grace_s,
                                      clock=acp_clock or MONOTONIC)

@@ -77,6 +77,7 @@ log = logging.getLogger("bridge")
 
 REQUESTED_SESSION_ID_META = "acp-server/requestedSessionId"
 MAX_CLOSED_SESSION_HISTORIES = 1024
+MAX_CLOSED_SESSION_OWNERS = 50_000
 
 
 class Bridge(Journaling, PromptsAPI):
@@ -111,6 +112,9 @@ class Bridge(Journaling, PromptsAPI):
         self._default_spawns: dict[str, anyio.Event] = {}
         # Prompt terminals of closed sessions, for a later cold load (bounded, oldest out).
         self._closed_terminals: dict[str, Any] = {}
+        # The principals that made closed sessions (journaled or seen here; bounded,
+        # oldest out): a cold load keeps its maker as owner.
+        self._closed_owners: dict[str, str] = {}
         self.journal: SessionJournal = journal or MemoryJournal()
         self.journal_clock = journal_clock
         self.unjournaled_origins = unjournaled_origins
@@ -235,6 +239,23 @@ class Bridge(Journaling, PromptsAPI):
     def has_session(self, session_id: str) -> bool:   # a live session
         return session_id in self._sessions
 
+    def session_owner(self, session_id: str) -> str | None:
+        """The principal that made the session (the ``owner=`` of its creation, kept
+        in the journal across restarts), for a live or a closed session; ``None``
+        when unknown. The bridge only keeps the label; the doors decide who sees what."""
+        session = self._sessions.get(session_id)
+        if session is not None:
+            return session.owner
+        return self._closed_owners.get(session_id)
+
+    def remember_owner(self, session_id: str, owner: str | None) -> None:
+        """Keep the maker of a closed session (restore at start, closes)."""
+        if owner is None:
+            return
+        self._closed_owners[session_id] = owner
+        if len(self._closed_owners) > MAX_CLOSED_SESSION_OWNERS:
+            del self._closed_owners[next(iter(self._closed_owners))]
+
     def sessions(self) -> list[Session]:
         """The live ``Session`` objects (see ``get_session``)."""
         return list(self._sessions.values())
@@ -262,20 +283,23 @@ class Bridge(Journaling, PromptsAPI):
             await self.capacity.changed.wait()
 
     async def create_session(self, *, cwd: str | None = None, session_id: str | None = None,
-                             agent: str | None = None, origin: str | None = None) -> SessionInfo:
+                             agent: str | None = None, origin: str | None = None,
+                             owner: str | None = None) -> SessionInfo:
         """A fresh session (``thread`` scope) on ``agent`` (default: the default agent).
         A requested id that is live attaches. ``origin`` labels who made it for the
-        listings (``"lmsp"``, ``"conformance"``; ``None``: a person's client); the bridge
-        only keeps it."""
+        listings (``"lmsp"``, ``"conformance"``; ``None``: a person's client); ``owner``
+        is the principal that made it (journaled with the session: ``session_owner``).
+        The bridge only keeps both."""
         self.check_workspace(cwd)
         name = self.agents.resolve(agent)
         if session_id is not None and session_id in self._sessions:
             return self._info(self.get_session(session_id), attached=True)
         session = await self._spawn("session/new", name, requested_id=session_id,
-                                    origin=origin)
+                                    origin=origin, owner=owner)
         return self._info(session, attached=False)
 
-    async def attach_session(self, *, cwd: str | None = None, agent: str | None = None) -> SessionInfo:
+    async def attach_session(self, *, cwd: str | None = None, agent: str | None = None,
+                             owner: str | None = None) -> SessionInfo:
         """The workspace's default session of ``agent`` (``single`` scope), created on
         first use; concurrent first attaches share one spawn."""
         self.check_workspace(cwd)
@@ -290,7 +314,7 @@ class Bridge(Journaling, PromptsAPI):
             await spawning.wait()
         spawning = self._default_spawns[name] = anyio.Event()
         try:
-            session = await self._spawn("session/new", name, scope="single")
+            session = await self._spawn("session/new", name, scope="single", owner=owner)
             self._default_session_ids[name] = session.session_id
         finally:
             del self._default_spawns[name]
@@ -298,18 +322,20 @@ class Bridge(Journaling, PromptsAPI):
         return self._info(session, attached=False)
 
     async def load_session(self, session_id: str, *, cwd: str | None = None,
-                           agent: str | None = None) -> SessionInfo:
-        """Attach a live session, or restore it through ACP ``session/load``."""
-        return await self._restore("session/load", session_id, cwd, agent, ("loadSession",))
+                           agent: str | None = None, owner: str | None = None) -> SessionInfo:
+        """Attach a live session, or restore it through ACP ``session/load`` (a session
+        with a known maker keeps it as owner; else ``owner`` becomes it)."""
+        return await self._restore("session/load", session_id, cwd, agent, ("loadSession",),
+                                   owner)
 
     async def resume_session(self, session_id: str, *, cwd: str | None = None,
-                             agent: str | None = None) -> SessionInfo:
+                             agent: str | None = None, owner: str | None = None) -> SessionInfo:
         """Attach a live session, or restore it through ACP ``session/resume`` (no replay)."""
         return await self._restore("session/resume", session_id, cwd, agent,
-                                   ("sessionCapabilities", "resume"))
+                                   ("sessionCapabilities", "resume"), owner)
 
     async def _restore(self, method: str, session_id: str, cwd: str | None, agent: str | None,
-                       capability: tuple[str, ...]) -> SessionInfo:
+                       capability: tuple[str, ...], owner: str | None) -> SessionInfo:
         self.check_workspace(cwd)
         name = self.agents.resolve(agent)
         with_history = method == "session/load"
@@ -321,7 +347,7 @@ class Bridge(Journaling, PromptsAPI):
         if offered is None or offered is False:
             raise NotSupportedError(f"The agent does not support {method}")
         try:
-            session = await self._spawn(method, name, restore_id=session_id)
+            session = await self._spawn(method, name, restore_id=session_id, owner=owner)
         except AgentError as exc:   # the agent does not know it: the caller's 404
             if exc.rpc_code == RESOURCE_NOT_FOUND:
                 raise SessionNotFoundError(session_id) from None
@@ -330,7 +356,8 @@ class Bridge(Journaling, PromptsAPI):
 
     async def _spawn(self, method: str, agent_name: str, *, requested_id: str | None = None,
                      restore_id: str | None = None, fork_of: str | None = None,
-                     origin: str | None = None, scope: str = "thread") -> Session:
+                     origin: str | None = None, scope: str = "thread",
+                     owner: str | None = None) -> Session:
         """Make a session on the agent. Its slot (``bridge.capacity``) is taken first,
         with no await before, and goes to the session once it is registered; a spawn
         that fails, times out or whose caller gives up releases it."""
@@ -346,7 +373,8 @@ class Bridge(Journaling, PromptsAPI):
                 params["_meta"] = {REQUESTED_SESSION_ID_META: requested_id}
             if restore_id is not None:
                 # Register first: session/load replays history as session/update.
-                session = await self._new_session(restore_id, agent, agent_name, origin=origin)
+                session = await self._new_session(restore_id, agent, agent_name, origin=origin,
+                                                  owner=owner)
                 registered = True
                 try:
                     result = await self._agent_request(agent, method, params)
@@ -367,7 +395,8 @@ class Bridge(Journaling, PromptsAPI):
                             agent_name, method, sid)
                 raise AgentProtocolError(f"Agent answered {method} with the id of a live "
                                          f"session", agent_name)
-            session = await self._new_session(sid, agent, agent_name, origin=origin)
+            session = await self._new_session(sid, agent, agent_name, origin=origin,
+                                              owner=owner)
             registered = True
             session.forked_from = fork_of
             session.agent_result = result
@@ -379,13 +408,15 @@ class Bridge(Journaling, PromptsAPI):
                 self.capacity.release(agent_name)
 
     async def _new_session(self, session_id: str, agent: AgentConnection,
-                           agent_name: str, *, origin: str | None = None) -> Session:
+                           agent_name: str, *, origin: str | None = None,
+                           owner: str | None = None) -> Session:
         """A started session, then registered: a registered session always runs and
         holds the slot its spawn took."""
         session = Session(session_id, self.workspace_cwd, agent, self.options, self.queue_wait,
                           observer=self.observer)
         session.agent_name = agent_name
         session.origin = origin
+        session.owner = self._closed_owners.get(session_id) or owner
         session.on_cancel = self._cancel_questions
         await self._tasks().start(session.run)
         terminals = self._closed_terminals.pop(session_id, None)
@@ -412,6 +443,7 @@ class Bridge(Journaling, PromptsAPI):
                 self._closed_terminals[session.session_id] = session.prompt_terminals
                 if len(self._closed_terminals) > MAX_CLOSED_SESSION_HISTORIES:
                     del self._closed_terminals[next(iter(self._closed_terminals))]
+            self.remember_owner(session.session_id, session.owner)
         if session.holds_slot:
             session.holds_slot = False
             self.capacity.release(session.agent_name)
@@ -486,9 +518,9 @@ class Bridge(Journaling, PromptsAPI):
             session.stop()
 
     # -- branch --------------------------------------------------------------------------
-    async def branch_session(self, session_id: str) -> SessionInfo:
+    async def branch_session(self, session_id: str, *, owner: str | None = None) -> SessionInfo:
         """Fork behind the session's FIFO; takes no prompt slot. Fails fast while prompts
-        are pending, as the peer does."""
+        are pending, as the peer does. The fork's ``owner``: the principal asking."""
         session = self.get_session(session_id)
         if session.pending_count > 0:
             raise BranchWhilePromptActiveError(session_id)
@@ -497,7 +529,8 @@ class Bridge(Journaling, PromptsAPI):
             raise NotSupportedError("The agent does not support session/fork")
 
         async def fork() -> Session:
-            return await self._spawn("session/fork", session.agent_name, fork_of=session_id)
+            return await self._spawn("session/fork", session.agent_name, fork_of=session_id,
+                                     owner=owner)
 
         item = WorkItem(fork)
         session.enqueue_work(item)

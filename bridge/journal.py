@@ -54,6 +54,7 @@ class SessionOpened(msgspec.Struct, kw_only=True, frozen=True, tag="session", ta
     scope: str = "thread"
     forked_from: str | None = None
     origin: str | None = None
+    owner: str | None = None   # the principal that made it (an opaque label), or None
 
 
 class PromptAccepted(msgspec.Struct, kw_only=True, frozen=True, tag="prompt", tag_field="kind"):

@@ -101,7 +101,7 @@ class Journaling:
             session_id=session.session_id, agent=session.agent_name,
             cwd=session.workspace_cwd, created_at=session.created_at,
             epoch=session.bus.epoch, scope=scope, forked_from=session.forked_from,
-            origin=session.origin))
+            origin=session.origin, owner=session.owner))
         await self._commit_record(session, seq)
 
     def _record_end(self, session: Session, *, deleted: bool) -> None:

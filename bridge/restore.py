@@ -64,6 +64,7 @@ async def restore_sessions(bridge: Bridge, journaled: list[RestoredSession]) -> 
     for found in journaled:
         sid = found.record.session_id
         if found.closed_at is not None:
+            bridge.remember_owner(sid, found.record.owner)
             if found.terminals:
                 bridge._closed_terminals[sid] = found.terminals
             continue
@@ -98,6 +99,7 @@ async def _restore_one(bridge: Bridge, found: RestoredSession) -> None:
     session.created_at = record.created_at
     session.forked_from = record.forked_from
     session.origin = record.origin
+    session.owner = record.owner
     session.restored = True
     session.bus.epoch = str(uuid.uuid4()) if found.gap else record.epoch
     session.bus.restore(found.events, found.last_event_id)

@@ -180,6 +180,7 @@ class Session:
         self.holds_slot = False   # a slot of the session cap (bridge.capacity) is its own
         self.forked_from: str | None = None
         self.origin: str | None = None   # who made it (create_session's label), or None
+        self.owner: str | None = None    # the principal that made it (an opaque label)
         self.agent_name = ""   # the agent profile this session runs on
         self.agent_result: dict[str, Any] = {}   # the agent's session/new (load, ...) answer
         # How its prompts ended (bridge.status), kept across a close and a cold load.

@@ -1,6 +1,6 @@
 """Who owns each session: the principal that made it (REST and ``/acp`` share one map).
 
-    owners = SessionOwners(is_live=bridge.has_session)
+    owners = SessionOwners(is_live=bridge.has_session, recorded=bridge.session_owner)
     owners.owner(session_id)               # "ci", or None: made by no principal we know
     owners.claim(session_id, "ci")         # the first claim wins; returns the owner
     async with owners.default_lock(("ci", None)):
@@ -12,7 +12,10 @@ Contracts:
 * A session's owner is the principal whose request made it (create, attach that
   spawned, load or resume that restored it, branch). A claim never replaces an owner:
   restoring a remembered session keeps its maker as owner, whoever restores it.
-* A session without a known owner (made before the server started, by the LMSP
+* The map is a cache in front of ``recorded``: the owner the bridge keeps with the
+  session, journaled with its record, so that a session restored at start (or
+  adopted) is still its maker's. A claim never replaces a recorded owner.
+* A session without a known owner (made before principals were recorded, by the LMSP
   runner, or forgotten past ``limit``) is seen by admins only (``Principal.sees``): the
   map fails closed.
 * The map is in memory, per instance, bounded: past ``limit`` entries the oldest whose
@@ -36,11 +39,17 @@ def _never_live(session_id: str) -> bool:
     return False
 
 
+def _nothing_recorded(session_id: str) -> str | None:
+    return None
+
+
 class SessionOwners:
     def __init__(self, *, limit: int = MAX_OWNED,
-                 is_live: Callable[[str], bool] = _never_live) -> None:
+                 is_live: Callable[[str], bool] = _never_live,
+                 recorded: Callable[[str], str | None] = _nothing_recorded) -> None:
         self.limit = limit
         self.is_live = is_live
+        self.recorded = recorded
         self._owners: OrderedDict[str, str] = OrderedDict()
         self._defaults: dict[DefaultKey, str] = {}
         self._locks: dict[DefaultKey, anyio.Lock] = {}
@@ -49,17 +58,25 @@ class SessionOwners:
         return len(self._owners)
 
     def owner(self, session_id: str) -> str | None:
-        return self._owners.get(session_id)
+        known = self._owners.get(session_id)
+        if known is None:
+            known = self.recorded(session_id)
+            if known is not None:
+                self._remember(session_id, known)
+        return known
 
     def claim(self, session_id: str, name: str) -> str:
         """Record ``name`` as the owner unless the session has one; returns the owner."""
-        known = self._owners.get(session_id)
+        known = self.owner(session_id)
         if known is not None:
             return known
+        self._remember(session_id, name)
+        return name
+
+    def _remember(self, session_id: str, name: str) -> None:
         self._owners[session_id] = name
         if len(self._owners) > self.limit:
             self._evict()
-        return name
 
     def _evict(self) -> None:
         rotated = 0

@@ -60,14 +60,14 @@ def claim(caller: Caller, info: SessionInfo) -> None:
 async def own_default(bridge: Bridge, caller: Caller, *, cwd: str | None,
                       agent: str | None) -> SessionInfo:
     if caller.sees(None):   # an admin, or shared sessions: the workspace's one default
-        return await bridge.attach_session(cwd=cwd, agent=agent)
+        return await bridge.attach_session(cwd=cwd, agent=agent, owner=caller.name)
     owners = caller.gate.sessions
     key = (caller.name, agent)
     async with owners.default_lock(key):   # concurrent first attaches share one spawn
         sid = owners.default(key)
         if sid is not None:   # live: a requested id that is live attaches
             return await bridge.create_session(cwd=cwd, session_id=sid, agent=agent)
-        info = await bridge.create_session(cwd=cwd, agent=agent)
+        info = await bridge.create_session(cwd=cwd, agent=agent, owner=caller.name)
         owners.claim(info.session_id, caller.name)
         owners.set_default(key, info.session_id)
         return info

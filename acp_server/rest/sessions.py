@@ -109,9 +109,10 @@ async def create_session(request: Request, *, bridge: Bridge, config: RestConfig
     def spawn() -> Awaitable[SessionInfo]:
         if body.sessionId is not None:
             return bridge.create_session(cwd=body.cwd, session_id=body.sessionId,
-                                         agent=body.agent, origin=origin)
+                                         agent=body.agent, origin=origin, owner=caller.name)
         if scope == "thread":
-            return bridge.create_session(cwd=body.cwd, agent=body.agent, origin=origin)
+            return bridge.create_session(cwd=body.cwd, agent=body.agent, origin=origin,
+                                         owner=caller.name)
         return own_default(bridge, caller, cwd=body.cwd, agent=body.agent)
 
     # A client that goes away gives its session slot back at once.
@@ -140,7 +141,8 @@ async def _restore(request: Request, restore: Callable[..., Awaitable[SessionInf
     check_restore(caller, session_id)
     body = await wire.read_json(request, wire.RestoreBody, limit=config.max_body_bytes)
     info = await until_disconnect(request, lambda: restore(
-        session_id, cwd=body.cwd, agent=body.agent))   # unknown to the agent: 404
+        session_id, cwd=body.cwd, agent=body.agent,
+        owner=caller.name))   # unknown to the agent: 404
     claim(caller, info)
     if not info.attached:
         caller.record("session.created", session_id, how=how, agent=body.agent)
@@ -151,8 +153,9 @@ async def branch_session(request: Request, *, bridge: Bridge, config: RestConfig
     wire.client_id(request)
     await wire.read_json(request, wire.EmptyBody, limit=config.max_body_bytes)
     session_id = request.path_params["session_id"]
-    info = await until_disconnect(request, lambda: bridge.branch_session(session_id))
     caller = caller_of(request.scope)
+    info = await until_disconnect(request, lambda: bridge.branch_session(
+        session_id, owner=caller.name))
     claim(caller, info)
     caller.record("session.created", info.session_id, how="branch", forked_from=session_id)
     return json_response(201, wire.SessionBranched(

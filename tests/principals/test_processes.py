@@ -15,6 +15,7 @@ import anyio
 import httpx
 import pytest
 
+from acp_server.rest.workspace import workspace_id
 from tests.harness import ServeProcess
 from tests.harness.process import ROOT
 from tests.lmsp import stores
@@ -178,3 +179,44 @@ async def test_tokens_are_never_logged_in_metrics_or_given_to_agents(tmp_path: P
         for value in (BOOT, token, secret, token[:-2] + "xx"):
             assert value not in text, (value, where)
     assert "ACP_SERVER_TOKEN" not in env_file.read_text()
+
+
+async def test_who_made_a_session_survives_a_kill_9(tmp_path: Path) -> None:
+    """The owner is journaled with the session: after a SIGKILL and a start on the same
+    state, the restored session is still its maker's (others get 404; admins see it
+    with its owner)."""
+    state = tmp_path / "state"
+    minted = {name: acp_server("token", "create", name, "--scope", "prompt", "--scope",
+                               "read", "--state-dir", str(state)) for name in ("alice", "bob")}
+    assert all(m.returncode == 0 for m in minted.values()), minted
+    alice, bob = (bearer(m.stdout.strip()) for m in minted.values())
+    admin = bearer(BOOT)
+    child = ServeProcess(tmp_path, "--token", BOOT).start()
+    try:
+        async with httpx.AsyncClient(base_url=child.base_url, timeout=10) as client:
+            made = await client.post("/session", json={"sessionScope": "thread"}, headers=alice)
+            assert made.status_code == 200, made.text
+            sid = made.json()["sessionId"]
+        child.kill()   # SIGKILL: the owner must come back from the journal alone
+        child.start()
+        async with httpx.AsyncClient(base_url=child.base_url, timeout=10) as client:
+            assert (await client.get(f"/session/{sid}/status", headers=alice)).status_code == 200
+            for path in (f"/session/{sid}/status", f"/session/{sid}/events"):
+                refused = await client.get(path, headers=bob)
+                assert refused.status_code == 404, (path, refused.text)
+                assert refused.json()["code"] == "session_not_found"
+            prompt = {"prompt": [{"type": "text", "text": "hello"}]}
+            assert (await client.post(f"/session/{sid}/prompt", json=prompt,
+                                      headers=bob)).status_code == 404
+            assert (await client.post(f"/session/{sid}/load", json={},
+                                      headers=bob)).status_code == 404
+            assert (await client.post(f"/session/{sid}/prompt", json=prompt,
+                                      headers=alice)).status_code == 202
+            sessions = f"/workspace/{workspace_id(str(tmp_path))}/sessions"
+            mine = (await client.get(sessions, headers=alice)).json()["sessions"]
+            assert [s["sessionId"] for s in mine] == [sid]
+            assert (await client.get(sessions, headers=bob)).json()["sessions"] == []
+            everyone = (await client.get(sessions, headers=admin)).json()["sessions"]
+            assert [(s["sessionId"], s["owner"]) for s in everyone] == [(sid, "alice")]
+    finally:
+        child.stop()

@@ -225,3 +225,14 @@ def test_session_owners_keep_the_first_claim_and_forget_closed_sessions_first() 
     for sid in ("x", "y", "z"):                          # all live: the oldest goes
         everything.claim(sid, "alice")
     assert (everything.owner("x"), len(everything)) == (None, 2)
+
+
+def test_session_owners_fall_back_to_the_owner_the_bridge_recorded() -> None:
+    from acp_server.principals.ownership import SessionOwners
+
+    recorded = {"restored": "alice"}
+    owners = SessionOwners(recorded=recorded.get)
+    assert owners.owner("restored") == "alice"          # journaled with the session
+    assert owners.claim("restored", "bob") == "alice"   # a claim never replaces it
+    assert owners.owner("unknown") is None
+    assert owners.claim("unknown", "bob") == "bob"
