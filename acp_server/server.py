@@ -128,7 +128,8 @@ async def open_server(settings: Settings, *, agent_factory: AgentFactory | None 
             busy_timeout_s=settings.store_busy_timeout_ms / 1000)
         journal: SessionJournal = MemoryJournal()
         if settings.session_journal == "store":
-            journal = StoreSessionJournal(store, ring_size=settings.options.event_ring_size)
+            journal = StoreSessionJournal(store, ring_size=settings.options.event_ring_size,
+                                          write_behind=settings.session_write_behind)
         async with store, \
                 (journal if isinstance(journal, StoreSessionJournal)
                  else contextlib.nullcontext(journal)), \

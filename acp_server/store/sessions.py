@@ -21,6 +21,10 @@ Contracts (besides ``bridge.journal``'s):
   a capped backoff. At most ``MAX_PENDING`` records wait: past it the oldest events are
   let through to readers without being journaled, and the next start gives that
   session a new epoch (``RestoredSession.gap``): never a silent gap.
+* ``write_behind`` > 0 (``--session-write-behind``): events may reach readers before
+  their commit, within that window, behind a per-session marker row
+  (``acp_server.store.write_behind``); a session restored with its marker set gets a
+  new epoch (``RestoredSession.gap``). 0: publish after commit.
 * Tables (schema migration 3): ``sessions`` (the record, ``closed_at``),
   ``session_prompts`` (each accepted prompt, its terminal once settled),
   ``session_events`` (each event's envelope by id). Per session at most
@@ -45,6 +49,7 @@ import msgspec
 
 from acp_server.store.errors import Backoff, StoreUnavailableError
 from acp_server.store.pg_engine import PostgresEngine
+from acp_server.store.write_behind import MARKER_ID, MARKER_TYPE, Marker, WriteBehind
 from acp_server.store.writer import Op
 from bridge.errors import JournalUnavailableError
 from bridge.journal import (
@@ -87,6 +92,7 @@ def _decode_accepted(blob: bytes) -> PromptAccepted:
 
 
 CRITICAL = (SessionOpened, PromptAccepted)
+_Record = JournalRecord | Marker   # what the journal commits
 ROWS_PER_STATEMENT = 500   # x 5 parameters: under SQLite's and PostgreSQL's limits
 EVENT_INSERT = ("INSERT INTO session_events(session_id, id, type, prompt_id, envelope) "
                 "VALUES {} ON CONFLICT DO NOTHING", 5)
@@ -103,16 +109,19 @@ class StoreSessionJournal:
 
     durable = True
 
-    def __init__(self, store: Any, *, ring_size: int = 8000) -> None:
+    def __init__(self, store: Any, *, ring_size: int = 8000, write_behind: int = 0) -> None:
+        """``write_behind``: the events per session readers may see before their
+        commit (``acp_server.store.write_behind``); 0 publishes after commit."""
         self.store = store
         self.ring_size = ring_size
+        self._write_behind = WriteBehind(write_behind) if write_behind > 0 else None
         self.postgres = isinstance(store, PostgresEngine)
         # A shared (PostgreSQL) store: this instance restores only the sessions it made.
         self.owner: str | None = store.instance if self.postgres else None
         self.commits = 0
         self._on_events: Callable[[Sequence[EventRecord]], None] = lambda records: None
-        self._pending: list[tuple[int, JournalRecord]] = []
-        self._batch: list[tuple[int, JournalRecord]] = []   # the commit in flight
+        self._pending: list[tuple[int, _Record]] = []
+        self._batch: list[tuple[int, _Record]] = []   # the commit in flight
         self._inflight: Op | None = None
         self._unsent: Op | None = None
         self._failing = False
@@ -161,6 +170,23 @@ class StoreSessionJournal:
     def append(self, record: JournalRecord) -> int:
         if self._closing:
             return 0
+        wb = self._write_behind
+        if wb is not None:
+            if isinstance(record, EventRecord):
+                marker = wb.before_event(record.session_id, record.event_id)
+                if marker is not None:
+                    self._push(marker)
+                seq = self._push(record)
+                if wb.early(record.session_id, record.event_id):
+                    self._on_events([record])   # readers see it now (the window)
+                return seq
+            if isinstance(record, (PromptAccepted, PromptSettled)):
+                wb.prompt(record.session_id, 1 if isinstance(record, PromptAccepted) else -1)
+            elif isinstance(record, SessionEnded):
+                wb.ended(record.session_id)
+        return self._push(record)
+
+    def _push(self, record: _Record) -> int:
         seq = self._next
         self._next += 1
         self._pending.append((seq, record))
@@ -220,10 +246,25 @@ class StoreSessionJournal:
             self._durable_through = batch[-1][0]
             self._on_events([r for _, r in batch if isinstance(r, EventRecord)])
             self._signal()
+            if self._write_behind is not None:
+                self._behind_landed(self._write_behind, batch)
         if self._closing and not self._pending:
             self._wake.set()   # the last commit landed: the flusher ends
         else:
             self._kick()
+
+    def _behind_landed(self, wb: WriteBehind, batch: list[tuple[int, _Record]]) -> None:
+        touched: set[str] = set()
+        for _, record in batch:
+            if isinstance(record, EventRecord):
+                wb.committed(record.session_id, record.event_id)
+            elif isinstance(record, Marker):
+                wb.marker_landed(record)
+            elif not isinstance(record, PromptSettled):
+                continue
+            touched.add(record.session_id)
+        for marker in wb.quiet(touched):
+            self._push(marker)
 
     async def _flusher(self) -> None:
         """What ``_kick``/``_landed`` cannot do without waiting: a full writer queue,
@@ -258,7 +299,7 @@ class StoreSessionJournal:
         self._flushed.set()
         self._flushed = anyio.Event()
 
-    def _failed_batch(self, batch: list[tuple[int, JournalRecord]], exc: Exception) -> None:
+    def _failed_batch(self, batch: list[tuple[int, _Record]], exc: Exception) -> None:
         reason = exc.reason if isinstance(exc, StoreUnavailableError) else str(exc)
         log.warning("session journal: a commit failed (%s); retrying", reason)
         keep = []
@@ -288,7 +329,7 @@ class StoreSessionJournal:
     def _sql(self, text: str) -> str:
         return text.replace("?", "%s") if self.postgres else text
 
-    def _apply(self, conn: Any, records: list[JournalRecord]) -> None:
+    def _apply(self, conn: Any, records: list[_Record]) -> None:
         """The records in order, in as few statements as it takes: each statement gives
         up the GIL and must win it back from a busy event loop (see ``store.writer``),
         so the events, accepted prompts and terminals between two session records
@@ -321,13 +362,21 @@ class StoreSessionJournal:
                                  _encode(record)))
             elif isinstance(record, PromptSettled):
                 settled.append(record)
+            elif isinstance(record, Marker):
+                flush()
+                if record.on:
+                    conn.execute(self._sql(EVENT_INSERT[0].format("(?,?,?,NULL,?)")),
+                                 (record.session_id, MARKER_ID, MARKER_TYPE, b""))
+                else:
+                    conn.execute(self._sql("DELETE FROM session_events WHERE session_id = ? "
+                                           "AND id = ?"), (record.session_id, MARKER_ID))
             else:
                 flush()
                 self._apply_one(conn, record)
         flush()
         for sid, through in trim.items():
-            conn.execute(self._sql("DELETE FROM session_events WHERE session_id = ? AND id <= ?"),
-                         (sid, through))
+            conn.execute(self._sql("DELETE FROM session_events WHERE session_id = ? AND id > ? "
+                                   "AND id <= ?"), (sid, MARKER_ID, through))
 
     def _insert_rows(self, conn: Any, head: tuple[str, int], rows: list[tuple[Any, ...]]
                      ) -> None:
@@ -411,11 +460,13 @@ class StoreSessionJournal:
                               "skipped", pid, sid, exc)
             terminals.sort(key=lambda t: t.at)
             rows = conn.execute(sql(
-                "SELECT id, envelope FROM session_events WHERE session_id = ? "
-                "ORDER BY id DESC LIMIT ?"), (sid, self.ring_size)).fetchall()
+                "SELECT id, envelope FROM session_events WHERE session_id = ? AND id > ? "
+                "ORDER BY id DESC LIMIT ?"), (sid, MARKER_ID, self.ring_size)).fetchall()
             rows.reverse()
             events = []
-            gap = False
+            # readers may have seen events ahead of the journal (write-behind): resync
+            gap = conn.execute(sql("SELECT 1 FROM session_events WHERE session_id = ? AND "
+                                   "id = ?"), (sid, MARKER_ID)).fetchone() is not None
             for event_id, envelope in rows:
                 try:
                     event = event_from_envelope(bytes(envelope))
