@@ -192,6 +192,8 @@ class StoreSessionJournal:
         self._pending.append((seq, record))
         if self._inflight is None:
             self._kick()
+        if self._failing and isinstance(record, CRITICAL):
+            self._wake.set()   # somebody waits for it: the backoff ends now
         if len(self._pending) > MAX_PENDING:
             self._shed()
         return seq
