@@ -58,6 +58,7 @@ from bridge.errors import (
     NotSupportedError,
     SessionIdNotHonoredError,
     SessionNotFoundError,
+    SessionNotRestorableError,
     WorkspaceMismatchError,
 )
 from bridge.history import session_history
@@ -198,11 +199,23 @@ class Bridge(Journaling, PromptsAPI):
     async def forward(self, session_id: str, method: str, params: Any) -> Any:
         """Send an ACP request the bridge has no rule for (``session/set_mode``, ...)
         to the session's agent, unchanged; its answer, unchanged."""
-        return await self.get_session(session_id).agent.request(method, params)
+        session = self.get_session(session_id)
+        return await (await self._agent_of(session)).request(method, params)
 
     async def forward_notification(self, session_id: str, method: str, params: Any) -> None:
         """The same for an ACP notification."""
-        await self.get_session(session_id).agent.notify(method, params)
+        session = self.get_session(session_id)
+        await (await self._agent_of(session)).notify(method, params)
+
+    async def _agent_of(self, session: Session) -> AgentConnection:
+        """The session's agent, its agent side restored first (a session restored from
+        the journal, ``bridge.restore``); ``SessionNotRestorableError`` when it cannot be."""
+        if session.agent_side is not None:
+            await session.agent_side()
+        if session.not_restorable is not None or session.agent is None:
+            raise SessionNotRestorableError(session.session_id,
+                                            session.not_restorable or "no agent")
+        return session.agent
 
     def agent_info(self, name: str | None = None) -> dict[str, Any]:
         """The ``initialize`` answer of agent ``name`` (default: the default agent);
@@ -340,8 +353,10 @@ class Bridge(Journaling, PromptsAPI):
         name = self.agents.resolve(agent)
         with_history = method == "session/load"
         if session_id in self._sessions:
-            return self._info(self._sessions[session_id], attached=True,
-                              with_history=with_history)
+            live = self._sessions[session_id]
+            if live.agent_side is not None:   # restored: the agent's answer is wanted
+                await live.agent_side()       # (not restorable: the history still is)
+            return self._info(live, attached=True, with_history=with_history)
         await self._ensure_agent(name)
         offered = self.agents.capability(name, *capability)
         if offered is None or offered is False:
@@ -529,6 +544,7 @@ class Bridge(Journaling, PromptsAPI):
             raise NotSupportedError("The agent does not support session/fork")
 
         async def fork() -> Session:
+            await self._agent_of(session)   # a restored session: the agent knows it first
             return await self._spawn("session/fork", session.agent_name, fork_of=session_id,
                                      owner=owner)
 

@@ -1,30 +1,39 @@
 """Sessions back from the journal at start-up (``Bridge.__aenter__``).
 
-    restored = await restore_sessions(bridge, await journal.restore())
+    restored = await restore_sessions(bridge, await bridge.journal.restore())
+    session = await restore_session(bridge, found)   # one RestoredSession (issue #24 adopts)
 
 For each journaled session that was not closed, in creation order:
 
 * the bridge side comes back at once: its record (id, agent, cwd, creation time,
   ``forked_from``), its event ring, last event id and epoch (a new epoch when the
   journal lost events: readers get ``state_resync_required``, never a silent gap),
-  its prompt terminals;
-* the agent side is restored: ``session/load`` when the agent offers it (its replay
-  is not published again: the journal has the events), else, or when the agent does
-  not know the session, a fresh ``session/new`` under the same id
-  (``acp-server/requestedSessionId``: the reference agent honours it). When neither
-  works the session keeps its readable history and refuses new prompts with
-  ``SessionNotRestorableError`` (``session_not_restorable``);
+  its prompt terminals. List, history, events and status need nothing more;
+* the agent side is restored on first use (``Session.agent_side``), never at start:
+  the first prompt (before its acknowledgement, or before it runs when it was queued
+  at the stop), a load or resume, a fork, a forwarded request. Concurrent first users
+  share one restore, owned by the bridge's task group (a caller that gives up does
+  not abort it). It is ``session/load`` when the agent offers it (its replay is not
+  published again: the journal has the events), else, or when the agent does not
+  know the session, a fresh ``session/new`` under the same id
+  (``acp-server/requestedSessionId``) seeded with the journal's transcript
+  (``bridge.transcript``, ``acp-server/transcript``: the reference and model agents
+  take it, so the next turn has the conversation). When neither works the session
+  keeps its readable history and refuses prompts with ``SessionNotRestorableError``
+  (``session_not_restorable``, a 409: the one that found out, and every later one);
 * a permission request or elicitation still open is resolved as cancelled (reason
-  ``server_restarted``): the turn that asked is gone;
+  ``server_restarted``), at once: the turn that asked is gone;
 * its prompts: the one that was running when the server stopped follows
   ``BridgeOptions.session_on_restart``: ``fail`` gives it its terminal with
-  ``ServerRestartedError`` (``server_restarted``); ``continue`` runs it again, first,
-  under its prompt id, marked ``_meta["acp-server/continued"] = {"reason":
+  ``ServerRestartedError`` (``server_restarted``) at once; ``continue`` runs it again,
+  first, under its prompt id, marked ``_meta["acp-server/continued"] = {"reason":
   "server_restarted"}`` on its echo and on its ``session/prompt``. An agent that
   restored its session by ``session/load`` (it has the turn so far) is asked to
-  continue it (``CONTINUE_TEXT``); one that came back empty (``session/new``) gets the
-  prompt again. The queued ones take their slots back and run in their order (or
-  all fail with ``session_not_restorable``).
+  continue it (``CONTINUE_TEXT``); one that came back through ``session/new`` gets
+  the prompt again (and a transcript without that turn); one that could not be
+  restored fails it with ``server_restarted``. The queued ones take their slots back
+  and run in their order (their first one restores the agent side), or fail with
+  ``session_not_restorable``.
 
 A closed session's prompt terminals are kept for a later cold load. A failure to
 restore one session is logged and never stops the start.
@@ -36,16 +45,18 @@ import logging
 import uuid
 from typing import TYPE_CHECKING, Any
 
+import anyio
+
 from bridge import events as ev
 from bridge.errors import (
     AgentError,
     BridgeError,
     ServerRestartedError,
     SessionLimitExceededError,
-    SessionNotRestorableError,
 )
 from bridge.journal import RestoredSession
-from bridge.session import Session
+from bridge.session import QUEUED, Session
+from bridge.transcript import TRANSCRIPT_META, transcript
 
 if TYPE_CHECKING:
     from bridge.bridge import Bridge
@@ -71,7 +82,7 @@ async def restore_sessions(bridge: Bridge, journaled: list[RestoredSession]) -> 
         if sid in bridge._sessions:
             continue
         try:
-            await _restore_one(bridge, found)
+            await restore_session(bridge, found)
         except Exception:   # noqa: BLE001 - one bad session never stops the start
             log.exception("session %s: could not be restored", sid)
             continue
@@ -81,18 +92,15 @@ async def restore_sessions(bridge: Bridge, journaled: list[RestoredSession]) -> 
     return restored
 
 
-async def _restore_one(bridge: Bridge, found: RestoredSession) -> None:
+async def restore_session(bridge: Bridge, found: RestoredSession) -> Session:
+    """One journaled session live again on ``bridge``: its bridge side now, its agent
+    side on first use (the module docstring). ``found.record.session_id`` must not be
+    live on ``bridge``. It is journaled from now on (its record is already in the
+    journal). Raises only on a bug: the caller logs it."""
     record = found.record
     sid = record.session_id
     name = record.agent if record.agent in bridge.agents.names else bridge.agents.default
-    agent = None
-    reason: str | None = None
-    loaded = False   # the agent restored its own session (session/load)
-    try:
-        agent = await bridge._ensure_agent(name)
-    except BridgeError as exc:
-        reason = f"agent {name!r} did not start: {exc}"
-    session = Session(sid, bridge.workspace_cwd, agent, bridge.options,  # type: ignore[arg-type]
+    session = Session(sid, bridge.workspace_cwd, None, bridge.options,  # type: ignore[arg-type]
                       bridge.queue_wait, observer=bridge.observer)
     session.agent_name = name
     session.on_cancel = bridge._cancel_questions
@@ -104,6 +112,8 @@ async def _restore_one(bridge: Bridge, found: RestoredSession) -> None:
     session.bus.epoch = str(uuid.uuid4()) if found.gap else record.epoch
     session.bus.restore(found.events, found.last_event_id)
     session.prompt_terminals.extend(found.terminals)
+    side = AgentSideRestore(bridge, session)
+    session.agent_side = side.ensure
     await bridge._tasks().start(session.run)
     bridge._sessions[sid] = session
     try:
@@ -115,26 +125,72 @@ async def _restore_one(bridge: Bridge, found: RestoredSession) -> None:
         bridge._default_session_ids.setdefault(name, sid)
     bridge._journal_session(session)
     cancel_open_questions(session)
-    if agent is not None:
-        try:
-            session.agent_result, loaded = await _restore_at_agent(bridge, session)
-        except Exception as exc:   # noqa: BLE001 - the history stays readable
-            reason = str(exc) or type(exc).__name__
-    if reason is not None:
-        log.warning("session %s: the agent side could not be restored: %s", sid, reason)
-        session.not_restorable = reason
     for accepted in found.unsettled:
         pending = session.readmit(accepted)
-        if accepted.prompt_id in found.started:
-            if reason is None and bridge.options.session_on_restart == "continue":
-                pending.continued = {"reason": RESTARTED}
-                if loaded:
+        if accepted.prompt_id not in found.started:
+            continue
+        if bridge.options.session_on_restart == "continue":
+            pending.continued = {"reason": RESTARTED}
+            side.rerun.add(accepted.prompt_id)
+        else:
+            session.fail_restored(pending, ServerRestartedError(accepted.prompt_id))
+    return session
+
+
+_restore_one = restore_session   # the name it had
+
+
+class AgentSideRestore:
+    """A restored session's agent side, restored once on first use (``ensure``)."""
+
+    def __init__(self, bridge: Bridge, session: Session) -> None:
+        self.bridge = bridge
+        self.session = session
+        self.rerun: set[str] = set()   # interrupted turns that run again (policy continue)
+        self._started = False
+        self._finished = anyio.Event()
+
+    async def ensure(self) -> None:
+        """Return once the agent side is restored or found not restorable
+        (``session.not_restorable``)."""
+        if not self._started:
+            self._started = True
+            self.bridge._tasks().start_soon(self._restore)
+        await self._finished.wait()
+
+    async def _restore(self) -> None:
+        bridge, session = self.bridge, self.session
+        sid, name = session.session_id, session.agent_name
+        reason: str | None = None
+        loaded = False   # the agent restored its own session (session/load)
+        try:
+            try:
+                session.agent = await bridge._ensure_agent(name)
+            except BridgeError as exc:
+                reason = f"agent {name!r} did not start: {exc}"
+            else:
+                try:
+                    session.agent_result, loaded = await _restore_at_agent(
+                        bridge, session, self.rerun)
+                except Exception as exc:   # noqa: BLE001 - the history stays readable
+                    reason = str(exc) or type(exc).__name__
+            if reason is not None:
+                log.warning("session %s: the agent side could not be restored: %s", sid,
+                            reason)
+                session.not_restorable = reason
+            elif session.closing:   # closed meanwhile: the agent learns of it too
+                await bridge._close_at_agent(session, False)
+            for pending in list(session.pending.values()):
+                if pending.continued is None or pending.state != QUEUED:
+                    continue
+                if reason is not None:
+                    session.fail_restored(pending, ServerRestartedError(pending.prompt_id))
+                elif loaded:
                     pending.prompt = [{"type": "text", "text": CONTINUE_TEXT}]
                     pending.text = CONTINUE_TEXT
-            else:
-                session.fail_restored(pending, ServerRestartedError(accepted.prompt_id))
-        elif reason is not None:
-            session.fail_restored(pending, SessionNotRestorableError(sid, reason))
+        finally:
+            session.agent_side = None
+            self._finished.set()
 
 
 def cancel_open_questions(session: Session) -> None:
@@ -158,9 +214,11 @@ def cancel_open_questions(session: Session) -> None:
                 request_id=request_id, session_id=sid, action="cancel", reason=RESTARTED))
 
 
-async def _restore_at_agent(bridge: Bridge, session: Session) -> tuple[dict[str, Any], bool]:
-    """``session/load``, else a fresh ``session/new`` under the same id: (the agent's
-    answer, whether it was a load)."""
+async def _restore_at_agent(bridge: Bridge, session: Session, rerun: set[str]
+                            ) -> tuple[dict[str, Any], bool]:
+    """``session/load``, else a fresh ``session/new`` under the same id seeded with the
+    transcript (without the turns in ``rerun``): (the agent's answer, whether it was a
+    load)."""
     sid = session.session_id
     params: dict[str, Any] = {"cwd": bridge.workspace_cwd, "mcpServers": []}
     if bridge.agents.capability(session.agent_name, "loadSession"):
@@ -173,8 +231,9 @@ async def _restore_at_agent(bridge: Bridge, session: Session) -> tuple[dict[str,
             log.debug("session %s: session/load refused (%s); a new agent session", sid, exc)
         finally:
             session.replaying = False
+    said = transcript(session.bus.ring_events(), skip=rerun)
     result = await bridge._agent_request(session.agent, "session/new", {
-        **params, "_meta": {REQUESTED_SESSION_ID_META: sid}})
+        **params, "_meta": {REQUESTED_SESSION_ID_META: sid, TRANSCRIPT_META: said}})
     got = result.get("sessionId") if isinstance(result, dict) else None
     if not isinstance(got, str) or got.lower() != sid.lower():
         raise RuntimeError("the agent can neither load the session nor make a new one "

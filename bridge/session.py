@@ -199,6 +199,10 @@ class Session:
         self.not_restorable: str | None = None
         self.replaying = False   # the agent's session/load replay: not published again
         self.restored = False    # brought back from the journal at start
+        # Restored from the journal, its agent side not yet (bridge.restore): awaited
+        # before the agent is first used (a prompt's acknowledgement and its turn, a
+        # load, a fork, a forwarded request); ``None`` once done, or never needed.
+        self.agent_side: Callable[[], Awaitable[None]] | None = None
 
     def journal_to(self, journal: SessionJournal) -> None:
         """Journal this session from now on: its events are held on the bus until
@@ -324,7 +328,8 @@ class Session:
                 session_id=self.session_id, prompt_id=prompt_id, prompt=prompt,
                 queued_at_ms=pending.queued_at_ms, seq=time.time_ns(),
                 deadline_ms=deadline_ms, was_queued=was_queued))
-            ticket._commit = lambda: self._committed(pending)
+        if pending.commit_seq or self.agent_side is not None:
+            ticket._commit = lambda: self._admitted(pending)
         if was_queued:
             self.bus.publish(ev.PENDING_PROMPT_ADDED, ev.PendingPromptAdded(
                 session_id=self.session_id, prompt_id=prompt_id, text=pending.text,
@@ -337,11 +342,19 @@ class Session:
         self.observer.prompt_admitted()
         return ticket
 
-    async def _committed(self, pending: PendingPrompt) -> None:
-        """Wait for the prompt's PromptAccepted; a failed commit settles it (once)."""
+    async def _admitted(self, pending: PendingPrompt) -> None:
+        """Wait for the prompt's PromptAccepted, then for the session's agent side (a
+        restored session's first use). A failed commit (``JournalUnavailableError``) or
+        an agent side that cannot be restored (``SessionNotRestorableError``) settles
+        the prompt (once) and raises."""
         try:
-            await self.journal.wait(pending.commit_seq)
-        except JournalUnavailableError as exc:
+            if pending.commit_seq:
+                await self.journal.wait(pending.commit_seq)
+            if self.agent_side is not None:
+                await self.agent_side()
+            if self.not_restorable is not None:
+                raise SessionNotRestorableError(self.session_id, self.not_restorable)
+        except (JournalUnavailableError, SessionNotRestorableError) as exc:
             if pending.state == QUEUED:
                 self._drop_queued(pending)
             self._settle(pending, exc)
@@ -401,10 +414,11 @@ class Session:
             item.done.set()
 
     async def _run_prompt(self, pending: PendingPrompt) -> None:
-        if pending.commit_seq:   # never run what was not committed
-            try:
-                await self._committed(pending)
-            except JournalUnavailableError:
+        if pending.commit_seq or self.agent_side is not None \
+                or self.not_restorable is not None:
+            try:   # never run what was not committed, nor on an agent side not restored
+                await self._admitted(pending)
+            except (JournalUnavailableError, SessionNotRestorableError):
                 return
             if pending.state != QUEUED:
                 return
@@ -540,6 +554,8 @@ class Session:
         self._running().start_soon(self._notify_cancel)
 
     async def _notify_cancel(self) -> None:
+        if self.agent is None:   # a restored session whose agent side never came back
+            return
         try:
             await self.agent.notify("session/cancel", {"sessionId": self.session_id})
         except Exception as exc:  # the agent may already be gone

@@ -32,6 +32,8 @@ Contracts:
 * ``flush_through(event_id)`` returns once the reader has written every frame of the
   bus events up to ``event_id`` (at once without a reader, at most after
   ``FLUSH_TIMEOUT_S``): ``session/load`` answers only after its history is written.
+  Without a session reader on Streamable HTTP it moves the history to the connection
+  stream instead (``take_now``), ahead of the answer.
 * ``close()`` is synchronous and idempotent: this connection's running requests
   (``in_flight``) are cancelled, so a spawn in flight gives its session slot back; its
   queued and running prompts are cancelled (which cancels their permission requests),
@@ -252,6 +254,17 @@ class SessionChannel:
                 self._taking_id = max(self._taking_id, event.id)
                 if not self._taking:
                     self._taken_id = max(self._taken_id, event.id)
+
+    def take_now(self) -> list[Frame]:
+        """Every frame ready right now (the rest of the event being taken, then what
+        the subscription holds, translated), taken by a reader elsewhere: they count
+        as written (``session/load`` on a connection stream, ``dispatch``)."""
+        self.drain_now()
+        frames = list(self._taking)
+        self._taking.clear()
+        self._taken_id = self.written_id = max(self._taken_id, self._taking_id)
+        self._written.set()
+        return frames
 
     def _subscription_ended(self, subscription: Subscription) -> None:
         """The subscription ended by itself: evicted (resubscribe from what was

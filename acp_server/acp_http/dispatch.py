@@ -77,6 +77,7 @@ from bridge.errors import (
     JournalUnavailableError,
     PermissionNotFoundError,
     SessionNotFoundError,
+    SessionNotRestorableError,
 )
 from bridge.jsonrpc import (
     INVALID_REQUEST,
@@ -276,6 +277,14 @@ async def _session_load(conn: AcpConnection, rpc_id: RpcId, params: dict[str, An
     channel = conn.channel(sid)
     channel.subscribe(last_event_id=0)
     history = info.history
+    if not conn.websocket and not channel.reader_attached:
+        # Streamable HTTP with no session stream open: a client that opens it once a
+        # message names the session (the ACP Python SDK) would never see the history
+        # there. It goes on the connection stream, ahead of the answer; what follows
+        # goes on the session stream (the channel counts the history as delivered).
+        for frame in channel.take_now():
+            conn.push(frame.payload)
+        return result
     await channel.flush_through(info.last_event_id if history is None
                                 else history.last_event_id)
     return result
@@ -327,7 +336,7 @@ async def _session_prompt(conn: AcpConnection, rpc_id: RpcId, params: dict[str, 
         channel.track_prompt(ticket, rpc_id, detached=prompt_id is not None)
     try:   # a durable journal: committed before it counts as acknowledged
         await ticket.committed()
-    except JournalUnavailableError:   # settled, slot released: answered here instead
+    except (JournalUnavailableError, SessionNotRestorableError):   # settled: answered here
         channel.prompts.pop(ticket.prompt_id, None)
         channel.detached.discard(ticket.prompt_id)
         raise

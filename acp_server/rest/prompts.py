@@ -32,7 +32,12 @@ from acp_server.rest.config import RestConfig
 from acp_server.rest.errors import error_response, json_response
 from acp_server.rest.owners import owned
 from bridge import Bridge
-from bridge.errors import BridgeError, JournalUnavailableError, PromptQueueFullError
+from bridge.errors import (
+    BridgeError,
+    JournalUnavailableError,
+    PromptQueueFullError,
+    SessionNotRestorableError,
+)
 
 
 async def send_prompt(request: Request, *, bridge: Bridge, config: RestConfig) -> Response:
@@ -119,8 +124,8 @@ async def send_prompt_fast(scope: Any, body: bytes, send: Any, *, bridge: Bridge
     else:
         try:
             await ticket.committed()
-        except JournalUnavailableError as exc:   # settled, slot released: 503
-            response = error_response(exc)
+        except (JournalUnavailableError, SessionNotRestorableError) as exc:   # settled:
+            response = error_response(exc)                                    # 503 / 409
         else:
             caller.prompt_accepted(session_id, ticket.prompt_id, parsed.prompt, "rest")
             response = json_response(202, wire.PromptAccepted(

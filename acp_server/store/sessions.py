@@ -31,6 +31,11 @@ Contracts (besides ``bridge.journal``'s):
   ``ring_size`` events are kept (older ones are deleted as newer ones commit: a reader
   behind them gets ``ring_evicted``, as from the in-memory ring) and the newest
   ``MAX_PROMPT_TERMINALS`` settled prompts.
+* Bounded in bytes too: once a session has had a quarter of ``max_session_bytes``
+  of envelopes journaled since its last byte trim, its oldest events are deleted until
+  the rest take at most ``max_session_bytes`` (never its newest event: the event ids
+  go on from it). So a session's events take at most 1.25 × ``max_session_bytes``
+  plus one batch.
 * ``restore`` logs and skips a row it cannot decode. On a PostgreSQL store shared by
   several instances each restores only the sessions it made (``owner``: the store's
   stable instance id); moving sessions between instances is issue #24's.
@@ -69,6 +74,7 @@ log = logging.getLogger("acp_server.store.sessions")
 
 MAX_PENDING = 200_000
 COMPACT_EVERY = 256   # events per session between two trims of its oldest events
+MAX_SESSION_BYTES = 64 * 1024 * 1024   # event envelopes kept per session (see trim_bytes)
 _OPENED = msgspec.msgpack.Decoder(SessionOpened)
 _ACCEPTED = msgspec.msgpack.Decoder(PromptAccepted)
 _SETTLED = msgspec.msgpack.Decoder(PromptSettled)
@@ -109,11 +115,14 @@ class StoreSessionJournal:
 
     durable = True
 
-    def __init__(self, store: Any, *, ring_size: int = 8000, write_behind: int = 0) -> None:
+    def __init__(self, store: Any, *, ring_size: int = 8000,
+                 max_session_bytes: int = MAX_SESSION_BYTES, write_behind: int = 0) -> None:
         """``write_behind``: the events per session readers may see before their
         commit (``acp_server.store.write_behind``); 0 publishes after commit."""
         self.store = store
         self.ring_size = ring_size
+        self.max_session_bytes = max_session_bytes
+        self._unsized: dict[str, int] = {}   # envelope bytes per session since its trim
         self._write_behind = WriteBehind(write_behind) if write_behind > 0 else None
         self.postgres = isinstance(store, PostgresEngine)
         # A shared (PostgreSQL) store: this instance restores only the sessions it made.
@@ -341,6 +350,7 @@ class StoreSessionJournal:
         accepted: list[tuple[str, str, int, bytes]] = []
         settled: list[PromptSettled] = []
         trim: dict[str, int] = {}
+        heavy: set[str] = set()
 
         def flush() -> None:
             if events:
@@ -359,6 +369,8 @@ class StoreSessionJournal:
                                record.prompt_id, record.envelope))
                 if record.event_id % COMPACT_EVERY == 0 and record.event_id > self.ring_size:
                     trim[record.session_id] = record.event_id - self.ring_size
+                if self._count_bytes(record):
+                    heavy.add(record.session_id)
             elif isinstance(record, PromptAccepted):
                 accepted.append((record.session_id, record.prompt_id, record.seq,
                                  _encode(record)))
@@ -379,6 +391,33 @@ class StoreSessionJournal:
         for sid, through in trim.items():
             conn.execute(self._sql("DELETE FROM session_events WHERE session_id = ? AND id > ? "
                                    "AND id <= ?"), (sid, MARKER_ID, through))
+        for sid in heavy:
+            self._trim_bytes(conn, sid)
+
+    def _count_bytes(self, record: EventRecord) -> bool:
+        """Count an event's envelope; ``True`` when its session is due a byte trim."""
+        sid = record.session_id
+        total = self._unsized.get(sid, 0) + len(record.envelope)
+        if total >= self.max_session_bytes // 4:
+            self._unsized.pop(sid, None)
+            return True
+        self._unsized[sid] = total
+        return False
+
+    def _trim_bytes(self, conn: Any, sid: str) -> None:
+        """Delete the session's oldest events until the rest take at most
+        ``max_session_bytes`` (its newest event always stays)."""
+        sizes = conn.execute(self._sql(
+            "SELECT id, LENGTH(envelope) FROM session_events WHERE session_id = ? AND id > ? "
+            "ORDER BY id DESC"), (sid, MARKER_ID)).fetchall()
+        total = 0
+        for n, (event_id, size) in enumerate(sizes):
+            total += int(size)
+            if total > self.max_session_bytes and n > 0:
+                conn.execute(self._sql(
+                    "DELETE FROM session_events WHERE session_id = ? AND id > ? AND id <= ?"),
+                    (sid, MARKER_ID, event_id))
+                return
 
     def _insert_rows(self, conn: Any, head: tuple[str, int], rows: list[tuple[Any, ...]]
                      ) -> None:
@@ -418,6 +457,7 @@ class StoreSessionJournal:
                 (record.session_id, record.created_at, _encode(record),
                  self.owner))
         elif isinstance(record, SessionEnded):
+            self._unsized.pop(record.session_id, None)
             if record.deleted:
                 for table, column in (("session_events", "session_id"),
                                       ("session_prompts", "session_id"), ("sessions", "id")):

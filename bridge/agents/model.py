@@ -8,7 +8,9 @@ OpenAI-compatible model server (Ollama, llama.cpp server, vLLM, LM Studio).
 Contracts:
 
 * Each session keeps its conversation (user and assistant turns, bounded to
-  ``max_history_messages``) and sends it whole with every prompt.
+  ``max_history_messages``) and sends it whole with every prompt. A ``session/new``
+  with ``_meta["acp-server/transcript"]`` (``bridge.transcript``: a session the server
+  restores from its journal) starts with that conversation.
 * Streamed ``delta.content`` becomes ``agent_message_chunk`` updates in order.
   ``finish_reason`` maps ``stop``/``tool_calls`` → ``end_turn``, ``length`` →
   ``max_tokens``, ``content_filter`` → ``refusal``. Usage (``stream_options.include_usage``)
@@ -32,6 +34,7 @@ from httpx_sse import aconnect_sse
 
 from bridge.agents.base import AgentClient
 from bridge.errors import AgentDiedError, AgentError
+from bridge.transcript import seeded
 
 REQUESTED_SESSION_ID_META = "acp-server/requestedSessionId"
 FINISH_TO_STOP = {"stop": "end_turn", "tool_calls": "end_turn", "function_call": "end_turn",
@@ -140,7 +143,10 @@ class ModelConnection:
         if method == "session/new":
             meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
             session_id = meta.get(REQUESTED_SESSION_ID_META) or str(uuid.uuid4())
-            self._sessions[session_id] = _ModelSession(session_id, str(params.get("cwd", "")))
+            history = [{"role": "user" if role == "user" else "assistant", "content": text}
+                       for role, text in seeded(meta)][-self._factory.max_history_messages:]
+            self._sessions[session_id] = _ModelSession(session_id, str(params.get("cwd", "")),
+                                                       history)
             return {"sessionId": session_id}
         if method == "session/fork":
             source = self._session(params)

@@ -55,7 +55,9 @@ echo) are joined with ``"\\n"``. Each finished turn stores (user text, reply) in
 session history that ``session/load`` replays as ``user_message_chunk`` /
 ``agent_message_chunk`` updates. History is bounded (256 sessions, LRU; 1000
 messages each). ``session/new`` honours ``_meta["acp-server/requestedSessionId"]``
-(an existing session under that id is replaced). The in-process factory keeps one
+(an existing session under that id is replaced) and starts the session's history with
+``_meta["acp-server/transcript"]`` (``bridge.transcript``: how the server restores a
+journaled session on an agent that forgot it). The in-process factory keeps one
 store for all its connections, like an agent that persists sessions on disk.
 """
 

@@ -26,6 +26,7 @@ import anyio
 
 from bridge.agents.base import RequestError
 from bridge.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND, RESOURCE_NOT_FOUND
+from bridge.transcript import seeded
 
 __all__ = [
     "AgentPeer",
@@ -277,7 +278,7 @@ class ReferenceAgent:
         meta = params.get("_meta")
         requested = meta.get(REQUESTED_SESSION_ID_META) if isinstance(meta, dict) else None
         session_id = requested if isinstance(requested, str) and requested else str(uuid.uuid4())
-        self._store.create(session_id, cwd)
+        self._store.create(session_id, cwd, seeded(meta))   # a restored session's transcript
         return {"sessionId": session_id}
 
     async def _load(self, params: dict[str, Any]) -> dict[str, Any]:

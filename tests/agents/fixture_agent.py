@@ -15,6 +15,9 @@ Behaviour (newline-delimited JSON-RPC 2.0 on stdin/stdout):
   a ``collide <sid>`` prompt, the next answer is ``{"sessionId": "<sid>"}``.
 * ``session/load``, ``session/resume``: ``{}``. ``session/close``: ``{}``, after
   ``--slow-close-ms`` milliseconds.
+* ``session/fork`` (offered with ``--fork hang|answer``): creates the file
+  ``fork-asked`` in the request's ``cwd``, then ``hang`` never answers; ``answer``
+  answers ``{"sessionId": "<name>-fork-<n>"}`` and then creates ``fork-answered``.
 * ``session/prompt``, by the text of its first text block:
   ``hold`` answers ``cancelled`` at ``session/cancel`` (and only then);
   ``inject <sid>`` sends a ``session/update`` naming session ``<sid>``
@@ -81,6 +84,8 @@ class Agent:
 
     def on_initialize(self, rpc_id: Any, params: dict[str, Any]) -> None:
         session_caps: dict[str, Any] = {} if self.args.no_close else {"close": {}}
+        if self.args.fork:
+            session_caps["fork"] = {}
         send({"id": rpc_id, "result": {"protocolVersion": 1, "agentCapabilities": {
             "loadSession": True, "sessionCapabilities": session_caps},
             "agentInfo": {"name": self.args.name, "version": "1"}}})
@@ -97,6 +102,13 @@ class Agent:
         send({"id": rpc_id, "result": {}})
 
     on_session_resume = on_session_load
+
+    def on_session_fork(self, rpc_id: Any, params: dict[str, Any]) -> None:
+        folder = str(params.get("cwd") or ".")
+        open(os.path.join(folder, "fork-asked"), "w").close()
+        if self.args.fork == "answer":
+            send({"id": rpc_id, "result": {"sessionId": f"{self.args.name}-fork-{next(self.ids)}"}})
+            open(os.path.join(folder, "fork-answered"), "w").close()
 
     def on_session_close(self, rpc_id: Any, params: dict[str, Any]) -> None:
         delay = self.args.slow_close_ms / 1000
@@ -171,6 +183,7 @@ def main() -> None:
     parser.add_argument("--answer-twice", action="store_true")
     parser.add_argument("--slow-close-ms", type=int, default=0)
     parser.add_argument("--no-close", action="store_true")
+    parser.add_argument("--fork", choices=("hang", "answer"))
     Agent(parser.parse_args()).run()
 
 

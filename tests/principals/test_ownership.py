@@ -244,7 +244,7 @@ async def test_lmsp_tasks_and_responses_are_their_makers(tmp_path: Path) -> None
             [r.text for r in refused]
         assert (await c.get("/lmsp/v1/tasks", headers=bob)).json()["data"] == []
         assert (await c.get(f"/lmsp/v1/tasks/{tid}", headers=alice)).json()["status"] in (
-            "queued", "loading", "in_progress")   # bob's cancel did nothing
+            "queued", "loading", "running", "in_progress")   # bob's cancel did nothing
         listed = (await c.get("/lmsp/v1/tasks", headers=ops)).json()["data"]
         assert tid in [t["id"] for t in listed]
         cancelled = await c.post(f"/lmsp/v1/tasks/{tid}/cancel", headers=ops)   # an admin may

@@ -11,6 +11,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 
@@ -117,12 +118,13 @@ async def test_an_undecodable_record_is_skipped(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.parametrize("transport", ["http", "websocket"])
 async def test_an_acp_sdk_client_loads_the_history_after_kill_9(tmp_path: Path,
-                                                                store_name: str) -> None:
+                                                                store_name: str,
+                                                                transport: str) -> None:
     """The ACP Python SDK makes the session over Streamable HTTP and, after the kill,
-    ``session/load``s it over WebSocket and gets the whole history. (Its Streamable
-    HTTP transport gets no ``session/load`` replay on a fresh connection, with or
-    without a restart: a separate matter.)"""
+    ``session/load``s it on a fresh connection (Streamable HTTP or WebSocket) and gets
+    the whole history before its answer, then prompts on."""
     acp = pytest.importorskip("acp")
     from acp import PROTOCOL_VERSION, Client, connect_to_agent, text_block
     from acp.http import create_http_stream
@@ -152,26 +154,29 @@ async def test_an_acp_sdk_client_loads_the_history_after_kill_9(tmp_path: Path,
                 assert result.stop_reason == "end_turn"
         child.kill()   # the connection dies with the process
         child.start()
-        if True:   # over WebSocket (see the note in the docstring of this test)
+        async with httpx.AsyncClient(timeout=httpx.Timeout(None)) as http:
             second = Recording()
-            conn = connect_to_agent(second, await create_websocket_stream(
-                child.base_url.replace("http://", "ws://") + "/acp"))
+            stream = (create_http_stream(f"{child.base_url}/acp", client=http)
+                      if transport == "http" else await create_websocket_stream(
+                          child.base_url.replace("http://", "ws://") + "/acp"))
+            conn = connect_to_agent(second, stream)
             await conn.initialize(protocol_version=PROTOCOL_VERSION,
                                   client_capabilities=ClientCapabilities())
             await conn.load_session(session_id=session.session_id, cwd=str(tmp_path),
                                     mcp_servers=[])
-            joined = [(kind, text) for kind, text in second.said]
-            users = [text for kind, text in joined if kind == "UserMessageChunk"]
-            agent = "".join(text for kind, text in joined if kind == "AgentMessageChunk")
+            users = [text for kind, text in second.said if kind == "UserMessageChunk"]
+            agent = "".join(text for kind, text in second.said if kind == "AgentMessageChunk")
             assert users == ["one", "two"]
             assert agent == "Echo: oneEcho: two"
-            result = await conn.prompt(session_id=session.session_id,
-                                       prompt=[text_block("three")])
+            with anyio.fail_after(20):
+                result = await conn.prompt(session_id=session.session_id,
+                                           prompt=[text_block("three")])
             assert result.stop_reason == "end_turn"
+            later = "".join(text for kind, text in second.said if kind == "AgentMessageChunk")
+            assert later == "Echo: oneEcho: twoEcho: three"   # the history once, then the turn
             await conn.close()
     finally:
         child.stop()
-
 
 
 class _Forgetful(ReferenceAgentFactory):

@@ -1,0 +1,77 @@
+"""Our own agents restore from the journal (issue #23): after a ``kill -9`` of a real
+``acp-server serve`` the reference agent and the model agent come back empty (they keep
+their sessions in memory), so the server makes a fresh ``session/new`` under the same id
+seeded with the journal's transcript (``_meta["acp-server/transcript"]``). The next turn
+has the conversation: the model agent's next request to the (fake, OpenAI-compatible)
+model carries the earlier messages; the reference agent's ``/history`` lists them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import httpx
+import pytest
+
+from tests.bridge.fake_model_server import FakeModelState, build_fake_model_app
+from tests.harness import ServeProcess, serving
+from tests.store.test_session_restart import _flags, _is, _prompt, read_events
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"   # the client side and the fake model; the server is its own process
+
+
+async def _turn(client: httpx.AsyncClient, sid: str, text: str) -> str:
+    """Run one prompt to its end; the agent's reply text."""
+    accepted = await client.post(f"/session/{sid}/prompt", json=_prompt(text))
+    assert accepted.status_code == 202, accepted.text
+    pid = accepted.json()["promptId"]
+    seen = await read_events(client, sid, lambda e: e.get("promptId") == pid and e["type"] in (
+        "turn_complete", "turn_error"), last_event_id=accepted.json()["lastEventId"])
+    assert seen[-1]["type"] == "turn_complete", seen[-1]
+    return "".join(e["data"]["update"]["content"]["text"] for e in seen
+                   if e["type"] == "session_update" and e.get("promptId") == pid
+                   and e["data"]["update"]["sessionUpdate"] == "agent_message_chunk")
+
+
+async def test_our_agents_restore_the_conversation_across_kill_9(tmp_path: Path,
+                                                                   store_name: str) -> None:
+    model = FakeModelState()
+    async with serving(build_fake_model_app(model)) as model_url:
+        child = ServeProcess(tmp_path, *_flags(tmp_path, store_name),
+                             "--model-server", model_url + "/v1")
+        try:   # started off the event loop: the server asks the fake model for its models
+            await anyio.to_thread.run_sync(child.start)
+            async with httpx.AsyncClient(base_url=child.base_url, timeout=20) as client:
+                ref = (await client.post("/session", json={"sessionScope": "thread"})
+                       ).json()["sessionId"]
+                llm = (await client.post("/session", json={"sessionScope": "thread",
+                                                           "agent": "fake-small"})
+                       ).json()["sessionId"]
+                assert await _turn(client, ref, "/chunks 2 apricot") == "Echo: apricot"
+                assert await _turn(client, ref, "plum") == "Echo: plum"
+                said = await _turn(client, llm, "remember the word apricot")
+                assert said == "pong: remember the word apricot"
+            child.kill()   # SIGKILL: both agents' memory is gone
+            await anyio.to_thread.run_sync(child.start)
+            asked = len(model.requests)
+            async with httpx.AsyncClient(base_url=child.base_url, timeout=20) as client:
+                again = await _turn(client, llm, "which word was it")
+                history = await _turn(client, ref, "/history")
+        finally:
+            await anyio.to_thread.run_sync(child.stop)
+    messages: list[dict[str, Any]] = model.requests[asked]["messages"]
+    assert messages == [{"role": "user", "content": "remember the word apricot"},
+                        {"role": "assistant", "content": said},
+                        {"role": "user", "content": "which word was it"}]
+    assert again == "pong: which word was it"
+    assert history.splitlines() == ["History:", "user: /chunks 2 apricot",
+                                    "assistant: Echo: apricot", "user: plum",
+                                    "assistant: Echo: plum", "Echo: "]

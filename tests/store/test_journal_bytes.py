@@ -1,0 +1,54 @@
+"""The session journal is bounded in bytes per session (issue #23): once a quarter of
+``max_session_bytes`` of events was journaled since the last trim, the oldest events
+go until the rest fit; the newest always stays, so the ids go on after a restart."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from acp_server.store.sessions import StoreSessionJournal
+from bridge import events as ev
+from bridge import wire
+from bridge.journal import EventRecord, SessionOpened
+from tests.store.faults import faulty
+
+pytestmark = pytest.mark.anyio
+
+LIMIT = 8192
+
+
+def _event(sid: str, n: int, size: int) -> EventRecord:
+    event = ev.Event(n, ev.SESSION_UPDATE, {"sessionId": sid, "update": {
+        "sessionUpdate": "agent_message_chunk",
+        "content": {"type": "text", "text": "x" * size}}}, prompt_id="p")
+    return EventRecord(session_id=sid, event_id=n, type=event.type, prompt_id="p",
+                       envelope=wire.envelope(event))
+
+
+async def test_a_session_journal_is_bounded_in_bytes(tmp_path: Path, store_name: str) -> None:
+    store = faulty(tmp_path)
+    async with store, StoreSessionJournal(store, max_session_bytes=LIMIT) as journal:
+        journal.append(SessionOpened(session_id="big", agent="a", cwd="/", created_at=1.0,
+                                     epoch="e"))
+        journal.append(SessionOpened(session_id="small", agent="a", cwd="/", created_at=2.0,
+                                     epoch="e"))
+        seq = 0
+        for n in range(1, 41):   # 40 events of ~1 KiB: five times the bound
+            seq = journal.append(_event("big", n, 1000))
+            if n <= 3:
+                seq = journal.append(_event("small", n, 10))
+            await journal.wait(seq)   # one commit each: the trim runs as they come
+        restored = {found.record.session_id: found for found in await journal.restore()}
+        big, small = restored["big"], restored["small"]
+        assert [e.id for e in small.events] == [1, 2, 3]   # another session's are untouched
+        assert big.last_event_id == 40 and not big.gap
+        assert sum(e.size for e in big.events) <= LIMIT + LIMIT // 4   # plus since the trim
+        assert [e.id for e in big.events] == list(range(big.events[0].id, 41))   # no hole
+        assert big.events[0].id > 25   # the oldest went
+        seq = journal.append(_event("big", 41, 3 * LIMIT))   # one event past the bound
+        await journal.wait(seq)
+        big = next(f for f in await journal.restore() if f.record.session_id == "big")
+    assert [e.id for e in big.events] == [41]   # alone, but kept: the ids go on from it
+    assert big.last_event_id == 41
