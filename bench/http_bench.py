@@ -360,7 +360,8 @@ def main() -> list[str]:
             ("acp-server 503 path, uvicorn", "ours/uvicorn"),
             (f"acp-server 503 path, {SHIPPED}, bootstrap token", "auth/bootstrap"),
             (f"acp-server 503 path, {SHIPPED}, stored token", "auth/stored"),
-            ("acp-server 503 path before this change (uvicorn)", "before/uvicorn")]
+            ("acp-server 503 path before this change (BENCH_BEFORE, its default server)",
+             "before/uvicorn")]
     lines = [
         f"## HTTP ({CONNECTIONS} keep-alive connections, {client} in a separate process, "
         f"{SECONDS:g} s each, best of {ROUNDS} interleaved rounds)", "",
