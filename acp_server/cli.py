@@ -200,6 +200,11 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
                        help="where sessions are journaled: store (the default: sessions, "
                             "their events and every accepted prompt survive a restart, in "
                             "--store) or memory (nothing survives)")
+    serve.add_argument("--session-write-behind", default=0, type=int, metavar="EVENTS",
+                       help="events per session readers may see before they are committed "
+                            "(a bounded write-behind window; after a crash such a session "
+                            "resyncs with a new epoch); 0 (the default) publishes after "
+                            "commit")
     serve.add_argument("--session-on-restart", default="fail", choices=["fail", "continue"],
                        help="the prompt that was running when the server stopped: fail "
                             "(its terminal is server_restarted) or continue (the restored "
@@ -257,6 +262,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         audit_retention=args.audit_retention, rate_limit_prompt=args.rate_limit_prompt,
         rate_limit_mutation=args.rate_limit_mutation, rate_limit_read=args.rate_limit_read,
         session_journal=args.session_journal, session_on_restart=args.session_on_restart,
+        session_write_behind=args.session_write_behind,
         session_retention_ms=args.session_retention_ms,
         session_lease_ttl_ms=args.session_lease_ttl_ms,
         session_lease_renew_ms=args.session_lease_renew_ms, advertise_url=args.advertise_url,

@@ -161,7 +161,8 @@ async def open_server(settings: Settings, *, agent_factory: AgentFactory | None 
                                        clock=lease_clock or time.time,
                                        url=settings.advertise_url)
             journal = StoreSessionJournal(store, ring_size=settings.options.event_ring_size,
-                                          leases=leases)
+                                          leases=leases,
+                                          write_behind=settings.session_write_behind)
         async with store, \
                 (journal if isinstance(journal, StoreSessionJournal)
                  else contextlib.nullcontext(journal)), \

@@ -162,6 +162,9 @@ class Settings:
     # store above) or "memory" (nothing survives); what happens to the prompt that
     # was running at a restart; how long a closed session's journal is kept.
     session_journal: str = "store"
+    # events per session readers may see before their commit (0: publish after commit;
+    # acp_server.store.write_behind)
+    session_write_behind: int = 0
     session_on_restart: str = "fail"
     session_retention_ms: int = 7 * 24 * 3600 * 1000
     # Sessions across instances on a PostgreSQL store (issue #24, docs/deployment.md):
@@ -255,6 +258,9 @@ class Settings:
         if self.lmsp_permissions not in POLICIES:
             raise SettingsError(f"Invalid lmsp-permissions: {self.lmsp_permissions!r}. Must be "
                                 f"one of {', '.join(POLICIES)}.")
+        if self.session_write_behind < 0:
+            raise SettingsError(f"Invalid session-write-behind: {self.session_write_behind}. "
+                                "Must be 0 or more.")
         if self.session_journal not in ("store", "memory"):
             raise SettingsError(f"Invalid session-journal: {self.session_journal!r}. Must be "
                                 "store or memory.")
@@ -360,6 +366,7 @@ class Settings:
                    rate_limit_mutation: str | int = DEFAULT_RATE_LIMITS["mutation"],
                    rate_limit_read: str | int = DEFAULT_RATE_LIMITS["read"],
                    session_journal: str = "store", session_on_restart: str = "fail",
+                   session_write_behind: int = 0,
                    session_retention_ms: str | int = 7 * 24 * 3600 * 1000,
                    session_lease_ttl_ms: str | int = 8000,
                    session_lease_renew_ms: str | int = 2000,
@@ -412,6 +419,7 @@ class Settings:
                    rate_limit_mutation=_number(rate_limit_mutation),
                    rate_limit_read=_number(rate_limit_read),
                    session_journal=session_journal, session_on_restart=session_on_restart,
+                   session_write_behind=session_write_behind,
                    session_retention_ms=_number(session_retention_ms),
                    session_lease_ttl_ms=_number(session_lease_ttl_ms),
                    session_lease_renew_ms=_number(session_lease_renew_ms),

@@ -74,6 +74,25 @@ async def remove_pending_prompt(request: Request, *, bridge: Bridge) -> Response
 _PROMPT_DECODER = wire._decoders[wire.PromptBody]
 
 
+_QUEUE_FULL: dict[tuple[str, int, int], tuple[int, list[tuple[bytes, bytes]], bytes]] = {}
+_QUEUE_FULL_MAX = 1024
+
+
+def _queue_full(exc: PromptQueueFullError) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """The 503 ``prompt_queue_full`` answer, encoded once per (session, limit, pending):
+    a client hammering a full queue gets the same bytes each time, so the hot path
+    does not build a response per refusal (at most ``_QUEUE_FULL_MAX`` kept)."""
+    key = (exc.session_id, exc.limit, exc.pending_count)
+    found = _QUEUE_FULL.get(key)
+    if found is None:
+        response = error_response(exc)
+        if len(_QUEUE_FULL) >= _QUEUE_FULL_MAX:
+            _QUEUE_FULL.clear()
+        found = _QUEUE_FULL[key] = (response.status_code, response.raw_headers,
+                                    bytes(response.body))
+    return found
+
+
 async def send_prompt_fast(scope: Any, body: bytes, send: Any, *, bridge: Bridge,
                            config: RestConfig) -> bool:
     """``send_prompt`` for the front layer's hot path (``acp_server.http.front``): the
@@ -96,7 +115,10 @@ async def send_prompt_fast(scope: Any, body: bytes, send: Any, *, bridge: Bridge
     try:
         ticket = bridge.send_prompt(session_id, parsed.prompt, deadline_ms=parsed.deadlineMs)
     except PromptQueueFullError as exc:
-        response = error_response(exc)
+        status, head, refusal = _queue_full(exc)
+        await send({"type": "http.response.start", "status": status, "headers": list(head)})
+        await send({"type": "http.response.body", "body": refusal})
+        return True
     except BridgeError:
         return False
     else:

@@ -8,16 +8,23 @@ PostgreSQL, through the same group-commit writer as the LMSP tasks.
 
 Contracts (besides ``bridge.journal``'s):
 
-* One flusher task takes everything appended so far and commits it as one operation
-  of the store's writer (which batches it with the tasks' operations: one transaction,
-  one fsync). While a commit is in flight, what is appended waits for the next one:
-  group commit without a timer.
+* At most one operation of the store's writer is queued or running at a time; it
+  takes everything appended so far when the writer starts it (so what is appended
+  while it waits in the queue joins it) and commits it with whatever else the writer
+  batches (the tasks' operations, the audit log: one transaction, one fsync). While a
+  commit is in flight, what is appended waits for the next one: group commit without
+  a timer. Its outcome is handled in the writer's own task (``Op.on_done``): readers
+  and the callers of ``wait`` are released with no extra task hop.
 * A failed commit fails the records somebody waits for (``SessionOpened``,
   ``PromptAccepted``: their callers answer 503, ``JournalUnavailableError``) and keeps
   the others (events, terminals, closes) in order for the next attempt, retried with
   a capped backoff. At most ``MAX_PENDING`` records wait: past it the oldest events are
   let through to readers without being journaled, and the next start gives that
   session a new epoch (``RestoredSession.gap``): never a silent gap.
+* ``write_behind`` > 0 (``--session-write-behind``): events may reach readers before
+  their commit, within that window, behind a per-session marker row
+  (``acp_server.store.write_behind``); a session restored with its marker set gets a
+  new epoch (``RestoredSession.gap``). 0: publish after commit.
 * Tables (schema migration 3): ``sessions`` (the record, ``closed_at``),
   ``session_prompts`` (each accepted prompt, its terminal once settled),
   ``session_events`` (each event's envelope by id). Per session at most
@@ -55,6 +62,8 @@ import msgspec
 from acp_server.store.errors import Backoff, StoreUnavailableError
 from acp_server.store.leases import SessionLeases
 from acp_server.store.pg_engine import PostgresEngine
+from acp_server.store.write_behind import MARKER_ID, MARKER_TYPE, Marker, WriteBehind
+from acp_server.store.writer import Op
 from bridge.errors import JournalUnavailableError
 from bridge.journal import (
     RECORD_ENCODER,
@@ -101,6 +110,16 @@ _SESSION_TABLES = (("session_events", "session_id"), ("session_prompts", "sessio
                    ("session_leases", "session_id"), ("sessions", "id"))
 MOVED = "session moved: another instance holds its lease"
 LOST = -1   # the fence of a session this instance lost: every write of it is refused
+_Record = JournalRecord | Marker   # what the journal commits
+ROWS_PER_STATEMENT = 500   # x 5 parameters: under SQLite's and PostgreSQL's limits
+EVENT_INSERT = ("INSERT INTO session_events(session_id, id, type, prompt_id, envelope) "
+                "VALUES {} ON CONFLICT DO NOTHING", 5)
+PROMPT_INSERT = ("INSERT INTO session_prompts(session_id, prompt_id, seq, record) "
+                 "VALUES {} ON CONFLICT DO NOTHING", 4)
+SETTLE_UPDATE = ("WITH v(sid, pid, terminal, at) AS (VALUES {}) "
+                 "UPDATE session_prompts SET terminal = v.terminal, "
+                 "settled_at = CAST(v.at AS BIGINT) FROM v "
+                 "WHERE session_prompts.session_id = v.sid AND session_prompts.prompt_id = v.pid")
 
 
 class StoreSessionJournal:
@@ -110,11 +129,14 @@ class StoreSessionJournal:
 
     def __init__(self, store: Any, *, ring_size: int = 8000,
                  max_session_bytes: int = MAX_SESSION_BYTES,
-                 leases: SessionLeases | None = None) -> None:
+                 leases: SessionLeases | None = None, write_behind: int = 0) -> None:
+        """``write_behind``: the events per session readers may see before their
+        commit (``acp_server.store.write_behind``); 0 publishes after commit."""
         self.store = store
         self.ring_size = ring_size
         self.max_session_bytes = max_session_bytes
         self._unsized: dict[str, int] = {}   # envelope bytes per session since its trim
+        self._write_behind = WriteBehind(write_behind) if write_behind > 0 else None
         self.postgres = isinstance(store, PostgresEngine)
         # A shared (PostgreSQL) store: this instance restores only the sessions it made.
         self.owner: str | None = store.instance if self.postgres else None
@@ -124,7 +146,13 @@ class StoreSessionJournal:
         self._renew_now = anyio.Event()
         self.commits = 0
         self._on_events: Callable[[Sequence[EventRecord]], None] = lambda records: None
-        self._pending: list[tuple[int, JournalRecord]] = []
+        self._pending: list[tuple[int, _Record]] = []
+        self._batch: list[tuple[int, _Record]] = []   # the commit in flight
+        self._batch_fence: dict[str, int] | None = None
+        self._inflight: Op | None = None
+        self._unsent: Op | None = None
+        self._failing = False
+        self._backoff = Backoff(first=0.05, cap=5.0)
         self._next = 1
         self._durable_through = 0
         self._failed: dict[int, str] = {}
@@ -162,6 +190,7 @@ class StoreSessionJournal:
         """Commit what is queued (one last attempt), then write nothing more."""
         if not self._closing:
             self._closing = True
+            self._kick()
             self._wake.set()
         await self._stopped.wait()
 
@@ -172,11 +201,30 @@ class StoreSessionJournal:
     def append(self, record: JournalRecord) -> int:
         if self._closing:
             return 0
+        wb = self._write_behind
+        if wb is not None:
+            if isinstance(record, EventRecord):
+                marker = wb.before_event(record.session_id, record.event_id)
+                if marker is not None:
+                    self._push(marker)
+                seq = self._push(record)
+                if wb.early(record.session_id, record.event_id):
+                    self._on_events([record])   # readers see it now (the window)
+                return seq
+            if isinstance(record, (PromptAccepted, PromptSettled)):
+                wb.prompt(record.session_id, 1 if isinstance(record, PromptAccepted) else -1)
+            elif isinstance(record, SessionEnded):
+                wb.ended(record.session_id)
+        return self._push(record)
+
+    def _push(self, record: _Record) -> int:
         seq = self._next
         self._next += 1
         self._pending.append((seq, record))
-        if len(self._pending) == 1:
-            self._wake.set()
+        if self._inflight is None:
+            self._kick()
+        if self._failing and isinstance(record, CRITICAL):
+            self._wake.set()   # somebody waits for it: the backoff ends now
         if len(self._pending) > MAX_PENDING:
             self._shed()
         return seq
@@ -192,46 +240,102 @@ class StoreSessionJournal:
                 raise JournalUnavailableError("the server is stopping")
             await self._flushed.wait()
 
-    # -- the flusher ---------------------------------------------------------------------
+    # -- committing: one operation of the store's writer at a time ----------------------
+    def _kick(self) -> None:
+        """Queue the next commit when none is queued or running: its records are taken
+        when the writer starts it (``_take``), so whatever is appended meanwhile joins;
+        its outcome comes back in ``_landed`` (no task hop either way)."""
+        if self._inflight is not None or self._failing or not self._pending \
+                or self._stopped.is_set():
+            return
+        op = Op(self._commit_in, prepare=self._take, on_done=self._landed)
+        self._inflight = op
+        try:
+            queued = self.store.submit(op)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self._inflight = None
+            return
+        if not queued:   # the writer's queue is full: the flusher waits for room
+            self._unsent = op
+            self._wake.set()
+
+    def _take(self) -> None:
+        self._batch, self._pending = self._pending, []
+        # the lease tokens this commit is fenced by, as the batch starts
+        self._batch_fence = dict(self.fence) if self.leases is not None else None
+
+    def _commit_in(self, conn: Any, out: Any, *state: Any) -> tuple[dict[str, int], set[str]]:
+        return self._apply(conn, [record for _, record in self._batch], self._batch_fence)
+
+    def _landed(self, op: Op) -> None:
+        batch, self._batch = self._batch, []
+        self._inflight = None
+        if op.error is not None:
+            self._failed_batch(batch, op.error)   # type: ignore[arg-type]
+            self._failing = True   # the flusher backs off, then commits again
+            self._wake.set()
+            return
+        self._backoff.reset()
+        if batch:
+            taken, refused = op.result if op.result is not None else ({}, set())
+            self.commits += 1
+            self._committed(batch, taken, refused)
+            self._durable_through = batch[-1][0]
+            self._on_events([r for _, r in batch if isinstance(r, EventRecord)
+                             and r.session_id not in refused])
+            self._signal()
+            if self._write_behind is not None:
+                self._behind_landed(self._write_behind, batch)
+            if refused:
+                self.on_moved(refused)
+        if self._closing and not self._pending:
+            self._wake.set()   # the last commit landed: the flusher ends
+        else:
+            self._kick()
+
+    def _behind_landed(self, wb: WriteBehind, batch: list[tuple[int, _Record]]) -> None:
+        touched: set[str] = set()
+        for _, record in batch:
+            if isinstance(record, EventRecord):
+                wb.committed(record.session_id, record.event_id)
+            elif isinstance(record, Marker):
+                wb.marker_landed(record)
+            elif not isinstance(record, PromptSettled):
+                continue
+            touched.add(record.session_id)
+        for marker in wb.quiet(touched):
+            self._push(marker)
+
     async def _flusher(self) -> None:
-        backoff = Backoff(first=0.05, cap=5.0)
+        """What ``_kick``/``_landed`` cannot do without waiting: a full writer queue,
+        the backoff after a failed commit, and the end (``aclose``)."""
         try:
             while True:
-                while not self._pending:
+                await self._wake.wait()
+                self._wake = anyio.Event()
+                if self._unsent is not None:
+                    op, self._unsent = self._unsent, None
+                    try:
+                        await self.store.send(op)
+                    except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                        return
+                if self._failing:
                     if self._closing:
                         return
-                    await self._wake.wait()
-                    self._wake = anyio.Event()
-                batch, self._pending = self._pending, []
-                fence = dict(self.fence) if self.leases is not None else None
-                try:
-                    taken, refused = await self.store._write(
-                        lambda conn, out, *state: self._apply(
-                            conn, [record for _, record in batch], fence))
-                except Exception as exc:   # noqa: BLE001 - the store's fault, not ours
-                    self._failed_batch(batch, exc)
-                    if self._closing:
-                        return
-                    with anyio.move_on_after(backoff.next()):
+                    with anyio.move_on_after(self._backoff.next()):
                         while not any(isinstance(r, CRITICAL) for _, r in self._pending):
                             await self._wake.wait()
                             self._wake = anyio.Event()
-                    continue
-                backoff.reset()
-                self.commits += 1
-                self._committed(batch, taken, refused)
-                self._durable_through = batch[-1][0]
-                self._on_events([r for _, r in batch if isinstance(r, EventRecord)
-                                 and r.session_id not in refused])
-                self._signal()
-                if refused:
-                    self.on_moved(refused)
+                    self._failing = False
+                    self._kick()
+                if self._closing and self._inflight is None and not self._pending:
+                    return
         finally:
             self._closing = True
             self._stopped.set()
             self._signal()
 
-    def _committed(self, batch: list[tuple[int, JournalRecord]], taken: dict[str, int],
+    def _committed(self, batch: list[tuple[int, _Record]], taken: dict[str, int],
                    refused: set[str]) -> None:
         """The leases a commit took, ended or found lost (see the module docstring)."""
         self.fence.update(taken)
@@ -310,7 +414,7 @@ class StoreSessionJournal:
         self._flushed.set()
         self._flushed = anyio.Event()
 
-    def _failed_batch(self, batch: list[tuple[int, JournalRecord]], exc: Exception) -> None:
+    def _failed_batch(self, batch: list[tuple[int, _Record]], exc: Exception) -> None:
         reason = exc.reason if isinstance(exc, StoreUnavailableError) else str(exc)
         log.warning("session journal: a commit failed (%s); retrying", reason)
         keep = []
@@ -340,10 +444,17 @@ class StoreSessionJournal:
     def _sql(self, text: str) -> str:
         return text.replace("?", "%s") if self.postgres else text
 
-    def _apply(self, conn: Any, records: list[JournalRecord], fence: dict[str, int] | None
+    def _apply(self, conn: Any, records: list[_Record], fence: dict[str, int] | None
                ) -> tuple[dict[str, int], set[str]]:
-        """One commit's records: (the leases it took, the sessions it refused)."""
+        """The records in order, in as few statements as it takes: each statement gives
+        up the GIL and must win it back from a busy event loop (see ``store.writer``),
+        so the events, accepted prompts and terminals between two session records
+        (``SessionOpened``, ``SessionEnded``: they order everything around them) go in
+        one multi-row statement each, in that order (a terminal after its prompt).
+        Returns (the leases it took, the sessions it refused: a stale fence)."""
         events: list[tuple[str, int, str, str | None, bytes]] = []
+        accepted: list[tuple[str, str, int, bytes]] = []
+        settled: list[PromptSettled] = []
         trim: dict[str, int] = {}
         heavy: set[str] = set()
         taken: dict[str, int] = {}
@@ -352,6 +463,18 @@ class StoreSessionJournal:
             mine = {r.session_id: fence[r.session_id] for r in records
                     if r.session_id in fence}
             refused = self.leases.stale(conn, mine) if mine else set()
+
+        def flush() -> None:
+            if events:
+                self._insert_rows(conn, EVENT_INSERT, events)
+                events.clear()
+            if accepted:
+                self._insert_rows(conn, PROMPT_INSERT, accepted)
+                accepted.clear()
+            if settled:
+                self._settle_rows(conn, settled)
+                settled.clear()
+
         for record in records:
             if record.session_id in refused:
                 continue
@@ -368,16 +491,26 @@ class StoreSessionJournal:
                     trim[record.session_id] = record.event_id - self.ring_size
                 if self._count_bytes(record):
                     heavy.add(record.session_id)
-                continue
-            if events:
-                self._insert_events(conn, events)
-                events = []
-            self._apply_one(conn, record)
-        if events:
-            self._insert_events(conn, events)
+            elif isinstance(record, PromptAccepted):
+                accepted.append((record.session_id, record.prompt_id, record.seq,
+                                 _encode(record)))
+            elif isinstance(record, PromptSettled):
+                settled.append(record)
+            elif isinstance(record, Marker):
+                flush()
+                if record.on:
+                    conn.execute(self._sql(EVENT_INSERT[0].format("(?,?,?,NULL,?)")),
+                                 (record.session_id, MARKER_ID, MARKER_TYPE, b""))
+                else:
+                    conn.execute(self._sql("DELETE FROM session_events WHERE session_id = ? "
+                                           "AND id = ?"), (record.session_id, MARKER_ID))
+            else:
+                flush()
+                self._apply_one(conn, record)
+        flush()
         for sid, through in trim.items():
-            conn.execute(self._sql("DELETE FROM session_events WHERE session_id = ? AND id <= ?"),
-                         (sid, through))
+            conn.execute(self._sql("DELETE FROM session_events WHERE session_id = ? AND id > ? "
+                                   "AND id <= ?"), (sid, MARKER_ID, through))
         for sid in heavy:
             self._trim_bytes(conn, sid)
         return taken, refused
@@ -396,23 +529,44 @@ class StoreSessionJournal:
         """Delete the session's oldest events until the rest take at most
         ``max_session_bytes`` (its newest event always stays)."""
         sizes = conn.execute(self._sql(
-            "SELECT id, LENGTH(envelope) FROM session_events WHERE session_id = ? "
-            "ORDER BY id DESC"), (sid,)).fetchall()
+            "SELECT id, LENGTH(envelope) FROM session_events WHERE session_id = ? AND id > ? "
+            "ORDER BY id DESC"), (sid, MARKER_ID)).fetchall()
         total = 0
         for n, (event_id, size) in enumerate(sizes):
             total += int(size)
             if total > self.max_session_bytes and n > 0:
                 conn.execute(self._sql(
-                    "DELETE FROM session_events WHERE session_id = ? AND id <= ?"),
-                    (sid, event_id))
+                    "DELETE FROM session_events WHERE session_id = ? AND id > ? AND id <= ?"),
+                    (sid, MARKER_ID, event_id))
                 return
 
-    def _insert_events(self, conn: Any, rows: list[tuple[str, int, str, str | None, bytes]]
-                       ) -> None:
-        cur = conn.cursor()
-        cur.executemany(self._sql(
-            "INSERT INTO session_events(session_id, id, type, prompt_id, envelope) "
-            "VALUES (?,?,?,?,?) ON CONFLICT DO NOTHING"), rows)
+    def _insert_rows(self, conn: Any, head: tuple[str, int], rows: list[tuple[Any, ...]]
+                     ) -> None:
+        """``INSERT ... VALUES (..),(..) ON CONFLICT DO NOTHING``, ``ROWS_PER_STATEMENT``
+        rows a statement."""
+        sql, width = head
+        one = "(" + ",".join("?" * width) + ")"
+        for start in range(0, len(rows), ROWS_PER_STATEMENT):
+            chunk = rows[start:start + ROWS_PER_STATEMENT]
+            conn.execute(self._sql(sql.format(",".join([one] * len(chunk)))),
+                         [value for row in chunk for value in row])
+
+    def _settle_rows(self, conn: Any, records: list[PromptSettled]) -> None:
+        sql = self._sql
+        for start in range(0, len(records), ROWS_PER_STATEMENT):
+            chunk = records[start:start + ROWS_PER_STATEMENT]
+            params: list[Any] = []
+            for record in chunk:
+                params += (record.session_id, record.prompt_id, _encode(record), record.at)
+            conn.execute(sql(SETTLE_UPDATE.format(",".join(["(?,?,?,?)"] * len(chunk)))),
+                         params)
+        for record in records:
+            if hash(record.prompt_id) % 32 == 0:   # now and then: the newest terminals only
+                conn.execute(sql(
+                    "DELETE FROM session_prompts WHERE session_id = ? AND terminal IS NOT NULL "
+                    "AND seq < (SELECT seq FROM session_prompts WHERE session_id = ? AND "
+                    "terminal IS NOT NULL ORDER BY seq DESC LIMIT 1 OFFSET ?)"),
+                    (record.session_id, record.session_id, MAX_PROMPT_TERMINALS - 1))
 
     def _apply_one(self, conn: Any, record: JournalRecord) -> None:
         sql = self._sql
@@ -423,22 +577,6 @@ class StoreSessionJournal:
                 "owner = excluded.owner"),
                 (record.session_id, record.created_at, _encode(record),
                  self.owner))
-        elif isinstance(record, PromptAccepted):
-            conn.execute(sql(
-                "INSERT INTO session_prompts(session_id, prompt_id, seq, record) "
-                "VALUES (?,?,?,?) ON CONFLICT DO NOTHING"),
-                (record.session_id, record.prompt_id, record.seq, _encode(record)))
-        elif isinstance(record, PromptSettled):
-            conn.execute(sql(
-                "UPDATE session_prompts SET terminal = ?, settled_at = ? "
-                "WHERE session_id = ? AND prompt_id = ?"),
-                (_encode(record), record.at, record.session_id, record.prompt_id))
-            if hash(record.prompt_id) % 32 == 0:   # now and then: the newest terminals only
-                conn.execute(sql(
-                    "DELETE FROM session_prompts WHERE session_id = ? AND terminal IS NOT NULL "
-                    "AND seq < (SELECT seq FROM session_prompts WHERE session_id = ? AND "
-                    "terminal IS NOT NULL ORDER BY seq DESC LIMIT 1 OFFSET ?)"),
-                    (record.session_id, record.session_id, MAX_PROMPT_TERMINALS - 1))
         elif isinstance(record, SessionEnded):
             self._unsized.pop(record.session_id, None)
             if record.deleted:
@@ -495,11 +633,13 @@ class StoreSessionJournal:
                               "skipped", pid, sid, exc)
             terminals.sort(key=lambda t: t.at)
             rows = conn.execute(sql(
-                "SELECT id, envelope FROM session_events WHERE session_id = ? "
-                "ORDER BY id DESC LIMIT ?"), (sid, self.ring_size)).fetchall()
+                "SELECT id, envelope FROM session_events WHERE session_id = ? AND id > ? "
+                "ORDER BY id DESC LIMIT ?"), (sid, MARKER_ID, self.ring_size)).fetchall()
             rows.reverse()
             events = []
-            gap = False
+            # readers may have seen events ahead of the journal (write-behind): resync
+            gap = conn.execute(sql("SELECT 1 FROM session_events WHERE session_id = ? AND "
+                                   "id = ?"), (sid, MARKER_ID)).fetchone() is not None
             for event_id, envelope in rows:
                 try:
                     event = event_from_envelope(bytes(envelope))

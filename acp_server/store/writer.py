@@ -16,7 +16,8 @@ Contracts:
   it raised). The wait is shielded: a caller cancelled meanwhile does not abandon a
   write that may still land; ``timeout`` raises ``TimeoutError`` instead.
 * After each batch ``on_commit`` gets every successful operation's events, in commit
-  order, then the callers wake; ``_observe`` sees each result, in the caller's task
+  order, then the callers wake (an operation queued with ``submit`` instead has its
+  ``on_done`` called there, with no task hop: the session journal's way); ``_observe`` sees each result, in the caller's task
   (the task stores call ``on_transition`` with each status a write moved a task to).
 * ``open()`` (what ``async with store`` enters) connects, runs the writer loops and
   the engine's background work in one task group opened with ``async with``, and on
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import sys
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -49,6 +51,8 @@ import anyio.abc
 
 from acp_server.store.errors import StoreHealth, StoreUnavailableError
 from acp_server.store.tasks import CommittedEvent
+
+log = logging.getLogger("acp_server.store.writer")
 
 MAX_BATCH = 256
 QUEUE_SIZE = 4096
@@ -68,6 +72,11 @@ class Op:
     error: BaseException | None = None
     events: list[CommittedEvent] = dataclasses.field(default_factory=list)
     bulk: Any = None   # engine-specific: an operation the batch may run in bulk
+    # ``submit``'s hooks, both called in the event loop: ``prepare()`` just before the
+    # batch that carries the operation starts (so it can take what piled up while it
+    # was queued), ``on_done(op)`` once that batch has settled (no task to wake).
+    prepare: Callable[[], None] | None = None
+    on_done: Callable[[Op], None] | None = None
 
 
 class GroupCommitStore(Generic[C]):
@@ -173,6 +182,9 @@ class GroupCommitStore(Generic[C]):
                     batch.append(self._receive.receive_nowait())
                 except (anyio.WouldBlock, anyio.EndOfStream):
                     break
+            for op in batch:
+                if op.prepare is not None:
+                    op.prepare()
             with anyio.CancelScope(shield=True):
                 try:
                     await anyio.to_thread.run_sync(self._run_batch, index, batch,
@@ -204,6 +216,11 @@ class GroupCommitStore(Generic[C]):
             self.health.succeeded(write=True)
         for op in batch:
             op.done.set()
+            if op.on_done is not None:
+                try:
+                    op.on_done(op)
+                except Exception:   # noqa: BLE001 - a hook's bug must not end the writer
+                    log.exception("store writer: an on_done hook failed")
 
     def unavailable_reason(self, exc: BaseException) -> str | None:
         if isinstance(exc, StoreUnavailableError):
@@ -212,6 +229,20 @@ class GroupCommitStore(Generic[C]):
             return self._unavailable(exc)
         except Exception:   # noqa: BLE001 - a classifier bug must not end the writer
             return None
+
+    def submit(self, op: Op) -> bool:
+        """Queue ``op`` without waiting (its ``on_done`` tells the outcome); ``False``
+        when the queue is full (``await self.send(op)`` then). Raises
+        ``anyio.ClosedResourceError`` once the store is closing."""
+        try:
+            self._send.send_nowait(op)
+        except anyio.WouldBlock:
+            return False
+        return True
+
+    async def send(self, op: Op) -> None:
+        """Queue ``op``, waiting for room (see ``submit``)."""
+        await self._send.send(op)
 
     async def _write(self, fn: Callable[..., T], timeout: float | None = None,
                      bulk: Any = None) -> T:
