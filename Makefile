@@ -5,6 +5,10 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 ARGS   ?=
+# pytest-xdist workers for `make test` (measured on 2 cores: docs/testing.md). WORKERS=0,
+# or ARGS="-n 0" / ARGS="-p no:xdist", runs the suite serially in one process.
+WORKERS ?= 3
+XDIST   := $(if $(findstring no:xdist,$(ARGS)),,-n $(WORKERS) --dist loadgroup)
 
 .PHONY: install test serve schemas bench clean
 
@@ -21,7 +25,7 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 test: $(STAMP)
-	$(PY) -m pytest $(ARGS)
+	$(PY) -m pytest $(XDIST) $(ARGS)
 
 serve: $(STAMP)
 	$(VENV)/bin/acp-server serve $(ARGS)

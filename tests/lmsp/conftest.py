@@ -22,12 +22,6 @@ def store_name(request: pytest.FixtureRequest) -> Iterator[str]:
         stores.current["name"] = "sqlite"
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _drop_test_schemas() -> Iterator[None]:
-    yield
-    stores.drop_schemas()
-
-
 @pytest.fixture
 async def server(tmp_path: Path, store_name: str) -> AsyncIterator[LmspServer]:
     async with running_lmsp(tmp_path) as srv:

@@ -7,14 +7,20 @@ Store tests (``store_factory``) and the HTTP tests that use the ``store_name`` f
 run once per selected store (default ``sqlite,postgres``). ``postgres`` is skipped,
 with the reason, unless ``ACP_SERVER_TEST_POSTGRES`` names a reachable server
 (``tests/lmsp/pg.sh start`` starts one). Each test gets its own PostgreSQL *schema*
-(named after its tmp dir, so a reopened store sees the same data), dropped at the
-end of the session.
+(named after its tmp dir, so a reopened store sees the same data, and after this
+process, so a schema left over by a killed run on the same tmp path is never reused),
+dropped at the end of the session.
+
+Parallel runs (pytest-xdist): every worker is its own process with its own tmp dirs, so
+its schema names are its own; ``CREATED_SCHEMAS`` is per process, and ``drop_schemas()``
+at a worker's session end drops only the schemas that worker created.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import uuid
 import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
@@ -28,7 +34,8 @@ StoreMaker = Callable[[Path, str, bool], TaskStore]
 POSTGRES_ENV = "ACP_SERVER_TEST_POSTGRES"
 SKIP_POSTGRES = (f"PostgreSQL store tests need {POSTGRES_ENV}=postgresql://… "
                  f"(start a throwaway cluster with tests/lmsp/pg.sh start DIR)")
-CREATED_SCHEMAS: set[str] = set()
+CREATED_SCHEMAS: set[str] = set()   # by this process: drop_schemas() drops these only
+_RUN = uuid.uuid4().hex   # this process's: schema names of two runs never meet
 # Shorter than production (30 s / 10 s) so the lease tests stay fast.
 TEST_LEASE_S, TEST_RENEW_S, TEST_POLL_S = 3.0, 0.5, 0.5
 
@@ -60,7 +67,7 @@ def schema_url(dsn: str, schema: str) -> str:
 def postgres_url_for(tmp: Path, name: str) -> str:
     dsn = postgres_dsn()
     assert dsn, SKIP_POSTGRES
-    digest = hashlib.sha1(f"{tmp}/{name}".encode()).hexdigest()[:16]
+    digest = hashlib.sha1(f"{_RUN}/{tmp}/{name}".encode()).hexdigest()[:16]
     return schema_url(dsn, f"t_{digest}")
 
 

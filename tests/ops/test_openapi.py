@@ -193,7 +193,13 @@ def test_the_live_server_conforms_through_links(live_url: str, door: str) -> Non
             case.validate_response(response, checks=CHECKS)
 
         def get_call_kwargs(self, case: schemathesis.Case) -> dict[str, Any]:
-            return {**super().get_call_kwargs(case), "timeout": 20}
+            # An event stream never ends by itself: schemathesis reads it until its
+            # (connect, read) timeout's read half passes in total or the stream goes that
+            # long silent, then checks what came (the replay and the headers arrive at
+            # once). With 20 s each stream held the run 30 s (to the second heartbeat).
+            events = case.operation.path.endswith("/events")
+            return {**super().get_call_kwargs(case),
+                    "timeout": (20, STREAM_READ_S) if events else 20}
 
     Machine.run(settings=hypothesis.settings(
         max_examples=STATEFUL_EXAMPLES, deadline=None, derandomize=True, database=None,
@@ -201,6 +207,7 @@ def test_the_live_server_conforms_through_links(live_url: str, door: str) -> Non
 
 
 STATEFUL_EXAMPLES = int(os.environ.get("OPENAPI_FUZZ_STATEFUL", "30"))
+STREAM_READ_S = 5.0   # how long the stateful run reads an event stream
 
 
 def _caller(live_url: str) -> Any:

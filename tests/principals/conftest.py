@@ -1,1 +1,1 @@
-from tests.lmsp.conftest import _drop_test_schemas, store_name  # noqa: F401 - the fixtures
+from tests.lmsp.conftest import store_name  # noqa: F401 - the fixture
