@@ -34,7 +34,10 @@ async def run_script(script: str, *args: str, timeout: float = 120) -> Any:
         result = await anyio.run_process([*node_command(), str(HERE / script), *args],
                                          check=False)
     stderr = result.stderr.decode(errors="replace")
-    assert result.returncode == 0, f"{script} exited {result.returncode}:\n{stderr}"
+    # node prints the offending source line first: a bundle's is one huge line
+    told = "\n".join(line if len(line) < 2000 else line[:200] + " …"
+                     for line in stderr.splitlines())
+    assert result.returncode == 0, f"{script} exited {result.returncode}:\n{told}"
     lines = result.stdout.decode().strip().splitlines()
     assert lines, f"{script} printed nothing:\n{stderr}"
     return json.loads(lines[-1])
