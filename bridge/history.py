@@ -68,24 +68,32 @@ def compact(events: list[Event]) -> list[Event]:
     return out
 
 
-def _text_chunk(event: Event) -> dict[str, Any] | None:
-    """The update of a prompt's text ``agent_message_chunk``, else ``None``."""
-    if event.type != ev.SESSION_UPDATE or event.prompt_id is None:
-        return None
-    data = event.data
+def text_update(data: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """(the event's data, decoded, and its ``update``) for a ``session_update`` whose
+    content is one text block, else ``None`` (the history's joins, the transcript)."""
     if isinstance(data, msgspec.Raw):
         try:
             data = msgspec.json.decode(data)
         except msgspec.DecodeError:
             return None
     update = data.get("update") if isinstance(data, dict) else None
-    if not isinstance(update, dict) or update.get("sessionUpdate") != "agent_message_chunk":
+    if not isinstance(update, dict):
         return None
     content = update.get("content")
     if not isinstance(content, dict) or content.get("type") != "text" \
             or not isinstance(content.get("text"), str):
         return None
-    return {"data": data, "update": update}
+    return data, update
+
+
+def _text_chunk(event: Event) -> dict[str, Any] | None:
+    """The update of a prompt's text ``agent_message_chunk``, else ``None``."""
+    if event.type != ev.SESSION_UPDATE or event.prompt_id is None:
+        return None
+    found = text_update(event.data)
+    if found is None or found[1].get("sessionUpdate") != "agent_message_chunk":
+        return None
+    return {"data": found[0], "update": found[1]}
 
 
 def _flush(run: list[tuple[Event, dict[str, Any]]]) -> list[Event]:

@@ -31,10 +31,9 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 from typing import Any
 
-import msgspec
-
 from bridge import events as ev
 from bridge.events import Event
+from bridge.history import text_update
 
 TRANSCRIPT_META = "acp-server/transcript"
 MAX_TRANSCRIPT_BYTES = 1 << 20
@@ -72,20 +71,12 @@ def transcript(events: Iterable[Event], *, skip: Collection[str] = (),
 
 def _chunk(data: Any) -> tuple[str, str] | None:
     """(role, text) of a text message chunk update, else ``None``."""
-    if isinstance(data, msgspec.Raw):
-        try:
-            data = msgspec.json.decode(data)
-        except msgspec.DecodeError:
-            return None
-    update = data.get("update") if isinstance(data, dict) else None
-    if not isinstance(update, dict):
+    found = text_update(data)
+    if found is None:
         return None
+    update = found[1]
     role = _ROLES.get(update.get("sessionUpdate"))   # type: ignore[arg-type]
-    content = update.get("content")
-    if role is None or not isinstance(content, dict) or content.get("type") != "text":
-        return None
-    text = content.get("text")
-    return (role, text) if isinstance(text, str) else None
+    return None if role is None else (role, update["content"]["text"])
 
 
 def _newest(messages: list[dict[str, str]], max_bytes: int) -> list[dict[str, str]]:
