@@ -19,8 +19,9 @@ instance and that no instance forwarded (``FORWARDED_HEADER``):
 
 Concurrent requests for one session on this instance adopt it once
 (``adoption.Fleet``). Nothing here
-raises: a store that cannot answer lets the request through (it is served as a
-session not live here), an owner that cannot be reached is a 503 ``owner_unreachable``
+raises: a store that cannot say who owns the session is a 503 ``store_unavailable``
+with ``Retry-After`` (the REST door's shape: not a 404 for a session that may be live
+on another instance), an owner that cannot be reached is a 503 ``owner_unreachable``
 with ``Retry-After: 5``. ``stats`` counts forwards, adoptions and failures.
 """
 
@@ -31,10 +32,12 @@ from typing import Any
 
 from acp_server.fleet.adoption import Fleet
 from acp_server.fleet.forward import FORWARDED_HEADER, OwnerUnreachableError
+from acp_server.store.errors import RETRY_AFTER_S, StoreUnavailableError
 
 log = logging.getLogger("acp_server.fleet")
 UNREACHABLE = (b'{"error":"The instance that runs this session cannot be reached; retry '
                b'later","code":"owner_unreachable"}')
+STORE_UNAVAILABLE = b'{"error":"The store is unavailable; retry later","code":"store_unavailable"}'
 
 
 def session_of(path: str) -> str | None:
@@ -62,7 +65,14 @@ class SessionRouter:
             sid = session_of(scope["path"])
             if sid is not None and not self.bridge.has_session(sid) \
                     and not any(k == FORWARDED_HEADER for k, _ in scope["headers"]):
-                url = await self._route(sid)
+                try:
+                    url = await self._route(sid)
+                except Exception as exc:   # noqa: BLE001 - the store's fault: retry later
+                    log.warning("session %s: its owner could not be looked up (%s)", sid, exc)
+                    retry = exc.retry_after if isinstance(exc, StoreUnavailableError) \
+                        else RETRY_AFTER_S
+                    await _refuse(send, STORE_UNAVAILABLE, retry)
+                    return
                 if url is not None:
                     await self._forward(url, scope, receive, send)
                     return
@@ -74,11 +84,7 @@ class SessionRouter:
         and forwarded to."""
         leases = self.leases
         for _ in range(2):
-            try:
-                owner = await self.journal.store._read(lambda conn: leases.owner(conn, sid))
-            except Exception as exc:   # noqa: BLE001 - served here as not live
-                log.warning("session %s: its owner could not be looked up (%s)", sid, exc)
-                return None
+            owner = await self.journal.store._read(lambda conn: leases.owner(conn, sid))
             if owner is None:
                 return None
             if owner.instance != leases.instance and owner.live:
@@ -97,7 +103,13 @@ class SessionRouter:
             self.stats.forward_failures += 1
             log.warning("a request for a session owned elsewhere could not be forwarded "
                         "to %s: %s", url or "(no URL)", exc)
-            await send({"type": "http.response.start", "status": 503, "headers": [
-                (b"content-type", b"application/json"), (b"retry-after", b"5"),
-                (b"content-length", str(len(UNREACHABLE)).encode())]})
-            await send({"type": "http.response.body", "body": UNREACHABLE})
+            await _refuse(send, UNREACHABLE, 5)
+
+
+async def _refuse(send: Any, body: bytes, retry_after: int) -> None:
+    """A 503 in the REST door's shape, with ``Retry-After``."""
+    await send({"type": "http.response.start", "status": 503, "headers": [
+        (b"content-type", b"application/json"),
+        (b"retry-after", str(retry_after).encode()),
+        (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})

@@ -294,6 +294,35 @@ async def test_postgres_restarted_idle_and_under_load(tmp_path: Path, own_cluste
         assert (await deep_health(base)).status_code == 200
 
 
+async def test_a_session_lookup_while_postgresql_is_down_is_503(tmp_path: Path,
+                                                               own_cluster: Path) -> None:
+    """Sessions across instances ask the store who owns a session that is not live
+    here: with PostgreSQL stopped that is a 503 ``store_unavailable`` + ``Retry-After``
+    (not a 404 for a session that may run elsewhere); a live session is served from
+    memory meanwhile, and the answers come back by themselves with the store."""
+    url = os.environ["_ACP_OWN_PG"]
+    port = urllib.parse.urlsplit(url).port
+    unknown = "0b5e2f64-3c1a-4b7e-9a51-6f0d2c8e4a17"
+    with server(tmp_path, *_pg_args(url)) as (proc, base):
+        async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+            made = await client.post("/session", json={"sessionScope": "thread"})
+            sid = made.json()["sessionId"]
+            assert (await client.get(f"/session/{unknown}/status")).status_code == 404
+            subprocess.run(["bash", str(PG_SCRIPT), "stop", str(own_cluster)], check=True,
+                           capture_output=True)
+            down = await client.get(f"/session/{unknown}/status")
+            assert down.status_code == 503, down.text
+            assert down.json()["code"] == "store_unavailable"
+            assert int(down.headers["retry-after"]) > 0
+            assert (await client.get(f"/session/{sid}/status")).status_code == 200
+            subprocess.run(["bash", str(PG_SCRIPT), "start", str(own_cluster), str(port)],
+                           check=True, capture_output=True)
+            with anyio.fail_after(60):   # the store is back: so is the answer
+                while (await client.get(f"/session/{unknown}/status")).status_code != 404:
+                    await anyio.sleep(0.05)
+        assert proc.returncode is None
+
+
 def _restart(directory: Path) -> None:
     subprocess.run(["bash", str(PG_SCRIPT), "restart", str(directory)], check=True,
                    capture_output=True)
