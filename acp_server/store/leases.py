@@ -154,6 +154,13 @@ class SessionLeases:
             "WHERE s.closed_at IS NULL AND l.expires_at < %s ORDER BY l.expires_at LIMIT %s",
             (now, limit)).fetchall()]
 
+    def alive(self, conn: Any, instance: str) -> bool:
+        """Whether ``instance`` renewed its heartbeat within the TTL (a paused or dead
+        one did not)."""
+        row = conn.execute("SELECT heartbeat_at FROM instances WHERE id = %s",
+                           (instance,)).fetchone()
+        return row is not None and float(row[0]) + self.ttl_s >= self.clock()
+
     def owner(self, conn: Any, session_id: str) -> Owner | None:
         row = conn.execute(
             "SELECT l.instance, l.token, l.expires_at, i.url FROM session_leases l "

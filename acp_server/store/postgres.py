@@ -137,6 +137,8 @@ class PostgresTaskStore(TokenOps, AuditOps, ObservedMoves, PostgresEngine):
         super().__init__(url, on_commit=on_commit, group_commit=group_commit, writers=writers,
                          instance=self._identity.instance if self._identity else None)
         self.on_notify: Callable[[str, str], None] | None = None
+        # the sessions other instances committed events of (``acp_server.fleet``)
+        self.on_sessions: Callable[[list[str]], None] | None = None
         self.lease_s, self.renew_s, self.poll_s = lease_s, renew_s, poll_s
         # Seconds added to the database clock of the leases (tests move time with it).
         self.clock_offset_s = 0.0
@@ -161,6 +163,10 @@ class PostgresTaskStore(TokenOps, AuditOps, ObservedMoves, PostgresEngine):
             self.notice(state, "t", token_id)
 
     def _on_notice(self, kind: str, ids: list[str]) -> None:
+        if kind == "s":   # a session's journal (acp_server.store.sessions): its readers
+            if self.on_sessions is not None:
+                self.on_sessions(ids)
+            return
         if kind == "t":   # tokens: not the tasks' (the service ignores unknown kinds)
             if self.on_tokens_changed is not None:
                 self.on_tokens_changed(ids)

@@ -108,6 +108,7 @@ def _decode_accepted(blob: bytes) -> PromptAccepted:
 CRITICAL = (SessionOpened, PromptAccepted)
 _SESSION_TABLES = (("session_events", "session_id"), ("session_prompts", "session_id"),
                    ("session_leases", "session_id"), ("sessions", "id"))
+SESSION_NOTICE = "s"   # a commit's NOTIFY kind: a session's events or its end (``read_after``)
 MOVED = "session moved: another instance holds its lease"
 LOST = -1   # the fence of a session this instance lost: every write of it is refused
 _Record = JournalRecord | Marker   # what the journal commits
@@ -265,7 +266,14 @@ class StoreSessionJournal:
         self._batch_fence = dict(self.fence) if self.leases is not None else None
 
     def _commit_in(self, conn: Any, out: Any, *state: Any) -> tuple[dict[str, int], set[str]]:
-        return self._apply(conn, [record for _, record in self._batch], self._batch_fence)
+        records = [record for _, record in self._batch]
+        done = self._apply(conn, records, self._batch_fence)
+        if state and self.postgres:   # readers on other instances wake (issue #24)
+            refused = done[1]
+            for sid in {r.session_id for r in records if isinstance(r, (EventRecord,
+                        SessionEnded)) and r.session_id not in refused}:
+                self.store.notice(state[0], SESSION_NOTICE, sid)
+        return done
 
     def _landed(self, op: Op) -> None:
         batch, self._batch = self._batch, []
@@ -668,6 +676,34 @@ class StoreSessionJournal:
                 terminals=terminals[-MAX_PROMPT_TERMINALS:], unsettled=unsettled,
                 started=started, closed_at=closed_at, gap=gap))
         return found
+
+    # -- reads for other instances (``acp_server.fleet.replica``) ------------------------
+    async def read(self, session_id: str) -> RestoredSession | None:
+        """One session as the journal has it (live or closed), taking no lease: what
+        an instance that does not run it serves its reads from."""
+        found = await self.store._read(
+            lambda conn: self._restore_in(conn, self._sql("id = ?"), (session_id,)))
+        return found[0] if found else None
+
+    async def read_after(self, session_id: str, after: int, limit: int = 512
+                         ) -> tuple[SessionOpened | None, bool, list[tuple[int, bytes]]]:
+        """A reader's next rows: (the session's record, ``None`` when it is gone;
+        whether it is closed; up to ``limit`` of its event envelopes after id
+        ``after``, oldest first, as ``(id, envelope)``)."""
+        sql = self._sql
+
+        def read(conn: Any) -> tuple[SessionOpened | None, bool, list[tuple[int, bytes]]]:
+            row = conn.execute(sql("SELECT record, closed_at FROM sessions WHERE id = ?"),
+                               (session_id,)).fetchone()
+            if row is None:
+                return None, True, []
+            rows = conn.execute(sql(
+                "SELECT id, envelope FROM session_events WHERE session_id = ? AND id > ? "
+                "ORDER BY id LIMIT ?"), (session_id, max(after, MARKER_ID), limit)).fetchall()
+            return (_OPENED.decode(bytes(row[0])), row[1] is not None,
+                    [(int(i), bytes(e)) for i, e in rows])
+
+        return await self.store._read(read)
 
     async def purge(self, closed_before: float) -> int:
         """Remove the sessions closed before ``closed_before`` (epoch seconds)."""

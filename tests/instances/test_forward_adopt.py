@@ -44,16 +44,18 @@ async def test_forwarded_to_the_owner_then_adopted_when_its_lease_expired(
         sid = (await a.client.post("/session", json={"sessionScope": "thread"})).json()[
             "sessionId"]
         assert not b.bridge.has_session(sid)
-        status = await b.client.get(f"/session/{sid}/status")   # forwarded to a
+        status = await b.client.get(f"/session/{sid}/status")   # a read: from the journal
         assert status.status_code == 200, status.text
+        assert status.json()["eventEpoch"] == a.bridge.session_status(sid).event_epoch
         accepted = await b.client.post(f"/session/{sid}/prompt", json=_prompt("/chunks 3 x"))
         assert accepted.status_code == 202
         pid = accepted.json()["promptId"]
         frames = await read_events(b.client, sid, _is("turn_complete", pid), last_event_id=0)
         ids = [f["id"] for f in frames if f.get("id") is not None]
-        assert ids == list(range(1, len(ids) + 1))   # a's events, through b, in order
+        assert ids == list(range(1, len(ids) + 1))   # a's events, on b, in order
         assert not b.bridge.has_session(sid) and a.bridge.has_session(sid)
-        assert b.server.fleet.stats.forwards == 3 and b.server.fleet.stats.adoptions == 0
+        stats = b.server.fleet.stats   # the prompt went to a; the reads were answered on b
+        assert (stats.forwards, stats.journal_reads, stats.adoptions) == (1, 2, 0)
         loop = await b.client.get(f"/session/{sid}/status",
                                   headers={"x-acp-forwarded-by": "elsewhere"})
         assert loop.status_code == 404   # a forwarded request is served where it lands
@@ -83,13 +85,14 @@ async def test_forwarded_to_the_owner_then_adopted_when_its_lease_expired(
         status = (await b.client.get("/daemon/status")).json()["runtime"]["instances"]
         assert status == {"instance": b.server.leases.instance, "advertisedUrl": b.base_url,
                           "sessionsOwned": 1, "leasesTakenOver": 1, "sessionsMovedAway": 0,
-                          "forwards": 3, "forwardFailures": 0}
+                          "forwards": 1, "journalReads": 2, "forwardFailures": 0}
         moved = (await a.client.get("/daemon/status")).json()["runtime"]["instances"]
         assert (moved["sessionsOwned"], moved["sessionsMovedAway"]) == (0, 1)
         text = (await b.client.get("/metrics")).text
         assert f'acp_server_instance_info{{instance="{b.server.leases.instance}"}} 1.0' in text
         for line in ("acp_server_sessions_owned 1.0", "acp_server_session_adoptions_total 1.0",
-                     "acp_server_session_forwards_total 3.0"):
+                     "acp_server_session_forwards_total 1.0",
+                     "acp_server_session_journal_reads_total 2.0"):
             assert line in text
 
 
@@ -101,7 +104,7 @@ async def test_an_owner_that_cannot_be_reached_is_a_503(tmp_path: Path) -> None:
         a.server.leases.url = "http://127.0.0.1:9"   # type: ignore[union-attr]
         assert await a.bridge.journal.renew() == set()   # type: ignore[attr-defined]
         refused = await b.client.post(f"/session/{sid}/prompt", json=_prompt("x"))
-        assert refused.status_code == 503
+        assert refused.status_code == 503, refused.text
         assert refused.json()["code"] == "owner_unreachable"
         assert refused.headers["retry-after"] == "5"
         assert b.server.fleet.stats.forward_failures == 1 == b.server.fleet.stats.forwards
@@ -174,21 +177,24 @@ async def test_acp_resume_flow_across_instances(tmp_path: Path) -> None:
             assert answered["result"]["stopReason"] == "end_turn"
 
 
-async def test_a_forwarded_stream_ends_at_the_owner_when_its_client_goes_away(
+async def test_a_stream_from_the_journal_ends_when_its_client_goes_away(
         tmp_path: Path) -> None:
-    """A relayed event stream whose client leaves is ended upstream too: the owner's
-    subscriber goes (a server may drop sends to a gone client without a word)."""
+    """An event stream of a session owned elsewhere is read from the journal here; the
+    tail that follows the journal for it ends when its last reader leaves (a server
+    may drop sends to a gone client without a word), and nothing is forwarded."""
     now = [5_000_000.0]
     async with _pair(tmp_path, now) as (a, b):
         sid = (await a.client.post("/session", json={"sessionScope": "thread"})).json()[
             "sessionId"]
-        bus = a.bridge.get_session(sid).bus
+        replicas = b.server.fleet.replicas   # type: ignore[union-attr]
         for round_ in range(3):
             accepted = await b.client.post(f"/session/{sid}/prompt",
                                            json=_prompt(f"/chunks 2 r{round_}"))
             pid = accepted.json()["promptId"]
             await read_events(b.client, sid, _is("turn_complete", pid), last_event_id=0)
-            with anyio.fail_after(10):   # the reader left: so does the relayed stream
-                while bus.subscriber_count:
+            with anyio.fail_after(10):   # the reader left: so does the tail
+                while replicas.following():
                     await anyio.sleep(0.01)
-        assert b.server.fleet.stats.forwards == 6
+        assert a.bridge.get_session(sid).bus.subscriber_count == 0
+        assert b.server.fleet.stats.forwards == 3   # the prompts
+        assert b.server.fleet.stats.journal_reads == 3   # the streams
