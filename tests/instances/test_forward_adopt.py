@@ -1,7 +1,7 @@
 """Two instances in process on one PostgreSQL store and one injected clock (issue #24):
-a request for a session owned by the other instance is forwarded there (status,
-prompts, the event stream with ``Last-Event-ID``), a forwarded request is never
-forwarded again, and once the owner's lease expired the instance that gets a request
+a write for a session owned by the other instance is forwarded there (a prompt), a
+read is answered from the journal (status, the event stream with ``Last-Event-ID``,
+ended when the session is closed), a forwarded request is never forwarded again, and once the owner's lease expired the instance that gets a request
 adopts the session (token + 1) from the journal; the old owner's next write is
 refused, it stops the session there, and from then on forwards to the new owner."""
 
@@ -198,3 +198,24 @@ async def test_a_stream_from_the_journal_ends_when_its_client_goes_away(
         assert a.bridge.get_session(sid).bus.subscriber_count == 0
         assert b.server.fleet.stats.forwards == 3   # the prompts
         assert b.server.fleet.stats.journal_reads == 3   # the streams
+
+
+async def test_a_stream_from_the_journal_ends_when_the_owner_closes_the_session(
+        tmp_path: Path) -> None:
+    now = [5_500_000.0]
+    async with _pair(tmp_path, now) as (a, b):
+        sid = (await a.client.post("/session", json={"sessionScope": "thread"})).json()[
+            "sessionId"]
+        await a.client.post(f"/session/{sid}/prompt", json=_prompt("/chunks 2 z"))
+        closed = False
+        with anyio.fail_after(20):   # the stream on b ends once a closed the session
+            async with b.client.stream("GET", f"/session/{sid}/events",
+                                       headers={"Last-Event-ID": "0"}) as stream:
+                assert stream.status_code == 200
+                async for line in stream.aiter_lines():
+                    if line == "event: turn_complete" and not closed:
+                        deleted = await a.client.delete(f"/session/{sid}")
+                        assert deleted.status_code == 204
+                        closed = True
+        assert closed
+        assert b.server.fleet.replicas.following() == []   # type: ignore[union-attr]
