@@ -31,8 +31,9 @@ Contracts:
   ``TaskStore`` instead of ``settings.store_url``), ``lmsp_config``, ``group_commit``,
   ``acp_clock`` (the ``/acp`` registry's clock), ``session_clock`` (the session
   journal's retention clock, ``Server.purge_sessions``), ``principals_clock`` (the
-  monotonic clock of the rate limits and the token cache), ``lease_clock`` (the session
-  leases' epoch clock, ``acp_server.store.leases``). Everything else comes from
+  monotonic clock of the rate limits and the token cache), ``lease_offset`` (seconds
+  added to the store's clock in the session leases' statements: tests move time with
+  it, ``acp_server.store.leases``). Everything else comes from
   ``settings``.
 """
 
@@ -139,7 +140,7 @@ async def open_server(settings: Settings, *, agent_factory: AgentFactory | None 
                       acp_clock: Clock | None = None,
                       session_clock: Callable[[], float] | None = None,
                       principals_clock: Callable[[], float] | None = None,
-                      lease_clock: Callable[[], float] | None = None
+                      lease_offset: Callable[[], float] | None = None
                       ) -> AsyncIterator[Server]:
     children = ChildRegistry(settings.children_dir)
     children.reap_stale()   # agents that killed earlier runs left behind
@@ -159,7 +160,7 @@ async def open_server(settings: Settings, *, agent_factory: AgentFactory | None 
                 leases = SessionLeases(store.instance,
                                        ttl_s=settings.session_lease_ttl_ms / 1000,
                                        renew_s=settings.session_lease_renew_ms / 1000,
-                                       clock=lease_clock or time.time,
+                                       offset=lease_offset or (lambda: 0.0),
                                        url=settings.advertise_url)
             journal = StoreSessionJournal(store, ring_size=settings.options.event_ring_size,
                                           leases=leases,

@@ -29,7 +29,7 @@ async def _pair(tmp_path: Path, now: list[float]) -> AsyncIterator[tuple[LocalSe
         pytest.skip(stores.SKIP_POSTGRES)
     url = stores.postgres_url_for(tmp_path, "fleet")
     # the renewal is slower than any test: the injected clock alone expires a lease
-    flags: dict[str, Any] = {"store": url, "lease_clock": lambda: now[0],
+    flags: dict[str, Any] = {"store": url, "lease_offset": lambda: now[0],
                              "session_lease_ttl_ms": 60_000,
                              "session_lease_renew_ms": 50_000}
     async with local_server(tmp_path, state_dir=tmp_path / "a", **flags) as a, \
@@ -39,7 +39,7 @@ async def _pair(tmp_path: Path, now: list[float]) -> AsyncIterator[tuple[LocalSe
 
 async def test_forwarded_to_the_owner_then_adopted_when_its_lease_expired(
         tmp_path: Path) -> None:
-    now = [5_000_000.0]
+    now = [0.0]
     async with _pair(tmp_path, now) as (a, b):
         sid = (await a.client.post("/session", json={"sessionScope": "thread"})).json()[
             "sessionId"]
@@ -97,7 +97,7 @@ async def test_forwarded_to_the_owner_then_adopted_when_its_lease_expired(
 
 
 async def test_an_owner_that_cannot_be_reached_is_a_503(tmp_path: Path) -> None:
-    now = [6_000_000.0]
+    now = [0.0]
     async with _pair(tmp_path, now) as (a, b):
         sid = (await a.client.post("/session", json={"sessionScope": "thread"})).json()[
             "sessionId"]
@@ -112,7 +112,7 @@ async def test_an_owner_that_cannot_be_reached_is_a_503(tmp_path: Path) -> None:
 
 async def test_the_sweep_adopts_an_orphan_and_settles_its_interrupted_prompt(
         tmp_path: Path) -> None:
-    now = [7_000_000.0]
+    now = [0.0]
     async with _pair(tmp_path, now) as (a, b):
         sid = (await a.client.post("/session", json={"sessionScope": "thread"})).json()[
             "sessionId"]
@@ -138,7 +138,7 @@ async def test_acp_resume_flow_across_instances(tmp_path: Path) -> None:
     while the owner's lease is live and adopts the session once it expired."""
     from tests.acp_http.wsclient import ws_connect
 
-    now = [8_000_000.0]
+    now = [0.0]
     async with _pair(tmp_path, now) as (a, b):
         init = {"jsonrpc": "2.0", "id": 0, "method": "initialize",
                 "params": {"protocolVersion": 1}}
@@ -182,7 +182,7 @@ async def test_a_stream_from_the_journal_ends_when_its_client_goes_away(
     """An event stream of a session owned elsewhere is read from the journal here; the
     tail that follows the journal for it ends when its last reader leaves (a server
     may drop sends to a gone client without a word), and nothing is forwarded."""
-    now = [5_000_000.0]
+    now = [0.0]
     async with _pair(tmp_path, now) as (a, b):
         sid = (await a.client.post("/session", json={"sessionScope": "thread"})).json()[
             "sessionId"]
@@ -202,7 +202,7 @@ async def test_a_stream_from_the_journal_ends_when_its_client_goes_away(
 
 async def test_a_stream_from_the_journal_ends_when_the_owner_closes_the_session(
         tmp_path: Path) -> None:
-    now = [5_500_000.0]
+    now = [0.0]
     async with _pair(tmp_path, now) as (a, b):
         sid = (await a.client.post("/session", json={"sessionScope": "thread"})).json()[
             "sessionId"]
