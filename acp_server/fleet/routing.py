@@ -19,6 +19,11 @@ instance and that no instance forwarded (``FORWARDED_HEADER``):
   the interrupted prompt), then serves the request itself;
 * no lease (a closed or unknown session): served here as before (journal reads, 404).
 
+A forwarded request is counted against the caller's rate limits once, by the owner
+that serves it: this instance gives back what its front layer took (``Caller.uncharge``).
+The owner counts every request it serves, a forwarded one too, so a client gains
+nothing by sending ``FORWARDED_HEADER`` itself.
+
 Concurrent requests for one session on this instance adopt it once
 (``adoption.Fleet``). Nothing here
 raises: a store that cannot say who owns the session is a 503 ``store_unavailable``
@@ -34,6 +39,7 @@ from typing import Any
 
 from acp_server.fleet.adoption import Fleet
 from acp_server.fleet.forward import FORWARDED_HEADER, OwnerUnreachableError
+from acp_server.principals import CALLER_KEY
 from acp_server.store.errors import RETRY_AFTER_S, StoreUnavailableError
 from acp_server.store.leases import Owner
 
@@ -126,6 +132,9 @@ class SessionRouter:
             if not url:
                 raise OwnerUnreachableError("the owner advertises no URL")
             self.stats.forwards += 1   # attempts; the failures are counted apart
+            caller = scope.get(CALLER_KEY)
+            if caller is not None:   # the owner counts it against the rate limits
+                caller.uncharge()
             await self.forwarder.relay(url, scope, receive, send, alive)
         except OwnerUnreachableError as exc:
             self.stats.forward_failures += 1

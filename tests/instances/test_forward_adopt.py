@@ -24,14 +24,15 @@ pytestmark = pytest.mark.anyio
 
 
 @contextlib.asynccontextmanager
-async def _pair(tmp_path: Path, now: list[float]) -> AsyncIterator[tuple[LocalServer, ...]]:
+async def _pair(tmp_path: Path, now: list[float], **extra: Any
+                ) -> AsyncIterator[tuple[LocalServer, ...]]:
     if not stores.postgres_dsn():
         pytest.skip(stores.SKIP_POSTGRES)
     url = stores.postgres_url_for(tmp_path, "fleet")
     # the renewal is slower than any test: the injected clock alone expires a lease
     flags: dict[str, Any] = {"store": url, "lease_offset": lambda: now[0],
                              "session_lease_ttl_ms": 60_000,
-                             "session_lease_renew_ms": 50_000}
+                             "session_lease_renew_ms": 50_000, **extra}
     async with local_server(tmp_path, state_dir=tmp_path / "a", **flags) as a, \
             local_server(tmp_path, state_dir=tmp_path / "b", **flags) as b:
         yield a, b
@@ -219,3 +220,33 @@ async def test_a_stream_from_the_journal_ends_when_the_owner_closes_the_session(
                         closed = True
         assert closed
         assert b.server.fleet.replicas.following() == []   # type: ignore[union-attr]
+
+
+async def test_a_forwarded_request_is_counted_once_and_a_client_marker_skips_nothing(
+        tmp_path: Path) -> None:
+    """Rate limits: a prompt b forwards to a is counted by a (which serves it), not by
+    b too; a client that sends the forward marker itself is counted as any other."""
+    from tests.principals.helpers import bearer, mint
+
+    limits = {"token": "boot-s3cret-for-the-fleet", "principals_clock": lambda: 100.0,
+              "rate_limit_prompt": 2, "rate_limit_mutation": 100, "rate_limit_read": 100}
+    async with _pair(tmp_path, [0.0], **limits) as (a, b):
+        ci = bearer(await mint(a.server, "ci"))
+        made = [(await x.client.post("/session", json={"sessionScope": "thread"},
+                                     headers=ci)).json()["sessionId"] for x in (a, b)]
+        on_a, on_b = made
+        for n in range(2):   # through b, to a: a's two prompts of the minute
+            sent = await b.client.post(f"/session/{on_a}/prompt", json=_prompt(f"f{n}"),
+                                       headers=ci)
+            assert sent.status_code == 202, sent.text
+        assert b.server.fleet.stats.forwards == 2   # type: ignore[union-attr]
+        third = await a.client.post(f"/session/{on_a}/prompt", json=_prompt("a"), headers=ci)
+        assert third.status_code == 429   # a counted both
+        for n in range(2):   # b counted neither: its own two are still there
+            sent = await b.client.post(f"/session/{on_b}/prompt", json=_prompt(f"b{n}"),
+                                       headers=ci)
+            assert sent.status_code == 202, sent.text
+        marked = await b.client.post(f"/session/{on_b}/prompt", json=_prompt("m"),
+                                     headers={**ci, "x-acp-forwarded-by": a.server.leases
+                                              .instance})   # type: ignore[union-attr]
+        assert marked.status_code == 429   # the marker a client sends skips no limit
