@@ -64,7 +64,7 @@ from acp_server.store.leases import SessionLeases
 from acp_server.store.pg_engine import PostgresEngine
 from acp_server.store.write_behind import MARKER_ID, MARKER_TYPE, Marker, WriteBehind
 from acp_server.store.writer import Op
-from bridge.errors import JournalUnavailableError
+from bridge.errors import JournalUnavailableError, SessionMovedError
 from bridge.journal import (
     RECORD_ENCODER,
     EventRecord,
@@ -234,7 +234,8 @@ class StoreSessionJournal:
         while True:
             failed = self._failed.get(seq)
             if failed is not None:
-                raise JournalUnavailableError(failed)
+                raise SessionMovedError(failed) if failed == MOVED \
+                    else JournalUnavailableError(failed)
             if seq <= self._durable_through or seq == 0:
                 return
             if self._stopped.is_set():

@@ -69,7 +69,9 @@ async def test_forwarded_to_the_owner_then_adopted_when_its_lease_expired(
         assert b.bridge.session_status(sid).event_epoch == epoch   # the stream goes on
         # a still runs it, unaware: its next write is refused and it stops the session
         refused = await a.client.post(f"/session/{sid}/prompt", json=_prompt("stale"))
-        assert refused.status_code == 503
+        assert refused.status_code == 503   # in flight at the fence: its own code
+        assert refused.json()["code"] == "session_moved"
+        assert refused.headers["retry-after"] == "1"
         with anyio.fail_after(10):
             while a.bridge.has_session(sid):
                 await anyio.sleep(0.01)
@@ -250,3 +252,16 @@ async def test_a_forwarded_request_is_counted_once_and_a_client_marker_skips_not
                                      headers={**ci, "x-acp-forwarded-by": a.server.leases
                                               .instance})   # type: ignore[union-attr]
         assert marked.status_code == 429   # the marker a client sends skips no limit
+
+
+def test_session_moved_in_each_doors_shape() -> None:
+    from acp_server.acp_http.errors import to_rpc_error
+    from acp_server.rest.errors import describe
+    from bridge.errors import SessionMovedError
+
+    moved = SessionMovedError("session moved: another instance holds its lease")
+    status, body, headers = describe(moved)
+    assert (status, body["code"], headers) == (503, "session_moved", {"Retry-After": "1"})
+    code, _, data = to_rpc_error(moved)
+    assert code == -32603 and data == {"errorKind": "session_moved", "retryable": True,
+                                       "retryAfterSeconds": 1}
