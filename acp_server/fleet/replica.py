@@ -187,8 +187,13 @@ class JournalReplicas:
                 raise JournalUnavailableError("the server is stopping")
             tail = self._tails[sid] = _Tail(self._bus(view.found))
             self._tg.start_soon(self._follow, sid, tail)
-        else:
-            tail.wake()   # the view may be newer than the tail
+        else:   # the view may be newer than the tail: a cursor from it is not ahead
+            bus = tail.bus
+            newer = [e for e in view.found.events if e.id > bus.last_event_id]  # type: ignore[operator]
+            if newer and newer[0].id == bus.last_event_id + 1 \
+                    and view.found.record.epoch == bus.epoch:
+                bus.follow(newer)
+            tail.wake()
         return tail.bus.subscribe(last_event_id=last_event_id, epoch=epoch,
                                   max_queued=max_queued)
 
@@ -232,6 +237,8 @@ class JournalReplicas:
                 return True   # deleted, or a new epoch: readers resume and resync
             events = []
             for event_id, raw in rows:
+                if event_id <= bus.last_event_id:
+                    continue   # a newer view gave them to the bus meanwhile (``subscribe``)
                 try:
                     events.append(event_from_envelope(raw))
                 except (msgspec.MsgspecError, KeyError, TypeError) as exc:

@@ -265,3 +265,36 @@ def test_session_moved_in_each_doors_shape() -> None:
     code, _, data = to_rpc_error(moved)
     assert code == -32603 and data == {"errorKind": "session_moved", "retryable": True,
                                        "retryAfterSeconds": 1}
+
+
+async def test_a_reader_ahead_of_the_tail_resumes_without_a_resync(tmp_path: Path) -> None:
+    """A reader that resumes here from a cursor another instance gave it, while this
+    instance's tail of the session lags (no NOTIFY heard yet), gets what follows its
+    cursor, not ``state_resync_required``; the lagging readers get the events too."""
+    async with _pair(tmp_path, [0.0]) as (a, b):
+        sid = (await a.client.post("/session", json={"sessionScope": "thread"})).json()[
+            "sessionId"]
+        replicas = b.server.fleet.replicas   # type: ignore[union-attr]
+        replicas.poll_s = 3600
+        b.bridge.journal.store.on_sessions = lambda ids: None   # type: ignore[attr-defined]
+        with anyio.fail_after(20):
+            async with b.client.stream("GET", f"/session/{sid}/events",
+                                       headers={"Last-Event-ID": "0"}) as lagging:
+                while replicas.following() != [sid]:
+                    await anyio.sleep(0.01)
+                done = await a.client.post(f"/session/{sid}/prompt", json=_prompt("/chunks 2"))
+                pid = done.json()["promptId"]
+                on_a = await read_events(a.client, sid, _is("turn_complete", pid),
+                                         last_event_id=0)   # committed: published after
+                last = on_a[-1]["id"]
+                resumed = await read_events(b.client, sid,
+                                            lambda e: e["type"] == "replay_complete",
+                                            last_event_id=last - 1)
+                assert [e["type"] for e in resumed] == ["turn_complete", "replay_complete"]
+                ids: list[int] = []
+                async for line in lagging.aiter_lines():
+                    if line.startswith("id: "):
+                        ids.append(int(line[4:]))
+                        if ids[-1] == last:
+                            break
+                assert ids == list(range(1, last + 1))
