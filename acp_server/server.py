@@ -202,6 +202,7 @@ async def open_server(settings: Settings, *, agent_factory: AgentFactory | None 
                 replicas = JournalReplicas(bridge, journal,
                                            poll_s=settings.store_poll_ms / 1000)
                 store.on_sessions = replicas.wake
+                store.sessions_followed = replicas.followed
                 fleet.replicas = replicas
                 reads = JournalReads(replicas, rest_config(settings, guard_stats))
 

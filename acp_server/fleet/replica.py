@@ -35,6 +35,7 @@ Contracts:
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Container
 import logging
 import uuid
 
@@ -152,6 +153,12 @@ class JournalReplicas:
                 self._tg = None
                 for tail in list(self._tails.values()):
                     tail.bus.close()
+
+    @property
+    def followed(self) -> Container[str]:
+        """The sessions tailed here, as a container another thread may test (``in``):
+        the store's listener skips the notices of the others."""
+        return self._tails.keys()
 
     def following(self) -> list[str]:
         """The sessions whose journal a tail follows now (they have readers here)."""
