@@ -171,9 +171,10 @@ class JournalReplicas:
             if tail is not None:
                 tail.wake()
 
-    async def view(self, session_id: str) -> SessionView:
+    async def view(self, session_id: str, *, ring: bool = True) -> SessionView:
+        """``ring=False``: enough for ``status`` and ``pending`` (not its events)."""
         try:
-            found = await self.journal.read(session_id)
+            found = await self.journal.read(session_id, ring=ring)
         except Exception as exc:   # noqa: BLE001 - the store: the door's own 503
             raise JournalUnavailableError(str(exc) or type(exc).__name__) from exc
         if found is None or found.closed_at is not None:

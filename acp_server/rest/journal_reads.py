@@ -39,13 +39,13 @@ READS = frozenset({("GET", "status"), ("GET", "events"), ("GET", "pending-prompt
 
 
 async def replica_status(request: Request, *, replicas: JournalReplicas) -> Response:
-    view = await replicas.view(request.path_params["session_id"])
+    view = await replicas.view(request.path_params["session_id"], ring=False)
     visible_session(request)
     return json_response(200, wire.SessionStatus(**status_fields(view.status())))
 
 
 async def replica_pending(request: Request, *, replicas: JournalReplicas) -> Response:
-    view = await replicas.view(request.path_params["session_id"])
+    view = await replicas.view(request.path_params["session_id"], ring=False)
     visible_session(request)
     return json_response(200, wire.PendingPrompts(pendingPrompts=[
         wire.PendingPrompt(promptId=p.prompt_id, queuedAt=p.queued_at_ms, text=p.text,

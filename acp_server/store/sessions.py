@@ -64,6 +64,7 @@ from acp_server.store.leases import SessionLeases
 from acp_server.store.pg_engine import PostgresEngine
 from acp_server.store.write_behind import MARKER_ID, MARKER_TYPE, Marker, WriteBehind
 from acp_server.store.writer import Op
+from bridge import events as ev
 from bridge.errors import JournalUnavailableError, SessionMovedError
 from bridge.journal import (
     RECORD_ENCODER,
@@ -108,6 +109,8 @@ def _decode_accepted(blob: bytes) -> PromptAccepted:
 CRITICAL = (SessionOpened, PromptAccepted)
 _SESSION_TABLES = (("session_events", "session_id"), ("session_prompts", "session_id"),
                    ("session_leases", "session_id"), ("sessions", "id"))
+QUESTIONS = (ev.PERMISSION_REQUEST, ev.PERMISSION_RESOLVED, ev.ELICITATION_REQUEST,
+             ev.ELICITATION_RESOLVED)   # the events a status counts open questions from
 SESSION_NOTICE = "s"   # a commit's NOTIFY kind: a session's events or its end (``read_after``)
 MOVED = "session moved: another instance holds its lease"
 LOST = -1   # the fence of a session this instance lost: every write of it is refused
@@ -610,8 +613,8 @@ class StoreSessionJournal:
             conn, "(closed_at IS NOT NULL AND (owner IS NULL OR owner = %s)) OR id = ANY(%s)",
             (self.owner, sorted(tokens))))
 
-    def _restore_in(self, conn: Any, where: str, params: tuple[Any, ...]
-                    ) -> list[RestoredSession]:
+    def _restore_in(self, conn: Any, where: str, params: tuple[Any, ...],
+                    ring: int | None = None) -> list[RestoredSession]:
         sql = self._sql
         found: list[RestoredSession] = []
         for sid, blob, closed_at in conn.execute(sql(
@@ -643,7 +646,7 @@ class StoreSessionJournal:
             terminals.sort(key=lambda t: t.at)
             rows = conn.execute(sql(
                 "SELECT id, envelope FROM session_events WHERE session_id = ? AND id > ? "
-                "ORDER BY id DESC LIMIT ?"), (sid, MARKER_ID, self.ring_size)).fetchall()
+                "ORDER BY id DESC LIMIT ?"), (sid, MARKER_ID, ring or self.ring_size)).fetchall()
             rows.reverse()
             events = []
             # readers may have seen events ahead of the journal (write-behind): resync
@@ -679,12 +682,30 @@ class StoreSessionJournal:
         return found
 
     # -- reads for other instances (``acp_server.fleet.replica``) ------------------------
-    async def read(self, session_id: str) -> RestoredSession | None:
+    async def read(self, session_id: str, *, ring: bool = True) -> RestoredSession | None:
         """One session as the journal has it (live or closed), taking no lease: what
-        an instance that does not run it serves its reads from."""
-        found = await self.store._read(
-            lambda conn: self._restore_in(conn, self._sql("id = ?"), (session_id,)))
-        return found[0] if found else None
+        an instance that does not run it serves its reads from. ``ring=False`` (a
+        status): of its events only the newest and the questions asked and answered
+        (permissions, elicitations) are read."""
+        sql = self._sql
+
+        def read(conn: Any) -> RestoredSession | None:
+            found = self._restore_in(conn, sql("id = ?"), (session_id,),
+                                     None if ring else 1)
+            if not found or ring:
+                return found[0] if found else None
+            session = found[0]
+            asked = {event.id: event for event in session.events}
+            for _, envelope in conn.execute(sql(
+                    "SELECT id, envelope FROM session_events WHERE session_id = ? "
+                    "AND type IN (?,?,?,?) ORDER BY id"), (session_id, *QUESTIONS)).fetchall():
+                with contextlib.suppress(msgspec.MsgspecError, KeyError, TypeError):
+                    event = event_from_envelope(bytes(envelope))
+                    asked[event.id] = event
+            session.events = [asked[i] for i in sorted(asked)]  # type: ignore[type-var]
+            return session
+
+        return await self.store._read(read)
 
     async def read_after(self, session_id: str, after: int, limit: int = 512
                          ) -> tuple[SessionOpened | None, bool, list[tuple[int, bytes]]]:
