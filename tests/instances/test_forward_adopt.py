@@ -298,3 +298,30 @@ async def test_a_reader_ahead_of_the_tail_resumes_without_a_resync(tmp_path: Pat
                         if ids[-1] == last:
                             break
                 assert ids == list(range(1, last + 1))
+
+
+async def test_a_status_from_the_journal_shows_the_running_prompt_and_its_question(
+        tmp_path: Path) -> None:
+    """b answers a's session's status and pending prompts from the journal: the
+    running prompt (and its text), the queued one, the permission it waits for."""
+    async with _pair(tmp_path, [0.0]) as (a, b):
+        sid = (await a.client.post("/session", json={"sessionScope": "thread"})).json()[
+            "sessionId"]
+        asking = await a.client.post(f"/session/{sid}/prompt", json=_prompt("/permission"))
+        queued = await a.client.post(f"/session/{sid}/prompt", json=_prompt("after"))
+        pids = [asking.json()["promptId"], queued.json()["promptId"]]
+        await read_events(a.client, sid, lambda e: e["type"] == "permission_request",
+                          last_event_id=0)
+        mine = a.bridge.session_status(sid)   # a waits for the answer: nothing more
+        with anyio.fail_after(20):   # until the journal has it all (a's commits)
+            while (status := (await b.client.get(f"/session/{sid}/status")).json())[
+                    "lastEventId"] != mine.last_event_id:
+                await anyio.sleep(0.02)
+        assert status["isWaitingForPermission"] is True
+        assert (status["activePromptId"], status["pendingPrompts"], status["queuedPrompts"],
+                status["lastEventId"], status["eventEpoch"]) == (
+            pids[0], 2, 1, mine.last_event_id, mine.event_epoch)
+        pending = (await b.client.get(f"/session/{sid}/pending-prompts")).json()
+        assert [(p["promptId"], p["state"], p["text"]) for p in pending["pendingPrompts"]] == [
+            (pids[0], "running", "/permission"), (pids[1], "queued", "after")]
+        assert b.server.fleet.stats.forwards == 0   # type: ignore[union-attr]
