@@ -55,6 +55,8 @@ from bridge.wire import event_from_envelope
 
 log = logging.getLogger("acp_server.fleet")
 BATCH = 512   # rows a tail reads at a time
+QUESTIONS = (ev.PERMISSION_REQUEST, ev.PERMISSION_RESOLVED, ev.ELICITATION_REQUEST,
+             ev.ELICITATION_RESOLVED)   # what a status counts open questions from
 
 
 @dataclasses.dataclass
@@ -172,9 +174,10 @@ class JournalReplicas:
                 tail.wake()
 
     async def view(self, session_id: str, *, ring: bool = True) -> SessionView:
-        """``ring=False``: enough for ``status`` and ``pending`` (not its events)."""
+        """``ring=False``: enough for ``status`` and ``pending`` (of its events, the
+        newest and its questions only)."""
         try:
-            found = await self.journal.read(session_id, ring=ring)
+            found = await self.journal.read(session_id, only=None if ring else QUESTIONS)
         except Exception as exc:   # noqa: BLE001 - the store: the door's own 503
             raise JournalUnavailableError(str(exc) or type(exc).__name__) from exc
         if found is None or found.closed_at is not None:

@@ -64,7 +64,6 @@ from acp_server.store.leases import SessionLeases
 from acp_server.store.pg_engine import PostgresEngine
 from acp_server.store.write_behind import MARKER_ID, MARKER_TYPE, Marker, WriteBehind
 from acp_server.store.writer import Op
-from bridge import events as ev
 from bridge.errors import JournalUnavailableError, SessionMovedError
 from bridge.journal import (
     RECORD_ENCODER,
@@ -109,8 +108,6 @@ def _decode_accepted(blob: bytes) -> PromptAccepted:
 CRITICAL = (SessionOpened, PromptAccepted)
 _SESSION_TABLES = (("session_events", "session_id"), ("session_prompts", "session_id"),
                    ("session_leases", "session_id"), ("sessions", "id"))
-QUESTIONS = (ev.PERMISSION_REQUEST, ev.PERMISSION_RESOLVED, ev.ELICITATION_REQUEST,
-             ev.ELICITATION_RESOLVED)   # the events a status counts open questions from
 SESSION_NOTICE = "s"   # a commit's NOTIFY kind: a session's events or its end (``read_after``)
 MOVED = "session moved: another instance holds its lease"
 LOST = -1   # the fence of a session this instance lost: every write of it is refused
@@ -682,23 +679,25 @@ class StoreSessionJournal:
         return found
 
     # -- reads for other instances (``acp_server.fleet.replica``) ------------------------
-    async def read(self, session_id: str, *, ring: bool = True) -> RestoredSession | None:
+    async def read(self, session_id: str, *, only: Sequence[str] | None = None
+                   ) -> RestoredSession | None:
         """One session as the journal has it (live or closed), taking no lease: what
-        an instance that does not run it serves its reads from. ``ring=False`` (a
-        status): of its events only the newest and the questions asked and answered
-        (permissions, elicitations) are read."""
+        an instance that does not run it serves its reads from. ``only`` (event types,
+        for a status): of its events only the newest and those of these types are
+        read, not its ring."""
         sql = self._sql
 
         def read(conn: Any) -> RestoredSession | None:
             found = self._restore_in(conn, sql("id = ?"), (session_id,),
-                                     None if ring else 1)
-            if not found or ring:
+                                     None if only is None else 1)
+            if not found or only is None:
                 return found[0] if found else None
             session = found[0]
             asked = {event.id: event for event in session.events}
+            kinds = ",".join("?" * len(only))
             for _, envelope in conn.execute(sql(
-                    "SELECT id, envelope FROM session_events WHERE session_id = ? "
-                    "AND type IN (?,?,?,?) ORDER BY id"), (session_id, *QUESTIONS)).fetchall():
+                    f"SELECT id, envelope FROM session_events WHERE session_id = ? "
+                    f"AND type IN ({kinds}) ORDER BY id"), (session_id, *only)).fetchall():
                 with contextlib.suppress(msgspec.MsgspecError, KeyError, TypeError):
                     event = event_from_envelope(bytes(envelope))
                     asked[event.id] = event
