@@ -116,9 +116,10 @@ class Fleet:
     async def claim(self, sid: str) -> None:
         """``Bridge.before_restore``: a session ``/acp`` (or any door) loads or resumes
         that is not live here is adopted when its lease expired. One another instance
-        runs live is asked for (``handoff``: only when the door vouched that its
-        caller sees the session, checked against its maker in the journal first,
-        else ``SessionNotFoundError``); given, it is adopted here. Not given in time
+        runs live is asked for (``handoff``: only when the door vouched for its
+        caller, ``may_hand_off``); given, it is adopted here. When the door vouched,
+        a caller who does not see the session's maker (read from the journal) gets
+        ``SessionNotFoundError`` before anything is asked or adopted. Not given in time
         (busy, or the owner paused or unreachable): ``SessionBusyElsewhereError``, a
         retryable 503 / ``session_busy_elsewhere``. A session with no lease goes on as
         before. The store's faults are ``JournalUnavailableError``."""
@@ -129,22 +130,30 @@ class Fleet:
             raise JournalUnavailableError(str(exc)) from exc
         if owner is None:
             return
+        sees = caller_sees()
+        if sees is not None and owner.instance != leases.instance:
+            await self._check_maker(sid, sees)   # before anything moves
         if owner.instance != leases.instance and owner.live:
-            await self._ask(sid)
+            await self._ask(sid, sees)
             if await self.adopt(sid):
                 self.stats.handoffs_taken += 1
             return
         await self.adopt(sid)
 
-    async def _ask(self, sid: str) -> None:
-        """The hand-off of ``sid``, live elsewhere (see ``claim``)."""
-        retry = max(1, math.ceil(self.leases.renew_s))
-        sees = caller_sees()
-        if sees is None or self.replicas is None:   # no door vouched for the caller
-            raise SessionBusyElsewhereError(sid, retry)
-        view = await self.replicas.view(sid, ring=False)   # its maker, remembered here
+    async def _check_maker(self, sid: str, sees: Any) -> None:
+        """``SessionNotFoundError`` unless the door's caller sees the session's maker
+        (read from the journal, and remembered here for the door's own checks)."""
+        if self.replicas is None:
+            return
+        view = await self.replicas.view(sid, ring=False)
         if not sees(view.found.record.owner):
             raise SessionNotFoundError(sid)
+
+    async def _ask(self, sid: str, sees: Any) -> None:
+        """The hand-off of ``sid``, live elsewhere (see ``claim``)."""
+        retry = max(1, math.ceil(self.leases.renew_s))
+        if sees is None or self.replicas is None:   # no door vouched for the caller
+            raise SessionBusyElsewhereError(sid, retry)
         try:
             given = await self.handoffs.ask(sid)
         except Exception as exc:   # noqa: BLE001 - the store: the door's own 503

@@ -3,7 +3,7 @@ one PostgreSQL store: an ``/acp`` ``session/load`` on B of a session A runs, idl
 it (A lets it go through the store, B adopts it: token + 1) with its whole history,
 prompts on, and nothing is written twice; a busy session stays where it runs and the
 load gets the retryable ``session_busy_elsewhere`` at once; a caller who may not see
-the session causes no hand-off."""
+the session causes no hand-off (nor, once the lease expired, an adoption)."""
 
 from __future__ import annotations
 
@@ -112,7 +112,12 @@ async def test_a_caller_who_may_not_see_the_session_causes_no_handoff(
             await ws.wait_for(lambda m: m.get("id") == 0)
             await ws.send_json(_load(tmp_path, sid))
             refused = (await ws.wait_for(lambda m: m.get("id") == 1, timeout=20))["error"]
-        assert refused["code"] == -32602   # as an unknown session
-        assert a.bridge.has_session(sid) and not b.bridge.has_session(sid)
-        assert a.server.fleet.handoffs.given == 0
-        assert b.server.fleet.stats.handoffs_refused == 0
+            assert refused["code"] == -32602   # as an unknown session
+            assert a.bridge.has_session(sid) and not b.bridge.has_session(sid)
+            assert a.server.fleet.handoffs.given == 0
+            assert b.server.fleet.stats.handoffs_refused == 0
+            now[0] += 61   # a's lease expired: still not beta's to adopt
+            await ws.send_json(_load(tmp_path, sid, 2))
+            again = (await ws.wait_for(lambda m: m.get("id") == 2, timeout=20))["error"]
+            assert again["code"] == -32602
+            assert not b.bridge.has_session(sid) and b.server.fleet.stats.adoptions == 0
