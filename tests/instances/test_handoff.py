@@ -121,3 +121,24 @@ async def test_a_caller_who_may_not_see_the_session_causes_no_handoff(
             again = (await ws.wait_for(lambda m: m.get("id") == 2, timeout=20))["error"]
             assert again["code"] == -32602
             assert not b.bridge.has_session(sid) and b.server.fleet.stats.adoptions == 0
+
+
+async def test_an_owner_that_does_not_answer_is_waited_for_a_bounded_time(
+        tmp_path: Path) -> None:
+    """An owner that never answers (paused, cut off: here it ignores the notice) is
+    waited for at most ``wait_s`` (two renewal intervals by default; shortened here,
+    the renewal being slower than any test), then the load is refused, retryable."""
+    now = [0.0]
+    async with _pair(tmp_path, now) as (a, b):
+        sid = (await a.client.post("/session", json={"sessionScope": "thread"})).json()[
+            "sessionId"]
+        a.server.fleet.journal.store.on_handoff = None   # deaf to hand-off notices
+        b.server.fleet.handoffs.wait_s = 0.5
+        async with ws_connect(b.base_url) as ws:
+            await ws.send_json(INIT)
+            await ws.wait_for(lambda m: m.get("id") == 0)
+            await ws.send_json(_load(tmp_path, sid))
+            refused = (await ws.wait_for(lambda m: m.get("id") == 1, timeout=20))["error"]
+        assert refused["data"]["errorKind"] == "session_busy_elsewhere", refused
+        assert a.bridge.has_session(sid) and not b.bridge.has_session(sid)
+        assert b.server.fleet.stats.handoffs_refused == 1
