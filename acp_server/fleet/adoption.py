@@ -50,6 +50,7 @@ class FleetStats:
     forwards: int = 0
     journal_reads: int = 0   # reads of sessions live elsewhere served from the journal
     forward_failures: int = 0
+    forwards_rerouted: int = 0   # the owner had let the session go meanwhile: routed anew
     adoptions: int = 0
     handoffs_taken: int = 0    # idle sessions another instance let go to this one
     handoffs_refused: int = 0  # asked for and not let go in time (busy, unreachable)
@@ -86,6 +87,7 @@ class Fleet:
                 "forwards": self.stats.forwards,
                 "journalReads": self.stats.journal_reads,
                 "forwardFailures": self.stats.forward_failures,
+                "forwardsRerouted": self.stats.forwards_rerouted,
                 "handOffsGiven": self.handoffs.given,
                 "handOffsTaken": self.stats.handoffs_taken,
                 "handOffsRefused": self.stats.handoffs_refused}

@@ -22,6 +22,11 @@ Contracts:
   for), is a REST 503 ``owner_unreachable`` with ``Retry-After: 5`` (the lease
   expires, and then an instance adopts the session); a relay cut after the headers
   ends the response.
+* An owner that answers 404 while ``moved()`` says the session has moved since it
+  was looked up (the request reached the old owner in the instant of a hand-off or
+  an adoption, and a forwarded request is never forwarded again there) is not
+  relayed: ``OwnerMovedError`` carries the body read, for the caller to route the
+  request once more.
 """
 
 from __future__ import annotations
@@ -44,6 +49,15 @@ HEADERS_TIMEOUT_S = 30.0
 
 class OwnerUnreachableError(Exception):
     """The owner's advertised address did not answer."""
+
+
+class OwnerMovedError(Exception):
+    """The owner no longer runs the session (see the module docstring); nothing was
+    sent to the client. ``body``: the request's body, read."""
+
+    def __init__(self, body: bytes) -> None:
+        super().__init__("the session moved while the request was forwarded")
+        self.body = body
 
 
 class Forwarder:
@@ -71,9 +85,11 @@ class Forwarder:
             await self._client.aclose()
 
     async def relay(self, base_url: str, scope: Any, receive: Any, send: Any,
-                    alive: Callable[[], Awaitable[bool]] | None = None) -> None:
+                    alive: Callable[[], Awaitable[bool]] | None = None,
+                    moved: Callable[[], Awaitable[bool]] | None = None) -> None:
         """``alive``: asked every ``check_s`` while the owner has not answered its
-        headers; ``False`` (its heartbeat stopped: paused, say) gives up at once."""
+        headers; ``False`` (its heartbeat stopped: paused, say) gives up at once.
+        ``moved``: asked when the owner answers 404 (``OwnerMovedError``)."""
         body = await _read_body(receive, self.max_body_bytes + 1)
         headers = [(k, v) for k, v in scope["headers"] if k.lower() not in HOP_BY_HOP]
         headers.append((FORWARDED_HEADER, self.instance.encode()))
@@ -88,14 +104,18 @@ class Forwarder:
             # client's disconnect is watched apart and ends the relay and the upstream
             # request, or an event stream would be relayed to nobody for ever.
             tg.start_soon(_cancel_on_disconnect, receive, tg.cancel_scope)
-            await self._exchange(request, send, unreachable, alive)
+            went = await self._exchange(request, send, unreachable, alive, moved)
             tg.cancel_scope.cancel()
         if unreachable:
             raise unreachable[0]
+        if went:
+            raise OwnerMovedError(body)
 
     async def _exchange(self, request: httpx.Request, send: Any,
                         unreachable: list[OwnerUnreachableError],
-                        alive: Callable[[], Awaitable[bool]] | None) -> None:
+                        alive: Callable[[], Awaitable[bool]] | None,
+                        moved: Callable[[], Awaitable[bool]] | None = None) -> bool:
+        """Relay the owner's answer; ``True`` instead when it is a 404 and ``moved()``."""
         answered: list[httpx.Response] = []
         failed: list[BaseException] = []
         with anyio.move_on_after(self.headers_timeout_s):
@@ -111,9 +131,11 @@ class Forwarder:
             reason = (str(failed[0]) or type(failed[0]).__name__ if failed
                       else "no answer in time (or its heartbeat stopped)")
             unreachable.append(OwnerUnreachableError(reason))
-            return
+            return False
         response = answered[0]
         try:
+            if response.status_code == 404 and moved is not None and await _says(moved):
+                return True   # nothing was sent: the caller routes the request again
             await send({"type": "http.response.start", "status": response.status_code,
                         "headers": [(k, v) for k, v in response.headers.raw
                                     if k.lower() not in HOP_BY_HOP or k.lower() ==
@@ -128,7 +150,7 @@ class Forwarder:
         finally:
             with anyio.CancelScope(shield=True):
                 await response.aclose()
-
+        return False
 
     async def _watch(self, alive: Callable[[], Awaitable[bool]],
                      scope: anyio.CancelScope) -> None:
@@ -140,6 +162,25 @@ class Forwarder:
                     return
             except Exception:   # noqa: BLE001 - the store cannot say: wait on
                 continue
+
+
+def replayed(body: bytes, receive: Any) -> Any:
+    """``receive`` whose request body (already read) is ``body``: the same request
+    routed once more (``OwnerMovedError``); then the client's own messages."""
+    pending = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def replay() -> Any:
+        return pending.pop() if pending else await receive()
+
+    return replay
+
+
+async def _says(question: Callable[[], Awaitable[bool]]) -> bool:
+    """``question()``, ``False`` when it cannot be answered (the store: relay as is)."""
+    try:
+        return await question()
+    except Exception:   # noqa: BLE001
+        return False
 
 
 async def _cancel_on_disconnect(receive: Any, scope: anyio.CancelScope) -> None:

@@ -38,7 +38,12 @@ import logging
 from typing import Any
 
 from acp_server.fleet.adoption import Fleet
-from acp_server.fleet.forward import FORWARDED_HEADER, OwnerUnreachableError
+from acp_server.fleet.forward import (
+    FORWARDED_HEADER,
+    OwnerMovedError,
+    OwnerUnreachableError,
+    replayed,
+)
 from acp_server.principals import CALLER_KEY
 from acp_server.store.errors import RETRY_AFTER_S, StoreUnavailableError
 from acp_server.store.leases import Owner
@@ -121,12 +126,20 @@ class SessionRouter:
                 return None
         return None
 
-    async def _forward(self, owner: Owner, scope: Any, receive: Any, send: Any) -> None:
-        url, leases = owner.url or "", self.leases
+    async def _forward(self, owner: Owner, scope: Any, receive: Any, send: Any,
+                       again: bool = True) -> None:
+        """Relay to ``owner``; when it answers 404 because the session moved meanwhile
+        (``again``: once), route the request anew: to the new owner, or here."""
+        url, leases, sid = owner.url or "", self.leases, session_of(scope["path"]) or ""
 
         async def alive() -> bool:
             return await self.journal.store._read(
                 lambda conn: leases.alive(conn, owner.instance))
+
+        async def moved() -> bool:
+            now = await self.journal.store._read(lambda conn: leases.owner(conn, sid))
+            return now is not None and (now.instance, now.token) != (owner.instance,
+                                                                     owner.token)
 
         try:
             if not url:
@@ -135,7 +148,23 @@ class SessionRouter:
             caller = scope.get(CALLER_KEY)
             if caller is not None:   # the owner counts it against the rate limits
                 caller.uncharge()
-            await self.forwarder.relay(url, scope, receive, send, alive)
+            await self.forwarder.relay(url, scope, receive, send, alive,
+                                       moved if again else None)
+        except OwnerMovedError as exc:
+            self.stats.forwards_rerouted += 1
+            log.info("session %s moved while a request was forwarded to %s: routed again",
+                     sid, url)
+            receive = replayed(exc.body, receive)
+            try:
+                now = await self._route(sid)
+            except Exception as error:   # noqa: BLE001 - the store: retry later
+                log.warning("session %s: its owner could not be looked up (%s)", sid, error)
+                await _refuse(send, STORE_UNAVAILABLE, RETRY_AFTER_S)
+                return
+            if now is None:
+                await self.app(scope, receive, send)
+            else:
+                await self._forward(now, scope, receive, send, again=False)
         except OwnerUnreachableError as exc:
             self.stats.forward_failures += 1
             log.warning("a request for a session owned elsewhere could not be forwarded "

@@ -168,6 +168,9 @@ class _FleetCollector(Collector):
                  "Requests forwarded to the instance that runs their session."),
                 ("acp_server_session_forward_failures", "forwardFailures",
                  "Forwards whose owner could not be reached (503)."),
+                ("acp_server_session_forwards_rerouted", "forwardsRerouted",
+                 "Forwards that reached an owner who had just let the session go, "
+                 "routed anew."),
                 ("acp_server_session_journal_reads", "journalReads",
                  "Reads of sessions live on another instance served from the journal."),
                 ("acp_server_session_handoffs_given", "handOffsGiven",

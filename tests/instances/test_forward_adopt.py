@@ -89,7 +89,7 @@ async def test_forwarded_to_the_owner_then_adopted_when_its_lease_expired(
         status = (await b.client.get("/daemon/status")).json()["runtime"]["instances"]
         assert status == {"instance": b.server.leases.instance, "advertisedUrl": b.base_url,
                           "sessionsOwned": 1, "leasesTakenOver": 1, "sessionsMovedAway": 0,
-                          "forwards": 1, "journalReads": 2, "forwardFailures": 0,
+                          "forwards": 1, "journalReads": 2, "forwardFailures": 0, "forwardsRerouted": 0,
                           "handOffsGiven": 0, "handOffsTaken": 0, "handOffsRefused": 0}
         moved = (await a.client.get("/daemon/status")).json()["runtime"]["instances"]
         assert (moved["sessionsOwned"], moved["sessionsMovedAway"]) == (0, 1)
@@ -327,3 +327,49 @@ async def test_a_status_from_the_journal_shows_the_running_prompt_and_its_questi
         assert [(p["promptId"], p["state"], p["text"]) for p in pending["pendingPrompts"]] == [
             (pids[0], "running", "/permission"), (pids[1], "queued", "after")]
         assert b.server.fleet.stats.forwards == 0   # type: ignore[union-attr]
+
+
+async def test_a_request_forwarded_to_an_owner_that_just_let_go_is_routed_again(
+        tmp_path: Path) -> None:
+    """c looks the owner up (a), a lets the session go (b adopted it) before the
+    forwarded prompt arrives, and answers 404 (a forwarded request is never forwarded
+    again): c sees the lease moved and routes the prompt once more, to b: 202. The
+    stale lookup is forced (the instant between c's lookup and a's answer)."""
+    now = [0.0]
+    async with _pair(tmp_path, now) as (a, b), \
+            local_server(tmp_path, state_dir=tmp_path / "c", store=stores.postgres_url_for(
+                tmp_path, "fleet"), lease_offset=lambda: now[0], session_lease_ttl_ms=60_000,
+                session_lease_renew_ms=50_000) as c:
+        sid = (await a.client.post("/session", json={"sessionScope": "thread"})).json()[
+            "sessionId"]
+        leases = c.server.leases
+        assert leases is not None
+        stale = await c.server.fleet.journal.store._read(lambda conn: leases.owner(conn, sid))
+        assert stale is not None and stale.url == a.base_url
+        now[0] += 61   # a's lease expired: b adopts, a's next write stops it there
+        assert (await b.client.get(f"/session/{sid}/status")).status_code == 200
+        assert b.bridge.has_session(sid)
+        assert (await a.client.post(f"/session/{sid}/prompt", json=_prompt("x"))
+                ).status_code == 503
+        with anyio.fail_after(10):
+            while a.bridge.has_session(sid):
+                await anyio.sleep(0.01)
+        real, looked = leases.owner, []
+
+        def first_stale(conn: Any, session_id: str) -> Any:
+            looked.append(session_id)
+            return stale if len(looked) == 1 else real(conn, session_id)
+
+        leases.owner = first_stale   # type: ignore[method-assign]
+        accepted = await c.client.post(f"/session/{sid}/prompt", json=_prompt("/chunks 2 z"))
+        assert accepted.status_code == 202, accepted.text
+        pid = accepted.json()["promptId"]
+        frames = await read_events(b.client, sid, _is("turn_complete", pid), last_event_id=0)
+        assert frames[-1]["type"] == "turn_complete"
+        stats = c.server.fleet.stats
+        assert (stats.forwards, stats.forwards_rerouted) == (2, 1)   # to a, then to b
+        # without the forced stale lookup, a client sending the marker itself to an
+        # instance that does not run the session is served there, as before
+        loop = await c.client.get(f"/session/{sid}/pending-prompts",
+                                  headers={"x-acp-forwarded-by": "elsewhere"})
+        assert loop.status_code == 404
