@@ -20,6 +20,8 @@ installed, else ``bench.loadgen``).
 * placement (``bench.placement``): every server of the run, floors and ``qwen serve``
   included, is pinned to one core and ``wrk`` to the others (``BENCH_PIN=off``: the
   scheduler decides, as before; the figures then swing far more between processes).
+* in process (``bench.inprocess``): CPU µs per refusal of our app, the raw callable
+  and the bare route called as ASGI, no server: the figure to judge our code by.
 * 202 path: cap disabled, ``/chunks 1`` prompts that the reference agent finishes at once.
 * latency: POST to ``turn_complete`` on an open SSE stream, sequential turns.
 * accepted **and completed**: the 202 load, then ``GET /daemon/status`` polled until
@@ -54,6 +56,7 @@ from httpx_sse import connect_sse
 from tests.harness import ServeProcess
 from bench.server import INTERVAL_S as PROBE_INTERVAL_S
 from bench.server import lag_p99
+from bench.inprocess import in_subprocess
 from bench.loadgen import wrk_load
 from bench.placement import cpu_seconds, listener_pid, pin, split_cores
 from bench.targets import record
@@ -371,6 +374,7 @@ def floors_and_503(workspace: str) -> tuple[dict[str, float], dict[str, Rounds]]
 def main() -> list[str]:
     os.environ.setdefault("PYTHONHASHSEED", "0")   # the servers' dicts and sets alike
     with tempfile.TemporaryDirectory() as workspace:
+        inproc = in_subprocess()
         rps, rounds = floors_and_503(workspace)
         from bench.peer_bench import qwen_503
 
@@ -441,6 +445,10 @@ def main() -> list[str]:
                      f"| {qwen['rps'] / rps[f'raw/{SHIPPED}']:.2f} |")
     return [
         *lines, "",
+        "The same 503 in process (`bench.inprocess`: the app called as ASGI, no server; "
+        "CPU µs of the thread per refusal, best of 5 × 20,000): raw callable "
+        f"{inproc['raw']:.2f} µs, bare Starlette route {inproc['bare']:.2f} µs, "
+        f"acp-server {inproc['ours']:.2f} µs.", "",
         f"| `POST /session/{{id}}/prompt` on {SHIPPED} | requests/s | ratio to bare (uvicorn) |",
         "|---|---|---|",
         f"| → 202 (reference agent runs each turn) | {accepted['rps']:.0f} "
