@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import statistics
@@ -124,13 +125,14 @@ def acp_server(workspace: str, cap: int, probe: str | None = None, *extra: str,
 
 
 def load(port: int, path: str, body: str, seconds: float = SECONDS,
-         headers: dict[str, str] | None = None, warmup: float = WARMUP_S) -> dict:
+         headers: dict[str, str] | None = None, warmup: float = 0) -> dict:
     """``CONNECTIONS`` keep-alive connections POSTing ``body`` for ``SECONDS``: ``wrk``
     when installed (a client far cheaper than the server), else ``bench.loadgen``.
 
     The server (whoever listens on ``port``) is pinned to its core and the client runs
     on the others (``bench.placement``; ``BENCH_PIN=off``: not); ``warmup`` seconds of
-    the same load come first, unmeasured. ``cpu_us``: the server's CPU µs per request
+    the same load come first, unmeasured (the 503 rows: ``WARMUP_S``; a load of
+    accepted prompts is measured from its first request, so it has none). ``cpu_us``: the server's CPU µs per request
     over the measured load (all its threads), ``None`` when it cannot be read."""
     cores = split_cores()
     pid = listener_pid(port)
@@ -265,7 +267,7 @@ def refused_503(workspace: str, *extra: str, source: str | None = None) -> dict:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:
             sid = create_session(client)
             client.post(f"/session/{sid}/prompt", json=HOLD)
-        result = load(port, f"/session/{sid}/prompt", PROMPT)
+        result = load(port, f"/session/{sid}/prompt", PROMPT, warmup=WARMUP_S)
     assert refused_only(result), result
     return result
 
@@ -303,11 +305,11 @@ def authenticated_503(workspace: str) -> dict[str, float]:
         slice_s = SECONDS / AUTH_SLICES
         order = list(paths)
         for name in order:   # warm-up
-            load(port, paths[name][0], PROMPT, seconds=1, headers=paths[name][1], warmup=0)
+            load(port, paths[name][0], PROMPT, seconds=1, headers=paths[name][1])
         for index in range(AUTH_SLICES):
             for name in (order if index % 2 == 0 else order[::-1]):
                 result = load(port, paths[name][0], PROMPT, seconds=slice_s,
-                              headers=paths[name][1], warmup=0)
+                              headers=paths[name][1])
                 assert refused_only(result), result
                 totals[name][0] += result["requests"]
                 totals[name][1] += result["seconds"]
@@ -316,7 +318,7 @@ def authenticated_503(workspace: str) -> dict[str, float]:
 
 def floor(app: str, http: str) -> dict:
     with server(["-m", "bench.floor_server", app, http], "listening on ") as port:
-        result = load(port, FLOOR_PATH, PROMPT)
+        result = load(port, FLOOR_PATH, PROMPT, warmup=WARMUP_S)
     assert refused_only(result), result
     return result
 
@@ -378,12 +380,12 @@ def main() -> list[str]:
         rps, rounds = floors_and_503(workspace)
         from bench.peer_bench import qwen_503
 
-        qwen = qwen_503(load)
+        qwen = qwen_503(functools.partial(load, warmup=WARMUP_S))
         lag_file = os.path.join(workspace, "lag.txt")
         with acp_server(workspace, 0, lag_file, "--http-server", SHIPPED) as port:
             with httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:
                 sid = create_session(client)
-            accepted = load(port, f"/session/{sid}/prompt", PROMPT, warmup=0)
+            accepted = load(port, f"/session/{sid}/prompt", PROMPT)
             drained_at = drained(port)
             p50, p99 = latency(port)
         with acp_server(workspace, 0, None, "--http-server", SHIPPED) as port:
