@@ -71,7 +71,7 @@ READERS = 100
 FAN_BURST = 2_000
 PER_SESSION = 50   # under the bridge's max_subscribers_per_session (64)
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
-WARMUP_S = 1.0   # of the same load, unmeasured, before every measured one
+WARMUP_S = 1.0   # of the same load, unmeasured, before each measured 503 load
 
 
 @contextlib.contextmanager
@@ -132,8 +132,9 @@ def load(port: int, path: str, body: str, seconds: float = SECONDS,
     The server (whoever listens on ``port``) is pinned to its core and the client runs
     on the others (``bench.placement``; ``BENCH_PIN=off``: not); ``warmup`` seconds of
     the same load come first, unmeasured (the 503 rows: ``WARMUP_S``; a load of
-    accepted prompts is measured from its first request, so it has none). ``cpu_us``: the server's CPU µs per request
-    over the measured load (all its threads), ``None`` when it cannot be read."""
+    accepted prompts is measured from its first request, so it has none).
+    ``cpu_us``: the server's CPU µs per request over the measured load (all its
+    threads), ``None`` when it cannot be read."""
     cores = split_cores()
     pid = listener_pid(port)
     if cores is not None and pid is not None:
