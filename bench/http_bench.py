@@ -378,6 +378,8 @@ def main() -> list[str]:
     os.environ.setdefault("PYTHONHASHSEED", "0")   # the servers' dicts and sets alike
     with tempfile.TemporaryDirectory() as workspace:
         inproc = in_subprocess()
+        before = os.environ.get("BENCH_BEFORE")
+        inproc_before = in_subprocess(os.path.abspath(before)) if before else None
         rps, rounds = floors_and_503(workspace)
         from bench.peer_bench import qwen_503
 
@@ -451,7 +453,10 @@ def main() -> list[str]:
         "The same 503 in process (`bench.inprocess`: the app called as ASGI, no server; "
         "CPU µs of the thread per refusal, best of 5 × 20,000): raw callable "
         f"{inproc['raw']:.2f} µs, bare Starlette route {inproc['bare']:.2f} µs, "
-        f"acp-server {inproc['ours']:.2f} µs.", "",
+        f"acp-server {inproc['ours']:.2f} µs"
+        + ("." if inproc_before is None else
+           f"; the BENCH_BEFORE tree's {inproc_before['ours']:.2f} µs (its floors "
+           f"{inproc_before['raw']:.2f} / {inproc_before['bare']:.2f} µs)."), "",
         f"| `POST /session/{{id}}/prompt` on {SHIPPED} | requests/s | ratio to bare (uvicorn) |",
         "|---|---|---|",
         f"| → 202 (reference agent runs each turn) | {accepted['rps']:.0f} "

@@ -102,10 +102,13 @@ def run() -> dict[str, float]:
     return anyio.run(measure, backend="asyncio", backend_options={"use_uvloop": True})
 
 
-def in_subprocess() -> dict[str, float]:
-    """``run()`` in a process of its own (it configures logging), for ``bench.http_bench``."""
-    out = subprocess.run([sys.executable, "-m", "bench.inprocess", "--json"],
-                         capture_output=True, text=True, check=True)
+def in_subprocess(source: str | None = None) -> dict[str, float]:
+    """``run()`` in a process of its own (it configures logging), for ``bench.http_bench``;
+    ``source``: another source tree (``BENCH_BEFORE``), whose ``acp_server`` and floors
+    this file measures."""
+    env = None if source is None else {**os.environ, "PYTHONPATH": source}
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--json"],
+                         capture_output=True, text=True, check=True, env=env, cwd=source)
     return json.loads(out.stdout)  # type: ignore[no-any-return]
 
 
