@@ -13,8 +13,15 @@ installed, else ``bench.loadgen``).
   they never refuse), each sending its own session's prompts, both to ONE server in
   alternating slices (``authenticated_503``: the same process, warm-up, ABBA order).
 * floors: ``bench.floor_server`` (``raw`` callable, ``bare`` route) returning the same
-  503 bytes; qwen serve: ``bench.peer_bench``. Each figure is the best of ``ROUNDS``
-  rounds that run every server in turn.
+  503 bytes; qwen serve: ``bench.peer_bench``. Each figure is the median of ``ROUNDS``
+  rounds that run every server in turn, each server a new process, loaded for
+  ``SECONDS`` after ``WARMUP_S`` of the same load; the spread of the rounds and the
+  server's CPU µs per request (all its threads, ``/proc``) are shown beside it.
+* placement (``bench.placement``): every server of the run, floors and ``qwen serve``
+  included, is pinned to one core and ``wrk`` to the others (``BENCH_PIN=off``: the
+  scheduler decides, as before; the figures then swing far more between processes).
+* in process (``bench.inprocess``): CPU µs per refusal of our app, the raw callable
+  and the bare route called as ASGI, no server: the figure to judge our code by.
 * 202 path: cap disabled, ``/chunks 1`` prompts that the reference agent finishes at once.
 * latency: POST to ``turn_complete`` on an open SSE stream, sequential turns.
 * accepted **and completed**: the 202 load, then ``GET /daemon/status`` polled until
@@ -33,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import statistics
@@ -41,6 +49,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 
 import httpx
 from httpx_sse import connect_sse
@@ -48,7 +57,9 @@ from httpx_sse import connect_sse
 from tests.harness import ServeProcess
 from bench.server import INTERVAL_S as PROBE_INTERVAL_S
 from bench.server import lag_p99
+from bench.inprocess import in_subprocess
 from bench.loadgen import wrk_load
+from bench.placement import cpu_seconds, listener_pid, pin, split_cores
 from bench.targets import record
 
 SECONDS = float(os.environ.get("BENCH_SECONDS", "4"))
@@ -60,6 +71,7 @@ READERS = 100
 FAN_BURST = 2_000
 PER_SESSION = 50   # under the bridge's max_subscribers_per_session (64)
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
+WARMUP_S = 1.0   # of the same load, unmeasured, before each measured 503 load
 
 
 @contextlib.contextmanager
@@ -113,13 +125,37 @@ def acp_server(workspace: str, cap: int, probe: str | None = None, *extra: str,
 
 
 def load(port: int, path: str, body: str, seconds: float = SECONDS,
-         headers: dict[str, str] | None = None) -> dict:
+         headers: dict[str, str] | None = None, warmup: float = 0) -> dict:
     """``CONNECTIONS`` keep-alive connections POSTing ``body`` for ``SECONDS``: ``wrk``
-    when installed (a client far cheaper than the server), else ``bench.loadgen``."""
-    result = wrk_load(port, "POST", path, body, seconds, CONNECTIONS, headers)
+    when installed (a client far cheaper than the server), else ``bench.loadgen``.
+
+    The server (whoever listens on ``port``) is pinned to its core and the client runs
+    on the others (``bench.placement``; ``BENCH_PIN=off``: not); ``warmup`` seconds of
+    the same load come first, unmeasured (the 503 rows: ``WARMUP_S``; a load of
+    accepted prompts is measured from its first request, so it has none).
+    ``cpu_us``: the server's CPU µs per request over the measured load (all its
+    threads), ``None`` when it cannot be read."""
+    cores = split_cores()
+    pid = listener_pid(port)
+    if cores is not None and pid is not None:
+        pin(pid, cores.server)
+    prefix = cores.client_prefix() if cores is not None else []
+    if warmup > 0:
+        _load(port, path, body, warmup, headers, prefix)
+    before = cpu_seconds(pid) if pid is not None else None
+    result = _load(port, path, body, seconds, headers, prefix)
+    after = cpu_seconds(pid) if pid is not None else None
+    result["cpu_us"] = None if before is None or after is None or not result["requests"] \
+        else (after - before) / result["requests"] * 1e6
+    return result
+
+
+def _load(port: int, path: str, body: str, seconds: float, headers: dict[str, str] | None,
+          prefix: list[str]) -> dict:
+    result = wrk_load(port, "POST", path, body, seconds, CONNECTIONS, headers, prefix)
     if result is not None:
         return result
-    out = subprocess.run([sys.executable, "-m", "bench.loadgen", "--port", str(port),
+    out = subprocess.run([*prefix, sys.executable, "-m", "bench.loadgen", "--port", str(port),
                           "--method", "POST", "--path", path, "--body", body,
                           "--seconds", str(seconds), "--connections", str(CONNECTIONS),
                           *(a for k, v in (headers or {}).items()
@@ -232,7 +268,7 @@ def refused_503(workspace: str, *extra: str, source: str | None = None) -> dict:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:
             sid = create_session(client)
             client.post(f"/session/{sid}/prompt", json=HOLD)
-        result = load(port, f"/session/{sid}/prompt", PROMPT)
+        result = load(port, f"/session/{sid}/prompt", PROMPT, warmup=WARMUP_S)
     assert refused_only(result), result
     return result
 
@@ -283,15 +319,36 @@ def authenticated_503(workspace: str) -> dict[str, float]:
 
 def floor(app: str, http: str) -> dict:
     with server(["-m", "bench.floor_server", app, http], "listening on ") as port:
-        result = load(port, FLOOR_PATH, PROMPT)
+        result = load(port, FLOOR_PATH, PROMPT, warmup=WARMUP_S)
     assert refused_only(result), result
     return result
 
 
-def floors_and_503(workspace: str) -> dict[str, float]:
-    """Requests/s of every 503 answer, best of ``ROUNDS`` rounds run in turn (the
-    machine's noise hits each alike). ``BENCH_BEFORE`` = another source tree (e.g. a
-    worktree of main): its 503 path is measured in the same rounds."""
+@dataclass
+class Rounds:
+    """One server's figures, a round each: requests/s and its CPU µs per request."""
+
+    rps: list[float] = field(default_factory=list)
+    cpu_us: list[float] = field(default_factory=list)
+
+    def add(self, result: dict) -> None:
+        self.rps.append(result["rps"])
+        if result.get("cpu_us") is not None:
+            self.cpu_us.append(result["cpu_us"])
+
+    def spread(self) -> str:
+        """min–max of requests/s over the rounds, as a share of the median."""
+        if len(self.rps) < 2:
+            return ""
+        median = statistics.median(self.rps)
+        return f"{(min(self.rps) - median) / median:+.0%}/{(max(self.rps) - median) / median:+.0%}"
+
+
+def floors_and_503(workspace: str) -> tuple[dict[str, float], dict[str, Rounds]]:
+    """Requests/s of every 503 answer: the median of ``ROUNDS`` rounds that run every
+    server in turn (the machine's noise hits each alike), and each server's rounds.
+    ``BENCH_BEFORE`` = another source tree (e.g. a worktree of main): its 503 path is
+    measured in the same rounds."""
     runs: dict[str, Callable[[], dict]] = {
         "bare/uvicorn": lambda: floor("bare", "uvicorn"),
         f"ours/{SHIPPED}": lambda: refused_503(workspace, "--http-server", SHIPPED),
@@ -303,24 +360,30 @@ def floors_and_503(workspace: str) -> dict[str, float]:
     before = os.environ.get("BENCH_BEFORE")
     if before:
         runs["before/uvicorn"] = lambda: refused_503(workspace, source=os.path.abspath(before))
-    best: dict[str, float] = {}
+    rounds = {name: Rounds() for name in runs}
+    auths: list[dict[str, float]] = []
     for _ in range(ROUNDS):
         for name, run in runs.items():
-            best[name] = max(best.get(name, 0.0), run()["rps"])
-        # the two tokens: one server, alternating slices; the ratio of the round whose
-        # total is best (never the best of each side from different rounds)
-        auth = authenticated_503(workspace)
-        if sum(auth.values()) > best.get("auth/bootstrap", 0) + best.get("auth/stored", 0):
-            best["auth/bootstrap"], best["auth/stored"] = auth["bootstrap"], auth["stored"]
-    return best
+            rounds[name].add(run())
+        auths.append(authenticated_503(workspace))
+    rps = {name: statistics.median(r.rps) for name, r in rounds.items()}
+    # the two tokens: one server, alternating slices; both figures from the round whose
+    # total is the median (never each side's median from different rounds)
+    auth = sorted(auths, key=lambda a: sum(a.values()))[(len(auths) - 1) // 2]
+    rps["auth/bootstrap"], rps["auth/stored"] = auth["bootstrap"], auth["stored"]
+    return rps, rounds
 
 
 def main() -> list[str]:
+    os.environ.setdefault("PYTHONHASHSEED", "0")   # the servers' dicts and sets alike
     with tempfile.TemporaryDirectory() as workspace:
-        rps = floors_and_503(workspace)
+        inproc = in_subprocess()
+        before = os.environ.get("BENCH_BEFORE")
+        inproc_before = in_subprocess(os.path.abspath(before)) if before else None
+        rps, rounds = floors_and_503(workspace)
         from bench.peer_bench import qwen_503
 
-        qwen = qwen_503(load)
+        qwen = qwen_503(functools.partial(load, warmup=WARMUP_S))
         lag_file = os.path.join(workspace, "lag.txt")
         with acp_server(workspace, 0, lag_file, "--http-server", SHIPPED) as port:
             with httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:
@@ -352,6 +415,10 @@ def main() -> list[str]:
     record("event-loop lag p99 under the accepted-and-completed load, ms", lag99, 10.0,
            lower_is_better=True)
     client = accepted.get("client", "wrk")
+    cores = split_cores()
+    placement = ("the scheduler places server and client" if cores is None else
+                 f"server pinned to CPU {','.join(map(str, sorted(cores.server)))}, client to "
+                 f"CPU {','.join(map(str, sorted(cores.client)))}")
     rows = [(f"raw ASGI callable, {SHIPPED}", f"raw/{SHIPPED}"),
             ("raw ASGI callable, uvicorn", "raw/uvicorn"),
             (f"bare Starlette route, {SHIPPED}", f"bare/{SHIPPED}"),
@@ -364,19 +431,32 @@ def main() -> list[str]:
              "before/uvicorn")]
     lines = [
         f"## HTTP ({CONNECTIONS} keep-alive connections, {client} in a separate process, "
-        f"{SECONDS:g} s each, best of {ROUNDS} interleaved rounds)", "",
-        "| server and route (the same 503 bytes) | requests/s | / bare route on uvicorn "
-        f"| / raw callable on {SHIPPED} |", "|---|---|---|---|"]
+        f"{SECONDS:g} s each after {WARMUP_S:g} s of warm-up, median of {ROUNDS} interleaved "
+        f"rounds; {placement})", "",
+        "| server and route (the same 503 bytes) | requests/s | rounds: min/max vs median "
+        f"| server CPU µs per request | / bare route on uvicorn | / raw callable on {SHIPPED} |",
+        "|---|---:|---:|---:|---:|---:|"]
     for label, key in rows:
         if key in rps:
-            lines.append(f"| {label} | {rps[key]:.0f} | {rps[key] / rps['bare/uvicorn']:.2f} "
+            spent = rounds.get(key, Rounds())
+            cpu = f"{statistics.median(spent.cpu_us):.1f}" if spent.cpu_us else ""
+            lines.append(f"| {label} | {rps[key]:.0f} | {spent.spread()} | {cpu} "
+                         f"| {rps[key] / rps['bare/uvicorn']:.2f} "
                          f"| {rps[key] / rps[f'raw/{SHIPPED}']:.2f} |")
     if qwen is not None:
-        lines.append(f"| qwen serve 0.24.4 (node) | {qwen['rps']:.0f} "
+        cpu = f"{qwen['cpu_us']:.1f}" if qwen.get("cpu_us") is not None else ""
+        lines.append(f"| qwen serve 0.24.4 (node) | {qwen['rps']:.0f} | (one round) | {cpu} "
                      f"| {qwen['rps'] / rps['bare/uvicorn']:.2f} "
                      f"| {qwen['rps'] / rps[f'raw/{SHIPPED}']:.2f} |")
     return [
         *lines, "",
+        "The same 503 in process (`bench.inprocess`: the app called as ASGI, no server; "
+        "CPU µs of the thread per refusal, best of 5 × 20,000): raw callable "
+        f"{inproc['raw']:.2f} µs, bare Starlette route {inproc['bare']:.2f} µs, "
+        f"acp-server {inproc['ours']:.2f} µs"
+        + ("." if inproc_before is None else
+           f"; the BENCH_BEFORE tree's {inproc_before['ours']:.2f} µs (its floors "
+           f"{inproc_before['raw']:.2f} / {inproc_before['bare']:.2f} µs)."), "",
         f"| `POST /session/{{id}}/prompt` on {SHIPPED} | requests/s | ratio to bare (uvicorn) |",
         "|---|---|---|",
         f"| → 202 (reference agent runs each turn) | {accepted['rps']:.0f} "

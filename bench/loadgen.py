@@ -18,6 +18,7 @@ import asyncio
 import json
 import time
 from collections import Counter
+from collections.abc import Sequence
 
 
 async def _connection(host: str, port: int, request: bytes, stop_at: float,
@@ -93,10 +94,12 @@ end
 
 
 def wrk_load(port: int, method: str, path: str, body: str, seconds: float,
-             connections: int, headers: dict[str, str] | None = None) -> dict | None:
+             connections: int, headers: dict[str, str] | None = None,
+             prefix: Sequence[str] = ()) -> dict | None:
     """The same load from ``wrk`` (C, one thread) when it is installed, else ``None``:
     a client far cheaper than this one, so the figure is the server's on 2 cores.
-    ``statuses`` has ``"non-2xx"`` and ``"2xx"`` counts only (wrk reports no more)."""
+    ``statuses`` has ``"non-2xx"`` and ``"2xx"`` counts only (wrk reports no more).
+    ``prefix``: argv that wrk runs under (``taskset -c 0``: the client's cores)."""
     import shutil
     import subprocess
     import tempfile
@@ -104,13 +107,14 @@ def wrk_load(port: int, method: str, path: str, body: str, seconds: float,
     wrk = shutil.which("wrk")
     if wrk is None:
         return None
+    seconds = max(1, round(seconds))   # wrk's -d takes whole seconds
     with tempfile.NamedTemporaryFile("w", suffix=".lua") as script:
         extra = "\n".join(f"wrk.headers[{json.dumps(k)}] = {json.dumps(v)}"
                           for k, v in (headers or {}).items())
         script.write(WRK_SCRIPT.format(method=method, body=json.dumps(body), headers=extra))
         script.flush()
         started_at = time.monotonic()
-        out = subprocess.run([wrk, "-t1", f"-c{connections}", f"-d{seconds:g}s", "-s",
+        out = subprocess.run([*prefix, wrk, "-t1", f"-c{connections}", f"-d{seconds:g}s", "-s",
                               script.name, f"http://127.0.0.1:{port}{path}"],
                              capture_output=True, text=True, check=True).stdout
     rps = float(next(line.split()[1] for line in out.splitlines()

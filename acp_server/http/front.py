@@ -206,6 +206,7 @@ class FrontLayer:
         self.stats = stats if stats is not None else {"connections": 0}
         self._encoded: dict[tuple[Refusal, str], tuple[Message, Message]] = {}
         self._hot = {(h.method, len(h.template())): (h, h.template()) for h in hot}
+        self._by_segment = _doors_by_segment(self.doors)
 
     def _hot_route(self, scope: Scope) -> tuple[HotRoute, dict[str, str]] | None:
         segments = scope["path"].strip("/").split("/")
@@ -224,6 +225,10 @@ class FrontLayer:
         return hot, params
 
     def door_of(self, path: str) -> Door:
+        """The first door whose prefix matches ``path``, else the last door."""
+        if self._by_segment is not None:
+            by_segment, default = self._by_segment
+            return by_segment.get(path[1:].split("/", 1)[0], default)
         for door in self.doors:
             if door.matches(path):
                 return door
@@ -346,6 +351,22 @@ class FrontLayer:
         # Fresh dicts: a server may keep or change what it is sent.
         await send(dict(start))
         await send(dict(body_message))
+
+
+def _doors_by_segment(doors: Sequence[Door]) -> tuple[dict[str, Door], Door] | None:
+    """``door_of`` as one dict lookup on the path's first segment, when every prefix is
+    ``""`` or one segment (``/x``, ``/x/``): {segment: the first door of that segment},
+    and the door of every other path (the first ``""`` door, else the last door). Doors
+    after a ``""`` door are never chosen, as in the scan. ``None`` for other prefixes."""
+    by_segment: dict[str, Door] = {}
+    for door in doors:
+        if not door.prefix:
+            return by_segment, door
+        segment = door.prefix.strip("/")
+        if not door.prefix.startswith("/") or not segment or "/" in segment:
+            return None
+        by_segment.setdefault(segment, door)
+    return by_segment, doors[-1]
 
 
 def _replay(chunks: list[bytes], last: Message | None, receive: Receive) -> Receive:

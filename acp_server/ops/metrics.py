@@ -10,9 +10,10 @@ Contracts:
 
 * Series names are fixed (dashboards rely on them; README lists them). Counters get
   ``_total`` from ``prometheus_client``; the process and platform collectors are on.
-* Pushed series use children bound once: the refusal path of ``send_prompt`` costs
-  one ``Counter.inc`` (``prompt_rejected`` *is* the bound method of the ``rejected``
-  child). The request metrics, paid by every request, are cheaper still: a record
+* Pushed series use children bound once. The admissions, paid by every
+  ``send_prompt`` (its refusal path included), are two integers that the bridge's
+  hooks add to on the event loop, exposed at scrape time (no lock, no child). The
+  request metrics, paid by every request, are as cheap: a record
   per (door, route, status) bound on first use, two integer additions and a
   ``bisect`` on the event loop, exposed at scrape time as a counter and a histogram
   family (``prometheus_client.core``).
@@ -192,6 +193,28 @@ class _Timing:
         self.sum = 0.0
 
 
+class _Admissions(Collector):
+    """``acp_server_prompt_admissions_total``: counts the bridge's hooks keep (on the
+    event loop), read when scraped."""
+
+    def __init__(self) -> None:
+        self.accepted = self.rejected = 0
+
+    def describe(self) -> Iterator[Metric]:
+        return self._families(0, 0)
+
+    def collect(self) -> Iterator[Metric]:
+        return self._families(self.accepted, self.rejected)
+
+    @staticmethod
+    def _families(accepted: int, rejected: int) -> Iterator[Metric]:
+        family = CounterMetricFamily("acp_server_prompt_admissions", "send_prompt admissions.",
+                                     labels=["outcome"])
+        family.add_metric(["accepted"], accepted)
+        family.add_metric(["rejected"], rejected)
+        yield family
+
+
 class _Requests:
     """One (door, route, status): its count, and its route's timing."""
 
@@ -255,10 +278,8 @@ class Metrics(BridgeObserver):
         self.tasks = _TaskCounts(task_ttl_s)
         registry.register(_LiveCollector(bridge, acp, self.tasks))
 
-        admissions = Counter("acp_server_prompt_admissions", "send_prompt admissions.",
-                             ["outcome"], registry=registry)
-        self.prompt_admitted = admissions.labels("accepted").inc   # type: ignore[method-assign]
-        self.prompt_rejected = admissions.labels("rejected").inc   # type: ignore[method-assign]
+        self._admissions = _Admissions()
+        registry.register(self._admissions)
         self.turn_started = Histogram(  # type: ignore[method-assign]
             "acp_server_prompt_queue_wait_seconds", "Admission to the start of the turn.",
             buckets=WAIT_BUCKETS, registry=registry).observe
@@ -287,6 +308,12 @@ class Metrics(BridgeObserver):
                                 ["agent", "method"], registry=registry)
 
     # -- bridge hooks (the others are bound methods set in __init__) --------------------
+    def prompt_admitted(self) -> None:
+        self._admissions.accepted += 1
+
+    def prompt_rejected(self) -> None:
+        self._admissions.rejected += 1
+
     def turn_settled(self, stop_reason: str, duration_s: float) -> None:
         child = self._turn_children.get(stop_reason)
         if child is None:

@@ -109,6 +109,9 @@ class AccessRecorder:
             route, params = self.resolve(scope)
         writer = access_writer
         if writer is not None and not writer.json:   # the hot case: straight to the line
+            if len(writer.queue) >= writer.MAX_QUEUED:
+                writer.dropped += 1
+                return
             ids = params or {}
             writer.queue.append(writer.prefix() + text_line(
                 kind, scope["method"], route, status,
@@ -212,11 +215,13 @@ class AccessWriter:
     """Access lines formatted as the handler would, queued, written by a thread."""
 
     FLUSH_S = 0.05
+    MAX_QUEUED = 32768   # lines; past it (the stream stuck) lines are counted, not kept
 
     def __init__(self, stream: Any, log_format: str) -> None:
         self.stream = stream
         self.json = log_format == "json"
         self.queue: deque[str] = deque()
+        self.dropped = 0   # lines not kept since the last write (event loop adds)
         self._second = self._ms = -1
         self._stamp = self._prefix = ""
         self._stop = threading.Event()
@@ -225,6 +230,9 @@ class AccessWriter:
         self._thread.start()
 
     def write(self, fields: dict[str, Any]) -> None:
+        if len(self.queue) >= self.MAX_QUEUED:
+            self.dropped += 1
+            return
         now = time.time()
         if self.json:
             line = JsonFormatter._encode({"ts": _iso(now), "level": "INFO",
@@ -253,6 +261,9 @@ class AccessWriter:
     def flush(self) -> None:
         with self._lock:
             lines = []
+            dropped, self.dropped = self.dropped, 0   # a count lost to a race is one line
+            if dropped:
+                lines.append(self._dropped_line(dropped))
             while self.queue:
                 lines.append(self.queue.popleft())
             if lines:
@@ -261,6 +272,15 @@ class AccessWriter:
                     self.stream.flush()
                 except (OSError, ValueError):   # the stream is gone (exit)
                     pass
+
+    def _dropped_line(self, count: int) -> str:
+        message = f"{count} access lines dropped: the log stream did not keep up"
+        now = time.time()
+        if self.json:
+            return JsonFormatter._encode({"ts": _iso(now), "level": "WARNING",
+                                          "logger": access_log.name, "message": message,
+                                          "kind": "dropped", "dropped": count}).decode()
+        return f"{self._asctime(now)} WARNING {access_log.name}: {message}"
 
     def _run(self) -> None:
         while not self._stop.wait(self.FLUSH_S):

@@ -28,12 +28,17 @@ Contracts:
   ``health`` down; the next operation that succeeds marks it up. Whatever else an
   engine raises while running a batch fails that batch's operations, not the loop.
 * ``probe()`` answers ``None`` when the store serves, else why not (``/health?deep=1``).
-* Opening a store lowers the interpreter's switch interval to ``SWITCH_INTERVAL_S``
-  (never raises it). The writer gives up the GIL in every statement (SQLite's step,
-  a PostgreSQL round trip) and must win it back from the event loop, which under load
-  holds it for up to the interval (5 ms by default): measured, a batch of 12 SQLite
-  statements beside a busy loop takes 14 ms at 5 ms and 1.8 ms at 0.5 ms. This was
-  the limit of the task throughput, not the fsync.
+* While a batch or a read runs on a worker thread, the interpreter's switch interval
+  is lowered to ``SWITCH_INTERVAL_S``; when no store work is on a thread any more, it
+  is put back (``store_work``). The writer gives up the GIL in every statement
+  (SQLite's step, a PostgreSQL round trip) and must win it back from the event loop,
+  which under load holds it for up to the interval (5 ms by default): measured, a
+  batch of 12 SQLite statements beside a busy loop takes 14 ms at 5 ms and 1.8 ms at
+  0.5 ms. This was the limit of the task throughput, not the fsync. Lowered for the
+  whole life of the store, it cost every request that does not touch the store: an
+  HTTP server thread (granian's) that needs the GIL per request was made to force a
+  hand-off ten times as often (the server's CPU per refused prompt, measured under
+  load: about 15 % more).
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ import contextlib
 import dataclasses
 import logging
 import sys
+import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Generic, Self, TypeVar, cast
@@ -57,6 +63,41 @@ log = logging.getLogger("acp_server.store.writer")
 MAX_BATCH = 256
 QUEUE_SIZE = 4096
 SWITCH_INTERVAL_S = 0.0005
+
+
+class _StoreWork:
+    """``with store_work:`` (or ``async with``) around store work on a worker thread:
+    the first to enter lowers the switch interval to ``SWITCH_INTERVAL_S`` (never
+    raises it), the last to leave puts back what it was. Any thread, any store."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._inside = 0
+        self._saved: float | None = None
+
+    def __enter__(self) -> None:
+        with self._lock:
+            if self._inside == 0:
+                self._saved = sys.getswitchinterval()
+                if self._saved > SWITCH_INTERVAL_S:
+                    sys.setswitchinterval(SWITCH_INTERVAL_S)
+            self._inside += 1
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            self._inside -= 1
+            if self._inside == 0 and self._saved is not None:
+                sys.setswitchinterval(self._saved)
+                self._saved = None
+
+    async def __aenter__(self) -> None:
+        self.__enter__()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.__exit__()
+
+
+store_work = _StoreWork()
 
 C = TypeVar("C")   # the engine's connection
 T = TypeVar("T")
@@ -144,8 +185,6 @@ class GroupCommitStore(Generic[C]):
     # -- lifecycle -----------------------------------------------------------------
     @contextlib.asynccontextmanager
     async def open(self) -> AsyncIterator[Self]:
-        if sys.getswitchinterval() > SWITCH_INTERVAL_S:
-            sys.setswitchinterval(SWITCH_INTERVAL_S)   # see the module docstring
         await self._connect_all()
         try:
             async with anyio.create_task_group() as tg:
@@ -185,7 +224,7 @@ class GroupCommitStore(Generic[C]):
             for op in batch:
                 if op.prepare is not None:
                     op.prepare()
-            with anyio.CancelScope(shield=True):
+            with anyio.CancelScope(shield=True), store_work:
                 try:
                     await anyio.to_thread.run_sync(self._run_batch, index, batch,
                                                    limiter=self._write_limiter)
@@ -258,7 +297,7 @@ class GroupCommitStore(Generic[C]):
         return cast(T, op.result)
 
     async def _read(self, fn: Callable[[C], T]) -> T:
-        async with self._read_limiter:
+        async with self._read_limiter, store_work:
             conn = self._readers.popleft()
             try:
                 self._before_read()

@@ -71,3 +71,28 @@ async def test_unknown_session_large_and_chunked_bodies(tmp_path: Path) -> None:
         metrics = (await srv.client.get("/metrics")).text
         assert 'route="/session/{session_id}/prompt",status="202"' in metrics
         assert 'route="/session/{session_id}/prompt",status="404"' in metrics
+
+
+DOOR_SETS = [
+    ("/lmsp/", "/acp", "/metrics", "/openapi.json", ""),   # the app's doors
+    ("/a", "/a/", "/b", ""),                              # the first of a segment wins
+    ("", "/a"),                                           # nothing after a "" door
+    ("/a", "/b"),                                         # no "" door: the last door
+    ("/a/b", "/c", ""),                                   # two segments: the scan
+]
+PATHS = ["/", "", "/lmsp", "/lmsp/", "/lmsp/v1/tasks", "/lmspx", "/acp", "/acp/x", "/acpx",
+         "/metrics", "/metrics/", "/openapi.json", "/openapi.jsonx", "/a", "/a/", "/a/b",
+         "/a/b/c", "/ab", "/b", "/c/d", "//a", "/session/x/prompt", "/%2Facp"]
+
+
+@pytest.mark.parametrize("prefixes", DOOR_SETS)
+def test_door_lookup_is_the_first_matching_door(prefixes: tuple[str, ...]) -> None:
+    """``door_of``'s lookup by the first segment chooses what the scan in order does."""
+    from acp_server.http.front import Door, FrontLayer
+
+    doors = [Door(prefix, f"door{i}", lambda refusal: (b"", b"")) for i, prefix in
+             enumerate(prefixes)]
+    front = FrontLayer(lambda *a: None, None, doors=doors)   # type: ignore[arg-type]
+    for path in PATHS:
+        scanned = next((door for door in doors if door.matches(path)), doors[-1])
+        assert front.door_of(path) is scanned, (prefixes, path)

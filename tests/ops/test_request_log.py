@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -186,3 +187,48 @@ def test_an_unknown_log_format_exits_2(capsys: pytest.CaptureFixture[str]) -> No
         main(["serve", "--log-format", "xml"])
     assert exited.value.code == 2
     assert "--log-format" in capsys.readouterr().err
+
+
+class _StuckStream:
+    """A log stream whose writes wait until ``release`` (a pipe nobody reads)."""
+
+    def __init__(self) -> None:
+        self.entered, self.release = threading.Event(), threading.Event()
+        self.text = ""
+
+    def write(self, text: str) -> None:
+        self.entered.set()
+        assert self.release.wait(10)
+        self.text += text
+
+    def flush(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_a_stuck_stream_bounds_the_queue_and_the_next_write_counts_the_drops(
+        log_format: str) -> None:
+    from acp_server.ops.request_log import AccessWriter
+
+    stream = _StuckStream()
+    writer = AccessWriter(stream, log_format)
+    writer.MAX_QUEUED = 4
+    try:
+        writer.write(FIELDS)
+        assert stream.entered.wait(10)            # the writer thread is stuck in write
+        for _ in range(10):
+            writer.write(FIELDS)
+        assert len(writer.queue) == 4 and writer.dropped == 6
+    finally:
+        stream.release.set()
+        writer.close()                            # a clean stop writes what is queued
+    lines = stream.text.splitlines()
+    assert len(lines) == 1 + 1 + 4
+    assert "6 access lines dropped" in lines[1]
+    if log_format == "json":
+        assert json.loads(lines[1])["dropped"] == 6
+        assert all(json.loads(line)["route"] == FIELDS["route"] for line in lines[2:])
+    else:
+        assert " WARNING acp_server.access: 6 access lines dropped" in lines[1]
+        assert all(line.endswith(TEXT_LINE.split("INFO ", 1)[1].split(": ", 1)[1])
+                   for line in lines[2:])

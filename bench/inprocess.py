@@ -1,0 +1,120 @@
+"""The 503 path in process: CPU µs per refused prompt of our app (the front layer, the
+hot route, the bridge's refusal, the access line, the request metrics), called as ASGI
+the way a server calls it, against the floors called the same way.
+
+    python -m bench.inprocess        # raw 0.97 µs, bare 9.04 µs, ours 11.22 µs (one run)
+    figures = in_subprocess()        # {"raw": 0.97, "bare": 9.04, "ours": 11.22}
+
+No server, no socket, no other thread: ``time.thread_time`` of the calling thread over
+``CALLS`` refusals, the best of ``ROUNDS`` batches, the three apps interleaved twice.
+Stable to a few percent where requests/s across server processes swing by tens of
+percent, so this is the figure to decide a change of our code by; what a server adds
+(its parser, its writes, granian's hand-offs between threads) is in the HTTP rows'
+CPU µs per request. The access line is formatted as ``acp-server serve`` does
+(``configure_logging``), into ``os.devnull``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import anyio
+import httpx
+
+from acp_server.ops.request_log import configure_logging, unconfigure_access_writer
+from acp_server.server import open_server
+from acp_server.settings import Settings
+from bench import floor_server
+from bridge.options import BridgeOptions
+
+CALLS = int(os.environ.get("BENCH_INPROC_CALLS", "20000"))
+ROUNDS = 5
+BODY = b'{"prompt": [{"type": "text", "text": "/chunks 1 ping"}]}'
+HOLD = {"prompt": [{"type": "text", "text": "/sleep 600s hold"}]}
+
+
+def _scope(path: str) -> dict[str, Any]:
+    """What a server hands the app for wrk's POST (a fresh dict per request)."""
+    return {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+            "method": "POST", "scheme": "http", "path": path, "raw_path": path.encode(),
+            "query_string": b"", "root_path": "", "client": ("127.0.0.1", 50000),
+            "server": ("127.0.0.1", 4170),
+            "headers": [(b"host", b"127.0.0.1:4170"), (b"content-type", b"application/json"),
+                        (b"content-length", str(len(BODY)).encode())]}
+
+
+async def cpu_us(app: Any, path: str) -> float:
+    """CPU µs of this thread per call of ``app`` with one refused prompt."""
+    message = {"type": "http.request", "body": BODY, "more_body": False}
+    statuses: set[int] = set()
+
+    async def receive() -> dict[str, Any]:
+        return message
+
+    async def send(sent: dict[str, Any]) -> None:
+        if sent["type"] == "http.response.start":
+            statuses.add(sent["status"])
+
+    best = float("inf")
+    for _ in range(ROUNDS):
+        start = time.thread_time()
+        for _ in range(CALLS):
+            await app(_scope(path), receive, send)
+        best = min(best, (time.thread_time() - start) / CALLS * 1e6)
+    assert statuses == {503}, statuses
+    return best
+
+
+async def measure() -> dict[str, float]:
+    """{"raw": µs, "bare": µs, "ours": µs}, the best of each over two interleavings."""
+    configure_logging("text", stream=open(os.devnull, "w"))
+    try:
+        with tempfile.TemporaryDirectory() as workspace:
+            settings = Settings(workspace=workspace, port=0,
+                                options=BridgeOptions(max_pending_prompts_per_session=1),
+                                state_dir=os.path.join(workspace, "state"))
+            async with open_server(settings) as server:
+                transport = httpx.ASGITransport(app=server.app)
+                async with httpx.AsyncClient(transport=transport,
+                                             base_url="http://127.0.0.1:4170") as client:
+                    created = await client.post("/session", json={"sessionScope": "thread"})
+                    sid = created.json()["sessionId"]
+                    await client.post(f"/session/{sid}/prompt", json=HOLD)
+                apps = {"raw": (floor_server.raw, floor_server.PATH),
+                        "bare": (floor_server.bare, floor_server.PATH),
+                        "ours": (server.app, f"/session/{sid}/prompt")}
+                best = {name: float("inf") for name in apps}
+                for _ in range(2):
+                    for name, (app, path) in apps.items():
+                        best[name] = min(best[name], await cpu_us(app, path))
+                return best
+    finally:
+        unconfigure_access_writer()
+
+
+def run() -> dict[str, float]:
+    return anyio.run(measure, backend="asyncio", backend_options={"use_uvloop": True})
+
+
+def in_subprocess(source: str | None = None) -> dict[str, float]:
+    """``run()`` in a process of its own (it configures logging), for ``bench.http_bench``;
+    ``source``: another source tree (``BENCH_BEFORE``), whose ``acp_server`` and floors
+    this file measures."""
+    env = None if source is None else {**os.environ, "PYTHONPATH": source}
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--json"],
+                         capture_output=True, text=True, check=True, env=env, cwd=source)
+    return json.loads(out.stdout)  # type: ignore[no-any-return]
+
+
+if __name__ == "__main__":
+    figures = run()
+    if "--json" in sys.argv:
+        print(json.dumps(figures))
+    else:
+        print(", ".join(f"{name} {us:.2f} µs" for name, us in figures.items()))
