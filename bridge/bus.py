@@ -50,7 +50,10 @@ Contracts:
   uncommitted and waits (``flow_wait_s`` at most) while a reader lags by half of
   ``evict_at`` or more, counting events not yet committed (``lag``), so a reader that
   keeps up is never warned however large a commit; one that has not drained by then
-  is ``stalled`` as above and evicted once past ``evict_at``.
+  is ``stalled`` as above and evicted once past ``evict_at``. It also gives the event
+  loop a turn every ``HELD_SLICE`` uncommitted events, so the journal's writer takes
+  them and commits while the publisher goes on (else the two alternate: a publisher
+  that never suspends runs to its bound before the writer starts).
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 
 from bridge import events as ev
 from bridge import wire
@@ -72,6 +76,7 @@ from bridge.wakeup import Wakeup
 
 REPLAY_BUDGET_BYTES = 8 * 1024 * 1024
 FLOW_WAIT_S = 0.5
+HELD_SLICE = 128   # uncommitted events between two turns a held publisher gives
 
 
 class Subscription(BoundedFifo[Event]):
@@ -369,6 +374,9 @@ class EventBus:
         most ``flow_wait_s`` (default ``FLOW_WAIT_S``) whatever the number of slow
         readers."""
         if self.hold:
+            unreleased = self._last_id - self._released_id
+            if unreleased and unreleased % HELD_SLICE == 0:
+                await anyio.lowlevel.checkpoint()   # the writer takes them now
             await self._wait_for_journal()
             await self._wait_for_laggards()
             return
