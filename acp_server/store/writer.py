@@ -48,6 +48,7 @@ from typing import Any, Generic, Self, TypeVar, cast
 
 import anyio
 import anyio.abc
+import anyio.from_thread
 
 from acp_server.store.errors import StoreHealth, StoreUnavailableError
 from acp_server.store.tasks import CommittedEvent
@@ -176,23 +177,48 @@ class GroupCommitStore(Generic[C]):
     # -- the writer ----------------------------------------------------------------
     async def _write_loop(self, index: int) -> None:
         async for first in self._receive:   # shared by the writers; ends when closed
-            batch = [first]
-            while self.group_commit and len(batch) < MAX_BATCH:
-                try:
-                    batch.append(self._receive.receive_nowait())
-                except (anyio.WouldBlock, anyio.EndOfStream):
-                    break
-            for op in batch:
-                if op.prepare is not None:
-                    op.prepare()
+            batch = self._gather(first)
             with anyio.CancelScope(shield=True):
-                try:
-                    await anyio.to_thread.run_sync(self._run_batch, index, batch,
-                                                   limiter=self._write_limiter)
-                except Exception as exc:   # noqa: BLE001 - the engine failed: so did the batch
-                    for op in batch:
-                        op.result, op.error, op.events = None, exc, []
-            self._settle(batch)
+                await anyio.to_thread.run_sync(self._run_batches, index, batch,
+                                               limiter=self._write_limiter)
+
+    def _gather(self, first: Op) -> list[Op]:
+        """``first`` and what else is queued (at most ``MAX_BATCH``), prepared (event
+        loop)."""
+        batch = [first]
+        while self.group_commit and len(batch) < MAX_BATCH:
+            try:
+                batch.append(self._receive.receive_nowait())
+            except (anyio.WouldBlock, anyio.EndOfStream):
+                break
+        for op in batch:
+            if op.prepare is not None:
+                op.prepare()
+        return batch
+
+    def _run_batches(self, index: int, batch: list[Op]) -> None:
+        """Writer ``index``'s worker thread: run ``batch``, then have the event loop
+        settle it and hand back the next one, until nothing is queued. One hop to the
+        loop per batch (``_settle_then_next``): the callers wake in the next iteration
+        of the loop and the next batch starts at once, where a return to the writer
+        task took two iterations and a new hop to a worker thread."""
+        while batch:
+            try:
+                self._run_batch(index, batch)
+            except Exception as exc:   # noqa: BLE001 - the engine failed: so did the batch
+                for op in batch:
+                    op.result, op.error, op.events = None, exc, []
+            batch = anyio.from_thread.run_sync(self._settle_then_next, batch)
+
+    def _settle_then_next(self, batch: list[Op]) -> list[Op]:
+        """Settle ``batch``, then the next batch if an operation is queued, else ``[]``
+        (event loop)."""
+        self._settle(batch)
+        try:
+            first = self._receive.receive_nowait()
+        except (anyio.WouldBlock, anyio.EndOfStream):
+            return []
+        return self._gather(first)
 
     def _settle(self, batch: list[Op]) -> None:
         """After a batch: errors classified, health, ``on_commit``, callers woken."""
