@@ -284,6 +284,7 @@ class EventBus:
         self.on_evict = on_evict   # called once per evicted subscriber
         self.session_id = session_id
         self._ring: deque[Event] = deque(maxlen=ring_size)
+        self._journal_window = max(1, ring_size // 4)   # uncommitted events (see hold)
         self._last_id = 0
         # Held (a durable journal, see ``hold``): events are in the ring at once but
         # reach readers when ``release`` says they are committed. ``_released_id`` is
@@ -377,8 +378,10 @@ class EventBus:
             unreleased = self._last_id - self._released_id
             if unreleased and unreleased % HELD_SLICE == 0:
                 await anyio.lowlevel.checkpoint()   # the writer takes them now
-            await self._wait_for_journal()
-            await self._wait_for_laggards()
+            if unreleased >= self._journal_window or self._journal_stalled:
+                await self._wait_for_journal()
+            if self._laggard():   # else no reader to wait for: no coroutine to run
+                await self._wait_for_laggards()
             return
         deadline: float | None = None
         for subscriber in tuple(self._subscribers):
@@ -396,7 +399,7 @@ class EventBus:
         wait keeps at most ``max_queued // 4`` of them uncommitted, so a release never
         floods a reader that keeps up. At most ``flow_wait_s`` per stall of the
         journal (a store that does not commit), as for a stalled reader."""
-        window = max(1, (self._ring.maxlen or 1) // 4)
+        window = self._journal_window
         if self._last_id - self._released_id < window:
             self._journal_stalled = False
             return
@@ -409,6 +412,19 @@ class EventBus:
                 await self._released.wait()
         if scope.cancelled_caught:
             self._journal_stalled = True
+
+    def _laggard(self) -> bool:
+        """Whether a reader lags by half its ``evict_at`` or more (what
+        ``_wait_for_laggards`` waits for); the others are not ``stalled`` any more."""
+        found = False
+        journal_stalled = self._journal_stalled
+        for subscriber in self._subscribers:
+            lag = subscriber.behind() if journal_stalled else subscriber.lag()
+            if lag * 2 <= subscriber.evict_at():
+                subscriber.stalled = False
+            else:
+                found = True
+        return found
 
     async def _wait_for_laggards(self) -> None:
         """Flow control on a held bus, as ``wait_for_readers`` does for queues: a reader's
