@@ -18,7 +18,8 @@ What each gives (``docs/benchmarks.md`` has the measurements behind the choice):
 HTTP/1.1, h2c, WebSocket    one port; h2c by prior knowledge      HTTP/1.1 and WebSocket only
 TLS (``--tls-cert/-key``)   rustls, ALPN ``h2`` and ``http/1.1``  ``ssl``, ``http/1.1``
 mutual TLS                  ``--tls-client-ca``                   ``--tls-client-ca``
-header timeout              hyper ``header_read_timeout`` (h1)    ``guard.guarded_protocol``
+header timeout              hyper ``header_read_timeout`` (h1);   ``guard.guarded_protocol``
+                            a silent connection: ``silence``
 connection cap, 503         the front layer's request cap (503)   ``guard.guarded_protocol``
                             and an accept cap above it (queued)   (answered before reading)
 head caps 414 / 431         hyper's head buffer (431), then the   ``guard.guarded_protocol``
@@ -47,6 +48,7 @@ import uvicorn
 
 from acp_server.http.guard import GuardStats, guarded_protocol
 from acp_server.http.options import HttpOptions
+from acp_server.http.silence import SilentConnections
 
 GRACEFUL_SHUTDOWN_S = 5
 BACKLOG = 2048
@@ -93,7 +95,7 @@ def http_server(app: Any, options: HttpOptions, sock: socket.socket, *,
         return UvicornServer(app, options, sock, limits=limits, stats=stats)
     host, port = sock.getsockname()[:2]
     sock.close()
-    return GranianServer(app, options, host=host, port=port, limits=limits)
+    return GranianServer(app, options, host=host, port=port, limits=limits, stats=stats)
 
 
 # -- granian ------------------------------------------------------------------------
@@ -101,13 +103,14 @@ class GranianServer:
     """granian's embedded server (``granian.server.embed``) in this event loop."""
 
     def __init__(self, app: Any, options: HttpOptions, *, host: str, port: int,
-                 limits: Limits) -> None:
+                 limits: Limits, stats: GuardStats | None = None) -> None:
         from granian.constants import HTTPModes, Interfaces, SSLProtocols
         from granian.http import HTTP1Settings, HTTP2Settings
         from granian.server.embed import Server
 
         self.options = options
         self.limits = limits
+        self.stats = stats
         self._host = host
         self._port = port
         owner = self
@@ -148,7 +151,9 @@ class GranianServer:
             tg.cancel_scope.cancel()
 
     async def _announce(self, started: Callable[[str], None]) -> None:
-        """``started(url)`` once a connection to the port is accepted."""
+        """``started(url)`` once a connection to the port is accepted; from then on,
+        connections that send nothing are closed after the header timeout (granian
+        has no timer for them: ``silence``)."""
         await self._bound.wait()
         probe = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(self._host,
                                                                           self._host)
@@ -161,6 +166,8 @@ class GranianServer:
             await stream.aclose()
             break
         started(url_of(self._host, self._port, self.options.tls))
+        await SilentConnections(port=self._port, timeout_s=self.limits.header_timeout_s,
+                                stats=self.stats).run()
 
     def stop(self, force: bool = False) -> None:
         self._server.stop()

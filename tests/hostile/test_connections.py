@@ -2,8 +2,8 @@
 header timeout, connection cap, file-descriptor limit (item 6 of the hostile-input pass).
 
 granian (hyper) does not time out a connection that has sent no byte at all (its
-HTTP/1-or-2 detection waits for the first bytes), so the silent case is uvicorn's only;
-and granian's cap is on requests in flight (SSE streams included), answered by the
+HTTP/1-or-2 detection waits for the first bytes): ``acp_server.http.silence`` closes
+those for it, so the silent case holds on both; and granian's cap is on requests in flight (SSE streams included), answered by the
 front layer, where uvicorn's is on connections, answered before reading
 (``acp_server/http/servers.py``)."""
 
@@ -24,7 +24,7 @@ SERVERS = pytest.mark.parametrize("server", ["granian", "uvicorn"])
 async def test_silent_and_partial_heads_are_closed(tmp_path: Path, server: str) -> None:
     async with ServeProcess(tmp_path, "--header-timeout-ms", "300",
                               "--http-server", server) as daemon:
-        silent = await daemon.raw() if server == "uvicorn" else None
+        silent = await daemon.raw()
         partial = await daemon.raw()
         await partial.send(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
         keep_alive = await daemon.raw()
@@ -35,8 +35,7 @@ async def test_silent_and_partial_heads_are_closed(tmp_path: Path, server: str) 
         assert first.startswith(b"HTTP/1.1 200")
         await keep_alive.send(b"GET /health HTT")   # half of the next head
         with anyio.fail_after(10):
-            if silent is not None:
-                assert await read_until_closed(silent) == b""
+            assert await read_until_closed(silent) == b""
             assert await read_until_closed(partial) == b""
             assert await read_until_closed(keep_alive) == b""
         # A slow but complete request is not cut: the timer ends with the head.
@@ -46,8 +45,25 @@ async def test_silent_and_partial_heads_are_closed(tmp_path: Path, server: str) 
         await slow.send(b"{}")
         assert (await slow.receive()).startswith(b"HTTP/1.1 200")
         transport = (await daemon.client.get("/daemon/status")).json()["runtime"]["transport"]
-        if server == "uvicorn":   # granian's timeouts happen in Rust, uncounted
+        if server == "uvicorn":   # granian's other timeouts happen in Rust, uncounted
             assert transport["headerTimeouts"] >= 3
+        else:
+            assert transport["headerTimeouts"] >= 1   # the silent one
+
+
+async def test_silent_connections_do_not_exhaust_granian(tmp_path: Path) -> None:
+    """More silent connections than granian's accept cap (``--max-connections`` + 64)
+    leave new clients waiting only until the header timeout closes the silent ones;
+    meanwhile and after, a request is answered."""
+    async with ServeProcess(tmp_path, "--header-timeout-ms", "500", "--max-connections", "8",
+                              "--http-server", "granian") as daemon:
+        silent = [await daemon.raw() for _ in range(8 + 64 + 8)]
+        with anyio.fail_after(20):
+            assert (await daemon.client.get("/health")).status_code == 200
+            for stream in silent:
+                assert await read_until_closed(stream) == b""
+        transport = (await daemon.client.get("/daemon/status")).json()["runtime"]["transport"]
+        assert transport["headerTimeouts"] >= 8 + 64
 
 
 async def test_connection_cap_refuses_at_once(tmp_path: Path) -> None:

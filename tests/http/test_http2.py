@@ -161,3 +161,38 @@ async def test_mutual_tls(tmp_path: Path) -> None:
         with_cert = await anyio.run_process([*base, "--cert", str(certs["client"]), "--key",
                                              str(certs["client-key"]), url])
         assert with_cert.stdout.decode().endswith("\n2")
+
+
+@needs_openssl
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])   # the ACP SDK is asyncio's
+async def test_acp_websocket_over_tls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ACP Python SDK's WebSocket transport over ``wss://`` (its default TLS context,
+    trusting the test's CA through ``SSL_CERT_FILE``): a session made and prompted."""
+    from acp import PROTOCOL_VERSION, Client, connect_to_agent, text_block
+    from acp.schema import AgentMessageChunk, ClientCapabilities
+    from acp.ws import create_websocket_stream
+
+    class Recording(Client):   # type: ignore[misc]
+        def __init__(self) -> None:
+            self.said: list[str] = []
+
+        async def session_update(self, session_id: str, update: Any, **kwargs: Any) -> None:
+            if isinstance(update, AgentMessageChunk):
+                self.said.append(update.content.text)
+
+    certs = make_certificates(tmp_path)
+    monkeypatch.setenv("SSL_CERT_FILE", str(certs["ca"]))
+    async with ServeProcess(tmp_path, "--tls-cert", str(certs["server"]),
+                              "--tls-key", str(certs["server-key"])) as daemon:
+        url = daemon.base_url.replace("https://127.0.0.1", "wss://localhost") + "/acp"
+        client = Recording()
+        conn = connect_to_agent(client, await create_websocket_stream(url))
+        await conn.initialize(protocol_version=PROTOCOL_VERSION,
+                              client_capabilities=ClientCapabilities())
+        session = await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
+        with anyio.fail_after(20):
+            result = await conn.prompt(session_id=session.session_id,
+                                       prompt=[text_block("over wss")])
+        assert result.stop_reason == "end_turn"
+        assert "".join(client.said) == "Echo: over wss"
+        await conn.close()

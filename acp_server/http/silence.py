@@ -1,0 +1,136 @@
+"""Close the connections that never said a word: granian's missing header timeout.
+
+    sweep = SilentConnections(port=4170, timeout_s=10.0, stats=guard_stats)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(sweep.run)       # until cancelled
+        ...
+
+granian (the default server) detects HTTP/1 or HTTP/2 from a connection's first bytes
+and has no timer on that wait: a client that connects and sends nothing holds an accept
+permit forever, and enough of them leave new clients in the listen backlog. uvicorn's
+guard closes such a connection after the header timeout; this gives granian the same
+guarantee from outside, since granian runs in this process (``granian.server.embed``):
+
+* every ``interval_s`` the process's own descriptors are listed (``/proc/self/fd``);
+  each TCP socket whose local port is the server's and that has a peer is one of the
+  server's connections;
+* the kernel's ``TCP_INFO`` says how many bytes it received and how long ago it last
+  received data (for a connection that received none: since it was established);
+* an established connection that received **no byte** for ``timeout_s`` is shut down
+  (``shutdown(SHUT_RDWR)`` on a duplicate of the descriptor: the peer sees the
+  connection end, granian's read returns end-of-file and it closes its side), and
+  ``stats["header_timeouts"]`` counts it.
+
+Contracts: only connections that received nothing are touched (a partial head, or an
+idle keep-alive connection, is hyper's ``header_read_timeout``); a connection is shut
+down between ``timeout_s`` and ``timeout_s + interval_s`` after it was established; a
+descriptor closed or reused while it is looked at is only ever acted on for what it is
+when looked at (the duplicate pins it). Linux only (``TCP_INFO``, ``/proc``): elsewhere
+``run`` returns at once. Nothing here raises out of ``run``: a failed sweep is logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import struct
+import sys
+from collections.abc import MutableMapping
+
+import anyio
+import anyio.to_thread
+
+log = logging.getLogger("acp_server.http")
+
+TCP_ESTABLISHED = 1
+_LAST_DATA_RECV = struct.Struct("=I")     # struct tcp_info: tcpi_last_data_recv at 52
+_BYTES_RECEIVED = struct.Struct("=Q")     # tcpi_bytes_received at 128 (Linux >= 4.1)
+_INFO_BYTES = 136
+_FD_DIR = "/proc/self/fd"
+
+
+def silent_for_ms(sock: socket.socket) -> int | None:
+    """How long an established connection ``sock`` has received nothing at all (ms), or
+    ``None`` when it received a byte, is not established, or the kernel cannot say."""
+    info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _INFO_BYTES)
+    if len(info) < _INFO_BYTES or info[0] != TCP_ESTABLISHED:
+        return None
+    if _BYTES_RECEIVED.unpack_from(info, 128)[0] != 0:
+        return None
+    return int(_LAST_DATA_RECV.unpack_from(info, 52)[0])
+
+
+def _connection_on(fd: int, port: int) -> socket.socket | None:
+    """A duplicate of ``fd`` when it is a connection accepted on ``port``, else ``None``."""
+    try:
+        if not os.readlink(f"{_FD_DIR}/{fd}").startswith("socket:"):
+            return None
+        sock = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        return None
+    try:
+        if sock.family in (socket.AF_INET, socket.AF_INET6) \
+                and sock.type == socket.SOCK_STREAM and sock.getsockname()[1] == port:
+            sock.getpeername()   # a listener has no peer: OSError
+            return sock
+    except OSError:
+        pass
+    sock.close()
+    return None
+
+
+def sweep_once(port: int, timeout_ms: int) -> int:
+    """Shut down this process's connections on ``port`` silent for ``timeout_ms``; how
+    many (blocking: run it in a worker thread)."""
+    closed = 0
+    for name in os.listdir(_FD_DIR):
+        sock = _connection_on(int(name), port)
+        if sock is None:
+            continue
+        try:
+            silent = silent_for_ms(sock)
+            if silent is not None and silent >= timeout_ms:
+                sock.shutdown(socket.SHUT_RDWR)
+                closed += 1
+        except OSError:
+            pass
+        finally:
+            sock.close()
+    return closed
+
+
+class SilentConnections:
+    """See the module docstring."""
+
+    def __init__(self, *, port: int, timeout_s: float,
+                 stats: MutableMapping[str, int] | None = None,
+                 interval_s: float | None = None) -> None:
+        self.port = port
+        self.timeout_ms = max(1, int(timeout_s * 1000))
+        self.interval_s = interval_s if interval_s is not None \
+            else min(2.0, max(0.25, timeout_s / 4))
+        self.stats = stats
+
+    @staticmethod
+    def supported() -> bool:
+        return sys.platform.startswith("linux") and hasattr(socket, "TCP_INFO") \
+            and os.path.isdir(_FD_DIR)
+
+    async def run(self) -> None:
+        """Sweep every ``interval_s`` until cancelled."""
+        if not self.supported():
+            return
+        while True:
+            await anyio.sleep(self.interval_s)
+            try:
+                closed = await anyio.to_thread.run_sync(sweep_once, self.port,
+                                                        self.timeout_ms)
+            except Exception as exc:   # noqa: BLE001 - a sweep must never end the server
+                log.warning("silent connection sweep failed: %s", exc)
+                continue
+            if closed:
+                log.info("closed %d connection(s) silent for %d ms", closed, self.timeout_ms)
+                if self.stats is not None:
+                    self.stats["header_timeouts"] = self.stats.get("header_timeouts", 0) \
+                        + closed
