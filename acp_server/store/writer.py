@@ -17,8 +17,14 @@ Contracts:
   write that may still land; ``timeout`` raises ``TimeoutError`` instead.
 * After each batch ``on_commit`` gets every successful operation's events, in commit
   order, then the callers wake (an operation queued with ``submit`` instead has its
-  ``on_done`` called there, with no task hop: the session journal's way); ``_observe`` sees each result, in the caller's task
-  (the task stores call ``on_transition`` with each status a write moved a task to).
+  ``on_done`` called there, with no task hop: the session journal's way);
+  ``_observe`` sees each result, in the caller's task (the task stores call
+  ``on_transition`` with each status a write moved a task to).
+* A writer's worker thread runs batch after batch while operations are queued: after
+  each, one call into the event loop (``anyio.from_thread``) settles it and takes the
+  next (``_settle_then_next``), so callers wake in the loop's next iteration and the
+  next batch starts without a new hop to a thread. Everything but the transaction
+  itself (``prepare``, ``_settle``, ``on_done``) runs in the event loop.
 * ``open()`` (what ``async with store`` enters) connects, runs the writer loops and
   the engine's background work in one task group opened with ``async with``, and on
   the way out lets the loops drain what is queued before disconnecting.
