@@ -31,8 +31,9 @@ Contracts:
   ``TaskStore`` instead of ``settings.store_url``), ``lmsp_config``, ``group_commit``,
   ``acp_clock`` (the ``/acp`` registry's clock), ``session_clock`` (the session
   journal's retention clock, ``Server.purge_sessions``), ``principals_clock`` (the
-  monotonic clock of the rate limits and the token cache), ``lease_clock`` (the session
-  leases' epoch clock, ``acp_server.store.leases``). Everything else comes from
+  monotonic clock of the rate limits and the token cache), ``lease_offset`` (seconds
+  added to the store's clock in the session leases' statements: tests move time with
+  it, ``acp_server.store.leases``). Everything else comes from
   ``settings``.
 """
 
@@ -51,8 +52,8 @@ from starlette.applications import Starlette
 
 from acp_server.acp_http import ConnectionRegistry
 from acp_server.acp_http.registry import MONOTONIC, Clock
-from acp_server.app import build_app
-from acp_server.fleet import Fleet, Forwarder, SessionRouter
+from acp_server.app import build_app, rest_config
+from acp_server.fleet import Fleet, Forwarder, JournalReplicas, SessionRouter
 from acp_server.http.guard import GuardStats
 from acp_server.lmsp import LmspConfig, LmspService, open_lmsp
 from acp_server.store import store_for
@@ -62,6 +63,7 @@ from acp_server.store.sessions import StoreSessionJournal
 from acp_server.store.tasks import TaskStore
 from acp_server.ops.metrics import Metrics
 from acp_server.principals import Gate, Tier, open_principals
+from acp_server.rest.journal_reads import JournalReads
 from acp_server.settings import Settings
 from bridge import Bridge
 from bridge.agents.base import AgentFactory
@@ -138,7 +140,7 @@ async def open_server(settings: Settings, *, agent_factory: AgentFactory | None 
                       acp_clock: Clock | None = None,
                       session_clock: Callable[[], float] | None = None,
                       principals_clock: Callable[[], float] | None = None,
-                      lease_clock: Callable[[], float] | None = None
+                      lease_offset: Callable[[], float] | None = None
                       ) -> AsyncIterator[Server]:
     children = ChildRegistry(settings.children_dir)
     children.reap_stale()   # agents that killed earlier runs left behind
@@ -158,7 +160,7 @@ async def open_server(settings: Settings, *, agent_factory: AgentFactory | None 
                 leases = SessionLeases(store.instance,
                                        ttl_s=settings.session_lease_ttl_ms / 1000,
                                        renew_s=settings.session_lease_renew_ms / 1000,
-                                       clock=lease_clock or time.time,
+                                       offset=lease_offset or (lambda: 0.0),
                                        url=settings.advertise_url)
             journal = StoreSessionJournal(store, ring_size=settings.options.event_ring_size,
                                           leases=leases,
@@ -191,13 +193,22 @@ async def open_server(settings: Settings, *, agent_factory: AgentFactory | None 
             bridge.observe(metrics)
             metrics.watch_lmsp(lmsp)   # task transitions and the task gauge
             guard_stats = GuardStats()
-            fleet = router = None
+            fleet = router = replicas = None
             if leases is not None and isinstance(journal, StoreSessionJournal):
                 fleet = Fleet(bridge, journal, Forwarder(
-                    instance=leases.instance, max_body_bytes=settings.max_body_bytes))
+                    instance=leases.instance, max_body_bytes=settings.max_body_bytes,
+                    check_s=leases.renew_s))
+                # reads of sessions live elsewhere: from the journal, woken by NOTIFY
+                replicas = JournalReplicas(bridge, journal,
+                                           poll_s=settings.store_poll_ms / 1000)
+                store.on_sessions = replicas.wake
+                store.sessions_followed = replicas.followed
+                fleet.replicas = replicas
+                reads = JournalReads(replicas, rest_config(settings, guard_stats))
 
-                def router(stack: Any, fleet: Fleet = fleet) -> Any:
-                    return SessionRouter(stack, fleet)
+                def router(stack: Any, fleet: Fleet = fleet,
+                           reads: JournalReads = reads) -> Any:
+                    return SessionRouter(stack, fleet, reads)
             app = build_app(settings, bridge=bridge, acp=acp, lmsp=lmsp, metrics=metrics,
                             gate=gate, guard_stats=guard_stats, sessions_router=router,
                             instances=fleet.report if fleet is not None else None)
@@ -213,6 +224,8 @@ async def open_server(settings: Settings, *, agent_factory: AgentFactory | None 
                     tg.start_soon(server._purge_loop)
                 if fleet is not None:
                     tg.start_soon(fleet.sweep_forever)
+                if replicas is not None:
+                    tg.start_soon(replicas.run)
                 try:
                     yield server
                 finally:

@@ -12,6 +12,8 @@ Rows (one run each; "n/a" without PostgreSQL or HAProxy):
   (floor 0.9x);
 * forwarding overhead: ``LATENCY_N`` sequential prompts (``POST /prompt`` to its 202)
   sent to the owner, then to the other instance (which forwards them), mean latency;
+* reads from the journal: ``LATENCY_N`` sequential ``GET /status`` on the owner, then
+  on the other instance (which answers from the journal), mean latency;
 * failover: ``ROUNDS`` times, ``kill -9`` of the owner of a session whose client
   streams through the balancer (resuming by ``Last-Event-ID``), then the time to the
   first event served by the new owner (lease TTL ``TTL_MS``); p50 and p99.
@@ -97,6 +99,18 @@ def _latency(base_url: str, sid: str) -> float:
     return statistics.mean(samples) * 1000
 
 
+def _read_latency(base_url: str, sid: str) -> float:
+    """Mean ms of ``GET /session/{id}/status`` (on the owner: its memory; elsewhere: the
+    journal)."""
+    with httpx.Client(base_url=base_url, timeout=30) as client:
+        samples = []
+        for _ in range(LATENCY_N):
+            start = time.perf_counter()
+            assert client.get(f"/session/{sid}/status").status_code == 200
+            samples.append(time.perf_counter() - start)
+    return statistics.mean(samples) * 1000
+
+
 def _failover_once(tmp: str, url: str, n: int) -> float:
     """ms from the kill of the owner to the first event its successor serves."""
     with instances(tmp, url, 2, f"f{n}") as children, \
@@ -164,6 +178,8 @@ def main() -> list[str]:
                     "sessionId"]
                 owner_ms = _latency(two[0].base_url, sid)
                 forwarded_ms = _latency(two[1].base_url, sid)
+                status_ms = _read_latency(two[0].base_url, sid)
+                journal_ms = _read_latency(two[1].base_url, sid)
             failovers = [_failover_once(tmp, fresh_schema(dsn), n) for n in range(ROUNDS)]
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -182,5 +198,8 @@ def main() -> list[str]:
             f"| prompt to the owner, mean ms (202) | {owner_ms:.2f} |",
             f"| prompt to the other instance (forwarded), mean ms | {forwarded_ms:.2f} "
             f"({forwarded_ms / owner_ms:.2f}x) |",
+            f"| status on the owner, mean ms | {status_ms:.2f} |",
+            f"| status on the other instance (from the journal), mean ms | {journal_ms:.2f} "
+            f"({journal_ms / status_ms:.2f}x) |",
             f"| failover kill -9 -> first event from the new owner, p50 / p99 ms "
             f"({ROUNDS} rounds, TTL {TTL_MS} ms) | {p50:,.0f} / {p99:,.0f} |"]

@@ -319,6 +319,15 @@ class EventBus:
         self._ring.extend(events)
         self._last_id = self._released_id = last_event_id
 
+    def follow(self, events: list[Event]) -> None:
+        """A replica of a bus another process publishes (``acp_server.fleet``): its
+        committed events, with their ids, in order after ``last_event_id``, reach
+        readers as ``release`` gives them (a held bus: the same flow control)."""
+        if events:
+            self._ring.extend(events)
+            self._last_id = events[-1].id  # type: ignore[assignment]
+            self.release(self._last_id)
+
     @property
     def earliest_available_id(self) -> int:
         return self._ring[0].id if self._ring else self._last_id + 1  # type: ignore[return-value]

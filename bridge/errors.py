@@ -298,6 +298,17 @@ class JournalUnavailableError(BridgeError):
         self.retry_after = retry_after   # seconds
 
 
+class SessionMovedError(JournalUnavailableError):
+    """The session's journal commit was refused because another instance took the
+    session over meanwhile (its lease moved: issue #24). Retryable at once: the next
+    attempt is routed to the new owner (each door's 503, ``session_moved``)."""
+
+    code = "session_moved"
+
+    def __init__(self, reason: str, retry_after: int = 1) -> None:
+        super().__init__(reason, retry_after)
+
+
 class SessionNotRestorableError(BridgeError):
     """A session restored from the journal whose agent side could not be restored:
     its history stays readable, a new prompt is refused."""

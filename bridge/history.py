@@ -31,23 +31,30 @@ import msgspec
 
 from bridge import events as ev
 from bridge.events import Event
-from bridge.status import SessionHistory
+from bridge.status import PromptTerminal, SessionHistory
 
 if TYPE_CHECKING:
     from bridge.session import Session
 
 
 def session_history(session: Session) -> SessionHistory:
-    events = session.bus.ring_events()
-    active = session.active.prompt_id if session.active is not None else None
+    return history_of(session.bus.ring_events(),
+                      session.active.prompt_id if session.active is not None else None,
+                      list(session.prompt_terminals), session.bus.last_event_id)
+
+
+def history_of(events: list[Event], active: str | None, terminals: list[PromptTerminal],
+               last_event_id: int) -> SessionHistory:
+    """The history of ``events`` (a ring, oldest first) while prompt ``active`` runs
+    (also of a session read back from its journal: ``acp_server.fleet.replica``)."""
     split = len(events)
     if active is not None:
         split = next((i for i, e in enumerate(events) if e.prompt_id == active), split)
     return SessionHistory(
         compacted_replay=compact(events[:split]),
         live_journal=events[split:],
-        prompt_terminals=list(session.prompt_terminals),
-        last_event_id=events[-1].id if events else session.bus.last_event_id)  # type: ignore[arg-type]
+        prompt_terminals=terminals,
+        last_event_id=events[-1].id if events else last_event_id)  # type: ignore[arg-type]
 
 
 def compact(events: list[Event]) -> list[Event]:

@@ -258,12 +258,17 @@ class Session:
         adopts the ids its clients bring back (they were issued before the restart)."""
         if client_id in self.clients:
             return True
-        if self.restored and isinstance(client_id, str) and client_id.startswith("client_"):
-            self.clients[client_id] = time.time()
-            if len(self.clients) > MAX_TRACKED_CLIENTS:
-                del self.clients[next(iter(self.clients))]
-            return True
-        return False
+        return self.restored and self.adopt_client(client_id)
+
+    def adopt_client(self, client_id: str) -> bool:
+        """Take a ``client_…`` id issued for this session elsewhere (before a restart,
+        or by another instance answering ``/load`` from the journal: issue #24)."""
+        if not (isinstance(client_id, str) and client_id.startswith("client_")):
+            return False
+        self.clients[client_id] = time.time()
+        if len(self.clients) > MAX_TRACKED_CLIENTS:
+            del self.clients[next(iter(self.clients))]
+        return True
 
     def register_client(self) -> str:
         client_id = f"client_{uuid.uuid4()}"

@@ -21,6 +21,8 @@ params, workspace mismatch
                                              timeoutMs}``
 ``StoreUnavailableError`` (store)    -32603   ``{errorKind: "store_unavailable",
                                              retryable: true, retryAfterSeconds}``
+``SessionMovedError`` (fenced)      -32603   ``{errorKind: "session_moved",
+                                             retryable: true, retryAfterSeconds: 1}``
 other ``BridgeError``               -32603   ``{errorKind: <error code>, ...}``
 anything else                       -32603   ``{errorKind: "internal"}`` ("Internal error")
 ==================================  =======  =================================================

@@ -4,6 +4,7 @@ reach the instance that runs it (``routing.SessionRouter``), forwarded over HTTP
 
 from acp_server.fleet.adoption import Fleet, FleetStats
 from acp_server.fleet.forward import FORWARDED_HEADER, Forwarder
+from acp_server.fleet.replica import JournalReplicas
 from acp_server.fleet.routing import SessionRouter
 
-__all__ = ["FORWARDED_HEADER", "Fleet", "FleetStats", "Forwarder", "SessionRouter"]
+__all__ = ["FORWARDED_HEADER", "Fleet", "FleetStats", "Forwarder", "JournalReplicas", "SessionRouter"]

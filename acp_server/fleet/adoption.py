@@ -17,8 +17,8 @@ Contracts:
   and adopts them, so a prompt accepted by an instance that died is run (or given its
   terminal) without waiting for a client to ask. Several instances sweeping at once
   adopt each session once: the store decides (``SessionLeases.adopt``).
-* ``stats`` counts forwards, their failures and adoptions (``/daemon/status``,
-  ``/metrics``).
+* ``stats`` counts forwards, their failures, reads served from the journal and
+  adoptions (``/daemon/status``, ``/metrics``).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ class FleetStats:
     """What ``/daemon/status`` and ``/metrics`` report of sessions across instances."""
 
     forwards: int = 0
+    journal_reads: int = 0   # reads of sessions live elsewhere served from the journal
     forward_failures: int = 0
     adoptions: int = 0
 
@@ -58,6 +59,7 @@ class Fleet:
         self.leases = journal.leases
         self.forwarder = forwarder
         self.stats = FleetStats()
+        self.replicas: Any = None   # replica.JournalReplicas: reads served from the journal
         self._adopting: dict[str, anyio.Event] = {}
 
     @property
@@ -74,6 +76,7 @@ class Fleet:
                 "sessionsOwned": self.owned(), "leasesTakenOver": self.stats.adoptions,
                 "sessionsMovedAway": self.bridge.moved_sessions,
                 "forwards": self.stats.forwards,
+                "journalReads": self.stats.journal_reads,
                 "forwardFailures": self.stats.forward_failures}
 
     async def adopt(self, sid: str) -> bool:

@@ -16,13 +16,17 @@ Contracts:
   chunk as it arrives, unbuffered, undecoded. A client that goes away ends the relay
   and the upstream request.
 * An owner that cannot be reached, or does not answer with its headers within
-  ``HEADERS_TIMEOUT_S`` (30 s; a paused process's kernel still accepts), is a REST
-  503 ``owner_unreachable`` with ``Retry-After: 5`` (the lease expires, and then an
-  instance adopts the session); a relay cut after the headers ends the response.
+  ``HEADERS_TIMEOUT_S`` (30 s; a paused process's kernel still accepts), or whose
+  registry heartbeat stopped meanwhile (``alive``, checked every ``check_s``: a paused
+  owner is given up within its lease TTL, a slow one that still renews is waited
+  for), is a REST 503 ``owner_unreachable`` with ``Retry-After: 5`` (the lease
+  expires, and then an instance adopts the session); a relay cut after the headers
+  ends the response.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -46,8 +50,9 @@ class Forwarder:
     """See the module docstring."""
 
     def __init__(self, *, instance: str, max_body_bytes: int,
-                 headers_timeout_s: float = HEADERS_TIMEOUT_S) -> None:
+                 headers_timeout_s: float = HEADERS_TIMEOUT_S, check_s: float = 1.0) -> None:
         self.instance = instance
+        self.check_s = check_s
         self.max_body_bytes = max_body_bytes
         self.headers_timeout_s = headers_timeout_s
         self._client: httpx.AsyncClient | None = None
@@ -65,7 +70,10 @@ class Forwarder:
         if self._client is not None:
             await self._client.aclose()
 
-    async def relay(self, base_url: str, scope: Any, receive: Any, send: Any) -> None:
+    async def relay(self, base_url: str, scope: Any, receive: Any, send: Any,
+                    alive: Callable[[], Awaitable[bool]] | None = None) -> None:
+        """``alive``: asked every ``check_s`` while the owner has not answered its
+        headers; ``False`` (its heartbeat stopped: paused, say) gives up at once."""
         body = await _read_body(receive, self.max_body_bytes + 1)
         headers = [(k, v) for k, v in scope["headers"] if k.lower() not in HOP_BY_HOP]
         headers.append((FORWARDED_HEADER, self.instance.encode()))
@@ -80,19 +88,31 @@ class Forwarder:
             # client's disconnect is watched apart and ends the relay and the upstream
             # request, or an event stream would be relayed to nobody for ever.
             tg.start_soon(_cancel_on_disconnect, receive, tg.cancel_scope)
-            await self._exchange(request, send, unreachable)
+            await self._exchange(request, send, unreachable, alive)
             tg.cancel_scope.cancel()
         if unreachable:
             raise unreachable[0]
 
     async def _exchange(self, request: httpx.Request, send: Any,
-                        unreachable: list[OwnerUnreachableError]) -> None:
-        try:
-            with anyio.fail_after(self.headers_timeout_s):
-                response = await self.client.send(request, stream=True)
-        except (httpx.HTTPError, TimeoutError) as exc:
-            unreachable.append(OwnerUnreachableError(str(exc) or type(exc).__name__))
+                        unreachable: list[OwnerUnreachableError],
+                        alive: Callable[[], Awaitable[bool]] | None) -> None:
+        answered: list[httpx.Response] = []
+        failed: list[BaseException] = []
+        with anyio.move_on_after(self.headers_timeout_s):
+            async with anyio.create_task_group() as tg:
+                if alive is not None:
+                    tg.start_soon(self._watch, alive, tg.cancel_scope)
+                try:
+                    answered.append(await self.client.send(request, stream=True))
+                except httpx.HTTPError as exc:
+                    failed.append(exc)
+                tg.cancel_scope.cancel()
+        if not answered:
+            reason = (str(failed[0]) or type(failed[0]).__name__ if failed
+                      else "no answer in time (or its heartbeat stopped)")
+            unreachable.append(OwnerUnreachableError(reason))
             return
+        response = answered[0]
         try:
             await send({"type": "http.response.start", "status": response.status_code,
                         "headers": [(k, v) for k, v in response.headers.raw
@@ -108,6 +128,18 @@ class Forwarder:
         finally:
             with anyio.CancelScope(shield=True):
                 await response.aclose()
+
+
+    async def _watch(self, alive: Callable[[], Awaitable[bool]],
+                     scope: anyio.CancelScope) -> None:
+        while True:
+            await anyio.sleep(self.check_s)
+            try:
+                if not await alive():
+                    scope.cancel()
+                    return
+            except Exception:   # noqa: BLE001 - the store cannot say: wait on
+                continue
 
 
 async def _cancel_on_disconnect(receive: Any, scope: anyio.CancelScope) -> None:

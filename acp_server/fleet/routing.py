@@ -1,21 +1,28 @@
 """Requests for a session reach the instance that runs it (issue #24).
 
-    router = SessionRouter(app, fleet)   # fleet: acp_server.fleet.adoption.Fleet
+    router = SessionRouter(app, fleet, reads)   # reads: rest.journal_reads.JournalReads
     # build_app puts it inside the front layer: a request is authenticated here first
 
 For an HTTP request under ``/session/{id}`` (REST) whose session is not live on this
 instance and that no instance forwarded (``FORWARDED_HEADER``):
 
 * the store names the lease holder (``acp_server.store.leases``). Another instance
-  whose lease is live: the request is forwarded to its advertised URL
-  (``forward.Forwarder``), reads and writes alike (a prompt, cancel, permission vote,
-  close, ``/load``, the event stream with ``Last-Event-ID``), so only the owner admits
-  prompts and the admission limit stays exact across instances;
+  whose lease is live: a read (``reads.serves``: status, pending prompts, the event
+  stream with ``Last-Event-ID``, ``/load``) is answered here from the journal
+  (``replica``: no take-over, so it answers while the owner is paused or slow); any
+  other request (a prompt, cancel, permission vote, close, branch…) is forwarded to
+  the owner's advertised URL (``forward.Forwarder``), so only the owner admits prompts
+  and the admission limit stays exact across instances;
 * a lease that expired (its owner died or paused): this instance adopts the session,
   taking the lease over (token + 1, which fences the old owner) and restoring it from
   the journal as after a restart (``bridge.restore``; ``--session-on-restart`` decides
   the interrupted prompt), then serves the request itself;
 * no lease (a closed or unknown session): served here as before (journal reads, 404).
+
+A forwarded request is counted against the caller's rate limits once, by the owner
+that serves it: this instance gives back what its front layer took (``Caller.uncharge``).
+The owner counts every request it serves, a forwarded one too, so a client gains
+nothing by sending ``FORWARDED_HEADER`` itself.
 
 Concurrent requests for one session on this instance adopt it once
 (``adoption.Fleet``). Nothing here
@@ -32,9 +39,12 @@ from typing import Any
 
 from acp_server.fleet.adoption import Fleet
 from acp_server.fleet.forward import FORWARDED_HEADER, OwnerUnreachableError
+from acp_server.principals import CALLER_KEY
 from acp_server.store.errors import RETRY_AFTER_S, StoreUnavailableError
+from acp_server.store.leases import Owner
 
 log = logging.getLogger("acp_server.fleet")
+CLIENT_ID_HEADER = b"x-qwen-client-id"
 UNREACHABLE = (b'{"error":"The instance that runs this session cannot be reached; retry '
                b'later","code":"owner_unreachable"}')
 STORE_UNAVAILABLE = b'{"error":"The store is unavailable; retry later","code":"store_unavailable"}'
@@ -51,8 +61,9 @@ def session_of(path: str) -> str | None:
 class SessionRouter:
     """See the module docstring (an ASGI middleware)."""
 
-    def __init__(self, app: Any, fleet: Fleet) -> None:
+    def __init__(self, app: Any, fleet: Fleet, reads: Any = None) -> None:
         self.app = app
+        self.reads = reads   # e.g. rest.journal_reads.JournalReads: ``serves(scope)``, ASGI
         self.fleet = fleet
         self.bridge = fleet.bridge
         self.journal = fleet.journal
@@ -63,24 +74,41 @@ class SessionRouter:
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
             sid = session_of(scope["path"])
-            if sid is not None and not self.bridge.has_session(sid) \
+            if sid is not None and self.bridge.has_session(sid):
+                self._adopt_client(sid, scope["headers"])
+            elif sid is not None \
                     and not any(k == FORWARDED_HEADER for k, _ in scope["headers"]):
                 try:
-                    url = await self._route(sid)
+                    owner = await self._route(sid)
                 except Exception as exc:   # noqa: BLE001 - the store's fault: retry later
                     log.warning("session %s: its owner could not be looked up (%s)", sid, exc)
                     retry = exc.retry_after if isinstance(exc, StoreUnavailableError) \
                         else RETRY_AFTER_S
                     await _refuse(send, STORE_UNAVAILABLE, retry)
                     return
-                if url is not None:
-                    await self._forward(url, scope, receive, send)
+                if owner is not None and self.reads is not None and self.reads.serves(scope):
+                    self.stats.journal_reads += 1   # a read: answered here, from the journal
+                    await self.reads(scope, receive, send)
+                    return
+                if owner is not None:
+                    await self._forward(owner, scope, receive, send)
                     return
         await self.app(scope, receive, send)
 
-    async def _route(self, sid: str) -> str | None:
-        """The owner's URL to forward to, else ``None`` (serve here, adopted if due).
-        An adoption another instance won meanwhile (its sweep, say) is looked up again
+    def _adopt_client(self, sid: str, headers: list[tuple[bytes, bytes]]) -> None:
+        """A client id another instance issued for this session (its ``/load`` from
+        the journal, or an owner before an adoption) is one this session knows."""
+        for name, value in headers:
+            if name == CLIENT_ID_HEADER:
+                session = self.bridge.get_session(sid)
+                client_id = value.decode("latin-1")
+                if client_id not in session.clients:
+                    session.adopt_client(client_id)
+                return
+
+    async def _route(self, sid: str) -> Owner | None:
+        """The owner to forward to, else ``None`` (serve here, adopted if due). An
+        adoption another instance won meanwhile (its sweep, say) is looked up again
         and forwarded to."""
         leases = self.leases
         for _ in range(2):
@@ -88,17 +116,26 @@ class SessionRouter:
             if owner is None:
                 return None
             if owner.instance != leases.instance and owner.live:
-                return owner.url or ""
+                return owner
             if await self.fleet.adopt(sid):   # expired, or ours but not live here
                 return None
         return None
 
-    async def _forward(self, url: str, scope: Any, receive: Any, send: Any) -> None:
+    async def _forward(self, owner: Owner, scope: Any, receive: Any, send: Any) -> None:
+        url, leases = owner.url or "", self.leases
+
+        async def alive() -> bool:
+            return await self.journal.store._read(
+                lambda conn: leases.alive(conn, owner.instance))
+
         try:
             if not url:
                 raise OwnerUnreachableError("the owner advertises no URL")
             self.stats.forwards += 1   # attempts; the failures are counted apart
-            await self.forwarder.relay(url, scope, receive, send)
+            caller = scope.get(CALLER_KEY)
+            if caller is not None:   # the owner counts it against the rate limits
+                caller.uncharge()
+            await self.forwarder.relay(url, scope, receive, send, alive)
         except OwnerUnreachableError as exc:
             self.stats.forward_failures += 1
             log.warning("a request for a session owned elsewhere could not be forwarded "

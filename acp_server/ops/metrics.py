@@ -167,7 +167,9 @@ class _FleetCollector(Collector):
                 ("acp_server_session_forwards", "forwards",
                  "Requests forwarded to the instance that runs their session."),
                 ("acp_server_session_forward_failures", "forwardFailures",
-                 "Forwards whose owner could not be reached (503).")):
+                 "Forwards whose owner could not be reached (503)."),
+                ("acp_server_session_journal_reads", "journalReads",
+                 "Reads of sessions live on another instance served from the journal.")):
             yield CounterMetricFamily(name, doc, value=report[key])
 
 

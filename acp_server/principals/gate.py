@@ -91,12 +91,20 @@ def rate_denial(klass: str, tier: Tier, wait_s: float, now: float) -> Denial:
 class Caller:
     """A request's principal, with the policy of the server it calls."""
 
-    __slots__ = ("principal", "gate", "client")
+    __slots__ = ("principal", "gate", "client", "charged")
 
     def __init__(self, principal: Principal, gate: Gate, client: str | None = None) -> None:
         self.principal = principal
         self.gate = gate
         self.client = client
+        self.charged: str | None = None   # the rate class ``check`` took a request of
+
+    def uncharge(self) -> None:
+        """Give back the request ``check`` counted: another instance serves (and
+        counts) it (``acp_server.fleet``: a forward)."""
+        if self.charged is not None:
+            self.gate.limiter.give_back(self.principal.name, self.charged)
+            self.charged = None
 
     @property
     def name(self) -> str:
@@ -109,7 +117,9 @@ class Caller:
         if access.klass is not None and principal.limited:
             limiter = self.gate.limiter
             wait = limiter.take(principal.name, access.klass)
-            if wait is not None:
+            if wait is None:
+                self.charged = access.klass
+            else:
                 tier = limiter.tier(access.klass)
                 assert tier is not None
                 return rate_denial(access.klass, tier, wait, self.gate.clock())

@@ -88,6 +88,14 @@ class RateLimiter:
         self.refused[klass] = self.refused.get(klass, 0) + 1
         return (1 - bucket[0]) / rate
 
+    def give_back(self, key: str, klass: str) -> None:
+        """Undo one ``take`` that was allowed: the request is counted elsewhere (another
+        instance serves it: ``acp_server.fleet``). Never past the bucket's capacity."""
+        found = self._classes.get(klass)
+        bucket = found[2].get(key) if found is not None else None
+        if found is not None and bucket is not None:
+            bucket[0] = min(found[0], bucket[0] + 1)
+
     def _sweep(self, now: float) -> bool:
         """Drop the buckets that have refilled completely; whether room was made."""
         for capacity, rate, buckets in self._classes.values():

@@ -17,7 +17,9 @@ Contracts:
   status, body and headers.
 * ``StoreUnavailableError`` (``acp_server.store``) and the bridge's
   ``JournalUnavailableError`` (the session journal's commit failed) are a 503 ``{error, code:
-  "store_unavailable"}`` with ``Retry-After``.
+  "store_unavailable"}`` with ``Retry-After``; ``SessionMovedError`` (the commit was
+  refused: another instance took the session over) the same with ``code:
+  "session_moved"`` and ``Retry-After: 1``.
 * Anything unrecognised is a 500 ``{"error": "Internal error"}``: no message from an
   unexpected exception reaches the client.
 """
@@ -154,13 +156,17 @@ BODIES: dict[type[BridgeError], Callable[[Any], dict[str, Any]]] = {
 }
 
 
+UNAVAILABLE = {"": "The store is unavailable; retry later",
+               "session_moved": "The session moved to another instance; retry"}
+
+
 def describe(exc: BaseException) -> tuple[int, dict[str, Any], dict[str, str] | None]:
     """Status, body and headers for an error raised by the bridge or a route;
     ``Retry-After: 5`` on 429 and 503."""
     if isinstance(exc, RestError):
         return exc.status, exc.body, exc.headers
     if isinstance(exc, (StoreUnavailableError, be.JournalUnavailableError)):
-        return 503, {"error": "The store is unavailable; retry later", "code": exc.code}, \
+        return 503, {"error": UNAVAILABLE.get(exc.code, UNAVAILABLE[""]), "code": exc.code}, \
             {"Retry-After": str(exc.retry_after)}
     if not isinstance(exc, BridgeError):
         return 500, {"error": "Internal error"}, None

@@ -1,6 +1,6 @@
 """Session leases and the instance registry on a shared PostgreSQL store (issue #24).
 
-    leases = SessionLeases("a1b2c3d4e5f6", ttl_s=8, clock=time.time)
+    leases = SessionLeases("a1b2c3d4e5f6", ttl_s=8)   # times on the store's clock
     tokens = leases.take_own(conn)             # at start: the live sessions this instance ran
     token = leases.open(conn, sid)             # a session being journaled (None: owned elsewhere)
     stale = leases.stale(conn, {sid: token})   # fencing: which tokens are no longer current
@@ -12,8 +12,11 @@ Every method runs on a connection inside the store's transaction (a worker threa
 session journal's group commit, ``acp_server.store.sessions``). Contracts:
 
 * A live session has one row in ``session_leases`` (migration 5): the instance that runs
-  it, a fencing token and ``expires_at`` (epoch seconds on the injected ``clock``; the
-  instances of one deployment share a clock within well under the TTL, as NTP gives).
+  it, a fencing token and ``expires_at``: epoch seconds on the store's clock
+  (PostgreSQL's ``clock_timestamp()``), which every expiry, liveness check and
+  heartbeat reads too, so the instances' own clocks never matter (skewed ones
+  neither steal live leases nor keep expired ones). ``offset`` (tests only) is added
+  to the store's clock in this instance's statements: a test moves time with it.
   Only the holder renews it, every ``--session-lease-renew-ms``, for
   ``--session-lease-ttl-ms``. Another instance may take it only once expired
   (``adopt``), and every take-over by another instance adds 1 to the token.
@@ -34,6 +37,8 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+# The store's clock (epoch seconds) plus a parameter: the offset tests move (``offset``).
+NOW = "(extract(epoch FROM clock_timestamp())::float8 + %s::float8)"
 DEFAULT_TTL_S = 8.0
 DEFAULT_RENEW_S = 2.0
 
@@ -53,17 +58,22 @@ class SessionLeases:
     """See the module docstring. ``url``: this instance's advertised base URL."""
 
     def __init__(self, instance: str, *, ttl_s: float = DEFAULT_TTL_S,
-                 renew_s: float = DEFAULT_RENEW_S, clock: Callable[[], float],
-                 url: str | None = None) -> None:
+                 renew_s: float = DEFAULT_RENEW_S,
+                 offset: Callable[[], float] = lambda: 0.0, url: str | None = None) -> None:
         self.instance = instance
         self.ttl_s = ttl_s
         self.renew_s = renew_s
-        self.clock = clock
+        self.offset = offset
         self.url = url
-        self.started_at = clock()
+        self.started_at: float | None = None   # on the store's clock, at the first heartbeat
+
+    def _now(self) -> float:
+        """The parameter of ``NOW`` (``offset``)."""
+        return float(self.offset())
 
     def _expiry(self) -> tuple[float, float]:
-        now = self.clock()
+        """The parameters of ``NOW`` and ``NOW + ttl``."""
+        now = self._now()
         return now, now + self.ttl_s
 
     def take_own(self, conn: Any) -> dict[str, int]:
@@ -73,14 +83,14 @@ class SessionLeases:
         _, expires = self._expiry()
         me = self.instance
         conn.execute(
-            "INSERT INTO session_leases(session_id, instance, token, expires_at) "
-            "SELECT id, %s, 1, %s FROM sessions WHERE closed_at IS NULL "
-            "AND (owner = %s OR owner IS NULL) ON CONFLICT (session_id) DO NOTHING",
+            f"INSERT INTO session_leases(session_id, instance, token, expires_at) "
+            f"SELECT id, %s, 1, {NOW} FROM sessions WHERE closed_at IS NULL "
+            f"AND (owner = %s OR owner IS NULL) ON CONFLICT (session_id) DO NOTHING",
             (me, expires, me))
         rows = conn.execute(
-            "UPDATE session_leases l SET token = l.token + 1, expires_at = %s "
-            "FROM sessions s WHERE s.id = l.session_id AND s.closed_at IS NULL "
-            "AND l.instance = %s RETURNING l.session_id, l.token", (expires, me)).fetchall()
+            f"UPDATE session_leases l SET token = l.token + 1, expires_at = {NOW} "
+            f"FROM sessions s WHERE s.id = l.session_id AND s.closed_at IS NULL "
+            f"AND l.instance = %s RETURNING l.session_id, l.token", (expires, me)).fetchall()
         self.heartbeat(conn)
         return {sid: token for sid, token in rows}
 
@@ -89,13 +99,13 @@ class SessionLeases:
         free, expired or already ours; ``None`` when another instance holds it live."""
         now, expires = self._expiry()
         row = conn.execute(
-            "INSERT INTO session_leases(session_id, instance, token, expires_at) "
-            "VALUES (%s, %s, 1, %s) ON CONFLICT (session_id) DO UPDATE SET "
-            "token = CASE WHEN session_leases.instance = excluded.instance "
-            "THEN session_leases.token ELSE session_leases.token + 1 END, "
-            "instance = excluded.instance, expires_at = excluded.expires_at "
-            "WHERE session_leases.instance = excluded.instance "
-            "OR session_leases.expires_at < %s RETURNING token",
+            f"INSERT INTO session_leases(session_id, instance, token, expires_at) "
+            f"VALUES (%s, %s, 1, {NOW}) ON CONFLICT (session_id) DO UPDATE SET "
+            f"token = CASE WHEN session_leases.instance = excluded.instance "
+            f"THEN session_leases.token ELSE session_leases.token + 1 END, "
+            f"instance = excluded.instance, expires_at = excluded.expires_at "
+            f"WHERE session_leases.instance = excluded.instance "
+            f"OR session_leases.expires_at < {NOW} RETURNING token",
             (session_id, self.instance, expires, now)).fetchone()
         return None if row is None else row[0]
 
@@ -116,30 +126,42 @@ class SessionLeases:
         held: dict[str, int] = {}
         if tokens:
             held = dict(conn.execute(
-                "UPDATE session_leases SET expires_at = %s WHERE instance = %s "
-                "AND session_id = ANY(%s) RETURNING session_id, token",
+                f"UPDATE session_leases SET expires_at = {NOW} WHERE instance = %s "
+                f"AND session_id = ANY(%s) RETURNING session_id, token",
                 (expires, self.instance, sorted(tokens))).fetchall())
         self.heartbeat(conn)
         return {sid for sid, token in tokens.items() if held.get(sid) != token}
 
     def heartbeat(self, conn: Any) -> None:
-        conn.execute(
-            "INSERT INTO instances(id, url, heartbeat_at, started_at) VALUES (%s,%s,%s,%s) "
-            "ON CONFLICT (id) DO UPDATE SET url = excluded.url, "
-            "heartbeat_at = excluded.heartbeat_at",
-            (self.instance, self.url, self.clock(), self.started_at))
+        now = self._now()
+        started = self.started_at
+        row = conn.execute(
+            f"INSERT INTO instances(id, url, heartbeat_at, started_at) "
+            f"VALUES (%s, %s, {NOW}, COALESCE(%s, {NOW})) "
+            f"ON CONFLICT (id) DO UPDATE SET url = excluded.url, "
+            f"heartbeat_at = excluded.heartbeat_at RETURNING heartbeat_at",
+            (self.instance, self.url, now, started, now)).fetchone()
+        if started is None and row is not None:
+            self.started_at = float(row[0])
+
+    def alive(self, conn: Any, instance: str) -> bool:
+        """Whether ``instance`` renewed its heartbeat within the TTL (a paused or dead
+        one did not)."""
+        row = conn.execute(f"SELECT heartbeat_at + %s >= {NOW} FROM instances WHERE id = %s",
+                           (self.ttl_s, self._now(), instance)).fetchone()
+        return row is not None and bool(row[0])
 
     def adopt(self, conn: Any, session_id: str) -> int | None:
         """Take over a live (not closed) session whose lease expired, or that has none:
         the new token, or ``None`` (a live lease elsewhere, or no such live session)."""
         now, expires = self._expiry()
         row = conn.execute(
-            "INSERT INTO session_leases(session_id, instance, token, expires_at) "
-            "SELECT id, %s, 1, %s FROM sessions WHERE id = %s AND closed_at IS NULL "
-            "ON CONFLICT (session_id) DO UPDATE SET instance = excluded.instance, "
-            "token = session_leases.token + 1, expires_at = excluded.expires_at "
-            "WHERE session_leases.expires_at < %s OR session_leases.instance = "
-            "excluded.instance RETURNING token",
+            f"INSERT INTO session_leases(session_id, instance, token, expires_at) "
+            f"SELECT id, %s, 1, {NOW} FROM sessions WHERE id = %s AND closed_at IS NULL "
+            f"ON CONFLICT (session_id) DO UPDATE SET instance = excluded.instance, "
+            f"token = session_leases.token + 1, expires_at = excluded.expires_at "
+            f"WHERE session_leases.expires_at < {NOW} OR session_leases.instance = "
+            f"excluded.instance RETURNING token",
             (self.instance, expires, session_id, now)).fetchone()
         if row is None:
             return None
@@ -148,19 +170,17 @@ class SessionLeases:
 
     def expired(self, conn: Any, limit: int = 64) -> list[str]:
         """Live sessions whose lease expired (their owner died or stopped)."""
-        now = self.clock()
         return [sid for (sid,) in conn.execute(
-            "SELECT l.session_id FROM session_leases l JOIN sessions s ON s.id = l.session_id "
-            "WHERE s.closed_at IS NULL AND l.expires_at < %s ORDER BY l.expires_at LIMIT %s",
-            (now, limit)).fetchall()]
+            f"SELECT l.session_id FROM session_leases l JOIN sessions s "
+            f"ON s.id = l.session_id WHERE s.closed_at IS NULL AND l.expires_at < {NOW} "
+            f"ORDER BY l.expires_at LIMIT %s", (self._now(), limit)).fetchall()]
 
     def owner(self, conn: Any, session_id: str) -> Owner | None:
         row = conn.execute(
-            "SELECT l.instance, l.token, l.expires_at, i.url FROM session_leases l "
-            "LEFT JOIN instances i ON i.id = l.instance WHERE l.session_id = %s",
-            (session_id,)).fetchone()
+            f"SELECT l.instance, l.token, l.expires_at, i.url, l.expires_at >= {NOW} "
+            f"FROM session_leases l LEFT JOIN instances i ON i.id = l.instance "
+            f"WHERE l.session_id = %s", (self._now(), session_id)).fetchone()
         if row is None:
             return None
-        instance, token, expires_at, url = row
-        return Owner(instance, int(token), float(expires_at), url,
-                     live=expires_at >= self.clock())
+        instance, token, expires_at, url, live = row
+        return Owner(instance, int(token), float(expires_at), url, live=bool(live))

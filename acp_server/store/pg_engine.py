@@ -119,6 +119,11 @@ class PostgresEngine(GroupCommitStore[Conn]):
     def _on_notice(self, kind: str, ids: list[str]) -> None:
         """Another instance's notice (on the event loop)."""
 
+    def _wanted(self, kind: str, ids: list[str]) -> list[str]:
+        """The ids of a notice worth a hop to the event loop (the listener's thread:
+        a cheap, thread-safe look only)."""
+        return ids
+
     def notice(self, state: Batch, kind: str, task_id: str = "") -> None:
         state.notices.add((kind, task_id))
 
@@ -333,7 +338,9 @@ class PostgresEngine(GroupCommitStore[Conn]):
                         for notice in conn.notifies(timeout=0.2):
                             kind, instance, ids = _parse(notice.payload)
                             if instance != self.instance:   # ours: no hop to the loop
-                                anyio.from_thread.run_sync(self._on_notice, kind, ids)
+                                ids = self._wanted(kind, ids)
+                                if ids:
+                                    anyio.from_thread.run_sync(self._on_notice, kind, ids)
             except Exception as exc:   # noqa: BLE001 - psycopg, or the loop going away
                 log.warning("LISTEN connection lost (%s); reconnecting", _first_line(exc))
                 ready.set()

@@ -30,7 +30,7 @@ Contracts (besides those of ``acp_server.store.tasks``):
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from typing import Any
 
 import msgspec
@@ -137,6 +137,11 @@ class PostgresTaskStore(TokenOps, AuditOps, ObservedMoves, PostgresEngine):
         super().__init__(url, on_commit=on_commit, group_commit=group_commit, writers=writers,
                          instance=self._identity.instance if self._identity else None)
         self.on_notify: Callable[[str, str], None] | None = None
+        # the sessions other instances committed events of (``acp_server.fleet``), and
+        # those it wants to hear of (a container read from the listener's thread: a
+        # notice of other sessions costs no hop to the event loop)
+        self.on_sessions: Callable[[list[str]], None] | None = None
+        self.sessions_followed: Container[str] = ()
         self.lease_s, self.renew_s, self.poll_s = lease_s, renew_s, poll_s
         # Seconds added to the database clock of the leases (tests move time with it).
         self.clock_offset_s = 0.0
@@ -160,7 +165,17 @@ class PostgresTaskStore(TokenOps, AuditOps, ObservedMoves, PostgresEngine):
         for token_id in token_ids:
             self.notice(state, "t", token_id)
 
+    def _wanted(self, kind: str, ids: list[str]) -> list[str]:
+        if kind != "s":
+            return ids
+        followed = self.sessions_followed
+        return [sid for sid in ids if sid in followed]
+
     def _on_notice(self, kind: str, ids: list[str]) -> None:
+        if kind == "s":   # a session's journal (acp_server.store.sessions): its readers
+            if self.on_sessions is not None:
+                self.on_sessions(ids)
+            return
         if kind == "t":   # tokens: not the tasks' (the service ignores unknown kinds)
             if self.on_tokens_changed is not None:
                 self.on_tokens_changed(ids)

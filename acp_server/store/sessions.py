@@ -64,7 +64,7 @@ from acp_server.store.leases import SessionLeases
 from acp_server.store.pg_engine import PostgresEngine
 from acp_server.store.write_behind import MARKER_ID, MARKER_TYPE, Marker, WriteBehind
 from acp_server.store.writer import Op
-from bridge.errors import JournalUnavailableError
+from bridge.errors import JournalUnavailableError, SessionMovedError
 from bridge.journal import (
     RECORD_ENCODER,
     EventRecord,
@@ -108,6 +108,7 @@ def _decode_accepted(blob: bytes) -> PromptAccepted:
 CRITICAL = (SessionOpened, PromptAccepted)
 _SESSION_TABLES = (("session_events", "session_id"), ("session_prompts", "session_id"),
                    ("session_leases", "session_id"), ("sessions", "id"))
+SESSION_NOTICE = "s"   # a commit's NOTIFY kind: a session's events or its end (``read_after``)
 MOVED = "session moved: another instance holds its lease"
 LOST = -1   # the fence of a session this instance lost: every write of it is refused
 _Record = JournalRecord | Marker   # what the journal commits
@@ -233,7 +234,8 @@ class StoreSessionJournal:
         while True:
             failed = self._failed.get(seq)
             if failed is not None:
-                raise JournalUnavailableError(failed)
+                raise SessionMovedError(failed) if failed == MOVED \
+                    else JournalUnavailableError(failed)
             if seq <= self._durable_through or seq == 0:
                 return
             if self._stopped.is_set():
@@ -265,7 +267,14 @@ class StoreSessionJournal:
         self._batch_fence = dict(self.fence) if self.leases is not None else None
 
     def _commit_in(self, conn: Any, out: Any, *state: Any) -> tuple[dict[str, int], set[str]]:
-        return self._apply(conn, [record for _, record in self._batch], self._batch_fence)
+        records = [record for _, record in self._batch]
+        done = self._apply(conn, records, self._batch_fence)
+        if state and self.postgres:   # readers on other instances wake (issue #24)
+            refused = done[1]
+            for sid in {r.session_id for r in records if isinstance(r, (EventRecord,
+                        SessionEnded)) and r.session_id not in refused}:
+                self.store.notice(state[0], SESSION_NOTICE, sid)
+        return done
 
     def _landed(self, op: Op) -> None:
         batch, self._batch = self._batch, []
@@ -601,8 +610,8 @@ class StoreSessionJournal:
             conn, "(closed_at IS NOT NULL AND (owner IS NULL OR owner = %s)) OR id = ANY(%s)",
             (self.owner, sorted(tokens))))
 
-    def _restore_in(self, conn: Any, where: str, params: tuple[Any, ...]
-                    ) -> list[RestoredSession]:
+    def _restore_in(self, conn: Any, where: str, params: tuple[Any, ...],
+                    ring: int | None = None) -> list[RestoredSession]:
         sql = self._sql
         found: list[RestoredSession] = []
         for sid, blob, closed_at in conn.execute(sql(
@@ -634,7 +643,7 @@ class StoreSessionJournal:
             terminals.sort(key=lambda t: t.at)
             rows = conn.execute(sql(
                 "SELECT id, envelope FROM session_events WHERE session_id = ? AND id > ? "
-                "ORDER BY id DESC LIMIT ?"), (sid, MARKER_ID, self.ring_size)).fetchall()
+                "ORDER BY id DESC LIMIT ?"), (sid, MARKER_ID, ring or self.ring_size)).fetchall()
             rows.reverse()
             events = []
             # readers may have seen events ahead of the journal (write-behind): resync
@@ -668,6 +677,54 @@ class StoreSessionJournal:
                 terminals=terminals[-MAX_PROMPT_TERMINALS:], unsettled=unsettled,
                 started=started, closed_at=closed_at, gap=gap))
         return found
+
+    # -- reads for other instances (``acp_server.fleet.replica``) ------------------------
+    async def read(self, session_id: str, *, only: Sequence[str] | None = None
+                   ) -> RestoredSession | None:
+        """One session as the journal has it (live or closed), taking no lease: what
+        an instance that does not run it serves its reads from. ``only`` (event types,
+        for a status): of its events only the newest and those of these types are
+        read, not its ring."""
+        sql = self._sql
+
+        def read(conn: Any) -> RestoredSession | None:
+            found = self._restore_in(conn, sql("id = ?"), (session_id,),
+                                     None if only is None else 1)
+            if not found or only is None:
+                return found[0] if found else None
+            session = found[0]
+            asked = {event.id: event for event in session.events}
+            kinds = ",".join("?" * len(only))
+            for _, envelope in conn.execute(sql(
+                    f"SELECT id, envelope FROM session_events WHERE session_id = ? "
+                    f"AND type IN ({kinds}) ORDER BY id"), (session_id, *only)).fetchall():
+                with contextlib.suppress(msgspec.MsgspecError, KeyError, TypeError):
+                    event = event_from_envelope(bytes(envelope))
+                    asked[event.id] = event
+            session.events = [asked[i] for i in sorted(asked)]  # type: ignore[type-var]
+            return session
+
+        return await self.store._read(read)
+
+    async def read_after(self, session_id: str, after: int, limit: int = 512
+                         ) -> tuple[SessionOpened | None, bool, list[tuple[int, bytes]]]:
+        """A reader's next rows: (the session's record, ``None`` when it is gone;
+        whether it is closed; up to ``limit`` of its event envelopes after id
+        ``after``, oldest first, as ``(id, envelope)``)."""
+        sql = self._sql
+
+        def read(conn: Any) -> tuple[SessionOpened | None, bool, list[tuple[int, bytes]]]:
+            row = conn.execute(sql("SELECT record, closed_at FROM sessions WHERE id = ?"),
+                               (session_id,)).fetchone()
+            if row is None:
+                return None, True, []
+            rows = conn.execute(sql(
+                "SELECT id, envelope FROM session_events WHERE session_id = ? AND id > ? "
+                "ORDER BY id LIMIT ?"), (session_id, max(after, MARKER_ID), limit)).fetchall()
+            return (_OPENED.decode(bytes(row[0])), row[1] is not None,
+                    [(int(i), bytes(e)) for i, e in rows])
+
+        return await self.store._read(read)
 
     async def purge(self, closed_before: float) -> int:
         """Remove the sessions closed before ``closed_before`` (epoch seconds)."""

@@ -43,6 +43,7 @@ SAMPLES: dict[type[BridgeError], BridgeError] = {
     errors.TooManyContentBlocksError: errors.TooManyContentBlocksError(9, 8),
     errors.InvalidDeadlineError: errors.InvalidDeadlineError(0),
     errors.JournalUnavailableError: errors.JournalUnavailableError("disk full"),
+    errors.SessionMovedError: errors.SessionMovedError("another instance took it over"),
     errors.SessionNotRestorableError: errors.SessionNotRestorableError("s", "gone"),
     errors.ServerRestartedError: errors.ServerRestartedError("p"),
 }

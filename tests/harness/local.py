@@ -39,7 +39,7 @@ from acp_server.settings import Settings
 from bridge import Bridge, BridgeOptions
 
 OVERRIDES = ("agent_factory", "lmsp_store", "lmsp_config", "group_commit", "acp_clock",
-             "session_clock", "principals_clock", "lease_clock")
+             "session_clock", "principals_clock", "lease_offset")
 
 
 @dataclass

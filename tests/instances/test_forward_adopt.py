@@ -1,7 +1,7 @@
 """Two instances in process on one PostgreSQL store and one injected clock (issue #24):
-a request for a session owned by the other instance is forwarded there (status,
-prompts, the event stream with ``Last-Event-ID``), a forwarded request is never
-forwarded again, and once the owner's lease expired the instance that gets a request
+a write for a session owned by the other instance is forwarded there (a prompt), a
+read is answered from the journal (status, the event stream with ``Last-Event-ID``,
+ended when the session is closed), a forwarded request is never forwarded again, and once the owner's lease expired the instance that gets a request
 adopts the session (token + 1) from the journal; the old owner's next write is
 refused, it stops the session there, and from then on forwards to the new owner."""
 
@@ -24,14 +24,15 @@ pytestmark = pytest.mark.anyio
 
 
 @contextlib.asynccontextmanager
-async def _pair(tmp_path: Path, now: list[float]) -> AsyncIterator[tuple[LocalServer, ...]]:
+async def _pair(tmp_path: Path, now: list[float], **extra: Any
+                ) -> AsyncIterator[tuple[LocalServer, ...]]:
     if not stores.postgres_dsn():
         pytest.skip(stores.SKIP_POSTGRES)
     url = stores.postgres_url_for(tmp_path, "fleet")
     # the renewal is slower than any test: the injected clock alone expires a lease
-    flags: dict[str, Any] = {"store": url, "lease_clock": lambda: now[0],
+    flags: dict[str, Any] = {"store": url, "lease_offset": lambda: now[0],
                              "session_lease_ttl_ms": 60_000,
-                             "session_lease_renew_ms": 50_000}
+                             "session_lease_renew_ms": 50_000, **extra}
     async with local_server(tmp_path, state_dir=tmp_path / "a", **flags) as a, \
             local_server(tmp_path, state_dir=tmp_path / "b", **flags) as b:
         yield a, b
@@ -39,21 +40,23 @@ async def _pair(tmp_path: Path, now: list[float]) -> AsyncIterator[tuple[LocalSe
 
 async def test_forwarded_to_the_owner_then_adopted_when_its_lease_expired(
         tmp_path: Path) -> None:
-    now = [5_000_000.0]
+    now = [0.0]
     async with _pair(tmp_path, now) as (a, b):
         sid = (await a.client.post("/session", json={"sessionScope": "thread"})).json()[
             "sessionId"]
         assert not b.bridge.has_session(sid)
-        status = await b.client.get(f"/session/{sid}/status")   # forwarded to a
+        status = await b.client.get(f"/session/{sid}/status")   # a read: from the journal
         assert status.status_code == 200, status.text
+        assert status.json()["eventEpoch"] == a.bridge.session_status(sid).event_epoch
         accepted = await b.client.post(f"/session/{sid}/prompt", json=_prompt("/chunks 3 x"))
         assert accepted.status_code == 202
         pid = accepted.json()["promptId"]
         frames = await read_events(b.client, sid, _is("turn_complete", pid), last_event_id=0)
         ids = [f["id"] for f in frames if f.get("id") is not None]
-        assert ids == list(range(1, len(ids) + 1))   # a's events, through b, in order
+        assert ids == list(range(1, len(ids) + 1))   # a's events, on b, in order
         assert not b.bridge.has_session(sid) and a.bridge.has_session(sid)
-        assert b.server.fleet.stats.forwards == 3 and b.server.fleet.stats.adoptions == 0
+        stats = b.server.fleet.stats   # the prompt went to a; the reads were answered on b
+        assert (stats.forwards, stats.journal_reads, stats.adoptions) == (1, 2, 0)
         loop = await b.client.get(f"/session/{sid}/status",
                                   headers={"x-acp-forwarded-by": "elsewhere"})
         assert loop.status_code == 404   # a forwarded request is served where it lands
@@ -66,7 +69,9 @@ async def test_forwarded_to_the_owner_then_adopted_when_its_lease_expired(
         assert b.bridge.session_status(sid).event_epoch == epoch   # the stream goes on
         # a still runs it, unaware: its next write is refused and it stops the session
         refused = await a.client.post(f"/session/{sid}/prompt", json=_prompt("stale"))
-        assert refused.status_code == 503
+        assert refused.status_code == 503   # in flight at the fence: its own code
+        assert refused.json()["code"] == "session_moved"
+        assert refused.headers["retry-after"] == "1"
         with anyio.fail_after(10):
             while a.bridge.has_session(sid):
                 await anyio.sleep(0.01)
@@ -83,25 +88,26 @@ async def test_forwarded_to_the_owner_then_adopted_when_its_lease_expired(
         status = (await b.client.get("/daemon/status")).json()["runtime"]["instances"]
         assert status == {"instance": b.server.leases.instance, "advertisedUrl": b.base_url,
                           "sessionsOwned": 1, "leasesTakenOver": 1, "sessionsMovedAway": 0,
-                          "forwards": 3, "forwardFailures": 0}
+                          "forwards": 1, "journalReads": 2, "forwardFailures": 0}
         moved = (await a.client.get("/daemon/status")).json()["runtime"]["instances"]
         assert (moved["sessionsOwned"], moved["sessionsMovedAway"]) == (0, 1)
         text = (await b.client.get("/metrics")).text
         assert f'acp_server_instance_info{{instance="{b.server.leases.instance}"}} 1.0' in text
         for line in ("acp_server_sessions_owned 1.0", "acp_server_session_adoptions_total 1.0",
-                     "acp_server_session_forwards_total 3.0"):
+                     "acp_server_session_forwards_total 1.0",
+                     "acp_server_session_journal_reads_total 2.0"):
             assert line in text
 
 
 async def test_an_owner_that_cannot_be_reached_is_a_503(tmp_path: Path) -> None:
-    now = [6_000_000.0]
+    now = [0.0]
     async with _pair(tmp_path, now) as (a, b):
         sid = (await a.client.post("/session", json={"sessionScope": "thread"})).json()[
             "sessionId"]
         a.server.leases.url = "http://127.0.0.1:9"   # type: ignore[union-attr]
         assert await a.bridge.journal.renew() == set()   # type: ignore[attr-defined]
         refused = await b.client.post(f"/session/{sid}/prompt", json=_prompt("x"))
-        assert refused.status_code == 503
+        assert refused.status_code == 503, refused.text
         assert refused.json()["code"] == "owner_unreachable"
         assert refused.headers["retry-after"] == "5"
         assert b.server.fleet.stats.forward_failures == 1 == b.server.fleet.stats.forwards
@@ -109,7 +115,7 @@ async def test_an_owner_that_cannot_be_reached_is_a_503(tmp_path: Path) -> None:
 
 async def test_the_sweep_adopts_an_orphan_and_settles_its_interrupted_prompt(
         tmp_path: Path) -> None:
-    now = [7_000_000.0]
+    now = [0.0]
     async with _pair(tmp_path, now) as (a, b):
         sid = (await a.client.post("/session", json={"sessionScope": "thread"})).json()[
             "sessionId"]
@@ -135,7 +141,7 @@ async def test_acp_resume_flow_across_instances(tmp_path: Path) -> None:
     while the owner's lease is live and adopts the session once it expired."""
     from tests.acp_http.wsclient import ws_connect
 
-    now = [8_000_000.0]
+    now = [0.0]
     async with _pair(tmp_path, now) as (a, b):
         init = {"jsonrpc": "2.0", "id": 0, "method": "initialize",
                 "params": {"protocolVersion": 1}}
@@ -174,21 +180,148 @@ async def test_acp_resume_flow_across_instances(tmp_path: Path) -> None:
             assert answered["result"]["stopReason"] == "end_turn"
 
 
-async def test_a_forwarded_stream_ends_at_the_owner_when_its_client_goes_away(
+async def test_a_stream_from_the_journal_ends_when_its_client_goes_away(
         tmp_path: Path) -> None:
-    """A relayed event stream whose client leaves is ended upstream too: the owner's
-    subscriber goes (a server may drop sends to a gone client without a word)."""
-    now = [5_000_000.0]
+    """An event stream of a session owned elsewhere is read from the journal here; the
+    tail that follows the journal for it ends when its last reader leaves (a server
+    may drop sends to a gone client without a word), and nothing is forwarded."""
+    now = [0.0]
     async with _pair(tmp_path, now) as (a, b):
         sid = (await a.client.post("/session", json={"sessionScope": "thread"})).json()[
             "sessionId"]
-        bus = a.bridge.get_session(sid).bus
+        replicas = b.server.fleet.replicas   # type: ignore[union-attr]
         for round_ in range(3):
             accepted = await b.client.post(f"/session/{sid}/prompt",
                                            json=_prompt(f"/chunks 2 r{round_}"))
             pid = accepted.json()["promptId"]
             await read_events(b.client, sid, _is("turn_complete", pid), last_event_id=0)
-            with anyio.fail_after(10):   # the reader left: so does the relayed stream
-                while bus.subscriber_count:
+            with anyio.fail_after(10):   # the reader left: so does the tail
+                while replicas.following():
                     await anyio.sleep(0.01)
-        assert b.server.fleet.stats.forwards == 6
+        assert a.bridge.get_session(sid).bus.subscriber_count == 0
+        assert b.server.fleet.stats.forwards == 3   # the prompts
+        assert b.server.fleet.stats.journal_reads == 3   # the streams
+
+
+async def test_a_stream_from_the_journal_ends_when_the_owner_closes_the_session(
+        tmp_path: Path) -> None:
+    now = [0.0]
+    async with _pair(tmp_path, now) as (a, b):
+        sid = (await a.client.post("/session", json={"sessionScope": "thread"})).json()[
+            "sessionId"]
+        await a.client.post(f"/session/{sid}/prompt", json=_prompt("/chunks 2 z"))
+        closed = False
+        with anyio.fail_after(20):   # the stream on b ends once a closed the session
+            async with b.client.stream("GET", f"/session/{sid}/events",
+                                       headers={"Last-Event-ID": "0"}) as stream:
+                assert stream.status_code == 200
+                async for line in stream.aiter_lines():
+                    if line == "event: turn_complete" and not closed:
+                        deleted = await a.client.delete(f"/session/{sid}")
+                        assert deleted.status_code == 204
+                        closed = True
+        assert closed
+        assert b.server.fleet.replicas.following() == []   # type: ignore[union-attr]
+
+
+async def test_a_forwarded_request_is_counted_once_and_a_client_marker_skips_nothing(
+        tmp_path: Path) -> None:
+    """Rate limits: a prompt b forwards to a is counted by a (which serves it), not by
+    b too; a client that sends the forward marker itself is counted as any other."""
+    from tests.principals.helpers import bearer, mint
+
+    limits = {"token": "boot-s3cret-for-the-fleet", "principals_clock": lambda: 100.0,
+              "rate_limit_prompt": 2, "rate_limit_mutation": 100, "rate_limit_read": 100}
+    async with _pair(tmp_path, [0.0], **limits) as (a, b):
+        ci = bearer(await mint(a.server, "ci"))
+        made = [(await x.client.post("/session", json={"sessionScope": "thread"},
+                                     headers=ci)).json()["sessionId"] for x in (a, b)]
+        on_a, on_b = made
+        for n in range(2):   # through b, to a: a's two prompts of the minute
+            sent = await b.client.post(f"/session/{on_a}/prompt", json=_prompt(f"f{n}"),
+                                       headers=ci)
+            assert sent.status_code == 202, sent.text
+        assert b.server.fleet.stats.forwards == 2   # type: ignore[union-attr]
+        third = await a.client.post(f"/session/{on_a}/prompt", json=_prompt("a"), headers=ci)
+        assert third.status_code == 429   # a counted both
+        for n in range(2):   # b counted neither: its own two are still there
+            sent = await b.client.post(f"/session/{on_b}/prompt", json=_prompt(f"b{n}"),
+                                       headers=ci)
+            assert sent.status_code == 202, sent.text
+        marked = await b.client.post(f"/session/{on_b}/prompt", json=_prompt("m"),
+                                     headers={**ci, "x-acp-forwarded-by": a.server.leases
+                                              .instance})   # type: ignore[union-attr]
+        assert marked.status_code == 429   # the marker a client sends skips no limit
+
+
+def test_session_moved_in_each_doors_shape() -> None:
+    from acp_server.acp_http.errors import to_rpc_error
+    from acp_server.rest.errors import describe
+    from bridge.errors import SessionMovedError
+
+    moved = SessionMovedError("session moved: another instance holds its lease")
+    status, body, headers = describe(moved)
+    assert (status, body["code"], headers) == (503, "session_moved", {"Retry-After": "1"})
+    code, _, data = to_rpc_error(moved)
+    assert code == -32603 and data == {"errorKind": "session_moved", "retryable": True,
+                                       "retryAfterSeconds": 1}
+
+
+async def test_a_reader_ahead_of_the_tail_resumes_without_a_resync(tmp_path: Path) -> None:
+    """A reader that resumes here from a cursor another instance gave it, while this
+    instance's tail of the session lags (no NOTIFY heard yet), gets what follows its
+    cursor, not ``state_resync_required``; the lagging readers get the events too."""
+    async with _pair(tmp_path, [0.0]) as (a, b):
+        sid = (await a.client.post("/session", json={"sessionScope": "thread"})).json()[
+            "sessionId"]
+        replicas = b.server.fleet.replicas   # type: ignore[union-attr]
+        replicas.poll_s = 3600
+        b.bridge.journal.store.on_sessions = lambda ids: None   # type: ignore[attr-defined]
+        with anyio.fail_after(20):
+            async with b.client.stream("GET", f"/session/{sid}/events",
+                                       headers={"Last-Event-ID": "0"}) as lagging:
+                while replicas.following() != [sid]:
+                    await anyio.sleep(0.01)
+                done = await a.client.post(f"/session/{sid}/prompt", json=_prompt("/chunks 2"))
+                pid = done.json()["promptId"]
+                on_a = await read_events(a.client, sid, _is("turn_complete", pid),
+                                         last_event_id=0)   # committed: published after
+                last = on_a[-1]["id"]
+                resumed = await read_events(b.client, sid,
+                                            lambda e: e["type"] == "replay_complete",
+                                            last_event_id=last - 1)
+                assert [e["type"] for e in resumed] == ["turn_complete", "replay_complete"]
+                ids: list[int] = []
+                async for line in lagging.aiter_lines():
+                    if line.startswith("id: "):
+                        ids.append(int(line[4:]))
+                        if ids[-1] == last:
+                            break
+                assert ids == list(range(1, last + 1))
+
+
+async def test_a_status_from_the_journal_shows_the_running_prompt_and_its_question(
+        tmp_path: Path) -> None:
+    """b answers a's session's status and pending prompts from the journal: the
+    running prompt (and its text), the queued one, the permission it waits for."""
+    async with _pair(tmp_path, [0.0]) as (a, b):
+        sid = (await a.client.post("/session", json={"sessionScope": "thread"})).json()[
+            "sessionId"]
+        asking = await a.client.post(f"/session/{sid}/prompt", json=_prompt("/permission"))
+        queued = await a.client.post(f"/session/{sid}/prompt", json=_prompt("after"))
+        pids = [asking.json()["promptId"], queued.json()["promptId"]]
+        await read_events(a.client, sid, lambda e: e["type"] == "permission_request",
+                          last_event_id=0)
+        mine = a.bridge.session_status(sid)   # a waits for the answer: nothing more
+        with anyio.fail_after(20):   # until the journal has it all (a's commits)
+            while (status := (await b.client.get(f"/session/{sid}/status")).json())[
+                    "lastEventId"] != mine.last_event_id:
+                await anyio.sleep(0.02)
+        assert status["isWaitingForPermission"] is True
+        assert (status["activePromptId"], status["pendingPrompts"], status["queuedPrompts"],
+                status["lastEventId"], status["eventEpoch"]) == (
+            pids[0], 2, 1, mine.last_event_id, mine.event_epoch)
+        pending = (await b.client.get(f"/session/{sid}/pending-prompts")).json()
+        assert [(p["promptId"], p["state"], p["text"]) for p in pending["pendingPrompts"]] == [
+            (pids[0], "running", "/permission"), (pids[1], "queued", "after")]
+        assert b.server.fleet.stats.forwards == 0   # type: ignore[union-attr]

@@ -1,6 +1,7 @@
-"""Session leases on a shared PostgreSQL store (issue #24), in process, on an injected
-clock: a session's lease is taken with its record, renewed in one statement, and a
-take-over by another instance fences the old owner: its next write is refused by the
+"""Session leases on a shared PostgreSQL store (issue #24), in process, the store's
+clock moved by an injected offset: a session's lease is taken with its record, renewed
+in one statement, and a take-over by another instance fences the old owner: its next
+write is refused by the
 store (nothing of it lands), and it stops the session at once (its readers' streams end,
 its prompts fail with ``session_moved``). On SQLite leases are a no-op. The
 ``SessionLeases`` SQL itself: open, stale, renew, adopt, expired, owner."""
@@ -39,9 +40,14 @@ def db(pg_url: str) -> Iterator[psycopg.Connection[Any]]:
 
 
 def _lease(db: psycopg.Connection[Any], sid: str) -> tuple[str, int, float] | None:
-    row = db.execute("SELECT instance, token, expires_at FROM session_leases "
+    """(instance, token, seconds until it expires on the store's clock, rounded; 0 for
+    a lease released at once)."""
+    row = db.execute("SELECT instance, token, expires_at, expires_at - "
+                     "extract(epoch FROM clock_timestamp())::float8 FROM session_leases "
                      "WHERE session_id = %s", (sid,)).fetchone()
-    return None if row is None else (row[0], row[1], row[2])
+    if row is None:
+        return None
+    return row[0], row[1], 0 if row[2] == 0 else round(row[3])
 
 
 def _take_over(db: psycopg.Connection[Any], sid: str) -> None:
@@ -63,8 +69,8 @@ async def _session(client: httpx.AsyncClient) -> str:
 
 async def test_a_taken_over_session_is_fenced_and_stopped_here(
         tmp_path: Path, pg_url: str, db: psycopg.Connection[Any]) -> None:
-    now = [1_000_000.0]
-    async with local_server(tmp_path, store=pg_url, lease_clock=lambda: now[0],
+    now = [0.0]
+    async with local_server(tmp_path, store=pg_url, lease_offset=lambda: now[0],
                             session_lease_ttl_ms=8000, session_lease_renew_ms=2000) as srv:
         leases = srv.server.leases
         assert leases is not None
@@ -107,8 +113,8 @@ async def test_a_taken_over_session_is_fenced_and_stopped_here(
 
 async def test_a_renewal_finds_a_lost_lease_and_stops_the_session(
         tmp_path: Path, pg_url: str, db: psycopg.Connection[Any]) -> None:
-    now = [2_000_000.0]
-    async with local_server(tmp_path, store=pg_url, lease_clock=lambda: now[0]) as srv:
+    now = [0.0]
+    async with local_server(tmp_path, store=pg_url, lease_offset=lambda: now[0]) as srv:
         journal: Any = srv.bridge.journal
         kept, lost = await _session(srv.client), await _session(srv.client)
         running = await srv.client.post(f"/session/{lost}/prompt", json=_prompt("/sleep 60s"))
@@ -126,8 +132,8 @@ async def test_a_renewal_finds_a_lost_lease_and_stops_the_session(
 
 async def test_a_clean_stop_releases_the_leases_and_the_next_start_takes_them_back(
         tmp_path: Path, pg_url: str, db: psycopg.Connection[Any]) -> None:
-    now = [3_000_000.0]
-    settings: dict[str, Any] = {"store": pg_url, "lease_clock": lambda: now[0]}
+    now = [0.0]
+    settings: dict[str, Any] = {"store": pg_url, "lease_offset": lambda: now[0]}
     async with local_server(tmp_path, **settings) as srv:
         sid = await _session(srv.client)
         instance = srv.server.leases.instance   # type: ignore[union-attr]
@@ -154,9 +160,9 @@ def test_the_lease_sql(pg_url: str, db: psycopg.Connection[Any]) -> None:
     from acp_server.store.schema import migrate_postgres
 
     migrate_postgres(db)
-    now = [100.0]
-    a = SessionLeases("aaaa", ttl_s=8, clock=lambda: now[0], url="http://a:1")
-    b = SessionLeases("bbbb", ttl_s=8, clock=lambda: now[0], url="http://b:2")
+    now = [0.0]
+    a = SessionLeases("aaaa", ttl_s=8, offset=lambda: now[0], url="http://a:1")
+    b = SessionLeases("bbbb", ttl_s=8, offset=lambda: now[0], url="http://b:2")
     db.execute("INSERT INTO sessions(id, created_at, record) VALUES ('s1', 1, '\\x00')")
     assert a.open(db, "s1") == 1
     assert a.open(db, "s1") == 1            # ours already: the token stays
@@ -177,6 +183,39 @@ def test_the_lease_sql(pg_url: str, db: psycopg.Connection[Any]) -> None:
     assert owner is not None and (owner.instance, owner.url, owner.live) == (
         "bbbb", "http://b:2", True)
     assert db.execute("SELECT owner FROM sessions WHERE id = 's1'").fetchone() == ("bbbb",)
+
+
+def test_skewed_instance_clocks_do_not_matter(pg_url: str, db: psycopg.Connection[Any],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Expiry is on the store's clock: an instance whose own clock runs an hour ahead
+    neither steals a live lease nor, holding one, keeps it past the TTL; one an hour
+    behind is not seen as dead by the others."""
+    import time
+
+    from acp_server.store.schema import migrate_postgres
+
+    migrate_postgres(db)
+    real = time.time
+    skew = [0.0]
+    monkeypatch.setattr(time, "time", lambda: real() + skew[0])
+    now = [0.0]   # the store's clock, moved for every instance alike
+    a = SessionLeases("aaaa", ttl_s=8, offset=lambda: now[0], url="http://a:1")
+    b = SessionLeases("bbbb", ttl_s=8, offset=lambda: now[0], url="http://b:2")
+    db.execute("INSERT INTO sessions(id, created_at, record) VALUES ('s1', 1, '\\x00'), "
+               "('s2', 1, '\\x00')")
+    skew[0] = -3600   # a's clock is an hour behind
+    assert a.open(db, "s1") == 1
+    a.heartbeat(db)
+    skew[0] = 3600    # b's clock is an hour ahead: a's lease is live all the same
+    assert b.expired(db) == [] and b.adopt(db, "s1") is None and b.open(db, "s1") is None
+    owner = b.owner(db, "s1")
+    assert owner is not None and owner.live and b.alive(db, "aaaa")
+    assert b.open(db, "s2") == 1   # b, an hour ahead, holds s2 ...
+    now[0] += 9                    # ... and stops renewing: 9 s later on the store's clock
+    skew[0] = -3600                # a (an hour behind) finds it expired and adopts it
+    assert sorted(a.expired(db)) == ["s1", "s2"]   # its own unrenewed one too
+    assert a.adopt(db, "s2") == 2
+    assert not a.alive(db, "bbbb")
 
 
 def test_the_flags_are_checked(tmp_path: Path) -> None:

@@ -2,7 +2,8 @@
 taken over meanwhile (the lease row moved to another instance, token + 1, as an
 adoption does), then resumed (``SIGCONT``): the turn it was running wakes up and
 publishes, but the store refuses those writes (fencing), nothing more of the session
-lands in the journal, and the instance stops the session (``/status`` is a 404 there)."""
+lands in the journal, and the instance stops the session (a write is forwarded from
+there, a read answered from the journal)."""
 
 from __future__ import annotations
 
@@ -55,9 +56,10 @@ def test_a_paused_owner_writes_nothing_after_losing_its_lease(tmp_path: Path) ->
             written = count()
         finally:
             os.kill(owner.pid, signal.SIGCONT)
-        # stopped there: a request for it is now forwarded to the adopter (which
-        # advertises no URL here: 503 owner_unreachable)
-        _wait(lambda: http.get(f"/session/{sid}/status").status_code == 503)
+        # stopped there: a write for it is now forwarded to the adopter (which
+        # advertises no URL here: 503 owner_unreachable); a read comes from the journal
+        _wait(lambda: http.post(f"/session/{sid}/cancel").status_code == 503)
+        assert http.get(f"/session/{sid}/status").status_code == 200
         assert count() == written   # nothing of the woken turn landed
         assert db.execute("SELECT instance FROM session_leases WHERE session_id = %s",
                           (sid,)).fetchone() == ("adopter",)

@@ -265,6 +265,115 @@ def test_a_paused_owner_is_replaced_and_writes_nothing_more(
         assert _owner(db, sid) == new_owner
 
 
+def _reads(child: ServeProcess) -> tuple[int, int]:
+    """(forwards, journal reads) of one instance."""
+    report = child.http.get("/daemon/status").json()["runtime"]["instances"]
+    return report["forwards"], report["journalReads"]
+
+
+def test_reads_on_another_instance_come_from_the_journal(
+        fleet: tuple[Path, str, list[ServeProcess]]) -> None:
+    """A reader on B of a session A owns gets the live events of prompts sent to A
+    (from the journal, woken by A's NOTIFY), then resumes on C by ``Last-Event-ID``
+    with no gap and no duplicate; ``/load`` on B answers from the journal (nothing
+    taken over) and the client id it gives is accepted by A."""
+    _, url, children = fleet
+    with psycopg.connect(url, autocommit=True) as db:
+        made = children[0].http.post("/session", json={"sessionScope": "thread"}).json()
+        sid, epoch = made["sessionId"], made["eventEpoch"]
+        ids = {_instance_of(c): c for c in children}
+        owner = ids[_owner(db, sid)]
+        b, c = [child for child in children if child is not owner]
+        before = _reads(b)
+        first = Reader(b.base_url, sid)
+        first.start()
+        pids = [owner.http.post(f"/session/{sid}/prompt",
+                                json=_prompt(f"/chunks 3 live {n}")).json()["promptId"]
+                for n in range(2)]
+        _wait(lambda: all(first.saw("turn_complete", p) for p in pids))
+        first.stop.set()
+        second = Reader(c.base_url, sid)
+        second.events = list(first.events)   # resumes from its last id, on C
+        second.start()
+        pids += [owner.http.post(f"/session/{sid}/prompt",
+                                 json=_prompt(f"/chunks 3 more {n}")).json()["promptId"]
+                 for n in range(2)]
+        _wait(lambda: all(second.saw("turn_complete", p) for p in pids))
+        second.stop.set()
+        got = second.ids()
+        assert got == list(range(1, len(got) + 1))   # no gap, no duplicate, across B and C
+        assert not any(e["type"] == "state_resync_required" for e in second.events)
+        forwards, reads = _reads(b)
+        assert forwards == before[0] and reads > before[1]   # B forwarded nothing
+        assert b.http.get(f"/session/{sid}/status").json()["eventEpoch"] == epoch
+
+        loaded = b.http.post(f"/session/{sid}/load", json={})
+        assert loaded.status_code == 200, loaded.text
+        body = loaded.json()
+        assert body["attached"] is True and body["eventEpoch"] == epoch
+        assert body["lastEventId"] == owner.http.get(
+            f"/session/{sid}/status").json()["lastEventId"]
+        assert {t["promptId"] for t in body["promptTerminals"]} >= set(pids)
+        assert _owner(db, sid) == _instance_of(owner)   # nothing taken over
+        again = b.http.post(f"/session/{sid}/prompt", json=_prompt("with the load's id"),
+                            headers={"X-Qwen-Client-Id": body["clientId"]})
+        assert again.status_code == 202, again.text   # forwarded to A, which accepts it
+        assert owner.http.delete(f"/session/{sid}").status_code == 204
+
+
+def test_reads_answer_while_the_owner_is_paused(
+        fleet: tuple[Path, str, list[ServeProcess]]) -> None:
+    """``SIGSTOP`` the owner while its lease stays live (held here, as a long TTL
+    would): status, pending prompts, ``/load`` and the event replay on the other
+    instances still answer 200 from the journal; a write is 503 ``owner_unreachable``
+    once the owner's heartbeat is older than the TTL (not after 30 s)."""
+    _, url, children = fleet
+    with psycopg.connect(url, autocommit=True) as db:
+        sid = children[1].http.post("/session", json={"sessionScope": "thread"}).json()[
+            "sessionId"]
+        ids = {_instance_of(c): c for c in children}
+        owner = ids[_owner(db, sid)]
+        others = [child for child in children if child is not owner]
+        done = owner.http.post(f"/session/{sid}/prompt", json=_prompt("/chunks 2 done"))
+        pid = done.json()["promptId"]
+        _wait(lambda: owner.http.get(f"/session/{sid}/pending-prompts").json()[
+            "pendingPrompts"] == [])
+        last = owner.http.get(f"/session/{sid}/status").json()["lastEventId"]
+        _wait(lambda: db.execute("SELECT count(*) FROM session_events WHERE session_id = %s "
+                                 "AND id > 0", (sid,)).fetchone()[0] == last)   # committed
+        os.kill(owner.pid, signal.SIGSTOP)
+        try:
+            db.execute("UPDATE session_leases SET expires_at = expires_at + 3600 "
+                       "WHERE session_id = %s", (sid,))
+            for child in others:
+                status = child.http.get(f"/session/{sid}/status", timeout=5)
+                assert status.status_code == 200, status.text
+                assert status.json()["lastEventId"] == last
+                assert child.http.get(f"/session/{sid}/pending-prompts",
+                                      timeout=5).json() == {"pendingPrompts": []}
+                loaded = child.http.post(f"/session/{sid}/load", json={}, timeout=5)
+                assert loaded.status_code == 200, loaded.text
+                assert pid in {t["promptId"] for t in loaded.json()["promptTerminals"]}
+                with child.http.stream("GET", f"/session/{sid}/events", timeout=5,
+                                       headers={"Last-Event-ID": "0"}) as stream:
+                    assert stream.status_code == 200
+                    replayed = []
+                    for line in stream.iter_lines():
+                        if line.startswith("data:"):
+                            replayed.append(json.loads(line[5:]))
+                            if replayed[-1]["type"] == "replay_complete":
+                                break
+                assert [e["id"] for e in replayed[:-1]] == list(range(1, last + 1))
+            refused = others[0].http.post(f"/session/{sid}/prompt", json=_prompt("no"),
+                                          timeout=20)
+            assert refused.status_code == 503, refused.text
+            assert refused.json()["code"] == "owner_unreachable"
+        finally:
+            os.kill(owner.pid, signal.SIGCONT)
+        db.execute("UPDATE session_leases SET expires_at = 0 WHERE session_id = %s", (sid,))
+        _wait(lambda: owner.http.get("/health").status_code == 200)
+
+
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"   # the client side only (a Node process)
