@@ -309,6 +309,21 @@ class SessionMovedError(JournalUnavailableError):
         super().__init__(reason, retry_after)
 
 
+class SessionBusyElsewhereError(JournalUnavailableError):
+    """A ``session/load`` or ``session/resume`` of a session another instance runs,
+    which did not hand it over in time (a prompt running or queued, a question
+    pending, or the owner paused or unreachable: issue #24). Retryable: each door's
+    503 / ``-32603`` with ``session_busy_elsewhere`` and ``retry_after`` seconds."""
+
+    code = "session_busy_elsewhere"
+
+    def __init__(self, session_id: str, retry_after: int = 2) -> None:
+        BridgeError.__init__(self, f"Session {session_id} is busy on another instance; "
+                                   f"retry later")
+        self.reason = "busy on another instance"
+        self.retry_after = retry_after   # seconds
+
+
 class SessionNotRestorableError(BridgeError):
     """A session restored from the journal whose agent side could not be restored:
     its history stays readable, a new prompt is refused."""

@@ -41,6 +41,8 @@ Reconnecting clients (``acp-server connect``) use ``_meta`` keys, all optional:
   is replayed and the answer says ``resync: "epoch_reset"``. The answer's ``_meta``
   carries ``"acp-server/events": {eventEpoch, lastEventId[, resync]}``.
   ``{"acp-server/agent": NAME}`` names the agent that restores a cold session.
+  A session another instance runs is asked for (``acp_server.fleet.handoff``) only
+  for a caller who sees it: ``may_hand_off(caller.sees)`` wraps the bridge call.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ from acp_server.acp_http.connection import (
     RpcId,
     SessionChannel,
 )
+from acp_server.fleet.handoff import may_hand_off
 from acp_server.http.origin import session_origin
 from acp_server.acp_http.errors import (  # noqa: F401 - re-exported for the routes
     ChannelLimitError,
@@ -266,8 +269,9 @@ async def _session_load(conn: AcpConnection, rpc_id: RpcId, params: dict[str, An
     sid = _session_id(params)
     cursor = cursor_param(params)
     agent = meta_value(params, AGENT_META, str)
-    info = await conn.bridge.load_session(sid, cwd=_cwd(params), agent=agent,
-                                          owner=conn.caller.name)
+    with may_hand_off(conn.caller.sees):   # a session live elsewhere may be asked for
+        info = await conn.bridge.load_session(sid, cwd=_cwd(params), agent=agent,
+                                              owner=conn.caller.name)
     if not info.attached:   # restored by this connection: it made it
         _claim(conn, sid, "load", agent)
         conn.own(sid)
@@ -294,8 +298,9 @@ async def _session_resume(conn: AcpConnection, rpc_id: RpcId, params: dict[str, 
     sid = _session_id(params)
     cursor = cursor_param(params)
     agent = meta_value(params, AGENT_META, str)
-    info = await conn.bridge.resume_session(sid, cwd=_cwd(params), agent=agent,
-                                            owner=conn.caller.name)
+    with may_hand_off(conn.caller.sees):
+        info = await conn.bridge.resume_session(sid, cwd=_cwd(params), agent=agent,
+                                                owner=conn.caller.name)
     if not info.attached:
         _claim(conn, sid, "resume", agent)
         conn.own(sid)

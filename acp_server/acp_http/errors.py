@@ -23,6 +23,8 @@ params, workspace mismatch
                                              retryable: true, retryAfterSeconds}``
 ``SessionMovedError`` (fenced)      -32603   ``{errorKind: "session_moved",
                                              retryable: true, retryAfterSeconds: 1}``
+``SessionBusyElsewhereError``       -32603   ``{errorKind: "session_busy_elsewhere",
+(load/resume, not handed over)               retryable: true, retryAfterSeconds}``
 other ``BridgeError``               -32603   ``{errorKind: <error code>, ...}``
 anything else                       -32603   ``{errorKind: "internal"}`` ("Internal error")
 ==================================  =======  =================================================
@@ -56,6 +58,7 @@ from bridge.errors import (
     PromptDeadlineExceededError,
     PromptQueueFullError,
     JournalUnavailableError,
+    SessionBusyElsewhereError,
     SessionNotRestorableError,
     SessionClosedError,
     SessionLimitExceededError,
@@ -187,7 +190,9 @@ def to_rpc_error(exc: BaseException) -> RpcError:
     ``-32602`` with no data for the caller's mistakes (``CALLER_ERRORS``), else
     ``-32603`` with ``{errorKind: code, ...}``."""
     if isinstance(exc, (StoreUnavailableError, JournalUnavailableError)):
-        return INTERNAL_ERROR, "The store is unavailable; retry later", {
+        message = str(exc) if isinstance(exc, SessionBusyElsewhereError) \
+            else "The store is unavailable; retry later"
+        return INTERNAL_ERROR, message, {
             "errorKind": exc.code, "retryable": True, "retryAfterSeconds": exc.retry_after}
     if not isinstance(exc, BridgeError):
         return INTERNAL_ERROR, "Internal error", {"errorKind": "internal"}

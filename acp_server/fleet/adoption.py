@@ -2,6 +2,7 @@
 
     fleet = Fleet(bridge, journal, forwarder)
     await fleet.adopt(session_id)          # on a request for it (``routing``)
+    await fleet.claim(session_id)          # a load or resume: adopted, or asked for
     async with anyio.create_task_group() as tg:
         tg.start_soon(fleet.sweep_forever)  # and of orphans nobody asks for
 
@@ -17,22 +18,26 @@ Contracts:
   and adopts them, so a prompt accepted by an instance that died is run (or given its
   terminal) without waiting for a client to ask. Several instances sweeping at once
   adopt each session once: the store decides (``SessionLeases.adopt``).
-* ``stats`` counts forwards, their failures, reads served from the journal and
-  adoptions (``/daemon/status``, ``/metrics``).
+* ``claim`` (``Bridge.before_restore``) asks the owner of a session live elsewhere
+  to hand it over when idle (``handoff``), then adopts it.
+* ``stats`` counts forwards, their failures, reads served from the journal,
+  adoptions and hand-offs (``/daemon/status``, ``/metrics``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from typing import Any
 
 import anyio
 
 from acp_server.fleet.forward import Forwarder
+from acp_server.fleet.handoff import HandOffs, caller_sees
 from acp_server.store.sessions import StoreSessionJournal
 from bridge import Bridge
-from bridge.errors import JournalUnavailableError
+from bridge.errors import JournalUnavailableError, SessionBusyElsewhereError, SessionNotFoundError
 from bridge.restore import restore_sessions
 
 log = logging.getLogger("acp_server.fleet")
@@ -46,6 +51,8 @@ class FleetStats:
     journal_reads: int = 0   # reads of sessions live elsewhere served from the journal
     forward_failures: int = 0
     adoptions: int = 0
+    handoffs_taken: int = 0    # idle sessions another instance let go to this one
+    handoffs_refused: int = 0  # asked for and not let go in time (busy, unreachable)
 
 
 class Fleet:
@@ -61,6 +68,7 @@ class Fleet:
         self.stats = FleetStats()
         self.replicas: Any = None   # replica.JournalReplicas: reads served from the journal
         self._adopting: dict[str, anyio.Event] = {}
+        self.handoffs = HandOffs(bridge, journal)
 
     @property
     def instance(self) -> str:
@@ -77,7 +85,10 @@ class Fleet:
                 "sessionsMovedAway": self.bridge.moved_sessions,
                 "forwards": self.stats.forwards,
                 "journalReads": self.stats.journal_reads,
-                "forwardFailures": self.stats.forward_failures}
+                "forwardFailures": self.stats.forward_failures,
+                "handOffsGiven": self.handoffs.given,
+                "handOffsTaken": self.stats.handoffs_taken,
+                "handOffsRefused": self.stats.handoffs_refused}
 
     async def adopt(self, sid: str) -> bool:
         """Take ``sid`` over and restore it here; whether it is live here now."""
@@ -104,10 +115,14 @@ class Fleet:
 
     async def claim(self, sid: str) -> None:
         """``Bridge.before_restore``: a session ``/acp`` (or any door) loads or resumes
-        that is not live here is adopted when its lease expired; one another instance
-        runs live is refused with ``JournalUnavailableError`` (a retryable 503 / store
-        error: the client's next attempt, through the balancer, may reach the owner or
-        find the lease expired). A session with no lease goes on as before."""
+        that is not live here is adopted when its lease expired. One another instance
+        runs live is asked for (``handoff``: only when the door vouched for its
+        caller, ``may_hand_off``); given, it is adopted here. When the door vouched,
+        a caller who does not see the session's maker (read from the journal) gets
+        ``SessionNotFoundError`` before anything is asked or adopted. Not given in time
+        (busy, or the owner paused or unreachable): ``SessionBusyElsewhereError``, a
+        retryable 503 / ``session_busy_elsewhere``. A session with no lease goes on as
+        before. The store's faults are ``JournalUnavailableError``."""
         leases = self.leases
         try:
             owner = await self.journal.store._read(lambda conn: leases.owner(conn, sid))
@@ -115,10 +130,37 @@ class Fleet:
             raise JournalUnavailableError(str(exc)) from exc
         if owner is None:
             return
+        sees = caller_sees()
+        if sees is not None and owner.instance != leases.instance:
+            await self._check_maker(sid, sees)   # before anything moves
         if owner.instance != leases.instance and owner.live:
-            raise JournalUnavailableError(f"session {sid} runs on another instance "
-                                          f"({owner.instance}); retry")
+            await self._ask(sid, sees)
+            if await self.adopt(sid):
+                self.stats.handoffs_taken += 1
+            return
         await self.adopt(sid)
+
+    async def _check_maker(self, sid: str, sees: Any) -> None:
+        """``SessionNotFoundError`` unless the door's caller sees the session's maker
+        (read from the journal, and remembered here for the door's own checks)."""
+        if self.replicas is None:
+            return
+        view = await self.replicas.view(sid, ring=False)
+        if not sees(view.found.record.owner):
+            raise SessionNotFoundError(sid)
+
+    async def _ask(self, sid: str, sees: Any) -> None:
+        """The hand-off of ``sid``, live elsewhere (see ``claim``)."""
+        retry = max(1, math.ceil(self.leases.renew_s))
+        if sees is None or self.replicas is None:   # no door vouched for the caller
+            raise SessionBusyElsewhereError(sid, retry)
+        try:
+            given = await self.handoffs.ask(sid)
+        except Exception as exc:   # noqa: BLE001 - the store: the door's own 503
+            raise JournalUnavailableError(str(exc)) from exc
+        if not given:
+            self.stats.handoffs_refused += 1
+            raise SessionBusyElsewhereError(sid, retry)
 
     async def sweep(self) -> int:
         """Adopt the live sessions whose lease expired; how many were adopted."""
@@ -130,9 +172,16 @@ class Fleet:
         return adopted
 
     async def sweep_forever(self) -> None:
-        while True:
-            await anyio.sleep(self.leases.renew_s)
+        """The orphan sweep; also owns the answers to hand-offs asked of this instance."""
+        async with anyio.create_task_group() as tg:
+            self.handoffs.tasks = tg
             try:
-                await self.sweep()
-            except Exception as exc:   # noqa: BLE001 - a store outage: next time
-                log.warning("sessions across instances: the orphan sweep failed (%s)", exc)
+                while True:
+                    await anyio.sleep(self.leases.renew_s)
+                    try:
+                        await self.sweep()
+                    except Exception as exc:   # noqa: BLE001 - a store outage: next time
+                        log.warning("sessions across instances: the orphan sweep failed "
+                                    "(%s)", exc)
+            finally:
+                self.handoffs.tasks = None

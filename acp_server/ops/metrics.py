@@ -169,7 +169,13 @@ class _FleetCollector(Collector):
                 ("acp_server_session_forward_failures", "forwardFailures",
                  "Forwards whose owner could not be reached (503)."),
                 ("acp_server_session_journal_reads", "journalReads",
-                 "Reads of sessions live on another instance served from the journal.")):
+                 "Reads of sessions live on another instance served from the journal."),
+                ("acp_server_session_handoffs_given", "handOffsGiven",
+                 "Idle sessions this instance let go to another that asked for them."),
+                ("acp_server_session_handoffs_taken", "handOffsTaken",
+                 "Idle sessions another instance let go to this one."),
+                ("acp_server_session_handoffs_refused", "handOffsRefused",
+                 "Sessions asked for and not let go in time (busy elsewhere).")):
             yield CounterMetricFamily(name, doc, value=report[key])
 
 

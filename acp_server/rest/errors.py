@@ -157,7 +157,8 @@ BODIES: dict[type[BridgeError], Callable[[Any], dict[str, Any]]] = {
 
 
 UNAVAILABLE = {"": "The store is unavailable; retry later",
-               "session_moved": "The session moved to another instance; retry"}
+               "session_moved": "The session moved to another instance; retry",
+               "session_busy_elsewhere": "The session is busy on another instance; retry"}
 
 
 def describe(exc: BaseException) -> tuple[int, dict[str, Any], dict[str, str] | None]:

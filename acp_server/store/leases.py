@@ -7,6 +7,7 @@
     lost = leases.renew(conn, tokens)          # every lease in one statement + the heartbeat
     token = leases.adopt(conn, sid)            # an expired lease taken over (token + 1)
     owner = leases.owner(conn, sid)            # who runs it, where it is reached
+    leases.hand_over(conn, sid, token, "b7")   # an idle session's lease given to b7
 
 Every method runs on a connection inside the store's transaction (a worker thread: the
 session journal's group commit, ``acp_server.store.sessions``). Contracts:
@@ -27,6 +28,9 @@ session journal's group commit, ``acp_server.store.sessions``). Contracts:
   instance that lost a lease, paused past it say, never writes into the session again.
 * ``instances`` is the registry: each instance's advertised base URL and heartbeat,
   refreshed with the renewal. A lease names its instance; ``owner`` joins the two.
+* A hand-off (``hand_over``: an idle session asked for by another instance,
+  ``acp_server.fleet.handoff``) names the asker in the lease, fenced by the giver's
+  token and keeping it: the asker then adopts it (token + 1) as an expired one.
 * A closed or deleted session has no lease (its journal row says closed; any instance
   serves it from the journal).
 """
@@ -167,6 +171,17 @@ class SessionLeases:
             return None
         conn.execute("UPDATE sessions SET owner = %s WHERE id = %s", (self.instance, session_id))
         return int(row[0])
+
+    def hand_over(self, conn: Any, session_id: str, token: int, to: str) -> bool:
+        """Give this instance's lease of ``session_id`` (``token``) to instance ``to``,
+        live for a TTL on the store's clock, the token kept (``to`` adopts it: token
+        + 1); whether this instance still held it."""
+        _, expires = self._expiry()
+        row = conn.execute(
+            f"UPDATE session_leases SET instance = %s, expires_at = {NOW} "
+            f"WHERE session_id = %s AND instance = %s AND token = %s RETURNING token",
+            (to, expires, session_id, self.instance, token)).fetchone()
+        return row is not None
 
     def expired(self, conn: Any, limit: int = 64) -> list[str]:
         """Live sessions whose lease expired (their owner died or stopped)."""

@@ -21,7 +21,8 @@ Contracts (besides those of ``acp_server.store.tasks``):
   a state directory the instance id is stable across restarts (``identity.py``), so
   start-up recovery also takes this instance's own tasks after a crash, at once.
 * Cross-instance wake-ups: each transaction NOTIFYs ``lmsp_<schema>`` with
-  ``kind:instance:id,…`` (``e`` events, ``q`` new queued work, ``c`` cancel requested);
+  ``kind:instance:id,…`` (``e`` events, ``q`` new queued work, ``c`` cancel requested;
+  ``s``, ``t`` and ``HANDOFF_KINDS`` go to the sessions', tokens' and hand-offs' hooks);
   ``on_notify(kind, task_id)`` gets the other instances' notices in the event loop.
   They are hints only: readers always re-read by sequence number, and the service
   polls every ``poll_s`` as a fallback.
@@ -75,6 +76,9 @@ log = logging.getLogger("acp_server.store")
 
 NOW = "extract(epoch FROM clock_timestamp())"   # the database clock, seconds
 COLUMNS_OF_TASKS = ", ".join(f"tasks.{c.strip()}" for c in COLUMNS.split(","))
+# Notices of the hand-offs of idle sessions between instances (``acp_server.fleet``):
+# asked, given, refused (busy).
+HANDOFF_KINDS = frozenset({"h", "g", "b"})
 # A create without idempotency key (task, event 0, max_queued): it may join the
 # batch's one multi-row INSERT (``_prepare``) instead of running its operation.
 Bulk = tuple[NewTask, AnyEvent, int | None]
@@ -142,6 +146,11 @@ class PostgresTaskStore(TokenOps, AuditOps, ObservedMoves, PostgresEngine):
         # notice of other sessions costs no hop to the event loop)
         self.on_sessions: Callable[[list[str]], None] | None = None
         self.sessions_followed: Container[str] = ()
+        # hand-offs of idle sessions (``acp_server.fleet.handoff``): the notices of
+        # kinds ``HANDOFF_KINDS`` it wants (a cheap look, on the listener's thread),
+        # then on the event loop
+        self.handoff_wanted: Callable[[str, list[str]], list[str]] = lambda kind, ids: []
+        self.on_handoff: Callable[[str, list[str]], None] | None = None
         self.lease_s, self.renew_s, self.poll_s = lease_s, renew_s, poll_s
         # Seconds added to the database clock of the leases (tests move time with it).
         self.clock_offset_s = 0.0
@@ -166,6 +175,8 @@ class PostgresTaskStore(TokenOps, AuditOps, ObservedMoves, PostgresEngine):
             self.notice(state, "t", token_id)
 
     def _wanted(self, kind: str, ids: list[str]) -> list[str]:
+        if kind in HANDOFF_KINDS:
+            return self.handoff_wanted(kind, ids)
         if kind != "s":
             return ids
         followed = self.sessions_followed
@@ -175,6 +186,10 @@ class PostgresTaskStore(TokenOps, AuditOps, ObservedMoves, PostgresEngine):
         if kind == "s":   # a session's journal (acp_server.store.sessions): its readers
             if self.on_sessions is not None:
                 self.on_sessions(ids)
+            return
+        if kind in HANDOFF_KINDS:   # a hand-off asked, given or refused
+            if self.on_handoff is not None:
+                self.on_handoff(kind, ids)
             return
         if kind == "t":   # tokens: not the tasks' (the service ignores unknown kinds)
             if self.on_tokens_changed is not None:

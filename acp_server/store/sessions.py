@@ -230,6 +230,12 @@ class StoreSessionJournal:
             self._shed()
         return seq
 
+    @property
+    def appended(self) -> int:
+        """The last record's sequence number: ``wait(appended)`` returns once all that
+        was appended so far is committed (a hand-off waits for it: issue #24)."""
+        return self._next - 1
+
     async def wait(self, seq: int) -> None:
         while True:
             failed = self._failed.get(seq)

@@ -15,6 +15,7 @@ from typing import Any
 import anyio
 import pytest
 
+from bridge.errors import SessionBusyElsewhereError
 from tests.harness import local_server
 from tests.harness.local import LocalServer
 from tests.lmsp import stores
@@ -88,7 +89,8 @@ async def test_forwarded_to_the_owner_then_adopted_when_its_lease_expired(
         status = (await b.client.get("/daemon/status")).json()["runtime"]["instances"]
         assert status == {"instance": b.server.leases.instance, "advertisedUrl": b.base_url,
                           "sessionsOwned": 1, "leasesTakenOver": 1, "sessionsMovedAway": 0,
-                          "forwards": 1, "journalReads": 2, "forwardFailures": 0}
+                          "forwards": 1, "journalReads": 2, "forwardFailures": 0,
+                          "handOffsGiven": 0, "handOffsTaken": 0, "handOffsRefused": 0}
         moved = (await a.client.get("/daemon/status")).json()["runtime"]["instances"]
         assert (moved["sessionsOwned"], moved["sessionsMovedAway"]) == (0, 1)
         text = (await b.client.get("/metrics")).text
@@ -138,7 +140,9 @@ async def test_the_sweep_adopts_an_orphan_and_settles_its_interrupted_prompt(
 async def test_acp_resume_flow_across_instances(tmp_path: Path) -> None:
     """``/acp`` on the other instance: its ``Acp-Connection-Id`` is unknown there (404);
     the client re-``initialize``s and ``session/load``s, which is refused (retryable)
-    while the owner's lease is live and adopts the session once it expired."""
+    while the owner's lease is live and it will not hand the session over (a door that
+    does not vouch for its caller: here the bridge's own load), and adopts the session
+    once the lease expired. (The hand-off itself: ``test_handoff.py``.)"""
     from tests.acp_http.wsclient import ws_connect
 
     now = [0.0]
@@ -162,11 +166,9 @@ async def test_acp_resume_flow_across_instances(tmp_path: Path) -> None:
         async with ws_connect(b.base_url) as ws:
             await ws.send_json(init)
             await ws.wait_for(lambda m: m.get("id") == 0)
-            await ws.send_json({"jsonrpc": "2.0", "id": 1, "method": "session/load",
-                                "params": load})
-            refused = (await ws.wait_for(lambda m: m.get("id") == 1))["error"]
-            assert refused["data"]["errorKind"] == "store_unavailable"   # retry later
-            assert not b.bridge.has_session(sid)
+            with pytest.raises(SessionBusyElsewhereError):   # no door's word: no hand-off
+                await b.bridge.load_session(sid)
+            assert not b.bridge.has_session(sid) and a.bridge.has_session(sid)
             now[0] += 61   # a's lease expired
             await ws.send_json({"jsonrpc": "2.0", "id": 2, "method": "session/load",
                                 "params": load})

@@ -4,7 +4,7 @@ in one statement, and a take-over by another instance fences the old owner: its 
 write is refused by the
 store (nothing of it lands), and it stops the session at once (its readers' streams end,
 its prompts fail with ``session_moved``). On SQLite leases are a no-op. The
-``SessionLeases`` SQL itself: open, stale, renew, adopt, expired, owner."""
+``SessionLeases`` SQL itself: open, stale, renew, adopt, expired, owner, hand_over."""
 
 from __future__ import annotations
 
@@ -182,6 +182,28 @@ def test_the_lease_sql(pg_url: str, db: psycopg.Connection[Any]) -> None:
     owner = a.owner(db, "s1")
     assert owner is not None and (owner.instance, owner.url, owner.live) == (
         "bbbb", "http://b:2", True)
+    assert db.execute("SELECT owner FROM sessions WHERE id = 's1'").fetchone() == ("bbbb",)
+
+
+def test_the_hand_over_sql(pg_url: str, db: psycopg.Connection[Any]) -> None:
+    """A hand-off names the asker in the lease, live for a TTL, fenced by the giver's
+    token (a stale one gives nothing), keeping the token; the asker adopts it (+ 1)."""
+    from acp_server.store.schema import migrate_postgres
+
+    migrate_postgres(db)
+    now = [0.0]
+    a = SessionLeases("aaaa", ttl_s=8, offset=lambda: now[0])
+    b = SessionLeases("bbbb", ttl_s=8, offset=lambda: now[0])
+    db.execute("INSERT INTO sessions(id, created_at, record) VALUES ('s1', 1, '\\x00')")
+    assert a.open(db, "s1") == 1
+    assert b.hand_over(db, "s1", 1, "cccc") is False   # not b's to give
+    assert a.hand_over(db, "s1", 0, "bbbb") is False   # a stale token gives nothing
+    now[0] += 5
+    assert a.hand_over(db, "s1", 1, "bbbb") is True
+    assert _lease(db, "s1") == ("bbbb", 1, now[0] + 8)   # live for a TTL, token kept
+    assert a.stale(db, {"s1": 1}) == {"s1"}   # the giver is fenced at once
+    assert a.hand_over(db, "s1", 1, "aaaa") is False   # given once
+    assert b.adopt(db, "s1") == 2   # the asker adopts it: token + 1
     assert db.execute("SELECT owner FROM sessions WHERE id = 's1'").fetchone() == ("bbbb",)
 
 

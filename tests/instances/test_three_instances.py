@@ -23,6 +23,7 @@ depends on an anyio backend.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import os
 import signal
@@ -32,6 +33,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import psycopg
 import pytest
@@ -426,6 +428,81 @@ async def test_acp_sdk_through_the_balancer(fleet: tuple[Path, str, list[ServePr
     assert report["protocolVersion"] == 1
     stops = [e["stopReason"] for e in report["first"] if e["kind"] == "stop"]
     assert stops == ["end_turn", "end_turn", "end_turn", "cancelled"]
+
+
+def _idle(child: ServeProcess, sid: str) -> bool:
+    status = child.http.get(f"/session/{sid}/status").json()
+    return status.get("pendingPrompts") == 0
+
+
+@pytest.mark.anyio   # asyncio (the module's anyio_backend): the ACP Python SDK needs it
+@pytest.mark.parametrize("transport", ["http", "ws"])
+async def test_acp_python_sdk_loads_a_session_live_elsewhere(
+        fleet: tuple[Path, str, list[ServeProcess]], transport: str) -> None:
+    """The RFD's resume flow on an instance that does not run the session, with the
+    ACP Python SDK: ``initialize`` then ``session/load`` on B of a session A runs,
+    idle, is handed over (A lets it go through the store, B adopts it): the whole
+    history, a prompt that completes, A's status of it then B's, every event once.
+    While A runs a long prompt the load is refused at once with the retryable
+    ``session_busy_elsewhere`` and A's prompt goes on untouched."""
+    acp = pytest.importorskip("acp")
+    from acp.exceptions import RequestError
+
+    from tests.acp_http.test_sdk_client import RecordingClient
+
+    _, url, children = fleet
+    workspace = str(children[0].workspace)
+    with psycopg.connect(url, autocommit=True) as db:
+        made = children[0].http.post("/session", json={"sessionScope": "thread"}).json()
+        sid = made["sessionId"]
+        owner = {_instance_of(c): c for c in children}[_owner(db, sid)]
+        b = next(child for child in children if child is not owner)
+        busy = owner.http.post(f"/session/{sid}/prompt",
+                               json=_prompt("/sleep 30s x")).json()["promptId"]
+        _wait(lambda: owner.http.get(f"/session/{sid}/status").json()["activePromptId"]
+              == busy)
+        client = RecordingClient()
+        async with contextlib.AsyncExitStack() as stack:
+            if transport == "ws":
+                from acp.ws import create_websocket_stream
+                stream = await create_websocket_stream(
+                    b.base_url.replace("http://", "ws://") + "/acp")
+            else:
+                from acp.http import create_http_stream
+                http = await stack.enter_async_context(
+                    httpx.AsyncClient(timeout=httpx.Timeout(None)))
+                stream = create_http_stream(f"{b.base_url}/acp", client=http)
+            conn = acp.connect_to_agent(client, stream)
+            stack.push_async_callback(conn.close)
+            await conn.initialize(protocol_version=acp.PROTOCOL_VERSION)
+            with anyio.fail_after(20), pytest.raises(RequestError) as refused:
+                await conn.load_session(cwd=workspace, session_id=sid, mcp_servers=[])
+            assert refused.value.data["errorKind"] == "session_busy_elsewhere"
+            assert refused.value.data["retryable"] is True
+            assert _owner(db, sid) == _instance_of(owner)   # A's prompt goes on
+            assert owner.http.get(f"/session/{sid}/status").json()["activePromptId"] == busy
+            assert owner.http.post(f"/session/{sid}/cancel").status_code < 300
+            _wait(lambda: _idle(owner, sid))
+            assert owner.http.post(f"/session/{sid}/prompt", json=_prompt(
+                "/chunks 3 before the hand-off")).status_code == 202
+            _wait(lambda: _idle(owner, sid))
+            with anyio.fail_after(30):
+                await conn.load_session(cwd=workspace, session_id=sid, mcp_servers=[])
+            assert "before the hand-off" in "".join(client.chunks)   # the whole history
+            assert _owner(db, sid) == _instance_of(b)
+            client.chunks.clear()
+            with anyio.fail_after(30):
+                result = await conn.prompt(session_id=sid,
+                                           prompt=[acp.text_block("/chunks 2 after")])
+            assert result.stop_reason == "end_turn"
+            assert "".join(client.chunks).endswith("Echo: after")
+        last = b.http.get(f"/session/{sid}/status").json()["lastEventId"]
+        assert owner.http.get(f"/session/{sid}/status").json()["lastEventId"] == last
+        ids = [i for (i,) in db.execute("SELECT id FROM session_events WHERE session_id = %s "
+                                        "AND id > 0 ORDER BY id", (sid,)).fetchall()]
+        assert ids == list(range(ids[0], last + 1))   # continuous: nothing written twice
+        report = b.http.get("/daemon/status").json()["runtime"]["instances"]
+        assert report["handOffsTaken"] >= 1 and report["handOffsRefused"] >= 1
 
 
 def test_kill_9_of_the_owner_while_a_client_streams_and_prompts(

@@ -1,0 +1,144 @@
+"""The hand-off of an idle session (issue #24, contract 5), two instances in process on
+one PostgreSQL store: an ``/acp`` ``session/load`` on B of a session A runs, idle, gets
+it (A lets it go through the store, B adopts it: token + 1) with its whole history,
+prompts on, and nothing is written twice; a busy session stays where it runs and the
+load gets the retryable ``session_busy_elsewhere`` at once; a caller who may not see
+the session causes no hand-off (nor, once the lease expired, an adoption)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.acp_http.wsclient import ws_connect
+from tests.instances.test_forward_adopt import _pair
+from tests.principals.helpers import bearer, mint
+from tests.store.test_session_restart import _is, _prompt, read_events
+
+pytestmark = pytest.mark.anyio
+INIT = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": 1}}
+
+
+def _load(tmp_path: Path, sid: str, rpc_id: int = 1) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": rpc_id, "method": "session/load",
+            "params": {"cwd": str(tmp_path), "mcpServers": [], "sessionId": sid}}
+
+
+async def test_an_idle_session_is_handed_over_to_the_instance_that_loads_it(
+        tmp_path: Path) -> None:
+    now = [0.0]
+    async with _pair(tmp_path, now) as (a, b):
+        sid = (await a.client.post("/session", json={"sessionScope": "thread"})).json()[
+            "sessionId"]
+        first = (await a.client.post(f"/session/{sid}/prompt",
+                                     json=_prompt("/chunks 3 before"))).json()["promptId"]
+        await read_events(a.client, sid, _is("turn_complete", first), last_event_id=0)
+        token = a.server.fleet.journal.fence[sid]
+        async with ws_connect(b.base_url) as ws:
+            await ws.send_json(INIT)
+            await ws.wait_for(lambda m: m.get("id") == 0)
+            await ws.send_json(_load(tmp_path, sid))
+            history = []
+            while True:
+                message = await ws.receive_json(10)
+                if message.get("id") == 1:
+                    break
+                if message.get("method") == "session/update":
+                    history.append(message["params"]["update"])
+            assert "result" in message, message
+            assert any("before" in str(u) for u in history)   # the whole history
+            assert b.bridge.has_session(sid) and not a.bridge.has_session(sid)
+            assert b.server.fleet.journal.fence[sid] == token + 1
+            assert a.server.fleet.handoffs.given == 1
+            assert b.server.fleet.stats.handoffs_taken == 1
+            await ws.send_json({"jsonrpc": "2.0", "id": 2, "method": "session/prompt",
+                                "params": {"sessionId": sid,
+                                           "prompt": [{"type": "text", "text": "after"}]}})
+            answered = await ws.wait_for(lambda m: m.get("id") == 2, timeout=10)
+            assert answered["result"]["stopReason"] == "end_turn"
+        # A's reads of it now come from the journal (or B): every event once, in order
+        status = await a.client.get(f"/session/{sid}/status")
+        assert status.status_code == 200, status.text
+        last = status.json()["lastEventId"]
+        frames = await read_events(a.client, sid, lambda e: e.get("id") == last,
+                                   last_event_id=0)
+        ids = [f["id"] for f in frames if f.get("id") is not None]
+        assert ids == list(range(1, last + 1))
+        report = (await b.client.get("/daemon/status")).json()["runtime"]["instances"]
+        assert report["handOffsTaken"] == 1
+        text = (await a.client.get("/metrics")).text
+        assert "acp_server_session_handoffs_given_total 1.0" in text
+
+
+async def test_a_busy_session_stays_and_the_load_is_refused_at_once(tmp_path: Path) -> None:
+    now = [0.0]
+    async with _pair(tmp_path, now) as (a, b):
+        sid = (await a.client.post("/session", json={"sessionScope": "thread"})).json()[
+            "sessionId"]
+        pid = (await a.client.post(f"/session/{sid}/prompt",
+                                   json=_prompt("/sleep 30s x"))).json()["promptId"]
+        assert a.bridge.session_status(sid).pending_prompts == 1   # accepted: busy
+        async with ws_connect(b.base_url) as ws:
+            await ws.send_json(INIT)
+            await ws.wait_for(lambda m: m.get("id") == 0)
+            await ws.send_json(_load(tmp_path, sid))
+            # A answers "busy" through the store: long before B's bound (100 s here)
+            refused = (await ws.wait_for(lambda m: m.get("id") == 1, timeout=20))["error"]
+        assert refused["data"]["errorKind"] == "session_busy_elsewhere", refused
+        assert refused["data"]["retryable"] is True
+        assert refused["data"]["retryAfterSeconds"] >= 1
+        assert a.bridge.has_session(sid) and not b.bridge.has_session(sid)
+        status = a.bridge.session_status(sid)   # untouched: still its only prompt
+        assert status.pending_prompts == 1 and status.active_prompt_id in (None, pid)
+        assert a.server.fleet.handoffs.given == 0
+        assert b.server.fleet.stats.handoffs_refused == 1
+        await a.client.post(f"/session/{sid}/cancel")
+
+
+async def test_a_caller_who_may_not_see_the_session_causes_no_handoff(
+        tmp_path: Path) -> None:
+    now = [0.0]
+    boot = "boot-" + "x" * 32
+    async with _pair(tmp_path, now, token=boot, headers=bearer(boot)) as (a, b):
+        alpha = await mint(a.server, "alpha", "prompt", "read")
+        beta = await mint(a.server, "beta", "prompt", "read")
+        made = await a.client.post("/session", json={"sessionScope": "thread"},
+                                   headers=bearer(alpha))
+        sid = made.json()["sessionId"]
+        async with ws_connect(b.base_url, headers=bearer(beta)) as ws:
+            await ws.send_json(INIT)
+            await ws.wait_for(lambda m: m.get("id") == 0)
+            await ws.send_json(_load(tmp_path, sid))
+            refused = (await ws.wait_for(lambda m: m.get("id") == 1, timeout=20))["error"]
+            assert refused["code"] == -32602   # as an unknown session
+            assert a.bridge.has_session(sid) and not b.bridge.has_session(sid)
+            assert a.server.fleet.handoffs.given == 0
+            assert b.server.fleet.stats.handoffs_refused == 0
+            now[0] += 61   # a's lease expired: still not beta's to adopt
+            await ws.send_json(_load(tmp_path, sid, 2))
+            again = (await ws.wait_for(lambda m: m.get("id") == 2, timeout=20))["error"]
+            assert again["code"] == -32602
+            assert not b.bridge.has_session(sid) and b.server.fleet.stats.adoptions == 0
+
+
+async def test_an_owner_that_does_not_answer_is_waited_for_a_bounded_time(
+        tmp_path: Path) -> None:
+    """An owner that never answers (paused, cut off: here it ignores the notice) is
+    waited for at most ``wait_s`` (two renewal intervals by default; shortened here,
+    the renewal being slower than any test), then the load is refused, retryable."""
+    now = [0.0]
+    async with _pair(tmp_path, now) as (a, b):
+        sid = (await a.client.post("/session", json={"sessionScope": "thread"})).json()[
+            "sessionId"]
+        a.server.fleet.journal.store.on_handoff = None   # deaf to hand-off notices
+        b.server.fleet.handoffs.wait_s = 0.5
+        async with ws_connect(b.base_url) as ws:
+            await ws.send_json(INIT)
+            await ws.wait_for(lambda m: m.get("id") == 0)
+            await ws.send_json(_load(tmp_path, sid))
+            refused = (await ws.wait_for(lambda m: m.get("id") == 1, timeout=20))["error"]
+        assert refused["data"]["errorKind"] == "session_busy_elsewhere", refused
+        assert a.bridge.has_session(sid) and not b.bridge.has_session(sid)
+        assert b.server.fleet.stats.handoffs_refused == 1
