@@ -50,7 +50,10 @@ Contracts:
   uncommitted and waits (``flow_wait_s`` at most) while a reader lags by half of
   ``evict_at`` or more, counting events not yet committed (``lag``), so a reader that
   keeps up is never warned however large a commit; one that has not drained by then
-  is ``stalled`` as above and evicted once past ``evict_at``.
+  is ``stalled`` as above and evicted once past ``evict_at``. It also gives the event
+  loop a turn every ``HELD_SLICE`` uncommitted events, so the journal's writer takes
+  them and commits while the publisher goes on (else the two alternate: a publisher
+  that never suspends runs to its bound before the writer starts).
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 
 from bridge import events as ev
 from bridge import wire
@@ -72,6 +76,7 @@ from bridge.wakeup import Wakeup
 
 REPLAY_BUDGET_BYTES = 8 * 1024 * 1024
 FLOW_WAIT_S = 0.5
+HELD_SLICE = 128   # uncommitted events between two turns a held publisher gives
 
 
 class Subscription(BoundedFifo[Event]):
@@ -279,6 +284,7 @@ class EventBus:
         self.on_evict = on_evict   # called once per evicted subscriber
         self.session_id = session_id
         self._ring: deque[Event] = deque(maxlen=ring_size)
+        self._journal_window = max(1, ring_size // 4)   # uncommitted events (see hold)
         self._last_id = 0
         # Held (a durable journal, see ``hold``): events are in the ring at once but
         # reach readers when ``release`` says they are committed. ``_released_id`` is
@@ -378,8 +384,13 @@ class EventBus:
         most ``flow_wait_s`` (default ``FLOW_WAIT_S``) whatever the number of slow
         readers."""
         if self.hold:
-            await self._wait_for_journal()
-            await self._wait_for_laggards()
+            unreleased = self._last_id - self._released_id
+            if unreleased and unreleased % HELD_SLICE == 0:
+                await anyio.lowlevel.checkpoint()   # the writer takes them now
+            if unreleased >= self._journal_window or self._journal_stalled:
+                await self._wait_for_journal()
+            if self._laggard():   # else no reader to wait for: no coroutine to run
+                await self._wait_for_laggards()
             return
         deadline: float | None = None
         for subscriber in tuple(self._subscribers):
@@ -397,7 +408,7 @@ class EventBus:
         wait keeps at most ``max_queued // 4`` of them uncommitted, so a release never
         floods a reader that keeps up. At most ``flow_wait_s`` per stall of the
         journal (a store that does not commit), as for a stalled reader."""
-        window = max(1, (self._ring.maxlen or 1) // 4)
+        window = self._journal_window
         if self._last_id - self._released_id < window:
             self._journal_stalled = False
             return
@@ -410,6 +421,19 @@ class EventBus:
                 await self._released.wait()
         if scope.cancelled_caught:
             self._journal_stalled = True
+
+    def _laggard(self) -> bool:
+        """Whether a reader lags by half its ``evict_at`` or more (what
+        ``_wait_for_laggards`` waits for); the others are not ``stalled`` any more."""
+        found = False
+        journal_stalled = self._journal_stalled
+        for subscriber in self._subscribers:
+            lag = subscriber.behind() if journal_stalled else subscriber.lag()
+            if lag * 2 <= subscriber.evict_at():
+                subscriber.stalled = False
+            else:
+                found = True
+        return found
 
     async def _wait_for_laggards(self) -> None:
         """Flow control on a held bus, as ``wait_for_readers`` does for queues: a reader's

@@ -28,7 +28,9 @@ Contracts:
 * ``restore()`` decodes what it can; a record it cannot decode is logged and skipped,
   never a crash.
 * ``aclose()`` commits what is queued (the clean stop); after it nothing is written.
-* Records are msgspec structs in snake_case: no door's wire.
+* Records are msgspec structs in snake_case: no door's wire. Those of scalar fields
+  only are not tracked by the garbage collector (``gc=False``: they cannot be in a
+  cycle), so a burst of events journaled does not add to its collections.
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ from bridge.events import Event
 from bridge.status import PromptTerminal
 
 
-class SessionOpened(msgspec.Struct, kw_only=True, frozen=True, tag="session", tag_field="kind"):
+class SessionOpened(msgspec.Struct, kw_only=True, frozen=True, tag="session", tag_field="kind",
+                    gc=False):
     """A session's record: committed before its creation is answered."""
 
     session_id: str
@@ -69,7 +72,8 @@ class PromptAccepted(msgspec.Struct, kw_only=True, frozen=True, tag="prompt", ta
     was_queued: bool = False
 
 
-class PromptSettled(msgspec.Struct, kw_only=True, frozen=True, tag="terminal", tag_field="kind"):
+class PromptSettled(msgspec.Struct, kw_only=True, frozen=True, tag="terminal", tag_field="kind",
+                    gc=False):
     """How a prompt ended (``PromptTerminal``), or that it was dropped while queued."""
 
     session_id: str
@@ -80,7 +84,8 @@ class PromptSettled(msgspec.Struct, kw_only=True, frozen=True, tag="terminal", t
     error_code: str | None = None
 
 
-class EventRecord(msgspec.Struct, kw_only=True, frozen=True, tag="event", tag_field="kind"):
+class EventRecord(msgspec.Struct, kw_only=True, frozen=True, tag="event", tag_field="kind",
+                  gc=False):
     """One bus event: its envelope (``bridge.wire.envelope``) is a complete record."""
 
     session_id: str
@@ -90,7 +95,8 @@ class EventRecord(msgspec.Struct, kw_only=True, frozen=True, tag="event", tag_fi
     envelope: bytes
 
 
-class SessionEnded(msgspec.Struct, kw_only=True, frozen=True, tag="end", tag_field="kind"):
+class SessionEnded(msgspec.Struct, kw_only=True, frozen=True, tag="end", tag_field="kind",
+                   gc=False):
     """``deleted``: the session's journal is removed. Else closed at ``at`` (epoch
     seconds): kept readable until the retention purge."""
 

@@ -17,8 +17,14 @@ Contracts:
   write that may still land; ``timeout`` raises ``TimeoutError`` instead.
 * After each batch ``on_commit`` gets every successful operation's events, in commit
   order, then the callers wake (an operation queued with ``submit`` instead has its
-  ``on_done`` called there, with no task hop: the session journal's way); ``_observe`` sees each result, in the caller's task
-  (the task stores call ``on_transition`` with each status a write moved a task to).
+  ``on_done`` called there, with no task hop: the session journal's way);
+  ``_observe`` sees each result, in the caller's task (the task stores call
+  ``on_transition`` with each status a write moved a task to).
+* A writer's worker thread runs batch after batch while operations are queued: after
+  each, one call into the event loop (``anyio.from_thread``) settles it and takes the
+  next (``_settle_then_next``), so callers wake in the loop's next iteration and the
+  next batch starts without a new hop to a thread. Everything but the transaction
+  itself (``prepare``, ``_settle``, ``on_done``) runs in the event loop.
 * ``open()`` (what ``async with store`` enters) connects, runs the writer loops and
   the engine's background work in one task group opened with ``async with``, and on
   the way out lets the loops drain what is queued before disconnecting.
@@ -54,6 +60,7 @@ from typing import Any, Generic, Self, TypeVar, cast
 
 import anyio
 import anyio.abc
+import anyio.from_thread
 
 from acp_server.store.errors import StoreHealth, StoreUnavailableError
 from acp_server.store.tasks import CommittedEvent
@@ -215,23 +222,48 @@ class GroupCommitStore(Generic[C]):
     # -- the writer ----------------------------------------------------------------
     async def _write_loop(self, index: int) -> None:
         async for first in self._receive:   # shared by the writers; ends when closed
-            batch = [first]
-            while self.group_commit and len(batch) < MAX_BATCH:
-                try:
-                    batch.append(self._receive.receive_nowait())
-                except (anyio.WouldBlock, anyio.EndOfStream):
-                    break
-            for op in batch:
-                if op.prepare is not None:
-                    op.prepare()
+            batch = self._gather(first)
             with anyio.CancelScope(shield=True), store_work:
-                try:
-                    await anyio.to_thread.run_sync(self._run_batch, index, batch,
-                                                   limiter=self._write_limiter)
-                except Exception as exc:   # noqa: BLE001 - the engine failed: so did the batch
-                    for op in batch:
-                        op.result, op.error, op.events = None, exc, []
-            self._settle(batch)
+                await anyio.to_thread.run_sync(self._run_batches, index, batch,
+                                               limiter=self._write_limiter)
+
+    def _gather(self, first: Op) -> list[Op]:
+        """``first`` and what else is queued (at most ``MAX_BATCH``), prepared (event
+        loop)."""
+        batch = [first]
+        while self.group_commit and len(batch) < MAX_BATCH:
+            try:
+                batch.append(self._receive.receive_nowait())
+            except (anyio.WouldBlock, anyio.EndOfStream):
+                break
+        for op in batch:
+            if op.prepare is not None:
+                op.prepare()
+        return batch
+
+    def _run_batches(self, index: int, batch: list[Op]) -> None:
+        """Writer ``index``'s worker thread: run ``batch``, then have the event loop
+        settle it and hand back the next one, until nothing is queued. One hop to the
+        loop per batch (``_settle_then_next``): the callers wake in the next iteration
+        of the loop and the next batch starts at once, where a return to the writer
+        task took two iterations and a new hop to a worker thread."""
+        while batch:
+            try:
+                self._run_batch(index, batch)
+            except Exception as exc:   # noqa: BLE001 - the engine failed: so did the batch
+                for op in batch:
+                    op.result, op.error, op.events = None, exc, []
+            batch = anyio.from_thread.run_sync(self._settle_then_next, batch)
+
+    def _settle_then_next(self, batch: list[Op]) -> list[Op]:
+        """Settle ``batch``, then the next batch if an operation is queued, else ``[]``
+        (event loop)."""
+        self._settle(batch)
+        try:
+            first = self._receive.receive_nowait()
+        except (anyio.WouldBlock, anyio.EndOfStream):
+            return []
+        return self._gather(first)
 
     def _settle(self, batch: list[Op]) -> None:
         """After a batch: errors classified, health, ``on_commit``, callers woken."""

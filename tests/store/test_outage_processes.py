@@ -140,8 +140,9 @@ def tmpfs(path: Path, size: str) -> Iterator[None]:
 
 
 def fill(path: Path) -> None:
-    """Write ``path`` until the file system is full."""
-    with open(path, "wb") as out:
+    """Write ``path`` until the file system is full (unbuffered: a buffered file would
+    flush its refused tail again at close and raise there)."""
+    with open(path, "wb", buffering=0) as out:
         chunk = b"\0" * 65536
         while True:
             try:
