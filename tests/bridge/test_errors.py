@@ -44,6 +44,7 @@ SAMPLES: dict[type[BridgeError], BridgeError] = {
     errors.InvalidDeadlineError: errors.InvalidDeadlineError(0),
     errors.JournalUnavailableError: errors.JournalUnavailableError("disk full"),
     errors.SessionMovedError: errors.SessionMovedError("another instance took it over"),
+    errors.SessionBusyElsewhereError: errors.SessionBusyElsewhereError("s1", retry_after=2),
     errors.SessionNotRestorableError: errors.SessionNotRestorableError("s", "gone"),
     errors.ServerRestartedError: errors.ServerRestartedError("p"),
 }
