@@ -83,22 +83,31 @@ class SessionRouter:
                 self._adopt_client(sid, scope["headers"])
             elif sid is not None \
                     and not any(k == FORWARDED_HEADER for k, _ in scope["headers"]):
-                try:
-                    owner = await self._route(sid)
-                except Exception as exc:   # noqa: BLE001 - the store's fault: retry later
-                    log.warning("session %s: its owner could not be looked up (%s)", sid, exc)
-                    retry = exc.retry_after if isinstance(exc, StoreUnavailableError) \
-                        else RETRY_AFTER_S
-                    await _refuse(send, STORE_UNAVAILABLE, retry)
-                    return
-                if owner is not None and self.reads is not None and self.reads.serves(scope):
-                    self.stats.journal_reads += 1   # a read: answered here, from the journal
-                    await self.reads(scope, receive, send)
-                    return
-                if owner is not None:
-                    await self._forward(owner, scope, receive, send)
-                    return
+                await self._not_live_here(sid, scope, receive, send)
+                return
         await self.app(scope, receive, send)
+
+    async def _not_live_here(self, sid: str, scope: Any, receive: Any, send: Any,
+                             again: bool = True) -> None:
+        """A request for ``sid``, not live here: a read of a session live elsewhere is
+        answered from the journal, any other request goes to its owner (``again``: it
+        may be routed once more, see ``_forward``), else it is served here (adopted if
+        due; a closed or unknown session)."""
+        try:
+            owner = await self._route(sid)
+        except Exception as exc:   # noqa: BLE001 - the store's fault: retry later
+            log.warning("session %s: its owner could not be looked up (%s)", sid, exc)
+            retry = exc.retry_after if isinstance(exc, StoreUnavailableError) \
+                else RETRY_AFTER_S
+            await _refuse(send, STORE_UNAVAILABLE, retry)
+            return
+        if owner is not None and self.reads is not None and self.reads.serves(scope):
+            self.stats.journal_reads += 1   # a read: answered here, from the journal
+            await self.reads(scope, receive, send)
+        elif owner is not None:
+            await self._forward(owner, scope, receive, send, again)
+        else:
+            await self.app(scope, receive, send)
 
     def _adopt_client(self, sid: str, headers: list[tuple[bytes, bytes]]) -> None:
         """A client id another instance issued for this session (its ``/load`` from
@@ -111,13 +120,18 @@ class SessionRouter:
                     session.adopt_client(client_id)
                 return
 
+    async def _owner(self, sid: str) -> Owner | None:
+        """Who holds ``sid``'s lease, as the store says now."""
+        leases = self.leases
+        return await self.journal.store._read(lambda conn: leases.owner(conn, sid))
+
     async def _route(self, sid: str) -> Owner | None:
         """The owner to forward to, else ``None`` (serve here, adopted if due). An
         adoption another instance won meanwhile (its sweep, say) is looked up again
         and forwarded to."""
         leases = self.leases
         for _ in range(2):
-            owner = await self.journal.store._read(lambda conn: leases.owner(conn, sid))
+            owner = await self._owner(sid)
             if owner is None:
                 return None
             if owner.instance != leases.instance and owner.live:
@@ -137,7 +151,7 @@ class SessionRouter:
                 lambda conn: leases.alive(conn, owner.instance))
 
         async def moved() -> bool:
-            now = await self.journal.store._read(lambda conn: leases.owner(conn, sid))
+            now = await self._owner(sid)
             return now is not None and (now.instance, now.token) != (owner.instance,
                                                                      owner.token)
 
@@ -154,17 +168,8 @@ class SessionRouter:
             self.stats.forwards_rerouted += 1
             log.info("session %s moved while a request was forwarded to %s: routed again",
                      sid, url)
-            receive = replayed(exc.body, receive)
-            try:
-                now = await self._route(sid)
-            except Exception as error:   # noqa: BLE001 - the store: retry later
-                log.warning("session %s: its owner could not be looked up (%s)", sid, error)
-                await _refuse(send, STORE_UNAVAILABLE, RETRY_AFTER_S)
-                return
-            if now is None:
-                await self.app(scope, receive, send)
-            else:
-                await self._forward(now, scope, receive, send, again=False)
+            await self._not_live_here(sid, scope, replayed(exc.body, receive), send,
+                                      again=False)
         except OwnerUnreachableError as exc:
             self.stats.forward_failures += 1
             log.warning("a request for a session owned elsewhere could not be forwarded "
