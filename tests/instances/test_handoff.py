@@ -26,6 +26,17 @@ def _load(tmp_path: Path, sid: str, rpc_id: int = 1) -> dict[str, Any]:
             "params": {"cwd": str(tmp_path), "mcpServers": [], "sessionId": sid}}
 
 
+async def _initialize(ws: Any) -> None:
+    await ws.send_json(INIT)
+    await ws.wait_for(lambda m: m.get("id") == 0)
+
+
+async def _load_refused(ws: Any, tmp_path: Path, sid: str, rpc_id: int = 1) -> dict[str, Any]:
+    """``session/load`` of ``sid``; the error it is answered with."""
+    await ws.send_json(_load(tmp_path, sid, rpc_id))
+    return (await ws.wait_for(lambda m: m.get("id") == rpc_id, timeout=20))["error"]
+
+
 async def test_an_idle_session_is_handed_over_to_the_instance_that_loads_it(
         tmp_path: Path) -> None:
     now = [0.0]
@@ -37,8 +48,7 @@ async def test_an_idle_session_is_handed_over_to_the_instance_that_loads_it(
         await read_events(a.client, sid, _is("turn_complete", first), last_event_id=0)
         token = a.server.fleet.journal.fence[sid]
         async with ws_connect(b.base_url) as ws:
-            await ws.send_json(INIT)
-            await ws.wait_for(lambda m: m.get("id") == 0)
+            await _initialize(ws)
             await ws.send_json(_load(tmp_path, sid))
             history = []
             while True:
@@ -81,11 +91,9 @@ async def test_a_busy_session_stays_and_the_load_is_refused_at_once(tmp_path: Pa
                                    json=_prompt("/sleep 30s x"))).json()["promptId"]
         assert a.bridge.session_status(sid).pending_prompts == 1   # accepted: busy
         async with ws_connect(b.base_url) as ws:
-            await ws.send_json(INIT)
-            await ws.wait_for(lambda m: m.get("id") == 0)
-            await ws.send_json(_load(tmp_path, sid))
+            await _initialize(ws)
             # A answers "busy" through the store: long before B's bound (100 s here)
-            refused = (await ws.wait_for(lambda m: m.get("id") == 1, timeout=20))["error"]
+            refused = await _load_refused(ws, tmp_path, sid)
         assert refused["data"]["errorKind"] == "session_busy_elsewhere", refused
         assert refused["data"]["retryable"] is True
         assert refused["data"]["retryAfterSeconds"] >= 1
@@ -108,17 +116,14 @@ async def test_a_caller_who_may_not_see_the_session_causes_no_handoff(
                                    headers=bearer(alpha))
         sid = made.json()["sessionId"]
         async with ws_connect(b.base_url, headers=bearer(beta)) as ws:
-            await ws.send_json(INIT)
-            await ws.wait_for(lambda m: m.get("id") == 0)
-            await ws.send_json(_load(tmp_path, sid))
-            refused = (await ws.wait_for(lambda m: m.get("id") == 1, timeout=20))["error"]
+            await _initialize(ws)
+            refused = await _load_refused(ws, tmp_path, sid)
             assert refused["code"] == -32602   # as an unknown session
             assert a.bridge.has_session(sid) and not b.bridge.has_session(sid)
             assert a.server.fleet.handoffs.given == 0
             assert b.server.fleet.stats.handoffs_refused == 0
             now[0] += 61   # a's lease expired: still not beta's to adopt
-            await ws.send_json(_load(tmp_path, sid, 2))
-            again = (await ws.wait_for(lambda m: m.get("id") == 2, timeout=20))["error"]
+            again = await _load_refused(ws, tmp_path, sid, 2)
             assert again["code"] == -32602
             assert not b.bridge.has_session(sid) and b.server.fleet.stats.adoptions == 0
 
@@ -135,10 +140,8 @@ async def test_an_owner_that_does_not_answer_is_waited_for_a_bounded_time(
         a.server.fleet.journal.store.on_handoff = None   # deaf to hand-off notices
         b.server.fleet.handoffs.wait_s = 0.5
         async with ws_connect(b.base_url) as ws:
-            await ws.send_json(INIT)
-            await ws.wait_for(lambda m: m.get("id") == 0)
-            await ws.send_json(_load(tmp_path, sid))
-            refused = (await ws.wait_for(lambda m: m.get("id") == 1, timeout=20))["error"]
+            await _initialize(ws)
+            refused = await _load_refused(ws, tmp_path, sid)
         assert refused["data"]["errorKind"] == "session_busy_elsewhere", refused
         assert a.bridge.has_session(sid) and not b.bridge.has_session(sid)
         assert b.server.fleet.stats.handoffs_refused == 1
