@@ -24,16 +24,19 @@ from tests.store.test_session_restart import _is, _prompt, read_events
 pytestmark = pytest.mark.anyio
 
 
+def _flags(tmp_path: Path, now: list[float]) -> dict[str, Any]:
+    """An instance of the test's store, on the injected clock ``now``."""
+    if not stores.postgres_dsn():
+        pytest.skip(stores.SKIP_POSTGRES)
+    # the renewal is slower than any test: the injected clock alone expires a lease
+    return {"store": stores.postgres_url_for(tmp_path, "fleet"), "lease_offset": lambda: now[0],
+            "session_lease_ttl_ms": 60_000, "session_lease_renew_ms": 50_000}
+
+
 @contextlib.asynccontextmanager
 async def _pair(tmp_path: Path, now: list[float], **extra: Any
                 ) -> AsyncIterator[tuple[LocalServer, ...]]:
-    if not stores.postgres_dsn():
-        pytest.skip(stores.SKIP_POSTGRES)
-    url = stores.postgres_url_for(tmp_path, "fleet")
-    # the renewal is slower than any test: the injected clock alone expires a lease
-    flags: dict[str, Any] = {"store": url, "lease_offset": lambda: now[0],
-                             "session_lease_ttl_ms": 60_000,
-                             "session_lease_renew_ms": 50_000, **extra}
+    flags = {**_flags(tmp_path, now), **extra}
     async with local_server(tmp_path, state_dir=tmp_path / "a", **flags) as a, \
             local_server(tmp_path, state_dir=tmp_path / "b", **flags) as b:
         yield a, b
@@ -337,9 +340,7 @@ async def test_a_request_forwarded_to_an_owner_that_just_let_go_is_routed_again(
     stale lookup is forced (the instant between c's lookup and a's answer)."""
     now = [0.0]
     async with _pair(tmp_path, now) as (a, b), \
-            local_server(tmp_path, state_dir=tmp_path / "c", store=stores.postgres_url_for(
-                tmp_path, "fleet"), lease_offset=lambda: now[0], session_lease_ttl_ms=60_000,
-                session_lease_renew_ms=50_000) as c:
+            local_server(tmp_path, state_dir=tmp_path / "c", **_flags(tmp_path, now)) as c:
         sid = (await a.client.post("/session", json={"sessionScope": "thread"})).json()[
             "sessionId"]
         leases = c.server.leases
