@@ -89,9 +89,18 @@ async def test_subscription_cancellation_and_stream_end(tmp_path: Path) -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(pump, session, seen, opened)
             await opened.wait()
-            with anyio.move_on_after(0.3):
-                await session.prompt("/sleep 5s cancelled by the caller")
-            assert session.pending_prompt_count == 0
+            caller = anyio.CancelScope()
+
+            async def cancelled_by_the_caller() -> None:
+                with caller:
+                    await session.prompt("/sleep 5s cancelled by the caller")
+
+            tg.start_soon(cancelled_by_the_caller)
+            # the caller cancels once the prompt runs and its 202 has reached the client
+            await wait_until(lambda: srv.bridge.get_session(session.session_id).active
+                             is not None and bool(session._waiters))
+            caller.cancel()
+            await wait_until(lambda: session.pending_prompt_count == 0)
             assert recorder.count("POST", "/cancel") == 1  # it was running: cancel sent
             await wait_until(lambda: any(e.type == "turn_complete"
                                          and e.data["stopReason"] == "cancelled" for e in seen))
