@@ -54,8 +54,19 @@ async def test_caller_cancellation_releases_and_cancels(tmp_path: Path) -> None:
     recorder = Recorder()
     async with daemon(tmp_path, wrap=recorder.wrap) as srv, DaemonClient(srv.url) as client:
         sid = (await client.create_or_attach_session()).session_id
-        with anyio.move_on_after(0.5) as scope:
-            await client.prompt(sid, "/sleep 5s slow")
+        async with anyio.create_task_group() as tg:
+            scope = anyio.CancelScope()
+
+            async def slow() -> None:
+                with scope:
+                    await client.prompt(sid, "/sleep 5s slow")
+
+            tg.start_soon(slow)
+            # the caller cancels once the prompt runs and its 202 has reached the client
+            # (the client then follows the event stream)
+            await wait_until(lambda: srv.bridge.get_session(sid).active is not None
+                             and recorder.count("GET", "/events") == 1)
+            scope.cancel()
         assert scope.cancelled_caught
         assert client.pending_prompt_count(sid) == 0
         assert recorder.count("POST", f"/session/{sid}/cancel") == 1
@@ -69,13 +80,22 @@ async def test_cancelling_a_queued_prompt_removes_it(tmp_path: Path) -> None:
     async with daemon(tmp_path, wrap=recorder.wrap) as srv, DaemonClient(srv.url) as client:
         sid = (await client.create_or_attach_session()).session_id
         async with anyio.create_task_group() as tg:
-            tg.start_soon(client.prompt, sid, "/sleep 500ms first")
-            await wait_until(lambda: recorder.count("POST", "/prompt") == 1)
-            with anyio.move_on_after(0.3):
-                await client.prompt(sid, "second, queued")
-            assert client.pending_prompt_count(sid) == 1
+            first, second = anyio.CancelScope(), anyio.CancelScope()
+
+            async def prompt(scope: anyio.CancelScope, text: str) -> None:
+                with scope:
+                    await client.prompt(sid, text)
+
+            tg.start_soon(prompt, first, "/sleep 30s first")
+            await wait_until(lambda: srv.bridge.get_session(sid).active is not None)
+            tg.start_soon(prompt, second, "second, queued")
+            # both 202s reached the client: it follows one event stream per prompt
+            await wait_until(lambda: recorder.count("GET", "/events") == 2)
+            second.cancel()
+            await wait_until(lambda: client.pending_prompt_count(sid) == 1)
             assert recorder.count("DELETE", "/pending-prompts/" ) == 1
             assert recorder.count("POST", "/cancel") == 0  # the running prompt is not ours
+            first.cancel()
         assert client.pending_prompt_count(sid) == 0
 
 
