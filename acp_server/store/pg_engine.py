@@ -129,6 +129,10 @@ class PostgresEngine(GroupCommitStore[Conn]):
     def notice(self, state: Batch, kind: str, task_id: str = "") -> None:
         state.notices.add((kind, task_id))
 
+    def _notices_due(self, state: Batch) -> None:
+        """Just before a COMMIT: add the notices held back for it (``postgres.py``
+        holds the sessions' back, see ``HOLD_S``)."""
+
     # -- connections -----------------------------------------------------------------
     def _connect(self, autocommit: bool = False) -> Conn:
         """A new connection, or ``StoreUnavailableError`` (at once while the backoff
@@ -293,6 +297,7 @@ class PostgresEngine(GroupCommitStore[Conn]):
         limit). Measured: with two instances a commit carries half the prompts, so its
         fixed round trips are what doubles; a connection lost in it leaves the outcome
         unknown, as for a lost COMMIT."""
+        self._notices_due(state)
         if not state.notices:
             conn.commit()
             return
