@@ -42,7 +42,7 @@ from bench.targets import record
 from tests.harness import ServeProcess
 from tests.harness.haproxy import HAProxy, haproxy_binary
 
-SESSIONS, PER_SESSION = 16, 100
+SESSIONS, PER_SESSION = 16, 250   # 4,000 prompts: 3-5 s a turn (1.5 s at 100: noise)
 LATENCY_N = 300
 ROUNDS = int(os.environ.get("BENCH_FAILOVER_ROUNDS", "5"))
 TTL_MS, RENEW_MS = 2000, 500
