@@ -23,10 +23,13 @@ Contracts (besides those of ``acp_server.store.tasks``):
 * The sessions' notices (``s``) are coalesced: a commit sends those held since the
   last one that sent any when ``HOLD_S`` has passed since, else holds its own; held
   notices wait for a later commit, or, once the writes stop, ``HOLD_S`` more (an
-  empty transaction then sends them). Measured, two instances behind HAProxy: a NOTIFY per
-  commit woke every instance's listener (its own commits included) and PostgreSQL's
-  listening backends hundreds of times a second, 18 % of all the CPU of the run; a
-  reader elsewhere now hears of a commit within ``HOLD_S`` plus a commit.
+  empty transaction then sends them). With more than one writer a held notice may
+  leave with another writer's commit before its own lands (a hint: readers re-read
+  by sequence, and polling covers what it missed). Measured, two instances behind
+  HAProxy: a NOTIFY per commit woke every instance's listener (its own commits
+  included) and PostgreSQL's listening backends hundreds of times a second, 18 % of
+  all the CPU of the run; a reader elsewhere now hears of a commit within ``HOLD_S``
+  plus a commit.
 * Cross-instance wake-ups: each transaction NOTIFYs ``lmsp_<schema>`` with
   ``kind:instance:id,…`` (``e`` events, ``q`` new queued work, ``c`` cancel requested;
   ``s``, ``t`` and ``HANDOFF_KINDS`` go to the sessions', tokens' and hand-offs' hooks);
