@@ -21,6 +21,12 @@ Contracts (besides ``bridge.journal``'s):
   a capped backoff. At most ``MAX_PENDING`` records wait: past it the oldest events are
   let through to readers without being journaled, and the next start gives that
   session a new epoch (``RestoredSession.gap``): never a silent gap.
+* Committed means it survives a crash of the server's process (``kill -9``): on
+  SQLite the journal's own commits are written to the WAL without waiting for the
+  disk (``synchronous=NORMAL``; a power loss may take back the last of them, never
+  anything a task commit flushed after them), unless ``fsync`` (then, and whenever a
+  task, token or audit write shares the commit: ``synchronous=FULL``). PostgreSQL
+  commits are always flushed by the database (``synchronous_commit = on``).
 * ``write_behind`` > 0 (``--session-write-behind``): events may reach readers before
   their commit, within that window, behind a per-session marker row
   (``acp_server.store.write_behind``); a session restored with its marker set gets a
@@ -130,10 +136,14 @@ class StoreSessionJournal:
 
     def __init__(self, store: Any, *, ring_size: int = 8000,
                  max_session_bytes: int = MAX_SESSION_BYTES,
-                 leases: SessionLeases | None = None, write_behind: int = 0) -> None:
+                 leases: SessionLeases | None = None, write_behind: int = 0,
+                 fsync: bool = False) -> None:
         """``write_behind``: the events per session readers may see before their
-        commit (``acp_server.store.write_behind``); 0 publishes after commit."""
+        commit (``acp_server.store.write_behind``); 0 publishes after commit.
+        ``fsync``: every commit of the journal is flushed to the disk (survives a
+        power loss), not only written to the store's file (survives ``kill -9``)."""
         self.store = store
+        self.fsync = fsync
         self.ring_size = ring_size
         self.max_session_bytes = max_session_bytes
         self._unsized: dict[str, int] = {}   # envelope bytes per session since its trim
@@ -256,7 +266,8 @@ class StoreSessionJournal:
         if self._inflight is not None or self._failing or not self._pending \
                 or self._stopped.is_set():
             return
-        op = Op(self._commit_in, prepare=self._take, on_done=self._landed)
+        op = Op(self._commit_in, prepare=self._take, on_done=self._landed,
+                durable=self.fsync)
         self._inflight = op
         try:
             queued = self.store.submit(op)

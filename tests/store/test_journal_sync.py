@@ -1,0 +1,66 @@
+"""What a SQLite commit waits for (``acp_server.store.sqlite``): a batch of only the
+session journal's operations commits with ``synchronous=NORMAL`` (written to the WAL,
+survives ``kill -9``: the restart tests prove that), a batch with a task, token or audit
+write with ``synchronous=FULL`` (fsynced), and ``fsync=True`` makes the journal's own
+commits FULL too. Read inside the transaction, from the writer's connection."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from acp_server.store.sessions import StoreSessionJournal
+from acp_server.store.sqlite import SqliteTaskStore
+from acp_server.store.writer import Op
+from bridge.journal import SessionOpened
+
+pytestmark = pytest.mark.anyio
+NORMAL, FULL = 1, 2   # what ``PRAGMA synchronous`` reads
+
+
+def _synchronous(conn: Any, *_: Any) -> int:
+    return int(conn.execute("PRAGMA synchronous").fetchone()[0])
+
+
+class _Seen(StoreSessionJournal):
+    """The journal, noting the setting each of its commits ran under."""
+
+    seen: list[int]
+
+    def _commit_in(self, conn: Any, out: Any, *state: Any) -> Any:
+        self.seen.append(_synchronous(conn))
+        return super()._commit_in(conn, out, *state)
+
+
+async def _journal_commit(store: SqliteTaskStore, fsync: bool) -> list[int]:
+    async with _Seen(store, fsync=fsync) as journal:
+        journal.seen = []
+        seq = journal.append(SessionOpened(session_id="s1", agent="reference", cwd="/ws",
+                                           created_at=1.0, epoch="e1"))
+        await journal.wait(seq)
+        return journal.seen
+
+
+async def test_the_journal_commits_without_fsync_unless_asked(tmp_path: Path) -> None:
+    async with SqliteTaskStore(str(tmp_path / "store.db")) as store:
+        assert await store._write(_synchronous) == FULL   # a task store write
+        assert await _journal_commit(store, fsync=False) == [NORMAL]
+        assert await store._write(_synchronous) == FULL   # switched back
+        assert await _journal_commit(store, fsync=True) == [FULL]
+
+
+async def test_one_durable_operation_makes_its_batch_durable(tmp_path: Path) -> None:
+    async with SqliteTaskStore(str(tmp_path / "store.db")) as store:
+        relaxed = Op(_synchronous, durable=False)
+        durable = Op(_synchronous)
+        assert store.submit(relaxed) and store.submit(durable)   # queued together
+        await relaxed.done.wait()
+        await durable.done.wait()
+        assert (relaxed.result, durable.result) == (FULL, FULL)
+        alone = Op(_synchronous, durable=False)
+        assert store.submit(alone)
+        await alone.done.wait()
+        assert alone.result == NORMAL
+        assert await store._write(_synchronous) == FULL
