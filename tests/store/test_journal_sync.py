@@ -15,6 +15,7 @@ from acp_server.store.sessions import StoreSessionJournal
 from acp_server.store.sqlite import SqliteTaskStore
 from acp_server.store.writer import Op
 from bridge.journal import SessionOpened
+from tests.harness import local_server
 
 pytestmark = pytest.mark.anyio
 NORMAL, FULL = 1, 2   # what ``PRAGMA synchronous`` reads
@@ -64,3 +65,25 @@ async def test_one_durable_operation_makes_its_batch_durable(tmp_path: Path) -> 
         await alone.done.wait()
         assert alone.result == NORMAL
         assert await store._write(_synchronous) == FULL
+
+
+async def test_the_flag_reaches_the_journal(tmp_path: Path) -> None:
+    """``--session-journal-fsync`` (``Settings.session_journal_fsync``): a session
+    created through the server is committed with ``synchronous=FULL``."""
+    for fsync, expected in ((False, NORMAL), (True, FULL)):
+        folder = tmp_path / str(fsync)
+        folder.mkdir()
+        async with local_server(folder, session_journal_fsync=fsync) as srv:
+            journal = srv.bridge.journal
+            assert isinstance(journal, StoreSessionJournal) and journal.fsync is fsync
+            seen: list[int] = []
+            commit_in = journal._commit_in
+
+            def noted(conn: Any, out: Any, *state: Any) -> Any:
+                seen.append(_synchronous(conn))
+                return commit_in(conn, out, *state)
+
+            journal._commit_in = noted   # type: ignore[method-assign]
+            created = await srv.client.post("/session", json={"sessionScope": "thread"})
+            assert created.status_code == 200
+            assert seen and set(seen) == {expected}
