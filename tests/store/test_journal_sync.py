@@ -2,7 +2,9 @@
 session journal's operations commits with ``synchronous=NORMAL`` (written to the WAL,
 survives ``kill -9``: the restart tests prove that), a batch with a task, token or audit
 write with ``synchronous=FULL`` (fsynced), and ``fsync=True`` makes the journal's own
-commits FULL too. Read inside the transaction, from the writer's connection."""
+commits FULL too. Read inside the transaction, from the writer's connection. And the
+settled prompts a session keeps on disk stay bounded (trimmed every
+``TRIM_TERMINALS_EVERY`` settles)."""
 
 from __future__ import annotations
 
@@ -11,10 +13,11 @@ from typing import Any
 
 import pytest
 
-from acp_server.store.sessions import StoreSessionJournal
+from acp_server.store.sessions import TRIM_TERMINALS_EVERY, StoreSessionJournal
 from acp_server.store.sqlite import SqliteTaskStore
 from acp_server.store.writer import Op
-from bridge.journal import SessionOpened
+from bridge.journal import PromptAccepted, PromptSettled, SessionOpened
+from bridge.status import MAX_PROMPT_TERMINALS
 from tests.harness import local_server
 
 pytestmark = pytest.mark.anyio
@@ -87,3 +90,28 @@ async def test_the_flag_reaches_the_journal(tmp_path: Path) -> None:
             created = await srv.client.post("/session", json={"sessionScope": "thread"})
             assert created.status_code == 200
             assert seen and set(seen) == {expected}
+
+
+async def test_settled_prompts_kept_are_bounded(tmp_path: Path) -> None:
+    """A session keeps its newest ``MAX_PROMPT_TERMINALS`` settled prompts: the older
+    are deleted every ``TRIM_TERMINALS_EVERY`` settles (no more than that many extra on
+    disk), and a restore reads the newest ones, in order."""
+    total = MAX_PROMPT_TERMINALS + 3 * TRIM_TERMINALS_EVERY + 5
+    async with SqliteTaskStore(str(tmp_path / "store.db")) as store:
+        async with StoreSessionJournal(store) as journal:
+            journal.append(SessionOpened(session_id="s1", agent="reference", cwd="/ws",
+                                         created_at=1.0, epoch="e1"))
+            seq = 0
+            for n in range(total):
+                pid = f"p{n:04d}"
+                journal.append(PromptAccepted(session_id="s1", prompt_id=pid, prompt=[],
+                                              queued_at_ms=n, seq=n))
+                seq = journal.append(PromptSettled(session_id="s1", prompt_id=pid,
+                                                   terminal="completed", at=n))
+            await journal.wait(seq)
+            kept = await store._read(lambda conn: conn.execute(
+                "SELECT COUNT(*) FROM session_prompts WHERE terminal IS NOT NULL").fetchone()[0])
+            assert MAX_PROMPT_TERMINALS <= kept < MAX_PROMPT_TERMINALS + TRIM_TERMINALS_EVERY
+            [restored] = await journal.restore()
+    assert [t.prompt_id for t in restored.terminals] == \
+        [f"p{n:04d}" for n in range(total - MAX_PROMPT_TERMINALS, total)]
