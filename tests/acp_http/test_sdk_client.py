@@ -21,6 +21,7 @@ from acp.schema import (  # noqa: E402
 )
 
 from tests.acp_http.server import RunningAcpServer  # noqa: E402
+from tests.bridge.helpers import wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -54,14 +55,15 @@ async def _turns(conn: Any, client: RecordingClient, workspace: str) -> None:
     result = await conn.prompt(session_id=session.session_id,
                                prompt=[text_block("/chunks 3 hello sdk")])
     assert result.stop_reason == "end_turn"
-    assert "".join(client.chunks).endswith("Echo: hello sdk")
+    # the SDK runs each notification's handler in its own task: wait for them
+    await wait_until(lambda: "".join(client.chunks).endswith("Echo: hello sdk"))
     assert len(client.chunks) >= 3
     client.chunks.clear()
     result = await conn.prompt(session_id=session.session_id,
                                prompt=[text_block("/permission ok")])
     assert result.stop_reason == "end_turn"
     assert client.permissions == 1
-    assert "Permission allowed" in "".join(client.chunks)
+    await wait_until(lambda: "Permission allowed" in "".join(client.chunks))
 
 
 async def test_sdk_http_client(server: RunningAcpServer) -> None:

@@ -16,6 +16,7 @@ import httpx
 import pytest
 from httpx_sse import aconnect_sse
 
+from tests.bridge.helpers import wait_until
 from tests.harness import ServeProcess
 
 pytestmark = pytest.mark.anyio
@@ -194,5 +195,6 @@ async def test_acp_websocket_over_tls(tmp_path: Path, monkeypatch: pytest.Monkey
             result = await conn.prompt(session_id=session.session_id,
                                        prompt=[text_block("over wss")])
         assert result.stop_reason == "end_turn"
-        assert "".join(client.said) == "Echo: over wss"
+        # the SDK runs each notification's handler in its own task: wait for them
+        await wait_until(lambda: "".join(client.said) == "Echo: over wss")
         await conn.close()

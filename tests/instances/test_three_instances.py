@@ -38,6 +38,7 @@ import httpx
 import psycopg
 import pytest
 
+from tests.bridge.helpers import wait_until
 from tests.harness import ServeProcess
 from tests.harness.haproxy import SKIP, HAProxy, haproxy_binary
 from tests.clients.conftest import acp_sdk, qwen_sdk  # noqa: F401 - the fixtures
@@ -488,14 +489,15 @@ async def test_acp_python_sdk_loads_a_session_live_elsewhere(
             _wait(lambda: _idle(owner, sid))
             with anyio.fail_after(30):
                 await conn.load_session(cwd=workspace, session_id=sid, mcp_servers=[])
-            assert "before the hand-off" in "".join(client.chunks)   # the whole history
+            # the whole history (the SDK runs each notification's handler in its own task)
+            await wait_until(lambda: "before the hand-off" in "".join(client.chunks))
             assert _owner(db, sid) == _instance_of(b)
             client.chunks.clear()
             with anyio.fail_after(30):
                 result = await conn.prompt(session_id=sid,
                                            prompt=[acp.text_block("/chunks 2 after")])
             assert result.stop_reason == "end_turn"
-            assert "".join(client.chunks).endswith("Echo: after")
+            await wait_until(lambda: "".join(client.chunks).endswith("Echo: after"))
         last = b.http.get(f"/session/{sid}/status").json()["lastEventId"]
         assert owner.http.get(f"/session/{sid}/status").json()["lastEventId"] == last
         ids = [i for (i,) in db.execute("SELECT id FROM session_events WHERE session_id = %s "
