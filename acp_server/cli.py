@@ -206,6 +206,11 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
                             "(a bounded write-behind window; after a crash such a session "
                             "resyncs with a new epoch); 0 (the default) publishes after "
                             "commit")
+    serve.add_argument("--session-journal-fsync", action="store_true",
+                       help="flush every session journal commit to the disk (survives a "
+                            "power loss); by default, on SQLite, the journal's commits are "
+                            "written to the WAL without waiting for the disk (they survive "
+                            "kill -9 and any crash of the server; task writes always flush)")
     serve.add_argument("--session-on-restart", default="fail", choices=["fail", "continue"],
                        help="the prompt that was running when the server stopped: fail "
                             "(its terminal is server_restarted) or continue (the restored "
@@ -264,6 +269,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         rate_limit_mutation=args.rate_limit_mutation, rate_limit_read=args.rate_limit_read,
         session_journal=args.session_journal, session_on_restart=args.session_on_restart,
         session_write_behind=args.session_write_behind,
+        session_journal_fsync=args.session_journal_fsync,
         session_retention_ms=args.session_retention_ms,
         session_lease_ttl_ms=args.session_lease_ttl_ms,
         session_lease_renew_ms=args.session_lease_renew_ms, advertise_url=args.advertise_url,
