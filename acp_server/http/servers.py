@@ -29,6 +29,10 @@ HTTP/2 abuse                hyper/h2: stream cap, header list     n/a
                             cap, flow-control windows
 ==========================  ====================================  ==============================
 
+granian calls the app through its ASGI interface, or with ``--granian-interface rsgi``
+through its own (``acp_server.http.rsgi``: less CPU per request, no back-pressure on
+streams; off by default, ``docs/benchmarks.md``).
+
 Contracts: ``serve(started)`` calls ``started(url)`` once the socket accepts
 connections (the real port when ``port=0``; ``https://`` with TLS) and returns after
 ``stop()``. ``stop(force=True)`` (a second signal) skips the wait for open responses.
