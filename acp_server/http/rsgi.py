@@ -13,8 +13,10 @@ every request exactly once, as it does on any ASGI server.
 
 Contracts:
 
-* HTTP scope: the ASGI 3 ``http`` scope (bytes header pairs, lower-case names,
-  ``client``/``server`` tuples, ``raw_path`` re-encoded from granian's decoded path).
+* HTTP scope: the ASGI 3 ``http`` scope (bytes header pairs, lower-case names, a
+  ``host`` from HTTP/2's ``:authority`` when the request has none, as granian's ASGI
+  side gives; ``client``/``server`` tuples, ``raw_path`` re-encoded from granian's
+  decoded path).
   granian drops header values that are not visible ASCII (``HeaderValue::to_str``).
 * Request body: a declared ``Content-Length`` up to ``WHOLE_BODY_MAX`` is read in one
   call (hyper stops at the declared length); anything else is streamed chunk by chunk,
@@ -73,8 +75,11 @@ def _raw_path(path: str) -> bytes:
 def asgi_scope(scope: Any, kind: str) -> MutableMapping[str, Any]:
     """The ASGI scope (``http`` or ``websocket``) of granian's RSGI scope."""
     path = scope.path
+    fields = scope.headers
     headers = [(name.encode("latin-1"), value.encode("latin-1"))
-               for name, value in scope.headers.items()]
+               for name, value in fields.items()]
+    if "host" not in fields:   # HTTP/2's :authority, as granian's ASGI side does
+        headers.insert(0, (b"host", (scope.authority or "").encode("latin-1")))
     out: MutableMapping[str, Any] = {
         "type": kind, "asgi": _ASGI, "http_version": scope.http_version,
         "scheme": scope.scheme if kind == "http" else
