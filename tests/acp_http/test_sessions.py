@@ -110,6 +110,32 @@ async def test_bad_params_and_unknown_session(server: RunningAcpServer) -> None:
         assert (await conn_stream.wait_for_id(3))["error"]["code"] == -32602
 
 
+async def test_a_live_session_loaded_without_its_stream_answers_behind_the_history(
+        server: RunningAcpServer) -> None:
+    """The ACP Python SDK opens a session stream only once a message names the
+    session: a ``session/load`` of a session live here, from a fresh connection, gets
+    the history on the connection stream and the answer right behind it there, never
+    ahead of it on another stream."""
+    conn_id, _ = await server.initialize()
+    async with server.stream(conn_id) as conn_stream:
+        sid = await server.new_session(conn_id, conn_stream)
+        async with server.stream(conn_id, sid) as session_stream:
+            await server.prompt(conn_id, sid, 2, "remember me")
+            await session_stream.wait_for_id(2)
+    other, _ = await server.initialize()
+    async with server.stream(other) as other_stream:
+        await server.post(other, request(3, "session/load",
+                                         {"sessionId": sid, "cwd": server.workspace,
+                                          "mcpServers": []}), sid)
+        assert (await other_stream.wait_for_id(3))["result"] == {}
+        before = other_stream.messages[:other_stream.messages.index(
+            next(m for m in other_stream.messages if m.get("id") == 3))]
+        said = "".join(m["params"]["update"]["content"]["text"] for m in before
+                       if m.get("method") == "session/update"
+                       and m["params"]["update"]["sessionUpdate"] == "agent_message_chunk")
+        assert said == "Echo: remember me"
+
+
 async def test_list_close_resume_load(server: RunningAcpServer) -> None:
     conn_id, _ = await server.initialize()
     async with server.stream(conn_id) as conn_stream:

@@ -96,9 +96,9 @@ async def test_subscription_cancellation_and_stream_end(tmp_path: Path) -> None:
                     await session.prompt("/sleep 5s cancelled by the caller")
 
             tg.start_soon(cancelled_by_the_caller)
-            # the caller cancels once the prompt runs and its 202 has reached the client
-            await wait_until(lambda: srv.bridge.get_session(session.session_id).active
-                             is not None and bool(session._waiters))
+            # the caller cancels once the client knows the prompt runs (its 202 and the
+            # turn's start read from the stream): a running prompt is stopped by cancel
+            await wait_until(lambda: any(w.watch.running for w in session._waiters.values()))
             caller.cancel()
             await wait_until(lambda: session.pending_prompt_count == 0)
             assert recorder.count("POST", "/cancel") == 1  # it was running: cancel sent

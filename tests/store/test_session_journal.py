@@ -18,6 +18,7 @@ import pytest
 from bridge import BridgeOptions
 from bridge.agents.reference import ReferenceAgentFactory
 from tests.acp_http.wsclient import ws_connect
+from tests.bridge.helpers import wait_until
 from tests.harness import ServeProcess, local_server
 from tests.lmsp import stores
 from tests.store.faults import faulty
@@ -139,6 +140,25 @@ async def test_an_acp_sdk_client_loads_the_history_after_kill_9(tmp_path: Path,
             if isinstance(update, (AgentMessageChunk, UserMessageChunk)):
                 self.said.append((type(update).__name__, update.content.text))
 
+    class Arrivals:
+        """The SDK's transport, recording what reaches the client in order (the SDK
+        runs each notification's handler as its own task, so a handler may run after
+        the answer that followed it on the wire)."""
+
+        def __init__(self, inner: Any) -> None:
+            self.inner, self.seen = inner, []
+
+        async def send(self, message: dict[str, Any]) -> None:
+            await self.inner.send(message)
+
+        async def receive(self) -> dict[str, Any] | None:
+            message = await self.inner.receive()
+            self.seen.append(message)
+            return message
+
+        async def close(self) -> None:
+            await self.inner.close()
+
     child = ServeProcess(tmp_path, *_flags(tmp_path, store_name)).start()
     try:
         async with httpx.AsyncClient(timeout=httpx.Timeout(None)) as http:
@@ -159,11 +179,23 @@ async def test_an_acp_sdk_client_loads_the_history_after_kill_9(tmp_path: Path,
             stream = (create_http_stream(f"{child.base_url}/acp", client=http)
                       if transport == "http" else await create_websocket_stream(
                           child.base_url.replace("http://", "ws://") + "/acp"))
-            conn = connect_to_agent(second, stream)
+            arrivals = Arrivals(stream)
+            conn = connect_to_agent(second, arrivals)
             await conn.initialize(protocol_version=PROTOCOL_VERSION,
                                   client_capabilities=ClientCapabilities())
             await conn.load_session(session_id=session.session_id, cwd=str(tmp_path),
                                     mcp_servers=[])
+            answered = next(n for n, m in enumerate(arrivals.seen)
+                            if m is not None and "result" in m and m.get("id") != 0)
+            before = [m["params"]["update"] for m in arrivals.seen[:answered]
+                      if m is not None and m.get("method") == "session/update"]
+            assert [u["content"]["text"] for u in before
+                    if u["sessionUpdate"] == "user_message_chunk"] == ["one", "two"]
+            assert "".join(u["content"]["text"] for u in before
+                           if u["sessionUpdate"] == "agent_message_chunk") == "Echo: oneEcho: two"
+            # and the client's handlers got them all (each in its own task)
+            await wait_until(lambda: sum(kind == "UserMessageChunk"
+                                         for kind, _ in second.said) == 2, timeout=10)
             users = [text for kind, text in second.said if kind == "UserMessageChunk"]
             agent = "".join(text for kind, text in second.said if kind == "AgentMessageChunk")
             assert users == ["one", "two"]
