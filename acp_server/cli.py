@@ -29,6 +29,7 @@ import functools
 import gc
 import importlib.util
 import logging
+import os
 import socket
 import sys
 from collections.abc import Sequence
@@ -38,7 +39,14 @@ import anyio
 
 from acp_server import __version__
 from acp_server.conformance.cli import add_conformance_arguments, run_conformance_args
-from acp_server.http.options import DEFAULT_SERVER, SERVERS, HttpOptions
+from acp_server.http.options import (
+    DEFAULT_GRANIAN_INTERFACE,
+    DEFAULT_SERVER,
+    GRANIAN_INTERFACE_ENV,
+    GRANIAN_INTERFACES,
+    SERVERS,
+    HttpOptions,
+)
 from acp_server.http.policy import (
     DEFAULT_MAX_HEADER_BYTES,
     DEFAULT_MAX_HEADERS,
@@ -145,6 +153,12 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     serve.add_argument("--http-server", choices=SERVERS, default=DEFAULT_SERVER,
                        help="the HTTP server: granian (HTTP/1.1 and HTTP/2 on one port, TLS "
                             "with ALPN) or uvicorn (HTTP/1.1 only) (default %(default)s)")
+    serve.add_argument("--granian-interface", choices=GRANIAN_INTERFACES,
+                       default=os.environ.get(GRANIAN_INTERFACE_ENV, DEFAULT_GRANIAN_INTERFACE),
+                       help="how granian calls the app: asgi, or rsgi (granian's own "
+                            "interface: cheaper per request, but no back-pressure on event "
+                            "streams and no WebSocket subprotocol) (default "
+                            f"${GRANIAN_INTERFACE_ENV}, else {DEFAULT_GRANIAN_INTERFACE})")
     serve.add_argument("--tls-cert", metavar="PEM",
                        help="serve HTTPS with this certificate chain (with --tls-key)")
     serve.add_argument("--tls-key", metavar="PEM", help="the private key of --tls-cert")
@@ -206,6 +220,11 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
                             "(a bounded write-behind window; after a crash such a session "
                             "resyncs with a new epoch); 0 (the default) publishes after "
                             "commit")
+    serve.add_argument("--session-journal-fsync", action="store_true",
+                       help="flush every session journal commit to the disk (survives a "
+                            "power loss); by default, on SQLite, the journal's commits are "
+                            "written to the WAL without waiting for the disk (they survive "
+                            "kill -9 and any crash of the server; task writes always flush)")
     serve.add_argument("--session-on-restart", default="fail", choices=["fail", "continue"],
                        help="the prompt that was running when the server stopped: fail "
                             "(its terminal is server_restarted) or continue (the restored "
@@ -245,7 +264,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
             server=args.http_server, tls_cert=args.tls_cert, tls_key=args.tls_key,
             tls_client_ca=args.tls_client_ca, require_tls=args.require_tls,
             allow_host=args.allow_host, max_header_bytes=args.max_header_bytes,
-            max_headers=args.max_headers, max_request_line=args.max_request_line_bytes)
+            max_headers=args.max_headers, max_request_line=args.max_request_line_bytes,
+            granian_interface=args.granian_interface)
     except ValueError as exc:
         raise SettingsError(str(exc)) from None
     return Settings.from_flags(http=http,
@@ -264,6 +284,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         rate_limit_mutation=args.rate_limit_mutation, rate_limit_read=args.rate_limit_read,
         session_journal=args.session_journal, session_on_restart=args.session_on_restart,
         session_write_behind=args.session_write_behind,
+        session_journal_fsync=args.session_journal_fsync,
         session_retention_ms=args.session_retention_ms,
         session_lease_ttl_ms=args.session_lease_ttl_ms,
         session_lease_renew_ms=args.session_lease_renew_ms, advertise_url=args.advertise_url,

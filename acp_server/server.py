@@ -164,7 +164,8 @@ async def open_server(settings: Settings, *, agent_factory: AgentFactory | None 
                                        url=settings.advertise_url)
             journal = StoreSessionJournal(store, ring_size=settings.options.event_ring_size,
                                           leases=leases,
-                                          write_behind=settings.session_write_behind)
+                                          write_behind=settings.session_write_behind,
+                                          fsync=settings.session_journal_fsync)
         async with store, \
                 (journal if isinstance(journal, StoreSessionJournal)
                  else contextlib.nullcontext(journal)), \

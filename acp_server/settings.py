@@ -165,6 +165,9 @@ class Settings:
     # events per session readers may see before their commit (0: publish after commit;
     # acp_server.store.write_behind)
     session_write_behind: int = 0
+    # every journal commit fsynced (survives a power loss); else, on SQLite, written
+    # to the WAL only (survives kill -9): acp_server.store.sqlite
+    session_journal_fsync: bool = False
     session_on_restart: str = "fail"
     session_retention_ms: int = 7 * 24 * 3600 * 1000
     # Sessions across instances on a PostgreSQL store (issue #24, docs/deployment.md):
@@ -366,7 +369,7 @@ class Settings:
                    rate_limit_mutation: str | int = DEFAULT_RATE_LIMITS["mutation"],
                    rate_limit_read: str | int = DEFAULT_RATE_LIMITS["read"],
                    session_journal: str = "store", session_on_restart: str = "fail",
-                   session_write_behind: int = 0,
+                   session_write_behind: int = 0, session_journal_fsync: bool = False,
                    session_retention_ms: str | int = 7 * 24 * 3600 * 1000,
                    session_lease_ttl_ms: str | int = 8000,
                    session_lease_renew_ms: str | int = 2000,
@@ -420,6 +423,7 @@ class Settings:
                    rate_limit_read=_number(rate_limit_read),
                    session_journal=session_journal, session_on_restart=session_on_restart,
                    session_write_behind=session_write_behind,
+                   session_journal_fsync=session_journal_fsync,
                    session_retention_ms=_number(session_retention_ms),
                    session_lease_ttl_ms=_number(session_lease_ttl_ms),
                    session_lease_renew_ms=_number(session_lease_renew_ms),

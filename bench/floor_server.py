@@ -4,6 +4,7 @@ serve`` runs it.
 
     python -m bench.floor_server raw granian     # prints "listening on PORT", serves until killed
     python -m bench.floor_server bare uvicorn
+    python -m bench.floor_server rawrsgi granian   # the raw callable on granian's RSGI
 
 The ratio ours / floor isolates the cost of our app on that server: ``raw`` is the
 least any ASGI app can cost there, ``bare`` what one framework route costs.
@@ -52,8 +53,20 @@ async def prompt(request: Request) -> Response:
                     headers={"Retry-After": "5"})
 
 
+class RawRsgi:
+    """The raw callable written for granian's RSGI: the body in one call, the answer
+    in one call (served with ``--granian-interface rsgi`` semantics)."""
+
+    _headers = [(name.decode(), value.decode()) for name, value in _START["headers"]]
+
+    async def __rsgi__(self, scope: Any, proto: Any) -> None:
+        if scope.proto == "http":
+            await proto()
+            proto.response_bytes(503, self._headers, BODY)
+
+
 bare = Starlette(routes=[Route("/session/{session_id}/prompt", prompt, methods=["POST"])])
-APPS = {"raw": raw, "bare": bare}
+APPS: dict[str, Any] = {"raw": raw, "bare": bare, "rawrsgi": RawRsgi()}
 
 
 async def serve(app_name: str, server_name: str) -> None:
@@ -73,7 +86,9 @@ async def serve(app_name: str, server_name: str) -> None:
     limits = Limits(header_timeout_s=10.0, max_connections=2560, max_header_bytes=65536,
                     max_headers=100, max_request_line=8192, ws_max_bytes=10 << 20)
     sock = socket.create_server(("127.0.0.1", 0), backlog=2048)
-    server = http_server(APPS[app_name], HttpOptions(server=server_name), sock, limits=limits)
+    options = HttpOptions(server=server_name,
+                          granian_interface="rsgi" if app_name == "rawrsgi" else "asgi")
+    server = http_server(APPS[app_name], options, sock, limits=limits)
     await server.serve(announce)
 
 

@@ -258,6 +258,7 @@ async def _burst(port: int, readers: int, chunks: int) -> tuple[int, float]:
 
 
 SHIPPED = "granian"
+RSGI_FLAGS = ("--http-server", "granian", "--granian-interface", "rsgi")
 HOLD = {"prompt": [{"type": "text", "text": "/sleep 600s hold"}]}
 FLOOR_PATH = "/session/00000000-0000-4000-8000-000000000000/prompt"
 
@@ -356,6 +357,8 @@ def floors_and_503(workspace: str) -> tuple[dict[str, float], dict[str, Rounds]]
         "ours/uvicorn": lambda: refused_503(workspace, "--http-server", "uvicorn"),
         "raw/uvicorn": lambda: floor("raw", "uvicorn"),
         "bare/granian": lambda: floor("bare", "granian"),
+        "ours/granian-rsgi": lambda: refused_503(workspace, *RSGI_FLAGS),
+        "rawrsgi/granian": lambda: floor("rawrsgi", "granian"),
     }
     before = os.environ.get("BENCH_BEFORE")
     if before:
@@ -391,9 +394,12 @@ def main() -> list[str]:
             accepted = load(port, f"/session/{sid}/prompt", PROMPT)
             drained_at = drained(port)
             p50, p99 = latency(port)
-        with acp_server(workspace, 0, None, "--http-server", SHIPPED) as port:
-            one_events, one_s = asyncio.run(_burst(port, 1, BURST))
-            fan_events, fan_s = asyncio.run(_burst(port, READERS, FAN_BURST))
+        bursts = {}
+        for name, flags in (("asgi", ("--http-server", SHIPPED)), ("rsgi", RSGI_FLAGS)):
+            with acp_server(workspace, 0, None, *flags) as port:
+                bursts[name] = (asyncio.run(_burst(port, 1, BURST)),
+                                asyncio.run(_burst(port, READERS, FAN_BURST)))
+        (one_events, one_s), (fan_events, fan_s) = bursts["asgi"]
         lag50, lag99, lag_n = lag_p99(lag_file, accepted["started_at"], drained_at)
     assert accepted_only(accepted), accepted
     ours = rps[f"ours/{SHIPPED}"]
@@ -425,6 +431,9 @@ def main() -> list[str]:
             ("bare Starlette route, uvicorn (the floor)", "bare/uvicorn"),
             (f"**acp-server 503 path, {SHIPPED} (shipped)**", f"ours/{SHIPPED}"),
             ("acp-server 503 path, uvicorn", "ours/uvicorn"),
+            (f"acp-server 503 path, {SHIPPED}, `--granian-interface rsgi` (off by default)",
+             "ours/granian-rsgi"),
+            (f"raw callable written for RSGI, {SHIPPED}", "rawrsgi/granian"),
             (f"acp-server 503 path, {SHIPPED}, bootstrap token", "auth/bootstrap"),
             (f"acp-server 503 path, {SHIPPED}, stored token", "auth/stored"),
             ("acp-server 503 path before this change (BENCH_BEFORE, its default server)",
@@ -473,6 +482,10 @@ def main() -> list[str]:
         f"| {READERS} readers ({PER_SESSION} per session), `/chunks {FAN_BURST}` each "
         f"| {fan_events} | {fan_s:.2f} "
         f"| {fan_events / fan_s:.0f} |",
+        *(f"| the same, {label}, `--granian-interface rsgi` | {events} | {secs:.2f} "
+          f"| {events / secs:.0f} |"
+          for label, (events, secs) in zip(("1 reader", f"{READERS} readers"),
+                                           bursts["rsgi"])),
         "", f"Turn latency, POST → `turn_complete` on SSE ({TURNS} sequential turns): "
         f"p50 {p50:.2f} ms, p99 {p99:.2f} ms",
     ]

@@ -111,6 +111,12 @@ def test_valid_flags(tmp_path: Path) -> None:
     assert defaults.options.pending_prompt_limit == 5
 
 
+def test_session_journal_fsync(tmp_path: Path) -> None:
+    assert _settings("--workspace", str(tmp_path)).session_journal_fsync is False
+    assert _settings("--workspace", str(tmp_path),
+                     "--session-journal-fsync").session_journal_fsync is True
+
+
 def test_no_web(tmp_path: Path) -> None:
     assert _settings("--workspace", str(tmp_path)).web is True
     assert _settings("--workspace", str(tmp_path), "--no-web").web is False

@@ -26,6 +26,9 @@ from acp_server.http.policy import (
 
 SERVERS = ("granian", "uvicorn", "hypercorn")
 DEFAULT_SERVER = "granian"
+GRANIAN_INTERFACES = ("asgi", "rsgi")   # rsgi: acp_server.http.rsgi (no stream back-pressure)
+DEFAULT_GRANIAN_INTERFACE = "asgi"
+GRANIAN_INTERFACE_ENV = "ACP_SERVER_GRANIAN_INTERFACE"   # the flag's default when set
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,11 +42,15 @@ class HttpOptions:
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
     max_headers: int = DEFAULT_MAX_HEADERS
     max_request_line: int = DEFAULT_MAX_REQUEST_LINE
+    granian_interface: str = DEFAULT_GRANIAN_INTERFACE
 
     def __post_init__(self) -> None:
         if self.server not in SERVERS:
             raise ValueError(f"Invalid http-server: {self.server!r}. Must be one of "
                              f"{', '.join(SERVERS)}.")
+        if self.granian_interface not in GRANIAN_INTERFACES:
+            raise ValueError(f"Invalid granian-interface: {self.granian_interface!r}. Must be "
+                             f"one of {', '.join(GRANIAN_INTERFACES)}.")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("--tls-cert and --tls-key go together: pass both or neither.")
         if self.tls_client_ca is not None and self.tls_cert is None:
@@ -73,12 +80,14 @@ class HttpOptions:
                    require_tls: bool = False, allow_host: Iterable[str] = (),
                    max_header_bytes: str | int = DEFAULT_MAX_HEADER_BYTES,
                    max_headers: str | int = DEFAULT_MAX_HEADERS,
-                   max_request_line: str | int = DEFAULT_MAX_REQUEST_LINE) -> HttpOptions:
+                   max_request_line: str | int = DEFAULT_MAX_REQUEST_LINE,
+                   granian_interface: str = DEFAULT_GRANIAN_INTERFACE) -> HttpOptions:
         return cls(server=server, tls_cert=tls_cert, tls_key=tls_key,
                    tls_client_ca=tls_client_ca, require_tls=require_tls,
                    allow_hosts=tuple(h.strip().lower() for h in allow_host),
                    max_header_bytes=_int(max_header_bytes), max_headers=_int(max_headers),
-                   max_request_line=_int(max_request_line))
+                   max_request_line=_int(max_request_line),
+                   granian_interface=granian_interface)
 
 
 def _int(value: str | int) -> int | str:
@@ -90,4 +99,6 @@ def _int(value: str | int) -> int | str:
         return value   # named by the validator's message
 
 
-__all__ = ["DEFAULT_SERVER", "SERVERS", "HttpOptions"]
+__all__ = ["DEFAULT_GRANIAN_INTERFACE", "DEFAULT_SERVER", "GRANIAN_INTERFACES", "GRANIAN_INTERFACE_ENV",
+           "SERVERS",
+           "HttpOptions"]

@@ -29,6 +29,10 @@ HTTP/2 abuse                hyper/h2: stream cap, header list     n/a
                             cap, flow-control windows
 ==========================  ====================================  ==============================
 
+granian calls the app through its ASGI interface, or with ``--granian-interface rsgi``
+through its own (``acp_server.http.rsgi``: less CPU per request, no back-pressure on
+streams; off by default, ``docs/benchmarks.md``).
+
 Contracts: ``serve(started)`` calls ``started(url)`` once the socket accepts
 connections (the real port when ``port=0``; ``https://`` with TLS) and returns after
 ``stop()``. ``stop(force=True)`` (a second signal) skips the wait for open responses.
@@ -121,8 +125,14 @@ class GranianServer:
                 owner._listening(self)
 
         head = limits.max_header_bytes + limits.max_request_line + HEAD_SLACK
+        interface = Interfaces.ASGINL
+        if options.granian_interface == "rsgi":
+            from acp_server.http.rsgi import RsgiEntry
+
+            interface = Interfaces.RSGI   # an app with its own ``__rsgi__`` is served as is
+            app = app if hasattr(app, "__rsgi__") else RsgiEntry(app)
         self._server = _Embedded(
-            app, address=host, port=port, interface=Interfaces.ASGINL, http=HTTPModes.auto,
+            app, address=host, port=port, interface=interface, http=HTTPModes.auto,
             websockets=True, backlog=BACKLOG, backpressure=accept_cap(limits.max_connections),
             http1_settings=HTTP1Settings(
                 header_read_timeout=max(1, int(limits.header_timeout_s * 1000)),

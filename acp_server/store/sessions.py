@@ -21,6 +21,12 @@ Contracts (besides ``bridge.journal``'s):
   a capped backoff. At most ``MAX_PENDING`` records wait: past it the oldest events are
   let through to readers without being journaled, and the next start gives that
   session a new epoch (``RestoredSession.gap``): never a silent gap.
+* Committed means it survives a crash of the server's process (``kill -9``): on
+  SQLite the journal's own commits are written to the WAL without waiting for the
+  disk (``synchronous=NORMAL``; a power loss may take back the last of them, never
+  anything a task commit flushed after them), unless ``fsync`` (then, and whenever a
+  task, token or audit write shares the commit: ``synchronous=FULL``). PostgreSQL
+  commits are always flushed by the database (``synchronous_commit = on``).
 * ``write_behind`` > 0 (``--session-write-behind``): events may reach readers before
   their commit, within that window, behind a per-session marker row
   (``acp_server.store.write_behind``); a session restored with its marker set gets a
@@ -30,7 +36,8 @@ Contracts (besides ``bridge.journal``'s):
   ``session_events`` (each event's envelope by id). Per session at most
   ``ring_size`` events are kept (older ones are deleted as newer ones commit: a reader
   behind them gets ``ring_evicted``, as from the in-memory ring) and the newest
-  ``MAX_PROMPT_TERMINALS`` settled prompts.
+  ``MAX_PROMPT_TERMINALS`` settled prompts (trimmed every ``TRIM_TERMINALS_EVERY``
+  settles of a session: at most that many more are on disk).
 * Bounded in bytes too: once a session has had a quarter of ``max_session_bytes``
   of envelopes journaled since its last byte trim, its oldest events are deleted until
   the rest take at most ``max_session_bytes`` (never its newest event: the event ids
@@ -82,6 +89,7 @@ log = logging.getLogger("acp_server.store.sessions")
 
 MAX_PENDING = 200_000
 COMPACT_EVERY = 256   # events per session between two trims of its oldest events
+TRIM_TERMINALS_EVERY = 64   # settled prompts per session between two trims of terminals
 MAX_SESSION_BYTES = 64 * 1024 * 1024   # event envelopes kept per session (see trim_bytes)
 _OPENED = msgspec.msgpack.Decoder(SessionOpened)
 _ACCEPTED = msgspec.msgpack.Decoder(PromptAccepted)
@@ -130,13 +138,18 @@ class StoreSessionJournal:
 
     def __init__(self, store: Any, *, ring_size: int = 8000,
                  max_session_bytes: int = MAX_SESSION_BYTES,
-                 leases: SessionLeases | None = None, write_behind: int = 0) -> None:
+                 leases: SessionLeases | None = None, write_behind: int = 0,
+                 fsync: bool = False) -> None:
         """``write_behind``: the events per session readers may see before their
-        commit (``acp_server.store.write_behind``); 0 publishes after commit."""
+        commit (``acp_server.store.write_behind``); 0 publishes after commit.
+        ``fsync``: every commit of the journal is flushed to the disk (survives a
+        power loss), not only written to the store's file (survives ``kill -9``)."""
         self.store = store
+        self.fsync = fsync
         self.ring_size = ring_size
         self.max_session_bytes = max_session_bytes
         self._unsized: dict[str, int] = {}   # envelope bytes per session since its trim
+        self._untrimmed: dict[str, int] = {}   # settles per session since its terminals' trim
         self._write_behind = WriteBehind(write_behind) if write_behind > 0 else None
         self.postgres = isinstance(store, PostgresEngine)
         # A shared (PostgreSQL) store: this instance restores only the sessions it made.
@@ -256,7 +269,8 @@ class StoreSessionJournal:
         if self._inflight is not None or self._failing or not self._pending \
                 or self._stopped.is_set():
             return
-        op = Op(self._commit_in, prepare=self._take, on_done=self._landed)
+        op = Op(self._commit_in, prepare=self._take, on_done=self._landed,
+                durable=self.fsync)
         self._inflight = op
         try:
             queued = self.store.submit(op)
@@ -353,6 +367,8 @@ class StoreSessionJournal:
     def _committed(self, batch: list[tuple[int, _Record]], taken: dict[str, int],
                    refused: set[str]) -> None:
         """The leases a commit took, ended or found lost (see the module docstring)."""
+        if self.leases is None:
+            return   # no fence to keep (SQLite)
         self.fence.update(taken)
         for seq, record in batch:
             if record.session_id in refused:
@@ -471,7 +487,8 @@ class StoreSessionJournal:
         accepted: list[tuple[str, str, int, bytes]] = []
         settled: list[PromptSettled] = []
         trim: dict[str, int] = {}
-        heavy: set[str] = set()
+        grown: dict[str, int] = {}   # envelope bytes per session in this commit
+        ring = self.ring_size
         taken: dict[str, int] = {}
         refused: set[str] = set()
         if fence and self.leases is not None:
@@ -500,12 +517,11 @@ class StoreSessionJournal:
                     continue
                 taken[record.session_id] = token
             if isinstance(record, EventRecord):
-                events.append((record.session_id, record.event_id, record.type,
-                               record.prompt_id, record.envelope))
-                if record.event_id % COMPACT_EVERY == 0 and record.event_id > self.ring_size:
-                    trim[record.session_id] = record.event_id - self.ring_size
-                if self._count_bytes(record):
-                    heavy.add(record.session_id)
+                sid, event_id, envelope = record.session_id, record.event_id, record.envelope
+                events.append((sid, event_id, record.type, record.prompt_id, envelope))
+                if event_id % COMPACT_EVERY == 0 and event_id > ring:
+                    trim[sid] = event_id - ring
+                grown[sid] = grown.get(sid, 0) + len(envelope)
             elif isinstance(record, PromptAccepted):
                 accepted.append((record.session_id, record.prompt_id, record.seq,
                                  _encode(record)))
@@ -521,19 +537,21 @@ class StoreSessionJournal:
                                            "AND id = ?"), (record.session_id, MARKER_ID))
             else:
                 flush()
+                grown.pop(record.session_id, None)   # ended: nothing more to count
                 self._apply_one(conn, record)
         flush()
         for sid, through in trim.items():
             conn.execute(self._sql("DELETE FROM session_events WHERE session_id = ? AND id > ? "
                                    "AND id <= ?"), (sid, MARKER_ID, through))
-        for sid in heavy:
-            self._trim_bytes(conn, sid)
+        for sid, size in grown.items():
+            if self._count_bytes(sid, size):
+                self._trim_bytes(conn, sid)
         return taken, refused
 
-    def _count_bytes(self, record: EventRecord) -> bool:
-        """Count an event's envelope; ``True`` when its session is due a byte trim."""
-        sid = record.session_id
-        total = self._unsized.get(sid, 0) + len(record.envelope)
+    def _count_bytes(self, sid: str, size: int) -> bool:
+        """Count a commit's ``size`` bytes of envelopes of session ``sid``; ``True`` when
+        the session is due a byte trim."""
+        total = self._unsized.get(sid, 0) + size
         if total >= self.max_session_bytes // 4:
             self._unsized.pop(sid, None)
             return True
@@ -575,13 +593,20 @@ class StoreSessionJournal:
                 params += (record.session_id, record.prompt_id, _encode(record), record.at)
             conn.execute(sql(SETTLE_UPDATE.format(",".join(["(?,?,?,?)"] * len(chunk)))),
                          params)
+        due: set[str] = set()
+        untrimmed = self._untrimmed
         for record in records:
-            if hash(record.prompt_id) % 32 == 0:   # now and then: the newest terminals only
-                conn.execute(sql(
-                    "DELETE FROM session_prompts WHERE session_id = ? AND terminal IS NOT NULL "
-                    "AND seq < (SELECT seq FROM session_prompts WHERE session_id = ? AND "
-                    "terminal IS NOT NULL ORDER BY seq DESC LIMIT 1 OFFSET ?)"),
-                    (record.session_id, record.session_id, MAX_PROMPT_TERMINALS - 1))
+            count = untrimmed.get(record.session_id, 0) + 1
+            if count >= TRIM_TERMINALS_EVERY:
+                due.add(record.session_id)
+                count = 0
+            untrimmed[record.session_id] = count
+        for sid in due:   # the newest terminals only, once a session settled enough
+            conn.execute(sql(
+                "DELETE FROM session_prompts WHERE session_id = ? AND terminal IS NOT NULL "
+                "AND seq < (SELECT seq FROM session_prompts WHERE session_id = ? AND "
+                "terminal IS NOT NULL ORDER BY seq DESC LIMIT 1 OFFSET ?)"),
+                (sid, sid, MAX_PROMPT_TERMINALS - 1))
 
     def _apply_one(self, conn: Any, record: JournalRecord) -> None:
         sql = self._sql
@@ -594,6 +619,7 @@ class StoreSessionJournal:
                  self.owner))
         elif isinstance(record, SessionEnded):
             self._unsized.pop(record.session_id, None)
+            self._untrimmed.pop(record.session_id, None)
             if record.deleted:
                 for table, column in _SESSION_TABLES:
                     conn.execute(sql(f"DELETE FROM {table} WHERE {column} = ?"),

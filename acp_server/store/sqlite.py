@@ -1,4 +1,5 @@
-"""The SQLite task store: WAL, ``synchronous=FULL``, one writer thread, group commit.
+"""The SQLite task store: WAL, ``synchronous=FULL`` (``NORMAL`` for the session journal's
+own commits), one writer thread, group commit.
 
     async with SqliteTaskStore("/var/lib/acp/lmsp.db", on_commit=hub.publish) as store:
         outcome = await store.create_task(new, event0, None)   # fsynced on return
@@ -13,6 +14,16 @@ Contracts (see ``acp_server.store.tasks`` for the interface):
   back and run again with a SAVEPOINT per operation, so that one rolls back alone.
   ``group_commit=False`` commits every operation on its own (the benchmark baseline).
 * Callers wake only after the COMMIT; ``on_commit`` gets the batch's events first.
+* What a COMMIT survives. A batch with any durable operation (every task, token and
+  audit write) commits with ``synchronous=FULL``: the WAL is fsynced before the
+  caller wakes, so the commit survives a power loss. A batch of only ``durable=False``
+  operations (the session journal's: ``acp_server.store.sessions``) commits with
+  ``synchronous=NORMAL``: its frames are written to the WAL file (the OS holds them)
+  but not fsynced, so the commit survives a ``kill -9`` of the server and any crash
+  of the process, not a power loss or a kernel crash (then the last such commits
+  may roll back; the file stays consistent either way, SQLite's WAL guarantee). The
+  next FULL commit, and every checkpoint, fsyncs the WAL with everything before it.
+  The setting is switched only when it changes between two batches.
 * Reads use separate connections (WAL readers never block the writer).
 * Faults answer ``StoreUnavailableError`` (503), never end the process: a full disk,
   an I/O error, a file locked by another process for longer than ``busy_timeout_s``
@@ -117,6 +128,7 @@ class SqliteTaskStore(TokenOps, AuditOps, ObservedMoves, GroupCommitStore[sqlite
         # Queued tasks, kept by the writer thread (for ``max_queued`` without a COUNT
         # per create); ``None`` = unknown, recounted when next needed.
         self._queued: int | None = None
+        self._full = True   # the writer connection's ``synchronous`` is FULL
 
     # -- lifecycle -----------------------------------------------------------------
     async def _connect_all(self) -> None:
@@ -139,6 +151,7 @@ class SqliteTaskStore(TokenOps, AuditOps, ObservedMoves, GroupCommitStore[sqlite
     def _open_writer(self) -> sqlite3.Connection:
         private_files(self.path)
         conn = _connect(self.path, self.busy_timeout_s)
+        self._full = True
         mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
         assert mode.lower() == "wal", mode
         migrate_sqlite(conn)
@@ -199,6 +212,7 @@ class SqliteTaskStore(TokenOps, AuditOps, ObservedMoves, GroupCommitStore[sqlite
         assert conn is not None
         try:
             self._check_file()
+            self._synchronous(conn, batch)
             if self._optimistic(conn, batch):
                 return
             conn.execute("BEGIN IMMEDIATE")
@@ -216,6 +230,14 @@ class SqliteTaskStore(TokenOps, AuditOps, ObservedMoves, GroupCommitStore[sqlite
             self._rollback(conn)
             for op in batch:
                 op.error, op.events = exc, []
+
+    def _synchronous(self, conn: sqlite3.Connection, batch: list[Op]) -> None:
+        """FULL when one operation of ``batch`` is durable, else NORMAL (see the module
+        docstring); a statement only when it changes."""
+        full = any(op.durable for op in batch)
+        if full != self._full:
+            conn.execute(f"PRAGMA synchronous={'FULL' if full else 'NORMAL'}")
+            self._full = full
 
     def _optimistic(self, conn: sqlite3.Connection, batch: list[Op]) -> bool:
         """The batch without savepoints; ``False`` (rolled back, operations reset) when

@@ -34,6 +34,11 @@ Contracts:
   ``health`` down; the next operation that succeeds marks it up. Whatever else an
   engine raises while running a batch fails that batch's operations, not the loop.
 * ``probe()`` answers ``None`` when the store serves, else why not (``/health?deep=1``).
+* An operation queued with ``durable=False`` (the session journal's) asks only to
+  survive a crash of the server's process; a batch of nothing else may commit without
+  flushing the disk (the SQLite engine does: ``synchronous=NORMAL``), a batch with one
+  durable operation is flushed whole (``synchronous=FULL``, and in WAL mode that
+  flush covers every commit before it too). PostgreSQL commits every batch durably.
 * While a batch or a read runs on a worker thread, the interpreter's switch interval
   is lowered to ``SWITCH_INTERVAL_S``; when no store work is on a thread any more, it
   is put back (``store_work``). The writer gives up the GIL in every statement
@@ -125,6 +130,12 @@ class Op:
     # was queued), ``on_done(op)`` once that batch has settled (no task to wake).
     prepare: Callable[[], None] | None = None
     on_done: Callable[[Op], None] | None = None
+    # ``False``: the operation needs its commit to survive the server's process (a
+    # ``kill -9``), not the machine (a power loss); a batch of only such operations may
+    # commit without waiting for the disk (SQLite: ``synchronous=NORMAL`` in WAL mode).
+    # One durable operation in the batch makes the whole batch, and everything the
+    # store committed before it, durable.
+    durable: bool = True
 
 
 class GroupCommitStore(Generic[C]):

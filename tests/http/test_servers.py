@@ -21,7 +21,14 @@ from tests.harness import ServeProcess
 from tests.http.test_http2 import OPENSSL, make_certificates
 
 pytestmark = pytest.mark.anyio
-SERVERS = pytest.mark.parametrize("server", ["granian", "uvicorn"])
+SERVERS = pytest.mark.parametrize("server", ["granian", "uvicorn", "granian-rsgi"])
+
+
+def serving(server: str) -> tuple[str, ...]:
+    """The flags of a ``SERVERS`` name (``granian-rsgi``: granian's RSGI interface)."""
+    if server == "granian-rsgi":
+        return ("--http-server", "granian", "--granian-interface", "rsgi")
+    return ("--http-server", server)
 INITIALIZE = {"jsonrpc": "2.0", "id": 0, "method": "initialize",
               "params": {"protocolVersion": 1}}
 
@@ -32,7 +39,7 @@ async def test_body_cap_is_413_and_read_by_a_client_that_sends_it_all(tmp_path: 
     """A client that sends its whole oversized body before reading (httpx, the
     conformance runner) reads the 413, on granian too (the server drains the body it
     will not keep); a declared body past the drain bound is answered 413 unread."""
-    async with ServeProcess(tmp_path, "--http-server", server) as daemon:
+    async with ServeProcess(tmp_path, *serving(server)) as daemon:
         sid = (await daemon.client.post("/session", json={})).json()["sessionId"]
         big = b'{"prompt":[{"type":"text","text":"' + b"x" * (11 << 20) + b'"}]}'
         for path in (f"/session/{sid}/prompt", "/acp", "/lmsp/v1/tasks"):
@@ -57,12 +64,17 @@ async def test_body_cap_is_413_and_read_by_a_client_that_sends_it_all(tmp_path: 
 
 
 @SERVERS
-async def test_websocket_with_the_bearer_subprotocol(tmp_path: Path, server: str) -> None:
-    async with ServeProcess(tmp_path, "--http-server", server, "--token", "s3cret") as daemon:
+async def test_websocket_with_the_bearer_subprotocol(tmp_path: Path, server: str,
+                                                     request: pytest.FixtureRequest) -> None:
+    if server == "granian-rsgi":   # RSGI's accept() takes no subprotocol: a browser or
+        request.applymarker(pytest.mark.xfail(   # the ``ws`` package fails the handshake
+            strict=True, reason="granian's RSGI WebSocket accept cannot echo a subprotocol"))
+    async with ServeProcess(tmp_path, *serving(server), "--token", "s3cret") as daemon:
         url = daemon.base_url.replace("http", "ws") + "/acp"
         token = base64.urlsafe_b64encode(b"s3cret").decode().rstrip("=")
         async with httpx.AsyncClient() as client:
             async with aconnect_ws(url, client, subprotocols=[f"qwen-bearer.{token}"]) as ws:
+                assert ws.subprotocol == f"qwen-bearer.{token}"
                 await ws.send_json(INITIALIZE)
                 with anyio.fail_after(10):
                     reply = await ws.receive_json()
@@ -77,7 +89,7 @@ async def test_websocket_with_the_bearer_subprotocol(tmp_path: Path, server: str
 @SERVERS
 async def test_tls_and_websocket_over_tls(tmp_path: Path, server: str) -> None:
     certs = make_certificates(tmp_path)
-    async with ServeProcess(tmp_path, "--http-server", server, "--tls-cert",
+    async with ServeProcess(tmp_path, *serving(server), "--tls-cert",
                               str(certs["server"]), "--tls-key", str(certs["server-key"])
                               ) as daemon:
         base = daemon.base_url.replace("127.0.0.1", "localhost")
@@ -85,7 +97,8 @@ async def test_tls_and_websocket_over_tls(tmp_path: Path, server: str) -> None:
         async with httpx.AsyncClient(base_url=base, verify=context, http2=True) as client:
             health = await client.get("/health")
             assert health.json() == {"status": "ok"}
-            assert health.http_version == ("HTTP/2" if server == "granian" else "HTTP/1.1")
+            assert health.http_version == ("HTTP/2" if server.startswith("granian")
+                                           else "HTTP/1.1")
         async with httpx.AsyncClient(verify=context) as client:
             async with aconnect_ws(base.replace("https", "wss") + "/acp", client) as ws:
                 await ws.send_json(INITIALIZE)
