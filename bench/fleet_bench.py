@@ -6,10 +6,11 @@ PostgreSQL store behind Debian's HAProxy (the tests' harness).
 Rows (one run each; "n/a" without PostgreSQL or HAProxy):
 
 * prompts completed per second, ``SESSIONS`` sessions each sent ``PER_SESSION``
-  prompts by its own client as fast as they are accepted, until nothing is pending:
-  two instances behind HAProxy (cookie affinity, so each session's client stays on the
-  instance that made it) against one instance behind the same HAProxy, same run
-  (floor 0.9x);
+  prompts by its own client (a kept-alive raw HTTP/1.1 connection) as fast as they are
+  accepted, until nothing is pending: two instances behind HAProxy (cookie affinity, so
+  each session's client stays on the instance that made it) against one instance
+  behind its own HAProxy, same run, both running, measured in turns (one, two, two,
+  one: ``RATE_ROUNDS`` each, ``BENCH_FLEET_RATE_ROUNDS``) (floor 0.9x);
 * forwarding overhead: ``LATENCY_N`` sequential prompts (``POST /prompt`` to its 202)
   sent to the owner, then to the other instance (which forwards them), mean latency;
 * reads from the journal: ``LATENCY_N`` sequential ``GET /status`` on the owner, then
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import statistics
@@ -35,15 +37,18 @@ from pathlib import Path
 import httpx
 
 from bench.lmsp_bench import fresh_schema, postgres_dsn
+from bench.loadgen import build_request, exchange
 from bench.targets import record
 from tests.harness import ServeProcess
 from tests.harness.haproxy import HAProxy, haproxy_binary
 
-SESSIONS, PER_SESSION = 16, 100
+SESSIONS, PER_SESSION = 16, 250   # 4,000 prompts: 3-5 s a turn (1.5 s at 100: noise)
 LATENCY_N = 300
 ROUNDS = int(os.environ.get("BENCH_FAILOVER_ROUNDS", "5"))
 TTL_MS, RENEW_MS = 2000, 500
+RATE_ROUNDS = int(os.environ.get("BENCH_FLEET_RATE_ROUNDS", "2"))
 PROMPT = {"prompt": [{"type": "text", "text": "/chunks 1 ping"}]}
+BODY = json.dumps(PROMPT).encode()
 
 
 @contextlib.contextmanager
@@ -67,26 +72,53 @@ def _pending(children: list[ServeProcess]) -> int:
                for c in children if c.returncode is None)
 
 
-async def _completed(base_url: str, children: list[ServeProcess]) -> float:
-    """Prompts/s: every session's client sends its prompts, then all are drained."""
-    async def one(sid_client: tuple[str, httpx.AsyncClient]) -> None:
-        sid, client = sid_client
-        for _ in range(PER_SESSION):
-            response = await client.post(f"/session/{sid}/prompt", json=PROMPT)
-            assert response.status_code == 202, response.text
+async def _completed(base_url: str, children: list[ServeProcess]) -> tuple[int, float]:
+    """(prompts, seconds): ``SESSIONS`` new sessions, each sent ``PER_SESSION`` prompts
+    by its own client as fast as they are accepted, then all drained. Each client is a
+    kept-alive connection that returns HAProxy's affinity cookie (``bench.loadgen``'s
+    raw HTTP/1.1: measured, ``httpx`` took 0.8-0.9 ms of CPU per prompt on 2 cores, as
+    much as the server and PostgreSQL together, and starved the instances)."""
+    url = httpx.URL(base_url)
+    host, port = url.host, url.port or 80
 
-    clients = [httpx.AsyncClient(base_url=base_url, timeout=60) for _ in range(SESSIONS)]
-    try:
-        sids = [(await c.post("/session", json={"sessionScope": "thread"})).json()["sessionId"]
-                for c in clients]
-        start = time.monotonic()
-        await asyncio.gather(*(one(pair) for pair in zip(sids, clients)))
-        while _pending(children):
-            await asyncio.sleep(0.02)
-        return SESSIONS * PER_SESSION / (time.monotonic() - start)
-    finally:
-        for c in clients:
-            await c.aclose()
+    async def one(sid: str, cookie: str) -> None:
+        reader, writer = await asyncio.open_connection(host, port)
+        request = build_request("POST", host, port, f"/session/{sid}/prompt", BODY,
+                                [f"Cookie: {cookie}"])
+        try:
+            for _ in range(PER_SESSION):
+                status, body = await exchange(reader, writer, request)
+                assert status == 202, body
+        finally:
+            writer.close()
+
+    made = []
+    async with httpx.AsyncClient(base_url=base_url, timeout=60) as client:
+        for _ in range(SESSIONS):   # each with the cookie of the instance that made it
+            client.cookies.clear()   # the balancer chooses
+            sid = (await client.post("/session", json={"sessionScope": "thread"})).json()[
+                "sessionId"]
+            made.append((sid, "; ".join(f"{k}={v}" for k, v in client.cookies.items())))
+    start = time.monotonic()
+    await asyncio.gather(*(one(sid, cookie) for sid, cookie in made))
+    while _pending(children):
+        await asyncio.sleep(0.02)
+    return SESSIONS * PER_SESSION, time.monotonic() - start
+
+
+def _rates(one: tuple[str, list[ServeProcess]], two: tuple[str, list[ServeProcess]]
+           ) -> tuple[float, float]:
+    """Prompts/s of one instance and of two, both running, measured in turns (one,
+    two, two, one, …: ``RATE_ROUNDS`` each) so that the drift of a shared machine
+    falls on both alike."""
+    totals = {1: [0, 0.0], 2: [0, 0.0]}
+    order = [1, 2, 2, 1] * (RATE_ROUNDS // 2) + [1, 2] * (RATE_ROUNDS % 2)
+    for count in order:
+        base_url, children = one if count == 1 else two
+        prompts, seconds = asyncio.run(_completed(base_url, children))
+        totals[count][0] += prompts
+        totals[count][1] += seconds
+    return totals[1][0] / totals[1][1], totals[2][0] / totals[2][1]
 
 
 def _latency(base_url: str, sid: str) -> float:
@@ -163,17 +195,13 @@ def main() -> list[str]:
             return [*header, "n/a (no PostgreSQL)"]
         tmp = tempfile.mkdtemp(prefix="acp-bench-fleet.")
         try:
-            url = fresh_schema(dsn)
-            with instances(tmp, url, 1, "one") as one, \
-                    HAProxy(Path(tmp), [one[0].base_url], affinity="cookie") as lb:
-                lb.wait_up(1)
-                single = asyncio.run(_completed(lb.base_url, one))
-            url = fresh_schema(dsn)
-            with instances(tmp, url, 2, "two") as two, \
-                    HAProxy(Path(tmp), [c.base_url for c in two],
-                            affinity="cookie") as lb:
+            with instances(tmp, fresh_schema(dsn), 1, "one") as one, \
+                    HAProxy(Path(tmp), [one[0].base_url], affinity="cookie") as lb1, \
+                    instances(tmp, fresh_schema(dsn), 2, "two") as two, \
+                    HAProxy(Path(tmp), [c.base_url for c in two], affinity="cookie") as lb:
+                lb1.wait_up(1)
                 lb.wait_up(2)
-                double = asyncio.run(_completed(lb.base_url, two))
+                single, double = _rates((lb1.base_url, one), (lb.base_url, two))
                 sid = two[0].http.post("/session", json={"sessionScope": "thread"}).json()[
                     "sessionId"]
                 owner_ms = _latency(two[0].base_url, sid)

@@ -26,18 +26,23 @@ async def _connection(host: str, port: int, request: bytes, stop_at: float,
     reader, writer = await asyncio.open_connection(host, port)
     try:
         while time.perf_counter() < stop_at:
-            writer.write(request)
-            head = await reader.readuntil(b"\r\n\r\n")
-            status = int(head[9:12])
-            length = 0
-            for line in head.split(b"\r\n"):
-                if line[:15].lower() == b"content-length:":
-                    length = int(line[15:])
-            if length:
-                await reader.readexactly(length)
+            status, _ = await exchange(reader, writer, request)
             statuses[status] += 1
     finally:
         writer.close()
+
+
+async def exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                   request: bytes) -> tuple[int, bytes]:
+    """Send ``request`` on a kept-alive connection, read its whole response
+    (``Content-Length`` bodies only): (status, body)."""
+    writer.write(request)
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line[:15].lower() == b"content-length:":
+            length = int(line[15:])
+    return int(head[9:12]), await reader.readexactly(length) if length else b""
 
 
 async def run(host: str, port: int, request: bytes, seconds: float, connections: int) -> dict:

@@ -27,9 +27,10 @@ Contracts:
   batch then fails or re-runs as for any lost connection.
 * Notices: an operation adds ``(kind, task_id)`` to ``batch.notices``; the commit
   sends them all in one ``pg_notify`` statement on ``channel`` as
-  ``kind:instance:id[,id…]``; ``_on_notice(kind, ids)`` gets other instances' notices
-  on the event loop. The LISTEN connection reconnects with the same backoff; notices
-  lost meanwhile are what the service's polling is for.
+  ``kind:instance:id[,id…]``, in the COMMIT's round trip (``_commit``);
+  ``_on_notice(kind, ids)`` gets other instances' notices on the event loop. The
+  LISTEN connection reconnects with the same backoff; notices lost meanwhile are what
+  the service's polling is for.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ import anyio.abc
 import anyio.from_thread
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg import sql
 
 from acp_server.store.errors import Backoff, StoreUnavailableError
 from acp_server.store.schema import migrate_postgres
@@ -126,6 +128,10 @@ class PostgresEngine(GroupCommitStore[Conn]):
 
     def notice(self, state: Batch, kind: str, task_id: str = "") -> None:
         state.notices.add((kind, task_id))
+
+    def _notices_due(self, state: Batch) -> None:
+        """Just before a COMMIT: add the notices held back for it (``postgres.py``
+        holds the sessions' back, see ``HOLD_S``)."""
 
     # -- connections -----------------------------------------------------------------
     def _connect(self, autocommit: bool = False) -> Conn:
@@ -258,9 +264,8 @@ class PostgresEngine(GroupCommitStore[Conn]):
                 else:
                     if i < len(rest) - 1:
                         conn.execute("RELEASE SAVEPOINT op; SAVEPOINT op")
-            self._send_notices(conn, state)
             committing = True
-            conn.commit()
+            self._commit(conn, state)
             self.commits += 1
         except Exception as exc:   # noqa: BLE001 - the whole batch failed (bulk creates too)
             try:
@@ -285,10 +290,16 @@ class PostgresEngine(GroupCommitStore[Conn]):
             return (batch, "resent") if again else ([], "")
         return retry, ""
 
-    def _send_notices(self, conn: Conn, state: Batch) -> None:
-        """Every notice of the transaction in one statement: one payload per kind,
-        the task ids joined (split to stay under PostgreSQL's payload limit)."""
+    def _commit(self, conn: Conn, state: Batch) -> None:
+        """COMMIT, the transaction's notices in the same round trip: one query in the
+        simple protocol, ``SELECT pg_notify(…) FROM unnest(ARRAY[…]); COMMIT`` (one
+        payload per kind, the ids joined, split to stay under PostgreSQL's payload
+        limit). Measured: with two instances a commit carries half the prompts, so its
+        fixed round trips are what doubles; a connection lost in it leaves the outcome
+        unknown, as for a lost COMMIT."""
+        self._notices_due(state)
         if not state.notices:
+            conn.commit()
             return
         by_kind: dict[str, list[str]] = {}
         for kind, task_id in state.notices:
@@ -302,8 +313,9 @@ class PostgresEngine(GroupCommitStore[Conn]):
                     chunk = []
                 chunk.append(task_id)
             payloads.append(head + ",".join(chunk))
-        conn.execute("SELECT pg_notify(%s, p) FROM unnest(%s::text[]) AS p",
-                     (self.channel, payloads))
+        conn.execute(sql.SQL("SELECT pg_notify({}, p) FROM unnest({}::text[]) AS p; COMMIT")
+                     .format(sql.Literal(self.channel), sql.Literal(payloads)), prepare=False)
+        conn.commit()   # psycopg's own state: the server has committed already
 
     # -- cross-instance notices ------------------------------------------------------
     async def _listen(self, *, task_status: anyio.abc.TaskStatus[None]
