@@ -43,6 +43,10 @@ Contracts (besides ``bridge.journal``'s):
   the rest take at most ``max_session_bytes`` (never its newest event: the event ids
   go on from it). So a session's events take at most 1.25 × ``max_session_bytes``
   plus one batch.
+* After a power loss or a kernel crash (SQLite, the journal's commits not fsynced:
+  ``SqliteTaskStore.unsynced_loss``, the last run had no clean stop and the boot id
+  changed) ``restore`` gives every session a new epoch (``RestoredSession.gap``): the
+  last commits readers saw may be gone, and their ids will be reused.
 * ``restore`` logs and skips a row it cannot decode. On a PostgreSQL store shared by
   several instances each restores only the sessions it made (``owner``: the store's
   stable instance id).
@@ -633,8 +637,17 @@ class StoreSessionJournal:
     # -- restore and purge ---------------------------------------------------------------
     async def restore(self) -> list[RestoredSession]:
         if self.leases is None:
-            return await self.store._read(lambda conn: self._restore_in(
+            found = await self.store._read(lambda conn: self._restore_in(
                 conn, "owner IS NULL OR owner = ?", (self.owner,)))
+            if getattr(self.store, "unsynced_loss", False):   # SQLite, after a power loss
+                log.warning("session journal: the last run's newest commits may be lost "
+                            "(no clean stop, another boot): every session gets a new epoch")
+                for session in found:
+                    session.gap = True
+            settled = getattr(self.store, "settled_earlier_runs", None)
+            if settled is not None:
+                settled()
+            return found
         leases = self.leases
         tokens = await self.store._write(lambda conn, out, *state: leases.take_own(conn))
         self.fence.update(tokens)
