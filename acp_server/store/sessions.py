@@ -37,7 +37,8 @@ Contracts (besides ``bridge.journal``'s):
   ``ring_size`` events are kept (older ones are deleted as newer ones commit: a reader
   behind them gets ``ring_evicted``, as from the in-memory ring) and the newest
   ``MAX_PROMPT_TERMINALS`` settled prompts (trimmed every ``TRIM_TERMINALS_EVERY``
-  settles of a session: at most that many more are on disk).
+  settles of a session: at most that many more are on disk, across restarts too: the
+  count is seeded at restore and changes only when a commit lands).
 * Bounded in bytes too: once a session has had a quarter of ``max_session_bytes``
   of envelopes journaled since its last byte trim, its oldest events are deleted until
   the rest take at most ``max_session_bytes`` (never its newest event: the event ids
@@ -153,7 +154,11 @@ class StoreSessionJournal:
         self.ring_size = ring_size
         self.max_session_bytes = max_session_bytes
         self._unsized: dict[str, int] = {}   # envelope bytes per session since its trim
-        self._untrimmed: dict[str, int] = {}   # settles per session since its terminals' trim
+        # per session: its settled prompts on disk past the newest MAX_PROMPT_TERMINALS
+        # (seeded at restore, updated once a commit has landed: ``_plan_trims``)
+        self._untrimmed: dict[str, int] = {}
+        self._batch_trims: set[str] = set()   # the sessions the commit in flight trims
+        self._batch_untrimmed: dict[str, int | None] = {}   # and their counts once landed
         self._write_behind = WriteBehind(write_behind) if write_behind > 0 else None
         self.postgres = isinstance(store, PostgresEngine)
         # A shared (PostgreSQL) store: this instance restores only the sessions it made.
@@ -287,6 +292,7 @@ class StoreSessionJournal:
 
     def _take(self) -> None:
         self._batch, self._pending = self._pending, []
+        self._batch_trims, self._batch_untrimmed = self._plan_trims(self._batch)
         # the lease tokens this commit is fenced by, as the batch starts
         self._batch_fence = dict(self.fence) if self.leases is not None else None
 
@@ -303,7 +309,8 @@ class StoreSessionJournal:
     def _landed(self, op: Op) -> None:
         batch, self._batch = self._batch, []
         self._inflight = None
-        if op.error is not None:
+        untrimmed, self._batch_untrimmed = self._batch_untrimmed, {}
+        if op.error is not None:   # nothing counted: the records kept are planned again
             self._failed_batch(batch, op.error)   # type: ignore[arg-type]
             self._failing = True   # the flusher backs off, then commits again
             self._wake.set()
@@ -312,6 +319,11 @@ class StoreSessionJournal:
         if batch:
             taken, refused = op.result if op.result is not None else ({}, set())
             self.commits += 1
+            for sid, count in untrimmed.items():
+                if count is None:
+                    self._untrimmed.pop(sid, None)
+                else:
+                    self._untrimmed[sid] = count
             self._committed(batch, taken, refused)
             self._durable_through = batch[-1][0]
             self._on_events([r for _, r in batch if isinstance(r, EventRecord)
@@ -325,6 +337,29 @@ class StoreSessionJournal:
             self._wake.set()   # the last commit landed: the flusher ends
         else:
             self._kick()
+
+    def _plan_trims(self, batch: list[tuple[int, _Record]]
+                    ) -> tuple[set[str], dict[str, int | None]]:
+        """Which sessions' old terminals the commit of ``batch`` deletes (those that
+        reach ``TRIM_TERMINALS_EVERY`` settled prompts past the kept number), and each
+        touched session's count once it has landed (``None``: ended). Planned in the
+        event loop as the commit starts, so a transaction run twice (a batch rolled
+        back, then run with savepoints) or retried counts nothing twice and never
+        loses a trim: the counts change only when the commit lands (``_landed``)."""
+        due: set[str] = set()
+        counts: dict[str, int | None] = {}
+        for _, record in batch:
+            sid = record.session_id
+            if isinstance(record, PromptSettled):
+                count = counts.get(sid, self._untrimmed.get(sid, 0))
+                count = (count or 0) + 1
+                if count >= TRIM_TERMINALS_EVERY:
+                    due.add(sid)
+                    count = 0
+                counts[sid] = count
+            elif isinstance(record, SessionEnded):
+                counts[sid] = None
+        return due, counts
 
     def _behind_landed(self, wb: WriteBehind, batch: list[tuple[int, _Record]]) -> None:
         touched: set[str] = set()
@@ -441,8 +476,10 @@ class StoreSessionJournal:
         if token is None:
             return None
         self.fence[session_id] = token
+        settled: dict[str, int] = {}
         found = await self.store._read(
-            lambda conn: self._restore_in(conn, "id = %s", (session_id,)))
+            lambda conn: self._restore_in(conn, "id = %s", (session_id,), settled=settled))
+        self._seed_untrimmed(settled)
         return found[0] if found else None
 
     def _signal(self) -> None:
@@ -597,15 +634,7 @@ class StoreSessionJournal:
                 params += (record.session_id, record.prompt_id, _encode(record), record.at)
             conn.execute(sql(SETTLE_UPDATE.format(",".join(["(?,?,?,?)"] * len(chunk)))),
                          params)
-        due: set[str] = set()
-        untrimmed = self._untrimmed
-        for record in records:
-            count = untrimmed.get(record.session_id, 0) + 1
-            if count >= TRIM_TERMINALS_EVERY:
-                due.add(record.session_id)
-                count = 0
-            untrimmed[record.session_id] = count
-        for sid in due:   # the newest terminals only, once a session settled enough
+        for sid in self._batch_trims:   # the newest terminals only (``_plan_trims``)
             conn.execute(sql(
                 "DELETE FROM session_prompts WHERE session_id = ? AND terminal IS NOT NULL "
                 "AND seq < (SELECT seq FROM session_prompts WHERE session_id = ? AND "
@@ -623,7 +652,6 @@ class StoreSessionJournal:
                  self.owner))
         elif isinstance(record, SessionEnded):
             self._unsized.pop(record.session_id, None)
-            self._untrimmed.pop(record.session_id, None)
             if record.deleted:
                 for table, column in _SESSION_TABLES:
                     conn.execute(sql(f"DELETE FROM {table} WHERE {column} = ?"),
@@ -636,9 +664,11 @@ class StoreSessionJournal:
 
     # -- restore and purge ---------------------------------------------------------------
     async def restore(self) -> list[RestoredSession]:
+        settled: dict[str, int] = {}
         if self.leases is None:
             found = await self.store._read(lambda conn: self._restore_in(
-                conn, "owner IS NULL OR owner = ?", (self.owner,)))
+                conn, "owner IS NULL OR owner = ?", (self.owner,), settled=settled))
+            self._seed_untrimmed(settled)
             if getattr(self.store, "unsynced_loss", False):   # SQLite, after a power loss
                 log.warning("session journal: the last run's newest commits may be lost "
                             "(no clean stop, another boot): every session gets a new epoch")
@@ -651,12 +681,25 @@ class StoreSessionJournal:
         leases = self.leases
         tokens = await self.store._write(lambda conn, out, *state: leases.take_own(conn))
         self.fence.update(tokens)
-        return await self.store._read(lambda conn: self._restore_in(
+        found = await self.store._read(lambda conn: self._restore_in(
             conn, "(closed_at IS NOT NULL AND (owner IS NULL OR owner = %s)) OR id = ANY(%s)",
-            (self.owner, sorted(tokens))))
+            (self.owner, sorted(tokens)), settled=settled))
+        self._seed_untrimmed(settled)
+        return found
+
+    def _seed_untrimmed(self, settled: dict[str, int]) -> None:
+        """The live sessions' settled prompts on disk as restored: those past the kept
+        number count towards their next trim (``_plan_trims``), so a session that
+        settles fewer than ``TRIM_TERMINALS_EVERY`` prompts per run is trimmed too."""
+        for sid, count in settled.items():
+            if count > MAX_PROMPT_TERMINALS:
+                self._untrimmed[sid] = count - MAX_PROMPT_TERMINALS
 
     def _restore_in(self, conn: Any, where: str, params: tuple[Any, ...],
-                    ring: int | None = None) -> list[RestoredSession]:
+                    ring: int | None = None, settled: dict[str, int] | None = None
+                    ) -> list[RestoredSession]:
+        """The sessions ``where`` selects; ``settled`` (when given) gets each live
+        one's count of settled prompts on disk."""
         sql = self._sql
         found: list[RestoredSession] = []
         for sid, blob, closed_at in conn.execute(sql(
@@ -686,6 +729,8 @@ class StoreSessionJournal:
                     log.error("session journal: prompt %s of session %s is unreadable (%s): "
                               "skipped", pid, sid, exc)
             terminals.sort(key=lambda t: t.at)
+            if settled is not None and closed_at is None:
+                settled[sid] = len(terminals)
             rows = conn.execute(sql(
                 "SELECT id, envelope FROM session_events WHERE session_id = ? AND id > ? "
                 "ORDER BY id DESC LIMIT ?"), (sid, MARKER_ID, ring or self.ring_size)).fetchall()
