@@ -36,9 +36,10 @@ Contracts (besides ``bridge.journal``'s):
   ``session_events`` (each event's envelope by id). Per session at most
   ``ring_size`` events are kept (older ones are deleted as newer ones commit: a reader
   behind them gets ``ring_evicted``, as from the in-memory ring) and the newest
-  ``MAX_PROMPT_TERMINALS`` settled prompts (trimmed every ``TRIM_TERMINALS_EVERY``
-  settles of a session: at most that many more are on disk, across restarts too: the
-  count is seeded at restore and changes only when a commit lands).
+  ``MAX_PROMPT_TERMINALS`` settled prompts by settle time, as restore reads them
+  (trimmed every ``TRIM_TERMINALS_EVERY`` settles of a session: at most that many
+  more are on disk, across restarts too: the count is seeded at restore and changes
+  only when a commit lands).
 * Bounded in bytes too: once a session has had a quarter of ``max_session_bytes``
   of envelopes journaled since its last byte trim, its oldest events are deleted until
   the rest take at most ``max_session_bytes`` (never its newest event: the event ids
@@ -637,9 +638,10 @@ class StoreSessionJournal:
         for sid in self._batch_trims:   # the newest terminals only (``_plan_trims``)
             conn.execute(sql(
                 "DELETE FROM session_prompts WHERE session_id = ? AND terminal IS NOT NULL "
-                "AND seq < (SELECT seq FROM session_prompts WHERE session_id = ? AND "
-                "terminal IS NOT NULL ORDER BY seq DESC LIMIT 1 OFFSET ?)"),
-                (sid, sid, MAX_PROMPT_TERMINALS - 1))
+                "AND prompt_id NOT IN (SELECT prompt_id FROM session_prompts "
+                "WHERE session_id = ? AND terminal IS NOT NULL "
+                "ORDER BY settled_at DESC, seq DESC LIMIT ?)"),
+                (sid, sid, MAX_PROMPT_TERMINALS))
 
     def _apply_one(self, conn: Any, record: JournalRecord) -> None:
         sql = self._sql
@@ -728,7 +730,7 @@ class StoreSessionJournal:
                 except msgspec.MsgspecError as exc:
                     log.error("session journal: prompt %s of session %s is unreadable (%s): "
                               "skipped", pid, sid, exc)
-            terminals.sort(key=lambda t: t.at)
+            terminals.sort(key=lambda t: t.at)   # as trimmed: by settle time, then seq
             if settled is not None and closed_at is None:
                 settled[sid] = len(terminals)
             rows = conn.execute(sql(

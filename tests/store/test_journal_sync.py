@@ -177,3 +177,22 @@ async def test_a_commit_run_twice_counts_its_settles_once(tmp_path: Path) -> Non
         assert isinstance(failing.error, ValueError)
         assert journal.commits == 1 and journal._untrimmed == {"s1": 40}
 
+
+async def test_the_trim_keeps_the_newest_by_settle_time(tmp_path: Path) -> None:
+    """Prompts settled in another order than admitted (seq): the trim keeps the newest
+    ``MAX_PROMPT_TERMINALS`` by settle time, the ones restore reads and the in-memory
+    deque keeps."""
+    total = MAX_PROMPT_TERMINALS + TRIM_TERMINALS_EVERY
+    async with SqliteTaskStore(str(tmp_path / "store.db")) as store, \
+            StoreSessionJournal(store) as journal:
+        journal.append(_opened())
+        for n in range(total):
+            journal.append(_accept(f"p{n:04d}", n))
+        seq = 0
+        for n in reversed(range(total)):   # the last admitted settles first
+            seq = journal.append(_settle(f"p{n:04d}", total - n))
+        await journal.wait(seq)
+        assert await _settled_rows(store) == MAX_PROMPT_TERMINALS
+        [restored] = await journal.restore()
+    assert [t.prompt_id for t in restored.terminals] == \
+        [f"p{n:04d}" for n in reversed(range(MAX_PROMPT_TERMINALS))]
