@@ -25,7 +25,11 @@ Contracts:
 * Response: a start then one final body is one ``response_bytes``; a body with
   ``more_body`` opens ``response_stream`` and every later body is one ``send_bytes``.
   A write to a client that is gone raises ``OSError`` (as the door code expects).
-  An app that returns without starting a response answers 500.
+  An app that returns without starting a response, or raises before any of its body
+  went out (the start is held until the first body), answers 500. **An app that
+  raises in the middle of a stream ends it cleanly**: granian 2.8's stream transport
+  carries data only, so the body cannot be aborted (granian's ASGI side aborts it and
+  the client sees an incomplete read).
 * **No back-pressure on streams.** granian 2.8's RSGI stream transport queues every
   ``send_bytes`` in an unbounded channel and returns at once: a reader that stops
   reading is never felt by the writer, so the SSE slow-reader warning and eviction
@@ -166,17 +170,21 @@ class HttpExchange:
             self.headers = [(bytes(name).decode("latin-1"), bytes(value).decode("latin-1"))
                             for name, value in message.get("headers", ())]
 
-    def close(self) -> None:
-        """After the app returned: answer 500 if it never started; end a stream."""
-        if not self.started:
+    def close(self, failed: bool = False) -> None:
+        """After the app returned (``failed``: raised): answer 500 if no body went out
+        (never started, or started and failed), else end what the app left open. A
+        stream the app broke off ends cleanly: granian 2.8's RSGI cannot abort it."""
+        if self.finished:
+            return
+        self.finished = True
+        if self.stream is not None:
+            self.stream = None   # dropping the transport ends the body
+        elif failed or not self.started:
             self.proto.response_bytes(500, [("content-type", "text/plain; charset=utf-8"),
                                             ("content-length", "21")],
                                       b"Internal Server Error")
-        elif not self.finished:
-            if self.stream is None:
-                self.proto.response_bytes(self.status, self.headers, b"")
-            self.finished = True
-            self.stream = None
+        else:
+            self.proto.response_bytes(self.status, self.headers, b"")
 
 
 class WebSocketExchange:
@@ -253,8 +261,10 @@ class RsgiEntry:
             exchange = HttpExchange(proto, scope.headers.get("content-length"))
             try:
                 await self.app(asgi_scope(scope, "http"), exchange.receive, exchange.send)
-            finally:
-                exchange.close()
+            except BaseException:
+                exchange.close(failed=True)
+                raise
+            exchange.close()
             return
         if scope.proto == "ws":
             socket = WebSocketExchange(proto)

@@ -5,7 +5,12 @@ default: a reader that stops reading is never felt (granian queues without bound
 
 from __future__ import annotations
 
+import asyncio
+import queue
+import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import httpx
@@ -105,3 +110,90 @@ async def test_a_stopped_reader_is_not_felt(tmp_path: Path) -> None:
         assert _evictions((await client.get("/metrics")).text) == 0
         assert await _sse_active(client) >= 1   # the stalled reader: still subscribed
         await stalled.aclose()
+
+
+# -- the adapter's edges, on granian's embedded server with a small ASGI app -------------
+# granian embeds itself in an asyncio loop: the server runs in a thread of its own, the
+# tests talk to it over loopback under either anyio backend.
+
+EVENTS: queue.Queue[tuple[str, Any]] = queue.Queue()
+
+
+async def _edge_app(scope: Any, receive: Any, send: Any) -> None:
+    if scope["type"] != "http":
+        return
+    path = scope["path"]
+    start = {"type": "http.response.start", "status": 200,
+             "headers": [(b"content-type", b"text/plain")]}
+    if path == "/raise-after-start":
+        await send(start)
+        raise RuntimeError("the app failed after its start")
+    if path == "/raise-mid-stream":
+        await send(start)
+        await send({"type": "http.response.body", "body": b"part", "more_body": True})
+        raise RuntimeError("the app failed in the middle of its body")
+    received, last = 0, {"type": "http.request", "more_body": True}
+    while last["type"] == "http.request" and last.get("more_body"):
+        last = await receive()
+        received += len(last.get("body", b""))
+    EVENTS.put((path, (last["type"], received, scope["http_version"],
+                       dict(scope["headers"]).get(b"host"))))
+    await send(start)
+    await send({"type": "http.response.body", "body": b"ok"})
+    if path == "/after":
+        EVENTS.put((path, (await receive())["type"]))
+
+
+@pytest.fixture(scope="module")
+def edge_server() -> Iterator[str]:
+    from acp_server.http.options import HttpOptions
+    from acp_server.http.servers import GranianServer, Limits
+
+    limits = Limits(header_timeout_s=10, max_connections=100, max_header_bytes=16384,
+                    max_headers=100, max_request_line=8192, ws_max_bytes=1 << 20)
+    server = GranianServer(_edge_app, HttpOptions(granian_interface="rsgi"),
+                           host="127.0.0.1", port=0, limits=limits)
+    listening: queue.Queue[str] = queue.Queue()
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_until_complete,
+                              args=(server.serve(listening.put),), daemon=True)
+    thread.start()
+    url = listening.get(timeout=30)
+    yield url
+    loop.call_soon_threadsafe(server.stop, True)
+    thread.join(timeout=30)
+    loop.close()
+
+
+async def _event(path: str) -> Any:
+    with anyio.fail_after(20):
+        while True:
+            try:
+                seen, value = EVENTS.get_nowait()
+            except queue.Empty:
+                await anyio.sleep(0.02)
+                continue
+            if seen == path:
+                return value
+
+
+async def _raw(url: str, request: bytes) -> anyio.abc.SocketStream:
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    stream = await anyio.connect_tcp(host, int(port))
+    await stream.send(request)
+    return stream
+
+
+async def test_an_app_that_fails_after_its_start_answers_500(edge_server: str) -> None:
+    async with httpx.AsyncClient(base_url=edge_server, timeout=30) as client:
+        failed = await client.get("/raise-after-start")
+        assert failed.status_code == 500 and failed.text == "Internal Server Error"
+
+
+async def test_a_stream_the_app_breaks_off_still_ends_cleanly(edge_server: str) -> None:
+    """granian 2.8's RSGI stream transport cannot abort a body (its channel carries
+    data only; dropping it ends the chunked body). When this test fails, granian can:
+    make ``HttpExchange.close`` abort, as granian's ASGI side does."""
+    async with httpx.AsyncClient(base_url=edge_server, timeout=30) as client:
+        broken = await client.get("/raise-mid-stream")
+        assert broken.status_code == 200 and broken.content == b"part"
