@@ -20,8 +20,13 @@ Contracts:
   granian drops header values that are not visible ASCII (``HeaderValue::to_str``).
 * Request body: a declared ``Content-Length`` up to ``WHOLE_BODY_MAX`` is read in one
   call (hyper stops at the declared length); anything else is streamed chunk by chunk,
-  so the app's body caps answer before more is read. After the body, ``receive``
-  waits for the client to go away (``http.disconnect``).
+  so the app's body caps answer before more is read. A body that breaks off is
+  ``http.disconnect``, never a complete ``http.request``: fewer bytes than a declared
+  ``Content-Length``, or (without one, over HTTP/1.1) granian's marks of a body error.
+  Over HTTP/2 without a ``Content-Length``, granian 2.8 gives no way to tell a reset
+  stream from a clean end: a body broken off there reaches the app as complete.
+  Request trailers over HTTP/1.1 look like a broken body (``http.disconnect``).
+  After the body, ``receive`` waits for the client to go away (``http.disconnect``).
 * Response: a start then one final body is one ``response_bytes``; a body with
   ``more_body`` opens ``response_stream`` and every later body is one ``send_bytes``.
   A write to a client that is gone raises ``OSError`` (as the door code expects).
@@ -104,13 +109,16 @@ def asgi_scope(scope: Any, kind: str) -> MutableMapping[str, Any]:
 class HttpExchange:
     """One HTTP request: ``receive`` and ``send`` over granian's HTTP protocol object."""
 
-    __slots__ = ("proto", "whole", "body_done", "chunks", "status", "headers", "stream",
-                 "started", "finished")
+    __slots__ = ("proto", "declared", "whole", "h1", "received", "body_done", "chunks",
+                 "status", "headers", "stream", "started", "finished")
 
-    def __init__(self, proto: Any, declared: str | None) -> None:
+    def __init__(self, proto: Any, declared: str | None, http_version: str = "1.1") -> None:
         self.proto = proto
-        self.whole = declared is not None and declared.isdigit() \
-            and int(declared) <= WHOLE_BODY_MAX
+        self.declared = int(declared) if declared is not None and declared.isdigit() \
+            else None
+        self.whole = self.declared is not None and self.declared <= WHOLE_BODY_MAX
+        self.h1 = http_version != "2"
+        self.received = 0
         self.body_done = False
         self.chunks: Any = None
         self.status = 500
@@ -123,23 +131,43 @@ class HttpExchange:
             await self.proto.client_disconnect()
             return _DISCONNECT
         try:
-            if self.whole:
+            if self.whole:   # hyper reads to the declared length, or raises
                 self.body_done = True
                 return {"type": "http.request", "body": await self.proto(),
                         "more_body": False}
             if self.chunks is None:
                 self.chunks = self.proto.__aiter__()
-            try:
-                chunk = await self.chunks.__anext__()
-            except StopAsyncIteration:
-                chunk = b""
+            empties = 0
+            chunk = await self._chunk()
+            while chunk is not None and not chunk:   # an end, a body error, an empty frame
+                empties += 1
+                chunk = await self._chunk()
         except RuntimeError:   # RSGIProtocolError / Closed: the body broke off
             self.body_done = True
             return _DISCONNECT
-        if not chunk:   # granian's end of the body (also after a broken body)
-            self.body_done = True
-            return {"type": "http.request", "body": b"", "more_body": False}
-        return {"type": "http.request", "body": bytes(chunk), "more_body": True}
+        if chunk:
+            self.received += len(chunk)
+            return {"type": "http.request", "body": bytes(chunk), "more_body": True}
+        self.body_done = True
+        if not self._complete(empties):
+            return _DISCONNECT
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def _chunk(self) -> Any:
+        try:
+            return await self.chunks.__anext__()
+        except StopAsyncIteration:
+            return None
+
+    def _complete(self, empties: int) -> bool:
+        """Whether the streamed body ended whole. granian 2.8 turns a body error into an
+        empty chunk instead of raising, and ends a body with one more: over HTTP/1.1 a
+        clean end is one empty chunk, a broken body two (so are request trailers, which
+        are taken as broken). Over HTTP/2 a clean end often has two as well (the empty
+        ``END_STREAM`` frame): there only a declared length can tell."""
+        if self.declared is not None:
+            return self.received >= self.declared
+        return empties <= 1 or not self.h1
 
     async def send(self, message: Message) -> None:
         kind = message["type"]
@@ -258,7 +286,8 @@ class RsgiEntry:
 
     async def __rsgi__(self, scope: Any, proto: Any) -> None:
         if scope.proto == "http":
-            exchange = HttpExchange(proto, scope.headers.get("content-length"))
+            exchange = HttpExchange(proto, scope.headers.get("content-length"),
+                                    scope.http_version)
             try:
                 await self.app(asgi_scope(scope, "http"), exchange.receive, exchange.send)
             except BaseException:

@@ -197,3 +197,33 @@ async def test_a_stream_the_app_breaks_off_still_ends_cleanly(edge_server: str) 
     async with httpx.AsyncClient(base_url=edge_server, timeout=30) as client:
         broken = await client.get("/raise-mid-stream")
         assert broken.status_code == 200 and broken.content == b"part"
+
+
+@pytest.mark.parametrize("request_head", [
+    b"POST /broken-length HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100000\r\n\r\n"
+    + b"a" * 70000,
+    b"POST /broken-chunks HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+    + b"8000\r\n" + b"b" * 0x8000 + b"\r\n8000\r\n" + b"b" * 100,
+], ids=["content-length", "chunked"])
+async def test_a_broken_request_body_is_a_disconnect(edge_server: str,
+                                                     request_head: bytes) -> None:
+    path = request_head.split(b" ")[1].decode()
+    stream = await _raw(edge_server, request_head)
+    await stream.aclose()
+    kind, received, _, _ = await _event(path)
+    assert kind == "http.disconnect" and received > 0
+    # whole bodies still arrive whole, streamed over HTTP/1.1 and HTTP/2
+    for http2 in (False, True):
+        async with httpx.AsyncClient(base_url=edge_server, http1=not http2, http2=http2,
+                                     timeout=30) as client:
+            async def body():  # type: ignore[no-untyped-def]
+                yield b"c" * 100_000
+                yield b"d" * 10
+
+            assert (await client.post("/whole", content=body())).status_code == 200
+            assert await _event("/whole") == ("http.request", 100_010,
+                                              "2" if http2 else "1.1", b"127.0.0.1:"
+                                              + edge_server.rsplit(":", 1)[1].encode())
+            sized = await client.post("/whole", content=b"e" * 100_000)
+            assert sized.status_code == 200
+            assert (await _event("/whole"))[:2] == ("http.request", 100_000)
