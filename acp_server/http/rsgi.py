@@ -26,7 +26,9 @@ Contracts:
   Over HTTP/2 without a ``Content-Length``, granian 2.8 gives no way to tell a reset
   stream from a clean end: a body broken off there reaches the app as complete.
   Request trailers over HTTP/1.1 look like a broken body (``http.disconnect``).
-  After the body, ``receive`` waits for the client to go away (``http.disconnect``).
+  After the body, ``receive`` waits for the client to go away (``http.disconnect``);
+  once the response has finished it returns ``http.disconnect`` at once (a ``receive``
+  already waiting then returns when the connection closes).
 * Response: a start then one final body is one ``response_bytes``; a body with
   ``more_body`` opens ``response_stream`` and every later body is one ``send_bytes``.
   A write to a client that is gone raises ``OSError`` (as the door code expects).
@@ -128,7 +130,8 @@ class HttpExchange:
 
     async def receive(self) -> Message:
         if self.body_done:
-            await self.proto.client_disconnect()
+            if not self.finished:   # after the response: at once, as ASGI says
+                await self.proto.client_disconnect()
             return _DISCONNECT
         try:
             if self.whole:   # hyper reads to the declared length, or raises

@@ -227,3 +227,13 @@ async def test_a_broken_request_body_is_a_disconnect(edge_server: str,
             sized = await client.post("/whole", content=b"e" * 100_000)
             assert sized.status_code == 200
             assert (await _event("/whole"))[:2] == ("http.request", 100_000)
+
+
+async def test_receive_after_the_response_is_a_disconnect_at_once(edge_server: str) -> None:
+    stream = await _raw(edge_server, b"POST /after HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                                     b"Content-Length: 1\r\n\r\nx")
+    try:
+        assert (await _event("/after"))[0] == "http.request"
+        assert await _event("/after") == "http.disconnect"   # the connection still open
+    finally:
+        await stream.aclose()
