@@ -17,7 +17,10 @@ Contracts:
   ``host`` from HTTP/2's ``:authority`` when the request has none, as granian's ASGI
   side gives; ``client``/``server`` tuples, ``raw_path`` re-encoded from granian's
   decoded path).
-  granian drops header values that are not visible ASCII (``HeaderValue::to_str``).
+  granian drops header values that are not visible ASCII (``HeaderValue::to_str``);
+  a ``Host`` so dropped becomes ``DROPPED_HOST``, which the Host check refuses (the
+  check is never skipped for want of a host). ``http_version`` is ``1.0``, ``1.1``
+  or ``2``.
 * Request body: a declared ``Content-Length`` up to ``WHOLE_BODY_MAX`` is read in one
   call (hyper stops at the declared length); anything else is streamed chunk by chunk,
   so the app's body caps answer before more is read. A body that breaks off is
@@ -64,6 +67,7 @@ _ASGI = {"version": "3.0", "spec_version": "2.3"}
 _RAW_PATH_SAFE = "/:@!$&'()*+,;=-._~"
 _PLAIN_PATH = re.compile(r"[A-Za-z0-9/:@!$&'()*+,;=._~-]*").fullmatch
 _DISCONNECT: Message = {"type": "http.disconnect"}
+DROPPED_HOST = b"[dropped"    # malformed on purpose: the Host check refuses it (421)
 
 
 class ClientGone(OSError):
@@ -89,10 +93,14 @@ def asgi_scope(scope: Any, kind: str) -> MutableMapping[str, Any]:
     fields = scope.headers
     headers = [(name.encode("latin-1"), value.encode("latin-1"))
                for name, value in fields.items()]
-    if "host" not in fields:   # HTTP/2's :authority, as granian's ASGI side does
-        headers.insert(0, (b"host", (scope.authority or "").encode("latin-1")))
+    if not any(name == b"host" for name, _ in headers):
+        # HTTP/2's :authority, as granian's ASGI side does; a Host that granian dropped
+        # (``contains_key`` sees it, ``items`` does not) as one no Host check accepts
+        headers.insert(0, (b"host", DROPPED_HOST if "host" in fields
+                           else (scope.authority or "").encode("latin-1")))
+    version = scope.http_version
     out: MutableMapping[str, Any] = {
-        "type": kind, "asgi": _ASGI, "http_version": scope.http_version,
+        "type": kind, "asgi": _ASGI, "http_version": "1.0" if version == "1" else version,
         "scheme": scope.scheme if kind == "http" else
         ("wss" if scope.scheme == "https" else "ws"),
         "path": path, "raw_path": _raw_path(path), "root_path": "",
@@ -308,5 +316,5 @@ class RsgiEntry:
     __call__ = __rsgi__
 
 
-__all__ = ["WHOLE_BODY_MAX", "ClientGone", "HttpExchange", "RsgiEntry", "WebSocketExchange",
-           "asgi_scope"]
+__all__ = ["DROPPED_HOST", "WHOLE_BODY_MAX", "ClientGone", "HttpExchange", "RsgiEntry",
+           "WebSocketExchange", "asgi_scope"]

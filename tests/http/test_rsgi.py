@@ -16,6 +16,7 @@ import anyio
 import httpx
 import pytest
 
+from acp_server.http.policy import split_host
 from tests.harness import ServeProcess
 
 pytestmark = pytest.mark.anyio
@@ -79,6 +80,16 @@ async def test_hot_refusal_streams_and_disconnects(tmp_path: Path) -> None:
         refused = await client.post(f"/session/{held}/prompt", json=HOLD)
         assert refused.status_code == 503 and refused.headers["retry-after"] == "5"
         assert refused.json()["code"] == "prompt_queue_full"
+        # a Host granian drops (not visible ASCII) is refused, not let past the check
+        raw = await daemon.raw()
+        await raw.send(b"GET /daemon/status HTTP/1.1\r\nHost: h\xc3\xa9.example\r\n"
+                       b"Connection: close\r\n\r\n")
+        answer = b""
+        with anyio.fail_after(20):
+            while not answer.startswith(b"HTTP/1.1 ") or b"\r\n" not in answer:
+                answer += await raw.receive()
+        await raw.aclose()
+        assert answer.startswith(b"HTTP/1.1 421 "), answer[:200]
 
 
 async def test_a_stopped_reader_is_not_felt(tmp_path: Path) -> None:
@@ -237,3 +248,16 @@ async def test_receive_after_the_response_is_a_disconnect_at_once(edge_server: s
         assert await _event("/after") == "http.disconnect"   # the connection still open
     finally:
         await stream.aclose()
+
+
+async def test_the_scope_of_an_http_1_0_request_and_of_a_dropped_host(
+        edge_server: str) -> None:
+    stream = await _raw(edge_server, b"GET /old HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+    await stream.aclose()
+    assert (await _event("/old"))[2] == "1.0"
+    # granian drops a header value that is not visible ASCII; a dropped Host stays in the
+    # scope as a value no Host check accepts (the door answers 421, test below)
+    stream = await _raw(edge_server, b"GET /dropped HTTP/1.1\r\nHost: h\xc3\xa9.example\r\n\r\n")
+    await stream.aclose()
+    host = (await _event("/dropped"))[3]
+    assert host is not None and split_host(host.decode("latin-1")) is None
