@@ -49,7 +49,10 @@ Contracts:
   completes the handshake (RSGI can neither echo a subprotocol nor add headers, so a
   client that offers the bearer subprotocol fails its handshake), ``websocket.close``
   before the handshake refuses it (granian answers 403); no
-  ``websocket.http.response`` extension.
+  ``websocket.http.response`` extension. **After the handshake, close codes and
+  reasons are lost** on granian 2.8's RSGI: the app's ``websocket.close`` code and
+  reason never reach the client (it sees 1005, no status), and a client's close
+  reaches the app as ``websocket.disconnect`` with code 1000 whatever it sent.
 * No lifespan: the composition opens and drains the server (``acp_server.http.serving``).
 """
 
@@ -281,7 +284,8 @@ class WebSocketExchange:
 
     def finish(self, code: int = 1000) -> None:
         """Close: before the handshake granian takes ``close``'s argument as the HTTP
-        status of the refusal (403, as ASGI servers answer), after it as the close code."""
+        status of the refusal (403, as ASGI servers answer); after it granian 2.8
+        closes without sending ``code`` (the client sees 1005)."""
         if not self.closed:
             self.closed = True
             self.proto.close(code if self.transport is not None else 403)
