@@ -1,7 +1,11 @@
 """granian's RSGI interface (``--granian-interface rsgi``, ``acp_server.http.rsgi``) on
 the real process: the hot route's refusal, an event stream over HTTP/1.1 and HTTP/2 with
-the client's disconnect seen by the server, a streamed body, and the reason it is not the
-default: a reader that stops reading is never felt (granian queues without bound)."""
+the client's disconnect seen by the server, a streamed body, a dropped Host refused, and
+the reason it is not the default: a reader that stops reading is never felt (granian
+queues without bound). Then the adapter's edges on granian's embedded server with a small
+ASGI app: an app that raises (500; a broken-off stream ends cleanly), a request body that
+breaks off (``http.disconnect``), ``receive`` after the response, the scope's
+``http_version`` and a dropped Host."""
 
 from __future__ import annotations
 
