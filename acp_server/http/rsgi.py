@@ -17,15 +17,29 @@ Contracts:
   ``host`` from HTTP/2's ``:authority`` when the request has none, as granian's ASGI
   side gives; ``client``/``server`` tuples, ``raw_path`` re-encoded from granian's
   decoded path).
-  granian drops header values that are not visible ASCII (``HeaderValue::to_str``).
+  granian drops header values that are not visible ASCII (``HeaderValue::to_str``);
+  a ``Host`` so dropped becomes ``DROPPED_HOST``, which the Host check refuses (the
+  check is never skipped for want of a host). ``http_version`` is ``1.0``, ``1.1``
+  or ``2``.
 * Request body: a declared ``Content-Length`` up to ``WHOLE_BODY_MAX`` is read in one
   call (hyper stops at the declared length); anything else is streamed chunk by chunk,
-  so the app's body caps answer before more is read. After the body, ``receive``
-  waits for the client to go away (``http.disconnect``).
+  so the app's body caps answer before more is read. A body that breaks off is
+  ``http.disconnect``, never a complete ``http.request``: fewer bytes than a declared
+  ``Content-Length``, or (without one, over HTTP/1.1) granian's marks of a body error.
+  Over HTTP/2 without a ``Content-Length``, granian 2.8 gives no way to tell a reset
+  stream from a clean end: a body broken off there reaches the app as complete.
+  Request trailers over HTTP/1.1 look like a broken body (``http.disconnect``).
+  After the body, ``receive`` waits for the client to go away (``http.disconnect``);
+  once the response has finished it returns ``http.disconnect`` at once (a ``receive``
+  already waiting then returns when the connection closes).
 * Response: a start then one final body is one ``response_bytes``; a body with
   ``more_body`` opens ``response_stream`` and every later body is one ``send_bytes``.
   A write to a client that is gone raises ``OSError`` (as the door code expects).
-  An app that returns without starting a response answers 500.
+  An app that returns without starting a response, or raises before any of its body
+  went out (the start is held until the first body), answers 500. **An app that
+  raises in the middle of a stream ends it cleanly**: granian 2.8's stream transport
+  carries data only, so the body cannot be aborted (granian's ASGI side aborts it and
+  the client sees an incomplete read).
 * **No back-pressure on streams.** granian 2.8's RSGI stream transport queues every
   ``send_bytes`` in an unbounded channel and returns at once: a reader that stops
   reading is never felt by the writer, so the SSE slow-reader warning and eviction
@@ -35,7 +49,10 @@ Contracts:
   completes the handshake (RSGI can neither echo a subprotocol nor add headers, so a
   client that offers the bearer subprotocol fails its handshake), ``websocket.close``
   before the handshake refuses it (granian answers 403); no
-  ``websocket.http.response`` extension.
+  ``websocket.http.response`` extension. **After the handshake, close codes and
+  reasons are lost** on granian 2.8's RSGI: the app's ``websocket.close`` code and
+  reason never reach the client (it sees 1005, no status), and a client's close
+  reaches the app as ``websocket.disconnect`` with code 1000 whatever it sent.
 * No lifespan: the composition opens and drains the server (``acp_server.http.serving``).
 """
 
@@ -53,6 +70,7 @@ _ASGI = {"version": "3.0", "spec_version": "2.3"}
 _RAW_PATH_SAFE = "/:@!$&'()*+,;=-._~"
 _PLAIN_PATH = re.compile(r"[A-Za-z0-9/:@!$&'()*+,;=._~-]*").fullmatch
 _DISCONNECT: Message = {"type": "http.disconnect"}
+DROPPED_HOST = b"[dropped"    # malformed on purpose: the Host check refuses it (421)
 
 
 class ClientGone(OSError):
@@ -78,10 +96,14 @@ def asgi_scope(scope: Any, kind: str) -> MutableMapping[str, Any]:
     fields = scope.headers
     headers = [(name.encode("latin-1"), value.encode("latin-1"))
                for name, value in fields.items()]
-    if "host" not in fields:   # HTTP/2's :authority, as granian's ASGI side does
-        headers.insert(0, (b"host", (scope.authority or "").encode("latin-1")))
+    if not any(name == b"host" for name, _ in headers):
+        # HTTP/2's :authority, as granian's ASGI side does; a Host that granian dropped
+        # (``contains_key`` sees it, ``items`` does not) as one no Host check accepts
+        headers.insert(0, (b"host", DROPPED_HOST if "host" in fields
+                           else (scope.authority or "").encode("latin-1")))
+    version = scope.http_version
     out: MutableMapping[str, Any] = {
-        "type": kind, "asgi": _ASGI, "http_version": scope.http_version,
+        "type": kind, "asgi": _ASGI, "http_version": "1.0" if version == "1" else version,
         "scheme": scope.scheme if kind == "http" else
         ("wss" if scope.scheme == "https" else "ws"),
         "path": path, "raw_path": _raw_path(path), "root_path": "",
@@ -100,13 +122,16 @@ def asgi_scope(scope: Any, kind: str) -> MutableMapping[str, Any]:
 class HttpExchange:
     """One HTTP request: ``receive`` and ``send`` over granian's HTTP protocol object."""
 
-    __slots__ = ("proto", "whole", "body_done", "chunks", "status", "headers", "stream",
-                 "started", "finished")
+    __slots__ = ("proto", "declared", "whole", "h1", "received", "body_done", "chunks",
+                 "status", "headers", "stream", "started", "finished")
 
-    def __init__(self, proto: Any, declared: str | None) -> None:
+    def __init__(self, proto: Any, declared: str | None, http_version: str = "1.1") -> None:
         self.proto = proto
-        self.whole = declared is not None and declared.isdigit() \
-            and int(declared) <= WHOLE_BODY_MAX
+        self.declared = int(declared) if declared is not None and declared.isdigit() \
+            else None
+        self.whole = self.declared is not None and self.declared <= WHOLE_BODY_MAX
+        self.h1 = http_version != "2"
+        self.received = 0
         self.body_done = False
         self.chunks: Any = None
         self.status = 500
@@ -116,26 +141,47 @@ class HttpExchange:
 
     async def receive(self) -> Message:
         if self.body_done:
-            await self.proto.client_disconnect()
+            if not self.finished:   # after the response: at once, as ASGI says
+                await self.proto.client_disconnect()
             return _DISCONNECT
         try:
-            if self.whole:
+            if self.whole:   # hyper reads to the declared length, or raises
                 self.body_done = True
                 return {"type": "http.request", "body": await self.proto(),
                         "more_body": False}
             if self.chunks is None:
                 self.chunks = self.proto.__aiter__()
-            try:
-                chunk = await self.chunks.__anext__()
-            except StopAsyncIteration:
-                chunk = b""
+            empties = 0
+            chunk = await self._chunk()
+            while chunk is not None and not chunk:   # an end, a body error, an empty frame
+                empties += 1
+                chunk = await self._chunk()
         except RuntimeError:   # RSGIProtocolError / Closed: the body broke off
             self.body_done = True
             return _DISCONNECT
-        if not chunk:   # granian's end of the body (also after a broken body)
-            self.body_done = True
-            return {"type": "http.request", "body": b"", "more_body": False}
-        return {"type": "http.request", "body": bytes(chunk), "more_body": True}
+        if chunk:
+            self.received += len(chunk)
+            return {"type": "http.request", "body": bytes(chunk), "more_body": True}
+        self.body_done = True
+        if not self._complete(empties):
+            return _DISCONNECT
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def _chunk(self) -> Any:
+        try:
+            return await self.chunks.__anext__()
+        except StopAsyncIteration:
+            return None
+
+    def _complete(self, empties: int) -> bool:
+        """Whether the streamed body ended whole. granian 2.8 turns a body error into an
+        empty chunk instead of raising, and ends a body with one more: over HTTP/1.1 a
+        clean end is one empty chunk, a broken body two (so are request trailers, which
+        are taken as broken). Over HTTP/2 a clean end often has two as well (the empty
+        ``END_STREAM`` frame): there only a declared length can tell."""
+        if self.declared is not None:
+            return self.received >= self.declared
+        return empties <= 1 or not self.h1
 
     async def send(self, message: Message) -> None:
         kind = message["type"]
@@ -166,17 +212,21 @@ class HttpExchange:
             self.headers = [(bytes(name).decode("latin-1"), bytes(value).decode("latin-1"))
                             for name, value in message.get("headers", ())]
 
-    def close(self) -> None:
-        """After the app returned: answer 500 if it never started; end a stream."""
-        if not self.started:
+    def close(self, failed: bool = False) -> None:
+        """After the app returned (``failed``: raised): answer 500 if no body went out
+        (never started, or started and failed), else end what the app left open. A
+        stream the app broke off ends cleanly: granian 2.8's RSGI cannot abort it."""
+        if self.finished:
+            return
+        self.finished = True
+        if self.stream is not None:
+            self.stream = None   # dropping the transport ends the body
+        elif failed or not self.started:
             self.proto.response_bytes(500, [("content-type", "text/plain; charset=utf-8"),
                                             ("content-length", "21")],
                                       b"Internal Server Error")
-        elif not self.finished:
-            if self.stream is None:
-                self.proto.response_bytes(self.status, self.headers, b"")
-            self.finished = True
-            self.stream = None
+        else:
+            self.proto.response_bytes(self.status, self.headers, b"")
 
 
 class WebSocketExchange:
@@ -234,7 +284,8 @@ class WebSocketExchange:
 
     def finish(self, code: int = 1000) -> None:
         """Close: before the handshake granian takes ``close``'s argument as the HTTP
-        status of the refusal (403, as ASGI servers answer), after it as the close code."""
+        status of the refusal (403, as ASGI servers answer); after it granian 2.8
+        closes without sending ``code`` (the client sees 1005)."""
         if not self.closed:
             self.closed = True
             self.proto.close(code if self.transport is not None else 403)
@@ -250,11 +301,14 @@ class RsgiEntry:
 
     async def __rsgi__(self, scope: Any, proto: Any) -> None:
         if scope.proto == "http":
-            exchange = HttpExchange(proto, scope.headers.get("content-length"))
+            exchange = HttpExchange(proto, scope.headers.get("content-length"),
+                                    scope.http_version)
             try:
                 await self.app(asgi_scope(scope, "http"), exchange.receive, exchange.send)
-            finally:
-                exchange.close()
+            except BaseException:
+                exchange.close(failed=True)
+                raise
+            exchange.close()
             return
         if scope.proto == "ws":
             socket = WebSocketExchange(proto)
@@ -266,5 +320,5 @@ class RsgiEntry:
     __call__ = __rsgi__
 
 
-__all__ = ["WHOLE_BODY_MAX", "ClientGone", "HttpExchange", "RsgiEntry", "WebSocketExchange",
-           "asgi_scope"]
+__all__ = ["DROPPED_HOST", "WHOLE_BODY_MAX", "ClientGone", "HttpExchange", "RsgiEntry",
+           "WebSocketExchange", "asgi_scope"]
