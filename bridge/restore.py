@@ -8,7 +8,9 @@ For each journaled session that was not closed, in creation order:
 * the bridge side comes back at once: its record (id, agent, cwd, creation time,
   ``forked_from``), its event ring, last event id and epoch (a new epoch when the
   journal lost events: readers get ``state_resync_required``, never a silent gap),
-  its prompt terminals. List, history, events and status need nothing more;
+  its prompt terminals (a new epoch is journaled at once: the next start keeps it,
+  ``RestoredSession.gap`` is set by the journal, see ``acp_server.store.sessions``
+  for when). List, history, events and status need nothing more;
 * the agent side is restored on first use (``Session.agent_side``), never at start:
   the first prompt (before its acknowledgement, or before it runs when it was queued
   at the stop), a load or resume, a fork, a forwarded request. Concurrent first users
@@ -46,6 +48,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import msgspec
 
 from bridge import events as ev
 from bridge.errors import (
@@ -124,6 +127,8 @@ async def restore_session(bridge: Bridge, found: RestoredSession) -> Session:
     if record.scope == "single":
         bridge._default_session_ids.setdefault(name, sid)
     bridge._journal_session(session)
+    if found.gap and session.journal.durable:   # the new epoch is the session's from now on
+        session.journal.append(msgspec.structs.replace(record, epoch=session.bus.epoch))
     cancel_open_questions(session)
     for accepted in found.unsettled:
         pending = session.readmit(accepted)

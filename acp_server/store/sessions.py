@@ -36,13 +36,19 @@ Contracts (besides ``bridge.journal``'s):
   ``session_events`` (each event's envelope by id). Per session at most
   ``ring_size`` events are kept (older ones are deleted as newer ones commit: a reader
   behind them gets ``ring_evicted``, as from the in-memory ring) and the newest
-  ``MAX_PROMPT_TERMINALS`` settled prompts (trimmed every ``TRIM_TERMINALS_EVERY``
-  settles of a session: at most that many more are on disk).
+  ``MAX_PROMPT_TERMINALS`` settled prompts by settle time, as restore reads them
+  (trimmed every ``TRIM_TERMINALS_EVERY`` settles of a session: at most that many
+  more are on disk, across restarts too: the count is seeded at restore and changes
+  only when a commit lands).
 * Bounded in bytes too: once a session has had a quarter of ``max_session_bytes``
   of envelopes journaled since its last byte trim, its oldest events are deleted until
   the rest take at most ``max_session_bytes`` (never its newest event: the event ids
   go on from it). So a session's events take at most 1.25 × ``max_session_bytes``
   plus one batch.
+* After a power loss or a kernel crash (SQLite, the journal's commits not fsynced:
+  ``SqliteTaskStore.unsynced_loss``, the last run had no clean stop and the boot id
+  changed) ``restore`` gives every session a new epoch (``RestoredSession.gap``): the
+  last commits readers saw may be gone, and their ids will be reused.
 * ``restore`` logs and skips a row it cannot decode. On a PostgreSQL store shared by
   several instances each restores only the sessions it made (``owner``: the store's
   stable instance id).
@@ -69,6 +75,8 @@ import msgspec
 from acp_server.store.errors import Backoff, StoreUnavailableError
 from acp_server.store.leases import SessionLeases
 from acp_server.store.pg_engine import PostgresEngine
+from acp_server.store.session_reads import SESSION_TABLES as _SESSION_TABLES
+from acp_server.store.session_reads import SessionReads
 from acp_server.store.write_behind import MARKER_ID, MARKER_TYPE, Marker, WriteBehind
 from acp_server.store.writer import Op
 from bridge.errors import JournalUnavailableError, SessionMovedError
@@ -82,8 +90,7 @@ from bridge.journal import (
     SessionEnded,
     SessionOpened,
 )
-from bridge.status import MAX_PROMPT_TERMINALS, PromptTerminal
-from bridge.wire import event_from_envelope
+from bridge.status import MAX_PROMPT_TERMINALS
 
 log = logging.getLogger("acp_server.store.sessions")
 
@@ -91,11 +98,7 @@ MAX_PENDING = 200_000
 COMPACT_EVERY = 256   # events per session between two trims of its oldest events
 TRIM_TERMINALS_EVERY = 64   # settled prompts per session between two trims of terminals
 MAX_SESSION_BYTES = 64 * 1024 * 1024   # event envelopes kept per session (see trim_bytes)
-_OPENED = msgspec.msgpack.Decoder(SessionOpened)
-_ACCEPTED = msgspec.msgpack.Decoder(PromptAccepted)
-_SETTLED = msgspec.msgpack.Decoder(PromptSettled)
 _JSON_RECORD = msgspec.json.Encoder()
-_ACCEPTED_JSON = msgspec.json.Decoder(PromptAccepted)
 
 
 def _encode(record: JournalRecord) -> bytes:
@@ -109,13 +112,7 @@ def _encode(record: JournalRecord) -> bytes:
         return _JSON_RECORD.encode(record)
 
 
-def _decode_accepted(blob: bytes) -> PromptAccepted:
-    return (_ACCEPTED_JSON if blob[:1] == b"{" else _ACCEPTED).decode(blob)
-
-
 CRITICAL = (SessionOpened, PromptAccepted)
-_SESSION_TABLES = (("session_events", "session_id"), ("session_prompts", "session_id"),
-                   ("session_leases", "session_id"), ("sessions", "id"))
 SESSION_NOTICE = "s"   # a commit's NOTIFY kind: a session's events or its end (``read_after``)
 MOVED = "session moved: another instance holds its lease"
 LOST = -1   # the fence of a session this instance lost: every write of it is refused
@@ -131,7 +128,7 @@ SETTLE_UPDATE = ("WITH v(sid, pid, terminal, at) AS (VALUES {}) "
                  "WHERE session_prompts.session_id = v.sid AND session_prompts.prompt_id = v.pid")
 
 
-class StoreSessionJournal:
+class StoreSessionJournal(SessionReads):
     """See the module docstring. ``store`` is an open ``GroupCommitStore``."""
 
     durable = True
@@ -149,7 +146,11 @@ class StoreSessionJournal:
         self.ring_size = ring_size
         self.max_session_bytes = max_session_bytes
         self._unsized: dict[str, int] = {}   # envelope bytes per session since its trim
-        self._untrimmed: dict[str, int] = {}   # settles per session since its terminals' trim
+        # per session: its settled prompts on disk past the newest MAX_PROMPT_TERMINALS
+        # (seeded at restore, updated once a commit has landed: ``_plan_trims``)
+        self._untrimmed: dict[str, int] = {}
+        self._batch_trims: set[str] = set()   # the sessions the commit in flight trims
+        self._batch_untrimmed: dict[str, int | None] = {}   # and their counts once landed
         self._write_behind = WriteBehind(write_behind) if write_behind > 0 else None
         self.postgres = isinstance(store, PostgresEngine)
         # A shared (PostgreSQL) store: this instance restores only the sessions it made.
@@ -283,6 +284,7 @@ class StoreSessionJournal:
 
     def _take(self) -> None:
         self._batch, self._pending = self._pending, []
+        self._batch_trims, self._batch_untrimmed = self._plan_trims(self._batch)
         # the lease tokens this commit is fenced by, as the batch starts
         self._batch_fence = dict(self.fence) if self.leases is not None else None
 
@@ -299,7 +301,8 @@ class StoreSessionJournal:
     def _landed(self, op: Op) -> None:
         batch, self._batch = self._batch, []
         self._inflight = None
-        if op.error is not None:
+        untrimmed, self._batch_untrimmed = self._batch_untrimmed, {}
+        if op.error is not None:   # nothing counted: the records kept are planned again
             self._failed_batch(batch, op.error)   # type: ignore[arg-type]
             self._failing = True   # the flusher backs off, then commits again
             self._wake.set()
@@ -308,6 +311,11 @@ class StoreSessionJournal:
         if batch:
             taken, refused = op.result if op.result is not None else ({}, set())
             self.commits += 1
+            for sid, count in untrimmed.items():
+                if count is None:
+                    self._untrimmed.pop(sid, None)
+                else:
+                    self._untrimmed[sid] = count
             self._committed(batch, taken, refused)
             self._durable_through = batch[-1][0]
             self._on_events([r for _, r in batch if isinstance(r, EventRecord)
@@ -321,6 +329,29 @@ class StoreSessionJournal:
             self._wake.set()   # the last commit landed: the flusher ends
         else:
             self._kick()
+
+    def _plan_trims(self, batch: list[tuple[int, _Record]]
+                    ) -> tuple[set[str], dict[str, int | None]]:
+        """Which sessions' old terminals the commit of ``batch`` deletes (those that
+        reach ``TRIM_TERMINALS_EVERY`` settled prompts past the kept number), and each
+        touched session's count once it has landed (``None``: ended). Planned in the
+        event loop as the commit starts, so a transaction run twice (a batch rolled
+        back, then run with savepoints) or retried counts nothing twice and never
+        loses a trim: the counts change only when the commit lands (``_landed``)."""
+        due: set[str] = set()
+        counts: dict[str, int | None] = {}
+        for _, record in batch:
+            sid = record.session_id
+            if isinstance(record, PromptSettled):
+                count = counts.get(sid, self._untrimmed.get(sid, 0))
+                count = (count or 0) + 1
+                if count >= TRIM_TERMINALS_EVERY:
+                    due.add(sid)
+                    count = 0
+                counts[sid] = count
+            elif isinstance(record, SessionEnded):
+                counts[sid] = None
+        return due, counts
 
     def _behind_landed(self, wb: WriteBehind, batch: list[tuple[int, _Record]]) -> None:
         touched: set[str] = set()
@@ -437,8 +468,10 @@ class StoreSessionJournal:
         if token is None:
             return None
         self.fence[session_id] = token
+        settled: dict[str, int] = {}
         found = await self.store._read(
-            lambda conn: self._restore_in(conn, "id = %s", (session_id,)))
+            lambda conn: self._restore_in(conn, "id = %s", (session_id,), settled=settled))
+        self._seed_untrimmed(settled)
         return found[0] if found else None
 
     def _signal(self) -> None:
@@ -593,20 +626,13 @@ class StoreSessionJournal:
                 params += (record.session_id, record.prompt_id, _encode(record), record.at)
             conn.execute(sql(SETTLE_UPDATE.format(",".join(["(?,?,?,?)"] * len(chunk)))),
                          params)
-        due: set[str] = set()
-        untrimmed = self._untrimmed
-        for record in records:
-            count = untrimmed.get(record.session_id, 0) + 1
-            if count >= TRIM_TERMINALS_EVERY:
-                due.add(record.session_id)
-                count = 0
-            untrimmed[record.session_id] = count
-        for sid in due:   # the newest terminals only, once a session settled enough
+        for sid in self._batch_trims:   # the newest terminals only (``_plan_trims``)
             conn.execute(sql(
                 "DELETE FROM session_prompts WHERE session_id = ? AND terminal IS NOT NULL "
-                "AND seq < (SELECT seq FROM session_prompts WHERE session_id = ? AND "
-                "terminal IS NOT NULL ORDER BY seq DESC LIMIT 1 OFFSET ?)"),
-                (sid, sid, MAX_PROMPT_TERMINALS - 1))
+                "AND prompt_id NOT IN (SELECT prompt_id FROM session_prompts "
+                "WHERE session_id = ? AND terminal IS NOT NULL "
+                "ORDER BY settled_at DESC, seq DESC LIMIT ?)"),
+                (sid, sid, MAX_PROMPT_TERMINALS))
 
     def _apply_one(self, conn: Any, record: JournalRecord) -> None:
         sql = self._sql
@@ -619,7 +645,6 @@ class StoreSessionJournal:
                  self.owner))
         elif isinstance(record, SessionEnded):
             self._unsized.pop(record.session_id, None)
-            self._untrimmed.pop(record.session_id, None)
             if record.deleted:
                 for table, column in _SESSION_TABLES:
                     conn.execute(sql(f"DELETE FROM {table} WHERE {column} = ?"),
@@ -629,149 +654,3 @@ class StoreSessionJournal:
                              (record.at, record.session_id))
                 conn.execute(sql("DELETE FROM session_leases WHERE session_id = ?"),
                              (record.session_id,))
-
-    # -- restore and purge ---------------------------------------------------------------
-    async def restore(self) -> list[RestoredSession]:
-        if self.leases is None:
-            return await self.store._read(lambda conn: self._restore_in(
-                conn, "owner IS NULL OR owner = ?", (self.owner,)))
-        leases = self.leases
-        tokens = await self.store._write(lambda conn, out, *state: leases.take_own(conn))
-        self.fence.update(tokens)
-        return await self.store._read(lambda conn: self._restore_in(
-            conn, "(closed_at IS NOT NULL AND (owner IS NULL OR owner = %s)) OR id = ANY(%s)",
-            (self.owner, sorted(tokens))))
-
-    def _restore_in(self, conn: Any, where: str, params: tuple[Any, ...],
-                    ring: int | None = None) -> list[RestoredSession]:
-        sql = self._sql
-        found: list[RestoredSession] = []
-        for sid, blob, closed_at in conn.execute(sql(
-                f"SELECT id, record, closed_at FROM sessions WHERE {where} "
-                "ORDER BY created_at"), params).fetchall():
-            try:
-                record = _OPENED.decode(bytes(blob))
-            except msgspec.MsgspecError as exc:
-                log.error("session journal: session %s has an unreadable record (%s): skipped",
-                          sid, exc)
-                continue
-            terminals: list[PromptTerminal] = []
-            unsettled: list[PromptAccepted] = []
-            for pid, prompt_blob, terminal_blob in conn.execute(sql(
-                    "SELECT prompt_id, record, terminal FROM session_prompts "
-                    "WHERE session_id = ? ORDER BY seq"), (sid,)).fetchall():
-                try:
-                    if terminal_blob is not None:
-                        t = _SETTLED.decode(bytes(terminal_blob))
-                        terminals.append(PromptTerminal(prompt_id=t.prompt_id,
-                                                        terminal=t.terminal, at=t.at,
-                                                        stop_reason=t.stop_reason,
-                                                        error_code=t.error_code))
-                    else:
-                        unsettled.append(_decode_accepted(bytes(prompt_blob)))
-                except msgspec.MsgspecError as exc:
-                    log.error("session journal: prompt %s of session %s is unreadable (%s): "
-                              "skipped", pid, sid, exc)
-            terminals.sort(key=lambda t: t.at)
-            rows = conn.execute(sql(
-                "SELECT id, envelope FROM session_events WHERE session_id = ? AND id > ? "
-                "ORDER BY id DESC LIMIT ?"), (sid, MARKER_ID, ring or self.ring_size)).fetchall()
-            rows.reverse()
-            events = []
-            # readers may have seen events ahead of the journal (write-behind): resync
-            gap = conn.execute(sql("SELECT 1 FROM session_events WHERE session_id = ? AND "
-                                   "id = ?"), (sid, MARKER_ID)).fetchone() is not None
-            for event_id, envelope in rows:
-                try:
-                    event = event_from_envelope(bytes(envelope))
-                except (msgspec.MsgspecError, KeyError, TypeError) as exc:
-                    log.error("session journal: event %s of session %s is unreadable (%s): "
-                              "skipped", event_id, sid, exc)
-                    gap = True
-                    continue
-                if events and event.id != events[-1].id + 1:
-                    gap = True
-                events.append(event)
-            last = rows[-1][0] if rows else 0
-            started: set[str] = set()
-            if unsettled:
-                ids = {p.prompt_id for p in unsettled}
-                for (pid,) in conn.execute(sql(
-                        "SELECT DISTINCT prompt_id FROM session_events WHERE session_id = ? "
-                        "AND prompt_id IS NOT NULL AND type <> 'pending_prompt_added'"),
-                        (sid,)).fetchall():
-                    if pid in ids:
-                        started.add(pid)
-            if gap:
-                log.warning("session journal: session %s lost events: a new epoch", sid)
-            found.append(RestoredSession(
-                record=record, events=events, last_event_id=last,
-                terminals=terminals[-MAX_PROMPT_TERMINALS:], unsettled=unsettled,
-                started=started, closed_at=closed_at, gap=gap))
-        return found
-
-    # -- reads for other instances (``acp_server.fleet.replica``) ------------------------
-    async def read(self, session_id: str, *, only: Sequence[str] | None = None
-                   ) -> RestoredSession | None:
-        """One session as the journal has it (live or closed), taking no lease: what
-        an instance that does not run it serves its reads from. ``only`` (event types,
-        for a status): of its events only the newest and those of these types are
-        read, not its ring."""
-        sql = self._sql
-
-        def read(conn: Any) -> RestoredSession | None:
-            found = self._restore_in(conn, sql("id = ?"), (session_id,),
-                                     None if only is None else 1)
-            if not found or only is None:
-                return found[0] if found else None
-            session = found[0]
-            asked = {event.id: event for event in session.events}
-            kinds = ",".join("?" * len(only))
-            for _, envelope in conn.execute(sql(
-                    f"SELECT id, envelope FROM session_events WHERE session_id = ? "
-                    f"AND type IN ({kinds}) ORDER BY id"), (session_id, *only)).fetchall():
-                with contextlib.suppress(msgspec.MsgspecError, KeyError, TypeError):
-                    event = event_from_envelope(bytes(envelope))
-                    asked[event.id] = event
-            session.events = [asked[i] for i in sorted(asked)]  # type: ignore[type-var]
-            return session
-
-        return await self.store._read(read)
-
-    async def read_after(self, session_id: str, after: int, limit: int = 512
-                         ) -> tuple[SessionOpened | None, bool, list[tuple[int, bytes]]]:
-        """A reader's next rows: (the session's record, ``None`` when it is gone;
-        whether it is closed; up to ``limit`` of its event envelopes after id
-        ``after``, oldest first, as ``(id, envelope)``)."""
-        sql = self._sql
-
-        def read(conn: Any) -> tuple[SessionOpened | None, bool, list[tuple[int, bytes]]]:
-            row = conn.execute(sql("SELECT record, closed_at FROM sessions WHERE id = ?"),
-                               (session_id,)).fetchone()
-            if row is None:
-                return None, True, []
-            rows = conn.execute(sql(
-                "SELECT id, envelope FROM session_events WHERE session_id = ? AND id > ? "
-                "ORDER BY id LIMIT ?"), (session_id, max(after, MARKER_ID), limit)).fetchall()
-            return (_OPENED.decode(bytes(row[0])), row[1] is not None,
-                    [(int(i), bytes(e)) for i, e in rows])
-
-        return await self.store._read(read)
-
-    async def purge(self, closed_before: float) -> int:
-        """Remove the sessions closed before ``closed_before`` (epoch seconds)."""
-        def op(conn: Any, out: Any, *state: Any) -> int:
-            sql = self._sql
-            ids = [row[0] for row in conn.execute(sql(
-                "SELECT id FROM sessions WHERE closed_at IS NOT NULL AND closed_at < ?"),
-                (closed_before,)).fetchall()]
-            for sid in ids:
-                for table, column in _SESSION_TABLES:
-                    conn.execute(sql(f"DELETE FROM {table} WHERE {column} = ?"), (sid,))
-            return len(ids)
-
-        try:
-            return await self.store._write(op)
-        except StoreUnavailableError as exc:
-            raise JournalUnavailableError(exc.reason) from exc
-

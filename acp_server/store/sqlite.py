@@ -24,6 +24,15 @@ Contracts (see ``acp_server.store.tasks`` for the interface):
   may roll back; the file stays consistent either way, SQLite's WAL guarantee). The
   next FULL commit, and every checkpoint, fsyncs the WAL with everything before it.
   The setting is switched only when it changes between two batches.
+* A power loss is noticed (``unsynced_loss``). Before its first NORMAL commit a process
+  writes a row of its own to ``unsynced_runs`` (its run id and the kernel's boot id,
+  ``/proc/sys/kernel/random/boot_id``) in a FULL commit, and deletes it when it closes
+  cleanly (a FULL commit too: it flushes every NORMAL commit before it). At open, a row
+  left by another run whose boot id is not this boot's (or is unknown) means that run
+  may have lost its last NORMAL commits: ``unsynced_loss`` is ``True`` and the session
+  journal restores every session under a new epoch (``StoreSessionJournal.restore``),
+  then calls ``settled_earlier_runs`` so this run's clean close deletes those rows too.
+  A row left on the same boot is a ``kill -9``: nothing was lost (the OS holds the WAL).
 * Reads use separate connections (WAL readers never block the writer).
 * Faults answer ``StoreUnavailableError`` (503), never end the process: a full disk,
   an I/O error, a file locked by another process for longer than ``busy_timeout_s``
@@ -39,7 +48,9 @@ Contracts (see ``acp_server.store.tasks`` for the interface):
 from __future__ import annotations
 
 import errno
+import logging
 import os
+import uuid
 import sqlite3
 import stat
 from collections.abc import Callable, Sequence
@@ -72,7 +83,12 @@ from acp_server.store.tokens import TokenOps
 from acp_server.store.schema import migrate_sqlite
 from acp_server.store.writer import GroupCommitStore, Op
 
+log = logging.getLogger("acp_server.store.sqlite")
+
 READERS = 2
+BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+_UNSYNCED_RUNS = ("CREATE TABLE IF NOT EXISTS unsynced_runs "
+                  "(run TEXT PRIMARY KEY, boot_id TEXT NOT NULL)")
 BUSY_TIMEOUT_S = 5.0
 MIN_FREE_BYTES = 1 << 20   # less free space than this in the folder: ``probe`` says full
 SQL = Dialect()
@@ -87,6 +103,16 @@ def _connect(path: str, busy_timeout_s: float = BUSY_TIMEOUT_S) -> sqlite3.Conne
     conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
     conn.execute("PRAGMA synchronous=FULL")
     return conn
+
+
+def read_boot_id(path: str | None = None) -> str | None:
+    """The kernel's boot id (a new one at every boot; ``BOOT_ID_PATH``), ``None`` when
+    unreadable."""
+    try:
+        with open(path or BOOT_ID_PATH, encoding="ascii") as file:
+            return file.read().strip() or None
+    except (OSError, ValueError):
+        return None
 
 
 def private_files(path: str) -> None:
@@ -118,7 +144,9 @@ class SqliteTaskStore(TokenOps, AuditOps, ObservedMoves, GroupCommitStore[sqlite
 
     def __init__(self, path: str, *, on_commit: Callable[[list[CommittedEvent]], None]
                  | None = None, group_commit: bool = True,
-                 busy_timeout_s: float = BUSY_TIMEOUT_S) -> None:
+                 busy_timeout_s: float = BUSY_TIMEOUT_S,
+                 boot_id: Callable[[], str | None] | None = None) -> None:
+        """``boot_id``: the kernel's boot id, ``None`` when unknown (a test injects it)."""
         super().__init__(on_commit=on_commit, group_commit=group_commit, readers=READERS)
         self.path = store_path(path)
         self.busy_timeout_s = busy_timeout_s
@@ -129,6 +157,14 @@ class SqliteTaskStore(TokenOps, AuditOps, ObservedMoves, GroupCommitStore[sqlite
         # per create); ``None`` = unknown, recounted when next needed.
         self._queued: int | None = None
         self._full = True   # the writer connection's ``synchronous`` is FULL
+        self.boot_id = (boot_id or read_boot_id)() or ""   # "" = unknown
+        self.run = uuid.uuid4().hex
+        # True when an earlier run may have lost NORMAL commits to a power loss (the
+        # module docstring); read at open.
+        self.unsynced_loss = False
+        self._earlier_runs: list[str] = []   # their rows, read at open
+        self._clear_at_close: set[str] = set()   # this run's row, once written
+        self._marked = False   # this run's row is written (before its first NORMAL)
 
     # -- lifecycle -----------------------------------------------------------------
     async def _connect_all(self) -> None:
@@ -142,7 +178,9 @@ class SqliteTaskStore(TokenOps, AuditOps, ObservedMoves, GroupCommitStore[sqlite
             raise
 
     def _disconnect_all(self) -> None:
-        for conn in (self._writer, *self._readers):
+        if self._writer is not None:
+            self._clean_stop(self._writer)
+        for conn in (*self._readers, self._writer):   # the writer last: it checkpoints
             if conn is not None:
                 conn.close()
         self._writer = None
@@ -155,10 +193,50 @@ class SqliteTaskStore(TokenOps, AuditOps, ObservedMoves, GroupCommitStore[sqlite
         mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
         assert mode.lower() == "wal", mode
         migrate_sqlite(conn)
+        conn.execute(_UNSYNCED_RUNS)
+        boot = self.boot_id
+        rows = conn.execute("SELECT run, boot_id FROM unsynced_runs").fetchall()
+        self._earlier_runs = [run for run, _ in rows]
+        self.unsynced_loss = any(not earlier or not boot or earlier != boot
+                                 for _, earlier in rows)
+        if self.unsynced_loss:
+            log.warning("%s: the last run stopped without flushing its last session journal "
+                        "commits, on another boot: they may be lost (sessions resync)",
+                        self.path)
         private_files(self.path)
         info = os.stat(self.path)
         self._file = (info.st_dev, info.st_ino)
         return conn
+
+    def settled_earlier_runs(self) -> None:
+        """What the earlier runs may have lost is handled (the session journal restored
+        under new epochs): this run's clean close deletes their rows too."""
+        self._clear_at_close.update(self._earlier_runs)
+
+    def _mark_unsynced(self, conn: sqlite3.Connection) -> None:
+        """This run's row, in a FULL commit of its own, before its first NORMAL one."""
+        conn.execute("INSERT OR REPLACE INTO unsynced_runs(run, boot_id) VALUES (?, ?)",
+                     (self.run, self.boot_id))
+        self._marked = True
+        self._clear_at_close.add(self.run)
+
+    def _clean_stop(self, conn: sqlite3.Connection) -> None:
+        """A clean close: the rows handled are deleted in a FULL commit, which flushes
+        every NORMAL commit before it. When it cannot be written the rows stay (the next
+        start on another boot resyncs the sessions: safe)."""
+        if not self._clear_at_close or self._lost is not None:
+            return
+        runs = sorted(self._clear_at_close)
+        try:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            conn.execute("PRAGMA synchronous=FULL")
+            self._full = True
+            conn.execute(f"DELETE FROM unsynced_runs WHERE run IN "
+                         f"({','.join('?' * len(runs))})", runs)
+            self._clear_at_close.clear()
+        except (sqlite3.Error, OSError) as exc:
+            log.warning("%s: the clean stop could not be recorded (%s)", self.path, exc)
 
     # -- faults --------------------------------------------------------------------
     def _check_file(self) -> None:
@@ -235,6 +313,8 @@ class SqliteTaskStore(TokenOps, AuditOps, ObservedMoves, GroupCommitStore[sqlite
         """FULL when one operation of ``batch`` is durable, else NORMAL (see the module
         docstring); a statement only when it changes."""
         full = any(op.durable for op in batch)
+        if not full and not self._marked:
+            self._mark_unsynced(conn)   # still FULL: autocommitted and flushed
         if full != self._full:
             conn.execute(f"PRAGMA synchronous={'FULL' if full else 'NORMAL'}")
             self._full = full

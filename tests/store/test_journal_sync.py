@@ -115,3 +115,84 @@ async def test_settled_prompts_kept_are_bounded(tmp_path: Path) -> None:
             [restored] = await journal.restore()
     assert [t.prompt_id for t in restored.terminals] == \
         [f"p{n:04d}" for n in range(total - MAX_PROMPT_TERMINALS, total)]
+
+
+def _accept(pid: str, seq: int) -> PromptAccepted:
+    return PromptAccepted(session_id="s1", prompt_id=pid, prompt=[], queued_at_ms=seq, seq=seq)
+
+
+def _settle(pid: str, at: int) -> PromptSettled:
+    return PromptSettled(session_id="s1", prompt_id=pid, terminal="completed", at=at)
+
+
+def _opened() -> SessionOpened:
+    return SessionOpened(session_id="s1", agent="reference", cwd="/ws", created_at=1.0,
+                         epoch="e1")
+
+
+async def _settled_rows(store: SqliteTaskStore) -> int:
+    return await store._read(lambda conn: conn.execute(
+        "SELECT COUNT(*) FROM session_prompts WHERE terminal IS NOT NULL").fetchone()[0])
+
+
+async def test_a_session_settling_few_prompts_per_run_is_trimmed(tmp_path: Path) -> None:
+    """The count towards the next trim is seeded at restore from the settled prompts on
+    disk: a session that settles fewer than ``TRIM_TERMINALS_EVERY`` prompts a run is
+    trimmed all the same (not ``TRIM_TERMINALS_EVERY - 1`` more rows a restart)."""
+    path = str(tmp_path / "store.db")
+    first = MAX_PROMPT_TERMINALS + TRIM_TERMINALS_EVERY - 1
+    async with SqliteTaskStore(path) as store, StoreSessionJournal(store) as journal:
+        journal.append(_opened())
+        for batch in (range(MAX_PROMPT_TERMINALS), range(MAX_PROMPT_TERMINALS, first)):
+            seq = 0
+            for n in batch:   # a trim at the 256th, then 63 more: none
+                journal.append(_accept(f"p{n:04d}", n))
+                seq = journal.append(_settle(f"p{n:04d}", n))
+            await journal.wait(seq)
+        assert await _settled_rows(store) == first
+    async with SqliteTaskStore(path) as store, StoreSessionJournal(store) as journal:
+        await journal.restore()
+        journal.append(_accept("p9999", 9999))
+        await journal.wait(journal.append(_settle("p9999", 9999)))
+        assert await _settled_rows(store) == MAX_PROMPT_TERMINALS
+
+
+async def test_a_commit_run_twice_counts_its_settles_once(tmp_path: Path) -> None:
+    """A batch whose other operation fails is rolled back and run again with savepoints:
+    the journal's commit runs twice, its settles count once (counted when it lands)."""
+    def boom(conn: Any, out: Any, *state: Any) -> None:
+        raise ValueError("this operation's own error")
+
+    async with SqliteTaskStore(str(tmp_path / "store.db")) as store, \
+            StoreSessionJournal(store) as journal:
+        journal.append(_opened())
+        seq = 0
+        for n in range(40):
+            journal.append(_accept(f"p{n:04d}", n))
+            seq = journal.append(_settle(f"p{n:04d}", n))
+        failing = Op(boom)
+        assert store.submit(failing)   # the same batch as the journal's commit
+        await journal.wait(seq)
+        await failing.done.wait()
+        assert isinstance(failing.error, ValueError)
+        assert journal.commits == 1 and journal._untrimmed == {"s1": 40}
+
+
+async def test_the_trim_keeps_the_newest_by_settle_time(tmp_path: Path) -> None:
+    """Prompts settled in another order than admitted (seq): the trim keeps the newest
+    ``MAX_PROMPT_TERMINALS`` by settle time, the ones restore reads and the in-memory
+    deque keeps."""
+    total = MAX_PROMPT_TERMINALS + TRIM_TERMINALS_EVERY
+    async with SqliteTaskStore(str(tmp_path / "store.db")) as store, \
+            StoreSessionJournal(store) as journal:
+        journal.append(_opened())
+        for n in range(total):
+            journal.append(_accept(f"p{n:04d}", n))
+        seq = 0
+        for n in reversed(range(total)):   # the last admitted settles first
+            seq = journal.append(_settle(f"p{n:04d}", total - n))
+        await journal.wait(seq)
+        assert await _settled_rows(store) == MAX_PROMPT_TERMINALS
+        [restored] = await journal.restore()
+    assert [t.prompt_id for t in restored.terminals] == \
+        [f"p{n:04d}" for n in reversed(range(MAX_PROMPT_TERMINALS))]

@@ -1,0 +1,227 @@
+"""The session journal's reads (``acp_server.store.sessions.StoreSessionJournal``
+inherits them): the restore at start, an adopted session, the reads of sessions
+another instance runs, and the purge of closed sessions.
+
+    found = await journal.restore()            # every session this instance restores
+    opened, closed, rows = await journal.read_after(session_id, after=41)
+
+Contracts: see ``acp_server.store.sessions``. A row that cannot be decoded is logged
+and skipped (a lost event gives its session a new epoch, ``RestoredSession.gap``).
+Settled prompts are read in settle time order, as the writer trims them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+
+from acp_server.store.errors import StoreUnavailableError
+from acp_server.store.leases import SessionLeases
+from acp_server.store.write_behind import MARKER_ID
+from bridge.errors import JournalUnavailableError
+from bridge.journal import PromptAccepted, PromptSettled, RestoredSession, SessionOpened
+from bridge.status import MAX_PROMPT_TERMINALS, PromptTerminal
+from bridge.wire import event_from_envelope
+
+log = logging.getLogger("acp_server.store.sessions")
+
+_OPENED = msgspec.msgpack.Decoder(SessionOpened)
+_ACCEPTED = msgspec.msgpack.Decoder(PromptAccepted)
+_SETTLED = msgspec.msgpack.Decoder(PromptSettled)
+_ACCEPTED_JSON = msgspec.json.Decoder(PromptAccepted)
+SESSION_TABLES = (("session_events", "session_id"), ("session_prompts", "session_id"),
+                  ("session_leases", "session_id"), ("sessions", "id"))
+
+
+def _decode_accepted(blob: bytes) -> PromptAccepted:
+    return (_ACCEPTED_JSON if blob[:1] == b"{" else _ACCEPTED).decode(blob)
+
+
+class SessionReads:
+    """The reads of ``StoreSessionJournal`` (its attributes, set there)."""
+
+    store: Any
+    leases: SessionLeases | None
+    owner: str | None
+    fence: dict[str, int]
+    ring_size: int
+    _untrimmed: dict[str, int]
+
+    def _sql(self, text: str) -> str:
+        raise NotImplementedError
+
+    # -- restore and purge ---------------------------------------------------------------
+    async def restore(self) -> list[RestoredSession]:
+        settled: dict[str, int] = {}
+        if self.leases is None:
+            found = await self.store._read(lambda conn: self._restore_in(
+                conn, "owner IS NULL OR owner = ?", (self.owner,), settled=settled))
+            self._seed_untrimmed(settled)
+            if getattr(self.store, "unsynced_loss", False):   # SQLite, after a power loss
+                log.warning("session journal: the last run's newest commits may be lost "
+                            "(no clean stop, another boot): every session gets a new epoch")
+                for session in found:
+                    session.gap = True
+            settled = getattr(self.store, "settled_earlier_runs", None)
+            if settled is not None:
+                settled()
+            return found
+        leases = self.leases
+        tokens = await self.store._write(lambda conn, out, *state: leases.take_own(conn))
+        self.fence.update(tokens)
+        found = await self.store._read(lambda conn: self._restore_in(
+            conn, "(closed_at IS NOT NULL AND (owner IS NULL OR owner = %s)) OR id = ANY(%s)",
+            (self.owner, sorted(tokens)), settled=settled))
+        self._seed_untrimmed(settled)
+        return found
+
+    def _seed_untrimmed(self, settled: dict[str, int]) -> None:
+        """The live sessions' settled prompts on disk as restored: those past the kept
+        number count towards their next trim (``_plan_trims``), so a session that
+        settles fewer than ``TRIM_TERMINALS_EVERY`` prompts per run is trimmed too."""
+        for sid, count in settled.items():
+            if count > MAX_PROMPT_TERMINALS:
+                self._untrimmed[sid] = count - MAX_PROMPT_TERMINALS
+
+    def _restore_in(self, conn: Any, where: str, params: tuple[Any, ...],
+                    ring: int | None = None, settled: dict[str, int] | None = None
+                    ) -> list[RestoredSession]:
+        """The sessions ``where`` selects; ``settled`` (when given) gets each live
+        one's count of settled prompts on disk."""
+        sql = self._sql
+        found: list[RestoredSession] = []
+        for sid, blob, closed_at in conn.execute(sql(
+                f"SELECT id, record, closed_at FROM sessions WHERE {where} "
+                "ORDER BY created_at"), params).fetchall():
+            try:
+                record = _OPENED.decode(bytes(blob))
+            except msgspec.MsgspecError as exc:
+                log.error("session journal: session %s has an unreadable record (%s): skipped",
+                          sid, exc)
+                continue
+            terminals: list[PromptTerminal] = []
+            unsettled: list[PromptAccepted] = []
+            for pid, prompt_blob, terminal_blob in conn.execute(sql(
+                    "SELECT prompt_id, record, terminal FROM session_prompts "
+                    "WHERE session_id = ? ORDER BY seq"), (sid,)).fetchall():
+                try:
+                    if terminal_blob is not None:
+                        t = _SETTLED.decode(bytes(terminal_blob))
+                        terminals.append(PromptTerminal(prompt_id=t.prompt_id,
+                                                        terminal=t.terminal, at=t.at,
+                                                        stop_reason=t.stop_reason,
+                                                        error_code=t.error_code))
+                    else:
+                        unsettled.append(_decode_accepted(bytes(prompt_blob)))
+                except msgspec.MsgspecError as exc:
+                    log.error("session journal: prompt %s of session %s is unreadable (%s): "
+                              "skipped", pid, sid, exc)
+            terminals.sort(key=lambda t: t.at)   # as trimmed: by settle time, then seq
+            if settled is not None and closed_at is None:
+                settled[sid] = len(terminals)
+            rows = conn.execute(sql(
+                "SELECT id, envelope FROM session_events WHERE session_id = ? AND id > ? "
+                "ORDER BY id DESC LIMIT ?"), (sid, MARKER_ID, ring or self.ring_size)).fetchall()
+            rows.reverse()
+            events = []
+            # readers may have seen events ahead of the journal (write-behind): resync
+            gap = conn.execute(sql("SELECT 1 FROM session_events WHERE session_id = ? AND "
+                                   "id = ?"), (sid, MARKER_ID)).fetchone() is not None
+            for event_id, envelope in rows:
+                try:
+                    event = event_from_envelope(bytes(envelope))
+                except (msgspec.MsgspecError, KeyError, TypeError) as exc:
+                    log.error("session journal: event %s of session %s is unreadable (%s): "
+                              "skipped", event_id, sid, exc)
+                    gap = True
+                    continue
+                if events and event.id != events[-1].id + 1:
+                    gap = True
+                events.append(event)
+            last = rows[-1][0] if rows else 0
+            started: set[str] = set()
+            if unsettled:
+                ids = {p.prompt_id for p in unsettled}
+                for (pid,) in conn.execute(sql(
+                        "SELECT DISTINCT prompt_id FROM session_events WHERE session_id = ? "
+                        "AND prompt_id IS NOT NULL AND type <> 'pending_prompt_added'"),
+                        (sid,)).fetchall():
+                    if pid in ids:
+                        started.add(pid)
+            if gap:
+                log.warning("session journal: session %s lost events: a new epoch", sid)
+            found.append(RestoredSession(
+                record=record, events=events, last_event_id=last,
+                terminals=terminals[-MAX_PROMPT_TERMINALS:], unsettled=unsettled,
+                started=started, closed_at=closed_at, gap=gap))
+        return found
+
+    # -- reads for other instances (``acp_server.fleet.replica``) ------------------------
+    async def read(self, session_id: str, *, only: Sequence[str] | None = None
+                   ) -> RestoredSession | None:
+        """One session as the journal has it (live or closed), taking no lease: what
+        an instance that does not run it serves its reads from. ``only`` (event types,
+        for a status): of its events only the newest and those of these types are
+        read, not its ring."""
+        sql = self._sql
+
+        def read(conn: Any) -> RestoredSession | None:
+            found = self._restore_in(conn, sql("id = ?"), (session_id,),
+                                     None if only is None else 1)
+            if not found or only is None:
+                return found[0] if found else None
+            session = found[0]
+            asked = {event.id: event for event in session.events}
+            kinds = ",".join("?" * len(only))
+            for _, envelope in conn.execute(sql(
+                    f"SELECT id, envelope FROM session_events WHERE session_id = ? "
+                    f"AND type IN ({kinds}) ORDER BY id"), (session_id, *only)).fetchall():
+                with contextlib.suppress(msgspec.MsgspecError, KeyError, TypeError):
+                    event = event_from_envelope(bytes(envelope))
+                    asked[event.id] = event
+            session.events = [asked[i] for i in sorted(asked)]  # type: ignore[type-var]
+            return session
+
+        return await self.store._read(read)
+
+    async def read_after(self, session_id: str, after: int, limit: int = 512
+                         ) -> tuple[SessionOpened | None, bool, list[tuple[int, bytes]]]:
+        """A reader's next rows: (the session's record, ``None`` when it is gone;
+        whether it is closed; up to ``limit`` of its event envelopes after id
+        ``after``, oldest first, as ``(id, envelope)``)."""
+        sql = self._sql
+
+        def read(conn: Any) -> tuple[SessionOpened | None, bool, list[tuple[int, bytes]]]:
+            row = conn.execute(sql("SELECT record, closed_at FROM sessions WHERE id = ?"),
+                               (session_id,)).fetchone()
+            if row is None:
+                return None, True, []
+            rows = conn.execute(sql(
+                "SELECT id, envelope FROM session_events WHERE session_id = ? AND id > ? "
+                "ORDER BY id LIMIT ?"), (session_id, max(after, MARKER_ID), limit)).fetchall()
+            return (_OPENED.decode(bytes(row[0])), row[1] is not None,
+                    [(int(i), bytes(e)) for i, e in rows])
+
+        return await self.store._read(read)
+
+    async def purge(self, closed_before: float) -> int:
+        """Remove the sessions closed before ``closed_before`` (epoch seconds)."""
+        def op(conn: Any, out: Any, *state: Any) -> int:
+            sql = self._sql
+            ids = [row[0] for row in conn.execute(sql(
+                "SELECT id FROM sessions WHERE closed_at IS NOT NULL AND closed_at < ?"),
+                (closed_before,)).fetchall()]
+            for sid in ids:
+                for table, column in SESSION_TABLES:
+                    conn.execute(sql(f"DELETE FROM {table} WHERE {column} = ?"), (sid,))
+            return len(ids)
+
+        try:
+            return await self.store._write(op)
+        except StoreUnavailableError as exc:
+            raise JournalUnavailableError(exc.reason) from exc
+
