@@ -16,8 +16,10 @@ import anyio
 import pytest
 
 from bridge.errors import SessionBusyElsewhereError
+from tests.bridge.helpers import wait_until
 from tests.harness import local_server
 from tests.harness.local import LocalServer
+from tests.instances.test_leases import _session
 from tests.lmsp import stores
 from tests.store.test_session_restart import _is, _prompt, read_events
 
@@ -46,8 +48,7 @@ async def test_forwarded_to_the_owner_then_adopted_when_its_lease_expired(
         tmp_path: Path) -> None:
     now = [0.0]
     async with _pair(tmp_path, now) as (a, b):
-        sid = (await a.client.post("/session", json={"sessionScope": "thread"})).json()[
-            "sessionId"]
+        sid = await _session(a.client)
         assert not b.bridge.has_session(sid)
         status = await b.client.get(f"/session/{sid}/status")   # a read: from the journal
         assert status.status_code == 200, status.text
@@ -76,9 +77,7 @@ async def test_forwarded_to_the_owner_then_adopted_when_its_lease_expired(
         assert refused.status_code == 503   # in flight at the fence: its own code
         assert refused.json()["code"] == "session_moved"
         assert refused.headers["retry-after"] == "1"
-        with anyio.fail_after(10):
-            while a.bridge.has_session(sid):
-                await anyio.sleep(0.01)
+        await wait_until(lambda: not a.bridge.has_session(sid), timeout=10)
         # from now on a forwards to b, and the stream continues from the journal
         again = await a.client.post(f"/session/{sid}/prompt", json=_prompt("/chunks 2 y"))
         assert again.status_code == 202
@@ -107,8 +106,7 @@ async def test_forwarded_to_the_owner_then_adopted_when_its_lease_expired(
 async def test_an_owner_that_cannot_be_reached_is_a_503(tmp_path: Path) -> None:
     now = [0.0]
     async with _pair(tmp_path, now) as (a, b):
-        sid = (await a.client.post("/session", json={"sessionScope": "thread"})).json()[
-            "sessionId"]
+        sid = await _session(a.client)
         a.server.leases.url = "http://127.0.0.1:9"   # type: ignore[union-attr]
         assert await a.bridge.journal.renew() == set()   # type: ignore[attr-defined]
         refused = await b.client.post(f"/session/{sid}/prompt", json=_prompt("x"))
@@ -122,8 +120,7 @@ async def test_the_sweep_adopts_an_orphan_and_settles_its_interrupted_prompt(
         tmp_path: Path) -> None:
     now = [0.0]
     async with _pair(tmp_path, now) as (a, b):
-        sid = (await a.client.post("/session", json={"sessionScope": "thread"})).json()[
-            "sessionId"]
+        sid = await _session(a.client)
         running = await a.client.post(f"/session/{sid}/prompt", json=_prompt("/sleep 60s"))
         queued = await a.client.post(f"/session/{sid}/prompt", json=_prompt("/chunks 2 q"))
         pids = [running.json()["promptId"], queued.json()["promptId"]]
@@ -160,8 +157,7 @@ async def test_acp_resume_flow_across_instances(tmp_path: Path) -> None:
             "params": {"cwd": str(tmp_path), "mcpServers": []}}, headers={
             "accept": "application/json, text/event-stream", "acp-connection-id": connection})
         assert unknown.status_code == 404   # a's connection: b does not hold it
-        sid = (await a.client.post("/session", json={"sessionScope": "thread"})).json()[
-            "sessionId"]
+        sid = await _session(a.client)
         done = await a.client.post(f"/session/{sid}/prompt", json=_prompt("/chunks 2 hi"))
         await read_events(a.client, sid, _is("turn_complete", done.json()["promptId"]),
                           last_event_id=0)
@@ -192,17 +188,15 @@ async def test_a_stream_from_the_journal_ends_when_its_client_goes_away(
     may drop sends to a gone client without a word), and nothing is forwarded."""
     now = [0.0]
     async with _pair(tmp_path, now) as (a, b):
-        sid = (await a.client.post("/session", json={"sessionScope": "thread"})).json()[
-            "sessionId"]
+        sid = await _session(a.client)
         replicas = b.server.fleet.replicas   # type: ignore[union-attr]
         for round_ in range(3):
             accepted = await b.client.post(f"/session/{sid}/prompt",
                                            json=_prompt(f"/chunks 2 r{round_}"))
             pid = accepted.json()["promptId"]
             await read_events(b.client, sid, _is("turn_complete", pid), last_event_id=0)
-            with anyio.fail_after(10):   # the reader left: so does the tail
-                while replicas.following():
-                    await anyio.sleep(0.01)
+            # the reader left: so does the tail
+            await wait_until(lambda: not replicas.following(), timeout=10)
         assert a.bridge.get_session(sid).bus.subscriber_count == 0
         assert b.server.fleet.stats.forwards == 3   # the prompts
         assert b.server.fleet.stats.journal_reads == 3   # the streams
@@ -212,8 +206,7 @@ async def test_a_stream_from_the_journal_ends_when_the_owner_closes_the_session(
         tmp_path: Path) -> None:
     now = [0.0]
     async with _pair(tmp_path, now) as (a, b):
-        sid = (await a.client.post("/session", json={"sessionScope": "thread"})).json()[
-            "sessionId"]
+        sid = await _session(a.client)
         await a.client.post(f"/session/{sid}/prompt", json=_prompt("/chunks 2 z"))
         closed = False
         with anyio.fail_after(20):   # the stream on b ends once a closed the session
@@ -277,16 +270,14 @@ async def test_a_reader_ahead_of_the_tail_resumes_without_a_resync(tmp_path: Pat
     instance's tail of the session lags (no NOTIFY heard yet), gets what follows its
     cursor, not ``state_resync_required``; the lagging readers get the events too."""
     async with _pair(tmp_path, [0.0]) as (a, b):
-        sid = (await a.client.post("/session", json={"sessionScope": "thread"})).json()[
-            "sessionId"]
+        sid = await _session(a.client)
         replicas = b.server.fleet.replicas   # type: ignore[union-attr]
         replicas.poll_s = 3600
         b.bridge.journal.store.on_sessions = lambda ids: None   # type: ignore[attr-defined]
         with anyio.fail_after(20):
             async with b.client.stream("GET", f"/session/{sid}/events",
                                        headers={"Last-Event-ID": "0"}) as lagging:
-                while replicas.following() != [sid]:
-                    await anyio.sleep(0.01)
+                await wait_until(lambda: replicas.following() == [sid], timeout=20)
                 done = await a.client.post(f"/session/{sid}/prompt", json=_prompt("/chunks 2"))
                 pid = done.json()["promptId"]
                 on_a = await read_events(a.client, sid, _is("turn_complete", pid),
@@ -310,8 +301,7 @@ async def test_a_status_from_the_journal_shows_the_running_prompt_and_its_questi
     """b answers a's session's status and pending prompts from the journal: the
     running prompt (and its text), the queued one, the permission it waits for."""
     async with _pair(tmp_path, [0.0]) as (a, b):
-        sid = (await a.client.post("/session", json={"sessionScope": "thread"})).json()[
-            "sessionId"]
+        sid = await _session(a.client)
         asking = await a.client.post(f"/session/{sid}/prompt", json=_prompt("/permission"))
         queued = await a.client.post(f"/session/{sid}/prompt", json=_prompt("after"))
         pids = [asking.json()["promptId"], queued.json()["promptId"]]
@@ -341,8 +331,7 @@ async def test_a_request_forwarded_to_an_owner_that_just_let_go_is_routed_again(
     now = [0.0]
     async with _pair(tmp_path, now) as (a, b), \
             local_server(tmp_path, state_dir=tmp_path / "c", **_flags(tmp_path, now)) as c:
-        sid = (await a.client.post("/session", json={"sessionScope": "thread"})).json()[
-            "sessionId"]
+        sid = await _session(a.client)
         leases = c.server.leases
         assert leases is not None
         stale = await c.server.fleet.journal.store._read(lambda conn: leases.owner(conn, sid))
@@ -352,9 +341,7 @@ async def test_a_request_forwarded_to_an_owner_that_just_let_go_is_routed_again(
         assert b.bridge.has_session(sid)
         assert (await a.client.post(f"/session/{sid}/prompt", json=_prompt("x"))
                 ).status_code == 503
-        with anyio.fail_after(10):
-            while a.bridge.has_session(sid):
-                await anyio.sleep(0.01)
+        await wait_until(lambda: not a.bridge.has_session(sid), timeout=10)
         real, looked = leases.owner, []
 
         def first_stale(conn: Any, session_id: str) -> Any:

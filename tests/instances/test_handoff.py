@@ -14,6 +14,7 @@ import pytest
 
 from tests.acp_http.wsclient import ws_connect
 from tests.instances.test_forward_adopt import _pair
+from tests.instances.test_leases import _session
 from tests.principals.helpers import bearer, mint
 from tests.store.test_session_restart import _is, _prompt, read_events
 
@@ -41,8 +42,7 @@ async def test_an_idle_session_is_handed_over_to_the_instance_that_loads_it(
         tmp_path: Path) -> None:
     now = [0.0]
     async with _pair(tmp_path, now) as (a, b):
-        sid = (await a.client.post("/session", json={"sessionScope": "thread"})).json()[
-            "sessionId"]
+        sid = await _session(a.client)
         first = (await a.client.post(f"/session/{sid}/prompt",
                                      json=_prompt("/chunks 3 before"))).json()["promptId"]
         await read_events(a.client, sid, _is("turn_complete", first), last_event_id=0)
@@ -85,8 +85,7 @@ async def test_an_idle_session_is_handed_over_to_the_instance_that_loads_it(
 async def test_a_busy_session_stays_and_the_load_is_refused_at_once(tmp_path: Path) -> None:
     now = [0.0]
     async with _pair(tmp_path, now) as (a, b):
-        sid = (await a.client.post("/session", json={"sessionScope": "thread"})).json()[
-            "sessionId"]
+        sid = await _session(a.client)
         pid = (await a.client.post(f"/session/{sid}/prompt",
                                    json=_prompt("/sleep 30s x"))).json()["promptId"]
         assert a.bridge.session_status(sid).pending_prompts == 1   # accepted: busy
@@ -135,8 +134,7 @@ async def test_an_owner_that_does_not_answer_is_waited_for_a_bounded_time(
     the renewal being slower than any test), then the load is refused, retryable."""
     now = [0.0]
     async with _pair(tmp_path, now) as (a, b):
-        sid = (await a.client.post("/session", json={"sessionScope": "thread"})).json()[
-            "sessionId"]
+        sid = await _session(a.client)
         a.server.fleet.journal.store.on_handoff = None   # deaf to hand-off notices
         b.server.fleet.handoffs.wait_s = 0.5
         async with ws_connect(b.base_url) as ws:

@@ -13,6 +13,7 @@ import pytest
 
 from bridge.agents.reference import ReferenceAgentFactory
 from bridge.options import BridgeOptions
+from tests.bridge.helpers import wait_until
 from tests.lmsp.server import running_lmsp
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("store_name")]
@@ -46,9 +47,8 @@ async def test_cancelling_a_loading_task_ends_it(tmp_path: Path) -> None:
         assert answer.status_code == 200, answer.text
         done = await server.wait(task["id"])
         assert done["status"] == "cancelled"
-        with anyio.fail_after(10):   # its runner slot is free again: the terminal is
-            while server.service.runner.running:   # committed before the turn unwinds
-                await anyio.sleep(0.01)
+        # its runner slot is free again: the terminal is committed before the turn unwinds
+        await wait_until(lambda: not server.service.runner.running, timeout=10)
 
 
 async def test_work_at_the_session_limit_stays_queued_until_a_slot_frees(

@@ -7,10 +7,10 @@ import sys
 import threading
 from collections.abc import Iterator
 
-import anyio
 import pytest
 
 from acp_server.store.writer import SWITCH_INTERVAL_S, store_work
+from tests.bridge.helpers import wait_until
 
 
 @pytest.fixture
@@ -68,8 +68,7 @@ async def test_a_store_leaves_the_interval_as_it_found_it(tmp_path, interval: fl
         assert await store.get_task("no-such-task") is None
         # the writer's thread wakes its callers before it returns and leaves (its
         # chained batches): the interval is back once the writer task resumes
-        with anyio.fail_after(10):
-            while sys.getswitchinterval() != pytest.approx(interval):
-                await anyio.sleep(0.001)
+        await wait_until(lambda: sys.getswitchinterval() == pytest.approx(interval),
+                         timeout=10)
     assert seen == [pytest.approx(SWITCH_INTERVAL_S)]   # on the writer's thread
     assert sys.getswitchinterval() == pytest.approx(interval)
