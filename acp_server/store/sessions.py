@@ -146,6 +146,9 @@ class StoreSessionJournal(SessionReads):
         self.ring_size = ring_size
         self.max_session_bytes = max_session_bytes
         self._unsized: dict[str, int] = {}   # envelope bytes per session since its trim
+        # the sessions the commit in flight byte-trims, and each counted session's bytes
+        # once it has landed (``None``: forgotten): planned like the terminal trims
+        self._batch_sized: tuple[set[str], dict[str, int | None]] = (set(), {})
         # per session: its settled prompts on disk past the newest MAX_PROMPT_TERMINALS
         # (seeded at restore, updated once a commit has landed: ``_plan_trims``)
         self._untrimmed: dict[str, int] = {}
@@ -285,6 +288,7 @@ class StoreSessionJournal(SessionReads):
     def _take(self) -> None:
         self._batch, self._pending = self._pending, []
         self._batch_trims, self._batch_untrimmed = self._plan_trims(self._batch)
+        self._batch_sized = self._plan_bytes(self._batch)
         # the lease tokens this commit is fenced by, as the batch starts
         self._batch_fence = dict(self.fence) if self.leases is not None else None
 
@@ -302,6 +306,7 @@ class StoreSessionJournal(SessionReads):
         batch, self._batch = self._batch, []
         self._inflight = None
         untrimmed, self._batch_untrimmed = self._batch_untrimmed, {}
+        sized, self._batch_sized = self._batch_sized[1], (set(), {})
         if op.error is not None:   # nothing counted: the records kept are planned again
             self._failed_batch(batch, op.error)   # type: ignore[arg-type]
             self._failing = True   # the flusher backs off, then commits again
@@ -316,6 +321,13 @@ class StoreSessionJournal(SessionReads):
                     self._untrimmed.pop(sid, None)
                 else:
                     self._untrimmed[sid] = count
+            for sid, size in sized.items():
+                if sid in refused:
+                    continue   # nothing of it was written
+                if size is None:
+                    self._unsized.pop(sid, None)
+                else:
+                    self._unsized[sid] = size
             self._committed(batch, taken, refused)
             self._durable_through = batch[-1][0]
             self._on_events([r for _, r in batch if isinstance(r, EventRecord)
@@ -352,6 +364,35 @@ class StoreSessionJournal(SessionReads):
             elif isinstance(record, SessionEnded):
                 counts[sid] = None
         return due, counts
+
+    def _plan_bytes(self, batch: list[tuple[int, _Record]]
+                    ) -> tuple[set[str], dict[str, int | None]]:
+        """Which sessions the commit of ``batch`` byte-trims (those whose envelopes
+        since their last trim reach a quarter of ``max_session_bytes``), and each
+        counted session's bytes once it has landed (``None``: ended, or trimmed now).
+        Planned as the commit starts and applied when it lands, as ``_plan_trims``:
+        a transaction run twice, or retried, counts nothing twice."""
+        grown: dict[str, int | None] = {}
+        for _, record in batch:
+            if isinstance(record, EventRecord):
+                sid = record.session_id
+                size = grown.get(sid, 0)
+                if size is not None:
+                    grown[sid] = size + len(record.envelope)
+            elif isinstance(record, SessionEnded):
+                grown[record.session_id] = None   # ended: nothing more to count
+        due: set[str] = set()
+        quarter = self.max_session_bytes // 4
+        for sid, size in grown.items():
+            if size is None:
+                continue
+            total = self._unsized.get(sid, 0) + size
+            if total >= quarter:
+                due.add(sid)
+                grown[sid] = None
+            else:
+                grown[sid] = total
+        return due, grown
 
     def _behind_landed(self, wb: WriteBehind, batch: list[tuple[int, _Record]]) -> None:
         touched: set[str] = set()
@@ -520,7 +561,6 @@ class StoreSessionJournal(SessionReads):
         accepted: list[tuple[str, str, int, bytes]] = []
         settled: list[PromptSettled] = []
         trim: dict[str, int] = {}
-        grown: dict[str, int] = {}   # envelope bytes per session in this commit
         ring = self.ring_size
         taken: dict[str, int] = {}
         refused: set[str] = set()
@@ -554,7 +594,6 @@ class StoreSessionJournal(SessionReads):
                 events.append((sid, event_id, record.type, record.prompt_id, envelope))
                 if event_id % COMPACT_EVERY == 0 and event_id > ring:
                     trim[sid] = event_id - ring
-                grown[sid] = grown.get(sid, 0) + len(envelope)
             elif isinstance(record, PromptAccepted):
                 accepted.append((record.session_id, record.prompt_id, record.seq,
                                  _encode(record)))
@@ -570,26 +609,15 @@ class StoreSessionJournal(SessionReads):
                                            "AND id = ?"), (record.session_id, MARKER_ID))
             else:
                 flush()
-                grown.pop(record.session_id, None)   # ended: nothing more to count
                 self._apply_one(conn, record)
         flush()
         for sid, through in trim.items():
             conn.execute(self._sql("DELETE FROM session_events WHERE session_id = ? AND id > ? "
                                    "AND id <= ?"), (sid, MARKER_ID, through))
-        for sid, size in grown.items():
-            if self._count_bytes(sid, size):
+        for sid in self._batch_sized[0]:   # due a byte trim (``_plan_bytes``)
+            if sid not in refused:
                 self._trim_bytes(conn, sid)
         return taken, refused
-
-    def _count_bytes(self, sid: str, size: int) -> bool:
-        """Count a commit's ``size`` bytes of envelopes of session ``sid``; ``True`` when
-        the session is due a byte trim."""
-        total = self._unsized.get(sid, 0) + size
-        if total >= self.max_session_bytes // 4:
-            self._unsized.pop(sid, None)
-            return True
-        self._unsized[sid] = total
-        return False
 
     def _trim_bytes(self, conn: Any, sid: str) -> None:
         """Delete the session's oldest events until the rest take at most
@@ -644,7 +672,6 @@ class StoreSessionJournal(SessionReads):
                 (record.session_id, record.created_at, _encode(record),
                  self.owner))
         elif isinstance(record, SessionEnded):
-            self._unsized.pop(record.session_id, None)
             if record.deleted:
                 for table, column in _SESSION_TABLES:
                     conn.execute(sql(f"DELETE FROM {table} WHERE {column} = ?"),
