@@ -64,6 +64,7 @@ Contracts (besides ``bridge.journal``'s):
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Self
@@ -128,6 +129,17 @@ SETTLE_UPDATE = ("WITH v(sid, pid, terminal, at) AS (VALUES {}) "
                  "WHERE session_prompts.session_id = v.sid AND session_prompts.prompt_id = v.pid")
 
 
+@dataclasses.dataclass(slots=True)
+class _Plan:
+    """What one commit trims and how the counts change once it lands (``_planned``)."""
+
+    trims: set[str] = dataclasses.field(default_factory=set)   # old terminals
+    untrimmed: dict[str, int | None] = dataclasses.field(default_factory=dict)
+    byte_trims: set[str] = dataclasses.field(default_factory=set)   # oldest events
+    unsized: dict[str, int | None] = dataclasses.field(default_factory=dict)
+    newest: dict[str, EventRecord] = dataclasses.field(default_factory=dict)
+
+
 class StoreSessionJournal(SessionReads):
     """See the module docstring. ``store`` is an open ``GroupCommitStore``."""
 
@@ -146,14 +158,10 @@ class StoreSessionJournal(SessionReads):
         self.ring_size = ring_size
         self.max_session_bytes = max_session_bytes
         self._unsized: dict[str, int] = {}   # envelope bytes per session since its trim
-        # the sessions the commit in flight byte-trims, and each counted session's bytes
-        # once it has landed (``None``: forgotten): planned like the terminal trims
-        self._batch_sized: tuple[set[str], dict[str, int | None]] = (set(), {})
         # per session: its settled prompts on disk past the newest MAX_PROMPT_TERMINALS
-        # (seeded at restore, updated once a commit has landed: ``_plan_trims``)
+        # (seeded at restore, updated once a commit has landed: ``_planned``)
         self._untrimmed: dict[str, int] = {}
-        self._batch_trims: set[str] = set()   # the sessions the commit in flight trims
-        self._batch_untrimmed: dict[str, int | None] = {}   # and their counts once landed
+        self._plan = _Plan()   # what the commit in flight trims and counts (``_take``)
         self._write_behind = WriteBehind(write_behind) if write_behind > 0 else None
         self.postgres = isinstance(store, PostgresEngine)
         # A shared (PostgreSQL) store: this instance restores only the sessions it made.
@@ -220,19 +228,29 @@ class StoreSessionJournal(SessionReads):
         if self._closing:
             return 0
         wb = self._write_behind
-        if wb is not None:
-            if isinstance(record, EventRecord):
-                marker = wb.before_event(record.session_id, record.event_id)
-                if marker is not None:
-                    self._push(marker)
-                seq = self._push(record)
-                if wb.early(record.session_id, record.event_id):
-                    self._on_events([record])   # readers see it now (the window)
-                return seq
-            if isinstance(record, (PromptAccepted, PromptSettled)):
-                wb.prompt(record.session_id, 1 if isinstance(record, PromptAccepted) else -1)
-            elif isinstance(record, SessionEnded):
-                wb.ended(record.session_id)
+        if wb is None:   # ``_push``, inline: eight records a prompt
+            seq = self._next
+            self._next += 1
+            self._pending.append((seq, record))
+            if self._inflight is None:
+                self._kick()
+            if self._failing and isinstance(record, CRITICAL):
+                self._wake.set()
+            if len(self._pending) > MAX_PENDING:
+                self._shed()
+            return seq
+        if isinstance(record, EventRecord):
+            marker = wb.before_event(record.session_id, record.event_id)
+            if marker is not None:
+                self._push(marker)
+            seq = self._push(record)
+            if wb.early(record.session_id, record.event_id):
+                self._on_events([record])   # readers see it now (the window)
+            return seq
+        if isinstance(record, (PromptAccepted, PromptSettled)):
+            wb.prompt(record.session_id, 1 if isinstance(record, PromptAccepted) else -1)
+        elif isinstance(record, SessionEnded):
+            wb.ended(record.session_id)
         return self._push(record)
 
     def _push(self, record: _Record) -> int:
@@ -287,8 +305,7 @@ class StoreSessionJournal(SessionReads):
 
     def _take(self) -> None:
         self._batch, self._pending = self._pending, []
-        self._batch_trims, self._batch_untrimmed = self._plan_trims(self._batch)
-        self._batch_sized = self._plan_bytes(self._batch)
+        self._plan = self._planned(self._batch)
         # the lease tokens this commit is fenced by, as the batch starts
         self._batch_fence = dict(self.fence) if self.leases is not None else None
 
@@ -305,8 +322,7 @@ class StoreSessionJournal(SessionReads):
     def _landed(self, op: Op) -> None:
         batch, self._batch = self._batch, []
         self._inflight = None
-        untrimmed, self._batch_untrimmed = self._batch_untrimmed, {}
-        sized, self._batch_sized = self._batch_sized[1], (set(), {})
+        plan, self._plan = self._plan, _Plan()
         if op.error is not None:   # nothing counted: the records kept are planned again
             self._failed_batch(batch, op.error)   # type: ignore[arg-type]
             self._failing = True   # the flusher backs off, then commits again
@@ -316,12 +332,12 @@ class StoreSessionJournal(SessionReads):
         if batch:
             taken, refused = op.result if op.result is not None else ({}, set())
             self.commits += 1
-            for sid, count in untrimmed.items():
+            for sid, count in plan.untrimmed.items():
                 if count is None:
                     self._untrimmed.pop(sid, None)
                 else:
                     self._untrimmed[sid] = count
-            for sid, size in sized.items():
+            for sid, size in plan.unsized.items():
                 if sid in refused:
                     continue   # nothing of it was written
                 if size is None:
@@ -330,8 +346,9 @@ class StoreSessionJournal(SessionReads):
                     self._unsized[sid] = size
             self._committed(batch, taken, refused)
             self._durable_through = batch[-1][0]
-            self._on_events([r for _, r in batch if isinstance(r, EventRecord)
-                             and r.session_id not in refused])
+            newest = plan.newest   # readers may see each session's events through it
+            self._on_events([r for sid, r in newest.items() if sid not in refused]
+                            if refused else list(newest.values()))
             self._signal()
             if self._write_behind is not None:
                 self._behind_landed(self._write_behind, batch)
@@ -342,57 +359,49 @@ class StoreSessionJournal(SessionReads):
         else:
             self._kick()
 
-    def _plan_trims(self, batch: list[tuple[int, _Record]]
-                    ) -> tuple[set[str], dict[str, int | None]]:
-        """Which sessions' old terminals the commit of ``batch`` deletes (those that
-        reach ``TRIM_TERMINALS_EVERY`` settled prompts past the kept number), and each
-        touched session's count once it has landed (``None``: ended). Planned in the
-        event loop as the commit starts, so a transaction run twice (a batch rolled
-        back, then run with savepoints) or retried counts nothing twice and never
-        loses a trim: the counts change only when the commit lands (``_landed``)."""
-        due: set[str] = set()
-        counts: dict[str, int | None] = {}
+    def _planned(self, batch: list[tuple[int, _Record]]) -> _Plan:
+        """What the commit of ``batch`` trims and how it changes the counts, in one pass
+        (event loop, as the commit starts; applied only when it lands, ``_landed``: a
+        transaction run twice — a batch rolled back, then run with savepoints — or
+        retried counts nothing twice and never loses a trim):
+
+        * the sessions whose old terminals it deletes (they reach
+          ``TRIM_TERMINALS_EVERY`` settled prompts past the kept number) and each
+          touched session's settle count once landed (``None``: ended);
+        * the sessions it byte-trims (their envelopes since their last byte trim reach
+          a quarter of ``max_session_bytes``) and each one's byte count once landed
+          (``None``: ended, or trimmed now);
+        * each session's newest event in it (what readers may see once it lands)."""
+        plan = _Plan()
+        due, counts, grown, newest = plan.trims, plan.untrimmed, plan.unsized, plan.newest
+        untrimmed = self._untrimmed
         for _, record in batch:
-            sid = record.session_id
-            if isinstance(record, PromptSettled):
-                count = counts.get(sid, self._untrimmed.get(sid, 0))
-                count = (count or 0) + 1
+            kind = type(record)
+            if kind is EventRecord:
+                sid = record.session_id
+                newest[sid] = record   # type: ignore[assignment]
+                size = grown.get(sid, 0)
+                if size is not None:
+                    grown[sid] = size + len(record.envelope)   # type: ignore[union-attr]
+            elif kind is PromptSettled:
+                sid = record.session_id
+                count = (counts.get(sid, untrimmed.get(sid, 0)) or 0) + 1
                 if count >= TRIM_TERMINALS_EVERY:
                     due.add(sid)
                     count = 0
                 counts[sid] = count
-            elif isinstance(record, SessionEnded):
-                counts[sid] = None
-        return due, counts
-
-    def _plan_bytes(self, batch: list[tuple[int, _Record]]
-                    ) -> tuple[set[str], dict[str, int | None]]:
-        """Which sessions the commit of ``batch`` byte-trims (those whose envelopes
-        since their last trim reach a quarter of ``max_session_bytes``), and each
-        counted session's bytes once it has landed (``None``: ended, or trimmed now).
-        Planned as the commit starts and applied when it lands, as ``_plan_trims``:
-        a transaction run twice, or retried, counts nothing twice."""
-        grown: dict[str, int | None] = {}
-        for _, record in batch:
-            if isinstance(record, EventRecord):
-                sid = record.session_id
-                size = grown.get(sid, 0)
-                if size is not None:
-                    grown[sid] = size + len(record.envelope)
-            elif isinstance(record, SessionEnded):
-                grown[record.session_id] = None   # ended: nothing more to count
-        due: set[str] = set()
+            elif kind is SessionEnded:
+                counts[record.session_id] = grown[record.session_id] = None
         quarter = self.max_session_bytes // 4
         for sid, size in grown.items():
-            if size is None:
-                continue
-            total = self._unsized.get(sid, 0) + size
-            if total >= quarter:
-                due.add(sid)
-                grown[sid] = None
-            else:
-                grown[sid] = total
-        return due, grown
+            if size is not None:
+                total = self._unsized.get(sid, 0) + size
+                if total >= quarter:
+                    plan.byte_trims.add(sid)
+                    grown[sid] = None
+                else:
+                    grown[sid] = total
+        return plan
 
     def _behind_landed(self, wb: WriteBehind, batch: list[tuple[int, _Record]]) -> None:
         touched: set[str] = set()
@@ -614,7 +623,7 @@ class StoreSessionJournal(SessionReads):
         for sid, through in trim.items():
             conn.execute(self._sql("DELETE FROM session_events WHERE session_id = ? AND id > ? "
                                    "AND id <= ?"), (sid, MARKER_ID, through))
-        for sid in self._batch_sized[0]:   # due a byte trim (``_plan_bytes``)
+        for sid in self._plan.byte_trims:   # due a byte trim (``_planned``)
             if sid not in refused:
                 self._trim_bytes(conn, sid)
         return taken, refused
@@ -654,7 +663,7 @@ class StoreSessionJournal(SessionReads):
                 params += (record.session_id, record.prompt_id, _encode(record), record.at)
             conn.execute(sql(SETTLE_UPDATE.format(",".join(["(?,?,?,?)"] * len(chunk)))),
                          params)
-        for sid in self._batch_trims:   # the newest terminals only (``_plan_trims``)
+        for sid in self._plan.trims:   # the newest terminals only (``_planned``)
             conn.execute(sql(
                 "DELETE FROM session_prompts WHERE session_id = ? AND terminal IS NOT NULL "
                 "AND prompt_id NOT IN (SELECT prompt_id FROM session_prompts "
