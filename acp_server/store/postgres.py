@@ -63,6 +63,7 @@ from acp_server.store.tasks import (
     TERMINAL,
     AnyEvent,
     CommittedEvent,
+    ClaimsOne,
     CreateOutcome,
     Dialect,
     Extra,
@@ -139,7 +140,7 @@ class PostgresDialect(Dialect):
 PG = PostgresDialect()
 
 
-class PostgresTaskStore(TokenOps, AuditOps, ObservedMoves, PostgresEngine):
+class PostgresTaskStore(TokenOps, AuditOps, ClaimsOne, ObservedMoves, PostgresEngine):
     """See the module docstring. ``url``: a libpq URL (``postgresql://…``; add
     ``?options=-csearch_path%3Dname`` for a schema other than ``public``). The tokens
     and the audit log (``TokenOps``, ``AuditOps``) share its writer; a token created or
@@ -377,10 +378,6 @@ class PostgresTaskStore(TokenOps, AuditOps, ObservedMoves, PostgresEngine):
                          limit: int) -> list[TaskRecord]:
         return await self._read(
             lambda conn: PG.select_page(conn, principal, status, after, limit))
-
-    async def claim_next(self, now: float) -> TaskRecord | None:
-        claimed = await self.claim(now, 1)
-        return claimed[0] if claimed else None
 
     async def claim(self, now: float, limit: int) -> list[TaskRecord]:
         lease: Extra = (f", owner = %s, lease_expires_at = {NOW} + %s",
