@@ -169,6 +169,7 @@ class StoreSessionJournal(SessionReads):
         # (seeded at restore, updated once a commit has landed: ``_planned``)
         self._untrimmed: dict[str, int] = {}
         self._plan = _Plan()   # what the commit in flight trims and counts (``_take``)
+        self._statements: dict[tuple[str, int], str] = {}   # multi-row INSERTs by size
         self._write_behind = WriteBehind(write_behind) if write_behind > 0 else None
         self.postgres = isinstance(store, PostgresEngine)
         # A shared (PostgreSQL) store: this instance restores only the sessions it made.
@@ -573,8 +574,8 @@ class StoreSessionJournal(SessionReads):
         (``SessionOpened``, ``SessionEnded``: they order everything around them) go in
         one multi-row statement each, in that order (a terminal after its prompt).
         Returns (the leases it took, the sessions it refused: a stale fence)."""
-        events: list[tuple[str, int, str, str | None, bytes]] = []
-        accepted: list[tuple[str, str, int, bytes]] = []
+        events: list[Any] = []     # the rows' values in a row, EVENT_INSERT's 5 a row
+        accepted: list[Any] = []   # PROMPT_INSERT's 4 a row
         settled: list[PromptSettled] = []
         trim: dict[str, int] = {}
         ring = self.ring_size
@@ -607,12 +608,12 @@ class StoreSessionJournal(SessionReads):
                 taken[record.session_id] = token
             if isinstance(record, EventRecord):
                 sid, event_id, envelope = record.session_id, record.event_id, record.envelope
-                events.append((sid, event_id, record.type, record.prompt_id, envelope))
+                events += (sid, event_id, record.type, record.prompt_id, envelope)
                 if event_id % COMPACT_EVERY == 0 and event_id > ring:
                     trim[sid] = event_id - ring
             elif isinstance(record, PromptAccepted):
-                accepted.append((record.session_id, record.prompt_id, record.seq,
-                                 _encode(record)))
+                accepted += (record.session_id, record.prompt_id, record.seq,
+                             _encode(record))
             elif isinstance(record, PromptSettled):
                 settled.append(record)
             elif isinstance(record, Marker):
@@ -650,28 +651,33 @@ class StoreSessionJournal(SessionReads):
                     (sid, MARKER_ID, event_id))
                 return
 
-    def _insert_rows(self, conn: Any, head: tuple[str, int], rows: list[tuple[Any, ...]]
-                     ) -> None:
-        """``INSERT ... VALUES (..),(..) ON CONFLICT DO NOTHING``, ``ROWS_PER_STATEMENT``
-        rows a statement."""
+    def _insert_rows(self, conn: Any, head: tuple[str, int], values: list[Any]) -> None:
+        """``INSERT ... VALUES (..),(..) ON CONFLICT DO NOTHING`` of ``values`` (the rows'
+        values in a row), ``ROWS_PER_STATEMENT`` rows a statement."""
         sql, width = head
-        one = "(" + ",".join("?" * width) + ")"
-        for start in range(0, len(rows), ROWS_PER_STATEMENT):
-            chunk = rows[start:start + ROWS_PER_STATEMENT]
-            conn.execute(self._sql(sql.format(",".join([one] * len(chunk)))),
-                         [value for row in chunk for value in row])
+        step = width * ROWS_PER_STATEMENT
+        for start in range(0, len(values), step):
+            chunk = values[start:start + step] if len(values) > step else values
+            conn.execute(self._statement(sql, width, len(chunk) // width), chunk)
+
+    def _statement(self, sql: str, width: int, rows: int) -> str:
+        """``sql`` with ``rows`` rows of ``width`` parameters, built once per row count
+        (at most ``ROWS_PER_STATEMENT`` texts per statement)."""
+        text = self._statements.get((sql, rows))
+        if text is None:
+            one = "(" + ",".join("?" * width) + ")"
+            text = self._statements[sql, rows] = self._sql(sql.format(",".join([one] * rows)))
+        return text
 
     def _settle_rows(self, conn: Any, records: list[PromptSettled]) -> None:
-        sql = self._sql
         for start in range(0, len(records), ROWS_PER_STATEMENT):
             chunk = records[start:start + ROWS_PER_STATEMENT]
             params: list[Any] = []
             for record in chunk:
                 params += (record.session_id, record.prompt_id, _encode(record), record.at)
-            conn.execute(sql(SETTLE_UPDATE.format(",".join(["(?,?,?,?)"] * len(chunk)))),
-                         params)
+            conn.execute(self._statement(SETTLE_UPDATE, 4, len(chunk)), params)
         for sid in self._plan.trims:   # the newest terminals only (``_planned``)
-            conn.execute(sql(TERMINALS_TRIM), (sid, sid, MAX_PROMPT_TERMINALS - 1))
+            conn.execute(self._sql(TERMINALS_TRIM), (sid, sid, MAX_PROMPT_TERMINALS - 1))
 
     def _apply_one(self, conn: Any, record: JournalRecord) -> None:
         sql = self._sql
