@@ -47,7 +47,7 @@ from acp_server.principals import admin
 from acp_server.principals.audit import AuditLog, prompt_text
 from acp_server.principals.auth import TTL_S, Authenticator
 from acp_server.principals.limits import RateLimiter, Tier
-from acp_server.principals.model import LOCAL, Access, Principal
+from acp_server.principals.model import ADMIN, LOCAL, Access, Principal
 from acp_server.principals.ownership import SessionOwners
 from acp_server.principals.streams import StreamRegistry
 from acp_server.principals.tokens import Issued
@@ -55,6 +55,7 @@ from acp_server.store.errors import StoreUnavailableError
 from acp_server.store.tokens import TokenRecord
 
 log = logging.getLogger("acp_server.principals")
+CALLERS_KEPT = 1024   # unlimited principals' callers kept, by (principal, client)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -130,6 +131,8 @@ class Caller:
 
     def sees_session(self, session_id: str) -> bool:
         """Whether the session exists for it (``False``: the door answers 404)."""
+        if self.gate.share_sessions or ADMIN in self.principal.scopes:
+            return True   # whoever owns it (``Principal.sees``): no need to look
         return self.sees(self.gate.sessions.owner(session_id))
 
     def claim_session(self, session_id: str) -> bool:
@@ -171,9 +174,22 @@ class Gate:
         self.share_sessions = share_sessions
         self.clock = clock
         self._tg: anyio.abc.TaskGroup | None = None
+        self._callers: dict[tuple[Principal, str | None], Caller] = {}
 
     def caller(self, principal: Principal, client: str | None = None) -> Caller:
-        return Caller(principal, self, client)
+        """The ``Caller`` of a request. An unlimited principal's is made once per
+        (principal, client) and shared (it holds no per-request state: ``charged`` is
+        only ever set for a limited one); a bounded memo."""
+        if principal.limited:
+            return Caller(principal, self, client)
+        key = (principal, client)
+        found = self._callers.get(key)
+        if found is None:
+            found = Caller(principal, self, client)
+            if len(self._callers) >= CALLERS_KEPT:
+                self._callers.clear()
+            self._callers[key] = found
+        return found
 
     # -- revocation --------------------------------------------------------------------
     def tokens_changed(self, token_ids: list[str]) -> None:
