@@ -243,7 +243,8 @@ class GuardPolicy:
         if coding is not None and coding.strip().lower() != b"chunked" \
                 and scope["type"] == "http":
             return CODING_UNSUPPORTED, None
-        if host is not None and self._check_host and not self._host_ok(host):
+        if host is not None and self._check_host \
+                and not (self._good_hosts.get(host) or self._host_ok(host)):  # type: ignore[attr-defined]
             return MISDIRECTED, None
         allowed: bytes | None = None
         if origin is not None:
@@ -257,7 +258,8 @@ class GuardPolicy:
         gate: Gate = self.gate   # type: ignore[assignment]
         if not gate.authenticator.required:
             client = scope.get("client")
-            if client and not self._loopback_client(client[0]):
+            if client and not (self._clients.get(client[0])  # type: ignore[attr-defined]
+                               or self._loopback_client(client[0])):
                 return NOT_LOOPBACK, allowed
             scope[CALLER_KEY] = gate.caller(LOCAL, client[0] if client else None)
             return None, allowed
