@@ -174,17 +174,17 @@ class Gate:
         self.share_sessions = share_sessions
         self.clock = clock
         self._tg: anyio.abc.TaskGroup | None = None
-        self._callers: dict[tuple[Principal, str | None], Caller] = {}
+        self._callers: dict[tuple[int, str | None], Caller] = {}
 
     def caller(self, principal: Principal, client: str | None = None) -> Caller:
         """The ``Caller`` of a request. An unlimited principal's is made once per
-        (principal, client) and shared (it holds no per-request state: ``charged`` is
-        only ever set for a limited one); a bounded memo."""
+        (principal object, client) and shared (it holds no per-request state:
+        ``charged`` is only ever set for a limited one); a bounded memo."""
         if principal.limited:
             return Caller(principal, self, client)
-        key = (principal, client)
+        key = (id(principal), client)   # a Principal's own hash is a tuple's: slower
         found = self._callers.get(key)
-        if found is None:
+        if found is None or found.principal is not principal:
             found = Caller(principal, self, client)
             if len(self._callers) >= CALLERS_KEPT:
                 self._callers.clear()
