@@ -206,6 +206,8 @@ class GuardPolicy:
         # Accepted Host header values seen so far (bounded): the common case is one lookup.
         setattr_(self, "_good_hosts", {})
         setattr_(self, "_clients", {})   # client address -> loopback (bounded memo)
+        # loopback client address -> its local Caller, when no credential is configured
+        setattr_(self, "_local_callers", {})
 
     # -- the check ------------------------------------------------------------------
     def check(self, scope: Any) -> Refusal | None:
@@ -258,10 +260,15 @@ class GuardPolicy:
         gate: Gate = self.gate   # type: ignore[assignment]
         if not gate.authenticator.required:
             client = scope.get("client")
-            if client and not (self._clients.get(client[0])  # type: ignore[attr-defined]
-                               or self._loopback_client(client[0])):
-                return NOT_LOOPBACK, allowed
-            scope[CALLER_KEY] = gate.caller(LOCAL, client[0] if client else None)
+            address = client[0] if client else None
+            local = self._local_callers.get(address)  # type: ignore[attr-defined]
+            if local is None:
+                if client and not self._loopback_client(address):
+                    return NOT_LOOPBACK, allowed
+                local = gate.caller(LOCAL, address)
+                if len(self._local_callers) < 256:  # type: ignore[attr-defined]
+                    self._local_callers[address] = local  # type: ignore[attr-defined]
+            scope[CALLER_KEY] = local
             return None, allowed
         if self._exempt(scope):
             return None, allowed
