@@ -82,9 +82,11 @@ CONNECTION_LIMIT = Refusal(503, "connection_limit", "Too many connections",
                            peer_body=b'{"error":"Too many connections","code":"connection_limit"}',
                            headers=((b"retry-after", b"5"), (b"connection", b"close")))
 _SSE = b"text/event-stream"
+_now = time.perf_counter
 
 
 HOT_BODY_MAX = 1 << 20
+HOT_PATHS_KEPT = 1024   # hot-route matches kept by path (cleared when full)
 # -> awaitable (start message, body message), or None: declined, nothing done
 HotHandler = Callable[[Scope, bytes], Awaitable[tuple[Message, Message] | None]]
 
@@ -227,6 +229,7 @@ class FrontLayer:
         self._encoded: dict[tuple[Refusal, str], tuple[Message, Message]] = {}
         self._by_segment = _doors_by_segment(self.doors)
         self._hot = {(h.method, len(h.template())): self._plan(h) for h in hot}
+        self._hot_seen: dict[str, tuple[_HotPlan, dict[str, str]]] = {}
 
     def _plan(self, hot: HotRoute) -> _HotPlan:
         door = self.door_of(hot.route.path)
@@ -235,6 +238,18 @@ class FrontLayer:
         return _HotPlan(hot, hot.template(), door, door.access(hot.method, hot.route.path))
 
     def _hot_route(self, method: str, path: str) -> tuple[_HotPlan, dict[str, str]] | None:
+        """The hot route of ``path`` and its path parameters (a new dict each time)."""
+        seen = self._hot_seen.get(path)   # the paths matched lately: one lookup
+        if seen is not None and seen[0].hot.method == method:
+            return seen[0], dict(seen[1])
+        found = self._match_hot(method, path)
+        if found is not None:
+            if len(self._hot_seen) >= HOT_PATHS_KEPT:
+                self._hot_seen.clear()
+            self._hot_seen[path] = found[0], dict(found[1])
+        return found
+
+    def _match_hot(self, method: str, path: str) -> tuple[_HotPlan, dict[str, str]] | None:
         segments = path[1:].split("/")
         plan = self._hot.get((method, len(segments)))
         if plan is None:
@@ -263,7 +278,7 @@ class FrontLayer:
         if scope["type"] != "http":
             await self._not_http(scope, receive, send)
             return
-        start = time.perf_counter()
+        start = _now()
         path = scope["path"]
         found = self._hot_route(scope["method"], path) if self._hot else None
         door = found[0].door if found is not None else self.door_of(path)
@@ -316,7 +331,7 @@ class FrontLayer:
             self.in_flight -= 1
             observer = self.observer
             if observer is not None:   # _done, inline: every answered request comes here
-                observer.done(door.name, scope, status, time.perf_counter() - start, events)
+                observer.done(door.name, scope, status, _now() - start, events)
 
     async def _app(self, scope: Scope, receive: Receive, exchange: _Exchange,
                    caller: Caller | None) -> None:
