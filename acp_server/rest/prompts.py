@@ -17,7 +17,6 @@ published on the session's event stream, not awaited here).
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 from starlette.requests import Request
@@ -99,37 +98,47 @@ def _messages(response: Response) -> Answer:
             {"type": "http.response.body", "body": bytes(response.body)})
 
 
-async def send_prompt_fast(scope: Any, body: bytes, *, bridge: Bridge,
-                           config: RestConfig) -> Answer | None:
+class FastPrompt:
     """``send_prompt`` for the front layer's hot path (``acp_server.http.front``): the
     same answers, bytes for bytes, without the framework, as two ASGI messages.
     ``None`` (nothing done) for any case but a plain admission or a full queue: the
     caller then runs the route itself on the same body (a refused ``send_prompt`` has
     no effect to repeat). A request with ``X-Qwen-Client-Id`` never comes here
-    (``FAST_DECLINES``: the route validates it)."""
-    if len(body) > config.max_body_bytes or not body or body.isspace():
-        return None
-    try:
-        parsed = decode_json(body, _PROMPT_DECODER)
-    except (BodyError, ValueError):
-        return None
-    session_id = scope["path_params"]["session_id"]
-    caller = caller_of(scope)
-    if not caller.sees_session(session_id):
-        return None   # the route answers 404
-    try:
-        ticket = bridge.send_prompt(session_id, parsed.prompt, deadline_ms=parsed.deadlineMs)
-    except PromptQueueFullError as exc:
-        return _queue_full(exc)
-    except BridgeError:
-        return None
-    try:
-        await ticket.committed()
-    except (JournalUnavailableError, SessionNotRestorableError) as exc:   # settled:
-        return _messages(error_response(exc))                             # 503 / 409
-    caller.prompt_accepted(session_id, ticket.prompt_id, parsed.prompt, "rest")
-    return _messages(json_response(202, wire.PromptAccepted(
-        promptId=ticket.prompt_id, lastEventId=ticket.last_event_id, eventEpoch=ticket.epoch)))
+    (``FAST_DECLINES``: the route validates it). A class, not a ``functools.partial``:
+    a partial with keywords builds a dict per call."""
+
+    __slots__ = ("bridge", "max_body_bytes")
+
+    def __init__(self, bridge: Bridge, config: RestConfig) -> None:
+        self.bridge = bridge
+        self.max_body_bytes = config.max_body_bytes
+
+    async def __call__(self, scope: Any, body: bytes) -> Answer | None:
+        if len(body) > self.max_body_bytes or not body or body.isspace():
+            return None
+        try:
+            parsed = decode_json(body, _PROMPT_DECODER)
+        except (BodyError, ValueError):
+            return None
+        session_id = scope["path_params"]["session_id"]
+        caller = caller_of(scope)
+        if not caller.sees_session(session_id):
+            return None   # the route answers 404
+        try:
+            ticket = self.bridge.send_prompt(session_id, parsed.prompt,
+                                             deadline_ms=parsed.deadlineMs)
+        except PromptQueueFullError as exc:
+            return _queue_full(exc)
+        except BridgeError:
+            return None
+        try:
+            await ticket.committed()
+        except (JournalUnavailableError, SessionNotRestorableError) as exc:   # settled:
+            return _messages(error_response(exc))                             # 503 / 409
+        caller.prompt_accepted(session_id, ticket.prompt_id, parsed.prompt, "rest")
+        return _messages(json_response(202, wire.PromptAccepted(
+            promptId=ticket.prompt_id, lastEventId=ticket.last_event_id,
+            eventEpoch=ticket.epoch)))
 
 
 FAST_DECLINES = frozenset({b"x-qwen-client-id"})   # headers only the route handles
@@ -138,8 +147,7 @@ FAST_DECLINES = frozenset({b"x-qwen-client-id"})   # headers only the route hand
 def fast_routes(bridge: Bridge, config: RestConfig) -> dict[str, tuple[Any, frozenset[bytes]]]:
     """The front layer's fast handlers of this door, by route path, with the headers
     they leave to the route (``acp_server.app``)."""
-    return {"/session/{session_id}/prompt":
-            (functools.partial(send_prompt_fast, bridge=bridge, config=config), FAST_DECLINES)}
+    return {"/session/{session_id}/prompt": (FastPrompt(bridge, config), FAST_DECLINES)}
 
 
 def routes(bridge: Bridge, config: RestConfig) -> list[BaseRoute]:
