@@ -133,6 +133,11 @@ class PostgresEngine(GroupCommitStore[Conn]):
         """Just before a COMMIT: add the notices held back for it (``postgres.py``
         holds the sessions' back, see ``HOLD_S``)."""
 
+    def _notices_unsent(self, state: Batch) -> None:
+        """A COMMIT that failed, or whose outcome is unknown: its notices may not have
+        gone out (``postgres.py`` holds the sessions' again for the next commit; a
+        notice twice is harmless, a reader re-reads; the others are left to polling)."""
+
     # -- connections -----------------------------------------------------------------
     def _connect(self, autocommit: bool = False) -> Conn:
         """A new connection, or ``StoreUnavailableError`` (at once while the backoff
@@ -272,6 +277,8 @@ class PostgresEngine(GroupCommitStore[Conn]):
                 conn.rollback()
             except psycopg.Error:
                 pass
+            if committing:
+                self._notices_unsent(state)
             lost = not self._usable(conn)
             if not careful and not lost and not committing:   # again, with savepoints
                 for op in batch:

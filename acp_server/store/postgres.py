@@ -23,7 +23,9 @@ Contracts (besides those of ``acp_server.store.tasks``):
 * The sessions' notices (``s``) are coalesced: a commit sends those held since the
   last one that sent any when ``HOLD_S`` has passed since, else holds its own; held
   notices wait for a later commit, or, once the writes stop, ``HOLD_S`` more (an
-  empty transaction then sends them). With more than one writer a held notice may
+  empty transaction then sends them; a COMMIT that fails holds its notices again for
+  the next one, and the empty transaction gives up on a store error until a commit
+  lands). With more than one writer a held notice may
   leave with another writer's commit before its own lands (a hint: readers re-read
   by sequence, and polling covers what it missed). Measured, two instances behind
   HAProxy: a NOTIFY per commit woke every instance's listener (its own commits
@@ -63,6 +65,7 @@ from acp_server.store.tasks import (
     TERMINAL,
     AnyEvent,
     CommittedEvent,
+    ClaimsOne,
     CreateOutcome,
     Dialect,
     Extra,
@@ -139,7 +142,7 @@ class PostgresDialect(Dialect):
 PG = PostgresDialect()
 
 
-class PostgresTaskStore(TokenOps, AuditOps, ObservedMoves, PostgresEngine):
+class PostgresTaskStore(TokenOps, AuditOps, ClaimsOne, ObservedMoves, PostgresEngine):
     """See the module docstring. ``url``: a libpq URL (``postgresql://…``; add
     ``?options=-csearch_path%3Dname`` for a schema other than ``public``). The tokens
     and the audit log (``TokenOps``, ``AuditOps``) share its writer; a token created or
@@ -195,6 +198,12 @@ class PostgresTaskStore(TokenOps, AuditOps, ObservedMoves, PostgresEngine):
             state.notices.update(("s", sid) for sid in self._held)
             self._held.clear()
             self._sent_at = now
+
+    def _notices_unsent(self, state: Batch) -> None:
+        held = [sid for kind, sid in state.notices if kind == "s"]
+        if held:
+            with self._held_lock:
+                self._held.update(held)
 
     def _settle(self, batch: list[Op]) -> None:
         super()._settle(batch)
@@ -377,10 +386,6 @@ class PostgresTaskStore(TokenOps, AuditOps, ObservedMoves, PostgresEngine):
                          limit: int) -> list[TaskRecord]:
         return await self._read(
             lambda conn: PG.select_page(conn, principal, status, after, limit))
-
-    async def claim_next(self, now: float) -> TaskRecord | None:
-        claimed = await self.claim(now, 1)
-        return claimed[0] if claimed else None
 
     async def claim(self, now: float, limit: int) -> list[TaskRecord]:
         lease: Extra = (f", owner = %s, lease_expires_at = {NOW} + %s",

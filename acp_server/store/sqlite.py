@@ -59,6 +59,7 @@ import anyio
 
 from acp_server.store.tasks import (
     UNCLAIM,
+    ClaimsOne,
     ObservedMoves,
     CommittedEvent,
     CreateOutcome,
@@ -136,7 +137,8 @@ def private_files(path: str) -> None:
             os.chmod(name, 0o600)
 
 
-class SqliteTaskStore(TokenOps, AuditOps, ObservedMoves, GroupCommitStore[sqlite3.Connection]):
+class SqliteTaskStore(TokenOps, AuditOps, ClaimsOne, ObservedMoves,
+                      GroupCommitStore[sqlite3.Connection]):
     """See the module docstring. ``path`` is a file path (``sqlite:///`` stripped). The
     tokens and the audit log (``TokenOps``, ``AuditOps``) share its writer."""
 
@@ -399,10 +401,6 @@ class SqliteTaskStore(TokenOps, AuditOps, ObservedMoves, GroupCommitStore[sqlite
                          limit: int) -> list[TaskRecord]:
         return await self._read(
             lambda conn: SQL.select_page(conn, principal, status, after, limit))
-
-    async def claim_next(self, now: float) -> TaskRecord | None:
-        claimed = await self.claim(now, 1)
-        return claimed[0] if claimed else None
 
     async def claim(self, now: float, limit: int) -> list[TaskRecord]:
         def op(conn: sqlite3.Connection, out: list[CommittedEvent]) -> list[TaskRecord]:

@@ -292,6 +292,17 @@ def moves_of(result: Any) -> list[str]:
 UNCLAIM: Extra = (", attempt = attempt - 1", ())
 
 
+class ClaimsOne:
+    """``TaskStore.claim_next`` for a store whose ``claim`` takes many in one write."""
+
+    async def claim(self, now: float, limit: int) -> list[TaskRecord]:
+        raise NotImplementedError
+
+    async def claim_next(self, now: float) -> TaskRecord | None:
+        claimed = await self.claim(now, 1)
+        return claimed[0] if claimed else None
+
+
 class ObservedMoves:
     """``TaskStore.on_transition`` for a ``GroupCommitStore``: its ``_observe`` hook."""
 
