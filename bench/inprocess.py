@@ -2,11 +2,13 @@
 hot route, the bridge's refusal, the access line, the request metrics), called as ASGI
 the way a server calls it, against the floors called the same way.
 
-    python -m bench.inprocess        # raw 0.97 µs, bare 9.04 µs, ours 11.22 µs (one run)
-    figures = in_subprocess()        # {"raw": 0.97, "bare": 9.04, "ours": 11.22}
+    python -m bench.inprocess   # raw 0.84 µs, bare 8.28 µs, ours 6.49 µs, ours_process 6.57 µs
+    figures = in_subprocess()   # {"raw": 0.84, "bare": 8.28, "ours": 6.49, "ours_process": 6.57}
 
-No server, no socket, no other thread: ``time.thread_time`` of the calling thread over
-``CALLS`` refusals, the best of ``ROUNDS`` batches, the three apps interleaved twice.
+No server, no socket: ``time.thread_time`` of the calling thread over ``CALLS``
+refusals, the best of ``ROUNDS`` batches, the three apps interleaved twice; and
+``ours_process``, the process's CPU over the same batches of ours (the access writer's
+thread included: work moved off the event loop still counts there).
 Stable to a few percent where requests/s across server processes swing by tens of
 percent, so this is the figure to decide a change of our code by; what a server adds
 (its parser, its writes, granian's hand-offs between threads) is in the HTTP rows'
