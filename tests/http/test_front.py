@@ -36,6 +36,32 @@ async def test_hot_and_routed_answers_are_the_same(tmp_path: Path) -> None:
         await srv.bridge.cancel_session(sid)
 
 
+async def test_a_hot_answer_to_an_allowed_origin_gets_cors_and_the_next_does_not(
+        tmp_path: Path) -> None:
+    """The fast handler's 503 messages are built once and sent as they are: the CORS
+    headers of one answer go into a new start message, never into the kept one."""
+    origin = "http://app.example:3000"
+    options = BridgeOptions(max_pending_prompts_per_session=1)
+    async with running_server(tmp_path, options=options, allow_origins=(origin,)) as srv:
+        created = await srv.create_session()
+        sid, client = created["sessionId"], {CLIENT: created["clientId"]}
+        assert (await srv.prompt(sid, "/sleep 30s hold")).status_code == 202
+        path, body = f"/session/{sid}/prompt", text_prompt("x")
+        plain = await srv.client.post(path, json=body)
+        hot = await srv.client.post(path, json=body, headers={"Origin": origin})
+        routed = await srv.client.post(path, json=body, headers={"Origin": origin, **client})
+        again = await srv.client.post(path, json=body)
+        assert plain.status_code == hot.status_code == routed.status_code == 503
+        assert hot.headers["access-control-allow-origin"] == origin
+        strip = {"date", "server"}
+        assert {k: v for k, v in hot.headers.items() if k not in strip} == \
+            {k: v for k, v in routed.headers.items() if k not in strip}
+        assert "access-control-allow-origin" not in plain.headers
+        assert [k for k, _ in again.headers.items()] == [k for k, _ in plain.headers.items()]
+        assert again.content == plain.content == hot.content
+        await srv.bridge.cancel_session(sid)
+
+
 @pytest.mark.parametrize(("body", "status"), [
     (b"{not json", 400), (b"", 400), (b'{"prompt": []}', 400), (b"[1]", 400),
     (b'{"prompt": [{"type": "text", "text": "ok"}], "deadlineMs": -1}', 400),

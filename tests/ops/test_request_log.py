@@ -232,3 +232,33 @@ def test_a_stuck_stream_bounds_the_queue_and_the_next_write_counts_the_drops(
         assert " WARNING acp_server.access: 6 access lines dropped" in lines[1]
         assert all(line.endswith(TEXT_LINE.split("INFO ", 1)[1].split(": ", 1)[1])
                    for line in lines[2:])
+
+
+def test_the_writers_one_call_line_is_text_line_with_its_prefix() -> None:
+    """``AccessWriter.text`` (the request path's call) writes what ``text_line`` does,
+    its shortcut for a plain request line included (the second of each pair)."""
+    from acp_server.ops.request_log import AccessWriter, text_line
+
+    cases = [("request", "POST", "/session/{session_id}/prompt", 503, 0.123, "rest", "s1",
+              None, None),
+             ("request", "GET", "/session/{session_id}/status", 404, 1.0, "rest",
+              "x\n2026-01-01 00:00:00,000 INFO forged", None, None),
+             ("request", "GET", "/session/{session_id}/status", 404, 2.5, "rest", "z" * 300,
+              None, None),
+             ("request", "GET", "/lmsp/v1/tasks/{task_id}", 200, 0.5, "lmsp", None, "t1", None),
+             ("stream_open", "GET", "/session/{session_id}/events", 200, None, "rest", "s2",
+              None, None),
+             ("stream_close", "GET", "/session/{session_id}/events", 200, 9.0, "rest", "s2",
+              None, 7)]
+    stream = io.StringIO()
+    writer = AccessWriter(stream, "text")
+    try:
+        for case in cases:
+            writer.text(*case)
+            writer.text(*case)
+    finally:
+        writer.close()   # everything queued is written
+    queued = stream.getvalue().splitlines()
+    expected = [text_line(*case) for case in cases for _ in range(2)]
+    assert [line.split("acp_server.access: ", 1)[1] for line in queued] == expected
+    assert all(line.split(" ")[2:4] == ["INFO", "acp_server.access:"] for line in queued)
