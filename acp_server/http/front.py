@@ -86,6 +86,7 @@ _now = time.perf_counter
 
 
 HOT_BODY_MAX = 1 << 20
+_HOT_DIGITS = len(str(HOT_BODY_MAX))   # a shorter length cannot be over it
 HOT_PATHS_KEPT = 1024   # hot-route matches kept by path (cleared when full)
 # -> awaitable (start message, body message), or None: declined, nothing done
 HotHandler = Callable[[Scope, bytes], Awaitable[tuple[Message, Message] | None]]
@@ -368,7 +369,7 @@ class FrontLayer:
         declines = plan.hot.declines
         for name, value in scope["headers"]:
             if name == b"content-length":
-                if not value.isdigit() or int(value) > HOT_BODY_MAX:
+                if not value.isdigit() or (len(value) >= _HOT_DIGITS and int(value) > HOT_BODY_MAX):
                     return receive
             elif name in declines:
                 return receive

@@ -92,13 +92,15 @@ def rate_denial(klass: str, tier: Tier, wait_s: float, now: float) -> Denial:
 class Caller:
     """A request's principal, with the policy of the server it calls."""
 
-    __slots__ = ("principal", "gate", "client", "charged")
+    __slots__ = ("principal", "gate", "client", "charged", "_passed")
 
     def __init__(self, principal: Principal, gate: Gate, client: str | None = None) -> None:
         self.principal = principal
         self.gate = gate
         self.client = client
         self.charged: str | None = None   # the rate class ``check`` took a request of
+        # The last Access an unlimited principal passed: its answer cannot change.
+        self._passed: Access | None = None
 
     def uncharge(self) -> None:
         """Give back the request ``check`` counted: another instance serves (and
@@ -112,10 +114,15 @@ class Caller:
         return self.principal.name
 
     def check(self, access: Access) -> Denial | None:
+        if access is self._passed:
+            return None
         principal = self.principal
         if access.scope is not None and not principal.has(access.scope):
             return SCOPE_DENIALS[access.scope]
-        if access.klass is not None and principal.limited:
+        if not principal.limited:
+            self._passed = access   # scopes and rate class are fixed: the same next time
+            return None
+        if access.klass is not None:
             limiter = self.gate.limiter
             wait = limiter.take(principal.name, access.klass)
             if wait is None:

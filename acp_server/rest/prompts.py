@@ -25,7 +25,7 @@ from starlette.routing import BaseRoute
 
 from acp_server.http.body import BodyError, decode_json
 from acp_server.http.endpoints import route
-from acp_server.principals import caller_of
+from acp_server.principals import CALLER_KEY, LOCAL_CALLER, caller_of
 from acp_server.rest import wire
 from acp_server.rest.config import RestConfig
 from acp_server.rest.errors import error_response, json_response
@@ -121,7 +121,7 @@ class FastPrompt:
         except (BodyError, ValueError):
             return None
         session_id = scope["path_params"]["session_id"]
-        caller = caller_of(scope)
+        caller = scope.get(CALLER_KEY) or LOCAL_CALLER   # caller_of, inline
         if not caller.sees_session(session_id):
             return None   # the route answers 404
         try:
