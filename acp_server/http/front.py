@@ -52,7 +52,8 @@ Contracts:
 * The observer sees every http exchange: ``stream_opened(door, scope)`` when an
   ``text/event-stream`` answer starts, ``done(door, scope, status, seconds, events)``
   when the exchange ends (``events`` is ``None`` unless it was a stream; status 500
-  when the app raised before answering). It is called on the event loop, never awaits.
+  when the app raised before answering; the status of an answer whose sending failed,
+  the client gone, is still the answer's). It is called on the event loop, never awaits.
 """
 
 from __future__ import annotations
@@ -283,55 +284,62 @@ class FrontLayer:
         path = scope["path"]
         found = self._hot_route(scope["method"], path) if self._hot else None
         door = found[0].door if found is not None else self.door_of(path)
-        if self.max_in_flight is not None and self.in_flight >= self.max_in_flight:
-            self.stats["connections"] = self.stats.get("connections", 0) + 1
-            await self._refuse(send, CONNECTION_LIMIT, door, None)
-            self._done(door, scope, CONNECTION_LIMIT.status, start, None)
-            return
-        refusal, origin = self.policy.inspect(scope)
-        if refusal is LOOKUP:
-            refusal, origin = await self.policy.admit(scope)
-        caller: Caller | None = scope.get(CALLER_KEY)
-        if refusal is None and caller is not None:
-            access = found[0].access if found is not None \
-                else door.access(scope["method"], path)
-            if not access.per_message:
-                denial = caller.check(access)
-                if denial is not None:
-                    refusal = Refusal.of(denial)
-        if refusal is not None:
-            await self._refuse(send, refusal, door, origin)
-            self._done(door, scope, refusal.status, start, None)
-            return
-        if origin is not None and scope["method"] == "OPTIONS" and _has(
-                scope, b"access-control-request-method"):
-            await send({"type": "http.response.start", "status": 204, "headers": [
-                *cors_headers(origin),
-                (b"access-control-allow-methods", ALLOW_METHODS),
-                (b"access-control-allow-headers", ALLOW_HEADERS),
-                (b"access-control-max-age", b"600")]})
-            await send({"type": "http.response.body", "body": b""})
-            self._done(door, scope, 204, start, None)
-            return
-        self.in_flight += 1
+        # Each answer's status is set before it is sent: a send that fails (the client
+        # gone) still reports what was answered; 500 when nothing was.
         status, events = 500, None
         try:
-            if found is not None:
-                answered = await self._hot_path(scope, receive, send, origin, *found)
-                if type(answered) is int:
-                    status = answered
-                    return
-                receive = answered   # type: ignore[assignment]
-            exchange = _Exchange(self, door, scope, send,
-                                 None if origin is None else cors_headers(origin))
+            if self.max_in_flight is not None and self.in_flight >= self.max_in_flight:
+                self.stats["connections"] = self.stats.get("connections", 0) + 1
+                status = CONNECTION_LIMIT.status
+                await self._refuse(send, CONNECTION_LIMIT, door, None)
+                return
+            refusal, origin = self.policy.inspect(scope)
+            if refusal is LOOKUP:
+                refusal, origin = await self.policy.admit(scope)
+            caller: Caller | None = scope.get(CALLER_KEY)
+            if refusal is None and caller is not None:
+                access = found[0].access if found is not None \
+                    else door.access(scope["method"], path)
+                if not access.per_message:
+                    denial = caller.check(access)
+                    if denial is not None:
+                        refusal = Refusal.of(denial)
+            if refusal is not None:
+                status = refusal.status
+                await self._refuse(send, refusal, door, origin)
+                return
+            if origin is not None and scope["method"] == "OPTIONS" and _has(
+                    scope, b"access-control-request-method"):
+                status = 204
+                await send({"type": "http.response.start", "status": 204, "headers": [
+                    *cors_headers(origin),
+                    (b"access-control-allow-methods", ALLOW_METHODS),
+                    (b"access-control-allow-headers", ALLOW_HEADERS),
+                    (b"access-control-max-age", b"600")]})
+                await send({"type": "http.response.body", "body": b""})
+                return
+            self.in_flight += 1
             try:
-                await self._app(scope, receive, exchange, caller)
+                if found is not None:
+                    answered = await self._hot_path(scope, receive, origin, *found)
+                    if type(answered) is tuple:
+                        answer, end = answered
+                        status = answer["status"]
+                        await send(answer)
+                        await send(end)
+                        return
+                    receive = answered   # type: ignore[assignment]
+                exchange = _Exchange(self, door, scope, send,
+                                     None if origin is None else cors_headers(origin))
+                try:
+                    await self._app(scope, receive, exchange, caller)
+                finally:
+                    status, events = exchange.status, exchange.events
             finally:
-                status, events = exchange.status, exchange.events
-        finally:
-            self.in_flight -= 1
+                self.in_flight -= 1
+        finally:   # every http exchange ends here, refused or answered
             observer = self.observer
-            if observer is not None:   # _done, inline: every answered request comes here
+            if observer is not None:
                 observer.done(door.name, scope, status, _now() - start, events)
 
     async def _app(self, scope: Scope, receive: Receive, exchange: _Exchange,
@@ -347,6 +355,8 @@ class FrontLayer:
             await exchange.cut()
 
     async def _not_http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A WebSocket (counted in ``in_flight``, closed with 1013 past
+        ``max_in_flight``) or another scope type, passed to the app."""
         if scope["type"] == "websocket" and self.max_in_flight is not None:
             if self.in_flight >= self.max_in_flight:
                 self.stats["connections"] = self.stats.get("connections", 0) + 1
@@ -360,12 +370,13 @@ class FrontLayer:
             return
         await self.app(scope, receive, send)
 
-    async def _hot_path(self, scope: Scope, receive: Receive, send: Send,
-                        origin: bytes | None, plan: _HotPlan,
-                        params: dict[str, str]) -> int | Receive:
-        """The status when the fast handler answered; else the ``receive`` that replays
-        the body read so far, for the full app. A declared body over ``HOT_BODY_MAX``
-        goes to the app unread (its cap answers before the body)."""
+    async def _hot_path(self, scope: Scope, receive: Receive, origin: bytes | None,
+                        plan: _HotPlan,
+                        params: dict[str, str]) -> tuple[Message, Message] | Receive:
+        """The fast handler's answer (its two messages, to send; CORS headers added);
+        else the ``receive`` that replays the body read so far, for the full app. A
+        declared body over ``HOT_BODY_MAX`` goes to the app unread (its cap answers
+        before the body)."""
         declines = plan.hot.declines
         for name, value in scope["headers"]:
             if name == b"content-length":
@@ -395,17 +406,10 @@ class FrontLayer:
         answer = await plan.hot.handler(scope, body)
         if answer is None:
             return _replay([body], None, receive)
-        start, end = answer
         if origin is not None:
-            start = {**start, "headers": [*start["headers"], *cors_headers(origin)]}
-        await send(start)
-        await send(end)
-        return start["status"]   # type: ignore[no-any-return]
-
-    def _done(self, door: Door, scope: Scope, status: int, start: float,
-              events: int | None) -> None:
-        if self.observer is not None:
-            self.observer.done(door.name, scope, status, time.perf_counter() - start, events)
+            start, end = answer
+            return {**start, "headers": [*start["headers"], *cors_headers(origin)]}, end
+        return answer
 
     async def _refuse(self, send: Send, refusal: Refusal, door: Door,
                       origin: bytes | None) -> None:

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from acp_server.http.front import Door, FrontLayer, HotRoute
+from acp_server.http.policy import GuardPolicy
 from bridge import BridgeOptions
 from tests.rest.server import running_server, text_prompt
 
@@ -122,3 +125,57 @@ def test_door_lookup_is_the_first_matching_door(prefixes: tuple[str, ...]) -> No
     for path in PATHS:
         scanned = next((door for door in doors if door.matches(path)), doors[-1])
         assert front.door_of(path) is scanned, (prefixes, path)
+
+
+# -- in process: the observer's status ------------------------------------
+START = {"type": "http.response.start", "status": 503,
+         "headers": [(b"content-type", b"application/json")]}
+END = {"type": "http.response.body", "body": b"{}"}
+PROMPT_ROUTE = SimpleNamespace(path="/session/{session_id}/prompt")
+
+
+class Statuses:
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    def stream_opened(self, door: str, scope: dict) -> None:
+        pass
+
+    def done(self, door: str, scope: dict, status: int, seconds: float,
+             events: int | None) -> None:
+        self.seen.append(status)
+
+
+def hot_front(observer: Statuses | None = None) -> FrontLayer:
+    async def handler(scope: dict, body: bytes) -> tuple[dict, dict]:
+        return START, END
+
+    doors = [Door("", "rest", lambda refusal: (b"application/json", b"{}"))]
+    return FrontLayer(lambda *a: None, GuardPolicy(), doors=doors,   # type: ignore[arg-type]
+                      observer=observer, hot=[HotRoute("POST", PROMPT_ROUTE, handler)])
+
+
+def prompt_scope(path: str = "/session/s1/prompt", client: str = "127.0.0.1") -> dict:
+    return {"type": "http", "method": "POST", "path": path, "raw_path": path.encode(),
+            "query_string": b"", "client": (client, 5555),
+            "headers": [(b"host", b"127.0.0.1"), (b"content-length", b"2")]}
+
+
+@pytest.mark.parametrize("client", ["127.0.0.1", "192.0.2.7"])   # hot 503; refused 403
+async def test_an_answer_whose_send_fails_is_recorded_with_its_status(client: str) -> None:
+    """The client left: the send raises, the observer still sees the status answered
+    (the hot path's 503, the policy's 403), not 500."""
+    observer = Statuses()
+    front = hot_front(observer)
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    async def send(message: dict) -> None:
+        raise OSError("client gone")
+
+    with pytest.raises(OSError):
+        await front(prompt_scope(client=client), receive, send)
+    assert observer.seen == [503 if client == "127.0.0.1" else 403]
+    assert front.in_flight == 0
+
