@@ -48,7 +48,12 @@ Contracts:
   the request with the body replayed. Answers are the route's own, byte for byte: the
   fast handler only skips the framework. What the route needs of a principal is
   resolved once per hot route (``door.access(method, route.path)``: a door's access
-  rule must not depend on the values of a hot route's path parameters).
+  rule must not depend on the values of a hot route's path parameters), and so is its
+  door: a hot route starts with a literal segment and every door prefix is ``""`` or
+  one segment (else ``ValueError`` at construction). The matches of the last
+  ``HOT_PATHS_KEPT`` paths are kept (paths up to ``HOT_PATH_CHARS_KEPT`` characters:
+  the memo is filled before the policy runs, by refused requests too, so its size in
+  bytes is bounded by both).
 * The observer sees every http exchange: ``stream_opened(door, scope)`` when an
   ``text/event-stream`` answer starts, ``done(door, scope, status, seconds, events)``
   when the exchange ends (``events`` is ``None`` unless it was a stream; status 500
@@ -88,7 +93,8 @@ _now = time.perf_counter
 
 HOT_BODY_MAX = 1 << 20
 _HOT_DIGITS = len(str(HOT_BODY_MAX))   # a shorter length cannot be over it
-HOT_PATHS_KEPT = 1024   # hot-route matches kept by path (cleared when full)
+HOT_PATHS_KEPT = 1024   # hot-route matches kept by path (cleared when full) ...
+HOT_PATH_CHARS_KEPT = 256   # ... for paths this long at most (a head may be ~73 KB)
 # -> awaitable (start message, body message), or None: declined, nothing done
 HotHandler = Callable[[Scope, bytes], Awaitable[tuple[Message, Message] | None]]
 
@@ -234,9 +240,15 @@ class FrontLayer:
         self._hot_seen: dict[str, tuple[_HotPlan, dict[str, str]]] = {}
 
     def _plan(self, hot: HotRoute) -> _HotPlan:
-        door = self.door_of(hot.route.path)
+        """The door of a hot route is resolved from its template, which is the door of
+        every path it matches only when the route starts with a literal segment and the
+        door is chosen by the first segment (``_by_segment``): both are checked."""
         if type(hot.template()[0]) is tuple:
-            raise ValueError(f"A hot route starts with a literal segment: {hot.route.path}")
+            raise ValueError(f"A hot route must start with a literal segment: {hot.route.path}")
+        if self._by_segment is None:
+            raise ValueError("Hot routes need door prefixes of one segment at most: "
+                             + ", ".join(repr(door.prefix) for door in self.doors))
+        door = self.door_of(hot.route.path)
         return _HotPlan(hot, hot.template(), door, door.access(hot.method, hot.route.path))
 
     def _hot_route(self, method: str, path: str) -> tuple[_HotPlan, dict[str, str]] | None:
@@ -245,7 +257,7 @@ class FrontLayer:
         if seen is not None and seen[0].hot.method == method:
             return seen[0], dict(seen[1])
         found = self._match_hot(method, path)
-        if found is not None:
+        if found is not None and len(path) <= HOT_PATH_CHARS_KEPT:
             if len(self._hot_seen) >= HOT_PATHS_KEPT:
                 self._hot_seen.clear()
             self._hot_seen[path] = found[0], dict(found[1])

@@ -5,12 +5,14 @@ replayed (real HTTP, both backends)."""
 from __future__ import annotations
 
 import json
+import tracemalloc
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from acp_server.http.front import Door, FrontLayer, HotRoute
+from acp_server.http.front import (HOT_PATH_CHARS_KEPT, HOT_PATHS_KEPT, Door, FrontLayer,
+                                   HotRoute)
 from acp_server.http.policy import GuardPolicy
 from bridge import BridgeOptions
 from tests.rest.server import running_server, text_prompt
@@ -127,7 +129,7 @@ def test_door_lookup_is_the_first_matching_door(prefixes: tuple[str, ...]) -> No
         assert front.door_of(path) is scanned, (prefixes, path)
 
 
-# -- in process: the observer's status ------------------------------------
+# -- in process: the observer's status, the hot-route memo ------------------------------------
 START = {"type": "http.response.start", "status": 503,
          "headers": [(b"content-type", b"application/json")]}
 END = {"type": "http.response.body", "body": b"{}"}
@@ -179,3 +181,53 @@ async def test_an_answer_whose_send_fails_is_recorded_with_its_status(client: st
     assert observer.seen == [503 if client == "127.0.0.1" else 403]
     assert front.in_flight == 0
 
+
+def test_the_hot_route_memo_keeps_short_paths_and_is_cleared_when_full() -> None:
+    front = hot_front()
+    for i in range(HOT_PATHS_KEPT):
+        front._hot_route("POST", f"/session/s{i}/prompt")
+    assert len(front._hot_seen) == HOT_PATHS_KEPT
+    plan, params = front._hot_route("POST", "/session/next/prompt")   # type: ignore[misc]
+    assert len(front._hot_seen) == 1 and params == {"session_id": "next"}
+    again = front._hot_route("POST", "/session/next/prompt")
+    assert again is not None and again[0] is plan and again[1] == params
+    assert again[1] is not params   # a new dict each time: the route may change it
+    assert front._hot_route("GET", "/session/next/prompt") is None
+    long = "/session/" + "x" * HOT_PATH_CHARS_KEPT + "/prompt"
+    matched = front._hot_route("POST", long)   # matched, not kept
+    assert matched is not None and matched[1] == {"session_id": "x" * HOT_PATH_CHARS_KEPT}
+    assert long not in front._hot_seen
+
+
+def test_the_hot_route_memo_is_bounded_in_bytes() -> None:
+    """Long distinct paths (a refused request fills the memo too) are matched, not kept:
+    the memo's bytes stay bounded whatever the paths' length."""
+    front = hot_front()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(HOT_PATHS_KEPT):
+            front._hot_route("POST", f"/session/{i:06d}{'a' * 60_000}/prompt")
+        long_paths = tracemalloc.get_traced_memory()[0] - before
+        for i in range(HOT_PATHS_KEPT):   # the longest kept: the bound in bytes
+            front._hot_route("POST", f"/session/{i:06d}{'a' * 200}/prompt")
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert long_paths < 64 << 10 and len(front._hot_seen) == HOT_PATHS_KEPT
+    assert kept < 2 << 20   # ~1 MiB for 1024 paths of 222 characters
+
+
+def test_a_hot_route_needs_a_literal_first_segment_and_one_segment_doors() -> None:
+    async def handler(scope: dict, body: bytes) -> None:
+        return None
+
+    render = lambda refusal: (b"", b"")   # noqa: E731
+    hot = HotRoute("POST", SimpleNamespace(path="/{session_id}/prompt"), handler)
+    with pytest.raises(ValueError, match="must start with a literal segment"):
+        FrontLayer(lambda *a: None, GuardPolicy(),   # type: ignore[arg-type]
+                   doors=[Door("", "rest", render)], hot=[hot])
+    hot = HotRoute("POST", PROMPT_ROUTE, handler)
+    with pytest.raises(ValueError, match="one segment"):
+        FrontLayer(lambda *a: None, GuardPolicy(),   # type: ignore[arg-type]
+                   doors=[Door("/session/x", "a", render), Door("", "rest", render)], hot=[hot])
