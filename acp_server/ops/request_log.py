@@ -165,12 +165,16 @@ _MAX_SESSION_PARTS = 4096
 
 
 def _session_part(session_id: str) -> str:
-    """`` session=<printable id>``, kept for the ids seen (bounded: cleared when full)."""
+    """`` session=<printable id>``, kept for the ids seen (bounded: cleared when full),
+    ids of ``MAX_ID_CHARS`` at most: a longer one (the client's, a refused request's
+    too) is formatted each time, so the memo's bytes are bounded as well."""
     part = _SESSION_PARTS.get(session_id)
     if part is None:
-        if len(_SESSION_PARTS) >= _MAX_SESSION_PARTS:
-            _SESSION_PARTS.clear()
-        part = _SESSION_PARTS[session_id] = " session=" + printable(session_id)
+        part = " session=" + printable(session_id)
+        if len(session_id) <= MAX_ID_CHARS:
+            if len(_SESSION_PARTS) >= _MAX_SESSION_PARTS:
+                _SESSION_PARTS.clear()
+            _SESSION_PARTS[session_id] = part
     return part
 
 

@@ -262,3 +262,38 @@ def test_the_writers_one_call_line_is_text_line_with_its_prefix() -> None:
     expected = [text_line(*case) for case in cases for _ in range(2)]
     assert [line.split("acp_server.access: ", 1)[1] for line in queued] == expected
     assert all(line.split(" ")[2:4] == ["INFO", "acp_server.access:"] for line in queued)
+
+
+def test_the_session_part_memo_is_bounded_in_entries_and_bytes() -> None:
+    """``_SESSION_PARTS`` (both formats' text line) keeps ids up to ``MAX_ID_CHARS``
+    and is cleared when full; a longer id (a client's, refused or not) is formatted
+    each time: long distinct ids do not grow it."""
+    import tracemalloc
+
+    from acp_server.ops import request_log as r
+
+    r._SESSION_PARTS.clear()
+    for i in range(r._MAX_SESSION_PARTS):
+        assert r._session_part(f"s{i}") == f" session=s{i}"
+    assert len(r._SESSION_PARTS) == r._MAX_SESSION_PARTS
+    assert r._session_part("next") == " session=next" and len(r._SESSION_PARTS) == 1
+    long = "x" * (r.MAX_ID_CHARS + 1)
+    assert r._session_part(long) == " session=" + "x" * r.MAX_ID_CHARS + "…"
+    assert long not in r._SESSION_PARTS
+    writer = r.AccessWriter(io.StringIO(), "text")
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(r._MAX_SESSION_PARTS):
+            session_id = f"{i:06d}{'a' * 60_000}"
+            writer.text("request", "POST", "/session/{session_id}/prompt", 414, 0.1, "rest",
+                        session_id, None, None)
+            r.text_line("request", "POST", "/session/{session_id}/prompt", 414, 0.1, "rest",
+                        session_id, None, None)
+            writer.queue.clear()   # the lines themselves are bounded by MAX_QUEUED
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+        writer.close()
+        r._SESSION_PARTS.clear()
+    assert grown < 64 << 10, grown
