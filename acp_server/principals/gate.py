@@ -186,7 +186,10 @@ class Gate:
     def caller(self, principal: Principal, client: str | None = None) -> Caller:
         """The ``Caller`` of a request. An unlimited principal's is made once per
         (principal object, client) and shared (it holds no per-request state:
-        ``charged`` is only ever set for a limited one); a bounded memo."""
+        ``charged`` is only ever set for a limited one, and ``_passed``, the last
+        ``Access`` it passed, stays true for it: an unlimited principal is never rate
+        limited and a ``Principal``'s scopes never change, it is frozen); at most
+        ``CALLERS_KEPT`` kept (cleared when full)."""
         if principal.limited:
             return Caller(principal, self, client)
         key = (id(principal), client)   # a Principal's own hash is a tuple's: slower
