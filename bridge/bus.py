@@ -290,7 +290,7 @@ class EventBus:
         # reach readers when ``release`` says they are committed. ``_released_id`` is
         # the last event readers may see; ``sink`` gets each event to journal.
         self.hold = False
-        self.sink: Callable[[Event], None] | None = None
+        self.sink: Callable[[Event, bytes], None] | None = None   # (event, its envelope)
         self._released_id = 0
         self._close_when_released = False
         self._released: anyio.Event | None = None   # a publisher waits for a commit
@@ -346,10 +346,11 @@ class EventBus:
         self._last_id += 1
         event = Event(self._last_id, type_, data, prompt_id=prompt_id,
                       originator_client_id=originator_client_id)
-        event.size = len(wire.envelope(event))   # encoded once, here, for every door
+        envelope = wire.envelope(event)   # encoded once, here, for every door
+        event.size = len(envelope)
         self._ring.append(event)
         if self.sink is not None:
-            self.sink(event)
+            self.sink(event, envelope)
         if not self.hold:
             self._released_id = self._last_id
             for subscriber in tuple(self._subscribers):

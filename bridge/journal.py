@@ -126,7 +126,9 @@ class SessionJournal(Protocol):
     durable: bool
 
     def bind(self, on_events: Callable[[Sequence[EventRecord]], None]) -> None:
-        """``on_events`` gets every committed batch's events, in order (event loop)."""
+        """``on_events`` gets committed events, in order (event loop): of each batch at
+        least the newest event of every session it carried (readers may see that
+        session's events through it)."""
 
     def append(self, record: JournalRecord) -> int: ...
 

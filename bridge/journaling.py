@@ -97,7 +97,8 @@ class Journaling:
             self._tasks().start_soon(self._close_at_agent, session, running)
 
     def _events_committed(self, records: Any) -> None:
-        """The journal committed these events: readers may see them now."""
+        """The journal committed these events (at least the newest of each session):
+        readers may see each session's events through its newest here."""
         last: dict[str, int] = {}
         for record in records:
             last[record.session_id] = record.event_id

@@ -31,7 +31,6 @@ import anyio.abc
 import anyio.lowlevel
 
 from bridge import events as ev
-from bridge import wire
 from bridge.bus import EventBus
 from bridge.cancel import CancelToken
 from bridge.errors import (
@@ -230,10 +229,10 @@ class Session:
         sid = self.session_id
         append = journal.append
 
-        def sink(event: ev.Event) -> None:
+        def sink(event: ev.Event, envelope: bytes) -> None:
             append(EventRecord(session_id=sid, event_id=event.id,  # type: ignore[arg-type]
                                type=event.type, prompt_id=event.prompt_id,
-                               envelope=wire.envelope(event)))
+                               envelope=envelope))
 
         self.bus.sink = sink
 

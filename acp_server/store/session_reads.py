@@ -81,7 +81,7 @@ class SessionReads:
 
     def _seed_untrimmed(self, settled: dict[str, int]) -> None:
         """The live sessions' settled prompts on disk as restored: those past the kept
-        number count towards their next trim (``_plan_trims``), so a session that
+        number count towards their next trim (``_planned``), so a session that
         settles fewer than ``TRIM_TERMINALS_EVERY`` prompts per run is trimmed too."""
         for sid, count in settled.items():
             if count > MAX_PROMPT_TERMINALS:

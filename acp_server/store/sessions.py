@@ -70,18 +70,16 @@ from typing import Any, Self
 
 import anyio
 import anyio.abc
-import msgspec
 
 from acp_server.store.errors import Backoff, StoreUnavailableError
 from acp_server.store.leases import SessionLeases
 from acp_server.store.pg_engine import PostgresEngine
-from acp_server.store.session_reads import SESSION_TABLES as _SESSION_TABLES
 from acp_server.store.session_reads import SessionReads
-from acp_server.store.write_behind import MARKER_ID, MARKER_TYPE, Marker, WriteBehind
+from acp_server.store.session_writes import CommitPlan, SessionWrites, _Record
+from acp_server.store.write_behind import Marker, WriteBehind
 from acp_server.store.writer import Op
 from bridge.errors import JournalUnavailableError, SessionMovedError
 from bridge.journal import (
-    RECORD_ENCODER,
     EventRecord,
     JournalRecord,
     PromptAccepted,
@@ -90,45 +88,19 @@ from bridge.journal import (
     SessionEnded,
     SessionOpened,
 )
-from bridge.status import MAX_PROMPT_TERMINALS
 
 log = logging.getLogger("acp_server.store.sessions")
 
 MAX_PENDING = 200_000
-COMPACT_EVERY = 256   # events per session between two trims of its oldest events
 TRIM_TERMINALS_EVERY = 64   # settled prompts per session between two trims of terminals
 MAX_SESSION_BYTES = 64 * 1024 * 1024   # event envelopes kept per session (see trim_bytes)
-_JSON_RECORD = msgspec.json.Encoder()
-
-
-def _encode(record: JournalRecord) -> bytes:
-    """A record in msgpack; one msgpack cannot hold (a prompt with an integer past 64
-    bits: JSON allows any, and the agent gets it unchanged) in JSON, which starts with
-    ``{`` where a msgpack record never does. So a hostile prompt is journaled like any
-    other and never fails a commit that carries other sessions' records."""
-    try:
-        return RECORD_ENCODER.encode(record)
-    except OverflowError:
-        return _JSON_RECORD.encode(record)
 
 
 CRITICAL = (SessionOpened, PromptAccepted)
 SESSION_NOTICE = "s"   # a commit's NOTIFY kind: a session's events or its end (``read_after``)
 MOVED = "session moved: another instance holds its lease"
 LOST = -1   # the fence of a session this instance lost: every write of it is refused
-_Record = JournalRecord | Marker   # what the journal commits
-ROWS_PER_STATEMENT = 500   # x 5 parameters: under SQLite's and PostgreSQL's limits
-EVENT_INSERT = ("INSERT INTO session_events(session_id, id, type, prompt_id, envelope) "
-                "VALUES {} ON CONFLICT DO NOTHING", 5)
-PROMPT_INSERT = ("INSERT INTO session_prompts(session_id, prompt_id, seq, record) "
-                 "VALUES {} ON CONFLICT DO NOTHING", 4)
-SETTLE_UPDATE = ("WITH v(sid, pid, terminal, at) AS (VALUES {}) "
-                 "UPDATE session_prompts SET terminal = v.terminal, "
-                 "settled_at = CAST(v.at AS BIGINT) FROM v "
-                 "WHERE session_prompts.session_id = v.sid AND session_prompts.prompt_id = v.pid")
-
-
-class StoreSessionJournal(SessionReads):
+class StoreSessionJournal(SessionWrites, SessionReads):
     """See the module docstring. ``store`` is an open ``GroupCommitStore``."""
 
     durable = True
@@ -147,10 +119,10 @@ class StoreSessionJournal(SessionReads):
         self.max_session_bytes = max_session_bytes
         self._unsized: dict[str, int] = {}   # envelope bytes per session since its trim
         # per session: its settled prompts on disk past the newest MAX_PROMPT_TERMINALS
-        # (seeded at restore, updated once a commit has landed: ``_plan_trims``)
+        # (seeded at restore, updated once a commit has landed: ``_planned``)
         self._untrimmed: dict[str, int] = {}
-        self._batch_trims: set[str] = set()   # the sessions the commit in flight trims
-        self._batch_untrimmed: dict[str, int | None] = {}   # and their counts once landed
+        self._plan = CommitPlan()   # what the commit in flight trims and counts (``_take``)
+        self._statements: dict[tuple[str, int], str] = {}   # multi-row INSERTs by size
         self._write_behind = WriteBehind(write_behind) if write_behind > 0 else None
         self.postgres = isinstance(store, PostgresEngine)
         # A shared (PostgreSQL) store: this instance restores only the sessions it made.
@@ -217,19 +189,29 @@ class StoreSessionJournal(SessionReads):
         if self._closing:
             return 0
         wb = self._write_behind
-        if wb is not None:
-            if isinstance(record, EventRecord):
-                marker = wb.before_event(record.session_id, record.event_id)
-                if marker is not None:
-                    self._push(marker)
-                seq = self._push(record)
-                if wb.early(record.session_id, record.event_id):
-                    self._on_events([record])   # readers see it now (the window)
-                return seq
-            if isinstance(record, (PromptAccepted, PromptSettled)):
-                wb.prompt(record.session_id, 1 if isinstance(record, PromptAccepted) else -1)
-            elif isinstance(record, SessionEnded):
-                wb.ended(record.session_id)
+        if wb is None:   # ``_push``, inline: eight records a prompt
+            seq = self._next
+            self._next += 1
+            self._pending.append((seq, record))
+            if self._inflight is None:
+                self._kick()
+            if self._failing and isinstance(record, CRITICAL):
+                self._wake.set()
+            if len(self._pending) > MAX_PENDING:
+                self._shed()
+            return seq
+        if isinstance(record, EventRecord):
+            marker = wb.before_event(record.session_id, record.event_id)
+            if marker is not None:
+                self._push(marker)
+            seq = self._push(record)
+            if wb.early(record.session_id, record.event_id):
+                self._on_events([record])   # readers see it now (the window)
+            return seq
+        if isinstance(record, (PromptAccepted, PromptSettled)):
+            wb.prompt(record.session_id, 1 if isinstance(record, PromptAccepted) else -1)
+        elif isinstance(record, SessionEnded):
+            wb.ended(record.session_id)
         return self._push(record)
 
     def _push(self, record: _Record) -> int:
@@ -284,7 +266,7 @@ class StoreSessionJournal(SessionReads):
 
     def _take(self) -> None:
         self._batch, self._pending = self._pending, []
-        self._batch_trims, self._batch_untrimmed = self._plan_trims(self._batch)
+        self._plan = self._planned(self._batch)
         # the lease tokens this commit is fenced by, as the batch starts
         self._batch_fence = dict(self.fence) if self.leases is not None else None
 
@@ -301,7 +283,7 @@ class StoreSessionJournal(SessionReads):
     def _landed(self, op: Op) -> None:
         batch, self._batch = self._batch, []
         self._inflight = None
-        untrimmed, self._batch_untrimmed = self._batch_untrimmed, {}
+        plan, self._plan = self._plan, CommitPlan()
         if op.error is not None:   # nothing counted: the records kept are planned again
             self._failed_batch(batch, op.error)   # type: ignore[arg-type]
             self._failing = True   # the flusher backs off, then commits again
@@ -311,15 +293,23 @@ class StoreSessionJournal(SessionReads):
         if batch:
             taken, refused = op.result if op.result is not None else ({}, set())
             self.commits += 1
-            for sid, count in untrimmed.items():
+            for sid, count in plan.untrimmed.items():
                 if count is None:
                     self._untrimmed.pop(sid, None)
                 else:
                     self._untrimmed[sid] = count
+            for sid, size in plan.unsized.items():
+                if sid in refused:
+                    continue   # nothing of it was written
+                if size is None:
+                    self._unsized.pop(sid, None)
+                else:
+                    self._unsized[sid] = size
             self._committed(batch, taken, refused)
             self._durable_through = batch[-1][0]
-            self._on_events([r for _, r in batch if isinstance(r, EventRecord)
-                             and r.session_id not in refused])
+            newest = plan.newest   # readers may see each session's events through it
+            self._on_events([r for sid, r in newest.items() if sid not in refused]
+                            if refused else list(newest.values()))
             self._signal()
             if self._write_behind is not None:
                 self._behind_landed(self._write_behind, batch)
@@ -330,28 +320,49 @@ class StoreSessionJournal(SessionReads):
         else:
             self._kick()
 
-    def _plan_trims(self, batch: list[tuple[int, _Record]]
-                    ) -> tuple[set[str], dict[str, int | None]]:
-        """Which sessions' old terminals the commit of ``batch`` deletes (those that
-        reach ``TRIM_TERMINALS_EVERY`` settled prompts past the kept number), and each
-        touched session's count once it has landed (``None``: ended). Planned in the
-        event loop as the commit starts, so a transaction run twice (a batch rolled
-        back, then run with savepoints) or retried counts nothing twice and never
-        loses a trim: the counts change only when the commit lands (``_landed``)."""
-        due: set[str] = set()
-        counts: dict[str, int | None] = {}
+    def _planned(self, batch: list[tuple[int, _Record]]) -> CommitPlan:
+        """What the commit of ``batch`` trims and how it changes the counts, in one pass
+        (event loop, as the commit starts; applied only when it lands, ``_landed``: a
+        transaction run twice — a batch rolled back, then run with savepoints — or
+        retried counts nothing twice and never loses a trim):
+
+        * the sessions whose old terminals it deletes (they reach
+          ``TRIM_TERMINALS_EVERY`` settled prompts past the kept number) and each
+          touched session's settle count once landed (``None``: ended);
+        * the sessions it byte-trims (their envelopes since their last byte trim reach
+          a quarter of ``max_session_bytes``) and each one's byte count once landed
+          (``None``: ended, or trimmed now);
+        * each session's newest event in it (what readers may see once it lands)."""
+        plan = CommitPlan()
+        due, counts, grown, newest = plan.trims, plan.untrimmed, plan.unsized, plan.newest
+        untrimmed = self._untrimmed
         for _, record in batch:
-            sid = record.session_id
-            if isinstance(record, PromptSettled):
-                count = counts.get(sid, self._untrimmed.get(sid, 0))
-                count = (count or 0) + 1
+            kind = type(record)
+            if kind is EventRecord:
+                sid = record.session_id
+                newest[sid] = record   # type: ignore[assignment]
+                size = grown.get(sid, 0)
+                if size is not None:
+                    grown[sid] = size + len(record.envelope)   # type: ignore[union-attr]
+            elif kind is PromptSettled:
+                sid = record.session_id
+                count = (counts.get(sid, untrimmed.get(sid, 0)) or 0) + 1
                 if count >= TRIM_TERMINALS_EVERY:
                     due.add(sid)
                     count = 0
                 counts[sid] = count
-            elif isinstance(record, SessionEnded):
-                counts[sid] = None
-        return due, counts
+            elif kind is SessionEnded:
+                counts[record.session_id] = grown[record.session_id] = None
+        quarter = self.max_session_bytes // 4
+        for sid, size in grown.items():
+            if size is not None:
+                total = self._unsized.get(sid, 0) + size
+                if total >= quarter:
+                    plan.byte_trims.add(sid)
+                    grown[sid] = None
+                else:
+                    grown[sid] = total
+        return plan
 
     def _behind_landed(self, wb: WriteBehind, batch: list[tuple[int, _Record]]) -> None:
         touched: set[str] = set()
@@ -503,154 +514,3 @@ class StoreSessionJournal(SessionReads):
         log.error("session journal: %d events let through unjournaled (the store does not "
                   "commit)", len(shed))
         self._on_events(shed)
-
-    # -- SQL (a worker thread, inside the writer's transaction) --------------------------
-    def _sql(self, text: str) -> str:
-        return text.replace("?", "%s") if self.postgres else text
-
-    def _apply(self, conn: Any, records: list[_Record], fence: dict[str, int] | None
-               ) -> tuple[dict[str, int], set[str]]:
-        """The records in order, in as few statements as it takes: each statement gives
-        up the GIL and must win it back from a busy event loop (see ``store.writer``),
-        so the events, accepted prompts and terminals between two session records
-        (``SessionOpened``, ``SessionEnded``: they order everything around them) go in
-        one multi-row statement each, in that order (a terminal after its prompt).
-        Returns (the leases it took, the sessions it refused: a stale fence)."""
-        events: list[tuple[str, int, str, str | None, bytes]] = []
-        accepted: list[tuple[str, str, int, bytes]] = []
-        settled: list[PromptSettled] = []
-        trim: dict[str, int] = {}
-        grown: dict[str, int] = {}   # envelope bytes per session in this commit
-        ring = self.ring_size
-        taken: dict[str, int] = {}
-        refused: set[str] = set()
-        if fence and self.leases is not None:
-            mine = {r.session_id: fence[r.session_id] for r in records
-                    if r.session_id in fence}
-            refused = self.leases.stale(conn, mine) if mine else set()
-
-        def flush() -> None:
-            if events:
-                self._insert_rows(conn, EVENT_INSERT, events)
-                events.clear()
-            if accepted:
-                self._insert_rows(conn, PROMPT_INSERT, accepted)
-                accepted.clear()
-            if settled:
-                self._settle_rows(conn, settled)
-                settled.clear()
-
-        for record in records:
-            if record.session_id in refused:
-                continue
-            if isinstance(record, SessionOpened) and self.leases is not None:
-                token = self.leases.open(conn, record.session_id)
-                if token is None:
-                    refused.add(record.session_id)
-                    continue
-                taken[record.session_id] = token
-            if isinstance(record, EventRecord):
-                sid, event_id, envelope = record.session_id, record.event_id, record.envelope
-                events.append((sid, event_id, record.type, record.prompt_id, envelope))
-                if event_id % COMPACT_EVERY == 0 and event_id > ring:
-                    trim[sid] = event_id - ring
-                grown[sid] = grown.get(sid, 0) + len(envelope)
-            elif isinstance(record, PromptAccepted):
-                accepted.append((record.session_id, record.prompt_id, record.seq,
-                                 _encode(record)))
-            elif isinstance(record, PromptSettled):
-                settled.append(record)
-            elif isinstance(record, Marker):
-                flush()
-                if record.on:
-                    conn.execute(self._sql(EVENT_INSERT[0].format("(?,?,?,NULL,?)")),
-                                 (record.session_id, MARKER_ID, MARKER_TYPE, b""))
-                else:
-                    conn.execute(self._sql("DELETE FROM session_events WHERE session_id = ? "
-                                           "AND id = ?"), (record.session_id, MARKER_ID))
-            else:
-                flush()
-                grown.pop(record.session_id, None)   # ended: nothing more to count
-                self._apply_one(conn, record)
-        flush()
-        for sid, through in trim.items():
-            conn.execute(self._sql("DELETE FROM session_events WHERE session_id = ? AND id > ? "
-                                   "AND id <= ?"), (sid, MARKER_ID, through))
-        for sid, size in grown.items():
-            if self._count_bytes(sid, size):
-                self._trim_bytes(conn, sid)
-        return taken, refused
-
-    def _count_bytes(self, sid: str, size: int) -> bool:
-        """Count a commit's ``size`` bytes of envelopes of session ``sid``; ``True`` when
-        the session is due a byte trim."""
-        total = self._unsized.get(sid, 0) + size
-        if total >= self.max_session_bytes // 4:
-            self._unsized.pop(sid, None)
-            return True
-        self._unsized[sid] = total
-        return False
-
-    def _trim_bytes(self, conn: Any, sid: str) -> None:
-        """Delete the session's oldest events until the rest take at most
-        ``max_session_bytes`` (its newest event always stays)."""
-        sizes = conn.execute(self._sql(
-            "SELECT id, LENGTH(envelope) FROM session_events WHERE session_id = ? AND id > ? "
-            "ORDER BY id DESC"), (sid, MARKER_ID)).fetchall()
-        total = 0
-        for n, (event_id, size) in enumerate(sizes):
-            total += int(size)
-            if total > self.max_session_bytes and n > 0:
-                conn.execute(self._sql(
-                    "DELETE FROM session_events WHERE session_id = ? AND id > ? AND id <= ?"),
-                    (sid, MARKER_ID, event_id))
-                return
-
-    def _insert_rows(self, conn: Any, head: tuple[str, int], rows: list[tuple[Any, ...]]
-                     ) -> None:
-        """``INSERT ... VALUES (..),(..) ON CONFLICT DO NOTHING``, ``ROWS_PER_STATEMENT``
-        rows a statement."""
-        sql, width = head
-        one = "(" + ",".join("?" * width) + ")"
-        for start in range(0, len(rows), ROWS_PER_STATEMENT):
-            chunk = rows[start:start + ROWS_PER_STATEMENT]
-            conn.execute(self._sql(sql.format(",".join([one] * len(chunk)))),
-                         [value for row in chunk for value in row])
-
-    def _settle_rows(self, conn: Any, records: list[PromptSettled]) -> None:
-        sql = self._sql
-        for start in range(0, len(records), ROWS_PER_STATEMENT):
-            chunk = records[start:start + ROWS_PER_STATEMENT]
-            params: list[Any] = []
-            for record in chunk:
-                params += (record.session_id, record.prompt_id, _encode(record), record.at)
-            conn.execute(sql(SETTLE_UPDATE.format(",".join(["(?,?,?,?)"] * len(chunk)))),
-                         params)
-        for sid in self._batch_trims:   # the newest terminals only (``_plan_trims``)
-            conn.execute(sql(
-                "DELETE FROM session_prompts WHERE session_id = ? AND terminal IS NOT NULL "
-                "AND prompt_id NOT IN (SELECT prompt_id FROM session_prompts "
-                "WHERE session_id = ? AND terminal IS NOT NULL "
-                "ORDER BY settled_at DESC, seq DESC LIMIT ?)"),
-                (sid, sid, MAX_PROMPT_TERMINALS))
-
-    def _apply_one(self, conn: Any, record: JournalRecord) -> None:
-        sql = self._sql
-        if isinstance(record, SessionOpened):
-            conn.execute(sql(
-                "INSERT INTO sessions(id, created_at, record, owner) VALUES (?,?,?,?) "
-                "ON CONFLICT (id) DO UPDATE SET record = excluded.record, closed_at = NULL, "
-                "owner = excluded.owner"),
-                (record.session_id, record.created_at, _encode(record),
-                 self.owner))
-        elif isinstance(record, SessionEnded):
-            self._unsized.pop(record.session_id, None)
-            if record.deleted:
-                for table, column in _SESSION_TABLES:
-                    conn.execute(sql(f"DELETE FROM {table} WHERE {column} = ?"),
-                                 (record.session_id,))
-            else:
-                conn.execute(sql("UPDATE sessions SET closed_at = ? WHERE id = ?"),
-                             (record.at, record.session_id))
-                conn.execute(sql("DELETE FROM session_leases WHERE session_id = ?"),
-                             (record.session_id,))

@@ -20,11 +20,16 @@ Contracts:
   ``on_done`` called there, with no task hop: the session journal's way);
   ``_observe`` sees each result, in the caller's task (the task stores call
   ``on_transition`` with each status a write moved a task to).
-* A writer's worker thread runs batch after batch while operations are queued: after
-  each, one call into the event loop (``anyio.from_thread``) settles it and takes the
-  next (``_settle_then_next``), so callers wake in the loop's next iteration and the
-  next batch starts without a new hop to a thread. Everything but the transaction
-  itself (``prepare``, ``_settle``, ``on_done``) runs in the event loop.
+* Each writer has one worker thread for the store's life. It runs batch after batch
+  while operations are queued: after each, one call into the event loop
+  (``anyio.from_thread``) settles it and takes the next (``_settle_then_next``), so
+  callers wake in the loop's next iteration and the next batch starts without a new
+  hop to a thread. With nothing queued the thread parks (a future, no interpreter
+  lock held) and the writer task receives the next operation and hands its batch to
+  the parked thread: no new worker-thread call per commit (``to_thread.run_sync``
+  cost two more loop iterations and two cross-thread wake-ups each time). Everything
+  but the transaction itself (``prepare``, ``_settle``, ``on_done``) runs in the
+  event loop.
 * ``open()`` (what ``async with store`` enters) connects, runs the writer loops and
   the engine's background work in one task group opened with ``async with``, and on
   the way out lets the loops drain what is queued before disconnecting.
@@ -41,7 +46,7 @@ Contracts:
   flush covers every commit before it too). PostgreSQL commits every batch durably.
 * While a batch or a read runs on a worker thread, the interpreter's switch interval
   is lowered to ``SWITCH_INTERVAL_S``; when no store work is on a thread any more, it
-  is put back (``store_work``). The writer gives up the GIL in every statement
+  is put back (``store_work``; a parked writer thread does no store work). The writer gives up the GIL in every statement
   (SQLite's step, a PostgreSQL round trip) and must win it back from the event loop,
   which under load holds it for up to the interval (5 ms by default): measured, a
   batch of 12 SQLite statements beside a busy loop takes 14 ms at 5 ms and 1.8 ms at
@@ -54,6 +59,7 @@ Contracts:
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import logging
@@ -232,11 +238,44 @@ class GroupCommitStore(Generic[C]):
 
     # -- the writer ----------------------------------------------------------------
     async def _write_loop(self, index: int) -> None:
-        async for first in self._receive:   # shared by the writers; ends when closed
-            batch = self._gather(first)
-            with anyio.CancelScope(shield=True), store_work:
-                await anyio.to_thread.run_sync(self._run_batches, index, batch,
-                                               limiter=self._write_limiter)
+        """Writer ``index``: its worker thread (``_run_batches``) for the store's life;
+        whenever the thread is parked, the next operation queued (everything queued,
+        ``_gather``) is handed to it. Ends once the queue is closed and drained."""
+        parked: list[concurrent.futures.Future[list[Op]]] = []
+        idle = [anyio.Event()]   # set while the thread is parked (``parked[0]``)
+        ended = False
+
+        def park() -> concurrent.futures.Future[list[Op]]:   # the event loop
+            waiter: concurrent.futures.Future[list[Op]] = concurrent.futures.Future()
+            if ended:
+                waiter.set_result([])   # the thread ends
+            else:
+                parked.append(waiter)
+                idle[0].set()
+            return waiter
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._thread, index, park)
+            try:
+                while True:
+                    await idle[0].wait()
+                    first = await self._receive.receive()   # shared by the writers
+                    batch = self._gather(first)
+                    idle[0] = anyio.Event()
+                    store_work.__enter__()   # left by ``_settle_then_next`` as it parks
+                    parked.pop().set_result(batch)
+            except anyio.EndOfStream:
+                pass
+            finally:   # closed and drained (or cancelled): the thread ends when it parks
+                ended = True
+                while parked:
+                    parked.pop().set_result([])
+
+    async def _thread(self, index: int,
+                      park: Callable[[], concurrent.futures.Future[list[Op]]]) -> None:
+        with anyio.CancelScope(shield=True):   # ends when the queue is closed and drained
+            await anyio.to_thread.run_sync(self._run_batches, index, park, park(),
+                                           limiter=self._write_limiter)
 
     def _gather(self, first: Op) -> list[Op]:
         """``first`` and what else is queued (at most ``MAX_BATCH``), prepared (event
@@ -252,28 +291,34 @@ class GroupCommitStore(Generic[C]):
                 op.prepare()
         return batch
 
-    def _run_batches(self, index: int, batch: list[Op]) -> None:
-        """Writer ``index``'s worker thread: run ``batch``, then have the event loop
-        settle it and hand back the next one, until nothing is queued. One hop to the
-        loop per batch (``_settle_then_next``): the callers wake in the next iteration
-        of the loop and the next batch starts at once, where a return to the writer
-        task took two iterations and a new hop to a worker thread."""
+    def _run_batches(self, index: int, park: Callable[[], concurrent.futures.Future[list[Op]]],
+                     waiter: concurrent.futures.Future[list[Op]]) -> None:
+        """Writer ``index``'s worker thread: wait parked for a batch, run it, then have
+        the event loop settle it and hand back the next one (``_settle_then_next``:
+        one hop to the loop per batch, the callers wake in the loop's next iteration),
+        or a future to park on when nothing is queued; ends on an empty batch (the
+        queue closed)."""
+        batch = waiter.result()
         while batch:
             try:
                 self._run_batch(index, batch)
             except Exception as exc:   # noqa: BLE001 - the engine failed: so did the batch
                 for op in batch:
                     op.result, op.error, op.events = None, exc, []
-            batch = anyio.from_thread.run_sync(self._settle_then_next, batch)
+            following = anyio.from_thread.run_sync(self._settle_then_next, batch, park)
+            batch = following if isinstance(following, list) else following.result()
 
-    def _settle_then_next(self, batch: list[Op]) -> list[Op]:
-        """Settle ``batch``, then the next batch if an operation is queued, else ``[]``
-        (event loop)."""
+    def _settle_then_next(self, batch: list[Op],
+                          park: Callable[[], concurrent.futures.Future[list[Op]]]
+                          ) -> list[Op] | concurrent.futures.Future[list[Op]]:
+        """Settle ``batch``, then the next batch if an operation is queued, else a
+        future the thread parks on, its store work over (event loop)."""
         self._settle(batch)
         try:
             first = self._receive.receive_nowait()
         except (anyio.WouldBlock, anyio.EndOfStream):
-            return []
+            store_work.__exit__()
+            return park()
         return self._gather(first)
 
     def _settle(self, batch: list[Op]) -> None:

@@ -5,10 +5,13 @@ go until the rest fit; the newest always stays, so the ids go on after a restart
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from acp_server.store.sessions import StoreSessionJournal
+from acp_server.store.sqlite import SqliteTaskStore
+from acp_server.store.writer import Op
 from bridge import events as ev
 from bridge import wire
 from bridge.journal import EventRecord, SessionOpened
@@ -52,3 +55,38 @@ async def test_a_session_journal_is_bounded_in_bytes(tmp_path: Path, store_name:
         big = next(f for f in await journal.restore() if f.record.session_id == "big")
     assert [e.id for e in big.events] == [41]   # alone, but kept: the ids go on from it
     assert big.last_event_id == 41
+
+
+async def test_a_commit_run_twice_counts_its_bytes_once(tmp_path: Path) -> None:
+    """A batch whose other operation fails is rolled back and run again with savepoints:
+    the journal's commit runs twice, its envelopes count once towards the next byte
+    trim (planned as the commit starts, counted when it lands), and a trim planned for
+    it runs in the transaction that lands."""
+    def boom(conn: Any, out: Any, *state: Any) -> None:
+        raise ValueError("this operation's own error")
+
+    async with SqliteTaskStore(str(tmp_path / "store.db")) as store, \
+            StoreSessionJournal(store, max_session_bytes=LIMIT) as journal:
+        journal.append(SessionOpened(session_id="s1", agent="a", cwd="/", created_at=1.0,
+                                     epoch="e"))
+        records = [_event("s1", n, 100) for n in range(1, 6)]
+        seq = 0
+        for record in records:
+            seq = journal.append(record)
+        failing = Op(boom)
+        assert store.submit(failing)   # the same batch as the journal's commit
+        await journal.wait(seq)
+        await failing.done.wait()
+        assert isinstance(failing.error, ValueError)
+        assert journal.commits == 1
+        assert journal._unsized == {"s1": sum(len(r.envelope) for r in records)}
+        for n in range(6, 41):   # past a quarter of the bound: trimmed, the count restarts
+            seq = journal.append(_event("s1", n, 100))
+        failing = Op(boom)
+        assert store.submit(failing)
+        await journal.wait(seq)
+        await failing.done.wait()
+        assert journal._unsized == {}
+        [found] = await journal.restore()
+    assert sum(e.size for e in found.events) <= LIMIT
+    assert [e.id for e in found.events] == list(range(found.events[0].id, 41))

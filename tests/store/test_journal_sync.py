@@ -19,6 +19,7 @@ from acp_server.store.writer import Op
 from bridge.journal import PromptAccepted, PromptSettled, SessionOpened
 from bridge.status import MAX_PROMPT_TERMINALS
 from tests.harness import local_server
+from tests.store.faults import faulty
 
 pytestmark = pytest.mark.anyio
 NORMAL, FULL = 1, 2   # what ``PRAGMA synchronous`` reads
@@ -130,7 +131,7 @@ def _opened() -> SessionOpened:
                          epoch="e1")
 
 
-async def _settled_rows(store: SqliteTaskStore) -> int:
+async def _settled_rows(store: Any) -> int:
     return await store._read(lambda conn: conn.execute(
         "SELECT COUNT(*) FROM session_prompts WHERE terminal IS NOT NULL").fetchone()[0])
 
@@ -178,13 +179,14 @@ async def test_a_commit_run_twice_counts_its_settles_once(tmp_path: Path) -> Non
         assert journal.commits == 1 and journal._untrimmed == {"s1": 40}
 
 
-async def test_the_trim_keeps_the_newest_by_settle_time(tmp_path: Path) -> None:
+async def test_the_trim_keeps_the_newest_by_settle_time(tmp_path: Path,
+                                                        store_name: str) -> None:
     """Prompts settled in another order than admitted (seq): the trim keeps the newest
     ``MAX_PROMPT_TERMINALS`` by settle time, the ones restore reads and the in-memory
-    deque keeps."""
+    deque keeps (both stores: the cut is a row comparison with a subquery)."""
     total = MAX_PROMPT_TERMINALS + TRIM_TERMINALS_EVERY
-    async with SqliteTaskStore(str(tmp_path / "store.db")) as store, \
-            StoreSessionJournal(store) as journal:
+    store: Any = faulty(tmp_path)
+    async with store, StoreSessionJournal(store) as journal:
         journal.append(_opened())
         for n in range(total):
             journal.append(_accept(f"p{n:04d}", n))

@@ -1,0 +1,225 @@
+"""The session journal's writes (``acp_server.store.sessions.StoreSessionJournal``
+inherits them): a commit's records in SQL, on the writer's worker thread, inside the
+store's transaction.
+
+    taken, refused = journal._apply(conn, records, fence)   # what ``_commit_in`` runs
+
+Contracts: see ``acp_server.store.sessions``. Records go in order, in as few statements
+as it takes (multi-row INSERTs of events and accepted prompts, one UPDATE of the
+terminals between two session records); what a commit trims and counts was planned in
+the event loop as it started (``CommitPlan``, ``StoreSessionJournal._planned``), so a
+transaction run twice does the same and counts nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import msgspec
+
+from acp_server.store.leases import SessionLeases
+from acp_server.store.session_reads import SESSION_TABLES
+from acp_server.store.write_behind import MARKER_ID, MARKER_TYPE, Marker
+from bridge.journal import (
+    RECORD_ENCODER,
+    EventRecord,
+    JournalRecord,
+    PromptAccepted,
+    PromptSettled,
+    SessionEnded,
+    SessionOpened,
+)
+from bridge.status import MAX_PROMPT_TERMINALS
+
+COMPACT_EVERY = 256   # events per session between two trims of its oldest events
+_JSON_RECORD = msgspec.json.Encoder()
+
+
+def _encode(record: JournalRecord) -> bytes:
+    """A record in msgpack; one msgpack cannot hold (a prompt with an integer past 64
+    bits: JSON allows any, and the agent gets it unchanged) in JSON, which starts with
+    ``{`` where a msgpack record never does. So a hostile prompt is journaled like any
+    other and never fails a commit that carries other sessions' records."""
+    try:
+        return RECORD_ENCODER.encode(record)
+    except OverflowError:
+        return _JSON_RECORD.encode(record)
+
+
+_Record = JournalRecord | Marker   # what the journal commits
+ROWS_PER_STATEMENT = 500   # x 5 parameters: under SQLite's and PostgreSQL's limits
+EVENT_INSERT = ("INSERT INTO session_events(session_id, id, type, prompt_id, envelope) "
+                "VALUES {} ON CONFLICT DO NOTHING", 5)
+PROMPT_INSERT = ("INSERT INTO session_prompts(session_id, prompt_id, seq, record) "
+                 "VALUES {} ON CONFLICT DO NOTHING", 4)
+# A session's settled prompts older (settle time, then admission order) than its
+# ``MAX_PROMPT_TERMINALS``-th newest: one sort for the cut, then one pass (a NOT IN of
+# the newest ids probed every row: ~3x the CPU, 280 against 85 us at 320 rows)
+TERMINALS_TRIM = ("DELETE FROM session_prompts WHERE session_id = ? AND terminal IS NOT NULL "
+                  "AND (COALESCE(settled_at, 0), seq) < (SELECT COALESCE(settled_at, 0), seq "
+                  "FROM session_prompts WHERE session_id = ? AND terminal IS NOT NULL "
+                  "ORDER BY COALESCE(settled_at, 0) DESC, seq DESC LIMIT 1 OFFSET ?)")
+SETTLE_UPDATE = ("WITH v(sid, pid, terminal, at) AS (VALUES {}) "
+                 "UPDATE session_prompts SET terminal = v.terminal, "
+                 "settled_at = CAST(v.at AS BIGINT) FROM v "
+                 "WHERE session_prompts.session_id = v.sid AND session_prompts.prompt_id = v.pid")
+
+
+@dataclasses.dataclass(slots=True)
+class CommitPlan:
+    """What one commit trims and how the counts change once it lands (``_planned``)."""
+
+    trims: set[str] = dataclasses.field(default_factory=set)   # old terminals
+    untrimmed: dict[str, int | None] = dataclasses.field(default_factory=dict)
+    byte_trims: set[str] = dataclasses.field(default_factory=set)   # oldest events
+    unsized: dict[str, int | None] = dataclasses.field(default_factory=dict)
+    newest: dict[str, EventRecord] = dataclasses.field(default_factory=dict)
+
+
+class SessionWrites:
+    """The writes of ``StoreSessionJournal`` (its attributes, set there)."""
+
+    postgres: bool
+    leases: SessionLeases | None
+    owner: str | None
+    ring_size: int
+    max_session_bytes: int
+    _plan: CommitPlan
+    _statements: dict[tuple[str, int], str]
+
+    def _sql(self, text: str) -> str:
+        return text.replace("?", "%s") if self.postgres else text
+
+    def _apply(self, conn: Any, records: list[_Record], fence: dict[str, int] | None
+               ) -> tuple[dict[str, int], set[str]]:
+        """The records in order, in as few statements as it takes: each statement gives
+        up the GIL and must win it back from a busy event loop (see ``store.writer``),
+        so the events, accepted prompts and terminals between two session records
+        (``SessionOpened``, ``SessionEnded``: they order everything around them) go in
+        one multi-row statement each, in that order (a terminal after its prompt).
+        Returns (the leases it took, the sessions it refused: a stale fence)."""
+        events: list[Any] = []     # the rows' values in a row, EVENT_INSERT's 5 a row
+        accepted: list[Any] = []   # PROMPT_INSERT's 4 a row
+        settled: list[PromptSettled] = []
+        trim: dict[str, int] = {}
+        ring = self.ring_size
+        taken: dict[str, int] = {}
+        refused: set[str] = set()
+        if fence and self.leases is not None:
+            mine = {r.session_id: fence[r.session_id] for r in records
+                    if r.session_id in fence}
+            refused = self.leases.stale(conn, mine) if mine else set()
+
+        def flush() -> None:
+            if events:
+                self._insert_rows(conn, EVENT_INSERT, events)
+                events.clear()
+            if accepted:
+                self._insert_rows(conn, PROMPT_INSERT, accepted)
+                accepted.clear()
+            if settled:
+                self._settle_rows(conn, settled)
+                settled.clear()
+
+        for record in records:
+            if record.session_id in refused:
+                continue
+            if isinstance(record, SessionOpened) and self.leases is not None:
+                token = self.leases.open(conn, record.session_id)
+                if token is None:
+                    refused.add(record.session_id)
+                    continue
+                taken[record.session_id] = token
+            if isinstance(record, EventRecord):
+                sid, event_id, envelope = record.session_id, record.event_id, record.envelope
+                events += (sid, event_id, record.type, record.prompt_id, envelope)
+                if event_id % COMPACT_EVERY == 0 and event_id > ring:
+                    trim[sid] = event_id - ring
+            elif isinstance(record, PromptAccepted):
+                accepted += (record.session_id, record.prompt_id, record.seq,
+                             _encode(record))
+            elif isinstance(record, PromptSettled):
+                settled.append(record)
+            elif isinstance(record, Marker):
+                flush()
+                if record.on:
+                    conn.execute(self._sql(EVENT_INSERT[0].format("(?,?,?,NULL,?)")),
+                                 (record.session_id, MARKER_ID, MARKER_TYPE, b""))
+                else:
+                    conn.execute(self._sql("DELETE FROM session_events WHERE session_id = ? "
+                                           "AND id = ?"), (record.session_id, MARKER_ID))
+            else:
+                flush()
+                self._apply_one(conn, record)
+        flush()
+        for sid, through in trim.items():
+            conn.execute(self._sql("DELETE FROM session_events WHERE session_id = ? AND id > ? "
+                                   "AND id <= ?"), (sid, MARKER_ID, through))
+        for sid in self._plan.byte_trims:   # due a byte trim (``_planned``)
+            if sid not in refused:
+                self._trim_bytes(conn, sid)
+        return taken, refused
+
+    def _trim_bytes(self, conn: Any, sid: str) -> None:
+        """Delete the session's oldest events until the rest take at most
+        ``max_session_bytes`` (its newest event always stays)."""
+        sizes = conn.execute(self._sql(
+            "SELECT id, LENGTH(envelope) FROM session_events WHERE session_id = ? AND id > ? "
+            "ORDER BY id DESC"), (sid, MARKER_ID)).fetchall()
+        total = 0
+        for n, (event_id, size) in enumerate(sizes):
+            total += int(size)
+            if total > self.max_session_bytes and n > 0:
+                conn.execute(self._sql(
+                    "DELETE FROM session_events WHERE session_id = ? AND id > ? AND id <= ?"),
+                    (sid, MARKER_ID, event_id))
+                return
+
+    def _insert_rows(self, conn: Any, head: tuple[str, int], values: list[Any]) -> None:
+        """``INSERT ... VALUES (..),(..) ON CONFLICT DO NOTHING`` of ``values`` (the rows'
+        values in a row), ``ROWS_PER_STATEMENT`` rows a statement."""
+        sql, width = head
+        step = width * ROWS_PER_STATEMENT
+        for start in range(0, len(values), step):
+            chunk = values[start:start + step] if len(values) > step else values
+            conn.execute(self._statement(sql, width, len(chunk) // width), chunk)
+
+    def _statement(self, sql: str, width: int, rows: int) -> str:
+        """``sql`` with ``rows`` rows of ``width`` parameters, built once per row count
+        (at most ``ROWS_PER_STATEMENT`` texts per statement)."""
+        text = self._statements.get((sql, rows))
+        if text is None:
+            one = "(" + ",".join("?" * width) + ")"
+            text = self._statements[sql, rows] = self._sql(sql.format(",".join([one] * rows)))
+        return text
+
+    def _settle_rows(self, conn: Any, records: list[PromptSettled]) -> None:
+        for start in range(0, len(records), ROWS_PER_STATEMENT):
+            chunk = records[start:start + ROWS_PER_STATEMENT]
+            params: list[Any] = []
+            for record in chunk:
+                params += (record.session_id, record.prompt_id, _encode(record), record.at)
+            conn.execute(self._statement(SETTLE_UPDATE, 4, len(chunk)), params)
+        for sid in self._plan.trims:   # the newest terminals only (``_planned``)
+            conn.execute(self._sql(TERMINALS_TRIM), (sid, sid, MAX_PROMPT_TERMINALS - 1))
+
+    def _apply_one(self, conn: Any, record: JournalRecord) -> None:
+        sql = self._sql
+        if isinstance(record, SessionOpened):
+            conn.execute(sql(
+                "INSERT INTO sessions(id, created_at, record, owner) VALUES (?,?,?,?) "
+                "ON CONFLICT (id) DO UPDATE SET record = excluded.record, closed_at = NULL, "
+                "owner = excluded.owner"),
+                (record.session_id, record.created_at, _encode(record),
+                 self.owner))
+        elif isinstance(record, SessionEnded):
+            if record.deleted:
+                for table, column in SESSION_TABLES:
+                    conn.execute(sql(f"DELETE FROM {table} WHERE {column} = ?"),
+                                 (record.session_id,))
+            else:
+                conn.execute(sql("UPDATE sessions SET closed_at = ? WHERE id = ?"),
+                             (record.at, record.session_id))
+                conn.execute(sql("DELETE FROM session_leases WHERE session_id = ?"),
+                             (record.session_id,))
