@@ -142,7 +142,7 @@ def build_app(settings: Settings, *, bridge: Bridge, acp: ConnectionRegistry,
         *acp_routes(acp, acp_config(settings, policy)), *lmsp_routes(lmsp),
         *(web_routes() if settings.web else ())])
     recorder = AccessRecorder(router_of=lambda: app.router, metrics=metrics)
-    hot = [HotRoute("POST", route, handler) for path, handler in
+    hot = [HotRoute("POST", route, handler, declines) for path, (handler, declines) in
            fast_routes(bridge, config).items() for route in _routes_at(app.router, path)]
     route = sessions_router or (lambda stack: stack)
     app.front = lambda stack: FrontLayer(route(stack), policy, doors=DOORS, observer=recorder,

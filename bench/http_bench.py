@@ -362,7 +362,10 @@ def floors_and_503(workspace: str) -> tuple[dict[str, float], dict[str, Rounds]]
     }
     before = os.environ.get("BENCH_BEFORE")
     if before:
-        runs["before/uvicorn"] = lambda: refused_503(workspace, source=os.path.abspath(before))
+        source = os.path.abspath(before)
+        runs["before/uvicorn"] = lambda: refused_503(workspace, source=source)
+        runs["before/granian-rsgi"] = lambda: refused_503(workspace, *RSGI_FLAGS,
+                                                          source=source)
     rounds = {name: Rounds() for name in runs}
     auths: list[dict[str, float]] = []
     for _ in range(ROUNDS):
@@ -437,7 +440,8 @@ def main() -> list[str]:
             (f"acp-server 503 path, {SHIPPED}, bootstrap token", "auth/bootstrap"),
             (f"acp-server 503 path, {SHIPPED}, stored token", "auth/stored"),
             ("acp-server 503 path before this change (BENCH_BEFORE, its default server)",
-             "before/uvicorn")]
+             "before/uvicorn"),
+            ("the same before this change, `--granian-interface rsgi`", "before/granian-rsgi")]
     lines = [
         f"## HTTP ({CONNECTIONS} keep-alive connections, {client} in a separate process, "
         f"{SECONDS:g} s each after {WARMUP_S:g} s of warm-up, median of {ROUNDS} interleaved "
@@ -462,9 +466,11 @@ def main() -> list[str]:
         "The same 503 in process (`bench.inprocess`: the app called as ASGI, no server; "
         "CPU µs of the thread per refusal, best of 5 × 20,000): raw callable "
         f"{inproc['raw']:.2f} µs, bare Starlette route {inproc['bare']:.2f} µs, "
-        f"acp-server {inproc['ours']:.2f} µs"
+        f"acp-server {inproc['ours']:.2f} µs ({inproc['ours_process']:.2f} µs of the "
+        "whole process's CPU)"
         + ("." if inproc_before is None else
-           f"; the BENCH_BEFORE tree's {inproc_before['ours']:.2f} µs (its floors "
+           f"; the BENCH_BEFORE tree's {inproc_before['ours']:.2f} µs "
+           f"({inproc_before['ours_process']:.2f}; its floors "
            f"{inproc_before['raw']:.2f} / {inproc_before['bare']:.2f} µs)."), "",
         f"| `POST /session/{{id}}/prompt` on {SHIPPED} | requests/s | ratio to bare (uvicorn) |",
         "|---|---|---|",

@@ -155,7 +155,9 @@ def check_json(data: bytes | str, *, max_depth: int = MAX_JSON_DEPTH,
 
 def decode_json(data: bytes | str, decoder: msgspec.json.Decoder[T], **limits: Any) -> T:
     """``check_json`` then ``decoder.decode``; msgspec's own errors pass through."""
-    check_json(data, **limits)
+    if limits or type(data) is not bytes \
+            or data.count(b"[") + data.count(b"{") > MAX_JSON_DEPTH:
+        check_json(data, **limits)   # else it could not be deeper: check_json's first test
     try:
         return decoder.decode(data)
     except RecursionError:

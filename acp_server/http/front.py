@@ -37,22 +37,34 @@ Contracts:
 * **websocket** scopes pass to the app, which checks its handshake with the same
   policy (``acp_server.acp_http.websocket``); other scope types pass through.
 * **Hot routes** (``HotRoute``): a request whose method and path match one (segment
-  by segment, no regex) has its body read here (up to ``HOT_BODY_MAX`` bytes; a larger
-  declared ``Content-Length`` skips the hot path, unread) and is
-  handed to the door's fast handler with ``scope["route"]`` and ``path_params`` set as
-  the router would; when the handler declines (returns ``False`` having sent nothing),
-  the full app runs the request with the body replayed. Answers are the route's own,
-  byte for byte: the fast handler only skips the framework.
+  by segment, no regex; ``/a/b/`` and ``//a/b`` are not ``/a/b``: the router answers
+  them) has its body read here (up to ``HOT_BODY_MAX`` bytes; a larger declared
+  ``Content-Length``, or a header of the route's ``declines``, skips the hot path,
+  unread) and is handed to the door's fast handler with ``scope["route"]`` and
+  ``path_params`` set as the router would. The handler returns the answer as its two
+  ASGI messages (``http.response.start``, ``http.response.body``; they may be built
+  once and returned again: they are sent as they are, never changed, a CORS answer
+  gets a new start message), or ``None`` having done nothing: the full app then runs
+  the request with the body replayed. Answers are the route's own, byte for byte: the
+  fast handler only skips the framework. What the route needs of a principal is
+  resolved once per hot route (``door.access(method, route.path)``: a door's access
+  rule must not depend on the values of a hot route's path parameters), and so is its
+  door: a hot route starts with a literal segment and every door prefix is ``""`` or
+  one segment (else ``ValueError`` at construction). The matches of the last
+  ``HOT_PATHS_KEPT`` paths are kept (paths up to ``HOT_PATH_CHARS_KEPT`` characters:
+  the memo is filled before the policy runs, by refused requests too, so its size in
+  bytes is bounded by both).
 * The observer sees every http exchange: ``stream_opened(door, scope)`` when an
   ``text/event-stream`` answer starts, ``done(door, scope, status, seconds, events)``
   when the exchange ends (``events`` is ``None`` unless it was a stream; status 500
-  when the app raised before answering). It is called on the event loop, never awaits.
+  when the app raised before answering; the status of an answer whose sending failed,
+  the client gone, is still the answer's). It is called on the event loop, never awaits.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -76,23 +88,41 @@ CONNECTION_LIMIT = Refusal(503, "connection_limit", "Too many connections",
                            peer_body=b'{"error":"Too many connections","code":"connection_limit"}',
                            headers=((b"retry-after", b"5"), (b"connection", b"close")))
 _SSE = b"text/event-stream"
+_now = time.perf_counter
 
 
 HOT_BODY_MAX = 1 << 20
-HotHandler = Callable[[Scope, bytes, Send], Any]   # -> awaitable bool: answered or not
+_HOT_DIGITS = len(str(HOT_BODY_MAX))   # a shorter length cannot be over it
+HOT_PATHS_KEPT = 1024   # hot-route matches kept by path (cleared when full) ...
+HOT_PATH_CHARS_KEPT = 256   # ... for paths this long at most (a head may be ~73 KB)
+# -> awaitable (start message, body message), or None: declined, nothing done
+HotHandler = Callable[[Scope, bytes], Awaitable[tuple[Message, Message] | None]]
 
 
 @dataclass(frozen=True, slots=True)
 class HotRoute:
-    """A framework route (``route``, for logs and metrics) with a fast handler."""
+    """A framework route (``route``, for logs and metrics) with a fast handler;
+    ``declines``: request headers (lowercase) that leave the request to the route."""
 
     method: str
     route: Any
     handler: HotHandler
+    declines: frozenset[bytes] = frozenset()
 
     def template(self) -> tuple[str | tuple[str], ...]:
         return tuple((part[1:-1],) if part.startswith("{") else part
-                     for part in self.route.path.strip("/").split("/"))
+                     for part in self.route.path[1:].split("/"))
+
+
+@dataclass(frozen=True, slots=True)
+class _HotPlan:
+    """What the front layer resolved once for a hot route: its door, what it needs of
+    a principal, its path template."""
+
+    hot: HotRoute
+    template: tuple[str | tuple[str], ...]
+    door: Door
+    access: Access
 
 
 def default_access(method: str, path: str) -> Access:
@@ -205,24 +235,48 @@ class FrontLayer:
         self.in_flight = 0
         self.stats = stats if stats is not None else {"connections": 0}
         self._encoded: dict[tuple[Refusal, str], tuple[Message, Message]] = {}
-        self._hot = {(h.method, len(h.template())): (h, h.template()) for h in hot}
         self._by_segment = _doors_by_segment(self.doors)
+        self._hot = {(h.method, len(h.template())): self._plan(h) for h in hot}
+        self._hot_seen: dict[str, tuple[_HotPlan, dict[str, str]]] = {}
 
-    def _hot_route(self, scope: Scope) -> tuple[HotRoute, dict[str, str]] | None:
-        segments = scope["path"].strip("/").split("/")
-        found = self._hot.get((scope["method"], len(segments)))
-        if found is None:
+    def _plan(self, hot: HotRoute) -> _HotPlan:
+        """The door of a hot route is resolved from its template, which is the door of
+        every path it matches only when the route starts with a literal segment and the
+        door is chosen by the first segment (``_by_segment``): both are checked."""
+        if type(hot.template()[0]) is tuple:
+            raise ValueError(f"A hot route must start with a literal segment: {hot.route.path}")
+        if self._by_segment is None:
+            raise ValueError("Hot routes need door prefixes of one segment at most: "
+                             + ", ".join(repr(door.prefix) for door in self.doors))
+        door = self.door_of(hot.route.path)
+        return _HotPlan(hot, hot.template(), door, door.access(hot.method, hot.route.path))
+
+    def _hot_route(self, method: str, path: str) -> tuple[_HotPlan, dict[str, str]] | None:
+        """The hot route of ``path`` and its path parameters (a new dict each time)."""
+        seen = self._hot_seen.get(path)   # the paths matched lately: one lookup
+        if seen is not None and seen[0].hot.method == method:
+            return seen[0], dict(seen[1])
+        found = self._match_hot(method, path)
+        if found is not None and len(path) <= HOT_PATH_CHARS_KEPT:
+            if len(self._hot_seen) >= HOT_PATHS_KEPT:
+                self._hot_seen.clear()
+            self._hot_seen[path] = found[0], dict(found[1])
+        return found
+
+    def _match_hot(self, method: str, path: str) -> tuple[_HotPlan, dict[str, str]] | None:
+        segments = path[1:].split("/")
+        plan = self._hot.get((method, len(segments)))
+        if plan is None:
             return None
-        hot, template = found
         params: dict[str, str] = {}
-        for want, got in zip(template, segments):
+        for want, got in zip(plan.template, segments):
             if type(want) is tuple:
                 if not got:
                     return None
                 params[want[0]] = got
             elif want != got:
                 return None
-        return hot, params
+        return plan, params
 
     def door_of(self, path: str) -> Door:
         """The first door whose prefix matches ``path``, else the last door."""
@@ -235,102 +289,139 @@ class FrontLayer:
         return self.doors[-1]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        kind = scope["type"]
-        if kind != "http":
-            if kind == "websocket" and self.max_in_flight is not None:
-                if self.in_flight >= self.max_in_flight:
-                    self.stats["connections"] = self.stats.get("connections", 0) + 1
-                    await send({"type": "websocket.close", "code": 1013})
-                    return
-                self.in_flight += 1
-                try:
-                    await self.app(scope, receive, send)
-                finally:
-                    self.in_flight -= 1
-                return
-            await self.app(scope, receive, send)
+        if scope["type"] != "http":
+            await self._not_http(scope, receive, send)
             return
-        start = time.perf_counter()
-        door = self.door_of(scope["path"])
-        if self.max_in_flight is not None and self.in_flight >= self.max_in_flight:
-            self.stats["connections"] = self.stats.get("connections", 0) + 1
-            await self._refuse(send, CONNECTION_LIMIT, door, None)
-            self._done(door, scope, CONNECTION_LIMIT.status, start, None)
-            return
-        refusal, origin = self.policy.inspect(scope)
-        if refusal is LOOKUP:
-            refusal, origin = await self.policy.admit(scope)
-        caller: Caller | None = scope.get(CALLER_KEY)
-        if refusal is None and caller is not None:
-            access = door.access(scope["method"], scope["path"])
-            if not access.per_message:
-                denial = caller.check(access)
-                if denial is not None:
-                    refusal = Refusal.of(denial)
-        if refusal is not None:
-            await self._refuse(send, refusal, door, origin)
-            self._done(door, scope, refusal.status, start, None)
-            return
-        if origin is not None and scope["method"] == "OPTIONS" and _has(
-                scope, b"access-control-request-method"):
-            await send({"type": "http.response.start", "status": 204, "headers": [
-                *cors_headers(origin),
-                (b"access-control-allow-methods", ALLOW_METHODS),
-                (b"access-control-allow-headers", ALLOW_HEADERS),
-                (b"access-control-max-age", b"600")]})
-            await send({"type": "http.response.body", "body": b""})
-            self._done(door, scope, 204, start, None)
-            return
-        exchange = _Exchange(self, door, scope, send,
-                             None if origin is None else cors_headers(origin))
-        self.in_flight += 1
+        start = _now()
+        path = scope["path"]
+        found = self._hot_route(scope["method"], path) if self._hot else None
+        door = found[0].door if found is not None else self.door_of(path)
+        # Each answer's status is set before it is sent: a send that fails (the client
+        # gone) still reports what was answered; 500 when nothing was.
+        status, events = 500, None
         try:
-            hot = self._hot_route(scope) if self._hot else None
-            if hot is not None:
-                receive = await self._hot_path(scope, receive, exchange, *hot)
-                if receive is None:
-                    return
-            token_id = caller.principal.token_id if caller is not None else None
-            if token_id is None:
-                await self.app(scope, receive, exchange.send)
+            if self.max_in_flight is not None and self.in_flight >= self.max_in_flight:
+                self.stats["connections"] = self.stats.get("connections", 0) + 1
+                status = CONNECTION_LIMIT.status
+                await self._refuse(send, CONNECTION_LIMIT, door, None)
                 return
-            with caller.gate.streams.hold(token_id) as held:   # type: ignore[union-attr]
-                await self.app(scope, receive, exchange.send)
-            if held.cancelled_caught:
-                await exchange.cut()
-        finally:
-            self.in_flight -= 1
-            self._done(door, scope, exchange.status, start, exchange.events)
+            refusal, origin = self.policy.inspect(scope)
+            if refusal is LOOKUP:
+                refusal, origin = await self.policy.admit(scope)
+            caller: Caller | None = scope.get(CALLER_KEY)
+            if refusal is None and caller is not None:
+                access = found[0].access if found is not None \
+                    else door.access(scope["method"], path)
+                if not access.per_message:
+                    denial = caller.check(access)
+                    if denial is not None:
+                        refusal = Refusal.of(denial)
+            if refusal is not None:
+                status = refusal.status
+                await self._refuse(send, refusal, door, origin)
+                return
+            if origin is not None and scope["method"] == "OPTIONS" and _has(
+                    scope, b"access-control-request-method"):
+                status = 204
+                await send({"type": "http.response.start", "status": 204, "headers": [
+                    *cors_headers(origin),
+                    (b"access-control-allow-methods", ALLOW_METHODS),
+                    (b"access-control-allow-headers", ALLOW_HEADERS),
+                    (b"access-control-max-age", b"600")]})
+                await send({"type": "http.response.body", "body": b""})
+                return
+            self.in_flight += 1
+            try:
+                if found is not None:
+                    answered = await self._hot_path(scope, receive, origin, *found)
+                    if type(answered) is tuple:
+                        answer, end = answered
+                        status = answer["status"]
+                        await send(answer)
+                        await send(end)
+                        return
+                    receive = answered   # type: ignore[assignment]
+                exchange = _Exchange(self, door, scope, send,
+                                     None if origin is None else cors_headers(origin))
+                try:
+                    await self._app(scope, receive, exchange, caller)
+                finally:
+                    status, events = exchange.status, exchange.events
+            finally:
+                self.in_flight -= 1
+        finally:   # every http exchange ends here, refused or answered
+            observer = self.observer
+            if observer is not None:
+                observer.done(door.name, scope, status, _now() - start, events)
 
-    async def _hot_path(self, scope: Scope, receive: Receive, exchange: _Exchange,
-                        hot: HotRoute, params: dict[str, str]) -> Receive | None:
-        """``None`` when the fast handler answered; else the ``receive`` that replays
-        the body read so far, for the full app. A declared body over ``HOT_BODY_MAX``
-        goes to the app unread (its cap answers before the body)."""
+    async def _app(self, scope: Scope, receive: Receive, exchange: _Exchange,
+                   caller: Caller | None) -> None:
+        """The app, under the caller's stream hold when a stored token calls."""
+        token_id = caller.principal.token_id if caller is not None else None
+        if token_id is None:
+            await self.app(scope, receive, exchange.send)
+            return
+        with caller.gate.streams.hold(token_id) as held:   # type: ignore[union-attr]
+            await self.app(scope, receive, exchange.send)
+        if held.cancelled_caught:
+            await exchange.cut()
+
+    async def _not_http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A WebSocket (counted in ``in_flight``, closed with 1013 past
+        ``max_in_flight``) or another scope type, passed to the app."""
+        if scope["type"] == "websocket" and self.max_in_flight is not None:
+            if self.in_flight >= self.max_in_flight:
+                self.stats["connections"] = self.stats.get("connections", 0) + 1
+                await send({"type": "websocket.close", "code": 1013})
+                return
+            self.in_flight += 1
+            try:
+                await self.app(scope, receive, send)
+            finally:
+                self.in_flight -= 1
+            return
+        await self.app(scope, receive, send)
+
+    async def _hot_path(self, scope: Scope, receive: Receive, origin: bytes | None,
+                        plan: _HotPlan,
+                        params: dict[str, str]) -> tuple[Message, Message] | Receive:
+        """The fast handler's answer (its two messages, to send; CORS headers added);
+        else the ``receive`` that replays the body read so far, for the full app. A
+        declared body over ``HOT_BODY_MAX`` goes to the app unread (its cap answers
+        before the body)."""
+        declines = plan.hot.declines
         for name, value in scope["headers"]:
             if name == b"content-length":
-                if not value.isdigit() or int(value) > HOT_BODY_MAX:
+                if not value.isdigit() or (len(value) >= _HOT_DIGITS and int(value) > HOT_BODY_MAX):
                     return receive
-                break
-        chunks: list[bytes] = []
-        size, more = 0, True
-        while more and size <= HOT_BODY_MAX:
-            message = await receive()
-            if message["type"] != "http.request":   # gone: the app sees it as it was
-                return _replay(chunks, message, receive)
-            chunk = message.get("body", b"")
-            chunks.append(chunk)
-            size += len(chunk)
-            more = message.get("more_body", False)
-        scope["route"], scope["path_params"] = hot.route, params
-        if not more and await hot.handler(scope, b"".join(chunks), exchange.send):
-            return None
-        return _replay(chunks, None if not more else {"more": True}, receive)
-
-    def _done(self, door: Door, scope: Scope, status: int, start: float,
-              events: int | None) -> None:
-        if self.observer is not None:
-            self.observer.done(door.name, scope, status, time.perf_counter() - start, events)
+            elif name in declines:
+                return receive
+        message = await receive()
+        if message["type"] != "http.request":   # gone: the app sees it as it was
+            return _replay([], message, receive)
+        body = message.get("body", b"")
+        if message.get("more_body", False):
+            chunks = [body]
+            size, more = len(body), True
+            while more and size <= HOT_BODY_MAX:
+                message = await receive()
+                if message["type"] != "http.request":
+                    return _replay(chunks, message, receive)
+                chunk = message.get("body", b"")
+                chunks.append(chunk)
+                size += len(chunk)
+                more = message.get("more_body", False)
+            if more:
+                return _replay(chunks, {"more": True}, receive)
+            body = b"".join(chunks)
+        scope["route"], scope["path_params"] = plan.hot.route, params
+        answer = await plan.hot.handler(scope, body)
+        if answer is None:
+            return _replay([body], None, receive)
+        if origin is not None:
+            start, end = answer
+            return {**start, "headers": [*start["headers"], *cors_headers(origin)]}, end
+        return answer
 
     async def _refuse(self, send: Send, refusal: Refusal, door: Door,
                       origin: bytes | None) -> None:

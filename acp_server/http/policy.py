@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from acp_server.principals import CALLER_KEY, LOCAL, Denial, Gate
+from acp_server.principals import CALLER_KEY, LOCAL, Caller, Denial, Gate
 from acp_server.principals.auth import MISS, bootstrap_only
 from acp_server.principals.tokens import public_id
 from acp_server.store.errors import StoreUnavailableError
@@ -67,6 +67,8 @@ BEARER_PROTOCOL = "qwen-bearer."
 DEFAULT_MAX_HEADER_BYTES = 64 * 1024
 DEFAULT_MAX_HEADERS = 100
 DEFAULT_MAX_REQUEST_LINE = 8 * 1024
+MEMO_KEPT = 256   # entries of each of the policy's memos (filled by refused requests too)
+MEMO_HOST_BYTES = 256   # Host values kept in its memo at most this long (a head: 64 KiB)
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +188,24 @@ class GuardPolicy:
     public: Callable[[str, str], bool] | None = field(default=None, compare=False)
     # The principals (stored tokens, audit, limits); default: ``token`` alone.
     gate: Gate | None = field(default=None, compare=False)
+    # Derived from the fields above (``__post_init__``).
+    _allow_any: bool = field(init=False, repr=False, compare=False)
+    _origins: frozenset[str] = field(init=False, repr=False, compare=False)
+    _hosts_any_port: frozenset[str] = field(init=False, repr=False, compare=False)
+    _hosts_exact: frozenset[tuple[str, int | None]] = field(init=False, repr=False,
+                                                            compare=False)
+    _check_host: bool = field(init=False, repr=False, compare=False)
+    # Memos (at most ``MEMO_KEPT`` entries each; past it the answer is computed again):
+    # Host header values (up to ``MEMO_HOST_BYTES``) -> accepted; the common case is one
+    # lookup.
+    _good_hosts: dict[bytes, bool] = field(init=False, repr=False, compare=False,
+                                           default_factory=dict)
+    # client address -> loopback
+    _clients: dict[Any, bool] = field(init=False, repr=False, compare=False,
+                                      default_factory=dict)
+    # loopback client address -> its local Caller, when no credential is configured
+    _local_callers: dict[Any, Caller] = field(init=False, repr=False, compare=False,
+                                              default_factory=dict)
 
     def __post_init__(self) -> None:
         setattr_ = object.__setattr__
@@ -203,9 +223,6 @@ class GuardPolicy:
         setattr_(self, "_hosts_any_port", frozenset(any_port))
         setattr_(self, "_hosts_exact", frozenset(exact))
         setattr_(self, "_check_host", self.loopback_bind or bool(self.allow_hosts))
-        # Accepted Host header values seen so far (bounded): the common case is one lookup.
-        setattr_(self, "_good_hosts", {})
-        setattr_(self, "_clients", {})   # client address -> loopback (bounded memo)
 
     # -- the check ------------------------------------------------------------------
     def check(self, scope: Any) -> Refusal | None:
@@ -243,12 +260,13 @@ class GuardPolicy:
         if coding is not None and coding.strip().lower() != b"chunked" \
                 and scope["type"] == "http":
             return CODING_UNSUPPORTED, None
-        if host is not None and self._check_host and not self._host_ok(host):
+        if host is not None and self._check_host \
+                and not (self._good_hosts.get(host) or self._host_ok(host)):
             return MISDIRECTED, None
         allowed: bytes | None = None
         if origin is not None:
             text = origin.decode("latin-1")
-            if self._allow_any or text.rstrip("/").lower() in self._origins:  # type: ignore[attr-defined]
+            if self._allow_any or text.rstrip("/").lower() in self._origins:
                 allowed = origin
             elif not is_self_origin(text, scope):
                 return CORS_DENIED, None
@@ -257,9 +275,15 @@ class GuardPolicy:
         gate: Gate = self.gate   # type: ignore[assignment]
         if not gate.authenticator.required:
             client = scope.get("client")
-            if client and not self._loopback_client(client[0]):
-                return NOT_LOOPBACK, allowed
-            scope[CALLER_KEY] = gate.caller(LOCAL, client[0] if client else None)
+            address = client[0] if client else None
+            local = self._local_callers.get(address)
+            if local is None:
+                if client and not self._loopback_client(address):
+                    return NOT_LOOPBACK, allowed
+                local = gate.caller(LOCAL, address)
+                if len(self._local_callers) < MEMO_KEPT:
+                    self._local_callers[address] = local
+            scope[CALLER_KEY] = local
             return None, allowed
         if self._exempt(scope):
             return None, allowed
@@ -291,7 +315,7 @@ class GuardPolicy:
 
     # -- parts ----------------------------------------------------------------------
     def _host_ok(self, value: bytes) -> bool:
-        good: dict[bytes, bool] = self._good_hosts   # type: ignore[attr-defined]
+        good = self._good_hosts
         known = good.get(value)
         if known is not None:
             return known
@@ -300,17 +324,17 @@ class GuardPolicy:
         if parsed is not None:
             name = parsed[0]
             ok = name in self._hosts_any_port or parsed in self._hosts_exact \
-                or (self.loopback_bind and is_loopback(name))   # type: ignore[attr-defined]
-        if len(good) < 256:   # a bounded memo; hostile values beyond it are just re-parsed
-            good[value] = ok
+                or (self.loopback_bind and is_loopback(name))
+        if len(good) < MEMO_KEPT and len(value) <= MEMO_HOST_BYTES:
+            good[value] = ok   # hostile values beyond the bounds are just parsed again
         return ok
 
     def _loopback_client(self, address: Any) -> bool:
-        seen: dict[Any, bool] = self._clients   # type: ignore[attr-defined]
+        seen = self._clients
         known = seen.get(address)
         if known is None:
             known = is_loopback(str(address))
-            if len(seen) < 256:
+            if len(seen) < MEMO_KEPT:
                 seen[address] = known
         return known
 

@@ -77,13 +77,21 @@ class AccessRecorder:
 
     def done(self, door: str, scope: Scope, status: int, seconds: float,
              events: int | None) -> None:
-        route, params = self.resolve(scope)
+        matched = scope.get("route")
+        if matched is not None:
+            route, params = matched.path, scope.get("path_params") or {}
+        else:
+            route, params = self.resolve(scope)
         metrics = self.metrics
         if metrics is not None:
             metrics.request_done(door, route, status, seconds)
             if events is not None:
                 metrics.stream_closed(door)
-        if access_writer is not None or access_log.isEnabledFor(logging.INFO):
+        writer = access_writer
+        if writer is not None and not writer.json and events is None:   # the hot case
+            writer.text("request", scope["method"], route, status, seconds * 1000, door,
+                        params.get("session_id"), params.get("task_id"), None)
+        elif writer is not None or access_log.isEnabledFor(logging.INFO):
             self._log(scope, "request" if events is None else "stream_close", door, status,
                       seconds, events, route, params)
 
@@ -109,14 +117,10 @@ class AccessRecorder:
             route, params = self.resolve(scope)
         writer = access_writer
         if writer is not None and not writer.json:   # the hot case: straight to the line
-            if len(writer.queue) >= writer.MAX_QUEUED:
-                writer.dropped += 1
-                return
             ids = params or {}
-            writer.queue.append(writer.prefix() + text_line(
-                kind, scope["method"], route, status,
-                None if seconds is None else seconds * 1000, door,
-                ids.get("session_id"), ids.get("task_id"), events))
+            writer.text(kind, scope["method"], route, status,
+                        None if seconds is None else seconds * 1000, door,
+                        ids.get("session_id"), ids.get("task_id"), events)
             return
         fields: dict[str, Any] = {"kind": kind, "method": scope["method"], "route": route,
                                   "status": status, "door": door}
@@ -156,6 +160,24 @@ def printable(value: str) -> str:
     return value if value.isprintable() else value.encode("unicode_escape").decode("ascii")
 
 
+_SESSION_PARTS: dict[str, str] = {}   # session id -> " session=<printable id>"
+_MAX_SESSION_PARTS = 4096
+
+
+def _session_part(session_id: str) -> str:
+    """`` session=<printable id>``, kept for the ids seen (bounded: cleared when full),
+    ids of ``MAX_ID_CHARS`` at most: a longer one (the client's, a refused request's
+    too) is formatted each time, so the memo's bytes are bounded as well."""
+    part = _SESSION_PARTS.get(session_id)
+    if part is None:
+        part = " session=" + printable(session_id)
+        if len(session_id) <= MAX_ID_CHARS:
+            if len(_SESSION_PARTS) >= _MAX_SESSION_PARTS:
+                _SESSION_PARTS.clear()
+            _SESSION_PARTS[session_id] = part
+    return part
+
+
 def text_line(kind: str, method: str, route: str, status: int, duration_ms: float | None,
               door: str, session_id: str | None, task_id: str | None,
               events: int | None) -> str:
@@ -169,7 +191,7 @@ def text_line(kind: str, method: str, route: str, status: int, duration_ms: floa
     else:
         text = f"{parts[0]}{duration_ms:.2f}{parts[1]}"
     if session_id is not None:
-        text += " session=" + printable(session_id)
+        text += _session_part(session_id)
     if task_id is not None:
         text += " task=" + printable(task_id)
     if kind == "stream_close":
@@ -242,10 +264,34 @@ class AccessWriter:
             line = self.prefix() + str(_Line(fields))
         self.queue.append(line)
 
-    def prefix(self) -> str:
+    def text(self, kind: str, method: str, route: str, status: int,
+             duration_ms: float | None, door: str, session_id: str | None,
+             task_id: str | None, events: int | None) -> None:
+        """Queue a text line (``text_line``'s arguments) with its prefix: the request
+        path's one call for its line (on the event loop)."""
+        queue = self.queue
+        if len(queue) >= self.MAX_QUEUED:
+            self.dropped += 1
+            return
+        now = time.time()
+        prefix = self._prefix if int(now * 1000) == self._ms else self.prefix(now)
+        if session_id is not None and task_id is None and kind == "request" \
+                and duration_ms is not None:   # the common line, without text_line's call
+            parts = _line_parts.get((kind, method, route, status, door))
+            if parts is not None:
+                part = _SESSION_PARTS.get(session_id)
+                if part is None:
+                    part = _session_part(session_id)
+                queue.append(f"{prefix}{parts[0]}{duration_ms:.2f}{parts[1]}{part}")
+                return
+        queue.append(prefix + text_line(kind, method, route, status, duration_ms, door,
+                                        session_id, task_id, events))
+
+    def prefix(self, now: float | None = None) -> str:
         """``<asctime> INFO acp_server.access: `` as ``TEXT_FORMAT`` writes it (built
         once per millisecond)."""
-        now = time.time()
+        if now is None:
+            now = time.time()
         ms = int(now * 1000)
         if ms != self._ms:
             self._ms, self._prefix = ms, f"{self._asctime(now)} INFO acp_server.access: "

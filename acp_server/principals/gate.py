@@ -47,7 +47,7 @@ from acp_server.principals import admin
 from acp_server.principals.audit import AuditLog, prompt_text
 from acp_server.principals.auth import TTL_S, Authenticator
 from acp_server.principals.limits import RateLimiter, Tier
-from acp_server.principals.model import LOCAL, Access, Principal
+from acp_server.principals.model import ADMIN, LOCAL, Access, Principal
 from acp_server.principals.ownership import SessionOwners
 from acp_server.principals.streams import StreamRegistry
 from acp_server.principals.tokens import Issued
@@ -55,6 +55,7 @@ from acp_server.store.errors import StoreUnavailableError
 from acp_server.store.tokens import TokenRecord
 
 log = logging.getLogger("acp_server.principals")
+CALLERS_KEPT = 1024   # unlimited principals' callers kept, by (principal, client)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -91,13 +92,15 @@ def rate_denial(klass: str, tier: Tier, wait_s: float, now: float) -> Denial:
 class Caller:
     """A request's principal, with the policy of the server it calls."""
 
-    __slots__ = ("principal", "gate", "client", "charged")
+    __slots__ = ("principal", "gate", "client", "charged", "_passed")
 
     def __init__(self, principal: Principal, gate: Gate, client: str | None = None) -> None:
         self.principal = principal
         self.gate = gate
         self.client = client
         self.charged: str | None = None   # the rate class ``check`` took a request of
+        # The last Access an unlimited principal passed: its answer cannot change.
+        self._passed: Access | None = None
 
     def uncharge(self) -> None:
         """Give back the request ``check`` counted: another instance serves (and
@@ -111,10 +114,15 @@ class Caller:
         return self.principal.name
 
     def check(self, access: Access) -> Denial | None:
+        if access is self._passed:
+            return None
         principal = self.principal
         if access.scope is not None and not principal.has(access.scope):
             return SCOPE_DENIALS[access.scope]
-        if access.klass is not None and principal.limited:
+        if not principal.limited:
+            self._passed = access   # scopes and rate class are fixed: the same next time
+            return None
+        if access.klass is not None:
             limiter = self.gate.limiter
             wait = limiter.take(principal.name, access.klass)
             if wait is None:
@@ -130,6 +138,8 @@ class Caller:
 
     def sees_session(self, session_id: str) -> bool:
         """Whether the session exists for it (``False``: the door answers 404)."""
+        if self.gate.share_sessions or ADMIN in self.principal.scopes:
+            return True   # whoever owns it (``Principal.sees``): no need to look
         return self.sees(self.gate.sessions.owner(session_id))
 
     def claim_session(self, session_id: str) -> bool:
@@ -171,9 +181,25 @@ class Gate:
         self.share_sessions = share_sessions
         self.clock = clock
         self._tg: anyio.abc.TaskGroup | None = None
+        self._callers: dict[tuple[int, str | None], Caller] = {}
 
     def caller(self, principal: Principal, client: str | None = None) -> Caller:
-        return Caller(principal, self, client)
+        """The ``Caller`` of a request. An unlimited principal's is made once per
+        (principal object, client) and shared (it holds no per-request state:
+        ``charged`` is only ever set for a limited one, and ``_passed``, the last
+        ``Access`` it passed, stays true for it: an unlimited principal is never rate
+        limited and a ``Principal``'s scopes never change, it is frozen); at most
+        ``CALLERS_KEPT`` kept (cleared when full)."""
+        if principal.limited:
+            return Caller(principal, self, client)
+        key = (id(principal), client)   # a Principal's own hash is a tuple's: slower
+        found = self._callers.get(key)
+        if found is None or found.principal is not principal:
+            found = Caller(principal, self, client)
+            if len(self._callers) >= CALLERS_KEPT:
+                self._callers.clear()
+            self._callers[key] = found
+        return found
 
     # -- revocation --------------------------------------------------------------------
     def tokens_changed(self, token_ids: list[str]) -> None:

@@ -36,7 +36,7 @@ from bridge import Bridge
 
 __all__ = ["PermissionReport", "RestConfig", "fast_routes", "routes"]
 
-fast_routes = prompts.fast_routes   # the front layer's hot path: path -> fast handler
+fast_routes = prompts.fast_routes   # the front layer's hot path: path -> (fast handler, declines)
 
 
 def routes(bridge: Bridge, config: RestConfig, *,

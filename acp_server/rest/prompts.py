@@ -17,7 +17,6 @@ published on the session's event stream, not awaited here).
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 from starlette.requests import Request
@@ -26,7 +25,7 @@ from starlette.routing import BaseRoute
 
 from acp_server.http.body import BodyError, decode_json
 from acp_server.http.endpoints import route
-from acp_server.principals import caller_of
+from acp_server.principals import CALLER_KEY, LOCAL_CALLER, caller_of
 from acp_server.rest import wire
 from acp_server.rest.config import RestConfig
 from acp_server.rest.errors import error_response, json_response
@@ -74,73 +73,81 @@ async def remove_pending_prompt(request: Request, *, bridge: Bridge) -> Response
 _PROMPT_DECODER = wire._decoders[wire.PromptBody]
 
 
-_QUEUE_FULL: dict[tuple[str, int, int], tuple[int, list[tuple[bytes, bytes]], bytes]] = {}
+Answer = tuple[dict[str, Any], dict[str, Any]]   # (http.response.start, http.response.body)
+_QUEUE_FULL: dict[tuple[str, int, int], Answer] = {}
 _QUEUE_FULL_MAX = 1024
 
 
-def _queue_full(exc: PromptQueueFullError) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-    """The 503 ``prompt_queue_full`` answer, encoded once per (session, limit, pending):
-    a client hammering a full queue gets the same bytes each time, so the hot path
-    does not build a response per refusal (at most ``_QUEUE_FULL_MAX`` kept)."""
+def _queue_full(exc: PromptQueueFullError) -> Answer:
+    """The 503 ``prompt_queue_full`` answer, its two ASGI messages built once per
+    (session, limit, pending): a client hammering a full queue gets the same messages
+    each time (the front layer sends them unchanged), so the hot path builds no
+    response per refusal (at most ``_QUEUE_FULL_MAX`` kept)."""
     key = (exc.session_id, exc.limit, exc.pending_count)
     found = _QUEUE_FULL.get(key)
     if found is None:
-        response = error_response(exc)
         if len(_QUEUE_FULL) >= _QUEUE_FULL_MAX:
             _QUEUE_FULL.clear()
-        found = _QUEUE_FULL[key] = (response.status_code, response.raw_headers,
-                                    bytes(response.body))
+        found = _QUEUE_FULL[key] = _messages(error_response(exc))
     return found
 
 
-async def send_prompt_fast(scope: Any, body: bytes, send: Any, *, bridge: Bridge,
-                           config: RestConfig) -> bool:
+def _messages(response: Response) -> Answer:
+    return ({"type": "http.response.start", "status": response.status_code,
+             "headers": response.raw_headers},
+            {"type": "http.response.body", "body": bytes(response.body)})
+
+
+class FastPrompt:
     """``send_prompt`` for the front layer's hot path (``acp_server.http.front``): the
-    same answers, bytes for bytes, without the framework. ``False`` (nothing sent) for
-    any case but a plain admission or a full queue: the caller then runs the route
-    itself on the same body (a refused ``send_prompt`` has no effect to repeat)."""
-    for name, _value in scope["headers"]:
-        if name == b"x-qwen-client-id":
-            return False   # validated by the route
-    if len(body) > config.max_body_bytes or not body.strip():
-        return False
-    try:
-        parsed = decode_json(body, _PROMPT_DECODER)
-    except (BodyError, ValueError):
-        return False
-    session_id = scope["path_params"]["session_id"]
-    caller = caller_of(scope)
-    if not caller.sees_session(session_id):
-        return False   # the route answers 404
-    try:
-        ticket = bridge.send_prompt(session_id, parsed.prompt, deadline_ms=parsed.deadlineMs)
-    except PromptQueueFullError as exc:
-        status, head, refusal = _queue_full(exc)
-        await send({"type": "http.response.start", "status": status, "headers": list(head)})
-        await send({"type": "http.response.body", "body": refusal})
-        return True
-    except BridgeError:
-        return False
-    else:
+    same answers, bytes for bytes, without the framework, as two ASGI messages.
+    ``None`` (nothing done) for any case but a plain admission or a full queue: the
+    caller then runs the route itself on the same body (a refused ``send_prompt`` has
+    no effect to repeat). A request with ``X-Qwen-Client-Id`` never comes here
+    (``FAST_DECLINES``: the route validates it). A class, not a ``functools.partial``:
+    a partial with keywords builds a dict per call."""
+
+    __slots__ = ("bridge", "max_body_bytes")
+
+    def __init__(self, bridge: Bridge, config: RestConfig) -> None:
+        self.bridge = bridge
+        self.max_body_bytes = config.max_body_bytes
+
+    async def __call__(self, scope: Any, body: bytes) -> Answer | None:
+        if len(body) > self.max_body_bytes or not body or body.isspace():
+            return None
+        try:
+            parsed = decode_json(body, _PROMPT_DECODER)
+        except (BodyError, ValueError):
+            return None
+        session_id = scope["path_params"]["session_id"]
+        caller = scope.get(CALLER_KEY) or LOCAL_CALLER   # caller_of, inline
+        if not caller.sees_session(session_id):
+            return None   # the route answers 404
+        try:
+            ticket = self.bridge.send_prompt(session_id, parsed.prompt,
+                                             deadline_ms=parsed.deadlineMs)
+        except PromptQueueFullError as exc:
+            return _queue_full(exc)
+        except BridgeError:
+            return None
         try:
             await ticket.committed()
         except (JournalUnavailableError, SessionNotRestorableError) as exc:   # settled:
-            response = error_response(exc)                                    # 503 / 409
-        else:
-            caller.prompt_accepted(session_id, ticket.prompt_id, parsed.prompt, "rest")
-            response = json_response(202, wire.PromptAccepted(
-                promptId=ticket.prompt_id, lastEventId=ticket.last_event_id,
-                eventEpoch=ticket.epoch))
-    await send({"type": "http.response.start", "status": response.status_code,
-                "headers": response.raw_headers})
-    await send({"type": "http.response.body", "body": response.body})
-    return True
+            return _messages(error_response(exc))                             # 503 / 409
+        caller.prompt_accepted(session_id, ticket.prompt_id, parsed.prompt, "rest")
+        return _messages(json_response(202, wire.PromptAccepted(
+            promptId=ticket.prompt_id, lastEventId=ticket.last_event_id,
+            eventEpoch=ticket.epoch)))
 
 
-def fast_routes(bridge: Bridge, config: RestConfig) -> dict[str, Any]:
-    """The front layer's fast handlers of this door, by route path (``acp_server.app``)."""
-    return {"/session/{session_id}/prompt":
-            functools.partial(send_prompt_fast, bridge=bridge, config=config)}
+FAST_DECLINES = frozenset({b"x-qwen-client-id"})   # headers only the route handles
+
+
+def fast_routes(bridge: Bridge, config: RestConfig) -> dict[str, tuple[Any, frozenset[bytes]]]:
+    """The front layer's fast handlers of this door, by route path, with the headers
+    they leave to the route (``acp_server.app``)."""
+    return {"/session/{session_id}/prompt": (FastPrompt(bridge, config), FAST_DECLINES)}
 
 
 def routes(bridge: Bridge, config: RestConfig) -> list[BaseRoute]:

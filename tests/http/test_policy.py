@@ -134,5 +134,40 @@ def test_string_ports_from_the_server_are_understood() -> None:
 def test_the_host_memo_is_bounded() -> None:
     policy = GuardPolicy()
     for i in range(1000):
-        policy.check(scope(("host", f"h{i}.example")))
-    assert len(policy._good_hosts) <= 256   # type: ignore[attr-defined]
+        assert policy.check(scope(("host", f"h{i}.example"))) is p.MISDIRECTED
+    assert len(policy._good_hosts) == p.MEMO_KEPT
+    assert policy.check(scope(("host", "localhost"))) is None   # full: still answered
+
+
+def test_long_host_values_are_checked_not_kept() -> None:
+    """A Host value may be ~64 KiB: those over ``MEMO_HOST_BYTES`` are parsed each time,
+    so the memo's bytes stay bounded."""
+    policy = GuardPolicy()
+    for i in range(p.MEMO_KEPT):
+        host = f"h{i}" + "x" * (p.MEMO_HOST_BYTES + 10)
+        assert policy.check(scope(("host", host))) is p.MISDIRECTED
+    assert policy.check(scope(("host", "127.0.0.1:4170"))) is None
+    assert list(policy._good_hosts) == [b"127.0.0.1:4170"]
+
+
+def test_the_local_caller_memo_is_bounded_and_answers_when_full() -> None:
+    """Without a credential each loopback address's local Caller is kept (up to
+    ``MEMO_KEPT``); past that it is made each time, the same answer."""
+    from acp_server.principals import CALLER_KEY, LOCAL
+
+    policy = GuardPolicy()
+    addresses = [f"127.0.{i // 250}.{i % 250 + 1}" for i in range(p.MEMO_KEPT + 10)]
+    callers = []
+    for address in addresses:
+        s = scope(client=address)
+        assert policy.check(s) is None
+        callers.append(s[CALLER_KEY])
+    assert len(policy._local_callers) == p.MEMO_KEPT
+    assert all(c.principal is LOCAL for c in callers)
+    assert [c.client for c in callers] == addresses
+    s = scope(client=addresses[0])
+    assert policy.check(s) is None and s[CALLER_KEY] is callers[0]   # kept
+    late = scope(client=addresses[-1])
+    assert policy.check(late) is None and late[CALLER_KEY].client == addresses[-1]
+    assert policy.check(scope(client="192.0.2.7")) is p.NOT_LOOPBACK   # never kept
+    assert "192.0.2.7" not in policy._local_callers

@@ -232,3 +232,68 @@ def test_a_stuck_stream_bounds_the_queue_and_the_next_write_counts_the_drops(
         assert " WARNING acp_server.access: 6 access lines dropped" in lines[1]
         assert all(line.endswith(TEXT_LINE.split("INFO ", 1)[1].split(": ", 1)[1])
                    for line in lines[2:])
+
+
+def test_the_writers_one_call_line_is_text_line_with_its_prefix() -> None:
+    """``AccessWriter.text`` (the request path's call) writes what ``text_line`` does,
+    its shortcut for a plain request line included (the second of each pair)."""
+    from acp_server.ops.request_log import AccessWriter, text_line
+
+    cases = [("request", "POST", "/session/{session_id}/prompt", 503, 0.123, "rest", "s1",
+              None, None),
+             ("request", "GET", "/session/{session_id}/status", 404, 1.0, "rest",
+              "x\n2026-01-01 00:00:00,000 INFO forged", None, None),
+             ("request", "GET", "/session/{session_id}/status", 404, 2.5, "rest", "z" * 300,
+              None, None),
+             ("request", "GET", "/lmsp/v1/tasks/{task_id}", 200, 0.5, "lmsp", None, "t1", None),
+             ("stream_open", "GET", "/session/{session_id}/events", 200, None, "rest", "s2",
+              None, None),
+             ("stream_close", "GET", "/session/{session_id}/events", 200, 9.0, "rest", "s2",
+              None, 7)]
+    stream = io.StringIO()
+    writer = AccessWriter(stream, "text")
+    try:
+        for case in cases:
+            writer.text(*case)
+            writer.text(*case)
+    finally:
+        writer.close()   # everything queued is written
+    queued = stream.getvalue().splitlines()
+    expected = [text_line(*case) for case in cases for _ in range(2)]
+    assert [line.split("acp_server.access: ", 1)[1] for line in queued] == expected
+    assert all(line.split(" ")[2:4] == ["INFO", "acp_server.access:"] for line in queued)
+
+
+def test_the_session_part_memo_is_bounded_in_entries_and_bytes() -> None:
+    """``_SESSION_PARTS`` (both formats' text line) keeps ids up to ``MAX_ID_CHARS``
+    and is cleared when full; a longer id (a client's, refused or not) is formatted
+    each time: long distinct ids do not grow it."""
+    import tracemalloc
+
+    from acp_server.ops import request_log as r
+
+    r._SESSION_PARTS.clear()
+    for i in range(r._MAX_SESSION_PARTS):
+        assert r._session_part(f"s{i}") == f" session=s{i}"
+    assert len(r._SESSION_PARTS) == r._MAX_SESSION_PARTS
+    assert r._session_part("next") == " session=next" and len(r._SESSION_PARTS) == 1
+    long = "x" * (r.MAX_ID_CHARS + 1)
+    assert r._session_part(long) == " session=" + "x" * r.MAX_ID_CHARS + "…"
+    assert long not in r._SESSION_PARTS
+    writer = r.AccessWriter(io.StringIO(), "text")
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(r._MAX_SESSION_PARTS):
+            session_id = f"{i:06d}{'a' * 60_000}"
+            writer.text("request", "POST", "/session/{session_id}/prompt", 414, 0.1, "rest",
+                        session_id, None, None)
+            r.text_line("request", "POST", "/session/{session_id}/prompt", 414, 0.1, "rest",
+                        session_id, None, None)
+            writer.queue.clear()   # the lines themselves are bounded by MAX_QUEUED
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+        writer.close()
+        r._SESSION_PARTS.clear()
+    assert grown < 64 << 10, grown

@@ -157,6 +157,31 @@ async def test_the_prompt_queue_503_stays_admission(tmp_path: Path) -> None:
         await srv.client.post(f"/session/{sid}/cancel", headers=ci)
 
 
+async def test_a_callers_answers_do_not_stick_across_requests(tmp_path: Path) -> None:
+    """An unlimited read-only token's caller is shared and remembers what it passed:
+    reads stay 200 and prompts 403, alternately. A limited token on the hot 503 path is
+    charged per request: 202, 503 x3, then 429 (4 prompts a minute, a frozen clock)."""
+    from bridge import BridgeOptions
+
+    async with serving(tmp_path, principals_clock=Frozen(), rate_limit_prompt=4,
+                       options=BridgeOptions(max_pending_prompts_per_session=1)) as srv:
+        ci = bearer(await mint(srv.server, "ci"))
+        sid = (await srv.client.post("/session", json={"sessionScope": "thread"},
+                                     headers=ci)).json()["sessionId"]
+        prompt = {"prompt": [{"type": "text", "text": "/sleep 30s hold"}]}
+        reader = bearer(await mint(srv.server, "reader", "read", unlimited=True))
+        answers = []
+        for _ in range(3):
+            answers.append((await srv.client.get("/capabilities", headers=reader)).status_code)
+            answers.append((await srv.client.post(f"/session/{sid}/prompt", json=prompt,
+                                                  headers=reader)).status_code)
+        assert answers == [200, 403] * 3
+        answers = [(await srv.client.post(f"/session/{sid}/prompt", json=prompt,
+                                          headers=ci)).status_code for _ in range(6)]
+        assert answers == [202, 503, 503, 503, 429, 429]
+        await srv.client.post(f"/session/{sid}/cancel", headers=ci)
+
+
 async def test_revoking_ends_the_tokens_open_streams(tmp_path: Path) -> None:
     async with serving(tmp_path) as srv:
         token = await mint(srv.server, "ci")

@@ -199,6 +199,53 @@ async def test_the_buffer_is_bounded_and_says_what_it_dropped(tmp_path: Path) ->
         assert rows[-1].detail == '{"count":2}'
 
 
+def test_a_limited_principal_gets_its_own_caller_per_request() -> None:
+    """``Gate.caller`` shares the caller of an unlimited principal per (principal,
+    client); a limited one's holds the request it was charged (``uncharge``), so each
+    request gets its own, and the limiter counts every one."""
+    from acp_server.principals import Gate
+    from acp_server.principals.model import LOCAL, PROMPTING
+
+    gate = Gate(Authenticator(None), limiter=RateLimiter({"prompt": Tier(2)}, clock=Clock()))
+    assert gate.caller(BOOTSTRAP, "10.0.0.1") is gate.caller(BOOTSTRAP, "10.0.0.1")
+    assert gate.caller(BOOTSTRAP, "10.0.0.1") is not gate.caller(BOOTSTRAP, "10.0.0.2")
+    assert gate.caller(LOCAL, None).principal is LOCAL
+    ci = Principal("ci", frozenset({"prompt"}), token_id="tok1")
+    first, second = gate.caller(ci, "10.0.0.1"), gate.caller(ci, "10.0.0.1")
+    assert first is not second
+    assert first.check(PROMPTING) is None and first.charged == "prompt"
+    assert second.check(PROMPTING) is None and second.charged == "prompt"
+    third = gate.caller(ci, "10.0.0.1")
+    assert third.check(PROMPTING) is not None and third.charged is None   # 2 a minute
+    first.uncharge()
+    assert first.charged is None and gate.caller(ci, "10.0.0.1").check(PROMPTING) is None
+
+
+def test_an_unlimited_callers_answers_stay_and_its_memo_is_cleared_when_full() -> None:
+    """An unlimited caller remembers the last Access it passed (``_passed``): a
+    read-only token passes reads and is refused prompts, in any order, every time.
+    ``Gate.caller`` keeps ``CALLERS_KEPT`` of them, then starts again."""
+    from acp_server.principals import Gate
+    from acp_server.principals.gate import CALLERS_KEPT, SCOPE_DENIALS
+    from acp_server.principals.model import MUTATING, PROMPTING, READING
+
+    gate = Gate(Authenticator(None))
+    reader = Principal("reader", frozenset({"read"}), rate_class="unlimited", token_id="t1")
+    caller = gate.caller(reader, "c0")
+    for _ in range(3):
+        assert caller.check(READING) is None and caller.charged is None
+        assert caller.check(PROMPTING) is SCOPE_DENIALS["prompt"]
+        assert caller.check(MUTATING) is SCOPE_DENIALS["prompt"]
+    for i in range(1, CALLERS_KEPT):
+        assert gate.caller(reader, f"c{i}").client == f"c{i}"
+    assert len(gate._callers) == CALLERS_KEPT and gate.caller(reader, "c0") is caller
+    late = gate.caller(reader, "late")
+    assert len(gate._callers) == 1 and gate.caller(reader, "late") is late
+    again = gate.caller(reader, "c0")   # made anew after the clear: the same answers
+    assert again is not caller and again.check(PROMPTING) is SCOPE_DENIALS["prompt"]
+    assert again.check(READING) is None
+
+
 def test_prompt_text_keeps_the_text_blocks_only() -> None:
     assert prompt_text([{"type": "text", "text": "a"}, {"type": "image", "data": "x"},
                         {"type": "text", "text": "b"}]) == "a\nb"
