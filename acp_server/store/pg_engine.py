@@ -105,7 +105,9 @@ class PostgresEngine(GroupCommitStore[Conn]):
         self.instance = instance or secrets.token_hex(6)
         self.channel = "lmsp"
         self._writers: list[Conn] = []
-        self._write_limiter = anyio.CapacityLimiter(writers + 1)   # writers + listener
+        # writers + the listener: a reservation of long-lived threads (each holds its
+        # token for the store's life), not a pool for other work to share
+        self._write_limiter = anyio.CapacityLimiter(writers + 1)
         self._stop = threading.Event()
         self._gate = threading.Lock()
         self._backoff = Backoff(0.05, RECONNECT_CAP_S)

@@ -47,8 +47,9 @@ def _encode(record: JournalRecord) -> bytes:
         return _JSON_RECORD.encode(record)
 
 
-_Record = JournalRecord | Marker   # what the journal commits
+Record = JournalRecord | Marker   # what the journal commits
 ROWS_PER_STATEMENT = 500   # x 5 parameters: under SQLite's and PostgreSQL's limits
+CACHED_ROWS = 64   # statement texts kept for up to this many rows (and the full one)
 EVENT_INSERT = ("INSERT INTO session_events(session_id, id, type, prompt_id, envelope) "
                 "VALUES {} ON CONFLICT DO NOTHING", 5)
 PROMPT_INSERT = ("INSERT INTO session_prompts(session_id, prompt_id, seq, record) "
@@ -91,7 +92,7 @@ class SessionWrites:
     def _sql(self, text: str) -> str:
         return text.replace("?", "%s") if self.postgres else text
 
-    def _apply(self, conn: Any, records: list[_Record], fence: dict[str, int] | None
+    def _apply(self, conn: Any, records: list[Record], fence: dict[str, int] | None
                ) -> tuple[dict[str, int], set[str]]:
         """The records in order, in as few statements as it takes: each statement gives
         up the GIL and must win it back from a busy event loop (see ``store.writer``),
@@ -156,6 +157,9 @@ class SessionWrites:
         for sid, through in trim.items():
             conn.execute(self._sql("DELETE FROM session_events WHERE session_id = ? AND id > ? "
                                    "AND id <= ?"), (sid, MARKER_ID, through))
+        for sid in self._plan.trims:   # the newest terminals only (``_planned``)
+            if sid not in refused:     # once, after every settle of the commit is in
+                conn.execute(self._sql(TERMINALS_TRIM), (sid, sid, MAX_PROMPT_TERMINALS - 1))
         for sid in self._plan.byte_trims:   # due a byte trim (``_planned``)
             if sid not in refused:
                 self._trim_bytes(conn, sid)
@@ -186,12 +190,16 @@ class SessionWrites:
             conn.execute(self._statement(sql, width, len(chunk) // width), chunk)
 
     def _statement(self, sql: str, width: int, rows: int) -> str:
-        """``sql`` with ``rows`` rows of ``width`` parameters, built once per row count
-        (at most ``ROWS_PER_STATEMENT`` texts per statement)."""
+        """``sql`` with ``rows`` rows of ``width`` parameters. Kept for the small row
+        counts (at most ``CACHED_ROWS``) and the full statement (``ROWS_PER_STATEMENT``);
+        the others are built each time (caching every count held up to 1,500 texts,
+        ~5.8 MB a journal on PostgreSQL)."""
         text = self._statements.get((sql, rows))
         if text is None:
             one = "(" + ",".join("?" * width) + ")"
-            text = self._statements[sql, rows] = self._sql(sql.format(",".join([one] * rows)))
+            text = self._sql(sql.format(",".join([one] * rows)))
+            if rows <= CACHED_ROWS or rows == ROWS_PER_STATEMENT:
+                self._statements[sql, rows] = text
         return text
 
     def _settle_rows(self, conn: Any, records: list[PromptSettled]) -> None:
@@ -201,8 +209,6 @@ class SessionWrites:
             for record in chunk:
                 params += (record.session_id, record.prompt_id, _encode(record), record.at)
             conn.execute(self._statement(SETTLE_UPDATE, 4, len(chunk)), params)
-        for sid in self._plan.trims:   # the newest terminals only (``_planned``)
-            conn.execute(self._sql(TERMINALS_TRIM), (sid, sid, MAX_PROMPT_TERMINALS - 1))
 
     def _apply_one(self, conn: Any, record: JournalRecord) -> None:
         sql = self._sql

@@ -75,7 +75,7 @@ from acp_server.store.errors import Backoff, StoreUnavailableError
 from acp_server.store.leases import SessionLeases
 from acp_server.store.pg_engine import PostgresEngine
 from acp_server.store.session_reads import SessionReads
-from acp_server.store.session_writes import CommitPlan, SessionWrites, _Record
+from acp_server.store.session_writes import CommitPlan, Record, SessionWrites
 from acp_server.store.write_behind import Marker, WriteBehind
 from acp_server.store.writer import Op
 from bridge.errors import JournalUnavailableError, SessionMovedError
@@ -133,8 +133,8 @@ class StoreSessionJournal(SessionWrites, SessionReads):
         self._renew_now = anyio.Event()
         self.commits = 0
         self._on_events: Callable[[Sequence[EventRecord]], None] = lambda records: None
-        self._pending: list[tuple[int, _Record]] = []
-        self._batch: list[tuple[int, _Record]] = []   # the commit in flight
+        self._pending: list[tuple[int, Record]] = []
+        self._batch: list[tuple[int, Record]] = []   # the commit in flight
         self._batch_fence: dict[str, int] | None = None
         self._inflight: Op | None = None
         self._unsent: Op | None = None
@@ -189,7 +189,8 @@ class StoreSessionJournal(SessionWrites, SessionReads):
         if self._closing:
             return 0
         wb = self._write_behind
-        if wb is None:   # ``_push``, inline: eight records a prompt
+        if wb is None:   # ``_push``, inline (eight records a prompt): keep the two alike
+            # (test_journal_trims: both shed and wake the same way)
             seq = self._next
             self._next += 1
             self._pending.append((seq, record))
@@ -214,7 +215,8 @@ class StoreSessionJournal(SessionWrites, SessionReads):
             wb.ended(record.session_id)
         return self._push(record)
 
-    def _push(self, record: _Record) -> int:
+    def _push(self, record: Record) -> int:
+        # ``append`` inlines this body when there is no write-behind window: change both
         seq = self._next
         self._next += 1
         self._pending.append((seq, record))
@@ -320,7 +322,7 @@ class StoreSessionJournal(SessionWrites, SessionReads):
         else:
             self._kick()
 
-    def _planned(self, batch: list[tuple[int, _Record]]) -> CommitPlan:
+    def _planned(self, batch: list[tuple[int, Record]]) -> CommitPlan:
         """What the commit of ``batch`` trims and how it changes the counts, in one pass
         (event loop, as the commit starts; applied only when it lands, ``_landed``: a
         transaction run twice — a batch rolled back, then run with savepoints — or
@@ -336,6 +338,7 @@ class StoreSessionJournal(SessionWrites, SessionReads):
         plan = CommitPlan()
         due, counts, grown, newest = plan.trims, plan.untrimmed, plan.unsized, plan.newest
         untrimmed = self._untrimmed
+        reopened: set[str] = set()
         for _, record in batch:
             kind = type(record)
             if kind is EventRecord:
@@ -353,10 +356,15 @@ class StoreSessionJournal(SessionWrites, SessionReads):
                 counts[sid] = count
             elif kind is SessionEnded:
                 counts[record.session_id] = grown[record.session_id] = None
+            elif kind is SessionOpened and grown.get(record.session_id, 0) is None:
+                # ended earlier in this batch, open again: its later events count
+                # from nothing, as they would in a commit of their own
+                grown[record.session_id] = 0
+                reopened.add(record.session_id)
         quarter = self.max_session_bytes // 4
         for sid, size in grown.items():
             if size is not None:
-                total = self._unsized.get(sid, 0) + size
+                total = (0 if sid in reopened else self._unsized.get(sid, 0)) + size
                 if total >= quarter:
                     plan.byte_trims.add(sid)
                     grown[sid] = None
@@ -364,7 +372,7 @@ class StoreSessionJournal(SessionWrites, SessionReads):
                     grown[sid] = total
         return plan
 
-    def _behind_landed(self, wb: WriteBehind, batch: list[tuple[int, _Record]]) -> None:
+    def _behind_landed(self, wb: WriteBehind, batch: list[tuple[int, Record]]) -> None:
         touched: set[str] = set()
         for _, record in batch:
             if isinstance(record, EventRecord):
@@ -406,7 +414,7 @@ class StoreSessionJournal(SessionWrites, SessionReads):
             self._stopped.set()
             self._signal()
 
-    def _committed(self, batch: list[tuple[int, _Record]], taken: dict[str, int],
+    def _committed(self, batch: list[tuple[int, Record]], taken: dict[str, int],
                    refused: set[str]) -> None:
         """The leases a commit took, ended or found lost (see the module docstring)."""
         if self.leases is None:
@@ -489,7 +497,7 @@ class StoreSessionJournal(SessionWrites, SessionReads):
         self._flushed.set()
         self._flushed = anyio.Event()
 
-    def _failed_batch(self, batch: list[tuple[int, _Record]], exc: Exception) -> None:
+    def _failed_batch(self, batch: list[tuple[int, Record]], exc: Exception) -> None:
         reason = exc.reason if isinstance(exc, StoreUnavailableError) else str(exc)
         log.warning("session journal: a commit failed (%s); retrying", reason)
         keep = []

@@ -17,7 +17,9 @@ Contracts:
   write that may still land; ``timeout`` raises ``TimeoutError`` instead.
 * After each batch ``on_commit`` gets every successful operation's events, in commit
   order, then the callers wake (an operation queued with ``submit`` instead has its
-  ``on_done`` called there, with no task hop: the session journal's way);
+  ``on_done`` called there, with no task hop: the session journal's way); a hook
+  that raises is logged and the writer goes on. A ``prepare`` that raises fails its
+  own operation only (``op.error``, its caller woken), never the batch;
   ``_observe`` sees each result, in the caller's task (the task stores call
   ``on_transition`` with each status a write moved a task to).
 * Each writer has one worker thread for the store's life. It runs batch after batch
@@ -44,17 +46,18 @@ Contracts:
   flushing the disk (the SQLite engine does: ``synchronous=NORMAL``), a batch with one
   durable operation is flushed whole (``synchronous=FULL``, and in WAL mode that
   flush covers every commit before it too). PostgreSQL commits every batch durably.
-* While a batch or a read runs on a worker thread, the interpreter's switch interval
-  is lowered to ``SWITCH_INTERVAL_S``; when no store work is on a thread any more, it
-  is put back (``store_work``; a parked writer thread does no store work). The writer gives up the GIL in every statement
-  (SQLite's step, a PostgreSQL round trip) and must win it back from the event loop,
-  which under load holds it for up to the interval (5 ms by default): measured, a
-  batch of 12 SQLite statements beside a busy loop takes 14 ms at 5 ms and 1.8 ms at
-  0.5 ms. This was the limit of the task throughput, not the fsync. Lowered for the
-  whole life of the store, it cost every request that does not touch the store: an
-  HTTP server thread (granian's) that needs the GIL per request was made to force a
-  hand-off ten times as often (the server's CPU per refused prompt, measured under
-  load: about 15 % more).
+* While a batch or a read runs on a worker thread, the interpreter's switch interval is
+  lowered to ``SWITCH_INTERVAL_S``; when no store work is on a thread any more, it is
+  put back (``store_work``; a parked writer thread does no store work, and the writer
+  leaves ``store_work`` on every path, a hook's bug or a cancellation included). The
+  writer gives up the GIL in every statement (SQLite's step, a PostgreSQL round trip)
+  and must win it back from the event loop, which under load holds it for up to the
+  interval (5 ms by default): measured, a batch of 12 SQLite statements beside a busy
+  loop takes 14 ms at 5 ms and 1.8 ms at 0.5 ms. This was the limit of the task
+  throughput, not the fsync. Lowered for the whole life of the store, it cost every
+  request that does not touch the store: an HTTP server thread (granian's) that needs
+  the GIL per request was made to force a hand-off ten times as often (the server's CPU
+  per refused prompt, measured under load: about 15 % more).
 """
 
 from __future__ import annotations
@@ -156,7 +159,9 @@ class GroupCommitStore(Generic[C]):
         self.health = StoreHealth()
         self._readers: deque[C] = deque()
         self._read_limiter = anyio.CapacityLimiter(readers)
-        # the worker threads the writer loops (and an engine's listener) may hold
+        # a reservation of long-lived threads, not a pool to share: each writer loop
+        # (and an engine's listener) holds its token for the store's whole life, so
+        # nothing else may borrow from it (it would wait until the store closes)
         self._write_limiter = anyio.CapacityLimiter(writers)
         self._send, self._receive = anyio.create_memory_object_stream[Op](QUEUE_SIZE)
         self._exit: contextlib.AsyncExitStack | None = None
@@ -261,6 +266,8 @@ class GroupCommitStore(Generic[C]):
                     await idle[0].wait()
                     first = await self._receive.receive()   # shared by the writers
                     batch = self._gather(first)
+                    if not batch:   # every operation failed its ``prepare`` (settled)
+                        continue
                     idle[0] = anyio.Event()
                     store_work.__enter__()   # left by ``_settle_then_next`` as it parks
                     parked.pop().set_result(batch)
@@ -279,16 +286,26 @@ class GroupCommitStore(Generic[C]):
 
     def _gather(self, first: Op) -> list[Op]:
         """``first`` and what else is queued (at most ``MAX_BATCH``), prepared (event
-        loop)."""
+        loop). An operation whose ``prepare`` raises is settled at once with that
+        error and left out (so the batch may come back empty)."""
         batch = [first]
         while self.group_commit and len(batch) < MAX_BATCH:
             try:
                 batch.append(self._receive.receive_nowait())
             except (anyio.WouldBlock, anyio.EndOfStream):
                 break
+        failed: list[Op] = []
         for op in batch:
             if op.prepare is not None:
-                op.prepare()
+                try:
+                    op.prepare()
+                except Exception as exc:   # noqa: BLE001 - fails this operation only
+                    log.exception("store writer: a prepare hook failed")
+                    op.error = exc
+                    failed.append(op)
+        if failed:
+            self._settle(failed)
+            batch = [op for op in batch if op.error is None]
         return batch
 
     def _run_batches(self, index: int, park: Callable[[], concurrent.futures.Future[list[Op]]],
@@ -312,14 +329,23 @@ class GroupCommitStore(Generic[C]):
                           park: Callable[[], concurrent.futures.Future[list[Op]]]
                           ) -> list[Op] | concurrent.futures.Future[list[Op]]:
         """Settle ``batch``, then the next batch if an operation is queued, else a
-        future the thread parks on, its store work over (event loop)."""
-        self._settle(batch)
+        future the thread parks on, its store work over (event loop). The thread's
+        ``store_work`` is left on every path that does not hand it a batch."""
         try:
-            first = self._receive.receive_nowait()
-        except (anyio.WouldBlock, anyio.EndOfStream):
+            self._settle(batch)
+            while True:
+                try:
+                    first = self._receive.receive_nowait()
+                except (anyio.WouldBlock, anyio.EndOfStream):
+                    break
+                following = self._gather(first)
+                if following:
+                    return following
+        except BaseException:
             store_work.__exit__()
-            return park()
-        return self._gather(first)
+            raise
+        store_work.__exit__()
+        return park()
 
     def _settle(self, batch: list[Op]) -> None:
         """After a batch: errors classified, health, ``on_commit``, callers woken."""
@@ -329,7 +355,10 @@ class GroupCommitStore(Generic[C]):
             if op.error is None:
                 committed = True
                 if op.events and self.on_commit is not None:
-                    self.on_commit(op.events)
+                    try:
+                        self.on_commit(op.events)
+                    except Exception:   # noqa: BLE001 - a hook's bug must not end the writer
+                        log.exception("store writer: the on_commit hook failed")
                 continue
             reason = self.unavailable_reason(op.error)
             if reason is not None:

@@ -1,0 +1,207 @@
+"""What one commit of the session journal trims (issue #23's review): the terminal trim
+runs once, after every settle of the commit, never for a session refused by a stale
+lease fence; a session ended and opened again in one commit counts its later events
+towards the byte trim; ``append`` and ``_push`` shed and wake alike."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from acp_server.store import sessions
+from acp_server.store.leases import SessionLeases
+from acp_server.store.postgres import PostgresTaskStore
+from acp_server.store.sessions import StoreSessionJournal
+from acp_server.store.sqlite import SqliteTaskStore
+from acp_server.store.writer import Op
+from bridge.journal import (
+    EventRecord,
+    JournalRecord,
+    PromptAccepted,
+    PromptSettled,
+    SessionEnded,
+    SessionOpened,
+)
+from bridge.status import MAX_PROMPT_TERMINALS
+from tests.bridge.helpers import wait_until
+from tests.lmsp import stores
+from tests.store.test_journal_bytes import _event
+
+pytestmark = pytest.mark.anyio
+
+
+def _opened(sid: str) -> SessionOpened:
+    return SessionOpened(session_id=sid, agent="a", cwd="/", created_at=1.0, epoch="e")
+
+
+def _prompts(sid: str, first: int, count: int) -> list[JournalRecord]:
+    """``count`` prompts of ``sid`` accepted and settled (ids ``first``...)."""
+    records: list[JournalRecord] = []
+    for n in range(first, first + count):
+        records.append(PromptAccepted(session_id=sid, prompt_id=f"p{n}", prompt=[],
+                                      queued_at_ms=n, seq=n))
+        records.append(PromptSettled(session_id=sid, prompt_id=f"p{n}",
+                                     terminal="completed", at=n))
+    return records
+
+
+@pytest.fixture
+def pg_url(tmp_path: Path) -> str:
+    if not stores.postgres_dsn():
+        pytest.skip(stores.SKIP_POSTGRES)
+    return stores.postgres_url_for(tmp_path, "trims")
+
+
+@pytest.fixture
+def db(pg_url: str) -> Iterator[psycopg.Connection[Any]]:
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        yield conn
+
+
+def _terminals(db: psycopg.Connection[Any], sid: str) -> int:
+    row = db.execute("SELECT count(*) FROM session_prompts WHERE session_id = %s "
+                     "AND terminal IS NOT NULL", (sid,)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def test_a_session_refused_by_its_fence_keeps_its_terminals(
+        tmp_path: Path, pg_url: str, db: psycopg.Connection[Any]) -> None:
+    """The commit carries a due terminal trim of a session another instance took over
+    and another session's settle: the trim is a write across the fence, so it does
+    not run (it ran with the settles of any session in the commit before)."""
+    async with PostgresTaskStore(pg_url) as store, \
+            StoreSessionJournal(store, leases=SessionLeases(store.instance,
+                                                            ttl_s=60)) as journal:
+        seq = 0
+        for record in [_opened("moved"), _opened("kept"),
+                       *_prompts("moved", 1, MAX_PROMPT_TERMINALS)]:
+            seq = journal.append(record)
+        await journal.wait(seq)   # 256 settles: trims as due, the count starts over
+        for record in _prompts("moved", 1000, 50):
+            seq = journal.append(record)
+        await journal.wait(seq)   # 50 more: not due yet
+        assert _terminals(db, "moved") == MAX_PROMPT_TERMINALS + 50
+        db.execute("UPDATE session_leases SET instance = 'elsewhere', token = token + 1 "
+                   "WHERE session_id = 'moved'")   # another instance adopted it
+        more = _prompts("moved", 2000, sessions.TRIM_TERMINALS_EVERY)   # due now
+        for record in [*more, *_prompts("kept", 1, 1)]:   # one commit
+            seq = journal.append(record)
+        await journal.wait(seq)   # the last: a settle of "kept", committed
+        assert journal.fence["moved"] == sessions.LOST
+    assert _terminals(db, "moved") == MAX_PROMPT_TERMINALS + 50   # untouched here
+    assert _terminals(db, "kept") == 1
+
+
+async def test_the_terminal_trim_runs_after_every_settle_of_the_commit(
+        tmp_path: Path) -> None:
+    """A commit split by a session record (its settles go in two statements): the
+    trim keeps the newest ``MAX_PROMPT_TERMINALS``, counted after the last settle."""
+    async with SqliteTaskStore(str(tmp_path / "store.db")) as store, \
+            StoreSessionJournal(store) as journal:
+        seq = 0
+        for record in [_opened("s"), *_prompts("s", 1, MAX_PROMPT_TERMINALS)]:
+            seq = journal.append(record)
+        await journal.wait(seq)
+        first = _prompts("s", 1000, 40)
+        second = _prompts("s", 2000, sessions.TRIM_TERMINALS_EVERY - 40)
+        for record in [*first, _opened("other"), *second]:   # one commit, split
+            seq = journal.append(record)
+        await journal.wait(seq)
+        rows = await store._read(lambda conn: conn.execute(
+            "SELECT prompt_id FROM session_prompts WHERE session_id = 's' "
+            "AND terminal IS NOT NULL").fetchall())
+    kept = {row[0] for row in rows}
+    assert len(kept) == MAX_PROMPT_TERMINALS
+    assert {f"p{n}" for n in range(2000, 2000 + sessions.TRIM_TERMINALS_EVERY - 40)} <= kept
+
+
+async def test_a_session_opened_again_in_the_same_commit_counts_its_later_events(
+        tmp_path: Path) -> None:
+    async with SqliteTaskStore(str(tmp_path / "store.db")) as store, \
+            StoreSessionJournal(store, max_session_bytes=8192) as journal:
+        journal._unsized["s"] = 1500   # counted before it ended: not carried over
+        early, late = _event("s", 1, 100), _event("s", 2, 1000)
+        plan = journal._planned([(1, early), (2, SessionEnded(session_id="s", at=1.0)),
+                                 (3, _opened("s")), (4, late)])
+        assert plan.unsized == {"s": len(late.envelope)}
+        assert plan.untrimmed == {"s": None}
+        big = _event("s", 3, 3000)   # past a quarter of the bound on its own: trimmed
+        plan = journal._planned([(1, SessionEnded(session_id="s", at=1.0)),
+                                 (2, _opened("s")), (3, big)])
+        assert plan.byte_trims == {"s"} and plan.unsized == {"s": None}
+        plan = journal._planned([(1, SessionEnded(session_id="s", at=1.0)), (2, big)])
+        assert plan.byte_trims == set() and plan.unsized == {"s": None}   # ended
+
+
+@pytest.mark.parametrize("write_behind", [0, 4])
+async def test_append_and_push_shed_and_wake_alike(tmp_path: Path, write_behind: int,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """``append`` inlines ``_push`` when there is no write-behind window: both paths
+    shed the oldest events past ``MAX_PENDING`` to readers and wake a backing-off
+    flusher for a record somebody waits for."""
+    monkeypatch.setattr(sessions, "MAX_PENDING", 20)
+    gate, started = threading.Event(), threading.Event()
+
+    def held(conn: Any, out: Any, *state: Any) -> None:
+        started.set()
+        gate.wait(10)
+
+    shed: list[EventRecord] = []
+    async with SqliteTaskStore(str(tmp_path / "store.db")) as store, \
+            StoreSessionJournal(store, write_behind=write_behind) as journal:
+        journal.bind(lambda records: shed.extend(records))
+        assert store.submit(Op(held))
+        try:
+            await _shed_and_wake(journal, started, write_behind, shed)
+        finally:
+            gate.set()
+
+
+async def _shed_and_wake(journal: StoreSessionJournal, started: threading.Event,
+                         write_behind: int, shed: list[EventRecord]) -> None:
+    """The journal's commit waits behind ``held``: 21 records pile up past
+    ``MAX_PENDING`` (20), then a record somebody waits for comes while it backs off."""
+    await wait_until(started.is_set)   # the writer is busy: the journal's commit waits
+    journal.append(_opened("s"))
+    await wait_until(lambda: journal._inflight is not None)
+    appended = [_event("s", n, 10) for n in range(1, 22)]
+    for record in appended:
+        journal.append(record)
+    # the first half of the records waiting went (the session's record and, with a
+    # window, the marker opening it stay queued): readers got each of the oldest
+    # events once, before any commit (the window's first ones early, the rest shed)
+    first = 9 if not write_behind else 8
+    assert [r.event_id for r in shed] == [r.event_id for r in appended[:first]]
+    assert len(journal._pending) <= sessions.MAX_PENDING
+    assert not journal._wake.is_set()
+    journal._failing = True   # as if backing off after a failed commit
+    journal.append(_opened("t"))
+    assert journal._wake.is_set()   # the flusher ends its backoff and commits
+
+
+async def test_statement_texts_are_kept_for_small_and_full_row_counts(tmp_path: Path) -> None:
+    """Every row count up to ``ROWS_PER_STATEMENT`` once held up to 1,500 texts (~5.8 MB
+    a journal on PostgreSQL): only the small counts and the full statement stay."""
+    from acp_server.store import session_writes as sw
+
+    async with SqliteTaskStore(str(tmp_path / "store.db")) as store, \
+            StoreSessionJournal(store) as journal:
+        journal.append(_opened("s"))
+        written = 0
+        for count in (3, sw.CACHED_ROWS + 1, 300, sw.ROWS_PER_STATEMENT + 7):   # a commit each
+            for n in range(written + 1, written + count + 1):
+                journal.append(_event("s", n, 5))
+            written += count
+            await journal.wait(journal.appended)
+        rows = await store._read(lambda conn: conn.execute(
+            "SELECT count(*) FROM session_events WHERE session_id = 's'").fetchone()[0])
+    assert rows == written
+    counts = {rows for (sql, rows) in journal._statements if sql == sw.EVENT_INSERT[0]}
+    assert counts and all(n <= sw.CACHED_ROWS or n == sw.ROWS_PER_STATEMENT for n in counts)
+    assert sw.ROWS_PER_STATEMENT in counts
