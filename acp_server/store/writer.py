@@ -217,14 +217,16 @@ class GroupCommitStore(Generic[C]):
         await self._connect_all()
         try:
             async with anyio.create_task_group() as tg:
-                for index in range(self.writers):
-                    tg.start_soon(self._write_loop, index)
-                await self._background(tg)
                 try:
-                    yield self
-                finally:
-                    with anyio.CancelScope(shield=True):
-                        await self._closing()
+                    for index in range(self.writers):
+                        tg.start_soon(self._write_loop, index)
+                    await self._background(tg)
+                    try:
+                        yield self
+                    finally:
+                        with anyio.CancelScope(shield=True):
+                            await self._closing()
+                finally:   # also when the store's scope is cancelled or start-up failed
                     self._send.close()   # the loops drain what is queued, then end
                     self._stopping()
         finally:
@@ -261,19 +263,22 @@ class GroupCommitStore(Generic[C]):
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._thread, index, park)
+            # Shielded: a cancelled store still serves what its closing writes (the
+            # leases' release) until ``open`` closes the queue; it always does.
             try:
-                while True:
-                    await idle[0].wait()
-                    first = await self._receive.receive()   # shared by the writers
-                    batch = self._gather(first)
-                    if not batch:   # every operation failed its ``prepare`` (settled)
-                        continue
-                    idle[0] = anyio.Event()
-                    store_work.__enter__()   # left by ``_settle_then_next`` as it parks
-                    parked.pop().set_result(batch)
+                with anyio.CancelScope(shield=True):
+                    while True:
+                        await idle[0].wait()
+                        first = await self._receive.receive()   # shared by the writers
+                        batch = self._gather(first)
+                        if not batch:   # every operation failed its ``prepare`` (settled)
+                            continue
+                        idle[0] = anyio.Event()
+                        store_work.__enter__()   # left by ``_settle_then_next`` as it parks
+                        parked.pop().set_result(batch)
             except anyio.EndOfStream:
                 pass
-            finally:   # closed and drained (or cancelled): the thread ends when it parks
+            finally:   # closed and drained: the thread ends when it parks
                 ended = True
                 while parked:
                     parked.pop().set_result([])
