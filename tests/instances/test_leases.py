@@ -28,9 +28,7 @@ pytestmark = pytest.mark.anyio
 
 @pytest.fixture
 def pg_url(tmp_path: Path) -> str:
-    if not stores.postgres_dsn():
-        pytest.skip(stores.SKIP_POSTGRES)
-    return stores.postgres_url_for(tmp_path, "leases")
+    return stores.postgres_url_or_skip(tmp_path, "leases")
 
 
 @pytest.fixture

@@ -25,6 +25,8 @@ import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from acp_server.store.postgres import PostgresTaskStore
 from acp_server.store.sqlite import SqliteTaskStore
 from acp_server.store.tasks import TaskStore
@@ -69,6 +71,13 @@ def postgres_url_for(tmp: Path, name: str) -> str:
     assert dsn, SKIP_POSTGRES
     digest = hashlib.sha1(f"{_RUN}/{tmp}/{name}".encode()).hexdigest()[:16]
     return schema_url(dsn, f"t_{digest}")
+
+
+def postgres_url_or_skip(tmp: Path, name: str) -> str:
+    """``postgres_url_for``, or the test skipped when no PostgreSQL is configured."""
+    if not postgres_dsn():
+        pytest.skip(SKIP_POSTGRES)
+    return postgres_url_for(tmp, name)
 
 
 def drop_schemas() -> None:

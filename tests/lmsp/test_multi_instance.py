@@ -44,9 +44,7 @@ class Instance:
 
 @pytest.fixture
 def shared_url(tmp_path: Path) -> str:
-    if not stores.postgres_dsn():
-        pytest.skip(stores.SKIP_POSTGRES)
-    return stores.postgres_url_for(tmp_path, "multi")
+    return stores.postgres_url_or_skip(tmp_path, "multi")
 
 
 @pytest.fixture

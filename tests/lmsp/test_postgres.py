@@ -35,9 +35,7 @@ pytestmark = pytest.mark.anyio
 
 @pytest.fixture
 def url(tmp_path: Path) -> str:
-    if not stores.postgres_dsn():
-        pytest.skip(stores.SKIP_POSTGRES)
-    return stores.postgres_url_for(tmp_path, "pg")
+    return stores.postgres_url_or_skip(tmp_path, "pg")
 
 
 @contextlib.asynccontextmanager

@@ -52,9 +52,7 @@ def _prompts(sid: str, first: int, count: int) -> list[JournalRecord]:
 
 @pytest.fixture
 def pg_url(tmp_path: Path) -> str:
-    if not stores.postgres_dsn():
-        pytest.skip(stores.SKIP_POSTGRES)
-    return stores.postgres_url_for(tmp_path, "trims")
+    return stores.postgres_url_or_skip(tmp_path, "trims")
 
 
 @pytest.fixture
