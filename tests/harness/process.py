@@ -202,6 +202,26 @@ async def read_until_closed(stream: anyio.abc.SocketStream) -> bytes:
             return received
 
 
+async def read_chunk_burst(base_url: str, session_id: str, chunks: int, *,
+                           http2: bool = False) -> tuple[int, bool]:
+    """On a new client (HTTP/2 with prior knowledge when ``http2``): open the session's
+    event stream, post a ``/chunks N`` prompt, read until its ``turn_complete``;
+    (``agent_message_chunk`` frames seen, whether a ``client_evicted`` came)."""
+    seen, evicted = 0, False
+    async with httpx.AsyncClient(base_url=base_url, http1=not http2, http2=http2,
+                                 timeout=60) as reader:
+        async with reader.stream("GET", f"/session/{session_id}/events") as events:
+            posted = await reader.post(f"/session/{session_id}/prompt", json={"prompt": [
+                {"type": "text", "text": f"/chunks {chunks} " + "y" * chunks}]})
+            assert posted.status_code == 202, posted.text
+            async for line in events.aiter_lines():
+                seen += line.count("agent_message_chunk")
+                evicted = evicted or "client_evicted" in line
+                if line.startswith("event: turn_complete"):
+                    break
+    return seen, evicted
+
+
 def _next_line(stdout: IO[str]) -> str:
     """The child's next stdout line, or ``""`` past ``START_TIMEOUT_S``."""
     lines: queue.Queue[str] = queue.Queue()

@@ -12,10 +12,9 @@ import json
 from pathlib import Path
 
 import anyio
-import httpx
 import pytest
 
-from tests.harness import ServeProcess
+from tests.harness import ServeProcess, read_chunk_burst
 from tests.hostile.h2client import H2Client
 
 pytestmark = pytest.mark.anyio
@@ -193,18 +192,8 @@ async def test_http2_abuse(tmp_path: Path) -> None:
                 while (await daemon.client.get("/daemon/status")).json()["runtime"][
                         "transport"]["restSseActive"] < 1:
                     await anyio.sleep(0.02)
-            async with httpx.AsyncClient(base_url=daemon.base_url, http1=False, http2=True,
-                                         timeout=60) as reader:
-                chunks = 0
-                async with reader.stream("GET", f"/session/{sid}/events") as events:
-                    prompt = await reader.post(f"/session/{sid}/prompt", json={"prompt": [
-                        {"type": "text", "text": "/chunks 4000 " + "y" * 4000}]})
-                    assert prompt.status_code == 202
-                    async for line in events.aiter_lines():
-                        chunks += line.count("agent_message_chunk")
-                        if line.startswith("event: turn_complete"):
-                            break
-                assert chunks == 4000
+            chunks, _ = await read_chunk_burst(daemon.base_url, sid, 4000, http2=True)
+            assert chunks == 4000
             metrics = (await daemon.client.get("/metrics")).text
             evicted = [line for line in metrics.splitlines()
                        if line.startswith("acp_server_sse_evictions_total")]

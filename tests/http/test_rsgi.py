@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from acp_server.http.policy import split_host
-from tests.harness import ServeProcess
+from tests.harness import ServeProcess, read_chunk_burst
 
 pytestmark = pytest.mark.anyio
 RSGI = ("--http-server", "granian", "--granian-interface", "rsgi")
@@ -110,17 +110,8 @@ async def test_a_stopped_reader_is_not_felt(tmp_path: Path) -> None:
         await stalled.send(f"GET /session/{sid}/events HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
                            .encode())
         await _wait_sse_active(client, 1)
-        async with httpx.AsyncClient(base_url=daemon.base_url, timeout=60) as reader:
-            seen = 0
-            async with reader.stream("GET", f"/session/{sid}/events") as events:
-                posted = await reader.post(f"/session/{sid}/prompt", json={"prompt": [
-                    {"type": "text", "text": "/chunks 4000 " + "y" * 4000}]})
-                assert posted.status_code == 202
-                async for line in events.aiter_lines():
-                    seen += line.count("agent_message_chunk")
-                    assert "client_evicted" not in line
-                    if line.startswith("event: turn_complete"):
-                        break
+        seen, evicted = await read_chunk_burst(daemon.base_url, sid, 4000)
+        assert not evicted
         assert seen == 4000
         assert _evictions((await client.get("/metrics")).text) == 0
         assert await _sse_active(client) >= 1   # the stalled reader: still subscribed
