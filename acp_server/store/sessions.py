@@ -189,18 +189,8 @@ class StoreSessionJournal(SessionWrites, SessionReads):
         if self._closing:
             return 0
         wb = self._write_behind
-        if wb is None:   # ``_push``, inline (eight records a prompt): keep the two alike
-            # (test_journal_trims: both shed and wake the same way)
-            seq = self._next
-            self._next += 1
-            self._pending.append((seq, record))
-            if self._inflight is None:
-                self._kick()
-            if self._failing and isinstance(record, CRITICAL):
-                self._wake.set()
-            if len(self._pending) > MAX_PENDING:
-                self._shed()
-            return seq
+        if wb is None:
+            return self._push(record)
         if isinstance(record, EventRecord):
             marker = wb.before_event(record.session_id, record.event_id)
             if marker is not None:
@@ -216,7 +206,6 @@ class StoreSessionJournal(SessionWrites, SessionReads):
         return self._push(record)
 
     def _push(self, record: Record) -> int:
-        # ``append`` inlines this body when there is no write-behind window: change both
         seq = self._next
         self._next += 1
         self._pending.append((seq, record))

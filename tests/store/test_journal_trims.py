@@ -140,8 +140,8 @@ async def test_a_session_opened_again_in_the_same_commit_counts_its_later_events
 @pytest.mark.parametrize("write_behind", [0, 4])
 async def test_append_and_push_shed_and_wake_alike(tmp_path: Path, write_behind: int,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """``append`` inlines ``_push`` when there is no write-behind window: both paths
-    shed the oldest events past ``MAX_PENDING`` to readers and wake a backing-off
+    """``append`` with and without a write-behind window (both through ``_push``):
+    both shed the oldest events past ``MAX_PENDING`` to readers and wake a backing-off
     flusher for a record somebody waits for."""
     monkeypatch.setattr(sessions, "MAX_PENDING", 20)
     gate, started = threading.Event(), threading.Event()
