@@ -448,17 +448,20 @@ class Session:
         if pending.continued is not None:   # a turn interrupted by a restart, continued
             echo[CONTINUED_META] = pending.continued
             params["_meta"] = {CONTINUED_META: pending.continued}
-        with anyio.CancelScope(shield=True):   # bounded: FLOW_WAIT_S per stalled reader
-            for i, block in enumerate(pending.prompt):
-                self.bus.publish(ev.SESSION_UPDATE, {"sessionId": sid, "update": {
-                    "sessionUpdate": "user_message_chunk", "content": block,
-                    "_meta": echo}}, prompt_id=pid)
-                await self.bus.wait_for_readers()   # readers that keep up are never evicted
-                if i % ECHO_SLICE == ECHO_SLICE - 1:
-                    await anyio.lowlevel.checkpoint()   # a large prompt is echoed in slices
         outcome: PromptResult | BaseException
         try:
-            with anyio.CancelScope() as scope:
+            # One scope per turn (each costs ~2.7 µs on asyncio): shielded while the
+            # prompt is echoed (bounded: FLOW_WAIT_S per stalled reader), then the
+            # scope that cancels the turn (run_scope).
+            with anyio.CancelScope(shield=True) as scope:
+                for i, block in enumerate(pending.prompt):
+                    self.bus.publish(ev.SESSION_UPDATE, {"sessionId": sid, "update": {
+                        "sessionUpdate": "user_message_chunk", "content": block,
+                        "_meta": echo}}, prompt_id=pid)
+                    await self.bus.wait_for_readers()   # readers that keep up: never evicted
+                    if i % ECHO_SLICE == ECHO_SLICE - 1:
+                        await anyio.lowlevel.checkpoint()   # a large prompt, in slices
+                scope.shield = False
                 pending.run_scope = scope
                 if pending.cancel_requested:  # cancelled between dequeue and here
                     scope.deadline = anyio.current_time() + self.options.cancel_grace_ms / 1000
