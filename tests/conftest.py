@@ -32,12 +32,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 #  - tests/instances: each starts several servers behind HAProxy, whose health checks mark
 #    a server down on one missed 200 ms check; two such set-ups at once on 2 cores make
 #    each other's checks miss. (The folder is the "instances" room's; grouped from here.)
-#  - the revocation test asserts a product contract in time ("refused on another
-#    instance within a second"); it runs beside none of the multi-instance set-ups.
 SERIAL_GROUPS = {
     "tests/instances/": "instances",
-    "tests/principals/test_processes.py::test_a_token_revoked_on_one_instance_is_refused_on_"
-    "another_within_a_second": "instances",
 }
 
 

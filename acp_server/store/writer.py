@@ -40,6 +40,10 @@ Contracts:
   timeout, a deleted file) reaches the caller as ``StoreUnavailableError`` and marks
   ``health`` down; the next operation that succeeds marks it up. Whatever else an
   engine raises while running a batch fails that batch's operations, not the loop.
+  A bug while settling a batch still wakes every caller (logged); one that ends the
+  worker thread fails the operations it held (``StoreUnavailableError``, outcome
+  unknown) and a new thread takes over; a writer left with no thread fails what is
+  queued at once. No caller, and no closing, waits for a writer that is gone.
 * ``probe()`` answers ``None`` when the store serves, else why not (``/health?deep=1``).
 * An operation queued with ``durable=False`` (the session journal's) asks only to
   survive a crash of the server's process; a batch of nothing else may commit without
@@ -122,6 +126,17 @@ store_work = _StoreWork()
 
 C = TypeVar("C")   # the engine's connection
 T = TypeVar("T")
+
+
+@dataclasses.dataclass(eq=False)
+class _Held:
+    """What a writer's thread holds: the batch handed to it and not yet settled, and
+    whether ``store_work`` is entered for it."""
+
+    batch: list[Op] = dataclasses.field(default_factory=list)
+    working: bool = False
+    failures: int = 0   # since the last batch settled
+    gone: bool = False   # no thread any more: operations fail at once
 
 
 @dataclasses.dataclass(eq=False)
@@ -247,9 +262,12 @@ class GroupCommitStore(Generic[C]):
     async def _write_loop(self, index: int) -> None:
         """Writer ``index``: its worker thread (``_run_batches``) for the store's life;
         whenever the thread is parked, the next operation queued (everything queued,
-        ``_gather``) is handed to it. Ends once the queue is closed and drained."""
+        ``_gather``) is handed to it. Ends once the queue is closed and drained. A
+        thread that fails is replaced (``_thread``); once the writer has none, what is
+        queued fails at once with ``StoreUnavailableError`` instead of waiting."""
         parked: list[concurrent.futures.Future[list[Op]]] = []
         idle = [anyio.Event()]   # set while the thread is parked (``parked[0]``)
+        held = _Held()
         ended = False
 
         def park() -> concurrent.futures.Future[list[Op]]:   # the event loop
@@ -261,8 +279,12 @@ class GroupCommitStore(Generic[C]):
                 idle[0].set()
             return waiter
 
+        def gone() -> None:   # no thread any more: fail fast from now on
+            held.gone = True
+            idle[0].set()
+
         async with anyio.create_task_group() as tg:
-            tg.start_soon(self._thread, index, park)
+            tg.start_soon(self._thread, index, park, held, gone)
             # Shielded: a cancelled store still serves what its closing writes (the
             # leases' release) until ``open`` closes the queue; it always does.
             try:
@@ -273,8 +295,12 @@ class GroupCommitStore(Generic[C]):
                         batch = self._gather(first)
                         if not batch:   # every operation failed its ``prepare`` (settled)
                             continue
+                        if held.gone:
+                            self._fail(batch, "the store's writer stopped")
+                            continue
                         idle[0] = anyio.Event()
                         store_work.__enter__()   # left by ``_settle_then_next`` as it parks
+                        held.batch, held.working = batch, True
                         parked.pop().set_result(batch)
             except anyio.EndOfStream:
                 pass
@@ -284,10 +310,43 @@ class GroupCommitStore(Generic[C]):
                     parked.pop().set_result([])
 
     async def _thread(self, index: int,
-                      park: Callable[[], concurrent.futures.Future[list[Op]]]) -> None:
+                      park: Callable[[], concurrent.futures.Future[list[Op]]],
+                      held: _Held, gone: Callable[[], None]) -> None:
+        """Run writer ``index``'s worker thread until the queue is closed and drained.
+        A thread that raises (a bug in settling: the engine's own errors fail their
+        batch, not the thread) is logged, the batch it held fails with an unknown
+        outcome, and a new thread takes over; one that fails again before settling a
+        batch is not replaced (``gone``)."""
         with anyio.CancelScope(shield=True):   # ends when the queue is closed and drained
-            await anyio.to_thread.run_sync(self._run_batches, index, park, park(),
-                                           limiter=self._write_limiter)
+            while True:
+                try:
+                    await anyio.to_thread.run_sync(self._run_batches, index, park, park(),
+                                                   held, limiter=self._write_limiter)
+                    return
+                except Exception:   # noqa: BLE001 - a bug must not hang the store
+                    log.exception("store writer %d: its thread failed", index)
+                    self._abandon(held)
+                    if held.failures:   # twice with no batch settled in between
+                        gone()
+                        return
+                    held.failures += 1
+
+    def _abandon(self, held: _Held) -> None:
+        """The thread holding ``held`` failed: leave its store work and fail the
+        operations of its batch that were not woken (committed or not: unknown)."""
+        if held.working:
+            held.working = False
+            store_work.__exit__()
+        batch, held.batch = held.batch, []
+        lost = [op for op in batch if not op.done.is_set()]
+        if lost:
+            self._fail(lost, "the store's writer failed; the outcome is unknown")
+
+    def _fail(self, batch: list[Op], reason: str) -> None:
+        for op in batch:
+            op.result, op.events = None, []
+            op.error = StoreUnavailableError(reason)
+        self._settle(batch)
 
     def _gather(self, first: Op) -> list[Op]:
         """``first`` and what else is queued (at most ``MAX_BATCH``), prepared (event
@@ -314,7 +373,7 @@ class GroupCommitStore(Generic[C]):
         return batch
 
     def _run_batches(self, index: int, park: Callable[[], concurrent.futures.Future[list[Op]]],
-                     waiter: concurrent.futures.Future[list[Op]]) -> None:
+                     waiter: concurrent.futures.Future[list[Op]], held: _Held) -> None:
         """Writer ``index``'s worker thread: wait parked for a batch, run it, then have
         the event loop settle it and hand back the next one (``_settle_then_next``:
         one hop to the loop per batch, the callers wake in the loop's next iteration),
@@ -327,17 +386,19 @@ class GroupCommitStore(Generic[C]):
             except Exception as exc:   # noqa: BLE001 - the engine failed: so did the batch
                 for op in batch:
                     op.result, op.error, op.events = None, exc, []
-            following = anyio.from_thread.run_sync(self._settle_then_next, batch, park)
+            following = anyio.from_thread.run_sync(self._settle_then_next, batch, park, held)
             batch = following if isinstance(following, list) else following.result()
 
     def _settle_then_next(self, batch: list[Op],
-                          park: Callable[[], concurrent.futures.Future[list[Op]]]
-                          ) -> list[Op] | concurrent.futures.Future[list[Op]]:
+                          park: Callable[[], concurrent.futures.Future[list[Op]]],
+                          held: _Held) -> list[Op] | concurrent.futures.Future[list[Op]]:
         """Settle ``batch``, then the next batch if an operation is queued, else a
         future the thread parks on, its store work over (event loop). The thread's
         ``store_work`` is left on every path that does not hand it a batch."""
         try:
             self._settle(batch)
+            held.batch = []
+            held.failures = 0
             while True:
                 try:
                     first = self._receive.receive_nowait()
@@ -345,15 +406,33 @@ class GroupCommitStore(Generic[C]):
                     break
                 following = self._gather(first)
                 if following:
+                    held.batch = following
                     return following
         except BaseException:
+            held.working = False
             store_work.__exit__()
             raise
+        held.working = False
         store_work.__exit__()
         return park()
 
     def _settle(self, batch: list[Op]) -> None:
-        """After a batch: errors classified, health, ``on_commit``, callers woken."""
+        """After a batch: errors classified, health, ``on_commit``, callers woken.
+        Every caller is woken even when the rest raises (a bug: logged)."""
+        try:
+            self._outcomes(batch)
+        except Exception:   # noqa: BLE001 - a bug must not leave a caller waiting
+            log.exception("store writer: settling a batch failed")
+        for op in batch:
+            op.done.set()
+            if op.on_done is not None:
+                try:
+                    op.on_done(op)
+                except Exception:   # noqa: BLE001 - a hook's bug must not end the writer
+                    log.exception("store writer: an on_done hook failed")
+
+    def _outcomes(self, batch: list[Op]) -> None:
+        """Errors classified, health, ``on_commit`` (``_settle``)."""
         down = None
         committed = False
         for op in batch:
@@ -375,13 +454,6 @@ class GroupCommitStore(Generic[C]):
             self.health.failed(down, write=True)
         elif committed:
             self.health.succeeded(write=True)
-        for op in batch:
-            op.done.set()
-            if op.on_done is not None:
-                try:
-                    op.on_done(op)
-                except Exception:   # noqa: BLE001 - a hook's bug must not end the writer
-                    log.exception("store writer: an on_done hook failed")
 
     def unavailable_reason(self, exc: BaseException) -> str | None:
         if isinstance(exc, StoreUnavailableError):

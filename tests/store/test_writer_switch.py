@@ -266,3 +266,90 @@ async def test_postgres_two_writers_under_writes_and_reads_then_close_with_ops_q
                 assert store.submit(Op(_noop, on_done=lambda op: done.append(op.error)))
     assert len(done) == 100 and not any(done)
     _settled_cleanly(store)
+
+
+# -- a bug in the writer's own settling never leaves a caller or the close waiting ---------
+
+
+@pytest.mark.anyio
+async def test_a_settling_bug_still_wakes_every_caller(
+        tmp_path: Any, store_name: str, interval: float,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """``_outcomes`` (classification, health, ``on_commit``) raises once: the batch's
+    callers are woken all the same, the writer goes on, the store closes."""
+    store = _store(tmp_path, store_name)
+    real, broken = store._outcomes, [True]
+
+    def outcomes(batch: Any) -> None:
+        if broken.pop() if broken else False:
+            raise RuntimeError("settle bug")
+        real(batch)
+
+    store._outcomes = outcomes
+    with anyio.fail_after(20):
+        async with store:
+            assert await store._write(lambda conn, out, *s: 1) == 1
+            assert await store._write(lambda conn, out, *s: 2) == 2
+            await wait_until(lambda: store_work._inside == 0, timeout=10)
+    assert "settling a batch failed" in caplog.text
+    _settled_cleanly(store)
+    assert sys.getswitchinterval() == pytest.approx(interval)
+
+
+@pytest.mark.anyio
+async def test_a_writer_thread_that_fails_is_replaced(
+        tmp_path: Any, store_name: str, interval: float,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """``_settle`` itself raises once, on the writer's thread's hop into the loop: the
+    thread ends. Its batch's callers get ``StoreUnavailableError`` (the outcome is
+    unknown), a new thread serves the next write, and the store closes."""
+    from acp_server.store.errors import StoreUnavailableError
+
+    store = _store(tmp_path, store_name)
+    real, broken = store._settle, [True]
+
+    def settle(batch: Any) -> None:
+        if broken and any(op.result == "doomed" for op in batch):
+            broken.pop()
+            raise RuntimeError("settle bug")
+        real(batch)
+
+    store._settle = settle
+    with anyio.fail_after(20):
+        async with store:
+            with pytest.raises(StoreUnavailableError, match="outcome is unknown"):
+                await store._write(lambda conn, out, *s: "doomed")
+            assert not store.health.up
+            assert await store._write(lambda conn, out, *s: 3) == 3
+            assert store.health.up
+            await wait_until(lambda: store_work._inside == 0, timeout=10)
+    assert "its thread failed" in caplog.text
+    _settled_cleanly(store)
+    assert sys.getswitchinterval() == pytest.approx(interval)
+
+
+@pytest.mark.anyio
+async def test_a_writer_left_without_a_thread_fails_fast_and_still_closes(
+        tmp_path: Any, store_name: str) -> None:
+    """The thread fails twice with no batch settled in between: no new thread. What
+    is queued then fails at once, and the close (on PostgreSQL, a write: the
+    leases' release) does not wait for a writer that is gone."""
+    from acp_server.store.errors import StoreUnavailableError
+
+    store = _store(tmp_path, store_name)
+    real = store._settle
+
+    def settle(batch: Any) -> None:
+        if any(op.result == "doomed" for op in batch):
+            raise RuntimeError("settle bug")
+        real(batch)
+
+    store._settle = settle
+    with anyio.fail_after(20):
+        async with store:
+            for _ in range(2):
+                with pytest.raises(StoreUnavailableError, match="outcome is unknown"):
+                    await store._write(lambda conn, out, *s: "doomed")
+            with pytest.raises(StoreUnavailableError, match="writer stopped"):
+                await store._write(lambda conn, out, *s: 4)
+    _settled_cleanly(store)
