@@ -4,8 +4,10 @@
 
     python -m bench.journal_inprocess              # both journals, interleaved, 3 rounds
     python -m bench.journal_inprocess store 5      # only the durable journal, 5 rounds
+    python -m bench.journal_inprocess store prompts 9   # only the prompts run, 9 rounds
 
-Two runs each round, each on a fresh bridge (and a fresh store file):
+Two runs each round (or the one named: ``prompts`` or ``burst``), each on a fresh
+bridge (and a fresh store file):
 
 * *prompts*: ``CLIENTS`` concurrent callers each ``send_prompt`` a ``/chunks 1``
   prompt and await ``ticket.committed()`` (the 202's wait), ``PROMPTS`` in all, then
@@ -114,12 +116,16 @@ async def _one(journal_name: str, run: str) -> dict[str, float]:
                 await store.__aexit__(None, None, None)
 
 
-def main(journals: list[str], rounds: int) -> dict[str, list[dict[str, float]]]:
+RUNS = ("prompts", "burst")
+
+
+def main(journals: list[str], rounds: int, runs: tuple[str, ...] = RUNS
+         ) -> dict[str, list[dict[str, float]]]:
     out: dict[str, list[dict[str, float]]] = {j: [] for j in journals}
     for _ in range(rounds):
         for journal_name in journals:
             figures: dict[str, float] = {}
-            for run in ("prompts", "burst"):
+            for run in runs:
                 figures.update(anyio.run(_one, journal_name, run, backend="asyncio",
                                          backend_options={"use_uvloop": True}))
             out[journal_name].append(figures)
@@ -129,8 +135,8 @@ def main(journals: list[str], rounds: int) -> dict[str, list[dict[str, float]]]:
 
 
 if __name__ == "__main__":
-    names = [a for a in sys.argv[1:] if not a.isdigit()] or ["memory", "store"]
+    names = [a for a in sys.argv[1:] if not a.isdigit() and a not in RUNS] or ["memory", "store"]
     count = next((int(a) for a in sys.argv[1:] if a.isdigit()), 3)
-    result = main(names, count)
+    result = main(names, count, tuple(a for a in sys.argv[1:] if a in RUNS) or RUNS)
     print(json.dumps({j: {k: sorted(r[k] for r in rows)[len(rows) // 2] for k in rows[0]}
                       for j, rows in result.items()}))
