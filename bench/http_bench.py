@@ -21,7 +21,8 @@ installed, else ``bench.loadgen``).
   included, is pinned to one core and ``wrk`` to the others (``BENCH_PIN=off``: the
   scheduler decides, as before; the figures then swing far more between processes).
 * in process (``bench.inprocess``): CPU µs per refusal of our app, the raw callable
-  and the bare route called as ASGI, no server: the figure to judge our code by.
+  and the bare route called as ASGI, no server: the figure to judge our code by; and
+  per prompt of the accepted-and-completed load (the 202 path and the turn).
 * 202 path: cap disabled, ``/chunks 1`` prompts that the reference agent finishes at once.
 * latency: POST to ``turn_complete`` on an open SSE stream, sequential turns.
 * accepted **and completed**: the 202 load, then ``GET /daemon/status`` polled until
@@ -394,8 +395,14 @@ def main() -> list[str]:
         with acp_server(workspace, 0, lag_file, "--http-server", SHIPPED) as port:
             with httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:
                 sid = create_session(client)
+            pid = listener_pid(port)
+            spent = cpu_seconds(pid) if pid is not None else None
             accepted = load(port, f"/session/{sid}/prompt", PROMPT)
             drained_at = drained(port)
+            if spent is not None and pid is not None:   # the load and the drain after it
+                after = cpu_seconds(pid)
+                accepted["cpu_us"] = None if after is None \
+                    else (after - spent) / accepted["requests"] * 1e6
             p50, p99 = latency(port)
         bursts = {}
         for name, flags in (("asgi", ("--http-server", SHIPPED)), ("rsgi", RSGI_FLAGS)):
@@ -472,13 +479,23 @@ def main() -> list[str]:
            f"; the BENCH_BEFORE tree's {inproc_before['ours']:.2f} µs "
            f"({inproc_before['ours_process']:.2f}; its floors "
            f"{inproc_before['raw']:.2f} / {inproc_before['bare']:.2f} µs)."), "",
-        f"| `POST /session/{{id}}/prompt` on {SHIPPED} | requests/s | ratio to bare (uvicorn) |",
-        "|---|---|---|",
+        "The accepted-and-completed load in process (`bench.inprocess`: 16 callers, the "
+        "app as ASGI, in-memory journal, until every turn ran), CPU µs per prompt: the "
+        f"event loop {inproc['accepted']:.1f} (of which the app calls, the 202 path, "
+        f"{inproc['accepted_app']:.1f}), the process {inproc['accepted_process']:.1f}"
+        + ("." if inproc_before is None or "accepted" not in inproc_before else
+           f"; the BENCH_BEFORE tree's {inproc_before['accepted']:.1f} "
+           f"({inproc_before['accepted_app']:.1f}) / "
+           f"{inproc_before['accepted_process']:.1f}."), "",
+        f"| `POST /session/{{id}}/prompt` on {SHIPPED} (durable journal, the default) "
+        "| requests/s | ratio to bare (uvicorn) | server CPU µs per prompt |",
+        "|---|---|---|---|",
         f"| → 202 (reference agent runs each turn) | {accepted['rps']:.0f} "
-        f"| {accepted['rps'] / rps['bare/uvicorn']:.2f} |",
+        f"| {accepted['rps'] / rps['bare/uvicorn']:.2f} | |",
         f"| the same prompts accepted **and completed** ({accepted['requests']} turns, "
         f"first request → queue drained in {drained_at - accepted['started_at']:.2f} s) "
-        f"| {completed:.0f} | {completed / rps['bare/uvicorn']:.2f} |",
+        f"| {completed:.0f} | {completed / rps['bare/uvicorn']:.2f} "
+        f"| {'' if accepted.get('cpu_us') is None else format(accepted['cpu_us'], '.1f')} |",
         "", f"Event-loop lag in the server under that load (probe task sleeping "
         f"{PROBE_INTERVAL_S * 1000:g} ms, {lag_n} samples): p50 {lag50:.2f} ms, "
         f"p99 {lag99:.2f} ms",

@@ -2,8 +2,9 @@
 hot route, the bridge's refusal, the access line, the request metrics), called as ASGI
 the way a server calls it, against the floors called the same way.
 
-    python -m bench.inprocess   # raw 0.84 µs, bare 8.28 µs, ours 6.49 µs, ours_process 6.57 µs
-    figures = in_subprocess()   # {"raw": 0.84, "bare": 8.28, "ours": 6.49, "ours_process": 6.57}
+    python -m bench.inprocess   # raw 0.84 µs, bare 8.28 µs, ours 6.49 µs, ours_process 6.57 µs,
+                                # accepted 80.1 µs, accepted_app 27.9 µs, accepted_process 88.2 µs
+    figures = in_subprocess()   # {"raw": 0.84, "bare": 8.28, "ours": 6.49, ...}
 
 No server, no socket: ``time.thread_time`` of the calling thread over ``CALLS``
 refusals, the best of ``ROUNDS`` batches, the three apps interleaved twice; and
@@ -14,6 +15,16 @@ percent, so this is the figure to decide a change of our code by; what a server 
 (its parser, its writes, granian's hand-offs between threads) is in the HTTP rows'
 CPU µs per request. The access line is formatted as ``acp-server serve`` does
 (``configure_logging``), into ``os.devnull``.
+
+The accepted-and-completed row's parts (``accepted``): ``CALLERS`` callers (wrk's 16
+connections) send ``ACCEPTED`` prompts (``/chunks 1``, no cap, in-memory session
+journal) to the app as ASGI, each call followed by a turn of the loop (a server's
+next request), until the reference agent has run every turn: CPU µs per prompt of
+the event loop's thread (``accepted``: the 202 path and the turn), of the app calls
+alone (``accepted_app``: the front layer, admission, the 202 answer, the audit
+record, the access line) and of the process (``accepted_process``: the store's
+writer with the audit log, the access writer). What a server adds on top is its own
+per-request cost (the 503 rows' CPU µs).
 """
 
 from __future__ import annotations
@@ -27,6 +38,7 @@ import time
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import httpx
 
 from acp_server.ops import request_log
@@ -37,6 +49,8 @@ from bench import floor_server
 from bridge.options import BridgeOptions
 
 CALLS = int(os.environ.get("BENCH_INPROC_CALLS", "20000"))
+ACCEPTED = int(os.environ.get("BENCH_INPROC_ACCEPTED", "6000"))
+CALLERS = 16
 ROUNDS = 5
 BODY = b'{"prompt": [{"type": "text", "text": "/chunks 1 ping"}]}'
 HOLD = {"prompt": [{"type": "text", "text": "/sleep 600s hold"}]}
@@ -109,13 +123,74 @@ async def measure() -> dict[str, float]:
         unconfigure_access_writer()
 
 
+async def accepted(rounds: int = 3) -> dict[str, float]:
+    """The accepted-and-completed load in process, the best of ``rounds`` (see the
+    module docstring): {"accepted": µs, "accepted_app": µs, "accepted_process": µs}."""
+    configure_logging("text", stream=open(os.devnull, "w"))
+    try:
+        with tempfile.TemporaryDirectory() as workspace:
+            settings = Settings(workspace=workspace, port=0, session_journal="memory",
+                                options=BridgeOptions(max_pending_prompts_per_session=0),
+                                state_dir=os.path.join(workspace, "state"))
+            async with open_server(settings) as server:
+                transport = httpx.ASGITransport(app=server.app)
+                async with httpx.AsyncClient(transport=transport,
+                                             base_url="http://127.0.0.1:4170") as client:
+                    created = await client.post("/session", json={"sessionScope": "thread"})
+                    sid = created.json()["sessionId"]
+                best: dict[str, float] = {}
+                for _ in range(rounds):
+                    figures = await _accepted_round(server.app, server.bridge.get_session(sid),
+                                                    f"/session/{sid}/prompt")
+                    best = {k: min(v, best.get(k, v)) for k, v in figures.items()}
+                return best
+    finally:
+        unconfigure_access_writer()
+
+
+async def _accepted_round(app: Any, session: Any, path: str) -> dict[str, float]:
+    message = {"type": "http.request", "body": BODY, "more_body": False}
+    statuses: dict[int, int] = {}
+    left, in_app = [ACCEPTED], [0.0]
+
+    async def receive() -> dict[str, Any]:
+        return message
+
+    async def send(sent: dict[str, Any]) -> None:
+        if sent["type"] == "http.response.start":
+            statuses[sent["status"]] = statuses.get(sent["status"], 0) + 1
+
+    async def caller() -> None:
+        while left[0] > 0:
+            left[0] -= 1
+            before = time.thread_time()
+            await app(_scope(path), receive, send)
+            in_app[0] += time.thread_time() - before
+            await anyio.lowlevel.checkpoint()   # the server's next request: a new turn
+
+    flush_access_writer()
+    start, start_process = time.thread_time(), time.process_time()
+    async with anyio.create_task_group() as tg:
+        for _ in range(CALLERS):
+            tg.start_soon(caller)
+    while session.pending:   # every turn run
+        await anyio.lowlevel.checkpoint()
+    flush_access_writer()
+    thread, process = time.thread_time() - start, time.process_time() - start_process
+    assert statuses == {202: ACCEPTED}, statuses
+    return {"accepted": thread / ACCEPTED * 1e6, "accepted_app": in_app[0] / ACCEPTED * 1e6,
+            "accepted_process": process / ACCEPTED * 1e6}
+
+
 def flush_access_writer() -> None:
     if request_log.access_writer is not None:
         request_log.access_writer.flush()
 
 
 def run() -> dict[str, float]:
-    return anyio.run(measure, backend="asyncio", backend_options={"use_uvloop": True})
+    refused = anyio.run(measure, backend="asyncio", backend_options={"use_uvloop": True})
+    return {**refused,
+            **anyio.run(accepted, backend="asyncio", backend_options={"use_uvloop": True})}
 
 
 def in_subprocess(source: str | None = None) -> dict[str, float]:

@@ -11,8 +11,17 @@ Contracts:
 
 * ``record`` never waits and never fails: the record joins a bounded buffer (at most
   ``max_buffered``) that ``run`` writes in one statement per batch through the store's
-  writer, soon after (the next turn of the loop), as one transaction shared with
-  whatever else the writer commits then. While the store is unavailable the buffer
+  writer, as one transaction shared with whatever else the writer commits then: at
+  once when the log was quiet, else at most one write per ``flush_interval_s``
+  (``FLUSH_INTERVAL_S``), so a stream of records (one ``prompt.accepted`` per
+  prompt) costs the store one write per interval, not one commit per turn of the
+  loop (measured, the REST accepted-and-completed load on granian, in-memory session
+  journal: 220–236 → 172–182 µs of server CPU per prompt; a commit per turn was a
+  durable SQLite commit, an fsync, a thread hop, and kept the store's lowered switch
+  interval on).
+  What a crash (``kill -9``) can lose is what is buffered, at most about one interval
+  of records; a clean stop writes it all (``open_principals``), and ``read`` and
+  ``flush`` write it before they answer. While the store is unavailable the buffer
   waits and is written when it is back (retried with a backoff); past
   ``max_buffered`` new records are counted (``dropped``), not kept, and one
   ``audit.records_dropped`` record says how many once writing works again.
@@ -48,6 +57,7 @@ from acp_server.store.errors import Backoff, StoreUnavailableError
 log = logging.getLogger("acp_server.principals")
 
 MAX_BUFFERED = 10_000
+FLUSH_INTERVAL_S = 0.02   # at most one write per interval while records keep coming
 PROMPT_TEXT_MAX = 4096
 BATCH = 512
 _encode = msgspec.json.Encoder().encode
@@ -73,7 +83,8 @@ class AuditLog:
     def __init__(self, store: AuditStore | None, *, prompts: bool = False,
                  retention_s: float = 30 * 86400, clock: Callable[[], float] = time.time,
                  max_buffered: int = MAX_BUFFERED, failure_window_s: float = 60.0,
-                 failures_per_window: int = 100, purge_interval_s: float = 3600.0) -> None:
+                 failures_per_window: int = 100, purge_interval_s: float = 3600.0,
+                 flush_interval_s: float = FLUSH_INTERVAL_S) -> None:
         self.store = store
         self.prompts = prompts
         self.retention_s = retention_s
@@ -82,6 +93,7 @@ class AuditLog:
         self.failure_window_s = failure_window_s
         self.failures_per_window = failures_per_window
         self.purge_interval_s = purge_interval_s
+        self.flush_interval_s = flush_interval_s
         self.dropped = 0          # records not kept (buffer full), since start
         self.written = 0
         self._pending_dropped = 0
@@ -177,6 +189,8 @@ class AuditLog:
             try:
                 await self.flush()
                 backoff.reset()
+                if self.flush_interval_s > 0:   # what comes meanwhile: one write, later
+                    await anyio.sleep(self.flush_interval_s)
             except StoreUnavailableError:
                 await anyio.sleep(backoff.next())
                 self._wake.set()

@@ -6,6 +6,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import anyio
+import anyio.lowlevel
 import pytest
 
 from acp_server.principals import tokens
@@ -14,7 +16,7 @@ from acp_server.principals.auth import MISS, Authenticator
 from acp_server.principals.limits import RateLimiter, Tier
 from acp_server.principals.model import (BOOTSTRAP, InvalidPrincipalError, Principal,
                                          check_name, check_scopes)
-from acp_server.store.audit import AuditQuery
+from acp_server.store.audit import AuditQuery, AuditRecord
 from acp_server.store.errors import StoreUnavailableError
 from acp_server.store.sqlite import SqliteTaskStore
 
@@ -197,6 +199,48 @@ async def test_the_buffer_is_bounded_and_says_what_it_dropped(tmp_path: Path) ->
         rows = await store.read_audit(AuditQuery())
         assert [r.action for r in rows] == ["prompt.accepted"] * 3 + ["audit.records_dropped"]
         assert rows[-1].detail == '{"count":2}'
+
+
+class CountedAudit:
+    """The store's audit operations, each write's targets noted (``writes``)."""
+
+    def __init__(self, store: SqliteTaskStore) -> None:
+        self.store = store
+        self.writes: list[list[str | None]] = []
+
+    async def append_audit(self, records: list[AuditRecord]) -> None:
+        self.writes.append([r.target for r in records])
+        await self.store.append_audit(records)
+
+    async def read_audit(self, query: AuditQuery) -> list[AuditRecord]:
+        return await self.store.read_audit(query)
+
+    async def purge_audit(self, *, before: float) -> int:
+        return await self.store.purge_audit(before=before)
+
+
+async def test_a_stream_of_records_is_written_once_per_interval(tmp_path: Path) -> None:
+    """After a quiet spell a record is written at once; then at most one write per
+    ``flush_interval_s``: the records made meanwhile wait for the next (or a flush,
+    as ``read`` and a clean stop do), in order, not a commit per turn of the loop."""
+    async with SqliteTaskStore(f"sqlite:///{tmp_path}/t.db") as store:
+        counted = CountedAudit(store)
+        audit = AuditLog(counted, clock=Clock(), flush_interval_s=3600)
+        async with anyio.create_task_group() as tg:
+            await tg.start(audit.run)
+            audit.record("ci", "prompt.accepted", "s0")
+            with anyio.fail_after(10):
+                while audit.written < 1:
+                    await anyio.lowlevel.checkpoint()
+            for i in range(1, 20):
+                audit.record("ci", "prompt.accepted", f"s{i}")
+                for _ in range(5):   # turns of the loop the writer could take
+                    await anyio.lowlevel.checkpoint()
+            assert counted.writes == [["s0"]] and audit.buffered == 19
+            rows = await audit.read(AuditQuery())
+            assert counted.writes == [["s0"], [f"s{i}" for i in range(1, 20)]]
+            assert [r.target for r in rows] == [f"s{i}" for i in range(20)]
+            tg.cancel_scope.cancel()
 
 
 def test_a_limited_principal_gets_its_own_caller_per_request() -> None:
