@@ -15,8 +15,8 @@ Contracts:
 * One line per HTTP request (logger ``acp_server.access``, level INFO): method, route
   template (``unmatched`` when no route matched; never the raw path or the query),
   status, duration in ms, door (``rest``, ``acp``, ``lmsp``, ``ops``), and the
-  ``session_id`` / ``task_id`` of the path when it has one (escaped in text lines
-  unless printable, at most 128 characters). Never a header, a token or a body.
+  ``session_id`` / ``task_id`` of the path when it has one (at most 128 characters,
+  then "…", in both formats; escaped in text lines unless printable). Never a header, a token or a body.
 * An event stream (a ``text/event-stream`` answer) logs ``stream_open`` when its
   headers go out and ``stream_close`` (its request line) when it ends, with its
   duration and the number of events sent (SSE frames other than comments and
@@ -128,8 +128,9 @@ class AccessRecorder:
             fields["duration_ms"] = round(seconds * 1000, 3)
         for name in _ID_PARAMS:
             value = (params or {}).get(name)
-            if value is not None:
-                fields[name] = value
+            if value is not None:   # the client chose it: as long as a text line's
+                fields[name] = value if len(value) <= MAX_ID_CHARS \
+                    else value[:MAX_ID_CHARS] + "…"
         if kind == "stream_close":
             fields["events"] = events
         if access_writer is not None:

@@ -129,6 +129,15 @@ async def test_a_client_chosen_id_cannot_forge_a_line(tmp_path: Path) -> None:
     assert lines[1].endswith("door=rest session=" + "y" * 128 + "…")
 
 
+@pytest.mark.anyio
+async def test_a_json_line_keeps_a_client_chosen_id_as_short_as_a_text_line(
+        tmp_path: Path, access: io.StringIO) -> None:
+    async with daemon(tmp_path) as (client, _bridge, _app):
+        assert (await client.get(f"/session/{'y' * 5000}/status")).status_code == 404
+    line, = [r for r in records(access) if r.get("route") == "/session/{session_id}/status"]
+    assert line["session_id"] == "y" * 128 + "…"
+
+
 def test_count_events_skips_comments_and_retry() -> None:
     assert count_events(b"retry: 3000\n\n") == 0
     assert count_events(b": heartbeat\n\n") == 0
