@@ -229,6 +229,12 @@ class PostgresEngine(GroupCommitStore[Conn]):
             if not pending:
                 return
 
+    def _abort(self, index: int) -> None:
+        try:
+            self._writers[index].rollback()
+        except psycopg.Error:
+            pass   # a broken connection is replaced before the next batch
+
     def _transaction(self, index: int, batch: list[Op], *, last: bool, resend: bool,
                      careful: bool) -> tuple[list[Op], str]:
         """(operations to run again, why: ``""`` transient losers, ``"resent"`` the

@@ -340,6 +340,10 @@ class SqliteTaskStore(TokenOps, AuditOps, ClaimsOne, ObservedMoves,
         self.commits += 1
         return True
 
+    def _abort(self, index: int) -> None:
+        if self._writer is not None:
+            self._rollback(self._writer)
+
     def _rollback(self, conn: sqlite3.Connection) -> None:
         self._queued = None   # recounted when next needed
         try:

@@ -22,7 +22,7 @@ Contracts:
   own operation only (``op.error``, its caller woken), never the batch;
   ``_observe`` sees each result, in the caller's task (the task stores call
   ``on_transition`` with each status a write moved a task to).
-* Each writer has one worker thread for the store's life. It runs batch after batch
+* Each writer has one worker thread for the store's life (replaced only after a bug). It runs batch after batch
   while operations are queued: after each, one call into the event loop
   (``anyio.from_thread``) settles it and takes the next (``_settle_then_next``), so
   callers wake in the loop's next iteration and the next batch starts without a new
@@ -40,10 +40,14 @@ Contracts:
   timeout, a deleted file) reaches the caller as ``StoreUnavailableError`` and marks
   ``health`` down; the next operation that succeeds marks it up. Whatever else an
   engine raises while running a batch fails that batch's operations, not the loop.
-  A bug while settling a batch still wakes every caller (logged); one that ends the
-  worker thread fails the operations it held (``StoreUnavailableError``, outcome
-  unknown) and a new thread takes over; a writer left with no thread fails what is
-  queued at once. No caller, and no closing, waits for a writer that is gone.
+  A bug while settling a batch still wakes every caller (logged). A worker thread that
+  ends (a bug in its hop into the loop) is replaced; the operations it held are
+  settled with their own outcomes once their transaction ran, else fail with
+  ``StoreUnavailableError`` ("not written", or "outcome unknown" mid-transaction). A
+  ``BaseException`` in a batch (not an engine error) fails it with an unknown outcome
+  and rolls back (``_abort``). A writer whose new thread fails too before settling a
+  batch is gone: the other writers serve, and the last one fails what is queued at
+  once. No caller, and no closing, waits for a writer that is gone.
 * ``probe()`` answers ``None`` when the store serves, else why not (``/health?deep=1``).
 * An operation queued with ``durable=False`` (the session journal's) asks only to
   survive a crash of the server's process; a batch of nothing else may commit without
@@ -130,10 +134,12 @@ T = TypeVar("T")
 
 @dataclasses.dataclass(eq=False)
 class _Held:
-    """What a writer's thread holds: the batch handed to it and not yet settled, and
-    whether ``store_work`` is entered for it."""
+    """What a writer's thread holds: the batch handed to it and not yet settled, how
+    far it got (``gathered``: not started, ``running``: in its transaction, ``ran``:
+    each operation's outcome set), and whether ``store_work`` is entered for it."""
 
     batch: list[Op] = dataclasses.field(default_factory=list)
+    stage: str = "gathered"
     working: bool = False
     failures: int = 0   # since the last batch settled
     gone: bool = False   # no thread any more: operations fail at once
@@ -178,6 +184,7 @@ class GroupCommitStore(Generic[C]):
         # (and an engine's listener) holds its token for the store's whole life, so
         # nothing else may borrow from it (it would wait until the store closes)
         self._write_limiter = anyio.CapacityLimiter(writers)
+        self._live_writers = writers   # writers with a thread (``_thread``'s ``gone``)
         self._send, self._receive = anyio.create_memory_object_stream[Op](QUEUE_SIZE)
         self._exit: contextlib.AsyncExitStack | None = None
 
@@ -222,6 +229,10 @@ class GroupCommitStore(Generic[C]):
         """Whether a reader connection still works (else ``_reconnect`` replaces it)."""
         return True
 
+    def _abort(self, index: int) -> None:
+        """Writer ``index``'s batch ended with no engine error but a ``BaseException``
+        (a worker thread): roll back whatever transaction it may have left open."""
+
     def _reconnect(self) -> C:
         """A new reader connection (a worker thread)."""
         raise NotImplementedError
@@ -233,6 +244,7 @@ class GroupCommitStore(Generic[C]):
         try:
             async with anyio.create_task_group() as tg:
                 try:
+                    self._live_writers = self.writers
                     for index in range(self.writers):
                         tg.start_soon(self._write_loop, index)
                     await self._background(tg)
@@ -279,28 +291,41 @@ class GroupCommitStore(Generic[C]):
                 idle[0].set()
             return waiter
 
-        def gone() -> None:   # no thread any more: fail fast from now on
+        def unpark(waiter: concurrent.futures.Future[list[Op]]) -> None:
+            if waiter in parked:
+                parked.remove(waiter)
+
+        def gone() -> None:   # no thread any more: the others serve, or fail fast
             held.gone = True
+            self._live_writers -= 1
             idle[0].set()
 
         async with anyio.create_task_group() as tg:
-            tg.start_soon(self._thread, index, park, held, gone)
+            tg.start_soon(self._thread, index, park, held, gone, unpark)
             # Shielded: a cancelled store still serves what its closing writes (the
             # leases' release) until ``open`` closes the queue; it always does.
             try:
                 with anyio.CancelScope(shield=True):
                     while True:
                         await idle[0].wait()
+                        if held.gone and self._live_writers > 0:
+                            break   # another writer serves the queue
                         first = await self._receive.receive()   # shared by the writers
-                        batch = self._gather(first)
+                        held.stage, held.batch = "gathered", []
+                        try:
+                            batch = self._gather(first, held.batch)
+                        except Exception:   # noqa: BLE001 - a bug must not end the loop
+                            log.exception("store writer %d: gathering a batch failed", index)
+                            self._abandon(held)
+                            continue
                         if not batch:   # every operation failed its ``prepare`` (settled)
                             continue
-                        if held.gone:
+                        if held.gone:   # the last writer: no thread, fail fast
                             self._fail(batch, "the store's writer stopped")
                             continue
                         idle[0] = anyio.Event()
                         store_work.__enter__()   # left by ``_settle_then_next`` as it parks
-                        held.batch, held.working = batch, True
+                        held.working = True
                         parked.pop().set_result(batch)
             except anyio.EndOfStream:
                 pass
@@ -311,20 +336,23 @@ class GroupCommitStore(Generic[C]):
 
     async def _thread(self, index: int,
                       park: Callable[[], concurrent.futures.Future[list[Op]]],
-                      held: _Held, gone: Callable[[], None]) -> None:
+                      held: _Held, gone: Callable[[], None],
+                      unpark: Callable[[concurrent.futures.Future[list[Op]]], None]) -> None:
         """Run writer ``index``'s worker thread until the queue is closed and drained.
         A thread that raises (a bug in settling: the engine's own errors fail their
-        batch, not the thread) is logged, the batch it held fails with an unknown
-        outcome, and a new thread takes over; one that fails again before settling a
-        batch is not replaced (``gone``)."""
+        batch, not the thread) is logged, the batch it held is settled (``_abandon``)
+        and a new thread takes over; one that fails again before settling a batch is
+        not replaced (``gone``)."""
         with anyio.CancelScope(shield=True):   # ends when the queue is closed and drained
             while True:
+                stale = park()
                 try:
-                    await anyio.to_thread.run_sync(self._run_batches, index, park, park(),
+                    await anyio.to_thread.run_sync(self._run_batches, index, park, stale,
                                                    held, limiter=self._write_limiter)
                     return
-                except Exception:   # noqa: BLE001 - a bug must not hang the store
+                except BaseException:   # noqa: BLE001 - a bug must not hang the store
                     log.exception("store writer %d: its thread failed", index)
+                    unpark(stale)   # a thread that died before taking it
                     self._abandon(held)
                     if held.failures:   # twice with no batch settled in between
                         gone()
@@ -332,15 +360,27 @@ class GroupCommitStore(Generic[C]):
                     held.failures += 1
 
     def _abandon(self, held: _Held) -> None:
-        """The thread holding ``held`` failed: leave its store work and fail the
-        operations of its batch that were not woken (committed or not: unknown)."""
+        """The thread holding ``held`` failed (or gathering its next batch did): leave
+        its store work and settle the operations of its batch not yet woken: with
+        their own outcomes once the transaction ran, else failed (``outcome unknown``
+        when it was running, ``not written`` when it never started)."""
         if held.working:
             held.working = False
             store_work.__exit__()
         batch, held.batch = held.batch, []
         lost = [op for op in batch if not op.done.is_set()]
-        if lost:
-            self._fail(lost, "the store's writer failed; the outcome is unknown")
+        if not lost:
+            return
+        try:
+            if held.stage == "ran":
+                self._settle(lost)
+            elif held.stage == "running":
+                self._fail(lost, "the store's writer failed; the outcome is unknown")
+            else:
+                self._fail(lost, "the store's writer failed; not written")
+        except Exception:   # noqa: BLE001 - the settling itself is what fails
+            log.exception("store writer: settling an abandoned batch failed")
+            self._wake([op for op in lost if not op.done.is_set()])
 
     def _fail(self, batch: list[Op], reason: str) -> None:
         for op in batch:
@@ -348,11 +388,12 @@ class GroupCommitStore(Generic[C]):
             op.error = StoreUnavailableError(reason)
         self._settle(batch)
 
-    def _gather(self, first: Op) -> list[Op]:
+    def _gather(self, first: Op, batch: list[Op]) -> list[Op]:
         """``first`` and what else is queued (at most ``MAX_BATCH``), prepared (event
-        loop). An operation whose ``prepare`` raises is settled at once with that
-        error and left out (so the batch may come back empty)."""
-        batch = [first]
+        loop), appended to ``batch`` as they are received (so an owner that sees this
+        raise still holds them) and returned. An operation whose ``prepare`` raises is
+        settled at once with that error and left out (the batch may end up empty)."""
+        batch.append(first)
         while self.group_commit and len(batch) < MAX_BATCH:
             try:
                 batch.append(self._receive.receive_nowait())
@@ -369,7 +410,7 @@ class GroupCommitStore(Generic[C]):
                     failed.append(op)
         if failed:
             self._settle(failed)
-            batch = [op for op in batch if op.error is None]
+            batch[:] = [op for op in batch if op.error is None]
         return batch
 
     def _run_batches(self, index: int, park: Callable[[], concurrent.futures.Future[list[Op]]],
@@ -381,11 +422,20 @@ class GroupCommitStore(Generic[C]):
         queue closed)."""
         batch = waiter.result()
         while batch:
+            held.stage = "running"
             try:
                 self._run_batch(index, batch)
             except Exception as exc:   # noqa: BLE001 - the engine failed: so did the batch
                 for op in batch:
                     op.result, op.error, op.events = None, exc, []
+            except BaseException as exc:   # noqa: BLE001 - not the engine's: left open?
+                self._abort(index)
+                for op in batch:
+                    op.result, op.events = None, []
+                    op.error = StoreUnavailableError(
+                        "the store's writer failed; the outcome is unknown")
+                    op.error.__cause__ = exc
+            held.stage = "ran"
             following = anyio.from_thread.run_sync(self._settle_then_next, batch, park, held)
             batch = following if isinstance(following, list) else following.result()
 
@@ -397,16 +447,15 @@ class GroupCommitStore(Generic[C]):
         ``store_work`` is left on every path that does not hand it a batch."""
         try:
             self._settle(batch)
-            held.batch = []
             held.failures = 0
             while True:
+                held.stage, held.batch = "gathered", []
                 try:
                     first = self._receive.receive_nowait()
                 except (anyio.WouldBlock, anyio.EndOfStream):
                     break
-                following = self._gather(first)
+                following = self._gather(first, held.batch)
                 if following:
-                    held.batch = following
                     return following
         except BaseException:
             held.working = False
@@ -423,6 +472,11 @@ class GroupCommitStore(Generic[C]):
             self._outcomes(batch)
         except Exception:   # noqa: BLE001 - a bug must not leave a caller waiting
             log.exception("store writer: settling a batch failed")
+        self._wake(batch)
+
+    @staticmethod
+    def _wake(batch: list[Op]) -> None:
+        """Wake ``batch``'s callers: ``done`` set, then each ``on_done`` (logged)."""
         for op in batch:
             op.done.set()
             if op.on_done is not None:

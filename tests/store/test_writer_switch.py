@@ -296,15 +296,17 @@ async def test_a_settling_bug_still_wakes_every_caller(
     assert sys.getswitchinterval() == pytest.approx(interval)
 
 
+class _Exit(BaseException):
+    """Not an engine's error: what a worker thread might see from an operation."""
+
+
 @pytest.mark.anyio
 async def test_a_writer_thread_that_fails_is_replaced(
         tmp_path: Any, store_name: str, interval: float,
         caplog: pytest.LogCaptureFixture) -> None:
     """``_settle`` itself raises once, on the writer's thread's hop into the loop: the
-    thread ends. Its batch's callers get ``StoreUnavailableError`` (the outcome is
-    unknown), a new thread serves the next write, and the store closes."""
-    from acp_server.store.errors import StoreUnavailableError
-
+    thread ends. Its batch ran, so its callers get their own outcomes (woken without
+    the broken settling), a new thread serves the next write, and the store closes."""
     store = _store(tmp_path, store_name)
     real, broken = store._settle, [True]
 
@@ -317,9 +319,7 @@ async def test_a_writer_thread_that_fails_is_replaced(
     store._settle = settle
     with anyio.fail_after(20):
         async with store:
-            with pytest.raises(StoreUnavailableError, match="outcome is unknown"):
-                await store._write(lambda conn, out, *s: "doomed")
-            assert not store.health.up
+            assert await store._write(lambda conn, out, *s: "doomed") == "doomed"
             assert await store._write(lambda conn, out, *s: 3) == 3
             assert store.health.up
             await wait_until(lambda: store_work._inside == 0, timeout=10)
@@ -348,8 +348,105 @@ async def test_a_writer_left_without_a_thread_fails_fast_and_still_closes(
     with anyio.fail_after(20):
         async with store:
             for _ in range(2):
-                with pytest.raises(StoreUnavailableError, match="outcome is unknown"):
-                    await store._write(lambda conn, out, *s: "doomed")
+                assert await store._write(lambda conn, out, *s: "doomed") == "doomed"
             with pytest.raises(StoreUnavailableError, match="writer stopped"):
                 await store._write(lambda conn, out, *s: 4)
+            assert not store.health.up
+    _settled_cleanly(store)
+
+
+@pytest.mark.anyio
+async def test_operations_gathered_when_the_thread_fails_are_failed_not_lost(
+        tmp_path: Any, store_name: str) -> None:
+    """The thread's hop takes the next batch off the queue, then raises: the
+    operations it took are failed ("not written"), never left waiting."""
+    from acp_server.store.errors import StoreUnavailableError
+
+    store = _store(tmp_path, store_name)
+    real = store._gather
+
+    def gather(first: Any, into: list[Any]) -> Any:
+        batch = real(first, into)
+        if any(op.bulk == "victim" for op in batch):
+            raise RuntimeError("bug after gather")
+        return batch
+
+    store._gather = gather
+    started, gate = threading.Event(), threading.Event()
+
+    def held(conn: Any, out: Any, *state: Any) -> str:
+        started.set()
+        gate.wait(10)
+        return "held"
+
+    outcomes: dict[str, Any] = {}
+    with anyio.fail_after(20):
+        async with store:
+            assert store.submit(Op(held, on_done=lambda op: outcomes.__setitem__(
+                "held", op.result)))
+            await wait_until(started.is_set)
+            assert store.submit(Op(_noop, bulk="victim", on_done=lambda op: outcomes.__setitem__(
+                "victim", op.error)))
+            gate.set()
+            await wait_until(lambda: len(outcomes) == 2)
+            assert await store._write(lambda conn, out, *s: 3) == 3
+    assert outcomes["held"] == "held"
+    assert isinstance(outcomes["victim"], StoreUnavailableError)
+    assert "not written" in str(outcomes["victim"])
+    _settled_cleanly(store)
+
+
+@pytest.mark.anyio
+async def test_a_base_exception_in_a_batch_fails_it_and_rolls_back(
+        tmp_path: Any, store_name: str, interval: float) -> None:
+    """An operation raises a ``BaseException`` (not an engine error) in the worker
+    thread: its batch fails with an unknown outcome, the transaction is rolled back
+    (the next write commits), the thread goes on, and nothing stays entered."""
+    from acp_server.store.errors import StoreUnavailableError
+
+    def exits(conn: Any, out: Any, *state: Any) -> None:
+        raise _Exit()
+
+    store = _store(tmp_path, store_name)
+    with anyio.fail_after(20):
+        async with store:
+            with pytest.raises(StoreUnavailableError, match="outcome is unknown"):
+                await store._write(exits)
+            assert await store._write(lambda conn, out, *s: 4) == 4
+            await wait_until(lambda: store_work._inside == 0, timeout=10)
+    _settled_cleanly(store)
+    assert sys.getswitchinterval() == pytest.approx(interval)
+
+
+@pytest.mark.anyio
+async def test_postgres_one_of_two_writers_gone_leaves_the_other_serving(
+        tmp_path: Any) -> None:
+    """Writer 0's thread fails at once, twice: it is gone, and its loop stops taking
+    operations, so writer 1 serves every write after the first (no 503s)."""
+    from acp_server.store.errors import StoreUnavailableError
+    from tests.lmsp import stores
+
+    if not stores.postgres_dsn():
+        pytest.skip(stores.SKIP_POSTGRES)
+    store = _store(tmp_path, "postgres", writers=2)
+    real = store._run_batches
+
+    def run_batches(index: int, park: Any, waiter: Any, held: Any) -> None:
+        if index == 0:
+            waiter.result()   # take a batch, then die (a bug)
+            raise RuntimeError("writer 0 bug")
+        real(index, park, waiter, held)
+
+    store._run_batches = run_batches
+    failed = 0
+    with anyio.fail_after(60):
+        async with store:
+            for n in range(100):
+                try:
+                    assert await store._write(lambda conn, out, *s, n=n: n) == n
+                except StoreUnavailableError:
+                    failed += 1
+            await wait_until(lambda: store._live_writers == 1, timeout=10)
+            assert store.health.up
+    assert failed <= 2   # the batches writer 0 held when its thread died
     _settled_cleanly(store)
