@@ -136,6 +136,9 @@ def main(journals: list[str], rounds: int, runs: tuple[str, ...] = RUNS
 
 if __name__ == "__main__":
     names = [a for a in sys.argv[1:] if not a.isdigit() and a not in RUNS] or ["memory", "store"]
+    if unknown := [n for n in names if n not in ("memory", "store")]:
+        sys.exit(f"usage: python -m bench.journal_inprocess [memory] [store] "
+                 f"[{'|'.join(RUNS)}] [rounds]; not a journal or a run: {', '.join(unknown)}")
     count = next((int(a) for a in sys.argv[1:] if a.isdigit()), 3)
     result = main(names, count, tuple(a for a in sys.argv[1:] if a in RUNS) or RUNS)
     print(json.dumps({j: {k: sorted(r[k] for r in rows)[len(rows) // 2] for k in rows[0]}
