@@ -51,6 +51,9 @@ class _RandomPool:
             return int.from_bytes(self._bytes[at:at + _ID_BYTES], "big")
 
     def forget(self) -> None:
+        """In a forked child: new bytes, and a new lock (the parent's may have been
+        held by another thread at the fork, and no thread of the child would free it)."""
+        self._lock = threading.Lock()
         self._bytes, self._at = b"", 0
 
 

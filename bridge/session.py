@@ -463,10 +463,12 @@ class Session:
                         await anyio.lowlevel.checkpoint()   # a large prompt, in slices
                 scope.shield = False
                 pending.run_scope = scope
-                if pending.cancel_requested:  # cancelled between dequeue and here
-                    scope.deadline = anyio.current_time() + self.options.cancel_grace_ms / 1000
-                response = await self.agent.request("session/prompt", params)
-            if scope.cancelled_caught:
+                # cancelled (or past its deadline) while echoed: the agent never sees
+                # it (a session/cancel it got meanwhile was for nothing)
+                unsent = pending.cancel_requested or pending.state == DONE
+                if not unsent:
+                    response = await self.agent.request("session/prompt", params)
+            if unsent or scope.cancelled_caught:
                 outcome = PromptResult("cancelled", {"stopReason": "cancelled"})
             else:
                 outcome = _prompt_result(response)

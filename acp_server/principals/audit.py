@@ -19,8 +19,9 @@ Contracts:
   journal: 220–236 → 172–182 µs of server CPU per prompt; a commit per turn was a
   durable SQLite commit, an fsync, a thread hop, and kept the store's lowered switch
   interval on).
-  What a crash (``kill -9``) can lose is what is buffered, at most about one interval
-  of records; a clean stop writes it all (``open_principals``), and ``read`` and
+  What a crash (``kill -9``) can lose is what is buffered: about one interval of
+  records and the write in flight while the store serves, everything buffered (up
+  to ``max_buffered``) while it is down; a clean stop writes it all (``open_principals``), and ``read`` and
   ``flush`` write it before they answer. While the store is unavailable the buffer
   waits and is written when it is back (retried with a backoff); past
   ``max_buffered`` new records are counted (``dropped``), not kept, and one
@@ -186,6 +187,8 @@ class AuditLog:
         while True:
             await self._wake.wait()
             self._wake = anyio.Event()
+            if not (self._buffer or self._pending_dropped):
+                continue   # taken by the last write already (recorded while it ran)
             try:
                 await self.flush()
                 backoff.reset()

@@ -60,3 +60,47 @@ async def test_an_admitted_prompt_gets_one(tmp_path) -> None:
         assert uuid.UUID(first.prompt_id).version == 7
         await first
         await second
+
+
+def test_threads_draw_distinct_ids_of_the_same_form() -> None:
+    import threading
+
+    drawn: list[list[str]] = [[] for _ in range(8)]
+
+    def draw(i: int) -> None:
+        drawn[i] = [new_prompt_id(9) for _ in range(5000)]
+
+    threads = [threading.Thread(target=draw, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    flat = [x for one in drawn for x in one]
+    assert len(set(flat)) == len(flat)
+    for value in flat[:50]:
+        parsed = uuid.UUID(value)
+        assert (parsed.version, parsed.variant) == (7, uuid.RFC_4122) and str(parsed) == value
+
+
+def test_a_forked_child_draws_its_own_bytes_even_if_the_lock_was_held() -> None:
+    """The child never repeats the parent's next ids, and the pool's lock, held by
+    another thread at the fork (here: this one), does not deadlock the child."""
+    new_prompt_id()   # the pool is full, mostly unused
+    read_end, write_end = os.pipe()
+    ids._pool._lock.acquire()   # stands for a thread inside take() at the fork
+    try:
+        pid = os.fork()
+        if pid == 0:   # the child: no pytest, no exceptions past this point
+            try:
+                os.close(read_end)
+                os.write(write_end, ",".join(new_prompt_id(3) for _ in range(20)).encode())
+            finally:
+                os._exit(0)
+    finally:
+        ids._pool._lock.release()
+    os.close(write_end)
+    child = os.read(read_end, 1 << 16).decode().split(",")
+    os.close(read_end)
+    os.waitpid(pid, 0)
+    parent = [new_prompt_id(3) for _ in range(20)]
+    assert len(child) == 20 and not set(child) & set(parent)
