@@ -23,10 +23,10 @@ Contracts:
   ``_observe`` sees each result, in the caller's task (the task stores call
   ``on_transition`` with each status a write moved a task to).
 * Each writer has one worker thread for the store's life (replaced only after a
-  bug). It runs batch after batch while operations are queued: after each, one call into the event loop
-  (``anyio.from_thread``) settles it and takes the next (``_settle_then_next``), so
-  callers wake in the loop's next iteration and the next batch starts without a new
-  hop to a thread. With nothing queued the thread parks (a future, no interpreter
+  bug). It runs batch after batch while operations are queued: after each, one call
+  into the event loop (``anyio.from_thread``) settles it and takes the next
+  (``_settle_then_next``), so callers wake in the loop's next iteration and the next
+  batch starts without a new hop to a thread. With nothing queued the thread parks (a future, no interpreter
   lock held) and the writer task receives the next operation and hands its batch to
   the parked thread: no new worker-thread call per commit (``to_thread.run_sync``
   cost two more loop iterations and two cross-thread wake-ups each time). Everything
