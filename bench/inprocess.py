@@ -29,12 +29,14 @@ per-request cost (the 503 rows' CPU µs).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -92,14 +94,18 @@ async def cpu_us(app: Any, path: str) -> tuple[float, float]:
     return best, best_process
 
 
-async def measure() -> dict[str, float]:
-    """{"raw": µs, "bare": µs, "ours": µs, "ours_process": µs}, the best of each over two
-    interleavings (``ours_process``: the whole process's CPU for ours)."""
+@contextlib.asynccontextmanager
+async def _served(*, pending_limit: int, journal: str | None = None,
+                  first: dict[str, Any] | None = None) -> AsyncIterator[tuple[Any, str]]:
+    """(the server, a thread session's id) in process, logging to /dev/null, with
+    ``first`` sent to the session as its first prompt when given."""
     configure_logging("text", stream=open(os.devnull, "w"))
     try:
         with tempfile.TemporaryDirectory() as workspace:
-            settings = Settings(workspace=workspace, port=0,
-                                options=BridgeOptions(max_pending_prompts_per_session=1),
+            extra = {} if journal is None else {"session_journal": journal}
+            settings = Settings(workspace=workspace, port=0, **extra,
+                                options=BridgeOptions(
+                                    max_pending_prompts_per_session=pending_limit),
                                 state_dir=os.path.join(workspace, "state"))
             async with open_server(settings) as server:
                 transport = httpx.ASGITransport(app=server.app)
@@ -107,45 +113,40 @@ async def measure() -> dict[str, float]:
                                              base_url="http://127.0.0.1:4170") as client:
                     created = await client.post("/session", json={"sessionScope": "thread"})
                     sid = created.json()["sessionId"]
-                    await client.post(f"/session/{sid}/prompt", json=HOLD)
-                apps = {"raw": (floor_server.raw, floor_server.PATH),
-                        "bare": (floor_server.bare, floor_server.PATH),
-                        "ours": (server.app, f"/session/{sid}/prompt")}
-                best = {name: float("inf") for name in [*apps, "ours_process"]}
-                for _ in range(2):
-                    for name, (app, path) in apps.items():
-                        thread, process = await cpu_us(app, path)
-                        best[name] = min(best[name], thread)
-                        if name == "ours":
-                            best["ours_process"] = min(best["ours_process"], process)
-                return best
+                    if first is not None:
+                        await client.post(f"/session/{sid}/prompt", json=first)
+                yield server, sid
     finally:
         unconfigure_access_writer()
+
+
+async def measure() -> dict[str, float]:
+    """{"raw": µs, "bare": µs, "ours": µs, "ours_process": µs}, the best of each over two
+    interleavings (``ours_process``: the whole process's CPU for ours)."""
+    async with _served(pending_limit=1, first=HOLD) as (server, sid):
+        apps = {"raw": (floor_server.raw, floor_server.PATH),
+                "bare": (floor_server.bare, floor_server.PATH),
+                "ours": (server.app, f"/session/{sid}/prompt")}
+        best = {name: float("inf") for name in [*apps, "ours_process"]}
+        for _ in range(2):
+            for name, (app, path) in apps.items():
+                thread, process = await cpu_us(app, path)
+                best[name] = min(best[name], thread)
+                if name == "ours":
+                    best["ours_process"] = min(best["ours_process"], process)
+        return best
 
 
 async def accepted(rounds: int = 3) -> dict[str, float]:
     """The accepted-and-completed load in process, the best of ``rounds`` (see the
     module docstring): {"accepted": µs, "accepted_app": µs, "accepted_process": µs}."""
-    configure_logging("text", stream=open(os.devnull, "w"))
-    try:
-        with tempfile.TemporaryDirectory() as workspace:
-            settings = Settings(workspace=workspace, port=0, session_journal="memory",
-                                options=BridgeOptions(max_pending_prompts_per_session=0),
-                                state_dir=os.path.join(workspace, "state"))
-            async with open_server(settings) as server:
-                transport = httpx.ASGITransport(app=server.app)
-                async with httpx.AsyncClient(transport=transport,
-                                             base_url="http://127.0.0.1:4170") as client:
-                    created = await client.post("/session", json={"sessionScope": "thread"})
-                    sid = created.json()["sessionId"]
-                best: dict[str, float] = {}
-                for _ in range(rounds):
-                    figures = await _accepted_round(server.app, server.bridge.get_session(sid),
-                                                    f"/session/{sid}/prompt")
-                    best = {k: min(v, best.get(k, v)) for k, v in figures.items()}
-                return best
-    finally:
-        unconfigure_access_writer()
+    async with _served(pending_limit=0, journal="memory") as (server, sid):
+        best: dict[str, float] = {}
+        for _ in range(rounds):
+            figures = await _accepted_round(server.app, server.bridge.get_session(sid),
+                                            f"/session/{sid}/prompt")
+            best = {k: min(v, best.get(k, v)) for k, v in figures.items()}
+        return best
 
 
 async def _accepted_round(app: Any, session: Any, path: str) -> dict[str, float]:
