@@ -364,9 +364,7 @@ class GroupCommitStore(Generic[C]):
         its store work and settle the operations of its batch not yet woken: with
         their own outcomes once the transaction ran, else failed (``outcome unknown``
         when it was running, ``not written`` when it never started)."""
-        if held.working:
-            held.working = False
-            store_work.__exit__()
+        self._leave(held)
         batch, held.batch = held.batch, []
         lost = [op for op in batch if not op.done.is_set()]
         if not lost:
@@ -458,12 +456,17 @@ class GroupCommitStore(Generic[C]):
                 if following:
                     return following
         except BaseException:
+            self._leave(held)
+            raise
+        self._leave(held)
+        return park()
+
+    @staticmethod
+    def _leave(held: _Held) -> None:
+        """The store work entered for ``held``'s thread is over (it parks, or failed)."""
+        if held.working:
             held.working = False
             store_work.__exit__()
-            raise
-        held.working = False
-        store_work.__exit__()
-        return park()
 
     def _settle(self, batch: list[Op]) -> None:
         """After a batch: errors classified, health, ``on_commit``, callers woken.
