@@ -129,8 +129,7 @@ class AccessRecorder:
         for name in _ID_PARAMS:
             value = (params or {}).get(name)
             if value is not None:   # the client chose it: as long as a text line's
-                fields[name] = value if len(value) <= MAX_ID_CHARS \
-                    else value[:MAX_ID_CHARS] + "…"
+                fields[name] = capped(value)
         if kind == "stream_close":
             fields["events"] = events
         if access_writer is not None:
@@ -153,11 +152,15 @@ class _Line:
                          f["door"], f.get("session_id"), f.get("task_id"), f.get("events"))
 
 
+def capped(value: str) -> str:
+    """A client-chosen id kept to ``MAX_ID_CHARS``, then "…" (both formats)."""
+    return value if len(value) <= MAX_ID_CHARS else value[:MAX_ID_CHARS] + "…"
+
+
 def printable(value: str) -> str:
     """A path parameter as it may appear in a text line: escaped unless printable,
     at most ``MAX_ID_CHARS`` (the client chose it; a newline must not forge a line)."""
-    if len(value) > MAX_ID_CHARS:
-        value = value[:MAX_ID_CHARS] + "…"
+    value = capped(value)
     return value if value.isprintable() else value.encode("unicode_escape").decode("ascii")
 
 
