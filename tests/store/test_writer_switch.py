@@ -11,6 +11,7 @@ from typing import Any
 import anyio
 import pytest
 
+from acp_server.store.errors import StoreUnavailableError
 from acp_server.store.writer import SWITCH_INTERVAL_S, Op, store_work
 from tests.bridge.helpers import wait_until
 
@@ -92,6 +93,19 @@ def _noop(conn: Any, out: Any, *state: Any) -> None:
     return None
 
 
+def _held_until_gate() -> tuple[Any, threading.Event, threading.Event]:
+    """An operation that holds the writer's thread (``started`` set) until ``gate`` is
+    set, then returns "held"."""
+    started, gate = threading.Event(), threading.Event()
+
+    def held(conn: Any, out: Any, *state: Any) -> str:
+        started.set()
+        gate.wait(10)
+        return "held"
+
+    return held, started, gate
+
+
 def _settled_cleanly(store: Any) -> None:
     """The writer left no store work behind and its threads gave back their tokens."""
     assert store_work._inside == 0
@@ -126,12 +140,7 @@ async def test_a_prepare_that_raises_fails_only_its_own_operation(
     def broken() -> None:
         raise RuntimeError("prepare bug")
 
-    started, gate = threading.Event(), threading.Event()
-
-    def held(conn: Any, out: Any, *state: Any) -> str:
-        started.set()
-        gate.wait(10)
-        return "held"
+    held, started, gate = _held_until_gate()
 
     outcomes: dict[str, Any] = {}
 
@@ -300,6 +309,21 @@ class _Exit(BaseException):
     """Not an engine's error: what a worker thread might see from an operation."""
 
 
+def _break_settle(store: Any, times: int | None) -> None:
+    """``store._settle`` raises for a batch holding a "doomed" result, ``times`` times
+    (``None``: every time): a bug on the writer's thread's hop into the loop."""
+    real, left = store._settle, [times]
+
+    def settle(batch: Any) -> None:
+        if left[0] != 0 and any(op.result == "doomed" for op in batch):
+            if left[0] is not None:
+                left[0] -= 1
+            raise RuntimeError("settle bug")
+        real(batch)
+
+    store._settle = settle
+
+
 @pytest.mark.anyio
 async def test_a_writer_thread_that_fails_is_replaced(
         tmp_path: Any, store_name: str, interval: float,
@@ -308,15 +332,7 @@ async def test_a_writer_thread_that_fails_is_replaced(
     thread ends. Its batch ran, so its callers get their own outcomes (woken without
     the broken settling), a new thread serves the next write, and the store closes."""
     store = _store(tmp_path, store_name)
-    real, broken = store._settle, [True]
-
-    def settle(batch: Any) -> None:
-        if broken and any(op.result == "doomed" for op in batch):
-            broken.pop()
-            raise RuntimeError("settle bug")
-        real(batch)
-
-    store._settle = settle
+    _break_settle(store, 1)
     with anyio.fail_after(20):
         async with store:
             assert await store._write(lambda conn, out, *s: "doomed") == "doomed"
@@ -334,17 +350,8 @@ async def test_a_writer_left_without_a_thread_fails_fast_and_still_closes(
     """The thread fails twice with no batch settled in between: no new thread. What
     is queued then fails at once, and the close (on PostgreSQL, a write: the
     leases' release) does not wait for a writer that is gone."""
-    from acp_server.store.errors import StoreUnavailableError
-
     store = _store(tmp_path, store_name)
-    real = store._settle
-
-    def settle(batch: Any) -> None:
-        if any(op.result == "doomed" for op in batch):
-            raise RuntimeError("settle bug")
-        real(batch)
-
-    store._settle = settle
+    _break_settle(store, None)
     with anyio.fail_after(20):
         async with store:
             for _ in range(2):
@@ -360,8 +367,6 @@ async def test_operations_gathered_when_the_thread_fails_are_failed_not_lost(
         tmp_path: Any, store_name: str) -> None:
     """The thread's hop takes the next batch off the queue, then raises: the
     operations it took are failed ("not written"), never left waiting."""
-    from acp_server.store.errors import StoreUnavailableError
-
     store = _store(tmp_path, store_name)
     real = store._gather
 
@@ -372,12 +377,7 @@ async def test_operations_gathered_when_the_thread_fails_are_failed_not_lost(
         return batch
 
     store._gather = gather
-    started, gate = threading.Event(), threading.Event()
-
-    def held(conn: Any, out: Any, *state: Any) -> str:
-        started.set()
-        gate.wait(10)
-        return "held"
+    held, started, gate = _held_until_gate()
 
     outcomes: dict[str, Any] = {}
     with anyio.fail_after(20):
@@ -402,8 +402,6 @@ async def test_a_base_exception_in_a_batch_fails_it_and_rolls_back(
     """An operation raises a ``BaseException`` (not an engine error) in the worker
     thread: its batch fails with an unknown outcome, the transaction is rolled back
     (the next write commits), the thread goes on, and nothing stays entered."""
-    from acp_server.store.errors import StoreUnavailableError
-
     def exits(conn: Any, out: Any, *state: Any) -> None:
         raise _Exit()
 
@@ -423,7 +421,6 @@ async def test_postgres_one_of_two_writers_gone_leaves_the_other_serving(
         tmp_path: Any) -> None:
     """Writer 0's thread fails at once, twice: it is gone, and its loop stops taking
     operations, so writer 1 serves every write after the first (no 503s)."""
-    from acp_server.store.errors import StoreUnavailableError
     from tests.lmsp import stores
 
     if not stores.postgres_dsn():
