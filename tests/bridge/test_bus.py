@@ -237,3 +237,37 @@ async def test_held_reader_that_keeps_up_is_never_warned():
         tg.start_soon(journal)
         tg.start_soon(publisher)
     assert [f.id for f in got] == list(range(1, total + 1))   # no control frame at all
+
+
+async def test_held_reader_is_fed_in_order_from_either_end_of_a_wrapped_ring():
+    """A held reader's top-up reads the ring from its nearer end: far behind (from the
+    oldest) and close behind the newest (from the newest), across many wraps."""
+    bus = held_bus()
+    sub = bus.subscribe()
+    publish(bus, 60)
+    bus.release(60)                  # the reader at the ring's oldest event (warned)
+    frames = drain(sub)
+    for step in range(300):          # then close behind the newest, the ring wrapping
+        publish(bus, 1)
+        if step % 5 == 4:
+            bus.release(bus.last_event_id)
+        if step % 7 == 6:
+            frames += drain(sub)
+    bus.release(bus.last_event_id)
+    frames += drain(sub)
+    assert [f.id for f in frames if f.id is not None] == list(range(1, 361))
+    assert not sub.closed
+
+
+async def test_held_reader_past_its_cursor_gets_the_events_after_it():
+    """A reader whose cursor is ahead of what is released skips the events up to it as
+    they are released (each top-up window may hold only skipped ones), then gets the
+    rest."""
+    bus = held_bus()
+    publish(bus, 40)
+    bus.release(10)
+    sub = bus.subscribe(last_event_id=35, epoch=bus.epoch)
+    assert [f.type for f in drain(sub)] == ["replay_complete"]
+    bus.release(40)
+    assert [f.id for f in drain(sub)] == [36, 37, 38, 39, 40]
+
