@@ -89,7 +89,7 @@ class Subscription(BoundedFifo[Event]):
     for a reader that waits on several sources at once."""
 
     __slots__ = ("_bus", "epoch", "_warned", "last_queued_id", "evicted_reason", "stalled",
-                 "skip_through", "next_id")
+                 "skip_through", "next_id", "_evict_at")
 
     def __init__(self, bus: EventBus, max_queued: int, max_queued_bytes: int,
                  wakeup: Wakeup | None = None) -> None:
@@ -105,6 +105,8 @@ class Subscription(BoundedFifo[Event]):
         self.skip_through = 0
         # A held bus's reader is fed from the ring (``_top_up``): the next id it needs.
         self.next_id = bus._released_id + 1
+        ring = bus._ring.maxlen or 1   # ``evict_at``: fixed for the subscription's life
+        self._evict_at = min(max_queued + ring // 4, ring)
 
     @property
     def max_queued(self) -> int:
@@ -246,8 +248,7 @@ class Subscription(BoundedFifo[Event]):
     def evict_at(self) -> int:
         """A held bus: the backlog (``behind``) past which this reader is evicted, its
         queue plus a commit's worth (a quarter ring), at most the ring."""
-        ring = self._bus._ring.maxlen or 1
-        return min(self.max_queued + ring // 4, ring)
+        return self._evict_at
 
     def lag(self) -> int:
         """Published events this reader has not taken, committed or not (a held bus)."""
@@ -310,6 +311,7 @@ class EventBus:
         self._close_when_released = False
         self._released: anyio.Event | None = None   # a publisher waits for a commit
         self._journal_stalled = False
+        self._lag_check_at = 0   # a held publisher checks its readers' lag from this id
         self._subscribers: list[Subscription] = []
         self.max_subscribers = max_subscribers
         self.max_queued = max_queued
@@ -405,7 +407,9 @@ class EventBus:
                 await anyio.lowlevel.checkpoint()   # the writer takes them now
             if unreleased >= self._journal_window or self._journal_stalled:
                 await self._wait_for_journal()
-            if self._laggard():   # else no reader to wait for: no coroutine to run
+            # no reader can be half its ``evict_at`` behind before ``_lag_check_at``
+            if (self._last_id >= self._lag_check_at or self._journal_stalled) \
+                    and self._laggard():   # else no reader to wait for: no coroutine
                 await self._wait_for_laggards()
             return
         deadline: float | None = None
@@ -439,16 +443,26 @@ class EventBus:
             self._journal_stalled = True
 
     def _laggard(self) -> bool:
-        """Whether a reader lags by half its ``evict_at`` or more (what
-        ``_wait_for_laggards`` waits for); the others are not ``stalled`` any more."""
+        """Whether a reader lags by more than half its ``evict_at`` (what
+        ``_wait_for_laggards`` waits for); the others are not ``stalled`` any more.
+        A reader's ``lag`` grows by one per event published and by nothing else, so
+        while none does, the next check is due only once the closest of them could
+        (``_lag_check_at``; a new subscriber or a stalled journal: at once)."""
         found = False
         journal_stalled = self._journal_stalled
+        last = self._last_id
+        headroom = self._ring.maxlen or 1
         for subscriber in self._subscribers:
-            lag = subscriber.behind() if journal_stalled else subscriber.lag()
-            if lag * 2 <= subscriber.evict_at():
+            lag = subscriber.behind() if journal_stalled \
+                else last - subscriber.next_id + 1 + subscriber.items   # lag(), inlined
+            half = subscriber._evict_at // 2   # lag * 2 <= evict_at
+            if lag <= half:
                 subscriber.stalled = False
+                if half - lag < headroom:
+                    headroom = half - lag
             else:
                 found = True
+        self._lag_check_at = 0 if found or journal_stalled else last + 1 + headroom
         return found
 
     async def _wait_for_laggards(self) -> None:
@@ -504,6 +518,7 @@ class EventBus:
             BoundedFifo.close(subscription)
         else:
             self._subscribers.append(subscription)
+            self._lag_check_at = 0   # its lag is checked at the next event
         return subscription
 
     def close(self) -> None:

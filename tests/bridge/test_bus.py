@@ -271,3 +271,26 @@ async def test_held_reader_past_its_cursor_gets_the_events_after_it():
     bus.release(40)
     assert [f.id for f in drain(sub)] == [36, 37, 38, 39, 40]
 
+
+async def test_held_publisher_checks_a_new_reader_at_once():
+    """The lag check is skipped while no reader can have reached half its ``evict_at``;
+    a reader that subscribes meanwhile is checked from the next event: it is
+    ``stalled`` as soon as it lags by more than half (the publisher does not wait
+    here: ``flow_wait_s=0``), while the reader that keeps up never is."""
+    bus = held_bus(flow_wait_s=0)
+    fast = bus.subscribe()
+
+    async def step() -> None:
+        publish(bus, 1)
+        bus.release(bus.last_event_id)
+        drain(fast)
+        await bus.wait_for_readers()
+
+    for _ in range(3):
+        await step()
+    slow = bus.subscribe()           # live from event 4 on; never reads
+    for n in range(1, 40):
+        await step()
+        assert slow.closed or slow.stalled == (slow.behind() * 2 > slow.evict_at()), n
+        assert not fast.stalled
+    assert slow.evicted_reason == "queue_overflow"
