@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import anyio
 import anyio.lowlevel
 import msgspec
@@ -294,3 +296,42 @@ async def test_held_publisher_checks_a_new_reader_at_once():
         assert slow.closed or slow.stalled == (slow.behind() * 2 > slow.evict_at()), n
         assert not fast.stalled
     assert slow.evicted_reason == "queue_overflow"
+
+
+async def test_take_gives_what_get_nowait_gives_one_by_one():
+    """``take`` (an SSE write's batch) gives the frames ``get_nowait`` gives one by one,
+    in order, control frames and a held reader's top-ups included, each batch at
+    least one frame and at most its byte budget plus one frame."""
+    def run(read: str) -> list[tuple[int | None, str]]:
+        bus = held_bus()
+        sub = bus.subscribe()
+        frames: list[Any] = []
+        for step in range(200):
+            publish(bus, 1)
+            if step % 9 == 8:
+                bus.release(bus.last_event_id)
+            if step % 13 == 12:
+                if read == "one":
+                    frames += drain(sub)
+                else:
+                    while batch := sub.take(500):
+                        assert sum(f.size for f in batch[:-1]) < 500
+                        frames += batch
+        return [(f.id, f.type) for f in frames]
+
+    one = run("one")
+    assert run("batch") == one
+    ids = [i for i, _ in one if i is not None]
+    assert ids == list(range(1, 190))   # released through 189 at the last read
+
+
+async def test_take_counts_replayed_frames_towards_its_budget():
+    bus = EventBus(ring_size=64)
+    publish(bus, 30)
+    sub = bus.subscribe(last_event_id=0, epoch=bus.epoch)   # 30 replayed (uncounted)
+    size = bus.ring_events()[0].size
+    first = sub.take(size * 10)
+    assert [f.id for f in first] == list(range(1, 11))
+    rest = sub.take(1 << 20)
+    assert [f.id for f in rest] == [*range(11, 31), None]   # then replay_complete
+    assert sub.take(1 << 20) == [] and sub.taken == 31
