@@ -7,14 +7,14 @@ on a SQLite (or PostgreSQL) store.
     BENCH_LMSP_STORE=postgresql://… python -m bench.lmsp_inprocess   # a new schema a round
 
 Each round: ``open_server`` on a fresh store file (``--max-running-tasks`` 16, no
-queued-task cap), then ``CALLERS`` callers (``bench lmsp``'s 8 closed-loop
-connections) each POST ``/lmsp/v1/tasks`` and await the 202 (which waits for the
-commit), ``TASKS`` in all, then wait until no task is queued or running. Printed per
-task: CPU µs of the event loop's thread (``loop``: the create path, the runner, the
-agent's turn, the settling of commits) and of the process (``process``: the store's
-writer thread too), and the store's commits and statements per task;
-also the create's latency (p50 µs, 202 included) and tasks/s of wall time (moves
-with the machine's load; decide by CPU).
+queued-task cap), its heap settled as ``acp-server serve`` does (``settle_heap``),
+then ``CALLERS`` callers (``bench lmsp``'s 8 closed-loop connections) each POST
+``/lmsp/v1/tasks`` and await the 202 (which waits for the commit), ``TASKS`` in all,
+then wait until no task is queued or running. Printed per task: CPU µs of the event
+loop's thread (``loop``: the create path, the runner, the agent's turn, the settling
+of commits) and of the process (``process``: the store's writer thread too), and the
+store's commits and statements per task; also the create's latency (p50 µs, 202
+included) and tasks/s of wall time (moves with the machine's load; decide by CPU).
 
 ``creates`` runs the same with the runner off (``--max-running-tasks 0``).
 """
@@ -22,6 +22,7 @@ with the machine's load; decide by CPU).
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import statistics
@@ -34,6 +35,7 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 
+from acp_server.cli import settle_heap
 from acp_server.ops.request_log import configure_logging, unconfigure_access_writer
 from acp_server.lmsp import LmspConfig
 from acp_server.server import open_server
@@ -70,7 +72,11 @@ async def _served(running: int) -> AsyncIterator[Any]:
                                 state_dir=os.path.join(workspace, "state"))
             async with open_server(settings,
                                    lmsp_config=LmspConfig(max_queued_tasks=None)) as server:
-                yield server
+                settle_heap()   # as ``acp-server serve`` does once started
+                try:
+                    yield server
+                finally:
+                    gc.unfreeze()   # the next round collects this one's
     finally:
         unconfigure_access_writer()
 
