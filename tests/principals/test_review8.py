@@ -1,0 +1,77 @@
+"""review8's findings on principals, each reproduced over real loopback HTTP."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.acp_http.server import running_acp_server
+from tests.lmsp.server import envelope
+from tests.principals.helpers import bearer, mint
+
+pytestmark = pytest.mark.anyio
+BOOT = "boot-s3cret"
+PROMPT = {"prompt": [{"type": "text", "text": "hi"}]}
+
+
+def serving(tmp_path: Path, **settings: object):
+    return running_acp_server(tmp_path, token=BOOT, headers=bearer(BOOT), **settings)
+
+
+def raw(client: httpx.AsyncClient, path: str) -> httpx.URL:
+    """``path`` sent as it is (httpx would not send ``//tokens`` otherwise)."""
+    return client.base_url.copy_with(raw_path=path.encode())
+
+
+async def test_a_path_with_empty_segments_is_404_not_another_routes_access(
+        tmp_path: Path) -> None:
+    async with serving(tmp_path) as srv:
+        c = srv.client
+        reader = bearer(await mint(srv.server, "reader", "read"))
+        alice = bearer(await mint(srv.server, "alice"))          # prompt + read
+        assert (await c.get("/tokens", headers=reader)).status_code == 403
+        for path in ("//tokens", "//audit", "/tokens//", "//tokens/", "/%2Ftokens"):
+            answer = await c.get(raw(c, path), headers=reader)
+            assert (answer.status_code, answer.json()) == (
+                404, {"error": "Not Found", "code": "not_found"}), path
+        for path in ("/./tokens", "/x/../tokens"):   # a client may resolve dots first
+            answer = await c.get(raw(c, path), headers=reader)
+            assert answer.status_code in (403, 404), path
+        made = await c.post(raw(c, "//tokens"), headers=alice,
+                            json={"name": "mine", "scopes": ["admin"]})
+        assert made.status_code == 404
+        gone = await c.delete(raw(c, "//tokens/reader"), headers=alice)
+        assert gone.status_code == 404
+        # each door answers in its own shape; no credential is still a 401 first
+        lmsp = await c.get(raw(c, "/lmsp/v1//tasks"), headers=alice)
+        assert lmsp.status_code == 404 and lmsp.json()["code"] == "not_found"
+        assert lmsp.headers["content-type"].startswith("application/problem+json")
+        acp = await c.post(raw(c, "/acp/"), headers=alice, json={})
+        assert acp.status_code != 404   # /acp/ is /acp (the message is refused there)
+        bare = await c.get(raw(c, "//tokens"), headers={"Authorization": ""})
+        assert bare.status_code == 401
+        listed = await c.get("/tokens")
+        assert {t["name"] for t in listed.json()["tokens"]} == {"reader", "alice"}
+
+
+async def test_a_trailing_slash_is_the_same_route_and_rate_class(tmp_path: Path) -> None:
+    async with serving(tmp_path, rate_limit_prompt=1) as srv:
+        c = srv.client
+        ci = bearer(await mint(srv.server, "ci"))
+        sid = (await c.post("/session", json={"sessionScope": "thread"},
+                            headers=ci)).json()["sessionId"]
+        assert (await c.post(f"/session/{sid}/prompt", json=PROMPT,
+                             headers=ci)).status_code == 202
+        for path in (f"/session/{sid}/prompt/", f"/session/{sid}/prompt%2F",
+                     f"/session/{sid}%2Fprompt"):
+            answer = await c.post(raw(c, path), json=PROMPT, headers=ci)
+            assert (answer.status_code, answer.json()["code"]) == (429, "rate_limit_exceeded")
+        for path in ("/lmsp/v1/tasks/", "/lmsp/v1/tasks%2F"):
+            task = await c.post(raw(c, path), json=envelope("x"), headers=ci)
+            assert task.status_code == 429, path
+        # the same route: a status read with a trailing slash answers as without
+        status = await c.get(f"/session/{sid}/status/", headers=ci)
+        assert status.status_code == 200 and status.json()["sessionId"] == sid
+
