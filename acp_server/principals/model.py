@@ -84,6 +84,12 @@ class Principal:
     def limited(self) -> bool:
         return self.rate_class != UNLIMITED
 
+    def same(self, other: Principal) -> bool:
+        """Whether ``other`` is this principal: the same name, kind and stored token (a
+        token re-created under a revoked one's name is another principal)."""
+        return self.name == other.name and self.kind == other.kind \
+            and self.token_id == other.token_id
+
     def has(self, scope: str | None) -> bool:
         """Whether it may do what needs ``scope`` (``None``: any authenticated caller)."""
         return scope is None or scope in self.scopes or ADMIN in self.scopes

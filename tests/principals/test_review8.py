@@ -75,3 +75,31 @@ async def test_a_trailing_slash_is_the_same_route_and_rate_class(tmp_path: Path)
         status = await c.get(f"/session/{sid}/status/", headers=ci)
         assert status.status_code == 200 and status.json()["sessionId"] == sid
 
+
+INIT = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": 1}}
+
+
+async def test_a_recreated_token_name_does_not_inherit_the_old_tokens_connection(
+        tmp_path: Path) -> None:
+    async with serving(tmp_path) as srv:
+        c = srv.client
+        bob = bearer(await mint(srv.server, "bob"))
+        sid = (await c.post("/session", json={"sessionScope": "thread"},
+                            headers=bob)).json()["sessionId"]
+        old = bearer((await c.post("/tokens", json={"name": "rot", "scopes": ["admin"]})
+                      ).json()["token"])
+        cid = (await c.post("/acp", json=INIT, headers=old)).headers["acp-connection-id"]
+        assert (await c.delete("/tokens/rot")).status_code == 200
+        new = bearer((await c.post("/tokens", json={"name": "rot", "scopes": ["prompt", "read"]})
+                      ).json()["token"])
+        on_old = {**new, "Acp-Connection-Id": cid}
+        for method, params in (("session/cancel", {"sessionId": sid}), ("session/list", {})):
+            answer = await c.post("/acp", headers=on_old, json={
+                "jsonrpc": "2.0", "id": 1, "method": method, "params": params})
+            assert answer.status_code == 404, (method, answer.text)
+            assert answer.json()["error"]["message"] == "Unknown Acp-Connection-Id"
+        stream = await c.get("/acp", headers={**on_old, "Accept": "text/event-stream"})
+        assert stream.status_code == 404
+        await srv.server.gate.audit.flush()
+        records = (await c.get("/audit?principal=rot&action=session.cancelled")).json()
+        assert records["records"] == []
