@@ -103,3 +103,21 @@ async def test_a_recreated_token_name_does_not_inherit_the_old_tokens_connection
         await srv.server.gate.audit.flush()
         records = (await c.get("/audit?principal=rot&action=session.cancelled")).json()
         assert records["records"] == []
+
+
+async def test_unknown_agent_names_pin_no_lock_and_are_not_echoed_whole(
+        tmp_path: Path) -> None:
+    async with serving(tmp_path) as srv:
+        alice = bearer(await mint(srv.server, "alice", unlimited=True))
+        name = "nope-" + "x" * 100_000
+        for i in range(20):
+            answer = await srv.client.post("/session", json={"agent": f"{i}{name}"},
+                                           headers=alice)
+            assert (answer.status_code, answer.json()["code"]) == (400, "agent_not_found")
+            assert len(answer.content) < 1_000
+        assert srv.server.gate.sessions._locks == {}
+        made = await srv.client.post("/session", json={}, headers=alice)
+        again = await srv.client.post("/session", json={}, headers=alice)
+        assert made.status_code == again.status_code == 200
+        assert made.json()["sessionId"] == again.json()["sessionId"]   # one default
+        assert srv.server.gate.sessions._locks == {}
