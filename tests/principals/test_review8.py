@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import anyio
 import httpx
 import pytest
 
@@ -121,3 +122,32 @@ async def test_unknown_agent_names_pin_no_lock_and_are_not_echoed_whole(
         assert made.status_code == again.status_code == 200
         assert made.json()["sessionId"] == again.json()["sessionId"]   # one default
         assert srv.server.gate.sessions._locks == {}
+
+
+async def test_a_live_session_nobody_owns_is_not_loaded_by_a_non_admin(
+        tmp_path: Path) -> None:
+    async with serving(tmp_path) as srv:
+        c = srv.client
+        alice = bearer(await mint(srv.server, "alice"))
+        mallory = bearer(await mint(srv.server, "mallory", unlimited=True))
+        bridge = srv.server.bridge
+        task = await c.post("/lmsp/v1/tasks", headers=alice,
+                            json=envelope("/sleep 60s alice's private text"))
+        assert task.status_code == 202, task.text
+        with anyio.fail_after(20):   # the runner's session, live and ownerless
+            while not [s for s in bridge.list_sessions()
+                       if bridge.session_owner(s.session_id) is None]:
+                await anyio.sleep(0.02)
+        sid = next(s.session_id for s in bridge.list_sessions()
+                   if bridge.session_owner(s.session_id) is None)
+        for path, body in ((f"/session/{sid}/load", {}), (f"/session/{sid}/resume", {}),
+                           ("/session", {"sessionId": sid})):
+            answer = await c.post(path, json=body, headers=mallory)
+            assert (answer.status_code, answer.json()["code"]) == (404, "session_not_found"), path
+            assert "private" not in answer.text
+        assert (await c.get(f"/session/{sid}/status", headers=mallory)).status_code == 404
+        assert srv.server.gate.sessions.owner(sid) is None
+        admin = await c.post(f"/session/{sid}/load", json={})   # the bootstrap admin sees it
+        assert admin.status_code == 200 and "private" in admin.text
+        assert srv.server.gate.sessions.owner(sid) is None      # attached: not claimed
+        await c.post(f"/lmsp/v1/tasks/{task.json()['id']}/cancel", headers=alice)
