@@ -278,4 +278,8 @@ async def acp_endpoint(request: Request, *, registry: ConnectionRegistry,
         return await post_acp(request, registry, config)
     if request.method == "GET":
         return await get_acp(request, registry, config)
-    return await delete_acp(request, registry)
+    if request.method == "DELETE":
+        return await delete_acp(request, registry)
+    # HEAD (Starlette adds it to a GET route): no stream to open, nothing to close
+    return _rpc_error(405, None, INVALID_REQUEST, "Method Not Allowed",
+                      {"Allow": "GET, POST, DELETE"})

@@ -151,3 +151,19 @@ async def test_a_live_session_nobody_owns_is_not_loaded_by_a_non_admin(
         assert admin.status_code == 200 and "private" in admin.text
         assert srv.server.gate.sessions.owner(sid) is None      # attached: not claimed
         await c.post(f"/lmsp/v1/tasks/{task.json()['id']}/cancel", headers=alice)
+
+
+async def test_head_acp_closes_nothing(tmp_path: Path) -> None:
+    async with serving(tmp_path) as srv:
+        c = srv.client
+        alice = bearer(await mint(srv.server, "alice"))
+        cid = (await c.post("/acp", json=INIT, headers=alice)).headers["acp-connection-id"]
+        on_conn = {**alice, "Acp-Connection-Id": cid}
+        head = await c.head("/acp", headers=on_conn)
+        assert head.status_code == 405 and head.headers["allow"] == "GET, POST, DELETE"
+        after = await c.post("/acp", headers=on_conn, json={
+            "jsonrpc": "2.0", "id": 1, "method": "session/list", "params": {}})
+        assert after.status_code == 202
+        prompt_only = bearer(await mint(srv.server, "bot", "prompt"))
+        assert (await c.head("/acp", headers=prompt_only)).status_code == 403
+        assert (await c.delete("/acp", headers=on_conn)).status_code == 202
