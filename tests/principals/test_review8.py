@@ -8,6 +8,7 @@ import anyio
 import httpx
 import pytest
 
+from acp_server.store.tokens import TokenRecord
 from tests.acp_http.server import running_acp_server
 from tests.lmsp.server import envelope
 from tests.principals.helpers import bearer, mint
@@ -167,3 +168,24 @@ async def test_head_acp_closes_nothing(tmp_path: Path) -> None:
         prompt_only = bearer(await mint(srv.server, "bot", "prompt"))
         assert (await c.head("/acp", headers=prompt_only)).status_code == 403
         assert (await c.delete("/acp", headers=on_conn)).status_code == 202
+
+
+async def test_a_huge_expiry_is_refused_and_an_old_huge_row_lists(tmp_path: Path) -> None:
+    async with serving(tmp_path) as srv:
+        c = srv.client
+        for expires in ("99999999999999d", "1" * 400 + "s", "101y", "36501d"):
+            made = await c.post("/tokens", json={"name": "forever", "expires": expires})
+            assert (made.status_code, made.json()["code"]) == (400, "invalid_token_request")
+            assert len(made.text) < 300
+        assert (await c.post("/tokens", json={"name": "long", "expires": "36500d"})
+                ).status_code == 201
+        # a row stored before the cap: listed, revoked and listed again without a 500
+        await srv.server.gate._store.create_token(TokenRecord(
+            id="0123456789abcdef", name="old", secret_sha256="0" * 64, scopes=("read",),
+            rate_class="default", created_at=1.0, created_by="bootstrap", expires_at=1e300))
+        listed = await c.get("/tokens")
+        assert listed.status_code == 200
+        old = next(t for t in listed.json()["tokens"] if t["name"] == "old")
+        assert old["expiresAt"] == "9999-12-31T23:59:59Z"
+        assert (await c.delete("/tokens/old")).status_code == 200
+        assert (await c.get("/tokens?all=true")).status_code == 200
