@@ -37,7 +37,7 @@ from acp_server.principals.model import DEFAULT_RATE, RATE_CLASSES, InvalidPrinc
 from acp_server.store.tokens import TokenRecord
 
 PREFIX = "acps_"
-_ID = re.compile(r"^[0-9a-f]{16}$")
+_ID = re.compile(r"[0-9a-f]{16}")   # fullmatch
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 MAX_DURATION_S = 100 * 365 * 86400   # a date any clock and ISO 8601 writer can still show
@@ -81,7 +81,7 @@ def parse(token: str | bytes) -> tuple[str, bytes] | None:
     if not sep or not secret or len(token_id) != 16:
         return None
     text = token_id.decode("latin-1")
-    if not _ID.match(text):
+    if not _ID.fullmatch(text):
         return None
     return text, secret
 

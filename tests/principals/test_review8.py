@@ -189,3 +189,11 @@ async def test_a_huge_expiry_is_refused_and_an_old_huge_row_lists(tmp_path: Path
         assert old["expiresAt"] == "9999-12-31T23:59:59Z"
         assert (await c.delete("/tokens/old")).status_code == 200
         assert (await c.get("/tokens?all=true")).status_code == 200
+
+
+async def test_a_trailing_newline_fails_the_name_check(tmp_path: Path) -> None:
+    async with serving(tmp_path) as srv:
+        for name in ("bootstrap\n", "ci\n", "local\n"):
+            made = await srv.client.post("/tokens", json={"name": name})
+            assert (made.status_code, made.json()["code"]) == (400, "invalid_token_request")
+        assert (await srv.client.get("/tokens")).json()["tokens"] == []
