@@ -266,7 +266,8 @@ class Gate:
 
     async def list_tokens(self, *, include_revoked: bool = False) -> list[TokenRecord]:
         await self.authenticator.flush_used(force=True)
-        return await self._store.list_tokens(include_revoked=include_revoked)
+        return await self._store.list_tokens(include_revoked=include_revoked,
+                                             now=self.audit.clock())
 
 
 LOCAL_GATE = Gate(Authenticator(None))

@@ -197,3 +197,4 @@ async def test_a_trailing_newline_fails_the_name_check(tmp_path: Path) -> None:
             made = await srv.client.post("/tokens", json={"name": name})
             assert (made.status_code, made.json()["code"]) == (400, "invalid_token_request")
         assert (await srv.client.get("/tokens")).json()["tokens"] == []
+
