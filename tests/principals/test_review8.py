@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
+from typing import Any
 
 import anyio
 import httpx
@@ -10,6 +12,7 @@ import pytest
 
 from acp_server.store.tokens import TokenRecord
 from tests.acp_http.server import running_acp_server
+from tests.acp_http.wsclient import WsRejected, ws_connect
 from tests.lmsp.server import envelope
 from tests.principals.helpers import bearer, mint
 
@@ -198,3 +201,33 @@ async def test_a_trailing_newline_fails_the_name_check(tmp_path: Path) -> None:
             assert (made.status_code, made.json()["code"]) == (400, "invalid_token_request")
         assert (await srv.client.get("/tokens")).json()["tokens"] == []
 
+
+
+def _protocol(token: str) -> str:
+    return "qwen-bearer." + base64.urlsafe_b64encode(token.encode()).decode().rstrip("=")
+
+
+async def test_a_websocket_handshake_reads_the_store_for_its_first_bearer_entry_only(
+        tmp_path: Path) -> None:
+    async with serving(tmp_path) as srv:
+        alice = await mint(srv.server, "alice")
+        store = srv.server.gate.authenticator.store
+        reads: list[str] = []
+        read = store.get_token
+
+        async def counted(token_id: str) -> Any:
+            reads.append(token_id)
+            return await read(token_id)
+
+        store.get_token = counted
+        junk = [_protocol(f"acps_{i:016x}_x") for i in range(100)]
+        with pytest.raises(WsRejected) as refused:
+            async with ws_connect(srv.base_url, subprotocols=[*junk, _protocol(alice)]):
+                pass
+        assert refused.value.status == 401 and len(reads) <= 1
+        reads.clear()
+        async with ws_connect(srv.base_url, subprotocols=[_protocol(alice), *junk]) as ws:
+            assert ws.subprotocol == _protocol(alice)
+            await ws.send_json(INIT)
+            assert "result" in await ws.receive_json()
+        assert len(reads) <= 1
