@@ -39,8 +39,9 @@ Contracts:
   ``rate_limit_exceeded`` with ``Retry-After``) is answered here, in the door's shape.
   A stored token not yet cached is looked up in the store first (``admit``). A
   stored token's requests run under its ``StreamRegistry`` hold (the hot path
-  excepted): revoking the token cancels them; a stream is then ended (its last body
-  message sent), a request not yet answered gets the 401.
+  excepted), and so do the ``local`` principal's GETs (its streams, ``stream_id``):
+  revoking the token (or configuring a first credential) cancels them; a stream is then ended (its last
+  body message sent), a request not yet answered gets the 401.
 * **websocket** scopes pass to the app, which checks its handshake with the same
   policy (``acp_server.acp_http.websocket``); other scope types pass through.
 * **Hot routes** (``HotRoute``): a request whose method and path match one (segment
@@ -78,6 +79,7 @@ from typing import Any, Protocol
 from acp_server.http.policy import LOOKUP, UNAUTHORIZED, GuardPolicy, Refusal, Renderer
 from acp_server.principals import CALLER_KEY, Access, Caller
 from acp_server.principals.model import MUTATING, READING
+from acp_server.principals.streams import stream_id
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -376,7 +378,11 @@ class FrontLayer:
     async def _app(self, scope: Scope, receive: Receive, exchange: _Exchange,
                    caller: Caller | None) -> None:
         """The app, under the caller's stream hold when a stored token calls."""
-        token_id = caller.principal.token_id if caller is not None else None
+        token_id = None
+        if caller is not None:
+            token_id = caller.principal.token_id
+            if token_id is None and scope["method"] == "GET":   # a local stream (never
+                token_id = stream_id(caller.principal)   # the POST that ends them)
         if token_id is None:
             await self.app(scope, receive, exchange.send)
             return

@@ -58,6 +58,7 @@ def test_the_table_has_every_door(table: tuple[list[RouteRow], list[str]]) -> No
 
 class _Principal:
     token_id = None
+    kind = "bootstrap"   # holds no stream
 
 
 class _Caller:

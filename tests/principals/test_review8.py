@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import time
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,8 @@ import anyio
 import httpx
 import pytest
 
+from acp_server.principals import BOOTSTRAP
+from acp_server.principals.tokens import issue
 from acp_server.store.tokens import TokenRecord
 from tests.acp_http.server import running_acp_server
 from tests.acp_http.wsclient import WsRejected, ws_connect
@@ -231,3 +234,40 @@ async def test_a_websocket_handshake_reads_the_store_for_its_first_bearer_entry_
             await ws.send_json(INIT)
             assert "result" in await ws.receive_json()
         assert len(reads) <= 1
+
+
+
+@pytest.mark.parametrize("where", ["this instance", "another process"])
+async def test_local_sockets_end_when_a_first_credential_is_configured(
+        tmp_path: Path, where: str) -> None:
+    async with running_acp_server(tmp_path) as srv:   # no credential: loopback is local
+        gate = srv.server.gate
+        async with ws_connect(srv.base_url) as one, ws_connect(srv.base_url) as two:
+            for ws in (one, two):
+                await ws.send_json(INIT)
+                assert "result" in await ws.receive_json()
+            if where == "this instance":
+                await gate.create_token(gate.caller(BOOTSTRAP), "first")
+            else:   # the store alone: the periodic check sees it (every 0.5 s)
+                await gate._store.create_token(issue("first", by="cli", now=time.time()).record)
+            assert await one.wait_closed() == 1008
+            assert await two.wait_closed() == 1008
+        with pytest.raises(WsRejected) as refused:
+            async with ws_connect(srv.base_url):
+                pass
+        assert refused.value.status == 401
+
+
+async def test_local_event_streams_end_when_a_first_credential_is_configured(
+        tmp_path: Path) -> None:
+    async with running_acp_server(tmp_path) as srv:
+        c = srv.client
+        sid = (await c.post("/session", json={"sessionScope": "thread"})).json()["sessionId"]
+        async with c.stream("GET", f"/session/{sid}/events") as events:
+            assert events.status_code == 200
+            made = await c.post("/tokens", json={"name": "first"})   # local, the admin
+            assert made.status_code == 201
+            with anyio.fail_after(5):
+                async for _ in events.aiter_raw():
+                    pass   # ends: the stream was cut
+        assert (await c.get("/capabilities")).status_code == 401
