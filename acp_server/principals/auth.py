@@ -225,8 +225,9 @@ class Authenticator:
     async def refresh(self) -> None:
         """Re-read whether the store has ever held a token (kept as is when the store
         cannot answer). Once it has, it stays so: revoking the last token does not
-        reopen the server to every local process."""
-        if self.store is None:
+        reopen the server to every local process (and once it has, the store is not
+        asked again)."""
+        if self.store is None or self.stored_tokens:
             return
         try:
             self.stored_tokens = await self.store.token_count() > 0
