@@ -26,8 +26,8 @@ Contracts:
   before anything reads it: ``/x/`` is exactly ``/x``, its route, access and rate
   class; ``%2F`` is a ``/`` once decoded, so the same); a path with an empty segment
   (``//tokens``, ``/session//x``, ``/x//``) or a dot segment (``/./``, ``/../``) is
-  answered ``404`` ``not_found`` in the door's shape once the policy has passed the
-  request (an unauthenticated one still gets its 401), and never reaches a route.
+  answered ``404`` in the door's shape, as an unknown path (``NOT_FOUND``), once the
+  policy has passed the request (an unauthenticated one still gets its 401), and never reaches a route.
 * ``max_in_flight`` (for servers that cannot cap connections below ASGI): past that
   many http requests and WebSockets in progress (SSE streams included), a new one is
   answered ``503`` ``connection_limit`` with ``Retry-After: 5`` and ``Connection:
@@ -93,8 +93,9 @@ ALLOW_HEADERS = (b"Authorization, Content-Type, X-Qwen-Client-Id, Last-Event-ID,
 EXPOSE_HEADERS = (b"Retry-After, X-Qwen-Event-Epoch, X-Qwen-SSE-Stream-Id, Acp-Connection-Id, "
                   b"Idempotent-Replayed, Location, x-should-retry, X-RateLimit-Limit, "
                   b"X-RateLimit-Remaining, X-RateLimit-Reset")
-# A path with an empty or a dot segment (``//tokens``, ``/session//x``): no route has it.
-NOT_FOUND = Refusal(404, "not_found", "Not Found")
+# A path with an empty or a dot segment (``//tokens``, ``/session//x``): no route has it;
+# answered as the router answers an unknown path (REST: ``{"error":"Not Found"}``).
+NOT_FOUND = Refusal(404, "not_found", "Not Found", peer_body=b'{"error":"Not Found"}')
 CONNECTION_LIMIT = Refusal(503, "connection_limit", "Too many connections",
                            peer_body=b'{"error":"Too many connections","code":"connection_limit"}',
                            headers=((b"retry-after", b"5"), (b"connection", b"close")))
