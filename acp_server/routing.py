@@ -11,7 +11,10 @@ original order, so the answer is the same as Starlette's: first full match wins,
 the first partial match (405), else 404. An HTTP ``Route`` whose parameters are plain
 ``{name}`` (Starlette's ``str`` convertor, ``[^/]+``) is matched segment by segment,
 without its regex; others use ``Route.matches``. Routes it cannot index (mounts,
-``{x:path}`` parameters) are candidates for every path. No trailing-slash redirects.
+``{x:path}`` parameters) are candidates for every path. No trailing-slash redirects,
+and a request path is matched as it is, as Starlette's regexes match it: ``/a/b/``
+and ``//a/b`` are not ``/a/b`` (the front layer makes ``/a/b/`` ``/a/b`` and answers
+``//a/b`` 404 before the router, ``acp_server.http.front.canonical_path``).
 """
 
 from __future__ import annotations
@@ -69,6 +72,12 @@ def _shape(path: str) -> _Key | None:
     return (len(segments), segments[0], "*" if "{" in last else last)
 
 
+def _segments(path: str) -> list[str]:
+    """A request path's segments as they are: ``//a`` is ``["", "a"]``, ``/a/`` is
+    ``["a", ""]`` (no route has either), ``/`` is ``[""]`` (the route ``/``)."""
+    return path[1:].split("/") if path[:1] == "/" else path.split("/")
+
+
 class IndexedRouter(Router):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("redirect_slashes", False)
@@ -94,7 +103,7 @@ class IndexedRouter(Router):
     def candidates(self, path: str) -> list[BaseRoute]:
         if self._indexed_count != len(self.routes):   # routes were added after construction
             self._build_index()
-        segments = path.strip("/").split("/")
+        segments = _segments(path)
         count, first = len(segments), segments[0]
         exact = self._index.get((count, first, segments[-1]), ())
         param = self._index.get((count, first, "*"), ())
@@ -110,8 +119,7 @@ class IndexedRouter(Router):
         scope.setdefault("router", self)
         partial = partial_scope = None
         candidates = self.candidates(scope["path"])
-        segments = get_route_path(scope).strip("/").split("/") if scope["type"] == "http" \
-            else None
+        segments = _segments(get_route_path(scope)) if scope["type"] == "http" else None
         for route in candidates:
             template = self._templates.get(id(route)) if segments is not None else None
             if template is not None:

@@ -157,8 +157,9 @@ class AgentNotFoundError(BridgeError, LookupError):
     code = "agent_not_found"
 
     def __init__(self, name: str, available: list[str]) -> None:
-        super().__init__(f'No agent named "{name}" (available: {", ".join(available)})')
-        self.name = name
+        shown = name if len(name) <= 80 else name[:80] + "…"   # the client's string, echoed
+        super().__init__(f'No agent named "{shown}" (available: {", ".join(available)})')
+        self.name = shown
         self.available = available
 
 

@@ -53,3 +53,22 @@ async def test_routes_added_later_are_found():
     app.router.routes.append(Route("/late/{x}", endpoint("late")))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
         assert (await client.get("/late/1")).text == "late {'x': '1'}"
+
+
+@pytest.mark.parametrize(("method", "path"), [
+    ("GET", "//health"), ("GET", "/health/"), ("POST", "/session//prompt"),
+    ("POST", "//session/a/prompt"), ("POST", "/session/a/prompt/"), ("DELETE", "/session/a//"),
+])
+async def test_a_path_is_matched_as_it_is_as_starlette_does(method, path):
+    """Empty segments and a trailing slash match no route (the front layer makes a
+    trailing slash canonical before the router; ``acp_server.http.front``)."""
+    plain = Starlette(routes=ROUTES)
+    plain.router.redirect_slashes = False
+    indexed = Starlette()
+    indexed.router = IndexedRouter(routes=ROUTES)
+    answers = []
+    for app in (plain, indexed):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+            response = await client.request(method, client.base_url.copy_with(raw_path=path.encode()))
+            answers.append((response.status_code, response.text))
+    assert answers[0] == answers[1] and answers[0][0] == 404

@@ -36,9 +36,9 @@ __all__ = ["ACP_PATH", "EXCEPTION_HANDLERS", "AcpConfig", "ConnectionRegistry", 
 
 def access(method: str, path: str) -> Access:
     """What an ``/acp`` request needs of its principal, before its message is read: a
-    stream (GET) needs ``read``; closing a connection (DELETE) nothing; a POST is
-    decided per JSON-RPC message (``dispatch.message_access``)."""
-    if method == "GET":
+    stream (GET; HEAD, answered 405) needs ``read``; closing a connection (DELETE)
+    nothing; a POST is decided per JSON-RPC message (``dispatch.message_access``)."""
+    if method in ("GET", "HEAD"):
         return READING
     return PER_MESSAGE if method == "POST" else OPEN
 

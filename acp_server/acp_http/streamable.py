@@ -97,12 +97,14 @@ def _rpc_error(status: int, rpc_id: Any, code: int, message: str,
 
 def _connection(request: Request, registry: ConnectionRegistry,
                 rpc_id: Any = None) -> AcpConnection | Response:
-    """The connection the request names; another principal's is unknown (404)."""
+    """The connection the request names; another principal's is unknown (404): the
+    whole principal, so a token re-created under a revoked token's name does not
+    inherit its connections (nor the old token's scopes, which they carry)."""
     connection_id = request.headers.get(CONNECTION_HEADER)
     if not connection_id:
         return _rpc_error(400, rpc_id, INVALID_REQUEST, "Missing Acp-Connection-Id")
     conn = registry.get(connection_id)
-    if conn is None or conn.caller.name != caller_of(request.scope).name:
+    if conn is None or not conn.caller.principal.same(caller_of(request.scope).principal):
         return _rpc_error(404, rpc_id, INVALID_REQUEST, "Unknown Acp-Connection-Id")
     return conn
 
@@ -276,4 +278,8 @@ async def acp_endpoint(request: Request, *, registry: ConnectionRegistry,
         return await post_acp(request, registry, config)
     if request.method == "GET":
         return await get_acp(request, registry, config)
-    return await delete_acp(request, registry)
+    if request.method == "DELETE":
+        return await delete_acp(request, registry)
+    # HEAD (Starlette adds it to a GET route): no stream to open, nothing to close
+    return _rpc_error(405, None, INVALID_REQUEST, "Method Not Allowed",
+                      {"Allow": "GET, POST, DELETE"})

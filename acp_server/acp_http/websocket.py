@@ -54,6 +54,7 @@ from acp_server.http.body import BodyError, check_json
 from acp_server.acp_http.errors import render_refusal
 from acp_server.http.policy import BEARER_PROTOCOL, GuardPolicy, Refusal
 from acp_server.principals import Caller, caller_of
+from acp_server.principals.streams import stream_id
 from bridge.jsonrpc import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
@@ -136,8 +137,9 @@ async def acp_websocket(ws: WebSocket, *, registry: ConnectionRegistry,
     if conn is None:
         return
     try:
-        # a revoked token ends the socket (1008) within about a second
-        with caller.gate.streams.hold(caller.principal.token_id) as held:
+        # a revoked token ends the socket (1008) within about a second; so does a
+        # credential configured after a ``local`` socket opened
+        with caller.gate.streams.hold(stream_id(caller.principal)) as held:
             async with anyio.create_task_group() as tg:
                 conn.stream_opened()
                 tg.start_soon(_forward, conn, socket)

@@ -21,6 +21,13 @@ Contracts:
   before the body is read and without entering the app. An allowed preflight
   (``OPTIONS`` with ``Access-Control-Request-Method``) is answered 204. Every other
   answer from the app gets the CORS headers of an allowed Origin.
+* **One path** for the access decision, the door and the router (``canonical_path``):
+  a path with one trailing slash is the path without it (``scope["path"]`` is rewritten
+  before anything reads it: ``/x/`` is exactly ``/x``, its route, access and rate
+  class; ``%2F`` is a ``/`` once decoded, so the same); a path with an empty segment
+  (``//tokens``, ``/session//x``, ``/x//``) or a dot segment (``/./``, ``/../``) is
+  answered ``404`` in the door's shape, as an unknown path (``NOT_FOUND``), once the
+  policy has passed the request (an unauthenticated one still gets its 401), and never reaches a route.
 * ``max_in_flight`` (for servers that cannot cap connections below ASGI): past that
   many http requests and WebSockets in progress (SSE streams included), a new one is
   answered ``503`` ``connection_limit`` with ``Retry-After: 5`` and ``Connection:
@@ -32,13 +39,14 @@ Contracts:
   ``rate_limit_exceeded`` with ``Retry-After``) is answered here, in the door's shape.
   A stored token not yet cached is looked up in the store first (``admit``). A
   stored token's requests run under its ``StreamRegistry`` hold (the hot path
-  excepted): revoking the token cancels them; a stream is then ended (its last body
-  message sent), a request not yet answered gets the 401.
+  excepted), and so do the ``local`` principal's GETs (its streams, ``stream_id``):
+  revoking the token (or configuring a first credential) cancels them; a stream is then ended (its last
+  body message sent), a request not yet answered gets the 401.
 * **websocket** scopes pass to the app, which checks its handshake with the same
   policy (``acp_server.acp_http.websocket``); other scope types pass through.
 * **Hot routes** (``HotRoute``): a request whose method and path match one (segment
-  by segment, no regex; ``/a/b/`` and ``//a/b`` are not ``/a/b``: the router answers
-  them) has its body read here (up to ``HOT_BODY_MAX`` bytes; a larger declared
+  by segment, no regex; ``/a/b/`` is not a hot route's path: it is made ``/a/b`` and
+  runs through the router) has its body read here (up to ``HOT_BODY_MAX`` bytes; a larger declared
   ``Content-Length``, or a header of the route's ``declines``, skips the hot path,
   unread) and is handed to the door's fast handler with ``scope["route"]`` and
   ``path_params`` set as the router would. The handler returns the answer as its two
@@ -71,6 +79,7 @@ from typing import Any, Protocol
 from acp_server.http.policy import LOOKUP, UNAUTHORIZED, GuardPolicy, Refusal, Renderer
 from acp_server.principals import CALLER_KEY, Access, Caller
 from acp_server.principals.model import MUTATING, READING
+from acp_server.principals.streams import stream_id
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -84,6 +93,9 @@ ALLOW_HEADERS = (b"Authorization, Content-Type, X-Qwen-Client-Id, Last-Event-ID,
 EXPOSE_HEADERS = (b"Retry-After, X-Qwen-Event-Epoch, X-Qwen-SSE-Stream-Id, Acp-Connection-Id, "
                   b"Idempotent-Replayed, Location, x-should-retry, X-RateLimit-Limit, "
                   b"X-RateLimit-Remaining, X-RateLimit-Reset")
+# A path with an empty or a dot segment (``//tokens``, ``/session//x``): no route has it;
+# answered as the router answers an unknown path (REST: ``{"error":"Not Found"}``).
+NOT_FOUND = Refusal(404, "not_found", "Not Found", peer_body=b'{"error":"Not Found"}')
 CONNECTION_LIMIT = Refusal(503, "connection_limit", "Too many connections",
                            peer_body=b'{"error":"Too many connections","code":"connection_limit"}',
                            headers=((b"retry-after", b"5"), (b"connection", b"close")))
@@ -295,6 +307,14 @@ class FrontLayer:
         start = _now()
         path = scope["path"]
         found = self._hot_route(scope["method"], path) if self._hot else None
+        stray = False   # a path no route has: 404 once the policy has passed it
+        if found is None:
+            canonical = canonical_path(path)
+            if canonical is None:
+                stray, canonical = True, _collapsed(path)
+            elif canonical is not path:
+                scope["path"] = canonical
+            path = canonical
         door = found[0].door if found is not None else self.door_of(path)
         # Each answer's status is set before it is sent: a send that fails (the client
         # gone) still reports what was answered; 500 when nothing was.
@@ -308,6 +328,8 @@ class FrontLayer:
             refusal, origin = self.policy.inspect(scope)
             if refusal is LOOKUP:
                 refusal, origin = await self.policy.admit(scope)
+            if refusal is None and stray:
+                refusal = NOT_FOUND
             caller: Caller | None = scope.get(CALLER_KEY)
             if refusal is None and caller is not None:
                 access = found[0].access if found is not None \
@@ -357,7 +379,11 @@ class FrontLayer:
     async def _app(self, scope: Scope, receive: Receive, exchange: _Exchange,
                    caller: Caller | None) -> None:
         """The app, under the caller's stream hold when a stored token calls."""
-        token_id = caller.principal.token_id if caller is not None else None
+        token_id = None
+        if caller is not None:
+            token_id = caller.principal.token_id
+            if token_id is None and scope["method"] == "GET":   # a local stream (never
+                token_id = stream_id(caller.principal)   # the POST that ends them)
         if token_id is None:
             await self.app(scope, receive, exchange.send)
             return
@@ -460,6 +486,25 @@ def _doors_by_segment(doors: Sequence[Door]) -> tuple[dict[str, Door], Door] | N
     return by_segment, doors[-1]
 
 
+def canonical_path(path: str) -> str | None:
+    """``path`` as the router matches it and as access is decided on it: one trailing
+    slash dropped (``/x/`` is ``/x``, as Express's non-strict routing has it; ``path``
+    itself when it has none); ``None`` for a path with an empty segment (``//x``,
+    ``/x//y``, ``/x//``) or a dot segment (``/./``, ``/../``), which no route has."""
+    if "//" in path:
+        return None
+    if path[-1:] == "/" and len(path) > 1:
+        path = path[:-1]
+    if "/." in path and any(part in (".", "..") for part in path.split("/")):
+        return None
+    return path
+
+
+def _collapsed(path: str) -> str:
+    """A stray path without its empty and dot segments: which door answers it."""
+    return "/" + "/".join(part for part in path.split("/") if part not in ("", ".", ".."))
+
+
 def _replay(chunks: list[bytes], last: Message | None, receive: Receive) -> Receive:
     """A ``receive`` that gives the body read so far as one message, then the rest."""
     pending: list[Message] = []
@@ -483,5 +528,5 @@ def _has(scope: Scope, name: bytes) -> bool:
 
 
 __all__ = ["ALLOW_HEADERS", "ALLOW_METHODS", "CONNECTION_LIMIT", "Door", "EXPOSE_HEADERS",
-           "FrontLayer", "HotRoute", "Observer", "count_events", "cors_headers",
-           "default_access"]
+           "FrontLayer", "HotRoute", "NOT_FOUND", "Observer", "canonical_path", "count_events",
+           "cors_headers", "default_access"]

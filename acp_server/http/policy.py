@@ -29,8 +29,8 @@ Contracts (the checks run in this order; the first that fails is the answer):
 5. **Credentials** (``acp_server.principals``): when a credential is required (a
    bootstrap ``token``, or a live stored token in the gate's store), every request
    needs ``Authorization: Bearer <credential>`` (a WebSocket may carry it as
-   ``Sec-WebSocket-Protocol: qwen-bearer.<base64url>``): the bootstrap token or a
-   stored ``acps_…`` token, compared in constant time → ``401`` otherwise (one
+   ``Sec-WebSocket-Protocol: qwen-bearer.<base64url>``, the first such entry only):
+   the bootstrap token or a stored ``acps_…`` token, compared in constant time → ``401`` otherwise (one
    answer for missing, unknown, wrong, revoked and expired; each failure is an
    ``auth.failed`` audit record, sampled). ``OPEN_PATHS`` are exempt unless
    ``health_needs_auth``, and so are ``public(method, path)`` requests (the web
@@ -398,14 +398,16 @@ def _bearer(value: bytes | None) -> bytes | None:
 
 
 def _protocol_credentials(value: bytes | None) -> list[bytes]:
-    given = []
-    for protocol in bearer_protocols(value):
+    """The credential of the first ``qwen-bearer.*`` entry (the one the socket echoes),
+    if any: one handshake costs at most two store reads (with ``Authorization``), not
+    one per entry of a 64 KiB header."""
+    for protocol in bearer_protocols(value)[:1]:
         encoded = protocol[len(BEARER_PROTOCOL):]
         try:
-            given.append(base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)))
+            return [base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4))]
         except ValueError:
-            continue
-    return given
+            return []
+    return []
 
 
 def bearer_protocols(value: bytes | None) -> list[str]:

@@ -156,7 +156,8 @@ async def _store_command(args: argparse.Namespace, store: Any, audit: AuditLog) 
         return {"token": issued.token, **token_json(issued.record)}
     if args.token_command == "list":
         return {"tokens": [token_json(r) for r in
-                           await store.list_tokens(include_revoked=args.all)]}
+                           await store.list_tokens(include_revoked=args.all,
+                                                   now=audit.clock())]}
     revoked = await revoke_token(store, audit, by=_actor(), name=args.name)
     if not revoked:
         raise Refused(f"No live token named {args.name!r}.")

@@ -29,7 +29,8 @@ from acp_server.store.tokens import TokenRecord
 class AdminStore(Protocol):
     async def create_token(self, record: TokenRecord) -> TokenRecord: ...
     async def revoke_token(self, name: str, *, by: str, at: float) -> list[TokenRecord]: ...
-    async def list_tokens(self, *, include_revoked: bool = False) -> list[TokenRecord]: ...
+    async def list_tokens(self, *, include_revoked: bool = False,
+                          now: float | None = None) -> list[TokenRecord]: ...
 
 
 async def create_token(store: AdminStore, audit: AuditLog, *, by: str, name: str,
@@ -55,10 +56,15 @@ async def revoke_token(store: AdminStore, audit: AuditLog, *, by: str, name: str
 
 
 def iso(timestamp: float | None) -> str | None:
+    """A stored time as ISO 8601 UTC; one out of ``datetime``'s range (a row written
+    before durations were capped) is shown as the last or first second it has."""
     if timestamp is None:
         return None
-    return datetime.datetime.fromtimestamp(timestamp, datetime.UTC).isoformat(
-        timespec="seconds").replace("+00:00", "Z")
+    try:
+        moment = datetime.datetime.fromtimestamp(timestamp, datetime.UTC)
+    except (OverflowError, OSError, ValueError):
+        return "9999-12-31T23:59:59Z" if timestamp > 0 else "0001-01-01T00:00:00Z"
+    return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def token_json(record: TokenRecord) -> dict[str, Any]:

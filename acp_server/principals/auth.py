@@ -23,8 +23,9 @@ Contracts:
   (0.5 s): after that the next request reads the store again, so a revocation is seen
   within ``ttl_s`` even by an instance that missed the notice (another process on
   the same SQLite file, a lost PostgreSQL notice). ``forget`` drops ids at once. It
-  holds at most ``max_entries`` ids (the oldest go first). Concurrent misses of one id
-  share one read. A credential whose digest matched is remembered with its entry
+  holds at most ``max_entries`` ids with a row (the oldest go first), and apart from
+  them at most ``max_entries`` ids without one (an unknown id, which any client can
+  make up, never evicts a known one). Concurrent misses of one id share one read. A credential whose digest matched is remembered with its entry
   (a dict keyed by the whole credential, as bounded): while that entry is fresh, the
   same bytes are the same principal without parsing or hashing again (Python hashes
   ``bytes`` with a per-process keyed SipHash, so the lookup's timing tells nothing of
@@ -92,6 +93,8 @@ class Authenticator:
         self.stored_tokens = False         # any token ever stored (``refresh``)
         self.used: dict[str, float] = {}   # token id -> last use, not yet written
         self._cache: dict[str, _Entry] = {}
+        # ids the store has no row for, apart: unknown ids never evict known ones
+        self._unknown: dict[str, _Entry] = {}
         # credential -> its entry, once its digest matched (the hot path's shortcut)
         self._verified: dict[bytes, _Entry] = {}
         self._reading: dict[str, anyio.Event] = {}
@@ -120,7 +123,7 @@ class Authenticator:
         parsed = tokens.parse(credential)
         if parsed is None:
             return None
-        entry = self._cache.get(parsed[0])
+        entry = self._entry(parsed[0])
         if entry is None or self.monotonic() - entry.checked_at >= self.ttl_s:
             return MISS
         return self._verify(entry, parsed[1], credential)
@@ -142,7 +145,7 @@ class Authenticator:
         reading = self._reading.get(token_id)
         if reading is not None:
             await reading.wait()
-            shared = self._cache.get(token_id)
+            shared = self._entry(token_id)
             if shared is not None:
                 return shared
         self._reading[token_id] = done = anyio.Event()
@@ -150,7 +153,7 @@ class Authenticator:
             try:
                 record = await self.store.get_token(token_id)
             except StoreUnavailableError:
-                stale = self._cache.get(token_id)
+                stale = self._entry(token_id)
                 if stale is None:
                     raise
                 return stale   # the store is down: what it said last still holds
@@ -162,9 +165,13 @@ class Authenticator:
                 del self._reading[token_id]
             done.set()
 
+    def _entry(self, token_id: str) -> _Entry | None:
+        return self._cache.get(token_id) or self._unknown.get(token_id)
+
     def _remember(self, token_id: str, entry: _Entry) -> None:
-        cache = self._cache
-        cache.pop(token_id, None)
+        self._cache.pop(token_id, None)
+        self._unknown.pop(token_id, None)
+        cache = self._cache if entry.record is not None else self._unknown
         if len(cache) >= self.max_entries:
             for old in list(cache)[:max(1, self.max_entries // 8)]:
                 del cache[old]
@@ -191,6 +198,7 @@ class Authenticator:
         ids = set(token_ids)
         for token_id in ids:
             self._cache.pop(token_id, None)
+            self._unknown.pop(token_id, None)
         if ids:
             for credential, entry in list(self._verified.items()):
                 if entry.record is not None and entry.record.id in ids:
@@ -198,7 +206,7 @@ class Authenticator:
 
     def expired_or_revoked(self, token_id: str) -> bool:
         """What the cache says of an id right now (``True`` when refused or unknown)."""
-        entry = self._cache.get(token_id)
+        entry = self._entry(token_id)
         return entry is None or entry.record is None or not entry.record.live(self.clock())
 
     async def revalidate(self, token_ids: Iterable[str]) -> list[str]:
@@ -217,8 +225,9 @@ class Authenticator:
     async def refresh(self) -> None:
         """Re-read whether the store has ever held a token (kept as is when the store
         cannot answer). Once it has, it stays so: revoking the last token does not
-        reopen the server to every local process."""
-        if self.store is None:
+        reopen the server to every local process (and once it has, the store is not
+        asked again)."""
+        if self.store is None or self.stored_tokens:
             return
         try:
             self.stored_tokens = await self.store.token_count() > 0

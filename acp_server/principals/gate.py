@@ -49,7 +49,7 @@ from acp_server.principals.auth import TTL_S, Authenticator
 from acp_server.principals.limits import RateLimiter, Tier
 from acp_server.principals.model import ADMIN, LOCAL, Access, Principal
 from acp_server.principals.ownership import SessionOwners
-from acp_server.principals.streams import StreamRegistry
+from acp_server.principals.streams import LOCAL_STREAMS, StreamRegistry
 from acp_server.principals.tokens import Issued
 from acp_server.store.errors import StoreUnavailableError
 from acp_server.store.tokens import TokenRecord
@@ -214,6 +214,7 @@ class Gate:
             ended = self.streams.end(gone)
             log.info("tokens revoked elsewhere: %s (%d open streams ended)", gone, ended)
         await self.authenticator.refresh()
+        self._close_open_mode()
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None]
                   = anyio.TASK_STATUS_IGNORED) -> None:
@@ -229,6 +230,7 @@ class Gate:
             await anyio.sleep(auth.ttl_s)
             try:
                 await auth.refresh()
+                self._close_open_mode()
                 held = self.streams.held()
                 if held:
                     gone = await auth.revalidate(held)
@@ -253,7 +255,15 @@ class Gate:
                                           rate_class=rate_class, client=by.client)
         self.authenticator.forget([issued.record.id])
         self.authenticator.stored_tokens = True
+        self._close_open_mode()
         return issued
+
+    def _close_open_mode(self) -> None:
+        """A credential is required now: the ``local`` principal's streams (opened
+        while none was) end, as a revoked token's."""
+        if self.authenticator.required and self.streams.count(LOCAL_STREAMS):
+            ended = self.streams.end([LOCAL_STREAMS])
+            log.info("a credential is required now: %d local streams ended", ended)
 
     async def revoke_token(self, by: Caller, name: str) -> list[TokenRecord]:
         revoked = await admin.revoke_token(self._store, self.audit, by=by.name, name=name,
@@ -266,7 +276,8 @@ class Gate:
 
     async def list_tokens(self, *, include_revoked: bool = False) -> list[TokenRecord]:
         await self.authenticator.flush_used(force=True)
-        return await self._store.list_tokens(include_revoked=include_revoked)
+        return await self._store.list_tokens(include_revoked=include_revoked,
+                                             now=self.audit.clock())
 
 
 LOCAL_GATE = Gate(Authenticator(None))

@@ -38,7 +38,7 @@ DEFAULT_RATE, UNLIMITED = "default", "unlimited"
 RATE_CLASSES = (DEFAULT_RATE, UNLIMITED)
 BOOTSTRAP_NAME, LOCAL_NAME = "bootstrap", "local"
 RESERVED_NAMES = frozenset({BOOTSTRAP_NAME, LOCAL_NAME, "anonymous"})
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}")   # fullmatch: no "\n" after
 
 
 class InvalidPrincipalError(ValueError):
@@ -46,7 +46,7 @@ class InvalidPrincipalError(ValueError):
 
 
 def check_name(name: str) -> str:
-    if not _NAME.match(name):
+    if not _NAME.fullmatch(name):
         raise InvalidPrincipalError(
             f"Invalid token name: {name[:80]!r}. Use 1-64 letters, digits, '.', '_', '@' "
             "or '-', starting with a letter or a digit.")
@@ -83,6 +83,12 @@ class Principal:
     @property
     def limited(self) -> bool:
         return self.rate_class != UNLIMITED
+
+    def same(self, other: Principal) -> bool:
+        """Whether ``other`` is this principal: the same name, kind and stored token (a
+        token re-created under a revoked one's name is another principal)."""
+        return self.name == other.name and self.kind == other.kind \
+            and self.token_id == other.token_id
 
     def has(self, scope: str | None) -> bool:
         """Whether it may do what needs ``scope`` (``None``: any authenticated caller)."""

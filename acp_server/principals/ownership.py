@@ -21,18 +21,31 @@ Contracts:
 * The map is in memory, per instance, bounded: past ``limit`` entries the oldest whose
   session is no longer live (``is_live``) is forgotten first; a live session is
   forgotten only when every entry is live (never with the session cap below ``limit``).
+* A default session's lock lives while a request holds or waits for it; a default
+  is recorded only once its session was made (a known agent).
 * The doors answer 404 for what a caller does not see; this module only remembers.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import anyio
 
 MAX_OWNED = 50_000
 DefaultKey = tuple[str, str | None]   # (principal name, agent name or None)
+
+
+class _Waited:
+    """A default session's lock and how many requests hold or wait for it."""
+
+    __slots__ = ("lock", "users")
+
+    def __init__(self, lock: anyio.Lock) -> None:
+        self.lock = lock
+        self.users = 0
 
 
 def _never_live(session_id: str) -> bool:
@@ -52,7 +65,7 @@ class SessionOwners:
         self.recorded = recorded
         self._owners: OrderedDict[str, str] = OrderedDict()
         self._defaults: dict[DefaultKey, str] = {}
-        self._locks: dict[DefaultKey, anyio.Lock] = {}
+        self._locks: dict[DefaultKey, _Waited] = {}
 
     def __len__(self) -> int:
         return len(self._owners)
@@ -89,12 +102,22 @@ class SessionOwners:
             del self._owners[sid]
 
     # -- a principal's default ("single") session, per agent ----------------------------
-    def default_lock(self, key: DefaultKey) -> anyio.Lock:
-        """Concurrent first attaches of one principal share one spawn."""
-        lock = self._locks.get(key)
-        if lock is None:
-            lock = self._locks[key] = anyio.Lock()
-        return lock
+    @contextlib.asynccontextmanager
+    async def default_lock(self, key: DefaultKey) -> AsyncIterator[None]:
+        """Concurrent first attaches of one principal share one spawn. A key's lock is
+        kept only while a request holds or waits for it (a key names any agent string
+        a client sends, before the name is checked: none may pin memory)."""
+        entry = self._locks.get(key)
+        if entry is None:
+            entry = self._locks[key] = _Waited(anyio.Lock())
+        entry.users += 1
+        try:
+            async with entry.lock:
+                yield
+        finally:
+            entry.users -= 1
+            if not entry.users and self._locks.get(key) is entry:
+                del self._locks[key]
 
     def default(self, key: DefaultKey) -> str | None:
         sid = self._defaults.get(key)

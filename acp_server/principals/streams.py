@@ -7,16 +7,32 @@
 Contracts: ``hold`` registers a cancel scope under the token id for the block (a
 ``None`` id, a credential that cannot be revoked, holds nothing); ``end`` cancels
 every scope held under those ids and returns how many; ``held()`` are the ids with
-something open (what the principals re-check while it is open). Synchronous; the
-event loop's thread only.
+something open (what the principals re-check while it is open). The ``local``
+principal's streams are held under ``LOCAL_STREAMS`` (``stream_id``), ended when a
+credential is first configured. Synchronous; the event loop's thread only.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import anyio
+
+
+# The streams of the ``local`` principal (no credential configured) are held under this
+# id: they end when a credential is first configured (``Gate``), as a revoked token's do.
+LOCAL_STREAMS = "(local)"
+
+
+def stream_id(principal: Any) -> str | None:
+    """What a principal's streams are held under: its stored token's id, the
+    ``LOCAL_STREAMS`` id for ``local``, else ``None`` (the bootstrap token: nothing)."""
+    token_id: str | None = principal.token_id
+    if token_id is None and principal.kind == "local":
+        return LOCAL_STREAMS
+    return token_id
 
 
 class StreamRegistry:
@@ -49,10 +65,11 @@ class StreamRegistry:
         return count
 
     def held(self) -> list[str]:
-        return list(self._open)
+        """The stored tokens' ids with something open (``LOCAL_STREAMS`` left out)."""
+        return [token_id for token_id in self._open if token_id != LOCAL_STREAMS]
 
     def count(self, token_id: str) -> int:
         return len(self._open.get(token_id, ()))
 
 
-__all__ = ["StreamRegistry"]
+__all__ = ["LOCAL_STREAMS", "StreamRegistry", "stream_id"]

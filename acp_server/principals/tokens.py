@@ -19,7 +19,8 @@ Contracts:
   are 256 random bits: no guess list exists, and a leaked digest gives nothing to
   guess against. A slow KDF would only cost every request (milliseconds on the hot
   path, where a SHA-256 of 43 bytes is a microsecond).
-* ``parse_duration``: ``30d``, ``12h``, ``90m``, ``45s`` or plain seconds; positive.
+* ``parse_duration``: ``30d``, ``12h``, ``90m``, ``45s`` or plain seconds; positive,
+  ``MAX_DURATION_S`` (100 years) at most.
 """
 
 from __future__ import annotations
@@ -36,9 +37,10 @@ from acp_server.principals.model import DEFAULT_RATE, RATE_CLASSES, InvalidPrinc
 from acp_server.store.tokens import TokenRecord
 
 PREFIX = "acps_"
-_ID = re.compile(r"^[0-9a-f]{16}$")
+_ID = re.compile(r"[0-9a-f]{16}")   # fullmatch
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+MAX_DURATION_S = 100 * 365 * 86400   # a date any clock and ISO 8601 writer can still show
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -79,7 +81,7 @@ def parse(token: str | bytes) -> tuple[str, bytes] | None:
     if not sep or not secret or len(token_id) != 16:
         return None
     text = token_id.decode("latin-1")
-    if not _ID.match(text):
+    if not _ID.fullmatch(text):
         return None
     return text, secret
 
@@ -96,12 +98,13 @@ def matches(record: TokenRecord, secret: bytes) -> bool:
 
 def parse_duration(text: str) -> float:
     """``30d`` → 2592000.0 (see the module docstring); ``InvalidPrincipalError`` else."""
-    found = _DURATION.match(text or "")
-    if not found or float(found.group(1)) <= 0:
-        raise InvalidPrincipalError(f"Invalid duration: {text!r}. Use e.g. 30d, 12h, 90m "
-                                    "or seconds.")
-    return float(found.group(1)) * _UNITS[found.group(2)]
+    found = _DURATION.match(text or "") if len(text or "") <= 64 else None
+    seconds = float(found.group(1)) * _UNITS[found.group(2)] if found else 0.0
+    if not 0 < seconds <= MAX_DURATION_S:
+        raise InvalidPrincipalError(f"Invalid duration: {text[:64]!r}. Use e.g. 30d, 12h, "
+                                    "90m or seconds, up to 100 years.")
+    return seconds
 
 
-__all__ = ["Issued", "PREFIX", "digest", "issue", "matches", "parse", "parse_duration",
+__all__ = ["Issued", "MAX_DURATION_S", "PREFIX", "digest", "issue", "matches", "parse", "parse_duration",
            "public_id"]

@@ -4,8 +4,10 @@
     access("GET", "/session/3c0f…/events")     # READING: scope read, class read
 
 The front layer (``acp_server.http.front``) applies it before the route runs (403
-``forbidden`` / 429 ``rate_limit_exceeded``); ownership (404 for another principal's
-session) is the routes' own check. The rules (``docs/security.md``):
+``forbidden`` / 429 ``rate_limit_exceeded``), on the path the router matches
+(``canonical_path``); ownership (404 for another principal's session) is the routes'
+own check. A rule reads the path's shape, never a parameter's value: a route's
+template path and every path it matches get the same access (property-tested). The rules (``docs/security.md``):
 
 * ``/health`` and heartbeats need nothing and are not counted (as the peer);
   ``/capabilities``, ``/daemon/status``, ``/whoami`` and ``/openapi.json`` any credential (class
@@ -38,10 +40,12 @@ def access(method: str, path: str) -> Access:
         if path in INFO_PATHS:
             return INFO
         return ADMIN_READ if _admin(path) else READING
-    if path.startswith("/session/"):
-        if method == "POST" and path.endswith("/prompt"):
+    # ``/session/{id}/prompt`` and ``/session/{id}/heartbeat`` by shape: three segments
+    # (``/session/x/permission/prompt`` answers a permission, a mutation)
+    if method == "POST" and path.startswith("/session/") and path.count("/") == 3:
+        if path.endswith("/prompt"):
             return PROMPTING
-        if method == "POST" and path.endswith("/heartbeat"):
+        if path.endswith("/heartbeat"):
             return OPEN
     if method == "OPTIONS":
         return OPEN

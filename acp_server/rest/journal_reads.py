@@ -60,7 +60,7 @@ async def replica_load(request: Request, *, replicas: JournalReplicas,
     body = await wire.read_json(request, wire.RestoreBody, limit=config.max_body_bytes)
     replicas.bridge.check_workspace(body.cwd)
     view = await replicas.view(session_id)
-    check_restore(caller_of(request.scope), session_id)
+    check_restore(caller_of(request.scope), session_id, live=False)   # as before: read-only
     return json_response(200, restored(view.load_info()))
 
 

@@ -42,18 +42,25 @@ def owned(endpoint: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[An
     return checked
 
 
-def check_restore(caller: Caller, session_id: str) -> None:
+def check_restore(caller: Caller, session_id: str, *, live: bool) -> None:
     """Before a create with a requested id, a load or a resume: a session another
-    principal made (live, or closed and remembered) is 404."""
-    if caller.gate.sessions.owner(session_id) is not None and not caller.sees_session(session_id):
+    principal made (live, or closed and remembered) is 404, and so is a ``live``
+    session no principal owns (the LMSP runner's: admins' only), as on ``/acp``."""
+    if caller.sees_session(session_id):
+        return
+    if live or caller.gate.sessions.owner(session_id) is not None:
         raise SessionNotFoundError(session_id)
 
 
 def claim(caller: Caller, info: SessionInfo) -> None:
-    """After a create, load, resume or branch: a session this request made is the
-    caller's; one it attached must be one it sees (a race lost to another principal's
-    restore: 404)."""
-    if not caller.claim_session(info.session_id):
+    """After a create, load, resume or branch: a session this request made (or
+    restored) is the caller's; one it attached, already live, is never claimed and
+    must be one it sees (a race lost to another principal's restore, or a session no
+    principal owns: 404)."""
+    if info.attached:
+        if not caller.sees_session(info.session_id):
+            raise SessionNotFoundError(info.session_id)
+    elif not caller.claim_session(info.session_id):
         raise SessionNotFoundError(info.session_id)
 
 

@@ -104,7 +104,7 @@ async def create_session(request: Request, *, bridge: Bridge, config: RestConfig
     origin = session_origin(body.meta)
     caller = caller_of(request.scope)
     if body.sessionId is not None:
-        check_restore(caller, body.sessionId)
+        check_restore(caller, body.sessionId, live=bridge.has_session(body.sessionId))
 
     def spawn() -> Awaitable[SessionInfo]:
         if body.sessionId is not None:
@@ -125,20 +125,21 @@ async def create_session(request: Request, *, bridge: Bridge, config: RestConfig
 
 
 async def load_session(request: Request, *, bridge: Bridge, config: RestConfig) -> Response:
-    return await _restore(request, bridge.load_session, config, "load")
+    return await _restore(request, bridge, bridge.load_session, config, "load")
 
 
 async def resume_session(request: Request, *, bridge: Bridge, config: RestConfig) -> Response:
-    return await _restore(request, bridge.resume_session, config, "resume")
+    return await _restore(request, bridge, bridge.resume_session, config, "resume")
 
 
-async def _restore(request: Request, restore: Callable[..., Awaitable[SessionInfo]],
+async def _restore(request: Request, bridge: Bridge,
+                   restore: Callable[..., Awaitable[SessionInfo]],
                    config: RestConfig, how: str) -> Response:
     """``/load`` and ``/resume``: the same body and answer, a different bridge call."""
     wire.client_id(request)
     caller = caller_of(request.scope)
     session_id = request.path_params["session_id"]
-    check_restore(caller, session_id)
+    check_restore(caller, session_id, live=bridge.has_session(session_id))
     body = await wire.read_json(request, wire.RestoreBody, limit=config.max_body_bytes)
     info = await until_disconnect(request, lambda: restore(
         session_id, cwd=body.cwd, agent=body.agent,

@@ -93,6 +93,11 @@ class TokenOps:
         p = self._p
 
         def op(conn: Any, out: list[Any], state: Any = None) -> TokenRecord:
+            # an expired token of the name gives the name up: marked revoked by expiry
+            conn.execute(f"UPDATE tokens SET revoked_at = expires_at, revoked_by = 'expiry' "
+                         f"WHERE name = {p} AND revoked_at IS NULL "
+                         f"AND expires_at IS NOT NULL AND expires_at <= {p}",
+                         (record.name, record.created_at))
             taken = conn.execute(f"SELECT 1 FROM tokens WHERE name = {p} AND revoked_at IS NULL",
                                  (record.name,)).fetchone()
             if taken is not None:
@@ -123,11 +128,20 @@ class TokenOps:
 
         return await self._read(read)  # type: ignore[no-any-return]
 
-    async def list_tokens(self, *, include_revoked: bool = False) -> list[TokenRecord]:
-        where = "" if include_revoked else " WHERE revoked_at IS NULL"
+    async def list_tokens(self, *, include_revoked: bool = False,
+                          now: float | None = None) -> list[TokenRecord]:
+        """The live tokens (not revoked; not expired at ``now`` when given), or every
+        token with ``include_revoked``."""
+        p = self._p
+        where, args = "", ()
+        if not include_revoked:
+            where = " WHERE revoked_at IS NULL"
+            if now is not None:
+                where += f" AND (expires_at IS NULL OR expires_at > {p})"
+                args = (now,)
         sql = f"SELECT {TOKEN_COLUMNS} FROM tokens{where} ORDER BY created_at, id"
         return await self._read(  # type: ignore[no-any-return]
-            lambda conn: [token_from_row(r) for r in conn.execute(sql).fetchall()])
+            lambda conn: [token_from_row(r) for r in conn.execute(sql, args).fetchall()])
 
     async def token_count(self) -> int:
         """Every token ever stored, revoked and expired ones included (they stay in

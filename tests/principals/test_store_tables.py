@@ -63,3 +63,22 @@ async def test_the_audit_table_appends_pages_filters_and_purges(tmp_path: Path,
         assert (await store.read_audit(AuditQuery(action="a.4")))[0].detail == '{"i": 4}'
         assert await store.purge_audit(before=13.0) == 3
         assert [r.action for r in await store.read_audit(AuditQuery())] == ["a.3", "a.4", "a.5"]
+
+
+async def test_an_expired_token_is_not_live_and_gives_its_name_up(tmp_path: Path,
+                                                                  store_name: str) -> None:
+    short = issue("ci", by="bootstrap", now=100.0, expires_in_s=1).record
+    async with _store(tmp_path, store_name) as store:
+        await store.create_token(short)
+        assert [r.id for r in await store.list_tokens(now=100.5)] == [short.id]
+        assert await store.list_tokens(now=101.0) == []
+        with pytest.raises(TokenNameTakenError):   # still live at 100.5
+            await store.create_token(issue("ci", by="bootstrap", now=100.5).record)
+        again = issue("ci", by="bootstrap", now=110.0).record
+        await store.create_token(again)            # expired: the name is free
+        listed = await store.list_tokens(include_revoked=True)
+        assert [(r.id, r.revoked_at, r.revoked_by) for r in listed] == \
+            [(short.id, 101.0, "expiry"), (again.id, None, None)]
+        assert [r.id for r in await store.list_tokens(now=110.0)] == [again.id]
+        assert [r.id for r in await store.revoke_token("ci", by="admin", at=120.0)] == \
+            [again.id]

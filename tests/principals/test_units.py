@@ -140,6 +140,41 @@ async def test_the_cache_answers_for_ttl_then_the_store_does(tmp_path: Path) -> 
         assert issued.record.id in auth.used
 
 
+async def test_once_a_token_was_stored_tokens_are_not_counted_again(tmp_path: Path) -> None:
+    async with SqliteTaskStore(f"sqlite:///{tmp_path}/t.db") as store:
+        counted = []
+        count = store.token_count
+
+        async def counting() -> int:
+            counted.append(1)
+            return await count()
+
+        store.token_count = counting  # type: ignore[method-assign]
+        auth = Authenticator(store)
+        await auth.refresh()
+        assert not auth.stored_tokens and len(counted) == 1
+        await store.create_token(tokens.issue("ci", by="t", now=time.time()).record)
+        await auth.refresh()
+        assert auth.stored_tokens and len(counted) == 2
+        for _ in range(3):
+            await auth.refresh()
+        assert auth.stored_tokens and len(counted) == 2   # sticky: never asked again
+
+
+async def test_unknown_ids_never_evict_a_known_one(tmp_path: Path) -> None:
+    mono, wall = Clock(0.0), Clock(time.time())
+    async with SqliteTaskStore(f"sqlite:///{tmp_path}/t.db") as store:
+        auth = Authenticator(store, ttl_s=0.5, max_entries=8, monotonic=mono, clock=wall)
+        issued = tokens.issue("ci", by="t", now=wall())
+        await store.create_token(issued.record)
+        assert await auth.lookup(issued.token.encode()) is not None
+        for i in range(50):   # made-up ids, one store read each, answered "no row"
+            assert await auth.lookup(f"acps_{i:016x}_nope".encode()) is None
+        assert auth.cached(issued.token.encode()) is not MISS   # still cached
+        assert auth.cached(f"acps_{49:016x}_nope".encode()) is None   # so are the latest
+        assert len(auth._unknown) <= 8
+
+
 async def test_a_store_outage_keeps_what_the_cache_said(tmp_path: Path) -> None:
     mono = Clock(0.0)
 
