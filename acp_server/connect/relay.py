@@ -16,6 +16,9 @@ Contracts:
   cannot be reached, refuses the token or is not ACP, that ``initialize`` gets an
   error naming the cause, one line goes to stderr, and the adapter keeps reading (a
   later ``initialize`` tries again). Requests before ``initialize`` get ``-32600``.
+* **Bad input.** Nothing the editor sends ends the adapter: params that are not an
+  object on a method whose ``_meta`` it adds to get ``-32602``; a line whose relaying
+  fails unexpectedly is logged and, when it is a request, answered ``-32603``.
 * **Reconnect.** A lost link is reconnected with capped exponential backoff and
   jitter (``Backoff``); then ``initialize`` again, then every session the editor
   uses is re-attached (``session/load``, or ``session/resume`` without
@@ -106,6 +109,18 @@ class GaveUp(Exception):
     pass
 
 
+_NOT_A_REQUEST = object()
+
+
+def _request_id(item: bytes | TooLong) -> Any:
+    """The id of ``item`` when it is a request, else ``_NOT_A_REQUEST``."""
+    try:
+        msg = wire.parse(item) if isinstance(item, bytes) else None
+    except Exception:
+        return _NOT_A_REQUEST
+    return msg.id if msg is not None and msg.is_request else _NOT_A_REQUEST
+
+
 class Relay:
     def __init__(self, target: Target, *, out: EditorWriter, agent: str | None = None,
                  give_up_after_s: float = 600.0, clock: Clock | None = None,
@@ -132,12 +147,35 @@ class Relay:
         async with anyio.create_task_group() as tg:
             self._tg = tg
             async for item in lines:
-                await self.from_editor(item)
+                await self._one_line(item)
             await self._quit()
             tg.cancel_scope.cancel()
         return self.exit_code
 
+    async def _one_line(self, item: bytes | TooLong) -> None:
+        """``from_editor``, where nothing a line can do ends the adapter: an unexpected
+        failure is logged and a request gets ``-32603``."""
+        try:
+            await self.from_editor(item)
+        except Exception as exc:
+            log.exception("failed to relay a message of the editor")
+            rpc_id = _request_id(item)
+            if rpc_id is not _NOT_A_REQUEST:
+                await self.out.send(wire.error(rpc_id, wire.INTERNAL_ERROR,
+                                               f"acp-server connect: internal error "
+                                               f"({type(exc).__name__})"))
+
     async def from_editor(self, item: bytes | TooLong) -> None:
+        try:
+            await self._from_editor(item)
+        except wire.InvalidParams as exc:   # a method whose params we add to
+            msg = wire.parse(item) if isinstance(item, bytes) else None
+            if msg is not None and msg.is_request:
+                await self.out.send(wire.error(msg.id, exc.code, str(exc)))
+            else:
+                log.warning("dropped a notification of the editor: %s", exc)
+
+    async def _from_editor(self, item: bytes | TooLong) -> None:
         if isinstance(item, TooLong):
             await self.out.send(wire.error(None, wire.INVALID_REQUEST,
                                            f"Message too large: {item.size} bytes (limit "

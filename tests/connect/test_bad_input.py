@@ -67,6 +67,34 @@ async def test_bad_lines_are_answered_and_the_adapter_goes_on(tmp_path: Path) ->
         assert adapter.stderr == []
 
 
+async def test_params_that_are_not_an_object_are_refused_not_fatal(tmp_path: Path) -> None:
+    """review7 #3: the adapter adds to ``params._meta`` of initialize, session/prompt and
+    (with ``--agent``) session/new|load|resume; params that are not an object there get
+    ``-32602`` (a notification is dropped with a line on stderr) and the adapter goes on."""
+    async with running_acp_server(tmp_path) as srv, \
+            spawn_adapter(srv.base_url + "/acp", "--agent", "reference") as adapter:
+        for rpc_id, params in enumerate(([], None, 3, "x"), start=100):
+            await adapter.send({"jsonrpc": "2.0", "id": rpc_id, "method": "initialize",
+                                "params": params})
+            assert (await adapter.response(rpc_id))["error"]["code"] == -32602
+        init = await adapter.request("initialize", INIT)
+        assert init["result"]["protocolVersion"] == 1
+        for method in ("session/prompt", "session/new", "session/load", "session/resume"):
+            answer = await adapter.request(method, [])
+            assert answer["error"]["code"] == -32602, (method, answer)
+            assert "object" in answer["error"]["message"]
+        await adapter.send({"jsonrpc": "2.0", "method": "session/new", "params": [1]})
+        created = await adapter.request("session/new", {"cwd": srv.workspace,
+                                                        "mcpServers": []})
+        sid = created["result"]["sessionId"]
+        done = await adapter.request("session/prompt", {
+            "sessionId": sid, "prompt": [{"type": "text", "text": "still here"}]})
+        assert done["result"]["stopReason"] == "end_turn"
+        assert adapter.process.returncode is None
+        assert not [line for line in adapter.stderr if "Traceback" in line]
+        assert any("dropped a notification" in line for line in adapter.stderr)
+
+
 async def test_an_unreachable_server_fails_initialize() -> None:
     port = free_port()
     async with spawn_adapter(f"http://127.0.0.1:{port}/acp") as adapter:
