@@ -16,7 +16,9 @@ Contracts:
   endpoint (an answer that is not JSON-RPC).
 * After that, any failure of the connection raises ``LinkLost`` from ``send`` or
   ``receive``. HTTP: the connection stream ending, a stream failing, or a POST
-  answered 404/410/401/403 is a lost link; a POST answered 4xx with a JSON-RPC error
+  answered 404/410/401/403 is a lost link; a POST answered 413 raises
+  ``MessageTooLarge`` (that message only; over WebSocket the server closes with
+  ``TOO_BIG``, ``LinkLost.code``); a POST answered 4xx with a JSON-RPC error
   body hands that body to ``receive`` (as the server's answer), a 403 ``forbidden``
   (the token lacks a scope for that message) included, logged once; a 503 is retried
   after its ``Retry-After`` (at most ``POST_RETRIES`` times).
@@ -56,7 +58,19 @@ INCOMING = 256
 
 
 class LinkLost(Exception):
-    """The connection to the server is gone (the message says why)."""
+    """The connection to the server is gone (the message says why; ``code``: the
+    WebSocket close code when the server closed it)."""
+
+    def __init__(self, message: str, *, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class MessageTooLarge(Exception):
+    """The server refused one message for its size (HTTP 413); the link goes on."""
+
+
+TOO_BIG = 1009   # the WebSocket close code of a message over the server's cap
 
 
 class StartupError(Exception):
@@ -117,7 +131,21 @@ class WebSocketLink:
         try:
             await self._ws.send_text(payload.decode())
         except Exception as exc:   # wsproto's state errors included: the socket is done
-            raise LinkLost(f"WebSocket send failed: {_reason(exc)}") from None
+            raise LinkLost(f"WebSocket send failed: {_reason(exc)}",
+                           code=await self._close_code()) from None
+
+    async def _close_code(self) -> int | None:
+        """The server's close code, when its close frame is among what is left to read
+        (a send can fail before the reader has seen why)."""
+        with anyio.move_on_after(1):
+            while True:
+                try:
+                    await self._ws.receive()
+                except WebSocketDisconnect as exc:
+                    return int(exc.code)
+                except Exception:
+                    return None
+        return None
 
     async def receive(self) -> bytes:
         while True:
@@ -126,7 +154,8 @@ class WebSocketLink:
             except WebSocketInvalidTypeReceived:
                 continue   # binary frames are ignored, as the server ignores them
             except WebSocketDisconnect as exc:
-                raise LinkLost(f"the server closed the WebSocket ({exc.code})") from None
+                raise LinkLost(f"the server closed the WebSocket ({exc.code})",
+                               code=exc.code) from None
             except Exception as exc:
                 raise LinkLost(f"WebSocket failed: {_reason(exc)}") from None
 
@@ -229,6 +258,9 @@ class HttpLink:
         status = response.status_code
         if status in (200, 202):
             return
+        if status == 413:
+            raise MessageTooLarge(f"{self._target.shown} refused a message of "
+                                  f"{len(payload)} bytes as too large (HTTP 413)")
         body = response.content
         if status == 403 and _error_kind(body) == "forbidden":
             # the credential lacks a scope for this one message: the editor is told,

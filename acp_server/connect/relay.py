@@ -29,7 +29,17 @@ Contracts:
   order. Events are forwarded at most once (``state.Session.seen``). A session the
   server no longer has fails its pending requests with ``session_lost``.
 * **Giving up.** Down longer than ``give_up_after_s``: every pending request gets an
-  error naming the server and the last failure, and ``run`` returns 1.
+  error naming the server and the last failure, and ``run`` returns 1. The window
+  opens at the first loss and is not reset by links that come up and drop again: only
+  a healthy link (up ``HEALTHY_AFTER_S`` by the clock, or one that answered a request
+  of the editor) closes it and resets the backoff.
+* **Poison messages.** A message the server refuses for its size (HTTP 413, WebSocket
+  close 1009: the largest sent on that link) fails alone with ``message_too_large``
+  (a notification is dropped with a line on stderr), and nothing as large is sent
+  again. A request in flight on ``MAX_ATTEMPTS`` links lost within
+  ``HEALTHY_AFTER_S`` of connecting fails with ``connection_lost``.
+* **Seams.** ``clock`` (monotonic seconds and sleeping) and ``connect`` (``open_link``)
+  are injected; tests pass a fake clock and a scripted server.
 * **Bounds.** Messages waiting for the link: ``OUTBOX_BYTES`` (past it a request is
   refused at once). Editor lines: the reader's cap (past it ``-32600``).
 * stdout carries only protocol (``EditorWriter``); diagnostics go to the
@@ -52,7 +62,15 @@ import anyio
 import anyio.abc
 
 from acp_server.connect import wire
-from acp_server.connect.link import Link, LinkLost, StartupError, Target, open_link
+from acp_server.connect.link import (
+    TOO_BIG,
+    Link,
+    LinkLost,
+    MessageTooLarge,
+    StartupError,
+    Target,
+    open_link,
+)
 from acp_server.connect.state import REPEATABLE, Asked, Book, Call, key
 from acp_server.connect.stdio import EditorWriter, TooLong
 
@@ -60,6 +78,8 @@ log = logging.getLogger("acp_server.connect")
 
 OUTBOX_BYTES = 64 << 20
 REATTACH_TIMEOUT_S = 120.0
+HEALTHY_AFTER_S = 30.0   # a link up this long (or that answered the editor) was no flap
+MAX_ATTEMPTS = 3         # links lost with a request in flight before it fails
 AGENT_META = "acp-server/agent"
 PROMPT_ID_META = "acp-server/promptId"
 RESUMABLE_META = "acp-server/resumable"
@@ -105,6 +125,10 @@ class Outgoing:
     on_sent: Callable[[], None] | None = None
 
 
+Connect = Callable[[Target, bytes],
+                   contextlib.AbstractAsyncContextManager[tuple[Link, bytes]]]
+
+
 class GaveUp(Exception):
     pass
 
@@ -124,8 +148,9 @@ def _request_id(item: bytes | TooLong) -> Any:
 class Relay:
     def __init__(self, target: Target, *, out: EditorWriter, agent: str | None = None,
                  give_up_after_s: float = 600.0, clock: Clock | None = None,
-                 backoff: Backoff = Backoff()) -> None:
+                 backoff: Backoff = Backoff(), connect: Connect = open_link) -> None:
         self.target = target
+        self.connect = connect
         self.out = out
         self.agent = agent
         self.give_up_after_s = give_up_after_s
@@ -141,6 +166,10 @@ class Relay:
         self.exit_code = 0
         self._tg: anyio.abc.TaskGroup | None = None
         self._connecting = anyio.Lock()
+        self._healthy = False                  # this link answered the editor
+        self._short_lived = False              # the last link lost within HEALTHY_AFTER_S
+        self._largest_sent: Outgoing | None = None   # on this link (a close 1009 blames it)
+        self.refused_size: int | None = None   # the smallest message the server refused
 
     # -- the editor --------------------------------------------------------------------
     async def run(self, lines: AsyncIterable[bytes | TooLong]) -> int:
@@ -210,6 +239,10 @@ class Relay:
         if self.agent is not None and method in RESTORING:
             members = wire.set_meta(members, AGENT_META, self.agent, replace=False)
         if not msg.is_request:
+            if self.refused_size is not None and len(msg.raw) >= self.refused_size:
+                log.error("dropped a notification of %d bytes: the server refused %d as "
+                          "too large", len(msg.raw), self.refused_size)
+                return
             self._enqueue(Outgoing(wire.encode(members) if members is not msg.members
                                    else msg.raw, sid))
             return
@@ -222,6 +255,12 @@ class Relay:
             call.params = params
         if method in ("session/load", "session/resume") and sid is not None:
             self._register(sid, params)   # its replay may come before the answer
+        if self.refused_size is not None and len(call.payload) >= self.refused_size:
+            del self.book.calls[server_id]
+            await self._fail(call, f"the server refused a message of {self.refused_size} "
+                                   f"bytes as too large; this one has {len(call.payload)}",
+                             "message_too_large", {"size": len(call.payload)})
+            return
         if self.outbox_bytes + len(call.payload) > OUTBOX_BYTES:
             del self.book.calls[server_id]
             await self.out.send(wire.error(msg.id, wire.INTERNAL_ERROR,
@@ -322,29 +361,35 @@ class Relay:
         return answer
 
     async def _supervise(self, *, task_status: anyio.abc.TaskStatus[Any]) -> None:
-        """Own the link: connect, relay, and on a loss reconnect (see the contracts)."""
+        """Own the link: connect, relay, and on a loss reconnect (see the contracts).
+
+        The give-up window opens at the first loss and stays open (and the backoff keeps
+        growing) across links that come up and drop again, until one is healthy: up
+        ``HEALTHY_AFTER_S`` or it answered a request of the editor."""
         first = True
         started = False
         attempt = 0
-        deadline = 0.0
+        down_since: float | None = None
         last = ""
         while True:
-            if not first:
-                remaining = deadline - self.clock.now()
+            if down_since is not None:
+                remaining = down_since + self.give_up_after_s - self.clock.now()
                 if remaining <= 0:
                     await self._give_up(last)
                 await self.clock.sleep(min(self.backoff.delay(attempt), remaining))
                 attempt += 1
             reason: str | None = None
+            up_at: float | None = None
             try:
-                async with open_link(self.target, self._init_payload()) as (link, raw):
+                async with self.connect(self.target, self._init_payload()) as (link, raw):
                     answer = self._accept(raw)
                     if first:
                         task_status.started(answer)
                         started = True
                     else:
                         log.warning("reconnected to %s (%s)", self.target.shown, link.transport)
-                    attempt = 0
+                    up_at = self.clock.now()
+                    self._healthy = False
                     reason = await self._serve(link, first=first)
             except StartupError as exc:
                 if first:
@@ -362,16 +407,23 @@ class Relay:
                 reason = reason or repr(exc)
             first = False
             last = reason or "closed"
-            deadline = self.clock.now() + self.give_up_after_s
+            lived = self.clock.now() - up_at if up_at is not None else 0.0
+            self._short_lived = lived < HEALTHY_AFTER_S
+            if up_at is not None and (self._healthy or not self._short_lived):
+                down_since, attempt = None, 0
+            if down_since is None:
+                down_since = self.clock.now()
             log.warning("connection to %s lost (%s); reconnecting", self.target.shown, last)
 
     async def _serve(self, link: Link, *, first: bool) -> str:
         """Relay over ``link`` until it is lost; the reason."""
         reason = "closed"
+        code: int | None = None
+        self._largest_sent = None
         try:
             async with anyio.create_task_group() as tg:
                 async def pump() -> None:
-                    nonlocal reason
+                    nonlocal reason, code
                     try:
                         while True:
                             payload = await link.receive()
@@ -382,7 +434,7 @@ class Relay:
                             except Exception:   # one bad message does not end the relay
                                 log.exception("dropped a message from the server")
                     except LinkLost as exc:
-                        reason = str(exc)
+                        reason, code = str(exc), exc.code
                     tg.cancel_scope.cancel()
 
                 tg.start_soon(pump)
@@ -392,12 +444,15 @@ class Relay:
                     self.link = link
                     await self._send_outbox(link)
                 except LinkLost as exc:
-                    reason = str(exc)
+                    reason, code = str(exc), code or exc.code
                 tg.cancel_scope.cancel()
         finally:
             self.link = None
             for call in [c for c in self.book.calls.values() if c.internal]:
                 del self.book.calls[call.server_id]
+        if code == TOO_BIG and self._largest_sent is not None:
+            await self._too_large(self._largest_sent, "the server closed the WebSocket "
+                                                      f"({TOO_BIG}: message too big)")
         return reason
 
     async def _send_outbox(self, link: Link) -> None:
@@ -414,11 +469,34 @@ class Relay:
                 if item.call is not None:
                     item.call.sent = False
                 raise
-            if self.outbox and self.outbox[0] is item:
-                self.outbox.popleft()
-                self.outbox_bytes -= len(item.payload)
+            except MessageTooLarge as exc:
+                if item.call is not None:
+                    item.call.sent = False
+                self._unqueue(item)
+                await self._too_large(item, str(exc))
+                continue
+            self._unqueue(item)
+            if self._largest_sent is None \
+                    or len(item.payload) > len(self._largest_sent.payload):
+                self._largest_sent = item
             if item.on_sent is not None:
                 item.on_sent()
+
+    def _unqueue(self, item: Outgoing) -> None:
+        if self.outbox and self.outbox[0] is item:
+            self.outbox.popleft()
+            self.outbox_bytes -= len(item.payload)
+
+    async def _too_large(self, item: Outgoing, cause: str) -> None:
+        """The server refused ``item`` for its size: it fails (a request) or is dropped,
+        and nothing as large is sent again."""
+        size = len(item.payload)
+        self.refused_size = min(self.refused_size or size, size)
+        log.error("%s: dropped a message of %d bytes", cause, size)
+        call = item.call
+        if call is not None and self.book.calls.pop(call.server_id, None) is not None:
+            await self._fail(call, f"{cause}; the request was not sent again",
+                             "message_too_large", {"size": size})
 
     # -- the server ------------------------------------------------------------------------
     async def _from_server(self, link: Link, payload: bytes) -> None:
@@ -467,6 +545,7 @@ class Relay:
             call.answer = msg.raw
             call.done.set()
             return
+        self._healthy = True
         ok = "result" in msg.members
         result = wire.decode(msg.members["result"]) if ok else None
         if ok and call.method in REGISTERS and isinstance(result, dict) \
@@ -485,8 +564,15 @@ class Relay:
         for call in sorted(self.book.calls.values(), key=lambda c: c.server_id):
             if call.internal or not call.sent:
                 continue
-            if call.method in REPEATABLE and (call.method != "session/prompt"
-                                              or self.resumable):
+            call.attempts += self._short_lived
+            if call.attempts >= MAX_ATTEMPTS:
+                del self.book.calls[call.server_id]
+                await self._fail(call, f"the connection to the server was lost {MAX_ATTEMPTS} "
+                                       f"times within {HEALTHY_AFTER_S:g} s of connecting "
+                                       "while this request was in flight; it was not "
+                                       "repeated again", "connection_lost")
+            elif call.method in REPEATABLE and (call.method != "session/prompt"
+                                                or self.resumable):
                 call.sent = False
                 resend.append(call)
             else:

@@ -68,6 +68,7 @@ class Call:
     internal: bool = False         # the adapter's own (re-attaching a session)
     params: dict[str, Any] | None = None   # session/new, load, resume, fork: to register
     sent: bool = False             # on a link (else still in the outbox)
+    attempts: int = 0              # links lost while it was in flight
     answer: bytes | None = None    # internal: the server's answer, once it came
     done: Any = None               # internal: an anyio.Event set with ``answer``
 

@@ -95,6 +95,32 @@ async def test_params_that_are_not_an_object_are_refused_not_fatal(tmp_path: Pat
         assert any("dropped a notification" in line for line in adapter.stderr)
 
 
+@pytest.mark.parametrize("transport", ["websocket", "http"])
+async def test_a_message_over_the_servers_cap_fails_alone(tmp_path: Path, transport: str,
+                                                           anyio_backend: str) -> None:
+    """review7 #1: a prompt under the adapter's line cap but over the server's body cap
+    (HTTP 413, WebSocket close 1009) fails with ``message_too_large``; no reconnect
+    loop, and the next messages go through."""
+    args = ("--transport", transport) if transport == "websocket" else \
+        no_h2(anyio_backend) or ("--transport", "http")
+    async with running_acp_server(tmp_path, max_body_bytes=64 * 1024) as srv, \
+            spawn_adapter(srv.base_url + "/acp", *args, "--give-up-after", "20s") as adapter:
+        await adapter.request("initialize", INIT)
+        sid = (await adapter.request("session/new", {"cwd": srv.workspace,
+                                                     "mcpServers": []}))["result"]["sessionId"]
+        big = [{"type": "text", "text": "x" * 100_000}]
+        refused = await adapter.request("session/prompt", {"sessionId": sid, "prompt": big})
+        assert refused["error"]["data"]["errorKind"] == "message_too_large", adapter.stderr
+        listed = await adapter.request("session/list", {})
+        assert sid in [s["sessionId"] for s in listed["result"]["sessions"]]
+        again = await adapter.request("session/prompt", {"sessionId": sid, "prompt": big})
+        assert again["error"]["data"]["errorKind"] == "message_too_large"
+        done = await adapter.request("session/prompt", {
+            "sessionId": sid, "prompt": [{"type": "text", "text": "small"}]})
+        assert done["result"]["stopReason"] == "end_turn"
+        assert len([line for line in adapter.stderr if "reconnected" in line]) <= 1
+
+
 async def test_an_unreachable_server_fails_initialize() -> None:
     port = free_port()
     async with spawn_adapter(f"http://127.0.0.1:{port}/acp") as adapter:
