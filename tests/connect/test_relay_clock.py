@@ -11,7 +11,7 @@ import anyio.lowlevel
 import pytest
 
 from acp_server.connect.link import TOO_BIG, MessageTooLarge
-from acp_server.connect.relay import HEALTHY_AFTER_S, MAX_ATTEMPTS, Backoff
+from acp_server.connect.relay import HEALTHY_AFTER_S, MAX_ATTEMPTS, Backoff, Relay
 from tests.connect.fakes import FakeClock, FakeLink, FakeServer, echo_result, editor_and_relay
 
 pytestmark = pytest.mark.anyio
@@ -73,8 +73,8 @@ async def test_a_healthy_link_starts_the_window_again() -> None:
         # up HEALTHY_AFTER_S without answering anything: healthy too
         server.answer = lambda link, message: _nothing()
         server.lose_all()
-        await _until_connected(server, clock)
-        clock.t += HEALTHY_AFTER_S
+        await _until_connected(server, relay)
+        clock.t += HEALTHY_AFTER_S + 1   # (+1: no float rounding below it)
         server.refusing = "server_unreachable"
         server.lose_all()
         third = clock.now()
@@ -83,7 +83,7 @@ async def test_a_healthy_link_starts_the_window_again() -> None:
         assert relay.exit_code == 0
         server.refusing = None
         server.answer = echo_result
-        await _until_connected(server, clock)
+        await _until_connected(server, relay)
     assert relay.exit_code == 0
 
 
@@ -96,10 +96,12 @@ async def _tick(server: FakeServer) -> None:
             return
 
 
-async def _until_connected(server: FakeServer, clock: FakeClock) -> None:
+async def _until_connected(server: FakeServer, relay: Relay) -> None:
+    """Until the relay serves a new link (``relay.link`` is set once it is up)."""
     before = server.connects
     with anyio.fail_after(10):
-        while server.connects == before or server.links[-1].lost:
+        while server.connects == before or server.links[-1].lost \
+                or relay.link is not server.links[-1]:
             await anyio.lowlevel.checkpoint()
 
 
@@ -168,8 +170,6 @@ async def test_an_unexpected_failure_on_one_line_is_answered_and_survived(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """review7 #3, the catch-all: whatever fails while relaying one editor line, that
     request gets -32603 and the next line is relayed."""
-    from acp_server.connect.relay import Relay
-
     real = Relay._to_server
 
     async def flaky(self: Relay, msg: Any) -> None:
@@ -188,3 +188,4 @@ async def test_an_unexpected_failure_on_one_line_is_answered_and_survived(
         await editor.request("session/list", {}, 3)
         assert (await editor.response(3))["result"] == {"method": "session/list"}
     assert relay.exit_code == 0
+
