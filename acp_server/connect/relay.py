@@ -27,7 +27,9 @@ Contracts:
   (``state.REPEATABLE``; a prompt under its prompt id is admitted once by the
   server) or fail with ``connection_lost``, then what the editor sent meanwhile, in
   order. Events are forwarded at most once (``state.Session.seen``). A session the
-  server no longer has fails its pending requests with ``session_lost``.
+  server no longer has (its re-attach answered ``-32602``) fails its pending requests
+  with ``session_lost``; any other error answer (a store outage, ...) drops the link
+  and the re-attach is tried again on the next one, within the give-up window.
 * **Giving up.** Down longer than ``give_up_after_s``: every pending request gets an
   error naming the server and the last failure, and ``run`` returns 1. The window
   opens at the first loss and is not reset by links that come up and drop again: only
@@ -133,6 +135,12 @@ class GaveUp(Exception):
     pass
 
 
+class ReattachFailed(LinkLost):
+    """The server answered a re-attach with an error other than "no such session" (a
+    store outage, ...): the link is given up and made again, within the give-up window,
+    and the requests in flight are not blamed for it."""
+
+
 _NOT_A_REQUEST = object()
 
 
@@ -168,6 +176,7 @@ class Relay:
         self._connecting = anyio.Lock()
         self._healthy = False                  # this link answered the editor
         self._short_lived = False              # the last link lost within HEALTHY_AFTER_S
+        self._blameless = False                # ... by a re-attach refused for now
         self._largest_sent: Outgoing | None = None   # on this link (a close 1009 blames it)
         self.refused_size: int | None = None   # the smallest message the server refused
 
@@ -441,8 +450,11 @@ class Relay:
                 try:
                     if not first:
                         await self._reattach(link)
+                    self._blameless = False
                     self.link = link
                     await self._send_outbox(link)
+                except ReattachFailed as exc:
+                    reason, self._blameless = str(exc), True
                 except LinkLost as exc:
                     reason, code = str(exc), code or exc.code
                 tg.cancel_scope.cancel()
@@ -564,7 +576,7 @@ class Relay:
         for call in sorted(self.book.calls.values(), key=lambda c: c.server_id):
             if call.internal or not call.sent:
                 continue
-            call.attempts += self._short_lived
+            call.attempts += self._short_lived and not self._blameless
             if call.attempts >= MAX_ATTEMPTS:
                 del self.book.calls[call.server_id]
                 await self._fail(call, f"the connection to the server was lost {MAX_ATTEMPTS} "
@@ -608,8 +620,12 @@ class Relay:
         answer = await self._call(link, method, params)
         if "error" in answer.members:
             error = wire.decode(answer.members["error"])
-            await self._session_lost(sid, error.get("message") if isinstance(error, dict)
-                                     else str(error))
+            error = error if isinstance(error, dict) else {"message": str(error)}
+            if error.get("code") != wire.INVALID_PARAMS:   # not "no such session"
+                raise ReattachFailed(f"re-attaching session {sid} failed for now: "
+                                     f"{error.get('message')} "
+                                     f"({(error.get('data') or {}).get('errorKind')})")
+            await self._session_lost(sid, error.get("message"))
             return
         result = wire.decode(answer.members["result"])
         events = (result.get("_meta") or {}).get(EVENTS_META) if isinstance(result, dict) \

@@ -189,3 +189,65 @@ async def test_an_unexpected_failure_on_one_line_is_answered_and_survived(
         assert (await editor.response(3))["result"] == {"method": "session/list"}
     assert relay.exit_code == 0
 
+
+def session_server(load_errors: list[dict[str, Any]]) -> FakeServer:
+    """session/new makes "s1"; the re-attaching session/load is answered with the errors
+    of ``load_errors`` in turn, then succeeds; a prompt is answered on the link after
+    the first (it was running when the first was lost)."""
+
+    async def answer(link: FakeLink, message: dict[str, Any]) -> None:
+        method, rpc_id = message.get("method"), message.get("id")
+        if method == "session/new":
+            link.push({"jsonrpc": "2.0", "id": rpc_id, "result": {"sessionId": "s1"}})
+        elif method == "session/load" and load_errors:
+            link.push({"jsonrpc": "2.0", "id": rpc_id, "error": load_errors.pop(0)})
+        elif method == "session/prompt" and server.connects == 1:
+            return
+        elif rpc_id is not None:
+            await echo_result(link, message)
+
+    server = FakeServer(answer=answer)
+    return server
+
+
+async def test_a_reattach_refused_for_now_is_retried_not_a_lost_session() -> None:
+    """review7 #5: the server answers the re-attach with a temporary error (a store
+    outage) more times than ``MAX_ATTEMPTS``: the link is made again until the re-attach
+    succeeds, and the prompt in flight is answered, not failed with session_lost."""
+    outage = {"code": -32603, "message": "journal unavailable",
+              "data": {"errorKind": "store_unavailable"}}
+    server = session_server([outage] * (MAX_ATTEMPTS + 1))
+    async with editor_and_relay(server, FakeClock()) as (editor, relay):
+        await editor.request("initialize", {}, 1)
+        await editor.response(1)
+        await editor.request("session/new", {"cwd": "/w", "mcpServers": []}, 2)
+        assert (await editor.response(2))["result"] == {"sessionId": "s1"}
+        await editor.request("session/prompt", {"sessionId": "s1", "prompt": "hi"}, 3)
+        await _until(lambda: any(m.get("method") == "session/prompt"
+                                 for m in server.received))
+        server.lose_all()
+        assert (await editor.response(3))["result"] == {"method": "session/prompt"}
+    loads = [m for m in server.received if m.get("method") == "session/load"]
+    assert len(loads) == MAX_ATTEMPTS + 2
+    assert server.connects == MAX_ATTEMPTS + 3
+
+
+async def test_a_reattach_answered_no_such_session_loses_the_session() -> None:
+    server = session_server([{"code": -32602, "message": "Session not found: s1"}])
+    async with editor_and_relay(server, FakeClock()) as (editor, relay):
+        await editor.request("initialize", {}, 1)
+        await editor.response(1)
+        await editor.request("session/new", {"cwd": "/w", "mcpServers": []}, 2)
+        await editor.response(2)
+        await editor.request("session/prompt", {"sessionId": "s1", "prompt": "hi"}, 3)
+        await _until(lambda: any(m.get("method") == "session/prompt"
+                                 for m in server.received))
+        server.lose_all()
+        assert kind(await editor.response(3)) == "session_lost"
+        assert "s1" not in relay.book.sessions
+
+
+async def _until(condition: Any) -> None:
+    with anyio.fail_after(10):
+        while not condition():
+            await anyio.lowlevel.checkpoint()
