@@ -257,6 +257,11 @@ class Relay:
             return
         if method == "session/prompt":
             members = wire.set_meta(members, PROMPT_ID_META, uuid.uuid4().hex, replace=False)
+        if method == "session/load" and sid in self.book.sessions and self.resumable:
+            # the server sends a connection only what it has not sent it: ask for the
+            # whole history again, which the editor wants (``Session.replay``)
+            members = wire.set_meta(members, CURSOR_META, 0, replace=False)
+            self.book.sessions[sid].replay()
         server_id = self.book.next_id()
         call = self.book.add_call(msg.id, method, wire.with_id(members, server_id), sid,
                                   server_id=server_id)

@@ -77,3 +77,15 @@ def test_duplicates_and_the_resume_cursor() -> None:
     assert book.cursor("s") == (4, "e2")  # before the unanswered question
     book.remember_answered("q")
     assert book.was_answered("q") and not book.was_answered(1)
+
+
+def test_a_replay_the_editor_asked_for_is_no_duplicate() -> None:
+    book = Book()
+    session = book.session("s")
+    assert [session.seen(n, "e") for n in (1, 2, 3)] == [True] * 3
+    session.replay()                       # the editor's own session/load
+    assert [session.seen(n, "e") for n in (1, 1, 2, 3)] == [True, False, True, True]
+    assert session.replayed_id is None     # caught up: the usual rule again
+    assert [session.seen(n, "e") for n in (3, 4, 4)] == [False, True, False]
+    session.replay()
+    assert session.seen(1, "other") and session.replayed_id is None   # a new epoch

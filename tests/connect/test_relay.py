@@ -98,3 +98,32 @@ async def test_agent_picks_the_servers_profile(tmp_path: Path) -> None:
                                                             "mcpServers": []})
             assert refused["error"]["code"] == -32602
             assert "other" in refused["error"]["data"]["available"]
+
+
+@pytest.mark.parametrize("transport", ["websocket", "http"])
+async def test_the_editor_reloads_a_session_it_saw(tmp_path: Path, transport: str) -> None:
+    """review7 #4: the editor's own session/load of a session it already showed gets
+    the whole history again (it asked for it), not only what it had not seen; later
+    events are still forwarded once."""
+    async with running_acp_server(tmp_path) as srv, \
+            spawn_adapter(srv.base_url + "/acp", "--transport", transport) as adapter:
+        await adapter.request("initialize", INIT)
+        sid = (await adapter.request("session/new", {"cwd": srv.workspace,
+                                                     "mcpServers": []}))["result"]["sessionId"]
+        done = await adapter.request("session/prompt", {"sessionId": sid,
+                                                        "prompt": text("/chunks 3 hello")})
+        assert done["result"]["stopReason"] == "end_turn"
+        history = adapter.updates(sid)
+        loaded = await adapter.request("session/load", {"sessionId": sid,
+                                                        "cwd": srv.workspace,
+                                                        "mcpServers": []})
+        assert "result" in loaded
+        # the server may answer before its replay to this connection is all written
+        await adapter.until(lambda m: len(adapter.updates(sid)) >= 2 * len(history))
+        assert adapter.updates(sid) == history + history
+        after = await adapter.request("session/prompt", {"sessionId": sid,
+                                                         "prompt": text("after")})
+        assert after["result"]["stopReason"] == "end_turn"
+        turn = adapter.updates(sid)[2 * len(history):]
+        assert [u["content"]["text"] for u in turn][0] == "after"
+        assert "".join(u["content"]["text"] for u in turn[1:]) == "Echo: after"
