@@ -22,7 +22,9 @@ Contracts:
   body hands that body to ``receive`` (as the server's answer), a 403 ``forbidden``
   (the token lacks a scope for that message) included, logged once; a 503 is retried
   after its ``Retry-After`` (at most ``POST_RETRIES`` times).
-* Every message is bounded by ``max_bytes`` (WebSocket frames, SSE lines).
+* Every message of the server is bounded by ``max_bytes`` as it arrives: a WebSocket
+  message (its fragments counted; past it the socket is closed, ``INCOMING_TOO_BIG``),
+  an SSE line and event, a POST answer; past it the link is lost.
 * The token goes in ``Authorization`` only; nothing here logs headers.
 """
 
@@ -39,6 +41,7 @@ from urllib.parse import urlsplit, urlunsplit
 import anyio
 import anyio.abc
 import httpx
+import wsproto.events
 from httpx_ws import (
     HTTPXWSException,
     WebSocketDisconnect,
@@ -71,6 +74,7 @@ class MessageTooLarge(Exception):
 
 
 TOO_BIG = 1009   # the WebSocket close code of a message over the server's cap
+INCOMING_TOO_BIG = 4009   # ours: a message of the server's over ``Target.max_bytes``
 
 
 class StartupError(Exception):
@@ -154,6 +158,9 @@ class WebSocketLink:
             except WebSocketInvalidTypeReceived:
                 continue   # binary frames are ignored, as the server ignores them
             except WebSocketDisconnect as exc:
+                if exc.code == INCOMING_TOO_BIG:
+                    raise LinkLost(f"the server sent {exc.reason} (--max-line-bytes): "
+                                   "dropped", code=exc.code) from None
                 raise LinkLost(f"the server closed the WebSocket ({exc.code})",
                                code=exc.code) from None
             except Exception as exc:
@@ -167,6 +174,39 @@ class WebSocketLink:
             await self._ws.close()
 
 
+class _CappedConnection:
+    """wsproto's connection as httpx-ws drives it, with every incoming message bounded:
+    httpx-ws joins the pieces of a fragmented message without limit, so past
+    ``max_bytes`` of one message this ends the socket (a close event with
+    ``INCOMING_TOO_BIG``) and reads nothing more. Everything else is wsproto's."""
+
+    def __init__(self, inner: Any, max_bytes: int) -> None:
+        self._inner = inner
+        self._max_bytes = max_bytes
+        self._size = 0
+        self._over = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def receive_data(self, data: bytes | None) -> None:
+        if not self._over:
+            self._inner.receive_data(data)
+
+    def events(self) -> Any:
+        for event in self._inner.events():
+            if isinstance(event, wsproto.events.Message):
+                self._size += len(event.data)
+                if self._size > self._max_bytes:
+                    self._over = True
+                    yield wsproto.events.CloseConnection(
+                        INCOMING_TOO_BIG, f"a message over {self._max_bytes} bytes")
+                    return
+                if event.message_finished:
+                    self._size = 0
+            yield event
+
+
 @contextlib.asynccontextmanager
 async def _websocket(target: Target, init: bytes) -> AsyncIterator[tuple[Link, bytes]]:
     parts = urlsplit(target.url)
@@ -175,6 +215,7 @@ async def _websocket(target: Target, init: bytes) -> AsyncIterator[tuple[Link, b
         async with aconnect_ws(ws_url, client, max_message_size_bytes=target.max_bytes,
                                keepalive_ping_interval_seconds=PING_INTERVAL_S,
                                keepalive_ping_timeout_seconds=PING_INTERVAL_S) as ws:
+            ws.connection = _CappedConnection(ws.connection, target.max_bytes)
             link = WebSocketLink(ws)
             await link.send(init)
             with anyio.fail_after(INITIALIZE_TIMEOUT_S):
@@ -247,9 +288,9 @@ class HttpLink:
         async with self._post_lock:   # one at a time: the order is the editor's
             for _attempt in range(POST_RETRIES + 1):
                 try:
-                    response = await self._client.post(
-                        self._target.url, content=payload,
-                        headers={**self._headers(session_id), "Content-Type": "application/json"})
+                    response = await _post(
+                        self._client, self._target, payload,
+                        {**self._headers(session_id), "Content-Type": "application/json"})
                 except (httpx.HTTPError, OSError) as exc:
                     raise LinkLost(f"POST failed: {_reason(exc)}") from None
                 if response.status_code != 503:
@@ -292,9 +333,10 @@ class HttpLink:
 
 async def sse_data(response: httpx.Response, max_bytes: int) -> AsyncIterator[bytes]:
     """The ``data`` of each SSE event (comments and ``id:`` lines skipped), every line
-    bounded by ``max_bytes`` (a longer one fails the stream)."""
+    and every event's data bounded by ``max_bytes`` (a longer one fails the stream)."""
     buffer = bytearray()
     data: list[bytes] = []
+    size = 0
     async for chunk in response.aiter_bytes():
         buffer += chunk
         while True:
@@ -308,10 +350,13 @@ async def sse_data(response: httpx.Response, max_bytes: int) -> AsyncIterator[by
             if not line:
                 if data:
                     yield b"\n".join(data)
-                    data = []
+                    data, size = [], 0
             elif line.startswith(b"data:"):
                 value = line[5:]
                 data.append(value[1:] if value.startswith(b" ") else value)
+                size += len(data[-1]) + 1
+                if size > max_bytes:
+                    raise httpx.DecodingError(f"an SSE event over {max_bytes} bytes")
 
 
 def _retry_after(response: httpx.Response) -> float:
@@ -329,11 +374,26 @@ def _is_jsonrpc(body: bytes) -> bool:
     return isinstance(value, dict) and value.get("jsonrpc") == "2.0"
 
 
+async def _post(client: httpx.AsyncClient, target: Target, content: bytes,
+                headers: dict[str, str]) -> httpx.Response:
+    """A POST whose answer is read whole but never past ``target.max_bytes``
+    (``httpx.DecodingError`` then)."""
+    async with client.stream("POST", target.url, content=content, headers=headers) as response:
+        body = bytearray()
+        async for chunk in response.aiter_bytes():   # decoded: the cap is what is kept
+            body += chunk
+            if len(body) > target.max_bytes:
+                raise httpx.DecodingError(f"an answer over {target.max_bytes} bytes")
+    headers = [(k, v) for k, v in response.headers.multi_items()
+               if k not in ("content-encoding", "content-length", "transfer-encoding")]
+    return httpx.Response(response.status_code, headers=headers, content=bytes(body),
+                          request=response.request, extensions=response.extensions)
+
+
 async def _http_initialize(client: httpx.AsyncClient, target: Target,
                            init: bytes) -> httpx.Response:
-    return await client.post(target.url, content=init,
-                             headers={"Content-Type": "application/json",
-                                      "Accept": "application/json"})
+    return await _post(client, target, init, {"Content-Type": "application/json",
+                                              "Accept": "application/json"})
 
 
 @contextlib.asynccontextmanager
