@@ -43,7 +43,8 @@ Contracts:
 * **Seams.** ``clock`` (monotonic seconds and sleeping) and ``connect`` (``open_link``)
   are injected; tests pass a fake clock and a scripted server.
 * **Bounds.** Messages waiting for the link: ``OUTBOX_BYTES`` (past it a request is
-  refused at once). Editor lines: the reader's cap (past it ``-32600``).
+  refused at once, a notification or an answer dropped with a line on stderr).
+  Editor lines: the reader's cap (past it ``-32600``).
 * stdout carries only protocol (``EditorWriter``); diagnostics go to the
   ``acp_server.connect`` logger (stderr); the token is never logged.
 """
@@ -179,6 +180,7 @@ class Relay:
         self._blameless = False                # ... by a re-attach refused for now
         self._largest_sent: Outgoing | None = None   # on this link (a close 1009 blames it)
         self.refused_size: int | None = None   # the smallest message the server refused
+        self._dropping = False                 # past OUTBOX_BYTES: dropping notifications
 
     # -- the editor --------------------------------------------------------------------
     async def run(self, lines: AsyncIterable[bytes | TooLong]) -> int:
@@ -327,6 +329,16 @@ class Relay:
                                call.session_id))
 
     def _enqueue(self, item: Outgoing) -> None:
+        """Queue ``item`` for the link; past ``OUTBOX_BYTES`` a notification or an answer
+        is dropped (one stderr line until the queue drains; requests are refused
+        before they get here)."""
+        if item.call is None and self.outbox_bytes + len(item.payload) > OUTBOX_BYTES:
+            if not self._dropping:
+                log.error("too much waiting for the connection to the server (%d bytes): "
+                          "dropping the editor's notifications and answers until it "
+                          "drains", self.outbox_bytes)
+            self._dropping = True
+            return
         self.outbox.append(item)
         self.outbox_bytes += len(item.payload)
         self._wake.set()
@@ -503,6 +515,8 @@ class Relay:
         if self.outbox and self.outbox[0] is item:
             self.outbox.popleft()
             self.outbox_bytes -= len(item.payload)
+        if not self.outbox:
+            self._dropping = False
 
     async def _too_large(self, item: Outgoing, cause: str) -> None:
         """The server refused ``item`` for its size: it fails (a request) or is dropped,

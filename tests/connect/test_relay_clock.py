@@ -251,3 +251,34 @@ async def _until(condition: Any) -> None:
     with anyio.fail_after(10):
         while not condition():
             await anyio.lowlevel.checkpoint()
+
+
+async def test_notifications_while_down_are_bounded_too(monkeypatch: pytest.MonkeyPatch,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    """review7 #7: notifications and answers of the editor count against the bytes
+    waiting for the link: past it they are dropped (one stderr line), a request is
+    refused; what was queued goes out when the server is back."""
+    from acp_server.connect import relay as relay_module
+
+    monkeypatch.setattr(relay_module, "OUTBOX_BYTES", 10_000)
+    server = FakeServer()
+    async with editor_and_relay(server, FakeClock(), give_up_after_s=1e9) as (editor, relay):
+        await editor.request("initialize", {}, 1)
+        await editor.response(1)
+        server.refusing = "server_unreachable"
+        server.lose_all()
+        for n in range(40):
+            await editor.send({"jsonrpc": "2.0", "method": "note", "params": {
+                "n": n, "text": "x" * 1000}})
+            await editor.send({"jsonrpc": "2.0", "id": f"q{n}", "result": {"n": n}})
+        await editor.request("session/list", {}, 2)
+        assert kind(await editor.response(2)) == "queue_full"
+        assert relay.outbox_bytes <= 10_000
+        server.refusing = None
+        await _until(lambda: not relay.outbox)
+        await editor.request("session/list", {}, 3)
+        assert "result" in await editor.response(3)
+    notes = [m["params"]["n"] for m in server.received if m.get("method") == "note"]
+    assert notes == list(range(len(notes))) and 5 <= len(notes) < 40
+    dropped = [r for r in caplog.records if "dropping the editor's notifications" in r.message]
+    assert len(dropped) == 1
