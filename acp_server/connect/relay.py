@@ -30,6 +30,8 @@ Contracts:
   server no longer has (its re-attach answered ``-32602``) fails its pending requests
   with ``session_lost``; any other error answer (a store outage, ...) drops the link
   and the re-attach is tried again on the next one, within the give-up window.
+* **Refused credentials.** A reconnect answered 401/403 fails every pending request
+  at once with ``unauthorized`` (one line on stderr); reconnecting goes on.
 * **Giving up.** Down longer than ``give_up_after_s``: every pending request gets an
   error naming the server and the last failure, and ``run`` returns 1. The window
   opens at the first loss and is not reset by links that come up and drop again: only
@@ -181,6 +183,7 @@ class Relay:
         self._largest_sent: Outgoing | None = None   # on this link (a close 1009 blames it)
         self.refused_size: int | None = None   # the smallest message the server refused
         self._dropping = False                 # past OUTBOX_BYTES: dropping notifications
+        self._refused = False                  # the server refuses the credentials now
 
     # -- the editor --------------------------------------------------------------------
     async def run(self, lines: AsyncIterable[bytes | TooLong]) -> int:
@@ -416,6 +419,7 @@ class Relay:
                         log.warning("reconnected to %s (%s)", self.target.shown, link.transport)
                     up_at = self.clock.now()
                     self._healthy = False
+                    self._refused = False
                     reason = await self._serve(link, first=first)
             except StartupError as exc:
                 if first:
@@ -423,6 +427,8 @@ class Relay:
                     return
                 last = str(exc)
                 log.info("reconnect attempt %d failed: %s", attempt, exc)
+                if exc.kind == "unauthorized":
+                    await self._unauthorized(exc)
                 continue
             except Exception as exc:   # the link failed on its way in or out
                 if not started:
@@ -702,6 +708,20 @@ class Relay:
         await self.out.send(wire.error(call.editor_id, wire.INTERNAL_ERROR,
                                        f"acp-server connect: {message}",
                                        {"errorKind": kind, **(data or {})}))
+
+    async def _unauthorized(self, exc: StartupError) -> None:
+        """A reconnect refused the credentials (revoked, rotated, expired): waiting
+        will not help the requests pending, so they fail now; reconnecting goes on
+        within the give-up window (the server may accept the token again)."""
+        if not self._refused:
+            log.error("%s; pending requests fail, reconnecting goes on", exc)
+        self._refused = True
+        for call in sorted(self.book.calls.values(), key=lambda c: c.server_id):
+            if call.internal:
+                continue
+            del self.book.calls[call.server_id]
+            self._drop_outgoing(call)
+            await self._fail(call, str(exc), "unauthorized")
 
     # -- the end -------------------------------------------------------------------------
     async def _give_up(self, last: str) -> None:

@@ -188,3 +188,29 @@ async def test_giving_up_fails_what_is_pending_and_exits_1(tmp_path: Path) -> No
             assert "gave up" in error["message"] and str(relay.port) in error["message"]
         assert await adapter.exit_code() == 1
         assert any("gave up" in line for line in adapter.stderr)
+
+
+async def test_a_token_refused_after_a_reconnect_fails_what_is_pending(
+        tmp_path: Path, anyio_backend: str) -> None:
+    """review7 #8: the server comes back refusing the token (revoked, rotated): the
+    pending requests fail at once with ``unauthorized`` and one line on stderr, instead
+    of waiting out the give-up window; the token is shown nowhere."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    async with running_acp_server(tmp_path / "a", token="token-a") as first, \
+            running_acp_server(tmp_path / "b", token="token-b") as second, \
+            tcp_relay(port_of(first.base_url)) as relay, \
+            spawn_adapter(f"http://127.0.0.1:{relay.port}/acp", *no_h2(anyio_backend),
+                          env={"ACP_SERVER_TOKEN": "token-a"}) as adapter:
+        await adapter.request("initialize", INIT)
+        await adapter.request("session/new", {"cwd": first.workspace, "mcpServers": []})
+        relay.target_port = port_of(second.base_url)
+        relay.cut()
+        answer = await adapter.request("session/list", {}, timeout=30)
+        assert answer["error"]["data"]["errorKind"] == "unauthorized", answer
+        assert "401" in answer["error"]["message"]
+        refused = [line for line in adapter.stderr if "credentials" in line]
+        assert len(refused) == 1
+        everything = "\n".join(adapter.stderr) + repr(adapter.received)
+        assert "token-a" not in everything and "token-b" not in everything
+        assert adapter.process.returncode is None
