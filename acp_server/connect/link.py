@@ -25,6 +25,9 @@ Contracts:
 * Every message of the server is bounded by ``max_bytes`` as it arrives: a WebSocket
   message (its fragments counted; past it the socket is closed, ``INCOMING_TOO_BIG``),
   an SSE line and event, a POST answer; past it the link is lost.
+* ``close`` ends the connection on the server (WebSocket close code 1000, HTTP
+  ``DELETE``); leaving a WebSocket any other way closes it with ``RECONNECTING``, so
+  a resumable connection's sessions and turns wait for the next link.
 * The token goes in ``Authorization`` only; nothing here logs headers.
 """
 
@@ -75,6 +78,8 @@ class MessageTooLarge(Exception):
 
 TOO_BIG = 1009   # the WebSocket close code of a message over the server's cap
 INCOMING_TOO_BIG = 4009   # ours: a message of the server's over ``Target.max_bytes``
+DELIBERATE_CLOSE = 1000   # the editor is done: the server ends the connection (like DELETE)
+RECONNECTING = 4000       # any other way out of a WebSocket: the server keeps what it has
 
 
 class StartupError(Exception):
@@ -130,6 +135,7 @@ class WebSocketLink:
 
     def __init__(self, ws: Any) -> None:
         self._ws = ws
+        self.closed = False   # by ``close``: the editor is done (close code 1000)
 
     async def send(self, payload: bytes, *, session_id: str | None = None) -> None:
         try:
@@ -170,8 +176,17 @@ class WebSocketLink:
         return None   # one socket carries every stream
 
     async def close(self) -> None:
+        self.closed = True
         with contextlib.suppress(Exception):
-            await self._ws.close()
+            await self._ws.close(DELIBERATE_CLOSE)
+
+    async def drop(self) -> None:
+        """Leave without ending the connection on the server: a close code other than
+        1000, so its sessions and turns wait for the reconnect."""
+        if not self.closed:
+            with contextlib.suppress(Exception), anyio.CancelScope(shield=True), \
+                    anyio.move_on_after(2):
+                await self._ws.close(RECONNECTING, "reconnecting")
 
 
 class _CappedConnection:
@@ -217,10 +232,13 @@ async def _websocket(target: Target, init: bytes) -> AsyncIterator[tuple[Link, b
                                keepalive_ping_timeout_seconds=PING_INTERVAL_S) as ws:
             ws.connection = _CappedConnection(ws.connection, target.max_bytes)
             link = WebSocketLink(ws)
-            await link.send(init)
-            with anyio.fail_after(INITIALIZE_TIMEOUT_S):
-                answer = await link.receive()
-            yield link, answer
+            try:
+                await link.send(init)
+                with anyio.fail_after(INITIALIZE_TIMEOUT_S):
+                    answer = await link.receive()
+                yield link, answer
+            finally:
+                await link.drop()
 
 
 # -- Streamable HTTP -------------------------------------------------------------------------

@@ -184,16 +184,29 @@ class Relay:
         self.refused_size: int | None = None   # the smallest message the server refused
         self._dropping = False                 # past OUTBOX_BYTES: dropping notifications
         self._refused = False                  # the server refuses the credentials now
+        self._reading: anyio.CancelScope | None = None   # the editor's input (``stop``)
+        self._stop_requested = False
 
     # -- the editor --------------------------------------------------------------------
     async def run(self, lines: AsyncIterable[bytes | TooLong]) -> int:
         async with anyio.create_task_group() as tg:
             self._tg = tg
-            async for item in lines:
-                await self._one_line(item)
+            self._reading = anyio.CancelScope()
+            if self._stop_requested:
+                self._reading.cancel()
+            with self._reading:
+                async for item in lines:
+                    await self._one_line(item)
             await self._quit()
             tg.cancel_scope.cancel()
         return self.exit_code
+
+    def stop(self, exit_code: int = 0) -> None:
+        """End ``run`` as if the editor had closed stdin (its turns are cancelled
+        first): a signal to the adapter."""
+        self.exit_code, self._stop_requested = exit_code, True
+        if self._reading is not None:
+            self._reading.cancel()
 
     async def _one_line(self, item: bytes | TooLong) -> None:
         """``from_editor``, where nothing a line can do ends the adapter: an unexpected
