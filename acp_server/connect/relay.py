@@ -83,6 +83,7 @@ log = logging.getLogger("acp_server.connect")
 
 OUTBOX_BYTES = 64 << 20
 REATTACH_TIMEOUT_S = 120.0
+REATTACH_AT_ONCE = 8     # sessions re-attached concurrently after a reconnect
 HEALTHY_AFTER_S = 30.0   # a link up this long (or that answered the editor) was no flap
 MAX_ATTEMPTS = 3         # links lost with a request in flight before it fails
 AGENT_META = "acp-server/agent"
@@ -608,8 +609,28 @@ class Relay:
 
     # -- after a reconnect -----------------------------------------------------------------
     async def _reattach(self, link: Link) -> None:
-        for sid in list(self.book.sessions):
-            await self._reattach_session(link, sid)
+        """Re-attach every session (``REATTACH_AT_ONCE`` at a time), then queue what
+        was in flight again. One session that hangs or fails does not hold the others;
+        a lost link or a re-attach refused for now (``ReattachFailed``) is raised once
+        all are done."""
+        limiter = anyio.CapacityLimiter(REATTACH_AT_ONCE)
+        failures: list[LinkLost] = []
+
+        async def one(sid: str) -> None:
+            async with limiter:
+                if failures and not isinstance(failures[0], ReattachFailed):
+                    return   # the link is gone
+                try:
+                    await self._reattach_session(link, sid)
+                except LinkLost as exc:
+                    failures.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            for sid in list(self.book.sessions):
+                tg.start_soon(one, sid)
+        lost = [f for f in failures if not isinstance(f, ReattachFailed)]
+        if lost or failures:
+            raise (lost or failures)[0]
         resend: list[Call] = []
         for call in sorted(self.book.calls.values(), key=lambda c: c.server_id):
             if call.internal or not call.sent:
@@ -656,6 +677,9 @@ class Relay:
         params: dict[str, Any] = {"sessionId": sid, "cwd": session.cwd or self._workspace(),
                                   "mcpServers": session.mcp_servers or [], "_meta": meta}
         answer = await self._call(link, method, params)
+        if answer is None:
+            await self._reattach_timed_out(sid)
+            return
         if "error" in answer.members:
             error = wire.decode(answer.members["error"])
             error = error if isinstance(error, dict) else {"message": str(error)}
@@ -693,17 +717,34 @@ class Relay:
         cwd = ours.get("workspaceCwd") if isinstance(ours, dict) else None
         return cwd if isinstance(cwd, str) else None
 
-    async def _call(self, link: Link, method: str, params: dict[str, Any]) -> wire.Message:
+    async def _call(self, link: Link, method: str,
+                    params: dict[str, Any]) -> wire.Message | None:
+        """The server's answer to our own request; ``None`` past ``REATTACH_TIMEOUT_S``."""
         server_id = self.book.next_id()
         call = self.book.add_call(None, method, wire.request(server_id, method, params),
                                   params.get("sessionId"), internal=True, server_id=server_id)
         call.done = anyio.Event()
         call.sent = True
         await link.send(call.payload, session_id=call.session_id)
-        with anyio.fail_after(REATTACH_TIMEOUT_S):
+        with anyio.move_on_after(REATTACH_TIMEOUT_S):
             await call.done.wait()
-        assert call.answer is not None
+        if call.answer is None:
+            self.book.calls.pop(server_id, None)
+            return None
         return wire.parse(call.answer)
+
+    async def _reattach_timed_out(self, sid: str) -> None:
+        """No answer to a session's re-attach: its pending requests fail; the session
+        is kept (the next reconnect tries again) and the others go on."""
+        log.error("session %s: no answer to re-attaching it within %g s", sid,
+                  REATTACH_TIMEOUT_S)
+        for call in [c for c in self.book.calls.values()
+                     if c.session_id == sid and not c.internal]:
+            del self.book.calls[call.server_id]
+            self._drop_outgoing(call)
+            await self._fail(call, f"session {sid} could not be re-attached in "
+                                   f"{REATTACH_TIMEOUT_S:g} s after the reconnect",
+                             "reattach_timeout", {"sessionId": sid})
 
     async def _session_lost(self, sid: str, cause: str | None) -> None:
         log.error("session %s could not be re-attached: %s", sid, cause)

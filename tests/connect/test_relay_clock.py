@@ -282,3 +282,46 @@ async def test_notifications_while_down_are_bounded_too(monkeypatch: pytest.Monk
     assert notes == list(range(len(notes))) and 5 <= len(notes) < 40
     dropped = [r for r in caplog.records if "dropping the editor's notifications" in r.message]
     assert len(dropped) == 1
+
+
+async def test_a_session_whose_reattach_hangs_holds_no_other(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """review7 #12: after a reconnect the re-attach of one session is never answered:
+    its prompt fails (reattach_timeout) and the session is kept; the other session is
+    re-attached meanwhile and its prompt answered; the link stays."""
+    from acp_server.connect import relay as relay_module
+
+    monkeypatch.setattr(relay_module, "REATTACH_TIMEOUT_S", 0.2)   # real seconds: the
+    made = iter(["s1", "s2"])                                       # hang never ends
+
+    async def answer(link: FakeLink, message: dict[str, Any]) -> None:
+        method, rpc_id = message.get("method"), message.get("id")
+        params = message.get("params", {})
+        if method == "session/new":
+            link.push({"jsonrpc": "2.0", "id": rpc_id, "result": {"sessionId": next(made)}})
+        elif method == "session/load" and params["sessionId"] == "s1":
+            return   # hangs
+        elif method == "session/prompt" and server.connects == 1:
+            return
+        elif rpc_id is not None:
+            await echo_result(link, message)
+
+    server = FakeServer(answer=answer)
+    async with editor_and_relay(server, FakeClock()) as (editor, relay):
+        await editor.request("initialize", {}, 1)
+        await editor.response(1)
+        for rpc_id in (2, 3):
+            await editor.request("session/new", {"cwd": "/w", "mcpServers": []}, rpc_id)
+            await editor.response(rpc_id)
+        await editor.request("session/prompt", {"sessionId": "s1", "prompt": "a"}, 4)
+        await editor.request("session/prompt", {"sessionId": "s2", "prompt": "b"}, 5)
+        await _until(lambda: len([m for m in server.received
+                                  if m.get("method") == "session/prompt"]) == 2)
+        server.lose_all()
+        assert (await editor.response(5))["result"] == {"method": "session/prompt"}
+        failed = await editor.response(4)
+        assert kind(failed) == "reattach_timeout" and failed["error"]["data"]["sessionId"] == "s1"
+        assert "s1" in relay.book.sessions
+        await editor.request("session/list", {}, 6)
+        assert "result" in await editor.response(6)
+    assert server.connects == 2
