@@ -141,7 +141,8 @@ class WebSocketLink:
         try:
             await self._ws.send_text(payload.decode())
         except Exception as exc:   # wsproto's state errors included: the socket is done
-            raise LinkLost(f"WebSocket send failed: {_reason(exc)}",
+            # the type only: wsproto's errors show the event, the message (prompt) in it
+            raise LinkLost(f"WebSocket send failed: {type(exc).__name__}",
                            code=await self._close_code()) from None
 
     async def _close_code(self) -> int | None:

@@ -128,3 +128,20 @@ async def test_a_websocket_message_in_endless_fragments_is_bounded() -> None:
         tg.cancel_scope.cancel()
     assert lost.value.code == INCOMING_TOO_BIG
     assert f"over {CAP} bytes" in str(lost.value)
+
+
+async def test_a_failed_websocket_send_does_not_show_the_message() -> None:
+    """review7 #16: wsproto's state errors repr the event, and with it the prompt; the
+    reason logged on stderr names the error's type only."""
+    from acp_server.connect.link import WebSocketLink
+
+    class Closed:
+        async def send_text(self, text: str) -> None:
+            raise RuntimeError(f"cannot send Message(data={text!r}) in state CLOSED")
+
+        async def receive(self) -> None:
+            raise RuntimeError("closed")
+
+    with pytest.raises(LinkLost) as lost:
+        await WebSocketLink(Closed()).send(b'{"secret prompt": 1}')
+    assert "secret" not in str(lost.value) and "RuntimeError" in str(lost.value)
