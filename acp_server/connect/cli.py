@@ -24,7 +24,13 @@ import anyio
 
 from acp_server.connect.link import Target
 from acp_server.connect.relay import Relay
-from acp_server.connect.stdio import EditorWriter, LineReader, stdin_reader, stdout_writer
+from acp_server.connect.stdio import (
+    EditorWriter,
+    LineReader,
+    restore_blocking,
+    stdin_reader,
+    stdout_writer,
+)
 
 TOKEN_ENV = "ACP_SERVER_TOKEN"
 SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
@@ -76,7 +82,10 @@ def run_connect_args(args: argparse.Namespace) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     token = args.token if args.token is not None else os.environ.get(TOKEN_ENV) or None
     target = Target(args.url, token, args.transport, args.max_line_bytes)
-    return anyio.run(_main, target, args.agent, args.give_up_after, backend="asyncio")
+    try:
+        return anyio.run(_main, target, args.agent, args.give_up_after, backend="asyncio")
+    finally:
+        restore_blocking()
 
 
 async def _main(target: Target, agent: str | None, give_up_after_s: float) -> int:

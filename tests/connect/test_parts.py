@@ -89,3 +89,27 @@ def test_a_replay_the_editor_asked_for_is_no_duplicate() -> None:
     assert [session.seen(n, "e") for n in (3, 4, 4)] == [False, True, False]
     session.replay()
     assert session.seen(1, "other") and session.replayed_id is None   # a new epoch
+
+
+def test_the_adapter_gives_stdin_its_blocking_mode_back() -> None:
+    """review7 #10: the adapter makes stdin non-blocking to poll it; the mode belongs
+    to the open file, shared with the shell's terminal: at exit it is restored."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.connect.harness import ROOT
+
+    read, write = os.pipe()
+    try:
+        assert os.get_blocking(read)
+        child = subprocess.Popen([sys.executable, "-m", "acp_server.connect.cli",
+                                  "http://127.0.0.1:9/acp"], stdin=read,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                 env={**os.environ, "PYTHONPATH": ROOT})
+        os.write(write, b"not json\n")
+        os.close(write)
+        assert child.wait(timeout=60) == 0, child.stderr.read() if child.stderr else ""
+        assert os.get_blocking(read)
+    finally:
+        os.close(read)
