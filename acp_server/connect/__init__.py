@@ -1,7 +1,7 @@
 """``acp-server connect``: an ACP agent on stdio that relays to an acp-server's ``/acp``,
 so that any editor that starts ACP agents as child processes can use the server.
 
-    $ acp-server connect http://127.0.0.1:4170/acp --token "$T"     # as the editor's agent
+    $ ACP_SERVER_TOKEN=... acp-server connect http://127.0.0.1:4170/acp   # the editor's agent
 
     relay = Relay(Target("http://127.0.0.1:4170/acp"), out=writer)
     await relay.run(LineReader(stdin_reader(), max_bytes=32 << 20))

@@ -12,6 +12,7 @@ a closed stdin: the editor's turns are cancelled and the connection closed). std
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import os
 import re
@@ -75,12 +76,24 @@ def add_connect_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     return parser
 
 
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
 def run_connect_args(args: argparse.Namespace) -> int:
     logging.basicConfig(stream=sys.stderr, format="acp-server connect: %(message)s",
                         level=logging.INFO if args.verbose else logging.WARNING)
     for noisy in ("httpx", "httpcore", "httpx_ws"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     token = args.token if args.token is not None else os.environ.get(TOKEN_ENV) or None
+    parts = urlsplit(args.url)
+    if token and parts.scheme == "http" and not _loopback(parts.hostname or ""):
+        logging.getLogger("acp_server.connect").warning(
+            "the token goes in clear text to %s (http://): use https:// off this machine",
+            parts.hostname)
     target = Target(args.url, token, args.transport, args.max_line_bytes)
     try:
         return anyio.run(_main, target, args.agent, args.give_up_after, backend="asyncio")

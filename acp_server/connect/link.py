@@ -37,7 +37,7 @@ import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
@@ -95,7 +95,7 @@ class StartupError(Exception):
 @dataclass(frozen=True)
 class Target:
     url: str                      # http(s)://host:port/acp
-    token: str | None = None
+    token: str | None = field(default=None, repr=False)
     transport: str = "auto"       # auto | websocket | http | http1 (HTTP/1.1 only)
     max_bytes: int = 32 << 20
 

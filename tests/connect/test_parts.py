@@ -113,3 +113,26 @@ def test_the_adapter_gives_stdin_its_blocking_mode_back() -> None:
         assert os.get_blocking(read)
     finally:
         os.close(read)
+
+
+def test_the_token_stays_out_of_reprs_and_clear_text_is_warned_of() -> None:
+    """review7 #15: Target's repr has no token; a token sent over http:// to another
+    machine gets a warning on stderr (loopback does not)."""
+    import os
+    import subprocess
+    import sys
+
+    from acp_server.connect import Target
+    from tests.connect.harness import ROOT
+
+    assert "s3cret" not in repr(Target("http://h/acp", "s3cret"))
+
+    def stderr_of(url: str) -> str:
+        return subprocess.run([sys.executable, "-m", "acp_server.connect.cli", url],
+                              input=b"", capture_output=True, timeout=60,
+                              env={**os.environ, "PYTHONPATH": ROOT,
+                                   "ACP_SERVER_TOKEN": "s3cret"}).stderr.decode()
+
+    remote = stderr_of("http://192.0.2.1:4170/acp")
+    assert "clear text" in remote and "s3cret" not in remote
+    assert stderr_of("http://127.0.0.1:4170/acp") == ""
