@@ -289,9 +289,9 @@ async def test_a_session_whose_reattach_hangs_holds_no_other(
     """review7 #12: after a reconnect the re-attach of one session is never answered:
     its prompt fails (reattach_timeout) and the session is kept; the other session is
     re-attached meanwhile and its prompt answered; the link stays."""
-    from acp_server.connect import relay as relay_module
+    from acp_server.connect import reattach
 
-    monkeypatch.setattr(relay_module, "REATTACH_TIMEOUT_S", 0.2)   # real seconds: the
+    monkeypatch.setattr(reattach, "REATTACH_TIMEOUT_S", 0.2)   # real seconds: the
     made = iter(["s1", "s2"])                                       # hang never ends
 
     async def answer(link: FakeLink, message: dict[str, Any]) -> None:
