@@ -243,7 +243,10 @@ class Relay(Reattach):
         if msg.is_response:
             self._answer_server(msg)
         elif msg.method == "initialize":
-            await self._initialize(msg)
+            if msg.is_request:
+                await self._initialize(msg)
+            else:
+                log.warning("dropped initialize sent as a notification (it needs an id)")
         elif self.server_init is None:
             if msg.is_request:
                 await self.out.send(wire.error(msg.id, wire.INVALID_REQUEST,
@@ -281,6 +284,7 @@ class Relay(Reattach):
         if method in RESTORING or method == "session/fork":
             call.params = params
         if method in ("session/load", "session/resume") and sid is not None:
+            call.new_session = sid not in self.book.sessions
             self._register(sid, params)   # its replay may come before the answer
         if self.refused_size is not None and len(call.payload) >= self.refused_size:
             del self.book.calls[server_id]
@@ -599,6 +603,8 @@ class Relay(Reattach):
             await link.watch_session(result["sessionId"])
         elif call.method in FORGETS and ok and call.session_id is not None:
             self.book.forget_session(call.session_id)
+        elif not ok and call.new_session and call.session_id is not None:
+            self.book.sessions.pop(call.session_id, None)   # it never was the editor's
         await self.out.send(wire.with_id(msg.members, call.editor_id))
 
     # -- after a reconnect -----------------------------------------------------------------

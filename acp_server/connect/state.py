@@ -85,6 +85,7 @@ class Call:
     params: dict[str, Any] | None = None   # session/new, load, resume, fork: to register
     sent: bool = False             # on a link (else still in the outbox)
     attempts: int = 0              # links lost while it was in flight
+    new_session: bool = False      # a load/resume that registered its session
     answer: bytes | None = None    # internal: the server's answer, once it came
     done: Any = None               # internal: an anyio.Event set with ``answer``
 

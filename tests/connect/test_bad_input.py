@@ -214,3 +214,27 @@ async def test_a_token_refused_after_a_reconnect_fails_what_is_pending(
         everything = "\n".join(adapter.stderr) + repr(adapter.received)
         assert "token-a" not in everything and "token-b" not in everything
         assert adapter.process.returncode is None
+
+
+async def test_an_initialize_notification_and_a_failed_load_leave_nothing(
+        tmp_path: Path) -> None:
+    """review7 #20: initialize sent as a notification gets no answer (a line on stderr);
+    an editor's session/load the server refuses does not stay registered, so the next
+    reconnect does not try to re-attach it."""
+    async with running_acp_server(tmp_path) as srv, \
+            tcp_relay(port_of(srv.base_url)) as relay, \
+            spawn_adapter(f"http://127.0.0.1:{relay.port}/acp", "--verbose") as adapter:
+        await adapter.send({"jsonrpc": "2.0", "method": "initialize", "params": INIT})
+        init = await adapter.request("initialize", INIT, rpc_id="i")
+        assert init["result"]["protocolVersion"] == 1
+        assert [m.get("id") for m in adapter.received] == ["i"]   # nothing for the first
+        refused = await adapter.request("session/load", {
+            "sessionId": "no-such-session", "cwd": srv.workspace, "mcpServers": []})
+        assert refused["error"]["code"] == -32602
+        relay.cut()
+        with anyio.fail_after(30):
+            while not any("reconnected" in line for line in adapter.stderr):
+                await anyio.sleep(0.02)
+        assert (await adapter.request("session/list", {}))["result"] == {"sessions": []}
+        assert not [line for line in adapter.stderr if "could not be re-attached" in line]
+        assert any("notification" in line for line in adapter.stderr)
