@@ -243,6 +243,8 @@ async def _websocket(target: Target, init: bytes) -> AsyncIterator[tuple[Link, b
 
 
 # -- Streamable HTTP -------------------------------------------------------------------------
+_NO_H2C: set[str] = set()   # URLs whose server refused cleartext HTTP/2 (this process)
+
 class HttpLink:
     def __init__(self, client: httpx.AsyncClient, target: Target, connection_id: str,
                  tg: anyio.abc.TaskGroup, http_version: str) -> None:
@@ -417,7 +419,8 @@ async def _http_initialize(client: httpx.AsyncClient, target: Target,
 
 @contextlib.asynccontextmanager
 async def _http(target: Target, init: bytes) -> AsyncIterator[tuple[Link, bytes]]:
-    versions = ["HTTP/1.1"] if target.transport == "http1" else ["HTTP/2", "HTTP/1.1"]
+    plain_h1 = target.transport == "http1" or target.url in _NO_H2C
+    versions = ["HTTP/1.1"] if plain_h1 else ["HTTP/2", "HTTP/1.1"]
     for version in versions:
         h2 = version == "HTTP/2"
         # cleartext HTTP/2 is tried with prior knowledge; over TLS ALPN decides
@@ -434,6 +437,8 @@ async def _http(target: Target, init: bytes) -> AsyncIterator[tuple[Link, bytes]
                 log.debug("no cleartext HTTP/2 at %s (%s): HTTP/1.1", target.shown, exc)
                 continue
             raise
+        if not h2 and not plain_h1:   # HTTP/1.1 worked where HTTP/2 did not: not tried
+            _NO_H2C.add(target.url)   # again (the server logs each try)
         break
     try:
         _check_answer(target, response)

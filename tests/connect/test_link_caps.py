@@ -145,3 +145,32 @@ async def test_a_failed_websocket_send_does_not_show_the_message() -> None:
     with pytest.raises(LinkLost) as lost:
         await WebSocketLink(Closed()).send(b'{"secret prompt": 1}')
     assert "secret" not in str(lost.value) and "RuntimeError" in str(lost.value)
+
+
+async def test_cleartext_http2_is_tried_once(tmp_path: Any, anyio_backend: str,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """review7 #18: uvicorn (asyncio here) logs "Invalid HTTP request received" for each
+    cleartext HTTP/2 try; a server that refused it once is spoken HTTP/1.1 from then
+    on, so a reconnecting adapter does not fill its log."""
+    import httpx
+
+    from acp_server.connect import link as link_module
+    from tests.acp_http.server import running_acp_server
+
+    if anyio_backend == "trio":
+        pytest.skip("hypercorn speaks cleartext HTTP/2")
+    tries: list[bool] = []
+
+    class Client(httpx.AsyncClient):
+        def __init__(self, *args: Any, http2: bool = False, **kwargs: Any) -> None:
+            tries.append(http2)
+            super().__init__(*args, http2=http2, **kwargs)
+
+    async with running_acp_server(tmp_path) as srv:
+        monkeypatch.setattr(link_module.httpx, "AsyncClient", Client)
+        target = Target(srv.base_url + "/acp", transport="http")
+        for _ in range(3):
+            async with open_link(target, INIT) as (link, _answer):
+                assert "HTTP/1.1" in link.transport
+                await link.close()
+    assert tries == [True, False, False, False]
