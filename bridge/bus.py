@@ -89,7 +89,7 @@ class Subscription(BoundedFifo[Event]):
     for a reader that waits on several sources at once."""
 
     __slots__ = ("_bus", "epoch", "_warned", "last_queued_id", "evicted_reason", "stalled",
-                 "skip_through", "next_id")
+                 "skip_through", "next_id", "_evict_at")
 
     def __init__(self, bus: EventBus, max_queued: int, max_queued_bytes: int,
                  wakeup: Wakeup | None = None) -> None:
@@ -105,6 +105,8 @@ class Subscription(BoundedFifo[Event]):
         self.skip_through = 0
         # A held bus's reader is fed from the ring (``_top_up``): the next id it needs.
         self.next_id = bus._released_id + 1
+        ring = bus._ring.maxlen or 1   # ``evict_at``: fixed for the subscription's life
+        self._evict_at = min(max_queued + ring // 4, ring)
 
     @property
     def max_queued(self) -> int:
@@ -142,6 +144,32 @@ class Subscription(BoundedFifo[Event]):
             self._top_up()   # a held bus: fed from the ring as the reader reads
         return event
 
+    def take(self, max_bytes: int) -> list[Event]:
+        """Ready frames, in order, until their sizes reach ``max_bytes`` (at least one
+        when any is ready): what ``get_nowait`` gives one by one (a held bus's reader
+        topped up from the ring as it empties), in one call (an SSE write's batch)."""
+        out: list[Event] = []
+        total = 0
+        entries, sizes = self._entries, self._sizes
+        while total < max_bytes:
+            if not entries:
+                if self._lagging():
+                    self._top_up()
+                if not entries:
+                    break
+            event = entries.popleft()
+            size = sizes.popleft()
+            out.append(event)
+            if size >= 0:   # counted (an uncounted frame: -1)
+                self.items -= 1
+                self.nbytes -= size
+            total += event.size
+        self.taken += len(out)
+        low = self._low
+        if low is not None and low._event is not None and not self.half_full():
+            low.set()   # (Wakeup.waiting without the call, as get_nowait)
+        return out
+
     wait_ready = wait
     receive_nowait = get_nowait
 
@@ -162,14 +190,29 @@ class Subscription(BoundedFifo[Event]):
         if self.next_id < earliest:
             self._evict("queue_overflow")
             return
-        end = bus._released_id
-        for event in itertools.islice(bus._ring, self.next_id - earliest, end + 1 - earliest):
-            if self.half_full():
-                break
-            self.next_id = event.id + 1  # type: ignore[operator]
-            self._push(event)
-            if self.closed:
+        ring, half_items, max_bytes = bus._ring, (self.max_queued + 1) // 2, self.max_queued_bytes
+        end = bus._released_id + 1 - earliest
+        # What fits below half the item bound, read from the ring's nearer end: a reader
+        # follows close behind the newest event, and skipping the ring from its oldest
+        # cost O(ring) per top-up (up to ~8,000 steps for ~64 events).
+        while True:
+            start = self.next_id - earliest
+            stop = min(end, start + half_items - self.items)
+            if stop <= start:
                 return
+            n = len(ring)
+            if n - stop < start:
+                events = list(itertools.islice(reversed(ring), n - stop, n - start))
+                events.reverse()
+            else:
+                events = list(itertools.islice(ring, start, stop))
+            for event in events:
+                if self.nbytes * 2 >= max_bytes:   # half_full(), the byte bound
+                    return
+                self.next_id = event.id + 1  # type: ignore[operator]
+                self._push(event)
+                if self.closed:
+                    return
 
     def behind(self) -> int:
         """Released events this reader has not taken yet (a held bus)."""
@@ -231,8 +274,7 @@ class Subscription(BoundedFifo[Event]):
     def evict_at(self) -> int:
         """A held bus: the backlog (``behind``) past which this reader is evicted, its
         queue plus a commit's worth (a quarter ring), at most the ring."""
-        ring = self._bus._ring.maxlen or 1
-        return min(self.max_queued + ring // 4, ring)
+        return self._evict_at
 
     def lag(self) -> int:
         """Published events this reader has not taken, committed or not (a held bus)."""
@@ -295,6 +337,7 @@ class EventBus:
         self._close_when_released = False
         self._released: anyio.Event | None = None   # a publisher waits for a commit
         self._journal_stalled = False
+        self._lag_check_at = 0   # a held publisher checks its readers' lag from this id
         self._subscribers: list[Subscription] = []
         self.max_subscribers = max_subscribers
         self.max_queued = max_queued
@@ -390,7 +433,9 @@ class EventBus:
                 await anyio.lowlevel.checkpoint()   # the writer takes them now
             if unreleased >= self._journal_window or self._journal_stalled:
                 await self._wait_for_journal()
-            if self._laggard():   # else no reader to wait for: no coroutine to run
+            # no reader can be half its ``evict_at`` behind before ``_lag_check_at``
+            if (self._last_id >= self._lag_check_at or self._journal_stalled) \
+                    and self._laggard():   # else no reader to wait for: no coroutine
                 await self._wait_for_laggards()
             return
         deadline: float | None = None
@@ -424,16 +469,26 @@ class EventBus:
             self._journal_stalled = True
 
     def _laggard(self) -> bool:
-        """Whether a reader lags by half its ``evict_at`` or more (what
-        ``_wait_for_laggards`` waits for); the others are not ``stalled`` any more."""
+        """Whether a reader lags by more than half its ``evict_at`` (what
+        ``_wait_for_laggards`` waits for); the others are not ``stalled`` any more.
+        A reader's ``lag`` grows by one per event published and by nothing else, so
+        while none does, the next check is due only once the closest of them could
+        (``_lag_check_at``; a new subscriber or a stalled journal: at once)."""
         found = False
         journal_stalled = self._journal_stalled
+        last = self._last_id
+        headroom = self._ring.maxlen or 1
         for subscriber in self._subscribers:
-            lag = subscriber.behind() if journal_stalled else subscriber.lag()
-            if lag * 2 <= subscriber.evict_at():
+            lag = subscriber.behind() if journal_stalled \
+                else last - subscriber.next_id + 1 + subscriber.items   # lag(), inlined
+            half = subscriber._evict_at // 2   # lag * 2 <= evict_at
+            if lag <= half:
                 subscriber.stalled = False
+                if half - lag < headroom:
+                    headroom = half - lag
             else:
                 found = True
+        self._lag_check_at = 0 if found or journal_stalled else last + 1 + headroom
         return found
 
     async def _wait_for_laggards(self) -> None:
@@ -489,6 +544,7 @@ class EventBus:
             BoundedFifo.close(subscription)
         else:
             self._subscribers.append(subscription)
+            self._lag_check_at = 0   # its lag is checked at the next event
         return subscription
 
     def close(self) -> None:

@@ -7,6 +7,7 @@ keep-alive, response headers.
     class MyStream(SseResponse):
         async def wait_ready(self) -> bool: ...     # frames ready (True) or the end (False)
         def pop_frame(self) -> bytes | None: ...     # one complete SSE frame, or None
+        # optional: def pop_frames(self, max_bytes) -> list[bytes] (a batch in one call)
 
     return MyStream(keepalive_comment=b"heartbeat", heartbeat_s=15.0,
                     headers=[(b"x-qwen-event-epoch", epoch)], on_close=subscription.close)
@@ -26,8 +27,9 @@ otherwise yield an event with empty data. So:
 ``SseResponse`` contracts:
 
 * Headers: ``SSE_HEADERS`` plus the door's own; status 200.
-* Then the frames, several ready ones in one write (at most ``MAX_BATCH_BYTES``);
-  the keep-alive after ``heartbeat_s`` seconds of silence.
+* Then the frames, several ready ones in one write (``pop_frames``: about
+  ``MAX_BATCH_BYTES`` at most, one frame past it); the keep-alive after
+  ``heartbeat_s`` seconds of silence.
 * ``wait_ready`` consumes nothing, so the heartbeat timeout may cancel it safely;
   ``frames_sent`` reports each write of popped frames once it returned. A
   subclass may instead override ``write_frames`` (e.g. to pull from an iterator that
@@ -58,6 +60,8 @@ __all__ = ["MAX_BATCH_BYTES", "RETRY_LINE", "SSE_HEADERS", "SseResponse", "frame
 
 def frame(data: bytes, *, event: str | None = None, event_id: int | None = None) -> bytes:
     """One complete SSE frame. ``data`` must be one line (compact JSON)."""
+    if event is not None and type(event_id) is int:   # a bus event's: one allocation
+        return b"id: %d\nevent: %s\ndata: %s\n\n" % (event_id, event.encode(), data)
     head = b"data: "
     if event is not None:
         head = b"event: " + event.encode() + b"\n" + head
@@ -91,6 +95,19 @@ class SseResponse:
 
     def pop_frame(self) -> bytes | None:
         raise NotImplementedError
+
+    def pop_frames(self, max_bytes: int) -> list[bytes]:
+        """Ready frames until ``max_bytes`` (at least one when any is ready): by
+        default ``pop_frame`` one by one; a source may take them in one call."""
+        chunk: list[bytes] = []
+        size = 0
+        while size < max_bytes:
+            next_frame = self.pop_frame()
+            if next_frame is None:
+                break
+            chunk.append(next_frame)
+            size += len(next_frame)
+        return chunk
 
     def frames_sent(self, count: int) -> None:
         """Called after ``count`` popped frames were handed to the server's transport."""
@@ -134,14 +151,7 @@ class SseResponse:
                 continue
             if not ready:
                 return
-            chunk: list[bytes] = []
-            size = 0
-            while size < MAX_BATCH_BYTES:
-                next_frame = self.pop_frame()
-                if next_frame is None:
-                    break
-                chunk.append(next_frame)
-                size += len(next_frame)
+            chunk = self.pop_frames(MAX_BATCH_BYTES)
             if chunk:
                 await send({"type": "http.response.body", "body": b"".join(chunk),
                             "more_body": True})

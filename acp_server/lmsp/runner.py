@@ -14,7 +14,8 @@ Contracts:
 * ``loading`` = the agent session is being created (a cancel ends the wait);
   ``running`` = the prompt is in flight, committed with ``response.in_progress`` at
   the first flush (``FLUSH_S`` after the prompt went out); a turn that ends sooner
-  goes ``loading`` → final in one commit. Every transition is conditional: losing
+  (with fewer than ``FLUSH_EVENTS`` events) goes ``loading`` → final in one commit
+  and runs no writer task (``Runner._pump``). Every transition is conditional: losing
   one to a cancel moves the task ``cancelling`` → ``cancelled`` instead.
 * Store outages: claims are retried with a capped backoff; a task's own writes (its
   events, its outcome) wait for the store (``persist``) and never fail the task.
@@ -121,11 +122,15 @@ class DeltaWriter:
         self._some.set()
         self._full.set()
 
-    async def run(self) -> None:
+    async def run(self, due: bool = False) -> None:
+        """``due``: the opening is already due (``Runner._pump``'s first ``FLUSH_S``
+        passed, or ``FLUSH_EVENTS`` piled up, before this started): no first wait."""
         while True:
             await self._some.wait()
-            with anyio.move_on_after(FLUSH_S):
-                await self._full.wait()
+            if not due:
+                with anyio.move_on_after(FLUSH_S):
+                    await self._full.wait()
+            due = False
             batch, self.pending = self.pending, []
             self._some, self._full = anyio.Event(), anyio.Event()
             if self.closed:
@@ -385,29 +390,51 @@ class Runner:
         """Session updates → events, until the prompt's turn ends. Reading never waits
         for the store (so the bridge's subscription queue does not back up); ``writer``
         commits what accumulated. When the turn ended, the events not yet written are
-        left in ``writer.tail`` (the caller writes them), else written here."""
+        left in ``writer.tail`` (the caller writes them), else written here.
+
+        A turn that ends within ``FLUSH_S`` with fewer than ``FLUSH_EVENTS`` events (the
+        common case) runs no writer task at all: nothing was due to be written before
+        its final commit. Past either, ``writer.run`` starts with the opening due."""
+        with anyio.move_on_after(FLUSH_S):
+            ended = await self._read(attempt, ticket, subscription, handle, bridge, writer,
+                                     fast=True)
+            if ended:
+                writer.tail, writer.pending = writer.pending, []
+                return
         async with anyio.create_task_group() as tg:
-            tg.start_soon(writer.run)
+            tg.start_soon(writer.run, True)
             try:
-                async for event in subscription:
-                    if event.prompt_id != ticket.prompt_id:
-                        continue
-                    if event.type in ("turn_complete", "turn_error"):
-                        writer.hold_tail = True
-                        break
-                    if event.type == ev.PERMISSION_REQUEST:
-                        decided = self._answer_permission(bridge, event.data)
-                        if decided is not None:
-                            await writer.add([decided])
-                    elif event.type == "session_update":
-                        drafts = _map_update(attempt, event.data)
-                        if drafts:
-                            await writer.add(drafts)
-                        if attempt.truncated and not handle.stopping:
-                            handle.stopping = True   # max_output_tokens: stop the agent
-                            ticket.cancel("max_output_tokens")
+                await self._read(attempt, ticket, subscription, handle, bridge, writer,
+                                 fast=False)
             finally:
                 writer.close()
+
+    async def _read(self, attempt: Attempt, ticket: PromptTicket, subscription: Any,
+                    handle: _Handle, bridge: Bridge, writer: DeltaWriter, *,
+                    fast: bool) -> bool:
+        """Reads ``subscription`` into ``writer`` until the turn ends (``True``, with
+        ``writer.hold_tail`` set) or the subscription does (``False``); ``fast``: also
+        stops (``False``) once ``FLUSH_EVENTS`` are pending (the writer is due)."""
+        async for event in subscription:
+            if event.prompt_id != ticket.prompt_id:
+                continue
+            if event.type in ("turn_complete", "turn_error"):
+                writer.hold_tail = True
+                return True
+            if event.type == ev.PERMISSION_REQUEST:
+                decided = self._answer_permission(bridge, event.data)
+                if decided is not None:
+                    await writer.add([decided])
+            elif event.type == "session_update":
+                drafts = _map_update(attempt, event.data)
+                if drafts:
+                    await writer.add(drafts)
+                if attempt.truncated and not handle.stopping:
+                    handle.stopping = True   # max_output_tokens: stop the agent
+                    ticket.cancel("max_output_tokens")
+            if fast and len(writer.pending) >= FLUSH_EVENTS:
+                return False
+        return False
 
     def _answer_permission(self, bridge: Bridge, data: Any) -> PermissionDecidedEvent | None:
         """Nobody can vote over LMSP: the policy answers at once (first responder).

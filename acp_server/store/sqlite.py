@@ -91,6 +91,9 @@ BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 _UNSYNCED_RUNS = ("CREATE TABLE IF NOT EXISTS unsynced_runs "
                   "(run TEXT PRIMARY KEY, boot_id TEXT NOT NULL)")
 BUSY_TIMEOUT_S = 5.0
+# Prepared statements kept per connection (sqlite3's default is 128): the event INSERTs
+# alone take one per row count (``tasks.EVENT_ROWS``).
+CACHED_STATEMENTS = 256
 MIN_FREE_BYTES = 1 << 20   # less free space than this in the folder: ``probe`` says full
 SQL = Dialect()
 # sqlite3 errors that are the operation's own (a bug or a constraint), not the store's
@@ -100,7 +103,7 @@ _OWN_ERRORS = (sqlite3.IntegrityError, sqlite3.ProgrammingError, sqlite3.Interfa
 
 def _connect(path: str, busy_timeout_s: float = BUSY_TIMEOUT_S) -> sqlite3.Connection:
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
-                           timeout=busy_timeout_s)
+                           timeout=busy_timeout_s, cached_statements=CACHED_STATEMENTS)
     conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
     conn.execute("PRAGMA synchronous=FULL")
     return conn

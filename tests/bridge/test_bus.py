@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import anyio
 import anyio.lowlevel
 import msgspec
@@ -237,3 +239,99 @@ async def test_held_reader_that_keeps_up_is_never_warned():
         tg.start_soon(journal)
         tg.start_soon(publisher)
     assert [f.id for f in got] == list(range(1, total + 1))   # no control frame at all
+
+
+async def test_held_reader_is_fed_in_order_from_either_end_of_a_wrapped_ring():
+    """A held reader's top-up reads the ring from its nearer end: far behind (from the
+    oldest) and close behind the newest (from the newest), across many wraps."""
+    bus = held_bus()
+    sub = bus.subscribe()
+    publish(bus, 60)
+    bus.release(60)                  # the reader at the ring's oldest event (warned)
+    frames = drain(sub)
+    for step in range(300):          # then close behind the newest, the ring wrapping
+        publish(bus, 1)
+        if step % 5 == 4:
+            bus.release(bus.last_event_id)
+        if step % 7 == 6:
+            frames += drain(sub)
+    bus.release(bus.last_event_id)
+    frames += drain(sub)
+    assert [f.id for f in frames if f.id is not None] == list(range(1, 361))
+    assert not sub.closed
+
+
+async def test_held_reader_past_its_cursor_gets_the_events_after_it():
+    """A reader whose cursor is ahead of what is released skips the events up to it as
+    they are released (each top-up window may hold only skipped ones), then gets the
+    rest."""
+    bus = held_bus()
+    publish(bus, 40)
+    bus.release(10)
+    sub = bus.subscribe(last_event_id=35, epoch=bus.epoch)
+    assert [f.type for f in drain(sub)] == ["replay_complete"]
+    bus.release(40)
+    assert [f.id for f in drain(sub)] == [36, 37, 38, 39, 40]
+
+
+async def test_held_publisher_checks_a_new_reader_at_once():
+    """The lag check is skipped while no reader can have reached half its ``evict_at``;
+    a reader that subscribes meanwhile is checked from the next event: it is
+    ``stalled`` as soon as it lags by more than half (the publisher does not wait
+    here: ``flow_wait_s=0``), while the reader that keeps up never is."""
+    bus = held_bus(flow_wait_s=0)
+    fast = bus.subscribe()
+
+    async def step() -> None:
+        publish(bus, 1)
+        bus.release(bus.last_event_id)
+        drain(fast)
+        await bus.wait_for_readers()
+
+    for _ in range(3):
+        await step()
+    slow = bus.subscribe()           # live from event 4 on; never reads
+    for n in range(1, 40):
+        await step()
+        assert slow.closed or slow.stalled == (slow.behind() * 2 > slow.evict_at()), n
+        assert not fast.stalled
+    assert slow.evicted_reason == "queue_overflow"
+
+
+async def test_take_gives_what_get_nowait_gives_one_by_one():
+    """``take`` (an SSE write's batch) gives the frames ``get_nowait`` gives one by one,
+    in order, control frames and a held reader's top-ups included, each batch at
+    least one frame and at most its byte budget plus one frame."""
+    def run(read: str) -> list[tuple[int | None, str]]:
+        bus = held_bus()
+        sub = bus.subscribe()
+        frames: list[Any] = []
+        for step in range(200):
+            publish(bus, 1)
+            if step % 9 == 8:
+                bus.release(bus.last_event_id)
+            if step % 13 == 12:
+                if read == "one":
+                    frames += drain(sub)
+                else:
+                    while batch := sub.take(500):
+                        assert sum(f.size for f in batch[:-1]) < 500
+                        frames += batch
+        return [(f.id, f.type) for f in frames]
+
+    one = run("one")
+    assert run("batch") == one
+    ids = [i for i, _ in one if i is not None]
+    assert ids == list(range(1, 190))   # released through 189 at the last read
+
+
+async def test_take_counts_replayed_frames_towards_its_budget():
+    bus = EventBus(ring_size=64)
+    publish(bus, 30)
+    sub = bus.subscribe(last_event_id=0, epoch=bus.epoch)   # 30 replayed (uncounted)
+    size = bus.ring_events()[0].size
+    first = sub.take(size * 10)
+    assert [f.id for f in first] == list(range(1, 11))
+    rest = sub.take(1 << 20)
+    assert [f.id for f in rest] == [*range(11, 31), None]   # then replay_complete
+    assert sub.take(1 << 20) == [] and sub.taken == 31

@@ -65,3 +65,13 @@ def test_the_old_framing_gave_these_decoders_empty_events() -> None:
     old = b"retry: 3000\n\n" + frame(b"{}", event_id=1) + b": keep-alive\n\n"
     assert [data for _e, _i, data, _r in _openai(old)] == ["", "{}", ""]
     assert [data for _e, _i, data, _r in _httpx_sse(old)] == ["", "{}", ""]
+
+
+def test_frame_bytes_are_exact_with_and_without_id_and_event():
+    assert frame(b'{"a":1}', event="turn_complete", event_id=7) == \
+        b'id: 7\nevent: turn_complete\ndata: {"a":1}\n\n'
+    assert frame(b"{}", event="response.created", event_id=0) == \
+        b"id: 0\nevent: response.created\ndata: {}\n\n"
+    assert frame(b"{}", event_id=3) == b"id: 3\ndata: {}\n\n"
+    assert frame(b"{}", event="x") == b"event: x\ndata: {}\n\n"
+    assert frame(b"{}") == b"data: {}\n\n"

@@ -8,6 +8,7 @@ its prompts fail with ``session_moved``). On SQLite leases are a no-op. The
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,14 +39,34 @@ def db(pg_url: str) -> Iterator[psycopg.Connection[Any]]:
 
 
 def _lease(db: psycopg.Connection[Any], sid: str) -> tuple[str, int, float] | None:
-    """(instance, token, seconds until it expires on the store's clock, rounded; 0 for
-    a lease released at once)."""
+    """(instance, token, seconds until it expires on the store's clock; 0 for a lease
+    released at once)."""
     row = db.execute("SELECT instance, token, expires_at, expires_at - "
                      "extract(epoch FROM clock_timestamp())::float8 FROM session_leases "
                      "WHERE session_id = %s", (sid,)).fetchone()
     if row is None:
         return None
-    return row[0], row[1], 0 if row[2] == 0 else round(row[3])
+    return row[0], row[1], 0 if row[2] == 0 else row[3]
+
+
+class Leased:
+    """A lease written after ``mark`` (``time.monotonic()`` taken before the write) for
+    ``ttl`` seconds (the injected offset included): it compares equal to a ``_lease``
+    whose seconds left are between ``ttl`` less the wall time since the mark and ``ttl``
+    (half a second either side), so a loaded machine's delays never fail the check."""
+
+    def __init__(self, instance: str, token: int, ttl: float, mark: float) -> None:
+        self.instance, self.token, self.ttl, self.mark = instance, token, ttl, mark
+
+    def __eq__(self, lease: object) -> bool:
+        if not isinstance(lease, tuple):
+            return NotImplemented
+        waited = time.monotonic() - self.mark
+        return (lease[:2] == (self.instance, self.token)
+                and self.ttl - waited - 0.5 <= lease[2] <= self.ttl + 0.5)
+
+    def __repr__(self) -> str:
+        return f"Leased({self.instance!r}, {self.token}, {self.ttl} less the wait since the mark)"
 
 
 def _take_over(db: psycopg.Connection[Any], sid: str) -> None:
@@ -73,15 +94,17 @@ async def test_a_taken_over_session_is_fenced_and_stopped_here(
         leases = srv.server.leases
         assert leases is not None
         journal: Any = srv.bridge.journal
+        mark = time.monotonic()
         sid = await _session(srv.client)
-        assert _lease(db, sid) == (leases.instance, 1, now[0] + 8)   # with its record
+        assert _lease(db, sid) == Leased(leases.instance, 1, now[0] + 8, mark)   # with its record
         accepted = await srv.client.post(f"/session/{sid}/prompt", json=_prompt("/chunks 2 a"))
         assert accepted.status_code == 202
         await read_events(srv.client, sid, lambda e: e["type"] == "turn_complete",
                           last_event_id=0)
         now[0] += 5
+        renewed = time.monotonic()
         assert await journal.renew() == set()
-        assert _lease(db, sid) == (leases.instance, 1, now[0] + 8)   # renewed
+        assert _lease(db, sid) == Leased(leases.instance, 1, now[0] + 8, renewed)
         row = db.execute("SELECT url FROM instances WHERE id = %s",
                          (leases.instance,)).fetchone()
         assert row == (srv.base_url,)   # the registry: where this instance is reached
@@ -106,7 +129,7 @@ async def test_a_taken_over_session_is_fenced_and_stopped_here(
         assert _event_count(db, sid) == written   # nothing of it landed
         assert journal.fence[sid] == LOST
         assert srv.bridge.moved_sessions == 1
-        assert _lease(db, sid) == ("elsewhere", 2, now[0] + 8)
+        assert _lease(db, sid) == Leased("elsewhere", 2, now[0] + 8, renewed)
 
 
 async def test_a_renewal_finds_a_lost_lease_and_stops_the_session(
@@ -136,9 +159,10 @@ async def test_a_clean_stop_releases_the_leases_and_the_next_start_takes_them_ba
         sid = await _session(srv.client)
         instance = srv.server.leases.instance   # type: ignore[union-attr]
     assert _lease(db, sid) == (instance, 1, 0)   # expired at once: others may adopt
+    mark = time.monotonic()
     async with local_server(tmp_path, **settings) as srv:
         assert srv.bridge.has_session(sid)
-        assert _lease(db, sid) == (instance, 2, now[0] + 8)   # the same instance, token + 1
+        assert _lease(db, sid) == Leased(instance, 2, now[0] + 8, mark)   # token + 1
         assert (await srv.client.delete(f"/session/{sid}")).status_code == 204
         with anyio.fail_after(10):
             while _lease(db, sid) is not None:   # a closed session has no lease
@@ -197,8 +221,9 @@ def test_the_hand_over_sql(pg_url: str, db: psycopg.Connection[Any]) -> None:
     assert b.hand_over(db, "s1", 1, "cccc") is False   # not b's to give
     assert a.hand_over(db, "s1", 0, "bbbb") is False   # a stale token gives nothing
     now[0] += 5
+    mark = time.monotonic()
     assert a.hand_over(db, "s1", 1, "bbbb") is True
-    assert _lease(db, "s1") == ("bbbb", 1, now[0] + 8)   # live for a TTL, token kept
+    assert _lease(db, "s1") == Leased("bbbb", 1, now[0] + 8, mark)   # live for a TTL, token kept
     assert a.stale(db, {"s1": 1}) == {"s1"}   # the giver is fenced at once
     assert a.hand_over(db, "s1", 1, "aaaa") is False   # given once
     assert b.adopt(db, "s1") == 2   # the asker adopts it: token + 1

@@ -216,3 +216,21 @@ async def test_max_output_tokens_cuts_the_text(server: LmspServer) -> None:
     frames = await server.events(task["id"])
     deltas = "".join(f[2]["delta"] for f in frames if f[1] == "response.output_text.delta")
     assert deltas == "Echo: one two" and frames[-1][1] == "response.incomplete"
+
+
+@pytest.mark.parametrize("text", ["/chunks 3 a b c", "/chunks 150 " + "w " * 150,
+                                  "/sleep 120ms /chunks 5 a b c d e"])
+async def test_every_delta_once_in_order_whichever_way_the_turn_is_written(
+        server: LmspServer, text: str) -> None:
+    """A short turn (written in its final commit alone), one past ``FLUSH_EVENTS``
+    within ``FLUSH_S`` and one past ``FLUSH_S`` (both committed ``running`` first, the
+    runner's writer task): every delta once, in order, the numbers gapless."""
+    task = await server.create(text)
+    done = await server.wait(task["id"])
+    assert done["status"] == "succeeded"
+    frames = await server.events(task["id"])
+    assert [int(f[0]) for f in frames] == list(range(len(frames)))
+    assert [f[1] for f in frames[:2]] == ["response.created", "response.in_progress"]
+    assert frames[-1][1] == "response.completed"
+    deltas = "".join(f[2]["delta"] for f in frames if f[1] == "response.output_text.delta")
+    assert deltas == done["response"]["output"][0]["content"][0]["text"]
