@@ -17,7 +17,10 @@ Contracts:
   connection cap the answer is the ``-32603`` error frame, then close 1013.
 * The upgrade response carries ``Acp-Connection-Id``. Every stream of the
   connection (its own and every session's) is written to the socket; closing the
-  socket closes the connection as a DELETE would.
+  socket closes the connection as a DELETE would. For a resumable connection only a
+  client close frame with code 1000 is that deliberate close; any other end (another
+  code, no close frame, a network drop) is a lost connection, whose sessions and
+  permission requests linger for the registry's ``resume_grace_s``.
 * The handshake is checked by the same ``GuardPolicy.check`` as every HTTP request
   (the front layer leaves WebSocket scopes to this door): Host, Origin, the token as
   ``Authorization: Bearer <token>`` or ``Sec-WebSocket-Protocol:
@@ -136,6 +139,7 @@ async def acp_websocket(ws: WebSocket, *, registry: ConnectionRegistry,
     conn = await _handshake(ws, socket, connection_id, registry, limit, caller)
     if conn is None:
         return
+    deliberate = False
     try:
         # a revoked token ends the socket (1008) within about a second; so does a
         # credential configured after a ``local`` socket opened
@@ -144,7 +148,7 @@ async def acp_websocket(ws: WebSocket, *, registry: ConnectionRegistry,
                 conn.stream_opened()
                 tg.start_soon(_forward, conn, socket)
                 conn.on_channel = lambda channel: _attach_channel(tg, channel, socket)
-                await _receive_loop(ws, socket, conn, tg, limit)
+                deliberate = await _receive_loop(ws, socket, conn, tg, limit)
                 tg.cancel_scope.cancel()
         if held.cancelled_caught and ws.client_state == WebSocketState.CONNECTED:
             with anyio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
@@ -155,7 +159,7 @@ async def acp_websocket(ws: WebSocket, *, registry: ConnectionRegistry,
     finally:
         conn.on_channel = None
         conn.stream_closed()
-        registry.close(conn, lost=True)
+        registry.close(conn, lost=not deliberate)
         if ws.client_state == WebSocketState.CONNECTED:
             # Bounded: a server that has stopped (granian at exit) may never complete it.
             with anyio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
@@ -206,6 +210,7 @@ async def _handshake(ws: WebSocket, socket: _Socket, connection_id: str,
 
 
 FRAME_TOO_BIG = 1009
+DELIBERATE_CLOSE = 1000   # the client's close frame with it: the connection is done
 
 
 async def _next_text(ws: WebSocket, limit: int) -> str:
@@ -244,12 +249,14 @@ async def _forward(source: FrameSource, socket: _Socket) -> None:
 
 
 async def _receive_loop(ws: WebSocket, socket: _Socket, conn: AcpConnection,
-                        tg: anyio.abc.TaskGroup, limit: int) -> None:
+                        tg: anyio.abc.TaskGroup, limit: int) -> bool:
+    """Serve the client's frames until it goes; ``True`` when it closed the socket on
+    purpose (close code 1000: like DELETE), not lost it."""
     while True:
         try:
             text = await _next_text(ws, limit)
-        except WebSocketDisconnect:
-            return
+        except WebSocketDisconnect as exc:
+            return exc.code == DELIBERATE_CLOSE
         msg = await _decode(text, socket)
         if msg is None:
             continue

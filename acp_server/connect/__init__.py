@@ -1,7 +1,7 @@
 """``acp-server connect``: an ACP agent on stdio that relays to an acp-server's ``/acp``,
 so that any editor that starts ACP agents as child processes can use the server.
 
-    $ acp-server connect http://127.0.0.1:4170/acp --token "$T"     # as the editor's agent
+    $ ACP_SERVER_TOKEN=... acp-server connect http://127.0.0.1:4170/acp   # the editor's agent
 
     relay = Relay(Target("http://127.0.0.1:4170/acp"), out=writer)
     await relay.run(LineReader(stdin_reader(), max_bytes=32 << 20))
@@ -10,7 +10,8 @@ Like ``acp_server.client``, it imports nothing of the server: anyio, httpx (HTTP
 through ``h2``), httpx-ws, msgspec. Modules: ``wire`` (JSON-RPC kept raw), ``stdio``
 (the editor's side: capped lines in, one writer out), ``link`` (the server's side:
 WebSocket or Streamable HTTP), ``state`` (sessions, cursors, pending requests),
-``relay`` (the two directions and reconnecting), ``cli`` (the command line). What
+``relay`` (the two directions and reconnecting), ``reattach`` (the sessions again
+after a reconnect), ``cli`` (the command line). What
 the server offers a reconnecting client is in ``acp_server.acp_http.dispatch``.
 """
 

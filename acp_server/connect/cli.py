@@ -5,15 +5,18 @@
 Contracts: the URL is the server's ``/acp`` endpoint (a bare ``http://host:port`` gets
 ``/acp`` appended). ``--token`` defaults to ``$ACP_SERVER_TOKEN``; it is never
 printed. Exit status: 0 when the editor closed stdin, 1 after giving up on the
-server, 2 on bad usage. stdout carries only protocol; diagnostics go to stderr.
+server, 2 on bad usage, 128 + N after signal N (SIGTERM, SIGHUP, SIGINT: handled as
+a closed stdin: the editor's turns are cancelled and the connection closed). stdout carries only protocol; diagnostics go to stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import os
 import re
+import signal
 import sys
 from collections.abc import Sequence
 from urllib.parse import urlsplit
@@ -22,9 +25,16 @@ import anyio
 
 from acp_server.connect.link import Target
 from acp_server.connect.relay import Relay
-from acp_server.connect.stdio import EditorWriter, LineReader, stdin_reader, stdout_writer
+from acp_server.connect.stdio import (
+    EditorWriter,
+    LineReader,
+    restore_blocking,
+    stdin_reader,
+    stdout_writer,
+)
 
 TOKEN_ENV = "ACP_SERVER_TOKEN"
+SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 DEFAULT_MAX_LINE = 32 << 20
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
@@ -66,20 +76,47 @@ def add_connect_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     return parser
 
 
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
 def run_connect_args(args: argparse.Namespace) -> int:
     logging.basicConfig(stream=sys.stderr, format="acp-server connect: %(message)s",
                         level=logging.INFO if args.verbose else logging.WARNING)
     for noisy in ("httpx", "httpcore", "httpx_ws"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     token = args.token if args.token is not None else os.environ.get(TOKEN_ENV) or None
+    parts = urlsplit(args.url)
+    if token and parts.scheme == "http" and not _loopback(parts.hostname or ""):
+        logging.getLogger("acp_server.connect").warning(
+            "the token goes in clear text to %s (http://): use https:// off this machine",
+            parts.hostname)
     target = Target(args.url, token, args.transport, args.max_line_bytes)
-    return anyio.run(_main, target, args.agent, args.give_up_after, backend="asyncio")
+    try:
+        return anyio.run(_main, target, args.agent, args.give_up_after, backend="asyncio")
+    finally:
+        restore_blocking()
 
 
 async def _main(target: Target, agent: str | None, give_up_after_s: float) -> int:
-    async with EditorWriter(stdout_writer()) as out:
+    async with EditorWriter(stdout_writer()) as out, anyio.create_task_group() as tg:
         relay = Relay(target, out=out, agent=agent, give_up_after_s=give_up_after_s)
-        return await relay.run(LineReader(stdin_reader(), max_bytes=target.max_bytes))
+        tg.start_soon(_stop_on_signals, relay)
+        code = await relay.run(LineReader(stdin_reader(), max_bytes=target.max_bytes))
+        tg.cancel_scope.cancel()
+        return code
+
+
+async def _stop_on_signals(relay: Relay) -> None:
+    """SIGTERM, SIGHUP, SIGINT: what closing stdin does (the turns are cancelled, the
+    connection closed), then exit 128 + the signal's number."""
+    with anyio.open_signal_receiver(*SIGNALS) as received:
+        async for signum in received:
+            relay.stop(128 + int(signum))
+            return
 
 
 def main(argv: Sequence[str] | None = None) -> int:

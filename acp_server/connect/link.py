@@ -16,11 +16,18 @@ Contracts:
   endpoint (an answer that is not JSON-RPC).
 * After that, any failure of the connection raises ``LinkLost`` from ``send`` or
   ``receive``. HTTP: the connection stream ending, a stream failing, or a POST
-  answered 404/410/401/403 is a lost link; a POST answered 4xx with a JSON-RPC error
+  answered 404/410/401/403 is a lost link; a POST answered 413 raises
+  ``MessageTooLarge`` (that message only; over WebSocket the server closes with
+  ``TOO_BIG``, ``LinkLost.code``); a POST answered 4xx with a JSON-RPC error
   body hands that body to ``receive`` (as the server's answer), a 403 ``forbidden``
   (the token lacks a scope for that message) included, logged once; a 503 is retried
   after its ``Retry-After`` (at most ``POST_RETRIES`` times).
-* Every message is bounded by ``max_bytes`` (WebSocket frames, SSE lines).
+* Every message of the server is bounded by ``max_bytes`` as it arrives: a WebSocket
+  message (its fragments counted; past it the socket is closed, ``INCOMING_TOO_BIG``),
+  an SSE line and event, a POST answer; past it the link is lost.
+* ``close`` ends the connection on the server (WebSocket close code 1000, HTTP
+  ``DELETE``); leaving a WebSocket any other way closes it with ``RECONNECTING``, so
+  a resumable connection's sessions and turns wait for the next link.
 * The token goes in ``Authorization`` only; nothing here logs headers.
 """
 
@@ -30,13 +37,14 @@ import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 import anyio.abc
 import httpx
+import wsproto.events
 from httpx_ws import (
     HTTPXWSException,
     WebSocketDisconnect,
@@ -56,7 +64,22 @@ INCOMING = 256
 
 
 class LinkLost(Exception):
-    """The connection to the server is gone (the message says why)."""
+    """The connection to the server is gone (the message says why; ``code``: the
+    WebSocket close code when the server closed it)."""
+
+    def __init__(self, message: str, *, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class MessageTooLarge(Exception):
+    """The server refused one message for its size (HTTP 413); the link goes on."""
+
+
+TOO_BIG = 1009   # the WebSocket close code of a message over the server's cap
+INCOMING_TOO_BIG = 4009   # ours: a message of the server's over ``Target.max_bytes``
+DELIBERATE_CLOSE = 1000   # the editor is done: the server ends the connection (like DELETE)
+RECONNECTING = 4000       # any other way out of a WebSocket: the server keeps what it has
 
 
 class StartupError(Exception):
@@ -72,7 +95,7 @@ class StartupError(Exception):
 @dataclass(frozen=True)
 class Target:
     url: str                      # http(s)://host:port/acp
-    token: str | None = None
+    token: str | None = field(default=None, repr=False)
     transport: str = "auto"       # auto | websocket | http | http1 (HTTP/1.1 only)
     max_bytes: int = 32 << 20
 
@@ -112,12 +135,28 @@ class WebSocketLink:
 
     def __init__(self, ws: Any) -> None:
         self._ws = ws
+        self.closed = False   # by ``close``: the editor is done (close code 1000)
 
     async def send(self, payload: bytes, *, session_id: str | None = None) -> None:
         try:
             await self._ws.send_text(payload.decode())
         except Exception as exc:   # wsproto's state errors included: the socket is done
-            raise LinkLost(f"WebSocket send failed: {_reason(exc)}") from None
+            # the type only: wsproto's errors show the event, the message (prompt) in it
+            raise LinkLost(f"WebSocket send failed: {type(exc).__name__}",
+                           code=await self._close_code()) from None
+
+    async def _close_code(self) -> int | None:
+        """The server's close code, when its close frame is among what is left to read
+        (a send can fail before the reader has seen why)."""
+        with anyio.move_on_after(1):
+            while True:
+                try:
+                    await self._ws.receive()
+                except WebSocketDisconnect as exc:
+                    return int(exc.code)
+                except Exception:
+                    return None
+        return None
 
     async def receive(self) -> bytes:
         while True:
@@ -126,7 +165,11 @@ class WebSocketLink:
             except WebSocketInvalidTypeReceived:
                 continue   # binary frames are ignored, as the server ignores them
             except WebSocketDisconnect as exc:
-                raise LinkLost(f"the server closed the WebSocket ({exc.code})") from None
+                if exc.code == INCOMING_TOO_BIG:
+                    raise LinkLost(f"the server sent {exc.reason} (--max-line-bytes): "
+                                   "dropped", code=exc.code) from None
+                raise LinkLost(f"the server closed the WebSocket ({exc.code})",
+                               code=exc.code) from None
             except Exception as exc:
                 raise LinkLost(f"WebSocket failed: {_reason(exc)}") from None
 
@@ -134,8 +177,50 @@ class WebSocketLink:
         return None   # one socket carries every stream
 
     async def close(self) -> None:
+        self.closed = True
         with contextlib.suppress(Exception):
-            await self._ws.close()
+            await self._ws.close(DELIBERATE_CLOSE)
+
+    async def drop(self) -> None:
+        """Leave without ending the connection on the server: a close code other than
+        1000, so its sessions and turns wait for the reconnect."""
+        if not self.closed:
+            with contextlib.suppress(Exception), anyio.CancelScope(shield=True), \
+                    anyio.move_on_after(2):
+                await self._ws.close(RECONNECTING, "reconnecting")
+
+
+class _CappedConnection:
+    """wsproto's connection as httpx-ws drives it, with every incoming message bounded:
+    httpx-ws joins the pieces of a fragmented message without limit, so past
+    ``max_bytes`` of one message this ends the socket (a close event with
+    ``INCOMING_TOO_BIG``) and reads nothing more. Everything else is wsproto's."""
+
+    def __init__(self, inner: Any, max_bytes: int) -> None:
+        self._inner = inner
+        self._max_bytes = max_bytes
+        self._size = 0
+        self._over = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def receive_data(self, data: bytes | None) -> None:
+        if not self._over:
+            self._inner.receive_data(data)
+
+    def events(self) -> Any:
+        for event in self._inner.events():
+            if isinstance(event, wsproto.events.Message):
+                self._size += len(event.data)
+                if self._size > self._max_bytes:
+                    self._over = True
+                    yield wsproto.events.CloseConnection(
+                        INCOMING_TOO_BIG, f"a message over {self._max_bytes} bytes")
+                    return
+                if event.message_finished:
+                    self._size = 0
+            yield event
 
 
 @contextlib.asynccontextmanager
@@ -146,14 +231,20 @@ async def _websocket(target: Target, init: bytes) -> AsyncIterator[tuple[Link, b
         async with aconnect_ws(ws_url, client, max_message_size_bytes=target.max_bytes,
                                keepalive_ping_interval_seconds=PING_INTERVAL_S,
                                keepalive_ping_timeout_seconds=PING_INTERVAL_S) as ws:
+            ws.connection = _CappedConnection(ws.connection, target.max_bytes)
             link = WebSocketLink(ws)
-            await link.send(init)
-            with anyio.fail_after(INITIALIZE_TIMEOUT_S):
-                answer = await link.receive()
-            yield link, answer
+            try:
+                await link.send(init)
+                with anyio.fail_after(INITIALIZE_TIMEOUT_S):
+                    answer = await link.receive()
+                yield link, answer
+            finally:
+                await link.drop()
 
 
 # -- Streamable HTTP -------------------------------------------------------------------------
+_NO_H2C: set[str] = set()   # URLs whose server refused cleartext HTTP/2 (this process)
+
 class HttpLink:
     def __init__(self, client: httpx.AsyncClient, target: Target, connection_id: str,
                  tg: anyio.abc.TaskGroup, http_version: str) -> None:
@@ -218,9 +309,9 @@ class HttpLink:
         async with self._post_lock:   # one at a time: the order is the editor's
             for _attempt in range(POST_RETRIES + 1):
                 try:
-                    response = await self._client.post(
-                        self._target.url, content=payload,
-                        headers={**self._headers(session_id), "Content-Type": "application/json"})
+                    response = await _post(
+                        self._client, self._target, payload,
+                        {**self._headers(session_id), "Content-Type": "application/json"})
                 except (httpx.HTTPError, OSError) as exc:
                     raise LinkLost(f"POST failed: {_reason(exc)}") from None
                 if response.status_code != 503:
@@ -229,6 +320,9 @@ class HttpLink:
         status = response.status_code
         if status in (200, 202):
             return
+        if status == 413:
+            raise MessageTooLarge(f"{self._target.shown} refused a message of "
+                                  f"{len(payload)} bytes as too large (HTTP 413)")
         body = response.content
         if status == 403 and _error_kind(body) == "forbidden":
             # the credential lacks a scope for this one message: the editor is told,
@@ -260,9 +354,10 @@ class HttpLink:
 
 async def sse_data(response: httpx.Response, max_bytes: int) -> AsyncIterator[bytes]:
     """The ``data`` of each SSE event (comments and ``id:`` lines skipped), every line
-    bounded by ``max_bytes`` (a longer one fails the stream)."""
+    and every event's data bounded by ``max_bytes`` (a longer one fails the stream)."""
     buffer = bytearray()
     data: list[bytes] = []
+    size = 0
     async for chunk in response.aiter_bytes():
         buffer += chunk
         while True:
@@ -276,10 +371,13 @@ async def sse_data(response: httpx.Response, max_bytes: int) -> AsyncIterator[by
             if not line:
                 if data:
                     yield b"\n".join(data)
-                    data = []
+                    data, size = [], 0
             elif line.startswith(b"data:"):
                 value = line[5:]
                 data.append(value[1:] if value.startswith(b" ") else value)
+                size += len(data[-1]) + 1
+                if size > max_bytes:
+                    raise httpx.DecodingError(f"an SSE event over {max_bytes} bytes")
 
 
 def _retry_after(response: httpx.Response) -> float:
@@ -297,16 +395,32 @@ def _is_jsonrpc(body: bytes) -> bool:
     return isinstance(value, dict) and value.get("jsonrpc") == "2.0"
 
 
+async def _post(client: httpx.AsyncClient, target: Target, content: bytes,
+                headers: dict[str, str]) -> httpx.Response:
+    """A POST whose answer is read whole but never past ``target.max_bytes``
+    (``httpx.DecodingError`` then)."""
+    async with client.stream("POST", target.url, content=content, headers=headers) as response:
+        body = bytearray()
+        async for chunk in response.aiter_bytes():   # decoded: the cap is what is kept
+            body += chunk
+            if len(body) > target.max_bytes:
+                raise httpx.DecodingError(f"an answer over {target.max_bytes} bytes")
+    headers = [(k, v) for k, v in response.headers.multi_items()
+               if k not in ("content-encoding", "content-length", "transfer-encoding")]
+    return httpx.Response(response.status_code, headers=headers, content=bytes(body),
+                          request=response.request, extensions=response.extensions)
+
+
 async def _http_initialize(client: httpx.AsyncClient, target: Target,
                            init: bytes) -> httpx.Response:
-    return await client.post(target.url, content=init,
-                             headers={"Content-Type": "application/json",
-                                      "Accept": "application/json"})
+    return await _post(client, target, init, {"Content-Type": "application/json",
+                                              "Accept": "application/json"})
 
 
 @contextlib.asynccontextmanager
 async def _http(target: Target, init: bytes) -> AsyncIterator[tuple[Link, bytes]]:
-    versions = ["HTTP/1.1"] if target.transport == "http1" else ["HTTP/2", "HTTP/1.1"]
+    plain_h1 = target.transport == "http1" or target.url in _NO_H2C
+    versions = ["HTTP/1.1"] if plain_h1 else ["HTTP/2", "HTTP/1.1"]
     for version in versions:
         h2 = version == "HTTP/2"
         # cleartext HTTP/2 is tried with prior knowledge; over TLS ALPN decides
@@ -323,6 +437,8 @@ async def _http(target: Target, init: bytes) -> AsyncIterator[tuple[Link, bytes]
                 log.debug("no cleartext HTTP/2 at %s (%s): HTTP/1.1", target.shown, exc)
                 continue
             raise
+        if not h2 and not plain_h1:   # HTTP/1.1 worked where HTTP/2 did not: not tried
+            _NO_H2C.add(target.url)   # again (the server logs each try)
         break
     try:
         _check_answer(target, response)

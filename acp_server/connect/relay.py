@@ -16,6 +16,9 @@ Contracts:
   cannot be reached, refuses the token or is not ACP, that ``initialize`` gets an
   error naming the cause, one line goes to stderr, and the adapter keeps reading (a
   later ``initialize`` tries again). Requests before ``initialize`` get ``-32600``.
+* **Bad input.** Nothing the editor sends ends the adapter: params that are not an
+  object on a method whose ``_meta`` it adds to get ``-32602``; a line whose relaying
+  fails unexpectedly is logged and, when it is a request, answered ``-32603``.
 * **Reconnect.** A lost link is reconnected with capped exponential backoff and
   jitter (``Backoff``); then ``initialize`` again, then every session the editor
   uses is re-attached (``session/load``, or ``session/resume`` without
@@ -24,11 +27,26 @@ Contracts:
   (``state.REPEATABLE``; a prompt under its prompt id is admitted once by the
   server) or fail with ``connection_lost``, then what the editor sent meanwhile, in
   order. Events are forwarded at most once (``state.Session.seen``). A session the
-  server no longer has fails its pending requests with ``session_lost``.
+  server no longer has (its re-attach answered ``-32602``) fails its pending requests
+  with ``session_lost``; any other error answer (a store outage, ...) drops the link
+  and the re-attach is tried again on the next one, within the give-up window.
+* **Refused credentials.** A reconnect answered 401/403 fails every pending request
+  at once with ``unauthorized`` (one line on stderr); reconnecting goes on.
 * **Giving up.** Down longer than ``give_up_after_s``: every pending request gets an
-  error naming the server and the last failure, and ``run`` returns 1.
+  error naming the server and the last failure, and ``run`` returns 1. The window
+  opens at the first loss and is not reset by links that come up and drop again: only
+  a healthy link (up ``HEALTHY_AFTER_S`` by the clock, or one that answered a request
+  of the editor) closes it and resets the backoff.
+* **Poison messages.** A message the server refuses for its size (HTTP 413, WebSocket
+  close 1009: the largest sent on that link) fails alone with ``message_too_large``
+  (a notification is dropped with a line on stderr), and nothing as large is sent
+  again. A request in flight on ``MAX_ATTEMPTS`` links lost within
+  ``HEALTHY_AFTER_S`` of connecting fails with ``connection_lost``.
+* **Seams.** ``clock`` (monotonic seconds and sleeping) and ``connect`` (``open_link``)
+  are injected; tests pass a fake clock and a scripted server.
 * **Bounds.** Messages waiting for the link: ``OUTBOX_BYTES`` (past it a request is
-  refused at once). Editor lines: the reader's cap (past it ``-32600``).
+  refused at once, a notification or an answer dropped with a line on stderr).
+  Editor lines: the reader's cap (past it ``-32600``).
 * stdout carries only protocol (``EditorWriter``); diagnostics go to the
   ``acp_server.connect`` logger (stderr); the token is never logged.
 """
@@ -49,20 +67,31 @@ import anyio
 import anyio.abc
 
 from acp_server.connect import wire
-from acp_server.connect.link import Link, LinkLost, StartupError, Target, open_link
+from acp_server.connect.link import (
+    TOO_BIG,
+    Link,
+    LinkLost,
+    MessageTooLarge,
+    StartupError,
+    Target,
+    open_link,
+)
+from acp_server.connect.reattach import (
+    AGENT_META,
+    CURSOR_META,
+    Reattach,
+    ReattachFailed,
+)
 from acp_server.connect.state import REPEATABLE, Asked, Book, Call, key
 from acp_server.connect.stdio import EditorWriter, TooLong
 
 log = logging.getLogger("acp_server.connect")
 
 OUTBOX_BYTES = 64 << 20
-REATTACH_TIMEOUT_S = 120.0
-AGENT_META = "acp-server/agent"
+HEALTHY_AFTER_S = 30.0   # a link up this long (or that answered the editor) was no flap
+MAX_ATTEMPTS = 3         # links lost with a request in flight before it fails
 PROMPT_ID_META = "acp-server/promptId"
 RESUMABLE_META = "acp-server/resumable"
-CURSOR_META = "acp-server/lastEventId"
-EPOCH_META = "acp-server/eventEpoch"
-EVENTS_META = "acp-server/events"
 RESTORING = frozenset({"session/new", "session/load", "session/resume"})
 REGISTERS = frozenset({"session/new", "session/fork"})
 FORGETS = frozenset({"session/close", "session/delete"})
@@ -102,15 +131,32 @@ class Outgoing:
     on_sent: Callable[[], None] | None = None
 
 
+Connect = Callable[[Target, bytes],
+                   contextlib.AbstractAsyncContextManager[tuple[Link, bytes]]]
+
+
 class GaveUp(Exception):
     pass
 
 
-class Relay:
+_NOT_A_REQUEST = object()
+
+
+def _request_id(item: bytes | TooLong) -> Any:
+    """The id of ``item`` when it is a request, else ``_NOT_A_REQUEST``."""
+    try:
+        msg = wire.parse(item) if isinstance(item, bytes) else None
+    except Exception:
+        return _NOT_A_REQUEST
+    return msg.id if msg is not None and msg.is_request else _NOT_A_REQUEST
+
+
+class Relay(Reattach):
     def __init__(self, target: Target, *, out: EditorWriter, agent: str | None = None,
                  give_up_after_s: float = 600.0, clock: Clock | None = None,
-                 backoff: Backoff = Backoff()) -> None:
+                 backoff: Backoff = Backoff(), connect: Connect = open_link) -> None:
         self.target = target
+        self.connect = connect
         self.out = out
         self.agent = agent
         self.give_up_after_s = give_up_after_s
@@ -126,18 +172,61 @@ class Relay:
         self.exit_code = 0
         self._tg: anyio.abc.TaskGroup | None = None
         self._connecting = anyio.Lock()
+        self._healthy = False                  # this link answered the editor
+        self._short_lived = False              # the last link lost within HEALTHY_AFTER_S
+        self._blameless = False                # ... by a re-attach refused for now
+        self._largest_sent: Outgoing | None = None   # on this link (a close 1009 blames it)
+        self.refused_size: int | None = None   # the smallest message the server refused
+        self._dropping = False                 # past OUTBOX_BYTES: dropping notifications
+        self._refused = False                  # the server refuses the credentials now
+        self._reading: anyio.CancelScope | None = None   # the editor's input (``stop``)
+        self._stop_requested = False
 
     # -- the editor --------------------------------------------------------------------
     async def run(self, lines: AsyncIterable[bytes | TooLong]) -> int:
         async with anyio.create_task_group() as tg:
             self._tg = tg
-            async for item in lines:
-                await self.from_editor(item)
+            self._reading = anyio.CancelScope()
+            if self._stop_requested:
+                self._reading.cancel()
+            with self._reading:
+                async for item in lines:
+                    await self._one_line(item)
             await self._quit()
             tg.cancel_scope.cancel()
         return self.exit_code
 
+    def stop(self, exit_code: int = 0) -> None:
+        """End ``run`` as if the editor had closed stdin (its turns are cancelled
+        first): a signal to the adapter."""
+        self.exit_code, self._stop_requested = exit_code, True
+        if self._reading is not None:
+            self._reading.cancel()
+
+    async def _one_line(self, item: bytes | TooLong) -> None:
+        """``from_editor``, where nothing a line can do ends the adapter: an unexpected
+        failure is logged and a request gets ``-32603``."""
+        try:
+            await self.from_editor(item)
+        except Exception as exc:
+            log.exception("failed to relay a message of the editor")
+            rpc_id = _request_id(item)
+            if rpc_id is not _NOT_A_REQUEST:
+                await self.out.send(wire.error(rpc_id, wire.INTERNAL_ERROR,
+                                               f"acp-server connect: internal error "
+                                               f"({type(exc).__name__})"))
+
     async def from_editor(self, item: bytes | TooLong) -> None:
+        try:
+            await self._from_editor(item)
+        except wire.InvalidParams as exc:   # a method whose params we add to
+            msg = wire.parse(item) if isinstance(item, bytes) else None
+            if msg is not None and msg.is_request:
+                await self.out.send(wire.error(msg.id, exc.code, str(exc)))
+            else:
+                log.warning("dropped a notification of the editor: %s", exc)
+
+    async def _from_editor(self, item: bytes | TooLong) -> None:
         if isinstance(item, TooLong):
             await self.out.send(wire.error(None, wire.INVALID_REQUEST,
                                            f"Message too large: {item.size} bytes (limit "
@@ -154,7 +243,10 @@ class Relay:
         if msg.is_response:
             self._answer_server(msg)
         elif msg.method == "initialize":
-            await self._initialize(msg)
+            if msg.is_request:
+                await self._initialize(msg)
+            else:
+                log.warning("dropped initialize sent as a notification (it needs an id)")
         elif self.server_init is None:
             if msg.is_request:
                 await self.out.send(wire.error(msg.id, wire.INVALID_REQUEST,
@@ -172,18 +264,34 @@ class Relay:
         if self.agent is not None and method in RESTORING:
             members = wire.set_meta(members, AGENT_META, self.agent, replace=False)
         if not msg.is_request:
+            if self.refused_size is not None and len(msg.raw) >= self.refused_size:
+                log.error("dropped a notification of %d bytes: the server refused %d as "
+                          "too large", len(msg.raw), self.refused_size)
+                return
             self._enqueue(Outgoing(wire.encode(members) if members is not msg.members
                                    else msg.raw, sid))
             return
         if method == "session/prompt":
             members = wire.set_meta(members, PROMPT_ID_META, uuid.uuid4().hex, replace=False)
+        if method == "session/load" and sid in self.book.sessions and self.resumable:
+            # the server sends a connection only what it has not sent it: ask for the
+            # whole history again, which the editor wants (``Session.replay``)
+            members = wire.set_meta(members, CURSOR_META, 0, replace=False)
+            self.book.sessions[sid].replay()
         server_id = self.book.next_id()
         call = self.book.add_call(msg.id, method, wire.with_id(members, server_id), sid,
                                   server_id=server_id)
         if method in RESTORING or method == "session/fork":
             call.params = params
         if method in ("session/load", "session/resume") and sid is not None:
+            call.new_session = sid not in self.book.sessions
             self._register(sid, params)   # its replay may come before the answer
+        if self.refused_size is not None and len(call.payload) >= self.refused_size:
+            del self.book.calls[server_id]
+            await self._fail(call, f"the server refused a message of {self.refused_size} "
+                                   f"bytes as too large; this one has {len(call.payload)}",
+                             "message_too_large", {"size": len(call.payload)})
+            return
         if self.outbox_bytes + len(call.payload) > OUTBOX_BYTES:
             del self.book.calls[server_id]
             await self.out.send(wire.error(msg.id, wire.INTERNAL_ERROR,
@@ -236,6 +344,16 @@ class Relay:
                                call.session_id))
 
     def _enqueue(self, item: Outgoing) -> None:
+        """Queue ``item`` for the link; past ``OUTBOX_BYTES`` a notification or an answer
+        is dropped (one stderr line until the queue drains; requests are refused
+        before they get here)."""
+        if item.call is None and self.outbox_bytes + len(item.payload) > OUTBOX_BYTES:
+            if not self._dropping:
+                log.error("too much waiting for the connection to the server (%d bytes): "
+                          "dropping the editor's notifications and answers until it "
+                          "drains", self.outbox_bytes)
+            self._dropping = True
+            return
         self.outbox.append(item)
         self.outbox_bytes += len(item.payload)
         self._wake.set()
@@ -284,29 +402,36 @@ class Relay:
         return answer
 
     async def _supervise(self, *, task_status: anyio.abc.TaskStatus[Any]) -> None:
-        """Own the link: connect, relay, and on a loss reconnect (see the contracts)."""
+        """Own the link: connect, relay, and on a loss reconnect (see the contracts).
+
+        The give-up window opens at the first loss and stays open (and the backoff keeps
+        growing) across links that come up and drop again, until one is healthy: up
+        ``HEALTHY_AFTER_S`` or it answered a request of the editor."""
         first = True
         started = False
         attempt = 0
-        deadline = 0.0
+        down_since: float | None = None
         last = ""
         while True:
-            if not first:
-                remaining = deadline - self.clock.now()
+            if down_since is not None:
+                remaining = down_since + self.give_up_after_s - self.clock.now()
                 if remaining <= 0:
                     await self._give_up(last)
                 await self.clock.sleep(min(self.backoff.delay(attempt), remaining))
                 attempt += 1
             reason: str | None = None
+            up_at: float | None = None
             try:
-                async with open_link(self.target, self._init_payload()) as (link, raw):
+                async with self.connect(self.target, self._init_payload()) as (link, raw):
                     answer = self._accept(raw)
                     if first:
                         task_status.started(answer)
                         started = True
                     else:
                         log.warning("reconnected to %s (%s)", self.target.shown, link.transport)
-                    attempt = 0
+                    up_at = self.clock.now()
+                    self._healthy = False
+                    self._refused = False
                     reason = await self._serve(link, first=first)
             except StartupError as exc:
                 if first:
@@ -314,6 +439,8 @@ class Relay:
                     return
                 last = str(exc)
                 log.info("reconnect attempt %d failed: %s", attempt, exc)
+                if exc.kind == "unauthorized":
+                    await self._unauthorized(exc)
                 continue
             except Exception as exc:   # the link failed on its way in or out
                 if not started:
@@ -324,16 +451,23 @@ class Relay:
                 reason = reason or repr(exc)
             first = False
             last = reason or "closed"
-            deadline = self.clock.now() + self.give_up_after_s
+            lived = self.clock.now() - up_at if up_at is not None else 0.0
+            self._short_lived = lived < HEALTHY_AFTER_S
+            if up_at is not None and (self._healthy or not self._short_lived):
+                down_since, attempt = None, 0
+            if down_since is None:
+                down_since = self.clock.now()
             log.warning("connection to %s lost (%s); reconnecting", self.target.shown, last)
 
     async def _serve(self, link: Link, *, first: bool) -> str:
         """Relay over ``link`` until it is lost; the reason."""
         reason = "closed"
+        code: int | None = None
+        self._largest_sent = None
         try:
             async with anyio.create_task_group() as tg:
                 async def pump() -> None:
-                    nonlocal reason
+                    nonlocal reason, code
                     try:
                         while True:
                             payload = await link.receive()
@@ -344,22 +478,28 @@ class Relay:
                             except Exception:   # one bad message does not end the relay
                                 log.exception("dropped a message from the server")
                     except LinkLost as exc:
-                        reason = str(exc)
+                        reason, code = str(exc), exc.code
                     tg.cancel_scope.cancel()
 
                 tg.start_soon(pump)
                 try:
                     if not first:
                         await self._reattach(link)
+                    self._blameless = False
                     self.link = link
                     await self._send_outbox(link)
+                except ReattachFailed as exc:
+                    reason, self._blameless = str(exc), True
                 except LinkLost as exc:
-                    reason = str(exc)
+                    reason, code = str(exc), code or exc.code
                 tg.cancel_scope.cancel()
         finally:
             self.link = None
             for call in [c for c in self.book.calls.values() if c.internal]:
                 del self.book.calls[call.server_id]
+        if code == TOO_BIG and self._largest_sent is not None:
+            await self._too_large(self._largest_sent, "the server closed the WebSocket "
+                                                      f"({TOO_BIG}: message too big)")
         return reason
 
     async def _send_outbox(self, link: Link) -> None:
@@ -376,11 +516,36 @@ class Relay:
                 if item.call is not None:
                     item.call.sent = False
                 raise
-            if self.outbox and self.outbox[0] is item:
-                self.outbox.popleft()
-                self.outbox_bytes -= len(item.payload)
+            except MessageTooLarge as exc:
+                if item.call is not None:
+                    item.call.sent = False
+                self._unqueue(item)
+                await self._too_large(item, str(exc))
+                continue
+            self._unqueue(item)
+            if self._largest_sent is None \
+                    or len(item.payload) > len(self._largest_sent.payload):
+                self._largest_sent = item
             if item.on_sent is not None:
                 item.on_sent()
+
+    def _unqueue(self, item: Outgoing) -> None:
+        if self.outbox and self.outbox[0] is item:
+            self.outbox.popleft()
+            self.outbox_bytes -= len(item.payload)
+        if not self.outbox:
+            self._dropping = False
+
+    async def _too_large(self, item: Outgoing, cause: str) -> None:
+        """The server refused ``item`` for its size: it fails (a request) or is dropped,
+        and nothing as large is sent again."""
+        size = len(item.payload)
+        self.refused_size = min(self.refused_size or size, size)
+        log.error("%s: dropped a message of %d bytes", cause, size)
+        call = item.call
+        if call is not None and self.book.calls.pop(call.server_id, None) is not None:
+            await self._fail(call, f"{cause}; the request was not sent again",
+                             "message_too_large", {"size": size})
 
     # -- the server ------------------------------------------------------------------------
     async def _from_server(self, link: Link, payload: bytes) -> None:
@@ -429,6 +594,7 @@ class Relay:
             call.answer = msg.raw
             call.done.set()
             return
+        self._healthy = True
         ok = "result" in msg.members
         result = wire.decode(msg.members["result"]) if ok else None
         if ok and call.method in REGISTERS and isinstance(result, dict) \
@@ -437,18 +603,27 @@ class Relay:
             await link.watch_session(result["sessionId"])
         elif call.method in FORGETS and ok and call.session_id is not None:
             self.book.forget_session(call.session_id)
+        elif not ok and call.new_session and call.session_id is not None:
+            self.book.sessions.pop(call.session_id, None)   # it never was the editor's
         await self.out.send(wire.with_id(msg.members, call.editor_id))
 
     # -- after a reconnect -----------------------------------------------------------------
     async def _reattach(self, link: Link) -> None:
-        for sid in list(self.book.sessions):
-            await self._reattach_session(link, sid)
+        """Re-attach every session (``Reattach``), then queue what was in flight again."""
+        await self._reattach_sessions(link)
         resend: list[Call] = []
         for call in sorted(self.book.calls.values(), key=lambda c: c.server_id):
             if call.internal or not call.sent:
                 continue
-            if call.method in REPEATABLE and (call.method != "session/prompt"
-                                              or self.resumable):
+            call.attempts += self._short_lived and not self._blameless
+            if call.attempts >= MAX_ATTEMPTS:
+                del self.book.calls[call.server_id]
+                await self._fail(call, f"the connection to the server was lost {MAX_ATTEMPTS} "
+                                       f"times within {HEALTHY_AFTER_S:g} s of connecting "
+                                       "while this request was in flight; it was not "
+                                       "repeated again", "connection_lost")
+            elif call.method in REPEATABLE and (call.method != "session/prompt"
+                                                or self.resumable):
                 call.sent = False
                 resend.append(call)
             else:
@@ -464,78 +639,6 @@ class Relay:
                 self.outbox.appendleft(Outgoing(asked.answer, asked.session_id))
                 self.outbox_bytes += len(asked.answer)
 
-    @property
-    def resumable(self) -> bool:
-        meta = (self.server_init or {}).get("_meta")
-        ours = meta.get("acp-server") if isinstance(meta, dict) else None
-        return isinstance(ours, dict) and ours.get("resumable") is True
-
-    async def _reattach_session(self, link: Link, sid: str) -> None:
-        session = self.book.sessions[sid]
-        last, epoch = self.book.cursor(sid)
-        meta: dict[str, Any] = {CURSOR_META: last}
-        if epoch is not None:
-            meta[EPOCH_META] = epoch
-        if self.agent is not None:
-            meta[AGENT_META] = self.agent
-        method = self._reattach_method()
-        params: dict[str, Any] = {"sessionId": sid, "cwd": session.cwd or self._workspace(),
-                                  "mcpServers": session.mcp_servers or [], "_meta": meta}
-        answer = await self._call(link, method, params)
-        if "error" in answer.members:
-            error = wire.decode(answer.members["error"])
-            await self._session_lost(sid, error.get("message") if isinstance(error, dict)
-                                     else str(error))
-            return
-        result = wire.decode(answer.members["result"])
-        events = (result.get("_meta") or {}).get(EVENTS_META) if isinstance(result, dict) \
-            else None
-        if isinstance(events, dict) and events.get("resync"):
-            log.warning("session %s: the server resynchronised (%s): what happened while "
-                        "disconnected may be missing", sid, events["resync"])
-            if events["resync"] == "epoch_reset" and session.epoch != events.get("eventEpoch"):
-                session.epoch = events.get("eventEpoch")
-                session.last_id = int(events.get("lastEventId") or 0)
-
-    def _reattach_method(self) -> str:
-        """``session/load`` with our server (its cursor makes it replay only what was
-        missed), else ``session/resume`` where offered (no replay, no duplicates)."""
-        caps = (self.server_init or {}).get("agentCapabilities")
-        caps = caps if isinstance(caps, dict) else {}
-        session_caps = caps.get("sessionCapabilities")
-        resume = isinstance(session_caps, dict) and session_caps.get("resume") is not None
-        load = caps.get("loadSession") is True
-        if self.resumable:
-            return "session/load" if load or not resume else "session/resume"
-        return "session/resume" if resume or not load else "session/load"
-
-    def _workspace(self) -> str | None:
-        meta = (self.server_init or {}).get("_meta")
-        ours = meta.get("acp-server") if isinstance(meta, dict) else None
-        cwd = ours.get("workspaceCwd") if isinstance(ours, dict) else None
-        return cwd if isinstance(cwd, str) else None
-
-    async def _call(self, link: Link, method: str, params: dict[str, Any]) -> wire.Message:
-        server_id = self.book.next_id()
-        call = self.book.add_call(None, method, wire.request(server_id, method, params),
-                                  params.get("sessionId"), internal=True, server_id=server_id)
-        call.done = anyio.Event()
-        call.sent = True
-        await link.send(call.payload, session_id=call.session_id)
-        with anyio.fail_after(REATTACH_TIMEOUT_S):
-            await call.done.wait()
-        assert call.answer is not None
-        return wire.parse(call.answer)
-
-    async def _session_lost(self, sid: str, cause: str | None) -> None:
-        log.error("session %s could not be re-attached: %s", sid, cause)
-        for call in self.book.forget_session(sid):
-            self._drop_outgoing(call)
-            await self._fail(call, f"session {sid} could not be re-attached after the "
-                                   f"reconnect ({cause}); the server may have restarted "
-                                   "without keeping it", "session_lost",
-                             {"sessionId": sid, "cause": cause})
-
     async def _fail(self, call: Call, message: str, kind: str,
                     data: dict[str, Any] | None = None) -> None:
         if call.editor_id is None and call.internal:
@@ -543,6 +646,20 @@ class Relay:
         await self.out.send(wire.error(call.editor_id, wire.INTERNAL_ERROR,
                                        f"acp-server connect: {message}",
                                        {"errorKind": kind, **(data or {})}))
+
+    async def _unauthorized(self, exc: StartupError) -> None:
+        """A reconnect refused the credentials (revoked, rotated, expired): waiting
+        will not help the requests pending, so they fail now; reconnecting goes on
+        within the give-up window (the server may accept the token again)."""
+        if not self._refused:
+            log.error("%s; pending requests fail, reconnecting goes on", exc)
+        self._refused = True
+        for call in sorted(self.book.calls.values(), key=lambda c: c.server_id):
+            if call.internal:
+                continue
+            del self.book.calls[call.server_id]
+            self._drop_outgoing(call)
+            await self._fail(call, str(exc), "unauthorized")
 
     # -- the end -------------------------------------------------------------------------
     async def _give_up(self, last: str) -> None:

@@ -11,7 +11,9 @@ Contracts:
 
 * ``Session.seen`` is the one dedupe rule: under the epoch it knows, an event id at
   or below the last one seen is a duplicate; a new epoch is adopted (the server
-  resynchronised: ids of two epochs cannot be compared).
+  resynchronised: ids of two epochs cannot be compared). After ``replay`` (the
+  editor's own ``session/load`` of a session it saw) the history replayed from the
+  first event is forwarded again, in order, until it reaches the last event seen.
 * ``cursor`` resumes after the last event the editor saw, except that a server
   request the editor has not answered yet (or that the server has not reported
   resolved) moves it back before that request, so the new connection asks it again
@@ -47,9 +49,23 @@ class Session:
     mcp_servers: Any = None
     epoch: str | None = None
     last_id: int = 0
+    replayed_id: int | None = None   # the editor's own load: its replay, up to here
+
+    def replay(self) -> None:
+        """The editor loads the session again: the history it asked for is not a
+        duplicate. The replay comes in order from the first event; it ends once it
+        reaches the last event seen."""
+        self.replayed_id = 0 if self.last_id else None
 
     def seen(self, event_id: int, epoch: str) -> bool:
         """Record an event; ``False`` when the editor has had it already."""
+        if self.replayed_id is not None and epoch == self.epoch:
+            if event_id <= self.replayed_id:
+                return False
+            self.replayed_id = event_id if event_id < self.last_id else None
+            self.last_id = max(self.last_id, event_id)
+            return True
+        self.replayed_id = None
         if epoch == self.epoch and event_id <= self.last_id:
             return False
         self.epoch, self.last_id = epoch, event_id
@@ -68,6 +84,8 @@ class Call:
     internal: bool = False         # the adapter's own (re-attaching a session)
     params: dict[str, Any] | None = None   # session/new, load, resume, fork: to register
     sent: bool = False             # on a link (else still in the outbox)
+    attempts: int = 0              # links lost while it was in flight
+    new_session: bool = False      # a load/resume that registered its session
     answer: bytes | None = None    # internal: the server's answer, once it came
     done: Any = None               # internal: an anyio.Event set with ``answer``
 

@@ -17,10 +17,12 @@ Contracts:
 * ``stdin_reader`` / ``stdout_writer`` read and write the process's file descriptors
   without blocking the event loop: polled when non-blocking (pipes, terminals),
   else on worker threads; a cancelled read or write leaves nothing behind.
+  ``restore_blocking`` gives the descriptors their blocking mode back at exit.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import sys
@@ -163,14 +165,29 @@ def stdout_writer(fd: int | None = None) -> Callable[[bytes], Awaitable[None]]:
     return write
 
 
+_made_nonblocking: dict[int, bool] = {}   # fd -> blocking before we changed it
+
+
 def _nonblocking(fd: int) -> bool:
     """Make ``fd`` non-blocking when it is a pipe, socket or character device (what
-    the event loop can poll); ``False`` for anything else (a regular file)."""
+    the event loop can poll); ``False`` for anything else (a regular file). The mode
+    is shared with whoever else holds the descriptor (the shell's terminal):
+    ``restore_blocking`` puts it back."""
     try:
         mode = os.fstat(fd).st_mode
     except OSError:
         return False
     if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISCHR(mode)):
         return False
+    _made_nonblocking.setdefault(fd, os.get_blocking(fd))
     os.set_blocking(fd, False)
     return True
+
+
+def restore_blocking() -> None:
+    """Give every descriptor ``stdin_reader`` / ``stdout_writer`` changed its blocking
+    mode back (at exit: a terminal left non-blocking breaks the shell after us)."""
+    while _made_nonblocking:
+        fd, blocking = _made_nonblocking.popitem()
+        with contextlib.suppress(OSError):
+            os.set_blocking(fd, blocking)

@@ -15,7 +15,8 @@ Contracts:
   Anything else raises, with the id when one could be read (for the error answer).
 * Unknown members, ``params``, ``result`` and ``error`` stay ``msgspec.Raw``: their
   bytes are written back as they came. Only ``params`` is decoded to be changed
-  (``set_meta``, ``take_event_meta``), one level deep.
+  (``set_meta``, ``take_event_meta``), one level deep; ``set_meta`` raises
+  ``InvalidParams`` (-32602) when ``params`` is not an object.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import msgspec
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
 METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
 REQUEST_CANCELLED = -32800
 EVENT_META = "acp-server/event"
@@ -51,6 +53,12 @@ class InvalidRequest(Exception):
     def __init__(self, message: str, rpc_id: RpcId = None) -> None:
         super().__init__(message)
         self.id = rpc_id
+
+
+class InvalidParams(Exception):
+    """``params`` is not an object where the adapter must add to its ``_meta``."""
+
+    code = INVALID_PARAMS
 
 
 class Message:
@@ -149,8 +157,11 @@ def decode(raw: msgspec.Raw | bytes) -> Any:
 
 def set_meta(members: Members, key: str, value: Any, *, replace: bool = True) -> Members:
     """``members`` with ``params._meta[key] = value`` (kept when present and not
-    ``replace``)."""
-    params = _members.decode(members["params"]) if "params" in members else {}
+    ``replace``); ``InvalidParams`` when ``params`` is there and not an object."""
+    try:
+        params = _members.decode(members["params"]) if "params" in members else {}
+    except msgspec.ValidationError:
+        raise InvalidParams("Invalid params: expected an object") from None
     meta: Any = _any.decode(params["_meta"]) if "_meta" in params else None
     meta = meta if isinstance(meta, dict) else {}
     if replace or key not in meta:

@@ -181,6 +181,7 @@ async def test_reconnect_recipe(server: RunningAcpServer) -> None:
             seen.append(message)
             if message.get("method") == "session/request_permission":
                 break
+        await ws.close(4000)   # not 1000: that would end the connection like DELETE
     with anyio.fail_after(5):
         while server.registry.connections:   # the server saw the socket go
             await anyio.sleep(0.01)

@@ -108,9 +108,11 @@ class WsClient:
                     break
         return self.close_code if self.close_code is not None else 1006
 
-    async def close(self) -> None:
+    async def close(self, code: int = 1000) -> None:
+        """A close frame: 1000 ends the connection on the server (like DELETE), any
+        other code leaves a resumable connection's sessions to a reconnect."""
         with contextlib.suppress(Exception):
-            await self.stream.send(self.ws.send(CloseConnection(code=1000)))
+            await self.stream.send(self.ws.send(CloseConnection(code=code)))
 
 
 @contextlib.asynccontextmanager

@@ -67,6 +67,60 @@ async def test_bad_lines_are_answered_and_the_adapter_goes_on(tmp_path: Path) ->
         assert adapter.stderr == []
 
 
+async def test_params_that_are_not_an_object_are_refused_not_fatal(tmp_path: Path) -> None:
+    """review7 #3: the adapter adds to ``params._meta`` of initialize, session/prompt and
+    (with ``--agent``) session/new|load|resume; params that are not an object there get
+    ``-32602`` (a notification is dropped with a line on stderr) and the adapter goes on."""
+    async with running_acp_server(tmp_path) as srv, \
+            spawn_adapter(srv.base_url + "/acp", "--agent", "reference") as adapter:
+        for rpc_id, params in enumerate(([], None, 3, "x"), start=100):
+            await adapter.send({"jsonrpc": "2.0", "id": rpc_id, "method": "initialize",
+                                "params": params})
+            assert (await adapter.response(rpc_id))["error"]["code"] == -32602
+        init = await adapter.request("initialize", INIT)
+        assert init["result"]["protocolVersion"] == 1
+        for method in ("session/prompt", "session/new", "session/load", "session/resume"):
+            answer = await adapter.request(method, [])
+            assert answer["error"]["code"] == -32602, (method, answer)
+            assert "object" in answer["error"]["message"]
+        await adapter.send({"jsonrpc": "2.0", "method": "session/new", "params": [1]})
+        created = await adapter.request("session/new", {"cwd": srv.workspace,
+                                                        "mcpServers": []})
+        sid = created["result"]["sessionId"]
+        done = await adapter.request("session/prompt", {
+            "sessionId": sid, "prompt": [{"type": "text", "text": "still here"}]})
+        assert done["result"]["stopReason"] == "end_turn"
+        assert adapter.process.returncode is None
+        assert not [line for line in adapter.stderr if "Traceback" in line]
+        assert any("dropped a notification" in line for line in adapter.stderr)
+
+
+@pytest.mark.parametrize("transport", ["websocket", "http"])
+async def test_a_message_over_the_servers_cap_fails_alone(tmp_path: Path, transport: str,
+                                                           anyio_backend: str) -> None:
+    """review7 #1: a prompt under the adapter's line cap but over the server's body cap
+    (HTTP 413, WebSocket close 1009) fails with ``message_too_large``; no reconnect
+    loop, and the next messages go through."""
+    args = ("--transport", transport) if transport == "websocket" else \
+        no_h2(anyio_backend) or ("--transport", "http")
+    async with running_acp_server(tmp_path, max_body_bytes=64 * 1024) as srv, \
+            spawn_adapter(srv.base_url + "/acp", *args, "--give-up-after", "20s") as adapter:
+        await adapter.request("initialize", INIT)
+        sid = (await adapter.request("session/new", {"cwd": srv.workspace,
+                                                     "mcpServers": []}))["result"]["sessionId"]
+        big = [{"type": "text", "text": "x" * 100_000}]
+        refused = await adapter.request("session/prompt", {"sessionId": sid, "prompt": big})
+        assert refused["error"]["data"]["errorKind"] == "message_too_large", adapter.stderr
+        listed = await adapter.request("session/list", {})
+        assert sid in [s["sessionId"] for s in listed["result"]["sessions"]]
+        again = await adapter.request("session/prompt", {"sessionId": sid, "prompt": big})
+        assert again["error"]["data"]["errorKind"] == "message_too_large"
+        done = await adapter.request("session/prompt", {
+            "sessionId": sid, "prompt": [{"type": "text", "text": "small"}]})
+        assert done["result"]["stopReason"] == "end_turn"
+        assert len([line for line in adapter.stderr if "reconnected" in line]) <= 1
+
+
 async def test_an_unreachable_server_fails_initialize() -> None:
     port = free_port()
     async with spawn_adapter(f"http://127.0.0.1:{port}/acp") as adapter:
@@ -134,3 +188,53 @@ async def test_giving_up_fails_what_is_pending_and_exits_1(tmp_path: Path) -> No
             assert "gave up" in error["message"] and str(relay.port) in error["message"]
         assert await adapter.exit_code() == 1
         assert any("gave up" in line for line in adapter.stderr)
+
+
+async def test_a_token_refused_after_a_reconnect_fails_what_is_pending(
+        tmp_path: Path, anyio_backend: str) -> None:
+    """review7 #8: the server comes back refusing the token (revoked, rotated): the
+    pending requests fail at once with ``unauthorized`` and one line on stderr, instead
+    of waiting out the give-up window; the token is shown nowhere."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    async with running_acp_server(tmp_path / "a", token="token-a") as first, \
+            running_acp_server(tmp_path / "b", token="token-b") as second, \
+            tcp_relay(port_of(first.base_url)) as relay, \
+            spawn_adapter(f"http://127.0.0.1:{relay.port}/acp", *no_h2(anyio_backend),
+                          env={"ACP_SERVER_TOKEN": "token-a"}) as adapter:
+        await adapter.request("initialize", INIT)
+        await adapter.request("session/new", {"cwd": first.workspace, "mcpServers": []})
+        relay.target_port = port_of(second.base_url)
+        relay.cut()
+        answer = await adapter.request("session/list", {}, timeout=30)
+        assert answer["error"]["data"]["errorKind"] == "unauthorized", answer
+        assert "401" in answer["error"]["message"]
+        refused = [line for line in adapter.stderr if "credentials" in line]
+        assert len(refused) == 1
+        everything = "\n".join(adapter.stderr) + repr(adapter.received)
+        assert "token-a" not in everything and "token-b" not in everything
+        assert adapter.process.returncode is None
+
+
+async def test_an_initialize_notification_and_a_failed_load_leave_nothing(
+        tmp_path: Path) -> None:
+    """review7 #20: initialize sent as a notification gets no answer (a line on stderr);
+    an editor's session/load the server refuses does not stay registered, so the next
+    reconnect does not try to re-attach it."""
+    async with running_acp_server(tmp_path) as srv, \
+            tcp_relay(port_of(srv.base_url)) as relay, \
+            spawn_adapter(f"http://127.0.0.1:{relay.port}/acp", "--verbose") as adapter:
+        await adapter.send({"jsonrpc": "2.0", "method": "initialize", "params": INIT})
+        init = await adapter.request("initialize", INIT, rpc_id="i")
+        assert init["result"]["protocolVersion"] == 1
+        assert [m.get("id") for m in adapter.received] == ["i"]   # nothing for the first
+        refused = await adapter.request("session/load", {
+            "sessionId": "no-such-session", "cwd": srv.workspace, "mcpServers": []})
+        assert refused["error"]["code"] == -32602
+        relay.cut()
+        with anyio.fail_after(30):
+            while not any("reconnected" in line for line in adapter.stderr):
+                await anyio.sleep(0.02)
+        assert (await adapter.request("session/list", {}))["result"] == {"sessions": []}
+        assert not [line for line in adapter.stderr if "could not be re-attached" in line]
+        assert any("notification" in line for line in adapter.stderr)

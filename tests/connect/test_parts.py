@@ -77,3 +77,62 @@ def test_duplicates_and_the_resume_cursor() -> None:
     assert book.cursor("s") == (4, "e2")  # before the unanswered question
     book.remember_answered("q")
     assert book.was_answered("q") and not book.was_answered(1)
+
+
+def test_a_replay_the_editor_asked_for_is_no_duplicate() -> None:
+    book = Book()
+    session = book.session("s")
+    assert [session.seen(n, "e") for n in (1, 2, 3)] == [True] * 3
+    session.replay()                       # the editor's own session/load
+    assert [session.seen(n, "e") for n in (1, 1, 2, 3)] == [True, False, True, True]
+    assert session.replayed_id is None     # caught up: the usual rule again
+    assert [session.seen(n, "e") for n in (3, 4, 4)] == [False, True, False]
+    session.replay()
+    assert session.seen(1, "other") and session.replayed_id is None   # a new epoch
+
+
+def test_the_adapter_gives_stdin_its_blocking_mode_back() -> None:
+    """review7 #10: the adapter makes stdin non-blocking to poll it; the mode belongs
+    to the open file, shared with the shell's terminal: at exit it is restored."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.connect.harness import ROOT
+
+    read, write = os.pipe()
+    try:
+        assert os.get_blocking(read)
+        child = subprocess.Popen([sys.executable, "-m", "acp_server.connect.cli",
+                                  "http://127.0.0.1:9/acp"], stdin=read,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                 env={**os.environ, "PYTHONPATH": ROOT})
+        os.write(write, b"not json\n")
+        os.close(write)
+        assert child.wait(timeout=60) == 0, child.stderr.read() if child.stderr else ""
+        assert os.get_blocking(read)
+    finally:
+        os.close(read)
+
+
+def test_the_token_stays_out_of_reprs_and_clear_text_is_warned_of() -> None:
+    """review7 #15: Target's repr has no token; a token sent over http:// to another
+    machine gets a warning on stderr (loopback does not)."""
+    import os
+    import subprocess
+    import sys
+
+    from acp_server.connect import Target
+    from tests.connect.harness import ROOT
+
+    assert "s3cret" not in repr(Target("http://h/acp", "s3cret"))
+
+    def stderr_of(url: str) -> str:
+        return subprocess.run([sys.executable, "-m", "acp_server.connect.cli", url],
+                              input=b"", capture_output=True, timeout=60,
+                              env={**os.environ, "PYTHONPATH": ROOT,
+                                   "ACP_SERVER_TOKEN": "s3cret"}).stderr.decode()
+
+    remote = stderr_of("http://192.0.2.1:4170/acp")
+    assert "clear text" in remote and "s3cret" not in remote
+    assert stderr_of("http://127.0.0.1:4170/acp") == ""

@@ -3,6 +3,7 @@ lines on the child's stdio), over each transport, against a real server."""
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 
@@ -98,3 +99,55 @@ async def test_agent_picks_the_servers_profile(tmp_path: Path) -> None:
                                                             "mcpServers": []})
             assert refused["error"]["code"] == -32602
             assert "other" in refused["error"]["data"]["available"]
+
+
+@pytest.mark.parametrize("transport", ["websocket", "http"])
+async def test_the_editor_reloads_a_session_it_saw(tmp_path: Path, transport: str) -> None:
+    """review7 #4: the editor's own session/load of a session it already showed gets
+    the whole history again (it asked for it), not only what it had not seen; later
+    events are still forwarded once."""
+    async with running_acp_server(tmp_path) as srv, \
+            spawn_adapter(srv.base_url + "/acp", "--transport", transport) as adapter:
+        await adapter.request("initialize", INIT)
+        sid = (await adapter.request("session/new", {"cwd": srv.workspace,
+                                                     "mcpServers": []}))["result"]["sessionId"]
+        done = await adapter.request("session/prompt", {"sessionId": sid,
+                                                        "prompt": text("/chunks 3 hello")})
+        assert done["result"]["stopReason"] == "end_turn"
+        history = adapter.updates(sid)
+        loaded = await adapter.request("session/load", {"sessionId": sid,
+                                                        "cwd": srv.workspace,
+                                                        "mcpServers": []})
+        assert "result" in loaded
+        # the server may answer before its replay to this connection is all written
+        await adapter.until(lambda m: len(adapter.updates(sid)) >= 2 * len(history))
+        assert adapter.updates(sid) == history + history
+        after = await adapter.request("session/prompt", {"sessionId": sid,
+                                                         "prompt": text("after")})
+        assert after["result"]["stopReason"] == "end_turn"
+        turn = adapter.updates(sid)[2 * len(history):]
+        assert [u["content"]["text"] for u in turn][0] == "after"
+        assert "".join(u["content"]["text"] for u in turn[1:]) == "Echo: after"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+async def test_a_signal_ends_the_adapter_like_a_closed_stdin(tmp_path: Path, signum: int,
+                                                            anyio_backend: str) -> None:
+    """review7 #9, #17: SIGTERM / SIGHUP / SIGINT cancel the editor's running turn and
+    close the connection (the server ends it, nothing lingers), then exit 128 + N,
+    without a traceback."""
+    async with running_acp_server(tmp_path) as srv, \
+            spawn_adapter(srv.base_url + "/acp") as adapter:
+        await adapter.request("initialize", INIT)
+        sid = (await adapter.request("session/new", {"cwd": srv.workspace,
+                                                     "mcpServers": []}))["result"]["sessionId"]
+        await adapter.send({"jsonrpc": "2.0", "id": "turn", "method": "session/prompt",
+                            "params": {"sessionId": sid, "prompt": text("/sleep 30s long")}})
+        await adapter.until(lambda m: m.get("method") == "session/update")
+        assert srv.bridge.get_session(sid).pending
+        adapter.process.send_signal(signum)
+        assert await adapter.exit_code() == 128 + signum
+        assert not any(s.session_id == sid and s.pending for s in srv.bridge.sessions())
+        if anyio_backend == "asyncio":   # hypercorn (trio) reports every close as 1006
+            assert not srv.registry.lingering_sessions
+        assert not [line for line in adapter.stderr if "Traceback" in line], adapter.stderr
