@@ -149,10 +149,11 @@ async def accepted(rounds: int = 3) -> dict[str, float]:
         return best
 
 
-async def _accepted_round(app: Any, session: Any, path: str) -> dict[str, float]:
-    message = {"type": "http.request", "body": BODY, "more_body": False}
+def counted_exchange(body: bytes) -> tuple[Any, Any, dict[int, int]]:
+    """``receive`` giving ``body`` whole every time, ``send`` counting the statuses
+    answered, and those counts: one request's ASGI pair, reused by every call."""
+    message = {"type": "http.request", "body": body, "more_body": False}
     statuses: dict[int, int] = {}
-    left, in_app = [ACCEPTED], [0.0]
 
     async def receive() -> dict[str, Any]:
         return message
@@ -160,6 +161,13 @@ async def _accepted_round(app: Any, session: Any, path: str) -> dict[str, float]
     async def send(sent: dict[str, Any]) -> None:
         if sent["type"] == "http.response.start":
             statuses[sent["status"]] = statuses.get(sent["status"], 0) + 1
+
+    return receive, send, statuses
+
+
+async def _accepted_round(app: Any, session: Any, path: str) -> dict[str, float]:
+    receive, send, statuses = counted_exchange(BODY)
+    left, in_app = [ACCEPTED], [0.0]
 
     async def caller() -> None:
         while left[0] > 0:

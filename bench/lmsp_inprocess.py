@@ -40,6 +40,7 @@ from acp_server.ops.request_log import configure_logging, unconfigure_access_wri
 from acp_server.lmsp import LmspConfig
 from acp_server.server import open_server
 from acp_server.settings import Settings
+from bench.inprocess import counted_exchange
 from bench.lmsp_bench import fresh_schema
 
 TASKS = int(os.environ.get("BENCH_LMSP_TASKS", "3000"))
@@ -97,16 +98,8 @@ class _Statements:
 async def _round(running: int) -> dict[str, float]:
     async with _served(running) as server:
         store, service = server.lmsp.store, server.lmsp
-        message = {"type": "http.request", "body": BODY, "more_body": False}
-        statuses: dict[int, int] = {}
+        receive, send, statuses = counted_exchange(BODY)
         left, latencies = [TASKS], []
-
-        async def receive() -> dict[str, Any]:
-            return message
-
-        async def send(sent: dict[str, Any]) -> None:
-            if sent["type"] == "http.response.start":
-                statuses[sent["status"]] = statuses.get(sent["status"], 0) + 1
 
         async def caller() -> None:
             while left[0] > 0:
