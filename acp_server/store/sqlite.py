@@ -34,6 +34,9 @@ Contracts (see ``acp_server.store.tasks`` for the interface):
   then calls ``settled_earlier_runs`` so this run's clean close deletes those rows too.
   A row left on the same boot is a ``kill -9``: nothing was lost (the OS holds the WAL).
 * Reads use separate connections (WAL readers never block the writer).
+* The WAL is checkpointed beside the writer, on a thread and connection of its own,
+  as often as SQLite's automatic checkpoint would run, never inside a COMMIT
+  (``acp_server.store.wal``); the automatic one stays as a backstop.
 * Faults answer ``StoreUnavailableError`` (503), never end the process: a full disk,
   an I/O error, a file locked by another process for longer than ``busy_timeout_s``
   (the writer waits that long, then that batch fails; the next one tries again).
@@ -56,6 +59,7 @@ import stat
 from collections.abc import Callable, Sequence
 
 import anyio
+import anyio.abc
 
 from acp_server.store.tasks import (
     UNCLAIM,
@@ -82,6 +86,7 @@ from acp_server.store.audit import AuditOps
 from acp_server.store.errors import StoreUnavailableError
 from acp_server.store.tokens import TokenOps
 from acp_server.store.schema import migrate_sqlite
+from acp_server.store.wal import BACKSTOP_PAGES, WalCheckpoints
 from acp_server.store.writer import GroupCommitStore, Op
 
 log = logging.getLogger("acp_server.store.sqlite")
@@ -170,6 +175,7 @@ class SqliteTaskStore(TokenOps, AuditOps, ClaimsOne, ObservedMoves,
         self._earlier_runs: list[str] = []   # their rows, read at open
         self._clear_at_close: set[str] = set()   # this run's row, once written
         self._marked = False   # this run's row is written (before its first NORMAL)
+        self.wal = WalCheckpoints(self.path, lambda: _connect(self.path, busy_timeout_s))
 
     # -- lifecycle -----------------------------------------------------------------
     async def _connect_all(self) -> None:
@@ -182,6 +188,12 @@ class SqliteTaskStore(TokenOps, AuditOps, ClaimsOne, ObservedMoves,
             self._disconnect_all()
             raise
 
+    async def _background(self, tg: anyio.abc.TaskGroup) -> None:
+        tg.start_soon(self.wal.run)
+
+    def _stopping(self) -> None:
+        self.wal.stop()
+
     def _disconnect_all(self) -> None:
         if self._writer is not None:
             self._clean_stop(self._writer)
@@ -190,6 +202,7 @@ class SqliteTaskStore(TokenOps, AuditOps, ClaimsOne, ObservedMoves,
                 conn.close()
         self._writer = None
         self._readers.clear()
+        self.wal.close()   # after every connection (``WalCheckpoints``)
 
     def _open_writer(self) -> sqlite3.Connection:
         private_files(self.path)
@@ -199,6 +212,8 @@ class SqliteTaskStore(TokenOps, AuditOps, ClaimsOne, ObservedMoves,
         assert mode.lower() == "wal", mode
         migrate_sqlite(conn)
         conn.execute(_UNSYNCED_RUNS)
+        conn.execute(f"PRAGMA wal_autocheckpoint={BACKSTOP_PAGES}")
+        self.wal.open()
         boot = self.boot_id
         rows = conn.execute("SELECT run, boot_id FROM unsynced_runs").fetchall()
         self._earlier_runs = [run for run, _ in rows]
@@ -309,6 +324,7 @@ class SqliteTaskStore(TokenOps, AuditOps, ClaimsOne, ObservedMoves,
                 conn.execute("RELEASE op")
             conn.execute("COMMIT")
             self.commits += 1
+            self.wal.committed()
         except Exception as exc:   # noqa: BLE001 - the whole batch failed
             self._rollback(conn)
             for op in batch:
@@ -341,6 +357,7 @@ class SqliteTaskStore(TokenOps, AuditOps, ClaimsOne, ObservedMoves,
                 return True
         conn.execute("COMMIT")
         self.commits += 1
+        self.wal.committed()
         return True
 
     def _abort(self, index: int) -> None:
