@@ -175,7 +175,7 @@ class SqliteTaskStore(TokenOps, AuditOps, ClaimsOne, ObservedMoves,
         self._earlier_runs: list[str] = []   # their rows, read at open
         self._clear_at_close: set[str] = set()   # this run's row, once written
         self._marked = False   # this run's row is written (before its first NORMAL)
-        self.wal = WalCheckpoints(self.path, lambda: _connect(self.path, busy_timeout_s))
+        self.wal = WalCheckpoints(self.path)
 
     # -- lifecycle -----------------------------------------------------------------
     async def _connect_all(self) -> None:
@@ -184,6 +184,8 @@ class SqliteTaskStore(TokenOps, AuditOps, ClaimsOne, ObservedMoves,
             for _ in range(READERS):
                 self._readers.append(await anyio.to_thread.run_sync(
                     _connect, self.path, self.busy_timeout_s))
+            self.wal.open(await anyio.to_thread.run_sync(
+                _connect, self.path, self.busy_timeout_s))
         except BaseException:
             self._disconnect_all()
             raise
@@ -197,10 +199,10 @@ class SqliteTaskStore(TokenOps, AuditOps, ClaimsOne, ObservedMoves,
     def _disconnect_all(self) -> None:
         if self._writer is not None:
             self._clean_stop(self._writer)
-        for conn in (*self._readers, self._writer):   # the writer last: it checkpoints
-            if conn is not None:
-                conn.close()
-        self._writer = None
+        for conn in (self.wal.connection, *self._readers, self._writer):   # the writer
+            if conn is not None:                                             # last: it
+                conn.close()                                                 # checkpoints
+        self._writer = self.wal.connection = None
         self._readers.clear()
         self.wal.close()   # after every connection (``WalCheckpoints``)
 
@@ -213,7 +215,6 @@ class SqliteTaskStore(TokenOps, AuditOps, ClaimsOne, ObservedMoves,
         migrate_sqlite(conn)
         conn.execute(_UNSYNCED_RUNS)
         conn.execute(f"PRAGMA wal_autocheckpoint={BACKSTOP_PAGES}")
-        self.wal.open()
         boot = self.boot_id
         rows = conn.execute("SELECT run, boot_id FROM unsynced_runs").fetchall()
         self._earlier_runs = [run for run, _ in rows]

@@ -1,9 +1,11 @@
 """SQLite's WAL checkpointed beside the writer, not inside its commits.
 
-    wal = WalCheckpoints(path, connect)     # after the writer set WAL mode
-    tg.start_soon(wal.run)                  # its own thread and connection, for the store's life
-    wal.committed()                         # the writer's thread, after each COMMIT
-    wal.stop(); wal.close()                 # the queue closed; then after every connection
+    wal = WalCheckpoints(path)
+    wal.open(connection)      # after the writer set WAL mode: the checkpoints' own connection
+    tg.start_soon(wal.run)    # its own thread, for the store's life
+    wal.committed()           # the writer's thread, after each COMMIT
+    wal.stop()                # the queue closed
+    wal.connection.close(); ...; wal.close()   # the -shm descriptor after every connection
 
 Contracts:
 
@@ -23,6 +25,9 @@ Contracts:
 * The ``-shm`` file's descriptor stays open until ``close``, called after every
   connection of the process to the database is closed: closing any descriptor of a
   file drops every POSIX lock the process holds on it, SQLite's own included.
+* The checkpoints' connection is opened with the store's others, never later: a
+  checkpoint never creates, or opens anew, a database file deleted or replaced under
+  the store (``SqliteTaskStore._check_file``).
 * A checkpoint that fails is logged at debug level and changes nothing else (as the
   automatic one would); the next commit past the threshold asks again.
 * The checkpoint's thread does no ``store_work`` (it lowers no switch interval): it
@@ -36,7 +41,6 @@ import os
 import sqlite3
 import struct
 import threading
-from collections.abc import Callable
 
 import anyio
 
@@ -48,12 +52,11 @@ _HEADER = struct.Struct("=16xI76xI")   # mxFrame (byte 16), nBackfill (byte 96)
 
 
 class WalCheckpoints:
-    """See the module docstring. ``connect`` opens the checkpoint's connection (called
-    on its thread); ``pages`` is the threshold (``CHECKPOINT_PAGES``)."""
+    """See the module docstring. ``pages`` is the threshold (``CHECKPOINT_PAGES``)."""
 
-    def __init__(self, path: str, connect: Callable[[], sqlite3.Connection]) -> None:
+    def __init__(self, path: str) -> None:
         self.path = path
-        self._connect = connect
+        self.connection: sqlite3.Connection | None = None
         self._shm: int | None = None
         self._wanted = False   # between ``open`` and ``close``
         self._due = threading.Event()
@@ -61,9 +64,11 @@ class WalCheckpoints:
         self.pages = CHECKPOINT_PAGES
         self.checkpoints = 0   # background checkpoints run (tests)
 
-    def open(self) -> None:
-        """Read the ``-shm`` file from now on (the writer has set WAL mode; SQLite
-        makes the file at the first access, so it is opened when first there)."""
+    def open(self, connection: sqlite3.Connection | None) -> None:
+        """Checkpoint on ``connection`` (``None``: never) and read the ``-shm`` file from
+        now on (the writer has set WAL mode; SQLite makes the file at the first access,
+        so it is opened when first there)."""
+        self.connection = connection
         self._wanted = True
         self._open_shm()
 
@@ -111,20 +116,15 @@ class WalCheckpoints:
         await anyio.to_thread.run_sync(self._loop, limiter=anyio.CapacityLimiter(1))
 
     def _loop(self) -> None:
-        conn: sqlite3.Connection | None = None
-        try:
-            while True:
-                self._due.wait()
-                self._due.clear()
-                if self._stop:
-                    return
-                try:
-                    if conn is None:
-                        conn = self._connect()
-                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-                    self.checkpoints += 1
-                except (sqlite3.Error, OSError) as exc:
-                    log.debug("%s: a background checkpoint failed: %s", self.path, exc)
-        finally:
-            if conn is not None:
-                conn.close()
+        while True:
+            self._due.wait()
+            self._due.clear()
+            if self._stop:
+                return
+            if self.connection is None:
+                continue
+            try:
+                self.connection.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+                self.checkpoints += 1
+            except (sqlite3.Error, OSError) as exc:
+                log.debug("%s: a background checkpoint failed: %s", self.path, exc)

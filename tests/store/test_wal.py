@@ -30,8 +30,8 @@ def test_behind_reads_the_frames_sqlite_would_checkpoint(tmp_path: Path) -> None
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA wal_autocheckpoint=0")
-    wal = WalCheckpoints(path, lambda: sqlite3.connect(path))
-    wal.open()
+    wal = WalCheckpoints(path)
+    wal.open(None)
     try:
         assert wal.behind() == 0
         conn.execute("CREATE TABLE t(b BLOB)")
@@ -48,8 +48,10 @@ def test_behind_reads_the_frames_sqlite_would_checkpoint(tmp_path: Path) -> None
 
 
 def test_an_unreadable_index_is_nothing_behind(tmp_path: Path) -> None:
-    wal = WalCheckpoints(str(tmp_path / "none.db"), lambda: sqlite3.connect(":memory:"))
+    wal = WalCheckpoints(str(tmp_path / "none.db"))
     assert wal.behind() == 0   # never opened
+    wal.open(None)
+    assert wal.behind() == 0   # no such file
     wal.committed()            # asks for nothing
     assert not wal._due.is_set()
 
@@ -81,15 +83,16 @@ async def test_a_failed_checkpoint_changes_nothing_and_the_next_runs(
     path = str(tmp_path / "store.db")
     async with SqliteTaskStore(path) as store:
         store.wal.pages = 100
-        connect, calls = store.wal._connect, []
+        real, calls = store.wal.connection, []
 
-        def flaky() -> sqlite3.Connection:
-            calls.append(1)
-            if len(calls) == 1:
-                raise sqlite3.OperationalError("unable to open database file")
-            return connect()
+        class Flaky:
+            def execute(self, sql: str) -> Any:
+                calls.append(sql)
+                if len(calls) == 1:
+                    raise sqlite3.OperationalError("disk I/O error")
+                return real.execute(sql)
 
-        store.wal._connect = flaky
+        store.wal.connection = Flaky()  # type: ignore[assignment]
         caplog.set_level("DEBUG", logger="acp_server.store.sqlite")
         for _ in range(4):
             await store._write(_fill)
@@ -98,5 +101,25 @@ async def test_a_failed_checkpoint_changes_nothing_and_the_next_runs(
         for _ in range(4):   # the writer goes on; the next commit past the mark asks again
             await store._write(_fill)
         await wait_until(lambda: store.wal.checkpoints >= 1)
+        store.wal.connection = real
     with sqlite3.connect(path) as conn:
         assert conn.execute("SELECT COUNT(*) FROM filler").fetchone()[0] == 320
+
+
+@pytest.mark.anyio
+async def test_a_replaced_file_is_never_opened_by_a_checkpoint(tmp_path: Path) -> None:
+    """The checkpoints' connection is the one opened with the store: a file deleted
+    under the store is not made again by a checkpoint (the store is lost, 503)."""
+    path = tmp_path / "store.db"
+    async with SqliteTaskStore(str(path)) as store:
+        store.wal.pages = 100
+        opened = store.wal.connection
+        for name in ("store.db", "store.db-wal"):
+            (tmp_path / name).unlink()
+        with pytest.raises(Exception, match="deleted or replaced"):
+            await store._write(_fill)
+        ran = store.wal.checkpoints
+        store.wal._due.set()   # ask anyway
+        await wait_until(lambda: store.wal.checkpoints > ran)
+        assert store.wal.connection is opened
+        assert not path.exists()
