@@ -60,7 +60,9 @@ async def replica_load(request: Request, *, replicas: JournalReplicas,
     body = await wire.read_json(request, wire.RestoreBody, limit=config.max_body_bytes)
     replicas.bridge.check_workspace(body.cwd)
     view = await replicas.view(session_id)
-    check_restore(caller_of(request.scope), session_id, live=False)   # as before: read-only
+    # live on its owner (``view`` raised for a closed one): decided as the owner would,
+    # so a session no principal owns (the LMSP runner's) is 404 here too
+    check_restore(caller_of(request.scope), session_id, live=True)
     return json_response(200, restored(view.load_info()))
 
 

@@ -252,6 +252,29 @@ async def test_a_forwarded_request_is_counted_once_and_a_client_marker_skips_not
         assert marked.status_code == 429   # the marker a client sends skips no limit
 
 
+async def test_a_replica_load_of_a_live_ownerless_session_is_404_to_non_admins(
+        tmp_path: Path) -> None:
+    """A journaled session no principal owns (made by none: before principals were
+    recorded, or by the server itself), live on a: a non-admin's ``/load`` is 404 on a
+    and on b (which answers it from the journal) alike; the bootstrap token (admin)
+    loads it from b's journal."""
+    from tests.principals.helpers import bearer, mint
+
+    boot = "boot-s3cret-for-the-fleet"
+    async with _pair(tmp_path, [0.0], token=boot) as (a, b):
+        info = await a.bridge.create_session()   # no owner
+        sid = info.session_id
+        mallory = bearer(await mint(a.server, "mallory", "prompt", "read"))
+        for x in (a, b):
+            load = await x.client.post(f"/session/{sid}/load", json={}, headers=mallory)
+            assert load.status_code == 404, (x is b, load.text)
+            assert load.json()["code"] == "session_not_found"
+        admin = await b.client.post(f"/session/{sid}/load", json={}, headers=bearer(boot))
+        assert admin.status_code == 200, admin.text
+        assert admin.json()["sessionId"] == sid
+        assert b.server.fleet.stats.journal_reads == 2   # type: ignore[union-attr]
+
+
 def test_session_moved_in_each_doors_shape() -> None:
     from acp_server.acp_http.errors import to_rpc_error
     from acp_server.rest.errors import describe
