@@ -276,6 +276,8 @@ class FrontLayer:
         return found
 
     def _match_hot(self, method: str, path: str) -> tuple[_HotPlan, dict[str, str]] | None:
+        if path[:1] != "/":   # ``xsession/…`` is no ``/session/…`` (``canonical_path``)
+            return None
         segments = path[1:].split("/")
         plan = self._hot.get((method, len(segments)))
         if plan is None:
@@ -490,8 +492,10 @@ def canonical_path(path: str) -> str | None:
     """``path`` as the router matches it and as access is decided on it: one trailing
     slash dropped (``/x/`` is ``/x``, as Express's non-strict routing has it; ``path``
     itself when it has none); ``None`` for a path with an empty segment (``//x``,
-    ``/x//y``, ``/x//``) or a dot segment (``/./``, ``/../``), which no route has."""
-    if "//" in path:
+    ``/x//y``, ``/x//``) or a dot segment (``/./``, ``/../``), which no route has, and
+    for one that does not start with ``/`` (``tokens``, ``""``: no server should hand
+    those over, and the router would take ``tokens`` for ``/tokens``)."""
+    if "//" in path or path[:1] != "/":
         return None
     if path[-1:] == "/" and len(path) > 1:
         path = path[:-1]

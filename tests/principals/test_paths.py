@@ -128,7 +128,8 @@ async def _call(front: FrontLayer, method: str, raw: str) -> int:
 
 
 VARIANTS = ("as_is", "leading", "inner", "trailing", "encoded_trailing", "encoded_inner",
-            "dot", "dotdot")
+            "dot", "dotdot", "relative", "prefixed", "empty")
+NO_ROUTE = frozenset({"relative", "prefixed", "empty"})   # never dispatched
 
 
 def _variant(path: str, kind: str, at: int) -> str:
@@ -149,6 +150,12 @@ def _variant(path: str, kind: str, at: int) -> str:
         return path[:i] + "/." + path[i:]
     if kind == "dotdot":
         return path[:i] + "/x/.." + path[i:]
+    if kind == "relative":   # no leading slash (uvicorn answers 400; a server may not)
+        return path[1:]
+    if kind == "prefixed":   # ``xsession/…``: its tail is a route's path
+        return "x" + path[1:]
+    if kind == "empty":
+        return ""
     return path
 
 
@@ -176,6 +183,7 @@ def test_the_access_applied_is_the_dispatched_routes(
     status = anyio.run(_call, front, method, raw, backend=backend)
 
     dispatched = seen.get("route")
+    assert dispatched is None or kind not in NO_ROUTE, (raw, dispatched)
     if dispatched is None:   # refused before any route: 404, nothing decided
         assert status == 404 and "access" not in seen, (raw, status, seen)
         assert canonical_path(unquote(raw)) is None
