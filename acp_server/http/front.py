@@ -39,7 +39,8 @@ Contracts:
   ``rate_limit_exceeded`` with ``Retry-After``) is answered here, in the door's shape.
   A stored token not yet cached is looked up in the store first (``admit``). A
   stored token's requests run under its ``StreamRegistry`` hold (the hot path
-  excepted), and so do the ``local`` principal's GETs (its streams, ``stream_id``):
+  excepted), and so do the ``local`` principal's (``stream_id``; all but ``POST
+  /tokens``, which may configure the first credential: a streamed POST answer too):
   revoking the token (or configuring a first credential) cancels them; a stream is then ended (its last
   body message sent), a request not yet answered gets the 401.
 * **websocket** scopes pass to the app, which checks its handshake with the same
@@ -80,6 +81,8 @@ from acp_server.http.policy import LOOKUP, UNAUTHORIZED, GuardPolicy, Refusal, R
 from acp_server.principals import CALLER_KEY, Access, Caller
 from acp_server.principals.model import MUTATING, READING
 from acp_server.principals.streams import stream_id
+
+TOKENS_PATH = "/tokens"   # ``POST`` there configures a credential (``_app``)
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -384,8 +387,9 @@ class FrontLayer:
         token_id = None
         if caller is not None:
             token_id = caller.principal.token_id
-            if token_id is None and scope["method"] == "GET":   # a local stream (never
-                token_id = stream_id(caller.principal)   # the POST that ends them)
+            if token_id is None and (scope["method"] != "POST"     # the local principal's
+                                     or scope["path"] != TOKENS_PATH):   # answers, never
+                token_id = stream_id(caller.principal)   # the POST that ends them
         if token_id is None:
             await self.app(scope, receive, exchange.send)
             return

@@ -270,3 +270,25 @@ async def test_local_event_streams_end_when_a_first_credential_is_configured(
                 async for _ in events.aiter_raw():
                     pass   # ends: the stream was cut
         assert (await c.get("/capabilities")).status_code == 401
+
+
+async def test_a_local_streamed_post_answer_ends_when_a_first_credential_is_configured(
+        tmp_path: Path) -> None:
+    """An LMSP ``stream: true`` response the local principal opened while no
+    credential existed ends once one is made, like its GET streams (review9)."""
+    async with running_acp_server(tmp_path) as srv:
+        c = srv.client
+        async with c.stream("POST", "/lmsp/v1/responses", json={
+                "model": "reference", "input": "/sleep 600s hold", "stream": True}) as answer:
+            assert answer.status_code == 200
+            lines = answer.aiter_lines()
+            with anyio.fail_after(10):
+                async for line in lines:   # the stream runs: its first event came
+                    if line.startswith("data: "):
+                        break
+            made = await c.post("/tokens", json={"name": "first"})   # local, the admin
+            assert made.status_code == 201, made.text
+            with anyio.fail_after(5):
+                async for _ in lines:
+                    pass   # ends: the answer was cut
+        assert (await c.get("/capabilities")).status_code == 401
