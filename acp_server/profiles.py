@@ -59,7 +59,7 @@ class AgentProfile:
 def parse_agent_flag(value: str) -> tuple[str | None, str]:
     """``NAME=COMMAND`` → (NAME, COMMAND); anything else → (None, value)."""
     name, sep, command = value.partition("=")
-    if sep and _NAME.match(name) and " " not in name:
+    if sep and _NAME.fullmatch(name) and " " not in name:
         return name, command
     return None, value
 
@@ -82,7 +82,7 @@ def _command(name: str, value: Any) -> tuple[str, ...]:
 
 def profile(name: str, command: Any, *, env: Mapping[str, str] | None = None,
             cwd: str | None = None) -> AgentProfile:
-    if not _NAME.match(name):
+    if not _NAME.fullmatch(name):
         raise ProfileError(f"Invalid agent name {name!r}: use letters, digits and ._:- only.")
     return AgentProfile(name, _command(name, command),
                         tuple(sorted((env or {}).items())), cwd)

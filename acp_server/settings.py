@@ -207,7 +207,7 @@ class Settings:
                 if self.token is None:
                     raise SettingsError(
                         "Invalid allow-origin: '*' is only allowed when a token is configured.")
-            elif not _ORIGIN.match(origin):
+            elif not _ORIGIN.fullmatch(origin):
                 raise SettingsError(
                     f"Invalid allow-origin: {origin!r}. Must be an origin like "
                     "http://localhost:3000, or '*'.")

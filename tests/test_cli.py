@@ -75,6 +75,8 @@ def _no_env_token(monkeypatch: pytest.MonkeyPatch) -> None:
     (["--allow-host", "a:b:c"], "Invalid allow-host: 'a:b:c'"),
     (["--allow-host", "http://x"], "Invalid allow-host: 'http://x'"),
     (["--http-server", "nope"], "invalid choice: 'nope'"),
+    (["--http-server", "hypercorn"], "invalid choice: 'hypercorn'"),   # never served it
+    (["--allow-origin", "http://a.example\n"], "Invalid allow-origin"),
 ])
 def test_invalid_flag_exits_2(flags: list[str], message: str, tmp_path: Path,
                               capsys: pytest.CaptureFixture[str]) -> None:

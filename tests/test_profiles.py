@@ -92,3 +92,11 @@ async def _reply(client: httpx.AsyncClient, sid: str, cursor: int) -> str:
                 elif sse.event == "turn_complete":
                     return "".join(parts)
     return "".join(parts)
+
+
+def test_a_name_with_a_trailing_newline_is_no_name():
+    from acp_server.profiles import parse_agent_flag, profile
+
+    assert parse_agent_flag("alt\n=node agent.js") == (None, "alt\n=node agent.js")
+    with pytest.raises(ProfileError, match="Invalid agent name"):
+        profile("alt\n", ["node", "agent.js"])

@@ -24,7 +24,7 @@ from acp_server.http.policy import (
     split_host,
 )
 
-SERVERS = ("granian", "uvicorn", "hypercorn")
+SERVERS = ("granian", "uvicorn")   # hypercorn runs only the tests' in-process server (trio)
 DEFAULT_SERVER = "granian"
 GRANIAN_INTERFACES = ("asgi", "rsgi")   # rsgi: acp_server.http.rsgi (no stream back-pressure)
 DEFAULT_GRANIAN_INTERFACE = "asgi"

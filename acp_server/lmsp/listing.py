@@ -58,7 +58,7 @@ def parse_query(request: Request) -> tuple[int, str | None, str | None]:
     if status is not None and status not in STATUSES:
         raise _invalid("status", f"status must be one of {', '.join(STATUSES)}.")
     after = query.get("after")
-    if after is not None and not _TASK_ID.match(after):
+    if after is not None and not _TASK_ID.fullmatch(after):
         raise _invalid("after", "after must be a task id (the last_id of a page).")
     return limit, status, after
 

@@ -138,3 +138,9 @@ async def test_needs_the_token(tmp_path: Path) -> None:
         assert response.status_code == 401
         assert response.headers["content-type"] == "application/problem+json"
         assert response.json()["code"] == "unauthorized"
+
+
+async def test_an_after_with_a_trailing_newline_is_refused(server: LmspServer) -> None:
+    made = (await server.create("one"))["id"]
+    response = await server.client.get("/lmsp/v1/tasks", params={"after": made + "\n"})
+    assert response.status_code == 400 and response.json()["param"] == "after"
