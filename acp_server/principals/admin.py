@@ -27,7 +27,8 @@ from acp_server.store.tokens import TokenRecord
 
 
 class AdminStore(Protocol):
-    async def create_token(self, record: TokenRecord) -> TokenRecord: ...
+    async def create_token(self, record: TokenRecord,
+                           expired: list[str] | None = None) -> TokenRecord: ...
     async def revoke_token(self, name: str, *, by: str, at: float) -> list[TokenRecord]: ...
     async def list_tokens(self, *, include_revoked: bool = False,
                           now: float | None = None) -> list[TokenRecord]: ...
@@ -39,8 +40,11 @@ async def create_token(store: AdminStore, audit: AuditLog, *, by: str, name: str
     issued = issue(name, scopes=scopes, by=by, now=audit.clock(),
                    expires_in_s=None if expires is None else parse_duration(expires),
                    rate_class=rate_class)
-    await store.create_token(issued.record)
+    expired: list[str] = []
+    await store.create_token(issued.record, expired)
     record = issued.record
+    for token_id in expired:   # the name's expired token, revoked as it gives the name up
+        audit.record("expiry", "token.revoked", name, client=client, token_id=token_id)
     audit.record(by, "token.created", name, client=client, token_id=record.id,
                  scopes=list(record.scopes), rate_class=record.rate_class,
                  expires_at=record.expires_at)

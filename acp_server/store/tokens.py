@@ -89,15 +89,24 @@ class TokenOps:
         """Tell the other instances (PostgreSQL: a NOTIFY in the same transaction)."""
 
     # -- operations ----------------------------------------------------------------
-    async def create_token(self, record: TokenRecord) -> TokenRecord:
+    async def create_token(self, record: TokenRecord,
+                           expired: list[str] | None = None) -> TokenRecord:
+        """``expired`` (when given) gets the ids of the expired tokens of the name this
+        one takes over (marked revoked by ``'expiry'``), for the audit log."""
         p = self._p
 
         def op(conn: Any, out: list[Any], state: Any = None) -> TokenRecord:
             # an expired token of the name gives the name up: marked revoked by expiry
-            conn.execute(f"UPDATE tokens SET revoked_at = expires_at, revoked_by = 'expiry' "
-                         f"WHERE name = {p} AND revoked_at IS NULL "
-                         f"AND expires_at IS NOT NULL AND expires_at <= {p}",
-                         (record.name, record.created_at))
+            gone = f"name = {p} AND revoked_at IS NULL AND expires_at IS NOT NULL " \
+                   f"AND expires_at <= {p}"
+            ids = [row[0] for row in conn.execute(f"SELECT id FROM tokens WHERE {gone}",
+                                                  (record.name, record.created_at))]
+            if ids:
+                conn.execute(f"UPDATE tokens SET revoked_at = expires_at, "
+                             f"revoked_by = 'expiry' WHERE {gone}",
+                             (record.name, record.created_at))
+            if expired is not None:
+                expired[:] = ids   # a batch run again (savepoints) says it once
             taken = conn.execute(f"SELECT 1 FROM tokens WHERE name = {p} AND revoked_at IS NULL",
                                  (record.name,)).fetchone()
             if taken is not None:

@@ -82,3 +82,29 @@ async def test_an_expired_token_is_not_live_and_gives_its_name_up(tmp_path: Path
         assert [r.id for r in await store.list_tokens(now=110.0)] == [again.id]
         assert [r.id for r in await store.revoke_token("ci", by="admin", at=120.0)] == \
             [again.id]
+
+
+async def test_a_token_revoked_by_expiry_as_its_name_is_taken_is_audited(
+        tmp_path: Path, store_name: str) -> None:
+    """``admin.create_token`` over an expired token of the name: the store says which
+    it revoked (once), and the audit log gets their ``token.revoked`` by ``expiry``."""
+    from acp_server.principals import admin
+    from acp_server.principals.audit import AuditLog
+
+    now = [100.0]
+    async with _store(tmp_path, store_name) as store:
+        audit = AuditLog(store, clock=lambda: now[0])
+        first = await admin.create_token(store, audit, by="bootstrap", name="ci",
+                                         expires="1s")
+        now[0] = 110.0
+        second = await admin.create_token(store, audit, by="bootstrap", name="ci")
+        expired: list[str] = []
+        third = issue("other", by="bootstrap", now=110.0).record
+        await store.create_token(third, expired)
+        assert expired == []   # nothing of that name expired
+        records = list(audit._buffer)
+        assert [(r.principal, r.action, r.target) for r in records] == [
+            ("bootstrap", "token.created", "ci"), ("expiry", "token.revoked", "ci"),
+            ("bootstrap", "token.created", "ci")]
+        assert first.record.id in records[1].detail
+        assert second.record.id in records[2].detail
