@@ -400,7 +400,16 @@ class FrontLayer:
 
     async def _not_http(self, scope: Scope, receive: Receive, send: Send) -> None:
         """A WebSocket (counted in ``in_flight``, closed with 1013 past
-        ``max_in_flight``) or another scope type, passed to the app."""
+        ``max_in_flight``) or another scope type, passed to the app. A WebSocket's path
+        is made canonical as an HTTP request's is (``/acp/`` is ``/acp``; a path no
+        route can have is closed before the handshake: the server answers 403)."""
+        if scope["type"] == "websocket":
+            canonical = canonical_path(scope["path"])
+            if canonical is None:
+                await send({"type": "websocket.close", "code": 1008})
+                return
+            if canonical is not scope["path"]:
+                scope["path"] = canonical
         if scope["type"] == "websocket" and self.max_in_flight is not None:
             if self.in_flight >= self.max_in_flight:
                 self.stats["connections"] = self.stats.get("connections", 0) + 1

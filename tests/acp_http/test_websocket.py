@@ -59,6 +59,19 @@ async def test_websocket_turn(server: RunningAcpServer) -> None:
             await anyio.sleep(0.02)
 
 
+async def test_websocket_paths_are_canonical_as_http_ones(server: RunningAcpServer) -> None:
+    """``/acp/`` opens the WebSocket as ``/acp`` does (HTTP ``/acp/`` is ``/acp`` too);
+    a path no route can have (``//acp``, ``/./acp``) is refused before the handshake."""
+    async with ws_connect(server.base_url, "/acp/") as ws:
+        await ws.send_json(INIT)
+        assert (await ws.receive_json())["result"]["protocolVersion"] == 1
+    for stray in ("//acp", "/./acp", "/acp//"):
+        with pytest.raises(WsRejected) as refused:
+            async with ws_connect(server.base_url, stray):
+                pass
+        assert refused.value.status == 403, stray
+
+
 async def test_websocket_first_message_must_be_initialize(server: RunningAcpServer) -> None:
     async with ws_connect(server.base_url) as ws:
         await ws.send_json(request(1, "session/list", {}))
