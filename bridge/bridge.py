@@ -266,6 +266,20 @@ class Bridge(Journaling, PromptsAPI):
             return session.owner
         return self._closed_owners.get(session_id)
 
+    async def recall_owner(self, session_id: str) -> str | None:
+        """``session_owner``, else the maker journaled with the session's record (a
+        closed session forgotten past ``MAX_CLOSED_SESSION_OWNERS``), remembered: what a
+        door asks before it lets a caller restore a session by id. Raises
+        ``JournalUnavailableError`` when the journal cannot answer."""
+        known = self.session_owner(session_id)
+        if known is None and session_id not in self._sessions:
+            known = await self.journal.owner_of(session_id)
+            if session_id not in self._sessions:
+                self.remember_owner(session_id, known)
+            else:
+                known = self._sessions[session_id].owner
+        return known
+
     def remember_owner(self, session_id: str, owner: str | None) -> None:
         """Keep the maker of a closed session (restore at start, closes)."""
         if owner is None:
@@ -364,6 +378,9 @@ class Bridge(Journaling, PromptsAPI):
             if live.agent_side is not None:   # restored: the agent's answer is wanted
                 await live.agent_side()       # (not restorable: the history still is)
             return self._info(live, attached=True, with_history=with_history)
+        await self.recall_owner(session_id)   # its maker, even forgotten past the bound
+        if session_id in self._sessions:     # restored by another call meanwhile
+            return await self._restore(method, session_id, cwd, agent, capability, owner)
         await self._ensure_agent(name)
         offered = self.agents.capability(name, *capability)
         if offered is None or offered is False:

@@ -140,6 +140,12 @@ class SessionJournal(Protocol):
         """Remove the sessions closed before ``closed_before`` (epoch seconds)."""
         ...
 
+    async def owner_of(self, session_id: str) -> str | None:
+        """The maker journaled with the session's record (``SessionOpened.owner``),
+        ``None`` when it has none or is not journaled; raises
+        ``JournalUnavailableError`` when the journal cannot answer."""
+        ...
+
     async def aclose(self) -> None: ...
 
 
@@ -162,6 +168,9 @@ class MemoryJournal:
 
     async def purge(self, closed_before: float) -> int:
         return 0
+
+    async def owner_of(self, session_id: str) -> str | None:
+        return None
 
     async def aclose(self) -> None:
         return None

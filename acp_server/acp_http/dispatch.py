@@ -538,8 +538,10 @@ async def dispatch(conn: AcpConnection, msg: Message, params: dict[str, Any]) ->
     rpc_id: RpcId = None if msg.id is UNSET else msg.id
     is_request = msg.id is not UNSET
     try:
+        if method in RESTORING and isinstance(params.get("sessionId"), str):
+            await conn.bridge.recall_owner(params["sessionId"])   # even a forgotten maker
         check_owner(conn, method, params)
-    except SessionNotFoundError as exc:
+    except BridgeError as exc:
         if is_request:
             conn.push(encode_bridge_error(rpc_id, exc))
         return

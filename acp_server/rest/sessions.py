@@ -104,6 +104,7 @@ async def create_session(request: Request, *, bridge: Bridge, config: RestConfig
     origin = session_origin(body.meta)
     caller = caller_of(request.scope)
     if body.sessionId is not None:
+        await bridge.recall_owner(body.sessionId)
         check_restore(caller, body.sessionId, live=bridge.has_session(body.sessionId))
 
     def spawn() -> Awaitable[SessionInfo]:
@@ -139,6 +140,7 @@ async def _restore(request: Request, bridge: Bridge,
     wire.client_id(request)
     caller = caller_of(request.scope)
     session_id = request.path_params["session_id"]
+    await bridge.recall_owner(session_id)   # a closed session's maker, even forgotten
     check_restore(caller, session_id, live=bridge.has_session(session_id))
     body = await wire.read_json(request, wire.RestoreBody, limit=config.max_body_bytes)
     info = await until_disconnect(request, lambda: restore(

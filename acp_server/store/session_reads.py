@@ -208,6 +208,30 @@ class SessionReads:
 
         return await self.store._read(read)
 
+    async def owner_of(self, session_id: str) -> str | None:
+        """The maker in the session's record (a cold restore of a closed session the
+        bridge no longer remembers keeps its maker as owner); ``None`` when there is
+        no record, or it has no owner, or cannot be decoded (logged)."""
+        sql = self._sql
+
+        def read(conn: Any) -> bytes | None:
+            row = conn.execute(sql("SELECT record FROM sessions WHERE id = ?"),
+                               (session_id,)).fetchone()
+            return None if row is None else bytes(row[0])
+
+        try:
+            blob = await self.store._read(read)
+        except StoreUnavailableError as exc:
+            raise JournalUnavailableError(exc.reason) from exc
+        if blob is None:
+            return None
+        try:
+            return _OPENED.decode(blob).owner
+        except msgspec.MsgspecError as exc:
+            log.error("session journal: session %s has an unreadable record (%s)",
+                      session_id, exc)
+            return None
+
     async def purge(self, closed_before: float) -> int:
         """Remove the sessions closed before ``closed_before`` (epoch seconds)."""
         def op(conn: Any, out: Any, *state: Any) -> int:

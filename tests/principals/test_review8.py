@@ -14,7 +14,7 @@ import pytest
 from acp_server.principals import BOOTSTRAP
 from acp_server.principals.tokens import issue
 from acp_server.store.tokens import TokenRecord
-from tests.acp_http.server import running_acp_server
+from tests.acp_http.server import request, running_acp_server
 from tests.acp_http.wsclient import WsRejected, ws_connect
 from tests.lmsp.server import envelope
 from tests.principals.helpers import bearer, mint
@@ -292,3 +292,48 @@ async def test_a_local_streamed_post_answer_ends_when_a_first_credential_is_conf
                 async for _ in lines:
                     pass   # ends: the answer was cut
         assert (await c.get("/capabilities")).status_code == 401
+
+
+async def test_a_closed_session_forgotten_past_the_owner_caches_stays_its_makers(
+        tmp_path: Path) -> None:
+    """review8's 15: the makers of closed sessions are cached (50,000 each in the
+    bridge and the gate); past that, a cold ``/load`` (REST, ``/acp``) or a create
+    naming the id reads the maker from the journal's record: another principal gets
+    404 and never becomes the owner; the maker loads it."""
+    async with serving(tmp_path) as srv:
+        c, bridge, owners = srv.client, srv.server.bridge, srv.server.gate.sessions
+        alice = bearer(await mint(srv.server, "alice"))
+        mallory = bearer(await mint(srv.server, "mallory", unlimited=True))
+        made = await c.post("/session", json={"sessionScope": "thread"}, headers=alice)
+        sid = made.json()["sessionId"]
+        sent = await c.post(f"/session/{sid}/prompt", headers=alice, json={
+            "prompt": [{"type": "text", "text": "alice's private text"}]})
+        assert sent.status_code == 202
+        with anyio.fail_after(10):
+            while bridge.session_status(sid).pending_prompts:
+                await anyio.sleep(0.02)
+        await bridge.close_session(sid, reason="idle")   # closed, its journal kept
+        bridge._closed_owners.clear()   # both caches forgot it (50,000 closed since)
+        owners._owners.clear()
+        for path, body in ((f"/session/{sid}/load", {}), (f"/session/{sid}/resume", {}),
+                           ("/session", {"sessionId": sid})):
+            answer = await c.post(path, json=body, headers=mallory)
+            assert (answer.status_code, answer.json()["code"]) == (404, "session_not_found"), \
+                (path, answer.text)
+            assert "private" not in answer.text
+        m_headers = mallory
+        conn, _ = await srv.initialize(**m_headers)
+        async with srv.stream(conn, **m_headers) as stream:
+            for rpc_id, method in enumerate(("session/load", "session/resume"), start=1):
+                bridge._closed_owners.clear()
+                owners._owners.clear()
+                sent = await srv.post(conn, request(rpc_id, method, {
+                    "sessionId": sid, "cwd": srv.workspace, "mcpServers": []}), **m_headers)
+                assert sent.status_code == 202
+                reply = await stream.wait_for_id(rpc_id)
+                assert reply["error"]["code"] == -32602, (method, reply)
+        assert not bridge.has_session(sid)          # nothing was restored for mallory
+        assert owners.owner(sid) == "alice"
+        mine = await c.post(f"/session/{sid}/load", json={}, headers=alice)
+        assert mine.status_code == 200, mine.text
+        assert "private" in mine.text
