@@ -27,7 +27,7 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from acp_server.lmsp.problems import LmspError
+from acp_server.lmsp.problems import LmspError, shown
 from acp_server.lmsp.requests import decode_stored
 from acp_server.lmsp.service import LmspService
 from acp_server.principals import caller_of
@@ -89,7 +89,7 @@ async def list_tasks(request: Request, service: LmspService) -> Response:
     if after is not None:
         anchor = await service.store.get_task(after)
         if anchor is None or not caller.sees(anchor.principal):
-            raise _invalid("after", f"No task {after!r} to page after.")
+            raise _invalid("after", f"No task {shown(after)!r} to page after.")
     now = service.config.clock()
     records = await service.store.list_tasks(principal, status=status, after=after,
                                              limit=limit + 1)

@@ -51,6 +51,14 @@ CODES: dict[str, tuple[int, str, dict[str, str]]] = {
 }
 
 
+SHOWN_ID_CHARS = 80   # an id echoed in an error: a caller's 1 MiB "id" is not sent back
+
+
+def shown(value: str) -> str:
+    """An id as an error shows it: cut to ``SHOWN_ID_CHARS`` characters (``…`` after)."""
+    return value if len(value) <= SHOWN_ID_CHARS else value[:SHOWN_ID_CHARS] + "…"
+
+
 class LmspError(Exception):
     """An error answered with a problem object. ``extensions`` are §9.3 members."""
 

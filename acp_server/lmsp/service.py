@@ -50,7 +50,7 @@ import msgspec
 from acp_server.store import store_for
 from acp_server.store.errors import Backoff, StoreUnavailableError
 from acp_server.store.hub import Hub
-from acp_server.lmsp.problems import LmspError
+from acp_server.lmsp.problems import LmspError, shown
 from acp_server.lmsp.requests import ResponseRequest, decode_stored
 from acp_server.lmsp.responses import (
     base_response,
@@ -278,7 +278,8 @@ class LmspService:
         record = await self.store.get_task(task_id)
         if record is None or self._task_expired(record, self.config.clock()) or \
                 (caller is not None and not caller.sees(record.principal)):
-            raise LmspError("task_not_found", f"No task {task_id!r}.", task_id=task_id)
+            raise LmspError("task_not_found", f"No task {shown(task_id)!r}.",
+                            task_id=shown(task_id))
         return record
 
     def _task_expired(self, record: TaskRecord, now: float) -> bool:
@@ -296,7 +297,8 @@ class LmspService:
             task_id, lambda rec: error_finish(rec, "", "", status="cancelled"),
             now=self.config.clock())
         if record is None:
-            raise LmspError("task_not_found", f"No task {task_id!r}.", task_id=task_id)
+            raise LmspError("task_not_found", f"No task {shown(task_id)!r}.",
+                            task_id=shown(task_id))
         if record.status in ("succeeded", "failed"):
             raise LmspError("task_not_cancelable", f"Task {task_id} already finished with "
                             f"status '{record.status}'.", task_id=task_id,
@@ -328,8 +330,8 @@ class LmspService:
         if record is None or self._task_expired(record, self.config.clock()) or \
                 (caller is not None and not caller.sees(record.principal)) or \
                 b'"store"' in record.request and _unstored(record):
-            raise LmspError("response_not_found", f"No response {response_id!r}.",
-                            response_id=response_id,
+            raise LmspError("response_not_found", f"No response {shown(response_id)!r}.",
+                            response_id=shown(response_id),
                             **({"param": param} if param else {}))
         return record
 
@@ -367,8 +369,9 @@ class LmspService:
         if record.status not in TERMINAL or not await self.store.delete_task(record.id):
             current = await self.store.get_task(record.id)
             if current is None:
-                raise LmspError("response_not_found", f"No response {response_id!r}.",
-                                response_id=response_id)
+                raise LmspError("response_not_found",
+                                f"No response {shown(response_id)!r}.",
+                                response_id=shown(response_id))
             raise LmspError("response_in_progress", f"The response {response_id} has not "
                             "finished yet; cancel it first.", response_id=response_id,
                             response_status=_response_status(current))

@@ -154,3 +154,17 @@ async def test_unauthorized_is_a_problem(tmp_path: Path) -> None:
         # the REST surface keeps its own shape
         rest = await srv.client.get("/session/x", headers={"Authorization": "Bearer wrong"})
         assert rest.status_code == 401 and rest.json() == {"error": "Unauthorized"}
+
+
+async def test_an_unknown_id_is_echoed_cut(server: LmspServer) -> None:
+    """A 100 KB ``previous_response_id`` (or path id) is not sent back whole."""
+    huge = "resp_" + "a" * 100_000
+    answer = await server.client.post("/lmsp/v1/responses", json={
+        "model": "reference", "input": "x", "previous_response_id": huge})
+    assert answer.status_code == 404 and answer.json()["code"] == "response_not_found"
+    assert len(answer.content) < 2_000
+    assert answer.json()["response_id"] == huge[:80] + "…"
+    answer = await server.client.get("/lmsp/v1/tasks/task_" + "b" * 4000)
+    assert answer.status_code == 404   # ``instance`` is the path (the request line's cap)
+    assert answer.json()["task_id"] == ("task_" + "b" * 4000)[:80] + "…"
+    assert len(answer.json()["detail"]) < 100
