@@ -14,6 +14,8 @@ Contracts:
   requests fail with ``reattach_timeout`` and it is kept for the next reconnect.
 * One session that hangs or fails does not hold the others; a lost link or a
   ``ReattachFailed`` is raised once all are done.
+* A session the editor is ending (a ``session/close`` or ``session/delete`` of it
+  waiting or in flight, ``FORGETS``) is not re-attached: that request goes as it is.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ AGENT_META = "acp-server/agent"
 CURSOR_META = "acp-server/lastEventId"
 EPOCH_META = "acp-server/eventEpoch"
 EVENTS_META = "acp-server/events"
+FORGETS = frozenset({"session/close", "session/delete"})   # the editor ends its session
 
 
 class ReattachFailed(LinkLost):
@@ -72,9 +75,12 @@ class Reattach:
                 except LinkLost as exc:
                     failures.append(exc)
 
+        ending = {c.session_id for c in self.book.calls.values()
+                  if c.method in FORGETS and not c.internal}
         async with anyio.create_task_group() as tg:
             for sid in list(self.book.sessions):
-                tg.start_soon(one, sid)
+                if sid not in ending:
+                    tg.start_soon(one, sid)
         lost = [f for f in failures if not isinstance(f, ReattachFailed)]
         if lost or failures:
             raise (lost or failures)[0]

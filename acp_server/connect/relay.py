@@ -79,6 +79,7 @@ from acp_server.connect.link import (
 from acp_server.connect.reattach import (
     AGENT_META,
     CURSOR_META,
+    FORGETS,
     Reattach,
     ReattachFailed,
 )
@@ -94,11 +95,16 @@ PROMPT_ID_META = "acp-server/promptId"
 RESUMABLE_META = "acp-server/resumable"
 RESTORING = frozenset({"session/new", "session/load", "session/resume"})
 REGISTERS = frozenset({"session/new", "session/fork"})
-FORGETS = frozenset({"session/close", "session/delete"})
 # Requests of the server kept until it reports them resolved (``_qwen/notify``).
 RESOLVED_BY_EVENT = frozenset({"session/request_permission", "elicitation/create"})
 RESOLVED_KINDS = frozenset({"permission_resolved", "elicitation_resolved"})
 QWEN_NOTIFY = "_qwen/notify"
+
+
+def _no_session(msg: wire.Message) -> bool:
+    """An error answer that says the session does not exist (``-32602``)."""
+    error = wire.decode(msg.members["error"]) if "error" in msg.members else None
+    return isinstance(error, dict) and error.get("code") == wire.INVALID_PARAMS
 
 
 class Clock:
@@ -597,6 +603,13 @@ class Relay(Reattach):
         self._healthy = True
         ok = "result" in msg.members
         result = wire.decode(msg.members["result"]) if ok else None
+        if call.method in FORGETS and call.session_id in self.book.sessions \
+                and not ok and _no_session(msg):
+            # the editor's session ended meanwhile (reaped, or this request's first
+            # copy took effect before a drop): ended is what it asked for
+            self.book.forget_session(call.session_id)   # type: ignore[arg-type]
+            await self.out.send(wire.result(call.editor_id, {}))
+            return
         if ok and call.method in REGISTERS and isinstance(result, dict) \
                 and isinstance(result.get("sessionId"), str):
             self._register(result["sessionId"], call.params or {})

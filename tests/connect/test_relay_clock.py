@@ -247,6 +247,46 @@ async def test_a_reattach_answered_no_such_session_loses_the_session() -> None:
         assert "s1" not in relay.book.sessions
 
 
+@pytest.mark.parametrize("method", ["session/close", "session/delete"])
+async def test_a_close_sent_while_down_is_not_reattached_and_no_session_is_done(
+        method: str) -> None:
+    """review7 #14: a ``session/close`` (or ``session/delete``) the editor sends while
+    the link is down does not re-attach the session it ends once the link is back; and
+    the server's "no such session" to it (the session ended meanwhile: reaped, or the
+    request's first copy took effect before the link dropped) is a success for the
+    editor, whose session is gone either way."""
+    ended: list[str] = []
+
+    async def answer(link: FakeLink, message: dict[str, Any]) -> None:
+        name, rpc_id = message.get("method"), message.get("id")
+        if name == "session/new":
+            link.push({"jsonrpc": "2.0", "id": rpc_id, "result": {"sessionId": "s1"}})
+        elif name in ("session/close", "session/delete"):
+            ended.append(name)
+            link.push({"jsonrpc": "2.0", "id": rpc_id,
+                       "error": {"code": -32602, "message": "Session not found: s1"}})
+        elif rpc_id is not None:
+            await echo_result(link, message)
+
+    server = FakeServer(answer=answer)
+    async with editor_and_relay(server, FakeClock(), give_up_after_s=10**9) as (editor, relay):
+        await editor.request("initialize", {}, 1)
+        await editor.response(1)
+        await editor.request("session/new", {"cwd": "/w", "mcpServers": []}, 2)
+        await editor.response(2)
+        server.refusing = "server_unreachable"
+        server.lose_all()
+        await _until(lambda: server.refused > 0)
+        await editor.request(method, {"sessionId": "s1"}, 3)
+        await _until(lambda: any(c.method == method for c in relay.book.calls.values()))
+        server.refusing = None
+        assert (await editor.response(3))["result"] == {}
+        assert ended == [method]
+        assert "s1" not in relay.book.sessions
+    assert not [m for m in server.received if m.get("method") in ("session/load",
+                                                                   "session/resume")]
+
+
 async def _until(condition: Any) -> None:
     with anyio.fail_after(10):
         while not condition():
