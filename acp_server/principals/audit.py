@@ -157,22 +157,32 @@ class AuditLog:
     async def flush(self) -> None:
         """Write everything recorded so far (waits for the store; raises
         ``StoreUnavailableError`` when it cannot, the records kept for later)."""
+        await self._flush(None)
+
+    async def _flush(self, at_most: int | None) -> None:
+        """``flush``; ``at_most``: write only that many records (those buffered when the
+        write began: the ones recorded while it runs wait for the next write)."""
         if self.store is None:
             return
         async with self._lock:
-            while self._buffer or self._pending_dropped:
+            left = len(self._buffer) if at_most is None else at_most
+            while (self._buffer and (at_most is None or left > 0)) or self._pending_dropped:
                 if self._pending_dropped and len(self._buffer) < self.max_buffered:
                     self._buffer.append(AuditRecord(
                         at=self.clock(), principal="-", action="audit.records_dropped",
                         detail=_encode({"count": self._pending_dropped}).decode()))
                     self._pending_dropped = 0
-                batch = [self._buffer.popleft() for _ in range(min(BATCH, len(self._buffer)))]
+                size = min(BATCH, len(self._buffer))
+                if at_most is not None:
+                    size = min(size, max(left, 1))   # a drop record goes out alone too
+                batch = [self._buffer.popleft() for _ in range(size)]
                 try:
                     await self.store.append_audit(batch)
                 except BaseException:
                     self._buffer.extendleft(reversed(batch))   # kept, in order
                     raise
                 self.written += len(batch)
+                left -= len(batch)
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None]
                   = anyio.TASK_STATUS_IGNORED) -> None:
@@ -190,10 +200,15 @@ class AuditLog:
             if not (self._buffer or self._pending_dropped):
                 continue   # taken by the last write already (recorded while it ran)
             try:
-                await self.flush()
+                # what is buffered now; what comes meanwhile (a stream of records while
+                # the write runs) waits for one write after the interval, not a write
+                # per commit of the store (each a durable commit: an fsync)
+                await self._flush(len(self._buffer))
                 backoff.reset()
-                if self.flush_interval_s > 0:   # what comes meanwhile: one write, later
+                if self.flush_interval_s > 0:
                     await anyio.sleep(self.flush_interval_s)
+                if self._buffer or self._pending_dropped:
+                    self._wake.set()
             except StoreUnavailableError:
                 await anyio.sleep(backoff.next())
                 self._wake.set()

@@ -278,6 +278,40 @@ async def test_a_stream_of_records_is_written_once_per_interval(tmp_path: Path) 
             tg.cancel_scope.cancel()
 
 
+async def test_records_made_while_a_write_runs_wait_for_the_interval(tmp_path: Path) -> None:
+    """The records made while a write is in the store (a steady stream: one per prompt)
+    are not written as soon as it lands, again and again (a durable commit, an fsync,
+    for every commit of the store under load), but in one write after the interval."""
+    async with SqliteTaskStore(f"sqlite:///{tmp_path}/t.db") as store:
+        counted = CountedAudit(store)
+        entered, release = anyio.Event(), anyio.Event()
+        append = counted.append_audit
+
+        async def gated(records: list[AuditRecord]) -> None:
+            entered.set()
+            await release.wait()
+            await append(records)
+
+        counted.append_audit = gated  # type: ignore[method-assign]
+        audit = AuditLog(counted, clock=Clock(), flush_interval_s=3600)
+        async with anyio.create_task_group() as tg:
+            await tg.start(audit.run)
+            audit.record("ci", "prompt.accepted", "s0")
+            with anyio.fail_after(10):
+                await entered.wait()
+            for i in range(1, 4):   # made while the first write runs
+                audit.record("ci", "prompt.accepted", f"s{i}")
+            release.set()
+            with anyio.fail_after(10):
+                while audit.written < 1:
+                    await anyio.lowlevel.checkpoint()
+            await anyio.wait_all_tasks_blocked()
+            assert counted.writes == [["s0"]] and audit.buffered == 3
+            await audit.flush()   # as ``read`` and a clean stop do
+            assert counted.writes == [["s0"], ["s1", "s2", "s3"]]
+            tg.cancel_scope.cancel()
+
+
 def test_a_limited_principal_gets_its_own_caller_per_request() -> None:
     """``Gate.caller`` shares the caller of an unlimited principal per (principal,
     client); a limited one's holds the request it was charged (``uncharge``), so each
