@@ -193,6 +193,7 @@ async def open_server(settings: Settings, *, agent_factory: AgentFactory | None 
             metrics = Metrics(bridge, acp, task_ttl_s=settings.metrics_task_ttl_s)
             bridge.observe(metrics)
             metrics.watch_lmsp(lmsp)   # task transitions and the task gauge
+            metrics.watch_store(lmsp.store)   # the writer's commits
             guard_stats = GuardStats()
             fleet = router = replicas = None
             if leases is not None and isinstance(journal, StoreSessionJournal):

@@ -145,6 +145,23 @@ class _LiveCollector(Collector):
         yield family
 
 
+class _StoreCollector(Collector):
+    """The store writer's commits, read at scrape time."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily("acp_server_store_commits",
+                                     "Store transactions committed, by whether they were "
+                                     "flushed to the disk before their callers woke.",
+                                     labels=["synced"])
+        synced = int(getattr(self.store, "synced_commits", 0))
+        family.add_metric(["true"], synced)
+        family.add_metric(["false"], int(getattr(self.store, "commits", 0)) - synced)
+        yield family
+
+
 class _FleetCollector(Collector):
     """Sessions across instances (``acp_server.fleet``), read at scrape time."""
 
@@ -359,6 +376,12 @@ class Metrics(BridgeObserver):
         child.inc()
 
     # -- sessions across instances ------------------------------------------------------
+    def watch_store(self, store: Any) -> None:
+        """``acp_server_store_commits_total{synced}``: the store writer's transactions,
+        read at scrape time (``synced="true"``: flushed to the disk before their callers
+        woke; on SQLite the session journal's own commits are not)."""
+        self.registry.register(_StoreCollector(store))
+
     def watch_fleet(self, fleet: Any) -> None:
         """Report ``acp_server.fleet.Fleet``'s instance id, owned sessions and counters
         (read at scrape time)."""

@@ -280,6 +280,7 @@ class PostgresEngine(GroupCommitStore[Conn]):
             committing = True
             self._commit(conn, state)
             self.commits += 1
+            self.synced_commits += 1   # PostgreSQL commits every batch durably
         except Exception as exc:   # noqa: BLE001 - the whole batch failed (bulk creates too)
             try:
                 conn.rollback()

@@ -325,6 +325,7 @@ class SqliteTaskStore(TokenOps, AuditOps, ClaimsOne, ObservedMoves,
                 conn.execute("RELEASE op")
             conn.execute("COMMIT")
             self.commits += 1
+            self.synced_commits += self._full
             self.wal.committed()
         except Exception as exc:   # noqa: BLE001 - the whole batch failed
             self._rollback(conn)
@@ -358,6 +359,7 @@ class SqliteTaskStore(TokenOps, AuditOps, ClaimsOne, ObservedMoves,
                 return True
         conn.execute("COMMIT")
         self.commits += 1
+        self.synced_commits += self._full
         self.wal.committed()
         return True
 

@@ -177,6 +177,7 @@ class GroupCommitStore(Generic[C]):
         self.writers = writers
         self.group_commit = group_commit
         self.commits = 0        # transactions committed (for the benchmark and tests)
+        self.synced_commits = 0   # of those, flushed to the disk before their callers woke
         self.health = StoreHealth()
         self._readers: deque[C] = deque()
         self._read_limiter = anyio.CapacityLimiter(readers)

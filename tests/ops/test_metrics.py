@@ -132,6 +132,30 @@ async def test_open_streams_and_acp_connections_are_gauges(tmp_path: Path) -> No
                      status="200") == 1
 
 
+async def test_the_store_commits_are_counted_by_whether_they_were_synced(
+        tmp_path: Path) -> None:
+    """A session's prompts are journaled in SQLite commits not flushed to the disk
+    (``synced="false"``); a task (always durable) is a synced one."""
+    async with daemon(tmp_path) as (client, bridge, server):
+        sid = (await client.post("/session", json={"sessionScope": "thread"})).json()[
+            "sessionId"]
+        sent = await client.post(f"/session/{sid}/prompt", json=text_prompt("hi"))
+        assert sent.status_code == 202
+        with anyio.fail_after(10):
+            while bridge.session_status(sid).pending_prompts:
+                await anyio.sleep(0.01)
+        before = await scrape(client)
+        unsynced = value(before, "acp_server_store_commits_total", synced="false")
+        synced = value(before, "acp_server_store_commits_total", synced="true")
+        assert unsynced >= 1
+        await run_task(client)
+        after = await scrape(client)
+        assert value(after, "acp_server_store_commits_total", synced="true") > synced
+        store = server.lmsp.store   # type: ignore[attr-defined]
+        assert value(after, "acp_server_store_commits_total", synced="true") + value(
+            after, "acp_server_store_commits_total", synced="false") <= store.commits
+
+
 async def test_an_agent_restart_is_counted(tmp_path: Path) -> None:
     import sys
 
