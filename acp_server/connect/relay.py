@@ -607,7 +607,7 @@ class Relay(Reattach):
                 and not ok and _no_session(msg):
             # the editor's session ended meanwhile (reaped, or this request's first
             # copy took effect before a drop): ended is what it asked for
-            self.book.forget_session(call.session_id)   # type: ignore[arg-type]
+            await self._ended(call.session_id)   # type: ignore[arg-type]
             await self.out.send(wire.result(call.editor_id, {}))
             return
         if ok and call.method in REGISTERS and isinstance(result, dict) \
@@ -615,10 +615,19 @@ class Relay(Reattach):
             self._register(result["sessionId"], call.params or {})
             await link.watch_session(result["sessionId"])
         elif call.method in FORGETS and ok and call.session_id is not None:
-            self.book.forget_session(call.session_id)
+            await self._ended(call.session_id)
         elif not ok and call.new_session and call.session_id is not None:
             self.book.sessions.pop(call.session_id, None)   # it never was the editor's
         await self.out.send(wire.with_id(msg.members, call.editor_id))
+
+    async def _ended(self, session_id: str) -> None:
+        """The editor's session is closed or deleted: forgotten; a request of it still
+        waiting (the server answers a closing session's prompts before the close, so
+        none should be) gets an error rather than no answer ever."""
+        for pending in self.book.forget_session(session_id):
+            self._drop_outgoing(pending)
+            await self._fail(pending, f"session {session_id} was closed",
+                             "session_closed", {"sessionId": session_id})
 
     # -- after a reconnect -----------------------------------------------------------------
     async def _reattach(self, link: Link) -> None:

@@ -287,6 +287,34 @@ async def test_a_close_sent_while_down_is_not_reattached_and_no_session_is_done(
                                                                    "session/resume")]
 
 
+async def test_a_request_left_waiting_when_its_session_closes_is_answered() -> None:
+    """A server that answers ``session/close`` without answering a prompt of that
+    session first (ours answers them first): the prompt gets ``session_closed``, not
+    silence for ever."""
+    async def answer(link: FakeLink, message: dict[str, Any]) -> None:
+        name, rpc_id = message.get("method"), message.get("id")
+        if name == "session/new":
+            link.push({"jsonrpc": "2.0", "id": rpc_id, "result": {"sessionId": "s1"}})
+        elif name == "session/prompt":
+            return   # never answered
+        elif rpc_id is not None:
+            link.push({"jsonrpc": "2.0", "id": rpc_id, "result": {}})
+
+    server = FakeServer(answer=answer)
+    async with editor_and_relay(server, FakeClock()) as (editor, relay):
+        await editor.request("initialize", {}, 1)
+        await editor.response(1)
+        await editor.request("session/new", {"cwd": "/w", "mcpServers": []}, 2)
+        await editor.response(2)
+        await editor.request("session/prompt", {"sessionId": "s1", "prompt": "hi"}, 3)
+        await _until(lambda: any(m.get("method") == "session/prompt"
+                                 for m in server.received))
+        await editor.request("session/close", {"sessionId": "s1"}, 4)
+        assert (await editor.response(4))["result"] == {}
+        assert kind(await editor.response(3)) == "session_closed"
+        assert "s1" not in relay.book.sessions and not relay.book.calls
+
+
 async def _until(condition: Any) -> None:
     with anyio.fail_after(10):
         while not condition():
