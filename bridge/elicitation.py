@@ -102,12 +102,15 @@ class ElicitationMediator:
         session.bus.publish(ELICITATION_REQUEST, ev.ElicitationRequest(
             request_id=request_id, session_id=session.session_id, params=params),
             prompt_id=prompt_id)
+        reason = "request_cancelled"   # our caller was cancelled (the agent withdrew it)
         try:
-            with anyio.move_on_after(self.timeout_ms / 1000):
+            with anyio.move_on_after(self.timeout_ms / 1000) as waiting:
                 await pending.done.wait()
+            if waiting.cancelled_caught:
+                reason = "timeout"
         finally:
             if pending.answer is None:
-                self._resolve(pending, dict(CANCEL), reason="timeout")
+                self._resolve(pending, dict(CANCEL), reason=reason)
         assert pending.answer is not None
         return pending.answer
 

@@ -23,8 +23,9 @@ Contracts: the first valid vote resolves a request; a later vote, or a vote for 
 unknown request (or one of another session, when ``session_id`` is given), raises
 ``PermissionNotFoundError``; an option id the agent did not offer raises
 ``InvalidPermissionOptionError`` and leaves the request pending. A timeout (when
-set), a cancel, a close or the agent's death resolve it as ``{"outcome":
-"cancelled"}``. Each resolution publishes one ``permission_resolved``
+set, reason ``timeout``), a cancel, a close, the agent's death or the agent
+withdrawing its request (``$/cancel_request``: the caller of ``request`` is
+cancelled, reason ``request_cancelled``) resolve it as ``{"outcome": "cancelled"}``. Each resolution publishes one ``permission_resolved``
 (``bridge.events.PermissionResolved``: the outcome, the voter, the reason). At most
 ``MAX_PENDING_PER_SESSION`` requests wait per session; past it (or on a closing
 session) a request is answered ``cancelled`` at once.
@@ -99,15 +100,18 @@ class PermissionMediator:
         session.bus.publish(ev.PERMISSION_REQUEST, ev.PermissionRequest(
             request_id=request_id, session_id=session.session_id, params=params),
             prompt_id=prompt_id)
+        reason = "request_cancelled"   # our caller was cancelled (the agent withdrew it)
         try:
             if self.timeout_ms:
-                with anyio.move_on_after(self.timeout_ms / 1000):
+                with anyio.move_on_after(self.timeout_ms / 1000) as waiting:
                     await pending.done.wait()
+                if waiting.cancelled_caught:
+                    reason = "timeout"
             else:
                 await pending.done.wait()
         finally:
-            if pending.outcome is None:  # timeout, or our caller was cancelled
-                self._resolve(pending, dict(CANCELLED), None, reason="timeout")
+            if pending.outcome is None:
+                self._resolve(pending, dict(CANCELLED), None, reason=reason)
         assert pending.outcome is not None
         return {"outcome": pending.outcome}
 

@@ -26,7 +26,10 @@ Contracts:
   turn's ``turn_complete`` / ``turn_error`` event is taken, so it always follows the
   turn's ``session/update`` notifications.
 * A ``permission_request`` becomes a ``session/request_permission`` request only
-  while it is pending (a replayed, resolved one is a ``_qwen/notify``).
+  while it is pending (a replayed, resolved one is a ``_qwen/notify``). One this
+  connection was sent and did not answer is withdrawn when it is resolved otherwise:
+  ``$/cancel_request {requestId}`` follows the ``permission_resolved`` notification
+  (an elicitation's likewise). The client's late answer is ignored.
 * Bus events are delivered at most once per channel per bus epoch (``delivered_id``);
   ``rewind`` (a GET with ``Last-Event-ID``) is the only way to see them again.
 * ``flush_through(event_id)`` returns once the reader has written every frame of the
@@ -294,8 +297,11 @@ class SessionChannel:
             if found is not None and self.conn.bridge.permission_pending(found[0]):
                 self.conn.expect_answer(found[0], self.session_id)
                 return [self._annotated(found[1])]
-        elif kind == ev.PERMISSION_RESOLVED:
-            self.conn.pending_requests.pop(event.data.request_id, None)
+        elif kind in (ev.PERMISSION_RESOLVED, ev.ELICITATION_RESOLVED):
+            request_id = event.data.request_id
+            if self.conn.pending_requests.pop(request_id, None) is not None:
+                # asked here, resolved otherwise: the client's question is withdrawn
+                return [self._annotated(fr.notify_frame(event)), fr.withdrawn_frame(request_id)]
         elif kind in elicitation.KINDS:
             return [self._annotated(f) for f in elicitation.elicitation_frames(self.conn, self,
                                                                                event)]

@@ -18,6 +18,10 @@ Contracts:
 * A permission request becomes the agent-to-client request
   ``session/request_permission`` whose JSON-RPC id is the bridge's ``requestId``
   (a string), with ``_meta.qwen.requestId`` as the peer sends it.
+* A question this connection was sent (a permission request, an elicitation) that
+  was resolved by anything but its answer (another client's vote, a cancelled turn,
+  a timeout, a restart, the agent withdrawing it) is withdrawn with ACP's
+  ``$/cancel_request {requestId}`` (``withdrawn_frame``), after the event's own frame.
 * ``with_event_meta`` (for a connection that asked for it at ``initialize``, see
   ``dispatch``) adds ``params._meta["acp-server/event"] = {"id": N, "epoch": E}`` to a
   bus event's frame; every other member is written through as it was.
@@ -82,6 +86,12 @@ def _permission_payload(event: Event) -> bytes:
     meta["qwen"] = {**(qwen if isinstance(qwen, dict) else {}), "requestId": data.request_id}
     params["_meta"] = meta
     return encode_request(data.request_id, "session/request_permission", params)
+
+
+def withdrawn_frame(request_id: str) -> Frame:
+    """``$/cancel_request`` for a request of ours the client has not answered and no
+    longer needs to (a synthetic frame: no bus id, never replayed)."""
+    return Frame(None, encode_notification("$/cancel_request", {"requestId": request_id}))
 
 
 def permission_frame(event: Event) -> tuple[str, Frame] | None:

@@ -17,7 +17,11 @@ Contracts (see ``bridge.agents.base``):
   decoded to plain values (unknown fields survive); error answers raise ``AgentError``.
 * Agent-to-client requests run concurrently, each in its own task of the task group;
   unknown methods are answered -32601 with ``data: {method}``. When the connection
-  goes away, handlers still running are cancelled.
+  goes away, handlers still running are cancelled. The agent may withdraw one it
+  sent (``$/cancel_request {requestId}``, ACP's protocol-level cancellation): its
+  handler is cancelled (a permission request is resolved as cancelled, reason
+  ``request_cancelled``) and the request is answered -32800, as ACP asks; one
+  already answered, or unknown, is left alone.
 * A line longer than ``max_line_bytes`` is a protocol failure: the agent is treated
   as lost and stopped.
 * Death (stdout EOF, exit, broken pipe, protocol failure): every pending call raises
@@ -50,6 +54,7 @@ from bridge.jsonrpc import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
     METHOD_NOT_FOUND,
+    REQUEST_CANCELLED,
     UNSET,
     JsonRpcError,
     Message,
@@ -69,6 +74,11 @@ DEFAULT_MAX_LINE_BYTES = 64 * 1024 * 1024
 _STDERR_LINE_BYTES = 64 * 1024
 STDERR_TAIL_LINES = 50
 _PIPE_ERRORS = (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)
+
+
+def _key(request_id: Any) -> tuple[type, Any]:
+    """A dict key for a JSON-RPC id: ``1`` and ``"1"`` are different ids."""
+    return (type(request_id), request_id)
 
 
 class _SessionIdOnly(msgspec.Struct):
@@ -174,6 +184,9 @@ class StdioAgentConnection:
         self._reader_done = anyio.Event()
         self._stderr_done = anyio.Event()
         self._handler_scopes: set[anyio.CancelScope] = set()
+        # the agent's requests whose handler runs, by id (``$/cancel_request``)
+        self._in_flight: dict[tuple[type, Any], anyio.CancelScope] = {}
+        self._withdrawn: set[tuple[type, Any]] = set()
         self._handlers = {
             "session/request_permission": client.request_permission,
             "fs/read_text_file": client.read_text_file,
@@ -387,7 +400,9 @@ class StdioAgentConnection:
             self._on_notification(msg)
         elif self._death is None:   # a dead agent's requests have nobody to answer
             assert self._task_group is not None, "start() runs the reader that calls this"
-            self._task_group.start_soon(self._serve_agent_request, msg)
+            scope = anyio.CancelScope()
+            self._in_flight[_key(msg.id)] = scope   # before a $/cancel_request can follow
+            self._task_group.start_soon(self._serve_agent_request, msg, scope)
 
     def _resolve(self, msg: Message) -> None:
         if not self._requests.resolve(msg, AgentError):
@@ -397,6 +412,9 @@ class StdioAgentConnection:
     def _on_notification(self, msg: Message) -> None:
         if msg.method == "elicitation/complete":
             self._elicitation_complete(msg)
+            return
+        if msg.method == "$/cancel_request":
+            self._withdraw(msg)
             return
         if msg.method != "session/update":
             logger.info("%s ignoring notification %s", self._prefix, msg.method)
@@ -421,17 +439,37 @@ class StdioAgentConnection:
         if complete is not None and isinstance(params, dict):
             complete(sid if isinstance(sid, str) else None, params)
 
-    async def _serve_agent_request(self, msg: Message) -> None:
-        scope = anyio.CancelScope()
+    def _withdraw(self, msg: Message) -> None:
+        """``$/cancel_request``: the agent withdraws a request of its own that is still
+        being handled (the handler is cancelled; ``_serve_agent_request`` answers -32800)."""
+        params = decode_value(msg.params) if msg.params is not UNSET else None
+        target = params.get("requestId") if isinstance(params, dict) else None
+        if not isinstance(target, (str, int)) or isinstance(target, bool):
+            logger.info("%s $/cancel_request without a requestId: ignored", self._prefix)
+            return
+        scope = self._in_flight.get(_key(target))
+        if scope is None:
+            return   # answered already, or never asked: nothing to withdraw
+        self._withdrawn.add(_key(target))
+        scope.cancel()
+
+    async def _serve_agent_request(self, msg: Message, scope: anyio.CancelScope) -> None:
+        request_key = _key(msg.id)
         self._handler_scopes.add(scope)
         try:
             with scope:
                 reply = await self._answer(msg)
+                self._in_flight.pop(request_key, None)   # answered: no longer withdrawable
                 await self._send_line(reply)
+            if scope.cancelled_caught and request_key in self._withdrawn:
+                await self._send_line(encode_error(msg.id, REQUEST_CANCELLED,
+                                                   "Request cancelled"))
         except AgentDiedError:
             pass  # nobody left to answer
         finally:
             self._handler_scopes.discard(scope)
+            self._in_flight.pop(request_key, None)
+            self._withdrawn.discard(request_key)
 
     async def _answer(self, msg: Message) -> bytes:
         """The encoded answer to an agent request (never raises for handler failures)."""

@@ -67,6 +67,19 @@ async def test_first_answer_wins_among_the_clients_that_offer_it(tmp_path: Path)
             done = await first.wait_for(lambda m: seen.append(m) or m.get("id") == 2)
             assert done["result"]["stopReason"] == "end_turn"
             assert _said(seen) == 'Elicited accept {"name": "Ada"}'
+            # answered by another client: the first one's question is withdrawn (ACP's
+            # $/cancel_request), right after the resolution's notification
+            kinds = [m.get("method") for m in seen]
+            withdrawn = seen[kinds.index("$/cancel_request")]
+            assert withdrawn == {"jsonrpc": "2.0", "method": "$/cancel_request",
+                                 "params": {"requestId": ask["id"]}}
+            before = seen[kinds.index("$/cancel_request") - 1]
+            assert before["params"]["kind"] == "elicitation_resolved"
+            # the one that answered is not told to cancel its own answer
+            await second.send_json(request(9, "session/list", {}))
+            tail: list[dict[str, Any]] = []
+            await second.wait_for(lambda m: tail.append(m) or m.get("id") == 9)
+            assert "$/cancel_request" not in [m.get("method") for m in tail]
             await first.send_json({"jsonrpc": "2.0", "id": ask["id"], "result": {
                 "action": "decline"}})                 # too late: ignored
             assert not srv.bridge.elicitations.pending_count
@@ -99,6 +112,9 @@ async def test_a_url_elicitation_completes_and_an_unanswered_one_times_out(
             resolved = [m for m in seen if m.get("method") == "_qwen/notify"
                         and m["params"]["kind"] == "elicitation_resolved"]
             assert resolved[0]["params"]["data"]["reason"] == "timeout"
+            cancels = [m for m in seen if m.get("method") == "$/cancel_request"]
+            assert [c["params"]["requestId"] for c in cancels] == \
+                [resolved[0]["params"]["data"]["requestId"]]
 
 
 async def test_the_console_stream_shows_it(tmp_path: Path) -> None:

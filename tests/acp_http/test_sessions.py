@@ -3,6 +3,8 @@ resume, list, replay with ``Last-Event-ID``, error passthrough."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import anyio
 import pytest
 
@@ -284,3 +286,107 @@ async def test_set_model_without_session_header(server: RunningAcpServer) -> Non
         async with server.stream(conn_id, sid) as session_stream:
             reply = await session_stream.wait_for_id(3)
             assert reply["error"]["code"] == -32601   # the reference agent has no models
+
+
+async def test_a_question_resolved_elsewhere_is_withdrawn(server: RunningAcpServer) -> None:
+    """A permission request this connection was sent and did not answer, answered by
+    another client (a REST vote) or ended with its turn, is withdrawn with ACP's
+    ``$/cancel_request``; the client's late answer is ignored."""
+    conn_id, _ = await server.initialize()
+    async with server.stream(conn_id) as conn_stream:
+        sid = await server.new_session(conn_id, conn_stream)
+        async with server.stream(conn_id, sid) as session_stream:
+            def asked(m: dict[str, Any]) -> bool:
+                return m.get("method") == "session/request_permission"
+
+            def withdrawn(m: dict[str, Any]) -> bool:
+                return m.get("method") == "$/cancel_request"
+
+            await server.prompt(conn_id, sid, 2, "/permission vote elsewhere")
+            ask = await session_stream.wait_for(asked)
+            voted = await server.client.post(
+                f"/session/{sid}/permission/{ask['id']}",
+                json={"outcome": {"outcome": "selected", "optionId": "allow_once"}})
+            assert voted.status_code == 200, voted.text
+            cancel = await session_stream.wait_for(withdrawn)
+            assert cancel == {"jsonrpc": "2.0", "method": "$/cancel_request",
+                              "params": {"requestId": ask["id"]}}
+            # the client answers it anyway (ACP: the original request is still
+            # answered, here with -32800): ignored, the REST vote stands
+            late = await server.post(conn_id, {"jsonrpc": "2.0", "id": ask["id"], "error": {
+                "code": -32800, "message": "Request cancelled"}}, sid)
+            assert late.status_code == 202
+            reply = await session_stream.wait_for_id(2)
+            assert reply["result"]["stopReason"] == "end_turn"
+            said = "".join(m["params"]["update"]["content"]["text"]
+                           for m in session_stream.messages
+                           if m.get("method") == "session/update"
+                           and m["params"]["update"]["sessionUpdate"] == "agent_message_chunk")
+            assert "Permission allowed (allow_once)." in said
+
+            # the turn that asked is cancelled: its question is withdrawn too
+            await server.prompt(conn_id, sid, 3, "/permission then cancel")
+            ask = await session_stream.wait_for(
+                lambda m: asked(m) and m["id"] != cancel["params"]["requestId"])
+            await server.post(conn_id, request(None, "session/cancel", {"sessionId": sid}),
+                              sid)
+            second = await session_stream.wait_for(
+                lambda m: withdrawn(m) and m["params"]["requestId"] == ask["id"])
+            assert second["params"] == {"requestId": ask["id"]}
+            assert (await session_stream.wait_for_id(3))["result"]["stopReason"] == "cancelled"
+
+            # answered by this client: nothing is withdrawn
+            await server.prompt(conn_id, sid, 4, "/permission answered here")
+            ask = await session_stream.wait_for(
+                lambda m: asked(m) and m["id"] not in (cancel["params"]["requestId"],
+                                                       second["params"]["requestId"]))
+            await server.post(conn_id, {"jsonrpc": "2.0", "id": ask["id"], "result": {
+                "outcome": {"outcome": "selected", "optionId": "allow_once"}}}, sid)
+            assert (await session_stream.wait_for_id(4))["result"]["stopReason"] == "end_turn"
+            cancels = [m["params"]["requestId"] for m in session_stream.messages
+                       if withdrawn(m)]
+            assert cancels == [cancel["params"]["requestId"], second["params"]["requestId"]]
+            assert not server.bridge.permissions.pending_count
+
+
+async def test_an_agent_withdraws_its_permission_request(tmp_path: Any) -> None:
+    """A stdio agent withdraws a permission request it sent (``$/cancel_request``): it
+    is resolved as cancelled (reason ``request_cancelled``), the client that was asked
+    gets ``$/cancel_request`` for it, and the agent's request is answered -32800."""
+    from pathlib import Path
+
+    from bridge.agents.stdio import StdioAgentFactory
+    from tests.acp_http.server import running_acp_server
+    from tests.agents import fixture_command
+
+    repo = Path(__file__).resolve().parents[2]
+    factory = StdioAgentFactory(fixture_command("fx"), cwd=str(repo), name="fx")
+    gate = tmp_path / "gate"
+    async with running_acp_server(tmp_path, agent_factory=factory) as srv:
+        conn_id, _ = await srv.initialize()
+        async with srv.stream(conn_id) as conn_stream:
+            sid = await srv.new_session(conn_id, conn_stream)
+            async with srv.stream(conn_id, sid) as session_stream:
+                await srv.prompt(conn_id, sid, 2, f"withdraw {gate}")
+                ask = await session_stream.wait_for(
+                    lambda m: m.get("method") == "session/request_permission")
+                assert ask["params"]["toolCall"]["title"] == "touch withdrawn"
+                gate.touch()
+                cancel = await session_stream.wait_for(
+                    lambda m: m.get("method") == "$/cancel_request")
+                assert cancel["params"] == {"requestId": ask["id"]}
+                reply = await session_stream.wait_for_id(2, timeout=10)
+                assert reply["result"]["stopReason"] == "end_turn"
+                [resolved] = [m["params"]["data"] for m in session_stream.messages
+                              if m.get("method") == "_qwen/notify"
+                              and m["params"]["kind"] == "permission_resolved"]
+                assert resolved["requestId"] == ask["id"]
+                assert resolved["outcome"] == {"outcome": "cancelled"}
+                assert resolved["reason"] == "request_cancelled"
+                said = "".join(m["params"]["update"]["content"]["text"]
+                               for m in session_stream.messages
+                               if m.get("method") == "session/update"
+                               and m["params"]["update"]["sessionUpdate"]
+                               == "agent_message_chunk")
+                assert said == 'withdrawn: {"code": -32800, "message": "Request cancelled"}'
+                assert not srv.bridge.permissions.pending_count

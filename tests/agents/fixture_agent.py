@@ -25,7 +25,10 @@ Behaviour (newline-delimited JSON-RPC 2.0 on stdin/stdout):
   ``fs/read_text_file`` (``secret.txt``) naming ``<sid>``, waits for both answers,
   reports them in an ``agent_message_chunk`` of its own session (``saw: <json>``) and
   ends the turn; ``collide <sid>`` ends the turn at once; ``gate <file>`` waits until
-  ``<file>`` exists (relative to the agent's folder), then echoes; anything else is echoed as
+  ``<file>`` exists (relative to the agent's folder), then echoes; ``withdraw <file>``
+  sends a ``session/request_permission``, waits until ``<file>`` exists, withdraws the
+  request (``$/cancel_request``), waits for its answer and reports it in a chunk
+  (``withdrawn: <json>``) before ending the turn; anything else is echoed as
   one ``agent_message_chunk`` ``<name>: <text>``. With ``--answer-twice`` every
   prompt is answered ``end_turn`` and then, under the same id, with an error.
 """
@@ -131,6 +134,9 @@ class Agent:
         elif word == "collide":
             self.collide_with = rest.strip()
             self.end_turn(rpc_id)
+        elif word == "withdraw":
+            threading.Thread(target=self.withdraw, args=(rpc_id, sid, rest.strip()),
+                             daemon=True).start()
         elif word == "gate":
             threading.Thread(target=self.gate, args=(rpc_id, sid, text, rest.strip()),
                              daemon=True).start()
@@ -143,6 +149,22 @@ class Agent:
             time.sleep(0.01)
         send(chunk(sid, f"{self.args.name}: {text}"))
         self.end_turn(rpc_id)
+
+    def withdraw(self, rpc_id: Any, sid: str, path: str) -> None:
+        out_id = next(self.out_ids)
+
+        def answered(message: dict[str, Any]) -> None:
+            said = message.get("error", message.get("result"))
+            send(chunk(sid, "withdrawn: " + json.dumps(said, sort_keys=True)))
+            self.end_turn(rpc_id)
+
+        self.waiting[out_id] = answered
+        send({"id": out_id, "method": "session/request_permission", "params": {
+            "sessionId": sid, "toolCall": {"toolCallId": "w-1", "title": "touch withdrawn"},
+            "options": [{"optionId": "allow", "name": "Allow", "kind": "allow_once"}]}})
+        while not os.path.exists(path):   # the test opens the gate once it saw the ask
+            time.sleep(0.01)
+        send({"method": "$/cancel_request", "params": {"requestId": out_id}})
 
     def end_turn(self, rpc_id: Any) -> None:
         answer = {"id": rpc_id, "result": {"stopReason": "end_turn"}}

@@ -135,7 +135,11 @@ async def test_first_responder_permission(tmp_path):
 async def test_permission_timeout_and_cancel(tmp_path):
     async with open_bridge(tmp_path, permission_response_timeout_ms=50) as (bridge, agent):
         sid = (await bridge.create_session()).session_id
+        sub = bridge.subscribe(sid)
         assert (await bridge.send_prompt(sid, text("perm"))).stop_reason == "cancelled"
+        resolved = [f for f in drain(sub) if f.type == "permission_resolved"]
+        assert [e.data.reason for e in resolved] == ["timeout"]
+        sub.close()
     async with open_bridge(tmp_path) as (bridge, agent):
         sid = (await bridge.create_session()).session_id
         ticket = bridge.send_prompt(sid, text("perm"))

@@ -290,3 +290,33 @@ async def test_the_first_answer_to_a_request_id_wins(caplog: pytest.LogCaptureFi
             assert not conn.closed
     strays = [r for r in caplog.records if "already answered request id" in r.getMessage()]
     assert len(strays) >= 1
+
+
+async def test_an_agent_withdraws_a_request_it_sent() -> None:
+    """``$/cancel_request`` from the agent: a request still being handled is cancelled
+    and answered -32800; an unknown or malformed one is ignored; the same id as an
+    integer and as a string are different requests."""
+    child = """
+        import json, sys
+        def send(message):
+            sys.stdout.write(json.dumps(message) + "\\n"); sys.stdout.flush()
+        ours = json.loads(sys.stdin.readline())            # our request, id 0
+        send({"jsonrpc": "2.0", "id": 7, "method": "session/request_permission",
+              "params": {"sessionId": "s", "options": [{"optionId": "ok"}]}})
+        send({"jsonrpc": "2.0", "method": "$/cancel_request", "params": {"requestId": 99}})
+        send({"jsonrpc": "2.0", "method": "$/cancel_request", "params": {}})
+        send({"jsonrpc": "2.0", "method": "$/cancel_request", "params": {"requestId": "7"}})
+        send({"jsonrpc": "2.0", "method": "$/cancel_request", "params": {"requestId": 7}})
+        answer = json.loads(sys.stdin.readline())
+        send({"jsonrpc": "2.0", "method": "session/update",
+              "params": {"sessionId": "s", "update": {"sessionUpdate": "_answer", "answer": answer}}})
+        send({"jsonrpc": "2.0", "id": ours["id"], "result": {}})
+        sys.stdin.readline()
+    """
+    client = FakeClient()
+    client.hold_permission = True   # the handler waits until it is withdrawn
+    async with spawned(client, script_command(child)) as conn:
+        assert await conn.request("ping", {}) == {}
+        assert client.updates[0]["update"]["answer"] == {
+            "jsonrpc": "2.0", "id": 7, "error": {"code": -32800, "message": "Request cancelled"}}
+        assert client.permission_finished == 0   # cancelled, never answered

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from tests.acp_http.server import running_acp_server
@@ -68,3 +69,40 @@ async def test_acp_sdk_client(acp_sdk: str, tmp_path: Path, transport: str) -> N
         _check_reload(report["cold"], transport, [*FIRST[:3], "after load"])
         # every connection that made or attached it is gone: the session is closed
         await wait_until(lambda: not srv.bridge.has_session(sid))
+
+
+@pytest.mark.parametrize("transport", ["http", "ws"])
+async def test_acp_sdk_dialog_answered_elsewhere_is_withdrawn(acp_sdk: str, tmp_path: Path,
+                                                              transport: str) -> None:
+    """A permission the SDK's client was asked and another client answered (a REST
+    vote): the server withdraws it with ``$/cancel_request``, which the SDK turns into
+    the abort of the client's handler (its ``signal``), and the turn goes on with the
+    vote that won."""
+    async with running_acp_server(tmp_path) as srv:
+        async with anyio.create_task_group() as tg:
+            reports: list[dict[str, Any]] = []
+
+            async def client() -> None:
+                reports.append(await run_script("acp_sdk_withdrawn.mjs", acp_sdk,
+                                                srv.base_url, transport, srv.workspace))
+
+            tg.start_soon(client)
+            def asked() -> list[tuple[str, str]]:
+                return [(e.data.request_id, s.session_id) for s in srv.bridge.sessions()
+                        for e in s.bus.ring_events() if e.type == "permission_request"]
+
+            await wait_until(lambda: bool(asked()), timeout=60)
+            [(request_id, sid)] = asked()
+            voted = await srv.client.post(
+                f"/session/{sid}/permission/{request_id}",
+                json={"outcome": {"outcome": "selected", "optionId": "allow_once"}})
+            assert voted.status_code == 200, voted.text
+        [report] = reports
+        assert report["log"][0] == {"kind": "asked", "title": report["log"][0]["title"]}
+        kinds = [e["kind"] for e in report["log"]]
+        assert kinds.index("withdrawn") < kinds.index("stop")
+        [withdrawn] = [e for e in report["log"] if e["kind"] == "withdrawn"]
+        assert withdrawn["code"] == -32800   # the SDK's RequestError.requestCancelled
+        assert report["log"][-1] == {"kind": "stop", "stopReason": "end_turn"}
+        said = "".join(e["text"] for e in report["log"] if e["kind"] == "chunk")
+        assert "Permission allowed (allow_once)." in said
