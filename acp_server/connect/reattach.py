@@ -53,6 +53,7 @@ class Reattach:
     book: Book
     agent: str | None
     server_init: dict[str, Any] | None
+    out: Any   # the editor's writer (``EditorWriter``)
 
     async def _fail(self, call: Call, message: str, kind: str,
                     data: dict[str, Any] | None = None) -> None:
@@ -124,6 +125,17 @@ class Reattach:
             if events["resync"] == "epoch_reset" and session.epoch != events.get("eventEpoch"):
                 session.epoch = events.get("eventEpoch")
                 session.last_id = int(events.get("lastEventId") or 0)
+                await self._withdraw_stale(sid, session.epoch)
+
+    async def _withdraw_stale(self, sid: str, epoch: str | None) -> None:
+        """The session's event epoch changed: the questions the editor was asked under
+        the old one and has not answered are withdrawn (``$/cancel_request``): the
+        server no longer knows them (``Book.stale_asked``)."""
+        for request_id in self.book.stale_asked(sid, epoch):
+            log.info("session %s: the server forgot question %r (a new event epoch): "
+                     "withdrawn", sid, request_id)
+            await self.out.send(wire.notification("$/cancel_request",
+                                                  {"requestId": request_id}))
 
     def _reattach_method(self) -> str:
         """``session/load`` with our server (its cursor makes it replay only what was

@@ -568,6 +568,8 @@ class Relay(Reattach):
             sid, event_id, epoch = event.get("sessionId"), event.get("id"), event.get("epoch")
             if isinstance(sid, str) and isinstance(event_id, int) and isinstance(epoch, str):
                 session = self.book.session(sid)
+                if session.epoch is not None and epoch != session.epoch:
+                    await self._withdraw_stale(sid, epoch)
                 if epoch == session.epoch and event_id > session.last_id + 1 \
                         and session.last_id:
                     log.warning("session %s: events %d to %d are no longer on the server",
@@ -575,6 +577,7 @@ class Relay(Reattach):
                 if not session.seen(event_id, epoch):
                     return
             payload = wire.without_event_meta(msg.members)
+        withdrawn: bytes | None = None
         if msg.is_request:
             request_key = key(msg.id)
             if request_key in self.book.asked or self.book.was_answered(msg.id):
@@ -582,15 +585,34 @@ class Relay(Reattach):
             sid = msg.params().get("sessionId")
             self.book.asked[request_key] = Asked(
                 sid if isinstance(sid, str) else None,
-                event.get("id") if event is not None else None, msg.method or "")
+                event.get("id") if event is not None else None, msg.method or "",
+                epoch=event.get("epoch") if event is not None else None)
         elif msg.method == QWEN_NOTIFY:
-            self._resolved(msg.params())
+            withdrawn = self._resolved(msg.params())
+        elif msg.method == "$/cancel_request" \
+                and isinstance(target := msg.params().get("requestId"), (str, int)) \
+                and self.book.was_answered(target):
+            return   # withdrawn already (``_resolved``), or answered by the editor
         await self.out.send(payload)
+        if withdrawn is not None:
+            await self.out.send(withdrawn)
 
-    def _resolved(self, params: dict[str, Any]) -> None:
+    def _resolved(self, params: dict[str, Any]) -> bytes | None:
+        """A question of the server was resolved: forgotten; one the editor was asked
+        and has not answered is withdrawn (``$/cancel_request``, returned to send), also
+        when the resolution comes in a replay after a reconnect or a restart, where the
+        server's own ``$/cancel_request`` went to a connection that is gone."""
         data = params.get("data")
-        if params.get("kind") in RESOLVED_KINDS and isinstance(data, dict):
-            self.book.asked.pop(key(data.get("requestId")), None)
+        if params.get("kind") not in RESOLVED_KINDS or not isinstance(data, dict):
+            return None
+        request_id = data.get("requestId")
+        if not isinstance(request_id, (str, int)):
+            return None
+        asked = self.book.asked.pop(key(request_id), None)
+        if asked is None or asked.answer is not None:
+            return None
+        self.book.remember_answered(request_id)   # the server's own withdrawal is dropped
+        return wire.notification("$/cancel_request", {"requestId": request_id})
 
     async def _answered(self, link: Link, msg: wire.Message) -> None:
         call = self.book.calls.pop(msg.id, None) if type(msg.id) is int else None

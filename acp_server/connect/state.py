@@ -100,6 +100,7 @@ class Asked:
     event_id: int | None
     method: str = ""
     answer: bytes | None = None    # the editor's answer, once given
+    epoch: str | None = None       # the event epoch it was asked under
 
 
 @dataclass
@@ -131,9 +132,25 @@ class Book:
         session = self.session(session_id)
         last = session.last_id
         for asked in self.asked.values():
-            if asked.session_id == session_id and asked.event_id is not None:
+            if asked.session_id == session_id and asked.event_id is not None \
+                    and asked.epoch in (None, session.epoch):
                 last = min(last, asked.event_id - 1)
         return max(0, last), session.epoch
+
+    def stale_asked(self, session_id: str, epoch: str | None) -> list[Any]:
+        """The session's event epoch became ``epoch`` (the server resynchronised:
+        its history before is gone, and with it the questions it asked then): those
+        questions are forgotten; the ids of the ones the editor has not answered (to be
+        withdrawn) are returned, and count as answered from now on."""
+        stale = [k for k, a in self.asked.items()
+                 if a.session_id == session_id and a.epoch is not None and a.epoch != epoch]
+        withdrawn = []
+        for request_key in stale:
+            asked = self.asked.pop(request_key)
+            if asked.answer is None:
+                withdrawn.append(request_key[1])
+                self.remember_answered(request_key[1])
+        return withdrawn
 
     def remember_answered(self, request_id: Any) -> None:
         self.answered[key(request_id)] = None

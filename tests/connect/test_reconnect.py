@@ -199,3 +199,84 @@ async def test_kill_9_of_a_real_server_through_the_adapter(tmp_path: Path) -> No
             assert echoes == ["before", "/sleep 30s slow", "after"]
     finally:
         child.stop()
+
+
+def withdrawals(adapter: Adapter) -> list[Any]:
+    return [m["params"]["requestId"] for m in adapter.received
+            if m.get("method") == "$/cancel_request"]
+
+
+@pytest.mark.parametrize("cut", [False, True], ids=["live", "resolved-while-down"])
+async def test_a_permission_answered_elsewhere_is_withdrawn_once(tmp_path: Path,
+                                                                 cut: bool) -> None:
+    """The editor does not answer; another client votes (REST). Live, the server's
+    ``$/cancel_request`` reaches the editor; resolved while the link is down, the
+    adapter withdraws it when the resolution is replayed. Either way once, and the
+    turn ends with the vote that won."""
+    async with running_acp_server(tmp_path) as srv, tcp_relay(port_of(srv.base_url)) as relay, \
+            spawn_adapter(f"http://127.0.0.1:{relay.port}/acp",
+                          answer_permission=None) as adapter:
+        sid = await start(adapter, srv)
+        await adapter.send({"jsonrpc": "2.0", "id": "turn", "method": "session/prompt",
+                            "params": {"sessionId": sid, "prompt": text("/permission vote")}})
+        ask = await adapter.until(lambda m: m.get("method") == "session/request_permission")
+        if cut:
+            relay.refusing = True
+            relay.cut()
+        voted = await srv.client.post(
+            f"/session/{sid}/permission/{ask['id']}",
+            json={"outcome": {"outcome": "selected", "optionId": "allow_once"}})
+        assert voted.status_code == 200, voted.text
+        relay.refusing = False
+        await adapter.until(lambda m: m.get("method") == "$/cancel_request")
+        done = await adapter.response("turn", timeout=60)
+        assert done["result"]["stopReason"] == "end_turn"
+        assert "Permission allowed (allow_once)." in \
+            "".join(adapter.texts("agent_message_chunk", sid))
+        # the editor answers the withdrawn request, as ACP asks: nothing breaks
+        await adapter.send({"jsonrpc": "2.0", "id": ask["id"], "error": {
+            "code": -32800, "message": "Request cancelled"}})
+        after = await adapter.request("session/prompt", {"sessionId": sid,
+                                                         "prompt": text("after")})
+        assert after["result"]["stopReason"] == "end_turn"
+        assert withdrawals(adapter) == [ask["id"]]
+        assert len(adapter.asked) == 1
+        if cut:
+            assert relay.connections >= 2
+
+
+async def test_a_question_open_at_a_kill_9_is_withdrawn_after_the_restart(
+        tmp_path: Path) -> None:
+    """A real server killed with SIGKILL while the editor has a permission question
+    open, started again on the same state: the question is resolved at start
+    (``server_restarted``), the adapter's re-attach replays that resolution, and the
+    editor gets ``$/cancel_request`` for it, once; the turn that asked fails with
+    ``server_restarted`` and the session goes on."""
+    child = ServeProcess(tmp_path).start()
+    try:
+        async with tcp_relay(child.port) as relay, \
+                spawn_adapter(f"http://127.0.0.1:{relay.port}/acp",
+                              answer_permission=None) as adapter:
+            await adapter.request("initialize", INIT)
+            created = await adapter.request("session/new", {"cwd": str(tmp_path),
+                                                            "mcpServers": []})
+            sid = created["result"]["sessionId"]
+            await adapter.send({"jsonrpc": "2.0", "id": "turn", "method": "session/prompt",
+                                "params": {"sessionId": sid, "prompt": text("/permission x")}})
+            ask = await adapter.until(lambda m: m.get("method") == "session/request_permission")
+            relay.refusing = True
+            child.kill()
+            child.start()                      # a new port, the same state
+            relay.target_port = child.port
+            relay.cut()
+            relay.refusing = False
+            error = (await adapter.response("turn", timeout=60))["error"]
+            assert error["data"]["errorCode"] == "server_restarted"
+            await adapter.until(lambda m: m.get("method") == "$/cancel_request")
+            later = await adapter.request("session/prompt", {"sessionId": sid,
+                                                             "prompt": text("after")})
+            assert later["result"]["stopReason"] == "end_turn"
+            assert withdrawals(adapter) == [ask["id"]]
+            assert len(adapter.asked) == 1
+    finally:
+        child.stop()

@@ -393,3 +393,57 @@ async def test_a_session_whose_reattach_hangs_holds_no_other(
         await editor.request("session/list", {}, 6)
         assert "result" in await editor.response(6)
     assert server.connects == 2
+
+
+@pytest.mark.parametrize("how", ["reattach", "event"])
+async def test_a_question_of_an_epoch_the_server_lost_is_withdrawn(how: str) -> None:
+    """The editor was asked a permission and has not answered; the link drops and the
+    server comes back under a new event epoch for the session (it lost that history,
+    e.g. a restart on a journal with a gap): told by the re-attach's ``resync`` or by
+    an event of the new epoch, the adapter withdraws the question
+    (``$/cancel_request``), once, and leaves the resume cursor alone."""
+
+    def asked_under(epoch: str, event_id: int) -> dict[str, Any]:
+        return {"jsonrpc": "2.0", "id": "q1", "method": "session/request_permission",
+                "params": {"sessionId": "s1", "options": [], "_meta": {"acp-server/event": {
+                    "sessionId": "s1", "id": event_id, "epoch": epoch}}}}
+
+    async def answer(link: FakeLink, message: dict[str, Any]) -> None:
+        method, rpc_id = message.get("method"), message.get("id")
+        if method == "session/new":
+            link.push({"jsonrpc": "2.0", "id": rpc_id, "result": {"sessionId": "s1"}})
+            link.push(asked_under("e1", 3))
+        elif method == "session/load":
+            events = {"eventEpoch": "e2", "lastEventId": 0}
+            if how == "reattach":
+                events["resync"] = "epoch_reset"
+            link.push({"jsonrpc": "2.0", "id": rpc_id,
+                       "result": {"_meta": {"acp-server/events": events}}})
+            if how == "event":
+                link.push({"jsonrpc": "2.0", "method": "session/update", "params": {
+                    "sessionId": "s1", "update": {"sessionUpdate": "agent_message_chunk"},
+                    "_meta": {"acp-server/event": {"sessionId": "s1", "id": 1,
+                                                   "epoch": "e2"}}}})
+        elif rpc_id is not None and method is not None:
+            await echo_result(link, message)
+
+    server = FakeServer(answer=answer)
+    async with editor_and_relay(server, FakeClock()) as (editor, relay):
+        await editor.request("initialize", {}, 1)
+        await editor.response(1)
+        await editor.request("session/new", {"cwd": "/w", "mcpServers": []}, 2)
+        await editor.response(2)
+        asked = await editor.until(lambda m: m.get("method") == "session/request_permission")
+        assert asked["id"] == "q1" and "_meta" not in asked["params"]
+        assert relay.book.cursor("s1") == (2, "e1")   # before the unanswered question
+        server.lose_all()
+        withdrawn = await editor.until(lambda m: m.get("method") == "$/cancel_request")
+        assert withdrawn["params"] == {"requestId": "q1"}
+        # the editor answers it, as ACP asks: passed on, harmlessly
+        await editor.send({"jsonrpc": "2.0", "id": "q1", "error": {"code": -32800,
+                                                                   "message": "cancelled"}})
+        await editor.request("session/list", {}, 3)
+        await editor.response(3)
+        assert not relay.book.asked
+        assert relay.book.cursor("s1")[1] == "e2"
+        assert [m for m in editor.got if m.get("method") == "$/cancel_request"] == [withdrawn]
