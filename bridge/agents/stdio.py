@@ -22,6 +22,10 @@ Contracts (see ``bridge.agents.base``):
   handler is cancelled (a permission request is resolved as cancelled, reason
   ``request_cancelled``) and the request is answered -32800, as ACP asks; one
   already answered, or unknown, is left alone.
+* At most ``max_requests_in_flight`` of the agent's requests are handled at once; one
+  more is answered -32603 "Too many requests in flight" (``data: {limit}``) by the
+  reader itself, which waits for that write (an agent that floods requests without
+  reading the answers holds up only its own stdout).
 * A line longer than ``max_line_bytes`` is a protocol failure: the agent is treated
   as lost and stopped.
 * Death (stdout EOF, exit, broken pipe, protocol failure): every pending call raises
@@ -71,6 +75,10 @@ logger = logging.getLogger(__name__)
 stderr_logger = logging.getLogger(__name__ + ".stderr")
 
 DEFAULT_MAX_LINE_BYTES = 64 * 1024 * 1024
+# The agent's own requests (permissions, fs, elicitations) handled at once; past it one
+# is answered -32603 at once by the reader, which waits for that write: an agent that
+# floods requests and never reads its answers stalls itself, never the server's memory.
+DEFAULT_MAX_REQUESTS_IN_FLIGHT = 1024
 _STDERR_LINE_BYTES = 64 * 1024
 STDERR_TAIL_LINES = 50
 _PIPE_ERRORS = (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)
@@ -102,6 +110,7 @@ class StdioAgentFactory:
         name: str | None = None,
         max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
         shutdown_grace_s: float = 2.0,
+        max_requests_in_flight: int = DEFAULT_MAX_REQUESTS_IN_FLIGHT,
     ) -> None:
         if not command:
             raise ValueError("command must not be empty")
@@ -113,6 +122,7 @@ class StdioAgentFactory:
         self.name = name or os.path.basename(self.command[0])
         self.max_line_bytes = max_line_bytes
         self.shutdown_grace_s = shutdown_grace_s
+        self.max_requests_in_flight = max_requests_in_flight
 
     async def connect(self, client: AgentClient, task_group: anyio.abc.TaskGroup) -> StdioAgentConnection:
         environ: dict[str, str] | None = None
@@ -138,6 +148,7 @@ class StdioAgentFactory:
             max_line_bytes=self.max_line_bytes,
             shutdown_grace_s=self.shutdown_grace_s,
             registry=self.registry,
+            max_requests_in_flight=self.max_requests_in_flight,
         )
         if self.registry is not None:
             self.registry.record(process.pid, self.command)
@@ -157,6 +168,7 @@ class StdioAgentConnection:
         max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
         shutdown_grace_s: float = 2.0,
         registry: ChildRegistry | None = None,
+        max_requests_in_flight: int = DEFAULT_MAX_REQUESTS_IN_FLIGHT,
     ) -> None:
         assert process.stdin and process.stdout and process.stderr, "all three pipes are needed"
         self.name = name
@@ -187,6 +199,9 @@ class StdioAgentConnection:
         # the agent's requests whose handler runs, by id (``$/cancel_request``)
         self._in_flight: dict[tuple[type, Any], anyio.CancelScope] = {}
         self._withdrawn: set[tuple[type, Any]] = set()
+        self._serving = 0   # the agent's requests being handled (tasks alive)
+        self._max_requests_in_flight = max_requests_in_flight
+        self._over_cap_logged = False
         self._handlers = {
             "session/request_permission": client.request_permission,
             "fs/read_text_file": client.read_text_file,
@@ -365,7 +380,12 @@ class StdioAgentConnection:
             if len(line) > self._max_line_bytes:
                 return self._line_too_long()
             if line.strip():
-                self._dispatch(line)
+                refused = self._dispatch(line)
+                if refused is not None:   # over the cap: answered here, the reader waits
+                    try:
+                        await self._send_line(refused)
+                    except AgentDiedError:
+                        pass
 
     def _line_too_long(self) -> tuple[str, bool]:
         limit = self._max_line_bytes
@@ -388,21 +408,33 @@ class StdioAgentConnection:
         if not self._closing:
             await self._reap()
 
-    def _dispatch(self, line: bytes) -> None:
+    def _dispatch(self, line: bytes) -> bytes | None:
+        """Handle one line; returns the answer to send at once to a request refused
+        because ``max_requests_in_flight`` of the agent's requests are being handled."""
         try:
             msg = decode_message(line)
         except JsonRpcError as exc:
             logger.warning("%s ignoring invalid message: %s", self._prefix, exc)
-            return
+            return None
         if msg.is_response:
             self._resolve(msg)
         elif msg.is_notification:
             self._on_notification(msg)
         elif self._death is None:   # a dead agent's requests have nobody to answer
             assert self._task_group is not None, "start() runs the reader that calls this"
+            if self._serving >= self._max_requests_in_flight:
+                if not self._over_cap_logged:
+                    self._over_cap_logged = True
+                    logger.warning("%s over %d requests of its own in flight: refusing more "
+                                   "until they are answered", self._prefix,
+                                   self._max_requests_in_flight)
+                return encode_error(msg.id, INTERNAL_ERROR, "Too many requests in flight",
+                                    {"limit": self._max_requests_in_flight})
+            self._serving += 1
             scope = anyio.CancelScope()
             self._in_flight[_key(msg.id)] = scope   # before a $/cancel_request can follow
             self._task_group.start_soon(self._serve_agent_request, msg, scope)
+        return None
 
     def _resolve(self, msg: Message) -> None:
         if not self._requests.resolve(msg, AgentError):
@@ -467,9 +499,12 @@ class StdioAgentConnection:
         except AgentDiedError:
             pass  # nobody left to answer
         finally:
+            self._serving -= 1
             self._handler_scopes.discard(scope)
             self._in_flight.pop(request_key, None)
             self._withdrawn.discard(request_key)
+            if self._serving * 2 < self._max_requests_in_flight:
+                self._over_cap_logged = False
 
     async def _answer(self, msg: Message) -> bytes:
         """The encoded answer to an agent request (never raises for handler failures)."""

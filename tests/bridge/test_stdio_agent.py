@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -320,3 +321,46 @@ async def test_an_agent_withdraws_a_request_it_sent() -> None:
         assert client.updates[0]["update"]["answer"] == {
             "jsonrpc": "2.0", "id": 7, "error": {"code": -32800, "message": "Request cancelled"}}
         assert client.permission_finished == 0   # cancelled, never answered
+
+
+async def test_an_agent_flooding_requests_is_refused_past_the_cap() -> None:
+    """An agent's own requests handled at once are bounded (``max_requests_in_flight``):
+    past it each is answered -32603 at once, so an agent that floods requests (even one
+    that reads no answers: the reader then waits on its write) holds a bounded number of
+    handlers, never the server's memory; the ones taken are answered when they end."""
+    child = """
+        import json, sys
+        def send(message):
+            sys.stdout.write(json.dumps(message) + "\\n"); sys.stdout.flush()
+        ours = json.loads(sys.stdin.readline())            # our request, id 0
+        for i in range(40):
+            send({"jsonrpc": "2.0", "id": i, "method": "session/request_permission",
+                  "params": {"sessionId": "s", "options": [{"optionId": "allow_once"}]}})
+        refused = [json.loads(sys.stdin.readline()) for _ in range(24)]
+        send({"jsonrpc": "2.0", "method": "session/update",
+              "params": {"sessionId": "s", "update": {"sessionUpdate": "_refused",
+                                                      "answers": refused}}})
+        send({"jsonrpc": "2.0", "id": ours["id"], "result": {}})
+        answered = [json.loads(sys.stdin.readline()) for _ in range(16)]
+        send({"jsonrpc": "2.0", "method": "session/update",
+              "params": {"sessionId": "s", "update": {"sessionUpdate": "_answered",
+                                                      "ids": sorted(a["id"] for a in answered),
+                                                      "ok": all("result" in a for a in answered)}}})
+        sys.stdin.readline()
+    """
+    client = FakeClient()
+    client.hold_permission = True
+    async with spawned(client, script_command(child), max_requests_in_flight=16) as conn:
+        assert await conn.request("ping", {}) == {}
+        refused = client.updates[0]["update"]["answers"]
+        assert [a["id"] for a in refused] == list(range(16, 40))
+        assert {json.dumps(a["error"], sort_keys=True) for a in refused} == {json.dumps(
+            {"code": -32603, "message": "Too many requests in flight", "data": {"limit": 16}},
+            sort_keys=True)}
+        assert len(client.permission_requests) == 16
+        client.release.set()
+        with anyio.fail_after(10):
+            while len(client.updates) < 2:
+                await anyio.sleep(0.01)
+        assert client.updates[1]["update"] == {"sessionUpdate": "_answered",
+                                               "ids": list(range(16)), "ok": True}
