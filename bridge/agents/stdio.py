@@ -38,7 +38,6 @@ Contracts (see ``bridge.agents.base``):
 
 from __future__ import annotations
 
-import collections
 import logging
 import os
 import signal
@@ -53,6 +52,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 from bridge.agents.base import AgentClient, PendingRequests, RequestError
 from bridge.agents.children import ChildRegistry
+from bridge.agents.stderr import StderrLog
 from bridge.errors import AgentDiedError, AgentError
 from bridge.jsonrpc import (
     INTERNAL_ERROR,
@@ -72,7 +72,6 @@ from bridge.jsonrpc import (
 __all__ = ["StdioAgentFactory", "StdioAgentConnection", "DEFAULT_MAX_LINE_BYTES"]
 
 logger = logging.getLogger(__name__)
-stderr_logger = logging.getLogger(__name__ + ".stderr")
 
 DEFAULT_MAX_LINE_BYTES = 64 * 1024 * 1024
 # The agent's own requests (permissions, fs, elicitations) handled at once; past it one
@@ -80,7 +79,6 @@ DEFAULT_MAX_LINE_BYTES = 64 * 1024 * 1024
 # floods requests and never reads its answers stalls itself, never the server's memory.
 DEFAULT_MAX_REQUESTS_IN_FLIGHT = 1024
 _STDERR_LINE_BYTES = 64 * 1024
-STDERR_TAIL_LINES = 50
 _PIPE_ERRORS = (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)
 
 
@@ -180,8 +178,10 @@ class StdioAgentConnection:
         self._grace = shutdown_grace_s
         self._prefix = f"[agent {name} pid={process.pid}]"
         self._registry = registry
-        # The agent's last stderr lines, kept for the message of its death.
-        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
+        # The agent's stderr: logged at a bounded rate, its last lines kept for the
+        # message of its death.
+        self.stderr = StderrLog(self._prefix)
+        self.stderr_tail = self.stderr.tail
         self._task_group: anyio.abc.TaskGroup | None = None
         self._requests = PendingRequests()
         self._write_lock = anyio.Lock()
@@ -538,15 +538,11 @@ class StdioAgentConnection:
                     except anyio.IncompleteRead:
                         line = stream.buffer
                         if line:
-                            self._log_stderr(line)
+                            self.stderr.line(line)
                         return
                     except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
                         return
-                    self._log_stderr(line)
+                    self.stderr.line(line)
         finally:
+            self.stderr.close()
             self._stderr_done.set()
-
-    def _log_stderr(self, line: bytes) -> None:
-        text = line.decode("utf-8", "replace").rstrip()
-        self.stderr_tail.append(text)
-        stderr_logger.info("%s %s", self._prefix, text)
