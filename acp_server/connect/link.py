@@ -25,6 +25,10 @@ Contracts:
 * Every message of the server is bounded by ``max_bytes`` as it arrives: a WebSocket
   message (its fragments counted; past it the socket is closed, ``INCOMING_TOO_BIG``),
   an SSE line and event, a POST answer; past it the link is lost.
+* WebSocket keep-alive: a ping every ``Target.ping_s`` (15 s); the link is lost when
+  a pong has not come within ``ping_s`` of the consumer waiting in ``receive`` (so a
+  dead peer is found within 30 s), never for time the consumer spent elsewhere (an
+  editor that does not read its stdout holds the frames, and the pong, unread).
 * ``close`` ends the connection on the server (WebSocket close code 1000, HTTP
   ``DELETE``); leaving a WebSocket any other way closes it with ``RECONNECTING``, so
   a resumable connection's sessions and turns wait for the next link.
@@ -98,6 +102,7 @@ class Target:
     token: str | None = field(default=None, repr=False)
     transport: str = "auto"       # auto | websocket | http | http1 (HTTP/1.1 only)
     max_bytes: int = 32 << 20
+    ping_s: float = PING_INTERVAL_S   # WebSocket keep-alive interval (and pong timeout)
 
     @property
     def shown(self) -> str:
@@ -136,6 +141,40 @@ class WebSocketLink:
     def __init__(self, ws: Any) -> None:
         self._ws = ws
         self.closed = False   # by ``close``: the editor is done (close code 1000)
+        self._receiving_since: float | None = None   # waiting in ``receive`` since
+        self._receive_scope: anyio.CancelScope | None = None
+        self._dead: str | None = None   # the keep-alive found the peer gone
+        self.pings = 0     # sent by the keep-alive
+        self.excused = 0   # its checks of a late pong while the consumer was elsewhere
+
+    async def keep_alive(self, interval_s: float) -> None:
+        """Ping every ``interval_s``; the peer is gone when a pong has not come within
+        ``interval_s`` of the consumer waiting in ``receive``. Time the consumer spends
+        elsewhere (writing to an editor that does not read) does not count: frames wait
+        unread then, the pong behind them, and the link is not dead for that."""
+        while not self.closed:
+            await anyio.sleep(interval_s)
+            try:
+                pong = await self._ws.ping()
+            except Exception:   # closing: the reader says why
+                return
+            self.pings += 1
+            sent = anyio.current_time()
+            while not pong.is_set():
+                with anyio.move_on_after(interval_s / 4):
+                    await pong.wait()
+                since = self._receiving_since
+                if pong.is_set():
+                    continue
+                if since is None:
+                    self.excused += 1
+                    continue
+                if anyio.current_time() - max(since, sent) >= interval_s:
+                    self._dead = (f"no answer to a keep-alive ping within {interval_s:g} s "
+                                  "(the server or the network is gone)")
+                    if self._receive_scope is not None:
+                        self._receive_scope.cancel()
+                    return
 
     async def send(self, payload: bytes, *, session_id: str | None = None) -> None:
         try:
@@ -160,8 +199,16 @@ class WebSocketLink:
 
     async def receive(self) -> bytes:
         while True:
+            if self._dead is not None:
+                raise LinkLost(self._dead)
             try:
-                return (await self._ws.receive_text()).encode()
+                with anyio.CancelScope() as self._receive_scope:
+                    self._receiving_since = anyio.current_time()
+                    try:
+                        return (await self._ws.receive_text()).encode()
+                    finally:
+                        self._receiving_since = self._receive_scope = None
+                continue   # cancelled by the keep-alive: dead (above)
             except WebSocketInvalidTypeReceived:
                 continue   # binary frames are ignored, as the server ignores them
             except WebSocketDisconnect as exc:
@@ -229,16 +276,18 @@ async def _websocket(target: Target, init: bytes) -> AsyncIterator[tuple[Link, b
     ws_url = urlunsplit(("wss" if parts.scheme == "https" else "ws", *parts[1:]))
     async with httpx.AsyncClient(headers=target.headers(), timeout=_timeout()) as client:
         async with aconnect_ws(ws_url, client, max_message_size_bytes=target.max_bytes,
-                               keepalive_ping_interval_seconds=PING_INTERVAL_S,
-                               keepalive_ping_timeout_seconds=PING_INTERVAL_S) as ws:
+                               keepalive_ping_interval_seconds=None) as ws, \
+                anyio.create_task_group() as keeping:
             ws.connection = _CappedConnection(ws.connection, target.max_bytes)
             link = WebSocketLink(ws)
+            keeping.start_soon(link.keep_alive, target.ping_s)
             try:
                 await link.send(init)
                 with anyio.fail_after(INITIALIZE_TIMEOUT_S):
                     answer = await link.receive()
                 yield link, answer
             finally:
+                keeping.cancel_scope.cancel()
                 await link.drop()
 
 

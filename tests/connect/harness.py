@@ -163,13 +163,26 @@ async def spawn_adapter(url: str, *args: str, env: dict[str, str] | None = None,
 @dataclass
 class TcpRelay:
     """Forwards a local port to ``target_port``; ``cut()`` drops every connection
-    made so far, ``refuse()`` / ``accept()`` turn new connections away or let them in."""
+    made so far, ``refusing`` turns new connections away, ``freeze()`` / ``thaw()``
+    hold every byte (the sockets stay open)."""
 
     port: int
     target_port: int
     refusing: bool = False
     connections: int = 0
     _scopes: list[anyio.CancelScope] = field(default_factory=list)
+    _thawed: anyio.Event | None = None   # set while frozen: bytes wait, sockets stay open
+
+    def freeze(self) -> None:
+        """Stop forwarding in both directions, every socket left open (a peer that
+        went silent: a paused process, a dead network path)."""
+        if self._thawed is None:
+            self._thawed = anyio.Event()
+
+    def thaw(self) -> None:
+        if self._thawed is not None:
+            self._thawed.set()
+            self._thawed = None
 
     def cut(self) -> None:
         for scope in self._scopes:
@@ -192,6 +205,8 @@ class TcpRelay:
                         with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError,
                                                  anyio.ClosedResourceError, OSError):
                             async for chunk in a:
+                                while self._thawed is not None:
+                                    await self._thawed.wait()
                                 await b.send(chunk)
                         tg.cancel_scope.cancel()
 

@@ -1,0 +1,64 @@
+"""The WebSocket keep-alive of ``acp-server connect``'s link, over real sockets: a peer
+that goes silent (a TCP relay that holds every byte, the sockets open) is found lost;
+a consumer that does not read for many ping intervals (an editor that does not read
+the adapter's stdout) is not declared dead for it, and gets every message after."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import anyio
+import pytest
+
+from acp_server.connect.link import LinkLost, Target, WebSocketLink, open_link
+from tests.acp_http.server import running_acp_server
+from tests.bridge.helpers import wait_until
+from tests.connect.harness import port_of, tcp_relay
+
+pytestmark = pytest.mark.anyio
+
+PING_S = 0.2
+INIT = json.dumps({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                   "params": {"protocolVersion": 1}}).encode()
+
+
+def message(rpc_id: int, method: str, params: dict[str, object]) -> bytes:
+    return json.dumps({"jsonrpc": "2.0", "id": rpc_id, "method": method,
+                       "params": params}).encode()
+
+
+async def test_a_silent_peer_is_found_lost(tmp_path: Path) -> None:
+    async with running_acp_server(tmp_path) as srv, tcp_relay(port_of(srv.base_url)) as relay:
+        target = Target(f"http://127.0.0.1:{relay.port}/acp", transport="websocket",
+                        ping_s=PING_S)
+        async with open_link(target, INIT) as (link, _answer):
+            relay.freeze()
+            with anyio.fail_after(20), pytest.raises(LinkLost) as lost:
+                await link.receive()
+            relay.thaw()
+    assert "keep-alive" in str(lost.value)
+
+
+async def test_a_consumer_that_does_not_read_is_not_declared_dead(tmp_path: Path) -> None:
+    async with running_acp_server(tmp_path) as srv:
+        target = Target(f"{srv.base_url}/acp", transport="websocket", ping_s=PING_S)
+        async with open_link(target, INIT) as (link, _answer):
+            assert isinstance(link, WebSocketLink)
+            await link.send(message(1, "session/new", {"cwd": srv.workspace,
+                                                       "mcpServers": []}))
+            sid = json.loads(await link.receive())["result"]["sessionId"]
+            await link.send(message(2, "session/prompt", {
+                "sessionId": sid, "prompt": [{"type": "text", "text": "/chunks 300 hello"}]}))
+            # nothing read for many ping intervals (the keep-alive checks four times an
+            # interval): the frames, and the pong behind them, wait unread
+            with anyio.fail_after(30):
+                await wait_until(lambda: link.excused >= 4 * 8, timeout=30)
+            got: list[dict[str, object]] = []
+            with anyio.fail_after(20):
+                while not any(m.get("id") == 2 for m in got):
+                    got.append(json.loads(await link.receive()))
+            assert got[-1]["result"] == {"stopReason": "end_turn"}
+            chunks = [m for m in got if m.get("method") == "session/update"
+                      and m["params"]["update"]["sessionUpdate"] == "agent_message_chunk"]
+            assert len(chunks) == 300
