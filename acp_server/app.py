@@ -37,6 +37,7 @@ from acp_server.acp_http import EXCEPTION_HANDLERS as ACP_HANDLERS
 from acp_server.acp_http import routes as acp_routes
 from acp_server.acp_http.errors import render_refusal as acp_refusal
 from acp_server.http.front import Door, FrontLayer, HotRoute
+from acp_server.http.clients import ClientResolver
 from acp_server.http.guard import GuardStats
 from acp_server.http.handlers import by_prefix
 from acp_server.http.policy import GuardPolicy
@@ -74,8 +75,11 @@ DOORS = (Door("/lmsp/", "lmsp", lmsp_refusal, lmsp_access),
          Door("", "rest", rest_refusal, rest_access))
 
 
-def guard_policy(settings: Settings, gate: Gate | None = None) -> GuardPolicy:
+def guard_policy(settings: Settings, gate: Gate | None = None,
+                 forwarded_secret: Callable[[], bytes | None] | None = None) -> GuardPolicy:
+    clients = ClientResolver(trusted=settings.http.trusted_proxies, secret=forwarded_secret)
     return GuardPolicy(token=settings.token, gate=gate,
+                       clients=clients if clients.active else None,
                        health_needs_auth=settings.health_needs_auth,
                        allow_origins=settings.allow_origins, loopback_bind=settings.loopback,
                        allow_hosts=settings.http.allow_hosts,
@@ -123,14 +127,17 @@ def build_app(settings: Settings, *, bridge: Bridge, acp: ConnectionRegistry,
               lmsp: LmspService, metrics: Metrics, gate: Gate | None = None,
               guard_stats: GuardStats | None = None,
               sessions_router: Callable[[ASGIApp], ASGIApp] | None = None,
-              instances: Callable[[], dict[str, Any]] | None = None) -> Starlette:
+              instances: Callable[[], dict[str, Any]] | None = None,
+              forwarded_secret: Callable[[], bytes | None] | None = None) -> Starlette:
     """``gate``: the principals' gate (stored tokens, scopes, rate limits);
     ``guard_stats``: the guards' counters (the front layer's and the HTTP
     server's), reported by ``/daemon/status``; ``sessions_router``: wraps the app
     inside the front layer (``acp_server.fleet.SessionRouter``: sessions across
-    instances), so requests are checked before they are forwarded."""
+    instances), so requests are checked before they are forwarded;
+    ``forwarded_secret``: the fleet's shared secret, which proves the client address a
+    forwarding instance names (``acp_server.http.clients``)."""
     guard_stats = guard_stats if guard_stats is not None else GuardStats()
-    policy = guard_policy(settings, gate)
+    policy = guard_policy(settings, gate, forwarded_secret)
     # granian cannot cap connections below ASGI: the front layer caps requests in flight
     max_in_flight = settings.max_connections if settings.http.server == "granian" else None
     config = rest_config(settings, guard_stats)

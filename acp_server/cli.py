@@ -169,6 +169,11 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     serve.add_argument("--allow-host", action="append", default=[], metavar="HOST[:PORT]",
                        help="accept this Host header besides the loopback names (DNS "
                             "rebinding guard; repeatable)")
+    serve.add_argument("--trusted-proxy", action="append", default=[],
+                       metavar="ADDRESS[/BITS]",
+                       help="believe X-Forwarded-For from this proxy address or network "
+                            "(a load balancer): the client is its rightmost untrusted "
+                            "address (repeatable; default: the header is ignored)")
     serve.add_argument("--max-header-bytes", default=str(DEFAULT_MAX_HEADER_BYTES),
                        help="request header bytes; more is refused with 431 "
                             "(default %(default)s)")
@@ -263,7 +268,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         http = HttpOptions.from_flags(
             server=args.http_server, tls_cert=args.tls_cert, tls_key=args.tls_key,
             tls_client_ca=args.tls_client_ca, require_tls=args.require_tls,
-            allow_host=args.allow_host, max_header_bytes=args.max_header_bytes,
+            allow_host=args.allow_host, trusted_proxy=args.trusted_proxy,
+            max_header_bytes=args.max_header_bytes,
             max_headers=args.max_headers, max_request_line=args.max_request_line_bytes,
             granian_interface=args.granian_interface)
     except ValueError as exc:

@@ -199,7 +199,7 @@ async def open_server(settings: Settings, *, agent_factory: AgentFactory | None 
             if leases is not None and isinstance(journal, StoreSessionJournal):
                 fleet = Fleet(bridge, journal, Forwarder(
                     instance=leases.instance, max_body_bytes=settings.max_body_bytes,
-                    check_s=leases.renew_s))
+                    check_s=leases.renew_s, secret=leases.shared_secret))
                 # reads of sessions live elsewhere: from the journal, woken by NOTIFY
                 replicas = JournalReplicas(bridge, journal,
                                            poll_s=settings.store_poll_ms / 1000)
@@ -213,7 +213,9 @@ async def open_server(settings: Settings, *, agent_factory: AgentFactory | None 
                     return SessionRouter(stack, fleet, reads)
             app = build_app(settings, bridge=bridge, acp=acp, lmsp=lmsp, metrics=metrics,
                             gate=gate, guard_stats=guard_stats, sessions_router=router,
-                            instances=fleet.report if fleet is not None else None)
+                            instances=fleet.report if fleet is not None else None,
+                            forwarded_secret=leases.shared_secret if fleet is not None
+                            else None)
             if fleet is not None:
                 metrics.watch_fleet(fleet)
                 bridge.before_restore = fleet.claim

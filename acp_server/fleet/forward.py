@@ -10,7 +10,10 @@ Contracts:
   ``Authorization`` included, so the owner authenticates and authorizes it as it
   would a direct request), minus the hop-by-hop headers and ``Host``, plus
   ``FORWARDED_HEADER`` naming this instance. That header grants nothing: it only
-  tells the receiver never to forward or adopt again (no loops).
+  tells the receiver never to forward or adopt again (no loops). With the fleet's
+  shared secret (``secret``) the caller's address goes too, with its proof
+  (``acp_server.http.clients``): the owner's audit log names the caller, not this
+  instance. A client's own copies of these headers are dropped.
 * The body is read first, at most ``max_body_bytes + 1`` bytes (the owner answers a
   larger one with its own 413); the response (an SSE stream too) is relayed chunk by
   chunk as it arrives, unbuffered, undecoded. A client that goes away ends the relay
@@ -37,10 +40,17 @@ from typing import Any
 import anyio
 import httpx
 
-FORWARDED_HEADER = b"x-acp-forwarded-by"
+from acp_server.http.clients import (
+    FORWARDED_BY_HEADER,
+    FORWARDED_FOR_HEADER,
+    FORWARDED_PROOF_HEADER,
+    proof,
+)
+
+FORWARDED_HEADER = FORWARDED_BY_HEADER
 HOP_BY_HOP = frozenset({b"host", b"connection", b"keep-alive", b"transfer-encoding", b"te",
                         b"upgrade", b"proxy-connection", b"trailer", b"content-length",
-                        FORWARDED_HEADER})
+                        FORWARDED_HEADER, FORWARDED_FOR_HEADER, FORWARDED_PROOF_HEADER})
 CONNECT_TIMEOUT_S = 3.0
 # An owner that accepted the connection but does not answer (paused, say: its kernel
 # still accepts) is given up after this long; a stream's body has no such bound.
@@ -64,8 +74,10 @@ class Forwarder:
     """See the module docstring."""
 
     def __init__(self, *, instance: str, max_body_bytes: int,
-                 headers_timeout_s: float = HEADERS_TIMEOUT_S, check_s: float = 1.0) -> None:
+                 headers_timeout_s: float = HEADERS_TIMEOUT_S, check_s: float = 1.0,
+                 secret: Callable[[], bytes | None] | None = None) -> None:
         self.instance = instance
+        self.secret = secret
         self.check_s = check_s
         self.max_body_bytes = max_body_bytes
         self.headers_timeout_s = headers_timeout_s
@@ -92,13 +104,23 @@ class Forwarder:
         ``moved``: asked when the owner answers 404 (``OwnerMovedError``)."""
         body = await _read_body(receive, self.max_body_bytes + 1)
         headers = [(k, v) for k, v in scope["headers"] if k.lower() not in HOP_BY_HOP]
-        headers.append((FORWARDED_HEADER, self.instance.encode()))
+        by = self.instance.encode()
+        headers.append((FORWARDED_HEADER, by))
+        secret = self.secret() if self.secret is not None else None
+        client = scope.get("client")
+        if secret and client:   # the caller's address, proved (acp_server.http.clients)
+            address = str(client[0]).encode("latin-1")
+            path = scope.get("raw_path") or scope["path"].encode()
+            headers.append((FORWARDED_FOR_HEADER, address))
+            headers.append((FORWARDED_PROOF_HEADER,
+                            proof(secret, by, address, scope["method"].encode(), path)))
         target = base_url + scope.get("raw_path", scope["path"].encode()).decode("latin-1")
         if scope.get("query_string"):
             target += "?" + scope["query_string"].decode("latin-1")
         request = self.client.build_request(scope["method"], target, headers=headers,
                                             content=body)
         unreachable: list[OwnerUnreachableError] = []
+        went = False   # (unset when the client went away first: the relay just ends)
         async with anyio.create_task_group() as tg:
             # A server may drop sends to a client that went away (uvicorn does): the
             # client's disconnect is watched apart and ends the relay and the upstream

@@ -17,6 +17,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from acp_server.http.clients import parse_networks
 from acp_server.http.policy import (
     DEFAULT_MAX_HEADER_BYTES,
     DEFAULT_MAX_HEADERS,
@@ -39,6 +40,7 @@ class HttpOptions:
     tls_client_ca: str | None = None    # mutual TLS: clients must show a certificate it signed
     require_tls: bool = False           # refuse to start on a non-loopback bind without TLS
     allow_hosts: tuple[str, ...] = ()
+    trusted_proxies: tuple[str, ...] = ()   # X-Forwarded-For believed from these
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
     max_headers: int = DEFAULT_MAX_HEADERS
     max_request_line: int = DEFAULT_MAX_REQUEST_LINE
@@ -65,6 +67,7 @@ class HttpOptions:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"Invalid {flag}: {value!r}. Must be a positive integer.")
+        parse_networks(self.trusted_proxies)   # ValueError names a bad one
         for host in self.allow_hosts:
             if not host or split_host(host) is None or "/" in host:
                 raise ValueError(f"Invalid allow-host: {host!r}. Must be a host name or "
@@ -78,6 +81,7 @@ class HttpOptions:
     def from_flags(cls, *, server: str = DEFAULT_SERVER, tls_cert: str | None = None,
                    tls_key: str | None = None, tls_client_ca: str | None = None,
                    require_tls: bool = False, allow_host: Iterable[str] = (),
+                   trusted_proxy: Iterable[str] = (),
                    max_header_bytes: str | int = DEFAULT_MAX_HEADER_BYTES,
                    max_headers: str | int = DEFAULT_MAX_HEADERS,
                    max_request_line: str | int = DEFAULT_MAX_REQUEST_LINE,
@@ -85,6 +89,7 @@ class HttpOptions:
         return cls(server=server, tls_cert=tls_cert, tls_key=tls_key,
                    tls_client_ca=tls_client_ca, require_tls=require_tls,
                    allow_hosts=tuple(h.strip().lower() for h in allow_host),
+                   trusted_proxies=tuple(t.strip() for t in trusted_proxy),
                    max_header_bytes=_int(max_header_bytes), max_headers=_int(max_headers),
                    max_request_line=_int(max_request_line),
                    granian_interface=granian_interface)

@@ -188,6 +188,9 @@ class GuardPolicy:
     public: Callable[[str, str], bool] | None = field(default=None, compare=False)
     # The principals (stored tokens, audit, limits); default: ``token`` alone.
     gate: Gate | None = field(default=None, compare=False)
+    # Sets ``scope["client"]`` to the caller behind a trusted proxy or a forwarding
+    # instance (``acp_server.http.clients.ClientResolver``), first: None when off.
+    clients: Callable[[Any], None] | None = field(default=None, compare=False)
     # Derived from the fields above (``__post_init__``).
     _allow_any: bool = field(init=False, repr=False, compare=False)
     _origins: frozenset[str] = field(init=False, repr=False, compare=False)
@@ -231,6 +234,8 @@ class GuardPolicy:
 
     def inspect(self, scope: Any) -> tuple[Refusal | None, bytes | None]:
         """(refusal or None, the allow-listed ``Origin`` to echo or None)."""
+        if self.clients is not None:
+            self.clients(scope)
         headers = scope["headers"]
         if len(headers) > self.max_headers:
             return TOO_MANY_HEADERS, None

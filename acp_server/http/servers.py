@@ -210,6 +210,7 @@ class UvicornServer:
                 tls.update(ssl_ca_certs=options.tls_client_ca, ssl_cert_reqs=ssl.CERT_REQUIRED)
         config = uvicorn.Config(app, host=host, port=port, http=protocol, backlog=BACKLOG,
                                 ws_max_size=limits.ws_max_bytes, lifespan="off",
+                                proxy_headers=False,   # acp_server.http.clients decides
                                 access_log=False, log_level="warning",
                                 timeout_graceful_shutdown=int(limits.graceful_s), **tls)
         self.options = options

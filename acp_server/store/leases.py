@@ -26,6 +26,9 @@ session journal's group commit, ``acp_server.store.sessions``). Contracts:
   drops the records of any session whose token changed. A take-over therefore either
   waits for that commit (and then restores what it wrote) or makes it refuse: an
   instance that lost a lease, paused past it say, never writes into the session again.
+* ``fleet_secret`` (migration 6) holds one random secret every instance of the store
+  reads at start (``load_secret``): a forwarded request's client address is proved
+  with it (``acp_server.http.clients``).
 * ``instances`` is the registry: each instance's advertised base URL and heartbeat,
   refreshed with the renewal. A lease names its instance; ``owner`` joins the two.
 * A hand-off (``hand_over``: an idle session asked for by another instance,
@@ -38,6 +41,7 @@ session journal's group commit, ``acp_server.store.sessions``). Contracts:
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -70,6 +74,20 @@ class SessionLeases:
         self.offset = offset
         self.url = url
         self.started_at: float | None = None   # on the store's clock, at the first heartbeat
+        self.secret: bytes | None = None   # the fleet's shared secret (``load_secret``)
+
+    def shared_secret(self) -> bytes | None:
+        """The fleet's shared secret, once loaded (``acp_server.http.clients``)."""
+        return self.secret
+
+    def load_secret(self, conn: Any) -> bytes:
+        """The fleet's shared secret (migration 6: one row, made by the first instance
+        that asks): a forwarded request's client address is proved with it."""
+        conn.execute("INSERT INTO fleet_secret(id, secret) VALUES (1, %s) "
+                     "ON CONFLICT (id) DO NOTHING", (os.urandom(32),))
+        row = conn.execute("SELECT secret FROM fleet_secret WHERE id = 1").fetchone()
+        self.secret = bytes(row[0])
+        return self.secret
 
     def _now(self) -> float:
         """The parameter of ``NOW`` (``offset``)."""

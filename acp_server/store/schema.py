@@ -262,6 +262,17 @@ CREATE TABLE IF NOT EXISTS instances (
         started_at DOUBLE PRECISION NOT NULL
     );
 """),
+    # 6: the fleet's shared secret (acp_server/store/leases.py): a request one instance
+    #    forwards to another carries the caller's address, proved with it
+    Migration("fleet secret", """CREATE TABLE IF NOT EXISTS fleet_secret (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    secret BLOB NOT NULL
+);
+""", """    CREATE TABLE fleet_secret (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        secret BYTEA NOT NULL
+    );
+"""),
 ]
 
 

@@ -71,7 +71,11 @@ class SessionReads:
                 settled()
             return found
         leases = self.leases
-        tokens = await self.store._write(lambda conn, out, *state: leases.take_own(conn))
+        def start(conn: Any, out: Any, *state: Any) -> dict[str, int]:
+            leases.load_secret(conn)
+            return leases.take_own(conn)
+
+        tokens = await self.store._write(start)
         self.fence.update(tokens)
         found = await self.store._read(lambda conn: self._restore_in(
             conn, "(closed_at IS NOT NULL AND (owner IS NULL OR owner = %s)) OR id = ANY(%s)",

@@ -65,7 +65,9 @@ def config(port: int, servers: list[str], affinity: Affinity) -> str:
         "defaults\n    mode http\n    timeout connect 5s\n    timeout client 120s\n"
         "    timeout server 120s\n    timeout tunnel 1h\n    option http-server-close\n"
         # a connection refused by a killed instance is retried on another one
-        "    option redispatch\n    retries 3\n",
+        "    option redispatch\n    retries 3\n"
+        # X-Forwarded-For: the instances name the client with --trusted-proxy 127.0.0.1
+        "    option forwardfor\n",
         f"frontend lb\n    bind 127.0.0.1:{port}\n    default_backend instances\n",
         "backend instances\n" + BALANCE[affinity]
         # the check names a loopback Host: the server refuses requests without one (421)
@@ -115,11 +117,13 @@ class HAProxy:
                     raise RuntimeError("haproxy did not start listening") from None
                 time.sleep(0.05)
 
-    def wait_up(self, count: int, timeout: float = START_TIMEOUT_S) -> None:
-        """Until ``count`` different instances have answered ``/health`` through us."""
+    def wait_up(self, count: int, timeout: float = START_TIMEOUT_S,
+                headers: dict[str, str] | None = None) -> None:
+        """Until ``count`` different instances have answered ``/health`` through us
+        (``headers``: the token, when the instances need one)."""
         seen: set[str] = set()
         deadline = time.monotonic() + timeout
-        with httpx.Client(base_url=self.base_url, timeout=2) as client:
+        with httpx.Client(base_url=self.base_url, timeout=2, headers=headers) as client:
             while len(seen) < count:
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"only {sorted(seen)} of {count} instances came up")

@@ -131,3 +131,57 @@ async def test_sessions_stay_on_their_instance_with_cookie_affinity(
         owner = two_instances[int(backend[1:])]
         direct = httpx.get(f"{owner.base_url}/session/{sid}/status", timeout=5)
         assert direct.status_code == 200 and direct.json()["sessionId"] == sid
+
+
+async def test_the_audit_log_names_the_client_behind_the_balancer(tmp_path: Path) -> None:
+    """Two instances with ``--trusted-proxy 127.0.0.1`` behind HAProxy (``option
+    forwardfor``), round robin: a client connecting from 127.0.0.9 is recorded as
+    127.0.0.9 in the shared audit log, for requests served where they landed and for
+    those one instance forwarded to the other, never as the balancer or an instance."""
+    if haproxy_binary() is None:
+        pytest.skip(SKIP)
+    if not stores.postgres_dsn():
+        pytest.skip(stores.SKIP_POSTGRES)
+    url = stores.postgres_url_for(tmp_path, "lbaudit")
+    token = "lb-audit-s3cret-token"
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    children = [ServeProcess(workspace, "--store", url, *stores.lease_flags(), "--token", token,
+                             "--trusted-proxy", "127.0.0.1", state_dir=f"state-{name}")
+                for name in ("a", "b")]
+    try:
+        for child in children:
+            child.start()
+        auth = {"Authorization": f"Bearer {token}"}
+        with HAProxy(tmp_path, [c.base_url for c in children]) as lb:
+            lb.wait_up(2, headers=auth)
+
+            def run() -> tuple[list[dict[str, Any]], int]:
+                elsewhere = httpx.HTTPTransport(local_address="127.0.0.9")
+                with httpx.Client(base_url=lb.base_url, timeout=20, headers=auth,
+                                  transport=elsewhere) as client:   # no cookies kept
+                    client.cookies.clear()
+                    sid = client.post("/session", json={"sessionScope": "thread"}).json()[
+                        "sessionId"]
+                    for n in range(4):   # round robin: half land on the other instance
+                        client.cookies.clear()
+                        sent = client.post(f"/session/{sid}/prompt", json={
+                            "prompt": [{"type": "text", "text": f"p{n}"}]})
+                        assert sent.status_code == 202, sent.text
+                forwards = 0
+                for child in children:
+                    with httpx.Client(base_url=child.base_url, headers=auth,
+                                      timeout=20) as direct:
+                        status = direct.get("/daemon/status").json()
+                        forwards += status["runtime"]["instances"]["forwards"]
+                        records = direct.get("/audit").json()["records"]
+                return records, forwards
+
+            records, forwards = await anyio.to_thread.run_sync(run)
+    finally:
+        for child in children:
+            child.kill()
+    assert forwards >= 1   # some prompts landed on the instance without the session
+    made = [r for r in records if r["action"] in ("session.created", "prompt.accepted")]
+    assert [r["action"] for r in made].count("prompt.accepted") == 4
+    assert {r["client"] for r in made} == {"127.0.0.9"}

@@ -384,3 +384,33 @@ async def test_a_request_forwarded_to_an_owner_that_just_let_go_is_routed_again(
         loop = await c.client.get(f"/session/{sid}/pending-prompts",
                                   headers={"x-acp-forwarded-by": "elsewhere"})
         assert loop.status_code == 404
+
+
+async def test_a_forwarded_request_is_audited_with_the_callers_address(
+        tmp_path: Path) -> None:
+    """A prompt b forwards to a is recorded in a's audit log with the caller's address
+    (b sends it with a proof keyed by the fleet's shared secret), not b's; the same
+    headers sent by a client, without a valid proof, change nothing."""
+    import httpx
+
+    from tests.principals.helpers import bearer, mint
+
+    async with _pair(tmp_path, [0.0], token="boot-s3cret-for-the-fleet") as (a, b):
+        ci = bearer(await mint(a.server, "ci"))
+        sid = (await a.client.post("/session", json={"sessionScope": "thread"},
+                                   headers=ci)).json()["sessionId"]
+        elsewhere = httpx.AsyncHTTPTransport(local_address="127.0.0.9")
+        async with httpx.AsyncClient(base_url=b.base_url, transport=elsewhere,
+                                     headers=ci) as caller:
+            sent = await caller.post(f"/session/{sid}/prompt", json=_prompt("via b"))
+            assert sent.status_code == 202, sent.text
+        assert b.server.fleet.stats.forwards == 1   # type: ignore[union-attr]
+        forged = {**ci, "x-acp-forwarded-by": "b", "x-acp-forwarded-for": "6.6.6.6",
+                  "x-acp-forwarded-proof": "0" * 64}
+        direct = await a.client.post(f"/session/{sid}/prompt", json=_prompt("forged"),
+                                     headers=forged)
+        assert direct.status_code == 202, direct.text
+        read = await a.client.get("/audit", params={"action": "prompt.accepted"},
+                                  headers=bearer("boot-s3cret-for-the-fleet"))
+        assert read.status_code == 200, read.text
+        assert [r["client"] for r in read.json()["records"]] == ["127.0.0.9", "127.0.0.1"]

@@ -1,0 +1,66 @@
+"""``--trusted-proxy`` over real HTTP on every server we ship: ``X-Forwarded-For`` from a
+trusted proxy names the client in the audit log and for the loopback rule; from any
+other peer, or without the flag, it changes nothing (uvicorn's own proxy-header
+handling is off, so all servers agree)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.harness import ServeProcess
+from tests.http.test_servers import SERVERS, serving
+
+pytestmark = pytest.mark.anyio
+TOKEN = "proxy-test-s3cret-token"
+
+
+async def _clients(daemon: ServeProcess, xff: str) -> dict[str, Any]:
+    """Make a session and fail a credential, both with ``X-Forwarded-For: xff``; the
+    audit records' clients, by action."""
+    made = await daemon.client.post("/session", json={"sessionScope": "thread"},
+                                    headers={"X-Forwarded-For": xff})
+    assert made.status_code == 200, made.text
+    refused = await daemon.client.get("/capabilities", headers={
+        "X-Forwarded-For": xff, "Authorization": "Bearer wrong"})
+    assert refused.status_code == 401
+    records = (await daemon.client.get("/audit")).json()["records"]
+    return {r["action"]: r["client"] for r in records
+            if r["action"] in ("session.created", "auth.failed")}
+
+
+@SERVERS
+async def test_a_trusted_proxy_names_the_client(tmp_path: Path, server: str) -> None:
+    async with ServeProcess(tmp_path, "--token", TOKEN, "--trusted-proxy", "127.0.0.0/8",
+                            *serving(server)) as daemon:
+        assert await _clients(daemon, "198.51.100.1, 203.0.113.7") == {
+            "session.created": "203.0.113.7", "auth.failed": "203.0.113.7"}
+
+
+@SERVERS
+async def test_without_the_flag_the_header_changes_nothing(tmp_path: Path, server: str) -> None:
+    async with ServeProcess(tmp_path, "--token", TOKEN, *serving(server)) as daemon:
+        assert await _clients(daemon, "203.0.113.7") == {
+            "session.created": "127.0.0.1", "auth.failed": "127.0.0.1"}
+
+
+async def test_a_remote_client_behind_a_local_proxy_is_not_a_loopback_client(
+        tmp_path: Path) -> None:
+    """No token (trusted loopback mode) behind a proxy on this host: the proxy's
+    clients are remote, so they are refused, as they would be without the proxy."""
+    async with ServeProcess(tmp_path, "--trusted-proxy", "127.0.0.1") as daemon:
+        remote = await daemon.client.get("/capabilities",
+                                         headers={"X-Forwarded-For": "203.0.113.7"})
+        assert remote.status_code == 403
+        assert remote.json()["code"] == "forbidden"
+        local = await daemon.client.get("/capabilities",
+                                        headers={"X-Forwarded-For": "127.0.0.1"})
+        assert local.status_code == 200
+
+
+async def test_a_bad_trusted_proxy_is_refused_at_start(tmp_path: Path) -> None:
+    daemon = ServeProcess(tmp_path, "--trusted-proxy", "lb.internal")
+    with pytest.raises(AssertionError, match="Invalid trusted-proxy: 'lb.internal'"):
+        daemon.start()
