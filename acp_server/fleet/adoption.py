@@ -12,8 +12,11 @@ Contracts:
   ``acp_server.store.leases``) and restores the session from the journal as after a
   restart (``bridge.restore``: the agent side re-made, the interrupted prompt handled by
   ``--session-on-restart``, the queued ones run in their order). Concurrent calls for
-  one session adopt it once; nothing raises (a failure is logged, the session stays
-  where it is).
+  one session adopt it once. The store's faults (``StoreUnavailableError``,
+  ``JournalUnavailableError``) are raised: the door answers a retryable 503, never a
+  404 for a session that exists. Any other failure is logged, and an adoption that
+  took the lease and could not restore the session lets the lease expire again (a
+  later sweep retries), so it never runs nowhere under a lease renewed here.
 * ``sweep_forever`` looks for live sessions whose lease expired every renewal interval
   and adopts them, so a prompt accepted by an instance that died is run (or given its
   terminal) without waiting for a client to ask. Several instances sweeping at once
@@ -26,6 +29,7 @@ Contracts:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -35,6 +39,7 @@ import anyio
 
 from acp_server.fleet.forward import Forwarder
 from acp_server.fleet.handoff import HandOffs, caller_sees
+from acp_server.store.errors import StoreUnavailableError
 from acp_server.store.sessions import StoreSessionJournal
 from bridge import Bridge
 from bridge.errors import JournalUnavailableError, SessionBusyElsewhereError, SessionNotFoundError
@@ -107,13 +112,26 @@ class Fleet:
             if restored:
                 self.stats.adoptions += 1
                 log.info("session %s: adopted (its owner's lease expired)", sid)
-            return bool(restored)
+                return True
+            await self._let_go(sid, "it could not be restored")
+            return False
+        except (StoreUnavailableError, JournalUnavailableError):
+            raise   # the store's fault: the caller answers 503 (retry), not 404
         except Exception as exc:   # noqa: BLE001 - the session stays where it is
-            log.warning("session %s: could not be adopted (%s)", sid, exc)
+            await self._let_go(sid, str(exc) or type(exc).__name__)
             return False
         finally:
             del self._adopting[sid]
             done.set()
+
+    async def _let_go(self, sid: str, why: str) -> None:
+        """An adoption that failed after taking the lease: the lease expires again (a
+        later sweep retries), a half-made session here is stopped."""
+        log.warning("session %s: could not be adopted (%s)", sid, why)
+        if self.bridge.has_session(sid):
+            self.bridge.sessions_moved([sid])
+        with contextlib.suppress(Exception):   # the store: the lease then expires by itself
+            await self.journal.let_go(sid)
 
     async def claim(self, sid: str) -> None:
         """``Bridge.before_restore``: a session ``/acp`` (or any door) loads or resumes
@@ -135,12 +153,15 @@ class Fleet:
         sees = caller_sees()
         if sees is not None and owner.instance != leases.instance:
             await self._check_maker(sid, sees)   # before anything moves
-        if owner.instance != leases.instance and owner.live:
-            await self._ask(sid, sees)
-            if await self.adopt(sid):
-                self.stats.handoffs_taken += 1
-            return
-        await self.adopt(sid)
+        try:
+            if owner.instance != leases.instance and owner.live:
+                await self._ask(sid, sees)
+                if await self.adopt(sid):
+                    self.stats.handoffs_taken += 1
+                return
+            await self.adopt(sid)
+        except StoreUnavailableError as exc:
+            raise JournalUnavailableError(str(exc)) from exc
 
     async def _check_maker(self, sid: str, sees: Any) -> None:
         """``SessionNotFoundError`` unless the door's caller sees the session's maker

@@ -173,15 +173,17 @@ class HandOffs:
             if not self.idle(sid):
                 return False
             seq = journal.appended
-            with anyio.move_on_after(self.wait_s):
+            with anyio.move_on_after(self.wait_s) as waiting:
                 await journal.wait(seq)
+            if waiting.cancelled_caught:
+                return False   # not committed in time (a store blip): busy, asked again
             if journal.appended == seq and self.idle(sid) \
                     and journal.fence.get(sid) == token:
                 break
         else:
             return False
         # no await from the check to here: no prompt can be admitted in between
-        journal.fence[sid] = LOST   # nothing more of it is written here
+        journal.lose(sid)   # nothing more of it is written here
         self.bridge.sessions_moved([sid])
         leases = self.leases
         held = await journal.store._write(

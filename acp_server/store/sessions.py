@@ -100,6 +100,9 @@ CRITICAL = (SessionOpened, PromptAccepted)
 SESSION_NOTICE = "s"   # a commit's NOTIFY kind: a session's events or its end (``read_after``)
 MOVED = "session moved: another instance holds its lease"
 LOST = -1   # the fence of a session this instance lost: every write of it is refused
+# Lost sessions kept fenced (``lose``): the bridge stops one at once, so its last
+# records are long refused when it is forgotten; past this the oldest are forgotten.
+MAX_LOST = 4096
 class StoreSessionJournal(SessionWrites, SessionReads):
     """See the module docstring. ``store`` is an open ``GroupCommitStore``."""
 
@@ -129,6 +132,7 @@ class StoreSessionJournal(SessionWrites, SessionReads):
         self.owner: str | None = store.instance if self.postgres else None
         self.leases = leases if self.postgres else None
         self.fence: dict[str, int] = {}   # session id -> the lease token this instance holds
+        self._lost: dict[str, None] = {}   # the sessions fenced LOST, oldest first
         self.on_moved: Callable[[set[str]], None] = lambda session_ids: None
         self._renew_now = anyio.Event()
         self.commits = 0
@@ -416,7 +420,34 @@ class StoreSessionJournal(SessionWrites, SessionReads):
             elif isinstance(record, SessionEnded):
                 self.fence.pop(record.session_id, None)
         for sid in refused:
-            self.fence[sid] = LOST
+            self.lose(sid)
+
+    def lose(self, session_id: str) -> None:
+        """This instance no longer holds ``session_id``'s lease: every record of it is
+        refused from now on (``LOST``). At most ``MAX_LOST`` are kept so; the oldest
+        are forgotten (their sessions were stopped long before)."""
+        self.fence[session_id] = LOST
+        lost = self._lost
+        lost.pop(session_id, None)
+        lost[session_id] = None
+        while len(lost) > MAX_LOST:
+            oldest = next(iter(lost))
+            del lost[oldest]
+            if self.fence.get(oldest) == LOST:
+                del self.fence[oldest]
+
+    async def let_go(self, session_id: str) -> None:
+        """An adoption that could not restore the session: its lease expires now (and
+        is fenced ``LOST`` here), so the next sweep, here or elsewhere, tries again."""
+        assert self.leases is not None
+        token = self.fence.get(session_id)
+        self.lose(session_id)
+        if token is None or token == LOST:
+            return
+        me = self.leases.instance
+        await self.store._write(lambda conn, out, *state: conn.execute(
+            "UPDATE session_leases SET expires_at = 0 WHERE session_id = %s "
+            "AND instance = %s AND token = %s", (session_id, me, token)))
 
     # -- leases --------------------------------------------------------------------------
     def advertise(self, url: str) -> None:
@@ -445,7 +476,7 @@ class StoreSessionJournal(SessionWrites, SessionReads):
         lost = await self.store._write(lambda conn, out, *state: leases.renew(conn, tokens))
         lost = {sid for sid in lost if self.fence.get(sid) == tokens[sid]}
         for sid in lost:
-            self.fence[sid] = LOST
+            self.lose(sid)
         if lost:
             log.warning("session leases: %d session(s) taken over by another instance",
                         len(lost))
@@ -476,11 +507,22 @@ class StoreSessionJournal(SessionWrites, SessionReads):
         if token is None:
             return None
         self.fence[session_id] = token
+        self._lost.pop(session_id, None)
         settled: dict[str, int] = {}
-        found = await self.store._read(
-            lambda conn: self._restore_in(conn, "id = %s", (session_id,), settled=settled))
+        try:
+            found = await self.store._read(
+                lambda conn: self._restore_in(conn, "id = %s", (session_id,),
+                                              settled=settled))
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                with contextlib.suppress(Exception):
+                    await self.let_go(session_id)
+            raise
         self._seed_untrimmed(settled)
-        return found[0] if found else None
+        if not found:   # unreadable: let go, or its lease would be renewed here for ever
+            await self.let_go(session_id)
+            return None
+        return found[0]
 
     def _signal(self) -> None:
         self._flushed.set()
