@@ -140,8 +140,9 @@ class Fleet:
         caller, ``may_hand_off``); given, it is adopted here. When the door vouched,
         a caller who does not see the session's maker (read from the journal) gets
         ``SessionNotFoundError`` before anything is asked or adopted. Not given in time
-        (busy, or the owner paused or unreachable): ``SessionBusyElsewhereError``, a
-        retryable 503 / ``session_busy_elsewhere``. A session with no lease goes on as
+        (busy, or the owner paused or unreachable), or not adopted (another instance
+        won it, or it could not be restored): ``SessionBusyElsewhereError``, a
+        retryable 503 / ``session_busy_elsewhere``, never a fresh session over it. A session with no lease goes on as
         before. The store's faults are ``JournalUnavailableError``."""
         leases = self.leases
         try:
@@ -158,10 +159,14 @@ class Fleet:
                 await self._ask(sid, sees)
                 if await self.adopt(sid):
                     self.stats.handoffs_taken += 1
+                    return
+            elif await self.adopt(sid):
                 return
-            await self.adopt(sid)
         except StoreUnavailableError as exc:
             raise JournalUnavailableError(str(exc)) from exc
+        # it has a lease and is not live here (another instance won it, or it could not
+        # be restored and its lease was let go): retry, never a fresh session over it
+        raise SessionBusyElsewhereError(sid, max(1, math.ceil(leases.renew_s)))
 
     async def _check_maker(self, sid: str, sees: Any) -> None:
         """``SessionNotFoundError`` unless the door's caller sees the session's maker
