@@ -165,3 +165,20 @@ async def test_the_lost_sessions_kept_fenced_are_bounded() -> None:
     for n in range(MAX_LOST):
         journal.lose(f"t{n}")
     assert journal.fence["s20"] == 7
+
+
+async def test_a_load_of_a_session_it_could_not_adopt_is_retried_not_made_anew(
+        tmp_path: Path) -> None:
+    now = [0.0]
+    async with _pair(tmp_path, now) as (a, b):
+        sid = await _session(a.client)
+        now[0] += 61   # a's lease expired; b's adoption comes back empty (lost a race)
+
+        async def lost_the_race(session_id: str) -> Any:
+            return None
+
+        b.server.fleet.journal.adopt = lost_the_race   # type: ignore[union-attr,method-assign]
+        loaded = await b.client.post(f"/session/{sid}/load", json={})
+        assert loaded.status_code == 503, loaded.text
+        assert loaded.json()["code"] == "session_busy_elsewhere"
+        assert not b.bridge.has_session(sid)   # nothing made anew over its journal
