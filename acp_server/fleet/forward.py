@@ -15,7 +15,8 @@ Contracts:
   (``acp_server.http.clients``): the owner's audit log names the caller, not this
   instance. A client's own copies of these headers are dropped.
 * The body is read first, at most ``max_body_bytes + 1`` bytes (the owner answers a
-  larger one with its own 413); the response (an SSE stream too) is relayed chunk by
+  larger one with its own 413); a client that goes away before sending all of it has
+  nothing forwarded (the owner never acts on half a request); the response (an SSE stream too) is relayed chunk by
   chunk as it arrives, unbuffered, undecoded. A client that goes away ends the relay
   and the upstream request.
 * An owner that cannot be reached, or does not answer with its headers within
@@ -103,6 +104,8 @@ class Forwarder:
         headers; ``False`` (its heartbeat stopped: paused, say) gives up at once.
         ``moved``: asked when the owner answers 404 (``OwnerMovedError``)."""
         body = await _read_body(receive, self.max_body_bytes + 1)
+        if body is None:
+            return   # the client went away mid-body: nothing to forward, nobody to answer
         headers = [(k, v) for k, v in scope["headers"] if k.lower() not in HOP_BY_HOP]
         by = self.instance.encode()
         headers.append((FORWARDED_HEADER, by))
@@ -213,13 +216,15 @@ async def _cancel_on_disconnect(receive: Any, scope: anyio.CancelScope) -> None:
     scope.cancel()
 
 
-async def _read_body(receive: Any, limit: int) -> bytes:
+async def _read_body(receive: Any, limit: int) -> bytes | None:
+    """The request's body, at most ``limit`` bytes; ``None`` when the client went away
+    before sending all of it (an aborted request is not forwarded)."""
     chunks: list[bytes] = []
     size = 0
     while size < limit:
         message = await receive()
         if message["type"] != "http.request":
-            break
+            return None
         chunk = message.get("body", b"")
         chunks.append(chunk)
         size += len(chunk)
