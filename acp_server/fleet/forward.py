@@ -53,6 +53,9 @@ HOP_BY_HOP = frozenset({b"host", b"connection", b"keep-alive", b"transfer-encodi
                         b"upgrade", b"proxy-connection", b"trailer", b"content-length",
                         FORWARDED_HEADER, FORWARDED_FOR_HEADER, FORWARDED_PROOF_HEADER})
 CONNECT_TIMEOUT_S = 3.0
+# All 256 connections to the owners busy: a forward waits this long for one, then is a
+# 503 owner_unreachable (retry), not a wait of HEADERS_TIMEOUT_S.
+POOL_TIMEOUT_S = 5.0
 # An owner that accepted the connection but does not answer (paused, say: its kernel
 # still accepts) is given up after this long; a stream's body has no such bound.
 HEADERS_TIMEOUT_S = 30.0
@@ -88,7 +91,7 @@ class Forwarder:
     def client(self) -> httpx.AsyncClient:
         if self._client is None:
             self._client = httpx.AsyncClient(
-                timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT_S),
+                timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT_S, pool=POOL_TIMEOUT_S),
                 limits=httpx.Limits(max_connections=256, max_keepalive_connections=32),
                 follow_redirects=False, trust_env=False)
         return self._client

@@ -204,6 +204,11 @@ class PostgresEngine(GroupCommitStore[Conn]):
     def _reconnect(self) -> Conn:
         return self._connect(True)
 
+    def _read_lost(self, conn: Conn, exc: BaseException) -> bool:
+        # a pooled connection whose backend ended (a restart, ``pg_terminate_backend``)
+        # looks usable until a query fails on it; psycopg marks it broken then
+        return isinstance(exc, psycopg.OperationalError) and not self._usable(conn)
+
     def _unavailable(self, exc: BaseException) -> str | None:
         if isinstance(exc, UNAVAILABLE):
             return f"PostgreSQL: {_first_line(exc)}"

@@ -238,6 +238,12 @@ class GroupCommitStore(Generic[C]):
         """A new reader connection (a worker thread)."""
         raise NotImplementedError
 
+    def _read_lost(self, conn: C, exc: BaseException) -> bool:
+        """Whether a read that raised ``exc`` failed because ``conn`` broke (a restart,
+        a killed backend): it is then run once more on a new connection (a read only
+        SELECTs, so running it twice is harmless) before it is reported."""
+        return False
+
     # -- lifecycle -----------------------------------------------------------------
     @contextlib.asynccontextmanager
     async def open(self) -> AsyncIterator[Self]:
@@ -555,7 +561,15 @@ class GroupCommitStore(Generic[C]):
                 self._before_read()
                 if not self._usable(conn):
                     conn = await anyio.to_thread.run_sync(self._reconnect)
-                result = await anyio.to_thread.run_sync(fn, conn)
+                try:
+                    result = await anyio.to_thread.run_sync(fn, conn)
+                except Exception as exc:
+                    if not self._read_lost(conn, exc):
+                        raise
+                    log.info("a read's connection was lost (%s); the read is retried "
+                             "on a new one", str(exc).strip().partition("\n")[0])
+                    conn = await anyio.to_thread.run_sync(self._reconnect)
+                    result = await anyio.to_thread.run_sync(fn, conn)
             except Exception as exc:
                 reason = self.unavailable_reason(exc)
                 if reason is None:
