@@ -48,6 +48,7 @@ CODES: dict[str, tuple[int, str, dict[str, str]]] = {
     "server_restarted": (0, "Server restarted", {}),
     "agent_error": (0, "Agent error", {}),
     "server_error": (0, "Server error", {}),
+    "output_lost": (0, "Output lost", {}),   # a slow store: the turn's events outran the ring
 }
 
 

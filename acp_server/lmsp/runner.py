@@ -70,6 +70,10 @@ MAX_PENDING = 4096
 SUBSCRIPTION_QUEUE = 2048
 
 
+class OutputLost(Exception):
+    """Events of the turn were lost before they were read (see ``Runner._read``)."""
+
+
 @dataclasses.dataclass(eq=False)
 class _Handle:
     cancel_requested: bool = False
@@ -77,6 +81,8 @@ class _Handle:
     loading: anyio.CancelScope = dataclasses.field(default_factory=anyio.CancelScope)
     stopping: bool = False      # the runner itself cancelled the prompt
     ticket: PromptTicket | None = None
+    subscription: Any = None    # the turn's events (another after an eviction)
+    last_read: int | None = None   # the id of the last of them read
 
 
 class DeltaWriter:
@@ -320,11 +326,17 @@ class Runner:
                 ticket.cancel("lmsp_cancel")
             subscription = bridge.subscribe(session_id, last_event_id=ticket.last_event_id,
                                             max_queued=SUBSCRIPTION_QUEUE)
+            handle.subscription, handle.last_read = subscription, ticket.last_event_id
             writer = DeltaWriter(self.store, record.id, in_progress_event(record), self.clock)
             try:
                 await self._pump(attempt, ticket, subscription, handle, bridge, writer)
+            except OutputLost as exc:
+                ticket.cancel("output_lost")
+                await writer.write(writer.tail)
+                await self._end_failed(record, attempt, "output_lost", str(exc))
+                return
             finally:
-                subscription.close()   # the session may outlive this task
+                handle.subscription.close()   # the session may outlive this task
             try:
                 result: PromptResult = await ticket
             except Exception as exc:   # noqa: BLE001 - AgentError, AgentDiedError, ...
@@ -401,21 +413,53 @@ class Runner:
             if ended:
                 writer.tail, writer.pending = writer.pending, []
                 return
+        lost: OutputLost | None = None
         async with anyio.create_task_group() as tg:
             tg.start_soon(writer.run, True)
             try:
                 await self._read(attempt, ticket, subscription, handle, bridge, writer,
                                  fast=False)
+            except OutputLost as exc:
+                lost = exc   # raised as itself, not in the task group's exception group
             finally:
                 writer.close()
+        if lost is not None:
+            raise lost
 
     async def _read(self, attempt: Attempt, ticket: PromptTicket, subscription: Any,
                     handle: _Handle, bridge: Bridge, writer: DeltaWriter, *,
                     fast: bool) -> bool:
         """Reads ``subscription`` into ``writer`` until the turn ends (``True``, with
         ``writer.hold_tail`` set) or the subscription does (``False``); ``fast``: also
-        stops (``False``) once ``FLUSH_EVENTS`` are pending (the writer is due)."""
+        stops (``False``) once ``FLUSH_EVENTS`` are pending (the writer is due).
+
+        A subscription the bus evicted (the store was slow: ``writer.add`` waited and
+        the queue filled) is followed by another from the last event read, which the
+        session's ring replays; when the ring no longer has them, ``OutputLost``: the
+        task fails rather than end with part of its output missing."""
+        while True:
+            subscription = handle.subscription
+            ended = await self._read_one(attempt, ticket, subscription, handle, bridge,
+                                         writer, fast=fast)
+            if ended or subscription.evicted_reason is None or fast and len(
+                    writer.pending) >= FLUSH_EVENTS:
+                return ended
+            log.info("lmsp task %s: its reader fell behind a slow store; it reads on from "
+                     "event %s", attempt.record.id, handle.last_read)
+            subscription.close()
+            handle.subscription = bridge.subscribe(
+                ticket.session_id, last_event_id=handle.last_read, epoch=subscription.epoch,
+                max_queued=SUBSCRIPTION_QUEUE)
+
+    async def _read_one(self, attempt: Attempt, ticket: PromptTicket, subscription: Any,
+                        handle: _Handle, bridge: Bridge, writer: DeltaWriter, *,
+                        fast: bool) -> bool:
         async for event in subscription:
+            if event.id is not None:
+                handle.last_read = event.id
+            elif event.type == ev.STATE_RESYNC_REQUIRED:
+                raise OutputLost("the session's events went past its ring while the store "
+                                 "was too slow to keep up: part of the output is lost")
             if event.prompt_id != ticket.prompt_id:
                 continue
             if event.type in ("turn_complete", "turn_error"):
