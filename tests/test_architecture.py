@@ -155,7 +155,8 @@ ACP_NAMES = frozenset({
     "agentCapabilities", "agentInfo", "authMethods", "clientCapabilities", "clientInfo",
     "elicitationId", "embeddedContext", "inputTokens", "loadSession", "mcpServers", "optionId",
     "outputTokens", "promptCapabilities", "protocolVersion", "rawInput", "readTextFile",
-    "requestedSessionId", "sessionCapabilities", "sessionId", "sessionUpdate", "stopReason",
+    "requestId", "requestedSessionId", "sessionCapabilities", "sessionId", "sessionUpdate",
+    "stopReason",
     "toolCall", "toolCallId", "totalTokens", "writeTextFile",
 })
 PYTHON_NAMES = frozenset({"getLogger", "basicConfig"})
