@@ -74,11 +74,19 @@ class LmspError(Exception):
         return CODES[self.code][0]
 
 
+MAX_ERROR_POINTERS = 50   # a 1 MiB body of bad items: 50 pointers and a count, not 37 MB
+
+
 def invalid(pointer: str, detail: str, *more: tuple[str, str], param: str | None = None
             ) -> LmspError:
-    """400 ``invalid_request``; ``param`` defaults to the first pointer, dotted."""
+    """400 ``invalid_request``; ``param`` defaults to the first pointer, dotted. At
+    most ``MAX_ERROR_POINTERS`` pointers; past them the last says how many more."""
     errors = [ErrorPointer(pointer=pointer, detail=detail)]
-    errors += [ErrorPointer(pointer=p, detail=d) for p, d in more]
+    errors += [ErrorPointer(pointer=p, detail=d) for p, d in more[:MAX_ERROR_POINTERS - 1]]
+    if len(more) >= MAX_ERROR_POINTERS:
+        rest = len(more) - (MAX_ERROR_POINTERS - 1)
+        errors[-1] = ErrorPointer(pointer="", detail=f"... and {rest + 1} more problems "
+                                                     "like these.")
     return LmspError("invalid_request", detail, param=param or pointer_to_param(pointer),
                      errors=errors)
 

@@ -64,7 +64,13 @@ def _echoed(record: TaskRecord) -> dict[str, Any]:
     ``previous_response_id`` (decoded once per stored request, then remembered)."""
     if not any(name in record.request for name in _ECHOED):   # common: nothing to decode
         return {}
-    return dict(_echo_of(record.request))
+    request = record.request
+    if len(request) > ECHO_CACHED_BYTES:   # (a cache of 1 MiB keys would hold GBs)
+        return dict(_echo_of.__wrapped__(request))
+    return dict(_echo_of(request))
+
+
+ECHO_CACHED_BYTES = 16 << 10   # requests remembered by ``_echo_of``: at most 16 MiB
 
 
 @functools.lru_cache(maxsize=1024)

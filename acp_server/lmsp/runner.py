@@ -68,6 +68,7 @@ FLUSH_S = 0.05
 FLUSH_EVENTS = 64
 MAX_PENDING = 4096
 SUBSCRIPTION_QUEUE = 2048
+IDLE_CLAIM_S = 2.0   # an idle runner claims again this often, woken or not
 
 
 class OutputLost(Exception):
@@ -247,7 +248,11 @@ class Runner:
                     await anyio.sleep(delay)
                     continue
                 backoff.reset()
-                await self._wakeup.wait()
+                # woken by a create, a finish, a notice; and looks again every
+                # IDLE_CLAIM_S anyway: a create that answered 409 (its commit outlived
+                # the idempotency wait) lands unannounced
+                with anyio.move_on_after(IDLE_CLAIM_S):
+                    await self._wakeup.wait()
                 self._wakeup = anyio.Event()
 
     async def _wait_for_slots(self) -> None:

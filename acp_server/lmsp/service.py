@@ -229,8 +229,8 @@ class LmspService:
                             "which no configured agent supports.", capability="snapshots",
                             param="on_restart")
         if request.model not in self.models:
-            raise LmspError("model_not_found", f"The model {request.model!r} does not exist.",
-                            model=request.model)
+            raise LmspError("model_not_found", f"The model {shown(request.model)!r} does "
+                            "not exist.", model=shown(request.model))
         if request.previous_response_id is not None:
             previous = await self.get_response(request.previous_response_id,
                                                param="previous_response_id", caller=caller)
@@ -265,6 +265,8 @@ class LmspService:
         except TimeoutError:
             raise LmspError("idempotency_key_in_use", "A request with this Idempotency-Key "
                             "is still being processed.") from None
+        if outcome.replayed and outcome.task.status == "queued":
+            self.runner.wake()   # its first try may have timed out unannounced (409)
         if not outcome.replayed:
             self.runner.wake()
             detail = {"text": request.prompt_text[:PROMPT_TEXT_MAX]} \
@@ -426,19 +428,23 @@ class LmspService:
                 if from_store and len(rows) == PAGE:
                     rows = None
                     continue
-                if from_store and not rows and await self._gone(task_id):
-                    return   # deleted (DELETE /responses/{id}) while streaming
+                if from_store and not rows and await self._unreadable(task_id, last):
+                    return   # deleted, or its events purged, while streaming
                 rows = watch.take(last)
                 if rows == []:
                     if not await watch.wait(self.config.keepalive_s):
                         yield []
                     rows = watch.take(last)
 
-    async def _gone(self, task_id: str) -> bool:
+    async def _unreadable(self, task_id: str, last: int) -> bool:
+        """Deleted while streaming (``DELETE /responses/{id}``), or finished with its
+        events after ``last`` purged (retention): the stream ends, and a client that
+        comes back with its cursor gets the 404 or 410 (it waited for ever before)."""
         try:
-            return await self.store.get_task(task_id) is None
+            record = await self.store.get_task(task_id)
         except StoreUnavailableError:
             return False   # the next read tells
+        return record is None or (record.status in TERMINAL and last < record.next_seq - 1)
 
     async def wait_terminal(self, task_id: str) -> TaskRecord:
         """The task once finished (or as it stands when the service closes). Every
