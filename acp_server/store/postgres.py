@@ -383,9 +383,10 @@ class PostgresTaskStore(TokenOps, AuditOps, ClaimsOne, ObservedMoves, PostgresEn
         return await self._write(op)
 
     async def list_tasks(self, principal: str | None, *, status: str | None, after: str | None,
-                         limit: int) -> list[TaskRecord]:
+                         limit: int, finished_since: float | None = None) -> list[TaskRecord]:
         return await self._read(
-            lambda conn: PG.select_page(conn, principal, status, after, limit))
+            lambda conn: PG.select_page(conn, principal, status, after, limit,
+                                           finished_since))
 
     async def claim(self, now: float, limit: int) -> list[TaskRecord]:
         lease: Extra = (f", owner = %s, lease_expires_at = {NOW} + %s",

@@ -169,9 +169,10 @@ class TaskStore(Protocol):
         transaction; ``False`` when it is unfinished or gone."""
 
     async def list_tasks(self, principal: str | None, *, status: str | None, after: str | None,
-                         limit: int) -> list[TaskRecord]:
+                         limit: int, finished_since: float | None = None) -> list[TaskRecord]:
         """Up to ``limit`` of ``principal``'s tasks (``None``: everyone's), newest
-        first, created before the task ``after`` (``GET /lmsp/v1/tasks``)."""
+        first, created before the task ``after`` (``GET /lmsp/v1/tasks``); with
+        ``finished_since``, only those not finished before it (retention)."""
 
     async def claim_next(self, now: float) -> TaskRecord | None:
         """The oldest ``queued`` task → ``loading`` (attempt + 1), or ``None``."""
@@ -347,7 +348,8 @@ def purge_statements(p: str, *, now: float, event_retention: float,
 
 
 def list_statement(p: str, *, principal: str | None, status: str | None, after: str | None,
-                   limit: int) -> tuple[str, tuple[Any, ...]]:
+                   limit: int, finished_since: float | None = None
+                   ) -> tuple[str, tuple[Any, ...]]:
     """The page query as (SQL, params) for either store (``p`` is the placeholder):
     ``limit`` rows of ``COLUMNS``, newest first, older than the task ``after``;
     ``principal`` ``None``: every principal's."""
@@ -359,6 +361,9 @@ def list_statement(p: str, *, principal: str | None, status: str | None, after: 
     if after is not None:
         where.append(f"seq < (SELECT seq FROM tasks WHERE id = {p})")
         params.append(after)
+    if finished_since is not None:
+        where.append(f"(finished_at IS NULL OR finished_at >= {p})")
+        params.append(finished_since)
     sql = f"SELECT {COLUMNS} FROM tasks WHERE {' AND '.join(where)} ORDER BY seq DESC LIMIT {p}"
     return sql, (*params, limit)
 
@@ -402,9 +407,9 @@ class Dialect:
         return None if row is None else record_from_row(row)
 
     def select_page(self, conn: Any, principal: str | None, status: str | None, after: str | None,
-                    limit: int) -> list[TaskRecord]:
+                    limit: int, finished_since: float | None = None) -> list[TaskRecord]:
         sql, params = list_statement(self.p, principal=principal, status=status, after=after,
-                                     limit=limit)
+                                     limit=limit, finished_since=finished_since)
         return [record_from_row(r) for r in conn.execute(sql, params).fetchall()]
 
     def select_events(self, conn: Any, task_id: str, after: int,

@@ -106,3 +106,22 @@ async def test_a_stream_whose_events_are_purged_ends(tmp_path: Path) -> None:
         again = await srv.client.get(f"/lmsp/v1/tasks/{task['id']}/events",
                                      headers={"Last-Event-ID": str(first[-1].seq)})
         assert again.status_code == 410
+
+
+async def test_the_listing_leaves_tasks_past_retention_out_of_its_pages(
+        tmp_path: Path) -> None:
+    clock = FakeClock()
+    config = LmspConfig(clock=clock, purge_interval_s=3600)
+    async with running_lmsp(tmp_path, config=config) as srv:
+        old = await srv.create("old")
+        await srv.wait(old["id"])
+        clock.advance(config.task_retention_s - 10)
+        new = await srv.create("new")
+        await srv.wait(new["id"])
+        clock.advance(20)   # the old one is past retention, not yet purged
+        page = (await srv.client.get("/lmsp/v1/tasks", params={"limit": 1})).json()
+        assert [t["id"] for t in page["data"]] == [new["id"]]
+        assert page["has_more"] is False   # the old one is no page's
+        older = (await srv.client.get("/lmsp/v1/tasks",
+                                      params={"after": new["id"]})).json()
+        assert older["data"] == [] and older["first_id"] is None
