@@ -224,26 +224,7 @@ class LmspService:
         stored request is ``request.canonical``; the idempotency fingerprint hashes
         those bytes and ``on_restart`` (members the service ignores are in neither);
         keys are per principal."""
-        if on_restart == "resume":
-            raise LmspError("unsupported_capability", "on_restart 'resume' needs snapshots, "
-                            "which no configured agent supports.", capability="snapshots",
-                            param="on_restart")
-        if request.model not in self.models:
-            raise LmspError("model_not_found", f"The model {shown(request.model)!r} does "
-                            "not exist.", model=shown(request.model))
-        if request.previous_response_id is not None:
-            previous = await self.get_response(request.previous_response_id,
-                                               param="previous_response_id", caller=caller)
-            if previous.status not in TERMINAL:
-                raise LmspError("response_in_progress", f"The previous response "
-                                f"{previous.response_id} has not finished yet; wait for it "
-                                "(or cancel it) before continuing it.",
-                                response_id=previous.response_id,
-                                response_status=_response_status(previous))
         now = self.config.clock()
-        task = NewTask(id=new_id("task"), response_id=new_id("resp"), on_restart=on_restart,
-                       model=request.model, principal=caller.name,
-                       request=request.canonical, created_at=now)
         idem = None
         if key is not None:
             idem = IdempotencyClaim(scope=f"{caller.name} {route}", key=key,
@@ -251,6 +232,17 @@ class LmspService:
                                         on_restart.encode() + b"\n" + request.canonical
                                     ).hexdigest(),
                                     expires_at=now + self.config.idempotency_ttl_s)
+        try:
+            await self._check_new(request, on_restart, caller)
+        except LmspError:
+            # a retry of a request that was accepted gets its task (§9.2), even when the
+            # checks would refuse it now (its previous response deleted since, say)
+            if idem is not None and (kept := await self.store.get_keyed(idem, now)):
+                return kept, True
+            raise
+        task = NewTask(id=new_id("task"), response_id=new_id("resp"), on_restart=on_restart,
+                       model=request.model, principal=caller.name,
+                       request=request.canonical, created_at=now)
         try:
             outcome = await self.store.create_task(
                 task, created_event(queued_record(task)), idem,
@@ -274,6 +266,27 @@ class LmspService:
             caller.record("task.created", outcome.task.id, response_id=outcome.task.response_id,
                           model=request.model, **detail)
         return outcome.task, outcome.replayed
+
+    async def _check_new(self, request: ResponseRequest, on_restart: str,
+                         caller: Caller) -> None:
+        """What a new task must pass: a known model, a finished previous response of
+        the caller's, an ``on_restart`` the agents support (``LmspError``)."""
+        if on_restart == "resume":
+            raise LmspError("unsupported_capability", "on_restart 'resume' needs snapshots, "
+                            "which no configured agent supports.", capability="snapshots",
+                            param="on_restart")
+        if request.model not in self.models:
+            raise LmspError("model_not_found", f"The model {shown(request.model)!r} does "
+                            "not exist.", model=shown(request.model))
+        if request.previous_response_id is not None:
+            previous = await self.get_response(request.previous_response_id,
+                                               param="previous_response_id", caller=caller)
+            if previous.status not in TERMINAL:
+                raise LmspError("response_in_progress", f"The previous response "
+                                f"{previous.response_id} has not finished yet; wait for it "
+                                "(or cancel it) before continuing it.",
+                                response_id=previous.response_id,
+                                response_status=_response_status(previous))
 
     async def get_task(self, task_id: str, caller: Caller | None = None) -> TaskRecord:
         """The task; 404 when unknown, past retention, or not ``caller``'s to see."""

@@ -373,6 +373,9 @@ class PostgresTaskStore(TokenOps, AuditOps, ClaimsOne, ObservedMoves, PostgresEn
     async def get_by_response(self, response_id: str) -> TaskRecord | None:
         return await self._read(lambda conn: PG.select_by_response(conn, response_id))
 
+    async def get_keyed(self, idem: IdempotencyClaim, now: float) -> TaskRecord | None:
+        return await self._read(lambda conn: PG.select_keyed(conn, idem, now))
+
     async def delete_task(self, task_id: str) -> bool:
         def op(conn: Conn, out: list[CommittedEvent], state: Batch) -> bool:
             deleted = PG.delete_finished(conn, task_id)

@@ -421,6 +421,9 @@ class SqliteTaskStore(TokenOps, AuditOps, ClaimsOne, ObservedMoves,
     async def get_by_response(self, response_id: str) -> TaskRecord | None:
         return await self._read(lambda conn: SQL.select_by_response(conn, response_id))
 
+    async def get_keyed(self, idem: IdempotencyClaim, now: float) -> TaskRecord | None:
+        return await self._read(lambda conn: SQL.select_keyed(conn, idem, now))
+
     async def delete_task(self, task_id: str) -> bool:
         return await self._write(lambda conn, out: SQL.delete_finished(conn, task_id))
 

@@ -164,6 +164,10 @@ class TaskStore(Protocol):
     async def get_by_response(self, response_id: str) -> TaskRecord | None:
         """The task that produces ``response_id`` (indexed)."""
 
+    async def get_keyed(self, idem: IdempotencyClaim, now: float) -> TaskRecord | None:
+        """The task a live key names with the same fingerprint (a read: nothing is
+        claimed or deleted), else ``None``."""
+
     async def delete_task(self, task_id: str) -> bool:
         """Deletes a *finished* task with its events and idempotency keys, in one
         transaction; ``False`` when it is unfinished or gone."""
@@ -400,6 +404,14 @@ class Dialect:
         row = conn.execute(f"SELECT {COLUMNS} FROM tasks WHERE id = {self.p}"
                            f"{self.lock if lock else ''}", (task_id,)).fetchone()
         return None if row is None else record_from_row(row)
+
+    def select_keyed(self, conn: Any, idem: IdempotencyClaim, now: float) -> TaskRecord | None:
+        row = conn.execute(f"SELECT fingerprint, task_id, expires_at FROM idempotency_keys "
+                           f"WHERE scope = {self.p} AND key = {self.p}",
+                           (idem.scope, idem.key)).fetchone()
+        if row is None or row[0] != idem.fingerprint or row[2] <= now:
+            return None
+        return self.select_task(conn, row[1])
 
     def select_by_response(self, conn: Any, response_id: str) -> TaskRecord | None:
         row = conn.execute(f"SELECT {COLUMNS} FROM tasks WHERE response_id = {self.p}",

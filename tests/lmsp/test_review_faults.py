@@ -125,3 +125,27 @@ async def test_the_listing_leaves_tasks_past_retention_out_of_its_pages(
         older = (await srv.client.get("/lmsp/v1/tasks",
                                       params={"after": new["id"]})).json()
         assert older["data"] == [] and older["first_id"] is None
+
+
+async def test_a_retry_gets_its_task_even_when_its_checks_would_now_refuse_it(
+        tmp_path: Path) -> None:
+    """§9.2: same key, same body, the same task; here after the previous response it
+    continued was deleted (the check alone would answer 404)."""
+    async with running_lmsp(tmp_path) as srv:
+        first = await srv.client.post("/lmsp/v1/responses", json={
+            "model": "reference", "input": "one"})
+        assert first.status_code == 200, first.text
+        body = {"model": "reference", "input": "two",
+                "previous_response_id": first.json()["id"]}
+        key = {"Idempotency-Key": "continue-1"}
+        second = await srv.client.post("/lmsp/v1/responses", json=body, headers=key)
+        assert second.status_code == 200, second.text
+        deleted = await srv.client.delete(f"/lmsp/v1/responses/{first.json()['id']}")
+        assert deleted.status_code == 200
+        again = await srv.client.post("/lmsp/v1/responses", json=body, headers=key)
+        assert again.status_code == 200, again.text
+        assert again.headers["idempotent-replayed"] == "true"
+        assert again.json()["id"] == second.json()["id"]
+        fresh = await srv.client.post("/lmsp/v1/responses", json=body)   # no key: checked
+        assert fresh.status_code == 404
+        assert fresh.json()["code"] == "response_not_found"
