@@ -237,7 +237,8 @@ class LmspService:
         except LmspError:
             # a retry of a request that was accepted gets its task (§9.2), even when the
             # checks would refuse it now (its previous response deleted since, say)
-            if idem is not None and (kept := await self.store.get_keyed(idem, now)):
+            if idem is not None and (kept := await self.store.get_keyed(idem, now)) \
+                    and not self._task_expired(kept, now):
                 return kept, True
             raise
         task = NewTask(id=new_id("task"), response_id=new_id("resp"), on_restart=on_restart,
@@ -248,6 +249,14 @@ class LmspService:
                 task, created_event(queued_record(task)), idem,
                 timeout=self.config.idempotency_wait_s if idem is not None else None,
                 max_queued=self.config.max_queued_tasks)
+            if outcome.replayed and self._task_expired(outcome.task, now):
+                # a key never outlives its task (§9.2): the task is past retention (gone
+                # to every read), so it and its key go now, and the request is new
+                await self.store.delete_task(outcome.task.id)
+                outcome = await self.store.create_task(
+                    task, created_event(queued_record(task)), idem,
+                    timeout=self.config.idempotency_wait_s,
+                    max_queued=self.config.max_queued_tasks)
         except KeyReusedError:
             raise LmspError("idempotency_key_reused", "This Idempotency-Key was used with a "
                             "different request body.") from None

@@ -149,3 +149,23 @@ async def test_a_retry_gets_its_task_even_when_its_checks_would_now_refuse_it(
         fresh = await srv.client.post("/lmsp/v1/responses", json=body)   # no key: checked
         assert fresh.status_code == 404
         assert fresh.json()["code"] == "response_not_found"
+
+
+async def test_a_key_never_outlives_its_task(tmp_path: Path) -> None:
+    """A task past retention (not purged yet) is gone, and so is its key: the same key
+    and body make a new task; another body is not 422 for a key that is gone."""
+    clock = FakeClock()
+    config = LmspConfig(clock=clock, purge_interval_s=3600, task_retention_s=60,
+                        idempotency_ttl_s=3600)
+    async with running_lmsp(tmp_path, config=config) as srv:
+        key = {"Idempotency-Key": "k-1"}
+        first = await srv.create("same", headers=key)
+        await srv.wait(first["id"])
+        clock.advance(120)   # past the task's retention, within the key's TTL
+        assert (await srv.client.get(f"/lmsp/v1/tasks/{first['id']}")).status_code == 404
+        again = await srv.client.post("/lmsp/v1/tasks", json=envelope("same"), headers=key)
+        assert again.status_code == 202, again.text
+        assert again.json()["id"] != first["id"] and "idempotent-replayed" not in again.headers
+        other = await srv.client.post("/lmsp/v1/tasks", json=envelope("other"),
+                                      headers={"Idempotency-Key": "k-1"})
+        assert other.status_code == 422   # the new task's key is live: reused
