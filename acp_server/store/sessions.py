@@ -514,7 +514,7 @@ class StoreSessionJournal(SessionWrites, SessionReads):
                 lambda conn: self._restore_in(conn, "id = %s", (session_id,),
                                               settled=settled))
         except BaseException:
-            with anyio.CancelScope(shield=True):
+            with anyio.move_on_after(5, shield=True):   # a dead store: the lease expires
                 with contextlib.suppress(Exception):
                     await self.let_go(session_id)
             raise
