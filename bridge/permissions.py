@@ -25,7 +25,8 @@ unknown request (or one of another session, when ``session_id`` is given), raise
 ``InvalidPermissionOptionError`` and leaves the request pending. A timeout (when
 set, reason ``timeout``), a cancel, a close, the agent's death or the agent
 withdrawing its request (``$/cancel_request``: the caller of ``request`` is
-cancelled, reason ``request_cancelled``) resolve it as ``{"outcome": "cancelled"}``. Each resolution publishes one ``permission_resolved``
+cancelled, reason ``request_cancelled``) resolve it as ``{"outcome": "cancelled"}``.
+Each resolution publishes one ``permission_resolved``
 (``bridge.events.PermissionResolved``: the outcome, the voter, the reason). At most
 ``MAX_PENDING_PER_SESSION`` requests wait per session; past it (or on a closing
 session) a request is answered ``cancelled`` at once.

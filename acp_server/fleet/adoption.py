@@ -142,8 +142,9 @@ class Fleet:
         ``SessionNotFoundError`` before anything is asked or adopted. Not given in time
         (busy, or the owner paused or unreachable), or not adopted (another instance
         won it, or it could not be restored): ``SessionBusyElsewhereError``, a
-        retryable 503 / ``session_busy_elsewhere``, never a fresh session over it. A session with no lease goes on as
-        before. The store's faults are ``JournalUnavailableError``."""
+        retryable 503 / ``session_busy_elsewhere``, never a fresh session over it. A
+        session with no lease goes on as before. The store's faults are
+        ``JournalUnavailableError``."""
         leases = self.leases
         try:
             owner = await self.journal.store._read(lambda conn: leases.owner(conn, sid))

@@ -16,9 +16,9 @@ Contracts:
   instance. A client's own copies of these headers are dropped.
 * The body is read first, at most ``max_body_bytes + 1`` bytes (the owner answers a
   larger one with its own 413); a client that goes away before sending all of it has
-  nothing forwarded (the owner never acts on half a request); the response (an SSE stream too) is relayed chunk by
-  chunk as it arrives, unbuffered, undecoded. A client that goes away ends the relay
-  and the upstream request.
+  nothing forwarded (the owner never acts on half a request); the response (an SSE
+  stream too) is relayed chunk by chunk as it arrives, unbuffered, undecoded. A client
+  that goes away ends the relay and the upstream request.
 * An owner that cannot be reached, or does not answer with its headers within
   ``HEADERS_TIMEOUT_S`` (30 s; a paused process's kernel still accepts), or whose
   registry heartbeat stopped meanwhile (``alive``, checked every ``check_s``: a paused
@@ -112,15 +112,15 @@ class Forwarder:
         headers = [(k, v) for k, v in scope["headers"] if k.lower() not in HOP_BY_HOP]
         by = self.instance.encode()
         headers.append((FORWARDED_HEADER, by))
+        path = scope.get("raw_path") or scope["path"].encode()
         secret = self.secret() if self.secret is not None else None
         client = scope.get("client")
         if secret and client:   # the caller's address, proved (acp_server.http.clients)
             address = str(client[0]).encode("latin-1")
-            path = scope.get("raw_path") or scope["path"].encode()
             headers.append((FORWARDED_FOR_HEADER, address))
             headers.append((FORWARDED_PROOF_HEADER,
                             proof(secret, by, address, scope["method"].encode(), path)))
-        target = base_url + scope.get("raw_path", scope["path"].encode()).decode("latin-1")
+        target = base_url + path.decode("latin-1")
         if scope.get("query_string"):
             target += "?" + scope["query_string"].decode("latin-1")
         request = self.client.build_request(scope["method"], target, headers=headers,

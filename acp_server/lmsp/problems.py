@@ -81,12 +81,11 @@ def invalid(pointer: str, detail: str, *more: tuple[str, str], param: str | None
             ) -> LmspError:
     """400 ``invalid_request``; ``param`` defaults to the first pointer, dotted. At
     most ``MAX_ERROR_POINTERS`` pointers; past them the last says how many more."""
-    errors = [ErrorPointer(pointer=pointer, detail=detail)]
-    errors += [ErrorPointer(pointer=p, detail=d) for p, d in more[:MAX_ERROR_POINTERS - 1]]
-    if len(more) >= MAX_ERROR_POINTERS:
-        rest = len(more) - (MAX_ERROR_POINTERS - 1)
-        errors[-1] = ErrorPointer(pointer="", detail=f"... and {rest + 1} more problems "
-                                                     "like these.")
+    found = [(pointer, detail), *more]
+    if len(found) > MAX_ERROR_POINTERS:
+        kept = MAX_ERROR_POINTERS - 1
+        found[kept:] = [("", f"... and {len(found) - kept} more problems like these.")]
+    errors = [ErrorPointer(pointer=p, detail=d) for p, d in found]
     return LmspError("invalid_request", detail, param=param or pointer_to_param(pointer),
                      errors=errors)
 

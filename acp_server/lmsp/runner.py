@@ -329,12 +329,13 @@ class Runner:
             handle.ticket = ticket
             if handle.cancel_requested:
                 ticket.cancel("lmsp_cancel")
-            subscription = bridge.subscribe(session_id, last_event_id=ticket.last_event_id,
-                                            max_queued=SUBSCRIPTION_QUEUE)
-            handle.subscription, handle.last_read = subscription, ticket.last_event_id
+            handle.subscription = bridge.subscribe(session_id,
+                                                   last_event_id=ticket.last_event_id,
+                                                   max_queued=SUBSCRIPTION_QUEUE)
+            handle.last_read = ticket.last_event_id
             writer = DeltaWriter(self.store, record.id, in_progress_event(record), self.clock)
             try:
-                await self._pump(attempt, ticket, subscription, handle, bridge, writer)
+                await self._pump(attempt, ticket, handle, bridge, writer)
             except OutputLost as exc:
                 ticket.cancel("output_lost")
                 await writer.write(writer.tail)
@@ -402,8 +403,8 @@ class Runner:
             return
         await self._end_cancelled(record, Attempt(record, ""))
 
-    async def _pump(self, attempt: Attempt, ticket: PromptTicket, subscription: Any,
-                    handle: _Handle, bridge: Bridge, writer: DeltaWriter) -> None:
+    async def _pump(self, attempt: Attempt, ticket: PromptTicket, handle: _Handle,
+                    bridge: Bridge, writer: DeltaWriter) -> None:
         """Session updates → events, until the prompt's turn ends. Reading never waits
         for the store (so the bridge's subscription queue does not back up); ``writer``
         commits what accumulated. When the turn ended, the events not yet written are
@@ -413,7 +414,7 @@ class Runner:
         common case) runs no writer task at all: nothing was due to be written before
         its final commit. Past either, ``writer.run`` starts with the opening due."""
         with anyio.move_on_after(FLUSH_S):
-            ended = await self._read(attempt, ticket, subscription, handle, bridge, writer,
+            ended = await self._read(attempt, ticket, handle, bridge, writer,
                                      fast=True)
             if ended:
                 writer.tail, writer.pending = writer.pending, []
@@ -422,7 +423,7 @@ class Runner:
         async with anyio.create_task_group() as tg:
             tg.start_soon(writer.run, True)
             try:
-                await self._read(attempt, ticket, subscription, handle, bridge, writer,
+                await self._read(attempt, ticket, handle, bridge, writer,
                                  fast=False)
             except OutputLost as exc:
                 lost = exc   # raised as itself, not in the task group's exception group
@@ -431,11 +432,10 @@ class Runner:
         if lost is not None:
             raise lost
 
-    async def _read(self, attempt: Attempt, ticket: PromptTicket, subscription: Any,
-                    handle: _Handle, bridge: Bridge, writer: DeltaWriter, *,
-                    fast: bool) -> bool:
-        """Reads ``subscription`` into ``writer`` until the turn ends (``True``, with
-        ``writer.hold_tail`` set) or the subscription does (``False``); ``fast``: also
+    async def _read(self, attempt: Attempt, ticket: PromptTicket, handle: _Handle,
+                    bridge: Bridge, writer: DeltaWriter, *, fast: bool) -> bool:
+        """Reads ``handle.subscription`` into ``writer`` until the turn ends (``True``,
+        with ``writer.hold_tail`` set) or the subscription does (``False``); ``fast``: also
         stops (``False``) once ``FLUSH_EVENTS`` are pending (the writer is due).
 
         A subscription the bus evicted (the store was slow: ``writer.add`` waited and

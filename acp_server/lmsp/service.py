@@ -244,19 +244,20 @@ class LmspService:
         task = NewTask(id=new_id("task"), response_id=new_id("resp"), on_restart=on_restart,
                        model=request.model, principal=caller.name,
                        request=request.canonical, created_at=now)
-        try:
-            outcome = await self.store.create_task(
+
+        async def create() -> Any:
+            return await self.store.create_task(
                 task, created_event(queued_record(task)), idem,
                 timeout=self.config.idempotency_wait_s if idem is not None else None,
                 max_queued=self.config.max_queued_tasks)
+
+        try:
+            outcome = await create()
             if outcome.replayed and self._task_expired(outcome.task, now):
                 # a key never outlives its task (§9.2): the task is past retention (gone
                 # to every read), so it and its key go now, and the request is new
                 await self.store.delete_task(outcome.task.id)
-                outcome = await self.store.create_task(
-                    task, created_event(queued_record(task)), idem,
-                    timeout=self.config.idempotency_wait_s,
-                    max_queued=self.config.max_queued_tasks)
+                outcome = await create()
         except KeyReusedError:
             raise LmspError("idempotency_key_reused", "This Idempotency-Key was used with a "
                             "different request body.") from None
@@ -266,10 +267,9 @@ class LmspService:
         except TimeoutError:
             raise LmspError("idempotency_key_in_use", "A request with this Idempotency-Key "
                             "is still being processed.") from None
-        if outcome.replayed and outcome.task.status == "queued":
-            self.runner.wake()   # its first try may have timed out unannounced (409)
+        if not outcome.replayed or outcome.task.status == "queued":
+            self.runner.wake()   # (a replay: its first try may have timed out, a 409)
         if not outcome.replayed:
-            self.runner.wake()
             detail = {"text": request.prompt_text[:PROMPT_TEXT_MAX]} \
                 if caller.gate.audit.prompts else {}
             caller.record("task.created", outcome.task.id, response_id=outcome.task.response_id,

@@ -405,10 +405,14 @@ class Dialect:
                            f"{self.lock if lock else ''}", (task_id,)).fetchone()
         return None if row is None else record_from_row(row)
 
+    def _key_row(self, conn: Any, idem: IdempotencyClaim, *, lock: bool = False) -> Any:
+        """(fingerprint, task id, expires_at) of ``idem``'s key, or ``None``."""
+        return conn.execute(f"SELECT fingerprint, task_id, expires_at FROM idempotency_keys "
+                            f"WHERE scope = {self.p} AND key = {self.p}"
+                            f"{self.lock if lock else ''}", (idem.scope, idem.key)).fetchone()
+
     def select_keyed(self, conn: Any, idem: IdempotencyClaim, now: float) -> TaskRecord | None:
-        row = conn.execute(f"SELECT fingerprint, task_id, expires_at FROM idempotency_keys "
-                           f"WHERE scope = {self.p} AND key = {self.p}",
-                           (idem.scope, idem.key)).fetchone()
+        row = self._key_row(conn, idem)
         if row is None or row[0] != idem.fingerprint or row[2] <= now:
             return None
         return self.select_task(conn, row[1])
@@ -439,9 +443,7 @@ class Dialect:
         """The task a live key already names (``replayed``; ``KeyReusedError`` for another
         fingerprint), else ``None`` after deleting a stale key: the caller inserts it."""
         p = self.p
-        row = conn.execute(f"SELECT fingerprint, task_id, expires_at FROM idempotency_keys "
-                           f"WHERE scope = {p} AND key = {p}{self.lock}",
-                           (idem.scope, idem.key)).fetchone()
+        row = self._key_row(conn, idem, lock=True)
         existing = self.select_task(conn, row[1]) if row is not None else None
         if row is not None and existing is not None and row[2] > created_at:
             if row[0] != idem.fingerprint:
