@@ -42,6 +42,13 @@ def text(value: str) -> list[dict[str, Any]]:
     return [{"type": "text", "text": value}]
 
 
+def said(messages: list[dict[str, Any]]) -> str:
+    """The agent's text in ``messages``: its ``agent_message_chunk`` updates, joined."""
+    return "".join(m["params"]["update"]["content"]["text"] for m in messages
+                   if m.get("method") == "session/update"
+                   and m["params"]["update"]["sessionUpdate"] == "agent_message_chunk")
+
+
 @dataclass
 class Sse:
     """Frames of one open SSE stream, collected in the background."""

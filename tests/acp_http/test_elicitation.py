@@ -15,7 +15,7 @@ import pytest
 from bridge import BridgeOptions
 from bridge.wire import envelope
 from tests.acp_http.extended_agent import ExtendedFactory
-from tests.acp_http.server import request, running_acp_server, text
+from tests.acp_http.server import request, running_acp_server, said, text
 from tests.acp_http.wsclient import WsClient, ws_connect
 
 pytestmark = pytest.mark.anyio
@@ -26,12 +26,6 @@ OFFERS = {"protocolVersion": 1, "clientCapabilities": {"elicitation": {"form": {
 async def _open(ws: WsClient, init: dict[str, Any]) -> None:
     await ws.send_json(request(0, "initialize", init))
     await ws.receive_json()
-
-
-def _said(messages: list[dict[str, Any]]) -> str:
-    return "".join(m["params"]["update"]["content"]["text"] for m in messages
-                   if m.get("method") == "session/update"
-                   and m["params"]["update"]["sessionUpdate"] == "agent_message_chunk")
 
 
 async def test_first_answer_wins_among_the_clients_that_offer_it(tmp_path: Path) -> None:
@@ -66,7 +60,7 @@ async def test_first_answer_wins_among_the_clients_that_offer_it(tmp_path: Path)
             seen: list[dict[str, Any]] = []
             done = await first.wait_for(lambda m: seen.append(m) or m.get("id") == 2)
             assert done["result"]["stopReason"] == "end_turn"
-            assert _said(seen) == 'Elicited accept {"name": "Ada"}'
+            assert said(seen) == 'Elicited accept {"name": "Ada"}'
             # answered by another client: the first one's question is withdrawn (ACP's
             # $/cancel_request), right after the resolution's notification
             kinds = [m.get("method") for m in seen]
@@ -108,7 +102,7 @@ async def test_a_url_elicitation_completes_and_an_unanswered_one_times_out(
                                                              "prompt": text("/elicit form")}))
             seen: list[dict[str, Any]] = []
             await ws.wait_for(lambda m: seen.append(m) or m.get("id") == 3)
-            assert _said(seen) == "Elicited cancel null"
+            assert said(seen) == "Elicited cancel null"
             resolved = [m for m in seen if m.get("method") == "_qwen/notify"
                         and m["params"]["kind"] == "elicitation_resolved"]
             assert resolved[0]["params"]["data"]["reason"] == "timeout"

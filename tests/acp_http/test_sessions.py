@@ -8,7 +8,7 @@ from typing import Any
 import anyio
 import pytest
 
-from tests.acp_http.server import RunningAcpServer, request, text
+from tests.acp_http.server import RunningAcpServer, request, said, text
 
 pytestmark = pytest.mark.anyio
 
@@ -54,10 +54,7 @@ async def test_permission_round_trip(server: RunningAcpServer) -> None:
             assert response.status_code == 202
             reply = await session_stream.wait_for_id(2)
             assert reply["result"]["stopReason"] == "end_turn"
-            chunks = "".join(m["params"]["update"]["content"]["text"]
-                             for m in session_stream.messages
-                             if m.get("method") == "session/update"
-                             and m["params"]["update"]["sessionUpdate"] == "agent_message_chunk")
+            chunks = said(session_stream.messages)
             assert f"Permission allowed ({option})." in chunks
             assert not server.bridge.permissions.pending_count
 
@@ -132,10 +129,7 @@ async def test_a_live_session_loaded_without_its_stream_answers_behind_the_histo
         assert (await other_stream.wait_for_id(3))["result"] == {}
         before = other_stream.messages[:other_stream.messages.index(
             next(m for m in other_stream.messages if m.get("id") == 3))]
-        said = "".join(m["params"]["update"]["content"]["text"] for m in before
-                       if m.get("method") == "session/update"
-                       and m["params"]["update"]["sessionUpdate"] == "agent_message_chunk")
-        assert said == "Echo: remember me"
+        assert said(before) == "Echo: remember me"
 
 
 async def test_list_close_resume_load(server: RunningAcpServer) -> None:
@@ -318,11 +312,7 @@ async def test_a_question_resolved_elsewhere_is_withdrawn(server: RunningAcpServ
             assert late.status_code == 202
             reply = await session_stream.wait_for_id(2)
             assert reply["result"]["stopReason"] == "end_turn"
-            said = "".join(m["params"]["update"]["content"]["text"]
-                           for m in session_stream.messages
-                           if m.get("method") == "session/update"
-                           and m["params"]["update"]["sessionUpdate"] == "agent_message_chunk")
-            assert "Permission allowed (allow_once)." in said
+            assert "Permission allowed (allow_once)." in said(session_stream.messages)
 
             # the turn that asked is cancelled: its question is withdrawn too
             await server.prompt(conn_id, sid, 3, "/permission then cancel")
@@ -383,10 +373,6 @@ async def test_an_agent_withdraws_its_permission_request(tmp_path: Any) -> None:
                 assert resolved["requestId"] == ask["id"]
                 assert resolved["outcome"] == {"outcome": "cancelled"}
                 assert resolved["reason"] == "request_cancelled"
-                said = "".join(m["params"]["update"]["content"]["text"]
-                               for m in session_stream.messages
-                               if m.get("method") == "session/update"
-                               and m["params"]["update"]["sessionUpdate"]
-                               == "agent_message_chunk")
-                assert said == 'withdrawn: {"code": -32800, "message": "Request cancelled"}'
+                assert said(session_stream.messages) == \
+                    'withdrawn: {"code": -32800, "message": "Request cancelled"}'
                 assert not srv.bridge.permissions.pending_count

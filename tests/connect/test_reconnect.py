@@ -43,6 +43,17 @@ async def start(adapter: Adapter, srv: RunningAcpServer) -> str:
     return created["result"]["sessionId"]  # type: ignore[no-any-return]
 
 
+def restart_behind(relay: TcpRelay, child: ServeProcess) -> None:
+    """``kill -9`` the server behind ``relay`` and start it again on the same state (a
+    new port): the adapter's links are cut and its next one reaches the new server."""
+    relay.refusing = True
+    child.kill()
+    child.start()
+    relay.target_port = child.port
+    relay.cut()
+    relay.refusing = False
+
+
 async def cut_until(relay: TcpRelay, condition: Any) -> None:
     """Drop every connection and refuse new ones until ``condition`` holds."""
     relay.refusing = True
@@ -180,12 +191,7 @@ async def test_kill_9_of_a_real_server_through_the_adapter(tmp_path: Path) -> No
             await adapter.send({"jsonrpc": "2.0", "id": "turn", "method": "session/prompt",
                                 "params": {"sessionId": sid, "prompt": text("/sleep 30s slow")}})
             await adapter.until(echo_of("/sleep 30s slow"))
-            relay.refusing = True
-            child.kill()
-            child.start()                      # a new port, the same state
-            relay.target_port = child.port
-            relay.cut()
-            relay.refusing = False
+            restart_behind(relay, child)
             error = (await adapter.response("turn", timeout=60))["error"]
             assert error["data"]["errorCode"] == "server_restarted"
             later = await adapter.request("session/prompt", {"sessionId": sid,
@@ -264,12 +270,7 @@ async def test_a_question_open_at_a_kill_9_is_withdrawn_after_the_restart(
             await adapter.send({"jsonrpc": "2.0", "id": "turn", "method": "session/prompt",
                                 "params": {"sessionId": sid, "prompt": text("/permission x")}})
             ask = await adapter.until(lambda m: m.get("method") == "session/request_permission")
-            relay.refusing = True
-            child.kill()
-            child.start()                      # a new port, the same state
-            relay.target_port = child.port
-            relay.cut()
-            relay.refusing = False
+            restart_behind(relay, child)
             error = (await adapter.response("turn", timeout=60))["error"]
             assert error["data"]["errorCode"] == "server_restarted"
             await adapter.until(lambda m: m.get("method") == "$/cancel_request")

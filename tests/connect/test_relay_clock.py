@@ -12,9 +12,24 @@ import pytest
 
 from acp_server.connect.link import TOO_BIG, MessageTooLarge
 from acp_server.connect.relay import HEALTHY_AFTER_S, MAX_ATTEMPTS, Backoff, Relay
-from tests.connect.fakes import FakeClock, FakeLink, FakeServer, echo_result, editor_and_relay
+from tests.connect.fakes import (
+    FakeClock,
+    FakeEditor,
+    FakeLink,
+    FakeServer,
+    echo_result,
+    editor_and_relay,
+)
 
 pytestmark = pytest.mark.anyio
+
+
+async def _open_session(editor: FakeEditor) -> dict[str, Any]:
+    """``initialize`` (id 1), then ``session/new`` (id 2): its answer."""
+    await editor.request("initialize", {}, 1)
+    await editor.response(1)
+    await editor.request("session/new", {"cwd": "/w", "mcpServers": []}, 2)
+    return await editor.response(2)
 
 
 def kind(message: dict[str, Any]) -> Any:
@@ -218,10 +233,7 @@ async def test_a_reattach_refused_for_now_is_retried_not_a_lost_session() -> Non
               "data": {"errorKind": "store_unavailable"}}
     server = session_server([outage] * (MAX_ATTEMPTS + 1))
     async with editor_and_relay(server, FakeClock()) as (editor, relay):
-        await editor.request("initialize", {}, 1)
-        await editor.response(1)
-        await editor.request("session/new", {"cwd": "/w", "mcpServers": []}, 2)
-        assert (await editor.response(2))["result"] == {"sessionId": "s1"}
+        assert (await _open_session(editor))["result"] == {"sessionId": "s1"}
         await editor.request("session/prompt", {"sessionId": "s1", "prompt": "hi"}, 3)
         await _until(lambda: any(m.get("method") == "session/prompt"
                                  for m in server.received))
@@ -235,10 +247,7 @@ async def test_a_reattach_refused_for_now_is_retried_not_a_lost_session() -> Non
 async def test_a_reattach_answered_no_such_session_loses_the_session() -> None:
     server = session_server([{"code": -32602, "message": "Session not found: s1"}])
     async with editor_and_relay(server, FakeClock()) as (editor, relay):
-        await editor.request("initialize", {}, 1)
-        await editor.response(1)
-        await editor.request("session/new", {"cwd": "/w", "mcpServers": []}, 2)
-        await editor.response(2)
+        await _open_session(editor)
         await editor.request("session/prompt", {"sessionId": "s1", "prompt": "hi"}, 3)
         await _until(lambda: any(m.get("method") == "session/prompt"
                                  for m in server.received))
@@ -270,10 +279,7 @@ async def test_a_close_sent_while_down_is_not_reattached_and_no_session_is_done(
 
     server = FakeServer(answer=answer)
     async with editor_and_relay(server, FakeClock(), give_up_after_s=10**9) as (editor, relay):
-        await editor.request("initialize", {}, 1)
-        await editor.response(1)
-        await editor.request("session/new", {"cwd": "/w", "mcpServers": []}, 2)
-        await editor.response(2)
+        await _open_session(editor)
         server.refusing = "server_unreachable"
         server.lose_all()
         await _until(lambda: server.refused > 0)
@@ -302,10 +308,7 @@ async def test_a_request_left_waiting_when_its_session_closes_is_answered() -> N
 
     server = FakeServer(answer=answer)
     async with editor_and_relay(server, FakeClock()) as (editor, relay):
-        await editor.request("initialize", {}, 1)
-        await editor.response(1)
-        await editor.request("session/new", {"cwd": "/w", "mcpServers": []}, 2)
-        await editor.response(2)
+        await _open_session(editor)
         await editor.request("session/prompt", {"sessionId": "s1", "prompt": "hi"}, 3)
         await _until(lambda: any(m.get("method") == "session/prompt"
                                  for m in server.received))
@@ -429,10 +432,7 @@ async def test_a_question_of_an_epoch_the_server_lost_is_withdrawn(how: str) -> 
 
     server = FakeServer(answer=answer)
     async with editor_and_relay(server, FakeClock()) as (editor, relay):
-        await editor.request("initialize", {}, 1)
-        await editor.response(1)
-        await editor.request("session/new", {"cwd": "/w", "mcpServers": []}, 2)
-        await editor.response(2)
+        await _open_session(editor)
         asked = await editor.until(lambda m: m.get("method") == "session/request_permission")
         assert asked["id"] == "q1" and "_meta" not in asked["params"]
         assert relay.book.cursor("s1") == (2, "e1")   # before the unanswered question
