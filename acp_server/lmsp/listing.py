@@ -11,9 +11,12 @@ Contracts:
 * Only the caller's tasks (its principal's; every principal's for an admin or with
   ``--share-sessions``), in creation order reversed; tasks past the task retention window are left out, as ``GET
   /tasks/{id}`` answers 404 for them.
-* ``limit`` 1..100 (default 20); ``after`` is the ``last_id`` of the previous page and
-  must name a task of the caller; ``status`` is one task status. Anything else is a
-  400 ``invalid_request`` problem naming the parameter.
+* ``limit`` 1..100 (default 20); ``after`` is the ``last_id`` of the previous page: the
+  page holds the tasks created before it. An ``after`` that names no task of the
+  caller (deleted or purged since, or never the caller's) still pages: its id is a
+  ULID, so the page holds the tasks whose ids sort before it (a task created within
+  the same few milliseconds may be shown twice or not at all). ``status`` is one task status.
+  A malformed parameter is a 400 ``invalid_request`` problem naming it.
 * Each item is the task object (§7.1) plus ``model``, ``input_text`` (the text the
   agent is sent, cut to ``INPUT_PREVIEW_CHARS``) and ``usage`` (the final response's
   usage, ``null`` until the task has ended).
@@ -27,7 +30,7 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from acp_server.lmsp.problems import LmspError, shown
+from acp_server.lmsp.problems import LmspError
 from acp_server.lmsp.requests import decode_stored
 from acp_server.lmsp.service import LmspService
 from acp_server.principals import caller_of
@@ -86,14 +89,14 @@ async def list_tasks(request: Request, service: LmspService) -> Response:
     caller = caller_of(request.scope)
     # an admin (or --share-sessions) lists every principal's tasks
     principal = None if caller.sees(None) else caller.name
-    if after is not None:
-        anchor = await service.store.get_task(after)
-        if anchor is None or not caller.sees(anchor.principal):
-            raise _invalid("after", f"No task {shown(after)!r} to page after.")
+    by_id = False
+    if after is not None:   # an anchor gone since (deleted, purged) or not the caller's
+        anchor = await service.store.get_task(after)   # is a place in time: its id's
+        by_id = anchor is None or not caller.sees(anchor.principal)
     now = service.config.clock()
     records = await service.store.list_tasks(   # tasks past retention are left out
         principal, status=status, after=after, limit=limit + 1,
-        finished_since=now - service.config.task_retention_s)
+        finished_since=now - service.config.task_retention_s, after_by_id=by_id)
     page = records[:limit]
     items = [summary(service, r) for r in page]
     body = TaskList(data=items, first_id=page[0].id if page else None,

@@ -113,6 +113,7 @@ def queued_count(conn: Conn) -> int:
 
 class PostgresDialect(Dialect):
     p = "%s"
+    binary = ' COLLATE "C"'
     lock = " FOR UPDATE"
     skip_locked = " FOR UPDATE SKIP LOCKED"
 
@@ -386,10 +387,11 @@ class PostgresTaskStore(TokenOps, AuditOps, ClaimsOne, ObservedMoves, PostgresEn
         return await self._write(op)
 
     async def list_tasks(self, principal: str | None, *, status: str | None, after: str | None,
-                         limit: int, finished_since: float | None = None) -> list[TaskRecord]:
+                         limit: int, finished_since: float | None = None,
+                         after_by_id: bool = False) -> list[TaskRecord]:
         return await self._read(
             lambda conn: PG.select_page(conn, principal, status, after, limit,
-                                           finished_since))
+                                           finished_since, after_by_id))
 
     async def claim(self, now: float, limit: int) -> list[TaskRecord]:
         lease: Extra = (f", owner = %s, lease_expires_at = {NOW} + %s",

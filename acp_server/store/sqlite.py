@@ -428,10 +428,11 @@ class SqliteTaskStore(TokenOps, AuditOps, ClaimsOne, ObservedMoves,
         return await self._write(lambda conn, out: SQL.delete_finished(conn, task_id))
 
     async def list_tasks(self, principal: str | None, *, status: str | None, after: str | None,
-                         limit: int, finished_since: float | None = None) -> list[TaskRecord]:
+                         limit: int, finished_since: float | None = None,
+                         after_by_id: bool = False) -> list[TaskRecord]:
         return await self._read(
             lambda conn: SQL.select_page(conn, principal, status, after, limit,
-                                           finished_since))
+                                           finished_since, after_by_id))
 
     async def claim(self, now: float, limit: int) -> list[TaskRecord]:
         def op(conn: sqlite3.Connection, out: list[CommittedEvent]) -> list[TaskRecord]:

@@ -173,10 +173,13 @@ class TaskStore(Protocol):
         transaction; ``False`` when it is unfinished or gone."""
 
     async def list_tasks(self, principal: str | None, *, status: str | None, after: str | None,
-                         limit: int, finished_since: float | None = None) -> list[TaskRecord]:
+                         limit: int, finished_since: float | None = None,
+                         after_by_id: bool = False) -> list[TaskRecord]:
         """Up to ``limit`` of ``principal``'s tasks (``None``: everyone's), newest
         first, created before the task ``after`` (``GET /lmsp/v1/tasks``); with
-        ``finished_since``, only those not finished before it (retention)."""
+        ``after_by_id``, before the id ``after`` in id order (ids are time-ordered),
+        for an anchor that is gone; with ``finished_since``, only those not finished
+        before it (retention)."""
 
     async def claim_next(self, now: float) -> TaskRecord | None:
         """The oldest ``queued`` task → ``loading`` (attempt + 1), or ``None``."""
@@ -352,18 +355,21 @@ def purge_statements(p: str, *, now: float, event_retention: float,
 
 
 def list_statement(p: str, *, principal: str | None, status: str | None, after: str | None,
-                   limit: int, finished_since: float | None = None
+                   limit: int, finished_since: float | None = None,
+                   after_by_id: bool = False, binary: str = ""
                    ) -> tuple[str, tuple[Any, ...]]:
-    """The page query as (SQL, params) for either store (``p`` is the placeholder):
-    ``limit`` rows of ``COLUMNS``, newest first, older than the task ``after``;
-    ``principal`` ``None``: every principal's."""
+    """The page query as (SQL, params) for either store (``p`` is the placeholder,
+    ``binary`` the collation clause of a bytewise text comparison): ``limit`` rows of
+    ``COLUMNS``, newest first, older than the task ``after`` (with ``after_by_id``:
+    whose id sorts before ``after``); ``principal`` ``None``: every principal's."""
     where: list[str] = ["1 = 1"] if principal is None else [f"principal = {p}"]
     params: list[Any] = [] if principal is None else [principal]
     if status is not None:
         where.append(f"status = {p}")
         params.append(status)
     if after is not None:
-        where.append(f"seq < (SELECT seq FROM tasks WHERE id = {p})")
+        where.append(f"id{binary} < {p}" if after_by_id
+                     else f"seq < (SELECT seq FROM tasks WHERE id = {p})")
         params.append(after)
     if finished_since is not None:
         where.append(f"(finished_at IS NULL OR finished_at >= {p})")
@@ -386,6 +392,7 @@ class Dialect:
     """What differs in the two engines' SQL; SQLite's here, PostgreSQL's in ``postgres``."""
 
     p = "?"              # the driver's placeholder
+    binary = ""          # a text comparison byte by byte (SQLite's default BINARY)
     lock = ""            # appended to the read of a row the transaction will update
     skip_locked = ""     # appended to the claim's pick of the oldest queued task
 
@@ -423,9 +430,11 @@ class Dialect:
         return None if row is None else record_from_row(row)
 
     def select_page(self, conn: Any, principal: str | None, status: str | None, after: str | None,
-                    limit: int, finished_since: float | None = None) -> list[TaskRecord]:
+                    limit: int, finished_since: float | None = None,
+                    after_by_id: bool = False) -> list[TaskRecord]:
         sql, params = list_statement(self.p, principal=principal, status=status, after=after,
-                                     limit=limit, finished_since=finished_since)
+                                     limit=limit, finished_since=finished_since,
+                                     after_by_id=after_by_id, binary=self.binary)
         return [record_from_row(r) for r in conn.execute(sql, params).fetchall()]
 
     def select_events(self, conn: Any, task_id: str, after: int,
