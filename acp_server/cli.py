@@ -25,6 +25,7 @@ Contracts:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import gc
 import importlib.util
@@ -55,14 +56,17 @@ from acp_server.http.policy import (
 from acp_server.connect.cli import add_connect_arguments, run_connect_args
 from acp_server.client.prompt_cli import add_prompt_arguments, run_prompt_args
 from acp_server.client.tasks_cli import add_tasks_arguments, run_tasks_args
+from acp_server.app import DOORS
 from acp_server.http.serving import ListenError, listen, run_http
+from acp_server.http.starting import answer_starting
 from acp_server.ops.principals_cli import (
     add_audit_arguments,
     add_token_arguments,
     run_principals_args,
 )
 from acp_server.ops.request_log import configure_logging
-from acp_server.server import open_server
+from acp_server.server import Server, open_server
+from acp_server.store.errors import StoreUnavailableError
 from acp_server.settings import (
     DEFAULT_HOSTNAME,
     DEFAULT_PORT,
@@ -342,9 +346,48 @@ async def serve(settings: Settings, *, sock: socket.socket | None = None,
     if sock is None:
         sock = listen(settings)
     with sock:
-        async with open_server(settings, **overrides) as server:
+        async with contextlib.AsyncExitStack() as stack:
+            server = await _open_when_store(stack, settings, sock, overrides)
+            if server is None:
+                return   # stopped by a signal while the store was down
             settle_heap()
             await run_http(server, settings, sock)
+
+
+# Waits between attempts to start while the store is down: doubled up to the last.
+STORE_RETRY_S = (1.0, 2.0, 4.0, 8.0, 10.0)
+
+
+async def _open_when_store(stack: contextlib.AsyncExitStack, settings: Settings,
+                           sock: socket.socket, overrides: dict[str, Any]) -> Server | None:
+    """``open_server`` entered on ``stack``; while the store is unavailable, logged, the
+    socket answered 503 (``acp_server.http.starting``) and tried again, for ever. ``None``
+    when a signal stops the wait."""
+    attempt = 0
+    while True:
+        try:
+            return await stack.enter_async_context(open_server(settings, **overrides))
+        except Exception as exc:   # noqa: BLE001 - only a store outage is waited out
+            reason = store_outage(exc)
+            if reason is None:
+                raise
+        wait = STORE_RETRY_S[min(attempt, len(STORE_RETRY_S) - 1)]
+        attempt += 1
+        log.warning("cannot start: %s; answering 503 and trying again in %g s (attempt %d)",
+                    reason, wait, attempt)
+        if await answer_starting(sock, DOORS, seconds=wait):
+            return None
+
+
+def store_outage(exc: BaseException) -> str | None:
+    """Why the store is unavailable, when ``exc`` is that (alone or grouped), else None."""
+    if isinstance(exc, StoreUnavailableError):
+        return str(exc)
+    if isinstance(exc, BaseExceptionGroup):
+        reasons = [store_outage(inner) for inner in exc.exceptions]
+        if reasons and all(reasons):
+            return reasons[0]
+    return None
 
 
 # Net allocations of tracked objects between two collections of the youngest generation

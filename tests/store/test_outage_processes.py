@@ -324,6 +324,82 @@ async def test_a_session_lookup_while_postgresql_is_down_is_503(tmp_path: Path,
         assert proc.returncode is None
 
 
+@pytest.mark.parametrize("http_server", ["granian", "uvicorn"])
+async def test_a_start_while_postgresql_is_down_waits_for_it(tmp_path: Path, own_cluster: Path,
+                                                            http_server: str) -> None:
+    """The store down at start: the process does not end. Its socket answers 503 in
+    each door's shape (``/health``: starting) until PostgreSQL is back, then it starts
+    and serves; with the store up again, what it made before is there."""
+    url = os.environ["_ACP_OWN_PG"]
+    port = urllib.parse.urlsplit(url).port
+    with server(tmp_path, *_pg_args(url)) as (_, base):
+        async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+            before = (await client.post("/session", json={"sessionScope": "thread"})).json()
+    subprocess.run(["bash", str(PG_SCRIPT), "stop", str(own_cluster)], check=True,
+                   capture_output=True)
+    listen_at = _free_port()
+    child = ServeProcess(tmp_path, *_pg_args(url), "--http-server", http_server,
+                         "--port", str(listen_at))
+    base = f"http://127.0.0.1:{listen_at}"
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(anyio.to_thread.run_sync, child.start)
+            async with httpx.AsyncClient(base_url=base, timeout=10) as client:
+                with anyio.fail_after(30):   # the interpreter's start, then the socket
+                    while True:
+                        try:
+                            health = await client.get("/health")
+                            break
+                        except httpx.TransportError:
+                            await anyio.sleep(0.05)
+                assert (health.status_code, health.json()) == (503, {"status": "starting"})
+                assert health.headers["retry-after"] == "5"
+                rest = await client.post("/session", json={"sessionScope": "thread"})
+                assert (rest.status_code, rest.json()["code"]) == (503, "store_unavailable")
+                lmsp = await client.get("/lmsp/v1/tasks")
+                assert lmsp.headers["content-type"] == "application/problem+json"
+                assert (lmsp.status_code, lmsp.json()["code"]) == (503, "store_unavailable")
+                acp = await client.post("/acp", json={"jsonrpc": "2.0", "id": 1,
+                                                      "method": "initialize", "params": {}})
+                assert acp.status_code == 503
+                assert acp.json()["error"]["data"]["errorKind"] == "store_unavailable"
+                assert child.returncode is None
+                subprocess.run(["bash", str(PG_SCRIPT), "start", str(own_cluster), str(port)],
+                               check=True, capture_output=True)
+        assert child.base_url == base   # started: its listening line was read
+        restored = child.http.get(f"/session/{before['sessionId']}/status")
+        assert restored.status_code == 200, restored.text
+        assert child.http.post("/lmsp/v1/tasks", json=envelope("after")).status_code == 202
+        assert "cannot start: The task store is unavailable" in child.stderr_text()
+        assert "Traceback" not in child.stderr_text()
+        assert child.stop() == 0
+    finally:
+        child.kill()
+
+
+async def test_a_signal_while_waiting_for_the_store_stops_cleanly(tmp_path: Path,
+                                                                 own_cluster: Path) -> None:
+    url = os.environ["_ACP_OWN_PG"]
+    subprocess.run(["bash", str(PG_SCRIPT), "stop", str(own_cluster)], check=True,
+                   capture_output=True)
+    child = ServeProcess(tmp_path, *_pg_args(url))
+    env = {k: v for k, v in os.environ.items() if k != "ACP_SERVER_TOKEN"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    child.stderr_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(child.stderr_path, "a") as stderr:
+        process = subprocess.Popen(child.argv, stdout=subprocess.DEVNULL, stderr=stderr, env=env)
+    try:
+        with anyio.fail_after(30):
+            while "cannot start" not in child.stderr_text():
+                await anyio.sleep(0.05)
+        process.send_signal(signal.SIGTERM)
+        assert await anyio.to_thread.run_sync(process.wait, 15) == 0
+        assert "Traceback" not in child.stderr_text()
+    finally:
+        process.kill()
+        process.wait()
+
+
 def _restart(directory: Path) -> None:
     subprocess.run(["bash", str(PG_SCRIPT), "restart", str(directory)], check=True,
                    capture_output=True)
