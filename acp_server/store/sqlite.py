@@ -186,8 +186,11 @@ class SqliteTaskStore(TokenOps, AuditOps, ClaimsOne, ObservedMoves,
                     _connect, self.path, self.busy_timeout_s))
             self.wal.open(await anyio.to_thread.run_sync(
                 _connect, self.path, self.busy_timeout_s))
-        except BaseException:
+        except BaseException as exc:
             self._disconnect_all()
+            reason = self._unavailable(exc) if isinstance(exc, Exception) else None
+            if reason is not None:   # a file it cannot open or write: an outage
+                raise StoreUnavailableError(f"{self.path}: {reason}") from exc
             raise
 
     async def _background(self, tg: anyio.abc.TaskGroup) -> None:

@@ -178,6 +178,33 @@ async def test_sqlite_disk_full_on_a_tiny_tmpfs(tmp_path: Path) -> None:
         assert (await deep_health(url)).status_code == 200
 
 
+async def test_a_start_on_a_read_only_state_folder_waits_for_it(tmp_path: Path) -> None:
+    """The state folder read-only at start (a tmpfs remounted ``ro``): the process
+    answers 503 (``/health``: starting) and starts by itself once it is writable."""
+    state = tmp_path / "ro"
+    with tmpfs(state, "8m"):
+        subprocess.run(["mount", "-o", "remount,ro", str(state)], check=True)
+        listen_at = _free_port()
+        child = ServeProcess(tmp_path, "--state-dir", str(state), "--port", str(listen_at))
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(anyio.to_thread.run_sync, child.start)
+                async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{listen_at}",
+                                             timeout=10) as client:
+                    with anyio.fail_after(30):
+                        while "cannot start" not in child.stderr_text():
+                            await anyio.sleep(0.05)
+                    health = await client.get("/health")
+                    assert (health.status_code, health.json()) == (503, {"status": "starting"})
+                    subprocess.run(["mount", "-o", "remount,rw", str(state)], check=True)
+            assert child.http.post("/lmsp/v1/tasks", json=envelope("after")).status_code == 202
+            assert "SQLITE_CANTOPEN" in child.stderr_text() or "Read-only" in child.stderr_text()
+            assert "Traceback" not in child.stderr_text()
+            assert child.stop() == 0
+        finally:
+            child.kill()
+
+
 async def test_sqlite_locked_by_another_process(tmp_path: Path) -> None:
     db = tmp_path / "lmsp.db"
     with server(tmp_path, "--store", f"sqlite:///{db}", "--store-busy-timeout-ms",
