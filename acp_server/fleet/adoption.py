@@ -163,6 +163,9 @@ class Fleet:
                     return
             elif await self.adopt(sid):
                 return
+            # closed meanwhile (its lease went with it): a load of a closed session
+            if await self.journal.store._read(lambda conn: leases.owner(conn, sid)) is None:
+                return
         except StoreUnavailableError as exc:
             raise JournalUnavailableError(str(exc)) from exc
         # it has a lease and is not live here (another instance won it, or it could not

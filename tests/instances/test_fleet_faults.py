@@ -14,6 +14,7 @@ PostgreSQL store:
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -182,3 +183,38 @@ async def test_a_load_of_a_session_it_could_not_adopt_is_retried_not_made_anew(
         assert loaded.status_code == 503, loaded.text
         assert loaded.json()["code"] == "session_busy_elsewhere"
         assert not b.bridge.has_session(sid)   # nothing made anew over its journal
+
+
+async def test_a_load_racing_the_close_of_its_session_is_a_cold_load(tmp_path: Path) -> None:
+    """The race the ACP TypeScript SDK met through HAProxy: a load of a session its own
+    instance is closing reads the session's lease, then the close commits (closed, the
+    lease gone with it), then the adoption finds no live session. That is a load of a
+    closed session, as without the race, not ``session_busy_elsewhere``."""
+    now = [0.0]
+    async with _pair(tmp_path, now) as (a, _):
+        sid = await _session(a.client)
+        accepted = await a.client.post(f"/session/{sid}/prompt", json=_prompt("before"))
+        assert accepted.status_code == 202
+        fleet = a.server.fleet
+        assert fleet is not None
+        leases = fleet.leases
+        store = fleet.journal.store
+        before = await store._read(lambda conn: leases.owner(conn, sid))
+        assert before is not None and before.instance == leases.instance and before.live
+        await a.bridge.close_session(sid)   # then committed: closed, its lease deleted
+        with anyio.fail_after(10):
+            while await store._read(lambda conn: leases.owner(conn, sid)) is not None:
+                await anyio.sleep(0.01)
+        owner = leases.owner
+        reads = []
+
+        def read_before_the_close(conn: Any, session_id: str) -> Any:
+            reads.append(session_id)
+            return before if len(reads) == 1 else owner(conn, session_id)
+
+        leases.owner = read_before_the_close   # type: ignore[method-assign]
+        await fleet.claim(sid)   # no SessionBusyElsewhereError
+        assert len(reads) == 2
+        leases.owner = owner   # type: ignore[method-assign]
+        loaded = await a.client.post(f"/session/{sid}/load", json={})
+        assert loaded.status_code == 200, loaded.text
