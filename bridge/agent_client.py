@@ -92,8 +92,7 @@ class AgentSide:
         if not isinstance(params, dict):
             return
         if session_id is None:
-            found = self._bridge.elicitations.session_of(params.get("elicitationId"))
-            session_id = found.session_id if found is not None else None
+            session_id = self._bridge.elicitations.session_of(params.get("elicitationId"))
         session = self._own(session_id, "elicitation/complete") if session_id else None
         if session is not None:
             self._bridge.elicitations.complete(session, params)

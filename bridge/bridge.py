@@ -457,6 +457,7 @@ class Bridge(Journaling, PromptsAPI):
         session.origin = origin
         session.owner = self._closed_owners.get(session_id) or owner
         session.on_cancel = self._cancel_questions
+        session.on_turn_end = self._end_turn_questions
         await self._tasks().start(session.run)
         terminals = self._closed_terminals.pop(session_id, None)
         if terminals is not None:
@@ -471,6 +472,11 @@ class Bridge(Journaling, PromptsAPI):
         """The session's pending permission requests and elicitations, cancelled."""
         self.permissions.cancel_session(session, reason)
         self.elicitations.cancel_session(session, reason)
+
+    def _end_turn_questions(self, session: Session, prompt_id: str) -> None:
+        """The questions asked during a turn that has ended, still open: cancelled."""
+        self.permissions.cancel_prompt(session, prompt_id, "turn_ended")
+        self.elicitations.cancel_prompt(session, prompt_id, "turn_ended")
 
     def _forget(self, session: Session) -> None:
         """Take a closing or dead session out of the registry (and the defaults); its

@@ -60,22 +60,24 @@ class InvalidElicitationAnswerError(BridgeError, ValueError):
 
 
 class _Pending:
-    __slots__ = ("request_id", "session", "done", "answer")
+    __slots__ = ("request_id", "session", "done", "answer", "prompt_id")
 
-    def __init__(self, request_id: str, session: Session) -> None:
+    def __init__(self, request_id: str, session: Session, prompt_id: str | None) -> None:
         self.request_id = request_id
         self.session = session
         self.done = anyio.Event()
         self.answer: dict[str, Any] | None = None
+        self.prompt_id = prompt_id
 
 
 class ElicitationMediator:
     def __init__(self, timeout_ms: int = 0) -> None:
         self.timeout_ms = timeout_ms or DEFAULT_TIMEOUT_MS
         self._by_id: dict[str, _Pending] = {}
-        # A URL elicitation's id -> its session, for elicitation/complete (which names
-        # only the elicitation). Bounded: the oldest go first.
-        self._sessions: OrderedDict[str, Session] = OrderedDict()
+        # A URL elicitation's id -> its session's id, for elicitation/complete (which
+        # names only the elicitation). Bounded: the oldest go first. Ids, not sessions:
+        # a closed session (its event ring) is not kept alive by it.
+        self._sessions: OrderedDict[str, str] = OrderedDict()
 
     @property
     def pending_count(self) -> int:
@@ -92,13 +94,13 @@ class ElicitationMediator:
         if session.closing or len(self._of(session)) >= MAX_PENDING_PER_SESSION:
             return dict(CANCEL)
         request_id = str(uuid.uuid4())
-        pending = self._by_id[request_id] = _Pending(request_id, session)
+        prompt_id = session.active.prompt_id if session.active is not None else None
+        pending = self._by_id[request_id] = _Pending(request_id, session, prompt_id)
         elicitation_id = params.get("elicitationId")
         if isinstance(elicitation_id, str):
-            self._sessions[elicitation_id] = session
+            self._sessions[elicitation_id] = session.session_id
             while len(self._sessions) > MAX_REMEMBERED:
                 self._sessions.popitem(last=False)
-        prompt_id = session.active.prompt_id if session.active is not None else None
         session.bus.publish(ELICITATION_REQUEST, ev.ElicitationRequest(
             request_id=request_id, session_id=session.session_id, params=params),
             prompt_id=prompt_id)
@@ -124,8 +126,8 @@ class ElicitationMediator:
             raise InvalidElicitationAnswerError(request_id)
         self._resolve(pending, answer)
 
-    def session_of(self, elicitation_id: Any) -> Session | None:
-        """The session of a URL elicitation (by its ``elicitationId``)."""
+    def session_of(self, elicitation_id: Any) -> str | None:
+        """The session id of a URL elicitation (by its ``elicitationId``)."""
         return self._sessions.get(elicitation_id) if isinstance(elicitation_id, str) else None
 
     def complete(self, session: Session, params: dict[str, Any]) -> None:
@@ -135,6 +137,12 @@ class ElicitationMediator:
     def cancel_session(self, session: Session, reason: str = "cancelled") -> None:
         for pending in self._of(session):
             self._resolve(pending, dict(CANCEL), reason=reason)
+
+    def cancel_prompt(self, session: Session, prompt_id: str, reason: str) -> None:
+        """Those asked during the turn of ``prompt_id``, which has ended."""
+        for pending in self._of(session):
+            if pending.prompt_id == prompt_id:
+                self._resolve(pending, dict(CANCEL), reason=reason)
 
     def _resolve(self, pending: _Pending, answer: dict[str, Any],
                  reason: str | None = None) -> None:

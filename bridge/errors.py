@@ -276,6 +276,17 @@ class TooManyContentBlocksError(InvalidPromptError):
         self.limit = limit
 
 
+class PromptIdInUseError(BridgeError):
+    """A prompt id given to ``send_prompt`` that a pending prompt of the session has."""
+
+    code = "prompt_id_in_use"
+
+    def __init__(self, session_id: str, prompt_id: str) -> None:
+        super().__init__(f"Prompt {prompt_id!r} is already pending on this session")
+        self.session_id = session_id
+        self.prompt_id = prompt_id
+
+
 class InvalidDeadlineError(BridgeError, ValueError):
     """A prompt deadline that is not a positive integer of milliseconds (at most 2**31-1)."""
 

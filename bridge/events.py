@@ -143,6 +143,7 @@ class PermissionResolved(Payload):
     session_id: str
     outcome: dict[str, Any]   # ACP: {"outcome": "selected", "optionId": ...} or cancelled
     voter_client_id: str | None = None
+    # why it was cancelled: cancelled | timeout | request_cancelled | turn_ended | …
     reason: str | None = None
 
 

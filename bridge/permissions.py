@@ -16,14 +16,16 @@ The API (the bridge calls ``request`` for its agents; doors reach ``vote`` throu
   ``RequestPermissionOutcome`` (``{"outcome": "selected", "optionId": ...}`` or
   ``{"outcome": "cancelled"}``) from any voter (a REST client, an ``/acp`` client, the
   LMSP policy, ...).
-* ``cancel_session(session, reason)``, ``count(session)``, ``pending_count``,
-  ``is_pending(request_id)``.
+* ``cancel_session(session, reason)``, ``cancel_prompt(session, prompt_id, reason)``
+  (the requests asked during that prompt's turn), ``count(session)``,
+  ``pending_count``, ``is_pending(request_id)``.
 
 Contracts: the first valid vote resolves a request; a later vote, or a vote for an
 unknown request (or one of another session, when ``session_id`` is given), raises
 ``PermissionNotFoundError``; an option id the agent did not offer raises
 ``InvalidPermissionOptionError`` and leaves the request pending. A timeout (when
-set, reason ``timeout``), a cancel, a close, the agent's death or the agent
+set, reason ``timeout``), a cancel, a close, the agent's death, the end of the turn
+it was asked in (reason ``turn_ended``: the agent answered its prompt) or the agent
 withdrawing its request (``$/cancel_request``: the caller of ``request`` is
 cancelled, reason ``request_cancelled``) resolve it as ``{"outcome": "cancelled"}``.
 Each resolution publishes one ``permission_resolved``
@@ -133,6 +135,12 @@ class PermissionMediator:
     def cancel_session(self, session: Session, reason: str = "cancelled") -> None:
         for pending in list(self._by_session.get(session.session_id, {}).values()):
             self._resolve(pending, dict(CANCELLED), None, reason=reason)
+
+    def cancel_prompt(self, session: Session, prompt_id: str, reason: str) -> None:
+        """Those asked during the turn of ``prompt_id``, which has ended."""
+        for pending in list(self._by_session.get(session.session_id, {}).values()):
+            if pending.prompt_id == prompt_id:
+                self._resolve(pending, dict(CANCELLED), None, reason=reason)
 
     def _resolve(self, pending: PendingPermission, outcome: dict[str, Any],
                  voter_client_id: str | None, reason: str | None = None) -> None:

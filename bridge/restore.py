@@ -107,6 +107,7 @@ async def restore_session(bridge: Bridge, found: RestoredSession) -> Session:
                       bridge.queue_wait, observer=bridge.observer)
     session.agent_name = name
     session.on_cancel = bridge._cancel_questions
+    session.on_turn_end = bridge._end_turn_questions
     session.created_at = record.created_at
     session.forked_from = record.forked_from
     session.origin = record.origin

@@ -38,6 +38,7 @@ from bridge.errors import (
     JournalUnavailableError,
     PromptCancelledError,
     PromptDeadlineExceededError,
+    PromptIdInUseError,
     PromptQueueFullError,
     SessionClosedError,
     SessionNotRestorableError,
@@ -187,12 +188,16 @@ class Session:
         self.prompt_terminals: deque[PromptTerminal] = deque(maxlen=MAX_PROMPT_TERMINALS)
         self._work: deque[PendingPrompt | WorkItem] = deque()
         self._work_added = Wakeup()
+        self._ended: BaseException | None = None   # why its work fails (``fail_all``)
         self._task_group: anyio.abc.TaskGroup | None = None
         self._scope: anyio.CancelScope | None = None
         self._queue_wait = queue_wait
         # Called once per cancel (of the running prompt, or by its deadline) with a
         # reason: cancels the session's pending permission requests.
         self.on_cancel: Callable[[Session, str], None] = lambda session, reason: None
+        # Called when a prompt that ran settles, with its id: the questions asked during
+        # its turn and still open are cancelled (the agent answered the prompt).
+        self.on_turn_end: Callable[[Session, str], None] = lambda session, prompt_id: None
         self.journal: SessionJournal = NO_JOURNAL
         # Restored from the journal, but its agent could not restore it: why (prompts
         # are refused with SessionNotRestorableError), else None.
@@ -247,6 +252,14 @@ class Session:
             await self._worker()
 
     def stop(self) -> None:
+        """End the worker: the job it runs and every job queued fail (``fail_all``'s
+        error, else closed); a waiter is never left waiting."""
+        if self._ended is None:
+            self._ended = self.close_error("closed")
+        for item in [i for i in self._work if isinstance(i, WorkItem)]:
+            self._work.remove(item)
+            item.outcome = self._ended
+            item.done.set()
         if self._scope is not None:
             self._scope.cancel()
 
@@ -328,6 +341,8 @@ class Session:
             raise PromptQueueFullError(self.session_id, limit, len(self.pending))
         tg = self._running()
         prompt_id = prompt_id or new_prompt_id()
+        if prompt_id in self.pending:   # one slot, one settle per id
+            raise PromptIdInUseError(self.session_id, prompt_id)
         ticket = PromptTicket(prompt_id, self.session_id, self.bus.last_event_id, self.bus.epoch,
                               lambda reason, pid=prompt_id: self.cancel_prompt(pid, reason))
         was_queued = self.active is not None or bool(self._work)
@@ -421,6 +436,9 @@ class Session:
             item.outcome = await item.job()
         except Exception as exc:  # delivered to the waiter; the FIFO goes on
             item.outcome = exc
+        except BaseException:   # the worker stopped (close, agent death): it failed
+            item.outcome = self._ended or self.close_error("closed")
+            raise
         finally:
             item.done.set()
 
@@ -487,7 +505,8 @@ class Session:
         if not pending.ticket._settle(outcome):
             return
         pending.state = DONE
-        del self.pending[pending.prompt_id]   # the one release of this slot
+        if self.pending.get(pending.prompt_id) is pending:
+            del self.pending[pending.prompt_id]   # the one release of this slot
         self.touch()
         if pending.timer_scope is not None:
             pending.timer_scope.cancel()
@@ -495,6 +514,7 @@ class Session:
             pending.unhook_cancel()
         sid, pid = self.session_id, pending.prompt_id
         if pending.started_at is not None:
+            self.on_turn_end(self, pid)
             self.observer.turn_settled(
                 outcome.stop_reason if isinstance(outcome, PromptResult) else "error",
                 time.monotonic() - pending.started_at)
@@ -567,10 +587,15 @@ class Session:
             pending.run_scope.deadline = min(
                 pending.run_scope.deadline,
                 anyio.current_time() + self.options.cancel_grace_ms / 1000)
-        self._running().start_soon(self._notify_cancel)
+        self._running().start_soon(self._notify_cancel, pending)
 
-    async def _notify_cancel(self) -> None:
+    async def _notify_cancel(self, pending: PendingPrompt) -> None:
+        """ACP ``session/cancel`` names the session only: sent while ``pending`` is
+        still the turn running, never once the next prompt went out (its answer and the
+        next ``session/prompt`` may come before this task runs)."""
         if self.agent is None:   # a restored session whose agent side never came back
+            return
+        if self.active is not pending:   # (a deadline settles it while it still runs)
             return
         try:
             await self.agent.notify("session/cancel", {"sessionId": self.session_id})
@@ -602,7 +627,9 @@ class Session:
             self._settle(pending, PromptDeadlineExceededError(pending.deadline_ms))
 
     def fail_all(self, error: BaseException) -> None:
-        """Settle every pending prompt with ``error`` (close, agent death)."""
+        """Settle every pending prompt with ``error`` (close, agent death); the jobs
+        on the FIFO fail with it when the worker stops."""
+        self._ended = self._ended or error
         for pending in list(self.pending.values()):
             if pending.state == QUEUED:
                 self._drop_queued(pending)

@@ -56,6 +56,7 @@ from bridge.errors import (
     InvalidPromptError,
     PermissionNotFoundError,
     PromptDeadlineExceededError,
+    PromptIdInUseError,
     PromptQueueFullError,
     JournalUnavailableError,
     SessionBusyElsewhereError,
@@ -98,7 +99,7 @@ class InvalidParamsError(BridgeError):
 CALLER_ERRORS: tuple[type[BridgeError], ...] = (
     SessionNotFoundError, WorkspaceMismatchError, InvalidClientIdError, PermissionNotFoundError,
     InvalidPermissionOptionError, AgentNotFoundError, InvalidPromptError, InvalidDeadlineError,
-    InvalidParamsError,
+    InvalidParamsError, PromptIdInUseError,
 )
 
 

@@ -105,6 +105,7 @@ STATUS: dict[type[BridgeError], int] = {
     be.AgentProtocolError: 502,
     be.InvalidPromptError: 400,
     be.InvalidDeadlineError: 400,
+    be.PromptIdInUseError: 409,
     be.JournalUnavailableError: 503,
     be.SessionNotRestorableError: 409,
     be.ServerRestartedError: 503,

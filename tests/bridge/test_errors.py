@@ -42,6 +42,7 @@ SAMPLES: dict[type[BridgeError], BridgeError] = {
     errors.InvalidPromptError: errors.InvalidPromptError(),
     errors.TooManyContentBlocksError: errors.TooManyContentBlocksError(9, 8),
     errors.InvalidDeadlineError: errors.InvalidDeadlineError(0),
+    errors.PromptIdInUseError: errors.PromptIdInUseError("s1", "p1"),
     errors.JournalUnavailableError: errors.JournalUnavailableError("disk full"),
     errors.SessionMovedError: errors.SessionMovedError("another instance took it over"),
     errors.SessionBusyElsewhereError: errors.SessionBusyElsewhereError("s1", retry_after=2),

@@ -1,0 +1,217 @@
+"""The edges of a turn that a hostile review found (helper-53, 2026-12-03), each once a
+bug: a branch whose session closes or whose agent dies, a cancel that lands as its
+turn ends, a permission left open by a turn that ended, a prompt id given twice, and a
+closed session kept alive by its URL elicitation."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from typing import Any
+
+import anyio
+import pytest
+
+from bridge import Bridge, BridgeOptions
+from bridge.errors import AgentDiedError, PromptIdInUseError, SessionClosedError
+from tests.bridge.helpers import drain, envelope, open_bridge, text, wait_until
+
+pytestmark = pytest.mark.anyio
+
+
+class TurnAgent:
+    """Each ``session/prompt`` waits for ``finish()`` or a ``session/cancel`` (which, in
+    ACP, names the session: its current turn); records the cancels each turn got."""
+
+    name = "turn"
+
+    def __init__(self) -> None:
+        self.closed = False
+        self.current: dict[str, Any] | None = None
+        self.cancelled_turns: list[str] = []
+        self.client: Any = None
+        self.tg: Any = None
+        self.ask_during_turn = False
+        self.asked = anyio.Event()
+
+    async def connect(self, client: Any, tg: Any) -> TurnAgent:
+        self.client, self.tg = client, tg
+        return self
+
+    async def request(self, method: str, params: dict[str, Any]) -> Any:
+        if method == "initialize":
+            return {"protocolVersion": 1, "agentCapabilities": {}}
+        if method == "session/new":
+            return {"sessionId": "s1"}
+        if method == "session/prompt":
+            turn: dict[str, Any] = {"text": params["prompt"][0]["text"], "done": anyio.Event(),
+                                    "stop": None}
+            self.current = turn
+            if self.ask_during_turn:   # a tool call's permission still open as it ends
+                self.tg.start_soon(self._ask, params["sessionId"])
+                await self.asked.wait()
+                return {"stopReason": "end_turn"}
+            await turn["done"].wait()
+            return {"stopReason": turn["stop"]}
+        return {}
+
+    async def _ask(self, sid: str) -> None:
+        await self.client.request_permission(sid, {
+            "sessionId": sid, "toolCall": {"toolCallId": "t"},
+            "options": [{"optionId": "y", "name": "y", "kind": "allow_once"}]})
+
+    async def notify(self, method: str, params: dict[str, Any]) -> None:
+        turn = self.current
+        if method == "session/cancel" and turn is not None and turn["stop"] is None:
+            self.cancelled_turns.append(turn["text"])
+            turn["stop"] = "cancelled"
+            turn["done"].set()
+
+    def finish(self, stop: str = "end_turn") -> None:
+        turn = self.current
+        assert turn is not None
+        if turn["stop"] is None:
+            turn["stop"] = stop
+            turn["done"].set()
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+@pytest.mark.parametrize("end", ["close", "agent_death"])
+async def test_a_branch_running_and_one_queued_fail_when_the_session_ends(
+        tmp_path: Any, end: str) -> None:
+    async with open_bridge(tmp_path) as (bridge, agent):
+        sid = (await bridge.create_session()).session_id
+        agent.hang_new = anyio.Event()   # session/fork hangs
+        outcomes: dict[str, BaseException | object] = {}
+
+        async def branch(tag: str) -> None:
+            try:
+                outcomes[tag] = await bridge.branch_session(sid)
+            except Exception as exc:   # noqa: BLE001 - what the caller gets
+                outcomes[tag] = exc
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(branch, "running")
+            await wait_until(lambda: any(m == "session/fork" for m, _ in agent.calls))
+            tg.start_soon(branch, "queued")
+            await wait_until(lambda: len(bridge.get_session(sid)._work) == 1)
+            if end == "close":
+                await bridge.close_session(sid)
+            else:
+                agent.die()
+            await wait_until(lambda: len(outcomes) == 2)
+        expected = SessionClosedError if end == "close" else AgentDiedError
+        assert all(isinstance(o, expected) for o in outcomes.values()), outcomes
+        assert bridge.capacity.taken == 0
+
+
+async def test_a_cancel_that_lands_as_its_turn_ends_never_cancels_the_next(
+        anyio_backend: str) -> None:
+    agent = TurnAgent()
+    async with Bridge(agent, workspace_cwd="/tmp") as bridge:
+        sid = (await bridge.create_session()).session_id
+        for _ in range(5):
+            a = bridge.send_prompt(sid, text("A"))
+            await wait_until(lambda: agent.current is not None and agent.current["text"] == "A")
+            b = bridge.send_prompt(sid, text("B"))
+            agent.finish()   # A's answer, and in the same step the client's cancel of A
+            a.cancel("client_cancel")
+            await wait_until(lambda: agent.current is not None and agent.current["text"] == "B")
+            await wait_until(lambda: bridge.get_session(sid).active is not None)
+            agent.finish()
+            assert (await b).stop_reason == "end_turn"
+            assert (await a).stop_reason in ("end_turn", "cancelled")
+            assert "B" not in agent.cancelled_turns
+
+
+async def test_a_permission_left_open_by_its_turn_is_cancelled_when_the_turn_ends() -> None:
+    agent = TurnAgent()
+    agent.ask_during_turn = True
+    options = BridgeOptions(session_idle_timeout_ms=1, session_reap_interval_ms=0)
+    async with Bridge(agent, workspace_cwd="/tmp", options=options) as bridge:
+        sid = (await bridge.create_session()).session_id
+        sub = bridge.subscribe(sid)
+        ticket = bridge.send_prompt(sid, text("go"))
+        await wait_until(lambda: bridge.permissions.pending_count == 1)
+        agent.asked.set()
+        assert (await ticket).stop_reason == "end_turn"
+        assert bridge.session_status(sid).pending_permissions == 0
+        frames = drain(sub)
+        [resolved] = [envelope(f).data for f in frames if f.type == "permission_resolved"]
+        assert resolved["reason"] == "turn_ended"
+        assert resolved["outcome"] == {"outcome": "cancelled"}
+        kinds = [f.type for f in frames]   # resolved before the turn's end is published
+        assert kinds.index("permission_resolved") < kinds.index("turn_complete")
+        sub.close()   # nothing pins the idle session any more: the reaper takes it
+        reaped: list[str] = []
+        with anyio.fail_after(5):
+            while not reaped:
+                reaped = await bridge.reap_idle_sessions()
+                await anyio.sleep(0.001)   # its idle time: 1 ms
+        assert reaped == [sid]
+
+
+async def test_a_prompt_id_still_pending_is_refused(tmp_path: Any) -> None:
+    async with open_bridge(tmp_path, max_pending_prompts_per_session=2) as (bridge, agent):
+        sid = (await bridge.create_session()).session_id
+        first = bridge.send_prompt(sid, text("hold a"), prompt_id="p")
+        with pytest.raises(PromptIdInUseError):
+            bridge.send_prompt(sid, text("hold b"), prompt_id="p")
+        assert bridge.session_status(sid).pending_prompts == 1
+        agent.release("a")
+        assert (await first).stop_reason == "end_turn"
+        again = bridge.send_prompt(sid, text("hold c"), prompt_id="p")   # settled: free
+        agent.release("c")
+        assert (await again).stop_reason == "end_turn"
+        assert bridge.session_status(sid).pending_prompts == 0
+
+
+class ElicitingAgent:
+    """Each turn asks a URL elicitation the user never finishes, then ends."""
+
+    name = "e"
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.closed = False
+        self.client: Any = None
+
+    async def connect(self, client: Any, tg: Any) -> ElicitingAgent:
+        self.client = client
+        return self
+
+    async def request(self, method: str, params: dict[str, Any]) -> Any:
+        if method == "initialize":
+            return {"protocolVersion": 1, "agentCapabilities": {}}
+        if method == "session/new":
+            self.n += 1
+            return {"sessionId": f"s{self.n}"}
+        if method == "session/prompt":
+            sid = params["sessionId"]
+            with anyio.move_on_after(0):
+                await self.client.create_elicitation(sid, {
+                    "sessionId": sid, "mode": "url", "elicitationId": f"el-{sid}",
+                    "url": "https://example.invalid", "message": "m"})
+            return {"stopReason": "end_turn"}
+        return {}
+
+    async def notify(self, method: str, params: dict[str, Any]) -> None:
+        pass
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+async def test_a_closed_session_is_not_kept_alive_by_its_url_elicitation() -> None:
+    async with Bridge(ElicitingAgent(), workspace_cwd="/tmp") as bridge:
+        refs = []
+        for _ in range(5):
+            sid = (await bridge.create_session()).session_id
+            await bridge.send_prompt(sid, text("go"))
+            refs.append(weakref.ref(bridge.get_session(sid)))
+            await bridge.close_session(sid)
+        assert bridge.elicitations.session_of("el-s1") == "s1"   # still completes by id
+        # each one's worker ends at its next checkpoint; then nothing holds it
+        await wait_until(lambda: gc.collect() >= 0 and all(r() is None for r in refs))
