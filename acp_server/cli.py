@@ -109,6 +109,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
                        help="queued + running prompts per session, 0 = off (default 5)")
     serve.add_argument("--prompt-deadline-ms", help="absolute prompt deadline (default none)")
     serve.add_argument("--event-ring-size", help="events kept per session for replay (default 8000)")
+    serve.add_argument("--event-ring-bytes",
+                       help="bytes of events kept per session for replay (default 67108864)")
     serve.add_argument("--session-idle-timeout-ms",
                        help="close idle sessions after this long, 0 = never (default 1800000)")
     serve.add_argument("--session-reap-interval-ms",

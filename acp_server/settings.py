@@ -67,6 +67,7 @@ OPTION_FLAGS = {
     "max_pending_prompts_per_session": "max_pending_prompts_per_session",
     "prompt_deadline_ms": "prompt_deadline_ms",
     "event_ring_size": "event_ring_size",
+    "event_ring_bytes": "event_ring_bytes",
     "session_idle_timeout_ms": "session_idle_timeout_ms",
     "session_reap_interval_ms": "session_reap_interval_ms",
     "permission_response_timeout_ms": "permission_response_timeout_ms",

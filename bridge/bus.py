@@ -22,6 +22,9 @@ Contracts:
   then whatever the ring still holds.
 * Each event is encoded once, at ``publish`` (``bridge.wire.envelope``, kept on the
   event); its length is the event's ``size``, what the bounds below count.
+* The ring keeps at most ``ring_size`` events and, of those readers were released,
+  at most ``ring_bytes`` of them (the newest always stays): a reader behind what it
+  dropped is lapped, as by the count.
 * A subscriber's queue is a ``bridge.fifo.BoundedFifo``: it holds at most
   ``max_queued`` frames, and at most ``max_queued_bytes`` bytes besides its newest
   frame (so one frame larger than the byte bound reaches a
@@ -75,6 +78,7 @@ from bridge.fifo import BoundedFifo
 from bridge.wakeup import Wakeup
 
 REPLAY_BUDGET_BYTES = 8 * 1024 * 1024
+DEFAULT_RING_BYTES = 64 * 1024 * 1024   # a session's ring, in its events' envelopes
 FLOW_WAIT_S = 0.5
 HELD_SLICE = 128   # uncommitted events between two turns a held publisher gives
 
@@ -316,6 +320,7 @@ class Subscription(BoundedFifo[Event]):
 class EventBus:
     def __init__(self, *, ring_size: int = 8000, max_subscribers: int = 64,
                  max_queued: int = 256, max_queued_bytes: int = 2 * 1024 * 1024,
+                 ring_bytes: int = DEFAULT_RING_BYTES,
                  flow_wait_s: float = FLOW_WAIT_S, session_id: str = "",
                  on_evict: Callable[[], None] | None = None,
                  epoch: str | None = None) -> None:
@@ -326,6 +331,10 @@ class EventBus:
         self.on_evict = on_evict   # called once per evicted subscriber
         self.session_id = session_id
         self._ring: deque[Event] = deque(maxlen=ring_size)
+        # The ring is bounded in bytes too (its events' envelopes): past ``ring_bytes``
+        # its oldest events readers were released are dropped, as the count drops them.
+        self.ring_bytes = ring_bytes
+        self._ring_size_bytes = 0
         self._journal_window = max(1, ring_size // 4)   # uncommitted events (see hold)
         self._last_id = 0
         # Held (a durable journal, see ``hold``): events are in the ring at once but
@@ -361,6 +370,7 @@ class EventBus:
         """Continue a journaled bus: its newest events (in id order) and its last id."""
         self._ring.extend(events)
         self._last_id = self._released_id = last_event_id
+        self._recount()
 
     def follow(self, events: list[Event]) -> None:
         """A replica of a bus another process publishes (``acp_server.fleet``): its
@@ -368,8 +378,26 @@ class EventBus:
         readers as ``release`` gives them (a held bus: the same flow control)."""
         if events:
             self._ring.extend(events)
+            self._recount()
             self._last_id = events[-1].id  # type: ignore[assignment]
             self.release(self._last_id)
+
+    def _trim_bytes(self) -> None:
+        """The oldest released events out while the ring is over ``ring_bytes`` (the
+        newest event always stays; one not yet released is never dropped)."""
+        ring = self._ring
+        while self._ring_size_bytes > self.ring_bytes and len(ring) > 1 \
+                and ring[0].id <= self._released_id:  # type: ignore[operator]
+            self._ring_size_bytes -= ring.popleft().size
+
+    def _recount(self) -> None:
+        self._ring_size_bytes = sum(event.size for event in self._ring)
+        self._trim_bytes()
+
+    @property
+    def ring_size_bytes(self) -> int:
+        """What the ring's events weigh (their envelopes' bytes)."""
+        return self._ring_size_bytes
 
     @property
     def earliest_available_id(self) -> int:
@@ -391,7 +419,13 @@ class EventBus:
                       originator_client_id=originator_client_id)
         envelope = wire.envelope(event)   # encoded once, here, for every door
         event.size = len(envelope)
-        self._ring.append(event)
+        ring = self._ring
+        if len(ring) == ring.maxlen:
+            self._ring_size_bytes -= ring[0].size
+        ring.append(event)
+        self._ring_size_bytes += event.size
+        if self._ring_size_bytes > self.ring_bytes:
+            self._trim_bytes()
         if self.sink is not None:
             self.sink(event, envelope)
         if not self.hold:
@@ -406,6 +440,8 @@ class EventBus:
         if through <= self._released_id:
             return
         previous, self._released_id = self._released_id, min(through, self._last_id)
+        if self._ring_size_bytes > self.ring_bytes:
+            self._trim_bytes()
         earliest = self.earliest_available_id
         for subscriber in tuple(self._subscribers):
             if not subscriber._entries or not subscriber.half_full():
@@ -562,7 +598,7 @@ class EventBus:
         subscription ends after what it was released, with no further event."""
         self.sink = None
         while self._ring and self._ring[-1].id > self._released_id:  # type: ignore[operator]
-            self._ring.pop()
+            self._ring_size_bytes -= self._ring.pop().size
         self._last_id = self._released_id
         self.closed = True
         self._end_subscriptions()

@@ -84,6 +84,8 @@ class BridgeOptions:
     max_sessions: int | float = 32
     prompt_deadline_ms: int | None = None
     event_ring_size: int = 8000
+    # The ring in bytes too (its events' envelopes): an agent's lines may be 64 MiB.
+    event_ring_bytes: int = 64 * 1024 * 1024
     session_idle_timeout_ms: int = 1_800_000
     session_reap_interval_ms: int = 60_000
     permission_response_timeout_ms: int = 0
@@ -112,6 +114,7 @@ class BridgeOptions:
         validate_count_limit("max_sessions", self.max_sessions)
         validate_positive_ms("prompt_deadline_ms", self.prompt_deadline_ms, optional=True)
         validate_int_range("event_ring_size", self.event_ring_size, 1, 1_000_000)
+        validate_int_range("event_ring_bytes", self.event_ring_bytes, 1 << 20, 1 << 40)
         validate_non_negative_ms("session_idle_timeout_ms", self.session_idle_timeout_ms)
         validate_non_negative_ms("session_reap_interval_ms", self.session_reap_interval_ms)
         validate_non_negative_ms("permission_response_timeout_ms", self.permission_response_timeout_ms)

@@ -167,6 +167,7 @@ class Session:
         self.created_at = time.time()
         self.last_seen = time.monotonic()
         self.bus = EventBus(ring_size=options.event_ring_size,
+                            ring_bytes=options.event_ring_bytes,
                             max_subscribers=options.max_subscribers_per_session,
                             max_queued=options.subscriber_max_queued,
                             max_queued_bytes=options.subscriber_max_queued_bytes,

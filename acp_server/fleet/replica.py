@@ -210,7 +210,7 @@ class JournalReplicas:
 
     def _bus(self, found: RestoredSession) -> EventBus:
         options = self.bridge.options
-        bus = EventBus(ring_size=options.event_ring_size,
+        bus = EventBus(ring_size=options.event_ring_size, ring_bytes=options.event_ring_bytes,
                        max_subscribers=options.max_subscribers_per_session,
                        max_queued=options.subscriber_max_queued,
                        max_queued_bytes=options.subscriber_max_queued_bytes,

@@ -335,3 +335,31 @@ async def test_take_counts_replayed_frames_towards_its_budget():
     rest = sub.take(1 << 20)
     assert [f.id for f in rest] == [*range(11, 31), None]   # then replay_complete
     assert sub.take(1 << 20) == [] and sub.taken == 31
+
+
+async def test_the_ring_is_bounded_in_bytes_oldest_first() -> None:
+    """Large events (an agent's line may be 64 MiB) are kept up to ``ring_bytes``: the
+    oldest go first, the newest always stays, and a cursor before what went is told."""
+    bus = EventBus(ring_size=1000, ring_bytes=64 * 1024)
+    big = "x" * 10_000
+    for _ in range(20):
+        bus.publish("agent_message_chunk", {"text": big})
+    assert bus.ring_size_bytes <= 64 * 1024
+    kept = bus.ring_events()
+    assert len(kept) == 6 and kept[-1].id == 20 and bus.earliest_available_id == 15
+    assert bus.ring_size_bytes == sum(event.size for event in kept)
+    frames = drain(bus.subscribe(last_event_id=2))
+    assert envelope(frames[0]).data["reason"] == "ring_evicted"
+    assert [f.id for f in frames[1:-1]] == list(range(15, 21))
+    bus.publish("agent_message_chunk", {"text": "x" * 200_000})   # alone over the bound
+    assert [e.id for e in bus.ring_events()] == [21]
+
+
+async def test_a_held_ring_keeps_what_readers_were_not_released() -> None:
+    bus = EventBus(ring_size=1000, ring_bytes=32 * 1024)
+    bus.hold = True
+    for _ in range(10):
+        bus.publish("agent_message_chunk", {"text": "y" * 10_000})
+    assert len(bus._ring) == 10   # none committed yet: none dropped
+    bus.release(10)
+    assert bus.ring_size_bytes <= 32 * 1024 and bus.ring_events()[-1].id == 10
