@@ -10,8 +10,11 @@ caller's address, not a balancer's or a forwarding instance's. Contracts:
 * ``X-Forwarded-For`` (every field joined, as RFC 7230 allows) counts only when the
   connection comes from a ``trusted`` address or network (``--trusted-proxy``): the
   client is its rightmost address that is not trusted itself (each hop appends the
-  address it saw, so only what trusted hops appended is believed). A list with
-  anything but IP addresses in it, or one of trusted addresses only, changes nothing.
+  address it saw, so only what trusted hops appended is believed; ``IP:port`` and
+  ``[IPv6]:port`` hops are read without their port), or its leftmost when every one
+  is trusted. A hop that is not an address (``unknown``, a name, garbage) makes the
+  client ``UNKNOWN_CLIENT``: never loopback, so a remote client behind a proxy on
+  this host is not taken for a local one (fail closed).
   Without ``--trusted-proxy`` the header is ignored (uvicorn's own proxy-header
   handling is off: the same rule on every server).
 * A request another instance forwarded (``acp_server.fleet.forward``) names the
@@ -37,6 +40,7 @@ FORWARDED_PROOF_HEADER = b"x-acp-forwarded-proof"
 XFF = b"x-forwarded-for"
 MAX_HOPS = 32   # addresses of one X-Forwarded-For looked at, from the right
 MEMO_KEPT = 4096
+UNKNOWN_CLIENT = "unknown"   # a client a trusted proxy named with something not an address
 
 
 def proof(secret: bytes, instance: bytes, client: bytes, method: bytes, path: bytes) -> bytes:
@@ -122,17 +126,30 @@ class ClientResolver:
 
     def _rightmost_untrusted(self, xff: bytes) -> str | None:
         hops = xff.decode("latin-1").split(",")[-MAX_HOPS:]
+        address = None
         for hop in reversed(hops):
-            address = _address(hop.strip())
+            address = _address(hop.strip(), with_port=True)
             if address is None:
-                return None   # not a list of addresses: believe none of it
+                return UNKNOWN_CLIENT   # not an address: a client, but not a known one
             if not self.trusts(address):
                 return address
-        return None
+        return address   # every hop trusted: the leftmost
 
 
-def _address(text: str) -> str | None:
-    """``text`` as a canonical IP address, or ``None``."""
+def _address(text: str, *, with_port: bool = False) -> str | None:
+    """``text`` as a canonical IP address, or ``None``; ``with_port``: also
+    ``IPv4:port``, ``[IPv6]`` and ``[IPv6]:port`` (what some proxies write)."""
+    if with_port:
+        if text.startswith("["):
+            host, bracket, port = text[1:].partition("]")
+            if not bracket or (port and not (port[0] == ":" and port[1:].isdigit())):
+                return None
+            text = host
+        elif text.count(":") == 1:
+            host, _, port = text.partition(":")
+            if not port.isdigit():
+                return None
+            text = host
     try:
         return str(ipaddress.ip_address(text))
     except ValueError:

@@ -13,6 +13,7 @@ from acp_server.http.clients import (
     FORWARDED_FOR_HEADER,
     FORWARDED_PROOF_HEADER,
     ClientResolver,
+    UNKNOWN_CLIENT,
     parse_networks,
     proof,
 )
@@ -50,10 +51,19 @@ def test_the_rightmost_untrusted_hop_is_the_client() -> None:
     assert resolved(resolver, scope("127.0.0.1", *split)) == "198.51.100.4"
     v6 = (b"x-forwarded-for", b"2001:DB8::1")
     assert resolved(resolver, scope("127.0.0.1", v6)) == "2001:db8::1"   # canonical
-    for junk in (b"unknown", b"198.51.100.4, evil", b"10.0.0.1, 10.0.0.2", b"", b",,",
-                 b"198.51.100.4:80", b"\xff\xfe", b"1" * 5000):
+    # a port after the address (some proxies write one) is not part of the client
+    for hop, client in ((b"198.51.100.4:80", "198.51.100.4"),
+                        (b"[2001:db8::5]:4711", "2001:db8::5"), (b"[2001:db8::5]", "2001:db8::5"),
+                        (b"1.1.1.1, 198.51.100.4:80, 10.0.0.5:443", "198.51.100.4")):
+        assert resolved(resolver, scope("127.0.0.1", (b"x-forwarded-for", hop))) == client
+    # every hop trusted: the leftmost (a local request that came through the proxy)
+    assert resolved(resolver, scope("127.0.0.1", (b"x-forwarded-for", b"10.0.0.1, 10.0.0.2"))) \
+        == "10.0.0.1"
+    # not an address: a client that is not known, never the proxy's (loopback) address
+    for junk in (b"unknown", b"198.51.100.4, evil", b"", b",,", b"198.51.100.4:x",
+                 b"[2001:db8::5]x", b"[::1", b"1.2.3.4:5:6", b"\xff\xfe", b"1" * 5000):
         assert resolved(resolver, scope("127.0.0.1", (b"x-forwarded-for", junk))) \
-            == "127.0.0.1", junk
+            == UNKNOWN_CLIENT, junk
 
 
 def test_a_forwarded_address_is_believed_only_with_its_proof() -> None:

@@ -58,6 +58,11 @@ async def test_a_remote_client_behind_a_local_proxy_is_not_a_loopback_client(
         local = await daemon.client.get("/capabilities",
                                         headers={"X-Forwarded-For": "127.0.0.1"})
         assert local.status_code == 200
+        # hops the proxy writes with a port, or not as an address: still remote (403)
+        for hop in ("203.0.113.5:4711", "[2001:db8::5]:4711", "unknown",
+                    "198.51.100.7, 203.0.113.5:4711"):
+            told = await daemon.client.get("/whoami", headers={"X-Forwarded-For": hop})
+            assert told.status_code == 403, (hop, told.text)
 
 
 async def test_a_bad_trusted_proxy_is_refused_at_start(tmp_path: Path) -> None:
