@@ -418,17 +418,14 @@ class AcpConnection:
     # -- session channels ------------------------------------------------------------
     def channel(self, session_id: str) -> SessionChannel:
         """This connection's channel for ``session_id``, created (and subscribed when
-        the bridge knows the session) on first use. Raises ``ChannelLimitError``,
-        ``ConnectionClosedError`` once closed (a late reply must not subscribe), or
-        ``SessionNotFoundError`` for another principal's session."""
+        the bridge knows the session) on first use. Raises ``ChannelLimitError`` or
+        ``ConnectionClosedError`` once closed (a late reply must not subscribe).
+        Another principal's session gets a channel as an unknown id does (existence
+        does not leak), which is never subscribed (``SessionChannel.subscribe``)."""
         if self.closed:
             raise ConnectionClosedError(self.id)
         channel = self.channels.get(session_id)
         if channel is None:
-            if not self.caller.sees_session(session_id) and (
-                    self.bridge.has_session(session_id)
-                    or self.caller.gate.sessions.owner(session_id) is not None):
-                raise SessionNotFoundError(session_id)   # another principal's: 404
             if len(self.channels) >= MAX_CHANNELS_PER_CONNECTION:
                 raise ChannelLimitError(MAX_CHANNELS_PER_CONNECTION)
             channel = self.channels[session_id] = SessionChannel(self, session_id)

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from tests.acp_http.server import RunningAcpServer, request, text
@@ -150,15 +151,23 @@ async def test_acp_sessions_are_their_makers(tmp_path: Path) -> None:
                 == 202
             listed = (await stream.wait_for_id(30))["result"]["sessions"]
             assert [s["sessionId"] for s in listed] == [b]
-        # a session stream of alice's session: 404
-        refused = await srv.client.get("/acp", headers={
-            "Acp-Connection-Id": b_conn, "Acp-Session-Id": a, "Accept": "text/event-stream",
-            **bob})
-        assert refused.status_code == 404
-        # alice's session lived through it all, and no channel of bob's holds it
+        # a session stream of alice's session opens as one of an unknown id does (no
+        # 404 to tell them apart), and is never subscribed: nothing of hers reaches it
+        unknown = "00000000-0000-4000-8000-000000000000"
+        async with srv.stream(b_conn, unknown, **bob), srv.stream(b_conn, a, **bob) as peek:
+            status = (await srv.client.get(f"/session/{a}/status", headers=alice)).json()
+            assert status["subscribers"] == 0
+            said = await srv.client.post(f"/session/{a}/prompt", headers=alice,
+                                         json={"prompt": [{"type": "text", "text": "hi"}]})
+            assert said.status_code == 202
+            with anyio.fail_after(10):
+                while (await srv.client.get(f"/session/{a}/status", headers=alice)
+                       ).json()["pendingPrompts"]:
+                    await anyio.sleep(0.01)
+        assert peek.messages == []
+        # alice's session lived through it all, and no channel of bob's reads it
         status = (await srv.client.get(f"/session/{a}/status", headers=alice)).json()
         assert status["subscribers"] == 0
-        assert a not in srv.registry.get(b_conn).channels
         # over a WebSocket: bob's prompt on alice's session is an unknown session
         async with ws_connect(srv.base_url, headers=bob) as ws:
             await ws.send_json(request(0, "initialize", {"protocolVersion": 1}))
