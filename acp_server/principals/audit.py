@@ -29,7 +29,12 @@ Contracts:
 * Authentication failures are sampled per client address: the first of a client in
   ``failure_window_s`` is recorded, with ``suppressed`` = how many of that client's
   were not since its previous record; at most ``failures_per_window`` are recorded per
-  window across all clients. So a flood of bad tokens costs the log a few rows.
+  window across all clients. A client past that cap is still counted (its next record
+  carries them); the clients counted are at most ``FAILURE_CLIENTS_KEPT`` (the least
+  recently failed go first), and what a forgotten client had not recorded is told in
+  one ``auth.failed`` record of reason ``sampled_out`` (``suppressed``: how many) in
+  the next window. So a flood of bad tokens costs the log a few rows, and none goes
+  uncounted.
 * The record's detail is a JSON object; a prompt's text is in it only with
   ``prompts=True`` (``--audit-prompts``; cut to ``PROMPT_TEXT_MAX`` characters).
 * ``retention_s`` > 0: records older than that are purged every ``purge_interval_s``
@@ -44,7 +49,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
@@ -61,6 +66,7 @@ MAX_BUFFERED = 10_000
 FLUSH_INTERVAL_S = 0.02   # at most one write per interval while records keep coming
 PROMPT_TEXT_MAX = 4096
 BATCH = 512
+FAILURE_CLIENTS_KEPT = 4096   # clients whose failed credentials are counted at once
 _encode = msgspec.json.Encoder().encode
 
 
@@ -101,9 +107,10 @@ class AuditLog:
         self._buffer: deque[AuditRecord] = deque()
         self._wake = anyio.Event()
         self._lock = anyio.Lock()
-        # client -> [window start, suppressed since its last record]
-        self._failures: dict[str, list[float]] = {}
+        # client -> [window start, suppressed since its last record], least recent first
+        self._failures: OrderedDict[str, list[float]] = OrderedDict()
         self._window = (0.0, 0)   # (start, records this window, all clients)
+        self._unattributed = 0    # failures of clients forgotten before their next record
 
     # -- recording -------------------------------------------------------------------
     def record(self, principal: str, action: str, target: str | None = None, *,
@@ -127,27 +134,40 @@ class AuditLog:
         now = self.clock()
         key = client or "-"
         seen = self._failures.get(key)
-        if seen is not None and now - seen[0] < self.failure_window_s:
-            seen[1] += 1
-            return
+        if seen is not None:
+            self._failures.move_to_end(key)
+            if now - seen[0] < self.failure_window_s:
+                seen[1] += 1
+                return
         start, count = self._window
         if now - start >= self.failure_window_s:
             start, count = now, 0
+            if self._unattributed:   # told once a window, as its first record
+                self.record("-", "auth.failed", None, reason="sampled_out",
+                            suppressed=self._unattributed)
+                self._unattributed = 0
         if count >= self.failures_per_window:
             if seen is not None:
                 seen[1] += 1
+            else:   # counted from now on: its next record says how many
+                self._remember(key, [now, 1])
             return
         self._window = (start, count + 1)
         suppressed = int(seen[1]) if seen is not None else 0
-        if seen is None and len(self._failures) >= 4096:
-            self._failures.clear()   # bounded: the oldest windows are over by now anyway
-        self._failures[key] = [now, 0]
+        self._remember(key, [now, 0])
         detail: dict[str, Any] = {"reason": reason, "path": path[:256]}
         if token_id is not None:
             detail["token_id"] = token_id
         if suppressed:
             detail["suppressed"] = suppressed
         self.record("-", "auth.failed", None, client=client, **detail)
+
+    def _remember(self, key: str, entry: list[float]) -> None:
+        self._failures[key] = entry
+        self._failures.move_to_end(key)
+        while len(self._failures) > FAILURE_CLIENTS_KEPT:
+            _, forgotten = self._failures.popitem(last=False)
+            self._unattributed += int(forgotten[1])
 
     # -- writing ---------------------------------------------------------------------
     @property

@@ -11,6 +11,7 @@ import anyio.lowlevel
 import pytest
 
 from acp_server.principals import tokens
+from acp_server.principals import audit as audit_module
 from acp_server.principals.audit import AuditLog, prompt_text
 from acp_server.principals.auth import MISS, Authenticator
 from acp_server.principals.limits import RateLimiter, Tier
@@ -222,6 +223,30 @@ async def test_auth_failures_are_sampled_per_client(tmp_path: Path) -> None:
             ("10.0.0.2", '{"reason":"missing_credential","path":"/y"}'),
             ("10.0.0.3", '{"reason":"missing_credential","path":"/y"}'),
             ("10.0.0.1", '{"reason":"invalid_credential","path":"/x","suppressed":49}')]
+
+
+async def test_a_client_past_the_cap_is_still_counted_and_a_forgotten_one_is_told(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """helper-54: once the window's cap was used, a client never recorded before was not
+    counted at all, and the map of counted clients was cleared whole at 4,096."""
+    monkeypatch.setattr(audit_module, "FAILURE_CLIENTS_KEPT", 3)
+    wall = Clock(100.0)
+    async with SqliteTaskStore(f"sqlite:///{tmp_path}/t.db") as store:
+        audit = AuditLog(store, clock=wall, failure_window_s=60, failures_per_window=1)
+        audit.auth_failed(client="10.0.0.1", reason="invalid_credential", path="/x")
+        for _ in range(50):   # past the cap: counted, not recorded
+            audit.auth_failed(client="10.0.0.9", reason="invalid_credential", path="/x")
+        for n in (2, 3, 4):   # 10.0.0.9 is forgotten (the least recent): its 50 are told
+            audit.auth_failed(client=f"10.0.1.{n}", reason="missing_credential", path="/y")
+        audit.auth_failed(client="10.0.1.4", reason="missing_credential", path="/y")
+        wall.now += 60
+        audit.auth_failed(client="10.0.1.4", reason="missing_credential", path="/y")
+        await audit.flush()
+        rows = [(r.client, r.detail) for r in await store.read_audit(AuditQuery())]
+        assert rows == [
+            ("10.0.0.1", '{"reason":"invalid_credential","path":"/x"}'),
+            (None, '{"reason":"sampled_out","suppressed":50}'),
+            ("10.0.1.4", '{"reason":"missing_credential","path":"/y","suppressed":2}')]
 
 
 async def test_the_buffer_is_bounded_and_says_what_it_dropped(tmp_path: Path) -> None:
