@@ -9,8 +9,10 @@
 
 Contracts:
 
-* At most ``max_connections`` connections are live (HTTP and WebSocket together);
-  before refusing one, connections past their grace period are reaped.
+* At most ``max_connections`` connections are live (HTTP and WebSocket together), and
+  at most ``principal_share`` of them (three quarters) are one principal's, so one
+  token cannot lock every other out; before refusing one, connections past their
+  grace period are reaped.
 * A connection whose streams have all been gone for ``grace_s`` seconds (or that
   never opened one) is reaped exactly as a DELETE would close it. ``sweep()`` runs
   at the start of every ``/acp`` request, and a stream whose client disconnected
@@ -70,9 +72,15 @@ MONOTONIC = MonotonicClock()
 
 
 class ConnectionCapError(Exception):
-    def __init__(self, limit: int) -> None:
-        super().__init__("Too many ACP connections; retry later")
+    def __init__(self, limit: int, mine: bool = False) -> None:
+        super().__init__("Too many ACP connections of this principal; retry later" if mine
+                         else "Too many ACP connections; retry later")
         self.limit = limit
+
+
+def principal_share(max_connections: int) -> int:
+    """The connections one principal may hold: all but a quarter of the cap."""
+    return max(1, max_connections - max_connections // 4)
 
 
 class ConnectionRegistry:
@@ -94,10 +102,14 @@ class ConnectionRegistry:
 
     def create(self, connection_id: str | None = None, *, websocket: bool = False,
                caller: Caller | None = None) -> AcpConnection:
-        if len(self.connections) >= self.max_connections:
+        share = principal_share(self.max_connections)
+        if len(self.connections) >= share:
             self.sweep()
         if len(self.connections) >= self.max_connections:
             raise ConnectionCapError(self.max_connections)
+        if caller is not None and len(self.connections) >= share and sum(
+                1 for c in self.connections.values() if c.caller.name == caller.name) >= share:
+            raise ConnectionCapError(share, mine=True)
         conn = AcpConnection(connection_id or str(uuid.uuid4()), self.bridge, websocket=websocket,
                              clock=self.clock.now)
         if caller is not None:

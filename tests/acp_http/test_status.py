@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -175,3 +177,23 @@ async def test_token_and_origin_guard(tmp_path: Path) -> None:
         response = await srv.post(None, request(0, "initialize", {"protocolVersion": 1}),
                                   Authorization="Bearer s3cret", Origin="http://evil.example")
         assert response.status_code == 403
+
+
+async def test_one_principal_cannot_take_every_connection(tmp_path: Any) -> None:
+    """Three quarters of --max-acp-connections at most are one principal's: the last
+    quarter stays for the others (helper-54: one read token locked everyone out)."""
+    from acp_server.acp_http.registry import ConnectionCapError, principal_share
+    from acp_server.principals.gate import LOCAL_CALLER, Caller
+
+    assert [principal_share(n) for n in (1, 2, 4, 64)] == [1, 2, 3, 48]
+    async with running_acp_server(tmp_path, max_connections=4) as srv:
+        registry = srv.registry
+        other = Caller(dataclasses.replace(LOCAL_CALLER.principal, name="other"),
+                       LOCAL_CALLER.gate)
+        held = [registry.create(caller=LOCAL_CALLER) for _ in range(3)]
+        with pytest.raises(ConnectionCapError, match="of this principal"):
+            registry.create(caller=LOCAL_CALLER)
+        registry.create(caller=other)   # the last one: another principal's
+        with pytest.raises(ConnectionCapError, match="Too many ACP connections; retry"):
+            registry.create(caller=other)
+        assert len(held) == 3
