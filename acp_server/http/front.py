@@ -523,14 +523,19 @@ def _collapsed(path: str) -> str:
 
 
 def _replay(chunks: list[bytes], last: Message | None, receive: Receive) -> Receive:
-    """A ``receive`` that gives the body read so far as one message, then the rest."""
+    """A ``receive`` that gives the body read so far as one message, then the rest. A
+    disconnect seen while reading (``last``) follows an unfinished body: the body was
+    never complete, and the app's reader says so (``ClientDisconnected``)."""
     pending: list[Message] = []
     if last is not None and "more" in last:
         pending.append({"type": "http.request", "body": b"".join(chunks), "more_body": True})
+    elif last is not None:   # a disconnect seen while reading
+        if chunks:
+            pending.append({"type": "http.request", "body": b"".join(chunks),
+                            "more_body": True})
+        pending.append(last)
     else:
         pending.append({"type": "http.request", "body": b"".join(chunks), "more_body": False})
-        if last is not None:   # a disconnect seen while reading
-            pending.append(last)
 
     async def replayed() -> Message:
         if pending:

@@ -30,3 +30,25 @@ async def test_disconnect_mid_body_logs_one_quiet_line(tmp_path: Path) -> None:
     assert "Traceback" not in log and "Exception in ASGI application" not in log, log
     for path in paths:
         assert f"client disconnected during the request body: POST {path}\n" in log
+
+
+@pytest.mark.parametrize("server", ["granian", "uvicorn"])
+async def test_a_prompt_whose_body_was_cut_short_is_not_admitted(tmp_path: Path,
+                                                                 server: str) -> None:
+    """The prompt route's fast path read a body whose client went away before its
+    Content-Length: a prefix that is valid JSON was admitted as a prompt (helper-51)."""
+    async with ServeProcess(tmp_path, "--http-server", server) as daemon:
+        made = await daemon.client.post("/session", json={"sessionScope": "thread"})
+        sid = made.json()["sessionId"]
+        body = b'{"prompt":[{"type":"text","text":"/sleep 3s cut short"}]}'
+        stream = await daemon.raw()
+        await stream.send(f"POST /session/{sid}/prompt HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                          f"Content-Type: application/json\r\nContent-Length: {len(body) + 100}"
+                          "\r\n\r\n".encode() + body)
+        await stream.aclose()
+        line = f"client disconnected during the request body: POST /session/{sid}/prompt"
+        with anyio.fail_after(10):
+            while line not in daemon.stderr_text():
+                await anyio.sleep(0.02)
+        status = (await daemon.client.get(f"/session/{sid}/status")).json()
+        assert status["pendingPrompts"] == 0 and status["lastEventId"] == 0, status
