@@ -56,6 +56,7 @@ from bridge.errors import (
     BranchWhilePromptActiveError,
     InvalidClientIdError,
     NotSupportedError,
+    SessionClosedError,
     SessionIdNotHonoredError,
     SessionNotFoundError,
     SessionNotRestorableError,
@@ -573,15 +574,33 @@ class Bridge(Journaling, PromptsAPI):
         if self.agents.capability(session.agent_name, "sessionCapabilities", "fork") is None:
             raise NotSupportedError("The agent does not support session/fork")
 
+        waiting = True   # its caller (a client gone, say): a fork made after is dropped
+
         async def fork() -> Session:
+            if not waiting:
+                raise SessionClosedError(session_id, "branch_abandoned")
             await self._agent_of(session)   # a restored session: the agent knows it first
-            return await self._spawn("session/fork", session.agent_name, fork_of=session_id,
-                                     owner=owner)
+            forked = await self._spawn("session/fork", session.agent_name,
+                                       fork_of=session_id, owner=owner)
+            if not waiting:
+                self._drop_fork(forked)
+            return forked
 
         item = WorkItem(fork)
         session.enqueue_work(item)
-        forked: Session = await item.wait()
-        return self._info(forked, attached=False)
+        try:
+            made: Session = await item.wait()
+        except BaseException:
+            waiting = False
+            if item.done.is_set() and isinstance(item.outcome, Session):
+                self._drop_fork(item.outcome)   # made as its caller left
+            raise
+        return self._info(made, attached=False)
+
+    def _drop_fork(self, forked: Session) -> None:
+        """A fork nobody waits for any more: closed, its slot given back."""
+        if self._sessions.get(forked.session_id) is forked:
+            self.close_session_soon(forked.session_id, reason="branch_abandoned")
 
     # -- events and clients --------------------------------------------------------------
     def subscribe(self, session_id: str, *, last_event_id: int | None = None,

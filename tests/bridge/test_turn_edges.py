@@ -6,6 +6,7 @@ closed session kept alive by its URL elicitation."""
 from __future__ import annotations
 
 import gc
+from collections import deque
 import weakref
 from typing import Any
 
@@ -215,3 +216,34 @@ async def test_a_closed_session_is_not_kept_alive_by_its_url_elicitation() -> No
         assert bridge.elicitations.session_of("el-s1") == "s1"   # still completes by id
         # each one's worker ends at its next checkpoint; then nothing holds it
         await wait_until(lambda: gc.collect() >= 0 and all(r() is None for r in refs))
+
+
+@pytest.mark.parametrize("when", ["queued", "forking"])
+async def test_a_branch_whose_caller_left_makes_no_session(tmp_path: Any, when: str) -> None:
+    """helper-51: a client gone while its branch waited kept the fork anyway, a live
+    session nobody knew of, holding a slot until the idle reaper."""
+    async with open_bridge(tmp_path) as (bridge, agent):
+        sid = (await bridge.create_session()).session_id
+        agent.hang_new = anyio.Event()   # session/fork waits for it
+        async with anyio.create_task_group() as tg:
+            if when == "queued":   # behind another branch of the session
+                tg.start_soon(bridge.branch_session, sid)
+                await wait_until(lambda: any(m == "session/fork" for m, _ in agent.calls))
+            with anyio.CancelScope() as waiter:
+                async def leaves() -> None:
+                    await wait_until(lambda: len(bridge.get_session(sid)._work) == 1
+                                     or sum(m == "session/fork" for m, _ in agent.calls) == 1)
+                    waiter.cancel()
+
+                tg.start_soon(leaves)
+                await bridge.branch_session(sid)
+            assert waiter.cancelled_caught
+            agent.hang_new.set()   # the fork(s) the agent was making come back
+        kept = 2 if when == "queued" else 1   # the first branch's caller still waits
+        await wait_until(lambda: bridge._in_flight_spawns == 0
+                         and bridge.get_session(sid)._work == deque()
+                         and len(bridge.sessions()) == kept == bridge.capacity.taken)
+        # the queued one never reached the agent; a fork made as its caller left is closed
+        assert sum(m == "session/fork" for m, _ in agent.calls) == 1
+        if when == "forking":
+            assert any(m == "session/close" for m, _ in agent.calls)
