@@ -48,8 +48,9 @@ def history_of(events: list[Event], active: str | None, terminals: list[PromptTe
     """The history of ``events`` (a ring, oldest first) while prompt ``active`` runs
     (also of a session read back from its journal: ``acp_server.fleet.replica``)."""
     split = len(events)
-    if active is not None:
-        split = next((i for i, e in enumerate(events) if e.prompt_id == active), split)
+    if active is not None:   # from its turn's first event (its queueing came before)
+        split = next((i for i, e in enumerate(events) if e.prompt_id == active
+                      and e.type != ev.PENDING_PROMPT_ADDED), split)
     return SessionHistory(
         compacted_replay=compact(events[:split]),
         live_journal=events[split:],

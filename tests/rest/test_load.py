@@ -117,3 +117,32 @@ async def test_cold_load_after_delete_carries_the_agent_replay(server: RunningSe
     frames = await server.events_until(sid, "replay_complete", last_event_id=body["lastEventId"],
                                        epoch=body["eventEpoch"])
     assert [kind for kind, _ in frames] == ["replay_complete"]
+
+
+async def test_a_prompt_queued_behind_another_has_only_its_turn_in_the_live_journal(
+        server: RunningServer) -> None:
+    """helper-51: the split was at the running prompt's first event, its
+    ``pending_prompt_added``, published while the prompt before it still streamed:
+    that turn's chunks landed in ``liveJournal``, not joined, as if the new one's."""
+    sid = (await server.create_session(sessionScope="thread"))["sessionId"]
+    first = (await server.prompt(sid, "/permission first")).json()["promptId"]
+    frames = await server.events_until(sid, "permission_request", last_event_id=0)
+    request_id = frames[-1][1]["data"]["requestId"]
+    running = (await server.prompt(sid, "/permission second")).json()["promptId"]
+    await server.client.post(f"/session/{sid}/permission/{request_id}", json={
+        "outcome": {"outcome": "selected", "optionId": "allow_once"}})
+    asked: list[str] = []
+
+    def second_question(kind: str, _data: Any) -> bool:
+        asked.extend([kind] if kind == "permission_request" else [])
+        return len(asked) == 2
+
+    await server.events_until(sid, second_question, last_event_id=0)
+    body = (await server.client.post(f"/session/{sid}/load", json={})).json()
+    journal = body["liveJournal"]
+    assert journal and {e["promptId"] for e in journal} == {running}
+    assert journal[0]["type"] == "pending_prompt_started"
+    replay = body["compactedReplay"]
+    assert any(e["type"] == "turn_complete" and e.get("promptId") == first for e in replay)
+    assert any(e["type"] == "pending_prompt_added" and e.get("promptId") == running
+               for e in replay)
