@@ -125,7 +125,8 @@ class PermissionMediator:
             raise PermissionNotFoundError(request_id, session_id)
         if outcome.get("outcome") == "selected":
             option_id = outcome.get("optionId")
-            if option_id == RESERVED_OPTION_ID or option_id not in pending.option_ids:
+            if not isinstance(option_id, str) or option_id == RESERVED_OPTION_ID \
+                    or option_id not in pending.option_ids:   # (a dict is unhashable)
                 raise InvalidPermissionOptionError(request_id, str(option_id))
             resolved = {"outcome": "selected", "optionId": option_id}
         else:

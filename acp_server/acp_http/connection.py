@@ -380,7 +380,12 @@ class AcpConnection:
         self.caller: Caller = LOCAL_CALLER
 
     def replies_full(self) -> bool:
-        """``REPLY_BUFFER_BYTES`` or more wait in this connection's buffers."""
+        """``REPLY_BUFFER_BYTES`` or more wait in this connection's buffers, or one of
+        them is at its frame cap, counting the requests still running (a reply put
+        there would be dropped)."""
+        if len(self.frames) + len(self.in_flight) >= CONNECTION_BUFFER - 1 or any(
+                len(c.replies) >= SESSION_BUFFER - 1 for c in self.channels.values()):
+            return True
         total = self.frames.nbytes + sum(c.replies.nbytes for c in self.channels.values())
         return total >= REPLY_BUFFER_BYTES
 

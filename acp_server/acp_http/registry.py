@@ -141,13 +141,13 @@ class ConnectionRegistry:
         """Every other live connection serving ``session_id`` owns it now; ``False``
         when there is none."""
         heirs = [other for other in self.connections.values()
-                 if other is not conn and session_id in other.channels]
+                 if other is not conn and _serves(other, session_id)]
         for heir in heirs:
             heir.own(session_id)
         return bool(heirs)
 
     def served_elsewhere(self, session_id: str, conn: AcpConnection) -> bool:
-        return any(other is not conn and session_id in other.channels
+        return any(other is not conn and _serves(other, session_id)
                    for other in self.connections.values())
 
     def shutdown(self) -> None:
@@ -209,7 +209,7 @@ class ConnectionRegistry:
         due = [entry for entry in self.lingering if entry[0] <= now]
         self.lingering = [entry for entry in self.lingering if entry[0] > now]
         for _deadline, request_id, session_id in due:
-            if any(session_id in c.channels for c in self.connections.values()):
+            if any(_serves(c, session_id) for c in self.connections.values()):
                 continue   # a live connection serves the session: it was re-sent there
             try:
                 self.bridge.respond_to_permission(request_id, {"outcome": "cancelled"},
@@ -217,3 +217,8 @@ class ConnectionRegistry:
             except BridgeError:
                 pass   # answered meanwhile, or the session is gone
 
+
+def _serves(conn: AcpConnection, session_id: str) -> bool:
+    """``conn`` has a channel of ``session_id`` and its principal sees the session (a
+    stream another principal opened for it serves nothing: ``AcpConnection.channel``)."""
+    return session_id in conn.channels and conn.caller.sees_session(session_id)

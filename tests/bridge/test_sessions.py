@@ -116,8 +116,11 @@ async def test_first_responder_permission(tmp_path):
         request_id = request.data["requestId"]
         assert request.data["sessionId"] == sid and request.promptId == ticket.prompt_id
         assert [o["optionId"] for o in request.data["options"]] == ["yes", "no"]
-        with pytest.raises(InvalidPermissionOptionError):
-            bridge.respond_to_permission(request_id, {"outcome": "selected", "optionId": "maybe"})
+        # an option it did not offer, or not a string at all (a dict raised TypeError)
+        for wrong in ("maybe", {"x": 1}, [1], None, 1):
+            with pytest.raises(InvalidPermissionOptionError):
+                bridge.respond_to_permission(request_id,
+                                             {"outcome": "selected", "optionId": wrong})
         with pytest.raises(PermissionNotFoundError):   # a vote through another session
             bridge.permissions.vote(request_id, {"outcome": "cancelled"}, session_id="nope")
         bridge.respond_to_permission(request_id, {"outcome": "selected", "optionId": "yes"},

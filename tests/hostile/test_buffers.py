@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from acp_server.acp_http.connection import REPLY_BUFFER_BYTES
+from acp_server.acp_http.connection import CONNECTION_BUFFER, REPLY_BUFFER_BYTES
 from tests.acp_http.wsclient import ws_connect
 from tests.hostile.test_input import INIT, JSON, acp_connection
 from tests.lmsp.server import LmspServer
@@ -42,6 +42,31 @@ async def test_reply_buffer_is_capped_in_bytes(server: LmspServer) -> None:
         response = await server.client.post("/acp", headers=headers, content=json.dumps(
             {"jsonrpc": "2.0", "id": 99, "method": "session/list"}))
         assert response.status_code == 202
+
+
+async def test_small_replies_past_the_frame_cap_are_refused_not_dropped(
+        server: LmspServer) -> None:
+    """helper-52: 2,500 small requests without a reader were all answered 202 and 452
+    replies were dropped (the frame cap, 2,048, came long before the byte cap)."""
+    conn = await acp_connection(server)
+    headers = {**JSON, "Acp-Connection-Id": conn}
+    statuses = []
+    for i in range(CONNECTION_BUFFER + 10):
+        response = await server.client.post("/acp", headers=headers, content=json.dumps(
+            {"jsonrpc": "2.0", "id": i, "method": "nope/unknown"}))
+        statuses.append(response.status_code)
+    accepted = statuses.count(202)
+    assert statuses == [202] * accepted + [503] * (len(statuses) - accepted)
+    assert CONNECTION_BUFFER - 10 < accepted < CONNECTION_BUFFER   # every one answered:
+    async with server.client.stream("GET", "/acp", headers={
+            "Accept": "text/event-stream", "Acp-Connection-Id": conn}) as stream:
+        ids = set()
+        async for line in stream.aiter_lines():
+            if line.startswith("data: "):
+                ids.add(json.loads(line[6:])["id"])
+                if len(ids) == accepted:
+                    break
+    assert ids == set(range(accepted))
 
 
 async def test_websocket_frame_over_the_body_cap_closes_1009(server: LmspServer) -> None:

@@ -258,3 +258,25 @@ async def test_lmsp_tasks_and_responses_are_their_makers(tmp_path: Path) -> None
         assert tid in [t["id"] for t in listed]
         cancelled = await c.post(f"/lmsp/v1/tasks/{tid}/cancel", headers=ops)   # an admin may
         assert cancelled.status_code == 200, cancelled.text
+
+
+async def test_a_stream_another_principal_opens_keeps_no_acp_session_alive(
+        tmp_path: Path) -> None:
+    """helper-52: bob's stream named after alice's /acp session made bob's connection
+    its heir: alice's DELETE /acp left it live, owned by bob's connection."""
+    async with serving(tmp_path) as (srv, who):
+        alice, bob = who["alice"], who["bob"]
+        a_conn, _ = await srv.initialize(**alice)
+        async with srv.stream(a_conn, **alice) as stream:
+            made = await srv.post(a_conn, request(1, "session/new", {
+                "cwd": srv.workspace, "mcpServers": []}), **alice)
+            assert made.status_code == 202
+            sid = (await stream.wait_for_id(1))["result"]["sessionId"]
+        b_conn, _ = await srv.initialize(**bob)
+        async with srv.stream(b_conn, sid, **bob) as peek:
+            gone = await srv.client.request("DELETE", "/acp",
+                                            headers={"Acp-Connection-Id": a_conn, **alice})
+            assert gone.status_code == 202
+            status = await srv.client.get(f"/session/{sid}/status", headers=alice)
+            assert status.status_code == 404, status.text   # closed with its maker's connection
+        assert peek.messages == []
