@@ -139,6 +139,8 @@ class BoundedFifo(Generic[T]):
         self._entries.clear()
         self._sizes.clear()
         self.items = self.nbytes = 0
+        if self._low is not None:
+            self._low.set()
         return items
 
     @property

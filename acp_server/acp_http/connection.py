@@ -362,7 +362,9 @@ class AcpConnection:
         self._clock = clock
         self.websocket = websocket
         self.created_at = time.time()
-        self.frames: BoundedFifo[Frame] = BoundedFifo(CONNECTION_BUFFER, REPLY_BUFFER_BYTES)
+        self._frames_taken = Wakeup()   # the stream's reader took it below half full
+        self.frames: BoundedFifo[Frame] = BoundedFifo(CONNECTION_BUFFER, REPLY_BUFFER_BYTES,
+                                                      low_water=self._frames_taken)
         self.channels: dict[str, SessionChannel] = {}
         # agent-to-client request id -> session id, oldest first (bounded).
         self.pending_requests: OrderedDict[str, str] = OrderedDict()
@@ -392,6 +394,17 @@ class AcpConnection:
     # -- the connection stream ---------------------------------------------------------
     def push(self, payload: bytes) -> None:
         _put_reply(self.frames, Frame(None, payload), f"connection {self.id}")
+
+    async def push_paced(self, payload: bytes, timeout_s: float = FLUSH_TIMEOUT_S) -> bool:
+        """``push``, once the stream's buffer is below half full (its reader takes
+        it): a long history never overflows it. ``False`` when the reader took
+        nothing for ``timeout_s`` (nothing pushed)."""
+        with anyio.move_on_after(timeout_s):
+            while self.frames.half_full() and not self.frames.closed:
+                await self._frames_taken.wait()
+            self.push(payload)
+            return True
+        return False
 
     async def wait_ready(self) -> bool:
         return await self.frames.wait()

@@ -57,6 +57,7 @@ import msgspec
 
 from acp_server import __version__
 from acp_server.acp_http.connection import (
+    FLUSH_TIMEOUT_S,
     MAX_TRACKED_PROMPTS,
     AcpConnection,
     RpcId,
@@ -286,8 +287,12 @@ async def _session_load(conn: AcpConnection, rpc_id: RpcId, params: dict[str, An
         # message names the session (the ACP Python SDK) would never see the history
         # there. It goes on the connection stream, ahead of the answer; what follows
         # goes on the session stream (the channel counts the history as delivered).
-        for frame in channel.take_now():
-            conn.push(frame.payload)
+        for frame in channel.take_now():   # paced by its reader: the answer always fits
+            if not await conn.push_paced(frame.payload):
+                log.warning("acp %s: session/load of %s: the connection stream was not "
+                            "read for %g s; the rest of the history is not sent", conn.id,
+                            sid, FLUSH_TIMEOUT_S)
+                break
         return result
     await channel.flush_through(info.last_event_id if history is None
                                 else history.last_event_id)

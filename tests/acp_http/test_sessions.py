@@ -132,6 +132,28 @@ async def test_a_live_session_loaded_without_its_stream_answers_behind_the_histo
         assert said(before) == "Echo: remember me"
 
 
+async def test_a_history_longer_than_the_stream_buffer_is_paced_not_cut(
+        server: RunningAcpServer) -> None:
+    """helper-52: a history of more than 2,048 frames pushed on the connection stream
+    at once overflowed its buffer: the rest of the history and the answer were dropped,
+    and the client waited for ever. Now it is paced by the reader."""
+    conn_id, _ = await server.initialize()
+    async with server.stream(conn_id) as conn_stream:
+        sid = await server.new_session(conn_id, conn_stream)
+        async with server.stream(conn_id, sid) as session_stream:
+            await server.prompt(conn_id, sid, 2, "/chunks 3000 long")
+            await session_stream.wait_for_id(2, timeout=60)
+    other, _ = await server.initialize()
+    async with server.stream(other) as other_stream:
+        await server.post(other, request(3, "session/load",
+                                         {"sessionId": sid, "cwd": server.workspace,
+                                          "mcpServers": []}), sid)
+        assert (await other_stream.wait_for_id(3, timeout=60))["result"] == {}
+        chunks = [m for m in other_stream.messages if m.get("method") == "session/update"
+                  and m["params"]["update"]["sessionUpdate"] == "agent_message_chunk"]
+        assert len(chunks) == 3000
+
+
 async def test_list_close_resume_load(server: RunningAcpServer) -> None:
     conn_id, _ = await server.initialize()
     async with server.stream(conn_id) as conn_stream:
