@@ -128,6 +128,7 @@ class SessionChannel:
         self.detached: set[str] = set()   # prompt ids a close leaves running
         self.reader_attached = False
         self.retired = False
+        self.first_id = 0   # the first bus event of this channel's epoch it may carry
 
     # -- subscription ------------------------------------------------------------------
     def subscribe(self, last_event_id: int | None = None, epoch: str | None = None) -> bool:
@@ -144,6 +145,10 @@ class SessionChannel:
         if subscription.epoch != self.epoch:
             self.epoch = subscription.epoch
             self.delivered_id = self.written_id = self._taken_id = self._taking_id = 0
+            # live from now on: it never carries an event before (a replay may)
+            self.first_id = subscription.next_id if last_event_id is None else 0
+        elif last_event_id is not None:
+            self.first_id = 0   # a replay in this epoch: it may carry any of them
         old, self.subscription = self.subscription, subscription
         if old is not None:
             old.close()
@@ -239,6 +244,8 @@ class SessionChannel:
     async def flush_through(self, event_id: int) -> None:
         """Wait until the reader has written the frames of the bus events up to
         ``event_id`` (see the module contracts)."""
+        if event_id < self.first_id:   # published before this channel followed the bus
+            return
         with anyio.move_on_after(FLUSH_TIMEOUT_S):
             while self.reader_attached and not self.retired and self.written_id < event_id:
                 await self._written.wait()

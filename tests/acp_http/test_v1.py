@@ -235,6 +235,37 @@ async def test_reconnect_recipe(server: RunningAcpServer) -> None:
         assert message["result"]["_meta"]["acp-server/events"]["resync"] == "epoch_reset"
 
 
+async def test_a_finished_prompt_resent_on_a_fresh_connection_is_answered_at_once(
+        server: RunningAcpServer) -> None:
+    """helper-52: the answer waited for the fresh channel to write events it was never
+    going to carry (it follows the bus live), FLUSH_TIMEOUT_S (10 s), and on a
+    WebSocket the messages behind it waited too."""
+    from acp_server.acp_http.connection import FLUSH_TIMEOUT_S
+
+    async with ws_connect(server.base_url, "/acp") as first, \
+            ws_connect(server.base_url, "/acp") as ws:   # the first keeps the session
+        await first.send_json(request(0, "initialize", RESUMABLE))
+        await first.receive_json()
+        await first.send_json(request(1, "session/new", {"cwd": server.workspace,
+                                                         "mcpServers": []}))
+        sid = (await first.receive_json())["result"]["sessionId"]
+        await _prompt_ws(first, 2, sid, "/chunks 3 hello", "prompt-B")
+        while (await first.receive_json()).get("id") != 2:
+            pass
+        await ws.send_json(request(0, "initialize", RESUMABLE))
+        await ws.receive_json()
+        with anyio.fail_after(FLUSH_TIMEOUT_S / 2):
+            await _prompt_ws(ws, 3, sid, "/chunks 3 hello", "prompt-B")
+            await ws.send_json(request(4, "session/list", {}))
+            answers = {}
+            while len(answers) < 2:
+                message = await ws.receive_json()
+                if message.get("id") in (3, 4):
+                    answers[message["id"]] = message
+        assert answers[3].get("result") == {"stopReason": "end_turn"}, answers[3]
+        assert "sessions" in answers[4]["result"]
+
+
 async def test_lost_resumable_connection_cancels_its_permission_after_the_grace(
         tmp_path: Path) -> None:
     async with running_acp_server(tmp_path) as srv:
