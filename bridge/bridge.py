@@ -469,15 +469,16 @@ class Bridge(Journaling, PromptsAPI):
             self._journal_session(session)
         return session
 
-    def _cancel_questions(self, session: Session, reason: str) -> None:
-        """The session's pending permission requests and elicitations, cancelled."""
-        self.permissions.cancel_session(session, reason)
-        self.elicitations.cancel_session(session, reason)
+    def _cancel_questions(self, session: Session, reason: str,
+                          prompt_id: str | None = None) -> None:
+        """The session's pending permission requests and elicitations (with
+        ``prompt_id``: those asked during its turn), cancelled."""
+        self.permissions.cancel_session(session, reason, prompt_id)
+        self.elicitations.cancel_session(session, reason, prompt_id)
 
     def _end_turn_questions(self, session: Session, prompt_id: str) -> None:
         """The questions asked during a turn that has ended, still open: cancelled."""
-        self.permissions.cancel_prompt(session, prompt_id, "turn_ended")
-        self.elicitations.cancel_prompt(session, prompt_id, "turn_ended")
+        self._cancel_questions(session, "turn_ended", prompt_id)
 
     def _forget(self, session: Session) -> None:
         """Take a closing or dead session out of the registry (and the defaults); its

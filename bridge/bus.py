@@ -368,17 +368,15 @@ class EventBus:
 
     def restore(self, events: list[Event], last_event_id: int) -> None:
         """Continue a journaled bus: its newest events (in id order) and its last id."""
-        self._ring.extend(events)
         self._last_id = self._released_id = last_event_id
-        self._recount()
+        self._extend(events)
 
     def follow(self, events: list[Event]) -> None:
         """A replica of a bus another process publishes (``acp_server.fleet``): its
         committed events, with their ids, in order after ``last_event_id``, reach
         readers as ``release`` gives them (a held bus: the same flow control)."""
         if events:
-            self._ring.extend(events)
-            self._recount()
+            self._extend(events)
             self._last_id = events[-1].id  # type: ignore[assignment]
             self.release(self._last_id)
 
@@ -390,8 +388,17 @@ class EventBus:
                 and ring[0].id <= self._released_id:  # type: ignore[operator]
             self._ring_size_bytes -= ring.popleft().size
 
-    def _recount(self) -> None:
-        self._ring_size_bytes = sum(event.size for event in self._ring)
+    def _extend(self, events: list[Event]) -> None:
+        """``events`` into the ring, its bytes counted by what enters and what the
+        count drops (not the whole ring again)."""
+        ring = self._ring
+        dropped = len(ring) + len(events) - (ring.maxlen or 0)
+        if dropped > 0:   # the oldest go: first the ring's, then the new events' own
+            old = min(dropped, len(ring))
+            self._ring_size_bytes -= sum(e.size for e in itertools.islice(ring, old))
+            events = events[dropped - old:]
+        ring.extend(events)
+        self._ring_size_bytes += sum(event.size for event in events)
         self._trim_bytes()
 
     @property

@@ -134,14 +134,11 @@ class ElicitationMediator:
         session.bus.publish(ELICITATION_COMPLETE, ev.ElicitationComplete(
             session_id=session.session_id, params=params))
 
-    def cancel_session(self, session: Session, reason: str = "cancelled") -> None:
+    def cancel_session(self, session: Session, reason: str = "cancelled",
+                       prompt_id: str | None = None) -> None:
+        """The session's requests; with ``prompt_id``, those asked during its turn."""
         for pending in self._of(session):
-            self._resolve(pending, dict(CANCEL), reason=reason)
-
-    def cancel_prompt(self, session: Session, prompt_id: str, reason: str) -> None:
-        """Those asked during the turn of ``prompt_id``, which has ended."""
-        for pending in self._of(session):
-            if pending.prompt_id == prompt_id:
+            if prompt_id is None or pending.prompt_id == prompt_id:
                 self._resolve(pending, dict(CANCEL), reason=reason)
 
     def _resolve(self, pending: _Pending, answer: dict[str, Any],

@@ -16,9 +16,9 @@ The API (the bridge calls ``request`` for its agents; doors reach ``vote`` throu
   ``RequestPermissionOutcome`` (``{"outcome": "selected", "optionId": ...}`` or
   ``{"outcome": "cancelled"}``) from any voter (a REST client, an ``/acp`` client, the
   LMSP policy, ...).
-* ``cancel_session(session, reason)``, ``cancel_prompt(session, prompt_id, reason)``
-  (the requests asked during that prompt's turn), ``count(session)``,
-  ``pending_count``, ``is_pending(request_id)``.
+* ``cancel_session(session, reason, prompt_id=None)`` (with ``prompt_id``: only the
+  requests asked during that prompt's turn), ``count(session)``, ``pending_count``,
+  ``is_pending(request_id)``.
 
 Contracts: the first valid vote resolves a request; a later vote, or a vote for an
 unknown request (or one of another session, when ``session_id`` is given), raises
@@ -133,14 +133,11 @@ class PermissionMediator:
             resolved = dict(CANCELLED)
         self._resolve(pending, resolved, voter_client_id)
 
-    def cancel_session(self, session: Session, reason: str = "cancelled") -> None:
+    def cancel_session(self, session: Session, reason: str = "cancelled",
+                       prompt_id: str | None = None) -> None:
+        """The session's requests; with ``prompt_id``, those asked during its turn."""
         for pending in list(self._by_session.get(session.session_id, {}).values()):
-            self._resolve(pending, dict(CANCELLED), None, reason=reason)
-
-    def cancel_prompt(self, session: Session, prompt_id: str, reason: str) -> None:
-        """Those asked during the turn of ``prompt_id``, which has ended."""
-        for pending in list(self._by_session.get(session.session_id, {}).values()):
-            if pending.prompt_id == prompt_id:
+            if prompt_id is None or pending.prompt_id == prompt_id:
                 self._resolve(pending, dict(CANCELLED), None, reason=reason)
 
     def _resolve(self, pending: PendingPermission, outcome: dict[str, Any],

@@ -61,7 +61,7 @@ from acp_server.http import body
 from acp_server.http.body import BodyError, check_json
 from acp_server.http.headers import event_epoch, last_event_id
 from acp_server.principals import caller_of
-from bridge.errors import BridgeError, SessionNotFoundError
+from bridge.errors import BridgeError
 from bridge.jsonrpc import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
@@ -226,8 +226,6 @@ async def get_acp(request: Request, registry: ConnectionRegistry,
         channel = conn.channel(session_id)
         if not channel.reader_attached:
             _rewind(request, channel)
-    except SessionNotFoundError as exc:   # another principal's session
-        return _json(404, encode_bridge_error(None, exc))
     except BridgeError as exc:   # the bus's subscriber cap, or too many session streams
         return _json(429, encode_bridge_error(None, exc), {"Retry-After": "5"})
     release = _attach(conn, channel, "Session")

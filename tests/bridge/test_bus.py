@@ -363,3 +363,28 @@ async def test_a_held_ring_keeps_what_readers_were_not_released() -> None:
     assert len(bus._ring) == 10   # none committed yet: none dropped
     bus.release(10)
     assert bus.ring_size_bytes <= 32 * 1024 and bus.ring_events()[-1].id == 10
+
+
+@pytest.mark.parametrize("batches", [[5], [2, 2, 2], [1, 6]])
+async def test_a_followed_or_restored_ring_counts_its_bytes_as_it_goes(
+        batches: list[int]) -> None:
+    """``follow`` and ``restore`` count what enters and what the count drops (a batch
+    longer than the ring included), the same sum as the ring's events."""
+    from bridge.events import Event
+
+    next_id = 1
+    for method in ("follow", "restore"):
+        bus = EventBus(ring_size=3, ring_bytes=1 << 20)
+        for size in batches:
+            events = []
+            for _ in range(size):
+                event = Event(next_id, "agent_message_chunk", {"text": "x"})
+                event.size = 100 * next_id
+                events.append(event)
+                next_id += 1
+            if method == "follow":
+                bus.follow(events)
+            else:
+                bus.restore(events, events[-1].id)
+            assert bus.ring_size_bytes == sum(e.size for e in bus._ring)
+            assert len(bus._ring) <= 3
