@@ -105,3 +105,27 @@ def test_each_event_goes_under_its_own_prompt_and_a_drop_is_a_drop(console: Cons
                                    ["turn-dropped", "dropped from the queue before it ran", None]]],
         ["turn", "q2", "running", [["msg-user", "You\nqueued two", None]]],
     ]
+
+
+def test_a_drop_is_a_drop_when_the_page_never_saw_the_prompt_queued(console: Console,
+                                                                     page: Page) -> None:
+    """After a resync (or any start past a prompt's ``pending_prompt_added``), the
+    cancel with reason ``removed`` still says the prompt was dropped before it ran,
+    and its turn end does not turn it into a cancelled turn."""
+    page.goto(console.url("/web/transcript.js"))
+    blocks = page.evaluate(RENDER, [
+        ("state_resync_required", {"type": "state_resync_required", "data": {
+            "reason": "ring_evicted", "lastDeliveredId": 0, "earliestAvailableId": 7}}),
+        _event("prompt_cancelled", "q1", reason="removed"),
+        _event("turn_complete", "q1", stopReason="cancelled", promptId="q1"),
+        _event("prompt_cancelled", "r", reason="client_cancel"),
+        _event("turn_complete", "r", stopReason="cancelled", promptId="r"),
+    ])
+    assert blocks == [
+        ["resync-notice", "Events before #7 are no longer available (ring_evicted); "
+                          "the transcript starts there.", None],
+        ["turn", "q1", "dropped", [["turn-dropped", "dropped from the queue before it ran",
+                                    None]]],
+        ["turn", "r", "cancelled", [["note", "cancel requested (client_cancel)", None],
+                                    ["note", "turn ended: cancelled", None]]],
+    ]

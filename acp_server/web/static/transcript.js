@@ -170,8 +170,10 @@ export class Transcript {
     turn.queued = null;
   }
 
+  // "removed" is the server's word for a prompt dropped while queued: a drop even
+  // when this page never saw the prompt queued (it opened after a resync).
   cancelled(turn, reason) {
-    if (turn.state === "queued") {   // it never ran: dropped from the queue
+    if (turn.state === "queued" || (reason === "removed" && turn.state !== "running")) {
       turn.state = "dropped";
       if (turn.queued) {
         turn.queued.classList.replace("queued", "dropped");
