@@ -93,7 +93,9 @@ def test_a_deleted_session_says_it_ended_and_offers_the_list(console: Console, p
     page.goto(console.url(f"/#/session/{sid}"))
     expect(page.get_by_test_id("stream-state")).to_have_text("live")
     console.client.delete(f"/session/{sid}")
-    expect(page.get_by_test_id("session-banner")).to_contain_text("This session has ended")
+    banner = page.get_by_test_id("session-banner")
+    expect(banner).to_contain_text("This session has ended")
+    expect(banner).not_to_contain_text("do not outlive")   # they do, on the default journal
     expect(page.get_by_test_id("back-to-list")).to_be_visible()
 
 

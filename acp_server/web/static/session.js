@@ -228,8 +228,9 @@ export function mount(root, [sessionId], ctx) {
         await request("POST", `${base}/load`, {});
       } catch (error) {
         if (error.status === 404) {
-          endSession("This session has ended: the server no longer has it (it was restarted, "
-            + "and sessions do not outlive the server yet), or another principal made it.");
+          endSession("This session has ended: the server no longer has it (it was deleted or "
+            + "purged, or the server restarted with --session-journal memory), or another "
+            + "principal made it.");
           return;
         }
         if (error.status) {
