@@ -13,7 +13,8 @@ Contracts:
   the BLAKE2b of its id (32 hex digits). Both are fixed for a session's life (a
   restored session keeps its journaled creation time), so the order of the sessions
   that stay is the same on every read: the ties of one microsecond are broken by the
-  hash, not by arrival.
+  hash, not by arrival. (A creation time out of ``0..MAX_CREATED_US`` counts as the
+  nearer bound, one that is not a number as 0.)
 * A page is the ``size`` sessions after the cursor's key in that order (strictly
   after: the key itself, the last session of the previous page, is not repeated). A
   session live for the whole walk is on exactly one page; one created or closed
@@ -38,6 +39,7 @@ from __future__ import annotations
 import base64
 import bisect
 import hashlib
+import math
 import re
 from collections.abc import Iterable
 from typing import Annotated
@@ -73,7 +75,8 @@ _encoder = msgspec.json.Encoder()
 def key_of(status: SessionStatus) -> SessionKey:
     digest = hashlib.blake2b(status.session_id.encode("utf-8", "surrogatepass"),
                              digest_size=_HASH_BYTES).hexdigest()
-    created_us = min(max(round(status.created_at * 1_000_000), 0), MAX_CREATED_US)
+    created = status.created_at if math.isfinite(status.created_at) else 0.0
+    created_us = min(max(round(created * 1_000_000), 0), MAX_CREATED_US)
     return SessionKey(createdUs=created_us, sessionHash=digest)
 
 
