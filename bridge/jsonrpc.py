@@ -14,9 +14,13 @@ Contracts:
   It never narrows them through a typed schema.
 * ``id`` distinguishes "absent" (``UNSET``: a notification) from JSON ``null``
   (``None``: an error response to an unidentifiable request).
-* Bad input raises ``JsonRpcParseError`` (-32700, not JSON) or
-  ``JsonRpcInvalidRequest`` (-32600, JSON but not a JSON-RPC 2.0 message); the latter
-  carries the ``id`` when one could be read, for the error answer.
+* Bad input raises ``JsonRpcParseError`` (-32700, not JSON: cut short, trailing
+  characters, invalid UTF-8 in a member it reads, ``NaN``, or nested too deeply for
+  the decoder) or ``JsonRpcInvalidRequest`` (-32600, JSON but not a JSON-RPC 2.0
+  message); the latter carries the ``id`` when one could be read, for the error
+  answer. Duplicate member names are JSON: the last one counts (as ``JSON.parse``).
+  ``params`` / ``result`` / ``data`` are only skipped, their strings' UTF-8 not
+  checked: a caller that needs that checks the bytes first.
 * The ``encode_*`` helpers return one message as ``bytes`` without a trailing
   newline. ``params``/``result``/``data`` may be any msgspec-encodable value,
   including ``msgspec.Raw`` (written through verbatim).
@@ -157,15 +161,37 @@ def _is_structured(raw: msgspec.Raw) -> bool:
     return text[:1] in (b"{", b"[")
 
 
+def _parse_failure(data: bytes) -> str | None:
+    """Why ``data`` is not JSON, or ``None`` when it is. The typed decoder stops at the
+    first member of the wrong type, before it has read the rest (``[1,2`` or
+    ``{"id":[`` cut short, ``12x``): only the whole text tells a parse error from an
+    invalid request. A number out of range is JSON (msgspec holds no value for it)."""
+    try:
+        _value_decoder.decode(data)
+    except msgspec.ValidationError:
+        return None
+    except msgspec.DecodeError as exc:
+        return str(exc)
+    except RecursionError:
+        return "JSON nested too deeply"
+    return None
+
+
 def decode_message(data: bytes | bytearray | memoryview | str) -> Message:
-    """Decode one message. Raises ``JsonRpcParseError`` / ``JsonRpcInvalidRequest``."""
+    """Decode one message. Raises ``JsonRpcParseError`` (not JSON, nested too deeply)
+    / ``JsonRpcInvalidRequest`` (JSON, not a JSON-RPC 2.0 message)."""
     try:
         msg = _message_decoder.decode(data)
     except msgspec.ValidationError as exc:
         raw = data.encode() if isinstance(data, str) else bytes(data)
+        failure = _parse_failure(raw)
+        if failure is not None:
+            raise JsonRpcParseError(f"Parse error: {failure}") from None
         raise JsonRpcInvalidRequest(f"Invalid Request: {exc}", id=_salvage_id(raw)) from None
     except msgspec.DecodeError as exc:
         raise JsonRpcParseError(f"Parse error: {exc}") from None
+    except RecursionError:
+        raise JsonRpcParseError("Parse error: JSON nested too deeply") from None
 
     ident: JsonRpcId = None if msg.id is UNSET else msg.id
     if msg.jsonrpc != "2.0":

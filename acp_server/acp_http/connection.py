@@ -50,6 +50,9 @@ Contracts:
   id).
 * A ``resumable`` connection (asked for at ``initialize``) gets the bus event id and
   epoch of every event frame in ``params._meta`` (``frames.with_event_meta``).
+* At most ``MAX_CHANNELS_PER_CONNECTION`` channels. A request that makes or restores
+  a session holds one (``channel_room``) before the bridge makes it: past the cap it
+  is refused with no session made.
 * ``in_flight`` maps the request ids of the requests running now to their cancel
   scopes (``$/cancel_request``, and ``close()``), bounded by the requests a client can
   have running.
@@ -57,10 +60,11 @@ Contracts:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import anyio
 
@@ -376,6 +380,7 @@ class AcpConnection:
         # agent-to-client request id -> session id, oldest first (bounded).
         self.pending_requests: OrderedDict[str, str] = OrderedDict()
         self.owned: set[str] = set()   # sessions this connection made
+        self.making = 0   # channels held for sessions being made (``channel_room``)
         self.reader_attached = False
         self.open_streams = 0
         self.streams_gone_at: float | None = clock()
@@ -441,9 +446,28 @@ class AcpConnection:
         raise ConnectionClosedError(self.id)
 
     # -- session channels ------------------------------------------------------------
+    @contextlib.contextmanager
+    def channel_room(self, session_id: str | None = None) -> Iterator[None]:
+        """Hold a channel for the session a request is about to make or restore
+        (``session_id``, when known and without a channel here): ``ChannelLimitError``
+        now, before the session exists, when the channels and those held are at the
+        cap. The caller opens the channel (``channel``) right after the block, with no
+        wait between."""
+        if session_id is not None and session_id in self.channels:
+            yield
+            return
+        if len(self.channels) + self.making >= MAX_CHANNELS_PER_CONNECTION:
+            raise ChannelLimitError(MAX_CHANNELS_PER_CONNECTION)
+        self.making += 1
+        try:
+            yield
+        finally:
+            self.making -= 1
+
     def channel(self, session_id: str) -> SessionChannel:
         """This connection's channel for ``session_id``, created (and subscribed when
-        the bridge knows the session) on first use. Raises ``ChannelLimitError`` or
+        the bridge knows the session) on first use. Raises ``ChannelLimitError`` (its
+        channels and those held by ``channel_room`` at the cap) or
         ``ConnectionClosedError`` once closed (a late reply must not subscribe).
         Another principal's session gets a channel as an unknown id does (existence
         does not leak), which is never subscribed (``SessionChannel.subscribe``)."""
@@ -451,7 +475,7 @@ class AcpConnection:
             raise ConnectionClosedError(self.id)
         channel = self.channels.get(session_id)
         if channel is None:
-            if len(self.channels) >= MAX_CHANNELS_PER_CONNECTION:
+            if len(self.channels) + self.making >= MAX_CHANNELS_PER_CONNECTION:
                 raise ChannelLimitError(MAX_CHANNELS_PER_CONNECTION)
             channel = self.channels[session_id] = SessionChannel(self, session_id)
             if self.on_channel is not None:

@@ -251,9 +251,10 @@ async def _session_new(conn: AcpConnection, rpc_id: RpcId, params: dict[str, Any
     the server's default agent), labelled by ``_meta["acp-server/origin"]``; the reply
     is the agent's own, unknown fields kept."""
     agent = meta_value(params, AGENT_META, str)
-    info = await conn.bridge.create_session(cwd=_cwd(params), agent=agent,
-                                            origin=session_origin(params.get("_meta")),
-                                            owner=conn.caller.name)
+    with conn.channel_room():   # past the channel cap: refused before the session exists
+        info = await conn.bridge.create_session(cwd=_cwd(params), agent=agent,
+                                                origin=session_origin(params.get("_meta")),
+                                                owner=conn.caller.name)
     _claim(conn, info.session_id, "new", agent)
     if not info.attached:
         conn.own(info.session_id)
@@ -270,7 +271,7 @@ async def _session_load(conn: AcpConnection, rpc_id: RpcId, params: dict[str, An
     sid = _session_id(params)
     cursor = cursor_param(params)
     agent = meta_value(params, AGENT_META, str)
-    with may_hand_off(conn.caller.sees):   # a session live elsewhere may be asked for
+    with may_hand_off(conn.caller.sees), conn.channel_room(sid):   # may be asked for
         info = await conn.bridge.load_session(sid, cwd=_cwd(params), agent=agent,
                                               owner=conn.caller.name)
     if not info.attached:   # restored by this connection: it made it
@@ -303,7 +304,7 @@ async def _session_resume(conn: AcpConnection, rpc_id: RpcId, params: dict[str, 
     sid = _session_id(params)
     cursor = cursor_param(params)
     agent = meta_value(params, AGENT_META, str)
-    with may_hand_off(conn.caller.sees):
+    with may_hand_off(conn.caller.sees), conn.channel_room(sid):
         info = await conn.bridge.resume_session(sid, cwd=_cwd(params), agent=agent,
                                                 owner=conn.caller.name)
     if not info.attached:
@@ -457,7 +458,8 @@ async def _session_fork(conn: AcpConnection, rpc_id: RpcId, params: dict[str, An
     """Unstable ACP ``session/fork``: our branch (behind the session's FIFO)."""
     sid = _session_id(params)
     conn.bridge.check_workspace(_cwd(params))
-    info = await conn.bridge.branch_session(sid, owner=conn.caller.name)
+    with conn.channel_room():
+        info = await conn.bridge.branch_session(sid, owner=conn.caller.name)
     _claim(conn, info.session_id, "branch", forked_from=sid)
     conn.channel(info.session_id)
     return {**info.agent_result, "sessionId": info.session_id}

@@ -15,10 +15,11 @@ Status rules (each answer with a JSON-RPC error body unless noted):
   connection is its opener's: another principal naming it gets 404, as for an
   unknown one.
 * POST: ``Content-Type`` not ``application/json`` → 415; a batch array → 501
-  ``{"error": ...}``; malformed JSON → 400 ``-32700``; not JSON-RPC 2.0 → 400
-  ``-32600``; body over ``max_body_bytes`` → 413. ``initialize`` → 200 with the
-  response inline and ``Acp-Connection-Id`` (503 + ``Retry-After: 5`` + ``-32603`` at
-  the connection cap; 400 when it carries an ``Acp-Connection-Id``). Anything else
+  ``{"error": ...}``; malformed JSON → 400 ``-32700``; not JSON-RPC 2.0 (``[]``
+  too) → 400 ``-32600`` (``inbound``: the rules of a WebSocket frame too); body over
+  ``max_body_bytes`` → 413. ``initialize`` → 200 with the response inline and
+  ``Acp-Connection-Id`` (503 + ``Retry-After: 5`` + ``-32603`` at the connection
+  cap; 400 when it carries an ``Acp-Connection-Id``). Anything else
   needs ``Acp-Connection-Id`` (missing → 400 ``-32600``; unknown → 404 ``-32600``);
   ``Acp-Session-Id`` ≠ ``params.sessionId`` → 400 ``-32602``; a session-scoped method
   names its session by ``Acp-Session-Id``, else by ``params.sessionId`` (as qwen's
@@ -57,8 +58,8 @@ from acp_server.acp_http.dispatch import (
 from acp_server.acp_http.config import AcpConfig
 from acp_server.acp_http.registry import ConnectionCapError, ConnectionRegistry
 from acp_server.acp_http.streams import FrameStream
+from acp_server.acp_http.inbound import BatchRefused, read_message, refusal
 from acp_server.http import body
-from acp_server.http.body import BodyError, check_json
 from acp_server.http.headers import event_epoch, last_event_id
 from acp_server.principals import caller_of
 from bridge.errors import BridgeError
@@ -66,11 +67,8 @@ from bridge.jsonrpc import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
     INVALID_REQUEST,
-    PARSE_ERROR,
-    JsonRpcInvalidRequest,
-    JsonRpcParseError,
+    JsonRpcError,
     Message,
-    decode_message,
     encode_error,
     encode_result,
 )
@@ -120,28 +118,11 @@ async def _read_message(request: Request, limit: int) -> Message | Response:
         return _json(413, msgspec.json.encode({"error": "Request body too large",
                                                "code": "payload_too_large", "limit": limit}))
     try:
-        check_json(raw)
-        if raw.lstrip()[:1] == b"[" and _is_array(raw):
-            return _json(501, _BATCH)
-        return decode_message(raw)
-    except BodyError as exc:   # nested too deep / too many containers: refused unparsed
-        return _rpc_error(400, None, PARSE_ERROR, f"Parse error: {exc.message}")
-    except JsonRpcParseError as exc:
-        return _rpc_error(400, None, exc.code, exc.message)
-    except JsonRpcInvalidRequest as exc:
-        return _rpc_error(400, exc.id, exc.code, exc.message)
-
-
-def _is_array(raw: bytes) -> bool:
-    """A well-formed JSON array (a batch); anything else starting with ``[`` is a
-    parse error."""
-    try:
-        return isinstance(_any_decoder.decode(raw), list)
-    except msgspec.DecodeError:
-        return False
-
-
-_any_decoder: msgspec.json.Decoder[object] = msgspec.json.Decoder()
+        return read_message(raw)   # the same rules as a WebSocket frame
+    except BatchRefused:
+        return _json(501, _BATCH)
+    except JsonRpcError as exc:   # -32700 / -32600
+        return _json(400, refusal(exc))
 
 
 async def post_acp(request: Request, registry: ConnectionRegistry,

@@ -53,7 +53,7 @@ from acp_server.acp_http.dispatch import (
 from acp_server.acp_http.registry import ConnectionCapError, ConnectionRegistry
 from acp_server.acp_http.streamable import REQUEST_ONLY
 from acp_server.acp_http.streams import FrameSource
-from acp_server.http.body import BodyError, check_json
+from acp_server.acp_http.inbound import BATCH_MESSAGE, BatchRefused, read_message, refusal
 from acp_server.acp_http.errors import render_refusal
 from acp_server.http.policy import BEARER_PROTOCOL, GuardPolicy, Refusal
 from acp_server.principals import Caller, caller_of
@@ -62,12 +62,9 @@ from bridge.jsonrpc import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
     INVALID_REQUEST,
-    PARSE_ERROR,
     UNSET,
-    JsonRpcInvalidRequest,
-    JsonRpcParseError,
+    JsonRpcError,
     Message,
-    decode_message,
     encode_error,
     encode_result,
 )
@@ -185,10 +182,9 @@ async def _handshake(ws: WebSocket, socket: _Socket, connection_id: str,
         await ws.close(code=1002, reason="initialize timeout")
         return None
     try:
-        check_json(text)
-        msg = decode_message(text)
+        msg = read_message(text)
         params = request_params(msg)
-    except (BodyError, JsonRpcParseError, JsonRpcInvalidRequest, InvalidParamsError):
+    except (BatchRefused, JsonRpcError, InvalidParamsError):
         msg, params = None, {}
     if msg is None or msg.method != "initialize" or msg.id is UNSET:
         await ws.close(code=1002, reason="first message must be initialize")
@@ -292,17 +288,12 @@ async def _receive_loop(ws: WebSocket, socket: _Socket, conn: AcpConnection,
 
 
 async def _decode(text: str, socket: _Socket) -> Message | None:
-    if text.lstrip()[:1] == "[":
-        await socket.send(encode_error(None, INVALID_REQUEST,
-                                       "Batch JSON-RPC requests are not supported"))
-        return None
+    """The frame's message, or ``None`` once its error frame is sent (the rules of a
+    POST body, ``inbound``; a batch is -32600 here); the socket stays open."""
     try:
-        check_json(text)
-        return decode_message(text)
-    except BodyError as exc:   # refused before parsing; the socket stays open
-        await socket.send(encode_error(None, PARSE_ERROR, f"Parse error: {exc.message}"))
-    except JsonRpcParseError as exc:
-        await socket.send(encode_error(None, exc.code, exc.message))
-    except JsonRpcInvalidRequest as exc:
-        await socket.send(encode_error(exc.id, exc.code, exc.message))
+        return read_message(text)
+    except BatchRefused:
+        await socket.send(encode_error(None, INVALID_REQUEST, BATCH_MESSAGE))
+    except JsonRpcError as exc:
+        await socket.send(refusal(exc))
     return None

@@ -54,6 +54,7 @@ from acp_server.ops.openapi_types import (
     WhoAmI,
 )
 from acp_server.rest import wire as rest_wire
+from acp_server.rest.session_cursor import MAX_CURSOR_CHARS
 from bridge.wire import EventEnvelope
 
 REF = "#/components/schemas/{name}"
@@ -179,8 +180,9 @@ OPERATIONS: tuple[Op, ...] = (
        "The workspace's live sessions, newest first, a page at a time",
        (Answer(200, "A page of sessions", W.SessionPage),), (400, 404),
        query=(Query("size", "Page size (default 20)", PAGE_SIZE),
-              Query("cursor", "The `nextCursor` of the previous page",
-                    {"type": "string", "pattern": "^[0-9]{1,9}$"}))),
+              Query("cursor", "The `nextCursor` of the previous page (opaque)",
+                    {"type": "string", "pattern": "^[A-Za-z0-9_-]*$",
+                     "maxLength": MAX_CURSOR_CHARS}))),
     Op("POST", "/session", "Create a session or attach to the workspace's default one",
        (Answer(200, "The session", W.SessionCreated, links=(SESSION_LINK,)),),
        (400, 413, 503, *AGENT),

@@ -5,17 +5,21 @@
     {"sessions":[{"sessionId":"3c0f…","workspaceCwd":"/abs/ws","createdAt":"2026-…Z",
       "clientCount":1,"hasActivePrompt":true,"agent":"reference","pendingPrompts":3,
       "queuedPrompts":2,"maxPendingPrompts":5,"activePromptId":"…","activePromptText":"…",
-      "subscribers":1,"isWaitingForPermission":false,…}],"nextCursor":"2"}
+      "subscribers":1,"isWaitingForPermission":false,…}],"nextCursor":"eyJjcmVhdGVkVXMi…"}
 
 The peer serves this route (``GET /workspace/:id/sessions``, also
 ``/workspaces/:workspace/sessions``) with persisted sessions merged in; this daemon has
 only live ones. Contracts: ``{id}`` is the workspace id of ``/capabilities``
 (``workspaces[0].id``); another id is 404 ``workspace_not_found``. ``size`` 1..100
 (default 20) else 400 ``invalid_session_page_size``; ``cursor`` is the ``nextCursor``
-of the previous page, else 400 ``invalid_cursor``. ``maxPendingPrompts`` is ``null``
-when the cap is off. Each principal lists the sessions it sees (its own; every one for
-an admin or with ``--share-sessions``); ``owner`` names the principal that made the
-session (``null``: none this instance knows, as the LMSP runner's).
+of the previous page (empty: the first page), else 400 ``invalid_cursor``. Paging is by
+keyset (``session_cursor``): newest first, and a session live for the whole walk is on
+exactly one page whatever is created or closed between the reads; the numeric offsets
+of earlier versions are 400 ``invalid_cursor`` (the client starts again).
+``maxPendingPrompts`` is ``null`` when the cap is off. Each principal lists the
+sessions it sees (its own; every one for an admin or with ``--share-sessions``);
+``owner`` names the principal that made the session (``null``: none this instance
+knows, as the LMSP runner's).
 """
 
 from __future__ import annotations
@@ -29,8 +33,9 @@ from starlette.routing import BaseRoute
 
 from acp_server.http.endpoints import route
 from acp_server.principals import caller_of
-from acp_server.rest import wire
+from acp_server.rest import session_cursor, wire
 from acp_server.rest.errors import RestError, bad_request, json_response
+from acp_server.rest.session_cursor import SessionKey
 from acp_server.rest.sessions import status_fields
 from bridge import Bridge, SessionStatus
 
@@ -62,19 +67,26 @@ def _decimal(text: str) -> bool:
     return text.isascii() and text.isdigit()
 
 
-def _page_args(request: Request) -> tuple[int, int]:
-    raw_size = request.query_params.get("size")
-    size = DEFAULT_PAGE_SIZE
-    if raw_size is not None:
-        if not _decimal(raw_size) or not 1 <= int(raw_size) <= MAX_PAGE_SIZE:
-            raise bad_request(f"`size` must be an integer from 1 to {MAX_PAGE_SIZE}",
-                              "invalid_session_page_size")
-        size = int(raw_size)
-    cursor = request.query_params.get("cursor") or "0"
-    if not _decimal(cursor) or len(cursor) > 9:
+def _page_size(request: Request) -> int:
+    raw = request.query_params.get("size")
+    if raw is None:
+        return DEFAULT_PAGE_SIZE
+    if not _decimal(raw) or not 1 <= int(raw) <= MAX_PAGE_SIZE:
+        raise bad_request(f"`size` must be an integer from 1 to {MAX_PAGE_SIZE}",
+                          "invalid_session_page_size")
+    return int(raw)
+
+
+def _after(request: Request) -> SessionKey | None:
+    """The key the ``cursor`` names (``None``: none or empty, the first page)."""
+    cursor = request.query_params.get("cursor") or None
+    if cursor is None:
+        return None
+    try:
+        return session_cursor.decode(cursor)
+    except session_cursor.InvalidCursor:
         raise bad_request(f'Invalid cursor: "{cursor[:64]}" is not a valid live cursor',
-                          "invalid_cursor")
-    return size, int(cursor)
+                          "invalid_cursor") from None
 
 
 async def list_sessions(request: Request, *, bridge: Bridge) -> Response:
@@ -82,16 +94,14 @@ async def list_sessions(request: Request, *, bridge: Bridge) -> Response:
     if requested != workspace_id(bridge.workspace_cwd):
         raise RestError(404, {"error": "Workspace is not registered with this daemon.",
                               "code": "workspace_not_found", "workspace": requested[:256]})
-    size, offset = _page_args(request)
+    size, after = _page_size(request), _after(request)
     caller = caller_of(request.scope)
     owners = caller.gate.sessions
-    live = [s for s in bridge.list_sessions() if caller.sees(owners.owner(s.session_id))]
-    live.sort(key=lambda s: (-s.created_at, s.session_id))
-    page = live[offset:offset + size]
-    more = offset + size < len(live)
+    visible = (s for s in bridge.list_sessions() if caller.sees(owners.owner(s.session_id)))
+    page, more = session_cursor.page_after(session_cursor.ordered(visible), after, size)
     return json_response(200, wire.SessionPage(
-        sessions=[session_summary(s, owners.owner(s.session_id)) for s in page],
-        nextCursor=str(offset + size) if more else msgspec.UNSET))
+        sessions=[session_summary(s, owners.owner(s.session_id)) for _, s in page],
+        nextCursor=session_cursor.encode(page[-1][0]) if more else msgspec.UNSET))
 
 
 def routes(bridge: Bridge) -> list[BaseRoute]:

@@ -62,7 +62,14 @@ def test_responses() -> None:
     assert decode_value(failed.error.data) == {"method": "x"}
 
 
-@pytest.mark.parametrize("data", [b"{bad", b"", b"   ", b'{"jsonrpc":"2.0"', "\x00"])
+@pytest.mark.parametrize("data", [
+    b"{bad", b"", b"   ", b'{"jsonrpc":"2.0"', "\x00",
+    # cut short or followed by garbage after a member of the wrong type: the typed
+    # decoder stops there, the whole text still says it is not JSON
+    b"[1,2", b'[{"jsonrpc":"2.0"', b'{"jsonrpc":2,', b'{"jsonrpc":"2.0","id":[1', b"12x",
+    b'"text" x', b'{"jsonrpc":"2.0","id":1,"method":"m","params":' + b"[" * 100_000,
+    b'{"jsonrpc":"2.0","id":1,"method":"m","params":' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+])
 def test_parse_errors(data: bytes) -> None:
     with pytest.raises(JsonRpcParseError) as info:
         decode_message(data)
@@ -78,6 +85,7 @@ def test_parse_errors(data: bytes) -> None:
         (b'{"id":1,"method":"m"}', 1),  # no jsonrpc member
         (b'{"jsonrpc":"1.0","id":1,"method":"m"}', 1),
         (b'{"jsonrpc":"2.0","id":1.5,"method":"m"}', None),
+        (b'{"jsonrpc":"2.0","id":1e999,"method":"m"}', None),  # JSON, out of range
         (b'{"jsonrpc":"2.0","id":true,"method":"m"}', None),
         (b'{"jsonrpc":"2.0","id":3,"method":5}', 3),
         (b'{"jsonrpc":"2.0","id":4,"method":"m","params":"scalar"}', 4),

@@ -3,6 +3,7 @@ deep nesting, hostile strings, headers, query strings and path ids."""
 
 from __future__ import annotations
 
+import base64
 import json
 import urllib.parse
 from typing import Any
@@ -88,6 +89,35 @@ CONTENT_TYPE = st.sampled_from(["application/json", "application/json; charset=u
                                 "text/plain", "", "application/problem+json"])
 QUERY = st.dictionaries(st.sampled_from(["maxQueued", "starting_after", "deep", "x"]),
                         HEADER_VALUE, max_size=2)
+
+
+BASE64URL = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+
+
+def _b64(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+def _spliced(cursor: str, at: int, cut: int, text: str) -> str:
+    at %= len(cursor) + 1
+    return cursor[:at] + text + cursor[at + cut:]
+
+
+def cursors(minted: str) -> st.SearchStrategy[str]:
+    """``cursor`` values for the session listing: ``minted`` (a real one) as is and cut,
+    spliced or extended, base64url of anything and of near-miss keys, hostile text."""
+    keys = st.fixed_dictionaries({}, optional={
+        "createdUs": st.one_of(st.integers(-1, 2**60), st.floats(), TEXT),
+        "sessionHash": st.one_of(st.text("0123456789abcdefABC", max_size=40), JSON),
+        "sessionId": TEXT, "activityTime": st.integers()})
+    return st.one_of(
+        st.just(minted), TEXT, HEADER_VALUE, st.text(BASE64URL, max_size=160),
+        st.builds(_spliced, st.just(minted), st.integers(0, 200), st.integers(0, 3),
+                  st.one_of(st.text(BASE64URL + "=+/ %é", max_size=3), TEXT)),
+        JSON.map(lambda v: _b64(json.dumps(v).encode())),
+        keys.map(lambda v: _b64(json.dumps(v).encode())),
+        st.binary(max_size=120).map(_b64),
+        st.sampled_from(["0", "20", "-1", "9" * 40, "\u00b2", "\u0661", minted + "="]))
 
 
 def path_ids(real: list[str]) -> st.SearchStrategy[str]:

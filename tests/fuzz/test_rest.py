@@ -11,7 +11,8 @@ from tests.fuzz.budget import Budget, fuzz_settings
 from tests.fuzz.http import send
 from tests.fuzz.live import Live
 from tests.fuzz.shapes import check_rest
-from tests.fuzz.strategies import CONTENT_TYPE, HEADERS, QUERY, REST_KEYS, bodies, path_ids
+from tests.fuzz.strategies import (
+    CONTENT_TYPE, HEADER_VALUE, HEADERS, QUERY, REST_KEYS, bodies, cursors, path_ids)
 
 pytestmark = pytest.mark.slow   # hypothesis against a live server: tens of seconds
 
@@ -43,5 +44,39 @@ def test_rest_routes(live: Live) -> None:
         sent = {**headers, "content-type": content_type} if content_type else headers
         check_rest(send(live.http, method, path, content=body if method != "GET" else None,
                         headers=sent, params=query))
+
+    run()
+
+
+LISTING_ERRORS = {"invalid_cursor", "invalid_session_page_size"}
+
+
+def test_workspace_session_listing(live: Live) -> None:
+    """``GET /workspace/{id}/sessions`` with generated ``cursor`` and ``size``: a page or
+    400 ``invalid_cursor`` / ``invalid_session_page_size``, never a 5xx; a real cursor
+    (as minted) always pages on."""
+    wid = live.http.get("/capabilities").json()["workspaces"][0]["id"]
+    for _ in range(3):
+        live.http.post("/session", json={"sessionScope": "thread"})
+    first = live.http.get(f"/workspace/{wid}/sessions", params={"size": "1"}).json()
+    minted = first["nextCursor"]
+    budget = Budget()
+
+    @fuzz_settings(0.5)
+    @given(cursor=cursors(minted), size=st.one_of(st.none(), st.integers(-1, 102).map(str),
+                                                  HEADER_VALUE))
+    def run(cursor: str, size: str | None) -> None:
+        if budget.spent:
+            return
+        params = {"cursor": cursor, **({"size": size} if size is not None else {})}
+        response = send(live.http, "GET", f"/workspace/{wid}/sessions", params=params)
+        check_rest(response)
+        assert response.status_code in (200, 400, 414), response.status_code
+        if response.status_code == 400:
+            assert response.json()["code"] in LISTING_ERRORS, response.json()
+        elif response.status_code == 200:
+            assert isinstance(response.json()["sessions"], list)
+        if cursor == minted and response.status_code == 400:
+            assert response.json()["code"] == "invalid_session_page_size"
 
     run()

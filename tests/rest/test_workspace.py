@@ -3,12 +3,14 @@ against the cap, paging, the workspace id of ``/capabilities``, and its errors."
 
 from __future__ import annotations
 
+import base64
 import math
 from pathlib import Path
 
 import anyio
 import pytest
 
+from acp_server.rest.session_cursor import MAX_CURSOR_CHARS
 from bridge import BridgeOptions
 from tests.rest.server import RunningServer, running_server
 
@@ -82,6 +84,134 @@ async def test_pages_with_size_and_cursor(server: RunningServer) -> None:
         if cursor is None:
             break
     assert pages == 3 and seen == made[::-1]
+
+
+async def _walk_page(server: RunningServer, wid: str, cursor: str | None,
+                     size: int = 2) -> tuple[list[str], str | None]:
+    params = {"size": str(size), **({"cursor": cursor} if cursor else {})}
+    response = await server.client.get(f"/workspace/{wid}/sessions", params=params)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    return [s["sessionId"] for s in body["sessions"]], body.get("nextCursor")
+
+
+async def _delete(server: RunningServer, *sids: str) -> None:
+    for sid in sids:
+        assert (await server.client.delete(f"/session/{sid}")).status_code == 204
+
+
+async def test_a_walk_with_deletes_and_creates_between_pages_sees_each_survivor_once(
+        server: RunningServer) -> None:
+    """Keyset paging: closing seen sessions does not skip the next ones (an offset did),
+    new sessions ahead of the cursor do not repeat the last ones (an offset did), and a
+    session closed before its page is not listed."""
+    wid = await _workspace_id(server)
+    s = [(await server.create_session(sessionScope="thread"))["sessionId"] for _ in range(8)]
+    first, cursor = await _walk_page(server, wid, None)
+    assert first == [s[7], s[6]] and cursor is not None
+    await _delete(server, s[7], s[6], s[1])      # two seen, one not yet
+    second, cursor = await _walk_page(server, wid, cursor)
+    assert second == [s[5], s[4]]                # an offset of 2 gave s3, s2
+    made = [(await server.create_session(sessionScope="thread"))["sessionId"]
+            for _ in range(3)]                   # newer than the cursor: not on this walk
+    seen = first + second
+    while cursor is not None:
+        page, cursor = await _walk_page(server, wid, cursor)
+        seen += page
+    assert seen == [s[7], s[6], s[5], s[4], s[3], s[2], s[0]]   # an offset repeated s4
+    assert not set(made) & set(seen)
+    everyone, _ = await _walk_page(server, wid, None, size=100)
+    assert everyone == [*made[::-1], s[5], s[4], s[3], s[2], s[0]]
+
+
+async def test_closing_the_cursors_own_session_does_not_lose_the_place(
+        server: RunningServer) -> None:
+    """The cursor is a position: the session it was taken from may be gone."""
+    wid = await _workspace_id(server)
+    s = [(await server.create_session(sessionScope="thread"))["sessionId"] for _ in range(4)]
+    first, cursor = await _walk_page(server, wid, None)
+    await _delete(server, first[-1])
+    rest, cursor = await _walk_page(server, wid, cursor)
+    assert (first, rest, cursor) == ([s[3], s[2]], [s[1], s[0]], None)
+
+
+def _cursor(text: str | bytes) -> str:
+    raw = text.encode() if isinstance(text, str) else text
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+HASH = "0" * 32
+GOOD = _cursor('{"createdUs":1767225600123456,"sessionHash":"%s"}' % HASH)
+HOSTILE_CURSORS = {
+    # huge: one past the longest cursor minted, and near the request line's 8 KiB cap
+    "one_too_long": GOOD + "A" * (MAX_CURSOR_CHARS - len(GOOD) + 1),
+    "huge": "A" * 7000,
+    "huge_json": _cursor('{"createdUs":1,"sessionHash":"%s"}' % ("0" * 4000)),
+    # non-ASCII
+    "latin": "é", "arabic_indic_digit": "\u0661", "fullwidth": "\uff21\uff22\uff23",
+    "emoji": "\U0001f600", "non_ascii_in_a_good_one": GOOD[:10] + "é" + GOOD[11:],
+    "nul": "\x00", "newline": GOOD + "\n",
+    # wrong shape
+    "legacy_offset": "20", "zero": "0", "negative": "-1", "word": "x", "spaces": "a b",
+    "padding": GOOD + "=", "standard_alphabet": GOOD[:-2] + "+/",
+    "not_json": _cursor("hello"), "bad_utf8": _cursor(b"\xff\xfe{}"),
+    "array": _cursor("[]"), "empty_object": _cursor("{}"), "null": _cursor("null"),
+    "missing_hash": _cursor('{"createdUs":1}'),
+    "string_time": _cursor('{"createdUs":"1","sessionHash":"%s"}' % HASH),
+    "float_time": _cursor('{"createdUs":1.0,"sessionHash":"%s"}' % HASH),
+    "negative_time": _cursor('{"createdUs":-1,"sessionHash":"%s"}' % HASH),
+    "time_past_2_53": _cursor('{"createdUs":9007199254740993,"sessionHash":"%s"}' % HASH),
+    "huge_time": _cursor('{"createdUs":1e400,"sessionHash":"%s"}' % HASH),
+    "short_hash": _cursor('{"createdUs":1,"sessionHash":"00"}'),
+    "upper_hash": _cursor('{"createdUs":1,"sessionHash":"%s"}' % ("A" * 32)),
+    "surrogate_hash": _cursor('{"createdUs":1,"sessionHash":"\\ud800%s"}' % ("0" * 31)),
+    "extra_field": _cursor('{"createdUs":1,"sessionHash":"%s","x":1}' % HASH),
+    "nested": _cursor('{"createdUs":{"a":[1]},"sessionHash":"%s"}' % HASH),
+    # forged: a key in range, not spelt as minted
+    "spaced": _cursor('{"createdUs": 1, "sessionHash": "%s"}' % HASH),
+    "reordered": _cursor('{"sessionHash":"%s","createdUs":1}' % HASH),
+    "escaped": _cursor('{"createdUs":1,"sessionHash":"\\u0030%s"}' % ("0" * 31)),
+    "duplicate_key": _cursor('{"createdUs":2,"createdUs":1,"sessionHash":"%s"}' % HASH),
+    "qwen_live_cursor": _cursor('{"activityTime":1767225600123,"sessionId":"s"}'),
+}
+
+
+@pytest.mark.parametrize("cursor", HOSTILE_CURSORS.values(), ids=HOSTILE_CURSORS.keys())
+async def test_a_hostile_cursor_is_400_invalid_cursor(server: RunningServer,
+                                                     cursor: str) -> None:
+    wid = await _workspace_id(server)
+    await server.create_session(sessionScope="thread")
+    response = await server.client.get(f"/workspace/{wid}/sessions",
+                                       params={"cursor": cursor, "size": "1"})
+    assert response.status_code == 400, response.text
+    body = response.json()
+    assert body["code"] == "invalid_cursor" and body["error"].startswith("Invalid cursor: ")
+    assert len(body["error"]) < 200   # the cursor is quoted, cut to 64 characters
+
+
+async def test_a_cursor_past_the_request_line_cap_is_414_not_a_crash(
+        server: RunningServer) -> None:
+    wid = await _workspace_id(server)
+    response = await server.client.get(f"/workspace/{wid}/sessions?cursor={'A' * 20_000}")
+    assert response.status_code == 414 and response.json()["code"] == "uri_too_long"
+
+
+async def test_a_forged_cursor_spelt_as_minted_is_a_position(server: RunningServer) -> None:
+    """Any key in range, spelt exactly as the server spells it, pages from there: the
+    newest first, so a cursor of time 0 lists nothing and one far ahead lists all."""
+    wid = await _workspace_id(server)
+    made = [(await server.create_session(sessionScope="thread"))["sessionId"] for _ in range(2)]
+    ahead = _cursor('{"createdUs":%d,"sessionHash":"%s"}' % (2**53, HASH))
+    behind = _cursor('{"createdUs":0,"sessionHash":"%s"}' % HASH)
+    assert (await _walk_page(server, wid, ahead, size=5)) == (made[::-1], None)
+    assert (await _walk_page(server, wid, behind, size=5)) == ([], None)
+
+
+async def test_an_empty_cursor_is_the_first_page(server: RunningServer) -> None:
+    wid = await _workspace_id(server)
+    sid = (await server.create_session(sessionScope="thread"))["sessionId"]
+    body = (await server.client.get(f"/workspace/{wid}/sessions?cursor=")).json()
+    assert [s["sessionId"] for s in body["sessions"]] == [sid]
 
 
 async def test_unlimited_cap_is_null(tmp_path: Path) -> None:

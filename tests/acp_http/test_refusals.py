@@ -1,0 +1,205 @@
+"""What ``/acp`` refuses, over real loopback HTTP and WebSocket: malformed input with
+the JSON-RPC 2.0 codes (-32700 not JSON, -32600 not a message), the same on both
+transports; a request past the connection's channel cap makes no session first."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from acp_server.acp_http import connection
+from acp_server.acp_http.inbound import BATCH_MESSAGE
+from bridge import BridgeOptions
+from tests.acp_http.server import RunningAcpServer, Sse, request, running_acp_server
+from tests.acp_http.wsclient import ws_connect
+
+pytestmark = pytest.mark.anyio
+
+
+PARSE, INVALID = -32700, -32600
+LIST = b'{"jsonrpc":"2.0","id":1,"method":"session/list"'   # cut short of its "}"
+DEEP = b"[" * 5000 + b"]" * 5000
+# (case, body, code, id of the answer); every one answered 400 on Streamable HTTP
+MALFORMED: list[tuple[str, bytes, int, Any]] = [
+    ("cut short", LIST, PARSE, None),
+    ("cut short in an array", b'[{"jsonrpc":"2.0","id":1', PARSE, None),
+    ("cut short in the id", b'{"jsonrpc":"2.0","id":[1', PARSE, None),
+    ("cut short after a bad jsonrpc", b'{"jsonrpc":2,', PARSE, None),
+    ("cut short array", b"[1,2", PARSE, None),
+    ("trailing garbage", LIST + b"} x", PARSE, None),
+    ("two objects", LIST + b"}{}", PARSE, None),
+    ("a number then garbage", b"12x", PARSE, None),
+    ("nothing", b"", PARSE, None),
+    ("whitespace", b" \n ", PARSE, None),
+    ("NaN id", b'{"jsonrpc":"2.0","id":NaN,"method":"session/list"}', PARSE, None),
+    ("NaN in params", LIST + b',"params":{"a":NaN}}', PARSE, None),
+    ("Infinity in params", LIST + b',"params":{"a":-Infinity}}', PARSE, None),
+    ("single quotes", b"{'jsonrpc':'2.0','id':1,'method':'session/list'}", PARSE, None),
+    ("trailing comma", LIST + b",}", PARSE, None),
+    ("byte order mark", b"\xef\xbb\xbf" + LIST + b"}", PARSE, None),
+    ("too deep in params", LIST + b',"params":{"a":' + DEEP + b"}}", PARSE, None),
+    ("too deep", DEEP, PARSE, None),
+    ("invalid UTF-8 in the method", b'{"jsonrpc":"2.0","id":1,"method":"\xff"}', PARSE, None),
+    ("invalid UTF-8 in params", LIST + b',"params":{"a":"\xc3("}}', PARSE, None),
+    ("invalid UTF-8 in an unknown member", LIST + b',"x":"\xff"}', PARSE, None),
+    ("a string", b'"session/list"', INVALID, None),
+    ("a number", b"42", INVALID, None),
+    ("null", b"null", INVALID, None),
+    ("true", b"true", INVALID, None),
+    ("an empty array", b"[ ]", INVALID, None),
+    ("an empty object", b"{}", INVALID, None),
+    ("jsonrpc a number", b'{"jsonrpc":2.0,"id":1,"method":"session/list"}', INVALID, 1),
+    ("jsonrpc absent", b'{"id":1,"method":"session/list"}', INVALID, 1),
+    ("jsonrpc 1.0", b'{"jsonrpc":"1.0","id":1,"method":"session/list"}', INVALID, 1),
+    ("method a number", b'{"jsonrpc":"2.0","id":1,"method":5}', INVALID, 1),
+    ("method null", b'{"jsonrpc":"2.0","id":1,"method":null}', INVALID, 1),
+    ("id an object", b'{"jsonrpc":"2.0","id":{},"method":"session/list"}', INVALID, None),
+    ("id a fraction", b'{"jsonrpc":"2.0","id":1.5,"method":"session/list"}', INVALID, None),
+    ("id true", b'{"jsonrpc":"2.0","id":true,"method":"session/list"}', INVALID, None),
+    ("id out of range", b'{"jsonrpc":"2.0","id":1e999,"method":"session/list"}', INVALID, None),
+    ("params a string", LIST + b',"params":"x"}', INVALID, 1),
+    ("a response without an id", b'{"jsonrpc":"2.0","result":{}}', INVALID, None),
+    ("a response with both", b'{"jsonrpc":"2.0","id":"r","result":1,'
+                             b'"error":{"code":1,"message":"m"}}', INVALID, "r"),
+    ("an error code a string", b'{"jsonrpc":"2.0","id":"r","error":{"code":"x","message":"m"}}',
+     INVALID, "r"),
+]
+
+
+def _expected(text: bool) -> dict[str, tuple[int, Any]]:
+    return {case: (code, rpc_id) for case, body, code, rpc_id in MALFORMED
+            if not text or _is_text(body)}
+
+
+def _is_text(body: bytes) -> bool:
+    """A WebSocket text frame is UTF-8 by its protocol: the others cannot be sent."""
+    try:
+        body.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _answer(message: dict[str, Any]) -> tuple[int, Any]:
+    assert message["jsonrpc"] == "2.0" and set(message) == {"jsonrpc", "id", "error"}, message
+    assert isinstance(message["error"]["message"], str)
+    return message["error"]["code"], message["id"]
+
+
+async def _posted(server: RunningAcpServer) -> dict[str, tuple[int, Any]]:
+    """Each body POSTed on a live connection: always 400."""
+    conn_id, _ = await server.initialize()
+    answers: dict[str, tuple[int, Any]] = {}
+    for case, body, _code, _id in MALFORMED:
+        response = await server.client.post("/acp", content=body, headers={
+            "Content-Type": "application/json", "Acp-Connection-Id": conn_id})
+        assert response.status_code == 400, (case, response.status_code, response.text)
+        answers[case] = _answer(response.json())
+    batch = await server.post(conn_id, [request(1, "session/list")])
+    assert (batch.status_code, batch.json()) == (501, {"error": BATCH_MESSAGE})
+    return answers
+
+
+async def _framed(server: RunningAcpServer) -> dict[str, tuple[int, Any]]:
+    """Each body as a text frame of one socket: an error frame each; the socket stays
+    open and serves the next request."""
+    answers: dict[str, tuple[int, Any]] = {}
+    async with ws_connect(server.base_url) as ws:
+        await ws.send_json(request(0, "initialize", {"protocolVersion": 1}))
+        assert (await ws.receive_json())["id"] == 0
+        for case, body, _code, _id in MALFORMED:
+            if _is_text(body):
+                await ws.send_text(body.decode())
+                answers[case] = _answer(await ws.receive_json())
+        await ws.send_json([request(1, "session/list")])
+        batch = await ws.receive_json()
+        assert _answer(batch) == (INVALID, None) and batch["error"]["message"] == BATCH_MESSAGE
+        await ws.send_json(request(2, "session/list"))
+        assert (await ws.receive_json()) == {"jsonrpc": "2.0", "id": 2,
+                                             "result": {"sessions": []}}
+    return answers
+
+
+@pytest.mark.parametrize("transport", ["http", "websocket"])
+async def test_malformed_input_gets_the_json_rpc_codes(server: RunningAcpServer,
+                                                        transport: str) -> None:
+    """Every case of ``MALFORMED`` on both transports: -32700 when it is not JSON,
+    -32600 when it is JSON but not a JSON-RPC message (with its id when one could be
+    read). One server and one connection per transport; the whole table compared at
+    once, so a failure names every case that differs."""
+    if transport == "http":
+        assert await _posted(server) == _expected(text=False)
+    else:
+        assert await _framed(server) == _expected(text=True)
+
+
+async def _active_sessions(srv: RunningAcpServer) -> int:
+    response = await srv.client.get("/daemon/status")
+    assert response.status_code == 200, response.text
+    return response.json()["runtime"]["sessions"]["active"]  # type: ignore[no-any-return]
+
+
+async def _refused_at_the_cap(srv: RunningAcpServer, conn_id: str, conn_stream: Sse,
+                              rpc_id: int, method: str, params: dict[str, Any]) -> None:
+    response = await srv.post(conn_id, request(rpc_id, method, params))
+    assert response.status_code == 202, response.text
+    error = (await conn_stream.wait_for_id(rpc_id))["error"]
+    assert error["code"] == -32603
+    assert error["data"] == {"errorKind": "session_stream_limit_exceeded", "limit": 1,
+                             "retryable": True}
+
+
+async def test_a_refused_session_new_fork_or_load_leaves_no_session(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the connection's channel cap ``session/new``, ``session/fork``,
+    ``session/load`` and ``session/resume`` are refused before the session is made
+    (or restored): no session is left, no ``--max-sessions`` slot is held."""
+    monkeypatch.setattr(connection, "MAX_CHANNELS_PER_CONNECTION", 1)
+    async with running_acp_server(tmp_path, options=BridgeOptions(max_sessions=2)) as srv:
+        conn_id, _ = await srv.initialize()
+        async with srv.stream(conn_id) as conn_stream:
+            sid = await srv.new_session(conn_id, conn_stream)
+            assert await _active_sessions(srv) == 1
+            await _refused_at_the_cap(srv, conn_id, conn_stream, 2, "session/new",
+                                      {"cwd": srv.workspace, "mcpServers": []})
+            assert await _active_sessions(srv) == 1
+            await _refused_at_the_cap(srv, conn_id, conn_stream, 3, "session/fork",
+                                      {"sessionId": sid, "cwd": srv.workspace,
+                                       "mcpServers": []})
+            assert [s.session_id for s in srv.bridge.list_sessions()] == [sid]
+            async with srv.stream(conn_id, sid) as session_stream:
+                await srv.post(conn_id, request(4, "session/close", {"sessionId": sid}), sid)
+                assert (await session_stream.wait_for_id(4))["result"] == {}
+        assert await _active_sessions(srv) == 0
+        other, _ = await srv.initialize()   # the slot a refused one would hold is free
+        async with srv.stream(other) as other_stream:
+            made = await srv.new_session(other, other_stream, rpc_id=5)
+            for rpc_id, method in [(6, "session/load"), (7, "session/resume")]:
+                await _refused_at_the_cap(srv, other, other_stream, rpc_id, method, {
+                    "sessionId": sid, "cwd": srv.workspace, "mcpServers": []})
+                assert [s.session_id for s in srv.bridge.list_sessions()] == [made]
+
+
+async def test_concurrent_session_news_hold_their_channel_before_the_session(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two ``session/new`` on one WebSocket run concurrently: the first holds the last
+    channel while its session is made, so the second is refused before making one."""
+    monkeypatch.setattr(connection, "MAX_CHANNELS_PER_CONNECTION", 1)
+    async with running_acp_server(tmp_path) as srv, ws_connect(srv.base_url) as ws:
+        await ws.send_json(request(0, "initialize", {"protocolVersion": 1}))
+        assert (await ws.receive_json())["id"] == 0
+        params = {"cwd": srv.workspace, "mcpServers": []}
+        await ws.send_json(request(1, "session/new", params))
+        await ws.send_json(request(2, "session/new", params))
+        replies = {}
+        while len(replies) < 2:
+            message = await ws.receive_json()
+            if "method" not in message:
+                replies[message["id"]] = message
+        made = [r["result"]["sessionId"] for r in replies.values() if "result" in r]
+        refused = [r["error"]["data"]["errorKind"] for r in replies.values() if "error" in r]
+        assert len(made) == 1 and refused == ["session_stream_limit_exceeded"]
+        assert [s.session_id for s in srv.bridge.list_sessions()] == made
+        assert await _active_sessions(srv) == 1
