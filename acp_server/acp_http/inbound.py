@@ -22,6 +22,11 @@ Contracts (JSON-RPC 2.0 §5.1; ``bridge.jsonrpc.decode_message`` tells the two a
   an integer, ``params`` neither an object nor an array, a response with neither or
   both of ``result`` / ``error``. The answer carries the message's id when it could
   be read, else ``null``.
+* A request whose ``id`` is ``null`` is -32600 too, answered at once (``id: null``)
+  and never run. JSON-RPC 2.0 allows it but discourages it, and here its answer could
+  not be told from the ``id: null`` errors of messages that have no id, two of them
+  from each other, nor could ``$/cancel_request`` name it. Responses with ``id: null``
+  are accepted (and ignored: no request of ours has that id).
 * Duplicate member names are JSON: the last one counts (as ``JSON.parse`` does).
 """
 
@@ -38,6 +43,7 @@ from bridge.jsonrpc import (
 )
 
 BATCH_MESSAGE = "Batch JSON-RPC requests are not supported"
+NULL_ID_MESSAGE = "Invalid Request: a request id must be a string or an integer, not null"
 
 
 class BatchRefused(Exception):
@@ -54,10 +60,13 @@ def read_message(raw: bytes | str) -> Message:
     except BodyError as exc:   # too deep / too many containers: refused unparsed
         raise JsonRpcParseError(f"Parse error: {exc.message}") from None
     try:
-        return decode_message(raw)
+        msg = decode_message(raw)
     except JsonRpcInvalidRequest:
         _check_array(raw)
         raise
+    if msg.is_request and msg.id is None:
+        raise JsonRpcInvalidRequest(NULL_ID_MESSAGE)
+    return msg
 
 
 def refusal(exc: JsonRpcError) -> bytes:

@@ -7,13 +7,15 @@
 Contracts:
 
 * One JSON-RPC message per text frame, both ways; binary frames are ignored; a
-  batch, malformed JSON or a non-JSON-RPC message gets an error frame. So does a
+  batch, malformed JSON, a non-JSON-RPC message or a request with ``id: null``
+  gets an error frame (``inbound``: the rules of a POST body). So does a
   message its principal may not send (a scope it lacks, its rate limit:
   ``dispatch.message_access``, ``data.errorKind`` ``forbidden`` /
   ``rate_limit_exceeded``); the socket stays open. Revoking the credential closes
   the socket with 1008.
 * The first message must be ``initialize`` and must arrive within
-  ``INITIALIZE_TIMEOUT_S`` (30 s), else the socket closes with 1002. Past the
+  ``INITIALIZE_TIMEOUT_S`` (30 s), else the socket closes with 1002 (after the
+  error frame when the first frame was not a JSON-RPC message). Past the
   connection cap the answer is the ``-32603`` error frame, then close 1013.
 * The upgrade response carries ``Acp-Connection-Id``. Every stream of the
   connection (its own and every session's) is written to the socket; closing the
@@ -184,7 +186,10 @@ async def _handshake(ws: WebSocket, socket: _Socket, connection_id: str,
     try:
         msg = read_message(text)
         params = request_params(msg)
-    except (BatchRefused, JsonRpcError, InvalidParamsError):
+    except JsonRpcError as exc:   # not a message, or an id null: answered, then closed
+        await socket.send(refusal(exc))
+        msg, params = None, {}
+    except (BatchRefused, InvalidParamsError):
         msg, params = None, {}
     if msg is None or msg.method != "initialize" or msg.id is UNSET:
         await ws.close(code=1002, reason="first message must be initialize")

@@ -1,6 +1,7 @@
 """What ``/acp`` refuses, over real loopback HTTP and WebSocket: malformed input with
-the JSON-RPC 2.0 codes (-32700 not JSON, -32600 not a message), the same on both
-transports; a request past the connection's channel cap makes no session first."""
+the JSON-RPC 2.0 codes (-32700 not JSON, -32600 not a message) and a request with
+``id: null`` (-32600 at once, never run), the same on both transports; a request past
+the connection's channel cap makes no session first."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from typing import Any
 import pytest
 
 from acp_server.acp_http import connection
-from acp_server.acp_http.inbound import BATCH_MESSAGE
+from acp_server.acp_http.inbound import BATCH_MESSAGE, NULL_ID_MESSAGE
 from bridge import BridgeOptions
-from tests.acp_http.server import RunningAcpServer, Sse, request, running_acp_server
+from tests.acp_http.server import (RunningAcpServer, Sse, request, running_acp_server, said,
+                                   text)
 from tests.acp_http.wsclient import ws_connect
 
 pytestmark = pytest.mark.anyio
@@ -65,6 +67,9 @@ MALFORMED: list[tuple[str, bytes, int, Any]] = [
                              b'"error":{"code":1,"message":"m"}}', INVALID, "r"),
     ("an error code a string", b'{"jsonrpc":"2.0","id":"r","error":{"code":"x","message":"m"}}',
      INVALID, "r"),
+    ("a null id", b'{"jsonrpc":"2.0","id":null,"method":"session/list"}', INVALID, None),
+    ("a null id on initialize", b'{"jsonrpc":"2.0","id":null,"method":"initialize",'
+                                b'"params":{"protocolVersion":1}}', INVALID, None),
 ]
 
 
@@ -133,6 +138,71 @@ async def test_malformed_input_gets_the_json_rpc_codes(server: RunningAcpServer,
         assert await _posted(server) == _expected(text=False)
     else:
         assert await _framed(server) == _expected(text=True)
+
+
+def _null_id(method: str, params: dict[str, Any]) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": None, "method": method, "params": params}
+
+
+def _refused_null_id(message: dict[str, Any]) -> None:
+    assert message == {"jsonrpc": "2.0", "id": None, "error": {
+        "code": INVALID, "message": NULL_ID_MESSAGE}}, message
+
+
+async def test_a_null_id_request_is_refused_at_once_over_http(server: RunningAcpServer) -> None:
+    """``initialize``, ``session/new`` and ``session/prompt`` with ``id: null``: 400
+    -32600 with ``id: null`` on the POST itself; nothing is opened, made or run."""
+    response = await server.post(None, _null_id("initialize", {"protocolVersion": 1}))
+    assert response.status_code == 400
+    _refused_null_id(response.json())
+    assert not server.registry.connections
+    conn_id, _ = await server.initialize()
+    async with server.stream(conn_id) as conn_stream:
+        sid = await server.new_session(conn_id, conn_stream)
+        response = await server.post(conn_id, _null_id(
+            "session/new", {"cwd": server.workspace, "mcpServers": []}))
+        assert response.status_code == 400
+        _refused_null_id(response.json())
+        async with server.stream(conn_id, sid) as session_stream:
+            response = await server.post(conn_id, _null_id(
+                "session/prompt", {"sessionId": sid, "prompt": text("not run")}), sid)
+            assert response.status_code == 400
+            _refused_null_id(response.json())
+            await server.prompt(conn_id, sid, 9, "after")
+            assert (await session_stream.wait_for_id(9))["result"]["stopReason"] == "end_turn"
+            assert said(session_stream.messages) == "Echo: after"   # the null one never ran
+        assert [s.session_id for s in server.bridge.list_sessions()] == [sid]
+    assert all(m["id"] is not None for m in conn_stream.messages if "method" not in m)
+
+
+async def test_a_null_id_request_is_refused_at_once_over_websocket(
+        server: RunningAcpServer) -> None:
+    """The same as error frames; the socket stays open. A first frame ``initialize``
+    with ``id: null`` is answered so, then the socket closes (1002)."""
+    async with ws_connect(server.base_url) as ws:
+        await ws.send_json(_null_id("initialize", {"protocolVersion": 1}))
+        _refused_null_id(await ws.receive_json())
+        assert await ws.wait_closed() == 1002
+    async with ws_connect(server.base_url) as ws:
+        await ws.send_json(request(0, "initialize", {"protocolVersion": 1}))
+        assert (await ws.receive_json())["id"] == 0
+        await ws.send_json(request(1, "session/new", {"cwd": server.workspace,
+                                                      "mcpServers": []}))
+        sid = (await ws.wait_for(lambda m: m.get("id") == 1))["result"]["sessionId"]
+        await ws.send_json(_null_id("session/new", {"cwd": server.workspace,
+                                                    "mcpServers": []}))
+        _refused_null_id(await ws.receive_json())
+        await ws.send_json(_null_id("session/prompt", {"sessionId": sid,
+                                                       "prompt": text("not run")}))
+        _refused_null_id(await ws.receive_json())
+        await ws.send_json(request(2, "session/prompt", {"sessionId": sid,
+                                                         "prompt": text("after")}))
+        seen: list[dict[str, Any]] = []
+        reply = await ws.wait_for(lambda m: seen.append(m) or m.get("id") == 2)
+        assert reply["result"]["stopReason"] == "end_turn"
+        assert said(seen) == "Echo: after"   # the null one never ran
+        assert all(m["id"] is not None for m in seen if "method" not in m)
+        assert [s.session_id for s in server.bridge.list_sessions()] == [sid]
 
 
 async def _active_sessions(srv: RunningAcpServer) -> int:
