@@ -18,9 +18,10 @@ Contracts:
 * A page is the ``size`` sessions after the cursor's key in that order (strictly
   after: the key itself, the last session of the previous page, is not repeated). A
   session live for the whole walk is on exactly one page; one created or closed
-  during the walk on at most one (a new session older than the cursor's key is
-  listed, a newer one is not; a session closed then restored gets a new creation
-  time, so it cannot come back behind the cursor).
+  during the walk on at most one (one arriving is listed when its key is past the
+  cursor's: a new session's is not, an adopted one keeps its journaled creation time
+  and may be; a session closed then loaded again gets a new creation time, so it
+  cannot come back behind the cursor).
 * A cursor is ``base64url`` (no padding) of the JSON
   ``{"createdUs": int, "sessionHash": "…"}``: the key of the previous page's last
   session (a position, not an offset: that session may be gone). It is opaque to
