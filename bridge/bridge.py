@@ -45,7 +45,7 @@ from bridge import events as ev
 from bridge.agent_client import AgentSide
 from bridge.agent_pool import AgentPool
 from bridge.agents.base import AgentConnection, AgentFactory
-from bridge.bus import EventBus, Subscription
+from bridge.bus import EventBus
 from bridge.capacity import SessionCapacity
 from bridge.elicitation import ElicitationMediator
 from bridge.errors import (
@@ -54,7 +54,6 @@ from bridge.errors import (
     AgentProtocolError,
     AgentRequestTimeoutError,
     BranchWhilePromptActiveError,
-    InvalidClientIdError,
     NotSupportedError,
     SessionClosedError,
     SessionIdNotHonoredError,
@@ -69,11 +68,11 @@ from bridge.observer import NO_OBSERVER, BridgeObserver
 from bridge.options import BridgeOptions
 from bridge.permissions import PermissionMediator
 from bridge.journaling import Journaling
+from bridge.presence import PresenceAPI
 from bridge.prompts import PromptsAPI
 from bridge.restore import restore_sessions
 from bridge.session import QueueWaitStats, Session, WorkItem
 from bridge.status import AgentStatus, BridgeStats, SessionInfo, SessionStatus
-from bridge.wakeup import Wakeup
 
 log = logging.getLogger("bridge")
 
@@ -82,7 +81,7 @@ MAX_CLOSED_SESSION_HISTORIES = 1024
 MAX_CLOSED_SESSION_OWNERS = 50_000
 
 
-class Bridge(Journaling, PromptsAPI):
+class Bridge(Journaling, PromptsAPI, PresenceAPI):
     def __init__(self, agent_factory: AgentFactory, *, workspace_cwd: str,
                  options: BridgeOptions | None = None,
                  agents: Mapping[str, AgentFactory] | None = None,
@@ -603,31 +602,6 @@ class Bridge(Journaling, PromptsAPI):
         if self._sessions.get(forked.session_id) is forked:
             self.close_session_soon(forked.session_id, reason="branch_abandoned")
 
-    # -- events and clients --------------------------------------------------------------
-    def subscribe(self, session_id: str, *, last_event_id: int | None = None,
-                  epoch: str | None = None, max_queued: int | None = None,
-                  wakeup: Wakeup | None = None) -> Subscription:
-        """The session's events from now on (or replayed after ``last_event_id`` of
-        ``epoch``, ``bridge.bus``); ``subscription.epoch`` is the bus epoch its ids
-        belong to. ``wakeup`` is set whenever a frame arrives or the subscription
-        ends (for a reader of several sources)."""
-        session = self.get_session(session_id)
-        session.touch()
-        return session.bus.subscribe(last_event_id=last_event_id, epoch=epoch,
-                                     max_queued=max_queued, wakeup=wakeup)
-
-    def check_client(self, session_id: str, client_id: str) -> None:
-        if not self.get_session(session_id).knows_client(client_id):
-            raise InvalidClientIdError(session_id, client_id)
-
-    def heartbeat(self, session_id: str, client_id: str | None = None) -> float:
-        session = self.get_session(session_id)
-        if client_id is not None:
-            self.check_client(session_id, client_id)
-            session.clients[client_id] = time.time()
-        session.touch()
-        return time.time()
-
     def session_status(self, session_id: str) -> SessionStatus:
         return self._status(self.get_session(session_id))
 
@@ -645,23 +619,3 @@ class Bridge(Journaling, PromptsAPI):
             subscribers=sum(s.bus.subscriber_count for s in sessions),
             prompt_queue_wait=self.queue_wait.snapshot(),
             foreign_messages_dropped=self._foreign_dropped)
-
-    # -- the idle reaper -----------------------------------------------------------------
-    async def _reaper(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
-                      ) -> None:
-        task_status.started()
-        while True:
-            await anyio.sleep(self.options.session_reap_interval_ms / 1000)
-            await self.reap_idle_sessions()
-
-    async def reap_idle_sessions(self) -> list[str]:
-        threshold = self.options.session_idle_timeout_ms / 1000
-        now = time.monotonic()
-        idle = [s.session_id for s in self._sessions.values()
-                if now - s.last_seen >= threshold
-                and s.bus.subscriber_count == 0 and s.pending_count == 0
-                and not self.permissions.count(s)]
-        for session_id in idle:
-            if session_id in self._sessions:
-                await self._close_if_live(session_id, "idle_timeout")
-        return idle
