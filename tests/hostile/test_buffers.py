@@ -4,15 +4,28 @@ stream, and WebSocket frames (over real HTTP / WebSocket)."""
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
 from acp_server.acp_http.connection import CONNECTION_BUFFER, REPLY_BUFFER_BYTES
+from tests.acp_http.server import FakeClock
 from tests.acp_http.wsclient import ws_connect
 from tests.hostile.test_input import INIT, JSON, acp_connection
-from tests.lmsp.server import LmspServer
+from tests.lmsp.server import LmspServer, running_lmsp
 
 pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+async def server(tmp_path: Path) -> AsyncIterator[LmspServer]:
+    """The hostile suite's server with the ``/acp`` registry on a clock that stands
+    still: these connections never open a stream, and a real clock would reap them
+    ``grace_s`` (10 s) after their first request, which 2,000 requests on a loaded
+    machine outlast (the refusals then turned into 404s: CI, 2026-12-03)."""
+    async with running_lmsp(tmp_path, acp_clock=FakeClock()) as srv:
+        yield srv
 
 
 async def test_reply_buffer_is_capped_in_bytes(server: LmspServer) -> None:
