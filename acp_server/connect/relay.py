@@ -16,7 +16,9 @@ Contracts:
   cannot be reached, refuses the token or is not ACP, that ``initialize`` gets an
   error naming the cause, one line goes to stderr, and the adapter keeps reading (a
   later ``initialize`` tries again). Requests before ``initialize`` get ``-32600``.
-* **Bad input.** Nothing the editor sends ends the adapter: params that are not an
+* **Bad input.** Nothing the editor sends ends the adapter: a line that is not JSON
+  gets ``-32700``, one that is not a JSON-RPC message ``-32600``, with the codes the
+  server gives the same input (``wire.parse_editor``); params that are not an
   object on a method whose ``_meta`` it adds to get ``-32602``; a line whose relaying
   fails unexpectedly is logged and, when it is a request, answered ``-32603``.
 * **Reconnect.** A lost link is reconnected with capped exponential backoff and
@@ -239,7 +241,7 @@ class Relay(Reattach):
                                            f"{self.target.max_bytes})"))
             return
         try:
-            msg = wire.parse(item)
+            msg = wire.parse_editor(item)
         except wire.ParseError as exc:
             await self.out.send(wire.error(None, exc.code, str(exc)))
             return
