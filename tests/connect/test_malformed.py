@@ -55,6 +55,8 @@ MALFORMED: list[tuple[bytes, int, Any]] = [
     (REQ + b',"zz":"\xc3"}', PARSE, None),
     (REQ + b',"params":{"a":' + b"[" * 127 + b"]" * 127 + b"}}", PARSE, None),  # 129 deep
     (REQ + b',"params":{"a":' + b"[" * 5000 + b"]" * 5000 + b"}}", PARSE, None),
+    (REQ + b',"params":{"s":"' + b'\\"[{' * 300 + b'","a":' + b"[" * 127 + b"]" * 127 + b"}}",
+     PARSE, None),
     (REQ + b',"params":[' + b"[]," * 200_000 + b"[]]}", PARSE, None),
     # JSON, not a message
     (b"[]", INVALID, None),
@@ -124,7 +126,10 @@ def test_what_is_a_message_stays_one() -> None:
                  + b"]" * 126 + b"}}", b'{"jsonrpc":"2.0","method":"session/cancel"}',
                  b'{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"m"}}',
                  b'{"jsonrpc":"2.0","id":"q","result":null}', REQ + b',"id":8}',
-                 REQ + b',"params":{"text":"caf\xc3\xa9 \\" [[[ {{{"}}'):
+                 REQ + b',"params":{"text":"caf\xc3\xa9 \\" [[[ {{{"}}',
+                 # brackets in strings (escaped quotes too) do not count towards the depth
+                 REQ + b',"params":{"s":"' + b'\\"[{' * 300 + b'\\\\","a":' + b"[" * 126
+                 + b"]" * 126 + b"}}"):
         assert editor_answer(line) is None, line
         assert server_answer(line) is None, line
 
