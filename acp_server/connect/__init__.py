@@ -10,8 +10,9 @@ Like ``acp_server.client``, it imports nothing of the server: anyio, httpx (HTTP
 through ``h2``), httpx-ws, msgspec. Modules: ``wire`` (JSON-RPC kept raw), ``stdio``
 (the editor's side: capped lines in, one writer out), ``link`` (the server's side:
 WebSocket or Streamable HTTP), ``state`` (sessions, cursors, pending requests),
-``relay`` (the two directions and reconnecting), ``reattach`` (the sessions again
-after a reconnect), ``cli`` (the command line). What
+``relay`` (the editor's side of the relay), ``from_server`` (what the server sends),
+``reconnect`` (the link's life: reconnecting, resending, giving up), ``reattach`` (the
+sessions again after a reconnect), ``cli`` (the command line). What
 the server offers a reconnecting client is in ``acp_server.acp_http.dispatch``.
 """
 

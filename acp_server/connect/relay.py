@@ -16,7 +16,9 @@ Contracts:
   cannot be reached, refuses the token or is not ACP, that ``initialize`` gets an
   error naming the cause, one line goes to stderr, and the adapter keeps reading (a
   later ``initialize`` tries again). Requests before ``initialize`` get ``-32600``.
-* **Bad input.** Nothing the editor sends ends the adapter: params that are not an
+* **Bad input.** Nothing the editor sends ends the adapter: a line that is not JSON
+  gets ``-32700``, one that is not a JSON-RPC message ``-32600``, with the codes the
+  server gives the same input (``wire.parse_editor``); params that are not an
   object on a method whose ``_meta`` it adds to get ``-32602``; a line whose relaying
   fails unexpectedly is logged and, when it is a request, answered ``-32603``.
 * **Reconnect.** A lost link is reconnected with capped exponential backoff and
@@ -49,101 +51,57 @@ Contracts:
   Editor lines: the reader's cap (past it ``-32600``).
 * stdout carries only protocol (``EditorWriter``); diagnostics go to the
   ``acp_server.connect`` logger (stderr); the token is never logged.
+
+``Relay`` is put together from its parts: the editor's side is here (its lines, the
+outbox, ``initialize``), what the server sends in ``from_server``, the link's life
+(connecting, reconnecting, resending, giving up) in ``reconnect``, re-attaching the
+sessions in ``reattach``. Their names stay importable from here.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import random
-import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterable, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterable
 from typing import Any
 
 import anyio
 import anyio.abc
 
 from acp_server.connect import wire
-from acp_server.connect.link import (
-    TOO_BIG,
-    Link,
-    LinkLost,
-    MessageTooLarge,
-    StartupError,
-    Target,
-    open_link,
+from acp_server.connect.from_server import (
+    QWEN_NOTIFY,
+    REGISTERS,
+    RESOLVED_KINDS,
+    FromServer,
 )
-from acp_server.connect.reattach import (
-    AGENT_META,
-    CURSOR_META,
-    FORGETS,
-    Reattach,
-    ReattachFailed,
+from acp_server.connect.link import Link, StartupError, Target, open_link
+from acp_server.connect.reattach import AGENT_META, CURSOR_META, Reattach
+from acp_server.connect.reconnect import (
+    HEALTHY_AFTER_S,
+    MAX_ATTEMPTS,
+    RESOLVED_BY_EVENT,
+    Backoff,
+    Clock,
+    Connect,
+    GaveUp,
+    Outgoing,
+    Reconnect,
 )
-from acp_server.connect.state import REPEATABLE, Asked, Book, Call, key
+from acp_server.connect.state import Book, Call, key
 from acp_server.connect.stdio import EditorWriter, TooLong
+
+__all__ = ["HEALTHY_AFTER_S", "MAX_ATTEMPTS", "OUTBOX_BYTES", "PROMPT_ID_META", "QWEN_NOTIFY",
+           "REGISTERS", "RESOLVED_BY_EVENT", "RESOLVED_KINDS", "RESTORING", "RESUMABLE_META",
+           "Backoff", "Clock", "Connect", "GaveUp", "Outgoing", "Relay"]
 
 log = logging.getLogger("acp_server.connect")
 
 OUTBOX_BYTES = 64 << 20
-HEALTHY_AFTER_S = 30.0   # a link up this long (or that answered the editor) was no flap
-MAX_ATTEMPTS = 3         # links lost with a request in flight before it fails
 PROMPT_ID_META = "acp-server/promptId"
 RESUMABLE_META = "acp-server/resumable"
 RESTORING = frozenset({"session/new", "session/load", "session/resume"})
-REGISTERS = frozenset({"session/new", "session/fork"})
-# Requests of the server kept until it reports them resolved (``_qwen/notify``).
-RESOLVED_BY_EVENT = frozenset({"session/request_permission", "elicitation/create"})
-RESOLVED_KINDS = frozenset({"permission_resolved", "elicitation_resolved"})
-QWEN_NOTIFY = "_qwen/notify"
-
-
-def _no_session(msg: wire.Message) -> bool:
-    """An error answer that says the session does not exist (``-32602``)."""
-    error = wire.decode(msg.members["error"]) if "error" in msg.members else None
-    return isinstance(error, dict) and error.get("code") == wire.INVALID_PARAMS
-
-
-class Clock:
-    """Monotonic seconds and sleeping in them (tests pass their own)."""
-
-    def now(self) -> float:
-        return time.monotonic()
-
-    async def sleep(self, seconds: float) -> None:
-        await anyio.sleep(seconds)
-
-
-@dataclass(frozen=True)
-class Backoff:
-    """``first_s`` doubling up to ``cap_s``; each delay drawn in its upper half."""
-
-    first_s: float = 0.5
-    cap_s: float = 30.0
-
-    def delay(self, attempt: int, rng: Callable[[], float] = random.random) -> float:
-        ceiling = min(self.cap_s, self.first_s * 2 ** min(attempt, 30))
-        return ceiling / 2 + rng() * ceiling / 2
-
-
-@dataclass
-class Outgoing:
-    payload: bytes
-    session_id: str | None
-    call: Call | None = None
-    on_sent: Callable[[], None] | None = None
-
-
-Connect = Callable[[Target, bytes],
-                   contextlib.AbstractAsyncContextManager[tuple[Link, bytes]]]
-
-
-class GaveUp(Exception):
-    pass
-
 
 _NOT_A_REQUEST = object()
 
@@ -157,7 +115,10 @@ def _request_id(item: bytes | TooLong) -> Any:
     return msg.id if msg is not None and msg.is_request else _NOT_A_REQUEST
 
 
-class Relay(Reattach):
+class Relay(FromServer, Reconnect, Reattach):
+    """The editor's side here (its lines, the outbox, ``initialize``); the server's in
+    ``FromServer``, the link's life in ``Reconnect``, re-attaching in ``Reattach``."""
+
     def __init__(self, target: Target, *, out: EditorWriter, agent: str | None = None,
                  give_up_after_s: float = 600.0, clock: Clock | None = None,
                  backoff: Backoff = Backoff(), connect: Connect = open_link) -> None:
@@ -188,7 +149,6 @@ class Relay(Reattach):
         self._reading: anyio.CancelScope | None = None   # the editor's input (``stop``)
         self._stop_requested = False
 
-    # -- the editor --------------------------------------------------------------------
     async def run(self, lines: AsyncIterable[bytes | TooLong]) -> int:
         async with anyio.create_task_group() as tg:
             self._tg = tg
@@ -239,7 +199,7 @@ class Relay(Reattach):
                                            f"{self.target.max_bytes})"))
             return
         try:
-            msg = wire.parse(item)
+            msg = wire.parse_editor(item)
         except wire.ParseError as exc:
             await self.out.send(wire.error(None, exc.code, str(exc)))
             return
@@ -370,7 +330,6 @@ class Relay(Reattach):
                 self.outbox.remove(item)
                 self.outbox_bytes -= len(item.payload)
 
-    # -- initialize and the link's life ----------------------------------------------
     async def _initialize(self, msg: wire.Message) -> None:
         if self.server_init is not None:   # again: the same answer
             await self.out.send(wire.result(msg.id, self.server_init))
@@ -387,302 +346,6 @@ class Relay(Reattach):
             return
         await self.out.send(wire.with_id(answer.members, msg.id))
 
-    def _init_payload(self) -> bytes:
-        assert self.init_members is not None
-        return wire.with_id(self.init_members, 0)
-
-    def _accept(self, raw: bytes) -> wire.Message:
-        """The server's ``initialize`` answer; ``StartupError`` unless it is a result."""
-        try:
-            answer: wire.Message | None = wire.parse(raw)
-        except (wire.ParseError, wire.InvalidRequest):
-            answer = None
-        result = wire.decode(answer.members["result"]) if answer is not None \
-            and "result" in answer.members else None
-        if answer is None or not isinstance(result, dict):
-            detail = wire.decode(answer.members["error"]) if answer is not None \
-                and "error" in answer.members else raw[:200]
-            raise StartupError(f"{self.target.shown} refused initialize: {detail}",
-                               kind="initialize_refused")
-        self.server_init = result
-        return answer
-
-    async def _supervise(self, *, task_status: anyio.abc.TaskStatus[Any]) -> None:
-        """Own the link: connect, relay, and on a loss reconnect (see the contracts).
-
-        The give-up window opens at the first loss and stays open (and the backoff keeps
-        growing) across links that come up and drop again, until one is healthy: up
-        ``HEALTHY_AFTER_S`` or it answered a request of the editor."""
-        first = True
-        started = False
-        attempt = 0
-        down_since: float | None = None
-        last = ""
-        while True:
-            if down_since is not None:
-                remaining = down_since + self.give_up_after_s - self.clock.now()
-                if remaining <= 0:
-                    await self._give_up(last)
-                await self.clock.sleep(min(self.backoff.delay(attempt), remaining))
-                attempt += 1
-            reason: str | None = None
-            up_at: float | None = None
-            try:
-                async with self.connect(self.target, self._init_payload()) as (link, raw):
-                    answer = self._accept(raw)
-                    if first:
-                        task_status.started(answer)
-                        started = True
-                    else:
-                        log.warning("reconnected to %s (%s)", self.target.shown, link.transport)
-                    up_at = self.clock.now()
-                    self._healthy = False
-                    self._refused = False
-                    reason = await self._serve(link, first=first)
-            except StartupError as exc:
-                if first:
-                    task_status.started(exc)
-                    return
-                last = str(exc)
-                log.info("reconnect attempt %d failed: %s", attempt, exc)
-                if exc.kind == "unauthorized":
-                    await self._unauthorized(exc)
-                continue
-            except Exception as exc:   # the link failed on its way in or out
-                if not started:
-                    task_status.started(StartupError(
-                        f"{self.target.shown} failed during initialize: {exc!r}",
-                        kind="initialize_refused"))
-                    return
-                reason = reason or repr(exc)
-            first = False
-            last = reason or "closed"
-            lived = self.clock.now() - up_at if up_at is not None else 0.0
-            self._short_lived = lived < HEALTHY_AFTER_S
-            if up_at is not None and (self._healthy or not self._short_lived):
-                down_since, attempt = None, 0
-            if down_since is None:
-                down_since = self.clock.now()
-            log.warning("connection to %s lost (%s); reconnecting", self.target.shown, last)
-
-    async def _serve(self, link: Link, *, first: bool) -> str:
-        """Relay over ``link`` until it is lost; the reason."""
-        reason = "closed"
-        code: int | None = None
-        self._largest_sent = None
-        try:
-            async with anyio.create_task_group() as tg:
-                async def pump() -> None:
-                    nonlocal reason, code
-                    try:
-                        while True:
-                            payload = await link.receive()
-                            try:
-                                await self._from_server(link, payload)
-                            except (LinkLost, anyio.get_cancelled_exc_class()):
-                                raise
-                            except Exception:   # one bad message does not end the relay
-                                log.exception("dropped a message from the server")
-                    except LinkLost as exc:
-                        reason, code = str(exc), exc.code
-                    tg.cancel_scope.cancel()
-
-                tg.start_soon(pump)
-                try:
-                    if not first:
-                        await self._reattach(link)
-                    self._blameless = False
-                    self.link = link
-                    await self._send_outbox(link)
-                except ReattachFailed as exc:
-                    reason, self._blameless = str(exc), True
-                except LinkLost as exc:
-                    reason, code = str(exc), code or exc.code
-                tg.cancel_scope.cancel()
-        finally:
-            self.link = None
-            for call in [c for c in self.book.calls.values() if c.internal]:
-                del self.book.calls[call.server_id]
-        if code == TOO_BIG and self._largest_sent is not None:
-            await self._too_large(self._largest_sent, "the server closed the WebSocket "
-                                                      f"({TOO_BIG}: message too big)")
-        return reason
-
-    async def _send_outbox(self, link: Link) -> None:
-        while True:
-            while not self.outbox:
-                self._wake = anyio.Event()
-                await self._wake.wait()
-            item = self.outbox[0]
-            if item.call is not None:
-                item.call.sent = True   # before the write: an answer may come at once
-            try:
-                await link.send(item.payload, session_id=item.session_id)
-            except LinkLost:
-                if item.call is not None:
-                    item.call.sent = False
-                raise
-            except MessageTooLarge as exc:
-                if item.call is not None:
-                    item.call.sent = False
-                self._unqueue(item)
-                await self._too_large(item, str(exc))
-                continue
-            self._unqueue(item)
-            if self._largest_sent is None \
-                    or len(item.payload) > len(self._largest_sent.payload):
-                self._largest_sent = item
-            if item.on_sent is not None:
-                item.on_sent()
-
-    def _unqueue(self, item: Outgoing) -> None:
-        if self.outbox and self.outbox[0] is item:
-            self.outbox.popleft()
-            self.outbox_bytes -= len(item.payload)
-        if not self.outbox:
-            self._dropping = False
-
-    async def _too_large(self, item: Outgoing, cause: str) -> None:
-        """The server refused ``item`` for its size: it fails (a request) or is dropped,
-        and nothing as large is sent again."""
-        size = len(item.payload)
-        self.refused_size = min(self.refused_size or size, size)
-        log.error("%s: dropped a message of %d bytes", cause, size)
-        call = item.call
-        if call is not None and self.book.calls.pop(call.server_id, None) is not None:
-            await self._fail(call, f"{cause}; the request was not sent again",
-                             "message_too_large", {"size": size})
-
-    # -- the server ------------------------------------------------------------------------
-    async def _from_server(self, link: Link, payload: bytes) -> None:
-        try:
-            msg = wire.parse(payload)
-        except (wire.ParseError, wire.InvalidRequest) as exc:
-            log.warning("dropped a message from the server: %s", exc)
-            return
-        if msg.is_response:
-            await self._answered(link, msg)
-            return
-        event = wire.event_meta(msg.members)
-        if event is not None:
-            sid, event_id, epoch = event.get("sessionId"), event.get("id"), event.get("epoch")
-            if isinstance(sid, str) and isinstance(event_id, int) and isinstance(epoch, str):
-                session = self.book.session(sid)
-                if session.epoch is not None and epoch != session.epoch:
-                    await self._withdraw_stale(sid, epoch)
-                if epoch == session.epoch and event_id > session.last_id + 1 \
-                        and session.last_id:
-                    log.warning("session %s: events %d to %d are no longer on the server",
-                                sid, session.last_id + 1, event_id - 1)
-                if not session.seen(event_id, epoch):
-                    return
-            payload = wire.without_event_meta(msg.members)
-        withdrawn: bytes | None = None
-        if msg.is_request:
-            request_key = key(msg.id)
-            if request_key in self.book.asked or self.book.was_answered(msg.id):
-                return   # asked again after a reconnect: the editor has it already
-            sid = msg.params().get("sessionId")
-            self.book.asked[request_key] = Asked(
-                sid if isinstance(sid, str) else None,
-                event.get("id") if event is not None else None, msg.method or "",
-                epoch=event.get("epoch") if event is not None else None)
-        elif msg.method == QWEN_NOTIFY:
-            withdrawn = self._resolved(msg.params())
-        elif msg.method == "$/cancel_request" \
-                and isinstance(target := msg.params().get("requestId"), (str, int)) \
-                and self.book.was_answered(target):
-            return   # withdrawn already (``_resolved``), or answered by the editor
-        await self.out.send(payload)
-        if withdrawn is not None:
-            await self.out.send(withdrawn)
-
-    def _resolved(self, params: dict[str, Any]) -> bytes | None:
-        """A question of the server was resolved: forgotten; one the editor was asked
-        and has not answered is withdrawn (``$/cancel_request``, returned to send), also
-        when the resolution comes in a replay after a reconnect or a restart, where the
-        server's own ``$/cancel_request`` went to a connection that is gone."""
-        data = params.get("data")
-        if params.get("kind") not in RESOLVED_KINDS or not isinstance(data, dict):
-            return None
-        request_id = data.get("requestId")
-        if not isinstance(request_id, (str, int)):
-            return None
-        asked = self.book.asked.pop(key(request_id), None)
-        if asked is None or asked.answer is not None:
-            return None
-        self.book.remember_answered(request_id)   # the server's own withdrawal is dropped
-        return wire.notification("$/cancel_request", {"requestId": request_id})
-
-    async def _answered(self, link: Link, msg: wire.Message) -> None:
-        call = self.book.calls.pop(msg.id, None) if type(msg.id) is int else None
-        if call is None:
-            return   # answered on an earlier link, or not ours
-        if call.internal:
-            call.answer = msg.raw
-            call.done.set()
-            return
-        self._healthy = True
-        ok = "result" in msg.members
-        result = wire.decode(msg.members["result"]) if ok else None
-        if call.method in FORGETS and call.session_id in self.book.sessions \
-                and not ok and _no_session(msg):
-            # the editor's session ended meanwhile (reaped, or this request's first
-            # copy took effect before a drop): ended is what it asked for
-            await self._ended(call.session_id)   # type: ignore[arg-type]
-            await self.out.send(wire.result(call.editor_id, {}))
-            return
-        if ok and call.method in REGISTERS and isinstance(result, dict) \
-                and isinstance(result.get("sessionId"), str):
-            self._register(result["sessionId"], call.params or {})
-            await link.watch_session(result["sessionId"])
-        elif call.method in FORGETS and ok and call.session_id is not None:
-            await self._ended(call.session_id)
-        elif not ok and call.new_session and call.session_id is not None:
-            self.book.sessions.pop(call.session_id, None)   # it never was the editor's
-        await self.out.send(wire.with_id(msg.members, call.editor_id))
-
-    async def _ended(self, session_id: str) -> None:
-        """The editor's session is closed or deleted: forgotten; a request of it still
-        waiting (the server answers a closing session's prompts before the close, so
-        none should be) gets an error rather than no answer ever."""
-        for pending in self.book.forget_session(session_id):
-            self._drop_outgoing(pending)
-            await self._fail(pending, f"session {session_id} was closed",
-                             "session_closed", {"sessionId": session_id})
-
-    # -- after a reconnect -----------------------------------------------------------------
-    async def _reattach(self, link: Link) -> None:
-        """Re-attach every session (``Reattach``), then queue what was in flight again."""
-        await self._reattach_sessions(link)
-        resend: list[Call] = []
-        for call in sorted(self.book.calls.values(), key=lambda c: c.server_id):
-            if call.internal or not call.sent:
-                continue
-            call.attempts += self._short_lived and not self._blameless
-            if call.attempts >= MAX_ATTEMPTS:
-                del self.book.calls[call.server_id]
-                await self._fail(call, f"the connection to the server was lost {MAX_ATTEMPTS} "
-                                       f"times within {HEALTHY_AFTER_S:g} s of connecting "
-                                       "while this request was in flight; it was not "
-                                       "repeated again", "connection_lost")
-            elif call.method in REPEATABLE and (call.method != "session/prompt"
-                                                or self.resumable):
-                call.sent = False
-                resend.append(call)
-            else:
-                del self.book.calls[call.server_id]
-                await self._fail(call, "the connection to the server was lost before the "
-                                       "answer; the request was not repeated",
-                                 "connection_lost")
-        for call in reversed(resend):
-            self.outbox.appendleft(Outgoing(call.payload, call.session_id, call))
-            self.outbox_bytes += len(call.payload)
-        for asked in self.book.asked.values():   # answers the server may not have had
-            if asked.answer is not None and asked.method in RESOLVED_BY_EVENT:
-                self.outbox.appendleft(Outgoing(asked.answer, asked.session_id))
-                self.outbox_bytes += len(asked.answer)
-
     async def _fail(self, call: Call, message: str, kind: str,
                     data: dict[str, Any] | None = None) -> None:
         if call.editor_id is None and call.internal:
@@ -690,45 +353,3 @@ class Relay(Reattach):
         await self.out.send(wire.error(call.editor_id, wire.INTERNAL_ERROR,
                                        f"acp-server connect: {message}",
                                        {"errorKind": kind, **(data or {})}))
-
-    async def _unauthorized(self, exc: StartupError) -> None:
-        """A reconnect refused the credentials (revoked, rotated, expired): waiting
-        will not help the requests pending, so they fail now; reconnecting goes on
-        within the give-up window (the server may accept the token again)."""
-        if not self._refused:
-            log.error("%s; pending requests fail, reconnecting goes on", exc)
-        self._refused = True
-        for call in sorted(self.book.calls.values(), key=lambda c: c.server_id):
-            if call.internal:
-                continue
-            del self.book.calls[call.server_id]
-            self._drop_outgoing(call)
-            await self._fail(call, str(exc), "unauthorized")
-
-    # -- the end -------------------------------------------------------------------------
-    async def _give_up(self, last: str) -> None:
-        message = (f"gave up after {self.give_up_after_s:g} s: {self.target.shown} "
-                   f"unreachable (last error: {last})")
-        log.error("%s", message)
-        for call in sorted(self.book.calls.values(), key=lambda c: c.server_id):
-            if not call.internal:
-                await self._fail(call, message, "server_unreachable")
-        self.book.calls.clear()
-        self.exit_code = 1
-        assert self._tg is not None
-        self._tg.cancel_scope.cancel()
-        await anyio.sleep_forever()
-
-    async def _quit(self) -> None:
-        """The editor closed stdin: its turns are cancelled (best effort, bounded)."""
-        link = self.link
-        if link is None:
-            return
-        prompting = {c.session_id for c in self.book.calls.values()
-                     if c.method == "session/prompt" and c.session_id is not None}
-        with anyio.move_on_after(2):
-            for sid in prompting:
-                with contextlib.suppress(LinkLost):
-                    await link.send(wire.notification("session/cancel", {"sessionId": sid}),
-                                    session_id=sid)
-            await link.close()

@@ -2,6 +2,7 @@
 nothing it does not rewrite is re-serialized.
 
     message = parse(line)                        # ParseError (-32700) / InvalidRequest (-32600)
+    message = parse_editor(line)                 # parse, and refuse what the server would
     message.kind, message.id, message.method     # "request" | "notification" | "response"
     payload = with_id(message.members, 7)        # the same message under another id
     members = set_meta(members, "acp-server/promptId", "p-1")   # params._meta[key] = value
@@ -13,6 +14,24 @@ Contracts:
   request (``method`` and ``id``), a notification (``method``, no ``id``) or a response
   (``id`` and one of ``result`` / ``error``); an ``id`` is a string, an integer or null.
   Anything else raises, with the id when one could be read (for the error answer).
+  ``ParseError`` (-32700) when the text is not JSON at all: cut short, trailing
+  characters, ``NaN``, a byte order mark, nothing, or nested too deeply for the
+  decoder, also when the top level is of the wrong type (``[1,2``, ``12x``: only the
+  whole text tells a parse error from an invalid request). ``InvalidRequest``
+  (-32600) for JSON that is not a message: ``[]``, an array with members (a batch:
+  not supported), a string, number, ``true`` or ``null``, ``{}``, ...
+* ``parse_editor`` is ``parse`` for a line of the editor, with the codes the server's
+  ``/acp`` gives the same input (``acp_server.acp_http.inbound``), refused here
+  because the server's answer to them could not reach the editor (a ``-32700`` has
+  ``id: null``, which the relay cannot route back): -32700 for invalid UTF-8 anywhere
+  in the line, or JSON nested deeper than ``MAX_DEPTH`` or holding more than
+  ``MAX_CONTAINERS`` objects and arrays (refused unparsed); -32600 (with the id) for a
+  request whose ``id`` is null (answered ``id: null``, never relayed: its answer
+  could not be told from other ``id: null`` errors, nor could ``$/cancel_request``
+  name it), ``params`` that is neither an object nor an array, a request carrying
+  ``result`` or ``error``, a response carrying ``params``, an ``error`` that is not
+  an object with an integer ``code`` and a string ``message``. Duplicate member
+  names are JSON: the last one counts.
 * Unknown members, ``params``, ``result`` and ``error`` stay ``msgspec.Raw``: their
   bytes are written back as they came. Only ``params`` is decoded to be changed
   (``set_meta``, ``take_event_meta``), one level deep; ``set_meta`` raises
@@ -21,7 +40,7 @@ Contracts:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NoReturn
 
 import msgspec
 
@@ -32,6 +51,12 @@ INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
 REQUEST_CANCELLED = -32800
 EVENT_META = "acp-server/event"
+# The server's limits on JSON it reads (``acp_server.http.body``): past them it answers
+# -32700 unparsed, so the adapter refuses such a line itself.
+MAX_DEPTH = 128
+MAX_CONTAINERS = 200_000
+BATCH_MESSAGE = "Invalid Request: batch JSON-RPC requests are not supported"
+NULL_ID_MESSAGE = "Invalid Request: a request id must be a string or an integer, not null"
 
 Members = dict[str, msgspec.Raw]
 RpcId = int | str | None
@@ -93,9 +118,11 @@ def parse(line: bytes) -> Message:
     try:
         members = _members.decode(line)
     except msgspec.ValidationError:
-        raise InvalidRequest("Invalid Request: expected a JSON-RPC object") from None
-    except msgspec.DecodeError:
-        raise ParseError("Parse error: not JSON") from None
+        _not_an_object(line)
+    except msgspec.DecodeError as exc:
+        raise ParseError(f"Parse error: {exc}") from None
+    except RecursionError:
+        raise ParseError("Parse error: JSON nested too deeply") from None
     rpc_id = _read_id(members)
     shown: RpcId = None if rpc_id is _NO_ID else rpc_id   # type: ignore[assignment]
     if members.get("jsonrpc") is None or _any.decode(members["jsonrpc"]) != "2.0":
@@ -110,6 +137,80 @@ def parse(line: bytes) -> Message:
     else:
         raise InvalidRequest("Invalid Request: neither a request nor a response", shown)
     return Message(members, kind, shown, method, line)
+
+
+def parse_editor(line: bytes) -> Message:
+    """``parse``, plus what the server refuses that ``parse`` lets through (see the
+    module contracts): a line of the editor is refused here with the server's code."""
+    try:
+        line.decode()
+    except UnicodeDecodeError as exc:
+        raise ParseError(f"Parse error: invalid UTF-8 (byte {exc.start})") from None
+    too_much = _too_much(line)
+    if too_much is not None:
+        raise ParseError(f"Parse error: {too_much}")
+    msg = parse(line)
+    members = msg.members
+    if msg.kind == "request" and msg.id is None:
+        raise InvalidRequest(NULL_ID_MESSAGE)
+    if "params" in members and bytes(memoryview(members["params"])[:1]) not in (b"{", b"["):
+        raise InvalidRequest("Invalid Request: params must be an object or an array", msg.id)
+    if msg.kind != "response" and ("result" in members or "error" in members):
+        raise InvalidRequest("Invalid Request: a request cannot carry result or error", msg.id)
+    if msg.kind == "response" and "params" in members:
+        raise InvalidRequest("Invalid Request: a response cannot carry params", msg.id)
+    if "error" in members:
+        error = _any.decode(members["error"])
+        if not isinstance(error, dict) or type(error.get("code")) is not int \
+                or not isinstance(error.get("message"), str):
+            raise InvalidRequest('Invalid Request: "error" must be an object with an integer '
+                                 '"code" and a string "message"', msg.id)
+    return msg
+
+
+def _not_an_object(line: bytes) -> NoReturn:
+    """``line`` did not decode as an object: the typed decoder stops at the first value
+    of the wrong type, before it has read the rest, so only the whole text tells a
+    parse error (``[1,2``, ``12x``) from an invalid request (``[1,2]``, ``12``)."""
+    try:
+        value = _any.decode(line)
+    except msgspec.DecodeError as exc:
+        raise ParseError(f"Parse error: {exc}") from None
+    except RecursionError:
+        raise ParseError("Parse error: JSON nested too deeply") from None
+    if isinstance(value, list):
+        raise InvalidRequest(BATCH_MESSAGE if value else "Invalid Request: an empty array")
+    raise InvalidRequest("Invalid Request: expected a JSON-RPC object")
+
+
+_NOT_BRACKETS = bytes(range(256)).translate(None, b"[]{}")
+_OPEN_CLOSE = bytes.maketrans(b"{}", b"[]")
+
+
+def _too_much(line: bytes) -> str | None:
+    """Why ``line`` is past the server's limits (``MAX_DEPTH``, ``MAX_CONTAINERS``), or
+    ``None``; counted on the brackets outside strings, without decoding."""
+    if line.count(b"[") + line.count(b"{") <= MAX_DEPTH:
+        return None   # cannot be deeper than the number of brackets
+    data = line
+    if b"\\" in data:   # escapes first, so that every remaining quote delimits a string
+        data = data.replace(b"\\\\", b"").replace(b'\\"', b"")
+    if b'"' in data:
+        data = b"".join(data.split(b'"')[::2])
+    shape = data.translate(_OPEN_CLOSE, _NOT_BRACKETS)
+    opened = shape.count(b"[")
+    if opened > MAX_CONTAINERS:
+        return f"JSON holds more than {MAX_CONTAINERS} objects and arrays"
+    if opened <= MAX_DEPTH:
+        return None
+    depth = 0
+    for bracket in shape:   # at most 2 * opened + 1 steps: below 0 it is not JSON
+        depth += 1 if bracket == 0x5B else -1
+        if depth > MAX_DEPTH:
+            return f"JSON nested deeper than {MAX_DEPTH} levels"
+        if depth < 0:
+            return None   # ``parse`` says what is wrong
+    return None
 
 
 def _read_id(members: Members) -> Any:

@@ -69,14 +69,17 @@ async def test_bad_lines_are_answered_and_the_adapter_goes_on(tmp_path: Path) ->
 
 async def test_params_that_are_not_an_object_are_refused_not_fatal(tmp_path: Path) -> None:
     """review7 #3: the adapter adds to ``params._meta`` of initialize, session/prompt and
-    (with ``--agent``) session/new|load|resume; params that are not an object there get
-    ``-32602`` (a notification is dropped with a line on stderr) and the adapter goes on."""
+    (with ``--agent``) session/new|load|resume; params that are an array there get
+    ``-32602`` (a notification is dropped with a line on stderr) and the adapter goes on.
+    Params neither an object nor an array are no JSON-RPC request (§4.2): ``-32600``,
+    as the server answers them."""
     async with running_acp_server(tmp_path) as srv, \
             spawn_adapter(srv.base_url + "/acp", "--agent", "reference") as adapter:
-        for rpc_id, params in enumerate(([], None, 3, "x"), start=100):
+        for rpc_id, (params, code) in enumerate((([], -32602), (None, -32600), (3, -32600),
+                                                 ("x", -32600)), start=100):
             await adapter.send({"jsonrpc": "2.0", "id": rpc_id, "method": "initialize",
                                 "params": params})
-            assert (await adapter.response(rpc_id))["error"]["code"] == -32602
+            assert (await adapter.response(rpc_id))["error"]["code"] == code, params
         init = await adapter.request("initialize", INIT)
         assert init["result"]["protocolVersion"] == 1
         for method in ("session/prompt", "session/new", "session/load", "session/resume"):
