@@ -130,6 +130,8 @@ def request_params(msg: Message) -> dict[str, Any]:
         return {}
     try:
         params = decode_value(msg.params)
+    except msgspec.ValidationError as exc:   # JSON, but not a value we hold (1e999)
+        raise InvalidParamsError(f"Invalid params: {exc}") from None
     except msgspec.DecodeError:
         raise InvalidParamsError("Invalid params: not JSON") from None
     if not isinstance(params, dict):
@@ -574,19 +576,23 @@ async def dispatch(conn: AcpConnection, msg: Message, params: dict[str, Any]) ->
 def answer_agent_request(conn: AcpConnection, msg: Message) -> None:
     """A client's JSON-RPC response to an agent-to-client request (a permission
     request): the first answer wins; an error answer counts as ``cancelled``.
-    Answers to unknown ids are ignored (the request was resolved elsewhere)."""
+    Answers to unknown ids are ignored (the request was resolved elsewhere); an
+    answer whose ``result`` cannot be decoded (a number out of range) is ignored too,
+    logged, and the question stays open for another answer."""
     request_id = msg.id
-    if not isinstance(request_id, str):
+    if not isinstance(request_id, str) or request_id not in conn.pending_requests:
         return
-    session_id = conn.pending_requests.pop(request_id, None)
-    if session_id is None:
+    try:
+        result = decode_value(msg.result) if msg.error is UNSET else None
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError) as exc:
+        log.info("acp %s: unreadable answer to %s ignored: %s", conn.id, request_id, exc)
         return
+    session_id = conn.pending_requests.pop(request_id)
     if conn.bridge.elicitation_pending(request_id):
-        answer_elicitation(conn, msg, session_id)
+        answer_elicitation(conn, msg, session_id, result)
         return
     outcome: dict[str, Any] = {"outcome": "cancelled"}
     if msg.error is UNSET:
-        result = decode_value(msg.result)
         found = result.get("outcome") if isinstance(result, dict) else None
         if isinstance(found, dict):
             outcome = found

@@ -2,7 +2,7 @@
 mediated elicitations (``bridge.elicitation``) as agent-to-client traffic.
 
     frames = elicitation_frames(conn, channel, event)   # [] when not for this client
-    answer_elicitation(conn, msg, session_id)            # the client's JSON-RPC response
+    answer_elicitation(conn, msg, session_id, result)    # the client's JSON-RPC response
 
 Contracts:
 
@@ -27,7 +27,7 @@ from acp_server.acp_http.frames import Frame
 from bridge import events as ev
 from bridge.errors import BridgeError
 from bridge.events import ElicitationComplete, ElicitationRequest, Event
-from bridge.jsonrpc import UNSET, Message, decode_value, encode_notification, encode_request
+from bridge.jsonrpc import UNSET, Message, encode_notification, encode_request
 
 if TYPE_CHECKING:
     from acp_server.acp_http.connection import AcpConnection, SessionChannel
@@ -59,12 +59,15 @@ def elicitation_frames(conn: AcpConnection, channel: SessionChannel, event: Even
     return [Frame(event.id, encode_request(data.request_id, "elicitation/create", params))]
 
 
-def answer_elicitation(conn: AcpConnection, msg: Message, session_id: str) -> None:
+def answer_elicitation(conn: AcpConnection, msg: Message, session_id: str,
+                       result: Any) -> None:
+    """``result``: the answer's decoded ``result`` (``acp_http.dispatch`` decodes it
+    before it takes the question off the pending ones)."""
     request_id = msg.id
     assert isinstance(request_id, str)
     answer: Any = {"action": "cancel"}
     if msg.error is UNSET:
-        answer = decode_value(msg.result)
+        answer = result
     try:
         conn.bridge.respond_to_elicitation(request_id, answer, session_id=session_id)
     except BridgeError as exc:
