@@ -129,7 +129,7 @@ def parse(line: bytes) -> Message:
         raise InvalidRequest('Invalid Request: "jsonrpc" must be "2.0"', shown)
     method: Any = _any.decode(members["method"]) if "method" in members else None
     if method is not None:
-        if not isinstance(method, str) or not method:
+        if not isinstance(method, str):   # "" is a string: the server answers -32601
             raise InvalidRequest('Invalid Request: "method" must be a string', shown)
         kind = "notification" if rpc_id is _NO_ID else "request"
     elif rpc_id is not _NO_ID and (("result" in members) != ("error" in members)):

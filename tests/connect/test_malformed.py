@@ -127,6 +127,8 @@ def test_what_is_a_message_stays_one() -> None:
                  b'{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"m"}}',
                  b'{"jsonrpc":"2.0","id":"q","result":null}', REQ + b',"id":8}',
                  REQ + b',"params":{"text":"caf\xc3\xa9 \\" [[[ {{{"}}',
+                 # an empty method is a string: relayed, the server answers -32601
+                 b'{"jsonrpc":"2.0","id":9,"method":""}', b'{"jsonrpc":"2.0","method":""}',
                  # brackets in strings (escaped quotes too) do not count towards the depth
                  REQ + b',"params":{"s":"' + b'\\"[{' * 300 + b'\\\\","a":' + b"[" * 126
                  + b"]" * 126 + b"}}"):
@@ -214,8 +216,12 @@ async def test_the_adapter_answers_each_with_the_servers_code_and_goes_on(
             assert answer["id"] == rpc_id, (line[:60], answer)
             listed = await adapter.request("session/list", {}, rpc_id=f"after-{n}")
             assert listed["result"] == {"sessions": []}, (line[:60], listed)
+        # an empty method is a request: relayed, and the server does not know it
+        await adapter.send_raw(b'{"jsonrpc":"2.0","id":"empty","method":""}\n')
+        answer = await adapter.receive()
+        assert (answer["id"], answer["error"]["code"]) == ("empty", -32601), answer
         # nothing else came: one answer per line, then the request's
-        assert len(adapter.received) == 1 + 2 * len(MALFORMED)
+        assert len(adapter.received) == 2 + 2 * len(MALFORMED)
         assert adapter.process.returncode is None
         assert not [line for line in adapter.stderr if "Traceback" in line]
 
