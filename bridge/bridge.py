@@ -42,6 +42,7 @@ import anyio
 import anyio.abc
 
 from bridge import events as ev
+from bridge.agent_calls import AgentCallsAPI
 from bridge.agent_client import AgentSide
 from bridge.agent_pool import AgentPool
 from bridge.agents.base import AgentConnection, AgentFactory
@@ -52,13 +53,11 @@ from bridge.errors import (
     AgentDiedError,
     AgentError,
     AgentProtocolError,
-    AgentRequestTimeoutError,
     BranchWhilePromptActiveError,
     NotSupportedError,
     SessionClosedError,
     SessionIdNotHonoredError,
     SessionNotFoundError,
-    SessionNotRestorableError,
     WorkspaceMismatchError,
 )
 from bridge.history import session_history
@@ -72,7 +71,7 @@ from bridge.presence import PresenceAPI
 from bridge.prompts import PromptsAPI
 from bridge.restore import restore_sessions
 from bridge.session import QueueWaitStats, Session, WorkItem
-from bridge.status import AgentStatus, BridgeStats, SessionInfo, SessionStatus
+from bridge.status import BridgeStats, SessionInfo, SessionStatus
 
 log = logging.getLogger("bridge")
 
@@ -81,7 +80,7 @@ MAX_CLOSED_SESSION_HISTORIES = 1024
 MAX_CLOSED_SESSION_OWNERS = 50_000
 
 
-class Bridge(Journaling, PromptsAPI, PresenceAPI):
+class Bridge(Journaling, PromptsAPI, PresenceAPI, AgentCallsAPI):
     def __init__(self, agent_factory: AgentFactory, *, workspace_cwd: str,
                  options: BridgeOptions | None = None,
                  agents: Mapping[str, AgentFactory] | None = None,
@@ -189,61 +188,6 @@ class Bridge(Journaling, PromptsAPI, PresenceAPI):
         if self._task_group is None:
             raise RuntimeError("the bridge is not running (use `async with Bridge(...)`)")
         return self._task_group
-
-    async def _ensure_agent(self, name: str) -> AgentConnection:
-        return await self.agents.ensure(name, self._clients[name], self._tasks())
-
-    async def _agent_request(self, agent: AgentConnection, method: str, params: Any) -> Any:
-        """``agent.request`` within ``agent_request_timeout_ms``, else
-        ``AgentRequestTimeoutError`` (a late answer is ignored)."""
-        timeout_ms = self.options.agent_request_timeout_ms
-        with anyio.move_on_after(timeout_ms / 1000):
-            return await agent.request(method, params)
-        raise AgentRequestTimeoutError(method, timeout_ms)
-
-    async def forward(self, session_id: str, method: str, params: Any) -> Any:
-        """Send an ACP request the bridge has no rule for (``session/set_mode``, ...)
-        to the session's agent, unchanged; its answer, unchanged."""
-        session = self.get_session(session_id)
-        return await (await self._agent_of(session)).request(method, params)
-
-    async def forward_notification(self, session_id: str, method: str, params: Any) -> None:
-        """The same for an ACP notification."""
-        session = self.get_session(session_id)
-        await (await self._agent_of(session)).notify(method, params)
-
-    async def _agent_of(self, session: Session) -> AgentConnection:
-        """The session's agent, its agent side restored first (a session restored from
-        the journal, ``bridge.restore``); ``SessionNotRestorableError`` when it cannot be."""
-        if session.agent_side is not None:
-            await session.agent_side()
-        if session.not_restorable is not None or session.agent is None:
-            raise SessionNotRestorableError(session.session_id,
-                                            session.not_restorable or "no agent")
-        return session.agent
-
-    def agent_info(self, name: str | None = None) -> dict[str, Any]:
-        """The ``initialize`` answer of agent ``name`` (default: the default agent);
-        empty before its first start. ``AgentNotFoundError`` for an unknown name."""
-        return self.agents.info(self.agents.resolve(name))
-
-    def agent_capability(self, name: str | None, *path: str) -> Any:
-        """One of agent ``name``'s ``agentCapabilities`` (``None`` when not offered),
-        e.g. ``agent_capability("qwen", "sessionCapabilities", "fork")``."""
-        return self.agents.capability(self.agents.resolve(name), *path)
-
-    def list_agents(self) -> list[AgentStatus]:
-        """Every configured agent, in configuration order (the default first)."""
-        counts: dict[str, int] = {}
-        for session in self._sessions.values():
-            counts[session.agent_name] = counts.get(session.agent_name, 0) + 1
-        return [AgentStatus(name=name, default=name == self.agents.default,
-                            state=self.agents.state(name), sessions=counts.get(name, 0),
-                            info=self.agents.info(name)) for name in self.agents.names]
-
-    def _foreign_message(self, agent: str, method: str) -> None:   # bridge.agent_client
-        self._foreign_dropped += 1
-        self.observer.foreign_message_dropped(agent, method)
 
     # -- sessions ------------------------------------------------------------------------
     def get_session(self, session_id: str) -> Session:

@@ -1,0 +1,103 @@
+"""The agents half of the ``Bridge`` API: requests to a session's agent with their
+deadline, requests the bridge has no rule for, and what the agents report.
+
+    answer = await bridge.forward(session_id, "session/set_mode", {"modeId": "plan"})
+    await bridge.forward_notification(session_id, "session/cancel", {"sessionId": sid})
+    bridge.agent_capability("qwen", "sessionCapabilities", "fork")   # None: not offered
+    [a.name for a in bridge.list_agents()]                            # the default first
+
+``Bridge`` inherits these. Contracts: ``_agent_request`` gives up after
+``agent_request_timeout_ms`` (``AgentRequestTimeoutError``; a late answer is ignored);
+``forward`` and ``forward_notification`` pass the agent's answer through unchanged,
+after restoring the agent side of a session restored from the journal
+(``SessionNotRestorableError`` when it cannot be); an unknown agent name is
+``AgentNotFoundError``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.abc
+
+from bridge.agents.base import AgentConnection
+from bridge.errors import AgentRequestTimeoutError, SessionNotRestorableError
+from bridge.status import AgentStatus
+
+if TYPE_CHECKING:
+    from bridge.agent_client import AgentSide
+    from bridge.agent_pool import AgentPool
+    from bridge.observer import BridgeObserver
+    from bridge.options import BridgeOptions
+    from bridge.session import Session
+
+
+class AgentCallsAPI:
+    options: BridgeOptions
+    agents: AgentPool
+    observer: BridgeObserver
+    _clients: dict[str, AgentSide]
+    _sessions: dict[str, Session]
+    _foreign_dropped: int
+
+    def _tasks(self) -> anyio.abc.TaskGroup:
+        raise NotImplementedError   # Bridge's
+
+    def get_session(self, session_id: str) -> Session:
+        raise NotImplementedError   # Bridge's
+
+    async def _ensure_agent(self, name: str) -> AgentConnection:
+        return await self.agents.ensure(name, self._clients[name], self._tasks())
+
+    async def _agent_request(self, agent: AgentConnection, method: str, params: Any) -> Any:
+        """``agent.request`` within ``agent_request_timeout_ms``, else
+        ``AgentRequestTimeoutError`` (a late answer is ignored)."""
+        timeout_ms = self.options.agent_request_timeout_ms
+        with anyio.move_on_after(timeout_ms / 1000):
+            return await agent.request(method, params)
+        raise AgentRequestTimeoutError(method, timeout_ms)
+
+    async def forward(self, session_id: str, method: str, params: Any) -> Any:
+        """Send an ACP request the bridge has no rule for (``session/set_mode``, ...)
+        to the session's agent, unchanged; its answer, unchanged."""
+        session = self.get_session(session_id)
+        return await (await self._agent_of(session)).request(method, params)
+
+    async def forward_notification(self, session_id: str, method: str, params: Any) -> None:
+        """The same for an ACP notification."""
+        session = self.get_session(session_id)
+        await (await self._agent_of(session)).notify(method, params)
+
+    async def _agent_of(self, session: Session) -> AgentConnection:
+        """The session's agent, its agent side restored first (a session restored from
+        the journal, ``bridge.restore``); ``SessionNotRestorableError`` when it cannot be."""
+        if session.agent_side is not None:
+            await session.agent_side()
+        if session.not_restorable is not None or session.agent is None:
+            raise SessionNotRestorableError(session.session_id,
+                                            session.not_restorable or "no agent")
+        return session.agent
+
+    def agent_info(self, name: str | None = None) -> dict[str, Any]:
+        """The ``initialize`` answer of agent ``name`` (default: the default agent);
+        empty before its first start. ``AgentNotFoundError`` for an unknown name."""
+        return self.agents.info(self.agents.resolve(name))
+
+    def agent_capability(self, name: str | None, *path: str) -> Any:
+        """One of agent ``name``'s ``agentCapabilities`` (``None`` when not offered),
+        e.g. ``agent_capability("qwen", "sessionCapabilities", "fork")``."""
+        return self.agents.capability(self.agents.resolve(name), *path)
+
+    def list_agents(self) -> list[AgentStatus]:
+        """Every configured agent, in configuration order (the default first)."""
+        counts: dict[str, int] = {}
+        for session in self._sessions.values():
+            counts[session.agent_name] = counts.get(session.agent_name, 0) + 1
+        return [AgentStatus(name=name, default=name == self.agents.default,
+                            state=self.agents.state(name), sessions=counts.get(name, 0),
+                            info=self.agents.info(name)) for name in self.agents.names]
+
+    def _foreign_message(self, agent: str, method: str) -> None:   # bridge.agent_client
+        self._foreign_dropped += 1
+        self.observer.foreign_message_dropped(agent, method)
