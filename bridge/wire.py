@@ -35,6 +35,7 @@ Contracts:
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Callable
 from typing import Any
 
@@ -181,6 +182,13 @@ TWINS: dict[type[ev.Payload], type[_Data]] = {
     ev.SlowClientWarning: SlowClientWarning,
     ev.ClientEvicted: ClientEvicted,
 }
+
+
+def iso(timestamp: float) -> str:
+    """Epoch seconds as the peer writes times: ISO 8601, UTC, milliseconds, ``Z`` (the
+    one formatter of every time a door writes)."""
+    return datetime.datetime.fromtimestamp(timestamp, datetime.UTC).isoformat(
+        timespec="milliseconds").replace("+00:00", "Z")
 
 
 def wire_data(event: Event) -> Any:

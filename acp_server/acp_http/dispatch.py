@@ -92,6 +92,7 @@ from bridge.jsonrpc import (
     encode_result,
 )
 from acp_server.acp_http.elicitation import answer_elicitation, offers_elicitation
+from acp_server.acp_http.listing import session_list
 from acp_server.acp_http.passthrough import pass_through
 from acp_server.acp_http.resume import (
     PENDING,
@@ -318,15 +319,6 @@ async def _session_resume(conn: AcpConnection, rpc_id: RpcId, params: dict[str, 
     return {}
 
 
-async def _session_list(conn: AcpConnection, rpc_id: RpcId, params: dict[str, Any]) -> Any:
-    cwd = _cwd(params)
-    sees = conn.caller.sees_session
-    sessions = [{"sessionId": s.session_id, "cwd": s.workspace_cwd}
-                for s in conn.bridge.list_sessions()
-                if (cwd is None or s.workspace_cwd == cwd) and sees(s.session_id)]
-    return {"sessions": sessions}
-
-
 async def _session_prompt(conn: AcpConnection, rpc_id: RpcId, params: dict[str, Any]) -> Any:
     sid = _session_id(params)
     prompt = params.get("prompt")
@@ -410,7 +402,7 @@ METHODS: dict[str, Handler] = {
     "session/new": _session_new,
     "session/load": _session_load,
     "session/resume": _session_resume,
-    "session/list": _session_list,
+    "session/list": session_list,
     "session/prompt": _session_prompt,
     "session/cancel": _session_cancel,
     "session/close": _session_close,

@@ -35,7 +35,6 @@ Contracts:
 from __future__ import annotations
 
 import atexit
-import datetime
 import logging
 import sys
 import threading
@@ -50,6 +49,7 @@ from starlette.types import Scope
 
 from acp_server.http.front import count_events
 from acp_server.ops.metrics import Metrics
+from bridge.wire import iso as _iso
 
 access_log = logging.getLogger("acp_server.access")
 LOG_FORMATS = ("text", "json")
@@ -340,11 +340,6 @@ class AccessWriter:
         self._stop.set()
         self._thread.join()
         self.flush()
-
-
-def _iso(timestamp: float) -> str:
-    return datetime.datetime.fromtimestamp(timestamp, datetime.UTC).isoformat(
-        timespec="milliseconds").replace("+00:00", "Z")
 
 
 access_writer: AccessWriter | None = None

@@ -16,7 +16,6 @@ Contracts:
 
 from __future__ import annotations
 
-import datetime
 import re
 import uuid
 from typing import Annotated, Any, Literal, TypeVar
@@ -29,6 +28,7 @@ from acp_server.http import body
 from acp_server.http.headers import DECIMAL
 from acp_server.rest.errors import RestError, bad_request
 from bridge import status
+from bridge.wire import iso  # noqa: F401 - the one time formatter, for the routes
 
 T = TypeVar("T")
 
@@ -295,11 +295,6 @@ _decoders: dict[type, msgspec.json.Decoder[Any]] = {
 
 
 # -- body reading -------------------------------------------------------------------------
-def iso(timestamp: float) -> str:
-    """Epoch seconds as the peer writes times: ISO 8601, UTC, milliseconds, ``Z`` (the
-    one formatter of every REST time)."""
-    return datetime.datetime.fromtimestamp(timestamp, datetime.UTC).isoformat(
-        timespec="milliseconds").replace("+00:00", "Z")
 
 
 def too_large(limit: int) -> RestError:

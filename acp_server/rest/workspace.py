@@ -31,11 +31,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute
 
+from acp_server.http import session_cursor
 from acp_server.http.endpoints import route
+from acp_server.http.session_cursor import SessionKey
 from acp_server.principals import caller_of
-from acp_server.rest import session_cursor, wire
+from acp_server.rest import wire
 from acp_server.rest.errors import RestError, bad_request, json_response
-from acp_server.rest.session_cursor import SessionKey
 from acp_server.rest.sessions import status_fields
 from bridge import Bridge, SessionStatus
 

@@ -163,7 +163,7 @@ async def test_list_close_resume_load(server: RunningAcpServer) -> None:
             await session_stream.wait_for_id(2)
             await server.post(conn_id, request(3, "session/list", {}))
             listed = (await conn_stream.wait_for_id(3))["result"]["sessions"]
-            assert {"sessionId": sid, "cwd": server.workspace} in listed
+            assert [(s["sessionId"], s["cwd"]) for s in listed] == [(sid, server.workspace)]
             await server.post(conn_id, request(4, "session/close", {"sessionId": sid}), sid)
             assert (await session_stream.wait_for_id(4))["result"] == {}
             await session_stream.wait_for_end()     # the channel retired

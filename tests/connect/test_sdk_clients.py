@@ -94,3 +94,35 @@ async def test_the_python_sdk_over_stdio(tmp_path: Path, anyio_backend: str) -> 
     assert record.permissions == [["allow_once", "allow_always", "reject_once"]]
     assert "".join(record.chunks) == "Echo: hello from python" \
         "Permission rejected (reject_once).\nEcho: go on"
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])   # the ACP Python SDK is asyncio-only
+async def test_the_python_sdk_walks_session_list_pages(tmp_path: Path, anyio_backend: str) -> None:
+    """``session/list`` with ``cursor`` / ``nextCursor`` as the ACP Python SDK reads it:
+    its typed ``ListSessionsResponse`` (``next_cursor``, ``updated_at``)."""
+    acp = pytest.importorskip("acp")
+    from acp.schema import ClientCapabilities
+
+    from acp_server.acp_http.listing import PAGE_SIZE
+    from bridge import BridgeOptions
+
+    class Editor(acp.Client):  # type: ignore[misc,name-defined]
+        async def session_update(self, session_id: str, update: Any, **kwargs: Any) -> None:
+            pass
+
+    async with running_acp_server(tmp_path, options=BridgeOptions(max_sessions=100)) as srv:
+        made = [(await srv.bridge.create_session()).session_id for _ in range(PAGE_SIZE + 3)]
+        command, *args = adapter_command(srv.base_url + "/acp")
+        async with acp.spawn_agent_process(Editor(), command, *args,
+                                           env={"PYTHONPATH": ROOT}) as (conn, _p):
+            await conn.initialize(protocol_version=acp.PROTOCOL_VERSION,
+                                  client_capabilities=ClientCapabilities())
+            first = await conn.list_sessions()
+            assert len(first.sessions) == PAGE_SIZE and first.next_cursor
+            second = await conn.list_sessions(cursor=first.next_cursor)
+            assert second.next_cursor is None
+            again = await conn.list_sessions(cwd=srv.workspace)
+    walked = [s.session_id for s in first.sessions + second.sessions]
+    assert walked == made[::-1]
+    assert all(s.cwd == srv.workspace and s.updated_at for s in first.sessions)
+    assert [s.session_id for s in again.sessions] == walked[:PAGE_SIZE]

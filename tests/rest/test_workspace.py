@@ -10,7 +10,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from acp_server.rest.session_cursor import MAX_CURSOR_CHARS
+from acp_server.http.session_cursor import MAX_CURSOR_CHARS
 from bridge import BridgeOptions
 from tests.rest.server import RunningServer, running_server
 

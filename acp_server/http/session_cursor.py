@@ -1,5 +1,5 @@
-"""The keyset cursor of ``GET /workspace/{id}/sessions``: stable paging over a list that
-changes between page reads.
+"""The keyset cursor of the session listings (REST ``GET /workspace/{id}/sessions``,
+``/acp`` ``session/list``): stable paging over a list that changes between page reads.
 
     rows = ordered(bridge.list_sessions())            # newest first, a total order
     page, more = page_after(rows, decode(cursor), 20)  # cursor None: the first page

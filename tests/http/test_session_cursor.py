@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from acp_server.rest.session_cursor import (
+from acp_server.http.session_cursor import (
     MAX_CREATED_US,
     MAX_CURSOR_CHARS,
     InvalidCursor,

@@ -1,0 +1,79 @@
+"""``/acp`` ``session/list``: the sessions a caller sees, newest first, a page at a time.
+
+    {"method": "session/list", "params": {"cwd": "/abs/ws"}}
+    → {"sessions": [{"sessionId": "3c0f…", "cwd": "/abs/ws",
+                     "updatedAt": "2026-12-04T03:01:12.345Z"}, …],
+       "nextCursor": "eyJjcmVhdGVkVXMi…"}
+    {"method": "session/list", "params": {"cursor": "eyJjcmVhdGVkVXMi…"}}   # the next page
+
+ACP v1 (schema 1.21): ``ListSessionsRequest {cwd?, cursor?}`` →
+``ListSessionsResponse {sessions: SessionInfo[], nextCursor?}``, ``SessionInfo
+{sessionId, cwd, title?, updatedAt?}``. Contracts:
+
+* The order and the cursor are the REST listing's (``bridge.session_cursor``): newest
+  first by creation, a keyset cursor that is opaque to clients; a session live for the
+  whole walk is on exactly one page whatever is created or closed between the reads.
+  ``nextCursor`` is there only when more sessions follow; its absence ends the walk.
+* A page holds at most ``PAGE_SIZE`` sessions (the schema has no size parameter).
+* ``cwd`` (a string, or absent/``null``) keeps the sessions of that folder. The cursor
+  is a position in the whole order, so the filter may change between pages.
+* A ``cursor`` that is not a string, or not one this server made, is ``-32602`` (the
+  client starts the walk again); an empty one is the first page.
+* Each principal lists the sessions it sees (``Caller.sees_session``): its own, or
+  every one for an admin or with ``--share-sessions``.
+* ``updatedAt`` is the session's last activity (ISO 8601, UTC, milliseconds), its
+  creation time before any. There is no ``title``: the bridge keeps none.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from acp_server.acp_http.errors import InvalidParamsError
+from acp_server.http import session_cursor
+from acp_server.http.session_cursor import SessionKey
+from bridge.wire import iso
+
+if TYPE_CHECKING:
+    from acp_server.acp_http.connection import AcpConnection, RpcId
+
+PAGE_SIZE = 50
+
+
+def _cwd(params: dict[str, Any]) -> str | None:
+    cwd = params.get("cwd")
+    if cwd is not None and not isinstance(cwd, str):
+        raise InvalidParamsError('Invalid params: "cwd" must be a string')
+    return cwd
+
+
+def _after(params: dict[str, Any]) -> SessionKey | None:
+    """The key the ``cursor`` names (``None``: none, null or empty, the first page)."""
+    cursor = params.get("cursor")
+    if cursor is None or cursor == "":
+        return None
+    if not isinstance(cursor, str):
+        raise InvalidParamsError('Invalid params: "cursor" must be a string')
+    try:
+        return session_cursor.decode(cursor)
+    except session_cursor.InvalidCursor:
+        raise InvalidParamsError(
+            f'Invalid params: "cursor" is not a cursor of this server ("{cursor[:64]}"); '
+            "start again without one") from None
+
+
+async def session_list(conn: AcpConnection, rpc_id: RpcId, params: dict[str, Any]) -> Any:
+    cwd, after = _cwd(params), _after(params)
+    sees = conn.caller.sees_session
+    visible = (s for s in conn.bridge.list_sessions()
+               if (cwd is None or s.workspace_cwd == cwd) and sees(s.session_id))
+    page, more = session_cursor.page_after(session_cursor.ordered(visible), after, PAGE_SIZE)
+    result: dict[str, Any] = {"sessions": [
+        {"sessionId": s.session_id, "cwd": s.workspace_cwd,
+         "updatedAt": iso(s.updated_at or s.created_at)} for _, s in page]}
+    if more:
+        result["nextCursor"] = session_cursor.encode(page[-1][0])
+    return result
+
+
+__all__ = ["PAGE_SIZE", "session_list"]
