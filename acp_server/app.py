@@ -24,6 +24,7 @@ With ``--http-server granian`` the front layer also caps requests in flight at
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -55,6 +56,7 @@ from acp_server.rest import routes as rest_routes
 from acp_server.rest.access import access as rest_access
 from acp_server.rest.errors import EXCEPTION_HANDLERS as REST_HANDLERS
 from acp_server.rest.errors import render_refusal as rest_refusal
+from acp_server.rest.workspace import workspace_id
 from acp_server.principals import Gate
 from acp_server.routing import IndexedRouter
 from acp_server.settings import Settings
@@ -152,9 +154,23 @@ def build_app(settings: Settings, *, bridge: Bridge, acp: ConnectionRegistry,
     hot = [HotRoute("POST", route, handler, declines) for path, (handler, declines) in
            fast_routes(bridge, config).items() for route in _routes_at(app.router, path)]
     route = sessions_router or (lambda stack: stack)
+    aliases = workspace_aliases(bridge.workspace_cwd)
     app.front = lambda stack: FrontLayer(route(stack), policy, doors=DOORS, observer=recorder,
-                                         max_in_flight=max_in_flight, stats=guard_stats, hot=hot)
+                                         max_in_flight=max_in_flight, stats=guard_stats, hot=hot,
+                                         aliases=aliases)
     return app
+
+
+def workspace_aliases(cwd: str) -> dict[str, str]:
+    """``qwen serve``'s per-workspace mounts of this daemon's one workspace:
+    ``/workspaces/{ws}/acp`` is ``/acp`` and ``/workspaces/{ws}/sessions`` is
+    ``/workspace/{id}/sessions``, where ``{ws}`` is the workspace id of ``/capabilities``
+    or the workspace's absolute path (URL-encoded, ``%2F``; as the server decodes it).
+    Any other ``{ws}`` reaches ``rest.workspace``'s 400 ``workspace_mismatch``."""
+    wid = workspace_id(cwd)
+    selectors = {wid, cwd, os.path.realpath(cwd)}
+    return {f"/workspaces/{sel}/{tail}": target for sel in selectors
+            for tail, target in (("acp", ACP_PATH), ("sessions", f"/workspace/{wid}/sessions"))}
 
 
 def _routes_at(router: IndexedRouter, path: str) -> list[BaseRoute]:

@@ -28,6 +28,11 @@ Contracts:
   (``//tokens``, ``/session//x``, ``/x//``) or a dot segment (``/./``, ``/../``) is
   answered ``404`` in the door's shape, as an unknown path (``NOT_FOUND``), once the
   policy has passed the request (an unauthenticated one still gets its 401), and never reaches a route.
+* **Aliases** (``aliases``: exact path → the path it stands for, ``qwen serve``'s
+  per-workspace mounts such as ``/workspaces/{id}/acp`` → ``/acp``): an aliased request
+  (http or WebSocket) is the request to its target from the first step: its
+  ``scope["path"]`` is rewritten before the door, the access decision and the router
+  read it. The path is looked up as sent, then as made canonical (a trailing slash).
 * ``max_in_flight`` (for servers that cannot cap connections below ASGI): past that
   many http requests and WebSockets in progress (SSE streams included), a new one is
   answered ``503`` ``connection_limit`` with ``Retry-After: 5`` and ``Connection:
@@ -73,7 +78,7 @@ Contracts:
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -241,8 +246,10 @@ class FrontLayer:
     def __init__(self, app: ASGIApp, policy: GuardPolicy, *, doors: Sequence[Door],
                  observer: Observer | None = None, max_in_flight: int | None = None,
                  stats: MutableMapping[str, int] | None = None,
-                 hot: Sequence[HotRoute] = ()) -> None:
+                 hot: Sequence[HotRoute] = (),
+                 aliases: Mapping[str, str] | None = None) -> None:
         self.app = app
+        self.aliases = dict(aliases) if aliases else None
         self.policy = policy
         self.doors = tuple(doors)
         self.observer = observer
@@ -314,12 +321,7 @@ class FrontLayer:
         found = self._hot_route(scope["method"], path) if self._hot else None
         stray = False   # a path no route has: 404 once the policy has passed it
         if found is None:
-            canonical = canonical_path(path)
-            if canonical is None:
-                stray, canonical = True, _collapsed(path)
-            elif canonical is not path:
-                scope["path"] = canonical
-            path = canonical
+            path, stray = self._path_of(scope, path)
         door = found[0].door if found is not None else self.door_of(path)
         # Each answer's status is set before it is sent: a send that fails (the client
         # gone) still reports what was answered; 500 when nothing was.
@@ -381,6 +383,24 @@ class FrontLayer:
             if observer is not None:
                 observer.done(door.name, scope, status, _now() - start, events)
 
+    def _path_of(self, scope: Scope, path: str) -> tuple[str, bool]:
+        """The path the request is routed by (``scope["path"]`` rewritten when it
+        differs: an alias's target, the canonical path) and whether no route has it."""
+        aliases = self.aliases
+        if aliases is not None:
+            target = aliases.get(path)
+            if target is not None:
+                scope["path"] = target
+                return target, False
+        canonical = canonical_path(path)
+        if canonical is None:
+            return _collapsed(path), True
+        if aliases is not None and canonical is not path:
+            canonical = aliases.get(canonical, canonical)
+        if canonical is not path:
+            scope["path"] = canonical
+        return canonical, False
+
     async def _app(self, scope: Scope, receive: Receive, exchange: _Exchange,
                    caller: Caller | None) -> None:
         """The app, under the caller's stream hold when a stored token calls."""
@@ -402,14 +422,12 @@ class FrontLayer:
         """A WebSocket (counted in ``in_flight``, closed with 1013 past
         ``max_in_flight``) or another scope type, passed to the app. A WebSocket's path
         is made canonical as an HTTP request's is (``/acp/`` is ``/acp``; a path no
-        route can have is closed before the handshake: the server answers 403)."""
+        route can have is closed before the handshake: the server answers 403); an alias is its target."""
         if scope["type"] == "websocket":
-            canonical = canonical_path(scope["path"])
-            if canonical is None:
+            _, stray = self._path_of(scope, scope["path"])
+            if stray:
                 await send({"type": "websocket.close", "code": 1008})
                 return
-            if canonical is not scope["path"]:
-                scope["path"] = canonical
         if scope["type"] == "websocket" and self.max_in_flight is not None:
             if self.in_flight >= self.max_in_flight:
                 self.stats["connections"] = self.stats.get("connections", 0) + 1

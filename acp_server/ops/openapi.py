@@ -18,7 +18,8 @@ Contracts:
   console's files). Event streams are ``text/event-stream`` whose schema is one event
   (``Events``: OpenAPI 3.1 reads it so), its ``data`` JSON described by
   ``contentSchema``.
-* ``/acp`` (JSON-RPC) is not in the document.
+* ``/acp`` (JSON-RPC) and its per-workspace alias ``/workspaces/{workspace}/acp`` are
+  not in the document.
 * The document does not depend on the settings, so the checked-in ``openapi.json``
   (``make schemas``) is exactly what the server answers.
 """
@@ -179,6 +180,14 @@ OPERATIONS: tuple[Op, ...] = (
     Op("GET", "/workspace/{workspace}/sessions",
        "The workspace's live sessions, newest first, a page at a time",
        (Answer(200, "A page of sessions", W.SessionPage),), (400, 404),
+       query=(Query("size", "Page size (default 20)", PAGE_SIZE),
+              Query("cursor", "The `nextCursor` of the previous page (opaque)",
+                    {"type": "string", "pattern": "^[A-Za-z0-9_-]*$",
+                     "maxLength": MAX_CURSOR_CHARS}))),
+    Op("GET", "/workspaces/{workspace}/sessions",
+       "The same listing under the peer's per-workspace path: `{workspace}` is the "
+       "workspace id or its absolute path (URL-encoded); another is 400 `workspace_mismatch`",
+       (Answer(200, "A page of sessions", W.SessionPage),), (400,),
        query=(Query("size", "Page size (default 20)", PAGE_SIZE),
               Query("cursor", "The `nextCursor` of the previous page (opaque)",
                     {"type": "string", "pattern": "^[A-Za-z0-9_-]*$",

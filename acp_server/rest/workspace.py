@@ -8,8 +8,8 @@
       "subscribers":1,"isWaitingForPermission":false,…}],"nextCursor":"eyJjcmVhdGVkVXMi…"}
 
 The peer serves this route (``GET /workspace/:id/sessions``, also
-``/workspaces/:workspace/sessions``) with persisted sessions merged in; this daemon has
-only live ones. Contracts: ``{id}`` is the workspace id of ``/capabilities``
+``/workspaces/:workspace/sessions``, an alias here too: ``acp_server.app``) with
+persisted sessions merged in; this daemon lists its live ones (restored ones included). Contracts: ``{id}`` is the workspace id of ``/capabilities``
 (``workspaces[0].id``); another id is 404 ``workspace_not_found``. ``size`` 1..100
 (default 20) else 400 ``invalid_session_page_size``; ``cursor`` is the ``nextCursor``
 of the previous page (empty: the first page), else 400 ``invalid_cursor``. Paging is by
@@ -105,5 +105,18 @@ async def list_sessions(request: Request, *, bridge: Bridge) -> Response:
         nextCursor=session_cursor.encode(page[-1][0]) if more else msgspec.UNSET))
 
 
+async def workspace_mismatch(request: Request) -> Response:
+    """``/workspaces/{ws}/sessions`` and ``/workspaces/{ws}/acp`` of a ``{ws}`` that is
+    not this daemon's workspace (its own are aliases, ``acp_server.app``), as the peer
+    answers them: 400 ``workspace_mismatch``."""
+    requested = request.path_params["workspace"]
+    raise RestError(400, {"error": "`:workspace` must decode to a workspace id or absolute "
+                                   "path of a workspace registered with this daemon.",
+                          "code": "workspace_mismatch", "workspace": requested[:256],
+                          "workspaceCount": 1})
+
+
 def routes(bridge: Bridge) -> list[BaseRoute]:
-    return [route("/workspace/{workspace}/sessions", list_sessions, ["GET"], bridge=bridge)]
+    return [route("/workspace/{workspace}/sessions", list_sessions, ["GET"], bridge=bridge),
+            route("/workspaces/{workspace}/sessions", workspace_mismatch, ["GET"]),
+            route("/workspaces/{workspace}/acp", workspace_mismatch, ["GET", "POST", "DELETE"])]

@@ -95,12 +95,14 @@ class Sse:
 
 
 class RunningAcpServer(LocalServer):
+    acp_path = "/acp"   # where the helpers below send (an alias: /workspaces/{id}/acp)
+
     @property
     def registry(self) -> ConnectionRegistry:
         return self.server.acp
 
     async def initialize(self, **headers: str) -> tuple[str, dict[str, Any]]:
-        response = await self.client.post("/acp", json=request(0, "initialize",
+        response = await self.client.post(self.acp_path, json=request(0, "initialize",
                                                                {"protocolVersion": 1}),
                                           headers=headers)
         assert response.status_code == 200, response.text
@@ -113,7 +115,7 @@ class RunningAcpServer(LocalServer):
             sent["Acp-Connection-Id"] = conn_id
         if session_id is not None:
             sent["Acp-Session-Id"] = session_id
-        return await self.client.post("/acp", content=json.dumps(message), headers=sent)
+        return await self.client.post(self.acp_path, content=json.dumps(message), headers=sent)
 
     @contextlib.asynccontextmanager
     async def stream(self, conn_id: str, session_id: str | None = None,
@@ -121,7 +123,7 @@ class RunningAcpServer(LocalServer):
         sent = {"Acp-Connection-Id": conn_id, **headers}
         if session_id is not None:
             sent["Acp-Session-Id"] = session_id
-        async with aconnect_sse(self.client, "GET", "/acp", headers=sent) as source:
+        async with aconnect_sse(self.client, "GET", self.acp_path, headers=sent) as source:
             assert source.response.status_code == 200, await source.response.aread()
             sse = Sse(source.response)
 

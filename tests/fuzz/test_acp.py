@@ -1,4 +1,5 @@
-"""Fuzz ``/acp`` over HTTP (POST / GET / DELETE) and over the WebSocket: generated
+"""Fuzz ``/acp`` (and its alias ``/workspaces/{id}/acp``) over HTTP (POST / GET / DELETE)
+and over the WebSocket: generated
 JSON-RPC messages, raw bodies and frames, connection and session headers. No 5xx,
 every error a JSON-RPC error (or the documented ``{"error"}``), a WebSocket that
 stays open and still answers, the server healthy afterwards."""
@@ -28,16 +29,18 @@ INIT = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolV
 def test_acp_http(live: Live) -> None:
     messages = rpc_messages([live.session_id]).map(lambda m: json.dumps(m).encode())
     budget = Budget()
+    wid = live.http.get("/capabilities").json()["workspaces"][0]["id"]
 
     @fuzz_settings()
-    @given(method=st.sampled_from(["POST", "POST", "POST", "GET", "DELETE", "PUT"]),
+    @given(path=st.sampled_from(["/acp", "/acp", f"/workspaces/{wid}/acp"]),
+           method=st.sampled_from(["POST", "POST", "POST", "GET", "DELETE", "PUT"]),
            body=st.one_of(messages, bodies({})),
            connection=st.one_of(st.just(live.connection_id), HEADER_VALUE, st.none()),
            session=st.one_of(st.just(live.session_id), HEADER_VALUE, st.none()),
            accept=st.sampled_from(["text/event-stream", "application/json", ""]),
            content_type=CONTENT_TYPE)
-    def run(method: str, body: bytes, connection: str | None, session: str | None,
-            accept: str, content_type: str) -> None:
+    def run(path: str, method: str, body: bytes, connection: str | None,
+            session: str | None, accept: str, content_type: str) -> None:
         if budget.spent:
             return
         headers = {"content-type": content_type, "accept": accept}
@@ -45,7 +48,7 @@ def test_acp_http(live: Live) -> None:
             headers["acp-connection-id"] = connection
         if session is not None:
             headers["acp-session-id"] = session
-        response = send(live.http, method, "/acp", headers=headers,
+        response = send(live.http, method, path, headers=headers,
                         content=body if method == "POST" else None)
         check_acp(response)
 

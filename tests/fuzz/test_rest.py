@@ -25,6 +25,8 @@ ROUTES = [
     ("GET", "/session/{id}/status"), ("GET", "/session/{id}/pending-prompts"),
     ("DELETE", "/session/{id}/pending-prompts/{other}"), ("POST", "/session/{id}/heartbeat"),
     ("DELETE", "/session/{id}"), ("PUT", "/session/{id}"), ("GET", "/nope/{id}"),
+    ("GET", "/workspaces/{id}/sessions"), ("POST", "/workspaces/{id}/acp"),
+    ("GET", "/workspaces/{id}/acp"), ("DELETE", "/workspaces/{other}/acp"),
 ]
 
 
@@ -41,6 +43,8 @@ def test_rest_routes(live: Live) -> None:
             return
         method, template = route
         path = template.replace("{id}", sid).replace("{other}", other)
+        if live.http.base_url.join(path).path.startswith(("/acp", "/lmsp/")):
+            return   # a dot segment the client resolved (``/workspaces/../acp``): another door
         sent = {**headers, "content-type": content_type} if content_type else headers
         check_rest(send(live.http, method, path, content=body if method != "GET" else None,
                         headers=sent, params=query))

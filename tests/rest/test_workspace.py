@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import math
+from urllib.parse import quote
 from pathlib import Path
 
 import anyio
@@ -244,3 +245,29 @@ async def test_unknown_workspace_is_404(server: RunningServer) -> None:
     assert response.status_code == 404
     assert response.json() == {"error": "Workspace is not registered with this daemon.",
                                "code": "workspace_not_found", "workspace": "0123456789abcdef"}
+
+
+async def test_the_peers_plural_path_is_the_same_listing(server: RunningServer) -> None:
+    """``/workspaces/{ws}/sessions`` (qwen serve's per-workspace path, ``{ws}`` the id or
+    the absolute path, URL-encoded) answers byte for byte what the singular path does,
+    paging included; another ``{ws}`` is 400 ``workspace_mismatch``."""
+    wid = await _workspace_id(server)
+    for _ in range(3):
+        await server.create_session(sessionScope="thread")
+    singular = await server.client.get(f"/workspace/{wid}/sessions", params={"size": "2"})
+    absolute = quote(server.settings.workspace, safe="")
+    for path in (f"/workspaces/{wid}/sessions", f"/workspaces/{wid}/sessions/",
+                 f"/workspaces/{absolute}/sessions"):
+        plural = await server.client.get(path, params={"size": "2"})
+        assert (plural.status_code, plural.content) == (200, singular.content), path
+    cursor = singular.json()["nextCursor"]
+    rest = await server.client.get(f"/workspaces/{wid}/sessions", params={"cursor": cursor})
+    assert rest.content == (await server.client.get(f"/workspace/{wid}/sessions",
+                                                    params={"cursor": cursor})).content
+    for other in ("0123456789abcdef", "x" * 300):
+        mismatch = await server.client.get(f"/workspaces/{other}/sessions")
+        assert mismatch.status_code == 400
+        body = mismatch.json()
+        assert body["code"] == "workspace_mismatch" and body["workspace"] == other[:256]
+    # the singular path keeps its own answer for another id
+    assert (await server.client.get("/workspace/0123456789abcdef/sessions")).status_code == 404
