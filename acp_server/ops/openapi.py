@@ -180,7 +180,7 @@ OPERATIONS: tuple[Op, ...] = (
     Op("GET", "/workspace/{workspace}/sessions",
        "The workspace's live sessions, newest first, a page at a time",
        (Answer(200, "A page of sessions", W.SessionPage),), (400, 404),
-       query=(Query("size", "Page size (default 20)", PAGE_SIZE),
+       query=(Query("size", "Page size (default 20; clamped to 1..100, as the peer)", PAGE_SIZE),
               Query("cursor", "The `nextCursor` of the previous page (opaque)",
                     {"type": "string", "pattern": "^[A-Za-z0-9_-]*$",
                      "maxLength": MAX_CURSOR_CHARS}))),
@@ -188,7 +188,7 @@ OPERATIONS: tuple[Op, ...] = (
        "The same listing under the peer's per-workspace path: `{workspace}` is the "
        "workspace id or its absolute path (URL-encoded); another is 400 `workspace_mismatch`",
        (Answer(200, "A page of sessions", W.SessionPage),), (400,),
-       query=(Query("size", "Page size (default 20)", PAGE_SIZE),
+       query=(Query("size", "Page size (default 20; clamped to 1..100, as the peer)", PAGE_SIZE),
               Query("cursor", "The `nextCursor` of the previous page (opaque)",
                     {"type": "string", "pattern": "^[A-Za-z0-9_-]*$",
                      "maxLength": MAX_CURSOR_CHARS}))),

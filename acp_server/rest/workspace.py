@@ -9,10 +9,12 @@
 
 The peer serves this route (``GET /workspace/:id/sessions``, also
 ``/workspaces/:workspace/sessions``, an alias here too: ``acp_server.app``) with
-persisted sessions merged in; this daemon lists its live ones (restored ones included). Contracts: ``{id}`` is the workspace id of ``/capabilities``
+persisted sessions merged in; this daemon lists its live ones (restored ones
+included). Contracts: ``{id}`` is the workspace id of ``/capabilities``
 (``workspaces[0].id``); another id is 404 ``workspace_not_found``. ``size`` 1..100
-(default 20) else 400 ``invalid_session_page_size``; ``cursor`` is the ``nextCursor``
-of the previous page (empty: the first page), else 400 ``invalid_cursor``. Paging is by
+(default 20; clamped, and anything not a number is the default, as the peer reads
+it); ``cursor`` is the ``nextCursor`` of the previous page (empty: the first page),
+else 400 ``invalid_cursor``. Paging is by
 keyset (``session_cursor``): newest first, and a session live for the whole walk is on
 exactly one page whatever is created or closed between the reads; the numeric offsets
 of earlier versions are 400 ``invalid_cursor`` (the client starts again).
@@ -25,6 +27,7 @@ knows, as the LMSP runner's).
 from __future__ import annotations
 
 import hashlib
+import re
 
 import msgspec
 from starlette.requests import Request
@@ -62,20 +65,21 @@ def session_summary(status: SessionStatus, owner: str | None = None) -> wire.Ses
         activePromptText=status.active_prompt_text, origin=status.origin, owner=owner)
 
 
-def _decimal(text: str) -> bool:
-    """ASCII digits only (``str.isdigit`` also takes ``²`` and ``١``, which ``int``
-    refuses or reads as another number)."""
-    return text.isascii() and text.isdigit()
+_SIGNED_DIGITS = re.compile(r"[+-]?[0-9]+", re.ASCII)
 
 
 def _page_size(request: Request) -> int:
+    """``size`` as the peer reads it: ASCII digits with an optional sign, spaces
+    around them ignored, clamped to 1..``MAX_PAGE_SIZE``; anything else (absent, empty,
+    ``x``, ``²``, ``1.5``) is the default. Never an error: ``@qwen-code/sdk`` asks for up
+    to 1000 and gets the peer's 100."""
     raw = request.query_params.get("size")
-    if raw is None:
+    text = "" if raw is None else raw.strip()
+    if not _SIGNED_DIGITS.fullmatch(text):
         return DEFAULT_PAGE_SIZE
-    if not _decimal(raw) or not 1 <= int(raw) <= MAX_PAGE_SIZE:
-        raise bad_request(f"`size` must be an integer from 1 to {MAX_PAGE_SIZE}",
-                          "invalid_session_page_size")
-    return int(raw)
+    if len(text) > 20:   # far out of range either way (and past ``int``'s digit limit)
+        return 1 if text.startswith("-") else MAX_PAGE_SIZE
+    return min(max(int(text), 1), MAX_PAGE_SIZE)
 
 
 def _after(request: Request) -> SessionKey | None:

@@ -225,19 +225,35 @@ async def test_unlimited_cap_is_null(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("query", "code"), [
-    ("size=0", "invalid_session_page_size"), ("size=101", "invalid_session_page_size"),
-    ("size=x", "invalid_session_page_size"), ("cursor=-1", "invalid_cursor"),
-    ("cursor=abc", "invalid_cursor"), ("cursor=" + "9" * 40, "invalid_cursor"),
-    # digits to str.isdigit, not to int: superscript two, Arabic-Indic one, fullwidth one
-    ("size=%C2%B2", "invalid_session_page_size"), ("size=%D9%A1", "invalid_session_page_size"),
-    ("size=%EF%BC%91", "invalid_session_page_size"), ("cursor=%C2%B2", "invalid_cursor"),
-    ("cursor=%D9%A1", "invalid_cursor"),
+    ("cursor=-1", "invalid_cursor"), ("cursor=abc", "invalid_cursor"),
+    ("cursor=" + "9" * 40, "invalid_cursor"),
+    # digits to str.isdigit, not to int: superscript two, Arabic-Indic one
+    ("cursor=%C2%B2", "invalid_cursor"), ("cursor=%D9%A1", "invalid_cursor"),
 ])
 async def test_bad_query_is_400(server: RunningServer, query: str, code: str) -> None:
     wid = await _workspace_id(server)
     response = await server.client.get(f"/workspace/{wid}/sessions?{query}")
     assert response.status_code == 400
     assert response.json()["code"] == code
+
+
+@pytest.mark.parametrize(("size", "listed"), [
+    ("0", 1), ("-5", 1), ("1", 1), ("+2", 2), (" 3 ", 3), ("101", 100), ("1000", 100),
+    ("9" * 40, 100), ("-" + "9" * 40, 1), ("x", 20), ("", 20), ("1.5", 20), ("0x10", 20),
+    # not ASCII digits: superscript two, Arabic-Indic one, fullwidth one
+    ("%C2%B2", 20), ("%D9%A1", 20), ("%EF%BC%91", 20),
+])
+async def test_size_is_read_as_the_peer_reads_it(tmp_path: Path, size: str,
+                                                 listed: int) -> None:
+    """Clamped to 1..100, anything not a signed number the default (20): never an
+    error, as ``qwen serve`` 0.24.4 (``@qwen-code/sdk`` asks for up to 1000)."""
+    async with running_server(tmp_path, options=BridgeOptions(max_sessions=120)) as srv:
+        wid = await _workspace_id(srv)
+        for _ in range(110):
+            await srv.bridge.create_session()
+        response = await srv.client.get(f"/workspace/{wid}/sessions?size={size}")
+        assert response.status_code == 200, response.text
+        assert len(response.json()["sessions"]) == listed
 
 
 async def test_unknown_workspace_is_404(server: RunningServer) -> None:
