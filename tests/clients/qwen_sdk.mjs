@@ -208,7 +208,34 @@ async function after(sid) {
   return out;
 }
 
+// `workspace`: the per-workspace paths: DaemonClient.workspaceById(id) lists the
+// sessions (GET /workspaces/:workspace/sessions, pages of up to 1000 asked), and an
+// AcpWsTransport on /workspaces/:workspace/acp holds a turn.
+async function workspace() {
+  const client = new DaemonClient({ baseUrl });
+  const caps = await client.capabilities();
+  const wid = caps.workspaces[0].id;
+  const made = [];
+  for (let i = 0; i < 3; i++) {
+    made.push((await client.createOrAttachSession({ sessionScope: "thread" })).sessionId);
+  }
+  const scoped = client.workspaceById(wid);
+  const big = await scoped.listWorkspaceSessionsPage({ pageSize: 1000 });
+  const first = await scoped.listWorkspaceSessionsPage({ pageSize: 2 });
+  const rest = await scoped.listWorkspaceSessionsPage({ pageSize: 2, cursor: first.nextCursor });
+  const transport = new transports.AcpWsTransport(
+    baseUrl.replace(/^http/, "ws") + `/workspaces/${wid}/acp`);
+  const overAcp = new DaemonClient({ baseUrl, transport });
+  const session = await overAcp.createOrAttachSession({ sessionScope: "thread" });
+  const turn = await overAcp.prompt(session.sessionId, text("/sleep 100ms hello workspace"));
+  transport.dispose();
+  return { made, big: big.sessions.map((s) => s.sessionId),
+           pages: [first.sessions.map((s) => s.sessionId), rest.sessions.map((s) => s.sessionId)],
+           nextCursor: rest.nextCursor ?? null, turn };
+}
+
 const out = mode === "rest" ? await rest()
+  : mode === "workspace" ? await workspace()
   : mode === "before" ? await before()
   : mode === "after" ? await after(process.argv[5])
   : await acp(mode);

@@ -87,3 +87,15 @@ async def test_acp_transports(qwen_sdk: str, tmp_path: Path, kind: str) -> None:
     chunks = [e["text"] for e in r["seen"] if e["type"] == "agent_message_chunk"]
     assert "".join(chunks).startswith("Echo: hello over acp")
     assert "Permission allowed (allow_once)" in "".join(chunks)
+
+
+async def test_the_per_workspace_paths(qwen_sdk: str, tmp_path: Path) -> None:
+    """``workspaceById(id).listWorkspaceSessionsPage`` (``/workspaces/:workspace/sessions``;
+    a page of 1000 asked gets every one, as the peer clamps) and an ``AcpWsTransport`` on
+    ``/workspaces/:workspace/acp``."""
+    async with running_acp_server(tmp_path) as srv:
+        r = await run_script("qwen_sdk.mjs", qwen_sdk, srv.base_url, "workspace")
+    newest_first = r["made"][::-1]
+    assert r["big"] == newest_first
+    assert r["pages"] == [newest_first[:2], newest_first[2:]] and r["nextCursor"] is None
+    assert r["turn"] == {"stopReason": "end_turn"}
