@@ -277,13 +277,24 @@ class Bridge(Journaling, PromptsAPI, PresenceAPI, AgentCallsAPI):
     async def attach_session(self, *, cwd: str | None = None, agent: str | None = None,
                              owner: str | None = None) -> SessionInfo:
         """The workspace's default session of ``agent`` (``single`` scope), created on
-        first use; concurrent first attaches share one spawn."""
+        first use; concurrent first attaches share one spawn. A default restored after a
+        restart has its agent side restored first; one its agent cannot restore keeps
+        its history (a ``thread`` session to load or read) and a new default is made,
+        so that attaching never hands out a session every prompt to is refused."""
         self.check_workspace(cwd)
         name = self.agents.resolve(agent)
         while True:
             sid = self._default_session_ids.get(name)
             if sid is not None and sid in self._sessions:
-                return self._info(self._sessions[sid], attached=True)
+                live = self._sessions[sid]
+                if live.agent_side is not None:   # restored, not yet used: restore it
+                    await live.agent_side()
+                    continue                      # (anything may have changed meanwhile)
+                if live.not_restorable is None:
+                    return self._info(live, attached=True)
+                log.warning("session %s: its agent cannot restore it; a new default "
+                            "session of %r is made", sid, name)
+                del self._default_session_ids[name]
             spawning = self._default_spawns.get(name)
             if spawning is None:
                 break

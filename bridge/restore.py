@@ -23,6 +23,9 @@ For each journaled session that was not closed, in creation order:
   take it, so the next turn has the conversation). When neither works the session
   keeps its readable history and refuses prompts with ``SessionNotRestorableError``
   (``session_not_restorable``, a 409: the one that found out, and every later one);
+* a ``single``-scope session is its agent's default session again (the newest, when
+  there are several: ``Bridge.attach_session`` replaces a default its agent cannot
+  restore with a new one);
 * a permission request or elicitation still open is resolved as cancelled (reason
   ``server_restarted``), at once: the turn that asked is gone;
 * its prompts: the one that was running when the server stopped follows
@@ -85,10 +88,12 @@ async def restore_sessions(bridge: Bridge, journaled: list[RestoredSession]) -> 
         if sid in bridge._sessions:
             continue
         try:
-            await restore_session(bridge, found)
+            session = await restore_session(bridge, found)
         except Exception:   # noqa: BLE001 - one bad session never stops the start
             log.exception("session %s: could not be restored", sid)
             continue
+        if found.record.scope == "single":   # in creation order: the newest is the default
+            bridge._default_session_ids[session.agent_name] = sid
         restored.append(sid)
     if restored:
         log.info("restored %d session(s) from the journal", len(restored))

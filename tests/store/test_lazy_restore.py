@@ -110,3 +110,34 @@ async def test_the_prompt_that_finds_it_not_restorable_is_a_409(tmp_path: Path) 
         loaded = await srv.client.post(f"/session/{sid}/load", json={})
         assert loaded.status_code == 200   # the history stays readable
         assert srv.bridge.session_status(sid).pending_prompts == 0
+
+
+async def test_a_default_session_its_agent_cannot_restore_is_replaced_on_attach(
+        tmp_path: Path) -> None:
+    """``POST /session`` without a scope attaches the workspace's default session. One
+    restored after a restart whose agent cannot restore it would refuse every prompt
+    (409): the attach makes a new default instead, the old one keeps its history. At the
+    next start the newest default is the default."""
+    async with local_server(tmp_path) as srv:
+        made = (await srv.client.post("/session", json={})).json()
+        old = made["sessionId"]
+        accepted = await srv.client.post(f"/session/{old}/prompt", json=_prompt("kept"))
+        await _settled(srv.client, old, accepted.json()["promptId"])
+    async with local_server(tmp_path, agent_factory=_Counting(forget=True)) as srv:
+        attached = (await srv.client.post("/session", json={})).json()
+        new = attached["sessionId"]
+        assert new != old and attached["attached"] is False
+        again = (await srv.client.post("/session", json={})).json()
+        assert (again["sessionId"], again["attached"]) == (new, True)
+        turn = await srv.client.post(f"/session/{new}/prompt", json=_prompt("works"))
+        assert turn.status_code == 202, turn.text
+        await _settled(srv.client, new, turn.json()["promptId"])
+        refused = await srv.client.post(f"/session/{old}/prompt", json=_prompt("more"))
+        assert refused.json()["code"] == "session_not_restorable"
+        history = (await srv.client.post(f"/session/{old}/load", json={})).json()
+        assert "kept" in str(history["compactedReplay"])   # still readable
+    async with local_server(tmp_path, agent_factory=_Counting()) as srv:
+        attached = (await srv.client.post("/session", json={})).json()
+        assert (attached["sessionId"], attached["attached"]) == (new, True)
+        turn = await srv.client.post(f"/session/{new}/prompt", json=_prompt("after"))
+        assert turn.status_code == 202, turn.text
