@@ -421,8 +421,9 @@ class FrontLayer:
     async def _not_http(self, scope: Scope, receive: Receive, send: Send) -> None:
         """A WebSocket (counted in ``in_flight``, closed with 1013 past
         ``max_in_flight``) or another scope type, passed to the app. A WebSocket's path
-        is made canonical as an HTTP request's is (``/acp/`` is ``/acp``; a path no
-        route can have is closed before the handshake: the server answers 403); an alias is its target."""
+        is made canonical as an HTTP request's is (``/acp/`` is ``/acp``, an alias its
+        target; a path no route can have is closed before the handshake: the server
+        answers 403)."""
         if scope["type"] == "websocket":
             _, stray = self._path_of(scope, scope["path"])
             if stray:
