@@ -31,7 +31,8 @@ Contracts:
   ``MAX_CURSOR_CHARS`` ASCII base64url characters whose bytes are the canonical JSON of
   a key in range, nothing more (no padding, spaces, other keys, key order or escapes).
   Anything else, the numeric offsets of earlier versions included, is ``InvalidCursor``
-  (the route's 400 ``invalid_cursor``: the client starts the walk again). A forged
+  (REST's 400 ``invalid_cursor``, ``/acp``'s ``-32602``: the client starts the walk
+  again). A forged
   cursor of that exact form is a position like any other and pages from there.
 """
 
