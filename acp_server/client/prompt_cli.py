@@ -33,11 +33,10 @@ import httpx
 
 from acp_server.client import (CreateSessionRequest, DaemonClient, DaemonError, DaemonEvent,
                                DaemonHttpError)
+from acp_server.client.arguments import DEFAULT_URL, URL_ENV, positive_seconds
 from acp_server.client.errors import DaemonForbiddenError, hint
 from acp_server.client.permissions_cli import POLICIES, PermissionAnswerer, TerminalAsker
 
-URL_ENV = "ACP_SERVER_URL"
-DEFAULT_URL = "http://127.0.0.1:4170"
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
@@ -52,7 +51,7 @@ def add_prompt_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     parser.add_argument("--agent", default=None, metavar="NAME",
                         help="the agent profile for a new or attached session")
     parser.add_argument("--token", default=None, help="bearer token (default $ACP_SERVER_TOKEN)")
-    parser.add_argument("--timeout", type=float, default=30.0,
+    parser.add_argument("--timeout", type=positive_seconds, default=30.0,
                         help="per-request timeout in seconds (default %(default)s)")
     parser.add_argument("--permissions", choices=POLICIES, default="reject",
                         help="how to answer the agent's permission requests when not in a "

@@ -37,11 +37,10 @@ import anyio
 import msgspec
 
 from acp_server.client import DaemonError, TaskClient, TaskEvent
+from acp_server.client.arguments import DEFAULT_URL, URL_ENV, positive_seconds
 from acp_server.client.errors import hint
 from acp_server.client.tasks import ForbiddenError, LmspProblem, Task, TaskSummary
 
-URL_ENV = "ACP_SERVER_URL"
-DEFAULT_URL = "http://127.0.0.1:4170"
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 STATUSES = ("queued", "loading", "running", "cancelling", "succeeded", "failed", "cancelled")
 # How far along a status is: a watch never shows one lower than what it has shown.
@@ -57,7 +56,7 @@ def add_tasks_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     common.add_argument("--url", default=None,
                         help=f"the daemon's address (default ${URL_ENV} or {DEFAULT_URL})")
     common.add_argument("--token", default=None, help="bearer token (default $ACP_SERVER_TOKEN)")
-    common.add_argument("--timeout", type=float, default=30.0,
+    common.add_argument("--timeout", type=positive_seconds, default=30.0,
                         help="per-request timeout in seconds (default %(default)s)")
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     create = actions.add_parser("create", parents=[common], help="create a task")

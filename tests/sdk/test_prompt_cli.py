@@ -103,3 +103,19 @@ def test_chunk_text_ignores_other_events() -> None:
     user = {"update": {"sessionUpdate": "user_message_chunk",
                        "content": {"type": "text", "text": "x"}}}
     assert chunk_text(DaemonEvent(type="session_update", data=user)) is None
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "abc", ""])
+def test_a_timeout_that_is_not_above_zero_is_a_usage_error(
+        value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--timeout -1`` used to surface later as "cannot reach …: timed out"; both
+    clients refuse it at once with argparse's usage error (exit status 2)."""
+    from acp_server.client.tasks_cli import build_parser as tasks_parser
+
+    for argv in (["--timeout", value, "hi"], ["list", "--timeout", value]):
+        parser = build_parser() if argv[-1] == "hi" else tasks_parser()
+        with pytest.raises(SystemExit) as stopped:
+            parser.parse_args(argv)
+        assert stopped.value.code == 2
+        assert "--timeout" in capsys.readouterr().err
+    assert build_parser().parse_args(["--timeout", "0.5", "hi"]).timeout == 0.5
