@@ -66,6 +66,7 @@ from acp_server.ops.principals_cli import (
 )
 from acp_server.ops.request_log import configure_logging
 from acp_server.server import Server, open_server
+from acp_server.store import prepare_state_dir
 from acp_server.store.errors import StoreUnavailableError
 from acp_server.settings import (
     DEFAULT_HOSTNAME,
@@ -269,6 +270,17 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     return parser, serve
 
 
+def state_dir_ready(path: str) -> None:
+    """The state directory made (mode 0700) before anything starts; one that cannot be
+    (a parent missing or not writable, a file in its place) is a ``SettingsError``."""
+    try:
+        prepare_state_dir(path)
+    except OSError as exc:
+        raise SettingsError(f"Invalid state-dir: {path!r}: cannot create it "
+                            f"({exc.strerror or exc}). Pass --state-dir with a folder "
+                            f"this user may create or write.") from None
+
+
 def settings_from_args(args: argparse.Namespace) -> Settings:
     try:
         http = HttpOptions.from_flags(
@@ -325,6 +337,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ListenError as exc:
         print(f"acp-server: {exc}", file=sys.stderr)
         return 2
+    try:
+        state_dir_ready(settings.state_dir)   # after the port: a port in use makes nothing
+    except SettingsError as exc:
+        sock.close()
+        serve_parser.error(str(exc))  # exits 2
     configure_logging(settings.log_format)
     if settings.token is None:
         log.warning("no token configured: trusted loopback mode, every local process has "

@@ -77,6 +77,11 @@ def _no_env_token(monkeypatch: pytest.MonkeyPatch) -> None:
     (["--http-server", "nope"], "invalid choice: 'nope'"),
     (["--http-server", "hypercorn"], "invalid choice: 'hypercorn'"),   # never served it
     (["--allow-origin", "http://a.example\n"], "Invalid allow-origin"),
+    # a state folder that cannot be made: one line, exit 2 (it was a traceback)
+    (["--state-dir", "/proc/no-such-folder"], "Invalid state-dir: '/proc/no-such-folder': "
+                                              "cannot create it (No such file or directory)"),
+    (["--state-dir", "/etc/hostname"], "Invalid state-dir: '/etc/hostname'"),
+    (["--state-dir", "/etc/hostname/x"], "cannot create it (Not a directory)"),
 ])
 def test_invalid_flag_exits_2(flags: list[str], message: str, tmp_path: Path,
                               capsys: pytest.CaptureFixture[str]) -> None:
