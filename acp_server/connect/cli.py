@@ -36,6 +36,7 @@ from acp_server.connect.stdio import (
 TOKEN_ENV = "ACP_SERVER_TOKEN"
 SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 DEFAULT_MAX_LINE = 32 << 20
+MIN_MAX_LINE = 1024   # below it even a bare ``initialize`` would hardly fit
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 
@@ -46,6 +47,18 @@ def duration(text: str) -> float:
     if match is None:
         raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 30s, 10m, 1h)")
     return float(match[1]) * _UNITS[match[2]]
+
+
+def line_bytes(text: str) -> int:
+    """``--max-line-bytes``: an integer of at least ``MIN_MAX_LINE`` (a smaller cap
+    would refuse every message, ``initialize`` included)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of bytes: {text!r}") from None
+    if value < MIN_MAX_LINE:
+        raise argparse.ArgumentTypeError(f"at least {MIN_MAX_LINE} bytes: {text!r}")
+    return value
 
 
 def endpoint(text: str) -> str:
@@ -69,8 +82,9 @@ def add_connect_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
                         help="auto: WebSocket, else Streamable HTTP; http: Streamable HTTP "
                              "(HTTP/2 when the server speaks it); http1: HTTP/1.1 only "
                              "(default %(default)s)")
-    parser.add_argument("--max-line-bytes", type=int, default=DEFAULT_MAX_LINE,
-                        metavar="BYTES", help="largest message either way (default 32 MiB)")
+    parser.add_argument("--max-line-bytes", type=line_bytes, default=DEFAULT_MAX_LINE,
+                        metavar="BYTES", help="largest message either way (default 32 MiB, "
+                        "at least 1 KiB)")
     parser.add_argument("--verbose", action="store_true",
                         help="log every reconnect attempt on stderr")
     return parser

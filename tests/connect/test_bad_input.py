@@ -241,3 +241,19 @@ async def test_an_initialize_notification_and_a_failed_load_leave_nothing(
         assert (await adapter.request("session/list", {}))["result"] == {"sessions": []}
         assert not [line for line in adapter.stderr if "could not be re-attached" in line]
         assert any("notification" in line for line in adapter.stderr)
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "1023", "abc", ""])
+def test_a_line_cap_below_1_kib_is_a_usage_error(value: str,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """``--max-line-bytes 0`` used to start an adapter that refused every message."""
+    import argparse
+
+    from acp_server.connect.cli import add_connect_arguments
+
+    parser = add_connect_arguments(argparse.ArgumentParser(prog="acp-server connect"))
+    with pytest.raises(SystemExit) as stopped:
+        parser.parse_args(["http://127.0.0.1:1/acp", "--max-line-bytes", value])
+    assert stopped.value.code == 2 and "--max-line-bytes" in capsys.readouterr().err
+    assert parser.parse_args(["http://127.0.0.1:1/acp", "--max-line-bytes", "1024"]
+                             ).max_line_bytes == 1024
