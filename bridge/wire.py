@@ -186,9 +186,14 @@ TWINS: dict[type[ev.Payload], type[_Data]] = {
 
 def iso(timestamp: float) -> str:
     """Epoch seconds as the peer writes times: ISO 8601, UTC, milliseconds, ``Z`` (the
-    one formatter of every time a door writes)."""
-    return datetime.datetime.fromtimestamp(timestamp, datetime.UTC).isoformat(
-        timespec="milliseconds").replace("+00:00", "Z")
+    one formatter of every time a door writes). A time ``datetime`` cannot hold (a
+    journal row written by something else, ``nan``) is shown as the nearer bound, never
+    an error."""
+    try:
+        moment = datetime.datetime.fromtimestamp(timestamp, datetime.UTC)
+    except (OverflowError, OSError, ValueError):
+        return "9999-12-31T23:59:59.999Z" if timestamp > 0 else "0001-01-01T00:00:00.000Z"
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def wire_data(event: Event) -> Any:

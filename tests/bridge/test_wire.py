@@ -111,3 +111,14 @@ def test_an_envelope_is_a_complete_record_of_its_event() -> None:
             assert again.data.session_id == event.data.session_id
     raw = wire.event_from_envelope(wire.envelope(samples[0])).data
     assert isinstance(raw, msgspec.Raw) and bytes(raw) == bytes(samples[0].data)
+
+
+def test_iso_writes_every_time_and_never_raises() -> None:
+    """The one time formatter of the doors: ISO 8601 UTC with milliseconds; a time that
+    ``datetime`` cannot hold is the nearer bound, never an error (a 500 on a listing)."""
+    from bridge.wire import iso
+
+    assert iso(0) == "1970-01-01T00:00:00.000Z"
+    assert iso(1796354347.1234) == "2026-12-04T03:19:07.123Z"
+    assert iso(1e300) == iso(float("inf")) == "9999-12-31T23:59:59.999Z"
+    assert iso(-1e300) == iso(float("-inf")) == iso(float("nan")) == "0001-01-01T00:00:00.000Z"
