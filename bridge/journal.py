@@ -121,6 +121,16 @@ class RestoredSession:
     closed_at: float | None = None
     gap: bool = False                   # events are missing: a new epoch
 
+    def last_activity(self) -> float:
+        """When the journal last saw the session active (epoch seconds): its newest
+        event, prompt end or accepted prompt, else its creation."""
+        times = [self.record.created_at]
+        if self.events:
+            times.append(self.events[-1].timestamp_ms / 1000)
+        times.extend(t.at / 1000 for t in self.terminals[-1:])
+        times.extend(p.queued_at_ms / 1000 for p in self.unsettled[-1:])
+        return max(times)
+
 
 class SessionJournal(Protocol):
     durable: bool

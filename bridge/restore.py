@@ -6,8 +6,10 @@
 For each journaled session that was not closed, in creation order:
 
 * the bridge side comes back at once: its record (id, agent, cwd, creation time,
-  ``forked_from``), its event ring, last event id and epoch (a new epoch when the
-  journal lost events: readers get ``state_resync_required``, never a silent gap),
+  ``forked_from``), its last activity (its ``updated_at`` in the listings until it
+  is next used, not the restart's time), its event ring, last event id and epoch (a
+  new epoch when the journal lost events: readers get ``state_resync_required``,
+  never a silent gap),
   its prompt terminals (a new epoch is journaled at once: the next start keeps it,
   ``RestoredSession.gap`` is set by the journal, see ``acp_server.store.sessions``
   for when). List, history, events and status need nothing more;
@@ -118,6 +120,7 @@ async def restore_session(bridge: Bridge, found: RestoredSession) -> Session:
     session.origin = record.origin
     session.owner = record.owner
     session.restored = True
+    session.journaled_activity = found.last_activity()
     session.bus.epoch = str(uuid.uuid4()) if found.gap else record.epoch
     session.bus.restore(found.events, found.last_event_id)
     session.prompt_terminals.extend(found.terminals)

@@ -133,6 +133,9 @@ class Session:
         self.not_restorable: str | None = None
         self.replaying = False   # the agent's session/load replay: not published again
         self.restored = False    # brought back from the journal at start
+        # A restored session's last activity the journal knows (epoch seconds): its
+        # ``updated_at`` until it is next touched (not the restart's time).
+        self.journaled_activity: float | None = None
         # Restored from the journal, its agent side not yet (bridge.restore): awaited
         # before the agent is first used (a prompt's acknowledgement and its turn, a
         # load, a fork, a forwarded request); ``None`` once done, or never needed.
@@ -194,6 +197,7 @@ class Session:
 
     def touch(self) -> None:
         self.last_seen = time.monotonic()
+        self.journaled_activity = None
 
     def knows_client(self, client_id: str) -> bool:
         """A client id this session issued. A session restored from the journal
@@ -241,7 +245,8 @@ class Session:
             last_event_id=self.bus.last_event_id, event_epoch=self.bus.epoch,
             agent=self.agent_name, max_pending_prompts=self.limit,
             active_prompt_text=active.text if active else None,
-            updated_at=time.time() - max(0.0, time.monotonic() - self.last_seen),
+            updated_at=self.journaled_activity if self.journaled_activity is not None
+            else time.time() - max(0.0, time.monotonic() - self.last_seen),
             origin=self.origin, earliest_event_id=self.bus.earliest_available_id)
 
     @property

@@ -15,18 +15,28 @@ ACP v1 (schema 1.21): ``ListSessionsRequest {cwd?, cursor?}`` →
   whole walk is on exactly one page whatever is created or closed between the reads.
   ``nextCursor`` is there only when more sessions follow; its absence ends the walk.
 * A page holds at most ``PAGE_SIZE`` sessions (the schema has no size parameter).
-* ``cwd`` (a string, or absent/``null``) keeps the sessions of that folder. The cursor
+* ``cwd`` (an absolute path, or absent/``null``) keeps the sessions of that folder,
+  resolved as ``session/new`` resolves its ``cwd`` (symbolic links, ``..``, a trailing
+  ``/``), so a spelling a session can be made with lists it. One that is not a string
+  or not absolute is ``-32602`` (the schema: "Must be an absolute path"). The cursor
   is a position in the whole order, so the filter may change between pages.
 * A ``cursor`` that is not a string, or not one this server made, is ``-32602`` (the
   client starts the walk again); an empty one is the first page.
 * Each principal lists the sessions it sees (``Caller.sees_session``): its own, or
   every one for an admin or with ``--share-sessions``.
-* ``updatedAt`` is the session's last activity (ISO 8601, UTC, milliseconds), its
-  creation time before any. There is no ``title``: the bridge keeps none.
+* The sessions are ``Bridge.list_sessions()``, as REST's listing: those restored
+  from the journal at start are there from the start (their agent side comes back on
+  first use, ``bridge.restore``), under the same order, cursor and visibility.
+* ``updatedAt`` is REST's ``updatedAt``: the session's last activity (a prompt
+  accepted or ended, a client attaching, subscribing or beating), its creation time
+  before any, and for a restored session the last the journal knows until it is used
+  again (ISO 8601, UTC, milliseconds). There is no ``title`` (the bridge keeps none;
+  agents' ``session_info_update`` pass through as events) and no ``_meta``.
 """
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 from acp_server.acp_http.errors import InvalidParamsError
@@ -41,10 +51,20 @@ PAGE_SIZE = 50
 
 
 def _cwd(params: dict[str, Any]) -> str | None:
+    """The folder ``cwd`` names, resolved as ``session/new`` resolves its ``cwd``
+    (``Bridge.check_workspace``: ``os.path.realpath``), so any spelling of the
+    workspace a session can be made with lists its sessions."""
     cwd = params.get("cwd")
-    if cwd is not None and not isinstance(cwd, str):
+    if cwd is None:
+        return None
+    if not isinstance(cwd, str):
         raise InvalidParamsError('Invalid params: "cwd" must be a string')
-    return cwd
+    try:
+        if os.path.isabs(cwd):
+            return os.path.realpath(cwd)   # ValueError: a NUL, a lone surrogate
+    except ValueError:
+        pass
+    raise InvalidParamsError(f'Invalid params: "cwd" must be an absolute path ("{cwd[:64]}")')
 
 
 def _after(params: dict[str, Any]) -> SessionKey | None:
@@ -70,7 +90,7 @@ async def session_list(conn: AcpConnection, rpc_id: RpcId, params: dict[str, Any
     page, more = session_cursor.page_after(session_cursor.ordered(visible), after, PAGE_SIZE)
     result: dict[str, Any] = {"sessions": [
         {"sessionId": s.session_id, "cwd": s.workspace_cwd,
-         "updatedAt": iso(s.updated_at or s.created_at)} for _, s in page]}
+         "updatedAt": iso(s.updated_at)} for _, s in page]}
     if more:
         result["nextCursor"] = session_cursor.encode(page[-1][0])
     return result

@@ -91,8 +91,6 @@ class SessionView:
         pending = len(found.unsettled)
         active_text = next((prompt_text(p.prompt) for p in found.unsettled
                             if p.prompt_id == active), None)
-        updated = (found.events[-1].timestamp_ms / 1000 if found.events
-                   else record.created_at)
         return SessionStatus(
             session_id=self.session_id, workspace_cwd=record.cwd,
             created_at=record.created_at, client_count=0, active_prompt_id=active,
@@ -100,7 +98,7 @@ class SessionView:
             pending_permissions=self.open_questions(), subscribers=self.subscribers,
             last_event_id=found.last_event_id, event_epoch=record.epoch, agent=record.agent,
             max_pending_prompts=self.limit, active_prompt_text=active_text,
-            updated_at=updated, origin=record.origin,
+            updated_at=found.last_activity(), origin=record.origin,
             earliest_event_id=found.events[0].id if found.events  # type: ignore[arg-type]
             else found.last_event_id + 1)
 

@@ -1,6 +1,8 @@
 """``/acp`` ``session/list`` over real HTTP and WebSocket: pages of ``PAGE_SIZE`` newest
 first, ``nextCursor`` until the last page, a walk that sees every session live
-throughout exactly once while others come and go, ``cwd``, and bad cursors (-32602)."""
+throughout exactly once while others come and go, ``cwd`` (any spelling of the
+workspace, across pages), bad and tampered cursors (-32602), each principal's own
+sessions, and sessions restored after a restart listed as REST lists them."""
 
 from __future__ import annotations
 
@@ -8,12 +10,21 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import os
+import time
+
 import pytest
 
 from acp_server.acp_http.listing import PAGE_SIZE
+from acp_server.rest.workspace import workspace_id
 from bridge import BridgeOptions
+from bridge.wire import iso
 from tests.acp_http.server import RunningAcpServer, request, running_acp_server
 from tests.acp_http.wsclient import ws_connect
+from tests.harness import local_server
+from tests.principals.helpers import bearer, mint
+from tests.store.test_session_journal import _settled
+from tests.store.test_session_restart import _prompt, read_events
 
 pytestmark = pytest.mark.anyio
 
@@ -110,7 +121,8 @@ async def test_cwd_keeps_that_folders_sessions(server: RunningAcpServer) -> None
 @pytest.mark.parametrize("params", [
     {"cursor": 12}, {"cursor": ["a"]}, {"cursor": "not-a-cursor"}, {"cursor": "20"},
     {"cursor": "eyJjcmVhdGVkVXMiOjF9"},   # base64url JSON, not a key of ours
-    {"cursor": "x" * 10_000}, {"cwd": 3}, {"cwd": {"a": 1}},
+    {"cursor": "x" * 10_000}, {"cwd": 3}, {"cwd": {"a": 1}}, {"cwd": ["/"]},
+    {"cwd": "relative/ws"}, {"cwd": ""}, {"cwd": "."}, {"cwd": "/ws\x00/x"},
 ])
 async def test_a_bad_cursor_or_cwd_is_invalid_params(server: RunningAcpServer,
                                                       params: dict[str, Any]) -> None:
@@ -133,3 +145,110 @@ async def test_pages_over_streamable_http(server: RunningAcpServer) -> None:
         second = (await conn_stream.wait_for_id(2))["result"]
     assert [s["sessionId"] for s in first["sessions"] + second["sessions"]] == made[::-1]
     assert "nextCursor" not in second
+
+
+async def _walk(lister: Lister, params: dict[str, Any]) -> list[list[str]]:
+    """The pages of a whole walk from ``params``' first page: their session ids."""
+    pages, cursor = [], params.get("cursor")
+    while True:
+        answer = (await lister.call({**params, "cursor": cursor}))["result"]
+        pages.append([s["sessionId"] for s in answer["sessions"]])
+        cursor = answer.get("nextCursor")
+        if cursor is None:
+            return pages
+
+
+async def test_a_tampered_cursor_is_invalid_params(server: RunningAcpServer) -> None:
+    await _make(server, PAGE_SIZE + 1)
+    async with ws_connect(server.base_url, "/acp") as ws:
+        lister = await _lister(ws)
+        cursor = (await lister.call({}))["result"]["nextCursor"]
+        assert len((await lister.call({"cursor": cursor}))["result"]["sessions"]) == 1
+        for tampered in (cursor[:-1], cursor + "A", cursor + "=", cursor[1:], "x" + cursor[1:],
+                         cursor.upper(), cursor[::-1], f" {cursor}", cursor.replace("e", "é")):
+            answer = await lister.call({"cursor": tampered})
+            assert answer["error"]["code"] == -32602, (tampered, answer)
+            assert "cursor" in answer["error"]["message"]
+
+
+async def test_cwd_pages_and_takes_any_spelling_of_the_workspace(
+        server: RunningAcpServer, tmp_path: Path) -> None:
+    made = await _make(server, PAGE_SIZE + 4)
+    link = tmp_path / "link-to-ws"
+    link.symlink_to(server.workspace, target_is_directory=True)
+    async with ws_connect(server.base_url, "/acp") as ws:
+        lister = await _lister(ws)
+        for spelling in (server.workspace, server.workspace + "/", server.workspace + "/.",
+                         f"{server.workspace}/sub/..", str(link)):
+            pages = await _walk(lister, {"cwd": spelling})
+            assert [len(p) for p in pages] == [PAGE_SIZE, 4], spelling
+            assert sum(pages, []) == made[::-1], spelling
+        # a cursor of the workspace's walk on another folder: nothing, and no nextCursor
+        cursor = (await lister.call({}))["result"]["nextCursor"]
+        assert (await lister.call({"cwd": "/elsewhere", "cursor": cursor}))["result"] \
+            == {"sessions": []}
+
+
+async def test_each_principal_pages_through_its_own_sessions(tmp_path: Path) -> None:
+    boot = "boot-s3cret"
+    async with running_acp_server(tmp_path, token=boot, headers=bearer(boot),
+                                  options=BridgeOptions(max_sessions=300)) as srv:
+        people = {name: bearer(await mint(srv.server, name, *scopes, unlimited=True))
+                  for name, scopes in (("alice", ()), ("bob", ()), ("ops", ("admin",)))}
+        made: dict[str, list[str]] = {"alice": [], "bob": []}
+        for n in range(PAGE_SIZE + 6):   # interleaved: bob's among alice's
+            who = "bob" if n % 25 == 1 else "alice"   # bob's first older than alice's cursor
+            answer = await srv.client.post("/session", json={"sessionScope": "thread"},
+                                           headers=people[who])
+            made[who].append(answer.json()["sessionId"])
+        walks: dict[str, list[list[str]]] = {}
+        listers: dict[str, Lister] = {}
+        async with ws_connect(srv.base_url, "/acp", headers=people["alice"]) as a_ws, \
+                ws_connect(srv.base_url, "/acp", headers=people["bob"]) as b_ws, \
+                ws_connect(srv.base_url, "/acp", headers=people["ops"]) as o_ws:
+            for name, ws in (("alice", a_ws), ("bob", b_ws), ("ops", o_ws)):
+                listers[name] = await _lister(ws)
+                walks[name] = await _walk(listers[name], {})
+            # alice's cursor is a position: from it bob still sees only his own
+            alices = (await listers["alice"].call({}))["result"]["nextCursor"]
+            from_there = await _walk(listers["bob"], {"cursor": alices})
+    assert len(made["bob"]) == 3
+    assert walks["bob"] == [made["bob"][::-1]]   # one page, no cursor to alice's
+    assert from_there == [[made["bob"][0]]]
+    assert [len(p) for p in walks["alice"]] == [PAGE_SIZE, len(made["alice"]) - PAGE_SIZE]
+    assert sum(walks["alice"], []) == made["alice"][::-1]
+    everyone = sum(walks["ops"], [])
+    assert sorted(everyone) == sorted(made["alice"] + made["bob"]) and len(walks["ops"]) == 2
+
+
+async def test_restored_sessions_are_listed_as_rest_lists_them(tmp_path: Path) -> None:
+    """After a restart the journaled sessions are listed by both doors alike, each
+    ``updatedAt`` the last activity the journal knows (not the restart's time) until
+    the session is used again."""
+    async with local_server(tmp_path) as srv:
+        sids = [(await srv.client.post("/session", json={"sessionScope": "thread"})
+                 ).json()["sessionId"] for _ in range(3)]
+        accepted = await srv.client.post(f"/session/{sids[1]}/prompt", json=_prompt("hi"))
+        events = await read_events(srv.client, sids[1],
+                                   lambda e: e["type"] == "turn_complete", last_event_id=0)
+        last_event = iso(events[-1]["_meta"]["serverTimestamp"] / 1000)
+        assert accepted.status_code == 202
+    stopped = iso(time.time())
+    async with running_acp_server(tmp_path) as srv:
+        rest = (await srv.client.get(f"/workspace/{workspace_id(srv.workspace)}/sessions")
+                ).json()
+        async with ws_connect(srv.base_url, "/acp") as ws:
+            lister = await _lister(ws)
+            acp = (await lister.call({}))["result"]
+            assert [(s["sessionId"], s["cwd"], s["updatedAt"]) for s in acp["sessions"]] == [
+                (s["sessionId"], s["workspaceCwd"], s["updatedAt"]) for s in rest["sessions"]]
+            assert [s["sessionId"] for s in acp["sessions"]] == sids[::-1]
+            for row in rest["sessions"]:
+                assert row["createdAt"] <= row["updatedAt"] <= stopped, row
+            assert rest["sessions"][1]["updatedAt"] >= last_event
+            # used again (a prompt): its updatedAt is now, in both doors
+            again = await srv.client.post(f"/session/{sids[0]}/prompt", json=_prompt("again"))
+            await _settled(srv.client, sids[0], again.json()["promptId"])
+            acp = (await lister.call({}))["result"]
+        assert acp["sessions"][-1]["sessionId"] == sids[0]
+        assert acp["sessions"][-1]["updatedAt"] >= stopped
