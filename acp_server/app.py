@@ -24,7 +24,6 @@ With ``--http-server granian`` the front layer also caps requests in flight at
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -41,6 +40,7 @@ from acp_server.http.front import Door, FrontLayer, HotRoute
 from acp_server.http.clients import ClientResolver
 from acp_server.http.guard import GuardStats
 from acp_server.http.handlers import by_prefix
+from acp_server.http.mounts import WorkspaceMounts
 from acp_server.http.policy import GuardPolicy
 from acp_server.lmsp import EXCEPTION_HANDLERS as LMSP_HANDLERS
 from acp_server.lmsp import LmspService
@@ -154,23 +154,22 @@ def build_app(settings: Settings, *, bridge: Bridge, acp: ConnectionRegistry,
     hot = [HotRoute("POST", route, handler, declines) for path, (handler, declines) in
            fast_routes(bridge, config).items() for route in _routes_at(app.router, path)]
     route = sessions_router or (lambda stack: stack)
-    aliases = workspace_aliases(bridge.workspace_cwd)
+    mounts = workspace_mounts(bridge.workspace_cwd)
     app.front = lambda stack: FrontLayer(route(stack), policy, doors=DOORS, observer=recorder,
                                          max_in_flight=max_in_flight, stats=guard_stats, hot=hot,
-                                         aliases=aliases)
+                                         aliases=mounts.exact, stray_alias=mounts.of_stray)
     return app
 
 
-def workspace_aliases(cwd: str) -> dict[str, str]:
+def workspace_mounts(cwd: str) -> WorkspaceMounts:
     """``qwen serve``'s per-workspace mounts of this daemon's one workspace:
     ``/workspaces/{ws}/acp`` is ``/acp`` and ``/workspaces/{ws}/sessions`` is
     ``/workspace/{id}/sessions``, where ``{ws}`` is the workspace id of ``/capabilities``
     or the workspace's absolute path (URL-encoded, ``%2F``; as the server decodes it).
-    Any other ``{ws}`` reaches ``rest.workspace``'s 400 ``workspace_mismatch``."""
+    Any other ``{ws}`` reaches ``rest.workspace``'s 400 ``workspace_mismatch``
+    (``acp_server.http.mounts``)."""
     wid = workspace_id(cwd)
-    selectors = {wid, cwd, os.path.realpath(cwd)}
-    return {f"/workspaces/{sel}/{tail}": target for sel in selectors
-            for tail, target in (("acp", ACP_PATH), ("sessions", f"/workspace/{wid}/sessions"))}
+    return WorkspaceMounts(cwd, wid, {"acp": ACP_PATH, "sessions": f"/workspace/{wid}/sessions"})
 
 
 def _routes_at(router: IndexedRouter, path: str) -> list[BaseRoute]:

@@ -33,6 +33,10 @@ Contracts:
   (http or WebSocket) is the request to its target from the first step: its
   ``scope["path"]`` is rewritten before the door, the access decision and the router
   read it. The path is looked up as sent, then as made canonical (a trailing slash).
+  ``stray_alias`` (path → the path it stands for, or ``None``) is asked only about a
+  path that would be a 404 for its empty or dot segment (a URL-encoded absolute path,
+  ``/workspaces/%2Fsrv%2Fws/acp``, reaches the app as ``/workspaces//srv/ws/acp``):
+  its answer is rewritten in as an alias's target is (``acp_server.http.mounts``).
 * ``max_in_flight`` (for servers that cannot cap connections below ASGI): past that
   many http requests and WebSockets in progress (SSE streams included), a new one is
   answered ``503`` ``connection_limit`` with ``Retry-After: 5`` and ``Connection:
@@ -247,9 +251,11 @@ class FrontLayer:
                  observer: Observer | None = None, max_in_flight: int | None = None,
                  stats: MutableMapping[str, int] | None = None,
                  hot: Sequence[HotRoute] = (),
-                 aliases: Mapping[str, str] | None = None) -> None:
+                 aliases: Mapping[str, str] | None = None,
+                 stray_alias: Callable[[str], str | None] | None = None) -> None:
         self.app = app
         self.aliases = dict(aliases) if aliases else None
+        self.stray_alias = stray_alias
         self.policy = policy
         self.doors = tuple(doors)
         self.observer = observer
@@ -394,7 +400,11 @@ class FrontLayer:
                 return target, False
         canonical = canonical_path(path)
         if canonical is None:
-            return _collapsed(path), True
+            target = self.stray_alias(path) if self.stray_alias is not None else None
+            if target is None:
+                return _collapsed(path), True
+            scope["path"] = target
+            return target, False
         if aliases is not None and canonical is not path:
             canonical = aliases.get(canonical, canonical)
         if canonical is not path:

@@ -112,7 +112,8 @@ async def list_sessions(request: Request, *, bridge: Bridge) -> Response:
 async def workspace_mismatch(request: Request) -> Response:
     """``/workspaces/{ws}/sessions`` and ``/workspaces/{ws}/acp`` of a ``{ws}`` that is
     not this daemon's workspace (its own are aliases, ``acp_server.app``), as the peer
-    answers them: 400 ``workspace_mismatch``."""
+    answers them: 400 ``workspace_mismatch``; ``workspace`` echoes ``{ws}`` (an absolute
+    path URL-encoded, ``%2Fsrv%2Fother``: ``acp_server.http.mounts``)."""
     requested = request.path_params["workspace"]
     raise RestError(400, {"error": "`:workspace` must decode to a workspace id or absolute "
                                    "path of a workspace registered with this daemon.",

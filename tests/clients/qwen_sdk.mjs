@@ -209,8 +209,11 @@ async function after(sid) {
 }
 
 // `workspace`: the per-workspace paths: DaemonClient.workspaceById(id) lists the
-// sessions (GET /workspaces/:workspace/sessions, pages of up to 1000 asked), and an
-// AcpWsTransport on /workspaces/:workspace/acp holds a turn.
+// sessions (GET /workspaces/:workspace/sessions, pages of up to 1000 asked), and so
+// does workspaceByCwd(cwd) (the path URL-encoded); workspaceByCwd of another folder is
+// refused. An AcpWsTransport on /workspaces/:workspace/acp holds a turn, and so does an
+// AcpHttpTransport whose base URL is the mount of the workspace's path
+// (/workspaces/<encoded cwd>, to which it appends /acp).
 async function workspace() {
   const client = new DaemonClient({ baseUrl });
   const caps = await client.capabilities();
@@ -223,15 +226,48 @@ async function workspace() {
   const big = await scoped.listWorkspaceSessionsPage({ pageSize: 1000 });
   const first = await scoped.listWorkspaceSessionsPage({ pageSize: 2 });
   const rest = await scoped.listWorkspaceSessionsPage({ pageSize: 2, cursor: first.nextCursor });
+  const cwd = caps.workspaces[0].cwd;
+  const byCwd = await client.workspaceByCwd(cwd).listWorkspaceSessions({ pageSize: 1000 });
   const transport = new transports.AcpWsTransport(
     baseUrl.replace(/^http/, "ws") + `/workspaces/${wid}/acp`);
   const overAcp = new DaemonClient({ baseUrl, transport });
   const session = await overAcp.createOrAttachSession({ sessionScope: "thread" });
   const turn = await overAcp.prompt(session.sessionId, text("/sleep 100ms hello workspace"));
   transport.dispose();
+  let elsewhere;
+  try {
+    await client.workspaceByCwd(path.join(path.dirname(cwd), "elsewhere")).listWorkspaceSessions();
+    elsewhere = "listed";
+  } catch (e) {
+    elsewhere = { name: e.name, status: e.status, code: e.body && e.body.code };
+  }
+  const mount = `${baseUrl}/workspaces/${encodeURIComponent(cwd)}`;
+  const http = new transports.AcpHttpTransport(mount, undefined, globalThis.fetch.bind(globalThis));
+  const overHttp = new DaemonClient({ baseUrl, transport: http });
+  const httpSession = await overHttp.createOrAttachSession({ sessionScope: "thread" });
+  const seen = [];
+  const abort = new AbortController();
+  const reading = (async () => {
+    try {
+      for await (const ev of overHttp.subscribeEvents(httpSession.sessionId,
+                                                      { signal: abort.signal })) {
+        seen.push(brief(ev));
+      }
+    } catch (e) {
+      if (!abort.signal.aborted) throw e;
+    }
+  })();
+  // the reference agent waits 100 ms: the reply never overtakes the 202 (see acp())
+  const httpTurn = await overHttp.prompt(httpSession.sessionId,
+                                         text("/sleep 100ms /chunks 2 hello mount"));
+  abort.abort();
+  await reading;
+  http.dispose();
   return { made, big: big.sessions.map((s) => s.sessionId),
            pages: [first.sessions.map((s) => s.sessionId), rest.sessions.map((s) => s.sessionId)],
-           nextCursor: rest.nextCursor ?? null, turn };
+           nextCursor: rest.nextCursor ?? null, turn,
+           byCwd: byCwd.map((s) => s.sessionId), elsewhere, httpTurn,
+           httpChunks: seen.filter((e) => e.kind === "agent_message_chunk").map((e) => e.text) };
 }
 
 const out = mode === "rest" ? await rest()

@@ -91,11 +91,18 @@ async def test_acp_transports(qwen_sdk: str, tmp_path: Path, kind: str) -> None:
 
 async def test_the_per_workspace_paths(qwen_sdk: str, tmp_path: Path) -> None:
     """``workspaceById(id).listWorkspaceSessionsPage`` (``/workspaces/:workspace/sessions``;
-    a page of 1000 asked gets every one, as the peer clamps) and an ``AcpWsTransport`` on
-    ``/workspaces/:workspace/acp``."""
+    a page of 1000 asked gets every one, as the peer clamps) and ``workspaceByCwd(cwd)``
+    (the path URL-encoded; another folder's is ``workspace_mismatch``); an
+    ``AcpWsTransport`` on ``/workspaces/:workspace/acp`` and an ``AcpHttpTransport`` on
+    the mount of the workspace's path."""
     async with running_acp_server(tmp_path) as srv:
         r = await run_script("qwen_sdk.mjs", qwen_sdk, srv.base_url, "workspace")
     newest_first = r["made"][::-1]
     assert r["big"] == newest_first
     assert r["pages"] == [newest_first[:2], newest_first[2:]] and r["nextCursor"] is None
     assert r["turn"] == {"stopReason": "end_turn"}
+    assert r["byCwd"] == newest_first
+    assert r["elsewhere"] == {"name": "DaemonHttpError", "status": 400,
+                              "code": "workspace_mismatch"}
+    assert r["httpTurn"] == {"stopReason": "end_turn"}
+    assert "".join(r["httpChunks"]).startswith("Echo: hello mount")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from typing import Any
+from urllib.parse import quote
 
 import anyio
 import pytest
@@ -29,10 +30,12 @@ INIT = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolV
 def test_acp_http(live: Live) -> None:
     messages = rpc_messages([live.session_id]).map(lambda m: json.dumps(m).encode())
     budget = Budget()
-    wid = live.http.get("/capabilities").json()["workspaces"][0]["id"]
+    workspace = live.http.get("/capabilities").json()["workspaces"][0]
+    respelled = f"/workspaces/{quote(workspace['cwd'], safe='')}%2F.%2F/acp"   # decoded: stray
 
     @fuzz_settings()
-    @given(path=st.sampled_from(["/acp", "/acp", f"/workspaces/{wid}/acp"]),
+    @given(path=st.sampled_from(["/acp", "/acp", f"/workspaces/{workspace['id']}/acp",
+                                 respelled]),
            method=st.sampled_from(["POST", "POST", "POST", "GET", "DELETE", "PUT"]),
            body=st.one_of(messages, bodies({})),
            connection=st.one_of(st.just(live.connection_id), HEADER_VALUE, st.none()),

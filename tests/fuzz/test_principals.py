@@ -42,7 +42,9 @@ ROUTES = [
     ("GET", "/health"), ("POST", "/session"), ("GET", "/session/{sid}/status"),
     ("POST", "/session/{sid}/prompt"), ("GET", "/session/{sid}/events"),
     ("POST", "/session/{sid}/heartbeat"), ("DELETE", "/session/{sid}/pending-prompts/x"),
-    ("GET", "/workspace/x/sessions"), ("GET", "/workspaces/x/sessions"), ("GET", "/tokens"), ("POST", "/tokens"),
+    ("GET", "/workspace/x/sessions"), ("GET", "/workspaces/x/sessions"),
+    ("GET", "/workspaces/%2Fx/sessions"), ("POST", "/workspaces/%2Fx/acp"),   # another folder
+    ("GET", "/tokens"), ("POST", "/tokens"),
     ("DELETE", "/tokens/nobody"), ("GET", "/audit"), ("GET", "/metrics"),
     ("GET", "/lmsp/v1/capabilities"), ("GET", "/lmsp/v1/tasks"), ("POST", "/lmsp/v1/tasks"),
     ("GET", "/lmsp/v1/tasks/{tid}"), ("POST", "/lmsp/v1/tasks/{tid}/cancel"),

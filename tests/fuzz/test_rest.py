@@ -3,6 +3,8 @@ No 5xx, every error ``{"error": str, "code"?}``, the server healthy afterwards."
 
 from __future__ import annotations
 
+from urllib.parse import quote
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -27,12 +29,18 @@ ROUTES = [
     ("DELETE", "/session/{id}"), ("PUT", "/session/{id}"), ("GET", "/nope/{id}"),
     ("GET", "/workspaces/{id}/sessions"), ("POST", "/workspaces/{id}/acp"),
     ("GET", "/workspaces/{id}/acp"), ("DELETE", "/workspaces/{other}/acp"),
+    # an absolute {ws}, decoded by the server (``acp_server.http.mounts``): another
+    # folder's, and this workspace's path with more after it (``%2F..``, ``%2F%2F``: its
+    # listing; anything else another folder's)
+    ("GET", "/workspaces/%2F{id}/sessions"), ("POST", "/workspaces/%2F{id}%2F{other}/acp"),
+    ("GET", "/workspaces/{ws}%2F{id}/sessions"),
 ]
 
 
 def test_rest_routes(live: Live) -> None:
     ids = path_ids([live.session_id])
     budget = Budget()
+    ws = quote(live.http.get("/capabilities").json()["workspaces"][0]["cwd"], safe="")
 
     @fuzz_settings(1.5)
     @given(route=st.sampled_from(ROUTES), sid=ids, other=ids, body=bodies(REST_KEYS),
@@ -42,7 +50,7 @@ def test_rest_routes(live: Live) -> None:
         if budget.spent:
             return
         method, template = route
-        path = template.replace("{id}", sid).replace("{other}", other)
+        path = template.replace("{id}", sid).replace("{other}", other).replace("{ws}", ws)
         if live.http.base_url.join(path).path.startswith(("/acp", "/lmsp/")):
             return   # a dot segment the client resolved (``/workspaces/../acp``): another door
         sent = {**headers, "content-type": content_type} if content_type else headers

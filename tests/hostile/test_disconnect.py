@@ -14,8 +14,10 @@ pytestmark = pytest.mark.anyio
 
 
 async def test_disconnect_mid_body_logs_one_quiet_line(tmp_path: Path) -> None:
-    paths = ["/session", "/acp", "/lmsp/v1/tasks"]
+    """Every door, and ``/acp``'s per-workspace alias (logged as ``/acp``: its target)."""
     async with ServeProcess(tmp_path) as daemon:
+        wid = (await daemon.client.get("/capabilities")).json()["workspaces"][0]["id"]
+        paths = ["/session", "/acp", "/lmsp/v1/tasks", f"/workspaces/{wid}/acp"]
         for path in paths:
             stream = await daemon.raw()
             await stream.send(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json"
@@ -28,8 +30,9 @@ async def test_disconnect_mid_body_logs_one_quiet_line(tmp_path: Path) -> None:
         assert (await daemon.client.get("/health")).status_code == 200
         log = daemon.stderr_text()
     assert "Traceback" not in log and "Exception in ASGI application" not in log, log
-    for path in paths:
+    for path in paths[:3]:
         assert f"client disconnected during the request body: POST {path}\n" in log
+    assert log.count("client disconnected during the request body: POST /acp\n") == 2
 
 
 @pytest.mark.parametrize("server", ["granian", "uvicorn"])

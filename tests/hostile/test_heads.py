@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from urllib.parse import quote
 
 import anyio
 import pytest
 
+from tests.acp_http.wsclient import ws_connect
 from tests.harness import ServeProcess, read_chunk_burst
 from tests.hostile.h2client import H2Client
 
@@ -135,21 +137,28 @@ async def test_foreign_host_is_421_in_each_doors_shape(tmp_path: Path, server: s
         assert lmsp.status_code == 421
         assert lmsp.headers["content-type"].startswith("application/problem+json")
         assert lmsp.json()["code"] == "misdirected_request"
-        acp = await daemon.client.post("/acp", headers=evil, json={
-            "jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": 1}})
-        assert acp.status_code == 421
-        assert acp.json()["error"]["data"]["errorKind"] == "misdirected_request"
+        caps = (await daemon.client.get("/capabilities")).json()["workspaces"][0]
+        mounts = [f"/workspaces/{caps['id']}/acp",
+                  f"/workspaces/{quote(caps['cwd'], safe='')}%2F/acp"]   # its aliases
+        for path in ("/acp", *mounts):
+            acp = await daemon.client.post(path, headers=evil, json={
+                "jsonrpc": "2.0", "id": 0, "method": "initialize",
+                "params": {"protocolVersion": 1}})
+            assert acp.status_code == 421, path
+            assert acp.json()["error"]["data"]["errorKind"] == "misdirected_request"
         for fine in ("localhost", f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}",
                      "dev.box", "dev.box:8080"):
             assert (await daemon.client.get("/capabilities",
                                             headers={"Host": fine})).status_code == 200, fine
         # The WebSocket handshake gets the same check.
-        answer = await raw_exchange(daemon, (
-            f"GET /acp HTTP/1.1\r\nHost: evil.example:{port}\r\nUpgrade: websocket\r\n"
-            "Connection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
-            "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n").encode())
-        assert status_of(answer) in (421, 403), answer[:80]
-        assert status_of(answer) != 101
+        for path in ("/acp", *mounts):
+            answer = await raw_exchange(daemon, (
+                f"GET {path} HTTP/1.1\r\nHost: evil.example:{port}\r\nUpgrade: websocket\r\n"
+                "Connection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
+                "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n").encode())
+            assert status_of(answer) in (421, 403), (path, answer[:80])
+            async with ws_connect(daemon.base_url, path):   # a fine Host: accepted
+                pass
 
 
 @SERVERS

@@ -231,3 +231,42 @@ def test_a_hot_route_needs_a_literal_first_segment_and_one_segment_doors() -> No
     with pytest.raises(ValueError, match="one segment"):
         FrontLayer(lambda *a: None, GuardPolicy(),   # type: ignore[arg-type]
                    doors=[Door("/session/x", "a", render), Door("", "rest", render)], hot=[hot])
+
+
+async def test_a_stray_path_is_asked_of_stray_alias_and_only_a_stray_one() -> None:
+    """``stray_alias`` is asked about a path that would be a 404 (an empty or a dot
+    segment), never about another one nor on the hot path; its answer is the path the
+    app sees, for HTTP and WebSocket alike; ``None`` leaves the 404."""
+    asked: list[str] = []
+    seen: list[str] = []
+
+    def stray_alias(path: str) -> str | None:
+        asked.append(path)
+        return "/acp" if path == "/workspaces//srv/ws/acp" else None
+
+    async def app(scope: dict, receive: object, send: object) -> None:
+        seen.append(scope["path"])
+
+    async def handler(scope: dict, body: bytes) -> tuple[dict, dict]:
+        return START, END
+
+    answers: list[dict] = []
+
+    async def send(message: dict) -> None:
+        answers.append(message)
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    front = FrontLayer(app, GuardPolicy(),   # type: ignore[arg-type]
+                       doors=[Door("", "rest", lambda refusal: (b"application/json", b"{}"))],
+                       hot=[HotRoute("POST", PROMPT_ROUTE, handler)],
+                       aliases={"/workspaces/w1/acp": "/acp"}, stray_alias=stray_alias)
+    for path in ("/workspaces//srv/ws/acp", "/workspaces/w1/acp", "/capabilities/",
+                 "/session/s1/prompt", "/workspaces//srv/other/acp"):
+        await front(prompt_scope(path), receive, send)
+    await front({**prompt_scope("/workspaces//srv/ws/acp"), "type": "websocket"}, receive, send)
+    assert asked == ["/workspaces//srv/ws/acp", "/workspaces//srv/other/acp",
+                     "/workspaces//srv/ws/acp"]
+    assert seen == ["/acp", "/acp", "/capabilities", "/acp"]
+    assert [m["status"] for m in answers if m["type"] == "http.response.start"] == [503, 404]

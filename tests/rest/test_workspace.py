@@ -265,24 +265,27 @@ async def test_unknown_workspace_is_404(server: RunningServer) -> None:
 
 async def test_the_peers_plural_path_is_the_same_listing(server: RunningServer) -> None:
     """``/workspaces/{ws}/sessions`` (qwen serve's per-workspace path, ``{ws}`` the id or
-    the absolute path, URL-encoded) answers byte for byte what the singular path does,
-    paging included; another ``{ws}`` is 400 ``workspace_mismatch``."""
+    the absolute path, URL-encoded, however spelled) answers byte for byte what the
+    singular path does, paging included; another ``{ws}`` (an id, another folder's path,
+    a relative one) is 400 ``workspace_mismatch``, echoing ``{ws}`` as sent."""
     wid = await _workspace_id(server)
     for _ in range(3):
         await server.create_session(sessionScope="thread")
     singular = await server.client.get(f"/workspace/{wid}/sessions", params={"size": "2"})
     absolute = quote(server.settings.workspace, safe="")
     for path in (f"/workspaces/{wid}/sessions", f"/workspaces/{wid}/sessions/",
-                 f"/workspaces/{absolute}/sessions"):
+                 f"/workspaces/{absolute}/sessions", f"/workspaces/{absolute}%2F/sessions",
+                 f"/workspaces/%2F{absolute}%2F.%2F/sessions/"):
         plural = await server.client.get(path, params={"size": "2"})
         assert (plural.status_code, plural.content) == (200, singular.content), path
     cursor = singular.json()["nextCursor"]
     rest = await server.client.get(f"/workspaces/{wid}/sessions", params={"cursor": cursor})
     assert rest.content == (await server.client.get(f"/workspace/{wid}/sessions",
                                                     params={"cursor": cursor})).content
-    for other in ("0123456789abcdef", "x" * 300):
+    elsewhere = quote(str(Path(server.settings.workspace).parent / "elsewhere"), safe="")
+    for other in ("0123456789abcdef", "x" * 300, elsewhere, f"{absolute}%2F..", "%2E%2E"):
         mismatch = await server.client.get(f"/workspaces/{other}/sessions")
-        assert mismatch.status_code == 400
+        assert mismatch.status_code == 400, (other, mismatch.text)
         body = mismatch.json()
         assert body["code"] == "workspace_mismatch" and body["workspace"] == other[:256]
     # the singular path keeps its own answer for another id

@@ -1,0 +1,81 @@
+"""``qwen serve``'s per-workspace mounts of this daemon's one workspace: the path a
+``/workspaces/{ws}/{tail}`` request stands for, for the front layer.
+
+    mounts = WorkspaceMounts("/srv/ws", "6a48a62980ca2198", {
+        "acp": "/acp", "sessions": "/workspace/6a48a62980ca2198/sessions"})
+    FrontLayer(app, policy, doors=DOORS, aliases=mounts.exact, stray_alias=mounts.of_stray)
+    mounts.exact["/workspaces/6a48a62980ca2198/acp"]    # "/acp"
+    mounts.exact["/workspaces//srv/ws/acp"]             # "/acp" (sent as %2Fsrv%2Fws)
+    mounts.of_stray("/workspaces//srv/ws/../ws/acp")    # "/acp"
+    mounts.of_stray("/workspaces//srv/other/acp")       # "/workspaces/%2Fsrv%2Fother/acp"
+    mounts.of_stray("/session//x")                      # None
+
+Contracts:
+
+* ``{ws}`` names the workspace by its id (``/capabilities`` ``workspaces[0].id``) or by
+  its absolute path URL-encoded as one segment (``%2Fsrv%2Fws``, what
+  ``@qwen-code/sdk``'s ``workspaceByCwd`` sends). The HTTP server decodes the path, so
+  the app sees ``/workspaces//srv/ws/acp``: a path with an empty segment, which the
+  front layer answers 404 unless an alias claims it.
+* ``exact``: each mount's path as the server hands it over (``{ws}`` the id, the path
+  as given, its ``realpath``) → the path it stands for. The front layer's one dict
+  lookup per request.
+* ``of_stray(path)``: called by the front layer only for a path it would answer 404
+  (an empty or a dot segment), never on the hot path. When ``path`` is
+  ``/workspaces/{S}/{tail}`` (one trailing slash allowed) with a ``tail`` of
+  ``targets`` and a non-empty ``S``: an absolute ``S`` that names this workspace once
+  normalized as the peer does (``posixpath.normpath``: ``//x`` is ``/x``, ``.`` and
+  ``..`` resolved, a trailing slash dropped) → the tail's target. Any other ``S`` (the
+  path of another folder, a relative one) → ``/workspaces/{S URL-encoded}/{tail}``
+  (``.`` and ``..`` as ``%2E``: never a dot segment), the route that answers another
+  workspace (``rest.workspace``: 400 ``workspace_mismatch``, as the peer does), never
+  a route of this workspace. Every other path → ``None`` (it stays a 404). No file
+  system access: a symlink to the workspace is not followed (the peer follows it), so
+  a request never makes the server look at a path it names.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from collections.abc import Mapping
+from urllib.parse import quote
+
+PREFIX = "/workspaces/"
+
+
+class WorkspaceMounts:
+    """The mounts of one workspace (``cwd``, its id ``wid``) for ``targets``: tail →
+    the path it stands for (``{"acp": "/acp", …}``)."""
+
+    __slots__ = ("exact", "paths", "targets")
+
+    def __init__(self, cwd: str, wid: str, targets: Mapping[str, str]) -> None:
+        self.targets = dict(targets)
+        self.paths = frozenset({cwd, os.path.realpath(cwd)})
+        self.exact = {f"{PREFIX}{sel}/{tail}": target
+                      for sel in {wid, *self.paths} for tail, target in self.targets.items()}
+
+    def of_stray(self, path: str) -> str | None:
+        if not path.startswith(PREFIX):
+            return None
+        rest = path[len(PREFIX):]
+        if rest.endswith("/"):
+            rest = rest[:-1]
+        selector, slash, tail = rest.rpartition("/")
+        target = self.targets.get(tail)
+        if target is None or not slash or not selector:
+            return None
+        if selector.startswith("/"):
+            normal = posixpath.normpath(selector)
+            if normal.startswith("//"):   # POSIX keeps two leading slashes; the peer does not
+                normal = "/" + normal.lstrip("/")
+            if normal in self.paths:
+                return target
+        encoded = quote(selector, safe="")
+        if encoded in (".", ".."):   # no dot segment in a path that reaches a route
+            encoded = encoded.replace(".", "%2E")
+        return f"{PREFIX}{encoded}/{tail}"
+
+
+__all__ = ["PREFIX", "WorkspaceMounts"]
