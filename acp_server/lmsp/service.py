@@ -50,6 +50,7 @@ import msgspec
 from acp_server.store import store_for
 from acp_server.store.errors import Backoff, StoreUnavailableError
 from acp_server.store.hub import Hub
+from acp_server.lmsp.conversation import MAX_HISTORY_CHARS
 from acp_server.lmsp.problems import LmspError, shown
 from acp_server.lmsp.requests import ResponseRequest, decode_stored
 from acp_server.lmsp.responses import (
@@ -109,6 +110,7 @@ class LmspConfig:
     idempotency_wait_s: float = 10
     max_queued_tasks: int | None = 10_000
     live_sessions: int = 8          # ACP sessions kept for previous_response_id (LRU)
+    history_chars: int = MAX_HISTORY_CHARS   # a fresh session's history: the newest, at most
     cancel_wait_s: float = 10       # POST /responses/{id}/cancel waits this for the stop
     permission_policy: str = "reject"   # --lmsp-permissions (acp_server/lmsp/permissions.py)
     # Wall-clock seconds for created/finished times, retention and the purge (tests
@@ -126,7 +128,8 @@ class LmspService:
         self.runner = Runner(store, models, max_running=max_running_tasks,
                              max_attempts=config.max_attempts,
                              live_sessions=config.live_sessions,
-                             permission_policy=config.permission_policy, clock=config.clock)
+                             permission_policy=config.permission_policy,
+                             history_chars=config.history_chars, clock=config.clock)
         self.recovery = RecoveryReport()
         self.closed = anyio.Event()
         self._background = anyio.CancelScope()

@@ -3,12 +3,16 @@ object on every route and store, never a 500 (real HTTP on loopback)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.lmsp.server import LmspServer
+from acp_server.lmsp import LmspConfig
+from acp_server.lmsp.conversation import CUT_NOTE
+from acp_server.lmsp.responses import count_tokens
+from tests.lmsp.server import LmspServer, running_lmsp
 
 pytestmark = pytest.mark.anyio
 PROBLEM = "application/problem+json"
@@ -66,3 +70,46 @@ async def test_a_previous_response_id_with_a_nul_is_not_found(server: LmspServer
             assert assert_problem(response, 404, "response_not_found")["param"] == \
                 "previous_response_id"
     assert (await server.client.get("/health")).json()["status"] == "ok"
+
+
+async def _respond(srv: LmspServer, text: str, previous: str | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": "reference", "input": text}
+    if previous is not None:
+        body["previous_response_id"] = previous
+    response = await srv.client.post("/lmsp/v1/responses", json=body)
+    assert response.status_code == 200, response.text
+    return response.json()  # type: ignore[no-any-return]
+
+
+def _text(response: dict[str, Any]) -> str:
+    return "".join(part["text"] for item in response["output"] for part in item["content"])
+
+
+async def test_a_fresh_sessions_history_is_bounded_newest_kept(tmp_path: Path,
+                                                               store_name: str) -> None:
+    # A chain of 1 MiB turns was one prompt of the whole chain (up to MAX_DEPTH turns: GBs,
+    # built in memory for every continuation that does not get the live session).
+    budget = 200
+    config = LmspConfig(live_sessions=0, history_chars=budget)   # every turn: the history
+    async with running_lmsp(tmp_path, config=config) as srv:
+        short = await _respond(srv, "hi")
+        whole = _text(await _respond(srv, "/history ?", short["id"]))
+        assert whole.splitlines() == ["History:", "user: hi", "assistant: Echo: hi", "Echo: ?"]
+        previous = short["id"]
+        for turn in range(4):
+            previous = (await _respond(srv, f"turn {turn} " + "x" * 30, previous))["id"]
+        answer = await _respond(srv, "/history ?", previous)
+    lines = _text(answer).splitlines()
+    assert lines[0] == "History:" and lines[-1] == "Echo: ?"
+    history = lines[1:-1]
+    assert history[0] == f"system: {CUT_NOTE}"
+    assert len("\n".join(history)) == budget   # the room left is filled by the tail
+    newest = ["user: turn 3 " + "x" * 30, "assistant: Echo: turn 3 " + "x" * 30]
+    assert history[-2:] == newest
+    cut = history[1]   # the end of the message before them
+    assert cut.startswith("assistant: ") and cut != "assistant: " and \
+        ("assistant: Echo: turn 2 " + "x" * 30).endswith(cut[len("assistant: "):])
+    assert len(history) == 4
+    # the input counted is what the agent got: the history as cut, and the new text
+    assert answer["usage"]["input_tokens"] == \
+        count_tokens("\n".join(history)) + count_tokens("/history ?")
