@@ -3,6 +3,7 @@ object on every route and store, never a 500 (real HTTP on loopback)."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 from acp_server.lmsp import LmspConfig
 from acp_server.lmsp.conversation import CUT_NOTE
 from acp_server.lmsp.responses import count_tokens
+from acp_server.store.sqlite import SqliteTaskStore
 from tests.lmsp.server import LmspServer, running_lmsp
 
 pytestmark = pytest.mark.anyio
@@ -113,3 +115,40 @@ async def test_a_fresh_sessions_history_is_bounded_newest_kept(tmp_path: Path,
     # the input counted is what the agent got: the history as cut, and the new text
     assert answer["usage"]["input_tokens"] == \
         count_tokens("\n".join(history)) + count_tokens("/history ?")
+
+
+class FaultyStore(SqliteTaskStore):
+    """``get_task`` of ``BOOM`` raises what no door expects (a bug's stand-in)."""
+
+    async def get_task(self, task_id: str) -> Any:
+        if task_id == BOOM:
+            raise RuntimeError("a bug in the store")
+        return await super().get_task(task_id)
+
+
+BOOM = "task_boom"
+
+
+async def test_an_unexpected_error_is_a_500_problem_with_its_traceback_logged(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # The daemon's HTTP servers log nothing of an exception the app re-raises (granian
+    # runs with its log off): the door's own handler logs it, or it leaves no trace.
+    store = FaultyStore(str(tmp_path / "lmsp.sqlite3"))
+    with caplog.at_level(logging.ERROR, logger="acp_server.lmsp"):
+        async with running_lmsp(tmp_path, store=store) as srv:
+            response = await srv.client.get(f"/lmsp/v1/tasks/{BOOM}")
+            body = assert_problem_500(response)
+            assert body["detail"] == "Internal error." and "bug" not in response.text
+            assert (await srv.client.get("/health")).json()["status"] == "ok"
+    logged = [r for r in caplog.records if r.name == "acp_server.lmsp" and r.exc_info]
+    assert len(logged) == 1
+    assert "GET /lmsp/v1/tasks/task_boom" in logged[0].getMessage()
+    assert isinstance(logged[0].exc_info[1], RuntimeError)   # type: ignore[index]
+
+
+def assert_problem_500(response: httpx.Response) -> dict[str, Any]:
+    assert response.status_code == 500, response.text
+    assert response.headers["content-type"] == PROBLEM
+    body: dict[str, Any] = response.json()
+    assert body["code"] == "server_error" and body["type"].endswith("/server_error"), body
+    return body
