@@ -373,20 +373,27 @@ class LmspService:
                               ) -> TaskRecord:
         """A queued response is cancelled at once; a running one once its agent has
         stopped (waited for up to ``cancel_wait_s``); a cancelled one answers as is.
-        A completed, incomplete or failed one: 400 ``response_not_cancelable``."""
+        A completed, incomplete or failed one: 400 ``response_not_cancelable``; one
+        deleted meanwhile (a race with a DELETE): 404 ``response_not_found``."""
         record = await self.get_response(response_id, caller=caller)
         try:
             record = await self.cancel(record.id, caller)
+            if record.status not in TERMINAL:
+                with anyio.move_on_after(self.config.cancel_wait_s):
+                    record = await self.wait_terminal(record.id)
         except LmspError as exc:
-            if exc.code != "task_not_cancelable":
+            if exc.code == "task_not_cancelable":
+                finished = await self.store.get_task(record.id)
+                if finished is not None:
+                    status = _response_status(finished)
+                    raise LmspError("response_not_cancelable", f"Cannot cancel a {status} "
+                                    "response.", response_id=response_id,
+                                    response_status=status) from None
+            elif exc.code != "task_not_found":
                 raise
-            record = await self.get_task(record.id)
-            raise LmspError("response_not_cancelable", f"Cannot cancel a "
-                            f"{_response_status(record)} response.", response_id=response_id,
-                            response_status=_response_status(record)) from None
-        if record.status not in TERMINAL:
-            with anyio.move_on_after(self.config.cancel_wait_s):
-                record = await self.wait_terminal(record.id)
+            # a DELETE of the response came first
+            raise LmspError("response_not_found", f"No response {shown(response_id)!r}.",
+                            response_id=shown(response_id)) from None
         return record
 
     async def delete_response(self, response_id: str, caller: Caller | None = None) -> None:

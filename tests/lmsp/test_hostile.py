@@ -152,3 +152,21 @@ def assert_problem_500(response: httpx.Response) -> dict[str, Any]:
     body: dict[str, Any] = response.json()
     assert body["code"] == "server_error" and body["type"].endswith("/server_error"), body
     return body
+
+
+class DeletedFirst(SqliteTaskStore):
+    """A DELETE of the response lands between a cancel's read and its update."""
+
+    async def request_cancel(self, task_id: str, finish: Any, *, now: float) -> Any:
+        await self.delete_task(task_id)
+        return await super().request_cancel(task_id, finish, now=now)
+
+
+async def test_a_cancel_that_loses_to_a_delete_is_response_not_found(tmp_path: Path) -> None:
+    # It was 404 task_not_found (with a task_id) on the /responses route.
+    store = DeletedFirst(str(tmp_path / "lmsp.sqlite3"))
+    async with running_lmsp(tmp_path, store=store) as srv:
+        done = await _respond(srv, "finished")
+        response = await srv.client.post(f"/lmsp/v1/responses/{done['id']}/cancel")
+        body = assert_problem(response, 404, "response_not_found")
+        assert body["response_id"] == done["id"] and "task_id" not in body
