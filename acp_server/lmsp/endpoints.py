@@ -30,7 +30,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import Send
 
 from acp_server.lmsp.listing import list_tasks
-from acp_server.lmsp.problems import LmspError, problem_response, store_unavailable
+from acp_server.lmsp.problems import LmspError, problem_response, shown, store_unavailable
 from acp_server.lmsp.requests import (
     decode_json,
     parse_cursor,
@@ -153,8 +153,15 @@ async def get_response(request: Request, service: LmspService) -> Response:
     if stream in ("false", "0"):
         return _json(200, service.response_object(record))
     cursor = parse_cursor(request)
-    events = await service.open_events(record.id, None if cursor is None else cursor[0],
-                                       param=None if cursor is None else cursor[1])
+    try:
+        events = await service.open_events(record.id, None if cursor is None else cursor[0],
+                                           param=None if cursor is None else cursor[1])
+    except LmspError as exc:
+        if exc.code != "task_not_found":
+            raise
+        # deleted since it was read (a DELETE won the race): this route's 404
+        raise LmspError("response_not_found", f"No response {shown(response_id)!r}.",
+                        response_id=shown(response_id)) from None
     if events is None:
         return Response(status_code=204)
     return EventStream(events)

@@ -170,3 +170,26 @@ async def test_a_cancel_that_loses_to_a_delete_is_response_not_found(tmp_path: P
         response = await srv.client.post(f"/lmsp/v1/responses/{done['id']}/cancel")
         body = assert_problem(response, 404, "response_not_found")
         assert body["response_id"] == done["id"] and "task_id" not in body
+
+
+class DeletedAfterLookup(SqliteTaskStore):
+    """A DELETE lands right after a response's lookup (``gone`` names the response)."""
+
+    gone = ""
+
+    async def get_by_response(self, response_id: str) -> Any:
+        record = await super().get_by_response(response_id)
+        if record is not None and response_id == self.gone:
+            await self.delete_task(record.id)
+        return record
+
+
+async def test_a_stream_of_a_response_deleted_meanwhile_is_response_not_found(
+        tmp_path: Path) -> None:
+    store = DeletedAfterLookup(str(tmp_path / "lmsp.sqlite3"))
+    async with running_lmsp(tmp_path, store=store) as srv:
+        done = await _respond(srv, "finished")
+        store.gone = done["id"]
+        response = await srv.client.get(f"/lmsp/v1/responses/{done['id']}?stream=true")
+        body = assert_problem(response, 404, "response_not_found")
+        assert body["response_id"] == done["id"] and "task_id" not in body
