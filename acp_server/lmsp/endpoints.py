@@ -133,7 +133,14 @@ async def create_response(request: Request, service: LmspService) -> Response:
                            headers=[(b"idempotent-replayed", b"true")] if replayed else None)
     if parsed.background:   # durable already: answer at once
         return _json(200, service.response_object(record), headers)
-    record = await _wait_unless_gone(request, service, record.id, cancel=cancel_on_drop)
+    try:
+        record = await _wait_unless_gone(request, service, record.id, cancel=cancel_on_drop)
+    except LmspError as exc:
+        if exc.code != "task_not_found":
+            raise
+        # deleted as soon as it ended (another client's DELETE came first)
+        raise LmspError("response_not_found", f"No response {record.response_id!r}: "
+                        "deleted as it ended.", response_id=record.response_id) from None
     if record is None:   # the client went away (the response cancelled without a key)
         return Response(status_code=499)
     if record.response is None:   # the server is stopping: the response as it stands
@@ -182,17 +189,24 @@ async def delete_response(request: Request, service: LmspService) -> Response:
 async def _wait_unless_gone(request: Request, service: LmspService, task_id: str, *,
                             cancel: bool) -> Any:
     """The terminal task, or ``None`` once the client disconnected (the task is then
-    cancelled when ``cancel``, as a closed ``stream: true`` response is)."""
+    cancelled when ``cancel``, as a closed ``stream: true`` response is). What the wait
+    raises (``task_not_found``: deleted as it ended) is raised as itself."""
     result: list[Any] = []
+    failed: list[Exception] = []
     async with anyio.create_task_group() as tg:
         async def wait() -> None:
-            result.append(await service.wait_terminal(task_id))
+            try:
+                result.append(await service.wait_terminal(task_id))
+            except Exception as exc:   # raised below, unwrapped (not an exception group)
+                failed.append(exc)
             tg.cancel_scope.cancel()
 
         tg.start_soon(wait)
         while (await request.receive())["type"] != "http.disconnect":
             pass   # the body was read: the next message is the disconnect
         tg.cancel_scope.cancel()
+    if failed:
+        raise failed[0]
     if result:
         return result[0]
     if not cancel:

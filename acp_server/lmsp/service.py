@@ -479,7 +479,9 @@ class LmspService:
         return record is None or (record.status in TERMINAL and last < record.next_seq - 1)
 
     async def wait_terminal(self, task_id: str) -> TaskRecord:
-        """The task once finished (or as it stands when the service closes). Every
+        """The task once finished (or as it stands when the service closes), even past
+        its retention then (its waiter gets what it waited for); 404 ``task_not_found``
+        when it is gone (a DELETE of its response came first). Every
         terminal transition writes its terminal event, so the hub wakes the watch: on
         this instance at its commit, from another one through its notice (``e``) or,
         when a notice is lost, the shared store's polling (``_poll_loop``)."""
@@ -487,10 +489,13 @@ class LmspService:
         with self.hub.watch(task_id) as watch:   # registered before the read
             while True:
                 try:
-                    record = await self.get_task(task_id)
+                    record = await self.store.get_task(task_id)
                 except StoreUnavailableError:   # wait for the store, then read again
                     await watch.wait(backoff.next())
                     continue
+                if record is None:
+                    raise LmspError("task_not_found", f"No task {shown(task_id)!r}.",
+                                    task_id=shown(task_id))
                 backoff.reset()
                 if record.status in TERMINAL or self.closed.is_set():
                     return record

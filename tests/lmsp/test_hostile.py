@@ -193,3 +193,33 @@ async def test_a_stream_of_a_response_deleted_meanwhile_is_response_not_found(
         response = await srv.client.get(f"/lmsp/v1/responses/{done['id']}?stream=true")
         body = assert_problem(response, 404, "response_not_found")
         assert body["response_id"] == done["id"] and "task_id" not in body
+
+
+async def test_a_foreground_response_past_retention_when_it_ends_is_answered(
+        tmp_path: Path) -> None:
+    # Its waiter re-read the finished task through the retention check: 404 inside a
+    # task group, so an exception group, a 500.
+    async with running_lmsp(tmp_path, config=LmspConfig(task_retention_s=0)) as srv:
+        for text in ("hi", "/chunks 3 a b c"):
+            answer = await _respond(srv, text)
+            assert answer["status"] == "completed" and _text(answer).startswith("Echo")
+            gone = await srv.client.get(f"/lmsp/v1/responses/{answer['id']}")
+            assert_problem(gone, 404, "response_not_found")   # retention applies after
+
+
+class DeletedWhenDone(SqliteTaskStore):
+    """Another client's DELETE lands as soon as a task has ended, before anyone reads it:
+    a finished task reads as gone."""
+
+    async def get_task(self, task_id: str) -> Any:
+        record = await super().get_task(task_id)
+        return None if record is not None and record.finished_at is not None else record
+
+
+async def test_a_foreground_response_deleted_as_it_ends_is_404(tmp_path: Path) -> None:
+    store = DeletedWhenDone(str(tmp_path / "lmsp.sqlite3"))
+    async with running_lmsp(tmp_path, store=store) as srv:
+        response = await srv.client.post("/lmsp/v1/responses", json={
+            "model": "reference", "input": "hi"})
+        assert_problem(response, 404, "response_not_found")
+        assert (await srv.client.get("/health")).json()["status"] == "ok"
