@@ -223,3 +223,23 @@ async def test_a_foreground_response_deleted_as_it_ends_is_404(tmp_path: Path) -
             "model": "reference", "input": "hi"})
         assert_problem(response, 404, "response_not_found")
         assert (await srv.client.get("/health")).json()["status"] == "ok"
+
+
+@pytest.mark.parametrize("number", ["1e999", "-1e999", "1" + "0" * 4400])
+async def test_a_number_out_of_range_is_refused_as_such(server: LmspServer, number: str
+                                                        ) -> None:
+    # valid JSON, so not "not valid JSON" (the /acp door's 1e999 was a 500)
+    for path, body in [
+            ("/lmsp/v1/responses", '{"model":"reference","input":"x","max_output_tokens":%s}'),
+            ("/lmsp/v1/tasks", '{"type":"response","input":{"model":"reference",'
+                               '"input":"x","metadata":{"k":%s}}}')]:
+        response = await server.client.post(path, content=(body % number).encode(),
+                                             headers={"Content-Type": "application/json"})
+        problem = assert_problem(response, 400, "invalid_request")
+        assert problem["param"] == "body" and "out of range" in problem["detail"]
+        assert "not valid JSON" not in problem["detail"]
+    big = "1" + "0" * 400   # an int Python holds: read, then refused or taken by its field
+    response = await server.client.post("/lmsp/v1/responses", content=(
+        '{"model":"reference","input":"x","max_output_tokens":%s}' % big).encode(),
+        headers={"Content-Type": "application/json"})
+    assert response.status_code == 200 and response.json()["status"] == "completed"
