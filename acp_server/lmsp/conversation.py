@@ -20,7 +20,12 @@ Contracts:
 * ``history`` walks ``previous_response_id`` links through the store, oldest turn
   first: each response's input messages (their roles) and its output text
   (``assistant``). A link to a deleted or purged response ends the walk; at most
-  ``MAX_DEPTH`` responses are read.
+  ``MAX_DEPTH`` responses are read. The history is bounded: its transcript holds at
+  most ``max_chars`` characters (``MAX_HISTORY_CHARS`` by default), the most recent
+  messages; the walk stops at the first message that does not fit whole, whose end
+  is kept in what room is left, and a first ``system`` message (``CUT_NOTE``) says
+  that earlier ones were left out. (A chain of a thousand 1 MiB responses would
+  otherwise be one prompt of gigabytes, built in memory for every continuation.)
 * ``history_prompt`` gives a fresh session the history as one ACP embedded resource
   (``text/plain``, one ``role: text`` line per message, URI
   ``lmsp://responses/<previous id>/history``) before the new text; to an agent
@@ -39,6 +44,8 @@ from bridge import Bridge
 from bridge.errors import SessionNotFoundError
 
 MAX_DEPTH = 1000
+MAX_HISTORY_CHARS = 4 << 20   # of the transcript (``LmspConfig.history_chars``)
+CUT_NOTE = "[earlier messages of this conversation are left out]"
 Message = tuple[str, str]   # (role, text)
 
 
@@ -133,9 +140,13 @@ def output_messages(response: bytes | None) -> list[Message]:
     return out
 
 
-async def history(store: TaskStore, previous_id: str) -> list[Message]:
-    """The conversation up to and including ``previous_id``, oldest first."""
-    turns: list[list[Message]] = []
+async def history(store: TaskStore, previous_id: str, *,
+                  max_chars: int = MAX_HISTORY_CHARS) -> list[Message]:
+    """The conversation up to and including ``previous_id``, oldest first, its
+    ``transcript`` at most ``max_chars`` long (the most recent messages; see the
+    module docstring)."""
+    kept: list[Message] = []   # newest first
+    room = max_chars + 1   # each message counts its line break; the last has none
     seen: set[str] = set()
     response_id: Any = previous_id
     while isinstance(response_id, str) and response_id not in seen and len(seen) < MAX_DEPTH:
@@ -144,9 +155,39 @@ async def history(store: TaskStore, previous_id: str) -> list[Message]:
         if record is None:
             break
         request = decode_any(record.request)
-        turns.append(input_messages(request) + output_messages(record.response))
+        turn = input_messages(request) + output_messages(record.response)
+        for role, text in reversed(turn):
+            size = _line_chars(role, text)
+            if size > room:
+                return _cut([*kept, (role, text)], max_chars)
+            kept.append((role, text))
+            room -= size
         response_id = request.get("previous_response_id") if isinstance(request, dict) else None
-    return [message for turn in reversed(turns) for message in turn]
+    return kept[::-1]
+
+
+def _line_chars(role: str, text: str) -> int:
+    """What a message adds to the transcript: ``role: text`` and its line break."""
+    return len(role) + 2 + len(text) + 1
+
+
+def _cut(newest_first: list[Message], max_chars: int) -> list[Message]:
+    """The note, then the most recent messages that fit in what room it leaves, the
+    oldest of them cut to its end when it does not fit whole."""
+    room = max_chars + 1 - _line_chars("system", CUT_NOTE)
+    if room < 0:   # not even the note fits
+        return []
+    kept: list[Message] = []
+    for role, text in newest_first:
+        size = _line_chars(role, text)
+        if size > room:
+            tail = room - _line_chars(role, "")
+            if tail > 0:
+                kept.append((role, text[-tail:]))
+            break
+        kept.append((role, text))
+        room -= size
+    return [("system", CUT_NOTE), *kept[::-1]]
 
 
 def transcript(messages: list[Message]) -> str:

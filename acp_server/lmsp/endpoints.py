@@ -13,7 +13,9 @@ once (a field of the first frame), ``id``/``event``/``data`` per event, a
 ``: keep-alive`` comment line after ``LmspConfig.keepalive_s`` of silence, closed right
 after the terminal event. A ``background`` response is answered as soon as it is
 committed, and its stream outlives its client (resumed with ``GET /responses/{id}
-?stream=true``); the client of a foreground stream that drops cancels it.
+?stream=true``); the client of a foreground response (streamed or not) that drops
+cancels it, unless the request had an ``Idempotency-Key``: then the work goes on and
+the retry with the key gets it (its stream from event 0, or the final object).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import Send
 
 from acp_server.lmsp.listing import list_tasks
-from acp_server.lmsp.problems import LmspError, problem_response, store_unavailable
+from acp_server.lmsp.problems import LmspError, problem_response, shown, store_unavailable
 from acp_server.lmsp.requests import (
     decode_json,
     parse_cursor,
@@ -120,17 +122,26 @@ async def create_response(request: Request, service: LmspService) -> Response:
                                                  route="POST /lmsp/v1/responses",
                                                  caller=caller_of(request.scope))
     headers = {"Idempotent-Replayed": "true"} if replayed else {}
+    # A foreground response is cancelled when its client drops, unless it came with an
+    # Idempotency-Key: its client means to retry, and the retry gets the outcome.
+    cancel_on_drop = not parsed.background and key is None
     if parsed.stream:
         stream = await service.open_events(record.id, None)
         assert stream is not None
-        # A background stream's client may drop and resume; a foreground one cancels.
-        cancel = None if parsed.background else (service, record.id)
-        return EventStream(stream, cancel_on_close=cancel,
+        return EventStream(stream, cancel_on_close=(service, record.id) if cancel_on_drop
+                           else None,
                            headers=[(b"idempotent-replayed", b"true")] if replayed else None)
     if parsed.background:   # durable already: answer at once
         return _json(200, service.response_object(record), headers)
-    record = await _wait_unless_gone(request, service, record.id)
-    if record is None:   # the client went away: the response was cancelled, nobody reads
+    try:
+        record = await _wait_unless_gone(request, service, record.id, cancel=cancel_on_drop)
+    except LmspError as exc:
+        if exc.code != "task_not_found":
+            raise
+        # deleted as soon as it ended (another client's DELETE came first)
+        raise LmspError("response_not_found", f"No response {record.response_id!r}: "
+                        "deleted as it ended.", response_id=record.response_id) from None
+    if record is None:   # the client went away (the response cancelled without a key)
         return Response(status_code=499)
     if record.response is None:   # the server is stopping: the response as it stands
         status = "queued" if record.status == "queued" else "in_progress"
@@ -149,8 +160,15 @@ async def get_response(request: Request, service: LmspService) -> Response:
     if stream in ("false", "0"):
         return _json(200, service.response_object(record))
     cursor = parse_cursor(request)
-    events = await service.open_events(record.id, None if cursor is None else cursor[0],
-                                       param=None if cursor is None else cursor[1])
+    try:
+        events = await service.open_events(record.id, None if cursor is None else cursor[0],
+                                           param=None if cursor is None else cursor[1])
+    except LmspError as exc:
+        if exc.code != "task_not_found":
+            raise
+        # deleted since it was read (a DELETE won the race): this route's 404
+        raise LmspError("response_not_found", f"No response {shown(response_id)!r}.",
+                        response_id=shown(response_id)) from None
     if events is None:
         return Response(status_code=204)
     return EventStream(events)
@@ -168,21 +186,31 @@ async def delete_response(request: Request, service: LmspService) -> Response:
     return _json(200, encode(DeletedResponse(id=response_id)))
 
 
-async def _wait_unless_gone(request: Request, service: LmspService, task_id: str) -> Any:
+async def _wait_unless_gone(request: Request, service: LmspService, task_id: str, *,
+                            cancel: bool) -> Any:
     """The terminal task, or ``None`` once the client disconnected (the task is then
-    cancelled, as a closed ``stream: true`` response is)."""
+    cancelled when ``cancel``, as a closed ``stream: true`` response is). What the wait
+    raises (``task_not_found``: deleted as it ended) is raised as itself."""
     result: list[Any] = []
+    failed: list[Exception] = []
     async with anyio.create_task_group() as tg:
         async def wait() -> None:
-            result.append(await service.wait_terminal(task_id))
+            try:
+                result.append(await service.wait_terminal(task_id))
+            except Exception as exc:   # raised below, unwrapped (not an exception group)
+                failed.append(exc)
             tg.cancel_scope.cancel()
 
         tg.start_soon(wait)
         while (await request.receive())["type"] != "http.disconnect":
             pass   # the body was read: the next message is the disconnect
         tg.cancel_scope.cancel()
+    if failed:
+        raise failed[0]
     if result:
         return result[0]
+    if not cancel:
+        return None
     with anyio.CancelScope(shield=True):
         try:
             if (await service.get_task(task_id)).status not in TERMINAL:

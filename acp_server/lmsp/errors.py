@@ -7,11 +7,13 @@ left here, under ``/lmsp``, is answered as a §9.3 problem (``application/proble
 no route at the path → 404 ``not_found``; a router 405 → ``method_not_allowed``; any
 other router ``HTTPException`` → 400 ``invalid_request``; a client gone during its body
 → the quiet 400; ``StoreUnavailableError`` → 503 ``store_unavailable`` with
-``Retry-After``; anything unexpected → 500 ``server_error``, no message of the exception.
+``Retry-After``; anything unexpected → 500 ``server_error``, no message of the exception
+in the answer, its traceback in the log (``acp_server.lmsp``, ERROR).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from starlette.exceptions import HTTPException
@@ -29,6 +31,7 @@ from acp_server.lmsp.problems import (
 from acp_server.lmsp.wire import encode
 from acp_server.store.errors import StoreUnavailableError
 
+log = logging.getLogger("acp_server.lmsp")
 _CODES = {404: "not_found", 405: "method_not_allowed"}
 
 
@@ -49,7 +52,9 @@ async def handle_store(request: Request, exc: Exception) -> Response:
 
 
 async def handle_unexpected(request: Request, exc: Exception) -> Response:
-    # Starlette's ServerErrorMiddleware calls this, then re-raises so the server logs it.
+    # Starlette's ServerErrorMiddleware calls this, then re-raises it to the HTTP server,
+    # which logs nothing of it in the daemon (granian runs with its log off): logged here
+    log.error("lmsp: %s %s failed", request.method, request.url.path, exc_info=exc)
     body = encode(problem("server_error", "Internal error.", instance=request.url.path))
     return Response(body, 500, media_type=PROBLEM_JSON)
 

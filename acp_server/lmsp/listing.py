@@ -9,14 +9,15 @@
 Contracts:
 
 * Only the caller's tasks (its principal's; every principal's for an admin or with
-  ``--share-sessions``), in creation order reversed; tasks past the task retention window are left out, as ``GET
-  /tasks/{id}`` answers 404 for them.
-* ``limit`` 1..100 (default 20); ``after`` is the ``last_id`` of the previous page: the
-  page holds the tasks created before it. An ``after`` that names no task of the
-  caller (deleted or purged since, or never the caller's) still pages: its id is a
-  ULID, so the page holds the tasks whose ids sort before it (a task created within
-  the same few milliseconds may be shown twice or not at all). ``status`` is one task status.
-  A malformed parameter is a 400 ``invalid_request`` problem naming it.
+  ``--share-sessions``), in creation order reversed; tasks past the task retention
+  window are left out, as ``GET /tasks/{id}`` answers 404 for them.
+* ``limit`` 1..100 (default 20; ASCII digits, leading zeros or not, of any length);
+  ``after`` is the ``last_id`` of the previous page: the page holds the tasks created
+  before it. An ``after`` that names no task of the caller (deleted or purged since,
+  or never the caller's) still pages: its id is a ULID, so the page holds the tasks
+  whose ids sort before it (a task created within the same few milliseconds may be
+  shown twice or not at all). ``status`` is one task status. A malformed parameter
+  is a 400 ``invalid_request`` problem naming it.
 * Each item is the task object (§7.1) plus ``model``, ``input_text`` (the text the
   agent is sent, cut to ``INPUT_PREVIEW_CHARS``) and ``usage`` (the final response's
   usage, ``null`` until the task has ended).
@@ -53,10 +54,12 @@ def parse_query(request: Request) -> tuple[int, str | None, str | None]:
     raw_limit = query.get("limit")
     limit = DEFAULT_LIMIT
     if raw_limit is not None:
-        if not (raw_limit.isascii() and raw_limit.isdigit()) or \
-                not 1 <= int(raw_limit) <= MAX_LIMIT:
+        # digits only, and few of them: int() refuses more than 4300 digits (ValueError)
+        digits = raw_limit.lstrip("0")
+        if not (raw_limit.isascii() and raw_limit.isdigit()) or len(digits) > 3 or \
+                not 1 <= int(digits or "0") <= MAX_LIMIT:
             raise _invalid("limit", f"limit must be an integer from 1 to {MAX_LIMIT}.")
-        limit = int(raw_limit)
+        limit = int(digits)
     status = query.get("status")
     if status is not None and status not in STATUSES:
         raise _invalid("status", f"status must be one of {', '.join(STATUSES)}.")

@@ -72,6 +72,8 @@ def decode_json(raw: bytes) -> Any:
         return body.decode_json(raw, _any_decoder)
     except body.BodyError as exc:
         raise invalid("", f"The request body is refused: {exc.message}.", param="body") from None
+    except msgspec.ValidationError as exc:   # valid JSON: a number no float or int holds
+        raise invalid("", f"The request body is refused: {exc}.", param="body") from None
     except msgspec.DecodeError as exc:
         raise invalid("", f"The request body is not valid JSON: {exc}.", param="body") from None
 

@@ -29,7 +29,8 @@ Contracts:
   ``loading``/``running`` in the store and restart recovery applies its policy.
 * ``previous_response_id`` (``acp_server.lmsp.conversation``): the prompt goes to the
   previous response's live session when this process kept it, else to a fresh
-  session with the history before the new text. A stored response that completed
+  session with the history before the new text (at most ``history_chars`` of it, the
+  most recent). A stored response that completed
   (not cut at ``max_output_tokens``) keeps its session; any other is closed.
 """
 
@@ -45,6 +46,7 @@ import anyio
 import msgspec
 
 from acp_server.lmsp.conversation import (
+    MAX_HISTORY_CHARS,
     LiveSessions,
     history,
     history_prompt,
@@ -172,9 +174,10 @@ class DeltaWriter:
 class Runner:
     def __init__(self, store: TaskStore, models: Mapping[str, tuple[Bridge, str | None]], *,
                  max_running: int = 4, max_attempts: int = 3, live_sessions: int = 8,
-                 permission_policy: str = "reject",
+                 permission_policy: str = "reject", history_chars: int = MAX_HISTORY_CHARS,
                  clock: Callable[[], float] = time.time) -> None:
         self.store = store
+        self.history_chars = history_chars   # a continuation's history, at most
         self.clock = clock   # wall-clock seconds for the store's updated/finished times
         self.models = models
         self.max_running = max_running
@@ -316,7 +319,8 @@ class Runner:
         keep = False
         try:
             if isinstance(previous, str) and not continued:
-                messages = await persist(lambda: history(self.store, previous),
+                messages = await persist(lambda: history(self.store, previous,
+                                                         max_chars=self.history_chars),
                                          what=f"lmsp task {record.id}: its history")
                 embedded = bridge.agents.capability(bridge.agents.resolve(agent),
                                                     "promptCapabilities", "embeddedContext")

@@ -50,6 +50,7 @@ import msgspec
 from acp_server.store import store_for
 from acp_server.store.errors import Backoff, StoreUnavailableError
 from acp_server.store.hub import Hub
+from acp_server.lmsp.conversation import MAX_HISTORY_CHARS
 from acp_server.lmsp.problems import LmspError, shown
 from acp_server.lmsp.requests import ResponseRequest, decode_stored
 from acp_server.lmsp.responses import (
@@ -109,6 +110,7 @@ class LmspConfig:
     idempotency_wait_s: float = 10
     max_queued_tasks: int | None = 10_000
     live_sessions: int = 8          # ACP sessions kept for previous_response_id (LRU)
+    history_chars: int = MAX_HISTORY_CHARS   # a fresh session's history: the newest, at most
     cancel_wait_s: float = 10       # POST /responses/{id}/cancel waits this for the stop
     permission_policy: str = "reject"   # --lmsp-permissions (acp_server/lmsp/permissions.py)
     # Wall-clock seconds for created/finished times, retention and the purge (tests
@@ -126,7 +128,8 @@ class LmspService:
         self.runner = Runner(store, models, max_running=max_running_tasks,
                              max_attempts=config.max_attempts,
                              live_sessions=config.live_sessions,
-                             permission_policy=config.permission_policy, clock=config.clock)
+                             permission_policy=config.permission_policy,
+                             history_chars=config.history_chars, clock=config.clock)
         self.recovery = RecoveryReport()
         self.closed = anyio.Event()
         self._background = anyio.CancelScope()
@@ -370,20 +373,27 @@ class LmspService:
                               ) -> TaskRecord:
         """A queued response is cancelled at once; a running one once its agent has
         stopped (waited for up to ``cancel_wait_s``); a cancelled one answers as is.
-        A completed, incomplete or failed one: 400 ``response_not_cancelable``."""
+        A completed, incomplete or failed one: 400 ``response_not_cancelable``; one
+        deleted meanwhile (a race with a DELETE): 404 ``response_not_found``."""
         record = await self.get_response(response_id, caller=caller)
         try:
             record = await self.cancel(record.id, caller)
+            if record.status not in TERMINAL:
+                with anyio.move_on_after(self.config.cancel_wait_s):
+                    record = await self.wait_terminal(record.id)
         except LmspError as exc:
-            if exc.code != "task_not_cancelable":
+            if exc.code == "task_not_cancelable":
+                finished = await self.store.get_task(record.id)
+                if finished is not None:
+                    status = _response_status(finished)
+                    raise LmspError("response_not_cancelable", f"Cannot cancel a {status} "
+                                    "response.", response_id=response_id,
+                                    response_status=status) from None
+            elif exc.code != "task_not_found":
                 raise
-            record = await self.get_task(record.id)
-            raise LmspError("response_not_cancelable", f"Cannot cancel a "
-                            f"{_response_status(record)} response.", response_id=response_id,
-                            response_status=_response_status(record)) from None
-        if record.status not in TERMINAL:
-            with anyio.move_on_after(self.config.cancel_wait_s):
-                record = await self.wait_terminal(record.id)
+            # a DELETE of the response came first
+            raise LmspError("response_not_found", f"No response {shown(response_id)!r}.",
+                            response_id=shown(response_id)) from None
         return record
 
     async def delete_response(self, response_id: str, caller: Caller | None = None) -> None:
@@ -469,7 +479,9 @@ class LmspService:
         return record is None or (record.status in TERMINAL and last < record.next_seq - 1)
 
     async def wait_terminal(self, task_id: str) -> TaskRecord:
-        """The task once finished (or as it stands when the service closes). Every
+        """The task once finished (or as it stands when the service closes), even past
+        its retention then (its waiter gets what it waited for); 404 ``task_not_found``
+        when it is gone (a DELETE of its response came first). Every
         terminal transition writes its terminal event, so the hub wakes the watch: on
         this instance at its commit, from another one through its notice (``e``) or,
         when a notice is lost, the shared store's polling (``_poll_loop``)."""
@@ -477,10 +489,13 @@ class LmspService:
         with self.hub.watch(task_id) as watch:   # registered before the read
             while True:
                 try:
-                    record = await self.get_task(task_id)
+                    record = await self.store.get_task(task_id)
                 except StoreUnavailableError:   # wait for the store, then read again
                     await watch.wait(backoff.next())
                     continue
+                if record is None:
+                    raise LmspError("task_not_found", f"No task {shown(task_id)!r}.",
+                                    task_id=shown(task_id))
                 backoff.reset()
                 if record.status in TERMINAL or self.closed.is_set():
                     return record

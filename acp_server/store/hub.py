@@ -7,7 +7,8 @@
         await watch.wait(15)                # woken by the next publish
 
 Contracts: ``publish`` is called by the store after COMMIT only (so anything a
-subscriber sees can be replayed). A watch keeps at most ``WINDOW`` recent events;
+subscriber sees can be replayed), with a commit's events, of one task or of several
+(a recovery): each watch gets those of its task. A watch keeps at most ``WINDOW`` recent events;
 when they are not contiguous with what the subscriber has (a gap, or it fell behind),
 ``take`` answers ``None`` and the subscriber re-reads the store — notifications are
 hints, the store is the truth. Tasks without watchers cost nothing. ``poke`` (events
@@ -77,7 +78,18 @@ class Hub:
     def publish(self, events: list[CommittedEvent]) -> None:
         if not events:
             return
-        watches = self._watches.get(events[0].task_id)
+        task_id = events[0].task_id
+        if any(event.task_id != task_id for event in events):
+            by_task: dict[str, list[CommittedEvent]] = {}
+            for event in events:   # one commit of several tasks (a recovery)
+                by_task.setdefault(event.task_id, []).append(event)
+            for task_id, own in by_task.items():
+                self._push(task_id, own)
+            return
+        self._push(task_id, events)
+
+    def _push(self, task_id: str, events: list[CommittedEvent]) -> None:
+        watches = self._watches.get(task_id)
         if watches:
             for watch in watches:
                 watch.push(events)

@@ -29,6 +29,8 @@ session journal's group commit, ``acp_server.store.sessions``). Contracts:
 * ``fleet_secret`` (migration 6) holds one random secret every instance of the store
   reads at start (``load_secret``): a forwarded request's client address is proved
   with it (``acp_server.http.clients``).
+* ``owner`` of an id with a NUL (a client's, ``/session/%00``) is ``None`` without a
+  query: no TEXT holds one, and psycopg refuses to send it (the door's 503 before).
 * ``instances`` is the registry: each instance's advertised base URL and heartbeat,
   refreshed with the renewal. A lease names its instance; ``owner`` joins the two.
 * A hand-off (``hand_over``: an idle session asked for by another instance,
@@ -209,6 +211,8 @@ class SessionLeases:
             f"ORDER BY l.expires_at LIMIT %s", (self._now(), limit)).fetchall()]
 
     def owner(self, conn: Any, session_id: str) -> Owner | None:
+        if "\x00" in session_id:   # a client's id no TEXT holds (psycopg refuses to send it)
+            return None
         row = conn.execute(
             f"SELECT l.instance, l.token, l.expires_at, i.url, l.expires_at >= {NOW} "
             f"FROM session_leases l LEFT JOIN instances i ON i.id = l.instance "

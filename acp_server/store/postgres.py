@@ -38,6 +38,9 @@ Contracts (besides those of ``acp_server.store.tasks``):
   ``on_notify(kind, task_id)`` gets the other instances' notices in the event loop.
   They are hints only: readers always re-read by sequence number, and the service
   polls every ``poll_s`` as a fallback.
+* A task or response id with a NUL (a client's, from a URL's ``%00``) names no task:
+  ``get_task`` / ``get_by_response`` answer ``None`` without asking the database,
+  whose TEXT cannot hold one (psycopg raises ``DataError`` before sending it).
 """
 
 from __future__ import annotations
@@ -89,6 +92,7 @@ from acp_server.store.tokens import TokenOps
 from acp_server.store.writer import Op
 
 __all__ = ["PostgresTaskStore", "is_postgres_url"]
+NUL = "\x00"   # PostgreSQL TEXT cannot hold it: an id with one names nothing
 log = logging.getLogger("acp_server.store")
 
 NOW = "extract(epoch FROM clock_timestamp())"   # the database clock, seconds
@@ -369,9 +373,13 @@ class PostgresTaskStore(TokenOps, AuditOps, ClaimsOne, ObservedMoves, PostgresEn
         return await self._write(op, timeout, bulk)
 
     async def get_task(self, task_id: str) -> TaskRecord | None:
+        if NUL in task_id:   # no TEXT holds one (psycopg refuses to send it): no such task
+            return None
         return await self._read(lambda conn: PG.select_task(conn, task_id))
 
     async def get_by_response(self, response_id: str) -> TaskRecord | None:
+        if NUL in response_id:
+            return None
         return await self._read(lambda conn: PG.select_by_response(conn, response_id))
 
     async def get_keyed(self, idem: IdempotencyClaim, now: float) -> TaskRecord | None:

@@ -159,10 +159,12 @@ class TaskStore(Protocol):
         ``TimeoutError`` when the commit is not seen within ``timeout`` (the write
         may still land; an idempotent retry then replays it)."""
 
-    async def get_task(self, task_id: str) -> TaskRecord | None: ...
+    async def get_task(self, task_id: str) -> TaskRecord | None:
+        """The task, or ``None``: also for any string a client sends (a NUL in it, 10 000
+        characters), never an error of the engine's."""
 
     async def get_by_response(self, response_id: str) -> TaskRecord | None:
-        """The task that produces ``response_id`` (indexed)."""
+        """The task that produces ``response_id`` (indexed); ``None`` as ``get_task``."""
 
     async def get_keyed(self, idem: IdempotencyClaim, now: float) -> TaskRecord | None:
         """The task a live key names with the same fingerprint (a read: nothing is

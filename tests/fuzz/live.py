@@ -41,15 +41,18 @@ class Live:
 
 
 @contextlib.asynccontextmanager
-async def _serve(workspace: Path) -> Any:
-    async with local_server(workspace, options=OPTIONS, max_running_tasks=4) as srv:
+async def _serve(workspace: Path, store: Any) -> Any:
+    async with local_server(workspace, options=OPTIONS, max_running_tasks=4,
+                            lmsp_store=store) as srv:
         yield srv.base_url
 
 
 @contextlib.contextmanager
-def live_server(workspace: Path, backend: str) -> Iterator[Live]:
+def live_server(workspace: Path, backend: str, *, store: Any = None) -> Iterator[Live]:
+    """``store``: the LMSP task store (and session journal) to serve, an unopened
+    ``TaskStore`` (default: SQLite in the state folder)."""
     with anyio.from_thread.start_blocking_portal(backend) as portal, \
-            portal.wrap_async_context_manager(_serve(workspace)) as base_url, \
+            portal.wrap_async_context_manager(_serve(workspace, store)) as base_url, \
             httpx.Client(base_url=base_url, timeout=15) as http:
         yield _seeded(base_url, http, portal)
         assert_healthy(http)

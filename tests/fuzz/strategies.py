@@ -35,9 +35,28 @@ def objects(keys: dict[str, st.SearchStrategy[Any]]) -> st.SearchStrategy[dict[s
     return st.fixed_dictionaries({}, optional=optional)
 
 
+# Number tokens no float or machine integer holds (msgspec refuses some, accepts others
+# as Python ints of hundreds of digits), and the non-JSON ones some encoders write.
+HOSTILE_NUMBERS = ["1e999", "-1e999", "1" + "0" * 400, "-" + "9" * 4300, "1" + "0" * 4400,
+                   "-0", "4.9e-325", "1E+308", "0.1e-999999", "NaN", "Infinity", "-Infinity"]
+_HOLE = "\u0001number\u0001"
+
+
+def _numbered(keys: dict[str, st.SearchStrategy[Any]]) -> st.SearchStrategy[bytes]:
+    """A door-shaped body with one of its members (or a member's item) a hostile
+    number token: ``{"model": "reference", "max_output_tokens": 1e999}``."""
+    def place(body: dict[str, Any], key: str, nested: bool, token: str) -> bytes:
+        body = {**body, key: [_HOLE] if nested else _HOLE}
+        return _encoded(body).replace(json.dumps(_HOLE).encode(), token.encode())
+
+    return st.builds(place, objects(keys), st.sampled_from(sorted(keys) or ["x"]),
+                     st.booleans(), st.sampled_from(HOSTILE_NUMBERS))
+
+
 def bodies(keys: dict[str, st.SearchStrategy[Any]]) -> st.SearchStrategy[bytes]:
     return st.one_of(
         objects(keys).map(_encoded),
+        _numbered(keys),
         JSON.map(_encoded),
         st.binary(max_size=64),
         st.integers(min_value=100, max_value=4000).map(deep),

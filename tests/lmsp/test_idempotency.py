@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -110,3 +111,77 @@ async def test_store_wait_timeout_is_409_in_use(tmp_path: Path) -> None:
             "title": "Idempotency key in use", "status": 409,
             "detail": "A request with this Idempotency-Key is still being processed.",
             "instance": "/lmsp/v1/tasks", "code": "idempotency_key_in_use"}
+
+
+class Answered:
+    """An ASGI wrap: ``done`` is set once the app has returned from a ``POST`` to
+    ``path`` (its client gone, the handler finished what it does then)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.done = anyio.Event()
+
+    def wrap(self, app: Any) -> Any:
+        async def wrapped(scope: Any, receive: Any, send: Any) -> None:
+            try:
+                await app(scope, receive, send)
+            finally:
+                if scope["type"] == "http" and scope["method"] == "POST" and \
+                        scope["path"] == self.path:
+                    self.done.set()
+        return wrapped
+
+
+async def _running_task(srv: LmspServer) -> dict[str, Any]:
+    with anyio.fail_after(10):
+        while not (page := (await srv.client.get("/lmsp/v1/tasks?status=running")).json()
+                   )["data"]:
+            await anyio.sleep(0.01)
+    return page["data"][0]  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_dropped_foreground_response_with_a_key_runs_on_for_the_retry(
+        tmp_path: Path, stream: bool) -> None:
+    # It was cancelled when its client dropped (a client-side timeout, say), so the
+    # retry with the same key could only ever get the cancelled response.
+    answered = Answered("/lmsp/v1/responses")
+    body = {"model": "reference", "input": "/sleep 1s done", "stream": stream}
+    key = {"Idempotency-Key": f"drop-{stream}"}
+    async with running_lmsp(tmp_path, wrap=answered.wrap) as srv:
+        async with anyio.create_task_group() as tg:
+            async def first_try() -> None:
+                async with srv.client.stream("POST", "/lmsp/v1/responses", json=body,
+                                             headers=key) as response:
+                    async for _ in response.aiter_bytes():
+                        pass
+
+            tg.start_soon(first_try)
+            task = await _running_task(srv)
+            tg.cancel_scope.cancel()   # the client drops
+        with anyio.fail_after(10):
+            await answered.done.wait()
+        assert (await srv.get(task["id"]))["status"] in ("running", "succeeded")
+        retry = await srv.client.post("/lmsp/v1/responses", json=body, headers=key)
+        assert retry.status_code == 200 and retry.headers["idempotent-replayed"] == "true"
+        if stream:
+            assert [json.loads(line[6:])["type"] for line in retry.text.splitlines()
+                    if line.startswith("data: ")][-1] == "response.completed"
+        else:
+            assert retry.json()["id"] == task["response_id"]
+            assert retry.json()["status"] == "completed"
+        assert (await srv.get(task["id"]))["status"] == "succeeded"
+
+
+async def test_a_dropped_foreground_response_without_a_key_is_cancelled(
+        tmp_path: Path) -> None:
+    answered = Answered("/lmsp/v1/responses")
+    async with running_lmsp(tmp_path, wrap=answered.wrap) as srv:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: srv.client.post("/lmsp/v1/responses", json={
+                "model": "reference", "input": "/sleep 30s x"}))
+            task = await _running_task(srv)
+            tg.cancel_scope.cancel()
+        with anyio.fail_after(10):
+            await answered.done.wait()
+        assert (await srv.get(task["id"]))["status"] in ("cancelling", "cancelled")
