@@ -42,6 +42,7 @@ import math
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Literal
 
 import anyio
 import anyio.abc
@@ -460,23 +461,37 @@ class LmspService:
                 if from_store and len(rows) == PAGE:
                     rows = None
                     continue
-                if from_store and not rows and await self._unreadable(task_id, last):
-                    return   # deleted, or its events purged, while streaming
+                if from_store and not rows:
+                    after = await self._after_an_empty_read(task_id, last)
+                    if after == "gone":
+                        return   # deleted, or its events purged, while streaming
+                    if after == "finished":
+                        rows = None   # it ended since that read: its last events
+                        continue
                 rows = watch.take(last)
                 if rows == []:
                     if not await watch.wait(self.config.keepalive_s):
                         yield []
                     rows = watch.take(last)
 
-    async def _unreadable(self, task_id: str, last: int) -> bool:
-        """Deleted while streaming (``DELETE /responses/{id}``), or finished with its
-        events after ``last`` purged (retention): the stream ends, and a client that
-        comes back with its cursor gets the 404 or 410 (it waited for ever before)."""
+    async def _after_an_empty_read(self, task_id: str, last: int
+                                   ) -> Literal["gone", "finished", "live"]:
+        """What a read with nothing after ``last`` means. ``gone``: deleted while
+        streaming (``DELETE /responses/{id}``), or finished with its events after
+        ``last`` purged (retention); the stream ends, and a client that comes back with
+        its cursor gets the 404 or 410. ``finished``: it ended, and wrote its last
+        events, between that read and this one (another instance runs it, or a
+        notice came late): read them. ``live``: wait for the next events."""
         try:
             record = await self.store.get_task(task_id)
+            if record is None:
+                return "gone"
+            if record.status not in TERMINAL or last >= record.next_seq - 1:
+                return "live"
+            # finished, so every event is committed: none after ``last`` is a purge
+            return "finished" if await self.store.read_events(task_id, last, 1) else "gone"
         except StoreUnavailableError:
-            return False   # the next read tells
-        return record is None or (record.status in TERMINAL and last < record.next_seq - 1)
+            return "live"   # the next read tells
 
     async def wait_terminal(self, task_id: str) -> TaskRecord:
         """The task once finished (or as it stands when the service closes), even past

@@ -6,7 +6,8 @@
 * a create whose commit outlived the idempotency wait (409) still runs: the idle
   runner claims again by itself, and the key's replay wakes it;
 * an event stream whose remaining events are purged (retention) ends instead of
-  sending keep-alives for ever.
+  sending keep-alives for ever, and one whose task ended between two of its reads
+  does not take that for a purge.
 """
 
 from __future__ import annotations
@@ -169,3 +170,32 @@ async def test_a_key_never_outlives_its_task(tmp_path: Path) -> None:
         other = await srv.client.post("/lmsp/v1/tasks", json=envelope("other"),
                                       headers={"Idempotency-Key": "k-1"})
         assert other.status_code == 422   # the new task's key is live: reused
+
+
+async def test_a_stream_whose_task_ends_between_two_reads_gets_its_last_events(
+        tmp_path: Path) -> None:
+    """A read that finds nothing new, then the task found finished: its last events were
+    committed in between (it runs on another instance, or a notice came late). The
+    stream reads them; it used to end there, as if they had been purged (a CI flake of
+    tests/lmsp/test_multi_instance.py: B's stream ended after response.in_progress)."""
+    async with running_lmsp(tmp_path) as srv:
+        task = await srv.create("/chunks 600 " + "word " * 1000)
+        await srv.wait(task["id"])
+        store = srv.service.store
+        real_read = store.read_events
+        calls: list[int] = []
+
+        async def read_events(task_id: str, after: int, limit: int) -> list[object]:
+            calls.append(after)
+            if len(calls) == 2:   # the second page, read before its commit
+                return []
+            return await real_read(task_id, after, limit)
+
+        store.read_events = read_events   # type: ignore[method-assign]
+        stream = await srv.service.open_events(task["id"], None)
+        assert stream is not None
+        with anyio.fail_after(20):
+            events = [event async for batch in stream for event in batch]
+        assert len(calls) > 2
+        assert [e.seq for e in events] == list(range(len(events)))
+        assert events[-1].type == "response.completed"
