@@ -30,7 +30,8 @@ Contracts:
   ``kind:instance:id[,id…]``, in the COMMIT's round trip (``_commit``);
   ``_on_notice(kind, ids)`` gets other instances' notices on the event loop. The
   LISTEN connection reconnects with the same backoff; notices lost meanwhile are what
-  the service's polling is for.
+  the service's polling is for. It also reconnects as soon as any other connection
+  is made (the store is back), not only when its backoff is due.
 """
 
 from __future__ import annotations
@@ -109,6 +110,11 @@ class PostgresEngine(GroupCommitStore[Conn]):
         # token for the store's life), not a pool for other work to share
         self._write_limiter = anyio.CapacityLimiter(writers + 1)
         self._stop = threading.Event()
+        # set on stop and on each connection made: a LISTEN waiting out its backoff
+        # reconnects as soon as the store is seen back (a hand-off asked of this
+        # instance is heard then, not up to RECONNECT_CAP_S later)
+        self._listen_wake = threading.Event()
+        self._listen_backoff = Backoff(0.05, RECONNECT_CAP_S)
         self._gate = threading.Lock()
         self._backoff = Backoff(0.05, RECONNECT_CAP_S)
         self._retry_at = 0.0            # monotonic: no connection attempt before
@@ -166,6 +172,7 @@ class PostgresEngine(GroupCommitStore[Conn]):
         with self._gate:
             self._backoff.reset()
             self._retry_at = 0.0
+        self._listen_wake.set()
         return conn
 
     async def _connect_all(self) -> None:
@@ -197,6 +204,7 @@ class PostgresEngine(GroupCommitStore[Conn]):
 
     def _stopping(self) -> None:
         self._stop.set()         # the listener ends within its poll timeout
+        self._listen_wake.set()
 
     def _usable(self, conn: Conn) -> bool:
         return not (conn.closed or conn.broken)
@@ -358,15 +366,15 @@ class PostgresEngine(GroupCommitStore[Conn]):
 
     def _listen_thread(self, ready: threading.Event) -> None:
         """LISTEN on a dedicated connection until the store closes; reconnects with a
-        capped backoff (the service's polling covers notices lost meanwhile)."""
-        backoff = Backoff(0.05, RECONNECT_CAP_S)
+        capped backoff, or at once when another connection is made meanwhile (the
+        store is back); the service's polling covers notices lost meanwhile."""
         while not self._stop.is_set():
             try:
                 with psycopg.connect(self.url, autocommit=True,
                                      connect_timeout=CONNECT_TIMEOUT_S) as conn:
                     conn.execute(f'LISTEN "{self.channel}"')
                     ready.set()
-                    backoff.reset()
+                    self._listen_backoff.reset()
                     while not self._stop.is_set():   # each notice as soon as it arrives
                         for notice in conn.notifies(timeout=0.2):
                             kind, instance, ids = _parse(notice.payload)
@@ -377,4 +385,5 @@ class PostgresEngine(GroupCommitStore[Conn]):
             except Exception as exc:   # noqa: BLE001 - psycopg, or the loop going away
                 log.warning("LISTEN connection lost (%s); reconnecting", _first_line(exc))
                 ready.set()
-                self._stop.wait(backoff.next())
+                self._listen_wake.clear()
+                self._listen_wake.wait(self._listen_backoff.next())
