@@ -62,7 +62,6 @@ Contracts:
 from __future__ import annotations
 
 import itertools
-import uuid
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -75,6 +74,7 @@ from bridge import wire
 from bridge.errors import SubscriberLimitExceededError
 from bridge.events import Event
 from bridge.fifo import BoundedFifo
+from bridge.ids import uuid4_str
 from bridge.subscription import Subscription
 from bridge.wakeup import Wakeup
 
@@ -97,7 +97,7 @@ class EventBus:
         """``epoch``: the epoch to continue (a restored session's); a fresh one by
         default."""
         self.flow_wait_s = flow_wait_s
-        self.epoch = epoch or str(uuid.uuid4())
+        self.epoch = epoch or uuid4_str()
         self.on_evict = on_evict   # called once per evicted subscriber
         self.session_id = session_id
         self._ring: deque[Event] = deque(maxlen=ring_size)

@@ -20,7 +20,6 @@ The events are typed (``bridge.events.ElicitationRequest``, ``ElicitationResolve
 
 from __future__ import annotations
 
-import uuid
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +27,7 @@ import anyio
 
 from bridge import events as ev
 from bridge.errors import BridgeError
+from bridge.ids import uuid4_str
 
 if TYPE_CHECKING:
     from bridge.session import Session
@@ -93,7 +93,7 @@ class ElicitationMediator:
         """Publish the request, wait for the first valid answer (or the timeout)."""
         if session.closing or len(self._of(session)) >= MAX_PENDING_PER_SESSION:
             return dict(CANCEL)
-        request_id = str(uuid.uuid4())
+        request_id = uuid4_str()
         prompt_id = session.active.prompt_id if session.active is not None else None
         pending = self._by_id[request_id] = _Pending(request_id, session, prompt_id)
         elicitation_id = params.get("elicitationId")

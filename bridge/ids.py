@@ -1,7 +1,10 @@
-"""Prompt ids: RFC 9562 version 7 UUIDs, their random bits drawn from the OS in bulk.
+"""Random ids, their bits drawn from the OS in bulk: prompt ids (RFC 9562 version 7
+UUIDs), version 4 UUIDs and random integers.
 
     prompt_id = new_prompt_id()          # '019ad7c4-5e1b-7a3c-9f02-…', sorts by its ms
     new_prompt_id(1_764_662_400_000)     # an injected millisecond (tests)
+    session_id = uuid4_str()             # as str(uuid.uuid4()): '3f0c…-…-4…-[89ab]…-…'
+    suffix = random_bits(80)             # as secrets.randbits(80)
 
 Contracts:
 
@@ -21,6 +24,11 @@ Contracts:
   under a lock and thrown away in a forked child.
 * As unguessable as needed: a prompt is reached through its session, which the
   caller must own.
+* ``uuid4_str`` and ``random_bits`` draw from the same pool (the kernel's CSPRNG, each
+  byte handed out once): what ``uuid.uuid4()`` and ``secrets.randbits`` give, without
+  their system call each. A session, its bus epoch and its client id, an LMSP task's
+  and its response's ids, a connection's id: four or five ``getrandom`` calls per
+  prompt or task before, each a hand-over of the interpreter lock.
 """
 
 from __future__ import annotations
@@ -41,14 +49,15 @@ class _RandomPool:
         self._bytes = b""
         self._at = 0
 
-    def take(self) -> int:
-        """``_ID_BYTES`` random bytes as an integer, never handed out twice."""
+    def take(self, size: int = _ID_BYTES) -> int:
+        """``size`` (≤ ``POOL_BYTES``) random bytes as an integer, never handed out
+        twice."""
         with self._lock:
             at = self._at
-            if at + _ID_BYTES > len(self._bytes):
+            if at + size > len(self._bytes):
                 self._bytes, at = os.urandom(POOL_BYTES), 0
-            self._at = at + _ID_BYTES
-            return int.from_bytes(self._bytes[at:at + _ID_BYTES], "big")
+            self._at = at + size
+            return int.from_bytes(self._bytes[at:at + size], "big")
 
     def forget(self) -> None:
         """In a forked child: new bytes, and a new lock (the parent's may have been
@@ -72,4 +81,19 @@ def new_prompt_id(now_ms: int | None = None) -> str:
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
-__all__ = ["POOL_BYTES", "new_prompt_id"]
+def uuid4_str() -> str:
+    """A random UUID, version 4, written as ``str(uuid.uuid4())`` writes it."""
+    value = (_pool.take(16) & ~(0xF << 76 | 0b11 << 62)) | 0x4 << 76 | 0b10 << 62
+    h = f"{value:032x}"
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def random_bits(k: int) -> int:
+    """A random integer ``0 <= x < 2**k`` (``k`` ≤ 8 × ``POOL_BYTES``), as
+    ``secrets.randbits(k)``."""
+    if k <= 0:
+        return 0
+    return _pool.take((k + 7) // 8) >> (-k % 8)
+
+
+__all__ = ["POOL_BYTES", "new_prompt_id", "random_bits", "uuid4_str"]

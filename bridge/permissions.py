@@ -36,13 +36,13 @@ session) a request is answered ``cancelled`` at once.
 
 from __future__ import annotations
 
-import uuid
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from bridge import events as ev
 from bridge.errors import InvalidPermissionOptionError, PermissionNotFoundError
+from bridge.ids import uuid4_str
 
 if TYPE_CHECKING:
     from bridge.session import Session
@@ -95,7 +95,7 @@ class PermissionMediator:
         """Publish the request, wait for the first valid vote; returns ``{"outcome": ...}``."""
         if session.closing or self.count(session) >= MAX_PENDING_PER_SESSION:
             return {"outcome": dict(CANCELLED)}
-        request_id = str(uuid.uuid4())
+        request_id = uuid4_str()
         prompt_id = session.active.prompt_id if session.active is not None else None
         pending = PendingPermission(request_id, session, params, prompt_id)
         self._by_id[request_id] = pending

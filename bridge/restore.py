@@ -49,7 +49,6 @@ restore one session is logged and never stops the start.
 from __future__ import annotations
 
 import logging
-import uuid
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -62,6 +61,7 @@ from bridge.errors import (
     ServerRestartedError,
     SessionLimitExceededError,
 )
+from bridge.ids import uuid4_str
 from bridge.journal import RestoredSession
 from bridge.session import QUEUED, Session
 from bridge.transcript import TRANSCRIPT_META, transcript
@@ -121,7 +121,7 @@ async def restore_session(bridge: Bridge, found: RestoredSession) -> Session:
     session.owner = record.owner
     session.restored = True
     session.journaled_activity = found.last_activity()
-    session.bus.epoch = str(uuid.uuid4()) if found.gap else record.epoch
+    session.bus.epoch = uuid4_str() if found.gap else record.epoch
     session.bus.restore(found.events, found.last_event_id)
     session.prompt_terminals.extend(found.terminals)
     side = AgentSideRestore(bridge, session)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -43,7 +42,7 @@ from bridge.errors import (
     SessionClosedError,
     SessionNotRestorableError,
 )
-from bridge.ids import new_prompt_id
+from bridge.ids import new_prompt_id, uuid4_str
 from bridge.journal import (
     EventRecord,
     MemoryJournal,
@@ -217,7 +216,7 @@ class Session:
         return True
 
     def register_client(self) -> str:
-        client_id = f"client_{uuid.uuid4()}"
+        client_id = f"client_{uuid4_str()}"
         self.clients[client_id] = time.time()
         if len(self.clients) > MAX_TRACKED_CLIENTS:
             del self.clients[next(iter(self.clients))]

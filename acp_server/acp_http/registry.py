@@ -37,7 +37,6 @@ test advances.
 from __future__ import annotations
 
 import time
-import uuid
 from typing import Protocol
 
 import anyio
@@ -46,6 +45,7 @@ from acp_server.acp_http.connection import AcpConnection
 from acp_server.principals import Caller
 from bridge import Bridge
 from bridge.errors import BridgeError
+from bridge.ids import uuid4_str
 
 DEFAULT_MAX_CONNECTIONS = 64
 DEFAULT_GRACE_S = 10.0
@@ -110,7 +110,7 @@ class ConnectionRegistry:
         if caller is not None and len(self.connections) >= share and sum(
                 1 for c in self.connections.values() if c.caller.name == caller.name) >= share:
             raise ConnectionCapError(share, mine=True)
-        conn = AcpConnection(connection_id or str(uuid.uuid4()), self.bridge, websocket=websocket,
+        conn = AcpConnection(connection_id or uuid4_str(), self.bridge, websocket=websocket,
                              clock=self.clock.now)
         if caller is not None:
             conn.caller = caller

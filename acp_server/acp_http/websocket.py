@@ -35,7 +35,6 @@ Contracts:
 from __future__ import annotations
 
 import logging
-import uuid
 
 import anyio
 import anyio.abc
@@ -60,6 +59,7 @@ from acp_server.acp_http.errors import render_refusal
 from acp_server.http.policy import BEARER_PROTOCOL, GuardPolicy, Refusal
 from acp_server.principals import Caller, caller_of
 from acp_server.principals.streams import stream_id
+from bridge.ids import uuid4_str
 from bridge.jsonrpc import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
@@ -128,7 +128,7 @@ async def acp_websocket(ws: WebSocket, *, registry: ConnectionRegistry,
     if refusal is not None:
         await refuse_handshake(ws, refusal)
         return
-    connection_id = str(uuid.uuid4())
+    connection_id = uuid4_str()
     subprotocol = next((p for p in _protocols(ws) if p.startswith(BEARER_PROTOCOL)), None)
     await ws.accept(subprotocol=subprotocol,
                     headers=[(b"acp-connection-id", connection_id.encode())])

@@ -37,7 +37,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Container
 import logging
-import uuid
 
 import anyio
 import anyio.abc
@@ -48,6 +47,7 @@ from bridge import Bridge, EventBus, Subscription
 from bridge import events as ev
 from bridge.errors import JournalUnavailableError, SessionNotFoundError
 from bridge.history import history_of
+from bridge.ids import uuid4_str
 from bridge.journal import RestoredSession
 from bridge.session import QUEUED, RUNNING, prompt_text
 from bridge.status import PendingPromptInfo, SessionInfo, SessionStatus
@@ -115,7 +115,7 @@ class SessionView:
                              found.last_event_id)
         return SessionInfo(
             session_id=self.session_id, workspace_cwd=record.cwd, attached=True,
-            client_id=f"client_{uuid.uuid4()}", created_at=record.created_at,
+            client_id=f"client_{uuid4_str()}", created_at=record.created_at,
             event_epoch=record.epoch, last_event_id=history.last_event_id,
             has_active_prompt=bool(found.unsettled), forked_from=record.forked_from,
             agent=record.agent, history=history)

@@ -39,7 +39,6 @@ import dataclasses
 import hashlib
 import logging
 import math
-import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Literal
@@ -86,6 +85,7 @@ from acp_server.lmsp.wire import (
     encode,
 )
 from bridge import Bridge
+from bridge.ids import random_bits
 
 log = logging.getLogger("acp_server.lmsp")
 PAGE = 256
@@ -94,7 +94,7 @@ _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 
 def new_id(prefix: str) -> str:
     """``prefix_`` + a ULID (48-bit ms time, 80 random bits, Crockford base32)."""
-    value = (time.time_ns() // 1_000_000) << 80 | secrets.randbits(80)
+    value = (time.time_ns() // 1_000_000) << 80 | random_bits(80)   # bridge.ids: pooled
     chars = [_CROCKFORD[(value >> shift) & 31] for shift in range(125, -1, -5)]
     return f"{prefix}_{''.join(chars)}"
 

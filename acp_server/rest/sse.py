@@ -14,11 +14,11 @@ bus slot.
 
 from __future__ import annotations
 
-import uuid
 
 from acp_server.http.sse import SseResponse, frame
 from bridge.bus import Subscription
 from bridge.events import Event
+from bridge.ids import uuid4_str
 from bridge.wire import envelope
 
 HEARTBEAT_COMMENT = b"heartbeat"
@@ -38,7 +38,7 @@ def event_frame(event: Event) -> bytes:
 class EventStreamResponse(SseResponse):
     def __init__(self, subscription: Subscription, *, epoch: str, heartbeat_s: float) -> None:
         self.subscription = subscription
-        self.stream_id = str(uuid.uuid4())
+        self.stream_id = uuid4_str()
         super().__init__(keepalive_comment=HEARTBEAT_COMMENT, heartbeat_s=heartbeat_s,
                          headers=[(b"x-qwen-event-epoch", epoch.encode()),
                                   (b"x-qwen-sse-stream-id", self.stream_id.encode())],

@@ -23,7 +23,6 @@ Contracts:
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 import anyio
@@ -34,6 +33,7 @@ from httpx_sse import aconnect_sse
 
 from bridge.agents.base import AgentClient
 from bridge.errors import AgentDiedError, AgentError
+from bridge.ids import uuid4_str
 from bridge.transcript import seeded
 
 REQUESTED_SESSION_ID_META = "acp-server/requestedSessionId"
@@ -142,7 +142,7 @@ class ModelConnection:
                     "authMethods": []}
         if method == "session/new":
             meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
-            session_id = meta.get(REQUESTED_SESSION_ID_META) or str(uuid.uuid4())
+            session_id = meta.get(REQUESTED_SESSION_ID_META) or uuid4_str()
             history = [{"role": "user" if role == "user" else "assistant", "content": text}
                        for role, text in seeded(meta)][-self._factory.max_history_messages:]
             self._sessions[session_id] = _ModelSession(session_id, str(params.get("cwd", "")),
@@ -150,7 +150,7 @@ class ModelConnection:
             return {"sessionId": session_id}
         if method == "session/fork":
             source = self._session(params)
-            session_id = str(uuid.uuid4())
+            session_id = uuid4_str()
             self._sessions[session_id] = _ModelSession(session_id, source.cwd, list(source.history))
             return {"sessionId": session_id}
         if method == "session/close":

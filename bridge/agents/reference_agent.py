@@ -16,7 +16,6 @@ import itertools
 import logging
 import os
 import re
-import uuid
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from typing import Any, Protocol
 import anyio
 
 from bridge.agents.base import RequestError
+from bridge.ids import uuid4_str
 from bridge.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND, RESOURCE_NOT_FOUND
 from bridge.transcript import seeded
 
@@ -277,7 +277,7 @@ class ReferenceAgent:
         cwd = _require_str(params, "cwd")
         meta = params.get("_meta")
         requested = meta.get(REQUESTED_SESSION_ID_META) if isinstance(meta, dict) else None
-        session_id = requested if isinstance(requested, str) and requested else str(uuid.uuid4())
+        session_id = requested if isinstance(requested, str) and requested else uuid4_str()
         self._store.create(session_id, cwd, seeded(meta))   # a restored session's transcript
         return {"sessionId": session_id}
 
@@ -297,7 +297,7 @@ class ReferenceAgent:
     async def _fork(self, params: dict[str, Any]) -> dict[str, Any]:
         source = self._session(params)
         cwd = params.get("cwd") if isinstance(params.get("cwd"), str) else source.cwd
-        fork = self._store.create(str(uuid.uuid4()), cwd, list(source.history))
+        fork = self._store.create(uuid4_str(), cwd, list(source.history))
         return {"sessionId": fork.session_id}
 
     async def _close(self, params: dict[str, Any]) -> dict[str, Any]:

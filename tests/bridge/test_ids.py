@@ -1,7 +1,8 @@
-"""A prompt's id (``bridge.ids.new_prompt_id``): an RFC 9562 version 7 UUID, made
-later sorts later (the durable journal's prompts table then grows at its end), unique
-within one millisecond and across refills of its pool of random bytes, written as
-``uuid.UUID`` writes it; a prompt admitted without an id gets one."""
+"""Random ids (``bridge.ids``). A prompt's id (``new_prompt_id``): an RFC 9562 version 7
+UUID, made later sorts later (the durable journal's prompts table then grows at its
+end), unique within one millisecond and across refills of its pool of random bytes,
+written as ``uuid.UUID`` writes it; a prompt admitted without an id gets one. Version
+4 UUIDs and random integers from the same pool."""
 
 from __future__ import annotations
 
@@ -104,3 +105,29 @@ def test_a_forked_child_draws_its_own_bytes_even_if_the_lock_was_held() -> None:
     os.waitpid(pid, 0)
     parent = [new_prompt_id(3) for _ in range(20)]
     assert len(child) == 20 and not set(child) & set(parent)
+
+
+def test_version_4_uuids_and_random_integers_from_the_same_pool(monkeypatch) -> None:
+    """``uuid4_str`` writes what ``str(uuid.uuid4())`` writes (version 4, RFC 4122),
+    ``random_bits(k)`` stays below ``2**k``; both draw from the pool, one ``os.urandom``
+    call for many, never the same bytes twice."""
+    drawn: list[int] = []
+    system = os.urandom
+
+    def urandom(size: int) -> bytes:
+        drawn.append(size)
+        return system(size)
+
+    monkeypatch.setattr(ids.os, "urandom", urandom)
+    ids._pool.forget()
+    made = [ids.uuid4_str() for _ in range(ids.POOL_BYTES // 16 * 2)]
+    assert drawn == [ids.POOL_BYTES] * 2
+    assert len(set(made)) == len(made)
+    for value in made[:100]:
+        parsed = uuid.UUID(value)
+        assert str(parsed) == value and (parsed.version, parsed.variant) == (4, uuid.RFC_4122)
+    bits = [ids.random_bits(80) for _ in range(500)]
+    assert all(0 <= b < 1 << 80 for b in bits) and len(set(bits)) == 500
+    assert max(bits).bit_length() > 70   # the top bits are used
+    assert {ids.random_bits(1) for _ in range(200)} == {0, 1}
+    assert ids.random_bits(0) == 0 and all(ids.random_bits(3) < 8 for _ in range(100))
