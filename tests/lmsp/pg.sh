@@ -5,6 +5,7 @@
 #   make test
 #   tests/lmsp/pg.sh stop /tmp/acp-pg
 #   tests/lmsp/pg.sh restart /tmp/acp-pg        # pg_ctl restart -m fast (outage tests)
+#   tests/lmsp/pg.sh crash /tmp/acp-pg          # pg_ctl stop -m immediate (a crash)
 #
 # start: initdb (as the `postgres` user when run as root) in DIR/data, pg_ctl start on
 # 127.0.0.1:PORT only, sockets in DIR/sock, trust auth, fsync on; creates database
@@ -47,11 +48,16 @@ start)
 stop)
     [ -f "$dir/data/postmaster.pid" ] && as_pg "$bin/pg_ctl" -D "$dir/data" -m fast -w stop >&2
     ;;
+crash)
+    # -m immediate: every backend quits at once (SIGQUIT) without releasing its locks
+    # to a waiter, as in a crash of the server; the next start recovers from the WAL
+    [ -f "$dir/data/postmaster.pid" ] && as_pg "$bin/pg_ctl" -D "$dir/data" -m immediate -w stop >&2
+    ;;
 restart)
     as_pg "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -m fast -w -t 30 restart >&2
     ;;
 *)
-    echo "usage: pg.sh start|stop|restart DIR [PORT]" >&2
+    echo "usage: pg.sh start|stop|restart|crash DIR [PORT]" >&2
     exit 2
     ;;
 esac
