@@ -28,6 +28,10 @@ Contracts:
 * ``restore()`` decodes what it can; a record it cannot decode is logged and skipped,
   never a crash.
 * ``aclose()`` commits what is queued (the clean stop); after it nothing is written.
+* Session ids are ``storable`` (no NUL): no store keys by a NUL (PostgreSQL's TEXT
+  cannot hold one), so the bridge never journals, restores or asks ``owner_of`` for
+  a session whose id holds one (``bridge.bridge``: no such session exists); a store
+  may rely on it.
 * Records are msgspec structs in snake_case: no door's wire. Those of scalar fields
   only are not tracked by the garbage collector (``gc=False``: they cannot be in a
   cycle), so a burst of events journaled does not add to its collections.
@@ -186,9 +190,14 @@ class MemoryJournal:
         return None
 
 
+def storable(session_id: str) -> bool:
+    """Whether every journal can key a session by ``session_id``: it holds no NUL."""
+    return "\x00" not in session_id
+
+
 RECORD_DECODER = msgspec.msgpack.Decoder(JournalRecord)
 RECORD_ENCODER = msgspec.msgpack.Encoder()
 
 __all__ = ["EventRecord", "JournalRecord", "MemoryJournal", "PromptAccepted", "PromptSettled",
            "RECORD_DECODER", "RECORD_ENCODER", "RestoredSession", "SessionEnded",
-           "SessionJournal", "SessionOpened"]
+           "SessionJournal", "SessionOpened", "storable"]
