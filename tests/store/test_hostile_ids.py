@@ -125,3 +125,18 @@ async def test_an_agent_that_restores_any_id_is_never_asked_for_one_with_a_nul(
         loaded = (await srv.client.post(f"/session/{sid}/load", json={})).json()
         assert [t["promptId"] for t in loaded["promptTerminals"]] == \
             [collide.json()["promptId"], accepted.json()["promptId"]]
+
+
+@pytest.mark.parametrize("raw", ["%00", "a%00b"])
+async def test_admin_names_with_a_nul_name_nothing(tmp_path: Path, store_name: str,
+                                                   raw: str) -> None:
+    # On PostgreSQL: 500s (the token's name, the audit filters went to a TEXT parameter)
+    async with running_lmsp(tmp_path, token="boot-s3cret-hostile") as srv:
+        revoked = await srv.client.delete(f"/tokens/{raw}")
+        assert revoked.status_code == 404, revoked.text
+        assert revoked.json()["code"] == "token_not_found"
+        for key in ("principal", "action"):
+            page = await srv.client.get(f"/audit?{key}={raw}")
+            assert page.status_code == 200, page.text
+            assert page.json() == {"records": [], "nextCursor": None}
+        assert (await srv.client.get("/health?deep=1")).json()["status"] == "ok"
