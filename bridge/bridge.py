@@ -25,11 +25,12 @@ Contracts:
 * Agents are isolated: an agent acts only on its own sessions
   (``bridge.agent_client``), and a ``session/new`` answer naming a live session is
   refused (``AgentProtocolError``), the live session untouched.
-* A session id no store can hold (a NUL: ``bridge.journal.storable``) names no
-  session: a load or resume of one is ``SessionNotFoundError`` before the agent or
-  the journal is asked, ``recall_owner`` of one is ``None`` without a read, and an
-  agent's answer naming one is refused (``AgentProtocolError``). So the journal never
-  gets a record it cannot commit (on PostgreSQL one failed every commit it shared).
+* A session id no store can hold (a NUL, over 1 KiB: ``bridge.journal.storable``)
+  names no session: a load or resume of one is ``SessionNotFoundError`` before the
+  agent or the journal is asked, ``recall_owner`` of one is ``None`` without a read,
+  and an agent's answer naming one is refused (``AgentProtocolError``). So the
+  journal never gets a record it cannot commit (on PostgreSQL one failed the commit
+  it shared, or every one after it).
 * ``aclose`` (and leaving ``async with``) closes every live session, whoever else
   is closing sessions at the same time, then stops the agents.
 """
@@ -330,8 +331,8 @@ class Bridge(Journaling, PromptsAPI, PresenceAPI, AgentCallsAPI):
                        capability: tuple[str, ...], owner: str | None) -> SessionInfo:
         self.check_workspace(cwd)
         name = self.agents.resolve(agent)
-        if not storable(session_id):   # no session has it (see the module contracts)
-            raise SessionNotFoundError(session_id)
+        if session_id not in self._sessions and not storable(session_id):
+            raise SessionNotFoundError(session_id)   # see the module contracts
         with_history = method == "session/load"
         if session_id not in self._sessions and self.before_restore is not None:
             await self.before_restore(session_id)   # adopted here, or refused
@@ -391,7 +392,8 @@ class Bridge(Journaling, PromptsAPI, PresenceAPI, AgentCallsAPI):
                 raise AgentDiedError(f"Agent answered {method} without a sessionId")
             if not storable(sid):
                 raise AgentProtocolError(f"Agent answered {method} with a session id "
-                                         f"that holds a NUL", agent_name)
+                                         f"no store can hold (a NUL, or over 1 KiB)",
+                                         agent_name)
             if requested_id is not None and sid.lower() != requested_id.lower():
                 raise SessionIdNotHonoredError(requested_id, sid)
             if sid in self._sessions:   # never replace a live session (agent isolation)

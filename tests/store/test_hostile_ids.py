@@ -2,12 +2,13 @@
 the door's 404 (REST ``session_not_found``, ``/acp`` -32602), never a 503
 ``store_unavailable`` nor a 500, and the connection that sent one stays open (real
 HTTP and WebSocket on loopback). An agent that would restore any id is never asked for
-one, so nothing the journal cannot hold reaches it: the other sessions' prompts are
-acknowledged and journaled as before."""
+one (a NUL, or too long for PostgreSQL's index), so nothing the journal cannot hold
+reaches it: the other sessions' prompts are acknowledged and journaled as before."""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -89,13 +90,20 @@ async def test_acp_restores_of_an_id_with_a_nul_are_not_found(tmp_path: Path,
         assert (await srv.client.get("/health?deep=1")).json()["status"] == "ok"
 
 
-async def test_an_agent_that_restores_any_id_is_never_asked_for_one_with_a_nul(
-        tmp_path: Path, store_name: str) -> None:
+# 3,000 characters no compression shortens: past PostgreSQL's index entry (2,704 bytes)
+LONG_ID = "".join(hashlib.sha512(bytes([i])).hexdigest() for i in range(24))
+
+
+@pytest.mark.parametrize("hostile", ["a\u0000b", LONG_ID], ids=["nul", "long"])
+async def test_an_agent_that_restores_any_id_is_never_asked_for_one_no_store_holds(
+        tmp_path: Path, store_name: str, hostile: str) -> None:
     # The fixture agent answers session/load and session/resume of any id (and, after a
     # "collide <id>" prompt, session/new with that id). On PostgreSQL the journal then
     # took a session "a\0b": its commit failed, and with it every other session's
     # records in that commit and in each retry (an innocent prompt: 503
-    # store_unavailable), for as long as the server ran.
+    # store_unavailable), for as long as the server ran. A 3,000-character id: its
+    # lease's index refused it, the load was 503 store_unavailable and the store was
+    # reported down (as was any innocent prompt in that commit).
     factory = StdioAgentFactory(fixture_command("any"), cwd=str(ROOT), name="any")
     async with _acp_server(tmp_path, agent_factory=factory) as srv:
         other = (await srv.client.post("/session", json={"sessionScope": "thread"})).json()
@@ -103,14 +111,14 @@ async def test_an_agent_that_restores_any_id_is_never_asked_for_one_with_a_nul(
             await ws.send_json(request(0, "initialize", {"protocolVersion": 1}))
             await ws.wait_for(lambda m: m.get("id") == 0)
             for rpc_id, method in enumerate(("session/load", "session/resume"), 1):
-                await ws.send_text(json.dumps(_restore(rpc_id, method, "a\u0000b",
+                await ws.send_text(json.dumps(_restore(rpc_id, method, hostile,
                                                        srv.workspace)))
                 answer = await ws.wait_for(lambda m: m.get("id") == rpc_id, timeout=10)
                 assert answer["error"]["code"] == -32602, answer
         sid = other["sessionId"]
         # its next session/new answers that id: refused as an agent's protocol error
         collide = await srv.client.post(f"/session/{sid}/prompt",
-                                        json=_prompt("collide a\u0000b"))
+                                        json=_prompt(f"collide {hostile}"))
         await read_events(srv.client, sid, _is("turn_complete", collide.json()["promptId"]),
                           last_event_id=0)
         made = await srv.client.post("/session", json={"sessionScope": "thread"})
@@ -120,7 +128,9 @@ async def test_an_agent_that_restores_any_id_is_never_asked_for_one_with_a_nul(
         assert accepted.status_code == 202, accepted.text
         await read_events(srv.client, sid, _is("turn_complete", accepted.json()["promptId"]),
                           last_event_id=0)
-        assert not srv.bridge.has_session("a\u0000b")
+        assert not srv.bridge.has_session(hostile)
+        assert (await srv.client.get("/health?deep=1")).json()["status"] == "ok"
+        assert srv.bridge.journal.store.health.failures == 0   # never reported down
     async with _acp_server(tmp_path, agent_factory=factory) as srv:   # the journal has it
         loaded = (await srv.client.post(f"/session/{sid}/load", json={})).json()
         assert [t["promptId"] for t in loaded["promptTerminals"]] == \
