@@ -323,7 +323,8 @@ class PostgresEngine(GroupCommitStore[Conn]):
         """COMMIT, the transaction's notices in the same round trip: one query in the
         simple protocol, ``SELECT pg_notify(…) FROM unnest(ARRAY[…]); COMMIT`` (one
         payload per kind, the ids joined, split to stay under PostgreSQL's payload
-        limit). Measured: with two instances a commit carries half the prompts, so its
+        limit, in bytes: a session id may be any UTF-8; counted in characters, a
+        payload past it failed the COMMIT, and every later one that carried it again). Measured: with two instances a commit carries half the prompts, so its
         fixed round trips are what doubles; a connection lost in it leaves the outcome
         unknown, as for a lost COMMIT."""
         self._notices_due(state)
@@ -336,11 +337,14 @@ class PostgresEngine(GroupCommitStore[Conn]):
         payloads = []
         for kind, ids in sorted(by_kind.items()):
             head, chunk = f"{kind}:{self.instance}:", []
+            size = len(head)   # in UTF-8 bytes, as PostgreSQL counts: an id may not be ASCII
             for task_id in sorted(ids):
-                if chunk and len(head) + sum(map(len, chunk)) + len(chunk) > NOTICE_BYTES:
+                length = len(task_id) if task_id.isascii() else len(task_id.encode())
+                if chunk and size + length + 1 > NOTICE_BYTES:
                     payloads.append(head + ",".join(chunk))
-                    chunk = []
+                    chunk, size = [], len(head)
                 chunk.append(task_id)
+                size += length + 1
             payloads.append(head + ",".join(chunk))
         conn.execute(sql.SQL("SELECT pg_notify({}, p) FROM unnest({}::text[]) AS p; COMMIT")
                      .format(sql.Literal(self.channel), sql.Literal(payloads)), prepare=False)
