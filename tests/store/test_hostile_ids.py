@@ -137,6 +137,27 @@ async def test_an_agent_that_restores_any_id_is_never_asked_for_one_no_store_hol
             [collide.json()["promptId"], accepted.json()["promptId"]]
 
 
+async def test_a_prompt_holding_a_nul_is_journaled_and_kept(tmp_path: Path,
+                                                             store_name: str) -> None:
+    """Text and ``_meta`` are journaled as bytes (msgpack), never as TEXT: a prompt with
+    a NUL is acknowledged, committed and read back after a restart, on either store."""
+    block = {"type": "text", "text": "a\u0000b", "_meta": {"k\u0000": "\u0000"}}
+    async with _acp_server(tmp_path) as srv:
+        sid = (await srv.client.post("/session", json={"sessionScope": "thread"})
+               ).json()["sessionId"]
+        accepted = await srv.client.post(f"/session/{sid}/prompt", json={"prompt": [block]})
+        assert accepted.status_code == 202, accepted.text
+        await read_events(srv.client, sid, _is("turn_complete", accepted.json()["promptId"]),
+                          last_event_id=0)
+    async with _acp_server(tmp_path) as srv:
+        loaded = (await srv.client.post(f"/session/{sid}/load", json={})).json()
+        said = [e["data"]["update"]["content"]["text"] for e in loaded["compactedReplay"]
+                if e["type"] == "session_update"]
+        assert "a\u0000b" in said, said
+        assert [t["promptId"] for t in loaded["promptTerminals"]] == \
+            [accepted.json()["promptId"]]
+
+
 @pytest.mark.parametrize("raw", ["%00", "a%00b"])
 async def test_admin_names_with_a_nul_name_nothing(tmp_path: Path, store_name: str,
                                                    raw: str) -> None:
