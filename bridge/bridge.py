@@ -25,6 +25,12 @@ Contracts:
 * Agents are isolated: an agent acts only on its own sessions
   (``bridge.agent_client``), and a ``session/new`` answer naming a live session is
   refused (``AgentProtocolError``), the live session untouched.
+* A session id no store can hold (a NUL, over 1 KiB: ``bridge.journal.storable``)
+  names no session: a load or resume of one is ``SessionNotFoundError`` before the
+  agent or the journal is asked, ``recall_owner`` of one is ``None`` without a read,
+  and an agent's answer naming one is refused (``AgentProtocolError``). So the
+  journal never gets a record it cannot commit (on PostgreSQL one failed the commit
+  it shared, or every one after it).
 * ``aclose`` (and leaving ``async with``) closes every live session, whoever else
   is closing sessions at the same time, then stops the agents.
 """
@@ -61,7 +67,7 @@ from bridge.errors import (
     WorkspaceMismatchError,
 )
 from bridge.history import session_history
-from bridge.journal import MemoryJournal, SessionJournal
+from bridge.journal import MemoryJournal, SessionJournal, storable
 from bridge.jsonrpc import RESOURCE_NOT_FOUND
 from bridge.observer import NO_OBSERVER, BridgeObserver
 from bridge.options import BridgeOptions
@@ -216,7 +222,7 @@ class Bridge(Journaling, PromptsAPI, PresenceAPI, AgentCallsAPI):
         door asks before it lets a caller restore a session by id. Raises
         ``JournalUnavailableError`` when the journal cannot answer."""
         known = self.session_owner(session_id)
-        if known is None and session_id not in self._sessions:
+        if known is None and session_id not in self._sessions and storable(session_id):
             known = await self.journal.owner_of(session_id)
             if session_id not in self._sessions:
                 self.remember_owner(session_id, known)
@@ -325,6 +331,8 @@ class Bridge(Journaling, PromptsAPI, PresenceAPI, AgentCallsAPI):
                        capability: tuple[str, ...], owner: str | None) -> SessionInfo:
         self.check_workspace(cwd)
         name = self.agents.resolve(agent)
+        if session_id not in self._sessions and not storable(session_id):
+            raise SessionNotFoundError(session_id)   # see the module contracts
         with_history = method == "session/load"
         if session_id not in self._sessions and self.before_restore is not None:
             await self.before_restore(session_id)   # adopted here, or refused
@@ -382,6 +390,10 @@ class Bridge(Journaling, PromptsAPI, PresenceAPI, AgentCallsAPI):
             sid = result.get("sessionId") if isinstance(result, dict) else None
             if not isinstance(sid, str) or not sid:
                 raise AgentDiedError(f"Agent answered {method} without a sessionId")
+            if not storable(sid):
+                raise AgentProtocolError(f"Agent answered {method} with a session id "
+                                         f"no store can hold (a NUL, or over 1 KiB)",
+                                         agent_name)
             if requested_id is not None and sid.lower() != requested_id.lower():
                 raise SessionIdNotHonoredError(requested_id, sid)
             if sid in self._sessions:   # never replace a live session (agent isolation)

@@ -28,6 +28,11 @@ Contracts:
 * ``restore()`` decodes what it can; a record it cannot decode is logged and skipped,
   never a crash.
 * ``aclose()`` commits what is queued (the clean stop); after it nothing is written.
+* Session ids are ``storable``: no NUL (PostgreSQL's TEXT cannot hold one), UTF-8,
+  at most ``MAX_SESSION_ID_BYTES`` (1 KiB) of it (PostgreSQL's b-tree takes at most
+  2,704 bytes an entry: a session's keys must fit, with a prompt id). The bridge
+  never journals, restores or asks ``owner_of`` for a session whose id is not
+  (``bridge.bridge``: no such session exists); a store may rely on it.
 * Records are msgspec structs in snake_case: no door's wire. Those of scalar fields
   only are not tracked by the garbage collector (``gc=False``: they cannot be in a
   cycle), so a burst of events journaled does not add to its collections.
@@ -186,9 +191,24 @@ class MemoryJournal:
         return None
 
 
+MAX_SESSION_ID_BYTES = 1024   # real agents' ids are UUIDs (36)
+
+
+def storable(session_id: str) -> bool:
+    """Whether every journal can key a session by ``session_id`` (see the contracts)."""
+    if "\x00" in session_id or len(session_id) > MAX_SESSION_ID_BYTES:
+        return False
+    if session_id.isascii():
+        return True
+    try:
+        return len(session_id.encode()) <= MAX_SESSION_ID_BYTES
+    except UnicodeEncodeError:   # a lone surrogate: not UTF-8
+        return False
+
+
 RECORD_DECODER = msgspec.msgpack.Decoder(JournalRecord)
 RECORD_ENCODER = msgspec.msgpack.Encoder()
 
-__all__ = ["EventRecord", "JournalRecord", "MemoryJournal", "PromptAccepted", "PromptSettled",
-           "RECORD_DECODER", "RECORD_ENCODER", "RestoredSession", "SessionEnded",
-           "SessionJournal", "SessionOpened"]
+__all__ = ["EventRecord", "JournalRecord", "MAX_SESSION_ID_BYTES", "MemoryJournal",
+           "PromptAccepted", "PromptSettled", "RECORD_DECODER", "RECORD_ENCODER",
+           "RestoredSession", "SessionEnded", "SessionJournal", "SessionOpened", "storable"]

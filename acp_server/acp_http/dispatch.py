@@ -538,17 +538,13 @@ async def dispatch(conn: AcpConnection, msg: Message, params: dict[str, Any]) ->
     assert isinstance(method, str)
     rpc_id: RpcId = None if msg.id is UNSET else msg.id
     is_request = msg.id is not UNSET
-    try:
+    target: AcpConnection | SessionChannel = conn   # refused before it runs: the connection
+    try:   # any fault is answered (an exception here would end a WebSocket)
         if method in RESTORING and isinstance(params.get("sessionId"), str):
             await conn.bridge.recall_owner(params["sessionId"])   # even a forgotten maker
         check_owner(conn, method, params)
-    except BridgeError as exc:
-        if is_request:
-            conn.push(encode_bridge_error(rpc_id, exc))
-        return
-    target = _reply_target(conn, method, params)
-    handler = METHODS.get(method) or V1_METHODS.get(method) or _other(method, is_request)
-    try:
+        target = _reply_target(conn, method, params)
+        handler = METHODS.get(method) or V1_METHODS.get(method) or _other(method, is_request)
         result = await _run(conn, rpc_id, is_request, handler, params)
     except Exception as exc:
         if not isinstance(exc, BridgeError):

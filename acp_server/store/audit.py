@@ -17,6 +17,8 @@ Contracts:
   record); ``detail`` is a JSON object as text, written by the caller.
 * ``read_audit`` pages by ``seq``: rows after ``after`` (a ``seq``), oldest first,
   filtered by principal, action and time (``since`` inclusive, ``until`` exclusive).
+  A principal or action filter with a NUL matches nothing, without a query, on both
+  engines (PostgreSQL's TEXT cannot hold one).
 """
 
 from __future__ import annotations
@@ -75,6 +77,8 @@ class AuditOps:
             await self._write(op)
 
     async def read_audit(self, query: AuditQuery) -> list[AuditRecord]:
+        if any("\x00" in value for value in (query.principal, query.action) if value):
+            return []   # no TEXT holds a NUL (psycopg will not send one): no such record
         p = self._p
         where, params = [f"seq > {p}"], [query.after]
         for column, op, value in (("principal", "=", query.principal),

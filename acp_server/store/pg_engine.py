@@ -27,7 +27,9 @@ Contracts:
   batch then fails or re-runs as for any lost connection.
 * Notices: an operation adds ``(kind, task_id)`` to ``batch.notices``; the commit
   sends them all in one ``pg_notify`` statement on ``channel`` as
-  ``kind:instance:id[,id…]``, in the COMMIT's round trip (``_commit``);
+  ``kind:instance:id[,id…]``, in the COMMIT's round trip (``_commit``), each id's
+  ``%`` and ``,`` escaped (``%25``, ``%2C``: a session id is any string an agent
+  chose) and the payloads split under PostgreSQL's 8,000 bytes (UTF-8);
   ``_on_notice(kind, ids)`` gets other instances' notices on the event loop. The
   LISTEN connection reconnects with the same backoff; notices lost meanwhile are what
   the service's polling is for. It also reconnects as soon as any other connection
@@ -41,6 +43,7 @@ import logging
 import secrets
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
@@ -82,11 +85,19 @@ class Batch:
     notices: set[tuple[str, str]] = dataclasses.field(default_factory=set)
 
 
+def _escaped(task_id: str) -> str:
+    """An id as a payload carries it: its ``%`` and ``,`` escaped (``_parse``)."""
+    if "%" in task_id or "," in task_id:
+        return task_id.replace("%", "%25").replace(",", "%2C")
+    return task_id
+
+
 def _parse(payload: str) -> tuple[str, str, list[str]]:
-    """``kind:instance:id,…`` → (kind, instance, ids)."""
+    """``kind:instance:id,…`` → (kind, instance, ids), each id as it was sent."""
     kind, _, rest = payload.partition(":")
     instance, _, ids = rest.partition(":")
-    return kind, instance, ids.split(",")
+    return kind, instance, [urllib.parse.unquote(i) if "%" in i else i
+                            for i in ids.split(",")]
 
 
 def _first_line(exc: BaseException) -> str:
@@ -322,8 +333,10 @@ class PostgresEngine(GroupCommitStore[Conn]):
     def _commit(self, conn: Conn, state: Batch) -> None:
         """COMMIT, the transaction's notices in the same round trip: one query in the
         simple protocol, ``SELECT pg_notify(…) FROM unnest(ARRAY[…]); COMMIT`` (one
-        payload per kind, the ids joined, split to stay under PostgreSQL's payload
-        limit). Measured: with two instances a commit carries half the prompts, so its
+        payload per kind, the ids escaped and joined, split to stay under PostgreSQL's
+        payload limit, in bytes: a session id may be any UTF-8; counted in characters,
+        a payload past it failed the COMMIT, and every later one that carried it
+        again). Measured: with two instances a commit carries half the prompts, so its
         fixed round trips are what doubles; a connection lost in it leaves the outcome
         unknown, as for a lost COMMIT."""
         self._notices_due(state)
@@ -336,11 +349,14 @@ class PostgresEngine(GroupCommitStore[Conn]):
         payloads = []
         for kind, ids in sorted(by_kind.items()):
             head, chunk = f"{kind}:{self.instance}:", []
-            for task_id in sorted(ids):
-                if chunk and len(head) + sum(map(len, chunk)) + len(chunk) > NOTICE_BYTES:
+            size = len(head)   # in UTF-8 bytes, as PostgreSQL counts: an id may not be ASCII
+            for task_id in sorted(map(_escaped, ids)):
+                length = len(task_id) if task_id.isascii() else len(task_id.encode())
+                if chunk and size + length + 1 > NOTICE_BYTES:
                     payloads.append(head + ",".join(chunk))
-                    chunk = []
+                    chunk, size = [], len(head)
                 chunk.append(task_id)
+                size += length + 1
             payloads.append(head + ",".join(chunk))
         conn.execute(sql.SQL("SELECT pg_notify({}, p) FROM unnest({}::text[]) AS p; COMMIT")
                      .format(sql.Literal(self.channel), sql.Literal(payloads)), prepare=False)

@@ -21,6 +21,8 @@ Contracts:
   which ``on_tokens_changed(ids)`` receives on each of them; SQLite has one instance
   per file and no notices (the principals' cache lifetime bounds what another process,
   e.g. ``acp-server token revoke``, takes to be seen).
+* A name with a NUL (a client's, ``DELETE /tokens/%00``) names no token: ``revoke_token``
+  revokes nothing without a query, on both engines (PostgreSQL's TEXT cannot hold one).
 * ``TokenOps`` is mixed into both store classes (``SqliteTaskStore``,
   ``PostgresTaskStore``), so one store object serves the tasks, the tokens and the
   audit log (``store/audit.py``) with one writer.
@@ -160,6 +162,8 @@ class TokenOps:
 
     async def revoke_token(self, name: str, *, by: str, at: float) -> list[TokenRecord]:
         """Revokes the live token of ``name``; the rows revoked (none: no such token)."""
+        if "\x00" in name:   # no TEXT holds a NUL (psycopg will not send one): no such token
+            return []
         p = self._p
 
         def op(conn: Any, out: list[Any], state: Any = None) -> list[TokenRecord]:

@@ -273,3 +273,31 @@ async def test_concurrent_session_news_hold_their_channel_before_the_session(
         assert len(made) == 1 and refused == ["session_stream_limit_exceeded"]
         assert [s.session_id for s in srv.bridge.list_sessions()] == made
         assert await _active_sessions(srv) == 1
+
+
+async def test_a_fault_while_a_restore_looks_up_its_maker_is_answered(tmp_path: Path) -> None:
+    """A load or resume asks the journal for the session's maker before it runs; a fault
+    there other than the store's unavailability (a bug, a value the store refuses) is
+    answered -32603 ``internal`` like a fault in the method itself: the WebSocket stays
+    open (it was closed, every session on it detached) and over HTTP the answer reaches
+    the stream (none was sent)."""
+    async with running_acp_server(tmp_path) as srv:
+        async def fault(session_id: str) -> str | None:
+            raise RuntimeError("not a store outage")
+
+        srv.bridge.journal.owner_of = fault  # type: ignore[method-assign]
+        params = {"sessionId": "never-made", "cwd": srv.workspace, "mcpServers": []}
+        async with ws_connect(srv.base_url) as ws:
+            await ws.send_json(request(0, "initialize", {"protocolVersion": 1}))
+            await ws.wait_for(lambda m: m.get("id") == 0)
+            await ws.send_json(request(1, "session/load", params))
+            answer = await ws.wait_for(lambda m: m.get("id") == 1)
+            assert answer["error"]["data"]["errorKind"] == "internal", answer
+            await ws.send_json(request(2, "session/list", {}))
+            assert "result" in await ws.wait_for(lambda m: m.get("id") == 2)
+        conn_id, _ = await srv.initialize()
+        async with srv.stream(conn_id) as stream:
+            assert (await srv.post(conn_id, request(3, "session/resume", params))).status_code \
+                == 202
+            answer = await stream.wait_for_id(3)
+            assert answer["error"]["data"]["errorKind"] == "internal", answer

@@ -7,6 +7,8 @@ the shipped daemon (granian, ``tests.harness.ServeProcess``) driven over HTTP/2.
         live.portal.call(async_fn, ...)                 # run in the server's event loop
     with live_daemon(tmp_path) as live:                 # acp-server serve, HTTP/2 client
         ...                                             # (the portal only runs clients)
+    with live_on_postgres(tmp_path) as live:            # asyncio, the store on PostgreSQL
+        ...                                             # (skipped without one configured)
 
 The bridge runs without session / queue caps (a fuzz run creates many sessions), so
 every answer the doors give is a documented 4xx or a success.
@@ -22,10 +24,12 @@ from typing import Any
 
 import anyio.from_thread
 import httpx
+import pytest
 
 from bridge import BridgeOptions
 from tests.harness.local import local_server
 from tests.harness.process import ServeProcess
+from tests.lmsp import stores
 
 OPTIONS = BridgeOptions(max_sessions=0, max_pending_prompts_per_session=0)
 
@@ -56,6 +60,18 @@ def live_server(workspace: Path, backend: str, *, store: Any = None) -> Iterator
             httpx.Client(base_url=base_url, timeout=15) as http:
         yield _seeded(base_url, http, portal)
         assert_healthy(http)
+
+
+@contextlib.contextmanager
+def live_on_postgres(workspace: Path) -> Iterator[Live]:
+    """``live_server`` (asyncio) with its tasks and session journal on PostgreSQL: a
+    client's strings reach its queries (a NUL it cannot hold), not SQLite's. Skipped
+    unless ``ACP_SERVER_TEST_POSTGRES`` names one (``tests.lmsp.stores``)."""
+    if not stores.postgres_dsn():
+        pytest.skip(stores.SKIP_POSTGRES)
+    store = stores.STORE_FACTORIES["postgres"](workspace, "fuzz", True)
+    with live_server(workspace, "asyncio", store=store) as live:
+        yield live
 
 
 DAEMON_FLAGS = ("--max-sessions", "0", "--max-pending-prompts-per-session", "0",

@@ -2,11 +2,14 @@
 and over the WebSocket: generated
 JSON-RPC messages, raw bodies and frames, connection and session headers. No 5xx,
 every error a JSON-RPC error (or the documented ``{"error"}``), a WebSocket that
-stays open and still answers, the server healthy afterwards."""
+stays open and still answers, the server healthy afterwards; on SQLite under each
+backend, and on PostgreSQL (asyncio) when ``ACP_SERVER_TEST_POSTGRES`` names one (a
+``sessionId`` reaches its queries: a NUL it cannot hold)."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -18,7 +21,7 @@ from hypothesis import strategies as st
 from tests.acp_http.wsclient import ws_connect
 from tests.fuzz.budget import Budget, fuzz_settings
 from tests.fuzz.http import send
-from tests.fuzz.live import Live
+from tests.fuzz.live import Live, live_on_postgres
 from tests.fuzz.shapes import check_acp, check_rpc_message
 from tests.fuzz.strategies import CONTENT_TYPE, HEADER_VALUE, bodies, deep, rpc_messages
 
@@ -28,6 +31,15 @@ INIT = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolV
 
 
 def test_acp_http(live: Live) -> None:
+    _fuzz_http(live)
+
+
+def test_acp_http_on_postgres(tmp_path: Path) -> None:
+    with live_on_postgres(tmp_path) as live:
+        _fuzz_http(live)
+
+
+def _fuzz_http(live: Live) -> None:
     messages = rpc_messages([live.session_id]).map(lambda m: json.dumps(m).encode())
     budget = Budget()
     workspace = live.http.get("/capabilities").json()["workspaces"][0]
@@ -75,6 +87,15 @@ async def _exchange(base_url: str, frames: list[str]) -> None:
 
 
 def test_acp_websocket_frames(live: Live) -> None:
+    _fuzz_frames(live)
+
+
+def test_acp_websocket_frames_on_postgres(tmp_path: Path) -> None:
+    with live_on_postgres(tmp_path) as live:
+        _fuzz_frames(live)
+
+
+def _fuzz_frames(live: Live) -> None:
     frame = st.one_of(rpc_messages([live.session_id]).map(json.dumps),
                       st.text(max_size=50),
                       st.integers(min_value=100, max_value=3000).map(lambda n: deep(n).decode()),

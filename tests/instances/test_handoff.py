@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 
+from bridge.agents.stdio import StdioAgentFactory
+from tests.agents import ROOT, fixture_command
 from tests.acp_http.wsclient import ws_connect
 from tests.instances.test_forward_adopt import _pair
 from tests.instances.test_leases import _session
@@ -143,3 +146,25 @@ async def test_an_owner_that_does_not_answer_is_waited_for_a_bounded_time(
         assert refused["data"]["errorKind"] == "session_busy_elsewhere", refused
         assert a.bridge.has_session(sid) and not b.bridge.has_session(sid)
         assert b.server.fleet.stats.handoffs_refused == 1
+
+
+async def test_a_session_whose_id_has_a_comma_is_handed_over(tmp_path: Path) -> None:
+    """Notices carry ids joined by commas: the ask for session "a,b" reached its owner
+    as two ids, neither its own, and the load waited out ``wait_s`` (shortened here),
+    then was refused ``session_busy_elsewhere``, every time. The fixture agent loads
+    any id: A makes the session with a REST ``/load``."""
+    now = [0.0]
+    factory = StdioAgentFactory(fixture_command("any"), cwd=str(ROOT), name="any")
+    async with _pair(tmp_path, now, agent_factory=factory) as (a, b):
+        b.server.fleet.handoffs.wait_s = 5   # an ask not heard: refused after this
+        for sid in ("a,b", "c%2Cd"):
+            made = await a.client.post(f"/session/{quote(sid, safe='')}/load", json={})
+            assert made.status_code == 200, made.text
+            async with ws_connect(b.base_url) as ws:
+                await _initialize(ws)
+                await ws.send_json(_load(tmp_path, sid))
+                answer = await ws.wait_for(lambda m: m.get("id") == 1 and "method" not in m,
+                                           timeout=20)
+            assert "result" in answer, answer
+            assert b.bridge.has_session(sid) and not a.bridge.has_session(sid)
+        assert a.server.fleet.handoffs.given == 2
