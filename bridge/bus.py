@@ -426,7 +426,9 @@ class EventBus:
         if resync is not None:
             frames.append(Event(None, ev.STATE_RESYNC_REQUIRED, ev.StateResyncRequired(
                 reason=resync[0], detail=resync[1], last_delivered_id=cursor,
-                earliest_available_id=replay[0].id if replay else self._last_id + 1)))  # type: ignore[arg-type]
+                # nothing to replay: the next event it gets is the next one released
+                # (a held bus's events not released yet come to it live)
+                earliest_available_id=replay[0].id if replay else self._released_id + 1)))  # type: ignore[arg-type]
         frames.extend(replay)
         last_replayed = replay[-1].id if replay else min(cursor, self._last_id)
         frames.append(Event(None, ev.REPLAY_COMPLETE, ev.ReplayComplete(

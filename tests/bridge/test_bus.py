@@ -9,6 +9,7 @@ import anyio.lowlevel
 import msgspec
 import pytest
 
+from bridge import events as ev
 from bridge import wire
 from bridge.bus import EventBus
 from bridge.errors import SubscriberLimitExceededError
@@ -388,3 +389,25 @@ async def test_a_followed_or_restored_ring_counts_its_bytes_as_it_goes(
                 bus.restore(events, events[-1].id)
             assert bus.ring_size_bytes == sum(e.size for e in bus._ring)
             assert len(bus._ring) <= 3
+
+
+def test_a_resync_on_a_held_bus_names_the_next_event_released() -> None:
+    """A reader from a cursor the ring no longer holds, on a held bus whose released
+    events were all trimmed (a byte bound): nothing to replay, and the resync's
+    ``earliest_available_id`` is the next event it will get (the first held one, once
+    released), not one past the last published (found by the held-bus property test)."""
+    bus = EventBus(ring_size=64, max_queued=8, max_subscribers=8)
+    bus.hold = True
+    bus.ring_bytes = 600
+    for _ in range(30):
+        bus.publish("x", {"pad": ""})
+    bus.release(30)
+    for _ in range(2):
+        bus.publish("x", {"pad": "p" * 200})   # held: the released ones are trimmed
+    assert bus.ring_events() == []   # every released event trimmed
+    reader = bus.subscribe(last_event_id=0)
+    frames = reader.take(1 << 20)
+    assert frames[0].type == ev.STATE_RESYNC_REQUIRED
+    assert frames[0].data.earliest_available_id == 31
+    bus.release(32)
+    assert [frame.id for frame in reader.take(1 << 20) if frame.id is not None] == [31, 32]
