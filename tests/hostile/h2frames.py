@@ -113,6 +113,7 @@ class RawH2:
         self._buffer = b""
         self._reader = anyio.CancelScope()
         self.answer_pings = False
+        self._leaving = False
         self._pongs: list[bytes] = []
 
     @classmethod
@@ -139,7 +140,8 @@ class RawH2:
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
-        self._reader.cancel()
+        self._leaving = True        # our own close is not the server's (trio's reader
+        self._reader.cancel()       # sees ClosedResourceError before its cancellation)
         await self.stream.aclose()
 
     def block(self, fields: list[tuple[str, str]]) -> bytes:
@@ -167,6 +169,8 @@ class RawH2:
         return self.got.goaway is not None or self.got.closed
 
     def _close(self) -> None:
+        if self._leaving:
+            return
         self.got.closed = True
         self._poke()
 
