@@ -26,7 +26,10 @@ head caps 414 / 431         hyper's head buffer (431), then the   ``guard.guarde
                             front layer's exact checks            (before parsing), then the
                                                                   front layer's
 HTTP/2 abuse                hyper/h2: stream cap, header list     n/a
-                            cap, flow-control windows
+                            cap, flow-control windows, reset and
+                            CONTINUATION floods; a PING after the
+                            header timeout's quiet, unanswered
+                            for as long again: closed
 ==========================  ====================================  ==============================
 
 granian calls the app through its ASGI interface, or with ``--granian-interface rsgi``
@@ -41,6 +44,7 @@ connections (the real port when ``port=0``; ``https://`` with TLS) and returns a
 from __future__ import annotations
 
 import contextlib
+import math
 import socket
 import ssl
 from collections.abc import Callable
@@ -102,6 +106,19 @@ def http_server(app: Any, options: HttpOptions, sock: socket.socket, *,
     return GranianServer(app, options, host=host, port=port, limits=limits, stats=stats)
 
 
+def h2_keep_alive_ms(header_timeout_s: float) -> int:
+    """How long an HTTP/2 connection may be quiet before granian PINGs it (ms): the
+    header timeout. With ``h2_keep_alive_timeout_s`` this closes an HTTP/2 connection
+    that stopped answering (a preface then silence, a flood that stopped reading)."""
+    return max(1000, int(header_timeout_s * 1000))
+
+
+def h2_keep_alive_timeout_s(header_timeout_s: float) -> int:
+    """How long granian waits for that PING's acknowledgement before it closes the
+    connection (whole seconds, granian's unit): the header timeout, 1 s at least."""
+    return max(1, math.ceil(header_timeout_s))
+
+
 # -- granian ------------------------------------------------------------------------
 class GranianServer:
     """granian's embedded server (``granian.server.embed``) in this event loop."""
@@ -139,6 +156,8 @@ class GranianServer:
                 keep_alive=True, max_buffer_size=max(8192, head)),
             http2_settings=HTTP2Settings(
                 max_concurrent_streams=H2_MAX_CONCURRENT_STREAMS,
+                keep_alive_interval=h2_keep_alive_ms(limits.header_timeout_s),
+                keep_alive_timeout=h2_keep_alive_timeout_s(limits.header_timeout_s),
                 max_headers_size=limits.max_header_bytes + limits.max_request_line),
             log_enabled=False,
             ssl_cert=_path(options.tls_cert), ssl_key=_path(options.tls_key),
