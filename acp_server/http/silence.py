@@ -1,4 +1,5 @@
-"""Close the connections that never said a word: granian's missing header timeout.
+"""Close the connections that never said enough to be served: granian's missing header
+timeout.
 
     sweep = SilentConnections(port=4170, timeout_s=10.0, stats=guard_stats)
     async with anyio.create_task_group() as tg:
@@ -14,16 +15,21 @@ guarantee from outside, since granian runs in this process (``granian.server.emb
 * every ``interval_s`` the process's own descriptors are listed (``/proc/self/fd``);
   each TCP socket whose local port is the server's and that has a peer is one of the
   server's connections;
-* the kernel's ``TCP_INFO`` says how many bytes it received and how long ago it last
-  received data (for a connection that received none: since it was established);
-* an established connection that received **no byte** for ``timeout_s`` is shut down
-  (``shutdown(SHUT_RDWR)`` on a duplicate of the descriptor: the peer sees the
-  connection end, granian's read returns end-of-file and it closes its side), and
-  ``stats["header_timeouts"]`` counts it.
+* the kernel's ``TCP_INFO`` says how many bytes it received and was sent, and how long
+  ago it last received data (for a connection that received none: since it was
+  established);
+* an established connection that received **fewer bytes than the HTTP/2 preface**
+  (``PREFACE_BYTES``: none at all, or ``PRI * HTTP`` and no more, which granian waits
+  on with no timer either), was **sent no byte**, and received nothing for
+  ``timeout_s`` is shut down (``shutdown(SHUT_RDWR)`` on a duplicate of the
+  descriptor: the peer sees the connection end, granian's read returns end-of-file and
+  it closes its side), and ``stats["header_timeouts"]`` counts it.
 
-Contracts: only connections that received nothing are touched (a partial head, or an
-idle keep-alive connection, is hyper's ``header_read_timeout``); a connection is shut
-down between ``timeout_s`` and ``timeout_s + interval_s`` after it was established; a
+Contracts: only connections that were never answered and said less than the preface
+are touched (any other partial head, or an idle keep-alive connection, is hyper's
+``header_read_timeout``; no HTTP/1.1 request with its ``Host`` is that short, and one
+that is gets hyper's answer before the timeout); a connection is shut down between
+``timeout_s`` and ``timeout_s + interval_s`` after its last byte (or its start); a
 descriptor closed or reused while it is looked at is only ever acted on for what it is
 when looked at (the duplicate pins it). Linux only (``TCP_INFO``, ``/proc``): elsewhere
 ``run`` returns at once. Nothing here raises out of ``run``: a failed sweep is logged.
@@ -46,17 +52,24 @@ log = logging.getLogger("acp_server.http")
 TCP_ESTABLISHED = 1
 _LAST_DATA_RECV = struct.Struct("=I")     # struct tcp_info: tcpi_last_data_recv at 52
 _BYTES_RECEIVED = struct.Struct("=Q")     # tcpi_bytes_received at 128 (Linux >= 4.1)
-_INFO_BYTES = 136
+_DATA_SEGS_OUT = struct.Struct("=I")      # tcpi_data_segs_out at 156 (Linux >= 4.6)
+PREFACE_BYTES = 24   # b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+_INFO_BYTES = 160
 _FD_DIR = "/proc/self/fd"
 
 
 def silent_for_ms(sock: socket.socket) -> int | None:
-    """How long an established connection ``sock`` has received nothing at all (ms), or
-    ``None`` when it received a byte, is not established, or the kernel cannot say."""
+    """How long an established connection ``sock`` that received less than the HTTP/2
+    preface and was sent nothing has received nothing more (ms), or ``None`` when it
+    said more, was answered, is not established, or the kernel cannot say."""
     info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _INFO_BYTES)
-    if len(info) < _INFO_BYTES or info[0] != TCP_ESTABLISHED:
+    if len(info) < 136 or info[0] != TCP_ESTABLISHED:
         return None
-    if _BYTES_RECEIVED.unpack_from(info, 128)[0] != 0:
+    received = _BYTES_RECEIVED.unpack_from(info, 128)[0]
+    if len(info) < _INFO_BYTES:   # an older kernel: only a connection that said nothing
+        if received:
+            return None
+    elif received >= PREFACE_BYTES or _DATA_SEGS_OUT.unpack_from(info, 156)[0] != 0:
         return None
     return int(_LAST_DATA_RECV.unpack_from(info, 52)[0])
 

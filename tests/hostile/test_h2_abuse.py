@@ -294,12 +294,10 @@ async def test_cheap_frame_floods_are_cut_off(daemon: ServeProcess, kind: str) -
     assert raw.got.goaway not in (None, 0) or raw.got.closed, raw.got
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a connection that sent part of the HTTP/2 preface and then nothing is never closed: "
-    "granian waits for the rest with no timer, hyper's header timeout has not started "
-    "and the silence sweep (acp_server/http/silence.py) only closes connections that "
-    "sent no byte at all"))
 async def test_part_of_the_preface_then_silence(daemon: ServeProcess) -> None:
+    """granian waits for the rest of the preface with no timer and hyper's header
+    timeout has not started: the silence sweep (``acp_server/http/silence.py``) closes a
+    connection that said less than the preface and was never answered."""
     async def attack(raw: RawH2) -> None:
         await raw.send(PREFACE[:10])
     raw = await endure(daemon, attack, preface=False, end_within=5 * HEADER_TIMEOUT_MS / 1000)

@@ -1,5 +1,6 @@
-"""``acp_server.http.silence``: only this process's connections on the port that
-received no byte are shut down; one that sent a byte, the listener, and connections on
+"""``acp_server.http.silence``: only this process's connections on the port that said
+less than the HTTP/2 preface (nothing, or part of it) and were never answered are shut
+down; one that said more, one that was answered, the listener, and connections on
 other ports are left alone."""
 
 from __future__ import annotations
@@ -24,22 +25,33 @@ def test_only_silent_connections_on_the_port_are_shut_down() -> None:
             socket.create_server(("127.0.0.1", 0)) as other:
         port = listener.getsockname()[1]
         silent_client, silent = _pair(listener)
+        stalled_client, stalled = _pair(listener)
         talking_client, talking = _pair(listener)
+        answered_client, answered = _pair(listener)
         elsewhere_client, elsewhere = _pair(other)
-        talking_client.sendall(b"G")
-        assert talking.recv(1) == b"G"
-        assert silent_for_ms(silent) is not None and silent_for_ms(talking) is None
+        stalled_client.sendall(b"PRI * HTTP")               # part of the HTTP/2 preface
+        assert stalled.recv(64) == b"PRI * HTTP"
+        talking_client.sendall(b"GET / HTTP/1.1\r\nHost: a\r\n")   # more than the preface
+        assert talking.recv(64) == b"GET / HTTP/1.1\r\nHost: a\r\n"
+        answered_client.sendall(b"G")
+        assert answered.recv(1) == b"G"
+        answered.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+        assert answered_client.recv(64)                     # received: its ACK counts
+        assert silent_for_ms(silent) is not None and silent_for_ms(stalled) is not None
+        assert silent_for_ms(talking) is None and silent_for_ms(answered) is None
         assert sweep_once(port, timeout_ms=3_600_000) == 0   # not silent for long enough
-        assert sweep_once(port, timeout_ms=0) == 1
-        silent_client.settimeout(5)
-        assert silent_client.recv(1) == b""                 # the peer sees the end
-        talking_client.setblocking(False)
-        with pytest.raises(BlockingIOError):                # still open, nothing to read
-            talking_client.recv(1)
+        assert sweep_once(port, timeout_ms=0) == 2
+        for client in (silent_client, stalled_client):
+            client.settimeout(5)
+            assert client.recv(1) == b""                    # the peer sees the end
+        for client in (talking_client, answered_client):
+            client.setblocking(False)
+            with pytest.raises(BlockingIOError):            # still open, nothing to read
+                client.recv(1)
         assert silent_for_ms(elsewhere) is not None         # another port: untouched
         elsewhere_client.setblocking(False)
         with pytest.raises(BlockingIOError):
             elsewhere_client.recv(1)
-        for sock in (silent_client, silent, talking_client, talking, elsewhere_client,
-                     elsewhere):
+        for sock in (silent_client, silent, stalled_client, stalled, talking_client, talking,
+                     answered_client, answered, elsewhere_client, elsewhere):
             sock.close()
