@@ -5,6 +5,7 @@ reads are never retried. Both anyio backends (``tests/conftest.py``)."""
 
 from __future__ import annotations
 
+import secrets
 import sqlite3
 import urllib.parse
 from pathlib import Path
@@ -25,9 +26,12 @@ pytestmark = pytest.mark.anyio
 
 def _named_url(tmp_path: Path, name: str) -> tuple[str, str]:
     """A test schema's URL whose connections carry their own ``application_name``
-    (only this store's backends are terminated: other tests may share the server)."""
+    (only this store's backends are terminated: other tests may share the server). The
+    name is random: ``tmp_path.name`` is cut to 30 characters, so the asyncio and trio
+    runs of one test, on two xdist workers at once, had the same one and each
+    terminated the other's backends (a CI run saw it)."""
     url = stores.postgres_url_or_skip(tmp_path, name)
-    app = f"acp-read-retry-{tmp_path.name}"[:63]
+    app = f"acp-{name}-{secrets.token_hex(8)}"
     parts = urllib.parse.urlsplit(url)
     query = urllib.parse.parse_qsl(parts.query) + [("application_name", app)]
     return urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(query))), app
