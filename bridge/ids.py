@@ -75,15 +75,17 @@ def new_prompt_id(now_ms: int | None = None) -> str:
     """A new prompt's id (see the module contracts)."""
     ms = time.time_ns() // 1_000_000 if now_ms is None else now_ms
     rand = _pool.take()
-    value = ((ms & (1 << 48) - 1) << 80 | 0x7 << 76 | (rand >> 62 & 0xFFF) << 64
-             | 0b10 << 62 | rand & (1 << 62) - 1)
-    h = f"{value:032x}"
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+    return _uuid_text((ms & (1 << 48) - 1) << 80 | 0x7 << 76 | (rand >> 62 & 0xFFF) << 64
+                      | 0b10 << 62 | rand & (1 << 62) - 1)
 
 
 def uuid4_str() -> str:
     """A random UUID, version 4, written as ``str(uuid.uuid4())`` writes it."""
-    value = (_pool.take(16) & ~(0xF << 76 | 0b11 << 62)) | 0x4 << 76 | 0b10 << 62
+    return _uuid_text((_pool.take(16) & ~(0xF << 76 | 0b11 << 62)) | 0x4 << 76 | 0b10 << 62)
+
+
+def _uuid_text(value: int) -> str:
+    """A 128-bit value written as ``str(uuid.UUID(int=value))`` writes it."""
     h = f"{value:032x}"
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 

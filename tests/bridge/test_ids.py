@@ -29,10 +29,8 @@ def test_a_version_7_uuid_ordered_by_its_millisecond() -> None:
     assert len(same) == 1000
 
 
-def test_the_random_bits_come_from_the_os_in_bulk_and_never_twice(monkeypatch) -> None:
-    """One ``os.urandom`` call per ``POOL_BYTES // 10`` ids (each call lets go of the
-    interpreter lock); three refills' worth of ids in one millisecond are all distinct,
-    each exactly what ``uuid.UUID`` writes for the same bits."""
+def _count_urandom(monkeypatch) -> list[int]:
+    """The sizes of each ``os.urandom`` call the pool makes from now on (emptied first)."""
     drawn: list[int] = []
     system = os.urandom
 
@@ -42,6 +40,14 @@ def test_the_random_bits_come_from_the_os_in_bulk_and_never_twice(monkeypatch) -
 
     monkeypatch.setattr(ids.os, "urandom", urandom)
     ids._pool.forget()
+    return drawn
+
+
+def test_the_random_bits_come_from_the_os_in_bulk_and_never_twice(monkeypatch) -> None:
+    """One ``os.urandom`` call per ``POOL_BYTES // 10`` ids (each call lets go of the
+    interpreter lock); three refills' worth of ids in one millisecond are all distinct,
+    each exactly what ``uuid.UUID`` writes for the same bits."""
+    drawn = _count_urandom(monkeypatch)
     per_pool = ids.POOL_BYTES // 10
     made = [new_prompt_id(7) for _ in range(3 * per_pool)]
     assert drawn == [ids.POOL_BYTES] * 3
@@ -111,15 +117,7 @@ def test_version_4_uuids_and_random_integers_from_the_same_pool(monkeypatch) -> 
     """``uuid4_str`` writes what ``str(uuid.uuid4())`` writes (version 4, RFC 4122),
     ``random_bits(k)`` stays below ``2**k``; both draw from the pool, one ``os.urandom``
     call for many, never the same bytes twice."""
-    drawn: list[int] = []
-    system = os.urandom
-
-    def urandom(size: int) -> bytes:
-        drawn.append(size)
-        return system(size)
-
-    monkeypatch.setattr(ids.os, "urandom", urandom)
-    ids._pool.forget()
+    drawn = _count_urandom(monkeypatch)
     made = [ids.uuid4_str() for _ in range(ids.POOL_BYTES // 16 * 2)]
     assert drawn == [ids.POOL_BYTES] * 2
     assert len(set(made)) == len(made)
