@@ -1,0 +1,126 @@
+"""Faults of the machine itself against a real ``acp-server serve`` process: "a fault
+never ends the process" (``docs/operations.md``, "Faults of the machine").
+
+* stdout and stderr whose reader is gone (the parent closed its ends of the pipes
+  before the listening line): the server serves, and stops cleanly on SIGTERM;
+* signals: SIGHUP drains like SIGTERM; two SIGTERMs in a row; a SIGINT while the store
+  is still being opened ends the start cleanly;
+* descriptors run out (a low ``RLIMIT_NOFILE`` set in the child): the silent
+  connections that hold them are still closed after the header timeout, a new agent
+  that cannot be spawned is a 503 ``agent_unavailable``, the store keeps committing,
+  and everything comes back by itself;
+* an agent whose executable loses its execute bit: a 503 in each door's shape, and
+  the next request after it is restored works.
+
+The store outages, full disks, hung agents and hostile headers are elsewhere
+(``tests/store/test_outage_processes.py``, the rest of ``tests/hostile``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+
+from tests.harness import ServeProcess
+from tests.harness.process import ROOT
+from tests.lmsp.server import envelope
+
+pytestmark = pytest.mark.anyio
+SERVERS = pytest.mark.parametrize("server", ["granian", "uvicorn"])
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"   # the client side only; the server is its own process
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def child_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "ACP_SERVER_TOKEN"}
+    env["PYTHONPATH"] = str(ROOT)
+    return env
+
+
+def serve_argv(workspace: Path, port: int, *flags: str) -> list[str]:
+    return [sys.executable, "-m", "acp_server", "serve", "--port", str(port), "--workspace",
+            str(workspace), "--state-dir", str(workspace / "state"), *flags]
+
+
+async def until_healthy(base: str, process: subprocess.Popen[bytes]) -> None:
+    """Poll ``/health`` until a 200 (the process must stay alive meanwhile)."""
+    async with httpx.AsyncClient(base_url=base, timeout=10) as client:
+        with anyio.fail_after(30):
+            while True:
+                assert process.poll() is None, f"the server ended: {process.returncode}"
+                try:
+                    if (await client.get("/health")).status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass
+                await anyio.sleep(0.05)
+
+
+def stop(process: subprocess.Popen[bytes], signum: int = signal.SIGTERM) -> int:
+    process.send_signal(signum)
+    try:
+        return process.wait(20)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+@pytest.fixture
+def dead_pipes() -> Iterator[tuple[int, int]]:
+    """Two pipes whose read ends are already closed: a write to either is EPIPE."""
+    ends = []
+    for _ in range(2):
+        read, write = os.pipe()
+        os.close(read)
+        ends.append(write)
+    try:
+        yield ends[0], ends[1]
+    finally:
+        for fd in ends:
+            os.close(fd)
+
+
+# -- the terminal ---------------------------------------------------------------------------
+@SERVERS
+async def test_a_closed_stdout_and_stderr_do_not_end_the_server(
+        tmp_path: Path, server: str, dead_pipes: tuple[int, int]) -> None:
+    """The parent went away or closed its ends of the pipes: the listening line and
+    every log line hit EPIPE (SIGPIPE is ignored by Python, so a write raises). The
+    server serves every door and stops cleanly on SIGTERM, exit status 0."""
+    port = free_port()
+    out, err = dead_pipes
+    process = subprocess.Popen(serve_argv(tmp_path, port, "--http-server", server),
+                               stdout=out, stderr=err, env=child_env())
+    try:
+        base = f"http://127.0.0.1:{port}"
+        await until_healthy(base, process)
+        async with httpx.AsyncClient(base_url=base, timeout=10) as client:
+            made = await client.post("/session", json={"sessionScope": "thread"})
+            assert made.status_code == 200, made.text
+            task = await client.post("/lmsp/v1/tasks", json=envelope("logged into nothing"))
+            assert task.status_code == 202, task.text
+            missing = await client.get("/session/nope/status")   # logged as well
+            assert missing.status_code == 404
+        assert process.poll() is None
+    finally:
+        status = stop(process)
+    assert status == 0
