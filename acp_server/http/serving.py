@@ -15,7 +15,9 @@ Contracts:
   caps and WebSocket frames capped at the body cap; no lifespan, no access log of its
   own (``acp_server.ops.request_log`` logs every request). It prints the listening line
   to stdout (flushed) once the socket accepts connections, with the real port
-  (``https://`` with TLS), and the state folder on the next line.
+  (``https://`` with TLS), and the state folder on the next line. A stdout whose
+  reader is gone (the parent closed its end of the pipe: EPIPE) does not end the
+  server: one warning, and stdout is ``/dev/null`` from then on (``announce``).
 * Signals are handled from before the listening line on. The first SIGTERM / SIGINT
   runs ``server.drain()`` (front doors, sessions, agents),
   then the HTTP server stops listening and finishes the open responses (at most
@@ -29,8 +31,10 @@ that know granian and uvicorn. It belongs to the composition (it may import
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import socket
+import sys
 from typing import TYPE_CHECKING
 
 import anyio
@@ -82,14 +86,34 @@ async def run_http(server: Server, settings: Settings, sock: socket.socket | Non
 
     def started(url: str) -> None:
         server.advertise(url)
-        print(f"acp-server listening on {url} "
-              f"(workspace={settings.workspace}, agent={settings.agent})\n"
-              f"state in {settings.state_dir} (--state-dir chooses another)", flush=True)
+        announce(f"acp-server listening on {url} "
+                 f"(workspace={settings.workspace}, agent={settings.agent})\n"
+                 f"state in {settings.state_dir} (--state-dir chooses another)")
 
     async with anyio.create_task_group() as tg:
         await tg.start(_drain_on_signal, http, server)   # before the listening line
         await http.serve(started)
         tg.cancel_scope.cancel()
+
+
+def announce(text: str) -> None:
+    """``text`` on stdout, flushed. A stdout that cannot be written (its reader closed
+    the pipe: EPIPE; a closed or full device) is logged once and pointed at
+    ``/dev/null``, so that neither this nor the interpreter's last flush at exit fails."""
+    if sys.stdout is None:   # started with no descriptor 1 at all
+        return
+    try:
+        print(text, flush=True)
+    except (OSError, ValueError) as exc:
+        log.warning("stdout cannot be written (%s): the listening line is lost; "
+                    "stdout goes to %s from now on", exc, os.devnull)
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+            sys.stdout.flush()   # what was left in the buffer goes nowhere, not at exit
+        except (OSError, ValueError):
+            sys.stdout = None   # type: ignore[assignment] # print() then writes nothing
 
 
 async def _drain_on_signal(http: HttpServer, server: Server, *,
