@@ -18,6 +18,7 @@ The store outages, full disks, hung agents and hostile headers are elsewhere
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -25,6 +26,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import httpx
@@ -124,3 +126,75 @@ async def test_a_closed_stdout_and_stderr_do_not_end_the_server(
     finally:
         status = stop(process)
     assert status == 0
+
+
+# -- agents that cannot be started ----------------------------------------------------------
+def script_agent(folder: Path, name: str) -> Path:
+    """An executable script that runs the honest fixture agent ``name``."""
+    script = folder / f"{name}-agent"
+    script.write_text(f"#!/bin/sh\nexec {sys.executable} -m tests.agents.fixture_agent "
+                      f"--name {name}\n")
+    script.chmod(0o755)
+    return script
+
+
+async def acp_session_new(client: httpx.AsyncClient, cwd: Path, agent: str) -> dict[str, Any]:
+    """``session/new`` for ``agent`` over ``/acp`` (Streamable HTTP): the JSON-RPC answer."""
+    init = await client.post("/acp", json={"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                                           "params": {"protocolVersion": 1}})
+    conn = {"Acp-Connection-Id": init.headers["acp-connection-id"]}
+    async with client.stream("GET", "/acp", headers={**conn, "Accept": "text/event-stream"}
+                             ) as stream:
+        posted = await client.post("/acp", headers=conn, json={
+            "jsonrpc": "2.0", "id": 1, "method": "session/new", "params": {
+                "cwd": str(cwd), "mcpServers": [], "_meta": {"acp-server/agent": agent}}})
+        assert posted.status_code == 202, posted.text
+        with anyio.fail_after(20):
+            async for line in stream.aiter_lines():
+                if line.startswith("data: "):
+                    return json.loads(line[6:])  # type: ignore[no-any-return]
+    raise AssertionError("the /acp stream ended")
+
+
+async def lmsp_outcome(client: httpx.AsyncClient, task_id: str) -> dict[str, Any]:
+    with anyio.fail_after(20):
+        while True:
+            task = (await client.get(f"/lmsp/v1/tasks/{task_id}")).json()
+            if task["status"] in ("succeeded", "failed", "cancelled"):
+                return task  # type: ignore[no-any-return]
+            await anyio.sleep(0.05)
+
+
+async def test_an_agent_that_lost_its_execute_bit_is_503_in_each_door(tmp_path: Path) -> None:
+    """The agent's executable loses its execute bit after start-up (an upgrade half
+    done, a wrong chmod): a new session is a 503 ``agent_unavailable`` naming the agent
+    and the reason in REST and ``/acp`` (not a 500), an LMSP task for it fails with that
+    code rather than hanging; once the bit is back, the next request starts the agent."""
+    script = script_agent(tmp_path, "flaky")
+    async with ServeProcess(tmp_path, "--agent", f"flaky={script}",
+                            "--agent", "reference") as daemon:
+        script.chmod(0o644)
+        rest = await daemon.client.post("/session", json={"agent": "flaky",
+                                                           "sessionScope": "thread"})
+        assert rest.status_code == 503, rest.text
+        assert rest.headers["retry-after"] == "5"
+        body = rest.json()
+        assert (body["code"], body["agent"], body["reason"]) == (
+            "agent_unavailable", "flaky", "EACCES")
+        assert "Cannot start agent 'flaky'" in body["error"]
+        answer = await acp_session_new(daemon.client, tmp_path, "flaky")
+        assert answer["id"] == 1 and answer["error"]["code"] == -32603, answer
+        assert answer["error"]["data"] == {"errorKind": "agent_unavailable", "agent": "flaky",
+                                           "reason": "EACCES", "retryable": True}
+        made = await daemon.client.post("/lmsp/v1/tasks", json={
+            "type": "response", "input": {"model": "flaky", "input": "hello"}})
+        assert made.status_code == 202, made.text
+        failed = await lmsp_outcome(daemon.client, made.json()["id"])
+        assert failed["status"] == "failed", failed
+        assert failed["error"]["code"] == "agent_unavailable", failed
+        assert (await daemon.client.post("/session", json={})).status_code == 200  # others go on
+        script.chmod(0o755)
+        again = await daemon.client.post("/session", json={"agent": "flaky",
+                                                            "sessionScope": "thread"})
+        assert again.status_code == 200, again.text
+        assert daemon.returncode is None
