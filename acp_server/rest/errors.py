@@ -102,6 +102,7 @@ STATUS: dict[type[BridgeError], int] = {
     be.PromptCancelledError: 409,
     be.SessionClosedError: 404,
     be.AgentTimeoutError: 504,
+    be.AgentUnavailableError: 503,
     be.AgentProtocolError: 502,
     be.InvalidPromptError: 400,
     be.InvalidDeadlineError: 400,
