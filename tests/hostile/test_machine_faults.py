@@ -32,7 +32,7 @@ import anyio
 import httpx
 import pytest
 
-from tests.harness import ServeProcess
+from tests.harness import ServeProcess, read_until_closed
 from tests.harness.process import ROOT
 from tests.lmsp.server import envelope
 
@@ -198,3 +198,32 @@ async def test_an_agent_that_lost_its_execute_bit_is_503_in_each_door(tmp_path: 
                                                             "sessionScope": "thread"})
         assert again.status_code == 200, again.text
         assert daemon.returncode is None
+
+
+# -- out of file descriptors ----------------------------------------------------------------
+FD_LIMIT = 64   # what the child gets (soft = hard: the server cannot raise it)
+
+
+def open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+async def test_silent_connections_are_closed_at_the_descriptor_limit(tmp_path: Path) -> None:
+    """granian holds a connection that says nothing for ever; the silence sweep closes
+    it after the header timeout. With every descriptor taken by such connections the
+    sweep cannot open ``/proc/self/fd`` nor duplicate one: it must still close them,
+    or the server stays full for as long as the clients like. They are all closed
+    (those granian could not accept yet too, once it can), and the server answers."""
+    async with ServeProcess(tmp_path, "--header-timeout-ms", "2000", "--http-server",
+                            "granian", shell_prefix=f"ulimit -n {FD_LIMIT};") as daemon:
+        silent = [await daemon.raw() for _ in range(FD_LIMIT)]
+        with anyio.fail_after(10):   # accepted until the process is out of descriptors
+            while open_fds(daemon.pid) < FD_LIMIT:
+                await anyio.sleep(0.01)
+        with anyio.fail_after(30):
+            for stream in silent:
+                assert await read_until_closed(stream) == b""
+        async with httpx.AsyncClient(base_url=daemon.base_url, timeout=10) as client:
+            assert (await client.get("/health")).status_code == 200
+        assert daemon.returncode is None
+        assert "Traceback" not in daemon.stderr_text()
