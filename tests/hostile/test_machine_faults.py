@@ -227,3 +227,69 @@ async def test_silent_connections_are_closed_at_the_descriptor_limit(tmp_path: P
             assert (await client.get("/health")).status_code == 200
         assert daemon.returncode is None
         assert "Traceback" not in daemon.stderr_text()
+
+
+def agent_pid(parent: int, name: str) -> int:
+    """The pid of the fixture agent ``--name name`` started by ``parent``."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == parent and b"tests.agents.fixture_agent" in argv \
+                and argv[argv.index(b"--name") + 1] == name.encode():
+            return int(entry.name)
+    raise AssertionError(f"no agent {name} under {parent}")
+
+
+AGENTS = 16
+
+
+@SERVERS
+async def test_out_of_descriptors_agents_wait_and_the_store_commits(tmp_path: Path,
+                                                                    server: str) -> None:
+    """Agents take descriptors (their pipes) until the process has none: the next
+    agent's start is a 503 ``agent_unavailable`` (``EMFILE``), not a 500; an LMSP task
+    for that agent is acknowledged and waits (queued again, not failed); on a connection
+    already open, LMSP work on another agent commits and ``/health?deep=1`` is 200.
+    Two agents die (descriptors come back): the waiting task runs and the agent starts,
+    with nothing done by hand."""
+    flags = [f"--agent=a{n}={script_agent(tmp_path, f'a{n}')}" for n in range(AGENTS)]
+    async with ServeProcess(tmp_path, *flags, "--agent", "reference", "--http-server", server,
+                            shell_prefix=f"ulimit -n {FD_LIMIT};") as daemon:
+        client = daemon.client   # its one keep-alive connection, opened now
+        assert (await client.get("/health")).status_code == 200
+        started = []
+        for n in range(AGENTS):
+            made = await client.post("/session", json={"agent": f"a{n}",
+                                                       "sessionScope": "thread"})
+            if made.status_code != 200:
+                break
+            started.append(f"a{n}")
+        else:
+            raise AssertionError(f"{AGENTS} agents started under {FD_LIMIT} descriptors")
+        refused = made.json()
+        assert made.status_code == 503 and made.headers["retry-after"] == "5", made.text
+        assert refused["code"] == "agent_unavailable" and refused["agent"] == f"a{n}"
+        assert refused["reason"] in ("EMFILE", "unknown"), refused   # uvloop: -1
+        assert len(started) >= 2
+        waiting = await client.post("/lmsp/v1/tasks", json={
+            "type": "response", "input": {"model": f"a{n}", "input": "when there is room"}})
+        assert waiting.status_code == 202, waiting.text
+        done = await client.post("/lmsp/v1/tasks", json=envelope("committed meanwhile"))
+        assert done.status_code == 202, done.text
+        assert (await lmsp_outcome(client, done.json()["id"]))["status"] == "succeeded"
+        deep = await client.get("/health", params={"deep": "1"})
+        assert deep.status_code == 200, deep.text
+        for name in started[:2]:
+            os.kill(agent_pid(daemon.pid, name), signal.SIGKILL)
+        ran = await lmsp_outcome(client, waiting.json()["id"])
+        assert ran["status"] == "succeeded", ran
+        with anyio.fail_after(20):
+            while (await client.post("/session", json={"agent": f"a{n}"})).status_code != 200:
+                await anyio.sleep(0.05)
+        assert daemon.returncode is None
+        assert "Traceback" not in daemon.stderr_text()
