@@ -22,6 +22,7 @@ import json
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -293,3 +294,86 @@ async def test_out_of_descriptors_agents_wait_and_the_store_commits(tmp_path: Pa
                 await anyio.sleep(0.05)
         assert daemon.returncode is None
         assert "Traceback" not in daemon.stderr_text()
+
+
+# -- signals --------------------------------------------------------------------------------
+async def closed_with(daemon: ServeProcess, signals: list[int]) -> list[str]:
+    """Open a session's event stream, send ``signals`` to the server back to back, and
+    read the stream to its end: its ``data:`` lines."""
+    sid = (await daemon.client.post("/session", json={})).json()["sessionId"]
+    lines: list[str] = []
+    async with httpx.AsyncClient(base_url=daemon.base_url, timeout=20) as reader:
+        async with reader.stream("GET", f"/session/{sid}/events") as events:
+            assert events.status_code == 200
+            for signum in signals:
+                os.kill(daemon.pid, signum)
+            with anyio.fail_after(20):
+                async for line in events.aiter_lines():
+                    if line.startswith("data:"):
+                        lines.append(line)
+    return lines
+
+
+@SERVERS
+async def test_sighup_drains_like_sigterm(tmp_path: Path, server: str) -> None:
+    """The terminal the server was started from goes away (SIGHUP): it drains as on
+    SIGTERM (streams end with ``session_closed``) and exits 0, rather than dying
+    of the signal with nothing drained."""
+    async with ServeProcess(tmp_path, "--http-server", server) as daemon:
+        lines = await closed_with(daemon, [signal.SIGHUP])
+        assert json.loads(lines[-1][5:])["type"] == "session_closed", lines
+        assert await anyio.to_thread.run_sync(daemon.process.wait, 20) == 0
+        assert "received SIGHUP: draining" in daemon.stderr_text()
+
+
+@SERVERS
+async def test_two_sigterms_back_to_back_exit_0(tmp_path: Path, server: str) -> None:
+    """A second SIGTERM while the first drains skips the wait for open connections:
+    still a clean exit 0, the stream ended with ``session_closed``, no traceback."""
+    async with ServeProcess(tmp_path, "--http-server", server) as daemon:
+        lines = await closed_with(daemon, [signal.SIGTERM, signal.SIGTERM])
+        assert json.loads(lines[-1][5:])["type"] == "session_closed", lines
+        assert await anyio.to_thread.run_sync(daemon.process.wait, 20) == 0
+        assert "Traceback" not in daemon.stderr_text()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+async def test_a_signal_while_the_store_is_being_opened_stops_cleanly(tmp_path: Path,
+                                                                     signum: int) -> None:
+    """The store is still being opened (its SQLite file locked by another process: the
+    open waits its busy timeout) when SIGINT or SIGTERM comes: the start stops once the
+    open returns, one log line, exit 0, no ``KeyboardInterrupt`` traceback."""
+    db = tmp_path / "lmsp.db"
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("CREATE TABLE held (x)")
+    holder.execute("BEGIN EXCLUSIVE")
+    child = ServeProcess(tmp_path, "--store", f"sqlite:///{db}",
+                         "--store-busy-timeout-ms", "2000")
+    child.stderr_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(child.stderr_path, "a") as stderr:
+        process = subprocess.Popen(child.argv, stdout=subprocess.DEVNULL, stderr=stderr,
+                                   env=child_env())
+    try:
+        with anyio.fail_after(30):   # the store's open has begun: the file is open
+            while not any(os.path.realpath(f"/proc/{process.pid}/fd/{fd}") == str(db)
+                          for fd in _fds(process.pid)):
+                assert process.poll() is None, child.stderr_text()
+                await anyio.sleep(0.01)
+        process.send_signal(signum)
+        assert await anyio.to_thread.run_sync(process.wait, 20) == 0, child.stderr_text()
+        log = child.stderr_text()
+        assert f"received {signal.Signals(signum).name} while starting: stopping" in log, log
+        assert "Traceback" not in log and "KeyboardInterrupt" not in log, log
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def _fds(pid: int) -> list[str]:
+    try:
+        return os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return []
