@@ -18,10 +18,13 @@ Contracts:
   (``https://`` with TLS), and the state folder on the next line. A stdout whose
   reader is gone (the parent closed its end of the pipe: EPIPE) does not end the
   server: one warning, and stdout is ``/dev/null`` from then on (``announce``).
-* Signals are handled from before the listening line on. The first SIGTERM / SIGINT
-  runs ``server.drain()`` (front doors, sessions, agents),
-  then the HTTP server stops listening and finishes the open responses (at most
-  ``GRACEFUL_SHUTDOWN_S``); a second signal skips that wait.
+* Signals (``STOP_SIGNALS``: SIGTERM, SIGINT, SIGHUP) are handled from before the
+  listening line on, on ``signals`` when given (the one receiver ``acp-server serve``
+  opens before the store: asyncio keeps one handler a signal, and a second receiver
+  would uninstall the first's when it closes). The first runs ``server.drain()``
+  (front doors, sessions, agents), then the HTTP server stops listening and finishes
+  the open responses (at most ``GRACEFUL_SHUTDOWN_S``); a second signal skips that wait.
+  SIGHUP (the terminal went away) is a stop like the others, not a reload.
 
 This module and ``servers`` are the seam for the choice of HTTP server: the only ones
 that know granian and uvicorn. It belongs to the composition (it may import
@@ -30,11 +33,13 @@ that know granian and uvicorn. It belongs to the composition (it may import
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import socket
 import sys
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 import anyio
@@ -42,6 +47,7 @@ import anyio.abc
 
 from acp_server.http.guard import connection_cap, raise_fd_limit
 from acp_server.http.servers import BACKLOG, GRACEFUL_SHUTDOWN_S, HttpServer, Limits, http_server
+from acp_server.http.starting import STOP_SIGNALS
 
 if TYPE_CHECKING:
     from acp_server.server import Server
@@ -69,10 +75,11 @@ def listen(settings: Settings) -> socket.socket:
                           ) from None
 
 
-async def run_http(server: Server, settings: Settings, sock: socket.socket | None = None
-                   ) -> None:
+async def run_http(server: Server, settings: Settings, sock: socket.socket | None = None, *,
+                   signals: AsyncIterator[int] | None = None) -> None:
     """Serve ``server.app`` on ``sock`` (bound here when ``None``) with the HTTP server
-    of ``--http-server`` until a signal, then drain ``server`` and stop."""
+    of ``--http-server`` until a signal (from ``signals``, else a receiver of its own),
+    then drain ``server`` and stop."""
     if sock is None:
         sock = listen(settings)
     cap = connection_cap(settings.max_connections, raise_fd_limit())
@@ -91,7 +98,7 @@ async def run_http(server: Server, settings: Settings, sock: socket.socket | Non
                  f"state in {settings.state_dir} (--state-dir chooses another)")
 
     async with anyio.create_task_group() as tg:
-        await tg.start(_drain_on_signal, http, server)   # before the listening line
+        await tg.start(_drain_on_signal, http, server, signals)   # before the listening line
         await http.serve(started)
         tg.cancel_scope.cancel()
 
@@ -116,11 +123,14 @@ def announce(text: str) -> None:
             sys.stdout = None   # type: ignore[assignment] # print() then writes nothing
 
 
-async def _drain_on_signal(http: HttpServer, server: Server, *,
+async def _drain_on_signal(http: HttpServer, server: Server,
+                           given: AsyncIterator[int] | None = None, *,
                            task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
                            ) -> None:
     draining = False
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+    with contextlib.ExitStack() as stack:
+        signals = given if given is not None \
+            else stack.enter_context(anyio.open_signal_receiver(*STOP_SIGNALS))
         task_status.started()
         async for signum in signals:
             if draining:

@@ -364,6 +364,7 @@ async def test_a_signal_while_the_store_is_being_opened_stops_cleanly(tmp_path: 
         log = child.stderr_text()
         assert f"received {signal.Signals(signum).name} while starting: stopping" in log, log
         assert "Traceback" not in log and "KeyboardInterrupt" not in log, log
+        assert "trying again" not in log, log   # no next try announced after the stop
     finally:
         holder.execute("ROLLBACK")
         holder.close()
