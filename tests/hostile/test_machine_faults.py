@@ -378,3 +378,81 @@ def _fds(pid: int) -> list[str]:
         return os.listdir(f"/proc/{pid}/fd")
     except OSError:
         return []
+
+
+# -- the state folder under the server's feet -----------------------------------------------
+async def create_tasks(client: httpx.AsyncClient, count: int) -> list[str]:
+    ids = []
+    for n in range(count):
+        made = await client.post("/lmsp/v1/tasks", json=envelope(f"kept {n}"))
+        assert made.status_code == 202, made.text
+        ids.append(made.json()["id"])
+    return ids
+
+
+async def refused_for_the_store(client: httpx.AsyncClient) -> None:
+    answer = await client.post("/lmsp/v1/tasks", json=envelope("never acknowledged"))
+    assert answer.status_code == 503, answer.text
+    assert answer.json()["code"] == "store_unavailable" and answer.headers["retry-after"]
+
+
+async def test_the_wal_deleted_while_running_loses_nothing_acknowledged(tmp_path: Path
+                                                                        ) -> None:
+    """The state folder's ``lmsp.sqlite3-wal`` and ``-shm`` deleted under a running
+    server (a clean-up script, another process's last close): what was committed lives
+    only in the unlinked WAL, and a crash then lost all of it. The server copies it into
+    the database file at once, acknowledges nothing more into the unlinked WAL (503,
+    ``/health?deep=1`` says so and what to do) and keeps running; after a ``kill -9``
+    and a restart every acknowledged task and the session are there."""
+    child = ServeProcess(tmp_path).start()
+    state = tmp_path / "state"
+    try:
+        client = child.http
+        sid = client.post("/session", json={"sessionScope": "thread"}).json()["sessionId"]
+        async with httpx.AsyncClient(base_url=child.base_url, timeout=10) as aclient:
+            kept = await create_tasks(aclient, 5)
+            for name in ("lmsp.sqlite3-wal", "lmsp.sqlite3-shm"):
+                os.unlink(state / name)
+            await refused_for_the_store(aclient)
+            health = await aclient.get("/health", params={"deep": "1"})
+            assert health.status_code == 503
+            reason = health.json()["store"]["reason"]
+            assert "WAL" in reason and "restart" in reason, reason
+            assert child.returncode is None
+    finally:
+        child.kill()
+    assert "deleted or replaced" in child.stderr_text()
+    with ServeProcess(tmp_path) as again:
+        for task_id in kept:
+            assert again.http.get(f"/lmsp/v1/tasks/{task_id}").status_code == 200
+        assert again.http.get(f"/session/{sid}/status").status_code == 200
+
+
+async def test_the_state_folder_moved_away_and_back(tmp_path: Path) -> None:
+    """The state folder renamed away under a running server: it answers 503 for the
+    store, says so in ``/health?deep=1``, keeps running, and resumes by itself once the
+    folder is back under its name (the very same files); nothing acknowledged is lost."""
+    state, away = tmp_path / "state", tmp_path / "state.away"
+    child = ServeProcess(tmp_path).start()
+    try:
+        async with httpx.AsyncClient(base_url=child.base_url, timeout=10) as client:
+            kept = await create_tasks(client, 3)
+            state.rename(away)
+            await refused_for_the_store(client)
+            health = await client.get("/health", params={"deep": "1"})
+            assert health.status_code == 503
+            assert "deleted or replaced" in health.json()["store"]["reason"]
+            away.rename(state)
+            with anyio.fail_after(20):
+                while (answer := await client.post("/lmsp/v1/tasks", json=envelope("back"))
+                       ).status_code != 202:
+                    assert answer.status_code == 503, answer.text
+                    await anyio.sleep(0.05)
+            kept.append(answer.json()["id"])
+            assert (await client.get("/health", params={"deep": "1"})).status_code == 200
+            assert child.returncode is None
+    finally:
+        child.kill()
+    with ServeProcess(tmp_path) as again:
+        for task_id in kept:
+            assert again.http.get(f"/lmsp/v1/tasks/{task_id}").status_code == 200
