@@ -256,8 +256,9 @@ async def test_out_of_descriptors_agents_wait_and_the_store_commits(tmp_path: Pa
     agent's start is a 503 ``agent_unavailable`` (``EMFILE``), not a 500; an LMSP task
     for that agent is acknowledged and waits (queued again, not failed); on a connection
     already open, LMSP work on another agent commits and ``/health?deep=1`` is 200.
-    Two agents die (descriptors come back): the waiting task runs and the agent starts,
-    with nothing done by hand."""
+    Two agents die (descriptors come back): the waiting task runs, the agent starts and
+    a connection left in the backlog meanwhile is accepted and answered, with nothing
+    done by hand."""
     flags = [f"--agent=a{n}={script_agent(tmp_path, f'a{n}')}" for n in range(AGENTS)]
     async with ServeProcess(tmp_path, *flags, "--agent", "reference", "--http-server", server,
                             shell_prefix=f"ulimit -n {FD_LIMIT};") as daemon:
@@ -285,6 +286,8 @@ async def test_out_of_descriptors_agents_wait_and_the_store_commits(tmp_path: Pa
         assert (await lmsp_outcome(client, done.json()["id"]))["status"] == "succeeded"
         deep = await client.get("/health", params={"deep": "1"})
         assert deep.status_code == 200, deep.text
+        knocking = await daemon.raw()   # in the backlog: no descriptor to accept it with
+        await knocking.send(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         for name in started[:2]:
             os.kill(agent_pid(daemon.pid, name), signal.SIGKILL)
         ran = await lmsp_outcome(client, waiting.json()["id"])
@@ -292,6 +295,13 @@ async def test_out_of_descriptors_agents_wait_and_the_store_commits(tmp_path: Pa
         with anyio.fail_after(20):
             while (await client.post("/session", json={"agent": f"a{n}"})).status_code != 200:
                 await anyio.sleep(0.05)
+        with anyio.fail_after(20):   # the accept loop lived through it: answered now
+            answer = await read_until_closed(knocking) if server == "uvicorn" else \
+                await knocking.receive()
+        if server == "granian":
+            assert answer.startswith(b"HTTP/1.1 200"), answer
+        else:   # its connection cap, lowered to 1 by the limit, is held by ``client``
+            assert answer.startswith(b"HTTP/1.1 503") and b"connection_limit" in answer
         assert daemon.returncode is None
         assert "Traceback" not in daemon.stderr_text()
 
