@@ -27,6 +27,7 @@ Contracts:
 from __future__ import annotations
 
 import errno
+import os
 from typing import Any
 
 
@@ -240,13 +241,15 @@ class AgentUnavailableError(AgentDiedError):
 
     code = "agent_unavailable"
 
-    def __init__(self, agent: str, error: OSError) -> None:
+    def __init__(self, agent: str, error: OSError, cwd: str | None = None) -> None:
         number = error.errno if isinstance(error.errno, int) and error.errno > 0 else None
         self.agent = agent
         self.reason = errno.errorcode.get(number, "unknown") if number else "unknown"
         self.transient = number is None or number in TRANSIENT_SPAWN_ERRNOS
         why = error.strerror if number else "the system refused (out of descriptors or " \
             "processes?)"
+        if number == errno.ENOENT and cwd is not None and not os.path.isdir(cwd):
+            why = f"its folder {cwd} is gone"   # not the command: say which
         super().__init__(f"Cannot start agent {agent!r}: {why}")
 
 

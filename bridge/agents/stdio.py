@@ -138,7 +138,7 @@ class StdioAgentFactory:
                 start_new_session=True,   # its own process group: stopped as a whole
             )
         except OSError as exc:
-            raise AgentUnavailableError(self.name, exc) from exc
+            raise AgentUnavailableError(self.name, exc, self.cwd) from exc
         connection = StdioAgentConnection(
             process,
             client,

@@ -113,3 +113,6 @@ def test_an_agent_that_cannot_start_says_why_and_whether_to_wait() -> None:
                                         "reason": reason, "retryable": True}
     assert "out of descriptors or processes" in str(
         errors.AgentUnavailableError("flaky", OSError(-1, "Unknown error -1")))
+    gone = FileNotFoundError(errno.ENOENT, "No such file or directory")
+    assert str(errors.AgentUnavailableError("flaky", gone, "/nowhere/at/all")) == \
+        "Cannot start agent 'flaky': its folder /nowhere/at/all is gone"

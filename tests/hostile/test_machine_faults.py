@@ -170,10 +170,13 @@ async def test_an_agent_that_lost_its_execute_bit_is_503_in_each_door(tmp_path: 
     """The agent's executable loses its execute bit after start-up (an upgrade half
     done, a wrong chmod): a new session is a 503 ``agent_unavailable`` naming the agent
     and the reason in REST and ``/acp`` (not a 500), an LMSP task for it fails with that
-    code rather than hanging; once the bit is back, the next request starts the agent."""
+    code rather than hanging; once the bit is back, the next request starts the agent.
+    The workspace (the agent's folder) deleted: the same 503, naming the folder."""
     script = script_agent(tmp_path, "flaky")
-    async with ServeProcess(tmp_path, "--agent", f"flaky={script}",
-                            "--agent", "reference") as daemon:
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    async with ServeProcess(workspace, "--agent", f"flaky={script}", "--agent", "reference",
+                            state_dir=tmp_path / "state") as daemon:
         script.chmod(0o644)
         rest = await daemon.client.post("/session", json={"agent": "flaky",
                                                            "sessionScope": "thread"})
@@ -183,7 +186,7 @@ async def test_an_agent_that_lost_its_execute_bit_is_503_in_each_door(tmp_path: 
         assert (body["code"], body["agent"], body["reason"]) == (
             "agent_unavailable", "flaky", "EACCES")
         assert "Cannot start agent 'flaky'" in body["error"]
-        answer = await acp_session_new(daemon.client, tmp_path, "flaky")
+        answer = await acp_session_new(daemon.client, workspace, "flaky")
         assert answer["id"] == 1 and answer["error"]["code"] == -32603, answer
         assert answer["error"]["data"] == {"errorKind": "agent_unavailable", "agent": "flaky",
                                            "reason": "EACCES", "retryable": True}
@@ -195,6 +198,13 @@ async def test_an_agent_that_lost_its_execute_bit_is_503_in_each_door(tmp_path: 
         assert failed["error"]["code"] == "agent_unavailable", failed
         assert (await daemon.client.post("/session", json={})).status_code == 200  # others go on
         script.chmod(0o755)
+        workspace.rmdir()
+        gone = await daemon.client.post("/session", json={"agent": "flaky",
+                                                           "sessionScope": "thread"})
+        assert gone.status_code == 503, gone.text
+        assert (gone.json()["code"], gone.json()["reason"]) == ("agent_unavailable", "ENOENT")
+        assert f"its folder {workspace} is gone" in gone.json()["error"]
+        workspace.mkdir()
         again = await daemon.client.post("/session", json={"agent": "flaky",
                                                             "sessionScope": "thread"})
         assert again.status_code == 200, again.text
