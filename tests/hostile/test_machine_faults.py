@@ -476,3 +476,33 @@ async def test_the_state_folder_moved_away_and_back(tmp_path: Path) -> None:
     with ServeProcess(tmp_path) as again:
         for task_id in kept:
             assert again.http.get(f"/lmsp/v1/tasks/{task_id}").status_code == 200
+
+
+async def test_an_agent_starts_while_the_state_disk_is_full(tmp_path: Path) -> None:
+    """The state folder's disk is full when an agent is to start: the record of its
+    process (kept there so that a crash leaves no agent behind) cannot be written. That
+    is no reason to refuse the session, nor to leave the started process without an
+    owner (it was a 500 with the agent running on, unowned): the session is created,
+    the log says what was not recorded, and a clean stop leaves no agent behind."""
+    from tests.store.test_outage_processes import fill, tmpfs
+
+    script = script_agent(tmp_path, "late")
+    state = tmp_path / "state"
+    with tmpfs(state, "16m"):
+        async with ServeProcess(tmp_path, "--agent", f"late={script}",
+                                "--agent", "reference") as daemon:
+            fill(state / "fill")
+            made = await daemon.client.post("/session", json={"agent": "late",
+                                                               "sessionScope": "thread"})
+            assert made.status_code == 200, made.text
+            pid = agent_pid(daemon.pid, "late")
+            prompt = await daemon.client.post(f"/session/{made.json()['sessionId']}/prompt",
+                                              json={"prompt": [{"type": "text",
+                                                                "text": "still served"}]})
+            assert prompt.status_code in (202, 503), prompt.text   # the journal: disk full
+            (state / "fill").unlink()
+        assert daemon.returncode == 0
+        assert "cannot record agent process" in daemon.stderr_text()
+        with anyio.fail_after(10):   # stopped with the server, not left running
+            while Path(f"/proc/{pid}").exists():
+                await anyio.sleep(0.05)
