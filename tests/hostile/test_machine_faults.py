@@ -481,9 +481,11 @@ async def test_the_state_folder_moved_away_and_back(tmp_path: Path) -> None:
 async def test_an_agent_starts_while_the_state_disk_is_full(tmp_path: Path) -> None:
     """The state folder's disk is full when an agent is to start: the record of its
     process (kept there so that a crash leaves no agent behind) cannot be written. That
-    is no reason to refuse the session, nor to leave the started process without an
-    owner (it was a 500 with the agent running on, unowned): the session is created,
-    the log says what was not recorded, and a clean stop leaves no agent behind."""
+    is no reason to fail, nor to leave the started process without an owner (it was a
+    500 with the agent running on, unowned): the agent runs, the session is a 200 or
+    the journal's 503 ``store_unavailable`` (its commit needs the disk too), the log
+    says what was not recorded; once there is room again sessions on it are created,
+    and a clean stop leaves no agent behind."""
     from tests.store.test_outage_processes import fill, tmpfs
 
     script = script_agent(tmp_path, "late")
@@ -494,13 +496,15 @@ async def test_an_agent_starts_while_the_state_disk_is_full(tmp_path: Path) -> N
             fill(state / "fill")
             made = await daemon.client.post("/session", json={"agent": "late",
                                                                "sessionScope": "thread"})
-            assert made.status_code == 200, made.text
+            assert made.status_code == 200 or made.json()["code"] == "store_unavailable", \
+                made.text
             pid = agent_pid(daemon.pid, "late")
-            prompt = await daemon.client.post(f"/session/{made.json()['sessionId']}/prompt",
-                                              json={"prompt": [{"type": "text",
-                                                                "text": "still served"}]})
-            assert prompt.status_code in (202, 503), prompt.text   # the journal: disk full
             (state / "fill").unlink()
+            with anyio.fail_after(20):
+                while (await daemon.client.post("/session", json={"agent": "late"})
+                       ).status_code != 200:
+                    await anyio.sleep(0.05)
+            assert agent_pid(daemon.pid, "late") == pid   # the same process serves it
         assert daemon.returncode == 0
         assert "cannot record agent process" in daemon.stderr_text()
         with anyio.fail_after(10):   # stopped with the server, not left running
