@@ -21,9 +21,9 @@ Contracts:
   closed as accepted. Nothing of a request is kept.
 * ``answer_starting`` returns after ``seconds`` (``False``) or on SIGTERM / SIGINT /
   SIGHUP (``True``: the caller stops); with ``own_signals=False`` it opens no signal
-  receiver (the caller's receives them and cancels it: ``acp-server serve``). The socket stays open and listening for the HTTP
-  server that takes it next; the connections being answered when it returns are
-  closed.
+  receiver (the caller's receives them and cancels it: ``acp-server serve``). The
+  socket stays open and listening for the HTTP server that takes it next; the
+  connections being answered when it returns are closed.
 """
 
 from __future__ import annotations
