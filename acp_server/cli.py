@@ -16,10 +16,13 @@ Contracts:
   folder (by default one per workspace, ``settings.default_state_dir``).
 * LMSP tasks (``/lmsp/v1``) are kept in ``--store`` (default ``lmsp.sqlite3`` in the
   state directory); restart recovery runs before the server listens.
-* SIGTERM or SIGINT drains: LMSP stops starting tasks (running ones are left to restart
-  recovery), every prompt is cancelled, every session closed (open event streams end
-  with ``session_closed``), the agent is stopped, then the server stops and the
-  process exits 0. A second signal skips the wait for open connections.
+* SIGTERM, SIGINT or SIGHUP drains: LMSP stops starting tasks (running ones are left to
+  restart recovery), every prompt is cancelled, every session closed (open event
+  streams end with ``session_closed``), the agent is stopped, then the server stops
+  and the process exits 0. A second signal skips the wait for open connections. One
+  that comes while the store is being opened (or waited for) stops the start: once
+  the open in progress returns (at most the store's busy or connect timeout), what was
+  opened is closed and the process exits 0, with one log line.
 """
 
 from __future__ import annotations
@@ -31,12 +34,15 @@ import gc
 import importlib.util
 import logging
 import os
+import signal
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import anyio
+import anyio.abc
+import anyio.lowlevel
 
 from acp_server import __version__
 from acp_server.conformance.cli import add_conformance_arguments, run_conformance_args
@@ -58,7 +64,7 @@ from acp_server.client.prompt_cli import add_prompt_arguments, run_prompt_args
 from acp_server.client.tasks_cli import add_tasks_arguments, run_tasks_args
 from acp_server.app import DOORS
 from acp_server.http.serving import ListenError, listen, run_http
-from acp_server.http.starting import answer_starting
+from acp_server.http.starting import STOP_SIGNALS, answer_starting
 from acp_server.ops.principals_cli import (
     add_audit_arguments,
     add_token_arguments,
@@ -364,13 +370,28 @@ async def serve(settings: Settings, *, sock: socket.socket | None = None,
     ``overrides`` are ``open_server``'s (benchmarks only)."""
     if sock is None:
         sock = listen(settings)
-    with sock:
-        async with contextlib.AsyncExitStack() as stack:
+    # One receiver for the process's life (asyncio keeps one handler a signal): while
+    # starting, a signal cancels ``starting``; once serving, ``run_http`` drains on it.
+    with sock, anyio.open_signal_receiver(*STOP_SIGNALS) as signals, \
+            anyio.CancelScope() as starting:
+        async with anyio.create_task_group() as tg, contextlib.AsyncExitStack() as stack:
+            watching = await tg.start(_stop_starting, signals, starting)
             server = await _open_when_store(stack, settings, sock, overrides)
-            if server is None:
-                return   # stopped by a signal while the store was down
+            watching.cancel()   # no await since the open returned: a signal is run_http's
             settle_heap()
-            await run_http(server, settings, sock)
+            await run_http(server, settings, sock, signals=signals)
+
+
+async def _stop_starting(signals: AsyncIterator[int], starting: anyio.CancelScope, *,
+                         task_status: anyio.abc.TaskStatus[anyio.CancelScope]
+                         = anyio.TASK_STATUS_IGNORED) -> None:
+    """Until cancelled (the store opened): the first signal cancels ``starting``."""
+    with anyio.CancelScope() as watching:
+        task_status.started(watching)
+        async for signum in signals:
+            log.info("received %s while starting: stopping", signal.Signals(signum).name)
+            starting.cancel()
+            return
 
 
 # Waits between attempts to start while the store is down: doubled up to the last.
@@ -378,10 +399,10 @@ STORE_RETRY_S = (1.0, 2.0, 4.0, 8.0, 10.0)
 
 
 async def _open_when_store(stack: contextlib.AsyncExitStack, settings: Settings,
-                           sock: socket.socket, overrides: dict[str, Any]) -> Server | None:
+                           sock: socket.socket, overrides: dict[str, Any]) -> Server:
     """``open_server`` entered on ``stack``; while the store is unavailable, logged, the
-    socket answered 503 (``acp_server.http.starting``) and tried again, for ever. ``None``
-    when a signal stops the wait."""
+    socket answered 503 (``acp_server.http.starting``) and tried again, for ever (until
+    the caller's signal watcher cancels it)."""
     attempt = 0
     while True:
         try:
@@ -390,12 +411,12 @@ async def _open_when_store(stack: contextlib.AsyncExitStack, settings: Settings,
             reason = store_outage(exc)
             if reason is None:
                 raise
+        await anyio.lowlevel.checkpoint_if_cancelled()   # stopped meanwhile: no next try
         wait = STORE_RETRY_S[min(attempt, len(STORE_RETRY_S) - 1)]
         attempt += 1
         log.warning("cannot start: %s; answering 503 and trying again in %g s (attempt %d)",
                     reason, wait, attempt)
-        if await answer_starting(sock, DOORS, seconds=wait):
-            return None
+        await answer_starting(sock, DOORS, seconds=wait, own_signals=False)
 
 
 def store_outage(exc: BaseException) -> str | None:

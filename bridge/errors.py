@@ -20,10 +20,14 @@ Contracts:
   frees, ``Bridge.wait_for_session_slot``) and ``AgentRequestTimeoutError`` (an
   agent did not answer ``session/new``, ``load``, ``resume``, ``fork`` or ``close``
   within ``BridgeOptions.agent_request_timeout_ms``; the slot it held is free again).
+  ``AgentUnavailableError`` with ``transient`` (the machine was short of descriptors,
+  processes or memory when the agent's process was to start) is one too.
 """
 
 from __future__ import annotations
 
+import errno
+import os
 from typing import Any
 
 
@@ -221,6 +225,32 @@ class AgentDiedError(BridgeError):
     def __init__(self, message: str = "Agent process exited", exit_code: int | None = None) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+
+
+# Why a spawn failed when the machine was short of something that may come back. An
+# errno the event loop could not name (uvloop reports some EMFILE as -1) counts too.
+TRANSIENT_SPAWN_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.ENOMEM})
+
+
+class AgentUnavailableError(AgentDiedError):
+    """The agent's process could not be started: nothing ran. ``reason`` is the errno's
+    name (``ENOENT``: the command or its folder is gone, ``EACCES``: not executable,
+    ``EMFILE`` / ``ENFILE`` / ``EAGAIN`` / ``ENOMEM``: the machine is short of
+    descriptors, processes or memory; ``unknown`` when the system did not say);
+    ``transient`` for the shortages (and ``unknown``). The next request tries again."""
+
+    code = "agent_unavailable"
+
+    def __init__(self, agent: str, error: OSError, cwd: str | None = None) -> None:
+        number = error.errno if isinstance(error.errno, int) and error.errno > 0 else None
+        self.agent = agent
+        self.reason = errno.errorcode.get(number, "unknown") if number else "unknown"
+        self.transient = number is None or number in TRANSIENT_SPAWN_ERRNOS
+        why = error.strerror if number else "the system refused (out of descriptors or " \
+            "processes?)"
+        if number == errno.ENOENT and cwd is not None and not os.path.isdir(cwd):
+            why = f"its folder {cwd} is gone"   # not the command: say which
+        super().__init__(f"Cannot start agent {agent!r}: {why}")
 
 
 class AgentTimeoutError(BridgeError):

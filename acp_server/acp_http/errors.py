@@ -49,6 +49,7 @@ from bridge.errors import (
     AgentNotFoundError,
     AgentRequestTimeoutError,
     AgentTimeoutError,
+    AgentUnavailableError,
     BridgeError,
     InvalidClientIdError,
     InvalidDeadlineError,
@@ -172,6 +173,7 @@ DATA: dict[type[BridgeError], Callable[[Any], dict[str, Any]]] = {
     SessionClosedError: _kind,
     PromptDeadlineExceededError: _kind,
     AgentDiedError: _kind,
+    AgentUnavailableError: _retryable,
     PromptFailedError: _kind,
     SessionNotRestorableError: _kind,
 }

@@ -6,11 +6,13 @@ Contracts: the routes answer JSON-RPC errors themselves (``routes``, ``dispatch`
 what is left here is HTTP-level, in the door's plain shape ``{"error": message}``
 (as its 415 / 406 / 501 answers): a router 405 (``PUT /acp``) → ``{"error":
 "Method Not Allowed"}``; a client gone during its body → the quiet 400; anything
-unexpected → 500 ``{"error": "Internal error"}``, no message of the exception.
+unexpected → 500 ``{"error": "Internal error"}``, no message of the exception (it is
+logged, with its traceback).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import msgspec
@@ -21,6 +23,7 @@ from starlette.responses import Response
 from acp_server.http.body import ClientDisconnected
 from acp_server.http.handlers import handle_disconnect
 
+log = logging.getLogger("acp_server.acp_http")
 _INTERNAL = b'{"error":"Internal error"}'
 
 
@@ -31,7 +34,9 @@ async def handle_http(request: Request, exc: Exception) -> Response:
 
 
 async def handle_unexpected(request: Request, exc: Exception) -> Response:
-    # Starlette's ServerErrorMiddleware calls this, then re-raises so the server logs it.
+    # Starlette's ServerErrorMiddleware calls this, then re-raises it to the HTTP server,
+    # which logs nothing of it in the daemon (granian runs with its log off): logged here
+    log.error("acp: %s %s failed", request.method, request.url.path, exc_info=exc)
     return Response(_INTERNAL, 500, media_type="application/json")
 
 

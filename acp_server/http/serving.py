@@ -15,11 +15,16 @@ Contracts:
   caps and WebSocket frames capped at the body cap; no lifespan, no access log of its
   own (``acp_server.ops.request_log`` logs every request). It prints the listening line
   to stdout (flushed) once the socket accepts connections, with the real port
-  (``https://`` with TLS), and the state folder on the next line.
-* Signals are handled from before the listening line on. The first SIGTERM / SIGINT
-  runs ``server.drain()`` (front doors, sessions, agents),
-  then the HTTP server stops listening and finishes the open responses (at most
-  ``GRACEFUL_SHUTDOWN_S``); a second signal skips that wait.
+  (``https://`` with TLS), and the state folder on the next line. A stdout whose
+  reader is gone (the parent closed its end of the pipe: EPIPE) does not end the
+  server: one warning, and stdout is ``/dev/null`` from then on (``announce``).
+* Signals (``STOP_SIGNALS``: SIGTERM, SIGINT, SIGHUP) are handled from before the
+  listening line on, on ``signals`` when given (the one receiver ``acp-server serve``
+  opens before the store: asyncio keeps one handler a signal, and a second receiver
+  would uninstall the first's when it closes). The first runs ``server.drain()``
+  (front doors, sessions, agents), then the HTTP server stops listening and finishes
+  the open responses (at most ``GRACEFUL_SHUTDOWN_S``); a second signal skips that wait.
+  SIGHUP (the terminal went away) is a stop like the others, not a reload.
 
 This module and ``servers`` are the seam for the choice of HTTP server: the only ones
 that know granian and uvicorn. It belongs to the composition (it may import
@@ -28,9 +33,13 @@ that know granian and uvicorn. It belongs to the composition (it may import
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import signal
 import socket
+import sys
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 import anyio
@@ -38,6 +47,7 @@ import anyio.abc
 
 from acp_server.http.guard import connection_cap, raise_fd_limit
 from acp_server.http.servers import BACKLOG, GRACEFUL_SHUTDOWN_S, HttpServer, Limits, http_server
+from acp_server.http.starting import STOP_SIGNALS
 
 if TYPE_CHECKING:
     from acp_server.server import Server
@@ -65,10 +75,11 @@ def listen(settings: Settings) -> socket.socket:
                           ) from None
 
 
-async def run_http(server: Server, settings: Settings, sock: socket.socket | None = None
-                   ) -> None:
+async def run_http(server: Server, settings: Settings, sock: socket.socket | None = None, *,
+                   signals: AsyncIterator[int] | None = None) -> None:
     """Serve ``server.app`` on ``sock`` (bound here when ``None``) with the HTTP server
-    of ``--http-server`` until a signal, then drain ``server`` and stop."""
+    of ``--http-server`` until a signal (from ``signals``, else a receiver of its own),
+    then drain ``server`` and stop."""
     if sock is None:
         sock = listen(settings)
     cap = connection_cap(settings.max_connections, raise_fd_limit())
@@ -82,21 +93,44 @@ async def run_http(server: Server, settings: Settings, sock: socket.socket | Non
 
     def started(url: str) -> None:
         server.advertise(url)
-        print(f"acp-server listening on {url} "
-              f"(workspace={settings.workspace}, agent={settings.agent})\n"
-              f"state in {settings.state_dir} (--state-dir chooses another)", flush=True)
+        announce(f"acp-server listening on {url} "
+                 f"(workspace={settings.workspace}, agent={settings.agent})\n"
+                 f"state in {settings.state_dir} (--state-dir chooses another)")
 
     async with anyio.create_task_group() as tg:
-        await tg.start(_drain_on_signal, http, server)   # before the listening line
+        await tg.start(_drain_on_signal, http, server, signals)   # before the listening line
         await http.serve(started)
         tg.cancel_scope.cancel()
 
 
-async def _drain_on_signal(http: HttpServer, server: Server, *,
+def announce(text: str) -> None:
+    """``text`` on stdout, flushed. A stdout that cannot be written (its reader closed
+    the pipe: EPIPE; a closed or full device) is logged once and pointed at
+    ``/dev/null``, so that neither this nor the interpreter's last flush at exit fails."""
+    if sys.stdout is None:   # started with no descriptor 1 at all
+        return
+    try:
+        print(text, flush=True)
+    except (OSError, ValueError) as exc:
+        log.warning("stdout cannot be written (%s): the listening line is lost; "
+                    "stdout goes to %s from now on", exc, os.devnull)
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+            sys.stdout.flush()   # what was left in the buffer goes nowhere, not at exit
+        except (OSError, ValueError):
+            sys.stdout = None   # type: ignore[assignment] # print() then writes nothing
+
+
+async def _drain_on_signal(http: HttpServer, server: Server,
+                           given: AsyncIterator[int] | None = None, *,
                            task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
                            ) -> None:
     draining = False
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+    with contextlib.ExitStack() as stack:
+        signals = given if given is not None \
+            else stack.enter_context(anyio.open_signal_receiver(*STOP_SIGNALS))
         task_status.started()
         async for signum in signals:
             if draining:

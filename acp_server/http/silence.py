@@ -25,6 +25,13 @@ guarantee from outside, since granian runs in this process (``granian.server.emb
   descriptor: the peer sees the connection end, granian's read returns end-of-file and
   it closes its side), and ``stats["header_timeouts"]`` counts it.
 
+Out of descriptors (``EMFILE`` / ``ENFILE``: the very case where silent connections
+hold them all), the sweep needs none of its own: the descriptors are probed by number
+up to the soft ``RLIMIT_NOFILE`` (``readlink``, no directory opened) and a connection is
+looked at through its own descriptor when it cannot be duplicated (then one closed and
+reused between the look and the shutdown could be shut down for what the previous one
+was: a window of a few system calls, only at the descriptor limit).
+
 Contracts: only connections that were never answered and said less than the preface
 are touched (any other partial head, or an idle keep-alive connection, is hyper's
 ``header_read_timeout``; no HTTP/1.1 request with its ``Host`` is that short, and one
@@ -37,8 +44,10 @@ when looked at (the duplicate pins it). Linux only (``TCP_INFO``, ``/proc``): el
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import resource
 import socket
 import struct
 import sys
@@ -74,33 +83,75 @@ def silent_for_ms(sock: socket.socket) -> int | None:
     return int(_LAST_DATA_RECV.unpack_from(info, 52)[0])
 
 
-def _connection_on(fd: int, port: int) -> socket.socket | None:
-    """A duplicate of ``fd`` when it is a connection accepted on ``port``, else ``None``."""
+_OUT_OF_FDS = (errno.EMFILE, errno.ENFILE)
+
+
+def _connection_on(fd: int, port: int) -> tuple[socket.socket, bool] | None:
+    """``(socket, owned)`` when ``fd`` is a connection accepted on ``port``, else
+    ``None``: a duplicate of it (``owned``: close it), or at the descriptor limit the
+    descriptor itself (not owned: detach it, never close it)."""
     try:
         if not os.readlink(f"{_FD_DIR}/{fd}").startswith("socket:"):
             return None
-        sock = socket.socket(fileno=os.dup(fd))
     except OSError:
         return None
+    try:
+        sock, owned = socket.socket(fileno=os.dup(fd)), True
+    except OSError as exc:
+        if exc.errno not in _OUT_OF_FDS:
+            return None
+        try:
+            sock, owned = socket.socket(fileno=fd), False
+        except OSError:
+            return None
     try:
         if sock.family in (socket.AF_INET, socket.AF_INET6) \
                 and sock.type == socket.SOCK_STREAM and sock.getsockname()[1] == port:
             sock.getpeername()   # a listener has no peer: OSError
-            return sock
+            return sock, owned
     except OSError:
         pass
-    sock.close()
+    _release(sock, owned)
     return None
+
+
+def _release(sock: socket.socket, owned: bool) -> None:
+    if owned:
+        sock.close()
+    else:
+        sock.detach()   # the descriptor stays the server's
+
+
+def _descriptors() -> list[int]:
+    """This process's open descriptors: ``/proc/self/fd``, or, when no descriptor is
+    left to open it with, every number below the soft limit that names one."""
+    try:
+        return [int(name) for name in os.listdir(_FD_DIR)]
+    except OSError as exc:
+        if exc.errno not in _OUT_OF_FDS:
+            raise
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    numbers = range(soft if soft != resource.RLIM_INFINITY else 1 << 20)
+    return [fd for fd in numbers if _is_open(fd)]
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
 
 
 def sweep_once(port: int, timeout_ms: int) -> int:
     """Shut down this process's connections on ``port`` silent for ``timeout_ms``; how
     many (blocking: run it in a worker thread)."""
     closed = 0
-    for name in os.listdir(_FD_DIR):
-        sock = _connection_on(int(name), port)
-        if sock is None:
+    for fd in _descriptors():
+        found = _connection_on(fd, port)
+        if found is None:
             continue
+        sock, owned = found
         try:
             silent = silent_for_ms(sock)
             if silent is not None and silent >= timeout_ms:
@@ -109,7 +160,7 @@ def sweep_once(port: int, timeout_ms: int) -> int:
         except OSError:
             pass
         finally:
-            sock.close()
+            _release(sock, owned)
     return closed
 
 

@@ -19,14 +19,16 @@ Contracts:
   ``HEAD_TIMEOUT_S`` and ``MAX_HEAD_BYTES`` (then the connection is closed without an
   answer); at most ``MAX_ANSWERING`` connections are answered at once, others are
   closed as accepted. Nothing of a request is kept.
-* ``answer_starting`` returns after ``seconds`` (``False``) or on SIGTERM / SIGINT
-  (``True``: the caller stops). The socket stays open and listening for the HTTP
-  server that takes it next; the connections being answered when it returns are
-  closed.
+* ``answer_starting`` returns after ``seconds`` (``False``) or on SIGTERM / SIGINT /
+  SIGHUP (``True``: the caller stops); with ``own_signals=False`` it opens no signal
+  receiver (the caller's receives them and cancels it: ``acp-server serve``). The
+  socket stays open and listening for the HTTP server that takes it next; the
+  connections being answered when it returns are closed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import socket
@@ -40,6 +42,8 @@ from acp_server.http.policy import Refusal
 
 log = logging.getLogger("acp_server")
 
+# What stops the process, from its start to its end (``acp_server.http.serving`` too).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 HEAD_TIMEOUT_S = 5.0
 MAX_HEAD_BYTES = 16 * 1024
 MAX_ANSWERING = 64
@@ -117,22 +121,26 @@ async def _accept(sock: socket.socket, doors: Sequence[Door],
 
 
 async def answer_starting(sock: socket.socket, doors: Sequence[Door], *,
-                          seconds: float) -> bool:
+                          seconds: float, own_signals: bool = True) -> bool:
     """Answer ``sock``'s connections for ``seconds``; ``True`` when a signal came."""
     signalled = False
     sock.setblocking(False)
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+    with contextlib.ExitStack() as stack:
+        signals = stack.enter_context(anyio.open_signal_receiver(*STOP_SIGNALS)) \
+            if own_signals else None
         async with anyio.create_task_group() as tg:
             tg.cancel_scope.deadline = anyio.current_time() + seconds
 
             async def on_signal() -> None:
                 nonlocal signalled
+                assert signals is not None
                 async for signum in signals:
                     log.info("received %s while starting: stopping",
                              signal.Signals(signum).name)
                     signalled = True
                     tg.cancel_scope.cancel()
 
-            tg.start_soon(on_signal)
+            if signals is not None:
+                tg.start_soon(on_signal)
             tg.start_soon(_accept, sock, doors, tg)
     return signalled

@@ -61,7 +61,12 @@ from acp_server.lmsp.requests import decode_stored
 from acp_server.lmsp.wire import AnyEvent, PermissionDecidedEvent
 from bridge import Bridge
 from bridge import events as ev
-from bridge.errors import AgentDiedError, BridgeError, SessionLimitExceededError
+from bridge.errors import (
+    AgentDiedError,
+    AgentUnavailableError,
+    BridgeError,
+    SessionLimitExceededError,
+)
 from bridge.ticket import PromptResult, PromptTicket
 
 log = logging.getLogger("acp_server.lmsp")
@@ -309,6 +314,12 @@ class Runner:
             except SessionLimitExceededError:
                 await self._requeue_at_limit(record)
                 return
+            except AgentUnavailableError as exc:   # the agent's process did not start
+                if exc.transient:   # short of descriptors or processes: as at the limit
+                    await self._requeue_at_limit(record, why=str(exc))
+                else:
+                    await self._end_failed(record, attempt, exc.code, str(exc))
+                return
             except Exception as exc:   # noqa: BLE001 - any bridge failure fails the task
                 await self._end_agent_error(record, attempt, exc)
                 return
@@ -394,16 +405,21 @@ class Runner:
                     raise
                 await _close(live.bridge, live.session_id)
 
-    async def _requeue_at_limit(self, record: TaskRecord) -> None:
-        """The bridge is at its session limit: the task goes back to ``queued`` (its
-        attempt not counted, its place in the queue kept) and claims pause until a
-        slot frees. A cancel that came meanwhile ends it instead."""
+    async def _requeue_at_limit(self, record: TaskRecord, why: str | None = None) -> None:
+        """The bridge is at its session limit (or, ``why``, its agent's process could
+        not start for want of descriptors or processes): the task goes back to
+        ``queued`` (its attempt not counted, its place in the queue kept) and claims
+        pause until a slot frees or the backoff passes. A cancel that came meanwhile
+        ends it instead."""
         if self._slot_wait == 0:
             self._slot_wait = self._slot_backoff.next()
         if await persist(lambda: self.store.unclaim(record.id, now=self.clock()),
                          what=f"lmsp task {record.id} → queued"):
-            log.info("lmsp task %s waits for a session slot (the bridge is at its limit)",
-                     record.id)
+            if why is None:
+                log.info("lmsp task %s waits for a session slot (the bridge is at its "
+                         "limit)", record.id)
+            else:
+                log.warning("lmsp task %s queued again: %s", record.id, why)
             return
         await self._end_cancelled(record, Attempt(record, ""))
 

@@ -21,11 +21,12 @@ Contracts:
   refused: another instance took the session over) the same with ``code:
   "session_moved"`` and ``Retry-After: 1``.
 * Anything unrecognised is a 500 ``{"error": "Internal error"}``: no message from an
-  unexpected exception reaches the client.
+  unexpected exception reaches the client; it is logged with its traceback.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -54,6 +55,7 @@ from bridge.errors import (
 )
 from bridge.wire import error_details
 
+log = logging.getLogger("acp_server.rest")
 RETRY_AFTER = {"Retry-After": "5"}
 _encoder = msgspec.json.Encoder()
 
@@ -102,6 +104,7 @@ STATUS: dict[type[BridgeError], int] = {
     be.PromptCancelledError: 409,
     be.SessionClosedError: 404,
     be.AgentTimeoutError: 504,
+    be.AgentUnavailableError: 503,
     be.AgentProtocolError: 502,
     be.InvalidPromptError: 400,
     be.InvalidDeadlineError: 400,
@@ -199,7 +202,9 @@ async def handle_error(request: Request, exc: Exception) -> Response:
 
 
 async def handle_unexpected(request: Request, exc: Exception) -> Response:
-    # Starlette's ServerErrorMiddleware calls this, then re-raises so the server logs it.
+    # Starlette's ServerErrorMiddleware calls this, then re-raises it to the HTTP server,
+    # which logs nothing of it in the daemon (granian runs with its log off): logged here
+    log.error("rest: %s %s failed", request.method, request.url.path, exc_info=exc)
     return error_response(exc)
 
 

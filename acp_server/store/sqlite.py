@@ -40,10 +40,18 @@ Contracts (see ``acp_server.store.tasks`` for the interface):
 * Faults answer ``StoreUnavailableError`` (503), never end the process: a full disk,
   an I/O error, a file locked by another process for longer than ``busy_timeout_s``
   (the writer waits that long, then that batch fails; the next one tries again).
-* The file is checked before every batch (``os.stat``: device and inode as opened).
-  Deleted or replaced under us, the store is *lost*: every write and read answers
-  ``StoreUnavailableError`` from then on (nothing is acknowledged into an unlinked
-  inode) and ``probe`` says why, until a restart opens the file anew.
+* The file is checked before every batch and by ``probe`` (``os.stat``: device and
+  inode as opened). Replaced under us, the store is *lost*: every write and read
+  answers ``StoreUnavailableError`` from then on (nothing is acknowledged into an
+  unlinked inode) and ``probe`` says why, until a restart opens the file anew. Missing
+  (deleted, or its folder renamed away) it is lost too, but while the same file can
+  come back under its name (the folder renamed back) each check looks again: the
+  store resumes by itself when it does.
+* The ``-wal`` file is checked with it. Deleted or replaced under us (a clean-up
+  script, another process's last close), everything committed since the last
+  checkpoint lives only in the unlinked WAL, which a crash would lose: it is copied
+  into the database file at once (``wal_checkpoint(TRUNCATE)``) and the store is lost
+  until a restart (a new WAL); ``probe`` says whether the copy was made.
 * The database and its ``-wal`` / ``-shm`` files are mode 0600 (created so, tightened
   when found wider); the folder is made by ``prepare_state_dir`` (0700).
 """
@@ -124,6 +132,15 @@ def read_boot_id(path: str | None = None) -> str | None:
         return None
 
 
+def _identity(path: str) -> tuple[int, int] | None:
+    """``(st_dev, st_ino)`` of ``path``, ``None`` when there is none."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
+
+
 def private_files(path: str) -> None:
     """The database file exists with mode 0600; it and its ``-wal`` / ``-shm`` files
     are tightened to 0600 when wider (SQLite gives the latter the database's mode).
@@ -162,7 +179,9 @@ class SqliteTaskStore(TokenOps, AuditOps, ClaimsOne, ObservedMoves,
         self.busy_timeout_s = busy_timeout_s
         self._writer: sqlite3.Connection | None = None
         self._file: tuple[int, int] | None = None   # (st_dev, st_ino) as opened
+        self._wal_file: tuple[int, int] | None = None   # the -wal file's, once open
         self._lost: str | None = None               # why the file is gone, for good
+        self._missing = False   # lost for want of the path alone: it may come back
         # Queued tasks, kept by the writer thread (for ``max_queued`` without a COUNT
         # per create); ``None`` = unknown, recounted when next needed.
         self._queued: int | None = None
@@ -230,6 +249,7 @@ class SqliteTaskStore(TokenOps, AuditOps, ClaimsOne, ObservedMoves,
         private_files(self.path)
         info = os.stat(self.path)
         self._file = (info.st_dev, info.st_ino)
+        self._wal_file = _identity(f"{self.path}-wal")   # made by the reads above
         return conn
 
     def settled_earlier_runs(self) -> None:
@@ -263,21 +283,53 @@ class SqliteTaskStore(TokenOps, AuditOps, ClaimsOne, ObservedMoves,
             log.warning("%s: the clean stop could not be recorded (%s)", self.path, exc)
 
     # -- faults --------------------------------------------------------------------
-    def _check_file(self) -> None:
-        """Raises ``StoreUnavailableError`` when the file is not the one opened."""
-        if self._lost is None:
+    def _check_file(self, conn: sqlite3.Connection) -> None:
+        """Raises ``StoreUnavailableError`` when the file or its WAL is not the one
+        opened (a WAL gone is first copied into the file on ``conn``)."""
+        if self._lost is None or self._missing:
             try:
                 info = os.stat(self.path)
                 same = (info.st_dev, info.st_ino) == self._file
             except OSError as exc:
-                same = exc.errno not in (errno.ENOENT, errno.ENOTDIR)   # gone; else unsure
-                if same:
+                if exc.errno not in (errno.ENOENT, errno.ENOTDIR):   # unsure: not lost
                     raise StoreUnavailableError(f"{self.path}: {exc.strerror}") from None
-            if not same:
-                self._lost = (f"the database file {self.path} was deleted or replaced while "
-                              f"the server ran; restore it and restart the server")
+                if not self._missing:
+                    self._lost, self._missing = (
+                        f"the database file {self.path} was deleted or replaced (or its "
+                        f"folder moved) while the server ran; put it back, or restore it "
+                        f"and restart the server"), True
+                    log.error("%s", self._lost)
+                raise StoreUnavailableError(self._lost) from None
+            if same and self._missing:   # the very file is back under its name
+                self._lost, self._missing = None, False
+                log.warning("%s is back: the store resumes", self.path)
+            elif not same:
+                self._lost, self._missing = (f"the database file {self.path} was deleted or "
+                                             f"replaced while the server ran; restore it "
+                                             f"and restart the server"), False
+                log.error("%s", self._lost)
+            if self._lost is None and self._wal_file is not None \
+                    and _identity(f"{self.path}-wal") != self._wal_file:
+                self._lost = self._wal_lost(conn)
+                log.error("%s", self._lost)
         if self._lost is not None:
             raise StoreUnavailableError(self._lost)
+
+    def _wal_lost(self, conn: sqlite3.Connection) -> str:
+        """The WAL was deleted or replaced: what it holds is copied into the database
+        file (which this process still has by its name); why the store is lost."""
+        wal = f"{self.path}-wal"
+        try:
+            busy = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
+            saved = "its commits were copied into the database file"
+            if busy:
+                saved = ("its commits could not all be copied into the database file yet "
+                         "(busy): stop the server with SIGTERM, not kill -9")
+        except sqlite3.Error as exc:
+            saved = (f"its commits could not be copied into the database file ({exc}): "
+                     f"stop the server with SIGTERM, not kill -9")
+        return (f"the WAL file {wal} was deleted or replaced while the server ran; {saved}; "
+                f"restart the server")
 
     def _unavailable(self, exc: BaseException) -> str | None:
         if isinstance(exc, sqlite3.Error) and not isinstance(exc, _OWN_ERRORS):
@@ -296,7 +348,7 @@ class SqliteTaskStore(TokenOps, AuditOps, ClaimsOne, ObservedMoves,
 
     async def _ping(self) -> None:
         def check(conn: sqlite3.Connection) -> None:
-            self._check_file()
+            self._check_file(conn)
             folder = os.statvfs(os.path.dirname(os.path.abspath(self.path)))
             if folder.f_bavail * folder.f_frsize < MIN_FREE_BYTES:
                 raise StoreUnavailableError(f"the disk of {self.path} is full")
@@ -313,7 +365,7 @@ class SqliteTaskStore(TokenOps, AuditOps, ClaimsOne, ObservedMoves,
         conn = self._writer
         assert conn is not None
         try:
-            self._check_file()
+            self._check_file(conn)
             self._synchronous(conn, batch)
             if self._optimistic(conn, batch):
                 return

@@ -12,6 +12,12 @@ files of servers that are no longer running. A stale child is killed only when
 ``/proc/<pid>/cmdline`` still shows the recorded command line (a reused pid is left
 alone); its whole process group gets SIGKILL. A file is rewritten atomically on every
 change and holds at most ``MAX_ENTRIES``.
+
+The record is a safety net, not a condition of running an agent: when it cannot be
+written (the state folder's disk full, the folder gone or read-only) ``record`` and
+``forget`` log a warning and return; the entries stay in memory and the next change
+writes them all. The folder itself (the state folder) is never created here, only
+``agents/`` inside it: a state folder renamed away is not made anew under its name.
 """
 
 from __future__ import annotations
@@ -89,11 +95,22 @@ class ChildRegistry:
         return killed
 
     def _save(self) -> None:
-        os.makedirs(self.directory, exist_ok=True)
         temporary = f"{self.path}.{os.getpid()}.tmp"
-        with open(temporary, "w", encoding="utf-8") as fh:
-            json.dump({str(pid): argv for pid, argv in self._entries.items()}, fh)
-        os.replace(temporary, self.path)
+        try:
+            try:
+                os.mkdir(self.directory, 0o700)
+            except FileExistsError:
+                pass
+            with open(temporary, "w", encoding="utf-8") as fh:
+                json.dump({str(pid): argv for pid, argv in self._entries.items()}, fh)
+            os.replace(temporary, self.path)
+        except OSError as exc:
+            logger.warning("cannot record agent processes in %s (%s): a crash now would "
+                           "leave them running", self.path, exc)
+            try:
+                os.remove(temporary)
+            except OSError:
+                pass
 
 
 def _load(path: str) -> dict[int, list[str]]:

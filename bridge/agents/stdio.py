@@ -53,7 +53,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from bridge.agents.base import AgentClient, PendingRequests, RequestError
 from bridge.agents.children import ChildRegistry
 from bridge.agents.stderr import StderrLog
-from bridge.errors import AgentDiedError, AgentError
+from bridge.errors import AgentDiedError, AgentError, AgentUnavailableError
 from bridge.jsonrpc import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
@@ -138,7 +138,7 @@ class StdioAgentFactory:
                 start_new_session=True,   # its own process group: stopped as a whole
             )
         except OSError as exc:
-            raise AgentDiedError(f"Cannot start agent {self.name!r}: {exc}") from exc
+            raise AgentUnavailableError(self.name, exc, self.cwd) from exc
         connection = StdioAgentConnection(
             process,
             client,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -129,3 +130,23 @@ def test_a_killed_server_leaves_no_agent_after_the_next_start(tmp_path):
     finally:
         second.send_signal(signal.SIGTERM)
         assert second.wait(timeout=10) == 0
+
+
+def test_a_record_that_cannot_be_written_is_a_warning(tmp_path, caplog):
+    """The state folder gone (renamed away): ``record`` and ``forget`` warn and return,
+    the folder is not made anew under its name, and the next change once it is back
+    writes every entry kept meanwhile."""
+    state = tmp_path / "state"
+    state.mkdir()
+    registry = ChildRegistry(str(state / "agents"))
+    state.rename(tmp_path / "away")
+    with caplog.at_level(logging.WARNING, logger="bridge.agents.children"):
+        registry.record(101, ["agent", "one"])
+        registry.record(102, ["agent", "two"])
+        registry.forget(101)
+    assert not state.exists()
+    assert "cannot record agent processes" in caplog.text
+    (tmp_path / "away").rename(state)
+    registry.record(103, ["agent", "three"])
+    assert json.loads(Path(registry.path).read_text()) == {"102": ["agent", "two"],
+                                                           "103": ["agent", "three"]}

@@ -4,6 +4,7 @@ to an HTTP status, ``/acp`` to a JSON-RPC error)."""
 
 from __future__ import annotations
 
+import errno
 import inspect
 import re
 
@@ -36,6 +37,8 @@ SAMPLES: dict[type[BridgeError], BridgeError] = {
     errors.SessionClosedError: errors.SessionClosedError("s"),
     errors.AgentError: errors.AgentError(-32000, "boom", {"x": 1}),
     errors.AgentDiedError: errors.AgentDiedError(exit_code=3),
+    errors.AgentUnavailableError: errors.AgentUnavailableError(
+        "x", PermissionError(errno.EACCES, "Permission denied")),
     errors.AgentTimeoutError: errors.AgentTimeoutError("initialize", 200),
     errors.AgentRequestTimeoutError: errors.AgentRequestTimeoutError("session/new", 300),
     errors.AgentProtocolError: errors.AgentProtocolError("collision", "evil"),
@@ -90,3 +93,26 @@ def test_details_are_the_fields() -> None:
         "limit": 8, "scope": "agent", "agent": "a"}
     assert error_details(SAMPLES[errors.AgentRequestTimeoutError]) == {
         "phase": "session/new", "timeoutMs": 300}
+
+
+def test_an_agent_that_cannot_start_says_why_and_whether_to_wait() -> None:
+    """``transient`` for the machine's shortages (and an errno the event loop could not
+    name: uvloop reports some EMFILE as -1), not for a command missing or not executable."""
+    cases = [(OSError(errno.EMFILE, "Too many open files"), "EMFILE", True),
+             (OSError(errno.EAGAIN, "Resource temporarily unavailable"), "EAGAIN", True),
+             (OSError(-1, "Unknown error -1"), "unknown", True),
+             (FileNotFoundError(errno.ENOENT, "No such file or directory"), "ENOENT", False),
+             (PermissionError(errno.EACCES, "Permission denied"), "EACCES", False)]
+    for cause, reason, transient in cases:
+        exc = errors.AgentUnavailableError("flaky", cause)
+        assert (exc.reason, exc.transient) == (reason, transient)
+        assert str(exc).startswith("Cannot start agent 'flaky': ")
+        assert status_of(exc) == 503
+        assert error_details(exc) == {"agent": "flaky", "reason": reason}
+        assert to_rpc_error(exc)[2] == {"errorKind": "agent_unavailable", "agent": "flaky",
+                                        "reason": reason, "retryable": True}
+    assert "out of descriptors or processes" in str(
+        errors.AgentUnavailableError("flaky", OSError(-1, "Unknown error -1")))
+    gone = FileNotFoundError(errno.ENOENT, "No such file or directory")
+    assert str(errors.AgentUnavailableError("flaky", gone, "/nowhere/at/all")) == \
+        "Cannot start agent 'flaky': its folder /nowhere/at/all is gone"

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -42,6 +43,20 @@ async def test_an_unexpected_error_is_a_500_in_each_doors_shape(
         assert response.status_code == 500
         assert response.json() == {"error": "Internal error"}
         assert "secret" not in response.text
+
+
+async def test_an_unexpected_error_is_logged_by_each_door(
+        client: httpx.AsyncClient, caplog: pytest.LogCaptureFixture) -> None:
+    """granian runs with its log off: the exception a door's 500 answers is logged by
+    the door itself, with its traceback (REST and ``/acp`` logged nothing of it)."""
+    with caplog.at_level(logging.ERROR, logger="acp_server"):
+        for path in ("/lmsp/v1/boom", "/acp/boom", "/session/x/boom"):
+            assert (await client.get(path)).status_code == 500
+    logged = [(r.getMessage(), r.exc_info[0] if r.exc_info else None) for r in caplog.records
+              if r.name.startswith("acp_server")]
+    for path in ("/lmsp/v1/boom", "/acp/boom", "/session/x/boom"):
+        assert any(path in message and kind is RuntimeError for message, kind in logged), \
+            (path, logged)
 
 
 @pytest.mark.parametrize(("method", "path", "status", "body"), [

@@ -55,3 +55,36 @@ def test_only_silent_connections_on_the_port_are_shut_down() -> None:
         for sock in (silent_client, silent, stalled_client, stalled, talking_client, talking,
                      answered_client, answered, elsewhere_client, elsewhere):
             sock.close()
+
+
+def test_the_sweep_needs_no_descriptor_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At the descriptor limit (``os.listdir`` and ``os.dup`` refused with EMFILE) the
+    silent connection is still shut down, through its own descriptor, which stays the
+    server's (open); the others are left alone."""
+    import errno
+    import os
+
+    import acp_server.http.silence as silence
+
+    def refused(*args: object) -> None:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        silent_client, silent = _pair(listener)
+        talking_client, talking = _pair(listener)
+        talking_client.sendall(b"GET / HTTP/1.1\r\nHost: a\r\n")
+        assert talking.recv(64)
+        monkeypatch.setattr(silence.os, "listdir", refused)
+        monkeypatch.setattr(silence.os, "dup", refused)
+        assert sweep_once(port, timeout_ms=0) == 1
+        monkeypatch.undo()
+        silent_client.settimeout(5)
+        assert silent_client.recv(1) == b""                 # shut down
+        os.fstat(silent.fileno())                           # not closed under the server
+        os.fstat(listener.fileno())
+        talking_client.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            talking_client.recv(1)
+        for sock in (silent_client, silent, talking_client, talking):
+            sock.close()
