@@ -6,7 +6,9 @@ initialized once, restarted on the next use after it died.
     connection = await pool.ensure("qwen", client, task_group)
     pool.capability("qwen", "sessionCapabilities", "fork")   # None when not offered
 
-Contracts: concurrent ``ensure`` calls for one name share one start; a start that
+Contracts: a running connection is returned at once (no lock, no wait: ``ensure`` of
+a live agent never yields to the loop); concurrent ``ensure`` calls for one name that
+find it not started (or dead) share one start; a start that
 fails or times out closes what it started and raises (``AgentTimeoutError`` for the
 ``initialize`` timeout); an unknown name raises ``AgentNotFoundError``.
 """
@@ -83,6 +85,9 @@ class AgentPool:
     async def ensure(self, name: str, client: AgentClient,
                      task_group: anyio.abc.TaskGroup) -> AgentConnection:
         slot = self._slots[self.resolve(name)]
+        connection = slot.connection
+        if connection is not None and not connection.closed:
+            return connection   # running: no lock to take (its acquire yields to the loop)
         if slot.lock is None:
             slot.lock = anyio.Lock()
         async with slot.lock:

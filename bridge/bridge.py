@@ -425,7 +425,7 @@ class Bridge(Journaling, PromptsAPI, PresenceAPI, AgentCallsAPI):
         session.owner = self._closed_owners.get(session_id) or owner
         session.on_cancel = self._cancel_questions
         session.on_turn_end = self._end_turn_questions
-        await self._tasks().start(session.run)
+        session.start(self._tasks())
         terminals = self._closed_terminals.pop(session_id, None)
         if terminals is not None:
             session.prompt_terminals.extend(terminals)

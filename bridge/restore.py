@@ -126,7 +126,7 @@ async def restore_session(bridge: Bridge, found: RestoredSession) -> Session:
     session.prompt_terminals.extend(found.terminals)
     side = AgentSideRestore(bridge, session)
     session.agent_side = side.ensure
-    await bridge._tasks().start(session.run)
+    session.start(bridge._tasks())
     bridge._sessions[sid] = session
     try:
         bridge.capacity.take(name)

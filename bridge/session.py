@@ -1,7 +1,7 @@
 """One bridge session: its FIFO, its admission counter, its bus, its permissions.
 
     session = Session(session_id, workspace_cwd, agent, options)
-    await task_group.start(session.run)            # the FIFO worker and timers live here
+    session.start(task_group)                      # the FIFO worker and timers run there
     ticket = session.admit(prompt, prompt_id=None, deadline_ms=None)   # or PromptQueueFullError
 
 Contracts:
@@ -14,6 +14,9 @@ Contracts:
   released, its terminal event is published. Every path — completion, agent error,
   cancel while queued or running, deadline, close, agent death — goes through it.
 * A failed prompt never blocks the FIFO: the worker moves on whatever the outcome.
+* ``start`` hands the worker and the session's timers to the owner's task group (no
+  task group of the session's own); ``stop`` ends all of them: a worker waiting for
+  work returns, a running job and every timer are cancelled.
 """
 
 from __future__ import annotations
@@ -117,8 +120,10 @@ class Session:
         self._work: deque[PendingPrompt | WorkItem] = deque()
         self._work_added = Wakeup()
         self._ended: BaseException | None = None   # why its work fails (``fail_all``)
-        self._task_group: anyio.abc.TaskGroup | None = None
-        self._scope: anyio.CancelScope | None = None
+        self._task_group: anyio.abc.TaskGroup | None = None   # the owner's (``start``)
+        self._scope = anyio.CancelScope()   # the worker's: cancels the job it runs
+        self._stopped = False
+        self._side_scopes: set[anyio.CancelScope] = set()   # timers, cancel notices
         self._queue_wait = queue_wait
         # Called once per cancel (of the running prompt, or by its deadline) with a
         # reason: cancels the session's pending permission requests.
@@ -172,27 +177,52 @@ class Session:
         self.bus.abandon()
 
     # -- lifecycle -----------------------------------------------------------------
-    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Owns the FIFO worker and the deadline timers until ``stop()``. Start it with
-        ``task_group.start`` before the session is reachable: ``admit`` and cancels
-        need it running."""
-        async with anyio.create_task_group() as tg:
-            self._task_group = tg
-            self._scope = tg.cancel_scope
-            task_status.started()
+    def start(self, owner: anyio.abc.TaskGroup) -> None:
+        """Run the FIFO worker in ``owner`` (synchronous: ``admit`` and cancels work as
+        soon as this returns). Its timers and cancel notices run there too, each in a
+        scope of its own that ``stop`` cancels. Call it before the session is
+        reachable."""
+        self._task_group = owner
+        owner.start_soon(self._run_worker)
+
+    async def _run_worker(self) -> None:
+        with self._scope:
             await self._worker()
 
     def stop(self) -> None:
         """End the worker: the job it runs and every job queued fail (``fail_all``'s
-        error, else closed); a waiter is never left waiting."""
+        error, else closed); a waiter is never left waiting. A worker waiting for work
+        returns (no cancellation to deliver); one running a job is cancelled, and so
+        is every timer and cancel notice of the session."""
         if self._ended is None:
             self._ended = self.close_error("closed")
+        self._stopped = True
         for item in [i for i in self._work if isinstance(i, WorkItem)]:
             self._work.remove(item)
             item.outcome = self._ended
             item.done.set()
-        if self._scope is not None:
+        for scope in self._side_scopes:
+            scope.cancel()
+        if self._work_added.waiting:
+            self._work_added.set()
+        else:
             self._scope.cancel()
+
+    def _start_side(self, job: Callable[[PendingPrompt], Awaitable[None]],
+                    pending: PendingPrompt) -> None:
+        """``job(pending)`` in the owner's task group, cancelled by ``stop``."""
+        self._running().start_soon(self._side, job, pending)
+
+    async def _side(self, job: Callable[[PendingPrompt], Awaitable[None]],
+                    pending: PendingPrompt) -> None:
+        if self._stopped:
+            return
+        with anyio.CancelScope() as scope:
+            self._side_scopes.add(scope)
+            try:
+                await job(pending)
+            finally:
+                self._side_scopes.discard(scope)
 
     def touch(self) -> None:
         self.last_seen = time.monotonic()
@@ -272,7 +302,7 @@ class Session:
         if limit is not None and len(self.pending) >= limit:
             self.observer.prompt_rejected()
             raise PromptQueueFullError(self.session_id, limit, len(self.pending))
-        tg = self._running()
+        self._running()   # started (see start)
         prompt_id = prompt_id or new_prompt_id()
         if prompt_id in self.pending:   # one slot, one settle per id
             raise PromptIdInUseError(self.session_id, prompt_id)
@@ -294,7 +324,7 @@ class Session:
                 session_id=self.session_id, prompt_id=prompt_id, text=pending.text,
                 queued_at=pending.queued_at_ms), prompt_id=prompt_id)
         if deadline_ms is not None:
-            tg.start_soon(self._deadline_timer, pending)
+            self._start_side(self._deadline_timer, pending)
         if cancel is not None:
             pending.unhook_cancel = cancel.add_callback(ticket.cancel)
         self._enqueue(pending)
@@ -323,7 +353,7 @@ class Session:
         """A journaled prompt that never settled, taken back at restore: its slot is
         re-taken (even past the limit) and it is queued in order. Nothing is
         published (its events are in the journal)."""
-        tg = self._running()
+        self._running()   # started (see start)
         pid = record.prompt_id
         ticket = PromptTicket(pid, self.session_id, self.bus.last_event_id, self.bus.epoch,
                               lambda reason, pid=pid: self.cancel_prompt(pid, reason))
@@ -332,7 +362,7 @@ class Session:
         pending.queued_at_ms = record.queued_at_ms
         self.pending[pid] = pending
         if record.deadline_ms is not None:
-            tg.start_soon(self._deadline_timer, pending)
+            self._start_side(self._deadline_timer, pending)
         self._enqueue(pending)
         return pending
 
@@ -343,7 +373,7 @@ class Session:
 
     def _running(self) -> anyio.abc.TaskGroup:
         if self._task_group is None:
-            raise RuntimeError(f"session {self.session_id} is not running (start run() first)")
+            raise RuntimeError(f"session {self.session_id} is not running (start() first)")
         return self._task_group
 
     def enqueue_work(self, item: WorkItem) -> None:
@@ -357,7 +387,11 @@ class Session:
     async def _worker(self) -> None:
         while True:
             while not self._work:
+                if self._stopped:
+                    return
                 await self._work_added.wait()
+            if self._stopped:
+                return
             item = self._work.popleft()
             if isinstance(item, WorkItem):
                 await self._run_work(item)
@@ -520,7 +554,7 @@ class Session:
             pending.run_scope.deadline = min(
                 pending.run_scope.deadline,
                 anyio.current_time() + self.options.cancel_grace_ms / 1000)
-        self._running().start_soon(self._notify_cancel, pending)
+        self._start_side(self._notify_cancel, pending)
 
     async def _notify_cancel(self, pending: PendingPrompt) -> None:
         """ACP ``session/cancel`` names the session only: sent while ``pending`` is

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import anyio
 import pytest
 
 from bridge import Bridge
@@ -43,3 +44,29 @@ async def test_death_of_one_agent_spares_the_others(tmp_path):
         assert [s.session_id for s in bridge.sessions()] == [ref.session_id]
         assert doomed.session_id not in {s.session_id for s in bridge.sessions()}
         assert (await bridge.send_prompt(ref.session_id, text("still here"))).stop_reason == "end_turn"
+
+
+async def test_ensure_of_a_running_agent_answers_at_once_and_a_dead_one_restarts(tmp_path):
+    """``AgentPool.ensure`` of a live connection takes no lock and never yields: even
+    inside a cancelled scope it answers (no checkpoint). A dead one is restarted once,
+    under the lock, by concurrent callers."""
+    scripted = ScriptedAgent()
+    async with Bridge(scripted, workspace_cwd=str(tmp_path)) as bridge:
+        first = await bridge.create_session()
+        live = await bridge._ensure_agent("scripted")
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            assert await bridge._ensure_agent("scripted") is live
+        assert not scope.cancelled_caught
+        scripted.die()
+        got = []
+
+        async def ensure() -> None:
+            got.append(await bridge._ensure_agent("scripted"))
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(3):
+                tg.start_soon(ensure)
+        assert len(got) == 3 and not got[0].closed and all(c is got[0] for c in got)
+        assert sum(m == "initialize" for m, _ in scripted.calls) == 2
+        assert first.agent == "scripted"

@@ -11,6 +11,7 @@ from bridge.errors import (
     InvalidClientIdError,
     InvalidPermissionOptionError,
     PermissionNotFoundError,
+    SessionClosedError,
     SessionIdNotHonoredError,
     SessionLimitExceededError,
     SessionNotFoundError,
@@ -210,3 +211,46 @@ async def test_one_cancel_resolves_each_permission_once(tmp_path):
             assert kinds == [("permission_resolved", permission_reason),
                              ("prompt_cancelled", "client_cancel")], kinds
             sub.close()
+
+
+async def test_a_session_closed_before_its_worker_ran_runs_nothing(tmp_path):
+    """``Session.start`` hands the worker to the bridge's task group and returns: a close
+    that comes before the worker first ran ends it there, its prompt never sent."""
+    async with open_bridge(tmp_path) as (bridge, agent):
+        sid = (await bridge.create_session()).session_id
+        session = bridge.get_session(sid)
+        ticket = bridge.send_prompt(sid, text("hold never"))
+        await bridge.close_session(sid)
+        with pytest.raises(SessionClosedError):
+            await ticket
+        await wait_until(lambda: session._scope.cancelled_caught or not session._work_added.waiting)
+        assert "hold never" not in agent.prompts()
+        assert session._side_scopes == set()
+
+
+async def test_stop_ends_a_running_turn_and_its_deadline_timer(tmp_path):
+    """A worker running a turn is cancelled by ``stop``, and the turn's deadline timer
+    (a side task in the bridge's task group) with it: nothing of the session is left
+    running, and the deadline never fires."""
+    async with open_bridge(tmp_path, prompt_deadline_ms=60_000) as (bridge, agent):
+        sid = (await bridge.create_session()).session_id
+        session = bridge.get_session(sid)
+        ticket = bridge.send_prompt(sid, text("stubborn k"))
+        await wait_until(lambda: "stubborn k" in agent.prompts())
+        assert len(session._side_scopes) == 1   # the deadline timer
+        await bridge.close_session(sid)
+        with pytest.raises(SessionClosedError):
+            await ticket
+        await wait_until(lambda: session._scope.cancelled_caught and not session._side_scopes)
+
+
+async def test_an_idle_session_stops_without_a_cancellation(tmp_path):
+    """An idle worker is woken and returns: its scope is never cancelled."""
+    async with open_bridge(tmp_path) as (bridge, agent):
+        sid = (await bridge.create_session()).session_id
+        session = bridge.get_session(sid)
+        await bridge.send_prompt(sid, text("hi"))
+        await wait_until(lambda: session._work_added.waiting)   # idle, waiting for work
+        await bridge.close_session(sid)
+        await wait_until(lambda: not session._work_added.waiting)
+        assert not session._scope.cancel_called
