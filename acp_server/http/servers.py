@@ -39,6 +39,10 @@ streams; off by default, ``docs/benchmarks.md``).
 Contracts: ``serve(started)`` calls ``started(url)`` once the socket accepts
 connections (the real port when ``port=0``; ``https://`` with TLS) and returns after
 ``stop()``. ``stop(force=True)`` (a second signal) skips the wait for open responses.
+granian binds its own listener: from the caller's socket's close until granian listens,
+the port is held by a bound socket that does not listen (``SO_REUSEPORT``, which
+granian's listener sets too: ``reserve_port``), so no other socket takes it meanwhile
+(a client's ephemeral port, say: a port chosen with ``port=0`` is one of those).
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ import contextlib
 import math
 import socket
 import ssl
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -102,8 +107,33 @@ def http_server(app: Any, options: HttpOptions, sock: socket.socket, *,
     if options.server == "uvicorn":   # ``stats``: where uvicorn's guard counts
         return UvicornServer(app, options, sock, limits=limits, stats=stats)
     host, port = sock.getsockname()[:2]
+    reserved = reserve_port(sock)
+    return GranianServer(app, options, host=host, port=port, limits=limits, stats=stats,
+                         reserved=reserved)
+
+
+def reserve_port(sock: socket.socket) -> socket.socket | None:
+    """Closes ``sock`` and binds its address again on a socket that does not listen,
+    with ``SO_REUSEPORT`` (Linux): granian's listeners can bind beside it, and no other
+    socket can take the port until it is closed. ``None`` where that is not possible
+    (another OS, or the port taken in the instant between: granian's bind says so)."""
+    address, family = sock.getsockname(), sock.family
+    v6only = (sock.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY)
+              if family == socket.AF_INET6 else None)
     sock.close()
-    return GranianServer(app, options, host=host, port=port, limits=limits, stats=stats)
+    if not sys.platform.startswith("linux") or not hasattr(socket, "SO_REUSEPORT"):
+        return None
+    reserved = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        reserved.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)   # not REUSEADDR:
+        # with it, any socket that sets it too could bind beside one that does not listen
+        if v6only is not None:
+            reserved.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, v6only)
+        reserved.bind(address)
+    except OSError:
+        reserved.close()
+        return None
+    return reserved
 
 
 def h2_keep_alive_ms(header_timeout_s: float) -> int:
@@ -124,7 +154,8 @@ class GranianServer:
     """granian's embedded server (``granian.server.embed``) in this event loop."""
 
     def __init__(self, app: Any, options: HttpOptions, *, host: str, port: int,
-                 limits: Limits, stats: GuardStats | None = None) -> None:
+                 limits: Limits, stats: GuardStats | None = None,
+                 reserved: socket.socket | None = None) -> None:
         from granian.constants import HTTPModes, Interfaces, SSLProtocols
         from granian.http import HTTP1Settings, HTTP2Settings
         from granian.server.embed import Server
@@ -134,6 +165,7 @@ class GranianServer:
         self.stats = stats
         self._host = host
         self._port = port
+        self._reserved = reserved   # holds the port until granian listens (reserve_port)
         owner = self
 
         class _Embedded(Server):   # type: ignore[misc]
@@ -174,10 +206,18 @@ class GranianServer:
 
     async def serve(self, started: Callable[[str], None]) -> None:
         self._bound = anyio.Event()
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(self._announce, started)
-            await self._server.serve()
-            tg.cancel_scope.cancel()
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._announce, started)
+                await self._server.serve()
+                tg.cancel_scope.cancel()
+        finally:
+            self._release_port()
+
+    def _release_port(self) -> None:
+        if self._reserved is not None:
+            self._reserved.close()
+            self._reserved = None
 
     async def _announce(self, started: Callable[[str], None]) -> None:
         """``started(url)`` once a connection to the port is accepted; from then on,
@@ -194,6 +234,7 @@ class GranianServer:
                 continue
             await stream.aclose()
             break
+        self._release_port()   # granian listens: the port is its own
         started(url_of(self._host, self._port, self.options.tls))
         await SilentConnections(port=self._port, timeout_s=self.limits.header_timeout_s,
                                 stats=self.stats).run()

@@ -266,7 +266,7 @@ async def test_out_of_descriptors_agents_wait_and_the_store_commits(tmp_path: Pa
     agent's start is a 503 ``agent_unavailable`` (``EMFILE``), not a 500; an LMSP task
     for that agent is acknowledged and waits (queued again, not failed); on a connection
     already open, LMSP work on another agent commits and ``/health?deep=1`` is 200.
-    Two agents die (descriptors come back): the waiting task runs, the agent starts and
+    Half the agents die (descriptors come back): the waiting task runs, the agent starts and
     a connection left in the backlog meanwhile is accepted and answered, with nothing
     done by hand."""
     flags = [f"--agent=a{n}={script_agent(tmp_path, f'a{n}')}" for n in range(AGENTS)]
@@ -298,9 +298,13 @@ async def test_out_of_descriptors_agents_wait_and_the_store_commits(tmp_path: Pa
         assert deep.status_code == 200, deep.text
         knocking = await daemon.raw()   # in the backlog: no descriptor to accept it with
         await knocking.send(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-        for name in started[:2]:
+        for name in started[: max(2, len(started) // 2)]:   # room for a start or two
             os.kill(agent_pid(daemon.pid, name), signal.SIGKILL)
-        ran = await lmsp_outcome(client, waiting.json()["id"])
+        try:
+            ran = await lmsp_outcome(client, waiting.json()["id"])
+        except TimeoutError:   # say what the server was doing (a CI run saw it wait)
+            raise AssertionError(f"the waiting task did not run: "
+                                 f"{daemon.stderr_text()[-3000:]}") from None
         assert ran["status"] == "succeeded", ran
         with anyio.fail_after(20):
             while (await client.post("/session", json={"agent": f"a{n}"})).status_code != 200:
