@@ -317,3 +317,24 @@ async def test_a_serve_process_journals_on_past_a_refused_event(tmp_path: Path,
             await _run_prompt(client, sid_a, "again", after=_ids(after)[-1])
     finally:
         child.stop()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])   # the client side only
+async def test_a_serve_process_answers_503_for_a_refused_prompt(tmp_path: Path,
+                                                                store_name: str) -> None:
+    flags = _flags(tmp_path, store_name)
+    url = flags[flags.index("--store") + 1] if "--store" in flags else None
+    async with ServeProcess(tmp_path, *flags, "--max-pending-prompts-per-session", "1") as child:
+        client = child.client
+        sid = (await _new_session(client))["sessionId"]
+        poison(tmp_path, store_name, url, "session_prompts", "record")
+        refused = await client.post(f"/session/{sid}/prompt", json=_prompt(f"{MARK} lost"))
+        assert refused.status_code == 503
+        assert refused.json()["code"] == "store_unavailable"
+        assert refused.headers["retry-after"]
+        assert MARK not in refused.text and REASON not in refused.text   # not the client's
+        await _run_prompt(client, sid, "kept")   # the one slot was released
+        status = (await client.get(f"/session/{sid}/status")).json()
+        assert status["pendingPrompts"] == 0
+        assert _refused_metric((await client.get("/metrics")).text, "prompt") == 1
+        assert child.returncode is None
