@@ -19,6 +19,10 @@ Contracts:
   one to a cancel moves the task ``cancelling`` → ``cancelled`` instead.
 * Store outages: claims are retried with a capped backoff; a task's own writes (its
   events, its outcome) wait for the store (``persist``) and never fail the task.
+  A write the store refuses for its own fault (a constraint, a trigger, a bug: not
+  retried) fails the task (``server_error``); when even that is refused the task is
+  left as the store has it (logged; restart recovery applies its policy): a task
+  never ends the runner, nor the process.
 * At the bridge's session limit the task goes back to ``queued`` (``unclaim``: its
   attempt not counted) and claims pause until a task of ours ends or a backoff passes.
 * Text deltas are buffered and written in one transaction at most every
@@ -276,8 +280,13 @@ class Runner:
             await self._execute(record, handle)
         except Exception as exc:   # noqa: BLE001 - a bug must still end the task
             log.exception("lmsp task %s crashed", record.id)
-            await self._end_failed(record, Attempt(record, ""), "server_error",
-                                   "Internal error.")
+            try:
+                await self._end_failed(record, Attempt(record, ""), "server_error",
+                                       "Internal error.")
+            except Exception as error:   # noqa: BLE001 - the process outlives any task
+                log.error("lmsp task %s: its failure could not be written either (%s); "
+                          "it stays unfinished in the store until a restart's recovery",
+                          record.id, str(error).strip().partition("\n")[0][:200])
         finally:
             if self._running.get(record.id) is handle:   # (not a later claim's)
                 del self._running[record.id]

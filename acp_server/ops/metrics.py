@@ -61,6 +61,7 @@ from acp_server.acp_http import ConnectionRegistry
 from acp_server.http.endpoints import route as bound_route
 from acp_server.lmsp.wire import TaskStatus
 from acp_server.store.errors import StoreUnavailableError
+from acp_server.store.session_refusals import KINDS
 from bridge import Bridge, BridgeStats
 from bridge.observer import BridgeObserver
 
@@ -71,6 +72,7 @@ DEFAULT_TASK_TTL_S = 5.0
 HTTP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
                 5.0, 10.0)
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0)
+REFUSED_KINDS = tuple(KINDS.values())   # the journal's record kinds
 TURN_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0)
 
 
@@ -159,6 +161,26 @@ class _StoreCollector(Collector):
         synced = int(getattr(self.store, "synced_commits", 0))
         family.add_metric(["true"], synced)
         family.add_metric(["false"], int(getattr(self.store, "commits", 0)) - synced)
+        yield family
+
+
+class _JournalCollector(Collector):
+    """``acp_server_journal_records_refused_total{kind}``: the session journal's records
+    the store refused for good (``acp_server.store.session_refusals``), read when
+    scraped; absent with a journal that does not refuse (in memory)."""
+
+    def __init__(self, bridge: Bridge) -> None:
+        self.bridge = bridge
+
+    def collect(self) -> Iterator[Metric]:
+        refusals = getattr(self.bridge.journal, "refusals", None)
+        if refusals is None:
+            return
+        family = CounterMetricFamily("acp_server_journal_records_refused",
+                                     "Session journal records the store refused for good "
+                                     "(not retried), by kind.", labels=["kind"])
+        for kind in REFUSED_KINDS:
+            family.add_metric([kind], refusals.by_kind.get(kind, 0))
         yield family
 
 
@@ -294,6 +316,7 @@ class Metrics(BridgeObserver):
         GCCollector(registry=registry)
         self.tasks = _TaskCounts(task_ttl_s)
         registry.register(_LiveCollector(bridge, acp, self.tasks))
+        registry.register(_JournalCollector(bridge))
 
         self._admissions = _Admissions()
         registry.register(self._admissions)

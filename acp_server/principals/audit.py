@@ -26,6 +26,11 @@ Contracts:
   waits and is written when it is back (retried with a backoff); past
   ``max_buffered`` new records are counted (``dropped``), not kept, and one
   ``audit.records_dropped`` record says how many once writing works again.
+  A record the store refuses every time (a constraint, a value it cannot take, a
+  trigger: any failure but ``StoreUnavailableError``) does not hold the others back
+  and is not retried: the batch's halves are written on their own until each refused
+  record failed alone (``_isolate``); it is logged once (action and principal, never
+  its detail) and counted (``refused``).
 * Authentication failures are sampled per client address: the first of a client in
   ``failure_window_s`` is recorded, with ``suppressed`` = how many of that client's
   were not since its previous record; at most ``failures_per_window`` are recorded per
@@ -103,6 +108,7 @@ class AuditLog:
         self.flush_interval_s = flush_interval_s
         self.dropped = 0          # records not kept (buffer full), since start
         self.written = 0
+        self.refused = 0          # records the store refused for good, since start
         self._pending_dropped = 0
         self._buffer: deque[AuditRecord] = deque()
         self._wake = anyio.Event()
@@ -198,11 +204,60 @@ class AuditLog:
                 batch = [self._buffer.popleft() for _ in range(size)]
                 try:
                     await self.store.append_audit(batch)
-                except BaseException:
+                except StoreUnavailableError:
                     self._buffer.extendleft(reversed(batch))   # kept, in order
                     raise
-                self.written += len(batch)
+                except Exception as exc:   # noqa: BLE001 - the store refuses a record
+                    await self._isolate(batch, exc)
+                except BaseException:
+                    self._buffer.extendleft(reversed(batch))
+                    raise
+                else:
+                    self.written += len(batch)
                 left -= len(batch)
+
+    async def _isolate(self, batch: list[AuditRecord], exc: Exception) -> None:
+        """A write of ``batch`` failed, not for the store being unavailable: a record
+        the store refuses every time (a constraint, a value it cannot take, a trigger).
+        Its halves are written on their own, a failing part halved again, until each
+        refused record failed alone: logged once (its action and principal, the
+        database's message, never its detail), counted in ``refused``, not retried.
+        The store unavailable meanwhile: what is not written yet goes back to the head
+        of the buffer, in order (``StoreUnavailableError``)."""
+        log.warning("audit: writing %d record(s) failed (%s); the ones the store refuses "
+                    "are found and dropped", len(batch), _first_line(exc))
+        assert self.store is not None
+        parts: deque[list[AuditRecord]] = deque()
+        if len(batch) > 1:
+            middle = len(batch) // 2
+            parts.extend((batch[:middle], batch[middle:]))
+        else:
+            self._refused(batch[0], exc)
+        try:
+            while parts:
+                part = parts[0]
+                try:
+                    await self.store.append_audit(part)
+                except StoreUnavailableError:
+                    raise
+                except Exception as error:   # noqa: BLE001 - isolated below
+                    parts.popleft()
+                    if len(part) == 1:
+                        self._refused(part[0], error)
+                    else:
+                        middle = len(part) // 2
+                        parts.extendleft((part[middle:], part[:middle]))
+                    continue
+                parts.popleft()
+                self.written += len(part)
+        except BaseException:
+            self._buffer.extendleft(reversed([r for part in parts for r in part]))
+            raise
+
+    def _refused(self, record: AuditRecord, exc: Exception) -> None:
+        self.refused += 1
+        log.warning("audit: the store refused a record (%s by %s): %s; not retried",
+                    record.action[:80], record.principal[:80], _first_line(exc))
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None]
                   = anyio.TASK_STATUS_IGNORED) -> None:
@@ -257,6 +312,12 @@ class AuditLog:
         assert self.store is not None, "no audit store"
         await self.flush()
         return await self.store.read_audit(query)
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    text = lines[0] if lines else type(exc).__name__
+    return text[:200]
 
 
 def as_json(records: Iterable[AuditRecord]) -> list[dict[str, Any]]:

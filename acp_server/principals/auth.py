@@ -34,7 +34,10 @@ Contracts:
   store being down, no revocation can be written either); without one ``lookup``
   raises ``StoreUnavailableError`` (the guard answers 503).
 * ``used`` collects the last use of each stored token (``flush_used`` writes them,
-  at most every ``USED_INTERVAL_S``): ``token list``'s "last used".
+  at most every ``USED_INTERVAL_S``): ``token list``'s "last used". Kept for the next
+  time while the store is unavailable; when the store refuses the write for another
+  reason (a constraint, a trigger), each token's is written alone and a refused one is
+  dropped, logged once per token.
 """
 
 from __future__ import annotations
@@ -92,6 +95,7 @@ class Authenticator:
         self.monotonic = monotonic
         self.stored_tokens = False         # any token ever stored (``refresh``)
         self.used: dict[str, float] = {}   # token id -> last use, not yet written
+        self._refused_ids: set[str] = set()   # whose last use the store refused (logged)
         self._cache: dict[str, _Entry] = {}
         # ids the store has no row for, apart: unknown ids never evict known ones
         self._unknown: dict[str, _Entry] = {}
@@ -247,6 +251,30 @@ class Authenticator:
         except StoreUnavailableError:
             for token_id, at in used.items():   # kept for the next time
                 self.used.setdefault(token_id, at)
+        except Exception as exc:   # noqa: BLE001 - the store refuses one of them
+            await self._touch_each(used, exc)
+
+    async def _touch_each(self, used: dict[str, float], exc: Exception) -> None:
+        """The store refused a write of several last uses, not for being unavailable
+        (a constraint, a trigger): each is written alone, so one token's refused
+        update does not lose the others'; a refused one is dropped (last uses are
+        lossy), logged once per token id (``_refused_ids``, at most ``MAX_ENTRIES``)."""
+        assert self.store is not None
+        for token_id, at in used.items():
+            if len(used) > 1:
+                try:
+                    await self.store.touch_tokens({token_id: at})
+                    continue
+                except StoreUnavailableError:
+                    self.used.setdefault(token_id, at)
+                    continue
+                except Exception as error:   # noqa: BLE001 - refused: dropped below
+                    exc = error
+            if token_id not in self._refused_ids and len(self._refused_ids) < MAX_ENTRIES:
+                self._refused_ids.add(token_id)
+                reason = str(exc).strip().partition("\n")[0][:200]
+                log.warning("principals: the store refused the last use of token %s (%s); "
+                            "not written", token_id[:64], reason)
 
 
 # A record no secret matches: an unknown id costs the same digest as a wrong secret.

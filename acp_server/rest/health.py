@@ -6,7 +6,10 @@
 Open without a token on a loopback bind unless ``--require-auth`` (see ``security``).
 The deep check also asks the durable store (``store``, when composed; see
 ``acp_server.store``): while it cannot serve, the answer is 503 with
-``"status": "unavailable"`` and ``store: {status: "down", reason, downSince}``.
+``"status": "unavailable"`` and ``store: {status: "down", reason, downSince}``. With a durable session journal,
+``journal: {recordsRefused, lastRefused?}``: the records the store refused for good
+(a constraint, a trigger; ``acp_server.store.session_refusals``); the process serves
+on, so they do not change the status.
 """
 
 from __future__ import annotations
@@ -40,11 +43,23 @@ async def health(request: Request, *, bridge: Bridge, store: Probed | None) -> R
             "status": "down", "reason": down, "downSince": store.health.down_since}
     return json_response(200 if down is None else 503, wire.Health(
         status="ok" if down is None else "unavailable", store=report,
+        journal=_journal(bridge),
         workspaceCount=1, sessions=stats.sessions,
         pendingPermissions=stats.pending_permissions,
         activePrompts=stats.active_prompts, pendingPrompts=stats.pending_prompts,
         queuedPrompts=stats.queued_prompts, connectedClients=stats.subscribers,
         uptimeMs=int((time.time() - bridge.started_at) * 1000)))
+
+
+def _journal(bridge: Bridge) -> wire.JournalHealth | msgspec.UnsetType:
+    """The durable journal's refused records (``acp_server.store.session_refusals``)."""
+    refusals = getattr(bridge.journal, "refusals", None)
+    if refusals is None:
+        return msgspec.UNSET
+    last = refusals.last
+    return wire.JournalHealth(recordsRefused=refusals.total,
+                              lastRefused=msgspec.UNSET if last is None
+                              else wire.JournalRefusal(**last))
 
 
 def routes(bridge: Bridge, store: Probed | None = None) -> list[BaseRoute]:

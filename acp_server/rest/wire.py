@@ -162,11 +162,29 @@ class CreateTokenBody(msgspec.Struct, forbid_unknown_fields=True):
 
 
 # -- the answers built from the bridge's state (capabilities, health, status, listings) --
+class JournalRefusal(msgspec.Struct):
+    """The last session journal record the store refused (``JournalHealth``)."""
+
+    sessionId: str
+    kind: str     # session | prompt | terminal | event | end | marker
+    reason: str   # the database's message, its first line (cut)
+    at: float     # epoch seconds
+
+
+class JournalHealth(msgspec.Struct, omit_defaults=True):
+    """The durable session journal in `GET /health?deep=1`: the records the store
+    refused for good since start (not retried; see docs/operations.md)."""
+
+    recordsRefused: int
+    lastRefused: JournalRefusal | UnsetType = UNSET
+
+
 class Health(msgspec.Struct, omit_defaults=True):
     """`GET /health?deep=1` (a plain `/health` answers `{"status": "ok"}`)."""
 
     status: str
     store: dict[str, Any] | UnsetType = UNSET   # {status, reason?, downSince?} when composed
+    journal: JournalHealth | UnsetType = UNSET   # with a durable session journal
     workspaceCount: int | UnsetType = UNSET
     sessions: int | UnsetType = UNSET
     pendingPermissions: int | UnsetType = UNSET

@@ -94,23 +94,37 @@ class SessionWrites:
 
     def _apply(self, conn: Any, records: list[Record], fence: dict[str, int] | None
                ) -> tuple[dict[str, int], set[str]]:
-        """The records in order, in as few statements as it takes: each statement gives
-        up the GIL and must win it back from a busy event loop (see ``store.writer``),
-        so the events, accepted prompts and terminals between two session records
-        (``SessionOpened``, ``SessionEnded``: they order everything around them) go in
-        one multi-row statement each, in that order (a terminal after its prompt).
-        Returns (the leases it took, the sessions it refused: a stale fence)."""
-        events: list[Any] = []     # the rows' values in a row, EVENT_INSERT's 5 a row
-        accepted: list[Any] = []   # PROMPT_INSERT's 4 a row
-        settled: list[PromptSettled] = []
-        trim: dict[str, int] = {}
-        ring = self.ring_size
+        """The records in order, in as few statements as it takes (``_put``), then the
+        trims due. Returns (the leases it took, the sessions it refused: a stale fence)."""
+        refused = self._fenced(conn, records, fence)
         taken: dict[str, int] = {}
-        refused: set[str] = set()
+        trim: dict[str, int] = {}
+        self._put(conn, records, refused, taken, trim)
+        self._trims(conn, trim, refused)
+        return taken, refused
+
+    def _fenced(self, conn: Any, records: list[Record], fence: dict[str, int] | None
+                ) -> set[str]:
+        """The sessions of ``records`` whose lease this instance no longer holds."""
         if fence and self.leases is not None:
             mine = {r.session_id: fence[r.session_id] for r in records
                     if r.session_id in fence}
-            refused = self.leases.stale(conn, mine) if mine else set()
+            return self.leases.stale(conn, mine) if mine else set()
+        return set()
+
+    def _put(self, conn: Any, records: list[Record], refused: set[str],
+             taken: dict[str, int], trim: dict[str, int]) -> None:
+        """Each statement gives up the GIL and must win it back from a busy event loop
+        (see ``store.writer``), so the events, accepted prompts and terminals between
+        two session records (``SessionOpened``, ``SessionEnded``: they order everything
+        around them) go in one multi-row statement each, in that order (a terminal
+        after its prompt). The records of a ``refused`` session are skipped (a
+        ``SessionOpened`` whose lease is elsewhere adds its session); ``taken`` gets the
+        leases taken, ``trim`` each session's oldest events due to be deleted."""
+        events: list[Any] = []     # the rows' values in a row, EVENT_INSERT's 5 a row
+        accepted: list[Any] = []   # PROMPT_INSERT's 4 a row
+        settled: list[PromptSettled] = []
+        ring = self.ring_size
 
         def flush() -> None:
             if events:
@@ -154,16 +168,19 @@ class SessionWrites:
                 flush()
                 self._apply_one(conn, record)
         flush()
+
+    def _trims(self, conn: Any, trim: dict[str, int], refused: set[str]) -> None:
+        """The oldest events past the ring (``trim``), the old terminals and the byte
+        trims planned (``_planned``): once, after every record of the commit is in."""
         for sid, through in trim.items():
             conn.execute(self._sql("DELETE FROM session_events WHERE session_id = ? AND id > ? "
                                    "AND id <= ?"), (sid, MARKER_ID, through))
         for sid in self._plan.trims:   # the newest terminals only (``_planned``)
-            if sid not in refused:     # once, after every settle of the commit is in
+            if sid not in refused:
                 conn.execute(self._sql(TERMINALS_TRIM), (sid, sid, MAX_PROMPT_TERMINALS - 1))
         for sid in self._plan.byte_trims:   # due a byte trim (``_planned``)
             if sid not in refused:
                 self._trim_bytes(conn, sid)
-        return taken, refused
 
     def _trim_bytes(self, conn: Any, sid: str) -> None:
         """Delete the session's oldest events until the rest take at most

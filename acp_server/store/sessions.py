@@ -15,12 +15,19 @@ Contracts (besides ``bridge.journal``'s):
   commit is in flight, what is appended waits for the next one: group commit without
   a timer. Its outcome is handled in the writer's own task (``Op.on_done``): readers
   and the callers of ``wait`` are released with no extra task hop.
-* A failed commit fails the records somebody waits for (``SessionOpened``,
-  ``PromptAccepted``: their callers answer 503, ``JournalUnavailableError``) and keeps
-  the others (events, terminals, closes) in order for the next attempt, retried with
-  a capped backoff. At most ``MAX_PENDING`` records wait: past it the oldest events are
-  let through to readers without being journaled, and the next start gives that
-  session a new epoch (``RestoredSession.gap``): never a silent gap.
+* A commit that fails because the store is unavailable (``StoreUnavailableError``:
+  an outage, a full disk, a lock, a lost connection) fails the records somebody waits
+  for (``SessionOpened``, ``PromptAccepted``: their callers answer 503,
+  ``JournalUnavailableError``) and keeps the others (events, terminals, closes) in
+  order for the next attempt, retried with a capped backoff. At most ``MAX_PENDING``
+  records wait: past it the oldest events are let through to readers without being
+  journaled, and their sessions get a new epoch in the next commit (the next start
+  restores them under it: never a silent gap).
+* A commit that fails for any other reason (a record the store refuses every time: a
+  constraint, a value, a trigger, a bug) is not retried as it was: the next commit
+  isolates the records it refuses, which are never run again, and commits the others
+  (``acp_server.store.session_refusals``: what a refused record becomes, its log line
+  and its count).
 * Committed means it survives a crash of the server's process (``kill -9``): on
   SQLite the journal's own commits are written to the WAL without waiting for the
   disk (``synchronous=NORMAL``; a power loss may take back the last of them, never
@@ -75,6 +82,7 @@ from acp_server.store.errors import Backoff, StoreUnavailableError
 from acp_server.store.leases import SessionLeases
 from acp_server.store.pg_engine import PostgresEngine
 from acp_server.store.session_reads import SessionReads
+from acp_server.store.session_refusals import Refusals, SessionRefusals
 from acp_server.store.session_writes import CommitPlan, Record, SessionWrites
 from acp_server.store.write_behind import Marker, WriteBehind
 from acp_server.store.writer import Op
@@ -103,7 +111,7 @@ LOST = -1   # the fence of a session this instance lost: every write of it is re
 # Lost sessions kept fenced (``lose``): the bridge stops one at once, so its last
 # records are long refused when it is forgotten; past this the oldest are forgotten.
 MAX_LOST = 4096
-class StoreSessionJournal(SessionWrites, SessionReads):
+class StoreSessionJournal(SessionWrites, SessionRefusals, SessionReads):
     """See the module docstring. ``store`` is an open ``GroupCommitStore``."""
 
     durable = True
@@ -147,6 +155,11 @@ class StoreSessionJournal(SessionWrites, SessionReads):
         self._next = 1
         self._durable_through = 0
         self._failed: dict[int, str] = {}
+        self.refusals = Refusals()   # the records the store refused (session_refusals)
+        self._isolate = False    # the next commit isolates what the store refuses
+        self._isolating = False  # the commit in flight does
+        self._reepoch: set[str] = set()   # sessions due a new epoch in the next commit
+        self._batch_reepoch: set[str] = set()   # ... in the commit in flight
         self._wake = anyio.Event()
         self._flushed = anyio.Event()
         self._closing = False
@@ -261,13 +274,23 @@ class StoreSessionJournal(SessionWrites, SessionReads):
 
     def _take(self) -> None:
         self._batch, self._pending = self._pending, []
+        self._isolating, self._isolate = self._isolate, False
+        if self._reepoch:
+            self._batch_reepoch, self._reepoch = self._reepoch, set()
         self._plan = self._planned(self._batch)
         # the lease tokens this commit is fenced by, as the batch starts
         self._batch_fence = dict(self.fence) if self.leases is not None else None
 
-    def _commit_in(self, conn: Any, out: Any, *state: Any) -> tuple[dict[str, int], set[str]]:
+    def _commit_in(self, conn: Any, out: Any, *state: Any) -> tuple[Any, ...]:
+        """(the leases taken, the sessions fenced out, the records refused: only when
+        isolating, ``session_refusals``)."""
         records = [record for _, record in self._batch]
-        done = self._apply(conn, records, self._batch_fence)
+        if self._isolating:
+            done: tuple[Any, ...] = self._apply_isolated(conn, records, self._batch_fence)
+        else:
+            done = (*self._apply(conn, records, self._batch_fence), ())
+        if self._batch_reepoch:
+            self._reepochs_in(conn, self._batch_reepoch)
         if state and self.postgres:   # readers on other instances wake (issue #24)
             refused = done[1]
             for sid in {r.session_id for r in records if isinstance(r, (EventRecord,
@@ -279,14 +302,23 @@ class StoreSessionJournal(SessionWrites, SessionReads):
         batch, self._batch = self._batch, []
         self._inflight = None
         plan, self._plan = self._plan, CommitPlan()
+        isolated, self._isolating = self._isolating, False
+        reepoch, self._batch_reepoch = self._batch_reepoch, set()
         if op.error is not None:   # nothing counted: the records kept are planned again
+            self._reepoch |= reepoch
+            if self.own_fault(op.error):   # not the store's: find what it refuses
+                self._own_failure(batch, op.error, isolated)
+                return
             self._failed_batch(batch, op.error)   # type: ignore[arg-type]
             self._failing = True   # the flusher backs off, then commits again
             self._wake.set()
             return
         self._backoff.reset()
         if batch:
-            taken, refused = op.result if op.result is not None else ({}, set())
+            taken, refused, refusals = op.result if op.result is not None \
+                else ({}, set(), ())
+            if refusals:
+                self._refused_landed(batch, refusals)
             self.commits += 1
             for sid, count in plan.untrimmed.items():
                 if count is None:
@@ -552,4 +584,5 @@ class StoreSessionJournal(SessionWrites, SessionReads):
                          + self._pending[MAX_PENDING // 2:])
         log.error("session journal: %d events let through unjournaled (the store does not "
                   "commit)", len(shed))
+        self._reepoch.update(r.session_id for r in shed)   # a new epoch, next commit
         self._on_events(shed)

@@ -1,0 +1,113 @@
+"""Writes of the principals the store refuses every time (real triggers, SQLite and
+PostgreSQL) do not hold the others back and are not retried:
+
+* an audit record: the rest of its batch is written, the refused one is logged once
+  and counted, ``read`` (``GET /audit``) and ``flush`` answer, and the records that
+  follow are written;
+* a token's last use: the other tokens' are written, the refused one is dropped and
+  logged once per token."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from acp_server.principals.audit import AuditLog
+from acp_server.principals.auth import Authenticator
+from acp_server.principals.tokens import issue
+from acp_server.store.audit import AuditQuery
+from tests.lmsp import stores
+
+pytestmark = pytest.mark.anyio
+
+MARK = "POISON"
+
+
+def _refuse_marked(tmp_path: Path, store_name: str, store: Any) -> None:
+    """A real trigger: an audit row whose detail holds ``MARK`` is refused."""
+    if store_name == "postgres":
+        import psycopg
+
+        with psycopg.connect(store.url, autocommit=True) as conn:
+            conn.execute(f"""
+                CREATE FUNCTION refuse_marked() RETURNS trigger AS $$
+                BEGIN
+                  IF position('{MARK}' IN NEW.detail) > 0 THEN
+                    RAISE EXCEPTION 'refused by the test trigger';
+                  END IF;
+                  RETURN NEW;
+                END $$ LANGUAGE plpgsql""")
+            conn.execute("CREATE TRIGGER refuse_marked BEFORE INSERT ON audit FOR EACH ROW "
+                         "EXECUTE FUNCTION refuse_marked()")
+        return
+    with sqlite3.connect(tmp_path / "audit.db") as db:
+        db.execute(f"CREATE TRIGGER refuse_marked BEFORE INSERT ON audit "
+                   f"WHEN instr(NEW.detail, '{MARK}') > 0 "
+                   f"BEGIN SELECT RAISE(ABORT, 'refused by the test trigger'); END")
+
+
+async def test_a_refused_audit_record_fails_alone(tmp_path: Path, store_name: str,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="acp_server.principals")
+    async with stores.STORE_FACTORIES[store_name](tmp_path, "audit.db", True) as store:
+        _refuse_marked(tmp_path, store_name, store)
+        audit = AuditLog(store, clock=lambda: 100.0, flush_interval_s=0)
+        for n in range(9):
+            audit.record("ci", "prompt.accepted", f"s{n}", text=MARK if n in (3, 7) else "ok")
+        await audit.flush()   # answers: the refused ones are not kept
+        assert audit.refused == 2 and audit.written == 7 and audit.buffered == 0
+        audit.record("ci", "session.closed", "s9")
+        found = await audit.read(AuditQuery(limit=100))   # flushes, then reads
+        assert [r.target for r in found] == [f"s{n}" for n in (0, 1, 2, 4, 5, 6, 8, 9)]
+        refused = [r.getMessage() for r in caplog.records
+                   if "the store refused a record" in r.getMessage()]
+        assert len(refused) == 2   # once each, not retried
+        assert all("prompt.accepted by ci" in m and MARK not in m for m in refused)
+
+
+def _refuse_token_updates(tmp_path: Path, store_name: str, store: Any, name: str) -> None:
+    """A real trigger: an UPDATE of the token named ``name`` is refused."""
+    if store_name == "postgres":
+        import psycopg
+
+        with psycopg.connect(store.url, autocommit=True) as conn:
+            conn.execute(f"""
+                CREATE FUNCTION refuse_token() RETURNS trigger AS $$
+                BEGIN
+                  IF NEW.name = '{name}' THEN
+                    RAISE EXCEPTION 'refused by the test trigger';
+                  END IF;
+                  RETURN NEW;
+                END $$ LANGUAGE plpgsql""")
+            conn.execute("CREATE TRIGGER refuse_token BEFORE UPDATE ON tokens FOR EACH ROW "
+                         "EXECUTE FUNCTION refuse_token()")
+        return
+    with sqlite3.connect(tmp_path / "audit.db") as db:
+        db.execute(f"CREATE TRIGGER refuse_token BEFORE UPDATE ON tokens "
+                   f"WHEN NEW.name = '{name}' "
+                   f"BEGIN SELECT RAISE(ABORT, 'refused by the test trigger'); END")
+
+
+async def test_a_refused_last_use_loses_no_other_tokens(tmp_path: Path, store_name: str,
+                                                        caplog: pytest.LogCaptureFixture
+                                                        ) -> None:
+    caplog.set_level(logging.INFO, logger="acp_server.principals")
+    async with stores.STORE_FACTORIES[store_name](tmp_path, "audit.db", True) as store:
+        good, bad = (issue(name, by="bootstrap", now=100.0).record for name in ("ci", "bad"))
+        for record in (good, bad):
+            await store.create_token(record)
+        _refuse_token_updates(tmp_path, store_name, store, "bad")
+        auth = Authenticator(store)
+        for at in (200.0, 300.0):   # twice: the refused one is logged once
+            auth.used = {bad.id: at, good.id: at}
+            await auth.flush_used(force=True)   # answers
+            assert (await store.get_token(good.id)).last_used_at == at
+            assert (await store.get_token(bad.id)).last_used_at is None
+            assert auth.used == {}   # nothing kept to retry
+        refused = [r.getMessage() for r in caplog.records
+                   if "the store refused the last use" in r.getMessage()]
+        assert len(refused) == 1 and bad.id in refused[0]
