@@ -254,3 +254,25 @@ async def test_an_idle_session_stops_without_a_cancellation(tmp_path):
         await bridge.close_session(sid)
         await wait_until(lambda: not session._work_added.waiting)
         assert not session._scope.cancel_called
+
+
+async def test_two_loads_of_one_session_while_its_agent_starts_make_one_session(tmp_path):
+    """Two ``session/load`` of the same id before the agent ever started: the second
+    waits for the first's agent start (``AgentPool.ensure``), then finds the session
+    loaded by the first and attaches to it. (It used to load it again: a second
+    ``Session`` replaced the first in the registry, the first left running unowned,
+    its slot of the session cap never given back.)"""
+    async with open_bridge(tmp_path) as (bridge, agent):
+        sid = str(uuid.uuid4())
+        loaded = []
+
+        async def load() -> None:
+            loaded.append(await bridge.load_session(sid))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(load)
+            tg.start_soon(load)
+        assert sorted(info.attached for info in loaded) == [False, True]
+        assert sum(m == "session/load" for m, _ in agent.calls) == 1
+        assert [s.session_id for s in bridge.sessions()] == [sid]
+        assert bridge.capacity.taken == 1
