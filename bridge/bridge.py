@@ -467,7 +467,10 @@ class Bridge(Journaling, PromptsAPI, PresenceAPI, AgentCallsAPI):
             del self._default_session_ids[session.agent_name]
 
     def _drop_session(self, session: Session) -> None:
+        """Undo a session being made (its load or its record failed): a prompt admitted
+        meanwhile fails (``SessionClosedError``), never left waiting."""
         self._forget(session)
+        session.fail_all(session.close_error("closed"))
         session.bus.close()
         session.stop()
 
