@@ -19,7 +19,8 @@ Contracts:
 * SIGTERM, SIGINT or SIGHUP drains: LMSP stops starting tasks (running ones are left to
   restart recovery), every prompt is cancelled, every session closed (open event
   streams end with ``session_closed``), the agent is stopped, then the server stops
-  and the process exits 0. A second signal skips the wait for open connections. One
+  and the process exits 0 (SIGHUP not when it was ignored at start: ``nohup``). A
+  second signal skips the wait for open connections. One
   that comes while the store is being opened (or waited for) stops the start: once
   the open in progress returns (at most the store's busy or connect timeout), what was
   opened is closed and the process exits 0, with one log line.

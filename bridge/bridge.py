@@ -317,7 +317,8 @@ class Bridge(Journaling, PromptsAPI, PresenceAPI, AgentCallsAPI):
     async def load_session(self, session_id: str, *, cwd: str | None = None,
                            agent: str | None = None, owner: str | None = None) -> SessionInfo:
         """Attach a live session, or restore it through ACP ``session/load`` (a session
-        with a known maker keeps it as owner; else ``owner`` becomes it)."""
+        with a known maker keeps it as owner; else ``owner`` becomes it). Concurrent
+        loads of one id make one session: the others attach to it."""
         return await self._restore("session/load", session_id, cwd, agent, ("loadSession",),
                                    owner)
 
@@ -345,6 +346,8 @@ class Bridge(Journaling, PromptsAPI, PresenceAPI, AgentCallsAPI):
         if session_id in self._sessions:     # restored by another call meanwhile
             return await self._restore(method, session_id, cwd, agent, capability, owner)
         await self._ensure_agent(name)
+        if session_id in self._sessions:   # restored by another call while the agent started
+            return await self._restore(method, session_id, cwd, agent, capability, owner)
         offered = self.agents.capability(name, *capability)
         if offered is None or offered is False:
             raise NotSupportedError(f"The agent does not support {method}")
@@ -464,7 +467,10 @@ class Bridge(Journaling, PromptsAPI, PresenceAPI, AgentCallsAPI):
             del self._default_session_ids[session.agent_name]
 
     def _drop_session(self, session: Session) -> None:
+        """Undo a session being made (its load or its record failed): a prompt admitted
+        meanwhile fails (``SessionClosedError``), never left waiting."""
         self._forget(session)
+        session.fail_all(session.close_error("closed"))
         session.bus.close()
         session.stop()
 

@@ -108,8 +108,13 @@ def http_server(app: Any, options: HttpOptions, sock: socket.socket, *,
         return UvicornServer(app, options, sock, limits=limits, stats=stats)
     host, port = sock.getsockname()[:2]
     reserved = reserve_port(sock)
-    return GranianServer(app, options, host=host, port=port, limits=limits, stats=stats,
-                         reserved=reserved)
+    try:
+        return GranianServer(app, options, host=host, port=port, limits=limits, stats=stats,
+                             reserved=reserved)
+    except BaseException:   # (a certificate granian cannot load): nothing holds the port
+        if reserved is not None:
+            reserved.close()
+        raise
 
 
 def reserve_port(sock: socket.socket) -> socket.socket | None:

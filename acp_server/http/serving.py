@@ -24,7 +24,8 @@ Contracts:
   would uninstall the first's when it closes). The first runs ``server.drain()``
   (front doors, sessions, agents), then the HTTP server stops listening and finishes
   the open responses (at most ``GRACEFUL_SHUTDOWN_S``); a second signal skips that wait.
-  SIGHUP (the terminal went away) is a stop like the others, not a reload.
+  SIGHUP (the terminal went away) is a stop like the others, not a reload; one ignored
+  as the process started (``nohup``) stays ignored.
 
 This module and ``servers`` are the seam for the choice of HTTP server: the only ones
 that know granian and uvicorn. It belongs to the composition (it may import

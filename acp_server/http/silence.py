@@ -96,14 +96,18 @@ def _connection_on(fd: int, port: int) -> tuple[socket.socket, bool] | None:
     except OSError:
         return None
     try:
-        sock, owned = socket.socket(fileno=os.dup(fd)), True
+        duplicate: int | None = os.dup(fd)
     except OSError as exc:
         if exc.errno not in _OUT_OF_FDS:
             return None
-        try:
-            sock, owned = socket.socket(fileno=fd), False
-        except OSError:
-            return None
+        duplicate = None   # at the limit: the descriptor itself, not owned
+    try:
+        sock = socket.socket(fileno=fd if duplicate is None else duplicate)
+    except OSError:   # its number reused meanwhile for no socket (a pipe, a file)
+        if duplicate is not None:
+            os.close(duplicate)
+        return None
+    owned = duplicate is not None
     try:
         if sock.family in (socket.AF_INET, socket.AF_INET6) \
                 and sock.type == socket.SOCK_STREAM and sock.getsockname()[1] == port:

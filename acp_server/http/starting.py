@@ -20,7 +20,8 @@ Contracts:
   answer); at most ``MAX_ANSWERING`` connections are answered at once, others are
   closed as accepted. Nothing of a request is kept.
 * ``answer_starting`` returns after ``seconds`` (``False``) or on SIGTERM / SIGINT /
-  SIGHUP (``True``: the caller stops); with ``own_signals=False`` it opens no signal
+  SIGHUP (``True``: the caller stops; SIGHUP not when it was ignored as the process
+  started, ``STOP_SIGNALS``); with ``own_signals=False`` it opens no signal
   receiver (the caller's receives them and cancels it: ``acp-server serve``). The
   socket stays open and listening for the HTTP server that takes it next; the
   connections being answered when it returns are closed.
@@ -43,7 +44,10 @@ from acp_server.http.policy import Refusal
 log = logging.getLogger("acp_server")
 
 # What stops the process, from its start to its end (``acp_server.http.serving`` too).
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# SIGHUP only when it was not ignored as the process started (``nohup``, ``trap '' HUP``:
+# the terminal going away must not stop it); read at import, before any handler is set.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT) + (
+    () if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN else (signal.SIGHUP,))
 HEAD_TIMEOUT_S = 5.0
 MAX_HEAD_BYTES = 16 * 1024
 MAX_ANSWERING = 64

@@ -254,3 +254,61 @@ async def test_an_idle_session_stops_without_a_cancellation(tmp_path):
         await bridge.close_session(sid)
         await wait_until(lambda: not session._work_added.waiting)
         assert not session._scope.cancel_called
+
+
+async def test_two_loads_of_one_session_while_its_agent_starts_make_one_session(tmp_path):
+    """Two ``session/load`` of the same id before the agent ever started: the second
+    waits for the first's agent start (``AgentPool.ensure``), then finds the session
+    loaded by the first and attaches to it. (It used to load it again: a second
+    ``Session`` replaced the first in the registry, the first left running unowned,
+    its slot of the session cap never given back.)"""
+    async with open_bridge(tmp_path) as (bridge, agent):
+        sid = str(uuid.uuid4())
+        loaded = []
+
+        async def load() -> None:
+            loaded.append(await bridge.load_session(sid))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(load)
+            tg.start_soon(load)
+        assert sorted(info.attached for info in loaded) == [False, True]
+        assert sum(m == "session/load" for m, _ in agent.calls) == 1
+        assert [s.session_id for s in bridge.sessions()] == [sid]
+        assert bridge.capacity.taken == 1
+
+
+async def test_a_prompt_sent_while_its_session_loads_fails_when_the_load_fails(tmp_path):
+    """A session being loaded is registered before the agent answers ``session/load``
+    (the load replays its history through it), so a prompt can be admitted meanwhile.
+    When the load then fails, the session is dropped and that prompt fails with it
+    (``SessionClosedError``): its caller was left waiting for ever."""
+    from bridge.agents.base import RESOURCE_NOT_FOUND
+    from bridge.errors import AgentError
+
+    loading = anyio.Event()
+
+    async with open_bridge(tmp_path) as (bridge, agent):
+        answer = agent.request
+
+        async def request(method: str, params: object) -> object:
+            if method == "session/load":
+                await loading.wait()
+                raise AgentError(RESOURCE_NOT_FOUND, "Resource not found")
+            return await answer(method, params)
+
+        agent.request = request   # type: ignore[method-assign]
+        sid = str(uuid.uuid4())
+        async with anyio.create_task_group() as tg:
+            async def load() -> None:
+                with pytest.raises(SessionNotFoundError):
+                    await bridge.load_session(sid)
+
+            tg.start_soon(load)
+            await wait_until(lambda: any(s.session_id == sid for s in bridge.sessions()))
+            ticket = bridge.send_prompt(sid, text("hold k"))
+            await wait_until(lambda: "hold k" in agent.prompts())
+            loading.set()
+        with anyio.fail_after(5), pytest.raises(SessionClosedError):
+            await ticket
+        assert bridge.sessions() == [] and bridge.capacity.taken == 0

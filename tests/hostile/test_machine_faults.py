@@ -3,8 +3,9 @@ never ends the process" (``docs/operations.md``, "Faults of the machine").
 
 * stdout and stderr whose reader is gone (the parent closed its ends of the pipes
   before the listening line): the server serves, and stops cleanly on SIGTERM;
-* signals: SIGHUP drains like SIGTERM; two SIGTERMs in a row; a SIGINT while the store
-  is still being opened ends the start cleanly;
+* signals: SIGHUP drains like SIGTERM (one ignored at start, ``nohup``, stays so);
+  two SIGTERMs in a row; a SIGINT while the store is still being opened ends the start
+  cleanly;
 * descriptors run out (a low ``RLIMIT_NOFILE`` set in the child): the silent
   connections that hold them are still closed after the header timeout, a new agent
   that cannot be spawned is a 503 ``agent_unavailable``, the store keeps committing,
@@ -348,6 +349,23 @@ async def test_sighup_drains_like_sigterm(tmp_path: Path, server: str) -> None:
         assert json.loads(lines[-1][5:])["type"] == "session_closed", lines
         assert await anyio.to_thread.run_sync(daemon.process.wait, 20) == 0
         assert "received SIGHUP: draining" in daemon.stderr_text()
+
+
+async def test_a_sighup_ignored_at_start_stays_ignored(tmp_path: Path) -> None:
+    """Started with SIGHUP ignored (``nohup``, ``trap '' HUP``: the caller asked that the
+    terminal going away not stop it), the server leaves it ignored (it caught it,
+    overriding the inherited ignore, and drained): a SIGHUP then a SIGTERM drain on the
+    SIGTERM."""
+    async with ServeProcess(tmp_path, shell_prefix="trap '' HUP;") as daemon:
+        status = Path(f"/proc/{daemon.pid}/status").read_text()
+        ignored = int(next(line for line in status.splitlines()
+                           if line.startswith("SigIgn:")).split()[1], 16)
+        assert ignored & (1 << (signal.SIGHUP - 1)), status   # not caught: still ignored
+        os.kill(daemon.pid, signal.SIGHUP)   # discarded by the kernel, as nohup meant
+        os.kill(daemon.pid, signal.SIGTERM)
+        assert await anyio.to_thread.run_sync(daemon.process.wait, 20) == 0
+        log = daemon.stderr_text()
+        assert "received SIGTERM: draining" in log and "SIGHUP" not in log, log[-2000:]
 
 
 @SERVERS

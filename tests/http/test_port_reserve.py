@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import socket
+import ssl
 import sys
 import threading
 import urllib.request
@@ -81,3 +82,21 @@ def test_granian_starts_beside_the_reservation_and_releases_it() -> None:
         thread.join(timeout=30)
         loop.close()
     assert not _bind_refused(port, reuse_address=True)   # nothing of ours holds it now
+
+
+@linux_only
+def test_a_granian_server_that_cannot_be_made_leaves_no_reservation(tmp_path) -> None:
+    """granian's server is made after the port is reserved: when making it fails (a
+    readable file that is no PEM certificate), the reservation is closed with it, not
+    left holding the port until the exception's frames are collected."""
+    bad = tmp_path / "not-a-certificate.pem"
+    bad.write_text("not a certificate\n")
+    limits = Limits(header_timeout_s=10, max_connections=100, max_header_bytes=16384,
+                    max_headers=100, max_request_line=8192, ws_max_bytes=1 << 20)
+    sock = _listening_socket()
+    port = sock.getsockname()[1]
+    with pytest.raises(ssl.SSLError) as caught:   # its frames (and their locals) live on
+        http_server(None, HttpOptions(tls_cert=str(bad), tls_key=str(bad)), sock,
+                    limits=limits)
+    assert sock.fileno() == -1
+    assert not _bind_refused(port), caught.value

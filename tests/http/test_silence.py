@@ -88,3 +88,24 @@ def test_the_sweep_needs_no_descriptor_of_its_own(monkeypatch: pytest.MonkeyPatc
             talking_client.recv(1)
         for sock in (silent_client, silent, talking_client, talking):
             sock.close()
+
+
+def test_a_descriptor_reused_for_no_socket_leaves_no_duplicate(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A connection closed between the sweep's look at its number (a socket) and the
+    duplicate, its number reused for a pipe: the duplicate is no socket, and is closed
+    (it was kept open for the process's life, one more at each such sweep)."""
+    import os
+
+    import acp_server.http.silence as silence
+
+    read, write = os.pipe()
+    try:
+        monkeypatch.setattr(silence.os, "readlink", lambda path: "socket:[1]")
+        before = sorted(os.listdir("/proc/self/fd"))
+        assert silence._connection_on(read, 1) is None
+        monkeypatch.undo()
+        assert sorted(os.listdir("/proc/self/fd")) == before
+    finally:
+        os.close(read)
+        os.close(write)
