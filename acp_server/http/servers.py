@@ -128,7 +128,10 @@ def reserve_port(sock: socket.socket) -> socket.socket | None:
     sock.close()
     if not sys.platform.startswith("linux") or not hasattr(socket, "SO_REUSEPORT"):
         return None
-    reserved = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        reserved = socket.socket(family, socket.SOCK_STREAM)
+    except OSError:   # out of descriptors: granian's own bind says what it can
+        return None
     try:
         reserved.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)   # not REUSEADDR:
         # with it, any socket that sets it too could bind beside one that does not listen
