@@ -339,8 +339,11 @@ class Bridge(Journaling, PromptsAPI, PresenceAPI, AgentCallsAPI):
             await self.before_restore(session_id)   # adopted here, or refused
         if session_id in self._sessions:
             live = self._sessions[session_id]
-            if live.agent_side is not None:   # restored: the agent's answer is wanted
-                await live.agent_side()       # (not restorable: the history still is)
+            if live.agent_side is not None:   # restored, or loading: the agent's answer
+                try:                          # (not restorable: the history still is)
+                    await live.agent_side()
+                except SessionClosedError:    # that load failed: so does this one
+                    raise SessionNotFoundError(session_id) from None
             return self._info(live, attached=True, with_history=with_history)
         await self.recall_owner(session_id)   # its maker, even forgotten past the bound
         if session_id in self._sessions:     # restored by another call meanwhile
@@ -381,11 +384,18 @@ class Bridge(Journaling, PromptsAPI, PresenceAPI, AgentCallsAPI):
                 session = await self._new_session(restore_id, agent, agent_name, origin=origin,
                                                   owner=owner)
                 registered = True
+                # Reachable now, but nothing reaches the agent for it before its answer:
+                # a prompt admitted meanwhile, or another load attaching, waits for it.
+                answered = anyio.Event()
+                session.agent_side = self._load_answered(session, answered)
                 try:
                     result = await self._agent_request(agent, method, params)
                 except BaseException:
                     self._drop_session(session)
                     raise
+                finally:
+                    answered.set()
+                    session.agent_side = None
                 session.agent_result = result if isinstance(result, dict) else {}
                 await self._record_session(session, scope)
                 return session
@@ -415,6 +425,17 @@ class Bridge(Journaling, PromptsAPI, PresenceAPI, AgentCallsAPI):
             self._in_flight_spawns -= 1
             if not registered:
                 self.capacity.release(agent_name)
+
+    def _load_answered(self, session: Session,
+                       answered: anyio.Event) -> Callable[[], Awaitable[None]]:
+        """What waits on a session whose ``session/load`` (or resume) the agent has not
+        answered yet: its answer; ``SessionClosedError`` when the load failed (the session
+        was dropped)."""
+        async def wait() -> None:
+            await answered.wait()
+            if self._sessions.get(session.session_id) is not session:
+                raise SessionClosedError(session.session_id, "closed")
+        return wait
 
     async def _new_session(self, session_id: str, agent: AgentConnection,
                            agent_name: str, *, origin: str | None = None,

@@ -343,7 +343,7 @@ class Session:
                 await self.agent_side()
             if self.not_restorable is not None:
                 raise SessionNotRestorableError(self.session_id, self.not_restorable)
-        except (JournalUnavailableError, SessionNotRestorableError) as exc:
+        except (JournalUnavailableError, SessionNotRestorableError, SessionClosedError) as exc:
             if pending.state == QUEUED:
                 self._drop_queued(pending)
             self._settle(pending, exc)
@@ -414,7 +414,7 @@ class Session:
                 or self.not_restorable is not None:
             try:   # never run what was not committed, nor on an agent side not restored
                 await self._admitted(pending)
-            except (JournalUnavailableError, SessionNotRestorableError):
+            except (JournalUnavailableError, SessionNotRestorableError, SessionClosedError):
                 return
             if pending.state != QUEUED:
                 return

@@ -307,8 +307,50 @@ async def test_a_prompt_sent_while_its_session_loads_fails_when_the_load_fails(t
             tg.start_soon(load)
             await wait_until(lambda: any(s.session_id == sid for s in bridge.sessions()))
             ticket = bridge.send_prompt(sid, text("hold k"))
-            await wait_until(lambda: "hold k" in agent.prompts())
+            await wait_until(lambda: bridge.get_session(sid).pending_count == 1)
             loading.set()
         with anyio.fail_after(5), pytest.raises(SessionClosedError):
             await ticket
         assert bridge.sessions() == [] and bridge.capacity.taken == 0
+        assert "hold k" not in agent.prompts()   # never sent for a session not loaded
+
+
+async def test_a_prompt_sent_while_its_session_loads_reaches_the_agent_after_the_load(
+        tmp_path):
+    """A prompt admitted while the agent has not answered ``session/load`` yet waits for
+    that answer: the agent gets ``session/prompt`` for a session it has loaded, never
+    before; a second load attaching meanwhile waits for it too. Then both go on."""
+    loading = anyio.Event()
+    order: list[str] = []
+
+    async with open_bridge(tmp_path) as (bridge, agent):
+        answer = agent.request
+
+        async def request(method: str, params: object) -> object:
+            if method == "session/load":
+                await loading.wait()
+                order.append("loaded")
+                return {}
+            if method == "session/prompt":
+                order.append("prompt")
+            return await answer(method, params)
+
+        agent.request = request   # type: ignore[method-assign]
+        sid = str(uuid.uuid4())
+        attached: list[object] = []
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(bridge.load_session, sid)
+            await wait_until(lambda: any(s.session_id == sid for s in bridge.sessions()))
+
+            async def attach() -> None:
+                attached.append(await bridge.load_session(sid))
+
+            tg.start_soon(attach)
+            ticket = bridge.send_prompt(sid, text("after the load"))
+            await wait_until(lambda: bridge.get_session(sid).pending_count == 1)
+            assert order == [] and attached == []   # both wait for the agent's answer
+            loading.set()
+        with anyio.fail_after(5):
+            result = await ticket
+        assert result.stop_reason == "end_turn"
+        assert order == ["loaded", "prompt"] and len(attached) == 1
