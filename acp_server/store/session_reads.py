@@ -37,6 +37,13 @@ SESSION_TABLES = (("session_events", "session_id"), ("session_prompts", "session
                   ("session_leases", "session_id"), ("sessions", "id"))
 
 
+def delete_session(conn: Any, sql: Any, session_id: str) -> None:
+    """Every row of ``session_id`` in every journal table (``sql``: the dialect's
+    statement text, the journal's ``_sql``)."""
+    for table, column in SESSION_TABLES:
+        conn.execute(sql(f"DELETE FROM {table} WHERE {column} = ?"), (session_id,))
+
+
 def _decode_accepted(blob: bytes) -> PromptAccepted:
     return (_ACCEPTED_JSON if blob[:1] == b"{" else _ACCEPTED).decode(blob)
 
@@ -244,8 +251,7 @@ class SessionReads:
                 "SELECT id FROM sessions WHERE closed_at IS NOT NULL AND closed_at < ?"),
                 (closed_before,)).fetchall()]
             for sid in ids:
-                for table, column in SESSION_TABLES:
-                    conn.execute(sql(f"DELETE FROM {table} WHERE {column} = ?"), (sid,))
+                delete_session(conn, sql, sid)
             return len(ids)
 
         try:

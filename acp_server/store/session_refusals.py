@@ -64,7 +64,7 @@ import msgspec
 
 from acp_server.store.errors import StoreUnavailableError
 from acp_server.store.pg_engine import TRANSIENT
-from acp_server.store.session_reads import _OPENED, SESSION_TABLES
+from acp_server.store.session_reads import _OPENED, delete_session
 from acp_server.store.session_writes import Record, _encode
 from acp_server.store.write_behind import Marker
 from bridge.journal import (
@@ -242,26 +242,19 @@ class SessionRefusals:
                 refused: list[Refused], reepoched: set[str]) -> None:
         chunk_taken: dict[str, int] = {}
         chunk_trim: dict[str, int] = {}
-        conn.execute(f"SAVEPOINT {CHUNK}")
-        try:
-            self._put(conn, records[start:end], fenced, chunk_taken, chunk_trim)
-        except Exception as exc:
-            if not self.own_fault(exc):
-                raise   # the store's: the whole commit fails and is retried
-            conn.execute(f"ROLLBACK TO SAVEPOINT {CHUNK}")
-            conn.execute(f"RELEASE SAVEPOINT {CHUNK}")
-            if end - start == 1:
-                refused.append(Refused(start, reason_of(exc),
-                                       self._instead(conn, records[start], reepoched)))
-                return
+        exc = self._in_savepoint(conn, lambda: self._put(conn, records[start:end], fenced,
+                                                         chunk_taken, chunk_trim))
+        if exc is None:
+            taken.update(chunk_taken)
+            trim.update(chunk_trim)
+        elif end - start == 1:
+            refused.append(Refused(start, reason_of(exc),
+                                   self._instead(conn, records[start], reepoched)))
+        else:
             middle = (start + end) // 2
             for low, high in ((start, middle), (middle, end)):
                 self._bisect(conn, records, low, high, fenced, taken, trim, refused,
                              reepoched)
-            return
-        conn.execute(f"RELEASE SAVEPOINT {CHUNK}")
-        taken.update(chunk_taken)
-        trim.update(chunk_trim)
 
     def _instead(self, conn: Any, record: Record, reepoched: set[str]) -> str:
         """What is written in a refused record's place (the module docstring)."""
@@ -278,14 +271,15 @@ class SessionRefusals:
                     (sid, record.prompt_id)), "the prompt's deletion"):
                 return "; the prompt is deleted from the journal instead"
         elif isinstance(record, SessionEnded) and not record.deleted:
-            if self._guarded(conn, lambda: self._delete_session(conn, sid),
+            if self._guarded(conn, lambda: delete_session(conn, sql, sid),
                              "the session's deletion"):
                 return "; the session's journal is deleted instead"
         return ""
 
-    def _guarded(self, conn: Any, write: Callable[[], Any], what: str) -> bool:
-        """``write`` in a savepoint; ``False`` (logged, rolled back) when the store
-        refuses it for its own fault."""
+    def _in_savepoint(self, conn: Any, write: Callable[[], Any]) -> Exception | None:
+        """``write`` in a savepoint: ``None`` when it ran; the error, rolled back, when
+        the store refuses it for its own fault (``own_fault``; the store's own faults
+        are raised: the whole commit fails and is retried)."""
         conn.execute(f"SAVEPOINT {CHUNK}")
         try:
             write()
@@ -294,11 +288,18 @@ class SessionRefusals:
                 raise
             conn.execute(f"ROLLBACK TO SAVEPOINT {CHUNK}")
             conn.execute(f"RELEASE SAVEPOINT {CHUNK}")
+            return exc
+        conn.execute(f"RELEASE SAVEPOINT {CHUNK}")
+        return None
+
+    def _guarded(self, conn: Any, write: Callable[[], Any], what: str) -> bool:
+        """``write`` in a savepoint; ``False`` (logged, rolled back) when the store
+        refuses it for its own fault."""
+        exc = self._in_savepoint(conn, write)
+        if exc is not None:
             log.warning("session journal: the store refused %s too (%s)", what,
                         reason_of(exc))
-            return False
-        conn.execute(f"RELEASE SAVEPOINT {CHUNK}")
-        return True
+        return exc is None
 
     def _reepoch_in(self, conn: Any, sid: str) -> None:
         """The session's stored record gets a new epoch (none when it has no record,
@@ -313,10 +314,6 @@ class SessionRefusals:
             return
         conn.execute(sql("UPDATE sessions SET record = ? WHERE id = ?"),
                      (_encode(msgspec.structs.replace(record, epoch=str(uuid.uuid4()))), sid))
-
-    def _delete_session(self, conn: Any, sid: str) -> None:
-        for table, column in SESSION_TABLES:
-            conn.execute(self._sql(f"DELETE FROM {table} WHERE {column} = ?"), (sid,))
 
     def _reepochs_in(self, conn: Any, sids: set[str]) -> None:
         """The sessions whose events readers got unjournaled (``_shed``, an isolating

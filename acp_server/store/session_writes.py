@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 
 from acp_server.store.leases import SessionLeases
-from acp_server.store.session_reads import SESSION_TABLES
+from acp_server.store.session_reads import delete_session
 from acp_server.store.write_behind import MARKER_ID, MARKER_TYPE, Marker
 from bridge.journal import (
     RECORD_ENCODER,
@@ -238,9 +238,7 @@ class SessionWrites:
                  self.owner))
         elif isinstance(record, SessionEnded):
             if record.deleted:
-                for table, column in SESSION_TABLES:
-                    conn.execute(sql(f"DELETE FROM {table} WHERE {column} = ?"),
-                                 (record.session_id,))
+                delete_session(conn, sql, record.session_id)
             else:
                 conn.execute(sql("UPDATE sessions SET closed_at = ? WHERE id = ?"),
                              (record.at, record.session_id))
