@@ -59,7 +59,7 @@ from acp_server.lmsp.conversation import (
 )
 from acp_server.lmsp.permissions import decide, decision_label
 from acp_server.lmsp.responses import Attempt, count_tokens, in_progress_event
-from acp_server.store.errors import Backoff, StoreUnavailableError, persist
+from acp_server.store.errors import Backoff, StoreUnavailableError, first_line, persist
 from acp_server.store.tasks import Finish, TaskRecord, TaskStore, restart_target
 from acp_server.lmsp.requests import decode_stored
 from acp_server.lmsp.wire import AnyEvent, PermissionDecidedEvent
@@ -286,7 +286,7 @@ class Runner:
             except Exception as error:   # noqa: BLE001 - the process outlives any task
                 log.error("lmsp task %s: its failure could not be written either (%s); "
                           "it stays unfinished in the store until a restart's recovery",
-                          record.id, str(error).strip().partition("\n")[0][:200])
+                          record.id, first_line(error, 200))
         finally:
             if self._running.get(record.id) is handle:   # (not a later claim's)
                 del self._running[record.id]

@@ -63,7 +63,7 @@ import anyio.abc
 import msgspec
 
 from acp_server.store.audit import AuditQuery, AuditRecord
-from acp_server.store.errors import Backoff, StoreUnavailableError
+from acp_server.store.errors import Backoff, StoreUnavailableError, first_line
 
 log = logging.getLogger("acp_server.principals")
 
@@ -225,7 +225,7 @@ class AuditLog:
         The store unavailable meanwhile: what is not written yet goes back to the head
         of the buffer, in order (``StoreUnavailableError``)."""
         log.warning("audit: writing %d record(s) failed (%s); the ones the store refuses "
-                    "are found and dropped", len(batch), _first_line(exc))
+                    "are found and dropped", len(batch), first_line(exc, 200))
         assert self.store is not None
         parts: deque[list[AuditRecord]] = deque()
         if len(batch) > 1:
@@ -257,7 +257,7 @@ class AuditLog:
     def _refused(self, record: AuditRecord, exc: Exception) -> None:
         self.refused += 1
         log.warning("audit: the store refused a record (%s by %s): %s; not retried",
-                    record.action[:80], record.principal[:80], _first_line(exc))
+                    record.action[:80], record.principal[:80], first_line(exc, 200))
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None]
                   = anyio.TASK_STATUS_IGNORED) -> None:
@@ -312,12 +312,6 @@ class AuditLog:
         assert self.store is not None, "no audit store"
         await self.flush()
         return await self.store.read_audit(query)
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    text = lines[0] if lines else type(exc).__name__
-    return text[:200]
 
 
 def as_json(records: Iterable[AuditRecord]) -> list[dict[str, Any]]:

@@ -52,7 +52,7 @@ import anyio
 
 from acp_server.principals import tokens
 from acp_server.principals.model import BOOTSTRAP, Principal
-from acp_server.store.errors import StoreUnavailableError
+from acp_server.store.errors import StoreUnavailableError, first_line
 from acp_server.store.tokens import TokenRecord
 
 log = logging.getLogger("acp_server.principals")
@@ -272,9 +272,8 @@ class Authenticator:
                     exc = error
             if token_id not in self._refused_ids and len(self._refused_ids) < MAX_ENTRIES:
                 self._refused_ids.add(token_id)
-                reason = str(exc).strip().partition("\n")[0][:200]
                 log.warning("principals: the store refused the last use of token %s (%s); "
-                            "not written", token_id[:64], reason)
+                            "not written", token_id[:64], first_line(exc, 200))
 
 
 # A record no secret matches: an unknown id costs the same digest as a wrong secret.

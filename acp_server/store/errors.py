@@ -52,6 +52,14 @@ class StoreUnavailableError(Exception):
         self.retry_after = retry_after
 
 
+def first_line(exc: BaseException, limit: int | None = None) -> str:
+    """The first line of an error's message (its type's name when it has none), at most
+    ``limit`` characters: what a log line or ``/health`` says of it, never a payload."""
+    lines = str(exc).strip().splitlines()
+    text = lines[0] if lines else type(exc).__name__
+    return text if limit is None else text[:limit]
+
+
 class Backoff:
     """Capped exponential delays with jitter: ``first``, ×2 each failure, at most ``cap``."""
 

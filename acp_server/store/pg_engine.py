@@ -54,7 +54,7 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg import sql
 
-from acp_server.store.errors import Backoff, StoreUnavailableError
+from acp_server.store.errors import Backoff, StoreUnavailableError, first_line
 from acp_server.store.schema import migrate_postgres
 from acp_server.store.tasks import CommittedEvent
 from acp_server.store.writer import GroupCommitStore, Op
@@ -98,11 +98,6 @@ def _parse(payload: str) -> tuple[str, str, list[str]]:
     instance, _, ids = rest.partition(":")
     return kind, instance, [urllib.parse.unquote(i) if "%" in i else i
                             for i in ids.split(",")]
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
 
 
 class PostgresEngine(GroupCommitStore[Conn]):
@@ -178,7 +173,7 @@ class PostgresEngine(GroupCommitStore[Conn]):
         except psycopg.Error as exc:
             with self._gate:
                 self._retry_at = time.monotonic() + self._backoff.next()
-                self._down = f"PostgreSQL: {_first_line(exc)}"
+                self._down = f"PostgreSQL: {first_line(exc)}"
             raise StoreUnavailableError(self._down) from exc
         with self._gate:
             self._backoff.reset()
@@ -230,7 +225,7 @@ class PostgresEngine(GroupCommitStore[Conn]):
 
     def _unavailable(self, exc: BaseException) -> str | None:
         if isinstance(exc, UNAVAILABLE):
-            return f"PostgreSQL: {_first_line(exc)}"
+            return f"PostgreSQL: {first_line(exc)}"
         return None
 
     async def _ping(self) -> None:
@@ -320,13 +315,13 @@ class PostgresEngine(GroupCommitStore[Conn]):
             again = resend and not committing and lost
             if committing and lost:
                 exc = StoreUnavailableError(f"PostgreSQL: the connection was lost during "
-                                            f"COMMIT ({_first_line(exc)}); the outcome is "
+                                            f"COMMIT ({first_line(exc)}); the outcome is "
                                             f"unknown")
             for op in batch:
                 op.result, op.error, op.events = None, None if again else exc, []
             if again:
                 log.warning("PostgreSQL connection lost (%s); the batch is re-sent",
-                            _first_line(exc))
+                            first_line(exc))
             return (batch, "resent") if again else ([], "")
         return retry, ""
 
@@ -399,7 +394,7 @@ class PostgresEngine(GroupCommitStore[Conn]):
                                 if ids:
                                     anyio.from_thread.run_sync(self._on_notice, kind, ids)
             except Exception as exc:   # noqa: BLE001 - psycopg, or the loop going away
-                log.warning("LISTEN connection lost (%s); reconnecting", _first_line(exc))
+                log.warning("LISTEN connection lost (%s); reconnecting", first_line(exc))
                 ready.set()
                 self._listen_wake.clear()
                 self._listen_wake.wait(self._listen_backoff.next())

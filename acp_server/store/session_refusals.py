@@ -62,7 +62,7 @@ from typing import Any
 
 import msgspec
 
-from acp_server.store.errors import StoreUnavailableError
+from acp_server.store.errors import StoreUnavailableError, first_line
 from acp_server.store.pg_engine import TRANSIENT
 from acp_server.store.session_reads import _OPENED, delete_session
 from acp_server.store.session_writes import Record, _encode
@@ -86,11 +86,7 @@ KINDS: dict[type, str] = {SessionOpened: "session", PromptAccepted: "prompt",
 
 def reason_of(exc: BaseException) -> str:
     """The first line of an error's message, cut to ``REASON_CHARS`` (no payload)."""
-    if isinstance(exc, StoreUnavailableError):
-        text = exc.reason
-    else:
-        lines = str(exc).strip().splitlines()
-        text = lines[0] if lines else type(exc).__name__
+    text = exc.reason if isinstance(exc, StoreUnavailableError) else first_line(exc)
     return text if len(text) <= REASON_CHARS else text[:REASON_CHARS] + "…"
 
 

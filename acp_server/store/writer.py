@@ -84,7 +84,7 @@ import anyio
 import anyio.abc
 import anyio.from_thread
 
-from acp_server.store.errors import StoreHealth, StoreUnavailableError
+from acp_server.store.errors import StoreHealth, StoreUnavailableError, first_line
 from acp_server.store.tasks import CommittedEvent
 
 log = logging.getLogger("acp_server.store.writer")
@@ -567,7 +567,7 @@ class GroupCommitStore(Generic[C]):
                     if not self._read_lost(conn, exc):
                         raise
                     log.info("a read's connection was lost (%s); the read is retried "
-                             "on a new one", str(exc).strip().partition("\n")[0])
+                             "on a new one", first_line(exc))
                     conn = await anyio.to_thread.run_sync(self._reconnect)
                     result = await anyio.to_thread.run_sync(fn, conn)
             except Exception as exc:
