@@ -64,8 +64,8 @@ from acp_server.connect.cli import add_connect_arguments, run_connect_args
 from acp_server.client.prompt_cli import add_prompt_arguments, run_prompt_args
 from acp_server.client.tasks_cli import add_tasks_arguments, run_tasks_args
 from acp_server.app import DOORS
-from acp_server.http.serving import ListenError, listen, run_http
-from acp_server.http.starting import STOP_SIGNALS, answer_starting
+from acp_server.http.serving import STOP_SIGNALS, ListenError, listen, run_http
+from acp_server.http.starting import answer_starting
 from acp_server.ops.principals_cli import (
     add_audit_arguments,
     add_token_arguments,
@@ -417,7 +417,7 @@ async def _open_when_store(stack: contextlib.AsyncExitStack, settings: Settings,
         attempt += 1
         log.warning("cannot start: %s; answering 503 and trying again in %g s (attempt %d)",
                     reason, wait, attempt)
-        await answer_starting(sock, DOORS, seconds=wait, own_signals=False)
+        await answer_starting(sock, DOORS, seconds=wait)
 
 
 def store_outage(exc: BaseException) -> str | None:

@@ -48,13 +48,19 @@ import anyio.abc
 
 from acp_server.http.guard import connection_cap, raise_fd_limit
 from acp_server.http.servers import BACKLOG, GRACEFUL_SHUTDOWN_S, HttpServer, Limits, http_server
-from acp_server.http.starting import STOP_SIGNALS
 
 if TYPE_CHECKING:
     from acp_server.server import Server
     from acp_server.settings import Settings
 
 log = logging.getLogger("acp_server")
+
+# What stops the process, from its start to its end (``acp_server.cli`` opens its one
+# receiver before the store). SIGHUP only when it was not ignored as the process
+# started (``nohup``, ``trap '' HUP``: the terminal going away must not stop it); read
+# at import, before any handler is set.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT) + (
+    () if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN else (signal.SIGHUP,))
 
 
 

@@ -1,7 +1,7 @@
 """The listening socket's answer while the server cannot start yet: 503, in each door's shape.
 
     sock = listen(settings)
-    signalled = await answer_starting(sock, DOORS, seconds=2.0)   # then try again
+    await answer_starting(sock, DOORS, seconds=2.0)   # then try again
 
 ``acp-server serve`` binds its socket before it opens the store. When the store cannot
 be opened (PostgreSQL down, a SQLite file it cannot write), the process does not end:
@@ -19,19 +19,15 @@ Contracts:
   ``HEAD_TIMEOUT_S`` and ``MAX_HEAD_BYTES`` (then the connection is closed without an
   answer); at most ``MAX_ANSWERING`` connections are answered at once, others are
   closed as accepted. Nothing of a request is kept.
-* ``answer_starting`` returns after ``seconds`` (``False``) or on SIGTERM / SIGINT /
-  SIGHUP (``True``: the caller stops; SIGHUP not when it was ignored as the process
-  started, ``STOP_SIGNALS``); with ``own_signals=False`` it opens no signal
-  receiver (the caller's receives them and cancels it: ``acp-server serve``). The
-  socket stays open and listening for the HTTP server that takes it next; the
-  connections being answered when it returns are closed.
+* ``answer_starting`` returns after ``seconds``, or when its caller cancels it (``acp-server
+  serve``'s signal watcher, ``acp_server.cli``). The socket stays open and listening
+  for the HTTP server that takes it next; the connections being answered when it
+  returns are closed.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import signal
 import socket
 from collections.abc import Sequence
 
@@ -42,12 +38,6 @@ from acp_server.http.front import Door
 from acp_server.http.policy import Refusal
 
 log = logging.getLogger("acp_server")
-
-# What stops the process, from its start to its end (``acp_server.http.serving`` too).
-# SIGHUP only when it was not ignored as the process started (``nohup``, ``trap '' HUP``:
-# the terminal going away must not stop it); read at import, before any handler is set.
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT) + (
-    () if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN else (signal.SIGHUP,))
 HEAD_TIMEOUT_S = 5.0
 MAX_HEAD_BYTES = 16 * 1024
 MAX_ANSWERING = 64
@@ -125,26 +115,9 @@ async def _accept(sock: socket.socket, doors: Sequence[Door],
 
 
 async def answer_starting(sock: socket.socket, doors: Sequence[Door], *,
-                          seconds: float, own_signals: bool = True) -> bool:
-    """Answer ``sock``'s connections for ``seconds``; ``True`` when a signal came."""
-    signalled = False
+                          seconds: float) -> None:
+    """Answer ``sock``'s connections for ``seconds`` (or until cancelled)."""
     sock.setblocking(False)
-    with contextlib.ExitStack() as stack:
-        signals = stack.enter_context(anyio.open_signal_receiver(*STOP_SIGNALS)) \
-            if own_signals else None
-        async with anyio.create_task_group() as tg:
-            tg.cancel_scope.deadline = anyio.current_time() + seconds
-
-            async def on_signal() -> None:
-                nonlocal signalled
-                assert signals is not None
-                async for signum in signals:
-                    log.info("received %s while starting: stopping",
-                             signal.Signals(signum).name)
-                    signalled = True
-                    tg.cancel_scope.cancel()
-
-            if signals is not None:
-                tg.start_soon(on_signal)
-            tg.start_soon(_accept, sock, doors, tg)
-    return signalled
+    async with anyio.create_task_group() as tg:
+        tg.cancel_scope.deadline = anyio.current_time() + seconds
+        tg.start_soon(_accept, sock, doors, tg)

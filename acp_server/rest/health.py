@@ -6,10 +6,10 @@
 Open without a token on a loopback bind unless ``--require-auth`` (see ``security``).
 The deep check also asks the durable store (``store``, when composed; see
 ``acp_server.store``): while it cannot serve, the answer is 503 with
-``"status": "unavailable"`` and ``store: {status: "down", reason, downSince}``. With a durable session journal,
-``journal: {recordsRefused, lastRefused?}``: the records the store refused for good
-(a constraint, a trigger; ``acp_server.store.session_refusals``); the process serves
-on, so they do not change the status.
+``"status": "unavailable"`` and ``store: {status: "down", reason, downSince}``. With a
+durable session journal, ``journal: {recordsRefused, lastRefused?}``: the records the
+store refused for good (a constraint, a trigger; ``acp_server.store.session_refusals``);
+the process serves on, so they do not change the status.
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ async def test_each_door_gets_its_503_and_hostile_heads_get_nothing() -> None:
     with sock:
         async with anyio.create_task_group() as tg:
             async def serve() -> None:
-                assert await answer_starting(sock, DOORS, seconds=30) is False
+                await answer_starting(sock, DOORS, seconds=30)   # cancelled below
 
             tg.start_soon(serve)
             idle = await anyio.connect_tcp("127.0.0.1", port)   # sends nothing
