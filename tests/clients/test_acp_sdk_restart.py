@@ -16,8 +16,7 @@ import anyio.to_thread
 import pytest
 
 from tests.clients.node import HERE, node_command, run_script
-from tests.harness import ServeProcess
-from tests.store.test_session_restart import _free_port
+from tests.harness import ServeProcess, free_port
 
 pytestmark = [pytest.mark.anyio, pytest.mark.clients]
 
@@ -43,7 +42,7 @@ def _texts(log: list[dict[str, Any]], kind: str) -> list[str]:
 
 async def test_acp_sdk_client_loads_the_whole_history_after_kill_9(acp_sdk: str,
                                                                    tmp_path: Path) -> None:
-    child = ServeProcess(tmp_path, "--port", str(_free_port()))
+    child = ServeProcess(tmp_path, "--port", str(free_port()))
     await anyio.to_thread.run_sync(child.start)
     makers: list[anyio.abc.Process] = []
     try:

@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.clients.node import run_script
-from tests.harness import ServeProcess
-from tests.store.test_session_restart import _free_port
+from tests.harness import ServeProcess, free_port
 
 pytestmark = [pytest.mark.anyio, pytest.mark.clients]
 
@@ -21,7 +20,7 @@ def anyio_backend() -> str:
 
 
 async def test_qwen_sdk_session_client_across_kill_9(qwen_sdk: str, tmp_path: Path) -> None:
-    child = ServeProcess(tmp_path, "--port", str(_free_port())).start()
+    child = ServeProcess(tmp_path, "--port", str(free_port())).start()
     try:
         first = await run_script("qwen_sdk.mjs", qwen_sdk, child.base_url, "before")
         assert first["turn"]["stopReason"] == "end_turn"

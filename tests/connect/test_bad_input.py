@@ -4,7 +4,6 @@ where it helps, never a crash, never anything but protocol on stdout."""
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import anyio
@@ -12,6 +11,7 @@ import pytest
 
 from tests.acp_http.server import running_acp_server
 from tests.connect.harness import port_of, spawn_adapter, tcp_relay
+from tests.harness import free_port
 
 pytestmark = pytest.mark.anyio
 
@@ -23,12 +23,6 @@ def no_h2(anyio_backend: str) -> tuple[str, ...]:
     answers a request early (401, 404) and the request's body arrives after (a
     KeyError in its stream table, which ends the whole server): HTTP/1.1 there."""
     return ("--transport", "http1") if anyio_backend == "trio" else ()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def test_bad_lines_are_answered_and_the_adapter_goes_on(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@
 """
 
 from tests.harness.local import LocalServer, local_server, serving
-from tests.harness.process import ServeProcess, read_chunk_burst, read_until_closed
+from tests.harness.process import ServeProcess, free_port, read_chunk_burst, read_until_closed
 
-__all__ = ["LocalServer", "ServeProcess", "local_server", "read_chunk_burst", "read_until_closed",
-           "serving"]
+__all__ = ["LocalServer", "ServeProcess", "free_port", "local_server", "read_chunk_burst",
+           "read_until_closed", "serving"]

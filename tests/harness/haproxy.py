@@ -23,7 +23,6 @@ tests then skip; CI installs it, ``.ci/run``).
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -32,6 +31,8 @@ from typing import Literal
 from urllib.parse import urlsplit
 
 import httpx
+
+from tests.harness.process import free_port
 
 Affinity = Literal["none", "cookie", "hash"]
 COOKIE = "ACPSRV"
@@ -42,12 +43,6 @@ START_TIMEOUT_S = 15
 def haproxy_binary() -> str | None:
     return shutil.which("haproxy") or next(
         (p for p in ("/usr/sbin/haproxy", "/usr/local/sbin/haproxy") if Path(p).exists()), None)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 BALANCE = {

@@ -30,6 +30,7 @@ import queue
 import re
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -47,6 +48,13 @@ ROOT = Path(__file__).resolve().parents[2]
 TOKEN_ENV = "ACP_SERVER_TOKEN"
 START_TIMEOUT_S = 30
 LISTENING = re.compile(r"acp-server listening on (https?://(?:\[[^\]]+\]|[^:\s]+):(\d+)) ")
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now (for a ``--port`` to pass a child)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 class ServeProcess:

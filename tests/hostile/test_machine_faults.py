@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -34,7 +33,7 @@ import anyio
 import httpx
 import pytest
 
-from tests.harness import ServeProcess, read_until_closed
+from tests.harness import ServeProcess, free_port, read_until_closed
 from tests.harness.process import ROOT
 from tests.lmsp.server import envelope
 
@@ -45,12 +44,6 @@ SERVERS = pytest.mark.parametrize("server", ["granian", "uvicorn"])
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"   # the client side only; the server is its own process
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def child_env() -> dict[str, str]:

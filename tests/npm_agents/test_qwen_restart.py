@@ -21,9 +21,9 @@ import pytest
 from acp_server.rest.workspace import workspace_id
 from bridge.restore import CONTINUE_TEXT
 from tests.bridge.fake_model_server import FakeModelState, build_fake_model_app
-from tests.harness import ServeProcess, serving
+from tests.harness import ServeProcess, free_port, serving
 from tests.npm_agents.test_qwen import agent_text, events, new_session, prompt
-from tests.store.test_session_restart import _free_port, read_events
+from tests.store.test_session_restart import read_events
 
 pytestmark = [pytest.mark.anyio, pytest.mark.agents]
 
@@ -55,7 +55,7 @@ async def qwen_serve(tmp_path: Path, qwen_entry: str, *flags: str
         agent = shlex.join([shutil.which("node") or "node", qwen_entry, "--acp",
                             "--auth-type", "openai", "--approval-mode", "default"])
         child = ServeProcess(
-            workspace, "--agent", agent, "--port", str(_free_port()),
+            workspace, "--agent", agent, "--port", str(free_port()),
             "--initialize-timeout-ms", "60000", "--agent-request-timeout-ms", "60000", *flags,
             state_dir=tmp_path / "state",
             env={"HOME": str(home), "OPENAI_BASE_URL": model_url + "/v1",

@@ -16,7 +16,6 @@ import errno
 import os
 import shutil
 import signal
-import socket
 import sqlite3
 import subprocess
 import tempfile
@@ -32,7 +31,7 @@ import psycopg
 import pytest
 
 from tests.lmsp import stores
-from tests.harness import ServeProcess
+from tests.harness import ServeProcess, free_port
 from tests.lmsp.server import envelope
 
 pytestmark = pytest.mark.anyio
@@ -184,7 +183,7 @@ async def test_a_start_on_a_read_only_state_folder_waits_for_it(tmp_path: Path) 
     state = tmp_path / "ro"
     with tmpfs(state, "8m"):
         subprocess.run(["mount", "-o", "remount,ro", str(state)], check=True)
-        listen_at = _free_port()
+        listen_at = free_port()
         child = ServeProcess(tmp_path, "--state-dir", str(state), "--port", str(listen_at))
         try:
             async with anyio.create_task_group() as tg:
@@ -268,19 +267,13 @@ def test_state_files_are_private(tmp_path: Path) -> None:
 
 
 # -- PostgreSQL ---------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture
 def own_cluster() -> Iterator[Path]:
     """A throwaway PostgreSQL cluster of this test's own (it gets restarted), in a
     folder the ``postgres`` user can reach."""
     directory = Path(tempfile.mkdtemp(prefix="acp-outage-pg."))
     started = subprocess.run(["bash", str(PG_SCRIPT), "start", str(directory),
-                              str(_free_port())], capture_output=True, text=True)
+                              str(free_port())], capture_output=True, text=True)
     if started.returncode != 0:
         shutil.rmtree(directory, ignore_errors=True)
         pytest.skip(f"no PostgreSQL cluster could be started: {started.stderr[-300:]}")
@@ -364,7 +357,7 @@ async def test_a_start_while_postgresql_is_down_waits_for_it(tmp_path: Path, own
             before = (await client.post("/session", json={"sessionScope": "thread"})).json()
     subprocess.run(["bash", str(PG_SCRIPT), "stop", str(own_cluster)], check=True,
                    capture_output=True)
-    listen_at = _free_port()
+    listen_at = free_port()
     child = ServeProcess(tmp_path, *_pg_args(url), "--http-server", http_server,
                          "--port", str(listen_at))
     base = f"http://127.0.0.1:{listen_at}"

@@ -12,7 +12,6 @@ resync. Our SDK's ``DaemonSessionClient`` sees the same across the restart.
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ import pytest
 from acp_server.client import DaemonClient
 from acp_server.client.errors import DaemonTurnError
 from acp_server.rest.workspace import workspace_id
-from tests.harness import ServeProcess
+from tests.harness import ServeProcess, free_port
 from tests.lmsp import stores
 
 pytestmark = pytest.mark.anyio
@@ -34,14 +33,8 @@ def anyio_backend() -> str:
     return "asyncio"   # the client side only; the server is its own process
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _flags(tmp_path: Path, store_name: str) -> list[str]:
-    port = ["--port", str(_free_port())]
+    port = ["--port", str(free_port())]
     if store_name == "postgres":
         return [*port, "--store", stores.postgres_url_for(tmp_path, "sessions"),
                 *stores.lease_flags()]

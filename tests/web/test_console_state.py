@@ -4,25 +4,19 @@ Tasks and Daemon pages, in Debian's chromium against live ``acp-server serve``."
 from __future__ import annotations
 
 import re
-import socket
 from pathlib import Path
 
 from playwright.sync_api import Browser, Page, Route, expect
 
+from tests.harness import free_port
 from tests.web.conftest import Console, open_page, running_console
 
 SLEEP = "/sleep 60s hold"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def test_a_stopped_server_leaves_nothing_stale_and_a_restart_says_the_session_ended(
         browser: Browser, tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     page = open_page(browser)
     try:
         with running_console(tmp_path, "--port", str(port)) as first:
@@ -134,7 +128,7 @@ def test_a_killed_server_restarted_on_its_state_restores_the_session(
     """``kill -9``, then the server again on the same state folder and address: the
     page finds the session restored (issue #23), the history as it was, the prompt
     that was running failed with ``server_restarted``, and the session goes on."""
-    port = _free_port()
+    port = free_port()
     page = open_page(browser)
     try:
         with running_console(tmp_path, "--port", str(port)) as first:
