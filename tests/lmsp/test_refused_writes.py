@@ -6,13 +6,13 @@ runner's task group)."""
 from __future__ import annotations
 
 import logging
-import sqlite3
 from pathlib import Path
 
 import pytest
 
 from tests.bridge.helpers import wait_until
 from tests.lmsp.server import LmspServer
+from tests.store.triggers import refuse_rows
 
 pytestmark = pytest.mark.anyio
 
@@ -22,27 +22,14 @@ MARK = "POISON"
 def _refuse_its_writes(tmp_path: Path, store_name: str, server: LmspServer) -> None:
     """Every event after the first (the one its creation writes) of a task whose request
     holds ``MARK`` is refused by the database."""
-    if store_name == "postgres":
-        import psycopg
-
-        with psycopg.connect(server.service.store.url, autocommit=True) as conn:
-            conn.execute(f"""
-                CREATE FUNCTION refuse_marked() RETURNS trigger AS $$
-                BEGIN
-                  IF NEW.seq > 0 AND EXISTS (SELECT 1 FROM tasks WHERE id = NEW.task_id
-                      AND position('{MARK}'::bytea IN request) > 0) THEN
-                    RAISE EXCEPTION 'refused by the test trigger';
-                  END IF;
-                  RETURN NEW;
-                END $$ LANGUAGE plpgsql""")
-            conn.execute("CREATE TRIGGER refuse_marked BEFORE INSERT ON task_events "
-                         "FOR EACH ROW EXECUTE FUNCTION refuse_marked()")
-        return
-    with sqlite3.connect(tmp_path / "lmsp.sqlite3") as db:
-        db.execute(f"CREATE TRIGGER refuse_marked BEFORE INSERT ON task_events "
-                   f"WHEN NEW.seq > 0 AND (SELECT instr(request, CAST('{MARK}' AS BLOB)) "
-                   f"FROM tasks WHERE id = NEW.task_id) > 0 "
-                   f"BEGIN SELECT RAISE(ABORT, 'refused by the test trigger'); END")
+    postgres = store_name == "postgres"
+    refuse_rows(url=server.service.store.url if postgres else None,
+                sqlite_path=tmp_path / "lmsp.sqlite3", name="refuse_marked",
+                table="task_events",
+                when=(f"NEW.seq > 0 AND EXISTS (SELECT 1 FROM tasks WHERE id = NEW.task_id "
+                      f"AND position('{MARK}'::bytea IN request) > 0)") if postgres else
+                (f"NEW.seq > 0 AND (SELECT instr(request, CAST('{MARK}' AS BLOB)) "
+                 f"FROM tasks WHERE id = NEW.task_id) > 0"))
 
 
 async def test_a_task_whose_writes_are_refused_does_not_end_the_process(

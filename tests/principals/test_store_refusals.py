@@ -10,7 +10,6 @@ PostgreSQL) do not hold the others back and are not retried:
 from __future__ import annotations
 
 import logging
-import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from acp_server.principals.auth import Authenticator
 from acp_server.principals.tokens import issue
 from acp_server.store.audit import AuditQuery
 from tests.lmsp import stores
+from tests.store.triggers import refuse_rows
 
 pytestmark = pytest.mark.anyio
 
@@ -29,25 +29,11 @@ MARK = "POISON"
 
 def _refuse_marked(tmp_path: Path, store_name: str, store: Any) -> None:
     """A real trigger: an audit row whose detail holds ``MARK`` is refused."""
-    if store_name == "postgres":
-        import psycopg
-
-        with psycopg.connect(store.url, autocommit=True) as conn:
-            conn.execute(f"""
-                CREATE FUNCTION refuse_marked() RETURNS trigger AS $$
-                BEGIN
-                  IF position('{MARK}' IN NEW.detail) > 0 THEN
-                    RAISE EXCEPTION 'refused by the test trigger';
-                  END IF;
-                  RETURN NEW;
-                END $$ LANGUAGE plpgsql""")
-            conn.execute("CREATE TRIGGER refuse_marked BEFORE INSERT ON audit FOR EACH ROW "
-                         "EXECUTE FUNCTION refuse_marked()")
-        return
-    with sqlite3.connect(tmp_path / "audit.db") as db:
-        db.execute(f"CREATE TRIGGER refuse_marked BEFORE INSERT ON audit "
-                   f"WHEN instr(NEW.detail, '{MARK}') > 0 "
-                   f"BEGIN SELECT RAISE(ABORT, 'refused by the test trigger'); END")
+    postgres = store_name == "postgres"
+    refuse_rows(url=store.url if postgres else None, sqlite_path=tmp_path / "audit.db",
+                name="refuse_marked", table="audit",
+                when=f"position('{MARK}' IN NEW.detail) > 0" if postgres
+                else f"instr(NEW.detail, '{MARK}') > 0")
 
 
 async def test_a_refused_audit_record_fails_alone(tmp_path: Path, store_name: str,
@@ -71,25 +57,9 @@ async def test_a_refused_audit_record_fails_alone(tmp_path: Path, store_name: st
 
 def _refuse_token_updates(tmp_path: Path, store_name: str, store: Any, name: str) -> None:
     """A real trigger: an UPDATE of the token named ``name`` is refused."""
-    if store_name == "postgres":
-        import psycopg
-
-        with psycopg.connect(store.url, autocommit=True) as conn:
-            conn.execute(f"""
-                CREATE FUNCTION refuse_token() RETURNS trigger AS $$
-                BEGIN
-                  IF NEW.name = '{name}' THEN
-                    RAISE EXCEPTION 'refused by the test trigger';
-                  END IF;
-                  RETURN NEW;
-                END $$ LANGUAGE plpgsql""")
-            conn.execute("CREATE TRIGGER refuse_token BEFORE UPDATE ON tokens FOR EACH ROW "
-                         "EXECUTE FUNCTION refuse_token()")
-        return
-    with sqlite3.connect(tmp_path / "audit.db") as db:
-        db.execute(f"CREATE TRIGGER refuse_token BEFORE UPDATE ON tokens "
-                   f"WHEN NEW.name = '{name}' "
-                   f"BEGIN SELECT RAISE(ABORT, 'refused by the test trigger'); END")
+    refuse_rows(url=store.url if store_name == "postgres" else None,
+                sqlite_path=tmp_path / "audit.db", name="refuse_token", table="tokens",
+                event="UPDATE", when=f"NEW.name = '{name}'")
 
 
 async def test_a_refused_last_use_loses_no_other_tokens(tmp_path: Path, store_name: str,

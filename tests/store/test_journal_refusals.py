@@ -31,11 +31,11 @@ from bridge.journal import SessionOpened
 from tests.harness import ServeProcess, local_server
 from tests.lmsp import stores
 from tests.store.test_session_restart import _flags, _ids, _is, _prompt, read_events
+from tests.store.triggers import REASON, refuse_rows
 
 pytestmark = pytest.mark.anyio
 
 MARK = "POISON"
-REASON = "refused by the test trigger"
 LOGGER = "acp_server.store.sessions"
 
 
@@ -72,23 +72,9 @@ def poison(tmp_path: Path, store_name: str, url: str | None, table: str,
     if column is not None:
         conditions.append(f"position('{MARK}'::bytea IN NEW.{column}) > 0" if postgres
                           else f"instr(NEW.{column}, CAST('{MARK}' AS BLOB)) > 0")
-    condition = " AND ".join(conditions) or "TRUE"
-    if postgres:
-        _run_sql(tmp_path, store_name, url, f"""
-            CREATE OR REPLACE FUNCTION poison_{table}() RETURNS trigger AS $$
-            BEGIN
-              IF {condition} THEN
-                RAISE EXCEPTION '{REASON}';
-              END IF;
-              RETURN NEW;
-            END $$ LANGUAGE plpgsql""")
-        _run_sql(tmp_path, store_name, url,
-                 f"CREATE TRIGGER poison_{table} BEFORE {event} ON {table} FOR EACH ROW "
-                 f"EXECUTE FUNCTION poison_{table}()")
-        return
-    _run_sql(tmp_path, store_name, url,
-             f"CREATE TRIGGER poison_{table} BEFORE {event} ON {table} WHEN {condition} "
-             f"BEGIN SELECT RAISE(ABORT, '{REASON}'); END")
+    refuse_rows(url=url if postgres else None, sqlite_path=_sqlite_path(tmp_path),
+                name=f"poison_{table}", table=table, event=event,
+                when=" AND ".join(conditions) or "TRUE")
 
 
 def stored_epoch(tmp_path: Path, store_name: str, url: str | None, sid: str) -> str:
