@@ -75,6 +75,14 @@ TRANSIENT = (pg_errors.DeadlockDetected, pg_errors.SerializationFailure,
 # Errors that mean the database cannot serve now (besides every OperationalError).
 UNAVAILABLE = (psycopg.OperationalError, pg_errors.ReadOnlySqlTransaction,
                pg_errors.DiskFull, pg_errors.InsufficientResources)
+# ... except class 54, program_limit_exceeded (an index row or a statement too large):
+# an OperationalError in psycopg, but it fails the same write every time: a refusal.
+REFUSED_CLASSES = ("54",)
+
+
+def _refused_for_good(exc: BaseException) -> bool:
+    sqlstate = getattr(exc, "sqlstate", None)
+    return isinstance(sqlstate, str) and sqlstate[:2] in REFUSED_CLASSES
 
 
 @dataclasses.dataclass
@@ -224,7 +232,7 @@ class PostgresEngine(GroupCommitStore[Conn]):
         return isinstance(exc, psycopg.OperationalError) and not self._usable(conn)
 
     def _unavailable(self, exc: BaseException) -> str | None:
-        if isinstance(exc, UNAVAILABLE):
+        if isinstance(exc, UNAVAILABLE) and not _refused_for_good(exc):
             return f"PostgreSQL: {first_line(exc)}"
         return None
 

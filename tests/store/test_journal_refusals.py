@@ -64,7 +64,8 @@ def _run_sql(tmp_path: Path, store_name: str, url: str | None, statement: str,
 
 
 def poison(tmp_path: Path, store_name: str, url: str | None, table: str,
-           column: str | None, *, when: str = "", event: str = "INSERT") -> None:
+           column: str | None, *, when: str = "", event: str = "INSERT",
+           errcode: str = "P0001") -> None:
     """A real trigger: every ``event`` on ``table`` whose ``column`` holds ``MARK``
     (``None``: any) and that meets ``when`` (SQL on NEW) is refused by the database."""
     postgres = store_name == "postgres"
@@ -74,7 +75,7 @@ def poison(tmp_path: Path, store_name: str, url: str | None, table: str,
                           else f"instr(NEW.{column}, CAST('{MARK}' AS BLOB)) > 0")
     refuse_rows(url=url if postgres else None, sqlite_path=_sqlite_path(tmp_path),
                 name=f"poison_{table}", table=table, event=event,
-                when=" AND ".join(conditions) or "TRUE")
+                when=" AND ".join(conditions) or "TRUE", errcode=errcode)
 
 
 def stored_epoch(tmp_path: Path, store_name: str, url: str | None, sid: str) -> str:
@@ -170,6 +171,34 @@ async def test_a_refused_event_is_isolated_and_the_journal_goes_on(
         assert not [e for e in ring if MARK in str(e.get("data"))]
         # and it journals on
         await _run_prompt(client, sid_a, "again", after=_ids(after)[-1])
+
+
+async def test_a_postgres_limit_is_a_refusal_not_an_outage(
+        tmp_path: Path, store_name: str, caplog: pytest.LogCaptureFixture) -> None:
+    """PostgreSQL's class 54 (``program_limit_exceeded``: an index row too large, a
+    statement too complex) is an ``OperationalError`` in psycopg, as an outage is; but
+    it fails the same record every time, so it is isolated like any refusal, not
+    retried for ever with every session's journal stalled behind it."""
+    if store_name != "postgres":
+        pytest.skip("PostgreSQL's SQLSTATE classes")
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    settings = _settings(tmp_path, store_name)
+    url = settings.get("store")
+    async with local_server(tmp_path, **settings) as srv:
+        client = srv.client
+        a, b = await _new_session(client), await _new_session(client)
+        poison(tmp_path, store_name, url, "session_events", "envelope", errcode="54000")
+        seen = await _run_prompt(client, a["sessionId"], f"{MARK} one")
+        assert _ids(seen) == list(range(1, len(_ids(seen)) + 1))
+        seen_b = await _run_prompt(client, b["sessionId"], "fine")
+        assert srv.bridge.journal.refusals.by_kind.get("event", 0) >= 1
+        health = (await client.get("/health", params={"deep": "1"})).json()
+        assert health["status"] == "ok"
+        assert _lines(caplog, "retrying") == 0
+    rows = _run_sql(tmp_path, store_name, url,
+                    "SELECT count(*) FROM session_events WHERE session_id = ?",
+                    (b["sessionId"],))
+    assert rows[0][0] == len(_ids(seen_b))   # the other session's events all committed
 
 
 async def test_a_refused_last_event_still_gives_a_new_epoch(tmp_path: Path,

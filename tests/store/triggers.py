@@ -5,7 +5,8 @@ the store refuses for good), the same on PostgreSQL and SQLite.
                 name="refuse_marked", table="audit",
                 when="instr(NEW.detail, 'POISON') > 0")   # in that database's SQL
 
-``url`` (PostgreSQL): a trigger function ``name`` that raises ``reason``, and a trigger
+``url`` (PostgreSQL): a trigger function ``name`` that raises ``reason`` with the SQLSTATE
+``errcode`` (default ``P0001``, plpgsql's ``raise_exception``), and a trigger
 ``name`` BEFORE ``event`` FOR EACH ROW; else (SQLite, the file at ``sqlite_path``) a
 trigger ``name`` BEFORE ``event`` WHEN ``when`` that does ``RAISE(ABORT, reason)``.
 """
@@ -19,7 +20,7 @@ REASON = "refused by the test trigger"
 
 
 def refuse_rows(*, url: str | None, sqlite_path: Path, name: str, table: str, when: str,
-                event: str = "INSERT", reason: str = REASON) -> None:
+                event: str = "INSERT", reason: str = REASON, errcode: str = "P0001") -> None:
     if url is not None:
         import psycopg
 
@@ -28,7 +29,7 @@ def refuse_rows(*, url: str | None, sqlite_path: Path, name: str, table: str, wh
                 CREATE OR REPLACE FUNCTION {name}() RETURNS trigger AS $$
                 BEGIN
                   IF {when} THEN
-                    RAISE EXCEPTION '{reason}';
+                    RAISE EXCEPTION '{reason}' USING ERRCODE = '{errcode}';
                   END IF;
                   RETURN NEW;
                 END $$ LANGUAGE plpgsql""")
