@@ -7,7 +7,9 @@ included (each path takes every method and answers unknown ones itself), and the
 front layer's refusals (401, 403, 421, 431, …, rendered by
 ``problems.render_refusal``). Every endpoint gets the ``LmspService`` bound when the
 routes are built, never from ``app.state``. Task
-creation answers 202 only after the commit; a replay adds ``Idempotent-Replayed:
+creation answers 202 only after the commit; a write the store refuses for good (a
+constraint, a trigger: ``ENGINE_ERRORS``) is answered as an outage, 503
+``store_unavailable``, and logged with the database's first line. A replay adds ``Idempotent-Replayed:
 true``. Event streams are SSE (§6.4) written by ``acp_server.http.sse``: ``retry: 3000``
 once (a field of the first frame), ``id``/``event``/``data`` per event, a
 ``: keep-alive`` comment line after ``LmspConfig.keepalive_s`` of silence, closed right
@@ -20,6 +22,7 @@ the retry with the key gets it (its stream from event 0, or the final object).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -46,7 +49,9 @@ from acp_server.lmsp.wire import DeletedResponse, encode
 from acp_server.http.sse import SseResponse, frame
 from acp_server.principals import caller_of
 from acp_server.principals.model import INFO, MUTATING, PROMPTING, READING, Access
-from acp_server.store.errors import StoreUnavailableError
+from acp_server.store.errors import ENGINE_ERRORS, StoreUnavailableError, first_line
+
+log = logging.getLogger("acp_server.lmsp")
 
 PREFIX = "/lmsp/v1"
 KEEPALIVE_COMMENT = b"keep-alive"
@@ -71,6 +76,11 @@ def _endpoint(methods: dict[str, Endpoint],
             return problem_response(exc, instance=request.url.path)
         except StoreUnavailableError as exc:
             return problem_response(store_unavailable(exc), instance=request.url.path)
+        except ENGINE_ERRORS as exc:   # the store refused this write for good
+            log.warning("lmsp: %s %s: the store refused the write: %s", request.method,
+                        request.url.path, first_line(exc, 200))
+            return problem_response(store_unavailable(StoreUnavailableError("refused")),
+                                    instance=request.url.path)
 
     return handle
 

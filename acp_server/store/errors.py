@@ -18,6 +18,9 @@ Contracts:
 * Each door maps it to its own 503: LMSP ``store_unavailable`` problem, REST
   ``{error, code: "store_unavailable"}``, ``/acp`` JSON-RPC ``data.errorKind:
   "store_unavailable"``. Never a 500.
+* An engine's own error (``ENGINE_ERRORS``) that reaches a door is a write the store
+  refused for good; the door answers it as it answers ``StoreUnavailableError`` (nothing
+  was recorded) and logs it, with the database's first line, as a refusal.
 * ``StoreHealth`` is what a store knows of itself: down from the first failed write or
   read until the next one that succeeds (``/health?deep=1`` reports it).
 * ``persist`` retries an operation for as long as the store is unavailable, with a
@@ -29,11 +32,13 @@ from __future__ import annotations
 
 import logging
 import random
+import sqlite3
 import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol, TypeVar
 
 import anyio
+import psycopg
 
 log = logging.getLogger("acp_server.store")
 
@@ -50,6 +55,11 @@ class StoreUnavailableError(Exception):
         super().__init__(f"The task store is unavailable: {reason}")
         self.reason = reason
         self.retry_after = retry_after
+
+
+# What an engine raises for a write's own fault (a constraint, a trigger, a value it
+# cannot take) reaches the caller as is; a door that gets one answers as for an outage.
+ENGINE_ERRORS = (sqlite3.Error, psycopg.Error)
 
 
 def first_line(exc: BaseException, limit: int | None = None) -> str:
