@@ -19,7 +19,9 @@ Contracts:
   ``JournalUnavailableError`` (the session journal's commit failed) are a 503 ``{error, code:
   "store_unavailable"}`` with ``Retry-After``; ``SessionMovedError`` (the commit was
   refused: another instance took the session over) the same with ``code:
-  "session_moved"`` and ``Retry-After: 1``.
+  "session_moved"`` and ``Retry-After: 1``. A write the store refused for good (an
+  engine's own error, ``store.errors.ENGINE_ERRORS``: a constraint, a trigger) is
+  answered the same as an outage, and logged with the database's first line.
 * Anything unrecognised is a 500 ``{"error": "Internal error"}``: no message from an
   unexpected exception reaches the client; it is logged with its traceback.
 """
@@ -38,7 +40,12 @@ from starlette.responses import Response
 from acp_server.http.body import ClientDisconnected
 from acp_server.http.handlers import handle_disconnect
 from acp_server.http.policy import Refusal
-from acp_server.store.errors import StoreUnavailableError
+from acp_server.store.errors import (
+    ENGINE_ERRORS,
+    RETRY_AFTER_S,
+    StoreUnavailableError,
+    first_line,
+)
 from bridge import errors as be
 from bridge.elicitation import ElicitationNotFoundError, InvalidElicitationAnswerError
 from bridge.errors import (
@@ -173,6 +180,10 @@ def describe(exc: BaseException) -> tuple[int, dict[str, Any], dict[str, str] | 
     if isinstance(exc, (StoreUnavailableError, be.JournalUnavailableError)):
         return 503, {"error": UNAVAILABLE.get(exc.code, UNAVAILABLE[""]), "code": exc.code}, \
             {"Retry-After": str(exc.retry_after)}
+    if isinstance(exc, ENGINE_ERRORS):   # the store refused this write for good
+        log.warning("rest: the store refused the write: %s", first_line(exc, 200))
+        return 503, {"error": UNAVAILABLE[""], "code": "store_unavailable"}, \
+            {"Retry-After": str(RETRY_AFTER_S)}
     if not isinstance(exc, BridgeError):
         return 500, {"error": "Internal error"}, None
     special = BODIES.get(type(exc))

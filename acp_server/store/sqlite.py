@@ -340,7 +340,10 @@ class SqliteTaskStore(TokenOps, AuditOps, ClaimsOne, ObservedMoves,
         return None
 
     def _conflict(self, exc: BaseException) -> bool:
-        return isinstance(exc, sqlite3.IntegrityError)
+        # a unique key taken meanwhile; not every IntegrityError (a trigger's RAISE is one)
+        return isinstance(exc, sqlite3.IntegrityError) and getattr(
+            exc, "sqlite_errorname", "") in ("SQLITE_CONSTRAINT_UNIQUE",
+                                             "SQLITE_CONSTRAINT_PRIMARYKEY")
 
     def _before_read(self) -> None:
         if self._lost is not None:

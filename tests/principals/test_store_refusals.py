@@ -5,7 +5,9 @@ PostgreSQL) do not hold the others back and are not retried:
   and counted, ``read`` (``GET /audit``) and ``flush`` answer, and the records that
   follow are written;
 * a token's last use: the other tokens' are written, the refused one is dropped and
-  logged once per token."""
+  logged once per token;
+* a token's creation over HTTP: a 503 ``store_unavailable`` in REST's shape (it was a
+  500), and the next creation works."""
 
 from __future__ import annotations
 
@@ -19,7 +21,9 @@ from acp_server.principals.audit import AuditLog
 from acp_server.principals.auth import Authenticator
 from acp_server.principals.tokens import issue
 from acp_server.store.audit import AuditQuery
+from tests.harness import local_server
 from tests.lmsp import stores
+from tests.principals.helpers import bearer
 from tests.store.triggers import refuse_rows
 
 pytestmark = pytest.mark.anyio
@@ -81,3 +85,24 @@ async def test_a_refused_last_use_loses_no_other_tokens(tmp_path: Path, store_na
         refused = [r.getMessage() for r in caplog.records
                    if "the store refused the last use" in r.getMessage()]
         assert len(refused) == 1 and bad.id in refused[0]
+
+
+async def test_a_refused_token_creation_is_a_503(tmp_path: Path, store_name: str,
+                                                caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="acp_server.rest")
+    settings: dict[str, Any] = {}
+    if store_name == "postgres":
+        settings["store"] = stores.postgres_url_for(tmp_path, "tokens")
+    async with local_server(tmp_path, token="boot-s3cret", headers=bearer("boot-s3cret"),
+                            **settings) as srv:
+        refuse_rows(url=settings.get("store"), sqlite_path=tmp_path / "state" / "lmsp.sqlite3",
+                    name="refuse_token", table="tokens", when="NEW.name = 'poison'")
+        refused = await srv.client.post("/tokens", json={"name": "poison"})
+        assert refused.status_code == 503, refused.text
+        assert refused.json()["code"] == "store_unavailable"
+        assert refused.headers["retry-after"] == "5"
+        assert any("the store refused the write" in r.getMessage() for r in caplog.records)
+        made = await srv.client.post("/tokens", json={"name": "ci"})
+        assert made.status_code == 201, made.text
+        listed = (await srv.client.get("/tokens")).json()["tokens"]
+        assert [t["name"] for t in listed] == ["ci"]
