@@ -68,6 +68,7 @@ READ_TIMEOUT_S = 300.0              # silence allowed before headers and between
 CONNECT_TIMEOUT_S = 10.0
 FINISH_GRACE_S = 5.0                # after a finish_reason: wait this long for [DONE] or the end
 MAX_MODEL_ID_CHARS = 256
+MAX_MODELS = 1000                   # model ids taken from /models; the rest are skipped
 _STREAM_HEADERS = {"Accept": "text/event-stream", "Accept-Encoding": "identity",
                    "Cache-Control": "no-store"}
 
@@ -121,8 +122,8 @@ _models_decoder = msgspec.json.Decoder(_Models)
 async def discover_models(base_url: str, *, api_key: str | None = None,
                           timeout_s: float = 10.0, max_bytes: int = MAX_EVENT_BYTES) -> list[str]:
     """The model ids the server lists at ``GET {base_url}/models``: each string ``id``
-    once, in order (an id that is empty, over ``MAX_MODEL_ID_CHARS`` or holds control
-    characters is skipped). Within ``timeout_s`` in all and ``max_bytes`` of body, else
+    once, in order, the first ``MAX_MODELS`` (an id that is empty, over
+    ``MAX_MODEL_ID_CHARS`` or holds control characters is skipped; logged). Within ``timeout_s`` in all and ``max_bytes`` of body, else
     ``UpstreamError`` naming the cause (an error status, not JSON, the wrong shape,
     unreachable)."""
     base = base_url.rstrip("/")
@@ -163,7 +164,10 @@ async def discover_models(base_url: str, *, api_key: str | None = None,
     if skipped:
         logger.warning("model server %s: skipped %d /models entries without a usable id",
                        base, skipped)
-    return list(ids)
+    if len(ids) > MAX_MODELS:
+        logger.warning("model server %s lists %d models: offering the first %d",
+                       base, len(ids), MAX_MODELS)
+    return list(ids)[:MAX_MODELS]
 
 
 def _auth(api_key: str | None) -> dict[str, str]:

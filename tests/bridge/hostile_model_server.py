@@ -43,7 +43,7 @@ BEHAVIOURS = ("ENDLESS_LINE", "ENDLESS_EVENT", "ENDLESS_REPLY", "ENDLESS_ERROR",
               "ERROR_EVENT", "HTML", "JSON_ERROR", "WHOLE", "BAD_JSON", "WRONG_TYPE", "RESET",
               "TRUNCATED", "STALL_HEADERS", "STALL_CHUNKS", "NO_DONE", "RATE_LIMITED",
               "UNAVAILABLE", "REDIRECT", "GZIP_BOMB", "GZIP_OK", "KEEPALIVE_ONLY", "BROTLI")
-MODELS_MODES = ("ok", "endless", "wrong_types", "mixed", "html", "stall", "missing")
+MODELS_MODES = ("ok", "endless", "wrong_types", "mixed", "many", "html", "stall", "missing")
 
 
 def chunk(content: str | None = None, finish: str | None = None,
@@ -270,6 +270,9 @@ class HostileModelServer:
             await stream.send(json_head + json.dumps({"data": [
                 {"id": 5}, {"id": "m-one"}, "m-str", {"id": "m-one"}, {"id": ""},
                 {"id": "bad\nid"}, {"id": "x" * 300}, {"name": "no id"}, {"id": "m-two"}]}).encode())
+        elif mode == "many":
+            await stream.send(json_head + json.dumps({"data": [
+                {"id": f"m-{n}"} for n in range(1500)]}).encode())
         elif mode == "html":
             await stream.send(head(200, "OK", {"Content-Type": "text/html"})
                               + b"<html><body>Welcome to the proxy</body></html>")

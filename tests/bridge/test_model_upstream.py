@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from bridge import Bridge
-from bridge.agents.model import ModelAgentFactory, discover_models
+from bridge.agents.model import MAX_MODELS, ModelAgentFactory, discover_models
 from bridge.agents.upstream import (INFLATE_STEP, BoundedBody, SseParser, UpstreamError,
                                     error_detail)
 from bridge.errors import AgentError
@@ -168,6 +168,9 @@ async def test_discover_models_keeps_usable_ids_once() -> None:
         assert await discover_models(upstream.url) == ["m-one", "m-two"]
         upstream.models_mode = "mixed"
         assert await discover_models(upstream.url) == ["m-one", "m-two"]
+        upstream.models_mode = "many"
+        many = await discover_models(upstream.url)
+        assert len(many) == MAX_MODELS and many[-1] == f"m-{MAX_MODELS - 1}"
 
 
 @pytest.mark.parametrize(("mode", "cause"), [
