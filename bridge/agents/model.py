@@ -7,8 +7,9 @@ OpenAI-compatible model server (Ollama, llama.cpp server, vLLM, LM Studio).
 
 Contracts:
 
-* Each session keeps its conversation (user and assistant turns, bounded to
-  ``max_history_messages``) and sends it whole with every prompt. A ``session/new``
+* Each session keeps its conversation (user and assistant turns, its newest
+  ``max_history_messages`` within ``max_history_chars`` (``MAX_HISTORY_CHARS``) in all,
+  the newest message always) and sends it whole with every prompt. A ``session/new``
   with ``_meta["acp-server/transcript"]`` (``bridge.transcript``: a session the server
   restores from its journal) starts with that conversation.
 * Streamed ``delta.content`` becomes ``agent_message_chunk`` updates in order.
@@ -64,6 +65,7 @@ METHOD_NOT_FOUND = -32601
 SESSION_NOT_FOUND = -32002
 
 MAX_REPLY_BYTES = 4 * 1024 * 1024   # one reply's text (UTF-8): past it the turn ends max_tokens
+MAX_HISTORY_CHARS = 16 * 1024 * 1024   # a session's conversation: the oldest messages go first
 READ_TIMEOUT_S = 300.0              # silence allowed before headers and between bytes
 CONNECT_TIMEOUT_S = 10.0
 FINISH_GRACE_S = 5.0                # after a finish_reason: wait this long for [DONE] or the end
@@ -221,7 +223,8 @@ class ModelAgentFactory:
 
     def __init__(self, base_url: str, *, model: str, name: str | None = None,
                  api_key: str | None = None, timeout_s: float = READ_TIMEOUT_S,
-                 max_history_messages: int = 200, max_reply_bytes: int = MAX_REPLY_BYTES,
+                 max_history_messages: int = 200, max_history_chars: int = MAX_HISTORY_CHARS,
+                 max_reply_bytes: int = MAX_REPLY_BYTES,
                  max_event_bytes: int = MAX_EVENT_BYTES,
                  max_stream_bytes: int = MAX_STREAM_BYTES,
                  finish_grace_s: float = FINISH_GRACE_S) -> None:
@@ -231,6 +234,7 @@ class ModelAgentFactory:
         self.api_key = api_key
         self.timeout_s = timeout_s
         self.max_history_messages = max_history_messages
+        self.max_history_chars = max_history_chars
         self.max_reply_bytes = max_reply_bytes
         self.max_event_bytes = max_event_bytes
         self.max_stream_bytes = max_stream_bytes
@@ -302,9 +306,10 @@ class ModelConnection:
             meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
             session_id = meta.get(REQUESTED_SESSION_ID_META) or uuid4_str()
             history = [{"role": "user" if role == "user" else "assistant", "content": text}
-                       for role, text in seeded(meta)][-self._factory.max_history_messages:]
-            self._sessions[session_id] = _ModelSession(session_id, str(params.get("cwd", "")),
-                                                       history)
+                       for role, text in seeded(meta)]
+            session = self._sessions[session_id] = _ModelSession(
+                session_id, str(params.get("cwd", "")), history)
+            self._trim(session)
             return {"sessionId": session_id}
         if method == "session/fork":
             source = self._session(params)
@@ -343,6 +348,7 @@ class ModelConnection:
         if session.scope is not None:
             raise AgentError(-32602, "A prompt is already running in this session")
         session.history.append({"role": "user", "content": _prompt_text(prompt)})
+        self._trim(session)
         reply = _Reply(self._factory.max_reply_bytes)
         outcome: dict[str, Any] = {"stopReason": "end_turn"}
         try:
@@ -357,8 +363,12 @@ class ModelConnection:
         finally:   # the text received is kept, also when the turn fails
             if reply.parts:
                 session.history.append({"role": "assistant", "content": "".join(reply.parts)})
-            del session.history[:-self._factory.max_history_messages]
+            self._trim(session)
         return outcome
+
+    def _trim(self, session: _ModelSession) -> None:
+        _trim(session.history, self._factory.max_history_messages,
+              self._factory.max_history_chars)
 
     async def _stream(self, session: _ModelSession, reply: _Reply) -> dict[str, Any]:
         url = self._factory.base_url + "/chat/completions"
@@ -482,6 +492,18 @@ class ModelConnection:
                 "update": {"sessionUpdate": "usage_update", "used": usage.total_tokens,
                            "size": 0, "_meta": {"acp-server/usage": result["usage"]}}})
         return result
+
+
+def _trim(history: list[dict[str, str]], max_messages: int, max_chars: int) -> None:
+    """Drop the oldest messages past ``max_messages`` or ``max_chars`` in all; the
+    newest message stays, whatever its size."""
+    del history[:-max_messages]
+    total = sum(len(message["content"]) for message in history)
+    drop = 0
+    while total > max_chars and drop < len(history) - 1:
+        total -= len(history[drop]["content"])
+        drop += 1
+    del history[:drop]
 
 
 def _prompt_text(prompt: Any) -> str:

@@ -94,6 +94,23 @@ async def test_an_endless_reply_ends_max_tokens_and_keeps_at_most_the_cap(tmp_pa
             assert kept[1]["content"] == shown   # the history holds what was shown, no more
 
 
+async def test_the_history_is_bounded_in_characters_newest_kept(tmp_path) -> None:
+    async with hostile_model_server() as upstream:
+        factory = ModelAgentFactory(upstream.url, model="m-one", max_history_chars=100)
+        async with Bridge(factory, workspace_cwd=str(tmp_path)) as bridge:
+            sid = (await bridge.create_session()).session_id
+            await bridge.send_prompt(sid, text("a" * 60))
+            await bridge.send_prompt(sid, text("b" * 60))
+            assert upstream.requests[-1]["messages"] == [{"role": "user", "content": "b" * 60}]
+            await bridge.send_prompt(sid, text("c" * 500))   # alone over the cap: still sent
+            assert upstream.requests[-1]["messages"] == [{"role": "user", "content": "c" * 500}]
+            await bridge.send_prompt(sid, text("d"))   # the 206-character reply went first
+            assert upstream.requests[-1]["messages"] == [{"role": "user", "content": "d"}]
+            await bridge.send_prompt(sid, text("e"))
+            assert [m["content"] for m in upstream.requests[-1]["messages"]] == [
+                "d", "pong: d", "e"]
+
+
 async def test_text_before_a_fault_stays_in_the_history(tmp_path) -> None:
     async with hostile_model_server() as upstream:
         async with Bridge(small_caps(upstream.url), workspace_cwd=str(tmp_path)) as bridge:
