@@ -135,8 +135,10 @@ async def discover_models(base_url: str, *, api_key: str | None = None,
             async with httpx.AsyncClient(timeout=timeout_s, headers=headers) as client, \
                     client.stream("GET", base + "/models") as response:
                 if response.status_code >= 300:
+                    hint = (" (an OpenAI-compatible base URL usually ends in /v1)"
+                            if response.status_code == 404 and not base.endswith("/v1") else "")
                     raise UpstreamError(_status_text(response, "/models")
-                                        + _colon(await error_detail(response)))
+                                        + _colon(await error_detail(response)) + hint)
                 body = BoundedBody(response, limit=max_bytes)
                 data = bytearray()
                 while chunk := await body.read():

@@ -207,6 +207,13 @@ async def test_discover_models_names_what_is_wrong(mode: str, cause: str) -> Non
         assert upstream.exhausted == []
 
 
+async def test_discover_models_hints_at_v1_on_a_404() -> None:
+    async with hostile_model_server() as upstream:
+        upstream.models_mode = "missing"
+        with pytest.raises(UpstreamError, match=r"usually ends in /v1\)$"):
+            await discover_models(upstream.url.removesuffix("/v1"))
+
+
 async def test_discover_models_names_an_unreachable_server() -> None:
     with pytest.raises(UpstreamError, match=r"cannot be reached \(ConnectError"):
         await discover_models(refused_url())

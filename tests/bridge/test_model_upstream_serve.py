@@ -7,25 +7,31 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
 import pytest
 from httpx_sse import aconnect_sse
 
+from tests.bridge.helpers import wait_until
 from tests.bridge.hostile_model_server import hostile_model_server, refused_url
 from tests.harness import ServeProcess
 
 pytestmark = pytest.mark.anyio
 
 
-async def run_turn(child: ServeProcess, sid: str, prompt: str) -> tuple[str, dict[str, Any], str]:
+async def run_turn(child: ServeProcess, sid: str, prompt: str, *,
+                   meanwhile: Callable[[], Awaitable[Any]] | None = None,
+                   ) -> tuple[str, dict[str, Any], str]:
     """(``turn_complete`` or ``turn_error``, its envelope's data, the text of the turn's
-    chunks)."""
+    chunks); ``meanwhile`` runs once the prompt was accepted."""
     posted = await child.client.post(f"/session/{sid}/prompt",
                                      json={"prompt": [{"type": "text", "text": prompt}]})
     assert posted.status_code == 202, posted.text
     accepted = posted.json()
+    if meanwhile is not None:
+        await meanwhile()
     shown = []
     with anyio.fail_after(60):   # a bound against a hang
         async with aconnect_sse(child.client, "GET", f"/session/{sid}/events",
@@ -73,13 +79,23 @@ async def test_upstream_faults_are_turn_errors_and_the_server_keeps_serving(tmp_
         kind, data, shown = await run_turn(child, sid, "ENDLESS_REPLY please")
         assert (kind, data["stopReason"]) == ("turn_complete", "max_tokens")
         assert 0 < len(shown.encode()) <= 4 * 1024 * 1024
+
+        async def cancel_when_stalled() -> None:
+            await wait_until(lambda: upstream.stalled == ["STALL_HEADERS"], timeout=30)
+            cancelled = await child.client.post(f"/session/{sid}/cancel")
+            assert cancelled.status_code == 204, cancelled.text
+
+        kind, data, _shown = await run_turn(child, sid, "STALL_HEADERS",
+                                            meanwhile=cancel_when_stalled)
+        assert (kind, data["stopReason"]) == ("turn_complete", "cancelled")
         kind, data, shown = await run_turn(child, sid, "all good again")
         assert (kind, data["stopReason"], shown) == ("turn_complete", "end_turn",
                                                      "pong: all good again")
         assert child.returncode is None
         assert upstream.exhausted == []
+        await wait_until(lambda: "STALL_HEADERS" in upstream.cut_off, timeout=30)
         assert sorted(upstream.cut_off) == sorted(["ENDLESS_LINE", "GZIP_BOMB", "ENDLESS_ERROR",
-                                                   "RESET", "ENDLESS_REPLY"])
+                                                   "RESET", "ENDLESS_REPLY", "STALL_HEADERS"])
         assert "Traceback" not in child.stderr_text()
 
 
