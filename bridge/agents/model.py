@@ -125,9 +125,9 @@ async def discover_models(base_url: str, *, api_key: str | None = None,
                           timeout_s: float = 10.0, max_bytes: int = MAX_EVENT_BYTES) -> list[str]:
     """The model ids the server lists at ``GET {base_url}/models``: each string ``id``
     once, in order, the first ``MAX_MODELS`` (an id that is empty, over
-    ``MAX_MODEL_ID_CHARS`` or holds control characters is skipped; logged). Within ``timeout_s`` in all and ``max_bytes`` of body, else
-    ``UpstreamError`` naming the cause (an error status, not JSON, the wrong shape,
-    unreachable)."""
+    ``MAX_MODEL_ID_CHARS`` or holds control characters is skipped; logged). Within
+    ``timeout_s`` in all and ``max_bytes`` of body, else ``UpstreamError`` naming the
+    cause (an error status, not JSON, the wrong shape, unreachable)."""
     base = base_url.rstrip("/")
     headers = {**_auth(api_key), "Accept": "application/json", "Accept-Encoding": "identity"}
     try:
