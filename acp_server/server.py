@@ -43,7 +43,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -145,7 +145,8 @@ async def open_server(settings: Settings, *, agent_factory: AgentFactory | None 
     children = ChildRegistry(settings.children_dir)
     children.reap_stale()   # agents that killed earlier runs left behind
     try:
-        models = await discover_models(settings.model_server) if settings.model_server else []
+        models = (await discover_models(settings.model_server, taken=settings.agent_names)
+                  if settings.model_server else [])
         config = lmsp_config or LmspConfig(permission_policy=settings.lmsp_permissions,
                                            keepalive_s=settings.lmsp_keepalive_s)
         store = lmsp_store or store_for(
@@ -242,8 +243,9 @@ async def open_server(settings: Settings, *, agent_factory: AgentFactory | None 
         children.close()   # every agent was stopped with the bridge
 
 
-async def discover_models(url: str) -> list[str]:
-    """The model ids ``url`` lists; none (logged) when it cannot be reached."""
+async def discover_models(url: str, *, taken: Iterable[str] = ()) -> list[str]:
+    """The model ids ``url`` lists, less those an agent configured by name already has
+    (that agent wins; logged); none (logged in one line) when they cannot be listed."""
     from bridge.agents.model import discover_models as list_models
 
     try:
@@ -251,5 +253,11 @@ async def discover_models(url: str) -> list[str]:
     except Exception as exc:  # the server still starts; the models are just not offered
         log.error("cannot list the models of %s: %s", url, exc)
         return []
+    names = set(taken)
+    clash = [m for m in models if m in names]
+    if clash:
+        log.warning("model server %s: not offering %s: an agent configured by name has it",
+                    url, ", ".join(clash))
+    models = [m for m in models if m not in names]
     log.info("model server %s offers: %s", url, ", ".join(models) or "(none)")
     return models

@@ -313,6 +313,13 @@ class Settings:
             return AgentProfile(REFERENCE_AGENT)
         return AgentProfile(os.path.basename(argv[0]), tuple(argv))
 
+    @property
+    def agent_names(self) -> frozenset[str]:
+        """The names of the agents configured here (the default, the named ones and
+        ``reference``): a model id of ``--model-server`` must not take one."""
+        return frozenset({self.default_profile.name, REFERENCE_AGENT,
+                          *(p.name for p in self.agent_profiles)})
+
     def agent_factory(self, registry: ChildRegistry | None = None) -> AgentFactory:
         """The default agent: the reference agent in-process, or the command as a
         stdio ACP agent (without the server's token in its environment)."""

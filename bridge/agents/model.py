@@ -7,34 +7,55 @@ OpenAI-compatible model server (Ollama, llama.cpp server, vLLM, LM Studio).
 
 Contracts:
 
-* Each session keeps its conversation (user and assistant turns, bounded to
-  ``max_history_messages``) and sends it whole with every prompt. A ``session/new``
+* Each session keeps its conversation (user and assistant turns, its newest
+  ``max_history_messages`` within ``max_history_chars`` (``MAX_HISTORY_CHARS``) in all,
+  the newest message always) and sends it whole with every prompt. A ``session/new``
   with ``_meta["acp-server/transcript"]`` (``bridge.transcript``: a session the server
   restores from its journal) starts with that conversation.
 * Streamed ``delta.content`` becomes ``agent_message_chunk`` updates in order.
   ``finish_reason`` maps ``stop``/``tool_calls`` → ``end_turn``, ``length`` →
   ``max_tokens``, ``content_filter`` → ``refusal``. Usage (``stream_options.include_usage``)
   is passed on as the response's ``usage`` and a ``usage_update``.
-* ``session/cancel`` closes the upstream stream at once; the turn ends ``cancelled``
-  with the text received so far kept in the history.
-* An upstream error status, a connection failure or a timeout ends the turn with a
-  JSON-RPC error (-32603) whose message names the server and the cause.
+* ``session/cancel`` closes the upstream stream at once (also while it is silent, before
+  or after its headers); the turn ends ``cancelled``. The text received so far is kept
+  in the history, on cancel and on an error alike.
+* The upstream is not trusted (``bridge.agents.upstream`` reads it): one SSE line or
+  event over ``max_event_bytes`` (``MAX_EVENT_BYTES``), or a body over
+  ``max_stream_bytes`` (``MAX_STREAM_BYTES``), ends the turn with an error and closes the
+  connection; caps count decoded bytes (gzip included). A reply whose text passes
+  ``max_reply_bytes`` (``MAX_REPLY_BYTES``) ends the turn ``max_tokens`` with the text
+  up to the cap. An error body is read only as far as it is quoted.
+* Every fault ends the turn with a JSON-RPC error (-32603) whose message is ``Model
+  server URL <cause>`` (``Cannot reach model server URL: ...`` when unreachable): an
+  error status (with its ``Retry-After`` and the body's error message; never retried),
+  a redirect (named, not followed), an error the server streams (``data: {"error":
+  ...}`` or ``event: error``), a content type that is no event stream, a chunk that is
+  not a ``chat.completion.chunk``, a connection broken off, a stream that ends with
+  neither a ``finish_reason`` nor ``[DONE]``, ``timeout_s`` (``READ_TIMEOUT_S``) without
+  a byte. A JSON ``chat.completion`` (a server that ignores ``stream``) is taken whole.
+* After a ``finish_reason`` the stream may end without ``[DONE]``, or stay open: after
+  ``finish_grace_s`` (``FINISH_GRACE_S``) of silence the turn ends normally.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import anyio
 import anyio.abc
 import httpx
 import msgspec
-from httpx_sse import aconnect_sse
 
 from bridge.agents.base import AgentClient
+from bridge.agents.upstream import (MAX_EVENT_BYTES, MAX_STREAM_BYTES, BoundedBody, SseParser,
+                                    UpstreamError, body_message, error_detail, error_message,
+                                    size_text)
 from bridge.errors import AgentDiedError, AgentError
 from bridge.ids import uuid4_str
 from bridge.transcript import seeded
+
+logger = logging.getLogger(__name__)
 
 REQUESTED_SESSION_ID_META = "acp-server/requestedSessionId"
 FINISH_TO_STOP = {"stop": "end_turn", "tool_calls": "end_turn", "function_call": "end_turn",
@@ -42,6 +63,16 @@ FINISH_TO_STOP = {"stop": "end_turn", "tool_calls": "end_turn", "function_call":
 INTERNAL_ERROR = -32603
 METHOD_NOT_FOUND = -32601
 SESSION_NOT_FOUND = -32002
+
+MAX_REPLY_BYTES = 4 * 1024 * 1024   # one reply's text (UTF-8): past it the turn ends max_tokens
+MAX_HISTORY_CHARS = 16 * 1024 * 1024   # a session's conversation: the oldest messages go first
+READ_TIMEOUT_S = 300.0              # silence allowed before headers and between bytes
+CONNECT_TIMEOUT_S = 10.0
+FINISH_GRACE_S = 5.0                # after a finish_reason: wait this long for [DONE] or the end
+MAX_MODEL_ID_CHARS = 256
+MAX_MODELS = 1000                   # model ids taken from /models; the rest are skipped
+_STREAM_HEADERS = {"Accept": "text/event-stream", "Accept-Encoding": "identity",
+                   "Cache-Control": "no-store"}
 
 
 class _Delta(msgspec.Struct):
@@ -62,42 +93,154 @@ class _Usage(msgspec.Struct):
 class _Chunk(msgspec.Struct):
     choices: list[_Choice] = []
     usage: _Usage | None = None
+    error: Any = None
+
+
+class _Message(msgspec.Struct):
+    content: str | None = None
+
+
+class _WholeChoice(msgspec.Struct):
+    message: _Message | None = None
+    finish_reason: str | None = None
+
+
+class _Completion(msgspec.Struct):
+    """A whole ``chat.completion``: what a server that ignores ``stream`` answers."""
+    choices: list[_WholeChoice] = []
+    usage: _Usage | None = None
+    error: Any = None
 
 
 class _Models(msgspec.Struct):
-    data: list[dict[str, Any]] = []
+    data: list[Any]
 
 
 _chunk_decoder = msgspec.json.Decoder(_Chunk)
+_completion_decoder = msgspec.json.Decoder(_Completion)
 _models_decoder = msgspec.json.Decoder(_Models)
 
 
 async def discover_models(base_url: str, *, api_key: str | None = None,
-                          timeout_s: float = 10.0) -> list[str]:
-    """The model ids the server lists at ``GET {base_url}/models``."""
-    async with httpx.AsyncClient(timeout=timeout_s, headers=_auth(api_key)) as client:
-        response = await client.get(base_url.rstrip("/") + "/models")
-        response.raise_for_status()
-        models = _models_decoder.decode(response.content)
-    return [m["id"] for m in models.data if isinstance(m.get("id"), str)]
+                          timeout_s: float = 10.0, max_bytes: int = MAX_EVENT_BYTES) -> list[str]:
+    """The model ids the server lists at ``GET {base_url}/models``: each string ``id``
+    once, in order, the first ``MAX_MODELS`` (an id that is empty, over
+    ``MAX_MODEL_ID_CHARS`` or holds control characters is skipped; logged). Within
+    ``timeout_s`` in all and ``max_bytes`` of body, else ``UpstreamError`` naming the
+    cause (an error status, not JSON, the wrong shape, unreachable)."""
+    base = base_url.rstrip("/")
+    headers = {**_auth(api_key), "Accept": "application/json", "Accept-Encoding": "identity"}
+    try:
+        with anyio.fail_after(timeout_s):
+            async with httpx.AsyncClient(timeout=timeout_s, headers=headers) as client, \
+                    client.stream("GET", base + "/models") as response:
+                if response.status_code >= 300:
+                    hint = (" (an OpenAI-compatible base URL usually ends in /v1)"
+                            if response.status_code == 404 and not base.endswith("/v1") else "")
+                    raise UpstreamError(_status_text(response, "/models")
+                                        + _colon(await error_detail(response)) + hint)
+                body = BoundedBody(response, limit=max_bytes)
+                data = bytearray()
+                while chunk := await body.read():
+                    data += chunk
+                kind = _content_type(response)
+    except TimeoutError:
+        raise UpstreamError(f"did not list its models at /models within {timeout_s:g} s") from None
+    except httpx.HTTPError as exc:
+        raise UpstreamError(_transport_text(exc, timeout_s)) from None
+    try:
+        models = _models_decoder.decode(data)
+    except msgspec.ValidationError as exc:
+        raise UpstreamError(f'listed its models at /models in an unknown shape ({exc}; '
+                            f'expected {{"data": [{{"id": ...}}]}})') from None
+    except msgspec.DecodeError:
+        raise UpstreamError(f"answered /models with {kind or 'no Content-Type'}, not JSON: "
+                            f"{body_message(bytes(data[:200]))[:120]!r}") from None
+    ids: dict[str, None] = {}
+    skipped = 0
+    for item in models.data:
+        model = item.get("id") if isinstance(item, dict) else None
+        if isinstance(model, str) and 0 < len(model) <= MAX_MODEL_ID_CHARS \
+                and model.isprintable() and model.strip() == model:
+            ids[model] = None
+        else:
+            skipped += 1
+    if skipped:
+        logger.warning("model server %s: skipped %d /models entries without a usable id",
+                       base, skipped)
+    if len(ids) > MAX_MODELS:
+        logger.warning("model server %s lists %d models: offering the first %d",
+                       base, len(ids), MAX_MODELS)
+    return list(ids)[:MAX_MODELS]
 
 
 def _auth(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
+def _content_type(response: httpx.Response) -> str:
+    return response.headers.get("content-type", "").partition(";")[0].strip().lower()
+
+
+def _colon(detail: str) -> str:
+    return f": {detail}" if detail else ""
+
+
+def _status_text(response: httpx.Response, where: str) -> str:
+    """``answered 429 (Retry-After: 30)``; a redirect names where it points."""
+    status = response.status_code
+    text = f"answered {status}"
+    if where:
+        text += f" at {where}"
+    if 300 <= status < 400:
+        location = response.headers.get("location", "")[:200]
+        return (text + f", a redirect to {location!r} (not followed: give the model "
+                f"server's final URL)")
+    retry = response.headers.get("retry-after", "")[:40]
+    return text + (f" (Retry-After: {retry})" if retry else "")
+
+
+def _transport_text(exc: httpx.HTTPError, read_timeout_s: float) -> str:
+    """What a transport failure says after the server's name."""
+    cause = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
+        return f"cannot be reached ({cause})"
+    if isinstance(exc, httpx.ReadTimeout):
+        return f"sent nothing for {read_timeout_s:g} s (the read timeout)"
+    if isinstance(exc, httpx.TimeoutException):
+        return f"timed out ({cause})"
+    return f"broke off the reply ({cause})"
+
+
+def _turn_error(base_url: str, cause: str) -> AgentError:
+    if cause.startswith("cannot be reached "):
+        return AgentError(INTERNAL_ERROR, f"Cannot reach model server {base_url}: "
+                          f"{cause.removeprefix('cannot be reached ')}")
+    return AgentError(INTERNAL_ERROR, f"Model server {base_url} {cause}")
+
+
 class ModelAgentFactory:
-    """``AgentFactory`` for one model of one OpenAI-compatible server."""
+    """``AgentFactory`` for one model of one OpenAI-compatible server. The limits are
+    the module's constants unless given (tests give small ones)."""
 
     def __init__(self, base_url: str, *, model: str, name: str | None = None,
-                 api_key: str | None = None, timeout_s: float = 300.0,
-                 max_history_messages: int = 200) -> None:
+                 api_key: str | None = None, timeout_s: float = READ_TIMEOUT_S,
+                 max_history_messages: int = 200, max_history_chars: int = MAX_HISTORY_CHARS,
+                 max_reply_bytes: int = MAX_REPLY_BYTES,
+                 max_event_bytes: int = MAX_EVENT_BYTES,
+                 max_stream_bytes: int = MAX_STREAM_BYTES,
+                 finish_grace_s: float = FINISH_GRACE_S) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.name = name or model
         self.api_key = api_key
         self.timeout_s = timeout_s
         self.max_history_messages = max_history_messages
+        self.max_history_chars = max_history_chars
+        self.max_reply_bytes = max_reply_bytes
+        self.max_event_bytes = max_event_bytes
+        self.max_stream_bytes = max_stream_bytes
+        self.finish_grace_s = finish_grace_s
 
     async def connect(self, client: AgentClient, task_group: anyio.abc.TaskGroup) -> ModelConnection:
         return ModelConnection(self, client)
@@ -113,14 +256,35 @@ class _ModelSession:
         self.scope: anyio.CancelScope | None = None
 
 
+class _Reply:
+    """The reply's text so far, at most ``cap`` bytes (UTF-8)."""
+
+    __slots__ = ("parts", "size", "cap")
+
+    def __init__(self, cap: int) -> None:
+        self.parts: list[str] = []
+        self.size = 0
+        self.cap = cap
+
+    def add(self, text: str) -> bool:
+        """Keep ``text``; ``False`` (and nothing kept) when it would pass the cap."""
+        size = len(text.encode())
+        if self.size + size > self.cap:
+            return False
+        self.parts.append(text)
+        self.size += size
+        return True
+
+
 class ModelConnection:
     """An in-process ``AgentConnection`` speaking to the model server over HTTP."""
 
     def __init__(self, factory: ModelAgentFactory, client: AgentClient) -> None:
         self._factory = factory
         self._client = client
-        self._http = httpx.AsyncClient(timeout=httpx.Timeout(factory.timeout_s, connect=10.0),
-                                       headers=_auth(factory.api_key))
+        self._http = httpx.AsyncClient(
+            timeout=httpx.Timeout(factory.timeout_s, connect=CONNECT_TIMEOUT_S),
+            headers=_auth(factory.api_key))
         self._sessions: dict[str, _ModelSession] = {}
         self._closed = False
 
@@ -144,9 +308,10 @@ class ModelConnection:
             meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
             session_id = meta.get(REQUESTED_SESSION_ID_META) or uuid4_str()
             history = [{"role": "user" if role == "user" else "assistant", "content": text}
-                       for role, text in seeded(meta)][-self._factory.max_history_messages:]
-            self._sessions[session_id] = _ModelSession(session_id, str(params.get("cwd", "")),
-                                                       history)
+                       for role, text in seeded(meta)]
+            session = self._sessions[session_id] = _ModelSession(
+                session_id, str(params.get("cwd", "")), history)
+            self._trim(session)
             return {"sessionId": session_id}
         if method == "session/fork":
             source = self._session(params)
@@ -185,58 +350,140 @@ class ModelConnection:
         if session.scope is not None:
             raise AgentError(-32602, "A prompt is already running in this session")
         session.history.append({"role": "user", "content": _prompt_text(prompt)})
-        parts: list[str] = []
+        self._trim(session)
+        reply = _Reply(self._factory.max_reply_bytes)
         outcome: dict[str, Any] = {"stopReason": "end_turn"}
-        with anyio.CancelScope() as scope:
-            session.scope = scope
-            try:
-                outcome = await self._stream(session, parts)
-            finally:
-                session.scope = None
-        if scope.cancelled_caught:
-            outcome = {"stopReason": "cancelled"}
-        reply = "".join(parts)
-        if reply:
-            session.history.append({"role": "assistant", "content": reply})
-        del session.history[:-self._factory.max_history_messages]
+        try:
+            with anyio.CancelScope() as scope:
+                session.scope = scope
+                try:
+                    outcome = await self._stream(session, reply)
+                finally:
+                    session.scope = None
+            if scope.cancelled_caught:
+                outcome = {"stopReason": "cancelled"}
+        finally:   # the text received is kept, also when the turn fails
+            if reply.parts:
+                session.history.append({"role": "assistant", "content": "".join(reply.parts)})
+            self._trim(session)
         return outcome
 
-    async def _stream(self, session: _ModelSession, parts: list[str]) -> dict[str, Any]:
+    def _trim(self, session: _ModelSession) -> None:
+        _trim(session.history, self._factory.max_history_messages,
+              self._factory.max_history_chars)
+
+    async def _stream(self, session: _ModelSession, reply: _Reply) -> dict[str, Any]:
         url = self._factory.base_url + "/chat/completions"
         body = {"model": self._factory.model, "messages": session.history, "stream": True,
                 "stream_options": {"include_usage": True}}
-        stop_reason, usage = "end_turn", None
         try:
-            async with aconnect_sse(self._http, "POST", url, json=body) as source:
-                response = source.response
-                if response.status_code >= 400:
-                    detail = (await response.aread())[:500].decode("utf-8", "replace")
-                    raise AgentError(INTERNAL_ERROR, f"Model server {self._factory.base_url} "
-                                     f"answered {response.status_code}: {detail}")
-                async for sse in source.aiter_sse():
-                    if sse.data.strip() == "[DONE]":
-                        break
-                    chunk = _chunk_decoder.decode(sse.data)
-                    if chunk.usage is not None:
-                        usage = chunk.usage
-                    for choice in chunk.choices:
-                        text = choice.delta.content if choice.delta is not None else None
-                        if text:
-                            parts.append(text)
-                            self._client.session_update(session.session_id, {
-                                "sessionId": session.session_id,
-                                "update": {"sessionUpdate": "agent_message_chunk",
-                                           "content": {"type": "text", "text": text}}})
-                        if choice.finish_reason:
-                            stop_reason = FINISH_TO_STOP.get(choice.finish_reason, "end_turn")
-        except httpx.TimeoutException as exc:
-            raise AgentError(INTERNAL_ERROR, f"Model server {self._factory.base_url} timed out: "
-                             f"{type(exc).__name__}") from None
+            async with self._http.stream("POST", url, json=body,
+                                         headers=_STREAM_HEADERS) as response:
+                if response.status_code >= 300:
+                    raise UpstreamError(_status_text(response, "")
+                                        + _colon(await error_detail(response)))
+                kind = _content_type(response)
+                if kind == "application/json":
+                    return self._result(session, *await self._whole(session, reply, response))
+                if kind not in ("", "text/event-stream"):
+                    raise UpstreamError(
+                        f"answered {response.status_code} with Content-Type {kind!r}, not an "
+                        f"event stream" + _colon(await error_detail(response, limit=200)))
+                return self._result(session, *await self._events(session, reply, response))
+        except UpstreamError as exc:
+            raise _turn_error(self._factory.base_url, str(exc)) from None
         except httpx.HTTPError as exc:
-            raise AgentError(INTERNAL_ERROR, f"Cannot reach model server "
-                             f"{self._factory.base_url}: {exc}") from None
+            raise _turn_error(self._factory.base_url,
+                              _transport_text(exc, self._factory.timeout_s)) from None
+
+    async def _events(self, session: _ModelSession, reply: _Reply,
+                      response: httpx.Response) -> tuple[str, _Usage | None]:
+        """The event stream, to ``[DONE]``, to its end after a ``finish_reason``, or to
+        ``finish_grace_s`` of silence after one."""
+        source = BoundedBody(response, limit=self._factory.max_stream_bytes)
+        parser = SseParser(max_event_bytes=self._factory.max_event_bytes)
+        stop_reason: str | None = None
+        usage: _Usage | None = None
+        while True:
+            data = b""
+            with anyio.move_on_after(self._factory.finish_grace_s if stop_reason else None):
+                data = await source.read()
+            if not data:   # the end, or silence after the finish
+                break
+            for event, text in parser.feed(data):
+                if text.strip() == "[DONE]":
+                    return stop_reason or "end_turn", usage
+                if event == "error":
+                    raise UpstreamError(f"reported an error: {body_message(text.encode())[:500]}")
+                if not text.strip():
+                    continue
+                chunk = self._decode(text)
+                if chunk.usage is not None:
+                    usage = chunk.usage
+                for choice in chunk.choices:
+                    content = choice.delta.content if choice.delta is not None else None
+                    if content and not self._emit(session, reply, content):
+                        return "max_tokens", usage
+                    if choice.finish_reason:
+                        stop_reason = FINISH_TO_STOP.get(choice.finish_reason, "end_turn")
+        if stop_reason is None:
+            raise UpstreamError("ended the stream before the reply finished (no finish_reason, "
+                                "no [DONE])")
+        return stop_reason, usage
+
+    def _decode(self, text: str) -> _Chunk:
+        try:
+            chunk = _chunk_decoder.decode(text)
         except msgspec.DecodeError as exc:
-            raise AgentError(INTERNAL_ERROR, f"Model server sent an invalid chunk: {exc}") from None
+            raise UpstreamError(f"sent a chunk that is not a chat.completion.chunk ({exc}): "
+                                f"{text[:120]!r}") from None
+        if chunk.error is not None:
+            message = error_message(chunk.error) or repr(chunk.error)[:300]
+            raise UpstreamError(f"reported an error: {message}")
+        return chunk
+
+    def _emit(self, session: _ModelSession, reply: _Reply, text: str) -> bool:
+        """One ``agent_message_chunk``; ``False`` (nothing sent) past the reply's cap."""
+        if not reply.add(text):
+            logger.warning("model server %s: reply in session %s over %s, turn ended "
+                           "max_tokens", self._factory.base_url, session.session_id,
+                           size_text(reply.cap))
+            return False
+        self._client.session_update(session.session_id, {
+            "sessionId": session.session_id,
+            "update": {"sessionUpdate": "agent_message_chunk",
+                       "content": {"type": "text", "text": text}}})
+        return True
+
+    async def _whole(self, session: _ModelSession, reply: _Reply,
+                     response: httpx.Response) -> tuple[str, _Usage | None]:
+        """A JSON answer: a whole completion (a server that does not stream) or an
+        error in the OpenAI shape."""
+        body = BoundedBody(response, limit=self._factory.max_event_bytes)
+        data = bytearray()
+        while chunk := await body.read():
+            data += chunk
+        try:
+            completion = _completion_decoder.decode(data)
+        except msgspec.DecodeError:
+            completion = None
+        if completion is not None and completion.error is not None:
+            message = error_message(completion.error) or repr(completion.error)[:300]
+            raise UpstreamError(f"reported an error: {message}")
+        if completion is None or not completion.choices:
+            raise UpstreamError(f"answered {response.status_code} with JSON that is neither a "
+                                f"stream nor a completion: {body_message(bytes(data[:300]))[:200]}")
+        stop_reason = "end_turn"
+        for choice in completion.choices[:1]:
+            content = choice.message.content if choice.message is not None else None
+            if content and not self._emit(session, reply, content):
+                return "max_tokens", completion.usage
+            if choice.finish_reason:
+                stop_reason = FINISH_TO_STOP.get(choice.finish_reason, "end_turn")
+        return stop_reason, completion.usage
+
+    def _result(self, session: _ModelSession, stop_reason: str,
+                usage: _Usage | None) -> dict[str, Any]:
         result: dict[str, Any] = {"stopReason": stop_reason}
         if usage is not None:
             result["usage"] = {"inputTokens": usage.prompt_tokens,
@@ -247,6 +494,18 @@ class ModelConnection:
                 "update": {"sessionUpdate": "usage_update", "used": usage.total_tokens,
                            "size": 0, "_meta": {"acp-server/usage": result["usage"]}}})
         return result
+
+
+def _trim(history: list[dict[str, str]], max_messages: int, max_chars: int) -> None:
+    """Drop the oldest messages past ``max_messages`` or ``max_chars`` in all; the
+    newest message stays, whatever its size."""
+    del history[:-max_messages]
+    total = sum(len(message["content"]) for message in history)
+    drop = 0
+    while total > max_chars and drop < len(history) - 1:
+        total -= len(history[drop]["content"])
+        drop += 1
+    del history[:drop]
 
 
 def _prompt_text(prompt: Any) -> str:

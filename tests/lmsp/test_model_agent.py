@@ -1,6 +1,7 @@
 """LMSP tasks on the model agent (an OpenAI-compatible server; here the project's fake
 one on a loopback port): streamed deltas, and ``finish_reason: length`` →
-``response.incomplete``."""
+``response.incomplete``; against a hostile one (``tests.bridge.hostile_model_server``) an
+upstream fault fails the task with the cause."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 
 from acp_server.profiles import AgentProfile
 from tests.bridge.fake_model_server import FakeModelState, build_fake_model_app
+from tests.bridge.hostile_model_server import hostile_model_server
 from tests.harness import local_server, serving
 from tests.lmsp.server import LmspServer
 
@@ -47,3 +49,22 @@ async def test_model_agent_tasks(tmp_path: Path) -> None:
             frames = await srv.events(cut["id"])
             assert frames[-1][1] == "response.incomplete"
             assert state.requests[-1]["model"] == "fake-small"
+
+
+async def test_an_upstream_fault_fails_the_task_with_its_cause(tmp_path: Path) -> None:
+    async with hostile_model_server() as upstream:
+        model = AgentProfile("m-one", model_server=upstream.url)
+        async with local_server(tmp_path, kind=LmspServer, agent_profiles=(model,)) as srv:
+            async def run(text: str) -> dict:  # type: ignore[type-arg]
+                response = await srv.client.post("/lmsp/v1/tasks", json={
+                    "type": "response", "input": {"model": "m-one", "input": text}})
+                assert response.status_code == 202, response.text
+                return await srv.wait(response.json()["id"])  # type: ignore[no-any-return]
+
+            failed = await run("STREAM_ERROR")
+            assert failed["status"] == "failed"
+            assert failed["error"]["code"] == "agent_error"
+            assert failed["error"]["detail"] == (
+                f"Model server {upstream.url} reported an error: The upstream model crashed "
+                "(type server_error, code model_crashed)")
+            assert (await run("fine"))["status"] == "succeeded"

@@ -1,0 +1,217 @@
+"""Bounded reading of an OpenAI-compatible model server's HTTP responses (the model
+agent's upstream: a server we do not control, reached over the network).
+
+    body = BoundedBody(response, limit=MAX_STREAM_BYTES)
+    events = SseParser(max_event_bytes=MAX_EVENT_BYTES)
+    while chunk := await body.read():
+        for event, data in events.feed(chunk):
+            ...
+    detail = await error_detail(response)          # an error status's body, cut
+
+Contracts:
+
+* Every limit counts decoded bytes: ``BoundedBody`` reads the raw body and inflates
+  ``gzip``/``deflate`` itself, at most ``INFLATE_STEP`` bytes at a time, so a small
+  compressed body that expands hugely is cut at ``limit`` like a plain one (the client
+  asks for ``Accept-Encoding: identity``; another coding is an ``UpstreamError``).
+* ``SseParser`` is the event-stream format (lines end in CRLF, LF or CR; ``data:``
+  lines join with LF; comments and ``id``/``retry`` fields ignored; an event without
+  data is none). One line, or one event's data, over ``max_event_bytes`` is an
+  ``UpstreamError``: what it keeps is bounded by the cap whatever the server sends.
+* ``error_detail`` reads at most ``ERROR_DETAIL_BYTES`` of a body and never more, and
+  names an OpenAI-shaped ``{"error": {"message": ...}}``'s message when there is one.
+* ``UpstreamError``'s message is a cause ("sent an SSE event over 4 MiB"), to be put
+  after the server's name.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import msgspec
+
+MIB = 1024 * 1024
+MAX_EVENT_BYTES = 4 * MIB      # one SSE line or one event's data (a chunk is ~200 bytes)
+MAX_STREAM_BYTES = 256 * MIB   # one response body, decoded (~1M tokens of chunk framing)
+ERROR_DETAIL_BYTES = 2048      # what is read of an error status's body
+INFLATE_STEP = 64 * 1024       # decoded bytes per step of a compressed body
+
+_EOL = re.compile(rb"\r\n|\r|\n")
+
+
+class UpstreamError(Exception):
+    """The server misbehaved; the message says how (it follows the server's name)."""
+
+
+def size_text(limit: int) -> str:
+    """``4 MiB``, ``64 KiB``, ``100 bytes``."""
+    if limit >= MIB and limit % MIB == 0:
+        return f"{limit // MIB} MiB"
+    if limit >= 1024 and limit % 1024 == 0:
+        return f"{limit // 1024} KiB"
+    return f"{limit} bytes"
+
+
+class BoundedBody:
+    """A response body, decoded, read chunk by chunk; past ``limit`` bytes in all,
+    ``read`` raises ``UpstreamError``. ``b""`` at the end."""
+
+    def __init__(self, response: httpx.Response, *, limit: int) -> None:
+        coding = response.headers.get("content-encoding", "").strip().lower()
+        if coding in ("", "identity"):
+            self._inflater = None
+        elif coding in ("gzip", "x-gzip", "deflate"):
+            # 32 + MAX_WBITS: a gzip or a zlib header, found out from the body.
+            self._inflater = zlib.decompressobj(32 + zlib.MAX_WBITS)
+        else:
+            raise UpstreamError(f"sent Content-Encoding {coding!r}, which the model agent "
+                                f"does not decode (it asks for identity)")
+        self._raw: AsyncIterator[bytes] = response.aiter_raw()
+        self._pending = b""      # compressed bytes not inflated yet
+        self._ended = False      # the raw body ended (what zlib holds may still come)
+        self._limit = limit
+        self.total = 0
+
+    async def read(self) -> bytes:
+        while True:
+            if self._inflater is None:
+                chunk = await anext(self._raw, b"")
+            else:
+                if not self._pending and not self._ended:
+                    self._pending = await anext(self._raw, b"")
+                    self._ended = not self._pending
+                try:
+                    chunk = self._inflater.decompress(self._pending, INFLATE_STEP)
+                except zlib.error as exc:
+                    raise UpstreamError(f"sent a body its Content-Encoding does not "
+                                        f"decode ({exc})") from None
+                self._pending = self._inflater.unconsumed_tail
+                if not chunk and not self._ended:
+                    continue
+            if not chunk:
+                return b""
+            self.total += len(chunk)
+            if self.total > self._limit:
+                raise UpstreamError(f"sent more than {size_text(self._limit)} in one reply")
+            return chunk
+
+    async def read_at_most(self, size: int) -> bytes:
+        """Up to ``size`` bytes (fewer at the end); reads nothing past them."""
+        kept = bytearray()
+        while len(kept) < size:
+            chunk = await self.read()
+            if not chunk:
+                break
+            kept += chunk
+        return bytes(kept[:size])
+
+
+class SseParser:
+    """Bytes in, ``(event type, data)`` out; lines and events bounded."""
+
+    def __init__(self, *, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
+        self._max = max_event_bytes
+        self._line = bytearray()      # the line being read, without its end
+        self._skip_lf = False         # the last chunk ended in CR: a next LF is its pair
+        self._data: list[str] = []
+        self._data_bytes = 0
+        self._event = ""
+
+    @property
+    def kept(self) -> int:
+        """Bytes held now (the open line and the event's data): at most the cap."""
+        return len(self._line) + self._data_bytes
+
+    def feed(self, chunk: bytes) -> list[tuple[str, str]]:
+        if self._skip_lf and chunk[:1] == b"\n":
+            chunk = chunk[1:]
+        self._skip_lf = False
+        events: list[tuple[str, str]] = []
+        start = 0
+        for end in _EOL.finditer(chunk):
+            self._line += chunk[start:end.start()]
+            self._check()
+            event = self._take_line()
+            if event is not None:
+                events.append(event)
+            start = end.end()
+            self._skip_lf = end.group() == b"\r" and start == len(chunk)
+        self._line += chunk[start:]
+        self._check()
+        return events
+
+    def _check(self) -> None:
+        if self.kept > self._max:
+            raise UpstreamError(f"sent an SSE line or event over {size_text(self._max)}")
+
+    def _take_line(self) -> tuple[str, str] | None:
+        line = self._line.decode("utf-8", "replace")
+        self._line.clear()
+        if not line:
+            return self._dispatch()
+        if line.startswith(":"):
+            return None
+        name, colon, value = line.partition(":")
+        if colon and value.startswith(" "):
+            value = value[1:]
+        if name == "data":
+            self._data.append(value)
+            self._data_bytes += len(value) + 1
+        elif name == "event":
+            self._event = value
+        return None
+
+    def _dispatch(self) -> tuple[str, str] | None:
+        data, event = "\n".join(self._data), self._event or "message"
+        had_data = bool(self._data)
+        self._data, self._data_bytes, self._event = [], 0, ""
+        return (event, data) if had_data else None
+
+
+class _ErrorBody(msgspec.Struct):
+    error: Any = None
+    message: Any = None
+    detail: Any = None
+
+
+def error_message(value: Any) -> str | None:
+    """The message of an OpenAI-shaped error value (``{"message", "type", "code"}`` or
+    a plain string), with its type and code when given."""
+    if isinstance(value, str):
+        return value.strip() or None
+    if not isinstance(value, dict):
+        return None
+    message = value.get("message")
+    if not isinstance(message, str) or not message.strip():
+        return None
+    extra = [f"{key} {value[key]}" for key in ("type", "code")
+             if isinstance(value.get(key), (str, int)) and value.get(key) not in ("", None)]
+    return message.strip() + (f" ({', '.join(extra)})" if extra else "")
+
+
+def body_message(data: bytes) -> str:
+    """An error body as one short text: the JSON error's message, else the text."""
+    try:
+        parsed = msgspec.json.decode(data, type=_ErrorBody)
+    except msgspec.DecodeError:
+        parsed = None
+    if parsed is not None:
+        for value in (parsed.error, parsed.message, parsed.detail):
+            message = error_message(value)
+            if message:
+                return message
+    return " ".join(data.decode("utf-8", "replace").split())
+
+
+async def error_detail(response: httpx.Response, *, limit: int = ERROR_DETAIL_BYTES) -> str:
+    """At most ``limit`` bytes of an error body, as one short text (``""`` for none,
+    and for a body that cannot be read: the status says enough)."""
+    try:
+        data = await BoundedBody(response, limit=MAX_EVENT_BYTES).read_at_most(limit)
+    except (UpstreamError, httpx.HTTPError):
+        return ""
+    return body_message(data)[:500]

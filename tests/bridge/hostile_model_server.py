@@ -1,0 +1,328 @@
+"""A misbehaving OpenAI-compatible model server: raw HTTP/1.1 on a loopback port, so
+that it can send what no well-behaved framework would (an endless line, a reset, a
+gzip bomb, a stall before the headers).
+
+    async with hostile_model_server() as upstream:          # upstream.url ends in /v1
+        factory = ModelAgentFactory(upstream.url, model="m")
+        ...   # the prompt's last words pick the behaviour: "ENDLESS_LINE please"
+        await wait_until(lambda: upstream.cut_off == ["ENDLESS_LINE"])
+
+Contracts:
+
+* ``POST /v1/chat/completions``: the first word of ``BEHAVIOURS`` found in the last
+  message's text picks what is sent; none → a well-behaved ``pong: <text>`` reply in
+  three chunks, a finish, a usage chunk and ``[DONE]``. Every request is recorded in
+  ``requests`` (its JSON body) and the behaviour in ``seen``.
+* ``GET /v1/models``: ``models_mode`` picks (``MODELS_MODES``); ``"ok"`` lists
+  ``["m-one", "m-two"]``.
+* One request per connection (``Connection: close``); bodies are close-delimited.
+* Endless behaviours write until the client closes the connection (then the behaviour
+  is appended to ``cut_off``) or ``budget`` bytes were sent (then to ``exhausted``: the
+  client never gave up, a failure for the test to see). Stalls wait for the client to
+  close (→ ``cut_off``), at most ``STALL_LIMIT_S``. Nothing here runs unbounded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import json
+import socket
+import struct
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import anyio.abc
+from anyio.abc import SocketAttribute
+
+STALL_LIMIT_S = 60.0
+BLOCK = 64 * 1024
+SSE = {"Content-Type": "text/event-stream"}
+BEHAVIOURS = ("ENDLESS_LINE", "ENDLESS_EVENT", "ENDLESS_REPLY", "ENDLESS_ERROR", "STREAM_ERROR",
+              "ERROR_EVENT", "HTML", "JSON_ERROR", "WHOLE", "BAD_JSON", "WRONG_TYPE", "RESET",
+              "TRUNCATED", "STALL_HEADERS", "STALL_CHUNKS", "NO_DONE", "RATE_LIMITED",
+              "UNAVAILABLE", "REDIRECT", "GZIP_BOMB", "GZIP_OK", "KEEPALIVE_ONLY", "BROTLI")
+MODELS_MODES = ("ok", "endless", "wrong_types", "mixed", "many", "html", "stall", "missing")
+
+
+def chunk(content: str | None = None, finish: str | None = None,
+          usage: dict[str, int] | None = None) -> bytes:
+    body: dict[str, Any] = {"id": "c1", "object": "chat.completion.chunk", "choices": []}
+    if content is not None or finish is not None:
+        body["choices"] = [{"index": 0, "delta": {"content": content} if content else {},
+                            "finish_reason": finish}]
+    if usage is not None:
+        body["usage"] = usage
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+
+def head(status: int, reason: str, headers: dict[str, str] | None = None) -> bytes:
+    lines = [f"HTTP/1.1 {status} {reason}", "Connection: close", "Cache-Control: no-store"]
+    lines += [f"{name}: {value}" for name, value in (headers or {}).items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def gzip_bomb_body() -> bytes:
+    """``data: `` and 64 MiB of ``x`` with no newline, gzipped (~64 KiB)."""
+    return gzip.compress(b"data: " + b"x" * (64 * 1024 * 1024), compresslevel=9)
+
+
+class HostileModelServer:
+    def __init__(self, budget: int = 64 * 1024 * 1024) -> None:
+        self.budget = budget
+        self.url = ""
+        self.port = 0
+        self.models_mode = "ok"
+        self.requests: list[dict[str, Any]] = []
+        self.seen: list[str] = []
+        self.cut_off: list[str] = []
+        self.exhausted: list[str] = []
+        self.stalled: list[str] = []     # stalls under way (appended when they begin)
+        self._bomb: bytes | None = None
+
+    # -- the connection ----------------------------------------------------------------
+    async def handle(self, stream: anyio.abc.SocketStream) -> None:
+        async with stream:
+            try:
+                request = await _read_request(stream)
+                if request is None:
+                    return
+                method, path, body = request
+                if method == "GET" and path.endswith("/models"):
+                    await self._models(stream)
+                elif method == "POST" and path.endswith("/chat/completions"):
+                    await self._completions(stream, body)
+                else:
+                    await stream.send(head(404, "Not Found", {"Content-Type": "text/plain"})
+                                      + b"no such route")
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream,
+                    ConnectionError):
+                pass
+
+    async def _completions(self, stream: anyio.abc.SocketStream, raw: bytes) -> None:
+        body = json.loads(raw)
+        self.requests.append(body)
+        content = body["messages"][-1].get("content")
+        last = content if isinstance(content, str) else json.dumps(content)
+        behaviour = next((b for b in BEHAVIOURS if b in last), "")
+        self.seen.append(behaviour or "normal")
+        if not behaviour:
+            reply = f"pong: {last[:200]}"
+            third = len(reply) // 3
+            await stream.send(head(200, "OK", SSE) + b"".join(
+                chunk(piece) for piece in (reply[:third], reply[third:2 * third], reply[2 * third:]))
+                + chunk(finish="stop")
+                + chunk(usage={"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8})
+                + b"data: [DONE]\n\n")
+            return
+        await getattr(self, "_" + behaviour.lower())(stream, behaviour)
+
+    async def _endless(self, stream: anyio.abc.SocketStream, behaviour: str,
+                       block: bytes) -> None:
+        sent = 0
+        try:
+            while sent < self.budget:
+                await stream.send(block)
+                sent += len(block)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, ConnectionError):
+            self.cut_off.append(behaviour)
+            return
+        self.exhausted.append(behaviour)
+
+    async def _stall(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
+        """Send nothing until the client closes (or ``STALL_LIMIT_S``)."""
+        self.stalled.append(behaviour)
+        with anyio.move_on_after(STALL_LIMIT_S):
+            try:
+                while await stream.receive():
+                    pass
+            except (anyio.EndOfStream, anyio.BrokenResourceError, ConnectionError):
+                pass
+            self.cut_off.append(behaviour)
+
+    # -- the behaviours -------------------------------------------------------------------
+    async def _endless_line(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
+        await stream.send(head(200, "OK", SSE) + b"data: ")
+        await self._endless(stream, behaviour, b"x" * BLOCK)
+
+    async def _endless_event(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
+        await stream.send(head(200, "OK", SSE))
+        await self._endless(stream, behaviour, b"data: " + b"x" * 1000 + b"\n")
+
+    async def _endless_reply(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
+        await stream.send(head(200, "OK", SSE))
+        await self._endless(stream, behaviour, chunk("y" * 4000))
+
+    async def _endless_error(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
+        await stream.send(head(500, "Internal Server Error", {"Content-Type": "text/plain"})
+                          + b"upstream trouble: ")
+        await self._endless(stream, behaviour, b"z" * BLOCK)
+
+    async def _keepalive_only(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
+        await stream.send(head(200, "OK", SSE))
+        await self._endless(stream, behaviour, b": keep-alive\n\n" * 1000)
+
+    async def _stream_error(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
+        error = {"error": {"message": "The upstream model crashed", "type": "server_error",
+                           "code": "model_crashed"}}
+        await stream.send(head(200, "OK", SSE) + chunk("partial ")
+                          + b"data: " + json.dumps(error).encode() + b"\n\n")
+
+    async def _error_event(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
+        error = {"error": {"message": "context window exceeded", "code": 400}}
+        await stream.send(head(200, "OK", SSE) + b"event: error\ndata: "
+                          + json.dumps(error).encode() + b"\n\n")
+
+    async def _html(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
+        await stream.send(head(200, "OK", {"Content-Type": "text/html; charset=utf-8"})
+                          + b"<html><body><h1>Sign in to the proxy</h1></body></html>")
+
+    async def _json_error(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
+        error = {"error": {"message": "Invalid API key", "type": "invalid_request_error"}}
+        await stream.send(head(200, "OK", {"Content-Type": "application/json"})
+                          + json.dumps(error).encode())
+
+    async def _whole(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
+        completion = {"object": "chat.completion", "choices": [
+            {"index": 0, "finish_reason": "stop",
+             "message": {"role": "assistant", "content": "a whole answer"}}],
+            "usage": {"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7}}
+        await stream.send(head(200, "OK", {"Content-Type": "application/json"})
+                          + json.dumps(completion).encode())
+
+    async def _bad_json(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
+        await stream.send(head(200, "OK", SSE) + chunk("ok ") + b"data: {not json\n\n")
+
+    async def _wrong_type(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
+        await stream.send(head(200, "OK", SSE) + b'data: {"choices": [{"delta": {"content": 5}}]}\n\n')
+
+    async def _reset(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
+        await stream.send(head(200, "OK", SSE) + chunk("half a "))
+        sock = stream.extra(SocketAttribute.raw_socket)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.cut_off.append(behaviour)   # closing now sends a reset
+
+    async def _truncated(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
+        await stream.send(head(200, "OK", SSE) + chunk("cut short "))
+
+    async def _stall_headers(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
+        await self._stall(stream, behaviour)
+
+    async def _stall_chunks(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
+        await stream.send(head(200, "OK", SSE) + chunk("first "))
+        await self._stall(stream, behaviour)
+
+    async def _no_done(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
+        await stream.send(head(200, "OK", SSE) + chunk("all of it") + chunk(finish="stop")
+                          + chunk(usage={"prompt_tokens": 2, "completion_tokens": 1,
+                                         "total_tokens": 3}))
+        await self._stall(stream, behaviour)
+
+    async def _rate_limited(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
+        error = {"error": {"message": "Rate limit reached for requests", "type": "requests",
+                           "code": "rate_limit_exceeded"}}
+        await stream.send(head(429, "Too Many Requests", {"Content-Type": "application/json",
+                                                          "Retry-After": "30"})
+                          + json.dumps(error).encode())
+
+    async def _unavailable(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
+        await stream.send(head(503, "Service Unavailable", {"Content-Type": "text/html",
+                                                            "Retry-After": "120"})
+                          + b"<html><body>model is loading</body></html>")
+
+    async def _redirect(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
+        await stream.send(head(307, "Temporary Redirect",
+                               {"Location": f"http://127.0.0.1:{self.port}/elsewhere/v1"}))
+
+    async def _gzip_bomb(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
+        if self._bomb is None:
+            self._bomb = gzip_bomb_body()
+        await stream.send(head(200, "OK", {**SSE, "Content-Encoding": "gzip"}))
+        try:
+            await stream.send(self._bomb)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, ConnectionError):
+            pass
+        self.cut_off.append(behaviour)
+
+    async def _gzip_ok(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
+        body = chunk("zipped ") + chunk("reply") + chunk(finish="stop") + b"data: [DONE]\r\n\r\n"
+        await stream.send(head(200, "OK", {**SSE, "Content-Encoding": "gzip"})
+                          + gzip.compress(body.replace(b"\n", b"\r\n")))
+
+    async def _brotli(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
+        await stream.send(head(200, "OK", {**SSE, "Content-Encoding": "br"}) + b"\x0b\x02\x80")
+
+    # -- /models ----------------------------------------------------------------------------
+    async def _models(self, stream: anyio.abc.SocketStream) -> None:
+        mode = self.models_mode
+        self.seen.append("models:" + mode)
+        json_head = head(200, "OK", {"Content-Type": "application/json"})
+        if mode == "ok":
+            await stream.send(json_head + json.dumps({"object": "list", "data": [
+                {"id": "m-one", "object": "model"}, {"id": "m-two", "object": "model"}]}).encode())
+        elif mode == "endless":
+            await stream.send(json_head + b'{"data": [')
+            await self._endless(stream, "models:endless", b'{"id": "m"},' * 4096)
+        elif mode == "wrong_types":
+            await stream.send(json_head + b'{"data": "all of them"}')
+        elif mode == "mixed":
+            await stream.send(json_head + json.dumps({"data": [
+                {"id": 5}, {"id": "m-one"}, "m-str", {"id": "m-one"}, {"id": ""},
+                {"id": "bad\nid"}, {"id": "x" * 300}, {"name": "no id"}, {"id": "m-two"}]}).encode())
+        elif mode == "many":
+            await stream.send(json_head + json.dumps({"data": [
+                {"id": f"m-{n}"} for n in range(1500)]}).encode())
+        elif mode == "html":
+            await stream.send(head(200, "OK", {"Content-Type": "text/html"})
+                              + b"<html><body>Welcome to the proxy</body></html>")
+        elif mode == "stall":
+            await self._stall(stream, "models:stall")
+        elif mode == "missing":
+            await stream.send(head(404, "Not Found", {"Content-Type": "application/json"})
+                              + b'{"error": {"message": "no such route /v1/models"}}')
+
+
+async def _read_request(stream: anyio.abc.SocketStream) -> tuple[str, str, bytes] | None:
+    """Method, path and body of one request (``Content-Length`` bodies only)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        if len(data) > 1024 * 1024:
+            return None
+        try:
+            data += await stream.receive()
+        except anyio.EndOfStream:
+            return None
+    header_block, _, body = data.partition(b"\r\n\r\n")
+    lines = header_block.decode("latin-1").split("\r\n")
+    method, path, _version = lines[0].split(" ", 2)
+    length = 0
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        if name.strip().lower() == "content-length":
+            length = int(value.strip())
+    while len(body) < length:
+        body += await stream.receive()
+    return method, path, body
+
+
+@contextlib.asynccontextmanager
+async def hostile_model_server(budget: int = 64 * 1024 * 1024) -> AsyncIterator[HostileModelServer]:
+    """Serve a ``HostileModelServer`` on a loopback port for the block."""
+    server = HostileModelServer(budget)
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    server.port = listener.extra(SocketAttribute.local_port)
+    server.url = f"http://127.0.0.1:{server.port}/v1"
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, server.handle)
+        try:
+            yield server
+        finally:
+            tg.cancel_scope.cancel()
+
+
+def refused_url() -> str:
+    """A loopback URL nothing listens on (the port was bound, then closed)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
