@@ -493,6 +493,7 @@ class Bridge(Journaling, PromptsAPI, PresenceAPI, AgentCallsAPI):
         self._forget(session)
         session.fail_all(session.close_error("closed"))
         session.bus.close()
+        self._unhold(session)
         session.stop()
 
     def _info(self, session: Session, *, attached: bool,

@@ -12,7 +12,9 @@
 * Its record is committed before its creation is answered (``_record_session``); a
   failed commit or a caller that gives up meanwhile undoes the session.
 * Committed events are released to readers per session, in order
-  (``_events_committed``); a bus is forgotten once closed and fully released.
+  (``_events_committed``); a bus is forgotten once closed and fully released: at the
+  commit that releases its last event, or when it closes with nothing left to release
+  (``_unhold``: a load the agent refused, whose bus no commit would ever visit again).
 * A clean stop commits what is queued, then records nothing more
   (``_stop_journaling``): the sessions it closes come back at the next start.
 """
@@ -74,6 +76,13 @@ class Journaling:
         if self.journal.durable and not self._closed:
             session.journal_to(self.journal)
             self._held[session.session_id] = session.bus
+
+    def _unhold(self, session: Session) -> None:
+        """A session's bus just closed: forgotten here now when it has nothing left to
+        release (else at the commit that releases its last event)."""
+        bus = self._held.get(session.session_id)
+        if bus is session.bus and bus.closed and bus.released_id >= bus.last_event_id:
+            del self._held[session.session_id]
 
     def sessions_moved(self, session_ids: Iterable[str]) -> None:
         """Another instance took these sessions over (the journal refused their writes,

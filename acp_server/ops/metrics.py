@@ -24,7 +24,9 @@ Contracts:
   time, so with PostgreSQL and several instances a scrape of every instance costs
   the shared store one query per instance per 5 s at most.
 * ``route`` labels are route templates (``/session/{session_id}/prompt``) or
-  ``unmatched``, never a raw path.
+  ``unmatched``, never a raw path. ``stop_reason`` labels are ACP's stop reasons,
+  ``error`` (a failed turn) or ``other`` (whatever else an agent answered): no label
+  takes a value a client or an agent makes up, so the series stay bounded.
 """
 
 from __future__ import annotations
@@ -73,6 +75,9 @@ HTTP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                 5.0, 10.0)
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0)
 REFUSED_KINDS = tuple(KINDS.values())   # the journal's record kinds
+# ACP's stopReason values and the bridge's "error"; any other word an agent says is "other".
+STOP_REASONS = frozenset(("end_turn", "max_tokens", "max_turn_requests", "refusal", "cancelled",
+                          "error"))
 TURN_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0)
 
 
@@ -357,6 +362,8 @@ class Metrics(BridgeObserver):
     def turn_settled(self, stop_reason: str, duration_s: float) -> None:
         child = self._turn_children.get(stop_reason)
         if child is None:
+            if stop_reason not in STOP_REASONS:
+                stop_reason = "other"   # an agent's own word: one series, not one each
             child = self._turn_children[stop_reason] = self._turns.labels(stop_reason)
         child.observe(duration_s)
 

@@ -22,7 +22,11 @@ Contracts:
   session is no longer live (``is_live``) is forgotten first; a live session is
   forgotten only when every entry is live (never with the session cap below ``limit``).
 * A default session's lock lives while a request holds or waits for it; a default
-  is recorded only once its session was made (a known agent).
+  is recorded only once its session was made (a known agent). Defaults whose session
+  is no longer live are forgotten when the map reaches twice what was left after the
+  last sweep (at least ``DEFAULTS_SWEPT_FROM`` entries): a principal that is gone
+  (a revoked token, a client of one day) does not stay in it for good, a live default
+  is never forgotten.
 * The doors answer 404 for what a caller does not see; this module only remembers.
 """
 
@@ -35,6 +39,7 @@ from collections.abc import AsyncIterator, Callable
 import anyio
 
 MAX_OWNED = 50_000
+DEFAULTS_SWEPT_FROM = 64   # defaults kept before the first sweep of the dead ones
 DefaultKey = tuple[str, str | None]   # (principal name, agent name or None)
 
 
@@ -66,6 +71,7 @@ class SessionOwners:
         self._owners: OrderedDict[str, str] = OrderedDict()
         self._defaults: dict[DefaultKey, str] = {}
         self._locks: dict[DefaultKey, _Waited] = {}
+        self._sweep_defaults_at = DEFAULTS_SWEPT_FROM
 
     def __len__(self) -> int:
         return len(self._owners)
@@ -125,6 +131,11 @@ class SessionOwners:
 
     def set_default(self, key: DefaultKey, session_id: str) -> None:
         self._defaults[key] = session_id
+        if len(self._defaults) >= self._sweep_defaults_at:   # amortised: O(1) a call
+            for known, sid in list(self._defaults.items()):
+                if not self.is_live(sid):
+                    del self._defaults[known]
+            self._sweep_defaults_at = max(DEFAULTS_SWEPT_FROM, 2 * len(self._defaults))
 
 
-__all__ = ["MAX_OWNED", "SessionOwners"]
+__all__ = ["DEFAULTS_SWEPT_FROM", "MAX_OWNED", "SessionOwners"]
