@@ -470,9 +470,10 @@ class Bridge(Journaling, PromptsAPI, PresenceAPI, AgentCallsAPI):
         """The questions asked during a turn that has ended, still open: cancelled."""
         self._cancel_questions(session, "turn_ended", prompt_id)
 
-    def _forget(self, session: Session) -> None:
+    def _forget(self, session: Session, *, made: bool = True) -> None:
         """Take a closing or dead session out of the registry (and the defaults); its
-        slot is released."""
+        slot is released. ``made=False`` (a session undone before it was made): its
+        would-be owner is not remembered as the maker of that id."""
         session.closing = True
         if self._sessions.get(session.session_id) is session:
             del self._sessions[session.session_id]
@@ -480,7 +481,8 @@ class Bridge(Journaling, PromptsAPI, PresenceAPI, AgentCallsAPI):
                 self._closed_terminals[session.session_id] = session.prompt_terminals
                 if len(self._closed_terminals) > MAX_CLOSED_SESSION_HISTORIES:
                     del self._closed_terminals[next(iter(self._closed_terminals))]
-            self.remember_owner(session.session_id, session.owner)
+            if made:
+                self.remember_owner(session.session_id, session.owner)
         if session.holds_slot:
             session.holds_slot = False
             self.capacity.release(session.agent_name)
@@ -490,7 +492,7 @@ class Bridge(Journaling, PromptsAPI, PresenceAPI, AgentCallsAPI):
     def _drop_session(self, session: Session) -> None:
         """Undo a session being made (its load or its record failed): a prompt admitted
         meanwhile fails (``SessionClosedError``), never left waiting."""
-        self._forget(session)
+        self._forget(session, made=False)
         session.fail_all(session.close_error("closed"))
         session.bus.close()
         self._unhold(session)

@@ -354,3 +354,29 @@ async def test_a_prompt_sent_while_its_session_loads_reaches_the_agent_after_the
             result = await ticket
         assert result.stop_reason == "end_turn"
         assert order == ["loaded", "prompt"] and len(attached) == 1
+
+
+async def test_a_load_the_agent_refuses_makes_its_caller_no_owner(tmp_path):
+    """A ``session/load`` the agent refuses undoes the session; its caller must not be
+    remembered as the maker of that id (it used to be: a later load by the session's
+    real maker, once the agent knew the id, then saw a session of someone else's)."""
+    from bridge.agents.base import RESOURCE_NOT_FOUND
+    from bridge.errors import AgentError
+
+    async with open_bridge(tmp_path) as (bridge, agent):
+        answer = agent.request
+        refusing = True
+
+        async def request(method: str, params: object) -> object:
+            if method == "session/load" and refusing:
+                raise AgentError(RESOURCE_NOT_FOUND, "Resource not found")
+            return await answer(method, params)
+
+        agent.request = request   # type: ignore[method-assign]
+        sid = str(uuid.uuid4())
+        with pytest.raises(SessionNotFoundError):
+            await bridge.load_session(sid, owner="mallory")
+        assert bridge.session_owner(sid) is None
+        refusing = False
+        loaded = await bridge.load_session(sid, owner="alice")
+        assert not loaded.attached and bridge.session_owner(sid) == "alice"
