@@ -40,6 +40,7 @@ import httpx
 import msgspec
 
 from acp_server.client import wire
+from acp_server.client.bounded import MAX_ANSWER_BYTES, MAX_EVENT_BYTES, read_answer
 from acp_server.client.errors import (DaemonConnectionError, DaemonError,
                                       DaemonSessionIdProtocolError, DaemonStreamEndedError,
                                       error_from_status)
@@ -118,8 +119,12 @@ class DaemonClient:
                  max_pending_prompts_per_session: int | float | None =
                  DEFAULT_MAX_PENDING_PROMPTS_PER_SESSION,
                  transport: httpx.AsyncBaseTransport | None = None,
-                 event_hooks: Mapping[str, list[Callable[..., Any]]] | None = None) -> None:
+                 event_hooks: Mapping[str, list[Callable[..., Any]]] | None = None,
+                 max_answer_bytes: int = MAX_ANSWER_BYTES,
+                 max_event_bytes: int = MAX_EVENT_BYTES) -> None:
         self.base_url = base_url.rstrip("/")
+        self.max_answer_bytes = max_answer_bytes
+        self.max_event_bytes = max_event_bytes
         self.max_pending_prompts_per_session = normalize_pending_prompt_limit(
             max_pending_prompts_per_session)
         self.token = token.strip() if token is not None and token.strip() else _env_token()
@@ -154,8 +159,9 @@ class DaemonClient:
                     client_id: str | None = None, params: Mapping[str, str] | None = None
                     ) -> httpx.Response:
         try:
-            return await self._http.request(method, path, content=body, params=params,
-                                            headers=self._headers(client_id, body is not None))
+            return await read_answer(self._http, method, path, content=body, params=params,
+                                     headers=self._headers(client_id, body is not None),
+                                     max_bytes=self.max_answer_bytes)
         except httpx.TransportError as exc:
             raise DaemonConnectionError.from_transport(exc, str(self._http.base_url), method,
                                                        path) from exc
@@ -329,7 +335,8 @@ class DaemonClient:
         return subscribe_events(self._http, _session_path(session_id, "events"), cursor=cursor,
                                 headers=self._headers(client_id), max_queued=max_queued,
                                 timeout=self._stream_timeout, session_id=session_id,
-                                reconnect=reconnect, max_reconnects=max_reconnects)
+                                reconnect=reconnect, max_reconnects=max_reconnects,
+                                max_event_bytes=self.max_event_bytes)
 
     def subscribe_events(self, session_id: str, *, last_event_id: int | None = None,
                          epoch: str | None = None, max_queued: int | None = None,

@@ -36,6 +36,7 @@ import httpx
 
 from acp_server.client import wire
 from acp_server.client.errors import DaemonTurnError, error_from_status
+from acp_server.client.bounded import MAX_EVENT_BYTES, read_capped
 from acp_server.client.sse import END, READ, ResumingStream, Retry
 from acp_server.client.wire import DaemonEvent, PromptResult
 
@@ -82,7 +83,9 @@ async def subscribe_events(http: httpx.AsyncClient, path: str, *,
                            timeout: httpx.Timeout | None = None,
                            session_id: str | None = None,
                            reconnect: bool = True, max_reconnects: int = 5,
-                           reconnect_delay: float = 0.25) -> AsyncGenerator[DaemonEvent, None]:
+                           reconnect_delay: float = 0.25,
+                           max_event_bytes: int = MAX_EVENT_BYTES
+                           ) -> AsyncGenerator[DaemonEvent, None]:
     """Yield the events of ``path`` (``/session/{id}/events``); see the module contract."""
     cursor = cursor if cursor is not None else StreamCursor()
     base_headers = dict(headers or {})
@@ -102,7 +105,7 @@ async def subscribe_events(http: httpx.AsyncClient, path: str, *,
         if response.status_code == 200:
             cursor.epoch = response.headers.get("x-qwen-event-epoch") or cursor.epoch
             return READ
-        body = wire.decode_body(await response.aread())
+        body = wire.decode_body(await read_capped(response))
         if attempt and response.status_code == 404:
             return END  # the session is gone: its stream has ended for good
         if not (reconnect and attempt and response.status_code in RETRYABLE_STATUS):
@@ -111,10 +114,11 @@ async def subscribe_events(http: httpx.AsyncClient, path: str, *,
 
     stream = ResumingStream(http, path, answer=answer, request=request,
                             lost="Event stream lost", timeout=timeout, reconnect=reconnect,
-                            max_reconnects=max_reconnects, reconnect_delay=reconnect_delay)
+                            max_reconnects=max_reconnects, reconnect_delay=reconnect_delay,
+                            max_event_bytes=max_event_bytes)
     async with contextlib.aclosing(stream.frames()) as frames:
-        async for frame in frames:
-            event = wire.decode(wire.EVENT, frame.data)
+        async for data in frames:
+            event = wire.decode(wire.EVENT, data)
             if event.id is not None:
                 cursor.last_event_id = event.id
                 stream.progressed()

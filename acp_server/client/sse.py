@@ -4,7 +4,7 @@
                             request=lambda attempt: ({"Last-Event-ID": "4"}, {}),
                             lost="Task t-1 event stream lost")
     async with contextlib.aclosing(stream.frames()) as frames:
-        async for frame in frames:           # httpx_sse.ServerSentEvent, data never empty
+        async for data in frames:            # each event's data (str), never empty
             stream.progressed()               # an event moved the cursor: retries start over
             ...
 
@@ -16,7 +16,9 @@ Contracts:
   (parse the frames), ``END`` (the stream is over for good), ``Retry(problem)``; or it
   raises the caller's error.
 * Frames without data (the ``retry:`` block, comments) are skipped; a body that is not
-  an event stream raises ``DaemonProtocolError``.
+  an event stream raises ``DaemonProtocolError``, and so does one line or one event
+  over ``max_event_bytes`` (``bounded.MAX_EVENT_BYTES``): what a stream holds is bounded
+  whatever the server sends (``acp_server.client.bounded``).
 * A drop (transport error, a clean end, a ``Retry``) is resumed after ``backoff``, at
   most ``max_reconnects`` times in a row without ``progressed()``; past that →
   ``DaemonStreamError(f"{lost} and not resumed after N attempts (problem)")``. With
@@ -34,9 +36,14 @@ from typing import Final
 
 import anyio
 import httpx
-from httpx_sse import ServerSentEvent, SSEError, aconnect_sse
 
-from acp_server.client.errors import DaemonProtocolError, DaemonStreamError
+from acp_server.client.bounded import (
+    MAX_EVENT_BYTES,
+    check_event_stream,
+    event_data,
+    stream_headers,
+)
+from acp_server.client.errors import DaemonStreamError
 
 MAX_RECONNECT_DELAY_S = 5.0
 READ: Final = "read"
@@ -67,7 +74,8 @@ class ResumingStream:
     def __init__(self, http: httpx.AsyncClient, path: str, *, answer: Answer,
                  request: Request, lost: str, ended: str = "the stream ended",
                  timeout: httpx.Timeout | None = None, reconnect: bool = True,
-                 max_reconnects: int = 5, reconnect_delay: float = 0.25) -> None:
+                 max_reconnects: int = 5, reconnect_delay: float = 0.25,
+                 max_event_bytes: int = MAX_EVENT_BYTES) -> None:
         self.http = http
         self.path = path
         self.answer = answer
@@ -78,29 +86,31 @@ class ResumingStream:
         self.reconnect = reconnect
         self.max_reconnects = max_reconnects
         self.reconnect_delay = reconnect_delay
+        self.max_event_bytes = max_event_bytes
         self.attempt = 0
 
     def progressed(self) -> None:
         self.attempt = 0
 
-    async def frames(self) -> AsyncGenerator[ServerSentEvent, None]:
+    async def frames(self) -> AsyncGenerator[str, None]:
         while True:
             headers, params = self.request(self.attempt)
             try:
-                async with aconnect_sse(self.http, "GET", self.path, params=params,
-                                        headers=headers, timeout=self.timeout) as source:
-                    verdict = await self.answer(source.response, self.attempt)
+                async with self.http.stream("GET", self.path, params=params,
+                                            headers=stream_headers(headers),
+                                            timeout=self.timeout) as response:
+                    verdict = await self.answer(response, self.attempt)
                     if verdict == END:
                         return
                     if isinstance(verdict, Retry):
                         problem = verdict.problem
                     else:
-                        async for frame in source.aiter_sse():
-                            if frame.data:
-                                yield frame
+                        check_event_stream(response)
+                        async for data in event_data(response,
+                                                     max_bytes=self.max_event_bytes):
+                            if data:
+                                yield data
                         problem = self.ended
-            except SSEError as exc:
-                raise DaemonProtocolError(f"Not an event stream: {exc}") from exc
             except httpx.TransportError as exc:
                 if not self.reconnect:
                     raise DaemonStreamError(f"Event stream dropped: {exc!r}") from exc

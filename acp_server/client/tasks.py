@@ -39,6 +39,12 @@ import httpx
 import msgspec
 
 from acp_server.client.errors import DaemonConnectionError, DaemonError, DaemonProtocolError
+from acp_server.client.bounded import (
+    MAX_ANSWER_BYTES,
+    MAX_EVENT_BYTES,
+    read_answer,
+    read_capped,
+)
 from acp_server.client.sse import END, READ, ResumingStream, Retry
 
 TOKEN_ENV = "ACP_SERVER_TOKEN"
@@ -240,8 +246,11 @@ class TaskClient:
 
     def __init__(self, base_url: str, *, token: str | None = None, timeout: float | None = 30.0,
                  transport: httpx.AsyncBaseTransport | None = None, max_reconnects: int = 5,
-                 reconnect_delay: float = 0.25) -> None:
+                 reconnect_delay: float = 0.25, max_answer_bytes: int = MAX_ANSWER_BYTES,
+                 max_event_bytes: int = MAX_EVENT_BYTES) -> None:
         self.base_url = base_url.rstrip("/")
+        self.max_answer_bytes = max_answer_bytes
+        self.max_event_bytes = max_event_bytes
         token = (token or "").strip() or os.environ.get(TOKEN_ENV, "").strip() or None
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.max_reconnects = max_reconnects
@@ -268,8 +277,8 @@ class TaskClient:
         if body is not None:
             all_headers["Content-Type"] = "application/json"
         try:
-            response = await self._http.request(method, PREFIX + path, content=body,
-                                                headers=all_headers)
+            response = await read_answer(self._http, method, PREFIX + path, content=body,
+                                         headers=all_headers, max_bytes=self.max_answer_bytes)
         except httpx.TransportError as exc:
             raise DaemonConnectionError.from_transport(exc, str(self._http.base_url), method,
                                                        PREFIX + path) from exc
@@ -321,7 +330,7 @@ class TaskClient:
                 return READ
             if response.status_code == 204:
                 return END
-            error = problem_error(response.status_code, await response.aread())
+            error = problem_error(response.status_code, await read_capped(response))
             if response.status_code not in (502, 503, 504) or not attempt:
                 raise error
             return Retry(str(error))
@@ -331,10 +340,11 @@ class TaskClient:
                                 ended="the stream ended before the terminal event",
                                 timeout=self._stream_timeout,
                                 max_reconnects=self.max_reconnects,
-                                reconnect_delay=self.reconnect_delay)
+                                reconnect_delay=self.reconnect_delay,
+                                max_event_bytes=self.max_event_bytes)
         async with contextlib.aclosing(stream.frames()) as frames:
-            async for frame in frames:
-                event: TaskEvent = _decode(_EVENT, frame.data)
+            async for data in frames:
+                event: TaskEvent = _decode(_EVENT, data)
                 if cursor is not None and event.sequence_number <= cursor:
                     continue  # never yield an event twice
                 cursor = event.sequence_number

@@ -1,0 +1,150 @@
+"""What the SDK reads of a daemon's answers, bounded: a server (or a proxy in front of
+it) that misbehaves cannot make the client hold more than these caps.
+
+    response = await read_answer(http, "GET", "/health", max_bytes=MAX_ANSWER_BYTES)
+    response.content                                  # the whole body, decoded, capped
+
+    async with http.stream("GET", path, headers=EVENT_STREAM_HEADERS) as response:
+        check_event_stream(response)                  # DaemonProtocolError if it is not one
+        async for data in event_data(response, max_bytes=MAX_EVENT_BYTES):
+            ...                                       # each event's data, never empty
+
+Contracts:
+
+* ``read_answer`` sends the request and reads the answer's body, decoded (a gzip body
+  is counted as it expands), never past ``max_bytes``: a longer one raises
+  ``DaemonProtocolError`` naming the cap, the connection closed. It returns a
+  ``Response`` with that body as its content (status and headers as answered).
+* ``event_data`` is the event-stream format for what the SDK reads of it: lines end in
+  CRLF, LF or CR; each event's ``data:`` lines are joined with LF; comments, ``id``,
+  ``event`` and ``retry`` fields are ignored (the daemon's events carry their id in
+  their data); an event without data is none. One line, or one event's data, over
+  ``max_bytes`` raises ``DaemonProtocolError``: what it holds is bounded by the cap
+  whatever the server sends. Text is decoded as UTF-8 (a bad byte is replaced).
+* ``read_capped`` reads an open answer's body no further than ``max_bytes`` (an event
+  stream's refusal: its error body).
+* ``check_event_stream`` refuses an answer whose ``Content-Type`` is not
+  ``text/event-stream`` (an HTML page from a proxy): ``DaemonProtocolError``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import httpx
+
+from acp_server.client.errors import DaemonProtocolError
+
+MIB = 1024 * 1024
+MAX_ANSWER_BYTES = 128 * MIB   # one JSON answer (a session's load with its history: < 64 MiB)
+MAX_EVENT_BYTES = 96 * MIB     # one SSE line or event (an agent's line: at most 64 MiB)
+MAX_ERROR_BYTES = 64 * 1024   # what is read of an event stream's refusal (its error body)
+EVENT_STREAM_HEADERS = {"Accept": "text/event-stream", "Cache-Control": "no-store"}
+
+
+def _size(limit: int) -> str:
+    return f"{limit // MIB} MiB" if limit >= MIB and limit % MIB == 0 else f"{limit} bytes"
+
+
+async def read_answer(http: httpx.AsyncClient, method: str, url: str, *, max_bytes: int,
+                      **kwargs: Any) -> httpx.Response:
+    """``http.request(method, url, **kwargs)`` with its body read no further than
+    ``max_bytes`` (see the module contract)."""
+    async with http.stream(method, url, **kwargs) as response:
+        body = bytearray()
+        async for chunk in response.aiter_bytes():
+            body += chunk
+            if len(body) > max_bytes:
+                raise DaemonProtocolError(
+                    f"{method} {response.request.url.path} answered more than "
+                    f"{_size(max_bytes)}; not read further")
+    headers = [(k, v) for k, v in response.headers.multi_items()
+               if k.lower() not in ("content-encoding", "content-length", "transfer-encoding")]
+    return httpx.Response(response.status_code, headers=headers, content=bytes(body),
+                          request=response.request, extensions=response.extensions)
+
+
+async def read_capped(response: httpx.Response, *, max_bytes: int = MAX_ERROR_BYTES) -> bytes:
+    """The body of an open (streamed) answer, read no further than ``max_bytes``: what an
+    error answer says, the rest left unread (the connection is closed with it)."""
+    body = bytearray()
+    async for chunk in response.aiter_bytes():
+        body += chunk
+        if len(body) >= max_bytes:
+            break
+    return bytes(body[:max_bytes])
+
+
+def check_event_stream(response: httpx.Response) -> None:
+    kind = response.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if kind != "text/event-stream":
+        raise DaemonProtocolError(f"Not an event stream: the answer is {kind or 'untyped'!r}")
+
+
+class _Lines:
+    """Bytes in, whole lines out (without their end); a line over ``limit`` raises."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._line = bytearray()
+        self._after_cr = False   # the last chunk ended in CR: an LF first is its pair
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        lines: list[bytes] = []
+        start = 0
+        if self._after_cr and chunk[:1] == b"\n":
+            start = 1
+        self._after_cr = False
+        while start < len(chunk):
+            cr, lf = chunk.find(b"\r", start), chunk.find(b"\n", start)
+            ends = [i for i in (cr, lf) if i >= 0]
+            if not ends:
+                self._take(chunk[start:])
+                break
+            end = min(ends)
+            self._take(chunk[start:end])
+            lines.append(bytes(self._line))
+            self._line.clear()
+            start = end + 1
+            if chunk[end:end + 1] == b"\r":
+                if start < len(chunk) and chunk[start:start + 1] == b"\n":
+                    start += 1
+                elif start == len(chunk):
+                    self._after_cr = True
+        return lines
+
+    def _take(self, part: bytes) -> None:
+        if len(self._line) + len(part) > self.limit:
+            raise DaemonProtocolError(f"The event stream sent a line over {_size(self.limit)}")
+        self._line += part
+
+
+async def event_data(response: httpx.Response, *, max_bytes: int) -> AsyncIterator[str]:
+    """Each event's data (see the module contract)."""
+    lines = _Lines(max_bytes)
+    data: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_bytes():
+        for line in lines.feed(chunk):
+            if not line:
+                if data:
+                    yield b"\n".join(data).decode("utf-8", "replace")
+                data, size = [], 0
+                continue
+            field, colon, value = line.partition(b":")
+            if field != b"data":
+                continue   # a comment (empty field), id, event, retry
+            if not colon:
+                value = b""
+            elif value.startswith(b" "):
+                value = value[1:]
+            size += len(value) + 1
+            if size > max_bytes:
+                raise DaemonProtocolError(f"The event stream sent an event over {_size(max_bytes)}")
+            data.append(value)
+
+
+def stream_headers(extra: Mapping[str, str]) -> dict[str, str]:
+    """The headers of an event stream's request: ``extra`` plus ``EVENT_STREAM_HEADERS``."""
+    return {**EVENT_STREAM_HEADERS, **extra}
