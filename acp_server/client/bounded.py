@@ -22,7 +22,9 @@ Contracts:
   ``max_bytes`` raises ``DaemonProtocolError``: what it holds is bounded by the cap
   whatever the server sends. Text is decoded as UTF-8 (a bad byte is replaced).
 * ``read_capped`` reads an open answer's body no further than ``max_bytes`` (an event
-  stream's refusal: its error body).
+  stream's refusal: its error body); ``with_body`` makes a read ``Response`` of it.
+* ``LineReader`` is the event-stream line splitter alone (the conformance runner, which
+  needs every field, parses its fields itself).
 * ``check_event_stream`` refuses an answer whose ``Content-Type`` is not
   ``text/event-stream`` (an HTML page from a proxy): ``DaemonProtocolError``.
 """
@@ -52,28 +54,39 @@ async def read_answer(http: httpx.AsyncClient, method: str, url: str, *, max_byt
     """``http.request(method, url, **kwargs)`` with its body read no further than
     ``max_bytes`` (see the module contract)."""
     async with http.stream(method, url, **kwargs) as response:
-        body = bytearray()
-        async for chunk in response.aiter_bytes():
-            body += chunk
-            if len(body) > max_bytes:
-                raise DaemonProtocolError(
-                    f"{method} {response.request.url.path} answered more than "
-                    f"{_size(max_bytes)}; not read further")
+        body = await read_body(response, max_bytes=max_bytes)
+    return with_body(response, body)
+
+
+async def read_body(response: httpx.Response, *, max_bytes: int, cut: bool = False) -> bytes:
+    """An open (streamed) answer's body, decoded; past ``max_bytes`` it raises
+    ``DaemonProtocolError``, or with ``cut`` returns the first ``max_bytes`` and reads
+    no further."""
+    body = bytearray()
+    async for chunk in response.aiter_bytes():
+        body += chunk
+        if len(body) > max_bytes:
+            if cut:
+                return bytes(body[:max_bytes])
+            raise DaemonProtocolError(
+                f"{response.request.method} {response.request.url.path} answered more "
+                f"than {_size(max_bytes)}; not read further")
+    return bytes(body)
+
+
+def with_body(response: httpx.Response, body: bytes) -> httpx.Response:
+    """A read ``Response`` of ``response``'s status and headers with ``body`` as its
+    content (already decoded: no content coding or length left in its headers)."""
     headers = [(k, v) for k, v in response.headers.multi_items()
                if k.lower() not in ("content-encoding", "content-length", "transfer-encoding")]
-    return httpx.Response(response.status_code, headers=headers, content=bytes(body),
+    return httpx.Response(response.status_code, headers=headers, content=body,
                           request=response.request, extensions=response.extensions)
 
 
 async def read_capped(response: httpx.Response, *, max_bytes: int = MAX_ERROR_BYTES) -> bytes:
     """The body of an open (streamed) answer, read no further than ``max_bytes``: what an
     error answer says, the rest left unread (the connection is closed with it)."""
-    body = bytearray()
-    async for chunk in response.aiter_bytes():
-        body += chunk
-        if len(body) >= max_bytes:
-            break
-    return bytes(body[:max_bytes])
+    return await read_body(response, max_bytes=max_bytes, cut=True)
 
 
 def check_event_stream(response: httpx.Response) -> None:
@@ -82,7 +95,7 @@ def check_event_stream(response: httpx.Response) -> None:
         raise DaemonProtocolError(f"Not an event stream: the answer is {kind or 'untyped'!r}")
 
 
-class _Lines:
+class LineReader:
     """Bytes in, whole lines out (without their end); a line over ``limit`` raises."""
 
     def __init__(self, limit: int) -> None:
@@ -122,7 +135,7 @@ class _Lines:
 
 async def event_data(response: httpx.Response, *, max_bytes: int) -> AsyncIterator[str]:
     """Each event's data (see the module contract)."""
-    lines = _Lines(max_bytes)
+    lines = LineReader(max_bytes)
     data: list[bytes] = []
     size = 0
     async for chunk in response.aiter_bytes():

@@ -27,6 +27,8 @@ import anyio
 import anyio.abc
 import httpx
 
+from acp_server.client.bounded import LineReader, read_answer, read_capped, with_body
+from acp_server.client.errors import DaemonProtocolError
 from acp_server.conformance.catalog import CHECKS
 
 Outcome = Literal["pass", "fail", "skip"]
@@ -93,6 +95,14 @@ def describe(response: httpx.Response, *, headers: tuple[str, ...] = ()) -> str:
                 f"{clip(body, 300)}")
 
 
+def _value(text: str) -> Any:
+    """An SSE frame's data: its JSON value, else the text itself."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
 def json_of(response: httpx.Response) -> dict[str, Any]:
     """The body as a JSON object, or ``{}`` (not JSON, not an object)."""
     try:
@@ -120,6 +130,7 @@ class Stream:
     frames: list[Frame] = field(default_factory=list)
     ended: bool = False
     timeout_s: float = 10.0
+    problem: str | None = None    # why the stream was cut (a line or an event too long)
     _changed: anyio.Event = field(default_factory=anyio.Event)
 
     def _add(self, frame: Frame) -> None:
@@ -141,7 +152,8 @@ class Stream:
                         return frame
                 seen = len(self.frames)
                 if self.ended:
-                    raise CheckFailed(f"the stream ended before the frame awaited; "
+                    why = f" ({self.problem})" if self.problem else ""
+                    raise CheckFailed(f"the stream ended before the frame awaited{why}; "
                                       f"frames: {clip(str([f.data for f in self.frames]))}")
                 await self._changed.wait()
 
@@ -155,7 +167,11 @@ class Stream:
             and "method" not in f.data
 
 
-_EXPECTED = (httpx.HTTPError, ValueError, KeyError, TypeError, IndexError, AttributeError)
+_EXPECTED = (httpx.HTTPError, ValueError, KeyError, TypeError, IndexError, AttributeError,
+             DaemonProtocolError)
+# What the runner reads of the server under test: an answer, one SSE line or event.
+MAX_ANSWER_BYTES = 16 * 1024 * 1024
+MAX_EVENT_BYTES = 16 * 1024 * 1024
 
 
 def _leaf(exc: BaseException) -> BaseException:
@@ -265,7 +281,10 @@ class Context:
     # HTTP
 
     async def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        return await self.client.request(method, path, **kwargs)
+        """The answer, its body read whole but never past ``MAX_ANSWER_BYTES`` (a server
+        that sends more fails the check: ``DaemonProtocolError``)."""
+        return await read_answer(self.client, method, path, max_bytes=MAX_ANSWER_BYTES,
+                                 **kwargs)
 
     @contextlib.asynccontextmanager
     async def stream(self, method: str, path: str, *, headers: dict[str, str] | None = None,
@@ -282,13 +301,13 @@ class Context:
         try:
             stream = Stream(response, timeout_s=self.options.timeout_s)
             if expect is not None and response.status_code != expect:
-                await response.aread()
-                raise CheckFailed(f"stream not opened: {describe(response)}")
+                answer = with_body(response, await read_capped(response))
+                raise CheckFailed(f"stream not opened: {describe(answer)}")
             async with anyio.create_task_group() as tg:
                 if response.status_code == 200:
                     tg.start_soon(self._read, stream)
                 else:
-                    await response.aread()
+                    stream.response = with_body(response, await read_capped(response))
                     stream.ended = True
                 try:
                     yield stream
@@ -298,29 +317,37 @@ class Context:
             await response.aclose()
 
     async def _read(self, stream: Stream) -> None:
-        event, data, last_id = "message", [], None
+        """The stream's frames, each line and each event's data bounded by
+        ``MAX_EVENT_BYTES``: past it the stream ends, and ``problem`` says why (a check
+        waiting on it fails naming that)."""
+        event, data, last_id, size = "message", [], None, 0
+        lines = LineReader(MAX_EVENT_BYTES)
         try:
-            async for line in stream.response.aiter_lines():
-                if line == "":
-                    if data:
-                        text = "\n".join(data)
-                        try:
-                            value: Any = json.loads(text)
-                        except ValueError:
-                            value = text
-                        stream._add(Frame(event, last_id, value, next(self._seq)))
-                    event, data, last_id = "message", [], None
-                    continue
-                if line.startswith(":"):
-                    continue
-                name, _, value_text = line.partition(":")
-                value_text = value_text[1:] if value_text.startswith(" ") else value_text
-                if name == "data":
-                    data.append(value_text)
-                elif name == "event":
-                    event = value_text
-                elif name == "id":
-                    last_id = value_text
+            async for chunk in stream.response.aiter_bytes():
+                for raw in lines.feed(chunk):
+                    line = raw.decode("utf-8", "replace")
+                    if line == "":
+                        if data:
+                            stream._add(Frame(event, last_id, _value("\n".join(data)),
+                                              next(self._seq)))
+                        event, data, last_id, size = "message", [], None, 0
+                        continue
+                    if line.startswith(":"):
+                        continue
+                    name, _, value_text = line.partition(":")
+                    value_text = value_text[1:] if value_text.startswith(" ") else value_text
+                    if name == "data":
+                        size += len(raw) + 1
+                        if size > MAX_EVENT_BYTES:
+                            raise DaemonProtocolError(
+                                f"the stream sent an event over {MAX_EVENT_BYTES} bytes")
+                        data.append(value_text)
+                    elif name == "event":
+                        event = value_text
+                    elif name == "id":
+                        last_id = value_text
+        except DaemonProtocolError as exc:
+            stream.problem = str(exc)
         except (httpx.HTTPError, anyio.ClosedResourceError, anyio.EndOfStream):
             pass
         finally:

@@ -24,6 +24,12 @@ Headers = list[tuple[bytes, bytes]]
 Edit = Callable[[str, int, Headers, bytes], tuple[int, Headers, bytes]]
 
 
+def matches(scope: dict[str, Any], method: str, pattern: re.Pattern[str]) -> bool:
+    """Whether an ASGI scope is an HTTP request ``method`` on a path ``pattern`` matches."""
+    return scope["type"] == "http" and scope["method"] == method \
+        and pattern.fullmatch(scope["path"]) is not None
+
+
 def rewrite(method: str, path: str, *, edit: Edit | None = None,
             chunk: Callable[[bytes], bytes] | None = None) -> Callable[[Asgi], Asgi]:
     """A middleware for requests ``method`` + ``path`` (a regex): ``edit`` sees the whole
@@ -33,8 +39,7 @@ def rewrite(method: str, path: str, *, edit: Edit | None = None,
 
     def wrap(app: Asgi) -> Asgi:
         async def asgi(scope: dict[str, Any], receive: Any, send: Any) -> None:
-            if scope["type"] != "http" or scope["method"] != method \
-                    or not pattern.fullmatch(scope["path"]):
+            if not matches(scope, method, pattern):
                 return await app(scope, receive, send)
             if chunk is not None:
                 async def send_chunk(message: dict[str, Any]) -> None:
