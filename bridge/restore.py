@@ -25,6 +25,8 @@ For each journaled session that was not closed, in creation order:
   take it, so the next turn has the conversation). When neither works the session
   keeps its readable history and refuses prompts with ``SessionNotRestorableError``
   (``session_not_restorable``, a 409: the one that found out, and every later one);
+  so does a session whose agent is not configured any more (another agent never takes
+  over its conversation: a model server not listed at start, an ``--agent`` renamed);
 * a ``single``-scope session is its agent's default session again (the newest, when
   there are several: ``Bridge.attach_session`` replaces a default its agent cannot
   restore with a new one);
@@ -109,7 +111,8 @@ async def restore_session(bridge: Bridge, found: RestoredSession) -> Session:
     journal). Raises only on a bug: the caller logs it."""
     record = found.record
     sid = record.session_id
-    name = record.agent if record.agent in bridge.agents.names else bridge.agents.default
+    known = record.agent in bridge.agents.names
+    name = record.agent if known else bridge.agents.default   # its slot is counted there
     session = Session(sid, bridge.workspace_cwd, None, bridge.options,  # type: ignore[arg-type]
                       bridge.queue_wait, observer=bridge.observer)
     session.agent_name = name
@@ -126,6 +129,10 @@ async def restore_session(bridge: Bridge, found: RestoredSession) -> Session:
     session.prompt_terminals.extend(found.terminals)
     side = AgentSideRestore(bridge, session)
     session.agent_side = side.ensure
+    if not known:   # never another agent in its place: the conversation is not its own
+        session.agent_side = None
+        session.not_restorable = (f"its agent {record.agent!r} is not configured on this "
+                                  f"server")
     session.start(bridge._tasks())
     bridge._sessions[sid] = session
     try:
@@ -133,7 +140,7 @@ async def restore_session(bridge: Bridge, found: RestoredSession) -> Session:
         session.holds_slot = True
     except SessionLimitExceededError:
         log.warning("session %s restored past the session cap", sid)
-    if record.scope == "single":
+    if record.scope == "single" and known:
         bridge._default_session_ids.setdefault(name, sid)
     bridge._journal_session(session)
     if found.gap and session.journal.durable:   # the new epoch is the session's from now on
@@ -143,7 +150,7 @@ async def restore_session(bridge: Bridge, found: RestoredSession) -> Session:
         pending = session.readmit(accepted)
         if accepted.prompt_id not in found.started:
             continue
-        if bridge.options.session_on_restart == "continue":
+        if bridge.options.session_on_restart == "continue" and known:
             pending.continued = {"reason": RESTARTED}
             side.rerun.add(accepted.prompt_id)
         else:

@@ -16,6 +16,7 @@ import anyio.to_thread
 import httpx
 import pytest
 
+from acp_server.rest.workspace import workspace_id
 from tests.bridge.fake_model_server import FakeModelState, build_fake_model_app
 from tests.harness import ServeProcess, serving
 from tests.store.test_session_restart import _flags, _is, _prompt, read_events
@@ -75,3 +76,44 @@ async def test_our_agents_restore_the_conversation_across_kill_9(tmp_path: Path,
     assert history.splitlines() == ["History:", "user: /chunks 2 apricot",
                                     "assistant: Echo: apricot", "user: plum",
                                     "assistant: Echo: plum", "Echo: "]
+
+
+async def test_a_session_whose_agent_is_gone_is_not_restorable(tmp_path: Path,
+                                                                store_name: str) -> None:
+    """A model session restored where its model is not listed (the model server down at
+    the restart) keeps its readable history and refuses prompts with a 409
+    ``session_not_restorable`` naming the agent: another agent (the default, the
+    reference agent) never takes its conversation over, as it used to."""
+    model = FakeModelState()
+    async with serving(build_fake_model_app(model)) as model_url:
+        child = ServeProcess(tmp_path, *_flags(tmp_path, store_name),
+                             "--model-server", model_url + "/v1")
+        try:
+            await anyio.to_thread.run_sync(child.start)
+            async with httpx.AsyncClient(base_url=child.base_url, timeout=20) as client:
+                llm = (await client.post("/session", json={"sessionScope": "thread",
+                                                           "agent": "fake-small"})
+                       ).json()["sessionId"]
+                said = await _turn(client, llm, "remember the word apricot")
+            child.kill()
+        except BaseException:
+            await anyio.to_thread.run_sync(child.stop)
+            raise
+    try:   # the model server is gone now: its models are not listed at this start
+        await anyio.to_thread.run_sync(child.start)
+        async with httpx.AsyncClient(base_url=child.base_url, timeout=20) as client:
+            refused = await client.post(f"/session/{llm}/prompt", json=_prompt("and now?"))
+            assert refused.status_code == 409, refused.text
+            assert refused.json()["code"] == "session_not_restorable"
+            assert "'fake-small' is not configured" in refused.text
+            seen = await read_events(client, llm, lambda e: e["type"] == "replay_complete",
+                                     last_event_id=0)
+            texts = [e["data"]["update"]["content"]["text"] for e in seen
+                     if e["type"] == "session_update"
+                     and e["data"]["update"]["sessionUpdate"] == "agent_message_chunk"]
+            assert "".join(texts) == said   # the history stays readable
+            listed = (await client.get(f"/workspace/{workspace_id(str(tmp_path))}/sessions")
+                      ).json()
+            assert llm in [s["sessionId"] for s in listed["sessions"]]
+    finally:
+        await anyio.to_thread.run_sync(child.stop)
