@@ -2,22 +2,22 @@
 
     app = Starlette(routes=routes(service))      # acp_server.lmsp.routes
 
-Contracts: every error is a problem object (``application/problem+json``), 405
-included (each path takes every method and answers unknown ones itself), and the
-front layer's refusals (401, 403, 421, 431, …, rendered by
-``problems.render_refusal``). Every endpoint gets the ``LmspService`` bound when the
-routes are built, never from ``app.state``. Task
-creation answers 202 only after the commit; a write the store refuses for good (a
-constraint, a trigger: ``ENGINE_ERRORS``) is answered as an outage, 503
-``store_unavailable``, and logged with the database's first line. A replay adds ``Idempotent-Replayed:
-true``. Event streams are SSE (§6.4) written by ``acp_server.http.sse``: ``retry: 3000``
-once (a field of the first frame), ``id``/``event``/``data`` per event, a
-``: keep-alive`` comment line after ``LmspConfig.keepalive_s`` of silence, closed right
-after the terminal event. A ``background`` response is answered as soon as it is
-committed, and its stream outlives its client (resumed with ``GET /responses/{id}
-?stream=true``); the client of a foreground response (streamed or not) that drops
-cancels it, unless the request had an ``Idempotency-Key``: then the work goes on and
-the retry with the key gets it (its stream from event 0, or the final object).
+Contracts: every error is a problem object (``application/problem+json``), 405 included
+(each path takes every method and answers unknown ones itself), and the front layer's
+refusals (401, 403, 421, 431, …, rendered by ``problems.render_refusal``). Every
+endpoint gets the ``LmspService`` bound when the routes are built, never from
+``app.state``. Task creation answers 202 only after the commit; a write the store
+refuses for good (a constraint, a trigger: ``ENGINE_ERRORS``) is answered as an outage,
+503 ``store_unavailable``, and logged with the database's first line. A replay adds
+``Idempotent-Replayed: true``. Event streams are SSE (§6.4) written by
+``acp_server.http.sse``: ``retry: 3000`` once (a field of the first frame),
+``id``/``event``/``data`` per event, a ``: keep-alive`` comment line after
+``LmspConfig.keepalive_s`` of silence, closed right after the terminal event. A
+``background`` response is answered as soon as it is committed, and its stream outlives
+its client (resumed with ``GET /responses/{id}?stream=true``); the client of a
+foreground response (streamed or not) that drops cancels it, unless the request had an
+``Idempotency-Key``: then the work goes on and the retry with the key gets it (its
+stream from event 0, or the final object).
 """
 
 from __future__ import annotations

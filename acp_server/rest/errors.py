@@ -230,6 +230,7 @@ EXCEPTION_HANDLERS: dict[Any, Any] = {
     RestError: handle_error,
     BridgeError: handle_error,
     StoreUnavailableError: handle_error,
+    **{engine_error: handle_error for engine_error in ENGINE_ERRORS},   # logged in describe
     HTTPException: handle_http,
     Exception: handle_unexpected,
 }
