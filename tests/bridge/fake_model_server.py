@@ -33,7 +33,7 @@ class FakeModelState:
         self.write_path = "/tmp/acp-server-fake-model-write.txt"
 
 
-def _chunk(content: str | None = None, finish: str | None = None,
+def chunk(content: str | None = None, finish: str | None = None,
            usage: dict[str, int] | None = None) -> bytes:
     body: dict[str, Any] = {"object": "chat.completion.chunk", "choices": []}
     if content is not None or finish is not None:
@@ -52,7 +52,7 @@ async def _tool_call(path: str) -> AsyncIterator[bytes]:
                   {"tool_calls": [{"index": 0, "function": {"arguments": arguments}}]}):
         yield b"data: " + json.dumps({"object": "chat.completion.chunk", "choices": [
             {"index": 0, "delta": delta, "finish_reason": None}]}).encode() + b"\n\n"
-    yield _chunk(finish="tool_calls")
+    yield chunk(finish="tool_calls")
     yield b"data: [DONE]\n\n"
 
 
@@ -90,9 +90,9 @@ def build_fake_model_app(state: FakeModelState) -> Starlette:
                 for piece in pieces:
                     if slow:
                         await anyio.sleep(0.1)
-                    yield _chunk(piece)
-                yield _chunk(finish=finish)
-                yield _chunk(usage={"prompt_tokens": 7, "completion_tokens": len(pieces),
+                    yield chunk(piece)
+                yield chunk(finish=finish)
+                yield chunk(usage={"prompt_tokens": 7, "completion_tokens": len(pieces),
                                     "total_tokens": 7 + len(pieces)})
                 yield b"data: [DONE]\n\n"
                 done = True

@@ -36,6 +36,8 @@ import anyio
 import anyio.abc
 from anyio.abc import SocketAttribute
 
+from tests.bridge.fake_model_server import chunk
+
 STALL_LIMIT_S = 60.0
 BLOCK = 64 * 1024
 SSE = {"Content-Type": "text/event-stream"}
@@ -44,17 +46,6 @@ BEHAVIOURS = ("ENDLESS_LINE", "ENDLESS_EVENT", "ENDLESS_REPLY", "ENDLESS_ERROR",
               "TRUNCATED", "STALL_HEADERS", "STALL_CHUNKS", "NO_DONE", "RATE_LIMITED",
               "UNAVAILABLE", "REDIRECT", "GZIP_BOMB", "GZIP_OK", "KEEPALIVE_ONLY", "BROTLI")
 MODELS_MODES = ("ok", "endless", "wrong_types", "mixed", "many", "html", "stall", "missing")
-
-
-def chunk(content: str | None = None, finish: str | None = None,
-          usage: dict[str, int] | None = None) -> bytes:
-    body: dict[str, Any] = {"id": "c1", "object": "chat.completion.chunk", "choices": []}
-    if content is not None or finish is not None:
-        body["choices"] = [{"index": 0, "delta": {"content": content} if content else {},
-                            "finish_reason": finish}]
-    if usage is not None:
-        body["usage"] = usage
-    return b"data: " + json.dumps(body).encode() + b"\n\n"
 
 
 def head(status: int, reason: str, headers: dict[str, str] | None = None) -> bytes:
