@@ -33,13 +33,15 @@ Contracts:
   not a ``chat.completion.chunk``, a connection broken off, a stream that ends with
   neither a ``finish_reason`` nor ``[DONE]``, ``timeout_s`` (``READ_TIMEOUT_S``) without
   a byte. A JSON ``chat.completion`` (a server that ignores ``stream``) is taken whole.
-* After a ``finish_reason`` the stream may end without ``[DONE]``, or stay open: after
-  ``finish_grace_s`` (``FINISH_GRACE_S``) of silence the turn ends normally.
+* After a ``finish_reason`` the stream may end without ``[DONE]``, or stay open: at
+  ``finish_grace_s`` (``FINISH_GRACE_S``) after it the turn ends normally, whatever
+  comes meanwhile (a usage chunk still counts; keep-alive comments do not hold it open).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 import anyio
@@ -399,16 +401,17 @@ class ModelConnection:
     async def _events(self, session: _ModelSession, reply: _Reply,
                       response: httpx.Response) -> tuple[str, _Usage | None]:
         """The event stream, to ``[DONE]``, to its end after a ``finish_reason``, or to
-        ``finish_grace_s`` of silence after one."""
+        ``finish_grace_s`` after one (a deadline: comments sent meanwhile do not move it)."""
         source = BoundedBody(response, limit=self._factory.max_stream_bytes)
         parser = SseParser(max_event_bytes=self._factory.max_event_bytes)
         stop_reason: str | None = None
         usage: _Usage | None = None
+        deadline = math.inf   # set at the first finish_reason
         while True:
             data = b""
-            with anyio.move_on_after(self._factory.finish_grace_s if stop_reason else None):
+            with anyio.CancelScope(deadline=deadline):
                 data = await source.read()
-            if not data:   # the end, or silence after the finish
+            if not data:   # the end, or the grace after the finish is over
                 break
             for event, text in parser.feed(data):
                 if text.strip() == "[DONE]":
@@ -426,6 +429,8 @@ class ModelConnection:
                         return "max_tokens", usage
                     if choice.finish_reason:
                         stop_reason = FINISH_TO_STOP.get(choice.finish_reason, "end_turn")
+                        deadline = min(deadline,
+                                       anyio.current_time() + self._factory.finish_grace_s)
         if stop_reason is None:
             raise UpstreamError("ended the stream before the reply finished (no finish_reason, "
                                 "no [DONE])")

@@ -14,9 +14,13 @@ Contracts:
   ``gzip``/``deflate`` itself, at most ``INFLATE_STEP`` bytes at a time, so a small
   compressed body that expands hugely is cut at ``limit`` like a plain one (the client
   asks for ``Accept-Encoding: identity``; another coding is an ``UpstreamError``).
-* ``SseParser`` is the event-stream format (lines end in CRLF, LF or CR; ``data:``
-  lines join with LF; comments and ``id``/``retry`` fields ignored; an event without
-  data is none). One line, or one event's data, over ``max_event_bytes`` is an
+  gzip members one after another are one body; ``deflate`` is zlib or raw DEFLATE. A
+  compressed body cut off before its end (its gzip trailer, its zlib checksum), or
+  followed by bytes that are no gzip member, is an ``UpstreamError``.
+* ``SseParser`` is the event-stream format (lines end in CRLF, LF or CR, each split
+  anywhere across chunks; a UTF-8 BOM opening the stream is dropped; ``data:`` lines
+  join with LF; comments and ``id``/``retry`` fields ignored; an event without data is
+  none, and so is one the stream ends in before its blank line). One line, or one event's data, over ``max_event_bytes`` is an
   ``UpstreamError``: what it keeps is bounded by the cap whatever the server sends.
 * ``error_detail`` reads at most ``ERROR_DETAIL_BYTES`` of a body and never more, and
   names an OpenAI-shaped ``{"error": {"message": ...}}``'s message when there is one.
@@ -41,6 +45,7 @@ ERROR_DETAIL_BYTES = 2048      # what is read of an error status's body
 INFLATE_STEP = 64 * 1024       # decoded bytes per step of a compressed body
 
 _EOL = re.compile(rb"\r\n|\r|\n")
+BOM = b"\xef\xbb\xbf"
 
 
 class UpstreamError(Exception):
@@ -63,41 +68,70 @@ class BoundedBody:
     def __init__(self, response: httpx.Response, *, limit: int) -> None:
         coding = response.headers.get("content-encoding", "").strip().lower()
         if coding in ("", "identity"):
-            self._inflater = None
+            self._coding = ""
         elif coding in ("gzip", "x-gzip", "deflate"):
-            # 32 + MAX_WBITS: a gzip or a zlib header, found out from the body.
-            self._inflater = zlib.decompressobj(32 + zlib.MAX_WBITS)
+            self._coding = "deflate" if coding == "deflate" else "gzip"
         else:
             raise UpstreamError(f"sent Content-Encoding {coding!r}, which the model agent "
                                 f"does not decode (it asks for identity)")
         self._raw: AsyncIterator[bytes] = response.aiter_raw()
+        self._inflater: Any = None   # the member being inflated (None: between members)
+        self._members = 0        # members begun (gzip: one after another, RFC 1952)
         self._pending = b""      # compressed bytes not inflated yet
         self._ended = False      # the raw body ended (what zlib holds may still come)
         self._limit = limit
         self.total = 0
 
     async def read(self) -> bytes:
+        chunk = await (self._inflate() if self._coding else anext(self._raw, b""))
+        self.total += len(chunk)
+        if self.total > self._limit:
+            raise UpstreamError(f"sent more than {size_text(self._limit)} in one reply")
+        return chunk
+
+    async def _inflate(self) -> bytes:
+        """The next decoded bytes (at most ``INFLATE_STEP``), ``b""`` at a whole end."""
         while True:
-            if self._inflater is None:
-                chunk = await anext(self._raw, b"")
+            if not self._ended and (not self._pending or (
+                    self._inflater is None and len(self._pending) < 2)):
+                more = await anext(self._raw, b"")
+                self._ended = not more
+                self._pending += more
+                continue
+            if self._inflater is None:   # a member begins here, or the body ends
+                if not self._pending:
+                    return b""
+                self._inflater = self._begin(self._pending)
+            try:
+                chunk = self._inflater.decompress(self._pending, INFLATE_STEP)
+            except zlib.error as exc:
+                raise UpstreamError(f"sent a body its Content-Encoding does not "
+                                    f"decode ({exc})") from None
+            if self._inflater.eof:   # what follows the member is the next one's
+                self._pending = self._inflater.unused_data
+                self._inflater = None
             else:
-                if not self._pending and not self._ended:
-                    self._pending = await anext(self._raw, b"")
-                    self._ended = not self._pending
-                try:
-                    chunk = self._inflater.decompress(self._pending, INFLATE_STEP)
-                except zlib.error as exc:
-                    raise UpstreamError(f"sent a body its Content-Encoding does not "
-                                        f"decode ({exc})") from None
                 self._pending = self._inflater.unconsumed_tail
-                if not chunk and not self._ended:
-                    continue
-            if not chunk:
-                return b""
-            self.total += len(chunk)
-            if self.total > self._limit:
-                raise UpstreamError(f"sent more than {size_text(self._limit)} in one reply")
-            return chunk
+                if not chunk and self._ended and not self._pending:
+                    raise UpstreamError(f"sent a {self._coding} body cut off before its "
+                                        f"end")
+            if chunk:
+                return chunk
+
+    def _begin(self, head: bytes) -> Any:
+        """An inflater for a member starting with ``head`` (two bytes at least, or all
+        there is): gzip, zlib, or (``deflate``) raw DEFLATE as some servers send it."""
+        self._members += 1
+        if head[:2] == b"\x1f\x8b":
+            return zlib.decompressobj(16 + zlib.MAX_WBITS)
+        if self._members > 1:
+            raise UpstreamError(f"sent bytes after the end of its {self._coding} body")
+        if len(head) >= 2 and head[0] & 0x0F == 8 and int.from_bytes(head[:2], "big") % 31 == 0:
+            return zlib.decompressobj(zlib.MAX_WBITS)   # a zlib header
+        if self._coding == "deflate":
+            return zlib.decompressobj(-zlib.MAX_WBITS)
+        raise UpstreamError("sent a body its Content-Encoding does not decode (no gzip "
+                            "header)")
 
     async def read_at_most(self, size: int) -> bytes:
         """Up to ``size`` bytes (fewer at the end); reads nothing past them."""
@@ -117,6 +151,8 @@ class SseParser:
         self._max = max_event_bytes
         self._line = bytearray()      # the line being read, without its end
         self._skip_lf = False         # the last chunk ended in CR: a next LF is its pair
+        self._head = b""              # the stream's first bytes while they may be a BOM
+        self._started = False         # past the stream's first three bytes (or its BOM)
         self._data: list[str] = []
         self._data_bytes = 0
         self._event = ""
@@ -127,6 +163,11 @@ class SseParser:
         return len(self._line) + self._data_bytes
 
     def feed(self, chunk: bytes) -> list[tuple[str, str]]:
+        if not self._started:   # one UTF-8 byte order mark may open the stream: dropped
+            self._head += chunk
+            if len(self._head) < len(BOM) and BOM.startswith(self._head):
+                return []
+            chunk, self._head, self._started = self._head.removeprefix(BOM), b"", True
         if self._skip_lf and chunk[:1] == b"\n":
             chunk = chunk[1:]
         self._skip_lf = False
@@ -149,20 +190,20 @@ class SseParser:
             raise UpstreamError(f"sent an SSE line or event over {size_text(self._max)}")
 
     def _take_line(self) -> tuple[str, str] | None:
-        line = self._line.decode("utf-8", "replace")
+        line = bytes(self._line)
         self._line.clear()
         if not line:
             return self._dispatch()
-        if line.startswith(":"):
+        if line.startswith(b":"):
             return None
-        name, colon, value = line.partition(":")
-        if colon and value.startswith(" "):
+        name, colon, value = line.partition(b":")
+        if colon and value.startswith(b" "):
             value = value[1:]
-        if name == "data":
-            self._data.append(value)
+        if name == b"data":   # counted as received, in bytes, as the cap is
+            self._data.append(value.decode("utf-8", "replace"))
             self._data_bytes += len(value) + 1
-        elif name == "event":
-            self._event = value
+        elif name == b"event":
+            self._event = value.decode("utf-8", "replace")
         return None
 
     def _dispatch(self) -> tuple[str, str] | None:

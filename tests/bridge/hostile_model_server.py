@@ -29,6 +29,7 @@ import gzip
 import json
 import socket
 import struct
+import zlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -44,7 +45,9 @@ SSE = {"Content-Type": "text/event-stream"}
 BEHAVIOURS = ("ENDLESS_LINE", "ENDLESS_EVENT", "ENDLESS_REPLY", "ENDLESS_ERROR", "STREAM_ERROR",
               "ERROR_EVENT", "HTML", "JSON_ERROR", "WHOLE", "BAD_JSON", "WRONG_TYPE", "RESET",
               "TRUNCATED", "STALL_HEADERS", "STALL_CHUNKS", "NO_DONE", "RATE_LIMITED",
-              "UNAVAILABLE", "REDIRECT", "GZIP_BOMB", "GZIP_OK", "KEEPALIVE_ONLY", "BROTLI")
+              "UNAVAILABLE", "REDIRECT", "GZIP_BOMB", "GZIP_OK", "KEEPALIVE_ONLY", "BROTLI",
+              "GZIP_MEMBERS", "GZIP_CUT", "GZIP_TRAILING", "DEFLATE_RAW", "DEFLATE_ZLIB",
+              "BYTE_ORDER_MARK", "KEEPALIVE_AFTER_FINISH")
 MODELS_MODES = ("ok", "endless", "wrong_types", "mixed", "many", "html", "stall", "missing")
 
 
@@ -240,6 +243,48 @@ class HostileModelServer:
         body = chunk("zipped ") + chunk("reply") + chunk(finish="stop") + b"data: [DONE]\r\n\r\n"
         await stream.send(head(200, "OK", {**SSE, "Content-Encoding": "gzip"})
                           + gzip.compress(body.replace(b"\n", b"\r\n")))
+
+    async def _gzip_members(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
+        """Two gzip members, one body (RFC 1952 allows it): the second holds the end."""
+        first, second = chunk("one "), chunk("two") + chunk(finish="stop") + b"data: [DONE]\n\n"
+        await stream.send(head(200, "OK", {**SSE, "Content-Encoding": "gzip"})
+                          + gzip.compress(first) + gzip.compress(second))
+
+    async def _gzip_cut(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
+        """A gzipped reply (a finish, no [DONE]) whose body ends before its gzip trailer
+        (the CRC and length that say it arrived whole)."""
+        body = gzip.compress(chunk("cut short ") + chunk(finish="stop"))
+        await stream.send(head(200, "OK", {**SSE, "Content-Encoding": "gzip"}) + body[:-8])
+
+    async def _gzip_trailing(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
+        """A whole gzip member (no finish yet), then bytes that are no gzip member."""
+        await stream.send(head(200, "OK", {**SSE, "Content-Encoding": "gzip"})
+                          + gzip.compress(chunk("so far ")) + b"not gzip at all")
+
+    async def _deflate_raw(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
+        """``deflate`` as some servers send it: raw DEFLATE, no zlib header."""
+        squeeze = zlib.compressobj(wbits=-zlib.MAX_WBITS)
+        body = chunk("raw ") + chunk("deflate") + chunk(finish="stop") + b"data: [DONE]\n\n"
+        await stream.send(head(200, "OK", {**SSE, "Content-Encoding": "deflate"})
+                          + squeeze.compress(body) + squeeze.flush())
+
+    async def _deflate_zlib(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
+        body = chunk("zlib ") + chunk("deflate") + chunk(finish="stop") + b"data: [DONE]\n\n"
+        await stream.send(head(200, "OK", {**SSE, "Content-Encoding": "deflate"})
+                          + zlib.compress(body))
+
+    async def _byte_order_mark(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
+        """A stream that begins with a UTF-8 byte order mark (the SSE format allows one)."""
+        await stream.send(head(200, "OK", SSE) + b"\xef\xbb\xbf" + chunk("marked")
+                          + chunk(finish="stop") + b"data: [DONE]\n\n")
+
+    async def _keepalive_after_finish(self, stream: anyio.abc.SocketStream,
+                                      behaviour: str) -> None:
+        """The reply finishes, then comments follow for ever: no [DONE], no end."""
+        await stream.send(head(200, "OK", SSE) + chunk("done talking") + chunk(finish="stop")
+                          + chunk(usage={"prompt_tokens": 2, "completion_tokens": 2,
+                                         "total_tokens": 4}))
+        await self._endless(stream, behaviour, b": keep-alive\n\n" * 1000)
 
     async def _brotli(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
         await stream.send(head(200, "OK", {**SSE, "Content-Encoding": "br"}) + b"\x0b\x02\x80")

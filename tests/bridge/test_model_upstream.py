@@ -47,6 +47,8 @@ FAULTS = [
     ("REDIRECT", r"answered 307, a redirect to 'http://127.0.0.1:\d+/elsewhere/v1' \(not "
                  r"followed"),
     ("BROTLI", r"sent Content-Encoding 'br', which the model agent does not decode"),
+    ("GZIP_CUT", r"sent a gzip body cut off before its end"),
+    ("GZIP_TRAILING", r"sent bytes after the end of its gzip body"),
 ]
 ENDLESS = {"ENDLESS_LINE", "ENDLESS_EVENT", "KEEPALIVE_ONLY", "ENDLESS_ERROR", "GZIP_BOMB"}
 
@@ -137,6 +139,38 @@ async def test_a_whole_json_completion_and_a_gzipped_crlf_stream_are_understood(
                      if u["sessionUpdate"] == "agent_message_chunk"]
             assert shown == ["a whole answer", "zipped ", "reply"]
     assert upstream.requests[0]["stream"] is True
+
+
+@pytest.mark.parametrize(("behaviour", "shown"), [
+    ("GZIP_MEMBERS", ["one ", "two"]),            # gzip members one after another
+    ("DEFLATE_RAW", ["raw ", "deflate"]),         # deflate without its zlib header
+    ("DEFLATE_ZLIB", ["zlib ", "deflate"]),
+    ("BYTE_ORDER_MARK", ["marked"]),              # a BOM before the first line
+])
+async def test_each_valid_encoding_of_a_stream_is_understood(tmp_path, behaviour: str,
+                                                             shown: list[str]) -> None:
+    async with hostile_model_server() as upstream:
+        async with Bridge(small_caps(upstream.url), workspace_cwd=str(tmp_path)) as bridge:
+            sid = (await bridge.create_session()).session_id
+            sub = bridge.subscribe(sid)
+            result = await bridge.send_prompt(sid, text(f"{behaviour} please"))
+            assert result.stop_reason == "end_turn"
+            assert [u["content"]["text"] for u in _updates(sub)
+                    if u["sessionUpdate"] == "agent_message_chunk"] == shown
+
+
+async def test_comments_after_the_finish_do_not_hold_the_turn_open(tmp_path) -> None:
+    """The grace after a finish_reason is a deadline, not a silence: a server that
+    sends keep-alives for ever after finishing does not keep the turn (or read on)."""
+    async with hostile_model_server() as upstream:
+        factory = ModelAgentFactory(upstream.url, model="m-one", finish_grace_s=0.2)
+        async with Bridge(factory, workspace_cwd=str(tmp_path)) as bridge:
+            sid = (await bridge.create_session()).session_id
+            result = await bridge.send_prompt(sid, text("KEEPALIVE_AFTER_FINISH please"))
+            assert result.stop_reason == "end_turn"
+            assert result.response["usage"]["totalTokens"] == 4
+            await wait_until(lambda: upstream.cut_off == ["KEEPALIVE_AFTER_FINISH"])
+            assert upstream.exhausted == []
 
 
 async def test_a_finish_without_done_ends_the_turn_after_the_grace(tmp_path) -> None:
@@ -241,6 +275,41 @@ async def test_an_error_body_is_read_only_as_far_as_kept() -> None:
         await wait_until(lambda: upstream.cut_off == ["ENDLESS_ERROR"])
 
 
+class _Pieces:
+    """What ``BoundedBody`` reads of a response (its headers, its raw body), in pieces
+    of ``size`` bytes: how the network may cut it."""
+
+    def __init__(self, coding: str, body: bytes, size: int) -> None:
+        self.headers = {"content-encoding": coding}
+        self._pieces = [body[i:i + size] for i in range(0, len(body), size)]
+
+    async def aiter_raw(self):  # type: ignore[no-untyped-def]
+        for piece in self._pieces:
+            yield piece
+
+
+@pytest.mark.parametrize("size", [1, 2, 7, 1 << 20])
+async def test_compressed_bodies_inflate_whole_however_cut(size: int) -> None:
+    import gzip
+    import zlib
+    plain = bytes(range(256)) * 600   # more than INFLATE_STEP decoded
+    raw = zlib.compressobj(wbits=-zlib.MAX_WBITS)
+    for coding, body in (("gzip", gzip.compress(plain[:1000]) + gzip.compress(plain[1000:])),
+                         ("deflate", raw.compress(plain) + raw.flush()),
+                         ("deflate", zlib.compress(plain)), ("gzip", b"")):
+        reader = BoundedBody(_Pieces(coding, body, size), limit=len(plain))  # type: ignore[arg-type]
+        decoded = bytearray()
+        while chunk := await reader.read():
+            assert len(chunk) <= INFLATE_STEP
+            decoded += chunk
+        assert decoded == (plain if body else b""), (coding, size)
+    with pytest.raises(UpstreamError, match="cut off before its end"):
+        reader = BoundedBody(_Pieces("deflate", zlib.compress(plain)[:-4], size),  # type: ignore[arg-type]
+                             limit=len(plain))
+        while await reader.read():
+            pass
+
+
 def test_the_sse_parser_splits_lines_on_any_ending_and_any_chunking() -> None:
     stream = (b": comment\r\nevent: error\rdata: a\r\ndata:  b\n\r\n"
               b"id: 7\nretry: 10\n\n"            # no data: no event
@@ -252,6 +321,28 @@ def test_the_sse_parser_splits_lines_on_any_ending_and_any_chunking() -> None:
         for start in range(0, len(stream), size):
             events += parser.feed(stream[start:start + size])
         assert events == expected, size
+
+
+def test_the_sse_parser_drops_a_leading_byte_order_mark_however_split() -> None:
+    stream = b"\xef\xbb\xbfdata: a\n\n\xef\xbb\xbfdata: b\n\n"   # only the first is one
+    for size in (1, 2, 3, 4, len(stream)):
+        parser = SseParser(max_event_bytes=100)
+        events = []
+        for start in range(0, len(stream), size):
+            events += parser.feed(stream[start:start + size])
+        assert events == [("message", "a")], size   # "\ufeffdata" is no field: ignored
+    assert SseParser().feed(b"\xef\xbbdata: x\n\n") == []   # half a mark is no mark
+    assert SseParser().feed(b"\xef") == [] and SseParser().feed(b"data: y\n\n") == [
+        ("message", "y")]
+
+
+def test_the_sse_parser_counts_an_events_data_in_bytes() -> None:
+    parser = SseParser(max_event_bytes=1000)
+    line = b"data: " + "\u00e9".encode() * 100 + b"\n"   # 100 characters, 200 bytes
+    with pytest.raises(UpstreamError, match=r"over 1000 bytes"):
+        for _ in range(6):
+            parser.feed(line)
+            assert parser.kept <= 1000
 
 
 def test_the_sse_parser_keeps_no_more_than_its_cap() -> None:
