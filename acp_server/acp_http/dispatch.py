@@ -73,6 +73,7 @@ from acp_server.acp_http.errors import (  # noqa: F401 - re-exported for the rou
     encode_bridge_error,
 )
 from acp_server.principals import Denial
+from acp_server.store.errors import ENGINE_ERRORS, StoreUnavailableError
 from acp_server.principals.model import INFO, MUTATING, PROMPTING, READING, Access
 from bridge import Bridge
 from bridge.errors import (
@@ -547,8 +548,8 @@ async def dispatch(conn: AcpConnection, msg: Message, params: dict[str, Any]) ->
         handler = METHODS.get(method) or V1_METHODS.get(method) or _other(method, is_request)
         result = await _run(conn, rpc_id, is_request, handler, params)
     except Exception as exc:
-        if not isinstance(exc, BridgeError):
-            log.exception("acp %s failed", method)
+        if not isinstance(exc, (BridgeError, StoreUnavailableError, *ENGINE_ERRORS)):
+            log.exception("acp %s failed", method)   # the store's: logged as answered
         if is_request:
             target.push(encode_bridge_error(rpc_id, exc))
         return

@@ -20,7 +20,8 @@ params, workspace mismatch
                                              httpStatus: 504, retryable: true, phase,
                                              timeoutMs}``
 ``StoreUnavailableError`` (store)    -32603   ``{errorKind: "store_unavailable",
-                                             retryable: true, retryAfterSeconds}``
+and ``ENGINE_ERRORS`` (a write                retryable: true, retryAfterSeconds}``
+refused for good; logged)
 ``SessionMovedError`` (fenced)      -32603   ``{errorKind: "session_moved",
                                              retryable: true, retryAfterSeconds: 1}``
 ``SessionBusyElsewhereError``       -32603   ``{errorKind: "session_busy_elsewhere",
@@ -36,13 +37,19 @@ names are the peer's (``bridge.wire.error_details``).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
 import msgspec
 
 from acp_server.http.policy import Refusal
-from acp_server.store.errors import StoreUnavailableError
+from acp_server.store.errors import (
+    ENGINE_ERRORS,
+    RETRY_AFTER_S,
+    StoreUnavailableError,
+    first_line,
+)
 from bridge.errors import (
     AgentDiedError,
     AgentError,
@@ -72,6 +79,7 @@ from bridge.jsonrpc import (INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, MET
                             REQUEST_CANCELLED, encode_error)
 from bridge.wire import error_details
 
+log = logging.getLogger("acp_server.acp_http")
 RpcId = int | str | None
 
 
@@ -197,6 +205,11 @@ def to_rpc_error(exc: BaseException) -> RpcError:
             else "The store is unavailable; retry later"
         return INTERNAL_ERROR, message, {
             "errorKind": exc.code, "retryable": True, "retryAfterSeconds": exc.retry_after}
+    if isinstance(exc, ENGINE_ERRORS):   # the store refused a write for good: as REST, LMSP
+        log.warning("acp: the store refused the write: %s", first_line(exc, 200))
+        return INTERNAL_ERROR, "The store is unavailable; retry later", {
+            "errorKind": "store_unavailable", "retryable": True,
+            "retryAfterSeconds": RETRY_AFTER_S}
     if not isinstance(exc, BridgeError):
         return INTERNAL_ERROR, "Internal error", {"errorKind": "internal"}
     answer = ANSWERS.get(type(exc))

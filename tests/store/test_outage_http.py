@@ -4,9 +4,12 @@ says down, nothing acknowledged is lost, work resumes by itself."""
 
 from __future__ import annotations
 
+import logging
+import sqlite3
 from pathlib import Path
 
 import anyio
+import psycopg
 import pytest
 
 from acp_server.acp_http.errors import to_rpc_error
@@ -116,3 +119,25 @@ def test_every_door_maps_the_outage_to_its_own_503() -> None:
     assert data["errorKind"] == "store_unavailable" and data["retryable"] is True
 
 
+
+
+@pytest.mark.parametrize("engine_error", [
+    sqlite3.IntegrityError("CHECK constraint failed"),
+    psycopg.errors.ProgramLimitExceeded("index row size 9000 exceeds btree maximum"),
+    psycopg.errors.RaiseException("refused by a trigger"),
+], ids=["sqlite", "pg-class-54", "pg-trigger"])
+def test_every_door_answers_a_refused_write_as_the_outage(
+        engine_error: Exception, caplog: pytest.LogCaptureFixture) -> None:
+    """A write the store refuses for good (``ENGINE_ERRORS``) that reaches a door: REST's
+    503 and ``/acp``'s ``store_unavailable`` alike (``/acp`` answered ``internal``, its
+    500, where REST and LMSP answer 503), logged as a refusal, its text not sent."""
+    caplog.set_level(logging.WARNING)
+    status, body, headers = describe(engine_error)
+    assert (status, body["code"], headers) == (503, "store_unavailable", {"Retry-After": "5"})
+    code, message, data = to_rpc_error(engine_error)
+    assert code == -32603 and data is not None
+    assert data == {"errorKind": "store_unavailable", "retryable": True,
+                    "retryAfterSeconds": 5}
+    assert str(engine_error) not in message
+    refusals = [r.getMessage() for r in caplog.records if "refused the write" in r.getMessage()]
+    assert len(refusals) == 2 and all(str(engine_error) in r for r in refusals)
