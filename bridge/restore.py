@@ -131,6 +131,7 @@ async def restore_session(bridge: Bridge, found: RestoredSession) -> Session:
     session.agent_side = side.ensure
     if not known:   # never another agent in its place: the conversation is not its own
         session.agent_side = None
+        session.missing_agent = record.agent   # shown as its agent, not the slot's
         session.not_restorable = (f"its agent {record.agent!r} is not configured on this "
                                   f"server")
     session.start(bridge._tasks())

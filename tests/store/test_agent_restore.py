@@ -115,5 +115,8 @@ async def test_a_session_whose_agent_is_gone_is_not_restorable(tmp_path: Path,
             listed = (await client.get(f"/workspace/{workspace_id(str(tmp_path))}/sessions")
                       ).json()
             assert llm in [s["sessionId"] for s in listed["sessions"]]
+            # it is still the model's session, not the default agent's that holds its slot
+            assert [s["agent"] for s in listed["sessions"] if s["sessionId"] == llm] == [
+                "fake-small"]
     finally:
         await anyio.to_thread.run_sync(child.stop)
