@@ -11,9 +11,10 @@ agent's upstream: a server we do not control, reached over the network).
 Contracts:
 
 * Every limit counts decoded bytes: ``BoundedBody`` reads the raw body and inflates
-  ``gzip``/``deflate`` itself, at most ``INFLATE_STEP`` bytes at a time, so a small
-  compressed body that expands hugely is cut at ``limit`` like a plain one (the client
-  asks for ``Accept-Encoding: identity``; another coding is an ``UpstreamError``).
+  ``gzip``/``deflate`` itself, at most ``INFLATE_STEP`` bytes a step with a checkpoint
+  before each (other tasks run, a cancel is seen), so a small compressed body that
+  expands hugely is cut at ``limit`` like a plain one and holds no one meanwhile (the
+  client asks for ``Accept-Encoding: identity``; another coding is an ``UpstreamError``).
   gzip members one after another are one body; ``deflate`` is zlib or raw DEFLATE. A
   compressed body cut off before its end (its gzip trailer, its zlib checksum), or
   followed by bytes that are no gzip member, is an ``UpstreamError``.
@@ -35,6 +36,7 @@ import zlib
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio.lowlevel
 import httpx
 import msgspec
 
@@ -90,7 +92,9 @@ class BoundedBody:
         return chunk
 
     async def _inflate(self) -> bytes:
-        """The next decoded bytes (at most ``INFLATE_STEP``), ``b""`` at a whole end."""
+        """The next decoded bytes (at most ``INFLATE_STEP``), ``b""`` at a whole end;
+        a checkpoint first (a step needs no network read: a bomb must not hold the loop)."""
+        await anyio.lowlevel.checkpoint()
         while True:
             if not self._ended and (not self._pending or (
                     self._inflater is None and len(self._pending) < 2)):

@@ -310,6 +310,32 @@ async def test_compressed_bodies_inflate_whole_however_cut(size: int) -> None:
             pass
 
 
+async def test_each_inflate_step_lets_the_other_tasks_run() -> None:
+    """A small compressed body that expands to many steps is read a step at a time with
+    a checkpoint between steps: it holds neither the event loop (every session, every
+    request of the server) nor a cancel until all of it is parsed. Without, 256 MiB of
+    gzipped keep-alive lines (~256 KiB sent) kept the loop for about half a minute."""
+    import gzip
+    plain = b": keep-alive\n\n" * (40 * INFLATE_STEP // 14)   # 40 steps, in one raw piece
+    reader = BoundedBody(_Pieces("gzip", gzip.compress(plain), 1 << 20),  # type: ignore[arg-type]
+                         limit=len(plain))
+    ticks = steps = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await anyio.sleep(0)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ticker)
+        while await reader.read():
+            steps += 1
+        tg.cancel_scope.cancel()
+    assert steps >= 40
+    assert ticks >= steps - 1   # the other task ran between (nearly) every two steps
+
+
 def test_the_sse_parser_splits_lines_on_any_ending_and_any_chunking() -> None:
     stream = (b": comment\r\nevent: error\rdata: a\r\ndata:  b\n\r\n"
               b"id: 7\nretry: 10\n\n"            # no data: no event
