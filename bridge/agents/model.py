@@ -32,7 +32,7 @@ Contracts:
   ...}`` or ``event: error``), a content type that is no event stream, a chunk that is
   not a ``chat.completion.chunk``, a connection broken off, a stream that ends with
   neither a ``finish_reason`` nor ``[DONE]``, ``timeout_s`` (``READ_TIMEOUT_S``) without
-  a byte. A JSON ``chat.completion`` (a server that ignores ``stream``) is taken whole.
+  a byte, JSON nested past the decoder's depth. A JSON ``chat.completion`` (a server that ignores ``stream``) is taken whole.
 * After a ``finish_reason`` the stream may end without ``[DONE]``, or stay open: at
   ``finish_grace_s`` (``FINISH_GRACE_S``) after it the turn ends normally, whatever
   comes meanwhile (a usage chunk still counts; keep-alive comments do not hold it open).
@@ -152,8 +152,9 @@ async def discover_models(base_url: str, *, api_key: str | None = None,
         raise UpstreamError(_transport_text(exc, timeout_s)) from None
     try:
         models = _models_decoder.decode(data)
-    except msgspec.ValidationError as exc:
-        raise UpstreamError(f'listed its models at /models in an unknown shape ({exc}; '
+    except (msgspec.ValidationError, RecursionError) as exc:
+        why = "JSON nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise UpstreamError(f'listed its models at /models in an unknown shape ({why}; '
                             f'expected {{"data": [{{"id": ...}}]}})') from None
     except msgspec.DecodeError:
         raise UpstreamError(f"answered /models with {kind or 'no Content-Type'}, not JSON: "
@@ -439,8 +440,9 @@ class ModelConnection:
     def _decode(self, text: str) -> _Chunk:
         try:
             chunk = _chunk_decoder.decode(text)
-        except msgspec.DecodeError as exc:
-            raise UpstreamError(f"sent a chunk that is not a chat.completion.chunk ({exc}): "
+        except (msgspec.DecodeError, RecursionError) as exc:   # RecursionError: nested deep
+            why = "JSON nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+            raise UpstreamError(f"sent a chunk that is not a chat.completion.chunk ({why}): "
                                 f"{text[:120]!r}") from None
         if chunk.error is not None:
             message = error_message(chunk.error) or repr(chunk.error)[:300]
@@ -470,7 +472,7 @@ class ModelConnection:
             data += chunk
         try:
             completion = _completion_decoder.decode(data)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):
             completion = None
         if completion is not None and completion.error is not None:
             message = error_message(completion.error) or repr(completion.error)[:300]

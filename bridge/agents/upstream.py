@@ -25,6 +25,7 @@ Contracts:
   ``UpstreamError``: what it keeps is bounded by the cap whatever the server sends.
 * ``error_detail`` reads at most ``ERROR_DETAIL_BYTES`` of a body and never more, and
   names an OpenAI-shaped ``{"error": {"message": ...}}``'s message when there is one.
+  JSON the decoder cannot take (nested past its depth: a ``RecursionError``) is text.
 * ``UpstreamError``'s message is a cause ("sent an SSE event over 4 MiB"), to be put
   after the server's name.
 """
@@ -242,7 +243,7 @@ def body_message(data: bytes) -> str:
     """An error body as one short text: the JSON error's message, else the text."""
     try:
         parsed = msgspec.json.decode(data, type=_ErrorBody)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):   # nested past the decoder's depth
         parsed = None
     if parsed is not None:
         for value in (parsed.error, parsed.message, parsed.detail):

@@ -47,8 +47,11 @@ BEHAVIOURS = ("ENDLESS_LINE", "ENDLESS_EVENT", "ENDLESS_REPLY", "ENDLESS_ERROR",
               "TRUNCATED", "STALL_HEADERS", "STALL_CHUNKS", "NO_DONE", "RATE_LIMITED",
               "UNAVAILABLE", "REDIRECT", "GZIP_BOMB", "GZIP_OK", "KEEPALIVE_ONLY", "BROTLI",
               "GZIP_MEMBERS", "GZIP_CUT", "GZIP_TRAILING", "DEFLATE_RAW", "DEFLATE_ZLIB",
-              "BYTE_ORDER_MARK", "KEEPALIVE_AFTER_FINISH")
-MODELS_MODES = ("ok", "endless", "wrong_types", "mixed", "many", "html", "stall", "missing")
+              "BYTE_ORDER_MARK", "KEEPALIVE_AFTER_FINISH", "DEEP_CHUNK", "DEEP_ERROR",
+              "DEEP_COMPLETION")
+DEEP = 5000   # JSON arrays nested this deep: past any recursive decoder's depth (10 KB)
+MODELS_MODES = ("ok", "endless", "wrong_types", "mixed", "many", "html", "stall", "missing",
+                "deep")
 
 
 def head(status: int, reason: str, headers: dict[str, str] | None = None) -> bytes:
@@ -286,6 +289,18 @@ class HostileModelServer:
                                          "total_tokens": 4}))
         await self._endless(stream, behaviour, b": keep-alive\n\n" * 1000)
 
+    async def _deep_chunk(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
+        await stream.send(head(200, "OK", SSE) + chunk("before ") + b'data: {"error": '
+                          + b"[" * DEEP + b"]" * DEEP + b"}\n\n")
+
+    async def _deep_error(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
+        await stream.send(head(500, "Internal Server Error", {"Content-Type": "application/json"})
+                          + b'{"error": ' + b"[" * DEEP + b"]" * DEEP + b"}")
+
+    async def _deep_completion(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
+        await stream.send(head(200, "OK", {"Content-Type": "application/json"})
+                          + b'{"error": ' + b"[" * DEEP + b"]" * DEEP + b"}")
+
     async def _brotli(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
         await stream.send(head(200, "OK", {**SSE, "Content-Encoding": "br"}) + b"\x0b\x02\x80")
 
@@ -314,6 +329,8 @@ class HostileModelServer:
                               + b"<html><body>Welcome to the proxy</body></html>")
         elif mode == "stall":
             await self._stall(stream, "models:stall")
+        elif mode == "deep":
+            await stream.send(json_head + b'{"data": ' + b"[" * DEEP + b"]" * DEEP + b"}")
         elif mode == "missing":
             await stream.send(head(404, "Not Found", {"Content-Type": "application/json"})
                               + b'{"error": {"message": "no such route /v1/models"}}')

@@ -49,6 +49,12 @@ FAULTS = [
     ("BROTLI", r"sent Content-Encoding 'br', which the model agent does not decode"),
     ("GZIP_CUT", r"sent a gzip body cut off before its end"),
     ("GZIP_TRAILING", r"sent bytes after the end of its gzip body"),
+    # JSON nested past the decoder's depth (a RecursionError, not a DecodeError)
+    ("DEEP_CHUNK", r"sent a chunk that is not a chat.completion.chunk \(JSON nested too "
+                   r"deeply\): '\{\"error\": \[\[\["),
+    ("DEEP_ERROR", r"answered 500: \{\"error\": \[\[\["),
+    ("DEEP_COMPLETION", r"answered 200 with JSON that is neither a stream nor a completion: "
+                        r"\{\"error\": \[\[\["),
 ]
 ENDLESS = {"ENDLESS_LINE", "ENDLESS_EVENT", "KEEPALIVE_ONLY", "ENDLESS_ERROR", "GZIP_BOMB"}
 
@@ -230,6 +236,7 @@ async def test_discover_models_keeps_usable_ids_once() -> None:
     ("endless", r"sent more than 64 KiB in one reply"),
     ("stall", r"did not list its models at /models within 0.3 s"),
     ("missing", r"answered 404 at /models: no such route /v1/models"),
+    ("deep", r"listed its models at /models in an unknown shape \(JSON nested too deeply"),
 ])
 async def test_discover_models_names_what_is_wrong(mode: str, cause: str) -> None:
     async with hostile_model_server() as upstream:
