@@ -10,7 +10,7 @@ either backend), each request handed to a script that writes whatever bytes it l
     await server.seen.wait()                               # a request has arrived
 
 Contracts: the script gets each request once its head (request line and headers, at most
-64 KiB) has been read; the request's body is left unread. One request per connection:
+64 KiB) has been read; the request's body is left unread (but for what came with the head: ``early``). One request per connection:
 the connection is closed when the script returns (a script that never returns keeps it
 open until the server's block ends). ``requests`` records every request's method, target
 and headers (lower-cased names) before its script runs; ``seen`` is set by the first.
@@ -35,6 +35,7 @@ class RawRequest:
     method: str
     target: str
     headers: dict[str, str]
+    early: bytes = b""   # what came with the head of the body (the rest is left unread)
 
 
 @dataclass
@@ -118,13 +119,14 @@ async def _read_head(stream: anyio.abc.SocketStream) -> RawRequest | None:
             data += await stream.receive()
         except (anyio.EndOfStream, anyio.BrokenResourceError, OSError):
             return None
-    head = data.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")
+    raw_head, early = data.split(b"\r\n\r\n", 1)
+    head = raw_head.decode("latin-1").split("\r\n")
     method, target, _version = head[0].split(" ", 2)
     headers = {}
     for line in head[1:]:
         name, _, value = line.partition(":")
         headers[name.strip().lower()] = value.strip()
-    return RawRequest(method, target, headers)
+    return RawRequest(method, target, headers, early)
 
 
 @contextlib.asynccontextmanager

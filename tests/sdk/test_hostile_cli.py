@@ -199,3 +199,59 @@ async def test_ctrl_c_while_a_task_is_watched_exits_130() -> None:
              "GET /lmsp/v1/tasks/": json_answer(b'{"id": "task_1", "status": "queued"}')}
     code, err = await _interrupt(["tasks", "watch", "task_1"], table, waiting)
     assert code == 130 and "Traceback" not in err, err
+
+
+# -- what a prompt's event stream can hold -------------------------------------------------------
+def _prompt_with_events(*frames: bytes | None, vote: list[bytes] | None = None) -> dict:
+    """A daemon whose prompt's event stream sends ``frames`` (``None``: wait until the
+    client has voted on a permission) and ends; votes are kept in ``vote``."""
+    voted = anyio.Event()
+
+    async def events(conn: Conn) -> None:
+        await conn.head()
+        for frame in frames:
+            if frame is None:
+                await voted.wait()
+            else:
+                await conn.send(frame)
+
+    async def permission(conn: Conn) -> None:
+        body = conn.request.early
+        with anyio.move_on_after(5):   # the vote's body, as far as sent
+            while b"}}" not in body:
+                body += await conn.stream.receive()
+        if vote is not None:
+            vote.append(body)
+        await conn.answer(200, b"{}")
+        voted.set()
+
+    return {"POST /session/s-1/prompt": json_answer(b'{"promptId": "p-1", "lastEventId": 0}',
+                                                    202),
+            "POST /session/s-1/permission/": permission,
+            "POST /session": json_answer(b'{"sessionId": "s-1"}'),
+            "GET /session/s-1/events": events}
+
+
+@pytest.mark.parametrize(("frames", "says"), [
+    ((b'data: {"type": 5}\n\n',), "Malformed daemon answer"),
+    ((b'id: 1\ndata: {"type": "session_update", "id": 1}\n\n',), "not resumed after 5 attempts"),
+], ids=["wrong-type", "replayed-for-ever"])
+async def test_a_broken_event_stream_is_one_line(frames: tuple[bytes, ...], says: str) -> None:
+    async with raw_server(routes(_prompt_with_events(*frames))) as server:
+        done = await run("prompt", "hi", "--url", server.url)
+    assert says in one_error_line(done, "acp-server prompt: ")
+
+
+async def test_a_permission_request_of_the_wrong_shape_is_answered_cancelled() -> None:
+    vote: list[bytes] = []
+    frames = (b'data: {"type": "permission_request", "id": 1, "promptId": "p-1", "data": '
+              b'{"requestId": "r-1", "options": "abc", "toolCall": "not an object"}}\n\n',
+              b'data: {"type": "permission_resolved", "id": 2, "data": {"requestId": "r-9"}}'
+              b'\n\n', None,
+              b'data: {"type": "turn_complete", "id": 3, "data": {"promptId": "p-1"}}\n\n')
+    async with raw_server(routes(_prompt_with_events(*frames, vote=vote))) as server:
+        done = await run("prompt", "hi", "--url", server.url)
+    err = done.stderr.decode()
+    assert done.returncode == 0 and "Traceback" not in err, err
+    assert "answered cancelled" in err
+    assert vote == [b'{"outcome":{"outcome":"cancelled"}}']
