@@ -20,14 +20,17 @@ Contracts:
   stream with ``Last-Event-ID`` = the last ``sequence_number`` seen (at most
   ``max_reconnects`` times in a row without progress), and stops after the terminal
   event (or on ``204``: nothing after the cursor). Events are yielded one at a time.
-* Every call but ``events`` ends within ``timeout`` seconds, its answer included (a
+* Each request of a call ends within ``timeout`` seconds, its answer included (a
   server that trickles it fails the call with ``DaemonConnectionError`` "timed out");
   ``events`` reads as ``acp_server.client.sse`` says (each line within the stream's
   read timeout, at least ``MIN_STREAM_READ_TIMEOUT_S``). A redirect is never followed
   (``LmspProblem`` ``http_3xx`` "redirected to …"), so the token stays with the server
   it was given for. A task id is always one path segment (quoted).
 * ``wait`` follows the events to the end (falls back to polling when the server has no
-  event stream) and returns the final task object.
+  event stream) and returns the final task object. Once a terminal event was seen, the task object is asked for at most
+  ``POLLS_AFTER_END + 1`` times: a server whose task never agrees with its events is
+  ``DaemonProtocolError``, not a poll for ever. (Without events it polls as long as
+  the task runs: bound that with ``anyio.fail_after``.)
 """
 
 from __future__ import annotations
@@ -60,6 +63,8 @@ TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
 TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed",
                              "response.cancelled"})
 MIN_STREAM_READ_TIMEOUT_S = 45.0
+# How often ``wait`` asks for a task its events said had ended, before it gives up.
+POLLS_AFTER_END = 25
 
 
 # -- wire ----------------------------------------------------------------------------------
@@ -376,17 +381,25 @@ class TaskClient:
                     return
 
     async def wait(self, task_id: str, *, poll_interval: float = 0.5) -> Task:
-        """The task once it is terminal."""
+        """The task once it is terminal (module contract)."""
+        ended: TaskEvent | None = None
         try:
             async with contextlib.aclosing(self.events(task_id)) as events:
                 async for event in events:
                     if event.terminal:
+                        ended = event
                         break
         except LmspProblem as exc:
             if exc.status not in (404, 410):  # no stream (or no history): poll instead
                 raise
+        polls = 0
         while True:
             task = await self.get(task_id)
             if task.terminal:
                 return task
+            polls += 1
+            if ended is not None and polls > POLLS_AFTER_END:
+                raise DaemonProtocolError(
+                    f"Task {one_line(task_id, 100)}: its events ended it ({ended.type}) but "
+                    f"the task is still {one_line(task.status, 60)!r}")
             await anyio.sleep(poll_interval)

@@ -254,3 +254,18 @@ async def test_task_ids_are_one_path_segment() -> None:
             TaskClient(server.url) as tasks:
         await tasks.get("../../session/x?y=1")
     assert server.requests[0].target == "/lmsp/v1/tasks/..%2F..%2Fsession%2Fx%3Fy%3D1"
+
+
+async def test_wait_does_not_poll_for_ever_a_task_its_events_ended() -> None:
+    """The events say the task ended; the task object says it still runs, for ever."""
+    script = routes({
+        "GET /lmsp/v1/tasks/task_1/events": _stream(
+            b'data: {"type": "response.completed", "sequence_number": 1}\n\n'),
+        "GET /lmsp/v1/tasks/": json_answer(b'{"id": "task_1", "status": "running"}'),
+    })
+    async with raw_server(script) as server, TaskClient(server.url) as tasks:
+        with anyio.fail_after(CEILING), pytest.raises(DaemonProtocolError,
+                                                      match="still 'running'"):
+            await tasks.wait("task_1", poll_interval=0.01)
+    gets = [r for r in server.requests if not r.target.endswith("/events")]
+    assert len(gets) == 1 + 25
