@@ -18,7 +18,7 @@ Contracts:
   ``ACP_SERVER_DEBUG=1`` in the environment its traceback follows.
 * ``checked_text`` refuses a prompt that is not text (bytes that are not UTF-8, read
   from stdin or given as an argument): ``UsageError`` (the commands say so in a line,
-  status 2).
+  status 2). So is an address httpx cannot parse (``--url http://[::1``).
 """
 
 from __future__ import annotations
@@ -33,7 +33,9 @@ from typing import TextIO
 
 import anyio
 import anyio.abc
+import httpx
 
+from acp_server.client.arguments import URL_ENV
 from acp_server.client.errors import one_line
 
 EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
@@ -113,6 +115,10 @@ def run_command(prog: str, command: Command, args: argparse.Namespace, *, out: T
 def _report(prog: str, leaf: BaseException, whole: BaseException, err: TextIO) -> int:
     if isinstance(leaf, UsageError):
         print(f"{prog}: {one_line(str(leaf))}", file=err)
+        return EXIT_USAGE
+    if isinstance(leaf, httpx.InvalidURL):
+        print(f"{prog}: the daemon's address (--url or ${URL_ENV}) is not a URL: "
+              f"{one_line(str(leaf), 200)}", file=err)
         return EXIT_USAGE
     print(f"{prog}: unexpected error: {type(leaf).__name__}: {one_line(str(leaf), 300)}",
           file=err)

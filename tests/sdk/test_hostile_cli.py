@@ -255,3 +255,12 @@ async def test_a_permission_request_of_the_wrong_shape_is_answered_cancelled() -
     assert done.returncode == 0 and "Traceback" not in err, err
     assert "answered cancelled" in err
     assert vote == [b'{"outcome":{"outcome":"cancelled"}}']
+
+
+@pytest.mark.parametrize("args", [["prompt", "hi"], ["tasks", "list"]])
+async def test_an_address_that_is_not_a_url_is_a_usage_error(args: list[str]) -> None:
+    done = await run(*args, "--url", "http://[::1")
+    err = done.stderr.decode()
+    assert done.returncode == 2, err
+    assert err.startswith(f"acp-server {args[0]}: the daemon's address (--url or "
+                          "$ACP_SERVER_URL) is not a URL: ") and err.count("\n") == 1, err

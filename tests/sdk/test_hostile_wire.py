@@ -269,3 +269,15 @@ async def test_wait_does_not_poll_for_ever_a_task_its_events_ended() -> None:
             await tasks.wait("task_1", poll_interval=0.01)
     gets = [r for r in server.requests if not r.target.endswith("/events")]
     assert len(gets) == 1 + 25
+
+
+async def test_a_head_without_end_is_a_connection_error() -> None:
+    """A header line of megabytes (sent at once): httpx's parser refuses it, bounded."""
+    async def huge_header(conn: Conn) -> None:
+        await conn.send(b"HTTP/1.1 200 OK\r\nX-Huge: " + b"h" * (4 * 1024 * 1024))
+        await conn.until_gone()
+
+    async with raw_server(huge_header) as server, DaemonClient(server.url) as client:
+        with anyio.fail_after(CEILING), pytest.raises(DaemonConnectionError,
+                                                      match="GET /health failed"):
+            await client.health()
