@@ -1,7 +1,8 @@
 """What the SDK reads of a daemon's answers, bounded: a server (or a proxy in front of
 it) that misbehaves cannot make the client hold more than these caps.
 
-    response = await read_answer(http, "GET", "/health", max_bytes=MAX_ANSWER_BYTES)
+    response = await read_answer(http, "GET", "/health", max_bytes=MAX_ANSWER_BYTES,
+                                 deadline=30.0)
     response.content                                  # the whole body, decoded, capped
 
     async with http.stream("GET", path, headers=EVENT_STREAM_HEADERS) as response:
@@ -13,8 +14,12 @@ Contracts:
 
 * ``read_answer`` sends the request and reads the answer's body, decoded (a gzip body
   is counted as it expands), never past ``max_bytes``: a longer one raises
-  ``DaemonProtocolError`` naming the cap, the connection closed. It returns a
-  ``Response`` with that body as its content (status and headers as answered).
+  ``DaemonProtocolError`` naming the cap, the connection closed. An answer that is not
+  a success (status 300 and up) is read no further than ``MAX_ERROR_BYTES``, the rest
+  dropped. The whole exchange (connect, send, head and body) ends within ``deadline``
+  seconds (``None``: no such bound), else it raises ``httpx.ReadTimeout``: a server
+  that trickles its answer a byte at a time cannot hold the caller past it. It returns
+  a ``Response`` with that body as its content (status and headers as answered).
 * ``event_data`` is the event-stream format for what the SDK reads of it: lines end in
   CRLF, LF or CR; each event's ``data:`` lines are joined with LF; comments, ``id``,
   ``event`` and ``retry`` fields are ignored (the daemon's events carry their id in
@@ -32,8 +37,10 @@ Contracts:
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
+import math
 from typing import Any
 
+import anyio
 import httpx
 
 from acp_server.client.errors import DaemonProtocolError
@@ -41,7 +48,8 @@ from acp_server.client.errors import DaemonProtocolError
 MIB = 1024 * 1024
 MAX_ANSWER_BYTES = 128 * MIB   # one JSON answer (a session's load with its history: < 64 MiB)
 MAX_EVENT_BYTES = 96 * MIB     # one SSE line or event (an agent's line: at most 64 MiB)
-MAX_ERROR_BYTES = 64 * 1024   # what is read of an event stream's refusal (its error body)
+MAX_ERROR_BYTES = 64 * 1024   # what is read of an error answer (a refusal's body)
+MIN_LINE_RATE = 16 * 1024     # bytes a second a long event-stream line must arrive at, at least
 EVENT_STREAM_HEADERS = {"Accept": "text/event-stream", "Cache-Control": "no-store"}
 
 
@@ -50,12 +58,18 @@ def _size(limit: int) -> str:
 
 
 async def read_answer(http: httpx.AsyncClient, method: str, url: str, *, max_bytes: int,
-                      **kwargs: Any) -> httpx.Response:
+                      deadline: float | None = None, **kwargs: Any) -> httpx.Response:
     """``http.request(method, url, **kwargs)`` with its body read no further than
-    ``max_bytes`` (see the module contract)."""
-    async with http.stream(method, url, **kwargs) as response:
-        body = await read_body(response, max_bytes=max_bytes)
-    return with_body(response, body)
+    ``max_bytes``, all of it within ``deadline`` seconds (see the module contract)."""
+    with anyio.move_on_after(deadline) as scope:
+        async with http.stream(method, url, **kwargs) as response:
+            if response.status_code >= 300:
+                body = await read_capped(response)
+            else:
+                body = await read_body(response, max_bytes=max_bytes)
+        return with_body(response, body)
+    assert scope.cancelled_caught
+    raise httpx.ReadTimeout(f"{method} {url} did not finish within {deadline} s")
 
 
 async def read_body(response: httpx.Response, *, max_bytes: int, cut: bool = False) -> bytes:
@@ -127,19 +141,46 @@ class LineReader:
                     self._after_cr = True
         return lines
 
+    @property
+    def pending(self) -> int:
+        """The bytes of the line not complete yet."""
+        return len(self._line)
+
     def _take(self, part: bytes) -> None:
         if len(self._line) + len(part) > self.limit:
             raise DaemonProtocolError(f"The event stream sent a line over {_size(self.limit)}")
         self._line += part
 
 
-async def event_data(response: httpx.Response, *, max_bytes: int) -> AsyncIterator[str]:
+async def _next_chunk(chunks: AsyncIterator[bytes], deadline: float,
+                      line_timeout: float | None) -> bytes | None:
+    """The next chunk (``None`` at the end), or ``httpx.ReadTimeout`` past ``deadline``."""
+    with anyio.CancelScope(deadline=deadline) as scope:
+        try:
+            return await chunks.__anext__()
+        except StopAsyncIteration:
+            return None
+    assert scope.cancelled_caught
+    raise httpx.ReadTimeout(f"the event stream completed no line in {line_timeout} s")
+
+
+async def event_data(response: httpx.Response, *, max_bytes: int,
+                     line_timeout: float | None = None) -> AsyncIterator[str]:
     """Each event's data (see the module contract)."""
     lines = LineReader(max_bytes)
     data: list[bytes] = []
     size = 0
-    async for chunk in response.aiter_bytes():
-        for line in lines.feed(chunk):
+    chunks = response.aiter_bytes().__aiter__()
+    since = anyio.current_time()
+    while True:
+        deadline = math.inf
+        if line_timeout is not None:
+            deadline = since + line_timeout + lines.pending / MIN_LINE_RATE
+        chunk = await _next_chunk(chunks, deadline, line_timeout)
+        if chunk is None:
+            return
+        found = lines.feed(chunk)
+        for line in found:
             if not line:
                 if data:
                     yield b"\n".join(data).decode("utf-8", "replace")
@@ -156,6 +197,8 @@ async def event_data(response: httpx.Response, *, max_bytes: int) -> AsyncIterat
             if size > max_bytes:
                 raise DaemonProtocolError(f"The event stream sent an event over {_size(max_bytes)}")
             data.append(value)
+        if found:   # the time the caller spent on the events is not the server's
+            since = anyio.current_time()
 
 
 def stream_headers(extra: Mapping[str, str]) -> dict[str, str]:

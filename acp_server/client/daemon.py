@@ -22,7 +22,16 @@ Contracts (``prompt``, mirroring the peer SDK):
   ``eventEpoch``, so no event of the turn is missed.
 * A 503 ``prompt_queue_full`` → ``DaemonPendingPromptLimitError`` with the server's
   values (also from ``prompt_nonblocking``, which reserves nothing). Other non-2xx →
-  ``DaemonHttpError``; transport failures → ``DaemonConnectionError``.
+  ``DaemonHttpError`` (a redirect among them: never followed); transport failures →
+  ``DaemonConnectionError``.
+
+Contracts (every call): ``timeout`` (seconds, default 30, ``None``: none) bounds each
+network operation (connect, each read and write) and the whole of a call that is not
+an event stream, its answer included: a server that never answers, or trickles its
+answer, fails the call with ``DaemonConnectionError`` "… timed out". An event stream
+reads with at least ``MIN_STREAM_READ_TIMEOUT_S`` (its heartbeat is every 15 s), each
+line within that (``acp_server.client.sse``). What is read is capped
+(``acp_server.client.bounded``).
 """
 
 from __future__ import annotations
@@ -43,7 +52,7 @@ from acp_server.client import wire
 from acp_server.client.bounded import MAX_ANSWER_BYTES, MAX_EVENT_BYTES, read_answer
 from acp_server.client.errors import (DaemonConnectionError, DaemonError,
                                       DaemonSessionIdProtocolError, DaemonStreamEndedError,
-                                      error_from_status)
+                                      error_from_answer)
 from acp_server.client.events import (StreamCursor, event_prompt_id, match_turn_event,
                                       subscribe_events)
 from acp_server.client.reservations import (DEFAULT_MAX_PENDING_PROMPTS_PER_SESSION,
@@ -134,7 +143,8 @@ class DaemonClient:
             timeout, read=None if timeout is None else max(timeout, MIN_STREAM_READ_TIMEOUT_S))
         self.reservations = PromptReservations()
         self._http = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=timeout,
-                                       transport=transport, event_hooks=dict(event_hooks or {}))
+                                       transport=transport, event_hooks=dict(event_hooks or {}),
+                                       follow_redirects=False)
 
     # -- lifecycle ------------------------------------------------------------------------
     async def aclose(self) -> None:
@@ -161,7 +171,7 @@ class DaemonClient:
         try:
             return await read_answer(self._http, method, path, content=body, params=params,
                                      headers=self._headers(client_id, body is not None),
-                                     max_bytes=self.max_answer_bytes)
+                                     max_bytes=self.max_answer_bytes, deadline=self.timeout)
         except httpx.TransportError as exc:
             raise DaemonConnectionError.from_transport(exc, str(self._http.base_url), method,
                                                        path) from exc
@@ -172,7 +182,7 @@ class DaemonClient:
                     params: Mapping[str, str] | None = None) -> httpx.Response:
         response = await self._send(method, path, body=body, client_id=client_id, params=params)
         if response.status_code not in ok:
-            raise error_from_status(response.status_code, wire.decode_body(response.content),
+            raise error_from_answer(response.status_code, response.content, response.headers,
                                     session_id)
         return response
 
@@ -293,7 +303,7 @@ class DaemonClient:
                 return await self._await_turn(session_id, accepted, client_id, on_event)
             if response.status_code == 200:
                 return wire.decode(wire.PROMPT_RESULT, response.content)
-            raise error_from_status(response.status_code, wire.decode_body(response.content),
+            raise error_from_answer(response.status_code, response.content, response.headers,
                                     session_id)
 
     async def _await_turn(self, session_id: str, accepted: PromptAccepted, client_id: str | None,

@@ -12,16 +12,64 @@
 Contracts: every error derives from ``DaemonError``. ``DaemonPendingPromptLimitError``
 takes ``(session_id, limit, pending_count)`` in that order (the SDK's order, not the
 bridge's). ``DaemonHttpError.body`` is the decoded JSON body when it was JSON, else
-the text (possibly empty); 401, 403 and the rate limits' 429 are its subclasses
-``DaemonUnauthorizedError``, ``DaemonForbiddenError``, ``DaemonRateLimitError``.
+the text (possibly empty; at most ``bounded.MAX_ERROR_BYTES`` of it was read); 401, 403
+and the rate limits' 429 are its subclasses ``DaemonUnauthorizedError``,
+``DaemonForbiddenError``, ``DaemonRateLimitError``. A text body's message is one line
+of at most 200 characters: an HTML page's ``<title>`` (else its text), then ``(a TYPE
+answer)``. A redirect (3xx) is never followed: it is ``DaemonHttpError`` "redirected to
+LOCATION (not followed)", so the bearer token never goes to another address. The SDK
+retries no call by itself (a 429 or 503 is raised at once, ``Retry-After`` not
+waited); ``retry_after_s`` is the server's ``retryAfterMs`` in seconds, ``inf`` when it
+is too large for a float. ``one_line`` is how the CLIs print any message: one line,
+no control characters (a server's text cannot move the cursor or colour the terminal).
 """
 
 from __future__ import annotations
 
+import math
+import re
 import socket
+from collections.abc import Mapping
 from typing import Any
 
 import httpx
+import msgspec
+
+_BREAK = re.compile(r"[\t\n\v\f\r\x85\u2028\u2029]")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_TITLE = re.compile(r"<title[^>]*>(.*?)</title>", re.IGNORECASE | re.DOTALL)
+_TAG = re.compile(r"<[^>]*>")
+_JSON = msgspec.json.Decoder()
+
+
+def one_line(text: str, limit: int = 1000) -> str:
+    """``text`` as one printable line: line breaks become spaces, other control
+    characters (an escape sequence's ESC, a bell) are dropped, runs of whitespace are
+    one space; past ``limit`` characters it is cut, ending in ``…``."""
+    line = " ".join(_CONTROL.sub("", _BREAK.sub(" ", text)).split())
+    return line if len(line) <= limit else line[:limit - 1] + "…"
+
+
+def text_summary(text: str, content_type: str | None = None) -> str:
+    """What a non-JSON answer says, in a line: an HTML page's title, else its text."""
+    title = _TITLE.search(text)
+    summary = one_line(_TAG.sub(" ", title.group(1) if title else text), 200)
+    kind = (content_type or "").partition(";")[0].strip().lower()
+    if kind and "json" not in kind:
+        return f"{summary} (a {one_line(kind, 60)} answer)" if summary else f"a {kind} answer"
+    return summary
+
+
+def retry_seconds(milliseconds: Any) -> float | None:
+    """A ``retryAfterMs`` in seconds: ``None`` when it is not a number of 0 or more,
+    ``inf`` when it is too large for a float."""
+    if isinstance(milliseconds, bool) or not isinstance(milliseconds, int | float):
+        return None
+    try:
+        seconds = milliseconds / 1000
+    except OverflowError:
+        return math.inf
+    return seconds if seconds >= 0 else None
 
 
 class DaemonError(Exception):
@@ -56,7 +104,8 @@ class DaemonHttpError(DaemonError):
         self.code: str | None = None if code is None else str(code)
         text = message or fields.get("error") or fields.get("message")
         if not text:
-            text = body if isinstance(body, str) and body else f"HTTP {status}"
+            text = text_summary(body) if isinstance(body, str) else ""
+            text = text or f"HTTP {status}"
         self.message = str(text)
         suffix = f" ({self.code})" if self.code else ""
         super().__init__(f"HTTP {status}: {self.message}{suffix}")
@@ -92,8 +141,8 @@ class DaemonRateLimitError(DaemonHttpError):
 
     @property
     def retry_after_s(self) -> float | None:
-        value = self.body.get("retryAfterMs") if isinstance(self.body, dict) else None
-        return value / 1000 if isinstance(value, int | float) else None
+        return retry_seconds(self.body.get("retryAfterMs") if isinstance(self.body, dict)
+                             else None)
 
 
 def hint(status: int, required_scope: str | None = None) -> str:
@@ -184,7 +233,8 @@ def transport_reason(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-def error_from_status(status: int, body: Any, session_id: str | None = None) -> DaemonError:
+def error_from_status(status: int, body: Any, session_id: str | None = None,
+                      message: str | None = None) -> DaemonError:
     """The error for a non-2xx answer: a 503 ``prompt_queue_full`` becomes
     ``DaemonPendingPromptLimitError`` with the server's values; anything else
     ``DaemonHttpError``."""
@@ -198,7 +248,27 @@ def error_from_status(status: int, body: Any, session_id: str | None = None) -> 
     if kind is DaemonRateLimitError and not (isinstance(body, dict)
                                              and body.get("code") == "rate_limit_exceeded"):
         kind = DaemonHttpError   # the subscriber cap's 429, say
-    return kind(status, body)
+    return kind(status, body, message)
+
+
+def decode_body(content: bytes) -> Any:
+    """An error body: its JSON when it is JSON, else its text."""
+    try:
+        return _JSON.decode(content) if content else None
+    except msgspec.DecodeError:
+        return content.decode("utf-8", "replace")
+
+
+def error_from_answer(status: int, content: bytes, headers: Mapping[str, str],
+                      session_id: str | None = None) -> DaemonError:
+    """The error for a read non-2xx answer (``error_from_status``): a redirect says where
+    it pointed (not followed); a text body (a proxy's page) is summed up in a line."""
+    body = decode_body(content)
+    if 300 <= status < 400:
+        where = one_line(headers.get("location", ""), 200) or "nowhere"
+        return DaemonHttpError(status, body, f"redirected to {where} (not followed)")
+    message = text_summary(body, headers.get("content-type")) if isinstance(body, str) else None
+    return error_from_status(status, body, session_id, message or None)
 
 
 def _int(value: Any) -> int:

@@ -9,16 +9,21 @@
 
 Contracts:
 
-* Frames are read by ``client.sse.ResumingStream`` (httpx-sse; the ``retry:`` block and
+* Frames are read by ``client.sse.ResumingStream`` (bounded; the ``retry:`` block and
   heartbeat comments skipped); a frame whose JSON is malformed raises ``DaemonProtocolError``.
 * ``cursor`` is updated in place: ``last_event_id`` after each event with an id,
   ``epoch`` from each response's ``X-Qwen-Event-Epoch``. A reconnect sends both as
   ``Last-Event-ID`` / ``X-Qwen-Event-Epoch``, so the server replays what was missed or
-  says ``state_resync_required`` (which is yielded like any event).
+  says ``state_resync_required`` (which is yielded like any event). An epoch is a token
+  (``EPOCH``: 1 to 256 of ``A-Z a-z 0-9 . _ : -``; a daemon's is a UUID): one the SDK
+  could not send back as it came (another character, a line break, longer) raises
+  ``DaemonProtocolError``, whether it came in the header or in a prompt's envelope.
 * A drop (transport error, or the response ending without ``session_closed`` /
   ``session_died``, e.g. after ``client_evicted``) is resumed after a short backoff, at
-  most ``max_reconnects`` times in a row (the count resets once an event with an id
-  arrives); past that → ``DaemonStreamError``. With ``reconnect=False`` a clean end just
+  most ``max_reconnects`` times in a row (the count resets once an event moves the
+  cursor: an id above the last one, or any id after the epoch changed; a server that
+  replays the same event on each reconnect makes no progress); past that →
+  ``DaemonStreamError``. With ``reconnect=False`` a clean end just
   ends the iteration and a transport error raises ``DaemonStreamError``.
 * The iteration ends after ``session_closed`` / ``session_died``, or when a reconnect
   finds the session gone (404). A non-200 first answer raises the mapped HTTP error.
@@ -29,19 +34,33 @@ Contracts:
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
 
 import httpx
 
 from acp_server.client import wire
-from acp_server.client.errors import DaemonTurnError, error_from_status
+from acp_server.client.errors import DaemonProtocolError, DaemonTurnError, error_from_answer
 from acp_server.client.bounded import MAX_EVENT_BYTES, read_capped
 from acp_server.client.sse import END, READ, ResumingStream, Retry
 from acp_server.client.wire import DaemonEvent, PromptResult
 
 END_OF_SESSION = frozenset({"session_closed", "session_died"})
 RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
+EPOCH = re.compile(r"[A-Za-z0-9._:-]{1,256}")
+
+
+def checked_epoch(epoch: str | None) -> str | None:
+    """``epoch`` when it is one the SDK can send back (module contract), else
+    ``DaemonProtocolError``; ``None`` and ``""`` are no epoch."""
+    if not epoch:
+        return None
+    if not EPOCH.fullmatch(epoch):
+        shown = epoch if len(epoch) <= 40 else epoch[:40] + "…"
+        raise DaemonProtocolError(f"The daemon sent an event epoch that is not a token: "
+                                  f"{shown!r}")
+    return epoch
 
 
 @dataclass
@@ -88,7 +107,9 @@ async def subscribe_events(http: httpx.AsyncClient, path: str, *,
                            ) -> AsyncGenerator[DaemonEvent, None]:
     """Yield the events of ``path`` (``/session/{id}/events``); see the module contract."""
     cursor = cursor if cursor is not None else StreamCursor()
+    cursor.epoch = checked_epoch(cursor.epoch)
     base_headers = dict(headers or {})
+    mark = (cursor.epoch, cursor.last_event_id)   # where the cursor last moved to
 
     def request(attempt: int) -> tuple[dict[str, str], dict[str, str]]:
         sent = dict(base_headers)
@@ -103,13 +124,14 @@ async def subscribe_events(http: httpx.AsyncClient, path: str, *,
 
     async def answer(response: httpx.Response, attempt: int) -> str | Retry:
         if response.status_code == 200:
-            cursor.epoch = response.headers.get("x-qwen-event-epoch") or cursor.epoch
+            cursor.epoch = checked_epoch(response.headers.get("x-qwen-event-epoch")) \
+                or cursor.epoch
             return READ
-        body = wire.decode_body(await read_capped(response))
+        content = await read_capped(response)
         if attempt and response.status_code == 404:
             return END  # the session is gone: its stream has ended for good
         if not (reconnect and attempt and response.status_code in RETRYABLE_STATUS):
-            raise error_from_status(response.status_code, body, session_id)
+            raise error_from_answer(response.status_code, content, response.headers, session_id)
         return Retry(f"HTTP {response.status_code}")
 
     stream = ResumingStream(http, path, answer=answer, request=request,
@@ -121,7 +143,9 @@ async def subscribe_events(http: httpx.AsyncClient, path: str, *,
             event = wire.decode(wire.EVENT, data)
             if event.id is not None:
                 cursor.last_event_id = event.id
-                stream.progressed()
+                if mark[0] != cursor.epoch or mark[1] is None or event.id > mark[1]:
+                    mark = (cursor.epoch, event.id)
+                    stream.progressed()
             yield event
             if event.type in END_OF_SESSION:
                 return

@@ -16,7 +16,8 @@ Contracts:
   ``reject`` (the default) picks the agent's first ``reject_once``/``reject_always``
   option, ``allow`` its first ``allow_once``/``allow_always``, ``cancel`` answers
   ``cancelled``; with no option of that kind the answer is ``cancelled``. Each
-  decision is one line on stderr, naming the policy.
+  decision is one line on stderr, naming the policy. Options that are not objects
+  (a server's garbage) are no options; titles are printed as one line.
 * The terminal is read by a daemon thread, so an unanswered question never holds the
   process at exit (Ctrl-C included).
 """
@@ -32,6 +33,7 @@ import anyio.abc
 import anyio.lowlevel
 
 from acp_server.client import DaemonClient, DaemonError, DaemonEvent
+from acp_server.client.errors import one_line
 
 POLICIES = ("reject", "allow", "cancel")
 _KINDS = {"reject": ("reject_once", "reject_always"), "allow": ("allow_once", "allow_always")}
@@ -43,10 +45,17 @@ TOOL_KINDS = {"read": "reads files", "edit": "edits files", "delete": "deletes f
               "other": "other: the agent did not say what kind of tool this is"}
 
 
+def options_of(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """The request's options that are options (objects), whatever else the server sent."""
+    options = data.get("options")
+    return [o for o in options if isinstance(o, dict)] if isinstance(options, list) else []
+
+
 def policy_answer(policy: str, options: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The vote the policy gives for these options."""
     for option in options:
-        if option.get("kind") in _KINDS.get(policy, ()) and option.get("optionId"):
+        if option.get("kind") in _KINDS.get(policy, ()) and isinstance(option.get("optionId"),
+                                                                        str):
             return {"outcome": {"outcome": "selected", "optionId": option["optionId"]}}
     return {"outcome": {"outcome": "cancelled"}}
 
@@ -58,9 +67,12 @@ def describe(answer: dict[str, Any]) -> str:
 
 def request_title(data: dict[str, Any]) -> str:
     tool = data.get("toolCall") if isinstance(data.get("toolCall"), dict) else {}
-    title = tool.get("title") or "a tool call"
+    title = one_line(str(tool.get("title") or "a tool call"), 200)
     kind = tool.get("kind")
-    return f"{title} ({TOOL_KINDS.get(kind, kind)})" if kind else str(title)
+    if not kind:
+        return title
+    said = TOOL_KINDS.get(kind, kind) if isinstance(kind, str) else str(kind)
+    return f"{title} ({one_line(said, 100)})"
 
 
 class TerminalAsker:
@@ -71,10 +83,10 @@ class TerminalAsker:
         self.err = err
 
     async def __call__(self, data: dict[str, Any], default: dict[str, Any]) -> dict[str, Any]:
-        options = [o for o in data.get("options") or [] if isinstance(o, dict)]
+        options = options_of(data)
         lines = [f"\nThe agent asks permission: {request_title(data)}"]
-        lines += [f"  {i}) {o.get('name') or o.get('optionId')}  [{o.get('optionId')}]"
-                  for i, o in enumerate(options, 1)]
+        lines += [f"  {i}) {one_line(str(o.get('name') or o.get('optionId')), 200)}  "
+                  f"[{one_line(str(o.get('optionId')), 100)}]" for i, o in enumerate(options, 1)]
         lines.append(f"Choose 1-{len(options)} (Enter: {describe(default)}): ")
         while True:
             self.err.write("\n".join(lines))
@@ -135,7 +147,7 @@ class PermissionAnswerer:
             self._say(f"permission {request_id} answered elsewhere")
 
     async def _answer(self, request_id: str, data: dict[str, Any]) -> None:
-        default = policy_answer(self.policy, data.get("options") or [])
+        default = policy_answer(self.policy, options_of(data))
         if self.ask is None:
             how = f"--permissions {self.policy}"
             if self.policy == "reject":
@@ -162,5 +174,5 @@ class PermissionAnswerer:
             self._say("permission already answered elsewhere")
 
     def _say(self, text: str) -> None:
-        self.err.write(f"acp-server prompt: {text}\n")
+        self.err.write(f"acp-server prompt: {one_line(text)}\n")
         self.err.flush()

@@ -13,8 +13,11 @@ person when stdin and stderr are a terminal; otherwise ``--permissions`` answers
 cannot be reached is one line, ``cannot reach URL: connection refused``. Without ``--session`` the workspace's
 default session is attached (``--thread``: a fresh one). Exit status: 0 when the turn
 completed (a stop reason other than ``end_turn`` is noted on stderr), 1 on any error
-(turn_error, HTTP error, connection failure, full queue), 2 on bad usage, 130 on
-Ctrl-C. ``--token`` defaults to ``$ACP_SERVER_TOKEN``; ``--url`` to
+(turn_error, HTTP error, connection failure, full queue, a server that broke the
+protocol or did not answer within ``--timeout``), 2 on bad usage (a prompt that is not
+UTF-8 text included), 130 on Ctrl-C (``cli_run``: the prompt is cancelled on the
+server; a second Ctrl-C does not wait for that). Every error is one line on stderr
+(``errors.one_line``: a server's text cannot drive the terminal), never a traceback. ``--token`` defaults to ``$ACP_SERVER_TOKEN``; ``--url`` to
 ``$ACP_SERVER_URL`` or ``http://127.0.0.1:4170``.
 """
 
@@ -22,9 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
-import threading
 from collections.abc import Sequence
 from typing import Any, TextIO
 
@@ -34,7 +35,8 @@ import httpx
 from acp_server.client import (CreateSessionRequest, DaemonClient, DaemonError, DaemonEvent,
                                DaemonHttpError)
 from acp_server.client.arguments import DEFAULT_URL, URL_ENV, positive_seconds
-from acp_server.client.errors import DaemonForbiddenError, hint
+from acp_server.client.cli_run import checked_text, run_command
+from acp_server.client.errors import DaemonForbiddenError, hint, one_line
 from acp_server.client.permissions_cli import POLICIES, PermissionAnswerer, TerminalAsker
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -110,7 +112,8 @@ async def prompt_command(args: argparse.Namespace, *, out: TextIO, err: TextIO,
     """The command's body (async: usable from a running event loop). ``source`` is
     where a person's answers are read (default stdin)."""
     source = source or sys.stdin
-    text = source.read() if args.text == "-" else args.text
+    text = checked_text(source.read() if args.text == "-" else args.text,
+                        "stdin" if args.text == "-" else "argument")
     url = args.url or os.environ.get(URL_ENV) or DEFAULT_URL
     printer = _Printer(out)
     ask = TerminalAsker(source, err) if _terminal(args, source, err) else None
@@ -144,11 +147,12 @@ async def prompt_command(args: argparse.Namespace, *, out: TextIO, err: TextIO,
         printer.finish()
         detail = f" ({exc.code})" if exc.code else ""
         scope = exc.required_scope if isinstance(exc, DaemonForbiddenError) else None
-        print(f"acp-server prompt: {exc.message}{detail}{hint(exc.status, scope)}", file=err)
+        print(f"acp-server prompt: {one_line(exc.message + detail)}{hint(exc.status, scope)}",
+              file=err)
         return EXIT_ERROR
     except DaemonError as exc:
         printer.finish()
-        print(f"acp-server prompt: {exc}", file=err)
+        print(f"acp-server prompt: {one_line(str(exc))}", file=err)
         return EXIT_ERROR
     printer.finish()
     if result.stop_reason != "end_turn":
@@ -158,30 +162,10 @@ async def prompt_command(args: argparse.Namespace, *, out: TextIO, err: TextIO,
 
 def run_prompt_args(args: argparse.Namespace, *, out: TextIO | None = None,
                     err: TextIO | None = None) -> int:
-    """Run the command for parsed arguments (starts its own event loop)."""
-    try:
-        return anyio.run(_run, args, out or sys.stdout, err or sys.stderr)
-    except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
-
-
-async def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    """Ctrl-C cancels the prompt (so the client cancels it on the server too)."""
-    interrupted = False
-    async with anyio.create_task_group() as tg:
-        async def on_sigint() -> None:
-            nonlocal interrupted
-            with anyio.open_signal_receiver(signal.SIGINT) as signals:
-                async for _ in signals:
-                    interrupted = True
-                    tg.cancel_scope.cancel()
-                    return
-
-        if threading.current_thread() is threading.main_thread():
-            tg.start_soon(on_sigint)
-        code = await prompt_command(args, out=out, err=err)
-        tg.cancel_scope.cancel()
-    return EXIT_INTERRUPTED if interrupted else code
+    """Run the command for parsed arguments (starts its own event loop; Ctrl-C and
+    unexpected failures as ``cli_run`` says)."""
+    return run_command("acp-server prompt", prompt_command, args, out=out or sys.stdout,
+                       err=err or sys.stderr)
 
 
 def run_prompt(argv: Sequence[str] | None = None, **streams: Any) -> int:

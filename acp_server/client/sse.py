@@ -18,7 +18,11 @@ Contracts:
 * Frames without data (the ``retry:`` block, comments) are skipped; a body that is not
   an event stream raises ``DaemonProtocolError``, and so does one line or one event
   over ``max_event_bytes`` (``bounded.MAX_EVENT_BYTES``): what a stream holds is bounded
-  whatever the server sends (``acp_server.client.bounded``).
+  whatever the server sends (``acp_server.client.bounded``). Each line must be complete
+  within the read timeout (``timeout``, else the client's) of the one before it, plus a
+  second per 16 KiB it holds; past that the connection is a drop, resumed as any: a
+  server that trickles a line or sends nothing holds the reader for at most
+  ``max_reconnects + 1`` such times (plus the backoffs), never for ever.
 * A drop (transport error, a clean end, a ``Retry``) is resumed after ``backoff``, at
   most ``max_reconnects`` times in a row without ``progressed()``; past that →
   ``DaemonStreamError(f"{lost} and not resumed after N attempts (problem)")``. With
@@ -92,6 +96,10 @@ class ResumingStream:
     def progressed(self) -> None:
         self.attempt = 0
 
+    def _line_timeout(self) -> float | None:
+        timeout = self.timeout if self.timeout is not None else self.http.timeout
+        return timeout.read
+
     async def frames(self) -> AsyncGenerator[str, None]:
         while True:
             headers, params = self.request(self.attempt)
@@ -107,7 +115,8 @@ class ResumingStream:
                     else:
                         check_event_stream(response)
                         async for data in event_data(response,
-                                                     max_bytes=self.max_event_bytes):
+                                                     max_bytes=self.max_event_bytes,
+                                                     line_timeout=self._line_timeout()):
                             if data:
                                 yield data
                         problem = self.ended

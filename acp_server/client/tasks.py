@@ -20,8 +20,17 @@ Contracts:
   stream with ``Last-Event-ID`` = the last ``sequence_number`` seen (at most
   ``max_reconnects`` times in a row without progress), and stops after the terminal
   event (or on ``204``: nothing after the cursor). Events are yielded one at a time.
+* Each request of a call ends within ``timeout`` seconds, its answer included (a
+  server that trickles it fails the call with ``DaemonConnectionError`` "timed out");
+  ``events`` reads as ``acp_server.client.sse`` says (each line within the stream's
+  read timeout, at least ``MIN_STREAM_READ_TIMEOUT_S``). A redirect is never followed
+  (``LmspProblem`` ``http_3xx`` "redirected to …"), so the token stays with the server
+  it was given for. A task id is always one path segment (quoted).
 * ``wait`` follows the events to the end (falls back to polling when the server has no
-  event stream) and returns the final task object.
+  event stream) and returns the final task object. Once a terminal event was seen, the task object is asked for at most
+  ``POLLS_AFTER_END + 1`` times: a server whose task never agrees with its events is
+  ``DaemonProtocolError``, not a poll for ever. (Without events it polls as long as
+  the task runs: bound that with ``anyio.fail_after``.)
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 from collections.abc import AsyncGenerator, Mapping
 from types import TracebackType
 from typing import Any
@@ -38,7 +47,8 @@ import anyio
 import httpx
 import msgspec
 
-from acp_server.client.errors import DaemonConnectionError, DaemonError, DaemonProtocolError
+from acp_server.client.errors import (DaemonConnectionError, DaemonError, DaemonProtocolError,
+                                      one_line, retry_seconds, text_summary)
 from acp_server.client.bounded import (
     MAX_ANSWER_BYTES,
     MAX_EVENT_BYTES,
@@ -53,6 +63,8 @@ TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
 TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed",
                              "response.cancelled"})
 MIN_STREAM_READ_TIMEOUT_S = 45.0
+# How often ``wait`` asks for a task its events said had ended, before it gives up.
+POLLS_AFTER_END = 25
 
 
 # -- wire ----------------------------------------------------------------------------------
@@ -159,8 +171,7 @@ class RateLimitedError(LmspProblem):
 
     @property
     def retry_after_s(self) -> float | None:
-        value = self.problem.get("retry_after_ms")
-        return value / 1000 if isinstance(value, int | float) else None
+        return retry_seconds(self.problem.get("retry_after_ms"))
 
 
 class TaskNotFoundError(LmspProblem):
@@ -221,16 +232,29 @@ PROBLEM_CLASSES: dict[str, type[LmspProblem]] = {
 }
 
 
-def problem_error(status: int, content: bytes) -> LmspProblem:
-    """The typed error for a non-2xx answer (a non-problem body gets code ``http_<status>``)."""
+def problem_error(status: int, content: bytes,
+                  headers: Mapping[str, str] | None = None) -> LmspProblem:
+    """The typed error for a non-2xx answer (a non-problem body gets code ``http_<status>``
+    and a one-line detail: a redirect's target, a proxy page's title)."""
     try:
         body = _ANY.decode(content) if content else None
     except msgspec.DecodeError:
         body = None
     if not isinstance(body, dict) or not isinstance(body.get("code"), str):
+        headers = headers or {}
         text = content.decode("utf-8", "replace") if content else ""
-        body = {"code": f"http_{status}", "detail": text or None}
+        detail = text_summary(text, headers.get("content-type")) if text else None
+        if 300 <= status < 400:
+            where = one_line(headers.get("location", ""), 200) or "nowhere"
+            detail = f"redirected to {where} (not followed)"
+        body = {"code": f"http_{status}", "detail": detail or None}
     return PROBLEM_CLASSES.get(body["code"], LmspProblem)(status, body)
+
+
+def _segment(task_id: str) -> str:
+    """A task id as one path segment (an id with ``/``, ``?`` or ``..`` names no other
+    path)."""
+    return quote(task_id, safe="")
 
 
 def _decode(decoder: msgspec.json.Decoder[Any], content: bytes | str) -> Any:
@@ -255,10 +279,11 @@ class TaskClient:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.max_reconnects = max_reconnects
         self.reconnect_delay = reconnect_delay
+        self.timeout = timeout
         self._stream_timeout = httpx.Timeout(
             timeout, read=None if timeout is None else max(timeout, MIN_STREAM_READ_TIMEOUT_S))
         self._http = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=timeout,
-                                       transport=transport)
+                                       transport=transport, follow_redirects=False)
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -278,12 +303,13 @@ class TaskClient:
             all_headers["Content-Type"] = "application/json"
         try:
             response = await read_answer(self._http, method, PREFIX + path, content=body,
-                                         headers=all_headers, max_bytes=self.max_answer_bytes)
+                                         headers=all_headers, max_bytes=self.max_answer_bytes,
+                                         deadline=self.timeout)
         except httpx.TransportError as exc:
             raise DaemonConnectionError.from_transport(exc, str(self._http.base_url), method,
                                                        PREFIX + path) from exc
         if response.status_code not in ok:
-            raise problem_error(response.status_code, response.content)
+            raise problem_error(response.status_code, response.content, response.headers)
         return response
 
     async def capabilities(self) -> dict[str, Any]:
@@ -301,7 +327,7 @@ class TaskClient:
         return _decode(_TASK, response.content)  # type: ignore[no-any-return]
 
     async def get(self, task_id: str) -> Task:
-        response = await self._call("GET", f"/tasks/{task_id}")
+        response = await self._call("GET", f"/tasks/{_segment(task_id)}")
         return _decode(_TASK, response.content)  # type: ignore[no-any-return]
 
     async def list(self, *, limit: int = 20, status: str | None = None,
@@ -314,7 +340,7 @@ class TaskClient:
         return _decode(_PAGE, response.content)  # type: ignore[no-any-return]
 
     async def cancel(self, task_id: str) -> Task:
-        response = await self._call("POST", f"/tasks/{task_id}/cancel", body=b"{}")
+        response = await self._call("POST", f"/tasks/{_segment(task_id)}/cancel", body=b"{}")
         return _decode(_TASK, response.content)  # type: ignore[no-any-return]
 
     async def events(self, task_id: str, *, after: int | None = None
@@ -330,12 +356,13 @@ class TaskClient:
                 return READ
             if response.status_code == 204:
                 return END
-            error = problem_error(response.status_code, await read_capped(response))
+            error = problem_error(response.status_code, await read_capped(response),
+                                  response.headers)
             if response.status_code not in (502, 503, 504) or not attempt:
                 raise error
             return Retry(str(error))
 
-        stream = ResumingStream(self._http, f"{PREFIX}/tasks/{task_id}/events", answer=answer,
+        stream = ResumingStream(self._http, f"{PREFIX}/tasks/{_segment(task_id)}/events", answer=answer,
                                 request=request, lost=f"Task {task_id} event stream lost",
                                 ended="the stream ended before the terminal event",
                                 timeout=self._stream_timeout,
@@ -354,17 +381,25 @@ class TaskClient:
                     return
 
     async def wait(self, task_id: str, *, poll_interval: float = 0.5) -> Task:
-        """The task once it is terminal."""
+        """The task once it is terminal (module contract)."""
+        ended: TaskEvent | None = None
         try:
             async with contextlib.aclosing(self.events(task_id)) as events:
                 async for event in events:
                     if event.terminal:
+                        ended = event
                         break
         except LmspProblem as exc:
             if exc.status not in (404, 410):  # no stream (or no history): poll instead
                 raise
+        polls = 0
         while True:
             task = await self.get(task_id)
             if task.terminal:
                 return task
+            polls += 1
+            if ended is not None and polls > POLLS_AFTER_END:
+                raise DaemonProtocolError(
+                    f"Task {one_line(task_id, 100)}: its events ended it ({ended.type}) but "
+                    f"the task is still {one_line(task.status, 60)!r}")
             await anyio.sleep(poll_interval)

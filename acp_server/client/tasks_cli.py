@@ -17,9 +17,11 @@ to stderr, one line per change, never backwards (queued, loading, running,
 cancelling, then the end), and the final line (status, elapsed time from the server's
 clock, output tokens) is printed once. ``list`` prints one line per task, newest
 first (``--json`` prints the page as JSON). A server that cannot be reached is one
-line, ``cannot reach URL: connection refused``. Exit status: 0 on success (``watch``:
-the task succeeded), 1 on an error or a task that failed or was cancelled, 2 on bad
-usage.
+line, ``cannot reach URL: connection refused``; so is every error (``errors.one_line``),
+never a traceback. A status or time this CLI cannot read is shown as it came (a status)
+or as ``?`` (a time). Exit status: 0 on success (``watch``: the task succeeded), 1 on
+an error or a task that failed or was cancelled, 2 on bad usage (a text that is not
+UTF-8 included), 130 on Ctrl-C (``cli_run``).
 """
 
 from __future__ import annotations
@@ -33,12 +35,12 @@ import time
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-import anyio
 import msgspec
 
 from acp_server.client import DaemonError, TaskClient, TaskEvent
 from acp_server.client.arguments import DEFAULT_URL, URL_ENV, positive_seconds
-from acp_server.client.errors import hint
+from acp_server.client.cli_run import checked_text, run_command
+from acp_server.client.errors import hint, one_line
 from acp_server.client.tasks import ForbiddenError, LmspProblem, Task, TaskSummary
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
@@ -91,19 +93,27 @@ class Watch:
 
     def __init__(self, out: TextIO, err: TextIO, task: Task) -> None:
         self.out, self.err = out, err
-        self.task_id = task.id
+        self.task_id = one_line(task.id, 200)
         self.status: str | None = None
+        self.rank = -1
         self.tokens = 0
         self.open_line = False
         self.advance(task.status)
 
     def advance(self, status: str) -> None:
         """Show ``status`` when it is further along than the one shown; the end is
-        left to ``finish``."""
-        if _RANK[status] >= _RANK["succeeded"]:
+        left to ``finish``. A status this CLI does not know is shown when it differs
+        from the one shown, without a rank."""
+        rank = _RANK.get(status)
+        if rank is None:
+            if status != self.status:
+                self.status = status
+                self._status_line(f"{self.task_id}  {one_line(status, 60)}")
             return
-        if self.status is None or _RANK[status] > _RANK[self.status]:
-            self.status = status
+        if rank >= _RANK["succeeded"]:
+            return
+        if rank > self.rank:
+            self.status, self.rank = status, rank
             self._status_line(f"{self.task_id}  {status}")
 
     def see(self, event: TaskEvent) -> None:
@@ -125,9 +135,10 @@ class Watch:
         if isinstance(usage, dict) and isinstance(usage.get("output_tokens"), int):
             self.tokens = usage["output_tokens"]
         elapsed = max(task.updated_at - task.created_at, 0) if task.created_at else 0
-        line = f"{self.task_id}  {task.status}  {elapsed:.1f}s  {self.tokens} tokens"
+        line = f"{self.task_id}  {one_line(task.status, 60)}  {elapsed:.1f}s  {self.tokens} tokens"
         if task.error:
-            line += f"  {task.error.get('code', '')}: {task.error.get('detail', '')}"
+            line += one_line(f"  {task.error.get('code', '')}: {task.error.get('detail', '')}",
+                             500)
         self._status_line(line)
 
     def _status_line(self, text: str) -> None:
@@ -157,16 +168,21 @@ async def watch(tasks: TaskClient, task_id: str, out: TextIO, err: TextIO) -> Ta
 
 
 def _when(seconds: int) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds)) if seconds else "—"
+    """A time the server gave, local; ``?`` for one no calendar has."""
+    if not seconds:
+        return "—"
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds))
+    except (OverflowError, OSError, ValueError):
+        return "?"
 
 
 def task_line(task: TaskSummary) -> str:
     tokens = str(task.usage.get("total_tokens", "—")) if task.usage else "—"
-    text = " ".join(task.input_text.split())
-    if len(text) > 60:
-        text = text[:59] + "…"
-    return f"{task.id}  {task.status:<10}  {task.model}  {_when(task.created_at)}  " \
-           f"{tokens:>5}  {text}"
+    text = one_line(task.input_text, 60)
+    return f"{one_line(task.id, 200)}  {one_line(task.status, 60):<10}  " \
+           f"{one_line(task.model, 100)}  {_when(task.created_at)}  " \
+           f"{one_line(tokens, 20):>5}  {text}"
 
 
 async def tasks_command(args: argparse.Namespace, *, out: TextIO, err: TextIO) -> int:
@@ -174,7 +190,8 @@ async def tasks_command(args: argparse.Namespace, *, out: TextIO, err: TextIO) -
     try:
         async with TaskClient(url, token=args.token, timeout=args.timeout) as tasks:
             if args.action == "create":
-                text = sys.stdin.read() if args.text == "-" else args.text
+                text = checked_text(sys.stdin.read() if args.text == "-" else args.text,
+                                    "stdin" if args.text == "-" else "argument")
                 task = await tasks.create({"model": args.model, "input": text},
                                           on_restart=args.on_restart,
                                           idempotency_key=args.idempotency_key)
@@ -203,20 +220,16 @@ async def tasks_command(args: argparse.Namespace, *, out: TextIO, err: TextIO) -
     except DaemonError as exc:
         status = getattr(exc, "status", 0)
         scope = exc.required_scope if isinstance(exc, ForbiddenError) else None
-        print(f"acp-server tasks: {exc}{hint(status, scope)}", file=err)
+        print(f"acp-server tasks: {one_line(str(exc))}{hint(status, scope)}", file=err)
         return EXIT_ERROR
 
 
 def run_tasks_args(args: argparse.Namespace, *, out: TextIO | None = None,
                    err: TextIO | None = None) -> int:
-    try:
-        return anyio.run(_run, args, out or sys.stdout, err or sys.stderr)
-    except KeyboardInterrupt:
-        return 130
-
-
-async def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    return await tasks_command(args, out=out, err=err)
+    """Run the command for parsed arguments (its own event loop; Ctrl-C and unexpected
+    failures as ``cli_run`` says)."""
+    return run_command("acp-server tasks", tasks_command, args, out=out or sys.stdout,
+                       err=err or sys.stderr)
 
 
 def run_tasks(argv: Sequence[str] | None = None, **streams: Any) -> int:

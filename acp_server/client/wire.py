@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from acp_server.client import errors
 from acp_server.client.errors import DaemonProtocolError
 
 T = TypeVar("T")
@@ -142,7 +143,4 @@ def decode(decoder: msgspec.json.Decoder[T], data: bytes | str) -> T:
 
 def decode_body(content: bytes) -> Any:
     """An error body: its JSON when it is JSON, else its text."""
-    try:
-        return ANY.decode(content) if content else None
-    except msgspec.DecodeError:
-        return content.decode("utf-8", "replace")
+    return errors.decode_body(content)

@@ -1,0 +1,131 @@
+"""How the command-line clients (``acp-server prompt``, ``acp-server tasks``) run: Ctrl-C,
+and every failure as one line on stderr.
+
+    def run_tasks_args(args: argparse.Namespace) -> int:
+        return run_command("acp-server tasks", tasks_command, args, out=sys.stdout,
+                           err=sys.stderr)
+
+Contracts:
+
+* ``run_command(prog, command, args, out=, err=)`` runs ``await command(args, out=out,
+  err=err)`` in its own event loop and returns its exit status.
+* The first Ctrl-C (SIGINT) cancels the command (``acp-server prompt`` then cancels its
+  prompt on the server, for at most ``daemon.CANCEL_GRACE_S``) and the status is 130
+  (``EXIT_INTERRUPTED``); a second Ctrl-C exits 130 at once, its output flushed, without
+  waiting for the server. A Ctrl-C before the loop runs is 130 too.
+* An exception the command did not turn into its own message (a bug) is one line,
+  ``PROG: unexpected error: TYPE: message`` (``errors.one_line``), status 1; with
+  ``ACP_SERVER_DEBUG=1`` in the environment its traceback follows.
+* ``checked_text`` refuses a prompt that is not text (bytes that are not UTF-8, read
+  from stdin or given as an argument): ``UsageError`` (the commands say so in a line,
+  status 2). So is an address httpx cannot parse (``--url http://[::1``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import threading
+import traceback
+from collections.abc import Awaitable, Callable
+from typing import TextIO
+
+import anyio
+import anyio.abc
+import httpx
+
+from acp_server.client.arguments import URL_ENV
+from acp_server.client.errors import one_line
+
+EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
+DEBUG_ENV = "ACP_SERVER_DEBUG"
+
+Command = Callable[..., Awaitable[int]]
+
+
+class UsageError(Exception):
+    """Bad input found once the command runs (exit status 2)."""
+
+
+def checked_text(text: str, where: str) -> str:
+    """``text`` when it can be sent (UTF-8 text), else ``UsageError`` naming ``where``."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UsageError(f"the prompt ({where}) is not UTF-8 text") from None
+    return text
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
+
+
+def _flush(*streams: TextIO) -> None:
+    for stream in streams:
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+
+
+async def _main(command: Command, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    interrupted = False
+    scope = anyio.CancelScope()
+
+    async def on_sigint(*, task_status: anyio.abc.TaskStatus[None]) -> None:
+        nonlocal interrupted
+        with anyio.open_signal_receiver(signal.SIGINT) as signals:
+            task_status.started()
+            async for _ in signals:
+                if interrupted:   # the second Ctrl-C: stop waiting for the server
+                    _flush(out, err)
+                    os._exit(EXIT_INTERRUPTED)
+                interrupted = True
+                scope.cancel()
+
+    async with anyio.create_task_group() as tg:
+        if threading.current_thread() is threading.main_thread():
+            await tg.start(on_sigint)
+        code = EXIT_INTERRUPTED
+        with scope:
+            code = await command(args, out=out, err=err)
+        tg.cancel_scope.cancel()
+    return EXIT_INTERRUPTED if interrupted else code
+
+
+def run_command(prog: str, command: Command, args: argparse.Namespace, *, out: TextIO,
+                err: TextIO) -> int:
+    """Run ``command`` (module contract); its exit status."""
+    try:
+        return anyio.run(_main, command, args, out, err)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except BaseException as exc:   # noqa: BLE001 - the one place a CLI's failure is shown
+        leaves = _leaves(exc)
+        if any(isinstance(leaf, KeyboardInterrupt) for leaf in leaves):
+            return EXIT_INTERRUPTED
+        if any(not isinstance(leaf, Exception) for leaf in leaves):
+            raise   # SystemExit and the like: not a failure of the command
+        return _report(prog, leaves[0], exc if len(leaves) > 1 else leaves[0], err)
+
+
+def _report(prog: str, leaf: BaseException, whole: BaseException, err: TextIO) -> int:
+    if isinstance(leaf, UsageError):
+        print(f"{prog}: {one_line(str(leaf))}", file=err)
+        return EXIT_USAGE
+    if isinstance(leaf, httpx.InvalidURL):
+        print(f"{prog}: the daemon's address (--url or ${URL_ENV}) is not a URL: "
+              f"{one_line(str(leaf), 200)}", file=err)
+        return EXIT_USAGE
+    print(f"{prog}: unexpected error: {type(leaf).__name__}: {one_line(str(leaf), 300)}",
+          file=err)
+    if os.environ.get(DEBUG_ENV, "").strip() not in ("", "0"):
+        traceback.print_exception(whole, file=err)
+    _flush(err)
+    return EXIT_ERROR
+
+
+__all__ = ["DEBUG_ENV", "EXIT_INTERRUPTED", "UsageError", "checked_text", "run_command"]

@@ -1,0 +1,70 @@
+"""``acp_server.client.cli_run``: what a command-line client does with a failure it did
+not turn into its own message (one line, status 1; the traceback only when asked), a
+usage error found late (status 2), and a Ctrl-C that surfaces inside a task group."""
+
+from __future__ import annotations
+
+import argparse
+import io
+
+import anyio
+import pytest
+
+from acp_server.client.cli_run import DEBUG_ENV, UsageError, checked_text, run_command
+
+ARGS = argparse.Namespace()
+
+
+def _failing(exc: BaseException):
+    async def command(args: argparse.Namespace, *, out: io.StringIO, err: io.StringIO) -> int:
+        raise exc
+    return command
+
+
+def test_an_unexpected_error_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(DEBUG_ENV, raising=False)
+    err = io.StringIO()
+    code = run_command("acp-server x", _failing(RuntimeError("boom\n\x1b[31mred")), ARGS,
+                       out=io.StringIO(), err=err)
+    assert code == 1
+    assert err.getvalue() == "acp-server x: unexpected error: RuntimeError: boom [31mred\n"
+
+
+def test_the_debug_variable_adds_the_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(DEBUG_ENV, "1")
+    err = io.StringIO()
+    assert run_command("acp-server x", _failing(ValueError("why")), ARGS, out=io.StringIO(),
+                       err=err) == 1
+    first, *rest = err.getvalue().splitlines()
+    assert first == "acp-server x: unexpected error: ValueError: why"
+    assert rest[0].startswith("Traceback") and rest[-1] == "ValueError: why"
+
+
+def test_a_failure_inside_a_task_group_is_one_line_too() -> None:
+    async def command(args: argparse.Namespace, *, out: io.StringIO, err: io.StringIO) -> int:
+        async with anyio.create_task_group() as tg:
+            async def fail() -> None:
+                raise KeyError("k")
+            tg.start_soon(fail)
+        return 0
+
+    err = io.StringIO()
+    assert run_command("acp-server x", command, ARGS, out=io.StringIO(), err=err) == 1
+    assert err.getvalue() == "acp-server x: unexpected error: KeyError: 'k'\n"
+
+
+def test_a_keyboard_interrupt_in_a_group_is_130() -> None:
+    group = BaseExceptionGroup("g", [KeyboardInterrupt()])
+    assert run_command("acp-server x", _failing(group), ARGS, out=io.StringIO(),
+                       err=io.StringIO()) == 130
+
+
+def test_a_usage_error_is_status_2() -> None:
+    err = io.StringIO()
+    bad = "\udcff"   # what a byte that is not UTF-8 reads as (surrogateescape)
+    with pytest.raises(UsageError) as caught:
+        checked_text(bad, "stdin")
+    assert run_command("acp-server x", _failing(caught.value), ARGS, out=io.StringIO(),
+                       err=err) == 2
+    assert err.getvalue() == "acp-server x: the prompt (stdin) is not UTF-8 text\n"
+    assert checked_text("ünïcode", "argument") == "ünïcode"
