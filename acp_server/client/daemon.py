@@ -41,7 +41,6 @@ import os
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
-from urllib.parse import quote
 
 import anyio
 import anyio.lowlevel
@@ -60,7 +59,7 @@ from acp_server.client.reservations import (DEFAULT_MAX_PENDING_PROMPTS_PER_SESS
                                             normalize_pending_prompt_limit)
 from acp_server.client.wire import (Capabilities, CreateSessionRequest, DaemonEvent,
                                     PromptAccepted, PromptRequest, PromptResult, RestoreRequest,
-                                    SessionInfo)
+                                    SessionInfo, path_segment)
 
 TOKEN_ENV = "ACP_SERVER_TOKEN"
 CLIENT_ID_HEADER = "X-Qwen-Client-Id"
@@ -95,7 +94,7 @@ def _json_body(req: msgspec.Struct | Mapping[str, Any] | None) -> bytes:
 
 
 def _session_path(session_id: str, *rest: str) -> str:
-    return "/".join(["/session", quote(session_id, safe=""), *(quote(p, safe="") for p in rest)])
+    return "/".join(["/session", path_segment(session_id), *map(path_segment, rest)])
 
 
 def _env_token() -> str | None:
@@ -256,7 +255,7 @@ class DaemonClient:
         """Vote (``{"outcome": {"outcome": "selected", "optionId": …}}``). ``True`` when
         accepted, ``False`` when the request is unknown or already resolved (404)."""
         path = (_session_path(session_id, "permission", request_id) if session_id is not None
-                else "/permission/" + quote(request_id, safe=""))
+                else "/permission/" + path_segment(request_id))
         answer = await self._call("POST", path, body=wire.ENCODER.encode(dict(response)),
                                   client_id=client_id, ok=(200, 404), session_id=session_id)
         return answer.status_code == 200

@@ -38,7 +38,7 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
-from urllib.parse import quote, urlencode
+from urllib.parse import urlencode
 from collections.abc import AsyncGenerator, Mapping
 from types import TracebackType
 from typing import Any
@@ -56,6 +56,7 @@ from acp_server.client.bounded import (
     read_capped,
 )
 from acp_server.client.sse import END, READ, ResumingStream, Retry
+from acp_server.client.wire import path_segment
 
 TOKEN_ENV = "ACP_SERVER_TOKEN"
 PREFIX = "/lmsp/v1"
@@ -251,12 +252,6 @@ def problem_error(status: int, content: bytes,
     return PROBLEM_CLASSES.get(body["code"], LmspProblem)(status, body)
 
 
-def _segment(task_id: str) -> str:
-    """A task id as one path segment (an id with ``/``, ``?`` or ``..`` names no other
-    path)."""
-    return quote(task_id, safe="")
-
-
 def _decode(decoder: msgspec.json.Decoder[Any], content: bytes | str) -> Any:
     try:
         return decoder.decode(content)
@@ -327,7 +322,7 @@ class TaskClient:
         return _decode(_TASK, response.content)  # type: ignore[no-any-return]
 
     async def get(self, task_id: str) -> Task:
-        response = await self._call("GET", f"/tasks/{_segment(task_id)}")
+        response = await self._call("GET", f"/tasks/{path_segment(task_id)}")
         return _decode(_TASK, response.content)  # type: ignore[no-any-return]
 
     async def list(self, *, limit: int = 20, status: str | None = None,
@@ -340,7 +335,7 @@ class TaskClient:
         return _decode(_PAGE, response.content)  # type: ignore[no-any-return]
 
     async def cancel(self, task_id: str) -> Task:
-        response = await self._call("POST", f"/tasks/{_segment(task_id)}/cancel", body=b"{}")
+        response = await self._call("POST", f"/tasks/{path_segment(task_id)}/cancel", body=b"{}")
         return _decode(_TASK, response.content)  # type: ignore[no-any-return]
 
     async def events(self, task_id: str, *, after: int | None = None
@@ -362,7 +357,7 @@ class TaskClient:
                 raise error
             return Retry(str(error))
 
-        stream = ResumingStream(self._http, f"{PREFIX}/tasks/{_segment(task_id)}/events", answer=answer,
+        stream = ResumingStream(self._http, f"{PREFIX}/tasks/{path_segment(task_id)}/events", answer=answer,
                                 request=request, lost=f"Task {task_id} event stream lost",
                                 ended="the stream ended before the terminal event",
                                 timeout=self._stream_timeout,

@@ -6,12 +6,14 @@ camelCase on the wire). Decoders are built once, at import.
 
 Contracts: unknown fields are ignored (the server may add fields); a body of the wrong
 shape raises ``DaemonProtocolError`` from ``decode``. Request types encode only the
-fields that are set.
+fields that are set. ``path_segment`` puts an id in a path as one segment: ``/``, ``?``,
+``%`` are escaped and ``.``/``..`` too (httpx would resolve them to the parent path).
 """
 
 from __future__ import annotations
 
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 import msgspec
 
@@ -19,6 +21,13 @@ from acp_server.client import errors
 from acp_server.client.errors import DaemonProtocolError
 
 T = TypeVar("T")
+
+
+def path_segment(value: str) -> str:
+    """``value`` as one path segment, naming no other path (module contract)."""
+    if value in (".", ".."):
+        return value.replace(".", "%2E")
+    return quote(value, safe="")
 
 
 # -- responses ------------------------------------------------------------------------------

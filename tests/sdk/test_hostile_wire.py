@@ -256,6 +256,20 @@ async def test_task_ids_are_one_path_segment() -> None:
     assert server.requests[0].target == "/lmsp/v1/tasks/..%2F..%2Fsession%2Fx%3Fy%3D1"
 
 
+@pytest.mark.parametrize("dots", [".", ".."])
+async def test_an_id_of_dots_names_no_parent_path(dots: str) -> None:
+    """httpx resolves a bare ``.``/``..`` segment: ``/lmsp/v1/tasks/..`` was ``/lmsp/v1``."""
+    escaped = dots.replace(".", "%2E")
+    async with raw_server(json_answer(b'{"id": "t", "status": "queued"}')) as server, \
+            TaskClient(server.url) as tasks:
+        await tasks.get(dots)
+    async with raw_server(json_answer(b'{"sessionId": "s"}')) as daemon_server, \
+            DaemonClient(daemon_server.url) as client:
+        await client.session_status(dots)
+    assert server.requests[0].target == f"/lmsp/v1/tasks/{escaped}"
+    assert daemon_server.requests[0].target == f"/session/{escaped}/status"
+
+
 async def test_wait_does_not_poll_for_ever_a_task_its_events_ended() -> None:
     """The events say the task ended; the task object says it still runs, for ever."""
     script = routes({
