@@ -456,7 +456,7 @@ class Bridge(Journaling, PromptsAPI, PresenceAPI, AgentCallsAPI):
         self._sessions[session_id] = session
         session.holds_slot = True
         if origin not in self.unjournaled_origins:
-            self._journal_session(session)
+            self._journal_new(session)
         return session
 
     def _cancel_questions(self, session: Session, reason: str,
@@ -491,10 +491,11 @@ class Bridge(Journaling, PromptsAPI, PresenceAPI, AgentCallsAPI):
 
     def _drop_session(self, session: Session) -> None:
         """Undo a session being made (its load or its record failed): a prompt admitted
-        meanwhile fails (``SessionClosedError``), never left waiting."""
+        meanwhile fails (``SessionClosedError``), never left waiting; its events reset."""
         self._forget(session, made=False)
         session.fail_all(session.close_error("closed"))
         session.bus.close()
+        self._reset_events(session)   # what of it the journal has is not kept
         self._unhold(session)
         session.stop()
 

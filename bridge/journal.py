@@ -25,6 +25,9 @@ Contracts:
   never waits. With a durable journal events are published when their commit
   lands (``on_events``), so no reader ever sees an event the journal could lose:
   the event ids and the epoch survive even ``kill -9``.
+* A session id made anew (``EventsReset``, appended before its new bus's first event)
+  starts from no events: a commit of the old bus that lands after it releases only
+  that bus (``on_events`` gets each bus's newest event: ``EventRecord.epoch``).
 * ``restore()`` decodes what it can; a record it cannot decode is logged and skipped,
   never a crash.
 * ``aclose()`` commits what is queued (the clean stop); after it nothing is written.
@@ -91,13 +94,16 @@ class PromptSettled(msgspec.Struct, kw_only=True, frozen=True, tag="terminal", t
 
 class EventRecord(msgspec.Struct, kw_only=True, frozen=True, tag="event", tag_field="kind",
                   gc=False):
-    """One bus event: its envelope (``bridge.wire.envelope``) is a complete record."""
+    """One bus event: its envelope (``bridge.wire.envelope``) is a complete record.
+    ``epoch``: its bus's, so a commit landing after the id was made anew releases the
+    bus it came from, not the new one (not written: the stored record has it)."""
 
     session_id: str
     event_id: int
     type: str
     prompt_id: str | None
     envelope: bytes
+    epoch: str = ""
 
 
 class SessionEnded(msgspec.Struct, kw_only=True, frozen=True, tag="end", tag_field="kind",
@@ -110,7 +116,17 @@ class SessionEnded(msgspec.Struct, kw_only=True, frozen=True, tag="end", tag_fie
     deleted: bool = False
 
 
-JournalRecord = SessionOpened | PromptAccepted | PromptSettled | EventRecord | SessionEnded
+class EventsReset(msgspec.Struct, kw_only=True, frozen=True, tag="reset", tag_field="kind",
+                  gc=False):
+    """A new life of ``session_id`` starts (a new bus, its ids from 1 again: a session
+    made, loaded or resumed; or a load undone): the journal's events of that id, left
+    by a closed session or a refused load, are deleted (its record and prompts stay)."""
+
+    session_id: str
+
+
+JournalRecord = (SessionOpened | PromptAccepted | PromptSettled | EventRecord | SessionEnded
+                 | EventsReset)
 
 
 @dataclasses.dataclass(slots=True)
@@ -209,6 +225,6 @@ def storable(session_id: str) -> bool:
 RECORD_DECODER = msgspec.msgpack.Decoder(JournalRecord)
 RECORD_ENCODER = msgspec.msgpack.Encoder()
 
-__all__ = ["EventRecord", "JournalRecord", "MAX_SESSION_ID_BYTES", "MemoryJournal",
-           "PromptAccepted", "PromptSettled", "RECORD_DECODER", "RECORD_ENCODER",
+__all__ = ["EventRecord", "EventsReset", "JournalRecord", "MAX_SESSION_ID_BYTES",
+           "MemoryJournal", "PromptAccepted", "PromptSettled", "RECORD_DECODER", "RECORD_ENCODER",
            "RestoredSession", "SessionEnded", "SessionJournal", "SessionOpened", "storable"]

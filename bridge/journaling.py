@@ -11,10 +11,16 @@
   its prompts and terminals recorded) unless its origin is unjournaled.
 * Its record is committed before its creation is answered (``_record_session``); a
   failed commit or a caller that gives up meanwhile undoes the session.
-* Committed events are released to readers per session, in order
-  (``_events_committed``); a bus is forgotten once closed and fully released: at the
-  commit that releases its last event, or when it closes with nothing left to release
+* Committed events are released to readers per bus (a session id and its bus's
+  epoch), in order (``_events_committed``): a commit of a load the agent refused that
+  lands once the same id is loaded again releases the refused load's bus, never the
+  new one. A bus is forgotten once closed and fully released: at the commit that
+  releases its last event, or when it closes with nothing left to release
   (``_unhold``: a load the agent refused, whose bus no commit would ever visit again).
+* A session made anew (``_journal_new``: created, loaded, resumed, forked) starts the
+  id's events in the journal from none (``EventsReset``: a closed session's, a refused
+  load's), as its bus starts its ids from 1; a load undone resets them too, so what of
+  it landed is not kept.
 * A clean stop commits what is queued, then records nothing more
   (``_stop_journaling``): the sessions it closes come back at the next start.
 """
@@ -25,7 +31,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from bridge.bus import EventBus
-from bridge.journal import SessionEnded, SessionJournal, SessionOpened
+from bridge.journal import EventsReset, SessionEnded, SessionJournal, SessionOpened
 
 if TYPE_CHECKING:
     import anyio.abc
@@ -37,7 +43,7 @@ MOVED = "session_moved"   # the close reason of a session another instance took 
 class Journaling:
     journal: SessionJournal
     journal_clock: Callable[[], float]
-    _held: dict[str, EventBus]
+    _held: dict[tuple[str, str], EventBus]   # (session id, its bus's epoch)
     _sessions: dict[str, Session]
     _closed: bool
     moved_sessions = 0   # sessions another instance took over from this one
@@ -75,14 +81,25 @@ class Journaling:
     def _journal_session(self, session: Session) -> None:
         if self.journal.durable and not self._closed:
             session.journal_to(self.journal)
-            self._held[session.session_id] = session.bus
+            self._held[session.session_id, session.bus.epoch] = session.bus
+
+    def _journal_new(self, session: Session) -> None:
+        """Journal a session made now (its bus numbers from 1): the journal's events
+        of its id before it are deleted first."""
+        self._journal_session(session)
+        self._reset_events(session)
+
+    def _reset_events(self, session: Session) -> None:
+        if session.journal.durable:
+            session.journal.append(EventsReset(session_id=session.session_id))
 
     def _unhold(self, session: Session) -> None:
         """A session's bus just closed: forgotten here now when it has nothing left to
         release (else at the commit that releases its last event)."""
-        bus = self._held.get(session.session_id)
+        key = session.session_id, session.bus.epoch
+        bus = self._held.get(key)
         if bus is session.bus and bus.closed and bus.released_id >= bus.last_event_id:
-            del self._held[session.session_id]
+            del self._held[key]
 
     def sessions_moved(self, session_ids: Iterable[str]) -> None:
         """Another instance took these sessions over (the journal refused their writes,
@@ -91,8 +108,11 @@ class Journaling:
         (they reconnect with ``Last-Event-ID``, through the balancer, to the new owner);
         prompts still here fail with ``SessionClosedError`` reason ``session_moved``;
         the agent is told to cancel and close. Sessions not live here are skipped."""
-        for sid in session_ids:
-            self._held.pop(sid, None)
+        moved = list(dict.fromkeys(session_ids))
+        gone = set(moved)
+        for key in [key for key in self._held if key[0] in gone]:
+            del self._held[key]
+        for sid in moved:
             session = self._sessions.get(sid)
             if session is None:
                 continue
@@ -106,18 +126,18 @@ class Journaling:
             self._tasks().start_soon(self._close_at_agent, session, running)
 
     def _events_committed(self, records: Any) -> None:
-        """The journal committed these events (at least the newest of each session):
-        readers may see each session's events through its newest here."""
-        last: dict[str, int] = {}
+        """The journal committed these events (at least the newest of each bus):
+        readers may see each bus's events through its newest here."""
+        last: dict[tuple[str, str], int] = {}
         for record in records:
-            last[record.session_id] = record.event_id
-        for sid, through in last.items():
-            bus = self._held.get(sid)
+            last[record.session_id, record.epoch] = record.event_id
+        for key, through in last.items():
+            bus = self._held.get(key)
             if bus is None:
                 continue
             bus.release(through)
             if bus.closed and bus.released_id >= bus.last_event_id:
-                del self._held[sid]
+                del self._held[key]
 
     async def _commit_record(self, session: Session, seq: int) -> None:
         """Wait for a session's record; a failed commit, or a caller that gives up
@@ -126,7 +146,7 @@ class Journaling:
             await self.journal.wait(seq)
         except BaseException:
             self._drop_session(session)
-            self._held.pop(session.session_id, None)
+            self._held.pop((session.session_id, session.bus.epoch), None)
             self._record_end(session, deleted=True)   # whatever of it did land
             self._tasks().start_soon(self._close_at_agent, session, False)
             raise

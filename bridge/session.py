@@ -153,13 +153,13 @@ class Session:
             return
         self.journal = journal
         self.bus.hold = True
-        sid = self.session_id
+        sid, epoch = self.session_id, self.bus.epoch
         append = journal.append
 
         def sink(event: ev.Event, envelope: bytes) -> None:
             append(EventRecord(session_id=sid, event_id=event.id,  # type: ignore[arg-type]
                                type=event.type, prompt_id=event.prompt_id,
-                               envelope=envelope))
+                               envelope=envelope, epoch=epoch))
 
         self.bus.sink = sink
 

@@ -133,6 +133,14 @@ class SessionLeases:
             (session_id, self.instance, expires, now)).fetchone()
         return None if row is None else row[0]
 
+    def held_elsewhere(self, conn: Any, session_id: str) -> bool:
+        """Whether another instance holds ``session_id``'s lease, unexpired."""
+        now, _ = self._expiry()
+        return conn.execute(
+            f"SELECT 1 FROM session_leases WHERE session_id = %s AND instance <> %s "
+            f"AND expires_at >= {NOW}", (session_id, self.instance, now)).fetchone() \
+            is not None
+
     def stale(self, conn: Any, tokens: dict[str, int]) -> set[str]:
         """Fencing (see the module docstring): the sessions whose lease is no longer
         ``tokens``' (taken over, or gone), their rows locked until the commit."""

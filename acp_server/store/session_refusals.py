@@ -25,15 +25,18 @@ Contracts:
     ``JournalUnavailableError`` (503 ``store_unavailable``), as after a failed commit;
     a refused ``SessionOpened`` also gives a stored record of that session, if any,
     a new epoch (see events);
-  - an event, a write-behind marker: readers get the event unjournaled, and in the
-    same transaction the session's stored record gets a new epoch (``_reepoch_in``):
+  - an event, a write-behind marker, a reset of an id's events (``EventsReset``: the
+    new life's events may then not all be written): readers get the event
+    unjournaled, and in the same transaction the session's stored record (if any yet)
+    gets a new epoch (``_reepoch_in``):
     the next start restores the session under it, so a reader gets
     ``state_resync_required`` (``epoch_reset``): never a silent gap, never an id
     reused under the epoch it saw;
   - a terminal (``PromptSettled``): the accepted prompt's row is deleted in its place,
     so the next start neither runs the prompt again nor fails it as interrupted; its
     turn's events stay its record; its entry in the prompt terminals is gone after a
-    restart;
+    restart (that deletion refused too: the restore settles the prompt from its
+    ``turn_complete`` / ``turn_error``, ``session_reads.settled_from_events``);
   - a close (``SessionEnded``): the session's journal is deleted in its place, so the
     session never comes back live; a refused deletion is left as it is (the next
     start restores the session; closing it again tries again).
@@ -69,6 +72,7 @@ from acp_server.store.session_writes import Record, _encode
 from acp_server.store.write_behind import Marker
 from bridge.journal import (
     EventRecord,
+    EventsReset,
     PromptAccepted,
     PromptSettled,
     SessionEnded,
@@ -81,7 +85,7 @@ REASON_CHARS = 200
 CHUNK = "journal_chunk"   # the isolating commit's savepoint
 KINDS: dict[type, str] = {SessionOpened: "session", PromptAccepted: "prompt",
                           PromptSettled: "terminal", EventRecord: "event",
-                          SessionEnded: "end", Marker: "marker"}
+                          SessionEnded: "end", Marker: "marker", EventsReset: "reset"}
 
 
 def reason_of(exc: BaseException) -> str:
@@ -255,7 +259,7 @@ class SessionRefusals:
     def _instead(self, conn: Any, record: Record, reepoched: set[str]) -> str:
         """What is written in a refused record's place (the module docstring)."""
         sid, sql = record.session_id, self._sql
-        if isinstance(record, (EventRecord, Marker, SessionOpened)):
+        if isinstance(record, (EventRecord, Marker, SessionOpened, EventsReset)):
             if sid in reepoched:
                 return "; its session has a new epoch"
             if self._guarded(conn, lambda: self._reepoch_in(conn, sid), "a new epoch"):

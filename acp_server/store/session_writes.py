@@ -4,7 +4,11 @@ store's transaction.
 
     taken, refused = journal._apply(conn, records, fence)   # what ``_commit_in`` runs
 
-Contracts: see ``acp_server.store.sessions``. Records go in order, in as few statements
+Contracts: see ``acp_server.store.sessions``. ``EventsReset`` (a session id made anew:
+its bus numbers from 1 again) deletes the id's events (not its record, prompts or
+write-behind marker), unless another instance holds its lease live; a commit's plan
+keeps the newest event of each bus (session id and ``EventRecord.epoch``), so a late
+commit of an old bus never releases the new one. Records go in order, in as few statements
 as it takes (multi-row INSERTs of events and accepted prompts, one UPDATE of the
 terminals between two session records); what a commit trims and counts was planned in
 the event loop as it started (``CommitPlan``, ``StoreSessionJournal._planned``), so a
@@ -24,6 +28,7 @@ from acp_server.store.write_behind import MARKER_ID, MARKER_TYPE, Marker
 from bridge.journal import (
     RECORD_ENCODER,
     EventRecord,
+    EventsReset,
     JournalRecord,
     PromptAccepted,
     PromptSettled,
@@ -75,7 +80,8 @@ class CommitPlan:
     untrimmed: dict[str, int | None] = dataclasses.field(default_factory=dict)
     byte_trims: set[str] = dataclasses.field(default_factory=set)   # oldest events
     unsized: dict[str, int | None] = dataclasses.field(default_factory=dict)
-    newest: dict[str, EventRecord] = dataclasses.field(default_factory=dict)
+    # each bus's newest event (session id, epoch): what its readers may see once landed
+    newest: dict[tuple[str, str], EventRecord] = dataclasses.field(default_factory=dict)
 
 
 class SessionWrites:
@@ -166,6 +172,8 @@ class SessionWrites:
                                            "AND id = ?"), (record.session_id, MARKER_ID))
             else:
                 flush()
+                if isinstance(record, EventsReset):
+                    trim.pop(record.session_id, None)   # of the events it deletes
                 self._apply_one(conn, record)
         flush()
 
@@ -236,6 +244,8 @@ class SessionWrites:
                 "owner = excluded.owner"),
                 (record.session_id, record.created_at, _encode(record),
                  self.owner))
+        elif isinstance(record, EventsReset):
+            self._reset_events_in(conn, record.session_id)
         elif isinstance(record, SessionEnded):
             if record.deleted:
                 delete_session(conn, sql, record.session_id)
@@ -244,3 +254,12 @@ class SessionWrites:
                              (record.at, record.session_id))
                 conn.execute(sql("DELETE FROM session_leases WHERE session_id = ?"),
                              (record.session_id,))
+
+    def _reset_events_in(self, conn: Any, sid: str) -> None:
+        """``EventsReset``: the id's events go (not a write-behind marker: its own
+        bookkeeping clears it). Not when another instance holds the id's lease live
+        (a shared store: its session, not this one's to touch)."""
+        if self.leases is not None and self.leases.held_elsewhere(conn, sid):
+            return
+        conn.execute(self._sql("DELETE FROM session_events WHERE session_id = ? AND id > ?"),
+                     (sid, MARKER_ID))

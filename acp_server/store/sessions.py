@@ -89,6 +89,7 @@ from acp_server.store.writer import Op
 from bridge.errors import JournalUnavailableError, SessionMovedError
 from bridge.journal import (
     EventRecord,
+    EventsReset,
     JournalRecord,
     PromptAccepted,
     PromptSettled,
@@ -218,8 +219,8 @@ class StoreSessionJournal(SessionWrites, SessionRefusals, SessionReads):
             return seq
         if isinstance(record, (PromptAccepted, PromptSettled)):
             wb.prompt(record.session_id, 1 if isinstance(record, PromptAccepted) else -1)
-        elif isinstance(record, SessionEnded):
-            wb.ended(record.session_id)
+        elif isinstance(record, (SessionEnded, EventsReset)):
+            wb.ended(record.session_id)   # a new life counts its events from none
         return self._push(record)
 
     def _push(self, record: Record) -> int:
@@ -334,8 +335,8 @@ class StoreSessionJournal(SessionWrites, SessionRefusals, SessionReads):
                     self._unsized[sid] = size
             self._committed(batch, taken, refused)
             self._durable_through = batch[-1][0]
-            newest = plan.newest   # readers may see each session's events through it
-            self._on_events([r for sid, r in newest.items() if sid not in refused]
+            newest = plan.newest   # readers may see each bus's events through it
+            self._on_events([r for (sid, _), r in newest.items() if sid not in refused]
                             if refused else list(newest.values()))
             self._signal()
             if self._write_behind is not None:
@@ -359,17 +360,22 @@ class StoreSessionJournal(SessionWrites, SessionRefusals, SessionReads):
         * the sessions it byte-trims (their envelopes since their last byte trim reach
           a quarter of ``max_session_bytes``) and each one's byte count once landed
           (``None``: ended, or trimmed now);
-        * each session's newest event in it (what readers may see once it lands)."""
+        * each bus's newest event in it (what readers may see once it lands)."""
         plan = CommitPlan()
         due, counts, grown, newest = plan.trims, plan.untrimmed, plan.unsized, plan.newest
         untrimmed = self._untrimmed
         reopened: set[str] = set()
+        reset: set[str] = set()   # its events deleted: the next one counts from none
         for _, record in batch:
             kind = type(record)
             if kind is EventRecord:
                 sid = record.session_id
-                newest[sid] = record   # type: ignore[assignment]
+                newest[sid, record.epoch] = record   # type: ignore[assignment,union-attr]
                 size = grown.get(sid, 0)
+                if size is None and sid in reset:
+                    size = 0
+                    reset.discard(sid)
+                    reopened.add(sid)
                 if size is not None:
                     grown[sid] = size + len(record.envelope)   # type: ignore[union-attr]
             elif kind is PromptSettled:
@@ -381,6 +387,9 @@ class StoreSessionJournal(SessionWrites, SessionRefusals, SessionReads):
                 counts[sid] = count
             elif kind is SessionEnded:
                 counts[record.session_id] = grown[record.session_id] = None
+            elif kind is EventsReset:   # its events so far are gone (none: forgotten)
+                grown[record.session_id] = None
+                reset.add(record.session_id)
             elif kind is SessionOpened and grown.get(record.session_id, 0) is None:
                 # ended earlier in this batch, open again: its later events count
                 # from nothing, as they would in a commit of their own
