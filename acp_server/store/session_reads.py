@@ -7,7 +7,11 @@ another instance runs, and the purge of closed sessions.
 
 Contracts: see ``acp_server.store.sessions``. A row that cannot be decoded is logged
 and skipped (a lost event gives its session a new epoch, ``RestoredSession.gap``).
-Settled prompts are read in settle time order, as the writer trims them.
+Settled prompts are read in settle time order, as the writer trims them. A prompt whose
+row has no terminal but whose end is in the journal's events (its ``turn_complete`` or
+``turn_error``: the store refused its terminal, and the deletion in its place too) is
+settled from that event (``settled_from_events``): it never runs again, nor fails as
+interrupted; ``restore`` and ``adopt`` write that terminal again (``_resettle``).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from acp_server.store.errors import StoreUnavailableError
 from acp_server.store.leases import SessionLeases
 from acp_server.store.write_behind import MARKER_ID
 from bridge.errors import JournalUnavailableError
+from bridge import events as ev
 from bridge.journal import PromptAccepted, PromptSettled, RestoredSession, SessionOpened
 from bridge.status import MAX_PROMPT_TERMINALS, PromptTerminal
 from bridge.wire import event_from_envelope
@@ -48,6 +53,32 @@ def _decode_accepted(blob: bytes) -> PromptAccepted:
     return (_ACCEPTED_JSON if blob[:1] == b"{" else _ACCEPTED).decode(blob)
 
 
+def settled_from_events(conn: Any, sql: Any, sid: str, ids: set[str]
+                        ) -> dict[str, PromptTerminal]:
+    """The prompts of ``ids`` (unsettled in their rows) whose end the session's events
+    hold: their terminal as ``Session._settle`` gave it (``sql``: the dialect's text)."""
+    found: dict[str, PromptTerminal] = {}
+    for pid, envelope in conn.execute(sql(
+            "SELECT prompt_id, envelope FROM session_events WHERE session_id = ? "
+            "AND type IN (?, ?) AND prompt_id IS NOT NULL ORDER BY id"),
+            (sid, ev.TURN_COMPLETE, ev.TURN_ERROR)).fetchall():
+        if pid not in ids or pid in found:
+            continue
+        try:
+            event = event_from_envelope(bytes(envelope))
+        except (msgspec.MsgspecError, KeyError, TypeError):
+            continue   # logged with the ring's events when it is one of them
+        data, at = event.data, int(event.timestamp_ms)
+        if isinstance(data, ev.TurnComplete):
+            state = "cancelled" if data.stop_reason == "cancelled" else "completed"
+            found[pid] = PromptTerminal(prompt_id=pid, terminal=state, at=at,
+                                        stop_reason=data.stop_reason)
+        elif isinstance(data, ev.TurnError):
+            found[pid] = PromptTerminal(prompt_id=pid, terminal="failed", at=at,
+                                        error_code=data.code)
+    return found
+
+
 class SessionReads:
     """The reads of ``StoreSessionJournal`` (its attributes, set there)."""
 
@@ -62,12 +93,27 @@ class SessionReads:
         raise NotImplementedError
 
     # -- restore and purge ---------------------------------------------------------------
+    def append(self, record: PromptSettled) -> int:
+        raise NotImplementedError   # StoreSessionJournal's
+
+    def _resettle(self, resettle: dict[str, list[PromptTerminal]]) -> None:
+        """Write again the terminals of prompts settled from their events (a store that
+        refuses them still is logged and counted again, as any refusal)."""
+        for sid, terminals in resettle.items():
+            for t in terminals:
+                self.append(PromptSettled(session_id=sid, prompt_id=t.prompt_id,
+                                          terminal=t.terminal, at=t.at,
+                                          stop_reason=t.stop_reason, error_code=t.error_code))
+
     async def restore(self) -> list[RestoredSession]:
         settled: dict[str, int] = {}
+        resettle: dict[str, list[PromptTerminal]] = {}
         if self.leases is None:
             found = await self.store._read(lambda conn: self._restore_in(
-                conn, "owner IS NULL OR owner = ?", (self.owner,), settled=settled))
+                conn, "owner IS NULL OR owner = ?", (self.owner,), settled=settled,
+                resettle=resettle))
             self._seed_untrimmed(settled)
+            self._resettle(resettle)
             if getattr(self.store, "unsynced_loss", False):   # SQLite, after a power loss
                 log.warning("session journal: the last run's newest commits may be lost "
                             "(no clean stop, another boot): every session gets a new epoch")
@@ -86,8 +132,9 @@ class SessionReads:
         self.fence.update(tokens)
         found = await self.store._read(lambda conn: self._restore_in(
             conn, "(closed_at IS NOT NULL AND (owner IS NULL OR owner = %s)) OR id = ANY(%s)",
-            (self.owner, sorted(tokens)), settled=settled))
+            (self.owner, sorted(tokens)), settled=settled, resettle=resettle))
         self._seed_untrimmed(settled)
+        self._resettle({sid: ts for sid, ts in resettle.items() if sid in tokens})
         return found
 
     def _seed_untrimmed(self, settled: dict[str, int]) -> None:
@@ -99,10 +146,12 @@ class SessionReads:
                 self._untrimmed[sid] = count - MAX_PROMPT_TERMINALS
 
     def _restore_in(self, conn: Any, where: str, params: tuple[Any, ...],
-                    ring: int | None = None, settled: dict[str, int] | None = None
+                    ring: int | None = None, settled: dict[str, int] | None = None,
+                    resettle: dict[str, list[PromptTerminal]] | None = None
                     ) -> list[RestoredSession]:
         """The sessions ``where`` selects; ``settled`` (when given) gets each live
-        one's count of settled prompts on disk."""
+        one's count of settled prompts on disk, ``resettle`` the prompts settled from
+        their events (``settled_from_events``), by session."""
         sql = self._sql
         found: list[RestoredSession] = []
         for sid, blob, closed_at in conn.execute(sql(
@@ -131,6 +180,16 @@ class SessionReads:
                 except msgspec.MsgspecError as exc:
                     log.error("session journal: prompt %s of session %s is unreadable (%s): "
                               "skipped", pid, sid, exc)
+            if unsettled:   # rare: a restart found them running or queued
+                ended = settled_from_events(conn, sql, sid, {p.prompt_id for p in unsettled})
+                if ended:
+                    log.warning("session journal: %d prompt(s) of session %s ended without "
+                                "their terminal in the journal: settled from their events",
+                                len(ended), sid)
+                    unsettled = [p for p in unsettled if p.prompt_id not in ended]
+                    terminals.extend(ended.values())
+                    if resettle is not None:
+                        resettle[sid] = list(ended.values())
             terminals.sort(key=lambda t: t.at)   # as trimmed: by settle time, then seq
             if settled is not None and closed_at is None:
                 settled[sid] = len(terminals)

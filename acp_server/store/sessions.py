@@ -550,10 +550,11 @@ class StoreSessionJournal(SessionWrites, SessionRefusals, SessionReads):
         self.fence[session_id] = token
         self._lost.pop(session_id, None)
         settled: dict[str, int] = {}
+        resettle: dict[str, list[Any]] = {}
         try:
             found = await self.store._read(
                 lambda conn: self._restore_in(conn, "id = %s", (session_id,),
-                                              settled=settled))
+                                              settled=settled, resettle=resettle))
         except BaseException:
             with anyio.move_on_after(5, shield=True):   # a dead store: the lease expires
                 with contextlib.suppress(Exception):
@@ -563,6 +564,7 @@ class StoreSessionJournal(SessionWrites, SessionRefusals, SessionReads):
         if not found:   # unreadable: let go, or its lease would be renewed here for ever
             await self.let_go(session_id)
             return None
+        self._resettle(resettle)
         return found[0]
 
     def _signal(self) -> None:

@@ -7,7 +7,7 @@ the store refuses for good), the same on PostgreSQL and SQLite.
 
 ``url`` (PostgreSQL): a trigger function ``name`` that raises ``reason`` with the SQLSTATE
 ``errcode`` (default ``P0001``, plpgsql's ``raise_exception``), and a trigger
-``name`` BEFORE ``event`` FOR EACH ROW; else (SQLite, the file at ``sqlite_path``) a
+``name`` BEFORE ``event`` FOR EACH ROW (``when`` reads ``OLD`` for a ``DELETE``); else (SQLite, the file at ``sqlite_path``) a
 trigger ``name`` BEFORE ``event`` WHEN ``when`` that does ``RAISE(ABORT, reason)``.
 """
 
@@ -30,6 +30,9 @@ def refuse_rows(*, url: str | None, sqlite_path: Path, name: str, table: str, wh
                 BEGIN
                   IF {when} THEN
                     RAISE EXCEPTION '{reason}' USING ERRCODE = '{errcode}';
+                  END IF;
+                  IF TG_OP = 'DELETE' THEN
+                    RETURN OLD;   -- (NEW is NULL: the row would be skipped, not deleted)
                   END IF;
                   RETURN NEW;
                 END $$ LANGUAGE plpgsql""")
