@@ -27,12 +27,13 @@ from acp_server.store.errors import StoreUnavailableError
 from acp_server.store.leases import SessionLeases
 from acp_server.store.write_behind import MARKER_ID
 from bridge.errors import JournalUnavailableError
-from bridge import events as ev
 from bridge.journal import PromptAccepted, PromptSettled, RestoredSession, SessionOpened
 from bridge.status import MAX_PROMPT_TERMINALS, PromptTerminal
 from bridge.wire import event_from_envelope
 
 log = logging.getLogger("acp_server.store.sessions")
+
+TURN_ENDS = ("turn_complete", "turn_error")   # a prompt's end (``bridge.events``)
 
 _OPENED = msgspec.msgpack.Decoder(SessionOpened)
 _ACCEPTED = msgspec.msgpack.Decoder(PromptAccepted)
@@ -61,7 +62,7 @@ def settled_from_events(conn: Any, sql: Any, sid: str, ids: set[str]
     for pid, envelope in conn.execute(sql(
             "SELECT prompt_id, envelope FROM session_events WHERE session_id = ? "
             "AND type IN (?, ?) AND prompt_id IS NOT NULL ORDER BY id"),
-            (sid, ev.TURN_COMPLETE, ev.TURN_ERROR)).fetchall():
+            (sid, *TURN_ENDS)).fetchall():
         if pid not in ids or pid in found:
             continue
         try:
@@ -69,11 +70,11 @@ def settled_from_events(conn: Any, sql: Any, sid: str, ids: set[str]
         except (msgspec.MsgspecError, KeyError, TypeError):
             continue   # logged with the ring's events when it is one of them
         data, at = event.data, int(event.timestamp_ms)
-        if isinstance(data, ev.TurnComplete):
+        if event.type == TURN_ENDS[0]:
             state = "cancelled" if data.stop_reason == "cancelled" else "completed"
             found[pid] = PromptTerminal(prompt_id=pid, terminal=state, at=at,
                                         stop_reason=data.stop_reason)
-        elif isinstance(data, ev.TurnError):
+        else:
             found[pid] = PromptTerminal(prompt_id=pid, terminal="failed", at=at,
                                         error_code=data.code)
     return found

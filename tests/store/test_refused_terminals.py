@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
+from acp_server.store.session_reads import TURN_ENDS
 from acp_server.store.sessions import StoreSessionJournal
 from bridge import events as ev
 from bridge import wire
@@ -121,6 +122,7 @@ async def test_the_restore_settles_a_prompt_from_its_end_and_writes_its_terminal
     refusals above leave them). A ``turn_error`` gives ``failed`` with its code, a
     ``turn_complete`` its stop reason; a prompt with no end stays unsettled (it runs, or
     fails as interrupted); the terminals found are written again."""
+    assert TURN_ENDS == (ev.TURN_COMPLETE, ev.TURN_ERROR)   # the store names them itself
     store, url = _store(tmp_path, store_name)
     sid = "s"
     async with store:
