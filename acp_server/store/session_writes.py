@@ -5,12 +5,13 @@ store's transaction.
     taken, refused = journal._apply(conn, records, fence)   # what ``_commit_in`` runs
 
 Contracts: see ``acp_server.store.sessions``. ``EventsReset`` (a session id made anew:
-its bus numbers from 1 again) deletes the id's events (not its record, prompts or
-write-behind marker), unless another instance holds its lease live; a commit's plan
-keeps the newest event of each bus (session id and ``EventRecord.epoch``), so a late
-commit of an old bus never releases the new one. Records go in order, in as few statements
-as it takes (multi-row INSERTs of events and accepted prompts, one UPDATE of the
-terminals between two session records); what a commit trims and counts was planned in
+its bus numbers from 1 again; a load undone) deletes the id's events (not its record or
+write-behind marker; its prompts only when it has no record: those of a load undone,
+never a live or closed session's), unless another instance holds its lease live; a
+commit's plan keeps the newest event of each bus (session id and ``EventRecord.epoch``),
+so a late commit of an old bus never releases the new one. Records go in order, in as
+few statements as it takes (multi-row INSERTs of events and accepted prompts, one
+UPDATE of the terminals between two session records); what a commit trims and counts was planned in
 the event loop as it started (``CommitPlan``, ``StoreSessionJournal._planned``), so a
 transaction run twice does the same and counts nothing.
 """
@@ -82,6 +83,19 @@ class CommitPlan:
     unsized: dict[str, int | None] = dataclasses.field(default_factory=dict)
     # each bus's newest event (session id, epoch): what its readers may see once landed
     newest: dict[tuple[str, str], EventRecord] = dataclasses.field(default_factory=dict)
+    # the ids whose prompt rows a reset deleted (no record: ``_reset_events_in``;
+    # filled as the commit runs, on the writer's thread: a set, so a rerun adds nothing)
+    orphans: set[str] = dataclasses.field(default_factory=set)
+
+    def count_settled(self, untrimmed: dict[str, int]) -> None:
+        """The commit landed: each session's settled prompts past the kept number."""
+        for sid, count in self.untrimmed.items():
+            if count is None:
+                untrimmed.pop(sid, None)
+            else:
+                untrimmed[sid] = count
+        for sid in self.orphans:   # its rows are gone: nothing to trim
+            untrimmed.pop(sid, None)
 
 
 class SessionWrites:
@@ -257,9 +271,16 @@ class SessionWrites:
 
     def _reset_events_in(self, conn: Any, sid: str) -> None:
         """``EventsReset``: the id's events go (not a write-behind marker: its own
-        bookkeeping clears it). Not when another instance holds the id's lease live
-        (a shared store: its session, not this one's to touch)."""
+        bookkeeping clears it), and when the id has no session record its prompt rows
+        too (a load undone, or one a crash cut short: prompts admitted while the agent
+        had not answered; a live or closed session's record keeps them). Not when
+        another instance holds the id's lease live (a shared store: its session, not
+        this one's to touch)."""
         if self.leases is not None and self.leases.held_elsewhere(conn, sid):
             return
-        conn.execute(self._sql("DELETE FROM session_events WHERE session_id = ? AND id > ?"),
+        sql = self._sql
+        conn.execute(sql("DELETE FROM session_events WHERE session_id = ? AND id > ?"),
                      (sid, MARKER_ID))
+        if conn.execute(sql("SELECT 1 FROM sessions WHERE id = ?"), (sid,)).fetchone() is None:
+            conn.execute(sql("DELETE FROM session_prompts WHERE session_id = ?"), (sid,))
+            self._plan.orphans.add(sid)

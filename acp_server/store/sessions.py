@@ -321,11 +321,7 @@ class StoreSessionJournal(SessionWrites, SessionRefusals, SessionReads):
             if refusals:
                 self._refused_landed(batch, refusals)
             self.commits += 1
-            for sid, count in plan.untrimmed.items():
-                if count is None:
-                    self._untrimmed.pop(sid, None)
-                else:
-                    self._untrimmed[sid] = count
+            plan.count_settled(self._untrimmed)
             for sid, size in plan.unsized.items():
                 if sid in refused:
                     continue   # nothing of it was written
