@@ -210,7 +210,7 @@ class StoreSessionJournal(SessionWrites, SessionRefusals, SessionReads):
         if wb is None:
             return self._push(record)
         if isinstance(record, EventRecord):
-            marker = wb.before_event(record.session_id, record.event_id)
+            marker = wb.before_event(record.session_id, record.event_id, record.epoch)
             if marker is not None:
                 self._push(marker)
             seq = self._push(record)
@@ -406,7 +406,7 @@ class StoreSessionJournal(SessionWrites, SessionRefusals, SessionReads):
         touched: set[str] = set()
         for _, record in batch:
             if isinstance(record, EventRecord):
-                wb.committed(record.session_id, record.event_id)
+                wb.committed(record.session_id, record.event_id, record.epoch)
             elif isinstance(record, Marker):
                 wb.marker_landed(record)
             elif not isinstance(record, PromptSettled):

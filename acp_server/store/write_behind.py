@@ -24,6 +24,12 @@ That is never a silent gap, thanks to a durable marker:
   lost: it gets a new epoch (``RestoredSession.gap``), so a reader resyncs. A session
   without a marker showed only committed events and keeps its epoch.
 
+* An id's earlier life (a load the agent refused, a session closed, then loaded
+  again) whose last commit lands after the next life began counts for nothing in it
+  (``ended`` is called between them): its events are told apart by their bus's epoch
+  (``committed``), its marker by its generation (unique in the journal), so the new
+  life's window opens only once its own marker commits, from its own committed events.
+
 Prompts and session records are unaffected: always committed before they are
 acknowledged. Everything here runs in the event loop (no locks).
 """
@@ -31,6 +37,7 @@ acknowledged. Everything here runs in the event loop (no locks).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import msgspec
 
@@ -50,7 +57,8 @@ class Marker(msgspec.Struct, frozen=True):
 @dataclasses.dataclass(slots=True)
 class _Session:
     state: str | None = None     # None (held), ARMING or ARMED
-    generation: int = 0
+    generation: int = 0          # of its last marker (unique in the journal)
+    epoch: str = ""              # its bus's (its events'): an older bus's never count
     appended: int = 0            # the last event id appended
     committed: int = 0           # the last event id committed
     open_prompts: int = 0        # accepted, not yet settled (as far as this journal saw)
@@ -62,16 +70,20 @@ class WriteBehind:
     def __init__(self, window: int) -> None:
         self.window = window
         self._sessions: dict[str, _Session] = {}
+        # markers' generations, across sessions and lives: a marker of an id's earlier
+        # life that lands late never matches the current one's
+        self._generations = itertools.count(1)
 
-    def before_event(self, session_id: str, event_id: int) -> Marker | None:
-        """An event is about to be appended: the marker to append first, if any."""
+    def before_event(self, session_id: str, event_id: int, epoch: str = "") -> Marker | None:
+        """An event of the bus ``epoch`` is about to be appended: the marker to
+        append first, if any."""
         s = self._sessions.get(session_id)
         if s is None:
             s = self._sessions[session_id] = _Session()
-        s.appended = event_id
+        s.appended, s.epoch = event_id, epoch
         if s.state is not None:
             return None
-        s.state, s.generation = ARMING, s.generation + 1
+        s.state, s.generation = ARMING, next(self._generations)
         return Marker(session_id, True, s.generation)
 
     def early(self, session_id: str, event_id: int) -> bool:
@@ -88,11 +100,16 @@ class WriteBehind:
         s.open_prompts = max(0, s.open_prompts + delta)
 
     def ended(self, session_id: str) -> None:
+        """The id's life ended (closed, deleted, made anew, a load undone): what of
+        it is still in a commit counts for no later life (``committed``, and the
+        markers' generations)."""
         self._sessions.pop(session_id, None)
 
-    def committed(self, session_id: str, event_id: int) -> None:
+    def committed(self, session_id: str, event_id: int, epoch: str = "") -> None:
+        """An event of the bus ``epoch`` was committed (one of an earlier life of the
+        id, landing late, is not this life's: ignored)."""
         s = self._sessions.get(session_id)
-        if s is not None and event_id > s.committed:
+        if s is not None and s.epoch == epoch and event_id > s.committed:
             s.committed = event_id
 
     def marker_landed(self, marker: Marker) -> None:

@@ -8,6 +8,9 @@ the new life's bus numbers its events from 1 again, under a new epoch.
   (a restart gives them back, not the refused load's).
 * A session closed (kept in the journal for the retention) and loaded again: the
   journal holds the new life's events, not the old ones under the new epoch.
+* With ``--session-write-behind``, that late commit (the refused load's marker and
+  events) neither opens the new life's window (its own marker is still to commit) nor
+  counts for its committed events: the new life's events stay held until then.
 
 The commits are held by a gate in the journal's own commit (a threading condition,
 opened one commit at a time by the test), never by a sleep.
@@ -177,3 +180,61 @@ async def test_a_closed_session_loaded_again_journals_its_new_life(
     assert [(e.id, e.type) for e in found.events] == live   # what readers saw, no other
     assert _texts(found.events)[0] == "replayed"
     assert "session_closed" not in [e.type for e in found.events]
+
+
+async def test_a_refused_loads_late_commit_neither_arms_nor_advances_the_next_life(
+        tmp_path: Path, store_name: str) -> None:
+    """``--session-write-behind``: the refused load's commit (its marker and its events)
+    lands once the same id is loaded again, the new life's marker still to commit. It
+    must not count for the new life: the new life's events stay held until its own
+    marker commits (the old marker shares its generation number, the old events its
+    ids), and never more than the window of them is seen before its commit."""
+    store, _ = _store(tmp_path, store_name)
+    agent = ReplayingAgent()
+    sid = "loaded-twice"
+    async with store:
+        async with StoreSessionJournal(store, write_behind=2) as journal:
+            async with Bridge(agent, workspace_cwd=str(tmp_path), journal=journal) as bridge:
+                gates = CommitGates(journal)
+                try:
+                    await _reload_behind(bridge, agent, journal, gates, sid)
+                finally:
+                    gates.allow(100)
+                epoch = bridge.get_session(sid).bus.epoch
+        async with StoreSessionJournal(store) as journal:
+            [found] = await journal.restore()
+    assert found.record.epoch == epoch
+    assert _texts(found.events) == ["new one", "new two", "new three", "new four"]
+
+
+async def _reload_behind(bridge: Bridge, agent: ReplayingAgent, journal: StoreSessionJournal,
+                         gates: CommitGates, sid: str) -> None:
+    agent.replay, agent.refuse = ["old one", "old two"], True
+    with pytest.raises(SessionNotFoundError):
+        await bridge.load_session(sid)
+    held = 1   # hold the commit of the refused load's marker and events
+    while True:
+        await wait_until(lambda: gates.entered == held)
+        if [r.event_id for _, r in journal._batch if isinstance(r, EventRecord)] == [1, 2]:
+            break
+        gates.allow(1)
+        held += 1
+    agent.replay, agent.refuse = ["new one", "new two", "new three"], False
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(bridge.load_session, sid)
+        await wait_until(lambda: sid in bridge._sessions
+                         and bridge._sessions[sid].bus.last_event_id == 3)
+        bus = bridge._sessions[sid].bus
+        reader = bus.subscribe(last_event_id=0, epoch=bus.epoch)
+        gates.allow(1)   # the refused load's commit lands
+        await wait_until(lambda: gates.entered == held + 1)   # the new life's runs, held
+        agent.client.session_update(sid, {"sessionId": sid, "update": {
+            "sessionUpdate": "agent_message_chunk",
+            "content": {"type": "text", "text": "new four"}}})
+        await wait_until(lambda: bus.last_event_id == 4)
+        # the new life's marker is not committed: none of its events is seen yet
+        assert bus.released_id == 0
+        assert [f.id for f in drain(reader) if f.id is not None] == []
+        gates.allow(100)
+    await journal.wait(journal.appended)
+    assert bus.released_id == 4

@@ -51,6 +51,28 @@ def test_the_window_opens_after_the_marker_commits_and_closes_when_quiet() -> No
     assert not wb.early("s", 7)
 
 
+def test_an_earlier_lifes_late_commit_counts_for_nothing_in_the_next() -> None:
+    """A refused load's marker and events (bus ``old``) land after the id is loaded
+    again (bus ``new``): the new life stays held until its own marker lands, and its
+    window counts from its own committed events only."""
+    wb = WriteBehind(window=2)
+    old_marker = wb.before_event("s", 1, "old")
+    assert old_marker is not None
+    wb.before_event("s", 5, "old")
+    wb.ended("s")                                     # the load undone; loaded again
+    new_marker = wb.before_event("s", 1, "new")
+    assert new_marker is not None and new_marker.generation != old_marker.generation
+    wb.committed("s", 5, "old")                       # the late commit lands
+    wb.marker_landed(old_marker)
+    assert not wb.early("s", 1)                       # its own marker has not landed
+    assert wb.quiet({"s"}) == []
+    wb.marker_landed(new_marker)
+    wb.before_event("s", 3, "new")
+    assert wb.early("s", 2) and not wb.early("s", 3)  # counted from none committed
+    wb.committed("s", 1, "new")
+    assert wb.early("s", 3)
+
+
 def _marker_set(store: str, sid: str) -> bool:
     if store.startswith("postgresql"):
         import psycopg
