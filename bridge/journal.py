@@ -120,7 +120,9 @@ class EventsReset(msgspec.Struct, kw_only=True, frozen=True, tag="reset", tag_fi
                   gc=False):
     """A new life of ``session_id`` starts (a new bus, its ids from 1 again: a session
     made, loaded or resumed; or a load undone): the journal's events of that id, left
-    by a closed session or a refused load, are deleted (its record and prompts stay)."""
+    by a closed session or a refused load, are deleted (its record and prompts stay).
+    An id with no record (a load undone, or one a crash cut short) keeps nothing: the
+    prompts admitted while the agent had not answered go too."""
 
     session_id: str
 

@@ -20,7 +20,7 @@
 * A session made anew (``_journal_new``: created, loaded, resumed, forked) starts the
   id's events in the journal from none (``EventsReset``: a closed session's, a refused
   load's), as its bus starts its ids from 1; a load undone resets them too, so what of
-  it landed is not kept.
+  it landed is not kept (with no record of the id: its prompts either).
 * A clean stop commits what is queued, then records nothing more
   (``_stop_journaling``): the sessions it closes come back at the next start.
 """

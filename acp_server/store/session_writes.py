@@ -6,14 +6,15 @@ store's transaction.
 
 Contracts: see ``acp_server.store.sessions``. ``EventsReset`` (a session id made anew:
 its bus numbers from 1 again; a load undone) deletes the id's events (not its record or
-write-behind marker; its prompts only when it has no record: those of a load undone,
-never a live or closed session's), unless another instance holds its lease live; a
-commit's plan keeps the newest event of each bus (session id and ``EventRecord.epoch``),
-so a late commit of an old bus never releases the new one. Records go in order, in as
-few statements as it takes (multi-row INSERTs of events and accepted prompts, one
-UPDATE of the terminals between two session records); what a commit trims and counts was planned in
-the event loop as it started (``CommitPlan``, ``StoreSessionJournal._planned``), so a
-transaction run twice does the same and counts nothing.
+write-behind marker; when it has no record, every row of it: a load undone leaves
+nothing, and a live or closed session's prompts are never touched), unless another
+instance holds its lease live; a commit's plan keeps the newest event of each bus
+(session id and ``EventRecord.epoch``), so a late commit of an old bus never releases
+the new one. Records go in order, in as few statements as it takes (multi-row INSERTs
+of events and accepted prompts, one UPDATE of the terminals between two session
+records); what a commit trims and counts was planned in the event loop as it started
+(``CommitPlan``, ``StoreSessionJournal._planned``), so a transaction run twice does the
+same and counts nothing.
 """
 
 from __future__ import annotations
@@ -271,16 +272,19 @@ class SessionWrites:
 
     def _reset_events_in(self, conn: Any, sid: str) -> None:
         """``EventsReset``: the id's events go (not a write-behind marker: its own
-        bookkeeping clears it), and when the id has no session record its prompt rows
-        too (a load undone, or one a crash cut short: prompts admitted while the agent
-        had not answered; a live or closed session's record keeps them). Not when
+        bookkeeping clears it). When the id has no session record (a load undone, or
+        one a crash cut short) every row of it goes: its prompts (admitted while the
+        agent had not answered) and its marker too (the reset comes before the next
+        life's first marker); a live or closed session's record keeps them. Not when
         another instance holds the id's lease live (a shared store: its session, not
         this one's to touch)."""
         if self.leases is not None and self.leases.held_elsewhere(conn, sid):
             return
         sql = self._sql
-        conn.execute(sql("DELETE FROM session_events WHERE session_id = ? AND id > ?"),
-                     (sid, MARKER_ID))
         if conn.execute(sql("SELECT 1 FROM sessions WHERE id = ?"), (sid,)).fetchone() is None:
+            conn.execute(sql("DELETE FROM session_events WHERE session_id = ?"), (sid,))
             conn.execute(sql("DELETE FROM session_prompts WHERE session_id = ?"), (sid,))
             self._plan.orphans.add(sid)
+        else:
+            conn.execute(sql("DELETE FROM session_events WHERE session_id = ? AND id > ?"),
+                         (sid, MARKER_ID))

@@ -96,6 +96,41 @@ async def test_refused_loads_leave_no_prompt_rows(tmp_path: Path, store_name: st
     assert not counted & {"retried-0", "retried-1"}   # nothing kept of them in memory
 
 
+async def test_a_refused_load_under_write_behind_leaves_no_row(
+        tmp_path: Path, store_name: str) -> None:
+    """``--session-write-behind``: the refused load's events armed its window (a marker
+    row, ``id = 0``); the undo leaves neither that row nor any other of the id."""
+    store, _ = _store(tmp_path, store_name)
+    agent = RefusingLoads()
+    async with store:
+        async with StoreSessionJournal(store, write_behind=2) as journal:
+            async with Bridge(agent, workspace_cwd=str(tmp_path), journal=journal) as bridge:
+                for n in range(2):
+                    sid = f"refused-{n}"
+                    agent.answer = anyio.Event()
+                    async with anyio.create_task_group() as tg:
+                        async def load() -> None:
+                            with pytest.raises(SessionNotFoundError):
+                                await bridge.load_session(sid)
+
+                        tg.start_soon(load)
+                        await wait_until(lambda: sid in bridge._sessions)
+                        # a prompt open: the window stays open (its marker set)
+                        bridge.send_prompt(sid, text("while it loads"))
+                        agent.client.session_update(sid, {
+                            "sessionId": sid, "update": {
+                                "sessionUpdate": "agent_message_chunk",
+                                "content": {"type": "text", "text": "replayed"}}})
+                        # committed, after its marker (its window opened)
+                        await wait_until(lambda: bridge._sessions[sid].bus.released_id
+                                         == 1)
+                        agent.answer.set()
+                await journal.wait(journal.appended)
+                rows = await store._read(lambda conn: conn.execute(
+                    "SELECT COUNT(*) FROM session_events").fetchone())
+    assert rows[0] == 0
+
+
 async def test_rows_a_crash_left_during_a_load_go_at_the_ids_next_life(
         tmp_path: Path, store_name: str) -> None:
     """What a ``kill -9`` during a load leaves (the prompt's row, no record, no reset
