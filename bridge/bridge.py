@@ -397,7 +397,7 @@ class Bridge(Journaling, PromptsAPI, PresenceAPI, AgentCallsAPI):
                     answered.set()
                     session.agent_side = None
                 session.agent_result = result if isinstance(result, dict) else {}
-                await self._record_session(session, scope)
+                await self._record_session(session, scope, loaded=True)
                 return session
             result = await self._agent_request(agent, method, params)
             sid = result.get("sessionId") if isinstance(result, dict) else None

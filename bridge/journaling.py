@@ -139,21 +139,25 @@ class Journaling:
             if bus.closed and bus.released_id >= bus.last_event_id:
                 del self._held[key]
 
-    async def _commit_record(self, session: Session, seq: int) -> None:
+    async def _commit_record(self, session: Session, seq: int, *, loaded: bool) -> None:
         """Wait for a session's record; a failed commit, or a caller that gives up
-        meanwhile (cancelled), undoes the session."""
+        meanwhile (cancelled), undoes the session: whatever of its record landed is
+        deleted, or (``loaded``: an id that may be a closed session kept for the
+        retention) marked closed, so a kept session is not deleted with the undo."""
         try:
             await self.journal.wait(seq)
         except BaseException:
             self._drop_session(session)
             self._held.pop((session.session_id, session.bus.epoch), None)
-            self._record_end(session, deleted=True)   # whatever of it did land
+            self._record_end(session, deleted=not loaded)
             self._tasks().start_soon(self._close_at_agent, session, False)
             raise
 
-    async def _record_session(self, session: Session, scope: str) -> None:
+    async def _record_session(self, session: Session, scope: str, *,
+                              loaded: bool = False) -> None:
         """Commit the session's record before its creation is answered (a durable
-        journal); ``JournalUnavailableError`` (the session undone) when it fails."""
+        journal); ``JournalUnavailableError`` (the session undone) when it fails
+        (``loaded``: a load of an existing id, see ``_commit_record``)."""
         if session.journal is not self.journal or not self.journal.durable:
             return
         seq = self.journal.append(SessionOpened(
@@ -161,7 +165,7 @@ class Journaling:
             cwd=session.workspace_cwd, created_at=session.created_at,
             epoch=session.bus.epoch, scope=scope, forked_from=session.forked_from,
             origin=session.origin, owner=session.owner))
-        await self._commit_record(session, seq)
+        await self._commit_record(session, seq, loaded=loaded)
 
     def _record_end(self, session: Session, *, deleted: bool) -> None:
         if session.journal.durable:

@@ -238,3 +238,32 @@ async def _reload_behind(bridge: Bridge, agent: ReplayingAgent, journal: StoreSe
         gates.allow(100)
     await journal.wait(journal.appended)
     assert bus.released_id == 4
+
+
+async def test_a_closed_sessions_failed_reload_keeps_it_retained(
+        tmp_path: Path, store_name: str) -> None:
+    """The load of a closed, retained session whose new record the store refuses is
+    undone; the closed session stays as it was (its record and its prompt terminals
+    for a later load), not deleted with the undone life."""
+    from bridge.errors import JournalUnavailableError
+    from tests.store.triggers import refuse_rows
+
+    store, url = _store(tmp_path, store_name)
+    agent = ReplayingAgent()
+    async with store:
+        async with StoreSessionJournal(store) as journal:
+            async with Bridge(agent, workspace_cwd=str(tmp_path), journal=journal) as bridge:
+                sid = (await bridge.create_session()).session_id
+                await bridge.send_prompt(sid, text("first life")).result()
+                await bridge.close_session(sid, reason="idle_timeout")   # kept, closed
+                await journal.wait(journal.appended)
+                refuse_rows(url=url, sqlite_path=tmp_path / "state" / "lmsp.sqlite3",
+                            name="refuse_reopen", table="sessions", when="1 = 1")
+                with pytest.raises(JournalUnavailableError):
+                    await bridge.load_session(sid)
+                await journal.wait(journal.appended)
+        async with StoreSessionJournal(store) as journal:
+            found = {f.record.session_id: f for f in await journal.restore()}
+    assert sid in found, "the retained closed session was deleted by the undone reload"
+    assert found[sid].closed_at is not None
+    assert [t.terminal for t in found[sid].terminals] == ["completed"]
