@@ -135,7 +135,10 @@ class ModelCatalog:
         elif new:
             log.info("model server %s now also offers: %s", self.url, ", ".join(new))
         if new and self.on_models is not None:
-            self.on_models(new)
+            try:
+                self.on_models(new)
+            except Exception:   # noqa: BLE001 - a bug: logged, never the server's end
+                log.exception("model server %s: could not offer %s", self.url, ", ".join(new))
 
     def _failed(self, cause: str) -> None:
         now = self.clock()
