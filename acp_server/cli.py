@@ -151,6 +151,10 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     serve.add_argument("--model-server", metavar="URL",
                        help="an OpenAI-compatible server (e.g. http://127.0.0.1:11434/v1); "
                             "each model it lists becomes an agent of that name")
+    serve.add_argument("--model-refresh-ms", default="30000",
+                       help="list the model server's models again at most this often, when "
+                            "a model nobody knows is named or the agents are listed; 0 = only "
+                            "at start (default 30000)")
     serve.add_argument("--no-web", action="store_true",
                        help="do not serve the web console at / (404 there)")
     serve.add_argument("--log-format", choices=("text", "json"), default="text",
@@ -303,6 +307,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         hostname=args.hostname, port=args.port, workspace=args.workspace, token=args.token,
         require_auth=args.require_auth, allow_origin=args.allow_origin,
         agent=args.agent or ["reference"], config=args.config, model_server=args.model_server,
+        model_refresh_ms=args.model_refresh_ms,
         state_dir=args.state_dir, max_acp_connections=args.max_acp_connections,
         store=args.store, max_running_tasks=args.max_running_tasks, web=not args.no_web,
         log_format=args.log_format,

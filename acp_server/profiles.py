@@ -15,7 +15,8 @@ A config file (TOML) adds profiles with their own environment and working folder
     cwd = "/work"                                     # default: the workspace
 
 ``--model-server URL`` adds one profile per model the server lists at ``/v1/models``,
-named by the model id, served by the in-process model agent.
+named by the model id, served by the in-process model agent (listed at start and again
+while the server runs: ``bridge.agents.catalog``, ``Settings.model_factory``).
 """
 
 from __future__ import annotations

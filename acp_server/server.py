@@ -8,7 +8,8 @@
 
 ``open_server`` starts, in this order: the record of agent child processes
 (``ChildRegistry``, stale ones of crashed runs reaped), the models of
-``--model-server``, the store (``--store``), the session journal on it
+``--model-server`` (listed at start, and again while it runs: ``Server.models``,
+``bridge.agents.catalog``), the store (``--store``), the session journal on it
 (``--session-journal store``, ``acp_server.store.sessions``), the ``Bridge`` and its
 agents (journaled sessions restored before anything is served), the LMSP service on
 the same store (restart recovery runs before anything is served), the principals on
@@ -31,7 +32,8 @@ Contracts:
   ``TaskStore`` instead of ``settings.store_url``), ``lmsp_config``, ``group_commit``,
   ``acp_clock`` (the ``/acp`` registry's clock), ``session_clock`` (the session
   journal's retention clock, ``Server.purge_sessions``), ``principals_clock`` (the
-  monotonic clock of the rate limits and the token cache), ``lease_offset`` (seconds
+  monotonic clock of the rate limits and the token cache), ``models_clock`` (the
+  monotonic clock of ``--model-refresh-ms``), ``lease_offset`` (seconds
   added to the store's clock in the session leases' statements: tests move time with
   it, ``acp_server.store.leases``). Everything else comes from
   ``settings``.
@@ -43,7 +45,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,6 +69,7 @@ from acp_server.rest.journal_reads import JournalReads
 from acp_server.settings import Settings
 from bridge import Bridge
 from bridge.agents.base import AgentFactory
+from bridge.agents.catalog import ModelCatalog
 from bridge.agents.children import ChildRegistry
 from bridge.journal import MemoryJournal, SessionJournal
 
@@ -96,6 +99,8 @@ class Server:
     # instance registry (acp_server.store.leases).
     leases: SessionLeases | None = None
     fleet: Fleet | None = None
+    # ``--model-server``'s models, listed again while the server runs (else None).
+    models: ModelCatalog | None = None
 
     def advertise(self, url: str) -> None:
         """The HTTP server listens at ``url``: unless ``--advertise-url`` says otherwise
@@ -140,13 +145,18 @@ async def open_server(settings: Settings, *, agent_factory: AgentFactory | None 
                       acp_clock: Clock | None = None,
                       session_clock: Callable[[], float] | None = None,
                       principals_clock: Callable[[], float] | None = None,
+                      models_clock: Callable[[], float] | None = None,
                       lease_offset: Callable[[], float] | None = None
                       ) -> AsyncIterator[Server]:
     children = ChildRegistry(settings.children_dir)
     children.reap_stale()   # agents that killed earlier runs left behind
     try:
-        models = (await discover_models(settings.model_server, taken=settings.agent_names)
-                  if settings.model_server else [])
+        catalog = models = None
+        if settings.model_server:
+            catalog = ModelCatalog(settings.model_server, taken=settings.agent_names,
+                                   interval_s=settings.model_refresh_ms / 1000,
+                                   clock=models_clock or time.monotonic)
+            models = await catalog.start()
         config = lmsp_config or LmspConfig(permission_policy=settings.lmsp_permissions,
                                            keepalive_s=settings.lmsp_keepalive_s)
         store = lmsp_store or store_for(
@@ -167,15 +177,22 @@ async def open_server(settings: Settings, *, agent_factory: AgentFactory | None 
                                           leases=leases,
                                           write_behind=settings.session_write_behind,
                                           fsync=settings.session_journal_fsync)
+        the_bridge = Bridge(agent_factory or settings.agent_factory(children),
+                            workspace_cwd=settings.workspace,
+                            options=dataclasses.replace(
+                                settings.options,
+                                session_on_restart=settings.session_on_restart),
+                            agents=settings.extra_agents(models or (), children),
+                            journal=journal, journal_clock=session_clock or time.time)
+        if catalog is not None:   # before the restore: a session's missing model may come
+            the_bridge.agent_finder = catalog
+            catalog.on_models = lambda new: the_bridge.add_agents(
+                {m: settings.model_factory(m, children) for m in new})
         async with store, \
                 (journal if isinstance(journal, StoreSessionJournal)
                  else contextlib.nullcontext(journal)), \
-                Bridge(agent_factory or settings.agent_factory(children),
-                       workspace_cwd=settings.workspace,
-                       options=dataclasses.replace(
-                           settings.options, session_on_restart=settings.session_on_restart),
-                       agents=settings.extra_agents(models, children),
-                       journal=journal, journal_clock=session_clock or time.time) as bridge, \
+                the_bridge as bridge, \
+                (catalog if catalog is not None else contextlib.nullcontext()), \
                 open_lmsp(bridge, state_dir=settings.state_dir, store=store, store_open=True,
                           max_running_tasks=settings.max_running_tasks,
                           config=config) as lmsp, \
@@ -221,7 +238,7 @@ async def open_server(settings: Settings, *, agent_factory: AgentFactory | None 
                 metrics.watch_fleet(fleet)
                 bridge.before_restore = fleet.claim
             server = Server(app, settings, bridge, lmsp, acp, metrics, gate, guard_stats,
-                            session_clock or time.time, leases, fleet)
+                            session_clock or time.time, leases, fleet, catalog)
             if isinstance(journal, StoreSessionJournal):
                 journal.on_moved = bridge.sessions_moved
             async with anyio.create_task_group() as tg:
@@ -242,22 +259,3 @@ async def open_server(settings: Settings, *, agent_factory: AgentFactory | None 
     finally:
         children.close()   # every agent was stopped with the bridge
 
-
-async def discover_models(url: str, *, taken: Iterable[str] = ()) -> list[str]:
-    """The model ids ``url`` lists, less those an agent configured by name already has
-    (that agent wins; logged); none (logged in one line) when they cannot be listed."""
-    from bridge.agents.model import discover_models as list_models
-
-    try:
-        models = await list_models(url)
-    except Exception as exc:  # the server still starts; the models are just not offered
-        log.error("cannot list the models of %s: %s", url, exc)
-        return []
-    names = set(taken)
-    clash = [m for m in models if m in names]
-    if clash:
-        log.warning("model server %s: not offering %s: an agent configured by name has it",
-                    url, ", ".join(clash))
-    models = [m for m in models if m not in names]
-    log.info("model server %s offers: %s", url, ", ".join(models) or "(none)")
-    return models

@@ -118,6 +118,10 @@ class Settings:
     # Named agents besides the default (``--agent NAME=COMMAND``, ``--config``).
     agent_profiles: tuple[AgentProfile, ...] = ()
     model_server: str | None = None
+    # ``--model-server``'s models are listed again at most this often (ms), when a name
+    # nobody knows is asked for or the agents are listed (bridge.agents.catalog);
+    # 0 = only at start.
+    model_refresh_ms: int = 30_000
     # "" = the workspace's own folder (``default_state_dir``); ``--state-dir`` chooses.
     state_dir: str = ""
     options: BridgeOptions = dataclasses.field(default_factory=BridgeOptions)
@@ -229,6 +233,10 @@ class Settings:
         if self.model_server is not None and not re.match(r"^https?://[^\s/]+", self.model_server):
             raise SettingsError(f"Invalid model server: {self.model_server!r}. Must be an http(s) URL "
                                 "such as http://127.0.0.1:11434/v1.")
+        if isinstance(self.model_refresh_ms, bool) or not isinstance(self.model_refresh_ms, int) \
+                or self.model_refresh_ms < 0:
+            raise SettingsError(f"Invalid model-refresh-ms: {self.model_refresh_ms!r}. Must be "
+                                "a non-negative integer (0 = list the models only at start).")
         if isinstance(self.max_acp_connections, bool) or not isinstance(self.max_acp_connections, int) \
                 or self.max_acp_connections < 1:
             raise SettingsError(f"Invalid max_acp_connections: {self.max_acp_connections!r}. "
@@ -337,6 +345,12 @@ class Settings:
                                       registry=registry)
                 for p in profiles}
 
+    def model_factory(self, model: str, registry: ChildRegistry | None = None) -> AgentFactory:
+        """The model agent of one model id of ``--model-server`` (one listed later too)."""
+        assert self.model_server is not None
+        return build_factory(AgentProfile(model, model_server=self.model_server),
+                             workspace=self.workspace, hidden_env=[TOKEN_ENV], registry=registry)
+
     @property
     def store_url(self) -> str:
         """The LMSP task store: ``--store``, else a file under the state directory."""
@@ -358,7 +372,8 @@ class Settings:
                    workspace: str | None = None, token: str | None = None,
                    require_auth: bool = False, allow_origin: Iterable[str] = (),
                    agent: str | Iterable[str] = REFERENCE_AGENT, config: str | None = None,
-                   model_server: str | None = None, state_dir: str | None = None,
+                   model_server: str | None = None, model_refresh_ms: str | int = 30_000,
+                   state_dir: str | None = None,
                    max_acp_connections: str | int = 64, store: str | None = None,
                    max_running_tasks: str | int = DEFAULT_MAX_RUNNING_TASKS,
                    web: bool = True,
@@ -410,6 +425,7 @@ class Settings:
                    allow_origins=tuple(allow_origin),
                    agent=shlex.join(default.command) if default.command else REFERENCE_AGENT,
                    agent_profiles=tuple(named), model_server=model_server,
+                   model_refresh_ms=_number(model_refresh_ms),
                    state_dir=os.path.abspath(state_dir) if state_dir else "",
                    max_acp_connections=parse_number(max_acp_connections)
                    if isinstance(max_acp_connections, str) else max_acp_connections,

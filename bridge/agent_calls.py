@@ -1,10 +1,14 @@
 """The agents half of the ``Bridge`` API: requests to a session's agent with their
-deadline, requests the bridge has no rule for, and what the agents report.
+deadline, requests the bridge has no rule for, what the agents report, and the agents
+offered while the bridge runs.
 
     answer = await bridge.forward(session_id, "session/set_mode", {"modeId": "plan"})
     await bridge.forward_notification(session_id, "session/cancel", {"sessionId": sid})
     bridge.agent_capability("qwen", "sessionCapabilities", "fork")   # None: not offered
     [a.name for a in bridge.list_agents()]                            # the default first
+    bridge.agent_finder = catalog       # lists agents again (bridge.agents.catalog)
+    bridge.add_agents({"llama3:8b": factory})                         # offered from now on
+    name = await bridge.resolve_agent("llama3:8b")   # unknown: the finder is asked first
 
 ``Bridge`` inherits these. Contracts: ``_agent_request`` gives up after
 ``agent_request_timeout_ms`` (``AgentRequestTimeoutError``; a late answer is ignored);
@@ -12,30 +16,51 @@ deadline, requests the bridge has no rule for, and what the agents report.
 after restoring the agent side of a session restored from the journal
 (``SessionNotRestorableError`` when it cannot be); an unknown agent name is
 ``AgentNotFoundError``.
+
+Agents offered while the bridge runs: ``add_agents`` adds them (pool, client, a share
+of the session cap) in one step with no await, so every caller sees an agent whole or
+not at all; agents are never removed. ``agent_finder`` (``None``: the agents are fixed)
+is asked to look for more (``refresh``: rate-limited and single-flight, it calls
+``add_agents`` itself) when ``resolve_agent`` meets an unknown name, when a restored
+session's agent is missing (``bridge.restore``), and, bounded by ``wait_s``, before a
+listing (``refresh_agents``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 import anyio.abc
 
-from bridge.agents.base import AgentConnection
-from bridge.errors import AgentRequestTimeoutError, SessionNotRestorableError
+from bridge.agent_client import AgentSide
+from bridge.agents.base import AgentConnection, AgentFactory
+from bridge.errors import AgentNotFoundError, AgentRequestTimeoutError, SessionNotRestorableError
 from bridge.status import AgentStatus
 
 if TYPE_CHECKING:
-    from bridge.agent_client import AgentSide
     from bridge.agent_pool import AgentPool
+    from bridge.capacity import SessionCapacity
     from bridge.observer import BridgeObserver
     from bridge.options import BridgeOptions
     from bridge.session import Session
 
 
+LISTING_WAIT_S = 2.0   # a listing of the agents waits at most this long for the finder
+
+
+class AgentFinder(Protocol):
+    """Looks for more agents (``bridge.agents.catalog.ModelCatalog``)."""
+
+    async def refresh(self, *, wait_s: float | None = None) -> None: ...
+
+
 class AgentCallsAPI:
     options: BridgeOptions
     agents: AgentPool
+    capacity: SessionCapacity
+    agent_finder: AgentFinder | None = None
     observer: BridgeObserver
     _clients: dict[str, AgentSide]
     _sessions: dict[str, Session]
@@ -46,6 +71,34 @@ class AgentCallsAPI:
 
     def get_session(self, session_id: str) -> Session:
         raise NotImplementedError   # Bridge's
+
+    def add_agents(self, factories: Mapping[str, AgentFactory]) -> list[str]:
+        """Offer these agents from now on (see the module docstring); the names added
+        (a name already offered keeps its agent)."""
+        added = []
+        for name, factory in factories.items():
+            if self.agents.add(name, factory):
+                self._clients[name] = AgentSide(self, name)  # type: ignore[arg-type]
+                self.capacity.add(name)
+                added.append(name)
+        return added
+
+    async def resolve_agent(self, name: str | None) -> str:
+        """``agents.resolve``, the finder asked first when ``name`` is unknown (it may
+        be a model listed since): ``AgentNotFoundError`` when it still is. A known name
+        returns without yielding to the loop."""
+        try:
+            return self.agents.resolve(name)
+        except AgentNotFoundError:
+            if self.agent_finder is None:
+                raise
+        await self.agent_finder.refresh()
+        return self.agents.resolve(name)
+
+    async def refresh_agents(self, *, wait_s: float | None = None) -> None:
+        """Let the finder look for more agents (when due), waiting at most ``wait_s``."""
+        if self.agent_finder is not None:
+            await self.agent_finder.refresh(wait_s=wait_s)
 
     async def _ensure_agent(self, name: str) -> AgentConnection:
         return await self.agents.ensure(name, self._clients[name], self._tasks())

@@ -5,12 +5,16 @@ initialized once, restarted on the next use after it died.
                      default="reference", initialize_timeout_ms=10_000)
     connection = await pool.ensure("qwen", client, task_group)
     pool.capability("qwen", "sessionCapabilities", "fork")   # None when not offered
+    pool.add("llama3:8b", ModelAgentFactory(url, model="llama3:8b"))   # while running
 
 Contracts: a running connection is returned at once (no lock, no wait: ``ensure`` of
 a live agent never yields to the loop); concurrent ``ensure`` calls for one name that
 find it not started (or dead) share one start; a start that
 fails or times out closes what it started and raises (``AgentTimeoutError`` for the
-``initialize`` timeout); an unknown name raises ``AgentNotFoundError``.
+``initialize`` timeout); an unknown name raises ``AgentNotFoundError``. Agents are
+added while the pool runs (``add``: a model listed later), never removed: a name
+resolved once stays valid. ``capability`` and ``state`` of a name that is no agent
+(yet) answer ``None`` and ``not_started``.
 """
 
 from __future__ import annotations
@@ -57,6 +61,16 @@ class AgentPool:
     def names(self) -> list[str]:
         return list(self._slots)
 
+    def __contains__(self, name: object) -> bool:
+        return name in self._slots
+
+    def add(self, name: str, factory: AgentFactory) -> bool:
+        """Offer agent ``name`` from now on; ``False`` (nothing changed) when it is one."""
+        if name in self._slots:
+            return False
+        self._slots[name] = _Slot(factory)
+        return True
+
     def resolve(self, name: str | None) -> str:
         """``None`` → the default agent; an unknown name → ``AgentNotFoundError``."""
         if name is None:
@@ -71,13 +85,15 @@ class AgentPool:
 
     def state(self, name: str) -> str:
         """``not_started`` (never used), ``running``, or ``exited`` (restarted on next use)."""
-        connection = self._slots[name].connection
+        slot = self._slots.get(name)
+        connection = slot.connection if slot is not None else None
         if connection is None:
             return "not_started"
         return "exited" if connection.closed else "running"
 
     def capability(self, name: str, *path: str) -> Any:
-        value: Any = self._slots[name].info.get("agentCapabilities") or {}
+        slot = self._slots.get(name)
+        value: Any = (slot.info.get("agentCapabilities") or {}) if slot is not None else {}
         for key in path:
             value = value.get(key) if isinstance(value, dict) else None
         return value
@@ -110,6 +126,6 @@ class AgentPool:
             return connection
 
     async def aclose(self) -> None:
-        for slot in self._slots.values():
+        for slot in list(self._slots.values()):
             if slot.connection is not None:
                 await slot.connection.aclose()

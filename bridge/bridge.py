@@ -260,7 +260,7 @@ class Bridge(Journaling, PromptsAPI, PresenceAPI, AgentCallsAPI):
         """Return once a session on ``agent`` would not be refused for want of a slot
         (``SessionLimitExceededError``): for work that queues for a slot rather than
         failing. Another caller may take the slot first: retry in a loop."""
-        name = self.agents.resolve(agent)
+        name = await self.resolve_agent(agent)
         while not self.capacity.available(name):
             await self.capacity.changed.wait()
 
@@ -273,7 +273,7 @@ class Bridge(Journaling, PromptsAPI, PresenceAPI, AgentCallsAPI):
         is the principal that made it (journaled with the session: ``session_owner``).
         The bridge only keeps both."""
         self.check_workspace(cwd)
-        name = self.agents.resolve(agent)
+        name = await self.resolve_agent(agent)
         if session_id is not None and session_id in self._sessions:
             return self._info(self.get_session(session_id), attached=True)
         session = await self._spawn("session/new", name, requested_id=session_id,
@@ -288,7 +288,7 @@ class Bridge(Journaling, PromptsAPI, PresenceAPI, AgentCallsAPI):
         its history (a ``thread`` session to load or read) and a new default is made,
         so that attaching never hands out a session every prompt to is refused."""
         self.check_workspace(cwd)
-        name = self.agents.resolve(agent)
+        name = await self.resolve_agent(agent)
         while True:
             sid = self._default_session_ids.get(name)
             if sid is not None and sid in self._sessions:
@@ -331,7 +331,7 @@ class Bridge(Journaling, PromptsAPI, PresenceAPI, AgentCallsAPI):
     async def _restore(self, method: str, session_id: str, cwd: str | None, agent: str | None,
                        capability: tuple[str, ...], owner: str | None) -> SessionInfo:
         self.check_workspace(cwd)
-        name = self.agents.resolve(agent)
+        name = await self.resolve_agent(agent)
         if session_id not in self._sessions and not storable(session_id):
             raise SessionNotFoundError(session_id)   # see the module contracts
         with_history = method == "session/load"
@@ -568,6 +568,8 @@ class Bridge(Journaling, PromptsAPI, PresenceAPI, AgentCallsAPI):
         session = self.get_session(session_id)
         if session.pending_count > 0:
             raise BranchWhilePromptActiveError(session_id)
+        if session.agent_name not in self.agents:   # restored, its agent not listed (yet)
+            await self._agent_of(session)           # SessionNotRestorableError while so
         self.capacity.check(session.agent_name)
         if self.agents.capability(session.agent_name, "sessionCapabilities", "fork") is None:
             raise NotSupportedError("The agent does not support session/fork")

@@ -20,6 +20,13 @@ The rule (``--max-sessions N`` with ``k`` configured agents):
 So one agent that hangs or fails (32 ``session/new`` that are never answered) holds
 at most its share, never another agent's reserve, and an agent alone uses the whole
 cap. With ``N`` unlimited there is no cap and no share.
+
+Agents come and go while the server runs (``--model-server``'s models are listed
+again, ``bridge.agents.catalog``): ``add(agent)`` makes ``k`` one more (the reserve is
+computed again; slots already held stay held). A slot may be held under a name that is
+not (yet) an agent: a session restored from the journal whose model is not listed
+(``bridge.restore``) holds its slot on its own agent's name. Such a name counts what it
+holds against the others' shares, and gets no reserve until ``add`` makes it an agent.
 """
 
 from __future__ import annotations
@@ -33,11 +40,23 @@ from bridge.wakeup import Wakeup
 class SessionCapacity:
     def __init__(self, limit: int | None, agents: Iterable[str]) -> None:
         self.limit = limit
-        self._held = {name: 0 for name in agents}
-        count = len(self._held)
-        self.reserve = limit // (2 * count) if limit is not None and count > 1 else 0
+        self._agents = dict.fromkeys(agents)   # the agents, in order (a reserve each)
+        self._held = dict.fromkeys(self._agents, 0)   # those, and any name holding a slot
+        self.reserve = 0
+        self._reserve()
         self.taken = 0
         self.changed = Wakeup()   # set whenever a slot is released
+
+    def add(self, agent: str) -> None:
+        """``agent`` is an agent from now on (a model listed later); no-op if it was."""
+        if agent not in self._agents:
+            self._agents[agent] = None
+            self._held.setdefault(agent, 0)
+            self._reserve()
+
+    def _reserve(self) -> None:
+        count, limit = len(self._agents), self.limit
+        self.reserve = limit // (2 * count) if limit is not None and count > 1 else 0
 
     def held(self, agent: str) -> int:
         return self._held.get(agent, 0)
@@ -46,8 +65,8 @@ class SessionCapacity:
         """The most slots ``agent`` may hold now (``None``: no cap)."""
         if self.limit is None:
             return None
-        others = sum(max(self.reserve, held) for name, held in self._held.items()
-                     if name != agent)
+        others = sum(max(self.reserve, held) if name in self._agents else held
+                     for name, held in self._held.items() if name != agent)
         return self.limit - others
 
     def available(self, agent: str) -> bool:

@@ -25,8 +25,14 @@ For each journaled session that was not closed, in creation order:
   take it, so the next turn has the conversation). When neither works the session
   keeps its readable history and refuses prompts with ``SessionNotRestorableError``
   (``session_not_restorable``, a 409: the one that found out, and every later one);
-  so does a session whose agent is not configured any more (another agent never takes
-  over its conversation: a model server not listed at start, an ``--agent`` renamed);
+  so does a session whose agent is not configured (another agent never takes over its
+  conversation: a model its model server does not list, an ``--agent`` renamed). With
+  an ``agent_finder`` (``--model-server``, ``bridge.agents.catalog``) that refusal is
+  not for ever: each first use while the agent is missing asks the finder to list
+  again (rate-limited) and is refused (409) only while it still is missing; once the
+  agent is offered, the next use restores the agent side as above. Without a finder
+  it is refused for good. Its slot is held on its own agent's name, missing or not
+  (``bridge.capacity``), never on another agent's share;
 * a ``single``-scope session is its agent's default session again (the newest, when
   there are several: ``Bridge.attach_session`` replaces a default its agent cannot
   restore with a new one);
@@ -111,8 +117,8 @@ async def restore_session(bridge: Bridge, found: RestoredSession) -> Session:
     journal). Raises only on a bug: the caller logs it."""
     record = found.record
     sid = record.session_id
-    known = record.agent in bridge.agents.names
-    name = record.agent if known else bridge.agents.default   # its slot is counted there
+    known = record.agent in bridge.agents
+    name = record.agent   # its slot is counted there, listed or not
     session = Session(sid, bridge.workspace_cwd, None, bridge.options,  # type: ignore[arg-type]
                       bridge.queue_wait, observer=bridge.observer)
     session.agent_name = name
@@ -130,10 +136,10 @@ async def restore_session(bridge: Bridge, found: RestoredSession) -> Session:
     side = AgentSideRestore(bridge, session)
     session.agent_side = side.ensure
     if not known:   # never another agent in its place: the conversation is not its own
-        session.agent_side = None
-        session.missing_agent = record.agent   # shown as its agent, not the slot's
-        session.not_restorable = (f"its agent {record.agent!r} is not configured on this "
-                                  f"server")
+        session.missing_agent = record.agent
+        session.not_restorable = missing_text(record.agent)
+        if bridge.agent_finder is None:   # it never will be: refused for good
+            session.agent_side = None
     session.start(bridge._tasks())
     bridge._sessions[sid] = session
     try:
@@ -162,6 +168,10 @@ async def restore_session(bridge: Bridge, found: RestoredSession) -> Session:
 _restore_one = restore_session   # the name it had
 
 
+def missing_text(agent: str) -> str:
+    return f"its agent {agent!r} is not configured on this server"
+
+
 class AgentSideRestore:
     """A restored session's agent side, restored once on first use (``ensure``)."""
 
@@ -185,6 +195,19 @@ class AgentSideRestore:
         sid, name = session.session_id, session.agent_name
         reason: str | None = None
         loaded = False   # the agent restored its own session (session/load)
+        if name not in bridge.agents:   # its model may be listed since: look again
+            try:
+                await bridge.refresh_agents()
+            finally:
+                if name not in bridge.agents:   # still missing: refused, asked again later
+                    self._started = False
+                    done, self._finished = self._finished, anyio.Event()
+                    done.set()
+            if name not in bridge.agents:
+                return
+            log.info("session %s: its agent %r is offered now; restoring it", sid, name)
+        session.missing_agent = None
+        session.not_restorable = None
         try:
             try:
                 session.agent = await bridge._ensure_agent(name)

@@ -134,7 +134,8 @@ class Session:
         self.on_turn_end: Callable[[Session, str], None] = lambda session, prompt_id: None
         self.journal: SessionJournal = NO_JOURNAL
         # Restored from the journal, but its agent could not restore it: why (prompts
-        # are refused with SessionNotRestorableError), else None.
+        # are refused with SessionNotRestorableError), else None. While ``agent_side``
+        # is still set (its agent not listed yet, bridge.restore) each use looks again.
         self.not_restorable: str | None = None
         self.replaying = False   # the agent's session/load replay: not published again
         self.restored = False    # brought back from the journal at start
@@ -298,7 +299,7 @@ class Session:
         if cancel is not None and cancel.cancelled:
             raise PromptCancelledError("Prompt request was cancelled before admission",
                                        reason=cancel.reason)
-        if self.not_restorable is not None:
+        if self.not_restorable is not None and self.agent_side is None:   # for good
             raise SessionNotRestorableError(self.session_id, self.not_restorable)
         limit = self.limit
         if limit is not None and len(self.pending) >= limit:

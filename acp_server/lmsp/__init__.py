@@ -6,7 +6,8 @@ throughout, is ``docs/spec/LMSP.md``).
         app = Starlette(routes=routes(lmsp))     # /lmsp/v1, the service bound to each
 
 Modules: ``wire`` (public wire types), ``problems`` (§9.3), ``requests`` (parsing),
-``responses`` (ACP → response events), ``runner`` (execution),
+``responses`` (ACP → response events), ``runner`` (execution), ``models`` (the model
+map: a live view of the bridge's agents),
 ``service`` (``open_lmsp``), ``endpoints`` (HTTP, ``routes``), ``errors`` (the door's exception
 handlers: problem objects). The durable store, its writer and the live hub are the
 room ``acp_server.store``.

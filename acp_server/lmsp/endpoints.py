@@ -33,6 +33,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import Send
 
 from acp_server.lmsp.listing import list_tasks
+from acp_server.lmsp.models import refresh_models
 from acp_server.lmsp.problems import LmspError, problem_response, shown, store_unavailable
 from acp_server.lmsp.requests import (
     decode_json,
@@ -50,6 +51,7 @@ from acp_server.http.sse import SseResponse, frame
 from acp_server.principals import caller_of
 from acp_server.principals.model import INFO, MUTATING, PROMPTING, READING, Access
 from acp_server.store.errors import ENGINE_ERRORS, StoreUnavailableError, first_line
+from bridge.agent_calls import LISTING_WAIT_S
 
 log = logging.getLogger("acp_server.lmsp")
 
@@ -87,6 +89,7 @@ def _endpoint(methods: dict[str, Endpoint],
 
 # -- endpoints ---------------------------------------------------------------------------
 async def capabilities(request: Request, service: LmspService) -> Response:
+    await refresh_models(service.models, wait_s=LISTING_WAIT_S)   # models listed since
     return _json(200, encode(service.capabilities()))
 
 

@@ -57,6 +57,7 @@ from acp_server.lmsp.conversation import (
     may_keep,
     transcript,
 )
+from acp_server.lmsp.models import refresh_models
 from acp_server.lmsp.permissions import decide, decision_label
 from acp_server.lmsp.responses import Attempt, count_tokens, in_progress_event
 from acp_server.store.errors import Backoff, StoreUnavailableError, first_line, persist
@@ -305,6 +306,9 @@ class Runner:
         prompt = request.prompt_text
         attempt = Attempt(record, prompt, request.max_output_tokens)
         target = self.models.get(record.model)
+        if target is None:   # a model listed since (a restart before its server was up)?
+            await refresh_models(self.models)
+            target = self.models.get(record.model)
         if target is None:
             await self._end_failed(record, attempt, "model_not_found",
                                    f"The model {record.model!r} is not served any more.")

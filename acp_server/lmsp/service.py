@@ -16,9 +16,11 @@ Contracts:
   this instance's leases, recovers expired ones (any instance's) per ``on_restart``,
   and turns other instances' notices into wake-ups (runner, live subscribers,
   cancels), with polling every ``poll_s`` as the fallback.
-* ``model`` names an agent of the bridge (``bridge.agents.names``: the default agent
-  and every configured one; the composition, ``acp_server.cli``, always configures
-  ``reference``), or what ``models`` maps to a bridge and agent.
+* ``model`` names an agent of the bridge (``bridge.agents.names``: the default agent,
+  every configured one and ``--model-server``'s models, those listed later included:
+  ``acp_server.lmsp.models``; the composition always configures ``reference``), or
+  what ``models`` maps to a bridge and agent. A model nobody knows is looked for
+  (``refresh_models``) before a task naming it is refused, or, queued, fails.
 * Retention (§11.2) is judged by the clock (``LmspConfig.clock``), not by the purge: a
   task finished more than ``task_retention_s`` ago is 404 and its events more than
   ``event_retention_s`` ago are 410 even before the purge deletes them.
@@ -51,6 +53,7 @@ from acp_server.store import store_for
 from acp_server.store.errors import Backoff, StoreUnavailableError
 from acp_server.store.hub import Hub
 from acp_server.lmsp.conversation import MAX_HISTORY_CHARS
+from acp_server.lmsp.models import BridgeModels, refresh_models
 from acp_server.lmsp.problems import LmspError, shown
 from acp_server.lmsp.requests import ResponseRequest, decode_stored
 from acp_server.lmsp.responses import (
@@ -288,6 +291,8 @@ class LmspService:
             raise LmspError("unsupported_capability", "on_restart 'resume' needs snapshots, "
                             "which no configured agent supports.", capability="snapshots",
                             param="on_restart")
+        if request.model not in self.models:
+            await refresh_models(self.models)   # a model listed since?
         if request.model not in self.models:
             raise LmspError("model_not_found", f"The model {shown(request.model)!r} does "
                             "not exist.", model=shown(request.model))
@@ -558,9 +563,9 @@ def _unstored(record: TaskRecord) -> bool:
     return decode_stored(record.request).store is False
 
 
-def bridge_models(bridge: Bridge) -> dict[str, tuple[Bridge, str | None]]:
-    """Every agent of ``bridge`` as a model of the same name."""
-    return {name: (bridge, name) for name in bridge.agents.names}
+def bridge_models(bridge: Bridge) -> BridgeModels:
+    """Every agent of ``bridge`` as a model of the same name (a live view)."""
+    return BridgeModels(bridge)
 
 
 @contextlib.asynccontextmanager

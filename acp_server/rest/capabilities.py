@@ -24,6 +24,7 @@ from acp_server.rest.config import RestConfig
 from acp_server.rest.errors import json_response
 from acp_server.rest.workspace import workspaces
 from bridge import Bridge
+from bridge.agent_calls import LISTING_WAIT_S
 
 FEATURES = (
     "health", "capabilities", "daemon_status",
@@ -75,6 +76,7 @@ def capabilities_body(bridge: Bridge, config: RestConfig) -> wire.RestCapabiliti
 
 
 async def capabilities(request: Request, *, bridge: Bridge, config: RestConfig) -> Response:
+    await bridge.refresh_agents(wait_s=LISTING_WAIT_S)   # models listed since (if due)
     return json_response(200, capabilities_body(bridge, config))
 
 

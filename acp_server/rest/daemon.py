@@ -23,6 +23,7 @@ from acp_server.rest import wire
 from acp_server.rest.config import RestConfig
 from acp_server.rest.errors import json_response
 from bridge import Bridge
+from bridge.agent_calls import LISTING_WAIT_S
 from bridge.status import QueueWait
 
 # How LMSP work's permission requests were answered: (policy, decisions by outcome).
@@ -99,6 +100,7 @@ def agents(bridge: Bridge) -> list[wire.AgentStatus]:
 async def daemon_status(request: Request, *, bridge: Bridge, config: RestConfig,
                         lmsp_permissions: PermissionReport | None,
                         instances: InstancesReport | None = None) -> Response:
+    await bridge.refresh_agents(wait_s=LISTING_WAIT_S)   # models listed since (if due)
     body = status_body(bridge, config)
     # The guards' counters (acp_server/http/guard.py, the front layer), one per server.
     guard = config.guard_stats

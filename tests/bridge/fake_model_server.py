@@ -9,7 +9,9 @@ The last message drives it: ``ERROR`` → 500; ``LENGTH`` → ``finish_reason:
 Messages shape (``POST /v1/messages``, what ``claude-agent-acp`` calls) streams the same
 ``pong: <message>`` reply.
 ``state.requests`` records request bodies; ``state.closed_early`` counts streams the
-client closed before the end.
+client closed before the end. ``GET /v1/models`` lists ``state.models`` (change it to
+add or remove a model), answers ``state.models_status`` when it is not 200, waits for
+``state.models_gate`` when set; ``state.models_asked`` counts the listings.
 """
 
 from __future__ import annotations
@@ -31,6 +33,10 @@ class FakeModelState:
         self.closed_early = 0
         self.finished = 0
         self.write_path = "/tmp/acp-server-fake-model-write.txt"
+        self.models = ["fake-small", "fake-large"]
+        self.models_status = 200
+        self.models_gate: anyio.Event | None = None
+        self.models_asked = 0
 
 
 def chunk(content: str | None = None, finish: str | None = None,
@@ -58,8 +64,14 @@ async def _tool_call(path: str) -> AsyncIterator[bytes]:
 
 def build_fake_model_app(state: FakeModelState) -> Starlette:
     async def models(request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [{"id": "fake-small", "object": "model"},
-                                                        {"id": "fake-large", "object": "model"}]})
+        state.models_asked += 1
+        if state.models_gate is not None:
+            await state.models_gate.wait()
+        if state.models_status != 200:
+            return JSONResponse({"error": {"message": "models unavailable"}},
+                                status_code=state.models_status)
+        return JSONResponse({"object": "list", "data": [{"id": m, "object": "model"}
+                                                        for m in state.models]})
 
     async def completions(request: Request) -> Response:
         body = await request.json()

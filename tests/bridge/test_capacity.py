@@ -54,6 +54,33 @@ def test_many_agents_get_no_reserve_when_the_cap_is_small() -> None:
     assert not capacity.available("agent-1")
 
 
+def test_an_agent_added_later_gets_a_reserve_and_keeps_the_slots_held() -> None:
+    capacity = SessionCapacity(16, ["a", "b"])
+    for _ in range(12):
+        capacity.take("a")
+    capacity.add("c")                 # a model listed later: k = 3
+    capacity.add("c")                 # once only
+    assert capacity.reserve == 16 // 6 and capacity.held("a") == 12
+    assert capacity.share("a") == 16 - 2 * 2 and capacity.available("c")
+    capacity.take("c")
+    capacity.take("c")
+    assert capacity.share("b") == 16 - 12 - 2
+
+
+def test_a_slot_held_under_a_name_that_is_no_agent_yet() -> None:
+    """A restored session whose model is not listed holds its slot on its own name:
+    it counts against the others, gets no reserve, and keeps it once listed."""
+    capacity = SessionCapacity(8, ["a", "b"])
+    capacity.take("gone")
+    assert capacity.reserve == 2 and capacity.held("gone") == 1
+    assert capacity.share("a") == 8 - 2 - 1   # b's reserve, gone's one slot
+    capacity.add("gone")
+    assert capacity.reserve == 1 and capacity.held("gone") == 1
+    assert capacity.share("a") == 8 - 1 - 1
+    capacity.release("gone")
+    assert capacity.taken == 0
+
+
 async def test_a_hung_agent_holds_only_its_share(tmp_path: Path) -> None:
     hung, other = ScriptedAgent("hung"), ScriptedAgent("other")
     hung.hang_new = anyio.Event()

@@ -39,7 +39,7 @@ from acp_server.settings import Settings
 from bridge import Bridge, BridgeOptions
 
 OVERRIDES = ("agent_factory", "lmsp_store", "lmsp_config", "group_commit", "acp_clock",
-             "session_clock", "principals_clock", "lease_offset")
+             "session_clock", "principals_clock", "models_clock", "lease_offset")
 
 
 @dataclass
@@ -74,10 +74,11 @@ class LocalServer:
 Kind = TypeVar("Kind", bound=LocalServer)
 
 
-async def _serve_uvicorn(tg: anyio.abc.TaskGroup, app: Any) -> tuple[int, Callable[[], None]]:
+async def _serve_uvicorn(tg: anyio.abc.TaskGroup, app: Any,
+                         port: int = 0) -> tuple[int, Callable[[], None]]:
     import uvicorn
 
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="off", log_level="warning",
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="off", log_level="warning",
                             access_log=False, timeout_graceful_shutdown=1)
     server = uvicorn.Server(config)
     server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
@@ -93,12 +94,13 @@ async def _serve_uvicorn(tg: anyio.abc.TaskGroup, app: Any) -> tuple[int, Callab
     return port, stop
 
 
-async def _serve_hypercorn(tg: anyio.abc.TaskGroup, app: Any) -> tuple[int, Callable[[], None]]:
+async def _serve_hypercorn(tg: anyio.abc.TaskGroup, app: Any,
+                           port: int = 0) -> tuple[int, Callable[[], None]]:
     import hypercorn.trio
     from hypercorn.config import Config
 
     config = Config()
-    config.bind = ["127.0.0.1:0"]
+    config.bind = [f"127.0.0.1:{port}"]
     config.graceful_timeout = 1
     config.accesslog = None
     shutdown = anyio.Event()
@@ -109,15 +111,17 @@ async def _serve_hypercorn(tg: anyio.abc.TaskGroup, app: Any) -> tuple[int, Call
 
 @contextlib.asynccontextmanager
 async def serving(app: Any, *, on_stop: Callable[[], Awaitable[Any]] | None = None,
-                  ) -> AsyncIterator[str]:
+                  port: int = 0) -> AsyncIterator[str]:
     """Serve any ASGI app on a loopback port for the block (uvicorn under asyncio,
     hypercorn under trio); yields its base URL. ``on_stop`` runs right after the server
-    is told to stop (e.g. to end open event streams, so it stops at once)."""
+    is told to stop (e.g. to end open event streams, so it stops at once). ``port``:
+    that one (``free_port()``: a server started later at an address known before), else
+    any free one."""
     async with anyio.create_task_group() as tg:
         if sniffio.current_async_library() == "trio":
-            port, stop = await _serve_hypercorn(tg, app)
+            port, stop = await _serve_hypercorn(tg, app, port)
         else:
-            port, stop = await _serve_uvicorn(tg, app)
+            port, stop = await _serve_uvicorn(tg, app, port)
         try:
             yield f"http://127.0.0.1:{port}"
         finally:

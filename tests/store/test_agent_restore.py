@@ -120,3 +120,58 @@ async def test_a_session_whose_agent_is_gone_is_not_restorable(tmp_path: Path,
                 "fake-small"]
     finally:
         await anyio.to_thread.run_sync(child.stop)
+
+
+async def test_a_restored_session_runs_once_its_model_is_listed(tmp_path: Path,
+                                                                store_name: str) -> None:
+    """A model session restored while its model is not listed is refused (409) only
+    while it is not: once the model server lists it again, the next prompt lists the
+    models again (``--model-refresh-ms``), restores the session with its conversation
+    and runs; its slot is its own agent's (``/daemon/status``), never the default's."""
+    model = FakeModelState()
+    async with serving(build_fake_model_app(model)) as model_url:
+        child = ServeProcess(tmp_path, *_flags(tmp_path, store_name),
+                             "--model-server", model_url + "/v1", "--model-refresh-ms", "1")
+        try:
+            await anyio.to_thread.run_sync(child.start)
+            async with httpx.AsyncClient(base_url=child.base_url, timeout=20) as client:
+                llm = (await client.post("/session", json={"sessionScope": "thread",
+                                                           "agent": "fake-small"})
+                       ).json()["sessionId"]
+                said = await _turn(client, llm, "remember the word apricot")
+            child.kill()
+            model.models = []   # not listed at the restart
+            await anyio.to_thread.run_sync(child.start)
+            async with httpx.AsyncClient(base_url=child.base_url, timeout=20) as client:
+                refused = await client.post(f"/session/{llm}/prompt", json=_prompt("hello?"))
+                assert refused.status_code == 409, refused.text
+                assert refused.json()["code"] == "session_not_restorable"
+                assert "'fake-small' is not configured" in refused.text
+
+                async def on(agent: str) -> int:
+                    status = (await client.get("/daemon/status")).json()
+                    return sum(a["sessions"] for a in status["agents"] if a["name"] == agent)
+
+                assert await on("reference") == 0   # its slot is not the default's
+                model.models = ["fake-small"]
+                asked = len(model.requests)
+                with anyio.fail_after(20):   # each prompt lists again (1 ms apart at least)
+                    while True:
+                        accepted = await client.post(f"/session/{llm}/prompt",
+                                                     json=_prompt("which word was it"))
+                        if accepted.status_code == 202:
+                            break
+                        assert accepted.status_code == 409, accepted.text
+                pid = accepted.json()["promptId"]
+                seen = await read_events(
+                    client, llm, lambda e: e.get("promptId") == pid and e["type"] in (
+                        "turn_complete", "turn_error"),
+                    last_event_id=accepted.json()["lastEventId"])
+                assert seen[-1]["type"] == "turn_complete", seen[-1]
+                assert (await on("fake-small"), await on("reference")) == (1, 0)
+        finally:
+            await anyio.to_thread.run_sync(child.stop)
+    messages: list[dict[str, Any]] = model.requests[asked]["messages"]
+    assert messages == [{"role": "user", "content": "remember the word apricot"},
+                        {"role": "assistant", "content": said},
+                        {"role": "user", "content": "which word was it"}]
