@@ -52,6 +52,7 @@ from bridge.agent_calls import AgentCallsAPI
 from bridge.agent_client import AgentSide
 from bridge.agent_pool import AgentPool
 from bridge.agents.base import AgentConnection, AgentFactory
+from bridge.branching import BranchingAPI
 from bridge.bus import EventBus
 from bridge.capacity import SessionCapacity
 from bridge.elicitation import ElicitationMediator
@@ -59,7 +60,6 @@ from bridge.errors import (
     AgentDiedError,
     AgentError,
     AgentProtocolError,
-    BranchWhilePromptActiveError,
     NotSupportedError,
     SessionClosedError,
     SessionIdNotHonoredError,
@@ -76,7 +76,7 @@ from bridge.journaling import Journaling
 from bridge.presence import PresenceAPI
 from bridge.prompts import PromptsAPI
 from bridge.restore import restore_sessions
-from bridge.session import QueueWaitStats, Session, WorkItem
+from bridge.session import QueueWaitStats, Session
 from bridge.status import BridgeStats, SessionInfo, SessionStatus
 
 log = logging.getLogger("bridge")
@@ -86,7 +86,7 @@ MAX_CLOSED_SESSION_HISTORIES = 1024
 MAX_CLOSED_SESSION_OWNERS = 50_000
 
 
-class Bridge(Journaling, PromptsAPI, PresenceAPI, AgentCallsAPI):
+class Bridge(Journaling, PromptsAPI, PresenceAPI, AgentCallsAPI, BranchingAPI):
     def __init__(self, agent_factory: AgentFactory, *, workspace_cwd: str,
                  options: BridgeOptions | None = None,
                  agents: Mapping[str, AgentFactory] | None = None,
@@ -560,47 +560,6 @@ class Bridge(Journaling, PromptsAPI, PresenceAPI, AgentCallsAPI):
             self._record_end(session, deleted=False)
             session.bus.close()
             session.stop()
-
-    # -- branch --------------------------------------------------------------------------
-    async def branch_session(self, session_id: str, *, owner: str | None = None) -> SessionInfo:
-        """Fork behind the session's FIFO; takes no prompt slot. Fails fast while prompts
-        are pending, as the peer does. The fork's ``owner``: the principal asking."""
-        session = self.get_session(session_id)
-        if session.pending_count > 0:
-            raise BranchWhilePromptActiveError(session_id)
-        if session.agent_name not in self.agents:   # restored, its agent not listed (yet)
-            await self._agent_of(session)           # SessionNotRestorableError while so
-        self.capacity.check(session.agent_name)
-        if self.agents.capability(session.agent_name, "sessionCapabilities", "fork") is None:
-            raise NotSupportedError("The agent does not support session/fork")
-
-        waiting = True   # its caller (a client gone, say): a fork made after is dropped
-
-        async def fork() -> Session:
-            if not waiting:
-                raise SessionClosedError(session_id, "branch_abandoned")
-            await self._agent_of(session)   # a restored session: the agent knows it first
-            forked = await self._spawn("session/fork", session.agent_name,
-                                       fork_of=session_id, owner=owner)
-            if not waiting:
-                self._drop_fork(forked)
-            return forked
-
-        item = WorkItem(fork)
-        session.enqueue_work(item)
-        try:
-            made: Session = await item.wait()
-        except BaseException:
-            waiting = False
-            if item.done.is_set() and isinstance(item.outcome, Session):
-                self._drop_fork(item.outcome)   # made as its caller left
-            raise
-        return self._info(made, attached=False)
-
-    def _drop_fork(self, forked: Session) -> None:
-        """A fork nobody waits for any more: closed, its slot given back."""
-        if self._sessions.get(forked.session_id) is forked:
-            self.close_session_soon(forked.session_id, reason="branch_abandoned")
 
     def session_status(self, session_id: str) -> SessionStatus:
         return self._status(self.get_session(session_id))
