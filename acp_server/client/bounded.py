@@ -8,7 +8,9 @@ it) that misbehaves cannot make the client hold more than these caps.
     async with http.stream("GET", path, headers=EVENT_STREAM_HEADERS) as response:
         check_event_stream(response)                  # DaemonProtocolError if it is not one
         async for data in event_data(response, max_bytes=MAX_EVENT_BYTES):
-            ...                                       # each event's data, never empty
+            ...                                       # each event's data (str)
+        async for event, event_id, data in events(response, max_bytes=MAX_EVENT_BYTES):
+            ...                                       # with its event and id fields
 
 Contracts:
 
@@ -20,25 +22,29 @@ Contracts:
   seconds (``None``: no such bound), else it raises ``httpx.ReadTimeout``: a server
   that trickles its answer a byte at a time cannot hold the caller past it. It returns
   a ``Response`` with that body as its content (status and headers as answered).
-* ``event_data`` is the event-stream format for what the SDK reads of it: lines end in
-  CRLF, LF or CR; each event's ``data:`` lines are joined with LF; comments, ``id``,
-  ``event`` and ``retry`` fields are ignored (the daemon's events carry their id in
-  their data); an event without data is none. One line, or one event's data, over
-  ``max_bytes`` raises ``DaemonProtocolError``: what it holds is bounded by the cap
-  whatever the server sends. Text is decoded as UTF-8 (a bad byte is replaced).
+* ``events`` is the event-stream format: lines end in CRLF, LF or CR; each event's
+  ``data:`` lines are joined with LF, its ``event`` field names it (``message`` when it
+  has none), its ``id`` field is its id (``None`` when it has none: an id is not carried
+  over to the next event; the daemon's events carry theirs in their data too); comments
+  and ``retry`` are ignored; an event without data is none. One line, or one event's
+  data, over ``max_bytes`` raises ``DaemonProtocolError``: what it holds is bounded by
+  the cap whatever the server sends. Text is decoded as UTF-8 (a bad byte is replaced).
+  With ``line_timeout`` each line must be complete within it of the one before, plus a
+  second per ``MIN_LINE_RATE`` bytes it holds, else ``httpx.ReadTimeout``.
+  ``event_data`` is its events' data alone (the SDK's streams); the conformance runner
+  reads ``events`` whole.
 * ``read_capped`` reads an open answer's body no further than ``max_bytes`` (an event
   stream's refusal: its error body); ``with_body`` makes a read ``Response`` of it.
-* ``LineReader`` is the event-stream line splitter alone (the conformance runner, which
-  needs every field, parses its fields itself).
+* ``LineReader`` is the event-stream line splitter alone.
 * ``check_event_stream`` refuses an answer whose ``Content-Type`` is not
   ``text/event-stream`` (an HTML page from a proxy): ``DaemonProtocolError``.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
 import math
-from typing import Any
+from collections.abc import AsyncIterator
+from typing import Any, NamedTuple
 
 import anyio
 import httpx
@@ -164,12 +170,24 @@ async def _next_chunk(chunks: AsyncIterator[bytes], deadline: float,
     raise httpx.ReadTimeout(f"the event stream completed no line in {line_timeout} s")
 
 
-async def event_data(response: httpx.Response, *, max_bytes: int,
-                     line_timeout: float | None = None) -> AsyncIterator[str]:
-    """Each event's data (see the module contract)."""
+class ServerEvent(NamedTuple):
+    """One event of an event stream: its ``event`` field (``message`` when it has none),
+    its ``id`` field (``None`` when it has none) and its data lines joined with LF."""
+
+    event: str
+    id: str | None
+    data: str
+
+
+def _text(value: bytes) -> str:
+    return value.decode("utf-8", "replace")
+
+
+async def events(response: httpx.Response, *, max_bytes: int,
+                 line_timeout: float | None = None) -> AsyncIterator[ServerEvent]:
+    """Each event of an open event stream that carries data (see the module contract)."""
     lines = LineReader(max_bytes)
-    data: list[bytes] = []
-    size = 0
+    event, last_id, data, size = b"", None, [], 0
     chunks = response.aiter_bytes().__aiter__()
     since = anyio.current_time()
     while True:
@@ -183,24 +201,33 @@ async def event_data(response: httpx.Response, *, max_bytes: int,
         for line in found:
             if not line:
                 if data:
-                    yield b"\n".join(data).decode("utf-8", "replace")
-                data, size = [], 0
+                    yield ServerEvent(_text(event) or "message",
+                                      None if last_id is None else _text(last_id),
+                                      _text(b"\n".join(data)))
+                event, last_id, data, size = b"", None, [], 0
                 continue
             field, colon, value = line.partition(b":")
-            if field != b"data":
-                continue   # a comment (empty field), id, event, retry
             if not colon:
                 value = b""
             elif value.startswith(b" "):
                 value = value[1:]
-            size += len(value) + 1
-            if size > max_bytes:
-                raise DaemonProtocolError(f"The event stream sent an event over {_size(max_bytes)}")
-            data.append(value)
+            if field == b"data":
+                size += len(value) + 1
+                if size > max_bytes:
+                    raise DaemonProtocolError(
+                        f"The event stream sent an event over {_size(max_bytes)}")
+                data.append(value)
+            elif field == b"event":
+                event = value
+            elif field == b"id":
+                last_id = value
+            # else: a comment (empty field), retry, or a field no one knows
         if found:   # the time the caller spent on the events is not the server's
             since = anyio.current_time()
 
 
-def stream_headers(extra: Mapping[str, str]) -> dict[str, str]:
-    """The headers of an event stream's request: ``extra`` plus ``EVENT_STREAM_HEADERS``."""
-    return {**EVENT_STREAM_HEADERS, **extra}
+async def event_data(response: httpx.Response, *, max_bytes: int,
+                     line_timeout: float | None = None) -> AsyncIterator[str]:
+    """Each event's data (``events`` without the ``event`` and ``id`` fields)."""
+    async for found in events(response, max_bytes=max_bytes, line_timeout=line_timeout):
+        yield found.data

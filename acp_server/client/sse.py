@@ -42,10 +42,10 @@ import anyio
 import httpx
 
 from acp_server.client.bounded import (
+    EVENT_STREAM_HEADERS,
     MAX_EVENT_BYTES,
     check_event_stream,
     event_data,
-    stream_headers,
 )
 from acp_server.client.errors import DaemonStreamError
 
@@ -105,7 +105,7 @@ class ResumingStream:
             headers, params = self.request(self.attempt)
             try:
                 async with self.http.stream("GET", self.path, params=params,
-                                            headers=stream_headers(headers),
+                                            headers={**EVENT_STREAM_HEADERS, **headers},
                                             timeout=self.timeout) as response:
                     verdict = await self.answer(response, self.attempt)
                     if verdict == END:

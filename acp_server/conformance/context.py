@@ -27,7 +27,7 @@ import anyio
 import anyio.abc
 import httpx
 
-from acp_server.client.bounded import LineReader, read_answer, read_capped, with_body
+from acp_server.client.bounded import events, read_answer, read_capped, with_body
 from acp_server.client.errors import DaemonProtocolError
 from acp_server.conformance.catalog import CHECKS
 
@@ -320,32 +320,10 @@ class Context:
         """The stream's frames, each line and each event's data bounded by
         ``MAX_EVENT_BYTES``: past it the stream ends, and ``problem`` says why (a check
         waiting on it fails naming that)."""
-        event, data, last_id, size = "message", [], None, 0
-        lines = LineReader(MAX_EVENT_BYTES)
         try:
-            async for chunk in stream.response.aiter_bytes():
-                for raw in lines.feed(chunk):
-                    line = raw.decode("utf-8", "replace")
-                    if line == "":
-                        if data:
-                            stream._add(Frame(event, last_id, _value("\n".join(data)),
-                                              next(self._seq)))
-                        event, data, last_id, size = "message", [], None, 0
-                        continue
-                    if line.startswith(":"):
-                        continue
-                    name, _, value_text = line.partition(":")
-                    value_text = value_text[1:] if value_text.startswith(" ") else value_text
-                    if name == "data":
-                        size += len(raw) + 1
-                        if size > MAX_EVENT_BYTES:
-                            raise DaemonProtocolError(
-                                f"the stream sent an event over {MAX_EVENT_BYTES} bytes")
-                        data.append(value_text)
-                    elif name == "event":
-                        event = value_text
-                    elif name == "id":
-                        last_id = value_text
+            async for event, event_id, data in events(stream.response,
+                                                      max_bytes=MAX_EVENT_BYTES):
+                stream._add(Frame(event, event_id, _value(data), next(self._seq)))
         except DaemonProtocolError as exc:
             stream.problem = str(exc)
         except (httpx.HTTPError, anyio.ClosedResourceError, anyio.EndOfStream):

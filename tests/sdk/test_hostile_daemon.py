@@ -21,7 +21,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from acp_server.client import DaemonClient, DaemonHttpError, DaemonProtocolError
-from acp_server.client.bounded import event_data
+from acp_server.client.bounded import event_data, events
 from acp_server.client.tasks import TaskClient
 from tests.harness import serving
 
@@ -194,6 +194,21 @@ async def test_event_data_is_the_same_whatever_the_chunking(size: int) -> None:
     response = httpx.Response(200, content=_Chunks(chunks))
     found = [data async for data in event_data(response, max_bytes=CAP)]
     assert found == ["one", "two\nthree", "", "four", "five"]
+    response = httpx.Response(200, content=_Chunks(chunks))
+    whole = [event async for event in events(response, max_bytes=CAP)]
+    assert whole == [("a", "1", "one"), ("message", None, "two\nthree"), ("message", None, ""),
+                     ("message", None, "four"), ("message", None, "five")]
+
+
+async def test_one_bound_counts_an_events_data_lines_together() -> None:
+    """The runner and the SDK read through the same ``events``: many short data lines of
+    one event are one event over the cap."""
+    lines = b"data: " + b"y" * 1000 + b"\n"
+    body = b"event: big\nid: 7\n" + lines * (CAP // len(lines) + 1) + b"\n"
+    response = httpx.Response(200, content=_Chunks([body]))
+    with pytest.raises(DaemonProtocolError, match="an event over 65536 bytes"):
+        async for _ in events(response, max_bytes=CAP):
+            pass
 
 
 class _Chunks(httpx.AsyncByteStream):
