@@ -14,11 +14,12 @@ it) that misbehaves cannot make the client hold more than these caps.
 
 Contracts:
 
-* ``read_answer`` sends the request and reads the answer's body, decoded (a gzip body
-  is counted as it expands), never past ``max_bytes``: a longer one raises
+* ``read_answer`` sends the request and reads the answer's body, decoded (a gzip or
+  deflate body is inflated step by step and counted as it expands:
+  ``acp_server.client.inflate``), never past ``max_bytes``: a longer one raises
   ``DaemonProtocolError`` naming the cap, the connection closed. An answer that is not
   a success (status 300 and up) is read no further than ``MAX_ERROR_BYTES``, the rest
-  dropped. The whole exchange (connect, send, head and body) ends within ``deadline``
+  dropped (a body that cannot be decoded is what could be of it). The whole exchange (connect, send, head and body) ends within ``deadline``
   seconds (``None``: no such bound), else it raises ``httpx.ReadTimeout``: a server
   that trickles its answer a byte at a time cannot hold the caller past it. It returns
   a ``Response`` with that body as its content (status and headers as answered).
@@ -50,6 +51,7 @@ import anyio
 import httpx
 
 from acp_server.client.errors import DaemonProtocolError
+from acp_server.client.inflate import decoded
 
 MIB = 1024 * 1024
 MAX_ANSWER_BYTES = 128 * MIB   # one JSON answer (a session's load with its history: < 64 MiB)
@@ -81,16 +83,20 @@ async def read_answer(http: httpx.AsyncClient, method: str, url: str, *, max_byt
 async def read_body(response: httpx.Response, *, max_bytes: int, cut: bool = False) -> bytes:
     """An open (streamed) answer's body, decoded; past ``max_bytes`` it raises
     ``DaemonProtocolError``, or with ``cut`` returns the first ``max_bytes`` and reads
-    no further."""
+    no further (and what could be decoded of a body that cannot be)."""
     body = bytearray()
-    async for chunk in response.aiter_bytes():
-        body += chunk
-        if len(body) > max_bytes:
-            if cut:
-                return bytes(body[:max_bytes])
-            raise DaemonProtocolError(
-                f"{response.request.method} {response.request.url.path} answered more "
-                f"than {_size(max_bytes)}; not read further")
+    try:
+        async for piece in decoded(response):
+            body += piece
+            if len(body) > max_bytes:
+                if cut:
+                    return bytes(body[:max_bytes])
+                raise DaemonProtocolError(
+                    f"{response.request.method} {response.request.url.path} answered more "
+                    f"than {_size(max_bytes)}; not read further")
+    except DaemonProtocolError:
+        if not cut:
+            raise
     return bytes(body)
 
 
@@ -188,7 +194,7 @@ async def events(response: httpx.Response, *, max_bytes: int,
     """Each event of an open event stream that carries data (see the module contract)."""
     lines = LineReader(max_bytes)
     event, last_id, data, size = b"", None, [], 0
-    chunks = response.aiter_bytes().__aiter__()
+    chunks = decoded(response).__aiter__()
     since = anyio.current_time()
     while True:
         deadline = math.inf

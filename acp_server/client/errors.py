@@ -255,7 +255,7 @@ def decode_body(content: bytes) -> Any:
     """An error body: its JSON when it is JSON, else its text."""
     try:
         return _JSON.decode(content) if content else None
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):   # not JSON, or nested too deep
         return content.decode("utf-8", "replace")
 
 

@@ -55,6 +55,7 @@ from acp_server.client.bounded import (
     read_answer,
     read_capped,
 )
+from acp_server.client.inflate import IDENTITY
 from acp_server.client.sse import END, READ, ResumingStream, Retry
 from acp_server.client.wire import path_segment
 
@@ -239,7 +240,7 @@ def problem_error(status: int, content: bytes,
     and a one-line detail: a redirect's target, a proxy page's title)."""
     try:
         body = _ANY.decode(content) if content else None
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         body = None
     if not isinstance(body, dict) or not isinstance(body.get("code"), str):
         headers = headers or {}
@@ -257,6 +258,8 @@ def _decode(decoder: msgspec.json.Decoder[Any], content: bytes | str) -> Any:
         return decoder.decode(content)
     except msgspec.DecodeError as exc:
         raise DaemonProtocolError(f"Malformed LMSP answer: {exc}") from exc
+    except RecursionError as exc:
+        raise DaemonProtocolError("Malformed LMSP answer: JSON nested too deep") from exc
 
 
 # -- client -----------------------------------------------------------------------------------
@@ -271,7 +274,7 @@ class TaskClient:
         self.max_answer_bytes = max_answer_bytes
         self.max_event_bytes = max_event_bytes
         token = (token or "").strip() or os.environ.get(TOKEN_ENV, "").strip() or None
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        headers = {**IDENTITY, **({"Authorization": f"Bearer {token}"} if token else {})}
         self.max_reconnects = max_reconnects
         self.reconnect_delay = reconnect_delay
         self.timeout = timeout

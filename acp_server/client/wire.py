@@ -5,7 +5,8 @@ camelCase on the wire). Decoders are built once, at import.
     event = decode(EVENT, sse.data)                        # DaemonEvent(type="turn_complete", …)
 
 Contracts: unknown fields are ignored (the server may add fields); a body of the wrong
-shape raises ``DaemonProtocolError`` from ``decode``. Request types encode only the
+shape, or JSON nested deeper than the decoder recurses, raises ``DaemonProtocolError``
+from ``decode``. Request types encode only the
 fields that are set. ``path_segment`` puts an id in a path as one segment: ``/``, ``?``,
 ``%`` are escaped and ``.``/``..`` too (httpx would resolve them to the parent path).
 """
@@ -148,6 +149,8 @@ def decode(decoder: msgspec.json.Decoder[T], data: bytes | str) -> T:
         return decoder.decode(data)
     except msgspec.DecodeError as exc:
         raise DaemonProtocolError(f"Malformed daemon answer: {exc}") from exc
+    except RecursionError as exc:   # msgspec's depth limit: not a DecodeError
+        raise DaemonProtocolError("Malformed daemon answer: JSON nested too deep") from exc
 
 
 def decode_body(content: bytes) -> Any:

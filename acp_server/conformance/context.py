@@ -7,7 +7,10 @@
             frame = await events.wait_for(lambda f: f.event == "turn_complete")
         ctx.passed("backpressure.release.completed")
 
-Contracts: every wait is bounded: a request by ``options.timeout_s`` (httpx timeout), a
+Contracts: what is read of the server is capped (``MAX_ANSWER_BYTES``, ``MAX_EVENT_BYTES``,
+through ``acp_server.client.bounded``; a compressed answer inflated within the cap) and
+a JSON body nested too deep to decode is a failed check, never the runner's crash. Every
+wait is bounded: a request by ``options.timeout_s`` (httpx timeout), a
 frame by ``options.timeout_s`` unless the caller names a longer bound (the settle
 bound, ``options.settle_timeout_s``, for prompts that end by themselves). A check gets
 exactly one result; the first one recorded wins. ``describe`` renders what was sent
@@ -29,6 +32,7 @@ import httpx
 
 from acp_server.client.bounded import events, read_answer, read_capped, with_body
 from acp_server.client.errors import DaemonProtocolError
+from acp_server.client.inflate import IDENTITY
 from acp_server.conformance.catalog import CHECKS
 
 Outcome = Literal["pass", "fail", "skip"]
@@ -99,7 +103,7 @@ def _value(text: str) -> Any:
     """An SSE frame's data: its JSON value, else the text itself."""
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):   # not JSON, or nested too deep to decode
         return text
 
 
@@ -107,7 +111,7 @@ def json_of(response: httpx.Response) -> dict[str, Any]:
     """The body as a JSON object, or ``{}`` (not JSON, not an object)."""
     try:
         body = response.json()
-    except ValueError:
+    except (ValueError, RecursionError):
         return {}
     return body if isinstance(body, dict) else {}
 
@@ -199,7 +203,8 @@ class Context:
                    on_result: Callable[[Result], None] | None = None,
                    transport: httpx.AsyncBaseTransport | None = None,
                    ) -> AsyncIterator[Context]:
-        headers = {"Authorization": f"Bearer {options.token}"} if options.token else {}
+        headers = {**IDENTITY,
+                   **({"Authorization": f"Bearer {options.token}"} if options.token else {})}
         limits = httpx.Limits(max_connections=200, max_keepalive_connections=20)
         async with httpx.AsyncClient(base_url=url.rstrip("/"), headers=headers,
                                      timeout=options.timeout_s, limits=limits,
@@ -271,6 +276,8 @@ class Context:
                 outcome, detail = "fail", str(exc)
             elif isinstance(exc, TimeoutError):
                 outcome, detail = "fail", "timed out waiting (see --timeout / --settle-timeout)"
+            elif isinstance(exc, RecursionError):   # json / msgspec on a too deep nesting
+                outcome, detail = "fail", "the server's JSON is nested too deep to decode"
             elif isinstance(exc, _EXPECTED):
                 outcome, detail = "fail", f"{type(exc).__name__}: {exc}"
             else:

@@ -11,7 +11,8 @@ other than 404/405, ``lmsp`` when ``/lmsp/v1/capabilities`` answers 200 with
 their clean-ups (sessions deleted, tasks cancelled, connections deleted) run after
 each one. Every check of a suite that ran has exactly one result. A target that
 answers nothing, or refuses the credentials (401 / 403 on ``/capabilities``), raises
-``TargetUnreachable`` (one line, exit status 2).
+``TargetUnreachable`` (one line, exit status 2). A capabilities document the runner
+cannot read (not JSON, nested too deep, over the cap) advertises nothing.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from acp_server.client.errors import transport_reason
+from acp_server.client.errors import DaemonProtocolError, transport_reason
 from acp_server.conformance import acp_http, backpressure, lmsp
 from acp_server.conformance.catalog import SUITES, checks_of
 from acp_server.conformance.context import Context, Options, Result
@@ -47,7 +48,7 @@ def _refused(ctx: Context, response: httpx.Response) -> TargetUnreachable | None
     if response.status_code == 403:
         try:
             why = str(response.json().get("error") or "")
-        except (ValueError, AttributeError):
+        except (ValueError, AttributeError, RecursionError):
             why = ""
         return TargetUnreachable(f"{ctx.base_url} refused this client (403): {why} (the "
                                  "suites need the read and prompt scopes; a stored token "
@@ -56,7 +57,10 @@ def _refused(ctx: Context, response: httpx.Response) -> TargetUnreachable | None
 
 
 async def _json(ctx: Context, path: str) -> dict[str, Any] | None:
-    response = await ctx.request("GET", path)
+    try:
+        response = await ctx.request("GET", path)
+    except DaemonProtocolError:   # over the cap, or a body that cannot be decoded
+        return None
     refused = _refused(ctx, response)
     if refused is not None:
         raise refused
@@ -64,7 +68,7 @@ async def _json(ctx: Context, path: str) -> dict[str, Any] | None:
         return None
     try:
         body = response.json()
-    except ValueError:
+    except (ValueError, RecursionError):   # not JSON, or nested too deep
         return None
     return body if isinstance(body, dict) else None
 
