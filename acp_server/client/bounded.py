@@ -50,7 +50,7 @@ from typing import Any, NamedTuple
 import anyio
 import httpx
 
-from acp_server.client.errors import DaemonProtocolError
+from acp_server.client.errors import DaemonProtocolError, redact
 from acp_server.client.inflate import decoded
 
 MIB = 1024 * 1024
@@ -77,7 +77,7 @@ async def read_answer(http: httpx.AsyncClient, method: str, url: str, *, max_byt
                 body = await read_body(response, max_bytes=max_bytes)
         return with_body(response, body)
     assert scope.cancelled_caught
-    raise httpx.ReadTimeout(f"{method} {url} did not finish within {deadline} s")
+    raise httpx.ReadTimeout(redact(f"{method} {url} did not finish within {deadline} s"))
 
 
 async def read_body(response: httpx.Response, *, max_bytes: int, cut: bool = False) -> bytes:

@@ -22,6 +22,10 @@ retries no call by itself (a 429 or 503 is raised at once, ``Retry-After`` not
 waited); ``retry_after_s`` is the server's ``retryAfterMs`` in seconds, ``inf`` when it
 is too large for a float. ``one_line`` is how the CLIs print any message: one line,
 no control characters (a server's text cannot move the cursor or colour the terminal).
+No message shows the credentials of the daemon's address (``--url
+http://user:secret@host/?token=…``): ``redact`` hides them wherever an address is put
+in a message (the SDK's errors, ``one_line``, the conformance runner's lines and
+reports).
 """
 
 from __future__ import annotations
@@ -40,13 +44,27 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _TITLE = re.compile(r"<title[^>]*>(.*?)</title>", re.IGNORECASE | re.DOTALL)
 _TAG = re.compile(r"<[^>]*>")
 _JSON = msgspec.json.Decoder()
+# An address's userinfo (``user:password@``, up to the authority's last ``@``), and the
+# value of a query parameter whose name says it is a credential.
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/?#\s]*@")
+_SECRET_PARAM = re.compile(
+    r"(?i)([?&;][^=&;#\s]*(?:token|key|secret|passw|pwd|auth|sig|credential)[^=&;#\s]*=)"
+    r"[^&;#\s]*")
+
+
+def redact(text: str) -> str:
+    """``text`` with the credentials of every address in it hidden: its userinfo
+    (``http://user:secret@host`` → ``http://***@host``) and the values of token-like
+    query parameters (``?token=…``, ``api_key``, ``password``, … → ``=***``)."""
+    return _SECRET_PARAM.sub(r"\1***", _USERINFO.sub(r"\1***@", text))
 
 
 def one_line(text: str, limit: int = 1000) -> str:
     """``text`` as one printable line: line breaks become spaces, other control
     characters (an escape sequence's ESC, a bell) are dropped, runs of whitespace are
-    one space; past ``limit`` characters it is cut, ending in ``…``."""
-    line = " ".join(_CONTROL.sub("", _BREAK.sub(" ", text)).split())
+    one space, credentials in addresses are hidden (``redact``); past ``limit``
+    characters it is cut, ending in ``…``."""
+    line = redact(" ".join(_CONTROL.sub("", _BREAK.sub(" ", text)).split()))
     return line if len(line) <= limit else line[:limit - 1] + "…"
 
 
@@ -202,8 +220,8 @@ class DaemonConnectionError(DaemonError):
                        path: str) -> DaemonConnectionError:
         reason = transport_reason(exc)
         if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
-            return cls(f"cannot reach {base_url.rstrip('/')}: {reason}")
-        return cls(f"{method} {path} failed: {reason}")
+            return cls(f"cannot reach {redact(base_url.rstrip('/'))}: {reason}")
+        return cls(redact(f"{method} {path} failed: {reason}"))
 
 
 def transport_reason(exc: BaseException) -> str:

@@ -47,7 +47,7 @@ from acp_server.client.bounded import (
     check_event_stream,
     event_data,
 )
-from acp_server.client.errors import DaemonStreamError
+from acp_server.client.errors import DaemonStreamError, redact
 
 MAX_RECONNECT_DELAY_S = 5.0
 READ: Final = "read"
@@ -122,8 +122,8 @@ class ResumingStream:
                         problem = self.ended
             except httpx.TransportError as exc:
                 if not self.reconnect:
-                    raise DaemonStreamError(f"Event stream dropped: {exc!r}") from exc
-                problem = repr(exc)
+                    raise DaemonStreamError(redact(f"Event stream dropped: {exc!r}")) from exc
+                problem = redact(repr(exc))
             if not self.reconnect:
                 return
             self.attempt += 1

@@ -6,7 +6,7 @@
 
 Contracts: exit 0 exactly when no MUST check failed, 1 otherwise; 2 for bad usage or
 a target that answers nothing (one line on stderr: ``cannot reach URL: connection
-refused``). Without ``--suite`` every suite the target advertises runs. The results go
+refused``; the address without its credentials: ``errors.redact``). Without ``--suite`` every suite the target advertises runs. The results go
 to stdout (``display``: a live table in a terminal, one line per check otherwise);
 ``--json`` / ``--junit`` write the reports.
 """
@@ -22,6 +22,7 @@ from pathlib import Path
 import anyio
 from rich.console import Console
 
+from acp_server.client.errors import one_line, redact
 from acp_server.conformance.catalog import SUITES
 from acp_server.conformance.context import Options
 from acp_server.conformance.display import display_for
@@ -85,7 +86,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
 
 def run_conformance_args(args: argparse.Namespace, console: Console | None = None) -> int:
     console = console or Console()
-    display = display_for(console, f"conformance: {args.url}")
+    display = display_for(console, f"conformance: {redact(args.url)}")
 
     async def run() -> Report:
         with display:
@@ -96,7 +97,7 @@ def run_conformance_args(args: argparse.Namespace, console: Console | None = Non
     try:
         report = anyio.run(run)
     except TargetUnreachable as exc:
-        print(f"acp-server conformance: {exc}", file=sys.stderr)
+        print(f"acp-server conformance: {one_line(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     display.print_summary(report)
     if args.json is not None:

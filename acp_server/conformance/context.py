@@ -31,7 +31,7 @@ import anyio.abc
 import httpx
 
 from acp_server.client.bounded import events, read_answer, read_capped, with_body
-from acp_server.client.errors import DaemonProtocolError
+from acp_server.client.errors import DaemonProtocolError, redact
 from acp_server.client.inflate import IDENTITY
 from acp_server.conformance.catalog import CHECKS
 
@@ -240,7 +240,7 @@ class Context:
             raise KeyError(check_id)
         if check_id in self.results:
             return
-        result = Result(check_id, outcome, clip(detail, 2 * DETAIL_CHARS))
+        result = Result(check_id, outcome, clip(redact(detail), 2 * DETAIL_CHARS))
         self.results[check_id] = result
         if self._on_result is not None:
             self._on_result(result)

@@ -8,7 +8,8 @@
 JSON: ``{"target", "started_at", "summary", "checks": [{"id", "suite", "level",
 "outcome": "pass"|"fail"|"skip", "detail", "reference"}]}``. JUnit: one ``testsuite``
 per suite, one ``testcase`` per check (classname ``conformance.<suite>``); a failed
-check is a ``failure`` whose ``type`` is its level, a skipped one ``skipped``.
+check is a ``failure`` whose ``type`` is its level, a skipped one ``skipped``. The
+target is named without the credentials of its address (``errors.redact``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import xml.etree.ElementTree as ET
 from collections import Counter
 from dataclasses import dataclass, field
 
+from acp_server.client.errors import redact
 from acp_server.conformance.catalog import CHECKS
 from acp_server.conformance.context import Result
 
@@ -29,6 +31,9 @@ class Report:
     target: str
     started_at: str
     results: list[Result] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.target = redact(self.target)   # no credentials of the address in a report
 
     def summary(self) -> dict[str, int]:
         counts = Counter(r.outcome for r in self.results)

@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from acp_server.client.errors import DaemonProtocolError, transport_reason
+from acp_server.client.errors import DaemonProtocolError, redact, transport_reason
 from acp_server.conformance import acp_http, backpressure, lmsp
 from acp_server.conformance.catalog import SUITES, checks_of
 from acp_server.conformance.context import Context, Options, Result
@@ -42,7 +42,7 @@ class TargetUnreachable(Exception):
 def _refused(ctx: Context, response: httpx.Response) -> TargetUnreachable | None:
     """A 401 / 403 before anything ran: the credentials, said in one line."""
     if response.status_code == 401:
-        return TargetUnreachable(f"{ctx.base_url} refused the credentials (401): check "
+        return TargetUnreachable(f"{redact(ctx.base_url)} refused the credentials (401): check "
                                  "--token / $ACP_SERVER_TOKEN (missing, wrong, revoked or "
                                  "expired)")
     if response.status_code == 403:
@@ -50,7 +50,7 @@ def _refused(ctx: Context, response: httpx.Response) -> TargetUnreachable | None
             why = str(response.json().get("error") or "")
         except (ValueError, AttributeError, RecursionError):
             why = ""
-        return TargetUnreachable(f"{ctx.base_url} refused this client (403): {why} (the "
+        return TargetUnreachable(f"{redact(ctx.base_url)} refused this client (403): {why} (the "
                                  "suites need the read and prompt scopes; a stored token "
                                  "also needs --unlimited, or the rate limits answer 429)")
     return None
@@ -80,7 +80,8 @@ async def discover(ctx: Context) -> list[str]:
         ctx.lmsp_capabilities = await _json(ctx, "/lmsp/v1/capabilities")
         probe = await ctx.request("GET", acp_http.PATH, headers={"Accept": "text/event-stream"})
     except httpx.HTTPError as exc:
-        raise TargetUnreachable(f"cannot reach {ctx.base_url}: {transport_reason(exc)}") from exc
+        raise TargetUnreachable(f"cannot reach {redact(ctx.base_url)}: "
+                                f"{transport_reason(exc)}") from exc
     refused = _refused(ctx, probe)   # a stream needs the read scope
     if refused is not None and probe.headers.get("content-type", "").startswith(
             "application/json") and b"forbidden" in probe.content:
