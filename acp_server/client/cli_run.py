@@ -13,6 +13,12 @@ Contracts:
   prompt on the server, for at most ``daemon.CANCEL_GRACE_S``) and the status is 130
   (``EXIT_INTERRUPTED``); a second Ctrl-C exits 130 at once, its output flushed, without
   waiting for the server. A Ctrl-C before the loop runs is 130 too.
+* The reader of stdout going (``acp-server prompt … | head -c 10``) ends the command
+  quietly, nothing on stderr, status 141 (``EXIT_PIPE``: 128 + SIGPIPE, what a shell
+  shows for ``git log | head``): the command's ``out`` is a ``GuardedOutput``, whose
+  write or flush then raises ``OutputClosed`` (``prompt`` catches it to cancel its
+  prompt on the server first, as on Ctrl-C). ``out`` is flushed when the command
+  returns, so output still buffered meets the closed pipe there, not at exit.
 * An exception the command did not turn into its own message (a bug) is one line,
   ``PROG: unexpected error: TYPE: message`` (``errors.one_line``), status 1; with
   ``ACP_SERVER_DEBUG=1`` in the environment its traceback follows.
@@ -29,7 +35,7 @@ import signal
 import threading
 import traceback
 from collections.abc import Awaitable, Callable
-from typing import TextIO
+from typing import TextIO, cast
 
 import anyio
 import anyio.abc
@@ -39,6 +45,7 @@ from acp_server.client.arguments import URL_ENV
 from acp_server.client.errors import one_line
 
 EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
+EXIT_PIPE = 141   # 128 + SIGPIPE: what a shell shows for `git log | head` (under pipefail)
 DEBUG_ENV = "ACP_SERVER_DEBUG"
 
 Command = Callable[..., Awaitable[int]]
@@ -46,6 +53,54 @@ Command = Callable[..., Awaitable[int]]
 
 class UsageError(Exception):
     """Bad input found once the command runs (exit status 2)."""
+
+
+class OutputClosed(Exception):
+    """The reader of the command's output has gone (``| head`` had enough)."""
+
+
+class GuardedOutput:
+    """The command's output: a write or flush that finds the reader gone (a broken
+    pipe) raises ``OutputClosed``, and so does every write after it; the stream's file
+    is pointed at ``/dev/null`` then, so what is still buffered is dropped quietly at
+    exit (Python would print "Exception ignored … BrokenPipeError")."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.gone = False
+
+    def write(self, text: str) -> int:
+        if self.gone:
+            raise OutputClosed
+        try:
+            return self.stream.write(text)
+        except BrokenPipeError:
+            self._went()
+            raise OutputClosed from None
+
+    def flush(self) -> None:
+        if self.gone:
+            return
+        try:
+            self.stream.flush()
+        except BrokenPipeError:
+            self._went()
+            raise OutputClosed from None
+
+    def isatty(self) -> bool:
+        return self.stream.isatty()
+
+    def _went(self) -> None:
+        self.gone = True
+        try:
+            fd = self.stream.fileno()
+        except (OSError, ValueError, AttributeError):
+            return   # not a file (a StringIO): nothing buffered for exit
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, fd)
+        finally:
+            os.close(devnull)
 
 
 def checked_text(text: str, where: str) -> str:
@@ -92,6 +147,7 @@ async def _main(command: Command, args: argparse.Namespace, out: TextIO, err: Te
         code = EXIT_INTERRUPTED
         with scope:
             code = await command(args, out=out, err=err)
+            out.flush()   # what is still buffered meets a closed pipe here, not at exit
         tg.cancel_scope.cancel()
     return EXIT_INTERRUPTED if interrupted else code
 
@@ -99,14 +155,17 @@ async def _main(command: Command, args: argparse.Namespace, out: TextIO, err: Te
 def run_command(prog: str, command: Command, args: argparse.Namespace, *, out: TextIO,
                 err: TextIO) -> int:
     """Run ``command`` (module contract); its exit status."""
+    guarded = GuardedOutput(out)
     try:
-        return anyio.run(_main, command, args, out, err)
+        return anyio.run(_main, command, args, cast(TextIO, guarded), err)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except BaseException as exc:   # noqa: BLE001 - the one place a CLI's failure is shown
         leaves = _leaves(exc)
         if any(isinstance(leaf, KeyboardInterrupt) for leaf in leaves):
             return EXIT_INTERRUPTED
+        if any(isinstance(leaf, (OutputClosed, BrokenPipeError)) for leaf in leaves):
+            return EXIT_PIPE   # the reader has gone: nothing to say, no one to say it to
         if any(not isinstance(leaf, Exception) for leaf in leaves):
             raise   # SystemExit and the like: not a failure of the command
         return _report(prog, leaves[0], exc if len(leaves) > 1 else leaves[0], err)
@@ -128,4 +187,5 @@ def _report(prog: str, leaf: BaseException, whole: BaseException, err: TextIO) -
     return EXIT_ERROR
 
 
-__all__ = ["DEBUG_ENV", "EXIT_INTERRUPTED", "UsageError", "checked_text", "run_command"]
+__all__ = ["DEBUG_ENV", "EXIT_INTERRUPTED", "EXIT_PIPE", "GuardedOutput", "OutputClosed",
+           "UsageError", "checked_text", "run_command"]

@@ -16,7 +16,8 @@ completed (a stop reason other than ``end_turn`` is noted on stderr), 1 on any e
 (turn_error, HTTP error, connection failure, full queue, a server that broke the
 protocol or did not answer within ``--timeout``), 2 on bad usage (a prompt that is not
 UTF-8 text included), 130 on Ctrl-C (``cli_run``: the prompt is cancelled on the
-server; a second Ctrl-C does not wait for that). Every error is one line on stderr
+server; a second Ctrl-C does not wait for that), 141 when the reader of stdout goes
+(``| head -c 10``: the prompt is cancelled on the server as on Ctrl-C, nothing said). Every error is one line on stderr
 (``errors.one_line``: a server's text cannot drive the terminal), never a traceback. ``--token`` defaults to ``$ACP_SERVER_TOKEN``; ``--url`` to
 ``$ACP_SERVER_URL`` or ``http://127.0.0.1:4170``.
 """
@@ -24,6 +25,7 @@ server; a second Ctrl-C does not wait for that). Every error is one line on stde
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from collections.abc import Sequence
@@ -35,7 +37,7 @@ import httpx
 from acp_server.client import (CreateSessionRequest, DaemonClient, DaemonError, DaemonEvent,
                                DaemonHttpError)
 from acp_server.client.arguments import DEFAULT_URL, URL_ENV, positive_seconds
-from acp_server.client.cli_run import checked_text, run_command
+from acp_server.client.cli_run import EXIT_PIPE, OutputClosed, checked_text, run_command
 from acp_server.client.errors import DaemonForbiddenError, hint, one_line
 from acp_server.client.permissions_cli import POLICIES, PermissionAnswerer, TerminalAsker
 
@@ -81,24 +83,34 @@ def chunk_text(event: DaemonEvent) -> str | None:
 
 
 class _Printer:
-    """Writes reply chunks as they come; remembers whether a newline is owed."""
+    """Writes reply chunks as they come; remembers whether a newline is owed, and
+    whether the reader has gone (``closed``: nothing is written after that)."""
 
     def __init__(self, out: TextIO) -> None:
         self.out = out
         self.open_line = False
+        self.closed = False
 
     def __call__(self, event: DaemonEvent) -> None:
+        """Write the event's text; ``OutputClosed`` when the reader has gone."""
         text = chunk_text(event)
-        if text:
-            self.out.write(text)
-            self.out.flush()
+        if text and not self.closed:
+            self._write(text)
             self.open_line = not text.endswith("\n")
 
     def finish(self) -> None:
-        if self.open_line:
-            self.out.write("\n")
-            self.out.flush()
+        if self.open_line and not self.closed:
             self.open_line = False
+            with contextlib.suppress(OutputClosed):
+                self._write("\n")
+
+    def _write(self, text: str) -> None:
+        try:
+            self.out.write(text)
+            self.out.flush()
+        except OutputClosed:
+            self.closed = True
+            raise
 
 
 def _terminal(args: argparse.Namespace, source: TextIO, err: TextIO) -> bool:
@@ -129,7 +141,11 @@ async def prompt_command(args: argparse.Namespace, *, out: TextIO, err: TextIO,
                                           policy=getattr(args, "permissions", "reject"), ask=ask)
             async with anyio.create_task_group() as tg:
                 def on_event(event: DaemonEvent) -> None:
-                    printer(event)
+                    try:
+                        printer(event)
+                    except OutputClosed:   # the reader has gone: stop, as on Ctrl-C (the
+                        tg.cancel_scope.cancel()   # prompt is cancelled on the server)
+                        return
                     if event.type in ("permission_request", "permission_resolved"):
                         if event.type == "permission_request":
                             printer.finish()
@@ -155,6 +171,8 @@ async def prompt_command(args: argparse.Namespace, *, out: TextIO, err: TextIO,
         print(f"acp-server prompt: {one_line(str(exc))}", file=err)
         return EXIT_ERROR
     printer.finish()
+    if printer.closed:
+        return EXIT_PIPE   # quietly: the reader had enough
     if result.stop_reason != "end_turn":
         print(f"acp-server prompt: stop reason {result.stop_reason}", file=err)
     return EXIT_OK

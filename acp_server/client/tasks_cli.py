@@ -21,7 +21,8 @@ line, ``cannot reach URL: connection refused``; so is every error (``errors.one_
 never a traceback. A status or time this CLI cannot read is shown as it came (a status)
 or as ``?`` (a time). Exit status: 0 on success (``watch``: the task succeeded), 1 on
 an error or a task that failed or was cancelled, 2 on bad usage (a text that is not
-UTF-8 included), 130 on Ctrl-C (``cli_run``).
+UTF-8 included), 130 on Ctrl-C (``cli_run``), 141 when the reader of stdout goes
+(``| head -1``: nothing said; a watched task runs on, as on Ctrl-C).
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ import io
 import anyio
 import pytest
 
-from acp_server.client.cli_run import DEBUG_ENV, UsageError, checked_text, run_command
+from acp_server.client.cli_run import (DEBUG_ENV, EXIT_PIPE, UsageError, checked_text,
+                                       run_command)
 
 ARGS = argparse.Namespace()
 
@@ -68,3 +69,33 @@ def test_a_usage_error_is_status_2() -> None:
                        err=err) == 2
     assert err.getvalue() == "acp-server x: the prompt (stdin) is not UTF-8 text\n"
     assert checked_text("ünïcode", "argument") == "ünïcode"
+
+
+class _ClosedPipe(io.StringIO):
+    """An output whose reader has gone: each flush is a broken pipe."""
+
+    def flush(self) -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_a_closed_output_ends_quietly_with_141() -> None:
+    async def command(args: argparse.Namespace, *, out: io.StringIO, err: io.StringIO) -> int:
+        out.write("more than the reader wanted\n")
+        return 0   # the flush after the command meets the closed pipe
+
+    err = io.StringIO()
+    assert run_command("acp-server x", command, ARGS, out=_ClosedPipe(), err=err) == EXIT_PIPE
+    assert err.getvalue() == ""
+
+
+def test_a_closed_output_met_inside_a_task_group_is_141_too() -> None:
+    async def command(args: argparse.Namespace, *, out: io.StringIO, err: io.StringIO) -> int:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(anyio.sleep_forever)
+            out.write("x")
+            out.flush()
+        return 0
+
+    err = io.StringIO()
+    assert run_command("acp-server x", command, ARGS, out=_ClosedPipe(), err=err) == EXIT_PIPE
+    assert err.getvalue() == ""
