@@ -19,10 +19,11 @@ Contracts:
   ``acp_server.client.inflate``), never past ``max_bytes``: a longer one raises
   ``DaemonProtocolError`` naming the cap, the connection closed. An answer that is not
   a success (status 300 and up) is read no further than ``MAX_ERROR_BYTES``, the rest
-  dropped (a body that cannot be decoded is what could be of it). The whole exchange (connect, send, head and body) ends within ``deadline``
-  seconds (``None``: no such bound), else it raises ``httpx.ReadTimeout``: a server
-  that trickles its answer a byte at a time cannot hold the caller past it. It returns
-  a ``Response`` with that body as its content (status and headers as answered).
+  dropped (of a body that cannot be decoded, what could be). The whole exchange
+  (connect, send, head and body) ends within ``deadline`` seconds (``None``: no such
+  bound), else it raises ``httpx.ReadTimeout``: a server that trickles its answer a
+  byte at a time cannot hold the caller past it. It returns a ``Response`` with that
+  body as its content (status and headers as answered).
 * ``events`` is the event-stream format: lines end in CRLF, LF or CR; each event's
   ``data:`` lines are joined with LF, its ``event`` field names it (``message`` when it
   has none), its ``id`` field is its id (``None`` when it has none: an id is not carried

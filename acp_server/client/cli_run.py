@@ -87,8 +87,8 @@ class GuardedOutput:
             self._went()
             raise OutputClosed from None
 
-    def isatty(self) -> bool:
-        return self.stream.isatty()
+    def __getattr__(self, name: str) -> object:   # isatty, encoding, …: the stream's
+        return getattr(self.stream, name)
 
     def _went(self) -> None:
         self.gone = True
@@ -122,7 +122,7 @@ def _flush(*streams: TextIO) -> None:
     for stream in streams:
         try:
             stream.flush()
-        except (OSError, ValueError):
+        except (OSError, ValueError, OutputClosed):
             pass
 
 

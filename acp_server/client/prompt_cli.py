@@ -17,9 +17,11 @@ completed (a stop reason other than ``end_turn`` is noted on stderr), 1 on any e
 protocol or did not answer within ``--timeout``), 2 on bad usage (a prompt that is not
 UTF-8 text included), 130 on Ctrl-C (``cli_run``: the prompt is cancelled on the
 server; a second Ctrl-C does not wait for that), 141 when the reader of stdout goes
-(``| head -c 10``: the prompt is cancelled on the server as on Ctrl-C, nothing said). Every error is one line on stderr
-(``errors.one_line``: a server's text cannot drive the terminal), never a traceback. ``--token`` defaults to ``$ACP_SERVER_TOKEN``; ``--url`` to
-``$ACP_SERVER_URL`` or ``http://127.0.0.1:4170``.
+(``| head -c 10``: the prompt is cancelled on the server as on Ctrl-C, nothing said).
+Every error is one line on stderr (``errors.one_line``: a server's text cannot drive
+the terminal, an address's credentials are not shown), never a traceback.
+``--token`` defaults to ``$ACP_SERVER_TOKEN``; ``--url`` to ``$ACP_SERVER_URL`` or
+``http://127.0.0.1:4170``.
 """
 
 from __future__ import annotations
