@@ -65,8 +65,13 @@ def add_tasks_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     create = actions.add_parser("create", parents=[common], help="create a task")
     create.add_argument("text", help="the user message ('-' reads it from stdin)")
     create.add_argument("--model", default="reference", help="model name (default %(default)s)")
-    create.add_argument("--on-restart", default="fail", choices=["fail", "retry", "resume"])
-    create.add_argument("--idempotency-key", default=None, help="default: a new UUID")
+    create.add_argument("--on-restart", default="fail", choices=["fail", "retry", "resume"],
+                        help="if the server restarts while the task runs: fail it "
+                             "(server_restarted), retry it (up to 3 attempts), or resume "
+                             "(refused: no agent offers it) (default %(default)s)")
+    create.add_argument("--idempotency-key", default=None,
+                        help="the same key sent again answers the same task instead of a "
+                             "second one (default: a new UUID)")
     create.add_argument("--watch", action="store_true",
                         help="then stream its output (stdout) and status (stderr)")
     listing = actions.add_parser("list", parents=[common], help="list your tasks, newest first")
