@@ -136,7 +136,6 @@ async def restore_session(bridge: Bridge, found: RestoredSession) -> Session:
     side = AgentSideRestore(bridge, session)
     session.agent_side = side.ensure
     if not known:   # never another agent in its place: the conversation is not its own
-        session.missing_agent = record.agent
         session.not_restorable = missing_text(record.agent)
         if bridge.agent_finder is None:   # it never will be: refused for good
             session.agent_side = None
@@ -206,7 +205,6 @@ class AgentSideRestore:
             if name not in bridge.agents:
                 return
             log.info("session %s: its agent %r is offered now; restoring it", sid, name)
-        session.missing_agent = None
         session.not_restorable = None
         try:
             try:

@@ -113,8 +113,9 @@ class Session:
         self.forked_from: str | None = None
         self.origin: str | None = None   # who made it (create_session's label), or None
         self.owner: str | None = None    # the principal that made it (an opaque label)
-        self.agent_name = ""   # the agent profile this session runs on (its slot's)
-        self.missing_agent: str | None = None   # restored, its agent not configured here
+        # the agent profile this session runs on (its slot's); a restored session's
+        # even while that agent is not configured here (bridge.restore)
+        self.agent_name = ""
         self.agent_result: dict[str, Any] = {}   # the agent's session/new (load, ...) answer
         # How its prompts ended (bridge.status), kept across a close and a cold load.
         self.prompt_terminals: deque[PromptTerminal] = deque(maxlen=MAX_PROMPT_TERMINALS)
@@ -263,7 +264,7 @@ class Session:
             event_epoch=self.bus.epoch,
             last_event_id=self.bus.last_event_id if history is None else history.last_event_id,
             has_active_prompt=self.pending_count > 0, forked_from=self.forked_from,
-            agent=self.missing_agent or self.agent_name, agent_result=self.agent_result,
+            agent=self.agent_name, agent_result=self.agent_result,
             history=history)
 
     def status(self, pending_permissions: int) -> SessionStatus:
@@ -275,7 +276,7 @@ class Session:
             pending_prompts=self.pending_count, queued_prompts=self.queued_count,
             pending_permissions=pending_permissions, subscribers=self.bus.subscriber_count,
             last_event_id=self.bus.last_event_id, event_epoch=self.bus.epoch,
-            agent=self.missing_agent or self.agent_name, max_pending_prompts=self.limit,
+            agent=self.agent_name, max_pending_prompts=self.limit,
             active_prompt_text=active.text if active else None,
             updated_at=self.journaled_activity if self.journaled_activity is not None
             else time.time() - max(0.0, time.monotonic() - self.last_seen),
