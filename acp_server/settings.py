@@ -331,8 +331,7 @@ class Settings:
     def agent_factory(self, registry: ChildRegistry | None = None) -> AgentFactory:
         """The default agent: the reference agent in-process, or the command as a
         stdio ACP agent (without the server's token in its environment)."""
-        return build_factory(self.default_profile, workspace=self.workspace,
-                             hidden_env=[TOKEN_ENV], registry=registry)
+        return self._factory(self.default_profile, registry)
 
     def extra_agents(self, models: Iterable[str] = (),
                      registry: ChildRegistry | None = None) -> dict[str, AgentFactory]:
@@ -341,15 +340,16 @@ class Settings:
         named = [*self.agent_profiles,
                  *(AgentProfile(m, model_server=self.model_server) for m in models)]
         profiles = merge(self.default_profile, named)[1:]
-        return {p.name: build_factory(p, workspace=self.workspace, hidden_env=[TOKEN_ENV],
-                                      registry=registry)
-                for p in profiles}
+        return {p.name: self._factory(p, registry) for p in profiles}
 
     def model_factory(self, model: str, registry: ChildRegistry | None = None) -> AgentFactory:
         """The model agent of one model id of ``--model-server`` (one listed later too)."""
         assert self.model_server is not None
-        return build_factory(AgentProfile(model, model_server=self.model_server),
-                             workspace=self.workspace, hidden_env=[TOKEN_ENV], registry=registry)
+        return self._factory(AgentProfile(model, model_server=self.model_server), registry)
+
+    def _factory(self, profile: AgentProfile, registry: ChildRegistry | None) -> AgentFactory:
+        return build_factory(profile, workspace=self.workspace, hidden_env=[TOKEN_ENV],
+                             registry=registry)
 
     @property
     def store_url(self) -> str:

@@ -22,7 +22,8 @@ Contracts:
 * An exception the command did not turn into its own message (a bug) is one line,
   ``PROG: unexpected error: TYPE: message`` (``errors.one_line``), status 1; with
   ``ACP_SERVER_DEBUG=1`` in the environment its traceback follows.
-* ``checked_text`` refuses a prompt that is not text (bytes that are not UTF-8, read
+* ``checked_text`` (``prompt_text``: an argument, or stdin for ``-``) refuses a prompt
+  that is not text (bytes that are not UTF-8, read
   from stdin or given as an argument): ``UsageError`` (the commands say so in a line,
   status 2). So is an address httpx cannot parse (``--url http://[::1``).
 """
@@ -44,7 +45,7 @@ import httpx
 from acp_server.client.arguments import URL_ENV
 from acp_server.client.errors import one_line
 
-EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 EXIT_PIPE = 141   # 128 + SIGPIPE: what a shell shows for `git log | head` (under pipefail)
 DEBUG_ENV = "ACP_SERVER_DEBUG"
 
@@ -101,6 +102,14 @@ class GuardedOutput:
             os.dup2(devnull, fd)
         finally:
             os.close(devnull)
+
+
+def prompt_text(argument: str, stdin: TextIO) -> str:
+    """The text a command was given: ``argument``, or all of ``stdin`` when it is
+    ``-``; ``checked_text`` either way."""
+    if argument == "-":
+        return checked_text(stdin.read(), "stdin")
+    return checked_text(argument, "argument")
 
 
 def checked_text(text: str, where: str) -> str:
@@ -187,5 +196,6 @@ def _report(prog: str, leaf: BaseException, whole: BaseException, err: TextIO) -
     return EXIT_ERROR
 
 
-__all__ = ["DEBUG_ENV", "EXIT_INTERRUPTED", "EXIT_PIPE", "GuardedOutput", "OutputClosed",
-           "UsageError", "checked_text", "run_command"]
+__all__ = ["DEBUG_ENV", "EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_PIPE",
+           "EXIT_USAGE", "GuardedOutput", "OutputClosed", "UsageError", "checked_text",
+           "prompt_text", "run_command"]

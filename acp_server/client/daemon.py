@@ -52,7 +52,7 @@ from acp_server.client.bounded import MAX_ANSWER_BYTES, MAX_EVENT_BYTES, read_an
 from acp_server.client.errors import (DaemonConnectionError, DaemonError,
                                       DaemonSessionIdProtocolError, DaemonStreamEndedError,
                                       error_from_answer)
-from acp_server.client.inflate import IDENTITY
+from acp_server.client.inflate import request_headers
 from acp_server.client.events import (StreamCursor, event_prompt_id, match_turn_event,
                                       subscribe_events)
 from acp_server.client.reservations import (DEFAULT_MAX_PENDING_PROMPTS_PER_SESSION,
@@ -138,7 +138,7 @@ class DaemonClient:
             max_pending_prompts_per_session)
         self.token = token.strip() if token is not None and token.strip() else _env_token()
         self.timeout = timeout
-        headers = {**IDENTITY, **({"Authorization": f"Bearer {self.token}"} if self.token else {})}
+        headers = request_headers(self.token)
         self._stream_timeout = httpx.Timeout(
             timeout, read=None if timeout is None else max(timeout, MIN_STREAM_READ_TIMEOUT_S))
         self.reservations = PromptReservations()

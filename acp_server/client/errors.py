@@ -269,6 +269,12 @@ def error_from_status(status: int, body: Any, session_id: str | None = None,
     return kind(status, body, message)
 
 
+def redirect_detail(headers: Mapping[str, str]) -> str:
+    """What a redirect answer is said to be: where it pointed, never followed."""
+    where = one_line(headers.get("location", ""), 200) or "nowhere"
+    return f"redirected to {where} (not followed)"
+
+
 def decode_body(content: bytes) -> Any:
     """An error body: its JSON when it is JSON, else its text."""
     try:
@@ -283,8 +289,7 @@ def error_from_answer(status: int, content: bytes, headers: Mapping[str, str],
     it pointed (not followed); a text body (a proxy's page) is summed up in a line."""
     body = decode_body(content)
     if 300 <= status < 400:
-        where = one_line(headers.get("location", ""), 200) or "nowhere"
-        return DaemonHttpError(status, body, f"redirected to {where} (not followed)")
+        return DaemonHttpError(status, body, redirect_detail(headers))
     message = text_summary(body, headers.get("content-type")) if isinstance(body, str) else None
     return error_from_status(status, body, session_id, message or None)
 

@@ -17,7 +17,8 @@ Contracts:
   'br'"; a body that cannot be inflated raises ``DaemonProtocolError`` "… could not be
   inflated". Bytes after the end of the compressed stream are ignored; a stream cut
   short gives what it held.
-* The clients ask for ``Accept-Encoding: identity`` (``IDENTITY``): the daemon compresses
+* The clients ask for ``Accept-Encoding: identity`` (``IDENTITY``, in every request's
+  ``request_headers``): the daemon compresses
   nothing, and a proxy that compresses an event stream holds its events back. A proxy
   that compresses anyway is read as above.
 """
@@ -33,6 +34,11 @@ from acp_server.client.errors import DaemonProtocolError
 
 STEP = 64 * 1024
 IDENTITY = {"Accept-Encoding": "identity"}
+
+
+def request_headers(token: str | None) -> dict[str, str]:
+    """What every client request carries: ``IDENTITY``, and the bearer ``token`` if any."""
+    return {**IDENTITY, **({"Authorization": f"Bearer {token}"} if token else {})}
 _GZIP = 16 + zlib.MAX_WBITS
 
 

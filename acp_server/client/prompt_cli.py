@@ -39,11 +39,10 @@ import httpx
 from acp_server.client import (CreateSessionRequest, DaemonClient, DaemonError, DaemonEvent,
                                DaemonHttpError)
 from acp_server.client.arguments import DEFAULT_URL, URL_ENV, positive_seconds
-from acp_server.client.cli_run import EXIT_PIPE, OutputClosed, checked_text, run_command
+from acp_server.client.cli_run import (EXIT_ERROR, EXIT_OK, EXIT_PIPE, EXIT_USAGE,
+                                       OutputClosed, prompt_text, run_command)
 from acp_server.client.errors import DaemonForbiddenError, hint, one_line
 from acp_server.client.permissions_cli import POLICIES, PermissionAnswerer, TerminalAsker
-
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 def add_prompt_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -126,8 +125,7 @@ async def prompt_command(args: argparse.Namespace, *, out: TextIO, err: TextIO,
     """The command's body (async: usable from a running event loop). ``source`` is
     where a person's answers are read (default stdin)."""
     source = source or sys.stdin
-    text = checked_text(source.read() if args.text == "-" else args.text,
-                        "stdin" if args.text == "-" else "argument")
+    text = prompt_text(args.text, source)
     url = args.url or os.environ.get(URL_ENV) or DEFAULT_URL
     printer = _Printer(out)
     ask = TerminalAsker(source, err) if _terminal(args, source, err) else None

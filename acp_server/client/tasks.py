@@ -48,14 +48,14 @@ import httpx
 import msgspec
 
 from acp_server.client.errors import (DaemonConnectionError, DaemonError, DaemonProtocolError,
-                                      one_line, retry_seconds, text_summary)
+                                      one_line, redirect_detail, retry_seconds, text_summary)
 from acp_server.client.bounded import (
     MAX_ANSWER_BYTES,
     MAX_EVENT_BYTES,
     read_answer,
     read_capped,
 )
-from acp_server.client.inflate import IDENTITY
+from acp_server.client.inflate import request_headers
 from acp_server.client.sse import END, READ, ResumingStream, Retry
 from acp_server.client.wire import path_segment
 
@@ -247,8 +247,7 @@ def problem_error(status: int, content: bytes,
         text = content.decode("utf-8", "replace") if content else ""
         detail = text_summary(text, headers.get("content-type")) if text else None
         if 300 <= status < 400:
-            where = one_line(headers.get("location", ""), 200) or "nowhere"
-            detail = f"redirected to {where} (not followed)"
+            detail = redirect_detail(headers)
         body = {"code": f"http_{status}", "detail": detail or None}
     return PROBLEM_CLASSES.get(body["code"], LmspProblem)(status, body)
 
@@ -274,7 +273,7 @@ class TaskClient:
         self.max_answer_bytes = max_answer_bytes
         self.max_event_bytes = max_event_bytes
         token = (token or "").strip() or os.environ.get(TOKEN_ENV, "").strip() or None
-        headers = {**IDENTITY, **({"Authorization": f"Bearer {token}"} if token else {})}
+        headers = request_headers(token)
         self.max_reconnects = max_reconnects
         self.reconnect_delay = reconnect_delay
         self.timeout = timeout

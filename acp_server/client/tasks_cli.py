@@ -40,11 +40,10 @@ import msgspec
 
 from acp_server.client import DaemonError, TaskClient, TaskEvent
 from acp_server.client.arguments import DEFAULT_URL, URL_ENV, positive_seconds
-from acp_server.client.cli_run import checked_text, run_command
+from acp_server.client.cli_run import EXIT_ERROR, EXIT_OK, EXIT_USAGE, prompt_text, run_command
 from acp_server.client.errors import hint, one_line
 from acp_server.client.tasks import ForbiddenError, LmspProblem, Task, TaskSummary
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 STATUSES = ("queued", "loading", "running", "cancelling", "succeeded", "failed", "cancelled")
 # How far along a status is: a watch never shows one lower than what it has shown.
 _RANK = {"queued": 0, "loading": 1, "running": 2, "cancelling": 3, "succeeded": 4,
@@ -196,8 +195,7 @@ async def tasks_command(args: argparse.Namespace, *, out: TextIO, err: TextIO) -
     try:
         async with TaskClient(url, token=args.token, timeout=args.timeout) as tasks:
             if args.action == "create":
-                text = checked_text(sys.stdin.read() if args.text == "-" else args.text,
-                                    "stdin" if args.text == "-" else "argument")
+                text = prompt_text(args.text, sys.stdin)
                 task = await tasks.create({"model": args.model, "input": text},
                                           on_restart=args.on_restart,
                                           idempotency_key=args.idempotency_key)

@@ -32,7 +32,7 @@ import httpx
 
 from acp_server.client.bounded import events, read_answer, read_capped, with_body
 from acp_server.client.errors import DaemonProtocolError, redact
-from acp_server.client.inflate import IDENTITY
+from acp_server.client.inflate import request_headers
 from acp_server.conformance.catalog import CHECKS
 
 Outcome = Literal["pass", "fail", "skip"]
@@ -203,8 +203,7 @@ class Context:
                    on_result: Callable[[Result], None] | None = None,
                    transport: httpx.AsyncBaseTransport | None = None,
                    ) -> AsyncIterator[Context]:
-        headers = {**IDENTITY,
-                   **({"Authorization": f"Bearer {options.token}"} if options.token else {})}
+        headers = request_headers(options.token)
         limits = httpx.Limits(max_connections=200, max_keepalive_connections=20)
         async with httpx.AsyncClient(base_url=url.rstrip("/"), headers=headers,
                                      timeout=options.timeout_s, limits=limits,
