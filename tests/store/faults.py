@@ -3,6 +3,9 @@
     store = faulty(tmp_path)                  # the store ``store_name`` selected
     store.faults.on()                         # every batch and read fails as the engine would
     store.faults.off()                        # the engine answers again
+    store.faults.on_at("succeeded")           # on when a task moves to that state, so
+                                              # its turn ends in the outage, whatever the
+                                              # machine's load (no race with a sleep)
 
 The failure is the engine's own exception type raised where the engine raises it (a
 write batch, a read), so the store's classification, health and the doors' 503 are
@@ -31,9 +34,14 @@ class Faults:
         self.active = False
         self.refused_writes = 0   # batches refused while on
         self.refused_reads = 0
+        self.armed_for: str | None = None
 
     def on(self) -> None:
         self.active = True
+
+    def on_at(self, state: str) -> None:
+        """On from the first ``transition`` of a task to ``state`` (that one refused)."""
+        self.armed_for = state
 
     def off(self) -> None:
         self.active = False
@@ -47,6 +55,14 @@ class _Faulty:
             self.faults.refused_writes += 1
             raise self.faults.make()
         super()._run_batch(index, batch)  # type: ignore[misc]
+
+    async def transition(self, task_id: str, from_states: Any, to_state: str,
+                         finish: Any = None, *, now: float) -> Any:
+        if self.faults.armed_for == to_state:
+            self.faults.armed_for = None
+            self.faults.on()
+        return await super().transition(  # type: ignore[misc]
+            task_id, from_states, to_state, finish, now=now)
 
     async def _read(self, fn: Callable[[Any], Any]) -> Any:
         if self.faults.active:

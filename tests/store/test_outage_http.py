@@ -41,9 +41,9 @@ async def test_an_outage_answers_503_and_the_running_task_finishes_after(
     store = faulty(tmp_path)
     async with running_lmsp(tmp_path, store=store) as server:
         client = server.client
+        store.faults.on_at("succeeded")   # the agent's turn ends while the store is down
         task = await server.create("/sleep 300ms still here")
-        await server.wait(task["id"], {"running"})
-        store.faults.on()
+        await _until(lambda: store.faults.active)
         bridge = server.service.runner.models["reference"][0]
         # the agent's turn ends while the store is down: the runner keeps trying
         await _until(lambda: bridge.stats().active_prompts == 0)
@@ -77,8 +77,8 @@ async def test_queued_work_starts_by_itself_when_the_store_is_back(tmp_path: Pat
     async with running_lmsp(tmp_path, store=store, max_running_tasks=1) as server:
         first = await server.create("/sleep 200ms first")
         second = await server.create("second")     # queued behind the first
-        await server.wait(first["id"], {"running"})
-        store.faults.on()
+        store.faults.on_at("succeeded")   # the first's end (or the second's) is refused
+        await _until(lambda: store.faults.active)
         refused = store.faults.refused_writes
         await _until(lambda: store.faults.refused_writes > refused + 2)
         store.faults.off()
@@ -89,6 +89,7 @@ async def test_queued_work_starts_by_itself_when_the_store_is_back(tmp_path: Pat
 async def test_an_event_stream_waits_out_the_outage(tmp_path: Path) -> None:
     store = faulty(tmp_path)
     async with running_lmsp(tmp_path, store=store) as server:
+        store.faults.on_at("succeeded")   # the turn ends while the store is down
         task = await server.create("/sleep 300ms streamed")
         async with anyio.create_task_group() as tg:
             frames: list[object] = []
@@ -97,8 +98,7 @@ async def test_an_event_stream_waits_out_the_outage(tmp_path: Path) -> None:
                 frames.extend(await server.events(task["id"], timeout=20))
 
             tg.start_soon(read)
-            await server.wait(task["id"], {"running"})
-            store.faults.on()
+            await _until(lambda: store.faults.active)
             refused = store.faults.refused_reads + store.faults.refused_writes
             await _until(lambda: store.faults.refused_writes + store.faults.refused_reads
                          > refused + 2)
