@@ -18,7 +18,9 @@ Contracts:
 * Models are only ever added: a model listed for the first time is offered from then
   on (``on_models`` is called with the new ids, in listing order); a model that
   disappears from the listing stays offered (sessions using it keep working; a new
-  session may still name it; the model server answers its prompts as it does). A model
+  session may still name it; the model server answers its prompts as it does). When
+  ``on_models`` raises (a bug, logged) none of those models counts as offered, so the
+  next listing hands them over again (``on_models`` must take a model twice). A model
   whose id an agent configured by name (``taken``) already has is never offered
   (logged once per id).
 * A listing that fails changes nothing and is logged in one line: the first failure,
@@ -128,17 +130,18 @@ class ModelCatalog:
             log.warning("model server %s: not offering %s: an agent configured by name has "
                         "it", self.url, ", ".join(clash))
         new = [m for m in models if m not in self.taken and m not in self.offered]
-        first = self.listings == 1
-        self.offered.update(dict.fromkeys(new))
-        if first:
-            log.info("model server %s offers: %s", self.url, ", ".join(new) or "(none)")
-        elif new:
-            log.info("model server %s now also offers: %s", self.url, ", ".join(new))
         if new and self.on_models is not None:
             try:
                 self.on_models(new)
             except Exception:   # noqa: BLE001 - a bug: logged, never the server's end
-                log.exception("model server %s: could not offer %s", self.url, ", ".join(new))
+                log.exception("model server %s: could not offer %s (the next listing "
+                              "tries again)", self.url, ", ".join(new))
+                return
+        if self.listings == 1:
+            log.info("model server %s offers: %s", self.url, ", ".join(new) or "(none)")
+        elif new:
+            log.info("model server %s now also offers: %s", self.url, ", ".join(new))
+        self.offered.update(dict.fromkeys(new))
 
     def _failed(self, cause: str) -> None:
         now = self.clock()

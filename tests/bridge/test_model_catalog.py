@@ -180,3 +180,35 @@ async def test_a_model_that_leaves_the_listing_keeps_working(
             r["model"] != "fake-small" for r in state.requests)
         clashes = [r for r in caplog.records if "not offering fake-small" in r.getMessage()]
         assert len(clashes) == 1   # logged once, not at every listing
+
+
+async def test_a_model_the_bridge_could_not_take_is_handed_over_again(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """``on_models`` raised (a bug, logged): the model is not counted as offered, so the
+    next listing hands it over again, and a session can name it then (before, it was
+    never offered until a restart)."""
+    clock = Clock()
+    caplog.set_level(logging.ERROR, logger="acp_server")
+    async with fake_models() as (state, url), \
+            model_bridge(tmp_path, url, clock) as (bridge, catalog):
+        take = catalog.on_models
+        assert take is not None
+        handed: list[list[str]] = []
+
+        def broken_once(new: list[str]) -> object:
+            handed.append(new)
+            if len(handed) == 1:
+                raise RuntimeError("a bug in the bridge")
+            return take(new)
+
+        catalog.on_models = broken_once
+        state.models.append("fake-new")
+        clock.now += 30
+        with pytest.raises(AgentNotFoundError):
+            await bridge.create_session(agent="fake-new")
+        assert "fake-new" not in catalog.offered
+        assert any("could not offer fake-new" in r.getMessage() for r in caplog.records)
+        clock.now += 30
+        info = await bridge.create_session(agent="fake-new")
+        assert handed == [["fake-new"], ["fake-new"]] and "fake-new" in catalog.offered
+        assert info.agent == "fake-new"
