@@ -21,7 +21,8 @@ Contracts:
   returns, so output still buffered meets the closed pipe there, not at exit.
 * An exception the command did not turn into its own message (a bug) is one line,
   ``PROG: unexpected error: TYPE: message`` (``errors.one_line``), status 1; with
-  ``ACP_SERVER_DEBUG=1`` in the environment its traceback follows.
+  ``ACP_SERVER_DEBUG=1`` in the environment its traceback follows (``errors.redact``:
+  an address's credentials hidden there too, so it can go into a bug report).
 * ``checked_text`` (``prompt_text``: an argument, or stdin for ``-``) refuses a prompt
   that is not text (bytes that are not UTF-8, read
   from stdin or given as an argument): ``UsageError`` (the commands say so in a line,
@@ -43,7 +44,7 @@ import anyio.abc
 import httpx
 
 from acp_server.client.arguments import URL_ENV
-from acp_server.client.errors import one_line
+from acp_server.client.errors import one_line, redact
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 EXIT_PIPE = 141   # 128 + SIGPIPE: what a shell shows for `git log | head` (under pipefail)
@@ -191,7 +192,7 @@ def _report(prog: str, leaf: BaseException, whole: BaseException, err: TextIO) -
     print(f"{prog}: unexpected error: {type(leaf).__name__}: {one_line(str(leaf), 300)}",
           file=err)
     if os.environ.get(DEBUG_ENV, "").strip() not in ("", "0"):
-        traceback.print_exception(whole, file=err)
+        err.write(redact("".join(traceback.format_exception(whole))))   # no credentials
     _flush(err)
     return EXIT_ERROR
 

@@ -8,6 +8,7 @@ import argparse
 import io
 
 import anyio
+import httpx
 import pytest
 
 from acp_server.client.cli_run import (DEBUG_ENV, EXIT_PIPE, UsageError, checked_text,
@@ -39,6 +40,19 @@ def test_the_debug_variable_adds_the_traceback(monkeypatch: pytest.MonkeyPatch) 
     first, *rest = err.getvalue().splitlines()
     assert first == "acp-server x: unexpected error: ValueError: why"
     assert rest[0].startswith("Traceback") and rest[-1] == "ValueError: why"
+
+
+def test_the_debug_traceback_hides_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The traceback is for a bug report: an address's userinfo and token are hidden in
+    it as in the one line (they were printed whole)."""
+    monkeypatch.setenv(DEBUG_ENV, "1")
+    err = io.StringIO()
+    failure = httpx.ConnectError("cannot reach http://me:hunter2@host:1/?token=s3cret")
+    assert run_command("acp-server x", _failing(failure), ARGS, out=io.StringIO(),
+                       err=err) == 1
+    shown = err.getvalue()
+    assert "Traceback" in shown and "http://***@host:1/?token=***" in shown
+    assert "hunter2" not in shown and "s3cret" not in shown
 
 
 def test_a_failure_inside_a_task_group_is_one_line_too() -> None:
