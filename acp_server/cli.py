@@ -251,7 +251,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     serve.add_argument("--session-on-restart", default="fail", choices=["fail", "continue"],
                        help="the prompt that was running when the server stopped: fail "
                             "(its terminal is server_restarted) or continue (the restored "
-                            "agent is asked to continue the turn); queued prompts still run")
+                            "agent is asked to continue the turn); queued prompts still run "
+                            "(default fail)")
     serve.add_argument("--session-retention-ms", default=str(7 * 24 * 3600 * 1000),
                        help="how long a closed session's journal is kept (default 7 days)")
     serve.add_argument("--session-lease-ttl-ms", default="8000",
