@@ -39,7 +39,7 @@ import signal
 import socket
 import sys
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import anyio
 import anyio.abc
@@ -329,7 +329,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser, serve_parser = build_parser()
+    parser, _ = build_parser()
     args = parser.parse_args(argv)
     if args.command == "prompt":
         return run_prompt_args(args)
@@ -344,7 +344,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = settings_from_args(args)
     except SettingsError as exc:
-        serve_parser.error(str(exc))  # exits 2
+        _refuse(str(exc))
     try:
         sock = listen(settings)   # before anything starts: a port in use is one line
     except ListenError as exc:
@@ -354,7 +354,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         state_dir_ready(settings.state_dir)   # after the port: a port in use makes nothing
     except SettingsError as exc:
         sock.close()
-        serve_parser.error(str(exc))  # exits 2
+        _refuse(str(exc))
     configure_logging(settings.log_format)
     if settings.token is None:
         log.warning("no token configured: trusted loopback mode, every local process has "
@@ -364,6 +364,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     anyio.run(functools.partial(serve, settings, sock=sock), backend="asyncio",
               backend_options=_loop_options())
     return 0
+
+
+def _refuse(message: str) -> NoReturn:
+    """A value refused after parsing: one line on stderr, exit 2. (argparse's ``error``
+    would print serve's whole usage first, some fifty lines above the reason.)"""
+    print(f"acp-server serve: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def _loop_options() -> dict[str, Any]:
