@@ -39,7 +39,7 @@ import signal
 import socket
 import sys
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import anyio
 import anyio.abc
@@ -251,7 +251,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     serve.add_argument("--session-on-restart", default="fail", choices=["fail", "continue"],
                        help="the prompt that was running when the server stopped: fail "
                             "(its terminal is server_restarted) or continue (the restored "
-                            "agent is asked to continue the turn); queued prompts still run")
+                            "agent is asked to continue the turn); queued prompts still run "
+                            "(default fail)")
     serve.add_argument("--session-retention-ms", default=str(7 * 24 * 3600 * 1000),
                        help="how long a closed session's journal is kept (default 7 days)")
     serve.add_argument("--session-lease-ttl-ms", default="8000",
@@ -328,7 +329,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser, serve_parser = build_parser()
+    parser, _ = build_parser()
     args = parser.parse_args(argv)
     if args.command == "prompt":
         return run_prompt_args(args)
@@ -343,7 +344,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = settings_from_args(args)
     except SettingsError as exc:
-        serve_parser.error(str(exc))  # exits 2
+        _refuse(str(exc))
     try:
         sock = listen(settings)   # before anything starts: a port in use is one line
     except ListenError as exc:
@@ -353,7 +354,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         state_dir_ready(settings.state_dir)   # after the port: a port in use makes nothing
     except SettingsError as exc:
         sock.close()
-        serve_parser.error(str(exc))  # exits 2
+        _refuse(str(exc))
     configure_logging(settings.log_format)
     if settings.token is None:
         log.warning("no token configured: trusted loopback mode, every local process has "
@@ -363,6 +364,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     anyio.run(functools.partial(serve, settings, sock=sock), backend="asyncio",
               backend_options=_loop_options())
     return 0
+
+
+def _refuse(message: str) -> NoReturn:
+    """A value refused after parsing: one line on stderr, exit 2. (argparse's ``error``
+    would print serve's whole usage first, some fifty lines above the reason.)"""
+    print(f"acp-server serve: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def _loop_options() -> dict[str, Any]:

@@ -548,15 +548,17 @@ class Bridge(Journaling, PromptsAPI, PresenceAPI, AgentCallsAPI, BranchingAPI):
             log.debug("closing agent session %s: %s", sid, exc)
 
     def _on_agent_lost(self, error: AgentDiedError) -> None:
-        """The agent died: every session on it dies, every pending prompt fails."""
+        """The agent died: every session on it dies, every pending prompt fails. As on a
+        close, the prompts' ``turn_error``s come before ``session_died``: a reader's
+        stream ends with the session, and it must have seen its turn's end by then."""
         for session in [s for s in self._sessions.values()
                         if s.agent is not None and s.agent.closed]:
             self._forget(session)
+            session.fail_all(error)
+            self._cancel_questions(session, "session_died")
             session.bus.publish(ev.SESSION_DIED, ev.SessionDied(
                 session_id=session.session_id, reason="agent_exited", message=str(error),
                 exit_code=error.exit_code))
-            session.fail_all(error)
-            self._cancel_questions(session, "session_died")
             self._record_end(session, deleted=False)
             session.bus.close()
             session.stop()

@@ -93,6 +93,16 @@ def test_invalid_flag_exits_2(flags: list[str], message: str, tmp_path: Path,
     assert message in err, err
 
 
+def test_a_refused_value_is_one_line_not_the_usage(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    # argparse's own error() prints serve's ~50-line usage first, burying the reason
+    with pytest.raises(SystemExit) as exc_info:
+        main(["serve", "--workspace", str(tmp_path), "--hostname", "0.0.0.0"])
+    assert exc_info.value.code == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("acp-server serve: error: Refusing to bind 0.0.0.0"), line
+
+
 def _settings(*flags: str):  # type: ignore[no-untyped-def]
     parser, _ = build_parser()
     return settings_from_args(parser.parse_args(["serve", *flags]))

@@ -50,6 +50,37 @@ async def test_turn_error_releases(server: Daemon) -> None:
         assert client.pending_prompt_count(sid) == 0
 
 
+async def test_an_agent_that_dies_mid_turn_raises_its_turn_error(server: Daemon) -> None:
+    # The session's stream ends with the session (session_died); the turn's own end,
+    # turn_error agent_died, comes first, so the caller learns why its turn ended
+    # (before: "Event stream ... ended without the turn's completion"). The agent asks a
+    # permission first, so the prompt's stream is surely open when it dies.
+    async with DaemonClient(server.url) as client:
+        sid = (await client.create_or_attach_session()).session_id
+        asked: list[str] = []
+        failed: list[DaemonTurnError] = []
+
+        def seen(event: DaemonEvent) -> None:
+            if event.type == "permission_request":
+                asked.append(event.data["requestId"])
+
+        async def prompt() -> None:
+            try:
+                await client.prompt(sid, "/permission /crash mid-turn", on_event=seen)
+            except DaemonTurnError as exc:
+                failed.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(prompt)
+            await wait_until(lambda: bool(asked))
+            vote = {"outcome": {"outcome": "selected", "optionId": "allow_once"}}
+            assert await client.respond_to_permission(asked[0], vote, session_id=sid)
+        [error] = failed
+        assert error.code == "agent_died"
+        assert error.session_id == sid
+        assert client.pending_prompt_count(sid) == 0
+
+
 async def test_caller_cancellation_releases_and_cancels(tmp_path: Path) -> None:
     recorder = Recorder()
     async with daemon(tmp_path, wrap=recorder.wrap) as srv, DaemonClient(srv.url) as client:
