@@ -59,6 +59,8 @@ from urllib.parse import urlsplit
 
 from acp_server.principals import CALLER_KEY, LOCAL, Caller, Denial, Gate
 from acp_server.principals.auth import MISS, bootstrap_only
+from acp_server.principals.model import Principal
+from acp_server.principals.tokens import parse as parse_token
 from acp_server.principals.tokens import public_id
 from acp_server.store.errors import StoreUnavailableError
 
@@ -279,17 +281,15 @@ class GuardPolicy:
                 return None, allowed   # a preflight is answered before authentication
         gate: Gate = self.gate   # type: ignore[assignment]
         if not gate.authenticator.required:
-            client = scope.get("client")
-            address = client[0] if client else None
-            local = self._local_callers.get(address)
-            if local is None:
-                if client and not self._loopback_client(address):
-                    return NOT_LOOPBACK, allowed
-                local = gate.caller(LOCAL, address)
-                if len(self._local_callers) < MEMO_KEPT:
-                    self._local_callers[address] = local
-            scope[CALLER_KEY] = local
-            return None, allowed
+            found = None if authorization is None and protocols is None \
+                else self._offered_token(scope, authorization, protocols)
+            if found is MISS:
+                return LOOKUP, allowed
+            if found is not None:   # a stored token's principal (see _offered_token)
+                client = scope.get("client")
+                scope[CALLER_KEY] = gate.caller(found, client[0] if client else None)  # type: ignore[arg-type]
+                return None, allowed
+            return self._local(scope), allowed
         if self._exempt(scope):
             return None, allowed
         return self._authenticate(scope, authorization, protocols), allowed
@@ -305,12 +305,16 @@ class GuardPolicy:
             try:
                 found = await gate.authenticator.lookup(credential)
             except StoreUnavailableError:
+                if not gate.authenticator.required:
+                    break   # no credential needed: the store's answer can wait
                 return STORE_UNAVAILABLE, origin
             if found is not None:
                 client = scope.get("client")
                 scope[CALLER_KEY] = gate.caller(found, client[0] if client else None)
                 return None, origin
             refused = credential
+        if not gate.authenticator.required:   # none needed, none of those is a token
+            return self._local(scope), origin
         self._failed(scope, refused)
         return UNAUTHORIZED, origin
 
@@ -350,6 +354,41 @@ class GuardPolicy:
         if not self.health_needs_auth and path in OPEN_PATHS:
             return True
         return self.public is not None and self.public(scope["method"], path)
+
+    def _local(self, scope: Any) -> Refusal | None:
+        """No credential is required: a loopback client is ``LOCAL`` (its ``Caller``
+        set), any other is refused."""
+        gate: Gate = self.gate   # type: ignore[assignment]
+        client = scope.get("client")
+        address = client[0] if client else None
+        local = self._local_callers.get(address)
+        if local is None:
+            if client and not self._loopback_client(address):
+                return NOT_LOOPBACK
+            local = gate.caller(LOCAL, address)
+            if len(self._local_callers) < MEMO_KEPT:
+                self._local_callers[address] = local
+        scope[CALLER_KEY] = local
+        return None
+
+    def _offered_token(self, scope: Any, authorization: bytes | None,
+                       protocols: bytes | None) -> Principal | object | None:
+        """No credential is required, yet one is offered: the principal of the stored
+        token offered when the cache knows it, ``MISS`` when only the store can tell,
+        else ``None`` (what is offered is ignored, as with no token at all). So the
+        first token made while the server runs (``token create`` on the store, which
+        the server sees within ``TTL_S``) is its principal from its first use, never
+        ``local``."""
+        auth = self.gate.authenticator   # type: ignore[union-attr]
+        offered = [_bearer(authorization)]
+        if protocols is not None and scope["type"] == "websocket":
+            offered += _protocol_credentials(protocols)
+        for credential in offered:
+            if credential is not None and parse_token(credential) is not None:
+                found = auth.cached(credential)
+                if found is not None:
+                    return found
+        return None
 
     def _authenticate(self, scope: Any, authorization: bytes | None,
                       protocols: bytes | None) -> Refusal | None:

@@ -14,7 +14,9 @@ Contracts:
   holds any token (live, revoked or expired: revoking or outliving the last token
   does not reopen the server); with neither, the guard's loopback rule applies (and a
   loopback client is ``LOCAL``). The count is re-read by ``refresh`` (the principals
-  run it every ``ttl_s``, and at once after a change).
+  run it every ``ttl_s``, and at once after a change); a read that finds a token's row
+  (``lookup``: a stored token offered while none was required) makes it required at
+  once.
 * The bootstrap token is compared in constant time (``hmac.compare_digest``), always,
   whatever the credential looks like. A stored token (``acps_<id>_<secret>``) is found
   by its id, and its secret's SHA-256 compared in constant time with the stored
@@ -163,6 +165,8 @@ class Authenticator:
                 return stale   # the store is down: what it said last still holds
             entry = _Entry(self.monotonic(), record)
             self._remember(token_id, entry)
+            if record is not None:   # the store holds a token: required from now on
+                self.stored_tokens = True
             return entry
         finally:
             if self._reading.get(token_id) is done:

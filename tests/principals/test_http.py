@@ -10,7 +10,7 @@ import anyio
 import httpx
 import pytest
 
-from acp_server.principals import LOCAL
+from acp_server.principals import LOCAL, admin
 from tests.acp_http.server import request, running_acp_server
 from tests.acp_http.wsclient import ws_connect
 from tests.lmsp.server import envelope
@@ -294,3 +294,40 @@ async def test_a_lookup_racing_many_requests_reads_the_store_once(tmp_path: Path
                 tg.start_soon(get)
         assert statuses == [200] * 8 and reads == 1
 
+
+
+async def test_the_first_token_made_while_the_server_runs_is_its_own_from_its_first_use(
+        tmp_path: Path) -> None:
+    """``acp-server token create`` writes the store's first token while the server runs
+    with no credential required; the server sees it at its next check (``TTL_S``).
+    Before, a request offering that token meanwhile was ``local``: the session it made
+    was owned by ``local``, and the token's own prompts to it got 404 a moment later
+    (helper-newuser's walk). Now an offered stored token is looked up even when none is
+    required, and a token found makes credentials required at once."""
+    async with running_acp_server(tmp_path) as srv:
+        gate = srv.server.gate
+
+        async def not_yet() -> None:   # the server's check has not come round yet
+            return None
+
+        gate.authenticator.refresh = not_yet  # type: ignore[method-assign]
+        # offered while no token exists: ignored (local), a bogus one and a token-shaped one
+        for offered in ("nonsense", "acps_0123456789abcdef_nope"):
+            answer = await srv.client.get("/tokens", headers=bearer(offered))
+            assert answer.status_code == 200, answer.text   # the local admin
+        issued = await admin.create_token(gate.authenticator.store, gate.audit,  # type: ignore[arg-type]
+                                          by="cli", name="ci", scopes=["prompt", "read"])
+        assert not gate.authenticator.required
+        made = await srv.client.post("/session", json={"sessionScope": "thread"},
+                                     headers=bearer(issued.token))
+        assert made.status_code == 200, made.text
+        sid = made.json()["sessionId"]
+        assert gate.authenticator.required   # the token was found: required at once
+        assert (await srv.client.get("/capabilities")).status_code == 401
+        prompt = await srv.client.post(f"/session/{sid}/prompt", headers=bearer(issued.token),
+                                       json={"prompt": [{"type": "text", "text": "hi"}]})
+        assert prompt.status_code == 202, prompt.text   # its own session, not local's
+        caps = (await srv.client.get("/capabilities", headers=bearer(issued.token))).json()
+        listed = (await srv.client.get(f"/workspace/{caps['workspaces'][0]['id']}/sessions",
+                                       headers=bearer(issued.token))).json()["sessions"]
+        assert [(s["sessionId"], s["owner"]) for s in listed] == [(sid, "ci")]
