@@ -18,8 +18,11 @@ async def test_prompt_queue_full_error_frame(server: RunningAcpServer) -> None:
     async with server.stream(conn_id) as conn_stream:
         sid = await server.new_session(conn_id, conn_stream)
         async with server.stream(conn_id, sid) as session_stream:
+            # the first holds at its permission ask until the test answers it, the
+            # others queue behind it (a 400 ms sleep could end before the sixth arrives)
             for n in range(5):
-                response = await server.prompt(conn_id, sid, 10 + n, f"/sleep 400ms held {n}")
+                response = await server.prompt(conn_id, sid, 10 + n,
+                                               f"/permission held {n}" if n == 0 else f"held {n}")
                 assert response.status_code == 202
             response = await server.prompt(conn_id, sid, 99, "one too many")
             assert response.status_code == 202          # the POST itself is accepted
@@ -29,6 +32,12 @@ async def test_prompt_queue_full_error_frame(server: RunningAcpServer) -> None:
                 "message": f'Prompt queue full for session "{sid}" (5/5 pending)',
                 "data": {"errorKind": "prompt_queue_full", "sessionId": sid,
                          "limit": 5, "pendingCount": 5}}}
+            ask = await session_stream.wait_for(
+                lambda m: m.get("method") == "session/request_permission")
+            option = ask["params"]["options"][0]["optionId"]
+            response = await server.post(conn_id, {"jsonrpc": "2.0", "id": ask["id"], "result": {
+                "outcome": {"outcome": "selected", "optionId": option}}}, sid)
+            assert response.status_code == 202
             # A second prompt on the same connection queued (did not cancel the first).
             for n in range(5):
                 reply = await session_stream.wait_for_id(10 + n, timeout=15)
@@ -64,7 +73,7 @@ async def test_cancel_mid_turn(server: RunningAcpServer) -> None:
     async with server.stream(conn_id) as conn_stream:
         sid = await server.new_session(conn_id, conn_stream)
         async with server.stream(conn_id, sid) as session_stream:
-            await server.prompt(conn_id, sid, 2, "/sleep 2s slow")
+            await server.prompt(conn_id, sid, 2, "/sleep 60s slow")   # ended by the cancel
             await session_stream.wait_for(
                 lambda m: m.get("method") == "session/update"
                 and m["params"]["update"]["sessionUpdate"] == "user_message_chunk")

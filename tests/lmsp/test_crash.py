@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,12 +26,24 @@ def anyio_backend() -> str:
 class Process:
     def __init__(self, tmp_path: Path, max_running: int) -> None:
         child = ServeProcess(tmp_path, "--store", f"sqlite:///{tmp_path / 'lmsp.db'}",
-                             "--max-running-tasks", str(max_running)).start()
+                             "--max-running-tasks", str(max_running),
+                             "--agent", f"gated={_gated_agent(tmp_path)}",
+                             "--agent", "reference").start()
         self.proc, self.url = child.process, child.base_url
 
     def kill(self) -> None:
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(10)
+
+
+def _gated_agent(folder: Path) -> Path:
+    """The fixture agent (``tests.agents.fixture_agent``): a ``gate <file>`` prompt
+    ends only once ``<file>`` exists, so a turn lasts until the test says."""
+    script = folder / "gated-agent"
+    script.write_text(f"#!/bin/sh\nexec {sys.executable} -m tests.agents.fixture_agent "
+                      "--name gated\n")
+    script.chmod(0o755)
+    return script
 
 
 @pytest.fixture
@@ -65,14 +78,18 @@ async def test_sigkill_then_restart(tmp_path: Path, processes: list[Process]) ->
     first = Process(tmp_path, max_running=2)
     processes.append(first)
     accepted: dict[str, str] = {}   # task id → what it should end as
+    gate = tmp_path / "gate-open"
     async with httpx.AsyncClient(base_url=first.url, timeout=10) as client:
         done = (await client.post("/lmsp/v1/tasks", json=envelope("quick"))).json()
         await _wait(client, done["id"], {"succeeded"})
         accepted[done["id"]] = "succeeded"
         running = {}
         for policy, expect in (("fail", "failed"), ("retry", "succeeded")):
-            task = (await client.post("/lmsp/v1/tasks", json=envelope(
-                "/sleep 1500ms /chunks 2 long", on_restart=policy))).json()
+            # running until the gate opens, after the kill: whatever the machine's load
+            # (a 1.5 s turn could end before the kill, the 'fail' one then succeeded)
+            body = envelope(f"gate {gate}", on_restart=policy)
+            body["input"]["model"] = "gated"
+            task = (await client.post("/lmsp/v1/tasks", json=body)).json()
             running[task["id"]] = policy
             accepted[task["id"]] = expect
         for task_id in running:
@@ -94,6 +111,7 @@ async def test_sigkill_then_restart(tmp_path: Path, processes: list[Process]) ->
                     for t in running}
         assert set(statuses.values()) == {"running"}
     first.kill()
+    gate.touch()   # the retried turn ends on its own after the restart
 
     second = Process(tmp_path, max_running=4)
     processes.append(second)

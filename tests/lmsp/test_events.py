@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import anyio
@@ -10,6 +11,7 @@ from httpx_sse import aconnect_sse
 
 from acp_server.lmsp import LmspConfig
 from tests.lmsp.server import FakeClock, LmspServer, running_lmsp
+from tests.store.faults import faulty
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("store_name")]
 
@@ -33,10 +35,33 @@ async def test_raw_framing(server: LmspServer) -> None:
     assert text.endswith("}\n\n") and text.count("event: response.completed") == 1
 
 
-async def test_late_subscriber_gets_everything_then_live(server: LmspServer) -> None:
-    task = await server.create("/sleep 300ms /chunks 40 " + "word " * 60)
-    await server.wait(task["id"], {"running"})
-    frames = await server.events(task["id"])
+async def test_late_subscriber_gets_everything_then_live(tmp_path: Path) -> None:
+    # The task's final commit waits at a gate the test opens once the subscriber read
+    # the replayed head: the task is running when it joins and its end arrives live,
+    # however loaded the machine (a 300 ms turn polled for 'running' could be over
+    # before a poll saw it: the wait timed out).
+    store = faulty(tmp_path)
+    frames: list[tuple[str, str, dict]] = []
+    async with running_lmsp(tmp_path, store=store) as server:
+        gate = store.faults.hold_at("succeeded")
+        task = await server.create("/sleep 300ms /chunks 40 " + "word " * 60)
+        await server.wait(task["id"], {"running"})
+
+        async def subscribe() -> None:
+            with anyio.fail_after(20):
+                async with aconnect_sse(server.client, "GET",
+                                        f"/lmsp/v1/tasks/{task['id']}/events") as source:
+                    async for sse in source.aiter_sse():
+                        if sse.data:
+                            frames.append((sse.id, sse.event, json.loads(sse.data)))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(subscribe)
+            with anyio.fail_after(10):
+                while not frames:   # the head, replayed
+                    await anyio.sleep(0.01)
+            assert frames[-1][1] != "response.completed"   # not over yet: the rest is live
+            gate.set()
     _check_numbering(frames)
     types = [f[1] for f in frames]
     assert types[0] == "response.created" and types[-1] == "response.completed"

@@ -9,6 +9,7 @@ import anyio
 import pytest
 
 from tests.lmsp.server import LmspServer, running_lmsp
+from tests.store.faults import faulty
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("store_name")]
 
@@ -93,19 +94,26 @@ async def test_agent_crash_fails_the_task(server: LmspServer) -> None:
     assert again["status"] == "succeeded"
 
 
-async def test_state_walk_queued_loading_running(server: LmspServer) -> None:
-    task = await server.create("/sleep 300ms slow")
-    seen = {task["status"]}
-    with anyio.fail_after(10):
-        while True:
-            status = (await server.get(task["id"]))["status"]
-            seen.add(status)
-            if status == "succeeded":
-                break
-            await anyio.sleep(0.005)
-    assert {"queued", "running", "succeeded"} <= seen
-    types = [f[1] for f in await server.events(task["id"])]
-    assert types[:2] == ["response.created", "response.in_progress"]
+async def test_state_walk_queued_loading_running(tmp_path: Path, store_name: str) -> None:
+    # the move to 'succeeded' waits at a gate the test opens once a poll saw 'running'
+    # (a 300 ms turn could be over between two polls on a loaded machine)
+    store = faulty(tmp_path)
+    async with running_lmsp(tmp_path, store=store) as server:
+        gate = store.faults.hold_at("succeeded")
+        task = await server.create("/sleep 300ms slow")
+        seen = {task["status"]}
+        with anyio.fail_after(10):
+            while True:
+                status = (await server.get(task["id"]))["status"]
+                seen.add(status)
+                if status == "running":
+                    gate.set()
+                if status == "succeeded":
+                    break
+                await anyio.sleep(0.005)
+        assert {"queued", "running", "succeeded"} <= seen
+        types = [f[1] for f in await server.events(task["id"])]
+        assert types[:2] == ["response.created", "response.in_progress"]
 
 
 async def test_cancel_queued_is_immediate(tmp_path: Path) -> None:
@@ -124,7 +132,7 @@ async def test_cancel_queued_is_immediate(tmp_path: Path) -> None:
 
 
 async def test_cancel_running_goes_through_cancelling(server: LmspServer) -> None:
-    task = await server.create("/sleep 5s slow")
+    task = await server.create("/sleep 60s slow")   # ended by the cancel, never by itself
     await server.wait(task["id"], {"running"})
     response = await server.client.post(f"/lmsp/v1/tasks/{task['id']}/cancel")
     assert response.status_code == 200

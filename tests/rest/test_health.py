@@ -66,7 +66,7 @@ async def test_daemon_status_activity(server: RunningServer) -> None:
     session = await server.create_session()
     sid = session["sessionId"]
     for _ in range(3):
-        assert (await server.prompt(sid, "/sleep 1s hold")).status_code == 202
+        assert (await server.prompt(sid, "/sleep 60s hold")).status_code == 202
     body = (await server.client.get("/daemon/status")).json()
     assert body["v"] == 1
     assert body["status"] == "ok"
@@ -79,4 +79,4 @@ async def test_daemon_status_activity(server: RunningServer) -> None:
     assert activity["activePrompts"] + activity["queuedPrompts"] == 3
     assert set(body["runtime"]["perf"]["promptQueueWait"]) >= {"count", "meanMs", "maxMs"}
     assert body["runtime"]["sessions"]["active"] == 1
-    await server.client.post(f"/session/{sid}/cancel")
+    await server.client.delete(f"/session/{sid}")   # ends the held turns

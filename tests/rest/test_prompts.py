@@ -47,11 +47,13 @@ async def test_invalid_deadline(server: RunningServer, deadline: object) -> None
 
 async def test_backpressure_end_to_end(server: RunningServer) -> None:
     """Five prompts held by the agent → five 202; the sixth → the exact 503; after one
-    finishes a new prompt is accepted again."""
+    finishes a new prompt is accepted again. Each prompt holds at its permission ask
+    until the test answers it (a 1 s sleep could end before the sixth on a loaded
+    machine)."""
     sid = (await server.create_session())["sessionId"]
     accepted = []
     for n in range(5):
-        response = await server.prompt(sid, f"/sleep 1s held {n}")
+        response = await server.prompt(sid, f"/permission held {n}")
         assert response.status_code == 202, response.text
         accepted.append(response.json())
     response = await server.prompt(sid, "one too many")
@@ -62,6 +64,13 @@ async def test_backpressure_end_to_end(server: RunningServer) -> None:
         "code": "prompt_queue_full", "sessionId": sid, "limit": 5, "pendingCount": 5,
     }
     first = accepted[0]
+    frames = await server.events_until(sid, "permission_request",
+                                       last_event_id=first["lastEventId"],
+                                       epoch=first["eventEpoch"])
+    request_id = frames[-1][1]["data"]["requestId"]
+    vote = await server.client.post(f"/session/{sid}/permission/{request_id}", json={
+        "outcome": {"outcome": "selected", "optionId": "allow_once"}})
+    assert vote.status_code == 200
     frames = await server.events_until(
         sid, lambda kind, data: kind == "turn_complete" and data["promptId"] == first["promptId"],
         last_event_id=first["lastEventId"], epoch=first["eventEpoch"])
@@ -78,7 +87,7 @@ async def test_disabled_cap_accepts_more(tmp_path: Path) -> None:
     async with running_server(tmp_path, options=options) as srv:
         sid = (await srv.create_session())["sessionId"]
         for n in range(7):
-            assert (await srv.prompt(sid, f"/sleep 1s {n}")).status_code == 202
+            assert (await srv.prompt(sid, f"/sleep 60s {n}")).status_code == 202
         status = (await srv.client.get("/daemon/status")).json()["runtime"]["activity"]
         assert status == {"activePrompts": 1, "pendingPrompts": 7, "queuedPrompts": 6}
 
@@ -111,7 +120,7 @@ async def test_replay_from_accepted_cursor(server: RunningServer) -> None:
 
 async def test_pending_prompts_list_and_remove(server: RunningServer) -> None:
     sid = (await server.create_session())["sessionId"]
-    running = (await server.prompt(sid, "/sleep 1s running")).json()
+    running = (await server.prompt(sid, "/sleep 60s running")).json()   # cancelled below
     queued = (await server.prompt(sid, "queued one")).json()
     body = (await server.client.get(f"/session/{sid}/pending-prompts")).json()
     items = {item["promptId"]: item for item in body["pendingPrompts"]}

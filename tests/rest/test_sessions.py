@@ -189,16 +189,17 @@ async def test_branch(server: RunningServer) -> None:
 
 async def test_branch_while_prompt_active(server: RunningServer) -> None:
     sid = (await server.create_session())["sessionId"]
-    assert (await server.prompt(sid, "/sleep 1s busy")).status_code == 202
+    assert (await server.prompt(sid, "/sleep 60s busy")).status_code == 202
     response = await server.client.post(f"/session/{sid}/branch")
     assert response.status_code == 409
     assert response.json()["code"] == "branch_while_prompt_active"
     assert response.json()["sessionId"] == sid
+    await server.client.delete(f"/session/{sid}")
 
 
 async def test_cancel_active_prompt(server: RunningServer) -> None:
     sid = (await server.create_session())["sessionId"]
-    accepted = (await server.prompt(sid, "/sleep 2s long")).json()
+    accepted = (await server.prompt(sid, "/sleep 60s long")).json()   # ended by the cancel
     # the bridge echoes the prompt as the turn starts, in the same step as the agent call
     await server.events_until(sid, lambda kind, frame: kind == "session_update" and frame[
         "data"]["update"]["sessionUpdate"] == "user_message_chunk",
@@ -211,13 +212,14 @@ async def test_cancel_active_prompt(server: RunningServer) -> None:
 
 async def test_status(server: RunningServer) -> None:
     sid = (await server.create_session())["sessionId"]
-    assert (await server.prompt(sid, "/sleep 1s a")).status_code == 202
-    assert (await server.prompt(sid, "/sleep 1s b")).status_code == 202
+    assert (await server.prompt(sid, "/sleep 60s a")).status_code == 202
+    assert (await server.prompt(sid, "/sleep 60s b")).status_code == 202
     body = (await server.client.get(f"/session/{sid}/status")).json()
     assert body["sessionId"] == sid
     assert body["pendingPrompts"] == 2
     assert body["hasActivePrompt"] is True
     assert body["clientCount"] == 1
+    await server.client.delete(f"/session/{sid}")
 
 
 async def test_heartbeat(server: RunningServer) -> None:

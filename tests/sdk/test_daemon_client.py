@@ -169,7 +169,7 @@ async def test_server_queue_full_maps_with_local_cap_disabled(tmp_path: Path) ->
             DaemonClient(srv.url, max_pending_prompts_per_session=0) as client:
         sid = (await client.create_or_attach_session()).session_id
         for _ in range(2):
-            accepted = await client.prompt_nonblocking(sid, "/sleep 1s held")
+            accepted = await client.prompt_nonblocking(sid, "/sleep 60s held")   # closed below
             assert isinstance(accepted, PromptAccepted)
         assert client.pending_prompt_count(sid) == 0  # prompt_nonblocking reserves nothing
         with pytest.raises(DaemonPendingPromptLimitError) as info:
@@ -195,7 +195,7 @@ async def test_capabilities_value_passes_straight_in(tmp_path: Path, server_cap:
             sid = (await client.create_or_attach_session()).session_id
             async with anyio.create_task_group() as tg:
                 for _ in range(3 if advertised is None else 2):
-                    tg.start_soon(client.prompt, sid, "/sleep 2s held")
+                    tg.start_soon(client.prompt, sid, "/sleep 60s held")   # cancelled below
                 await wait_until(lambda: client.pending_prompt_count(sid) >= 2)
                 if advertised is not None:
                     with pytest.raises(DaemonPendingPromptLimitError):

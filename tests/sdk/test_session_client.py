@@ -60,7 +60,9 @@ async def test_cap_on_the_subscription_path(tmp_path: Path) -> None:
             await opened.wait()
 
             async def first() -> None:
-                results.append((await session.prompt("/sleep 300ms first")).stop_reason)
+                # held at its permission ask until the test answers (a 300 ms sleep
+                # could end before the local refusal below on a loaded machine)
+                results.append((await session.prompt("/permission first")).stop_reason)
 
             tg.start_soon(first)
             await wait_until(lambda: recorder.count("POST", "/prompt") == 1)
@@ -69,6 +71,10 @@ async def test_cap_on_the_subscription_path(tmp_path: Path) -> None:
                 await session.prompt("second")
             assert info_.value.session_id == session.session_id
             assert recorder.count("POST", "/prompt") == 1  # refused locally
+            await wait_until(lambda: any(e.type == "permission_request" for e in seen))
+            [ask] = [e for e in seen if e.type == "permission_request"]
+            assert await session.respond_to_permission(ask.data["requestId"], {
+                "outcome": {"outcome": "selected", "optionId": "allow_once"}})
             await wait_until(lambda: results == ["end_turn"])
             assert session.pending_prompt_count == 0  # released by turn_complete
             with pytest.raises(DaemonTurnError):

@@ -15,6 +15,7 @@ import pytest
 
 from acp_server.client.tasks_cli import build_parser, run_tasks, tasks_command
 from tests.sdk.harness import Daemon, DropEvents, closed_port_url, lmsp_daemon
+from tests.store.faults import faulty
 
 pytestmark = pytest.mark.anyio
 
@@ -54,16 +55,33 @@ async def test_watch_streams_the_text_and_the_status_only_moves_forward(tmp_path
             writes.append(text)
             return super().write(text)
 
-    async with lmsp_daemon(tmp_path) as srv:
+    # the task's move to 'succeeded' waits at a gate the test opens once the watch
+    # printed 'running' (a 300 ms turn could be over before a poll saw it running:
+    # the poll never ended)
+    store = faulty(tmp_path)
+    async with lmsp_daemon(tmp_path, lmsp_store=store) as srv:
+        gate = store.faults.hold_at("succeeded")
         _, out, _ = await run(["create", "/sleep 300ms /chunks 6 one two three four five six",
                                "--url", srv.url])
         task_id = json.loads(out)["id"]
         async with httpx.AsyncClient(base_url=srv.url) as http:
-            while (await http.get(f"/lmsp/v1/tasks/{task_id}")).json()["status"] != "running":
-                await anyio.sleep(0.01)   # a condition: watch starts on a running task
+            with anyio.fail_after(10):
+                while (await http.get(f"/lmsp/v1/tasks/{task_id}")).json()["status"] != "running":
+                    await anyio.sleep(0.01)   # a condition: watch starts on a running task
         err = io.StringIO()
-        code = await tasks_command(build_parser().parse_args(["watch", task_id, "--url", srv.url]),
-                                   out=Recording(), err=err)
+        codes: list[int] = []
+
+        async def watch() -> None:
+            codes.append(await tasks_command(build_parser().parse_args(
+                ["watch", task_id, "--url", srv.url]), out=Recording(), err=err))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch)
+            with anyio.fail_after(10):
+                while "  running" not in err.getvalue():
+                    await anyio.sleep(0.01)
+            gate.set()
+        [code] = codes
     assert code == 0
     assert "".join(writes) == "Echo: one two three four five six\n" and len(writes) >= 6
     statuses = [line.split("  ")[1] for line in err.getvalue().splitlines()]
@@ -72,7 +90,7 @@ async def test_watch_streams_the_text_and_the_status_only_moves_forward(tmp_path
 
 async def test_a_cancelled_task_ends_the_watch_with_status_1(tmp_path: Path) -> None:
     async with lmsp_daemon(tmp_path) as srv:
-        _, out, _ = await run(["create", "/sleep 5s slow", "--url", srv.url])
+        _, out, _ = await run(["create", "/sleep 60s slow", "--url", srv.url])   # cancelled
         slow = json.loads(out)["id"]
 
         async def cancel_soon() -> None:

@@ -6,11 +6,17 @@
     store.faults.on_at("succeeded")           # on when a task moves to that state, so
                                               # its turn ends in the outage, whatever the
                                               # machine's load (no race with a sleep)
+    gate = store.faults.hold_at("succeeded")  # that move waits (a slow commit) until
+    await store.faults.holding.wait()         # the test opens the gate: the task stays
+    gate.set()                                # 'running' as long as the test needs it
 
 The failure is the engine's own exception type raised where the engine raises it (a
 write batch, a read), so the store's classification, health and the doors' 503 are
 what a real outage gets. Used where a real fault (a tmpfs, a cluster restart) cannot be
-staged, and to make the timing of a fault deterministic.
+staged, and to make the timing of a fault deterministic. A hold is a commit that takes
+as long as the test wants: the task's move waits at the gate (its final deltas ride in
+that commit, so a reader sees the stream stay open, silent, until the gate opens);
+nothing is refused.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import anyio
 import psycopg
 
 from acp_server.store.postgres import PostgresTaskStore
@@ -35,6 +42,15 @@ class Faults:
         self.refused_writes = 0   # batches refused while on
         self.refused_reads = 0
         self.armed_for: str | None = None
+        self.held_at: str | None = None
+        self.gate: anyio.Event | None = None
+        self.holding: anyio.Event | None = None
+
+    def hold_at(self, state: str) -> anyio.Event:
+        """Every ``transition`` to ``state`` waits until the returned gate is set;
+        ``holding`` is set once one waits there (call from the test's event loop)."""
+        self.held_at, self.gate, self.holding = state, anyio.Event(), anyio.Event()
+        return self.gate
 
     def on(self) -> None:
         self.active = True
@@ -61,6 +77,10 @@ class _Faulty:
         if self.faults.armed_for == to_state:
             self.faults.armed_for = None
             self.faults.on()
+        if self.faults.held_at == to_state and self.faults.gate is not None:
+            assert self.faults.holding is not None
+            self.faults.holding.set()
+            await self.faults.gate.wait()
         return await super().transition(  # type: ignore[misc]
             task_id, from_states, to_state, finish, now=now)
 
