@@ -112,9 +112,13 @@ async def test_a_permission_asked_while_down(tmp_path: Path) -> None:
             spawn_adapter(f"http://127.0.0.1:{relay.port}/acp") as adapter:
         sid = await start(adapter, srv)
         await adapter.send({"jsonrpc": "2.0", "id": "turn", "method": "session/prompt",
-                            "params": {"sessionId": sid, "prompt": text("/sleep 1s /permission go")}})
-        await adapter.until(echo_of("/sleep 1s /permission go"))
+                            "params": {"sessionId": sid, "prompt": text("/sleep 5s /permission go")}})
+        await adapter.until(echo_of("/sleep 5s /permission go"))
+        # the cut comes at once; the ask only after the agent's 5 s (with 1 s a loaded
+        # machine could let the ask through, answered, before the cut: the wait timed out)
+        assert srv.bridge.permissions.pending_count == 0
         await cut_until(relay, lambda: srv.bridge.permissions.pending_count == 1)
+        assert adapter.asked == []   # asked while the link was down
         done = await adapter.response("turn", timeout=60)
         assert done["result"]["stopReason"] == "end_turn"
         assert [m["method"] for m in adapter.asked] == ["session/request_permission"]
