@@ -286,8 +286,7 @@ class GuardPolicy:
             if found is MISS:
                 return LOOKUP, allowed
             if found is not None:   # a stored token's principal (see _offered_token)
-                client = scope.get("client")
-                scope[CALLER_KEY] = gate.caller(found, client[0] if client else None)  # type: ignore[arg-type]
+                self._admit_as(scope, found)  # type: ignore[arg-type]
                 return None, allowed
             return self._local(scope), allowed
         if self._exempt(scope):
@@ -309,8 +308,7 @@ class GuardPolicy:
                     break   # no credential needed: the store's answer can wait
                 return STORE_UNAVAILABLE, origin
             if found is not None:
-                client = scope.get("client")
-                scope[CALLER_KEY] = gate.caller(found, client[0] if client else None)
+                self._admit_as(scope, found)
                 return None, origin
             refused = credential
         if not gate.authenticator.required:   # none needed, none of those is a token
@@ -410,9 +408,14 @@ class GuardPolicy:
         if found is None:
             self._failed(scope, _bearer(authorization))
             return UNAUTHORIZED
-        client = scope.get("client")
-        scope[CALLER_KEY] = self.gate.caller(found, client[0] if client else None)  # type: ignore[arg-type,union-attr]
+        self._admit_as(scope, found)  # type: ignore[arg-type]
         return None
+
+    def _admit_as(self, scope: Any, principal: Principal) -> None:
+        """The request is ``principal``'s: its ``Caller`` (with the client's address)."""
+        client = scope.get("client")
+        scope[CALLER_KEY] = self.gate.caller(  # type: ignore[union-attr]
+            principal, client[0] if client else None)
 
     def _credentials(self, scope: Any) -> list[bytes]:
         """Every credential the request offers: the bearer, then a WebSocket's."""
