@@ -66,6 +66,7 @@ from bridge.errors import (
     SessionNotFoundError,
     WorkspaceMismatchError,
 )
+from bridge.events import Event
 from bridge.history import session_history
 from bridge.journal import MemoryJournal, SessionJournal, storable
 from bridge.jsonrpc import RESOURCE_NOT_FOUND
@@ -75,9 +76,10 @@ from bridge.permissions import PermissionMediator
 from bridge.journaling import Journaling
 from bridge.presence import PresenceAPI
 from bridge.prompts import PromptsAPI
-from bridge.restore import restore_sessions
+from bridge.restore import replay_closed, reseed_closed, restore_sessions
 from bridge.session import QueueWaitStats, Session
 from bridge.status import BridgeStats, SessionInfo, SessionStatus
+from bridge.transcript import TRANSCRIPT_META, transcript
 
 log = logging.getLogger("bridge")
 
@@ -352,23 +354,39 @@ class Bridge(Journaling, PromptsAPI, PresenceAPI, AgentCallsAPI, BranchingAPI):
         if session_id in self._sessions:   # restored by another call while the agent started
             return await self._restore(method, session_id, cwd, agent, capability, owner)
         offered = self.agents.capability(name, *capability)
-        if offered is None or offered is False:
-            raise NotSupportedError(f"The agent does not support {method}")
+        # a closed session the journal keeps, read before the agent's load (a load it
+        # refuses resets the id's events)
+        kept = await self.journal.read(session_id)
+        if session_id in self._sessions:   # restored by another call meanwhile
+            return await self._restore(method, session_id, cwd, agent, capability, owner)
         try:
+            if offered is None or offered is False:
+                raise NotSupportedError(f"The agent does not support {method}")
             session = await self._spawn(method, name, restore_id=session_id, owner=owner)
-        except AgentError as exc:   # the agent does not know it: the caller's 404
-            if exc.rpc_code == RESOURCE_NOT_FOUND:
+        except (AgentError, NotSupportedError) as exc:
+            if isinstance(exc, AgentError) and exc.rpc_code != RESOURCE_NOT_FOUND:
+                raise
+            if session_id in self._sessions:   # loaded by another call meanwhile
+                return await self._restore(method, session_id, cwd, agent, capability,
+                                           owner)
+            # a closed session the journal keeps: a new agent session, seeded
+            reseeded = await reseed_closed(self, name, kept, owner)
+            if reseeded is None:   # else the agent does not know it: the caller's 404
+                if isinstance(exc, NotSupportedError):
+                    raise
                 raise SessionNotFoundError(session_id) from None
-            raise
+            session = reseeded
         return self._info(session, attached=False, with_history=with_history)
 
     async def _spawn(self, method: str, agent_name: str, *, requested_id: str | None = None,
                      restore_id: str | None = None, fork_of: str | None = None,
                      origin: str | None = None, scope: str = "thread",
-                     owner: str | None = None) -> Session:
+                     owner: str | None = None, seeded: list[Event] | None = None) -> Session:
         """Make a session on the agent. Its slot (``bridge.capacity``) is taken first,
         with no await before, and goes to the session once it is registered; a spawn
-        that fails, times out or whose caller gives up releases it."""
+        that fails, times out or whose caller gives up releases it. ``seeded``: a
+        closed session's journaled events (``restore.reseed_closed``): the new session
+        gets their transcript, and their conversation as its first events."""
         self.capacity.take(agent_name)
         self._in_flight_spawns += 1
         registered = False
@@ -379,6 +397,8 @@ class Bridge(Journaling, PromptsAPI, PresenceAPI, AgentCallsAPI, BranchingAPI):
                 params["sessionId"] = restore_id or fork_of
             if requested_id is not None:
                 params["_meta"] = {REQUESTED_SESSION_ID_META: requested_id}
+                if seeded is not None:
+                    params["_meta"][TRANSCRIPT_META] = transcript(seeded)
             if restore_id is not None:
                 # Register first: session/load replays history as session/update.
                 session = await self._new_session(restore_id, agent, agent_name, origin=origin,
@@ -419,7 +439,9 @@ class Bridge(Journaling, PromptsAPI, PresenceAPI, AgentCallsAPI, BranchingAPI):
             registered = True
             session.forked_from = fork_of
             session.agent_result = result
-            await self._record_session(session, scope)
+            if seeded is not None:
+                replay_closed(session, seeded)
+            await self._record_session(session, scope, loaded=seeded is not None)
             return session
         finally:
             self._in_flight_spawns -= 1

@@ -179,6 +179,12 @@ class SessionJournal(Protocol):
         ``JournalUnavailableError`` when the journal cannot answer."""
         ...
 
+    async def read(self, session_id: str) -> RestoredSession | None:
+        """One session as the journal keeps it, live or closed (``closed_at``), or
+        ``None``: what a cold load of a closed session its agent no longer knows is
+        seeded from. Raises ``JournalUnavailableError`` when the journal cannot answer."""
+        ...
+
     async def aclose(self) -> None: ...
 
 
@@ -203,6 +209,9 @@ class MemoryJournal:
         return 0
 
     async def owner_of(self, session_id: str) -> str | None:
+        return None
+
+    async def read(self, session_id: str) -> RestoredSession | None:
         return None
 
     async def aclose(self) -> None:

@@ -52,6 +52,11 @@ For each journaled session that was not closed, in creation order:
 
 A closed session's prompt terminals are kept for a later cold load. A failure to
 restore one session is logged and never stops the start.
+
+A closed session the journal keeps (agent death, idle timeout), loaded again when its
+agent cannot load it, is seeded the same way (``reseed_closed``): a fresh
+``session/new`` under its id with the transcript, its conversation published again
+as the new life's first events.
 """
 
 from __future__ import annotations
@@ -67,8 +72,10 @@ from bridge.errors import (
     AgentError,
     BridgeError,
     ServerRestartedError,
+    SessionIdNotHonoredError,
     SessionLimitExceededError,
 )
+from bridge.events import Event
 from bridge.ids import uuid4_str
 from bridge.journal import RestoredSession
 from bridge.session import QUEUED, Session
@@ -165,6 +172,41 @@ async def restore_session(bridge: Bridge, found: RestoredSession) -> Session:
 
 
 _restore_one = restore_session   # the name it had
+
+
+async def reseed_closed(bridge: Bridge, agent_name: str, found: RestoredSession | None,
+                        owner: str | None) -> Session | None:
+    """A cold load (or resume) of a closed session the journal keeps (idle timeout,
+    agent death) that its agent cannot load (it does not offer ``session/load``, or no
+    longer knows the session: an agent that kept it in memory and died): a fresh
+    ``session/new`` under its id seeded with its transcript, as at a restart. It is a
+    new life of the id, like a load (a new epoch, ids from 1), whose first events are
+    the closed life's ``session_update``s published again, as an agent's own load
+    replays its conversation: ``/load`` and readers get the history. ``None`` when the
+    journal keeps no closed session of that id on ``agent_name`` (another agent never
+    takes a conversation over), or the agent makes its new session under another id
+    (logged): the caller's 404. ``found``: the id's journal, read before the agent's
+    load was tried (a refused load resets the id's events)."""
+    if found is None or found.closed_at is None or found.record.agent != agent_name \
+            or found.record.session_id in bridge._sessions:
+        return None
+    session_id = found.record.session_id
+    try:
+        return await bridge._spawn("session/new", agent_name, requested_id=session_id,
+                                   owner=found.record.owner or owner, seeded=found.events)
+    except SessionIdNotHonoredError:
+        log.warning("session %s: its agent %r made the reseeded session under another id",
+                    session_id, agent_name)
+        return None
+
+
+def replay_closed(session: Session, events: list[Event]) -> None:
+    """The closed life's conversation (its ``session_update`` events, in order) as the
+    new life's first events (``reseed_closed``)."""
+    for event in events:
+        if event.type == ev.SESSION_UPDATE:
+            session.bus.publish(ev.SESSION_UPDATE, event.data, prompt_id=event.prompt_id,
+                                originator_client_id=event.originator_client_id)
 
 
 def missing_text(agent: str) -> str:

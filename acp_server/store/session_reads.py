@@ -235,9 +235,11 @@ class SessionReads:
     async def read(self, session_id: str, *, only: Sequence[str] | None = None
                    ) -> RestoredSession | None:
         """One session as the journal has it (live or closed), taking no lease: what
-        an instance that does not run it serves its reads from. ``only`` (event types,
-        for a status): of its events only the newest and those of these types are
-        read, not its ring."""
+        an instance that does not run it serves its reads from, and what a cold load
+        of a closed session its agent no longer knows is seeded from. ``only`` (event
+        types, for a status): of its events only the newest and those of these types
+        are read, not its ring. ``JournalUnavailableError`` when the store cannot
+        answer."""
         sql = self._sql
 
         def read(conn: Any) -> RestoredSession | None:
@@ -257,7 +259,10 @@ class SessionReads:
             session.events = [asked[i] for i in sorted(asked)]  # type: ignore[type-var]
             return session
 
-        return await self.store._read(read)
+        try:
+            return await self.store._read(read)
+        except StoreUnavailableError as exc:
+            raise JournalUnavailableError(exc.reason) from exc
 
     async def read_after(self, session_id: str, after: int, limit: int = 512
                          ) -> tuple[SessionOpened | None, bool, list[tuple[int, bytes]]]:

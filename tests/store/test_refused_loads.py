@@ -49,13 +49,19 @@ class RefusingLoads(ScriptedAgent):
         raise AgentError(RESOURCE_NOT_FOUND, "Session not found")
 
 
-async def refused_load_with_prompt(bridge: Bridge, agent: RefusingLoads, sid: str) -> None:
+async def refused_load_with_prompt(bridge: Bridge, agent: RefusingLoads, sid: str, *,
+                                   reseeded: bool = False) -> None:
     """Load ``sid``; while the agent has not answered, admit a prompt and wait for its
     row to be committed (its acknowledgement waits for the load's answer too); then
-    the agent refuses the load (the prompt fails)."""
+    the agent refuses the load (the prompt fails). ``reseeded``: ``sid`` is a closed
+    session the journal keeps, so the load goes on as a new agent session seeded from
+    it (``bridge.restore.reseed_closed``) instead of failing."""
     agent.answer = anyio.Event()
     async with anyio.create_task_group() as tg:
         async def load() -> None:
+            if reseeded:
+                await bridge.load_session(sid)
+                return
             with pytest.raises(SessionNotFoundError):
                 await bridge.load_session(sid)
 
@@ -86,7 +92,7 @@ async def test_refused_loads_leave_no_prompt_rows(tmp_path: Path, store_name: st
                 await bridge.close_session(closed, reason="idle_timeout")   # kept, closed
                 for n in range(4):
                     await refused_load_with_prompt(bridge, agent, f"retried-{n % 2}")
-                await refused_load_with_prompt(bridge, agent, closed)
+                await refused_load_with_prompt(bridge, agent, closed, reseeded=True)
                 await journal.wait(journal.appended)
                 rows = await store._read(_prompt_rows)
                 counted = set(journal._untrimmed)   # settle counts kept in memory

@@ -1,0 +1,216 @@
+"""A closed session the journal keeps, loaded again when its agent cannot load it
+(``bridge.restore.reseed_closed``), over a real SQLite or PostgreSQL store.
+
+An agent that keeps its sessions in memory forgets them when it dies: before, a cold
+``load`` of a session closed by its agent's death (or an idle timeout) was a 404 for
+good, though the journal kept the whole conversation. Now the server makes a fresh
+``session/new`` under the same id, seeded with the journal's transcript, as it does at
+a restart; the new life (a new epoch, ids from 1) starts with the closed life's
+conversation published again, as an agent's own ``session/load`` replays it.
+
+* The agent refuses the load (it does not know the session) or does not offer
+  ``session/load`` at all: reseeded, prompt terminals kept, the new life journaled.
+* Not reseeded (404 as before): a session deleted (``client_close``: its journal is
+  gone), an id the journal never had, a closed session of another agent.
+* Through a real ``acp-server serve`` with the reference agent over stdio: ``/crash``
+  kills it mid-turn, the server is killed too, and after the restart ``/load`` brings
+  the session back and the agent's ``/history`` has the conversation.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import httpx
+import msgspec
+import pytest
+
+from acp_server.store.sessions import StoreSessionJournal
+from bridge import Bridge
+from bridge.errors import NotSupportedError, SessionNotFoundError
+from tests.bridge.helpers import text
+from tests.acp_http.wsclient import ws_connect
+from tests.harness import ServeProcess
+from tests.store.test_journal_isolation import _store
+from tests.store.test_reloads import ReplayingAgent
+from tests.store.test_session_restart import _flags, _prompt, read_events
+
+pytestmark = pytest.mark.anyio
+
+
+def _said(events: list[Any]) -> list[tuple[str, str]]:
+    out = []
+    for event in events:
+        if event.type != "session_update":
+            continue
+        data = event.data
+        if isinstance(data, msgspec.Raw):
+            data = msgspec.json.decode(data)
+        update = data["update"]
+        out.append((update["sessionUpdate"], update["content"]["text"]))
+    return out
+
+
+class NoLoadAgent(ReplayingAgent):
+    """An agent that does not offer ``session/load`` at all."""
+
+    async def request(self, method: str, params: Any) -> Any:
+        answer = await super().request(method, params)
+        if method == "initialize":
+            answer["agentCapabilities"]["loadSession"] = False
+        return answer
+
+
+@pytest.mark.parametrize("offers_load", [True, False], ids=["refused", "not-offered"])
+async def test_a_closed_session_its_agent_forgot_is_reseeded(
+        tmp_path: Path, store_name: str, offers_load: bool) -> None:
+    store, _ = _store(tmp_path, store_name)
+    agent = ReplayingAgent() if offers_load else NoLoadAgent()
+    agent.refuse = True   # it does not know the session any more
+    async with store:
+        async with StoreSessionJournal(store) as journal:
+            async with Bridge(agent, workspace_cwd=str(tmp_path), journal=journal) as bridge:
+                made = await bridge.create_session()
+                sid = made.session_id
+                first = bridge.send_prompt(sid, text("apricot"))
+                await first.result()
+                await bridge.close_session(sid, reason="idle_timeout")   # kept, closed
+                await journal.wait(journal.appended)
+                kept = await journal.read(sid)
+                assert kept is not None and kept.closed_at is not None
+                before = _said(kept.events)
+                assert before == [("user_message_chunk", "apricot"),
+                                  ("agent_message_chunk", "apricot")]
+                agent.calls.clear()
+                loaded = await bridge.load_session(sid)
+                history = loaded.history
+                assert history is not None
+                assert _said(history.compacted_replay) == before
+                assert [t.prompt_id for t in history.prompt_terminals] == [first.prompt_id]
+                assert loaded.event_epoch != made.event_epoch
+                [(method, params)] = [c for c in agent.calls if c[0] == "session/new"]
+                assert params["_meta"]["acp-server/requestedSessionId"] == sid
+                assert params["_meta"]["acp-server/transcript"] == [
+                    {"role": "user", "text": "apricot"}, {"role": "agent", "text": "apricot"}]
+                await bridge.send_prompt(sid, text("plum")).result()
+                await journal.wait(journal.appended)
+                live = _said(bridge.get_session(sid).bus.ring_events())
+        async with StoreSessionJournal(store) as journal:
+            [found] = await journal.restore()
+    assert found.closed_at is None and found.record.epoch == loaded.event_epoch
+    assert _said(found.events) == live == before + [("user_message_chunk", "plum"),
+                                                    ("agent_message_chunk", "plum")]
+
+
+async def test_what_the_journal_does_not_keep_is_not_reseeded(tmp_path: Path,
+                                                              store_name: str) -> None:
+    store, _ = _store(tmp_path, store_name)
+    agent, other = ReplayingAgent(), NoLoadAgent()
+    other.name = "other"
+    agent.refuse = other.refuse = True
+    async with store:
+        async with StoreSessionJournal(store) as journal:
+            async with Bridge(agent, workspace_cwd=str(tmp_path), journal=journal,
+                              agents={"other": other}) as bridge:
+                deleted = (await bridge.create_session()).session_id
+                await bridge.send_prompt(deleted, text("gone")).result()
+                await bridge.close_session(deleted)   # client_close: the journal goes
+                closed = (await bridge.create_session()).session_id
+                await bridge.send_prompt(closed, text("kept")).result()
+                await bridge.close_session(closed, reason="idle_timeout")
+                await journal.wait(journal.appended)
+                with pytest.raises(SessionNotFoundError):
+                    await bridge.load_session(deleted)
+                with pytest.raises(SessionNotFoundError):
+                    await bridge.load_session("never-made")
+                # another agent never takes the closed session's conversation over
+                with pytest.raises(NotSupportedError):
+                    await bridge.load_session(closed, agent="other")
+                assert not [c for c in other.calls if c[0] == "session/new"]
+                assert not bridge.has_session(closed)
+                await bridge.load_session(closed)   # its own agent: reseeded
+                assert bridge.has_session(closed)
+
+
+async def _acp_load(base_url: str, sid: str, cwd: str) -> tuple[list[str], str]:
+    """``session/load`` over ``/acp`` (WebSocket), then a ``/history`` prompt on the
+    same connection (its end closes the sessions it loaded): the texts the load
+    streamed, and the prompt's reply."""
+    async with ws_connect(base_url, "/acp") as ws:
+        await ws.send_json({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                            "params": {"protocolVersion": 1}})
+        await ws.receive_json()
+        await ws.send_json({"jsonrpc": "2.0", "id": 1, "method": "session/load", "params": {
+            "sessionId": sid, "cwd": cwd, "mcpServers": []}})
+        said: list[list[str]] = [[], []]
+        turn = 0
+        while True:
+            message = await ws.receive_json()
+            if message.get("id") in (1, 2):
+                assert "result" in message, message
+                if message["id"] == 2:
+                    return said[0], "".join(said[1][1:])   # after its own echo
+                turn = 1
+                await ws.send_json({"jsonrpc": "2.0", "id": 2, "method": "session/prompt",
+                                    "params": {"sessionId": sid, "prompt": [
+                                        {"type": "text", "text": "/history"}]}})
+            elif message.get("method") == "session/update":
+                said[turn].append(message["params"]["update"]["content"]["text"])
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])   # a client; the server is a process
+@pytest.mark.parametrize("door", ["rest", "acp"])
+async def test_a_stdio_agent_that_died_and_a_restart_lose_no_conversation(
+        tmp_path: Path, store_name: str, door: str) -> None:
+    agent = f"{sys.executable} -m bridge.agents.reference"
+    child = ServeProcess(tmp_path, *_flags(tmp_path, store_name), "--agent", agent)
+    try:
+        await anyio.to_thread.run_sync(child.start)
+        async with httpx.AsyncClient(base_url=child.base_url, timeout=20) as client:
+            sid = (await client.post("/session", json={"sessionScope": "thread"})
+                   ).json()["sessionId"]
+            done = await client.post(f"/session/{sid}/prompt", json=_prompt("apricot"))
+            crash = await client.post(f"/session/{sid}/prompt", json=_prompt("/crash"))
+            assert (done.status_code, crash.status_code) == (202, 202)
+            with anyio.fail_after(20):   # the agent died, and the session with it
+                while (await client.get(f"/session/{sid}/status")).status_code != 404:
+                    await anyio.sleep(0.02)
+            gone = await client.post(f"/session/{sid}/prompt", json=_prompt("hello?"))
+            assert gone.status_code == 404
+        child.kill()   # the closed session is the journal's alone now
+        await anyio.to_thread.run_sync(child.start)
+        async with httpx.AsyncClient(base_url=child.base_url, timeout=20) as client:
+            if door == "acp":
+                said, reply = await _acp_load(child.base_url, sid, str(tmp_path))
+            else:
+                loaded = await client.post(f"/session/{sid}/load", json={})
+                assert loaded.status_code == 200, loaded.text
+                body = loaded.json()
+                said = [e["data"]["update"]["content"]["text"]
+                        for e in body["compactedReplay"] if e["type"] == "session_update"]
+                assert [t["terminal"] for t in body["promptTerminals"]] == [
+                    "completed", "failed"]
+                reply = await _rest_history(client, sid)
+            # the conversation, as sent: /acp streams the chunks, REST compacts them
+            assert "".join(said).startswith("apricotEcho: apricot/crash"), said
+    finally:
+        await anyio.to_thread.run_sync(child.stop)
+    # the agent's new session was seeded with it
+    assert reply.splitlines()[:3] == ["History:", "user: apricot", "assistant: Echo: apricot"]
+
+
+async def _rest_history(client: httpx.AsyncClient, sid: str) -> str:
+    asked = await client.post(f"/session/{sid}/prompt", json=_prompt("/history"))
+    assert asked.status_code == 202, asked.text
+    pid = asked.json()["promptId"]
+    seen = await read_events(client, sid, lambda e: e.get("promptId") == pid
+                             and e["type"] in ("turn_complete", "turn_error"),
+                             last_event_id=asked.json()["lastEventId"])
+    assert seen[-1]["type"] == "turn_complete", seen[-1]
+    return "".join(e["data"]["update"]["content"]["text"] for e in seen
+                   if e["type"] == "session_update" and e.get("promptId") == pid
+                   and e["data"]["update"]["sessionUpdate"] == "agent_message_chunk")
