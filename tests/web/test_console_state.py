@@ -93,6 +93,42 @@ def test_a_deleted_session_says_it_ended_and_offers_the_list(console: Console, p
     expect(page.get_by_test_id("back-to-list")).to_be_visible()
 
 
+def test_a_session_whose_agent_died_is_loaded_again_on_request(console: Console,
+                                                                page: Page) -> None:
+    """The agent dies mid-turn: the page says so and offers "Load it again", which
+    loads the session (the agent started again, with the conversation) and goes on."""
+    sid = console.session()
+    assert console.prompt(sid, "before it died").status_code == 202
+    page.goto(console.url(f"/#/session/{sid}"))
+    transcript = page.get_by_test_id("transcript")
+    expect(transcript.get_by_test_id("msg-agent")).to_have_text("AgentEcho: before it died")
+    page.get_by_test_id("prompt-input").fill("/crash")
+    page.get_by_test_id("send-prompt").click()
+    banner = page.get_by_test_id("session-banner")
+    expect(banner).to_contain_text("This session has ended: its agent died")
+    expect(page.get_by_test_id("stream-state")).to_have_text("ended")
+    expect(page.get_by_test_id("prompt-input")).to_be_disabled()
+    page.get_by_test_id("load-again").click()
+    expect(page.get_by_test_id("stream-state")).to_have_text("live")
+    expect(banner).to_be_hidden()
+    expect(transcript.get_by_test_id("msg-agent").first).to_have_text(
+        "AgentEcho: before it died")
+    page.get_by_test_id("prompt-input").fill("/history")
+    page.get_by_test_id("send-prompt").click()
+    expect(transcript).to_contain_text("user: before it died")
+    assert page.page_errors == []  # type: ignore[attr-defined]
+    console.client.delete(f"/session/{sid}")
+
+
+def test_a_deleted_session_offers_no_load(console: Console, page: Page) -> None:
+    sid = console.session()
+    page.goto(console.url(f"/#/session/{sid}"))
+    expect(page.get_by_test_id("stream-state")).to_have_text("live")
+    console.client.delete(f"/session/{sid}")
+    expect(page.get_by_test_id("session-banner")).to_contain_text("This session has ended")
+    expect(page.get_by_test_id("load-again")).to_have_count(0)
+
+
 def test_an_empty_task_is_refused_in_the_form_and_tasks_show_their_input(console: Console,
                                                                           page: Page) -> None:
     page.goto(console.url("/#/tasks"))

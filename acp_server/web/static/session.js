@@ -12,7 +12,8 @@
 // Drop buttons). When the server ends the session (shutdown) or the stream finds it
 // gone (404), the page tries POST /session/{id}/load until the server answers: loaded,
 // the transcript is replayed and the page goes on; not found, the page says plainly
-// that the session ended and offers the list. "Cancel running" is enabled only while
+// that the session ended and offers the list. A session whose agent died (or that was
+// closed, not deleted) says so and offers "Load it again" (the same load). "Cancel running" is enabled only while
 // a prompt runs, and says what it did.
 
 import { follow, request } from "./api.js";
@@ -103,10 +104,23 @@ export function mount(root, [sessionId], ctx) {
     clear(refusal);
   }
 
-  function say(text, { ended: over = false } = {}) {
-    clear(banner, text, over ? [" ", h("a", { href: "#/", testid: "back-to-list" }, "Back to the sessions")] : null);
+  function say(text, { ended: over = false, again = false } = {}) {
+    clear(banner, text,
+      again ? [" ", h("button", { testid: "load-again", onclick: () => loadAgain() }, "Load it again")] : null,
+      over ? [" ", h("a", { href: "#/", testid: "back-to-list" }, "Back to the sessions")] : null);
     banner.hidden = false;
     banner.classList.toggle("ended", over);
+  }
+
+  // A session that ended but that the server keeps (its agent died, or it was idle):
+  // loaded again on request (the agent restarted, seeded with the conversation).
+  function loadAgain() {
+    ended = false;
+    input.disabled = !mayPrompt;
+    state.textContent = "loading";
+    state.className = "badge reconnecting";
+    say("Loading the session again…");
+    reload();
   }
 
   // Nothing stale while the server cannot be heard: no counts, no buttons that act.
@@ -122,10 +136,10 @@ export function mount(root, [sessionId], ctx) {
     if (text) say(text);
   }
 
-  function endSession(text) {
+  function endSession(text, { again = false } = {}) {
     ended = true;
     disconnected(null);
-    say(text, { ended: true });
+    say(text, { ended: true, again: again && mayPrompt });
     input.disabled = true;
     state.textContent = "ended";
     state.className = "badge ended";
@@ -275,7 +289,8 @@ export function mount(root, [sessionId], ctx) {
     if (type === "session_closed" || type === "session_died") {
       const why = type === "session_died" ? `its agent died (${(data && (data.message || data.reason)) || "no reason given"})`
         : `it was closed (${(data && data.reason) || "closed"})`;
-      endSession(`This session has ended: ${why}.`);
+      // deleted (client_close): nothing is kept to load; else the server keeps it
+      endSession(`This session has ended: ${why}.`, { again: !(data && data.reason === "client_close") });
       return "stop";
     }
     return undefined;
