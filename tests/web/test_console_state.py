@@ -91,6 +91,7 @@ def test_a_deleted_session_says_it_ended_and_offers_the_list(console: Console, p
     expect(banner).to_contain_text("This session has ended")
     expect(banner).not_to_contain_text("do not outlive")   # they do, on the default journal
     expect(page.get_by_test_id("back-to-list")).to_be_visible()
+    expect(page.get_by_test_id("load-again")).to_have_count(0)   # nothing kept to load
 
 
 def test_a_session_whose_agent_died_is_loaded_again_on_request(console: Console,
@@ -118,15 +119,6 @@ def test_a_session_whose_agent_died_is_loaded_again_on_request(console: Console,
     expect(transcript).to_contain_text("user: before it died")
     assert page.page_errors == []  # type: ignore[attr-defined]
     console.client.delete(f"/session/{sid}")
-
-
-def test_a_deleted_session_offers_no_load(console: Console, page: Page) -> None:
-    sid = console.session()
-    page.goto(console.url(f"/#/session/{sid}"))
-    expect(page.get_by_test_id("stream-state")).to_have_text("live")
-    console.client.delete(f"/session/{sid}")
-    expect(page.get_by_test_id("session-banner")).to_contain_text("This session has ended")
-    expect(page.get_by_test_id("load-again")).to_have_count(0)
 
 
 def test_an_empty_task_is_refused_in_the_form_and_tasks_show_their_input(console: Console,
