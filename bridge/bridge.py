@@ -60,7 +60,6 @@ from bridge.errors import (
     AgentDiedError,
     AgentError,
     AgentProtocolError,
-    NotSupportedError,
     SessionClosedError,
     SessionIdNotHonoredError,
     SessionNotFoundError,
@@ -69,14 +68,13 @@ from bridge.errors import (
 from bridge.events import Event
 from bridge.history import session_history
 from bridge.journal import MemoryJournal, SessionJournal, storable
-from bridge.jsonrpc import RESOURCE_NOT_FOUND
 from bridge.observer import NO_OBSERVER, BridgeObserver
 from bridge.options import BridgeOptions
 from bridge.permissions import PermissionMediator
 from bridge.journaling import Journaling
 from bridge.presence import PresenceAPI
 from bridge.prompts import PromptsAPI
-from bridge.restore import replay_closed, reseed_closed, restore_sessions
+from bridge.restore import replay_closed, restore_cold, restore_sessions
 from bridge.session import QueueWaitStats, Session
 from bridge.status import BridgeStats, SessionInfo, SessionStatus
 from bridge.transcript import TRANSCRIPT_META, transcript
@@ -118,6 +116,7 @@ class Bridge(Journaling, PromptsAPI, PresenceAPI, AgentCallsAPI, BranchingAPI):
         self._foreign_dropped = 0
         self._default_session_ids: dict[str, str] = {}   # agent name → its default session
         self._default_spawns: dict[str, anyio.Event] = {}
+        self._restoring: dict[str, anyio.Event] = {}   # cold loads in flight, by id
         # Prompt terminals of closed sessions, for a later cold load (bounded, oldest out).
         self._closed_terminals: dict[str, Any] = {}
         # The principals that made closed sessions (journaled or seen here; bounded,
@@ -344,8 +343,13 @@ class Bridge(Journaling, PromptsAPI, PresenceAPI, AgentCallsAPI, BranchingAPI):
             if live.agent_side is not None:   # restored, or loading: the agent's answer
                 try:                          # (not restorable: the history still is)
                     await live.agent_side()
-                except SessionClosedError:    # that load failed: so does this one
-                    raise SessionNotFoundError(session_id) from None
+                except SessionClosedError:    # that load failed: so does this one,
+                    restoring = self._restoring.get(session_id)
+                    if restoring is None:     # unless it goes on (reseeded): attach then
+                        raise SessionNotFoundError(session_id) from None
+                    await restoring.wait()
+                    return await self._restore(method, session_id, cwd, agent, capability,
+                                               owner)
             return self._info(live, attached=True, with_history=with_history)
         await self.recall_owner(session_id)   # its maker, even forgotten past the bound
         if session_id in self._sessions:     # restored by another call meanwhile
@@ -354,28 +358,19 @@ class Bridge(Journaling, PromptsAPI, PresenceAPI, AgentCallsAPI, BranchingAPI):
         if session_id in self._sessions:   # restored by another call while the agent started
             return await self._restore(method, session_id, cwd, agent, capability, owner)
         offered = self.agents.capability(name, *capability)
-        # a closed session the journal keeps, read before the agent's load (a load it
-        # refuses resets the id's events)
-        kept = await self.journal.read(session_id)
-        if session_id in self._sessions:   # restored by another call meanwhile
+        restoring = self._restoring.get(session_id)
+        if restoring is not None:   # another call restores it: attach to what it made
+            await restoring.wait()
             return await self._restore(method, session_id, cwd, agent, capability, owner)
+        self._restoring[session_id] = done = anyio.Event()
         try:
-            if offered is None or offered is False:
-                raise NotSupportedError(f"The agent does not support {method}")
-            session = await self._spawn(method, name, restore_id=session_id, owner=owner)
-        except (AgentError, NotSupportedError) as exc:
-            if isinstance(exc, AgentError) and exc.rpc_code != RESOURCE_NOT_FOUND:
-                raise
-            if session_id in self._sessions:   # loaded by another call meanwhile
-                return await self._restore(method, session_id, cwd, agent, capability,
-                                           owner)
-            # a closed session the journal keeps: a new agent session, seeded
-            reseeded = await reseed_closed(self, name, kept, owner)
-            if reseeded is None:   # else the agent does not know it: the caller's 404
-                if isinstance(exc, NotSupportedError):
-                    raise
-                raise SessionNotFoundError(session_id) from None
-            session = reseeded
+            session = await restore_cold(self, method, name, session_id, owner,
+                                         offered not in (None, False))
+        finally:
+            del self._restoring[session_id]
+            done.set()
+        if session is None:   # restored by another call meanwhile
+            return await self._restore(method, session_id, cwd, agent, capability, owner)
         return self._info(session, attached=False, with_history=with_history)
 
     async def _spawn(self, method: str, agent_name: str, *, requested_id: str | None = None,

@@ -71,13 +71,16 @@ from bridge import events as ev
 from bridge.errors import (
     AgentError,
     BridgeError,
+    NotSupportedError,
     ServerRestartedError,
     SessionIdNotHonoredError,
     SessionLimitExceededError,
+    SessionNotFoundError,
 )
 from bridge.events import Event
 from bridge.ids import uuid4_str
 from bridge.journal import RestoredSession
+from bridge.jsonrpc import RESOURCE_NOT_FOUND
 from bridge.session import QUEUED, Session
 from bridge.transcript import TRANSCRIPT_META, transcript
 
@@ -172,6 +175,36 @@ async def restore_session(bridge: Bridge, found: RestoredSession) -> Session:
 
 
 _restore_one = restore_session   # the name it had
+
+
+async def restore_cold(bridge: Bridge, method: str, agent_name: str, session_id: str,
+                       owner: str | None, offered: bool) -> Session | None:
+    """A session not live here, restored through its agent's ``method``
+    (``session/load`` or ``session/resume``; ``offered``: the agent offers it), else,
+    when the agent does not know it (or offers no such method) and the journal keeps
+    it closed, reseeded (``reseed_closed``). ``None``: another call made it live
+    meanwhile (the caller attaches). ``SessionNotFoundError`` (the agent does not know
+    it, the journal keeps nothing to seed from), ``NotSupportedError``, or the agent's
+    error."""
+    # read before the agent's load: a load it refuses resets the id's events
+    kept = await bridge.journal.read(session_id)
+    if session_id in bridge._sessions:
+        return None
+    try:
+        if not offered:
+            raise NotSupportedError(f"The agent does not support {method}")
+        return await bridge._spawn(method, agent_name, restore_id=session_id, owner=owner)
+    except (AgentError, NotSupportedError) as exc:
+        if isinstance(exc, AgentError) and exc.rpc_code != RESOURCE_NOT_FOUND:
+            raise
+        if session_id in bridge._sessions:
+            return None
+        reseeded = await reseed_closed(bridge, agent_name, kept, owner)
+        if reseeded is None:   # the agent does not know it: the caller's 404
+            if isinstance(exc, NotSupportedError):
+                raise
+            raise SessionNotFoundError(session_id) from None
+        return reseeded
 
 
 async def reseed_closed(bridge: Bridge, agent_name: str, found: RestoredSession | None,

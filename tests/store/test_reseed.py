@@ -32,10 +32,11 @@ import pytest
 from acp_server.store.sessions import StoreSessionJournal
 from bridge import Bridge
 from bridge.errors import NotSupportedError, SessionNotFoundError
-from tests.bridge.helpers import text
+from tests.bridge.helpers import text, wait_until
 from tests.acp_http.wsclient import ws_connect
 from tests.harness import ServeProcess
 from tests.store.test_journal_isolation import _store
+from tests.store.test_refused_loads import RefusingLoads
 from tests.store.test_reloads import ReplayingAgent
 from tests.store.test_session_restart import _flags, _prompt, read_events
 
@@ -104,6 +105,44 @@ async def test_a_closed_session_its_agent_forgot_is_reseeded(
     assert found.closed_at is None and found.record.epoch == loaded.event_epoch
     assert _said(found.events) == live == before + [("user_message_chunk", "plum"),
                                                     ("agent_message_chunk", "plum")]
+
+
+async def test_concurrent_loads_of_a_forgotten_session_make_one(tmp_path: Path,
+                                                                store_name: str) -> None:
+    """Loads of one id make one session, the others attach to it: so too when the
+    agent refuses the first one's load and it goes on reseeded. A second load arrives
+    while the agent holds the first (it waits on that load), a third once the agent
+    refused it (it waits on the reseed)."""
+    store, _ = _store(tmp_path, store_name)
+    agent = RefusingLoads()
+    async with store:
+        async with StoreSessionJournal(store) as journal:
+            async with Bridge(agent, workspace_cwd=str(tmp_path), journal=journal) as bridge:
+                sid = (await bridge.create_session()).session_id
+                await bridge.send_prompt(sid, text("apricot")).result()
+                await bridge.close_session(sid, reason="idle_timeout")
+                await journal.wait(journal.appended)
+                agent.calls.clear()
+                loaded: list[Any] = []
+                agent.hang_new = anyio.Event()   # the reseed's session/new waits too
+
+                async def load() -> None:
+                    loaded.append(await bridge.load_session(sid))
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(load)
+                    await wait_until(lambda: sid in bridge._sessions)   # the agent's load
+                    tg.start_soon(load)
+                    await wait_until(lambda: bridge._sessions[sid].agent_side is not None)
+                    agent.answer.set()   # refused: the first goes on to reseed
+                    await wait_until(lambda: any(m == "session/new" for m, _ in agent.calls))
+                    tg.start_soon(load)
+                    agent.hang_new.set()
+    assert len(loaded) == 3
+    assert len({info.event_epoch for info in loaded}) == 1
+    assert sorted(info.attached for info in loaded) == [False, True, True]
+    assert [m for m, _ in agent.calls if m in ("session/load", "session/new")] == [
+        "session/load", "session/new"]
 
 
 async def test_what_the_journal_does_not_keep_is_not_reseeded(tmp_path: Path,
