@@ -8,6 +8,7 @@ from typing import Any
 import anyio
 import pytest
 
+from tests.agents.held import HeldAgent
 from tests.lmsp.server import LmspServer, running_lmsp
 from tests.store.faults import faulty
 
@@ -174,18 +175,24 @@ async def test_unknown_task_is_404_everywhere(server: LmspServer) -> None:
 
 
 async def test_runner_bounds_concurrency_and_keeps_creation_order(tmp_path: Path) -> None:
-    async with running_lmsp(tmp_path, max_running_tasks=2) as srv:
-        tasks = [await srv.create("/sleep 200ms t") for _ in range(5)]
-        peak = 0
-        with anyio.fail_after(10):
-            while True:
-                statuses = [(await srv.get(t["id"]))["status"] for t in tasks]
-                peak = max(peak, sum(s in ("loading", "running") for s in statuses))
-                assert srv.service.runner.running <= 2
-                if all(s == "succeeded" for s in statuses):
-                    break
-                await anyio.sleep(0.01)
-        assert peak >= 1
+    # every turn waits in the agent until the test releases it: the cap is reached (two
+    # turns in the agent at once) and not passed (the rest stay queued meanwhile),
+    # whatever the machine's load (200 ms turns could each end before the next began)
+    agent = HeldAgent()
+    async with running_lmsp(tmp_path, max_running_tasks=2, agent_factory=agent) as srv:
+        tasks = [await srv.create(f"t{i}") for i in range(5)]
+        for n in range(5):
+            await agent.arrived(min(n + 2, 5))   # the cap's worth running, or what is left
+            running = [turn for turn in agent.turns if not turn.released]
+            assert agent.in_flight == len(running) == min(2, 5 - n)
+            statuses = [(await srv.get(t["id"]))["status"] for t in tasks]
+            assert statuses[n + 2:] == ["queued"] * len(statuses[n + 2:])
+            running[0].release()
+            await agent.until(lambda: agent.in_flight < len(running))
+        for t in tasks:
+            assert (await srv.wait(t["id"]))["status"] == "succeeded"
+        assert agent.peak == 2
+        assert [turn.text for turn in agent.turns] == [f"t{i}" for i in range(5)]
         starts = []
         for t in tasks:
             record = await srv.service.store.get_task(t["id"])
