@@ -10,7 +10,6 @@ import pytest
 
 from tests.agents.held import HeldAgent
 from tests.lmsp.server import LmspServer, running_lmsp
-from tests.store.faults import faulty
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("store_name")]
 
@@ -95,20 +94,20 @@ async def test_agent_crash_fails_the_task(server: LmspServer) -> None:
     assert again["status"] == "succeeded"
 
 
-async def test_state_walk_queued_loading_running(tmp_path: Path, store_name: str) -> None:
-    # the move to 'succeeded' waits at a gate the test opens once a poll saw 'running'
-    # (a 300 ms turn could be over between two polls on a loaded machine)
-    store = faulty(tmp_path)
-    async with running_lmsp(tmp_path, store=store) as server:
-        gate = store.faults.hold_at("succeeded")
-        task = await server.create("/sleep 300ms slow")
+async def test_state_walk_queued_loading_running(tmp_path: Path) -> None:
+    # the turn waits in the agent until a poll saw 'running' (committed FLUSH_S after
+    # the prompt went out, while the turn is still in the agent): a timed turn could be
+    # over before that commit or between two polls on a loaded machine
+    agent = HeldAgent()
+    async with running_lmsp(tmp_path, agent_factory=agent) as server:
+        task = await server.create("slow")
         seen = {task["status"]}
-        with anyio.fail_after(10):
+        with anyio.fail_after(30):
             while True:
                 status = (await server.get(task["id"]))["status"]
                 seen.add(status)
-                if status == "running":
-                    gate.set()
+                if status == "running" and agent.turns:
+                    agent.turns[0].release()
                 if status == "succeeded":
                     break
                 await anyio.sleep(0.005)
