@@ -81,7 +81,7 @@ async def test_cancel_mid_turn(server: RunningAcpServer) -> None:
             response = await server.post(conn_id, request(None, "session/cancel",
                                                           {"sessionId": sid}), sid)
             assert response.status_code == 202
-            reply = await session_stream.wait_for_id(2, timeout=3)
+            reply = await session_stream.wait_for_id(2, timeout=30)
             assert reply["result"]["stopReason"] == "cancelled"
             # ... or as a request, answered on the session stream.
             response = await server.post(conn_id, request(3, "session/cancel",

@@ -171,7 +171,7 @@ async def test_idle_reaper_spares_busy_and_watched_sessions(tmp_path):
 async def test_reaper_task_runs(tmp_path):
     async with open_bridge(tmp_path, session_idle_timeout_ms=20, session_reap_interval_ms=10) as (bridge, agent):
         sid = (await bridge.create_session()).session_id
-        await wait_until(lambda: not bridge.sessions(), timeout=3)
+        await wait_until(lambda: not bridge.sessions(), timeout=30)
         with pytest.raises(SessionNotFoundError):
             bridge.get_session(sid)
 

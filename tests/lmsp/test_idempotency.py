@@ -68,7 +68,7 @@ async def test_twenty_concurrent_identical_posts_make_one_task(tmp_path: Path) -
         assert len({a[1] for a in answers}) == 1
         assert sorted(a[2] or "" for a in answers) == [""] + ["true"] * 19
         task_id = answers[0][1]
-        frames = await srv.events(task_id, limit=1, timeout=3)
+        frames = await srv.events(task_id, limit=1, timeout=30)
         assert frames[0][1] == "response.created"
         events = await srv.service.store.read_events(task_id, -1, 100)
         assert [e.type for e in events] == ["response.created"]
