@@ -192,7 +192,7 @@ def _talk_then_terminate(child: ServeProcess, tmp_path: Path, *, state: str) -> 
         assert client.get("/health").json() == {"status": "ok"}
         sid = client.post("/session", json={}).json()["sessionId"]
         response = client.post(f"/session/{sid}/prompt",
-                               json={"prompt": [{"type": "text", "text": "/sleep 2s held"}]})
+                               json={"prompt": [{"type": "text", "text": "/sleep 60s held"}]})
         assert response.status_code == 202
     assert child.stop(timeout=10) == 0   # SIGTERM drains, exit 0
 

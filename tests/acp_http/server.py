@@ -72,7 +72,7 @@ class Sse:
         return [data for _id, data in self.frames]
 
     async def wait_for(self, match: Callable[[dict[str, Any]], bool],
-                       timeout: float = 5.0) -> dict[str, Any]:
+                       timeout: float = 30.0) -> dict[str, Any]:
         with anyio.fail_after(timeout):
             seen = 0
             while True:
@@ -84,11 +84,11 @@ class Sse:
                     raise AssertionError(f"stream ended; frames: {self.messages}")
                 await self._changed.wait()
 
-    async def wait_for_id(self, rpc_id: Any, timeout: float = 5.0) -> dict[str, Any]:
+    async def wait_for_id(self, rpc_id: Any, timeout: float = 30.0) -> dict[str, Any]:
         return await self.wait_for(lambda m: m.get("id") == rpc_id and "method" not in m,
                                    timeout)
 
-    async def wait_for_end(self, timeout: float = 5.0) -> None:
+    async def wait_for_end(self, timeout: float = 30.0) -> None:
         with anyio.fail_after(timeout):
             while not self.ended:
                 await self._changed.wait()

@@ -29,7 +29,7 @@ async def _settled(srv: RunningAcpServer, sid: str) -> None:
     """The permission request is cancelled and the session the connection made is
     closed."""
     await wait_until(lambda: not srv.bridge.permissions.pending_count
-                     and not srv.bridge.has_session(sid), timeout=3)
+                     and not srv.bridge.has_session(sid), timeout=30)
 
 
 async def _streams_gone(srv: RunningAcpServer, clock: FakeClock, conn_id: str) -> None:

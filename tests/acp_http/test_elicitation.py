@@ -118,10 +118,10 @@ async def test_the_console_stream_shows_it(tmp_path: Path) -> None:
         answered = await srv.client.post(f"/session/{sid}/prompt", json={
             "prompt": text("/elicit form")})
         assert answered.status_code == 202
-        with anyio.fail_after(5):
+        with anyio.fail_after(30):
             while not srv.bridge.elicitations.pending_count:
                 await anyio.sleep(0.01)
-        with anyio.fail_after(5):   # published once journaled
+        with anyio.fail_after(30):   # published once journaled
             while not (events := [e for e in srv.bridge.get_session(sid).bus.ring_events()
                                   if e.type == "elicitation_request"]):
                 await anyio.sleep(0.01)

@@ -51,7 +51,7 @@ async def test_sse_framing_retry_and_heartbeat(tmp_path) -> None:
         async with srv.client.stream("GET", "/acp", headers=headers) as response:
             assert response.status_code == 200
             assert response.headers["content-type"] == "text/event-stream"
-            with anyio.fail_after(3):
+            with anyio.fail_after(30):
                 async for chunk in response.aiter_bytes():
                     received += chunk
                     if received.count(b": hb\n") >= 2:

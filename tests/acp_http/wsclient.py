@@ -81,7 +81,7 @@ class WsClient:
     async def send_json(self, value: Any) -> None:
         await self.send_text(json.dumps(value))
 
-    async def receive_text(self, timeout: float = 5.0) -> str:
+    async def receive_text(self, timeout: float = 30.0) -> str:
         with anyio.fail_after(timeout):
             while not self._inbox:
                 if self.close_code is not None:
@@ -89,17 +89,17 @@ class WsClient:
                 await self._pump()
             return self._inbox.popleft()
 
-    async def receive_json(self, timeout: float = 5.0) -> Any:
+    async def receive_json(self, timeout: float = 30.0) -> Any:
         return json.loads(await self.receive_text(timeout))
 
-    async def wait_for(self, match: Any, timeout: float = 5.0) -> dict[str, Any]:
+    async def wait_for(self, match: Any, timeout: float = 30.0) -> dict[str, Any]:
         with anyio.fail_after(timeout):
             while True:
                 message = await self.receive_json(timeout)
                 if match(message):
                     return message  # type: ignore[no-any-return]
 
-    async def wait_closed(self, timeout: float = 5.0) -> int:
+    async def wait_closed(self, timeout: float = 30.0) -> int:
         with anyio.fail_after(timeout):
             while self.close_code is None:
                 try:
@@ -126,7 +126,7 @@ async def ws_connect(base_url: str, path: str = "/acp", *, headers: dict[str, st
         await stream.send(ws.send(Request(host=parts.netloc, target=path, extra_headers=extra,
                                           subprotocols=subprotocols or [])))
         client = WsClient(stream, ws)
-        with anyio.fail_after(5):
+        with anyio.fail_after(30):
             while not client.headers and client.subprotocol is None:
                 await client._pump()
         try:

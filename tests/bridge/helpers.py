@@ -17,7 +17,9 @@ async def open_bridge(workspace: Any, **options: Any) -> AsyncIterator[tuple[Bri
         yield bridge, agent
 
 
-async def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+async def wait_until(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
+    """Until ``predicate()`` holds; ``timeout`` only bounds a hang (a loaded machine
+    may not run this process for seconds)."""
     with anyio.fail_after(timeout):
         while not predicate():
             await anyio.sleep(0.001)

@@ -59,9 +59,9 @@ async def test_cancel_closes_the_upstream_stream(tmp_path):
             await wait_until(lambda: len(state.requests) == 1)
             await anyio.sleep(0.25)
             await bridge.cancel_session(sid)
-            with anyio.fail_after(2):
+            with anyio.fail_after(30):
                 assert (await ticket).stop_reason == "cancelled"
-            await wait_until(lambda: state.closed_early == 1, timeout=3)
+            await wait_until(lambda: state.closed_early == 1, timeout=30)
             assert state.finished == 0
 
 

@@ -71,7 +71,7 @@ async def test_cancel_of_an_agent_that_ignores_it_is_bounded(tmp_path):
         await wait_until(lambda: bridge.get_session(sid).active is not None)
         await anyio.sleep(0.01)
         await bridge.cancel_session(sid)
-        with anyio.fail_after(2):
+        with anyio.fail_after(30):
             assert (await ticket).stop_reason == "cancelled"
         assert (await bridge.send_prompt(sid, text("ok"))).stop_reason == "end_turn"
 
@@ -82,7 +82,7 @@ async def test_deadline_while_running_and_while_queued(tmp_path):
         sub = bridge.subscribe(sid)
         running = bridge.send_prompt(sid, text("stubborn r"), deadline_ms=100)
         queued = bridge.send_prompt(sid, text("ok"), deadline_ms=50)
-        with anyio.fail_after(3):
+        with anyio.fail_after(30):
             with pytest.raises(PromptDeadlineExceededError) as info:
                 await queued
             assert info.value.deadline_ms == 50

@@ -28,7 +28,7 @@ async def connected(
     client: FakeClient, factory: ReferenceAgentFactory | None = None
 ) -> AsyncIterator[AgentConnection]:
     # The task group must be able to exit once the connection is closed.
-    with anyio.fail_after(5):
+    with anyio.fail_after(30):
         async with anyio.create_task_group() as tg:
             conn = await (factory or ReferenceAgentFactory()).connect(client, tg)
             assert isinstance(conn, AgentConnection) and not conn.closed
@@ -262,12 +262,15 @@ async def test_cancel_interrupts_sleep() -> None:
         results: list[dict] = []
 
         async def run() -> None:
-            results.append(await conn.request("session/prompt", prompt(sid, "/sleep 10s late")))
+            results.append(await conn.request("session/prompt", prompt(sid, "/sleep 120s late")))
 
-        with anyio.fail_after(5):   # a hang guard: the cancel ends the 10 s sleep
+        with anyio.fail_after(30):   # a hang guard: the cancel ends the 120 s sleep
             async with anyio.create_task_group() as tg:
                 tg.start_soon(run)
-                await anyio.sleep(0.05)
+                # the cancel once the turn began (a cancel before it is ignored: on a
+                # loaded machine a fixed 50 ms wait could end before the turn started)
+                while sid not in conn._agent._turns:  # type: ignore[attr-defined]
+                    await anyio.sleep(0.005)
                 await conn.notify("session/cancel", {"sessionId": sid})
         assert results == [{"stopReason": "cancelled"}]
         assert client.chunks(sid) == []

@@ -115,12 +115,16 @@ async def test_cancel_interrupts_sleep(anyio_backend: str) -> None:
         results: list[Any] = []
 
         async def run() -> None:
-            results.append(await conn.request("session/prompt", prompt(sid, "/sleep 10s")))
+            results.append(await conn.request("session/prompt", prompt(sid, "/sleep 120s")))
 
-        with anyio.fail_after(5):   # a hang guard: the cancel ends the 10 s sleep
+        with anyio.fail_after(30):   # a hang guard: the cancel ends the 120 s sleep
             async with anyio.create_task_group() as tg:
                 tg.start_soon(run)
-                await anyio.sleep(0.05)
+                # the cancel once the prompt is on its way (it then holds the write lock
+                # or has written: the agent reads the prompt first), not after a fixed
+                # 50 ms a loaded machine could spend before the prompt was sent
+                while not conn._requests._waiting:  # type: ignore[attr-defined]
+                    await anyio.sleep(0.005)
                 await conn.notify("session/cancel", {"sessionId": sid})
         assert results == [{"stopReason": "cancelled"}]
 
@@ -244,7 +248,7 @@ async def test_aclose_kills_a_child_ignoring_eof_and_sigterm() -> None:
     """
     client = FakeClient()
     async with spawned(client, script_command(child), shutdown_grace_s=0.2) as conn:
-        with anyio.fail_after(5):
+        with anyio.fail_after(30):
             while not client.updates:
                 await anyio.sleep(0.01)
         pending: list[BaseException] = []

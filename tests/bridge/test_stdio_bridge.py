@@ -74,7 +74,7 @@ async def test_cancel_mid_turn_over_stdio(tmp_path):
         await wait_until(lambda: (active := bridge.get_session(sid).active) is not None
                          and active.run_scope is not None)   # session/prompt is being sent
         await bridge.cancel_session(sid)
-        with anyio.fail_after(5):
+        with anyio.fail_after(30):
             assert (await ticket).stop_reason == "cancelled"
             assert (await queued).stop_reason == "end_turn"
 

@@ -13,6 +13,7 @@ import pytest
 
 from bridge.wire import envelope
 from tests.acp_http.server import RunningAcpServer, running_acp_server
+from tests.agents.held import HeldAgent
 from tests.connect.harness import Adapter, TcpRelay, port_of, spawn_adapter, tcp_relay
 from tests.harness import ServeProcess
 
@@ -54,14 +55,6 @@ def restart_behind(relay: TcpRelay, child: ServeProcess) -> None:
     relay.refusing = False
 
 
-async def cut_until(relay: TcpRelay, condition: Any) -> None:
-    """Drop every connection and refuse new ones until ``condition`` holds."""
-    relay.refusing = True
-    relay.cut()
-    await until(condition)
-    relay.refusing = False
-
-
 def echo_of(value: str) -> Any:
     return lambda m: m.get("method") == "session/update" \
         and m["params"]["update"].get("content", {}).get("text") == value \
@@ -77,7 +70,11 @@ def check_once(adapter: Adapter, srv: RunningAcpServer, sid: str, prompts: int) 
 
 @pytest.mark.parametrize("transport", ["websocket", "http"])
 async def test_a_cut_mid_turn(tmp_path: Path, transport: str, anyio_backend: str) -> None:
-    async with running_acp_server(tmp_path) as srv, tcp_relay(port_of(srv.base_url)) as relay, \
+    # the turn waits in the agent until the link is cut: it runs, and ends, while no
+    # link is up, whatever the machine's load (a 2 s turn could be over before the cut)
+    agent = HeldAgent(hold=lambda said: said.endswith("across the cut"))
+    async with running_acp_server(tmp_path, agent_factory=agent) as srv, \
+            tcp_relay(port_of(srv.base_url)) as relay, \
             spawn_adapter(f"http://127.0.0.1:{relay.port}/acp", "--transport", transport,
                           "--verbose") as adapter:
         sid = await start(adapter, srv)
@@ -86,10 +83,17 @@ async def test_a_cut_mid_turn(tmp_path: Path, transport: str, anyio_backend: str
         assert first["result"]["stopReason"] == "end_turn"
         await adapter.send({"jsonrpc": "2.0", "id": "turn", "method": "session/prompt",
                             "params": {"sessionId": sid,
-                                       "prompt": text("/sleep 2s /chunks 7 across the cut")}})
-        await adapter.until(echo_of("/sleep 2s /chunks 7 across the cut"))
+                                       "prompt": text("/chunks 7 across the cut")}})
+        await adapter.until(echo_of("/chunks 7 across the cut"))
+        turn = await agent.arrived(1)
         # the turn goes on on the server while nothing gets through
-        await cut_until(relay, lambda: not srv.bridge.get_session(sid).pending)
+        relay.refusing = True
+        relay.cut()
+        links = relay.connections
+        turn.release()
+        await until(lambda: not srv.bridge.get_session(sid).pending)
+        assert relay.connections == links   # no link was up while the turn ran
+        relay.refusing = False
         done = await adapter.response("turn", timeout=60)
         assert done["result"] == {"stopReason": "end_turn"}
         said = adapter.texts("agent_message_chunk", sid)
@@ -108,16 +112,26 @@ async def test_a_cut_mid_turn(tmp_path: Path, transport: str, anyio_backend: str
 
 
 async def test_a_permission_asked_while_down(tmp_path: Path) -> None:
-    async with running_acp_server(tmp_path) as srv, tcp_relay(port_of(srv.base_url)) as relay, \
+    # the turn waits in the agent until the link is cut, so its ask comes while it is
+    # down, whatever the machine's load (a 1 s, then 5 s, wait before the ask raced
+    # the cut: the ask could get through, answered, first)
+    agent = HeldAgent(hold=lambda said: said.endswith("go"))
+    async with running_acp_server(tmp_path, agent_factory=agent) as srv, \
+            tcp_relay(port_of(srv.base_url)) as relay, \
             spawn_adapter(f"http://127.0.0.1:{relay.port}/acp") as adapter:
         sid = await start(adapter, srv)
         await adapter.send({"jsonrpc": "2.0", "id": "turn", "method": "session/prompt",
-                            "params": {"sessionId": sid, "prompt": text("/sleep 5s /permission go")}})
-        await adapter.until(echo_of("/sleep 5s /permission go"))
-        # the cut comes at once; the ask only after the agent's 5 s (with 1 s a loaded
-        # machine could let the ask through, answered, before the cut: the wait timed out)
+                            "params": {"sessionId": sid, "prompt": text("/permission go")}})
+        await adapter.until(echo_of("/permission go"))
+        turn = await agent.arrived(1)
         assert srv.bridge.permissions.pending_count == 0
-        await cut_until(relay, lambda: srv.bridge.permissions.pending_count == 1)
+        relay.refusing = True
+        relay.cut()
+        links = relay.connections
+        turn.release()
+        await until(lambda: srv.bridge.permissions.pending_count == 1)
+        assert relay.connections == links   # asked while no link was up
+        relay.refusing = False
         assert adapter.asked == []   # asked while the link was down
         done = await adapter.response("turn", timeout=60)
         assert done["result"]["stopReason"] == "end_turn"

@@ -83,7 +83,7 @@ async def _serve_uvicorn(tg: anyio.abc.TaskGroup, app: Any,
     server = uvicorn.Server(config)
     server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
     tg.start_soon(server.serve)
-    with anyio.fail_after(5):
+    with anyio.fail_after(30):   # a hang bound: a loaded machine starts slowly
         while not server.started:
             await anyio.sleep(0.005)
     port = server.servers[0].sockets[0].getsockname()[1]

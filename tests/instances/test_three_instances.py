@@ -38,6 +38,7 @@ import httpx
 import psycopg
 import pytest
 
+from tests.agents.gated import gated_agent
 from tests.bridge.helpers import wait_until
 from tests.harness import ServeProcess
 from tests.harness.haproxy import SKIP, HAProxy, haproxy_binary
@@ -68,6 +69,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str,
                 "--session-lease-ttl-ms", str(TTL_MS), "--session-lease-renew-ms",
                 str(RENEW_MS), "--session-on-restart", "continue",
                 "--max-pending-prompts-per-session", str(LIMIT),
+                "--agent", f"gated={gated_agent(tmp)}",
                 state_dir=f"state-{name}").start())
         yield tmp, url, children
     finally:
@@ -514,9 +516,12 @@ def test_kill_9_of_the_owner_while_a_client_streams_and_prompts(
             httpx.Client(base_url=lb.base_url, timeout=20) as client, \
             psycopg.connect(url, autocommit=True) as db:
         lb.wait_up(3)
-        made = client.post("/session", json={"sessionScope": "thread"})
+        # the fixture agent: its 'gate' turn runs until the test creates the file, after
+        # the kill (a timed turn could end before the kill on a loaded machine)
+        made = client.post("/session", json={"sessionScope": "thread", "agent": "gated"})
         sid = made.json()["sessionId"]
         epoch = made.json()["eventEpoch"]
+        gate = tmp / "gate-kill-9"
         ids = {_instance_of(c): c for c in children}
         victim = ids[_owner(db, sid)]
         reader = Reader(lb.base_url, sid, httpx.Client(
@@ -525,17 +530,18 @@ def test_kill_9_of_the_owner_while_a_client_streams_and_prompts(
         reader.start()
         accepted = [client.post(f"/session/{sid}/prompt", json=_prompt("/chunks 3 one"))]
         _wait(lambda: reader.saw("turn_complete", accepted[0].json()["promptId"]))
-        accepted.append(client.post(f"/session/{sid}/prompt",
-                                    json=_prompt("/sleep 2s /chunks 3 interrupted")))
+        accepted.append(client.post(f"/session/{sid}/prompt", json=_prompt(f"gate {gate}")))
         running = accepted[1].json()["promptId"]
         _wait(lambda: reader.saw("pending_prompt_started", running)
               or reader.saw("session_update", running))
         before = len(reader.ids())
+        assert not reader.saw("turn_complete", running)   # running at the kill
         victim.kill()   # SIGKILL: no drain, no lease release
         killed_at = time.monotonic()
         accepted.append(_post_until_accepted(client, f"/session/{sid}/prompt",
                                              _prompt("/chunks 3 after the kill")))
         assert accepted[-1].status_code == 202, accepted[-1].text
+        gate.touch()   # the interrupted turn, continued by the new owner, may end
         first_after = _wait(lambda: len(reader.ids()) > before and time.monotonic())
         pids = [a.json()["promptId"] for a in accepted]
         _wait(lambda: all(reader.saw("turn_complete", p) for p in pids), timeout=60)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,8 +11,9 @@ import anyio
 import httpx
 import pytest
 
-from tests.lmsp.server import envelope
+from tests.agents.gated import gated_agent
 from tests.harness import ServeProcess
+from tests.lmsp.server import envelope
 
 pytestmark = pytest.mark.anyio
 
@@ -27,23 +27,13 @@ class Process:
     def __init__(self, tmp_path: Path, max_running: int) -> None:
         child = ServeProcess(tmp_path, "--store", f"sqlite:///{tmp_path / 'lmsp.db'}",
                              "--max-running-tasks", str(max_running),
-                             "--agent", f"gated={_gated_agent(tmp_path)}",
+                             "--agent", f"gated={gated_agent(tmp_path)}",
                              "--agent", "reference").start()
         self.proc, self.url = child.process, child.base_url
 
     def kill(self) -> None:
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(10)
-
-
-def _gated_agent(folder: Path) -> Path:
-    """The fixture agent (``tests.agents.fixture_agent``): a ``gate <file>`` prompt
-    ends only once ``<file>`` exists, so a turn lasts until the test says."""
-    script = folder / "gated-agent"
-    script.write_text(f"#!/bin/sh\nexec {sys.executable} -m tests.agents.fixture_agent "
-                      "--name gated\n")
-    script.chmod(0o755)
-    return script
 
 
 @pytest.fixture

@@ -10,8 +10,8 @@ import pytest
 from httpx_sse import aconnect_sse
 
 from acp_server.lmsp import LmspConfig
+from tests.agents.held import HeldAgent
 from tests.lmsp.server import FakeClock, LmspServer, running_lmsp
-from tests.store.faults import faulty
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("store_name")]
 
@@ -36,15 +36,15 @@ async def test_raw_framing(server: LmspServer) -> None:
 
 
 async def test_late_subscriber_gets_everything_then_live(tmp_path: Path) -> None:
-    # The task's final commit waits at a gate the test opens once the subscriber read
-    # the replayed head: the task is running when it joins and its end arrives live,
-    # however loaded the machine (a 300 ms turn polled for 'running' could be over
-    # before a poll saw it: the wait timed out).
-    store = faulty(tmp_path)
+    # The turn waits in the agent until the subscriber read the replayed head: the task
+    # is running when it joins (its 'running' commit comes FLUSH_S after the prompt
+    # while the turn is in the agent) and its deltas and end arrive live, however loaded
+    # the machine (a 300 ms turn could be over before a poll saw 'running', or before
+    # that commit: it then went loading -> succeeded at once).
+    agent = HeldAgent()
     frames: list[tuple[str, str, dict]] = []
-    async with running_lmsp(tmp_path, store=store) as server:
-        gate = store.faults.hold_at("succeeded")
-        task = await server.create("/sleep 300ms /chunks 40 " + "word " * 60)
+    async with running_lmsp(tmp_path, agent_factory=agent) as server:
+        task = await server.create("/chunks 40 " + "word " * 60)
         await server.wait(task["id"], {"running"})
 
         async def subscribe() -> None:
@@ -60,8 +60,9 @@ async def test_late_subscriber_gets_everything_then_live(tmp_path: Path) -> None
             with anyio.fail_after(10):
                 while not frames:   # the head, replayed
                     await anyio.sleep(0.01)
-            assert frames[-1][1] != "response.completed"   # not over yet: the rest is live
-            gate.set()
+            # the head only (the turn has not begun): the deltas and the end come live
+            assert {f[1] for f in frames} <= {"response.created", "response.in_progress"}
+            (await agent.arrived(1)).release()
     _check_numbering(frames)
     types = [f[1] for f in frames]
     assert types[0] == "response.created" and types[-1] == "response.completed"

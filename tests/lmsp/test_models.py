@@ -89,7 +89,7 @@ async def test_cancel_while_loading(tmp_path: Path) -> None:
         parsed = parse_task_envelope(body)
         record, _ = await service.create_task(parsed.request, on_restart="fail",
                                               key=None, route="t", caller=LOCAL_CALLER)
-        with anyio.fail_after(5):
+        with anyio.fail_after(30):
             while (await service.get_task(record.id)).status != "loading":
                 await anyio.sleep(0.01)
         cancelling = await service.cancel(record.id)

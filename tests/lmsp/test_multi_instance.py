@@ -132,11 +132,11 @@ async def test_cancel_on_b_stops_the_task_on_a(tmp_path: Path, shared_url: str,
                                                instances: list[Instance]) -> None:
     a = start(instances, shared_url, tmp_path / "a", max_running=2)
     b = start(instances, shared_url, tmp_path / "b", max_running=0)
-    task = (await a.client.post("/lmsp/v1/tasks", json=envelope("/sleep 20s long"))).json()
+    task = (await a.client.post("/lmsp/v1/tasks", json=envelope("/sleep 120s long"))).json()
     await wait_status(b.client, task["id"], {"running"})
     response = await b.client.post(f"/lmsp/v1/tasks/{task['id']}/cancel")
     assert response.status_code == 200 and response.json()["status"] == "cancelling"
-    done = await wait_status(b.client, task["id"], FINAL, timeout=15)   # not the 20 s prompt
+    done = await wait_status(b.client, task["id"], FINAL, timeout=60)   # not the 120 s prompt
     assert done["status"] == "cancelled"
     check_log(await stream(b.client, task["id"]), "response.cancelled")
 

@@ -8,15 +8,18 @@ from pathlib import Path
 import pytest
 
 from acp_server.lmsp import LmspConfig
+from tests.agents.held import HeldAgent
 from tests.lmsp.server import running_lmsp
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("store_name")]
 
 
 async def test_policies_after_restart(tmp_path: Path) -> None:
-    async with running_lmsp(tmp_path, max_running_tasks=2) as srv:
-        fail = await srv.create("/sleep 10s a", on_restart="fail")
-        retry = await srv.create("/sleep 10s b", on_restart="retry")
+    # the turns wait in the agent (never released): still running when the service
+    # stops, whatever the machine's load (no clock to race)
+    async with running_lmsp(tmp_path, max_running_tasks=2, agent_factory=HeldAgent()) as srv:
+        fail = await srv.create("a", on_restart="fail")
+        retry = await srv.create("b", on_restart="retry")
         queued = await srv.create("c")
         for task in (fail, retry):
             await srv.wait(task["id"], {"running"})
@@ -41,10 +44,13 @@ async def test_policies_after_restart(tmp_path: Path) -> None:
 
 async def test_retry_is_capped(tmp_path: Path) -> None:
     config = LmspConfig(max_attempts=2)
-    async with running_lmsp(tmp_path, max_running_tasks=1, config=config) as srv:
-        task = await srv.create("/sleep 10s r", on_restart="retry")
+    # each attempt waits in the agent (never released) until the service stops
+    async with running_lmsp(tmp_path, max_running_tasks=1, config=config,
+                            agent_factory=HeldAgent()) as srv:
+        task = await srv.create("r", on_restart="retry")
         await srv.wait(task["id"], {"running"})
-    async with running_lmsp(tmp_path, max_running_tasks=1, config=config) as srv:
+    async with running_lmsp(tmp_path, max_running_tasks=1, config=config,
+                            agent_factory=HeldAgent()) as srv:
         await srv.wait(task["id"], {"running"})   # attempt 2
     async with running_lmsp(tmp_path, max_running_tasks=1, config=config) as srv:
         done = await srv.get(task["id"])

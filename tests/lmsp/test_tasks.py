@@ -8,8 +8,8 @@ from typing import Any
 import anyio
 import pytest
 
+from tests.agents.held import HeldAgent
 from tests.lmsp.server import LmspServer, running_lmsp
-from tests.store.faults import faulty
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("store_name")]
 
@@ -94,20 +94,20 @@ async def test_agent_crash_fails_the_task(server: LmspServer) -> None:
     assert again["status"] == "succeeded"
 
 
-async def test_state_walk_queued_loading_running(tmp_path: Path, store_name: str) -> None:
-    # the move to 'succeeded' waits at a gate the test opens once a poll saw 'running'
-    # (a 300 ms turn could be over between two polls on a loaded machine)
-    store = faulty(tmp_path)
-    async with running_lmsp(tmp_path, store=store) as server:
-        gate = store.faults.hold_at("succeeded")
-        task = await server.create("/sleep 300ms slow")
+async def test_state_walk_queued_loading_running(tmp_path: Path) -> None:
+    # the turn waits in the agent until a poll saw 'running' (committed FLUSH_S after
+    # the prompt went out, while the turn is still in the agent): a timed turn could be
+    # over before that commit or between two polls on a loaded machine
+    agent = HeldAgent()
+    async with running_lmsp(tmp_path, agent_factory=agent) as server:
+        task = await server.create("slow")
         seen = {task["status"]}
-        with anyio.fail_after(10):
+        with anyio.fail_after(30):
             while True:
                 status = (await server.get(task["id"]))["status"]
                 seen.add(status)
-                if status == "running":
-                    gate.set()
+                if status == "running" and agent.turns:
+                    agent.turns[0].release()
                 if status == "succeeded":
                     break
                 await anyio.sleep(0.005)
@@ -139,7 +139,7 @@ async def test_cancel_running_goes_through_cancelling(server: LmspServer) -> Non
     assert response.json()["status"] in ("cancelling", "cancelled")
     twice = await server.client.post(f"/lmsp/v1/tasks/{task['id']}/cancel")
     assert twice.status_code == 200
-    done = await server.wait(task["id"], timeout=5)
+    done = await server.wait(task["id"], timeout=30)
     assert done["status"] == "cancelled"
     frames = await server.events(task["id"])
     assert [f[1] for f in frames] == ["response.created", "response.in_progress",
@@ -174,18 +174,24 @@ async def test_unknown_task_is_404_everywhere(server: LmspServer) -> None:
 
 
 async def test_runner_bounds_concurrency_and_keeps_creation_order(tmp_path: Path) -> None:
-    async with running_lmsp(tmp_path, max_running_tasks=2) as srv:
-        tasks = [await srv.create("/sleep 200ms t") for _ in range(5)]
-        peak = 0
-        with anyio.fail_after(10):
-            while True:
-                statuses = [(await srv.get(t["id"]))["status"] for t in tasks]
-                peak = max(peak, sum(s in ("loading", "running") for s in statuses))
-                assert srv.service.runner.running <= 2
-                if all(s == "succeeded" for s in statuses):
-                    break
-                await anyio.sleep(0.01)
-        assert peak >= 1
+    # every turn waits in the agent until the test releases it: the cap is reached (two
+    # turns in the agent at once) and not passed (the rest stay queued meanwhile),
+    # whatever the machine's load (200 ms turns could each end before the next began)
+    agent = HeldAgent()
+    async with running_lmsp(tmp_path, max_running_tasks=2, agent_factory=agent) as srv:
+        tasks = [await srv.create(f"t{i}") for i in range(5)]
+        for n in range(5):
+            await agent.arrived(min(n + 2, 5))   # the cap's worth running, or what is left
+            running = [turn for turn in agent.turns if not turn.released]
+            assert agent.in_flight == len(running) == min(2, 5 - n)
+            statuses = [(await srv.get(t["id"]))["status"] for t in tasks]
+            assert statuses[n + 2:] == ["queued"] * len(statuses[n + 2:])
+            running[0].release()
+            await agent.until(lambda: agent.in_flight < len(running))
+        for t in tasks:
+            assert (await srv.wait(t["id"]))["status"] == "succeeded"
+        assert agent.peak == 2
+        assert [turn.text for turn in agent.turns] == [f"t{i}" for i in range(5)]
         starts = []
         for t in tasks:
             record = await srv.service.store.get_task(t["id"])

@@ -26,7 +26,7 @@ async def _workspace_id(server: RunningServer) -> str:
 
 
 async def _pending(server: RunningServer, sid: str, count: int) -> None:
-    with anyio.fail_after(5):
+    with anyio.fail_after(30):
         while (await server.client.get(f"/session/{sid}/status")).json()["pendingPrompts"] != count:
             await anyio.sleep(0.01)
 

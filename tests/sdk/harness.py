@@ -126,7 +126,8 @@ def closed_port_url() -> str:
     return f"http://127.0.0.1:{port}"
 
 
-async def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+async def wait_until(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
+    """Until ``predicate()`` holds; ``timeout`` only bounds a hang."""
     with anyio.fail_after(timeout):
         while not predicate():
             await anyio.sleep(0.01)

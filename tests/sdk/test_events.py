@@ -11,7 +11,7 @@ import pytest
 
 from acp_server.client import DaemonClient, DaemonEvent, PromptAccepted, StreamCursor
 from bridge import BridgeOptions
-from tests.sdk.harness import Daemon, DropEvents, Recorder, daemon
+from tests.sdk.harness import Daemon, DropEvents, Recorder, daemon, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -77,6 +77,7 @@ async def test_resumes_after_eviction(tmp_path: Path) -> None:
     async with daemon(tmp_path, options=options, session_journal="memory") as srv, \
             DaemonClient(srv.url) as client:
         sid = (await client.create_or_attach_session()).session_id
+        bus = srv.bridge.get_session(sid).bus
         got: list[DaemonEvent] = []
 
         async def consume() -> None:
@@ -84,13 +85,17 @@ async def test_resumes_after_eviction(tmp_path: Path) -> None:
                 async for event in events:
                     got.append(event)
                     if len(got) == 1:   # before the 5 MB echo: the socket fills up
-                        await anyio.sleep(0.5)  # stall: the server's queue overflows
+                        # stall until the server's queue overflowed and it let the
+                        # reader go (a condition, not a 0.5 s sleep a loaded machine
+                        # may spend before the agent wrote anything)
+                        await wait_until(lambda: bus.subscriber_count == 0, timeout=30)
                     if event.type == "turn_complete":
                         return
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(consume)
-            await anyio.sleep(0.1)
+            # the prompt once the reader is attached (it must see the turn live)
+            await wait_until(lambda: bus.subscriber_count == 1, timeout=30)
             # 5 MB: more than the socket buffers take while the reader stalls (a
             # reader that keeps up is not evicted: the bus flow-controls the agent).
             await client.prompt_nonblocking(sid, "/chunks 100 " + "x" * 100 * 50_000)

@@ -99,7 +99,7 @@ async def test_subscription_cancellation_and_stream_end(tmp_path: Path) -> None:
 
             async def cancelled_by_the_caller() -> None:
                 with caller:
-                    await session.prompt("/sleep 5s cancelled by the caller")
+                    await session.prompt("/sleep 60s cancelled by the caller")
 
             tg.start_soon(cancelled_by_the_caller)
             # the caller cancels once the client knows the prompt runs (its 202 and the
@@ -128,7 +128,7 @@ async def test_subscription_cancellation_and_stream_end(tmp_path: Path) -> None:
 
             async def doomed() -> None:
                 try:
-                    await session.prompt("/sleep 5s doomed")
+                    await session.prompt("/sleep 60s doomed")   # cancelled below
                 except DaemonStreamEndedError as exc:
                     outcome.append(exc)
 

@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from acp_server.client.tasks_cli import build_parser, run_tasks, tasks_command
+from tests.agents.held import HeldAgent
 from tests.sdk.harness import Daemon, DropEvents, closed_port_url, lmsp_daemon
-from tests.store.faults import faulty
 
 pytestmark = pytest.mark.anyio
 
@@ -55,17 +55,16 @@ async def test_watch_streams_the_text_and_the_status_only_moves_forward(tmp_path
             writes.append(text)
             return super().write(text)
 
-    # the task's move to 'succeeded' waits at a gate the test opens once the watch
-    # printed 'running' (a 300 ms turn could be over before a poll saw it running:
-    # the poll never ended)
-    store = faulty(tmp_path)
-    async with lmsp_daemon(tmp_path, lmsp_store=store) as srv:
-        gate = store.faults.hold_at("succeeded")
-        _, out, _ = await run(["create", "/sleep 300ms /chunks 6 one two three four five six",
+    # the turn waits in the agent until the watch printed 'running' (a 300 ms turn
+    # could be over before a poll saw it running, or before the 'running' commit,
+    # FLUSH_S after the prompt: the poll never ended)
+    agent = HeldAgent()
+    async with lmsp_daemon(tmp_path, agent_factory=agent) as srv:
+        _, out, _ = await run(["create", "/chunks 6 one two three four five six",
                                "--url", srv.url])
         task_id = json.loads(out)["id"]
         async with httpx.AsyncClient(base_url=srv.url) as http:
-            with anyio.fail_after(10):
+            with anyio.fail_after(30):
                 while (await http.get(f"/lmsp/v1/tasks/{task_id}")).json()["status"] != "running":
                     await anyio.sleep(0.01)   # a condition: watch starts on a running task
         err = io.StringIO()
@@ -77,10 +76,10 @@ async def test_watch_streams_the_text_and_the_status_only_moves_forward(tmp_path
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(watch)
-            with anyio.fail_after(10):
+            with anyio.fail_after(30):
                 while "  running" not in err.getvalue():
                     await anyio.sleep(0.01)
-            gate.set()
+            (await agent.arrived(1)).release()
         [code] = codes
     assert code == 0
     assert "".join(writes) == "Echo: one two three four five six\n" and len(writes) >= 6

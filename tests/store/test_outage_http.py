@@ -4,6 +4,7 @@ says down, nothing acknowledged is lost, work resumes by itself."""
 
 from __future__ import annotations
 
+import json
 import logging
 import sqlite3
 from pathlib import Path
@@ -11,10 +12,12 @@ from pathlib import Path
 import anyio
 import psycopg
 import pytest
+from httpx_sse import aconnect_sse
 
 from acp_server.acp_http.errors import to_rpc_error
 from acp_server.rest.errors import describe
 from acp_server.store.errors import StoreUnavailableError
+from tests.agents.held import HeldAgent
 from tests.lmsp.server import envelope, running_lmsp
 from tests.store.faults import faulty
 
@@ -87,25 +90,39 @@ async def test_queued_work_starts_by_itself_when_the_store_is_back(tmp_path: Pat
 
 
 async def test_an_event_stream_waits_out_the_outage(tmp_path: Path) -> None:
-    store = faulty(tmp_path)
-    async with running_lmsp(tmp_path, store=store) as server:
+    # the turn waits in the agent until the stream is open (its first frame read): a
+    # 300 ms turn could reach the outage first on a loaded machine (the stream's open
+    # then answered 503)
+    store, agent = faulty(tmp_path), HeldAgent()
+    async with running_lmsp(tmp_path, store=store, agent_factory=agent) as server:
         store.faults.on_at("succeeded")   # the turn ends while the store is down
-        task = await server.create("/sleep 300ms streamed")
+        task = await server.create("streamed")
         async with anyio.create_task_group() as tg:
-            frames: list[object] = []
+            frames: list[tuple[str, str, object]] = []
+            opened = anyio.Event()
 
             async def read() -> None:
-                frames.extend(await server.events(task["id"], timeout=20))
+                path = f"/lmsp/v1/tasks/{task['id']}/events"
+                with anyio.fail_after(30):
+                    async with aconnect_sse(server.client, "GET", path) as source:
+                        assert source.response.status_code == 200
+                        async for sse in source.aiter_sse():
+                            if sse.data:
+                                frames.append((sse.id, sse.event, json.loads(sse.data)))
+                                opened.set()
 
             tg.start_soon(read)
+            with anyio.fail_after(30):
+                await opened.wait()
+            (await agent.arrived(1)).release()
             await _until(lambda: store.faults.active)
             refused = store.faults.refused_reads + store.faults.refused_writes
             await _until(lambda: store.faults.refused_writes + store.faults.refused_reads
                          > refused + 2)
             store.faults.off()
-        kinds = [event for _, event, _ in frames]  # type: ignore[misc]
+        kinds = [event for _, event, _ in frames]
         assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
-        numbers = [int(i) for i, _, _ in frames]  # type: ignore[misc]
+        numbers = [int(i) for i, _, _ in frames]
         assert numbers == list(range(len(numbers)))   # no gap, no duplicate
 
 
