@@ -62,7 +62,7 @@ log = logging.getLogger("acp_server.connect")
 CONNECT_TIMEOUT_S = 10.0
 INITIALIZE_TIMEOUT_S = 60.0     # the server starts its agent on the first initialize
 STREAM_READ_TIMEOUT_S = 45.0    # three SSE heartbeats (15 s each)
-PING_INTERVAL_S = 15.0          # WebSocket keep-alive: a dead peer is found within 30 s
+PING_INTERVAL_S = 15.0          # WebSocket keep-alive: a dead peer is found within 35 s
 POST_RETRIES = 5
 INCOMING = 256
 
@@ -149,7 +149,9 @@ class WebSocketLink:
 
     async def keep_alive(self, interval_s: float) -> None:
         """Ping every ``interval_s``; the peer is gone when a pong has not come within
-        ``interval_s`` of the consumer waiting in ``receive``. Time the consumer spends
+        ``interval_s`` of the consumer waiting in ``receive``, at two looks a quarter
+        interval apart (the process may not have run its reader for a while on a busy
+        machine: the second look sees what it read meanwhile). Time the consumer spends
         elsewhere (writing to an editor that does not read) does not count: frames wait
         unread then, the pong behind them, and the link is not dead for that."""
         while not self.closed:
@@ -160,6 +162,7 @@ class WebSocketLink:
                 return
             self.pings += 1
             sent = anyio.current_time()
+            late = False   # past the deadline at the last look
             while not pong.is_set():
                 with anyio.move_on_after(interval_s / 4):
                     await pong.wait()
@@ -168,13 +171,19 @@ class WebSocketLink:
                     continue
                 if since is None:
                     self.excused += 1
+                    late = False
                     continue
-                if anyio.current_time() - max(since, sent) >= interval_s:
-                    self._dead = (f"no answer to a keep-alive ping within {interval_s:g} s "
-                                  "(the server or the network is gone)")
-                    if self._receive_scope is not None:
-                        self._receive_scope.cancel()
-                    return
+                if anyio.current_time() - max(since, sent) < interval_s:
+                    late = False
+                    continue
+                if not late:   # one more look: a busy machine may not have run the
+                    late = True   # reader yet (what it would read arrived meanwhile)
+                    continue
+                self._dead = (f"no answer to a keep-alive ping within {interval_s:g} s "
+                              "(the server or the network is gone)")
+                if self._receive_scope is not None:
+                    self._receive_scope.cancel()
+                return
 
     async def send(self, payload: bytes, *, session_id: str | None = None) -> None:
         try:

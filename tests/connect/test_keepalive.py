@@ -10,6 +10,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+import trio.testing
 
 from acp_server.connect.link import LinkLost, Target, WebSocketLink, open_link
 from tests.acp_http.server import running_acp_server
@@ -66,3 +67,55 @@ async def test_a_consumer_that_does_not_read_is_not_declared_dead(tmp_path: Path
             chunks = [m for m in got if m.get("method") == "session/update"
                       and m["params"]["update"]["sessionUpdate"] == "agent_message_chunk"]
             assert len(chunks) == 300
+
+
+class _SilentPongs:
+    """A WebSocket stand-in whose pings are never answered; the test hands the reader
+    frames (``frames``)."""
+
+    def __init__(self) -> None:
+        self.frames, self._inbox = anyio.create_memory_object_stream[str](8)
+        self.pinged = anyio.Event()
+
+    async def ping(self) -> anyio.Event:
+        self.pinged.set()
+        return anyio.Event()   # never set
+
+    async def receive_text(self) -> str:
+        return await self._inbox.receive()
+
+    async def close(self, code: int = 1000, reason: str = "") -> None:
+        self._inbox.close()
+
+
+@pytest.mark.parametrize("anyio_backend", [
+    pytest.param(("trio", {"clock": trio.testing.MockClock(autojump_threshold=0)}),
+                 id="trio-mock-clock")])
+async def test_a_frame_read_just_past_the_deadline_is_taken_for_life() -> None:
+    """The keep-alive looks twice past the pong's deadline, a quarter interval apart,
+    before it calls the peer gone: what the reader takes in between (a busy machine
+    had not run it at the first look) shows the link alive. Virtual time (trio's
+    MockClock): nothing here depends on how fast the machine runs."""
+    fake = _SilentPongs()
+    link = WebSocketLink(fake)
+    got: list[bytes] = []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(link.keep_alive, 1.0)
+        await fake.pinged.wait()
+        sent = anyio.current_time()
+
+        async def reader() -> None:
+            with pytest.raises(LinkLost):
+                while True:
+                    got.append(await link.receive())
+
+        tg.start_soon(reader)
+        await anyio.sleep_until(sent + 1.1)   # past the deadline (a look at +1.0)
+        await fake.frames.send("late but alive")
+        await anyio.sleep_until(sent + 1.4)   # the look at +1.25 saw it
+        assert got == [b"late but alive"] and link._dead is None
+        with anyio.fail_after(10):            # silent from then on: found gone
+            while link._dead is None:
+                await anyio.sleep(0.25)
+        tg.cancel_scope.cancel()
+    assert "keep-alive" in (link._dead or "")
