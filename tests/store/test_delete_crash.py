@@ -10,6 +10,9 @@ SIGKILL and started again on the same store::
     DELETE while the commit is held  ->  no answer (PostgreSQL) or 503 store_unavailable
     kill -9, restart                 ->  the session is back, whole (nothing was answered)
     DELETE again, answered 204       ->  kill -9, restart: it stays deleted
+
+and in process, with the fault-injecting store: both doors' deletions (REST, ``/acp``
+``session/close``) refused in their shape while the store is down.
 """
 
 from __future__ import annotations
@@ -24,8 +27,10 @@ import httpx
 import pytest
 
 from acp_server.rest.workspace import workspace_id
-from tests.harness import ServeProcess
+from tests.acp_http.server import request, running_acp_server
+from tests.harness import ServeProcess, local_server
 from tests.lmsp import stores
+from tests.store.faults import faulty
 from tests.store.test_fork_crash import _until
 from tests.store.test_session_restart import _flags, _is, _prompt, read_events
 
@@ -161,3 +166,34 @@ async def test_a_delete_while_sqlite_is_locked_is_503_and_lands_later(tmp_path: 
         assert sid not in await _listed(child)
     finally:
         await anyio.to_thread.run_sync(child.stop)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_a_deletion_while_the_store_is_down_is_refused_in_each_door(
+        tmp_path: Path, store_name: str) -> None:
+    """Both doors' deletions (REST ``DELETE``, ``/acp`` ``session/close``) while the
+    journal cannot commit: 503 ``store_unavailable`` / the JSON-RPC error with
+    ``data.errorKind``, never a success; the removals commit once the store is back, so
+    the next start brings neither session back."""
+    store = faulty(tmp_path)
+    async with running_acp_server(tmp_path, lmsp_store=store) as srv:
+        rest_sid = (await srv.client.post("/session", json={"sessionScope": "thread"})
+                    ).json()["sessionId"]
+        conn_id, _ = await srv.initialize()
+        async with srv.stream(conn_id) as conn_stream:
+            acp_sid = await srv.new_session(conn_id, conn_stream)
+            journal = srv.bridge.journal
+            await journal.wait(journal.appended)   # both sessions committed
+            store.faults.on()
+            refused = await srv.client.delete(f"/session/{rest_sid}")
+            assert refused.status_code == 503, refused.text
+            assert refused.json()["code"] == "store_unavailable"
+            async with srv.stream(conn_id, acp_sid) as session_stream:
+                await srv.post(conn_id, request(4, "session/close", {"sessionId": acp_sid}),
+                               acp_sid)
+                answer = await session_stream.wait_for_id(4)
+            assert answer["error"]["data"]["errorKind"] == "store_unavailable", answer
+            store.faults.off()
+            await journal.wait(journal.appended)   # the removals land once it is back
+    async with local_server(tmp_path, lmsp_store=faulty(tmp_path)) as srv:
+        assert srv.bridge.list_sessions() == []
