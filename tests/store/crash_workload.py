@@ -60,6 +60,7 @@ class Session:
     prompts: list[Prompt] = field(default_factory=list)
     settled: list[str] = field(default_factory=list)   # prompt ids, in the order they ended
     deleted: bool = False
+    killed_at: int = 0          # the last event id its primary reader saw before the kill
 
     def pending(self) -> list[Prompt]:
         return [p for p in self.prompts if p.outcome is None]
@@ -145,9 +146,12 @@ def settled_in(events: list[dict[str, Any]], prompt_id: str) -> bool:
     return any(e["type"] in SETTLING and e.get("promptId") == prompt_id for e in events)
 
 
-def started_in(events: list[dict[str, Any]], prompt: Prompt) -> bool:
+def started_in(events: list[dict[str, Any]], prompt: Prompt, after: int = 0) -> bool:
+    """The prompt's turn started (its echo; a permission prompt: its ask), in an event
+    past id ``after``."""
     marker = "permission_request" if prompt.kind == "perm" else "session_update"
-    return any(e["type"] == marker and e.get("promptId") == prompt.prompt_id for e in events)
+    return any(e["type"] == marker and e.get("promptId") == prompt.prompt_id
+               and (e.get("id") or 0) > after for e in events)
 
 
 def permission_request_id(events: list[dict[str, Any]], prompt_id: str) -> str:
@@ -159,8 +163,9 @@ def permission_request_id(events: list[dict[str, Any]], prompt_id: str) -> str:
 class Model:
     """What the server acknowledged before the kill."""
 
-    def __init__(self, workspace: str) -> None:
+    def __init__(self, workspace: str, policy: str = "fail") -> None:
         self.workspace = workspace
+        self.policy = policy              # --session-on-restart
         self.sessions: dict[str, Session] = {}
         self.default: str | None = None   # the workspace's default session
         self.readers: list[Reader] = []

@@ -14,13 +14,15 @@ the head of the queue until the kill), cancel, allow, drop a queued prompt, bran
 DELETE, and SSE readers that record every envelope and the epoch of each connection.
 The kill point is a count of operations, never a time: before the kill every session is
 in the stable state the model predicts, so what was settled, running and queued is known.
+Every third seed runs under ``--session-on-restart continue`` (the running turn runs
+again, its echo marked ``acp-server/continued``), the others under the default ``fail``.
 
 The invariants, one checker each: nothing answered 5xx (``check_no_5xx``); every
 session whose create, attach or branch was answered exists and loads under its epoch, a
 deleted one stays deleted, and no other session exists but the one a request in flight
 may have made, whole (``check_sessions``); every accepted prompt is accounted for, in
-its order: its pre-kill end, ``server_restarted`` for the one running, queued ones run
-after the restart (``check_prompts``); every reader that reconnects with
+its order: its pre-kill end, ``server_restarted`` for the one running (``continue``: it
+runs again), queued ones run after the restart (``check_prompts``); every reader that reconnects with
 ``Last-Event-ID`` and its epoch gets exactly the rest: its envelopes are the fresh full
 read's, no gap, no duplicate, no resync (``check_readers``); the default session is the
 default again (``check_default``). A failure names the seed and the operations.
@@ -75,18 +77,26 @@ def _seeds() -> list[int]:
     pytest.param(seed, ("asyncio", "trio")[seed % 2], id=f"seed{seed}") for seed in _seeds()])
 async def test_a_seeded_workload_survives_kill_9(tmp_path: Path, store_name: str,
                                                  seed: int) -> None:
-    model = Model(workspace_id(str(tmp_path)))
+    model = Model(workspace_id(str(tmp_path)), policy=_policy(seed))
     try:
         await _crash_and_check(tmp_path, store_name, seed, model)
     except BaseException as exc:
         ops = "\n  ".join(model.log)
-        raise AssertionError(f"seed {seed} on {store_name} (replay: ACP_CRASH_SEED={seed}) "
+        raise AssertionError(f"seed {seed} on {store_name}, --session-on-restart "
+                             f"{model.policy} (replay: ACP_CRASH_SEED={seed}) "
                              f"failed: {exc!r}\noperations:\n  {ops}") from exc
+
+
+def _policy(seed: int) -> str:
+    """The restart policy a seed runs under (every third seed ``continue``), apart from
+    its workload's random stream."""
+    return "continue" if seed % 3 == 2 else "fail"
 
 
 async def _crash_and_check(tmp_path: Path, store_name: str, seed: int, model: Model) -> None:
     rng = random.Random(seed)
-    child = ServeProcess(tmp_path, *_flags(tmp_path, store_name))
+    child = ServeProcess(tmp_path, *_flags(tmp_path, store_name),
+                         "--session-on-restart", model.policy)
     await anyio.to_thread.run_sync(child.start)
     try:
         async with Workload(model, child.base_url, rng) as work:
@@ -96,6 +106,8 @@ async def _crash_and_check(tmp_path: Path, store_name: str, seed: int, model: Mo
             with anyio.fail_after(WAIT_S):   # every stream saw the kill
                 for reader in model.readers:
                     await reader.wait_for(lambda _, r=reader: r.ended, "the kill")
+            for session in model.sessions.values():
+                session.killed_at = model.primary(session.session_id).last_id()
         await anyio.to_thread.run_sync(child.start)
         async with Workload(model, child.base_url, rng) as after:
             await _after_restart(after, model)
@@ -140,15 +152,17 @@ async def _after_restart(work: Workload, model: Model) -> None:
 
 
 async def _drive(work: Workload, model: Model, session: Session) -> None:
-    """The prompt running at the kill fails; the queued ones run, in order: a long one is
-    cancelled once it started, a permission is allowed once asked."""
+    """The prompt running at the kill fails (``continue``: runs again); the queued ones
+    run, in order: a long one is cancelled once it started, a permission is allowed once
+    asked."""
     reader = model.primary(session.session_id)
     pending = session.pending()
-    if pending:
+    if pending and model.policy == "fail":
         await reader.wait_for(lambda seen: settled_in(seen, pending[0].prompt_id),
                               "the running prompt's end")
-    for prompt in pending[1:]:
-        await reader.wait_for(lambda seen, p=prompt: started_in(seen, p)
+        pending = pending[1:]
+    for prompt in pending:
+        await reader.wait_for(lambda seen, p=prompt: started_in(seen, p, session.killed_at)
                               or settled_in(seen, p.prompt_id), f"{prompt.text} started")
         if prompt.kind == "long" and not settled_in(reader.seen, prompt.prompt_id):
             answer = await work.client.post(f"/session/{session.session_id}/cancel")
@@ -240,9 +254,9 @@ def check_prompts(model: Model, session: Session, loaded: dict[str, Any],
         prompt = next(p for p in session.prompts if p.prompt_id == prompt_id)
         expected.append((prompt_id, "turn_complete",
                          "end_turn" if prompt.outcome == "completed" else "cancelled"))
-    if pending:
+    if pending and model.policy == "fail":
         expected.append((pending[0].prompt_id, "turn_error", "server_restarted"))
-    for prompt in pending[1:]:
+    for prompt in pending[1:] if model.policy == "fail" else pending:
         expected.append((prompt.prompt_id, "turn_complete",
                          "cancelled" if prompt.kind == "long" else "end_turn"))
     seen = _terminals(full)
@@ -268,12 +282,21 @@ def check_prompts(model: Model, session: Session, loaded: dict[str, Any],
         assert terminal["terminal"] == want, (prompt_id, terminal, want)
         if want == "failed":
             assert terminal["errorCode"] == "server_restarted", terminal
-    if pending and pending[0].kind == "perm":
-        request_id = permission_request_id(full, pending[0].prompt_id)
+    if pending and pending[0].kind == "perm":   # the ask open at the kill: cancelled
+        asked = [e for e in full if e["type"] == "permission_request"
+                 and e.get("promptId") == pending[0].prompt_id]
+        request_id = asked[0]["data"]["requestId"]
         resolved = [e["data"] for e in full if e["type"] == "permission_resolved"
                     and e["data"]["requestId"] == request_id]
         assert [(r["outcome"], r.get("reason")) for r in resolved] == [
             ({"outcome": "cancelled"}, "server_restarted")], resolved
+    if pending and model.policy == "continue":   # the interrupted turn's echo is marked
+        echoes = [e["data"]["update"] for e in full if e["type"] == "session_update"
+                  and e.get("promptId") == pending[0].prompt_id
+                  and e["id"] > session.killed_at
+                  and e["data"]["update"]["sessionUpdate"] == "user_message_chunk"]
+        assert [u["_meta"].get("acp-server/continued") for u in echoes] == [
+            {"reason": "server_restarted"}], echoes
 
 
 def _with_ids(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
