@@ -526,31 +526,38 @@ class Bridge(Journaling, PromptsAPI, PresenceAPI, AgentCallsAPI, BranchingAPI):
         its permission requests are cancelled, ``session_closed`` is published and its
         bus closed, at once; then the agent gets ``session/cancel`` (a turn was running)
         and ``session/close`` (when offered), awaited at most
-        ``agent_request_timeout_ms``."""
+        ``agent_request_timeout_ms``. A deletion (``client_close``: REST ``DELETE``,
+        ``/acp`` ``session/close``) returns once its removal from the journal is
+        committed; ``JournalUnavailableError`` while the store is down (the session is
+        closed here all the same, its removal committed once the store is back)."""
         session = self.get_session(session_id)
-        running = self._close_here(session, reason, closed_by)
+        running, ended = self._close_here(session, reason, closed_by)
         await self._close_at_agent(session, running)
+        if reason == "client_close":
+            await self._end_committed(session, ended)
 
     def close_session_soon(self, session_id: str, *, reason: str = "client_close",
                            closed_by: str | None = None) -> None:
         """``close_session`` without waiting for the agent: the session is closed on
         the bridge when this returns; the agent is told in the background."""
         session = self.get_session(session_id)
-        running = self._close_here(session, reason, closed_by)
+        running, _ = self._close_here(session, reason, closed_by)
         self._tasks().start_soon(self._close_at_agent, session, running)
 
-    def _close_here(self, session: Session, reason: str, closed_by: str | None) -> bool:
-        """The bridge side of a close (synchronous); whether a turn was running."""
+    def _close_here(self, session: Session, reason: str,
+                    closed_by: str | None) -> tuple[bool, int]:
+        """The bridge side of a close (synchronous); whether a turn was running, and the
+        journal sequence number of the session's end (0: not journaled)."""
         self._forget(session)
         running = session.active is not None
         session.fail_all(session.close_error(reason))
         self._cancel_questions(session, "session_closed")
         session.bus.publish(ev.SESSION_CLOSED, ev.SessionClosed(
             session_id=session.session_id, reason=reason, closed_by=closed_by))
-        self._record_end(session, deleted=reason == "client_close")   # after its last event
-        session.bus.close()
+        ended = self._record_end(session, deleted=reason == "client_close")   # after its
+        session.bus.close()                                                   # last event
         session.stop()
-        return running
+        return running, ended
 
     async def _close_at_agent(self, session: Session, running: bool) -> None:
         agent, sid = session.agent, session.session_id

@@ -165,7 +165,12 @@ class SessionJournal(Protocol):
 
     def append(self, record: JournalRecord) -> int: ...
 
-    async def wait(self, seq: int) -> None: ...
+    async def wait(self, seq: int, *, fail_fast: bool = False) -> None:
+        """Return once record ``seq`` is committed. A record somebody waits for
+        (``SessionOpened``, ``PromptAccepted``) whose commit failed raises
+        ``JournalUnavailableError``; any other is kept for the next attempt, and waited
+        for, unless ``fail_fast``: then ``JournalUnavailableError`` at once while the
+        store is failing (the record still commits once it is back)."""
 
     async def restore(self) -> list[RestoredSession]: ...
 
@@ -199,7 +204,7 @@ class MemoryJournal:
     def append(self, record: JournalRecord) -> int:
         return 0
 
-    async def wait(self, seq: int) -> None:
+    async def wait(self, seq: int, *, fail_fast: bool = False) -> None:
         return None
 
     async def restore(self) -> list[RestoredSession]:

@@ -167,7 +167,16 @@ class Journaling:
             origin=session.origin, owner=session.owner))
         await self._commit_record(session, seq, loaded=loaded)
 
-    def _record_end(self, session: Session, *, deleted: bool) -> None:
+    def _record_end(self, session: Session, *, deleted: bool) -> int:
+        """Journal the session's end; its record's sequence number (0: not journaled)."""
         if session.journal.durable:
-            session.journal.append(SessionEnded(session_id=session.session_id,
-                                                at=self.journal_clock(), deleted=deleted))
+            return session.journal.append(SessionEnded(
+                session_id=session.session_id, at=self.journal_clock(), deleted=deleted))
+        return 0
+
+    async def _end_committed(self, session: Session, seq: int) -> None:
+        """A deletion is answered once committed (a ``kill -9`` right after its answer
+        must not bring the session back); ``JournalUnavailableError`` at once while the
+        store is down (the record stays queued and commits once it is back)."""
+        if seq:
+            await session.journal.wait(seq, fail_fast=True)

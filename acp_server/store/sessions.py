@@ -241,7 +241,7 @@ class StoreSessionJournal(SessionWrites, SessionRefusals, SessionReads):
         was appended so far is committed (a hand-off waits for it: issue #24)."""
         return self._next - 1
 
-    async def wait(self, seq: int) -> None:
+    async def wait(self, seq: int, *, fail_fast: bool = False) -> None:
         while True:
             failed = self._failed.get(seq)
             if failed is not None:
@@ -251,6 +251,9 @@ class StoreSessionJournal(SessionWrites, SessionRefusals, SessionReads):
                 return
             if self._stopped.is_set():
                 raise JournalUnavailableError("the server is stopping")
+            if fail_fast and self._failing:   # kept for the next attempt, not waited for
+                raise JournalUnavailableError("the store is unavailable; the record is "
+                                              "committed once it is back")
             await self._flushed.wait()
 
     # -- committing: one operation of the store's writer at a time ----------------------
