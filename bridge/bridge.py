@@ -83,6 +83,7 @@ log = logging.getLogger("bridge")
 
 REQUESTED_SESSION_ID_META = "acp-server/requestedSessionId"
 MAX_CLOSED_SESSION_HISTORIES = 1024
+DELETIONS = frozenset({"client_close", "deleted"})   # close reasons that remove the journal
 MAX_CLOSED_SESSION_OWNERS = 50_000
 
 
@@ -526,14 +527,15 @@ class Bridge(Journaling, PromptsAPI, PresenceAPI, AgentCallsAPI, BranchingAPI):
         its permission requests are cancelled, ``session_closed`` is published and its
         bus closed, at once; then the agent gets ``session/cancel`` (a turn was running)
         and ``session/close`` (when offered), awaited at most
-        ``agent_request_timeout_ms``. A deletion (``client_close``: REST ``DELETE``,
-        ``/acp`` ``session/close``) returns once its removal from the journal is
+        ``agent_request_timeout_ms``. A deletion (``DELETIONS``: REST ``DELETE`` and
+        ``/acp`` ``session/close``, ``client_close``; ``/acp`` ``session/delete``,
+        ``deleted``) removes the session's journal, and returns once that is
         committed; ``JournalUnavailableError`` while the store is down (the session is
         closed here all the same, its removal committed once the store is back)."""
         session = self.get_session(session_id)
         running, ended = self._close_here(session, reason, closed_by)
         await self._close_at_agent(session, running)
-        if reason == "client_close":
+        if reason in DELETIONS:
             await self._end_committed(session, ended)
 
     def close_session_soon(self, session_id: str, *, reason: str = "client_close",
@@ -554,7 +556,7 @@ class Bridge(Journaling, PromptsAPI, PresenceAPI, AgentCallsAPI, BranchingAPI):
         self._cancel_questions(session, "session_closed")
         session.bus.publish(ev.SESSION_CLOSED, ev.SessionClosed(
             session_id=session.session_id, reason=reason, closed_by=closed_by))
-        ended = self._record_end(session, deleted=reason == "client_close")   # after its
+        ended = self._record_end(session, deleted=reason in DELETIONS)   # after its
         session.bus.close()                                                   # last event
         session.stop()
         return running, ended

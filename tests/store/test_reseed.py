@@ -158,12 +158,18 @@ async def test_what_the_journal_does_not_keep_is_not_reseeded(tmp_path: Path,
                 deleted = (await bridge.create_session()).session_id
                 await bridge.send_prompt(deleted, text("gone")).result()
                 await bridge.close_session(deleted)   # client_close: the journal goes
+                acp_deleted = (await bridge.create_session()).session_id
+                await bridge.send_prompt(acp_deleted, text("gone too")).result()
+                # /acp session/delete: its journal goes as well
+                await bridge.close_session(acp_deleted, reason="deleted")
                 closed = (await bridge.create_session()).session_id
                 await bridge.send_prompt(closed, text("kept")).result()
                 await bridge.close_session(closed, reason="idle_timeout")
                 await journal.wait(journal.appended)
-                with pytest.raises(SessionNotFoundError):
-                    await bridge.load_session(deleted)
+                for gone in (deleted, acp_deleted):
+                    assert await journal.read(gone) is None
+                    with pytest.raises(SessionNotFoundError):
+                        await bridge.load_session(gone)
                 with pytest.raises(SessionNotFoundError):
                     await bridge.load_session("never-made")
                 # another agent never takes the closed session's conversation over

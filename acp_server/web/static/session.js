@@ -289,8 +289,9 @@ export function mount(root, [sessionId], ctx) {
     if (type === "session_closed" || type === "session_died") {
       const why = type === "session_died" ? `its agent died (${(data && (data.message || data.reason)) || "no reason given"})`
         : `it was closed (${(data && data.reason) || "closed"})`;
-      // deleted (client_close): nothing is kept to load; else the server keeps it
-      endSession(`This session has ended: ${why}.`, { again: !(data && data.reason === "client_close") });
+      // deleted (REST DELETE, /acp session/close or delete): nothing is kept to load
+      const deleted = data && (data.reason === "client_close" || data.reason === "deleted");
+      endSession(`This session has ended: ${why}.`, { again: !deleted });
       return "stop";
     }
     return undefined;
