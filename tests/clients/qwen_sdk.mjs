@@ -208,6 +208,21 @@ async function after(sid) {
   return out;
 }
 
+// `died`: a thread session with one turn, then `/crash` (a stdio agent exits mid-turn):
+// the prompt's error as the SDK reports it. `after <sid>` then loads it again.
+async function died() {
+  const client = new DaemonClient({ baseUrl });
+  const s = await DaemonSessionClient.createOrAttach(client, { sessionScope: "thread" });
+  const turn = await s.prompt(text("before it died"));
+  let crash;
+  try {
+    crash = { result: await s.prompt(text("/crash")) };
+  } catch (e) {
+    crash = { name: e.name, message: String(e.message) };
+  }
+  return { sessionId: s.sessionId, eventEpoch: s.eventEpoch, turn, crash };
+}
+
 // `workspace`: the per-workspace paths: DaemonClient.workspaceById(id) lists the
 // sessions (GET /workspaces/:workspace/sessions, pages of up to 1000 asked), and so
 // does workspaceByCwd(cwd) (the path URL-encoded); workspaceByCwd of another folder is
@@ -273,6 +288,7 @@ async function workspace() {
 const out = mode === "rest" ? await rest()
   : mode === "workspace" ? await workspace()
   : mode === "before" ? await before()
+  : mode === "died" ? await died()
   : mode === "after" ? await after(process.argv[5])
   : await acp(mode);
 process.stdout.write(JSON.stringify(out) + "\n");
