@@ -21,6 +21,11 @@ Contracts:
   ``session/fork`` made, forget those ``session/close`` / ``delete`` ended (a
   ``-32602`` to those, the session gone meanwhile, is answered ``{}``), and drop a
   ``session/load`` / ``resume`` the server refused.
+* A session the server ends but keeps (``_qwen/notify`` ``session_died``, or
+  ``session_closed`` by the idle timeout) is marked (``Session.ended_here``): it is
+  loaded again before the editor's next request of it goes out. A request of a
+  session the editor uses answered "no such session" (``-32602``: sent before that
+  notice came) is sent once more after such a load; a second refusal is the editor's.
 * A message that is not JSON-RPC is dropped with a line on stderr.
 """
 
@@ -31,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from acp_server.connect import wire
 from acp_server.connect.link import Link
-from acp_server.connect.reattach import FORGETS
+from acp_server.connect.reattach import ENDS_OR_LOADS, FORGETS
 from acp_server.connect.state import Asked, Book, Call, key
 
 log = logging.getLogger("acp_server.connect")
@@ -39,6 +44,7 @@ log = logging.getLogger("acp_server.connect")
 REGISTERS = frozenset({"session/new", "session/fork"})
 RESOLVED_KINDS = frozenset({"permission_resolved", "elicitation_resolved"})
 QWEN_NOTIFY = "_qwen/notify"
+KEPT_CLOSES = frozenset({"idle_timeout"})   # closes the server keeps the session through
 
 
 def _no_session(msg: wire.Message) -> bool:
@@ -64,6 +70,8 @@ class FromServer:
                         data: dict[str, Any] | None = None) -> None: ...
 
         def _drop_outgoing(self, call: Call) -> None: ...
+
+        def _send_again(self, call: Call) -> None: ...
 
     async def _from_server(self, link: Link, payload: bytes) -> None:
         try:
@@ -100,6 +108,7 @@ class FromServer:
                 epoch=event.get("epoch") if event is not None else None)
         elif msg.method == QWEN_NOTIFY:
             withdrawn = self._resolved(msg.params())
+            self._ended_by_server(msg.params())
         elif msg.method == "$/cancel_request" \
                 and isinstance(target := msg.params().get("requestId"), (str, int)) \
                 and self.book.was_answered(target):
@@ -125,6 +134,20 @@ class FromServer:
         self.book.remember_answered(request_id)   # the server's own withdrawal is dropped
         return wire.notification("$/cancel_request", {"requestId": request_id})
 
+    def _ended_by_server(self, params: dict[str, Any]) -> None:
+        """The server ended a session of the editor that it keeps (its agent died, the
+        idle timeout): it is loaded again before the editor's next request of it
+        (``reconnect._send_outbox``), so the conversation goes on in the same session."""
+        data = params.get("data")
+        kind = params.get("kind")
+        if not isinstance(data, dict) or not (
+                kind == "session_died"
+                or (kind == "session_closed" and data.get("reason") in KEPT_CLOSES)):
+            return
+        session = self.book.sessions.get(data.get("sessionId"))   # type: ignore[arg-type]
+        if session is not None:
+            session.ended_here = True
+
     async def _answered(self, link: Link, msg: wire.Message) -> None:
         call = self.book.calls.pop(msg.id, None) if type(msg.id) is int else None
         if call is None:
@@ -142,6 +165,14 @@ class FromServer:
             # copy took effect before a drop): ended is what it asked for
             await self._ended(call.session_id)   # type: ignore[arg-type]
             await self.out.send(wire.result(call.editor_id, {}))
+            return
+        if not ok and not call.reloaded and call.method not in ENDS_OR_LOADS \
+                and call.session_id in self.book.sessions and _no_session(msg):
+            # the server ended the session (its agent died) before the notice of it
+            # reached us: loaded again, then this request goes once more
+            self.book.sessions[call.session_id].ended_here = True   # type: ignore[index]
+            call.reloaded = True
+            self._send_again(call)
             return
         if ok and call.method in REGISTERS and isinstance(result, dict) \
                 and isinstance(result.get("sessionId"), str):

@@ -38,6 +38,7 @@ CURSOR_META = "acp-server/lastEventId"
 EPOCH_META = "acp-server/eventEpoch"
 EVENTS_META = "acp-server/events"
 FORGETS = frozenset({"session/close", "session/delete"})   # the editor ends its session
+ENDS_OR_LOADS = FORGETS | {"session/load", "session/resume"}   # need no load before them
 
 
 class ReattachFailed(LinkLost):

@@ -47,7 +47,7 @@ import anyio.abc
 
 from acp_server.connect import wire
 from acp_server.connect.link import TOO_BIG, Link, LinkLost, MessageTooLarge, StartupError, Target
-from acp_server.connect.reattach import ReattachFailed
+from acp_server.connect.reattach import ENDS_OR_LOADS, ReattachFailed
 from acp_server.connect.state import REPEATABLE, Book, Call
 
 log = logging.getLogger("acp_server.connect")
@@ -98,7 +98,8 @@ class GaveUp(Exception):
 
 class Reconnect:
     """Mixed into ``Relay``, whose state it keeps (``Relay.__init__``) and whose
-    ``_from_server``, ``_reattach_sessions``, ``_fail`` and ``_drop_outgoing`` it calls."""
+    ``_from_server``, ``_reattach_sessions`` / ``_session``, ``_fail`` and ``_drop_outgoing``
+    it calls."""
 
     target: Target
     connect: Connect
@@ -129,6 +130,8 @@ class Reconnect:
         async def _from_server(self, link: Link, payload: bytes) -> None: ...
 
         async def _reattach_sessions(self, link: Link) -> None: ...
+
+        async def _reattach_session(self, link: Link, sid: str) -> None: ...
 
         async def _fail(self, call: Call, message: str, kind: str,
                         data: dict[str, Any] | None = None) -> None: ...
@@ -262,6 +265,8 @@ class Reconnect:
                 self._wake = anyio.Event()
                 await self._wake.wait()
             item = self.outbox[0]
+            if await self._load_ended(link, item):
+                continue   # the outbox may have changed (a lost session's requests)
             if item.call is not None:
                 item.call.sent = True   # before the write: an answer may come at once
             try:
@@ -282,6 +287,32 @@ class Reconnect:
                 self._largest_sent = item
             if item.on_sent is not None:
                 item.on_sent()
+
+    async def _load_ended(self, link: Link, item: Outgoing) -> bool:
+        """Before a message of a session the server ended but keeps (its agent died:
+        ``Session.ended_here``), the session is loaded again (``_reattach_session``:
+        the server starts its agent again, seeded with the conversation); whether it
+        was. A refused load is the next request's to meet: its own error answers."""
+        session = self.book.sessions.get(item.session_id) if item.session_id else None
+        if session is None or not session.ended_here \
+                or (item.call is not None and item.call.method in ENDS_OR_LOADS):
+            return False
+        session.ended_here = False
+        log.warning("session %s: the server ended it (its agent died); loading it again",
+                    session.session_id)
+        try:
+            await self._reattach_session(link, session.session_id)
+        except ReattachFailed as exc:
+            log.error("session %s: loading it again failed: %s", session.session_id, exc)
+        return True
+
+    def _send_again(self, call: Call) -> None:
+        """``call`` goes out once more, first (its session is loaded again before it)."""
+        call.sent = False
+        self.book.calls[call.server_id] = call
+        self.outbox.appendleft(Outgoing(call.payload, call.session_id, call))
+        self.outbox_bytes += len(call.payload)
+        self._wake.set()
 
     def _unqueue(self, item: Outgoing) -> None:
         if self.outbox and self.outbox[0] is item:

@@ -32,6 +32,10 @@ Contracts:
   server no longer has (its re-attach answered ``-32602``) fails its pending requests
   with ``session_lost``; any other error answer (a store outage, ...) drops the link
   and the re-attach is tried again on the next one, within the give-up window.
+* **A session the server ended but keeps** (its agent died, the idle timeout) is
+  loaded again before the editor's next request of it (``from_server``,
+  ``reconnect._load_ended``); a request answered "no such session" meanwhile is sent
+  once more after that load.
 * **Refused credentials.** A reconnect answered 401/403 fails every pending request
   at once with ``unauthorized`` (one line on stderr); reconnecting goes on.
 * **Giving up.** Down longer than ``give_up_after_s``: every pending request gets an

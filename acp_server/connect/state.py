@@ -50,6 +50,7 @@ class Session:
     epoch: str | None = None
     last_id: int = 0
     replayed_id: int | None = None   # the editor's own load: its replay, up to here
+    ended_here: bool = False   # the server ended it (its agent died): load it again first
 
     def replay(self) -> None:
         """The editor loads the session again: the history it asked for is not a
@@ -87,6 +88,7 @@ class Call:
     attempts: int = 0              # links lost while it was in flight
     new_session: bool = False      # a load/resume that registered its session
     answer: bytes | None = None    # internal: the server's answer, once it came
+    reloaded: bool = False         # sent again once its session was loaded again
     done: Any = None               # internal: an anyio.Event set with ``answer``
 
 

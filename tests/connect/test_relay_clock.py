@@ -447,3 +447,61 @@ async def test_a_question_of_an_epoch_the_server_lost_is_withdrawn(how: str) -> 
         assert not relay.book.asked
         assert relay.book.cursor("s1")[1] == "e2"
         assert [m for m in editor.got if m.get("method") == "$/cancel_request"] == [withdrawn]
+
+
+def _session_server(load_finds_it: bool) -> FakeServer:
+    """``session/new`` makes ``s``; the first ``session/prompt`` of it is answered "no
+    such session" (its agent died, the notice of it not sent yet); ``session/load``
+    then finds it (``load_finds_it``) or not; a prompt after a load ends its turn."""
+    state = {"loaded": False}
+
+    async def answer(link: FakeLink, message: dict[str, Any]) -> None:
+        method, rpc_id = message.get("method"), message.get("id")
+        if method == "session/new":
+            link.push({"jsonrpc": "2.0", "id": rpc_id, "result": {"sessionId": "s"}})
+        elif method == "session/load":
+            state["loaded"] = load_finds_it
+            link.push({"jsonrpc": "2.0", "id": rpc_id, "result": {}} if load_finds_it else
+                      {"jsonrpc": "2.0", "id": rpc_id,
+                       "error": {"code": -32602, "message": 'No session with id "s"'}})
+        elif method == "session/prompt" and not state["loaded"]:
+            link.push({"jsonrpc": "2.0", "id": rpc_id,
+                       "error": {"code": -32602, "message": 'No session with id "s"'}})
+        elif method == "session/prompt":
+            link.push({"jsonrpc": "2.0", "id": rpc_id, "result": {"stopReason": "end_turn"}})
+        else:
+            await echo_result(link, message)
+
+    return FakeServer(answer=answer)
+
+
+async def test_a_session_the_server_ended_is_loaded_again_and_the_request_sent_once_more(
+        ) -> None:
+    """Its agent died: the editor's next prompt of the session reached the server before
+    the notice of the death reached the adapter, and was answered "no such session".
+    The adapter loads the session (the server reseeds it) and sends the prompt once
+    more; the editor gets its turn's end, never the refusal."""
+    server = _session_server(load_finds_it=True)
+    async with editor_and_relay(server, FakeClock()) as (editor, relay):
+        await _open_session(editor)
+        await editor.request("session/prompt", {"sessionId": "s", "prompt": []}, 3)
+        assert (await editor.response(3))["result"] == {"stopReason": "end_turn"}
+    methods = [m.get("method") for m in server.received if "method" in m]
+    assert methods[-3:] == ["session/prompt", "session/load", "session/prompt"]
+    assert relay.exit_code == 0
+
+
+async def test_a_session_the_server_no_longer_has_is_lost_after_one_load() -> None:
+    """The load finds nothing either: the prompt fails with ``session_lost`` (once: no
+    loop), the session is forgotten, and a later request gets the server's own
+    "no such session"."""
+    server = _session_server(load_finds_it=False)
+    async with editor_and_relay(server, FakeClock()) as (editor, relay):
+        await _open_session(editor)
+        await editor.request("session/prompt", {"sessionId": "s", "prompt": []}, 3)
+        assert kind(await editor.response(3)) == "session_lost"
+        await editor.request("session/prompt", {"sessionId": "s", "prompt": []}, 4)
+        assert (await editor.response(4))["error"]["code"] == -32602
+    methods = [m.get("method") for m in server.received if "method" in m]
+    assert methods.count("session/load") == 1
+    assert relay.exit_code == 0
