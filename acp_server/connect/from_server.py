@@ -53,6 +53,14 @@ def _no_session(msg: wire.Message) -> bool:
     return isinstance(error, dict) and error.get("code") == wire.INVALID_PARAMS
 
 
+def _session_gone(msg: wire.Message) -> bool:
+    """``_no_session``, and the server says so in words (``-32602`` also answers
+    params that are merely invalid): ``No session with id "…"``."""
+    error = wire.decode(msg.members["error"]) if "error" in msg.members else None
+    return _no_session(msg) and isinstance(error, dict) \
+        and str(error.get("message", "")).startswith("No session")
+
+
 class FromServer:
     """Mixed into ``Relay``, whose state it reads (``book``, ``out``) and whose
     ``_register``, ``_withdraw_stale``, ``_fail`` and ``_drop_outgoing`` it calls."""
@@ -167,7 +175,7 @@ class FromServer:
             await self.out.send(wire.result(call.editor_id, {}))
             return
         if not ok and not call.reloaded and call.method not in ENDS_OR_LOADS \
-                and call.session_id in self.book.sessions and _no_session(msg):
+                and call.session_id in self.book.sessions and _session_gone(msg):
             # the server ended the session (its agent died) before the notice of it
             # reached us: loaded again, then this request goes once more
             self.book.sessions[call.session_id].ended_here = True   # type: ignore[index]

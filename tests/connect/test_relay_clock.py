@@ -505,3 +505,25 @@ async def test_a_session_the_server_no_longer_has_is_lost_after_one_load() -> No
     methods = [m.get("method") for m in server.received if "method" in m]
     assert methods.count("session/load") == 1
     assert relay.exit_code == 0
+
+
+async def test_invalid_params_of_a_session_are_not_taken_for_its_end() -> None:
+    """``-32602`` for params that are merely invalid (not "No session …"): the editor
+    gets it as it is, with no load and nothing sent twice."""
+    async def answer(link: FakeLink, message: dict[str, Any]) -> None:
+        if message.get("method") == "session/prompt":
+            link.push({"jsonrpc": "2.0", "id": message["id"],
+                       "error": {"code": -32602, "message": "Invalid params: prompt"}})
+        elif message.get("method") == "session/new":
+            link.push({"jsonrpc": "2.0", "id": message["id"], "result": {"sessionId": "s"}})
+        else:
+            await echo_result(link, message)
+
+    server = FakeServer(answer=answer)
+    async with editor_and_relay(server, FakeClock()) as (editor, relay):
+        await _open_session(editor)
+        await editor.request("session/prompt", {"sessionId": "s", "prompt": 3}, 3)
+        assert (await editor.response(3))["error"]["message"] == "Invalid params: prompt"
+    methods = [m.get("method") for m in server.received if "method" in m]
+    assert methods.count("session/prompt") == 1 and "session/load" not in methods
+    assert relay.exit_code == 0
