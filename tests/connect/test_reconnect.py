@@ -301,12 +301,15 @@ async def test_a_question_open_at_a_kill_9_is_withdrawn_after_the_restart(
         child.stop()
 
 
-async def test_a_session_whose_agent_died_goes_on(tmp_path: Path) -> None:
+@pytest.mark.parametrize("transport", ["websocket", "http"])
+async def test_a_session_whose_agent_died_goes_on(tmp_path: Path, transport: str) -> None:
     """The agent dies mid-turn (``/crash``): that turn fails; the server ends the
     session (``session_died``) but keeps it, so the adapter loads it again before the
-    editor's next request of it, and the conversation goes on in the same session."""
+    editor's next request of it, and the conversation goes on in the same session,
+    on the same link."""
     async with running_acp_server(tmp_path) as srv, \
-            spawn_adapter(f"{srv.base_url}/acp") as adapter:
+            spawn_adapter(f"{srv.base_url}/acp", "--transport", transport,
+                          "--verbose") as adapter:
         sid = await start(adapter, srv)
         first = await adapter.request("session/prompt", {"sessionId": sid,
                                                          "prompt": text("before it died")})
@@ -320,5 +323,6 @@ async def test_a_session_whose_agent_died_goes_on(tmp_path: Path) -> None:
         said = "".join(adapter.texts("agent_message_chunk", sid))
         echoed = adapter.texts("user_message_chunk", sid)
         await until(lambda: any("loading it again" in line for line in adapter.stderr))
+    assert not any("reconnected" in line for line in adapter.stderr), adapter.stderr
     assert "user: before it died" in said   # the agent was seeded with the conversation
     assert echoed.count("before it died") == 1   # the editor was not shown it twice
