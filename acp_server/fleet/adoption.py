@@ -105,6 +105,11 @@ class Fleet:
             return True
         done = self._adopting[sid] = anyio.Event()
         try:
+            # what this instance journaled lands first: a session it just ended (its
+            # agent died) still looks live in the store until its end commits
+            await self.journal.wait(self.journal.appended, fail_fast=True)
+            if self.bridge.has_session(sid):
+                return True
             found = await self.journal.adopt(sid)
             if found is None:
                 return False

@@ -20,6 +20,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import psycopg
 import pytest
 
@@ -54,6 +55,13 @@ class IdleBridge:
 
     def sessions_moved(self, sids: list[str]) -> None:
         self.moved += sids
+
+
+async def wait_store_queued(store: Any, found: list[Any]) -> None:
+    """Until the store's writers took the adoption's write, or have it queued."""
+    with anyio.fail_after(10):
+        while not found and store._send.statistics().current_buffer_used == 0:
+            await anyio.lowlevel.checkpoint()
 
 
 def _opened(sid: str) -> SessionOpened:
@@ -218,3 +226,62 @@ async def test_a_load_racing_the_close_of_its_session_is_a_cold_load(tmp_path: P
         leases.owner = owner   # type: ignore[method-assign]
         loaded = await a.client.post(f"/session/{sid}/load", json={})
         assert loaded.status_code == 200, loaded.text
+
+
+async def test_a_session_ended_here_is_not_adopted_back_before_its_end_commits(
+        tmp_path: Path) -> None:
+    """A session this instance just ended (its agent died) whose end record waits behind
+    a commit in flight: a request for it (its lease still this instance's, the session
+    not live here) must not adopt it back from the journal, where it still looks live.
+    Found by ``tests/store/test_reseed.py`` on a loaded CI machine: the session came
+    back live after its agent's death, and answered 200 for good."""
+    import threading
+
+    from bridge.journal import EventRecord, SessionEnded
+
+    url = stores.postgres_url_or_skip(tmp_path, "ended")
+    async with PostgresTaskStore(url) as store:
+        leases = SessionLeases(store.instance, ttl_s=8, renew_s=2)
+        async with StoreSessionJournal(store, leases=leases) as journal:
+            sid = "sess-ended"
+            await journal.wait(journal.append(_opened(sid)))
+            real, entered, release = journal._commit_in, threading.Event(), threading.Event()
+
+            def held(conn: Any, out: Any, *state: Any) -> Any:
+                entered.set()
+                release.wait(20)
+                return real(conn, out, *state)
+
+            journal._commit_in = held   # type: ignore[method-assign]
+            journal.append(EventRecord(session_id=sid, event_id=1, type="session_update",
+                                       prompt_id=None, envelope=b"{}", epoch="e1"))
+            with anyio.fail_after(10):   # that commit is in flight, held
+                while not entered.is_set():
+                    await anyio.sleep(0.01)
+            journal.append(SessionEnded(session_id=sid, at=time.time()))   # the next one
+            fleet = Fleet(IdleBridge(live=False), journal, forwarder=None)  # type: ignore[arg-type]
+            found: list[Any] = []
+            real_adopt, real_wait, asked = journal.adopt, journal.wait, anyio.Event()
+            adopting: list[bool] = []
+
+            async def adopt_seen(session_id: str) -> Any:
+                adopting.append(True)
+                asked.set()
+                found.append(await real_adopt(session_id))
+                return found[-1]
+
+            async def wait_seen(seq: int, **kw: Any) -> None:
+                asked.set()   # the adoption waits for what was journaled first
+                await real_wait(seq, **kw)
+
+            journal.adopt = adopt_seen   # type: ignore[method-assign]
+            journal.wait = wait_seen   # type: ignore[method-assign]
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(fleet.adopt, sid)
+                with anyio.fail_after(10):
+                    await asked.wait()
+                if adopting:   # straight to its own write: taken, or queued, first
+                    await wait_store_queued(store, found)
+                release.set()
+            journal._commit_in = real   # type: ignore[method-assign]
+    assert found == [None]   # not taken back: its end committed first
