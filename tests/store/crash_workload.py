@@ -60,6 +60,7 @@ class Session:
     prompts: list[Prompt] = field(default_factory=list)
     settled: list[str] = field(default_factory=list)   # prompt ids, in the order they ended
     deleted: bool = False
+    closed: bool = False        # closed otherwise (connection, agent death, idle): kept
     killed_at: int = 0          # the last event id its primary reader saw before the kill
 
     def pending(self) -> list[Prompt]:
@@ -175,7 +176,7 @@ class Model:
         self.counter = 0
 
     def live(self) -> list[Session]:
-        return [s for s in self.sessions.values() if not s.deleted]
+        return [s for s in self.sessions.values() if not s.deleted and not s.closed]
 
     def primary(self, session_id: str) -> Reader:
         return next(r for r in self.readers if r.session_id == session_id)
@@ -196,6 +197,7 @@ class Workload:
                                          timeout=httpx.Timeout(WAIT_S, read=None),
                                          event_hooks={"response": [self._record]})
         self._tg: anyio.abc.TaskGroup | None = None
+        self.acp: Any = None   # crash_acp.AcpOps: its operations join the choices
 
     async def _record(self, response: httpx.Response) -> None:
         self.model.responses.append(Answer(response.request.method,
@@ -255,6 +257,8 @@ class Workload:
                     choices.append((f"drop {p.text}", lambda s=s, p=p: self.drop(s, p)))
             if len(s.prompts) >= 2:
                 choices.append((f"delete {s.session_id[:8]}", lambda s=s: self.delete(s)))
+        if self.acp is not None:
+            choices += self.acp.choices()
         if not live:
             choices = [("create", self.create)]
         return rng.choice(choices)
@@ -360,7 +364,7 @@ class Workload:
                 await other.wait_for(lambda _: other.last_id() >= last, f"{other.name} at {last}")
 
     # -- the request in flight at the kill ------------------------------------------------
-    def start_in_flight(self) -> InFlight | None:
+    async def start_in_flight(self) -> InFlight | None:
         """Maybe send one more request (chosen by the seed) and not wait for it."""
         m, rng = self.model, self.rng
         if rng.random() < 0.5:
@@ -370,6 +374,12 @@ class Workload:
                                 if live else [])
         op = rng.choice(options)
         target = rng.choice(live).session_id if op != "create" else None
+        if op == "prompt" and self.acp is not None and rng.random() < 0.5:   # over /acp
+            flight = await self.acp.send_in_flight(m.sessions[target],
+                                                   m.next_text("short"))
+            m.in_flight = flight
+            m.log.append(f"in flight: acp prompt {target}")
+            return flight
         flight = InFlight(op, target)
         if op == "create":
             method, path, body = "POST", "/session", {"sessionScope": "thread"}

@@ -43,6 +43,7 @@ import pytest
 
 from acp_server.rest.workspace import workspace_id
 from tests.harness import ServeProcess
+from tests.store.crash_acp import AcpOps, check_acp_loads
 from tests.store.crash_workload import (
     WAIT_S,
     Answer,
@@ -87,6 +88,12 @@ async def test_a_seeded_workload_survives_kill_9(tmp_path: Path, store_name: str
                              f"failed: {exc!r}\noperations:\n  {ops}") from exc
 
 
+def _with_acp(seed: int) -> bool:
+    """Whether a seed's workload has ``/acp`` operations too (three seeds in five; not
+    0, 1, 20, 21, whose REST-only workloads CI keeps)."""
+    return seed % 5 >= 2
+
+
 def _policy(seed: int) -> str:
     """The restart policy a seed runs under (every third seed ``continue``), apart from
     its workload's random stream."""
@@ -100,8 +107,12 @@ async def _crash_and_check(tmp_path: Path, store_name: str, seed: int, model: Mo
     await anyio.to_thread.run_sync(child.start)
     try:
         async with Workload(model, child.base_url, rng) as work:
+            acp = AcpOps(work, str(tmp_path)) if _with_acp(seed) else None
+            if acp is not None:
+                await acp.open()
+                work.acp = acp
             await work.run(rng.randint(2, 14))
-            work.start_in_flight()
+            await work.start_in_flight()
             await anyio.to_thread.run_sync(child.kill)
             with anyio.fail_after(WAIT_S):   # every stream saw the kill
                 for reader in model.readers:
@@ -110,12 +121,15 @@ async def _crash_and_check(tmp_path: Path, store_name: str, seed: int, model: Mo
                 session.killed_at = model.primary(session.session_id).last_id()
         await anyio.to_thread.run_sync(child.start)
         async with Workload(model, child.base_url, rng) as after:
-            await _after_restart(after, model)
+            fulls = await _after_restart(after, model)
+            if acp is not None:
+                await check_acp_loads(after, model, acp, fulls)
+            await check_closed(after, model)
     finally:
         await anyio.to_thread.run_sync(child.stop)
 
 
-async def _after_restart(work: Workload, model: Model) -> None:
+async def _after_restart(work: Workload, model: Model) -> dict[str, list[dict[str, Any]]]:
     """Reconnect the readers, drive what was queued to its end, then check."""
     listed = await _listed(work.client, model.workspace)
     flight = model.in_flight
@@ -137,7 +151,7 @@ async def _after_restart(work: Workload, model: Model) -> None:
         loads[session_id] = response.json()
         fulls[session_id] = await _full_read(work.client, session_id, loads[session_id])
     for reader in model.readers:
-        if not model.sessions[reader.session_id].deleted:
+        if reader.session_id in loads:
             last = loads[reader.session_id]["lastEventId"]
             await reader.wait_for(lambda _, r=reader, n=last: r.last_id() >= n,
                                   f"{reader.name} reconnected up to {last}")
@@ -149,6 +163,7 @@ async def _after_restart(work: Workload, model: Model) -> None:
     await check_extra_sessions_whole(work, model, set(listed) - set(model.sessions))
     await check_default(work.client, model)
     check_no_5xx(model.responses)
+    return fulls
 
 
 async def _drive(work: Workload, model: Model, session: Session) -> None:
@@ -266,7 +281,7 @@ def check_prompts(model: Model, session: Session, loaded: dict[str, Any],
         # Taken before the kill: it ran after the others (or was running at the kill).
         assert len(seen) == len(expected) + 1, seen
         assert seen[-1][2] in ("end_turn", "server_restarted"), seen[-1]
-        if flight.answered(202):
+        if flight.answered(202) or (flight.body or {}).get("via") == "acp":
             assert seen[-1][0] == flight.body["promptId"]
         seen = seen[:-1]
     elif flight is not None and flight.op == "prompt" and flight.answered(202) \
@@ -329,6 +344,30 @@ async def check_deleted(client: httpx.AsyncClient, model: Model) -> None:
             assert status.status_code == 404, (session.session_id, status.text)
             load = await client.post(f"/session/{session.session_id}/load", json={})
             assert load.status_code == 404, (session.session_id, load.text)
+
+
+async def check_closed(work: Workload, model: Model) -> None:
+    """A session closed before the kill otherwise than by a deletion (its ``/acp``
+    connection's close frame 1000) is not live after the restart, and ``POST
+    /session/{id}/load`` brings it back: a new life (new epoch, ids from 1) that starts
+    with the closed life's conversation, its ``session_update``s as they were."""
+    for session in model.sessions.values():
+        if not session.closed or session.deleted:
+            continue
+        sid = session.session_id
+        status = await work.client.get(f"/session/{sid}/status")
+        assert status.status_code == 404, (sid, status.text)
+        load = await work.client.post(f"/session/{sid}/load", json={})
+        assert load.status_code == 200, (sid, load.text)
+        body = load.json()
+        assert body["eventEpoch"] != session.epoch, (sid, "the new life kept the epoch")
+        full = await _full_read(work.client, sid, body)
+        ids = [e["id"] for e in _with_ids(full)]
+        assert ids == list(range(1, len(ids) + 1)), f"{sid}: the new life's ids {ids}"
+        before = [e["data"]["update"] for e in model.primary(sid).seen
+                  if e["type"] == "session_update"]
+        after = [e["data"]["update"] for e in full if e["type"] == "session_update"]
+        assert after == before, f"{sid}: the conversation {after} != the closed life's {before}"
 
 
 async def check_extra_sessions_whole(work: Workload, model: Model, extra: set[str]) -> None:
