@@ -22,7 +22,9 @@ takes its place. Every prompt settled before the kill had its JSON-RPC answer
 ``check_acp_loads`` loads each live ACP session on a fresh connection with
 ``_meta["acp-server/lastEventId"]`` / ``["acp-server/eventEpoch"]`` set to what the old
 connection saw: only what followed comes (ids past the cursor, in order, none twice,
-every ``session_update`` of the full read past it), under the same epoch, no resync.
+every ``session_update`` of the full read past it), under the same epoch, no resync (a
+session that resynced under ``--session-write-behind``: ``resync: "epoch_reset"`` and
+nothing replayed, as docs/editors.md says of a foreign epoch).
 """
 
 from __future__ import annotations
@@ -165,11 +167,11 @@ class AcpOps:
                 if head.kind == "perm" and self.prompt_rpc.get(head.prompt_id, (None,))[0] \
                         is self.peer:
                     out.append((f"acp allow {short}", lambda s=s: self.allow(s)))
-            if s.how == "acp" and len(s.prompts) >= 2:
+            if s.prompts:
                 out.append((f"acp close {short}", lambda s=s: self.remove(s, "session/close")))
                 out.append((f"acp delete {short}",
                             lambda s=s: self.remove(s, "session/delete")))
-        if self.peer is not None and self.peer.sessions:
+        if self.peer is not None and any(s.session_id in self.peer.sessions for s in live):
             out.append(("acp close frame 1000", self.close_frame))
         return out
 
@@ -257,8 +259,7 @@ class AcpOps:
         it made are closed (``connection_closed``), not deleted: the journal keeps them."""
         peer = self.peer
         assert peer is not None
-        mine = [self.work.model.sessions[s] for s in peer.sessions
-                if not self.work.model.sessions[s].deleted]
+        mine = [s for s in self.work.model.live() if s.session_id in peer.sessions]
         await peer.ws.close(1000)
         await peer.wait_for(lambda: peer.ended, "its close")
         for session in mine:
@@ -300,7 +301,13 @@ async def check_acp_loads(work: Workload, model: Any, acp: AcpOps,
             "_meta": {"acp-server/lastEventId": cursor,
                       "acp-server/eventEpoch": session.epoch}})
         events = result["_meta"]["acp-server/events"]
-        assert events.get("resync") is None and events["eventEpoch"] == session.epoch, events
+        if session.new_epoch is not None:   # write-behind, its marker set: a new epoch
+            assert (events.get("resync"), events["eventEpoch"]) == (
+                "epoch_reset", session.new_epoch), events
+            cursor = events["lastEventId"]   # docs/editors.md: nothing is replayed
+        else:
+            assert events.get("resync") is None and events["eventEpoch"] == session.epoch, (
+                events)
         replayed = [(m["id"], f) for f in peer.frames[start:]
                     if (m := event_of(f)) is not None
                     and m.get("sessionId", session.session_id) == session.session_id]

@@ -47,7 +47,7 @@ class Prompt:
 
     prompt_id: str
     session_id: str
-    kind: str                   # short | long | perm
+    kind: str                   # short | long | perm | crash
     text: str
     outcome: str | None = None  # completed | cancelled, once settled before the kill
 
@@ -61,6 +61,9 @@ class Session:
     settled: list[str] = field(default_factory=list)   # prompt ids, in the order they ended
     deleted: bool = False
     closed: bool = False        # closed otherwise (connection, agent death, idle): kept
+    marker: bool | None = False   # --session-write-behind: its marker at the kill (None:
+                                  # either; crash_window.py), so a resync is due
+    new_epoch: str | None = None  # the epoch it came back under, when it resynced
     killed_at: int = 0          # the last event id its primary reader saw before the kill
 
     def pending(self) -> list[Prompt]:
@@ -118,6 +121,7 @@ class Reader:
                                      headers=headers) as response:
                 self.statuses.append(response.status_code)
                 self.epochs.append(response.headers.get("x-qwen-event-epoch"))
+                self._notify()
                 if response.status_code == 200:
                     async for line in response.aiter_lines():
                         if line.startswith("data: "):
@@ -167,6 +171,7 @@ class Model:
     def __init__(self, workspace: str, policy: str = "fail") -> None:
         self.workspace = workspace
         self.policy = policy              # --session-on-restart
+        self.window = 0                   # --session-write-behind
         self.sessions: dict[str, Session] = {}
         self.default: str | None = None   # the workspace's default session
         self.readers: list[Reader] = []
@@ -198,6 +203,7 @@ class Workload:
                                          event_hooks={"response": [self._record]})
         self._tg: anyio.abc.TaskGroup | None = None
         self.acp: Any = None   # crash_acp.AcpOps: its operations join the choices
+        self.deaths = False    # agent deaths (``/crash``) join the choices
 
     async def _record(self, response: httpx.Response) -> None:
         self.model.responses.append(Answer(response.request.method,
@@ -257,6 +263,9 @@ class Workload:
                     choices.append((f"drop {p.text}", lambda s=s, p=p: self.drop(s, p)))
             if len(s.prompts) >= 2:
                 choices.append((f"delete {s.session_id[:8]}", lambda s=s: self.delete(s)))
+            if self.deaths and head is None:
+                choices.append((f"agent death {s.session_id[:8]}",
+                                lambda s=s: self.agent_death(s)))
         if self.acp is not None:
             choices += self.acp.choices()
         if not live:
@@ -283,7 +292,7 @@ class Workload:
         m = self.model
         body = await self._expect(await self.client.post("/session", json={}), 200, "attach")
         default = m.sessions.get(m.default) if m.default else None
-        if default is not None and not default.deleted:
+        if default is not None and not default.deleted and not default.closed:
             assert (body["sessionId"], body["attached"]) == (default.session_id, True), body
         else:
             assert body["attached"] is False and body["sessionId"] not in m.sessions, body
@@ -339,6 +348,36 @@ class Workload:
         for reader in self.model.readers:
             if reader.session_id == session.session_id:
                 await reader.wait_for(lambda _: reader.ended, "its stream ended (deleted)")
+
+    async def agent_death(self, session: Session) -> None:
+        """``/crash``: the reference agent (in process, one connection for all its
+        sessions) dies mid-turn: that turn ends ``agent_died``, then every live session
+        (all on that agent) ends with ``session_died``: closed, kept in the journal."""
+        text = "/crash death"
+        for reader in self.model.readers:   # every stream open first: it sees the death
+            if not self.model.sessions[reader.session_id].deleted:
+                await reader.wait_for(lambda _, r=reader: bool(r.statuses) or r.ended,
+                                      f"{reader.name} connected")
+        body = await self._expect(await self.client.post(
+            f"/session/{session.session_id}/prompt", json=prompt_body(text)), 202, "crash")
+        session.prompts.append(Prompt(body["promptId"], session.session_id, "crash", text,
+                                      outcome="failed"))
+        for other in self.model.live():
+            other.closed = True
+            for reader in self.model.readers:
+                if reader.session_id == other.session_id:
+                    await reader.wait_for(lambda _, r=reader: r.ended, f"{reader.name} ended")
+            died = [e for e in self.model.primary(other.session_id).seen
+                    if e["type"] == "session_died"]
+            assert len(died) == 1, (other.session_id, [
+                (e.get("id"), e["type"], e.get("promptId"))
+                for e in self.model.primary(other.session_id).seen])
+            status = await self.client.get(f"/session/{other.session_id}/status")
+            assert status.status_code == 404, status.text
+        ended = [e for e in self.model.primary(session.session_id).seen
+                 if e.get("promptId") == body["promptId"] and e["type"] in SETTLING]
+        assert [(e["type"], e["data"].get("code")) for e in ended] == [
+            ("turn_error", "agent_died")], ended
 
     def _settle(self, session: Session, prompt: Prompt, outcome: str) -> None:
         prompt.outcome = outcome
