@@ -85,11 +85,12 @@ class Answer:
 class InFlight:
     """The request sent just before the kill, whose answer never came (or came late)."""
 
-    op: str                     # create | branch | prompt | delete
+    op: str                     # create | branch | prompt | delete | cancel | allow | drop
     session_id: str | None      # the session it was about (branch, prompt, delete)
     text: str | None = None     # a prompt's text
     status: int | None = None   # set if its answer arrived before the kill
     body: Any = None            # and its body
+    prompt: Prompt | None = None   # cancel, allow, drop: the prompt it would settle
 
     def answered(self, *statuses: int) -> bool:
         return self.status in statuses
@@ -203,7 +204,8 @@ class Workload:
                                          event_hooks={"response": [self._record]})
         self._tg: anyio.abc.TaskGroup | None = None
         self.acp: Any = None   # crash_acp.AcpOps: its operations join the choices
-        self.deaths = False    # agent deaths (``/crash``) join the choices
+        self.extended = False  # agent deaths (``/crash``) join the choices, and a cancel,
+                               # allow or drop may be the request in flight
 
     async def _record(self, response: httpx.Response) -> None:
         self.model.responses.append(Answer(response.request.method,
@@ -263,7 +265,7 @@ class Workload:
                     choices.append((f"drop {p.text}", lambda s=s, p=p: self.drop(s, p)))
             if len(s.prompts) >= 2:
                 choices.append((f"delete {s.session_id[:8]}", lambda s=s: self.delete(s)))
-            if self.deaths and head is None:
+            if self.extended and head is None:
                 choices.append((f"agent death {s.session_id[:8]}",
                                 lambda s=s: self.agent_death(s)))
         if self.acp is not None:
@@ -411,7 +413,17 @@ class Workload:
         live = m.live()
         options = ["create"] + ([f"{op}" for op in ("branch", "prompt", "delete")]
                                 if live else [])
+        # A cancel or allow of a session's only prompt, a drop of a queued one: either
+        # way nothing else changes place (the test's settle_flight finds which it was).
+        settles = {"cancel": [(s, s.pending()[0]) for s in live if len(s.pending()) == 1],
+                   "allow": [(s, s.pending()[0]) for s in live if len(s.pending()) == 1
+                             and s.pending()[0].kind == "perm"],
+                   "drop": [(s, p) for s in live for p in s.pending()[1:]]}
+        if self.extended:
+            options += [op for op, cands in settles.items() if cands]
         op = rng.choice(options)
+        if op in settles:
+            return self._settle_in_flight(op, *rng.choice(settles[op]))
         target = rng.choice(live).session_id if op != "create" else None
         if op == "prompt" and self.acp is not None and rng.random() < 0.5:   # over /acp
             flight = await self.acp.send_in_flight(m.sessions[target],
@@ -442,4 +454,30 @@ class Workload:
         self._tg.start_soon(send)
         m.in_flight = flight
         m.log.append(f"in flight: {op} {target or ''}")
+        return flight
+
+    def _settle_in_flight(self, op: str, session: Session, prompt: Prompt) -> InFlight:
+        sid = session.session_id
+        flight = InFlight(op, sid, text=prompt.text, prompt=prompt)
+        if op == "cancel":
+            method, path, body = "POST", f"/session/{sid}/cancel", None
+        elif op == "allow":
+            request_id = permission_request_id(self.model.primary(sid).seen, prompt.prompt_id)
+            method, path, body = "POST", f"/permission/{request_id}", {
+                "outcome": {"outcome": "selected", "optionId": "allow_once"}}
+        else:
+            method, body = "DELETE", None
+            path = f"/session/{sid}/pending-prompts/{prompt.prompt_id}"
+
+        async def send() -> None:
+            try:
+                response = await self.client.request(method, path, json=body)
+                flight.status = response.status_code
+            except httpx.TransportError:
+                pass
+
+        assert self._tg is not None
+        self._tg.start_soon(send)
+        self.model.in_flight = flight
+        self.model.log.append(f"in flight: {op} {prompt.text} {sid}")
         return flight

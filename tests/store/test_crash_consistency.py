@@ -4,7 +4,7 @@ the seed's number of acknowledged operations (maybe with one more request in fli
 and is started again on the same state dir and database; then every promise of
 docs/operations.md "What survives a restart" is checked at once::
 
-    pytest tests/store/test_crash_consistency.py                       # CI's 5 seeds per store
+    pytest tests/store/test_crash_consistency.py                       # CI's seeds per store
     ACP_CRASH_SEEDS=200 pytest tests/store/test_crash_consistency.py   # seeds 0..199 per store
     ACP_CRASH_SEED=1234 pytest tests/store/test_crash_consistency.py   # replay one seed
 
@@ -16,6 +16,13 @@ The kill point is a count of operations, never a time: before the kill every ses
 in the stable state the model predicts, so what was settled, running and queued is known.
 Every third seed runs under ``--session-on-restart continue`` (the running turn runs
 again, its echo marked ``acp-server/continued``), the others under the default ``fail``.
+Three seeds in five (``_with_acp``) add ``/acp`` operations over the WebSocket
+(``crash_acp.py``: new, prompt, cancel, a permission answer, close, delete, a close
+frame 1000, a prompt in flight; after the restart a load by cursor), agent deaths
+(``/crash``: every session closed and kept) and a cancel, allow or drop as the request
+in flight (``settle_flight``: it went through or not, nothing else moved). One seed in
+four (``_write_behind``) runs under ``--session-write-behind`` (``crash_window.py``: a
+session busy at the kill resyncs, a quiet one resumes exactly).
 
 The invariants, one checker each: nothing answered 5xx (``check_no_5xx``); every
 session whose create, attach or branch was answered exists and loads under its epoch, a
@@ -24,8 +31,12 @@ may have made, whole (``check_sessions``); every accepted prompt is accounted fo
 its order: its pre-kill end, ``server_restarted`` for the one running (``continue``: it
 runs again), queued ones run after the restart (``check_prompts``); every reader that reconnects with
 ``Last-Event-ID`` and its epoch gets exactly the rest: its envelopes are the fresh full
-read's, no gap, no duplicate, no resync (``check_readers``); the default session is the
-default again (``check_default``). A failure names the seed and the operations.
+read's, no gap, no duplicate, no resync (``check_readers``; write-behind:
+``check_window_readers``); the default session is the default again (``check_default``);
+a session closed but kept (a close frame 1000, an agent death) is not live, and ``/load``
+brings it back, a new life with its conversation (``check_closed``); an ``/acp`` load by
+cursor gets only what followed (``check_acp_loads``). A failure names the seed and the
+operations.
 """
 
 from __future__ import annotations
@@ -66,9 +77,13 @@ from tests.store.test_write_behind import _store_of
 
 pytestmark = pytest.mark.anyio
 
-# CI's seeds (about 3 s each): 20 and 21 end with a DELETE in flight at the kill, the
-# workload that found a 204 answered before the removal committed (test_delete_crash.py).
-CI_SEEDS = (0, 1, 2, 20, 21)
+# CI's seeds (about 3 s each): 20 and 21 (REST only) end with a DELETE in flight at the
+# kill, the workload that found a 204 answered before the removal committed
+# (test_delete_crash.py); 12 has an /acp prompt and an agent death (its session
+# reloaded after the restart); 19 (--session-write-behind 3) an /acp permission answer,
+# /acp sessions and an agent death; 27 (--session-write-behind 1) a session busy at the
+# kill (it resyncs) with an /acp prompt queued.
+CI_SEEDS = (12, 19, 20, 21, 27)
 
 
 def _seeds() -> list[int]:
@@ -123,7 +138,7 @@ async def _crash_and_check(tmp_path: Path, store_name: str, seed: int, model: Mo
     try:
         async with Workload(model, child.base_url, rng) as work:
             acp = AcpOps(work, str(tmp_path)) if _with_acp(seed) else None
-            work.deaths = acp is not None
+            work.extended = acp is not None
             if acp is not None:
                 await acp.open()
                 work.acp = acp
@@ -153,6 +168,7 @@ async def _after_restart(work: Workload, model: Model) -> dict[str, list[dict[st
     """Reconnect the readers, drive what was queued to its end, then check."""
     listed = await _listed(work.client, model.workspace)
     flight = model.in_flight
+    await settle_flight(work, model)
     if flight is not None and flight.op == "delete" and flight.session_id in model.sessions \
             and (flight.answered(204) or flight.session_id not in listed):
         model.sessions[flight.session_id].deleted = True   # it went through
@@ -193,6 +209,30 @@ async def _after_restart(work: Workload, model: Model) -> dict[str, list[dict[st
     await check_default(work.client, model)
     check_no_5xx(model.responses)
     return fulls
+
+
+async def settle_flight(work: Workload, model: Model) -> None:
+    """A cancel, allow or drop in flight at the kill either went through (its prompt's
+    terminal, ``cancelled`` or ``completed``, is in ``/load``'s ``promptTerminals`` at
+    once) or did not (the prompt is as the model had it: running at the kill, or
+    queued). The docs promise neither, answered or not; nothing else moved (the
+    prompt was its session's only one, or a queued one)."""
+    flight = model.in_flight
+    if flight is None or flight.prompt is None:
+        return
+    session = model.sessions[flight.session_id]
+    loaded = await work.client.post(f"/session/{session.session_id}/load", json={})
+    assert loaded.status_code == 200, loaded.text
+    terminals = {t["promptId"]: t for t in loaded.json()["promptTerminals"]}
+    terminal = terminals.get(flight.prompt.prompt_id)
+    through = "completed" if flight.op == "allow" else "cancelled"
+    if terminal is not None and terminal["terminal"] == through:
+        flight.prompt.outcome = through
+        session.settled.append(flight.prompt.prompt_id)
+        model.log.append(f"  ({flight.op} went through)")
+    else:
+        assert terminal is None or (terminal["terminal"], terminal.get("errorCode")) == (
+            "failed", "server_restarted"), terminal
 
 
 async def _drive(work: Workload, model: Model, session: Session) -> None:
