@@ -15,10 +15,12 @@ journaled it: the REST reader sees an event of that prompt, ``pending_prompt_add
 its start, which are published only once the prompt's record is committed),
 ``session/cancel`` (a request: settles the head as REST's cancel does), the answer to a
 ``session/request_permission`` (allow), ``session/close`` and ``session/delete`` (the
-session's journal goes, as with DELETE) and a close frame 1000, which ends the
-connection like DELETE: the sessions it made are closed and removed; a new connection
-takes its place. Every prompt settled before the kill had its JSON-RPC answer
-(``end_turn`` or ``cancelled``) before the next operation. After the restart
+session's journal goes, as with REST's DELETE) and a close frame 1000, which ends the
+connection as ``DELETE /acp`` does (docs/acp.md): the sessions it made are closed
+(``connection_closed``) but kept in the journal, as an idle timeout or an agent death
+leaves them (``Session.closed``); a new connection takes its place. Every prompt
+settled before the kill had its JSON-RPC answer (``end_turn`` or ``cancelled``) before
+the next operation. After the restart
 ``check_acp_loads`` loads each live ACP session on a fresh connection with
 ``_meta["acp-server/lastEventId"]`` / ``["acp-server/eventEpoch"]`` set to what the old
 connection saw: only what followed comes (ids past the cursor, in order, none twice,

@@ -16,7 +16,11 @@ or settled at the kill is known exactly, whatever the machine's speed. The choic
 operation depends only on the seed and on the model (never on server-made ids or on
 time), so a seed replays the same workload. Every HTTP response, streams included, is
 recorded in ``model.responses``; an answer that is not the one the model expects fails
-at once, naming the operation.
+at once, naming the operation. With ``work.extended`` (set by the test) an agent death
+(``/crash`` on a session with nothing running: every live session ends with
+``session_died`` and is closed, kept in the journal) joins the choices, and the request
+in flight may be a cancel or allow of a session's only prompt or a drop of a queued
+one; ``work.acp`` (``crash_acp.AcpOps``) adds the ``/acp`` operations.
 """
 
 from __future__ import annotations
@@ -107,6 +111,11 @@ class Reader:
         self.statuses: list[int] = []
         self.ended = False
         self._changed = anyio.Event()
+        self._scope = anyio.CancelScope()
+
+    def stop(self) -> None:
+        """Close this reader's stream (the session is left without it)."""
+        self._scope.cancel()
 
     def last_id(self) -> int:
         ids = [e["id"] for e in self.seen if e.get("id") is not None]
@@ -117,6 +126,15 @@ class Reader:
         headers = {"Last-Event-ID": str(self.last_id())}
         if epoch is not None:
             headers["X-Qwen-Event-Epoch"] = epoch
+        self._scope = anyio.CancelScope()
+        try:
+            with self._scope:
+                await self._read(client, headers)
+        finally:
+            self.ended = True
+            self._notify()
+
+    async def _read(self, client: httpx.AsyncClient, headers: dict[str, str]) -> None:
         try:
             async with client.stream("GET", f"/session/{self.session_id}/events",
                                      headers=headers) as response:
@@ -130,9 +148,6 @@ class Reader:
                             self._notify()
         except httpx.TransportError:
             pass   # the server was killed under it
-        finally:
-            self.ended = True
-            self._notify()
 
     def _notify(self) -> None:
         self._changed.set()
@@ -204,6 +219,7 @@ class Workload:
                                          event_hooks={"response": [self._record]})
         self._tg: anyio.abc.TaskGroup | None = None
         self.acp: Any = None   # crash_acp.AcpOps: its operations join the choices
+        self.idle = False      # idle-timeout closes join the choices (a short timeout)
         self.extended = False  # agent deaths (``/crash``) join the choices, and a cancel,
                                # allow or drop may be the request in flight
 
@@ -265,6 +281,8 @@ class Workload:
                     choices.append((f"drop {p.text}", lambda s=s, p=p: self.drop(s, p)))
             if len(s.prompts) >= 2:
                 choices.append((f"delete {s.session_id[:8]}", lambda s=s: self.delete(s)))
+            if self.idle and head is None:
+                choices.append((f"idle {s.session_id[:8]}", lambda s=s: self.idle_close(s)))
             if self.extended and head is None:
                 choices.append((f"agent death {s.session_id[:8]}",
                                 lambda s=s: self.agent_death(s)))
@@ -350,6 +368,20 @@ class Workload:
         for reader in self.model.readers:
             if reader.session_id == session.session_id:
                 await reader.wait_for(lambda _: reader.ended, "its stream ended (deleted)")
+
+    async def idle_close(self, session: Session) -> None:
+        """Its readers go; with nothing running it is idle, and the server (a short
+        ``--session-idle-timeout-ms``) closes it: closed, kept in the journal."""
+        for reader in self.model.readers:
+            if reader.session_id == session.session_id:
+                await reader.wait_for(lambda _, r=reader: bool(r.statuses), "connected")
+                reader.stop()
+                await reader.wait_for(lambda _, r=reader: r.ended, f"{reader.name} stopped")
+        with anyio.fail_after(WAIT_S):   # polled: closed by the reaper, no one is told
+            while (await self.client.get(
+                    f"/session/{session.session_id}/status")).status_code != 404:
+                await anyio.sleep(0.05)
+        session.closed = True
 
     async def agent_death(self, session: Session) -> None:
         """``/crash``: the reference agent (in process, one connection for all its

@@ -29,14 +29,14 @@ session whose create, attach or branch was answered exists and loads under its e
 deleted one stays deleted, and no other session exists but the one a request in flight
 may have made, whole (``check_sessions``); every accepted prompt is accounted for, in
 its order: its pre-kill end, ``server_restarted`` for the one running (``continue``: it
-runs again), queued ones run after the restart (``check_prompts``); every reader that reconnects with
-``Last-Event-ID`` and its epoch gets exactly the rest: its envelopes are the fresh full
-read's, no gap, no duplicate, no resync (``check_readers``; write-behind:
-``check_window_readers``); the default session is the default again (``check_default``);
-a session closed but kept (a close frame 1000, an agent death) is not live, and ``/load``
-brings it back, a new life with its conversation (``check_closed``); an ``/acp`` load by
-cursor gets only what followed (``check_acp_loads``). A failure names the seed and the
-operations.
+runs again), queued ones run after the restart (``check_prompts``); every reader that
+reconnects with ``Last-Event-ID`` and its epoch gets exactly the rest: its envelopes
+are the fresh full read's, no gap, no duplicate, no resync (``check_readers``;
+write-behind: ``check_window_readers``); the default session is the default again
+(``check_default``); a session closed but kept (a close frame 1000, an agent death, an
+idle timeout: ``_idle_flags``' seeds) is not live, and ``/load`` brings it back, a new
+life with its conversation (``check_closed``); an ``/acp`` load by cursor gets only
+what followed (``check_acp_loads``). A failure names the seed and the operations.
 """
 
 from __future__ import annotations
@@ -82,8 +82,8 @@ pytestmark = pytest.mark.anyio
 # (test_delete_crash.py); 12 has an /acp prompt and an agent death (its session
 # reloaded after the restart); 19 (--session-write-behind 3) an /acp permission answer,
 # /acp sessions and an agent death; 27 (--session-write-behind 1) a session busy at the
-# kill (it resyncs) with an /acp prompt queued.
-CI_SEEDS = (12, 19, 20, 21, 27)
+# kill (it resyncs) with an /acp prompt queued; 25 an idle-timeout close.
+CI_SEEDS = (12, 19, 20, 21, 25, 27)
 
 
 def _seeds() -> list[int]:
@@ -116,6 +116,14 @@ def _with_acp(seed: int) -> bool:
     return seed % 5 >= 2
 
 
+def _idle_flags(seed: int) -> list[str]:
+    """Seeds without ``/acp`` whose ``seed % 3 == 1`` (1, 10, 16, 25, …) run with a short
+    idle timeout before the kill (idle closes join the choices), the default after."""
+    if _with_acp(seed) or seed % 3 != 1:
+        return []
+    return ["--session-idle-timeout-ms", "2500", "--session-reap-interval-ms", "50"]
+
+
 def _write_behind(seed: int) -> int:
     """The ``--session-write-behind`` window of a seed (one in four: 1, 3 or 64
     events), else 0."""
@@ -133,12 +141,13 @@ async def _crash_and_check(tmp_path: Path, store_name: str, seed: int, model: Mo
     flags = _flags(tmp_path, store_name)
     model.window = _write_behind(seed)
     child = ServeProcess(tmp_path, *flags, "--session-on-restart", model.policy,
-                         "--session-write-behind", str(model.window))
+                         "--session-write-behind", str(model.window), *_idle_flags(seed))
     await anyio.to_thread.run_sync(child.start)
     try:
         async with Workload(model, child.base_url, rng) as work:
             acp = AcpOps(work, str(tmp_path)) if _with_acp(seed) else None
             work.extended = acp is not None
+            work.idle = bool(_idle_flags(seed))
             if acp is not None:
                 await acp.open()
                 work.acp = acp
@@ -154,6 +163,8 @@ async def _crash_and_check(tmp_path: Path, store_name: str, seed: int, model: Mo
                     await reader.wait_for(lambda _, r=reader: r.ended, "the kill")
             for session in model.sessions.values():
                 session.killed_at = model.primary(session.session_id).last_id()
+        if _idle_flags(seed):   # a later flag wins: the default timeout after the restart
+            child.flags = (*child.flags, "--session-idle-timeout-ms", "1800000")
         await anyio.to_thread.run_sync(child.start)
         async with Workload(model, child.base_url, rng) as after:
             fulls = await _after_restart(after, model)
