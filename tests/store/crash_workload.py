@@ -451,9 +451,9 @@ class Workload:
                    "allow": [(s, s.pending()[0]) for s in live if len(s.pending()) == 1
                              and s.pending()[0].kind == "perm"],
                    "drop": [(s, p) for s in live for p in s.pending()[1:]]}
-        if self.extended:
-            options += [op for op, cands in settles.items() if cands]
-        op = rng.choice(options)
+        offered = [op for op, cands in settles.items() if cands] if self.extended else []
+        # Half the time one of those when there is one (else they would be rare).
+        op = rng.choice(offered if offered and rng.random() < 0.5 else options + offered)
         if op in settles:
             return self._settle_in_flight(op, *rng.choice(settles[op]))
         target = rng.choice(live).session_id if op != "create" else None

@@ -79,11 +79,11 @@ pytestmark = pytest.mark.anyio
 
 # CI's seeds (about 3 s each): 20 and 21 (REST only) end with a DELETE in flight at the
 # kill, the workload that found a 204 answered before the removal committed
-# (test_delete_crash.py); 12 has an /acp prompt and an agent death (its session
-# reloaded after the restart); 19 (--session-write-behind 3) an /acp permission answer,
-# /acp sessions and an agent death; 27 (--session-write-behind 1) a session busy at the
-# kill (it resyncs) with an /acp prompt queued; 25 an idle-timeout close.
-CI_SEEDS = (12, 19, 20, 21, 25, 27)
+# (test_delete_crash.py); 19 (--session-write-behind 3) has an /acp permission answer,
+# /acp sessions and an agent death (its sessions reloaded after the restart); 27
+# (--session-write-behind 1) a session busy at the kill (it resyncs) with an /acp prompt
+# queued; 25 an idle-timeout close; 32 a cancel in flight at the kill.
+CI_SEEDS = (19, 20, 21, 25, 27, 32)
 
 
 def _seeds() -> list[int]:
