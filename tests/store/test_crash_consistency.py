@@ -121,7 +121,7 @@ def _idle_flags(seed: int) -> list[str]:
     idle timeout before the kill (idle closes join the choices), the default after."""
     if _with_acp(seed) or seed % 3 != 1:
         return []
-    return ["--session-idle-timeout-ms", "2500", "--session-reap-interval-ms", "50"]
+    return ["--session-idle-timeout-ms", "1500", "--session-reap-interval-ms", "50"]
 
 
 def _write_behind(seed: int) -> int:
