@@ -16,7 +16,11 @@ or settled at the kill is known exactly, whatever the machine's speed. The choic
 operation depends only on the seed and on the model (never on server-made ids or on
 time), so a seed replays the same workload. Every HTTP response, streams included, is
 recorded in ``model.responses``; an answer that is not the one the model expects fails
-at once, naming the operation.
+at once, naming the operation. With ``work.extended`` (set by the test) an agent death
+(``/crash`` on a session with nothing running: every live session ends with
+``session_died`` and is closed, kept in the journal) joins the choices, and the request
+in flight may be a cancel or allow of a session's only prompt or a drop of a queued
+one; ``work.acp`` (``crash_acp.AcpOps``) adds the ``/acp`` operations.
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ class Prompt:
 
     prompt_id: str
     session_id: str
-    kind: str                   # short | long | perm
+    kind: str                   # short | long | perm | crash
     text: str
     outcome: str | None = None  # completed | cancelled, once settled before the kill
 
@@ -60,6 +64,10 @@ class Session:
     prompts: list[Prompt] = field(default_factory=list)
     settled: list[str] = field(default_factory=list)   # prompt ids, in the order they ended
     deleted: bool = False
+    closed: bool = False        # closed otherwise (connection, agent death, idle): kept
+    marker: bool | None = False   # --session-write-behind: its marker at the kill (None:
+                                  # either; crash_window.py), so a resync is due
+    new_epoch: str | None = None  # the epoch it came back under, when it resynced
     killed_at: int = 0          # the last event id its primary reader saw before the kill
 
     def pending(self) -> list[Prompt]:
@@ -81,11 +89,12 @@ class Answer:
 class InFlight:
     """The request sent just before the kill, whose answer never came (or came late)."""
 
-    op: str                     # create | branch | prompt | delete
+    op: str                     # create | branch | prompt | delete | cancel | allow | drop
     session_id: str | None      # the session it was about (branch, prompt, delete)
     text: str | None = None     # a prompt's text
     status: int | None = None   # set if its answer arrived before the kill
     body: Any = None            # and its body
+    prompt: Prompt | None = None   # cancel, allow, drop: the prompt it would settle
 
     def answered(self, *statuses: int) -> bool:
         return self.status in statuses
@@ -102,6 +111,11 @@ class Reader:
         self.statuses: list[int] = []
         self.ended = False
         self._changed = anyio.Event()
+        self._scope = anyio.CancelScope()
+
+    def stop(self) -> None:
+        """Close this reader's stream (the session is left without it)."""
+        self._scope.cancel()
 
     def last_id(self) -> int:
         ids = [e["id"] for e in self.seen if e.get("id") is not None]
@@ -112,11 +126,21 @@ class Reader:
         headers = {"Last-Event-ID": str(self.last_id())}
         if epoch is not None:
             headers["X-Qwen-Event-Epoch"] = epoch
+        self._scope = anyio.CancelScope()
+        try:
+            with self._scope:
+                await self._read(client, headers)
+        finally:
+            self.ended = True
+            self._notify()
+
+    async def _read(self, client: httpx.AsyncClient, headers: dict[str, str]) -> None:
         try:
             async with client.stream("GET", f"/session/{self.session_id}/events",
                                      headers=headers) as response:
                 self.statuses.append(response.status_code)
                 self.epochs.append(response.headers.get("x-qwen-event-epoch"))
+                self._notify()
                 if response.status_code == 200:
                     async for line in response.aiter_lines():
                         if line.startswith("data: "):
@@ -124,9 +148,6 @@ class Reader:
                             self._notify()
         except httpx.TransportError:
             pass   # the server was killed under it
-        finally:
-            self.ended = True
-            self._notify()
 
     def _notify(self) -> None:
         self._changed.set()
@@ -166,6 +187,7 @@ class Model:
     def __init__(self, workspace: str, policy: str = "fail") -> None:
         self.workspace = workspace
         self.policy = policy              # --session-on-restart
+        self.window = 0                   # --session-write-behind
         self.sessions: dict[str, Session] = {}
         self.default: str | None = None   # the workspace's default session
         self.readers: list[Reader] = []
@@ -175,7 +197,7 @@ class Model:
         self.counter = 0
 
     def live(self) -> list[Session]:
-        return [s for s in self.sessions.values() if not s.deleted]
+        return [s for s in self.sessions.values() if not s.deleted and not s.closed]
 
     def primary(self, session_id: str) -> Reader:
         return next(r for r in self.readers if r.session_id == session_id)
@@ -196,6 +218,10 @@ class Workload:
                                          timeout=httpx.Timeout(WAIT_S, read=None),
                                          event_hooks={"response": [self._record]})
         self._tg: anyio.abc.TaskGroup | None = None
+        self.acp: Any = None   # crash_acp.AcpOps: its operations join the choices
+        self.idle = False      # idle-timeout closes join the choices (a short timeout)
+        self.extended = False  # agent deaths (``/crash``) join the choices, and a cancel,
+                               # allow or drop may be the request in flight
 
     async def _record(self, response: httpx.Response) -> None:
         self.model.responses.append(Answer(response.request.method,
@@ -255,6 +281,13 @@ class Workload:
                     choices.append((f"drop {p.text}", lambda s=s, p=p: self.drop(s, p)))
             if len(s.prompts) >= 2:
                 choices.append((f"delete {s.session_id[:8]}", lambda s=s: self.delete(s)))
+            if self.idle and head is None:
+                choices.append((f"idle {s.session_id[:8]}", lambda s=s: self.idle_close(s)))
+            if self.extended and head is None:
+                choices.append((f"agent death {s.session_id[:8]}",
+                                lambda s=s: self.agent_death(s)))
+        if self.acp is not None:
+            choices += self.acp.choices()
         if not live:
             choices = [("create", self.create)]
         return rng.choice(choices)
@@ -279,7 +312,7 @@ class Workload:
         m = self.model
         body = await self._expect(await self.client.post("/session", json={}), 200, "attach")
         default = m.sessions.get(m.default) if m.default else None
-        if default is not None and not default.deleted:
+        if default is not None and not default.deleted and not default.closed:
             assert (body["sessionId"], body["attached"]) == (default.session_id, True), body
         else:
             assert body["attached"] is False and body["sessionId"] not in m.sessions, body
@@ -336,6 +369,50 @@ class Workload:
             if reader.session_id == session.session_id:
                 await reader.wait_for(lambda _: reader.ended, "its stream ended (deleted)")
 
+    async def idle_close(self, session: Session) -> None:
+        """Its readers go; with nothing running it is idle, and the server (a short
+        ``--session-idle-timeout-ms``) closes it: closed, kept in the journal."""
+        for reader in self.model.readers:
+            if reader.session_id == session.session_id:
+                await reader.wait_for(lambda _, r=reader: bool(r.statuses), "connected")
+                reader.stop()
+                await reader.wait_for(lambda _, r=reader: r.ended, f"{reader.name} stopped")
+        with anyio.fail_after(WAIT_S):   # polled: closed by the reaper, no one is told
+            while (await self.client.get(
+                    f"/session/{session.session_id}/status")).status_code != 404:
+                await anyio.sleep(0.05)
+        session.closed = True
+
+    async def agent_death(self, session: Session) -> None:
+        """``/crash``: the reference agent (in process, one connection for all its
+        sessions) dies mid-turn: that turn ends ``agent_died``, then every live session
+        (all on that agent) ends with ``session_died``: closed, kept in the journal."""
+        text = "/crash death"
+        for reader in self.model.readers:   # every stream open first: it sees the death
+            if not self.model.sessions[reader.session_id].deleted:
+                await reader.wait_for(lambda _, r=reader: bool(r.statuses) or r.ended,
+                                      f"{reader.name} connected")
+        body = await self._expect(await self.client.post(
+            f"/session/{session.session_id}/prompt", json=prompt_body(text)), 202, "crash")
+        session.prompts.append(Prompt(body["promptId"], session.session_id, "crash", text,
+                                      outcome="failed"))
+        for other in self.model.live():
+            other.closed = True
+            for reader in self.model.readers:
+                if reader.session_id == other.session_id:
+                    await reader.wait_for(lambda _, r=reader: r.ended, f"{reader.name} ended")
+            died = [e for e in self.model.primary(other.session_id).seen
+                    if e["type"] == "session_died"]
+            assert len(died) == 1, (other.session_id, [
+                (e.get("id"), e["type"], e.get("promptId"))
+                for e in self.model.primary(other.session_id).seen])
+            status = await self.client.get(f"/session/{other.session_id}/status")
+            assert status.status_code == 404, status.text
+        ended = [e for e in self.model.primary(session.session_id).seen
+                 if e.get("promptId") == body["promptId"] and e["type"] in SETTLING]
+        assert [(e["type"], e["data"].get("code")) for e in ended] == [
+            ("turn_error", "agent_died")], ended
+
     def _settle(self, session: Session, prompt: Prompt, outcome: str) -> None:
         prompt.outcome = outcome
         session.settled.append(prompt.prompt_id)
@@ -360,7 +437,7 @@ class Workload:
                 await other.wait_for(lambda _: other.last_id() >= last, f"{other.name} at {last}")
 
     # -- the request in flight at the kill ------------------------------------------------
-    def start_in_flight(self) -> InFlight | None:
+    async def start_in_flight(self) -> InFlight | None:
         """Maybe send one more request (chosen by the seed) and not wait for it."""
         m, rng = self.model, self.rng
         if rng.random() < 0.5:
@@ -368,8 +445,24 @@ class Workload:
         live = m.live()
         options = ["create"] + ([f"{op}" for op in ("branch", "prompt", "delete")]
                                 if live else [])
-        op = rng.choice(options)
+        # A cancel or allow of a session's only prompt, a drop of a queued one: either
+        # way nothing else changes place (the test's settle_flight finds which it was).
+        settles = {"cancel": [(s, s.pending()[0]) for s in live if len(s.pending()) == 1],
+                   "allow": [(s, s.pending()[0]) for s in live if len(s.pending()) == 1
+                             and s.pending()[0].kind == "perm"],
+                   "drop": [(s, p) for s in live for p in s.pending()[1:]]}
+        offered = [op for op, cands in settles.items() if cands] if self.extended else []
+        # Half the time one of those when there is one (else they would be rare).
+        op = rng.choice(offered if offered and rng.random() < 0.5 else options + offered)
+        if op in settles:
+            return self._settle_in_flight(op, *rng.choice(settles[op]))
         target = rng.choice(live).session_id if op != "create" else None
+        if op == "prompt" and self.acp is not None and rng.random() < 0.5:   # over /acp
+            flight = await self.acp.send_in_flight(m.sessions[target],
+                                                   m.next_text("short"))
+            m.in_flight = flight
+            m.log.append(f"in flight: acp prompt {target}")
+            return flight
         flight = InFlight(op, target)
         if op == "create":
             method, path, body = "POST", "/session", {"sessionScope": "thread"}
@@ -393,4 +486,30 @@ class Workload:
         self._tg.start_soon(send)
         m.in_flight = flight
         m.log.append(f"in flight: {op} {target or ''}")
+        return flight
+
+    def _settle_in_flight(self, op: str, session: Session, prompt: Prompt) -> InFlight:
+        sid = session.session_id
+        flight = InFlight(op, sid, text=prompt.text, prompt=prompt)
+        if op == "cancel":
+            method, path, body = "POST", f"/session/{sid}/cancel", None
+        elif op == "allow":
+            request_id = permission_request_id(self.model.primary(sid).seen, prompt.prompt_id)
+            method, path, body = "POST", f"/permission/{request_id}", {
+                "outcome": {"outcome": "selected", "optionId": "allow_once"}}
+        else:
+            method, body = "DELETE", None
+            path = f"/session/{sid}/pending-prompts/{prompt.prompt_id}"
+
+        async def send() -> None:
+            try:
+                response = await self.client.request(method, path, json=body)
+                flight.status = response.status_code
+            except httpx.TransportError:
+                pass
+
+        assert self._tg is not None
+        self._tg.start_soon(send)
+        self.model.in_flight = flight
+        self.model.log.append(f"in flight: {op} {prompt.text} {sid}")
         return flight
