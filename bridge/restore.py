@@ -219,9 +219,9 @@ async def reseed_closed(bridge: Bridge, agent_name: str, found: RestoredSession 
     journal keeps no closed session of that id on ``agent_name`` (another agent never
     takes a conversation over), or the agent makes its new session under another id
     (logged): the caller's 404. ``found``: the id's journal, read before the agent's
-    load was tried (a refused load resets the id's events)."""
-    if found is None or found.closed_at is None or found.record.agent != agent_name \
-            or found.record.session_id in bridge._sessions:
+    load was tried (a refused load resets the id's events). The caller checked that
+    the id is not live."""
+    if found is None or found.closed_at is None or found.record.agent != agent_name:
         return None
     session_id = found.record.session_id
     try:

@@ -47,18 +47,23 @@ QWEN_NOTIFY = "_qwen/notify"
 KEPT_CLOSES = frozenset({"idle_timeout"})   # closes the server keeps the session through
 
 
+def _invalid_params(msg: wire.Message) -> dict[str, Any] | None:
+    """A ``-32602`` error answer's error, else ``None``."""
+    error = wire.decode(msg.members["error"]) if "error" in msg.members else None
+    return error if isinstance(error, dict) and error.get("code") == wire.INVALID_PARAMS \
+        else None
+
+
 def _no_session(msg: wire.Message) -> bool:
     """An error answer that says the session does not exist (``-32602``)."""
-    error = wire.decode(msg.members["error"]) if "error" in msg.members else None
-    return isinstance(error, dict) and error.get("code") == wire.INVALID_PARAMS
+    return _invalid_params(msg) is not None
 
 
 def _session_gone(msg: wire.Message) -> bool:
     """``_no_session``, and the server says so in words (``-32602`` also answers
     params that are merely invalid): ``No session with id "…"``."""
-    error = wire.decode(msg.members["error"]) if "error" in msg.members else None
-    return _no_session(msg) and isinstance(error, dict) \
-        and str(error.get("message", "")).startswith("No session")
+    error = _invalid_params(msg)
+    return error is not None and str(error.get("message", "")).startswith("No session")
 
 
 class FromServer:

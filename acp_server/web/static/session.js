@@ -13,8 +13,8 @@
 // gone (404), the page tries POST /session/{id}/load until the server answers: loaded,
 // the transcript is replayed and the page goes on; not found, the page says plainly
 // that the session ended and offers the list. A session whose agent died (or that was
-// closed, not deleted) says so and offers "Load it again" (the same load). "Cancel running" is enabled only while
-// a prompt runs, and says what it did.
+// closed, not deleted) says so and offers "Load it again" (the same load). "Cancel
+// running" is enabled only while a prompt runs, and says what it did.
 
 import { follow, request } from "./api.js";
 import { can, clear, errorText, h, limitText, shortId, toolKind } from "./dom.js";
