@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import queue
+import random
 import re
 import shlex
 import signal
@@ -50,8 +51,30 @@ START_TIMEOUT_S = 30
 LISTENING = re.compile(r"acp-server listening on (https?://(?:\[[^\]]+\]|[^:\s]+):(\d+)) ")
 
 
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+_PICK = random.SystemRandom()      # not the test's seeded ``random``: workers would agree
+
+
 def free_port() -> int:
-    """A loopback port nothing listens on now (for a ``--port`` to pass a child)."""
+    """A loopback port nothing listens on now (for a ``--port`` to pass a child), taken
+    below the kernel's ephemeral range. A port the kernel handed out would be free again
+    only until it hands it out next: as the source port of any outgoing connection (a
+    client, the store's), which then stops a child restarted on it from listening."""
+    high = min(_ephemeral_low(), 32768)
+    for _ in range(100):
+        port = _PICK.randrange(15000, high)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
