@@ -7,6 +7,7 @@
     seq = journal.append(PromptAccepted(session_id=sid, prompt_id=pid, ...))
     await journal.wait(seq)          # committed, or JournalUnavailableError
     state = await journal.restore()  # what start-up needs: RestoredSession, in creation order
+    page = await journal.ended(before=None, limit=50)   # closed sessions kept, newest first
 
 The bridge defines this protocol as it defines ``AgentConnection``; composition hands
 it an implementation (``acp_server.server.open_server``: the store's). The bridge
@@ -155,6 +156,20 @@ class RestoredSession:
         return max(times)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class EndedSession:
+    """A closed session the journal keeps (until the retention purge): its record and
+    when it closed (epoch seconds)."""
+
+    record: SessionOpened
+    ended_at: float
+
+    def key(self) -> tuple[float, str]:
+        """Its place in ``ended``'s order (newest first): ``(ended_at, session id)``,
+        both descending."""
+        return self.ended_at, self.record.session_id
+
+
 class SessionJournal(Protocol):
     durable: bool
 
@@ -190,6 +205,14 @@ class SessionJournal(Protocol):
         seeded from. Raises ``JournalUnavailableError`` when the journal cannot answer."""
         ...
 
+    async def ended(self, *, before: tuple[float, str] | None, limit: int
+                    ) -> list[EndedSession]:
+        """Up to ``limit`` of the closed sessions the journal keeps, newest end first
+        (``EndedSession.key`` descending), strictly after ``before`` in that order
+        (``None``: from the newest). Records that cannot be decoded are logged and
+        skipped. Raises ``JournalUnavailableError`` when the journal cannot answer."""
+        ...
+
     async def aclose(self) -> None: ...
 
 
@@ -218,6 +241,10 @@ class MemoryJournal:
 
     async def read(self, session_id: str) -> RestoredSession | None:
         return None
+
+    async def ended(self, *, before: tuple[float, str] | None, limit: int
+                    ) -> list[EndedSession]:
+        return []
 
     async def aclose(self) -> None:
         return None

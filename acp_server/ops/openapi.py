@@ -56,6 +56,7 @@ from acp_server.ops.openapi_types import (
 )
 from acp_server.rest import wire as rest_wire
 from acp_server.http.session_cursor import MAX_CURSOR_CHARS
+from acp_server.rest.ended import MAX_CURSOR_CHARS as ENDED_CURSOR_CHARS
 from bridge.wire import EventEnvelope
 
 REF = "#/components/schemas/{name}"
@@ -184,6 +185,14 @@ OPERATIONS: tuple[Op, ...] = (
               Query("cursor", "The `nextCursor` of the previous page (opaque)",
                     {"type": "string", "pattern": "^[A-Za-z0-9_-]*$",
                      "maxLength": MAX_CURSOR_CHARS}))),
+    Op("GET", "/workspace/{workspace}/ended-sessions",
+       "The closed sessions the journal keeps (agent died, idle timeout), newest end "
+       "first: `/load` brings one back",
+       (Answer(200, "A page of ended sessions", W.EndedSessionPage),), (400, 404, 503),
+       query=(Query("size", "Page size (default 20; clamped to 1..100)", PAGE_SIZE),
+              Query("cursor", "The `nextCursor` of the previous page (opaque)",
+                    {"type": "string", "pattern": "^[A-Za-z0-9_-]*$",
+                     "maxLength": ENDED_CURSOR_CHARS}))),
     Op("GET", "/workspaces/{workspace}/sessions",
        "The same listing under the peer's per-workspace path: `{workspace}` is the "
        "workspace id or its absolute path (URL-encoded); another is 400 `workspace_mismatch`",

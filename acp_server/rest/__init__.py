@@ -21,6 +21,7 @@ from acp_server.rest import (
     admin,
     capabilities,
     daemon,
+    ended,
     events,
     health,
     permissions,
@@ -52,4 +53,4 @@ def routes(bridge: Bridge, config: RestConfig, *,
                            instances=instances),
             *sessions.routes(bridge, config), *prompts.routes(bridge, config),
             *events.routes(bridge, config), *permissions.routes(bridge, config),
-            *workspace.routes(bridge)]
+            *workspace.routes(bridge), *ended.routes(bridge)]

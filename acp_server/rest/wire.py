@@ -289,6 +289,28 @@ class SessionPage(msgspec.Struct, omit_defaults=True):
                                             "absent on the last one")] | UnsetType = UNSET
 
 
+class EndedSession(msgspec.Struct):
+    """An item of ``GET /workspace/{workspace}/ended-sessions``: a closed session the
+    journal keeps (its agent died, the idle timeout closed it), which ``/load`` or
+    ``/resume`` brings back."""
+
+    sessionId: str
+    workspaceCwd: str
+    agent: str
+    createdAt: str
+    endedAt: Annotated[str, msgspec.Meta(description="When it closed (ISO 8601, UTC)")]
+    origin: str | None
+    owner: Annotated[str, msgspec.Meta(
+        description="The principal that made it; null when the journal has none")] | None
+    forkedFrom: str | None
+
+
+class EndedSessionPage(msgspec.Struct, omit_defaults=True):
+    sessions: list[EndedSession]
+    nextCursor: Annotated[str, msgspec.Meta(description="The `cursor` of the next page; "
+                                            "absent on the last one")] | UnsetType = UNSET
+
+
 class PendingPrompt(msgspec.Struct):
     promptId: str
     queuedAt: int

@@ -68,7 +68,7 @@ def session_summary(status: SessionStatus, owner: str | None = None) -> wire.Ses
 _SIGNED_DIGITS = re.compile(r"[+-]?[0-9]+", re.ASCII)
 
 
-def _page_size(request: Request) -> int:
+def page_size(request: Request) -> int:
     """``size`` as the peer reads it: ASCII digits with an optional sign, spaces
     around them ignored, clamped to 1..``MAX_PAGE_SIZE``; anything else (absent, empty,
     ``x``, ``²``, ``1.5``) is the default. Never an error: ``@qwen-code/sdk`` asks for up
@@ -94,12 +94,17 @@ def _after(request: Request) -> SessionKey | None:
                           "invalid_cursor") from None
 
 
-async def list_sessions(request: Request, *, bridge: Bridge) -> Response:
+def check_workspace(request: Request, bridge: Bridge) -> None:
+    """404 ``workspace_not_found`` unless ``{workspace}`` is this daemon's."""
     requested = request.path_params["workspace"]
     if requested != workspace_id(bridge.workspace_cwd):
         raise RestError(404, {"error": "Workspace is not registered with this daemon.",
                               "code": "workspace_not_found", "workspace": requested[:256]})
-    size, after = _page_size(request), _after(request)
+
+
+async def list_sessions(request: Request, *, bridge: Bridge) -> Response:
+    check_workspace(request, bridge)
+    size, after = page_size(request), _after(request)
     caller = caller_of(request.scope)
     owners = caller.gate.sessions
     visible = (s for s in bridge.list_sessions() if caller.sees(owners.owner(s.session_id)))

@@ -1,9 +1,10 @@
 """The session journal's reads (``acp_server.store.sessions.StoreSessionJournal``
 inherits them): the restore at start, an adopted session, the reads of sessions
-another instance runs, and the purge of closed sessions.
+another instance runs, the closed sessions kept, and the purge of closed sessions.
 
     found = await journal.restore()            # every session this instance restores
     opened, closed, rows = await journal.read_after(session_id, after=41)
+    page = await journal.ended(before=(1764900000.0, "3c0f…"), limit=50)
 
 Contracts: see ``acp_server.store.sessions``. A row that cannot be decoded is logged
 and skipped (a lost event gives its session a new epoch, ``RestoredSession.gap``).
@@ -27,7 +28,8 @@ from acp_server.store.errors import StoreUnavailableError
 from acp_server.store.leases import SessionLeases
 from acp_server.store.write_behind import MARKER_ID
 from bridge.errors import JournalUnavailableError
-from bridge.journal import PromptAccepted, PromptSettled, RestoredSession, SessionOpened
+from bridge.journal import (EndedSession, PromptAccepted, PromptSettled, RestoredSession,
+                            SessionOpened)
 from bridge.status import MAX_PROMPT_TERMINALS, PromptTerminal
 from bridge.wire import event_from_envelope
 
@@ -307,6 +309,37 @@ class SessionReads:
             log.error("session journal: session %s has an unreadable record (%s)",
                       session_id, exc)
             return None
+
+    async def ended(self, *, before: tuple[float, str] | None, limit: int
+                    ) -> list[EndedSession]:
+        """The closed sessions kept, newest end first (``(closed_at, id)`` descending),
+        strictly after ``before``; a record that cannot be decoded is logged and
+        skipped. ``JournalUnavailableError`` when the store cannot answer."""
+        sql = self._sql
+        where, params = "closed_at IS NOT NULL", ()
+        if before is not None:
+            where += " AND (closed_at < ? OR (closed_at = ? AND id < ?))"
+            params = (before[0], before[0], before[1])
+
+        def read(conn: Any) -> list[tuple[str, bytes, float]]:
+            return [(str(i), bytes(r), float(c)) for i, r, c in conn.execute(sql(
+                f"SELECT id, record, closed_at FROM sessions WHERE {where} "
+                f"ORDER BY closed_at DESC, id DESC LIMIT ?"), (*params, limit)).fetchall()]
+
+        try:
+            rows = await self.store._read(read)
+        except StoreUnavailableError as exc:
+            raise JournalUnavailableError(exc.reason) from exc
+        found = []
+        for sid, blob, closed_at in rows:
+            try:
+                record = _OPENED.decode(blob)
+            except msgspec.MsgspecError as exc:
+                log.error("session journal: session %s has an unreadable record (%s)",
+                          sid, exc)
+                continue
+            found.append(EndedSession(record=record, ended_at=closed_at))
+        return found
 
     async def purge(self, closed_before: float) -> int:
         """Remove the sessions closed before ``closed_before`` (epoch seconds)."""

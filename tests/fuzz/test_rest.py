@@ -12,6 +12,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from acp_server.rest import ended
 from tests.fuzz.budget import Budget, fuzz_settings
 from tests.fuzz.http import send
 from tests.fuzz.live import Live, live_on_postgres
@@ -30,7 +31,8 @@ ROUTES = [
     ("GET", "/session/{id}/status"), ("GET", "/session/{id}/pending-prompts"),
     ("DELETE", "/session/{id}/pending-prompts/{other}"), ("POST", "/session/{id}/heartbeat"),
     ("DELETE", "/session/{id}"), ("PUT", "/session/{id}"), ("GET", "/nope/{id}"),
-    ("GET", "/workspaces/{id}/sessions"), ("POST", "/workspaces/{id}/acp"),
+    ("GET", "/workspaces/{id}/sessions"), ("GET", "/workspace/{id}/ended-sessions"),
+    ("POST", "/workspaces/{id}/acp"),
     ("GET", "/workspaces/{id}/acp"), ("DELETE", "/workspaces/{other}/acp"),
     # an absolute {ws}, decoded by the server (``acp_server.http.mounts``): another
     # folder's, and this workspace's path with more after it (``%2F..``, ``%2F%2F``: its
@@ -117,5 +119,33 @@ def test_workspace_session_listing(live: Live) -> None:
             assert isinstance(response.json()["sessions"], list)
         if cursor == minted:
             assert response.status_code in (200, 414), response.status_code
+
+    run()
+
+
+def test_ended_session_listing(live: Live) -> None:
+    """``GET /workspace/{id}/ended-sessions`` with generated ``cursor`` and ``size``: a
+    page or 400 ``invalid_cursor``, never a 5xx; a cursor as the route mints it always
+    pages on."""
+    wid = live.http.get("/capabilities").json()["workspaces"][0]["id"]
+    minted = ended.encode((1_764_900_000.5, live.session_id))
+    budget = Budget()
+
+    @fuzz_settings(0.5)
+    @given(cursor=cursors(minted), size=st.one_of(st.none(), st.integers(-1, 102).map(str),
+                                                  HEADER_VALUE))
+    def run(cursor: str, size: str | None) -> None:
+        if budget.spent:
+            return
+        params = {"cursor": cursor, **({"size": size} if size is not None else {})}
+        response = send(live.http, "GET", f"/workspace/{wid}/ended-sessions", params=params)
+        check_rest(response)
+        assert response.status_code in (200, 400, 414), response.status_code
+        if response.status_code == 400:
+            assert response.json()["code"] in LISTING_ERRORS, response.json()
+        elif response.status_code == 200:
+            assert isinstance(response.json()["sessions"], list)
+        if cursor == minted:
+            assert response.status_code == 200, response.status_code
 
     run()

@@ -121,6 +121,29 @@ def test_a_session_whose_agent_died_is_loaded_again_on_request(console: Console,
     console.client.delete(f"/session/{sid}")
 
 
+def test_a_session_whose_agent_died_is_listed_under_ended_and_opens_live(
+        console: Console, page: Page) -> None:
+    """The list leaves a session whose agent died, which a person would lose with the
+    tab: "Ended" lists it, and opening it loads it again with its conversation."""
+    sid = console.session()
+    assert console.prompt(sid, "worth keeping").status_code == 202
+    assert console.prompt(sid, "/crash").status_code == 202
+    page.goto(console.url("/#/"))
+    row = page.get_by_test_id("ended-sessions").locator(f'tr[data-session-id="{sid}"]')
+    expect(row).to_contain_text("reference", timeout=30_000)
+    live = page.get_by_test_id("session-row").and_(page.locator(f'[data-session-id="{sid}"]'))
+    expect(live).to_have_count(0)
+    row.get_by_test_id("load-ended").click()
+    expect(page).to_have_url(re.compile(f"#/session/{sid}$"))
+    expect(page.get_by_test_id("stream-state")).to_have_text("live")
+    expect(page.get_by_test_id("transcript").get_by_test_id("msg-agent").first).to_have_text(
+        "AgentEcho: worth keeping")
+    page.goto(console.url("/#/"))
+    expect(live).to_have_count(1)
+    expect(row).to_have_count(0, timeout=30_000)   # live again: not ended (read every 5 s)
+    console.client.delete(f"/session/{sid}")
+
+
 def test_an_empty_task_is_refused_in_the_form_and_tasks_show_their_input(console: Console,
                                                                           page: Page) -> None:
     page.goto(console.url("/#/tasks"))

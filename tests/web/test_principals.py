@@ -113,7 +113,9 @@ def test_a_token_that_may_only_read_is_offered_nothing_else(
         expect(viewer.get_by_test_id("principal")).to_have_text("viewer (read)")
         expect(viewer.get_by_test_id("new-session")).to_be_disabled()
         expect(viewer.get_by_test_id("scope-hint")).to_contain_text('"prompt" scope')
-        expect(viewer.locator(".empty-row")).to_have_count(1)   # the list loaded: empty
+        # the lists loaded: empty
+        expect(viewer.get_by_test_id("live-sessions").locator(".empty-row")).to_have_count(1)
+        expect(viewer.get_by_test_id("ended-sessions").locator(".empty-row")).to_have_count(1)
         expect(viewer.get_by_test_id("session-row")).to_have_count(0)
         expect(row(viewer, shared)).to_have_count(0)
         expect(viewer.get_by_test_id("list-error")).to_have_text("")

@@ -8,11 +8,17 @@
 // carry the origin as a badge. An admin sees every principal's sessions, each marked
 // with its owner when it is not the admin's own; a token without the "prompt" scope
 // gets no New session or Delete, and says why; a refused listing says what to do.
+//
+// Under the live ones, "Ended": the newest 100 sessions the server keeps closed (their
+// agent died, the idle timeout closed them; GET /workspace/{id}/ended-sessions, read
+// every ENDED_EVERY refreshes). Opening one loads it again (the session page's load:
+// the agent started again with the conversation); a read-only token only sees them.
 
 import { request } from "./api.js";
 import { ago, can, confirmAction, errorText, h, limitText, poll, reconcile, shortId } from "./dom.js";
 
 const REFRESH_MS = 1000;
+const ENDED_EVERY = 5;   // refreshes between two reads of the ended sessions
 const SHOW_ALL_KEY = "acp-server.sessions.all";
 
 export function mount(root, _params, ctx) {
@@ -26,6 +32,11 @@ export function mount(root, _params, ctx) {
   const status = h("p", { class: "error", testid: "sessions-error" });
   const listError = h("p", { class: "error", testid: "list-error", role: "alert" });
   const body = h("tbody");
+  const endedBody = h("tbody");
+  const endedError = h("p", { class: "error", testid: "ended-error", role: "alert" });
+  const endedMore = h("p", { class: "hint", testid: "ended-more", hidden: true },
+    "Only the newest 100 are shown.");
+  let endedCountdown = 0;
   const showAll = h("input", { type: "checkbox", testid: "show-all-sessions",
     checked: sessionStorage.getItem(SHOW_ALL_KEY) === "1" });
   const hiddenCount = h("span", { class: "hint", testid: "hidden-sessions" });
@@ -53,10 +64,18 @@ export function mount(root, _params, ctx) {
       h("label", { class: "filter" }, showAll, " Show sessions made by programs ", hiddenCount)),
     status, listError,
     h("div", { class: "table-wrap" },
-      h("table", { class: "list" },
+      h("table", { class: "list", testid: "live-sessions" },
         h("thead", {}, h("tr", {},
           ["Session", "Agent", "Pending / limit", "Running prompt", "Subscribers", "Age", ""].map((t) => h("th", {}, t)))),
-        body)));
+        body)),
+    h("h2", {}, "Ended ", h("span", { class: "hint" },
+      "closed but kept (their agent died, or they were idle): open one to load it again")),
+    endedError,
+    h("div", { class: "table-wrap" },
+      h("table", { class: "list", testid: "ended-sessions" },
+        h("thead", {}, h("tr", {}, ["Session", "Agent", "Ended", ""].map((t) => h("th", {}, t)))),
+        endedBody)),
+    endedMore);
 
   const remove = async (id) => {
     if (!await confirmAction(`Delete session ${shortId(id)}? Its running and queued prompts are `
@@ -83,8 +102,38 @@ export function mount(root, _params, ctx) {
       h("a", { class: "button", href: `#/session/${encodeURIComponent(s.sessionId)}`, testid: "open-session" }, "Open"),
       mayPrompt ? h("button", { class: "danger", testid: "delete-session", onclick: () => remove(s.sessionId) }, "Delete") : null));
 
+  const endedRow = (s) => h("tr", { testid: "ended-row", dataset: { sessionId: s.sessionId } },
+    h("td", { class: "mono" }, h("span", { title: s.sessionId }, shortId(s.sessionId)),
+      s.origin ? h("span", { class: "badge origin", title: "made by a program, not a person" }, s.origin) : null,
+      s.owner && s.owner !== me ? h("span", { class: "badge owner", title: "made by this principal" }, s.owner) : null),
+    h("td", {}, s.agent),
+    h("td", { testid: "ended-age", dataset: { ended: s.endedAt } }, ago(Date.parse(s.endedAt))),
+    h("td", { class: "actions" }, mayPrompt
+      ? h("a", { class: "button", href: `#/session/${encodeURIComponent(s.sessionId)}`, testid: "load-ended",
+        title: "starts its agent again with the conversation" }, "Load again")
+      : h("span", { class: "hint" }, "loading needs the prompt scope")));
+
+  async function refreshEnded() {
+    let page;
+    try {
+      page = await request("GET", `/workspace/${workspace}/ended-sessions?size=100`);
+    } catch (error) {
+      endedError.textContent = errorText(error);
+      return;
+    }
+    endedError.textContent = "";
+    endedMore.hidden = !page.nextCursor;
+    reconcile(endedBody, page.sessions, (s) => s.sessionId, endedRow,
+      (s) => JSON.stringify([s.agent, s.endedAt, s.origin, s.owner]),
+      h("tr", { class: "empty-row" }, h("td", { colspan: 4, class: "empty" }, "No ended session kept.")));
+  }
+
   async function refresh() {
     if (!workspace) return;
+    if (endedCountdown-- <= 0) {
+      endedCountdown = ENDED_EVERY - 1;
+      await refreshEnded();
+    }
     const sessions = [];
     let cursor = null;
     try {
@@ -108,6 +157,9 @@ export function mount(root, _params, ctx) {
       h("tr", { class: "empty-row" }, h("td", { colspan: 7, class: "empty" }, "No live session. Create one above.")));
     for (const cell of body.querySelectorAll("[data-testid=row-age]")) {
       cell.textContent = ago(Date.parse(cell.dataset.created));
+    }
+    for (const cell of endedBody.querySelectorAll("[data-testid=ended-age]")) {
+      cell.textContent = ago(Date.parse(cell.dataset.ended));
     }
   }
 
