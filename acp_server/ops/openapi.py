@@ -56,7 +56,7 @@ from acp_server.ops.openapi_types import (
 )
 from acp_server.rest import wire as rest_wire
 from acp_server.http.session_cursor import MAX_CURSOR_CHARS
-from acp_server.rest.ended import MAX_CURSOR_CHARS as ENDED_CURSOR_CHARS
+from acp_server.http.ended_cursor import MAX_CURSOR_CHARS as ENDED_CURSOR_CHARS
 from bridge.wire import EventEnvelope
 
 REF = "#/components/schemas/{name}"

@@ -23,26 +23,17 @@ client finds those ids again. Contracts:
   journal, admins only.
 * ``{id}`` as the live listing's (404 ``workspace_not_found``); ``size`` as there
   (1..100, default 20, read as the peer reads it). ``cursor`` is the ``nextCursor``
-  of the previous page, a position (the last listed session's end and id): unpadded
-  ``base64url`` of ``E``, the end (a big-endian IEEE double, seconds) and the id's UTF-8, at
-  most ``MAX_CURSOR_CHARS`` characters whatever the id (a request line holds it),
-  exactly as this route mints it, else 400 ``invalid_cursor``. A session ended before the walk and kept during it
+  of the previous page, a position (``acp_server.http.ended_cursor``), exactly as this
+  route mints it, else 400 ``invalid_cursor``. A session ended before the walk and kept during it
   is on exactly one page; one that ends during the walk is newer than the cursor and
   not listed by it.
-* A page reads at most ``MAX_SCAN`` journal rows: where the caller sees few of them, a
-  page may hold fewer than ``size`` sessions with a ``nextCursor``: follow it until it
-  is absent.
+* A page reads at most ``ended_cursor.MAX_SCAN`` journal rows: where the caller sees
+  few of them, a page may hold fewer than ``size`` sessions with a ``nextCursor``:
+  follow it until it is absent.
 * The store down is 503 ``store_unavailable`` with ``Retry-After`` (the door's shape).
 """
 
 from __future__ import annotations
-
-import base64
-import binascii
-import math
-import re
-import struct
-from collections.abc import Callable
 
 import msgspec
 from starlette.requests import Request
@@ -50,68 +41,13 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute
 
 from acp_server.http.endpoints import route
+from acp_server.http.ended_cursor import InvalidCursor, decode, encode, ended_page
 from acp_server.principals import caller_of
 from acp_server.rest import wire
 from acp_server.rest.errors import bad_request, json_response
 from acp_server.rest.workspace import check_workspace, page_size
 from bridge import Bridge
-from bridge.journal import MAX_SESSION_ID_BYTES, EndedSession, SessionJournal, storable
-
-_ALPHABET = re.compile(r"[A-Za-z0-9_-]+", re.ASCII)
-
-BATCH = 100        # journal rows read at a time
-MAX_SCAN = 2_000   # journal rows a page reads at most
-_AT = struct.Struct(">cd")   # the tag (no other listing's cursor starts so), the end
-_TAG = b"E"
-# base64url of the tag, the end's 8 bytes and the id's UTF-8, unpadded: bounded
-MAX_CURSOR_CHARS = -(-(_AT.size + MAX_SESSION_ID_BYTES) * 4 // 3)
-
-
-class InvalidCursor(ValueError):
-    """Not a cursor this listing made."""
-
-
-def encode(key: tuple[float, str]) -> str:
-    """The cursor of a position ``(ended_at, session id)``."""
-    raw = _AT.pack(_TAG, key[0]) + key[1].encode()
-    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
-
-
-def decode(cursor: str) -> tuple[float, str]:
-    """The ``(ended_at, session id)`` a cursor names; ``InvalidCursor`` unless it is
-    exactly what ``encode`` makes of a finite time and a storable id."""
-    if len(cursor) > MAX_CURSOR_CHARS or not _ALPHABET.fullmatch(cursor):
-        raise InvalidCursor(cursor)
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        tag, at = _AT.unpack_from(raw)
-        sid = raw[_AT.size:].decode()
-    except (binascii.Error, ValueError, struct.error):
-        raise InvalidCursor(cursor) from None
-    if tag != _TAG or not math.isfinite(at) or not sid or not storable(sid) or encode((at, sid)) != cursor:
-        raise InvalidCursor(cursor)   # another spelling of some key: not one we mint
-    return at, sid
-
-
-async def ended_page(journal: SessionJournal, keep: Callable[[EndedSession], bool],
-                     size: int, after: tuple[float, str] | None
-                     ) -> tuple[list[EndedSession], tuple[float, str] | None]:
-    """Up to ``size`` kept sessions after ``after``, and the position to go on from
-    (``None``: no more), reading at most ``MAX_SCAN`` rows."""
-    page: list[EndedSession] = []
-    before, scanned = after, 0
-    while scanned < MAX_SCAN:
-        rows = await journal.ended(before=before, limit=BATCH)
-        for row in rows:
-            scanned += 1
-            if keep(row):
-                if len(page) == size:   # one more follows
-                    return page, page[-1].key()
-                page.append(row)
-            before = row.key()
-        if len(rows) < BATCH:
-            return page, None
-    return page, before
+from bridge.journal import EndedSession
 
 
 def _item(ended: EndedSession) -> wire.EndedSession:

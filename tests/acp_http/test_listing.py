@@ -2,7 +2,8 @@
 first, ``nextCursor`` until the last page, a walk that sees every session live
 throughout exactly once while others come and go, ``cwd`` (any spelling of the
 workspace, across pages), bad and tampered cursors (-32602), each principal's own
-sessions, and sessions restored after a restart listed as REST lists them."""
+sessions, sessions restored after a restart listed as REST lists them, and the ended
+sessions the journal keeps after the live ones."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ from typing import Any
 import os
 import time
 
+import anyio
 import pytest
 
-from acp_server.acp_http.listing import PAGE_SIZE
+from acp_server.acp_http.listing import ENDED_START, PAGE_SIZE
 from acp_server.rest.workspace import workspace_id
 from bridge import BridgeOptions
 from bridge.wire import iso
@@ -23,6 +25,7 @@ from tests.acp_http.server import RunningAcpServer, request, running_acp_server
 from tests.acp_http.wsclient import ws_connect
 from tests.harness import local_server
 from tests.principals.helpers import bearer, mint
+from tests.store.faults import faulty
 from tests.store.test_session_journal import _settled
 from tests.store.test_session_restart import _prompt, read_events
 
@@ -252,3 +255,91 @@ async def test_restored_sessions_are_listed_as_rest_lists_them(tmp_path: Path) -
             acp = (await lister.call({}))["result"]
         assert acp["sessions"][-1]["sessionId"] == sids[0]
         assert acp["sessions"][-1]["updatedAt"] >= stopped
+
+
+async def _end(server: Any, sids: list[str]) -> None:
+    """What an agent's death does to each: closed, kept (not deleted); once the ends
+    are committed (REST's ended listing has them)."""
+    for sid in sids:
+        await server.bridge.close_session(sid, reason="agent_exited")
+    wid = workspace_id(server.workspace)
+    with anyio.fail_after(20):
+        while len((await server.client.get(f"/workspace/{wid}/ended-sessions")
+                   ).json()["sessions"]) < len(sids):
+            await anyio.sleep(0.01)
+
+
+async def test_ended_sessions_follow_the_live_ones(server: RunningAcpServer) -> None:
+    """ACP's list is what a client may ``session/load``: after the live sessions, the
+    ended ones the journal keeps, newest end first, their ``updatedAt`` their end."""
+    gone = await _make(server, 2)
+    live = await _make(server, 3)
+    await _end(server, gone[::-1])   # gone[1] ends first: gone[0] is the newer end
+    async with ws_connect(server.base_url, "/acp") as ws:
+        lister = await _lister(ws)
+        answer = (await lister.call({}))["result"]
+        assert [s["sessionId"] for s in answer["sessions"]] == live[::-1] + gone
+        assert "nextCursor" not in answer
+        ended_rows = answer["sessions"][3:]
+        assert ended_rows[0]["updatedAt"] >= ended_rows[1]["updatedAt"]
+        assert all(row["cwd"] == server.workspace for row in ended_rows)
+        assert (await lister.call({"cwd": "/elsewhere"}))["result"] == {"sessions": []}
+    wid = workspace_id(server.workspace)
+    assert (await server.client.post(f"/session/{gone[0]}/load", json={})).status_code == 200
+    async with ws_connect(server.base_url, "/acp") as ws:
+        lister = await _lister(ws)
+        answer = (await lister.call({}))["result"]   # live again: among the live ones
+        ids = [s["sessionId"] for s in answer["sessions"]]
+        assert ids.count(gone[0]) == 1 and ids[-1] == gone[1]
+    assert gone[0] not in [s["sessionId"] for s in (await server.client.get(
+        f"/workspace/{wid}/ended-sessions")).json()["sessions"]]
+
+
+async def test_a_full_page_of_live_sessions_hands_over_to_the_ended_ones(
+        server: RunningAcpServer) -> None:
+    gone = await _make(server, PAGE_SIZE + 3)
+    await _end(server, gone[:3])
+    async with ws_connect(server.base_url, "/acp") as ws:
+        lister = await _lister(ws)
+        pages = await _walk(lister, {})
+        first = (await lister.call({}))["result"]
+    assert first["nextCursor"] == ENDED_START
+    assert pages == [gone[3:][::-1], gone[:3][::-1]]
+
+
+async def test_the_store_down_answers_the_live_sessions_and_asks_again_for_the_ended(
+        tmp_path: Path) -> None:
+    store = faulty(tmp_path)
+    async with running_acp_server(tmp_path, lmsp_store=store) as srv:
+        gone = await _make(srv, 1)
+        live = await _make(srv, 1)
+        await _end(srv, gone)
+        async with ws_connect(srv.base_url, "/acp") as ws:
+            lister = await _lister(ws)
+            store.faults.on()
+            answer = (await lister.call({}))["result"]
+            assert answer == {"sessions": [answer["sessions"][0]], "nextCursor": ENDED_START}
+            assert answer["sessions"][0]["sessionId"] == live[0]
+            refused = await lister.call({"cursor": ENDED_START})
+            assert refused["error"]["data"]["errorKind"] == "store_unavailable", refused
+            store.faults.off()
+            again = (await lister.call({"cursor": ENDED_START}))["result"]
+            assert [s["sessionId"] for s in again["sessions"]] == gone
+
+
+async def test_each_principal_lists_its_own_ended_sessions(tmp_path: Path) -> None:
+    boot = "boot-s3cret"
+    async with running_acp_server(tmp_path, token=boot, headers=bearer(boot)) as srv:
+        people = {name: bearer(await mint(srv.server, name, unlimited=True))
+                  for name in ("alice", "bob")}
+        made = {}
+        for name, headers in people.items():
+            answer = await srv.client.post("/session", json={"sessionScope": "thread"},
+                                           headers=headers)
+            made[name] = answer.json()["sessionId"]
+        await _end(srv, list(made.values()))
+        for name, headers in people.items():
+            async with ws_connect(srv.base_url, "/acp", headers=headers) as ws:
+                lister = await _lister(ws)
+                assert [s["sessionId"] for s in (await lister.call({}))["result"]["sessions"]] \
+                    == [made[name]], name

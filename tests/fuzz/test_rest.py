@@ -12,7 +12,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from acp_server.rest import ended
+from acp_server.http import ended_cursor as ended
 from tests.fuzz.budget import Budget, fuzz_settings
 from tests.fuzz.http import send
 from tests.fuzz.live import Live, live_on_postgres

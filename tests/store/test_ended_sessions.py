@@ -25,7 +25,7 @@ from typing import Any
 import anyio
 import pytest
 
-from acp_server.rest import ended
+from acp_server.http import ended_cursor as ended
 from tests.lmsp.server import running_lmsp
 from tests.principals.helpers import bearer, mint
 from tests.store.faults import faulty

@@ -1,11 +1,12 @@
-"""``acp_server.rest.ended`` apart from HTTP: how a page is read from the journal and
-its cursor (the route over real HTTP, on both stores: ``tests/store/test_ended_sessions``)."""
+"""``acp_server.http.ended_cursor`` apart from HTTP: how a page is read from the journal
+and its cursor (the REST route over real HTTP, on both stores:
+``tests/store/test_ended_sessions``; ``/acp``'s: ``tests/acp_http/test_listing``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from acp_server.rest import ended
+from acp_server.http import ended_cursor as ended
 from bridge.journal import EndedSession, SessionOpened
 
 pytestmark = pytest.mark.anyio
