@@ -1,7 +1,8 @@
 """Real clients load a session again after its agent died (``bridge.restore.reseed_closed``):
 the reference agent over stdio exits mid-turn (``/crash``), forgetting its sessions; the
 server keeps the session in its journal, and ``@qwen-code/sdk``'s and our own
-``DaemonSessionClient.load`` bring it back with its conversation, and a new turn runs."""
+``DaemonSessionClient.load`` bring it back with its conversation, and a new turn runs;
+``@agentclientprotocol/sdk``'s client finds it in ``session/list`` and loads it."""
 
 from __future__ import annotations
 
@@ -61,3 +62,30 @@ async def test_our_sdk_loads_a_session_whose_agent_died(tmp_path: Path) -> None:
     # the conversation came back as the new life's first events (echo and reply)
     assert loaded.session.last_event_id is not None and loaded.session.last_event_id >= 2
     assert reply.stop_reason == "end_turn"
+
+
+@pytest.mark.parametrize("transport", ["http", "ws"])
+async def test_acp_sdk_lists_a_session_whose_agent_died_and_loads_it(
+        acp_sdk: str, tmp_path: Path, transport: str) -> None:
+    """``session/list`` goes on after the live sessions with the ended ones: the SDK's
+    client finds the session its agent's death ended and ``session/load``s it."""
+    child = ServeProcess(tmp_path, "--port", str(free_port()), "--agent", AGENT).start()
+    try:
+        out = await run_script("acp_sdk_ended.mjs", acp_sdk, child.base_url, transport,
+                               str(tmp_path))
+    finally:
+        child.stop()
+    assert "error" in out["crash"], out["crash"]   # the turn the death cut short
+    assert out["listed"] is not None and out["listed"]["cwd"] == str(tmp_path)
+    log = out["log"]
+    users = [i for i, e in enumerate(log) if e.get("sessionUpdate") == "user_message_chunk"]
+    history, after = log[:users[-1]], log[users[-1]:]
+
+    def said(part: list[dict[str, str]], kind: str) -> list[str]:
+        return [e["text"] for e in part if e.get("sessionUpdate") == kind]
+
+    assert said(history, "user_message_chunk")[0] == "before it died"
+    assert "".join(said(history, "agent_message_chunk")).startswith("Echo: before it died")
+    assert said(after, "user_message_chunk") == ["after"]
+    assert "".join(said(after, "agent_message_chunk")) == "Echo: after"
+    assert log[-1] == {"kind": "stop", "stopReason": "end_turn"}
