@@ -259,3 +259,38 @@ async def _rest_history(client: httpx.AsyncClient, sid: str) -> str:
     return "".join(e["data"]["update"]["content"]["text"] for e in seen
                    if e["type"] == "session_update" and e.get("promptId") == pid
                    and e["data"]["update"]["sessionUpdate"] == "agent_message_chunk")
+
+
+async def test_a_cold_load_while_the_store_is_down_is_503_then_loads(
+        tmp_path: Path, store_name: str) -> None:
+    """A cold load reads the journal before it asks the agent (what a reseed needs):
+    with the store down, ``/load`` of an ended session is 503 ``store_unavailable``
+    (never a 404 that would tell the client the conversation is gone), and the same
+    load once the store is back goes through."""
+    from tests.lmsp.server import running_lmsp
+    from tests.store.faults import faulty
+
+    store = faulty(tmp_path)
+    async with running_lmsp(tmp_path, store=store) as server:
+        made = await server.client.post("/session", json={"sessionScope": "thread"})
+        sid = made.json()["sessionId"]
+        said = await server.client.post(f"/session/{sid}/prompt", json=_prompt("rowan"))
+        assert said.status_code == 202
+        await read_events(server.client, sid, lambda e: e["type"] == "turn_complete",
+                          last_event_id=0)
+        bridge = server.server.bridge
+        await bridge.close_session(sid, reason="agent_exited")
+        wid = (await server.client.get("/capabilities")).json()["workspaces"][0]["id"]
+        with anyio.fail_after(20):   # the close committed
+            while not (await server.client.get(f"/workspace/{wid}/ended-sessions")
+                       ).json()["sessions"]:
+                await anyio.sleep(0.01)
+        store.faults.on()
+        refused = await server.client.post(f"/session/{sid}/load", json={})
+        assert refused.status_code == 503, refused.text
+        assert refused.json()["code"] == "store_unavailable"
+        assert refused.headers["retry-after"] == "5"
+        store.faults.off()
+        loaded = await server.client.post(f"/session/{sid}/load", json={})
+        assert loaded.status_code == 200, loaded.text
+        assert loaded.json()["sessionId"] == sid
