@@ -415,7 +415,17 @@ class Bridge(Journaling, PromptsAPI, PresenceAPI, AgentCallsAPI, BranchingAPI):
                 session.agent_result = result if isinstance(result, dict) else {}
                 await self._record_session(session, scope, loaded=True)
                 return session
-            result = await self._agent_request(agent, method, params)
+            try:
+                result = await self._agent_request(agent, method, params)
+            except AgentDiedError:
+                if method != "session/new" or not agent.closed:
+                    raise
+                # it died as it was asked (it may have been dying already: a crash a
+                # moment before): nothing was made on it, so a fresh one is asked, once
+                log.warning("agent %s died at %s; asking it again, started anew",
+                            agent_name, method)
+                agent = await self._ensure_agent(agent_name)
+                result = await self._agent_request(agent, method, params)
             sid = result.get("sessionId") if isinstance(result, dict) else None
             if not isinstance(sid, str) or not sid:
                 raise AgentDiedError(f"Agent answered {method} without a sessionId")

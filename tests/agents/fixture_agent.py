@@ -12,7 +12,10 @@ Behaviour (newline-delimited JSON-RPC 2.0 on stdin/stdout):
 * ``session/new``: ``{"sessionId": "<name>-<n>"}``, except:
   ``--never-answer-new`` never answers; ``--swallow-new N`` writes ``N`` bytes of junk
   and then the answer on the same line (one invalid line: the answer is lost); after
-  a ``collide <sid>`` prompt, the next answer is ``{"sessionId": "<sid>"}``.
+  a ``collide <sid>`` prompt, the next answer is ``{"sessionId": "<sid>"}``;
+  ``--die-at-new FILE`` appends a line to ``FILE`` at each ``session/new`` and, while
+  ``FILE`` has at most ``--die-times`` lines (default 1), exits (code 3) unanswered:
+  an agent that dies as a session is asked of it.
 * ``session/load``, ``session/resume``: ``{}``. ``session/close``: ``{}``, after
   ``--slow-close-ms`` milliseconds.
 * ``session/fork`` (offered with ``--fork hang|answer``): creates the file
@@ -96,6 +99,13 @@ class Agent:
     def on_session_new(self, rpc_id: Any, params: dict[str, Any]) -> None:
         if self.args.never_answer_new:
             return
+        if self.args.die_at_new:
+            with open(self.args.die_at_new, "a+") as asked:
+                asked.write("new\n")
+                asked.seek(0)
+                count = len(asked.readlines())
+            if count <= self.args.die_times:
+                os._exit(3)
         sid = self.collide_with or f"{self.args.name}-{next(self.ids)}"
         self.collide_with = None
         send({"id": rpc_id, "result": {"sessionId": sid}},
@@ -206,6 +216,8 @@ def main() -> None:
     parser.add_argument("--slow-close-ms", type=int, default=0)
     parser.add_argument("--no-close", action="store_true")
     parser.add_argument("--fork", choices=("hang", "answer"))
+    parser.add_argument("--die-at-new")
+    parser.add_argument("--die-times", type=int, default=1)
     Agent(parser.parse_args()).run()
 
 

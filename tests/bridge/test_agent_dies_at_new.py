@@ -1,0 +1,64 @@
+"""An agent that dies as a session is asked of it (it was crashing already, or crashes
+then): the session is asked once more of the agent started anew, so the client gets
+its session, not an error for a death it had nothing to do with. Real child processes:
+``acp-server serve`` and the fixture agent over stdio (``--die-at-new``)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.acp_http.wsclient import ws_connect
+from tests.harness import ServeProcess
+
+
+def _agent(tmp_path: Path, times: int) -> tuple[str, Path]:
+    asked = tmp_path / "asked"
+    script = tmp_path / "dying-agent"
+    script.write_text(f"#!/bin/sh\nexec {sys.executable} -m tests.agents.fixture_agent "
+                      f"--name dying --die-at-new {asked} --die-times {times}\n")
+    script.chmod(0o755)
+    return str(script), asked
+
+
+def test_a_session_asked_of_a_dying_agent_is_asked_again_of_a_fresh_one(
+        tmp_path: Path) -> None:
+    command, asked = _agent(tmp_path, times=1)
+    with ServeProcess(tmp_path, "--agent", command) as child:
+        made = child.http.post("/session", json={"sessionScope": "thread"})
+        assert made.status_code == 200, made.text
+        assert made.json()["sessionId"] == "dying-1"   # the second process's first
+        assert asked.read_text().count("new") == 2
+        said = child.http.post(f"/session/{made.json()['sessionId']}/prompt",
+                               json={"prompt": [{"type": "text", "text": "still here"}]})
+        assert said.status_code == 202
+        agents = child.http.get("/daemon/status").json()["agents"]
+        assert [a["state"] for a in agents if a["default"]] == ["running"]
+
+
+def test_an_agent_that_dies_again_is_asked_only_once_more(tmp_path: Path) -> None:
+    command, asked = _agent(tmp_path, times=10)
+    with ServeProcess(tmp_path, "--agent", command) as child:
+        made = child.http.post("/session", json={"sessionScope": "thread"})
+        assert made.status_code == 500, made.text   # the peer's agent error
+        assert made.json()["code"] == "agent_died"
+        assert asked.read_text().count("new") == 2   # never a loop of restarts
+        assert child.returncode is None
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])   # the client side only
+async def test_over_acp_a_dying_agent_is_asked_again_then_answers(tmp_path: Path) -> None:
+    command, asked = _agent(tmp_path, times=1)
+    async with ServeProcess(tmp_path, "--agent", command) as child:
+        async with ws_connect(child.base_url, "/acp") as ws:
+            await ws.send_json({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                                "params": {"protocolVersion": 1}})
+            await ws.receive_json()
+            await ws.send_json({"jsonrpc": "2.0", "id": 1, "method": "session/new",
+                                "params": {"cwd": str(tmp_path), "mcpServers": []}})
+            answer = await ws.wait_for(lambda m: m.get("id") == 1)
+    assert answer["result"]["sessionId"] == "dying-1", answer
+    assert asked.read_text().count("new") == 2
