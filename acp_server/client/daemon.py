@@ -217,6 +217,31 @@ class DaemonClient:
             raise DaemonSessionIdProtocolError(requested, info.session_id)
         return info
 
+    async def list_sessions(self, *, ended: bool = False, page_size: int = 100
+                            ) -> AsyncGenerator[dict[str, Any], None]:
+        """The sessions of the daemon's workspace, every page in turn (as the server
+        writes them): the live ones, newest first; with ``ended``, the closed ones the
+        server keeps (their agent died, the idle timeout closed them: ``GET
+        /workspace/{id}/ended-sessions``, newest end first), which ``load_session``
+        brings back (a server without that listing, ``qwen serve``, answers 404:
+        ``DaemonHttpError``)."""
+        caps = await self.capabilities()
+        if not caps.workspaces or not isinstance(caps.workspaces[0].get("id"), str):
+            raise DaemonError("the daemon's /capabilities names no workspace")
+        path = "/workspace/" + path_segment(caps.workspaces[0]["id"]) + (
+            "/ended-sessions" if ended else "/sessions")
+        cursor: str | None = None
+        while True:
+            params = {"size": str(page_size), **({"cursor": cursor} if cursor else {})}
+            page = wire.decode(wire.ANY, (await self._call("GET", path, params=params)).content)
+            if not isinstance(page, dict) or not isinstance(page.get("sessions"), list):
+                raise DaemonError(f"GET {path} answered no sessions list")
+            for session in page["sessions"]:
+                yield session
+            cursor = page.get("nextCursor")
+            if not isinstance(cursor, str) or not cursor:
+                return
+
     async def load_session(self, session_id: str, req: RestoreRequest | Mapping[str, Any] |
                            None = None, client_id: str | None = None) -> SessionInfo:
         response = await self._call("POST", _session_path(session_id, "load"),

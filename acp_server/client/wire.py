@@ -81,6 +81,7 @@ class Capabilities(msgspec.Struct, rename="camel"):
     policy: dict[str, Any] = msgspec.field(default_factory=dict)
     limits: Limits = msgspec.field(default_factory=Limits)
     protocol_versions: dict[str, Any] = msgspec.field(default_factory=dict)
+    workspaces: list[dict[str, Any]] = msgspec.field(default_factory=list)   # {id, cwd, …}
 
 
 class DaemonEvent(msgspec.Struct, rename="camel"):

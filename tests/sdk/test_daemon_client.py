@@ -308,3 +308,25 @@ async def test_permission_and_pending_prompts(server: Daemon) -> None:
         vote = {"outcome": {"outcome": "selected", "optionId": "allow_once"}}
         assert await client.respond_to_permission(request_id, vote, session_id=sid)
         assert not await client.respond_to_permission(request_id, vote)
+
+
+async def test_list_sessions_walks_the_live_and_the_ended_ones(tmp_path: Path) -> None:
+    """``list_sessions`` follows every page (3 a page here); ``ended=True`` lists the
+    sessions the server keeps closed, which ``load_session`` brings back."""
+    async with daemon(tmp_path) as server, DaemonClient(server.url) as client:
+        made = [(await client.create_or_attach_session(
+            CreateSessionRequest(session_scope="thread"))).session_id for _ in range(7)]
+        for sid in made[:4]:
+            await server.server.bridge.close_session(sid, reason="agent_exited")
+
+        async def ended() -> list[str]:
+            return [s["sessionId"] async for s in client.list_sessions(ended=True,
+                                                                         page_size=3)]
+        with anyio.fail_after(20):   # the closes are committed behind their answer
+            while len(await ended()) < 4:
+                await anyio.sleep(0.01)
+        live = [s["sessionId"] async for s in client.list_sessions(page_size=3)]
+        assert live == made[4:][::-1]
+        assert await ended() == made[:4][::-1]
+        assert (await client.load_session(made[0])).session_id == made[0]
+        assert await ended() == made[1:4][::-1]
