@@ -4,11 +4,11 @@ end first, a page at a time: what ``/load`` can bring back.
     $ curl -s localhost:4170/workspace/6a48a62980ca2198/ended-sessions?size=2
     {"sessions":[{"sessionId":"3c0f…","workspaceCwd":"/abs/ws","agent":"reference",
       "createdAt":"2026-12-05T01:02:03.456Z","endedAt":"2026-12-05T01:09:12.001Z",
-      "origin":null,"owner":"ci","forkedFrom":null}],"nextCursor":"eyJlbmRlZEF0Ijox…"}
+      "origin":null,"owner":"ci","forkedFrom":null}],"nextCursor":"RUHaTCe6HqKbM2MwZ…"}
 
-A session whose agent died, or that the idle timeout (or another close that is not a
-deletion) ended, leaves the live listing (``rest.workspace``, as the peer's does) but
-not the journal: its conversation is kept for ``--session-retention``, and
+A session whose agent died, that the idle timeout closed, whose ``/acp`` connection
+went (any close that is not a deletion), leaves the live listing (``rest.workspace``,
+as the peer's does) but not the journal: its conversation is kept for ``--session-retention``, and
 ``POST /session/{id}/load`` (or ``/resume``, or ``/acp`` ``session/load``) brings it
 back (``bridge.restore.reseed_closed`` when its agent forgot it). This listing is how a
 client finds those ids again. Contracts:
@@ -17,7 +17,7 @@ client finds those ids again. Contracts:
   first, ties by id: a deleted session (``DELETE``, ``/acp`` ``session/close`` and
   ``session/delete``) is not kept, nor one past the retention, nor one live here (a
   loaded one is live again: the live listing has it). Without a durable journal
-  (``--no-session-journal``) the list is empty.
+  (``--session-journal memory``) the list is empty.
 * Each principal lists the sessions it sees, as in the live listing: its own, every
   one for an admin or with ``--share-sessions``; a session with no owner in the
   journal, admins only.

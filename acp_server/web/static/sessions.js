@@ -70,7 +70,7 @@ export function mount(root, _params, ctx) {
         body)),
     h("h2", {}, "Ended"),
     h("p", { class: "hint" },
-      "Closed but kept: their agent died, or they were idle. Load one again to go on with it."),
+      "Closed but kept: their agent died, they were idle, or the /acp client that made them left. Load one again to go on with it."),
     endedError,
     h("div", { class: "table-wrap" },
       h("table", { class: "list", testid: "ended-sessions" },
