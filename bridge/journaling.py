@@ -23,6 +23,9 @@
   it landed is not kept (with no record of the id: its prompts either).
 * A clean stop commits what is queued, then records nothing more
   (``_stop_journaling``): the sessions it closes come back at the next start.
+* A closed session the journal keeps (not live here) is deleted by ``delete_ended``:
+  its journal removed, answered once committed; a cold load of the id meanwhile waits
+  for it (the two share the bridge's gate of cold loads, ``_restoring``).
 """
 
 from __future__ import annotations
@@ -30,8 +33,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+import anyio
+
 from bridge.bus import EventBus
-from bridge.journal import EventsReset, SessionEnded, SessionJournal, SessionOpened
+from bridge.journal import EventsReset, SessionEnded, SessionJournal, SessionOpened, storable
 
 if TYPE_CHECKING:
     import anyio.abc
@@ -46,6 +51,9 @@ class Journaling:
     _held: dict[tuple[str, str], EventBus]   # (session id, its bus's epoch)
     _sessions: dict[str, Session]
     _closed: bool
+    _restoring: dict[str, anyio.Event]   # cold loads (and deletions of closed ones) by id
+    _closed_terminals: dict[str, Any]
+    _closed_owners: dict[str, str]
     moved_sessions = 0   # sessions another instance took over from this one
 
     def _forget(self, session: Session) -> None:
@@ -180,3 +188,32 @@ class Journaling:
         store is down (the record stays queued and commits once it is back)."""
         if seq:
             await session.journal.wait(seq, fail_fast=True)
+
+    async def delete_ended(self, session_id: str) -> bool:
+        """Delete a closed session the journal keeps, not live here (its agent died,
+        it idled out, its ``/acp`` client left): its journal is removed, and this
+        returns ``True`` once that is committed (a ``kill -9`` right after does not
+        bring it back). ``False``: the journal keeps no closed session of that id (none,
+        or it is live: the caller closes a live one). ``JournalUnavailableError`` while
+        the store cannot answer (nothing is removed when the read failed; a removal
+        already queued commits once it is back). The door checks the caller may."""
+        if not self.journal.durable or not storable(session_id):
+            return False
+        while (loading := self._restoring.get(session_id)) is not None:
+            await loading.wait()   # a cold load of it first: it may be live after
+        if session_id in self._sessions:
+            return False
+        self._restoring[session_id] = done = anyio.Event()
+        try:
+            found = await self.journal.read(session_id)
+            if found is None or found.closed_at is None or session_id in self._sessions:
+                return False
+            seq = self.journal.append(SessionEnded(session_id=session_id,
+                                                   at=self.journal_clock(), deleted=True))
+            self._closed_terminals.pop(session_id, None)
+            self._closed_owners.pop(session_id, None)
+            await self.journal.wait(seq, fail_fast=True)
+            return True
+        finally:
+            del self._restoring[session_id]
+            done.set()

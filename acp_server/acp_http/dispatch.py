@@ -181,6 +181,8 @@ def message_access(msg: Message) -> Access:
 UNSCOPED = frozenset({"initialize", "authenticate", "logout", "session/new", "session/list",
                       "session/permission", "$/cancel_request"})
 RESTORING = frozenset({"session/load", "session/resume"})
+# the maker of a session not live here is looked up (the journal's) before these run
+RECALLING = RESTORING | {"session/delete"}
 
 
 def check_owner(conn: AcpConnection, method: str, params: dict[str, Any]) -> None:
@@ -435,11 +437,17 @@ def initialize_connection(bridge: Bridge, conn: AcpConnection,
 
 async def _session_delete(conn: AcpConnection, rpc_id: RpcId, params: dict[str, Any]) -> Any:
     """Close the session (its prompts fail, its streams end) after the agent's own
-    ``session/delete`` when the agent offers it; an unknown session succeeds."""
+    ``session/delete`` when the agent offers it; a closed one the journal keeps (listed
+    by ``session/list`` after the live ones) has its journal removed; an unknown
+    session succeeds with nothing done (another principal's is no session:
+    ``check_owner``)."""
     sid = _session_id(params)
     bridge = conn.bridge
-    if not bridge.has_session(sid):
-        return {}
+    if not bridge.has_session(sid):   # its maker recalled and checked (``check_owner``)
+        if await bridge.delete_ended(sid):
+            conn.caller.record("session.closed", sid, how="delete")
+        if not bridge.has_session(sid):   # else a load made it live meanwhile: close it
+            return {}
     agent = bridge.session_status(sid).agent
     if bridge.agent_capability(agent, "sessionCapabilities", "delete") is not None:
         await bridge.forward(sid, "session/delete", {"sessionId": sid})
@@ -541,7 +549,7 @@ async def dispatch(conn: AcpConnection, msg: Message, params: dict[str, Any]) ->
     is_request = msg.id is not UNSET
     target: AcpConnection | SessionChannel = conn   # refused before it runs: the connection
     try:   # any fault is answered (an exception here would end a WebSocket)
-        if method in RESTORING and isinstance(params.get("sessionId"), str):
+        if method in RECALLING and isinstance(params.get("sessionId"), str):
             await conn.bridge.recall_owner(params["sessionId"])   # even a forgotten maker
         check_owner(conn, method, params)
         target = _reply_target(conn, method, params)

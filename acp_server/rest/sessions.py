@@ -33,7 +33,7 @@ from acp_server.principals import caller_of
 from acp_server.rest import wire
 from acp_server.rest.config import RestConfig
 from acp_server.rest.errors import bad_request, json_response
-from acp_server.rest.owners import check_restore, claim, own_default, owned
+from acp_server.rest.owners import check_restore, claim, own_default, owned, visible_session
 from acp_server.rest.wire import iso
 from bridge import Bridge, Event, SessionInfo, SessionStatus
 from bridge.wire import envelope
@@ -177,10 +177,21 @@ async def cancel_session(request: Request, *, bridge: Bridge) -> Response:
 
 
 async def close_session(request: Request, *, bridge: Bridge) -> Response:
+    """A live session is closed and its journal removed; a closed one the journal keeps
+    (``/workspace/{id}/ended-sessions``) has its journal removed (``delete_ended``).
+    Another principal's, live or kept, is 404 as if it did not exist."""
     client_id = wire.client_id(request)
     session_id = request.path_params["session_id"]
+    caller = caller_of(request.scope)
+    if not bridge.has_session(session_id):
+        await bridge.recall_owner(session_id)   # a kept session's maker, even forgotten
+        visible_session(request)
+        if await bridge.delete_ended(session_id):
+            caller.record("session.closed", session_id, how="ended")
+            return _no_content()
+    visible_session(request)
     await bridge.close_session(session_id, closed_by=client_id)
-    caller_of(request.scope).record("session.closed", session_id)
+    caller.record("session.closed", session_id)
     return _no_content()
 
 
@@ -201,7 +212,7 @@ def routes(bridge: Bridge, config: RestConfig) -> list[BaseRoute]:
     deps = {"bridge": bridge, "config": config}
     return [
         route("/session", create_session, ["POST"], **deps),
-        route("/session/{session_id}", owned(close_session), ["DELETE"], bridge=bridge),
+        route("/session/{session_id}", close_session, ["DELETE"], bridge=bridge),
         route("/session/{session_id}/load", load_session, ["POST"], **deps),
         route("/session/{session_id}/resume", resume_session, ["POST"], **deps),
         route("/session/{session_id}/branch", owned(branch_session), ["POST"], **deps),

@@ -178,3 +178,35 @@ async def test_the_store_down_is_503_and_the_list_comes_back(tmp_path: Path) -> 
         assert down.json()["code"] == "store_unavailable" and down.json()["error"]
         store.faults.off()
         await _ids_when_committed(server, wid, [sid])
+
+
+async def test_delete_removes_an_ended_session_once_committed(tmp_path: Path) -> None:
+    """``DELETE /session/{id}`` of a session the journal keeps closed: 204 once its
+    removal is committed; not listed after, and a second DELETE is 404; another
+    principal's is 404 and stays; the store down is 503 and nothing is removed."""
+    store = faulty(tmp_path)
+    async with running_lmsp(tmp_path, token="boot", store=store) as server:
+        wid = await _workspace(server.client)
+        alpha = bearer(await mint(server.server, "alpha", unlimited=True))
+        beta = bearer(await mint(server.server, "beta", unlimited=True))
+        mine = await _session(server, "walnut", alpha)
+        kept = await _session(server, "hazel", alpha)
+        for sid in (mine, kept):
+            await _end(server, sid)
+        await _ids_when_committed(server, wid, [kept, mine], alpha)
+        refused = await server.client.delete(f"/session/{mine}", headers=beta)
+        assert refused.status_code == 404 and refused.json()["code"] == "session_not_found"
+        store.faults.on()
+        down = await server.client.delete(f"/session/{mine}", headers=alpha)
+        assert down.status_code == 503 and down.json()["code"] == "store_unavailable"
+        store.faults.off()
+        assert [s["sessionId"] for s in (await _ended(server, wid, alpha))["sessions"]] \
+            == [kept, mine]
+        gone = await server.client.delete(f"/session/{mine}", headers=alpha)
+        assert gone.status_code == 204, gone.text
+        assert [s["sessionId"] for s in (await _ended(server, wid, alpha))["sessions"]] \
+            == [kept]
+        again = await server.client.delete(f"/session/{mine}", headers=alpha)
+        assert again.status_code == 404   # (a load now is the agent's own: we keep none)
+        assert (await server.client.post(f"/session/{kept}/load", json={},
+                                         headers=alpha)).status_code == 200

@@ -294,3 +294,45 @@ async def test_a_cold_load_while_the_store_is_down_is_503_then_loads(
         loaded = await server.client.post(f"/session/{sid}/load", json={})
         assert loaded.status_code == 200, loaded.text
         assert loaded.json()["sessionId"] == sid
+
+
+@pytest.mark.parametrize("door", ["rest", "acp"])
+async def test_an_ended_session_deleted_does_not_come_back(tmp_path: Path, store_name: str,
+                                                           door: str) -> None:
+    """A stdio agent died (it forgot the session): the journal keeps it, listed as
+    ended; deleted (REST ``DELETE`` or ``/acp`` ``session/delete``), nothing can load it
+    again, even after a ``kill -9`` right after the answer."""
+    agent = f"{sys.executable} -m bridge.agents.reference"
+    child = ServeProcess(tmp_path, *_flags(tmp_path, store_name), "--agent", agent)
+    try:
+        await anyio.to_thread.run_sync(child.start)
+        async with httpx.AsyncClient(base_url=child.base_url, timeout=20) as client:
+            sid = (await client.post("/session", json={"sessionScope": "thread"})
+                   ).json()["sessionId"]
+            assert (await client.post(f"/session/{sid}/prompt", json=_prompt("/crash"))
+                    ).status_code == 202
+            wid = (await client.get("/capabilities")).json()["workspaces"][0]["id"]
+            with anyio.fail_after(20):   # ended, its end committed
+                while not (await client.get(f"/workspace/{wid}/ended-sessions")
+                           ).json()["sessions"]:
+                    await anyio.sleep(0.02)
+            if door == "rest":
+                assert (await client.delete(f"/session/{sid}")).status_code == 204
+            else:
+                async with ws_connect(child.base_url, "/acp") as ws:
+                    await ws.send_json({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                                        "params": {"protocolVersion": 1}})
+                    await ws.receive_json()
+                    await ws.send_json({"jsonrpc": "2.0", "id": 1, "method": "session/delete",
+                                        "params": {"sessionId": sid}})
+                    answer = await ws.wait_for(lambda m: m.get("id") == 1)
+                    assert answer == {"jsonrpc": "2.0", "id": 1, "result": {}}, answer
+        child.kill()   # right after the answer
+        await anyio.to_thread.run_sync(child.start)
+        async with httpx.AsyncClient(base_url=child.base_url, timeout=20) as client:
+            assert (await client.get(f"/workspace/{wid}/ended-sessions")).json() \
+                == {"sessions": []}
+            loaded = await client.post(f"/session/{sid}/load", json={})
+            assert loaded.status_code == 404, loaded.text
+    finally:
+        await anyio.to_thread.run_sync(child.stop)

@@ -144,6 +144,21 @@ def test_a_session_whose_agent_died_is_listed_under_ended_and_opens_live(
     console.client.delete(f"/session/{sid}")
 
 
+def test_an_ended_session_is_deleted_from_the_list_after_a_yes(console: Console,
+                                                                page: Page) -> None:
+    sid = console.session()
+    assert console.prompt(sid, "/crash").status_code == 202
+    page.goto(console.url("/#/"))
+    row = page.get_by_test_id("ended-sessions").locator(f'tr[data-session-id="{sid}"]')
+    expect(row).to_contain_text("reference", timeout=30_000)
+    row.get_by_test_id("delete-ended").click()
+    page.get_by_test_id("confirm-ok").click()   # the yes
+    expect(row).to_have_count(0)
+    wid = console.workspace_id()
+    kept = console.client.get(f"/workspace/{wid}/ended-sessions").json()["sessions"]
+    assert sid not in [s["sessionId"] for s in kept]
+
+
 def test_an_empty_task_is_refused_in_the_form_and_tasks_show_their_input(console: Console,
                                                                           page: Page) -> None:
     page.goto(console.url("/#/tasks"))

@@ -12,7 +12,8 @@
 // Under the live ones, "Ended": the newest 100 sessions the server keeps closed (their
 // agent died, the idle timeout closed them; GET /workspace/{id}/ended-sessions, read
 // every ENDED_EVERY refreshes). Opening one loads it again (the session page's load:
-// the agent started again with the conversation); a read-only token only sees them.
+// the agent started again with the conversation); Delete removes it for good (after a
+// yes); a read-only token only sees them.
 
 import { request } from "./api.js";
 import { ago, can, confirmAction, errorText, h, limitText, poll, reconcile, shortId } from "./dom.js";
@@ -110,9 +111,21 @@ export function mount(root, _params, ctx) {
     h("td", {}, s.agent),
     h("td", { testid: "ended-age", dataset: { ended: s.endedAt } }, ago(Date.parse(s.endedAt))),
     h("td", { class: "actions" }, mayPrompt
-      ? h("a", { class: "button", href: `#/session/${encodeURIComponent(s.sessionId)}`, testid: "load-ended",
-        title: "starts its agent again with the conversation" }, "Load again")
+      ? [h("a", { class: "button", href: `#/session/${encodeURIComponent(s.sessionId)}`, testid: "load-ended",
+        title: "starts its agent again with the conversation" }, "Load again"),
+        h("button", { class: "danger", testid: "delete-ended", onclick: () => removeEnded(s.sessionId) }, "Delete")]
       : h("span", { class: "hint" }, "loading needs the prompt scope")));
+
+  const removeEnded = async (id) => {
+    if (!await confirmAction(`Delete session ${shortId(id)}? Its conversation is gone for good.`,
+      { ok: "Delete", danger: true })) return;
+    try {
+      await request("DELETE", `/session/${encodeURIComponent(id)}`);
+    } catch (error) {
+      if (error.status !== 404) endedError.textContent = errorText(error);
+    }
+    await refreshEnded();
+  };
 
   async function refreshEnded() {
     let page;
