@@ -224,6 +224,7 @@ async def open_server(settings: Settings, *, agent_factory: AgentFactory | None 
                 store.on_sessions = replicas.wake
                 store.sessions_followed = replicas.followed
                 fleet.replicas = replicas
+                bridge.sessions_elsewhere = replicas.statuses_elsewhere   # the listings
                 reads = JournalReads(replicas, rest_config(settings, guard_stats))
 
                 def router(stack: Any, fleet: Fleet = fleet,

@@ -72,11 +72,12 @@ from bridge.observer import NO_OBSERVER, BridgeObserver
 from bridge.options import BridgeOptions
 from bridge.permissions import PermissionMediator
 from bridge.journaling import Journaling
+from bridge.listing import ListingAPI
 from bridge.presence import PresenceAPI
 from bridge.prompts import PromptsAPI
 from bridge.restore import replay_closed, restore_cold, restore_sessions
 from bridge.session import QueueWaitStats, Session
-from bridge.status import BridgeStats, SessionInfo, SessionStatus
+from bridge.status import SessionInfo
 from bridge.transcript import TRANSCRIPT_META, transcript
 
 log = logging.getLogger("bridge")
@@ -87,7 +88,8 @@ DELETIONS = frozenset({"client_close", "deleted"})   # close reasons that remove
 MAX_CLOSED_SESSION_OWNERS = 50_000
 
 
-class Bridge(Journaling, PromptsAPI, PresenceAPI, AgentCallsAPI, BranchingAPI):
+class Bridge(Journaling, ListingAPI, PromptsAPI, PresenceAPI, AgentCallsAPI,
+             BranchingAPI):
     def __init__(self, agent_factory: AgentFactory, *, workspace_cwd: str,
                  options: BridgeOptions | None = None,
                  agents: Mapping[str, AgentFactory] | None = None,
@@ -129,6 +131,7 @@ class Bridge(Journaling, PromptsAPI, PresenceAPI, AgentCallsAPI, BranchingAPI):
         self._held: dict[str, EventBus] = {}   # journaled buses, until fully released
         self.journal.bind(self._events_committed)
         self.restored: list[str] = []   # the sessions the journal brought back at start
+        self.sessions_elsewhere = None   # the others' sessions (``ListingAPI``)
         self._task_group: anyio.abc.TaskGroup | None = None
         self._stack: contextlib.AsyncExitStack | None = None
         self._closed = False
@@ -243,10 +246,6 @@ class Bridge(Journaling, PromptsAPI, PresenceAPI, AgentCallsAPI, BranchingAPI):
     def sessions(self) -> list[Session]:
         """The live ``Session`` objects (see ``get_session``)."""
         return list(self._sessions.values())
-
-    def list_sessions(self) -> list[SessionStatus]:
-        """Every live session's status, in creation order."""
-        return [self._status(session) for session in self._sessions.values()]
 
     def check_workspace(self, cwd: str | None) -> str:
         if cwd is None:
@@ -598,21 +597,3 @@ class Bridge(Journaling, PromptsAPI, PresenceAPI, AgentCallsAPI, BranchingAPI):
             self._record_end(session, deleted=False)
             session.bus.close()
             session.stop()
-
-    def session_status(self, session_id: str) -> SessionStatus:
-        return self._status(self.get_session(session_id))
-
-    def _status(self, session: Session) -> SessionStatus:
-        return session.status(self.permissions.count(session))
-
-    def stats(self) -> BridgeStats:
-        sessions = list(self._sessions.values())
-        pending = sum(s.pending_count for s in sessions)
-        active = sum(1 for s in sessions if s.active is not None)
-        return BridgeStats(
-            sessions=len(sessions), admission_in_flight=self._in_flight_spawns,
-            pending_prompts=pending, queued_prompts=pending - active, active_prompts=active,
-            pending_permissions=self.permissions.pending_count,
-            subscribers=sum(s.bus.subscriber_count for s in sessions),
-            prompt_queue_wait=self.queue_wait.snapshot(),
-            foreign_messages_dropped=self._foreign_dropped)

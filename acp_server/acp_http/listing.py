@@ -112,7 +112,7 @@ async def session_list(conn: AcpConnection, rpc_id: RpcId, params: dict[str, Any
     sessions: list[dict[str, Any]] = []
     if after is None or isinstance(after, SessionKey):
         sees = conn.caller.sees_session
-        visible = (s for s in conn.bridge.list_sessions()
+        visible = (s for s in await conn.bridge.list_all_sessions()
                    if (cwd is None or s.workspace_cwd == cwd) and sees(s.session_id))
         page, more = session_cursor.page_after(session_cursor.ordered(visible), after,
                                                PAGE_SIZE)

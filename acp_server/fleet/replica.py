@@ -6,6 +6,7 @@
         tg.start_soon(replicas.run)            # owns the tails below
         view = await replicas.view(sid)        # SessionNotFoundError when unknown/closed
         view.status(); view.pending(); view.load_info()
+        others = await replicas.statuses_elsewhere()   # the listings' sessions run elsewhere
         subscription = replicas.subscribe(view, last_event_id=12, epoch=epoch)
 
 Contracts:
@@ -142,6 +143,8 @@ class JournalReplicas:
         self.poll_s = poll_s
         self._tails: dict[str, _Tail] = {}
         self._tg: anyio.abc.TaskGroup | None = None
+        self._listed: tuple[float, list[SessionStatus]] | None = None   # (when, what)
+        self._listing = anyio.Lock()
 
     async def run(self) -> None:
         """Own the tails until cancelled (the server's task group)."""
@@ -185,6 +188,32 @@ class JournalReplicas:
         tail = self._tails.get(session_id)
         return SessionView(found, self.bridge.options.pending_prompt_limit,
                            tail.bus.subscriber_count if tail is not None else 0)
+
+    async def statuses_elsewhere(self) -> list[SessionStatus]:
+        """The sessions the journal holds open that are not live here (another instance
+        runs them, or one will adopt them), each as its ``view``'s status: what the
+        listings add to this instance's own (``Bridge.list_all_sessions``). Read at
+        most once a ``poll_s`` (concurrent listings share the read); the owners are
+        remembered, so the doors tell who sees each. ``JournalUnavailableError`` when
+        the store cannot answer."""
+        async with self._listing:
+            now = anyio.current_time()
+            if self._listed is not None and now - self._listed[0] < self.poll_s:
+                return self._listed[1]
+            try:
+                ids = await self.journal.open_ids()
+            except Exception as exc:   # noqa: BLE001 - the store: the caller's choice
+                raise JournalUnavailableError(str(exc) or type(exc).__name__) from exc
+            statuses = []
+            for sid in ids:
+                if self.bridge.has_session(sid):
+                    continue
+                try:
+                    statuses.append((await self.view(sid, ring=False)).status())
+                except SessionNotFoundError:
+                    continue   # closed meanwhile
+            self._listed = anyio.current_time(), statuses
+            return statuses
 
     def subscribe(self, view: SessionView, *, last_event_id: int | None = None,
                   epoch: str | None = None, max_queued: int | None = None) -> Subscription:

@@ -107,7 +107,8 @@ async def list_sessions(request: Request, *, bridge: Bridge) -> Response:
     size, after = page_size(request), _after(request)
     caller = caller_of(request.scope)
     owners = caller.gate.sessions
-    visible = (s for s in bridge.list_sessions() if caller.sees(owners.owner(s.session_id)))
+    sessions = await bridge.list_all_sessions()   # with several instances, theirs too
+    visible = (s for s in sessions if caller.sees(owners.owner(s.session_id)))
     page, more = session_cursor.page_after(session_cursor.ordered(visible), after, size)
     return json_response(200, wire.SessionPage(
         sessions=[session_summary(s, owners.owner(s.session_id)) for _, s in page],

@@ -310,6 +310,22 @@ class SessionReads:
                       session_id, exc)
             return None
 
+    async def open_ids(self) -> list[str]:
+        """The ids of the sessions the journal holds open (not closed): live on some
+        instance, or to be adopted. ``JournalUnavailableError`` when the store cannot
+        answer."""
+        sql = self._sql
+
+        def read(conn: Any) -> list[str]:
+            return [str(row[0]) for row in conn.execute(sql(
+                "SELECT id FROM sessions WHERE closed_at IS NULL ORDER BY created_at")
+            ).fetchall()]
+
+        try:
+            return await self.store._read(read)
+        except StoreUnavailableError as exc:
+            raise JournalUnavailableError(exc.reason) from exc
+
     async def ended(self, *, before: tuple[float, str] | None, limit: int
                     ) -> list[EndedSession]:
         """The closed sessions kept, newest end first (``(closed_at, id)`` descending),
