@@ -7,7 +7,8 @@ PostgreSQL store: what works across instances today.
 * REST sessions with cookie affinity (``ACPSRV``, inserted by HAProxy): a client that
   keeps cookies, as the ACP Streamable HTTP RFD asks of clients, stays on the instance
   that made its session, so creating, prompting and reading the stream all work through
-  the balancer. Sessions that move between instances are issue #24's.
+  the balancer, and the other instance lists the session too. Sessions that move
+  between instances are issue #24's.
 
 The sync ``OpenAI`` client and ``httpx.Client`` run in worker threads, so the tests
 run under both anyio backends.
@@ -131,6 +132,15 @@ async def test_sessions_stay_on_their_instance_with_cookie_affinity(
         owner = two_instances[int(backend[1:])]
         direct = httpx.get(f"{owner.base_url}/session/{sid}/status", timeout=5)
         assert direct.status_code == 200 and direct.json()["sessionId"] == sid
+
+        # the listing is the same whichever instance answers: the other lists it too
+        other = two_instances[1 - int(backend[1:])]
+        wid = httpx.get(f"{other.base_url}/capabilities", timeout=5).json()[
+            "workspaces"][0]["id"]
+        with anyio.fail_after(20):   # the others' sessions: read once a --store-poll-ms
+            while sid not in [s["sessionId"] for s in httpx.get(
+                    f"{other.base_url}/workspace/{wid}/sessions", timeout=5).json()["sessions"]]:
+                await anyio.sleep(0.05)
 
 
 async def test_the_audit_log_names_the_client_behind_the_balancer(tmp_path: Path) -> None:
