@@ -7,22 +7,10 @@
 // the reconnect recipe (a new connection, initialize, session/load) on the live session
 // and, after session/close, on the cold one. Prints one JSON object: what the SDK
 // reported, in the order it reported it.
-import { pathToFileURL } from "node:url";
-import path from "node:path";
+import { loadSdk } from "./acp_sdk_common.mjs";
 
 const [sdkDir, baseUrl, transport, cwd] = process.argv.slice(2);
-const load = (rel) => import(pathToFileURL(path.join(sdkDir, rel)).href);
-const acp = await load("dist/v1/stable/acp.js");
-const { createHttpStream } = await load("dist/transports/http-stream.js");
-const { createWebSocketStream } = await load("dist/transports/ws-stream.js");
-
-function stream() {
-  if (transport === "ws") {
-    return createWebSocketStream(baseUrl.replace(/^http/, "ws") + "/acp",
-                                 { WebSocket: globalThis.WebSocket });
-  }
-  return createHttpStream(baseUrl + "/acp");
-}
+const { acp, stream } = await loadSdk(sdkDir, baseUrl, transport);
 
 const text = (t) => [{ type: "text", text: t }];
 

@@ -5,19 +5,10 @@
 //       one connection makes a session, runs a turn, then "/crash" (the agent dies
 //       mid-turn); a second connection walks session/list until the session is there,
 //       session/loads it and runs one more turn. Prints {"crash", "listed", "log"}.
-import { pathToFileURL } from "node:url";
-import path from "node:path";
+import { loadSdk } from "./acp_sdk_common.mjs";
 
 const [sdkDir, baseUrl, transport, cwd] = process.argv.slice(2);
-const load = (rel) => import(pathToFileURL(path.join(sdkDir, rel)).href);
-const acp = await load("dist/v1/stable/acp.js");
-const { createHttpStream } = await load("dist/transports/http-stream.js");
-const { createWebSocketStream } = await load("dist/transports/ws-stream.js");
-
-const stream = () => transport === "ws"
-  ? createWebSocketStream(baseUrl.replace(/^http/, "ws") + "/acp",
-                          { WebSocket: globalThis.WebSocket })
-  : createHttpStream(baseUrl + "/acp");
+const { acp, stream } = await loadSdk(sdkDir, baseUrl, transport);
 const text = (t) => [{ type: "text", text: t }];
 const init = (ctx) => ctx.request("initialize", { protocolVersion: acp.PROTOCOL_VERSION,
                                                   clientCapabilities: {} });

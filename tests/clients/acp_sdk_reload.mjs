@@ -7,19 +7,10 @@
 //   node acp_sdk_reload.mjs <sdk folder> <base url> <http|ws> <workspace> load <sessionId>
 //       the reconnect recipe (a new connection, initialize, session/load), then one
 //       more turn; prints {"log": [...]}: what the SDK delivered, in order.
-import { pathToFileURL } from "node:url";
-import path from "node:path";
+import { loadSdk } from "./acp_sdk_common.mjs";
 
 const [sdkDir, baseUrl, transport, cwd, mode, loadId] = process.argv.slice(2);
-const load = (rel) => import(pathToFileURL(path.join(sdkDir, rel)).href);
-const acp = await load("dist/v1/stable/acp.js");
-const { createHttpStream } = await load("dist/transports/http-stream.js");
-const { createWebSocketStream } = await load("dist/transports/ws-stream.js");
-
-const stream = () => transport === "ws"
-  ? createWebSocketStream(baseUrl.replace(/^http/, "ws") + "/acp",
-                          { WebSocket: globalThis.WebSocket })
-  : createHttpStream(baseUrl + "/acp");
+const { acp, stream } = await loadSdk(sdkDir, baseUrl, transport);
 const text = (t) => [{ type: "text", text: t }];
 
 function app(log) {

@@ -19,7 +19,9 @@ conversation published again, as an agent's own ``session/load`` replays it.
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -208,16 +210,29 @@ async def _acp_load(base_url: str, sid: str, cwd: str) -> tuple[list[str], str]:
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])   # a client; the server is a process
-@pytest.mark.parametrize("door", ["rest", "acp"])
-async def test_a_stdio_agent_that_died_and_a_restart_lose_no_conversation(
-        tmp_path: Path, store_name: str, door: str) -> None:
-    agent = f"{sys.executable} -m bridge.agents.reference"
-    child = ServeProcess(tmp_path, *_flags(tmp_path, store_name), "--agent", agent)
+@contextlib.asynccontextmanager
+async def _stdio_session(tmp_path: Path, store_name: str
+                         ) -> AsyncIterator[tuple[ServeProcess, str]]:
+    """A real server whose agent is the reference agent over stdio (it keeps its
+    sessions in memory, so its ``/crash`` forgets them), and a session made on it;
+    stopped at the end."""
+    child = ServeProcess(tmp_path, *_flags(tmp_path, store_name), "--agent",
+                         f"{sys.executable} -m bridge.agents.reference")
     try:
         await anyio.to_thread.run_sync(child.start)
         async with httpx.AsyncClient(base_url=child.base_url, timeout=20) as client:
-            sid = (await client.post("/session", json={"sessionScope": "thread"})
-                   ).json()["sessionId"]
+            made = await client.post("/session", json={"sessionScope": "thread"})
+            assert made.status_code == 200, made.text
+        yield child, made.json()["sessionId"]
+    finally:
+        await anyio.to_thread.run_sync(child.stop)
+
+
+@pytest.mark.parametrize("door", ["rest", "acp"])
+async def test_a_stdio_agent_that_died_and_a_restart_lose_no_conversation(
+        tmp_path: Path, store_name: str, door: str) -> None:
+    async with _stdio_session(tmp_path, store_name) as (child, sid):
+        async with httpx.AsyncClient(base_url=child.base_url, timeout=20) as client:
             done = await client.post(f"/session/{sid}/prompt", json=_prompt("apricot"))
             crash = await client.post(f"/session/{sid}/prompt", json=_prompt("/crash"))
             assert (done.status_code, crash.status_code) == (202, 202)
@@ -242,8 +257,6 @@ async def test_a_stdio_agent_that_died_and_a_restart_lose_no_conversation(
                 reply = await _rest_history(client, sid)
             # the conversation, as sent: /acp streams the chunks, REST compacts them
             assert "".join(said).startswith("apricotEcho: apricot/crash"), said
-    finally:
-        await anyio.to_thread.run_sync(child.stop)
     # the agent's new session was seeded with it
     assert reply.splitlines()[:3] == ["History:", "user: apricot", "assistant: Echo: apricot"]
 
@@ -302,13 +315,8 @@ async def test_an_ended_session_deleted_does_not_come_back(tmp_path: Path, store
     """A stdio agent died (it forgot the session): the journal keeps it, listed as
     ended; deleted (REST ``DELETE`` or ``/acp`` ``session/delete``), nothing can load it
     again, even after a ``kill -9`` right after the answer."""
-    agent = f"{sys.executable} -m bridge.agents.reference"
-    child = ServeProcess(tmp_path, *_flags(tmp_path, store_name), "--agent", agent)
-    try:
-        await anyio.to_thread.run_sync(child.start)
+    async with _stdio_session(tmp_path, store_name) as (child, sid):
         async with httpx.AsyncClient(base_url=child.base_url, timeout=20) as client:
-            sid = (await client.post("/session", json={"sessionScope": "thread"})
-                   ).json()["sessionId"]
             assert (await client.post(f"/session/{sid}/prompt", json=_prompt("/crash"))
                     ).status_code == 202
             wid = (await client.get("/capabilities")).json()["workspaces"][0]["id"]
@@ -334,5 +342,3 @@ async def test_an_ended_session_deleted_does_not_come_back(tmp_path: Path, store
                 == {"sessions": []}
             loaded = await client.post(f"/session/{sid}/load", json={})
             assert loaded.status_code == 404, loaded.text
-    finally:
-        await anyio.to_thread.run_sync(child.stop)
