@@ -185,33 +185,35 @@ class JournalReplicas:
             raise SessionNotFoundError(session_id)
         # who made it, so the doors can tell who sees it (``remember_owner``)
         self.bridge.remember_owner(session_id, found.record.owner)
-        tail = self._tails.get(session_id)
+        return self._view_of(found)
+
+    def _view_of(self, found: RestoredSession) -> SessionView:
+        tail = self._tails.get(found.record.session_id)
         return SessionView(found, self.bridge.options.pending_prompt_limit,
                            tail.bus.subscriber_count if tail is not None else 0)
 
     async def statuses_elsewhere(self) -> list[SessionStatus]:
         """The sessions the journal holds open that are not live here (another instance
         runs them, or one will adopt them), each as its ``view``'s status: what the
-        listings add to this instance's own (``Bridge.list_all_sessions``). Read at
-        most once a ``poll_s`` (concurrent listings share the read); the owners are
-        remembered, so the doors tell who sees each. ``JournalUnavailableError`` when
+        listings add to this instance's own (``Bridge.list_all_sessions``). One read
+        of the store (``read_open``) at most once a ``poll_s``, concurrent listings
+        sharing it; the owners are remembered, so the doors tell who sees each. ``JournalUnavailableError`` when
         the store cannot answer."""
         async with self._listing:
             now = anyio.current_time()
             if self._listed is not None and now - self._listed[0] < self.poll_s:
                 return self._listed[1]
             try:
-                ids = await self.journal.open_ids()
+                found = await self.journal.read_open(QUESTIONS)
             except Exception as exc:   # noqa: BLE001 - the store: the caller's choice
                 raise JournalUnavailableError(str(exc) or type(exc).__name__) from exc
             statuses = []
-            for sid in ids:
+            for one in found:
+                sid = one.record.session_id
                 if self.bridge.has_session(sid):
                     continue
-                try:
-                    statuses.append((await self.view(sid, ring=False)).status())
-                except SessionNotFoundError:
-                    continue   # closed meanwhile
+                self.bridge.remember_owner(sid, one.record.owner)   # who sees it
+                statuses.append(self._view_of(one).status())
             self._listed = anyio.current_time(), statuses
             return statuses
 

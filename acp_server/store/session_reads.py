@@ -242,29 +242,45 @@ class SessionReads:
         types, for a status): of its events only the newest and those of these types
         are read, not its ring. ``JournalUnavailableError`` when the store cannot
         answer."""
-        sql = self._sql
-
         def read(conn: Any) -> RestoredSession | None:
-            found = self._restore_in(conn, sql("id = ?"), (session_id,),
+            found = self._restore_in(conn, self._sql("id = ?"), (session_id,),
                                      None if only is None else 1)
-            if not found or only is None:
-                return found[0] if found else None
-            session = found[0]
-            asked = {event.id: event for event in session.events}
-            kinds = ",".join("?" * len(only))
-            for _, envelope in conn.execute(sql(
-                    f"SELECT id, envelope FROM session_events WHERE session_id = ? "
-                    f"AND type IN ({kinds}) ORDER BY id"), (session_id, *only)).fetchall():
-                with contextlib.suppress(msgspec.MsgspecError, KeyError, TypeError):
-                    event = event_from_envelope(bytes(envelope))
-                    asked[event.id] = event
-            session.events = [asked[i] for i in sorted(asked)]  # type: ignore[type-var]
-            return session
+            if found and only is not None:
+                self._with_events(conn, found[0], only)
+            return found[0] if found else None
 
         try:
             return await self.store._read(read)
         except StoreUnavailableError as exc:
             raise JournalUnavailableError(exc.reason) from exc
+
+    async def read_open(self, only: Sequence[str]) -> list[RestoredSession]:
+        """Every session the journal holds open (not closed), as ``read`` with ``only``
+        reads one, in one read of the store: what the listings of an instance show of
+        the sessions the others run."""
+        def read(conn: Any) -> list[RestoredSession]:
+            found = self._restore_in(conn, "closed_at IS NULL", (), 1)
+            for session in found:
+                self._with_events(conn, session, only)
+            return found
+
+        try:
+            return await self.store._read(read)
+        except StoreUnavailableError as exc:
+            raise JournalUnavailableError(exc.reason) from exc
+
+    def _with_events(self, conn: Any, session: RestoredSession, only: Sequence[str]) -> None:
+        """Add the session's events of the types ``only`` to the newest it has."""
+        asked = {event.id: event for event in session.events}
+        kinds = ",".join("?" * len(only))
+        for _, envelope in conn.execute(self._sql(
+                f"SELECT id, envelope FROM session_events WHERE session_id = ? "
+                f"AND type IN ({kinds}) ORDER BY id"),
+                (session.record.session_id, *only)).fetchall():
+            with contextlib.suppress(msgspec.MsgspecError, KeyError, TypeError):
+                event = event_from_envelope(bytes(envelope))
+                asked[event.id] = event
+        session.events = [asked[i] for i in sorted(asked)]  # type: ignore[type-var]
 
     async def read_after(self, session_id: str, after: int, limit: int = 512
                          ) -> tuple[SessionOpened | None, bool, list[tuple[int, bytes]]]:
@@ -309,22 +325,6 @@ class SessionReads:
             log.error("session journal: session %s has an unreadable record (%s)",
                       session_id, exc)
             return None
-
-    async def open_ids(self) -> list[str]:
-        """The ids of the sessions the journal holds open (not closed): live on some
-        instance, or to be adopted. ``JournalUnavailableError`` when the store cannot
-        answer."""
-        sql = self._sql
-
-        def read(conn: Any) -> list[str]:
-            return [str(row[0]) for row in conn.execute(sql(
-                "SELECT id FROM sessions WHERE closed_at IS NULL ORDER BY created_at")
-            ).fetchall()]
-
-        try:
-            return await self.store._read(read)
-        except StoreUnavailableError as exc:
-            raise JournalUnavailableError(exc.reason) from exc
 
     async def ended(self, *, before: tuple[float, str] | None, limit: int
                     ) -> list[EndedSession]:
