@@ -52,6 +52,9 @@ class Task:
     key: str | None
     state: str = "queued"      # the model's: queued | running | succeeded | cancelled | deleted
     final: dict[str, Any] | None = None   # the task object once finished
+    # queued at the kill, but a cancel in flight freed a slot: it may have been claimed
+    # before the kill (so the restart rule applies to it) or not
+    maybe_claimed: bool = False
 
 
 @dataclass
@@ -236,7 +239,8 @@ class Workload:
         live = m.in_state("queued", "running")
         done = m.in_state("succeeded", "cancelled")
         keyed = [t for t in m.tasks.values() if t.key and t.state != "deleted"]
-        options = ["create"] * 4 + ["list", "subscribe", "retrieve"] * bool(m.tasks)
+        options = ["create"] * 4
+        options += ["list", "subscribe", "subscribe", "retrieve"] * bool(m.tasks)
         options += ["cancel"] * 2 * bool(live) + ["delete", "cancel_done"] * bool(done)
         options += ["replay"] * bool(keyed)
         op = rng.choice(options)

@@ -6,6 +6,7 @@ and is started again on the same port and store; then every promise of docs/lmsp
 
     pytest tests/lmsp/test_crash_consistency.py                             # CI's seeds
     ACP_LMSP_CRASH_SEEDS=200 pytest tests/lmsp/test_crash_consistency.py    # seeds 0..199
+    ACP_LMSP_CRASH_SEEDS=200:400 pytest tests/lmsp/test_crash_consistency.py  # 200..399
     ACP_LMSP_CRASH_SEED=1234 pytest tests/lmsp/test_crash_consistency.py    # replay one
 
 The workload and its model are in ``crash_workload.py``. The kill point is a count of
@@ -60,8 +61,9 @@ CI_SEEDS = (3, 5, 8)
 def _seeds() -> list[int]:
     if os.environ.get("ACP_LMSP_CRASH_SEED"):
         return [int(os.environ["ACP_LMSP_CRASH_SEED"])]
-    if os.environ.get("ACP_LMSP_CRASH_SEEDS"):
-        return list(range(int(os.environ["ACP_LMSP_CRASH_SEEDS"])))
+    if os.environ.get("ACP_LMSP_CRASH_SEEDS"):   # N (0..N-1) or A:B (A..B-1)
+        first, _, end = os.environ["ACP_LMSP_CRASH_SEEDS"].rpartition(":")
+        return list(range(int(first or 0), int(end)))
     return list(CI_SEEDS)
 
 
@@ -179,6 +181,11 @@ async def settle_flight(work: Workload, model: Model) -> Task | None:
     if status in ("cancelling", "cancelled"):
         task.final = await work.until(task.task_id, TERMINAL, "the cancel in flight")
         assert task.final["status"] == "cancelled", task.final
+        if task.state == "running":   # its slot was free before the kill: the queued
+            for queued in model.in_state("queued"):   # ones up to a long one may have
+                queued.maybe_claimed = True           # been claimed (and, short, ended)
+                if queued.kind == "long":
+                    break
         task.state = "cancelled"
         model.log.append("  (the cancel went through)")
     else:
@@ -212,7 +219,9 @@ async def drive(work: Workload, model: Model) -> None:
              if t.state == "queued" or t.task_id in retried]   # creation order
     while queue:
         head = queue[0]
-        if head.kind == "short":
+        if head.maybe_claimed:
+            final = await _drive_maybe_claimed(work, head)
+        elif head.kind == "short":
             final = await work.until(head.task_id, TERMINAL, "a queued short task ran")
             assert final["status"] == "succeeded", final
         else:
@@ -221,7 +230,8 @@ async def drive(work: Workload, model: Model) -> None:
             runs = 2 if head.task_id in retried else 1
             await work.reader_at(follower, lambda seen, n=runs: _in_progress(seen) >= n,
                                  f"run {runs} of {head.task_id}")
-            check_fifo(await work.listed(), [t for t in queue if t.task_id not in retried])
+            check_fifo(await work.listed(), [t for t in queue if t.task_id not in retried
+                                             and not t.maybe_claimed])
             answer = await work.client.post(f"{API}/tasks/{head.task_id}/cancel")
             assert answer.status_code == 200, answer.text
             final = await work.until(head.task_id, TERMINAL, "its cancel after the restart")
@@ -229,6 +239,27 @@ async def drive(work: Workload, model: Model) -> None:
         head.final, head.state = final, final["status"]
         model.log.append(f"  (after the restart {head.task_id} {final['status']})")
         queue.pop(0)
+
+
+async def _drive_maybe_claimed(work: Workload, task: Task) -> dict[str, Any]:
+    """A task a cancel in flight may have let be claimed before the kill: claimed, it
+    ended (short), or the restart rule applied (``fail``: failed ``server_restarted``);
+    else it runs now, like any queued one (a long one is cancelled once running)."""
+    restarted = {"succeeded"} if task.kind == "short" else set()
+    if task.policy == "fail":
+        restarted.add("failed")
+    want = TERMINAL if task.kind == "short" else TERMINAL | {"running"}
+    got = await work.until(task.task_id, want, "a task maybe claimed before the kill")
+    if got["status"] == "running":
+        answer = await work.client.post(f"{API}/tasks/{task.task_id}/cancel")
+        assert answer.status_code == 200, answer.text
+        got = await work.until(task.task_id, TERMINAL, "its cancel after the restart")
+        assert got["status"] == "cancelled", got
+    else:
+        assert got["status"] in restarted, got
+        if got["status"] == "failed":
+            assert got["error"]["code"] == "server_restarted", got
+    return got
 
 
 def check_fifo(listed: dict[str, dict[str, Any]], queue: list[Task]) -> None:
