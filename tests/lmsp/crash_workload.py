@@ -55,6 +55,7 @@ class Task:
     # queued at the kill, but a cancel in flight freed a slot: it may have been claimed
     # before the kill (so the restart rule applies to it) or not
     maybe_claimed: bool = False
+    running_at_kill: bool = False
 
 
 @dataclass
@@ -405,14 +406,18 @@ class Workload:
             path, flight.body, headers = self.create_request("short", flight.via, "fail",
                                                              flight.key)
             method = "POST"
-        elif op == "cancel":
+        elif op == "cancel":   # a response's cancel waits for its end; a task's does not
             flight.task = rng.choice(live)
-            method, path, headers = "POST", f"{API}/tasks/{flight.task.task_id}/cancel", {}
+            flight.via = rng.choice(("task", flight.task.via))
+            path = (f"{API}/responses/{flight.task.response_id}/cancel"
+                    if flight.via == "response" else f"{API}/tasks/{flight.task.task_id}/cancel")
+            method, headers = "POST", {}
         else:
-            flight.task = rng.choice(done)
+            flight.task, flight.via = rng.choice(done), "response"
             method, path, headers = "DELETE", f"{API}/responses/{flight.task.response_id}", {}
         m.in_flight = flight
-        m.log.append(f"in flight: {op} {flight.task.task_id if flight.task else flight.via}"
+        m.log.append(f"in flight: {op} by {flight.via} "
+                     f"{flight.task.task_id if flight.task else ''}"
                      f"{' key=' + flight.key if flight.key else ''}")
 
         async def send() -> None:
