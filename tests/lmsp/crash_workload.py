@@ -84,8 +84,10 @@ class Answer:
 class InFlight:
     """The request sent just before the kill; its answer may or may not have come."""
 
-    op: str                          # create | cancel | delete
+    op: str                          # create | burst | cancel | delete
     task: Task | None = None         # cancel, delete: the task it is about
+    # burst: several creates at once (one group commit, or a few), each an InFlight
+    creates: list[InFlight] = field(default_factory=list)
     key: str | None = None           # create: its Idempotency-Key, if any
     via: str = "task"
     body: dict[str, Any] | None = None
@@ -397,48 +399,55 @@ class Workload:
             return None
         live = m.in_state("queued", "running")
         done = m.in_state("succeeded", "cancelled")
-        op = rng.choice(["create", "create"] + ["cancel"] * bool(live)
+        op = rng.choice(["create", "create", "burst"] + ["cancel"] * bool(live)
                         + ["delete"] * bool(done))
         flight = InFlight(op)
-        if op == "create":
-            flight.via = rng.choice(("task", "response"))
-            flight.key = f"flight-{rng.randrange(10**6)}" if rng.random() < 0.5 else None
-            path, flight.body, headers = self.create_request("short", flight.via, "fail",
-                                                             flight.key)
-            method = "POST"
+        requests: list[tuple[InFlight, str, str, dict[str, str]]] = []
+        if op in ("create", "burst"):
+            flight.creates = [flight] if op == "create" else [
+                InFlight("create") for _ in range(rng.randint(2, 6))]
+            for create in flight.creates:
+                create.via = rng.choice(("task", "response"))
+                create.key = f"flight-{rng.randrange(10**6)}" if rng.random() < 0.5 else None
+                path, create.body, headers = self.create_request("short", create.via,
+                                                                 "fail", create.key)
+                requests.append((create, "POST", path, headers))
         elif op == "cancel":   # a response's cancel waits for its end; a task's does not
             flight.task = rng.choice(live)
             flight.via = rng.choice(("task", flight.task.via))
             path = (f"{API}/responses/{flight.task.response_id}/cancel"
                     if flight.via == "response" else f"{API}/tasks/{flight.task.task_id}/cancel")
-            method, headers = "POST", {}
+            requests.append((flight, "POST", path, {}))
         else:
             flight.task, flight.via = rng.choice(done), "response"
-            method, path, headers = "DELETE", f"{API}/responses/{flight.task.response_id}", {}
+            requests.append((flight, "DELETE", f"{API}/responses/{flight.task.response_id}", {}))
         m.in_flight = flight
-        m.log.append(f"in flight: {op} by {flight.via} "
+        m.log.append(f"in flight: {op}{'' if flight.creates else ' by ' + flight.via} "
                      f"{flight.task.task_id if flight.task else ''}"
-                     f"{' key=' + flight.key if flight.key else ''}")
+                     f"{' key=' + flight.key if flight.key else ''}"
+                     f"{f' ({len(flight.creates)} creates)' if op == 'burst' else ''}")
 
-        async def send() -> None:
+        async def send(one: InFlight, method: str, path: str, headers: dict[str, str]) -> None:
             try:
-                answer = await self.client.request(method, path, json=flight.body,
+                answer = await self.client.request(method, path, json=one.body,
                                                    headers=headers)
-                flight.status = answer.status_code
-                flight.answer = answer.json() if answer.content else None
+                one.status = answer.status_code
+                one.answer = answer.json() if answer.content else None
             except httpx.TransportError:
                 pass
 
         assert self._tg is not None
-        self._tg.start_soon(send)
+        for request in requests:
+            self._tg.start_soon(send, *request)
         # When the kill comes, the seed's choice: at once (the request may not have left),
-        # once answered (the answer must hold), or a few milliseconds on (mid-way,
-        # perhaps). Either outcome is checked whole; no assertion depends on which.
+        # once answered (the answer must hold; a burst: its first answer), or a few
+        # milliseconds on (mid-way, perhaps). Either outcome is checked whole; no
+        # assertion depends on which.
         when = rng.choice(("now", "answered", "soon"))
         m.log.append(f"  (killed {when})")
         if when == "answered":
             with anyio.fail_after(WAIT_S):
-                while flight.status is None:
+                while all(one.status is None for one, *_ in requests):
                     await anyio.sleep(0.005)
         else:
             await anyio.sleep(0 if when == "now" else rng.uniform(0.001, 0.03))

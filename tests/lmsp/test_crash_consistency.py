@@ -1,7 +1,7 @@
 """Seeded crash consistency of LMSP tasks and background responses: a real ``acp-server
 serve`` on SQLite and on PostgreSQL runs a workload the seed picks, is killed with
-SIGKILL after the seed's number of operations (maybe with one more request in flight),
-and is started again on the same port and store; then every promise of docs/lmsp.md
+SIGKILL after the seed's number of operations (maybe with one more request in flight:
+a create, a burst of 2 to 6 concurrent creates, a cancel or a delete), and is started again on the same port and store; then every promise of docs/lmsp.md
 (Durability, Restarts, Idempotency, Events, Background mode) is checked at once::
 
     pytest tests/lmsp/test_crash_consistency.py                             # CI's seeds
@@ -13,14 +13,16 @@ The workload and its model are in ``crash_workload.py``. The kill point is a cou
 operations, never a time: before the kill every task is in the state the model predicts
 (finished, running or queued, FIFO into ``SLOTS`` slots). After the restart (on
 PostgreSQL the killed instance's 3 s leases expire first) the test settles the request
-in flight (``settle_flight``: it went through whole, or not at all), replays every
+in flight (``settle_flight``: it went through whole, or not at all; each create of a
+burst on its own, its task found by its unique text), replays every
 ``Idempotency-Key`` (``check_replays``), then drives what was left: a task running at
 the kill under ``fail`` ends ``failed`` (``server_restarted``); under ``retry`` it runs
 again (a second ``response.in_progress``); queued ones are claimed in creation order
 (``check_fifo``, on each listing) and run: a short one ends ``succeeded``, a long one is
-cancelled once running. Then, one checker each: every acknowledged task exists in its
+cancelled once running (a cancel in flight that freed a slot may have let the next
+queued ones be claimed before the kill: ``maybe_claimed``, either way). Then, one checker each: every acknowledged task exists in its
 expected state, a finished one unchanged, a deleted one gone (``check_tasks``); the
-listing holds exactly those, plus at most the one a create in flight made
+listing holds exactly those, plus at most one per create in flight
 (``check_listing``); every task's events are numbered from 0 without a gap and end
 with the event of its status (``check_events``); every subscriber resumed from its last
 cursor (``Last-Event-ID`` or ``starting_after``) got exactly the rest, or 204 at the end
@@ -47,6 +49,7 @@ from tests.lmsp.crash_workload import (
     TERMINAL,
     WAIT_S,
     Answer,
+    InFlight,
     Model,
     Reader,
     Task,
@@ -118,10 +121,10 @@ async def _crash_and_check(tmp_path: Path, store_name: str, seed: int, model: Mo
 
 
 async def _after_restart(work: Workload, model: Model) -> None:
-    extra = await settle_flight(work, model)
+    extras = await settle_flight(work, model)
     await check_replays(work, model)
     await drive(work, model)
-    if extra is not None:   # the create in flight, taken: it runs (or failed, if running)
+    for extra in extras:   # a create in flight, taken: it runs (or failed, if running)
         final = await work.until(extra.task_id, TERMINAL, "the in-flight task ended")
         assert final["status"] == "succeeded" or (
             final["status"] == "failed" and final["error"]["code"] == "server_restarted"), final
@@ -133,42 +136,17 @@ async def _after_restart(work: Workload, model: Model) -> None:
     check_no_5xx(model.answers)
 
 
-async def settle_flight(work: Workload, model: Model) -> Task | None:
+async def settle_flight(work: Workload, model: Model) -> list[Task]:
     """The request in flight at the kill went through whole or not at all: a create
-    made one task or none (its key, replayed, answers that one or makes it), a cancel
-    left the task cancelled or as it was, a delete left it gone or as it was. An answer
-    that came (2xx) means it went through."""
+    (each of a burst's) made one task or none (its key, replayed, answers that one or
+    makes it; nothing else is listed), a cancel left the task cancelled or as it was, a
+    delete left it gone or as it was. An answer that came (2xx) means it went through.
+    The tasks the creates made, into the model (``state="flight"``)."""
     flight = model.in_flight
     if flight is None:
-        return None
-    if flight.op == "create":
-        listed = await work.listed()
-        extra = set(listed) - set(model.tasks)
-        assert len(extra) <= 1, f"tasks no answer made: {sorted(extra)}"
-        if flight.answered(200, 202):
-            made = flight.answer["id"]
-            assert made in listed or made in {t["response_id"] for t in listed.values()}, (
-                "an answered in-flight create was lost")
-        if flight.key is not None:   # the client retries with its key
-            path = f"{API}/responses" if flight.via == "response" else f"{API}/tasks"
-            answer = await work.client.post(path, json=flight.body,
-                                            headers={"Idempotency-Key": flight.key})
-            assert answer.status_code in (200, 202), answer.text
-            replayed = answer.headers.get("idempotent-replayed") == "true"
-            assert replayed == bool(extra), (extra, answer.headers)
-            model.log.append(f"  (retried its key: replayed={replayed})")
-            listed = await work.listed()
-            extra = set(listed) - set(model.tasks)
-            assert len(extra) == 1, f"after the retry: {sorted(extra)}"
-        if not extra:
-            model.log.append("  (the create did not go through)")
-            return None
-        task_id = extra.pop()
-        task = Task(task_id, listed[task_id]["response_id"], "short", "fail", flight.via,
-                    flight.body or {}, flight.key, state="flight")
-        model.tasks[task_id] = task
-        model.log.append(f"  (the create went through: {task_id})")
-        return task
+        return []
+    if flight.creates:
+        return await _settle_creates(work, model, flight.creates)
     task = flight.task
     assert task is not None
     answer = await work.client.get(f"{API}/tasks/{task.task_id}")
@@ -180,7 +158,7 @@ async def settle_flight(work: Workload, model: Model) -> Task | None:
             assert not flight.answered(200), "an answered delete did not hold"
             assert answer.status_code == 200 and answer.json() == task.final, answer.text
             model.log.append("  (the delete did not go through)")
-        return None
+        return []
     status = answer.json()["status"]
     if status in ("cancelling", "cancelled"):
         task.final = await work.until(task.task_id, TERMINAL, "the cancel in flight")
@@ -195,7 +173,59 @@ async def settle_flight(work: Workload, model: Model) -> Task | None:
     else:
         assert not flight.answered(200), f"an answered cancel did not hold: {status}"
         model.log.append("  (the cancel did not go through)")
-    return None
+    return []
+
+
+def _text(body: dict[str, Any]) -> str:
+    return body["input"] if isinstance(body["input"], str) else body["input"]["input"]
+
+
+async def _settle_creates(work: Workload, model: Model, creates: list[InFlight]
+                          ) -> list[Task]:
+    """Each create in flight made at most one task (found by its text, unique), an
+    answered one made one, and its key retried answers that one (replayed) or makes it."""
+    by_text = {_text(c.body or {}): c for c in creates}
+    made: dict[int, str] = {}   # index in creates -> task id
+
+    async def extras() -> dict[str, dict[str, Any]]:
+        return {k: v for k, v in (await work.listed()).items() if k not in model.tasks}
+
+    for task_id, listed in (await extras()).items():
+        create = by_text.get(listed["input_text"])
+        assert create is not None, f"a task no request made: {listed}"
+        index = creates.index(create)
+        assert index not in made, f"one create made two tasks: {made[index]}, {task_id}"
+        made[index] = task_id
+    ids = {}
+    for index, create in enumerate(creates):
+        if create.answered(200, 202):
+            assert index in made, f"an answered in-flight create was lost: {create.answer}"
+        if create.key is None:
+            continue
+        path = f"{API}/responses" if create.via == "response" else f"{API}/tasks"
+        answer = await work.client.post(path, json=create.body,
+                                        headers={"Idempotency-Key": create.key})
+        assert answer.status_code in (200, 202), answer.text
+        replayed = answer.headers.get("idempotent-replayed") == "true"
+        assert replayed == (index in made), (made, index, answer.headers)
+        ids[index] = answer.json()["id"]
+        model.log.append(f"  (retried key {create.key}: replayed={replayed})")
+    listed = await extras()
+    for index, answered_id in ids.items():   # the retries' tasks, made or found
+        task_id = next(k for k, v in listed.items() if answered_id in (k, v["response_id"]))
+        assert made.setdefault(index, task_id) == task_id, (index, made, task_id)
+    assert set(listed) == set(made.values()), (sorted(listed), made)
+    tasks = []
+    for index, task_id in sorted(made.items()):
+        create = creates[index]
+        task = Task(task_id, listed[task_id]["response_id"], "short", "fail", create.via,
+                    create.body or {}, create.key, state="flight")
+        model.tasks[task_id] = task
+        tasks.append(task)
+        model.log.append(f"  (create {index} went through: {task_id})")
+    if not made:
+        model.log.append("  (no create went through)")
+    return tasks
 
 
 async def check_replays(work: Workload, model: Model) -> None:
