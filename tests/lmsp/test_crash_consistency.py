@@ -1,0 +1,391 @@
+"""Seeded crash consistency of LMSP tasks and background responses: a real ``acp-server
+serve`` on SQLite and on PostgreSQL runs a workload the seed picks, is killed with
+SIGKILL after the seed's number of operations (maybe with one more request in flight:
+a create, a burst of 2 to 6 concurrent creates, a cancel or a delete), and is started again on the same port and store; then every promise of docs/lmsp.md
+(Durability, Restarts, Idempotency, Events, Background mode) is checked at once::
+
+    pytest tests/lmsp/test_crash_consistency.py                             # CI's seeds
+    ACP_LMSP_CRASH_SEEDS=200 pytest tests/lmsp/test_crash_consistency.py    # seeds 0..199
+    ACP_LMSP_CRASH_SEEDS=200:400 pytest tests/lmsp/test_crash_consistency.py  # 200..399
+    ACP_LMSP_CRASH_SEED=1234 pytest tests/lmsp/test_crash_consistency.py    # replay one
+
+The workload and its model are in ``crash_workload.py``. The kill point is a count of
+operations, never a time: before the kill every task is in the state the model predicts
+(finished, running or queued, FIFO into ``SLOTS`` slots). After the restart (on
+PostgreSQL the killed instance's 3 s leases expire first) the test settles the request
+in flight (``settle_flight``: it went through whole, or not at all; each create of a
+burst on its own, its task found by its unique text), replays every
+``Idempotency-Key`` (``check_replays``), then drives what was left: a task running at
+the kill under ``fail`` ends ``failed`` (``server_restarted``); under ``retry`` it runs
+again (a second ``response.in_progress``); queued ones are claimed in creation order
+(``check_fifo``, on each listing) and run: a short one ends ``succeeded``, a long one is
+cancelled once running (a cancel in flight that freed a slot may have let the next
+queued ones be claimed before the kill: ``maybe_claimed``, either way). Then, one checker each: every acknowledged task exists in its
+expected state, a finished one unchanged, a deleted one gone (``check_tasks``); the
+listing holds exactly those, plus at most one per create in flight
+(``check_listing``); every task's events are numbered from 0 without a gap and end
+with the event of its status (``check_events``); every subscriber resumed from its last
+cursor (``Last-Event-ID`` or ``starting_after``) got exactly the rest, or 204 at the end
+(``check_readers``); nothing answered 5xx (``check_no_5xx``). A failure names the seed
+and the operations.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import pytest
+
+from tests.harness import ServeProcess, free_port
+from tests.lmsp import stores
+from tests.lmsp.crash_workload import (
+    API,
+    SLOTS,
+    TERMINAL,
+    WAIT_S,
+    Answer,
+    InFlight,
+    Model,
+    Reader,
+    Task,
+    Workload,
+)
+
+pytestmark = pytest.mark.anyio
+
+# CI's seeds (about 2 s each): 5 a burst of 2 creates in flight (one keyed, retried
+# after the restart), two subscribers, ``retry`` tasks running and queued at the kill;
+# 96 a cancel in flight answered before the kill, a subscriber; 105 subscribers, one of
+# them on the task whose DELETE is in flight.
+CI_SEEDS = (5, 96, 105)
+
+
+def _seeds() -> list[int]:
+    if os.environ.get("ACP_LMSP_CRASH_SEED"):
+        return [int(os.environ["ACP_LMSP_CRASH_SEED"])]
+    if os.environ.get("ACP_LMSP_CRASH_SEEDS"):   # N (0..N-1) or A:B (A..B-1)
+        first, _, end = os.environ["ACP_LMSP_CRASH_SEEDS"].rpartition(":")
+        return list(range(int(first or 0), int(end)))
+    return list(CI_SEEDS)
+
+
+# Each seed on one client backend (asyncio for even seeds, trio for odd): the server is
+# its own process either way.
+@pytest.mark.parametrize(("seed", "anyio_backend"), [
+    pytest.param(seed, ("asyncio", "trio")[seed % 2], id=f"seed{seed}") for seed in _seeds()])
+async def test_a_seeded_lmsp_workload_survives_kill_9(tmp_path: Path, store_name: str,
+                                                      seed: int) -> None:
+    model = Model()
+    try:
+        await _crash_and_check(tmp_path, store_name, seed, model)
+        if os.environ.get("ACP_LMSP_CRASH_VERBOSE"):   # the operations of a passing seed
+            print(f"seed {seed} on {store_name}:\n  " + "\n  ".join(model.log))
+    except BaseException as exc:
+        ops = "\n  ".join(model.log)
+        raise AssertionError(f"seed {seed} on {store_name} (replay: ACP_LMSP_CRASH_SEED="
+                             f"{seed}) failed: {exc!r}\noperations:\n  {ops}") from exc
+
+
+def _flags(tmp_path: Path, store_name: str) -> list[str]:
+    flags = ["--port", str(free_port()), "--max-running-tasks", str(SLOTS)]
+    if store_name == "postgres":
+        return [*flags, "--store", stores.postgres_url_for(tmp_path, "crash"),
+                *stores.lease_flags()]
+    return [*flags, "--store", f"sqlite:///{tmp_path / 'lmsp.db'}"]
+
+
+async def _crash_and_check(tmp_path: Path, store_name: str, seed: int, model: Model) -> None:
+    rng = random.Random(seed)
+    child = ServeProcess(tmp_path, *_flags(tmp_path, store_name))
+    await anyio.to_thread.run_sync(child.start)
+    try:
+        async with Workload(model, child.base_url, rng) as work:
+            await work.run(rng.randint(3, 14))
+            await work.start_in_flight()
+            model.log.append("kill -9")
+            await anyio.to_thread.run_sync(child.kill)
+            with anyio.fail_after(WAIT_S):   # every stream saw the kill
+                for reader in model.readers:
+                    while not reader.ended:
+                        await anyio.sleep(0.01)
+        await anyio.to_thread.run_sync(child.start)
+        async with Workload(model, child.base_url, rng) as after:
+            await _after_restart(after, model)
+    finally:
+        await anyio.to_thread.run_sync(child.stop)
+
+
+async def _after_restart(work: Workload, model: Model) -> None:
+    extras = await settle_flight(work, model)
+    await check_replays(work, model)
+    await drive(work, model)
+    for extra in extras:   # a create in flight, taken: it runs (or failed, if running)
+        final = await work.until(extra.task_id, TERMINAL, "the in-flight task ended")
+        assert final["status"] == "succeeded" or (
+            final["status"] == "failed" and final["error"]["code"] == "server_restarted"), final
+        extra.final, extra.state = final, final["status"]
+    await check_tasks(work, model)
+    await check_listing(work, model)
+    await check_events(work, model)
+    await check_readers(work, model)
+    check_no_5xx(model.answers)
+
+
+async def settle_flight(work: Workload, model: Model) -> list[Task]:
+    """The request in flight at the kill went through whole or not at all: a create
+    (each of a burst's) made one task or none (its key, replayed, answers that one or
+    makes it; nothing else is listed), a cancel left the task cancelled or as it was, a
+    delete left it gone or as it was. An answer that came (2xx) means it went through.
+    The tasks the creates made, into the model (``state="flight"``)."""
+    flight = model.in_flight
+    if flight is None:
+        return []
+    if flight.creates:
+        return await _settle_creates(work, model, flight.creates)
+    task = flight.task
+    assert task is not None
+    answer = await work.client.get(f"{API}/tasks/{task.task_id}")
+    if flight.op == "delete":
+        if answer.status_code == 404:
+            task.state = "deleted"
+            model.log.append("  (the delete went through)")
+        else:
+            assert not flight.answered(200), "an answered delete did not hold"
+            assert answer.status_code == 200 and answer.json() == task.final, answer.text
+            model.log.append("  (the delete did not go through)")
+        return []
+    status = answer.json()["status"]
+    if status in ("cancelling", "cancelled"):
+        task.final = await work.until(task.task_id, TERMINAL, "the cancel in flight")
+        assert task.final["status"] == "cancelled", task.final
+        if task.state == "running":   # its slot was free before the kill: the queued
+            for queued in model.in_state("queued"):   # ones up to a long one may have
+                queued.maybe_claimed = True           # been claimed (and, short, ended)
+                if queued.kind == "long":
+                    break
+        task.state = "cancelled"
+        model.log.append("  (the cancel went through)")
+    else:
+        assert not flight.answered(200), f"an answered cancel did not hold: {status}"
+        model.log.append("  (the cancel did not go through)")
+    return []
+
+
+def _text(body: dict[str, Any]) -> str:
+    return body["input"] if isinstance(body["input"], str) else body["input"]["input"]
+
+
+async def _settle_creates(work: Workload, model: Model, creates: list[InFlight]
+                          ) -> list[Task]:
+    """Each create in flight made at most one task (found by its text, unique), an
+    answered one made one, and its key retried answers that one (replayed) or makes it."""
+    by_text = {_text(c.body or {}): c for c in creates}
+    made: dict[int, str] = {}   # index in creates -> task id
+
+    async def extras() -> dict[str, dict[str, Any]]:
+        return {k: v for k, v in (await work.listed()).items() if k not in model.tasks}
+
+    for task_id, listed in (await extras()).items():
+        create = by_text.get(listed["input_text"])
+        assert create is not None, f"a task no request made: {listed}"
+        index = creates.index(create)
+        assert index not in made, f"one create made two tasks: {made[index]}, {task_id}"
+        made[index] = task_id
+    ids = {}
+    for index, create in enumerate(creates):
+        if create.answered(200, 202):
+            assert index in made, f"an answered in-flight create was lost: {create.answer}"
+        if create.key is None:
+            continue
+        path = f"{API}/responses" if create.via == "response" else f"{API}/tasks"
+        answer = await work.client.post(path, json=create.body,
+                                        headers={"Idempotency-Key": create.key})
+        assert answer.status_code in (200, 202), answer.text
+        replayed = answer.headers.get("idempotent-replayed") == "true"
+        assert replayed == (index in made), (made, index, answer.headers)
+        ids[index] = answer.json()["id"]
+        model.log.append(f"  (retried key {create.key}: replayed={replayed})")
+    listed = await extras()
+    for index, answered_id in ids.items():   # the retries' tasks, made or found
+        task_id = next(k for k, v in listed.items() if answered_id in (k, v["response_id"]))
+        assert made.setdefault(index, task_id) == task_id, (index, made, task_id)
+    assert set(listed) == set(made.values()), (sorted(listed), made)
+    tasks = []
+    for index, task_id in sorted(made.items()):
+        create = creates[index]
+        task = Task(task_id, listed[task_id]["response_id"], "short", "fail", create.via,
+                    create.body or {}, create.key, state="flight")
+        model.tasks[task_id] = task
+        tasks.append(task)
+        model.log.append(f"  (create {index} went through: {task_id})")
+    if not made:
+        model.log.append("  (no create went through)")
+    return tasks
+
+
+async def check_replays(work: Workload, model: Model) -> None:
+    """Every keyed create, replayed after the restart: the same task, marked replayed."""
+    for task in model.tasks.values():
+        if task.key is not None and task.state not in ("deleted", "flight"):
+            await work.replay(task)
+
+
+def _in_progress(seen: list[tuple[int, str, dict[str, Any]]]) -> int:
+    return sum(1 for _, event, _ in seen if event == "response.in_progress")
+
+
+async def drive(work: Workload, model: Model) -> None:
+    """What the kill left unfinished, to its end by the documented rules."""
+    running = model.in_state("running")
+    for task in running:
+        task.running_at_kill = True
+        if task.policy == "fail":
+            final = await work.until(task.task_id, TERMINAL, "the restart policy")
+            assert final["status"] == "failed", final
+            assert final["error"]["code"] == "server_restarted", final
+            task.final, task.state = final, "failed"
+    retried = {t.task_id for t in running if t.policy == "retry"}
+    queue = [t for t in model.tasks.values()
+             if t.state == "queued" or t.task_id in retried]   # creation order
+    while queue:
+        head = queue[0]
+        if head.maybe_claimed:
+            final = await _drive_maybe_claimed(work, head)
+        elif head.kind == "short":
+            final = await work.until(head.task_id, TERMINAL, "a queued short task ran")
+            assert final["status"] == "succeeded", final
+        else:
+            follower = work.subscribe(head.task_id, f"follower of {head.task_id}")
+            model.readers.remove(follower)
+            runs = 2 if head.task_id in retried else 1
+            await work.reader_at(follower, lambda seen, n=runs: _in_progress(seen) >= n,
+                                 f"run {runs} of {head.task_id}")
+            check_fifo(await work.listed(), [t for t in queue if t.task_id not in retried
+                                             and not t.maybe_claimed])
+            answer = await work.client.post(f"{API}/tasks/{head.task_id}/cancel")
+            assert answer.status_code == 200, answer.text
+            final = await work.until(head.task_id, TERMINAL, "its cancel after the restart")
+            assert final["status"] == "cancelled", final
+        head.final, head.state = final, final["status"]
+        model.log.append(f"  (after the restart {head.task_id} {final['status']})")
+        queue.pop(0)
+
+
+async def _drive_maybe_claimed(work: Workload, task: Task) -> dict[str, Any]:
+    """A task a cancel in flight may have let be claimed before the kill: claimed, it
+    ended (short), or the restart rule applied (``fail``: failed ``server_restarted``);
+    else it runs now, like any queued one (a long one is cancelled once running)."""
+    restarted = {"succeeded"} if task.kind == "short" else set()
+    if task.policy == "fail":
+        restarted.add("failed")
+    want = TERMINAL if task.kind == "short" else TERMINAL | {"running"}
+    got = await work.until(task.task_id, want, "a task maybe claimed before the kill")
+    if got["status"] == "running":
+        answer = await work.client.post(f"{API}/tasks/{task.task_id}/cancel")
+        assert answer.status_code == 200, answer.text
+        got = await work.until(task.task_id, TERMINAL, "its cancel after the restart")
+        assert got["status"] == "cancelled", got
+    else:
+        assert got["status"] in restarted, got
+        if got["status"] == "failed":
+            assert got["error"]["code"] == "server_restarted", got
+    return got
+
+
+def check_fifo(listed: dict[str, dict[str, Any]], queue: list[Task]) -> None:
+    """Claims in creation order: no task still queued is older than one claimed."""
+    statuses = [listed[t.task_id]["status"] for t in queue]
+    if "queued" in statuses:
+        later = statuses[statuses.index("queued"):]
+        assert set(later) == {"queued"}, f"claimed out of order: {statuses}"
+
+
+def check_no_5xx(answers: list[Answer]) -> None:
+    failed = [a for a in answers if a.status >= 500]
+    assert not failed, f"5xx answers: {failed}"
+
+
+async def check_tasks(work: Workload, model: Model) -> None:
+    """Every acknowledged task in its expected state; one finished before the kill is
+    as it was (its result kept); a deleted one is gone, as task and as response."""
+    for task in model.tasks.values():
+        got = await work.client.get(f"{API}/tasks/{task.task_id}")
+        response = await work.client.get(f"{API}/responses/{task.response_id}")
+        if task.state == "deleted":
+            assert (got.status_code, response.status_code) == (404, 404), task
+            continue
+        assert got.status_code == 200 and response.status_code == 200, (got.text,
+                                                                         response.text)
+        assert got.json() == task.final, (got.json(), task.final)
+        want = {"succeeded": "completed", "failed": "failed", "cancelled": "cancelled"}
+        assert response.json()["status"] == want[task.state], response.json()
+        if task.state == "succeeded":
+            assert response.json() == got.json()["response"], response.json()
+
+
+async def check_listing(work: Workload, model: Model) -> None:
+    """The listing holds every acknowledged task not deleted, and nothing else (the
+    in-flight create's task, when it went through, is in ``model.tasks``)."""
+    listed = await work.listed()
+    kept = {t.task_id for t in model.tasks.values() if t.state != "deleted"}
+    assert set(listed) == kept, (sorted(set(listed) - kept), sorted(kept - set(listed)))
+    for task_id in kept:
+        assert listed[task_id]["status"] == model.tasks[task_id].state, listed[task_id]
+
+
+_LAST = {"succeeded": "response.completed", "failed": "response.failed",
+         "cancelled": "response.cancelled"}
+
+
+async def check_events(work: Workload, model: Model) -> None:
+    """Numbered 0..n-1, ``response.created`` first, the terminal event of its status
+    last and once; a task running at the kill has one ``response.in_progress`` per
+    attempt (``fail``: one, ``retry``: two)."""
+    for task in model.tasks.values():
+        if task.state == "deleted":
+            continue
+        frames = await work.full_read(task.task_id)
+        assert [f[0] for f in frames] == list(range(len(frames))), frames
+        assert [f[2]["sequence_number"] for f in frames] == [f[0] for f in frames]
+        events = [f[1] for f in frames]
+        assert events[0] == "response.created" and events[-1] == _LAST[task.state], events
+        assert sum(e in _LAST.values() for e in events) == 1, events
+        if task.running_at_kill:   # fail: no second attempt; retry: exactly one more
+            assert _in_progress(frames) == (1 if task.policy == "fail" else 2), events
+
+
+async def check_readers(work: Workload, model: Model) -> None:
+    """Each subscriber of before the kill, resumed from its last cursor (header or
+    query, by turns): exactly the events after it, none lost, none twice; 204 when it
+    had the terminal event; 404 once the task was deleted."""
+    for index, reader in enumerate(list(model.readers)):
+        task = model.tasks[reader.task_id]
+        before = list(reader.seen)
+        last = reader.last_id()
+        work.subscribe(reader.task_id, reader.name, reader, last, by_query=index % 2 == 1)
+        with anyio.fail_after(WAIT_S):
+            while not reader.ended:
+                await anyio.sleep(0.01)
+        if task.state == "deleted":
+            assert reader.statuses[-1] == 404, reader.statuses
+            continue
+        full = await work.full_read(reader.task_id)
+        assert before == full[:len(before)], (
+            f"{reader.name} saw before the kill what the store does not hold: "
+            f"{before} vs {full}")
+        if last is not None and last == full[-1][0]:
+            assert reader.statuses[-1] == 204, reader.statuses
+        else:
+            assert reader.statuses[-1] == 200, reader.statuses
+        _assert_exactly(reader, full)
+
+
+def _assert_exactly(reader: Reader, full: list[tuple[int, str, dict[str, Any]]]) -> None:
+    ids = [f[0] for f in reader.seen]
+    assert ids == [f[0] for f in full], f"{reader.name}: ids {ids}, the store's {full}"
+    assert reader.seen == full, f"{reader.name}: {reader.seen} != {full}"
