@@ -79,10 +79,11 @@ from bridge.errors import (
 )
 from bridge.events import Event
 from bridge.ids import uuid4_str
-from bridge.journal import RestoredSession
+from bridge.journal import EventRecord, EventsReset, RestoredSession
 from bridge.jsonrpc import RESOURCE_NOT_FOUND
 from bridge.session import QUEUED, Session
 from bridge.transcript import TRANSCRIPT_META, transcript
+from bridge.wire import envelope
 
 if TYPE_CHECKING:
     from bridge.bridge import Bridge
@@ -191,6 +192,19 @@ async def restore_cold(bridge: Bridge, method: str, agent_name: str, session_id:
     if session_id in bridge._sessions:
         return None
     try:
+        return await _load_or_reseed(bridge, method, agent_name, session_id, owner,
+                                     offered, kept)
+    except BaseException:
+        if kept is not None and kept.closed_at is not None \
+                and session_id not in bridge._sessions:
+            rejournal_closed(bridge, kept)
+        raise
+
+
+async def _load_or_reseed(bridge: Bridge, method: str, agent_name: str, session_id: str,
+                          owner: str | None, offered: bool,
+                          kept: RestoredSession | None) -> Session | None:
+    try:
         if not offered:
             raise NotSupportedError(f"The agent does not support {method}")
         return await bridge._spawn(method, agent_name, restore_id=session_id, owner=owner)
@@ -205,6 +219,20 @@ async def restore_cold(bridge: Bridge, method: str, agent_name: str, session_id:
                 raise
             raise SessionNotFoundError(session_id) from None
         return reseeded
+
+
+def rejournal_closed(bridge: Bridge, kept: RestoredSession) -> None:
+    """A cold load of a closed session that did not make it live again (the agent
+    failed it otherwise than "no such session", died, timed out; nothing to reseed; the
+    caller gave up): the attempt reset the id's events in the journal, so what was read
+    before it is written back (its ring: what a reseed uses), and the conversation is
+    kept for the next load. Under the cold-load gate: nothing else writes the id."""
+    journal, sid = bridge.journal, kept.record.session_id
+    journal.append(EventsReset(session_id=sid))
+    for event in kept.events:
+        journal.append(EventRecord(session_id=sid, event_id=event.id, type=event.type,
+                                   prompt_id=event.prompt_id, envelope=envelope(event),
+                                   epoch=kept.record.epoch))
 
 
 async def reseed_closed(bridge: Bridge, agent_name: str, found: RestoredSession | None,

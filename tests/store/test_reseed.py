@@ -33,7 +33,7 @@ import pytest
 
 from acp_server.store.sessions import StoreSessionJournal
 from bridge import Bridge
-from bridge.errors import NotSupportedError, SessionNotFoundError
+from bridge.errors import AgentError, NotSupportedError, SessionNotFoundError
 from tests.bridge.helpers import text, wait_until
 from tests.acp_http.wsclient import ws_connect
 from tests.harness import ServeProcess
@@ -342,3 +342,44 @@ async def test_an_ended_session_deleted_does_not_come_back(tmp_path: Path, store
                 == {"sessions": []}
             loaded = await client.post(f"/session/{sid}/load", json={})
             assert loaded.status_code == 404, loaded.text
+
+
+class FailingOnceLoads(ReplayingAgent):
+    """``session/load`` fails once with an internal error (a transient fault, not "no
+    such session"), then refuses as an agent that forgot the session."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refuse = True
+        self.failed = False
+
+    async def request(self, method: str, params: Any) -> Any:
+        if method == "session/load" and not self.failed:
+            self.failed = True
+            raise AgentError(-32603, "Internal error: try again")
+        return await super().request(method, params)
+
+
+async def test_a_load_that_fails_otherwise_keeps_the_conversation(tmp_path: Path,
+                                                                  store_name: str) -> None:
+    """A cold load of an ended session whose agent fails it for another reason than "no
+    such session" (an internal error, a death, a timeout) answers that error and keeps
+    the journal's conversation: the next load reseeds it whole."""
+    store, _ = _store(tmp_path, store_name)
+    agent = FailingOnceLoads()
+    async with store:
+        async with StoreSessionJournal(store) as journal:
+            async with Bridge(agent, workspace_cwd=str(tmp_path), journal=journal) as bridge:
+                sid = (await bridge.create_session()).session_id
+                await bridge.send_prompt(sid, text("apricot")).result()
+                await bridge.close_session(sid, reason="idle_timeout")   # kept, closed
+                await journal.wait(journal.appended)
+                before = _said((await journal.read(sid)).events)   # type: ignore[union-attr]
+                with pytest.raises(AgentError):
+                    await bridge.load_session(sid)
+                await journal.wait(journal.appended)
+                kept = await journal.read(sid)
+                assert kept is not None and _said(kept.events) == before
+                loaded = await bridge.load_session(sid)
+                assert loaded.history is not None
+                assert _said(loaded.history.compacted_replay) == before
