@@ -35,6 +35,8 @@ import anyio
 import anyio.abc
 import httpx
 
+from tests.store.crash_workload import Answer   # one answer seen: method, path, status
+
 SLOTS = 2          # --max-running-tasks
 WAIT_S = 30        # any single wait (a PostgreSQL lease is 3 s in the tests)
 TERMINAL = {"succeeded", "failed", "cancelled"}
@@ -71,13 +73,6 @@ class Reader:
 
     def last_id(self) -> int | None:
         return self.seen[-1][0] if self.seen else None
-
-
-@dataclass
-class Answer:
-    method: str
-    path: str
-    status: int
 
 
 @dataclass
