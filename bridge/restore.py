@@ -186,7 +186,8 @@ async def restore_cold(bridge: Bridge, method: str, agent_name: str, session_id:
     it closed, reseeded (``reseed_closed``). ``None``: another call made it live
     meanwhile (the caller attaches). ``SessionNotFoundError`` (the agent does not know
     it, the journal keeps nothing to seed from), ``NotSupportedError``, or the agent's
-    error."""
+    error; a closed session that does not come back keeps its journaled conversation
+    (``rejournal_closed``)."""
     # read before the agent's load: a load it refuses resets the id's events
     kept = await bridge.journal.read(session_id)
     if session_id in bridge._sessions:

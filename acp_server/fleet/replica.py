@@ -197,8 +197,8 @@ class JournalReplicas:
         runs them, or one will adopt them), each as its ``view``'s status: what the
         listings add to this instance's own (``Bridge.list_all_sessions``). One read
         of the store (``read_open``) at most once a ``poll_s``, concurrent listings
-        sharing it; the owners are remembered, so the doors tell who sees each. ``JournalUnavailableError`` when
-        the store cannot answer."""
+        sharing it; the owners are remembered, so the doors tell who sees each.
+        ``JournalUnavailableError`` when the store cannot answer."""
         async with self._listing:
             now = anyio.current_time()
             if self._listed is not None and now - self._listed[0] < self.poll_s:

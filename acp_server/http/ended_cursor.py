@@ -61,7 +61,8 @@ def decode(cursor: str) -> tuple[float, str]:
         sid = raw[_AT.size:].decode()
     except (binascii.Error, ValueError, struct.error):
         raise InvalidCursor(cursor) from None
-    if tag != _TAG or not math.isfinite(at) or not sid or not storable(sid) or encode((at, sid)) != cursor:
+    if (tag != _TAG or not math.isfinite(at) or not sid or not storable(sid)
+            or encode((at, sid)) != cursor):
         raise InvalidCursor(cursor)   # another spelling of some key: not one we mint
     return at, sid
 
