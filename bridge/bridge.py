@@ -373,6 +373,25 @@ class Bridge(Journaling, ListingAPI, PromptsAPI, PresenceAPI, AgentCallsAPI,
             return await self._restore(method, session_id, cwd, agent, capability, owner)
         return self._info(session, attached=False, with_history=with_history)
 
+    async def _load_on(self, session: Session, agent: AgentConnection, method: str,
+                       params: dict[str, Any]) -> None:
+        """``session``, registered (the load replays its history as
+        ``session/update``), loaded (or resumed) on ``agent``; dropped again when the
+        agent fails it."""
+        # Reachable now, but nothing reaches the agent for it before its answer: a
+        # prompt admitted meanwhile, or another load attaching, waits for it.
+        answered = anyio.Event()
+        session.agent_side = self._load_answered(session, answered)
+        try:
+            result = await self._agent_request(agent, method, params)
+        except BaseException:
+            self._drop_session(session)
+            raise
+        finally:
+            answered.set()
+            session.agent_side = None
+        session.agent_result = result if isinstance(result, dict) else {}
+
     async def _spawn(self, method: str, agent_name: str, *, requested_id: str | None = None,
                      restore_id: str | None = None, fork_of: str | None = None,
                      origin: str | None = None, scope: str = "thread",
@@ -395,23 +414,25 @@ class Bridge(Journaling, ListingAPI, PromptsAPI, PresenceAPI, AgentCallsAPI,
                 if seeded is not None:
                     params["_meta"][TRANSCRIPT_META] = transcript(seeded)
             if restore_id is not None:
-                # Register first: session/load replays history as session/update.
-                session = await self._new_session(restore_id, agent, agent_name, origin=origin,
-                                                  owner=owner)
-                registered = True
-                # Reachable now, but nothing reaches the agent for it before its answer:
-                # a prompt admitted meanwhile, or another load attaching, waits for it.
-                answered = anyio.Event()
-                session.agent_side = self._load_answered(session, answered)
+                session = await self._new_session(restore_id, agent, agent_name,
+                                                  origin=origin, owner=owner)
+                registered = True   # the session holds the slot: dropped, it frees it
                 try:
-                    result = await self._agent_request(agent, method, params)
-                except BaseException:
-                    self._drop_session(session)
-                    raise
-                finally:
-                    answered.set()
-                    session.agent_side = None
-                session.agent_result = result if isinstance(result, dict) else {}
+                    await self._load_on(session, agent, method, params)
+                except AgentDiedError:
+                    if not agent.closed:
+                        raise
+                    # it died as it loaded (maybe dying already): its replay went with
+                    # the session dropped; a fresh one is asked, once
+                    log.warning("agent %s died at %s; asking it again, started anew",
+                                agent_name, method)
+                    self.capacity.take(agent_name)
+                    registered = False
+                    agent = await self._ensure_agent(agent_name)
+                    session = await self._new_session(restore_id, agent, agent_name,
+                                                      origin=origin, owner=owner)
+                    registered = True
+                    await self._load_on(session, agent, method, params)
                 await self._record_session(session, scope, loaded=True)
                 return session
             try:

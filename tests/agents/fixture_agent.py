@@ -16,8 +16,10 @@ Behaviour (newline-delimited JSON-RPC 2.0 on stdin/stdout):
   ``--die-at-new FILE`` appends a line to ``FILE`` at each ``session/new`` and, while
   ``FILE`` has at most ``--die-times`` lines (default 1), exits (code 3) unanswered:
   an agent that dies as a session is asked of it.
-* ``session/load``, ``session/resume``: ``{}``. ``session/close``: ``{}``, after
-  ``--slow-close-ms`` milliseconds.
+* ``session/load``, ``session/resume``: ``{}`` (``--die-at-load FILE``: as
+  ``--die-at-new``, at each of them, after one replayed ``agent_message_chunk``
+  ``replayed <sessionId>``). ``session/close``: ``{}``, after ``--slow-close-ms``
+  milliseconds.
 * ``session/fork`` (offered with ``--fork hang|answer``): creates the file
   ``fork-asked`` in the request's ``cwd``, then ``hang`` never answers; ``answer``
   answers ``{"sessionId": "<name>-fork-<n>"}`` and then creates ``fork-answered``.
@@ -100,18 +102,27 @@ class Agent:
         if self.args.never_answer_new:
             return
         if self.args.die_at_new:
-            with open(self.args.die_at_new, "a+") as asked:
-                asked.write("new\n")
-                asked.seek(0)
-                count = len(asked.readlines())
-            if count <= self.args.die_times:
-                os._exit(3)
+            self.die_if_asked(self.args.die_at_new, "new")
         sid = self.collide_with or f"{self.args.name}-{next(self.ids)}"
         self.collide_with = None
         send({"id": rpc_id, "result": {"sessionId": sid}},
              prefix=b"x" * self.args.swallow_new if self.args.swallow_new else b"")
 
+    def die_if_asked(self, path: str, what: str) -> None:
+        """Counts this request in ``path``; exits unanswered while it counts at most
+        ``--die-times``."""
+        with open(path, "a+") as asked:
+            asked.write(what + "\n")
+            asked.seek(0)
+            count = len(asked.readlines())
+        if count <= self.args.die_times:
+            os._exit(3)
+
     def on_session_load(self, rpc_id: Any, params: dict[str, Any]) -> None:
+        if self.args.die_at_load:
+            sid = params.get("sessionId")
+            send(chunk(sid, f"replayed {sid}"))
+            self.die_if_asked(self.args.die_at_load, "load")
         send({"id": rpc_id, "result": {}})
 
     on_session_resume = on_session_load
@@ -217,6 +228,7 @@ def main() -> None:
     parser.add_argument("--no-close", action="store_true")
     parser.add_argument("--fork", choices=("hang", "answer"))
     parser.add_argument("--die-at-new")
+    parser.add_argument("--die-at-load")
     parser.add_argument("--die-times", type=int, default=1)
     Agent(parser.parse_args()).run()
 

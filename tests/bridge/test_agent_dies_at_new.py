@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -62,3 +63,52 @@ async def test_over_acp_a_dying_agent_is_asked_again_then_answers(tmp_path: Path
             answer = await ws.wait_for(lambda m: m.get("id") == 1)
     assert answer["result"]["sessionId"] == "dying-1", answer
     assert asked.read_text().count("new") == 2
+
+
+def _loading_agent(tmp_path: Path, times: int) -> tuple[str, Path]:
+    asked = tmp_path / "loads"
+    script = tmp_path / "dying-loader"
+    script.write_text(f"#!/bin/sh\nexec {sys.executable} -m tests.agents.fixture_agent "
+                      f"--name dying --die-at-load {asked} --die-times {times}\n")
+    script.chmod(0o755)
+    return str(script), asked
+
+
+def _replayed(history: list[dict[str, Any]]) -> list[str]:
+    return [e["data"]["update"]["content"]["text"] for e in history
+            if e["type"] == "session_update"
+            and e["data"]["update"].get("sessionUpdate") == "agent_message_chunk"]
+
+
+def _ids(history: list[dict[str, Any]]) -> list[int]:
+    return [e["id"] for e in history]
+
+
+def test_a_session_loaded_of_a_dying_agent_is_loaded_again_of_a_fresh_one(
+        tmp_path: Path) -> None:
+    """The agent knows the session (its own store: a native load), and dies as it
+    replays it: the fresh agent is asked once more, and the history holds the replay
+    once (the dead attempt's is dropped with it)."""
+    command, asked = _loading_agent(tmp_path, times=1)
+    with ServeProcess(tmp_path, "--agent", command) as child:
+        loaded = child.http.post("/session/native-7/load", json={})
+        assert loaded.status_code == 200, loaded.text
+        assert loaded.json()["sessionId"] == "native-7"
+        assert asked.read_text().count("load") == 2
+        replay = loaded.json()["compactedReplay"]
+        assert _replayed(replay) == ["replayed native-7"]
+        assert _ids(replay) == list(range(1, len(replay) + 1))   # one life, from 1
+        said = child.http.post("/session/native-7/prompt",
+                               json={"prompt": [{"type": "text", "text": "still here"}]})
+        assert said.status_code == 202, said.text
+
+
+def test_a_load_of_an_agent_that_dies_again_is_asked_only_once_more(tmp_path: Path) -> None:
+    command, asked = _loading_agent(tmp_path, times=10)
+    with ServeProcess(tmp_path, "--agent", command) as child:
+        loaded = child.http.post("/session/native-7/load", json={})
+        assert loaded.status_code == 500, loaded.text   # the peer's agent error
+        assert loaded.json()["code"] == "agent_died"
+        assert asked.read_text().count("load") == 2   # never a loop of restarts
+        assert child.http.get("/session/native-7/status").status_code == 404
+        assert child.returncode is None
