@@ -606,9 +606,11 @@ class Bridge(Journaling, ListingAPI, PromptsAPI, PresenceAPI, AgentCallsAPI,
     def _on_agent_lost(self, error: AgentDiedError) -> None:
         """The agent died: every session on it dies, every pending prompt fails. As on a
         close, the prompts' ``turn_error``s come before ``session_died``: a reader's
-        stream ends with the session, and it must have seen its turn's end by then."""
+        stream ends with the session, and it must have seen its turn's end by then.
+        A session whose agent side is being loaded or restored on it (``agent_side``)
+        is not: that request fails with the death, and its owner asks a fresh agent."""
         for session in [s for s in self._sessions.values()
-                        if s.agent is not None and s.agent.closed]:
+                        if s.agent is not None and s.agent.closed and s.agent_side is None]:
             self._forget(session)
             session.fail_all(error)
             self._cancel_questions(session, "session_died")

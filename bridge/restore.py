@@ -22,7 +22,9 @@ For each journaled session that was not closed, in creation order:
   know the session, a fresh ``session/new`` under the same id
   (``acp-server/requestedSessionId``) seeded with the journal's transcript
   (``bridge.transcript``, ``acp-server/transcript``: the reference and model agents
-  take it, so the next turn has the conversation). When neither works the session
+  take it, so the next turn has the conversation). An agent that dies as it is asked
+  is started anew and asked once more (its death neither ends the session nor fails
+  the prompt that waits for the restore). When neither works the session
   keeps its readable history and refuses prompts with ``SessionNotRestorableError``
   (``session_not_restorable``, a 409: the one that found out, and every later one);
   so does a session whose agent is not configured (another agent never takes over its
@@ -69,6 +71,7 @@ import msgspec
 
 from bridge import events as ev
 from bridge.errors import (
+    AgentDiedError,
     AgentError,
     BridgeError,
     NotSupportedError,
@@ -317,8 +320,7 @@ class AgentSideRestore:
                 reason = f"agent {name!r} did not start: {exc}"
             else:
                 try:
-                    session.agent_result, loaded = await _restore_at_agent(
-                        bridge, session, self.rerun)
+                    session.agent_result, loaded = await self._at_agent()
                 except Exception as exc:   # noqa: BLE001 - the history stays readable
                     reason = str(exc) or type(exc).__name__
             if reason is not None:
@@ -338,6 +340,22 @@ class AgentSideRestore:
         finally:
             session.agent_side = None
             self._finished.set()
+
+
+    async def _at_agent(self) -> tuple[dict[str, Any], bool]:
+        """``_restore_at_agent``; an agent that died as it was asked (maybe dying
+        already: a crash a moment before) is started anew and asked once more, never
+        the session refused for good for that death."""
+        bridge, session = self.bridge, self.session
+        try:
+            return await _restore_at_agent(bridge, session, self.rerun)
+        except AgentDiedError:
+            if not session.agent.closed:
+                raise
+            log.warning("session %s: agent %s died as the session was restored; asking "
+                        "it again, started anew", session.session_id, session.agent_name)
+            session.agent = await bridge._ensure_agent(session.agent_name)
+            return await _restore_at_agent(bridge, session, self.rerun)
 
 
 def cancel_open_questions(session: Session) -> None:

@@ -1,7 +1,9 @@
-"""An agent that dies as a session is asked of it (it was crashing already, or crashes
-then): the session is asked once more of the agent started anew, so the client gets
-its session, not an error for a death it had nothing to do with. Real child processes:
-``acp-server serve`` and the fixture agent over stdio (``--die-at-new``)."""
+"""An agent that dies as a session is asked of it, made, loaded, or restored after a
+restart (it was crashing already, or crashes then): the session is asked once more of
+the agent started anew, so the client gets its session, not an error (or a session
+refused for good) for a death it had nothing to do with. Real child processes:
+``acp-server serve`` and the fixture agent over stdio (``--die-at-new``,
+``--die-at-load``)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.acp_http.wsclient import ws_connect
@@ -112,3 +115,69 @@ def test_a_load_of_an_agent_that_dies_again_is_asked_only_once_more(tmp_path: Pa
         assert asked.read_text().count("load") == 2   # never a loop of restarts
         assert child.http.get("/session/native-7/status").status_code == 404
         assert child.returncode is None
+
+
+def _restarted_with_a_session(tmp_path: Path, times: int) -> tuple[ServeProcess, str, Path]:
+    """A server on the loading agent, one prompt settled in a session, killed (SIGKILL)
+    and started again: the session is restored from the journal."""
+    command, asked = _loading_agent(tmp_path, times=times)
+    child = ServeProcess(tmp_path, "--agent", command).start()
+    with httpx.Client(base_url=child.base_url, timeout=10) as http:
+        sid = http.post("/session", json={"sessionScope": "thread"}).json()["sessionId"]
+        first = http.post(f"/session/{sid}/prompt",
+                          json={"prompt": [{"type": "text", "text": "before"}]})
+        assert first.status_code == 202, first.text
+        assert _settled(http, sid, first.json()["promptId"]) == "completed"
+    child.kill()
+    return child.start(), sid, asked
+
+
+def test_a_restored_session_whose_agent_dies_at_its_load_is_loaded_of_a_fresh_one(
+        tmp_path: Path) -> None:
+    """After a crash the session's agent side is restored at its first use, by the
+    agent's ``session/load``; an agent that dies there is started anew and asked once
+    more: neither the session refused for good (409 ``session_not_restorable``) nor
+    its prompt failed (``agent_died``) and the session ended for that death."""
+    child, sid, asked = _restarted_with_a_session(tmp_path, times=1)
+    try:
+        with httpx.Client(base_url=child.base_url, timeout=10) as http:
+            again = http.post(f"/session/{sid}/prompt",
+                              json={"prompt": [{"type": "text", "text": "after"}]})
+            assert again.status_code == 202, again.text
+            assert asked.read_text().count("load") == 2
+            assert _settled(http, sid, again.json()["promptId"]) == "completed"
+            replay = http.post(f"/session/{sid}/load", json={}).json()["compactedReplay"]
+        said = [t for t in _replayed(replay) if t.startswith("dying:")]
+        assert said == ["dying: before", "dying: after"]   # no replay published twice
+    finally:
+        child.stop()
+
+
+def test_a_restored_session_whose_agent_dies_again_keeps_its_history(
+        tmp_path: Path) -> None:
+    child, sid, asked = _restarted_with_a_session(tmp_path, times=10)
+    try:
+        with httpx.Client(base_url=child.base_url, timeout=10) as http:
+            again = http.post(f"/session/{sid}/prompt",
+                              json={"prompt": [{"type": "text", "text": "after"}]})
+            assert again.status_code == 409, again.text
+            assert again.json()["code"] == "session_not_restorable"
+            assert asked.read_text().count("load") == 2   # once more, not a loop
+            loaded = http.post(f"/session/{sid}/load", json={})
+            assert loaded.status_code == 200, loaded.text
+            assert "dying: before" in _replayed(loaded.json()["compactedReplay"])
+        assert child.returncode is None
+    finally:
+        child.stop()
+
+
+def _settled(http: httpx.Client, sid: str, prompt_id: str) -> str:
+    """The prompt's terminal, once the session's ``/load`` lists it (bounded)."""
+    for _ in range(500):
+        loaded = http.post(f"/session/{sid}/load", json={})
+        assert loaded.status_code == 200, loaded.text
+        for terminal in loaded.json()["promptTerminals"]:
+            if terminal["promptId"] == prompt_id:
+                return str(terminal["terminal"])
+        http.get("/health")   # a round trip between reads, not a sleep
+    raise AssertionError(f"prompt {prompt_id} never settled")
