@@ -204,13 +204,14 @@ class JournalReplicas:
             if self._listed is not None and now - self._listed[0] < self.poll_s:
                 return self._listed[1]
             try:
-                found = await self.journal.read_open(QUESTIONS)
+                live = {session.session_id for session in self.bridge.sessions()}
+                found = await self.journal.read_open(QUESTIONS, live)
             except Exception as exc:   # noqa: BLE001 - the store: the caller's choice
                 raise JournalUnavailableError(str(exc) or type(exc).__name__) from exc
             statuses = []
             for one in found:
                 sid = one.record.session_id
-                if self.bridge.has_session(sid):
+                if self.bridge.has_session(sid):   # made live here meanwhile
                     continue
                 self.bridge.remember_owner(sid, one.record.owner)   # who sees it
                 statuses.append(self._view_of(one).status())

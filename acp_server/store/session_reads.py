@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from typing import Any
 
 import msgspec
 
 from acp_server.store.errors import StoreUnavailableError
+from acp_server.store.open_reads import (OPENED, SETTLED, TURN_ENDS, decode_accepted,
+                                         read_open_in, terminal_from_event, terminal_of)
 from acp_server.store.leases import SessionLeases
 from acp_server.store.write_behind import MARKER_ID
 from bridge.errors import JournalUnavailableError
@@ -35,12 +37,6 @@ from bridge.wire import event_from_envelope
 
 log = logging.getLogger("acp_server.store.sessions")
 
-TURN_ENDS = ("turn_complete", "turn_error")   # a prompt's end (``bridge.events``)
-
-_OPENED = msgspec.msgpack.Decoder(SessionOpened)
-_ACCEPTED = msgspec.msgpack.Decoder(PromptAccepted)
-_SETTLED = msgspec.msgpack.Decoder(PromptSettled)
-_ACCEPTED_JSON = msgspec.json.Decoder(PromptAccepted)
 SESSION_TABLES = (("session_events", "session_id"), ("session_prompts", "session_id"),
                   ("session_leases", "session_id"), ("sessions", "id"))
 
@@ -50,10 +46,6 @@ def delete_session(conn: Any, sql: Any, session_id: str) -> None:
     statement text, the journal's ``_sql``)."""
     for table, column in SESSION_TABLES:
         conn.execute(sql(f"DELETE FROM {table} WHERE {column} = ?"), (session_id,))
-
-
-def _decode_accepted(blob: bytes) -> PromptAccepted:
-    return (_ACCEPTED_JSON if blob[:1] == b"{" else _ACCEPTED).decode(blob)
 
 
 def settled_from_events(conn: Any, sql: Any, sid: str, ids: set[str]
@@ -67,18 +59,9 @@ def settled_from_events(conn: Any, sql: Any, sid: str, ids: set[str]
             (sid, *TURN_ENDS)).fetchall():
         if pid not in ids or pid in found:
             continue
-        try:
-            event = event_from_envelope(bytes(envelope))
-        except (msgspec.MsgspecError, KeyError, TypeError):
-            continue   # logged with the ring's events when it is one of them
-        data, at = event.data, int(event.timestamp_ms)
-        if event.type == TURN_ENDS[0]:
-            state = "cancelled" if data.stop_reason == "cancelled" else "completed"
-            found[pid] = PromptTerminal(prompt_id=pid, terminal=state, at=at,
-                                        stop_reason=data.stop_reason)
-        else:
-            found[pid] = PromptTerminal(prompt_id=pid, terminal="failed", at=at,
-                                        error_code=data.code)
+        terminal = terminal_from_event(bytes(envelope), pid)
+        if terminal is not None:
+            found[pid] = terminal
     return found
 
 
@@ -161,7 +144,7 @@ class SessionReads:
                 f"SELECT id, record, closed_at FROM sessions WHERE {where} "
                 "ORDER BY created_at"), params).fetchall():
             try:
-                record = _OPENED.decode(bytes(blob))
+                record = OPENED.decode(bytes(blob))
             except msgspec.MsgspecError as exc:
                 log.error("session journal: session %s has an unreadable record (%s): skipped",
                           sid, exc)
@@ -173,13 +156,9 @@ class SessionReads:
                     "WHERE session_id = ? ORDER BY seq"), (sid,)).fetchall():
                 try:
                     if terminal_blob is not None:
-                        t = _SETTLED.decode(bytes(terminal_blob))
-                        terminals.append(PromptTerminal(prompt_id=t.prompt_id,
-                                                        terminal=t.terminal, at=t.at,
-                                                        stop_reason=t.stop_reason,
-                                                        error_code=t.error_code))
+                        terminals.append(terminal_of(SETTLED.decode(bytes(terminal_blob))))
                     else:
-                        unsettled.append(_decode_accepted(bytes(prompt_blob)))
+                        unsettled.append(decode_accepted(bytes(prompt_blob)))
                 except msgspec.MsgspecError as exc:
                     log.error("session journal: prompt %s of session %s is unreadable (%s): "
                               "skipped", pid, sid, exc)
@@ -254,18 +233,15 @@ class SessionReads:
         except StoreUnavailableError as exc:
             raise JournalUnavailableError(exc.reason) from exc
 
-    async def read_open(self, only: Sequence[str]) -> list[RestoredSession]:
-        """Every session the journal holds open (not closed), as ``read`` with ``only``
-        reads one, in one read of the store: what the listings of an instance show of
-        the sessions the others run."""
-        def read(conn: Any) -> list[RestoredSession]:
-            found = self._restore_in(conn, "closed_at IS NULL", (), 1)
-            for session in found:
-                self._with_events(conn, session, only)
-            return found
-
+    async def read_open(self, only: Sequence[str], exclude: Container[str] = ()
+                        ) -> list[RestoredSession]:
+        """Every session the journal holds open (not closed) but those in ``exclude``,
+        as ``read`` with ``only`` reads one, in a fixed number of statements
+        (``open_reads``): what the listings of an instance show of the sessions the
+        others run."""
         try:
-            return await self.store._read(read)
+            return await self.store._read(
+                lambda conn: read_open_in(conn, self._sql, only, exclude))
         except StoreUnavailableError as exc:
             raise JournalUnavailableError(exc.reason) from exc
 
@@ -297,7 +273,7 @@ class SessionReads:
             rows = conn.execute(sql(
                 "SELECT id, envelope FROM session_events WHERE session_id = ? AND id > ? "
                 "ORDER BY id LIMIT ?"), (session_id, max(after, MARKER_ID), limit)).fetchall()
-            return (_OPENED.decode(bytes(row[0])), row[1] is not None,
+            return (OPENED.decode(bytes(row[0])), row[1] is not None,
                     [(int(i), bytes(e)) for i, e in rows])
 
         return await self.store._read(read)
@@ -320,7 +296,7 @@ class SessionReads:
         if blob is None:
             return None
         try:
-            return _OPENED.decode(blob).owner
+            return OPENED.decode(blob).owner
         except msgspec.MsgspecError as exc:
             log.error("session journal: session %s has an unreadable record (%s)",
                       session_id, exc)
@@ -349,7 +325,7 @@ class SessionReads:
         found = []
         for sid, blob, closed_at in rows:
             try:
-                record = _OPENED.decode(blob)
+                record = OPENED.decode(blob)
             except msgspec.MsgspecError as exc:
                 log.error("session journal: session %s has an unreadable record (%s)",
                           sid, exc)

@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from acp_server.store.session_reads import TURN_ENDS
+from acp_server.store.open_reads import TURN_ENDS
 from acp_server.store.sessions import StoreSessionJournal
 from bridge import events as ev
 from bridge import wire

@@ -1,0 +1,179 @@
+"""The open sessions of the journal, read for a listing in a fixed number of statements
+(``StoreSessionJournal.read_open``: what an instance's listings add of the sessions
+the others run, ``acp_server.fleet.replica``).
+
+    found = read_open_in(conn, sql, QUESTIONS, exclude=live_here)
+
+Each session comes back as ``RestoredSession`` with what its status needs, the same as
+``SessionReads.read(sid, only=…)`` gives for one: its record, its newest event and its
+events of the types ``only`` (id order), its last event id, its newest terminal, its
+prompts accepted and never settled (admission order; those whose end the events hold,
+``settled_from_events``, are settled, as the restore does) and which of them started.
+Five statements whatever the number of sessions (three when none has a prompt
+unsettled), where a read per session took five each: at a thousand open sessions on
+PostgreSQL that was over a second a listing. ``exclude``: ids not read (the sessions
+live on the reading instance). A row that cannot be decoded is logged and skipped.
+Statements run one after the other, not in one snapshot, as the reads one at a time did:
+a status is as of the listing's moment, give or take a commit.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Container, Sequence
+from typing import Any
+
+import msgspec
+
+from bridge.journal import PromptAccepted, PromptSettled, RestoredSession, SessionOpened
+from bridge.status import PromptTerminal
+from bridge.wire import event_from_envelope
+
+log = logging.getLogger("acp_server.store.sessions")
+
+TURN_ENDS = ("turn_complete", "turn_error")   # a prompt's end (``bridge.events``)
+OPENED = msgspec.msgpack.Decoder(SessionOpened)
+SETTLED = msgspec.msgpack.Decoder(PromptSettled)
+_ACCEPTED = msgspec.msgpack.Decoder(PromptAccepted)
+_ACCEPTED_JSON = msgspec.json.Decoder(PromptAccepted)
+_OPEN = "FROM sessions s WHERE s.closed_at IS NULL"
+_OPEN_JOIN = "JOIN sessions s ON s.id = {t}.session_id WHERE s.closed_at IS NULL"
+
+
+def decode_accepted(blob: bytes) -> PromptAccepted:
+    """A ``session_prompts.record`` (msgpack; JSON in rows written before it)."""
+    return (_ACCEPTED_JSON if blob[:1] == b"{" else _ACCEPTED).decode(blob)
+
+
+def terminal_of(settled: PromptSettled) -> PromptTerminal:
+    return PromptTerminal(prompt_id=settled.prompt_id, terminal=settled.terminal,
+                          at=settled.at, stop_reason=settled.stop_reason,
+                          error_code=settled.error_code)
+
+
+def terminal_from_event(envelope: bytes, pid: str) -> PromptTerminal | None:
+    """Prompt ``pid``'s terminal as ``Session._settle`` gave it, from its end's event
+    (``turn_complete`` or ``turn_error``); ``None`` when it cannot be decoded."""
+    try:
+        event = event_from_envelope(envelope)
+    except (msgspec.MsgspecError, KeyError, TypeError):
+        return None   # logged with the ring's events when it is one of them
+    data, at = event.data, int(event.timestamp_ms)
+    if event.type == TURN_ENDS[0]:
+        state = "cancelled" if data.stop_reason == "cancelled" else "completed"
+        return PromptTerminal(prompt_id=pid, terminal=state, at=at,
+                              stop_reason=data.stop_reason)
+    return PromptTerminal(prompt_id=pid, terminal="failed", at=at, error_code=data.code)
+
+
+def read_open_in(conn: Any, sql: Callable[[str], str], only: Sequence[str],
+                 exclude: Container[str] = ()) -> list[RestoredSession]:
+    """The open sessions not in ``exclude``, oldest first (the module docstring)."""
+    found: dict[str, RestoredSession] = {}
+    for sid, blob, terminal, last, newest in conn.execute(sql(
+            "SELECT s.id, s.record, "
+            "(SELECT p.terminal FROM session_prompts p WHERE p.session_id = s.id "
+            "AND p.terminal IS NOT NULL "
+            "ORDER BY COALESCE(p.settled_at, 0) DESC, p.seq DESC LIMIT 1), "
+            "(SELECT MAX(e.id) FROM session_events e WHERE e.session_id = s.id "
+            "AND e.id > 0), "
+            "(SELECT e.envelope FROM session_events e WHERE e.session_id = s.id "
+            "AND e.id > 0 ORDER BY e.id DESC LIMIT 1) "
+            f"{_OPEN} ORDER BY s.created_at")).fetchall():
+        if sid in exclude:
+            continue
+        try:
+            record = OPENED.decode(bytes(blob))
+        except msgspec.MsgspecError as exc:
+            log.error("session journal: session %s has an unreadable record (%s): skipped",
+                      sid, exc)
+            continue
+        session = found[sid] = RestoredSession(
+            record=record, events=[], last_event_id=last or 0, terminals=[], unsettled=[],
+            started=set())
+        if terminal is not None:
+            try:
+                session.terminals.append(terminal_of(SETTLED.decode(bytes(terminal))))
+            except msgspec.MsgspecError as exc:
+                log.error("session journal: a settled prompt of session %s is unreadable "
+                          "(%s): skipped", sid, exc)
+        if newest is not None:
+            _add_event(session, bytes(newest))
+    if not found:
+        return []
+    kinds = ",".join("?" * len(only))
+    for sid, envelope in conn.execute(sql(
+            f"SELECT e.session_id, e.envelope FROM session_events e "
+            f"{_OPEN_JOIN.format(t='e')} AND e.type IN ({kinds}) ORDER BY e.session_id, e.id"),
+            tuple(only)).fetchall():
+        if sid in found:
+            _add_event(found[sid], bytes(envelope))
+    for session in found.values():
+        session.events.sort(key=lambda event: event.id)   # type: ignore[arg-type,return-value]
+    if _read_unsettled(conn, sql, found):
+        _read_started(conn, sql, found)
+    return list(found.values())
+
+
+def _add_event(session: RestoredSession, envelope: bytes) -> None:
+    """``envelope``'s event, unless the session has it already (its newest may be of the
+    types asked too) or it cannot be decoded (logged)."""
+    try:
+        event = event_from_envelope(envelope)
+    except (msgspec.MsgspecError, KeyError, TypeError) as exc:
+        log.error("session journal: an event of session %s is unreadable (%s): skipped",
+                  session.record.session_id, exc)
+        return
+    if all(seen.id != event.id for seen in session.events):
+        session.events.append(event)
+
+
+def _read_unsettled(conn: Any, sql: Callable[[str], str],
+                    found: dict[str, RestoredSession]) -> bool:
+    """Each session's prompts accepted and not settled, in admission order: whether
+    there is any."""
+    any_unsettled = False
+    for sid, pid, blob in conn.execute(sql(
+            f"SELECT p.session_id, p.prompt_id, p.record FROM session_prompts p "
+            f"{_OPEN_JOIN.format(t='p')} AND p.terminal IS NULL "
+            f"ORDER BY p.session_id, p.seq")).fetchall():
+        if sid not in found:
+            continue
+        try:
+            found[sid].unsettled.append(decode_accepted(bytes(blob)))
+            any_unsettled = True
+        except msgspec.MsgspecError as exc:
+            log.error("session journal: prompt %s of session %s is unreadable (%s): "
+                      "skipped", pid, sid, exc)
+    return any_unsettled
+
+
+def _read_started(conn: Any, sql: Callable[[str], str],
+                  found: dict[str, RestoredSession]) -> None:
+    """Which unsettled prompts started (an event of theirs past their admission), and
+    which ended though their rows say otherwise (their ``turn_complete`` or
+    ``turn_error``, ``settled_from_events``): those are settled, their end a terminal."""
+    ended: dict[tuple[str, str], bytes] = {}
+    for sid, pid, kind, envelope in conn.execute(sql(
+            "SELECT e.session_id, e.prompt_id, e.type, "
+            "CASE WHEN e.type IN (?, ?) THEN e.envelope END "
+            "FROM session_events e JOIN session_prompts p "
+            "ON p.session_id = e.session_id AND p.prompt_id = e.prompt_id "
+            f"{_OPEN_JOIN.format(t='e')} AND p.terminal IS NULL "
+            "AND e.type <> 'pending_prompt_added' ORDER BY e.session_id, e.id"),
+            TURN_ENDS).fetchall():
+        session = found.get(sid)
+        if session is None:
+            continue
+        session.started.add(pid)
+        if kind in TURN_ENDS and (sid, pid) not in ended:
+            ended[sid, pid] = bytes(envelope)
+    for (sid, pid), envelope in ended.items():
+        terminal = terminal_from_event(envelope, pid)
+        if terminal is None:
+            continue
+        session = found[sid]
+        session.unsettled = [p for p in session.unsettled if p.prompt_id != pid]
+        session.started.discard(pid)
+        if not session.terminals or session.terminals[-1].at <= terminal.at:
+            session.terminals[:] = [terminal]
