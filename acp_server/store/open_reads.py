@@ -9,7 +9,7 @@ Each session comes back as ``RestoredSession`` with what its status needs, the s
 events of the types ``only`` (id order), its last event id, its newest terminal, its
 prompts accepted and never settled (admission order; those whose end the events hold,
 ``settled_from_events``, are settled, as the restore does) and which of them started.
-Five statements whatever the number of sessions (three when none has a prompt
+Four statements whatever the number of sessions (three when none has a prompt
 unsettled), where a read per session took five each: at a thousand open sessions on
 PostgreSQL that was over a second a listing. ``exclude``: ids not read (the sessions
 live on the reading instance). A row that cannot be decoded is logged and skipped.
