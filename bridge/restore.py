@@ -327,6 +327,9 @@ class AgentSideRestore:
                 log.warning("session %s: the agent side could not be restored: %s", sid,
                             reason)
                 session.not_restorable = reason
+                if session.agent is not None and session.agent.closed:
+                    session.agent = None   # as before its first use: no agent's death
+                    # (another's, later) ends it; its history stays readable
             elif session.closing:   # closed meanwhile: the agent learns of it too
                 await bridge._close_at_agent(session, False)
             for pending in list(session.pending.values()):

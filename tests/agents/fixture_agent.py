@@ -30,7 +30,8 @@ Behaviour (newline-delimited JSON-RPC 2.0 on stdin/stdout):
   ``fs/read_text_file`` (``secret.txt``) naming ``<sid>``, waits for both answers,
   reports them in an ``agent_message_chunk`` of its own session (``saw: <json>``) and
   ends the turn; ``collide <sid>`` ends the turn at once; ``gate <file>`` waits until
-  ``<file>`` exists (relative to the agent's folder), then echoes; ``withdraw <file>``
+  ``<file>`` exists (relative to the agent's folder), then echoes; ``die`` exits
+  (code 3) unanswered; ``withdraw <file>``
   sends a ``session/request_permission``, waits until ``<file>`` exists, withdraws the
   request (``$/cancel_request``), waits for its answer and reports it in a chunk
   (``withdrawn: <json>``) before ending the turn; anything else is echoed as
@@ -161,6 +162,8 @@ class Agent:
         elif word == "gate":
             threading.Thread(target=self.gate, args=(rpc_id, sid, text, rest.strip()),
                              daemon=True).start()
+        elif word == "die":
+            os._exit(3)
         else:
             send(chunk(sid, f"{self.args.name}: {text}"))
             self.end_turn(rpc_id)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -118,10 +119,12 @@ def test_a_load_of_an_agent_that_dies_again_is_asked_only_once_more(tmp_path: Pa
 
 
 def _restarted_with_a_session(tmp_path: Path, times: int) -> tuple[ServeProcess, str, Path]:
-    """A server on the loading agent, one prompt settled in a session, killed (SIGKILL)
-    and started again: the session is restored from the journal."""
+    """A server on the loading agent (and an honest one, ``other``), one prompt settled
+    in a session, killed (SIGKILL) and started again: the session is restored from the
+    journal."""
     command, asked = _loading_agent(tmp_path, times=times)
-    child = ServeProcess(tmp_path, "--agent", command).start()
+    other = f"{sys.executable} -m tests.agents.fixture_agent --name other"
+    child = ServeProcess(tmp_path, "--agent", command, "--agent", f"other={other}").start()
     with httpx.Client(base_url=child.base_url, timeout=10) as http:
         sid = http.post("/session", json={"sessionScope": "thread"}).json()["sessionId"]
         first = http.post(f"/session/{sid}/prompt",
@@ -166,9 +169,31 @@ def test_a_restored_session_whose_agent_dies_again_keeps_its_history(
             loaded = http.post(f"/session/{sid}/load", json={})
             assert loaded.status_code == 200, loaded.text
             assert "dying: before" in _replayed(loaded.json()["compactedReplay"])
+            # a later death of another agent does not end it
+            made = http.post("/session", json={"sessionScope": "thread", "agent": "other"})
+            assert made.status_code == 200, made.text
+            other = made.json()["sessionId"]
+            died = http.post(f"/session/{other}/prompt",
+                             json={"prompt": [{"type": "text", "text": "die"}]})
+            assert died.status_code == 202, died.text
+            _until(lambda: http.get(f"/session/{other}/status").status_code == 404,
+                   "the other session ended with its agent")
+            status = http.get(f"/session/{sid}/status")
+            assert status.status_code == 200, status.text
+            again = http.post(f"/session/{sid}/prompt",
+                              json={"prompt": [{"type": "text", "text": "after all"}]})
+            assert again.json()["code"] == "session_not_restorable"
         assert child.returncode is None
     finally:
         child.stop()
+
+
+def _until(check: Callable[[], bool], what: str) -> None:
+    """``check`` true within a bounded number of tries (each a round trip)."""
+    for _ in range(500):
+        if check():
+            return
+    raise AssertionError(f"never: {what}")
 
 
 def _settled(http: httpx.Client, sid: str, prompt_id: str) -> str:
