@@ -30,6 +30,7 @@ from tests.acp_http.server import RunningAcpServer, request, text
 from tests.acp_http.wsclient import WsRejected, ws_connect
 from tests.harness.local import local_server
 from tests.lmsp.server import envelope
+from tests.lmsp.stores import STORE_FACTORIES, current
 from tests.principals.helpers import bearer, mint
 from tests.rest.server import RunningServer, text_prompt
 
@@ -48,9 +49,11 @@ class Doors(RunningAcpServer, RunningServer):
 async def serving(tmp_path: Path, **settings: Any
                   ) -> AsyncIterator[tuple[Doors, dict[str, Headers]]]:
     """A server with a bootstrap token and five stored tokens: ``alice`` and ``bob``
-    (prompt + read), ``reader`` (read), ``prompter`` (prompt), ``ops`` (admin)."""
+    (prompt + read), ``reader`` (read), ``prompter`` (prompt), ``ops`` (admin); on the
+    store the ``store_name`` fixture selects (SQLite without it)."""
+    store = STORE_FACTORIES[current["name"]](tmp_path, "lmsp.sqlite3", True)
     async with local_server(tmp_path, kind=Doors, token=BOOT, headers=bearer(BOOT),
-                            **settings) as srv:
+                            lmsp_store=store, **settings) as srv:
         people = {name: bearer(await mint(srv.server, name, *scopes, unlimited=True))
                   for name, scopes in (("alice", ()), ("bob", ()), ("reader", ("read",)),
                                        ("prompter", ("prompt",)), ("ops", ("admin",)))}
@@ -480,3 +483,130 @@ async def test_acp_connections_and_streams_of_another_principal(tmp_path: Path) 
         # alice's session is whole and still hers
         assert (await c.get(f"/session/{a}/status", headers=alice)).status_code == 200
         assert (await c.get(f"/session/{a}/status", headers=bob)).status_code == 404
+
+
+# -- ended sessions -----------------------------------------------------------------------
+async def _ended_acp_sessions(srv: Doors, headers: Headers, count: int) -> list[str]:
+    """``count`` sessions made over ``/acp`` and ended (kept by the journal) by the
+    deletion of their connection, one connection each, so each ends apart."""
+    made = []
+    for _ in range(count):
+        conn, _ = await srv.initialize(**headers)
+        async with srv.stream(conn, **headers) as stream:
+            assert (await srv.post(conn, request(1, "session/new", {
+                "cwd": srv.workspace, "mcpServers": []}), **headers)).status_code == 202
+            made.append((await stream.wait_for_id(1))["result"]["sessionId"])
+        gone = await srv.client.request("DELETE", "/acp",
+                                        headers={"Acp-Connection-Id": conn, **headers})
+        assert gone.status_code == 202
+    return made
+
+
+async def _ended_walk(srv: Doors, wid: str, headers: Headers,
+                      cursor: str | None = None) -> tuple[list[str], list[str]]:
+    """Every session of the ended listing, and every cursor it handed out."""
+    seen: list[str] = []
+    cursors: list[str] = []
+    while True:
+        page = await srv.client.get(f"/workspace/{wid}/ended-sessions", headers=headers,
+                                    params={"size": 1, **({"cursor": cursor} if cursor else {})})
+        assert page.status_code == 200, page.text
+        seen += [s["sessionId"] for s in page.json()["sessions"]]
+        cursor = page.json().get("nextCursor")
+        if cursor is None:
+            return seen, cursors
+        cursors.append(cursor)
+
+
+async def _ended_committed(srv: Doors, wid: str, expected: set[str]) -> None:
+    """Once the admin lists exactly ``expected`` (a close is journaled behind its answer)."""
+    with anyio.fail_after(30):
+        while set((await _ended_walk(srv, wid, bearer(BOOT)))[0]) != expected:
+            await anyio.sleep(0.01)
+
+
+@pytest.mark.usefixtures("store_name")
+async def test_ended_sessions_of_another_are_not_listed_loaded_or_deleted(
+        tmp_path: Path) -> None:
+    async with serving(tmp_path) as (srv, who):
+        alice, bob = who["alice"], who["bob"]
+        c = srv.client
+        wid = await _workspace(srv)
+        hers = await _ended_acp_sessions(srv, alice, 2)
+        his = await _ended_acp_sessions(srv, bob, 1)
+        await _ended_committed(srv, wid, {*hers, *his})
+        assert (await _ended_walk(srv, wid, bob))[0] == his
+        assert sorted((await _ended_walk(srv, wid, alice))[0]) == sorted(hers)
+        # a hand-made cursor just before her newest session: still bob's own only
+        page = (await c.get(f"/workspace/{wid}/ended-sessions", headers=alice)).json()
+        newest = page["sessions"][0]
+        at = time.mktime(time.strptime(newest["endedAt"][:19], "%Y-%m-%dT%H:%M:%S")) \
+            - time.timezone + 1.0
+        forged = ended_cursor.encode((at, "f" * 36))
+        assert (await _ended_walk(srv, wid, bob, forged))[0] == his
+        unknown = str(uuid.uuid4())
+        for sid in hers:
+            for method, path, body in (("DELETE", "/session/{}", None),
+                                       ("POST", "/session/{}/load", {}),
+                                       ("POST", "/session/{}/resume", {}),
+                                       ("GET", "/session/{}/status", None),
+                                       ("GET", "/session/{}/events", None)):
+                sent = {"json": body} if body is not None else {}
+                mine = await c.request(method, path.format(sid), headers=bob, **sent)
+                none = await c.request(method, path.format(unknown), headers=bob, **sent)
+                assert mine.status_code == 404, (path, mine.text)
+                assert_same_refusal(mine, none, sid, unknown)
+            async with ws_connect(srv.base_url, headers=bob) as ws:
+                await ws.send_json(INIT)
+                assert "result" in await ws.receive_json()
+                await ws.send_json(request(1, "session/load", {
+                    "sessionId": sid, "cwd": srv.workspace, "mcpServers": []}))
+                assert (await ws.wait_for(lambda m: m.get("id") == 1))["error"]["code"] \
+                    == -32602
+                await ws.send_json(request(2, "session/delete", {"sessionId": sid}))
+                assert "error" in await ws.wait_for(lambda m: m.get("id") == 2)
+                await ws.send_json(request(3, "session/list", {}))
+                listed = await ws.wait_for(lambda m: m.get("id") == 3)
+                assert sid not in json.dumps(listed)
+        # all of hers are kept, and hers to load
+        assert sorted((await _ended_walk(srv, wid, alice))[0]) == sorted(hers)
+        loaded = await c.post(f"/session/{hers[0]}/load", json={}, headers=alice)
+        assert loaded.status_code == 200, loaded.text
+
+
+@pytest.mark.usefixtures("store_name")
+async def test_an_ended_listing_cut_by_its_scan_bound_names_none_of_anothers_sessions(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A page that stops at ``MAX_SCAN`` rows among sessions bob does not see hands
+    him a cursor: it must not carry the id (nor the end) of one of alice's."""
+    monkeypatch.setattr(ended_cursor, "BATCH", 1)
+    monkeypatch.setattr(ended_cursor, "MAX_SCAN", 2)
+    async with serving(tmp_path) as (srv, who):
+        alice, bob = who["alice"], who["bob"]
+        wid = await _workspace(srv)
+        his = await _ended_acp_sessions(srv, bob, 1)       # the oldest end
+        hers = await _ended_acp_sessions(srv, alice, 5)    # then alice's, newer
+        await _ended_committed(srv, wid, {*hers, *his})
+        seen, cursors = await _ended_walk(srv, wid, bob)
+        assert seen == his
+        assert cursors, "the scan bound was not reached"
+        # the same walk over /acp session/list (after the live sessions: none)
+        async with ws_connect(srv.base_url, headers=bob) as ws:
+            await ws.send_json(INIT)
+            assert "result" in await ws.receive_json()
+            cursor, rpc_id, listed = None, 1, []
+            while True:
+                await ws.send_json(request(rpc_id, "session/list",
+                                           {"cursor": cursor} if cursor else {}))
+                reply = (await ws.wait_for(lambda m, i=rpc_id: m.get("id") == i))["result"]
+                listed += [s["sessionId"] for s in reply["sessions"]]
+                cursor, rpc_id = reply.get("nextCursor"), rpc_id + 1
+                if cursor is None:
+                    break
+                cursors.append(cursor)
+        assert listed == his
+        for cursor in cursors:
+            decoded = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+            assert not any(sid.encode() in decoded for sid in hers), cursor
+        # and alice's own walk is whole
+        assert sorted((await _ended_walk(srv, wid, alice))[0]) == sorted(hers)
