@@ -26,6 +26,8 @@ from httpx_sse import aconnect_sse
 
 from acp_server.http import ended_cursor, session_cursor
 from acp_server.principals.tokens import issue
+from bridge.agents.reference import ReferenceAgentFactory
+from bridge.agents.reference_agent import SessionStore
 from tests.acp_http.server import RunningAcpServer, request, text
 from tests.acp_http.wsclient import WsRejected, ws_connect
 from tests.harness.local import local_server
@@ -610,3 +612,121 @@ async def test_an_ended_listing_cut_by_its_scan_bound_names_none_of_anothers_ses
             assert not any(sid.encode() in decoded for sid in hers), cursor
         # and alice's own walk is whole
         assert sorted((await _ended_walk(srv, wid, alice))[0]) == sorted(hers)
+
+
+# -- a restore raced by another principal --------------------------------------------------
+class _HeldStart:
+    """The in-process reference agent (its sessions in ``store``), its ``initialize``
+    held until ``release()``: the first requests that need the agent wait for it to
+    start exactly as long as the test needs."""
+
+    name = "reference"
+
+    def __init__(self, store: SessionStore) -> None:
+        self.inner = ReferenceAgentFactory(store=store)
+        self.starting = anyio.Event()
+        self._gate = anyio.Event()
+
+    def release(self) -> None:
+        self._gate.set()
+
+    async def connect(self, client: Any, task_group: Any) -> Any:
+        inner = await self.inner.connect(client, task_group)
+        agent = self
+
+        class Held:
+            closed = property(lambda _self: inner.closed)
+
+            async def request(self, method: str, params: Any) -> Any:
+                if method == "initialize":
+                    agent.starting.set()
+                    await agent._gate.wait()
+                return await inner.request(method, params)
+
+            async def notify(self, method: str, params: Any) -> None:
+                await inner.notify(method, params)
+
+            async def aclose(self) -> None:
+                await inner.aclose()
+
+        return Held()
+
+
+@pytest.mark.parametrize("door", ["acp", "rest"])
+async def test_a_load_racing_anothers_restore_does_not_share_it(tmp_path: Path,
+                                                                door: str) -> None:
+    """A session only the agent keeps (on storage shared between instances, say) is its
+    restorer's. Two loads of it by alice and bob, both sent while the agent starts:
+    both passed the ownership check (nobody owned it yet), one restored it and the
+    other attached to what that one made. Over ``/acp`` both got the session (its
+    history, its events); REST answered the loser 404 (``rest.owners.claim``). Now
+    each door gives it to one of them, and to the other an unknown session."""
+    store = SessionStore()
+    sid = str(uuid.uuid4())
+    store.create(sid, str(tmp_path), [("user", "the maker's own words"), ("agent", "noted")])
+    agent = _HeldStart(store)
+    async with serving(tmp_path, agent_factory=agent) as (srv, who):
+        slot = next(iter(srv.server.bridge.agents._slots.values()))
+
+        async def both_waiting_for_the_agent() -> None:
+            with anyio.fail_after(30):
+                await agent.starting.wait()     # the first load waits for the agent
+                while slot.lock.statistics().tasks_waiting < 1:   # the second too,
+                    await anyio.sleep(0.01)                       # checked already
+            agent.release()
+
+        won: list[str] = []
+        history: dict[str, str] = {}
+
+        async def one_has_it() -> None:
+            assert len(won) == 1, history
+            lost = "bob" if won == ["alice"] else "alice"
+            assert "the maker's own words" not in history[lost]
+            assert (await srv.client.get(f"/session/{sid}/status", headers=who[lost])
+                    ).status_code == 404
+            assert (await srv.client.get(f"/session/{sid}/status", headers=who[won[0]])
+                    ).status_code == 200
+        if door == "rest":
+            async def rest_load(name: str) -> None:
+                answer = await srv.client.post(f"/session/{sid}/load", json={},
+                                               headers=who[name])
+                history[name] = answer.text
+                if answer.status_code == 200:
+                    won.append(name)
+                else:
+                    assert answer.status_code == 404, answer.text
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(rest_load, "alice")
+                await agent.starting.wait()
+                tg.start_soon(rest_load, "bob")
+                await both_waiting_for_the_agent()
+        else:
+            load = request(1, "session/load", {"sessionId": sid, "cwd": srv.workspace,
+                                               "mcpServers": []})
+            async with ws_connect(srv.base_url, headers=who["alice"]) as alice, \
+                    ws_connect(srv.base_url, headers=who["bob"]) as bob:
+                for ws in (alice, bob):
+                    await ws.send_json(INIT)
+                    assert "result" in await ws.receive_json()
+                await alice.send_json(load)
+                await agent.starting.wait()
+                await bob.send_json(load)
+                await both_waiting_for_the_agent()
+                for name, ws in (("alice", alice), ("bob", bob)):
+                    frames: list[dict[str, Any]] = []
+
+                    def answered(message: dict[str, Any],
+                                 frames: list[dict[str, Any]] = frames) -> bool:
+                        frames.append(message)
+                        return message.get("id") == 1
+
+                    reply = await ws.wait_for(answered)
+                    history[name] = json.dumps(frames)
+                    if "result" in reply:
+                        won.append(name)
+                    else:
+                        assert reply["error"]["code"] == -32602, reply
+                await one_has_it()   # while the sockets are open (their sessions live)
+        if door == "rest":
+            await one_has_it()
