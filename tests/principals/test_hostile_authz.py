@@ -32,6 +32,7 @@ from tests.acp_http.server import RunningAcpServer, request, text
 from tests.acp_http.wsclient import WsRejected, ws_connect
 from tests.harness.local import local_server
 from tests.lmsp.server import envelope
+from tests.lmsp import stores
 from tests.lmsp.stores import STORE_FACTORIES, current
 from tests.principals.helpers import bearer, mint
 from tests.rest.server import RunningServer, text_prompt
@@ -730,3 +731,65 @@ async def test_a_load_racing_anothers_restore_does_not_share_it(tmp_path: Path,
                 await one_has_it()   # while the sockets are open (their sessions live)
         if door == "rest":
             await one_has_it()
+
+
+# -- several instances ----------------------------------------------------------------------
+async def test_another_instance_neither_forwards_nor_reads_out_anothers_session(
+        tmp_path: Path) -> None:
+    """Two instances on one PostgreSQL store: alice's session runs on ``a``; bob asks
+    ``b``, which answers reads from the journal and forwards the rest to ``a``, with
+    and without the forward marker a client may send itself: every answer is the one
+    an unknown id gets, on both doors, and nothing reaches her session."""
+    if not stores.postgres_dsn():
+        pytest.skip(stores.SKIP_POSTGRES)
+    flags = {"store": stores.postgres_url_for(tmp_path, "fleet"), "token": BOOT,
+             "headers": bearer(BOOT), "kind": Doors}
+    async with local_server(tmp_path, state_dir=tmp_path / "a", **flags) as a, \
+            local_server(tmp_path, state_dir=tmp_path / "b", **flags) as b:
+        alice = bearer(await mint(a.server, "alice", unlimited=True))
+        bob = bearer(await mint(a.server, "bob", unlimited=True))
+        sid = await _thread(a, alice)
+        asked = await a.client.post(f"/session/{sid}/prompt", json=text_prompt(PERMISSION),
+                                    headers=alice)
+        assert asked.status_code == 202
+        frames = await a.events_until(sid, "permission_request", headers=alice,
+                                      last_event_id=asked.json()["lastEventId"])
+        request_id = frames[-1][1]["data"]["requestId"]
+        assert not b.bridge.has_session(sid)
+        mine_on_b = await b.client.get(f"/session/{sid}/status", headers=alice)
+        assert mine_on_b.status_code == 200, mine_on_b.text   # b answers alice from the journal
+        unknown = str(uuid.uuid4())
+        vote = {"outcome": {"outcome": "selected", "optionId": "allow_once"}}
+        marker = {"x-acp-forwarded-by": a.server.leases.instance}   # type: ignore[union-attr]
+        for extra in ({}, marker):
+            for method, template, body in (
+                    ("GET", "/session/{}/status", None),
+                    ("GET", "/session/{}/pending-prompts", None),
+                    ("GET", "/session/{}/events", None),
+                    ("POST", "/session/{}/load", {}),
+                    ("POST", "/session/{}/resume", {}),
+                    ("POST", "/session/{}/prompt", text_prompt("mine now")),
+                    ("POST", "/session/{}/cancel", None),
+                    ("POST", "/session/{}/branch", {}),
+                    ("POST", "/session/{}/permission/" + request_id, vote),
+                    ("DELETE", "/session/{}", None)):
+                sent = {"json": body} if body is not None else {}
+                theirs = await b.client.request(method, template.format(sid),
+                                                headers={**bob, **extra}, **sent)
+                none = await b.client.request(method, template.format(unknown),
+                                              headers={**bob, **extra}, **sent)
+                assert theirs.status_code == 404, (extra, template, theirs.text)
+                assert_same_refusal(theirs, none, sid, unknown)
+        fleet = b.server.fleet
+        assert fleet.stats.forwards and fleet.stats.journal_reads   # type: ignore[union-attr]
+        async with ws_connect(b.base_url, headers=bob) as ws:
+            await ws.send_json(INIT)
+            assert "result" in await ws.receive_json()
+            await ws.send_json(request(1, "session/load", {
+                "sessionId": sid, "cwd": b.workspace, "mcpServers": []}))
+            assert (await ws.wait_for(lambda m: m.get("id") == 1))["error"]["code"] == -32602
+            await ws.send_json(request(2, "session/list", {}))
+            assert sid not in json.dumps(await ws.wait_for(lambda m: m.get("id") == 2))
+        status = (await a.client.get(f"/session/{sid}/status", headers=alice)).json()
+        assert status["pendingInteractionCount"] == 1 and a.bridge.has_session(sid)
+        assert not b.bridge.has_session(sid)
