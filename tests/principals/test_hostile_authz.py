@@ -151,6 +151,14 @@ async def test_every_rest_route_of_anothers_session_is_an_unknown_id(tmp_path: P
         legacy = await c.post(f"/permission/{request_id}", json=vote, headers=bob)
         other = await c.post("/permission/no-such-request", json=vote, headers=bob)
         assert_same_refusal(legacy, other, request_id, "no-such-request")
+        # her prompt's and her request's ids on bob's own session: not his to touch
+        b = await _thread(srv, bob)
+        dropped = await c.delete(f"/session/{b}/pending-prompts/{prompt_id}", headers=bob)
+        assert (dropped.status_code, dropped.json()["code"]) == (404, "prompt_not_found")
+        voted = await c.post(f"/session/{b}/permission/{request_id}", json=vote, headers=bob)
+        assert voted.status_code == 404, voted.text
+        head = await c.head(f"/session/{a}/status", headers=bob)
+        assert head.status_code == 404
         # nothing of it reached alice's session
         status = (await c.get(f"/session/{a}/status", headers=alice)).json()
         assert status["pendingInteractionCount"] == 1 and status["hasActivePrompt"]
@@ -793,3 +801,25 @@ async def test_another_instance_neither_forwards_nor_reads_out_anothers_session(
         status = (await a.client.get(f"/session/{sid}/status", headers=alice)).json()
         assert status["pendingInteractionCount"] == 1 and a.bridge.has_session(sid)
         assert not b.bridge.has_session(sid)
+
+
+async def test_with_require_auth_metrics_are_for_admins_and_health_for_any_credential(
+        tmp_path: Path) -> None:
+    async with serving(tmp_path, require_auth=True) as (srv, who):
+        c = srv.client
+        sid = await _thread(srv, who["alice"])
+        nobody = {"Authorization": ""}
+        for path in ("/metrics", "/metrics/", "/health", "/health?deep=1"):
+            assert (await c.get(path, headers=nobody)).status_code == 401, path
+        for name in ("alice", "reader", "prompter"):
+            metrics = await c.get("/metrics", headers=who[name])
+            assert (metrics.status_code, metrics.json()["requiredScope"]) == (403, "admin")
+            assert (await c.get("/health", headers=who[name])).status_code == 200
+        shown = await c.get("/metrics", headers=who["ops"])
+        assert shown.status_code == 200 and sid not in shown.text
+        # the console's files stay public, and carry nothing of anyone
+        page = await c.get("/", headers=nobody)
+        assert page.status_code == 200 and sid not in page.text
+        assert (await c.get("/web/../tokens", headers=nobody)).status_code in (401, 404)
+        assert (await c.get(raw(c, "/web/%2E%2E/tokens"), headers=nobody)).status_code \
+            in (401, 404)
