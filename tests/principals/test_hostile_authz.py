@@ -348,6 +348,7 @@ async def test_a_websocket_token_counts_only_in_the_bearer_places(tmp_path: Path
 
 
 # -- LMSP ---------------------------------------------------------------------------------
+@pytest.mark.usefixtures("store_name")
 async def test_lmsp_tasks_responses_streams_and_keys_stay_their_makers(tmp_path: Path) -> None:
     async with serving(tmp_path) as (srv, who):
         alice, bob = who["alice"], who["bob"]
@@ -823,3 +824,43 @@ async def test_with_require_auth_metrics_are_for_admins_and_health_for_any_crede
         assert (await c.get("/web/../tokens", headers=nobody)).status_code in (401, 404)
         assert (await c.get(raw(c, "/web/%2E%2E/tokens"), headers=nobody)).status_code \
             in (401, 404)
+
+
+async def test_a_token_that_expires_while_in_use_is_refused_and_its_streams_end(
+        tmp_path: Path) -> None:
+    """The credential cache checks the expiry on every request (no grace while the
+    cached entry is fresh), and the re-check of tokens with open streams ends them.
+    (The wall clock the principals read is moved in the process: no test waits a
+    token's lifetime out.)"""
+    now = [time.time()]
+    async with serving(tmp_path) as (srv, who):
+        srv.server.gate.authenticator.clock = lambda: now[0]
+        soon = bearer(await mint(srv.server, "soon", expires="60s"))
+        sid = await _thread(srv, soon)
+        assert (await srv.client.get("/whoami", headers=soon)).status_code == 200
+        ended = anyio.Event()
+
+        async def follow() -> None:
+            async with httpx.AsyncClient(base_url=srv.base_url, headers=soon,
+                                         timeout=30) as c:
+                async with c.stream("GET", f"/session/{sid}/events") as response:
+                    assert response.status_code == 200
+                    opened.set()
+                    async for _ in response.aiter_bytes():
+                        pass
+            ended.set()
+
+        opened = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(follow)
+            await opened.wait()
+            async with ws_connect(srv.base_url, headers=soon) as ws:
+                await ws.send_json(INIT)
+                assert "result" in await ws.receive_json()
+                now[0] = time.time() + 61   # past its expiry
+                assert (await srv.client.get("/whoami", headers=soon)).status_code == 401
+                assert await ws.wait_closed() == 1008
+            with anyio.fail_after(30):
+                await ended.wait()
+        assert (await srv.client.get(f"/session/{sid}/status", headers=soon)).status_code \
+            == 401
