@@ -864,3 +864,48 @@ async def test_a_token_that_expires_while_in_use_is_refused_and_its_streams_end(
                 await ended.wait()
         assert (await srv.client.get(f"/session/{sid}/status", headers=soon)).status_code \
             == 401
+
+
+async def test_the_per_workspace_mounts_carry_their_targets_access_and_ownership(
+        tmp_path: Path) -> None:
+    """``/workspaces/{ws}/sessions`` and ``/workspaces/{ws}/acp`` (``{ws}`` the id or
+    the absolute path URL-encoded, dots and doubled slashes included) are the listing
+    and ``/acp`` themselves: the same scopes, the same owner's view."""
+    async with serving(tmp_path) as (srv, who):
+        c = srv.client
+        a = await _thread(srv, who["alice"])
+        b = await _thread(srv, who["bob"])
+        wid = await _workspace(srv)
+        encoded = srv.workspace.replace("/", "%2F")
+        dotted = (srv.workspace + "/../" + srv.workspace.rsplit("/", 1)[1]).replace("/", "%2F")
+        for ws in (wid, encoded, encoded + "%2F", dotted, "%2F%2F" + encoded[3:]):
+            listed = await c.get(raw(c, f"/workspaces/{ws}/sessions"), headers=who["bob"])
+            assert listed.status_code == 200, (ws, listed.text)
+            assert [s["sessionId"] for s in listed.json()["sessions"]] == [b], ws
+            refused = await c.get(raw(c, f"/workspaces/{ws}/sessions"),
+                                  headers=who["prompter"])
+            assert refused.status_code == 403, (ws, refused.text)
+            posted = await c.post(raw(c, f"/workspaces/{ws}/acp"), headers=who["reader"],
+                                  json=request(1, "session/new", {"cwd": srv.workspace,
+                                                                  "mcpServers": []}))
+            assert posted.status_code == 403, (ws, posted.text)
+        async with ws_connect(srv.base_url, f"/workspaces/{encoded}/acp",
+                              headers=who["bob"]) as sock:
+            await sock.send_json(INIT)
+            assert "result" in await sock.receive_json()
+            await sock.send_json(request(1, "session/list", {}))
+            listed = await sock.wait_for(lambda m: m.get("id") == 1)
+            assert [s["sessionId"] for s in listed["result"]["sessions"]] == [b]
+            await sock.send_json(request(2, "session/prompt", {"sessionId": a,
+                                                               "prompt": text("hi")}))
+            assert (await sock.wait_for(lambda m: m.get("id") == 2))["error"]["code"] \
+                == -32602
+        # the session header standing for params.sessionId names alice's: still hers
+        conn, _ = await srv.initialize(**who["bob"])
+        async with srv.stream(conn, **who["bob"]) as stream:
+            sent = await srv.post(conn, request(3, "session/prompt", {"prompt": text("hi")}),
+                                  a, **who["bob"])
+            assert sent.status_code == 202
+            assert (await stream.wait_for_id(3))["error"]["code"] == -32602
+        status = (await c.get(f"/session/{a}/status", headers=who["alice"])).json()
+        assert not status["hasActivePrompt"] and status["pendingPrompts"] == 0
