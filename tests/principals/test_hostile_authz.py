@@ -210,11 +210,15 @@ async def test_listings_and_cursors_never_show_anothers_session(tmp_path: Path) 
                 await ws.send_json(request(rpc_id, "session/list", params))
                 reply = await ws.wait_for(lambda m, i=rpc_id: m.get("id") == i)
                 assert [s["sessionId"] for s in reply["result"]["sessions"]] == [b]
-        # the console's daemon page counts, never names; /metrics names no session
-        for path in ("/daemon/status", "/metrics", "/whoami", "/capabilities"):
+        # the console's daemon page counts, never names; /metrics names no session,
+        # principal or token
+        alice_id = _token(alice)[len("acps_"):len("acps_") + 16]
+        for path in ("/daemon/status", "/metrics", "/whoami", "/capabilities",
+                     "/openapi.json", "/health?deep=1"):
             answer = await c.get(path, headers=bob)
             assert answer.status_code in (200, 403), (path, answer.text)
             assert not any(sid in answer.text for sid in a), path
+            assert alice_id not in answer.text and '"alice"' not in answer.text, path
 
 
 # -- scopes, admin routes, dead credentials ---------------------------------------------
@@ -909,3 +913,36 @@ async def test_the_per_workspace_mounts_carry_their_targets_access_and_ownership
             assert (await stream.wait_for_id(3))["error"]["code"] == -32602
         status = (await c.get(f"/session/{a}/status", headers=who["alice"])).json()
         assert not status["hasActivePrompt"] and status["pendingPrompts"] == 0
+
+
+async def test_a_refused_request_adopts_no_client_id_into_anothers_session(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With several instances, a request for a live session that carries
+    ``X-Qwen-Client-Id`` makes the session adopt that id (one another instance issued).
+    Bob's requests for alice's session are 404, and must change nothing of it: it
+    adopted every id he sent all the same (its ``clientCount``, which alice and the
+    console read, grew with each; the set is bounded, so his ids pushed out older
+    ones)."""
+    if not stores.postgres_dsn():
+        pytest.skip(stores.SKIP_POSTGRES)
+    from bridge import session as bridge_session
+    monkeypatch.setattr(bridge_session, "MAX_TRACKED_CLIENTS", 4)
+    flags = {"store": stores.postgres_url_for(tmp_path, "fleet"), "token": BOOT,
+             "headers": bearer(BOOT), "kind": Doors}
+    async with local_server(tmp_path, state_dir=tmp_path / "a", **flags) as a:
+        assert a.server.fleet is not None
+        alice = bearer(await mint(a.server, "alice", unlimited=True))
+        bob = bearer(await mint(a.server, "bob", unlimited=True))
+        made = await a.client.post("/session", json={"sessionScope": "thread"}, headers=alice)
+        sid, client_id = made.json()["sessionId"], made.json()["clientId"]
+        before = (await a.client.get(f"/session/{sid}/status", headers=alice)).json()
+        for n in range(8):
+            forged = {**bob, "X-Qwen-Client-Id": f"client_{uuid.uuid4()}"}
+            for answer in (await a.client.post(f"/session/{sid}/heartbeat", headers=forged),
+                           await a.client.get(f"/session/{sid}/status", headers=forged)):
+                assert answer.status_code == 404, answer.text
+        after = (await a.client.get(f"/session/{sid}/status", headers=alice)).json()
+        assert after["clientCount"] == before["clientCount"]
+        beat = await a.client.post(f"/session/{sid}/heartbeat",
+                                   headers={**alice, "X-Qwen-Client-Id": client_id})
+        assert beat.status_code == 200, beat.text
