@@ -30,6 +30,7 @@ from bridge.agents.reference import ReferenceAgentFactory
 from bridge.agents.reference_agent import SessionStore
 from tests.acp_http.server import RunningAcpServer, request, text
 from tests.acp_http.wsclient import WsRejected, ws_connect
+from tests.harness import ServeProcess
 from tests.harness.local import local_server
 from tests.lmsp.server import envelope
 from tests.lmsp import stores
@@ -130,6 +131,7 @@ async def test_every_rest_route_of_anothers_session_is_an_unknown_id(tmp_path: P
             ("GET", "/session/{}%2Fstatus", None),
             ("POST", "/session/{}/prompt/", text_prompt("mine now")),
             ("POST", "/session/{}%2Fcancel", None),
+            ("POST", "/session/{}%2Fprompt", text_prompt("mine now")),   # the hot path
         ]
         for method, template, body in routes:
             sent = {"json": body} if body is not None else {}
@@ -946,3 +948,47 @@ async def test_a_refused_request_adopts_no_client_id_into_anothers_session(
         beat = await a.client.post(f"/session/{sid}/heartbeat",
                                    headers={**alice, "X-Qwen-Client-Id": client_id})
         assert beat.status_code == 200, beat.text
+
+
+
+# -- the shipped daemon (granian) -----------------------------------------------------------
+# Only the client side runs in the test's event loop (the server is a child process):
+# one backend is enough.
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.parametrize("server", ["granian", "uvicorn"])
+async def test_the_shipped_daemon_reads_every_spelling_as_the_router_does(
+        tmp_path: Path, server: str) -> None:
+    """The path spellings of the attacks above against ``acp-server serve`` as shipped
+    (its HTTP servers decode paths their own way): an admin route spelled otherwise is
+    never served to a non-admin, another's session never to its non-owner."""
+    async with ServeProcess(tmp_path, "--token", BOOT, "--http-server", server) as daemon:
+        c = daemon.client
+        made = {}
+        for name in ("alice", "bob"):
+            created = await c.post("/tokens", json={"name": name, "rateClass": "unlimited"})
+            assert created.status_code == 201, created.text
+            made[name] = bearer(created.json()["token"])
+        alice, bob = made["alice"], made["bob"]
+        a = (await c.post("/session", json={"sessionScope": "thread"},
+                          headers=alice)).json()["sessionId"]
+        for method, path in (("GET", "/tokens"), ("GET", "/tokens/"), ("GET", "/tokens%2F"),
+                             ("GET", "/%74okens"), ("GET", "/%2Ftokens"), ("GET", "//tokens"),
+                             ("GET", "/TOKENS"), ("GET", "/tokens/%2E%2E/tokens"),
+                             ("GET", "/x/%2E%2E/tokens"), ("DELETE", "/tokens%2Fbob"),
+                             ("DELETE", "/tokens/bob/"), ("GET", "/audit%3Fx"),
+                             ("GET", "/audit;x"), ("GET", "/audit%00")):
+            answer = await c.request(method, raw(c, path), headers=alice)
+            assert answer.status_code in (400, 403, 404), (server, method, path, answer.text)
+        for method, path in (("GET", f"/session/{a}/status"), ("GET", f"/session/{a}%2Fstatus"),
+                             ("GET", f"/session/{a}/status/"), ("GET", f"/session%2F{a}/status"),
+                             ("POST", f"/session/{a}%2Fprompt"), ("POST", f"/session/{a}/prompt/"),
+                             ("GET", f"/session/{a.upper()}/status"),
+                             ("GET", f"/session/%20{a}/status"),
+                             ("DELETE", f"/session/{a}"), ("DELETE", f"/session/{a}%2F")):
+            sent = {"json": text_prompt("mine now")} if method == "POST" else {}
+            answer = await c.request(method, raw(c, path), headers=bob, **sent)
+            assert answer.status_code == 404, (server, method, path, answer.text)
+        listed = await c.get("/tokens")
+        assert {t["name"] for t in listed.json()["tokens"]} == {"alice", "bob"}
+        status = (await c.get(f"/session/{a}/status", headers=alice)).json()
+        assert status["pendingPrompts"] == 0 and not status["hasActivePrompt"]
