@@ -22,7 +22,6 @@ from typing import Any
 import anyio
 import httpx
 import pytest
-from httpx_sse import aconnect_sse
 
 from acp_server.http import ended_cursor, session_cursor
 from acp_server.principals.tokens import issue
@@ -498,6 +497,20 @@ async def test_acp_connections_and_streams_of_another_principal(tmp_path: Path) 
                             json.dumps(reply).replace(unknown, "ID"), method
             # bob's stream carried his replies only: no update or request of alice's
             assert all("method" not in m for m in theirs.messages), theirs.messages
+        # a session stream of hers asked from the start of its ring (Last-Event-ID 0,
+        # her epoch): it opens as one of an unknown id does, and carries nothing of hers
+        epoch = (await c.get(f"/session/{a}/status", headers=alice)).json()["eventEpoch"]
+        cursor = {"Last-Event-ID": "0", "X-Qwen-Event-Epoch": epoch}
+        async with srv.stream(b_conn, a, **bob, **cursor) as peek:
+            said = await c.post(f"/session/{a}/prompt", json=text_prompt("words of hers"),
+                                headers=alice)
+            assert said.status_code == 202, said.text
+            frames = await srv.events_until(a, "turn_complete", headers=alice,
+                                            last_event_id=0)
+            assert "words of hers" in json.dumps(frames)
+        assert peek.messages == []
+        assert not any(channel.subscription is not None
+                       for channel in srv.registry.get(b_conn).channels.values())
         # alice's session is whole and still hers
         assert (await c.get(f"/session/{a}/status", headers=alice)).status_code == 200
         assert (await c.get(f"/session/{a}/status", headers=bob)).status_code == 404
