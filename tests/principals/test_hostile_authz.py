@@ -1005,3 +1005,31 @@ async def test_the_shipped_daemon_reads_every_spelling_as_the_router_does(
         assert {t["name"] for t in listed.json()["tokens"]} == {"alice", "bob"}
         status = (await c.get(f"/session/{a}/status", headers=alice)).json()
         assert status["pendingPrompts"] == 0 and not status["hasActivePrompt"]
+
+
+@pytest.mark.usefixtures("store_name")
+async def test_forwarding_headers_from_a_client_prove_nothing(tmp_path: Path) -> None:
+    """``X-Forwarded-For`` without ``--trusted-proxy``, and the fleet's forwarding
+    headers with a proof the client made up (on PostgreSQL the fleet's secret exists),
+    change neither who the client is in the audit log nor what it may reach."""
+    async with serving(tmp_path) as (srv, who):
+        a = await _thread(srv, who["alice"])
+        leases = srv.server.leases   # PostgreSQL: a fleet of one, with its secret
+        instance = leases.instance if leases is not None else "elsewhere"
+        forged = {"X-Forwarded-For": "10.1.2.3", "x-acp-forwarded-by": instance,
+                  "x-acp-forwarded-for": "10.9.8.7", "x-acp-forwarded-proof": "0" * 64,
+                  "Forwarded": "for=10.4.4.4"}
+        elsewhere = httpx.AsyncHTTPTransport(local_address="127.0.0.9")
+        async with httpx.AsyncClient(base_url=srv.base_url, transport=elsewhere) as c:
+            mine = await c.post("/session", json={"sessionScope": "thread"},
+                                headers={**who["bob"], **forged})
+            assert mine.status_code == 200, mine.text
+            theirs = await c.get(f"/session/{a}/status", headers={**who["bob"], **forged})
+            assert theirs.status_code == 404
+            bad = await c.get("/whoami", headers={**forged, "Authorization": "Bearer nope"})
+            assert bad.status_code == 401
+        await srv.server.gate.audit.flush()
+        records = (await srv.client.get("/audit", params={"principal": "bob"})).json()
+        assert [r["client"] for r in records["records"]] == ["127.0.0.9"]
+        failed = (await srv.client.get("/audit", params={"action": "auth.failed"})).json()
+        assert [r["client"] for r in failed["records"]] == ["127.0.0.9"]
