@@ -1033,3 +1033,36 @@ async def test_forwarding_headers_from_a_client_prove_nothing(tmp_path: Path) ->
         assert [r["client"] for r in records["records"]] == ["127.0.0.9"]
         failed = (await srv.client.get("/audit", params={"action": "auth.failed"})).json()
         assert [r["client"] for r in failed["records"]] == ["127.0.0.9"]
+
+
+async def test_a_web_page_cannot_act_as_the_local_admin(tmp_path: Path) -> None:
+    """No credential configured: every loopback client is the ``local`` admin, so a web
+    page in the user's browser is the attacker. Its requests carry its ``Origin`` (a
+    foreign site, another local port, a sandboxed ``null``) or a rebound ``Host``: each
+    is refused, on HTTP and on the WebSocket handshake, before anything runs."""
+    async with local_server(tmp_path, kind=Doors) as srv:
+        port = srv.base_url.rsplit(":", 1)[1]
+        c = srv.client
+        assert (await c.get("/whoami")).json()["name"] == "local"
+        for origin in ("https://evil.example", "null", "http://127.0.0.1:1",
+                       f"http://127.0.0.1.evil.example:{port}", f"http://localhost:{port}.x"):
+            for method, path, body in (("POST", "/session", {"sessionScope": "thread"}),
+                                       ("POST", "/tokens", {"name": "mine"}),
+                                       ("GET", "/workspace/x/sessions", None),
+                                       ("POST", "/acp", INIT),
+                                       ("POST", "/lmsp/v1/tasks", envelope("x"))):
+                sent = {"json": body} if body is not None else {}
+                answer = await c.request(method, path, headers={"Origin": origin}, **sent)
+                assert answer.status_code == 403, (origin, path, answer.text)
+            with pytest.raises(WsRejected) as refused:
+                async with ws_connect(srv.base_url, headers={"Origin": origin}):
+                    pass
+            assert refused.value.status == 403, origin
+        for host in ("evil.example", f"evil.example:{port}", "127.0.0.1.nip.io"):
+            answer = await c.post("/session", json={}, headers={"Host": host})
+            assert answer.status_code == 421, (host, answer.text)
+        # the server's own page (its own origin) is served, and nothing was made meanwhile
+        own = await c.get("/whoami", headers={"Origin": f"http://127.0.0.1:{port}"})
+        assert own.status_code == 200
+        assert (await c.get("/tokens")).json()["tokens"] == []
+        assert srv.bridge.sessions() == []
