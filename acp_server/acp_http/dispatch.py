@@ -214,11 +214,9 @@ def _claim(conn: AcpConnection, session_id: str, how: str, agent: str | None = N
 
 def _restored(conn: AcpConnection, session_id: str, attached: bool, how: str,
               agent: str | None) -> None:
-    """After a load or resume: a session this call restored is the connection's
-    principal's (claimed, and the connection's own); one it attached to, already live,
-    must be one that principal sees: another principal's restore may have won a race
-    the ownership check could not see (both ran while nobody owned it), and that
-    session is no session here (404, as REST's ``claim``)."""
+    """After a load or resume: a session it restored is claimed (the connection's
+    own); one it attached to must be one the caller sees (another principal's restore
+    may have won a race ``check_owner`` could not see: 404, as REST's ``claim``)."""
     if attached:
         if not conn.caller.sees_session(session_id):
             raise SessionNotFoundError(session_id)
