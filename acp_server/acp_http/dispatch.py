@@ -212,6 +212,19 @@ def _claim(conn: AcpConnection, session_id: str, how: str, agent: str | None = N
     conn.caller.record("session.created", session_id, how=how, agent=agent, **detail)
 
 
+def _restored(conn: AcpConnection, session_id: str, attached: bool, how: str,
+              agent: str | None) -> None:
+    """After a load or resume: a session it restored is claimed (the connection's
+    own); one it attached to must be one the caller sees (another principal's restore
+    may have won a race ``check_owner`` could not see: 404, as REST's ``claim``)."""
+    if attached:
+        if not conn.caller.sees_session(session_id):
+            raise SessionNotFoundError(session_id)
+        return
+    _claim(conn, session_id, how, agent)
+    conn.own(session_id)
+
+
 def denial_error(rpc_id: RpcId, denial: Denial) -> bytes:
     """A 403 / 429 of the principals as a JSON-RPC error (``data.errorKind``: its code,
     with ``requiredScope`` or ``tier`` and ``retryAfterMs``)."""
@@ -280,9 +293,7 @@ async def _session_load(conn: AcpConnection, rpc_id: RpcId, params: dict[str, An
     with may_hand_off(conn.caller.sees), conn.channel_room(sid):   # may be asked for
         info = await conn.bridge.load_session(sid, cwd=_cwd(params), agent=agent,
                                               owner=conn.caller.name)
-    if not info.attached:   # restored by this connection: it made it
-        _claim(conn, sid, "load", agent)
-        conn.own(sid)
+    _restored(conn, sid, info.attached, "load", agent)   # restored here: it made it
     result = {k: v for k, v in info.agent_result.items() if k != "sessionId"}
     if cursor is not None:
         return with_events_meta(result, await replay_after(conn, info, cursor))
@@ -313,9 +324,7 @@ async def _session_resume(conn: AcpConnection, rpc_id: RpcId, params: dict[str, 
     with may_hand_off(conn.caller.sees), conn.channel_room(sid):
         info = await conn.bridge.resume_session(sid, cwd=_cwd(params), agent=agent,
                                                 owner=conn.caller.name)
-    if not info.attached:
-        _claim(conn, sid, "resume", agent)
-        conn.own(sid)
+    _restored(conn, sid, info.attached, "resume", agent)
     if cursor is not None:
         return with_events_meta({}, await replay_after(conn, info, cursor))
     conn.channel(sid)

@@ -80,7 +80,7 @@ class SessionRouter:
         if scope["type"] == "http":
             sid = session_of(scope["path"])
             if sid is not None and self.bridge.has_session(sid):
-                self._adopt_client(sid, scope["headers"])
+                self._adopt_client(sid, scope)
             elif sid is not None \
                     and not any(k == FORWARDED_HEADER for k, _ in scope["headers"]):
                 await self._not_live_here(sid, scope, receive, send)
@@ -109,10 +109,15 @@ class SessionRouter:
         else:
             await self.app(scope, receive, send)
 
-    def _adopt_client(self, sid: str, headers: list[tuple[bytes, bytes]]) -> None:
+    def _adopt_client(self, sid: str, scope: Any) -> None:
         """A client id another instance issued for this session (its ``/load`` from
-        the journal, or an owner before an adoption) is one this session knows."""
-        for name, value in headers:
+        the journal, or an owner before an adoption) is one this session knows; only
+        from a caller who sees the session (another principal's request, a 404, changes
+        nothing of it)."""
+        caller = scope.get(CALLER_KEY)
+        if caller is not None and not caller.sees_session(sid):
+            return
+        for name, value in scope["headers"]:
             if name == CLIENT_ID_HEADER:
                 session = self.bridge.get_session(sid)
                 client_id = value.decode("latin-1")

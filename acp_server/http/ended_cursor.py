@@ -10,13 +10,18 @@ Contracts:
 * The order is ``SessionJournal.ended``'s: ``(ended_at, session id)`` descending. A
   page is up to ``size`` rows that ``keep`` accepts, strictly after the position;
   ``more`` is the position to go on from, ``None`` when no row follows. A page reads
-  at most ``MAX_SCAN`` rows: where ``keep`` accepts few, it may hold fewer than
-  ``size`` with a position (follow it until ``None``).
+  at most ``MAX_SCAN`` rows, and then the rest of the rows that ended at the very
+  instant the last of them did (sessions closed together): where ``keep`` accepts
+  few, it may hold fewer than ``size`` with a position (follow it until ``None``).
+* A position names only a session ``keep`` accepted: the last of a full page, or,
+  where the scan stopped, no session at all (``(ended_at, "")``: everything that
+  ended before that instant). A row ``keep`` refused (another principal's session)
+  is never in a cursor, neither its id nor its end.
 * A cursor is unpadded ``base64url`` of ``E``, the end (a big-endian IEEE double,
-  seconds) and the id's UTF-8: at most ``MAX_CURSOR_CHARS`` characters whatever the
-  id, so a request line holds it. ``decode`` accepts exactly what ``encode`` makes of
-  a finite time and a storable id (``bridge.journal.storable``), else
-  ``InvalidCursor``; no live listing's cursor (``session_cursor``) is one.
+  seconds) and the id's UTF-8 (none for an instant): at most ``MAX_CURSOR_CHARS``
+  characters whatever the id, so a request line holds it. ``decode`` accepts exactly
+  what ``encode`` makes of a finite time and a storable id (``bridge.journal.storable``)
+  or none, else ``InvalidCursor``; no live listing's cursor (``session_cursor``) is one.
 """
 
 from __future__ import annotations
@@ -61,7 +66,7 @@ def decode(cursor: str) -> tuple[float, str]:
         sid = raw[_AT.size:].decode()
     except (binascii.Error, ValueError, struct.error):
         raise InvalidCursor(cursor) from None
-    if (tag != _TAG or not math.isfinite(at) or not sid or not storable(sid)
+    if (tag != _TAG or not math.isfinite(at) or not storable(sid)
             or encode((at, sid)) != cursor):
         raise InvalidCursor(cursor)   # another spelling of some key: not one we mint
     return at, sid
@@ -71,12 +76,15 @@ async def ended_page(journal: SessionJournal, keep: Callable[[EndedSession], boo
                      size: int, after: tuple[float, str] | None
                      ) -> tuple[list[EndedSession], tuple[float, str] | None]:
     """Up to ``size`` kept sessions after ``after``, and the position to go on from
-    (``None``: no more), reading at most ``MAX_SCAN`` rows."""
+    (``None``: no more), reading at most ``MAX_SCAN`` rows and the rest of the last
+    one's instant (see the contracts)."""
     page: list[EndedSession] = []
     before, scanned = after, 0
-    while scanned < MAX_SCAN:
+    while True:
         rows = await journal.ended(before=before, limit=BATCH)
         for row in rows:
+            if scanned >= MAX_SCAN and before is not None and row.ended_at != before[0]:
+                return page, (before[0], "")   # every row of that instant was read
             scanned += 1
             if keep(row):
                 if len(page) == size:   # one more follows
@@ -85,4 +93,3 @@ async def ended_page(journal: SessionJournal, keep: Callable[[EndedSession], boo
             before = row.key()
         if len(rows) < BATCH:
             return page, None
-    return page, before

@@ -125,7 +125,7 @@ def _b64(raw: bytes, pad: bool = False) -> str:
 
 
 @pytest.mark.parametrize("cursor", [
-    "nonsense!", "AAAA", _b64(b"E" + struct.pack(">d", 1.0)),          # no id
+    "nonsense!", "AAAA", _b64(b"E" + struct.pack(">d", math.inf)),     # no instant
     _b64(b"E" + struct.pack(">d", math.nan) + b"s1"),                   # not a time
     _b64(b"F" + struct.pack(">d", 1.0) + b"s1"),                        # another tag
     _b64(b"E" + struct.pack(">d", 1.0) + b"\xff"),                      # not UTF-8
