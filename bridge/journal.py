@@ -209,8 +209,10 @@ class SessionJournal(Protocol):
                     ) -> list[EndedSession]:
         """Up to ``limit`` of the closed sessions the journal keeps, newest end first
         (``EndedSession.key`` descending), strictly after ``before`` in that order
-        (``None``: from the newest). Records that cannot be decoded are logged and
-        skipped. Raises ``JournalUnavailableError`` when the journal cannot answer."""
+        (``None``: from the newest): fewer only when no more follow (a caller takes a
+        short answer for the end). Records that cannot be decoded are logged and
+        skipped, and read past. Raises ``JournalUnavailableError`` when the journal
+        cannot answer."""
         ...
 
     async def aclose(self) -> None: ...

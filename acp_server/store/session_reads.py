@@ -305,33 +305,40 @@ class SessionReads:
     async def ended(self, *, before: tuple[float, str] | None, limit: int
                     ) -> list[EndedSession]:
         """The closed sessions kept, newest end first (``(closed_at, id)`` descending),
-        strictly after ``before``; a record that cannot be decoded is logged and
-        skipped. ``JournalUnavailableError`` when the store cannot answer."""
+        strictly after ``before``: ``limit`` of them unless fewer follow (a caller
+        takes a short answer for the end). A record that cannot be decoded is logged
+        and skipped, and read past: it never shortens the answer.
+        ``JournalUnavailableError`` when the store cannot answer."""
         sql = self._sql
-        where, params = "closed_at IS NOT NULL", ()
-        if before is not None:
-            where += " AND (closed_at < ? OR (closed_at = ? AND id < ?))"
-            params = (before[0], before[0], before[1])
 
-        def read(conn: Any) -> list[tuple[str, bytes, float]]:
-            return [(str(i), bytes(r), float(c)) for i, r, c in conn.execute(sql(
-                f"SELECT id, record, closed_at FROM sessions WHERE {where} "
-                f"ORDER BY closed_at DESC, id DESC LIMIT ?"), (*params, limit)).fetchall()]
+        def read(conn: Any) -> list[EndedSession]:
+            found: list[EndedSession] = []
+            position = before
+            while True:
+                where, params = "closed_at IS NOT NULL", ()
+                if position is not None:
+                    where += " AND (closed_at < ? OR (closed_at = ? AND id < ?))"
+                    params = (position[0], position[0], position[1])
+                asked = limit - len(found)
+                rows = conn.execute(sql(
+                    f"SELECT id, record, closed_at FROM sessions WHERE {where} "
+                    f"ORDER BY closed_at DESC, id DESC LIMIT ?"), (*params, asked)).fetchall()
+                for sid, blob, closed_at in rows:
+                    position = (float(closed_at), str(sid))
+                    try:
+                        record = OPENED.decode(bytes(blob))
+                    except msgspec.MsgspecError as exc:
+                        log.error("session journal: session %s has an unreadable record "
+                                  "(%s)", sid, exc)
+                        continue
+                    found.append(EndedSession(record=record, ended_at=float(closed_at)))
+                if len(rows) < asked or len(found) >= limit:
+                    return found
 
         try:
-            rows = await self.store._read(read)
+            return await self.store._read(read)
         except StoreUnavailableError as exc:
             raise JournalUnavailableError(exc.reason) from exc
-        found = []
-        for sid, blob, closed_at in rows:
-            try:
-                record = OPENED.decode(blob)
-            except msgspec.MsgspecError as exc:
-                log.error("session journal: session %s has an unreadable record (%s)",
-                          sid, exc)
-                continue
-            found.append(EndedSession(record=record, ended_at=closed_at))
-        return found
 
     async def purge(self, closed_before: float) -> int:
         """Remove the sessions closed before ``closed_before`` (epoch seconds)."""
