@@ -228,7 +228,8 @@ class Bridge(Journaling, ListingAPI, PromptsAPI, PresenceAPI, AgentCallsAPI,
         ``JournalUnavailableError`` when the journal cannot answer."""
         known = self.session_owner(session_id)
         if known is None and session_id not in self._sessions and storable(session_id):
-            known = await self.journal.owner_of(session_id)
+            record = await self.journal.record_of(session_id)
+            known = record.owner if record is not None else None
             if session_id not in self._sessions:
                 self.remember_owner(session_id, known)
             else:
@@ -352,6 +353,8 @@ class Bridge(Journaling, ListingAPI, PromptsAPI, PresenceAPI, AgentCallsAPI,
                                                owner)
             return self._info(live, attached=True, with_history=with_history)
         await self.recall_owner(session_id)   # its maker, even forgotten past the bound
+        if agent is None:   # the journal's agent of it, when it is configured here
+            name = await self._journaled_agent(session_id, name)
         if session_id in self._sessions:     # restored by another call meanwhile
             return await self._restore(method, session_id, cwd, agent, capability, owner)
         await self._ensure_agent(name)
@@ -372,6 +375,15 @@ class Bridge(Journaling, ListingAPI, PromptsAPI, PresenceAPI, AgentCallsAPI,
         if session is None:   # restored by another call meanwhile
             return await self._restore(method, session_id, cwd, agent, capability, owner)
         return self._info(session, attached=False, with_history=with_history)
+
+    async def _journaled_agent(self, session_id: str, default: str) -> str:
+        """The agent the journal's record of ``session_id`` names, when one of that
+        name is configured, else ``default``: a load (or resume) that names no agent
+        restores a session on its own, never asks the default agent for another's."""
+        record = await self.journal.record_of(session_id)
+        if record is None or record.agent == default or record.agent not in self.agents:
+            return default
+        return record.agent
 
     async def _load_on(self, session: Session, agent: AgentConnection, method: str,
                        params: dict[str, Any]) -> None:

@@ -35,7 +35,7 @@ Contracts:
 * Session ids are ``storable``: no NUL (PostgreSQL's TEXT cannot hold one), UTF-8,
   at most ``MAX_SESSION_ID_BYTES`` (1 KiB) of it (PostgreSQL's b-tree takes at most
   2,704 bytes an entry: a session's keys must fit, with a prompt id). The bridge
-  never journals, restores or asks ``owner_of`` for a session whose id is not
+  never journals, restores or asks ``record_of`` for a session whose id is not
   (``bridge.bridge``: no such session exists); a store may rely on it.
 * Records are msgspec structs in snake_case: no door's wire. Those of scalar fields
   only are not tracked by the garbage collector (``gc=False``: they cannot be in a
@@ -193,10 +193,10 @@ class SessionJournal(Protocol):
         """Remove the sessions closed before ``closed_before`` (epoch seconds)."""
         ...
 
-    async def owner_of(self, session_id: str) -> str | None:
-        """The maker journaled with the session's record (``SessionOpened.owner``),
-        ``None`` when it has none or is not journaled; raises
-        ``JournalUnavailableError`` when the journal cannot answer."""
+    async def record_of(self, session_id: str) -> SessionOpened | None:
+        """The session's journaled record (its maker, its agent), live or closed;
+        ``None`` when it is not journaled; raises ``JournalUnavailableError`` when the
+        journal cannot answer."""
         ...
 
     async def read(self, session_id: str) -> RestoredSession | None:
@@ -238,7 +238,7 @@ class MemoryJournal:
     async def purge(self, closed_before: float) -> int:
         return 0
 
-    async def owner_of(self, session_id: str) -> str | None:
+    async def record_of(self, session_id: str) -> SessionOpened | None:
         return None
 
     async def read(self, session_id: str) -> RestoredSession | None:

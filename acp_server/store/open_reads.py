@@ -40,6 +40,17 @@ _OPEN = "FROM sessions s WHERE s.closed_at IS NULL"
 _OPEN_JOIN = "JOIN sessions s ON s.id = {t}.session_id WHERE s.closed_at IS NULL"
 
 
+def decode_opened(sid: str, blob: bytes) -> SessionOpened | None:
+    """A ``sessions.record``; ``None`` when it cannot be decoded (logged: the session
+    is skipped)."""
+    try:
+        return OPENED.decode(blob)
+    except msgspec.MsgspecError as exc:
+        log.error("session journal: session %s has an unreadable record (%s): skipped",
+                  sid, exc)
+        return None
+
+
 def decode_accepted(blob: bytes) -> PromptAccepted:
     """A ``session_prompts.record`` (msgpack; JSON in rows written before it)."""
     return (_ACCEPTED_JSON if blob[:1] == b"{" else _ACCEPTED).decode(blob)
@@ -82,11 +93,8 @@ def read_open_in(conn: Any, sql: Callable[[str], str], only: Sequence[str],
             f"{_OPEN} ORDER BY s.created_at")).fetchall():
         if sid in exclude:
             continue
-        try:
-            record = OPENED.decode(bytes(blob))
-        except msgspec.MsgspecError as exc:
-            log.error("session journal: session %s has an unreadable record (%s): skipped",
-                      sid, exc)
+        record = decode_opened(sid, bytes(blob))
+        if record is None:
             continue
         session = found[sid] = RestoredSession(
             record=record, events=[], last_event_id=last or 0, terminals=[], unsettled=[],

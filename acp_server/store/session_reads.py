@@ -26,7 +26,8 @@ import msgspec
 
 from acp_server.store.errors import StoreUnavailableError
 from acp_server.store.open_reads import (OPENED, SETTLED, TURN_ENDS, decode_accepted,
-                                         read_open_in, terminal_from_event, terminal_of)
+                                         decode_opened, read_open_in, terminal_from_event,
+                                         terminal_of)
 from acp_server.store.leases import SessionLeases
 from acp_server.store.write_behind import MARKER_ID
 from bridge.errors import JournalUnavailableError
@@ -143,11 +144,8 @@ class SessionReads:
         for sid, blob, closed_at in conn.execute(sql(
                 f"SELECT id, record, closed_at FROM sessions WHERE {where} "
                 "ORDER BY created_at"), params).fetchall():
-            try:
-                record = OPENED.decode(bytes(blob))
-            except msgspec.MsgspecError as exc:
-                log.error("session journal: session %s has an unreadable record (%s): skipped",
-                          sid, exc)
+            record = decode_opened(sid, bytes(blob))
+            if record is None:
                 continue
             terminals: list[PromptTerminal] = []
             unsettled: list[PromptAccepted] = []
@@ -278,10 +276,11 @@ class SessionReads:
 
         return await self.store._read(read)
 
-    async def owner_of(self, session_id: str) -> str | None:
-        """The maker in the session's record (a cold restore of a closed session the
-        bridge no longer remembers keeps its maker as owner); ``None`` when there is
-        no record, or it has no owner, or cannot be decoded (logged)."""
+    async def record_of(self, session_id: str) -> SessionOpened | None:
+        """The session's record, live or closed (its maker: a cold restore of a closed
+        session the bridge no longer remembers keeps it as owner; its agent: what a
+        load that names none restores it on); ``None`` when there is none, or it
+        cannot be decoded (logged)."""
         sql = self._sql
 
         def read(conn: Any) -> bytes | None:
@@ -293,14 +292,7 @@ class SessionReads:
             blob = await self.store._read(read)
         except StoreUnavailableError as exc:
             raise JournalUnavailableError(exc.reason) from exc
-        if blob is None:
-            return None
-        try:
-            return OPENED.decode(blob).owner
-        except msgspec.MsgspecError as exc:
-            log.error("session journal: session %s has an unreadable record (%s)",
-                      session_id, exc)
-            return None
+        return None if blob is None else decode_opened(session_id, blob)
 
     async def ended(self, *, before: tuple[float, str] | None, limit: int
                     ) -> list[EndedSession]:

@@ -285,7 +285,7 @@ async def test_a_fault_while_a_restore_looks_up_its_maker_is_answered(tmp_path: 
         async def fault(session_id: str) -> str | None:
             raise RuntimeError("not a store outage")
 
-        srv.bridge.journal.owner_of = fault  # type: ignore[method-assign]
+        srv.bridge.journal.record_of = fault  # type: ignore[method-assign]
         params = {"sessionId": "never-made", "cwd": srv.workspace, "mcpServers": []}
         async with ws_connect(srv.base_url) as ws:
             await ws.send_json(request(0, "initialize", {"protocolVersion": 1}))

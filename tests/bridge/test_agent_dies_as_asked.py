@@ -19,13 +19,19 @@ from tests.acp_http.wsclient import ws_connect
 from tests.harness import ServeProcess
 
 
-def _agent(tmp_path: Path, times: int) -> tuple[str, Path]:
-    asked = tmp_path / "asked"
-    script = tmp_path / "dying-agent"
+def _dying(tmp_path: Path, at: str, times: int) -> tuple[str, Path]:
+    """The fixture agent as a command dying at ``at`` (``new`` or ``load``) ``times``
+    times, and the file counting what it was asked."""
+    asked = tmp_path / f"asked-{at}"
+    script = tmp_path / f"dying-at-{at}"
     script.write_text(f"#!/bin/sh\nexec {sys.executable} -m tests.agents.fixture_agent "
-                      f"--name dying --die-at-new {asked} --die-times {times}\n")
+                      f"--name dying --die-at-{at} {asked} --die-times {times}\n")
     script.chmod(0o755)
     return str(script), asked
+
+
+def _agent(tmp_path: Path, times: int) -> tuple[str, Path]:
+    return _dying(tmp_path, "new", times)
 
 
 def test_a_session_asked_of_a_dying_agent_is_asked_again_of_a_fresh_one(
@@ -70,12 +76,7 @@ async def test_over_acp_a_dying_agent_is_asked_again_then_answers(tmp_path: Path
 
 
 def _loading_agent(tmp_path: Path, times: int) -> tuple[str, Path]:
-    asked = tmp_path / "loads"
-    script = tmp_path / "dying-loader"
-    script.write_text(f"#!/bin/sh\nexec {sys.executable} -m tests.agents.fixture_agent "
-                      f"--name dying --die-at-load {asked} --die-times {times}\n")
-    script.chmod(0o755)
-    return str(script), asked
+    return _dying(tmp_path, "load", times)
 
 
 def _replayed(history: list[dict[str, Any]]) -> list[str]:
@@ -144,8 +145,7 @@ def test_a_restored_session_whose_agent_dies_at_its_load_is_loaded_of_a_fresh_on
     child, sid, asked = _restarted_with_a_session(tmp_path, times=1)
     try:
         with httpx.Client(base_url=child.base_url, timeout=10) as http:
-            again = http.post(f"/session/{sid}/prompt",
-                              json={"prompt": [{"type": "text", "text": "after"}]})
+            again = _say(http, sid, "after")
             assert again.status_code == 202, again.text
             assert asked.read_text().count("load") == 2
             assert _settled(http, sid, again.json()["promptId"]) == "completed"
@@ -161,8 +161,7 @@ def test_a_restored_session_whose_agent_dies_again_keeps_its_history(
     child, sid, asked = _restarted_with_a_session(tmp_path, times=10)
     try:
         with httpx.Client(base_url=child.base_url, timeout=10) as http:
-            again = http.post(f"/session/{sid}/prompt",
-                              json={"prompt": [{"type": "text", "text": "after"}]})
+            again = _say(http, sid, "after")
             assert again.status_code == 409, again.text
             assert again.json()["code"] == "session_not_restorable"
             assert asked.read_text().count("load") == 2   # once more, not a loop
@@ -173,19 +172,21 @@ def test_a_restored_session_whose_agent_dies_again_keeps_its_history(
             made = http.post("/session", json={"sessionScope": "thread", "agent": "other"})
             assert made.status_code == 200, made.text
             other = made.json()["sessionId"]
-            died = http.post(f"/session/{other}/prompt",
-                             json={"prompt": [{"type": "text", "text": "die"}]})
+            died = _say(http, other, "die")
             assert died.status_code == 202, died.text
             _until(lambda: http.get(f"/session/{other}/status").status_code == 404,
                    "the other session ended with its agent")
             status = http.get(f"/session/{sid}/status")
             assert status.status_code == 200, status.text
-            again = http.post(f"/session/{sid}/prompt",
-                              json={"prompt": [{"type": "text", "text": "after all"}]})
+            again = _say(http, sid, "after all")
             assert again.json()["code"] == "session_not_restorable"
         assert child.returncode is None
     finally:
         child.stop()
+
+
+def _say(http: httpx.Client, sid: str, text: str) -> httpx.Response:
+    return http.post(f"/session/{sid}/prompt", json={"prompt": [{"type": "text", "text": text}]})
 
 
 def _until(check: Callable[[], bool], what: str) -> None:

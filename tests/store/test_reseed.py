@@ -383,3 +383,36 @@ async def test_a_load_that_fails_otherwise_keeps_the_conversation(tmp_path: Path
                 loaded = await bridge.load_session(sid)
                 assert loaded.history is not None
                 assert _said(loaded.history.compacted_replay) == before
+
+
+async def test_a_load_naming_no_agent_restores_the_session_on_its_own(tmp_path: Path,
+                                                                     store_name: str) -> None:
+    """A closed session of a non-default agent, loaded with no agent named (the console's
+    "Load again", a qwen client): its own agent is asked (the journal names it), not the
+    default one, which would not know it (before: a 404, as another agent never takes a
+    conversation over)."""
+    store, _ = _store(tmp_path, store_name)
+    default, other = ReplayingAgent(), ReplayingAgent()
+    other.name = "other"
+    default.refuse = other.refuse = True   # neither knows it any more: reseeded
+    async with store:
+        async with StoreSessionJournal(store) as journal:
+            async with Bridge(default, workspace_cwd=str(tmp_path), journal=journal,
+                              agents={"other": other}) as bridge:
+                sid = (await bridge.create_session(agent="other")).session_id
+                await bridge.send_prompt(sid, text("quince")).result()
+                await bridge.close_session(sid, reason="idle_timeout")
+                await journal.wait(journal.appended)
+                default.calls.clear()
+                loaded = await bridge.load_session(sid)
+                assert bridge.get_session(sid).agent_name == "other"
+                assert loaded.history is not None
+                assert ("agent_message_chunk", "quince") in _said(
+                    loaded.history.compacted_replay)
+                assert not [c for c in default.calls
+                            if c[0] in ("session/load", "session/new")]
+                # named, the caller's choice stands: the default refuses it
+                await bridge.close_session(sid, reason="idle_timeout")
+                await journal.wait(journal.appended)
+                with pytest.raises(SessionNotFoundError):
+                    await bridge.load_session(sid, agent="scripted")
