@@ -75,7 +75,8 @@ from bridge.journaling import Journaling
 from bridge.listing import ListingAPI
 from bridge.presence import PresenceAPI
 from bridge.prompts import PromptsAPI
-from bridge.restore import replay_closed, restore_cold, restore_sessions
+from bridge.restore import (journaled_agent, load_on, replay_closed, restore_cold,
+                            restore_sessions)
 from bridge.session import QueueWaitStats, Session
 from bridge.status import SessionInfo
 from bridge.transcript import TRANSCRIPT_META, transcript
@@ -354,7 +355,7 @@ class Bridge(Journaling, ListingAPI, PromptsAPI, PresenceAPI, AgentCallsAPI,
             return self._info(live, attached=True, with_history=with_history)
         await self.recall_owner(session_id)   # its maker, even forgotten past the bound
         if agent is None:   # the journal's agent of it, when it is configured here
-            name = await self._journaled_agent(session_id, name)
+            name = await journaled_agent(self, session_id, name)
         if session_id in self._sessions:     # restored by another call meanwhile
             return await self._restore(method, session_id, cwd, agent, capability, owner)
         await self._ensure_agent(name)
@@ -375,34 +376,6 @@ class Bridge(Journaling, ListingAPI, PromptsAPI, PresenceAPI, AgentCallsAPI,
         if session is None:   # restored by another call meanwhile
             return await self._restore(method, session_id, cwd, agent, capability, owner)
         return self._info(session, attached=False, with_history=with_history)
-
-    async def _journaled_agent(self, session_id: str, default: str) -> str:
-        """The agent the journal's record of ``session_id`` names, when one of that
-        name is configured, else ``default``: a load (or resume) that names no agent
-        restores a session on its own, never asks the default agent for another's."""
-        record = await self.journal.record_of(session_id)
-        if record is None or record.agent == default or record.agent not in self.agents:
-            return default
-        return record.agent
-
-    async def _load_on(self, session: Session, agent: AgentConnection, method: str,
-                       params: dict[str, Any]) -> None:
-        """``session``, registered (the load replays its history as
-        ``session/update``), loaded (or resumed) on ``agent``; dropped again when the
-        agent fails it."""
-        # Reachable now, but nothing reaches the agent for it before its answer: a
-        # prompt admitted meanwhile, or another load attaching, waits for it.
-        answered = anyio.Event()
-        session.agent_side = self._load_answered(session, answered)
-        try:
-            result = await self._agent_request(agent, method, params)
-        except BaseException:
-            self._drop_session(session)
-            raise
-        finally:
-            answered.set()
-            session.agent_side = None
-        session.agent_result = result if isinstance(result, dict) else {}
 
     async def _spawn(self, method: str, agent_name: str, *, requested_id: str | None = None,
                      restore_id: str | None = None, fork_of: str | None = None,
@@ -430,7 +403,7 @@ class Bridge(Journaling, ListingAPI, PromptsAPI, PresenceAPI, AgentCallsAPI,
                                                   origin=origin, owner=owner)
                 registered = True   # the session holds the slot: dropped, it frees it
                 try:
-                    await self._load_on(session, agent, method, params)
+                    await load_on(self, session, agent, method, params)
                 except AgentDiedError:
                     if not agent.closed:
                         raise
@@ -444,7 +417,7 @@ class Bridge(Journaling, ListingAPI, PromptsAPI, PresenceAPI, AgentCallsAPI,
                     session = await self._new_session(restore_id, agent, agent_name,
                                                       origin=origin, owner=owner)
                     registered = True
-                    await self._load_on(session, agent, method, params)
+                    await load_on(self, session, agent, method, params)
                 await self._record_session(session, scope, loaded=True)
                 return session
             try:
@@ -485,17 +458,6 @@ class Bridge(Journaling, ListingAPI, PromptsAPI, PresenceAPI, AgentCallsAPI,
             self._in_flight_spawns -= 1
             if not registered:
                 self.capacity.release(agent_name)
-
-    def _load_answered(self, session: Session,
-                       answered: anyio.Event) -> Callable[[], Awaitable[None]]:
-        """What waits on a session whose ``session/load`` (or resume) the agent has not
-        answered yet: its answer; ``SessionClosedError`` when the load failed (the session
-        was dropped)."""
-        async def wait() -> None:
-            await answered.wait()
-            if self._sessions.get(session.session_id) is not session:
-                raise SessionClosedError(session.session_id, "closed")
-        return wait
 
     async def _new_session(self, session_id: str, agent: AgentConnection,
                            agent_name: str, *, origin: str | None = None,

@@ -64,6 +64,7 @@ as the new life's first events.
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -76,6 +77,7 @@ from bridge.errors import (
     BridgeError,
     NotSupportedError,
     ServerRestartedError,
+    SessionClosedError,
     SessionIdNotHonoredError,
     SessionLimitExceededError,
     SessionNotFoundError,
@@ -89,6 +91,7 @@ from bridge.transcript import TRANSCRIPT_META, transcript
 from bridge.wire import envelope
 
 if TYPE_CHECKING:
+    from bridge.agents.base import AgentConnection
     from bridge.bridge import Bridge
 
 log = logging.getLogger("bridge.restore")
@@ -407,3 +410,45 @@ async def _restore_at_agent(bridge: Bridge, session: Session, rerun: set[str]
         raise RuntimeError("the agent can neither load the session nor make a new one "
                            "under its id")
     return result, False
+
+
+async def journaled_agent(bridge: Bridge, session_id: str, default: str) -> str:
+    """The agent the journal's record of ``session_id`` names, when one of that name is
+    configured, else ``default``: a load (or resume) that names no agent restores a
+    session on its own, never asks the default agent for another's."""
+    record = await bridge.journal.record_of(session_id)
+    if record is None or record.agent == default or record.agent not in bridge.agents:
+        return default
+    return record.agent
+
+
+async def load_on(bridge: Bridge, session: Session, agent: AgentConnection, method: str,
+                  params: dict[str, Any]) -> None:
+    """``session``, registered (the load replays its history as ``session/update``),
+    loaded (or resumed) on ``agent`` (``Bridge._spawn``); dropped again when the agent
+    fails it."""
+    # Reachable now, but nothing reaches the agent for it before its answer: a prompt
+    # admitted meanwhile, or another load attaching, waits for it.
+    answered = anyio.Event()
+    session.agent_side = _load_answered(bridge, session, answered)
+    try:
+        result = await bridge._agent_request(agent, method, params)
+    except BaseException:
+        bridge._drop_session(session)
+        raise
+    finally:
+        answered.set()
+        session.agent_side = None
+    session.agent_result = result if isinstance(result, dict) else {}
+
+
+def _load_answered(bridge: Bridge, session: Session,
+                   answered: anyio.Event) -> Callable[[], Awaitable[None]]:
+    """What waits on a session whose ``session/load`` (or resume) the agent has not
+    answered yet: its answer; ``SessionClosedError`` when the load failed (the session
+    was dropped)."""
+    async def wait() -> None:
+        await answered.wait()
+        if bridge._sessions.get(session.session_id) is not session:
+            raise SessionClosedError(session.session_id, "closed")
+    return wait
