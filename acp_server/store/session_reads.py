@@ -25,10 +25,10 @@ from typing import Any
 import msgspec
 
 from acp_server.store.errors import StoreUnavailableError
+from acp_server.store.leases import SessionLeases
 from acp_server.store.open_reads import (OPENED, SETTLED, TURN_ENDS, decode_accepted,
                                          decode_opened, read_open_in, terminal_from_event,
                                          terminal_of)
-from acp_server.store.leases import SessionLeases
 from acp_server.store.write_behind import MARKER_ID
 from bridge.errors import JournalUnavailableError
 from bridge.journal import (EndedSession, PromptAccepted, PromptSettled, RestoredSession,
