@@ -24,14 +24,32 @@ def _body(text: str) -> dict[str, Any]:
     return {"prompt": [{"type": "text", "text": text}]}
 
 
+SESSION_ATTEMPTS = 3   # a refusal the server calls retryable is asked again, so many times
+
+
 async def new_session(ctx: Context) -> str:
-    response = await ctx.request("POST", "/session", json={"sessionScope": "thread",
-                                                          "_meta": ORIGIN_META})
+    """A fresh ``thread`` session, deleted after the run. A refusal whose body says
+    ``"retryable": true`` (``qwen serve``'s ``init_timeout`` when its agent starts
+    slowly) is asked again, at most ``SESSION_ATTEMPTS`` times in all: a session is the
+    scenario's precondition, not what its check is about."""
+    for _ in range(SESSION_ATTEMPTS):
+        response = await ctx.request("POST", "/session", json={"sessionScope": "thread",
+                                                              "_meta": ORIGIN_META})
+        if response.status_code == 200 or not _retryable(response):
+            break
     if response.status_code != 200:
         raise CheckFailed(f"cannot create a session: {describe(response)}")
     sid = response.json()["sessionId"]
     ctx.later(lambda: ctx.request("DELETE", f"/session/{sid}"))
     return str(sid)
+
+
+def _retryable(response: httpx.Response) -> bool:
+    try:
+        body = response.json()
+    except ValueError:
+        return False
+    return isinstance(body, dict) and body.get("retryable") is True
 
 
 async def post_prompt(ctx: Context, sid: str, text: str) -> httpx.Response:

@@ -3,10 +3,15 @@ and passes the rest of its suite."""
 
 from __future__ import annotations
 
+import json
+import re
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 
 from acp_server.conformance import CHECKS, run_conformance
-from tests.conformance.broken import BROKEN
+from tests.conformance.broken import BROKEN, Asgi, matches
 from tests.conformance.conftest import KNOWN_FAILING
 from tests.conformance.server import FAST, running_target
 
@@ -30,3 +35,33 @@ async def test_a_broken_rule_fails_exactly_its_check(tmp_path, name):
             if outcome != "pass" and check_id not in KNOWN_FAILING}
     assert rest == {}
     assert report.exit_status() == (1 if CHECKS[broken.fails].level == "MUST" else 0)
+
+
+def _slow_agent_once() -> Callable[[Asgi], Asgi]:
+    """The first ``POST /session`` refused as ``qwen serve`` does when its agent starts
+    too slowly (503, ``init_timeout``, ``retryable: true``); the rest reach the server."""
+    def wrap(app: Asgi) -> Asgi:
+        refused = False
+
+        async def asgi(scope: dict[str, Any], receive: Any, send: Any) -> None:
+            nonlocal refused
+            if refused or not matches(scope, "POST", re.compile("/session")):
+                return await app(scope, receive, send)
+            refused = True
+            body = json.dumps({"error": "agent did not initialize", "errorKind":
+                               "init_timeout", "retryable": True}).encode()
+            await send({"type": "http.response.start", "status": 503, "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})
+        return asgi
+    return wrap
+
+
+async def test_a_session_refused_as_retryable_is_asked_again(tmp_path):
+    """A refusal the server marks retryable is no check's failure: the runner asks for
+    the session again (it failed ``backpressure.admission.exact-limit`` under load)."""
+    async with running_target(tmp_path, wrap=_slow_agent_once()) as url:
+        report = await run_conformance(url, options=FAST, suites=["backpressure"])
+    assert {r.id: (r.outcome, r.detail) for r in report.results
+            if r.outcome != "pass" and r.id not in KNOWN_FAILING} == {}
