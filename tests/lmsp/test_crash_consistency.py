@@ -246,7 +246,7 @@ def check_recovering(listed: dict[str, dict[str, Any]], model: Model) -> None:
         if task.task_id in uncertain:
             pass
         elif task.state == "running":
-            allowed = {"failed"} if task.policy == "fail" else {"queued", "running"}
+            allowed = {"failed"} if task.policy == "fail" else {"queued", "loading", "running"}
             assert status in allowed, f"{task.task_id} running at the kill, {task.policy}: {status}"
         elif not task.maybe_claimed:
             assert status == "queued", f"{task.task_id} claimed past its turn: {status}"
