@@ -1,8 +1,13 @@
 """Seeded crash consistency of LMSP tasks and background responses: a real ``acp-server
 serve`` on SQLite and on PostgreSQL runs a workload the seed picks, is killed with
 SIGKILL after the seed's number of operations (maybe with one more request in flight:
-a create, a burst of 2 to 6 concurrent creates, a cancel or a delete), and is started again on the same port and store; then every promise of docs/lmsp.md
-(Durability, Restarts, Idempotency, Events, Background mode) is checked at once::
+a create, a burst of 2 to 6 concurrent creates, a cancel or a delete), and is started
+again on the same port and store; then every promise of docs/lmsp.md (Durability,
+Restarts, Idempotency, Events, Background mode) is checked at once. The second test
+runs the same workloads with a long task always running at the first kill and kills
+the restarted server again during its recovery, at the seed's moment: right after its
+listening line, or once it has answered the seed's number of requests (never a time);
+a third start then recovers what the two left::
 
     pytest tests/lmsp/test_crash_consistency.py                             # CI's seeds
     ACP_LMSP_CRASH_SEEDS=200 pytest tests/lmsp/test_crash_consistency.py    # seeds 0..199
@@ -11,23 +16,30 @@ a create, a burst of 2 to 6 concurrent creates, a cancel or a delete), and is st
 
 The workload and its model are in ``crash_workload.py``. The kill point is a count of
 operations, never a time: before the kill every task is in the state the model predicts
-(finished, running or queued, FIFO into ``SLOTS`` slots). After the restart (on
-PostgreSQL the killed instance's 3 s leases expire first) the test settles the request
-in flight (``settle_flight``: it went through whole, or not at all; each create of a
-burst on its own, its task found by its unique text), replays every
+(finished, running or queued, FIFO into ``SLOTS`` slots). Two subscribers that read a
+running long task's stream up to its ``response.in_progress`` (``follow_mid_stream``)
+and every other subscriber are resumed live from their last cursor at every start
+(``resume_readers``: ``Last-Event-ID`` or ``starting_after``). A server killed during
+its recovery is checked on each listing it answers (``check_recovering``: recovery ran
+before it listened, it claims in creation order and nothing past what it may claim,
+``mark_claimable``; an end it shows is kept). After the last restart the test settles
+the request in flight (``settle_flight``: it went through whole, or not at all; each
+create of a burst on its own, its task found by its unique text), replays every
 ``Idempotency-Key`` (``check_replays``), then drives what was left: a task running at
-the kill under ``fail`` ends ``failed`` (``server_restarted``); under ``retry`` it runs
-again (a second ``response.in_progress``); queued ones are claimed in creation order
-(``check_fifo``, on each listing) and run: a short one ends ``succeeded``, a long one is
-cancelled once running (a cancel in flight that freed a slot may have let the next
-queued ones be claimed before the kill: ``maybe_claimed``, either way). Then, one checker each: every acknowledged task exists in its
+the first kill under ``fail`` ends ``failed`` (``server_restarted``) once; under
+``retry`` it runs again (a second ``response.in_progress``, a third if the recovering
+server ran it when killed); queued ones are claimed in creation order (``check_fifo``,
+on each listing) and run: a short one ends ``succeeded``, a long one is cancelled once
+running (a task that may have been claimed before a kill, by a cancel in flight that
+freed a slot or by the recovering server, is ``maybe_claimed``: its restart rule
+applies, or it runs now). Then, one checker each: every acknowledged task exists in its
 expected state, a finished one unchanged, a deleted one gone (``check_tasks``); the
 listing holds exactly those, plus at most one per create in flight
 (``check_listing``); every task's events are numbered from 0 without a gap and end
-with the event of its status (``check_events``); every subscriber resumed from its last
-cursor (``Last-Event-ID`` or ``starting_after``) got exactly the rest, or 204 at the end
-(``check_readers``); nothing answered 5xx (``check_no_5xx``). A failure names the seed
-and the operations.
+with the event of its status, once (``check_events``); every subscriber got exactly the
+events of its task across its connections, none lost, none twice, up to the terminal
+event, and 204 from there (``check_readers``); nothing answered 5xx
+(``check_no_5xx``). A failure names the seed and the operations.
 """
 
 from __future__ import annotations
@@ -247,7 +259,8 @@ def check_recovering(listed: dict[str, dict[str, Any]], model: Model) -> None:
             pass
         elif task.state == "running":
             allowed = {"failed"} if task.policy == "fail" else {"queued", "loading", "running"}
-            assert status in allowed, f"{task.task_id} running at the kill, {task.policy}: {status}"
+            assert status in allowed, (f"{task.task_id} running at the kill, {task.policy}: "
+                                       f"{status}")
         elif not task.maybe_claimed:
             assert status == "queued", f"{task.task_id} claimed past its turn: {status}"
         if status in TERMINAL:
@@ -460,7 +473,8 @@ async def check_tasks(work: Workload, model: Model) -> None:
         assert got.json() == task.final, (got.json(), task.final)
         want = {"succeeded": "completed", "failed": "failed", "cancelled": "cancelled"}
         assert response.json()["status"] == want[task.state], response.json()
-        assert task.ended_seen in (None, task.state), f"{task.task_id} ended {task.ended_seen}, then {task.state}"
+        assert task.ended_seen in (None, task.state), (
+            f"{task.task_id} ended {task.ended_seen}, then {task.state}")
         if task.state == "succeeded":
             assert response.json() == got.json()["response"], response.json()
 
