@@ -232,11 +232,19 @@ def _uncertain(model: Model) -> set[str]:
         return set()
     uncertain = {flight.task.task_id}
     if flight.task.state == "running":
-        for queued in model.in_state("queued"):
-            uncertain.add(queued.task_id)
-            if queued.kind == "long":
-                break
+        uncertain.update(t.task_id for t in _next_claims(model))
     return uncertain
+
+
+def _next_claims(model: Model) -> list[Task]:
+    """What one slot freed may claim: the queued tasks up to a long one (each short
+    one ends and frees it again)."""
+    claims = []
+    for queued in model.in_state("queued"):
+        claims.append(queued)
+        if queued.kind == "long":
+            break
+    return claims
 
 
 def mark_claimable(model: Model) -> None:
@@ -322,11 +330,9 @@ async def settle_flight(work: Workload, model: Model) -> list[Task]:
     if status in ("cancelling", "cancelled"):
         task.final = await work.until(task.task_id, TERMINAL, "the cancel in flight")
         assert task.final["status"] == "cancelled", task.final
-        if task.state == "running":   # its slot was free before the kill: the queued
-            for queued in model.in_state("queued"):   # ones up to a long one may have
-                queued.maybe_claimed = True           # been claimed (and, short, ended)
-                if queued.kind == "long":
-                    break
+        if task.state == "running":   # its slot was free before the kill
+            for queued in _next_claims(model):
+                queued.maybe_claimed = True
         task.state = "cancelled"
         model.log.append("  (the cancel went through)")
     else:
