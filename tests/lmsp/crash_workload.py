@@ -76,6 +76,7 @@ class Reader:
     statuses: list[int] = field(default_factory=list)   # of each connection
     by_query: bool | None = None   # resumed by ``starting_after`` (else ``Last-Event-ID``);
                                    # None: the checker alternates
+    response_id: str | None = None   # set: reads ``GET /responses/{id}?stream=true``
 
     def last_id(self) -> int | None:
         return self.seen[-1][0] if self.seen else None
@@ -206,13 +207,15 @@ class Workload:
 
     async def _read(self, reader: Reader, cursor: int | None, by_query: bool) -> None:
         headers, params = {}, {}
+        path = f"{API}/tasks/{reader.task_id}/events"
+        if reader.response_id is not None:   # the SDK's retrieve(stream=True, ...)
+            path, params = f"{API}/responses/{reader.response_id}", {"stream": "true"}
         if cursor is not None and by_query:
             params["starting_after"] = str(cursor)
         elif cursor is not None:
             headers["Last-Event-ID"] = str(cursor)
         try:
-            async with self.client.stream("GET", f"{API}/tasks/{reader.task_id}/events",
-                                          headers=headers, params=params,
+            async with self.client.stream("GET", path, headers=headers, params=params,
                                           timeout=httpx.Timeout(WAIT_S, read=None)) as stream:
                 reader.statuses.append(stream.status_code)
                 frame: dict[str, str] = {}
@@ -398,20 +401,26 @@ class Workload:
             assert got == task.final, (got, task.final)
 
     async def follow_mid_stream(self, ensure: bool) -> None:
-        """Two subscribers of a running long task, each having read its stream so far
+        """Three subscribers of a running long task, each having read its stream so far
         (to its ``response.in_progress``; the stream open and silent), to be resumed
-        after the kill by ``Last-Event-ID`` and by ``starting_after``. None without a
-        running long task, unless ``ensure``: then one is created first."""
+        after the kill by ``Last-Event-ID``, by ``starting_after``, and as its response
+        by ``starting_after``. None without a running long task, unless ``ensure``:
+        then one is created first."""
         running = [t for t in self.model.in_state("running") if t.kind == "long"]
         if not running and ensure:
             running = [await self.create("long")]
         if not running:
             return
         task = running[0]
-        for by_query in (False, True):
-            reader = self.subscribe(task.task_id, f"mid-stream{len(self.model.readers)}")
-            reader.by_query = by_query
-            self.model.log.append(f"subscribe {reader.name} to running {task.task_id}")
+        for by_query, door in ((False, "task"), (True, "task"), (True, "response")):
+            reader = Reader(task.task_id, f"mid-stream{len(self.model.readers)}",
+                            by_query=by_query,
+                            response_id=task.response_id if door == "response" else None)
+            self.model.readers.append(reader)
+            self.subscribe(task.task_id, reader.name, reader)
+            self.model.log.append(f"subscribe {reader.name} to running {task.task_id} "
+                                  f"({door}, resumed by "
+                                  f"{'starting_after' if by_query else 'Last-Event-ID'})")
             await self.reader_at(reader, lambda seen: any(
                 event == "response.in_progress" for _, event, _ in seen), "its running head")
 

@@ -16,10 +16,11 @@ a third start then recovers what the two left::
 
 The workload and its model are in ``crash_workload.py``. The kill point is a count of
 operations, never a time: before the kill every task is in the state the model predicts
-(finished, running or queued, FIFO into ``SLOTS`` slots). Two subscribers that read a
-running long task's stream up to its ``response.in_progress`` (``follow_mid_stream``)
-and every other subscriber are resumed live from their last cursor at every start
-(``resume_readers``: ``Last-Event-ID`` or ``starting_after``). A server killed during
+(finished, running or queued, FIFO into ``SLOTS`` slots). Three subscribers that read a
+running long task's stream up to its ``response.in_progress`` (``follow_mid_stream``:
+its events, twice, and its response's stream) and every other subscriber are resumed
+live from their last cursor at every start (``resume_readers``: ``Last-Event-ID`` or
+``starting_after``). A server killed during
 its recovery is checked on each listing it answers (``check_recovering``: recovery ran
 before it listened, it claims in creation order and nothing past what it may claim,
 ``mark_claimable``; an end it shows is kept). After the last restart the test settles
@@ -76,7 +77,7 @@ pytestmark = pytest.mark.anyio
 # 96 a cancel in flight answered before the kill, a subscriber; 105 subscribers, one of
 # them on the task whose DELETE is in flight.
 CI_SEEDS = (5, 96, 105)
-# Killed again during its recovery, CI's seed: 3 two subscribers mid-way through a
+# Killed again during its recovery, CI's seed: 3 three subscribers mid-way through a
 # ``retry`` task running at the first kill, a create in flight; the restarted server,
 # killed after 8 answers, was running the task again (so it runs a third time).
 CI_RECOVERY_SEEDS = (3,)
@@ -100,7 +101,7 @@ async def test_a_seeded_lmsp_workload_survives_kill_9(tmp_path: Path, store_name
     await _seeded(tmp_path, store_name, seed, recovery_kill=False)
 
 
-# The same workloads (a long task always running at the first kill, two subscribers
+# The same workloads (a long task always running at the first kill, three subscribers
 # mid-way through its stream), then the server killed again during its recovery.
 @pytest.mark.parametrize(("seed", "anyio_backend"), [
     pytest.param(seed, ("asyncio", "trio")[seed % 2], id=f"seed{seed}")
