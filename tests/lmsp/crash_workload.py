@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
@@ -58,6 +59,9 @@ class Task:
     # before the kill (so the restart rule applies to it) or not
     maybe_claimed: bool = False
     running_at_kill: bool = False
+    # the end a listing showed while a restarted server recovered (killed again later):
+    # it must keep it
+    ended_seen: str | None = None
 
 
 @dataclass
@@ -70,6 +74,9 @@ class Reader:
     seen: list[tuple[int, str, dict[str, Any]]] = field(default_factory=list)
     ended: bool = False
     statuses: list[int] = field(default_factory=list)   # of each connection
+    by_query: bool | None = None   # resumed by ``starting_after`` (else ``Last-Event-ID``);
+                                   # None: the checker alternates
+    response_id: str | None = None   # set: reads ``GET /responses/{id}?stream=true``
 
     def last_id(self) -> int | None:
         return self.seen[-1][0] if self.seen else None
@@ -101,6 +108,7 @@ class Model:
     log: list[str] = field(default_factory=list)
     in_flight: InFlight | None = None
     counter: int = 0
+    kills: int = 0                 # SIGKILLs so far (a second one during recovery)
 
     def in_state(self, *states: str) -> list[Task]:
         return [t for t in self.tasks.values() if t.state in states]
@@ -125,8 +133,10 @@ def response_body(text: str) -> dict[str, Any]:
 
 
 class Workload:
-    def __init__(self, model: Model, base_url: str, rng: random.Random) -> None:
-        self.model, self.rng = model, rng
+    def __init__(self, model: Model, base_url: str, rng: random.Random,
+                 on_answer: Callable[[], None] | None = None) -> None:
+        """``on_answer`` is called as each answer's head arrives (a kill after N answers)."""
+        self.model, self.rng, self.on_answer = model, rng, on_answer
         self.client = httpx.AsyncClient(base_url=base_url, timeout=WAIT_S,
                                         event_hooks={"response": [self._record]})
         self._tg: anyio.abc.TaskGroup | None = None
@@ -134,6 +144,8 @@ class Workload:
     async def _record(self, response: httpx.Response) -> None:
         self.model.answers.append(Answer(response.request.method,
                                          response.request.url.path, response.status_code))
+        if self.on_answer is not None:
+            self.on_answer()
 
     async def __aenter__(self) -> Workload:
         self._tg = anyio.create_task_group()
@@ -195,13 +207,15 @@ class Workload:
 
     async def _read(self, reader: Reader, cursor: int | None, by_query: bool) -> None:
         headers, params = {}, {}
+        path = f"{API}/tasks/{reader.task_id}/events"
+        if reader.response_id is not None:   # the SDK's retrieve(stream=True, ...)
+            path, params = f"{API}/responses/{reader.response_id}", {"stream": "true"}
         if cursor is not None and by_query:
             params["starting_after"] = str(cursor)
         elif cursor is not None:
             headers["Last-Event-ID"] = str(cursor)
         try:
-            async with self.client.stream("GET", f"{API}/tasks/{reader.task_id}/events",
-                                          headers=headers, params=params,
+            async with self.client.stream("GET", path, headers=headers, params=params,
                                           timeout=httpx.Timeout(WAIT_S, read=None)) as stream:
                 reader.statuses.append(stream.status_code)
                 frame: dict[str, str] = {}
@@ -385,6 +399,30 @@ class Workload:
         assert got["status"] == task.state, (task, got)
         if task.final is not None:
             assert got == task.final, (got, task.final)
+
+    async def follow_mid_stream(self, ensure: bool) -> None:
+        """Three subscribers of a running long task, each having read its stream so far
+        (to its ``response.in_progress``; the stream open and silent), to be resumed
+        after the kill by ``Last-Event-ID``, by ``starting_after``, and as its response
+        by ``starting_after``. None without a running long task, unless ``ensure``:
+        then one is created first."""
+        running = [t for t in self.model.in_state("running") if t.kind == "long"]
+        if not running and ensure:
+            running = [await self.create("long")]
+        if not running:
+            return
+        task = running[0]
+        for by_query, door in ((False, "task"), (True, "task"), (True, "response")):
+            reader = Reader(task.task_id, f"mid-stream{len(self.model.readers)}",
+                            by_query=by_query,
+                            response_id=task.response_id if door == "response" else None)
+            self.model.readers.append(reader)
+            self.subscribe(task.task_id, reader.name, reader)
+            self.model.log.append(f"subscribe {reader.name} to running {task.task_id} "
+                                  f"({door}, resumed by "
+                                  f"{'starting_after' if by_query else 'Last-Event-ID'})")
+            await self.reader_at(reader, lambda seen: any(
+                event == "response.in_progress" for _, event, _ in seen), "its running head")
 
     # -- the request in flight at the kill ------------------------------------------------
     async def start_in_flight(self) -> InFlight | None:
