@@ -177,6 +177,15 @@ class Fleet:
         # be restored and its lease was let go): retry, never a fresh session over it
         raise SessionBusyElsewhereError(sid, max(1, math.ceil(leases.renew_s)))
 
+    async def maker_seen(self, sid: str, sees: Any) -> bool:
+        """Whether a caller's ``sees`` sees the session's maker, read from the journal
+        (``True`` where this instance reads no replicas: nothing to check against)."""
+        try:
+            await self._check_maker(sid, sees)
+        except SessionNotFoundError:
+            return False
+        return True
+
     async def _check_maker(self, sid: str, sees: Any) -> None:
         """``SessionNotFoundError`` unless the door's caller sees the session's maker
         (read from the journal, and remembered here for the door's own checks)."""

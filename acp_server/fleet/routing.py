@@ -13,8 +13,10 @@ instance and that no instance forwarded (``FORWARDED_HEADER``):
   other request (a prompt, cancel, permission vote, close, branch…) is forwarded to
   the owner's advertised URL (``forward.Forwarder``), so only the owner admits prompts
   and the admission limit stays exact across instances;
-* a lease that expired (its owner died or paused): this instance adopts the session,
-  taking the lease over (token + 1, which fences the old owner) and restoring it from
+* a lease that expired (its owner died or paused): for a caller who sees the session
+  (its maker, read from the journal, an admin, or ``--share-sessions``; another
+  principal's request is served here, a 404, and takes nothing over) this instance
+  adopts the session, taking the lease over (token + 1, which fences the old owner) and restoring it from
   the journal as after a restart (``bridge.restore``; ``--session-on-restart`` decides
   the interrupted prompt), then serves the request itself;
 * no lease (a closed or unknown session): served here as before (journal reads, 404).
@@ -94,7 +96,7 @@ class SessionRouter:
         may be routed once more, see ``_forward``), else it is served here (adopted if
         due; a closed or unknown session)."""
         try:
-            owner = await self._route(sid)
+            owner = await self._route(sid, scope)
         except Exception as exc:   # noqa: BLE001 - the store's fault: retry later
             log.warning("session %s: its owner could not be looked up (%s)", sid, exc)
             retry = exc.retry_after if isinstance(exc, StoreUnavailableError) \
@@ -130,10 +132,11 @@ class SessionRouter:
         leases = self.leases
         return await self.journal.store._read(lambda conn: leases.owner(conn, sid))
 
-    async def _route(self, sid: str) -> Owner | None:
+    async def _route(self, sid: str, scope: Any) -> Owner | None:
         """The owner to forward to, else ``None`` (serve here, adopted if due). An
         adoption another instance won meanwhile (its sweep, say) is looked up again
-        and forwarded to."""
+        and forwarded to. Only a caller who sees the session causes its adoption:
+        another principal's request is served here unadopted (its 404)."""
         leases = self.leases
         for _ in range(2):
             owner = await self._owner(sid)
@@ -141,9 +144,19 @@ class SessionRouter:
                 return None
             if owner.instance != leases.instance and owner.live:
                 return owner
+            if not await self._may_adopt(sid, scope):
+                return None
             if await self.fleet.adopt(sid):   # expired, or ours but not live here
                 return None
         return None
+
+    async def _may_adopt(self, sid: str, scope: Any) -> bool:
+        """Whether the request's caller (none: no principals) sees the session: its
+        maker, read from the journal, unless an admin or ``--share-sessions``."""
+        caller = scope.get(CALLER_KEY)
+        if caller is None or caller.sees_session(sid):
+            return True
+        return await self.fleet.maker_seen(sid, caller.sees)
 
     async def _forward(self, owner: Owner, scope: Any, receive: Any, send: Any,
                        again: bool = True) -> None:

@@ -168,3 +168,33 @@ async def test_a_session_whose_id_has_a_comma_is_handed_over(tmp_path: Path) -> 
             assert "result" in answer, answer
             assert b.bridge.has_session(sid) and not a.bridge.has_session(sid)
         assert a.server.fleet.handoffs.given == 2
+
+
+async def test_a_rest_caller_who_may_not_see_the_session_causes_no_adoption(
+        tmp_path: Path) -> None:
+    """REST's router adopts a session whose owner's lease expired for the request that
+    finds it so; another principal's request (a read, a prompt, a load, a stream) is
+    answered 404 as for an unknown session and takes nothing over; the maker's then
+    adopts it."""
+    now = [0.0]
+    boot = "boot-" + "x" * 32
+    async with _pair(tmp_path, now, token=boot, headers=bearer(boot)) as (a, b):
+        alpha = await mint(a.server, "alpha", "prompt", "read")
+        beta = await mint(a.server, "beta", "prompt", "read")
+        made = await a.client.post("/session", json={"sessionScope": "thread"},
+                                   headers=bearer(alpha))
+        sid = made.json()["sessionId"]
+        now[0] += 61   # a's lease expired
+        for method, path, body in (("GET", f"/session/{sid}/status", None),
+                                   ("POST", f"/session/{sid}/prompt", _prompt("mine now")),
+                                   ("POST", f"/session/{sid}/load", {}),
+                                   ("GET", f"/session/{sid}/events", None)):
+            sent = {"json": body} if body is not None else {}
+            answer = await b.client.request(method, path, headers=bearer(beta), **sent)
+            assert answer.status_code == 404, (path, answer.status_code, answer.text)
+            assert answer.json()["code"] == "session_not_found", answer.text
+            assert not b.bridge.has_session(sid), path
+            assert b.server.fleet.stats.adoptions == 0, path
+        mine = await b.client.get(f"/session/{sid}/status", headers=bearer(alpha))
+        assert mine.status_code == 200, mine.text
+        assert b.bridge.has_session(sid) and b.server.fleet.stats.adoptions == 1
