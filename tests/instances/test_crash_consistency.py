@@ -61,11 +61,11 @@ from tests.instances.fleet_workload import (
     Answer,
     Fleet,
     Model,
-    Session,
     Workload,
     workspace_of,
 )
 from tests.lmsp import stores
+from tests.store.test_crash_consistency import full_read
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow,
               pytest.mark.skipif(haproxy_binary() is None, reason=SKIP),
@@ -136,23 +136,6 @@ def _clients(fleet: Fleet) -> list[httpx.AsyncClient]:
     return [httpx.AsyncClient(base_url=c.base_url, timeout=WAIT_S) for c in fleet.children]
 
 
-async def _full_read(client: httpx.AsyncClient, session: Session) -> list[dict[str, Any]]:
-    """A new reader's whole replay from id 0, up to ``replay_complete``."""
-    seen: list[dict[str, Any]] = []
-    headers = {"Last-Event-ID": "0", "X-Qwen-Event-Epoch": session.epoch}
-    with anyio.fail_after(WAIT_S):
-        async with client.stream("GET", f"/session/{session.session_id}/events",
-                                 headers=headers) as response:
-            assert response.status_code == 200, response.status_code
-            async for line in response.aiter_lines():
-                if line.startswith("data: "):
-                    envelope = json.loads(line[len("data: "):])
-                    if envelope["type"] == "replay_complete":
-                        return seen
-                    seen.append(envelope)
-    raise AssertionError(f"the full read of {session.session_id} ended without replay_complete")
-
-
 # -- the checkers ---------------------------------------------------------------------------
 async def check_streams(fleet: Fleet, model: Model) -> dict[str, list[dict[str, Any]]]:
     """Every instance replays the same events of each session, ids 1..N, no resync."""
@@ -160,7 +143,8 @@ async def check_streams(fleet: Fleet, model: Model) -> dict[str, list[dict[str, 
     clients = _clients(fleet)
     try:
         for session in model.sessions.values():
-            reads = [await _full_read(client, session) for client in clients]
+            reads = [await full_read(client, session.session_id, {"eventEpoch": session.epoch})
+                     for client in clients]
             first = reads[0]
             ids = [e.get("id") for e in first]
             assert ids == list(range(1, len(ids) + 1)), f"{session.session_id}: ids {ids}"

@@ -7,6 +7,8 @@ the session causes no hand-off (nor, once the lease expired, an adoption)."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -16,6 +18,7 @@ import pytest
 from bridge.agents.stdio import StdioAgentFactory
 from tests.agents import ROOT, fixture_command
 from tests.acp_http.wsclient import ws_connect
+from tests.harness.local import LocalServer
 from tests.instances.test_forward_adopt import _pair
 from tests.instances.test_leases import _session
 from tests.principals.helpers import bearer, mint
@@ -39,6 +42,19 @@ async def _load_refused(ws: Any, tmp_path: Path, sid: str, rpc_id: int = 1) -> d
     """``session/load`` of ``sid``; the error it is answered with."""
     await ws.send_json(_load(tmp_path, sid, rpc_id))
     return (await ws.wait_for(lambda m: m.get("id") == rpc_id, timeout=20))["error"]
+
+
+@contextlib.asynccontextmanager
+async def _alpha_and_beta(tmp_path: Path, now: list[float]
+                          ) -> AsyncIterator[tuple[LocalServer, LocalServer, str, str, str]]:
+    """Two instances with principals; alpha's session on a; the two tokens."""
+    boot = "boot-" + "x" * 32
+    async with _pair(tmp_path, now, token=boot, headers=bearer(boot)) as (a, b):
+        alpha = await mint(a.server, "alpha", "prompt", "read")
+        beta = await mint(a.server, "beta", "prompt", "read")
+        made = await a.client.post("/session", json={"sessionScope": "thread"},
+                                   headers=bearer(alpha))
+        yield a, b, alpha, beta, made.json()["sessionId"]
 
 
 async def test_an_idle_session_is_handed_over_to_the_instance_that_loads_it(
@@ -110,13 +126,7 @@ async def test_a_busy_session_stays_and_the_load_is_refused_at_once(tmp_path: Pa
 async def test_a_caller_who_may_not_see_the_session_causes_no_handoff(
         tmp_path: Path) -> None:
     now = [0.0]
-    boot = "boot-" + "x" * 32
-    async with _pair(tmp_path, now, token=boot, headers=bearer(boot)) as (a, b):
-        alpha = await mint(a.server, "alpha", "prompt", "read")
-        beta = await mint(a.server, "beta", "prompt", "read")
-        made = await a.client.post("/session", json={"sessionScope": "thread"},
-                                   headers=bearer(alpha))
-        sid = made.json()["sessionId"]
+    async with _alpha_and_beta(tmp_path, now) as (a, b, alpha, beta, sid):
         async with ws_connect(b.base_url, headers=bearer(beta)) as ws:
             await _initialize(ws)
             refused = await _load_refused(ws, tmp_path, sid)
@@ -177,13 +187,7 @@ async def test_a_rest_caller_who_may_not_see_the_session_causes_no_adoption(
     answered 404 as for an unknown session and takes nothing over; the maker's then
     adopts it."""
     now = [0.0]
-    boot = "boot-" + "x" * 32
-    async with _pair(tmp_path, now, token=boot, headers=bearer(boot)) as (a, b):
-        alpha = await mint(a.server, "alpha", "prompt", "read")
-        beta = await mint(a.server, "beta", "prompt", "read")
-        made = await a.client.post("/session", json={"sessionScope": "thread"},
-                                   headers=bearer(alpha))
-        sid = made.json()["sessionId"]
+    async with _alpha_and_beta(tmp_path, now) as (a, b, alpha, beta, sid):
         now[0] += 61   # a's lease expired
         for method, path, body in (("GET", f"/session/{sid}/status", None),
                                    ("POST", f"/session/{sid}/prompt", _prompt("mine now")),

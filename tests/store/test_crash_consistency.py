@@ -6,6 +6,7 @@ docs/operations.md "What survives a restart" is checked at once::
 
     pytest tests/store/test_crash_consistency.py                       # CI's seeds per store
     ACP_CRASH_SEEDS=200 pytest tests/store/test_crash_consistency.py   # seeds 0..199 per store
+    ACP_CRASH_SEEDS=200:400 pytest tests/store/test_crash_consistency.py   # seeds 200..399
     ACP_CRASH_SEED=1234 pytest tests/store/test_crash_consistency.py   # replay one seed
 
 The workload and its model are in ``crash_workload.py``: create, attach the default
@@ -89,8 +90,9 @@ CI_SEEDS = (19, 20, 21, 25, 27, 32)
 def _seeds() -> list[int]:
     if os.environ.get("ACP_CRASH_SEED"):
         return [int(os.environ["ACP_CRASH_SEED"])]
-    if os.environ.get("ACP_CRASH_SEEDS"):
-        return list(range(int(os.environ["ACP_CRASH_SEEDS"])))
+    if os.environ.get("ACP_CRASH_SEEDS"):   # N (0..N-1) or A:B (A..B-1)
+        first, _, end = os.environ["ACP_CRASH_SEEDS"].rpartition(":")
+        return list(range(int(first or 0), int(end)))
     return list(CI_SEEDS)
 
 
@@ -196,7 +198,7 @@ async def _after_restart(work: Workload, model: Model) -> dict[str, list[dict[st
         response = await work.client.post(f"/session/{session_id}/load", json={})
         assert response.status_code == 200, (session_id, response.text)
         loads[session_id] = response.json()
-        fulls[session_id] = await _full_read(work.client, session_id, loads[session_id])
+        fulls[session_id] = await full_read(work.client, session_id, loads[session_id])
     for session in live:
         if model.window and resynced(session, loads[session.session_id]):
             session.new_epoch = loads[session.session_id]["eventEpoch"]
@@ -291,7 +293,7 @@ async def _listed(client: httpx.AsyncClient, workspace: str) -> list[str]:
     return [s["sessionId"] for s in body["sessions"]]
 
 
-async def _full_read(client: httpx.AsyncClient, session_id: str,
+async def full_read(client: httpx.AsyncClient, session_id: str,
                      loaded: dict[str, Any]) -> list[dict[str, Any]]:
     """A new reader's whole replay from id 0 (up to ``replay_complete``)."""
     seen: list[dict[str, Any]] = []
@@ -444,7 +446,7 @@ async def check_closed(work: Workload, model: Model) -> None:
         assert load.status_code == 200, (sid, load.text)
         body = load.json()
         assert body["eventEpoch"] != session.epoch, (sid, "the new life kept the epoch")
-        full = await _full_read(work.client, sid, body)
+        full = await full_read(work.client, sid, body)
         ids = [e["id"] for e in _with_ids(full)]
         assert ids == list(range(1, len(ids) + 1)), f"{sid}: the new life's ids {ids}"
         before = [e["data"]["update"] for e in model.primary(sid).seen
