@@ -16,9 +16,10 @@ instance and that no instance forwarded (``FORWARDED_HEADER``):
 * a lease that expired (its owner died or paused): for a caller who sees the session
   (its maker, read from the journal, an admin, or ``--share-sessions``; another
   principal's request is served here, a 404, and takes nothing over) this instance
-  adopts the session, taking the lease over (token + 1, which fences the old owner) and restoring it from
-  the journal as after a restart (``bridge.restore``; ``--session-on-restart`` decides
-  the interrupted prompt), then serves the request itself;
+  adopts the session, taking the lease over (token + 1, which fences the old owner)
+  and restoring it from the journal as after a restart (``bridge.restore``;
+  ``--session-on-restart`` decides the interrupted prompt), then serves the request
+  itself;
 * no lease (a closed or unknown session): served here as before (journal reads, 404).
 
 A forwarded request is counted against the caller's rate limits once, by the owner
