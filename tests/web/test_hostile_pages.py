@@ -124,7 +124,7 @@ def test_a_rebound_name_is_refused_page_fetch_and_websocket(daemon: Console, tab
 def local_site() -> Iterator[str]:
     """Another site on this machine (``http://localhost:PORT``, its own port): a page
     the browser counts as local, whose requests to the daemon chromium sends."""
-    class Page(http.server.BaseHTTPRequestHandler):
+    class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:   # noqa: N802 - the stdlib's name
             body = b"<html><body>another local site</body></html>"
             self.send_response(200)
@@ -136,7 +136,7 @@ def local_site() -> Iterator[str]:
         def log_message(self, *args: Any) -> None:
             pass
 
-    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page) as site:
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler) as site:
         thread = threading.Thread(target=site.serve_forever, daemon=True)
         thread.start()
         yield f"http://localhost:{site.server_address[1]}"
