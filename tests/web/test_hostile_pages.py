@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser, Page, Route, sync_playwright
 
-from tests.web.conftest import Console, chromium_path, open_page, running_console
+from tests.web.conftest import Console, chromium_path, running_console
 
 ATTACKER = "http://attacker.test"
 REBOUND = "evil.test"
@@ -65,8 +65,9 @@ FETCH_SIMPLE = """async (url) => {
 
 
 @pytest.fixture(scope="module")
-def rebinding_browser() -> Iterator[Browser]:
-    """chromium with ``evil.test`` resolved to 127.0.0.1, as a rebinding attack makes it."""
+def browser() -> Iterator[Browser]:
+    """This module's chromium (``conftest.page`` opens its tabs): ``evil.test``
+    resolved to 127.0.0.1, as a rebinding attack makes it."""
     path = chromium_path()
     if path is None:
         pytest.skip("no chromium found (install Debian's chromium package)")
@@ -80,20 +81,11 @@ def rebinding_browser() -> Iterator[Browser]:
 
 
 @pytest.fixture(scope="module", params=["granian", "uvicorn"])
-def daemon(request: pytest.FixtureRequest, rebinding_browser: Browser,
+def daemon(request: pytest.FixtureRequest, browser: Browser,
            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
     with running_console(tmp_path_factory.mktemp(f"hostile-{request.param}"),
                          "--http-server", request.param) as console:
         yield console
-
-
-@pytest.fixture
-def tab(rebinding_browser: Browser) -> Iterator[Page]:
-    page = open_page(rebinding_browser)
-    try:
-        yield page
-    finally:
-        page.context.close()
 
 
 def _made_nothing(daemon: Console) -> None:
@@ -106,16 +98,17 @@ def _ws_url(base_url: str) -> str:
     return "ws" + base_url.removeprefix("http") + "/acp"
 
 
-def test_a_rebound_name_is_refused_page_fetch_and_websocket(daemon: Console, tab: Page) -> None:
+def test_a_rebound_name_is_refused_page_fetch_and_websocket(daemon: Console,
+                                                            page: Page) -> None:
     port = daemon.base_url.rsplit(":", 1)[1]
     rebound = f"http://{REBOUND}:{port}"
-    landed = tab.goto(rebound + "/")
+    landed = page.goto(rebound + "/")
     assert landed is not None and landed.status == 421, landed and landed.status
-    posted = tab.evaluate(FETCH_JSON, rebound + "/session")
+    posted = page.evaluate(FETCH_JSON, rebound + "/session")
     assert posted.get("status") == 421, posted
-    tokens = tab.evaluate(FETCH_JSON, rebound + "/tokens")
+    tokens = page.evaluate(FETCH_JSON, rebound + "/tokens")
     assert tokens.get("status") == 421, tokens
-    seen = tab.evaluate(WEBSOCKET, _ws_url(rebound))
+    seen = page.evaluate(WEBSOCKET, _ws_url(rebound))
     assert "open" not in seen and seen[-1].startswith("close:"), seen
     _made_nothing(daemon)
 
@@ -143,47 +136,47 @@ def local_site() -> Iterator[str]:
         site.shutdown()
 
 
-def _routed_site(tab: Page) -> str:
+def _routed_site(page: Page) -> str:
     """A page at ``ATTACKER``, served by the browser's routing (no server of its own)."""
     def serve(route: Route) -> None:
         route.fulfill(status=200, content_type="text/html",
                       body="<html><body>a page on another site</body></html>")
 
-    tab.route(f"{ATTACKER}/**", serve)
+    page.route(f"{ATTACKER}/**", serve)
     return ATTACKER
 
 
 @pytest.mark.parametrize("site", ["local", "public"])
 def test_a_foreign_site_is_refused_fetch_form_post_and_websocket(
-        daemon: Console, tab: Page, local_site: str, site: str) -> None:
+        daemon: Console, page: Page, local_site: str, site: str) -> None:
     """Whatever chromium lets through (to loopback from a public site it may block
     a request itself: Private Network Access) reaches the daemon and is refused 403."""
-    origin = local_site if site == "local" else _routed_site(tab)
-    landed = tab.goto(origin + "/")
+    origin = local_site if site == "local" else _routed_site(page)
+    landed = page.goto(origin + "/")
     assert landed is not None and landed.status == 200
-    posted = tab.evaluate(FETCH_JSON, daemon.base_url + "/session")
+    posted = page.evaluate(FETCH_JSON, daemon.base_url + "/session")
     assert "failed" in posted, posted   # the preflight (or the answer) is refused
     if site == "local":   # a simple request is sent: the daemon refuses it
-        with tab.expect_response(lambda r: r.url == daemon.base_url + "/session"
+        with page.expect_response(lambda r: r.url == daemon.base_url + "/session"
                                  and r.request.method == "POST") as answered:
-            simple = tab.evaluate(FETCH_SIMPLE, daemon.base_url + "/session")
+            simple = page.evaluate(FETCH_SIMPLE, daemon.base_url + "/session")
         assert simple == "sent", simple   # opaque to the page
         assert answered.value.status == 403, answered.value.status
     else:
-        tab.evaluate(FETCH_SIMPLE, daemon.base_url + "/session")
-    seen = tab.evaluate(WEBSOCKET, _ws_url(daemon.base_url))
+        page.evaluate(FETCH_SIMPLE, daemon.base_url + "/session")
+    seen = page.evaluate(WEBSOCKET, _ws_url(daemon.base_url))
     assert "open" not in seen and seen[-1].startswith("close:"), seen
     _made_nothing(daemon)
 
 
-def test_the_daemons_own_page_may(daemon: Console, tab: Page) -> None:
+def test_the_daemons_own_page_may(daemon: Console, page: Page) -> None:
     """The control: the same script on the daemon's own page is served."""
-    landed = tab.goto(daemon.base_url + "/")
+    landed = page.goto(daemon.base_url + "/")
     assert landed is not None and landed.status == 200
-    seen = tab.evaluate(WEBSOCKET, _ws_url(daemon.base_url))
+    seen = page.evaluate(WEBSOCKET, _ws_url(daemon.base_url))
     assert seen[0] == "open" and seen[1].startswith("message:"), seen
     assert '"protocolVersion"' in seen[1], seen
-    posted = tab.evaluate(FETCH_JSON, daemon.base_url + "/session")
+    posted = page.evaluate(FETCH_JSON, daemon.base_url + "/session")
     assert posted.get("status") == 200, posted
     made = daemon.client.get(f"/workspace/{daemon.workspace_id()}/sessions").json()
     assert len(made["sessions"]) == 1
