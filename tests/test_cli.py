@@ -85,7 +85,11 @@ def _no_env_token(monkeypatch: pytest.MonkeyPatch) -> None:
 ])
 def test_invalid_flag_exits_2(flags: list[str], message: str, tmp_path: Path,
                               capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["serve", *flags] if "--workspace" in flags else ["serve", "--workspace", str(tmp_path), *flags]
+    # port 0: a daemon already on the default port (a developer's own) must not decide
+    # the answer (the port is taken before the state folder is made); a --port in
+    # ``flags`` comes later and wins
+    argv = ["serve", "--port", "0", *flags] if "--workspace" in flags \
+        else ["serve", "--port", "0", "--workspace", str(tmp_path), *flags]
     with pytest.raises(SystemExit) as exc_info:
         main(argv)
     assert exc_info.value.code == 2

@@ -87,10 +87,13 @@ async def test_a_token_revoked_on_one_instance_is_refused_on_another_on_its_noti
         print(f"refused after {refused_at - revoked_at:.3f} s, stream ended after "
               f"{(ended[0] if ended else float('nan')) - revoked_at:.3f} s")
         assert ended, "the revoked token's stream did not end"
-        # B dropped the token on A's notice (not on its cache's lifetime): no clock
-        # involved. (Its stream may have been ended by either: the notice's recheck or
-        # the streams' periodic re-read, whichever ran first.)
-        assert "tokens revoked elsewhere" in b.stderr_text(), b.stderr_text()[-2000:]
+        # A's notice reaches B, which re-reads the token and says so: no clock
+        # involved. (The refusal above and the stream's end may come first from the
+        # cache's lifetime and the streams' periodic re-read, whichever ran first on a
+        # loaded machine; the notice is waited for, not raced.)
+        with anyio.fail_after(30):
+            while "tokens revoked elsewhere" not in b.stderr_text():
+                await anyio.sleep(0.05)
 
 
 async def test_the_token_cli_works_on_the_store_beside_a_running_server(tmp_path: Path) -> None:
