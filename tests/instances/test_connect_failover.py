@@ -29,6 +29,7 @@ import pytest
 from tests.connect.harness import spawn_adapter
 from tests.harness import ServeProcess
 from tests.harness.haproxy import SKIP, HAProxy, haproxy_binary
+from tests.instances.test_three_instances import _instance_of, _owner
 from tests.lmsp import stores
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow,
@@ -69,16 +70,9 @@ def pair(tmp_path: Path) -> Iterator[tuple[Path, str, list[ServeProcess]]]:
             child.kill()
 
 
-def _instance_of(child: ServeProcess) -> str:
-    return str(child.http.get("/daemon/status").json()["runtime"]["instances"]["instance"])
-
-
-def _owner(url: str, sid: str) -> str:
+def _owner_of(url: str, sid: str) -> str:
     with psycopg.connect(url, autocommit=True) as db:
-        row = db.execute("SELECT instance FROM session_leases WHERE session_id = %s",
-                         (sid,)).fetchone()
-    assert row is not None, sid
-    return str(row[0])
+        return _owner(db, sid)
 
 
 @pytest.mark.parametrize(("transport", "affinity"), [("websocket", "none"),
@@ -98,7 +92,7 @@ async def test_the_owner_killed_mid_turn_the_editor_goes_on_elsewhere(
             first = await adapter.request("session/prompt", {"sessionId": sid,
                                                              "prompt": _text("before")})
             assert first["result"]["stopReason"] == "end_turn", first
-            victim = names[_owner(url, sid)]
+            victim = names[_owner_of(url, sid)]
             survivor = next(c for c in children if c is not victim)
             await adapter.send({"jsonrpc": "2.0", "id": "turn", "method": "session/prompt",
                                 "params": {"sessionId": sid,
@@ -113,7 +107,7 @@ async def test_the_owner_killed_mid_turn_the_editor_goes_on_elsewhere(
                                           timeout=60)
             assert later["result"]["stopReason"] == "end_turn", later
 
-            assert names[_owner(url, sid)] is survivor   # adopted by the other instance
+            assert names[_owner_of(url, sid)] is survivor   # adopted by the other instance
             said = "".join(adapter.texts("agent_message_chunk", sid))
             assert said.count("Echo: before") == 1 and said.endswith("Echo: after"), said
             echoes = [u["content"]["text"] for u in adapter.updates(sid)

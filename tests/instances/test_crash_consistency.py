@@ -42,7 +42,6 @@ odd ones), so both are covered without paying for every seed twice.
 from __future__ import annotations
 
 import json
-import os
 import random
 from pathlib import Path
 from typing import Any
@@ -53,6 +52,7 @@ import httpx
 import pytest
 
 from tests.harness.haproxy import SKIP, haproxy_binary
+from tests.harness.seeds import seeds
 from tests.instances.fleet_workload import (
     MOVING,
     REFUSED,
@@ -76,12 +76,7 @@ CI_SEEDS = (0, 1, 2)
 
 
 def _seeds() -> list[int]:
-    if os.environ.get("ACP_FLEET_CRASH_SEED"):
-        return [int(os.environ["ACP_FLEET_CRASH_SEED"])]
-    if os.environ.get("ACP_FLEET_CRASH_SEEDS"):   # N (0..N-1) or A:B (A..B-1)
-        first, _, end = os.environ["ACP_FLEET_CRASH_SEEDS"].rpartition(":")
-        return list(range(int(first or 0), int(end)))
-    return list(CI_SEEDS)
+    return seeds("ACP_FLEET_CRASH", CI_SEEDS)
 
 
 @pytest.mark.parametrize(("seed", "anyio_backend"), [

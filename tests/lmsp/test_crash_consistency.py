@@ -56,6 +56,7 @@ import httpx
 import pytest
 
 from tests.harness import ServeProcess, free_port
+from tests.harness.seeds import seeds
 from tests.lmsp import stores
 from tests.lmsp.crash_workload import (
     API,
@@ -84,12 +85,7 @@ CI_RECOVERY_SEEDS = (3,)
 
 
 def _seeds(ci_seeds: tuple[int, ...] = CI_SEEDS) -> list[int]:
-    if os.environ.get("ACP_LMSP_CRASH_SEED"):
-        return [int(os.environ["ACP_LMSP_CRASH_SEED"])]
-    if os.environ.get("ACP_LMSP_CRASH_SEEDS"):   # N (0..N-1) or A:B (A..B-1)
-        first, _, end = os.environ["ACP_LMSP_CRASH_SEEDS"].rpartition(":")
-        return list(range(int(first or 0), int(end)))
-    return list(ci_seeds)
+    return seeds("ACP_LMSP_CRASH", ci_seeds)
 
 
 # Each seed on one client backend (asyncio for even seeds, trio for odd): the server is

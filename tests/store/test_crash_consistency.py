@@ -43,7 +43,6 @@ what followed (``check_acp_loads``). A failure names the seed and the operations
 from __future__ import annotations
 
 import json
-import os
 import random
 from pathlib import Path
 from typing import Any
@@ -55,6 +54,7 @@ import pytest
 
 from acp_server.rest.workspace import workspace_id
 from tests.harness import ServeProcess
+from tests.harness.seeds import seeds
 from tests.store.crash_acp import AcpOps, check_acp_loads
 from tests.store.crash_window import (
     check_window_readers,
@@ -88,12 +88,7 @@ CI_SEEDS = (19, 20, 21, 25, 27, 32)
 
 
 def _seeds() -> list[int]:
-    if os.environ.get("ACP_CRASH_SEED"):
-        return [int(os.environ["ACP_CRASH_SEED"])]
-    if os.environ.get("ACP_CRASH_SEEDS"):   # N (0..N-1) or A:B (A..B-1)
-        first, _, end = os.environ["ACP_CRASH_SEEDS"].rpartition(":")
-        return list(range(int(first or 0), int(end)))
-    return list(CI_SEEDS)
+    return seeds("ACP_CRASH", CI_SEEDS)
 
 
 # Each seed runs on one client backend (asyncio for even seeds, trio for odd): both are
@@ -294,7 +289,7 @@ async def _listed(client: httpx.AsyncClient, workspace: str) -> list[str]:
 
 
 async def full_read(client: httpx.AsyncClient, session_id: str,
-                     loaded: dict[str, Any]) -> list[dict[str, Any]]:
+                    loaded: dict[str, Any]) -> list[dict[str, Any]]:
     """A new reader's whole replay from id 0 (up to ``replay_complete``)."""
     seen: list[dict[str, Any]] = []
     headers = {"Last-Event-ID": "0", "X-Qwen-Event-Epoch": loaded["eventEpoch"]}
