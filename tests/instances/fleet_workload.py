@@ -47,6 +47,7 @@ from acp_server.rest.workspace import workspace_id
 from tests.harness import ServeProcess, free_port
 from tests.harness.haproxy import HAProxy
 from tests.lmsp import stores
+from tests.store.crash_workload import ReaderGroup
 
 WAIT_S = 30       # a condition the fleet owes within this long (2 shared cores)
 TTL_MS, RENEW_MS = 1500, 300
@@ -257,14 +258,13 @@ class Fleet:
             child.kill()
 
 
-class Workload:
+class Workload(ReaderGroup):
     """The seeded operations through the balancer; the readers live in its task group."""
 
     def __init__(self, model: Model, fleet: Fleet, rng: random.Random) -> None:
         self.model, self.fleet, self.rng = model, fleet, rng
         self.client = self._client(httpx.Timeout(WAIT_S))
         self.streams = self._client(httpx.Timeout(WAIT_S, read=None))
-        self._tg: anyio.abc.TaskGroup | None = None
 
     def _client(self, timeout: httpx.Timeout) -> httpx.AsyncClient:
         fleet = self.fleet
@@ -282,19 +282,6 @@ class Workload:
 
         return httpx.AsyncClient(base_url=fleet.base_url, timeout=timeout,
                                  event_hooks={"request": [sent], "response": [record]})
-
-    async def __aenter__(self) -> Workload:
-        self._tg = anyio.create_task_group()
-        await self._tg.__aenter__()
-        return self
-
-    async def __aexit__(self, *exc: Any) -> None:
-        assert self._tg is not None
-        self._tg.cancel_scope.cancel()
-        await self._tg.__aexit__(*exc)
-        with anyio.CancelScope(shield=True):
-            await self.client.aclose()
-            await self.streams.aclose()
 
     # -- requests ---------------------------------------------------------------------------
     async def send(self, method: str, path: str, body: Any = None) -> httpx.Response | None:

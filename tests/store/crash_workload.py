@@ -29,7 +29,7 @@ import json
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 import anyio
 import anyio.abc
@@ -207,27 +207,16 @@ class Model:
         return PROMPT_TEXT[kind].format(n=self.counter)
 
 
-class Workload:
-    """Runs the seeded operations on ``base_url``; readers live in its task group."""
+class ReaderGroup:
+    """A workload's two clients (``client``; ``streams`` for event streams) and the task
+    group its readers live in: entered, the group opens; left, the group is cancelled
+    and both clients are closed."""
 
-    def __init__(self, model: Model, base_url: str, rng: random.Random) -> None:
-        self.model, self.base_url, self.rng = model, base_url, rng
-        self.client = httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(WAIT_S),
-                                        event_hooks={"response": [self._record]})
-        self.streams = httpx.AsyncClient(base_url=base_url,
-                                         timeout=httpx.Timeout(WAIT_S, read=None),
-                                         event_hooks={"response": [self._record]})
-        self._tg: anyio.abc.TaskGroup | None = None
-        self.acp: Any = None   # crash_acp.AcpOps: its operations join the choices
-        self.idle = False      # idle-timeout closes join the choices (a short timeout)
-        self.extended = False  # agent deaths (``/crash``) join the choices, and a cancel,
-                               # allow or drop may be the request in flight
+    client: httpx.AsyncClient
+    streams: httpx.AsyncClient
+    _tg: anyio.abc.TaskGroup | None = None
 
-    async def _record(self, response: httpx.Response) -> None:
-        self.model.responses.append(Answer(response.request.method,
-                                           response.request.url.path, response.status_code))
-
-    async def __aenter__(self) -> Workload:
+    async def __aenter__(self) -> Self:
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         return self
@@ -239,6 +228,26 @@ class Workload:
         with anyio.CancelScope(shield=True):
             await self.client.aclose()
             await self.streams.aclose()
+
+
+class Workload(ReaderGroup):
+    """Runs the seeded operations on ``base_url``; readers live in its task group."""
+
+    def __init__(self, model: Model, base_url: str, rng: random.Random) -> None:
+        self.model, self.base_url, self.rng = model, base_url, rng
+        self.client = httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(WAIT_S),
+                                        event_hooks={"response": [self._record]})
+        self.streams = httpx.AsyncClient(base_url=base_url,
+                                         timeout=httpx.Timeout(WAIT_S, read=None),
+                                         event_hooks={"response": [self._record]})
+        self.acp: Any = None   # crash_acp.AcpOps: its operations join the choices
+        self.idle = False      # idle-timeout closes join the choices (a short timeout)
+        self.extended = False  # agent deaths (``/crash``) join the choices, and a cancel,
+                               # allow or drop may be the request in flight
+
+    async def _record(self, response: httpx.Response) -> None:
+        self.model.responses.append(Answer(response.request.method,
+                                           response.request.url.path, response.status_code))
 
     # -- readers --------------------------------------------------------------------------
     def add_reader(self, session_id: str, *, epoch: str | None = None) -> Reader:
