@@ -39,7 +39,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import anyio.abc
 import anyio.to_thread
 import httpx
 
