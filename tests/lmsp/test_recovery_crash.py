@@ -14,7 +14,8 @@ finds the store locked by the test and is killed again while it waits:
   write lock (the schema check at open, then the recovery's ``BEGIN IMMEDIATE``, which
   takes it before it reads anything), so the start waits at its first; with
   ``--store-busy-timeout-ms`` short the test waits until the child said so (its
-  ``cannot start`` line, a 503 on its socket) and kills it.
+  ``cannot start`` line) and kills it. (A SQLite transaction cannot be caught part-way
+  from outside; one killed part-way is rolled back by the WAL.)
 
 A third start must keep every promise of docs/lmsp.md: each task acknowledged before
 the first kill is listed once, nothing else; the ``fail`` task running at the kill
@@ -282,6 +283,8 @@ async def _check_third_start(child: ServeProcess, before: Before) -> None:
             await client.until(ids["C"], "succeeded")
             for name in "BD":   # long ones: cancelled once running again
                 await client.until(ids[name], "running")
+                if name == "B":   # in creation order: E waits behind B and D
+                    assert (await client.get(ids["E"]))["status"] == "queued"
                 cancel = await client.http.post(f"{API}/tasks/{ids[name]}/cancel")
                 assert cancel.status_code in (200, 202), cancel.text
                 await client.until(ids[name], "cancelled")
