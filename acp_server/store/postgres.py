@@ -22,7 +22,8 @@ Contracts (besides those of ``acp_server.store.tasks``):
   start-up recovery also takes this instance's own tasks after a crash, at once.
   Start-up recovery and that release wait at most ``lock_timeout_s`` for a lock another
   session holds (then ``StoreUnavailableError``: the start is tried again; the leases
-  expire on their own), never for ever.
+  expire on their own), never for ever; start-up recovery never skips a locked row (a
+  task of this instance skipped would be renewed by it for ever).
 * The sessions' notices (``s``) are coalesced: a commit sends those held since the
   last one that sent any when ``HOLD_S`` has passed since, else holds its own; held
   notices wait for a later commit, or, once the writes stop, ``HOLD_S`` more (an
@@ -509,8 +510,9 @@ class PostgresTaskStore(TokenOps, AuditOps, ClaimsOne, ObservedMoves, PostgresEn
     async def recover(self, factory: RecoveryFactory, *, max_attempts: int,
                       now: float, own: bool = False) -> RecoveryReport:
         """Every active task whose lease expired (any instance's), and at start-up every
-        task this instance owned (its previous run died), per its ``on_restart``. At
-        start-up (``own``) a lock another session holds is waited for at most
+        task this instance owned (its previous run died), per its ``on_restart``. Rows
+        another session has locked are skipped, except at start-up (``own``): there a
+        lock another session holds (a row's or a table's) is waited for at most
         ``lock_timeout_s``: then ``StoreUnavailableError`` (nothing of it committed; the
         start is tried again, ``acp_server.cli``), never a silent wait for ever."""
         def op(conn: Conn, out: list[CommittedEvent], state: Batch) -> RecoveryReport:
@@ -520,7 +522,7 @@ class PostgresTaskStore(TokenOps, AuditOps, ClaimsOne, ObservedMoves, PostgresEn
                 rows = conn.execute(
                     f"SELECT id, status, on_restart, attempt FROM tasks WHERE status = "
                     f"ANY(%s) AND (lease_expires_at IS NULL OR lease_expires_at < {NOW} + %s "
-                    f"OR owner = %s) ORDER BY seq FOR UPDATE SKIP LOCKED",
+                    f"OR owner = %s) ORDER BY seq FOR UPDATE{skip}",
                     (list(ACTIVE), self.clock_offset_s, mine)).fetchall()
                 report = recover_rows(rows, lambda task_id, states, to, done: self._transition(
                     conn, out, state, task_id, states, to, done, now, owned=False),
@@ -536,6 +538,9 @@ class PostgresTaskStore(TokenOps, AuditOps, ClaimsOne, ObservedMoves, PostgresEn
             return report
 
         mine = self.instance if own and self._identity is not None else ""
+        # At start-up a row locked elsewhere is waited for (bounded), never skipped: a
+        # task of this instance left running would be renewed by it for ever.
+        skip = "" if own else " SKIP LOCKED"
         return await self._write(op)
 
     async def next_seqs(self, task_ids: Sequence[str]) -> dict[str, int]:

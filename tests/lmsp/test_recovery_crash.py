@@ -28,7 +28,9 @@ without a gap, its terminal event once; every subscriber resumed from its cursor
 The second test holds the lock until the child has said why it cannot start (a warning
 line, then 503 ``store_unavailable`` on the LMSP door while it waits and tries again,
 never a silent hang nor a traceback), then releases it: the same child starts and
-recovers.
+recovers. The third (PostgreSQL) holds the row of a task running at the kill while the
+server starts again: once released, the task is recovered (not skipped and then renewed
+for ever by the instance that no longer runs it).
 """
 
 from __future__ import annotations
@@ -358,5 +360,73 @@ async def test_a_start_waiting_for_a_locked_store_says_so_and_answers_503(
         finally:
             await client.http.aclose()
         assert "Traceback" not in child.stderr_text(), child.stderr_text()
+    finally:
+        await anyio.to_thread.run_sync(child.stop)
+
+
+# Drives child processes from the client side only: one event loop suffices.
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_task_whose_row_is_locked_at_the_restart_is_still_recovered(
+        tmp_path: Path) -> None:
+    """PostgreSQL: another session holds the row of a task running at the kill (the
+    killed run's own backend not gone yet, another instance's transaction) while the
+    server starts again. The task is its own (same state dir, same instance): it must
+    still be recovered once the lock goes, not skipped and then renewed for ever as if
+    this run ran it."""
+    url = stores.postgres_url_or_skip(tmp_path, "recovery")
+    child = ServeProcess(tmp_path, "--port", str(free_port()), "--store", url,
+                         "--store-busy-timeout-ms", "60000", *stores.lease_flags())
+    try:
+        await anyio.to_thread.run_sync(child.start)
+        client = Client(child.base_url)
+        try:
+            task_id = await client.create("/sleep 60s running fail", "fail")
+            await client.until(task_id, "running")
+        finally:
+            await client.http.aclose()
+        await anyio.to_thread.run_sync(child.kill)
+
+        import psycopg
+
+        holder = await anyio.to_thread.run_sync(psycopg.connect, url)
+        try:
+            xid = (await anyio.to_thread.run_sync(lambda: holder.execute(
+                "SELECT id, pg_current_xact_id()::text FROM tasks WHERE id = %s FOR UPDATE",
+                (task_id,)).fetchone()))[1]
+
+            def waits_for_the_row() -> bool:
+                with psycopg.connect(url, autocommit=True) as conn:
+                    return conn.execute(
+                        "SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype = "
+                        "'transactionid' AND transactionid::text = %s", (xid,)
+                    ).fetchone() != (0,)
+
+            listening = anyio.Event()
+
+            async def start() -> None:
+                await anyio.to_thread.run_sync(child.wait_listening)
+                listening.set()
+
+            async with anyio.create_task_group() as tg:
+                await anyio.to_thread.run_sync(child.spawn)
+                tg.start_soon(start)
+                # the start waits for the row, or (skipping it) listens: either way
+                with anyio.fail_after(WAIT_S):
+                    while not listening.is_set() and not await anyio.to_thread.run_sync(
+                            waits_for_the_row):
+                        await anyio.sleep(0.02)
+                await anyio.to_thread.run_sync(holder.rollback)
+        finally:
+            await anyio.to_thread.run_sync(holder.close)
+        client = Client(child.base_url)
+        try:
+            task = await client.until(task_id, "failed", "cancelled", "succeeded")
+            assert task["status"] == "failed", task
+            assert task["error"]["code"] == "server_restarted", task
+            events = await client.full_read(task_id)
+            assert [e for _, e in events].count("response.failed") == 1, events
+            assert not [s for s in client.statuses if s[1] >= 500], client.statuses
+        finally:
+            await client.http.aclose()
     finally:
         await anyio.to_thread.run_sync(child.stop)
