@@ -501,6 +501,7 @@ class PostgresTaskStore(TokenOps, AuditOps, ClaimsOne, ObservedMoves, PostgresEn
         conn.execute(f"UPDATE tasks SET lease_expires_at = {NOW} + %s WHERE owner = %s "
                      f"AND status = ANY(%s)", (self.clock_offset_s - 1, self.instance,
                                                list(ACTIVE)))
+        conn.execute("SET LOCAL lock_timeout = DEFAULT")   # the rest of the batch
 
     async def release_leases(self) -> None:
         """Expire this instance's leases now (closing does it; tests use it to play a
