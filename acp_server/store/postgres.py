@@ -498,9 +498,12 @@ class PostgresTaskStore(TokenOps, AuditOps, ClaimsOne, ObservedMoves, PostgresEn
 
     def _release_op(self, conn: Conn, out: list[CommittedEvent], state: Batch) -> None:
         self._bound_lock_waits(conn)   # on a lock held elsewhere: they expire on their own
-        conn.execute(f"UPDATE tasks SET lease_expires_at = {NOW} + %s WHERE owner = %s "
-                     f"AND status = ANY(%s)", (self.clock_offset_s - 1, self.instance,
-                                               list(ACTIVE)))
+        try:
+            conn.execute(f"UPDATE tasks SET lease_expires_at = {NOW} + %s WHERE owner = %s "
+                         f"AND status = ANY(%s)", (self.clock_offset_s - 1, self.instance,
+                                                   list(ACTIVE)))
+        except pg_errors.LockNotAvailable as exc:   # not retried as a transient loser
+            raise StoreUnavailableError(f"PostgreSQL: {first_line(exc)}") from exc
         conn.execute("SET LOCAL lock_timeout = DEFAULT")   # the rest of the batch
 
     async def release_leases(self) -> None:

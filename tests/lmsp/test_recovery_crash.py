@@ -430,3 +430,25 @@ async def test_a_task_whose_row_is_locked_at_the_restart_is_still_recovered(
             await client.http.aclose()
     finally:
         await anyio.to_thread.run_sync(child.stop)
+
+
+# Drives child processes from the client side only: one event loop suffices.
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_sigterm_stops_a_start_waiting_for_a_locked_store(
+        tmp_path: Path, store_name: str) -> None:
+    """SIGTERM while the start waits for the lock: the process exits 0 once the wait in
+    progress returns (bounded by ``--store-busy-timeout-ms``), with its one line."""
+    child, url = _serve(tmp_path, store_name)
+    lock = Lock(store_name, url, "tasks IN ACCESS EXCLUSIVE MODE")
+    await _first_run(child)
+    await anyio.to_thread.run_sync(lock.take)
+    try:
+        await anyio.to_thread.run_sync(child.spawn)
+        await until(lambda: "cannot start" in child.stderr_text(), "a line saying why")
+        status = await anyio.to_thread.run_sync(lambda: child.stop(WAIT_S))
+    finally:
+        await anyio.to_thread.run_sync(lock.release)
+        await anyio.to_thread.run_sync(child.kill)
+    assert status == 0, child.stderr_text()
+    assert "received SIGTERM while starting: stopping" in child.stderr_text()
+    assert "Traceback" not in child.stderr_text(), child.stderr_text()
