@@ -35,7 +35,6 @@ for ever by the instance that no longer runs it).
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
