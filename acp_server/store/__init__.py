@@ -74,12 +74,14 @@ def store_for(url: str | None, *, state_dir: str, group_commit: bool = True,
     """An unopened store for ``url`` (``sqlite:///PATH`` or ``postgresql://…``; ``None``
     = ``lmsp.sqlite3`` in ``state_dir``), after ``prepare_state_dir``. ``lease_s``,
     ``renew_s`` and ``poll_s`` are a PostgreSQL store's (``PostgresTaskStore``),
-    ``busy_timeout_s`` a SQLite store's."""
+    ``busy_timeout_s`` a SQLite store's busy timeout and a PostgreSQL store's
+    ``lock_timeout_s``."""
     prepare_state_dir(state_dir)
     url = url or default_url(state_dir)
     if is_postgres_url(url):
         return PostgresTaskStore(url, group_commit=group_commit, state_dir=state_dir,
-                                 lease_s=lease_s, renew_s=renew_s, poll_s=poll_s)
+                                 lease_s=lease_s, renew_s=renew_s, poll_s=poll_s,
+                                 lock_timeout_s=busy_timeout_s)
     if url.startswith("sqlite:"):
         return SqliteTaskStore(url, group_commit=group_commit, busy_timeout_s=busy_timeout_s)
     raise ValueError(f"Unsupported store {url!r}: use sqlite:///PATH or postgresql://….")

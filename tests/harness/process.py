@@ -17,7 +17,8 @@ caller's ``ACP_SERVER_TOKEN``; ``S`` is ``state_dir`` taken from the workspace (
 ``"state"``: ``<workspace>/state``; ``None`` leaves ``--state-dir`` out, the server's
 default). ``start()`` returns once the listening line and the state line were read
 (``base_url``, ``port``, ``pid``; the lines as ``listening`` and ``state_line``), or
-fails with the child's stderr. stderr goes to ``stderr_path`` (``<state dir>.log``, or
+fails with the child's stderr; it is ``spawn()`` (the process, not waited for: a test
+that watches the start-up) then ``wait_listening()``. stderr goes to ``stderr_path`` (``<state dir>.log``, or
 ``<workspace>.serve.log``), read with ``stderr_text()`` at any time.
 ``stop()`` sends SIGTERM and waits (SIGKILL after ``timeout``) and returns the exit
 status; leaving a ``with`` / ``async with`` block stops it.
@@ -126,6 +127,11 @@ class ServeProcess:
 
     def start(self) -> ServeProcess:
         """Start the child and wait for its listening line."""
+        return self.spawn().wait_listening()
+
+    def spawn(self) -> ServeProcess:
+        """Start the child without waiting (a test that watches its start-up: then
+        ``wait_listening()``, or ``kill()``)."""
         env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
         env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
         env.update(self.env)
@@ -136,7 +142,11 @@ class ServeProcess:
         with open(self.stderr_path, "a") as stderr:
             self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr,
                                             text=True, env=env, cwd=self.cwd)
-        assert self.process.stdout is not None
+        return self
+
+    def wait_listening(self) -> ServeProcess:
+        """Wait for the spawned child's listening and state lines."""
+        assert self.process is not None and self.process.stdout is not None
         line = _next_line(self.process.stdout)
         match = LISTENING.match(line)
         state_line = _next_line(self.process.stdout) if match else ""
