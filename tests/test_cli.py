@@ -16,6 +16,7 @@ import pytest
 from acp_server.cli import build_parser, main, settings_from_args
 from acp_server.settings import TOKEN_ENV
 from tests.harness import ServeProcess
+from tests.http.test_http2 import make_certificates, needs_openssl
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -66,6 +67,11 @@ def _no_env_token(monkeypatch: pytest.MonkeyPatch) -> None:
     (["--agent", "'unterminated"], "Invalid agent"),
     (["--tls-cert", "/etc/hostname"], "--tls-cert and --tls-key go together"),
     (["--tls-cert", "/nope.pem", "--tls-key", "/nope.pem"], "Invalid tls-cert: '/nope.pem'"),
+    (["--tls-cert", "/tmp", "--tls-key", "/tmp"], "Invalid tls-cert: '/tmp'. Must be a readable PEM"),
+    # a readable file that is no PEM: one line, exit 2 (it was a traceback once the store opened)
+    (["--tls-cert", "/etc/hostname", "--tls-key", "/etc/hostname"],
+     "Invalid tls-cert / tls-key: TLS cannot load '/etc/hostname' with '/etc/hostname': "
+     "'/etc/hostname' holds no PEM certificate."),
     (["--tls-client-ca", "/etc/hostname"], "--tls-client-ca needs --tls-cert and --tls-key"),
     (["--hostname", "0.0.0.0", "--token", "t", "--require-tls"],
      "Refusing to bind 0.0.0.0 (not a loopback address) without TLS"),
@@ -86,6 +92,8 @@ def _no_env_token(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_invalid_flag_exits_2(flags: list[str], message: str, tmp_path: Path,
                               capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["serve", *flags] if "--workspace" in flags else ["serve", "--workspace", str(tmp_path), *flags]
+    if "--port" not in flags:
+        argv += ["--port", "0"]   # the state-dir cases bind first: not 4170, a user's server may hold it
     with pytest.raises(SystemExit) as exc_info:
         main(argv)
     assert exc_info.value.code == 2
@@ -101,6 +109,42 @@ def test_a_refused_value_is_one_line_not_the_usage(tmp_path: Path,
     assert exc_info.value.code == 2
     [line] = capsys.readouterr().err.splitlines()
     assert line.startswith("acp-server serve: error: Refusing to bind 0.0.0.0"), line
+
+
+@needs_openssl
+def test_tls_files_that_tls_cannot_load_are_one_line_and_exit_2(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A key of another certificate, the files swapped, an encrypted key (no passphrase
+    is asked: OpenSSL would prompt on the terminal), a client CA that is no PEM: each is
+    the reason in one line, exit 2, before anything starts; the right pair is served."""
+    certs = {name: str(path) for name, path in make_certificates(tmp_path).items()}
+    encrypted = str(tmp_path / "encrypted-key.pem")
+    subprocess.run(["openssl", "pkey", "-in", certs["server-key"], "-aes256", "-passout",
+                    "pass:secret", "-out", encrypted], check=True, capture_output=True)
+    cases = [
+        ([certs["server"], certs["client-key"]], "the key is another certificate's"),
+        ([certs["server-key"], certs["server"]], f"{certs['server-key']!r} holds no PEM certificate"),
+        ([certs["server"], certs["ca"]], f"{certs['ca']!r} holds no PEM private key"),
+        ([certs["server"], encrypted], f"{encrypted!r} is encrypted (no passphrase is asked"),
+    ]
+    for (cert, key), reason in cases:
+        with pytest.raises(SystemExit) as exc_info:
+            main(["serve", "--workspace", str(tmp_path), "--tls-cert", cert, "--tls-key", key])
+        assert exc_info.value.code == 2
+        [line] = capsys.readouterr().err.splitlines()
+        assert line.startswith("acp-server serve: error: Invalid tls-cert / tls-key: "), line
+        assert reason in line, line
+    with pytest.raises(SystemExit) as exc_info:
+        main(["serve", "--workspace", str(tmp_path), "--tls-cert", certs["server"],
+              "--tls-key", certs["server-key"], "--tls-client-ca", "/etc/hostname"])
+    assert exc_info.value.code == 2
+    assert capsys.readouterr().err == ("acp-server serve: error: Invalid tls-client-ca: "
+                                       "'/etc/hostname': TLS cannot load it (no certificate or "
+                                       "crl found). Pass a file of PEM CA certificates.\n")
+    with ServeProcess(tmp_path, "--tls-cert", certs["server"], "--tls-key", certs["server-key"],
+                      "--tls-client-ca", certs["ca"]) as child:
+        assert child.listening.startswith("acp-server listening on https://127.0.0.1:")
+        assert child.stop(timeout=10) == 0
 
 
 def _settings(*flags: str):  # type: ignore[no-untyped-def]
