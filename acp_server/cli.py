@@ -11,6 +11,9 @@ Contracts:
 * An address that cannot be bound (a port in use) exits with status 2 and one line,
   ``acp-server: cannot listen on 127.0.0.1:4170: address already in use``, before
   anything is started.
+* A SQLite store another live ``serve`` holds (the same workspace's state folder, or
+  the same ``--store sqlite:///…``) exits with status 2 and one line naming the store
+  and that process's pid, before anything is started (``store.exclusive``).
 * The listening line is printed to stdout (flushed) once the socket accepts
   connections, with the real port when ``--port 0``; the next line names the state
   folder (by default one per workspace, ``settings.default_state_dir``).
@@ -75,6 +78,7 @@ from acp_server.ops.request_log import configure_logging
 from acp_server.server import Server, open_server
 from acp_server.store import prepare_state_dir
 from acp_server.store.errors import StoreUnavailableError
+from acp_server.store.exclusive import StoreInUseError, claim_sqlite_store
 from acp_server.settings import (
     DEFAULT_HOSTNAME,
     DEFAULT_PORT,
@@ -355,14 +359,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SettingsError as exc:
         sock.close()
         _refuse(str(exc))
+    try:
+        store_lock = claim_sqlite_store(settings.store_url)   # held until the process ends
+    except StoreInUseError as exc:
+        sock.close()
+        print(f"acp-server: {exc}", file=sys.stderr)
+        return 2
     configure_logging(settings.log_format)
     if settings.token is None:
         log.warning("no token configured: trusted loopback mode, every local process has "
                     "full access (set --token or %s to require one)", TOKEN_ENV)
     if not settings.loopback and not settings.http.tls:
         log.warning(PLAIN_HTTP_WARNING, settings.hostname)
-    anyio.run(functools.partial(serve, settings, sock=sock), backend="asyncio",
-              backend_options=_loop_options())
+    try:
+        anyio.run(functools.partial(serve, settings, sock=sock), backend="asyncio",
+                  backend_options=_loop_options())
+    finally:
+        if store_lock is not None:
+            store_lock.release()
     return 0
 
 

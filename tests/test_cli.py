@@ -261,6 +261,46 @@ def test_a_port_in_use_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert not (second / "state").exists()   # nothing was started: no store, no record
 
 
+def _second_serve(workspace: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return subprocess.run([sys.executable, "-m", "acp_server", "serve", "--port", "0",
+                           "--workspace", str(workspace), *flags],
+                          capture_output=True, text=True, env=env, timeout=30)
+
+
+def test_a_second_server_on_the_same_sqlite_store_is_one_line_and_exit_2(
+        tmp_path: Path) -> None:
+    """A second ``serve`` of the same workspace (another port, the same state folder) or
+    of the same ``--store sqlite:///…``: it restored the first's sessions from the
+    journal, failed the prompt the first was running (``server_restarted``) and wrote
+    the same event ids beside it. It is refused before anything starts: one line naming
+    the store and the first's pid, exit 2; the first goes on untouched, and once it
+    has stopped the store is free again."""
+    state = tmp_path / "state"
+    db = state / "lmsp.sqlite3"
+    with ServeProcess(tmp_path) as first:
+        sid = first.http.post("/session", json={"sessionScope": "thread"}).json()["sessionId"]
+        held = first.http.post(f"/session/{sid}/prompt", json={
+            "prompt": [{"type": "text", "text": "/sleep 60s held"}]})
+        assert held.status_code == 202
+        pid = first.process.pid if first.process is not None else 0
+        again = _second_serve(tmp_path, "--state-dir", str(state))
+        other = tmp_path / "other"
+        by_url = _second_serve(tmp_path, "--state-dir", str(other), "--store", f"sqlite:///{db}")
+        for result in (again, by_url):
+            assert result.returncode == 2, result.stderr
+            assert result.stdout == ""
+            assert result.stderr == (
+                f"acp-server: the store {db} is in use by another acp-server serve (pid "
+                f"{pid}): stop it, or give this server its own --state-dir\n")
+        status = first.http.get(f"/session/{sid}/status").json()
+        assert status["hasActivePrompt"] is True and status["lastEventId"] == 1
+        assert first.http.get("/health").json() == {"status": "ok"}
+    with ServeProcess(tmp_path) as after:
+        assert after.http.get(f"/session/{sid}/status").status_code == 200
+
+
 # -- the shutdown order ------------------------------------------------------------------
 @pytest.mark.anyio
 async def test_drain_closes_the_front_doors_then_the_sessions_then_the_agents(
