@@ -75,6 +75,7 @@ from acp_server.ops.principals_cli import (
     run_principals_args,
 )
 from acp_server.ops.request_log import configure_logging
+from acp_server.profiles import merge, unfound
 from acp_server.server import Server, open_server
 from acp_server.store import prepare_state_dir
 from acp_server.store.errors import StoreUnavailableError
@@ -371,6 +372,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "full access (set --token or %s to require one)", TOKEN_ENV)
     if not settings.loopback and not settings.http.tls:
         log.warning(PLAIN_HTTP_WARNING, settings.hostname)
+    for name, program in unfound(merge(settings.default_profile, settings.agent_profiles),
+                                 settings.workspace):
+        log.warning("agent %r: %r is not found (not on PATH, or not an executable file): "
+                    "its sessions answer 503 agent_unavailable until it is installed",
+                    name, program)
     try:
         anyio.run(functools.partial(serve, settings, sock=sock), backend="asyncio",
                   backend_options=_loop_options())

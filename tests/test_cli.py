@@ -301,6 +301,28 @@ def test_a_second_server_on_the_same_sqlite_store_is_one_line_and_exit_2(
         assert after.http.get(f"/session/{sid}/status").status_code == 200
 
 
+def test_an_agent_whose_program_is_not_found_is_named_at_start_up(tmp_path: Path) -> None:
+    """``--agent "qwen --acp"`` before qwen is installed: the server starts (it may be
+    installed while it runs) but says so at once, one line per agent, instead of leaving
+    the first request to find out; the reference agent and a program that is there are
+    not named."""
+    script = tmp_path / "here.sh"
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o755)
+    with ServeProcess(tmp_path, "--agent", "no-such-agent-xyz --acp", "--agent",
+                      "local=./not-here.sh", "--agent", f"here={script}", "--agent",
+                      "sh=sh -c true") as child:
+        made = child.http.post("/session", json={"sessionScope": "thread"})
+        assert made.status_code == 503 and made.json()["code"] == "agent_unavailable"
+        warned = [line.split("WARNING acp_server: ", 1)[1] for line in
+                  child.stderr_text().splitlines() if "is not found" in line]
+    assert warned == [
+        "agent 'no-such-agent-xyz': 'no-such-agent-xyz' is not found (not on PATH, or not an "
+        "executable file): its sessions answer 503 agent_unavailable until it is installed",
+        "agent 'local': './not-here.sh' is not found (not on PATH, or not an executable "
+        "file): its sessions answer 503 agent_unavailable until it is installed"]
+
+
 # -- the shutdown order ------------------------------------------------------------------
 @pytest.mark.anyio
 async def test_drain_closes_the_front_doors_then_the_sessions_then_the_agents(
