@@ -323,6 +323,26 @@ def test_an_agent_whose_program_is_not_found_is_named_at_start_up(tmp_path: Path
         "file): its sessions answer 503 agent_unavailable until it is installed"]
 
 
+@pytest.mark.parametrize(("where", "message"), [
+    # it made a state folder (and a store) for the folder that does not exist, and
+    # listed no token: a token made there is one no server ever sees
+    (["--workspace", "/definitely/not/here"],
+     "acp-server: Invalid workspace: '/definitely/not/here'. Must be an existing directory.\n"),
+    # it was a traceback (FileNotFoundError)
+    (["--state-dir", "/proc/no-such-folder"],
+     "acp-server: Invalid state-dir: '/proc/no-such-folder': cannot create it (No such file "
+     "or directory). Pass --state-dir with a folder this user may create or write.\n"),
+])
+@pytest.mark.parametrize("command", [["token", "list"], ["token", "create", "ci"], ["audit"]])
+def test_the_store_commands_refuse_a_folder_they_cannot_use_in_one_line(
+        command: list[str], where: list[str], message: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    assert main([*command, *where]) == 2
+    assert capsys.readouterr().err == message
+    assert not (tmp_path / "xdg").exists()   # nothing was made
+
+
 # -- the shutdown order ------------------------------------------------------------------
 @pytest.mark.anyio
 async def test_drain_closes_the_front_doors_then_the_sessions_then_the_agents(

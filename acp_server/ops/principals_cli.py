@@ -12,7 +12,9 @@ Contracts:
 * Without ``--url`` the command works on the store ``serve`` uses, found the same way:
   ``--store`` (``sqlite:///PATH`` or ``postgresql://…``), else ``lmsp.sqlite3`` in
   ``--state-dir``, else in the workspace's state folder (``--workspace``, default the
-  current folder); it says which on stderr. Several instances on one PostgreSQL store
+  current folder); it says which on stderr. A ``--workspace`` that is no folder, or a
+  state folder that cannot be made, is one line and exit status 2, nothing made (a
+  store for a folder no server serves would hold tokens no server sees). Several instances on one PostgreSQL store
   see a change within a second (a notice; SQLite: the servers' cache lifetime). The
   audit log records the change under ``cli:<user>``.
 * With ``--url`` it calls the server's ``/tokens`` and ``/audit`` routes with
@@ -97,12 +99,26 @@ def add_audit_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 # -- the store ---------------------------------------------------------------------------
+class BadFolder(ValueError):
+    """A workspace or state folder the command cannot use; the message says which."""
+
+
 def store_url(args: argparse.Namespace) -> str:
     if args.store:
         return str(args.store)
-    state_dir = os.path.abspath(args.state_dir) if args.state_dir else \
-        default_state_dir(args.workspace or os.getcwd())
-    prepare_state_dir(state_dir)
+    if args.state_dir:
+        state_dir = os.path.abspath(args.state_dir)
+    else:
+        workspace = args.workspace or os.getcwd()
+        if not os.path.isdir(workspace):   # serve's own check and words
+            raise BadFolder(f"Invalid workspace: {workspace!r}. Must be an existing directory.")
+        state_dir = default_state_dir(workspace)
+    try:
+        prepare_state_dir(state_dir)
+    except OSError as exc:
+        raise BadFolder(f"Invalid state-dir: {state_dir!r}: cannot create it "
+                        f"({exc.strerror or exc}). Pass --state-dir with a folder this user "
+                        "may create or write.") from None
     return default_url(state_dir)
 
 
@@ -235,7 +251,7 @@ def _print(args: argparse.Namespace, result: Any) -> None:
 def run_principals_args(args: argparse.Namespace) -> int:
     try:
         result = anyio.run(_over_http if args.url else _on_store, args)
-    except InvalidPrincipalError as exc:
+    except (InvalidPrincipalError, BadFolder) as exc:
         print(f"acp-server: {exc}", file=sys.stderr)
         return 2
     except Refused as exc:
