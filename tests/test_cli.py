@@ -332,6 +332,9 @@ def test_an_agent_whose_program_is_not_found_is_named_at_start_up(tmp_path: Path
     (["--state-dir", "/proc/no-such-folder"],
      "acp-server: Invalid state-dir: '/proc/no-such-folder': cannot create it (No such file "
      "or directory). Pass --state-dir with a folder this user may create or write.\n"),
+    # it said "The task store is unavailable: mysql://x: SQLite: [Errno 2] …", exit 1
+    (["--store", "mysql://x"],
+     "acp-server: Invalid store: 'mysql://x'. Must be sqlite:///PATH or postgresql://….\n"),
 ])
 @pytest.mark.parametrize("command", [["token", "list"], ["token", "create", "ci"], ["audit"]])
 def test_the_store_commands_refuse_a_folder_they_cannot_use_in_one_line(

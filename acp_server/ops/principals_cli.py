@@ -12,8 +12,8 @@ Contracts:
 * Without ``--url`` the command works on the store ``serve`` uses, found the same way:
   ``--store`` (``sqlite:///PATH`` or ``postgresql://…``), else ``lmsp.sqlite3`` in
   ``--state-dir``, else in the workspace's state folder (``--workspace``, default the
-  current folder); it says which on stderr. A ``--workspace`` that is no folder, or a
-  state folder that cannot be made, is one line and exit status 2, nothing made (a
+  current folder); it says which on stderr. A ``--store`` of another kind, a
+  ``--workspace`` that is no folder, or a state folder that cannot be made, is one line and exit status 2, nothing made (a
   store for a folder no server serves would hold tokens no server sees). Several instances on one PostgreSQL store
   see a change within a second (a notice; SQLite: the servers' cache lifetime). The
   audit log records the change under ``cli:<user>``.
@@ -100,11 +100,14 @@ def add_audit_arguments(parser: argparse.ArgumentParser) -> None:
 
 # -- the store ---------------------------------------------------------------------------
 class BadFolder(ValueError):
-    """A workspace or state folder the command cannot use; the message says which."""
+    """A store, workspace or state folder the command cannot use; the message says which."""
 
 
 def store_url(args: argparse.Namespace) -> str:
     if args.store:
+        if not args.store.startswith(("sqlite:///", "postgresql://", "postgres://")):
+            raise BadFolder(f"Invalid store: {args.store!r}. "   # serve's words
+                            "Must be sqlite:///PATH or postgresql://….")
         return str(args.store)
     if args.state_dir:
         state_dir = os.path.abspath(args.state_dir)
