@@ -9,8 +9,8 @@ Contracts:
 * An invalid flag value exits with status 2 and the validation message on stderr
   (the bridge's own message for bridge options), before anything is started.
 * An address that cannot be bound (a port in use) exits with status 2 and one line,
-  ``acp-server: cannot listen on 127.0.0.1:4170: address already in use``, before
-  anything is started.
+  ``acp-server: cannot listen on 127.0.0.1:4170: address already in use (…what to
+  do)``, before anything is started.
 * A SQLite store another live ``serve`` holds (the same workspace's state folder, or
   the same ``--store sqlite:///…``) exits with status 2 and one line naming the store
   and that process's pid, before anything is started (``store.exclusive``).

@@ -257,7 +257,8 @@ def test_a_port_in_use_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert result.returncode == 2, result.stderr
     assert result.stdout == ""
     assert result.stderr == (f"acp-server: cannot listen on 127.0.0.1:{first.port}: "
-                             "address already in use\n")
+                             "address already in use (another server has the port: stop "
+                             "it, or pass --port with another one, or 0 for any free one)\n")
     assert not (second / "state").exists()   # nothing was started: no store, no record
 
 
