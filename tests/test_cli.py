@@ -347,6 +347,25 @@ def test_the_store_commands_refuse_a_folder_they_cannot_use_in_one_line(
     assert not (tmp_path / "xdg").exists()   # nothing was made
 
 
+def test_the_first_stored_token_says_that_loopback_now_needs_a_credential(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``token create ci`` for a CI bot, beside a server in trusted loopback mode: from
+    then on that server answers 401 to the console and to ``acp-server prompt`` without a
+    token too (security.md). The first token of a store says so; the next do not."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    where = ["--workspace", str(tmp_path)]
+    assert main(["token", "create", "ci", *where]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("acps_") and len(out.splitlines()) == 1
+    assert ("acp-server: the first token of this store: from now on its servers need a "
+            "credential from every client, loopback included (the console, acp-server "
+            "prompt: --token or $ACP_SERVER_TOKEN)\n") in err
+    assert main(["token", "revoke", "ci", *where]) == 0
+    assert main(["token", "create", "ci2", *where]) == 0
+    assert "first token" not in capsys.readouterr().err   # revoked, it still was one
+
+
 # -- the shutdown order ------------------------------------------------------------------
 @pytest.mark.anyio
 async def test_drain_closes_the_front_doors_then_the_sessions_then_the_agents(

@@ -21,7 +21,8 @@ Contracts:
   ``--token`` (default ``$ACP_SERVER_TOKEN``), which must hold the ``admin`` scope; a
   401 or 403 is one clear line and exit status 1.
 * ``token create`` prints the token alone on stdout (``--json``: an object with it)
-  and never again; ``list`` never shows a secret. Exit status: 0 done, 1 refused (a
+  and never again; the first of a store (revoked ones count) adds a line on stderr:
+  from then on its servers need a credential from loopback clients too; ``list`` never shows a secret. Exit status: 0 done, 1 refused (a
   name taken, no such token, the server said no), 2 invalid arguments.
 """
 
@@ -99,6 +100,11 @@ def add_audit_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 # -- the store ---------------------------------------------------------------------------
+FIRST_TOKEN_NOTE = ("acp-server: the first token of this store: from now on its servers "
+                    "need a credential from every client, loopback included (the console, "
+                    "acp-server prompt: --token or $ACP_SERVER_TOKEN)")
+
+
 class BadFolder(ValueError):
     """A store, workspace or state folder the command cannot use; the message says which."""
 
@@ -166,12 +172,15 @@ async def _store_command(args: argparse.Namespace, store: Any, audit: AuditLog) 
             raise InvalidPrincipalError(exc.body["error"]) from None
         return {"records": as_json(await store.read_audit(query))}
     if args.token_command == "create":
+        first = not await store.list_tokens(include_revoked=True, now=audit.clock())
         try:
             issued = await create_token(store, audit, by=_actor(), name=args.name,
                                         scopes=args.scope, expires=args.expires,
                                         rate_class=UNLIMITED if args.unlimited else DEFAULT_RATE)
         except TokenNameTakenError as exc:
             raise Refused(str(exc)) from None
+        if first:   # security.md: no longer every local process's
+            print(FIRST_TOKEN_NOTE, file=sys.stderr)
         return {"token": issued.token, **token_json(issued.record)}
     if args.token_command == "list":
         return {"tokens": [token_json(r) for r in
