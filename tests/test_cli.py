@@ -90,7 +90,10 @@ def _no_env_token(monkeypatch: pytest.MonkeyPatch) -> None:
     (["--state-dir", "/etc/hostname/x"], "cannot create it (Not a directory)"),
 ])
 def test_invalid_flag_exits_2(flags: list[str], message: str, tmp_path: Path,
-                              capsys: pytest.CaptureFixture[str]) -> None:
+                              capsys: pytest.CaptureFixture[str],
+                              monkeypatch: pytest.MonkeyPatch) -> None:
+    # a value wrongly accepted starts a server: its state folder is the test's, not ~'s
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
     argv = ["serve", *flags] if "--workspace" in flags else ["serve", "--workspace", str(tmp_path), *flags]
     if "--port" not in flags:
         argv += ["--port", "0"]   # the state-dir cases bind first: not 4170, a user's server may hold it
