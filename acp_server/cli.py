@@ -9,8 +9,11 @@ Contracts:
 * An invalid flag value exits with status 2 and the validation message on stderr
   (the bridge's own message for bridge options), before anything is started.
 * An address that cannot be bound (a port in use) exits with status 2 and one line,
-  ``acp-server: cannot listen on 127.0.0.1:4170: address already in use``, before
-  anything is started.
+  ``acp-server: cannot listen on 127.0.0.1:4170: address already in use (…what to
+  do)``, before anything is started.
+* A SQLite store another live ``serve`` holds (the same workspace's state folder, or
+  the same ``--store sqlite:///…``) exits with status 2 and one line naming the store
+  and that process's pid, before anything is started (``store.exclusive``).
 * The listening line is printed to stdout (flushed) once the socket accepts
   connections, with the real port when ``--port 0``; the next line names the state
   folder (by default one per workspace, ``settings.default_state_dir``).
@@ -72,9 +75,11 @@ from acp_server.ops.principals_cli import (
     run_principals_args,
 )
 from acp_server.ops.request_log import configure_logging
+from acp_server.profiles import merge, unfound
 from acp_server.server import Server, open_server
 from acp_server.store import prepare_state_dir
 from acp_server.store.errors import StoreUnavailableError
+from acp_server.store.exclusive import StoreInUseError, claim_sqlite_store
 from acp_server.settings import (
     DEFAULT_HOSTNAME,
     DEFAULT_PORT,
@@ -357,14 +362,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SettingsError as exc:
         sock.close()
         _refuse(str(exc))
+    try:
+        store_lock = claim_sqlite_store(settings.store_url)   # held until the process ends
+    except StoreInUseError as exc:
+        sock.close()
+        print(f"acp-server: {exc}", file=sys.stderr)
+        return 2
     configure_logging(settings.log_format)
     if settings.token is None:
         log.warning("no token configured: trusted loopback mode, every local process has "
                     "full access (set --token or %s to require one)", TOKEN_ENV)
     if not settings.loopback and not settings.http.tls:
         log.warning(PLAIN_HTTP_WARNING, settings.hostname)
-    anyio.run(functools.partial(serve, settings, sock=sock), backend="asyncio",
-              backend_options=_loop_options())
+    for name, program in unfound(merge(settings.default_profile, settings.agent_profiles),
+                                 settings.workspace):
+        log.warning("agent %r: %r is not found (not on PATH, or not an executable file): "
+                    "its sessions answer 503 agent_unavailable until it is installed",
+                    name, program)
+    try:
+        anyio.run(functools.partial(serve, settings, sock=sock), backend="asyncio",
+                  backend_options=_loop_options())
+    finally:
+        if store_lock is not None:
+            store_lock.release()
     return 0
 
 

@@ -14,6 +14,10 @@ A config file (TOML) adds profiles with their own environment and working folder
     env = { OPENAI_BASE_URL = "http://127.0.0.1:11434/v1" }
     cwd = "/work"                                     # default: the workspace
 
+``unfound(profiles, workspace)`` names the stdio agents whose program cannot be found
+(not on the ``PATH`` the child gets, or no executable file at the path given): the
+server starts all the same (one may be installed while it runs), and says so.
+
 ``--model-server URL`` adds one profile per model the server lists at ``/v1/models``,
 named by the model id, served by the in-process model agent (listed at start and again
 while the server runs: ``bridge.agents.catalog``, ``Settings.model_factory``).
@@ -25,6 +29,7 @@ import dataclasses
 import os
 import re
 import shlex
+import shutil
 import tomllib
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -138,6 +143,26 @@ def merge(default: AgentProfile, named: Iterable[AgentProfile]) -> list[AgentPro
         seen.add(item.name)
         result.append(item)
     return result
+
+
+def unfound(profiles: Iterable[AgentProfile], workspace: str) -> list[tuple[str, str]]:
+    """(agent name, program) for each stdio profile whose program cannot be found: a
+    bare name searched on the ``PATH`` the child gets (its profile's, else the
+    server's), a path taken from the agent's working folder."""
+    missing = []
+    for item in profiles:
+        if item.kind != "stdio":
+            continue
+        program = item.command[0]
+        if os.sep in program:
+            path = os.path.join(item.cwd or workspace, program)
+            found = os.path.isfile(path) and os.access(path, os.X_OK)
+        else:
+            search = dict(item.env).get("PATH", os.environ.get("PATH", os.defpath))
+            found = shutil.which(program, path=search) is not None
+        if not found:
+            missing.append((item.name, program))
+    return missing
 
 
 def build_factory(item: AgentProfile, *, workspace: str, hidden_env: Iterable[str] = (),

@@ -16,6 +16,7 @@ import pytest
 from acp_server.cli import build_parser, main, settings_from_args
 from acp_server.settings import TOKEN_ENV
 from tests.harness import ServeProcess
+from tests.http.test_http2 import make_certificates, needs_openssl
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -66,6 +67,11 @@ def _no_env_token(monkeypatch: pytest.MonkeyPatch) -> None:
     (["--agent", "'unterminated"], "Invalid agent"),
     (["--tls-cert", "/etc/hostname"], "--tls-cert and --tls-key go together"),
     (["--tls-cert", "/nope.pem", "--tls-key", "/nope.pem"], "Invalid tls-cert: '/nope.pem'"),
+    (["--tls-cert", "/tmp", "--tls-key", "/tmp"], "Invalid tls-cert: '/tmp'. Must be a readable PEM"),
+    # a readable file that is no PEM: one line, exit 2 (it was a traceback once the store opened)
+    (["--tls-cert", "/etc/hostname", "--tls-key", "/etc/hostname"],
+     "Invalid tls-cert / tls-key: TLS cannot load '/etc/hostname' with '/etc/hostname': "
+     "'/etc/hostname' holds no PEM certificate."),
     (["--tls-client-ca", "/etc/hostname"], "--tls-client-ca needs --tls-cert and --tls-key"),
     (["--hostname", "0.0.0.0", "--token", "t", "--require-tls"],
      "Refusing to bind 0.0.0.0 (not a loopback address) without TLS"),
@@ -84,12 +90,14 @@ def _no_env_token(monkeypatch: pytest.MonkeyPatch) -> None:
     (["--state-dir", "/etc/hostname/x"], "cannot create it (Not a directory)"),
 ])
 def test_invalid_flag_exits_2(flags: list[str], message: str, tmp_path: Path,
-                              capsys: pytest.CaptureFixture[str]) -> None:
-    # port 0: a daemon already on the default port (a developer's own) must not decide
-    # the answer (the port is taken before the state folder is made); a --port in
-    # ``flags`` comes later and wins
-    argv = ["serve", "--port", "0", *flags] if "--workspace" in flags \
-        else ["serve", "--port", "0", "--workspace", str(tmp_path), *flags]
+                              capsys: pytest.CaptureFixture[str],
+                              monkeypatch: pytest.MonkeyPatch) -> None:
+    # a value wrongly accepted starts a server: its state folder is the test's, not ~'s
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    argv = ["serve", *flags] if "--workspace" in flags \
+        else ["serve", "--workspace", str(tmp_path), *flags]
+    if "--port" not in flags:
+        argv += ["--port", "0"]   # the state-dir cases bind first: not 4170, a user's server may hold it
     with pytest.raises(SystemExit) as exc_info:
         main(argv)
     assert exc_info.value.code == 2
@@ -105,6 +113,42 @@ def test_a_refused_value_is_one_line_not_the_usage(tmp_path: Path,
     assert exc_info.value.code == 2
     [line] = capsys.readouterr().err.splitlines()
     assert line.startswith("acp-server serve: error: Refusing to bind 0.0.0.0"), line
+
+
+@needs_openssl
+def test_tls_files_that_tls_cannot_load_are_one_line_and_exit_2(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A key of another certificate, the files swapped, an encrypted key (no passphrase
+    is asked: OpenSSL would prompt on the terminal), a client CA that is no PEM: each is
+    the reason in one line, exit 2, before anything starts; the right pair is served."""
+    certs = {name: str(path) for name, path in make_certificates(tmp_path).items()}
+    encrypted = str(tmp_path / "encrypted-key.pem")
+    subprocess.run(["openssl", "pkey", "-in", certs["server-key"], "-aes256", "-passout",
+                    "pass:secret", "-out", encrypted], check=True, capture_output=True)
+    cases = [
+        ([certs["server"], certs["client-key"]], "the key is another certificate's"),
+        ([certs["server-key"], certs["server"]], f"{certs['server-key']!r} holds no PEM certificate"),
+        ([certs["server"], certs["ca"]], f"{certs['ca']!r} holds no PEM private key"),
+        ([certs["server"], encrypted], f"{encrypted!r} is encrypted (no passphrase is asked"),
+    ]
+    for (cert, key), reason in cases:
+        with pytest.raises(SystemExit) as exc_info:
+            main(["serve", "--workspace", str(tmp_path), "--tls-cert", cert, "--tls-key", key])
+        assert exc_info.value.code == 2
+        [line] = capsys.readouterr().err.splitlines()
+        assert line.startswith("acp-server serve: error: Invalid tls-cert / tls-key: "), line
+        assert reason in line, line
+    with pytest.raises(SystemExit) as exc_info:
+        main(["serve", "--workspace", str(tmp_path), "--tls-cert", certs["server"],
+              "--tls-key", certs["server-key"], "--tls-client-ca", "/etc/hostname"])
+    assert exc_info.value.code == 2
+    assert capsys.readouterr().err == ("acp-server serve: error: Invalid tls-client-ca: "
+                                       "'/etc/hostname': TLS cannot load it (no certificate or "
+                                       "crl found). Pass a file of PEM CA certificates.\n")
+    with ServeProcess(tmp_path, "--tls-cert", certs["server"], "--tls-key", certs["server-key"],
+                      "--tls-client-ca", certs["ca"]) as child:
+        assert child.listening.startswith("acp-server listening on https://127.0.0.1:")
+        assert child.stop(timeout=10) == 0
 
 
 def _settings(*flags: str):  # type: ignore[no-untyped-def]
@@ -217,8 +261,113 @@ def test_a_port_in_use_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert result.returncode == 2, result.stderr
     assert result.stdout == ""
     assert result.stderr == (f"acp-server: cannot listen on 127.0.0.1:{first.port}: "
-                             "address already in use\n")
+                             "address already in use (another server has the port: stop "
+                             "it, or pass --port with another one, or 0 for any free one)\n")
     assert not (second / "state").exists()   # nothing was started: no store, no record
+
+
+def _second_serve(workspace: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return subprocess.run([sys.executable, "-m", "acp_server", "serve", "--port", "0",
+                           "--workspace", str(workspace), *flags],
+                          capture_output=True, text=True, env=env, timeout=30)
+
+
+def test_a_second_server_on_the_same_sqlite_store_is_one_line_and_exit_2(
+        tmp_path: Path) -> None:
+    """A second ``serve`` of the same workspace (another port, the same state folder) or
+    of the same ``--store sqlite:///…``: it restored the first's sessions from the
+    journal, failed the prompt the first was running (``server_restarted``) and wrote
+    the same event ids beside it. It is refused before anything starts: one line naming
+    the store and the first's pid, exit 2; the first goes on untouched, and once it
+    has stopped the store is free again."""
+    state = tmp_path / "state"
+    db = state / "lmsp.sqlite3"
+    with ServeProcess(tmp_path) as first:
+        sid = first.http.post("/session", json={"sessionScope": "thread"}).json()["sessionId"]
+        held = first.http.post(f"/session/{sid}/prompt", json={
+            "prompt": [{"type": "text", "text": "/sleep 60s held"}]})
+        assert held.status_code == 202
+        pid = first.process.pid if first.process is not None else 0
+        again = _second_serve(tmp_path, "--state-dir", str(state))
+        other = tmp_path / "other"
+        by_url = _second_serve(tmp_path, "--state-dir", str(other), "--store", f"sqlite:///{db}")
+        for result in (again, by_url):
+            assert result.returncode == 2, result.stderr
+            assert result.stdout == ""
+            assert result.stderr == (
+                f"acp-server: the store {db} is in use by another acp-server serve (pid "
+                f"{pid}): stop it, or give this server its own --state-dir\n")
+        status = first.http.get(f"/session/{sid}/status").json()
+        assert status["hasActivePrompt"] is True and status["lastEventId"] == 1
+        assert first.http.get("/health").json() == {"status": "ok"}
+    with ServeProcess(tmp_path) as after:
+        assert after.http.get(f"/session/{sid}/status").status_code == 200
+
+
+def test_an_agent_whose_program_is_not_found_is_named_at_start_up(tmp_path: Path) -> None:
+    """``--agent "qwen --acp"`` before qwen is installed: the server starts (it may be
+    installed while it runs) but says so at once, one line per agent, instead of leaving
+    the first request to find out; the reference agent and a program that is there are
+    not named."""
+    script = tmp_path / "here.sh"
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o755)
+    with ServeProcess(tmp_path, "--agent", "no-such-agent-xyz --acp", "--agent",
+                      "local=./not-here.sh", "--agent", f"here={script}", "--agent",
+                      "sh=sh -c true") as child:
+        made = child.http.post("/session", json={"sessionScope": "thread"})
+        assert made.status_code == 503 and made.json()["code"] == "agent_unavailable"
+        warned = [line.split("WARNING acp_server: ", 1)[1] for line in
+                  child.stderr_text().splitlines() if "is not found" in line]
+    assert warned == [
+        "agent 'no-such-agent-xyz': 'no-such-agent-xyz' is not found (not on PATH, or not an "
+        "executable file): its sessions answer 503 agent_unavailable until it is installed",
+        "agent 'local': './not-here.sh' is not found (not on PATH, or not an executable "
+        "file): its sessions answer 503 agent_unavailable until it is installed"]
+
+
+@pytest.mark.parametrize(("where", "message"), [
+    # it made a state folder (and a store) for the folder that does not exist, and
+    # listed no token: a token made there is one no server ever sees
+    (["--workspace", "/definitely/not/here"],
+     "acp-server: Invalid workspace: '/definitely/not/here'. Must be an existing directory.\n"),
+    # it was a traceback (FileNotFoundError)
+    (["--state-dir", "/proc/no-such-folder"],
+     "acp-server: Invalid state-dir: '/proc/no-such-folder': cannot create it (No such file "
+     "or directory). Pass --state-dir with a folder this user may create or write.\n"),
+    # it said "The task store is unavailable: mysql://x: SQLite: [Errno 2] …", exit 1
+    (["--store", "mysql://x"],
+     "acp-server: Invalid store: 'mysql://x'. Must be sqlite:///PATH or postgresql://….\n"),
+])
+@pytest.mark.parametrize("command", [["token", "list"], ["token", "create", "ci"], ["audit"]])
+def test_the_store_commands_refuse_a_folder_they_cannot_use_in_one_line(
+        command: list[str], where: list[str], message: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    assert main([*command, *where]) == 2
+    assert capsys.readouterr().err == message
+    assert not (tmp_path / "xdg").exists()   # nothing was made
+
+
+def test_the_first_stored_token_says_that_loopback_now_needs_a_credential(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``token create ci`` for a CI bot, beside a server in trusted loopback mode: from
+    then on that server answers 401 to the console and to ``acp-server prompt`` without a
+    token too (security.md). The first token of a store says so; the next do not."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    where = ["--workspace", str(tmp_path)]
+    assert main(["token", "create", "ci", *where]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("acps_") and len(out.splitlines()) == 1
+    assert ("acp-server: the first token of this store: from now on its servers need a "
+            "credential from every client, loopback included (the console, acp-server "
+            "prompt: --token or $ACP_SERVER_TOKEN)\n") in err
+    assert main(["token", "revoke", "ci", *where]) == 0
+    assert main(["token", "create", "ci2", *where]) == 0
+    assert "first token" not in capsys.readouterr().err   # revoked, it still was one
 
 
 # -- the shutdown order ------------------------------------------------------------------

@@ -1,4 +1,6 @@
-"""Every relative link in README.md, CHANGELOG.md and docs/ resolves, anchors included.
+"""Every relative link in README.md, CHANGELOG.md and docs/ resolves, anchors included;
+every ``acp-server`` command the pages show is one the CLI takes, and every ``serve``
+flag is in operations.md's table.
 
     .venv/bin/python -m pytest tests/test_docs.py -q
 
@@ -10,7 +12,10 @@ the target page, slugged as GitHub does (lowercase, punctuation dropped, spaces 
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -85,3 +90,64 @@ def test_the_checker_sees_a_broken_link_and_a_broken_anchor(tmp_path: Path) -> N
                                    "[bad](missing.md) [bad](#nowhere) `[code](nope.md)`\n")
     (tmp_path / "b.md").write_text("# B\n")
     assert broken(tmp_path / "a.md") == ["missing.md: no such file", "#nowhere: no heading #nowhere"]
+
+
+# -- the commands the pages show ----------------------------------------------------------
+_SHELL_BLOCK = re.compile(r"^```(?:sh|bash|shell|console)?\n(.*?)^```", re.M | re.S)
+
+
+def command_lines(page: Path) -> list[str]:
+    """Each ``acp-server …`` command of the page's shell blocks, as typed (continuations
+    joined; a comment, a pipe, a redirection or ``&&`` ends it)."""
+    found = []
+    for block in _SHELL_BLOCK.findall(page.read_text()):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.strip().removeprefix("$ ")
+            match = re.match(r"^(?:[A-Z_]+=\S+ )*(?:\S*/)?acp-server (.*)", line)
+            if match:
+                found.append(re.split(r" #|\s[|>]|&&", match.group(1))[0].strip())
+    return found
+
+
+def _usage_error(line: str) -> str | None:
+    from acp_server.cli import build_parser
+
+    line = re.sub(r"\[[^\]]*\](\.\.\.|…)?", " ", line)   # [--flag X]...: optional, unchecked
+    argv = [a.split("|")[0] for a in shlex.split(line)]   # get|cancel|watch: the first
+    parser, _ = build_parser()
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            parser.parse_args(argv)
+    except SystemExit as exc:
+        return err.getvalue().strip().splitlines()[-1] if exc.code else None
+    return None
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if p.name != "CHANGELOG.md"],
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_command_a_page_shows_is_one_the_cli_takes(page: Path) -> None:
+    """A subcommand renamed or a flag dropped leaves no page showing it (a usage line's
+    ``[--flag X]`` parts are skipped, of ``a|b`` the first is taken)."""
+    refused = {line: _usage_error(line) for line in command_lines(page)}
+    assert {line: why for line, why in refused.items() if why} == {}
+
+
+def test_every_serve_flag_is_in_the_operations_table() -> None:
+    """The README sends a reader to operations.md for "all flags"."""
+    from acp_server.cli import build_parser
+
+    _, serve = build_parser()
+    table = (ROOT / "docs" / "operations.md").read_text()
+    flags = [o for a in serve._actions for o in a.option_strings if o.startswith("--")]
+    assert [f for f in flags if f != "--help" and f"`{f}" not in table] == []
+
+
+def test_the_command_checker_sees_a_wrong_flag_and_a_wrong_command(tmp_path: Path) -> None:
+    page = tmp_path / "p.md"
+    page.write_text("```sh\nacp-server serve --port 0   # fine\n$ acp-server tasks list "
+                    "[--limit N]\nacp-server serve --no-such-flag\nacp-server serv\n```\n")
+    assert command_lines(page) == ["serve --port 0", "tasks list [--limit N]",
+                                   "serve --no-such-flag", "serv"]
+    assert [_usage_error(line) is None for line in command_lines(page)] == [True, True,
+                                                                           False, False]

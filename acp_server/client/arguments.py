@@ -4,7 +4,10 @@ their arguments.
     parser.add_argument("--url", default=None, help=f"default ${URL_ENV} or {DEFAULT_URL}")
     parser.add_argument("--timeout", type=positive_seconds, default=30.0)
 
-Contract: ``positive_seconds`` refuses a number that is not above 0 (a negative or zero
+Contract: ``daemon_url`` is the address the command talks to (``--url``, else
+``$ACP_SERVER_URL``, else the default); one without ``http://`` or ``https://``
+(``127.0.0.1:4170``) raises ``httpx.InvalidURL``, which the commands report as bad usage
+(exit status 2) before any request. ``positive_seconds`` refuses a number that is not above 0 (a negative or zero
 timeout would only surface later as "cannot reach … timed out"), ``nan`` and ``inf``
 included, with argparse's usage error (exit status 2).
 """
@@ -13,9 +16,22 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+
+import httpx
+
+from acp_server.client.errors import redact
 
 URL_ENV = "ACP_SERVER_URL"
 DEFAULT_URL = "http://127.0.0.1:4170"
+
+
+def daemon_url(flag: str | None) -> str:
+    url = flag or os.environ.get(URL_ENV) or DEFAULT_URL
+    if not url.lower().startswith(("http://", "https://")):
+        raise httpx.InvalidURL(f"{redact(url)!r} is not http:// or https:// "
+                               f"(e.g. {DEFAULT_URL})")
+    return url
 
 
 def positive_seconds(value: str) -> float:
@@ -28,4 +44,4 @@ def positive_seconds(value: str) -> float:
     return seconds
 
 
-__all__ = ["DEFAULT_URL", "URL_ENV", "positive_seconds"]
+__all__ = ["DEFAULT_URL", "URL_ENV", "daemon_url", "positive_seconds"]

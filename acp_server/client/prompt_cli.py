@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
@@ -38,7 +37,7 @@ import httpx
 
 from acp_server.client import (CreateSessionRequest, DaemonClient, DaemonError, DaemonEvent,
                                DaemonHttpError)
-from acp_server.client.arguments import DEFAULT_URL, URL_ENV, positive_seconds
+from acp_server.client.arguments import DEFAULT_URL, URL_ENV, daemon_url, positive_seconds
 from acp_server.client.cli_run import (EXIT_ERROR, EXIT_OK, EXIT_PIPE, EXIT_USAGE,
                                        OutputClosed, prompt_text, run_command)
 from acp_server.client.errors import DaemonForbiddenError, hint, one_line
@@ -126,7 +125,7 @@ async def prompt_command(args: argparse.Namespace, *, out: TextIO, err: TextIO,
     where a person's answers are read (default stdin)."""
     source = source or sys.stdin
     text = prompt_text(args.text, source)
-    url = args.url or os.environ.get(URL_ENV) or DEFAULT_URL
+    url = daemon_url(args.url)
     printer = _Printer(out)
     ask = TerminalAsker(source, err) if _terminal(args, source, err) else None
     try:

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -39,7 +38,7 @@ from typing import Any, TextIO
 import msgspec
 
 from acp_server.client import DaemonError, TaskClient, TaskEvent
-from acp_server.client.arguments import DEFAULT_URL, URL_ENV, positive_seconds
+from acp_server.client.arguments import DEFAULT_URL, URL_ENV, daemon_url, positive_seconds
 from acp_server.client.cli_run import EXIT_ERROR, EXIT_OK, EXIT_USAGE, prompt_text, run_command
 from acp_server.client.errors import hint, one_line
 from acp_server.client.tasks import ForbiddenError, LmspProblem, Task, TaskSummary
@@ -191,7 +190,7 @@ def task_line(task: TaskSummary) -> str:
 
 
 async def tasks_command(args: argparse.Namespace, *, out: TextIO, err: TextIO) -> int:
-    url = args.url or os.environ.get(URL_ENV) or DEFAULT_URL
+    url = daemon_url(args.url)
     try:
         async with TaskClient(url, token=args.token, timeout=args.timeout) as tasks:
             if args.action == "create":

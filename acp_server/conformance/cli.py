@@ -18,6 +18,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import anyio
 from rich.console import Console
@@ -46,8 +47,22 @@ def _count(value: str) -> int:
     return number
 
 
+def base_url(text: str) -> str:
+    """An http(s) URL with a host, else argparse's usage error (exit 2, before any run)."""
+    try:
+        parts = urlsplit(text)
+        host = parts.hostname
+    except ValueError:   # http://[::1
+        host = None
+    if not host or parts.scheme not in ("http", "https"):
+        raise argparse.ArgumentTypeError(f"not an http(s) URL: {redact(text)!r} "
+                                         "(e.g. http://127.0.0.1:4170)")
+    return text
+
+
 def add_conformance_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    parser.add_argument("url", help="the server's base URL, e.g. http://127.0.0.1:4170")
+    parser.add_argument("url", type=base_url,
+                        help="the server's base URL, e.g. http://127.0.0.1:4170")
     parser.add_argument("--suite", action="append", choices=SUITES, default=None,
                         help="run this suite (repeatable; default: what the target advertises)")
     parser.add_argument("--token", default=None, help=f"bearer token (default ${TOKEN_ENV})")

@@ -40,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -587,5 +588,14 @@ async def open_link(target: Target, init: bytes) -> AsyncIterator[tuple[Link, by
 
 
 def _reason(exc: BaseException) -> str:
+    """A few words: what refused under httpx's "All connection attempts failed"."""
+    todo, seen = [exc], 0
+    while todo and seen < 50:
+        cause, seen = todo.pop(0), seen + 1
+        if isinstance(cause, (ConnectionRefusedError, socket.gaierror)):
+            return "connection refused" if isinstance(cause, ConnectionRefusedError) \
+                else "name not resolved"
+        todo += [*getattr(cause, "exceptions", ()), *(c for c in (cause.__cause__,
+                 cause.__context__) if c is not None)]
     text = str(exc) or type(exc).__name__
     return text.splitlines()[0][:200]

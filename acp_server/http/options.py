@@ -7,13 +7,16 @@
 
 Contracts: ``HttpOptions(...)`` and ``from_flags`` raise ``ValueError`` with the message
 the CLI prints before exiting 2: an unknown server, a certificate without its key (or
-the reverse), a client CA without a certificate, a file that cannot be read, a cap
-that is not a positive integer, or a malformed ``--allow-host``.
+the reverse), a client CA without a certificate, a file that cannot be read, a
+certificate, key or client CA that TLS cannot load (not PEM, a key of another
+certificate, an encrypted key: no passphrase is asked), a cap that is not a positive
+integer, or a malformed ``--allow-host``.
 """
 
 from __future__ import annotations
 
 import os
+import ssl
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -59,8 +62,10 @@ class HttpOptions:
             raise ValueError("--tls-client-ca needs --tls-cert and --tls-key.")
         for flag, path in (("tls-cert", self.tls_cert), ("tls-key", self.tls_key),
                            ("tls-client-ca", self.tls_client_ca)):
-            if path is not None and not os.access(path, os.R_OK):
+            if path is not None and not (os.path.isfile(path) and os.access(path, os.R_OK)):
                 raise ValueError(f"Invalid {flag}: {path!r}. Must be a readable PEM file.")
+        if self.tls_cert is not None and self.tls_key is not None:
+            _check_tls(self.tls_cert, self.tls_key, self.tls_client_ca)
         for name, flag in (("max_header_bytes", "max-header-bytes"),
                            ("max_headers", "max-headers"),
                            ("max_request_line", "max-request-line-bytes")):
@@ -93,6 +98,54 @@ class HttpOptions:
                    max_header_bytes=_int(max_header_bytes), max_headers=_int(max_headers),
                    max_request_line=_int(max_request_line),
                    granian_interface=granian_interface)
+
+
+def _check_tls(cert: str, key: str, client_ca: str | None) -> None:
+    """The files loaded as the server will load them, so that a bad one is one line at
+    start-up rather than a traceback once the store is open."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        # an encrypted key would make OpenSSL ask for a passphrase on the terminal
+        context.load_cert_chain(cert, key, password=lambda: b"")
+    except (ssl.SSLError, OSError) as exc:
+        why = _pem_problem(cert, key) or _ssl_reason(exc)
+        raise ValueError(f"Invalid tls-cert / tls-key: TLS cannot load {cert!r} with "
+                         f"{key!r}: {why}. Pass a PEM certificate chain and its unencrypted "
+                         "PEM private key.") from None
+    if client_ca is not None:
+        try:
+            context.load_verify_locations(cafile=client_ca)
+        except (ssl.SSLError, OSError) as exc:
+            raise ValueError(f"Invalid tls-client-ca: {client_ca!r}: TLS cannot load it "
+                             f"({_ssl_reason(exc)}). Pass a file of PEM CA certificates."
+                             ) from None
+
+
+def _pem_problem(cert: str, key: str) -> str | None:
+    """Which file is wrong, when its text says so."""
+    def text(path: str) -> str:
+        with open(path, "rb") as file:
+            return file.read(1 << 20).decode("ascii", "replace")
+    try:
+        cert_text, key_text = text(cert), text(key)
+    except OSError:
+        return None
+    if "-----BEGIN CERTIFICATE-----" not in cert_text:
+        return f"{cert!r} holds no PEM certificate"
+    if "ENCRYPTED" in key_text:
+        return f"{key!r} is encrypted (no passphrase is asked: decrypt it with `openssl pkey`)"
+    if "PRIVATE KEY-----" not in key_text:
+        return f"{key!r} holds no PEM private key"
+    return None
+
+
+def _ssl_reason(exc: ssl.SSLError | OSError) -> str:
+    reason = getattr(exc, "reason", None)
+    if reason == "KEY_VALUES_MISMATCH":
+        return "the key is another certificate's"
+    if reason:
+        return str(reason).lower().replace("_", " ")
+    return exc.strerror or str(exc)
 
 
 def _int(value: str | int) -> int | str:

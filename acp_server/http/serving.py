@@ -35,6 +35,7 @@ that know granian and uvicorn. It belongs to the composition (it may import
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import signal
@@ -79,7 +80,17 @@ def listen(settings: Settings) -> socket.socket:
         reason = (exc.strerror or str(exc)).split(" (while attempting", 1)[0]
         address = f"[{host.strip('[]')}]:{port}" if ":" in host else f"{host}:{port}"
         raise ListenError(f"cannot listen on {address}: {reason[:1].lower()}{reason[1:]}"
-                          ) from None
+                          f"{LISTEN_HINTS.get(exc.errno or 0, '')}") from None
+
+
+# What to do, after the reason, for the refusals a person meets.
+LISTEN_HINTS = {
+    errno.EADDRINUSE: " (another server has the port: stop it, or pass --port with another "
+                      "one, or 0 for any free one)",
+    errno.EACCES: " (a port below 1024 needs privileges: pass --port 1024 or above)",
+    errno.EADDRNOTAVAIL: " (no interface of this machine has that address: pass --hostname "
+                         "with one of its own, or 127.0.0.1)",
+}
 
 
 async def run_http(server: Server, settings: Settings, sock: socket.socket | None = None, *,

@@ -12,14 +12,17 @@ Contracts:
 * Without ``--url`` the command works on the store ``serve`` uses, found the same way:
   ``--store`` (``sqlite:///PATH`` or ``postgresql://…``), else ``lmsp.sqlite3`` in
   ``--state-dir``, else in the workspace's state folder (``--workspace``, default the
-  current folder); it says which on stderr. Several instances on one PostgreSQL store
+  current folder); it says which on stderr. A ``--store`` of another kind, a
+  ``--workspace`` that is no folder, or a state folder that cannot be made, is one line and exit status 2, nothing made (a
+  store for a folder no server serves would hold tokens no server sees). Several instances on one PostgreSQL store
   see a change within a second (a notice; SQLite: the servers' cache lifetime). The
   audit log records the change under ``cli:<user>``.
 * With ``--url`` it calls the server's ``/tokens`` and ``/audit`` routes with
   ``--token`` (default ``$ACP_SERVER_TOKEN``), which must hold the ``admin`` scope; a
   401 or 403 is one clear line and exit status 1.
 * ``token create`` prints the token alone on stdout (``--json``: an object with it)
-  and never again; ``list`` never shows a secret. Exit status: 0 done, 1 refused (a
+  and never again; the first of a store (revoked ones count) adds a line on stderr:
+  from then on its servers need a credential from loopback clients too; ``list`` never shows a secret. Exit status: 0 done, 1 refused (a
   name taken, no such token, the server said no), 2 invalid arguments.
 """
 
@@ -97,12 +100,34 @@ def add_audit_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 # -- the store ---------------------------------------------------------------------------
+FIRST_TOKEN_NOTE = ("acp-server: the first token of this store: from now on its servers "
+                    "need a credential from every client, loopback included (the console, "
+                    "acp-server prompt: --token or $ACP_SERVER_TOKEN)")
+
+
+class BadFolder(ValueError):
+    """A store, workspace or state folder the command cannot use; the message says which."""
+
+
 def store_url(args: argparse.Namespace) -> str:
     if args.store:
+        if not args.store.startswith(("sqlite:///", "postgresql://", "postgres://")):
+            raise BadFolder(f"Invalid store: {args.store!r}. "   # serve's words
+                            "Must be sqlite:///PATH or postgresql://….")
         return str(args.store)
-    state_dir = os.path.abspath(args.state_dir) if args.state_dir else \
-        default_state_dir(args.workspace or os.getcwd())
-    prepare_state_dir(state_dir)
+    if args.state_dir:
+        state_dir = os.path.abspath(args.state_dir)
+    else:
+        workspace = args.workspace or os.getcwd()
+        if not os.path.isdir(workspace):   # serve's own check and words
+            raise BadFolder(f"Invalid workspace: {workspace!r}. Must be an existing directory.")
+        state_dir = default_state_dir(workspace)
+    try:
+        prepare_state_dir(state_dir)
+    except OSError as exc:
+        raise BadFolder(f"Invalid state-dir: {state_dir!r}: cannot create it "
+                        f"({exc.strerror or exc}). Pass --state-dir with a folder this user "
+                        "may create or write.") from None
     return default_url(state_dir)
 
 
@@ -147,12 +172,15 @@ async def _store_command(args: argparse.Namespace, store: Any, audit: AuditLog) 
             raise InvalidPrincipalError(exc.body["error"]) from None
         return {"records": as_json(await store.read_audit(query))}
     if args.token_command == "create":
+        first = not await store.list_tokens(include_revoked=True, now=audit.clock())
         try:
             issued = await create_token(store, audit, by=_actor(), name=args.name,
                                         scopes=args.scope, expires=args.expires,
                                         rate_class=UNLIMITED if args.unlimited else DEFAULT_RATE)
         except TokenNameTakenError as exc:
             raise Refused(str(exc)) from None
+        if first:   # security.md: no longer every local process's
+            print(FIRST_TOKEN_NOTE, file=sys.stderr)
         return {"token": issued.token, **token_json(issued.record)}
     if args.token_command == "list":
         return {"tokens": [token_json(r) for r in
@@ -235,7 +263,7 @@ def _print(args: argparse.Namespace, result: Any) -> None:
 def run_principals_args(args: argparse.Namespace) -> int:
     try:
         result = anyio.run(_over_http if args.url else _on_store, args)
-    except InvalidPrincipalError as exc:
+    except (InvalidPrincipalError, BadFolder) as exc:
         print(f"acp-server: {exc}", file=sys.stderr)
         return 2
     except Refused as exc:

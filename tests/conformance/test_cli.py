@@ -91,6 +91,21 @@ def test_usage_errors_exit_2(capsys):
     assert exited.value.code == 2
 
 
+@pytest.mark.parametrize("url", ["127.0.0.1:4170", "ftp://127.0.0.1:4170", "http://",
+                                 "http://[::1"])
+def test_a_target_that_is_not_an_http_url_is_a_usage_error(url, capsys):
+    """``conformance 127.0.0.1:4170`` said "cannot reach 127.0.0.1:4170: Request URL is
+    missing an 'http://' or 'https://' protocol." after the run had started."""
+    with pytest.raises(SystemExit) as exited:
+        main(["conformance", url])
+    assert exited.value.code == 2
+    shown = capsys.readouterr()
+    assert shown.out == ""
+    assert shown.err.splitlines()[-1] == (
+        f"acp-server conformance: error: argument url: not an http(s) URL: {url!r} "
+        "(e.g. http://127.0.0.1:4170)")
+
+
 def test_an_unreachable_target_says_why_and_exits_2(capsys):
     with socket.socket() as sock:          # a port nobody listens on
         sock.bind(("127.0.0.1", 0))

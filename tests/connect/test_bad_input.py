@@ -125,6 +125,8 @@ async def test_an_unreachable_server_fails_initialize() -> None:
         error = answer["error"]
         assert error["code"] == -32603
         assert "unreachable" in error["message"] and str(port) in error["message"]
+        # the cause, not httpx's "All connection attempts failed"
+        assert error["message"].endswith(" is unreachable: connection refused"), error
         assert error["data"] == {"errorKind": "server_unreachable"}
         with anyio.fail_after(10):
             while not adapter.stderr:

@@ -16,6 +16,7 @@ import pytest
 
 from acp_server.http.options import HttpOptions
 from acp_server.http.servers import Limits, http_server, reserve_port
+from tests.http.test_http2 import make_certificates, needs_openssl
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SO_REUSEPORT")
 
@@ -85,18 +86,20 @@ def test_granian_starts_beside_the_reservation_and_releases_it() -> None:
 
 
 @linux_only
+@needs_openssl
 def test_a_granian_server_that_cannot_be_made_leaves_no_reservation(tmp_path) -> None:
-    """granian's server is made after the port is reserved: when making it fails (a
-    readable file that is no PEM certificate), the reservation is closed with it, not
-    left holding the port until the exception's frames are collected."""
-    bad = tmp_path / "not-a-certificate.pem"
-    bad.write_text("not a certificate\n")
+    """granian's server is made after the port is reserved: when making it fails (the
+    certificate, checked when the options were made, replaced since by a file that is
+    no PEM certificate), the reservation is closed with it, not left holding the port
+    until the exception's frames are collected."""
+    certs = make_certificates(tmp_path)
+    options = HttpOptions(tls_cert=str(certs["server"]), tls_key=str(certs["server-key"]))
+    certs["server"].write_text("not a certificate\n")
     limits = Limits(header_timeout_s=10, max_connections=100, max_header_bytes=16384,
                     max_headers=100, max_request_line=8192, ws_max_bytes=1 << 20)
     sock = _listening_socket()
     port = sock.getsockname()[1]
     with pytest.raises(ssl.SSLError) as caught:   # its frames (and their locals) live on
-        http_server(None, HttpOptions(tls_cert=str(bad), tls_key=str(bad)), sock,
-                    limits=limits)
+        http_server(None, options, sock, limits=limits)
     assert sock.fileno() == -1
     assert not _bind_refused(port), caught.value

@@ -264,3 +264,18 @@ async def test_an_address_that_is_not_a_url_is_a_usage_error(args: list[str]) ->
     assert done.returncode == 2, err
     assert err.startswith(f"acp-server {args[0]}: the daemon's address (--url or "
                           "$ACP_SERVER_URL) is not a URL: ") and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])   # only runs the CLI as a child
+@pytest.mark.parametrize("args", [["prompt", "hi"], ["tasks", "list"]])
+@pytest.mark.parametrize("url", ["127.0.0.1:4170", "localhost:4170", "ftp://127.0.0.1:4170"])
+async def test_an_address_without_http_is_a_usage_error_that_shows_one(
+        args: list[str], url: str) -> None:
+    """``--url 127.0.0.1:4170`` (what the listening line's address looks like without
+    its scheme) was "POST /session failed: Request URL is missing an 'http://' or
+    'https://' protocol.", exit 1."""
+    done = await run(*args, "--url", url)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.decode() == (
+        f"acp-server {args[0]}: the daemon's address (--url or $ACP_SERVER_URL) is not a "
+        f"URL: {url!r} is not http:// or https:// (e.g. http://127.0.0.1:4170)\n")
