@@ -24,6 +24,9 @@ processes on one cluster.
   acknowledged before the outage has its terminal (the running one
   ``server_restarted``, the queued one run), and a reader resuming by
   ``Last-Event-ID`` gets the events after its cursor, each once, in order.
+* PostgreSQL crashing while REST's router reads a session's maker (before adopting a
+  session whose owner's lease expired for another principal's caller): that caller
+  gets the same 503 and nothing is adopted; with PostgreSQL back, its 404.
 """
 
 from __future__ import annotations
@@ -43,8 +46,9 @@ import psycopg
 import pytest
 
 from tests.acp_http.wsclient import WsClient, ws_connect
-from tests.harness import ServeProcess
+from tests.harness import ServeProcess, local_server
 from tests.lmsp import stores
+from tests.principals.helpers import bearer, mint
 from tests.store.test_outage_processes import PG_SCRIPT, own_cluster  # noqa: F401 - fixture
 from tests.store.test_session_restart import read_events
 
@@ -338,3 +342,68 @@ async def test_postgresql_stops_during_the_adoption_of_a_killed_owners_session(
         lock.close()
         a.kill()
         b.kill()
+
+
+async def test_postgresql_stops_while_the_router_reads_whose_session_it_is(
+        tmp_path: Path, own_cluster: Path) -> None:  # noqa: F811 - the fixture
+    """REST's router, before adopting a session whose owner's lease expired for a
+    caller of another principal, reads the session's maker from the journal
+    (``Fleet.maker_seen``). PostgreSQL crashes during that read (held by the test's
+    lock of ``session_prompts``; the wait is on ``pg_stat_activity``): the caller gets
+    the retryable 503 ``store_unavailable``, nothing is adopted; with PostgreSQL back
+    the same caller gets the 404 of a session it may not see, still nothing adopted,
+    and the maker's own request adopts it. Two instances in process, on one injected
+    clock, on a cluster of the test's own."""
+    url = os.environ["_ACP_OWN_PG"]
+    port = str(urllib.parse.urlsplit(url).port)
+    now = [0.0]
+    boot = "boot-" + "x" * 32
+    flags = {"store": url, "lease_offset": lambda: now[0], "session_lease_ttl_ms": 60_000,
+             "session_lease_renew_ms": 50_000, "token": boot}
+    async with local_server(tmp_path, state_dir=tmp_path / "a", headers=bearer(boot),
+                            **flags) as a, \
+            local_server(tmp_path, state_dir=tmp_path / "b", headers=bearer(boot),
+                         **flags) as b:
+        alpha = await mint(a.server, "alpha", "prompt", "read")
+        beta = await mint(a.server, "beta", "prompt", "read")
+        sid = (await a.client.post("/session", json={"sessionScope": "thread"},
+                                   headers=bearer(alpha))).json()["sessionId"]
+        now[0] += 61   # a's lease expired: the next request b gets for it may adopt it
+        lock = psycopg.connect(url)   # a transaction of the test's: held open
+        try:
+            lock.execute("LOCK TABLE session_prompts IN ACCESS EXCLUSIVE MODE")
+            answers: list[httpx.Response] = []
+
+            async def betas_read() -> None:
+                answers.append(await b.client.get(f"/session/{sid}/status",
+                                                  headers=bearer(beta)))
+
+            with anyio.fail_after(60):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(betas_read)
+                    with psycopg.connect(url, autocommit=True) as watch:
+                        while not _blocked_on_the_lock(watch):
+                            await anyio.sleep(0.05)
+                    await anyio.to_thread.run_sync(_pg, "crash", own_cluster)
+        finally:
+            lock.close()
+        refused = answers[0]
+        assert refused.status_code == 503, refused.text
+        assert refused.json()["code"] == "store_unavailable", refused.text
+        assert int(refused.headers["retry-after"]) > 0
+        assert not b.bridge.has_session(sid) and b.server.fleet.stats.adoptions == 0
+
+        _pg("start", own_cluster, port)
+        with anyio.fail_after(60):   # 503s while the store reconnects, then beta's 404
+            while True:
+                again = await b.client.get(f"/session/{sid}/status", headers=bearer(beta))
+                if again.status_code != 503:
+                    break
+                assert again.json()["code"] == "store_unavailable", again.text
+                await anyio.sleep(0.1)
+        assert again.status_code == 404, again.text
+        assert again.json()["code"] == "session_not_found", again.text
+        assert not b.bridge.has_session(sid) and b.server.fleet.stats.adoptions == 0
+        mine = await b.client.get(f"/session/{sid}/status", headers=bearer(alpha))
+        assert mine.status_code == 200, mine.text
+        assert b.bridge.has_session(sid) and b.server.fleet.stats.adoptions == 1
