@@ -481,16 +481,30 @@ class PostgresTaskStore(TokenOps, AuditOps, ClaimsOne, ObservedMoves, PostgresEn
 
     # -- leases and recovery -------------------------------------------------------
     async def renew_leases(self) -> tuple[set[str], set[str]]:
-        """Extends this instance's leases: ``(owned ids, of which cancelling)``."""
+        """Extends this instance's leases: ``(owned ids, of which cancelling)``. A row
+        another session holds locked is skipped (not renewed this time; nobody recovers
+        it while it is locked: ``recover`` skips it too), so one locked task does not
+        leave every other lease of this instance to expire."""
         def op(conn: Conn, out: list[CommittedEvent], state: Batch
                ) -> tuple[set[str], set[str]]:
             rows = conn.execute(
-                f"UPDATE tasks SET lease_expires_at = {NOW} + %s WHERE owner = %s "
-                f"AND status = ANY(%s) RETURNING id, status",
-                (self.clock_offset_s + self.lease_s, self.instance, list(ACTIVE))).fetchall()
+                f"WITH mine AS MATERIALIZED (SELECT seq FROM tasks WHERE owner = %s "
+                f"AND status = ANY(%s) FOR UPDATE SKIP LOCKED) "
+                f"UPDATE tasks SET lease_expires_at = {NOW} + %s FROM mine "
+                f"WHERE tasks.seq = mine.seq RETURNING tasks.id, tasks.status",
+                (self.instance, list(ACTIVE), self.clock_offset_s + self.lease_s)).fetchall()
             return {r[0] for r in rows}, {r[0] for r in rows if r[1] == "cancelling"}
 
         return await self._write(op)
+
+    async def taken_over(self, task_ids: Sequence[str]) -> list[str]:
+        """Which of these tasks (this instance runs them) another instance may run now:
+        queued again or claimed elsewhere by a recovery of an expired lease."""
+        ids = list(task_ids)
+        return await self._read(lambda conn: [r[0] for r in conn.execute(
+            "SELECT id FROM tasks WHERE id = ANY(%s) AND (status = 'queued' OR "
+            "(status = ANY(%s) AND owner IS DISTINCT FROM %s))",
+            (ids, list(ACTIVE), self.instance)).fetchall()])
 
     def _release_op(self, conn: Conn, out: list[CommittedEvent], state: Batch) -> None:
         # on a lock held elsewhere past ``lock_timeout_s``: they expire on their own

@@ -16,6 +16,9 @@ short) and releases it later.
   write, took the session over while the first still ran its turn: two runners).
 * ``session_leases`` locked: a session created answers 503 ``store_unavailable``, not a
   hang; once released the session door serves again.
+* A task whose lease expired while its owner was paused, recovered by the other
+  instance: the owner, resumed, stops its turn of it (the lease loop asks which of its
+  running tasks were taken over), so it is not run twice at once.
 * ``schema_version`` locked at a start (the schema check waits for it): the start says
   why and is tried again (503 meanwhile) as for any store outage, then starts (it
   waited without a bound, silent).
@@ -23,6 +26,8 @@ short) and releases it later.
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -194,4 +199,77 @@ def test_a_start_whose_schema_is_locked_says_so_then_starts(tmp_path: Path) -> N
             raise
     with child.wait_listening():
         assert child.http.get("/health").status_code == 200
+        assert "Traceback" not in child.stderr_text(), child.stderr_text()[-4000:]
+
+
+def test_a_task_recovered_elsewhere_stops_on_the_instance_that_lost_it(
+        tmp_path: Path) -> None:
+    """The owner paused (``SIGSTOP``) while its task's lease is made to expire (the
+    store's data moved, not waited for): the other instance recovers the task and runs
+    it again; the owner, resumed, stops its own turn of it (before, it ran on for as
+    long as the turn lasted, its runner slot taken: two runners of one task)."""
+    url = _url(tmp_path, "lost")
+    for name in "ab":
+        (tmp_path / name).mkdir()
+    flags = ["--store", url, *BUSY, *TASK_LEASES, "--max-running-tasks", "1"]
+    with ServeProcess(tmp_path / "a", *flags) as owner, \
+            psycopg.connect(url, autocommit=True) as db:
+        http = owner.http
+        answer = http.post("/lmsp/v1/tasks", json={
+            "type": "response", "on_restart": "retry",
+            "input": {"model": "reference", "input": "/sleep 600s held"}})
+        task = answer.json()["id"]
+        _until(lambda: _status(http, task) == "running", "the task never ran")
+        mine = db.execute("SELECT owner FROM tasks WHERE id = %s", (task,)).fetchone()[0]
+        with ServeProcess(tmp_path / "b", *flags) as other:
+            os.kill(owner.pid, signal.SIGSTOP)
+            try:
+                db.execute("UPDATE tasks SET lease_expires_at = 0 WHERE id = %s", (task,))
+                _until(lambda: db.execute(
+                    "SELECT status = 'running' AND owner IS DISTINCT FROM %s FROM tasks "
+                    "WHERE id = %s", (mine, task)).fetchone()[0],
+                    "the other instance never recovered the task")
+            finally:
+                os.kill(owner.pid, signal.SIGCONT)
+            # the other instance's one slot runs the task; the next one can only run on
+            # the first instance, once its stale turn of the task is stopped
+            after = _create(other.http, "hello")
+            assert after.status_code == 202, after.text
+            _until(lambda: _status(http, after.json()["id"]) == "succeeded",
+                   "the instance that lost the task never freed its slot")
+            assert "its lease was lost" in owner.stderr_text()
+            assert _status(other.http, task) == "running"   # untouched by the stopped turn
+            other.http.post(f"/lmsp/v1/tasks/{task}/cancel")
+            _until(lambda: _status(http, task) == "cancelled", "the task never ended")
+        for child in (owner, other):
+            assert "Traceback" not in child.stderr_text(), child.stderr_text()[-4000:]
+
+
+def test_a_locked_task_row_leaves_the_other_leases_renewed(tmp_path: Path) -> None:
+    """One running task's row held ``FOR UPDATE`` by another session: the lease loop
+    renews the instance's other tasks all the same (one statement renewed them all, so
+    it waited, then failed, for every task: their leases expired, free for another
+    instance to recover while they ran here); once released, that one is renewed too."""
+    url = _url(tmp_path, "row")
+    with ServeProcess(tmp_path, "--store", url, *BUSY, *TASK_LEASES) as child, \
+            psycopg.connect(url, autocommit=True) as db, psycopg.connect(url) as holder:
+        http = child.http
+        held, free = (_create(http, f"/sleep 600s {name}").json()["id"] for name in "ab")
+        for task in (held, free):
+            _until(lambda: _status(http, task) == "running", "a task never ran")
+
+        def lease(task: str) -> float:
+            return float(db.execute("SELECT lease_expires_at FROM tasks WHERE id = %s",
+                                    (task,)).fetchone()[0])
+
+        holder.execute("SELECT 1 FROM tasks WHERE id = %s FOR UPDATE", (held,))
+        at_lock = lease(free)
+        _until(lambda: lease(free) > at_lock, "the unlocked task's lease was not renewed")
+        at_release = lease(held)
+        holder.rollback()
+        _until(lambda: lease(held) > at_release, "the locked task's lease never renewed")
+        for task in (held, free):
+            assert _status(http, task) == "running"
+            http.post(f"/lmsp/v1/tasks/{task}/cancel")
+            _until(lambda: _status(http, task) == "cancelled", "a task never ended")
         assert "Traceback" not in child.stderr_text(), child.stderr_text()[-4000:]
