@@ -31,11 +31,13 @@ Contracts:
   fails with ``StoreUnavailableError`` (the doors' 503), never re-run as a lost race.
   A batch waits it out once: the operation that timed out is not run again in the
   batch's careful pass, and from then on its statements wait at most
-  ``CONTENDED_LOCK_S``; so do the next batches', until one meets no lock past its
-  bound. So while the lock is held, the writes that need it answer 503 at once and
-  the others commit without delay: a session journal commit or a lease renewal is not
-  held up behind every task write waiting for a locked ``tasks`` (the session leases
-  expired so, and another instance adopted sessions their owner still ran).
+  ``CONTENDED_LOCK_S``; so do the statements of the batches that start within
+  ``lock_timeout_s`` after it (the next batch after that may wait a lock out again:
+  a short wait that failed extends nothing, so a busy store is not kept failing
+  fast). So while the lock is held, the writes that need it mostly answer 503 at once
+  and the others commit without delay: a session journal commit or a lease renewal
+  is not held up behind every task write waiting for a locked ``tasks`` (the session
+  leases expired so, and another instance adopted sessions their owner still ran).
 * Notices: an operation adds ``(kind, task_id)`` to ``batch.notices``; the commit
   sends them all in one ``pg_notify`` statement on ``channel`` as
   ``kind:instance:id[,id…]``, in the COMMIT's round trip (``_commit``), each id's
@@ -145,7 +147,7 @@ class PostgresEngine(GroupCommitStore[Conn]):
         self.instance = instance or secrets.token_hex(6)
         self.channel = "lmsp"
         self.lock_timeout_s = lock_timeout_s   # every lock wait, at most (module docstring)
-        self._contended = False   # the last batch waited out a lock
+        self._contended_until = 0.0   # monotonic: till then, batches wait CONTENDED_LOCK_S
         self._writers: list[Conn] = []
         # writers + the listener: a reservation of long-lived threads (each holds its
         # token for the store's life), not a pool for other work to share
@@ -276,7 +278,8 @@ class PostgresEngine(GroupCommitStore[Conn]):
         trip less per operation); when an operation raises, it is run again with a
         SAVEPOINT per operation. Transient losers re-run in a following transaction; a
         batch whose connection broke before COMMIT is re-run once on a new one."""
-        pending, resend, careful, contended = batch, True, False, self._contended
+        waited = time.monotonic() >= self._contended_until   # may wait a lock out
+        pending, resend, careful, contended = batch, True, False, not waited
         try:
             for attempt in range(RETRIES + 1):
                 pending, outcome = self._transaction(
@@ -288,9 +291,10 @@ class PostgresEngine(GroupCommitStore[Conn]):
                     careful, contended = True, contended or outcome == "locked"
                 if not pending:
                     return
-        finally:   # the next batches fail fast while a lock is held (module docstring)
-            self._contended = any(op.error is not None and lock_timed_out(op.error)
-                                  for op in batch)
+        finally:   # the next batches fail fast for a while (module docstring)
+            if waited and any(op.error is not None and lock_timed_out(op.error)
+                              for op in batch):
+                self._contended_until = time.monotonic() + self.lock_timeout_s
 
     def _abort(self, index: int) -> None:
         try:
@@ -367,8 +371,9 @@ class PostgresEngine(GroupCommitStore[Conn]):
             if not careful and not lost and not committing:   # again, with savepoints
                 for op in batch:
                     op.result, op.error, op.events = None, None, []
-                if running is not None and lock_timed_out(exc):   # not waited out twice
-                    running.error = self._locked(exc)
+                if lock_timed_out(exc):   # not waited out twice (nor once per create)
+                    if running is not None:   # (None: the bulk creates of ``_prepare``)
+                        running.error = self._locked(exc)
                     return [op for op in batch if op is not running], "locked"
                 return batch, "careful"
             again = resend and not committing and lost
