@@ -197,9 +197,12 @@ def test_a_start_whose_schema_is_locked_says_so_then_starts(tmp_path: Path) -> N
         except BaseException:
             child.kill()
             raise
-    with child.wait_listening():
+    try:   # the same process (``with child`` would start another one)
+        child.wait_listening()
         assert child.http.get("/health").status_code == 200
         assert "Traceback" not in child.stderr_text(), child.stderr_text()[-4000:]
+    finally:
+        child.stop()
 
 
 def test_a_task_recovered_elsewhere_stops_on_the_instance_that_lost_it(
