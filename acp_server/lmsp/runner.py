@@ -29,6 +29,9 @@ Contracts:
   ``FLUSH_S`` or ``FLUSH_EVENTS`` events; state events are written at once. Those
   still buffered when the turn ends go in the final transition's transaction (before
   its events), or on their own if that transition is lost to a cancel.
+* A task whose lease another instance recovered (``taken_over``, from the service's
+  lease loop) is stopped here as for a cancel; the store refuses its writes (they are
+  conditional on its state and on this instance's ownership).
 * Being cancelled from outside (shutdown) writes nothing: the task stays
   ``loading``/``running`` in the store and restart recovery applies its policy.
 * ``previous_response_id`` (``acp_server.lmsp.conversation``): the prompt goes to the
@@ -226,6 +229,20 @@ class Runner:
             handle.ticket.cancel("lmsp_cancel")
         else:   # loading: stop waiting for the agent's session
             handle.loading.cancel()
+
+    def handles(self) -> dict[str, object]:
+        """The tasks running here, each with its run (``taken_over`` judges that run,
+        not a later claim of the same task)."""
+        return dict(self._running)
+
+    def taken_over(self, task_id: str, run: object) -> None:
+        """Another instance may run this task now (its lease expired and was recovered
+        there): its turn here stops, as for a cancel; the store refuses what it writes."""
+        if self._running.get(task_id) is not run:
+            return
+        log.warning("lmsp task %s: its lease was lost (recovered by another instance); "
+                    "its turn here is stopped", task_id)
+        self.cancel(task_id)
 
     async def forget(self, response_id: str) -> None:
         """Close the live session kept for ``response_id`` (if any)."""

@@ -173,10 +173,15 @@ class LmspService:
             self.hub.poke(task_id)
 
     async def _lease_loop(self, store: SharedTaskStore) -> None:
-        """Every ``renew_s``: renew this instance's leases (and stop tasks cancelled
-        elsewhere), then recover tasks whose lease expired on any instance."""
+        """Every ``renew_s``: stop the tasks running here that another instance
+        recovered (their lease expired: a renewal that could not land in time), renew
+        this instance's leases (and stop tasks cancelled elsewhere), then recover tasks
+        whose lease expired on any instance."""
         while True:
             try:
+                runs = self.runner.handles()   # before asking: a later claim is not judged
+                for task_id in await store.taken_over(list(runs)) if runs else ():
+                    self.runner.taken_over(task_id, runs[task_id])
                 _, cancelling = await store.renew_leases()
                 for task_id in cancelling:
                     self.runner.cancel(task_id)

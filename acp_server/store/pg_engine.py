@@ -25,6 +25,19 @@ Contracts:
 * A connection idle inside a transaction for ``IDLE_IN_TRANSACTION_S`` (its process
   paused or hung mid-batch) is ended by the server, which releases its locks; the
   batch then fails or re-runs as for any lost connection.
+* No statement waits for ever for a lock another session holds (a ``LOCK TABLE``, a
+  row held ``FOR UPDATE``): every connection waits at most ``lock_timeout_s``
+  (``--store-busy-timeout-ms``; PostgreSQL's ``lock_timeout``), then the operation
+  fails with ``StoreUnavailableError`` (the doors' 503), never re-run as a lost race.
+  A batch waits it out once: the operation that timed out is not run again in the
+  batch's careful pass, and from then on its statements wait at most
+  ``CONTENDED_LOCK_S``; so do the statements of the batches that start within
+  ``lock_timeout_s`` after it (the next batch after that may wait a lock out again:
+  a short wait that failed extends nothing, so a busy store is not kept failing
+  fast). So while the lock is held, the writes that need it mostly answer 503 at once
+  and the others commit without delay: a session journal commit or a lease renewal
+  is not held up behind every task write waiting for a locked ``tasks`` (the session
+  leases expired so, and another instance adopted sessions their owner still ran).
 * Notices: an operation adds ``(kind, task_id)`` to ``batch.notices``; the commit
   sends them all in one ``pg_notify`` statement on ``channel`` as
   ``kind:instance:id[,id…]``, in the COMMIT's round trip (``_commit``), each id's
@@ -70,14 +83,27 @@ RECONNECT_CAP_S = 5.0
 LISTEN_READY_S = 10   # start-up waits this long at most for LISTEN (polling covers)
 NOTICE_BYTES = 7000   # a pg_notify payload stays under PostgreSQL's 8000 bytes
 IDLE_IN_TRANSACTION_S = 2.0   # a batch's statements follow each other within milliseconds
-TRANSIENT = (pg_errors.DeadlockDetected, pg_errors.SerializationFailure,
-             pg_errors.LockNotAvailable)
+TRANSIENT = (pg_errors.DeadlockDetected, pg_errors.SerializationFailure)
+# A batch that waited ``lock_timeout_s`` for a lock: how long its other statements wait.
+CONTENDED_LOCK_S = 0.02
 # Errors that mean the database cannot serve now (besides every OperationalError).
 UNAVAILABLE = (psycopg.OperationalError, pg_errors.ReadOnlySqlTransaction,
                pg_errors.DiskFull, pg_errors.InsufficientResources)
 # ... except class 54, program_limit_exceeded (an index row or a statement too large):
 # an OperationalError in psycopg, but it fails the same write every time: a refusal.
 REFUSED_CLASSES = ("54",)
+
+
+def lock_timed_out(exc: BaseException) -> bool:
+    """A lock waited for past ``lock_timeout`` (maybe as the cause of a store error)."""
+    return isinstance(exc, pg_errors.LockNotAvailable) \
+        or isinstance(exc.__cause__, pg_errors.LockNotAvailable)
+
+
+def lock_waits(conn: Conn, seconds: float, *, local: bool = True) -> None:
+    """Lock waits of ``conn`` (this transaction's, or the session's) bounded."""
+    scope = "LOCAL " if local else ""
+    conn.execute(f"SET {scope}lock_timeout = {max(1, int(seconds * 1000))}")
 
 
 def _refused_for_good(exc: BaseException) -> bool:
@@ -113,12 +139,15 @@ class PostgresEngine(GroupCommitStore[Conn]):
     ``?options=-csearch_path%3Dname`` for a schema other than ``public``)."""
 
     def __init__(self, url: str, *, on_commit: Callable[[list[CommittedEvent]], None]
-                 | None, group_commit: bool, writers: int, instance: str | None) -> None:
+                 | None, group_commit: bool, writers: int, instance: str | None,
+                 lock_timeout_s: float = 5.0) -> None:
         super().__init__(on_commit=on_commit, group_commit=group_commit, writers=writers,
                          readers=READERS)
         self.url = url
         self.instance = instance or secrets.token_hex(6)
         self.channel = "lmsp"
+        self.lock_timeout_s = lock_timeout_s   # every lock wait, at most (module docstring)
+        self._contended_until = 0.0   # monotonic: till then, batches wait CONTENDED_LOCK_S
         self._writers: list[Conn] = []
         # writers + the listener: a reservation of long-lived threads (each holds its
         # token for the store's life), not a pool for other work to share
@@ -176,6 +205,7 @@ class PostgresEngine(GroupCommitStore[Conn]):
             # another instance can take a session lease over (store/leases.py).
             conn.execute(f"SET idle_in_transaction_session_timeout = "
                          f"{int(IDLE_IN_TRANSACTION_S * 1000)}")
+            lock_waits(conn, self.lock_timeout_s, local=False)
             if not autocommit:
                 conn.commit()
         except psycopg.Error as exc:
@@ -202,8 +232,11 @@ class PostgresEngine(GroupCommitStore[Conn]):
                 self._writers.append(await anyio.to_thread.run_sync(self._connect))
             for _ in range(READERS):
                 self._readers.append(await anyio.to_thread.run_sync(self._connect, True))
-        except BaseException:
+        except BaseException as exc:
             self._disconnect_all()
+            reason = self._unavailable(exc)   # a lock waited out by the migration, say
+            if reason is not None and not isinstance(exc, StoreUnavailableError):
+                raise StoreUnavailableError(reason) from exc   # the start is tried again
             raise
 
     def _disconnect_all(self) -> None:
@@ -245,16 +278,23 @@ class PostgresEngine(GroupCommitStore[Conn]):
         trip less per operation); when an operation raises, it is run again with a
         SAVEPOINT per operation. Transient losers re-run in a following transaction; a
         batch whose connection broke before COMMIT is re-run once on a new one."""
-        pending, resend, careful = batch, True, False
-        for attempt in range(RETRIES + 1):
-            pending, outcome = self._transaction(index, pending, last=attempt >= RETRIES - 1,
-                                                 resend=resend, careful=careful)
-            if outcome == "resent":
-                resend = False
-            elif outcome == "careful":
-                careful = True
-            if not pending:
-                return
+        waited = time.monotonic() >= self._contended_until   # may wait a lock out
+        pending, resend, careful, contended = batch, True, False, not waited
+        try:
+            for attempt in range(RETRIES + 1):
+                pending, outcome = self._transaction(
+                    index, pending, last=attempt >= RETRIES - 1, resend=resend,
+                    careful=careful, contended=contended)
+                if outcome == "resent":
+                    resend = False
+                elif outcome in ("careful", "locked"):
+                    careful, contended = True, contended or outcome == "locked"
+                if not pending:
+                    return
+        finally:   # the next batches fail fast for a while (module docstring)
+            if waited and any(op.error is not None and lock_timed_out(op.error)
+                              for op in batch):
+                self._contended_until = time.monotonic() + self.lock_timeout_s
 
     def _abort(self, index: int) -> None:
         try:
@@ -263,9 +303,11 @@ class PostgresEngine(GroupCommitStore[Conn]):
             pass   # a broken connection is replaced before the next batch
 
     def _transaction(self, index: int, batch: list[Op], *, last: bool, resend: bool,
-                     careful: bool) -> tuple[list[Op], str]:
+                     careful: bool, contended: bool = False) -> tuple[list[Op], str]:
         """(operations to run again, why: ``""`` transient losers, ``"resent"`` the
-        connection broke, ``"careful"`` an operation raised in an optimistic run)."""
+        connection broke, ``"careful"`` an operation raised in an optimistic run,
+        ``"locked"`` it waited out ``lock_timeout_s``: failed, the others run again
+        waiting ``CONTENDED_LOCK_S`` at most, ``contended``)."""
         conn = self._writers[index]
         if not self._usable(conn):
             try:
@@ -277,12 +319,21 @@ class PostgresEngine(GroupCommitStore[Conn]):
         state = Batch()
         retry: list[Op] = []
         committing = False
+        running: Op | None = None   # the optimistic run's operation in progress
+
+        def rollback() -> None:   # to the savepoint: a SET LOCAL made after it is undone
+            conn.execute("ROLLBACK TO SAVEPOINT op")
+            if contended:
+                lock_waits(conn, CONTENDED_LOCK_S)
         try:
+            if contended:
+                lock_waits(conn, CONTENDED_LOCK_S)
             if careful:
                 conn.execute("SAVEPOINT op")
             rest = self._prepare(conn, batch, state, careful)
             for i, op in enumerate(rest):
                 if not careful:   # an error aborts the transaction: see below
+                    running = op
                     op.result = op.fn(conn, op.events, state)
                     continue
                 # One savepoint per operation; between two operations RELEASE + SAVEPOINT
@@ -290,7 +341,7 @@ class PostgresEngine(GroupCommitStore[Conn]):
                 try:
                     op.result = op.fn(conn, op.events, state)
                 except TRANSIENT as exc:
-                    conn.execute("ROLLBACK TO SAVEPOINT op")
+                    rollback()
                     op.events = []
                     if last:
                         op.error = exc
@@ -299,8 +350,9 @@ class PostgresEngine(GroupCommitStore[Conn]):
                 except Exception as exc:   # noqa: BLE001 - handed to the caller
                     if conn.broken:
                         raise
-                    conn.execute("ROLLBACK TO SAVEPOINT op")
-                    op.error, op.events = exc, []
+                    contended = contended or lock_timed_out(exc)   # waited out once: enough
+                    rollback()
+                    op.error, op.events = self._locked(exc), []
                 else:
                     if i < len(rest) - 1:
                         conn.execute("RELEASE SAVEPOINT op; SAVEPOINT op")
@@ -319,6 +371,10 @@ class PostgresEngine(GroupCommitStore[Conn]):
             if not careful and not lost and not committing:   # again, with savepoints
                 for op in batch:
                     op.result, op.error, op.events = None, None, []
+                if lock_timed_out(exc):   # not waited out twice (nor once per create)
+                    if running is not None:   # (None: the bulk creates of ``_prepare``)
+                        running.error = self._locked(exc)
+                    return [op for op in batch if op is not running], "locked"
                 return batch, "careful"
             again = resend and not committing and lost
             if committing and lost:
@@ -332,6 +388,16 @@ class PostgresEngine(GroupCommitStore[Conn]):
                             first_line(exc))
             return (batch, "resent") if again else ([], "")
         return retry, ""
+
+    def _locked(self, exc: Exception) -> Exception:
+        """A lock waited out (``lock_timed_out``) as the store error the doors answer
+        503; any other error as it is."""
+        if not isinstance(exc, pg_errors.LockNotAvailable):
+            return exc
+        error = StoreUnavailableError(f"PostgreSQL: a lock another session holds was not "
+                                      f"released within the busy timeout ({first_line(exc)})")
+        error.__cause__ = exc
+        return error
 
     def _commit(self, conn: Conn, state: Batch) -> None:
         """COMMIT, the transaction's notices in the same round trip: one query in the

@@ -20,10 +20,11 @@ Contracts (besides those of ``acp_server.store.tasks``):
   instance's leases, so another instance (or the next start) recovers at once. With
   a state directory the instance id is stable across restarts (``identity.py``), so
   start-up recovery also takes this instance's own tasks after a crash, at once.
-  Start-up recovery and that release wait at most ``lock_timeout_s`` for a lock another
-  session holds (then ``StoreUnavailableError``: the start is tried again; the leases
-  expire on their own), never for ever; start-up recovery never skips a locked row (a
-  task of this instance skipped would be renewed by it for ever).
+  Start-up recovery and that release, like every statement (``pg_engine``), wait at
+  most ``lock_timeout_s`` for a lock another session holds (then
+  ``StoreUnavailableError``: the start is tried again; the leases expire on their own),
+  never for ever; start-up recovery never skips a locked row (a task of this instance
+  skipped would be renewed by it for ever).
 * The sessions' notices (``s``) are coalesced: a commit sends those held since the
   last one that sent any when ``HOLD_S`` has passed since, else holds its own; held
   notices wait for a later commit, or, once the writes stop, ``HOLD_S`` more (an
@@ -165,12 +166,13 @@ class PostgresTaskStore(TokenOps, AuditOps, ClaimsOne, ObservedMoves, PostgresEn
                  | None = None, group_commit: bool = True, lease_s: float = 30,
                  renew_s: float = 10, poll_s: float = 1.0, writers: int = WRITERS,
                  state_dir: str | None = None, lock_timeout_s: float = 5.0) -> None:
-        """``lock_timeout_s``: how long start-up recovery and the release of the leases
-        at close wait for a lock another session holds (``--store-busy-timeout-ms``)."""
+        """``lock_timeout_s``: how long any statement waits for a lock another session
+        holds (``--store-busy-timeout-ms``; ``pg_engine``), then 503."""
         # Stable across restarts with a state dir (identity.py): own tasks recovered at once.
         self._identity = claim_identity(state_dir, url) if state_dir else None
         super().__init__(url, on_commit=on_commit, group_commit=group_commit, writers=writers,
-                         instance=self._identity.instance if self._identity else None)
+                         instance=self._identity.instance if self._identity else None,
+                         lock_timeout_s=lock_timeout_s)
         self.on_notify: Callable[[str, str], None] | None = None
         # the sessions other instances committed events of (``acp_server.fleet``), and
         # those it wants to hear of (a container read from the listener's thread: a
@@ -183,7 +185,6 @@ class PostgresTaskStore(TokenOps, AuditOps, ClaimsOne, ObservedMoves, PostgresEn
         self.handoff_wanted: Callable[[str, list[str]], list[str]] = lambda kind, ids: []
         self.on_handoff: Callable[[str, list[str]], None] | None = None
         self.lease_s, self.renew_s, self.poll_s = lease_s, renew_s, poll_s
-        self.lock_timeout_s = lock_timeout_s
         # Seconds added to the database clock of the leases (tests move time with it).
         self.clock_offset_s = 0.0
         # the sessions' notices held back (writer threads add, a COMMIT takes them)
@@ -261,11 +262,6 @@ class PostgresTaskStore(TokenOps, AuditOps, ClaimsOne, ObservedMoves, PostgresEn
             await self.release_leases()
         except Exception:   # noqa: BLE001 - the leases then expire on their own
             log.warning("could not release the leases of %s", self.instance)
-
-    def _bound_lock_waits(self, conn: Conn) -> None:
-        """The rest of this transaction waits at most ``lock_timeout_s`` for a lock
-        (``LockNotAvailable`` past it)."""
-        conn.execute(f"SET LOCAL lock_timeout = {max(1, int(self.lock_timeout_s * 1000))}")
 
     def _conflict(self, exc: BaseException) -> bool:
         return isinstance(exc, pg_errors.UniqueViolation)
@@ -485,26 +481,36 @@ class PostgresTaskStore(TokenOps, AuditOps, ClaimsOne, ObservedMoves, PostgresEn
 
     # -- leases and recovery -------------------------------------------------------
     async def renew_leases(self) -> tuple[set[str], set[str]]:
-        """Extends this instance's leases: ``(owned ids, of which cancelling)``."""
+        """Extends this instance's leases: ``(owned ids, of which cancelling)``. A row
+        another session holds locked is skipped (not renewed this time; nobody recovers
+        it while it is locked: ``recover`` skips it too), so one locked task does not
+        leave every other lease of this instance to expire."""
         def op(conn: Conn, out: list[CommittedEvent], state: Batch
                ) -> tuple[set[str], set[str]]:
             rows = conn.execute(
-                f"UPDATE tasks SET lease_expires_at = {NOW} + %s WHERE owner = %s "
-                f"AND status = ANY(%s) RETURNING id, status",
-                (self.clock_offset_s + self.lease_s, self.instance, list(ACTIVE))).fetchall()
+                f"WITH mine AS MATERIALIZED (SELECT seq FROM tasks WHERE owner = %s "
+                f"AND status = ANY(%s) FOR UPDATE SKIP LOCKED) "
+                f"UPDATE tasks SET lease_expires_at = {NOW} + %s FROM mine "
+                f"WHERE tasks.seq = mine.seq RETURNING tasks.id, tasks.status",
+                (self.instance, list(ACTIVE), self.clock_offset_s + self.lease_s)).fetchall()
             return {r[0] for r in rows}, {r[0] for r in rows if r[1] == "cancelling"}
 
         return await self._write(op)
 
+    async def taken_over(self, task_ids: Sequence[str]) -> list[str]:
+        """Which of these tasks (this instance runs them) another instance may run now:
+        queued again or claimed elsewhere by a recovery of an expired lease."""
+        ids = list(task_ids)
+        return await self._read(lambda conn: [r[0] for r in conn.execute(
+            "SELECT id FROM tasks WHERE id = ANY(%s) AND (status = 'queued' OR "
+            "(status = ANY(%s) AND owner IS DISTINCT FROM %s))",
+            (ids, list(ACTIVE), self.instance)).fetchall()])
+
     def _release_op(self, conn: Conn, out: list[CommittedEvent], state: Batch) -> None:
-        self._bound_lock_waits(conn)   # on a lock held elsewhere: they expire on their own
-        try:
-            conn.execute(f"UPDATE tasks SET lease_expires_at = {NOW} + %s WHERE owner = %s "
-                         f"AND status = ANY(%s)", (self.clock_offset_s - 1, self.instance,
-                                                   list(ACTIVE)))
-        except pg_errors.LockNotAvailable as exc:   # not retried as a transient loser
-            raise StoreUnavailableError(f"PostgreSQL: {first_line(exc)}") from exc
-        conn.execute("SET LOCAL lock_timeout = DEFAULT")   # the rest of the batch
+        # on a lock held elsewhere past ``lock_timeout_s``: they expire on their own
+        conn.execute(f"UPDATE tasks SET lease_expires_at = {NOW} + %s WHERE owner = %s "
+                     f"AND status = ANY(%s)", (self.clock_offset_s - 1, self.instance,
+                                               list(ACTIVE)))
 
     async def release_leases(self) -> None:
         """Expire this instance's leases now (closing does it; tests use it to play a
@@ -520,8 +526,6 @@ class PostgresTaskStore(TokenOps, AuditOps, ClaimsOne, ObservedMoves, PostgresEn
         ``lock_timeout_s``: then ``StoreUnavailableError`` (nothing of it committed; the
         start is tried again, ``acp_server.cli``), never a silent wait for ever."""
         def op(conn: Conn, out: list[CommittedEvent], state: Batch) -> RecoveryReport:
-            if own:
-                self._bound_lock_waits(conn)
             try:
                 rows = conn.execute(
                     f"SELECT id, status, on_restart, attempt FROM tasks WHERE status = "
@@ -537,8 +541,6 @@ class PostgresTaskStore(TokenOps, AuditOps, ClaimsOne, ObservedMoves, PostgresEn
                 raise StoreUnavailableError(
                     f"PostgreSQL: the restart recovery waited {self.lock_timeout_s:g} s for "
                     f"a lock another session holds ({first_line(exc)})") from exc
-            if own:
-                conn.execute("SET LOCAL lock_timeout = DEFAULT")   # the rest of the batch
             return report
 
         mine = self.instance if own and self._identity is not None else ""
