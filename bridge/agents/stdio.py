@@ -29,7 +29,9 @@ Contracts (see ``bridge.agents.base``):
 * A line longer than ``max_line_bytes`` is a protocol failure: the agent is treated
   as lost and stopped.
 * Death (stdout EOF, exit, broken pipe, protocol failure): every pending call raises
-  ``AgentDiedError(message, exit_code)``, ``client.connection_lost`` is called once,
+  ``AgentDiedError(message, exit_code)`` (the message names the exit code, the last
+  stdout line that was no JSON-RPC and the last stderr lines, each bounded),
+  ``client.connection_lost`` is called once,
   ``closed`` becomes True and the process is reaped. ``aclose()`` fails pending calls
   the same way but does not call ``connection_lost``.
 * ``env`` entries are added to (override) the inherited environment; names in
@@ -80,6 +82,13 @@ DEFAULT_MAX_LINE_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_REQUESTS_IN_FLIGHT = 1024
 _STDERR_LINE_BYTES = 64 * 1024
 _PIPE_ERRORS = (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)
+_STRAY_CHARS = 200
+
+
+def _one_line(data: bytes, limit: int) -> str:
+    """Bytes an agent wrote, as one printable line of at most ``limit`` characters."""
+    text = " ".join(data[:limit * 4].decode("utf-8", "replace").split())
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def _key(request_id: Any) -> tuple[type, Any]:
@@ -186,6 +195,7 @@ class StdioAgentConnection:
         self._requests = PendingRequests()
         self._write_lock = anyio.Lock()
         self._death: AgentDiedError | None = None
+        self._stray = ""   # its last stdout line that was no JSON-RPC (bounded)
         self._lost = anyio.Event()
         self._closing = False
         self._close_done = anyio.Event()
@@ -400,6 +410,8 @@ class StdioAgentConnection:
         message = reason if code is None else f"{reason}, exit code {code}"
         with anyio.move_on_after(0.2):   # let the last stderr lines arrive
             await self._stderr_done.wait()
+        if self._stray:
+            message += f"; its last line on stdout was no JSON-RPC: {self._stray}"
         if self.stderr_tail:
             message += "; last stderr: " + " | ".join(list(self.stderr_tail)[-3:])[-500:]
         if not self._closing:
@@ -415,6 +427,7 @@ class StdioAgentConnection:
             msg = decode_message(line)
         except JsonRpcError as exc:
             logger.warning("%s ignoring invalid message: %s", self._prefix, exc)
+            self._stray = _one_line(line, _STRAY_CHARS)
             return None
         if msg.is_response:
             self._resolve(msg)
