@@ -27,7 +27,9 @@ Contracts (see ``bridge.agents.base``):
   reader itself, which waits for that write (an agent that floods requests without
   reading the answers holds up only its own stdout).
 * A line longer than ``max_line_bytes`` is a protocol failure: the agent is treated
-  as lost and stopped.
+  as lost and stopped. A line that is no JSON-RPC is ignored, with a warning at
+  stderr's bounded rate (``bridge.agents.stderr``: an agent that floods its stdout
+  with them costs the log at most that), the rest counted.
 * Death (stdout EOF, exit, broken pipe, protocol failure): every pending call raises
   ``AgentDiedError(message, exit_code)`` (the message names the exit code, the last
   stdout line that was no JSON-RPC and the last stderr lines, each bounded),
@@ -191,6 +193,9 @@ class StdioAgentConnection:
         # message of its death.
         self.stderr = StderrLog(self._prefix)
         self.stderr_tail = self.stderr.tail
+        # its stdout lines that are no JSON-RPC: warned of at the same bounded rate
+        self._invalid = StderrLog(self._prefix, what="invalid stdout", logger=logger,
+                                  level=logging.WARNING)
         self._task_group: anyio.abc.TaskGroup | None = None
         self._requests = PendingRequests()
         self._write_lock = anyio.Lock()
@@ -362,6 +367,7 @@ class StdioAgentConnection:
                 with anyio.CancelScope(shield=True):  # bounded; must not leave an orphan
                     await self._agent_gone(reason, wait_for_exit)
         finally:
+            self._invalid.close()
             self._reader_done.set()
             if not finished and not self._closing:
                 # Cancelled from outside (the host is shutting down): no orphan.
@@ -426,7 +432,7 @@ class StdioAgentConnection:
         try:
             msg = decode_message(line)
         except JsonRpcError as exc:
-            logger.warning("%s ignoring invalid message: %s", self._prefix, exc)
+            self._invalid.say(f"ignoring invalid message: {exc}")
             self._stray = _one_line(line, _STRAY_CHARS)
             return None
         if msg.is_response:

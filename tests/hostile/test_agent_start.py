@@ -14,6 +14,7 @@ with it; the server and its other agents go on.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from pathlib import Path
 from typing import Any
@@ -130,3 +131,24 @@ async def test_an_agent_that_does_not_speak_acp_is_503(tmp_path: Path, command: 
         assert answer["error"]["data"]["errorKind"] == "agent_unavailable", answer
         assert said in answer["error"]["message"], answer
         assert daemon.returncode is None
+
+
+async def test_an_agent_that_floods_stdout_with_no_json_rpc_does_not_flood_the_log(
+        tmp_path: Path) -> None:
+    """``yes`` as the agent: lines that are no JSON-RPC, as fast as the pipe takes them,
+    and never an answer. Every such line was logged (a warning each: hundreds of
+    thousands of lines, the event loop busy writing them, the ``initialize`` timeout's
+    answer a minute late); they are now logged at a bounded rate, the rest counted.
+    The client gets the documented 504 ``init_timeout`` and the server goes on."""
+    async with ServeProcess(tmp_path, "--agent", "yes", "--initialize-timeout-ms", "1000"
+                            ) as daemon:
+        async with httpx.AsyncClient(base_url=daemon.base_url, timeout=None) as client:
+            made = await client.post("/session", json={"sessionScope": "thread"})
+            assert made.status_code == 504, made.text
+            assert (made.json()["code"], made.json()["phase"]) == ("init_timeout", "initialize")
+            assert (await client.get("/health")).status_code == 200
+        assert daemon.returncode is None
+    log = daemon.stderr_text()
+    logged = log.count("ignoring invalid message")
+    counted = sum(int(n) for n in re.findall(r"(\d+) invalid stdout line\(s\) not logged", log))
+    assert 0 < logged < counted, (logged, counted)   # a pipe's worth of lines is 32K of them
