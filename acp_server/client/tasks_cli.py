@@ -143,8 +143,8 @@ class Watch:
         elapsed = max(task.updated_at - task.created_at, 0) if task.created_at else 0
         line = f"{self.task_id}  {one_line(task.status, 60)}  {elapsed:.1f}s  {self.tokens} tokens"
         if task.error:
-            line += one_line(f"  {task.error.get('code', '')}: {task.error.get('detail', '')}",
-                             500)
+            line += "  " + one_line(f"{task.error.get('code', '')}: "
+                                    f"{task.error.get('detail', '')}", 500)
         self._status_line(line)
 
     def _status_line(self, text: str) -> None:
