@@ -142,13 +142,17 @@ class AgentPool:
 
     async def _initialize(self, name: str, connection: AgentConnection) -> dict[str, Any]:
         """``initialize`` on a new connection: its answer, an ``InitializeResponse``
-        object; ``AgentTimeoutError`` past the timeout; ``AgentStartError`` when the
-        agent died, answered an error or answered no object."""
+        object; ``AgentTimeoutError`` past the timeout (naming the last line it wrote
+        that was no JSON-RPC, as a program started without its ACP flag does);
+        ``AgentStartError`` when the agent died, answered an error or answered no
+        object."""
         try:
             with anyio.fail_after(self.initialize_timeout_ms / 1000):
                 info = await connection.request("initialize", INITIALIZE_PARAMS)
         except TimeoutError:
-            raise AgentTimeoutError("initialize", self.initialize_timeout_ms) from None
+            stray = getattr(connection, "stray_line", "")   # a stdio agent's last non-JSON-RPC
+            said = f"its last line on stdout was no JSON-RPC: {stray}" if stray else ""
+            raise AgentTimeoutError("initialize", self.initialize_timeout_ms, said) from None
         except AgentUnavailableError:
             raise
         except AgentDiedError as exc:

@@ -276,12 +276,14 @@ class AgentStartError(AgentUnavailableError):
 
 
 class AgentTimeoutError(BridgeError):
-    """The agent did not answer ``initialize`` in time (``phase`` names the request)."""
+    """The agent did not answer ``initialize`` in time (``phase`` names the request);
+    ``said``, when given, is what it wrote meanwhile, added to the message."""
 
     code = "init_timeout"
 
-    def __init__(self, phase: str, timeout_ms: int) -> None:
-        super().__init__(f"Agent did not answer {phase} within {timeout_ms}ms")
+    def __init__(self, phase: str, timeout_ms: int, said: str = "") -> None:
+        super().__init__(f"Agent did not answer {phase} within {timeout_ms}ms"
+                         + (f"; {said[:MAX_SAID]}" if said else ""))
         self.phase = phase
         self.timeout_ms = timeout_ms
 

@@ -241,6 +241,11 @@ class StdioAgentConnection:
         return self._process.returncode
 
     @property
+    def stray_line(self) -> str:
+        """The last line it wrote on stdout that was no JSON-RPC (bounded), or ``""``."""
+        return self._stray
+
+    @property
     def closed(self) -> bool:
         return self._closing or self._death is not None
 

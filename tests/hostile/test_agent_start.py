@@ -152,3 +152,21 @@ async def test_an_agent_that_floods_stdout_with_no_json_rpc_does_not_flood_the_l
     logged = log.count("ignoring invalid message")
     counted = sum(int(n) for n in re.findall(r"(\d+) invalid stdout line\(s\) not logged", log))
     assert 0 < logged < counted, (logged, counted)   # a pipe's worth of lines is 32K of them
+
+
+async def test_an_agent_that_talks_but_never_answers_is_504_saying_what_it_said(
+        tmp_path: Path) -> None:
+    """A program started without its ACP flag (a greeting, then it waits for a person):
+    the documented 504 ``init_timeout``, its message now naming the last line it wrote
+    that was no JSON-RPC, the hint a person needs."""
+    command = "sh -c 'echo Welcome to the interactive mode; exec cat >/dev/null'"
+    async with ServeProcess(tmp_path, "--agent", command,
+                            "--initialize-timeout-ms", "1000") as daemon:
+        made = await daemon.client.post("/session", json={"sessionScope": "thread"})
+        assert made.status_code == 504, made.text
+        body = made.json()
+        assert (body["code"], body["phase"], body["timeoutMs"]) == (
+            "init_timeout", "initialize", 1000)
+        assert body["error"].startswith("Agent did not answer initialize within 1000ms"), body
+        assert "Welcome to the interactive mode" in body["error"], body
+        assert daemon.returncode is None
