@@ -12,8 +12,8 @@ a live agent never yields to the loop); concurrent ``ensure`` calls for one name
 find it not started (or dead) share one start; a start that fails or times out closes
 what it started and raises (``AgentTimeoutError`` for the ``initialize`` timeout;
 ``AgentStartError``, ``agent_unavailable``, when the agent exited before answering it,
-answered an error, or answered no object); an unknown name raises
-``AgentNotFoundError``. Agents are
+answered an error, or answered no object; its ``state`` is then ``exited``); an
+unknown name raises ``AgentNotFoundError``. Agents are
 added while the pool runs (``add``: a model listed later), never removed: a name
 resolved once stays valid. ``capability`` and ``state`` of a name that is no agent
 (yet) answer ``None`` and ``not_started``.
@@ -136,8 +136,9 @@ class AgentPool:
                 slot.info = await self._initialize(name, connection)
             except BaseException:
                 await connection.aclose()
+                slot.connection = connection   # closed: ``exited``, started again next use
                 raise
-            slot.connection = connection
+            slot.connection = connection   # only now: ``ensure`` returns it without the lock
             return connection
 
     async def _initialize(self, name: str, connection: AgentConnection) -> dict[str, Any]:

@@ -107,6 +107,8 @@ async def test_an_agent_that_exits_at_once_is_503_in_each_door(tmp_path: Path) -
         assert "did not complete ACP initialize" in failed["error"]["detail"], failed
         ok = await daemon.client.post("/session", json={"sessionScope": "thread"})
         assert ok.status_code == 200, ok.text
+        status = (await daemon.client.get("/daemon/status")).json()
+        assert {a["name"]: a["state"] for a in status["agents"]}["quitter"] == "exited"
         again = await daemon.client.post("/session", json={"agent": "quitter",
                                                             "sessionScope": "thread"})
         refused(again, "quitter")   # tried again, refused again: no 500, no hang
