@@ -9,9 +9,11 @@ initialized once, restarted on the next use after it died.
 
 Contracts: a running connection is returned at once (no lock, no wait: ``ensure`` of
 a live agent never yields to the loop); concurrent ``ensure`` calls for one name that
-find it not started (or dead) share one start; a start that
-fails or times out closes what it started and raises (``AgentTimeoutError`` for the
-``initialize`` timeout); an unknown name raises ``AgentNotFoundError``. Agents are
+find it not started (or dead) share one start; a start that fails or times out closes
+what it started and raises (``AgentTimeoutError`` for the ``initialize`` timeout;
+``AgentStartError``, ``agent_unavailable``, when the agent exited before answering it,
+answered an error, or answered no object; its ``state`` is then ``exited``); an
+unknown name raises ``AgentNotFoundError``. Agents are
 added while the pool runs (``add``: a model listed later), never removed: a name
 resolved once stays valid. ``capability`` and ``state`` of a name that is no agent
 (yet) answer ``None`` and ``not_started``.
@@ -24,9 +26,17 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import msgspec
 
 from bridge.agents.base import AgentClient, AgentConnection, AgentFactory
-from bridge.errors import AgentNotFoundError, AgentTimeoutError
+from bridge.errors import (
+    AgentDiedError,
+    AgentError,
+    AgentNotFoundError,
+    AgentStartError,
+    AgentTimeoutError,
+    AgentUnavailableError,
+)
 from bridge.observer import NO_OBSERVER, BridgeObserver
 
 CLIENT_INFO = {"name": "acp-server-bridge", "version": "0.1.0"}
@@ -35,6 +45,14 @@ INITIALIZE_PARAMS = {
     "clientCapabilities": {"fs": {"readTextFile": True, "writeTextFile": True}},
     "clientInfo": CLIENT_INFO,
 }
+
+
+def _short(value: Any, limit: int = 200) -> str:
+    """What an agent said (a message as it is, any other value as JSON), as one
+    bounded line."""
+    text = value if isinstance(value, str) else msgspec.json.encode(value).decode()
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 class _Slot:
@@ -100,7 +118,8 @@ class AgentPool:
 
     async def ensure(self, name: str, client: AgentClient,
                      task_group: anyio.abc.TaskGroup) -> AgentConnection:
-        slot = self._slots[self.resolve(name)]
+        name = self.resolve(name)
+        slot = self._slots[name]
         connection = slot.connection
         if connection is not None and not connection.closed:
             return connection   # running: no lock to take (its acquire yields to the loop)
@@ -111,19 +130,42 @@ class AgentPool:
                 if not slot.connection.closed:
                     return slot.connection
                 await slot.connection.aclose()   # reap the dead one before a restart
-                self.observer.agent_restarted(self.resolve(name))
+                self.observer.agent_restarted(name)
             connection = await slot.factory.connect(client, task_group)
             try:
-                with anyio.fail_after(self.initialize_timeout_ms / 1000):
-                    info = await connection.request("initialize", INITIALIZE_PARAMS)
-            except TimeoutError:
-                await connection.aclose()
-                raise AgentTimeoutError("initialize", self.initialize_timeout_ms) from None
+                slot.info = await self._initialize(name, connection)
             except BaseException:
                 await connection.aclose()
+                slot.connection = connection   # closed: ``exited``, started again next use
                 raise
-            slot.connection, slot.info = connection, info if isinstance(info, dict) else {}
+            slot.connection = connection   # only now: ``ensure`` returns it without the lock
             return connection
+
+    async def _initialize(self, name: str, connection: AgentConnection) -> dict[str, Any]:
+        """``initialize`` on a new connection: its answer, an ``InitializeResponse``
+        object; ``AgentTimeoutError`` past the timeout (naming the last line it wrote
+        that was no JSON-RPC, as a program started without its ACP flag does);
+        ``AgentStartError`` when the agent died, answered an error or answered no
+        object."""
+        try:
+            with anyio.fail_after(self.initialize_timeout_ms / 1000):
+                info = await connection.request("initialize", INITIALIZE_PARAMS)
+        except TimeoutError:
+            stray = getattr(connection, "stray_line", "")   # a stdio agent's last non-JSON-RPC
+            said = f"its last line on stdout was no JSON-RPC: {stray}" if stray else ""
+            raise AgentTimeoutError("initialize", self.initialize_timeout_ms, said) from None
+        except AgentUnavailableError:
+            raise
+        except AgentDiedError as exc:
+            raise AgentStartError(name, str(exc), exc.exit_code) from exc
+        except AgentError as exc:
+            data = "" if exc.data is None else f"; data: {_short(exc.data)}"
+            raise AgentStartError(name, f"it answered error {exc.rpc_code} "
+                                        f"({_short(exc.message)}{data})") from exc
+        if not isinstance(info, dict):
+            raise AgentStartError(name, f"it answered {_short(info)}, not an "
+                                        f"InitializeResponse object")
+        return info
 
     async def aclose(self) -> None:
         for slot in list(self._slots.values()):

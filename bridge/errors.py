@@ -22,6 +22,9 @@ Contracts:
   within ``BridgeOptions.agent_request_timeout_ms``; the slot it held is free again).
   ``AgentUnavailableError`` with ``transient`` (the machine was short of descriptors,
   processes or memory when the agent's process was to start) is one too.
+* ``AgentUnavailableError`` (``agent_unavailable``) is every failure to start an agent:
+  its process could not be spawned, or (``AgentStartError``) it did not complete ACP
+  ``initialize``. ``AgentTimeoutError`` (``init_timeout``) is one that did not answer.
 """
 
 from __future__ import annotations
@@ -253,13 +256,34 @@ class AgentUnavailableError(AgentDiedError):
         super().__init__(f"Cannot start agent {agent!r}: {why}")
 
 
+MAX_SAID = 600   # characters of what an agent said, in the message of its failed start
+
+
+class AgentStartError(AgentUnavailableError):
+    """The agent's process started but did not complete ACP ``initialize``: it exited
+    (``exit_code``, when it did), answered an error, or answered something that is no
+    ``InitializeResponse`` object. ``reason`` is ``initialize_failed``; the message
+    names the agent and says what it said (bounded). Not ``transient``: a command
+    that does not speak ACP does not get better by waiting, but the next request
+    tries again."""
+
+    def __init__(self, agent: str, said: str, exit_code: int | None = None) -> None:
+        AgentDiedError.__init__(self, f"Agent {agent!r} did not complete ACP initialize: "
+                                      f"{said[:MAX_SAID]}", exit_code)
+        self.agent = agent
+        self.reason = "initialize_failed"
+        self.transient = False
+
+
 class AgentTimeoutError(BridgeError):
-    """The agent did not answer ``initialize`` in time (``phase`` names the request)."""
+    """The agent did not answer ``initialize`` in time (``phase`` names the request);
+    ``said``, when given, is what it wrote meanwhile, added to the message."""
 
     code = "init_timeout"
 
-    def __init__(self, phase: str, timeout_ms: int) -> None:
-        super().__init__(f"Agent did not answer {phase} within {timeout_ms}ms")
+    def __init__(self, phase: str, timeout_ms: int, said: str = "") -> None:
+        super().__init__(f"Agent did not answer {phase} within {timeout_ms}ms"
+                         + (f"; {said[:MAX_SAID]}" if said else ""))
         self.phase = phase
         self.timeout_ms = timeout_ms
 

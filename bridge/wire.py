@@ -314,6 +314,8 @@ DETAILS: dict[type[errors.BridgeError], Callable[[Any], dict[str, Any]]] = {
     errors.PromptDeadlineExceededError: lambda exc: {"deadlineMs": exc.deadline_ms},
     errors.SessionClosedError: lambda exc: {"sessionId": exc.session_id, "reason": exc.reason},
     errors.AgentError: lambda exc: {"data": exc.data},
+    errors.AgentStartError: lambda exc: {"agent": exc.agent, "reason": exc.reason,
+                                         "exitCode": exc.exit_code},
     errors.AgentUnavailableError: lambda exc: {"agent": exc.agent, "reason": exc.reason},
     errors.AgentDiedError: lambda exc: {"exitCode": exc.exit_code},
     errors.AgentTimeoutError: lambda exc: {"phase": exc.phase, "timeoutMs": exc.timeout_ms},

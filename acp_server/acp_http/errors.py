@@ -55,6 +55,7 @@ from bridge.errors import (
     AgentError,
     AgentNotFoundError,
     AgentRequestTimeoutError,
+    AgentStartError,
     AgentTimeoutError,
     AgentUnavailableError,
     BridgeError,
@@ -182,6 +183,7 @@ DATA: dict[type[BridgeError], Callable[[Any], dict[str, Any]]] = {
     PromptDeadlineExceededError: _kind,
     AgentDiedError: _kind,
     AgentUnavailableError: _retryable,
+    AgentStartError: _retryable,
     PromptFailedError: _kind,
     SessionNotRestorableError: _kind,
 }

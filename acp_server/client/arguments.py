@@ -9,7 +9,8 @@ Contract: ``daemon_url`` is the address the command talks to (``--url``, else
 (``127.0.0.1:4170``) raises ``httpx.InvalidURL``, which the commands report as bad usage
 (exit status 2) before any request. ``positive_seconds`` refuses a number that is not above 0 (a negative or zero
 timeout would only surface later as "cannot reach … timed out"), ``nan`` and ``inf``
-included, with argparse's usage error (exit status 2).
+included, with argparse's usage error (exit status 2); ``page_size`` one outside
+``1..MAX_PAGE`` (the LMSP listing's range, which would answer it 400), the same way.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from acp_server.client.errors import redact
 
 URL_ENV = "ACP_SERVER_URL"
 DEFAULT_URL = "http://127.0.0.1:4170"
+MAX_PAGE = 100
 
 
 def daemon_url(flag: str | None) -> str:
@@ -44,4 +46,14 @@ def positive_seconds(value: str) -> float:
     return seconds
 
 
-__all__ = ["DEFAULT_URL", "URL_ENV", "daemon_url", "positive_seconds"]
+def page_size(value: str) -> int:
+    try:
+        size = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {value!r}") from None
+    if not 1 <= size <= MAX_PAGE:
+        raise argparse.ArgumentTypeError(f"must be from 1 to {MAX_PAGE}: {value!r}")
+    return size
+
+
+__all__ = ["DEFAULT_URL", "MAX_PAGE", "URL_ENV", "daemon_url", "page_size", "positive_seconds"]

@@ -38,7 +38,8 @@ from typing import Any, TextIO
 import msgspec
 
 from acp_server.client import DaemonError, TaskClient, TaskEvent
-from acp_server.client.arguments import DEFAULT_URL, URL_ENV, daemon_url, positive_seconds
+from acp_server.client.arguments import (DEFAULT_URL, URL_ENV, daemon_url, page_size,
+                                        positive_seconds)
 from acp_server.client.cli_run import EXIT_ERROR, EXIT_OK, EXIT_USAGE, prompt_text, run_command
 from acp_server.client.errors import hint, one_line
 from acp_server.client.tasks import ForbiddenError, LmspProblem, Task, TaskSummary
@@ -74,7 +75,8 @@ def add_tasks_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                         help="then stream its output (stdout) and status (stderr)")
     listing = actions.add_parser("list", parents=[common], help="list your tasks, newest first")
     listing.add_argument("--status", choices=STATUSES, default=None, help="only this status")
-    listing.add_argument("--limit", type=int, default=20, help="at most this many (1-100)")
+    listing.add_argument("--limit", type=page_size, default=20,
+                         help="at most this many (1-100, default %(default)s)")
     listing.add_argument("--json", action="store_true", help="print the page as JSON")
     for name, text in (("get", "print a task"), ("cancel", "cancel a task"),
                        ("watch", "follow a task live until it ends")):
@@ -141,8 +143,8 @@ class Watch:
         elapsed = max(task.updated_at - task.created_at, 0) if task.created_at else 0
         line = f"{self.task_id}  {one_line(task.status, 60)}  {elapsed:.1f}s  {self.tokens} tokens"
         if task.error:
-            line += one_line(f"  {task.error.get('code', '')}: {task.error.get('detail', '')}",
-                             500)
+            line += "  " + one_line(f"{task.error.get('code', '')}: "
+                                    f"{task.error.get('detail', '')}", 500)
         self._status_line(line)
 
     def _status_line(self, text: str) -> None:

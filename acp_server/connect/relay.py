@@ -16,6 +16,8 @@ Contracts:
   cannot be reached, refuses the token or is not ACP, that ``initialize`` gets an
   error naming the cause, one line goes to stderr, and the adapter keeps reading (a
   later ``initialize`` tries again). Requests before ``initialize`` get ``-32600``.
+  Should stdin close with no ``initialize`` answered after one failed, ``run``
+  returns ``EXIT_NOT_STARTED`` (1), not 0.
 * **Bad input.** Nothing the editor sends ends the adapter: a line that is not JSON
   gets ``-32700``, one that is not a JSON-RPC message ``-32600``, with the codes the
   server gives the same input (``wire.parse_editor``); params that are not an
@@ -102,6 +104,7 @@ __all__ = ["HEALTHY_AFTER_S", "MAX_ATTEMPTS", "OUTBOX_BYTES", "PROMPT_ID_META", 
 
 log = logging.getLogger("acp_server.connect")
 
+EXIT_NOT_STARTED = 1   # stdin closed after a failed initialize, none answered since
 OUTBOX_BYTES = 64 << 20
 PROMPT_ID_META = "acp-server/promptId"
 RESUMABLE_META = "acp-server/resumable"
@@ -152,6 +155,7 @@ class Relay(FromServer, Reconnect, Reattach):
         self._refused = False                  # the server refuses the credentials now
         self._reading: anyio.CancelScope | None = None   # the editor's input (``stop``)
         self._stop_requested = False
+        self._start_failed = False             # an ``initialize`` got a StartupError
 
     async def run(self, lines: AsyncIterable[bytes | TooLong]) -> int:
         async with anyio.create_task_group() as tg:
@@ -164,6 +168,8 @@ class Relay(FromServer, Reconnect, Reattach):
                     await self._one_line(item)
             await self._quit()
             tg.cancel_scope.cancel()
+        if self.exit_code == 0 and self._start_failed and self.server_init is None:
+            return EXIT_NOT_STARTED   # the editor went away: the adapter never started
         return self.exit_code
 
     def stop(self, exit_code: int = 0) -> None:
@@ -343,6 +349,7 @@ class Relay(FromServer, Reconnect, Reattach):
         assert self._tg is not None
         answer = await self._tg.start(self._supervise)
         if isinstance(answer, StartupError):
+            self._start_failed = True
             log.error("%s", answer)
             await self.out.send(wire.error(msg.id, wire.INTERNAL_ERROR,
                                            f"acp-server connect: {answer}",

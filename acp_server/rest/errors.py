@@ -8,7 +8,12 @@
 Contracts:
 
 * The status of a bridge error is ``STATUS``'s, looked up along the error's MRO (the
-  peer's status for it); an error not in the table is a 500.
+  peer's status for it); an error not in the table is a 500. Where the peer answers
+  500 for an agent that is gone (``AgentDiedError``: it died as it was asked, and
+  again when asked anew; ``AgentUnavailableError``: it could not be started or did
+  not complete ``initialize``) this door answers 503 with ``Retry-After: 5``: the
+  next request starts the agent anew. An agent's own JSON-RPC error stays the
+  peer's 500.
 * Every error body is a JSON object with ``error`` (a message) and, where the peer
   has one, ``code`` plus the error's fields under the peer's names
   (``bridge.wire.error_details``) or the body of ``BODIES``; ``Retry-After: 5`` on the
@@ -111,6 +116,7 @@ STATUS: dict[type[BridgeError], int] = {
     be.PromptCancelledError: 409,
     be.SessionClosedError: 404,
     be.AgentTimeoutError: 504,
+    be.AgentDiedError: 503,
     be.AgentUnavailableError: 503,
     be.AgentProtocolError: 502,
     be.InvalidPromptError: 400,

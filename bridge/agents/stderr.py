@@ -4,6 +4,8 @@
     log.line(b"warming up\\n")       # logged (INFO, ``bridge.agents.stdio.stderr``)
     log.tail                         # the last ``TAIL_LINES`` lines, for a death message
     log.close()                      # stderr ended: says how many lines were not logged
+    bad = StderrLog(prefix, what="invalid stdout", logger=other, level=logging.WARNING)
+    bad.say("ignoring invalid message: …")   # any other stream of an agent's lines
 
 Contracts: every line goes to ``tail``; at most ``burst`` lines are logged at once and
 ``per_s`` a second after that (a token bucket on ``clock``); the lines past it are
@@ -28,8 +30,12 @@ PER_S = 20.0
 
 class StderrLog:
     def __init__(self, prefix: str, *, burst: int = BURST, per_s: float = PER_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, what: str = "stderr",
+                 logger: logging.Logger = log, level: int = logging.INFO) -> None:
         self.prefix = prefix
+        self.what = what
+        self.logger = logger
+        self.level = level
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.burst = burst
         self.per_s = per_s
@@ -39,7 +45,9 @@ class StderrLog:
         self._at = clock()
 
     def line(self, raw: bytes) -> None:
-        text = raw.decode("utf-8", "replace").rstrip()
+        self.say(raw.decode("utf-8", "replace").rstrip())
+
+    def say(self, text: str) -> None:
         self.tail.append(text)
         now = self.clock()
         self._allowance = min(float(self.burst),
@@ -50,13 +58,13 @@ class StderrLog:
             return
         self._allowance -= 1.0
         self._report()
-        log.info("%s %s", self.prefix, text)
+        self.logger.log(self.level, "%s %s", self.prefix, text)
 
     def close(self) -> None:
         self._report()
 
     def _report(self) -> None:
         if self.suppressed:
-            log.warning("%s %d stderr line(s) not logged (more than %g a second)",
-                        self.prefix, self.suppressed, self.per_s)
+            self.logger.warning("%s %d %s line(s) not logged (more than %g a second)",
+                                self.prefix, self.suppressed, self.what, self.per_s)
             self.suppressed = 0

@@ -27,9 +27,13 @@ Contracts (see ``bridge.agents.base``):
   reader itself, which waits for that write (an agent that floods requests without
   reading the answers holds up only its own stdout).
 * A line longer than ``max_line_bytes`` is a protocol failure: the agent is treated
-  as lost and stopped.
+  as lost and stopped. A line that is no JSON-RPC is ignored, with a warning at
+  stderr's bounded rate (``bridge.agents.stderr``: an agent that floods its stdout
+  with them costs the log at most that), the rest counted.
 * Death (stdout EOF, exit, broken pipe, protocol failure): every pending call raises
-  ``AgentDiedError(message, exit_code)``, ``client.connection_lost`` is called once,
+  ``AgentDiedError(message, exit_code)`` (the message names the exit code, the last
+  stdout line that was no JSON-RPC and the last stderr lines, each bounded),
+  ``client.connection_lost`` is called once,
   ``closed`` becomes True and the process is reaped. ``aclose()`` fails pending calls
   the same way but does not call ``connection_lost``.
 * ``env`` entries are added to (override) the inherited environment; names in
@@ -80,6 +84,13 @@ DEFAULT_MAX_LINE_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_REQUESTS_IN_FLIGHT = 1024
 _STDERR_LINE_BYTES = 64 * 1024
 _PIPE_ERRORS = (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)
+_STRAY_CHARS = 200
+
+
+def _one_line(data: bytes, limit: int) -> str:
+    """Bytes an agent wrote, as one printable line of at most ``limit`` characters."""
+    text = " ".join(data[:limit * 4].decode("utf-8", "replace").split())
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def _key(request_id: Any) -> tuple[type, Any]:
@@ -182,10 +193,14 @@ class StdioAgentConnection:
         # message of its death.
         self.stderr = StderrLog(self._prefix)
         self.stderr_tail = self.stderr.tail
+        # its stdout lines that are no JSON-RPC: warned of at the same bounded rate
+        self._invalid = StderrLog(self._prefix, what="invalid stdout", logger=logger,
+                                  level=logging.WARNING)
         self._task_group: anyio.abc.TaskGroup | None = None
         self._requests = PendingRequests()
         self._write_lock = anyio.Lock()
         self._death: AgentDiedError | None = None
+        self._stray = ""   # its last stdout line that was no JSON-RPC (bounded)
         self._lost = anyio.Event()
         self._closing = False
         self._close_done = anyio.Event()
@@ -224,6 +239,11 @@ class StdioAgentConnection:
     @property
     def returncode(self) -> int | None:
         return self._process.returncode
+
+    @property
+    def stray_line(self) -> str:
+        """The last line it wrote on stdout that was no JSON-RPC (bounded), or ``""``."""
+        return self._stray
 
     @property
     def closed(self) -> bool:
@@ -352,6 +372,7 @@ class StdioAgentConnection:
                 with anyio.CancelScope(shield=True):  # bounded; must not leave an orphan
                     await self._agent_gone(reason, wait_for_exit)
         finally:
+            self._invalid.close()
             self._reader_done.set()
             if not finished and not self._closing:
                 # Cancelled from outside (the host is shutting down): no orphan.
@@ -400,6 +421,8 @@ class StdioAgentConnection:
         message = reason if code is None else f"{reason}, exit code {code}"
         with anyio.move_on_after(0.2):   # let the last stderr lines arrive
             await self._stderr_done.wait()
+        if self._stray:
+            message += f"; its last line on stdout was no JSON-RPC: {self._stray}"
         if self.stderr_tail:
             message += "; last stderr: " + " | ".join(list(self.stderr_tail)[-3:])[-500:]
         if not self._closing:
@@ -414,7 +437,8 @@ class StdioAgentConnection:
         try:
             msg = decode_message(line)
         except JsonRpcError as exc:
-            logger.warning("%s ignoring invalid message: %s", self._prefix, exc)
+            self._invalid.say(f"ignoring invalid message: {exc}")
+            self._stray = _one_line(line, _STRAY_CHARS)
             return None
         if msg.is_response:
             self._resolve(msg)

@@ -53,8 +53,9 @@ def test_an_agent_that_dies_again_is_asked_only_once_more(tmp_path: Path) -> Non
     command, asked = _agent(tmp_path, times=10)
     with ServeProcess(tmp_path, "--agent", command) as child:
         made = child.http.post("/session", json={"sessionScope": "thread"})
-        assert made.status_code == 500, made.text   # the peer's agent error
-        assert made.json()["code"] == "agent_died"
+        assert made.status_code == 503, made.text   # no 500: the agent is gone, for now
+        assert made.headers["retry-after"] == "5"
+        assert made.json()["code"] == "agent_died" and "exit code 3" in made.json()["error"]
         assert asked.read_text().count("new") == 2   # never a loop of restarts
         assert child.returncode is None
 
@@ -112,8 +113,9 @@ def test_a_load_of_an_agent_that_dies_again_is_asked_only_once_more(tmp_path: Pa
     command, asked = _loading_agent(tmp_path, times=10)
     with ServeProcess(tmp_path, "--agent", command) as child:
         loaded = child.http.post("/session/native-7/load", json={})
-        assert loaded.status_code == 500, loaded.text   # the peer's agent error
-        assert loaded.json()["code"] == "agent_died"
+        assert loaded.status_code == 503, loaded.text   # no 500: the agent is gone, for now
+        assert loaded.headers["retry-after"] == "5"
+        assert loaded.json()["code"] == "agent_died" and "exit code 3" in loaded.json()["error"]
         assert asked.read_text().count("load") == 2   # never a loop of restarts
         assert child.http.get("/session/native-7/status").status_code == 404
         assert child.returncode is None

@@ -39,6 +39,7 @@ SAMPLES: dict[type[BridgeError], BridgeError] = {
     errors.AgentDiedError: errors.AgentDiedError(exit_code=3),
     errors.AgentUnavailableError: errors.AgentUnavailableError(
         "x", PermissionError(errno.EACCES, "Permission denied")),
+    errors.AgentStartError: errors.AgentStartError("x", "it answered error -32601", 3),
     errors.AgentTimeoutError: errors.AgentTimeoutError("initialize", 200),
     errors.AgentRequestTimeoutError: errors.AgentRequestTimeoutError("session/new", 300),
     errors.AgentProtocolError: errors.AgentProtocolError("collision", "evil"),
@@ -116,3 +117,19 @@ def test_an_agent_that_cannot_start_says_why_and_whether_to_wait() -> None:
     gone = FileNotFoundError(errno.ENOENT, "No such file or directory")
     assert str(errors.AgentUnavailableError("flaky", gone, "/nowhere/at/all")) == \
         "Cannot start agent 'flaky': its folder /nowhere/at/all is gone"
+
+
+def test_an_agent_that_did_not_initialize_is_unavailable_and_says_what_it_said() -> None:
+    """Started, but no ACP ``initialize`` completed: the same 503 ``agent_unavailable``
+    (``initialize_failed``, the exit code when it exited), not transient, its words
+    bounded."""
+    exc = errors.AgentStartError("cat", "x" * 5000, 3)
+    assert (exc.code, exc.reason, exc.transient, exc.exit_code) == (
+        "agent_unavailable", "initialize_failed", False, 3)
+    assert str(exc).startswith("Agent 'cat' did not complete ACP initialize: xxx")
+    assert len(str(exc)) < 700
+    assert status_of(exc) == 503
+    assert error_details(exc) == {"agent": "cat", "reason": "initialize_failed", "exitCode": 3}
+    assert to_rpc_error(exc) == (INTERNAL_ERROR, str(exc), {
+        "errorKind": "agent_unavailable", "agent": "cat", "reason": "initialize_failed",
+        "exitCode": 3, "retryable": True})

@@ -137,6 +137,30 @@ async def test_an_unreachable_server_fails_initialize() -> None:
         assert again["error"]["data"] == {"errorKind": "server_unreachable"}
 
 
+async def test_stdin_closed_after_a_failed_initialize_exits_1(tmp_path: Path) -> None:
+    """The editor (or a script piping ``initialize`` in) gave up after the adapter
+    could not start: exit status 1, not 0 as if all went well. One ``initialize``
+    that succeeds after failures makes the adapter's run a success again (0)."""
+    port = free_port()
+    async with spawn_adapter(f"http://127.0.0.1:{port}/acp") as adapter:
+        answer = await adapter.request("initialize", INIT)
+        assert answer["error"]["data"] == {"errorKind": "server_unreachable"}
+        assert adapter.process.stdin is not None
+        await adapter.process.stdin.aclose()
+        assert await adapter.exit_code() == 1, adapter.stderr
+    async with running_acp_server(tmp_path) as srv, tcp_relay(port_of(srv.base_url)) as relay, \
+            spawn_adapter(f"http://127.0.0.1:{relay.port}/acp") as adapter:
+        relay.refusing = True   # accepted, then closed at once
+        refused = await adapter.request("initialize", INIT)
+        assert "error" in refused, refused
+        relay.refusing = False
+        init = await adapter.request("initialize", INIT)
+        assert init["result"]["protocolVersion"] == 1
+        assert adapter.process.stdin is not None
+        await adapter.process.stdin.aclose()
+        assert await adapter.exit_code() == 0, adapter.stderr
+
+
 async def test_a_wrong_token_fails_initialize_without_showing_the_token(
         tmp_path: Path, anyio_backend: str) -> None:
     async with running_acp_server(tmp_path, token="right-token") as srv:

@@ -119,3 +119,17 @@ def test_a_timeout_that_is_not_above_zero_is_a_usage_error(
         assert stopped.value.code == 2
         assert "--timeout" in capsys.readouterr().err
     assert build_parser().parse_args(["--timeout", "0.5", "hi"]).timeout == 0.5
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "101", "abc", ""])
+def test_a_tasks_list_limit_out_of_range_is_a_usage_error(
+        value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """``tasks list --limit 0`` reached the server and exited 1 on its 400; a page size
+    outside 1..100 (what the server takes) is now argparse's usage error, exit 2."""
+    from acp_server.client.tasks_cli import build_parser as tasks_parser
+
+    with pytest.raises(SystemExit) as stopped:
+        tasks_parser().parse_args(["list", "--limit", value])
+    assert stopped.value.code == 2
+    assert "--limit" in capsys.readouterr().err
+    assert tasks_parser().parse_args(["list", "--limit", "100"]).limit == 100

@@ -44,6 +44,16 @@ async def test_create_get_watch_cancel(tmp_path: Path) -> None:
         assert code == 1 and "task_not_found" in err
 
 
+async def test_a_failed_tasks_final_line_keeps_its_error_apart(tmp_path: Path) -> None:
+    """The final status line of a failed task ends with its error, two spaces after
+    the tokens (it read ``0 tokensagent_error: …``)."""
+    async with lmsp_daemon(tmp_path) as srv:
+        code, _, err = await run(["create", "/fail", "--watch", "--url", srv.url])
+        assert code == 1
+        final = err.splitlines()[-1]
+        assert re.fullmatch(r"task_\S+  failed  \d+\.\ds  \d+ tokens  [a-z_]+: .+", final), final
+
+
 async def test_watch_streams_the_text_and_the_status_only_moves_forward(tmp_path: Path) -> None:
     """Text deltas reach stdout as they arrive; status lines never go back (the
     replayed ``response.created`` of a running task is not "queued" again), and the
