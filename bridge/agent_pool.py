@@ -163,7 +163,8 @@ class AgentPool:
             raise AgentStartError(name, f"it answered error {exc.rpc_code} "
                                         f"({_short(exc.message)}{data})") from exc
         if not isinstance(info, dict):
-            raise AgentStartError(name, f"it answered {_short(info)}, not an "
+            answered = _short(msgspec.json.encode(info).decode())   # a string quoted
+            raise AgentStartError(name, f"it answered {answered}, not an "
                                         f"InitializeResponse object")
         return info
 
