@@ -499,7 +499,9 @@ class Bridge(Journaling, ListingAPI, PromptsAPI, PresenceAPI, AgentCallsAPI,
         session.closing = True
         if self._sessions.get(session.session_id) is session:
             del self._sessions[session.session_id]
-            if session.prompt_terminals:
+            # its pending prompts are settled after this (``fail_all``): their
+            # terminals go to the same deque, kept here for a later cold load
+            if session.prompt_terminals or session.pending:
                 self._closed_terminals[session.session_id] = session.prompt_terminals
                 if len(self._closed_terminals) > MAX_CLOSED_SESSION_HISTORIES:
                     del self._closed_terminals[next(iter(self._closed_terminals))]
