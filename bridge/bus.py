@@ -186,6 +186,19 @@ class EventBus:
             return list(self._ring)
         return [event for event in self._ring if event.id <= self._released_id]  # type: ignore[operator]
 
+    def held_prompt_ids(self) -> set[str | None]:
+        """The prompts of the ring's events readers may not see yet (held: not yet
+        committed), newest first scanned; empty when nothing is held."""
+        released = self._released_id
+        if released == self._last_id:
+            return set()
+        held: set[str | None] = set()
+        for event in reversed(self._ring):
+            if event.id <= released:  # type: ignore[operator]
+                break
+            held.add(event.prompt_id)
+        return held
+
     def publish(self, type_: str, data: Any, *, prompt_id: str | None = None,
                 originator_client_id: str | None = None) -> Event | None:
         """Store and fan out one event. After ``close()`` it is dropped (``None``)."""

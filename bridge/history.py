@@ -21,6 +21,10 @@ Contracts:
   closed, and a cold ``load`` under the same id carries them again.
 * Everything is read synchronously, so ``last_event_id`` is exactly the last event
   returned: a subscriber from it misses nothing and doubles nothing.
+* Nothing is shown before it is committed (a durable journal holds events back from
+  readers until then, ``bridge.bus``): the replay holds the released events only, and
+  a prompt's terminal is listed once none of its events is held, so a ``load``
+  answered before a crash never lists a terminal the journal does not have.
 """
 
 from __future__ import annotations
@@ -38,9 +42,12 @@ if TYPE_CHECKING:
 
 
 def session_history(session: Session) -> SessionHistory:
+    held = session.bus.held_prompt_ids()   # a terminal shows once its events are committed
+    terminals = [t for t in session.prompt_terminals if t.prompt_id not in held] if held \
+        else list(session.prompt_terminals)
     return history_of(session.bus.ring_events(),
                       session.active.prompt_id if session.active is not None else None,
-                      list(session.prompt_terminals), session.bus.last_event_id)
+                      terminals, session.bus.last_event_id)
 
 
 def history_of(events: list[Event], active: str | None, terminals: list[PromptTerminal],

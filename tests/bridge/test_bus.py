@@ -356,6 +356,39 @@ async def test_the_ring_is_bounded_in_bytes_oldest_first() -> None:
     assert [e.id for e in bus.ring_events()] == [21]
 
 
+async def test_a_terminal_is_in_the_history_once_its_events_are_committed() -> None:
+    """``load``'s history (``bridge.history``) on a held bus: a prompt's terminal is
+    listed once none of its events is held, as its events are replayed: a load
+    answered before a crash lists nothing the journal may not have (seen in CI: a
+    test killed the server on a terminal whose turn was not committed yet)."""
+    import collections
+    import types
+
+    from bridge.history import session_history
+    from bridge.status import PromptTerminal
+
+    bus = held_bus()
+    bus.publish("session_update", {"n": 0}, prompt_id="p0")
+    bus.release(1)
+    done = PromptTerminal(prompt_id="p0", terminal="completed", at=1, stop_reason="end_turn")
+    bus.publish("session_update", {"n": 1}, prompt_id="p1")
+    bus.publish(ev.TURN_COMPLETE, {"stopReason": "end_turn"}, prompt_id="p1")
+    ended = PromptTerminal(prompt_id="p1", terminal="completed", at=2, stop_reason="end_turn")
+    session = types.SimpleNamespace(bus=bus, active=None,
+                                    prompt_terminals=collections.deque([done, ended]))
+    assert bus.held_prompt_ids() == {"p1"}
+    history = session_history(session)  # type: ignore[arg-type]
+    assert history.prompt_terminals == [done]
+    assert [e.id for e in history.compacted_replay] == [1] and history.last_event_id == 1
+    bus.release(2)   # its turn's last event not yet
+    assert session_history(session).prompt_terminals == [done]  # type: ignore[arg-type]
+    bus.release(3)
+    assert bus.held_prompt_ids() == set()
+    history = session_history(session)  # type: ignore[arg-type]
+    assert history.prompt_terminals == [done, ended]
+    assert [e.id for e in history.compacted_replay] == [1, 2, 3]
+
+
 async def test_a_held_ring_keeps_what_readers_were_not_released() -> None:
     bus = EventBus(ring_size=1000, ring_bytes=32 * 1024)
     bus.hold = True
