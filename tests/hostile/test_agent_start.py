@@ -13,17 +13,15 @@ with it; the server and its other agents go on.
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 from pathlib import Path
-from typing import Any
 
-import anyio
 import httpx
 import pytest
 
 from tests.harness import ServeProcess
+from tests.hostile.test_machine_faults import acp_session_new, lmsp_outcome
 
 pytestmark = pytest.mark.anyio
 
@@ -37,34 +35,6 @@ STRING = ("sh -c 'read line; echo \"{\\\"jsonrpc\\\":\\\"2.0\\\",\\\"id\\\":0,"
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"   # the client side only; the server is its own process
-
-
-async def acp_session_new(client: httpx.AsyncClient, cwd: Path, agent: str) -> dict[str, Any]:
-    """``session/new`` for ``agent`` over ``/acp`` (Streamable HTTP): the JSON-RPC answer."""
-    init = await client.post("/acp", json={"jsonrpc": "2.0", "id": 0, "method": "initialize",
-                                           "params": {"protocolVersion": 1}})
-    assert init.status_code == 200, init.text
-    conn = {"Acp-Connection-Id": init.headers["acp-connection-id"]}
-    async with client.stream("GET", "/acp", headers={**conn, "Accept": "text/event-stream"}
-                             ) as stream:
-        posted = await client.post("/acp", headers=conn, json={
-            "jsonrpc": "2.0", "id": 1, "method": "session/new", "params": {
-                "cwd": str(cwd), "mcpServers": [], "_meta": {"acp-server/agent": agent}}})
-        assert posted.status_code == 202, posted.text
-        with anyio.fail_after(30):
-            async for line in stream.aiter_lines():
-                if line.startswith("data: "):
-                    return json.loads(line[6:])  # type: ignore[no-any-return]
-    raise AssertionError("the /acp stream ended")
-
-
-async def lmsp_outcome(client: httpx.AsyncClient, task_id: str) -> dict[str, Any]:
-    with anyio.fail_after(30):
-        while True:
-            task = (await client.get(f"/lmsp/v1/tasks/{task_id}")).json()
-            if task["status"] in ("succeeded", "failed", "cancelled"):
-                return task  # type: ignore[no-any-return]
-            await anyio.sleep(0.05)
 
 
 def refused(response: httpx.Response, agent: str) -> str:

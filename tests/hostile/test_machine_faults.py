@@ -137,6 +137,7 @@ async def acp_session_new(client: httpx.AsyncClient, cwd: Path, agent: str) -> d
     """``session/new`` for ``agent`` over ``/acp`` (Streamable HTTP): the JSON-RPC answer."""
     init = await client.post("/acp", json={"jsonrpc": "2.0", "id": 0, "method": "initialize",
                                            "params": {"protocolVersion": 1}})
+    assert init.status_code == 200, init.text
     conn = {"Acp-Connection-Id": init.headers["acp-connection-id"]}
     async with client.stream("GET", "/acp", headers={**conn, "Accept": "text/event-stream"}
                              ) as stream:
@@ -144,7 +145,7 @@ async def acp_session_new(client: httpx.AsyncClient, cwd: Path, agent: str) -> d
             "jsonrpc": "2.0", "id": 1, "method": "session/new", "params": {
                 "cwd": str(cwd), "mcpServers": [], "_meta": {"acp-server/agent": agent}}})
         assert posted.status_code == 202, posted.text
-        with anyio.fail_after(20):
+        with anyio.fail_after(30):
             async for line in stream.aiter_lines():
                 if line.startswith("data: "):
                     return json.loads(line[6:])  # type: ignore[no-any-return]
@@ -152,7 +153,7 @@ async def acp_session_new(client: httpx.AsyncClient, cwd: Path, agent: str) -> d
 
 
 async def lmsp_outcome(client: httpx.AsyncClient, task_id: str) -> dict[str, Any]:
-    with anyio.fail_after(20):
+    with anyio.fail_after(30):
         while True:
             task = (await client.get(f"/lmsp/v1/tasks/{task_id}")).json()
             if task["status"] in ("succeeded", "failed", "cancelled"):

@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import socket
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 from typing import Any
 
 import anyio
