@@ -374,6 +374,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "full access (set --token or %s to require one)", TOKEN_ENV)
     if not settings.loopback and not settings.http.tls:
         log.warning(PLAIN_HTTP_WARNING, settings.hostname)
+    margin = settings.lease_margin_warning()
+    if margin is not None:
+        log.warning(margin)
     for name, program in unfound(merge(settings.default_profile, settings.agent_profiles),
                                  settings.workspace):
         log.warning("agent %r: %r is not found (not on PATH, or not an executable file): "

@@ -356,6 +356,25 @@ class Settings:
         """The LMSP task store: ``--store``, else a file under the state directory."""
         return self.store or f"sqlite:///{os.path.join(self.state_dir, 'lmsp.sqlite3')}"
 
+    def lease_margin_warning(self) -> str | None:
+        """On a PostgreSQL store: a warning when ``--store-busy-timeout-ms`` leaves a
+        renewal held up by a lock no time before its lease expires (a session's:
+        ``ttl - renew``; an LMSP task's: ``lease - renew``), else ``None``. Another
+        instance may then adopt what this one still runs (fenced: this one's writes are
+        refused and it stops), so it is a warning, not a refusal."""
+        if not self.store_url.startswith(("postgresql://", "postgres://")):   # is_postgres_url
+            return None
+        busy = self.store_busy_timeout_ms
+        for what, ttl, renew in (
+                ("session-lease-ttl-ms", self.session_lease_ttl_ms, self.session_lease_renew_ms),
+                ("store-lease-ms", self.store_lease_ms, self.store_renew_ms)):
+            if busy >= ttl - renew:
+                return (f"--store-busy-timeout-ms {busy} is not below --{what} {ttl} minus its "
+                        f"renewal interval {renew}: a renewal held up by a lock another session "
+                        f"holds may let the lease expire while this instance still runs its "
+                        f"work (another instance then adopts it)")
+        return None
+
     @property
     def rate_limits(self) -> dict[str, int]:
         """Requests per minute by class for stored tokens (0 = that class unlimited)."""

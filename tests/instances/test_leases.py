@@ -276,6 +276,29 @@ def test_the_flags_are_checked(tmp_path: Path) -> None:
             settings.session_lease_renew_ms) == ("http://10.0.0.2:4170", 3000, 500)
 
 
+def test_a_busy_timeout_that_outlasts_a_lease_is_warned_of(tmp_path: Path, pg_url: str
+                                                           ) -> None:
+    """A lock wait as long as a lease's time left after a renewal tick could let the
+    lease expire while this instance runs its work: ``serve`` starts and warns (a
+    real process: the line is in its log); SQLite (one instance) and the defaults do
+    not warn."""
+    from acp_server.settings import Settings
+    from tests.harness import ServeProcess
+
+    def warning(**flags: Any) -> str | None:
+        return Settings.from_flags(workspace=str(tmp_path), **flags).lease_margin_warning()
+
+    assert warning(store=pg_url) is None   # 5,000 < 8,000 - 2,000 and < 30,000 - 10,000
+    assert warning(store_busy_timeout_ms="60000") is None   # SQLite: no leases
+    said = warning(store=pg_url, store_busy_timeout_ms="6000")
+    assert said is not None and "--session-lease-ttl-ms 8000" in said, said
+    said = warning(store=pg_url, session_lease_ttl_ms="60000", store_busy_timeout_ms="20000")
+    assert said is not None and "--store-lease-ms 30000" in said, said
+    with ServeProcess(tmp_path, "--store", pg_url, "--store-busy-timeout-ms", "7000") as child:
+        assert child.http.get("/health").status_code == 200   # it serves all the same
+        assert "--store-busy-timeout-ms 7000 is not below" in child.stderr_text()
+
+
 async def test_a_wildcard_bind_advertises_nothing_unless_told(
         tmp_path: Path, pg_url: str, db: psycopg.Connection[Any]) -> None:
     async with local_server(tmp_path, store=pg_url, hostname="0.0.0.0",
