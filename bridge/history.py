@@ -47,7 +47,7 @@ def session_history(session: Session) -> SessionHistory:
         else list(session.prompt_terminals)
     return history_of(session.bus.ring_events(),
                       session.active.prompt_id if session.active is not None else None,
-                      terminals, session.bus.last_event_id)
+                      terminals, session.bus.released_id)
 
 
 def history_of(events: list[Event], active: str | None, terminals: list[PromptTerminal],

@@ -369,6 +369,10 @@ async def test_a_terminal_is_in_the_history_once_its_events_are_committed() -> N
 
     bus = held_bus()
     bus.publish("session_update", {"n": 0}, prompt_id="p0")
+    fresh = types.SimpleNamespace(bus=bus, active=None, prompt_terminals=collections.deque())
+    nothing = session_history(fresh)  # type: ignore[arg-type]
+    # nothing committed yet: a subscriber from its cursor gets event 1 once it is
+    assert nothing.compacted_replay == [] and nothing.last_event_id == 0
     bus.release(1)
     done = PromptTerminal(prompt_id="p0", terminal="completed", at=1, stop_reason="end_turn")
     bus.publish("session_update", {"n": 1}, prompt_id="p1")
