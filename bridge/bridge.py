@@ -433,7 +433,8 @@ class Bridge(Journaling, ListingAPI, PromptsAPI, PresenceAPI, AgentCallsAPI,
                 result = await self._agent_request(agent, method, params)
             sid = result.get("sessionId") if isinstance(result, dict) else None
             if not isinstance(sid, str) or not sid:
-                raise AgentDiedError(f"Agent answered {method} without a sessionId")
+                raise AgentProtocolError(f"Agent answered {method} without a sessionId",
+                                         agent_name)
             if not storable(sid):
                 raise AgentProtocolError(f"Agent answered {method} with a session id "
                                          f"no store can hold (a NUL, or over 1 KiB)",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import sys
 from pathlib import Path
 
 import httpx
@@ -141,4 +142,38 @@ async def test_an_agent_that_talks_but_never_answers_is_504_saying_what_it_said(
             "init_timeout", "initialize", 1000)
         assert body["error"].startswith("Agent did not answer initialize within 1000ms"), body
         assert "Welcome to the interactive mode" in body["error"], body
+        assert daemon.returncode is None
+
+
+# Completes ``initialize``, then answers every other request with an empty object.
+NO_SESSION_ID = '''import json, sys
+for line in sys.stdin:
+    msg = json.loads(line)
+    if "id" in msg and "method" in msg:
+        result = {"protocolVersion": 1} if msg["method"] == "initialize" else {}
+        print(json.dumps({"jsonrpc": "2.0", "id": msg["id"], "result": result}), flush=True)
+'''
+
+
+async def test_an_agent_that_makes_no_session_id_is_a_protocol_error(tmp_path: Path) -> None:
+    """An agent that is up but answers ``session/new`` without a ``sessionId`` breaks
+    the protocol every time: REST 502 ``agent_protocol_error`` with no ``Retry-After``
+    (a 503 would have a client retry a failure that does not pass), ``/acp`` an error;
+    the agent is not restarted for it and the server goes on."""
+    script = tmp_path / "no_session_id.py"
+    script.write_text(NO_SESSION_ID)
+    command = f"{sys.executable} {script}"
+    async with ServeProcess(tmp_path, "--agent", f"mute={command}") as daemon:
+        made = await daemon.client.post("/session", json={"agent": "mute",
+                                                           "sessionScope": "thread"})
+        assert made.status_code == 502, made.text
+        assert made.json()["code"] == "agent_protocol_error", made.text
+        assert "without a sessionId" in made.json()["error"], made.text
+        assert "retry-after" not in made.headers
+        answer = await acp_session_new(daemon.client, tmp_path, "mute")
+        assert "without a sessionId" in answer["error"]["message"], answer
+        status = (await daemon.client.get("/daemon/status")).json()
+        assert {a["name"]: a["state"] for a in status["agents"]}["mute"] == "running"
+        ok = await daemon.client.post("/session", json={"sessionScope": "thread"})
+        assert ok.status_code == 200, ok.text
         assert daemon.returncode is None
