@@ -24,6 +24,7 @@ import shlex
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from acp_server.client.errors import redact_address
 from acp_server.http.options import HttpOptions
 from acp_server.http.policy import is_loopback
 from acp_server.lmsp.permissions import POLICIES
@@ -224,7 +225,7 @@ class Settings:
             raise SettingsError(str(exc)) from None
         if self.store is not None and \
                 not self.store.startswith(("sqlite:///", "postgresql://", "postgres://")):
-            raise SettingsError(f"Invalid store: {self.store!r}. "
+            raise SettingsError(f"Invalid store: {redact_address(self.store)!r}. "
                                 "Must be sqlite:///PATH or postgresql://….")
         if isinstance(self.max_running_tasks, bool) or not isinstance(self.max_running_tasks, int) \
                 or self.max_running_tasks < 0:

@@ -21,7 +21,7 @@ import os
 
 import httpx
 
-from acp_server.client.errors import redact
+from acp_server.client.errors import redact_address
 
 URL_ENV = "ACP_SERVER_URL"
 DEFAULT_URL = "http://127.0.0.1:4170"
@@ -31,7 +31,7 @@ MAX_PAGE = 100
 def daemon_url(flag: str | None) -> str:
     url = flag or os.environ.get(URL_ENV) or DEFAULT_URL
     if not url.lower().startswith(("http://", "https://")):
-        raise httpx.InvalidURL(f"{redact(url)!r} is not http:// or https:// "
+        raise httpx.InvalidURL(f"{redact_address(url)!r} is not http:// or https:// "
                                f"(e.g. {DEFAULT_URL})")
     return url
 

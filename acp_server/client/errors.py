@@ -59,6 +59,17 @@ def redact(text: str) -> str:
     return _SECRET_PARAM.sub(r"\1***", _USERINFO.sub(r"\1***@", text))
 
 
+def redact_address(value: str) -> str:
+    """``value``, given as an address (a flag's, a variable's), with its credentials
+    hidden as ``redact`` hides them, also when it has no scheme (``alice:s3cret@host``
+    → ``***@host``: ``redact`` leaves a bare ``user@host`` in prose alone)."""
+    if "://" not in value:
+        authority, slash, rest = value.partition("/")
+        if "@" in authority:
+            value = "***@" + authority.rpartition("@")[2] + slash + rest
+    return redact(value)
+
+
 def one_line(text: str, limit: int = 1000) -> str:
     """``text`` as one printable line: line breaks become spaces, other control
     characters (an escape sequence's ESC, a bell) are dropped, runs of whitespace are

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 import anyio
 from rich.console import Console
 
-from acp_server.client.errors import one_line, redact
+from acp_server.client.errors import one_line, redact, redact_address
 from acp_server.conformance.catalog import SUITES
 from acp_server.conformance.context import Options
 from acp_server.conformance.display import display_for
@@ -55,7 +55,7 @@ def base_url(text: str) -> str:
     except ValueError:   # http://[::1
         host = None
     if not host or parts.scheme not in ("http", "https"):
-        raise argparse.ArgumentTypeError(f"not an http(s) URL: {redact(text)!r} "
+        raise argparse.ArgumentTypeError(f"not an http(s) URL: {redact_address(text)!r} "
                                          "(e.g. http://127.0.0.1:4170)")
     return text
 

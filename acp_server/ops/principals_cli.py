@@ -40,6 +40,7 @@ from typing import Any
 import anyio
 import httpx
 
+from acp_server.client.errors import redact_address
 from acp_server.principals.admin import create_token, iso, revoke_token, token_json
 from acp_server.principals.audit import AuditLog, as_json
 from acp_server.principals.model import DEFAULT_RATE, SCOPES, UNLIMITED, InvalidPrincipalError
@@ -112,7 +113,7 @@ class BadFolder(ValueError):
 def store_url(args: argparse.Namespace) -> str:
     if args.store:
         if not args.store.startswith(("sqlite:///", "postgresql://", "postgres://")):
-            raise BadFolder(f"Invalid store: {args.store!r}. "   # serve's words
+            raise BadFolder(f"Invalid store: {redact_address(args.store)!r}. "   # serve's words
                             "Must be sqlite:///PATH or postgresql://….")
         return str(args.store)
     if args.state_dir:

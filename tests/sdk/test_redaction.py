@@ -16,7 +16,7 @@ import pytest
 
 from acp_server.client import DaemonClient, DaemonConnectionError, TaskClient
 from acp_server.client.cli_run import run_command
-from acp_server.client.errors import one_line, redact
+from acp_server.client.errors import one_line, redact, redact_address
 from tests.sdk.harness import closed_port_url
 from tests.terminal import cli_env
 
@@ -46,6 +46,37 @@ def shown(url: str) -> str:
 ])
 def test_redact(text: str, said: str) -> None:
     assert redact(text) == said
+
+
+@pytest.mark.parametrize(("value", "said"), [
+    ("alice:s3cret@127.0.0.1:4170", "***@127.0.0.1:4170"),   # no scheme: still hidden
+    ("u:p@ss@db/x?password=hunter2", "***@db/x?password=***"),
+    ("mysql://u:hunter2@db/x", "mysql://***@db/x"),
+    ("127.0.0.1:4170/path@x", "127.0.0.1:4170/path@x"),      # an @ past the host: kept
+])
+def test_redact_address(value: str, said: str) -> None:
+    assert redact_address(value) == said
+
+
+def test_an_address_refused_for_its_form_is_shown_without_its_password(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The CLIs' refusals of an address that is no URL (``--url``, conformance's
+    argument, ``--store``) quote it without its credentials."""
+    import argparse
+
+    import httpx
+
+    from acp_server.client.arguments import daemon_url
+    from acp_server.conformance.cli import base_url
+    from acp_server.settings import Settings, SettingsError
+
+    for refuse in (lambda: daemon_url("alice:hunter2@127.0.0.1:4170"),
+                   lambda: base_url("alice:hunter2@127.0.0.1:4170"),
+                   lambda: Settings(workspace=".", store="mysql://u:hunter2@db/x")):
+        with pytest.raises((httpx.InvalidURL, argparse.ArgumentTypeError,
+                            SettingsError)) as refused:
+            refuse()
+        assert "hunter2" not in str(refused.value) and "***@" in str(refused.value)
 
 
 def test_one_line_redacts_what_the_clis_print() -> None:
