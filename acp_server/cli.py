@@ -222,9 +222,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
                             "missed (default 1000)")
     serve.add_argument("--store-busy-timeout-ms", default="5000",
                        help="SQLite store: how long a write waits for a lock another process "
-                            "holds before it answers 503; PostgreSQL store: how long start-up "
-                            "recovery waits for a lock before the start is tried again "
-                            "(default 5000)")
+                            "holds before it answers 503; PostgreSQL store: how long any "
+                            "statement waits for a lock another session holds before it "
+                            "answers 503 (default 5000)")
     serve.add_argument("--share-sessions", action="store_true",
                        help="every principal sees every session, task and response (by "
                             "default each is its creator's; admins see all)")

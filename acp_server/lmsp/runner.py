@@ -238,8 +238,8 @@ class Runner:
     def taken_over(self, task_id: str, run: object) -> None:
         """Another instance may run this task now (its lease expired and was recovered
         there): its turn here stops, as for a cancel; the store refuses what it writes."""
-        if self._running.get(task_id) is not run:
-            return
+        if self._running.get(task_id) is not run or run not in self._slots:
+            return   # a later claim's, or its turn is over (its own final commit)
         log.warning("lmsp task %s: its lease was lost (recovered by another instance); "
                     "its turn here is stopped", task_id)
         self.cancel(task_id)

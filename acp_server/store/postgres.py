@@ -498,12 +498,15 @@ class PostgresTaskStore(TokenOps, AuditOps, ClaimsOne, ObservedMoves, PostgresEn
         return await self._write(op)
 
     async def taken_over(self, task_ids: Sequence[str]) -> list[str]:
-        """Which of these tasks (this instance runs them) another instance may run now:
-        queued again or claimed elsewhere by a recovery of an expired lease."""
+        """Which of these tasks (this instance runs them) are no longer this instance's
+        to run: not active under it any more (a recovery of its expired lease queued it
+        again, another instance claimed it, or failed or cancelled it: its
+        ``on_restart``), or gone. A turn of this instance's that ended and committed its
+        final state is among them too: the caller tells (``Runner.taken_over``)."""
         ids = list(task_ids)
         return await self._read(lambda conn: [r[0] for r in conn.execute(
-            "SELECT id FROM tasks WHERE id = ANY(%s) AND (status = 'queued' OR "
-            "(status = ANY(%s) AND owner IS DISTINCT FROM %s))",
+            "SELECT id FROM tasks WHERE id = ANY(%s) AND NOT (status = ANY(%s) AND "
+            "owner IS NOT DISTINCT FROM %s)",
             (ids, list(ACTIVE), self.instance)).fetchall()])
 
     def _release_op(self, conn: Conn, out: list[CommittedEvent], state: Batch) -> None:
@@ -521,16 +524,23 @@ class PostgresTaskStore(TokenOps, AuditOps, ClaimsOne, ObservedMoves, PostgresEn
                       now: float, own: bool = False) -> RecoveryReport:
         """Every active task whose lease expired (any instance's), and at start-up every
         task this instance owned (its previous run died), per its ``on_restart``. Rows
-        another session has locked are skipped, except at start-up (``own``): there a
-        lock another session holds (a row's or a table's) is waited for at most
-        ``lock_timeout_s``: then ``StoreUnavailableError`` (nothing of it committed; the
-        start is tried again, ``acp_server.cli``), never a silent wait for ever."""
+        another session has locked are skipped, except at start-up (``own``) this
+        instance's own: a lock another session holds on one of them (a row's, or the
+        table's on any) is waited for at most ``lock_timeout_s``, then
+        ``StoreUnavailableError`` (nothing of it committed; the start is tried again,
+        ``acp_server.cli``), never a silent wait for ever. Skipped, a task of this
+        instance would stay running, its lease renewed by this instance for ever; another
+        instance's locked row is left to a later recovery, as the periodic one does."""
         def op(conn: Conn, out: list[CommittedEvent], state: Batch) -> RecoveryReport:
             try:
                 rows = conn.execute(
+                    "SELECT id, status, on_restart, attempt FROM tasks WHERE status = "
+                    "ANY(%s) AND owner = %s ORDER BY seq FOR UPDATE",
+                    (list(ACTIVE), mine)).fetchall() if mine else []
+                rows += conn.execute(
                     f"SELECT id, status, on_restart, attempt FROM tasks WHERE status = "
-                    f"ANY(%s) AND (lease_expires_at IS NULL OR lease_expires_at < {NOW} + %s "
-                    f"OR owner = %s) ORDER BY seq FOR UPDATE{skip}",
+                    f"ANY(%s) AND (lease_expires_at IS NULL OR lease_expires_at < {NOW} + %s) "
+                    f"AND owner IS DISTINCT FROM %s ORDER BY seq FOR UPDATE SKIP LOCKED",
                     (list(ACTIVE), self.clock_offset_s, mine)).fetchall()
                 report = recover_rows(rows, lambda task_id, states, to, done: self._transition(
                     conn, out, state, task_id, states, to, done, now, owned=False),
@@ -544,9 +554,6 @@ class PostgresTaskStore(TokenOps, AuditOps, ClaimsOne, ObservedMoves, PostgresEn
             return report
 
         mine = self.instance if own and self._identity is not None else ""
-        # At start-up a row locked elsewhere is waited for (bounded), never skipped: a
-        # task of this instance left running would be renewed by it for ever.
-        skip = "" if own else " SKIP LOCKED"
         return await self._write(op)
 
     async def next_seqs(self, task_ids: Sequence[str]) -> dict[str, int]:

@@ -205,21 +205,26 @@ def test_a_start_whose_schema_is_locked_says_so_then_starts(tmp_path: Path) -> N
         child.stop()
 
 
+@pytest.mark.parametrize("on_restart", ["retry", "fail"])
 def test_a_task_recovered_elsewhere_stops_on_the_instance_that_lost_it(
-        tmp_path: Path) -> None:
+        tmp_path: Path, on_restart: str) -> None:
     """The owner paused (``SIGSTOP``) while its task's lease is made to expire (the
-    store's data moved, not waited for): the other instance recovers the task and runs
-    it again; the owner, resumed, stops its own turn of it (before, it ran on for as
-    long as the turn lasted, its runner slot taken: two runners of one task)."""
+    store's data moved, not waited for): the other instance recovers the task, per its
+    ``on_restart``: runs it again (``retry``) or fails it (``fail``, the default); the
+    owner, resumed, stops its own turn of it (before, it ran on for as long as the turn
+    lasted, its runner slot taken: two runners of one task, or a turn of a task
+    already failed)."""
     url = _url(tmp_path, "lost")
     for name in "ab":
         (tmp_path / name).mkdir()
     flags = ["--store", url, *BUSY, *TASK_LEASES, "--max-running-tasks", "1"]
+    recovered = {"retry": "status = 'running' AND owner IS DISTINCT FROM %s",
+                 "fail": "status = 'failed' AND %s::text IS NOT NULL"}[on_restart]
     with ServeProcess(tmp_path / "a", *flags) as owner, \
             psycopg.connect(url, autocommit=True) as db:
         http = owner.http
         answer = http.post("/lmsp/v1/tasks", json={
-            "type": "response", "on_restart": "retry",
+            "type": "response", "on_restart": on_restart,
             "input": {"model": "reference", "input": "/sleep 600s held"}})
         task = answer.json()["id"]
         _until(lambda: _status(http, task) == "running", "the task never ran")
@@ -228,22 +233,30 @@ def test_a_task_recovered_elsewhere_stops_on_the_instance_that_lost_it(
             os.kill(owner.pid, signal.SIGSTOP)
             try:
                 db.execute("UPDATE tasks SET lease_expires_at = 0 WHERE id = %s", (task,))
-                _until(lambda: db.execute(
-                    "SELECT status = 'running' AND owner IS DISTINCT FROM %s FROM tasks "
-                    "WHERE id = %s", (mine, task)).fetchone()[0],
-                    "the other instance never recovered the task")
+                _until(lambda: db.execute(f"SELECT {recovered} FROM tasks WHERE id = %s",
+                                          (mine, task)).fetchone()[0],
+                       "the other instance never recovered the task")
             finally:
                 os.kill(owner.pid, signal.SIGCONT)
-            # the other instance's one slot runs the task; the next one can only run on
-            # the first instance, once its stale turn of the task is stopped
-            after = _create(other.http, "hello")
+            _until(lambda: "its lease was lost" in owner.stderr_text(),
+                   "the instance that lost the task never stopped its turn")
+            if on_restart == "retry":
+                # the other instance's one slot runs the task; the next one can only run
+                # on the first instance, once its stale turn of the task is stopped
+                after = _create(other.http, "hello")
+                assert after.status_code == 202, after.text
+                _until(lambda: _status(http, after.json()["id"]) == "succeeded",
+                       "the instance that lost the task never freed its slot")
+                assert _status(other.http, task) == "running"   # untouched by the stale turn
+                other.http.post(f"/lmsp/v1/tasks/{task}/cancel")
+                _until(lambda: _status(http, task) == "cancelled", "the task never ended")
+        if on_restart == "fail":   # the other gone: only the first instance's slot runs it
+            failed = http.get(f"/lmsp/v1/tasks/{task}").json()
+            assert failed["status"] == "failed", failed   # as recovered: not rewritten
+            after = _create(http, "hello")
             assert after.status_code == 202, after.text
             _until(lambda: _status(http, after.json()["id"]) == "succeeded",
                    "the instance that lost the task never freed its slot")
-            assert "its lease was lost" in owner.stderr_text()
-            assert _status(other.http, task) == "running"   # untouched by the stopped turn
-            other.http.post(f"/lmsp/v1/tasks/{task}/cancel")
-            _until(lambda: _status(http, task) == "cancelled", "the task never ended")
         for child in (owner, other):
             assert "Traceback" not in child.stderr_text(), child.stderr_text()[-4000:]
 
@@ -276,3 +289,32 @@ def test_a_locked_task_row_leaves_the_other_leases_renewed(tmp_path: Path) -> No
             http.post(f"/lmsp/v1/tasks/{task}/cancel")
             _until(lambda: _status(http, task) == "cancelled", "a task never ended")
         assert "Traceback" not in child.stderr_text(), child.stderr_text()[-4000:]
+
+
+def test_a_locked_row_of_another_instance_does_not_hold_up_a_start(tmp_path: Path) -> None:
+    """At start-up the recovery waits (bounded) for a locked row of this instance's own
+    (a task left running by its previous run), never for another instance's: a task of
+    a dead instance, its lease expired, held ``FOR UPDATE`` by a maintenance session,
+    is skipped as the periodic recovery skips it, the start goes on, and the task is
+    recovered once the lock is gone (before, the start failed on the lock and was
+    tried again, answering 503, for as long as the lock was held)."""
+    url = _url(tmp_path, "theirs")
+    for name in "ab":
+        (tmp_path / name).mkdir()
+    flags = ["--store", url, *BUSY, *TASK_LEASES]
+    dead = ServeProcess(tmp_path / "a", *flags).start()
+    task = _create(dead.http, "/sleep 600s left running").json()["id"]
+    _until(lambda: _status(dead.http, task) == "running", "the task never ran")
+    dead.kill()
+    with psycopg.connect(url, autocommit=True) as db:
+        db.execute("UPDATE tasks SET lease_expires_at = 0 WHERE id = %s", (task,))
+    with psycopg.connect(url) as maintenance:
+        maintenance.execute("SELECT id FROM tasks WHERE id = %s FOR UPDATE", (task,))
+        with ServeProcess(tmp_path / "b", *flags) as survivor:   # listening: started
+            assert survivor.http.get("/health").status_code == 200
+            assert "cannot start" not in survivor.stderr_text(), survivor.stderr_text()
+            assert _status(survivor.http, task) == "running"   # skipped, not waited for
+            maintenance.rollback()   # the lock goes: the periodic recovery takes it
+            _until(lambda: _status(survivor.http, task) == "failed",
+                   "the task was never recovered")
+            assert "Traceback" not in survivor.stderr_text(), survivor.stderr_text()[-4000:]
