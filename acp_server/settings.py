@@ -38,6 +38,7 @@ from acp_server.profiles import (
     merge,
     parse_agent_flags,
 )
+from acp_server.store.postgres import is_postgres_url
 from bridge.errors import InvalidOptionError
 from bridge.options import BridgeOptions
 
@@ -363,7 +364,7 @@ class Settings:
         ``ttl - renew``; an LMSP task's: ``lease - renew``), else ``None``. Another
         instance may then adopt what this one still runs (fenced: this one's writes are
         refused and it stops), so it is a warning, not a refusal."""
-        if not self.store_url.startswith(("postgresql://", "postgres://")):   # is_postgres_url
+        if not is_postgres_url(self.store_url):
             return None
         busy = self.store_busy_timeout_ms
         for what, ttl, renew in (

@@ -23,8 +23,8 @@ Contracts (besides those of ``acp_server.store.tasks``):
   Start-up recovery and that release, like every statement (``pg_engine``), wait at
   most ``lock_timeout_s`` for a lock another session holds (then
   ``StoreUnavailableError``: the start is tried again; the leases expire on their own),
-  never for ever; start-up recovery never skips a locked row (a task of this instance
-  skipped would be renewed by it for ever).
+  never for ever; start-up recovery never skips a locked row of this instance's own (a
+  task of this instance skipped would be renewed by it for ever).
 * The sessions' notices (``s``) are coalesced: a commit sends those held since the
   last one that sent any when ``HOLD_S`` has passed since, else holds its own; held
   notices wait for a later commit, or, once the writes stop, ``HOLD_S`` more (an
@@ -62,7 +62,6 @@ import msgspec
 from psycopg import errors as pg_errors
 
 from acp_server.store.audit import AuditOps
-from acp_server.store.errors import StoreUnavailableError, first_line
 from acp_server.store.identity import claim_identity
 from acp_server.store.pg_engine import WRITERS, Batch, Conn, PostgresEngine
 from acp_server.store.tasks import (
@@ -527,31 +526,23 @@ class PostgresTaskStore(TokenOps, AuditOps, ClaimsOne, ObservedMoves, PostgresEn
         another session has locked are skipped, except at start-up (``own``) this
         instance's own: a lock another session holds on one of them (a row's, or the
         table's on any) is waited for at most ``lock_timeout_s``, then
-        ``StoreUnavailableError`` (nothing of it committed; the start is tried again,
-        ``acp_server.cli``), never a silent wait for ever. Skipped, a task of this
+        ``StoreUnavailableError`` (``pg_engine``, as for any statement: nothing of it
+        committed; the start is tried again, ``acp_server.cli``). Skipped, a task of this
         instance would stay running, its lease renewed by this instance for ever; another
         instance's locked row is left to a later recovery, as the periodic one does."""
         def op(conn: Conn, out: list[CommittedEvent], state: Batch) -> RecoveryReport:
-            try:
-                rows = conn.execute(
-                    "SELECT id, status, on_restart, attempt FROM tasks WHERE status = "
-                    "ANY(%s) AND owner = %s ORDER BY seq FOR UPDATE",
-                    (list(ACTIVE), mine)).fetchall() if mine else []
-                rows += conn.execute(
-                    f"SELECT id, status, on_restart, attempt FROM tasks WHERE status = "
-                    f"ANY(%s) AND (lease_expires_at IS NULL OR lease_expires_at < {NOW} + %s) "
-                    f"AND owner IS DISTINCT FROM %s ORDER BY seq FOR UPDATE SKIP LOCKED",
-                    (list(ACTIVE), self.clock_offset_s, mine)).fetchall()
-                report = recover_rows(rows, lambda task_id, states, to, done: self._transition(
-                    conn, out, state, task_id, states, to, done, now, owned=False),
-                    factory, max_attempts)
-            except pg_errors.LockNotAvailable as exc:
-                if not own:
-                    raise
-                raise StoreUnavailableError(
-                    f"PostgreSQL: the restart recovery waited {self.lock_timeout_s:g} s for "
-                    f"a lock another session holds ({first_line(exc)})") from exc
-            return report
+            rows = conn.execute(
+                "SELECT id, status, on_restart, attempt FROM tasks WHERE status = "
+                "ANY(%s) AND owner = %s ORDER BY seq FOR UPDATE",
+                (list(ACTIVE), mine)).fetchall() if mine else []
+            rows += conn.execute(
+                f"SELECT id, status, on_restart, attempt FROM tasks WHERE status = "
+                f"ANY(%s) AND (lease_expires_at IS NULL OR lease_expires_at < {NOW} + %s) "
+                f"AND owner IS DISTINCT FROM %s ORDER BY seq FOR UPDATE SKIP LOCKED",
+                (list(ACTIVE), self.clock_offset_s, mine)).fetchall()
+            return recover_rows(rows, lambda task_id, states, to, done: self._transition(
+                conn, out, state, task_id, states, to, done, now, owned=False),
+                factory, max_attempts)
 
         mine = self.instance if own and self._identity is not None else ""
         return await self._write(op)
