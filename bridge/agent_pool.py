@@ -36,6 +36,7 @@ from bridge.errors import (
     AgentStartError,
     AgentTimeoutError,
     AgentUnavailableError,
+    said_line,
 )
 from bridge.observer import NO_OBSERVER, BridgeObserver
 
@@ -50,9 +51,8 @@ INITIALIZE_PARAMS = {
 def _short(value: Any, limit: int = 200) -> str:
     """What an agent said (a message as it is, any other value as JSON), as one
     bounded line."""
-    text = value if isinstance(value, str) else msgspec.json.encode(value).decode()
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[:limit - 1] + "…"
+    return said_line(value if isinstance(value, str) else msgspec.json.encode(value).decode(),
+                     limit)
 
 
 class _Slot:

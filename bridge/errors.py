@@ -259,6 +259,13 @@ class AgentUnavailableError(AgentDiedError):
 MAX_SAID = 600   # characters of what an agent said, in the message of its failed start
 
 
+def said_line(text: str, limit: int) -> str:
+    """What an agent wrote or answered, as one line (runs of whitespace, line breaks
+    included, one space) of at most ``limit`` characters, cut with "…"."""
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[:limit - 1] + "…"
+
+
 class AgentStartError(AgentUnavailableError):
     """The agent's process started but did not complete ACP ``initialize``: it exited
     (``exit_code``, when it did), answered an error, or answered something that is no

@@ -57,7 +57,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from bridge.agents.base import AgentClient, PendingRequests, RequestError
 from bridge.agents.children import ChildRegistry
 from bridge.agents.stderr import StderrLog
-from bridge.errors import AgentDiedError, AgentError, AgentUnavailableError
+from bridge.errors import AgentDiedError, AgentError, AgentUnavailableError, said_line
 from bridge.jsonrpc import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
@@ -85,12 +85,6 @@ DEFAULT_MAX_REQUESTS_IN_FLIGHT = 1024
 _STDERR_LINE_BYTES = 64 * 1024
 _PIPE_ERRORS = (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)
 _STRAY_CHARS = 200
-
-
-def _one_line(data: bytes, limit: int) -> str:
-    """Bytes an agent wrote, as one printable line of at most ``limit`` characters."""
-    text = " ".join(data[:limit * 4].decode("utf-8", "replace").split())
-    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def _key(request_id: Any) -> tuple[type, Any]:
@@ -438,7 +432,8 @@ class StdioAgentConnection:
             msg = decode_message(line)
         except JsonRpcError as exc:
             self._invalid.say(f"ignoring invalid message: {exc}")
-            self._stray = _one_line(line, _STRAY_CHARS)
+            self._stray = said_line(line[:_STRAY_CHARS * 4].decode("utf-8", "replace"),
+                                    _STRAY_CHARS)
             return None
         if msg.is_response:
             self._resolve(msg)
