@@ -33,11 +33,14 @@ Contracts:
   ``client_evicted`` and its stream ends. A slow reader never blocks ``publish``.
 * Flow control: a publisher that can wait (the in-process agent's updates, the
   prompt echo) awaits ``wait_for_readers()`` between events. It waits while a reader
-  holds half of either bound or more, until that reader drains below half, but at
-  most ``FLOW_WAIT_S`` in all: a reader that has not drained by then is ``stalled``
-  and not waited for again until it does (it is warned and evicted as above). So a
-  reader that keeps up is never evicted by a burst, and readers that stopped cost a
-  publisher ``FLOW_WAIT_S`` once, however many they are.
+  holds half of either bound or more, until that reader drains to three eighths (an
+  eighth of its bound taken, not one frame: a reader that trickles must not hold the
+  publisher to its pace), but at most ``FLOW_WAIT_S`` in all: a reader that has not
+  drained by then is ``stalled`` and not waited for again until it drained to three
+  eighths (it is warned and evicted as above; ``Subscription`` clears ``stalled`` as
+  its reader takes events). So a reader that keeps up is never evicted by
+  a burst, and readers that stopped or trickle cost a publisher ``FLOW_WAIT_S`` once,
+  however many they are.
 * Held (``hold``, a durable session journal, ``bridge.journal``): ``publish`` gives the
   event its id, puts it in the ring and hands it to ``sink`` (the journal), but readers
   get it only after ``release(id)`` (its commit landed), in order; replay and
@@ -266,11 +269,8 @@ class EventBus:
             return
         deadline: float | None = None
         for subscriber in tuple(self._subscribers):
-            if not subscriber.half_full():
-                subscriber.stalled = False   # it drained: waited for again next time
-                continue
-            if subscriber.stalled:
-                continue
+            if not subscriber.half_full() or subscriber.stalled:
+                continue   # (``stalled`` until it drains: ``Subscription.get_nowait``)
             if deadline is None:
                 deadline = anyio.current_time() + self.flow_wait_s
             await subscriber.wait_drained(deadline)
@@ -296,8 +296,7 @@ class EventBus:
 
     def _laggard(self) -> bool:
         """Whether a reader lags by more than half its ``evict_at`` (what
-        ``_wait_for_laggards`` waits for); the others are not ``stalled`` any more.
-        A reader's ``lag`` grows by one per event published and by nothing else, so
+        ``_wait_for_laggards`` waits for). A reader's ``lag`` grows by one per event published and by nothing else, so
         while none does, the next check is due only once the closest of them could
         (``_lag_check_at``; a new subscriber or a stalled journal: at once)."""
         found = False
@@ -309,7 +308,6 @@ class EventBus:
                 else last - subscriber.next_id + 1 + subscriber.items   # lag(), inlined
             half = subscriber._evict_at // 2   # lag * 2 <= evict_at
             if lag <= half:
-                subscriber.stalled = False
                 if half - lag < headroom:
                     headroom = half - lag
             else:
@@ -322,9 +320,9 @@ class EventBus:
         queue is what it has not taken of the ring, its ``lag`` (published events, so
         that a commit landing at once does not push a reader that keeps up past the
         warning), and its bound is ``evict_at``. A publisher waits while a reader lags
-        by half of it or more, until it drains below half, at most ``flow_wait_s`` in
-        all; a reader whose committed backlog (``behind``) is still half or more then
-        is ``stalled``, not waited for again until it drains, and evicted
+        by half of it or more, until it drains to three eighths, at most ``flow_wait_s`` in
+        all; a reader whose committed backlog (``behind``) is still over three eighths
+        then is ``stalled``, not waited for again until it drains to them, and evicted
         (``queue_overflow``) once ``behind`` passes ``evict_at``. While the journal is
         stalled only the committed backlog counts."""
         deadline: float | None = None
@@ -332,19 +330,18 @@ class EventBus:
             limit = subscriber.evict_at()
             lag = subscriber.behind if self._journal_stalled else subscriber.lag
             if lag() * 2 <= limit:
-                subscriber.stalled = False   # it drained: waited for again next time
                 continue
             if not subscriber.stalled:
                 if deadline is None:
                     deadline = anyio.current_time() + self.flow_wait_s
                 low = subscriber._low
                 assert low is not None
-                with anyio.move_on_at(deadline):
-                    while not subscriber.closed and lag() * 2 > limit:
+                with anyio.move_on_at(deadline):   # to three eighths: hysteresis
+                    while not subscriber.closed and lag() * 8 > limit * 3:
                         await low.wait()
                     continue
                 # the journal's delay is not the reader's
-                subscriber.stalled = subscriber.behind() * 2 > limit
+                subscriber.stalled = subscriber.behind() * 8 > limit * 3
             if not subscriber.closed and subscriber.behind() > limit:
                 subscriber._evict("queue_overflow")
 

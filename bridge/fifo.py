@@ -31,7 +31,7 @@ Contracts:
   and on ``close()``: a reader of several sources passes one shared wake-up to each.
 * ``low_water`` (a ``Wakeup``, optional) is set when a counted item leaves and the
   FIFO is below half of both bounds (``half_full()`` false) and on ``close()``: a
-  producer that can wait (flow control) waits on it.
+  producer that can wait (flow control) waits on it, until ``below_low_mark()``.
 * Everything but ``wait()`` is synchronous: producers never block. A subclass adds a
   producer policy on top (``bridge.bus.Subscription``: warn, then evict).
 * One FIFO serves every bounded reader queue, so its per-item cost is the hot path of
@@ -73,6 +73,12 @@ class BoundedFifo(Generic[T]):
         """Half of either bound or more is taken."""
         return ((self.max_items is not None and self.items * 2 >= self.max_items)
                 or (self.max_bytes is not None and self.nbytes * 2 >= self.max_bytes))
+
+    def below_low_mark(self) -> bool:
+        """At three eighths of both bounds or below: where a producer that waited for
+        this reader goes on (flow control's hysteresis, ``bridge.bus``)."""
+        return ((self.max_items is None or self.items * 8 <= self.max_items * 3)
+                and (self.max_bytes is None or self.nbytes * 8 <= self.max_bytes * 3))
 
     def __len__(self) -> int:
         """Every queued item, counted or not."""

@@ -93,6 +93,8 @@ class Subscription(BoundedFifo[Event]):
         event = BoundedFifo.get_nowait(self)
         if self.items * 4 <= self.max_items and self._lagging():  # type: ignore[operator]
             self._top_up()   # a held bus: fed from the ring as the reader reads
+        if self.stalled:
+            self._unstall_when_drained()
         return event
 
     def take(self, max_bytes: int) -> list[Event]:
@@ -116,6 +118,8 @@ class Subscription(BoundedFifo[Event]):
                 self.nbytes -= size
             total += event.size
         self.taken += len(out)
+        if self.stalled:
+            self._unstall_when_drained()
         low = self._low
         if low is not None and low._event is not None and not self.half_full():
             low.set()   # (Wakeup.waiting without the call, as get_nowait)
@@ -165,6 +169,13 @@ class Subscription(BoundedFifo[Event]):
                 if self.closed:
                     return
 
+    def _unstall_when_drained(self) -> None:
+        """A ``stalled`` reader is waited for again once it drained to three eighths of
+        its bound (where a waiting publisher goes on): one that trickles stays stalled,
+        or a publisher would wait for it at every few events (``bridge.bus``)."""
+        if self.lag() * 8 <= self._evict_at * 3 if self._bus.hold else self.below_low_mark():
+            self.stalled = False
+
     def behind(self) -> int:
         """Released events this reader has not taken yet (a held bus)."""
         return self._bus._released_id - self.next_id + 1 + self.items
@@ -187,12 +198,13 @@ class Subscription(BoundedFifo[Event]):
 
     # -- bus side ------------------------------------------------------------------
     async def wait_drained(self, deadline: float) -> bool:
-        """Wait until the queue is below half of its bounds; ``False`` if the reader
-        did not drain by ``deadline`` (it is then ``stalled``)."""
+        """Wait until the queue is down to three eighths of its bounds (it was half
+        full: the reader took an eighth, not one frame); ``False`` if the reader did
+        not by ``deadline`` (it is then ``stalled``)."""
         low = self._low
         assert low is not None
         with anyio.move_on_at(deadline):
-            while not self.closed and self.half_full():
+            while not self.closed and not self.below_low_mark():
                 await low.wait()
             return True
         self.stalled = True

@@ -242,6 +242,64 @@ async def test_held_reader_that_keeps_up_is_never_warned():
     assert [f.id for f in got] == list(range(1, total + 1))   # no control frame at all
 
 
+async def test_a_reader_taking_one_event_per_wait_does_not_set_the_publishers_pace():
+    """Flow control's hysteresis, unheld and held: a publisher waiting for a reader goes
+    on once that reader drained to three eighths of its bound, not after one event.
+    A reader that takes one event whenever the publisher waits (a client whose socket
+    trickles) kept the publisher in lockstep with it, never ``stalled``: an agent held
+    to a slow client's pace for as long as it trickled. (The publisher's wait is
+    bounded, ``flow_wait_s``; here it is long, so what releases it is the reader.)"""
+    for held in (False, True):
+        bus = held_bus(flow_wait_s=60) if held else EventBus(max_queued=16, flow_wait_s=60)
+        sub = bus.subscribe()
+
+        async def publisher(bus: EventBus = bus, held: bool = held) -> None:
+            for i in range(40):
+                bus.publish("session_update", {"n": i})
+                if held:
+                    bus.release(bus.last_event_id)
+                await bus.wait_for_readers()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(publisher)
+            await anyio.wait_all_tasks_blocked()
+            waited_at = bus.last_event_id   # unheld: 8 queued (half of 16); held: lag 17
+            assert waited_at == (17 if held else 8)
+            sub.get_nowait()                # one event taken: the publisher still waits
+            await anyio.wait_all_tasks_blocked()
+            assert bus.last_event_id == waited_at, held
+            taken = 1
+            while bus.last_event_id == waited_at:
+                sub.get_nowait()
+                taken += 1
+                await anyio.wait_all_tasks_blocked()
+            # on at three eighths: held, a lag of 12 of ``evict_at`` 32; unheld, 6 of 16
+            assert taken == (17 - 12 if held else 8 - 6), held
+            assert not sub.stalled and not sub.closed
+            tg.cancel_scope.cancel()
+
+
+async def test_a_stalled_reader_is_waited_for_again_once_it_drained_to_three_eighths():
+    """A reader the publisher gave up on (``stalled``, here at once: ``flow_wait_s=0``)
+    stays stalled while it takes a few events, and is waited for again once it drained
+    to three eighths of its bound (were it waited for as soon as it dipped below half,
+    a trickling reader would cost the publisher ``flow_wait_s`` every few events)."""
+    for held in (False, True):
+        bus = held_bus(flow_wait_s=0) if held else EventBus(max_queued=16, flow_wait_s=0)
+        sub = bus.subscribe()
+        for i in range(17 if held else 8):   # half full: the publisher waits, in vain
+            bus.publish("session_update", {"n": i})
+            if held:
+                bus.release(bus.last_event_id)
+            await bus.wait_for_readers()
+        assert sub.stalled, held
+        low_mark = 12 if held else 6         # three eighths of 32 (held), of 16
+        while (sub.lag() if held else sub.items) > low_mark:
+            assert sub.stalled, held
+            sub.get_nowait()
+        assert not sub.stalled, held
+
+
 async def test_held_reader_is_fed_in_order_from_either_end_of_a_wrapped_ring():
     """A held reader's top-up reads the ring from its nearer end: far behind (from the
     oldest) and close behind the newest (from the newest), across many wraps."""
