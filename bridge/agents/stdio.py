@@ -56,6 +56,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 from bridge.agents.base import AgentClient, PendingRequests, RequestError
 from bridge.agents.children import ChildRegistry
+from bridge.agents.headroom import ensure_descriptor_headroom
 from bridge.agents.stderr import StderrLog
 from bridge.errors import AgentDiedError, AgentError, AgentUnavailableError, said_line
 from bridge.jsonrpc import (
@@ -133,6 +134,7 @@ class StdioAgentFactory:
             environ = {k: v for k, v in {**os.environ, **(self.env or {})}.items()
                        if k not in self.unset_env}
         try:
+            ensure_descriptor_headroom()   # a spawn that fails for want of them leaks
             process = await anyio.open_process(
                 self.command,
                 stdin=subprocess.PIPE,

@@ -315,6 +315,40 @@ async def test_out_of_descriptors_agents_wait_and_the_store_commits(tmp_path: Pa
         assert "Traceback" not in daemon.stderr_text()
 
 
+@SERVERS
+async def test_a_start_refused_for_want_of_descriptors_leaks_none(tmp_path: Path,
+                                                                  server: str) -> None:
+    """uvloop's spawn, failing in the middle for want of descriptors, kept the pipes
+    it had made (MagicStack/uvloop#185): the first start refused at the limit took
+    the descriptors that were left for good, and once agents died to make room, each
+    start tried took theirs too. Agents fill the process: the start refused (503
+    ``EMFILE``), and three more tried, leave its descriptor count as it was. One agent
+    dies: the next start succeeds."""
+    flags = [f"--agent=a{n}={script_agent(tmp_path, f'a{n}')}" for n in range(AGENTS)]
+    async with ServeProcess(tmp_path, *flags, "--http-server", server,
+                            shell_prefix=f"ulimit -n {FD_LIMIT};") as daemon:
+        client = daemon.client
+        started = []
+        for n in range(AGENTS):
+            count = open_fds(daemon.pid)
+            made = await client.post("/session", json={"agent": f"a{n}",
+                                                       "sessionScope": "thread"})
+            if made.status_code != 200:
+                break
+            started.append(f"a{n}")
+        assert made.status_code == 503 and len(started) >= 2, made.text
+        for _ in range(4):
+            assert made.status_code == 503 and made.json()["reason"] == "EMFILE", made.text
+            assert open_fds(daemon.pid) == count
+            made = await client.post("/session", json={"agent": f"a{n}",
+                                                       "sessionScope": "thread"})
+        os.kill(agent_pid(daemon.pid, started[0]), signal.SIGKILL)
+        with anyio.fail_after(20):   # its pipes closed: room for one
+            while (await client.post("/session", json={"agent": f"a{n}"})).status_code != 200:
+                await anyio.sleep(0.05)
+        assert daemon.returncode is None
+
+
 # -- signals --------------------------------------------------------------------------------
 async def closed_with(daemon: ServeProcess, signals: list[int]) -> list[str]:
     """Open a session's event stream, send ``signals`` to the server back to back, and
