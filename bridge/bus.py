@@ -34,13 +34,14 @@ Contracts:
 * Flow control: a publisher that can wait (the in-process agent's updates, the
   prompt echo) awaits ``wait_for_readers()`` between events. It waits while a reader
   holds half of either bound or more, until that reader drains to three eighths (an
-  eighth of its bound taken, not one frame: a reader that trickles must not hold the
-  publisher to its pace), but at most ``FLOW_WAIT_S`` in all: a reader that has not
-  drained by then is ``stalled`` and not waited for again until it drained to three
-  eighths (it is warned and evicted as above; ``Subscription`` clears ``stalled`` as
-  its reader takes events). So a reader that keeps up is never evicted by
-  a burst, and readers that stopped or trickle cost a publisher ``FLOW_WAIT_S`` once,
-  however many they are.
+  eighth of its bound taken, not one frame), but at most ``FLOW_WAIT_S`` in all: a
+  reader that has not drained by then is ``stalled`` and not waited for again until it
+  drained to three eighths (it is warned and evicted as above; ``Subscription`` clears
+  ``stalled`` as its reader takes events). So a reader that keeps up is never evicted
+  by a burst, and readers that stopped, or trickle at less than an eighth of their
+  bound per ``FLOW_WAIT_S``, cost a publisher ``FLOW_WAIT_S`` once, however many they
+  are. (A reader just above that rate still sets the publisher's pace: a per-reader
+  budget of waiting would end that too; not built.)
 * Held (``hold``, a durable session journal, ``bridge.journal``): ``publish`` gives the
   event its id, puts it in the ring and hands it to ``sink`` (the journal), but readers
   get it only after ``release(id)`` (its commit landed), in order; replay and
@@ -296,8 +297,9 @@ class EventBus:
 
     def _laggard(self) -> bool:
         """Whether a reader lags by more than half its ``evict_at`` (what
-        ``_wait_for_laggards`` waits for). A reader's ``lag`` grows by one per event published and by nothing else, so
-        while none does, the next check is due only once the closest of them could
+        ``_wait_for_laggards`` waits for). A reader's ``lag`` grows by one per event
+        published and by nothing else, so while none does, the next check is due only
+        once the closest of them could
         (``_lag_check_at``; a new subscriber or a stalled journal: at once)."""
         found = False
         journal_stalled = self._journal_stalled

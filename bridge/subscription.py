@@ -172,8 +172,11 @@ class Subscription(BoundedFifo[Event]):
     def _unstall_when_drained(self) -> None:
         """A ``stalled`` reader is waited for again once it drained to three eighths of
         its bound (where a waiting publisher goes on): one that trickles stays stalled,
-        or a publisher would wait for it at every few events (``bridge.bus``)."""
-        if self.lag() * 8 <= self._evict_at * 3 if self._bus.hold else self.below_low_mark():
+        or a publisher would wait for it at every few events (``bridge.bus``). A held
+        bus's reader is measured by its committed backlog, as it was stalled: what the
+        journal has not committed is not the reader's to drain."""
+        if (self.behind() * 8 <= self._evict_at * 3) if self._bus.hold \
+                else self.below_low_mark():
             self.stalled = False
 
     def behind(self) -> int:

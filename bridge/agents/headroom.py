@@ -36,7 +36,7 @@ def ensure_descriptor_headroom(count: int = SPAWN_HEADROOM) -> None:
     taken: list[int] = []
     try:
         for _ in range(count):
-            taken.append(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
+            taken.append(os.open(os.devnull, os.O_RDONLY))   # not inherited (PEP 446)
     except OSError as exc:   # any other failure (no /dev/null): the spawn tells
         if exc.errno in (errno.EMFILE, errno.ENFILE):
             raise OSError(exc.errno, os.strerror(exc.errno)) from None

@@ -295,9 +295,30 @@ async def test_a_stalled_reader_is_waited_for_again_once_it_drained_to_three_eig
         assert sub.stalled, held
         low_mark = 12 if held else 6         # three eighths of 32 (held), of 16
         while (sub.lag() if held else sub.items) > low_mark:
+            await bus.wait_for_readers()     # nor does the bus un-stall it meanwhile
             assert sub.stalled, held
             sub.get_nowait()
         assert not sub.stalled, held
+
+
+async def test_a_stalled_held_reader_is_measured_by_what_was_committed():
+    """A held reader stalled, then the journal stops committing while the publisher goes
+    on: the reader takes every committed event and is waited for again, however many
+    events wait for their commit (they are not the reader's to drain). Measured by
+    every published event, it stayed stalled, and the next large commit evicted it
+    with no wait at all."""
+    bus = held_bus(flow_wait_s=0)
+    sub = bus.subscribe()
+    for i in range(17):                      # over half of ``evict_at`` 32, committed
+        bus.publish("session_update", {"n": i})
+        bus.release(bus.last_event_id)
+        await bus.wait_for_readers()
+    assert sub.stalled
+    publish(bus, 14)                         # uncommitted: a lag of 31, 17 of them taken
+    while sub.get_nowait() is not None:
+        pass
+    assert sub.behind() == 0 and sub.lag() == 14
+    assert not sub.stalled and not sub.closed
 
 
 async def test_held_reader_is_fed_in_order_from_either_end_of_a_wrapped_ring():

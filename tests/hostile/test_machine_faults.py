@@ -336,12 +336,13 @@ async def test_a_start_refused_for_want_of_descriptors_leaks_none(tmp_path: Path
             if made.status_code != 200:
                 break
             started.append(f"a{n}")
-        assert made.status_code == 503 and len(started) >= 2, made.text
-        for _ in range(4):
+        assert len(started) >= 2
+        for attempt in range(4):     # the refused start, then three more
+            if attempt:
+                made = await client.post("/session", json={"agent": f"a{n}",
+                                                           "sessionScope": "thread"})
             assert made.status_code == 503 and made.json()["reason"] == "EMFILE", made.text
-            assert open_fds(daemon.pid) == count
-            made = await client.post("/session", json={"agent": f"a{n}",
-                                                       "sessionScope": "thread"})
+            assert open_fds(daemon.pid) <= count   # a leak only adds
         os.kill(agent_pid(daemon.pid, started[0]), signal.SIGKILL)
         with anyio.fail_after(20):   # its pipes closed: room for one
             while (await client.post("/session", json={"agent": f"a{n}"})).status_code != 200:
