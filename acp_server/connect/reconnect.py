@@ -54,6 +54,7 @@ log = logging.getLogger("acp_server.connect")
 
 HEALTHY_AFTER_S = 30.0   # a link up this long (or that answered the editor) was no flap
 MAX_ATTEMPTS = 3         # links lost with a request in flight before it fails
+QUIT_CLOSE_S = 10.0      # the close handshake when the editor quits (its own bound)
 # Requests of the server kept until it reports them resolved (``_qwen/notify``).
 RESOLVED_BY_EVENT = frozenset({"session/request_permission", "elicitation/create"})
 
@@ -402,4 +403,8 @@ class Reconnect:
                 with contextlib.suppress(LinkLost):
                     await link.send(wire.notification("session/cancel", {"sessionId": sid}),
                                     session_id=sid)
+        # A bound of its own: the close handshake cut short (a loaded server slow to
+        # answer it) and the process gone, the server may lose the close frame to the
+        # reset and keep the sessions waiting for a reconnect (a CI run saw it).
+        with anyio.move_on_after(QUIT_CLOSE_S):
             await link.close()

@@ -208,6 +208,11 @@ async def _recovered(on_b: httpx.AsyncClient, url: str, sid: str, pids: list[str
     gets what followed, each event once, in order; from 0, everything."""
     loaded = await _load_once_back(on_b, sid)
     terminals = {t["promptId"]: t for t in loaded.json()["promptTerminals"]}
+    with anyio.fail_after(30):   # the adoption's terminal shows once it is committed
+        while pids[1] not in terminals:
+            await anyio.sleep(0.05)
+            loaded = await on_b.post(f"/session/{sid}/load", json={})
+            terminals = {t["promptId"]: t for t in loaded.json()["promptTerminals"]}
     assert terminals[pids[0]]["terminal"] == "completed", terminals
     assert terminals[pids[1]]["terminal"] == "failed", terminals
     assert terminals[pids[1]]["errorCode"] == "server_restarted", terminals
