@@ -254,6 +254,20 @@ def agent_pid(parent: int, name: str) -> int:
 AGENTS = 16
 
 
+async def start_until_refused(daemon: ServeProcess) -> tuple[list[str], httpx.Response, int]:
+    """Sessions on agents ``a0``, ``a1``, ... until a start is refused: the agents
+    started, the refusal, and the server's descriptor count just before it."""
+    started: list[str] = []
+    for n in range(AGENTS):
+        count = open_fds(daemon.pid)
+        made = await daemon.client.post("/session", json={"agent": f"a{n}",
+                                                          "sessionScope": "thread"})
+        if made.status_code != 200:
+            return started, made, count
+        started.append(f"a{n}")
+    raise AssertionError(f"{AGENTS} agents started under {FD_LIMIT} descriptors")
+
+
 @SERVERS
 async def test_out_of_descriptors_agents_wait_and_the_store_commits(tmp_path: Path,
                                                                     server: str) -> None:
@@ -269,15 +283,8 @@ async def test_out_of_descriptors_agents_wait_and_the_store_commits(tmp_path: Pa
                             shell_prefix=f"ulimit -n {FD_LIMIT};") as daemon:
         client = daemon.client   # its one keep-alive connection, opened now
         assert (await client.get("/health")).status_code == 200
-        started = []
-        for n in range(AGENTS):
-            made = await client.post("/session", json={"agent": f"a{n}",
-                                                       "sessionScope": "thread"})
-            if made.status_code != 200:
-                break
-            started.append(f"a{n}")
-        else:
-            raise AssertionError(f"{AGENTS} agents started under {FD_LIMIT} descriptors")
+        started, made, _ = await start_until_refused(daemon)
+        n = len(started)
         refused = made.json()
         assert made.status_code == 503 and made.headers["retry-after"] == "5", made.text
         assert refused["code"] == "agent_unavailable" and refused["agent"] == f"a{n}"
@@ -328,14 +335,8 @@ async def test_a_start_refused_for_want_of_descriptors_leaks_none(tmp_path: Path
     async with ServeProcess(tmp_path, *flags, "--http-server", server,
                             shell_prefix=f"ulimit -n {FD_LIMIT};") as daemon:
         client = daemon.client
-        started = []
-        for n in range(AGENTS):
-            count = open_fds(daemon.pid)
-            made = await client.post("/session", json={"agent": f"a{n}",
-                                                       "sessionScope": "thread"})
-            if made.status_code != 200:
-                break
-            started.append(f"a{n}")
+        started, made, count = await start_until_refused(daemon)
+        n = len(started)
         assert len(started) >= 2
         for attempt in range(4):     # the refused start, then three more
             if attempt:

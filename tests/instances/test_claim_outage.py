@@ -200,19 +200,28 @@ async def test_a_claim_while_postgresql_is_down_is_503_then_a_hand_off(
         b.kill()
 
 
+async def _terminals_with(client: httpx.AsyncClient, sid: str,
+                          prompt_id: str) -> dict[str, dict[str, Any]]:
+    """A load's ``promptTerminals`` by prompt id, once they list ``prompt_id`` (a load
+    shows a terminal once it is committed)."""
+    with anyio.fail_after(30):
+        while True:
+            loaded = await client.post(f"/session/{sid}/load", json={})
+            terminals = {t["promptId"]: t for t in loaded.json()["promptTerminals"]}
+            if prompt_id in terminals:
+                return terminals
+            await anyio.sleep(0.05)
+
+
 async def _recovered(on_b: httpx.AsyncClient, url: str, sid: str, pids: list[str],
                      seen: int, epoch: str, b_id: str) -> None:
     """``sid`` runs on B (instance ``b_id``), nothing acknowledged before the outage
     lost: the first prompt completed, the one running at the kill ended
     ``server_restarted``, the queued one ran; a reader from ``seen`` (under ``epoch``)
     gets what followed, each event once, in order; from 0, everything."""
-    loaded = await _load_once_back(on_b, sid)
-    terminals = {t["promptId"]: t for t in loaded.json()["promptTerminals"]}
-    with anyio.fail_after(30):   # the adoption's terminal shows once it is committed
-        while pids[1] not in terminals:
-            await anyio.sleep(0.05)
-            loaded = await on_b.post(f"/session/{sid}/load", json={})
-            terminals = {t["promptId"]: t for t in loaded.json()["promptTerminals"]}
+    await _load_once_back(on_b, sid)
+    # the adoption's terminal shows once it is committed
+    terminals = await _terminals_with(on_b, sid, pids[1])
     assert terminals[pids[0]]["terminal"] == "completed", terminals
     assert terminals[pids[1]]["terminal"] == "failed", terminals
     assert terminals[pids[1]]["errorCode"] == "server_restarted", terminals
@@ -227,11 +236,8 @@ async def _recovered(on_b: httpx.AsyncClient, url: str, sid: str, pids: list[str
     assert [e["id"] for e in everything if e.get("id") is not None] == list(
         range(1, ids[-1] + 1))
     assert "before the outage" in str(everything)
-    with anyio.fail_after(30):   # its terminal is journaled just after its last event
-        while pids[2] not in terminals:
-            loaded = await on_b.post(f"/session/{sid}/load", json={})
-            terminals = {t["promptId"]: t for t in loaded.json()["promptTerminals"]}
-            await anyio.sleep(0.05)
+    # its terminal is journaled just after its last event
+    terminals = await _terminals_with(on_b, sid, pids[2])
     assert terminals[pids[2]]["terminal"] == "completed", terminals
     with psycopg.connect(url, autocommit=True) as db:
         lease = db.execute("SELECT instance FROM session_leases WHERE session_id = %s",
