@@ -70,6 +70,8 @@ class Prompt:
     text: str
     accepted: bool | None = None  # 202; False: refused; None: no answer came
     prompt_id: str | None = None
+    sent: int = 0                 # Model.tick() as its last attempt went out
+    answered: int | None = None   # Model.tick() as its 202 came (None: no 202)
 
 
 @dataclass(eq=False)
@@ -175,6 +177,11 @@ class Model:
     log: list[str] = field(default_factory=list)
     unknown_creates: int = 0      # creates whose answer never came
     counter: int = 0
+    clock: int = 0                # a logical clock of sends and answers (tick)
+
+    def tick(self) -> int:
+        self.clock += 1
+        return self.clock
 
     def note(self, line: str) -> None:
         """A line of the log, with the wall clock (as the instances' and HAProxy's logs)."""
@@ -283,11 +290,15 @@ class Workload(ReaderGroup):
                                  event_hooks={"request": [sent], "response": [record]})
 
     # -- requests ---------------------------------------------------------------------------
-    async def send(self, method: str, path: str, body: Any = None) -> httpx.Response | None:
+    async def send(self, method: str, path: str, body: Any = None,
+                   attempt: Callable[[], None] | None = None) -> httpx.Response | None:
         """One write through the balancer, sent again while the fleet answers that the
-        session is moving; ``None`` when no answer came (its outcome unknown)."""
+        session is moving; ``None`` when no answer came (its outcome unknown).
+        ``attempt`` is called as each attempt goes out."""
         with anyio.fail_after(WAIT_S):
             while True:
+                if attempt is not None:
+                    attempt()
                 try:
                     response = await self.client.request(method, path, json=body)
                 except httpx.TransportError:
@@ -369,8 +380,11 @@ class Workload(ReaderGroup):
     async def prompt(self, session: Session, kind: str) -> None:
         prompt = Prompt(session.session_id, kind, self.model.next_text(kind))
         session.prompts.append(prompt)
+        def attempt() -> None:
+            prompt.sent = self.model.tick()
+
         response = await self.send("POST", f"/session/{session.session_id}/prompt",
-                                   prompt_body(prompt.text))
+                                   prompt_body(prompt.text), attempt)
         if response is None:
             self.model.note(f"  ({prompt.text}: no answer)")
             return
@@ -382,6 +396,7 @@ class Workload(ReaderGroup):
         body = response.json()
         assert body["eventEpoch"] == session.epoch, (body, session.epoch)
         prompt.accepted, prompt.prompt_id = True, body["promptId"]
+        prompt.answered = self.model.tick()
 
     async def cancel(self, session: Session) -> None:
         response = await self.send("POST", f"/session/{session.session_id}/cancel")

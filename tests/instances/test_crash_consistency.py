@@ -23,7 +23,9 @@ every checker holds whatever ran when:
 * every prompt answered 202 has exactly one terminal, in the stream and in ``/load``'s
   ``promptTerminals`` on every instance alike: ``completed``, ``cancelled``, or
   ``failed`` with ``server_restarted`` (the prompt running on an instance killed under
-  it; ``continue``: it runs again); they end in the order they were accepted; a prompt
+  it; ``continue``: it runs again); they end in the order they were accepted, as far
+  as a client can know it (one whose 202 came before another was sent ends first; a
+  prompt in flight at a kill, sent again, races the operations after it); a prompt
   whose answer never came has one terminal or none; no other prompt ends
   (``check_prompts``);
 * every instance streams the same events, ids 1..N without a gap (``check_streams``);
@@ -41,6 +43,7 @@ odd ones), so both are covered without paying for every seed twice.
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from pathlib import Path
@@ -204,9 +207,10 @@ _TERMINAL = {("turn_complete", "end_turn"): "completed",
 
 async def check_prompts(fleet: Fleet, model: Model, fulls: dict[str, list[dict[str, Any]]],
                         policy: str) -> None:
-    """Each accepted prompt ends once, in acceptance order, as documented; the stream
-    and ``promptTerminals`` agree on every instance; a prompt whose answer never came
-    (found by its text) ends once or never ran; no other prompt ends."""
+    """Each accepted prompt ends once, in acceptance order (a prompt answered before
+    another was sent ends before it), as documented; the stream and ``promptTerminals``
+    agree on every instance; a prompt whose answer never came (found by its text) ends
+    once or never ran; no other prompt ends."""
     clients = _clients(fleet)
     try:
         for session in model.sessions.values():
@@ -223,8 +227,12 @@ async def check_prompts(fleet: Fleet, model: Model, fulls: dict[str, list[dict[s
                 f"prompts no 202 acknowledged ended: {set(ended) - known - maybe}")
             missing = known - set(ended)
             assert not missing, f"{session.session_id}: accepted prompts never ended: {missing}"
-            order = [p.prompt_id for p in session.prompts if p.prompt_id in set(ended)]
-            assert ended == order, f"{session.session_id}: ended {ends}, accepted {order}"
+            by_id = {p.prompt_id: p for p in session.prompts if p.prompt_id in set(ended)}
+            for before, after in itertools.combinations(ended, 2):   # in acceptance order
+                first, second = by_id[before], by_id[after]
+                assert second.answered is None or second.answered > first.sent, (
+                    f"{session.session_id}: {after} ended after {before}, but its 202 came "
+                    f"before {before} was sent: ended {ends}")
             kinds = {pid: _TERMINAL.get((kind, reason)) for pid, kind, reason in ends}
             odd = {pid: end for pid, end in zip(ended, ends) if kinds[pid] is None}
             assert not odd, f"{session.session_id}: undocumented ends {odd}"
