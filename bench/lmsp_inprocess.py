@@ -35,7 +35,7 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 
-from acp_server.cli import settle_heap
+from acp_server.serve_cli import settle_heap
 from acp_server.ops.request_log import configure_logging, unconfigure_access_writer
 from acp_server.lmsp import LmspConfig
 from acp_server.server import open_server

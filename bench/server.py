@@ -31,7 +31,7 @@ from typing import Any
 
 import anyio
 
-from acp_server import cli
+from acp_server import cli, serve_cli
 from acp_server.lmsp import LmspConfig
 
 INTERVAL_S = 0.001
@@ -82,12 +82,12 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def main(argv: list[str]) -> int:
     knobs, rest = parse(argv)
-    serve = cli.serve
+    serve = serve_cli.serve
     overrides: dict[str, Any] = {"group_commit": knobs.group_commit}
     if knobs.unbounded_task_queue:
         overrides["lmsp_config"] = LmspConfig(max_queued_tasks=None)
 
-    async def bench_serve(settings: cli.Settings, **kwargs: Any) -> None:
+    async def bench_serve(settings: serve_cli.Settings, **kwargs: Any) -> None:
         if knobs.subscriber_max_queued is not None:
             options = dataclasses.replace(settings.options,
                                           subscriber_max_queued=knobs.subscriber_max_queued)
@@ -98,7 +98,7 @@ def main(argv: list[str]) -> int:
             await serve(settings, **kwargs, **overrides)
             tg.cancel_scope.cancel()
 
-    cli.serve = bench_serve  # type: ignore[assignment]
+    serve_cli.serve = bench_serve  # type: ignore[assignment]
     return cli.main(rest)
 
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from acp_server.cli import build_parser, main, settings_from_args
+from acp_server.cli import build_parser, main
+from acp_server.serve_cli import settings_from_args
 from acp_server.settings import TOKEN_ENV
 from tests.harness import ServeProcess
 from tests.http.test_http2 import make_certificates, needs_openssl
@@ -154,6 +155,35 @@ def test_tls_files_that_tls_cannot_load_are_one_line_and_exit_2(
 def _settings(*flags: str):  # type: ignore[no-untyped-def]
     parser, _ = build_parser()
     return settings_from_args(parser.parse_args(["serve", *flags]))
+
+
+# What each subcommand's parser may not import: the server's stack stays out of the
+# commands an editor or a script runs (``acp_server.cli``).
+SERVER_STACK = ("acp_server.app", "acp_server.server", "acp_server.serve_cli", "granian",
+                "uvicorn")
+NOT_IMPORTED = {
+    None: SERVER_STACK + ("acp_server.connect", "acp_server.store", "acp_server.conformance",
+                          "acp_server.client.daemon", "httpx"),
+    "connect": SERVER_STACK + ("acp_server.store", "acp_server.conformance", "bridge"),
+    "prompt": SERVER_STACK + ("acp_server.store", "acp_server.connect", "bridge"),
+    "tasks": SERVER_STACK + ("acp_server.store", "acp_server.connect", "bridge"),
+    "token": SERVER_STACK + ("acp_server.connect", "acp_server.conformance"),
+    "conformance": SERVER_STACK + ("acp_server.store", "acp_server.connect"),
+}
+
+
+@pytest.mark.parametrize("command", list(NOT_IMPORTED), ids=str)
+def test_a_subcommand_imports_only_its_own_module(command: str | None) -> None:
+    """``acp-server --help`` (``None``) and each client command, in a fresh interpreter:
+    the modules the parse and dispatch loaded hold none of another command's stack."""
+    argv = ["--help"] if command is None else [command, "--help"]
+    code = ("import sys\nfrom acp_server.cli import main\ntry:\n    main(sys.argv[1:])\n"
+            "except SystemExit:\n    pass\nprint(' '.join(sorted(sys.modules)), file=sys.stderr)")
+    done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True,
+                          timeout=120)
+    assert "usage: acp-server" in done.stdout, done.stdout + done.stderr
+    loaded = set(done.stderr.split())
+    assert [m for m in NOT_IMPORTED[command] if m in loaded] == []
 
 
 def test_valid_flags(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@
 
 Both servers run inside the caller's asyncio event loop (uvloop when installed), so
 the app, the bridge and the agents share one loop, and the caller drains the doors,
-sessions and agents before it calls ``stop`` (``acp_server.cli``).
+sessions and agents before it calls ``stop`` (``acp_server.serve_cli``).
 
 What each gives (``docs/benchmarks.md`` has the measurements behind the choice):
 

@@ -56,7 +56,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("acp_server")
 
-# What stops the process, from its start to its end (``acp_server.cli`` opens its one
+# What stops the process, from its start to its end (``acp_server.serve_cli`` opens its one
 # receiver before the store). SIGHUP only when it was not ignored as the process
 # started (``nohup``, ``trap '' HUP``: the terminal going away must not stop it); read
 # at import, before any handler is set.

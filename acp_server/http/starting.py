@@ -6,7 +6,7 @@
 ``acp-server serve`` binds its socket before it opens the store. When the store cannot
 be opened (PostgreSQL down, a SQLite file it cannot write), the process does not end:
 it logs why, answers on that socket for a while and opens the store again
-(``acp_server.cli.serve``). Meanwhile a client gets an answer, not a connection that
+(``acp_server.serve_cli.serve``). Meanwhile a client gets an answer, not a connection that
 hangs in the backlog.
 
 Contracts:
@@ -20,7 +20,7 @@ Contracts:
   answer); at most ``MAX_ANSWERING`` connections are answered at once, others are
   closed as accepted. Nothing of a request is kept.
 * ``answer_starting`` returns after ``seconds``, or when its caller cancels it (``acp-server
-  serve``'s signal watcher, ``acp_server.cli``). The socket stays open and listening
+  serve``'s signal watcher, ``acp_server.serve_cli``). The socket stays open and listening
   for the HTTP server that takes it next; the connections being answered when it
   returns are closed.
 """

@@ -527,7 +527,7 @@ class PostgresTaskStore(TokenOps, AuditOps, ClaimsOne, ObservedMoves, PostgresEn
         instance's own: a lock another session holds on one of them (a row's, or the
         table's on any) is waited for at most ``lock_timeout_s``, then
         ``StoreUnavailableError`` (``pg_engine``, as for any statement: nothing of it
-        committed; the start is tried again, ``acp_server.cli``). Skipped, a task of this
+        committed; the start is tried again, ``acp_server.serve_cli``). Skipped, a task of this
         instance would stay running, its lease renewed by this instance for ever; another
         instance's locked row is left to a later recovery, as the periodic one does."""
         def op(conn: Conn, out: list[CommittedEvent], state: Batch) -> RecoveryReport:
