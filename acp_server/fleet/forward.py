@@ -23,9 +23,13 @@ Contracts:
   ``HEADERS_TIMEOUT_S`` (30 s; a paused process's kernel still accepts), or whose
   registry heartbeat stopped meanwhile (``alive``, checked every ``check_s``: a paused
   owner is given up within its lease TTL, a slow one that still renews is waited
-  for), is a REST 503 ``owner_unreachable`` with ``Retry-After: 5`` (the lease
-  expires, and then an instance adopts the session); a relay cut after the headers
-  ends the response.
+  for), is given up: ``OwnerUnreachableError`` when the request was not wholly sent
+  (it was not connected, or the write failed: the owner cannot act on half a
+  request), so sending it again is safe; ``OwnerLostError`` when the owner had it all
+  (its last byte written, seen by httpcore's trace) and gave no answer (it died, or
+  it is paused and may act on it when it wakes): whether it acted is unknown, and a
+  client that sends it again may do it twice (``fleet.routing`` answers the two
+  apart). A relay cut after the headers ends the response.
 * An owner that answers 404 while ``moved()`` says the session has moved since it
   was looked up (the request reached the old owner in the instant of a hand-off or
   an adoption, and a forwarded request is never forwarded again there) is not
@@ -62,7 +66,12 @@ HEADERS_TIMEOUT_S = 30.0
 
 
 class OwnerUnreachableError(Exception):
-    """The owner's advertised address did not answer."""
+    """The owner's advertised address did not answer; the request did not reach it
+    whole (see the module docstring)."""
+
+
+class OwnerLostError(OwnerUnreachableError):
+    """The owner took the whole request and gave no answer: it may have acted on it."""
 
 
 class OwnerMovedError(Exception):
@@ -146,6 +155,13 @@ class Forwarder:
         """Relay the owner's answer; ``True`` instead when it is a 404 and ``moved()``."""
         answered: list[httpx.Response] = []
         failed: list[BaseException] = []
+        delivered: list[str] = []   # the request's last byte written (HTTP/1.1 or 2)
+
+        async def trace(event: str, info: dict[str, Any]) -> None:
+            if event.endswith("send_request_body.complete"):
+                delivered.append(event)
+
+        request.extensions["trace"] = trace
         with anyio.move_on_after(self.headers_timeout_s):
             async with anyio.create_task_group() as tg:
                 if alive is not None:
@@ -158,7 +174,8 @@ class Forwarder:
         if not answered:
             reason = (str(failed[0]) or type(failed[0]).__name__ if failed
                       else "no answer in time (or its heartbeat stopped)")
-            unreachable.append(OwnerUnreachableError(reason))
+            unreachable.append(OwnerLostError(f"sent, no answer: {reason}") if delivered
+                               else OwnerUnreachableError(reason))
             return False
         response = answered[0]
         try:

@@ -32,7 +32,11 @@ Concurrent requests for one session on this instance adopt it once
 raises: a store that cannot say who owns the session is a 503 ``store_unavailable``
 with ``Retry-After`` (the REST door's shape: not a 404 for a session that may be live
 on another instance), an owner that cannot be reached is a 503 ``owner_unreachable``
-with ``Retry-After: 5``. ``stats`` counts forwards, adoptions and failures.
+with ``Retry-After: 5`` (the request did not reach it: sending it again is safe), and
+one that took the request and gave no answer (it died or was given up meanwhile:
+``forward.OwnerLostError``) a 503 ``owner_lost`` with ``Retry-After: 5``, whose
+message says that the request may have been carried out (a prompt admitted, say), so
+the client reads the session before it sends it again. ``stats`` counts forwards, adoptions and failures.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from typing import Any
 from acp_server.fleet.adoption import Fleet
 from acp_server.fleet.forward import (
     FORWARDED_HEADER,
+    OwnerLostError,
     OwnerMovedError,
     OwnerUnreachableError,
     replayed,
@@ -55,6 +60,9 @@ log = logging.getLogger("acp_server.fleet")
 CLIENT_ID_HEADER = b"x-qwen-client-id"
 UNREACHABLE = (b'{"error":"The instance that runs this session cannot be reached; retry '
                b'later","code":"owner_unreachable"}')
+LOST = (b'{"error":"The instance that runs this session took this request and stopped '
+        b'answering: it may have carried it out. Read the session (its status, pending '
+        b'prompts or events) before sending it again","code":"owner_lost"}')
 STORE_UNAVAILABLE = b'{"error":"The store is unavailable; retry later","code":"store_unavailable"}'
 
 
@@ -189,6 +197,11 @@ class SessionRouter:
                      sid, url)
             await self._not_live_here(sid, scope, replayed(exc.body, receive), send,
                                       again=False)
+        except OwnerLostError as exc:
+            self.stats.forward_failures += 1
+            log.warning("a request for a session owned elsewhere was forwarded to %s and "
+                        "got no answer (its outcome is unknown): %s", url, exc)
+            await _refuse(send, LOST, 5)
         except OwnerUnreachableError as exc:
             self.stats.forward_failures += 1
             log.warning("a request for a session owned elsewhere could not be forwarded "

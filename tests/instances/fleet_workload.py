@@ -21,7 +21,8 @@ the seed's, owner or not) may come with a prompt in flight (not waited for). A w
 answered 503 with a retryable code (``owner_unreachable``, ``session_moved``,
 ``store_unavailable``: the session is moving) is sent again, as a client does; a
 prompt refused ``prompt_queue_full`` is not. A write whose answer never came (the
-connection broke, or HAProxy answered for the killed instance) has an unknown outcome:
+connection broke, HAProxy answered for the killed instance, or the instance that
+forwarded it says ``owner_lost``: the owner took it and died) has an unknown outcome:
 ``Prompt.accepted`` is ``None`` and its unique text finds it afterwards. Every answer,
 streams included, is recorded (``Model.answers``, with the kills it spanned) for the
 no-500 check; ``Model.log`` is the operation log a failure prints.
@@ -56,6 +57,7 @@ PROMPT_TEXT = {"short": "/chunks 2 short {n}", "long": "/sleep 200ms long {n}",
 SETTLING = frozenset({"turn_complete", "turn_error"})
 # 503s a client retries: the session is moving between instances, or the store blinked
 MOVING = frozenset({"owner_unreachable", "session_moved", "store_unavailable"})
+LOST = frozenset({"owner_lost"})   # forwarded, no answer: the outcome unknown, not retried
 REFUSED = frozenset({"prompt_queue_full"})   # a documented refusal, not retried
 
 
@@ -305,6 +307,8 @@ class Workload(ReaderGroup):
                     return None
                 if response.headers.get("content-type", "").startswith("text/html"):
                     return None   # HAProxy answered for an instance killed under it
+                if response.status_code == 503 and _code(response) in LOST:
+                    return None   # the owner took it and died: done or not, unknown
                 if response.status_code != 503 or _code(response) not in MOVING:
                     return response
                 await anyio.sleep(0.1)   # a client's back-off (Retry-After, shortened)

@@ -57,6 +57,7 @@ import pytest
 from tests.harness.haproxy import SKIP, haproxy_binary
 from tests.harness.seeds import seeds
 from tests.instances.fleet_workload import (
+    LOST,
     MOVING,
     REFUSED,
     SETTLING,
@@ -285,4 +286,4 @@ def check_no_5xx(answers: list[Answer]) -> None:
             continue
         assert answer.status == 503, f"a {answer.status}: {answer}"
         body = json.loads(answer.body)
-        assert set(body) >= {"error", "code"} and body["code"] in MOVING | REFUSED, answer
+        assert set(body) >= {"error", "code"} and body["code"] in MOVING | REFUSED | LOST, answer

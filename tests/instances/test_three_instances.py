@@ -330,8 +330,10 @@ def test_reads_answer_while_the_owner_is_paused(
         fleet: tuple[Path, str, list[ServeProcess]]) -> None:
     """``SIGSTOP`` the owner while its lease stays live (held here, as a long TTL
     would): status, pending prompts, ``/load`` and the event replay on the other
-    instances still answer 200 from the journal; a write is 503 ``owner_unreachable``
-    once the owner's heartbeat is older than the TTL (not after 30 s)."""
+    instances still answer 200 from the journal; a write is 503 ``owner_lost`` once the
+    owner's heartbeat is older than the TTL (not after 30 s): its kernel took the
+    request, which the owner may carry out when it wakes, so not ``owner_unreachable``
+    (which says that sending it again is safe)."""
     _, url, children = fleet
     with psycopg.connect(url, autocommit=True) as db:
         sid = children[1].http.post("/session", json={"sessionScope": "thread"}).json()[
@@ -372,7 +374,7 @@ def test_reads_answer_while_the_owner_is_paused(
             refused = others[0].http.post(f"/session/{sid}/prompt", json=_prompt("no"),
                                           timeout=20)
             assert refused.status_code == 503, refused.text
-            assert refused.json()["code"] == "owner_unreachable"
+            assert refused.json()["code"] == "owner_lost"
         finally:
             os.kill(owner.pid, signal.SIGCONT)
         db.execute("UPDATE session_leases SET expires_at = 0 WHERE session_id = %s", (sid,))
