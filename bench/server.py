@@ -6,7 +6,7 @@ command does not offer, and an event-loop lag probe beside it.
     # acp-server listening on http://127.0.0.1:41234 (...)
 
 It is ``acp_server.cli.main`` (flags, ``open_server``, ``run_http``: the server exactly as
-shipped) with ``cli.serve`` wrapped from the outside, so the server carries nothing for
+shipped) with ``serve_cli.serve`` wrapped from the outside, so the server carries nothing for
 the benchmarks:
 
 * ``--lag-probe FILE``: a task in the server's event loop sleeps ``INTERVAL_S`` and

@@ -174,8 +174,9 @@ NOT_IMPORTED = {
 
 @pytest.mark.parametrize("command", list(NOT_IMPORTED), ids=str)
 def test_a_subcommand_imports_only_its_own_module(command: str | None) -> None:
-    """``acp-server --help`` (``None``) and each client command, in a fresh interpreter:
-    the modules the parse and dispatch loaded hold none of another command's stack."""
+    """``acp-server --help`` (``None``) and each client command's ``--help``, in a fresh
+    interpreter: the modules its parser loaded hold none of another command's stack
+    (what the command imports as it runs is its own module's business)."""
     argv = ["--help"] if command is None else [command, "--help"]
     code = ("import sys\nfrom acp_server.cli import main\ntry:\n    main(sys.argv[1:])\n"
             "except SystemExit:\n    pass\nprint(' '.join(sorted(sys.modules)), file=sys.stderr)")

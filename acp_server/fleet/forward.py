@@ -63,6 +63,10 @@ POOL_TIMEOUT_S = 5.0
 # An owner that accepted the connection but does not answer (paused, say: its kernel
 # still accepts) is given up after this long; a stream's body has no such bound.
 HEADERS_TIMEOUT_S = 30.0
+# An idle connection to an owner is dropped before the owner's server would close it
+# (uvicorn: 5 s), so a request is not written in the instant the owner closes it (it
+# would be reported ``OwnerLostError``, though never read).
+KEEPALIVE_S = 2.0
 
 
 class OwnerUnreachableError(Exception):
@@ -101,7 +105,8 @@ class Forwarder:
         if self._client is None:
             self._client = httpx.AsyncClient(
                 timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT_S, pool=POOL_TIMEOUT_S),
-                limits=httpx.Limits(max_connections=256, max_keepalive_connections=32),
+                limits=httpx.Limits(max_connections=256, max_keepalive_connections=32,
+                                    keepalive_expiry=KEEPALIVE_S),
                 follow_redirects=False, trust_env=False)
         return self._client
 
@@ -155,10 +160,12 @@ class Forwarder:
         """Relay the owner's answer; ``True`` instead when it is a 404 and ``moved()``."""
         answered: list[httpx.Response] = []
         failed: list[BaseException] = []
-        delivered: list[str] = []   # the request's last byte written (HTTP/1.1 or 2)
+        delivered: list[str] = []   # the request's last byte written, last attempt
 
         async def trace(event: str, info: dict[str, Any]) -> None:
-            if event.endswith("send_request_body.complete"):
+            if event.endswith("send_request_headers.started"):
+                delivered.clear()   # an attempt again (HTTP/2's GOAWAY: never processed)
+            elif event.endswith("send_request_body.complete"):
                 delivered.append(event)
 
         request.extensions["trace"] = trace

@@ -229,7 +229,7 @@ async def check_prompts(fleet: Fleet, model: Model, fulls: dict[str, list[dict[s
             missing = known - set(ended)
             assert not missing, f"{session.session_id}: accepted prompts never ended: {missing}"
             by_id = {p.prompt_id: p for p in session.prompts if p.prompt_id in set(ended)}
-            for before, after in itertools.combinations(ended, 2):   # in acceptance order
+            for before, after in itertools.combinations(ended, 2):   # acceptance order?
                 first, second = by_id[before], by_id[after]
                 assert second.answered is None or second.answered > first.sent, (
                     f"{session.session_id}: {after} ended after {before}, but its 202 came "
