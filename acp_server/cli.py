@@ -93,8 +93,9 @@ def named_command(argv: Sequence[str]) -> str | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    chosen = named_command(argv)
-    parser, _ = build_parser(only=chosen or "")
+    # No known command named: "" builds no subcommand's flags, and argparse says the
+    # command is missing or unknown.
+    parser, _ = build_parser(only=named_command(argv) or "")
     args = parser.parse_args(argv)
     command = COMMANDS[args.command]
     status = _function(command, command.run)(args)

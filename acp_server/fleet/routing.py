@@ -36,7 +36,8 @@ with ``Retry-After: 5`` (the request did not reach it: sending it again is safe)
 one that took the request and gave no answer (it died or was given up meanwhile:
 ``forward.OwnerLostError``) a 503 ``owner_lost`` with ``Retry-After: 5``, whose
 message says that the request may have been carried out (a prompt admitted, say), so
-the client reads the session before it sends it again. ``stats`` counts forwards, adoptions and failures.
+the client reads the session before it sends it again. ``stats`` counts forwards,
+adoptions and failures.
 """
 
 from __future__ import annotations
@@ -197,16 +198,13 @@ class SessionRouter:
                      sid, url)
             await self._not_live_here(sid, scope, replayed(exc.body, receive), send,
                                       again=False)
-        except OwnerLostError as exc:
+        except OwnerUnreachableError as exc:   # OwnerLostError too: told apart
             self.stats.forward_failures += 1
-            log.warning("a request for a session owned elsewhere was forwarded to %s and "
-                        "got no answer (its outcome is unknown): %s", url, exc)
-            await _refuse(send, LOST, 5)
-        except OwnerUnreachableError as exc:
-            self.stats.forward_failures += 1
-            log.warning("a request for a session owned elsewhere could not be forwarded "
-                        "to %s: %s", url or "(no URL)", exc)
-            await _refuse(send, UNREACHABLE, 5)
+            lost = isinstance(exc, OwnerLostError)
+            log.warning("a request for a session owned elsewhere %s %s: %s",
+                        "got no answer (its outcome is unknown) from" if lost
+                        else "could not be forwarded to", url or "(no URL)", exc)
+            await _refuse(send, LOST if lost else UNREACHABLE, 5)
 
 
 async def _refuse(send: Any, body: bytes, retry_after: int) -> None:

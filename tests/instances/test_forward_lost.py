@@ -8,7 +8,6 @@ nothing listens."""
 
 from __future__ import annotations
 
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ import anyio.abc
 import pytest
 
 from acp_server.fleet.forward import Forwarder, OwnerLostError, OwnerUnreachableError
+from tests.harness import free_port
 from tests.instances.test_forward_adopt import _pair
 from tests.instances.test_leases import _session
 from tests.store.test_session_restart import _prompt
@@ -58,13 +58,6 @@ def _serve(owner: Owner, taken: list[bytes]) -> Callable[..., Awaitable[None]]:
         task_status.started()
         await listener.serve(lambda stream: owner(stream, taken))
     return run
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _scope() -> dict[str, Any]:
@@ -135,7 +128,7 @@ async def test_an_owner_given_up_after_it_took_the_request_is_lost(
 
 
 async def test_an_owner_nothing_listens_for_is_unreachable_not_lost() -> None:
-    raised = await _relay(f"http://127.0.0.1:{_free_port()}")
+    raised = await _relay(f"http://127.0.0.1:{free_port()}")
     assert type(raised) is OwnerUnreachableError
 
 
