@@ -50,9 +50,18 @@ class PromptsAPI:
                     deadline_ms: int | None = None, cancel: CancelToken | None = None,
                     client_id: str | None = None) -> PromptTicket:
         """Admit a prompt or raise, synchronously (see the module contract). Checked in
-        this order: the prompt (``InvalidPromptError``, ``TooManyContentBlocksError``),
-        the deadline (``InvalidDeadlineError``), the session, the client id
-        (``InvalidClientIdError``), then ``Session.admit``."""
+        this order: the prompt and the deadline (``check_prompt``), the session, the
+        client id (``InvalidClientIdError``), then ``Session.admit``."""
+        self.check_prompt(prompt, deadline_ms)
+        session = self.get_session(session_id)
+        if client_id is not None and not session.knows_client(client_id):
+            raise InvalidClientIdError(session_id, client_id)
+        return session.admit(prompt, prompt_id, self._effective_deadline(deadline_ms), client_id,
+                             cancel)
+
+    def check_prompt(self, prompt: Any, deadline_ms: Any = None) -> None:
+        """Raise what ``send_prompt`` raises for the prompt itself (``InvalidPromptError``,
+        ``TooManyContentBlocksError``) or its deadline (``InvalidDeadlineError``)."""
         if not isinstance(prompt, list) or not prompt \
                 or not all(isinstance(block, dict) for block in prompt):
             raise InvalidPromptError()
@@ -60,11 +69,6 @@ class PromptsAPI:
             raise TooManyContentBlocksError(len(prompt), self.options.max_prompt_blocks)
         if deadline_ms is not None and not _positive_ms(deadline_ms):
             raise InvalidDeadlineError(deadline_ms)
-        session = self.get_session(session_id)
-        if client_id is not None and not session.knows_client(client_id):
-            raise InvalidClientIdError(session_id, client_id)
-        return session.admit(prompt, prompt_id, self._effective_deadline(deadline_ms), client_id,
-                             cancel)
 
     def _effective_deadline(self, requested_ms: int | None) -> int | None:
         server_ms = self.options.prompt_deadline_ms

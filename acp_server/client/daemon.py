@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import uuid
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
@@ -51,7 +52,7 @@ from acp_server.client import wire
 from acp_server.client.bounded import MAX_ANSWER_BYTES, MAX_EVENT_BYTES, read_answer
 from acp_server.client.errors import (DaemonConnectionError, DaemonError,
                                       DaemonSessionIdProtocolError, DaemonStreamEndedError,
-                                      error_from_answer)
+                                      DaemonTurnError, decode_body, error_from_answer)
 from acp_server.client.inflate import request_headers
 from acp_server.client.events import (StreamCursor, event_prompt_id, match_turn_event,
                                       subscribe_events)
@@ -66,6 +67,11 @@ TOKEN_ENV = "ACP_SERVER_TOKEN"
 CLIENT_ID_HEADER = "X-Qwen-Client-Id"
 # How long a cancelled prompt() may spend telling the server to stop.
 CANCEL_GRACE_S = 5.0
+# A fleet instance's answers that a prompt sent under its id may be sent again on:
+# the owner of the session could not be reached, or took it and went silent
+# (``acp_server.fleet.routing``): sent again under the same id it runs once.
+RESEND_CODES = frozenset({"owner_lost", "owner_unreachable"})
+MAX_PROMPT_SENDS = 4
 # Event streams idle up to the 15 s heartbeat; reads may wait at least this long.
 MIN_STREAM_READ_TIMEOUT_S = 45.0
 
@@ -74,16 +80,32 @@ EventCallback = Callable[[DaemonEvent], None]
 _CLIENT_CAP: Any = object()
 
 
-def prompt_body(req: PromptInput) -> bytes:
+def prompt_body(req: PromptInput, prompt_id: str | None = None) -> bytes:
     """Encode a prompt: text, a list of content blocks, a ``PromptRequest``, or a
-    complete JSON body (a mapping with ``prompt``)."""
+    complete JSON body (a mapping with ``prompt``); ``prompt_id`` names it unless the
+    request already does."""
+    return named_prompt(req, prompt_id)[0]
+
+
+def named_prompt(req: PromptInput, prompt_id: str | None) -> tuple[bytes, str | None]:
+    """``prompt_body`` and the prompt id the body carries (the request's own, else
+    ``prompt_id``)."""
     if isinstance(req, str):
-        return wire.ENCODER.encode(PromptRequest.text(req))
+        req = PromptRequest.text(req)
     if isinstance(req, PromptRequest):
-        return wire.ENCODER.encode(req)
-    if isinstance(req, Mapping):
-        return wire.ENCODER.encode(dict(req))
-    return wire.ENCODER.encode({"prompt": [dict(block) for block in req]})
+        if req.prompt_id is None and prompt_id is not None:
+            req = msgspec.structs.replace(req, prompt_id=prompt_id)
+        return wire.ENCODER.encode(req), req.prompt_id
+    body = dict(req) if isinstance(req, Mapping) else {
+        "prompt": [dict(block) for block in req]}
+    if body.get("promptId") is None and prompt_id is not None:
+        body["promptId"] = prompt_id
+    named = body.get("promptId")
+    return wire.ENCODER.encode(body), named if isinstance(named, str) else None
+
+
+def new_prompt_id() -> str:
+    return str(uuid.uuid4())
 
 
 def _json_body(req: msgspec.Struct | Mapping[str, Any] | None) -> bytes:
@@ -96,6 +118,36 @@ def _json_body(req: msgspec.Struct | Mapping[str, Any] | None) -> bytes:
 
 def _session_path(session_id: str, *rest: str) -> str:
     return "/".join(["/session", path_segment(session_id), *map(path_segment, rest)])
+
+
+def _resend(response: httpx.Response) -> bool:
+    if response.status_code != 503:
+        return False
+    body = decode_body(response.content)
+    return isinstance(body, dict) and body.get("code") in RESEND_CODES
+
+
+def _retry_after_s(response: httpx.Response, default: float = 5.0) -> float:
+    value = response.headers.get("retry-after", "")
+    return float(value) if value.isdecimal() and len(value) < 6 else default
+
+
+def _ended(content: bytes, session_id: str) -> PromptResult:
+    """A 200 to a prompt: a legacy daemon's result, or how a prompt sent again under
+    its id ended (``{promptId, terminal, stopReason?, errorCode?}``): ``failed`` →
+    ``DaemonTurnError``."""
+    body = wire.decode(wire.ANY, content)
+    if not isinstance(body, dict) or "terminal" not in body:
+        return wire.decode(wire.PROMPT_RESULT, content)
+    prompt_id = body.get("promptId") if isinstance(body.get("promptId"), str) else None
+    if body["terminal"] == "failed":
+        code = body.get("errorCode") if isinstance(body.get("errorCode"), str) else None
+        raise DaemonTurnError({"sessionId": session_id, "promptId": prompt_id,
+                               "code": code or "turn_error",
+                               "message": f"Prompt failed ({code or 'turn_error'})"})
+    stop = body.get("stopReason")
+    return PromptResult(stop_reason=stop if isinstance(stop, str) else "end_turn",
+                        prompt_id=prompt_id)
 
 
 def _env_token() -> str | None:
@@ -130,8 +182,10 @@ class DaemonClient:
                  transport: httpx.AsyncBaseTransport | None = None,
                  event_hooks: Mapping[str, list[Callable[..., Any]]] | None = None,
                  max_answer_bytes: int = MAX_ANSWER_BYTES,
-                 max_event_bytes: int = MAX_EVENT_BYTES) -> None:
+                 max_event_bytes: int = MAX_EVENT_BYTES,
+                 max_retry_wait_s: float = 5.0) -> None:
         self.base_url = base_url.rstrip("/")
+        self.max_retry_wait_s = max_retry_wait_s   # between two sends of one prompt
         self.max_answer_bytes = max_answer_bytes
         self.max_event_bytes = max_event_bytes
         self.max_pending_prompts_per_session = normalize_pending_prompt_limit(
@@ -299,37 +353,58 @@ class DaemonClient:
 
     # -- prompts -------------------------------------------------------------------------------
     async def prompt_nonblocking(self, session_id: str, req: PromptInput,
-                                 client_id: str | None = None) -> PromptAccepted | PromptResult:
-        """Admission only: the 202 envelope (a legacy daemon's 200 → its result). No local
-        reservation; a full server queue → ``DaemonPendingPromptLimitError``."""
-        response = await self._call("POST", _session_path(session_id, "prompt"),
-                                    body=prompt_body(req), client_id=client_id, ok=(200, 202),
-                                    session_id=session_id)
+                                 client_id: str | None = None, *, prompt_id: str | None = None
+                                 ) -> PromptAccepted | PromptResult:
+        """Admission only: the 202 envelope (a legacy daemon's 200 → its result; a prompt
+        sent again under an id that has ended → how it ended). No local reservation; a
+        full server queue → ``DaemonPendingPromptLimitError``. Sent under ``prompt_id``
+        (a new one when ``None``), and sent again on a fleet's ``RESEND_CODES``."""
+        response = await self._send_prompt(session_id, req, prompt_id, client_id)
         if response.status_code == 202:
             return wire.decode(wire.PROMPT_ACCEPTED, response.content)
-        return wire.decode(wire.PROMPT_RESULT, response.content)
+        if response.status_code == 200:
+            return _ended(response.content, session_id)
+        raise error_from_answer(response.status_code, response.content, response.headers,
+                                session_id)
 
     async def prompt(self, session_id: str, req: PromptInput, client_id: str | None = None, *,
-                     on_event: EventCallback | None = None) -> PromptResult:
+                     on_event: EventCallback | None = None,
+                     prompt_id: str | None = None) -> PromptResult:
         """Send a prompt and wait for its turn to end (see the module contract).
-        ``on_event`` sees each event of this prompt as it arrives."""
+        ``on_event`` sees each event of this prompt as it arrives. The prompt is sent
+        under ``prompt_id`` (a new one when ``None``; a request's own id wins), so a
+        fleet instance's ``owner_lost`` / ``owner_unreachable`` is answered by sending
+        it again (at most ``MAX_PROMPT_SENDS`` sends, ``Retry-After`` apart, capped
+        by ``max_retry_wait_s``): it runs once."""
         return await self._prompt(session_id, req, client_id, self.max_pending_prompts_per_session,
-                                  on_event)
+                                  on_event, prompt_id)
 
     async def _prompt(self, session_id: str, req: PromptInput, client_id: str | None,
-                      limit: int | None, on_event: EventCallback | None) -> PromptResult:
+                      limit: int | None, on_event: EventCallback | None,
+                      prompt_id: str | None = None) -> PromptResult:
         await anyio.lowlevel.checkpoint_if_cancelled()  # already cancelled: reserve nothing
-        body = prompt_body(req)
         with self.reservations.reserve(session_id, limit):
-            response = await self._send("POST", _session_path(session_id, "prompt"), body=body,
-                                        client_id=client_id)
+            response = await self._send_prompt(session_id, req, prompt_id, client_id)
             if response.status_code == 202:
                 accepted = wire.decode(wire.PROMPT_ACCEPTED, response.content)
                 return await self._await_turn(session_id, accepted, client_id, on_event)
             if response.status_code == 200:
-                return wire.decode(wire.PROMPT_RESULT, response.content)
+                return _ended(response.content, session_id)
             raise error_from_answer(response.status_code, response.content, response.headers,
                                     session_id)
+
+    async def _send_prompt(self, session_id: str, req: PromptInput, prompt_id: str | None,
+                           client_id: str | None) -> httpx.Response:
+        """``POST …/prompt`` under the prompt's id, sent again (the same body) while a
+        fleet instance answers one of ``RESEND_CODES``; the last answer."""
+        body, named = named_prompt(req, prompt_id or new_prompt_id())
+        path = _session_path(session_id, "prompt")
+        for sends in range(1, MAX_PROMPT_SENDS + 1):
+            response = await self._send("POST", path, body=body, client_id=client_id)
+            if named is None or sends == MAX_PROMPT_SENDS or not _resend(response):
+                return response
+            await anyio.sleep(min(_retry_after_s(response), self.max_retry_wait_s))
+        raise AssertionError("unreachable")
 
     async def _await_turn(self, session_id: str, accepted: PromptAccepted, client_id: str | None,
                           on_event: EventCallback | None) -> PromptResult:

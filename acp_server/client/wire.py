@@ -127,6 +127,8 @@ class PromptRequest(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=
     prompt: list[dict[str, Any]]
     deadline_ms: int | None = None
     meta: dict[str, Any] | None = msgspec.field(default=None, name="_meta")
+    # the prompt's own id (an acp-server extension): sent again under it, it runs once
+    prompt_id: str | None = None
 
     @classmethod
     def text(cls, text: str, **fields: Any) -> PromptRequest:

@@ -36,7 +36,8 @@ with ``Retry-After: 5`` (the request did not reach it: sending it again is safe)
 one that took the request and gave no answer (it died or was given up meanwhile:
 ``forward.OwnerLostError``) a 503 ``owner_lost`` with ``Retry-After: 5``, whose
 message says that the request may have been carried out (a prompt admitted, say), so
-the client reads the session before it sends it again. ``stats`` counts forwards,
+the client reads the session before it sends it again (a prompt named by its
+``promptId`` may simply be sent again under it: ``acp_server.rest.prompts``). ``stats`` counts forwards,
 adoptions and failures.
 """
 
@@ -63,7 +64,8 @@ UNREACHABLE = (b'{"error":"The instance that runs this session cannot be reached
                b'later","code":"owner_unreachable"}')
 LOST = (b'{"error":"The instance that runs this session took this request and stopped '
         b'answering: it may have carried it out. Read the session (its status, pending '
-        b'prompts or events) before sending it again","code":"owner_lost"}')
+        b'prompts or events) before sending it again; a prompt sent with a promptId may '
+        b'be sent again under it","code":"owner_lost"}')
 STORE_UNAVAILABLE = b'{"error":"The store is unavailable; retry later","code":"store_unavailable"}'
 
 

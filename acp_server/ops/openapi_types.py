@@ -55,6 +55,9 @@ class PromptRequest(msgspec.Struct):
     prompt: Annotated[list[dict[str, Any]], msgspec.Meta(min_length=1, description=(
         "ACP content blocks, e.g. {\"type\": \"text\", \"text\": \"hello\"}"))]
     deadlineMs: Annotated[int, msgspec.Meta(ge=1, le=2**31 - 1)] | None = None
+    promptId: Annotated[str, msgspec.Meta(pattern="^[A-Za-z0-9._:-]{1,128}$", description=(
+        "The client's id for the prompt: sent again under it (an answer lost), the "
+        "prompt is not admitted twice"))] | None = None
 
 
 class SelectedOutcome(msgspec.Struct, tag_field="outcome", tag="selected"):

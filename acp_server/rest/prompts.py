@@ -8,7 +8,12 @@
     #  "sessionId":"…","limit":5,"pendingCount":5}
 
 Contracts: admission is decided synchronously by ``Bridge.send_prompt`` before any
-byte of the answer is written; a refused prompt takes no slot. With a durable session
+byte of the answer is written; a refused prompt takes no slot. A body may name the
+prompt (``"promptId"``, a token of 1 to 128 characters): sent again under the same id
+(its answer was lost), the prompt is not admitted twice: the session answers 202 as
+before while it is pending, 200 with its ``PromptTerminal`` once it has ended (both
+``Idempotent-Replayed: true``); an id the session has forgotten (past its last 256
+ended prompts) is admitted anew. With a durable session
 journal the accepted prompt is committed before the 202 (``ticket.committed()``); a
 failed commit answers 503 ``store_unavailable`` and releases the slot. Once admitted, the
 prompt runs to its end whatever happens to the HTTP request (its outcome is
@@ -43,9 +48,15 @@ async def send_prompt(request: Request, *, bridge: Bridge, config: RestConfig) -
     session_id = request.path_params["session_id"]
     client_id = wire.client_id(request)
     body = await wire.read_json(request, wire.PromptBody, limit=config.max_body_bytes)
+    prompt_id = wire.prompt_id(body.promptId)
+    if prompt_id is not None:
+        bridge.check_prompt(body.prompt, body.deadlineMs)   # the same 400s either way
+        known = await _known_prompt(bridge, session_id, prompt_id)
+        if known is not None:
+            return known
     try:   # the bridge checks the prompt, the deadline and the client id
-        ticket = bridge.send_prompt(session_id, body.prompt, deadline_ms=body.deadlineMs,
-                                    client_id=client_id)
+        ticket = bridge.send_prompt(session_id, body.prompt, prompt_id=prompt_id,
+                                    deadline_ms=body.deadlineMs, client_id=client_id)
     except PromptQueueFullError as exc:   # the hot refusal: answered here, not re-raised
         return error_response(exc)
     await ticket.committed()   # a durable journal: committed before the 202 (else 503)
@@ -53,6 +64,27 @@ async def send_prompt(request: Request, *, bridge: Bridge, config: RestConfig) -
     return json_response(202, wire.PromptAccepted(promptId=ticket.prompt_id,
                                                    lastEventId=ticket.last_event_id,
                                                    eventEpoch=ticket.epoch))
+
+
+REPLAYED = {"Idempotent-Replayed": "true"}
+
+
+async def _known_prompt(bridge: Bridge, session_id: str, prompt_id: str) -> Response | None:
+    """A prompt sent again under its id (after a lost answer): still pending → the
+    same 202 as its admission (once it is committed); ended → 200 with how it ended
+    (``PromptTerminal``); both with ``Idempotent-Replayed: true``. ``None``: the
+    session does not know the id (admit it). Read synchronously, with no await
+    between the lookups and the caller's admission."""
+    ticket = bridge.prompt_ticket(session_id, prompt_id)
+    if ticket is not None:
+        await ticket.committed()   # as the first answer: nothing acknowledged uncommitted
+        return json_response(202, wire.PromptAccepted(
+            promptId=prompt_id, lastEventId=ticket.last_event_id, eventEpoch=ticket.epoch),
+            REPLAYED)
+    terminal = bridge.prompt_terminal(session_id, prompt_id)
+    if terminal is None:
+        return None
+    return json_response(200, wire.PromptTerminal.of(terminal), REPLAYED)
 
 
 async def pending_prompts(request: Request, *, bridge: Bridge) -> Response:
@@ -124,8 +156,21 @@ class FastPrompt:
         caller = scope.get(CALLER_KEY) or LOCAL_CALLER   # caller_of, inline
         if not caller.sees_session(session_id):
             return None   # the route answers 404
+        prompt_id = parsed.promptId
+        if prompt_id is not None:   # as the route does; its errors are the route's
+            if not isinstance(prompt_id, str) or not wire.PROMPT_ID.fullmatch(prompt_id):
+                return None
+            try:
+                self.bridge.check_prompt(parsed.prompt, parsed.deadlineMs)
+                known = await _known_prompt(self.bridge, session_id, prompt_id)
+            except (JournalUnavailableError, SessionNotRestorableError) as exc:   # settled
+                return _messages(error_response(exc))
+            except BridgeError:   # raised before any await: nothing done
+                return None
+            if known is not None:
+                return _messages(known)
         try:
-            ticket = self.bridge.send_prompt(session_id, parsed.prompt,
+            ticket = self.bridge.send_prompt(session_id, parsed.prompt, prompt_id=prompt_id,
                                              deadline_ms=parsed.deadlineMs)
         except PromptQueueFullError as exc:
             return _queue_full(exc)

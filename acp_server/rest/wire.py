@@ -34,6 +34,7 @@ T = TypeVar("T")
 
 CLIENT_ID_HEADER = "x-qwen-client-id"
 _CLIENT_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+PROMPT_ID = _CLIENT_ID   # a prompt's own id (``prompt_id``): it appears in paths
 MIN_MAX_QUEUED, MAX_MAX_QUEUED = 16, 2048
 
 
@@ -49,6 +50,7 @@ class CreateSessionBody(msgspec.Struct):
 class PromptBody(msgspec.Struct):
     prompt: Any = None
     deadlineMs: Any = None
+    promptId: Any = None   # the client's id for the prompt (``prompt_id``): sent again, safe
 
 
 class PermissionVoteBody(msgspec.Struct):
@@ -376,6 +378,18 @@ def client_id(request: Request) -> str | None:
     if not _CLIENT_ID.fullmatch(value):
         raise bad_request("`X-Qwen-Client-Id` must be a non-empty token of 128 characters or fewer",
                           "invalid_client_id")
+    return value
+
+
+def prompt_id(value: Any) -> str | None:
+    """A prompt body's ``promptId``: ``None`` when absent, else a token of 1 to 128
+    characters (the client id's alphabet: it appears in paths), else 400
+    ``invalid_prompt_id``."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not PROMPT_ID.fullmatch(value):
+        raise bad_request("`promptId` must be a non-empty token of 128 characters or fewer "
+                          "(letters, digits, '.', '_', ':', '-')", "invalid_prompt_id")
     return value
 
 

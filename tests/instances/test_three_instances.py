@@ -371,14 +371,26 @@ def test_reads_answer_while_the_owner_is_paused(
                             if replayed[-1]["type"] == "replay_complete":
                                 break
                 assert [e["id"] for e in replayed[:-1]] == list(range(1, last + 1))
-            refused = others[0].http.post(f"/session/{sid}/prompt", json=_prompt("no"),
-                                          timeout=20)
+            lost = {**_prompt("/chunks 1 lost"), "promptId": "lost-1"}
+            refused = others[0].http.post(f"/session/{sid}/prompt", json=lost, timeout=20)
             assert refused.status_code == 503, refused.text
             assert refused.json()["code"] == "owner_lost"
         finally:
             os.kill(owner.pid, signal.SIGCONT)
         db.execute("UPDATE session_leases SET expires_at = 0 WHERE session_id = %s", (sid,))
         _wait(lambda: owner.http.get("/health").status_code == 200)
+        # The owner may run the request its kernel held; sent again under its id, the
+        # prompt runs once whoever holds the session now (a 503 while it moves: again).
+        _wait(lambda: others[0].http.post(f"/session/{sid}/prompt", json=lost,
+                                          timeout=20).status_code in (200, 202))
+        def ends() -> list[str]:
+            return [row[0] for row in db.execute(
+                "SELECT type FROM session_events WHERE session_id = %s AND prompt_id = %s "
+                "AND type IN ('turn_complete', 'turn_error')", (sid, "lost-1"))]
+
+        _wait(lambda: ends() and others[1].http.get(f"/session/{sid}/status").json()[
+            "pendingPrompts"] == 0)
+        assert ends() == ["turn_complete"]
 
 
 @pytest.fixture

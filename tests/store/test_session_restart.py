@@ -87,10 +87,12 @@ async def test_kill_9_keeps_sessions_prompts_and_cursors(tmp_path: Path, store_n
                               last_event_id=0)
             acked = []
             for text in ("/sleep 30s long", "queued one", "queued two"):
-                answer = await client.post(f"/session/{sid}/prompt", json=_prompt(text))
+                body = _prompt(text) if acked else {**_prompt(text), "promptId": "long-1"}
+                answer = await client.post(f"/session/{sid}/prompt", json=body)
                 assert answer.status_code == 202
                 acked.append(answer.json()["promptId"])
             long_id = acked[0]
+            assert long_id == "long-1"
             # A reader that saw everything up to the long prompt's echo.
             before = await read_events(client, sid, lambda e: e.get("promptId") == long_id
                                        and e["type"] == "session_update", last_event_id=0)
@@ -119,6 +121,15 @@ async def test_kill_9_keeps_sessions_prompts_and_cursors(tmp_path: Path, store_n
             assert all(terminals[p]["terminal"] == "completed" for p in [first["promptId"],
                                                                           *acked[1:]])
             assert loaded["eventEpoch"] == epoch
+            # Sent again under their ids after the restart: answered, never run again.
+            again = await client.post(f"/session/{sid}/prompt",
+                                      json={**_prompt("/sleep 30s long"), "promptId": long_id})
+            assert again.status_code == 200, again.text
+            assert again.json()["errorCode"] == "server_restarted"
+            again = await client.post(f"/session/{sid}/prompt",
+                                      json={**_prompt("queued two"), "promptId": acked[2]})
+            assert again.status_code == 200 and again.json()["terminal"] == "completed"
+            assert (await client.get(f"/session/{sid}/status")).json()["pendingPrompts"] == 0
     finally:
         child.stop()
 
