@@ -79,6 +79,10 @@ class PromptAccepted(msgspec.Struct, kw_only=True, frozen=True, tag="prompt", ta
     seq: int   # admission order across restarts (epoch nanoseconds)
     deadline_ms: int | None = None
     was_queued: bool = False
+    # the admission's cursor (the 202's lastEventId and eventEpoch), answered again to
+    # a prompt sent again under its id after a restart (absent in older records)
+    last_event_id: int | None = None
+    epoch: str | None = None
 
 
 class PromptSettled(msgspec.Struct, kw_only=True, frozen=True, tag="terminal", tag_field="kind",

@@ -27,7 +27,7 @@ from bridge.errors import (
     TooManyContentBlocksError,
 )
 from bridge.session import QUEUED
-from bridge.status import PendingPromptInfo, PromptTerminal
+from bridge.status import REFUSED_CODES, PendingPromptInfo, PromptTerminal
 from bridge.ticket import PromptTicket
 
 if TYPE_CHECKING:
@@ -103,9 +103,22 @@ class PromptsAPI:
         return pending.ticket if pending is not None else None
 
     def prompt_terminal(self, session_id: str, prompt_id: str) -> PromptTerminal | None:
-        """How the prompt ended (its latest terminal), else ``None``."""
+        """How the prompt ended (its latest terminal), else ``None``; ``None`` too for
+        a prompt refused at admission (``REFUSED_CODES``: it never ran, and its id may
+        be admitted again)."""
         terminals = self.get_session(session_id).prompt_terminals
-        return next((t for t in reversed(terminals) if t.prompt_id == prompt_id), None)
+        found = next((t for t in reversed(terminals) if t.prompt_id == prompt_id), None)
+        if found is not None and found.terminal == "failed" \
+                and found.error_code in REFUSED_CODES:
+            return None
+        return found
+
+    def check_client(self, session_id: str, client_id: str | None) -> None:
+        """``InvalidClientIdError`` when ``client_id`` is not one of the session's (as
+        ``send_prompt`` checks it); ``SessionNotFoundError`` for an unknown session."""
+        session = self.get_session(session_id)
+        if client_id is not None and not session.knows_client(client_id):
+            raise InvalidClientIdError(session_id, client_id)
 
     # -- questions: permission requests and elicitations ---------------------------------
     def respond_to_permission(self, request_id: str, outcome: dict[str, Any], *,

@@ -307,9 +307,12 @@ class Session:
             self.observer.prompt_rejected()
             raise PromptQueueFullError(self.session_id, limit, len(self.pending))
         self._running()   # started (see start)
-        prompt_id = prompt_id or new_prompt_id()
-        if prompt_id in self.pending:   # one slot, one settle per id
+        if prompt_id is None:
+            prompt_id = new_prompt_id()
+        elif prompt_id in self.pending:   # one slot, one settle per id
             raise PromptIdInUseError(self.session_id, prompt_id)
+        else:
+            self._forget_terminal(prompt_id)   # the id names a new prompt now
         ticket = PromptTicket(prompt_id, self.session_id, self.bus.last_event_id, self.bus.epoch,
                               lambda reason, pid=prompt_id: self.cancel_prompt(pid, reason))
         was_queued = self.active is not None or bool(self._work)
@@ -320,7 +323,8 @@ class Session:
             pending.commit_seq = self.journal.append(PromptAccepted(
                 session_id=self.session_id, prompt_id=prompt_id, prompt=prompt,
                 queued_at_ms=pending.queued_at_ms, seq=time.time_ns(),
-                deadline_ms=deadline_ms, was_queued=was_queued))
+                deadline_ms=deadline_ms, was_queued=was_queued,
+                last_event_id=ticket.last_event_id, epoch=ticket.epoch))
         if pending.commit_seq or self.agent_side is not None:
             ticket._commit = lambda: self._admitted(pending)
         if was_queued:
@@ -334,6 +338,15 @@ class Session:
         self._enqueue(pending)
         self.observer.prompt_admitted()
         return ticket
+
+    def _forget_terminal(self, prompt_id: str) -> None:
+        """Drop how an earlier prompt under ``prompt_id`` ended (refused at admission:
+        ``bridge.status.REFUSED_CODES``), so that the id has one terminal."""
+        terminals = self.prompt_terminals
+        if any(t.prompt_id == prompt_id for t in terminals):
+            kept = [t for t in terminals if t.prompt_id != prompt_id]
+            terminals.clear()
+            terminals.extend(kept)
 
     async def _admitted(self, pending: PendingPrompt) -> None:
         """Wait for the prompt's PromptAccepted, then for the session's agent side (a
@@ -359,7 +372,10 @@ class Session:
         published (its events are in the journal)."""
         self._running()   # started (see start)
         pid = record.prompt_id
-        ticket = PromptTicket(pid, self.session_id, self.bus.last_event_id, self.bus.epoch,
+        last = self.bus.last_event_id   # its admission's cursor, while the epoch holds
+        if record.epoch == self.bus.epoch and record.last_event_id is not None:
+            last = min(record.last_event_id, last)
+        ticket = PromptTicket(pid, self.session_id, last, self.bus.epoch,
                               lambda reason, pid=pid: self.cancel_prompt(pid, reason))
         pending = PendingPrompt(pid, record.prompt, ticket, record.deadline_ms,
                                 record.was_queued, None)

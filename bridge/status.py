@@ -19,6 +19,10 @@ from typing import Any
 from bridge.events import Event
 
 MAX_PROMPT_TERMINALS = 256   # kept per session (and across a close, for a cold load)
+# The error codes of a prompt refused at admission and settled before it ran: its
+# commit failed, another instance took the session over, its agent cannot be restored.
+# Sent again under its id, such a prompt is admitted anew (``prompt_terminal``).
+REFUSED_CODES = frozenset({"store_unavailable", "session_moved", "session_not_restorable"})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -186,6 +186,7 @@ class DaemonClient:
                  max_retry_wait_s: float = 5.0) -> None:
         self.base_url = base_url.rstrip("/")
         self.max_retry_wait_s = max_retry_wait_s   # between two sends of one prompt
+        self._prompt_id_replay: bool | None = None   # the server's feature, once asked
         self.max_answer_bytes = max_answer_bytes
         self.max_event_bytes = max_event_bytes
         self.max_pending_prompts_per_session = normalize_pending_prompt_limit(
@@ -375,7 +376,8 @@ class DaemonClient:
         under ``prompt_id`` (a new one when ``None``; a request's own id wins), so a
         fleet instance's ``owner_lost`` / ``owner_unreachable`` is answered by sending
         it again (at most ``MAX_PROMPT_SENDS`` sends, ``Retry-After`` apart, capped
-        by ``max_retry_wait_s``): it runs once."""
+        by ``max_retry_wait_s``) when the server has the ``prompt_id_replay`` feature:
+        it runs once."""
         return await self._prompt(session_id, req, client_id, self.max_pending_prompts_per_session,
                                   on_event, prompt_id)
 
@@ -401,10 +403,22 @@ class DaemonClient:
         path = _session_path(session_id, "prompt")
         for sends in range(1, MAX_PROMPT_SENDS + 1):
             response = await self._send("POST", path, body=body, client_id=client_id)
-            if named is None or sends == MAX_PROMPT_SENDS or not _resend(response):
+            if named is None or sends == MAX_PROMPT_SENDS or not _resend(response) \
+                    or not await self._replays_prompt_ids():
                 return response
             await anyio.sleep(min(_retry_after_s(response), self.max_retry_wait_s))
         raise AssertionError("unreachable")
+
+    async def _replays_prompt_ids(self) -> bool:
+        """The server says (``/capabilities``: ``prompt_id_replay``) that a prompt sent
+        again under its id runs once: an older one would run it twice. Asked once."""
+        if self._prompt_id_replay is None:
+            try:
+                features = (await self.capabilities()).features
+            except DaemonError:
+                return False   # asked again on the next lost answer
+            self._prompt_id_replay = "prompt_id_replay" in features
+        return self._prompt_id_replay
 
     async def _await_turn(self, session_id: str, accepted: PromptAccepted, client_id: str | None,
                           on_event: EventCallback | None) -> PromptResult:

@@ -230,7 +230,7 @@ OPERATIONS: tuple[Op, ...] = (
                W.PromptAccepted, headers=("Idempotent-Replayed",)),
         Answer(200, "Sent again under its `promptId`: how the prompt ended",
                W.PromptTerminal, headers=("Idempotent-Replayed",))),
-       (400, 404, 413, 503),
+       (400, 404, 409, 413, 503),
        body=PromptRequest, headers=CLIENT, error_schemas=((503, PromptQueueFull),)),
     Op("GET", "/session/{session_id}/pending-prompts", "Queued and running prompts",
        (Answer(200, "The pending prompts", W.PendingPrompts),), (404,)),

@@ -35,6 +35,7 @@ FEATURES = (
     "session_permission_vote", "permission_vote", "permission_mediation",
     "session_close", "session_branch", "session_status", "session_pending_prompts",
     "agent_profiles",
+    "prompt_id_replay",   # ours: a prompt sent again under its promptId runs once
 )
 
 

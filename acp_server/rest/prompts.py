@@ -40,6 +40,7 @@ from bridge.errors import (
     BridgeError,
     JournalUnavailableError,
     PromptQueueFullError,
+    SessionClosedError,
     SessionNotRestorableError,
 )
 
@@ -51,6 +52,7 @@ async def send_prompt(request: Request, *, bridge: Bridge, config: RestConfig) -
     prompt_id = wire.prompt_id(body.promptId)
     if prompt_id is not None:
         bridge.check_prompt(body.prompt, body.deadlineMs)   # the same 400s either way
+        bridge.check_client(session_id, client_id)
         known = await _known_prompt(bridge, session_id, prompt_id)
         if known is not None:
             return known
@@ -163,7 +165,7 @@ class FastPrompt:
             try:
                 self.bridge.check_prompt(parsed.prompt, parsed.deadlineMs)
                 known = await _known_prompt(self.bridge, session_id, prompt_id)
-            except (JournalUnavailableError, SessionNotRestorableError) as exc:   # settled
+            except SETTLED as exc:   # the prompt's admission failed: answered here
                 return _messages(error_response(exc))
             except BridgeError:   # raised before any await: nothing done
                 return None
@@ -178,14 +180,17 @@ class FastPrompt:
             return None
         try:
             await ticket.committed()
-        except (JournalUnavailableError, SessionNotRestorableError) as exc:   # settled:
-            return _messages(error_response(exc))                             # 503 / 409
+        except SETTLED as exc:   # settled: 503 / 409 / 404, answered here
+            return _messages(error_response(exc))
         caller.prompt_accepted(session_id, ticket.prompt_id, parsed.prompt, "rest")
         return _messages(json_response(202, wire.PromptAccepted(
             promptId=ticket.prompt_id, lastEventId=ticket.last_event_id,
             eventEpoch=ticket.epoch)))
 
 
+# What a prompt's commit (``ticket.committed()``) raises once it has settled the prompt:
+# the fast handler answers these itself (the route would find the prompt settled).
+SETTLED = (JournalUnavailableError, SessionNotRestorableError, SessionClosedError)
 FAST_DECLINES = frozenset({b"x-qwen-client-id"})   # headers only the route handles
 
 

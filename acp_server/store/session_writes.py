@@ -59,8 +59,14 @@ ROWS_PER_STATEMENT = 500   # x 5 parameters: under SQLite's and PostgreSQL's lim
 CACHED_ROWS = 64   # statement texts kept for up to this many rows (and the full one)
 EVENT_INSERT = ("INSERT INTO session_events(session_id, id, type, prompt_id, envelope) "
                 "VALUES {} ON CONFLICT DO NOTHING", 5)
+# A prompt id admitted again (a client's id, its first admission refused: ``bridge.
+# status.REFUSED_CODES``) names a new prompt: its row starts over, unsettled. A batch
+# run again writes the same rows in the same order (``_put`` ends a statement before a
+# prompt id it already holds: one statement never touches a row twice).
 PROMPT_INSERT = ("INSERT INTO session_prompts(session_id, prompt_id, seq, record) "
-                 "VALUES {} ON CONFLICT DO NOTHING", 4)
+                 "VALUES {} ON CONFLICT (session_id, prompt_id) DO UPDATE SET "
+                 "seq = excluded.seq, record = excluded.record, terminal = NULL, "
+                 "settled_at = NULL", 4)
 # A session's settled prompts older (settle time, then admission order) than its
 # ``MAX_PROMPT_TERMINALS``-th newest: one sort for the cut, then one pass (a NOT IN of
 # the newest ids probed every row: ~3x the CPU, 280 against 85 us at 320 rows)
@@ -145,9 +151,11 @@ class SessionWrites:
         events: list[Any] = []     # the rows' values in a row, EVENT_INSERT's 5 a row
         accepted: list[Any] = []   # PROMPT_INSERT's 4 a row
         settled: list[PromptSettled] = []
+        prompts: set[tuple[str, str]] = set()   # the prompt rows of those statements
         ring = self.ring_size
 
         def flush() -> None:
+            prompts.clear()
             if events:
                 self._insert_rows(conn, EVENT_INSERT, events)
                 events.clear()
@@ -173,9 +181,14 @@ class SessionWrites:
                 if event_id % COMPACT_EVERY == 0 and event_id > ring:
                     trim[sid] = event_id - ring
             elif isinstance(record, PromptAccepted):
+                key = (record.session_id, record.prompt_id)
+                if key in prompts:   # its id admitted again: after the earlier rows
+                    flush()
+                prompts.add(key)
                 accepted += (record.session_id, record.prompt_id, record.seq,
                              _encode(record))
             elif isinstance(record, PromptSettled):
+                prompts.add((record.session_id, record.prompt_id))
                 settled.append(record)
             elif isinstance(record, Marker):
                 flush()
@@ -221,8 +234,8 @@ class SessionWrites:
                 return
 
     def _insert_rows(self, conn: Any, head: tuple[str, int], values: list[Any]) -> None:
-        """``INSERT ... VALUES (..),(..) ON CONFLICT DO NOTHING`` of ``values`` (the rows'
-        values in a row), ``ROWS_PER_STATEMENT`` rows a statement."""
+        """``INSERT ... VALUES (..),(..) ON CONFLICT …`` (``head``'s) of ``values`` (the
+        rows' values in a row), ``ROWS_PER_STATEMENT`` rows a statement."""
         sql, width = head
         step = width * ROWS_PER_STATEMENT
         for start in range(0, len(values), step):

@@ -119,6 +119,7 @@ def test_an_unreachable_target_says_why_and_exits_2(capsys):
 
 
 
+@pytest.mark.parametrize("anyio_backend", ["trio"])   # the servers are child processes
 async def test_the_command_against_acp_server_serve_end_to_end(tmp_path):
     """Two real processes: ``acp-server serve`` and ``acp-server conformance`` on it."""
     workspace = tmp_path / "ws"

@@ -21,6 +21,7 @@ pytestmark = pytest.mark.anyio
 CYCLES = 1000
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])   # the servers are child processes
 async def test_deleted_connections_close_the_sessions_they_made(tmp_path: Path) -> None:
     async with ServeProcess(tmp_path) as daemon:
         client = daemon.client

@@ -17,7 +17,10 @@ import pytest
 from tests.harness import ServeProcess, read_until_closed
 
 pytestmark = pytest.mark.anyio
-SERVERS = pytest.mark.parametrize("server", ["granian", "uvicorn"])
+# Each server once, the client side (the test's own code: the servers are child
+# processes) on one backend each.
+SERVERS = pytest.mark.parametrize(("server", "anyio_backend"),
+                                  [("granian", "asyncio"), ("uvicorn", "trio")])
 
 
 @SERVERS
@@ -51,6 +54,7 @@ async def test_silent_and_partial_heads_are_closed(tmp_path: Path, server: str) 
             assert transport["headerTimeouts"] >= 1   # the silent one
 
 
+@pytest.mark.parametrize("anyio_backend", ["trio"])   # the servers are child processes
 async def test_silent_connections_do_not_exhaust_granian(tmp_path: Path) -> None:
     """More silent connections than granian's accept cap (``--max-connections`` + 64)
     leave new clients waiting only until the header timeout closes the silent ones;
@@ -66,6 +70,7 @@ async def test_silent_connections_do_not_exhaust_granian(tmp_path: Path) -> None
         assert transport["headerTimeouts"] >= 1   # granian may close some past its permits
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])   # the servers are child processes
 async def test_connection_cap_refuses_at_once(tmp_path: Path) -> None:
     async with ServeProcess(tmp_path, "--max-connections", "4", "--http-server", "uvicorn",
                               "--header-timeout-ms", "60000") as daemon:
@@ -89,6 +94,7 @@ async def test_connection_cap_refuses_at_once(tmp_path: Path) -> None:
             await stream.aclose()
 
 
+@pytest.mark.parametrize("anyio_backend", ["trio"])   # the servers are child processes
 async def test_request_cap_refuses_at_once_on_granian(tmp_path: Path) -> None:
     """Four event streams in flight: the fifth request is answered 503 at once."""
     async with ServeProcess(tmp_path, "--max-connections", "4", "--http-server", "granian",

@@ -22,6 +22,7 @@ pytestmark = pytest.mark.anyio
 TASKS = 4   # --max-running-tasks: all of them running at the SIGTERM
 
 
+@pytest.mark.parametrize("anyio_backend", ["trio"])   # the servers are child processes
 async def test_sigterm_while_lmsp_tasks_run_exits_0(tmp_path: Path) -> None:
     flags = [*agent_flag("slow", "--slow-close-ms", "300"),
              "--max-running-tasks", str(TASKS)]

@@ -52,6 +52,7 @@ async def create(client: httpx.AsyncClient, agent: str) -> httpx.Response:
     return await client.post("/session", json={"agent": agent, "sessionScope": "thread"})
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])   # the servers are child processes
 async def test_hung_session_new_holds_only_its_share_and_gives_it_back(tmp_path: Path) -> None:
     flags = [*agent_flag("nonew", "--never-answer-new"),
              "--agent-request-timeout-ms", "600000"]
@@ -90,6 +91,7 @@ async def test_hung_session_new_holds_only_its_share_and_gives_it_back(tmp_path:
         assert done["sessions"]["active"] == 1
 
 
+@pytest.mark.parametrize("anyio_backend", ["trio"])   # the servers are child processes
 async def test_agent_requests_have_a_deadline(tmp_path: Path) -> None:
     flags = [*agent_flag("nonew", "--never-answer-new"),
              *agent_flag("flood", "--swallow-new", str(SWALLOW_BYTES)),

@@ -35,6 +35,7 @@ async def _task_status(daemon, task_id: str) -> str:  # type: ignore[no-untyped-
     return str(response.json()["status"])
 
 
+@pytest.mark.parametrize("anyio_backend", ["trio"])   # the servers are child processes
 async def test_restarted_instance_recovers_its_own_tasks_at_once(tmp_path: Path,
                                                                   store_url: str) -> None:
     flags = ("--store", store_url)

@@ -22,8 +22,11 @@ answered 503 with a retryable code (``owner_unreachable``, ``session_moved``,
 ``store_unavailable``: the session is moving) is sent again, as a client does; a
 prompt refused ``prompt_queue_full`` is not. A write whose answer never came (the
 connection broke, HAProxy answered for the killed instance, or the instance that
-forwarded it says ``owner_lost``: the owner took it and died) has an unknown outcome:
-``Prompt.accepted`` is ``None`` and its unique text finds it afterwards. Every answer,
+forwarded it says ``owner_lost``: the owner took it and died) has an unknown outcome,
+except a prompt: each is sent under the model's own ``promptId`` and sent again under
+it until an answer comes (the server admits it once: 202, or 200 once it has ended),
+as our SDK does. Only a prompt still unanswered after ``WAIT_S`` is unknown
+(``Prompt.accepted`` ``None``; its unique text finds it afterwards). Every answer,
 streams included, is recorded (``Model.answers``, with the kills it spanned) for the
 no-500 check; ``Model.log`` is the operation log a failure prints.
 """
@@ -61,8 +64,11 @@ LOST = frozenset({"owner_lost"})   # forwarded, no answer: the outcome unknown, 
 REFUSED = frozenset({"prompt_queue_full"})   # a documented refusal, not retried
 
 
-def prompt_body(text: str) -> dict[str, Any]:
-    return {"prompt": [{"type": "text", "text": text}]}
+def prompt_body(text: str, prompt_id: str | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"prompt": [{"type": "text", "text": text}]}
+    if prompt_id is not None:
+        body["promptId"] = prompt_id
+    return body
 
 
 @dataclass(eq=False)
@@ -70,10 +76,14 @@ class Prompt:
     session_id: str
     kind: str                     # short | long | perm
     text: str
-    accepted: bool | None = None  # 202; False: refused; None: no answer came
+    accepted: bool | None = None  # 202 (or 200: ended); False: refused; None: no answer
     prompt_id: str | None = None
-    sent: int = 0                 # Model.tick() as its last attempt went out
-    answered: int | None = None   # Model.tick() as its 202 came (None: no 202)
+    # Model.tick() as the first attempt that may have been admitted went out: the last
+    # attempt, unless an earlier one got no answer (taken or not: unknown). It ends
+    # before any prompt whose 202 came after this.
+    sent: int = 0
+    answered: int | None = None   # Model.tick() as its 202 (or 200) came (None: none)
+    maybe_taken: bool = False     # an attempt got no answer
 
 
 @dataclass(eq=False)
@@ -382,24 +392,38 @@ class Workload(ReaderGroup):
         self.add_reader(session, 0)
 
     async def prompt(self, session: Session, kind: str) -> None:
-        prompt = Prompt(session.session_id, kind, self.model.next_text(kind))
+        text = self.model.next_text(kind)
+        prompt = Prompt(session.session_id, kind, text)
         session.prompts.append(prompt)
-        def attempt() -> None:
-            prompt.sent = self.model.tick()
+        own_id = f"w-{self.model.counter}"   # the model's: unique, as the text
 
-        response = await self.send("POST", f"/session/{session.session_id}/prompt",
-                                   prompt_body(prompt.text), attempt)
+        def attempt() -> None:
+            if not prompt.maybe_taken:
+                prompt.sent = self.model.tick()
+
+        response = None
+        with anyio.move_on_after(WAIT_S):
+            while (response := await self.send("POST", f"/session/{session.session_id}/prompt",
+                                               prompt_body(text, own_id), attempt)) is None:
+                prompt.maybe_taken = True   # sent again under its id: admitted once
+                self.model.note(f"  ({text}: no answer, sent again)")
+                await anyio.sleep(0.1)
         if response is None:
-            self.model.note(f"  ({prompt.text}: no answer)")
+            self.model.note(f"  ({text}: no answer)")
             return
         if response.status_code == 503 and _code(response) in REFUSED:
             prompt.accepted = False
             assert response.headers.get("retry-after") == "5", response.headers
             return
-        assert response.status_code == 202, f"prompt: {response.status_code} {response.text}"
+        assert response.status_code in (200, 202), \
+            f"prompt: {response.status_code} {response.text}"
         body = response.json()
-        assert body["eventEpoch"] == session.epoch, (body, session.epoch)
-        prompt.accepted, prompt.prompt_id = True, body["promptId"]
+        assert body["promptId"] == own_id, (body, own_id)
+        if response.status_code == 202:
+            assert body["eventEpoch"] == session.epoch, (body, session.epoch)
+        else:   # ended before the answer came: sent again after a lost one
+            assert prompt.maybe_taken and response.headers["idempotent-replayed"] == "true"
+        prompt.accepted, prompt.prompt_id = True, own_id
         prompt.answered = self.model.tick()
 
     async def cancel(self, session: Session) -> None:

@@ -61,6 +61,7 @@ def _openai(base_url: str) -> Any:
                          timeout=20)
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])   # the servers are child processes
 async def test_background_responses_round_robin(tmp_path: Path,
                                                 two_instances: list[ServeProcess]) -> None:
     with HAProxy(tmp_path, [c.base_url for c in two_instances]) as lb:
@@ -94,6 +95,7 @@ async def test_background_responses_round_robin(tmp_path: Path,
             assert again.output_text == "Echo: across the fleet"
 
 
+@pytest.mark.parametrize("anyio_backend", ["trio"])   # the servers are child processes
 async def test_sessions_stay_on_their_instance_with_cookie_affinity(
         tmp_path: Path, two_instances: list[ServeProcess]) -> None:
     with HAProxy(tmp_path, [c.base_url for c in two_instances], affinity="cookie") as lb:
@@ -143,6 +145,7 @@ async def test_sessions_stay_on_their_instance_with_cookie_affinity(
                 await anyio.sleep(0.05)
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])   # the servers are child processes
 async def test_the_audit_log_names_the_client_behind_the_balancer(tmp_path: Path) -> None:
     """Two instances with ``--trusted-proxy 127.0.0.1`` behind HAProxy (``option
     forwardfor``), round robin: a client connecting from 127.0.0.9 is recorded as

@@ -147,6 +147,7 @@ async def _load_once_back(on_b: httpx.AsyncClient, sid: str) -> httpx.Response:
             await anyio.sleep(0.1)
 
 
+@pytest.mark.parametrize("anyio_backend", ["trio"])   # the servers are child processes
 async def test_a_claim_while_postgresql_is_down_is_503_then_a_hand_off(
         tmp_path: Path, own_cluster: Path) -> None:  # noqa: F811 - the fixture
     url = os.environ["_ACP_OWN_PG"]
@@ -254,7 +255,7 @@ def _blocked_on_the_lock(watch: psycopg.Connection[Any]) -> bool:
     return row is not None and row[0] > 0
 
 
-@pytest.mark.parametrize("recovery", ["load", "sweep"])
+@pytest.mark.parametrize(("recovery", "anyio_backend"), [("load", "asyncio"), ("sweep", "trio")])
 async def test_postgresql_stops_during_the_adoption_of_a_killed_owners_session(
         tmp_path: Path, own_cluster: Path, recovery: str) -> None:  # noqa: F811 - the fixture
     """``recovery``: with PostgreSQL back, B is asked to load the session at once (its

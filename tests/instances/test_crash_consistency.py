@@ -26,8 +26,9 @@ every checker holds whatever ran when:
   it; ``continue``: it runs again); they end in the order they were accepted, as far
   as a client can know it (one whose 202 came before another was sent ends first; a
   prompt in flight at a kill, sent again, races the operations after it); a prompt
-  whose answer never came has one terminal or none; no other prompt ends
-  (``check_prompts``);
+  whose answer was lost is sent again under its ``promptId`` until one comes, and
+  still has exactly one terminal (200 once it has ended); one never answered within
+  the wait has one terminal or none; no other prompt ends (``check_prompts``);
 * every instance streams the same events, ids 1..N without a gap (``check_streams``);
 * every reader, resumed by ``Last-Event-ID`` across kills and its own drops, saw
   exactly the events after its start, none twice, none missing, under the session's

@@ -111,6 +111,7 @@ def check_log(events: list[dict[str, Any]], last: str) -> None:
     assert events[0]["type"] == "response.created" and events[-1]["type"] == last
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])   # the servers are child processes
 async def test_create_on_a_stream_on_b(tmp_path: Path, shared_url: str,
                                        instances: list[Instance]) -> None:
     a = start(instances, shared_url, tmp_path / "a", max_running=2)
@@ -128,6 +129,7 @@ async def test_create_on_a_stream_on_b(tmp_path: Path, shared_url: str,
             if x.startswith("data: ")] == list(range(11, len(on_b)))
 
 
+@pytest.mark.parametrize("anyio_backend", ["trio"])   # the servers are child processes
 async def test_cancel_on_b_stops_the_task_on_a(tmp_path: Path, shared_url: str,
                                                instances: list[Instance]) -> None:
     a = start(instances, shared_url, tmp_path / "a", max_running=2)
@@ -141,6 +143,7 @@ async def test_cancel_on_b_stops_the_task_on_a(tmp_path: Path, shared_url: str,
     check_log(await stream(b.client, task["id"]), "response.cancelled")
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])   # the servers are child processes
 async def test_sigkill_a_then_b_recovers_by_policy(tmp_path: Path, shared_url: str,
                                                    instances: list[Instance]) -> None:
     a = start(instances, shared_url, tmp_path / "a", max_running=2)
@@ -179,6 +182,7 @@ async def test_sigkill_a_then_b_recovers_by_policy(tmp_path: Path, shared_url: s
     assert [e["type"] for e in events].count("response.in_progress") == 2
 
 
+@pytest.mark.parametrize("anyio_backend", ["trio"])   # the servers are child processes
 async def test_idempotent_creates_split_across_instances(tmp_path: Path, shared_url: str,
                                                          instances: list[Instance]) -> None:
     a = start(instances, shared_url, tmp_path / "a", max_running=0)

@@ -45,6 +45,7 @@ async def _stream_until_closed(client: httpx.AsyncClient, path: str, headers: di
     ended.append(time.monotonic())
 
 
+@pytest.mark.parametrize("anyio_backend", ["trio"])   # the servers are child processes
 async def test_a_token_revoked_on_one_instance_is_refused_on_another_on_its_notice(
         tmp_path: Path) -> None:
     if not stores.postgres_dsn():
@@ -96,6 +97,7 @@ async def test_a_token_revoked_on_one_instance_is_refused_on_another_on_its_noti
                 await anyio.sleep(0.05)
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])   # the servers are child processes
 async def test_the_token_cli_works_on_the_store_beside_a_running_server(tmp_path: Path) -> None:
     state = tmp_path / "state"
     async with ServeProcess(tmp_path, "--token", BOOT) as server:
@@ -153,6 +155,7 @@ async def test_the_token_cli_works_on_the_store_beside_a_running_server(tmp_path
             assert secret not in server.stderr_text()
 
 
+@pytest.mark.parametrize("anyio_backend", ["trio"])   # the servers are child processes
 async def test_tokens_are_never_logged_in_metrics_or_given_to_agents(tmp_path: Path) -> None:
     """The bootstrap token (from the environment) and a stored token, used and misused:
     none appears in the request log (text and JSON), in /metrics, or in the
@@ -188,6 +191,7 @@ async def test_tokens_are_never_logged_in_metrics_or_given_to_agents(tmp_path: P
     assert "ACP_SERVER_TOKEN" not in env_file.read_text()
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])   # the servers are child processes
 async def test_who_made_a_session_survives_a_kill_9(tmp_path: Path) -> None:
     """The owner is journaled with the session: after a SIGKILL and a start on the same
     state, the restored session is still its maker's (others get 404; admins see it

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from acp_server.rest.prompts import FastPrompt
 from tests.rest.server import RunningServer, text_prompt
 
 pytestmark = pytest.mark.anyio
@@ -128,3 +129,37 @@ async def test_a_replay_checks_the_body_as_an_admission_does(server: RunningServ
     missing = await server.client.post("/session/no-such-session/prompt", json=named("x", "p-4"))
     assert missing.status_code == 404
     await server.client.post(f"/session/{sid}/cancel")
+
+
+async def test_a_replay_checks_the_client_id(server: RunningServer) -> None:
+    created = await server.create_session()
+    sid = created["sessionId"]
+    assert (await server.client.post(f"/session/{sid}/prompt",
+                                     json=named("/sleep 60s held", "p-5"))).status_code == 202
+    stranger = await server.client.post(f"/session/{sid}/prompt", json=named("x", "p-5"),
+                                        headers={"X-Qwen-Client-Id": "nobody"})
+    assert stranger.status_code == 400 and stranger.json()["code"] == "invalid_client_id"
+    await server.client.post(f"/session/{sid}/cancel")
+
+
+async def test_the_fast_handler_answers_a_prompt_sent_again(
+        server: RunningServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without ``X-Qwen-Client-Id`` the front layer's handler answers (not the route),
+    the admission and both replays alike."""
+    answered: list[int] = []
+    fast_call = FastPrompt.__call__
+
+    async def counting(self: FastPrompt, scope: Any, body: bytes) -> Any:
+        answer = await fast_call(self, scope, body)
+        if answer is not None:
+            answered.append(answer[0]["status"])
+        return answer
+
+    monkeypatch.setattr(FastPrompt, "__call__", counting)
+    sid = (await server.create_session())["sessionId"]
+    for _ in range(2):
+        await server.client.post(f"/session/{sid}/prompt", json=named("/chunks 1 x", "p-6"))
+    assert await _turn_ends(server, sid, "p-6") == ["turn_complete"]
+    again = await server.client.post(f"/session/{sid}/prompt", json=named("/chunks 1 x", "p-6"))
+    assert again.status_code == 200
+    assert answered[0] == 202 and answered[1] in (200, 202) and answered[2] == 200

@@ -126,3 +126,41 @@ async def test_an_ended_prompt_sent_again_answers_how_it_ended(server: Daemon) -
         again = await client.prompt(sid, "/chunks 1 fine", prompt_id="ok-1")
         assert again == PromptResult(stop_reason="end_turn", prompt_id="ok-1")
         assert client.pending_prompt_count(sid) == 0
+
+
+def _without_the_feature(app: ASGIApp, asked: list[str]) -> ASGIApp:
+    """``/capabilities`` as a server from before ``prompt_id_replay`` answers it."""
+    async def older(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] != "/capabilities":
+            await app(scope, receive, send)
+            return
+        asked.append(scope["path"])
+
+        async def rewrite(message: Message) -> None:
+            if message["type"] == "http.response.body":
+                body = json.loads(message["body"])
+                body["features"].remove("prompt_id_replay")
+                message = {**message, "body": json.dumps(body).encode()}
+            elif message["type"] == "http.response.start":
+                message = {**message, "headers": [
+                    (k, v) for k, v in message["headers"] if k.lower() != b"content-length"]}
+            await send(message)
+
+        await app(scope, receive, rewrite)
+    return older
+
+
+async def test_a_server_without_the_feature_is_not_sent_it_again(tmp_path: Path) -> None:
+    """It would run the prompt twice: the lost answer is the caller's error."""
+    fault = LoseAnswers(times=2)
+    asked: list[str] = []
+    async with daemon(tmp_path, wrap=lambda app: fault.wrap(
+            _without_the_feature(app, asked))) as srv, \
+            DaemonClient(srv.url, max_retry_wait_s=0) as client:
+        sid = (await client.create_or_attach_session()).session_id
+        with pytest.raises(DaemonHttpError) as info:
+            await client.prompt(sid, "/chunks 1 once")
+        assert info.value.code == "owner_lost" and len(fault.bodies) == 1
+        with pytest.raises(DaemonHttpError):
+            await client.prompt(sid, "/chunks 1 twice")
+        assert len(fault.bodies) == 2 and len(asked) == 1   # asked once, remembered

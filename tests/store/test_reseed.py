@@ -209,7 +209,10 @@ async def _acp_load(base_url: str, sid: str, cwd: str) -> tuple[list[str], str]:
                 said[turn].append(message["params"]["update"]["content"]["text"])
 
 
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])   # a client; the server is a process
+# Each door once, the client side (the servers are child processes) on one backend each.
+DOORS = pytest.mark.parametrize(("door", "anyio_backend"), [("rest", "asyncio"), ("acp", "trio")])
+
+
 @contextlib.asynccontextmanager
 async def _stdio_session(tmp_path: Path, store_name: str
                          ) -> AsyncIterator[tuple[ServeProcess, str]]:
@@ -228,7 +231,7 @@ async def _stdio_session(tmp_path: Path, store_name: str
         await anyio.to_thread.run_sync(child.stop)
 
 
-@pytest.mark.parametrize("door", ["rest", "acp"])
+@DOORS
 async def test_a_stdio_agent_that_died_and_a_restart_lose_no_conversation(
         tmp_path: Path, store_name: str, door: str) -> None:
     async with _stdio_session(tmp_path, store_name) as (child, sid):
@@ -309,7 +312,7 @@ async def test_a_cold_load_while_the_store_is_down_is_503_then_loads(
         assert loaded.json()["sessionId"] == sid
 
 
-@pytest.mark.parametrize("door", ["rest", "acp"])
+@DOORS
 async def test_an_ended_session_deleted_does_not_come_back(tmp_path: Path, store_name: str,
                                                            door: str) -> None:
     """A stdio agent died (it forgot the session): the journal keeps it, listed as

@@ -93,6 +93,9 @@ async def test_kill_9_keeps_sessions_prompts_and_cursors(tmp_path: Path, store_n
                 acked.append(answer.json()["promptId"])
             long_id = acked[0]
             assert long_id == "long-1"
+            held = await client.post(f"/session/{sid}/prompt",   # runs after the restart
+                                     json={**_prompt("/sleep 30s held"), "promptId": "q-3"})
+            assert held.status_code == 202
             # A reader that saw everything up to the long prompt's echo.
             before = await read_events(client, sid, lambda e: e.get("promptId") == long_id
                                        and e["type"] == "session_update", last_event_id=0)
@@ -129,7 +132,12 @@ async def test_kill_9_keeps_sessions_prompts_and_cursors(tmp_path: Path, store_n
             again = await client.post(f"/session/{sid}/prompt",
                                       json={**_prompt("queued two"), "promptId": acked[2]})
             assert again.status_code == 200 and again.json()["terminal"] == "completed"
-            assert (await client.get(f"/session/{sid}/status")).json()["pendingPrompts"] == 0
+            again = await client.post(f"/session/{sid}/prompt",   # pending: its first 202
+                                      json={**_prompt("/sleep 30s held"), "promptId": "q-3"})
+            assert again.status_code == 202 and again.json() == held.json()
+            assert again.headers["idempotent-replayed"] == "true"
+            assert (await client.delete(f"/session/{sid}/pending-prompts/q-3")
+                    ).status_code == 204
     finally:
         child.stop()
 
