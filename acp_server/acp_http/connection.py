@@ -317,8 +317,13 @@ class SessionChannel:
             return [self._annotated(f) for f in elicitation.elicitation_frames(self.conn, self,
                                                                                event)]
         frames = [self._annotated(fr.notify_frame(event))]
-        if kind in (ev.TURN_COMPLETE, ev.TURN_ERROR) and event.prompt_id in self.prompts:
-            frames.append(self._prompt_response(event.prompt_id))  # type: ignore[arg-type]
+        if kind in (ev.TURN_COMPLETE, ev.TURN_ERROR):
+            tracked = self.prompts.get(event.prompt_id)  # type: ignore[arg-type]
+            # a turn's terminal event follows its ticket's settlement: one not settled
+            # is tracked under the id of an earlier prompt, refused at its admission,
+            # whose end this is (the id was sent again: bridge.status.REFUSED_CODES)
+            if tracked is not None and tracked[1].done:
+                frames.append(self._prompt_response(event.prompt_id))  # type: ignore[arg-type]
         return frames
 
     def _annotated(self, frame: Frame) -> Frame:
@@ -330,7 +335,7 @@ class SessionChannel:
         rpc_id, ticket = self.prompts.pop(prompt_id)
         self.detached.discard(prompt_id)
         outcome = ticket.outcome
-        assert outcome is not None, "a turn's terminal event follows its ticket's settlement"
+        assert outcome is not None   # _translate: settled
         if isinstance(outcome, BaseException):
             return Frame(None, encode_bridge_error(rpc_id, outcome))
         return Frame(None, encode_result(rpc_id, outcome.response))

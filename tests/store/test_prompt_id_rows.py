@@ -6,11 +6,15 @@ statement never touches a row twice: PostgreSQL refuses that)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from acp_server.store.sessions import StoreSessionJournal
 from bridge.journal import PromptAccepted, PromptSettled
+from tests.acp_http.server import request, running_acp_server, text
+from tests.acp_http.test_v1 import RESUMABLE
+from tests.acp_http.wsclient import ws_connect
 from tests.harness import local_server
 from tests.store.faults import faulty
 from tests.store.test_journal_isolation import _opened, _store
@@ -85,3 +89,35 @@ async def test_a_prompt_refused_at_its_commit_runs_when_sent_again(tmp_path: Pat
         assert [(t["promptId"], t["terminal"]) for t in terminals] == [("r-1", "completed")]
         replayed = await srv.client.post(f"/session/{sid}/prompt", json=named)
         assert replayed.status_code == 200 and replayed.json()["terminal"] == "completed"
+
+
+async def test_the_same_on_acp(tmp_path: Path, store_name: str) -> None:
+    """``/acp`` over WebSocket: a ``session/prompt`` refused at its commit, sent again
+    under its ``acp-server/promptId``, runs (not answered as the failure it was)."""
+    store = faulty(tmp_path)
+    async with running_acp_server(tmp_path, lmsp_store=store) as srv, \
+            ws_connect(srv.base_url, "/acp") as ws:
+        await ws.send_json(request(0, "initialize", RESUMABLE))
+        await ws.receive_json()
+        await ws.send_json(request(1, "session/new", {"cwd": srv.workspace, "mcpServers": []}))
+        sid = (await ws.receive_json())["result"]["sessionId"]
+        params = {"sessionId": sid, "prompt": text("/chunks 1 kept"),
+                  "_meta": {"acp-server/promptId": "a-1"}}
+
+        async def answer(rpc_id: int) -> dict[str, Any]:
+            while True:
+                message = await ws.receive_json()
+                if message.get("id") == rpc_id:
+                    return message   # type: ignore[no-any-return]
+
+        store.faults.on()
+        await ws.send_json(request(2, "session/prompt", params))
+        refused = await answer(2)
+        assert refused["error"]["data"]["errorKind"] == "store_unavailable", refused
+        store.faults.off()
+        await ws.send_json(request(3, "session/prompt", params))
+        assert (await answer(3)) == {"jsonrpc": "2.0", "id": 3,
+                                     "result": {"stopReason": "end_turn"}}
+        ends = [t.terminal for t in srv.bridge.get_session(sid).prompt_terminals
+                if t.prompt_id == "a-1"]
+        assert ends == ["completed"]
