@@ -475,7 +475,7 @@ class Bridge(Journaling, ListingAPI, PromptsAPI, PresenceAPI, AgentCallsAPI,
         session.start(self._tasks())
         terminals = self._closed_terminals.pop(session_id, None)
         if terminals is not None:
-            session.prompt_terminals.extend(terminals)
+            session.prompt_terminals.keep_all(terminals)
         self._sessions[session_id] = session
         session.holds_slot = True
         if origin not in self.unjournaled_origins:

@@ -27,7 +27,7 @@ from bridge.errors import (
     TooManyContentBlocksError,
 )
 from bridge.session import QUEUED
-from bridge.status import REFUSED_CODES, PendingPromptInfo, PromptTerminal
+from bridge.status import PendingPromptInfo, PromptTerminal
 from bridge.ticket import PromptTicket
 
 if TYPE_CHECKING:
@@ -104,14 +104,9 @@ class PromptsAPI:
 
     def prompt_terminal(self, session_id: str, prompt_id: str) -> PromptTerminal | None:
         """How the prompt ended (its latest terminal), else ``None``; ``None`` too for
-        a prompt refused at admission (``REFUSED_CODES``: it never ran, and its id may
-        be admitted again)."""
-        terminals = self.get_session(session_id).prompt_terminals
-        found = next((t for t in reversed(terminals) if t.prompt_id == prompt_id), None)
-        if found is not None and found.terminal == "failed" \
-                and found.error_code in REFUSED_CODES:
-            return None
-        return found
+        a prompt refused at admission (``bridge.status.REFUSED_CODES``: it never ran,
+        and its id may be admitted again)."""
+        return self.get_session(session_id).prompt_terminals.latest(prompt_id)
 
     def check_client(self, session_id: str, client_id: str | None) -> None:
         """``InvalidClientIdError`` when ``client_id`` is not one of the session's (as

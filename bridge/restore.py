@@ -149,7 +149,7 @@ async def restore_session(bridge: Bridge, found: RestoredSession) -> Session:
     session.journaled_activity = found.last_activity()
     session.bus.epoch = uuid4_str() if found.gap else record.epoch
     session.bus.restore(found.events, found.last_event_id)
-    session.prompt_terminals.extend(found.terminals)
+    session.prompt_terminals.keep_all(found.terminals)
     side = AgentSideRestore(bridge, session)
     session.agent_side = side.ensure
     if not known:   # never another agent in its place: the conversation is not its own

@@ -65,12 +65,12 @@ from bridge.pending import (  # re-exported: the FIFO's items live in bridge.pen
     prompt_text,
 )
 from bridge.status import (
-    MAX_PROMPT_TERMINALS,
     PromptTerminal,
     SessionHistory,
     SessionInfo,
     SessionStatus,
 )
+from bridge.terminals import Terminals
 from bridge.ticket import PromptResult, PromptTicket
 from bridge.wakeup import Wakeup
 
@@ -118,7 +118,7 @@ class Session:
         self.agent_name = ""
         self.agent_result: dict[str, Any] = {}   # the agent's session/new (load, ...) answer
         # How its prompts ended (bridge.status), kept across a close and a cold load.
-        self.prompt_terminals: deque[PromptTerminal] = deque(maxlen=MAX_PROMPT_TERMINALS)
+        self.prompt_terminals = Terminals()
         self._work: deque[PendingPrompt | WorkItem] = deque()
         self._work_added = Wakeup()
         self._ended: BaseException | None = None   # why its work fails (``fail_all``)
@@ -312,7 +312,7 @@ class Session:
         elif prompt_id in self.pending:   # one slot, one settle per id
             raise PromptIdInUseError(self.session_id, prompt_id)
         else:
-            self._forget_terminal(prompt_id)   # the id names a new prompt now
+            self.prompt_terminals.forget_refused(prompt_id)   # a new prompt now
         ticket = PromptTicket(prompt_id, self.session_id, self.bus.last_event_id, self.bus.epoch,
                               lambda reason, pid=prompt_id: self.cancel_prompt(pid, reason))
         was_queued = self.active is not None or bool(self._work)
@@ -338,15 +338,6 @@ class Session:
         self._enqueue(pending)
         self.observer.prompt_admitted()
         return ticket
-
-    def _forget_terminal(self, prompt_id: str) -> None:
-        """Drop how an earlier prompt under ``prompt_id`` ended (refused at admission:
-        ``bridge.status.REFUSED_CODES``), so that the id has one terminal."""
-        terminals = self.prompt_terminals
-        if any(t.prompt_id == prompt_id for t in terminals):
-            kept = [t for t in terminals if t.prompt_id != prompt_id]
-            terminals.clear()
-            terminals.extend(kept)
 
     async def _admitted(self, pending: PendingPrompt) -> None:
         """Wait for the prompt's PromptAccepted, then for the session's agent side (a
@@ -519,7 +510,7 @@ class Session:
             state = "failed"
             terminal = PromptTerminal(prompt_id=pid, terminal=state, error_code=code,
                                       at=ev.now_ms())
-        self.prompt_terminals.append(terminal)
+        self.prompt_terminals.keep(terminal)
         if self.journal.durable:
             self.journal.append(PromptSettled(
                 session_id=sid, prompt_id=pid, terminal=terminal.terminal, at=terminal.at,

@@ -25,6 +25,11 @@ MAX_PROMPT_TERMINALS = 256   # kept per session (and across a close, for a cold 
 REFUSED_CODES = frozenset({"store_unavailable", "session_moved", "session_not_restorable"})
 
 
+def refused(terminal: PromptTerminal) -> bool:
+    """The terminal of a prompt refused at admission (``REFUSED_CODES``)."""
+    return terminal.terminal == "failed" and terminal.error_code in REFUSED_CODES
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class PromptTerminal:
     """How one prompt ended: ``terminal`` ``completed`` | ``cancelled`` | ``failed``;
