@@ -87,11 +87,14 @@ async def test_ended_sessions_of_another_are_not_listed_loaded_or_deleted(
         await _ended_committed(srv, wid, {*hers, *his})
         assert (await _ended_walk(srv, wid, bob))[0] == his
         assert sorted((await _ended_walk(srv, wid, alice))[0]) == sorted(hers)
-        # a hand-made cursor just before her newest session: still bob's own only
-        page = (await c.get(f"/workspace/{wid}/ended-sessions", headers=alice)).json()
-        newest = page["sessions"][0]
-        at = time.mktime(time.strptime(newest["endedAt"][:19], "%Y-%m-%dT%H:%M:%S")) \
-            - time.timezone + 1.0
+        # a hand-made cursor just before the newest of hers and his (whatever the time
+        # between them): still bob's own only
+        ends = []
+        for caller in (alice, bob):
+            page = (await c.get(f"/workspace/{wid}/ended-sessions", headers=caller)).json()
+            ends.append(time.mktime(time.strptime(page["sessions"][0]["endedAt"][:19],
+                                                  "%Y-%m-%dT%H:%M:%S")) - time.timezone)
+        at = max(ends) + 1.0
         forged = ended_cursor.encode((at, "f" * 36))
         assert (await _ended_walk(srv, wid, bob, forged))[0] == his
         unknown = str(uuid.uuid4())
