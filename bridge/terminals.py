@@ -20,8 +20,9 @@ from bridge.status import MAX_PROMPT_TERMINALS, PromptTerminal, refused
 
 
 class Terminals(deque[PromptTerminal]):
-    def __init__(self, terminals: Iterable[PromptTerminal] = ()) -> None:
-        super().__init__((), MAX_PROMPT_TERMINALS)
+    def __init__(self, terminals: Iterable[PromptTerminal] = (),
+                 maxlen: int | None = MAX_PROMPT_TERMINALS) -> None:   # (deque.copy's call)
+        super().__init__((), maxlen)
         self.refused_ids: set[str] = set()   # ids whose terminal here is a refusal
         self.keep_all(terminals)
 
