@@ -53,9 +53,7 @@ class PromptsAPI:
         this order: the prompt and the deadline (``check_prompt``), the session, the
         client id (``InvalidClientIdError``), then ``Session.admit``."""
         self.check_prompt(prompt, deadline_ms)
-        session = self.get_session(session_id)
-        if client_id is not None and not session.knows_client(client_id):
-            raise InvalidClientIdError(session_id, client_id)
+        session = self._client_checked(session_id, client_id)
         return session.admit(prompt, prompt_id, self._effective_deadline(deadline_ms), client_id,
                              cancel)
 
@@ -111,9 +109,13 @@ class PromptsAPI:
     def check_client(self, session_id: str, client_id: str | None) -> None:
         """``InvalidClientIdError`` when ``client_id`` is not one of the session's (as
         ``send_prompt`` checks it); ``SessionNotFoundError`` for an unknown session."""
+        self._client_checked(session_id, client_id)
+
+    def _client_checked(self, session_id: str, client_id: str | None) -> Session:
         session = self.get_session(session_id)
         if client_id is not None and not session.knows_client(client_id):
             raise InvalidClientIdError(session_id, client_id)
+        return session
 
     # -- questions: permission requests and elicitations ---------------------------------
     def respond_to_permission(self, request_id: str, outcome: dict[str, Any], *,

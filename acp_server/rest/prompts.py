@@ -13,7 +13,8 @@ prompt (``"promptId"``, a token of 1 to 128 characters): sent again under the sa
 (its answer was lost), the prompt is not admitted twice: the session answers 202 as
 before while it is pending, 200 with its ``PromptTerminal`` once it has ended (both
 ``Idempotent-Replayed: true``); an id the session has forgotten (past its last 256
-ended prompts) is admitted anew. With a durable session
+ended prompts), or whose prompt was refused at admission (it never ran), is admitted
+anew. With a durable session
 journal the accepted prompt is committed before the 202 (``ticket.committed()``); a
 failed commit answers 503 ``store_unavailable`` and releases the slot. Once admitted, the
 prompt runs to its end whatever happens to the HTTP request (its outcome is
@@ -33,7 +34,7 @@ from acp_server.http.endpoints import route
 from acp_server.principals import CALLER_KEY, LOCAL_CALLER, caller_of
 from acp_server.rest import wire
 from acp_server.rest.config import RestConfig
-from acp_server.rest.errors import error_response, json_response
+from acp_server.rest.errors import RestError, error_response, json_response
 from acp_server.rest.owners import owned
 from bridge import Bridge
 from bridge.errors import (
@@ -160,7 +161,9 @@ class FastPrompt:
             return None   # the route answers 404
         prompt_id = parsed.promptId
         if prompt_id is not None:   # as the route does; its errors are the route's
-            if not isinstance(prompt_id, str) or not wire.PROMPT_ID.fullmatch(prompt_id):
+            try:
+                prompt_id = wire.prompt_id(prompt_id)
+            except RestError:
                 return None
             try:
                 self.bridge.check_prompt(parsed.prompt, parsed.deadlineMs)
