@@ -23,10 +23,13 @@ class Terminals(deque[PromptTerminal]):
     def __init__(self, terminals: Iterable[PromptTerminal] = (),
                  maxlen: int | None = MAX_PROMPT_TERMINALS) -> None:   # (deque.copy's call)
         super().__init__((), maxlen)
-        self.refused_ids: set[str] = set()   # ids whose terminal here is a refusal
+        # the ids whose terminal here is a refusal: an id leaves with its terminal
+        self.refused_ids: set[str] = set()
         self.keep_all(terminals)
 
     def keep(self, terminal: PromptTerminal) -> None:
+        if len(self) == self.maxlen and refused(self[0]):   # the oldest goes: its id too
+            self.refused_ids.discard(self[0].prompt_id)
         self.append(terminal)
         if refused(terminal):
             self.refused_ids.add(terminal.prompt_id)

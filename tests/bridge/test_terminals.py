@@ -29,8 +29,11 @@ def test_a_refusal_is_no_answer_and_is_dropped_when_its_id_comes_again() -> None
 
 
 def test_it_keeps_the_newest_and_copies_as_a_deque() -> None:
-    ends = Terminals(_end(str(n)) for n in range(MAX_PROMPT_TERMINALS + 5))
+    ends = Terminals(_end(str(n), "store_unavailable") for n in range(MAX_PROMPT_TERMINALS + 5))
     assert len(ends) == MAX_PROMPT_TERMINALS and ends[0].prompt_id == "5"
+    assert ends.refused_ids == {str(n) for n in range(5, MAX_PROMPT_TERMINALS + 5)}
+    ends.keep_all(_end(f"ok-{n}") for n in range(MAX_PROMPT_TERMINALS))
+    assert ends.refused_ids == set()   # bounded with the terminals it names
     for twin in (ends.copy(), copy.copy(ends)):
         assert isinstance(twin, Terminals) and list(twin) == list(ends)
         assert twin.maxlen == MAX_PROMPT_TERMINALS
