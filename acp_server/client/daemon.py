@@ -24,6 +24,12 @@ Contracts (``prompt``, mirroring the peer SDK):
   values (also from ``prompt_nonblocking``, which reserves nothing). Other non-2xx →
   ``DaemonHttpError`` (a redirect among them: never followed); transport failures →
   ``DaemonConnectionError``.
+* Every prompt is sent under an id (``prompt_id=``, else a new one), so it is sent
+  again, and still runs once: on a fleet's 503 ``owner_lost`` / ``owner_unreachable``,
+  and when a send got no answer (the connection refused: it never arrived; cut before
+  the answer: a restart, a dropped network), at most ``MAX_PROMPT_SENDS`` sends. A
+  send that may have arrived goes again only to a server that advertises
+  ``prompt_id_replay`` (an older one would run it twice); a timed-out one never.
 
 Contracts (every call): ``timeout`` (seconds, default 30, ``None``: none) bounds each
 network operation (connect, each read and write) and the whole of a call that is not
@@ -72,6 +78,13 @@ CANCEL_GRACE_S = 5.0
 # (``acp_server.fleet.routing``): sent again under the same id it runs once.
 RESEND_CODES = frozenset({"owner_lost", "owner_unreachable"})
 MAX_PROMPT_SENDS = 4
+# A prompt whose send got no answer (the connection refused, or cut before the
+# answer: a restart, a dropped network) is sent again after 0.5 s, then 1 s, 2 s, …
+# (each wait capped by ``max_retry_wait_s``): one refused was never sent, one cut may
+# have been admitted and goes again only to a server with ``prompt_id_replay``.
+RECONNECT_WAIT_S = 0.5
+_UNSENT = (httpx.ConnectError, httpx.ConnectTimeout)
+_CUT = (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
 # Event streams idle up to the 15 s heartbeat; reads may wait at least this long.
 MIN_STREAM_READ_TIMEOUT_S = 45.0
 
@@ -125,6 +138,16 @@ def _resend(response: httpx.Response) -> bool:
         return False
     body = decode_body(response.content)
     return isinstance(body, dict) and body.get("code") in RESEND_CODES
+
+
+def _cut_or_unsent(exc: DaemonConnectionError) -> str | None:
+    """``"unsent"``: the request never reached the server (no connection was made);
+    ``"cut"``: the connection failed before the answer, so it may have been taken; else
+    ``None`` (a timeout: the server may still be working on it, not sent again)."""
+    cause = exc.__cause__
+    if isinstance(cause, _UNSENT):
+        return "unsent"
+    return "cut" if isinstance(cause, _CUT) else None
 
 
 def _retry_after_s(response: httpx.Response, default: float = 5.0) -> float:
@@ -397,26 +420,54 @@ class DaemonClient:
 
     async def _send_prompt(self, session_id: str, req: PromptInput, prompt_id: str | None,
                            client_id: str | None) -> httpx.Response:
-        """``POST …/prompt`` under the prompt's id, sent again (the same body) while a
-        fleet instance answers one of ``RESEND_CODES``; the last answer."""
+        """``POST …/prompt`` under the prompt's id, at most ``MAX_PROMPT_SENDS`` times
+        (the same body): again while a fleet instance answers one of ``RESEND_CODES``,
+        and after a send that got no answer (``_cut_or_unsent``); the last answer, or
+        the last send's ``DaemonConnectionError``."""
         body, named = named_prompt(req, prompt_id or new_prompt_id())
         path = _session_path(session_id, "prompt")
+        failed: DaemonConnectionError | None = None   # the last send's, when it got no answer
         for sends in range(1, MAX_PROMPT_SENDS + 1):
-            response = await self._send("POST", path, body=body, client_id=client_id)
-            if named is None or sends == MAX_PROMPT_SENDS or not _resend(response) \
+            last = sends == MAX_PROMPT_SENDS
+            if failed is not None and _cut_or_unsent(failed) == "cut":
+                replays = await self._replays_prompt_ids(unreachable=None)
+                if replays is False:
+                    raise failed
+                if replays is None:   # still unreachable: not sent, waited for again
+                    if last:
+                        raise failed
+                    await anyio.sleep(self._reconnect_wait_s(sends))
+                    continue
+            try:
+                response = await self._send("POST", path, body=body, client_id=client_id)
+            except DaemonConnectionError as exc:
+                if named is None or last or _cut_or_unsent(exc) is None:
+                    raise
+                failed = exc
+                await anyio.sleep(self._reconnect_wait_s(sends))
+                continue
+            failed = None
+            if named is None or last or not _resend(response) \
                     or not await self._replays_prompt_ids():
                 return response
             await anyio.sleep(min(_retry_after_s(response), self.max_retry_wait_s))
-        raise AssertionError("unreachable")
+        assert failed is not None
+        raise failed
 
-    async def _replays_prompt_ids(self) -> bool:
+    def _reconnect_wait_s(self, sends: int) -> float:
+        return min(RECONNECT_WAIT_S * 2 ** (sends - 1), self.max_retry_wait_s)
+
+    async def _replays_prompt_ids(self, unreachable: bool | None = False) -> bool | None:
         """The server says (``/capabilities``: ``prompt_id_replay``) that a prompt sent
-        again under its id runs once: an older one would run it twice. Asked once."""
+        again under its id runs once: an older one would run it twice. Asked once (a
+        failed ask is not remembered: ``False``, or ``unreachable`` when no answer came)."""
         if self._prompt_id_replay is None:
             try:
                 features = (await self.capabilities()).features
+            except DaemonConnectionError:
+                return unreachable
             except DaemonError:
-                return False   # asked again on the next lost answer
+                return False
             self._prompt_id_replay = "prompt_id_replay" in features
         return self._prompt_id_replay
 

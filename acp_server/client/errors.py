@@ -19,9 +19,11 @@ of at most 200 characters: an HTML page's ``<title>`` (else its text), then ``(a
 answer)``. A redirect (3xx) is never followed: it is ``DaemonHttpError`` "redirected to
 LOCATION (not followed)", so the bearer token never goes to another address. The SDK
 retries no call by itself (a 429 or 503 is raised at once, ``Retry-After`` not
-waited), but for a prompt a fleet instance answered ``owner_lost`` or
-``owner_unreachable``, sent again under its id (``daemon.RESEND_CODES``); ``retry_after_s`` is the server's ``retryAfterMs`` in seconds, ``inf`` when it
-is too large for a float. ``one_line`` is how the CLIs print any message: one line,
+waited), but a prompt, sent again under its id when a fleet instance answered
+``owner_lost`` or ``owner_unreachable`` (``daemon.RESEND_CODES``) or when its send
+got no answer (``daemon.DaemonClient._send_prompt``): the last send's error is
+raised. ``retry_after_s`` is the server's ``retryAfterMs`` in seconds, ``inf`` when
+it is too large for a float. ``one_line`` is how the CLIs print any message: one line,
 no control characters (a server's text cannot move the cursor or colour the terminal).
 No message shows the credentials of the daemon's address (``--url
 http://user:secret@host/?token=…``): ``redact`` hides them wherever an address is put

@@ -9,12 +9,14 @@ optionally wrapped in ASGI middleware) on a real loopback port, on either backen
 Contracts: ``Recorder`` records (method, path, headers) of every request before the
 app sees it. ``DropEvents`` kills an event-stream connection (the server closes it
 mid-stream, no clean end) after a given number of frames with an id, for the first
-``times`` streams only.
+``times`` streams only. ``without_prompt_id_replay`` answers ``/capabilities`` as a
+server from before that feature.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -99,6 +101,28 @@ class DropEvents:
                 await app(scope, receive, counting_send)
             # returning with the response unfinished: the server closes the connection
         return dropping
+
+
+def without_prompt_id_replay(app: ASGIApp, asked: list[str]) -> ASGIApp:
+    """``/capabilities`` as a server from before ``prompt_id_replay`` answers it."""
+    async def older(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] != "/capabilities":
+            await app(scope, receive, send)
+            return
+        asked.append(scope["path"])
+
+        async def rewrite(message: Message) -> None:
+            if message["type"] == "http.response.body":
+                body = json.loads(message["body"])
+                body["features"].remove("prompt_id_replay")
+                message = {**message, "body": json.dumps(body).encode()}
+            elif message["type"] == "http.response.start":
+                message = {**message, "headers": [
+                    (k, v) for k, v in message["headers"] if k.lower() != b"content-length"]}
+            await send(message)
+
+        await app(scope, receive, rewrite)
+    return older
 
 
 class Daemon(LocalServer):

@@ -16,7 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from acp_server.client import (DaemonClient, DaemonHttpError, DaemonTurnError, PromptRequest,
                                PromptResult)
 from acp_server.client.daemon import MAX_PROMPT_SENDS
-from tests.sdk.harness import Daemon, daemon, wait_until
+from tests.sdk.harness import Daemon, daemon, wait_until, without_prompt_id_replay
 
 pytestmark = pytest.mark.anyio
 
@@ -128,34 +128,12 @@ async def test_an_ended_prompt_sent_again_answers_how_it_ended(server: Daemon) -
         assert client.pending_prompt_count(sid) == 0
 
 
-def _without_the_feature(app: ASGIApp, asked: list[str]) -> ASGIApp:
-    """``/capabilities`` as a server from before ``prompt_id_replay`` answers it."""
-    async def older(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] != "/capabilities":
-            await app(scope, receive, send)
-            return
-        asked.append(scope["path"])
-
-        async def rewrite(message: Message) -> None:
-            if message["type"] == "http.response.body":
-                body = json.loads(message["body"])
-                body["features"].remove("prompt_id_replay")
-                message = {**message, "body": json.dumps(body).encode()}
-            elif message["type"] == "http.response.start":
-                message = {**message, "headers": [
-                    (k, v) for k, v in message["headers"] if k.lower() != b"content-length"]}
-            await send(message)
-
-        await app(scope, receive, rewrite)
-    return older
-
-
 async def test_a_server_without_the_feature_is_not_sent_it_again(tmp_path: Path) -> None:
     """It would run the prompt twice: the lost answer is the caller's error."""
     fault = LoseAnswers(times=2)
     asked: list[str] = []
     async with daemon(tmp_path, wrap=lambda app: fault.wrap(
-            _without_the_feature(app, asked))) as srv, \
+            without_prompt_id_replay(app, asked))) as srv, \
             DaemonClient(srv.url, max_retry_wait_s=0) as client:
         sid = (await client.create_or_attach_session()).session_id
         with pytest.raises(DaemonHttpError) as info:
