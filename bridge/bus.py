@@ -253,6 +253,15 @@ class EventBus:
             self._released.set()
             self._released = None
 
+    async def wait_released(self, event_id: int) -> None:
+        """Until readers may see event ``event_id``: on a held bus, until the journal
+        committed it (through any outage: held events are retried until they commit),
+        or the bus stops holding (``abandon``, a clean stop); at once otherwise."""
+        while self.hold and self._released_id < event_id:
+            if self._released is None:
+                self._released = anyio.Event()
+            await self._released.wait()
+
     async def wait_for_readers(self) -> None:
         """Flow control between events (see the module contracts): one wait of at
         most ``flow_wait_s`` (default ``FLOW_WAIT_S``) whatever the number of slow

@@ -14,6 +14,10 @@ Contracts:
   released, its terminal event is published. Every path — completion, agent error,
   cancel while queued or running, deadline, close, agent death — goes through it.
 * A failed prompt never blocks the FIFO: the worker moves on whatever the outcome.
+* On a durable journal a prompt reaches its agent only once its start (its echo) is
+  committed, so after a crash it is known started, never run twice; a ``contained``
+  agent's (``bridge.agents.base``) at once. A store outage holds the turn there until
+  the commit lands; a cancel, the deadline or a close ends it meanwhile.
 * ``start`` hands the worker and the session's timers to the owner's task group (no
   task group of the session's own); ``stop`` ends all of them: a worker waiting for
   work returns, a running job and every timer are cancelled.
@@ -445,6 +449,7 @@ class Session:
             echo[CONTINUED_META] = pending.continued
             params["_meta"] = {CONTINUED_META: pending.continued}
         outcome: PromptResult | BaseException
+        unsent = True
         try:
             # One scope per turn (each costs ~2.7 µs on asyncio): shielded while the
             # prompt is echoed (bounded: FLOW_WAIT_S per stalled reader), then the
@@ -459,6 +464,10 @@ class Session:
                         await anyio.lowlevel.checkpoint()   # a large prompt, in slices
                 scope.shield = False
                 pending.run_scope = scope
+                if self.journal.durable and not getattr(self.agent, "contained", False):
+                    # its start (the echo) committed first: after a crash the prompt is
+                    # known started (``session_on_restart``), never run a second time
+                    await self.bus.wait_released(self.bus.last_event_id)
                 # cancelled (or past its deadline) while echoed: the agent never sees
                 # it (a session/cancel it got meanwhile was for nothing)
                 unsent = pending.cancel_requested or pending.state == DONE

@@ -135,6 +135,12 @@ class AgentClient(Protocol):
 
 @runtime_checkable
 class AgentConnection(Protocol):
+    """An agent's connection. A connection may also have ``contained = True``: its
+    turns have no effect outside the session's own events unless a client answered one
+    of them (an in-process agent of ours). The bridge then hands it a prompt without
+    waiting for the prompt's start to be committed (``bridge.session``): a turn it ran
+    whose start a crash lost left nothing anyone saw, and runs again after a restart."""
+
     @property
     def closed(self) -> bool: ...
 

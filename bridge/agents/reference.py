@@ -165,6 +165,10 @@ class ReferenceConnection:
     once; ``aclose`` fails pending calls without calling ``connection_lost``.
     """
 
+    # Its turns touch nothing outside the session unless a client answered a
+    # permission request (``AgentConnection``'s contract).
+    contained = True
+
     def __init__(self, client: AgentClient, task_group: anyio.abc.TaskGroup, store: SessionStore) -> None:
         self.client = client
         self._task_group = task_group

@@ -1,0 +1,125 @@
+"""A prompt reaches its agent only once its start is committed (issue #23: an
+acknowledged prompt runs once). Its echo is the journal's proof that it started:
+before it is committed a crash would leave the prompt "never started", run again after
+the restart, so an agent with effects outside the session (any but a ``contained``
+one: ``bridge.agents.base``) is not handed it before. On the real daemon over
+loopback, the real SQLite or PostgreSQL store told to refuse commits
+(``tests.store.faults``): the turn waits through the outage, a cancel ends it there
+unseen by the agent, and work resumes by itself."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio.abc
+import pytest
+
+from bridge.agents.base import AgentClient
+from bridge.agents.reference import ReferenceAgentFactory
+from tests.harness import local_server
+from tests.sdk.harness import wait_until
+from tests.store.faults import faulty
+
+pytestmark = pytest.mark.anyio
+
+
+class _Uncontained:
+    """The reference agent as an agent with effects of its own: not ``contained``;
+    records the text of every prompt it is handed."""
+
+    def __init__(self, inner: Any, prompts: list[str]) -> None:
+        self._inner = inner
+        self._prompts = prompts
+
+    @property
+    def closed(self) -> bool:
+        return bool(self._inner.closed)
+
+    async def request(self, method: str, params: Any) -> Any:
+        if method == "session/prompt":
+            self._prompts.append(params["prompt"][0]["text"])
+        return await self._inner.request(method, params)
+
+    async def notify(self, method: str, params: Any) -> None:
+        await self._inner.notify(method, params)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class _Recording(ReferenceAgentFactory):
+    def __init__(self) -> None:
+        super().__init__()
+        self.prompts: list[str] = []
+
+    async def connect(self, client: AgentClient, task_group: anyio.abc.TaskGroup) -> Any:
+        return _Uncontained(await super().connect(client, task_group), self.prompts)
+
+
+def _body(text: str, **extra: Any) -> dict[str, Any]:
+    return {"prompt": [{"type": "text", "text": text}], **extra}
+
+
+async def test_a_turn_whose_start_cannot_be_committed_never_reaches_the_agent(
+        tmp_path: Path) -> None:
+    store = faulty(tmp_path)
+    agent = _Recording()
+    async with local_server(tmp_path, lmsp_store=store, agent_factory=agent) as srv:
+        client = srv.client
+        sid = (await client.post("/session", json={"sessionScope": "thread"})).json()["sessionId"]
+        first = await client.post(f"/session/{sid}/prompt", json=_body("/permission a"))
+        assert first.status_code == 202
+        late = await client.post(f"/session/{sid}/prompt",
+                                 json=_body("/chunks 1 unseen"))
+        assert late.status_code == 202   # committed, queued behind the first
+        late_id = late.json()["promptId"]
+        await wait_until(lambda: agent.prompts == ["/permission a"])
+        store.faults.on()
+        assert (await client.post(f"/session/{sid}/cancel")).status_code == 204
+        session = srv.bridge.get_session(sid)
+        await wait_until(lambda: session.active is not None
+                         and session.active.prompt_id == late_id)
+        # running, echoed, and waiting for a commit that cannot land
+        assert agent.prompts == ["/permission a"]
+        cancelled = await client.delete(f"/session/{sid}/pending-prompts/{late_id}")
+        assert cancelled.status_code in (200, 204), cancelled.text
+        await wait_until(lambda: any(t.prompt_id == late_id for t in session.prompt_terminals))
+        [ended] = [t for t in session.prompt_terminals if t.prompt_id == late_id]
+        assert ended.terminal == "cancelled"
+        assert agent.prompts == ["/permission a"]   # the agent never got it
+        store.faults.off()
+        after = await client.post(f"/session/{sid}/prompt", json=_body("/chunks 1 after"))
+        assert after.status_code == 202
+        after_id = after.json()["promptId"]
+        await wait_until(lambda: any(t.prompt_id == after_id and t.terminal == "completed"
+                                     for t in session.prompt_terminals))
+        assert agent.prompts == ["/permission a", "/chunks 1 after"]
+
+
+async def test_a_turn_held_by_an_outage_runs_once_the_store_is_back(tmp_path: Path) -> None:
+    store = faulty(tmp_path)
+    agent = _Recording()
+    async with local_server(tmp_path, lmsp_store=store, agent_factory=agent) as srv:
+        client = srv.client
+        sid = (await client.post("/session", json={"sessionScope": "thread"})).json()["sessionId"]
+        first = await client.post(f"/session/{sid}/prompt", json=_body("/permission a"))
+        queued = await client.post(f"/session/{sid}/prompt", json=_body("/chunks 1 held"))
+        assert first.status_code == queued.status_code == 202
+        queued_id = queued.json()["promptId"]
+        await wait_until(lambda: agent.prompts == ["/permission a"])
+        store.faults.on()
+        assert (await client.post(f"/session/{sid}/cancel")).status_code == 204
+        session = srv.bridge.get_session(sid)
+        await wait_until(lambda: session.active is not None
+                         and session.active.prompt_id == queued_id)
+        store.faults.off()   # no manual step: the commit lands, the turn goes on
+        await wait_until(lambda: any(t.prompt_id == queued_id and t.terminal == "completed"
+                                     for t in session.prompt_terminals))
+        assert agent.prompts == ["/permission a", "/chunks 1 held"]
+
+
+async def test_the_reference_agent_is_contained() -> None:
+    """It runs a turn at once: nothing of a turn whose start a crash lost was seen."""
+    connection = await ReferenceAgentFactory().connect(None, None)  # type: ignore[arg-type]
+    assert connection.contained is True
