@@ -40,7 +40,8 @@ For each journaled session that was not closed, in creation order:
   restore with a new one);
 * a permission request or elicitation still open is resolved as cancelled (reason
   ``server_restarted``), at once: the turn that asked is gone;
-* its prompts: the one that was running when the server stopped follows
+* its prompts: one with a cancel in the journal (acknowledged, its turn's end lost)
+  ends cancelled, at once; the one that was running when the server stopped follows
   ``BridgeOptions.session_on_restart``: ``fail`` gives it its terminal with
   ``ServerRestartedError`` (``server_restarted``) at once; ``continue`` runs it again,
   first, under its prompt id, marked ``_meta["acp-server/continued"] = {"reason":
@@ -87,6 +88,7 @@ from bridge.ids import uuid4_str
 from bridge.journal import EventRecord, EventsReset, RestoredSession
 from bridge.jsonrpc import RESOURCE_NOT_FOUND
 from bridge.session import QUEUED, Session
+from bridge.ticket import PromptResult
 from bridge.transcript import TRANSCRIPT_META, transcript
 from bridge.wire import envelope
 
@@ -169,8 +171,15 @@ async def restore_session(bridge: Bridge, found: RestoredSession) -> Session:
     if found.gap and session.journal.durable:   # the new epoch is the session's from now on
         session.journal.append(msgspec.structs.replace(record, epoch=session.bus.epoch))
     cancel_open_questions(session)
+    # a cancel the journal holds was acknowledged: that prompt ends cancelled, whatever
+    # the policy (its turn's end was lost, not the cancel)
+    cancelled = {e.prompt_id for e in found.events if e.type == ev.PROMPT_CANCELLED}
     for accepted in found.unsettled:
         pending = session.readmit(accepted)
+        if accepted.prompt_id in cancelled:
+            session.fail_restored(pending, PromptResult("cancelled",
+                                                        {"stopReason": "cancelled"}))
+            continue
         if accepted.prompt_id not in found.started:
             continue
         if bridge.options.session_on_restart == "continue" and known:

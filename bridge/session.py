@@ -381,8 +381,9 @@ class Session:
         self._enqueue(pending)
         return pending
 
-    def fail_restored(self, pending: PendingPrompt, error: BaseException) -> None:
-        """Settle a readmitted prompt at once (the running one under ``fail``)."""
+    def fail_restored(self, pending: PendingPrompt, error: PromptResult | BaseException) -> None:
+        """Settle a readmitted prompt at once (the running one under ``fail``, one whose
+        cancel the journal holds)."""
         self._drop_queued(pending)
         self._settle(pending, error)
 

@@ -12,6 +12,7 @@ resync. Our SDK's ``DaemonSessionClient`` sees the same across the restart.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -276,5 +277,44 @@ async def test_continue_runs_the_interrupted_turn_again(tmp_path: Path,
             loaded = (await client.post(f"/session/{sid}/load", json={})).json()
             terminals = {t["promptId"]: t["terminal"] for t in loaded["promptTerminals"]}
             assert terminals[asked["promptId"]] == terminals[queued["promptId"]] == "completed"
+    finally:
+        child.stop()
+
+
+async def test_a_cancel_acknowledged_before_the_kill_ends_its_prompt_cancelled(
+        tmp_path: Path, store_name: str) -> None:
+    """The journal holds the cancel (committed: readers saw it) and not the turn's end
+    (an agent that ignores ``session/cancel``, within the grace): after ``kill -9`` the
+    prompt ends cancelled, not ``server_restarted``, and under ``continue`` it is not
+    run again."""
+    agent = tmp_path / "deaf-agent"
+    agent.write_text(f"#!/bin/sh\nPYTHONPATH={Path(__file__).resolve().parents[2]} exec "
+                     f"{sys.executable} -m tests.agents.fixture_agent --name deaf\n")
+    agent.chmod(0o755)
+    child = ServeProcess(tmp_path, *_flags(tmp_path, store_name), "--agent", str(agent),
+                         "--session-on-restart", "continue").start()
+    try:
+        async with httpx.AsyncClient(base_url=child.base_url, timeout=10) as client:
+            created = (await client.post("/session", json={"sessionScope": "thread"})).json()
+            sid = created["sessionId"]
+            asked = (await client.post(f"/session/{sid}/prompt",
+                                       json=_prompt("gate never-made"))).json()
+            pid = asked["promptId"]
+            await read_events(client, sid, _is("session_update", pid), last_event_id=0)
+            assert (await client.post(f"/session/{sid}/cancel")).status_code == 204
+            seen = await read_events(client, sid, _is("prompt_cancelled", pid), last_event_id=0)
+            assert not any(e["type"] in ("turn_complete", "turn_error") for e in seen)
+        child.kill()
+        child.start()
+        async with httpx.AsyncClient(base_url=child.base_url, timeout=10) as client:
+            after = await read_events(client, sid, lambda e: e["type"] in (
+                "turn_complete", "turn_error") and e.get("promptId") == pid,
+                last_event_id=_ids(seen)[-1], epoch=created["eventEpoch"])
+            assert after[-1]["type"] == "turn_complete", after[-1]
+            assert after[-1]["data"]["stopReason"] == "cancelled"
+            assert not any(e["type"] == "session_update" for e in after)   # not run again
+            loaded = (await client.post(f"/session/{sid}/load", json={})).json()
+            assert {t["promptId"]: t["terminal"] for t in loaded["promptTerminals"]}[pid] \
+                == "cancelled"
     finally:
         child.stop()
