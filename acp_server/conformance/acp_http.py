@@ -3,7 +3,9 @@
     await run_acp_http(ctx)     # records every ``acp-http.*`` check in ctx
 
 Each scenario opens its own connection (``initialize``) and deletes it afterwards.
-``session/new`` uses the target's ``workspaceCwd`` from ``/capabilities``.
+``session/new`` uses the target's ``workspaceCwd`` from ``/capabilities``. A WebSocket
+upgrade refused 429, or a message on it that is a rate limit's JSON-RPC error, stops
+the run (``context.RateLimited``), as a 429 over HTTP does.
 """
 
 from __future__ import annotations
@@ -15,11 +17,11 @@ from typing import Any
 
 import anyio
 import httpx
-from httpx_ws import WebSocketDisconnect, aconnect_ws
+from httpx_ws import WebSocketDisconnect, WebSocketUpgradeError, aconnect_ws
 
 from acp_server.conformance.backpressure import fill, limit_of
 from acp_server.conformance.context import (ORIGIN_META, CheckFailed, Context, Skip, Stream,
-                                            describe)
+                                            describe, rate_limit_of)
 
 PATH = "/acp"
 JSON = {"Content-Type": "application/json"}
@@ -211,16 +213,29 @@ async def check_delete(ctx: Context) -> None:
 @contextlib.asynccontextmanager
 async def websocket(ctx: Context) -> AsyncIterator[Any]:
     url = ctx.base_url.replace("http://", "ws://", 1).replace("https://", "wss://", 1) + PATH
-    async with aconnect_ws(url, ctx.client, max_message_size_bytes=WS_MAX_MESSAGE,
-                           keepalive_ping_interval_seconds=None) as ws:
-        yield ws
+    try:
+        async with aconnect_ws(url, ctx.client, max_message_size_bytes=WS_MAX_MESSAGE,
+                               keepalive_ping_interval_seconds=None) as ws:
+            yield ws
+    except WebSocketUpgradeError as exc:
+        if exc.response.status_code == 429:
+            raise ctx.rate_limited(exc.response) from None
+        raise
+
+
+async def ws_message(ctx: Context, ws: Any) -> Any:
+    """The next message on the WebSocket, decoded; a rate limit's error stops the run."""
+    message = json.loads(await ws.receive_text())
+    if rate_limit_of(message) is not None:
+        raise ctx.rate_limited(where=f"a WebSocket message on {PATH}", body=message)
+    return message
 
 
 async def ws_reply(ctx: Context, ws: Any, rpc_id: Any, timeout: float | None = None
                    ) -> dict[str, Any]:
     with anyio.fail_after(timeout or ctx.options.timeout_s):
         while True:
-            message = json.loads(await ws.receive_text())
+            message = await ws_message(ctx, ws)
             if isinstance(message, dict) and message.get("id") == rpc_id \
                     and "method" not in message:
                 return message  # type: ignore[no-any-return]
@@ -292,7 +307,7 @@ async def check_load(ctx: Context) -> None:
             before = []
             with anyio.fail_after(ctx.options.settle_timeout_s):
                 while True:
-                    message = json.loads(await ws.receive_text())
+                    message = await ws_message(ctx, ws)
                     if isinstance(message, dict) and message.get("id") == 3 \
                             and "method" not in message:
                         break

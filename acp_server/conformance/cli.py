@@ -4,11 +4,17 @@
     $ acp-server conformance http://127.0.0.1:4170 --suite backpressure \\
           --hold-prompt "SLOW story please"
 
-Contracts: exit 0 exactly when no MUST check failed, 1 otherwise; 2 for bad usage or
-a target that answers nothing (one line on stderr: ``cannot reach URL: connection
-refused``; the address without its credentials: ``errors.redact``). Without ``--suite`` every suite the target advertises runs. The results go
-to stdout (``display``: a live table in a terminal, one line per check otherwise);
-``--json`` / ``--junit`` write the reports.
+Contracts: exit 0 when checks ran and no MUST check failed, 1 when one failed; 2 when
+the run could not check the target: bad usage, a target that answers nothing or
+refuses the credentials, advertises no suite (a plain web server, the ``/acp``
+endpoint given for the base URL: the line says which URL to try), rate-limits the
+runner (a 429: the run stops, no check is blamed; the line names ``--unlimited``), or
+a run whose every check was skipped. One line on stderr says why (``cannot reach URL:
+connection refused``; the address without its credentials: ``errors.redact``); a run
+stopped before it began shows no table and writes no report. Without ``--suite``
+every suite the target advertises runs. The results go to stdout (``display``: a
+live table in a terminal, one line per check otherwise); ``--json`` / ``--junit``
+write the reports.
 """
 
 from __future__ import annotations
@@ -25,10 +31,10 @@ from rich.console import Console
 
 from acp_server.client.errors import one_line, redact, redact_address
 from acp_server.conformance.catalog import SUITES
-from acp_server.conformance.context import Options
+from acp_server.conformance.context import Options, RunStopped
 from acp_server.conformance.display import display_for
 from acp_server.conformance.report import EXIT_USAGE, Report
-from acp_server.conformance.runner import TargetUnreachable, run_conformance
+from acp_server.conformance.runner import run_conformance
 
 TOKEN_ENV = "ACP_SERVER_TOKEN"
 
@@ -62,7 +68,8 @@ def base_url(text: str) -> str:
 
 def add_conformance_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("url", type=base_url,
-                        help="the server's base URL, e.g. http://127.0.0.1:4170")
+                        help="the server's base URL, e.g. http://127.0.0.1:4170 (not its /acp "
+                             "endpoint)")
     parser.add_argument("--suite", action="append", choices=SUITES, default=None,
                         help="run this suite (repeatable; default: what the target advertises)")
     parser.add_argument("--token", default=None, help=f"bearer token (default ${TOKEN_ENV})")
@@ -111,7 +118,7 @@ def run_conformance_args(args: argparse.Namespace, console: Console | None = Non
 
     try:
         report = anyio.run(run)
-    except TargetUnreachable as exc:
+    except RunStopped as exc:
         print(f"acp-server conformance: {one_line(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     display.print_summary(report)
@@ -119,6 +126,9 @@ def run_conformance_args(args: argparse.Namespace, console: Console | None = Non
         args.json.write_bytes(report.json_bytes())
     if args.junit is not None:
         args.junit.write_bytes(report.junit_bytes())
+    if not report.checked:
+        print(f"acp-server conformance: nothing checked at {redact(args.url)}: every check "
+              "was skipped (each says why)", file=sys.stderr)
     return report.exit_status()
 
 

@@ -15,6 +15,13 @@ frame by ``options.timeout_s`` unless the caller names a longer bound (the settl
 bound, ``options.settle_timeout_s``, for prompts that end by themselves). A check gets
 exactly one result; the first one recorded wins. ``describe`` renders what was sent
 and what was seen, for failure details.
+
+No check expects a 429: any 429 answer (a request, a stream, a WebSocket upgrade) and
+any JSON-RPC error whose ``data.errorKind`` is ``rate_limit_exceeded`` is the target
+rate-limiting the runner, never a check's failure: ``RateLimited`` (a ``RunStopped``)
+is raised, ``checking`` lets it through (out of task groups too) and the run stops.
+Clean-ups a rate limit refuses are tried again after its ``Retry-After``, within their
+bound.
 """
 
 from __future__ import annotations
@@ -70,6 +77,58 @@ class Result:
     @property
     def level(self) -> str:
         return CHECKS[self.id].level
+
+
+class RunStopped(Exception):
+    """The run cannot start or go on; its message is one line (exit status 2)."""
+
+
+class RateLimited(RunStopped):
+    """The target rate-limited the runner (a 429): no check is blamed, the run stops."""
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+UNLIMITED_HINT = ("a run sends more requests than a rate-limited token may, so it stops "
+                  "rather than fail checks for it: use a token without rate limits "
+                  "(acp-server token create NAME --unlimited) or a server without them")
+
+
+def rate_limit_of(body: Any) -> dict[str, Any] | None:
+    """What a rate-limit refusal's body says (``code``, ``tier``, retry ms) as one dict,
+    in any door's shape (REST, LMSP problem, JSON-RPC ``error.data``); else None."""
+    if not isinstance(body, dict):
+        return None
+    error = body.get("error")
+    data = (error.get("data") if isinstance(error, dict) else None) or body
+    if not isinstance(data, dict):
+        return None
+    code = data.get("errorKind") or data.get("code")
+    if code != "rate_limit_exceeded":
+        return None
+    retry_ms = data.get("retryAfterMs", data.get("retry_after_ms"))
+    return {"code": code, "tier": data.get("tier"),
+            "retry_ms": retry_ms if isinstance(retry_ms, int | float) else None}
+
+
+def _found(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
+    """The first ``kind`` in ``exc`` or the (nested) exception groups it is."""
+    if isinstance(exc, kind):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _found(inner, kind)
+            if found is not None:
+                return found
+    return None
+
+
+def stopped(exc: BaseException) -> RunStopped | None:
+    """The ``RunStopped`` in ``exc`` (itself, or within task groups' exception groups)."""
+    found = _found(exc, RunStopped)
+    return found if isinstance(found, RunStopped) else None
 
 
 class CheckFailed(Exception):
@@ -193,6 +252,7 @@ class Context:
         self.results: dict[str, Result] = {}
         self.capabilities: dict[str, Any] | None = None
         self.lmsp_capabilities: dict[str, Any] | None = None
+        self.probes: dict[str, str] = {}   # discovery: path -> what it answered
         self._on_result = on_result
         self._seq = itertools.count()
         self._cleanups: list[Callable[[], Awaitable[Any]]] = []
@@ -268,6 +328,9 @@ class Context:
         try:
             yield
         except BaseException as raised:
+            stop = stopped(raised)
+            if stop is not None and stop is not raised:
+                raise stop from None   # out of the task groups: the run stops
             exc = _leaf(raised)
             if isinstance(exc, Skip):
                 outcome, detail = "skip", str(exc)
@@ -289,8 +352,35 @@ class Context:
     async def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         """The answer, its body read whole but never past ``MAX_ANSWER_BYTES`` (a server
         that sends more fails the check: ``DaemonProtocolError``)."""
-        return await read_answer(self.client, method, path, max_bytes=MAX_ANSWER_BYTES,
-                                 **kwargs)
+        response = await read_answer(self.client, method, path, max_bytes=MAX_ANSWER_BYTES,
+                                     **kwargs)
+        if response.status_code == 429:
+            raise self.rate_limited(response)
+        return response
+
+    def rate_limited(self, response: httpx.Response | None = None, *, where: str = "",
+                     body: Any = None) -> RateLimited:
+        """The run's stop for a rate limit: a 429 ``response``, or a JSON-RPC error
+        ``body`` met ``where`` (e.g. on the WebSocket)."""
+        retry_after_s: float | None = None
+        if response is not None:
+            where = f"{response.request.method} {response.request.url.path}"
+            try:
+                body = json_of(response)
+            except httpx.ResponseNotRead:   # a WebSocket upgrade's refusal
+                body = {}
+            header = response.headers.get("retry-after", "")
+            retry_after_s = float(header) if header.isdigit() else None
+        said = rate_limit_of(body) or {}
+        if retry_after_s is None and said.get("retry_ms") is not None:
+            retry_after_s = said["retry_ms"] / 1000
+        facts = ", ".join(part for part in (
+            f"429 {said.get('code') or 'Too Many Requests'}" if response is not None
+            else str(said.get("code") or "rate_limit_exceeded"),
+            f"tier {said['tier']}" if said.get("tier") else "",
+            f"Retry-After {retry_after_s:g} s" if retry_after_s is not None else "") if part)
+        return RateLimited(f"{redact(self.base_url)} rate-limited the runner ({facts}) at "
+                           f"{where}: {UNLIMITED_HINT}", retry_after_s)
 
     @contextlib.asynccontextmanager
     async def stream(self, method: str, path: str, *, headers: dict[str, str] | None = None,
@@ -305,6 +395,8 @@ class Context:
         with anyio.fail_after(self.options.timeout_s):   # the answer's head is bounded
             response = await self.client.send(request, stream=True)
         try:
+            if response.status_code == 429:
+                raise self.rate_limited(with_body(response, await read_capped(response)))
             stream = Stream(response, timeout_s=self.options.timeout_s)
             if expect is not None and response.status_code != expect:
                 answer = with_body(response, await read_capped(response))
@@ -350,4 +442,15 @@ class Context:
             for cleanup in cleanups:
                 with anyio.move_on_after(self.options.timeout_s), \
                         contextlib.suppress(Exception):
-                    await cleanup()
+                    await self._clean(cleanup)
+
+    @staticmethod
+    async def _clean(cleanup: Callable[[], Awaitable[Any]]) -> None:
+        """``cleanup``, tried again after a rate limit's ``Retry-After`` (the caller
+        bounds the whole)."""
+        while True:
+            try:
+                await cleanup()
+                return
+            except RateLimited as exc:
+                await anyio.sleep(exc.retry_after_s or 1.0)

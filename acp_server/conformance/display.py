@@ -59,11 +59,11 @@ def display_for(console: Console, title: str) -> Display:
 
 def summary_line(report: Report) -> Text:
     summary = report.summary()
-    verdict = Text("FAIL", style="bold red") if summary["must_failed"] \
+    verdict = Text("FAIL", style="bold red") if summary["must_failed"] or not report.checked \
         else Text("PASS", style="bold green")
     return Text.assemble(verdict, f"  {summary['pass']} passed, {summary['fail']} failed "
                          f"({summary['must_failed']} MUST), {summary['skip']} skipped "
-                         f"— {report.target}")
+                         f"— {report.target}{'' if report.checked else ': nothing checked'}")
 
 
 def _one_line(detail: str) -> str:

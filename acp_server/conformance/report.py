@@ -3,13 +3,16 @@
     report = Report(target=url, started_at="2026-12-01T09:30:00Z", results=[...])
     Path("out.json").write_bytes(report.json_bytes())
     Path("out.xml").write_bytes(report.junit_bytes())
-    sys.exit(report.exit_status())      # 0 exactly when no MUST check failed, else 1
+    sys.exit(report.exit_status())      # 0: checks ran, no MUST failed; 1: one did
 
 JSON: ``{"target", "started_at", "summary", "checks": [{"id", "suite", "level",
 "outcome": "pass"|"fail"|"skip", "detail", "reference"}]}``. JUnit: one ``testsuite``
 per suite, one ``testcase`` per check (classname ``conformance.<suite>``); a failed
 check is a ``failure`` whose ``type`` is its level, a skipped one ``skipped``. The
-target is named without the credentials of its address (``errors.redact``).
+target is named without the credentials of its address (``errors.redact``). The exit
+status: 0 when some check ran (passed or failed) and no MUST check failed, 1 when one
+did, ``EXIT_NOTHING_CHECKED`` (2, as for bad usage) when no check ran (every one
+skipped): a gate that checked nothing does not pass.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from acp_server.conformance.catalog import CHECKS
 from acp_server.conformance.context import Result
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_NOTHING_CHECKED = EXIT_USAGE   # the run could not check the target: no verdict
 
 
 @dataclass
@@ -41,8 +45,15 @@ class Report:
         return {"pass": counts["pass"], "fail": counts["fail"], "skip": counts["skip"],
                 "must_failed": must}
 
+    @property
+    def checked(self) -> bool:
+        """Some check ran: it passed or failed (not every one skipped)."""
+        return any(r.outcome != "skip" for r in self.results)
+
     def exit_status(self) -> int:
-        return EXIT_FAILED if self.summary()["must_failed"] else EXIT_OK
+        if self.summary()["must_failed"]:
+            return EXIT_FAILED
+        return EXIT_OK if self.checked else EXIT_NOTHING_CHECKED
 
     def as_dict(self) -> dict[str, object]:
         return {"target": self.target, "started_at": self.started_at,

@@ -11,8 +11,13 @@ other than 404/405, ``lmsp`` when ``/lmsp/v1/capabilities`` answers 200 with
 their clean-ups (sessions deleted, tasks cancelled, connections deleted) run after
 each one. Every check of a suite that ran has exactly one result. A target that
 answers nothing, or refuses the credentials (401 / 403 on ``/capabilities``), raises
-``TargetUnreachable`` (one line, exit status 2). A capabilities document the runner
-cannot read (not JSON, nested too deep, over the cap) advertises nothing.
+``TargetUnreachable``; one that advertises no suite when none is named (a plain web
+server; our server's ``/acp`` endpoint given for its base URL, which gets that hint),
+or given as ``…/acp`` and advertising nothing, ``NothingToCheck``; a rate limit (any
+429) met anywhere stops the run after its clean-ups with ``context.RateLimited``. All
+are ``RunStopped``: one line, exit status 2. A capabilities document the runner
+cannot read (not JSON, nested too deep, over the cap) advertises nothing; a ``GET /acp``
+answered 404, 405 or a 2xx web page (``text/html``) advertises no ``acp-http``.
 """
 
 from __future__ import annotations
@@ -20,13 +25,14 @@ from __future__ import annotations
 import datetime
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
 from acp_server.client.errors import DaemonProtocolError, redact, transport_reason
 from acp_server.conformance import acp_http, backpressure, lmsp
 from acp_server.conformance.catalog import SUITES, checks_of
-from acp_server.conformance.context import Context, Options, Result
+from acp_server.conformance.context import Context, Options, Result, RunStopped, stopped
 from acp_server.conformance.report import Report
 
 Scenario = Callable[[Context], Awaitable[None]]
@@ -35,8 +41,13 @@ SCENARIOS: dict[str, Sequence[Scenario]] = {
     "lmsp": lmsp.SCENARIOS}
 
 
-class TargetUnreachable(Exception):
-    pass
+class TargetUnreachable(RunStopped):
+    """The target answers nothing, or refuses the runner's credentials."""
+
+
+class NothingToCheck(RunStopped):
+    """No suite to run: the target advertises none (it is not such a server, or the
+    address is not its base URL)."""
 
 
 def _refused(ctx: Context, response: httpx.Response) -> TargetUnreachable | None:
@@ -56,14 +67,27 @@ def _refused(ctx: Context, response: httpx.Response) -> TargetUnreachable | None
     return None
 
 
+def _seen(response: httpx.Response) -> str:
+    """``404 text/html``: a probe's answer, for the line of a run with nothing to check."""
+    kind = response.headers.get("content-type", "").split(";")[0].strip()
+    return f"{response.status_code}{' ' + kind if kind else ''}"
+
+
+def _probed(ctx: Context, path: str) -> str:
+    """The path a probe of ``path`` asks for (under the base URL's own path)."""
+    return urlsplit(ctx.base_url).path + path
+
+
 async def _json(ctx: Context, path: str) -> dict[str, Any] | None:
     try:
         response = await ctx.request("GET", path)
     except DaemonProtocolError:   # over the cap, or a body that cannot be decoded
+        ctx.probes[_probed(ctx, path)] = "an answer the runner cannot read"
         return None
     refused = _refused(ctx, response)
     if refused is not None:
         raise refused
+    ctx.probes[_probed(ctx, path)] = _seen(response)
     if response.status_code != 200:
         return None
     try:
@@ -71,6 +95,12 @@ async def _json(ctx: Context, path: str) -> dict[str, Any] | None:
     except (ValueError, RecursionError):   # not JSON, or nested too deep
         return None
     return body if isinstance(body, dict) else None
+
+
+def _web_page(response: httpx.Response) -> bool:
+    """A 2xx HTML page: what a web server's catch-all answers, not an ACP endpoint."""
+    return response.is_success and response.headers.get("content-type", "").startswith(
+        "text/html")
 
 
 async def discover(ctx: Context) -> list[str]:
@@ -86,14 +116,38 @@ async def discover(ctx: Context) -> list[str]:
     if refused is not None and probe.headers.get("content-type", "").startswith(
             "application/json") and b"forbidden" in probe.content:
         raise refused
+    ctx.probes[_probed(ctx, acp_http.PATH)] = _seen(probe)
     found = []
     if ctx.capabilities is not None and isinstance(ctx.capabilities.get("limits"), dict):
         found.append("backpressure")
-    if probe.status_code not in (404, 405):
+    if probe.status_code not in (404, 405) and not _web_page(probe):
         found.append("acp-http")
     if ((ctx.lmsp_capabilities or {}).get("capabilities") or {}).get("tasks"):
         found.append("lmsp")
     return found
+
+
+def _acp_endpoint(url: str) -> str | None:
+    """The base URL when ``url`` is a server's ``/acp`` endpoint (``acp-server connect``
+    takes that one), else None."""
+    parts = urlsplit(url)
+    path = parts.path.rstrip("/")
+    if not path.endswith(acp_http.PATH):
+        return None
+    return urlunsplit(parts._replace(path=path[:-len(acp_http.PATH)]))
+
+
+def nothing_to_check(ctx: Context, url: str) -> NothingToCheck:
+    seen = ", ".join(f"GET {path} answered {what}" for path, what in ctx.probes.items())
+    base = _acp_endpoint(url)
+    if base is not None:
+        hint = (f"the runner takes the server's base URL, not its {acp_http.PATH} endpoint: "
+                f"try {redact(base)}")
+    else:
+        hint = ("not an ACP server, or not its base URL (e.g. http://127.0.0.1:4170); "
+                "--suite NAME runs a suite anyway")
+    return NothingToCheck(f"nothing to check at {redact(url)}: no suite advertised ({seen}); "
+                          f"{hint}")
 
 
 async def run_conformance(url: str, *, options: Options | None = None,
@@ -105,6 +159,8 @@ async def run_conformance(url: str, *, options: Options | None = None,
     started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     async with Context.open(url, options, on_result, transport) as ctx:
         advertised = await discover(ctx)
+        if not advertised and (not suites or _acp_endpoint(url) is not None):
+            raise nothing_to_check(ctx, url)
         chosen = [s for s in SUITES if s in (suites or advertised)]
         if on_plan is not None:
             on_plan([check.id for suite in chosen for check in checks_of(suite)])
@@ -112,6 +168,11 @@ async def run_conformance(url: str, *, options: Options | None = None,
             for scenario in SCENARIOS[suite]:
                 try:
                     await scenario(ctx)
+                except BaseException as exc:
+                    stop = stopped(exc)
+                    if stop is None or stop is exc:
+                        raise
+                    raise stop from None   # out of the scenario's task groups
                 finally:
                     await ctx.run_cleanups()
             for check in checks_of(suite):
