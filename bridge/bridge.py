@@ -79,7 +79,7 @@ from bridge.restore import (journaled_agent, load_on, replay_closed, restore_col
                             restore_sessions)
 from bridge.session import QueueWaitStats, Session
 from bridge.status import SessionInfo
-from bridge.transcript import TRANSCRIPT_META, transcript
+from bridge.transcript import TRANSCRIPT_META, seed_of, transcript
 
 log = logging.getLogger("bridge")
 
@@ -450,6 +450,9 @@ class Bridge(Journaling, ListingAPI, PromptsAPI, PresenceAPI, AgentCallsAPI,
                                               owner=owner)
             registered = True
             session.forked_from = fork_of
+            parent = self._sessions.get(fork_of) if fork_of is not None else None
+            if parent is not None and self.journal.durable:   # what its agent side has
+                session.seed = seed_of(parent.seed, parent.bus.ring_events())
             session.agent_result = result
             if seeded is not None:
                 replay_closed(session, seeded)

@@ -67,6 +67,9 @@ class SessionOpened(msgspec.Struct, kw_only=True, frozen=True, tag="session", ta
     forked_from: str | None = None
     origin: str | None = None
     owner: str | None = None   # the principal that made it (an opaque label), or None
+    # A branch's or fork's conversation at its making (its parent's transcript, JSON:
+    # ``bridge.transcript``): a restored agent side is seeded with it before its own.
+    seed: str | None = None
 
 
 class PromptAccepted(msgspec.Struct, kw_only=True, frozen=True, tag="prompt", tag_field="kind"):

@@ -172,7 +172,7 @@ class Journaling:
             session_id=session.session_id, agent=session.agent_name,
             cwd=session.workspace_cwd, created_at=session.created_at,
             epoch=session.bus.epoch, scope=scope, forked_from=session.forked_from,
-            origin=session.origin, owner=session.owner))
+            origin=session.origin, owner=session.owner, seed=session.seed))
         await self._commit_record(session, seq, loaded=loaded)
 
     def _record_end(self, session: Session, *, deleted: bool) -> int:

@@ -89,7 +89,7 @@ from bridge.journal import EventRecord, EventsReset, RestoredSession
 from bridge.jsonrpc import RESOURCE_NOT_FOUND
 from bridge.session import QUEUED, Session
 from bridge.ticket import PromptResult
-from bridge.transcript import TRANSCRIPT_META, transcript
+from bridge.transcript import TRANSCRIPT_META, after_seed, transcript
 from bridge.wire import envelope
 
 if TYPE_CHECKING:
@@ -145,6 +145,7 @@ async def restore_session(bridge: Bridge, found: RestoredSession) -> Session:
     session.on_turn_end = bridge._end_turn_questions
     session.created_at = record.created_at
     session.forked_from = record.forked_from
+    session.seed = record.seed
     session.origin = record.origin
     session.owner = record.owner
     session.restored = True
@@ -411,7 +412,7 @@ async def _restore_at_agent(bridge: Bridge, session: Session, rerun: set[str]
             log.debug("session %s: session/load refused (%s); a new agent session", sid, exc)
         finally:
             session.replaying = False
-    said = transcript(session.bus.ring_events(), skip=rerun)
+    said = after_seed(session.seed, transcript(session.bus.ring_events(), skip=rerun))
     result = await bridge._agent_request(session.agent, "session/new", {
         **params, "_meta": {REQUESTED_SESSION_ID_META: sid, TRANSCRIPT_META: said}})
     got = result.get("sessionId") if isinstance(result, dict) else None

@@ -144,6 +144,7 @@ class Session:
         self.not_restorable: str | None = None
         self.replaying = False   # the agent's session/load replay: not published again
         self.restored = False    # brought back from the journal at start
+        self.seed: str | None = None   # a branch's parent conversation (``SessionOpened.seed``)
         # A restored session's last activity the journal knows (epoch seconds): its
         # ``updated_at`` until it is next touched (not the restart's time).
         self.journaled_activity: float | None = None

@@ -21,6 +21,9 @@ Contracts:
   agent's own ``session/load`` replay) are one message each.
 * Events of the prompts in ``skip`` are left out (a turn that runs again after the
   restart: the agent gets its prompt anew, never twice).
+* A branch's or fork's record keeps its parent's conversation at its making
+  (``seed_of``; ``SessionOpened.seed``): its restored agent gets that, then its own
+  (``after_seed``).
 * Bounded: the newest messages whose texts total at most ``max_bytes`` (UTF-8) are
   kept, oldest first; the journal itself keeps only the newest events of a session
   (``docs/durability.md``), so the transcript starts where they do.
@@ -30,6 +33,8 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable
 from typing import Any
+
+import msgspec
 
 from bridge import events as ev
 from bridge.events import Event
@@ -69,6 +74,31 @@ def transcript(events: Iterable[Event], *, skip: Collection[str] = (),
     return _newest(messages, max_bytes)
 
 
+_SEED = msgspec.json.Decoder(list[dict[str, str]])
+
+
+def seed_of(parent_seed: str | None, events: Iterable[Event],
+            max_bytes: int = MAX_TRANSCRIPT_BYTES) -> str:
+    """The conversation a branch starts from, as a record keeps it (JSON): its parent's
+    own seed (a branch of a branch), then the parent's journaled turns, the newest
+    ``max_bytes`` of them."""
+    return msgspec.json.encode(after_seed(parent_seed, transcript(events, max_bytes=max_bytes),
+                                          max_bytes)).decode()
+
+
+def after_seed(seed: str | None, messages: list[dict[str, str]],
+               max_bytes: int = MAX_TRANSCRIPT_BYTES) -> list[dict[str, str]]:
+    """``messages`` after the conversation ``seed`` holds (``seed_of``), the newest
+    ``max_bytes`` of both; an unreadable seed counts as none."""
+    if not seed:
+        return messages
+    try:
+        before = _SEED.decode(seed)
+    except msgspec.MsgspecError:
+        return messages
+    return _newest([*before, *messages], max_bytes)
+
+
 def _chunk(data: Any) -> tuple[str, str] | None:
     """(role, text) of a text message chunk update, else ``None``."""
     found = text_update(data)
@@ -101,4 +131,5 @@ def seeded(meta: Any) -> list[tuple[str, str]]:
             and isinstance(m.get("text"), str)]
 
 
-__all__ = ["MAX_TRANSCRIPT_BYTES", "TRANSCRIPT_META", "seeded", "transcript"]
+__all__ = ["MAX_TRANSCRIPT_BYTES", "TRANSCRIPT_META", "after_seed", "seed_of", "seeded",
+           "transcript"]

@@ -318,3 +318,41 @@ async def test_a_cancel_acknowledged_before_the_kill_ends_its_prompt_cancelled(
                 == "cancelled"
     finally:
         child.stop()
+
+
+async def test_a_branch_restored_keeps_the_conversation_it_was_made_from(
+        tmp_path: Path, store_name: str) -> None:
+    """A branch's agent side has its parent's turns; after ``kill -9`` the reference
+    agent comes back through ``session/new`` seeded with the journal's transcript,
+    which now starts with the parent's conversation at the branch (its record keeps
+    it), then the branch's own turns."""
+    child = ServeProcess(tmp_path, *_flags(tmp_path, store_name)).start()
+    try:
+        async with httpx.AsyncClient(base_url=child.base_url, timeout=10) as client:
+            sid = (await client.post("/session", json={"sessionScope": "thread"})
+                   ).json()["sessionId"]
+            first = (await client.post(f"/session/{sid}/prompt",
+                                       json=_prompt("remember banana"))).json()
+            await read_events(client, sid, _is("turn_complete", first["promptId"]),
+                              last_event_id=0)
+            answer = await client.post(f"/session/{sid}/branch", json={})
+            assert answer.status_code == 201, answer.text
+            branch = answer.json()
+            bid = branch["sessionId"]
+            own = (await client.post(f"/session/{bid}/prompt", json=_prompt("hello"))).json()
+            await read_events(client, bid, _is("turn_complete", own["promptId"]),
+                              last_event_id=0)
+        child.kill()
+        child.start()
+        async with httpx.AsyncClient(base_url=child.base_url, timeout=10) as client:
+            asked = (await client.post(f"/session/{bid}/prompt",
+                                       json=_prompt("/history x"))).json()
+            events = await read_events(client, bid, _is("turn_complete", asked["promptId"]),
+                                       last_event_id=0)
+            said = "".join(e["data"]["update"]["content"]["text"] for e in events
+                           if e["type"] == "session_update" and e.get("promptId")
+                           == asked["promptId"] and e["data"]["update"]["sessionUpdate"]
+                           == "agent_message_chunk")
+            assert said.index("remember banana") < said.index("user: hello"), said
+    finally:
+        child.stop()
