@@ -21,7 +21,7 @@ from httpx_ws import WebSocketDisconnect, WebSocketUpgradeError, aconnect_ws
 
 from acp_server.conformance.backpressure import fill, limit_of
 from acp_server.conformance.context import (ORIGIN_META, CheckFailed, Context, Skip, Stream,
-                                            describe, rate_limit_of)
+                                            describe, is_rate_limit, rate_limit_of)
 
 PATH = "/acp"
 JSON = {"Content-Type": "application/json"}
@@ -218,7 +218,7 @@ async def websocket(ctx: Context) -> AsyncIterator[Any]:
                                keepalive_ping_interval_seconds=None) as ws:
             yield ws
     except WebSocketUpgradeError as exc:
-        if exc.response.status_code == 429:
+        if is_rate_limit(exc.response):
             raise ctx.rate_limited(exc.response) from None
         raise
 

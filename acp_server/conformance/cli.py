@@ -8,13 +8,13 @@ Contracts: exit 0 when checks ran and no MUST check failed, 1 when one failed; 2
 the run could not check the target: bad usage, a target that answers nothing or
 refuses the credentials, advertises no suite (a plain web server, the ``/acp``
 endpoint given for the base URL: the line says which URL to try), rate-limits the
-runner (a 429: the run stops, no check is blamed; the line names ``--unlimited``), or
-a run whose every check was skipped. One line on stderr says why (``cannot reach URL:
-connection refused``; the address without its credentials: ``errors.redact``); a run
-stopped before it began shows no table and writes no report. Without ``--suite``
-every suite the target advertises runs. The results go to stdout (``display``: a
-live table in a terminal, one line per check otherwise); ``--json`` / ``--junit``
-write the reports.
+runner (a 429 of the rate limit: the run stops, no check is blamed; the line names
+``--unlimited``), or a run whose every check was skipped. One line on stderr says why
+(``cannot reach URL: connection refused``; the address without its credentials:
+``errors.redact``); a run stopped before it began shows no table and writes no
+report. Without ``--suite`` every suite the target advertises runs. The results go to
+stdout (``display``: a live table in a terminal, one line per check otherwise);
+``--json`` / ``--junit`` write the reports.
 """
 
 from __future__ import annotations

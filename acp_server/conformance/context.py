@@ -16,10 +16,12 @@ bound, ``options.settle_timeout_s``, for prompts that end by themselves). A chec
 exactly one result; the first one recorded wins. ``describe`` renders what was sent
 and what was seen, for failure details.
 
-No check expects a 429: any 429 answer (a request, a stream, a WebSocket upgrade) and
-any JSON-RPC error whose ``data.errorKind`` is ``rate_limit_exceeded`` is the target
-rate-limiting the runner, never a check's failure: ``RateLimited`` (a ``RunStopped``)
-is raised, ``checking`` lets it through (out of task groups too) and the run stops.
+No check expects a 429: a 429 answer (a request, a stream, a WebSocket upgrade) that
+names the rate limit (``rate_limit_exceeded``) or no code at all (a proxy's), and a
+JSON-RPC error whose ``data.errorKind`` is ``rate_limit_exceeded``, is the target
+rate-limiting the runner, never a check's failure (``is_rate_limit``): ``RateLimited``
+(a ``RunStopped``) is raised, ``checking`` lets it through (out of task groups too) and
+the run stops. A 429 naming another code is the server's answer, judged as any other.
 Clean-ups a rate limit refuses are tried again after its ``Retry-After``, within their
 bound.
 """
@@ -96,21 +98,45 @@ UNLIMITED_HINT = ("a run sends more requests than a rate-limited token may, so i
                   "(acp-server token create NAME --unlimited) or a server without them")
 
 
+def _error_data(body: Any) -> dict[str, Any]:
+    """Where an error body keeps its code: the body (REST, an LMSP problem) or a
+    JSON-RPC error's ``data``."""
+    if not isinstance(body, dict):
+        return {}
+    error = body.get("error")
+    data = error.get("data") if isinstance(error, dict) else None
+    return data if isinstance(data, dict) else body
+
+
+def error_code(body: Any) -> str | None:
+    """An error body's code (``code``, or JSON-RPC ``data.errorKind``), if it names one."""
+    data = _error_data(body)
+    code = data.get("errorKind") or data.get("code")
+    return code if isinstance(code, str) else None
+
+
 def rate_limit_of(body: Any) -> dict[str, Any] | None:
     """What a rate-limit refusal's body says (``code``, ``tier``, retry ms) as one dict,
     in any door's shape (REST, LMSP problem, JSON-RPC ``error.data``); else None."""
-    if not isinstance(body, dict):
+    if error_code(body) != "rate_limit_exceeded":
         return None
-    error = body.get("error")
-    data = (error.get("data") if isinstance(error, dict) else None) or body
-    if not isinstance(data, dict):
-        return None
-    code = data.get("errorKind") or data.get("code")
-    if code != "rate_limit_exceeded":
-        return None
+    data = _error_data(body)
     retry_ms = data.get("retryAfterMs", data.get("retry_after_ms"))
-    return {"code": code, "tier": data.get("tier"),
+    return {"code": "rate_limit_exceeded", "tier": data.get("tier"),
             "retry_ms": retry_ms if isinstance(retry_ms, int | float) else None}
+
+
+def is_rate_limit(response: httpx.Response) -> bool:
+    """A 429 naming the rate limit (``rate_limit_exceeded``) or no code at all (a
+    proxy's page, a WebSocket upgrade's refusal); a 429 naming another code (acp-server's
+    ``subscriber_limit_exceeded``) is the server's answer, judged as any other."""
+    if response.status_code != 429:
+        return False
+    try:
+        code = error_code(json_of(response))
+    except httpx.ResponseNotRead:
+        return True
+    return code in (None, "rate_limit_exceeded")
 
 
 def _found(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
@@ -354,7 +380,7 @@ class Context:
         that sends more fails the check: ``DaemonProtocolError``)."""
         response = await read_answer(self.client, method, path, max_bytes=MAX_ANSWER_BYTES,
                                      **kwargs)
-        if response.status_code == 429:
+        if is_rate_limit(response):
             raise self.rate_limited(response)
         return response
 
@@ -395,17 +421,19 @@ class Context:
         with anyio.fail_after(self.options.timeout_s):   # the answer's head is bounded
             response = await self.client.send(request, stream=True)
         try:
-            if response.status_code == 429:
-                raise self.rate_limited(with_body(response, await read_capped(response)))
-            stream = Stream(response, timeout_s=self.options.timeout_s)
+            # Any other answer than a stream: its body, read within the cap, once.
+            answer = None if response.status_code == 200 else \
+                with_body(response, await read_capped(response))
+            if answer is not None and is_rate_limit(answer):
+                raise self.rate_limited(answer)
+            stream = Stream(response if answer is None else answer,
+                            timeout_s=self.options.timeout_s)
             if expect is not None and response.status_code != expect:
-                answer = with_body(response, await read_capped(response))
-                raise CheckFailed(f"stream not opened: {describe(answer)}")
+                raise CheckFailed(f"stream not opened: {describe(stream.response)}")
             async with anyio.create_task_group() as tg:
-                if response.status_code == 200:
+                if answer is None:
                     tg.start_soon(self._read, stream)
                 else:
-                    stream.response = with_body(response, await read_capped(response))
                     stream.ended = True
                 try:
                     yield stream

@@ -13,8 +13,9 @@ each one. Every check of a suite that ran has exactly one result. A target that
 answers nothing, or refuses the credentials (401 / 403 on ``/capabilities``), raises
 ``TargetUnreachable``; one that advertises no suite when none is named (a plain web
 server; our server's ``/acp`` endpoint given for its base URL, which gets that hint),
-or given as ``…/acp`` and advertising nothing, ``NothingToCheck``; a rate limit (any
-429) met anywhere stops the run after its clean-ups with ``context.RateLimited``. All
+or given as ``…/acp`` and advertising nothing, ``NothingToCheck``; a rate limit
+(``context.is_rate_limit``) met anywhere stops the run after its clean-ups with
+``context.RateLimited``. All
 are ``RunStopped``: one line, exit status 2. A capabilities document the runner
 cannot read (not JSON, nested too deep, over the cap) advertises nothing; a ``GET /acp``
 answered 404, 405 or a 2xx web page (``text/html``) advertises no ``acp-http``.

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
+import re
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -27,6 +29,7 @@ from acp_server.conformance.cli import run_conformance_args
 from acp_server.conformance.context import Context
 from acp_server.conformance.runner import discover
 from bridge import BridgeOptions
+from tests.conformance.broken import matches
 from tests.conformance.server import FAST, running_target
 from tests.harness.local import LocalServer, local_server
 from tests.principals.helpers import bearer, mint
@@ -198,3 +201,29 @@ async def test_a_websocket_upgrade_refused_429_stops_the_run(tmp_path: Path) -> 
                                                   r"at GET /acp: "):
                 await acp_http.check_websocket(ctx)
         assert ctx.results == {}
+
+
+async def test_a_429_naming_another_limit_is_the_servers_answer(tmp_path: Path) -> None:
+    """acp-server's ``subscriber_limit_exceeded`` (too many readers of one session) is
+    a 429 too, but no rate limit of the runner: the checks it meets judge it, the run
+    goes on to its verdict."""
+    body = json.dumps({"error": "Too many event subscribers", "code":
+                       "subscriber_limit_exceeded", "sessionId": "s", "limit": 1}).encode()
+    events = re.compile(r"/session/[^/]+/events")
+
+    def wrap(app: Any) -> Any:
+        async def asgi(scope: dict[str, Any], receive: Any, send: Any) -> None:
+            if not matches(scope, "GET", events):
+                return await app(scope, receive, send)
+            await send({"type": "http.response.start", "status": 429, "headers": [
+                (b"content-type", b"application/json"), (b"retry-after", b"5"),
+                (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})
+        return asgi
+
+    async with running_target(tmp_path, wrap=wrap) as url:
+        report = await run_conformance(url, options=FAST, suites=["backpressure"])
+    failed = {r.id: r.detail for r in report.results if r.outcome == "fail"}
+    assert failed and all("429" in detail and "subscriber_limit_exceeded" in detail
+                          for detail in failed.values()), failed
+    assert report.exit_status() == 1
