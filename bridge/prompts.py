@@ -27,7 +27,7 @@ from bridge.errors import (
     TooManyContentBlocksError,
 )
 from bridge.session import QUEUED
-from bridge.status import PendingPromptInfo, PromptTerminal
+from bridge.status import PendingPromptInfo, PromptTerminal, refused
 from bridge.ticket import PromptTicket
 
 if TYPE_CHECKING:
@@ -41,6 +41,9 @@ class PromptsAPI:
     options: BridgeOptions
     permissions: PermissionMediator
     elicitations: ElicitationMediator
+
+    _sessions: dict[str, Session]
+    _closed_terminals: dict[str, Any]
 
     def get_session(self, session_id: str) -> Session:
         raise NotImplementedError   # Bridge's
@@ -105,6 +108,17 @@ class PromptsAPI:
         a prompt refused at admission (``bridge.status.REFUSED_CODES``: it never ran,
         and its id may be admitted again)."""
         return self.get_session(session_id).prompt_terminals.latest(prompt_id)
+
+    def ended_prompt_terminal(self, session_id: str, prompt_id: str) -> PromptTerminal | None:
+        """How a prompt of a session that is no longer live ended (its agent died, it
+        was closed: the terminals the bridge keeps of closed sessions), else ``None``
+        (also for a live session: ``prompt_terminal``)."""
+        if session_id in self._sessions:
+            return None
+        for terminal in reversed(self._closed_terminals.get(session_id) or ()):
+            if terminal.prompt_id == prompt_id:   # a deque, or a restored list
+                return None if refused(terminal) else terminal
+        return None
 
     def check_client(self, session_id: str, client_id: str | None) -> None:
         """``InvalidClientIdError`` when ``client_id`` is not one of the session's (as

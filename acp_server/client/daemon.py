@@ -19,7 +19,9 @@ Contracts (``prompt``, mirroring the peer SDK):
   (→ ``DaemonStreamEndedError`` / ``DaemonStreamError``), and any failure to send the
   request or to parse the answer.
 * After a 202 the client subscribes from the envelope's ``lastEventId`` with its
-  ``eventEpoch``, so no event of the turn is missed.
+  ``eventEpoch``, so no event of the turn is missed. A session gone before its
+  stream was read (its agent died as the prompt ran: 404) is asked how the prompt
+  ended, by sending it again under its id (a server with ``prompt_id_replay``).
 * A 503 ``prompt_queue_full`` → ``DaemonPendingPromptLimitError`` with the server's
   values (also from ``prompt_nonblocking``, which reserves nothing). Other non-2xx →
   ``DaemonHttpError`` (a redirect among them: never followed); transport failures →
@@ -56,7 +58,7 @@ import msgspec
 
 from acp_server.client import wire
 from acp_server.client.bounded import MAX_ANSWER_BYTES, MAX_EVENT_BYTES, read_answer
-from acp_server.client.errors import (DaemonConnectionError, DaemonError,
+from acp_server.client.errors import (DaemonConnectionError, DaemonError, DaemonHttpError,
                                       DaemonSessionIdProtocolError, DaemonStreamEndedError,
                                       DaemonTurnError, decode_body, error_from_answer)
 from acp_server.client.inflate import request_headers
@@ -167,7 +169,7 @@ def _ended(content: bytes, session_id: str) -> PromptResult:
         code = body.get("errorCode") if isinstance(body.get("errorCode"), str) else None
         raise DaemonTurnError({"sessionId": session_id, "promptId": prompt_id,
                                "code": code or "turn_error",
-                               "message": f"Prompt failed ({code or 'turn_error'})"})
+                               "message": f"Prompt {prompt_id or ''} failed".replace("  ", " ")})
     stop = body.get("stopReason")
     return PromptResult(stop_reason=stop if isinstance(stop, str) else "end_turn",
                         prompt_id=prompt_id)
@@ -412,7 +414,16 @@ class DaemonClient:
             response = await self._send_prompt(session_id, req, prompt_id, client_id)
             if response.status_code == 202:
                 accepted = wire.decode(wire.PROMPT_ACCEPTED, response.content)
-                return await self._await_turn(session_id, accepted, client_id, on_event)
+                try:
+                    return await self._await_turn(session_id, accepted, client_id, on_event)
+                except DaemonHttpError as exc:   # gone before its events could be read
+                    if exc.status != 404 or not await self._replays_prompt_ids():
+                        raise
+                    ended = await self._send_prompt(session_id, req, accepted.prompt_id,
+                                                    client_id)
+                    if ended.status_code != 200:
+                        raise
+                    return _ended(ended.content, session_id)
             if response.status_code == 200:
                 return _ended(response.content, session_id)
             raise error_from_answer(response.status_code, response.content, response.headers,

@@ -53,6 +53,9 @@ async def send_prompt(request: Request, *, bridge: Bridge, config: RestConfig) -
     prompt_id = wire.prompt_id(body.promptId)
     if prompt_id is not None:
         bridge.check_prompt(body.prompt, body.deadlineMs)   # the same 400s either way
+        ended = bridge.ended_prompt_terminal(session_id, prompt_id)
+        if ended is not None:   # its session closed since (its agent died as it ran)
+            return json_response(200, wire.PromptTerminal.of(ended), REPLAYED)
         bridge.check_client(session_id, client_id)
         known = await _known_prompt(bridge, session_id, prompt_id)
         if known is not None:

@@ -142,3 +142,23 @@ async def test_a_server_without_the_feature_is_not_sent_it_again(tmp_path: Path)
         with pytest.raises(DaemonHttpError):
             await client.prompt(sid, "/chunks 1 twice")
         assert len(fault.bodies) == 2 and len(asked) == 1   # asked once, remembered
+
+
+async def test_a_session_gone_before_its_stream_was_read_answers_how_the_prompt_ended(
+        server: Daemon) -> None:
+    """The agent dies as it runs the prompt and the session closes before the client
+    subscribes to its events (404): the prompt's end is asked by sending it again under
+    its id, which a closed session answers from the terminals it keeps."""
+    async with DaemonClient(server.url) as client:
+        for _ in range(3):   # whichever comes first, the subscription or the close
+            sid = (await client.create_or_attach_session()).session_id
+            with pytest.raises(DaemonTurnError) as info:
+                await client.prompt(sid, "/crash now", prompt_id="c-1")
+            assert info.value.code == "agent_died"
+        again = await server.client.post(f"/session/{sid}/prompt", json={
+            "prompt": [{"type": "text", "text": "/crash now"}], "promptId": "c-1"})
+        assert again.status_code == 200 and again.headers["idempotent-replayed"] == "true"
+        assert again.json()["errorCode"] == "agent_died"
+        other = await server.client.post(f"/session/{sid}/prompt", json={
+            "prompt": [{"type": "text", "text": "x"}], "promptId": "c-2"})
+        assert other.status_code == 404 and other.json()["code"] == "session_not_found"
