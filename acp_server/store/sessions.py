@@ -39,7 +39,8 @@ Contracts (besides ``bridge.journal``'s):
   (``acp_server.store.write_behind``); a session restored with its marker set gets a
   new epoch (``RestoredSession.gap``). 0: publish after commit.
 * Tables (schema migration 3): ``sessions`` (the record, ``closed_at``),
-  ``session_prompts`` (each accepted prompt, its terminal once settled),
+  ``session_prompts`` (each accepted prompt; once settled only its terminal: the
+  commit that settles it empties its record, the body nothing reads any more),
   ``session_events`` (each event's envelope by id). Per session at most
   ``ring_size`` events are kept (older ones are deleted as newer ones commit: a reader
   behind them gets ``ring_evicted``, as from the in-memory ring) and the newest

@@ -2,7 +2,9 @@
 ``max_session_bytes`` of events was journaled since the last trim, the oldest events
 go until the rest fit; the newest always stays, so the ids go on after a restart. The
 bound holds across restarts (the count is seeded at restore: a session that journals
-less than a quarter of it a run is trimmed too)."""
+less than a quarter of it a run is trimmed too), and a settled prompt's row keeps its
+terminal, not its body (a prompt sent again under its id, ``/load`` and the restore
+read only that); a prompt not settled keeps its body, for the restore."""
 
 from __future__ import annotations
 
@@ -18,10 +20,12 @@ from acp_server.store.sqlite import SqliteTaskStore
 from acp_server.store.writer import Op
 from bridge import events as ev
 from bridge import wire
-from bridge.journal import EventRecord, SessionOpened
+from bridge.journal import EventRecord, PromptAccepted, PromptSettled, SessionOpened
+from tests.harness import local_server
 from tests.lmsp import stores
 from tests.store.faults import faulty
-from tests.store.test_journal_refusals import _run_sql
+from tests.store.test_journal_refusals import _run_sql, _settings
+from tests.store.test_session_restart import _is, read_events
 
 pytestmark = pytest.mark.anyio
 
@@ -157,3 +161,77 @@ async def _restored(tmp_path: Path, store_name: str) -> list[Any]:
     store, _ = _store(tmp_path, store_name)
     async with store, StoreSessionJournal(store, max_session_bytes=LIMIT) as journal:
         return await journal.restore()
+
+
+def _accepted(pid: str, seq: int, size: int) -> PromptAccepted:
+    return PromptAccepted(session_id="s", prompt_id=pid, seq=seq, queued_at_ms=seq,
+                          prompt=[{"type": "text", "text": pid * size}],
+                          last_event_id=seq, epoch="e")
+
+
+def _settled(pid: str, at: int) -> PromptSettled:
+    return PromptSettled(session_id="s", prompt_id=pid, terminal="completed", at=at,
+                         stop_reason="end_turn")
+
+
+async def test_a_settled_prompt_keeps_its_terminal_not_its_body(tmp_path: Path,
+                                                                store_name: str) -> None:
+    """Its row's body is dropped in the commit that settles it (also when it was
+    accepted in that commit); a prompt not settled keeps its body, and both come back
+    from a restart as they were: a terminal, a prompt to run."""
+    body = 100_000
+    store, url = _store(tmp_path, store_name)
+    async with store, StoreSessionJournal(store) as journal:
+        journal.append(SessionOpened(session_id="s", agent="a", cwd="/", created_at=1.0,
+                                     epoch="e"))
+        await journal.wait(journal.append(_accepted("a", 1, body)))
+        assert _sizes(tmp_path, store_name, url, "s")[1] > body   # accepted: kept
+        journal.append(_settled("a", 10))
+        journal.append(_accepted("b", 2, body))   # accepted and settled in one commit
+        journal.append(_settled("b", 11))
+        await journal.wait(journal.append(_accepted("c", 3, body)))   # still pending
+        prompts = _sizes(tmp_path, store_name, url, "s")[1]
+        assert body < prompts < body + 200   # c's body; a's and b's are gone
+        rows = _run_sql(tmp_path, store_name, url, "SELECT prompt_id, LENGTH(record) FROM "
+                        "session_prompts WHERE session_id = 's' ORDER BY prompt_id")
+        assert [(pid, int(size) > body) for pid, size in rows] == [
+            ("a", False), ("b", False), ("c", True)]
+    [found] = await _restored(tmp_path, store_name)
+    assert [(t.prompt_id, t.terminal, t.at, t.stop_reason) for t in found.terminals] == [
+        ("a", "completed", 10, "end_turn"), ("b", "completed", 11, "end_turn")]
+    assert found.unsettled == [_accepted("c", 3, body)]   # whole: it runs after a restart
+
+
+async def test_a_prompt_sent_again_after_a_restart_is_answered_without_its_body(
+        tmp_path: Path, store_name: str) -> None:
+    """The audit's case: prompts of a large body under the client's ids. Their rows keep
+    no body once settled, and after a restart each id sent again is answered with its
+    terminal (200, never run again), as ``/load``'s ``promptTerminals`` lists it."""
+    text = "/chunks 1 " + "x" * 300_000
+    settings = _settings(tmp_path, store_name)
+    url = settings.get("store")
+    async with local_server(tmp_path, **settings) as srv:
+        client = srv.client
+        sid = (await client.post("/session", json={"sessionScope": "thread"})).json()[
+            "sessionId"]
+        after = 0
+        for n in range(3):
+            answer = await client.post(f"/session/{sid}/prompt", json={
+                "prompt": [{"type": "text", "text": text}], "promptId": f"big-{n}"})
+            assert answer.status_code == 202, answer.text
+            seen = await read_events(client, sid, _is("turn_complete", f"big-{n}"),
+                                     last_event_id=after)
+            after = seen[-1]["id"]
+    assert _sizes(tmp_path, store_name, url, sid)[1] < 1000   # three terminals, no body
+    async with local_server(tmp_path, **settings) as srv:
+        client = srv.client
+        loaded = (await client.post(f"/session/{sid}/load", json={})).json()
+        assert [(t["promptId"], t["terminal"]) for t in loaded["promptTerminals"]] == [
+            (f"big-{n}", "completed") for n in range(3)]
+        for n in range(3):
+            again = await client.post(f"/session/{sid}/prompt", json={
+                "prompt": [{"type": "text", "text": text}], "promptId": f"big-{n}"})
+            assert again.status_code == 200, again.text
+            assert again.headers["idempotent-replayed"] == "true"
+            assert again.json()["terminal"] == "completed"
+        assert srv.bridge.session_status(sid).last_event_id == after   # nothing ran
