@@ -70,14 +70,15 @@ def test_the_store_imports_no_door_and_serves_no_http() -> None:
     settings, no HTTP; the doors may import it. Of the bridge it knows only the
     session journal's seam (``store/sessions.py`` implements ``bridge.journal``, its
     reads in ``store/session_reads.py`` and ``store/open_reads.py``, its writes in
-    ``store/session_writes.py``, the records the store refuses in
-    ``store/session_refusals.py``: its records, the error
+    ``store/session_writes.py``, what a commit trims in ``store/session_trims.py``,
+    the records the store refuses in ``store/session_refusals.py``: its records, the error
     it raises, the terminals and the event envelopes it reads)."""
     seam = ("bridge.journal", "bridge.errors", "bridge.status", "bridge.wire")
     found = _violations(_modules("acp_server.store"), DOORS + SERVER_ONLY + (
         "acp_server.http", "starlette", "uvicorn", "bridge"))
     journal = ("acp_server.store.sessions imports ", "acp_server.store.session_reads imports ",
                "acp_server.store.session_writes imports ",
+               "acp_server.store.session_trims imports ",
                "acp_server.store.session_refusals imports ",
                "acp_server.store.open_reads imports ")
     assert [v for v in found if not (v.startswith(journal)

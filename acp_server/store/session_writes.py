@@ -12,9 +12,10 @@ instance holds its lease live; a commit's plan keeps the newest event of each bu
 (session id and ``EventRecord.epoch``), so a late commit of an old bus never releases
 the new one. Records go in order, in as few statements as it takes (multi-row INSERTs
 of events and accepted prompts, one UPDATE of the terminals between two session
-records); what a commit trims and counts was planned in the event loop as it started
-(``CommitPlan``, ``StoreSessionJournal._planned``), so a transaction run twice does the
-same and counts nothing.
+records; a settled prompt's row keeps its terminal, its body is emptied in the same
+UPDATE); what a commit trims and counts was planned in the event loop as it started
+(``CommitPlan``, ``acp_server.store.session_trims``), so a transaction run twice does
+the same and counts nothing.
 """
 
 from __future__ import annotations
@@ -74,8 +75,13 @@ TERMINALS_TRIM = ("DELETE FROM session_prompts WHERE session_id = ? AND terminal
                   "AND (COALESCE(settled_at, 0), seq) < (SELECT COALESCE(settled_at, 0), seq "
                   "FROM session_prompts WHERE session_id = ? AND terminal IS NOT NULL "
                   "ORDER BY COALESCE(settled_at, 0) DESC, seq DESC LIMIT 1 OFFSET ?)")
+# A settled prompt's row keeps its terminal, not its body (``record``: read only while
+# the prompt is not settled, to run it again after a restart or answer its id with its
+# admission): an empty blob in both dialects, from a value of the row's own statement
+# (not the body), in the same statement as the terminal.
 SETTLE_UPDATE = ("WITH v(sid, pid, terminal, at) AS (VALUES {}) "
                  "UPDATE session_prompts SET terminal = v.terminal, "
+                 "record = substr(v.terminal, 1, 0), "
                  "settled_at = CAST(v.at AS BIGINT) FROM v "
                  "WHERE session_prompts.session_id = v.sid AND session_prompts.prompt_id = v.pid")
 

@@ -39,7 +39,8 @@ Contracts (besides ``bridge.journal``'s):
   (``acp_server.store.write_behind``); a session restored with its marker set gets a
   new epoch (``RestoredSession.gap``). 0: publish after commit.
 * Tables (schema migration 3): ``sessions`` (the record, ``closed_at``),
-  ``session_prompts`` (each accepted prompt, its terminal once settled),
+  ``session_prompts`` (each accepted prompt; once settled only its terminal: the
+  commit that settles it empties its record, the body nothing reads any more),
   ``session_events`` (each event's envelope by id). Per session at most
   ``ring_size`` events are kept (older ones are deleted as newer ones commit: a reader
   behind them gets ``ring_evicted``, as from the in-memory ring) and the newest
@@ -51,7 +52,8 @@ Contracts (besides ``bridge.journal``'s):
   of envelopes journaled since its last byte trim, its oldest events are deleted until
   the rest take at most ``max_session_bytes`` (never its newest event: the event ids
   go on from it). So a session's events take at most 1.25 × ``max_session_bytes``
-  plus one batch.
+  plus one batch, across restarts too: the count is seeded at restore (and adopt)
+  with what its events on disk take past the bound (``acp_server.store.session_trims``).
 * After a power loss or a kernel crash (SQLite, the journal's commits not fsynced:
   ``SqliteTaskStore.unsynced_loss``, the last run had no clean stop and the boot id
   changed) ``restore`` gives every session a new epoch (``RestoredSession.gap``): the
@@ -83,6 +85,11 @@ from acp_server.store.leases import SessionLeases
 from acp_server.store.pg_engine import PostgresEngine
 from acp_server.store.session_reads import SessionReads
 from acp_server.store.session_refusals import Refusals, SessionRefusals
+from acp_server.store.session_trims import (  # noqa: F401 - TRIM_TERMINALS_EVERY: theirs
+    MAX_SESSION_BYTES,
+    TRIM_TERMINALS_EVERY,
+    SessionTrims,
+)
 from acp_server.store.session_writes import CommitPlan, Record, SessionWrites
 from acp_server.store.write_behind import Marker, WriteBehind
 from acp_server.store.writer import Op
@@ -101,8 +108,6 @@ from bridge.journal import (
 log = logging.getLogger("acp_server.store.sessions")
 
 MAX_PENDING = 200_000
-TRIM_TERMINALS_EVERY = 64   # settled prompts per session between two trims of terminals
-MAX_SESSION_BYTES = 64 * 1024 * 1024   # event envelopes kept per session (see trim_bytes)
 
 
 CRITICAL = (SessionOpened, PromptAccepted)
@@ -112,7 +117,7 @@ LOST = -1   # the fence of a session this instance lost: every write of it is re
 # Lost sessions kept fenced (``lose``): the bridge stops one at once, so its last
 # records are long refused when it is forgotten; past this the oldest are forgotten.
 MAX_LOST = 4096
-class StoreSessionJournal(SessionWrites, SessionRefusals, SessionReads):
+class StoreSessionJournal(SessionTrims, SessionWrites, SessionRefusals, SessionReads):
     """See the module docstring. ``store`` is an open ``GroupCommitStore``."""
 
     durable = True
@@ -347,64 +352,6 @@ class StoreSessionJournal(SessionWrites, SessionRefusals, SessionReads):
         else:
             self._kick()
 
-    def _planned(self, batch: list[tuple[int, Record]]) -> CommitPlan:
-        """What the commit of ``batch`` trims and how it changes the counts, in one pass
-        (event loop, as the commit starts; applied only when it lands, ``_landed``: a
-        transaction run twice — a batch rolled back, then run with savepoints — or
-        retried counts nothing twice and never loses a trim):
-
-        * the sessions whose old terminals it deletes (they reach
-          ``TRIM_TERMINALS_EVERY`` settled prompts past the kept number) and each
-          touched session's settle count once landed (``None``: ended);
-        * the sessions it byte-trims (their envelopes since their last byte trim reach
-          a quarter of ``max_session_bytes``) and each one's byte count once landed
-          (``None``: ended, or trimmed now);
-        * each bus's newest event in it (what readers may see once it lands)."""
-        plan = CommitPlan()
-        due, counts, grown, newest = plan.trims, plan.untrimmed, plan.unsized, plan.newest
-        untrimmed = self._untrimmed
-        reopened: set[str] = set()
-        reset: set[str] = set()   # its events deleted: the next one counts from none
-        for _, record in batch:
-            kind = type(record)
-            if kind is EventRecord:
-                sid = record.session_id
-                newest[sid, record.epoch] = record   # type: ignore[assignment,union-attr]
-                size = grown.get(sid, 0)
-                if size is None and sid in reset:
-                    size = 0
-                    reset.discard(sid)
-                    reopened.add(sid)
-                if size is not None:
-                    grown[sid] = size + len(record.envelope)   # type: ignore[union-attr]
-            elif kind is PromptSettled:
-                sid = record.session_id
-                count = (counts.get(sid, untrimmed.get(sid, 0)) or 0) + 1
-                if count >= TRIM_TERMINALS_EVERY:
-                    due.add(sid)
-                    count = 0
-                counts[sid] = count
-            elif kind is SessionEnded:
-                counts[record.session_id] = grown[record.session_id] = None
-            elif kind is EventsReset:   # its events so far are gone (none: forgotten)
-                grown[record.session_id] = None
-                reset.add(record.session_id)
-            elif kind is SessionOpened and grown.get(record.session_id, 0) is None:
-                # ended earlier in this batch, open again: its later events count
-                # from nothing, as they would in a commit of their own
-                grown[record.session_id] = 0
-                reopened.add(record.session_id)
-        quarter = self.max_session_bytes // 4
-        for sid, size in grown.items():
-            if size is not None:
-                total = (0 if sid in reopened else self._unsized.get(sid, 0)) + size
-                if total >= quarter:
-                    plan.byte_trims.add(sid)
-                    grown[sid] = None
-                else:
-                    grown[sid] = total
-        return plan
-
     def _behind_landed(self, wb: WriteBehind, batch: list[tuple[int, Record]]) -> None:
         touched: set[str] = set()
         for _, record in batch:
@@ -564,6 +511,7 @@ class StoreSessionJournal(SessionWrites, SessionRefusals, SessionReads):
             await self.let_go(session_id)
             return None
         self._resettle(resettle)
+        await self._seed_unsized([session_id])
         return found[0]
 
     def _signal(self) -> None:

@@ -65,14 +65,15 @@ def _run_sql(tmp_path: Path, store_name: str, url: str | None, statement: str,
 
 def poison(tmp_path: Path, store_name: str, url: str | None, table: str,
            column: str | None, *, when: str = "", event: str = "INSERT",
-           errcode: str = "P0001") -> None:
+           errcode: str = "P0001", row: str = "NEW") -> None:
     """A real trigger: every ``event`` on ``table`` whose ``column`` holds ``MARK``
-    (``None``: any) and that meets ``when`` (SQL on NEW) is refused by the database."""
+    (``None``: any; in the ``row`` it writes, or ``OLD``: the one it changes) and that
+    meets ``when`` (SQL on NEW) is refused by the database."""
     postgres = store_name == "postgres"
     conditions = [when] if when else []
     if column is not None:
-        conditions.append(f"position('{MARK}'::bytea IN NEW.{column}) > 0" if postgres
-                          else f"instr(NEW.{column}, CAST('{MARK}' AS BLOB)) > 0")
+        conditions.append(f"position('{MARK}'::bytea IN {row}.{column}) > 0" if postgres
+                          else f"instr({row}.{column}, CAST('{MARK}' AS BLOB)) > 0")
     refuse_rows(url=url if postgres else None, sqlite_path=_sqlite_path(tmp_path),
                 name=f"poison_{table}", table=table, event=event,
                 when=" AND ".join(conditions) or "TRUE", errcode=errcode)
@@ -270,7 +271,9 @@ async def test_a_refused_terminal_or_close_is_replaced_by_a_deletion(tmp_path: P
         client = srv.client
         sid = (await _new_session(client))["sessionId"]
         closing = (await _new_session(client))["sessionId"]
-        poison(tmp_path, store_name, url, "session_prompts", "record", event="UPDATE")
+        # the settle of a prompt whose body holds MARK (its row keeps no body: OLD's)
+        poison(tmp_path, store_name, url, "session_prompts", "record", event="UPDATE",
+               row="OLD")
         seen = await _run_prompt(client, sid, f"{MARK} settles")
         poison(tmp_path, store_name, url, "sessions", None, event="UPDATE",
                when=f"NEW.closed_at IS NOT NULL AND NEW.id = '{closing}'")

@@ -45,11 +45,12 @@ pytestmark = pytest.mark.anyio
 
 def refuse_settling(tmp_path: Path, store_name: str, url: str | None) -> None:
     """The store refuses every UPDATE and every DELETE of a prompt whose record holds
-    ``MARK``: its terminal, and the deletion in its place."""
+    ``MARK``: its terminal (the row it changes: a settled row keeps no body), and the
+    deletion in its place."""
     postgres = store_name == "postgres"
-    for event, row in (("UPDATE", "NEW"), ("DELETE", "OLD")):
-        when = (f"position('{MARK}'::bytea IN {row}.record) > 0" if postgres
-                else f"instr({row}.record, CAST('{MARK}' AS BLOB)) > 0")
+    for event in ("UPDATE", "DELETE"):
+        when = (f"position('{MARK}'::bytea IN OLD.record) > 0" if postgres
+                else f"instr(OLD.record, CAST('{MARK}' AS BLOB)) > 0")
         refuse_rows(url=url if postgres else None,
                     sqlite_path=tmp_path / "state" / "lmsp.sqlite3",
                     name=f"refuse_prompt_{event.lower()}", table="session_prompts",
