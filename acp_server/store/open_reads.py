@@ -77,13 +77,14 @@ def decode_settled(blob: Any) -> PromptTerminal:
     return terminal_of(SETTLED.decode(stored(blob)))
 
 
-def decode_event(envelope: Any) -> Event:
+def decode_event(envelope: Any, event_id: int | None = None) -> Event:
     """A ``session_events.envelope``'s event (as stored: ``stored``). ``msgspec.
     MsgspecError`` when it cannot be decoded: ``event_from_envelope`` validates the
-    payload's shape, and a journal's event has an id (a positive integer)."""
+    payload's shape, and a journal's event has an id (a positive integer), its row's
+    (``event_id``, when given)."""
     event = event_from_envelope(stored(envelope))
-    if event.id is None or event.id < 1:
-        raise msgspec.ValidationError(f"an event without an id ({event.id!r})")
+    if event.id is None or event.id < 1 or event_id is not None and event.id != event_id:
+        raise msgspec.ValidationError(f"event id {event.id!r} in the row of {event_id!r}")
     return event
 
 

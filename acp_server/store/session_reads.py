@@ -31,6 +31,7 @@ from acp_server.store.open_reads import (OPENED, TURN_ENDS, decode_accepted, dec
                                          stored, terminal_from_event)
 from acp_server.store.write_behind import MARKER_ID
 from bridge.errors import JournalUnavailableError
+from bridge.events import Event
 from bridge.journal import (EndedSession, PromptAccepted, PromptSettled, RestoredSession,
                             SessionOpened)
 from bridge.status import MAX_PROMPT_TERMINALS, PromptTerminal
@@ -63,6 +64,17 @@ def settled_from_events(conn: Any, sql: Any, sid: str, ids: set[str]
         if terminal is not None:
             found[pid] = terminal
     return found
+
+
+def _unbroken_tail(events: list[Event], last: int) -> list[Event]:
+    """The newest of ``events`` (id order) whose ids run without a hole up to ``last``:
+    a bus indexes its ring by id (``bridge.bus``), so a restored ring past a lost event
+    (unreadable, or never committed) starts after it; empty when the last one is lost.
+    Its readers resync anyway: a lost event gives the session a new epoch."""
+    start = len(events)
+    while start and events[start - 1].id == last - (len(events) - start):
+        start -= 1
+    return events[start:]
 
 
 class SessionReads:
@@ -182,7 +194,7 @@ class SessionReads:
                                    "id = ?"), (sid, MARKER_ID)).fetchone() is not None
             for event_id, envelope in rows:
                 try:
-                    event = decode_event(envelope)
+                    event = decode_event(envelope, event_id)
                 except msgspec.MsgspecError as exc:
                     log.error("session journal: event %s of session %s is unreadable (%s): "
                               "skipped", event_id, sid, exc)
@@ -192,6 +204,8 @@ class SessionReads:
                     gap = True
                 events.append(event)
             last = rows[-1][0] if rows else 0
+            if gap:   # the ring holds the run of ids up to the last, without a hole
+                events = _unbroken_tail(events, last)
             started: set[str] = set()
             if unsettled:
                 ids = {p.prompt_id for p in unsettled}
