@@ -1,7 +1,7 @@
 """The session journal on the store, in process (both anyio backends) and through the
 ACP Python SDK against a real process: a failed commit is a 503 that releases the slot
 exactly once, a clean stop keeps the sessions, ``DELETE`` removes a session's journal,
-closed sessions are purged after the retention on the injected clock, a record that
+closed sessions are purged after the retention on the injected clock (and at start), a record that
 cannot be decoded is skipped, and an ``/acp`` client ``session/load``s the whole history
 after a ``kill -9``."""
 
@@ -15,6 +15,7 @@ import anyio
 import httpx
 import pytest
 
+from acp_server.rest.workspace import workspace_id
 from bridge import BridgeOptions
 from bridge.agents.reference import ReferenceAgentFactory
 from tests.acp_http.wsclient import ws_connect
@@ -94,6 +95,29 @@ async def test_a_clean_stop_keeps_sessions_delete_and_retention_remove_them(
                 events = {r[0] for r in db.execute("SELECT DISTINCT session_id "
                                                    "FROM session_events")}
             assert rows == {ids[0]} and events == {ids[0]}
+
+
+async def test_the_retention_is_applied_at_start(tmp_path: Path, store_name: str) -> None:
+    """A server restarted more often than the purge interval purges all the same: the
+    first purge runs at start (the injected clock: past the retention between runs)."""
+    now = [1_000_000.0]
+    settings: dict[str, Any] = {**_journal_url(tmp_path, store_name),
+                                "session_retention_ms": 60_000, "session_clock": lambda: now[0]}
+    async with local_server(tmp_path, **settings) as srv:
+        ids = [(await srv.client.post("/session", json={"sessionScope": "thread"})
+                ).json()["sessionId"] for _ in range(2)]
+        await srv.bridge.close_session(ids[1], reason="idle_timeout")   # closed, kept
+    async with local_server(tmp_path, **settings) as srv:   # within the retention: kept
+        ended = f"/workspace/{workspace_id(str(tmp_path))}/ended-sessions"
+        assert [s["sessionId"] for s in (await srv.client.get(ended)).json()["sessions"]
+                ] == [ids[1]]
+    now[0] += 61
+    async with local_server(tmp_path, **settings) as srv:
+        with anyio.fail_after(10):
+            while (await srv.client.get(ended)).json()["sessions"]:
+                await anyio.sleep(0.01)
+        assert (await srv.client.post(f"/session/{ids[1]}/load", json={})).status_code == 404
+        assert [s.session_id for s in srv.bridge.list_sessions()] == [ids[0]]
 
 
 async def test_an_undecodable_record_is_skipped(tmp_path: Path) -> None:
