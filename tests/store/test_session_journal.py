@@ -1,9 +1,9 @@
 """The session journal on the store, in process (both anyio backends) and through the
 ACP Python SDK against a real process: a failed commit is a 503 that releases the slot
 exactly once, a clean stop keeps the sessions, ``DELETE`` removes a session's journal,
-closed sessions are purged after the retention on the injected clock (and at start), a record that
-cannot be decoded is skipped, and an ``/acp`` client ``session/load``s the whole history
-after a ``kill -9``."""
+closed sessions are purged after the retention on the injected clock (and at start), a
+record that cannot be decoded is skipped, and an ``/acp`` client ``session/load``s the
+whole history after a ``kill -9``."""
 
 from __future__ import annotations
 
