@@ -19,6 +19,7 @@ from acp_server.rest.workspace import workspace_id
 from bridge import BridgeOptions
 from bridge.agents.reference import ReferenceAgentFactory
 from tests.acp_http.wsclient import ws_connect
+from tests.agents.held import HeldAgent
 from tests.bridge.helpers import wait_until
 from tests.harness import ServeProcess, local_server
 from tests.lmsp import stores
@@ -58,6 +59,41 @@ async def test_a_failed_commit_is_503_and_releases_the_slot_once(tmp_path: Path,
         assert [t["terminal"] for t in terminals] == ["failed", "completed"]
         assert terminals[0]["errorCode"] == "store_unavailable"
         assert srv.bridge.session_status(sid).pending_prompts == 0
+
+
+async def test_status_and_listing_say_the_committed_id_in_an_outage(
+        tmp_path: Path, store_name: str) -> None:
+    """Events published while the store is down are held (not committed): the status
+    and the listing say the last committed id, as ``/load`` and the stream do, so a
+    client resuming from it after a restart skips nothing; once the store is back and
+    they are committed, the newest."""
+    store, agent = faulty(tmp_path), HeldAgent()
+    async with local_server(tmp_path, lmsp_store=store, agent_factory=agent) as srv:
+        client = srv.client
+        sid = (await client.post("/session", json={"sessionScope": "thread"})).json()["sessionId"]
+        accepted = await client.post(f"/session/{sid}/prompt", json=_prompt("/chunks 5 x"))
+        assert accepted.status_code == 202
+        turn = await agent.arrived(1)
+        bus = srv.bridge.get_session(sid).bus
+        await wait_until(lambda: bus.released_id == bus.last_event_id)   # all committed
+        committed = bus.released_id
+        store.faults.on()
+        turn.release()   # its events are published in the outage, and held
+        await wait_until(lambda: bus.last_event_id > committed)
+        assert bus.released_id == committed
+        wid = workspace_id(str(tmp_path))
+        status = (await client.get(f"/session/{sid}/status")).json()
+        listed = (await client.get(f"/workspace/{wid}/sessions")).json()["sessions"]
+        loaded = await client.post(f"/session/{sid}/load", json={})
+        assert loaded.status_code == 200
+        assert status["lastEventId"] == listed[0]["lastEventId"] == committed
+        assert loaded.json()["lastEventId"] == committed
+        assert srv.bridge.published_event_id(sid) == bus.last_event_id > committed
+        store.faults.off()
+        await _settled(client, sid, accepted.json()["promptId"])
+        await wait_until(lambda: bus.released_id == bus.last_event_id)
+        status = (await client.get(f"/session/{sid}/status")).json()
+        assert status["lastEventId"] == bus.last_event_id > committed
 
 
 def _journal_url(tmp_path: Path, store_name: str) -> dict[str, Any]:
