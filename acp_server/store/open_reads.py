@@ -25,10 +25,9 @@ from typing import Any
 
 import msgspec
 
-from bridge.events import Event
 from bridge.journal import PromptAccepted, PromptSettled, RestoredSession, SessionOpened
 from bridge.status import PromptTerminal
-from bridge.wire import event_from_envelope
+from bridge.wire import Event, event_from_envelope
 
 log = logging.getLogger("acp_server.store.sessions")
 

@@ -31,10 +31,10 @@ from acp_server.store.open_reads import (OPENED, TURN_ENDS, decode_accepted, dec
                                          stored, terminal_from_event)
 from acp_server.store.write_behind import MARKER_ID
 from bridge.errors import JournalUnavailableError
-from bridge.events import Event
 from bridge.journal import (EndedSession, PromptAccepted, PromptSettled, RestoredSession,
                             SessionOpened)
 from bridge.status import MAX_PROMPT_TERMINALS, PromptTerminal
+from bridge.wire import Event
 
 log = logging.getLogger("acp_server.store.sessions")
 
