@@ -118,17 +118,20 @@ class Server:
 
     async def purge_sessions(self) -> int:
         """Remove the journals of sessions closed longer than the retention ago (on
-        ``session_clock``); run every ``PURGE_INTERVAL_S`` and on demand (tests)."""
+        ``session_clock``); run at start, then every ``PURGE_INTERVAL_S``, and on demand
+        (tests)."""
         retention = self.settings.session_retention_ms / 1000
         return await self.bridge.journal.purge(self.session_clock() - retention)
 
     async def _purge_loop(self) -> None:
+        """Purge at start, then every ``PURGE_INTERVAL_S``: a server restarted more
+        often than that applies its retention all the same."""
         while True:
-            await anyio.sleep(PURGE_INTERVAL_S)
             try:
                 await self.purge_sessions()
             except Exception as exc:   # noqa: BLE001 - a store outage: next time
                 log.warning("session journal purge failed: %s", exc)
+            await anyio.sleep(PURGE_INTERVAL_S)
 
     async def drain(self) -> None:
         """The front doors, then the sessions, then the agents (see the module docstring)."""

@@ -1,6 +1,7 @@
 """The read side of the ``Bridge`` API: a session's status, the listings, the counts.
 
     bridge.session_status(session_id)         # SessionStatus, or SessionNotFoundError
+    bridge.published_event_id(session_id)     # its last event id, committed or not
     bridge.list_sessions()                    # this bridge's live sessions, creation order
     await bridge.list_all_sessions()          # and, with several instances, the others'
     bridge.stats()                            # BridgeStats: what /daemon/status counts
@@ -10,11 +11,13 @@
 what ``sessions_elsewhere`` gives (the composition sets it when several instances share
 one store: ``acp_server.fleet.replica``), never a session live here twice; when that
 cannot be read (the store down) it is this bridge's own, logged, never an error: a
-listing shows what it can.
+listing shows what it can. A status's ``last_event_id`` is the last event readers may
+see (on a durable journal, the last committed), never one a store outage holds.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
@@ -64,8 +67,22 @@ class ListingAPI:
     def session_status(self, session_id: str) -> SessionStatus:
         return self._status(self.get_session(session_id))
 
+    def published_event_id(self, session_id: str) -> int:
+        """The session's last event id published, committed or not (``session_status``
+        says the last committed): what a door waits for its stream to pass."""
+        return self.get_session(session_id).bus.last_event_id
+
     def _status(self, session: Session) -> SessionStatus:
-        return session.status(self.permissions.count(session))
+        """The session's status; its ``last_event_id`` is the last one readers may see
+        (``EventBus.released_id``: on a durable journal, the last one committed), as
+        ``load`` and the stream say: an event published but held in a store outage is
+        not yet the session's, and a client resuming from it after a restart would skip
+        the one that takes its id."""
+        status = session.status(self.permissions.count(session))
+        released = session.bus.released_id
+        if status.last_event_id == released:
+            return status
+        return dataclasses.replace(status, last_event_id=released)
 
     def stats(self) -> BridgeStats:
         sessions = list(self._sessions.values())

@@ -243,22 +243,38 @@ class _RawEnvelope(msgspec.Struct, kw_only=True):
     meta: EventMeta | None = msgspec.field(default=None, name="_meta")
 
 
+class _Asked(msgspec.Struct):
+    """The ids the wire adds to an agent's request params (other members: the agent's)."""
+
+    requestId: str
+    sessionId: str
+
+
+class _Completed(msgspec.Struct):
+    sessionId: str
+
+
 _raw_envelope_decoder = msgspec.json.Decoder(_RawEnvelope)
+_params_decoder = msgspec.json.Decoder(dict[str, Any])
 
 
 def event_from_envelope(raw: bytes) -> Event:
     """The event an envelope records (see the module contracts). Raises
-    ``msgspec.DecodeError`` / ``msgspec.ValidationError`` for a record it cannot read."""
+    ``msgspec.DecodeError`` / ``msgspec.ValidationError``, and nothing else, for a
+    record it cannot read: one whose members have the wrong types (a request's
+    ``data`` not an object, its ``requestId`` not a string) is one."""
     found = _raw_envelope_decoder.decode(raw)
     payload = ev.PAYLOADS.get(found.type)
     data: Any = found.data
     if payload is ev.PermissionRequest or payload is ev.ElicitationRequest:
-        params = msgspec.json.decode(found.data)   # the agent's, plus requestId last
-        request_id = params.pop("requestId")
-        data = payload(request_id=request_id, session_id=params["sessionId"], params=params)
+        params = _params_decoder.decode(found.data)   # the agent's, plus requestId last
+        asked = msgspec.convert(params, _Asked)
+        del params["requestId"]
+        data = payload(request_id=asked.requestId, session_id=asked.sessionId, params=params)
     elif payload is ev.ElicitationComplete:
-        params = msgspec.json.decode(found.data)
-        data = ev.ElicitationComplete(session_id=params["sessionId"], params=params)
+        params = _params_decoder.decode(found.data)
+        data = ev.ElicitationComplete(session_id=msgspec.convert(params, _Completed).sessionId,
+                                      params=params)
     elif payload is not None:
         twin = msgspec.json.decode(found.data, type=TWINS[payload])
         data = payload(*msgspec.structs.astuple(twin))

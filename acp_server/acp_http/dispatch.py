@@ -363,8 +363,9 @@ async def _session_prompt(conn: AcpConnection, rpc_id: RpcId, params: dict[str, 
 
 async def _after_its_events(conn: AcpConnection, channel: Any) -> None:
     """A settled prompt answered again: after the events published before it (with a
-    durable journal they reach the stream once committed, after the settlement)."""
-    last = conn.bridge.session_status(channel.session_id).last_event_id
+    durable journal they reach the stream once committed, after the settlement): the
+    last published id, not the status's (the last committed)."""
+    last = conn.bridge.published_event_id(channel.session_id)
     await channel.flush_through(last)
 
 

@@ -282,7 +282,7 @@ class JournalReplicas:
                     continue   # a newer view gave them to the bus meanwhile (``subscribe``)
                 try:
                     events.append(event_from_envelope(raw))
-                except (msgspec.MsgspecError, KeyError, TypeError) as exc:
+                except msgspec.MsgspecError as exc:
                     log.error("session %s: event %s is unreadable (%s): its readers "
                               "resume", sid, event_id, exc)
                     return True

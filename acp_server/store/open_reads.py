@@ -27,7 +27,7 @@ import msgspec
 
 from bridge.journal import PromptAccepted, PromptSettled, RestoredSession, SessionOpened
 from bridge.status import PromptTerminal
-from bridge.wire import event_from_envelope
+from bridge.wire import Event, event_from_envelope
 
 log = logging.getLogger("acp_server.store.sessions")
 
@@ -40,20 +40,51 @@ _OPEN = "FROM sessions s WHERE s.closed_at IS NULL"
 _OPEN_JOIN = "JOIN sessions s ON s.id = {t}.session_id WHERE s.closed_at IS NULL"
 
 
-def decode_opened(sid: str, blob: bytes) -> SessionOpened | None:
-    """A ``sessions.record``; ``None`` when it cannot be decoded (logged: the session
-    is skipped)."""
+def stored(value: Any) -> bytes:
+    """A stored record's bytes, to decode: a BLOB (``bytea``) as it is, a TEXT value (a
+    row written by something else: SQLite keeps what it is given) as its UTF-8, any
+    other value as no bytes at all. Never raises: what cannot be a record fails its
+    decoding (``msgspec.MsgspecError``), where the row is logged and skipped."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogatepass")
+    return b""
+
+
+def decode_opened(sid: str, blob: Any) -> SessionOpened | None:
+    """A ``sessions.record`` (as stored: ``stored``); ``None`` when it cannot be decoded
+    (logged: the session is skipped)."""
     try:
-        return OPENED.decode(blob)
+        return OPENED.decode(stored(blob))
     except msgspec.MsgspecError as exc:
         log.error("session journal: session %s has an unreadable record (%s): skipped",
                   sid, exc)
         return None
 
 
-def decode_accepted(blob: bytes) -> PromptAccepted:
-    """A ``session_prompts.record`` (msgpack; JSON in rows written before it)."""
+def decode_accepted(blob: Any) -> PromptAccepted:
+    """A ``session_prompts.record`` (msgpack; JSON in rows written before it; as
+    stored: ``stored``). ``msgspec.MsgspecError`` when it cannot be decoded."""
+    blob = stored(blob)
     return (_ACCEPTED_JSON if blob[:1] == b"{" else _ACCEPTED).decode(blob)
+
+
+def decode_settled(blob: Any) -> PromptTerminal:
+    """A ``session_prompts.terminal`` as the terminal it records (as stored: ``stored``).
+    ``msgspec.MsgspecError`` when it cannot be decoded."""
+    return terminal_of(SETTLED.decode(stored(blob)))
+
+
+def decode_event(envelope: Any, event_id: int | None = None) -> Event:
+    """A ``session_events.envelope``'s event (as stored: ``stored``). ``msgspec.
+    MsgspecError`` when it cannot be decoded: ``event_from_envelope`` validates the
+    payload's shape, and a journal's event has an id (a positive integer), its row's
+    (``event_id``, when given)."""
+    event = event_from_envelope(stored(envelope))
+    if event.id is None or event.id < 1 or event_id is not None and event.id != event_id:
+        raise msgspec.ValidationError(f"event id {event.id!r} in the row of {event_id!r}")
+    return event
 
 
 def terminal_of(settled: PromptSettled) -> PromptTerminal:
@@ -62,12 +93,13 @@ def terminal_of(settled: PromptSettled) -> PromptTerminal:
                           error_code=settled.error_code)
 
 
-def terminal_from_event(envelope: bytes, pid: str) -> PromptTerminal | None:
+def terminal_from_event(envelope: Any, pid: str) -> PromptTerminal | None:
     """Prompt ``pid``'s terminal as ``Session._settle`` gave it, from its end's event
-    (``turn_complete`` or ``turn_error``); ``None`` when it cannot be decoded."""
+    (``turn_complete`` or ``turn_error``, as stored); ``None`` when it cannot be
+    decoded."""
     try:
-        event = event_from_envelope(envelope)
-    except (msgspec.MsgspecError, KeyError, TypeError):
+        event = decode_event(envelope)
+    except msgspec.MsgspecError:
         return None   # logged with the ring's events when it is one of them
     data, at = event.data, int(event.timestamp_ms)
     if event.type == TURN_ENDS[0]:
@@ -93,7 +125,7 @@ def read_open_in(conn: Any, sql: Callable[[str], str], only: Sequence[str],
             f"{_OPEN} ORDER BY s.created_at")).fetchall():
         if sid in exclude:
             continue
-        record = decode_opened(sid, bytes(blob))
+        record = decode_opened(sid, blob)
         if record is None:
             continue
         session = found[sid] = RestoredSession(
@@ -101,12 +133,12 @@ def read_open_in(conn: Any, sql: Callable[[str], str], only: Sequence[str],
             started=set())
         if terminal is not None:
             try:
-                session.terminals.append(terminal_of(SETTLED.decode(bytes(terminal))))
+                session.terminals.append(decode_settled(terminal))
             except msgspec.MsgspecError as exc:
                 log.error("session journal: a settled prompt of session %s is unreadable "
                           "(%s): skipped", sid, exc)
         if newest is not None:
-            _add_event(session, bytes(newest))
+            _add_event(session, newest)
     if not found:
         return []
     kinds = ",".join("?" * len(only))
@@ -115,7 +147,7 @@ def read_open_in(conn: Any, sql: Callable[[str], str], only: Sequence[str],
             f"{_OPEN_JOIN.format(t='e')} AND e.type IN ({kinds}) ORDER BY e.session_id, e.id"),
             tuple(only)).fetchall():
         if sid in found:
-            _add_event(found[sid], bytes(envelope))
+            _add_event(found[sid], envelope)
     for session in found.values():
         session.events.sort(key=lambda event: event.id)   # type: ignore[arg-type,return-value]
     if _read_unsettled(conn, sql, found):
@@ -123,12 +155,12 @@ def read_open_in(conn: Any, sql: Callable[[str], str], only: Sequence[str],
     return list(found.values())
 
 
-def _add_event(session: RestoredSession, envelope: bytes) -> None:
-    """``envelope``'s event, unless the session has it already (its newest may be of the
-    types asked too) or it cannot be decoded (logged)."""
+def _add_event(session: RestoredSession, envelope: Any) -> None:
+    """``envelope``'s event (as stored), unless the session has it already (its newest
+    may be of the types asked too) or it cannot be decoded (logged)."""
     try:
-        event = event_from_envelope(envelope)
-    except (msgspec.MsgspecError, KeyError, TypeError) as exc:
+        event = decode_event(envelope)
+    except msgspec.MsgspecError as exc:
         log.error("session journal: an event of session %s is unreadable (%s): skipped",
                   session.record.session_id, exc)
         return
@@ -148,7 +180,7 @@ def _read_unsettled(conn: Any, sql: Callable[[str], str],
         if sid not in found:
             continue
         try:
-            found[sid].unsettled.append(decode_accepted(bytes(blob)))
+            found[sid].unsettled.append(decode_accepted(blob))
             any_unsettled = True
         except msgspec.MsgspecError as exc:
             log.error("session journal: prompt %s of session %s is unreadable (%s): "
@@ -161,7 +193,7 @@ def _read_started(conn: Any, sql: Callable[[str], str],
     """Which unsettled prompts started (an event of theirs past their admission), and
     which ended though their rows say otherwise (their ``turn_complete`` or
     ``turn_error``, ``settled_from_events``): those are settled, their end a terminal."""
-    ended: dict[tuple[str, str], bytes] = {}
+    ended: dict[tuple[str, str], Any] = {}
     for sid, pid, kind, envelope in conn.execute(sql(
             "SELECT e.session_id, e.prompt_id, e.type, "
             "CASE WHEN e.type IN (?, ?) THEN e.envelope END "
@@ -175,7 +207,7 @@ def _read_started(conn: Any, sql: Callable[[str], str],
             continue
         session.started.add(pid)
         if kind in TURN_ENDS and (sid, pid) not in ended:
-            ended[sid, pid] = bytes(envelope)
+            ended[sid, pid] = envelope
     for (sid, pid), envelope in ended.items():
         terminal = terminal_from_event(envelope, pid)
         if terminal is None:

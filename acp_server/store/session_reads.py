@@ -26,15 +26,15 @@ import msgspec
 
 from acp_server.store.errors import StoreUnavailableError
 from acp_server.store.leases import SessionLeases
-from acp_server.store.open_reads import (OPENED, SETTLED, TURN_ENDS, decode_accepted,
-                                         decode_opened, read_open_in, terminal_from_event,
-                                         terminal_of)
+from acp_server.store.open_reads import (OPENED, TURN_ENDS, decode_accepted, decode_event,
+                                         decode_opened, decode_settled, read_open_in,
+                                         stored, terminal_from_event)
 from acp_server.store.write_behind import MARKER_ID
 from bridge.errors import JournalUnavailableError
 from bridge.journal import (EndedSession, PromptAccepted, PromptSettled, RestoredSession,
                             SessionOpened)
 from bridge.status import MAX_PROMPT_TERMINALS, PromptTerminal
-from bridge.wire import event_from_envelope
+from bridge.wire import Event
 
 log = logging.getLogger("acp_server.store.sessions")
 
@@ -60,10 +60,21 @@ def settled_from_events(conn: Any, sql: Any, sid: str, ids: set[str]
             (sid, *TURN_ENDS)).fetchall():
         if pid not in ids or pid in found:
             continue
-        terminal = terminal_from_event(bytes(envelope), pid)
+        terminal = terminal_from_event(envelope, pid)
         if terminal is not None:
             found[pid] = terminal
     return found
+
+
+def _unbroken_tail(events: list[Event], last: int) -> list[Event]:
+    """The newest of ``events`` (id order) whose ids run without a hole up to ``last``:
+    a bus indexes its ring by id (``bridge.bus``), so a restored ring past a lost event
+    (unreadable, or never committed) starts after it; empty when the last one is lost.
+    Its readers resync anyway: a lost event gives the session a new epoch."""
+    start = len(events)
+    while start and events[start - 1].id == last - (len(events) - start):
+        start -= 1
+    return events[start:]
 
 
 class SessionReads:
@@ -144,7 +155,7 @@ class SessionReads:
         for sid, blob, closed_at in conn.execute(sql(
                 f"SELECT id, record, closed_at FROM sessions WHERE {where} "
                 "ORDER BY created_at"), params).fetchall():
-            record = decode_opened(sid, bytes(blob))
+            record = decode_opened(sid, blob)
             if record is None:
                 continue
             terminals: list[PromptTerminal] = []
@@ -154,9 +165,9 @@ class SessionReads:
                     "WHERE session_id = ? ORDER BY seq"), (sid,)).fetchall():
                 try:
                     if terminal_blob is not None:
-                        terminals.append(terminal_of(SETTLED.decode(bytes(terminal_blob))))
+                        terminals.append(decode_settled(terminal_blob))
                     else:
-                        unsettled.append(decode_accepted(bytes(prompt_blob)))
+                        unsettled.append(decode_accepted(prompt_blob))
                 except msgspec.MsgspecError as exc:
                     log.error("session journal: prompt %s of session %s is unreadable (%s): "
                               "skipped", pid, sid, exc)
@@ -183,8 +194,8 @@ class SessionReads:
                                    "id = ?"), (sid, MARKER_ID)).fetchone() is not None
             for event_id, envelope in rows:
                 try:
-                    event = event_from_envelope(bytes(envelope))
-                except (msgspec.MsgspecError, KeyError, TypeError) as exc:
+                    event = decode_event(envelope, event_id)
+                except msgspec.MsgspecError as exc:
                     log.error("session journal: event %s of session %s is unreadable (%s): "
                               "skipped", event_id, sid, exc)
                     gap = True
@@ -193,6 +204,8 @@ class SessionReads:
                     gap = True
                 events.append(event)
             last = rows[-1][0] if rows else 0
+            if gap:   # the ring holds the run of ids up to the last, without a hole
+                events = _unbroken_tail(events, last)
             started: set[str] = set()
             if unsettled:
                 ids = {p.prompt_id for p in unsettled}
@@ -251,8 +264,8 @@ class SessionReads:
                 f"SELECT id, envelope FROM session_events WHERE session_id = ? "
                 f"AND type IN ({kinds}) ORDER BY id"),
                 (session.record.session_id, *only)).fetchall():
-            with contextlib.suppress(msgspec.MsgspecError, KeyError, TypeError):
-                event = event_from_envelope(bytes(envelope))
+            with contextlib.suppress(msgspec.MsgspecError):
+                event = decode_event(envelope)
                 asked[event.id] = event
         session.events = [asked[i] for i in sorted(asked)]  # type: ignore[type-var]
 
@@ -271,8 +284,8 @@ class SessionReads:
             rows = conn.execute(sql(
                 "SELECT id, envelope FROM session_events WHERE session_id = ? AND id > ? "
                 "ORDER BY id LIMIT ?"), (session_id, max(after, MARKER_ID), limit)).fetchall()
-            return (OPENED.decode(bytes(row[0])), row[1] is not None,
-                    [(int(i), bytes(e)) for i, e in rows])
+            return (decode_opened(session_id, row[0]), row[1] is not None,
+                    [(int(i), stored(e)) for i, e in rows])
 
         return await self.store._read(read)
 
@@ -286,7 +299,7 @@ class SessionReads:
         def read(conn: Any) -> bytes | None:
             row = conn.execute(sql("SELECT record FROM sessions WHERE id = ?"),
                                (session_id,)).fetchone()
-            return None if row is None else bytes(row[0])
+            return None if row is None else stored(row[0])
 
         try:
             blob = await self.store._read(read)
@@ -318,7 +331,7 @@ class SessionReads:
                 for sid, blob, closed_at in rows:
                     position = (float(closed_at), str(sid))
                     try:
-                        record = OPENED.decode(bytes(blob))
+                        record = OPENED.decode(stored(blob))
                     except msgspec.MsgspecError as exc:
                         log.error("session journal: session %s has an unreadable record "
                                   "(%s)", sid, exc)

@@ -67,7 +67,7 @@ import msgspec
 
 from acp_server.store.errors import StoreUnavailableError, first_line
 from acp_server.store.pg_engine import TRANSIENT
-from acp_server.store.open_reads import OPENED
+from acp_server.store.open_reads import OPENED, stored
 from acp_server.store.session_reads import delete_session
 from acp_server.store.session_writes import Record, _encode
 from acp_server.store.write_behind import Marker
@@ -310,7 +310,7 @@ class SessionRefusals:
         if row is None:
             return
         try:
-            record = OPENED.decode(bytes(row[0]))
+            record = OPENED.decode(stored(row[0]))
         except msgspec.MsgspecError:
             return
         conn.execute(sql("UPDATE sessions SET record = ? WHERE id = ?"),

@@ -122,3 +122,22 @@ def test_iso_writes_every_time_and_never_raises() -> None:
     assert iso(1796354347.1234) == "2026-12-04T03:19:07.123Z"
     assert iso(1e300) == iso(float("inf")) == "9999-12-31T23:59:59.999Z"
     assert iso(-1e300) == iso(float("-inf")) == iso(float("nan")) == "0001-01-01T00:00:00.000Z"
+
+
+def test_a_request_of_the_wrong_shape_is_a_validation_error() -> None:
+    """A journal reads envelopes back: one whose request payload has the wrong types is
+    ``msgspec.ValidationError`` (skipped and logged there), never another error and
+    never an event restore would trip on."""
+    import pytest
+
+    for kind in ("permission_request", "elicitation_request", "elicitation_complete"):
+        for data in ('"x"', "null", "[1]", '{"sessionId":5,"requestId":[1]}',
+                     '{"requestId":"r"}', '{"sessionId":"s","requestId":{"a":1}}'):
+            if kind == "elicitation_complete" and data.startswith('{"sessionId":"s"'):
+                continue   # no requestId in a completion: well-formed
+            raw = (f'{{"id":2,"v":1,"type":"{kind}","data":{data},'
+                   f'"_meta":{{"serverTimestamp":1}}}}').encode()
+            with pytest.raises(msgspec.ValidationError):
+                wire.event_from_envelope(raw)
+    with pytest.raises(msgspec.ValidationError):
+        wire.event_from_envelope(b'{"id":2,"v":1,"type":"turn_complete","data":"x"}')

@@ -1,9 +1,9 @@
 """The session journal on the store, in process (both anyio backends) and through the
 ACP Python SDK against a real process: a failed commit is a 503 that releases the slot
 exactly once, a clean stop keeps the sessions, ``DELETE`` removes a session's journal,
-closed sessions are purged after the retention on the injected clock, a record that
-cannot be decoded is skipped, and an ``/acp`` client ``session/load``s the whole history
-after a ``kill -9``."""
+closed sessions are purged after the retention on the injected clock (and at start), a
+record that cannot be decoded is skipped, and an ``/acp`` client ``session/load``s the
+whole history after a ``kill -9``."""
 
 from __future__ import annotations
 
@@ -15,9 +15,11 @@ import anyio
 import httpx
 import pytest
 
+from acp_server.rest.workspace import workspace_id
 from bridge import BridgeOptions
 from bridge.agents.reference import ReferenceAgentFactory
 from tests.acp_http.wsclient import ws_connect
+from tests.agents.held import HeldAgent
 from tests.bridge.helpers import wait_until
 from tests.harness import ServeProcess, local_server
 from tests.lmsp import stores
@@ -59,6 +61,41 @@ async def test_a_failed_commit_is_503_and_releases_the_slot_once(tmp_path: Path,
         assert srv.bridge.session_status(sid).pending_prompts == 0
 
 
+async def test_status_and_listing_say_the_committed_id_in_an_outage(
+        tmp_path: Path, store_name: str) -> None:
+    """Events published while the store is down are held (not committed): the status
+    and the listing say the last committed id, as ``/load`` and the stream do, so a
+    client resuming from it after a restart skips nothing; once the store is back and
+    they are committed, the newest."""
+    store, agent = faulty(tmp_path), HeldAgent()
+    async with local_server(tmp_path, lmsp_store=store, agent_factory=agent) as srv:
+        client = srv.client
+        sid = (await client.post("/session", json={"sessionScope": "thread"})).json()["sessionId"]
+        accepted = await client.post(f"/session/{sid}/prompt", json=_prompt("/chunks 5 x"))
+        assert accepted.status_code == 202
+        turn = await agent.arrived(1)
+        bus = srv.bridge.get_session(sid).bus
+        await wait_until(lambda: bus.released_id == bus.last_event_id)   # all committed
+        committed = bus.released_id
+        store.faults.on()
+        turn.release()   # its events are published in the outage, and held
+        await wait_until(lambda: bus.last_event_id > committed)
+        assert bus.released_id == committed
+        wid = workspace_id(str(tmp_path))
+        status = (await client.get(f"/session/{sid}/status")).json()
+        listed = (await client.get(f"/workspace/{wid}/sessions")).json()["sessions"]
+        loaded = await client.post(f"/session/{sid}/load", json={})
+        assert loaded.status_code == 200
+        assert status["lastEventId"] == listed[0]["lastEventId"] == committed
+        assert loaded.json()["lastEventId"] == committed
+        assert srv.bridge.published_event_id(sid) == bus.last_event_id > committed
+        store.faults.off()
+        await _settled(client, sid, accepted.json()["promptId"])
+        await wait_until(lambda: bus.released_id == bus.last_event_id)
+        status = (await client.get(f"/session/{sid}/status")).json()
+        assert status["lastEventId"] == bus.last_event_id > committed
+
+
 def _journal_url(tmp_path: Path, store_name: str) -> dict[str, Any]:
     if store_name == "postgres":
         return {"store": stores.postgres_url_for(tmp_path, "journal")}
@@ -94,6 +131,29 @@ async def test_a_clean_stop_keeps_sessions_delete_and_retention_remove_them(
                 events = {r[0] for r in db.execute("SELECT DISTINCT session_id "
                                                    "FROM session_events")}
             assert rows == {ids[0]} and events == {ids[0]}
+
+
+async def test_the_retention_is_applied_at_start(tmp_path: Path, store_name: str) -> None:
+    """A server restarted more often than the purge interval purges all the same: the
+    first purge runs at start (the injected clock: past the retention between runs)."""
+    now = [1_000_000.0]
+    settings: dict[str, Any] = {**_journal_url(tmp_path, store_name),
+                                "session_retention_ms": 60_000, "session_clock": lambda: now[0]}
+    async with local_server(tmp_path, **settings) as srv:
+        ids = [(await srv.client.post("/session", json={"sessionScope": "thread"})
+                ).json()["sessionId"] for _ in range(2)]
+        await srv.bridge.close_session(ids[1], reason="idle_timeout")   # closed, kept
+    async with local_server(tmp_path, **settings) as srv:   # within the retention: kept
+        ended = f"/workspace/{workspace_id(str(tmp_path))}/ended-sessions"
+        assert [s["sessionId"] for s in (await srv.client.get(ended)).json()["sessions"]
+                ] == [ids[1]]
+    now[0] += 61
+    async with local_server(tmp_path, **settings) as srv:
+        with anyio.fail_after(10):
+            while (await srv.client.get(ended)).json()["sessions"]:
+                await anyio.sleep(0.01)
+        assert (await srv.client.post(f"/session/{ids[1]}/load", json={})).status_code == 404
+        assert [s.session_id for s in srv.bridge.list_sessions()] == [ids[0]]
 
 
 async def test_an_undecodable_record_is_skipped(tmp_path: Path) -> None:
