@@ -17,7 +17,6 @@ see (on a durable journal, the last committed), never one a store outage holds.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
@@ -73,16 +72,8 @@ class ListingAPI:
         return self.get_session(session_id).bus.last_event_id
 
     def _status(self, session: Session) -> SessionStatus:
-        """The session's status; its ``last_event_id`` is the last one readers may see
-        (``EventBus.released_id``: on a durable journal, the last one committed), as
-        ``load`` and the stream say: an event published but held in a store outage is
-        not yet the session's, and a client resuming from it after a restart would skip
-        the one that takes its id."""
-        status = session.status(self.permissions.count(session))
-        released = session.bus.released_id
-        if status.last_event_id == released:
-            return status
-        return dataclasses.replace(status, last_event_id=released)
+        """The session's status (its ``last_event_id``: ``Session.status``)."""
+        return session.status(self.permissions.count(session))
 
     def stats(self) -> BridgeStats:
         sessions = list(self._sessions.values())

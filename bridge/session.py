@@ -261,13 +261,17 @@ class Session:
         return client_id
 
     def info(self, attached: bool, history: SessionHistory | None = None) -> SessionInfo:
-        """What a create, attach, load, resume or branch answers (a new client id)."""
+        """What a create, attach, load, resume or branch answers (a new client id). Its
+        ``last_event_id``, as ``status``'s, is the last one readers may see
+        (``EventBus.released_id``: on a durable journal, the last committed): an event
+        held in a store outage is not yet the session's, and a client resuming from it
+        after a restart would skip the one that takes its id."""
         self.touch()
         return SessionInfo(
             session_id=self.session_id, workspace_cwd=self.workspace_cwd, attached=attached,
             client_id=self.register_client(), created_at=self.created_at,
             event_epoch=self.bus.epoch,
-            last_event_id=self.bus.last_event_id if history is None else history.last_event_id,
+            last_event_id=self.bus.released_id if history is None else history.last_event_id,
             has_active_prompt=self.pending_count > 0, forked_from=self.forked_from,
             agent=self.agent_name, agent_result=self.agent_result,
             history=history)
@@ -280,7 +284,7 @@ class Session:
             active_prompt_id=active.prompt_id if active else None,
             pending_prompts=self.pending_count, queued_prompts=self.queued_count,
             pending_permissions=pending_permissions, subscribers=self.bus.subscriber_count,
-            last_event_id=self.bus.last_event_id, event_epoch=self.bus.epoch,
+            last_event_id=self.bus.released_id, event_epoch=self.bus.epoch,
             agent=self.agent_name, max_pending_prompts=self.limit,
             active_prompt_text=active.text if active else None,
             updated_at=self.journaled_activity if self.journaled_activity is not None
