@@ -12,6 +12,7 @@ from tests.lmsp.server import LmspServer, envelope, running_lmsp
 
 pytestmark = pytest.mark.anyio
 BASE = "https://lmsp.invalid/problems/"
+TASK = '{"type": "response", "input": {"model": …, "input": …}}.'
 
 
 def invalid(detail: str, param: str, errors: list[tuple[str, str]],
@@ -28,16 +29,26 @@ async def _post(server: LmspServer, body: Any, **kwargs: Any) -> Any:
 
 
 @pytest.mark.parametrize(("body", "param", "errors"), [
-    ({"input": {"model": "reference", "input": "x"}}, "type", [("/type", "Required.")]),
+    ({"input": {"model": "reference", "input": "x"}}, "type",
+     [("/type", "'type' is required: a task body is " + TASK)]),
+    # the natural guess, a /responses body: the detail says what a task is
+    ({"model": "reference", "input": "yo"}, "type",
+     [("/type", "'type' is required: a task body is " + TASK[:-1] + " (this body looks "
+                "like a response request: send it as the task's 'input')."),
+      ("/input", "Must be a JSON object (the response request).")]),
     ({"type": "embedding", "input": {"model": "reference", "input": "x"}}, "type",
      [("/type", "Unknown task type; 'response' is the only type in 1.0.")]),
-    ({"type": "response"}, "input", [("/input", "Required.")]),
+    ({"type": "response"}, "input",
+     [("/input", "'input' is required: the response request to run, "
+                 '{"model": …, "input": …}.')]),
     ({"type": "response", "input": "x"}, "input",
      [("/input", "Must be a JSON object (the response request).")]),
     ({"type": "response", "input": {"input": "x"}}, "input.model",
-     [("/input/model", "Required.")]),
+     [("/input/model", "'input.model' is required: the model to run (GET "
+                       "/lmsp/v1/capabilities lists them).")]),
     ({"type": "response", "input": {"model": "reference"}}, "input.input",
-     [("/input/input", "Required.")]),
+     [("/input/input", "'input.input' is required: a string, or an array of input "
+                       "items.")]),
     (envelope("x", on_restart="sometimes"), "on_restart",
      [("/on_restart", "Must be one of fail, retry, resume.")]),
     ({"type": "response", "input": {"model": "reference", "input": [
