@@ -109,8 +109,19 @@ async def test_unknown_model_is_404(server: LmspServer) -> None:
     assert response.status_code == 404
     assert response.json() == {
         "type": BASE + "model_not_found", "title": "Model not found", "status": 404,
-        "detail": "The model 'qwen3:14b' does not exist.", "instance": "/lmsp/v1/tasks",
-        "code": "model_not_found", "model": "qwen3:14b"}
+        "detail": "The model 'qwen3:14b' does not exist (available: reference).",
+        "instance": "/lmsp/v1/tasks", "code": "model_not_found", "model": "qwen3:14b"}
+
+
+def test_the_models_a_model_not_found_lists_are_bounded() -> None:
+    """Every client sees which models there are (the CLI prints the detail), but a
+    model server of hundreds does not make a detail of hundreds."""
+    from acp_server.lmsp.models import SHOWN_MODELS, available
+
+    assert available({}) == "none available"
+    assert available(dict.fromkeys(["b", "a"])) == "available: a, b"   # type: ignore[arg-type]
+    many = dict.fromkeys(f"m{i:03}" for i in range(SHOWN_MODELS + 5))
+    assert available(many).endswith(", m019, and 5 more")   # type: ignore[arg-type]
 
 
 async def test_oversized_body_is_413(server: LmspServer) -> None:
