@@ -11,7 +11,8 @@ arrives (flushed); diagnostics go to stderr. A permission the agent asks is put 
 person when stdin and stderr are a terminal; otherwise ``--permissions`` answers it
 (``reject`` by default), saying so on stderr (``permissions_cli``). A server that
 cannot be reached is one line, ``cannot reach URL: connection refused``. Without ``--session`` the workspace's
-default session is attached (``--thread``: a fresh one). Exit status: 0 when the turn
+default session is attached (``--thread``: a fresh one; with ``--session`` a usage
+error). Exit status: 0 when the turn
 completed (a stop reason other than ``end_turn`` is noted on stderr), 1 on any error
 (turn_error, HTTP error, connection failure, full queue, a server that broke the
 protocol or did not answer within ``--timeout``), 2 on bad usage (a prompt that is not
@@ -48,10 +49,11 @@ def add_prompt_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     parser.add_argument("text", help="the prompt text ('-' reads it from stdin)")
     parser.add_argument("--url", default=None,
                         help=f"the daemon's address (default ${URL_ENV} or {DEFAULT_URL})")
-    parser.add_argument("--session", default=None, metavar="ID",
-                        help="prompt this session (default: attach the workspace's session)")
-    parser.add_argument("--thread", action="store_true",
-                        help="create a fresh session instead of attaching the default one")
+    which = parser.add_mutually_exclusive_group()   # both: --thread was silently ignored
+    which.add_argument("--session", default=None, metavar="ID",
+                       help="prompt this session (default: attach the workspace's session)")
+    which.add_argument("--thread", action="store_true",
+                       help="create a fresh session instead of attaching the default one")
     parser.add_argument("--agent", default=None, metavar="NAME",
                         help="the agent profile for a new or attached session")
     parser.add_argument("--token", default=None, help="bearer token (default $ACP_SERVER_TOKEN)")

@@ -133,3 +133,18 @@ def test_a_tasks_list_limit_out_of_range_is_a_usage_error(
     assert stopped.value.code == 2
     assert "--limit" in capsys.readouterr().err
     assert tasks_parser().parse_args(["list", "--limit", "100"]).limit == 100
+
+
+def test_session_and_thread_together_are_a_usage_error(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``--session x --thread`` was taken and ``--thread`` silently ignored (the docs
+    show them as either/or): now argparse's usage error, exit status 2, no request."""
+    from acp_server.cli import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main(["prompt", "--session", "x", "--thread", "hi", "--url", closed_port_url()])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "acp-server prompt: error: argument --thread: not allowed with argument --session")
+    assert run_prompt(["--thread", "--session", "x", "hi"]) == 2
+    assert build_parser().parse_args(["--thread", "hi"]).session is None
