@@ -12,6 +12,9 @@ Contracts:
 * An address that cannot be bound (a port in use) exits with status 2 and one line,
   ``acp-server: cannot listen on 127.0.0.1:4170: address already in use (…what to
   do)``, before anything is started.
+* A ``--store sqlite:///PATH`` whose folder does not exist (a typo) exits with status
+  2 and one line, before anything is started; a store that fails once found (its file
+  gone, its disk full or read-only) is waited out with 503s, as an outage.
 * A SQLite store another live ``serve`` holds (the same workspace's state folder, or
   the same ``--store sqlite:///…``) exits with status 2 and one line naming the store
   and that process's pid, before anything is started (``store.exclusive``).
@@ -71,6 +74,8 @@ from acp_server.server import Server, open_server
 from acp_server.store import prepare_state_dir
 from acp_server.store.errors import StoreUnavailableError
 from acp_server.store.exclusive import StoreInUseError, claim_sqlite_store
+from acp_server.store.postgres import is_postgres_url
+from acp_server.store.sqlite import store_path
 from acp_server.settings import (
     DEFAULT_HOSTNAME,
     DEFAULT_PORT,
@@ -271,6 +276,21 @@ def state_dir_ready(path: str) -> None:
                             f"this user may create or write.") from None
 
 
+def store_folder_ready(url: str) -> None:
+    """A ``--store sqlite:///PATH`` whose folder does not exist at start is a
+    ``SettingsError``: a mistyped path, not an outage, so not waited out with 503s (a
+    store that fails once started, its file gone, its disk full or read-only, still
+    is). The default store's folder is the state folder, made by ``state_dir_ready``."""
+    if is_postgres_url(url):
+        return
+    folder = os.path.dirname(os.path.abspath(store_path(url)))
+    if not os.path.isdir(folder):
+        what = "is not a folder" if os.path.exists(folder) else "does not exist (create it)"
+        raise SettingsError(f"Invalid store: {url!r}: its folder {folder} {what}. Pass "
+                            f"--store with a file in an existing folder, or none for "
+                            f"lmsp.sqlite3 in the state folder.")
+
+
 def settings_from_args(args: argparse.Namespace) -> Settings:
     try:
         http = HttpOptions.from_flags(
@@ -318,6 +338,8 @@ def run_serve_args(args: argparse.Namespace) -> int:
         print(f"acp-server: {exc}", file=sys.stderr)
         return 2
     try:
+        if settings.store is not None:   # before the state folder: a typo makes nothing
+            store_folder_ready(settings.store)
         state_dir_ready(settings.state_dir)   # after the port: a port in use makes nothing
     except SettingsError as exc:
         sock.close()

@@ -305,6 +305,39 @@ def _second_serve(workspace: Path, *flags: str) -> subprocess.CompletedProcess[s
                           capture_output=True, text=True, env=env, timeout=30)
 
 
+@pytest.mark.parametrize(("store", "what"), [
+    ("missing/dir/x.db", "does not exist (create it)"),
+    ("file/x.db", "is not a folder"),
+])
+def test_a_sqlite_store_in_a_folder_that_is_not_there_is_one_line_and_exit_2(
+        tmp_path: Path, store: str, what: str) -> None:
+    """``--store sqlite:///no/such/dir/x.db`` (a typo) logged "cannot start: … No such
+    file or directory …; answering 503 and trying again in 10 s" for ever, a config
+    error dressed as an outage. It is refused before anything starts: one line, exit 2,
+    no state folder made. (A store that fails once started is still waited out:
+    tests/store/test_outage_processes.py.)"""
+    (tmp_path / "file").write_text("")
+    state = tmp_path / "state"
+    url = f"sqlite:///{tmp_path / store}"
+    result = _second_serve(tmp_path, "--state-dir", str(state), "--store", url)
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""
+    folder = (tmp_path / store).parent
+    assert result.stderr == (
+        f"acp-server serve: error: Invalid store: {url!r}: its folder {folder} {what}. "
+        "Pass --store with a file in an existing folder, or none for lmsp.sqlite3 in the "
+        "state folder.\n")
+    assert not state.exists()   # nothing was started
+
+
+def test_a_sqlite_store_in_a_folder_that_is_there_is_served(tmp_path: Path) -> None:
+    """The check is of the folder only: a new file in an existing folder is made."""
+    (tmp_path / "db").mkdir()
+    with ServeProcess(tmp_path, "--store", f"sqlite:///{tmp_path / 'db' / 'x.db'}") as child:
+        assert child.http.get("/health").json() == {"status": "ok"}
+    assert (tmp_path / "db" / "x.db").exists()
+
+
 def test_a_second_server_on_the_same_sqlite_store_is_one_line_and_exit_2(
         tmp_path: Path) -> None:
     """A second ``serve`` of the same workspace (another port, the same state folder) or

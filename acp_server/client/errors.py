@@ -23,7 +23,8 @@ waited), but a prompt, sent again under its id when a fleet instance answered
 ``owner_lost`` or ``owner_unreachable`` (``daemon.RESEND_CODES``) or when its send
 got no answer (``daemon.DaemonClient._send_prompt``): the last send's error is
 raised. ``retry_after_s`` is the server's ``retryAfterMs`` in seconds, ``inf`` when
-it is too large for a float. ``one_line`` is how the CLIs print any message: one line,
+it is too large for a float (a full queue's, else its ``Retry-After`` seconds; ``None``
+when the server gave neither, or the cap was the SDK's own). ``one_line`` is how the CLIs print any message: one line,
 no control characters (a server's text cannot move the cursor or colour the terminal).
 No message shows the credentials of the daemon's address (``--url
 http://user:secret@host/?token=…``): ``redact`` hides them wherever an address is put
@@ -114,14 +115,17 @@ class DaemonPendingPromptLimitError(DaemonError):
     Raised locally (no request was sent) or mapped from a server 503
     ``prompt_queue_full`` (then the values are the server's)."""
 
-    def __init__(self, session_id: str, limit: int, pending_count: int) -> None:
+    def __init__(self, session_id: str, limit: int, pending_count: int,
+                 retry_after_s: float | None = None) -> None:
         self.session_id = session_id
         self.limit = limit
         self.pending_count = pending_count
+        self.retry_after_s = retry_after_s   # the server's retryAfterMs or Retry-After
         super().__init__(f'Pending prompts full: "{session_id}" ({pending_count}/{limit})')
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.session_id, self.limit, self.pending_count))
+        return (type(self), (self.session_id, self.limit, self.pending_count,
+                             self.retry_after_s))
 
 
 class DaemonHttpError(DaemonError):
@@ -305,7 +309,14 @@ def error_from_answer(status: int, content: bytes, headers: Mapping[str, str],
     if 300 <= status < 400:
         return DaemonHttpError(status, body, redirect_detail(headers))
     message = text_summary(body, headers.get("content-type")) if isinstance(body, str) else None
-    return error_from_status(status, body, session_id, message or None)
+    error = error_from_status(status, body, session_id, message or None)
+    if isinstance(error, DaemonPendingPromptLimitError):
+        given = body.get("retryAfterMs") if isinstance(body, dict) else None
+        error.retry_after_s = retry_seconds(given)
+        header = headers.get("retry-after", "").strip()
+        if error.retry_after_s is None and header.isascii() and header.isdigit():
+            error.retry_after_s = float(header) if len(header) < 10 else math.inf
+    return error
 
 
 def _int(value: Any) -> int:

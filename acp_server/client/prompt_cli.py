@@ -11,7 +11,8 @@ arrives (flushed); diagnostics go to stderr. A permission the agent asks is put 
 person when stdin and stderr are a terminal; otherwise ``--permissions`` answers it
 (``reject`` by default), saying so on stderr (``permissions_cli``). A server that
 cannot be reached is one line, ``cannot reach URL: connection refused``. Without ``--session`` the workspace's
-default session is attached (``--thread``: a fresh one). Exit status: 0 when the turn
+default session is attached (``--thread``: a fresh one; with ``--session`` a usage
+error). Exit status: 0 when the turn
 completed (a stop reason other than ``end_turn`` is noted on stderr), 1 on any error
 (turn_error, HTTP error, connection failure, full queue, a server that broke the
 protocol or did not answer within ``--timeout``), 2 on bad usage (a prompt that is not
@@ -19,7 +20,9 @@ UTF-8 text included), 130 on Ctrl-C (``cli_run``: the prompt is cancelled on the
 server; a second Ctrl-C does not wait for that), 141 when the reader of stdout goes
 (``| head -c 10``: the prompt is cancelled on the server as on Ctrl-C, nothing said).
 Every error is one line on stderr (``errors.one_line``: a server's text cannot drive
-the terminal, an address's credentials are not shown), never a traceback.
+the terminal, an address's credentials are not shown), never a traceback; a full queue
+says whose, how full and when to retry (``queue_full``: the prompt queue of session S is
+full (2/2 pending); retry in 5 s).
 ``--token`` defaults to ``$ACP_SERVER_TOKEN``; ``--url`` to ``$ACP_SERVER_URL`` or
 ``http://127.0.0.1:4170``.
 """
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
@@ -36,7 +40,7 @@ import anyio
 import httpx
 
 from acp_server.client import (CreateSessionRequest, DaemonClient, DaemonError, DaemonEvent,
-                               DaemonHttpError)
+                               DaemonHttpError, DaemonPendingPromptLimitError)
 from acp_server.client.arguments import DEFAULT_URL, URL_ENV, daemon_url, positive_seconds
 from acp_server.client.cli_run import (EXIT_ERROR, EXIT_OK, EXIT_PIPE, EXIT_USAGE,
                                        OutputClosed, prompt_text, run_command)
@@ -48,10 +52,11 @@ def add_prompt_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     parser.add_argument("text", help="the prompt text ('-' reads it from stdin)")
     parser.add_argument("--url", default=None,
                         help=f"the daemon's address (default ${URL_ENV} or {DEFAULT_URL})")
-    parser.add_argument("--session", default=None, metavar="ID",
-                        help="prompt this session (default: attach the workspace's session)")
-    parser.add_argument("--thread", action="store_true",
-                        help="create a fresh session instead of attaching the default one")
+    which = parser.add_mutually_exclusive_group()   # both: --thread was silently ignored
+    which.add_argument("--session", default=None, metavar="ID",
+                       help="prompt this session (default: attach the workspace's session)")
+    which.add_argument("--thread", action="store_true",
+                       help="create a fresh session instead of attaching the default one")
     parser.add_argument("--agent", default=None, metavar="NAME",
                         help="the agent profile for a new or attached session")
     parser.add_argument("--token", default=None, help="bearer token (default $ACP_SERVER_TOKEN)")
@@ -113,6 +118,17 @@ class _Printer:
             raise
 
 
+def queue_full(exc: DaemonPendingPromptLimitError) -> str:
+    """What a full prompt queue is said to be: whose, how full, and when to try again
+    (the server's ``retryAfterMs`` or ``Retry-After`` when it gave one)."""
+    whose = f"session {one_line(exc.session_id, 80)}" if exc.session_id else "the session"
+    wait = exc.retry_after_s
+    when = (f"retry in {math.ceil(wait)} s" if wait is not None and math.isfinite(wait)
+            else "retry once one of its prompts has ended")
+    return f"the prompt queue of {whose} is full ({exc.pending_count}/{exc.limit} " \
+           f"pending); {when}"
+
+
 def _terminal(args: argparse.Namespace, source: TextIO, err: TextIO) -> bool:
     """Whether a person can be asked: stdin (not the prompt's text) and stderr are ttys."""
     return args.text != "-" and source.isatty() and err.isatty()
@@ -164,6 +180,10 @@ async def prompt_command(args: argparse.Namespace, *, out: TextIO, err: TextIO,
         scope = exc.required_scope if isinstance(exc, DaemonForbiddenError) else None
         print(f"acp-server prompt: {one_line(exc.message + detail)}{hint(exc.status, scope)}",
               file=err)
+        return EXIT_ERROR
+    except DaemonPendingPromptLimitError as exc:
+        printer.finish()
+        print(f"acp-server prompt: {queue_full(exc)}", file=err)
         return EXIT_ERROR
     except DaemonError as exc:
         printer.finish()

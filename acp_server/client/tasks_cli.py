@@ -15,7 +15,10 @@ Contracts: ``create``/``get``/``cancel`` print the task object as JSON on stdout
 drop by ``TaskClient``): the output text goes to stdout as it streams; the status goes
 to stderr, one line per change, never backwards (queued, loading, running,
 cancelling, then the end), and the final line (status, elapsed time from the server's
-clock, output tokens) is printed once. ``list`` prints one line per task, newest
+clock, output tokens) is printed once. A task still ``queued`` after ``QUEUED_HINT_S``
+(5 s) gets one more status line: the server may be at its limit of running tasks or of
+sessions (LMSP's ``/capabilities`` does not give their values, so the line names the
+flags). ``list`` prints one line per task, newest
 first (``--json`` prints the page as JSON). A server that cannot be reached is one
 line, ``cannot reach URL: connection refused``; so is every error (``errors.one_line``),
 never a traceback. A status or time this CLI cannot read is shown as it came (a status)
@@ -35,6 +38,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, TextIO
 
+import anyio
 import msgspec
 
 from acp_server.client import DaemonError, TaskClient, TaskEvent
@@ -147,6 +151,10 @@ class Watch:
                                     f"{task.error.get('detail', '')}", 500)
         self._status_line(line)
 
+    def note(self, text: str) -> None:
+        """A line on ``err`` that is no status (a hint)."""
+        self._status_line(text)
+
     def _status_line(self, text: str) -> None:
         if self.open_line:      # the text so far keeps its own line
             self.out.write("\n")
@@ -156,9 +164,40 @@ class Watch:
         self.err.flush()
 
 
+# A task still queued this long gets one line saying why it may be (the server's limits
+# are not in LMSP's /capabilities, so the line names the flags, not their values).
+QUEUED_HINT_S = 5.0
+
+
+async def _hint_while_queued(shown: Watch) -> None:
+    await anyio.sleep(QUEUED_HINT_S)
+    if shown.status == "queued":
+        shown.note(
+            f"{shown.task_id}  still queued after {QUEUED_HINT_S:g} s: the server may be "
+            "running as many tasks as it runs at once (--max-running-tasks) or be at its "
+            "session limit (--max-sessions); it starts once one of those ends")
+
+
 async def watch(tasks: TaskClient, task_id: str, out: TextIO, err: TextIO) -> Task:
     task = await tasks.get(task_id)
     shown = Watch(out, err, task)
+    failure: Exception | None = None
+    final: Task | None = None
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_hint_while_queued, shown)
+        try:
+            final = await _follow(tasks, task_id, shown)
+        except Exception as exc:   # raised below, outside the task group (not grouped)
+            failure = exc
+        tg.cancel_scope.cancel()
+    if failure is not None:
+        raise failure
+    assert final is not None
+    shown.finish(final)
+    return final
+
+
+async def _follow(tasks: TaskClient, task_id: str, shown: Watch) -> Task:
     try:   # a task that has already ended replays its events (its text included)
         async with contextlib.aclosing(tasks.events(task_id)) as events:
             async for event in events:
@@ -168,9 +207,7 @@ async def watch(tasks: TaskClient, task_id: str, out: TextIO, err: TextIO) -> Ta
     except LmspProblem as exc:
         if exc.code != "event_history_expired":
             raise   # past the event retention: the final line still says how it ended
-    final = await tasks.wait(task_id, poll_interval=0.2)
-    shown.finish(final)
-    return final
+    return await tasks.wait(task_id, poll_interval=0.2)
 
 
 def _when(seconds: int) -> str:

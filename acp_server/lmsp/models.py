@@ -4,6 +4,7 @@
     models["qwen3:14b"]                      # (bridge, "qwen3:14b")
     if "new-model" not in models:
         await refresh_models(models)         # --model-server listed again (if due)
+    available(models)                        # "available: qwen3:14b, reference"
 
 Contracts: ``BridgeModels`` is a live view of ``bridge.agents``: an agent added while
 the server runs (a model ``--model-server`` lists later, ``bridge.agents.catalog``) is a
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
+
+from acp_server.lmsp.problems import shown
 
 if TYPE_CHECKING:
     from bridge import Bridge
@@ -54,4 +57,18 @@ async def refresh_models(models: Mapping[str, Target], *, wait_s: float | None =
         await models.refresh(wait_s=wait_s)
 
 
-__all__ = ["BridgeModels", "refresh_models"]
+SHOWN_MODELS = 20   # a model server listing hundreds: the first names and a count
+
+
+def available(models: Mapping[str, Target]) -> str:
+    """The models a ``model_not_found`` detail lists: ``available: a, b`` (sorted; past
+    ``SHOWN_MODELS`` names, ``and N more``), or ``none available``."""
+    names = sorted(models)
+    if not names:
+        return "none available"
+    more = len(names) - SHOWN_MODELS
+    listed = ", ".join(shown(name) for name in names[:SHOWN_MODELS])
+    return f"available: {listed}" + (f", and {more} more" if more > 0 else "")
+
+
+__all__ = ["BridgeModels", "available", "refresh_models"]

@@ -26,7 +26,7 @@ import msgspec
 from starlette.requests import Request
 
 from acp_server.http import body
-from acp_server.lmsp.problems import LmspError, invalid
+from acp_server.lmsp.problems import LmspError, invalid, pointer_to_param
 from acp_server.lmsp.wire import canonical
 
 _any_decoder = msgspec.json.Decoder()
@@ -78,6 +78,15 @@ def decode_json(raw: bytes) -> Any:
         raise invalid("", f"The request body is not valid JSON: {exc}.", param="body") from None
 
 
+TASK_SHAPE = '{"type": "response", "input": {"model": …, "input": …}}'
+
+
+def _required(pointer: str, what: str) -> str:
+    """The detail of a missing member: its name, that it is required, and what it is
+    (the problem's ``detail`` is its first error's: it must say what is missing)."""
+    return f"{pointer_to_param(pointer)!r} is required: {what}."
+
+
 def _check_content(content: Any, pointer: str, errors: list[tuple[str, str]]) -> None:
     if isinstance(content, str):
         return
@@ -99,12 +108,14 @@ def _check_response_request(body: Any, base: str, errors: list[tuple[str, str]]
         return None
     model = body.get("model")
     if "model" not in body:
-        errors.append((f"{base}/model", "Required."))
+        errors.append((f"{base}/model", _required(f"{base}/model", "the model to run (GET "
+                                                  "/lmsp/v1/capabilities lists them)")))
     elif not isinstance(model, str) or not model:
         errors.append((f"{base}/model", "Must be a non-empty string."))
     value = body.get("input")
     if "input" not in body:
-        errors.append((f"{base}/input", "Required."))
+        errors.append((f"{base}/input", _required(f"{base}/input", "a string, or an array of "
+                                                  "input items")))
     elif isinstance(value, str):
         pass
     elif isinstance(value, list) and value:
@@ -118,7 +129,8 @@ def _check_response_request(body: Any, base: str, errors: list[tuple[str, str]]
             if item.get("role") not in ROLES:
                 errors.append((f"{where}/role", f"Must be one of {', '.join(ROLES)}."))
             if "content" not in item:
-                errors.append((f"{where}/content", "Required."))
+                errors.append((f"{where}/content", _required(
+                    f"{where}/content", "a string or an array of input_text parts")))
             else:
                 _check_content(item["content"], f"{where}/content", errors)
     else:
@@ -220,12 +232,15 @@ def parse_task_envelope(body: Any) -> TaskEnvelope:
     if not isinstance(body, dict):
         raise invalid("", "The body must be a JSON object (a task envelope).", param="body")
     if "type" not in body:
-        errors.append(("/type", "Required."))
+        looks = " (this body looks like a response request: send it as the task's " \
+                "'input')" if "model" in body else ""
+        errors.append(("/type", _required("/type", f"a task body is {TASK_SHAPE}{looks}")))
     elif body["type"] != "response":
         errors.append(("/type", "Unknown task type; 'response' is the only type in 1.0."))
     parsed = None
     if "input" not in body:
-        errors.append(("/input", "Required."))
+        errors.append(("/input", _required("/input", "the response request to run, "
+                                                     '{"model": …, "input": …}')))
     else:
         parsed = _check_response_request(body["input"], "/input", errors)
     on_restart = body.get("on_restart", "fail")

@@ -53,7 +53,7 @@ from acp_server.store import store_for
 from acp_server.store.errors import Backoff, StoreUnavailableError
 from acp_server.store.hub import Hub
 from acp_server.lmsp.conversation import MAX_HISTORY_CHARS
-from acp_server.lmsp.models import BridgeModels, refresh_models
+from acp_server.lmsp.models import BridgeModels, available, refresh_models
 from acp_server.lmsp.problems import LmspError, shown
 from acp_server.lmsp.requests import ResponseRequest, decode_stored
 from acp_server.lmsp.responses import (
@@ -300,7 +300,7 @@ class LmspService:
             await refresh_models(self.models)   # a model listed since?
         if request.model not in self.models:
             raise LmspError("model_not_found", f"The model {shown(request.model)!r} does "
-                            "not exist.", model=shown(request.model))
+                            f"not exist ({available(self.models)}).", model=shown(request.model))
         if request.previous_response_id is not None:
             previous = await self.get_response(request.previous_response_id,
                                                param="previous_response_id", caller=caller)

@@ -12,6 +12,7 @@ from tests.lmsp.server import LmspServer, envelope, running_lmsp
 
 pytestmark = pytest.mark.anyio
 BASE = "https://lmsp.invalid/problems/"
+TASK = '{"type": "response", "input": {"model": …, "input": …}}.'
 
 
 def invalid(detail: str, param: str, errors: list[tuple[str, str]],
@@ -28,16 +29,26 @@ async def _post(server: LmspServer, body: Any, **kwargs: Any) -> Any:
 
 
 @pytest.mark.parametrize(("body", "param", "errors"), [
-    ({"input": {"model": "reference", "input": "x"}}, "type", [("/type", "Required.")]),
+    ({"input": {"model": "reference", "input": "x"}}, "type",
+     [("/type", "'type' is required: a task body is " + TASK)]),
+    # the natural guess, a /responses body: the detail says what a task is
+    ({"model": "reference", "input": "yo"}, "type",
+     [("/type", "'type' is required: a task body is " + TASK[:-1] + " (this body looks "
+                "like a response request: send it as the task's 'input')."),
+      ("/input", "Must be a JSON object (the response request).")]),
     ({"type": "embedding", "input": {"model": "reference", "input": "x"}}, "type",
      [("/type", "Unknown task type; 'response' is the only type in 1.0.")]),
-    ({"type": "response"}, "input", [("/input", "Required.")]),
+    ({"type": "response"}, "input",
+     [("/input", "'input' is required: the response request to run, "
+                 '{"model": …, "input": …}.')]),
     ({"type": "response", "input": "x"}, "input",
      [("/input", "Must be a JSON object (the response request).")]),
     ({"type": "response", "input": {"input": "x"}}, "input.model",
-     [("/input/model", "Required.")]),
+     [("/input/model", "'input.model' is required: the model to run (GET "
+                       "/lmsp/v1/capabilities lists them).")]),
     ({"type": "response", "input": {"model": "reference"}}, "input.input",
-     [("/input/input", "Required.")]),
+     [("/input/input", "'input.input' is required: a string, or an array of input "
+                       "items.")]),
     (envelope("x", on_restart="sometimes"), "on_restart",
      [("/on_restart", "Must be one of fail, retry, resume.")]),
     ({"type": "response", "input": {"model": "reference", "input": [
@@ -98,8 +109,19 @@ async def test_unknown_model_is_404(server: LmspServer) -> None:
     assert response.status_code == 404
     assert response.json() == {
         "type": BASE + "model_not_found", "title": "Model not found", "status": 404,
-        "detail": "The model 'qwen3:14b' does not exist.", "instance": "/lmsp/v1/tasks",
-        "code": "model_not_found", "model": "qwen3:14b"}
+        "detail": "The model 'qwen3:14b' does not exist (available: reference).",
+        "instance": "/lmsp/v1/tasks", "code": "model_not_found", "model": "qwen3:14b"}
+
+
+def test_the_models_a_model_not_found_lists_are_bounded() -> None:
+    """Every client sees which models there are (the CLI prints the detail), but a
+    model server of hundreds does not make a detail of hundreds."""
+    from acp_server.lmsp.models import SHOWN_MODELS, available
+
+    assert available({}) == "none available"
+    assert available(dict.fromkeys(["b", "a"])) == "available: a, b"   # type: ignore[arg-type]
+    many = dict.fromkeys(f"m{i:03}" for i in range(SHOWN_MODELS + 5))
+    assert available(many).endswith(", m019, and 5 more")   # type: ignore[arg-type]
 
 
 async def test_oversized_body_is_413(server: LmspServer) -> None:

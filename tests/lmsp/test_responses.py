@@ -49,7 +49,9 @@ async def test_streaming(server: LmspServer) -> None:
 async def test_validation_and_model_errors(server: LmspServer) -> None:
     response = await server.client.post("/lmsp/v1/responses", json={"model": "reference"})
     assert response.status_code == 400
-    assert response.json()["errors"] == [{"pointer": "/input", "detail": "Required."}]
+    assert response.json()["errors"] == [{"pointer": "/input", "detail":
+                                         "'input' is required: a string, or an array of "
+                                         "input items."}]
     response = await server.client.post("/lmsp/v1/responses", json={"model": "m", "input": "x"})
     assert response.status_code == 404 and response.json()["code"] == "model_not_found"
 

@@ -262,8 +262,40 @@ async def test_an_address_that_is_not_a_url_is_a_usage_error(args: list[str]) ->
     done = await run(*args, "--url", "http://[::1")
     err = done.stderr.decode()
     assert done.returncode == 2, err
-    assert err.startswith(f"acp-server {args[0]}: the daemon's address (--url or "
-                          "$ACP_SERVER_URL) is not a URL: ") and err.count("\n") == 1, err
+    assert err == (f"acp-server {args[0]}: the daemon's address (--url or $ACP_SERVER_URL) "
+                   "is not a URL: 'http://[::1' is malformed: its IPv6 host has no closing "
+                   "']' (e.g. http://127.0.0.1:4170, or http://[::1]:4170)\n"), err
+
+
+@pytest.mark.parametrize(("url", "wrong"), [
+    # httpx said "Invalid port: ':1'" of the first: the part that is wrong is the host
+    ("http://[::1", "its IPv6 host has no closing ']'"),
+    ("http://[::1]x/", "after the IPv6 host ']' comes 'x', not ':PORT'"),
+    ("http://::1:4170", "its host has several ':' (an IPv6 address goes in brackets)"),
+    ("http://:4170", "it has no host"),
+    ("http://u:secret@host:http/", "its port 'http' is not a number from 1 to 65535"),
+    ("http://host:70000", "its port '70000' is not a number from 1 to 65535"),
+    ("http://host:" + "9" * 5000, "its port '99999999999999999999' is not a number from 1 "
+                                  "to 65535"),
+])
+def test_a_malformed_address_says_which_part_is_wrong(url: str, wrong: str) -> None:
+    import httpx
+
+    from acp_server.client.arguments import daemon_url
+
+    with pytest.raises(httpx.InvalidURL) as refused:
+        daemon_url(url)
+    assert str(refused.value).endswith(f" is malformed: {wrong} (e.g. http://127.0.0.1:4170, "
+                                       "or http://[::1]:4170)")
+    assert "secret" not in str(refused.value)
+
+
+@pytest.mark.parametrize("url", ["http://[::1]:4170/", "https://[fe80::1%eth0]:4170",
+                                 "http://u@host", "http://host:4170/x?a=b:c#d"])
+def test_a_well_formed_address_is_taken_as_it_is(url: str) -> None:
+    from acp_server.client.arguments import daemon_url
+
+    assert daemon_url(url) == url
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])   # only runs the CLI as a child

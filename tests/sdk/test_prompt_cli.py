@@ -6,11 +6,13 @@ from __future__ import annotations
 import io
 import os
 import sys
+from pathlib import Path
 
 import anyio
 import pytest
 
 from acp_server.client.prompt_cli import build_parser, chunk_text, prompt_command, run_prompt
+from bridge import BridgeOptions
 from tests.sdk.harness import Daemon, Recorder, closed_port_url, daemon
 
 pytestmark = pytest.mark.anyio
@@ -133,3 +135,59 @@ def test_a_tasks_list_limit_out_of_range_is_a_usage_error(
     assert stopped.value.code == 2
     assert "--limit" in capsys.readouterr().err
     assert tasks_parser().parse_args(["list", "--limit", "100"]).limit == 100
+
+
+def test_session_and_thread_together_are_a_usage_error(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``--session x --thread`` was taken and ``--thread`` silently ignored (the docs
+    show them as either/or): now argparse's usage error, exit status 2, no request."""
+    from acp_server.cli import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main(["prompt", "--session", "x", "--thread", "hi", "--url", closed_port_url()])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "acp-server prompt: error: argument --thread: not allowed with argument --session")
+    assert run_prompt(["--thread", "--session", "x", "hi"]) == 2
+    assert build_parser().parse_args(["--thread", "hi"]).session is None
+
+
+async def test_a_full_queue_says_whose_how_full_and_when_to_retry(tmp_path: Path) -> None:
+    """It said ``Pending prompts full: "6f9d…" (2/2)``: no hint what to do."""
+    from acp_server.client import DaemonClient, PromptAccepted
+
+    options = BridgeOptions(max_pending_prompts_per_session=2)
+    async with daemon(tmp_path, options=options) as srv, \
+            DaemonClient(srv.url, max_pending_prompts_per_session=0) as client:
+        sid = (await client.create_or_attach_session({"sessionScope": "thread"})).session_id
+        for _ in range(2):
+            held = await client.prompt_nonblocking(sid, "/sleep 60s held")   # closed below
+            assert isinstance(held, PromptAccepted)
+        code, out, err = await run(["more", "--url", srv.url, "--session", sid])
+        await client.close_session(sid)
+    assert (code, out) == (1, "")
+    assert err == (f"acp-server prompt: the prompt queue of session {sid} is full (2/2 "
+                   "pending); retry in 5 s\n")   # the server's Retry-After: 5
+
+
+def test_the_retry_of_a_full_queue_is_the_servers() -> None:
+    """``retryAfterMs`` in the body wins over ``Retry-After``; neither: no number made up."""
+    from acp_server.client.errors import DaemonPendingPromptLimitError, error_from_answer
+    from acp_server.client.prompt_cli import queue_full
+
+    body = b'{"code":"prompt_queue_full","sessionId":"s","limit":2,"pendingCount":2'
+    said = {}
+    for extra, headers in ((b',"retryAfterMs":2500}', {"retry-after": "5"}),
+                           (b'}', {"retry-after": "5"}), (b'}', {}),
+                           (b'}', {"retry-after": "Fri, 07 Nov 2025 08:49:37 GMT"})):
+        error = error_from_answer(503, body + extra, headers)
+        assert isinstance(error, DaemonPendingPromptLimitError)
+        said[error.retry_after_s] = queue_full(error)
+    assert said == {
+        2.5: "the prompt queue of session s is full (2/2 pending); retry in 3 s",
+        5.0: "the prompt queue of session s is full (2/2 pending); retry in 5 s",
+        None: "the prompt queue of session s is full (2/2 pending); retry once one of its "
+              "prompts has ended"}
+    local = DaemonPendingPromptLimitError("", 1, 1)   # the SDK's own cap: no server said
+    assert queue_full(local) == ("the prompt queue of the session is full (1/1 pending); "
+                                 "retry once one of its prompts has ended")

@@ -58,9 +58,10 @@ def test_reserve_release_once() -> None:
 
 
 def test_errors_pickle_and_map() -> None:
-    error = DaemonPendingPromptLimitError("s", 5, 4)
+    error = DaemonPendingPromptLimitError("s", 5, 4, 2.5)
     again = pickle.loads(pickle.dumps(error))
-    assert (again.session_id, again.limit, again.pending_count) == ("s", 5, 4)
+    assert (again.session_id, again.limit, again.pending_count, again.retry_after_s) == \
+        ("s", 5, 4, 2.5)
     mapped = error_from_status(503, {"code": "prompt_queue_full", "sessionId": "x", "limit": 7,
                                      "pendingCount": 7, "error": "full"})
     assert isinstance(mapped, DaemonPendingPromptLimitError) and mapped.limit == 7

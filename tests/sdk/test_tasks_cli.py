@@ -158,3 +158,49 @@ async def test_unreachable(server: Daemon) -> None:
     code, _, err = await run(["list", "--url", closed_port_url()])
     assert code == 1 and re.fullmatch(
         r"acp-server tasks: cannot reach http://127\.0\.0\.1:\d+: connection refused\n", err)
+
+
+async def test_a_watch_still_queued_after_a_while_says_why_it_may_be(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``create --watch`` sat on ``queued`` with no reason while the server ran as many
+    tasks as it may: after ``QUEUED_HINT_S`` one line says what the server's limits may
+    be doing (once), then the task runs as usual once there is room."""
+    from acp_server.client import tasks_cli
+
+    monkeypatch.setattr(tasks_cli, "QUEUED_HINT_S", 0.3)
+    async with lmsp_daemon(tmp_path, max_running_tasks=1) as srv:
+        _, out, _ = await run(["create", "/sleep 60s holds the one slot", "--url", srv.url])
+        holder = json.loads(out)["id"]
+        out, err = io.StringIO(), io.StringIO()
+        args = build_parser().parse_args(["create", "after it", "--watch", "--url", srv.url])
+        async with anyio.create_task_group() as tg:
+            async def watched() -> None:
+                assert await tasks_command(args, out=out, err=err) == 0
+            tg.start_soon(watched)
+            await wait_until_text(err, "still queued")
+            async with httpx.AsyncClient(base_url=srv.url) as http:
+                cancelled = await http.post(f"/lmsp/v1/tasks/{holder}/cancel")
+                assert cancelled.status_code == 200, cancelled.text
+    lines = err.getvalue().splitlines()
+    assert lines[0].endswith("  queued")
+    assert lines[1].endswith("  still queued after 0.3 s: the server may be running as many "
+                             "tasks as it runs at once (--max-running-tasks) or be at its "
+                             "session limit (--max-sessions); it starts once one of those ends")
+    assert sum("still queued" in line for line in lines) == 1
+    assert "  succeeded  " in lines[-1] and out.getvalue() == "Echo: after it\n"
+
+
+async def test_a_watch_that_runs_at_once_gives_no_hint(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from acp_server.client import tasks_cli
+
+    monkeypatch.setattr(tasks_cli, "QUEUED_HINT_S", 0.3)
+    async with lmsp_daemon(tmp_path) as srv:
+        code, _, err = await run(["create", "/sleep 1s slow", "--watch", "--url", srv.url])
+    assert code == 0 and "still queued" not in err, err
+
+
+async def wait_until_text(stream: io.StringIO, text: str) -> None:
+    with anyio.fail_after(30):
+        while text not in stream.getvalue():
+            await anyio.sleep(0.02)
