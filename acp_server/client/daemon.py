@@ -45,9 +45,10 @@ line within that (``acp_server.client.sse``). What is read is capped
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import uuid
-from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -91,7 +92,7 @@ _CUT = (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
 MIN_STREAM_READ_TIMEOUT_S = 45.0
 
 PromptInput = PromptRequest | str | Sequence[Mapping[str, Any]] | Mapping[str, Any]
-EventCallback = Callable[[DaemonEvent], None]
+EventCallback = Callable[[DaemonEvent], Awaitable[None] | None]
 _CLIENT_CAP: Any = object()
 
 
@@ -397,7 +398,9 @@ class DaemonClient:
                      on_event: EventCallback | None = None,
                      prompt_id: str | None = None) -> PromptResult:
         """Send a prompt and wait for its turn to end (see the module contract).
-        ``on_event`` sees each event of this prompt as it arrives. The prompt is sent
+        ``on_event`` sees each event of this prompt as it arrives (a coroutine function
+        is awaited before the next event is read: it may answer a ``permission_request``
+        with ``respond_to_permission``, which the turn waits for). The prompt is sent
         under ``prompt_id`` (a new one when ``None``; a request's own id wins), so a
         fleet instance's ``owner_lost`` / ``owner_unreachable`` is answered by sending
         it again (at most ``MAX_PROMPT_SENDS`` sends, ``Retry-After`` apart, capped
@@ -492,7 +495,9 @@ class DaemonClient:
                     if event_prompt_id(event) == watch.prompt_id:
                         watch.see(event)
                         if on_event is not None:
-                            on_event(event)
+                            seen = on_event(event)
+                            if inspect.isawaitable(seen):   # a coroutine function's
+                                await seen
                     result = match_turn_event(event, watch.prompt_id)
                     if result is not None:
                         return result

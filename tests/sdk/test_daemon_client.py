@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -330,3 +331,23 @@ async def test_list_sessions_walks_the_live_and_the_ended_ones(tmp_path: Path) -
         assert await ended() == made[:4][::-1]
         assert (await client.load_session(made[0])).session_id == made[0]
         assert await ended() == made[1:4][::-1]
+
+
+async def test_an_async_on_event_answers_the_turns_permission(server: Daemon) -> None:
+    """A coroutine function as ``on_event`` is awaited: it can vote on the turn's
+    ``permission_request`` (the turn waits for it), as docs/sdk-and-cli.md shows."""
+    async with DaemonClient(server.url) as client:
+        sid = (await client.create_or_attach_session()).session_id
+        asked: list[dict[str, Any]] = []
+
+        async def answer(event: DaemonEvent) -> None:
+            if event.type == "permission_request":
+                asked.append(event.data)
+                options = event.data["options"]
+                assert await client.respond_to_permission(event.data["requestId"], {
+                    "outcome": {"outcome": "selected", "optionId": options[0]["optionId"]}},
+                    session_id=sid)
+
+        with anyio.fail_after(30):
+            result = await client.prompt(sid, "/permission x", on_event=answer)
+        assert result.stop_reason == "end_turn" and len(asked) == 1
