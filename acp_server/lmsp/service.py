@@ -534,12 +534,14 @@ class LmspService:
                                       key_ttl=c.idempotency_ttl_s)
 
     async def _purge_loop(self) -> None:
+        """The retention purge at start, then every ``purge_interval_s`` (a server that
+        restarts more often than the interval still purges)."""
         while True:
-            await anyio.sleep(self.config.purge_interval_s)
             try:
                 await self.purge_once()
             except Exception as exc:   # noqa: BLE001 - retried at the next interval
                 _log_failure("retention purge", exc)
+            await anyio.sleep(self.config.purge_interval_s)
 
 
 def _log_failure(what: str, exc: Exception) -> None:

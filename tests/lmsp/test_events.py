@@ -214,6 +214,22 @@ async def test_the_purge_runs_every_interval(tmp_path: Path) -> None:
                 await anyio.sleep(0.01)
 
 
+async def test_the_purge_runs_at_start(tmp_path: Path) -> None:
+    """A server restarting more often than the interval still purges: the first purge
+    runs as it starts, on the same store."""
+    clock = FakeClock()
+    config = LmspConfig(event_retention_s=0.3, task_retention_s=0.8, purge_interval_s=3600,
+                        clock=clock)
+    async with running_lmsp(tmp_path, config=config) as srv:
+        task = await srv.create("x")
+        await srv.wait(task["id"])
+    clock.advance(1.0)
+    async with running_lmsp(tmp_path, config=config) as srv:
+        with anyio.fail_after(10):   # a bound: the purge at start deletes it
+            while await srv.service.store.get_task(task["id"]) is not None:
+                await anyio.sleep(0.01)
+
+
 async def test_keep_alive_comment(tmp_path: Path) -> None:
     async with running_lmsp(tmp_path, max_running_tasks=0,
                             config=LmspConfig(keepalive_s=0.1)) as srv:
