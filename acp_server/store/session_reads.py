@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Container, Sequence
+import sqlite3
+from collections.abc import Container, Iterator, Sequence
 from typing import Any
 
 import msgspec
@@ -64,6 +65,26 @@ def settled_from_events(conn: Any, sql: Any, sid: str, ids: set[str]
         if terminal is not None:
             found[pid] = terminal
     return found
+
+
+@contextlib.contextmanager
+def _tolerant_text(conn: Any) -> Iterator[None]:
+    """SQLite hands TEXT to Python as UTF-8 and raises, mid-fetch, on a value that is
+    not (a record overwritten by hand): within the block such bytes read as U+FFFD, so
+    that record fails its own decoding and is skipped, never the whole start."""
+    if not isinstance(conn, sqlite3.Connection):
+        yield
+        return
+    before = conn.text_factory
+    conn.text_factory = _decode_replacing
+    try:
+        yield
+    finally:
+        conn.text_factory = before
+
+
+def _decode_replacing(raw: bytes) -> str:
+    return raw.decode("utf-8", "replace")
 
 
 def _unbroken_tail(events: list[Event], last: int) -> list[Event]:
@@ -150,6 +171,13 @@ class SessionReads:
         """The sessions ``where`` selects; ``settled`` (when given) gets each live
         one's count of settled prompts on disk, ``resettle`` the prompts settled from
         their events (``settled_from_events``), by session."""
+        with _tolerant_text(conn):
+            return self._restore_rows(conn, where, params, ring, settled, resettle)
+
+    def _restore_rows(self, conn: Any, where: str, params: tuple[Any, ...],
+                      ring: int | None, settled: dict[str, int] | None,
+                      resettle: dict[str, list[PromptTerminal]] | None
+                      ) -> list[RestoredSession]:
         sql = self._sql
         found: list[RestoredSession] = []
         for sid, blob, closed_at in conn.execute(sql(

@@ -166,3 +166,25 @@ async def test_unreadable_rows_of_every_kind_are_skipped(tmp_path: Path,
                                              json=_prompt("on"))
             with anyio.fail_after(20):
                 await _settled(srv.client, ids[name], accepted.json()["promptId"])
+
+
+async def test_text_that_is_not_utf8_is_skipped_not_the_start(tmp_path: Path) -> None:
+    """SQLite only (PostgreSQL's columns are bytea): a record overwritten with TEXT that
+    is not UTF-8 failed the whole start-up read as Python's sqlite3 fetched the row."""
+    ids: list[str] = []
+    async with local_server(tmp_path) as srv:
+        for _ in range(2):
+            made = (await srv.client.post("/session", json={"sessionScope": "thread"})).json()
+            ids.append(made["sessionId"])
+            accepted = await srv.client.post(f"/session/{ids[-1]}/prompt",
+                                             json=_prompt("/chunks 2 x"))
+            await _settled(srv.client, ids[-1], accepted.json()["promptId"])
+    _run_sql(tmp_path, "sqlite", None,
+             "UPDATE sessions SET record = CAST(x'c1ff' AS TEXT) WHERE id = ?", (ids[0],))
+    _run_sql(tmp_path, "sqlite", None, "UPDATE session_events SET envelope = "
+             "CAST(x'7bc1ff' AS TEXT) WHERE session_id = ? AND id = 2", (ids[1],))
+    async with local_server(tmp_path) as srv:
+        assert [s.session_id for s in srv.bridge.list_sessions()] == [ids[1]]
+        accepted = await srv.client.post(f"/session/{ids[1]}/prompt", json=_prompt("on"))
+        with anyio.fail_after(20):
+            await _settled(srv.client, ids[1], accepted.json()["promptId"])
