@@ -61,39 +61,48 @@ def _body(text: str, **extra: Any) -> dict[str, Any]:
     return {"prompt": [{"type": "text", "text": text}], **extra}
 
 
+async def _started_in_an_outage(srv: Any, store: Any, agent: _Recording,
+                                text: str) -> tuple[str, str, Any]:
+    """A prompt ``text`` committed behind a running one; the store refuses commits and
+    the running one is cancelled, so ``text``'s turn starts in the outage: (session id,
+    its prompt id, the session)."""
+    client = srv.client
+    sid = (await client.post("/session", json={"sessionScope": "thread"})).json()["sessionId"]
+    first = await client.post(f"/session/{sid}/prompt", json=_body("/permission a"))
+    queued = await client.post(f"/session/{sid}/prompt", json=_body(text))
+    assert first.status_code == queued.status_code == 202   # both committed
+    queued_id = queued.json()["promptId"]
+    await wait_until(lambda: agent.prompts == ["/permission a"])
+    store.faults.on()
+    assert (await client.post(f"/session/{sid}/cancel")).status_code == 204
+    session = srv.bridge.get_session(sid)
+    await wait_until(lambda: session.active is not None
+                     and session.active.prompt_id == queued_id)
+    return sid, queued_id, session
+
+
+def _ended(session: Any, prompt_id: str, terminal: str) -> bool:
+    return any(t.prompt_id == prompt_id and t.terminal == terminal
+               for t in session.prompt_terminals)
+
+
 async def test_a_turn_whose_start_cannot_be_committed_never_reaches_the_agent(
         tmp_path: Path) -> None:
     store = faulty(tmp_path)
     agent = _Recording()
     async with local_server(tmp_path, lmsp_store=store, agent_factory=agent) as srv:
-        client = srv.client
-        sid = (await client.post("/session", json={"sessionScope": "thread"})).json()["sessionId"]
-        first = await client.post(f"/session/{sid}/prompt", json=_body("/permission a"))
-        assert first.status_code == 202
-        late = await client.post(f"/session/{sid}/prompt",
-                                 json=_body("/chunks 1 unseen"))
-        assert late.status_code == 202   # committed, queued behind the first
-        late_id = late.json()["promptId"]
-        await wait_until(lambda: agent.prompts == ["/permission a"])
-        store.faults.on()
-        assert (await client.post(f"/session/{sid}/cancel")).status_code == 204
-        session = srv.bridge.get_session(sid)
-        await wait_until(lambda: session.active is not None
-                         and session.active.prompt_id == late_id)
+        sid, late_id, session = await _started_in_an_outage(srv, store, agent,
+                                                             "/chunks 1 unseen")
         # running, echoed, and waiting for a commit that cannot land
         assert agent.prompts == ["/permission a"]
-        cancelled = await client.delete(f"/session/{sid}/pending-prompts/{late_id}")
+        cancelled = await srv.client.delete(f"/session/{sid}/pending-prompts/{late_id}")
         assert cancelled.status_code in (200, 204), cancelled.text
-        await wait_until(lambda: any(t.prompt_id == late_id for t in session.prompt_terminals))
-        [ended] = [t for t in session.prompt_terminals if t.prompt_id == late_id]
-        assert ended.terminal == "cancelled"
+        await wait_until(lambda: _ended(session, late_id, "cancelled"))
         assert agent.prompts == ["/permission a"]   # the agent never got it
         store.faults.off()
-        after = await client.post(f"/session/{sid}/prompt", json=_body("/chunks 1 after"))
+        after = await srv.client.post(f"/session/{sid}/prompt", json=_body("/chunks 1 after"))
         assert after.status_code == 202
-        after_id = after.json()["promptId"]
-        await wait_until(lambda: any(t.prompt_id == after_id and t.terminal == "completed"
-                                     for t in session.prompt_terminals))
+        await wait_until(lambda: _ended(session, after.json()["promptId"], "completed"))
         assert agent.prompts == ["/permission a", "/chunks 1 after"]
 
 
@@ -101,21 +110,10 @@ async def test_a_turn_held_by_an_outage_runs_once_the_store_is_back(tmp_path: Pa
     store = faulty(tmp_path)
     agent = _Recording()
     async with local_server(tmp_path, lmsp_store=store, agent_factory=agent) as srv:
-        client = srv.client
-        sid = (await client.post("/session", json={"sessionScope": "thread"})).json()["sessionId"]
-        first = await client.post(f"/session/{sid}/prompt", json=_body("/permission a"))
-        queued = await client.post(f"/session/{sid}/prompt", json=_body("/chunks 1 held"))
-        assert first.status_code == queued.status_code == 202
-        queued_id = queued.json()["promptId"]
-        await wait_until(lambda: agent.prompts == ["/permission a"])
-        store.faults.on()
-        assert (await client.post(f"/session/{sid}/cancel")).status_code == 204
-        session = srv.bridge.get_session(sid)
-        await wait_until(lambda: session.active is not None
-                         and session.active.prompt_id == queued_id)
+        _, queued_id, session = await _started_in_an_outage(srv, store, agent,
+                                                            "/chunks 1 held")
         store.faults.off()   # no manual step: the commit lands, the turn goes on
-        await wait_until(lambda: any(t.prompt_id == queued_id and t.terminal == "completed"
-                                     for t in session.prompt_terminals))
+        await wait_until(lambda: _ended(session, queued_id, "completed"))
         assert agent.prompts == ["/permission a", "/chunks 1 held"]
 
 
