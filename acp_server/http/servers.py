@@ -39,6 +39,11 @@ streams; off by default, ``docs/benchmarks.md``).
 Contracts: ``serve(started)`` calls ``started(url)`` once the socket accepts
 connections (the real port when ``port=0``; ``https://`` with TLS) and returns after
 ``stop()``. ``stop(force=True)`` (a second signal) skips the wait for open responses.
+granian's own stop waits for every open connection with no bound (a reader that stopped
+reading holds it for ever; an idle HTTP/2 connection until its PING goes unanswered):
+``GranianServer`` shuts down, from its stop on, the connections with nothing in flight
+and nothing left to send, and every connection once ``graceful_s`` has passed or at a
+second ``stop(force=True)`` (``idle.IdleConnections.cut``; logged as a warning).
 granian binds its own listener: from the caller's socket's close until granian listens,
 the port is held by a bound socket that does not listen (``SO_REUSEPORT``, which
 granian's listener sets too: ``reserve_port``), so no other socket takes it meanwhile
@@ -48,6 +53,7 @@ granian's listener sets too: ``reserve_port``), so no other socket takes it mean
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import socket
 import ssl
@@ -60,8 +66,11 @@ import anyio
 import uvicorn
 
 from acp_server.http.guard import GuardStats, guarded_protocol
+from acp_server.http.idle import Activity, IdleConnections, Tracked
 from acp_server.http.options import HttpOptions
 from acp_server.http.silence import SilentConnections
+
+log = logging.getLogger("acp_server.http")
 
 GRACEFUL_SHUTDOWN_S = 5
 BACKLOG = 2048
@@ -183,11 +192,19 @@ class GranianServer:
 
         head = limits.max_header_bytes + limits.max_request_line + HEAD_SLACK
         interface = Interfaces.ASGINL
+        # The requests in flight per peer, for the idle sweep (``idle``); an app with its
+        # own ``__rsgi__`` is served as is, untracked: the silence sweep only, then.
+        self._activity: Activity | None = Activity()
         if options.granian_interface == "rsgi":
             from acp_server.http.rsgi import RsgiEntry
 
-            interface = Interfaces.RSGI   # an app with its own ``__rsgi__`` is served as is
-            app = app if hasattr(app, "__rsgi__") else RsgiEntry(app)
+            interface = Interfaces.RSGI
+            if hasattr(app, "__rsgi__"):
+                self._activity = None
+            else:
+                app = RsgiEntry(Tracked(app, self._activity))
+        elif self._activity is not None:
+            app = Tracked(app, self._activity)
         self._server = _Embedded(
             app, address=host, port=port, interface=interface, http=HTTPModes.auto,
             websockets=True, backlog=BACKLOG, backpressure=accept_cap(limits.max_connections),
@@ -214,9 +231,12 @@ class GranianServer:
 
     async def serve(self, started: Callable[[str], None]) -> None:
         self._bound = anyio.Event()
+        self._stopping, self._forced = anyio.Event(), anyio.Event()
+        self._sweep: IdleConnections | None = None
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._announce, started)
+                tg.start_soon(self._enforce_stop)
                 await self._server.serve()
                 tg.cancel_scope.cancel()
         finally:
@@ -247,8 +267,51 @@ class GranianServer:
         await SilentConnections(port=self._port, timeout_s=self.limits.header_timeout_s,
                                 stats=self.stats).run()
 
+    async def _enforce_stop(self) -> None:
+        """granian's stop waits for every open connection to end, with no bound (a
+        reader that stopped reading holds it for ever): once stopping, the connections
+        with nothing in flight are cut at once, and every one past ``graceful_s`` or a
+        second ``stop(force=True)``, again until granian returns."""
+        await self._stopping.wait()
+        sweep = self._sweep or IdleConnections(port=self._port, timeout_s=0,
+                                               activity=self._activity or Activity())
+        with anyio.move_on_after(self.limits.graceful_s):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._cut_idle, sweep)
+                await self._forced.wait()
+                tg.cancel_scope.cancel()
+        reason = "a second signal" if self._forced.is_set() else \
+            f"the {self.limits.graceful_s:g} s graceful wait ended"
+        while True:
+            closed = await self._cut(sweep, everything=True)
+            if closed:
+                log.warning("stopping: %s; %d open connection(s) cut", reason, closed)
+            await anyio.sleep(0.5)
+
+    async def _cut_idle(self, sweep: IdleConnections) -> None:
+        """During the graceful wait: the connections with nothing in flight and nothing
+        left to send (granian's GOAWAY, once taken), again and again."""
+        if self._activity is None:
+            return
+        while True:
+            await self._cut(sweep, everything=False)
+            await anyio.sleep(0.1)
+
+    @staticmethod
+    async def _cut(sweep: IdleConnections, *, everything: bool) -> int:
+        try:
+            return await sweep.cut(everything=everything)
+        except Exception as exc:   # noqa: BLE001 - the stop goes on regardless
+            log.warning("stopping: cutting connections failed: %s", exc)
+            return 0
+
     def stop(self, force: bool = False) -> None:
         self._server.stop()
+        stopping = getattr(self, "_stopping", None)
+        if stopping is not None:
+            stopping.set()
+            if force:
+                self._forced.set()
 
 
 def _path(value: str | None) -> Any:
