@@ -58,6 +58,7 @@ import struct
 import time
 from collections.abc import MutableMapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import anyio
@@ -73,6 +74,7 @@ _BYTES_ACKED = struct.Struct("=Q")    # tcpi_bytes_acked at 120 (Linux >= 4.1)
 _NOTSENT = struct.Struct("=I")        # tcpi_notsent_bytes at 144 (Linux >= 4.6)
 _INFO_BYTES = 148
 _LINGER_0 = struct.pack("ii", 1, 0)
+_NO_LINGER = struct.pack("ii", 0, 0)
 _NEVER = -math.inf
 
 
@@ -163,6 +165,7 @@ class _State:
     acked: int
     moved: float
     candidate: int | None = None
+    reset: bool = False
 
 
 def survey(port: int) -> list[Seen]:
@@ -193,8 +196,9 @@ def survey(port: int) -> list[Seen]:
     return found
 
 
-def shut(port: int, victims: list[Seen]) -> int:
-    """Shuts down each of ``victims`` still open as the same connection; how many."""
+def shut(port: int, victims: list[Seen], *, linger: bytes | None = None) -> int:
+    """Shuts down each of ``victims`` still open as the same connection, its close to
+    reset it (``SO_LINGER`` 0); or, given ``linger``, only sets that. How many."""
     closed = 0
     for victim in victims:
         try:
@@ -207,8 +211,9 @@ def shut(port: int, victims: list[Seen]) -> int:
             continue
         sock, owned = connection
         try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_0)
-            sock.shutdown(socket.SHUT_RDWR)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger or _LINGER_0)
+            if linger is None:
+                sock.shutdown(socket.SHUT_RDWR)
             closed += 1
         except OSError:
             pass
@@ -252,18 +257,32 @@ class IdleConnections:
 
     async def sweep(self) -> int:
         seen = await anyio.to_thread.run_sync(survey, self.port)
-        victims = self._judge(seen, time.monotonic())
+        victims, stalled, moving = self._judge(seen, time.monotonic())
+        if stalled:
+            await anyio.to_thread.run_sync(partial(shut, self.port, stalled, linger=_LINGER_0))
+        if moving:
+            await anyio.to_thread.run_sync(partial(shut, self.port, moving, linger=_NO_LINGER))
         return await anyio.to_thread.run_sync(shut, self.port, victims) if victims else 0
 
-    def _judge(self, seen: list[Seen], now: float) -> list[Seen]:
+    def _judge(self, seen: list[Seen], now: float
+               ) -> tuple[list[Seen], list[Seen], list[Seen]]:
+        """The connections to shut down; those whose send queue has not moved for the
+        timeout (their close will reset them: the kernel keeps no orphan with their
+        queue); those of these that moved again (closed gracefully again)."""
         activity, timeout = self.activity, self.timeout_s
-        states, victims = self._states, []
+        states, victims, stalled, moving = self._states, [], [], []
         self._states = {}
         for connection in seen:
             state = states.get(connection.inode) or _State(now, connection.acked, now)
             self._states[connection.inode] = state
-            if connection.acked != state.acked:
+            if connection.acked != state.acked or not connection.pending:
                 state.acked, state.moved = connection.acked, now
+                if state.reset:   # its reader took bytes again: closed gracefully again
+                    state.reset = False
+                    moving.append(connection)
+            elif now - state.moved >= timeout and not state.reset:
+                state.reset = True   # whoever closes it (hyper's PING too): a reset
+                stalled.append(connection)
             peer = connection.peer
             quiet_since = max(state.first, activity.ended.get(peer, _NEVER))
             idle = (peer not in activity.active and now - quiet_since >= timeout
@@ -276,7 +295,7 @@ class IdleConnections:
             else:
                 state.candidate = started
         activity.forget({connection.peer for connection in seen}, now - timeout)
-        return victims
+        return victims, stalled, moving
 
     async def cut(self, *, everything: bool) -> int:
         """Shuts down the connections with nothing in flight or queued (or all); how many."""

@@ -18,8 +18,9 @@ What each gives (``docs/benchmarks.md`` has the measurements behind the choice):
 HTTP/1.1, h2c, WebSocket    one port; h2c by prior knowledge      HTTP/1.1 and WebSocket only
 TLS (``--tls-cert/-key``)   rustls, ALPN ``h2`` and ``http/1.1``  ``ssl``, ``http/1.1``
 mutual TLS                  ``--tls-client-ca``                   ``--tls-client-ca``
-header timeout              hyper ``header_read_timeout`` (h1);   ``guard.guarded_protocol``
-                            a silent connection: ``silence``
+header timeout              hyper ``header_read_timeout`` (h1);   ``guard.guarded_protocol``;
+                            no request in flight (h2 with no      with TLS, ``idle`` too
+                            stream, TLS, silence): ``idle``       (asyncio's handshake)
 connection cap, 503         the front layer's request cap (503)   ``guard.guarded_protocol``
                             and an accept cap above it (queued)   (answered before reading)
 head caps 414 / 431         hyper's head buffer (431), then the   ``guard.guarded_protocol``
@@ -249,8 +250,8 @@ class GranianServer:
 
     async def _announce(self, started: Callable[[str], None]) -> None:
         """``started(url)`` once a connection to the port is accepted; from then on,
-        connections that send nothing are closed after the header timeout (granian
-        has no timer for them: ``silence``)."""
+        connections with no request in flight are closed after the header timeout
+        (granian has no timer for them: ``idle``)."""
         await self._bound.wait()
         probe = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(self._host,
                                                                           self._host)
@@ -264,8 +265,13 @@ class GranianServer:
             break
         self._release_port()   # granian listens: the port is its own
         started(url_of(self._host, self._port, self.options.tls))
-        await SilentConnections(port=self._port, timeout_s=self.limits.header_timeout_s,
-                                stats=self.stats).run()
+        if self._activity is None:
+            await SilentConnections(port=self._port, timeout_s=self.limits.header_timeout_s,
+                                    stats=self.stats).run()
+            return
+        self._sweep = IdleConnections(port=self._port, timeout_s=self.limits.header_timeout_s,
+                                      activity=self._activity, stats=self.stats)
+        await self._sweep.run()
 
     async def _enforce_stop(self) -> None:
         """granian's stop waits for every open connection to end, with no bound (a
@@ -335,7 +341,14 @@ class UvicornServer:
             max_header_bytes=limits.max_header_bytes, max_headers=limits.max_headers,
             max_request_line=limits.max_request_line, stats=stats)
         tls: dict[str, Any] = {}
+        # With TLS, asyncio runs the handshake before the guard sees the connection (and
+        # gives it 60 s): the idle sweep closes those, as on granian.
+        self._sweep: IdleConnections | None = None
         if options.tls:
+            activity = Activity()
+            app = Tracked(app, activity)
+            self._sweep = IdleConnections(port=port, timeout_s=limits.header_timeout_s,
+                                          activity=activity, stats=stats)
             tls = {"ssl_certfile": options.tls_cert, "ssl_keyfile": options.tls_key}
             if options.tls_client_ca is not None:
                 tls.update(ssl_ca_certs=options.tls_client_ca, ssl_cert_reqs=ssl.CERT_REQUIRED)
@@ -350,7 +363,11 @@ class UvicornServer:
     async def serve(self, started: Callable[[str], None]) -> None:
         self._server.announce = lambda: started(self._url())
         with self._sock:
-            await self._server.serve(sockets=[self._sock])
+            async with anyio.create_task_group() as tg:
+                if self._sweep is not None:
+                    tg.start_soon(self._sweep.run)
+                await self._server.serve(sockets=[self._sock])
+                tg.cancel_scope.cancel()
 
     def _url(self) -> str:
         host, port = self._server.servers[0].sockets[0].getsockname()[:2]
