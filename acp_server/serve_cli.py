@@ -67,7 +67,7 @@ from acp_server.http.policy import (
 )
 from acp_server.app import DOORS
 from acp_server.http.serving import STOP_SIGNALS, ListenError, listen, run_http
-from acp_server.http.starting import answer_starting
+from acp_server.http.starting import answer_starting, tls_context
 from acp_server.ops.request_log import configure_logging
 from acp_server.profiles import merge, unfound
 from acp_server.server import Server, open_server
@@ -437,7 +437,7 @@ async def _open_when_store(stack: contextlib.AsyncExitStack, settings: Settings,
         attempt += 1
         log.warning("cannot start: %s; answering 503 and trying again in %g s (attempt %d)",
                     reason, wait, attempt)
-        await answer_starting(sock, DOORS, seconds=wait)
+        await answer_starting(sock, DOORS, seconds=wait, tls=tls_context(settings.http))
 
 
 def store_outage(exc: BaseException) -> str | None:

@@ -18,8 +18,9 @@ What each gives (``docs/benchmarks.md`` has the measurements behind the choice):
 HTTP/1.1, h2c, WebSocket    one port; h2c by prior knowledge      HTTP/1.1 and WebSocket only
 TLS (``--tls-cert/-key``)   rustls, ALPN ``h2`` and ``http/1.1``  ``ssl``, ``http/1.1``
 mutual TLS                  ``--tls-client-ca``                   ``--tls-client-ca``
-header timeout              hyper ``header_read_timeout`` (h1);   ``guard.guarded_protocol``
-                            a silent connection: ``silence``
+header timeout              hyper ``header_read_timeout`` (h1);   ``guard.guarded_protocol``;
+                            no request in flight (h2 with no      with TLS, ``idle`` too
+                            stream, TLS, silence): ``idle``       (asyncio's handshake)
 connection cap, 503         the front layer's request cap (503)   ``guard.guarded_protocol``
                             and an accept cap above it (queued)   (answered before reading)
 head caps 414 / 431         hyper's head buffer (431), then the   ``guard.guarded_protocol``
@@ -39,6 +40,11 @@ streams; off by default, ``docs/benchmarks.md``).
 Contracts: ``serve(started)`` calls ``started(url)`` once the socket accepts
 connections (the real port when ``port=0``; ``https://`` with TLS) and returns after
 ``stop()``. ``stop(force=True)`` (a second signal) skips the wait for open responses.
+granian's own stop waits for every open connection with no bound (a reader that stopped
+reading holds it for ever; an idle HTTP/2 connection until its PING goes unanswered):
+``GranianServer`` shuts down, from its stop on, the connections with nothing in flight
+and nothing left to send, and every connection once ``graceful_s`` has passed or at a
+second ``stop(force=True)`` (``idle.IdleConnections.cut``; logged as a warning).
 granian binds its own listener: from the caller's socket's close until granian listens,
 the port is held by a bound socket that does not listen (``SO_REUSEPORT``, which
 granian's listener sets too: ``reserve_port``), so no other socket takes it meanwhile
@@ -48,6 +54,7 @@ granian's listener sets too: ``reserve_port``), so no other socket takes it mean
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import socket
 import ssl
@@ -60,8 +67,11 @@ import anyio
 import uvicorn
 
 from acp_server.http.guard import GuardStats, guarded_protocol
+from acp_server.http.idle import Activity, IdleConnections, Tracked
 from acp_server.http.options import HttpOptions
 from acp_server.http.silence import SilentConnections
+
+log = logging.getLogger("acp_server.http")
 
 GRACEFUL_SHUTDOWN_S = 5
 BACKLOG = 2048
@@ -183,11 +193,19 @@ class GranianServer:
 
         head = limits.max_header_bytes + limits.max_request_line + HEAD_SLACK
         interface = Interfaces.ASGINL
+        # The requests in flight per peer, for the idle sweep (``idle``); an app with its
+        # own ``__rsgi__`` is served as is, untracked: the silence sweep only, then.
+        self._activity: Activity | None = Activity()
         if options.granian_interface == "rsgi":
             from acp_server.http.rsgi import RsgiEntry
 
-            interface = Interfaces.RSGI   # an app with its own ``__rsgi__`` is served as is
-            app = app if hasattr(app, "__rsgi__") else RsgiEntry(app)
+            interface = Interfaces.RSGI
+            if hasattr(app, "__rsgi__"):
+                self._activity = None
+            else:
+                app = RsgiEntry(Tracked(app, self._activity))
+        elif self._activity is not None:
+            app = Tracked(app, self._activity)
         self._server = _Embedded(
             app, address=host, port=port, interface=interface, http=HTTPModes.auto,
             websockets=True, backlog=BACKLOG, backpressure=accept_cap(limits.max_connections),
@@ -214,9 +232,12 @@ class GranianServer:
 
     async def serve(self, started: Callable[[str], None]) -> None:
         self._bound = anyio.Event()
+        self._stopping, self._forced = anyio.Event(), anyio.Event()
+        self._sweep: IdleConnections | None = None
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._announce, started)
+                tg.start_soon(self._enforce_stop)
                 await self._server.serve()
                 tg.cancel_scope.cancel()
         finally:
@@ -229,8 +250,8 @@ class GranianServer:
 
     async def _announce(self, started: Callable[[str], None]) -> None:
         """``started(url)`` once a connection to the port is accepted; from then on,
-        connections that send nothing are closed after the header timeout (granian
-        has no timer for them: ``silence``)."""
+        connections with no request in flight are closed after the header timeout
+        (granian has no timer for them: ``idle``)."""
         await self._bound.wait()
         probe = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(self._host,
                                                                           self._host)
@@ -244,11 +265,59 @@ class GranianServer:
             break
         self._release_port()   # granian listens: the port is its own
         started(url_of(self._host, self._port, self.options.tls))
-        await SilentConnections(port=self._port, timeout_s=self.limits.header_timeout_s,
-                                stats=self.stats).run()
+        if self._activity is None:
+            await SilentConnections(port=self._port, timeout_s=self.limits.header_timeout_s,
+                                    stats=self.stats).run()
+            return
+        self._sweep = IdleConnections(port=self._port, timeout_s=self.limits.header_timeout_s,
+                                      activity=self._activity, stats=self.stats)
+        await self._sweep.run()
+
+    async def _enforce_stop(self) -> None:
+        """granian's stop waits for every open connection to end, with no bound (a
+        reader that stopped reading holds it for ever): once stopping, the connections
+        with nothing in flight are cut at once, and every one past ``graceful_s`` or a
+        second ``stop(force=True)``, again until granian returns."""
+        await self._stopping.wait()
+        sweep = self._sweep or IdleConnections(port=self._port, timeout_s=0,
+                                               activity=self._activity or Activity())
+        with anyio.move_on_after(self.limits.graceful_s):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._cut_idle, sweep)
+                await self._forced.wait()
+                tg.cancel_scope.cancel()
+        reason = "a second signal" if self._forced.is_set() else \
+            f"the {self.limits.graceful_s:g} s graceful wait ended"
+        while True:
+            closed = await self._cut(sweep, everything=True)
+            if closed:
+                log.warning("stopping: %s; %d open connection(s) cut", reason, closed)
+            await anyio.sleep(0.5)
+
+    async def _cut_idle(self, sweep: IdleConnections) -> None:
+        """During the graceful wait: the connections with nothing in flight and nothing
+        left to send (granian's GOAWAY, once taken), again and again."""
+        if self._activity is None:
+            return
+        while True:
+            await self._cut(sweep, everything=False)
+            await anyio.sleep(0.1)
+
+    @staticmethod
+    async def _cut(sweep: IdleConnections, *, everything: bool) -> int:
+        try:
+            return await sweep.cut(everything=everything)
+        except Exception as exc:   # noqa: BLE001 - the stop goes on regardless
+            log.warning("stopping: cutting connections failed: %s", exc)
+            return 0
 
     def stop(self, force: bool = False) -> None:
         self._server.stop()
+        stopping = getattr(self, "_stopping", None)
+        if stopping is not None:
+            stopping.set()
+            if force:
+                self._forced.set()
 
 
 def _path(value: str | None) -> Any:
@@ -272,7 +341,14 @@ class UvicornServer:
             max_header_bytes=limits.max_header_bytes, max_headers=limits.max_headers,
             max_request_line=limits.max_request_line, stats=stats)
         tls: dict[str, Any] = {}
+        # With TLS, asyncio runs the handshake before the guard sees the connection (and
+        # gives it 60 s): the idle sweep closes those, as on granian.
+        self._sweep: IdleConnections | None = None
         if options.tls:
+            activity = Activity()
+            app = Tracked(app, activity)
+            self._sweep = IdleConnections(port=port, timeout_s=limits.header_timeout_s,
+                                          activity=activity, stats=stats)
             tls = {"ssl_certfile": options.tls_cert, "ssl_keyfile": options.tls_key}
             if options.tls_client_ca is not None:
                 tls.update(ssl_ca_certs=options.tls_client_ca, ssl_cert_reqs=ssl.CERT_REQUIRED)
@@ -287,7 +363,11 @@ class UvicornServer:
     async def serve(self, started: Callable[[str], None]) -> None:
         self._server.announce = lambda: started(self._url())
         with self._sock:
-            await self._server.serve(sockets=[self._sock])
+            async with anyio.create_task_group() as tg:
+                if self._sweep is not None:
+                    tg.start_soon(self._sweep.run)
+                await self._server.serve(sockets=[self._sock])
+                tg.cancel_scope.cancel()
 
     def _url(self) -> str:
         host, port = self._server.servers[0].sockets[0].getsockname()[:2]

@@ -15,8 +15,11 @@ Contracts:
   ``/health`` with ``{"status": "starting"}``, any other path with the
   ``store_unavailable`` refusal of its door (REST ``{error, code}``, LMSP a problem,
   ``/acp`` a JSON-RPC error), rendered by the door's own renderer.
-* HTTP/1.x, one request a connection. The head is read for at most
-  ``HEAD_TIMEOUT_S`` and ``MAX_HEAD_BYTES`` (then the connection is closed without an
+* With ``--tls-cert`` (``tls``: ``tls_context(options)``) over TLS only, as the server
+  will speak it (HTTP/1.1 by ALPN; with ``--tls-client-ca`` a client certificate that
+  CA signed is required): never a byte in clear on a TLS port.
+* HTTP/1.x, one request a connection. The handshake and the head take at most
+  ``HEAD_TIMEOUT_S`` together, the head at most ``MAX_HEAD_BYTES`` (then the connection is closed without an
   answer); at most ``MAX_ANSWERING`` connections are answered at once, others are
   closed as accepted. Nothing of a request is kept.
 * ``answer_starting`` returns after ``seconds``, or when its caller cancels it (``acp-server
@@ -29,12 +32,15 @@ from __future__ import annotations
 
 import logging
 import socket
+import ssl
 from collections.abc import Sequence
 
 import anyio
 import anyio.abc
+from anyio.streams.tls import TLSStream
 
 from acp_server.http.front import Door
+from acp_server.http.options import HttpOptions
 from acp_server.http.policy import Refusal
 
 log = logging.getLogger("acp_server")
@@ -71,10 +77,25 @@ def request_path(head: bytes) -> str | None:
     return target.split("?", 1)[0] or "/"
 
 
+def tls_context(options: HttpOptions) -> ssl.SSLContext | None:
+    """The server's TLS as ``answer_starting`` speaks it (HTTP/1.1 by ALPN; with
+    ``--tls-client-ca``, a client certificate that CA signed required), or None."""
+    if options.tls_cert is None or options.tls_key is None:
+        return None
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(options.tls_cert, options.tls_key)
+    context.set_alpn_protocols(["http/1.1"])
+    if options.tls_client_ca is not None:
+        context.load_verify_locations(options.tls_client_ca)
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
 async def _answer(conn: socket.socket, doors: Sequence[Door],
-                  limiter: anyio.CapacityLimiter) -> None:
+                  limiter: anyio.CapacityLimiter, tls: ssl.SSLContext | None) -> None:
     try:
-        stream = await anyio.abc.SocketStream.from_socket(conn)
+        stream: anyio.abc.ByteStream = await anyio.abc.SocketStream.from_socket(conn)
     except OSError:
         conn.close()
         return
@@ -83,23 +104,27 @@ async def _answer(conn: socket.socket, doors: Sequence[Door],
             return   # closed as accepted
         async with limiter:
             head = b""
-            with anyio.move_on_after(HEAD_TIMEOUT_S):
-                while b"\r\n\r\n" not in head and len(head) < MAX_HEAD_BYTES:
-                    try:
+            with anyio.move_on_after(HEAD_TIMEOUT_S):   # the handshake and the head
+                try:
+                    if tls is not None:
+                        stream = await TLSStream.wrap(stream, server_side=True,
+                                                      ssl_context=tls,
+                                                      standard_compatible=False)
+                    while b"\r\n\r\n" not in head and len(head) < MAX_HEAD_BYTES:
                         head += await stream.receive()
-                    except (anyio.EndOfStream, anyio.BrokenResourceError, OSError):
-                        return
+                except (anyio.EndOfStream, anyio.BrokenResourceError, OSError, ssl.SSLError):
+                    return
             path = request_path(head) if b"\r\n\r\n" in head else None
             if path is None:
                 return
             try:
                 await stream.send(answer_bytes(path, doors))
-            except (anyio.BrokenResourceError, OSError):
+            except (anyio.BrokenResourceError, OSError, ssl.SSLError):
                 return
 
 
 async def _accept(sock: socket.socket, doors: Sequence[Door],
-                  tg: anyio.abc.TaskGroup) -> None:
+                  tg: anyio.abc.TaskGroup, tls: ssl.SSLContext | None) -> None:
     limiter = anyio.CapacityLimiter(MAX_ANSWERING)
     while True:
         await anyio.wait_readable(sock)
@@ -111,13 +136,14 @@ async def _accept(sock: socket.socket, doors: Sequence[Door],
             log.warning("starting: cannot accept a connection: %s", exc)
             await anyio.sleep(0.1)
             continue
-        tg.start_soon(_answer, conn, doors, limiter)
+        tg.start_soon(_answer, conn, doors, limiter, tls)
 
 
 async def answer_starting(sock: socket.socket, doors: Sequence[Door], *,
-                          seconds: float) -> None:
-    """Answer ``sock``'s connections for ``seconds`` (or until cancelled)."""
+                          seconds: float, tls: ssl.SSLContext | None = None) -> None:
+    """Answer ``sock``'s connections for ``seconds`` (or until cancelled), over ``tls``
+    when given (``tls_context``)."""
     sock.setblocking(False)
     async with anyio.create_task_group() as tg:
         tg.cancel_scope.deadline = anyio.current_time() + seconds
-        tg.start_soon(_accept, sock, doors, tg)
+        tg.start_soon(_accept, sock, doors, tg, tls)

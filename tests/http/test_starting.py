@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 import socket
+from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 
 from acp_server.app import DOORS
 from acp_server.http.starting import MAX_HEAD_BYTES, answer_starting, request_path
+from tests.http.test_http2 import needs_openssl
 
 pytestmark = pytest.mark.anyio
 
@@ -75,3 +78,61 @@ async def test_each_door_gets_its_503_and_hostile_heads_get_nothing() -> None:
     assert bodies["lmsp"]["code"] == bodies["rest"]["code"] == "store_unavailable"
     assert bodies["acp"]["error"]["data"]["errorKind"] == "store_unavailable"
     assert b"application/problem+json" in answers["lmsp"]
+
+
+# -- over TLS (--tls-cert, --tls-client-ca): the real process, its store down ----------
+@needs_openssl
+def test_a_tls_port_answers_starting_over_tls_only(tmp_path: Path) -> None:
+    """With ``--tls-cert`` and ``--tls-client-ca``, while the store is down at start, the
+    port speaks TLS only, with the client certificate required: a cleartext request gets
+    no byte of HTTP, a client without a certificate no answer, and one with it the 503."""
+    import ssl
+    import time
+
+    from tests.harness import ServeProcess
+    from tests.harness.process import free_port
+    from tests.http.test_http2 import make_certificates
+
+    certs = make_certificates(tmp_path)
+    port = free_port()
+    child = ServeProcess(tmp_path / "ws", "--port", str(port),
+                         "--store", "postgresql://acp@127.0.0.1:1/acp",
+                         "--tls-cert", str(certs["server"]), "--tls-key",
+                         str(certs["server-key"]), "--tls-client-ca", str(certs["ca"]))
+    (tmp_path / "ws").mkdir()
+    child.spawn()
+    try:
+        deadline = time.monotonic() + 30
+        while "answering 503" not in child.stderr_text():
+            assert child.returncode is None and time.monotonic() < deadline, \
+                child.stderr_text()[-2000:]
+            time.sleep(0.05)
+
+        def exchange(wrap: Any) -> bytes:
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+                sock = wrap(raw)
+                sock.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
+                received = b""
+                try:
+                    while chunk := sock.recv(65536):
+                        received += chunk
+                except (ConnectionError, ssl.SSLError):
+                    pass
+                return received
+
+        clear = exchange(lambda raw: raw)
+        assert b"HTTP/1.1" not in clear and b"starting" not in clear, clear
+
+        def client(cert: bool) -> Any:
+            context = ssl.create_default_context(cafile=str(certs["ca"]))
+            if cert:
+                context.load_cert_chain(str(certs["client"]), str(certs["client-key"]))
+            return lambda raw: context.wrap_socket(raw, server_hostname="localhost")
+
+        with pytest.raises((ssl.SSLError, ConnectionError)):
+            if not exchange(client(cert=False)):   # TLS 1.3: refused after the handshake
+                raise ConnectionError("no answer")
+        answer = exchange(client(cert=True))
+        assert answer.startswith(b"HTTP/1.1 503") and answer.endswith(b'{"status":"starting"}')
+    finally:
+        child.kill()
