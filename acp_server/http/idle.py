@@ -49,6 +49,7 @@ Contracts:
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import logging
 import math
@@ -84,12 +85,22 @@ def peer_key(client: Any) -> tuple[str, int] | None:
     if not client or len(client) < 2:
         return None
     host, port = client[0], client[1]
+    if type(host) is str and type(port) is int and host[:1].isdigit() and ":" not in host:
+        return (host, port)   # dotted IPv4 as servers write it: no parse per request
+    written = _host_written(str(host))
+    return None if written is None else (written, int(port))
+
+
+@functools.lru_cache(maxsize=1024)
+def _host_written(host: str) -> str | None:
+    """``host`` as ``peer_key`` writes it (IPv6 compressed, a mapped IPv4 as IPv4), or
+    ``None`` when it is no address; cached: a client's host is parsed once."""
     try:
-        address = ipaddress.ip_address(str(host).strip("[]").split("%", 1)[0])
+        address = ipaddress.ip_address(host.strip("[]").split("%", 1)[0])
     except ValueError:
         return None
     mapped = getattr(address, "ipv4_mapped", None)
-    return (str(mapped or address), int(port))
+    return str(mapped or address)
 
 
 class Activity:
