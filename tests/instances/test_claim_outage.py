@@ -166,6 +166,9 @@ async def test_a_claim_while_postgresql_is_down_is_503_then_a_hand_off(
                                    json=_prompt("/chunks 3 before the outage"))
             assert turn.status_code == 202, turn.text
             await _idle(on_a, sid)
+            # its end is committed once readers see it (the status says the committed id)
+            await read_events(on_a, sid, lambda e: e["type"] == "turn_complete",
+                              last_event_id=0)
             seen = (await on_a.get(f"/session/{sid}/status")).json()["lastEventId"]
             _pg("stop", own_cluster)
 
