@@ -66,7 +66,7 @@ import anyio
 import anyio.to_thread
 
 from acp_server.http.silence import (
-    _FD_DIR, SilentConnections, _connection_on, _descriptors, _release)
+    _FD_DIR, SilentConnections, _connection_on, _descriptors, _release, sweep_every)
 
 log = logging.getLogger("acp_server.http")
 
@@ -251,20 +251,9 @@ class IdleConnections:
 
     async def run(self) -> None:
         """Sweep every ``interval_s`` until cancelled."""
-        if not self.supported():
-            return
-        while True:
-            await anyio.sleep(self.interval_s)
-            try:
-                closed = await self.sweep()
-            except Exception as exc:   # noqa: BLE001 - a sweep must never end the server
-                log.warning("idle connection sweep failed: %s", exc)
-                continue
-            if closed:
-                log.info("closed %d connection(s) idle for %.1f s", closed, self.timeout_s)
-                if self.stats is not None:
-                    self.stats["header_timeouts"] = self.stats.get("header_timeouts", 0) \
-                        + closed
+        if self.supported():
+            await sweep_every(self.interval_s, self.sweep, self.stats,
+                              f"idle for {self.timeout_s:.1f} s")
 
     async def sweep(self) -> int:
         seen = await anyio.to_thread.run_sync(survey, self.port)

@@ -51,7 +51,7 @@ import resource
 import socket
 import struct
 import sys
-from collections.abc import MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping
 
 import anyio
 import anyio.to_thread
@@ -187,18 +187,25 @@ class SilentConnections:
 
     async def run(self) -> None:
         """Sweep every ``interval_s`` until cancelled."""
-        if not self.supported():
-            return
-        while True:
-            await anyio.sleep(self.interval_s)
-            try:
-                closed = await anyio.to_thread.run_sync(sweep_once, self.port,
-                                                        self.timeout_ms)
-            except Exception as exc:   # noqa: BLE001 - a sweep must never end the server
-                log.warning("silent connection sweep failed: %s", exc)
-                continue
-            if closed:
-                log.info("closed %d connection(s) silent for %d ms", closed, self.timeout_ms)
-                if self.stats is not None:
-                    self.stats["header_timeouts"] = self.stats.get("header_timeouts", 0) \
-                        + closed
+        if self.supported():
+            await sweep_every(self.interval_s, lambda: anyio.to_thread.run_sync(
+                sweep_once, self.port, self.timeout_ms), self.stats,
+                f"silent for {self.timeout_ms} ms")
+
+
+async def sweep_every(interval_s: float, sweep: Callable[[], Awaitable[int]],
+                      stats: MutableMapping[str, int] | None, closed_as: str) -> None:
+    """``sweep()`` every ``interval_s`` until cancelled; the connections it closed are
+    logged (``closed N connection(s) <closed_as>``) and counted as header timeouts. A
+    failed sweep is logged and never ends the loop (nor the server)."""
+    while True:
+        await anyio.sleep(interval_s)
+        try:
+            closed = await sweep()
+        except Exception as exc:   # noqa: BLE001 - a sweep must never end the server
+            log.warning("connection sweep failed: %s", exc)
+            continue
+        if closed:
+            log.info("closed %d connection(s) %s", closed, closed_as)
+            if stats is not None:
+                stats["header_timeouts"] = stats.get("header_timeouts", 0) + closed
