@@ -470,14 +470,18 @@ class Session:
                         await anyio.lowlevel.checkpoint()   # a large prompt, in slices
                 scope.shield = False
                 pending.run_scope = scope
-                if self.journal.durable and not getattr(self.agent, "contained", False):
+                journal = self.journal
+                if journal.durable and not getattr(self.agent, "contained", False):
                     # its start (the echo) committed first: after a crash the prompt is
                     # known started (``session_on_restart``), never run a second time
                     await self.bus.wait_released(self.bus.last_event_id)
+                    if self.journal is not journal:   # released by a stop, not a commit:
+                        await anyio.sleep_forever()   # never sent; the close settles it
                 # cancelled (or past its deadline) while echoed: the agent never sees
                 # it (a session/cancel it got meanwhile was for nothing)
                 unsent = pending.cancel_requested or pending.state == DONE
                 if not unsent:
+                    pending.sent = True
                     response = await self.agent.request("session/prompt", params)
             if unsent or scope.cancelled_caught:
                 outcome = PromptResult("cancelled", {"stopReason": "cancelled"})
@@ -575,7 +579,12 @@ class Session:
         self._forward_cancel(pending)
 
     def _forward_cancel(self, pending: PendingPrompt) -> None:
-        """Send ACP ``session/cancel`` and bound how long the agent may take to stop."""
+        """Send ACP ``session/cancel`` and bound how long the agent may take to stop;
+        a turn whose agent does not have the prompt yet (waiting for its start's
+        commit) just ends."""
+        if pending.run_scope is not None and not pending.sent:
+            pending.run_scope.cancel()
+            return
         if pending.run_scope is not None:
             pending.run_scope.deadline = min(
                 pending.run_scope.deadline,

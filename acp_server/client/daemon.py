@@ -424,6 +424,10 @@ class DaemonClient:
                         raise
                     ended = await self._send_prompt(session_id, req, accepted.prompt_id,
                                                     client_id)
+                    if ended.status_code == 202:   # live again (loaded): watched from here
+                        return await self._await_turn(
+                            session_id, wire.decode(wire.PROMPT_ACCEPTED, ended.content),
+                            client_id, on_event)
                     if ended.status_code != 200:
                         raise
                     return _ended(ended.content, session_id)

@@ -77,6 +77,7 @@ _INFO_BYTES = 148
 _LINGER_0 = struct.pack("ii", 1, 0)
 _NO_LINGER = struct.pack("ii", 0, 0)
 _NEVER = -math.inf
+CUT_SETTLE_S = 1.0   # a stop's cut spares a connection whose request ended this recently
 
 
 def peer_key(client: Any) -> tuple[str, int] | None:
@@ -298,12 +299,16 @@ class IdleConnections:
         return victims, stalled, moving
 
     async def cut(self, *, everything: bool) -> int:
-        """Shuts down the connections with nothing in flight or queued (or all); how many."""
+        """Shuts down the connections with nothing in flight or queued, none ended within
+        ``CUT_SETTLE_S`` (an answer the app just gave may not be on the wire yet), or
+        all of them; how many."""
         if not self.supported():
             return 0
         seen = await anyio.to_thread.run_sync(survey, self.port)
+        activity, settled = self.activity, time.monotonic() - CUT_SETTLE_S
         victims = [c for c in seen if everything or (
-            c.peer not in self.activity.active and not c.pending)]
+            c.peer not in activity.active and not c.pending
+            and activity.ended.get(c.peer, _NEVER) < settled)]
         return await anyio.to_thread.run_sync(shut, self.port, victims) if victims else 0
 
 

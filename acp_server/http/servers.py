@@ -194,8 +194,9 @@ class GranianServer:
         head = limits.max_header_bytes + limits.max_request_line + HEAD_SLACK
         interface = Interfaces.ASGINL
         # The requests in flight per peer, for the idle sweep (``idle``); an app with its
-        # own ``__rsgi__`` is served as is, untracked: the silence sweep only, then.
-        self._activity: Activity | None = Activity()
+        # own ``__rsgi__`` is served as is, untracked: the silence sweep only, then (and
+        # where the sweep cannot run: not Linux; nothing would prune the counts).
+        self._activity: Activity | None = Activity() if IdleConnections.supported() else None
         if options.granian_interface == "rsgi":
             from acp_server.http.rsgi import RsgiEntry
 
@@ -203,7 +204,7 @@ class GranianServer:
             if hasattr(app, "__rsgi__"):
                 self._activity = None
             else:
-                app = RsgiEntry(Tracked(app, self._activity))
+                app = RsgiEntry(app if self._activity is None else Tracked(app, self._activity))
         elif self._activity is not None:
             app = Tracked(app, self._activity)
         self._server = _Embedded(
@@ -344,7 +345,7 @@ class UvicornServer:
         # With TLS, asyncio runs the handshake before the guard sees the connection (and
         # gives it 60 s): the idle sweep closes those, as on granian.
         self._sweep: IdleConnections | None = None
-        if options.tls:
+        if options.tls and IdleConnections.supported():
             activity = Activity()
             app = Tracked(app, activity)
             self._sweep = IdleConnections(port=port, timeout_s=limits.header_timeout_s,

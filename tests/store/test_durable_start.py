@@ -12,9 +12,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import anyio
 import anyio.abc
 import pytest
 
+from bridge import BridgeOptions
 from bridge.agents.base import AgentClient
 from bridge.agents.reference import ReferenceAgentFactory
 from tests.harness import local_server
@@ -115,6 +117,36 @@ async def test_a_turn_held_by_an_outage_runs_once_the_store_is_back(tmp_path: Pa
         store.faults.off()   # no manual step: the commit lands, the turn goes on
         await wait_until(lambda: _ended(session, queued_id, "completed"))
         assert agent.prompts == ["/permission a", "/chunks 1 held"]
+
+
+async def test_a_stop_in_the_outage_does_not_hand_the_waiting_turn_to_its_agent(
+        tmp_path: Path) -> None:
+    """The stop lets held events through (nothing more is journaled): that is no
+    commit, and the turn that waited for one is not sent; the close settles it."""
+    store = faulty(tmp_path)
+    agent = _Recording()
+    async with local_server(tmp_path, lmsp_store=store, agent_factory=agent) as srv:
+        _, waiting_id, session = await _started_in_an_outage(srv, store, agent,
+                                                             "/chunks 1 never sent")
+    assert agent.prompts == ["/permission a"]
+    assert not _ended(session, waiting_id, "completed")
+
+
+async def test_a_cancel_of_a_turn_waiting_for_its_commit_ends_it_at_once(
+        tmp_path: Path) -> None:
+    """Its agent does not have the prompt: no ``session/cancel``, no grace to wait out
+    (the next prompt is not held for it)."""
+    store = faulty(tmp_path)
+    agent = _Recording()
+    async with local_server(tmp_path, lmsp_store=store, agent_factory=agent,
+                            options=BridgeOptions(cancel_grace_ms=600_000)) as srv:
+        sid, waiting_id, session = await _started_in_an_outage(srv, store, agent,
+                                                               "/chunks 1 cancelled")
+        assert (await srv.client.post(f"/session/{sid}/cancel")).status_code == 204
+        with anyio.fail_after(30):   # a bound: the grace is ten minutes
+            await wait_until(lambda: _ended(session, waiting_id, "cancelled")
+                             and session.active is None)
+        store.faults.off()
 
 
 async def test_the_reference_agent_is_contained() -> None:
