@@ -27,7 +27,8 @@ from bridge.errors import (
     TooManyContentBlocksError,
 )
 from bridge.session import QUEUED
-from bridge.status import PendingPromptInfo, PromptTerminal, refused
+from bridge.status import PendingPromptInfo, PromptTerminal
+from bridge.terminals import Terminals
 from bridge.ticket import PromptTicket
 
 if TYPE_CHECKING:
@@ -43,7 +44,7 @@ class PromptsAPI:
     elicitations: ElicitationMediator
 
     _sessions: dict[str, Session]
-    _closed_terminals: dict[str, Any]
+    _closed_terminals: dict[str, Terminals]
 
     def get_session(self, session_id: str) -> Session:
         raise NotImplementedError   # Bridge's
@@ -113,12 +114,10 @@ class PromptsAPI:
         """How a prompt of a session that is no longer live ended (its agent died, it
         was closed: the terminals the bridge keeps of closed sessions), else ``None``
         (also for a live session: ``prompt_terminal``)."""
-        if session_id in self._sessions:
+        terminals = self._closed_terminals.get(session_id)
+        if terminals is None or session_id in self._sessions:
             return None
-        for terminal in reversed(self._closed_terminals.get(session_id) or ()):
-            if terminal.prompt_id == prompt_id:   # a deque, or a restored list
-                return None if refused(terminal) else terminal
-        return None
+        return terminals.latest(prompt_id)
 
     def check_client(self, session_id: str, client_id: str | None) -> None:
         """``InvalidClientIdError`` when ``client_id`` is not one of the session's (as

@@ -88,6 +88,7 @@ from bridge.ids import uuid4_str
 from bridge.journal import EventRecord, EventsReset, RestoredSession
 from bridge.jsonrpc import RESOURCE_NOT_FOUND
 from bridge.session import QUEUED, Session
+from bridge.terminals import Terminals
 from bridge.ticket import PromptResult
 from bridge.transcript import TRANSCRIPT_META, after_seed, transcript
 from bridge.wire import envelope
@@ -112,7 +113,7 @@ async def restore_sessions(bridge: Bridge, journaled: list[RestoredSession]) -> 
         if found.closed_at is not None:
             bridge.remember_owner(sid, found.record.owner)
             if found.terminals:
-                bridge._closed_terminals[sid] = found.terminals
+                bridge._closed_terminals[sid] = Terminals(found.terminals)
             continue
         if sid in bridge._sessions:
             continue
