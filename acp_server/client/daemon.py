@@ -170,7 +170,8 @@ def _ended(content: bytes, session_id: str) -> PromptResult:
         code = body.get("errorCode") if isinstance(body.get("errorCode"), str) else None
         raise DaemonTurnError({"sessionId": session_id, "promptId": prompt_id,
                                "code": code or "turn_error",
-                               "message": f"Prompt {prompt_id or ''} failed".replace("  ", " ")})
+                               "message": f"Prompt {prompt_id} failed" if prompt_id
+                               else "Prompt failed"})
     stop = body.get("stopReason")
     return PromptResult(stop_reason=stop if isinstance(stop, str) else "end_turn",
                         prompt_id=prompt_id)
@@ -445,9 +446,10 @@ class DaemonClient:
         body, named = named_prompt(req, prompt_id or new_prompt_id())
         path = _session_path(session_id, "prompt")
         failed: DaemonConnectionError | None = None   # the last send's, when it got no answer
+        taken = False   # and it may have been admitted (cut, not refused)
         for sends in range(1, MAX_PROMPT_SENDS + 1):
             last = sends == MAX_PROMPT_SENDS
-            if failed is not None and _cut_or_unsent(failed) == "cut":
+            if taken and failed is not None:
                 replays = await self._replays_prompt_ids(unreachable=None)
                 if replays is False:
                     raise failed
@@ -459,12 +461,13 @@ class DaemonClient:
             try:
                 response = await self._send("POST", path, body=body, client_id=client_id)
             except DaemonConnectionError as exc:
-                if named is None or last or _cut_or_unsent(exc) is None:
+                kind = _cut_or_unsent(exc)
+                if named is None or last or kind is None:
                     raise
-                failed = exc
+                failed, taken = exc, kind == "cut"
                 await anyio.sleep(self._reconnect_wait_s(sends))
                 continue
-            failed = None
+            taken = False
             if named is None or last or not _resend(response) \
                     or not await self._replays_prompt_ids():
                 return response
