@@ -194,6 +194,12 @@ class SessionJournal(Protocol):
         for, unless ``fail_fast``: then ``JournalUnavailableError`` at once while the
         store is failing (the record still commits once it is back)."""
 
+    def hold(self, session_id: str, held: bool) -> None:
+        """While ``held``, the session's events reach readers only once committed, even
+        past the journal's bound on queued records (where it may let other sessions'
+        events through uncommitted): a turn waits for its start's commit
+        (``EventBus.wait_released``) before its agent is handed the prompt."""
+
     async def restore(self) -> list[RestoredSession]: ...
 
     async def purge(self, closed_before: float) -> int:
@@ -238,6 +244,9 @@ class MemoryJournal:
 
     async def wait(self, seq: int, *, fail_fast: bool = False) -> None:
         return None
+
+    def hold(self, session_id: str, held: bool) -> None:
+        pass
 
     async def restore(self) -> list[RestoredSession]:
         return []

@@ -456,6 +456,12 @@ class Session:
             params["_meta"] = {CONTINUED_META: pending.continued}
         outcome: PromptResult | BaseException
         unsent = True
+        journal = self.journal
+        # its start (the echo) committed first: after a crash the prompt is known
+        # started (``session_on_restart``), never run a second time; never shed
+        held = journal.durable and not getattr(self.agent, "contained", False)
+        if held:
+            journal.hold(sid, True)
         try:
             # One scope per turn (each costs ~2.7 µs on asyncio): shielded while the
             # prompt is echoed (bounded: FLOW_WAIT_S per stalled reader), then the
@@ -470,13 +476,12 @@ class Session:
                         await anyio.lowlevel.checkpoint()   # a large prompt, in slices
                 scope.shield = False
                 pending.run_scope = scope
-                journal = self.journal
-                if journal.durable and not getattr(self.agent, "contained", False):
-                    # its start (the echo) committed first: after a crash the prompt is
-                    # known started (``session_on_restart``), never run a second time
+                if held:
                     await self.bus.wait_released(self.bus.last_event_id)
                     if self.journal is not journal:   # released by a stop, not a commit:
                         await anyio.sleep_forever()   # never sent; the close settles it
+                    journal.hold(sid, False)
+                    held = False
                 # cancelled (or past its deadline) while echoed: the agent never sees
                 # it (a session/cancel it got meanwhile was for nothing)
                 unsent = pending.cancel_requested or pending.state == DONE
@@ -493,6 +498,8 @@ class Session:
             log.exception("session %s: prompt %s failed", sid, pid)
             outcome = AgentError(-32603, f"Internal error: {exc}")
         finally:
+            if held:
+                journal.hold(sid, False)
             pending.run_scope = None
             self.active = None
         self._settle(pending, outcome)

@@ -165,6 +165,8 @@ class StoreSessionJournal(SessionTrims, SessionWrites, SessionRefusals, SessionR
         self._isolate = False    # the next commit isolates what the store refuses
         self._isolating = False  # the commit in flight does
         self._reepoch: set[str] = set()   # sessions due a new epoch in the next commit
+        self._held: set[str] = set()   # sessions whose events are never shed (``hold``)
+        self._shed_at = MAX_PENDING   # past this many queued records, ``_shed``
         self._batch_reepoch: set[str] = set()   # ... in the commit in flight
         self._wake = anyio.Event()
         self._flushed = anyio.Event()
@@ -236,7 +238,7 @@ class StoreSessionJournal(SessionTrims, SessionWrites, SessionRefusals, SessionR
             self._kick()
         if self._failing and isinstance(record, CRITICAL):
             self._wake.set()   # somebody waits for it: the backoff ends now
-        if len(self._pending) > MAX_PENDING:
+        if len(self._pending) > self._shed_at:
             self._shed()
         return seq
 
@@ -283,6 +285,7 @@ class StoreSessionJournal(SessionTrims, SessionWrites, SessionRefusals, SessionR
 
     def _take(self) -> None:
         self._batch, self._pending = self._pending, []
+        self._shed_at = MAX_PENDING
         self._isolating, self._isolate = self._isolate, False
         if self._reepoch:
             self._batch_reepoch, self._reepoch = self._reepoch, set()
@@ -533,13 +536,29 @@ class StoreSessionJournal(SessionTrims, SessionWrites, SessionRefusals, SessionR
         self._pending[:0] = keep
         self._signal()
 
+    def hold(self, session_id: str, held: bool) -> None:
+        """While ``held``, none of the session's events is shed (``_shed``): a turn
+        waits for its start's commit (``SessionJournal.hold``)."""
+        if held:
+            self._held.add(session_id)
+        else:
+            self._held.discard(session_id)
+
     def _shed(self) -> None:
         """Too much waits for a store that does not commit: the oldest events go to
-        readers unjournaled (the next start gives their session a new epoch)."""
-        shed = [r for _, r in self._pending[: MAX_PENDING // 2] if isinstance(r, EventRecord)]
-        self._pending = ([x for x in self._pending[: MAX_PENDING // 2]
-                          if not isinstance(x[1], EventRecord)]
-                         + self._pending[MAX_PENDING // 2:])
+        readers unjournaled (the next start gives their session a new epoch), but for
+        those of the sessions ``hold`` keeps (each bounded by its bus's journal window),
+        so the next shed comes once another half of ``MAX_PENDING`` is queued."""
+        half, held = MAX_PENDING // 2, self._held
+        kept, shed = [], []
+        for item in self._pending[:half]:
+            record = item[1]
+            if isinstance(record, EventRecord) and record.session_id not in held:
+                shed.append(record)
+            else:
+                kept.append(item)
+        self._pending = kept + self._pending[half:]
+        self._shed_at = max(MAX_PENDING, len(self._pending) + half)
         log.error("session journal: %d events let through unjournaled (the store does not "
                   "commit)", len(shed))
         self._reepoch.update(r.session_id for r in shed)   # a new epoch, next commit

@@ -19,6 +19,7 @@ import pytest
 from bridge import BridgeOptions
 from bridge.agents.base import AgentClient
 from bridge.agents.reference import ReferenceAgentFactory
+from acp_server.store import sessions
 from tests.harness import local_server
 from tests.sdk.harness import wait_until
 from tests.store.faults import faulty
@@ -33,6 +34,7 @@ class _Uncontained:
     def __init__(self, inner: Any, prompts: list[str]) -> None:
         self._inner = inner
         self._prompts = prompts
+        self.contained = False   # a test may make its next turns contained
 
     @property
     def closed(self) -> bool:
@@ -54,9 +56,11 @@ class _Recording(ReferenceAgentFactory):
     def __init__(self) -> None:
         super().__init__()
         self.prompts: list[str] = []
+        self.connection: _Uncontained | None = None
 
     async def connect(self, client: AgentClient, task_group: anyio.abc.TaskGroup) -> Any:
-        return _Uncontained(await super().connect(client, task_group), self.prompts)
+        self.connection = _Uncontained(await super().connect(client, task_group), self.prompts)
+        return self.connection
 
 
 def _body(text: str, **extra: Any) -> dict[str, Any]:
@@ -74,7 +78,7 @@ async def _started_in_an_outage(srv: Any, store: Any, agent: _Recording,
     queued = await client.post(f"/session/{sid}/prompt", json=_body(text))
     assert first.status_code == queued.status_code == 202   # both committed
     queued_id = queued.json()["promptId"]
-    await wait_until(lambda: agent.prompts == ["/permission a"])
+    await wait_until(lambda: agent.prompts[-1:] == ["/permission a"])
     store.faults.on()
     assert (await client.post(f"/session/{sid}/cancel")).status_code == 204
     session = srv.bridge.get_session(sid)
@@ -147,6 +151,37 @@ async def test_a_cancel_of_a_turn_waiting_for_its_commit_ends_it_at_once(
             await wait_until(lambda: _ended(session, waiting_id, "cancelled")
                              and session.active is None)
         store.faults.off()
+
+
+async def test_a_turn_waiting_for_its_commit_is_not_shed_past_the_journals_bound(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Past ``MAX_PENDING`` queued records the journal lets the oldest events through
+    uncommitted (``_shed``); those of a session whose turn waits for its start's commit
+    stay (``SessionJournal.hold``): the turn is not handed over uncommitted."""
+    monkeypatch.setattr(sessions, "MAX_PENDING", 40)
+    store = faulty(tmp_path)
+    agent = _Recording()
+    async with local_server(tmp_path, lmsp_store=store, agent_factory=agent) as srv:
+        client = srv.client
+        other = (await client.post("/session", json={"sessionScope": "thread"})
+                 ).json()["sessionId"]
+        held = await client.post(f"/session/{other}/prompt", json=_body("/permission b"))
+        burst = await client.post(f"/session/{other}/prompt", json=_body("/chunks 120 x"))
+        assert held.status_code == burst.status_code == 202
+        await wait_until(lambda: agent.prompts == ["/permission b"])
+        _, waiting_id, session = await _started_in_an_outage(srv, store, agent,
+                                                             "/chunks 1 held")
+        assert agent.connection is not None
+        agent.connection.contained = True   # the next turn runs without a commit
+        assert (await client.post(f"/session/{other}/cancel")).status_code == 204
+        other_session = srv.bridge.get_session(other)
+        await wait_until(lambda: _ended(other_session, burst.json()["promptId"], "completed"))
+        assert "let through unjournaled" in caplog.text   # the bound was passed
+        assert agent.prompts == ["/permission b", "/permission a", "/chunks 120 x"]
+        store.faults.off()   # the echo commits: the turn goes on, once
+        await wait_until(lambda: _ended(session, waiting_id, "completed"))
+        assert agent.prompts[3:] == ["/chunks 1 held"]
 
 
 async def test_the_reference_agent_is_contained() -> None:
