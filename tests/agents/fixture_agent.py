@@ -37,6 +37,7 @@ Behaviour (newline-delimited JSON-RPC 2.0 on stdin/stdout):
   (``withdrawn: <json>``) before ending the turn; anything else is echoed as
   one ``agent_message_chunk`` ``<name>: <text>``. With ``--answer-twice`` every
   prompt is answered ``end_turn`` and then, under the same id, with an error.
+  ``--record-prompts FILE`` appends each prompt's text (a line) to ``FILE`` first.
 """
 
 from __future__ import annotations
@@ -148,6 +149,9 @@ class Agent:
         sid = params["sessionId"]
         blocks = [b for b in params.get("prompt", []) if b.get("type") == "text"]
         text = blocks[0]["text"] if blocks else ""
+        if self.args.record_prompts:   # a line each, flushed before anything is answered
+            with open(self.args.record_prompts, "a") as record:
+                record.write(text + "\n")
         word, _, rest = text.partition(" ")
         if word == "hold":
             self.held[sid] = rpc_id
@@ -233,6 +237,7 @@ def main() -> None:
     parser.add_argument("--die-at-new")
     parser.add_argument("--die-at-load")
     parser.add_argument("--die-times", type=int, default=1)
+    parser.add_argument("--record-prompts")
     Agent(parser.parse_args()).run()
 
 
