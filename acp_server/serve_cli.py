@@ -265,7 +265,7 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
                             "--session-lease-ttl-ms (default 2000)")
     serve.add_argument("--advertise-url", default=None, metavar="URL",
                        help="the base URL other instances reach this one at, to forward "
-                            "requests for the sessions it runs (default: http://HOST:PORT "
+                            "requests for the sessions it runs (default: http(s)://HOST:PORT "
                             "of the bind, unless HOST is a wildcard)")
 
 

@@ -181,7 +181,7 @@ class Settings:
     # Sessions across instances on a PostgreSQL store (issue #24, docs/deployment.md):
     # the lease that makes one instance a session's owner, how often it is renewed,
     # and the base URL other instances forward that session's requests to (default:
-    # http://HOST:PORT of the bind, when HOST is not a wildcard).
+    # http(s)://HOST:PORT of the bind, when HOST is not a wildcard).
     session_lease_ttl_ms: int = 8000
     session_lease_renew_ms: int = 2000
     advertise_url: str | None = None
