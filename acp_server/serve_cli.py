@@ -177,6 +177,10 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--tls-key", metavar="PEM", help="the private key of --tls-cert")
     serve.add_argument("--tls-client-ca", metavar="PEM",
                        help="mutual TLS: require client certificates signed by this CA")
+    serve.add_argument("--fleet-ca", metavar="PEM",
+                       help="instances on one store: trust only this CA bundle for the other "
+                            "instances' certificates when forwarding to them (default: "
+                            "--tls-client-ca when given, else the public CAs)")
     serve.add_argument("--require-tls", action="store_true",
                        help="refuse to start on a non-loopback address without TLS")
     serve.add_argument("--allow-host", action="append", default=[], metavar="HOST[:PORT]",
@@ -261,7 +265,7 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
                             "--session-lease-ttl-ms (default 2000)")
     serve.add_argument("--advertise-url", default=None, metavar="URL",
                        help="the base URL other instances reach this one at, to forward "
-                            "requests for the sessions it runs (default: http://HOST:PORT "
+                            "requests for the sessions it runs (default: http(s)://HOST:PORT "
                             "of the bind, unless HOST is a wildcard)")
 
 
@@ -295,7 +299,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     try:
         http = HttpOptions.from_flags(
             server=args.http_server, tls_cert=args.tls_cert, tls_key=args.tls_key,
-            tls_client_ca=args.tls_client_ca, require_tls=args.require_tls,
+            tls_client_ca=args.tls_client_ca, fleet_ca=args.fleet_ca,
+            require_tls=args.require_tls,
             allow_host=args.allow_host, trusted_proxy=args.trusted_proxy,
             max_header_bytes=args.max_header_bytes,
             max_headers=args.max_headers, max_request_line=args.max_request_line_bytes,
@@ -356,9 +361,9 @@ def run_serve_args(args: argparse.Namespace) -> int:
                     "full access (set --token or %s to require one)", TOKEN_ENV)
     if not settings.loopback and not settings.http.tls:
         log.warning(PLAIN_HTTP_WARNING, settings.hostname)
-    margin = settings.lease_margin_warning()
-    if margin is not None:
-        log.warning(margin)
+    for warning in (settings.lease_margin_warning(), settings.fleet_tls_warning()):
+        if warning is not None:
+            log.warning(warning)
     for name, program in unfound(merge(settings.default_profile, settings.agent_profiles),
                                  settings.workspace):
         log.warning("agent %r: %r is not found (not on PATH, or not an executable file): "

@@ -44,6 +44,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import ssl
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -56,7 +57,9 @@ from acp_server.acp_http import ConnectionRegistry
 from acp_server.acp_http.registry import MONOTONIC, Clock
 from acp_server.app import build_app, rest_config
 from acp_server.fleet import Fleet, Forwarder, JournalReplicas, SessionRouter
+from acp_server.fleet.tls import peer_context
 from acp_server.http.guard import GuardStats
+from acp_server.http.options import HttpOptions
 from acp_server.lmsp import LmspConfig, LmspService, open_lmsp
 from acp_server.store import store_for
 from acp_server.store.leases import SessionLeases
@@ -141,6 +144,14 @@ class Server:
             await self.bridge.aclose()
 
 
+def fleet_context(http: HttpOptions) -> ssl.SSLContext:
+    """TLS of the forwards to the other instances (``acp_server.fleet.tls``): their CA
+    (``--fleet-ca``, else ``--tls-client-ca``, else the public CAs), this instance's
+    certificate as the client's, TLS 1.2 when the fleet requires client certificates."""
+    return peer_context(ca=http.peer_ca, cert=http.tls_cert, key=http.tls_key,
+                        mutual=http.tls_client_ca is not None)
+
+
 @contextlib.asynccontextmanager
 async def open_server(settings: Settings, *, agent_factory: AgentFactory | None = None,
                       lmsp_store: TaskStore | None = None,
@@ -220,7 +231,8 @@ async def open_server(settings: Settings, *, agent_factory: AgentFactory | None 
             if leases is not None and isinstance(journal, StoreSessionJournal):
                 fleet = Fleet(bridge, journal, Forwarder(
                     instance=leases.instance, max_body_bytes=settings.max_body_bytes,
-                    check_s=leases.renew_s, secret=leases.shared_secret))
+                    check_s=leases.renew_s, secret=leases.shared_secret,
+                    ssl_context=fleet_context(settings.http)))
                 # reads of sessions live elsewhere: from the journal, woken by NOTIFY
                 replicas = JournalReplicas(bridge, journal,
                                            poll_s=settings.store_poll_ms / 1000)

@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from acp_server.client.errors import redact_address
+from acp_server.fleet.tls import client_auth_allowed
 from acp_server.http.options import HttpOptions
 from acp_server.http.policy import is_loopback
 from acp_server.lmsp.permissions import POLICIES
@@ -180,7 +181,7 @@ class Settings:
     # Sessions across instances on a PostgreSQL store (issue #24, docs/deployment.md):
     # the lease that makes one instance a session's owner, how often it is renewed,
     # and the base URL other instances forward that session's requests to (default:
-    # http://HOST:PORT of the bind, when HOST is not a wildcard).
+    # http(s)://HOST:PORT of the bind, when HOST is not a wildcard).
     session_lease_ttl_ms: int = 8000
     session_lease_renew_ms: int = 2000
     advertise_url: str | None = None
@@ -376,6 +377,21 @@ class Settings:
                         f"holds may let the lease expire while this instance still runs its "
                         f"work (another instance then adopts it)")
         return None
+
+    def fleet_tls_warning(self) -> str | None:
+        """On a PostgreSQL store with ``--tls-client-ca`` (the other instances require
+        client certificates too, presumably): a warning when ``--tls-cert``, which this
+        instance presents to them when it forwards, may not be a client certificate
+        (its extended key usage lacks clientAuth): they would refuse the handshake."""
+        http = self.http
+        if (not is_postgres_url(self.store_url) or http.tls_client_ca is None
+                or http.tls_cert is None or client_auth_allowed(http.tls_cert)):
+            return None
+        return (f"--tls-cert {http.tls_cert} does not allow clientAuth (its extended key "
+                f"usage does not list it): other instances that require client "
+                f"certificates (--tls-client-ca) will refuse it when this one forwards a "
+                f"request to them (503 owner_unreachable); issue it with extendedKeyUsage "
+                f"serverAuth,clientAuth")
 
     @property
     def rate_limits(self) -> dict[str, int]:

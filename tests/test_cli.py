@@ -74,6 +74,10 @@ def _no_env_token(monkeypatch: pytest.MonkeyPatch) -> None:
      "Invalid tls-cert / tls-key: TLS cannot load '/etc/hostname' with '/etc/hostname': "
      "'/etc/hostname' holds no PEM certificate."),
     (["--tls-client-ca", "/etc/hostname"], "--tls-client-ca needs --tls-cert and --tls-key"),
+    (["--fleet-ca", "/nope.pem"], "Invalid fleet-ca: '/nope.pem'. Must be a readable PEM file."),
+    (["--fleet-ca", "/etc/hostname"], "Invalid fleet-ca: '/etc/hostname': TLS cannot load it "
+                                      "(no certificate or crl found). Pass a file of PEM CA "
+                                      "certificates."),
     (["--hostname", "0.0.0.0", "--token", "t", "--require-tls"],
      "Refusing to bind 0.0.0.0 (not a loopback address) without TLS"),
     (["--max-headers", "0"], "Invalid max-headers: 0"),

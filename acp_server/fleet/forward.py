@@ -30,6 +30,13 @@ Contracts:
   it is paused and may act on it when it wakes): whether it acted is unknown, and a
   client that sends it again may do it twice (``fleet.routing`` answers the two
   apart). A relay cut after the headers ends the response.
+* TLS to the owner (``ssl_context``: ``fleet.tls.peer_context``, the CA the other
+  instances' certificates chain to and this instance's client certificate; else
+  httpx's default, the public CAs) that fails (its certificate not trusted or not
+  naming its host; it refused this one's) is ``OwnerTlsError``, an
+  ``OwnerUnreachableError`` whose message says so: never ``OwnerLostError``, since an
+  owner that refused the handshake never read the request, even when its alert came
+  after the request was written (TLS 1.3).
 * An owner that answers 404 while ``moved()`` says the session has moved since it
   was looked up (the request reached the old owner in the instant of a hand-off or
   an adoption, and a forwarded request is never forwarded again there) is not
@@ -39,12 +46,14 @@ Contracts:
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
 import httpx
 
+from acp_server.fleet.tls import tls_failure
 from acp_server.http.clients import (
     FORWARDED_BY_HEADER,
     FORWARDED_FOR_HEADER,
@@ -74,6 +83,10 @@ class OwnerUnreachableError(Exception):
     whole (see the module docstring)."""
 
 
+class OwnerTlsError(OwnerUnreachableError):
+    """TLS with the owner failed (see the module docstring): the message says why."""
+
+
 class OwnerLostError(OwnerUnreachableError):
     """The owner took the whole request and gave no answer: it may have acted on it."""
 
@@ -92,8 +105,10 @@ class Forwarder:
 
     def __init__(self, *, instance: str, max_body_bytes: int,
                  headers_timeout_s: float = HEADERS_TIMEOUT_S, check_s: float = 1.0,
-                 secret: Callable[[], bytes | None] | None = None) -> None:
+                 secret: Callable[[], bytes | None] | None = None,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         self.instance = instance
+        self.ssl_context = ssl_context
         self.secret = secret
         self.check_s = check_s
         self.max_body_bytes = max_body_bytes
@@ -107,7 +122,8 @@ class Forwarder:
                 timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT_S, pool=POOL_TIMEOUT_S),
                 limits=httpx.Limits(max_connections=256, max_keepalive_connections=32,
                                     keepalive_expiry=KEEPALIVE_S),
-                follow_redirects=False, trust_env=False)
+                follow_redirects=False, trust_env=False,
+                verify=self.ssl_context if self.ssl_context is not None else True)
         return self._client
 
     async def aclose(self) -> None:
@@ -179,9 +195,11 @@ class Forwarder:
                     failed.append(exc)
                 tg.cancel_scope.cancel()
         if not answered:
+            tls = tls_failure(failed[0]) if failed else None
             reason = (str(failed[0]) or type(failed[0]).__name__ if failed
                       else "no answer in time (or its heartbeat stopped)")
-            unreachable.append(OwnerLostError(f"sent, no answer: {reason}") if delivered
+            unreachable.append(OwnerTlsError(f"TLS: {tls}") if tls is not None
+                               else OwnerLostError(f"sent, no answer: {reason}") if delivered
                                else OwnerUnreachableError(reason))
             return False
         response = answered[0]

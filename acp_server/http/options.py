@@ -8,9 +8,15 @@
 Contracts: ``HttpOptions(...)`` and ``from_flags`` raise ``ValueError`` with the message
 the CLI prints before exiting 2: an unknown server, a certificate without its key (or
 the reverse), a client CA without a certificate, a file that cannot be read, a
-certificate, key or client CA that TLS cannot load (not PEM, a key of another
+certificate, key, client CA or fleet CA that TLS cannot load (not PEM, a key of another
 certificate, an encrypted key: no passphrase is asked), a cap that is not a positive
 integer, or a malformed ``--allow-host``.
+
+``peer_ca`` is the CA bundle this instance trusts for the other instances of its fleet
+when it forwards to them (``acp_server.fleet.tls``): ``--fleet-ca``, else
+``--tls-client-ca`` (a fleet whose instances require client certificates from that CA
+present their own certificates to each other, so they chain to it), else ``None`` (the
+public CAs).
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ class HttpOptions:
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_client_ca: str | None = None    # mutual TLS: clients must show a certificate it signed
+    fleet_ca: str | None = None         # the other instances' certificates chain to it
     require_tls: bool = False           # refuse to start on a non-loopback bind without TLS
     allow_hosts: tuple[str, ...] = ()
     trusted_proxies: tuple[str, ...] = ()   # X-Forwarded-For believed from these
@@ -61,11 +68,14 @@ class HttpOptions:
         if self.tls_client_ca is not None and self.tls_cert is None:
             raise ValueError("--tls-client-ca needs --tls-cert and --tls-key.")
         for flag, path in (("tls-cert", self.tls_cert), ("tls-key", self.tls_key),
-                           ("tls-client-ca", self.tls_client_ca)):
+                           ("tls-client-ca", self.tls_client_ca),
+                           ("fleet-ca", self.fleet_ca)):
             if path is not None and not (os.path.isfile(path) and os.access(path, os.R_OK)):
                 raise ValueError(f"Invalid {flag}: {path!r}. Must be a readable PEM file.")
         if self.tls_cert is not None and self.tls_key is not None:
             _check_tls(self.tls_cert, self.tls_key, self.tls_client_ca)
+        if self.fleet_ca is not None:
+            _check_ca("fleet-ca", self.fleet_ca)
         for name, flag in (("max_header_bytes", "max-header-bytes"),
                            ("max_headers", "max-headers"),
                            ("max_request_line", "max-request-line-bytes")):
@@ -82,17 +92,23 @@ class HttpOptions:
     def tls(self) -> bool:
         return self.tls_cert is not None
 
+    @property
+    def peer_ca(self) -> str | None:
+        """See the module docstring."""
+        return self.fleet_ca or self.tls_client_ca
+
     @classmethod
     def from_flags(cls, *, server: str = DEFAULT_SERVER, tls_cert: str | None = None,
                    tls_key: str | None = None, tls_client_ca: str | None = None,
-                   require_tls: bool = False, allow_host: Iterable[str] = (),
+                   fleet_ca: str | None = None, require_tls: bool = False,
+                   allow_host: Iterable[str] = (),
                    trusted_proxy: Iterable[str] = (),
                    max_header_bytes: str | int = DEFAULT_MAX_HEADER_BYTES,
                    max_headers: str | int = DEFAULT_MAX_HEADERS,
                    max_request_line: str | int = DEFAULT_MAX_REQUEST_LINE,
                    granian_interface: str = DEFAULT_GRANIAN_INTERFACE) -> HttpOptions:
         return cls(server=server, tls_cert=tls_cert, tls_key=tls_key,
-                   tls_client_ca=tls_client_ca, require_tls=require_tls,
+                   tls_client_ca=tls_client_ca, fleet_ca=fleet_ca, require_tls=require_tls,
                    allow_hosts=tuple(h.strip().lower() for h in allow_host),
                    trusted_proxies=tuple(t.strip() for t in trusted_proxy),
                    max_header_bytes=_int(max_header_bytes), max_headers=_int(max_headers),
@@ -113,12 +129,18 @@ def _check_tls(cert: str, key: str, client_ca: str | None) -> None:
                          f"{key!r}: {why}. Pass a PEM certificate chain and its unencrypted "
                          "PEM private key.") from None
     if client_ca is not None:
-        try:
-            context.load_verify_locations(cafile=client_ca)
-        except (ssl.SSLError, OSError) as exc:
-            raise ValueError(f"Invalid tls-client-ca: {client_ca!r}: TLS cannot load it "
-                             f"({_ssl_reason(exc)}). Pass a file of PEM CA certificates."
-                             ) from None
+        _check_ca("tls-client-ca", client_ca)
+
+
+def _check_ca(flag: str, path: str) -> None:
+    """A bundle of PEM CA certificates TLS can load, else ``ValueError``."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    try:
+        context.load_verify_locations(cafile=path)
+    except (ssl.SSLError, OSError) as exc:
+        raise ValueError(f"Invalid {flag}: {path!r}: TLS cannot load it "
+                         f"({_ssl_reason(exc)}). Pass a file of PEM CA certificates."
+                         ) from None
 
 
 def _pem_problem(cert: str, key: str) -> str | None:
