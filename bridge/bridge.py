@@ -79,7 +79,7 @@ from bridge.restore import (journaled_agent, load_on, replay_closed, restore_col
                             restore_sessions)
 from bridge.session import QueueWaitStats, Session
 from bridge.status import SessionInfo
-from bridge.transcript import TRANSCRIPT_META, seed_of, transcript
+from bridge.transcript import TRANSCRIPT_META, after_seed, seed_of, transcript
 
 log = logging.getLogger("bridge")
 
@@ -380,12 +380,14 @@ class Bridge(Journaling, ListingAPI, PromptsAPI, PresenceAPI, AgentCallsAPI,
     async def _spawn(self, method: str, agent_name: str, *, requested_id: str | None = None,
                      restore_id: str | None = None, fork_of: str | None = None,
                      origin: str | None = None, scope: str = "thread",
-                     owner: str | None = None, seeded: list[Event] | None = None) -> Session:
+                     owner: str | None = None, seeded: list[Event] | None = None,
+                     seed: str | None = None) -> Session:
         """Make a session on the agent. Its slot (``bridge.capacity``) is taken first,
         with no await before, and goes to the session once it is registered; a spawn
         that fails, times out or whose caller gives up releases it. ``seeded``: a
         closed session's journaled events (``restore.reseed_closed``): the new session
-        gets their transcript, and their conversation as its first events."""
+        gets their transcript after its ``seed`` (a branch's: the conversation it was
+        made from, kept by its record), and their conversation as its first events."""
         self.capacity.take(agent_name)
         self._in_flight_spawns += 1
         registered = False
@@ -397,7 +399,7 @@ class Bridge(Journaling, ListingAPI, PromptsAPI, PresenceAPI, AgentCallsAPI,
             if requested_id is not None:
                 params["_meta"] = {REQUESTED_SESSION_ID_META: requested_id}
                 if seeded is not None:
-                    params["_meta"][TRANSCRIPT_META] = transcript(seeded)
+                    params["_meta"][TRANSCRIPT_META] = after_seed(seed, transcript(seeded))
             if restore_id is not None:
                 session = await self._new_session(restore_id, agent, agent_name,
                                                   origin=origin, owner=owner)
@@ -450,6 +452,7 @@ class Bridge(Journaling, ListingAPI, PromptsAPI, PresenceAPI, AgentCallsAPI,
                                               owner=owner)
             registered = True
             session.forked_from = fork_of
+            session.seed = seed   # a reseeded branch's record keeps what it was made from
             parent = self._sessions.get(fork_of) if fork_of is not None else None
             if parent is not None and self.journal.durable:   # what its agent side has
                 session.seed = seed_of(parent.seed, parent.bus.ring_events())

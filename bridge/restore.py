@@ -206,7 +206,7 @@ async def restore_cold(bridge: Bridge, method: str, agent_name: str, session_id:
     error; a closed session that does not come back keeps its journaled conversation
     (``rejournal_closed``)."""
     # read before the agent's load: a load it refuses resets the id's events
-    kept = await bridge.journal.read(session_id)
+    kept = await bridge.journal.read(session_id, seed=True)
     if session_id in bridge._sessions:
         return None
     try:
@@ -258,7 +258,8 @@ async def reseed_closed(bridge: Bridge, agent_name: str, found: RestoredSession 
     """A cold load (or resume) of a closed session the journal keeps (idle timeout,
     agent death) that its agent cannot load (it does not offer ``session/load``, or no
     longer knows the session: an agent that kept it in memory and died): a fresh
-    ``session/new`` under its id seeded with its transcript, as at a restart. It is a
+    ``session/new`` under its id seeded with its transcript, as at a restart (a
+    branch's after the conversation it was made from, its record's seed). It is a
     new life of the id, like a load (a new epoch, ids from 1), whose first events are
     the closed life's ``session_update``s published again, as an agent's own load
     replays its conversation: ``/load`` and readers get the history. ``None`` when the
@@ -272,7 +273,8 @@ async def reseed_closed(bridge: Bridge, agent_name: str, found: RestoredSession 
     session_id = found.record.session_id
     try:
         return await bridge._spawn("session/new", agent_name, requested_id=session_id,
-                                   owner=found.record.owner or owner, seeded=found.events)
+                                   owner=found.record.owner or owner, seeded=found.events,
+                                   seed=found.record.seed)
     except SessionIdNotHonoredError:
         log.warning("session %s: its agent %r made the reseeded session under another id",
                     session_id, agent_name)
