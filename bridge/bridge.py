@@ -132,6 +132,8 @@ class Bridge(Journaling, ListingAPI, PromptsAPI, PresenceAPI, AgentCallsAPI,
         self._held: dict[str, EventBus] = {}   # journaled buses, until fully released
         self.journal.bind(self._events_committed)
         self.restored: list[str] = []   # the sessions the journal brought back at start
+        # open in the journal, their restore failed here (``bridge.restore``): not listed
+        self.unrestored: set[str] = set()
         self.sessions_elsewhere = None   # the others' sessions (``ListingAPI``)
         self._task_group: anyio.abc.TaskGroup | None = None
         self._stack: contextlib.AsyncExitStack | None = None
