@@ -190,16 +190,19 @@ def _seeds_apart(conn: Any, postgres: bool) -> None:
     if not postgres and "seed" not in [row[1] for row in conn.execute(
             "PRAGMA table_info(sessions)").fetchall()]:
         conn.execute("ALTER TABLE sessions ADD COLUMN seed BLOB")
-    after = ""
+    # as bytes: SQLite hands a TEXT value (a record overwritten by hand) to Python as
+    # UTF-8 and raises on one that is not, which would fail the start
+    record = "record" if postgres else "CAST(record AS BLOB)"
+    after, batch = "", 64   # at most 64 MiB of seeds read at a time
     while True:
-        rows = conn.execute(f"SELECT id, record FROM sessions WHERE id > {mark} "
-                            f"ORDER BY id LIMIT 256", (after,)).fetchall()
+        rows = conn.execute(f"SELECT id, {record} FROM sessions WHERE id > {mark} "
+                            f"ORDER BY id LIMIT {batch}", (after,)).fetchall()
         for sid, blob in rows:
             moved = _without_seed(blob)
             if moved is not None:
                 conn.execute(f"UPDATE sessions SET record = {mark}, seed = {mark} "
                              f"WHERE id = {mark}", (*moved, sid))
-        if len(rows) < 256:
+        if len(rows) < batch:
             return
         after = rows[-1][0]
 

@@ -290,10 +290,14 @@ class SessionReads:
         (``open_reads``): what the listings of an instance show of the sessions the
         others run."""
         try:
-            return await self.store._read(
-                lambda conn: read_open_in(conn, self._sql, only, exclude))
+            return await self.store._read(lambda conn: self._open_in(conn, only, exclude))
         except StoreUnavailableError as exc:
             raise JournalUnavailableError(exc.reason) from exc
+
+    def _open_in(self, conn: Any, only: Sequence[str], exclude: Container[str]
+                 ) -> list[RestoredSession]:
+        with _tolerant_text(conn):   # a record that is TEXT and not UTF-8: skipped
+            return read_open_in(conn, self._sql, only, exclude)
 
     def _with_events(self, conn: Any, session: RestoredSession, only: Sequence[str]) -> None:
         """Add the session's events of the types ``only`` to the newest it has."""

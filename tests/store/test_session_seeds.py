@@ -90,6 +90,9 @@ async def test_a_store_with_seeds_inside_records_is_migrated(tmp_path: Path,
                  "VALUES (?, ?, ?)", (sid, record.created_at, RECORD_ENCODER.encode(record)))
     _run_sql(tmp_path, store_name, url, "INSERT INTO sessions(id, created_at, record) "
              "VALUES ('garbage', 4.0, ?)", (b"\xc1 not a record",))
+    if store_name == "sqlite":   # TEXT that is not UTF-8 (a record overwritten by hand)
+        _run_sql(tmp_path, store_name, url, "INSERT INTO sessions(id, created_at, record) "
+                 "VALUES ('text', 5.0, CAST(X'c3' AS TEXT))")
     store, url = _store(tmp_path, store_name)
     async with store:
         record, seed = _stored(tmp_path, store_name, url, "branch")
