@@ -63,6 +63,7 @@ from bridge.errors import (
     SessionClosedError,
     SessionIdNotHonoredError,
     SessionNotFoundError,
+    SessionNotRestorableError,
     WorkspaceMismatchError,
 )
 from bridge.events import Event
@@ -132,8 +133,7 @@ class Bridge(Journaling, ListingAPI, PromptsAPI, PresenceAPI, AgentCallsAPI,
         self._held: dict[str, EventBus] = {}   # journaled buses, until fully released
         self.journal.bind(self._events_committed)
         self.restored: list[str] = []   # the sessions the journal brought back at start
-        # open in the journal, their restore failed here (``bridge.restore``): not listed
-        self.unrestored: set[str] = set()
+        self.unrestored: set[str] = set()   # their restore failed (``bridge.restore``)
         self.sessions_elsewhere = None   # the others' sessions (``ListingAPI``)
         self._task_group: anyio.abc.TaskGroup | None = None
         self._stack: contextlib.AsyncExitStack | None = None
@@ -342,6 +342,9 @@ class Bridge(Journaling, ListingAPI, PromptsAPI, PresenceAPI, AgentCallsAPI,
         with_history = method == "session/load"
         if session_id not in self._sessions and self.before_restore is not None:
             await self.before_restore(session_id)   # adopted here, or refused
+        if session_id not in self._sessions and session_id in self.unrestored:
+            raise SessionNotRestorableError(session_id, "its restore at this start failed; "
+                                            "the next start tries again")   # never anew
         if session_id in self._sessions:
             live = self._sessions[session_id]
             if live.agent_side is not None:   # restored, or loading: the agent's answer
