@@ -63,6 +63,7 @@ from bridge.errors import (
     SessionClosedError,
     SessionIdNotHonoredError,
     SessionNotFoundError,
+    SessionNotRestorableError,
     WorkspaceMismatchError,
 )
 from bridge.events import Event
@@ -79,7 +80,7 @@ from bridge.restore import (journaled_agent, load_on, replay_closed, restore_col
                             restore_sessions)
 from bridge.session import QueueWaitStats, Session
 from bridge.status import SessionInfo
-from bridge.transcript import TRANSCRIPT_META, seed_of, transcript
+from bridge.transcript import TRANSCRIPT_META, after_seed, seed_of, transcript
 
 log = logging.getLogger("bridge")
 
@@ -132,6 +133,7 @@ class Bridge(Journaling, ListingAPI, PromptsAPI, PresenceAPI, AgentCallsAPI,
         self._held: dict[str, EventBus] = {}   # journaled buses, until fully released
         self.journal.bind(self._events_committed)
         self.restored: list[str] = []   # the sessions the journal brought back at start
+        self.unrestored: set[str] = set()   # their restore failed (``bridge.restore``)
         self.sessions_elsewhere = None   # the others' sessions (``ListingAPI``)
         self._task_group: anyio.abc.TaskGroup | None = None
         self._stack: contextlib.AsyncExitStack | None = None
@@ -340,6 +342,9 @@ class Bridge(Journaling, ListingAPI, PromptsAPI, PresenceAPI, AgentCallsAPI,
         with_history = method == "session/load"
         if session_id not in self._sessions and self.before_restore is not None:
             await self.before_restore(session_id)   # adopted here, or refused
+        if session_id not in self._sessions and session_id in self.unrestored:
+            raise SessionNotRestorableError(session_id, "its restore at this start failed; "
+                                            "the next start tries again")   # never anew
         if session_id in self._sessions:
             live = self._sessions[session_id]
             if live.agent_side is not None:   # restored, or loading: the agent's answer
@@ -380,12 +385,14 @@ class Bridge(Journaling, ListingAPI, PromptsAPI, PresenceAPI, AgentCallsAPI,
     async def _spawn(self, method: str, agent_name: str, *, requested_id: str | None = None,
                      restore_id: str | None = None, fork_of: str | None = None,
                      origin: str | None = None, scope: str = "thread",
-                     owner: str | None = None, seeded: list[Event] | None = None) -> Session:
+                     owner: str | None = None, seeded: list[Event] | None = None,
+                     seed: str | None = None) -> Session:
         """Make a session on the agent. Its slot (``bridge.capacity``) is taken first,
         with no await before, and goes to the session once it is registered; a spawn
         that fails, times out or whose caller gives up releases it. ``seeded``: a
         closed session's journaled events (``restore.reseed_closed``): the new session
-        gets their transcript, and their conversation as its first events."""
+        gets their transcript after its ``seed`` (a branch's: the conversation it was
+        made from, kept by its record), and their conversation as its first events."""
         self.capacity.take(agent_name)
         self._in_flight_spawns += 1
         registered = False
@@ -397,7 +404,7 @@ class Bridge(Journaling, ListingAPI, PromptsAPI, PresenceAPI, AgentCallsAPI,
             if requested_id is not None:
                 params["_meta"] = {REQUESTED_SESSION_ID_META: requested_id}
                 if seeded is not None:
-                    params["_meta"][TRANSCRIPT_META] = transcript(seeded)
+                    params["_meta"][TRANSCRIPT_META] = after_seed(seed, transcript(seeded))
             if restore_id is not None:
                 session = await self._new_session(restore_id, agent, agent_name,
                                                   origin=origin, owner=owner)
@@ -450,6 +457,7 @@ class Bridge(Journaling, ListingAPI, PromptsAPI, PresenceAPI, AgentCallsAPI,
                                               owner=owner)
             registered = True
             session.forked_from = fork_of
+            session.seed = seed   # a reseeded branch's record keeps what it was made from
             parent = self._sessions.get(fork_of) if fork_of is not None else None
             if parent is not None and self.journal.durable:   # what its agent side has
                 session.seed = seed_of(parent.seed, parent.bus.ring_events())

@@ -212,10 +212,12 @@ class SessionJournal(Protocol):
         journal cannot answer."""
         ...
 
-    async def read(self, session_id: str) -> RestoredSession | None:
+    async def read(self, session_id: str, *, seed: bool = False) -> RestoredSession | None:
         """One session as the journal keeps it, live or closed (``closed_at``), or
         ``None``: what a cold load of a closed session its agent no longer knows is
-        seeded from. Raises ``JournalUnavailableError`` when the journal cannot answer."""
+        seeded from. ``seed``: its record with a branch's seed (``SessionOpened.seed``,
+        kept apart: only what restores an agent side reads it), else without.
+        Raises ``JournalUnavailableError`` when the journal cannot answer."""
         ...
 
     async def ended(self, *, before: tuple[float, str] | None, limit: int
@@ -257,7 +259,7 @@ class MemoryJournal:
     async def record_of(self, session_id: str) -> SessionOpened | None:
         return None
 
-    async def read(self, session_id: str) -> RestoredSession | None:
+    async def read(self, session_id: str, *, seed: bool = False) -> RestoredSession | None:
         return None
 
     async def ended(self, *, before: tuple[float, str] | None, limit: int

@@ -54,7 +54,9 @@ For each journaled session that was not closed, in creation order:
   ``session_not_restorable``.
 
 A closed session's prompt terminals are kept for a later cold load. A failure to
-restore one session is logged and never stops the start.
+restore one session is logged with its id and never stops the start; it is all or
+nothing: the session is not live nor listed, holds no slot, and its journal is left as
+it was (nothing it would have journaled is written), so the next start tries again.
 
 A closed session the journal keeps (agent death, idle timeout), loaded again when its
 agent cannot load it, is seeded the same way (``reseed_closed``): a fresh
@@ -87,7 +89,7 @@ from bridge.events import Event
 from bridge.ids import uuid4_str
 from bridge.journal import EventRecord, EventsReset, RestoredSession
 from bridge.jsonrpc import RESOURCE_NOT_FOUND
-from bridge.session import QUEUED, Session
+from bridge.session import NO_JOURNAL, QUEUED, Session
 from bridge.terminals import Terminals
 from bridge.ticket import PromptResult
 from bridge.transcript import TRANSCRIPT_META, after_seed, transcript
@@ -120,8 +122,11 @@ async def restore_sessions(bridge: Bridge, journaled: list[RestoredSession]) -> 
         try:
             session = await restore_session(bridge, found)
         except Exception:   # noqa: BLE001 - one bad session never stops the start
-            log.exception("session %s: could not be restored", sid)
+            bridge.unrestored.add(sid)   # nor listed from the journal (a fleet's listing)
+            log.exception("session %s: could not be restored; not live, its journal "
+                          "left as it was (the next start tries again)", sid)
             continue
+        bridge.unrestored.discard(sid)
         if found.record.scope == "single":   # in creation order: the newest is the default
             bridge._default_session_ids[session.agent_name] = sid
         restored.append(sid)
@@ -134,14 +139,45 @@ async def restore_session(bridge: Bridge, found: RestoredSession) -> Session:
     """One journaled session live again on ``bridge``: its bridge side now, its agent
     side on first use (the module docstring). ``found.record.session_id`` must not be
     live on ``bridge``. It is journaled from now on (its record is already in the
-    journal). Raises only on a bug: the caller logs it."""
+    journal). All or nothing: should a step raise (a bug, a record that decodes but
+    makes no sense), the session is not registered, holds no slot, and nothing of it
+    reached the journal (what it would have journaled is held until every step
+    succeeded, ``_Deferred``), so a later start tries again; the exception is raised
+    (the caller logs it)."""
+    session = _bridge_side(bridge, found)
+    durable = bridge.journal.durable and not bridge._closed
+    deferred = _Deferred()
+    try:
+        session.start(bridge._tasks())
+        if durable:
+            session.journal_to(deferred)   # type: ignore[arg-type]
+        side = _restore_prompts(bridge, session, found)
+        # every step done: the session is live, and what it journaled goes to the journal
+        sid, name = session.session_id, session.agent_name
+        bridge._sessions[sid] = session
+        try:
+            bridge.capacity.take(name)
+            session.holds_slot = True
+        except SessionLimitExceededError:
+            log.warning("session %s restored past the session cap", sid)
+        if found.record.scope == "single" and side is not None:
+            bridge._default_session_ids.setdefault(name, sid)
+        if durable:
+            bridge._journal_session(session)
+            for record in deferred.records:
+                bridge.journal.append(record)
+    except BaseException:
+        _undo(bridge, session)
+        raise
+    return session
+
+
+def _bridge_side(bridge: Bridge, found: RestoredSession) -> Session:
+    """The session as the journal has it, not started nor registered."""
     record = found.record
-    sid = record.session_id
-    known = record.agent in bridge.agents
-    name = record.agent   # its slot is counted there, listed or not
-    session = Session(sid, bridge.workspace_cwd, None, bridge.options,  # type: ignore[arg-type]
-                      bridge.queue_wait, observer=bridge.observer)
-    session.agent_name = name
+    session = Session(record.session_id, bridge.workspace_cwd, None,  # type: ignore[arg-type]
+                      bridge.options, bridge.queue_wait, observer=bridge.observer)
+    session.agent_name = record.agent   # its slot is counted there, listed or not
     session.on_cancel = bridge._cancel_questions
     session.on_turn_end = bridge._end_turn_questions
     session.created_at = record.created_at
@@ -154,22 +190,22 @@ async def restore_session(bridge: Bridge, found: RestoredSession) -> Session:
     session.bus.epoch = uuid4_str() if found.gap else record.epoch
     session.bus.restore(found.events, found.last_event_id)
     session.prompt_terminals.keep_all(found.terminals)
+    return session
+
+
+def _restore_prompts(bridge: Bridge, session: Session, found: RestoredSession
+                     ) -> AgentSideRestore | None:
+    """The started session's agent side to restore on first use (``None``: its agent
+    is not configured), its open questions resolved and its prompts taken back (the
+    module docstring)."""
+    record = found.record
+    known = record.agent in bridge.agents
     side = AgentSideRestore(bridge, session)
     session.agent_side = side.ensure
     if not known:   # never another agent in its place: the conversation is not its own
         session.not_restorable = missing_text(record.agent)
         if bridge.agent_finder is None:   # it never will be: refused for good
             session.agent_side = None
-    session.start(bridge._tasks())
-    bridge._sessions[sid] = session
-    try:
-        bridge.capacity.take(name)
-        session.holds_slot = True
-    except SessionLimitExceededError:
-        log.warning("session %s restored past the session cap", sid)
-    if record.scope == "single" and known:
-        bridge._default_session_ids.setdefault(name, sid)
-    bridge._journal_session(session)
     if found.gap and session.journal.durable:   # the new epoch is the session's from now on
         session.journal.append(msgspec.structs.replace(record, epoch=session.bus.epoch))
     cancel_open_questions(session)
@@ -189,7 +225,40 @@ async def restore_session(bridge: Bridge, found: RestoredSession) -> Session:
             side.rerun.add(accepted.prompt_id)
         else:
             session.fail_restored(pending, ServerRestartedError(accepted.prompt_id))
-    return session
+    return side if known else None
+
+
+class _Deferred:
+    """The journal of a session being restored until every step succeeded: its
+    records in order (``restore_session`` appends them to the journal then; a restore
+    that failed drops them, leaving the journal as it found it)."""
+
+    durable = True
+
+    def __init__(self) -> None:
+        self.records: list[Any] = []
+
+    def append(self, record: Any) -> int:
+        self.records.append(record)
+        return 0
+
+
+def _undo(bridge: Bridge, session: Session) -> None:
+    """A restore that failed: the session is no longer registered nor holds a slot,
+    records nothing (its deferred records are dropped) and its worker stops."""
+    sid = session.session_id
+    session.journal = NO_JOURNAL
+    session.bus.sink = None
+    session.agent_side = None
+    if bridge._sessions.get(sid) is session:
+        del bridge._sessions[sid]
+    if session.holds_slot:
+        session.holds_slot = False
+        bridge.capacity.release(session.agent_name)
+    if bridge._default_session_ids.get(session.agent_name) == sid:
+        del bridge._default_session_ids[session.agent_name]
+    bridge._held.pop((sid, session.bus.epoch), None)
+    session.stop()
 
 
 _restore_one = restore_session   # the name it had
@@ -206,7 +275,7 @@ async def restore_cold(bridge: Bridge, method: str, agent_name: str, session_id:
     error; a closed session that does not come back keeps its journaled conversation
     (``rejournal_closed``)."""
     # read before the agent's load: a load it refuses resets the id's events
-    kept = await bridge.journal.read(session_id)
+    kept = await bridge.journal.read(session_id, seed=True)
     if session_id in bridge._sessions:
         return None
     try:
@@ -258,7 +327,8 @@ async def reseed_closed(bridge: Bridge, agent_name: str, found: RestoredSession 
     """A cold load (or resume) of a closed session the journal keeps (idle timeout,
     agent death) that its agent cannot load (it does not offer ``session/load``, or no
     longer knows the session: an agent that kept it in memory and died): a fresh
-    ``session/new`` under its id seeded with its transcript, as at a restart. It is a
+    ``session/new`` under its id seeded with its transcript, as at a restart (a
+    branch's after the conversation it was made from, its record's seed). It is a
     new life of the id, like a load (a new epoch, ids from 1), whose first events are
     the closed life's ``session_update``s published again, as an agent's own load
     replays its conversation: ``/load`` and readers get the history. ``None`` when the
@@ -272,7 +342,8 @@ async def reseed_closed(bridge: Bridge, agent_name: str, found: RestoredSession 
     session_id = found.record.session_id
     try:
         return await bridge._spawn("session/new", agent_name, requested_id=session_id,
-                                   owner=found.record.owner or owner, seeded=found.events)
+                                   owner=found.record.owner or owner, seeded=found.events,
+                                   seed=found.record.seed)
     except SessionIdNotHonoredError:
         log.warning("session %s: its agent %r made the reseeded session under another id",
                     session_id, agent_name)

@@ -133,6 +133,8 @@ class Fleet:
         """An adoption that failed after taking the lease: the lease expires again (a
         later sweep retries), a half-made session here is stopped."""
         log.warning("session %s: could not be adopted (%s)", sid, why)
+        # any instance may adopt it now: listed as not live here, as any such session
+        self.bridge.unrestored.discard(sid)
         if self.bridge.has_session(sid):
             self.bridge.sessions_moved([sid])
         with contextlib.suppress(Exception):   # the store: the lease then expires by itself

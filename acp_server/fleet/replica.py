@@ -211,8 +211,8 @@ class JournalReplicas:
             statuses = []
             for one in found:
                 sid = one.record.session_id
-                if self.bridge.has_session(sid):   # made live here meanwhile
-                    continue
+                if self.bridge.has_session(sid) or sid in self.bridge.unrestored:
+                    continue   # made live here meanwhile; its restore here failed
                 self.bridge.remember_owner(sid, one.record.owner)   # who sees it
                 statuses.append(self._view_of(one).status())
             self._listed = anyio.current_time(), statuses

@@ -16,13 +16,19 @@ Contracts:
 * PostgreSQL keeps every applied version in ``schema_version`` (one row each), inside
   the connection's ``search_path`` schema, under ``pg_advisory_xact_lock`` so several
   instances starting together migrate once.
+* A migration may also rewrite rows (``Migration.then``: a function of the connection
+  and whether it is PostgreSQL, run after its statements in the same transaction):
+  migration 7 moves each branch's seed out of its session record into its own column.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import sqlite3
+from collections.abc import Callable
 from typing import Any
+
+import msgspec
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -30,6 +36,8 @@ class Migration:
     name: str
     sqlite: str
     postgres: str
+    # rows rewritten after the statements, in their transaction: (connection, postgres)
+    then: Callable[[Any, bool], None] | None = None
 
 
 class SchemaTooNewError(RuntimeError):
@@ -170,6 +178,54 @@ _POSTGRES_PRINCIPALS = """    CREATE TABLE tokens (
     CREATE INDEX audit_at ON audit(at);
 """
 
+def _seeds_apart(conn: Any, postgres: bool) -> None:
+    """Migration 7: a branch's seed (``SessionOpened.seed``, its parent's transcript, up
+    to 1 MiB) moves out of its session record into ``sessions.seed`` (UTF-8), which
+    only the restore reads: every other reader of the record (the fleet's listing of
+    open sessions above all) reads a few hundred bytes a session again. SQLite adds the
+    column here, when it is missing (a file of version 0 runs every migration again).
+    Records without a seed are left as they are, and so is one that cannot be decoded
+    (its session is skipped at restore, logged, as before)."""
+    mark = "%s" if postgres else "?"
+    if not postgres and "seed" not in [row[1] for row in conn.execute(
+            "PRAGMA table_info(sessions)").fetchall()]:
+        conn.execute("ALTER TABLE sessions ADD COLUMN seed BLOB")
+    # as bytes: SQLite hands a TEXT value (a record overwritten by hand) to Python as
+    # UTF-8 and raises on one that is not, which would fail the start
+    record = "record" if postgres else "CAST(record AS BLOB)"
+    after, batch = "", 64   # at most 64 MiB of seeds read at a time
+    while True:
+        rows = conn.execute(f"SELECT id, {record} FROM sessions WHERE id > {mark} "
+                            f"ORDER BY id LIMIT {batch}", (after,)).fetchall()
+        for sid, blob in rows:
+            moved = _without_seed(blob)
+            if moved is not None:
+                conn.execute(f"UPDATE sessions SET record = {mark}, seed = {mark} "
+                             f"WHERE id = {mark}", (*moved, sid))
+        if len(rows) < batch:
+            return
+        after = rows[-1][0]
+
+
+def _without_seed(blob: Any) -> tuple[bytes, bytes] | None:
+    """(the record without its seed, the seed's UTF-8) of a stored session record that
+    has one; ``None`` for any other (no seed, not a record, not decodable)."""
+    if isinstance(blob, (bytearray, memoryview)):
+        blob = bytes(blob)
+    if not isinstance(blob, bytes):
+        return None
+    json = blob[:1] == b"{"   # a record msgpack could not hold (``session_writes``)
+    try:
+        record = msgspec.json.decode(blob) if json else msgspec.msgpack.decode(blob)
+    except msgspec.MsgspecError:
+        return None
+    if not isinstance(record, dict) or not isinstance(record.get("seed"), str):
+        return None
+    seed = record.pop("seed")
+    encoded = msgspec.json.encode(record) if json else msgspec.msgpack.encode(record)
+    return encoded, seed.encode("utf-8", "surrogatepass")
+
+
 MIGRATIONS: list[Migration] = [
     # 1: LMSP tasks, their events and idempotency keys (PostgreSQL: plus ownership)
     Migration("lmsp tasks", _SQLITE_TASKS, _POSTGRES_TASKS),
@@ -273,6 +329,10 @@ CREATE TABLE IF NOT EXISTS instances (
         secret BYTEA NOT NULL
     );
 """),
+    # 7: a branch's seed (its parent's transcript at the branch, up to 1 MiB) in a
+    #    column of its own, read by the restore alone (``_seeds_apart``)
+    Migration("session seeds apart", "",
+              "ALTER TABLE sessions ADD COLUMN seed BYTEA;", then=_seeds_apart),
 ]
 
 
@@ -289,8 +349,11 @@ def migrate_sqlite(conn: sqlite3.Connection) -> int:
         if current > len(MIGRATIONS):
             raise _too_new(current)
         for version in range(current + 1, len(MIGRATIONS) + 1):
-            for statement in _statements(MIGRATIONS[version - 1].sqlite):
+            migration = MIGRATIONS[version - 1]
+            for statement in _statements(migration.sqlite):
                 conn.execute(statement)
+            if migration.then is not None:
+                migration.then(conn, False)
         conn.execute(f"PRAGMA user_version = {len(MIGRATIONS)}")
         conn.execute("COMMIT")
     except BaseException:
@@ -314,6 +377,9 @@ def migrate_postgres(conn: Any) -> int:
         if current > len(MIGRATIONS):
             raise _too_new(current)
         for version in range(current + 1, len(MIGRATIONS) + 1):
-            conn.execute(MIGRATIONS[version - 1].postgres)
+            migration = MIGRATIONS[version - 1]
+            conn.execute(migration.postgres)
+            if migration.then is not None:
+                migration.then(conn, True)
             conn.execute("INSERT INTO schema_version(version) VALUES (%s)", (version,))
     return len(MIGRATIONS)

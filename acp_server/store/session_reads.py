@@ -87,6 +87,15 @@ def _decode_replacing(raw: bytes) -> str:
     return raw.decode("utf-8", "replace")
 
 
+def with_seed(record: SessionOpened, seed: Any) -> SessionOpened:
+    """``record`` with the seed read from its row's ``seed`` column (schema migration 7;
+    as stored, UTF-8). A NULL column leaves the record as it is: no seed, or one kept
+    inside a record written before the column (an instance of an older version)."""
+    if seed is None:
+        return record
+    return msgspec.structs.replace(record, seed=stored(seed).decode("utf-8", "surrogatepass"))
+
+
 def _unbroken_tail(events: list[Event], last: int) -> list[Event]:
     """The newest of ``events`` (id order) whose ids run without a hole up to ``last``:
     a bus indexes its ring by id (``bridge.bus``), so a restored ring past a lost event
@@ -166,26 +175,28 @@ class SessionReads:
 
     def _restore_in(self, conn: Any, where: str, params: tuple[Any, ...],
                     ring: int | None = None, settled: dict[str, int] | None = None,
-                    resettle: dict[str, list[PromptTerminal]] | None = None
-                    ) -> list[RestoredSession]:
+                    resettle: dict[str, list[PromptTerminal]] | None = None,
+                    seed: bool = True) -> list[RestoredSession]:
         """The sessions ``where`` selects; ``settled`` (when given) gets each live
         one's count of settled prompts on disk, ``resettle`` the prompts settled from
-        their events (``settled_from_events``), by session."""
+        their events (``settled_from_events``), by session. ``seed``: a branch's seed
+        is read (``with_seed``), else its record comes without it."""
         with _tolerant_text(conn):
-            return self._restore_rows(conn, where, params, ring, settled, resettle)
+            return self._restore_rows(conn, where, params, ring, settled, resettle, seed)
 
     def _restore_rows(self, conn: Any, where: str, params: tuple[Any, ...],
                       ring: int | None, settled: dict[str, int] | None,
-                      resettle: dict[str, list[PromptTerminal]] | None
+                      resettle: dict[str, list[PromptTerminal]] | None, seed: bool
                       ) -> list[RestoredSession]:
         sql = self._sql
         found: list[RestoredSession] = []
-        for sid, blob, closed_at in conn.execute(sql(
-                f"SELECT id, record, closed_at FROM sessions WHERE {where} "
-                "ORDER BY created_at"), params).fetchall():
+        for sid, blob, closed_at, seeded in conn.execute(sql(
+                f"SELECT id, record, closed_at, {'seed' if seed else 'NULL'} FROM sessions "
+                f"WHERE {where} ORDER BY created_at"), params).fetchall():
             record = decode_opened(sid, blob)
             if record is None:
                 continue
+            record = with_seed(record, seeded)
             terminals: list[PromptTerminal] = []
             unsettled: list[PromptAccepted] = []
             for pid, prompt_blob, terminal_blob in conn.execute(sql(
@@ -252,17 +263,17 @@ class SessionReads:
         return found
 
     # -- reads for other instances (``acp_server.fleet.replica``) ------------------------
-    async def read(self, session_id: str, *, only: Sequence[str] | None = None
-                   ) -> RestoredSession | None:
+    async def read(self, session_id: str, *, only: Sequence[str] | None = None,
+                   seed: bool = False) -> RestoredSession | None:
         """One session as the journal has it (live or closed), taking no lease: what
         an instance that does not run it serves its reads from, and what a cold load
-        of a closed session its agent no longer knows is seeded from. ``only`` (event
-        types, for a status): of its events only the newest and those of these types
-        are read, not its ring. ``JournalUnavailableError`` when the store cannot
-        answer."""
+        of a closed session its agent no longer knows is seeded from (``seed``: with
+        its branch's seed, else its record has none). ``only`` (event types, for a
+        status): of its events only the newest and those of these types are read, not
+        its ring. ``JournalUnavailableError`` when the store cannot answer."""
         def read(conn: Any) -> RestoredSession | None:
             found = self._restore_in(conn, self._sql("id = ?"), (session_id,),
-                                     None if only is None else 1)
+                                     None if only is None else 1, seed=seed)
             if found and only is not None:
                 self._with_events(conn, found[0], only)
             return found[0] if found else None
@@ -279,10 +290,14 @@ class SessionReads:
         (``open_reads``): what the listings of an instance show of the sessions the
         others run."""
         try:
-            return await self.store._read(
-                lambda conn: read_open_in(conn, self._sql, only, exclude))
+            return await self.store._read(lambda conn: self._open_in(conn, only, exclude))
         except StoreUnavailableError as exc:
             raise JournalUnavailableError(exc.reason) from exc
+
+    def _open_in(self, conn: Any, only: Sequence[str], exclude: Container[str]
+                 ) -> list[RestoredSession]:
+        with _tolerant_text(conn):   # a record that is TEXT and not UTF-8: skipped
+            return read_open_in(conn, self._sql, only, exclude)
 
     def _with_events(self, conn: Any, session: RestoredSession, only: Sequence[str]) -> None:
         """Add the session's events of the types ``only`` to the newest it has."""

@@ -272,12 +272,16 @@ class SessionWrites:
     def _apply_one(self, conn: Any, record: JournalRecord) -> None:
         sql = self._sql
         if isinstance(record, SessionOpened):
+            # its seed in a column of its own, which only the restore reads (schema
+            # migration 7): the record every other reader reads stays small
+            seed = None if record.seed is None else record.seed.encode("utf-8",
+                                                                        "surrogatepass")
             conn.execute(sql(
-                "INSERT INTO sessions(id, created_at, record, owner) VALUES (?,?,?,?) "
-                "ON CONFLICT (id) DO UPDATE SET record = excluded.record, closed_at = NULL, "
-                "owner = excluded.owner"),
-                (record.session_id, record.created_at, _encode(record),
-                 self.owner))
+                "INSERT INTO sessions(id, created_at, record, owner, seed) "
+                "VALUES (?,?,?,?,?) ON CONFLICT (id) DO UPDATE SET record = excluded.record, "
+                "closed_at = NULL, owner = excluded.owner, seed = excluded.seed"),
+                (record.session_id, record.created_at,
+                 _encode(msgspec.structs.replace(record, seed=None)), self.owner, seed))
         elif isinstance(record, EventsReset):
             self._reset_events_in(conn, record.session_id)
         elif isinstance(record, SessionEnded):

@@ -38,7 +38,9 @@ Contracts (besides ``bridge.journal``'s):
   their commit, within that window, behind a per-session marker row
   (``acp_server.store.write_behind``); a session restored with its marker set gets a
   new epoch (``RestoredSession.gap``). 0: publish after commit.
-* Tables (schema migration 3): ``sessions`` (the record, ``closed_at``),
+* Tables (schema migration 3): ``sessions`` (the record, ``closed_at``; a branch's
+  seed in ``seed``, migration 7, read by the restore, an adoption and a cold load
+  alone, never by a listing),
   ``session_prompts`` (each accepted prompt; once settled only its terminal: the
   commit that settles it empties its record, the body nothing reads any more),
   ``session_events`` (each event's envelope by id). Per session at most

@@ -419,3 +419,48 @@ async def test_a_load_naming_no_agent_restores_the_session_on_its_own(tmp_path: 
                 await journal.wait(journal.appended)
                 with pytest.raises(SessionNotFoundError):
                     await bridge.load_session(sid, agent="scripted")
+
+
+async def _said_to(client: httpx.AsyncClient, sid: str, text_: str) -> str:
+    """The agent's answer to ``text_`` on ``sid``."""
+    asked = await client.post(f"/session/{sid}/prompt", json=_prompt(text_))
+    assert asked.status_code == 202, asked.text
+    pid = asked.json()["promptId"]
+    seen = await read_events(client, sid, lambda e: e.get("promptId") == pid
+                             and e["type"] in ("turn_complete", "turn_error"),
+                             last_event_id=asked.json()["lastEventId"])
+    assert seen[-1]["type"] == "turn_complete", seen[-1]
+    return "".join(e["data"]["update"]["content"]["text"] for e in seen
+                   if e["type"] == "session_update" and e.get("promptId") == pid
+                   and e["data"]["update"]["sessionUpdate"] == "agent_message_chunk")
+
+
+async def test_a_closed_branch_loaded_cold_keeps_what_it_was_made_from(
+        tmp_path: Path, store_name: str) -> None:
+    """A branch whose agent died (so it is closed, kept) and that is loaded again is
+    reseeded with the conversation it was made from (its record's seed), then its own
+    turns: the reference agent over stdio forgets its sessions when it dies, and
+    ``/history`` says what the reseeded session was given. The new life's record keeps
+    the seed, so a restart after it restores the branch with it too."""
+    async with _stdio_session(tmp_path, store_name) as (child, sid):
+        async with httpx.AsyncClient(base_url=child.base_url, timeout=20) as client:
+            await _said_to(client, sid, "remember banana")
+            made = await client.post(f"/session/{sid}/branch", json={})
+            assert made.status_code == 201, made.text
+            bid = made.json()["sessionId"]
+            await _said_to(client, bid, "hello")
+            crash = await client.post(f"/session/{bid}/prompt", json=_prompt("/crash"))
+            assert crash.status_code == 202
+            with anyio.fail_after(20):   # the agent died, and the branch with it
+                while (await client.get(f"/session/{bid}/status")).status_code != 404:
+                    await anyio.sleep(0.02)
+            loaded = await client.post(f"/session/{bid}/load", json={})
+            assert loaded.status_code == 200, loaded.text
+            said = await _said_to(client, bid, "/history")
+            assert "user: remember banana" in said, said
+            assert said.index("user: remember banana") < said.index("user: hello"), said
+        child.kill()
+        await anyio.to_thread.run_sync(child.start)
+        async with httpx.AsyncClient(base_url=child.base_url, timeout=20) as client:
+            said = await _said_to(client, bid, "/history")
+    assert said.index("user: remember banana") < said.index("user: hello"), said
