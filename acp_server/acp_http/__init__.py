@@ -11,7 +11,8 @@ the composition (``acp_server.server``) owns the registry and shuts it down on d
 Errors of the door's routes are answered by ``EXCEPTION_HANDLERS`` (``errors``).
 
 Modules: ``streamable`` (the Streamable HTTP endpoints and status rules), ``websocket``
-(the socket), ``dispatch`` (methods → bridge, errors → JSON-RPC), ``connection``
+(the socket), ``dispatch`` (methods → bridge, errors → JSON-RPC), ``access`` (what a
+message needs of its principal, whose sessions it may touch), ``connection``
 (per-connection and per-session stream state), ``registry`` (cap, lookup, reaping),
 ``streams`` (the SSE writer), ``frames`` (bus events → JSON-RPC frames).
 """
@@ -37,7 +38,7 @@ __all__ = ["ACP_PATH", "EXCEPTION_HANDLERS", "AcpConfig", "ConnectionRegistry", 
 def access(method: str, path: str) -> Access:
     """What an ``/acp`` request needs of its principal, before its message is read: a
     stream (GET; HEAD, answered 405) needs ``read``; closing a connection (DELETE)
-    nothing; a POST is decided per JSON-RPC message (``dispatch.message_access``)."""
+    nothing; a POST is decided per JSON-RPC message (``access.message_access``)."""
     if method in ("GET", "HEAD"):
         return READING
     return PER_MESSAGE if method == "POST" else OPEN

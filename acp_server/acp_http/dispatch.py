@@ -8,6 +8,7 @@ Replies go to the session stream for the session-scoped methods (``SESSION_SCOPE
 when the connection has, or can open, a channel for that session, else to the
 connection stream. ``session/prompt`` is answered later, by the session stream
 itself, when the turn ends (``{stopReason, ...}`` as the agent sent it, or an error).
+Who may send what, and whose sessions a connection may touch: ``acp_http.access``.
 
 A request runs until it is answered, cancelled (``$/cancel_request``) or its connection
 closes (DELETE, reaping, the socket gone): a session it was making then gives its slot
@@ -56,6 +57,7 @@ import anyio
 import msgspec
 
 from acp_server import __version__
+from acp_server.acp_http.access import RECALLING, check_owner, claim, restored
 from acp_server.acp_http.connection import (
     FLUSH_TIMEOUT_S,
     MAX_TRACKED_PROMPTS,
@@ -72,9 +74,7 @@ from acp_server.acp_http.errors import (  # noqa: F401 - re-exported for the rou
     RequestCancelledError,
     encode_bridge_error,
 )
-from acp_server.principals import Denial
 from acp_server.store.errors import ENGINE_ERRORS, StoreUnavailableError
-from acp_server.principals.model import INFO, MUTATING, PROMPTING, READING, Access
 from bridge import Bridge
 from bridge.errors import (
     BridgeError,
@@ -84,14 +84,7 @@ from bridge.errors import (
     SessionNotFoundError,
     SessionNotRestorableError,
 )
-from bridge.jsonrpc import (
-    INVALID_REQUEST,
-    UNSET,
-    Message,
-    decode_value,
-    encode_error,
-    encode_result,
-)
+from bridge.jsonrpc import UNSET, Message, decode_value, encode_result
 from acp_server.acp_http.elicitation import answer_elicitation, offers_elicitation
 from acp_server.acp_http.listing import session_list
 from acp_server.acp_http.passthrough import pass_through
@@ -155,83 +148,6 @@ def _cwd(params: dict[str, Any]) -> str | None:
     return cwd
 
 
-# -- principals ---------------------------------------------------------------------------
-READ_METHODS = frozenset({"session/list"})
-INFO_METHODS = frozenset({"initialize", "authenticate", "logout"})
-
-
-def message_access(msg: Message) -> Access:
-    """What one JSON-RPC message needs of its principal: ``session/prompt`` is a
-    prompt; ``session/list`` a read; ``initialize``, ``authenticate`` and ``logout``
-    any credential; everything else (new, load, resume, fork, cancel, close, delete,
-    set_*, permission votes, answers to the agent's requests, methods passed to the
-    agent) a mutation that needs ``prompt``."""
-    method = msg.method
-    if not isinstance(method, str):   # a response: an answer to a permission request
-        return MUTATING
-    if method == "session/prompt":
-        return PROMPTING
-    if method in READ_METHODS:
-        return READING
-    return INFO if method in INFO_METHODS else MUTATING
-
-
-# Methods that name no session of their own (or only through this connection's
-# requests), and those that may restore a session nobody holds.
-UNSCOPED = frozenset({"initialize", "authenticate", "logout", "session/new", "session/list",
-                      "session/permission", "$/cancel_request"})
-RESTORING = frozenset({"session/load", "session/resume"})
-# the maker of a session not live here is looked up (the journal's) before these run
-RECALLING = RESTORING | {"session/delete"}
-
-
-def check_owner(conn: AcpConnection, method: str, params: dict[str, Any]) -> None:
-    """Another principal's session is no session here (``SessionNotFoundError``, as an
-    unknown id): checked before the method runs and before a reply channel is opened.
-    A load or resume may restore a session no principal is known to own."""
-    if method in UNSCOPED:
-        return
-    sid = params.get("sessionId")
-    if not isinstance(sid, str):
-        return
-    caller = conn.caller
-    if caller.sees_session(sid):
-        return
-    if method in RESTORING and caller.gate.sessions.owner(sid) is None \
-            and not conn.bridge.has_session(sid):
-        return
-    raise SessionNotFoundError(sid)
-
-
-def _claim(conn: AcpConnection, session_id: str, how: str, agent: str | None = None,
-           **detail: Any) -> None:
-    """The connection's principal made (or restored) the session; a restore raced and
-    lost to another principal is 404."""
-    if not conn.caller.claim_session(session_id):
-        raise SessionNotFoundError(session_id)
-    conn.caller.record("session.created", session_id, how=how, agent=agent, **detail)
-
-
-def _restored(conn: AcpConnection, session_id: str, attached: bool, how: str,
-              agent: str | None) -> None:
-    """After a load or resume: a session it restored is claimed (the connection's
-    own); one it attached to must be one the caller sees (another principal's restore
-    may have won a race ``check_owner`` could not see: 404, as REST's ``claim``)."""
-    if attached:
-        if not conn.caller.sees_session(session_id):
-            raise SessionNotFoundError(session_id)
-        return
-    _claim(conn, session_id, how, agent)
-    conn.own(session_id)
-
-
-def denial_error(rpc_id: RpcId, denial: Denial) -> bytes:
-    """A 403 / 429 of the principals as a JSON-RPC error (``data.errorKind``: its code,
-    with ``requiredScope`` or ``tier`` and ``retryAfterMs``)."""
-    return encode_error(rpc_id, INVALID_REQUEST, denial.message,
-                        {"errorKind": denial.code, **dict(denial.extra)})
-
-
 # -- initialize -------------------------------------------------------------------------
 def initialize_result(bridge: Bridge, params: dict[str, Any], connection_id: str) -> dict[str, Any]:
     """Protocol version ``min(requested, 1)``; the agent's capabilities once the
@@ -274,7 +190,7 @@ async def _session_new(conn: AcpConnection, rpc_id: RpcId, params: dict[str, Any
         info = await conn.bridge.create_session(cwd=_cwd(params), agent=agent,
                                                 origin=session_origin(params.get("_meta")),
                                                 owner=conn.caller.name)
-    _claim(conn, info.session_id, "new", agent)
+    claim(conn, info.session_id, "new", agent)
     if not info.attached:
         conn.own(info.session_id)
     conn.channel(info.session_id)
@@ -293,7 +209,7 @@ async def _session_load(conn: AcpConnection, rpc_id: RpcId, params: dict[str, An
     with may_hand_off(conn.caller.sees), conn.channel_room(sid):   # may be asked for
         info = await conn.bridge.load_session(sid, cwd=_cwd(params), agent=agent,
                                               owner=conn.caller.name)
-    _restored(conn, sid, info.attached, "load", agent)   # restored here: it made it
+    restored(conn, sid, info.attached, "load", agent)   # restored here: it made it
     result = {k: v for k, v in info.agent_result.items() if k != "sessionId"}
     if cursor is not None:
         return with_events_meta(result, await replay_after(conn, info, cursor))
@@ -324,7 +240,7 @@ async def _session_resume(conn: AcpConnection, rpc_id: RpcId, params: dict[str, 
     with may_hand_off(conn.caller.sees), conn.channel_room(sid):
         info = await conn.bridge.resume_session(sid, cwd=_cwd(params), agent=agent,
                                                 owner=conn.caller.name)
-    _restored(conn, sid, info.attached, "resume", agent)
+    restored(conn, sid, info.attached, "resume", agent)
     if cursor is not None:
         return with_events_meta({}, await replay_after(conn, info, cursor))
     conn.channel(sid)
@@ -473,7 +389,7 @@ async def _session_fork(conn: AcpConnection, rpc_id: RpcId, params: dict[str, An
     conn.bridge.check_workspace(_cwd(params))
     with conn.channel_room():
         info = await conn.bridge.branch_session(sid, owner=conn.caller.name)
-    _claim(conn, info.session_id, "branch", forked_from=sid)
+    claim(conn, info.session_id, "branch", forked_from=sid)
     conn.channel(info.session_id)
     return {**info.agent_result, "sessionId": info.session_id}
 

@@ -9,7 +9,7 @@ as ``qwen serve`` 0.24.4 serves it).
 
 Status rules (each answer with a JSON-RPC error body unless noted):
 
-* Principals: the message's needs (``dispatch.message_access``) are checked first: a
+* Principals: the message's needs (``access.message_access``) are checked first: a
   scope the credential lacks → 403, its rate limit → 429 with ``Retry-After`` (a
   JSON-RPC error, ``data.errorKind`` ``forbidden`` / ``rate_limit_exceeded``). A
   connection is its opener's: another principal naming it gets 404, as for an
@@ -44,15 +44,14 @@ from starlette.responses import Response
 from starlette.types import ASGIApp
 
 from acp_server.acp_http.connection import AcpConnection, SessionChannel
+from acp_server.acp_http.access import denial_error, message_access
 from acp_server.acp_http.dispatch import (
     HEADER_REQUIRED,
     InvalidParamsError,
     answer_agent_request,
-    denial_error,
     dispatch,
     encode_bridge_error,
     initialize_connection,
-    message_access,
     request_params,
 )
 from acp_server.acp_http.config import AcpConfig

@@ -10,7 +10,7 @@ Contracts:
   batch, malformed JSON, a non-JSON-RPC message or a request with ``id: null``
   gets an error frame (``inbound``: the rules of a POST body). So does a
   message its principal may not send (a scope it lacks, its rate limit:
-  ``dispatch.message_access``, ``data.errorKind`` ``forbidden`` /
+  ``access.message_access``, ``data.errorKind`` ``forbidden`` /
   ``rate_limit_exceeded``); the socket stays open. Revoking the credential closes
   the socket with 1008.
 * The first message must be ``initialize`` and must arrive within
@@ -42,13 +42,12 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from acp_server.acp_http.config import AcpConfig
 from acp_server.acp_http.connection import AcpConnection, SessionChannel
+from acp_server.acp_http.access import denial_error, message_access
 from acp_server.acp_http.dispatch import (
     InvalidParamsError,
     answer_agent_request,
-    denial_error,
     dispatch,
     initialize_connection,
-    message_access,
     request_params,
 )
 from acp_server.acp_http.registry import ConnectionCapError, ConnectionRegistry

@@ -31,7 +31,9 @@ Contracts (``prompt``, mirroring the peer SDK):
   and when a send got no answer (the connection refused: it never arrived; cut before
   the answer: a restart, a dropped network), at most ``MAX_PROMPT_SENDS`` sends. A
   send that may have arrived goes again only to a server that advertises
-  ``prompt_id_replay`` (an older one would run it twice); a timed-out one never.
+  ``prompt_id_replay`` (an older one would run it twice); a timed-out one never, nor
+  one that failed in a way the next send would repeat (a certificate that does not
+  verify, a name that does not resolve, https to a plain port): raised at once.
 
 Contracts (every call): ``timeout`` (seconds, default 30, ``None``: none) bounds each
 network operation (connect, each read and write) and the whole of a call that is not
@@ -61,7 +63,8 @@ from acp_server.client import wire
 from acp_server.client.bounded import MAX_ANSWER_BYTES, MAX_EVENT_BYTES, read_answer
 from acp_server.client.errors import (DaemonConnectionError, DaemonError, DaemonHttpError,
                                       DaemonSessionIdProtocolError, DaemonStreamEndedError,
-                                      DaemonTurnError, decode_body, error_from_answer)
+                                      DaemonTurnError, decode_body, error_from_answer,
+                                      lasting_failure)
 from acp_server.client.inflate import request_headers
 from acp_server.client.events import (StreamCursor, event_prompt_id, match_turn_event,
                                       subscribe_events)
@@ -84,7 +87,8 @@ MAX_PROMPT_SENDS = 4
 # A prompt whose send got no answer (the connection refused, or cut before the
 # answer: a restart, a dropped network) is sent again after 0.5 s, then 1 s, 2 s, …
 # (each wait capped by ``max_retry_wait_s``): one refused was never sent, one cut may
-# have been admitted and goes again only to a server with ``prompt_id_replay``.
+# have been admitted and goes again only to a server with ``prompt_id_replay``; one
+# that would fail the same way again (``errors.lasting_failure``) is not sent again.
 RECONNECT_WAIT_S = 0.5
 _UNSENT = (httpx.ConnectError, httpx.ConnectTimeout)
 _CUT = (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
@@ -146,8 +150,12 @@ def _resend(response: httpx.Response) -> bool:
 def _cut_or_unsent(exc: DaemonConnectionError) -> str | None:
     """``"unsent"``: the request never reached the server (no connection was made);
     ``"cut"``: the connection failed before the answer, so it may have been taken; else
-    ``None`` (a timeout: the server may still be working on it, not sent again)."""
+    ``None``: a timeout (the server may still be working on it) or a failure the next
+    send would repeat (``errors.lasting_failure``: an untrusted certificate, a name
+    that does not resolve, https to a plain port), not sent again."""
     cause = exc.__cause__
+    if cause is None or lasting_failure(cause):
+        return None
     if isinstance(cause, _UNSENT):
         return "unsent"
     return "cut" if isinstance(cause, _CUT) else None

@@ -21,8 +21,8 @@ LOCATION (not followed)", so the bearer token never goes to another address. The
 retries no call by itself (a 429 or 503 is raised at once, ``Retry-After`` not
 waited), but a prompt, sent again under its id when a fleet instance answered
 ``owner_lost`` or ``owner_unreachable`` (``daemon.RESEND_CODES``) or when its send
-got no answer (``daemon.DaemonClient._send_prompt``): the last send's error is
-raised. ``retry_after_s`` is the server's ``retryAfterMs`` in seconds, ``inf`` when
+got no answer (``daemon.DaemonClient._send_prompt``; not after a failure the next
+send would repeat: ``lasting_failure``): the last send's error is raised. ``retry_after_s`` is the server's ``retryAfterMs`` in seconds, ``inf`` when
 it is too large for a float (a full queue's, else its ``Retry-After`` seconds; ``None``
 when the server gave neither, or the cap was the SDK's own). ``one_line`` is how the CLIs print any message: one line,
 no control characters (a server's text cannot move the cursor or colour the terminal).
@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 import re
 import socket
+import ssl
 from collections.abc import Mapping
 from typing import Any
 
@@ -244,8 +245,57 @@ class DaemonConnectionError(DaemonError):
 
 def transport_reason(exc: BaseException) -> str:
     """Why a connection failed, in a few words (``connection refused``, ``name not
-    resolved``, ``timed out``, …), read from the causes under an ``httpx`` error (whose
-    own message is often ``All connection attempts failed``), exception groups included."""
+    resolved``, ``timed out``, ``certificate verify failed: …``, ``TLS handshake failed:
+    …``), read from the causes under an ``httpx`` error (whose own message is often ``All
+    connection attempts failed``), exception groups included."""
+    chain = _causes(exc)
+    for seen in chain:
+        if isinstance(seen, socket.gaierror):
+            return "name not resolved"
+        if isinstance(seen, ConnectionRefusedError):
+            return "connection refused"
+        if isinstance(seen, (TimeoutError, httpx.TimeoutException)):
+            return "timed out"
+        if isinstance(seen, ssl.SSLCertVerificationError):
+            return f"certificate verify failed: {seen.verify_message or seen.reason}"
+        if isinstance(seen, ssl.SSLError) and not isinstance(seen, _PASSING_TLS):
+            return f"TLS handshake failed: {_tls_reason(seen)}"
+    for seen in chain:
+        if isinstance(seen, httpx.RemoteProtocolError):
+            return str(seen).lower() or "the server closed the connection"
+        if isinstance(seen, OSError) and seen.strerror:
+            return seen.strerror.lower()
+    return str(exc) or type(exc).__name__
+
+
+def lasting_failure(exc: BaseException) -> bool:
+    """A connection failed in a way the next try would repeat, so nothing is tried
+    again: a name the resolver says does not exist (not its ``EAI_AGAIN``, a resolver
+    out of reach), a certificate that does not verify, a TLS handshake refused (``wrong
+    version number``: https to a plain HTTP port, no protocol or cipher in common).
+    A refused or reset connection, a TLS handshake cut short, a timeout are not."""
+    for seen in _causes(exc):
+        if isinstance(seen, socket.gaierror):
+            return seen.errno != socket.EAI_AGAIN
+        if isinstance(seen, ssl.SSLError):
+            return not isinstance(seen, _PASSING_TLS)
+    return False
+
+
+# TLS errors of a connection cut during its handshake (a restart, a dropped network).
+_PASSING_TLS = (ssl.SSLEOFError, ssl.SSLZeroReturnError, ssl.SSLSyscallError,
+                ssl.SSLWantReadError, ssl.SSLWantWriteError)
+
+
+def _tls_reason(exc: ssl.SSLError) -> str:
+    if exc.reason:
+        return exc.reason.lower().replace("_", " ")
+    return (exc.strerror or str(exc)).lower()
+
+
+def _causes(exc: BaseException) -> list[BaseException]:
+    """``exc`` and what lies under it (causes, contexts, exception groups' members),
+    breadth first, at most 50."""
     chain: list[BaseException] = []
     todo: list[BaseException] = [exc]
     while todo and len(chain) < 50:
@@ -254,19 +304,7 @@ def transport_reason(exc: BaseException) -> str:
         if isinstance(seen, BaseExceptionGroup):
             todo.extend(seen.exceptions)
         todo.extend(e for e in (seen.__cause__, seen.__context__) if e is not None)
-    for seen in chain:
-        if isinstance(seen, socket.gaierror):
-            return "name not resolved"
-        if isinstance(seen, ConnectionRefusedError):
-            return "connection refused"
-        if isinstance(seen, (TimeoutError, httpx.TimeoutException)):
-            return "timed out"
-    for seen in chain:
-        if isinstance(seen, httpx.RemoteProtocolError):
-            return str(seen).lower() or "the server closed the connection"
-        if isinstance(seen, OSError) and seen.strerror:
-            return seen.strerror.lower()
-    return str(exc) or type(exc).__name__
+    return chain
 
 
 def error_from_status(status: int, body: Any, session_id: str | None = None,

@@ -27,7 +27,8 @@ Contracts:
   most ``max_reconnects`` times in a row without ``progressed()``; past that →
   ``DaemonStreamError(f"{lost} and not resumed after N attempts (problem)")``. With
   ``reconnect=False`` a clean end ends the iteration and a transport error raises
-  ``DaemonStreamError``.
+  ``DaemonStreamError``; so does, at once, a connection that failed in a way the next
+  would repeat (``errors.lasting_failure``: ``f"{lost}: certificate verify failed: …"``).
 * The caller stops the iteration when its stream is done (a terminal event); closing the
   generator drops the connection.
 """
@@ -47,7 +48,8 @@ from acp_server.client.bounded import (
     check_event_stream,
     event_data,
 )
-from acp_server.client.errors import DaemonStreamError, redact
+from acp_server.client.errors import (DaemonStreamError, lasting_failure, redact,
+                                      transport_reason)
 
 MAX_RECONNECT_DELAY_S = 5.0
 READ: Final = "read"
@@ -123,6 +125,9 @@ class ResumingStream:
             except httpx.TransportError as exc:
                 if not self.reconnect:
                     raise DaemonStreamError(redact(f"Event stream dropped: {exc!r}")) from exc
+                if lasting_failure(exc):
+                    raise DaemonStreamError(
+                        redact(f"{self.lost}: {transport_reason(exc)}")) from exc
                 problem = redact(repr(exc))
             if not self.reconnect:
                 return

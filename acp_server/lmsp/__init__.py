@@ -6,9 +6,10 @@ throughout, is ``docs/spec/LMSP.md``).
         app = Starlette(routes=routes(lmsp))     # /lmsp/v1, the service bound to each
 
 Modules: ``wire`` (public wire types), ``problems`` (§9.3), ``requests`` (parsing),
-``responses`` (ACP → response events), ``runner`` (execution), ``models`` (the model
-map: a live view of the bridge's agents),
-``service`` (``open_lmsp``), ``endpoints`` (HTTP, ``routes``), ``errors`` (the door's exception
+``responses`` (ACP → response events), ``runner`` (execution), ``deltas`` (a running
+task's events batched into commits), ``models`` (the model map: a live view of the
+bridge's agents), ``service`` (``open_lmsp``), ``task_events`` (a task's committed
+events as a stream), ``endpoints`` (HTTP, ``routes``), ``errors`` (the door's exception
 handlers: problem objects). The durable store, its writer and the live hub are the
 room ``acp_server.store``.
 """

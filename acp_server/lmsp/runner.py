@@ -26,7 +26,8 @@ Contracts:
 * At the bridge's session limit the task goes back to ``queued`` (``unclaim``: its
   attempt not counted) and claims pause until a task of ours ends or a backoff passes.
 * Text deltas are buffered and written in one transaction at most every
-  ``FLUSH_S`` or ``FLUSH_EVENTS`` events; state events are written at once. Those
+  ``FLUSH_S`` or ``FLUSH_EVENTS`` events (``acp_server.lmsp.deltas.DeltaWriter``);
+  state events are written at once. Those
   still buffered when the turn ends go in the final transition's transaction (before
   its events), or on their own if that transition is lost to a cancel.
 * A task whose lease another instance recovered (``taken_over``, from the service's
@@ -60,6 +61,7 @@ from acp_server.lmsp.conversation import (
     may_keep,
     transcript,
 )
+from acp_server.lmsp.deltas import FLUSH_EVENTS, FLUSH_S, DeltaWriter
 from acp_server.lmsp.models import refresh_models
 from acp_server.lmsp.permissions import decide, decision_label
 from acp_server.lmsp.responses import Attempt, count_tokens, in_progress_event
@@ -79,9 +81,6 @@ from bridge.ticket import PromptResult, PromptTicket
 
 log = logging.getLogger("acp_server.lmsp")
 
-FLUSH_S = 0.05
-FLUSH_EVENTS = 64
-MAX_PENDING = 4096
 SUBSCRIPTION_QUEUE = 2048
 IDLE_CLAIM_S = 2.0   # an idle runner claims again this often, woken or not
 
@@ -99,89 +98,6 @@ class _Handle:
     ticket: PromptTicket | None = None
     subscription: Any = None    # the turn's events (another after an eviction)
     last_read: int | None = None   # the id of the last of them read
-
-
-class DeltaWriter:
-    """Batches non-state events of one task: a commit at most ``FLUSH_S`` after the
-    first pending event, or as soon as ``FLUSH_EVENTS`` are pending. At most
-    ``MAX_PENDING`` wait (``add`` blocks beyond that). ``run`` returns once closed and
-    drained.
-
-    ``opening`` (``response.in_progress``) is the first commit: the transition
-    ``loading`` → ``running``, made ``FLUSH_S`` after the prompt was sent with the
-    deltas of that time. A turn that ends sooner never makes it: the final transition
-    carries it (one commit for the whole turn). ``opened`` says which happened."""
-
-    def __init__(self, store: TaskStore, task_id: str, opening: AnyEvent,
-                 clock: Callable[[], float]) -> None:
-        self.store = store
-        self.task_id = task_id
-        self.clock = clock
-        self.opening = opening
-        self.opened = False     # ``running`` committed
-        self.lost = False       # the opening transition lost (a cancel came first)
-        self.pending: list[AnyEvent] = []
-        self.closed = False
-        # Set before ``close``: the events pending at close are left in ``tail`` for the
-        # caller's next commit (the final transition) instead of a commit of their own.
-        self.hold_tail = False
-        self.tail: list[AnyEvent] = []
-        self._some = anyio.Event()    # pending is not empty (or closed, or to open)
-        self._full = anyio.Event()    # FLUSH_EVENTS pending (or closed)
-        self._space = anyio.Event()   # set after each flush
-        self._some.set()              # the opening is due
-
-    async def add(self, drafts: list[AnyEvent]) -> None:
-        while len(self.pending) >= MAX_PENDING:
-            await self._space.wait()
-        self.pending.extend(drafts)
-        self._some.set()
-        if len(self.pending) >= FLUSH_EVENTS:
-            self._full.set()
-
-    def close(self) -> None:
-        self.closed = True
-        self._some.set()
-        self._full.set()
-
-    async def run(self, due: bool = False) -> None:
-        """``due``: the opening is already due (``Runner._pump``'s first ``FLUSH_S``
-        passed, or ``FLUSH_EVENTS`` piled up, before this started): no first wait."""
-        while True:
-            await self._some.wait()
-            if not due:
-                with anyio.move_on_after(FLUSH_S):
-                    await self._full.wait()
-            due = False
-            batch, self.pending = self.pending, []
-            self._some, self._full = anyio.Event(), anyio.Event()
-            if self.closed:
-                self._some.set()
-                self._full.set()
-            space, self._space = self._space, anyio.Event()
-            space.set()
-            if self.closed and self.hold_tail:
-                self.tail = batch + self.pending
-                return
-            # kept until the store takes them (``add`` blocks past MAX_PENDING)
-            await self.write(batch)
-            if self.closed and not self.pending:
-                return
-
-    async def write(self, batch: list[AnyEvent]) -> None:
-        """``batch`` committed: with the opening transition first if not made yet."""
-        if self.lost:
-            return
-        if not self.opened:
-            opening = Finish(events=[self.opening, *batch])
-            won = await persist(lambda: self.store.transition(
-                self.task_id, ("loading",), "running", opening, now=self.clock()),
-                what=f"lmsp task {self.task_id} → running")
-            self.opened, self.lost = won is not None, won is None
-        elif batch:
-            await persist(lambda: self.store.append_events(
-                self.task_id, batch, ("running", "cancelling")),
-                what=f"lmsp task {self.task_id}: events")
 
 
 class Runner:

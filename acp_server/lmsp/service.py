@@ -43,7 +43,6 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Literal
 
 import anyio
 import anyio.abc
@@ -63,6 +62,7 @@ from acp_server.lmsp.responses import (
     recovery_finish,
 )
 from acp_server.lmsp.runner import Runner
+from acp_server.lmsp.task_events import batches
 from acp_server.principals import Caller
 from acp_server.principals.audit import PROMPT_TEXT_MAX
 from acp_server.store.tasks import (
@@ -80,7 +80,6 @@ from acp_server.store.tasks import (
     queued_record,
 )
 from acp_server.lmsp.wire import (
-    TERMINAL_EVENTS,
     Capabilities,
     CapabilityFlags,
     Limits,
@@ -91,7 +90,6 @@ from bridge import Bridge
 from bridge.ids import random_bits
 
 log = logging.getLogger("acp_server.lmsp")
-PAGE = 256
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 
 
@@ -442,66 +440,8 @@ class LmspService:
                             errors=[])
         if cursor is not None and record.status in TERMINAL and cursor >= last_written:
             return None
-        return self._stream(task_id, -1 if cursor is None else cursor)
-
-    async def _stream(self, task_id: str, last: int
-                      ) -> AsyncIterator[list[CommittedEvent]]:
-        """Batches of consecutive events (``[]`` = a keep-alive is due), ending with
-        the batch that holds the terminal event."""
-        backoff = Backoff(0.05, 5.0)
-        with self.hub.watch(task_id) as watch:   # registered before the first read
-            rows: list[CommittedEvent] | None = None
-            while not self.closed.is_set():
-                from_store = rows is None
-                if rows is None:
-                    try:
-                        rows = await self.store.read_events(task_id, last, PAGE)
-                    except StoreUnavailableError:   # the stream waits for the store
-                        if not await watch.wait(backoff.next()):
-                            yield []   # a keep-alive meanwhile
-                        continue
-                    backoff.reset()
-                for i, event in enumerate(rows):
-                    if event.type in TERMINAL_EVENTS:
-                        yield rows[:i + 1]
-                        return
-                if rows:
-                    yield rows
-                    last = rows[-1].seq
-                if from_store and len(rows) == PAGE:
-                    rows = None
-                    continue
-                if from_store and not rows:
-                    after = await self._after_an_empty_read(task_id, last)
-                    if after == "gone":
-                        return   # deleted, or its events purged, while streaming
-                    if after == "finished":
-                        rows = None   # it ended since that read: its last events
-                        continue
-                rows = watch.take(last)
-                if rows == []:
-                    if not await watch.wait(self.config.keepalive_s):
-                        yield []
-                    rows = watch.take(last)
-
-    async def _after_an_empty_read(self, task_id: str, last: int
-                                   ) -> Literal["gone", "finished", "live"]:
-        """What a read with nothing after ``last`` means. ``gone``: deleted while
-        streaming (``DELETE /responses/{id}``), or finished with its events after
-        ``last`` purged (retention); the stream ends, and a client that comes back with
-        its cursor gets the 404 or 410. ``finished``: it ended, and wrote its last
-        events, between that read and this one (another instance runs it, or a
-        notice came late): read them. ``live``: wait for the next events."""
-        try:
-            record = await self.store.get_task(task_id)
-            if record is None:
-                return "gone"
-            if record.status not in TERMINAL or last >= record.next_seq - 1:
-                return "live"
-            # finished, so every event is committed: none after ``last`` is a purge
-            return "finished" if await self.store.read_events(task_id, last, 1) else "gone"
-        except StoreUnavailableError:
-            return "live"   # the next read tells
+        return batches(self.store, self.hub, task_id, -1 if cursor is None else cursor,
+                       keepalive_s=self.config.keepalive_s, closed=self.closed)
 
     async def wait_terminal(self, task_id: str) -> TaskRecord:
         """The task once finished (or as it stands when the service closes), even past

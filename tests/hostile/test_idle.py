@@ -7,7 +7,10 @@ uvicorn with TLS), closed after the header timeout by ``acp_server.http.idle``:
 * a TLS handshake left half done (granian: a fixed 10 s; uvicorn: 60 s, before its
   guard sees the connection);
 * a connection whose reader stopped reading once its stream ended (its queued bytes
-  kept it).
+  kept it);
+
+while an HTTP/2 connection that keeps asking is kept past the timeout (one raw socket:
+it cannot have been replaced by a new connection).
 
 The header timeout is 1 s; what is checked is closed within a few seconds (well below
 granian's fixed 10 s), and served meanwhile, waited on with a generous bound.
@@ -80,6 +83,57 @@ class PingAnswerers:
             key.fileobj.close()   # type: ignore[union-attr]
 
 
+class Asker:
+    """One HTTP/2 connection (a raw socket: it cannot reconnect) that asks ``GET
+    /health``, one request at a time, and answers the server's frames as it reads."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=BOUND_S)
+        self.conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        self.conn.initiate_connection()
+        self._flush()
+
+    def _flush(self) -> None:
+        try:
+            self.sock.sendall(self.conn.data_to_send())
+        except (BrokenPipeError, ConnectionResetError):
+            raise AssertionError("the server closed the connection that keeps asking") from None
+
+    def ask(self) -> int:
+        """The status of one ``GET /health`` on this connection; ``AssertionError`` when
+        the server closed it."""
+        stream_id = self.conn.get_next_available_stream_id()
+        self.conn.send_headers(stream_id, [
+            (":method", "GET"), (":path", "/health"), (":scheme", "http"),
+            (":authority", f"127.0.0.1:{self.port}")], end_stream=True)
+        self._flush()
+        status = 0
+        while True:
+            try:
+                data = self.sock.recv(65536)
+            except ConnectionResetError:
+                data = b""
+            assert data, "the server closed the connection that keeps asking"
+            for event in self.conn.receive_data(data):
+                if isinstance(event, h2.events.ConnectionTerminated):
+                    raise AssertionError("the server ended the connection that keeps asking")
+                if getattr(event, "stream_id", None) != stream_id:
+                    continue
+                if isinstance(event, h2.events.ResponseReceived):
+                    status = int(dict(event.headers)[b":status"])
+                elif isinstance(event, h2.events.DataReceived):
+                    self.conn.acknowledge_received_data(event.flow_controlled_length,
+                                                        stream_id)
+                elif isinstance(event, h2.events.StreamEnded):
+                    self._flush()
+                    return status
+            self._flush()   # PING and SETTINGS acks
+
+    def close(self) -> None:
+        self.sock.close()
+
+
 def closed_by_server(sock: socket.socket, within: float) -> float:
     """Seconds until the server ended ``sock`` (reads and drops what it sends)."""
     start = time.monotonic()
@@ -110,13 +164,23 @@ def test_http2_connections_with_no_stream_are_closed_and_do_not_lock_out(
                 time.sleep(0.05)
         finally:
             holders.close()
-        # A connection that keeps asking is kept, however long it lives.
-        with httpx.Client(base_url=daemon.base_url, http1=False, http2=True) as client:
-            for _ in range(3):
-                assert client.get("/health").status_code == 200
-                time.sleep(TIMEOUT_MS / 1000 / 2)
+        # A connection that keeps asking is kept, however long it lives: it asks on one
+        # socket until a silent connection opened after it has been closed by the sweep
+        # (so it has lived past the timeout), and is still answered on that socket.
+        asking = Asker(daemon.port)
+        silent = PingAnswerers(daemon.port, 1)
+        try:
+            deadline = time.monotonic() + BOUND_S
+            while silent.thread.is_alive():   # ends once its connection is closed
+                assert asking.ask() == 200
+                assert time.monotonic() < deadline, "the silent connection is kept"
+                silent.thread.join(TIMEOUT_MS / 1000 / 10)
+            assert silent.closed == 1 and asking.ask() == 200
+        finally:
+            silent.close()
+            asking.close()
         transport = daemon.http.get("/daemon/status").json()["runtime"]["transport"]
-        assert transport["headerTimeouts"] >= 70
+        assert transport["headerTimeouts"] >= 71
 
 
 @pytest.fixture

@@ -11,7 +11,8 @@ Contracts: bytes pass unchanged both ways. A connection whose request starts ``P
 answer starts (no byte of it reaches the client), and ``cut_prompts`` drops by one.
 ``down()`` closes the listener and every open connection: a new connection is refused
 by the kernel until ``up()``. ``prompt_posts`` counts the prompt POSTs that reached the
-server. Every task belongs to the context manager's task group.
+server, ``connections`` the connections accepted. Every task belongs to the context
+manager's task group.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class Cutter:
     port: int = 0
     cut_prompts: int = 0
     prompt_posts: int = 0
+    connections: int = 0
     _listener: anyio.abc.Listener[anyio.abc.SocketStream] | None = None
     _scopes: set[anyio.CancelScope] = field(default_factory=set)
     _tasks: anyio.abc.TaskGroup | None = None
@@ -61,6 +63,7 @@ class Cutter:
                 client = await listener.accept()
             except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
                 return   # down()
+            self.connections += 1
             self._tasks.start_soon(self._connection, client)
 
     async def _connection(self, client: anyio.abc.SocketStream) -> None:
