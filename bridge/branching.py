@@ -12,10 +12,11 @@ closed (``branch_abandoned``), its slot given back.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from bridge.errors import BranchWhilePromptActiveError, NotSupportedError, SessionClosedError
 from bridge.session import Session, WorkItem
+from bridge.spawning import spawn
 
 if TYPE_CHECKING:
     from bridge.agent_pool import AgentPool
@@ -34,9 +35,6 @@ class BranchingAPI:
 
     async def _agent_of(self, session: Session) -> AgentConnection:
         raise NotImplementedError   # AgentCallsAPI's
-
-    async def _spawn(self, method: str, agent_name: str, **kwargs: Any) -> Session:
-        raise NotImplementedError   # Bridge's
 
     def _info(self, session: Session, *, attached: bool) -> SessionInfo:
         raise NotImplementedError   # Bridge's
@@ -62,8 +60,8 @@ class BranchingAPI:
             if not waiting:
                 raise SessionClosedError(session_id, "branch_abandoned")
             await self._agent_of(session)   # a restored session: the agent knows it first
-            forked = await self._spawn("session/fork", session.agent_name,
-                                       fork_of=session_id, owner=owner)
+            forked = await spawn(self, "session/fork",  # type: ignore[arg-type]
+                                 session.agent_name, fork_of=session_id, owner=owner)
             if not waiting:
                 self._drop_fork(forked)
             return forked

@@ -24,7 +24,8 @@ Contracts:
   an agent that hangs or fails never takes another agent's reserve.
 * Agents are isolated: an agent acts only on its own sessions
   (``bridge.agent_client``), and a ``session/new`` answer naming a live session is
-  refused (``AgentProtocolError``), the live session untouched.
+  refused (``AgentProtocolError``), the live session untouched (``bridge.spawning``
+  makes every session).
 * A session id no store can hold (a NUL, over 1 KiB: ``bridge.journal.storable``)
   names no session: a load or resume of one is ``SessionNotFoundError`` before the
   agent or the journal is asked, ``recall_owner`` of one is ``None`` without a read,
@@ -51,22 +52,18 @@ from bridge import events as ev
 from bridge.agent_calls import AgentCallsAPI
 from bridge.agent_client import AgentSide
 from bridge.agent_pool import AgentPool
-from bridge.agents.base import AgentConnection, AgentFactory
+from bridge.agents.base import AgentFactory
 from bridge.branching import BranchingAPI
 from bridge.bus import EventBus
 from bridge.capacity import SessionCapacity
 from bridge.elicitation import ElicitationMediator
 from bridge.errors import (
     AgentDiedError,
-    AgentError,
-    AgentProtocolError,
     SessionClosedError,
-    SessionIdNotHonoredError,
     SessionNotFoundError,
     SessionNotRestorableError,
     WorkspaceMismatchError,
 )
-from bridge.events import Event
 from bridge.history import session_history
 from bridge.journal import MemoryJournal, SessionJournal, storable
 from bridge.observer import NO_OBSERVER, BridgeObserver
@@ -76,15 +73,13 @@ from bridge.journaling import Journaling
 from bridge.listing import ListingAPI
 from bridge.presence import PresenceAPI
 from bridge.prompts import PromptsAPI
-from bridge.restore import (journaled_agent, load_on, replay_closed, restore_cold,
-                            restore_sessions)
+from bridge.restore import journaled_agent, restore_cold, restore_sessions
 from bridge.session import QueueWaitStats, Session
+from bridge.spawning import spawn
 from bridge.status import SessionInfo
-from bridge.transcript import TRANSCRIPT_META, after_seed, seed_of, transcript
 
 log = logging.getLogger("bridge")
 
-REQUESTED_SESSION_ID_META = "acp-server/requestedSessionId"
 MAX_CLOSED_SESSION_HISTORIES = 1024
 DELETIONS = frozenset({"client_close", "deleted"})   # close reasons that remove the journal
 MAX_CLOSED_SESSION_OWNERS = 50_000
@@ -281,7 +276,7 @@ class Bridge(Journaling, ListingAPI, PromptsAPI, PresenceAPI, AgentCallsAPI,
         name = await self.resolve_agent(agent)
         if session_id is not None and session_id in self._sessions:
             return self._info(self.get_session(session_id), attached=True)
-        session = await self._spawn("session/new", name, requested_id=session_id,
+        session = await spawn(self, "session/new", name, requested_id=session_id,
                                     origin=origin, owner=owner)
         return self._info(session, attached=False)
 
@@ -312,7 +307,7 @@ class Bridge(Journaling, ListingAPI, PromptsAPI, PresenceAPI, AgentCallsAPI,
             await spawning.wait()
         spawning = self._default_spawns[name] = anyio.Event()
         try:
-            session = await self._spawn("session/new", name, scope="single", owner=owner)
+            session = await spawn(self, "session/new", name, scope="single", owner=owner)
             self._default_session_ids[name] = session.session_id
         finally:
             del self._default_spawns[name]
@@ -381,117 +376,6 @@ class Bridge(Journaling, ListingAPI, PromptsAPI, PresenceAPI, AgentCallsAPI,
         if session is None:   # restored by another call meanwhile
             return await self._restore(method, session_id, cwd, agent, capability, owner)
         return self._info(session, attached=False, with_history=with_history)
-
-    async def _spawn(self, method: str, agent_name: str, *, requested_id: str | None = None,
-                     restore_id: str | None = None, fork_of: str | None = None,
-                     origin: str | None = None, scope: str = "thread",
-                     owner: str | None = None, seeded: list[Event] | None = None,
-                     seed: str | None = None) -> Session:
-        """Make a session on the agent. Its slot (``bridge.capacity``) is taken first,
-        with no await before, and goes to the session once it is registered; a spawn
-        that fails, times out or whose caller gives up releases it. ``seeded``: a
-        closed session's journaled events (``restore.reseed_closed``): the new session
-        gets their transcript after its ``seed`` (a branch's: the conversation it was
-        made from, kept by its record), and their conversation as its first events."""
-        self.capacity.take(agent_name)
-        self._in_flight_spawns += 1
-        registered = False
-        try:
-            agent = await self._ensure_agent(agent_name)
-            params: dict[str, Any] = {"cwd": self.workspace_cwd, "mcpServers": []}
-            if restore_id is not None or fork_of is not None:
-                params["sessionId"] = restore_id or fork_of
-            if requested_id is not None:
-                params["_meta"] = {REQUESTED_SESSION_ID_META: requested_id}
-                if seeded is not None:
-                    params["_meta"][TRANSCRIPT_META] = after_seed(seed, transcript(seeded))
-            if restore_id is not None:
-                session = await self._new_session(restore_id, agent, agent_name,
-                                                  origin=origin, owner=owner)
-                registered = True   # the session holds the slot: dropped, it frees it
-                try:
-                    await load_on(self, session, agent, method, params)
-                except AgentDiedError:
-                    if not agent.closed:
-                        raise
-                    # it died as it loaded (maybe dying already): its replay went with
-                    # the session dropped; a fresh one is asked, once
-                    log.warning("agent %s died at %s; asking it again, started anew",
-                                agent_name, method)
-                    self.capacity.take(agent_name)
-                    registered = False
-                    agent = await self._ensure_agent(agent_name)
-                    session = await self._new_session(restore_id, agent, agent_name,
-                                                      origin=origin, owner=owner)
-                    registered = True
-                    await load_on(self, session, agent, method, params)
-                await self._record_session(session, scope, loaded=True)
-                return session
-            try:
-                result = await self._agent_request(agent, method, params)
-            except AgentDiedError:
-                if method != "session/new" or not agent.closed:
-                    raise
-                # it died as it was asked (it may have been dying already: a crash a
-                # moment before): nothing was made on it, so a fresh one is asked, once
-                log.warning("agent %s died at %s; asking it again, started anew",
-                            agent_name, method)
-                agent = await self._ensure_agent(agent_name)
-                result = await self._agent_request(agent, method, params)
-            sid = result.get("sessionId") if isinstance(result, dict) else None
-            if not isinstance(sid, str) or not sid:
-                raise AgentProtocolError(f"Agent answered {method} without a sessionId",
-                                         agent_name)
-            if not storable(sid):
-                raise AgentProtocolError(f"Agent answered {method} with a session id "
-                                         f"no store can hold (a NUL, or over 1 KiB)",
-                                         agent_name)
-            if requested_id is not None and sid.lower() != requested_id.lower():
-                raise SessionIdNotHonoredError(requested_id, sid)
-            if sid in self._sessions:   # never replace a live session (agent isolation)
-                log.warning("agent %s answered %s with the id of live session %s: refused",
-                            agent_name, method, sid)
-                raise AgentProtocolError(f"Agent answered {method} with the id of a live "
-                                         f"session", agent_name)
-            session = await self._new_session(sid, agent, agent_name, origin=origin,
-                                              owner=owner)
-            registered = True
-            session.forked_from = fork_of
-            session.seed = seed   # a reseeded branch's record keeps what it was made from
-            parent = self._sessions.get(fork_of) if fork_of is not None else None
-            if parent is not None and self.journal.durable:   # what its agent side has
-                session.seed = seed_of(parent.seed, parent.bus.ring_events())
-            session.agent_result = result
-            if seeded is not None:
-                replay_closed(session, seeded)
-            await self._record_session(session, scope, loaded=seeded is not None)
-            return session
-        finally:
-            self._in_flight_spawns -= 1
-            if not registered:
-                self.capacity.release(agent_name)
-
-    async def _new_session(self, session_id: str, agent: AgentConnection,
-                           agent_name: str, *, origin: str | None = None,
-                           owner: str | None = None) -> Session:
-        """A started session, then registered: a registered session always runs and
-        holds the slot its spawn took."""
-        session = Session(session_id, self.workspace_cwd, agent, self.options, self.queue_wait,
-                          observer=self.observer)
-        session.agent_name = agent_name
-        session.origin = origin
-        session.owner = self._closed_owners.get(session_id) or owner
-        session.on_cancel = self._cancel_questions
-        session.on_turn_end = self._end_turn_questions
-        session.start(self._tasks())
-        terminals = self._closed_terminals.pop(session_id, None)
-        if terminals is not None:
-            session.prompt_terminals.keep_all(terminals)
-        self._sessions[session_id] = session
-        session.holds_slot = True
-        if origin not in self.unjournaled_origins:
-            self._journal_new(session)
-        return session
 
     def _cancel_questions(self, session: Session, reason: str,
                           prompt_id: str | None = None) -> None:

@@ -67,7 +67,6 @@ as the new life's first events.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -80,28 +79,25 @@ from bridge.errors import (
     BridgeError,
     NotSupportedError,
     ServerRestartedError,
-    SessionClosedError,
     SessionIdNotHonoredError,
     SessionLimitExceededError,
     SessionNotFoundError,
 )
-from bridge.events import Event
 from bridge.ids import uuid4_str
 from bridge.journal import EventRecord, EventsReset, RestoredSession
 from bridge.jsonrpc import RESOURCE_NOT_FOUND
 from bridge.session import NO_JOURNAL, QUEUED, Session
+from bridge.spawning import REQUESTED_SESSION_ID_META, spawn
 from bridge.terminals import Terminals
 from bridge.ticket import PromptResult
 from bridge.transcript import TRANSCRIPT_META, after_seed, transcript
 from bridge.wire import envelope
 
 if TYPE_CHECKING:
-    from bridge.agents.base import AgentConnection
     from bridge.bridge import Bridge
 
 log = logging.getLogger("bridge.restore")
 
-REQUESTED_SESSION_ID_META = "acp-server/requestedSessionId"
 RESTARTED = "server_restarted"
 CONTINUE_TEXT = ("The server restarted while you were answering the previous prompt; your "
                  "turn was interrupted. Continue it from where it stopped.")
@@ -294,7 +290,7 @@ async def _load_or_reseed(bridge: Bridge, method: str, agent_name: str, session_
     try:
         if not offered:
             raise NotSupportedError(f"The agent does not support {method}")
-        return await bridge._spawn(method, agent_name, restore_id=session_id, owner=owner)
+        return await spawn(bridge, method, agent_name, restore_id=session_id, owner=owner)
     except (AgentError, NotSupportedError) as exc:
         if isinstance(exc, AgentError) and exc.rpc_code != RESOURCE_NOT_FOUND:
             raise
@@ -341,22 +337,13 @@ async def reseed_closed(bridge: Bridge, agent_name: str, found: RestoredSession 
         return None
     session_id = found.record.session_id
     try:
-        return await bridge._spawn("session/new", agent_name, requested_id=session_id,
-                                   owner=found.record.owner or owner, seeded=found.events,
-                                   seed=found.record.seed)
+        return await spawn(bridge, "session/new", agent_name, requested_id=session_id,
+                           owner=found.record.owner or owner, seeded=found.events,
+                           seed=found.record.seed)
     except SessionIdNotHonoredError:
         log.warning("session %s: its agent %r made the reseeded session under another id",
                     session_id, agent_name)
         return None
-
-
-def replay_closed(session: Session, events: list[Event]) -> None:
-    """The closed life's conversation (its ``session_update`` events, in order) as the
-    new life's first events (``reseed_closed``)."""
-    for event in events:
-        if event.type == ev.SESSION_UPDATE:
-            session.bus.publish(ev.SESSION_UPDATE, event.data, prompt_id=event.prompt_id,
-                                originator_client_id=event.originator_client_id)
 
 
 def missing_text(agent: str) -> str:
@@ -502,35 +489,3 @@ async def journaled_agent(bridge: Bridge, session_id: str, default: str) -> str:
     if record is None or record.agent == default or record.agent not in bridge.agents:
         return default
     return record.agent
-
-
-async def load_on(bridge: Bridge, session: Session, agent: AgentConnection, method: str,
-                  params: dict[str, Any]) -> None:
-    """``session``, registered (the load replays its history as ``session/update``),
-    loaded (or resumed) on ``agent`` (``Bridge._spawn``); dropped again when the agent
-    fails it."""
-    # Reachable now, but nothing reaches the agent for it before its answer: a prompt
-    # admitted meanwhile, or another load attaching, waits for it.
-    answered = anyio.Event()
-    session.agent_side = _load_answered(bridge, session, answered)
-    try:
-        result = await bridge._agent_request(agent, method, params)
-    except BaseException:
-        bridge._drop_session(session)
-        raise
-    finally:
-        answered.set()
-        session.agent_side = None
-    session.agent_result = result if isinstance(result, dict) else {}
-
-
-def _load_answered(bridge: Bridge, session: Session,
-                   answered: anyio.Event) -> Callable[[], Awaitable[None]]:
-    """What waits on a session whose ``session/load`` (or resume) the agent has not
-    answered yet: its answer; ``SessionClosedError`` when the load failed (the session
-    was dropped)."""
-    async def wait() -> None:
-        await answered.wait()
-        if bridge._sessions.get(session.session_id) is not session:
-            raise SessionClosedError(session.session_id, "closed")
-    return wait
