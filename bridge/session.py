@@ -14,10 +14,10 @@ Contracts:
   released, its terminal event is published. Every path — completion, agent error,
   cancel while queued or running, deadline, close, agent death — goes through it.
 * A failed prompt never blocks the FIFO: the worker moves on whatever the outcome.
-* On a durable journal a prompt reaches its agent only once its start (its echo) is
-  committed, so after a crash it is known started, never run twice; a ``contained``
-  agent's (``bridge.agents.base``) at once. A store outage holds the turn there until
-  the commit lands; a cancel, the deadline or a close ends it meanwhile.
+* A prompt's turn on its agent is ``bridge.turn``'s (``run_turn``, called by the
+  worker; ``forward_cancel`` for a cancel or deadline of it): on a durable journal a
+  prompt reaches its agent only once its start (its echo) is committed, so after a
+  crash it is known started, never run twice (its contracts there).
 * ``start`` hands the worker and the session's timers to the owner's task group (no
   task group of the session's own); ``stop`` ends all of them: a worker waiting for
   work returns, a running job and every timer are cancelled.
@@ -25,7 +25,6 @@ Contracts:
 
 from __future__ import annotations
 
-import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -33,13 +32,11 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
-import anyio.lowlevel
 
 from bridge import events as ev
 from bridge.bus import EventBus
 from bridge.cancel import CancelToken
 from bridge.errors import (
-    AgentDiedError,
     AgentError,
     JournalUnavailableError,
     PromptCancelledError,
@@ -76,18 +73,14 @@ from bridge.status import (
 )
 from bridge.terminals import Terminals
 from bridge.ticket import PromptResult, PromptTicket
+from bridge.turn import forward_cancel, run_turn
 from bridge.wakeup import Wakeup
 
 if TYPE_CHECKING:
     from bridge.agents.base import AgentConnection
 
-log = logging.getLogger("bridge.session")
-
 NO_JOURNAL = MemoryJournal()
 MAX_TRACKED_CLIENTS = 1024
-ECHO_SLICE = 64   # prompt blocks echoed between two checkpoints of the event loop
-# ``_meta`` key of a continued turn's echo and ``session/prompt`` (bridge.restore).
-CONTINUED_META = "acp-server/continued"
 
 
 class Session:
@@ -417,7 +410,7 @@ class Session:
             if isinstance(item, WorkItem):
                 await self._run_work(item)
             elif item.state == QUEUED:
-                await self._run_prompt(item)
+                await run_turn(self, item)
 
     async def _run_work(self, item: WorkItem) -> None:
         try:
@@ -429,80 +422,6 @@ class Session:
             raise
         finally:
             item.done.set()
-
-    async def _run_prompt(self, pending: PendingPrompt) -> None:
-        if pending.commit_seq or self.agent_side is not None \
-                or self.not_restorable is not None:
-            try:   # never run what was not committed, nor on an agent side not restored
-                await self._admitted(pending)
-            except (JournalUnavailableError, SessionNotRestorableError, SessionClosedError):
-                return
-            if pending.state != QUEUED:
-                return
-        pending.state = RUNNING
-        self.active = pending
-        pending.started_at = time.monotonic()
-        waited = pending.started_at - pending.admitted_at
-        self._queue_wait.record(waited * 1000.0)
-        self.observer.turn_started(waited)
-        sid, pid = self.session_id, pending.prompt_id
-        if pending.was_queued:
-            self.bus.publish(ev.PENDING_PROMPT_STARTED, ev.PendingPromptStarted(
-                session_id=sid, prompt_id=pid, text=pending.text), prompt_id=pid)
-        echo: dict[str, Any] = {"source": "bridge-echo"}
-        params: dict[str, Any] = {"sessionId": sid, "prompt": pending.prompt}
-        if pending.continued is not None:   # a turn interrupted by a restart, continued
-            echo[CONTINUED_META] = pending.continued
-            params["_meta"] = {CONTINUED_META: pending.continued}
-        outcome: PromptResult | BaseException
-        unsent = True
-        journal = self.journal
-        # its start (the echo) committed first: after a crash the prompt is known
-        # started (``session_on_restart``), never run a second time; never shed
-        held = journal.durable and not getattr(self.agent, "contained", False)
-        if held:
-            journal.hold(sid, True)
-        try:
-            # One scope per turn (each costs ~2.7 µs on asyncio): shielded while the
-            # prompt is echoed (bounded: FLOW_WAIT_S per stalled reader), then the
-            # scope that cancels the turn (run_scope).
-            with anyio.CancelScope(shield=True) as scope:
-                for i, block in enumerate(pending.prompt):
-                    self.bus.publish(ev.SESSION_UPDATE, {"sessionId": sid, "update": {
-                        "sessionUpdate": "user_message_chunk", "content": block,
-                        "_meta": echo}}, prompt_id=pid)
-                    await self.bus.wait_for_readers()   # readers that keep up: never evicted
-                    if i % ECHO_SLICE == ECHO_SLICE - 1:
-                        await anyio.lowlevel.checkpoint()   # a large prompt, in slices
-                scope.shield = False
-                pending.run_scope = scope
-                if held:
-                    await self.bus.wait_released(self.bus.last_event_id)
-                    if self.journal is not journal:   # released by a stop, not a commit:
-                        await anyio.sleep_forever()   # never sent; the close settles it
-                    journal.hold(sid, False)
-                    held = False
-                # cancelled (or past its deadline) while echoed: the agent never sees
-                # it (a session/cancel it got meanwhile was for nothing)
-                unsent = pending.cancel_requested or pending.state == DONE
-                if not unsent:
-                    pending.sent = True
-                    response = await self.agent.request("session/prompt", params)
-            if unsent or scope.cancelled_caught:
-                outcome = PromptResult("cancelled", {"stopReason": "cancelled"})
-            else:
-                outcome = _prompt_result(response)
-        except (AgentError, AgentDiedError) as exc:
-            outcome = exc
-        except Exception as exc:
-            log.exception("session %s: prompt %s failed", sid, pid)
-            outcome = AgentError(-32603, f"Internal error: {exc}")
-        finally:
-            if held:
-                journal.hold(sid, False)
-            pending.run_scope = None
-            self.active = None
-        self._settle(pending, outcome)
 
     # -- settlement --------------------------------------------------------------------
     def _settle(self, pending: PendingPrompt, outcome: PromptResult | BaseException) -> None:
@@ -583,33 +502,7 @@ class Session:
         self.on_cancel(self, permission_reason)
         self.bus.publish(ev.PROMPT_CANCELLED, ev.PromptCancelled(
             session_id=self.session_id, reason=reason or "cancelled"), prompt_id=pending.prompt_id)
-        self._forward_cancel(pending)
-
-    def _forward_cancel(self, pending: PendingPrompt) -> None:
-        """Send ACP ``session/cancel`` and bound how long the agent may take to stop;
-        a turn whose agent does not have the prompt yet (waiting for its start's
-        commit) just ends."""
-        if pending.run_scope is not None and not pending.sent:
-            pending.run_scope.cancel()
-            return
-        if pending.run_scope is not None:
-            pending.run_scope.deadline = min(
-                pending.run_scope.deadline,
-                anyio.current_time() + self.options.cancel_grace_ms / 1000)
-        self._start_side(self._notify_cancel, pending)
-
-    async def _notify_cancel(self, pending: PendingPrompt) -> None:
-        """ACP ``session/cancel`` names the session only: sent while ``pending`` is
-        still the turn running, never once the next prompt went out (its answer and the
-        next ``session/prompt`` may come before this task runs)."""
-        if self.agent is None:   # a restored session whose agent side never came back
-            return
-        if self.active is not pending:   # (a deadline settles it while it still runs)
-            return
-        try:
-            await self.agent.notify("session/cancel", {"sessionId": self.session_id})
-        except Exception as exc:  # the agent may already be gone
-            log.debug("session %s: forwarding cancel failed: %s", self.session_id, exc)
+        forward_cancel(self, pending)
 
     def _drop_queued(self, pending: PendingPrompt) -> None:
         try:
@@ -632,7 +525,7 @@ class Session:
             else:
                 pending.cancel_requested = True
                 self.on_cancel(self, "cancelled")
-                self._forward_cancel(pending)
+                forward_cancel(self, pending)
             self._settle(pending, PromptDeadlineExceededError(pending.deadline_ms))
 
     def fail_all(self, error: BaseException) -> None:
@@ -648,15 +541,6 @@ class Session:
 
     def close_error(self, reason: str) -> SessionClosedError:
         return SessionClosedError(self.session_id, reason)
-
-
-def _prompt_result(response: Any) -> PromptResult:
-    if not isinstance(response, dict):
-        raise AgentError(-32603, f"Invalid session/prompt response: {response!r}")
-    stop_reason = response.get("stopReason")
-    if not isinstance(stop_reason, str):
-        raise AgentError(-32603, "Invalid session/prompt response: missing stopReason")
-    return PromptResult(stop_reason, response)
 
 
 def _error_code(error: BaseException) -> str:
