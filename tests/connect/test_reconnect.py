@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx
 import pytest
 
 from bridge.wire import envelope
@@ -326,3 +327,39 @@ async def test_a_session_whose_agent_died_goes_on(tmp_path: Path, transport: str
     assert not any("reconnected" in line for line in adapter.stderr), adapter.stderr
     assert "user: before it died" in said   # the agent was seeded with the conversation
     assert echoed.count("before it died") == 1   # the editor was not shown it twice
+
+
+async def test_a_rate_limited_token_re_attaches_its_sessions(tmp_path: Path) -> None:
+    """A real ``acp-server serve`` whose stored token is of the ``default`` rate class
+    (60 mutations a minute: one a second once spent). The editor has three sessions and
+    the bucket is empty when the link is cut: each re-attaching ``session/load`` is
+    refused for the rate until the bucket refills. The adapter waits on the link it
+    has and the turn in flight is answered; before, each refusal dropped the link and
+    the next one re-attached every session again, never paid for within
+    ``--give-up-after``: the adapter gave up on a server that was up."""
+    with ServeProcess(tmp_path, "--token", "boot", "--rate-limit-mutation", "60") as child:
+        token = child.http.post("/tokens", json={"name": "alice"}).json()["token"]
+        async with tcp_relay(child.port) as relay, \
+                spawn_adapter(f"http://127.0.0.1:{relay.port}/acp", "--give-up-after", "3s",
+                              env={"ACP_SERVER_TOKEN": token}) as adapter:
+            await adapter.request("initialize", INIT)
+            sids = [(await adapter.request("session/new", {"cwd": str(tmp_path),
+                                                           "mcpServers": []}))
+                    ["result"]["sessionId"] for _ in range(3)]
+            await adapter.send({"jsonrpc": "2.0", "id": "turn", "method": "session/prompt",
+                                "params": {"sessionId": sids[0],
+                                           "prompt": text("/sleep 2s across")}})
+            await adapter.until(echo_of("/sleep 2s across"))
+            spent = 3
+            async with httpx.AsyncClient(base_url=child.base_url,
+                                         headers={"Authorization": f"Bearer {token}"}) as http:
+                while (await http.delete("/session/none")).status_code != 429:
+                    spent += 1   # the mutation bucket, emptied
+            assert spent <= 62
+            relay.cut()
+            done = await adapter.response("turn", timeout=60)
+            assert done.get("result") == {"stopReason": "end_turn"}, done
+            assert adapter.process.returncode is None
+            later = await adapter.request("session/prompt", {"sessionId": sids[2],
+                                                             "prompt": text("after")})
+            assert later["result"]["stopReason"] == "end_turn"
