@@ -363,3 +363,27 @@ async def test_a_rate_limited_token_re_attaches_its_sessions(tmp_path: Path) -> 
             later = await adapter.request("session/prompt", {"sessionId": sids[2],
                                                              "prompt": text("after")})
             assert later["result"]["stopReason"] == "end_turn"
+
+
+async def test_a_session_stream_refused_for_the_rate_is_opened_again(tmp_path: Path) -> None:
+    """Streamable HTTP, a stored token of the ``default`` rate class whose read bucket
+    is empty: the ``GET`` stream of a new session is answered 429. The adapter opens it
+    again after ``Retry-After`` before the session's prompt goes, and the prompt's
+    reply and updates arrive (they come on that stream); before, the stream was left
+    unopened and the prompt was never answered."""
+    with ServeProcess(tmp_path, "--token", "boot", "--rate-limit-read", "60") as child:
+        token = child.http.post("/tokens", json={"name": "alice"}).json()["token"]
+        async with spawn_adapter(f"{child.base_url}/acp", "--transport", "http1",
+                                 env={"ACP_SERVER_TOKEN": token}) as adapter, \
+                httpx.AsyncClient(base_url=child.base_url,
+                                  headers={"Authorization": f"Bearer {token}"}) as http:
+            await adapter.request("initialize", INIT)
+            while (await http.get("/capabilities")).status_code != 429:
+                pass   # the read bucket, emptied
+            created = await adapter.request("session/new", {"cwd": str(tmp_path),
+                                                            "mcpServers": []})
+            sid = created["result"]["sessionId"]
+            done = await adapter.request("session/prompt", {"sessionId": sid,
+                                                            "prompt": text("/chunks 3 hi")})
+            assert done.get("result") == {"stopReason": "end_turn"}, done
+            assert "".join(adapter.texts("agent_message_chunk", sid)) == "Echo: hi"
