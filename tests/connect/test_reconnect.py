@@ -387,3 +387,36 @@ async def test_a_session_stream_refused_for_the_rate_is_opened_again(tmp_path: P
                                                             "prompt": text("/chunks 3 hi")})
             assert done.get("result") == {"stopReason": "end_turn"}, done
             assert "".join(adapter.texts("agent_message_chunk", sid)) == "Echo: hi"
+
+
+@pytest.mark.parametrize("transport", ["websocket", "http1"])
+async def test_a_prompt_sent_again_is_not_refused_for_the_rate(tmp_path: Path,
+                                                              transport: str) -> None:
+    """A stored token of the ``default`` rate class, two prompts a minute: the second
+    runs when the link is cut, and the adapter sends it again under its prompt id. The
+    server admits nothing new for it, so its rate limit lets it through: the editor
+    gets the turn's end. Before, it was answered "Rate limit exceeded" (retry in 30 s)
+    of a prompt its agent ran to the end."""
+    with ServeProcess(tmp_path, "--token", "boot", "--rate-limit-prompt", "2") as child:
+        token = child.http.post("/tokens", json={"name": "alice"}).json()["token"]
+        async with tcp_relay(child.port) as relay, \
+                spawn_adapter(f"http://127.0.0.1:{relay.port}/acp", "--transport", transport,
+                              env={"ACP_SERVER_TOKEN": token}) as adapter:
+            await adapter.request("initialize", INIT)
+            created = await adapter.request("session/new", {"cwd": str(tmp_path),
+                                                            "mcpServers": []})
+            sid = created["result"]["sessionId"]
+            first = await adapter.request("session/prompt", {"sessionId": sid,
+                                                             "prompt": text("one")})
+            assert first["result"]["stopReason"] == "end_turn"
+            await adapter.send({"jsonrpc": "2.0", "id": "turn", "method": "session/prompt",
+                                "params": {"sessionId": sid,
+                                           "prompt": text("/sleep 1s two")}})
+            await adapter.until(echo_of("/sleep 1s two"))
+            relay.cut()
+            done = await adapter.response("turn", timeout=60)
+            assert done.get("result") == {"stopReason": "end_turn"}, done
+            assert "".join(adapter.texts("agent_message_chunk", sid)) == "Echo: oneEcho: two"
+            third = await adapter.request("session/prompt", {"sessionId": sid,
+                                                             "prompt": text("three")})
+            assert third["error"]["data"]["errorKind"] == "rate_limit_exceeded"   # a new one
