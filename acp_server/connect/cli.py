@@ -137,6 +137,7 @@ def run_connect_args(args: argparse.Namespace) -> int:
 async def _main(target: Target, agent: str | None, give_up_after_s: float) -> int:
     async with EditorWriter(stdout_writer()) as out, anyio.create_task_group() as tg:
         relay = Relay(target, out=out, agent=agent, give_up_after_s=give_up_after_s)
+        out.on_gone = relay.stop   # nothing can reach the editor: as if stdin closed
         tg.start_soon(_stop_on_signals, relay)
         code = await relay.run(LineReader(stdin_reader(), max_bytes=target.max_bytes))
         tg.cancel_scope.cancel()
