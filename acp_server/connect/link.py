@@ -530,6 +530,9 @@ def _check_answer(target: Target, response: httpx.Response) -> None:
     if status == 403:
         raise StartupError(f"{target.shown} refused this client (HTTP 403): "
                            f"{wire.body_error_message(response.content)}", kind="unauthorized")
+    if status in (502, 503, 504) and not wire.is_jsonrpc(response.content):
+        raise StartupError(f"{target.shown} is unavailable for now (HTTP {status}, "
+                           "a proxy with no server behind it, or one starting): try again")
     if not wire.is_jsonrpc(response.content):
         kind = response.headers.get("content-type", "no content type")
         raise StartupError(f"{target.shown} is not an ACP endpoint (HTTP {status}, {kind})",

@@ -316,3 +316,22 @@ async def test_a_token_with_blanks_around_it_is_sent_without_them(tmp_path: Path
                 init = await adapter.request("initialize", {"protocolVersion": 1})
                 assert "result" in init, init
                 assert not any("s3cret" in line for line in adapter.stderr)
+
+
+@pytest.mark.parametrize("status", [502, 503])
+async def test_a_proxy_with_no_server_behind_it_is_unavailable_not_another_protocol(
+        status: int) -> None:
+    """A balancer with no healthy server (or one still starting) answers 502/503 with
+    its own page: ``initialize`` said "not an ACP endpoint" (``not_acp``), which sends
+    the user to check the URL; it is ``server_unreachable``, to be tried again."""
+    from tests.sdk.rawserver import Conn, raw_server
+
+    async def unavailable(conn: Conn) -> None:
+        await conn.answer(status, b"<html>No server is available</html>",
+                          content_type="text/html")
+
+    async with raw_server(unavailable) as server, \
+            spawn_adapter(f"{server.url}/acp", "--transport", "http1") as adapter:
+        answer = await adapter.request("initialize", INIT)
+        assert answer["error"]["data"] == {"errorKind": "server_unreachable"}, answer
+        assert f"unavailable for now (HTTP {status}" in answer["error"]["message"]
