@@ -21,14 +21,24 @@ Contracts:
   epoch, when the ring lost events after the cursor, what it holds is replayed
   (``resync: "ring_evicted"``; the frame ids show the gap).
 * ``meta_value`` reads one ``_meta`` key, ``InvalidParamsError`` when mistyped.
+* ``sent_again``: a ``session/prompt`` under a prompt id the session admitted already
+  (pending, or ended) admits nothing new, so its principal's rate limit does not
+  refuse it (the doors let it through to ``rejoin_prompt``). A reconnecting client
+  sends its prompt in flight again; refused, it was told "rate limit exceeded" of a
+  prompt its agent ran.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from acp_server.acp_http.connection import AcpConnection, RpcId, SessionChannel
 from acp_server.acp_http.errors import InvalidParamsError, PromptFailedError
+from acp_server.principals import Caller, Denial
+from bridge import Bridge
+from bridge.jsonrpc import Message, decode_value
 from bridge.status import SessionInfo
 
 PROMPT_ID_META = "acp-server/promptId"
@@ -57,6 +67,26 @@ def prompt_id_param(params: dict[str, Any]) -> str | None:
         raise InvalidParamsError(f'Invalid params: "_meta.{PROMPT_ID_META}" must have 1 to '
                                  f"{MAX_PROMPT_ID} characters")
     return prompt_id  # type: ignore[no-any-return]
+
+
+def sent_again(bridge: Bridge, caller: Caller, msg: Message, denial: Denial,
+               session_id: str | None = None) -> bool:
+    """Whether ``denial`` is the rate limit refusing a ``session/prompt`` that the
+    session admitted already under its prompt id (see the contracts): then it passes.
+    ``session_id``: the ``Acp-Session-Id`` header, when ``params`` name none."""
+    if denial.code != "rate_limit_exceeded" or msg.method != "session/prompt":
+        return False
+    try:
+        params = decode_value(msg.params) if msg.params is not msgspec.UNSET else None
+        prompt_id = prompt_id_param(params) if isinstance(params, dict) else None
+    except (msgspec.MsgspecError, InvalidParamsError):
+        return False
+    sid = params.get("sessionId", session_id) if isinstance(params, dict) else None
+    if prompt_id is None or not isinstance(sid, str) or not bridge.has_session(sid) \
+            or not caller.sees_session(sid):
+        return False
+    return bridge.prompt_ticket(sid, prompt_id) is not None \
+        or bridge.prompt_terminal(sid, prompt_id) is not None
 
 
 def rejoin_prompt(conn: AcpConnection, channel: SessionChannel, prompt_id: str,

@@ -56,6 +56,7 @@ from acp_server.acp_http.dispatch import (
 )
 from acp_server.acp_http.config import AcpConfig
 from acp_server.acp_http.registry import ConnectionCapError, ConnectionRegistry
+from acp_server.acp_http.resume import sent_again
 from acp_server.acp_http.streams import FrameStream
 from acp_server.acp_http.inbound import BatchRefused, read_message, refusal
 from acp_server.http import body
@@ -131,8 +132,11 @@ async def post_acp(request: Request, registry: ConnectionRegistry,
     if isinstance(msg, Response):
         return msg
     rpc_id = None if msg.is_notification or msg.id is msgspec.UNSET else msg.id
-    denial = caller_of(request.scope).check(message_access(msg))
-    if denial is not None:   # a scope it lacks (403), its rate limit (429)
+    caller = caller_of(request.scope)
+    denial = caller.check(message_access(msg))
+    if denial is not None and not sent_again(registry.bridge, caller, msg, denial,
+                                             request.headers.get("acp-session-id")):
+        # a scope it lacks (403), its rate limit (429; not a prompt sent again)
         return _json(denial.status, denial_error(rpc_id, denial),
                      {k.decode(): v.decode() for k, v in denial.headers})
     try:

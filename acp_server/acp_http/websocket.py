@@ -51,6 +51,7 @@ from acp_server.acp_http.dispatch import (
     request_params,
 )
 from acp_server.acp_http.registry import ConnectionCapError, ConnectionRegistry
+from acp_server.acp_http.resume import sent_again
 from acp_server.acp_http.streamable import REQUEST_ONLY
 from acp_server.acp_http.streams import FrameSource
 from acp_server.acp_http.inbound import BATCH_MESSAGE, BatchRefused, read_message, refusal
@@ -261,7 +262,8 @@ async def _receive_loop(ws: WebSocket, socket: _Socket, conn: AcpConnection,
         if msg is None:
             continue
         denial = conn.caller.check(message_access(msg))
-        if denial is not None:   # 403 / 429 as an error frame; the socket stays open
+        if denial is not None and not sent_again(conn.bridge, conn.caller, msg, denial):
+            # 403 / 429 as an error frame; the socket stays open
             if msg.is_request:
                 await socket.send(denial_error(msg.id, denial))
             continue

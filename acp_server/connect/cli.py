@@ -90,6 +90,18 @@ def add_connect_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     return parser
 
 
+def _unsendable(token: str | None) -> str | None:
+    """Why ``token`` (its surrounding blanks stripped, as the server strips them) cannot
+    be an HTTP header's value, else ``None``. Refused at start, exit 2: httpx's own
+    refusal came at each ``initialize`` with a message that quoted the header, the
+    token in it, to stderr and to the editor."""
+    for at, char in enumerate(token or ""):
+        if not " " <= char <= "~":
+            kind = "a control character" if char < " " or char == "\x7f" else "non-ASCII"
+            return f"holds {kind} at position {at + 1}"
+    return None
+
+
 def _loopback(host: str) -> bool:
     try:
         return ipaddress.ip_address(host).is_loopback
@@ -103,6 +115,13 @@ def run_connect_args(args: argparse.Namespace) -> int:
     for noisy in ("httpx", "httpcore", "httpx_ws"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     token = args.token if args.token is not None else os.environ.get(TOKEN_ENV) or None
+    if token is not None:   # a pasted token's blanks, which the server strips too
+        token = token.strip(" \t\r\n") or None
+    refused = _unsendable(token)
+    if refused is not None:
+        print(f"acp-server connect: the token {refused}; it cannot go in an Authorization "
+              "header (the token itself is not shown)", file=sys.stderr)
+        return 2
     parts = urlsplit(args.url)
     if token and parts.scheme == "http" and not _loopback(parts.hostname or ""):
         logging.getLogger("acp_server.connect").warning(
@@ -118,6 +137,7 @@ def run_connect_args(args: argparse.Namespace) -> int:
 async def _main(target: Target, agent: str | None, give_up_after_s: float) -> int:
     async with EditorWriter(stdout_writer()) as out, anyio.create_task_group() as tg:
         relay = Relay(target, out=out, agent=agent, give_up_after_s=give_up_after_s)
+        out.on_gone = relay.stop   # nothing can reach the editor: as if stdin closed
         tg.start_soon(_stop_on_signals, relay)
         code = await relay.run(LineReader(stdin_reader(), max_bytes=target.max_bytes))
         tg.cancel_scope.cancel()

@@ -21,7 +21,9 @@ Contracts:
   ``TOO_BIG``, ``LinkLost.code``); a POST answered 4xx with a JSON-RPC error
   body hands that body to ``receive`` (as the server's answer), a 403 ``forbidden``
   (the token lacks a scope for that message) included, logged once; a 503 is retried
-  after its ``Retry-After`` (at most ``POST_RETRIES`` times).
+  after its ``Retry-After`` (at most ``POST_RETRIES`` times), and so is a session's
+  ``GET`` stream answered 429 or 503, before the message whose reply it carries
+  goes (then the link is lost: left unopened, that reply never came).
 * Every message of the server is bounded by ``max_bytes`` as it arrives: a WebSocket
   message (its fragments counted; past it the socket is closed, ``INCOMING_TOO_BIG``),
   an SSE line and event, a POST answer; past it the link is lost.
@@ -57,6 +59,8 @@ from httpx_ws import (
     WebSocketUpgradeError,
     aconnect_ws,
 )
+
+from acp_server.connect import wire
 
 log = logging.getLogger("acp_server.connect")
 
@@ -337,18 +341,26 @@ class HttpLink:
         lost: LinkLost | None = None
         started = False
         try:
-            async with self._client.stream("GET", self._target.url, headers=headers,
-                                           timeout=timeout) as response:
-                if response.status_code != 200:
-                    task_status.started()
-                    started = True
-                    if session_id is None or response.status_code in (401, 403, 404):
-                        lost = LinkLost(f"GET stream answered HTTP {response.status_code}")
-                    return
-                task_status.started()
-                started = True
-                async for data in sse_data(response, self._target.max_bytes):
-                    await self._send.send(data)
+            for attempt in range(POST_RETRIES + 1):
+                async with self._client.stream("GET", self._target.url, headers=headers,
+                                               timeout=timeout) as response:
+                    status = response.status_code
+                    if status in (429, 503) and session_id is not None \
+                            and attempt < POST_RETRIES:
+                        wait = _retry_after(response)
+                    elif status != 200:
+                        task_status.started()
+                        started = True
+                        if session_id is None or status in (401, 403, 404, 429, 503):
+                            lost = LinkLost(f"GET stream answered HTTP {status}")
+                        return
+                    else:
+                        task_status.started()
+                        started = True
+                        async for data in sse_data(response, self._target.max_bytes):
+                            await self._send.send(data)
+                        break
+                await anyio.sleep(wait)   # the rate limit, a store outage: wait, again
             if session_id is None:
                 lost = LinkLost("the server ended the connection stream")
         except (httpx.HTTPError, OSError, anyio.BrokenResourceError) as exc:
@@ -383,16 +395,16 @@ class HttpLink:
             raise MessageTooLarge(f"{self._target.shown} refused a message of "
                                   f"{len(payload)} bytes as too large (HTTP 413)")
         body = response.content
-        if status == 403 and _error_kind(body) == "forbidden":
+        if status == 403 and wire.body_error_kind(body) == "forbidden":
             # the credential lacks a scope for this one message: the editor is told,
             # the connection stays (reconnecting would not give the scope)
             log.warning("%s refused a message (HTTP 403): %s", self._target.shown,
-                        _error_message(body))
+                        wire.body_error_message(body))
             await self._send.send(body)
             return
         if status in (401, 403, 404, 410):
             raise LinkLost(f"POST answered HTTP {status}")
-        if _is_jsonrpc(body):   # the server's own error answer to this message
+        if wire.is_jsonrpc(body):   # the server's own error answer to this message
             await self._send.send(body)
             return
         raise LinkLost(f"POST answered HTTP {status}")
@@ -445,13 +457,6 @@ def _retry_after(response: httpx.Response) -> float:
     except ValueError:
         return 1.0
 
-
-def _is_jsonrpc(body: bytes) -> bool:
-    try:
-        value = json.loads(body)
-    except ValueError:
-        return False
-    return isinstance(value, dict) and value.get("jsonrpc") == "2.0"
 
 
 async def _post(client: httpx.AsyncClient, target: Target, content: bytes,
@@ -514,21 +519,6 @@ async def _http(target: Target, init: bytes) -> AsyncIterator[tuple[Link, bytes]
             await client.aclose()
 
 
-def _error_kind(body: bytes) -> str | None:
-    """``error.data.errorKind`` of a JSON-RPC error body, if it is one."""
-    try:
-        data = json.loads(body).get("error", {}).get("data", {})
-    except (ValueError, AttributeError):
-        return None
-    kind = data.get("errorKind") if isinstance(data, dict) else None
-    return kind if isinstance(kind, str) else None
-
-
-def _error_message(body: bytes) -> str:
-    try:
-        return str(json.loads(body)["error"]["message"])
-    except (ValueError, KeyError, TypeError):
-        return body[:200].decode("utf-8", "replace")
 
 
 def _check_answer(target: Target, response: httpx.Response) -> None:
@@ -539,8 +529,11 @@ def _check_answer(target: Target, response: httpx.Response) -> None:
                            kind="unauthorized")
     if status == 403:
         raise StartupError(f"{target.shown} refused this client (HTTP 403): "
-                           f"{_error_message(response.content)}", kind="unauthorized")
-    if not _is_jsonrpc(response.content):
+                           f"{wire.body_error_message(response.content)}", kind="unauthorized")
+    if status in (502, 503, 504) and not wire.is_jsonrpc(response.content):
+        raise StartupError(f"{target.shown} is unavailable for now (HTTP {status}, "
+                           "a proxy with no server behind it, or one starting): try again")
+    if not wire.is_jsonrpc(response.content):
         kind = response.headers.get("content-type", "no content type")
         raise StartupError(f"{target.shown} is not an ACP endpoint (HTTP {status}, {kind})",
                            kind="not_acp")

@@ -12,6 +12,13 @@ Contracts:
   fail with ``session_lost``. Any other error answer raises ``ReattachFailed`` (the
   link is made again). No answer within ``REATTACH_TIMEOUT_S``: the session's pending
   requests fail with ``reattach_timeout`` and it is kept for the next reconnect.
+* A re-attach refused by the principal's rate limit (``rate_limit_exceeded``, a
+  token of the ``default`` rate class: each ``session/load`` is a mutation) is sent
+  again on the same link after the server's ``retryAfterMs`` (``RATE_WAIT_S`` at
+  most), as long as it takes: the sessions re-attached already stay so. Dropping the
+  link instead re-attached them all again at the next one, which the bucket could
+  never pay for once the editor had more sessions than it refills between two
+  reconnects: the adapter gave up on a server that was up.
 * One session that hangs or fails does not hold the others; a lost link or a
   ``ReattachFailed`` is raised once all are done.
 * A session the editor is ending (a ``session/close`` or ``session/delete`` of it
@@ -21,13 +28,16 @@ Contracts:
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from acp_server.connect import wire
 from acp_server.connect.link import Link, LinkLost
 from acp_server.connect.state import Book, Call
+
+if TYPE_CHECKING:
+    from acp_server.connect.reconnect import Clock
 
 log = logging.getLogger("acp_server.connect")
 
@@ -37,6 +47,8 @@ AGENT_META = "acp-server/agent"
 CURSOR_META = "acp-server/lastEventId"
 EPOCH_META = "acp-server/eventEpoch"
 EVENTS_META = "acp-server/events"
+RATE_LIMITED = "rate_limit_exceeded"
+RATE_WAIT_S = 60.0   # the longest wait a rate-limited re-attach takes before trying again
 FORGETS = frozenset({"session/close", "session/delete"})   # the editor ends its session
 ENDS_OR_LOADS = FORGETS | {"session/load", "session/resume"}   # need no load before them
 
@@ -55,6 +67,7 @@ class Reattach:
     agent: str | None
     server_init: dict[str, Any] | None
     out: Any   # the editor's writer (``EditorWriter``)
+    clock: Clock
 
     async def _fail(self, call: Call, message: str, kind: str,
                     data: dict[str, Any] | None = None) -> None:
@@ -104,10 +117,17 @@ class Reattach:
         method = self._reattach_method()
         params: dict[str, Any] = {"sessionId": sid, "cwd": session.cwd or self._workspace(),
                                   "mcpServers": session.mcp_servers or [], "_meta": meta}
-        answer = await self._call(link, method, params)
-        if answer is None:
-            await self._reattach_timed_out(sid)
-            return
+        while True:
+            answer = await self._call(link, method, params)
+            if answer is None:
+                await self._reattach_timed_out(sid)
+                return
+            wait = _rate_limited(answer)
+            if wait is None:
+                break
+            log.info("session %s: re-attaching it was refused by the rate limit; again "
+                     "in %.1f s", sid, wait)
+            await self.clock.sleep(wait)
         if "error" in answer.members:
             error = wire.decode(answer.members["error"])
             error = error if isinstance(error, dict) else {"message": str(error)}
@@ -193,3 +213,15 @@ class Reattach:
                                    f"reconnect ({cause}); the server may have restarted "
                                    "without keeping it", "session_lost",
                              {"sessionId": sid, "cause": cause})
+
+
+def _rate_limited(answer: wire.Message) -> float | None:
+    """Seconds to wait when ``answer`` is the principal's rate limit refusing the
+    request (its ``retryAfterMs``, within 0.05 s and ``RATE_WAIT_S``), else ``None``."""
+    error = wire.decode(answer.members["error"]) if "error" in answer.members else None
+    data = error.get("data") if isinstance(error, dict) else None
+    if not isinstance(data, dict) or data.get("errorKind") != RATE_LIMITED:
+        return None
+    after = data.get("retryAfterMs")
+    seconds = after / 1000 if isinstance(after, (int, float)) and after == after else 1.0
+    return min(max(seconds, 0.05), RATE_WAIT_S)

@@ -14,6 +14,11 @@ Contracts:
   iteration ends at end of input (a last line without a newline counts).
 * ``EditorWriter`` is the only writer of stdout: every payload becomes one line; the
   queue in front of it is bounded (``send`` waits when the editor does not read).
+  Once a write fails (the editor closed its end), ``send`` drops what it is given, one
+  line goes to stderr and ``on_gone`` is called once (the relay stops as on a closed
+  stdin); before, every message after it was a traceback on stderr. Leaving it writes
+  what is queued within ``FLUSH_S`` (an editor that closed stdin and reads no more
+  kept the adapter from ever exiting).
 * ``stdin_reader`` / ``stdout_writer`` read and write the process's file descriptors
   without blocking the event loop: polled when non-blocking (pipes, terminals),
   else on worker threads; a cancelled read or write leaves nothing behind.
@@ -23,6 +28,7 @@ Contracts:
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import stat
 import sys
@@ -35,6 +41,8 @@ import anyio.to_thread
 
 CHUNK = 64 * 1024
 QUEUE = 1024
+FLUSH_S = 10.0   # at exit, the longest wait for the editor to read what is queued
+log = logging.getLogger("acp_server.connect")
 
 
 class TooLong:
@@ -87,10 +95,14 @@ class LineReader:
 
 
 class EditorWriter:
-    def __init__(self, write: Callable[[bytes], Awaitable[None]]) -> None:
+    def __init__(self, write: Callable[[bytes], Awaitable[None]], *,
+                 flush_s: float = FLUSH_S) -> None:
         self._write = write
         self._send, self._receive = anyio.create_memory_object_stream[bytes](QUEUE)
         self._tg: anyio.abc.TaskGroup | None = None
+        self.flush_s = flush_s
+        self.gone = False
+        self.on_gone: Callable[[], None] | None = None
 
     async def __aenter__(self) -> EditorWriter:
         self._tg = anyio.create_task_group()
@@ -102,10 +114,17 @@ class EditorWriter:
                         tb: TracebackType | None) -> bool | None:
         self._send.close()   # the drain writes what is queued, then ends
         assert self._tg is not None
+        # an editor that closed stdin and reads no more: the drain gives up past flush_s
+        self._tg.cancel_scope.deadline = anyio.current_time() + self.flush_s
         return await self._tg.__aexit__(exc_type, exc, tb)
 
     async def send(self, payload: bytes) -> None:
-        await self._send.send(payload)
+        if self.gone:
+            return
+        try:
+            await self._send.send(payload)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            return   # the editor went away meanwhile (``_drain``)
 
     async def _drain(self) -> None:
         async with self._receive:
@@ -118,8 +137,15 @@ class EditorWriter:
                         break
                 try:
                     await self._write(b"".join(batch))
-                except OSError:   # the editor is gone: nothing more can reach it
+                except OSError as exc:   # the editor is gone: nothing more can reach it
+                    self._gone(exc)
                     return
+
+    def _gone(self, exc: OSError) -> None:
+        self.gone = True
+        log.warning("the editor closed its end of stdout (%s): stopping", exc.strerror or exc)
+        if self.on_gone is not None:
+            self.on_gone()
 
 
 def stdin_reader(fd: int | None = None) -> Callable[[], Awaitable[bytes]]:

@@ -40,6 +40,7 @@ Contracts:
 
 from __future__ import annotations
 
+import json
 from typing import Any, NoReturn
 
 import msgspec
@@ -292,3 +293,30 @@ def without_event_meta(members: Members) -> bytes:
     else:
         del params["_meta"]
     return encode({**members, "params": msgspec.Raw(_encoder.encode(params))})
+
+
+# -- an HTTP answer's body (the link) ---------------------------------------------------
+
+def is_jsonrpc(body: bytes) -> bool:
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return False
+    return isinstance(value, dict) and value.get("jsonrpc") == "2.0"
+
+
+def body_error_kind(body: bytes) -> str | None:
+    """``error.data.errorKind`` of a JSON-RPC error body, if it is one."""
+    try:
+        data = json.loads(body).get("error", {}).get("data", {})
+    except (ValueError, AttributeError):
+        return None
+    kind = data.get("errorKind") if isinstance(data, dict) else None
+    return kind if isinstance(kind, str) else None
+
+
+def body_error_message(body: bytes) -> str:
+    try:
+        return str(json.loads(body)["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return body[:200].decode("utf-8", "replace")

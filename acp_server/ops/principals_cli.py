@@ -43,7 +43,8 @@ import httpx
 from acp_server.client.errors import redact_address
 from acp_server.principals.admin import create_token, iso, revoke_token, token_json
 from acp_server.principals.audit import AuditLog, as_json
-from acp_server.principals.model import DEFAULT_RATE, SCOPES, UNLIMITED, InvalidPrincipalError
+from acp_server.principals.model import DEFAULT_RATE, SCOPES, UNLIMITED, \
+    InvalidPrincipalError, check_name
 from acp_server.rest.admin import audit_query
 from acp_server.rest.errors import RestError
 from acp_server.settings import TOKEN_ENV, default_state_dir
@@ -200,9 +201,22 @@ def _audit_params(args: argparse.Namespace) -> dict[str, str]:
 
 
 # -- over HTTP ---------------------------------------------------------------------------
+def _authorization(args: argparse.Namespace) -> dict[str, str]:
+    """The bearer header; a token no header can carry (a control character, CR LF,
+    non-ASCII) is refused here without showing it (httpx's own error quoted it, or
+    was a traceback)."""
+    token = (args.token or os.environ.get(TOKEN_ENV, "")).strip()
+    if any(not " " <= char <= "~" for char in token):
+        raise InvalidPrincipalError("The token holds a control character or a non-ASCII "
+                                    "one: no Authorization header can carry it (the "
+                                    "token is not shown).")
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
 async def _over_http(args: argparse.Namespace) -> Any:
-    token = (args.token or os.environ.get(TOKEN_ENV, "")).strip() or None
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    headers = _authorization(args)
+    if args.command != "audit" and args.token_command == "revoke":
+        check_name(args.name)   # a path segment: "../session/ID" was DELETE /session/ID
     async with httpx.AsyncClient(base_url=args.url.rstrip("/"), headers=headers,
                                  timeout=30) as client:
         if args.command == "audit":
@@ -224,7 +238,11 @@ async def _over_http(args: argparse.Namespace) -> Any:
                       "with the admin scope.")
     if response.status_code >= 400:
         raise Refused(f"{args.url} answered {response.status_code}: {_message(response)}")
-    return response.json()
+    try:
+        return response.json()
+    except ValueError:
+        raise Refused(f"{args.url} answered {response.status_code} without JSON: is it an "
+                      "acp-server?") from None
 
 
 def _message(response: httpx.Response) -> str:

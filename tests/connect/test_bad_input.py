@@ -277,3 +277,61 @@ def test_a_line_cap_below_1_kib_is_a_usage_error(value: str,
     assert stopped.value.code == 2 and "--max-line-bytes" in capsys.readouterr().err
     assert parser.parse_args(["http://127.0.0.1:1/acp", "--max-line-bytes", "1024"]
                              ).max_line_bytes == 1024
+
+
+@pytest.mark.parametrize(("token", "how"), [("s3crét", "--token"),
+                                             ("s3cret\r\nX-Injected: 1", "env"),
+                                             ("s3c\x01ret", "env")])
+def test_a_token_no_header_can_carry_is_a_usage_error_that_does_not_show_it(
+        token: str, how: str) -> None:
+    """A token with a control character or a non-ASCII one: before, each ``initialize``
+    failed with httpx's message, which quoted the header, token and all, to stderr and
+    to the editor. Now: exit 2 at start, the token not shown."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.connect.harness import ROOT
+
+    env = {**os.environ, "PYTHONPATH": ROOT, "ACP_SERVER_TOKEN": token}
+    args = ["--token", token] if how == "--token" else []
+    done = subprocess.run([sys.executable, "-m", "acp_server.connect.cli",
+                           "http://127.0.0.1:9/acp", *args],
+                          input=b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}\n',
+                          capture_output=True, timeout=60, env=env)
+    said = done.stderr.decode(errors="replace") + done.stdout.decode(errors="replace")
+    assert done.returncode == 2, said
+    assert "s3c" not in said and "the token holds" in said, said
+
+
+async def test_a_token_with_blanks_around_it_is_sent_without_them(tmp_path: Path) -> None:
+    """A token pasted with a space or newline around it (an editor's ``env``): the
+    server strips the blanks of a bearer; over a WebSocket the adapter failed at
+    every ``initialize`` ("Illegal header value", the token quoted). Now it is sent
+    stripped, on either transport."""
+    async with running_acp_server(tmp_path, token="s3cret") as srv:
+        for transport in ("websocket", "http1"):
+            async with spawn_adapter(srv.base_url, "--transport", transport,
+                                     env={"ACP_SERVER_TOKEN": " s3cret\n"}) as adapter:
+                init = await adapter.request("initialize", {"protocolVersion": 1})
+                assert "result" in init, init
+                assert not any("s3cret" in line for line in adapter.stderr)
+
+
+@pytest.mark.parametrize("status", [502, 503])
+async def test_a_proxy_with_no_server_behind_it_is_unavailable_not_another_protocol(
+        status: int) -> None:
+    """A balancer with no healthy server (or one still starting) answers 502/503 with
+    its own page: ``initialize`` said "not an ACP endpoint" (``not_acp``), which sends
+    the user to check the URL; it is ``server_unreachable``, to be tried again."""
+    from tests.sdk.rawserver import Conn, raw_server
+
+    async def unavailable(conn: Conn) -> None:
+        await conn.answer(status, b"<html>No server is available</html>",
+                          content_type="text/html")
+
+    async with raw_server(unavailable) as server, \
+            spawn_adapter(f"{server.url}/acp", "--transport", "http1") as adapter:
+        answer = await adapter.request("initialize", INIT)
+        assert answer["error"]["data"] == {"errorKind": "server_unreachable"}, answer
+        assert f"unavailable for now (HTTP {status}" in answer["error"]["message"]

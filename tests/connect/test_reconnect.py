@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx
 import pytest
 
 from bridge.wire import envelope
@@ -326,3 +327,96 @@ async def test_a_session_whose_agent_died_goes_on(tmp_path: Path, transport: str
     assert not any("reconnected" in line for line in adapter.stderr), adapter.stderr
     assert "user: before it died" in said   # the agent was seeded with the conversation
     assert echoed.count("before it died") == 1   # the editor was not shown it twice
+
+
+async def test_a_rate_limited_token_re_attaches_its_sessions(tmp_path: Path) -> None:
+    """A real ``acp-server serve`` whose stored token is of the ``default`` rate class
+    (60 mutations a minute: one a second once spent). The editor has three sessions and
+    the bucket is empty when the link is cut: each re-attaching ``session/load`` is
+    refused for the rate until the bucket refills. The adapter waits on the link it
+    has and the turn in flight is answered; before, each refusal dropped the link and
+    the next one re-attached every session again, never paid for within
+    ``--give-up-after``: the adapter gave up on a server that was up."""
+    with ServeProcess(tmp_path, "--token", "boot", "--rate-limit-mutation", "60") as child:
+        token = child.http.post("/tokens", json={"name": "alice"}).json()["token"]
+        async with tcp_relay(child.port) as relay, \
+                spawn_adapter(f"http://127.0.0.1:{relay.port}/acp", "--give-up-after", "3s",
+                              env={"ACP_SERVER_TOKEN": token}) as adapter:
+            await adapter.request("initialize", INIT)
+            sids = [(await adapter.request("session/new", {"cwd": str(tmp_path),
+                                                           "mcpServers": []}))
+                    ["result"]["sessionId"] for _ in range(3)]
+            await adapter.send({"jsonrpc": "2.0", "id": "turn", "method": "session/prompt",
+                                "params": {"sessionId": sids[0],
+                                           "prompt": text("/sleep 2s across")}})
+            await adapter.until(echo_of("/sleep 2s across"))
+            spent = 3
+            async with httpx.AsyncClient(base_url=child.base_url,
+                                         headers={"Authorization": f"Bearer {token}"}) as http:
+                while (await http.delete("/session/none")).status_code != 429:
+                    spent += 1   # the mutation bucket, emptied
+            assert spent <= 62
+            relay.cut()
+            done = await adapter.response("turn", timeout=60)
+            assert done.get("result") == {"stopReason": "end_turn"}, done
+            assert adapter.process.returncode is None
+            later = await adapter.request("session/prompt", {"sessionId": sids[2],
+                                                             "prompt": text("after")})
+            assert later["result"]["stopReason"] == "end_turn"
+
+
+async def test_a_session_stream_refused_for_the_rate_is_opened_again(tmp_path: Path) -> None:
+    """Streamable HTTP, a stored token of the ``default`` rate class whose read bucket
+    is empty: the ``GET`` stream of a new session is answered 429. The adapter opens it
+    again after ``Retry-After`` before the session's prompt goes, and the prompt's
+    reply and updates arrive (they come on that stream); before, the stream was left
+    unopened and the prompt was never answered."""
+    with ServeProcess(tmp_path, "--token", "boot", "--rate-limit-read", "60") as child:
+        token = child.http.post("/tokens", json={"name": "alice"}).json()["token"]
+        async with spawn_adapter(f"{child.base_url}/acp", "--transport", "http1",
+                                 env={"ACP_SERVER_TOKEN": token}) as adapter, \
+                httpx.AsyncClient(base_url=child.base_url,
+                                  headers={"Authorization": f"Bearer {token}"}) as http:
+            await adapter.request("initialize", INIT)
+            while (await http.get("/capabilities")).status_code != 429:
+                pass   # the read bucket, emptied
+            created = await adapter.request("session/new", {"cwd": str(tmp_path),
+                                                            "mcpServers": []})
+            sid = created["result"]["sessionId"]
+            done = await adapter.request("session/prompt", {"sessionId": sid,
+                                                            "prompt": text("/chunks 3 hi")})
+            assert done.get("result") == {"stopReason": "end_turn"}, done
+            assert "".join(adapter.texts("agent_message_chunk", sid)) == "Echo: hi"
+
+
+@pytest.mark.parametrize("transport", ["websocket", "http1"])
+async def test_a_prompt_sent_again_is_not_refused_for_the_rate(tmp_path: Path,
+                                                              transport: str) -> None:
+    """A stored token of the ``default`` rate class, two prompts a minute: the second
+    runs when the link is cut, and the adapter sends it again under its prompt id. The
+    server admits nothing new for it, so its rate limit lets it through: the editor
+    gets the turn's end. Before, it was answered "Rate limit exceeded" (retry in 30 s)
+    of a prompt its agent ran to the end."""
+    with ServeProcess(tmp_path, "--token", "boot", "--rate-limit-prompt", "2") as child:
+        token = child.http.post("/tokens", json={"name": "alice"}).json()["token"]
+        async with tcp_relay(child.port) as relay, \
+                spawn_adapter(f"http://127.0.0.1:{relay.port}/acp", "--transport", transport,
+                              env={"ACP_SERVER_TOKEN": token}) as adapter:
+            await adapter.request("initialize", INIT)
+            created = await adapter.request("session/new", {"cwd": str(tmp_path),
+                                                            "mcpServers": []})
+            sid = created["result"]["sessionId"]
+            first = await adapter.request("session/prompt", {"sessionId": sid,
+                                                             "prompt": text("one")})
+            assert first["result"]["stopReason"] == "end_turn"
+            await adapter.send({"jsonrpc": "2.0", "id": "turn", "method": "session/prompt",
+                                "params": {"sessionId": sid,
+                                           "prompt": text("/sleep 1s two")}})
+            await adapter.until(echo_of("/sleep 1s two"))
+            relay.cut()
+            done = await adapter.response("turn", timeout=60)
+            assert done.get("result") == {"stopReason": "end_turn"}, done
+            assert "".join(adapter.texts("agent_message_chunk", sid)) == "Echo: oneEcho: two"
+            third = await adapter.request("session/prompt", {"sessionId": sid,
+                                                             "prompt": text("three")})
+            assert third["error"]["data"]["errorKind"] == "rate_limit_exceeded"   # a new one

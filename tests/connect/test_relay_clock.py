@@ -244,6 +244,31 @@ async def test_a_reattach_refused_for_now_is_retried_not_a_lost_session() -> Non
     assert server.connects == MAX_ATTEMPTS + 3
 
 
+async def test_a_reattach_refused_by_the_rate_limit_waits_on_the_same_link() -> None:
+    """The principal's rate limit refuses the re-attach (each ``session/load`` is a
+    mutation) more times than ``MAX_ATTEMPTS``: the adapter waits the server's
+    ``retryAfterMs`` and asks again on the same link, never dropping it (a new link
+    re-attached every session again, which a bucket refilled slower than the backoff
+    never paid for: the adapter gave up on a server that was up)."""
+    limited = {"code": -32600, "message": "Rate limit exceeded",
+               "data": {"errorKind": "rate_limit_exceeded", "tier": "mutation",
+                        "retryAfterMs": 2500}}
+    server = session_server([limited] * (MAX_ATTEMPTS + 1))
+    clock = FakeClock()
+    async with editor_and_relay(server, clock, give_up_after_s=5) as (editor, relay):
+        assert (await _open_session(editor))["result"] == {"sessionId": "s1"}
+        await editor.request("session/prompt", {"sessionId": "s1", "prompt": "hi"}, 3)
+        await _until(lambda: any(m.get("method") == "session/prompt"
+                                 for m in server.received))
+        server.lose_all()
+        assert (await editor.response(3))["result"] == {"method": "session/prompt"}
+    loads = [m for m in server.received if m.get("method") == "session/load"]
+    assert len(loads) == MAX_ATTEMPTS + 2
+    assert server.connects == 2                       # the link made again once
+    assert clock.slept.count(2.5) == MAX_ATTEMPTS + 1   # the server's retryAfterMs
+    assert relay.exit_code == 0
+
+
 async def test_a_reattach_answered_no_such_session_loses_the_session() -> None:
     server = session_server([{"code": -32602, "message": "Session not found: s1"}])
     async with editor_and_relay(server, FakeClock()) as (editor, relay):

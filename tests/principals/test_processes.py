@@ -231,3 +231,30 @@ async def test_who_made_a_session_survives_a_kill_9(tmp_path: Path) -> None:
             assert [(s["sessionId"], s["owner"]) for s in everyone] == [(sid, "alice")]
     finally:
         child.stop()
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])   # the server is a child process
+async def test_the_token_cli_over_http_sends_no_path_or_header_it_was_not_meant_to(
+        tmp_path: Path) -> None:
+    """``token revoke NAME --url``: the name went into the path as it was, so
+    ``../session/ID`` was ``DELETE /session/ID`` with the admin token (the session
+    closed; then a traceback on its empty answer), and ``x?all=1`` revoked ``x``. A
+    ``--token`` with CR LF was quoted back whole in httpx's error, a non-ASCII one a
+    traceback. Now each is one line and exit 2, nothing sent, the token not shown."""
+    async with ServeProcess(tmp_path, "--token", BOOT) as server:
+        sid = (await server.client.post("/session", json={"sessionScope": "thread"}))\
+            .json()["sessionId"]
+        url = ["--url", server.base_url]
+        for name in (f"../session/{sid}", "x?all=1", "a/b"):
+            refused = acp_server("token", "revoke", name, *url, env={"ACP_SERVER_TOKEN": BOOT})
+            assert refused.returncode == 2, refused
+            assert refused.stderr.startswith("acp-server: Invalid token name"), refused.stderr
+        assert (await server.client.get(f"/session/{sid}/status")).status_code == 200
+        for token in ("s3cret\r\nX-Injected: 1", "s3crét"):
+            for argv in (["token", "list"], ["audit"]):
+                refused = acp_server(*argv, *url, env={"ACP_SERVER_TOKEN": token})
+                assert refused.returncode == 2, refused
+                assert "s3cr" not in refused.stderr + refused.stdout
+                assert "Traceback" not in refused.stderr and "not shown" in refused.stderr
+        listed = acp_server("token", "list", *url, env={"ACP_SERVER_TOKEN": f" {BOOT}\n"})
+        assert listed.returncode == 0, listed.stderr
