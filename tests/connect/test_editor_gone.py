@@ -120,7 +120,8 @@ async def test_the_writer_drops_quietly_once_the_editor_is_gone() -> None:
                 await anyio.sleep(0)
         for _ in range(2000):   # past the queue: nothing waits, nothing raises
             await out.send(b"dropped")
-    assert written == [b"one\n"] and gone == [True]
+    # one write went through (what was queued by then, in one batch), then none
+    assert len(written) == 1 and written[0].startswith(b"one\n") and gone == [True]
 
 
 async def test_leaving_the_writer_is_bounded_when_nothing_is_read() -> None:
