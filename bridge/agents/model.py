@@ -9,7 +9,11 @@ Contracts:
 
 * Each session keeps its conversation (user and assistant turns, its newest
   ``max_history_messages`` within ``max_history_chars`` (``MAX_HISTORY_CHARS``) in all,
-  the newest message always) and sends it whole with every prompt. A ``session/new``
+  the newest message always) and sends it whole with every prompt. Its roles
+  alternate user/assistant from a user message (strict chat templates refuse anything
+  else): messages of one role in a row are joined by a blank line (a prompt that got no
+  reply, on a fault or a cancel, goes with the next), an assistant message first is
+  dropped. A ``session/new``
   with ``_meta["acp-server/transcript"]`` (``bridge.transcript``: a session the server
   restores from its journal) starts with that conversation.
 * Streamed ``delta.content`` becomes ``agent_message_chunk`` updates in order.
@@ -504,15 +508,30 @@ class ModelConnection:
 
 
 def _trim(history: list[dict[str, str]], max_messages: int, max_chars: int) -> None:
-    """Drop the oldest messages past ``max_messages`` or ``max_chars`` in all; the
-    newest message stays, whatever its size."""
-    del history[:-max_messages]
-    total = sum(len(message["content"]) for message in history)
+    """Make ``history`` what a chat template takes: roles alternating, a user message
+    first (messages of one role in a row are one, joined by a blank line: a prompt that
+    got no reply goes with the next; an assistant message first is dropped). Then drop
+    the oldest messages past ``max_messages`` or ``max_chars`` in all; the newest
+    message stays, whatever its size. Messages are replaced, never changed in place (a
+    fork shares them)."""
+    joined: list[dict[str, str]] = []
+    for message in history:
+        if not joined and message["role"] != "user":
+            continue
+        if joined and joined[-1]["role"] == message["role"]:
+            parts = [p for p in (joined[-1]["content"], message["content"]) if p]
+            joined[-1] = {"role": message["role"], "content": "\n\n".join(parts)}
+        else:
+            joined.append(message)
+    if not joined and history:   # only an assistant message (a reply whose prompt went)
+        joined = history[-1:]
+    del joined[:-max_messages]
+    total = sum(len(message["content"]) for message in joined)
     drop = 0
-    while total > max_chars and drop < len(history) - 1:
-        total -= len(history[drop]["content"])
+    while drop < len(joined) - 1 and (total > max_chars or joined[drop]["role"] != "user"):
+        total -= len(joined[drop]["content"])
         drop += 1
-    del history[:drop]
+    history[:] = joined[drop:]
 
 
 def _prompt_text(prompt: Any) -> str:

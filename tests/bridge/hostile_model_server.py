@@ -10,9 +10,12 @@ gzip bomb, a stall before the headers).
 Contracts:
 
 * ``POST /v1/chat/completions``: the first word of ``BEHAVIOURS`` found in the last
-  message's text picks what is sent; none → a well-behaved ``pong: <text>`` reply in
+  message's text (after its last blank line) picks what is sent; none → a well-behaved ``pong: <text>`` reply in
   three chunks, a finish, a usage chunk and ``[DONE]``. Every request is recorded in
   ``requests`` (its JSON body) and the behaviour in ``seen``.
+* ``strict_roles``: answer 400, as vLLM or llama.cpp do with a chat template that
+  requires it (Gemma's, Mistral's), a conversation whose roles do not alternate
+  user/assistant starting with user (``ROLES_ERROR``).
 * ``GET /v1/models``: ``models_mode`` picks (``MODELS_MODES``); ``"ok"`` lists
   ``["m-one", "m-two"]``.
 * One request per connection (``Connection: close``); bodies are close-delimited.
@@ -50,6 +53,7 @@ BEHAVIOURS = ("ENDLESS_LINE", "ENDLESS_EVENT", "ENDLESS_REPLY", "ENDLESS_ERROR",
               "BYTE_ORDER_MARK", "KEEPALIVE_AFTER_FINISH", "DEEP_CHUNK", "DEEP_ERROR",
               "DEEP_COMPLETION")
 DEEP = 5000   # JSON arrays nested this deep: past any recursive decoder's depth (10 KB)
+ROLES_ERROR = "Conversation roles must alternate user/assistant/user/assistant/..."
 MODELS_MODES = ("ok", "endless", "wrong_types", "mixed", "many", "html", "stall", "missing",
                 "deep")
 
@@ -76,6 +80,7 @@ class HostileModelServer:
         self.cut_off: list[str] = []
         self.exhausted: list[str] = []
         self.stalled: list[str] = []     # stalls under way (appended when they begin)
+        self.strict_roles = False
         self._bomb: bytes | None = None
 
     # -- the connection ----------------------------------------------------------------
@@ -100,8 +105,17 @@ class HostileModelServer:
     async def _completions(self, stream: anyio.abc.SocketStream, raw: bytes) -> None:
         body = json.loads(raw)
         self.requests.append(body)
+        roles = [m.get("role") for m in body["messages"]]
+        if self.strict_roles and roles != ["user", "assistant"] * (len(roles) // 2) + \
+                ["user"] * (len(roles) % 2):
+            self.seen.append("roles_refused")
+            error = {"error": {"message": ROLES_ERROR, "type": "BadRequestError", "code": 400}}
+            await stream.send(head(400, "Bad Request", {"Content-Type": "application/json"})
+                              + json.dumps(error).encode())
+            return
         content = body["messages"][-1].get("content")
         last = content if isinstance(content, str) else json.dumps(content)
+        last = last.rsplit("\n\n", 1)[-1]   # the newest prompt of a joined message
         behaviour = next((b for b in BEHAVIOURS if b in last), "")
         self.seen.append(behaviour or "normal")
         if not behaviour:

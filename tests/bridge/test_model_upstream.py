@@ -82,7 +82,8 @@ async def test_a_fault_ends_the_turn_with_its_cause_and_the_next_turn_works(
             assert upstream.seen == [behaviour]   # once: no retry
             result = await bridge.send_prompt(sid, text("fine now"))
             assert result.stop_reason == "end_turn"
-            assert upstream.requests[-1]["messages"][-1]["content"] == "fine now"
+            sent = upstream.requests[-1]["messages"][-1]["content"]   # joined when no reply
+            assert sent in ("fine now", f"{behaviour} please\n\nfine now"), sent
 
 
 async def test_an_endless_reply_ends_max_tokens_and_keeps_at_most_the_cap(tmp_path) -> None:
@@ -203,7 +204,7 @@ async def test_cancel_ends_a_stalled_turn_at_once(tmp_path, behaviour: str) -> N
             await wait_until(lambda: upstream.cut_off == [behaviour])
             await bridge.send_prompt(sid, text("after"))
             history = [m["content"] for m in upstream.requests[-1]["messages"]]
-            assert history == ([behaviour, "after"] if behaviour == "STALL_HEADERS"
+            assert history == ([f"{behaviour}\n\nafter"] if behaviour == "STALL_HEADERS"
                                else [behaviour, "first ", "after"])
 
 

@@ -1,0 +1,76 @@
+"""What the model agent sends upstream as a session's conversation: roles that
+alternate user/assistant starting with a user message, whatever happened to the turns
+before (a fault, a cancel before the first word, a reply with no text, a trimmed or
+restored history). Chat templates such as Gemma's or Mistral's refuse anything else,
+and vLLM and llama.cpp then answer 400 to every later prompt of the session
+(``hostile_model_server(strict_roles)`` does the same)."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from bridge import Bridge
+from bridge.agents.model import ModelAgentFactory
+from bridge.errors import AgentError
+from bridge.transcript import TRANSCRIPT_META
+from tests.bridge.fake_agent_client import FakeClient
+from tests.bridge.helpers import text, wait_until
+from tests.bridge.hostile_model_server import hostile_model_server
+
+pytestmark = pytest.mark.anyio
+
+
+def _sent(upstream) -> list[tuple[str, str]]:  # type: ignore[no-untyped-def]
+    return [(m["role"], m["content"]) for m in upstream.requests[-1]["messages"]]
+
+
+async def test_a_prompt_without_a_reply_is_joined_to_the_next(tmp_path) -> None:
+    async with hostile_model_server() as upstream:
+        upstream.strict_roles = True
+        async with Bridge(ModelAgentFactory(upstream.url, model="m-one"),
+                          workspace_cwd=str(tmp_path)) as bridge:
+            sid = (await bridge.create_session()).session_id
+            with pytest.raises(AgentError, match="answered 429"):
+                await bridge.send_prompt(sid, text("RATE_LIMITED first"))
+            ticket = bridge.send_prompt(sid, text("STALL_HEADERS"))   # cancelled: no word
+            await wait_until(lambda: upstream.stalled == ["STALL_HEADERS"])
+            await bridge.cancel_session(sid)
+            with anyio.fail_after(30):   # a bound against a hang
+                assert (await ticket).stop_reason == "cancelled"
+            result = await bridge.send_prompt(sid, text("hello"))
+            assert result.stop_reason == "end_turn", upstream.seen
+            assert _sent(upstream) == [("user", "RATE_LIMITED first\n\nSTALL_HEADERS\n\nhello")]
+            await bridge.send_prompt(sid, text("again"))
+            assert [role for role, _ in _sent(upstream)] == ["user", "assistant", "user"]
+            assert "roles_refused" not in upstream.seen
+
+
+async def test_a_trimmed_history_starts_with_a_user_message(tmp_path) -> None:
+    async with hostile_model_server() as upstream:
+        upstream.strict_roles = True
+        factory = ModelAgentFactory(upstream.url, model="m-one", max_history_chars=100)
+        async with Bridge(factory, workspace_cwd=str(tmp_path)) as bridge:
+            sid = (await bridge.create_session()).session_id
+            await bridge.send_prompt(sid, text("a" * 60))   # its 66-character reply stays
+            result = await bridge.send_prompt(sid, text("b"))
+            assert result.stop_reason == "end_turn", upstream.seen
+            assert _sent(upstream) == [("user", "b")]
+
+
+async def test_a_restored_transcript_is_sent_alternating(tmp_path) -> None:
+    async with hostile_model_server() as upstream, anyio.create_task_group() as tg:
+        upstream.strict_roles = True
+        connection = await ModelAgentFactory(upstream.url, model="m-one").connect(
+            FakeClient(root=tmp_path), tg)
+        seed = [{"role": "agent", "text": "a greeting replayed"},
+                {"role": "user", "text": "one"}, {"role": "user", "text": "two"},
+                {"role": "agent", "text": "first part"}, {"role": "agent", "text": "second"}]
+        created = await connection.request("session/new", {
+            "cwd": str(tmp_path), "mcpServers": [], "_meta": {TRANSCRIPT_META: seed}})
+        result = await connection.request("session/prompt", {
+            "sessionId": created["sessionId"], "prompt": text("three")})
+        assert result["stopReason"] == "end_turn", upstream.seen
+        assert _sent(upstream) == [("user", "one\n\ntwo"),
+                                   ("assistant", "first part\n\nsecond"), ("user", "three")]
+        await connection.aclose()
