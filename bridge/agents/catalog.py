@@ -39,6 +39,8 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from bridge.agents.upstream import public_url
+
 log = logging.getLogger("acp_server")
 
 LOG_EVERY_S = 600.0   # the same listing failure, logged again at most this often
@@ -58,6 +60,7 @@ class ModelCatalog:
                  interval_s: float = DEFAULT_INTERVAL_S,
                  clock: Callable[[], float] = time.monotonic, lister: Lister = _list) -> None:
         self.url = url
+        self.shown = public_url(url)   # in the log: credentials in the URL hidden
         self.taken = frozenset(taken)
         self.interval_s = interval_s
         self.clock = clock
@@ -128,19 +131,19 @@ class ModelCatalog:
         if clash:
             self._clashed.update(clash)
             log.warning("model server %s: not offering %s: an agent configured by name has "
-                        "it", self.url, ", ".join(clash))
+                        "it", self.shown, ", ".join(clash))
         new = [m for m in models if m not in self.taken and m not in self.offered]
         if new and self.on_models is not None:
             try:
                 self.on_models(new)
             except Exception:   # noqa: BLE001 - a bug: logged, never the server's end
                 log.exception("model server %s: could not offer %s (the next listing "
-                              "tries again)", self.url, ", ".join(new))
+                              "tries again)", self.shown, ", ".join(new))
                 return
         if self.listings == 1:
-            log.info("model server %s offers: %s", self.url, ", ".join(new) or "(none)")
+            log.info("model server %s offers: %s", self.shown, ", ".join(new) or "(none)")
         elif new:
-            log.info("model server %s now also offers: %s", self.url, ", ".join(new))
+            log.info("model server %s now also offers: %s", self.shown, ", ".join(new))
         self.offered.update(dict.fromkeys(new))
 
     def _failed(self, cause: str) -> None:
@@ -148,9 +151,9 @@ class ModelCatalog:
         last = self._failure
         if last is None or last[0] != cause or now - last[1] >= LOG_EVERY_S:
             self._failure = (cause, now)
-            log.error("cannot list the models of %s: %s", self.url, cause)
+            log.error("cannot list the models of %s: %s", self.shown, cause)
         else:
-            log.debug("cannot list the models of %s (again): %s", self.url, cause)
+            log.debug("cannot list the models of %s (again): %s", self.shown, cause)
 
 
 __all__ = ["DEFAULT_INTERVAL_S", "LOG_EVERY_S", "ModelCatalog"]

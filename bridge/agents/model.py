@@ -30,7 +30,8 @@ Contracts:
   ``max_reply_bytes`` (``MAX_REPLY_BYTES``) ends the turn ``max_tokens`` with the text
   up to the cap. An error body is read only as far as it is quoted.
 * Every fault ends the turn with a JSON-RPC error (-32603) whose message is ``Model
-  server URL <cause>`` (``Cannot reach model server URL: ...`` when unreachable): an
+  server URL <cause>`` (``Cannot reach model server URL: ...`` when unreachable; URL
+  with its credentials, if any, as ``***``: they are sent as basic auth only): an
   error status (with its ``Retry-After`` and the body's error message; never retried),
   a redirect (named, not followed), an error the server streams (``data: {"error":
   ...}`` or ``event: error``), a content type that is no event stream, a chunk that is
@@ -56,7 +57,7 @@ import msgspec
 from bridge.agents.base import AgentClient
 from bridge.agents.upstream import (MAX_EVENT_BYTES, MAX_STREAM_BYTES, BoundedBody, SseParser,
                                     UpstreamError, body_message, error_detail, error_message,
-                                    size_text)
+                                    public_url, size_text, split_credentials)
 from bridge.errors import AgentDiedError, AgentError
 from bridge.ids import uuid4_str
 from bridge.transcript import seeded
@@ -134,11 +135,13 @@ async def discover_models(base_url: str, *, api_key: str | None = None,
     ``MAX_MODEL_ID_CHARS`` or holds control characters is skipped; logged). Within
     ``timeout_s`` in all and ``max_bytes`` of body, else ``UpstreamError`` naming the
     cause (an error status, not JSON, the wrong shape, unreachable)."""
-    base = base_url.rstrip("/")
+    shown = public_url(base_url.rstrip("/"))
+    base, basic = split_credentials(base_url.rstrip("/"))
     headers = {**_auth(api_key), "Accept": "application/json", "Accept-Encoding": "identity"}
     try:
         with anyio.fail_after(timeout_s):
-            async with httpx.AsyncClient(timeout=timeout_s, headers=headers) as client, \
+            async with httpx.AsyncClient(timeout=timeout_s, headers=headers,
+                                         auth=basic) as client, \
                     client.stream("GET", base + "/models") as response:
                 if response.status_code >= 300:
                     hint = (" (an OpenAI-compatible base URL usually ends in /v1)"
@@ -174,10 +177,10 @@ async def discover_models(base_url: str, *, api_key: str | None = None,
             skipped += 1
     if skipped:
         logger.warning("model server %s: skipped %d /models entries without a usable id",
-                       base, skipped)
+                       shown, skipped)
     if len(ids) > MAX_MODELS:
         logger.warning("model server %s lists %d models: offering the first %d",
-                       base, len(ids), MAX_MODELS)
+                       shown, len(ids), MAX_MODELS)
     return list(ids)[:MAX_MODELS]
 
 
@@ -237,7 +240,9 @@ class ModelAgentFactory:
                  max_event_bytes: int = MAX_EVENT_BYTES,
                  max_stream_bytes: int = MAX_STREAM_BYTES,
                  finish_grace_s: float = FINISH_GRACE_S) -> None:
-        self.base_url = base_url.rstrip("/")
+        # credentials in the URL (a proxy behind basic auth) are sent, never shown
+        self.shown_url = public_url(base_url.rstrip("/"))
+        self.base_url, self.basic_auth = split_credentials(base_url.rstrip("/"))
         self.model = model
         self.name = name or model
         self.api_key = api_key
@@ -291,7 +296,7 @@ class ModelConnection:
         self._client = client
         self._http = httpx.AsyncClient(
             timeout=httpx.Timeout(factory.timeout_s, connect=CONNECT_TIMEOUT_S),
-            headers=_auth(factory.api_key))
+            headers=_auth(factory.api_key), auth=factory.basic_auth)
         self._sessions: dict[str, _ModelSession] = {}
         self._closed = False
 
@@ -398,9 +403,9 @@ class ModelConnection:
                         f"event stream" + _colon(await error_detail(response, limit=200)))
                 return self._result(session, *await self._events(session, reply, response))
         except UpstreamError as exc:
-            raise _turn_error(self._factory.base_url, str(exc)) from None
+            raise _turn_error(self._factory.shown_url, str(exc)) from None
         except httpx.HTTPError as exc:
-            raise _turn_error(self._factory.base_url,
+            raise _turn_error(self._factory.shown_url,
                               _transport_text(exc, self._factory.timeout_s)) from None
 
     async def _events(self, session: _ModelSession, reply: _Reply,
@@ -457,7 +462,7 @@ class ModelConnection:
         """One ``agent_message_chunk``; ``False`` (nothing sent) past the reply's cap."""
         if not reply.add(text):
             logger.warning("model server %s: reply in session %s over %s, turn ended "
-                           "max_tokens", self._factory.base_url, session.session_id,
+                           "max_tokens", self._factory.shown_url, session.session_id,
                            size_text(reply.cap))
             return False
         self._client.session_update(session.session_id, {

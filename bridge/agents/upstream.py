@@ -27,7 +27,7 @@ Contracts:
   names an OpenAI-shaped ``{"error": {"message": ...}}``'s message when there is one.
   JSON the decoder cannot take (nested past its depth: a ``RecursionError``) is text.
 * ``UpstreamError``'s message is a cause ("sent an SSE event over 4 MiB"), to be put
-  after the server's name.
+  after the server's name, as ``public_url`` shows it (credentials in the URL hidden).
 """
 
 from __future__ import annotations
@@ -53,6 +53,26 @@ BOM = b"\xef\xbb\xbf"
 
 class UpstreamError(Exception):
     """The server misbehaved; the message says how (it follows the server's name)."""
+
+
+def public_url(url: str) -> str:
+    """``url`` as messages and logs show it: credentials in it hidden
+    (``http://alice:s3cret@host/v1`` → ``http://***@host/v1``)."""
+    scheme, sep, rest = url.partition("://")
+    authority, slash, path = rest.partition("/")
+    if sep and "@" in authority:
+        return f"{scheme}://***@{authority.rpartition('@')[2]}{slash}{path}"
+    return url
+
+
+def split_credentials(url: str) -> tuple[str, httpx.BasicAuth | None]:
+    """``url`` without the credentials in it, and those as basic auth (so that no
+    request's URL holds them: httpx logs each request's URL)."""
+    shown = public_url(url)
+    if shown == url:
+        return url, None
+    parsed = httpx.URL(url)
+    return shown.replace("***@", "", 1), httpx.BasicAuth(parsed.username, parsed.password)
 
 
 def size_text(limit: int) -> str:

@@ -12,7 +12,8 @@ Contracts:
 * ``POST /v1/chat/completions``: the first word of ``BEHAVIOURS`` found in the last
   message's text (after its last blank line) picks what is sent; none → a well-behaved ``pong: <text>`` reply in
   three chunks, a finish, a usage chunk and ``[DONE]``. Every request is recorded in
-  ``requests`` (its JSON body) and the behaviour in ``seen``.
+  ``requests`` (its JSON body) and the behaviour in ``seen``; the ``Authorization``
+  header of each request (``/models`` too) in ``authorizations``.
 * ``strict_roles``: answer 400, as vLLM or llama.cpp do with a chat template that
   requires it (Gemma's, Mistral's), a conversation whose roles do not alternate
   user/assistant starting with user (``ROLES_ERROR``).
@@ -81,6 +82,7 @@ class HostileModelServer:
         self.exhausted: list[str] = []
         self.stalled: list[str] = []     # stalls under way (appended when they begin)
         self.strict_roles = False
+        self.authorizations: list[str] = []   # each request's Authorization header
         self._bomb: bytes | None = None
 
     # -- the connection ----------------------------------------------------------------
@@ -90,7 +92,8 @@ class HostileModelServer:
                 request = await _read_request(stream)
                 if request is None:
                     return
-                method, path, body = request
+                method, path, headers, body = request
+                self.authorizations.append(headers.get("authorization", ""))
                 if method == "GET" and path.endswith("/models"):
                     await self._models(stream)
                 elif method == "POST" and path.endswith("/chat/completions"):
@@ -350,8 +353,10 @@ class HostileModelServer:
                               + b'{"error": {"message": "no such route /v1/models"}}')
 
 
-async def _read_request(stream: anyio.abc.SocketStream) -> tuple[str, str, bytes] | None:
-    """Method, path and body of one request (``Content-Length`` bodies only)."""
+async def _read_request(stream: anyio.abc.SocketStream
+                        ) -> tuple[str, str, dict[str, str], bytes] | None:
+    """Method, path, headers (lower-case names) and body of one request
+    (``Content-Length`` bodies only)."""
     data = b""
     while b"\r\n\r\n" not in data:
         if len(data) > 1024 * 1024:
@@ -363,14 +368,14 @@ async def _read_request(stream: anyio.abc.SocketStream) -> tuple[str, str, bytes
     header_block, _, body = data.partition(b"\r\n\r\n")
     lines = header_block.decode("latin-1").split("\r\n")
     method, path, _version = lines[0].split(" ", 2)
-    length = 0
+    headers = {}
     for line in lines[1:]:
         name, _, value = line.partition(":")
-        if name.strip().lower() == "content-length":
-            length = int(value.strip())
+        headers[name.strip().lower()] = value.strip()
+    length = int(headers.get("content-length", "0"))
     while len(body) < length:
         body += await stream.receive()
-    return method, path, body
+    return method, path, headers, body
 
 
 @contextlib.asynccontextmanager
