@@ -20,6 +20,8 @@ Contracts:
   ``finish_reason`` maps ``stop``/``tool_calls`` → ``end_turn``, ``length`` →
   ``max_tokens``, ``content_filter`` → ``refusal``. Usage (``stream_options.include_usage``)
   is passed on as the response's ``usage`` and a ``usage_update``.
+* Every session's turn has its own connection at once (no pool limit: the sessions
+  bound them); at most 20 idle ones are kept for the next turns.
 * ``session/cancel`` closes the upstream stream at once (also while it is silent, before
   or after its headers); the turn ends ``cancelled``. The text received so far is kept
   in the history, on cancel and on an error alike.
@@ -296,7 +298,10 @@ class ModelConnection:
         self._client = client
         self._http = httpx.AsyncClient(
             timeout=httpx.Timeout(factory.timeout_s, connect=CONNECT_TIMEOUT_S),
-            headers=_auth(factory.api_key), auth=factory.basic_auth)
+            headers=_auth(factory.api_key), auth=factory.basic_auth,
+            # one turn per session at a time: the sessions (--max-sessions) bound the
+            # connections; a pool of its own would hold turns back past it
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=20))
         self._sessions: dict[str, _ModelSession] = {}
         self._closed = False
 

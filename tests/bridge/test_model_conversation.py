@@ -10,7 +10,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from bridge import Bridge
+from bridge import Bridge, BridgeOptions
 from bridge.agents.model import ModelAgentFactory
 from bridge.errors import AgentError
 from bridge.transcript import TRANSCRIPT_META
@@ -74,3 +74,24 @@ async def test_a_restored_transcript_is_sent_alternating(tmp_path) -> None:
         assert _sent(upstream) == [("user", "one\n\ntwo"),
                                    ("assistant", "first part\n\nsecond"), ("user", "three")]
         await connection.aclose()
+
+
+async def test_every_session_of_a_model_streams_at_once_past_a_hundred(tmp_path) -> None:
+    """Each session has at most one turn, so the connections to the model server are
+    bounded by the sessions (``--max-sessions``); the HTTP client's own pool of 100 held
+    the 101st turn back (to fail after the read timeout with a ``PoolTimeout``) while the
+    model server would have taken it."""
+    count = 110
+    async with hostile_model_server() as upstream:
+        async with Bridge(ModelAgentFactory(upstream.url, model="m-one"),
+                          workspace_cwd=str(tmp_path),
+                          options=BridgeOptions(max_sessions=count)) as bridge:
+            sids = [(await bridge.create_session()).session_id for _ in range(count)]
+            tickets = [bridge.send_prompt(sid, text("STALL_HEADERS")) for sid in sids]
+            await wait_until(lambda: len(upstream.stalled) == count)
+            for sid in sids:
+                await bridge.cancel_session(sid)
+            with anyio.fail_after(30):   # a bound against a hang
+                for ticket in tickets:
+                    assert (await ticket).stop_reason == "cancelled"
+            await wait_until(lambda: len(upstream.cut_off) == count)
