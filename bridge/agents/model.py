@@ -16,7 +16,10 @@ Contracts:
   dropped. A ``session/new``
   with ``_meta["acp-server/transcript"]`` (``bridge.transcript``: a session the server
   restores from its journal) starts with that conversation.
-* Streamed ``delta.content`` becomes ``agent_message_chunk`` updates in order.
+* Streamed ``delta.content`` becomes ``agent_message_chunk`` updates in order, a
+  thinking model's ``delta.reasoning_content`` (or ``delta.reasoning``)
+  ``agent_thought_chunk`` updates, never kept in the history (counted in the reply's
+  cap).
   ``finish_reason`` maps ``stop``/``tool_calls`` → ``end_turn``, ``length`` →
   ``max_tokens``, ``content_filter`` → ``refusal``. Usage (``stream_options.include_usage``)
   is passed on as the response's ``usage`` and a ``usage_update``.
@@ -86,6 +89,11 @@ _STREAM_HEADERS = {"Accept": "text/event-stream", "Accept-Encoding": "identity",
 
 class _Delta(msgspec.Struct):
     content: str | None = None
+    reasoning_content: str | None = None   # vLLM, DeepSeek, LM Studio
+    reasoning: str | None = None           # Ollama, OpenRouter
+
+    def thought(self) -> str | None:
+        return self.reasoning_content or self.reasoning
 
 
 class _Choice(msgspec.Struct):
@@ -280,12 +288,14 @@ class _Reply:
         self.size = 0
         self.cap = cap
 
-    def add(self, text: str) -> bool:
-        """Keep ``text``; ``False`` (and nothing kept) when it would pass the cap."""
+    def add(self, text: str, *, keep: bool = True) -> bool:
+        """Count ``text`` (and keep it, unless a thought); ``False`` (and nothing
+        counted) when it would pass the cap."""
         size = len(text.encode())
         if self.size + size > self.cap:
             return False
-        self.parts.append(text)
+        if keep:
+            self.parts.append(text)
         self.size += size
         return True
 
@@ -439,7 +449,11 @@ class ModelConnection:
                 if chunk.usage is not None:
                     usage = chunk.usage
                 for choice in chunk.choices:
-                    content = choice.delta.content if choice.delta is not None else None
+                    delta = choice.delta
+                    thought = delta.thought() if delta is not None else None
+                    if thought and not self._emit(session, reply, thought, thought=True):
+                        return "max_tokens", usage
+                    content = delta.content if delta is not None else None
                     if content and not self._emit(session, reply, content):
                         return "max_tokens", usage
                     if choice.finish_reason:
@@ -463,16 +477,19 @@ class ModelConnection:
             raise UpstreamError(f"reported an error: {message}")
         return chunk
 
-    def _emit(self, session: _ModelSession, reply: _Reply, text: str) -> bool:
-        """One ``agent_message_chunk``; ``False`` (nothing sent) past the reply's cap."""
-        if not reply.add(text):
+    def _emit(self, session: _ModelSession, reply: _Reply, text: str, *,
+              thought: bool = False) -> bool:
+        """One ``agent_message_chunk`` (``agent_thought_chunk``: not kept in the
+        history); ``False`` (nothing sent) past the reply's cap."""
+        if not reply.add(text, keep=not thought):
             logger.warning("model server %s: reply in session %s over %s, turn ended "
                            "max_tokens", self._factory.shown_url, session.session_id,
                            size_text(reply.cap))
             return False
         self._client.session_update(session.session_id, {
             "sessionId": session.session_id,
-            "update": {"sessionUpdate": "agent_message_chunk",
+            "update": {"sessionUpdate": "agent_thought_chunk" if thought
+                       else "agent_message_chunk",
                        "content": {"type": "text", "text": text}}})
         return True
 

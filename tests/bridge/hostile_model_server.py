@@ -52,7 +52,7 @@ BEHAVIOURS = ("ENDLESS_LINE", "ENDLESS_EVENT", "ENDLESS_REPLY", "ENDLESS_ERROR",
               "UNAVAILABLE", "REDIRECT", "GZIP_BOMB", "GZIP_OK", "KEEPALIVE_ONLY", "BROTLI",
               "GZIP_MEMBERS", "GZIP_CUT", "GZIP_TRAILING", "DEFLATE_RAW", "DEFLATE_ZLIB",
               "BYTE_ORDER_MARK", "KEEPALIVE_AFTER_FINISH", "DEEP_CHUNK", "DEEP_ERROR",
-              "DEEP_COMPLETION")
+              "DEEP_COMPLETION", "REASONING")
 DEEP = 5000   # JSON arrays nested this deep: past any recursive decoder's depth (10 KB)
 ROLES_ERROR = "Conversation roles must alternate user/assistant/user/assistant/..."
 MODELS_MODES = ("ok", "endless", "wrong_types", "mixed", "many", "html", "stall", "missing",
@@ -317,6 +317,17 @@ class HostileModelServer:
     async def _deep_completion(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
         await stream.send(head(200, "OK", {"Content-Type": "application/json"})
                           + b'{"error": ' + b"[" * DEEP + b"]" * DEEP + b"}")
+
+    async def _reasoning(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
+        """A thinking model: its reasoning first (``reasoning_content`` as vLLM, DeepSeek
+        and LM Studio send it, ``reasoning`` as Ollama and OpenRouter do), then the answer."""
+        def delta(**fields: str) -> bytes:
+            return b"data: " + json.dumps({"object": "chat.completion.chunk", "choices": [
+                {"index": 0, "delta": fields, "finish_reason": None}]}).encode() + b"\n\n"
+        await stream.send(head(200, "OK", SSE) + delta(role="assistant", content="")
+                          + delta(reasoning_content="Let me think. ")
+                          + delta(reasoning="Still thinking.") + chunk("the answer")
+                          + chunk(finish="stop") + b"data: [DONE]\n\n")
 
     async def _brotli(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
         await stream.send(head(200, "OK", {**SSE, "Content-Encoding": "br"}) + b"\x0b\x02\x80")

@@ -15,7 +15,7 @@ from bridge.agents.model import ModelAgentFactory
 from bridge.errors import AgentError
 from bridge.transcript import TRANSCRIPT_META
 from tests.bridge.fake_agent_client import FakeClient
-from tests.bridge.helpers import text, wait_until
+from tests.bridge.helpers import drain, envelope, text, wait_until
 from tests.bridge.hostile_model_server import hostile_model_server
 
 pytestmark = pytest.mark.anyio
@@ -95,3 +95,23 @@ async def test_every_session_of_a_model_streams_at_once_past_a_hundred(tmp_path)
                 for ticket in tickets:
                     assert (await ticket).stop_reason == "cancelled"
             await wait_until(lambda: len(upstream.cut_off) == count)
+
+
+async def test_a_thinking_models_reasoning_is_shown_as_thoughts_not_kept(tmp_path) -> None:
+    async with hostile_model_server() as upstream:
+        async with Bridge(ModelAgentFactory(upstream.url, model="m-one"),
+                          workspace_cwd=str(tmp_path)) as bridge:
+            sid = (await bridge.create_session()).session_id
+            sub = bridge.subscribe(sid)
+            result = await bridge.send_prompt(sid, text("REASONING please"))
+            assert result.stop_reason == "end_turn"
+            updates = [envelope(f).data["update"] for f in drain(sub)
+                       if f.type == "session_update"]
+            shown = [(u["sessionUpdate"], u["content"]["text"]) for u in updates
+                     if u["sessionUpdate"] in ("agent_thought_chunk", "agent_message_chunk")]
+            assert shown == [("agent_thought_chunk", "Let me think. "),
+                             ("agent_thought_chunk", "Still thinking."),
+                             ("agent_message_chunk", "the answer")]
+            await bridge.send_prompt(sid, text("next"))
+            assert _sent(upstream) == [("user", "REASONING please"),
+                                       ("assistant", "the answer"), ("user", "next")]
