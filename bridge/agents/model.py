@@ -61,8 +61,9 @@ import msgspec
 
 from bridge.agents.base import AgentClient
 from bridge.agents.upstream import (MAX_EVENT_BYTES, MAX_STREAM_BYTES, BoundedBody, SseParser,
-                                    UpstreamError, body_message, error_detail, error_message,
-                                    public_url, size_text, split_credentials)
+                                    Surrogates, UpstreamError, body_message, decode_lenient,
+                                    error_detail, error_message, public_url, size_text,
+                                    split_credentials)
 from bridge.errors import AgentDiedError, AgentError
 from bridge.ids import uuid4_str
 from bridge.transcript import seeded
@@ -432,6 +433,7 @@ class ModelConnection:
         stop_reason: str | None = None
         usage: _Usage | None = None
         deadline = math.inf   # set at the first finish_reason
+        halves = (Surrogates(), Surrogates())   # of the thoughts, of the text
         while True:
             data = b""
             with anyio.CancelScope(deadline=deadline):
@@ -445,15 +447,18 @@ class ModelConnection:
                     raise UpstreamError(f"reported an error: {body_message(text.encode())[:500]}")
                 if not text.strip():
                     continue
-                chunk = self._decode(text)
+                chunk, lenient = self._decode(text)
                 if chunk.usage is not None:
                     usage = chunk.usage
                 for choice in chunk.choices:
                     delta = choice.delta
                     thought = delta.thought() if delta is not None else None
+                    content = delta.content if delta is not None else None
+                    if lenient or halves[0].held or halves[1].held:
+                        thought = halves[0].join(thought) if thought else thought
+                        content = halves[1].join(content) if content else content
                     if thought and not self._emit(session, reply, thought, thought=True):
                         return "max_tokens", usage
-                    content = delta.content if delta is not None else None
                     if content and not self._emit(session, reply, content):
                         return "max_tokens", usage
                     if choice.finish_reason:
@@ -465,17 +470,23 @@ class ModelConnection:
                                 "no [DONE])")
         return stop_reason, usage
 
-    def _decode(self, text: str) -> _Chunk:
+    def _decode(self, text: str) -> tuple[_Chunk, bool]:
+        """The chunk, and whether its strings may hold surrogate halves."""
+        lenient = False
         try:
             chunk = _chunk_decoder.decode(text)
         except (msgspec.DecodeError, RecursionError) as exc:   # RecursionError: nested deep
-            why = "JSON nested too deeply" if isinstance(exc, RecursionError) else str(exc)
-            raise UpstreamError(f"sent a chunk that is not a chat.completion.chunk ({why}): "
-                                f"{text[:120]!r}") from None
+            chunk = decode_lenient(text, _Chunk) if isinstance(exc, msgspec.DecodeError) \
+                and not isinstance(exc, msgspec.ValidationError) else None
+            if chunk is None:
+                why = "JSON nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+                raise UpstreamError(f"sent a chunk that is not a chat.completion.chunk "
+                                    f"({why}): {text[:120]!r}") from None
+            lenient = True
         if chunk.error is not None:
             message = error_message(chunk.error) or repr(chunk.error)[:300]
-            raise UpstreamError(f"reported an error: {message}")
-        return chunk
+            raise UpstreamError(f"reported an error: {Surrogates().join(message)}")
+        return chunk, lenient
 
     def _emit(self, session: _ModelSession, reply: _Reply, text: str, *,
               thought: bool = False) -> bool:

@@ -52,7 +52,8 @@ BEHAVIOURS = ("ENDLESS_LINE", "ENDLESS_EVENT", "ENDLESS_REPLY", "ENDLESS_ERROR",
               "UNAVAILABLE", "REDIRECT", "GZIP_BOMB", "GZIP_OK", "KEEPALIVE_ONLY", "BROTLI",
               "GZIP_MEMBERS", "GZIP_CUT", "GZIP_TRAILING", "DEFLATE_RAW", "DEFLATE_ZLIB",
               "BYTE_ORDER_MARK", "KEEPALIVE_AFTER_FINISH", "DEEP_CHUNK", "DEEP_ERROR",
-              "DEEP_COMPLETION", "REASONING")
+              "DEEP_COMPLETION", "REASONING", "SPLIT_EMOJI",
+              "SURROGATE_ERROR")
 DEEP = 5000   # JSON arrays nested this deep: past any recursive decoder's depth (10 KB)
 ROLES_ERROR = "Conversation roles must alternate user/assistant/user/assistant/..."
 MODELS_MODES = ("ok", "endless", "wrong_types", "mixed", "many", "html", "stall", "missing",
@@ -328,6 +329,20 @@ class HostileModelServer:
                           + delta(reasoning_content="Let me think. ")
                           + delta(reasoning="Still thinking.") + chunk("the answer")
                           + chunk(finish="stop") + b"data: [DONE]\n\n")
+
+    async def _split_emoji(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
+        """An emoji in two chunks, a UTF-16 surrogate escape in each (a proxy cutting text
+        by UTF-16 units, as JavaScript strings are), then a lone low surrogate."""
+        def raw(content: bytes) -> bytes:
+            return (b'data: {"choices": [{"index": 0, "delta": {"content": "' + content
+                    + b'"}, "finish_reason": null}]}\n\n')
+        await stream.send(head(200, "OK", SSE) + chunk("smile ") + raw(b"\\ud83d")
+                          + raw(b"\\ude00 then ") + raw(b"lone \\udc00") + chunk(finish="stop")
+                          + b"data: [DONE]\n\n")
+
+    async def _surrogate_error(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
+        await stream.send(head(200, "OK", SSE)
+                          + b'data: {"error": {"message": "bad \\ud800 thing"}}\n\n')
 
     async def _brotli(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
         await stream.send(head(200, "OK", {**SSE, "Content-Encoding": "br"}) + b"\x0b\x02\x80")

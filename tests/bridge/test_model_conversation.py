@@ -115,3 +115,35 @@ async def test_a_thinking_models_reasoning_is_shown_as_thoughts_not_kept(tmp_pat
             await bridge.send_prompt(sid, text("next"))
             assert _sent(upstream) == [("user", "REASONING please"),
                                        ("assistant", "the answer"), ("user", "next")]
+
+
+async def test_an_emoji_split_in_surrogate_halves_is_joined(tmp_path) -> None:
+    """JSON may escape a character outside the BMP as two UTF-16 surrogates; a server
+    that cuts its text by UTF-16 units sends them in two chunks. The turn failed ("not
+    a chat.completion.chunk (Input data was truncated)"); the halves are now one
+    character, and a surrogate alone is U+FFFD."""
+    async with hostile_model_server() as upstream:
+        async with Bridge(ModelAgentFactory(upstream.url, model="m-one"),
+                          workspace_cwd=str(tmp_path)) as bridge:
+            sid = (await bridge.create_session()).session_id
+            sub = bridge.subscribe(sid)
+            result = await bridge.send_prompt(sid, text("SPLIT_EMOJI please"))
+            assert result.stop_reason == "end_turn"
+            shown = "".join(u["content"]["text"] for u in (
+                envelope(f).data["update"] for f in drain(sub) if f.type == "session_update")
+                if u["sessionUpdate"] == "agent_message_chunk")
+            assert shown == "smile \U0001f600 then lone \ufffd"
+            await bridge.send_prompt(sid, text("next"))
+            assert _sent(upstream)[1] == ("assistant", shown)
+
+
+async def test_an_error_with_a_surrogate_half_is_a_clean_turn_error(tmp_path) -> None:
+    async with hostile_model_server() as upstream:
+        async with Bridge(ModelAgentFactory(upstream.url, model="m-one"),
+                          workspace_cwd=str(tmp_path)) as bridge:
+            sid = (await bridge.create_session()).session_id
+            sub = bridge.subscribe(sid)
+            with pytest.raises(AgentError, match="reported an error: bad \ufffd thing"):
+                await bridge.send_prompt(sid, text("SURROGATE_ERROR please"))
+            assert [f.type for f in drain(sub)][-1] == "turn_error"
+            assert (await bridge.send_prompt(sid, text("next"))).stop_reason == "end_turn"
