@@ -114,12 +114,8 @@ class _Chunk(msgspec.Struct):
     error: Any = None
 
 
-class _Message(msgspec.Struct):
-    content: str | None = None
-
-
 class _WholeChoice(msgspec.Struct):
-    message: _Message | None = None
+    message: _Delta | None = None   # a whole message has a delta's fields
     finish_reason: str | None = None
 
 
@@ -524,6 +520,9 @@ class ModelConnection:
                                 f"stream nor a completion: {body_message(bytes(data[:300]))[:200]}")
         stop_reason = "end_turn"
         for choice in completion.choices[:1]:
+            thought = choice.message.thought() if choice.message is not None else None
+            if thought and not self._emit(session, reply, thought, thought=True):
+                return "max_tokens", completion.usage
             content = choice.message.content if choice.message is not None else None
             if content and not self._emit(session, reply, content):
                 return "max_tokens", completion.usage

@@ -201,7 +201,8 @@ class HostileModelServer:
     async def _whole(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
         completion = {"object": "chat.completion", "choices": [
             {"index": 0, "finish_reason": "stop",
-             "message": {"role": "assistant", "content": "a whole answer"}}],
+             "message": {"role": "assistant", "content": "a whole answer",
+                         "reasoning_content": "thought through"}}],
             "usage": {"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7}}
         await stream.send(head(200, "OK", {"Content-Type": "application/json"})
                           + json.dumps(completion).encode())

@@ -115,6 +115,13 @@ async def test_a_thinking_models_reasoning_is_shown_as_thoughts_not_kept(tmp_pat
             await bridge.send_prompt(sid, text("next"))
             assert _sent(upstream) == [("user", "REASONING please"),
                                        ("assistant", "the answer"), ("user", "next")]
+            drain(sub)
+            await bridge.send_prompt(sid, text("WHOLE please"))   # a whole completion
+            assert [(u["sessionUpdate"], u["content"]["text"]) for u in (
+                envelope(f).data["update"] for f in drain(sub) if f.type == "session_update")
+                if u["sessionUpdate"] in ("agent_thought_chunk", "agent_message_chunk")] == [
+                ("agent_thought_chunk", "thought through"),
+                ("agent_message_chunk", "a whole answer")]
 
 
 async def test_an_emoji_split_in_surrogate_halves_is_joined(tmp_path) -> None:
