@@ -11,11 +11,11 @@ import anyio
 import httpx
 import pytest
 
-from bridge import Bridge
+from bridge import Bridge, BridgeOptions
 from bridge.agents.model import MAX_MODELS, ModelAgentFactory, discover_models
 from bridge.agents.upstream import (INFLATE_STEP, BoundedBody, SseParser, UpstreamError,
                                     error_detail)
-from bridge.errors import AgentError
+from bridge.errors import AgentError, PromptDeadlineExceededError
 from tests.bridge.helpers import drain, envelope, text, wait_until
 from tests.bridge.hostile_model_server import hostile_model_server, refused_url
 
@@ -398,3 +398,16 @@ def test_the_sse_parser_keeps_no_more_than_its_cap() -> None:
 
 def _updates(sub) -> list[dict]:  # type: ignore[no-untyped-def]
     return [envelope(f).data["update"] for f in drain(sub) if f.type == "session_update"]
+
+
+async def test_the_prompt_deadline_ends_a_trickling_turn_and_closes_the_upstream(
+        tmp_path) -> None:
+    """The read timeout is between bytes: a server that keeps sending a little never
+    meets it. ``--prompt-deadline-ms`` bounds the turn, and the connection is closed."""
+    async with hostile_model_server() as upstream:
+        async with Bridge(small_caps(upstream.url), workspace_cwd=str(tmp_path),
+                          options=BridgeOptions(prompt_deadline_ms=300)) as bridge:
+            sid = (await bridge.create_session()).session_id
+            with pytest.raises(PromptDeadlineExceededError):
+                await bridge.send_prompt(sid, text("STALL_CHUNKS"))
+            await wait_until(lambda: upstream.cut_off == ["STALL_CHUNKS"])
