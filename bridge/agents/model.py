@@ -572,7 +572,8 @@ def _trim(history: list[dict[str, str]], max_messages: int, max_chars: int) -> N
 
 
 def _prompt_text(prompt: Any) -> str:
-    """The text of a prompt's blocks: text, and the text of embedded resources."""
+    """The text of a prompt's blocks: text, the text of embedded resources, resource
+    links as Markdown links."""
     parts = []
     for block in prompt if isinstance(prompt, list) else ():
         if not isinstance(block, dict):
@@ -583,4 +584,8 @@ def _prompt_text(prompt: Any) -> str:
             resource = block.get("resource")
             if isinstance(resource, dict) and isinstance(resource.get("text"), str):
                 parts.append(resource["text"])
+        elif block.get("type") == "resource_link" and isinstance(block.get("uri"), str):
+            name = block.get("name")   # every ACP agent takes links: the model sees one
+            parts.append(f"[{name if isinstance(name, str) and name else block['uri']}]"
+                         f"({block['uri']})")
     return "\n".join(parts)

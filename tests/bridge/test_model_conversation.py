@@ -154,3 +154,19 @@ async def test_an_error_with_a_surrogate_half_is_a_clean_turn_error(tmp_path) ->
                 await bridge.send_prompt(sid, text("SURROGATE_ERROR please"))
             assert [f.type for f in drain(sub)][-1] == "turn_error"
             assert (await bridge.send_prompt(sid, text("next"))).stop_reason == "end_turn"
+
+
+async def test_a_resource_link_reaches_the_model_as_a_link(tmp_path) -> None:
+    """ACP requires every agent to take ``resource_link`` blocks; the model agent
+    dropped them (a prompt of only a link sent the model an empty message)."""
+    async with hostile_model_server() as upstream:
+        async with Bridge(ModelAgentFactory(upstream.url, model="m-one"),
+                          workspace_cwd=str(tmp_path)) as bridge:
+            sid = (await bridge.create_session()).session_id
+            await bridge.send_prompt(sid, [
+                {"type": "text", "text": "look at"},
+                {"type": "resource_link", "uri": "file:///w/a.py", "name": "a.py"},
+                {"type": "resource_link", "uri": "https://example.com/spec"}])
+            assert _sent(upstream) == [
+                ("user", "look at\n[a.py](file:///w/a.py)\n"
+                         "[https://example.com/spec](https://example.com/spec)")]
