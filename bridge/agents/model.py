@@ -22,7 +22,8 @@ Contracts:
   cap).
   ``finish_reason`` maps ``stop``/``tool_calls`` → ``end_turn``, ``length`` →
   ``max_tokens``, ``content_filter`` → ``refusal``. Usage (``stream_options.include_usage``)
-  is passed on as the response's ``usage`` and a ``usage_update``.
+  is passed on as the response's ``usage`` and a ``usage_update``, whatever its shape
+  (``bridge.agents.chat_wire.read_usage``: never a reason to fail the turn).
 * Every session's turn has its own connection at once (no pool limit: the sessions
   bound them); at most 20 idle ones are kept for the next turns.
 * ``session/cancel`` closes the upstream stream at once (also while it is silent, before
@@ -60,6 +61,8 @@ import httpx
 import msgspec
 
 from bridge.agents.base import AgentClient
+from bridge.agents.chat_wire import (Chunk, Usage, chunk_decoder, completion_decoder,
+                                     models_decoder, read_usage)
 from bridge.agents.upstream import (MAX_EVENT_BYTES, MAX_STREAM_BYTES, BoundedBody, SseParser,
                                     Surrogates, UpstreamError, body_message, decode_lenient,
                                     error_detail, error_message, public_url, size_text,
@@ -88,51 +91,6 @@ _STREAM_HEADERS = {"Accept": "text/event-stream", "Accept-Encoding": "identity",
                    "Cache-Control": "no-store"}
 
 
-class _Delta(msgspec.Struct):
-    content: str | None = None
-    reasoning_content: str | None = None   # vLLM, DeepSeek, LM Studio
-    reasoning: str | None = None           # Ollama, OpenRouter
-
-    def thought(self) -> str | None:
-        return self.reasoning_content or self.reasoning
-
-
-class _Choice(msgspec.Struct):
-    delta: _Delta | None = None
-    finish_reason: str | None = None
-
-
-class _Usage(msgspec.Struct):
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    total_tokens: int = 0
-
-
-class _Chunk(msgspec.Struct):
-    choices: list[_Choice] = []
-    usage: _Usage | None = None
-    error: Any = None
-
-
-class _WholeChoice(msgspec.Struct):
-    message: _Delta | None = None   # a whole message has a delta's fields
-    finish_reason: str | None = None
-
-
-class _Completion(msgspec.Struct):
-    """A whole ``chat.completion``: what a server that ignores ``stream`` answers."""
-    choices: list[_WholeChoice] = []
-    usage: _Usage | None = None
-    error: Any = None
-
-
-class _Models(msgspec.Struct):
-    data: list[Any]
-
-
-_chunk_decoder = msgspec.json.Decoder(_Chunk)
-_completion_decoder = msgspec.json.Decoder(_Completion)
-_models_decoder = msgspec.json.Decoder(_Models)
 
 
 async def discover_models(base_url: str, *, api_key: str | None = None,
@@ -165,7 +123,7 @@ async def discover_models(base_url: str, *, api_key: str | None = None,
     except httpx.HTTPError as exc:
         raise UpstreamError(_transport_text(exc, timeout_s)) from None
     try:
-        models = _models_decoder.decode(data)
+        models = models_decoder.decode(data)
     except (msgspec.ValidationError, RecursionError) as exc:
         why = "JSON nested too deeply" if isinstance(exc, RecursionError) else str(exc)
         raise UpstreamError(f'listed its models at /models in an unknown shape ({why}; '
@@ -421,13 +379,13 @@ class ModelConnection:
                               _transport_text(exc, self._factory.timeout_s)) from None
 
     async def _events(self, session: _ModelSession, reply: _Reply,
-                      response: httpx.Response) -> tuple[str, _Usage | None]:
+                      response: httpx.Response) -> tuple[str, Usage | None]:
         """The event stream, to ``[DONE]``, to its end after a ``finish_reason``, or to
         ``finish_grace_s`` after one (a deadline: comments sent meanwhile do not move it)."""
         source = BoundedBody(response, limit=self._factory.max_stream_bytes)
         parser = SseParser(max_event_bytes=self._factory.max_event_bytes)
         stop_reason: str | None = None
-        usage: _Usage | None = None
+        usage: Usage | None = None
         deadline = math.inf   # set at the first finish_reason
         halves = (Surrogates(), Surrogates())   # of the thoughts, of the text
         while True:
@@ -444,8 +402,7 @@ class ModelConnection:
                 if not text.strip():
                     continue
                 chunk, lenient = self._decode(text)
-                if chunk.usage is not None:
-                    usage = chunk.usage
+                usage = read_usage(chunk.usage) or usage
                 for choice in chunk.choices:
                     delta = choice.delta
                     thought = delta.thought() if delta is not None else None
@@ -466,13 +423,13 @@ class ModelConnection:
                                 "no [DONE])")
         return stop_reason, usage
 
-    def _decode(self, text: str) -> tuple[_Chunk, bool]:
+    def _decode(self, text: str) -> tuple[Chunk, bool]:
         """The chunk, and whether its strings may hold surrogate halves."""
         lenient = False
         try:
-            chunk = _chunk_decoder.decode(text)
+            chunk = chunk_decoder.decode(text)
         except (msgspec.DecodeError, RecursionError) as exc:   # RecursionError: nested deep
-            chunk = decode_lenient(text, _Chunk) if isinstance(exc, msgspec.DecodeError) \
+            chunk = decode_lenient(text, Chunk) if isinstance(exc, msgspec.DecodeError) \
                 and not isinstance(exc, msgspec.ValidationError) else None
             if chunk is None:
                 why = "JSON nested too deeply" if isinstance(exc, RecursionError) else str(exc)
@@ -501,7 +458,7 @@ class ModelConnection:
         return True
 
     async def _whole(self, session: _ModelSession, reply: _Reply,
-                     response: httpx.Response) -> tuple[str, _Usage | None]:
+                     response: httpx.Response) -> tuple[str, Usage | None]:
         """A JSON answer: a whole completion (a server that does not stream) or an
         error in the OpenAI shape."""
         body = BoundedBody(response, limit=self._factory.max_event_bytes)
@@ -509,7 +466,7 @@ class ModelConnection:
         while chunk := await body.read():
             data += chunk
         try:
-            completion = _completion_decoder.decode(data)
+            completion = completion_decoder.decode(data)
         except (msgspec.DecodeError, RecursionError):
             completion = None
         if completion is not None and completion.error is not None:
@@ -522,16 +479,16 @@ class ModelConnection:
         for choice in completion.choices[:1]:
             thought = choice.message.thought() if choice.message is not None else None
             if thought and not self._emit(session, reply, thought, thought=True):
-                return "max_tokens", completion.usage
+                return "max_tokens", read_usage(completion.usage)
             content = choice.message.content if choice.message is not None else None
             if content and not self._emit(session, reply, content):
-                return "max_tokens", completion.usage
+                return "max_tokens", read_usage(completion.usage)
             if choice.finish_reason:
                 stop_reason = FINISH_TO_STOP.get(choice.finish_reason, "end_turn")
-        return stop_reason, completion.usage
+        return stop_reason, read_usage(completion.usage)
 
     def _result(self, session: _ModelSession, stop_reason: str,
-                usage: _Usage | None) -> dict[str, Any]:
+                usage: Usage | None) -> dict[str, Any]:
         result: dict[str, Any] = {"stopReason": stop_reason}
         if usage is not None:
             result["usage"] = {"inputTokens": usage.prompt_tokens,

@@ -53,7 +53,7 @@ BEHAVIOURS = ("ENDLESS_LINE", "ENDLESS_EVENT", "ENDLESS_REPLY", "ENDLESS_ERROR",
               "GZIP_MEMBERS", "GZIP_CUT", "GZIP_TRAILING", "DEFLATE_RAW", "DEFLATE_ZLIB",
               "BYTE_ORDER_MARK", "KEEPALIVE_AFTER_FINISH", "DEEP_CHUNK", "DEEP_ERROR",
               "DEEP_COMPLETION", "REASONING", "SPLIT_EMOJI",
-              "SURROGATE_ERROR")
+              "SURROGATE_ERROR", "NULL_USAGE", "OTHER_USAGE")
 DEEP = 5000   # JSON arrays nested this deep: past any recursive decoder's depth (10 KB)
 ROLES_ERROR = "Conversation roles must alternate user/assistant/user/assistant/..."
 MODELS_MODES = ("ok", "endless", "wrong_types", "mixed", "many", "html", "stall", "missing",
@@ -344,6 +344,20 @@ class HostileModelServer:
     async def _surrogate_error(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
         await stream.send(head(200, "OK", SSE)
                           + b'data: {"error": {"message": "bad \\ud800 thing"}}\n\n')
+
+    async def _null_usage(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
+        """Usage counts given as null (some servers and models do)."""
+        await stream.send(head(200, "OK", SSE) + chunk("counted") + chunk(finish="stop")
+                          + b'data: {"choices": [], "usage": {"prompt_tokens": null, '
+                            b'"completion_tokens": 2, "total_tokens": null}}\n\n'
+                          + b"data: [DONE]\n\n")
+
+    async def _other_usage(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
+        """Usage named as mlx-vlm names it (``input_tokens``/``output_tokens``)."""
+        await stream.send(head(200, "OK", SSE) + chunk("counted") + chunk(finish="stop")
+                          + chunk(usage={"input_tokens": 11, "output_tokens": 5,
+                                         "total_tokens": 16, "prompt_tps": 21.5})
+                          + b"data: [DONE]\n\n")
 
     async def _brotli(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
         await stream.send(head(200, "OK", {**SSE, "Content-Encoding": "br"}) + b"\x0b\x02\x80")

@@ -170,3 +170,20 @@ async def test_a_resource_link_reaches_the_model_as_a_link(tmp_path) -> None:
             assert _sent(upstream) == [
                 ("user", "look at\n[a.py](file:///w/a.py)\n"
                          "[https://example.com/spec](https://example.com/spec)")]
+
+
+@pytest.mark.parametrize(("behaviour", "usage"), [
+    ("NULL_USAGE", {"inputTokens": 0, "outputTokens": 2, "totalTokens": 2}),
+    ("OTHER_USAGE", {"inputTokens": 11, "outputTokens": 5, "totalTokens": 16}),
+])
+async def test_usage_of_another_shape_never_fails_the_turn(tmp_path, behaviour: str,
+                                                          usage: dict[str, int]) -> None:
+    """Counts given as null made the turn fail after its whole reply was shown
+    (``Expected `int`, got `null```); counts named ``input_tokens``/``output_tokens``
+    were taken as 0."""
+    async with hostile_model_server() as upstream:
+        async with Bridge(ModelAgentFactory(upstream.url, model="m-one"),
+                          workspace_cwd=str(tmp_path)) as bridge:
+            sid = (await bridge.create_session()).session_id
+            result = await bridge.send_prompt(sid, text(f"{behaviour} please"))
+            assert (result.stop_reason, result.response["usage"]) == ("end_turn", usage)
