@@ -7,8 +7,8 @@
 Contracts:
 
 * Only what the agent uses is typed; any other field is ignored. A field of the wrong
-  type where it matters (``choices`` not a list, ``delta.content`` a number) is a
-  ``msgspec.ValidationError``.
+  type where it matters (``choices`` neither a list nor null, ``delta.content`` a
+  number) is a ``msgspec.ValidationError``.
 * A thought is ``reasoning_content`` (vLLM, DeepSeek, LM Studio) or ``reasoning``
   (Ollama, OpenRouter), in a delta and in a whole message alike.
 * Usage is never a reason to fail: ``read_usage`` takes the counts that are integers
@@ -45,7 +45,7 @@ class Usage(msgspec.Struct):
 
 
 class Chunk(msgspec.Struct):
-    choices: list[Choice] = []
+    choices: list[Choice] | None = None   # null in some servers' usage chunk
     usage: Any = None   # read_usage: never a reason to fail the turn
     error: Any = None
 

@@ -403,7 +403,7 @@ class ModelConnection:
                     continue
                 chunk, lenient = self._decode(text)
                 usage = read_usage(chunk.usage) or usage
-                for choice in chunk.choices:
+                for choice in chunk.choices or ():
                     delta = choice.delta
                     thought = delta.thought() if delta is not None else None
                     content = delta.content if delta is not None else None

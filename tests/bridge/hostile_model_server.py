@@ -53,7 +53,8 @@ BEHAVIOURS = ("ENDLESS_LINE", "ENDLESS_EVENT", "ENDLESS_REPLY", "ENDLESS_ERROR",
               "GZIP_MEMBERS", "GZIP_CUT", "GZIP_TRAILING", "DEFLATE_RAW", "DEFLATE_ZLIB",
               "BYTE_ORDER_MARK", "KEEPALIVE_AFTER_FINISH", "DEEP_CHUNK", "DEEP_ERROR",
               "DEEP_COMPLETION", "REASONING", "SPLIT_EMOJI",
-              "SURROGATE_ERROR", "NULL_USAGE", "OTHER_USAGE")
+              "SURROGATE_ERROR", "NULL_USAGE", "OTHER_USAGE",
+              "NULL_CHOICES")
 DEEP = 5000   # JSON arrays nested this deep: past any recursive decoder's depth (10 KB)
 ROLES_ERROR = "Conversation roles must alternate user/assistant/user/assistant/..."
 MODELS_MODES = ("ok", "endless", "wrong_types", "mixed", "many", "html", "stall", "missing",
@@ -357,6 +358,13 @@ class HostileModelServer:
         await stream.send(head(200, "OK", SSE) + chunk("counted") + chunk(finish="stop")
                           + chunk(usage={"input_tokens": 11, "output_tokens": 5,
                                          "total_tokens": 16, "prompt_tps": 21.5})
+                          + b"data: [DONE]\n\n")
+
+    async def _null_choices(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
+        """The usage chunk with ``choices: null`` (DeepSeek, Groq, OpenWebUI, Azure)."""
+        await stream.send(head(200, "OK", SSE) + chunk("counted") + chunk(finish="stop")
+                          + b'data: {"choices": null, "usage": {"prompt_tokens": 3, '
+                            b'"completion_tokens": 1, "total_tokens": 4}}\n\n'
                           + b"data: [DONE]\n\n")
 
     async def _brotli(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:

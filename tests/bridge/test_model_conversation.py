@@ -175,12 +175,13 @@ async def test_a_resource_link_reaches_the_model_as_a_link(tmp_path) -> None:
 @pytest.mark.parametrize(("behaviour", "usage"), [
     ("NULL_USAGE", {"inputTokens": 0, "outputTokens": 2, "totalTokens": 2}),
     ("OTHER_USAGE", {"inputTokens": 11, "outputTokens": 5, "totalTokens": 16}),
+    ("NULL_CHOICES", {"inputTokens": 3, "outputTokens": 1, "totalTokens": 4}),
 ])
 async def test_usage_of_another_shape_never_fails_the_turn(tmp_path, behaviour: str,
                                                           usage: dict[str, int]) -> None:
-    """Counts given as null made the turn fail after its whole reply was shown
-    (``Expected `int`, got `null```); counts named ``input_tokens``/``output_tokens``
-    were taken as 0."""
+    """Counts given as null, or the usage chunk's ``choices`` as null, made the turn
+    fail after its whole reply was shown (``Expected `int`, got `null```); counts named
+    ``input_tokens``/``output_tokens`` were taken as 0."""
     async with hostile_model_server() as upstream:
         async with Bridge(ModelAgentFactory(upstream.url, model="m-one"),
                           workspace_cwd=str(tmp_path)) as bridge:
