@@ -43,7 +43,10 @@ Contracts:
   ...}`` or ``event: error``), a content type that is no event stream, a chunk that is
   not a ``chat.completion.chunk``, a connection broken off, a stream that ends with
   neither a ``finish_reason`` nor ``[DONE]``, ``timeout_s`` (``READ_TIMEOUT_S``) without
-  a byte, JSON nested past the decoder's depth. A JSON ``chat.completion`` (a server that ignores ``stream``) is taken whole.
+  a byte, JSON nested past the decoder's depth. A JSON ``chat.completion`` (a server that
+  ignores ``stream``) is taken whole. A body of another content type that opens as an
+  event stream does (``data:``, ``event:``, a comment: a proxy that mislabels it) is read
+  as one.
 * After a ``finish_reason`` the stream may end without ``[DONE]``, or stay open: at
   ``finish_grace_s`` (``FINISH_GRACE_S``) after it the turn ends normally, whatever
   comes meanwhile (a usage chunk still counts; keep-alive comments do not hold it open).
@@ -365,33 +368,39 @@ class ModelConnection:
                     raise UpstreamError(_status_text(response, "")
                                         + _colon(await error_detail(response)))
                 kind = _content_type(response)
-                if kind == "application/json":
-                    return self._result(session, *await self._whole(session, reply, response))
-                if kind not in ("", "text/event-stream"):
-                    raise UpstreamError(
-                        f"answered {response.status_code} with Content-Type {kind!r}, not an "
-                        f"event stream" + _colon(await error_detail(response, limit=200)))
-                return self._result(session, *await self._events(session, reply, response))
+                source = BoundedBody(response, limit=self._factory.max_stream_bytes)
+                start = b""
+                if kind not in ("", "text/event-stream"):   # mislabelled? what it opens with
+                    start = await _opening(source)
+                    if not start.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(_SSE_FIELDS):
+                        if kind == "application/json":
+                            return self._result(session, *await self._whole(
+                                session, reply, source, start, response.status_code))
+                        start += await _opening(source, 200 - len(start))   # to quote
+                        raise UpstreamError(
+                            f"answered {response.status_code} with Content-Type {kind!r}, not "
+                            f"an event stream" + _colon(body_message(start[:200])[:200]))
+                return self._result(session, *await self._events(session, reply, source, start))
         except UpstreamError as exc:
             raise _turn_error(self._factory.shown_url, str(exc)) from None
         except httpx.HTTPError as exc:
             raise _turn_error(self._factory.shown_url,
                               _transport_text(exc, self._factory.timeout_s)) from None
 
-    async def _events(self, session: _ModelSession, reply: _Reply,
-                      response: httpx.Response) -> tuple[str, Usage | None]:
-        """The event stream, to ``[DONE]``, to its end after a ``finish_reason``, or to
-        ``finish_grace_s`` after one (a deadline: comments sent meanwhile do not move it)."""
-        source = BoundedBody(response, limit=self._factory.max_stream_bytes)
+    async def _events(self, session: _ModelSession, reply: _Reply, source: BoundedBody,
+                      start: bytes) -> tuple[str, Usage | None]:
+        """The event stream (``start``: its bytes read already), to ``[DONE]``, to its
+        end after a ``finish_reason``, or to ``finish_grace_s`` after one (a deadline:
+        comments sent meanwhile do not move it)."""
         parser = SseParser(max_event_bytes=self._factory.max_event_bytes)
         stop_reason: str | None = None
         usage: Usage | None = None
         deadline = math.inf   # set at the first finish_reason
         halves = (Surrogates(), Surrogates())   # of the thoughts, of the text
         while True:
-            data = b""
+            data, start = start, b""
             with anyio.CancelScope(deadline=deadline):
-                data = await source.read()
+                data = data or await source.read()
             if not data:   # the end, or the grace after the finish is over
                 break
             for event, text in parser.feed(data):
@@ -457,14 +466,16 @@ class ModelConnection:
                        "content": {"type": "text", "text": text}}})
         return True
 
-    async def _whole(self, session: _ModelSession, reply: _Reply,
-                     response: httpx.Response) -> tuple[str, Usage | None]:
-        """A JSON answer: a whole completion (a server that does not stream) or an
-        error in the OpenAI shape."""
-        body = BoundedBody(response, limit=self._factory.max_event_bytes)
-        data = bytearray()
-        while chunk := await body.read():
+    async def _whole(self, session: _ModelSession, reply: _Reply, source: BoundedBody,
+                     start: bytes, status: int) -> tuple[str, Usage | None]:
+        """A JSON answer (``start``: its bytes read already): a whole completion (a
+        server that does not stream) or an error in the OpenAI shape."""
+        data = bytearray(start)
+        while chunk := await source.read():
             data += chunk
+            if len(data) > self._factory.max_event_bytes:
+                raise UpstreamError(f"sent more than {size_text(self._factory.max_event_bytes)}"
+                                    f" in one reply")
         try:
             completion = completion_decoder.decode(data)
         except (msgspec.DecodeError, RecursionError):
@@ -473,7 +484,7 @@ class ModelConnection:
             message = error_message(completion.error) or repr(completion.error)[:300]
             raise UpstreamError(f"reported an error: {message}")
         if completion is None or not completion.choices:
-            raise UpstreamError(f"answered {response.status_code} with JSON that is neither a "
+            raise UpstreamError(f"answered {status} with JSON that is neither a "
                                 f"stream nor a completion: {body_message(bytes(data[:300]))[:200]}")
         stop_reason = "end_turn"
         for choice in completion.choices[:1]:
@@ -499,6 +510,19 @@ class ModelConnection:
                 "update": {"sessionUpdate": "usage_update", "used": usage.total_tokens,
                            "size": 0, "_meta": {"acp-server/usage": result["usage"]}}})
         return result
+
+
+_SSE_FIELDS = (b"data:", b"event:", b":", b"id:", b"retry:")
+
+
+async def _opening(source: BoundedBody, enough: int = 8) -> bytes:
+    """The first bytes of a body: ``enough`` past whitespace and a byte order mark (to
+    tell an event stream), all of them at its end; 4 KiB at most and one chunk more."""
+    start = b""
+    while len(start.lstrip(b"\xef\xbb\xbf \t\r\n")) < enough and len(start) < 4096 \
+            and (chunk := await source.read()):
+        start += chunk
+    return start
 
 
 def _trim(history: list[dict[str, str]], max_messages: int, max_chars: int) -> None:

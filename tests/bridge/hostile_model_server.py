@@ -54,7 +54,7 @@ BEHAVIOURS = ("ENDLESS_LINE", "ENDLESS_EVENT", "ENDLESS_REPLY", "ENDLESS_ERROR",
               "BYTE_ORDER_MARK", "KEEPALIVE_AFTER_FINISH", "DEEP_CHUNK", "DEEP_ERROR",
               "DEEP_COMPLETION", "REASONING", "SPLIT_EMOJI",
               "SURROGATE_ERROR", "NULL_USAGE", "OTHER_USAGE",
-              "NULL_CHOICES")
+              "NULL_CHOICES", "SSE_AS_TEXT", "SSE_AS_JSON", "TEXT_ERROR")
 DEEP = 5000   # JSON arrays nested this deep: past any recursive decoder's depth (10 KB)
 ROLES_ERROR = "Conversation roles must alternate user/assistant/user/assistant/..."
 MODELS_MODES = ("ok", "endless", "wrong_types", "mixed", "many", "html", "stall", "missing",
@@ -366,6 +366,22 @@ class HostileModelServer:
                           + b'data: {"choices": null, "usage": {"prompt_tokens": 3, '
                             b'"completion_tokens": 1, "total_tokens": 4}}\n\n'
                           + b"data: [DONE]\n\n")
+
+    async def _mislabelled(self, stream: anyio.abc.SocketStream, kind: str) -> None:
+        await stream.send(head(200, "OK", {"Content-Type": kind}) + b"\n" + chunk("labelled ")
+                          + chunk("wrong") + chunk(finish="stop") + b"data: [DONE]\n\n")
+
+    async def _sse_as_text(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
+        """An event stream labelled text/plain (as ramalama's RAG proxy sent it)."""
+        await self._mislabelled(stream, "text/plain; charset=utf-8")
+
+    async def _sse_as_json(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
+        """An event stream labelled application/json (as vLLM-Ascend's proxy sent it)."""
+        await self._mislabelled(stream, "application/json")
+
+    async def _text_error(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
+        await stream.send(head(200, "OK", {"Content-Type": "text/plain"})
+                          + b"upstream says no")
 
     async def _brotli(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
         await stream.send(head(200, "OK", {**SSE, "Content-Encoding": "br"}) + b"\x0b\x02\x80")

@@ -36,6 +36,8 @@ FAULTS = [
     ("JSON_ERROR", r"reported an error: Invalid API key \(type invalid_request_error\)"),
     ("HTML", r"answered 200 with Content-Type 'text/html', not an event stream: "
              r"<html><body><h1>Sign in to the proxy"),
+    ("TEXT_ERROR", r"answered 200 with Content-Type 'text/plain', not an event stream: "
+                   r"upstream says no$"),
     ("BAD_JSON", r"sent a chunk that is not a chat.completion.chunk \(JSON is malformed"),
     ("WRONG_TYPE", r"sent a chunk that is not a chat.completion.chunk \(Expected `str \| null`, "
                    r"got `int`"),
@@ -153,6 +155,8 @@ async def test_a_whole_json_completion_and_a_gzipped_crlf_stream_are_understood(
     ("DEFLATE_RAW", ["raw ", "deflate"]),         # deflate without its zlib header
     ("DEFLATE_ZLIB", ["zlib ", "deflate"]),
     ("BYTE_ORDER_MARK", ["marked"]),              # a BOM before the first line
+    ("SSE_AS_TEXT", ["labelled ", "wrong"]),      # an event stream labelled text/plain
+    ("SSE_AS_JSON", ["labelled ", "wrong"]),      # ... or application/json
 ])
 async def test_each_valid_encoding_of_a_stream_is_understood(tmp_path, behaviour: str,
                                                              shown: list[str]) -> None:
