@@ -16,7 +16,8 @@ Contracts:
   in the catalog's own task group, so a caller that gives up (is cancelled, or
   ``wait_s`` passes) never aborts it; the next caller finds its result.
 * Models are only ever added: a model listed for the first time is offered from then
-  on (``on_models`` is called with the new ids, in listing order); a model that
+  on (``on_models`` is called with the new ids, in listing order), at most
+  ``MAX_OFFERED`` in all (the rest is logged once, never offered); a model that
   disappears from the listing stays offered (sessions using it keep working; a new
   session may still name it; the model server answers its prompts as it does). When
   ``on_models`` raises (a bug, logged) none of those models counts as offered, so the
@@ -44,6 +45,7 @@ from bridge.agents.upstream import public_url
 log = logging.getLogger("acp_server")
 
 LOG_EVERY_S = 600.0   # the same listing failure, logged again at most this often
+MAX_OFFERED = 1000    # models offered in all (listings only add): the rest is not
 DEFAULT_INTERVAL_S = 30.0
 
 Lister = Callable[[str], Awaitable[list[str]]]
@@ -69,6 +71,7 @@ class ModelCatalog:
         self.listings = 0                      # listings started (the first included)
         self.on_models: Callable[[list[str]], Any] | None = None
         self._clashed: set[str] = set()
+        self._full = False   # MAX_OFFERED reached (logged once)
         self._last_start: float | None = None
         self._running: anyio.Event | None = None   # set when the listing in flight ends
         self._failure: tuple[str, float] | None = None   # the last one logged, and when
@@ -133,6 +136,14 @@ class ModelCatalog:
             log.warning("model server %s: not offering %s: an agent configured by name has "
                         "it", self.shown, ", ".join(clash))
         new = [m for m in models if m not in self.taken and m not in self.offered]
+        room = MAX_OFFERED - len(self.offered)
+        if len(new) > room:
+            if not self._full:
+                self._full = True
+                log.warning("model server %s offers %d models already: not offering %d "
+                            "more (%s, …) until a restart", self.shown, MAX_OFFERED,
+                            len(new) - room, new[room])
+            new = new[:room]
         if new and self.on_models is not None:
             try:
                 self.on_models(new)
@@ -156,4 +167,4 @@ class ModelCatalog:
             log.debug("cannot list the models of %s (again): %s", self.shown, cause)
 
 
-__all__ = ["DEFAULT_INTERVAL_S", "LOG_EVERY_S", "ModelCatalog"]
+__all__ = ["DEFAULT_INTERVAL_S", "LOG_EVERY_S", "MAX_OFFERED", "ModelCatalog"]
