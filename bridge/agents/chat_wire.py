@@ -10,7 +10,8 @@ Contracts:
   type where it matters (``choices`` neither a list nor null, ``delta.content`` a
   number) is a ``msgspec.ValidationError``.
 * A thought is ``reasoning_content`` (vLLM, DeepSeek, LM Studio) or ``reasoning``
-  (Ollama, OpenRouter), in a delta and in a whole message alike.
+  (Ollama, OpenRouter) when a string, in a delta and in a whole message alike; any
+  other shape of them is ignored (never a reason to fail).
 * Usage is never a reason to fail: ``read_usage`` takes the counts that are integers
   (``prompt_tokens``/``completion_tokens``, else ``input_tokens``/``output_tokens`` as
   mlx-vlm names them; a total missing is their sum), any other value counts 0; a usage
@@ -26,11 +27,15 @@ import msgspec
 
 class Delta(msgspec.Struct):
     content: str | None = None
-    reasoning_content: str | None = None   # vLLM, DeepSeek, LM Studio
-    reasoning: str | None = None           # Ollama, OpenRouter
+    reasoning_content: Any = None   # vLLM, DeepSeek, LM Studio (a string)
+    reasoning: Any = None           # Ollama, OpenRouter (a string)
 
     def thought(self) -> str | None:
-        return self.reasoning_content or self.reasoning
+        """The reasoning, when a string (another shape is ignored, as before)."""
+        for value in (self.reasoning_content, self.reasoning):
+            if isinstance(value, str) and value:
+                return value
+        return None
 
 
 class Choice(msgspec.Struct):
