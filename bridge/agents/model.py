@@ -193,7 +193,7 @@ def _transport_text(exc: httpx.HTTPError, read_timeout_s: float) -> str:
 def _turn_error(base_url: str, cause: str) -> AgentError:
     if cause.startswith("cannot be reached "):
         return AgentError(INTERNAL_ERROR, f"Cannot reach model server {base_url}: "
-                          f"{cause.removeprefix('cannot be reached ')}")
+                          f"{cause.removeprefix('cannot be reached (').removesuffix(')')}")
     return AgentError(INTERNAL_ERROR, f"Model server {base_url} {cause}")
 
 
