@@ -234,8 +234,8 @@ class Settings:
             raise SettingsError(f"Invalid max-running-tasks: {self.max_running_tasks!r}. "
                                 "Must be a non-negative integer.")
         if self.model_server is not None and not re.match(r"^https?://[^\s/]+", self.model_server):
-            raise SettingsError(f"Invalid model server: {self.model_server!r}. Must be an http(s) URL "
-                                "such as http://127.0.0.1:11434/v1.")
+            raise SettingsError(f"Invalid model server: {redact_address(self.model_server)!r}. "
+                                "Must be an http(s) URL such as http://127.0.0.1:11434/v1.")
         if isinstance(self.model_refresh_ms, bool) or not isinstance(self.model_refresh_ms, int) \
                 or self.model_refresh_ms < 0:
             raise SettingsError(f"Invalid model-refresh-ms: {self.model_refresh_ms!r}. Must be "

@@ -16,7 +16,8 @@ Contracts:
   in the catalog's own task group, so a caller that gives up (is cancelled, or
   ``wait_s`` passes) never aborts it; the next caller finds its result.
 * Models are only ever added: a model listed for the first time is offered from then
-  on (``on_models`` is called with the new ids, in listing order); a model that
+  on (``on_models`` is called with the new ids, in listing order), at most
+  ``MAX_OFFERED`` in all (the rest is logged once, never offered); a model that
   disappears from the listing stays offered (sessions using it keep working; a new
   session may still name it; the model server answers its prompts as it does). When
   ``on_models`` raises (a bug, logged) none of those models counts as offered, so the
@@ -39,9 +40,12 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from bridge.agents.upstream import public_url
+
 log = logging.getLogger("acp_server")
 
 LOG_EVERY_S = 600.0   # the same listing failure, logged again at most this often
+MAX_OFFERED = 1000    # models offered in all (listings only add): the rest is not
 DEFAULT_INTERVAL_S = 30.0
 
 Lister = Callable[[str], Awaitable[list[str]]]
@@ -58,6 +62,7 @@ class ModelCatalog:
                  interval_s: float = DEFAULT_INTERVAL_S,
                  clock: Callable[[], float] = time.monotonic, lister: Lister = _list) -> None:
         self.url = url
+        self.shown = public_url(url)   # in the log: credentials in the URL hidden
         self.taken = frozenset(taken)
         self.interval_s = interval_s
         self.clock = clock
@@ -66,6 +71,7 @@ class ModelCatalog:
         self.listings = 0                      # listings started (the first included)
         self.on_models: Callable[[list[str]], Any] | None = None
         self._clashed: set[str] = set()
+        self._full = False   # MAX_OFFERED reached (logged once)
         self._last_start: float | None = None
         self._running: anyio.Event | None = None   # set when the listing in flight ends
         self._failure: tuple[str, float] | None = None   # the last one logged, and when
@@ -128,19 +134,27 @@ class ModelCatalog:
         if clash:
             self._clashed.update(clash)
             log.warning("model server %s: not offering %s: an agent configured by name has "
-                        "it", self.url, ", ".join(clash))
+                        "it", self.shown, ", ".join(clash))
         new = [m for m in models if m not in self.taken and m not in self.offered]
+        room = MAX_OFFERED - len(self.offered)
+        if len(new) > room:
+            if not self._full:
+                self._full = True
+                log.warning("model server %s offers %d models already: not offering %d "
+                            "more (%s, …) until a restart", self.shown, MAX_OFFERED,
+                            len(new) - room, new[room])
+            new = new[:room]
         if new and self.on_models is not None:
             try:
                 self.on_models(new)
             except Exception:   # noqa: BLE001 - a bug: logged, never the server's end
                 log.exception("model server %s: could not offer %s (the next listing "
-                              "tries again)", self.url, ", ".join(new))
+                              "tries again)", self.shown, ", ".join(new))
                 return
         if self.listings == 1:
-            log.info("model server %s offers: %s", self.url, ", ".join(new) or "(none)")
+            log.info("model server %s offers: %s", self.shown, ", ".join(new) or "(none)")
         elif new:
-            log.info("model server %s now also offers: %s", self.url, ", ".join(new))
+            log.info("model server %s now also offers: %s", self.shown, ", ".join(new))
         self.offered.update(dict.fromkeys(new))
 
     def _failed(self, cause: str) -> None:
@@ -148,9 +162,9 @@ class ModelCatalog:
         last = self._failure
         if last is None or last[0] != cause or now - last[1] >= LOG_EVERY_S:
             self._failure = (cause, now)
-            log.error("cannot list the models of %s: %s", self.url, cause)
+            log.error("cannot list the models of %s: %s", self.shown, cause)
         else:
-            log.debug("cannot list the models of %s (again): %s", self.url, cause)
+            log.debug("cannot list the models of %s (again): %s", self.shown, cause)
 
 
-__all__ = ["DEFAULT_INTERVAL_S", "LOG_EVERY_S", "ModelCatalog"]
+__all__ = ["DEFAULT_INTERVAL_S", "LOG_EVERY_S", "MAX_OFFERED", "ModelCatalog"]

@@ -9,13 +9,23 @@ Contracts:
 
 * Each session keeps its conversation (user and assistant turns, its newest
   ``max_history_messages`` within ``max_history_chars`` (``MAX_HISTORY_CHARS``) in all,
-  the newest message always) and sends it whole with every prompt. A ``session/new``
+  the newest message always) and sends it whole with every prompt. Its roles
+  alternate user/assistant from a user message (strict chat templates refuse anything
+  else): messages of one role in a row are joined by a blank line (a prompt that got no
+  reply, on a fault or a cancel, goes with the next), an assistant message first is
+  dropped. A ``session/new``
   with ``_meta["acp-server/transcript"]`` (``bridge.transcript``: a session the server
   restores from its journal) starts with that conversation.
-* Streamed ``delta.content`` becomes ``agent_message_chunk`` updates in order.
+* Streamed ``delta.content`` becomes ``agent_message_chunk`` updates in order, a
+  thinking model's ``delta.reasoning_content`` (or ``delta.reasoning``)
+  ``agent_thought_chunk`` updates, never kept in the history (counted in the reply's
+  cap).
   ``finish_reason`` maps ``stop``/``tool_calls`` → ``end_turn``, ``length`` →
   ``max_tokens``, ``content_filter`` → ``refusal``. Usage (``stream_options.include_usage``)
-  is passed on as the response's ``usage`` and a ``usage_update``.
+  is passed on as the response's ``usage`` and a ``usage_update``, whatever its shape
+  (``bridge.agents.chat_wire.read_usage``: never a reason to fail the turn).
+* Every session's turn has its own connection at once (no pool limit: the sessions
+  bound them); at most 20 idle ones are kept for the next turns.
 * ``session/cancel`` closes the upstream stream at once (also while it is silent, before
   or after its headers); the turn ends ``cancelled``. The text received so far is kept
   in the history, on cancel and on an error alike.
@@ -26,13 +36,17 @@ Contracts:
   ``max_reply_bytes`` (``MAX_REPLY_BYTES``) ends the turn ``max_tokens`` with the text
   up to the cap. An error body is read only as far as it is quoted.
 * Every fault ends the turn with a JSON-RPC error (-32603) whose message is ``Model
-  server URL <cause>`` (``Cannot reach model server URL: ...`` when unreachable): an
+  server URL <cause>`` (``Cannot reach model server URL: ...`` when unreachable; URL
+  with its credentials, if any, as ``***``: they are sent as basic auth only): an
   error status (with its ``Retry-After`` and the body's error message; never retried),
   a redirect (named, not followed), an error the server streams (``data: {"error":
   ...}`` or ``event: error``), a content type that is no event stream, a chunk that is
   not a ``chat.completion.chunk``, a connection broken off, a stream that ends with
   neither a ``finish_reason`` nor ``[DONE]``, ``timeout_s`` (``READ_TIMEOUT_S``) without
-  a byte, JSON nested past the decoder's depth. A JSON ``chat.completion`` (a server that ignores ``stream``) is taken whole.
+  a byte, JSON nested past the decoder's depth. A JSON ``chat.completion`` (a server that
+  ignores ``stream``) is taken whole. A body of another content type that opens as an
+  event stream does (``data:``, ``event:``, a comment: a proxy that mislabels it) is read
+  as one.
 * After a ``finish_reason`` the stream may end without ``[DONE]``, or stay open: at
   ``finish_grace_s`` (``FINISH_GRACE_S``) after it the turn ends normally, whatever
   comes meanwhile (a usage chunk still counts; keep-alive comments do not hold it open).
@@ -50,9 +64,12 @@ import httpx
 import msgspec
 
 from bridge.agents.base import AgentClient
+from bridge.agents.chat_wire import (Chunk, Usage, chunk_decoder, completion_decoder,
+                                     models_decoder, read_usage)
 from bridge.agents.upstream import (MAX_EVENT_BYTES, MAX_STREAM_BYTES, BoundedBody, SseParser,
-                                    UpstreamError, body_message, error_detail, error_message,
-                                    size_text)
+                                    Surrogates, UpstreamError, body_message, decode_lenient,
+                                    error_detail, error_message, public_url, size_text,
+                                    split_credentials)
 from bridge.errors import AgentDiedError, AgentError
 from bridge.ids import uuid4_str
 from bridge.transcript import seeded
@@ -77,50 +94,6 @@ _STREAM_HEADERS = {"Accept": "text/event-stream", "Accept-Encoding": "identity",
                    "Cache-Control": "no-store"}
 
 
-class _Delta(msgspec.Struct):
-    content: str | None = None
-
-
-class _Choice(msgspec.Struct):
-    delta: _Delta | None = None
-    finish_reason: str | None = None
-
-
-class _Usage(msgspec.Struct):
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    total_tokens: int = 0
-
-
-class _Chunk(msgspec.Struct):
-    choices: list[_Choice] = []
-    usage: _Usage | None = None
-    error: Any = None
-
-
-class _Message(msgspec.Struct):
-    content: str | None = None
-
-
-class _WholeChoice(msgspec.Struct):
-    message: _Message | None = None
-    finish_reason: str | None = None
-
-
-class _Completion(msgspec.Struct):
-    """A whole ``chat.completion``: what a server that ignores ``stream`` answers."""
-    choices: list[_WholeChoice] = []
-    usage: _Usage | None = None
-    error: Any = None
-
-
-class _Models(msgspec.Struct):
-    data: list[Any]
-
-
-_chunk_decoder = msgspec.json.Decoder(_Chunk)
-_completion_decoder = msgspec.json.Decoder(_Completion)
-_models_decoder = msgspec.json.Decoder(_Models)
 
 
 async def discover_models(base_url: str, *, api_key: str | None = None,
@@ -130,11 +103,13 @@ async def discover_models(base_url: str, *, api_key: str | None = None,
     ``MAX_MODEL_ID_CHARS`` or holds control characters is skipped; logged). Within
     ``timeout_s`` in all and ``max_bytes`` of body, else ``UpstreamError`` naming the
     cause (an error status, not JSON, the wrong shape, unreachable)."""
-    base = base_url.rstrip("/")
+    shown = public_url(base_url.rstrip("/"))
+    base, basic = split_credentials(base_url.rstrip("/"))
     headers = {**_auth(api_key), "Accept": "application/json", "Accept-Encoding": "identity"}
     try:
         with anyio.fail_after(timeout_s):
-            async with httpx.AsyncClient(timeout=timeout_s, headers=headers) as client, \
+            async with httpx.AsyncClient(timeout=timeout_s, headers=headers,
+                                         auth=basic) as client, \
                     client.stream("GET", base + "/models") as response:
                 if response.status_code >= 300:
                     hint = (" (an OpenAI-compatible base URL usually ends in /v1)"
@@ -151,7 +126,7 @@ async def discover_models(base_url: str, *, api_key: str | None = None,
     except httpx.HTTPError as exc:
         raise UpstreamError(_transport_text(exc, timeout_s)) from None
     try:
-        models = _models_decoder.decode(data)
+        models = models_decoder.decode(data)
     except (msgspec.ValidationError, RecursionError) as exc:
         why = "JSON nested too deeply" if isinstance(exc, RecursionError) else str(exc)
         raise UpstreamError(f'listed its models at /models in an unknown shape ({why}; '
@@ -170,10 +145,10 @@ async def discover_models(base_url: str, *, api_key: str | None = None,
             skipped += 1
     if skipped:
         logger.warning("model server %s: skipped %d /models entries without a usable id",
-                       base, skipped)
+                       shown, skipped)
     if len(ids) > MAX_MODELS:
         logger.warning("model server %s lists %d models: offering the first %d",
-                       base, len(ids), MAX_MODELS)
+                       shown, len(ids), MAX_MODELS)
     return list(ids)[:MAX_MODELS]
 
 
@@ -218,7 +193,7 @@ def _transport_text(exc: httpx.HTTPError, read_timeout_s: float) -> str:
 def _turn_error(base_url: str, cause: str) -> AgentError:
     if cause.startswith("cannot be reached "):
         return AgentError(INTERNAL_ERROR, f"Cannot reach model server {base_url}: "
-                          f"{cause.removeprefix('cannot be reached ')}")
+                          f"{cause.removeprefix('cannot be reached (').removesuffix(')')}")
     return AgentError(INTERNAL_ERROR, f"Model server {base_url} {cause}")
 
 
@@ -233,7 +208,9 @@ class ModelAgentFactory:
                  max_event_bytes: int = MAX_EVENT_BYTES,
                  max_stream_bytes: int = MAX_STREAM_BYTES,
                  finish_grace_s: float = FINISH_GRACE_S) -> None:
-        self.base_url = base_url.rstrip("/")
+        # credentials in the URL (a proxy behind basic auth) are sent, never shown
+        self.shown_url = public_url(base_url.rstrip("/"))
+        self.base_url, self.basic_auth = split_credentials(base_url.rstrip("/"))
         self.model = model
         self.name = name or model
         self.api_key = api_key
@@ -269,12 +246,14 @@ class _Reply:
         self.size = 0
         self.cap = cap
 
-    def add(self, text: str) -> bool:
-        """Keep ``text``; ``False`` (and nothing kept) when it would pass the cap."""
+    def add(self, text: str, *, keep: bool = True) -> bool:
+        """Count ``text`` (and keep it, unless a thought); ``False`` (and nothing
+        counted) when it would pass the cap."""
         size = len(text.encode())
         if self.size + size > self.cap:
             return False
-        self.parts.append(text)
+        if keep:
+            self.parts.append(text)
         self.size += size
         return True
 
@@ -287,7 +266,10 @@ class ModelConnection:
         self._client = client
         self._http = httpx.AsyncClient(
             timeout=httpx.Timeout(factory.timeout_s, connect=CONNECT_TIMEOUT_S),
-            headers=_auth(factory.api_key))
+            headers=_auth(factory.api_key), auth=factory.basic_auth,
+            # one turn per session at a time: the sessions (--max-sessions) bound the
+            # connections; a pool of its own would hold turns back past it
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=20))
         self._sessions: dict[str, _ModelSession] = {}
         self._closed = False
 
@@ -386,32 +368,39 @@ class ModelConnection:
                     raise UpstreamError(_status_text(response, "")
                                         + _colon(await error_detail(response)))
                 kind = _content_type(response)
-                if kind == "application/json":
-                    return self._result(session, *await self._whole(session, reply, response))
-                if kind not in ("", "text/event-stream"):
-                    raise UpstreamError(
-                        f"answered {response.status_code} with Content-Type {kind!r}, not an "
-                        f"event stream" + _colon(await error_detail(response, limit=200)))
-                return self._result(session, *await self._events(session, reply, response))
+                source = BoundedBody(response, limit=self._factory.max_stream_bytes)
+                start = b""
+                if kind not in ("", "text/event-stream"):   # mislabelled? what it opens with
+                    start = await _opening(source)
+                    if not start.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(_SSE_FIELDS):
+                        if kind == "application/json":
+                            return self._result(session, *await self._whole(
+                                session, reply, source, start, response.status_code))
+                        start += await _opening(source, 200 - len(start))   # to quote
+                        raise UpstreamError(
+                            f"answered {response.status_code} with Content-Type {kind!r}, not "
+                            f"an event stream" + _colon(body_message(start[:200])[:200]))
+                return self._result(session, *await self._events(session, reply, source, start))
         except UpstreamError as exc:
-            raise _turn_error(self._factory.base_url, str(exc)) from None
+            raise _turn_error(self._factory.shown_url, str(exc)) from None
         except httpx.HTTPError as exc:
-            raise _turn_error(self._factory.base_url,
+            raise _turn_error(self._factory.shown_url,
                               _transport_text(exc, self._factory.timeout_s)) from None
 
-    async def _events(self, session: _ModelSession, reply: _Reply,
-                      response: httpx.Response) -> tuple[str, _Usage | None]:
-        """The event stream, to ``[DONE]``, to its end after a ``finish_reason``, or to
-        ``finish_grace_s`` after one (a deadline: comments sent meanwhile do not move it)."""
-        source = BoundedBody(response, limit=self._factory.max_stream_bytes)
+    async def _events(self, session: _ModelSession, reply: _Reply, source: BoundedBody,
+                      start: bytes) -> tuple[str, Usage | None]:
+        """The event stream (``start``: its bytes read already), to ``[DONE]``, to its
+        end after a ``finish_reason``, or to ``finish_grace_s`` after one (a deadline:
+        comments sent meanwhile do not move it)."""
         parser = SseParser(max_event_bytes=self._factory.max_event_bytes)
         stop_reason: str | None = None
-        usage: _Usage | None = None
+        usage: Usage | None = None
         deadline = math.inf   # set at the first finish_reason
+        halves = (Surrogates(), Surrogates())   # of the thoughts, of the text
         while True:
-            data = b""
+            data, start = start, b""
             with anyio.CancelScope(deadline=deadline):
-                data = await source.read()
+                data = data or await source.read()
             if not data:   # the end, or the grace after the finish is over
                 break
             for event, text in parser.feed(data):
@@ -421,11 +410,17 @@ class ModelConnection:
                     raise UpstreamError(f"reported an error: {body_message(text.encode())[:500]}")
                 if not text.strip():
                     continue
-                chunk = self._decode(text)
-                if chunk.usage is not None:
-                    usage = chunk.usage
-                for choice in chunk.choices:
-                    content = choice.delta.content if choice.delta is not None else None
+                chunk, lenient = self._decode(text)
+                usage = read_usage(chunk.usage) or usage
+                for choice in chunk.choices or ():
+                    delta = choice.delta
+                    thought = delta.thought() if delta is not None else None
+                    content = delta.content if delta is not None else None
+                    if lenient or halves[0].held or halves[1].held:
+                        thought = halves[0].join(thought) if thought else thought
+                        content = halves[1].join(content) if content else content
+                    if thought and not self._emit(session, reply, thought, thought=True):
+                        return "max_tokens", usage
                     if content and not self._emit(session, reply, content):
                         return "max_tokens", usage
                     if choice.finish_reason:
@@ -437,60 +432,74 @@ class ModelConnection:
                                 "no [DONE])")
         return stop_reason, usage
 
-    def _decode(self, text: str) -> _Chunk:
+    def _decode(self, text: str) -> tuple[Chunk, bool]:
+        """The chunk, and whether its strings may hold surrogate halves."""
+        lenient = False
         try:
-            chunk = _chunk_decoder.decode(text)
+            chunk = chunk_decoder.decode(text)
         except (msgspec.DecodeError, RecursionError) as exc:   # RecursionError: nested deep
-            why = "JSON nested too deeply" if isinstance(exc, RecursionError) else str(exc)
-            raise UpstreamError(f"sent a chunk that is not a chat.completion.chunk ({why}): "
-                                f"{text[:120]!r}") from None
+            chunk = decode_lenient(text, Chunk) if isinstance(exc, msgspec.DecodeError) \
+                and not isinstance(exc, msgspec.ValidationError) else None
+            if chunk is None:
+                why = "JSON nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+                raise UpstreamError(f"sent a chunk that is not a chat.completion.chunk "
+                                    f"({why}): {text[:120]!r}") from None
+            lenient = True
         if chunk.error is not None:
             message = error_message(chunk.error) or repr(chunk.error)[:300]
-            raise UpstreamError(f"reported an error: {message}")
-        return chunk
+            raise UpstreamError(f"reported an error: {Surrogates().join(message)}")
+        return chunk, lenient
 
-    def _emit(self, session: _ModelSession, reply: _Reply, text: str) -> bool:
-        """One ``agent_message_chunk``; ``False`` (nothing sent) past the reply's cap."""
-        if not reply.add(text):
+    def _emit(self, session: _ModelSession, reply: _Reply, text: str, *,
+              thought: bool = False) -> bool:
+        """One ``agent_message_chunk`` (``agent_thought_chunk``: not kept in the
+        history); ``False`` (nothing sent) past the reply's cap."""
+        if not reply.add(text, keep=not thought):
             logger.warning("model server %s: reply in session %s over %s, turn ended "
-                           "max_tokens", self._factory.base_url, session.session_id,
+                           "max_tokens", self._factory.shown_url, session.session_id,
                            size_text(reply.cap))
             return False
         self._client.session_update(session.session_id, {
             "sessionId": session.session_id,
-            "update": {"sessionUpdate": "agent_message_chunk",
+            "update": {"sessionUpdate": "agent_thought_chunk" if thought
+                       else "agent_message_chunk",
                        "content": {"type": "text", "text": text}}})
         return True
 
-    async def _whole(self, session: _ModelSession, reply: _Reply,
-                     response: httpx.Response) -> tuple[str, _Usage | None]:
-        """A JSON answer: a whole completion (a server that does not stream) or an
-        error in the OpenAI shape."""
-        body = BoundedBody(response, limit=self._factory.max_event_bytes)
-        data = bytearray()
-        while chunk := await body.read():
+    async def _whole(self, session: _ModelSession, reply: _Reply, source: BoundedBody,
+                     start: bytes, status: int) -> tuple[str, Usage | None]:
+        """A JSON answer (``start``: its bytes read already): a whole completion (a
+        server that does not stream) or an error in the OpenAI shape."""
+        data = bytearray(start)
+        while chunk := await source.read():
             data += chunk
+            if len(data) > self._factory.max_event_bytes:
+                raise UpstreamError(f"sent more than {size_text(self._factory.max_event_bytes)}"
+                                    f" in one reply")
         try:
-            completion = _completion_decoder.decode(data)
+            completion = completion_decoder.decode(data)
         except (msgspec.DecodeError, RecursionError):
             completion = None
         if completion is not None and completion.error is not None:
             message = error_message(completion.error) or repr(completion.error)[:300]
             raise UpstreamError(f"reported an error: {message}")
         if completion is None or not completion.choices:
-            raise UpstreamError(f"answered {response.status_code} with JSON that is neither a "
+            raise UpstreamError(f"answered {status} with JSON that is neither a "
                                 f"stream nor a completion: {body_message(bytes(data[:300]))[:200]}")
         stop_reason = "end_turn"
         for choice in completion.choices[:1]:
+            thought = choice.message.thought() if choice.message is not None else None
+            if thought and not self._emit(session, reply, thought, thought=True):
+                return "max_tokens", read_usage(completion.usage)
             content = choice.message.content if choice.message is not None else None
             if content and not self._emit(session, reply, content):
-                return "max_tokens", completion.usage
+                return "max_tokens", read_usage(completion.usage)
             if choice.finish_reason:
                 stop_reason = FINISH_TO_STOP.get(choice.finish_reason, "end_turn")
-        return stop_reason, completion.usage
+        return stop_reason, read_usage(completion.usage)
 
     def _result(self, session: _ModelSession, stop_reason: str,
-                usage: _Usage | None) -> dict[str, Any]:
+                usage: Usage | None) -> dict[str, Any]:
         result: dict[str, Any] = {"stopReason": stop_reason}
         if usage is not None:
             result["usage"] = {"inputTokens": usage.prompt_tokens,
@@ -503,20 +512,49 @@ class ModelConnection:
         return result
 
 
+_SSE_FIELDS = (b"data:", b"event:", b":", b"id:", b"retry:")
+
+
+async def _opening(source: BoundedBody, enough: int = 8) -> bytes:
+    """The first bytes of a body: ``enough`` past whitespace and a byte order mark (to
+    tell an event stream), all of them at its end; 4 KiB at most and one chunk more."""
+    start = b""
+    while len(start.lstrip(b"\xef\xbb\xbf \t\r\n")) < enough and len(start) < 4096 \
+            and (chunk := await source.read()):
+        start += chunk
+    return start
+
+
 def _trim(history: list[dict[str, str]], max_messages: int, max_chars: int) -> None:
-    """Drop the oldest messages past ``max_messages`` or ``max_chars`` in all; the
-    newest message stays, whatever its size."""
-    del history[:-max_messages]
-    total = sum(len(message["content"]) for message in history)
+    """Make ``history`` what a chat template takes: roles alternating, a user message
+    first (messages of one role in a row are one, joined by a blank line: a prompt that
+    got no reply goes with the next; an assistant message first is dropped). Then drop
+    the oldest messages past ``max_messages`` or ``max_chars`` in all; the newest
+    message stays, whatever its size. Messages are replaced, never changed in place (a
+    fork shares them)."""
+    joined: list[dict[str, str]] = []
+    for message in history:
+        if not joined and message["role"] != "user":
+            continue
+        if joined and joined[-1]["role"] == message["role"]:
+            parts = [p for p in (joined[-1]["content"], message["content"]) if p]
+            joined[-1] = {"role": message["role"], "content": "\n\n".join(parts)}
+        else:
+            joined.append(message)
+    if not joined and history:   # only an assistant message (a reply whose prompt went)
+        joined = history[-1:]
+    del joined[:-max_messages]
+    total = sum(len(message["content"]) for message in joined)
     drop = 0
-    while total > max_chars and drop < len(history) - 1:
-        total -= len(history[drop]["content"])
+    while drop < len(joined) - 1 and (total > max_chars or joined[drop]["role"] != "user"):
+        total -= len(joined[drop]["content"])
         drop += 1
-    del history[:drop]
+    history[:] = joined[drop:]
 
 
 def _prompt_text(prompt: Any) -> str:
-    """The text of a prompt's blocks: text, and the text of embedded resources."""
+    """The text of a prompt's blocks: text, the text of embedded resources, resource
+    links as Markdown links."""
     parts = []
     for block in prompt if isinstance(prompt, list) else ():
         if not isinstance(block, dict):
@@ -527,4 +565,8 @@ def _prompt_text(prompt: Any) -> str:
             resource = block.get("resource")
             if isinstance(resource, dict) and isinstance(resource.get("text"), str):
                 parts.append(resource["text"])
+        elif block.get("type") == "resource_link" and isinstance(block.get("uri"), str):
+            name = block.get("name")   # every ACP agent takes links: the model sees one
+            parts.append(f"[{name if isinstance(name, str) and name else block['uri']}]"
+                         f"({block['uri']})")
     return "\n".join(parts)

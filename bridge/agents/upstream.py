@@ -23,15 +23,19 @@ Contracts:
   join with LF; comments and ``id``/``retry`` fields ignored; an event without data is
   none, and so is one the stream ends in before its blank line). One line, or one event's data, over ``max_event_bytes`` is an
   ``UpstreamError``: what it keeps is bounded by the cap whatever the server sends.
+* ``decode_lenient`` and ``Surrogates``: JSON whose strings escape lone UTF-16
+  surrogates (an emoji cut in halves across chunks) is read, the halves joined, a half
+  alone is U+FFFD; no text with a surrogate in it goes further.
 * ``error_detail`` reads at most ``ERROR_DETAIL_BYTES`` of a body and never more, and
   names an OpenAI-shaped ``{"error": {"message": ...}}``'s message when there is one.
   JSON the decoder cannot take (nested past its depth: a ``RecursionError``) is text.
 * ``UpstreamError``'s message is a cause ("sent an SSE event over 4 MiB"), to be put
-  after the server's name.
+  after the server's name, as ``public_url`` shows it (credentials in the URL hidden).
 """
 
 from __future__ import annotations
 
+import json
 import re
 import zlib
 from collections.abc import AsyncIterator
@@ -53,6 +57,26 @@ BOM = b"\xef\xbb\xbf"
 
 class UpstreamError(Exception):
     """The server misbehaved; the message says how (it follows the server's name)."""
+
+
+def public_url(url: str) -> str:
+    """``url`` as messages and logs show it: credentials in it hidden
+    (``http://alice:s3cret@host/v1`` → ``http://***@host/v1``)."""
+    scheme, sep, rest = url.partition("://")
+    authority, slash, path = rest.partition("/")
+    if sep and "@" in authority:
+        return f"{scheme}://***@{authority.rpartition('@')[2]}{slash}{path}"
+    return url
+
+
+def split_credentials(url: str) -> tuple[str, httpx.BasicAuth | None]:
+    """``url`` without the credentials in it, and those as basic auth (so that no
+    request's URL holds them: httpx logs each request's URL)."""
+    shown = public_url(url)
+    if shown == url:
+        return url, None
+    parsed = httpx.URL(url)
+    return shown.replace("***@", "", 1), httpx.BasicAuth(parsed.username, parsed.password)
 
 
 def size_text(limit: int) -> str:
@@ -216,6 +240,34 @@ class SseParser:
         had_data = bool(self._data)
         self._data, self._data_bytes, self._event = [], 0, ""
         return (event, data) if had_data else None
+
+
+def decode_lenient(data: str, kind: type[Any]) -> Any:
+    """``data`` as ``kind`` when msgspec refused it only for a lone UTF-16 surrogate
+    escape (``"\\ud83d"``: half an emoji, from a server cutting its text by UTF-16
+    units): the standard library's decoder takes those. ``None`` when it is bad anyway."""
+    if "\\u" not in data:
+        return None
+    try:
+        return msgspec.convert(json.loads(data), kind)
+    except (ValueError, RecursionError, msgspec.ValidationError):
+        return None
+
+
+class Surrogates:
+    """Pieces of text in which a character may come as two surrogate halves: a high
+    half ending a piece waits for the next piece; a half alone becomes U+FFFD."""
+
+    __slots__ = ("held",)
+
+    def __init__(self) -> None:
+        self.held = ""
+
+    def join(self, text: str) -> str:
+        text, self.held = self.held + text, ""
+        if text and "\ud800" <= text[-1] <= "\udbff":
+            text, self.held = text[:-1], text[-1]
+        return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
 
 
 class _ErrorBody(msgspec.Struct):

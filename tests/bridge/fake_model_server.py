@@ -1,6 +1,6 @@
 """A fake OpenAI-compatible model server (the model is fake, the HTTP is real).
 
-The last message drives it: ``ERROR`` → 500; ``LENGTH`` → ``finish_reason:
+The last message (after its last blank line: the newest prompt) drives it: ``ERROR`` → 500; ``LENGTH`` → ``finish_reason:
 "length"``; ``SLOW`` → 50 chunks 100 ms apart (for cancel); ``WRITE`` → a
 ``write_file`` tool call for ``state.write_path`` (what coding agents such as
 ``qwen --acp`` run as a tool); a ``tool`` message → ``Tool done.``; otherwise the reply
@@ -79,6 +79,7 @@ def build_fake_model_app(state: FakeModelState) -> Starlette:
         message = body["messages"][-1]
         content = message.get("content")
         last = content if isinstance(content, str) else json.dumps(content)
+        last = last.rsplit("\n\n", 1)[-1]   # the newest prompt of a joined message
         if message["role"] == "tool":
             last = "Tool done."
         if "ERROR" in last:

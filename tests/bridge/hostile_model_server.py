@@ -10,9 +10,13 @@ gzip bomb, a stall before the headers).
 Contracts:
 
 * ``POST /v1/chat/completions``: the first word of ``BEHAVIOURS`` found in the last
-  message's text picks what is sent; none → a well-behaved ``pong: <text>`` reply in
+  message's text (after its last blank line) picks what is sent; none → a well-behaved ``pong: <text>`` reply in
   three chunks, a finish, a usage chunk and ``[DONE]``. Every request is recorded in
-  ``requests`` (its JSON body) and the behaviour in ``seen``.
+  ``requests`` (its JSON body) and the behaviour in ``seen``; the ``Authorization``
+  header of each request (``/models`` too) in ``authorizations``.
+* ``strict_roles``: answer 400, as vLLM or llama.cpp do with a chat template that
+  requires it (Gemma's, Mistral's), a conversation whose roles do not alternate
+  user/assistant starting with user (``ROLES_ERROR``).
 * ``GET /v1/models``: ``models_mode`` picks (``MODELS_MODES``); ``"ok"`` lists
   ``["m-one", "m-two"]``.
 * One request per connection (``Connection: close``); bodies are close-delimited.
@@ -48,8 +52,11 @@ BEHAVIOURS = ("ENDLESS_LINE", "ENDLESS_EVENT", "ENDLESS_REPLY", "ENDLESS_ERROR",
               "UNAVAILABLE", "REDIRECT", "GZIP_BOMB", "GZIP_OK", "KEEPALIVE_ONLY", "BROTLI",
               "GZIP_MEMBERS", "GZIP_CUT", "GZIP_TRAILING", "DEFLATE_RAW", "DEFLATE_ZLIB",
               "BYTE_ORDER_MARK", "KEEPALIVE_AFTER_FINISH", "DEEP_CHUNK", "DEEP_ERROR",
-              "DEEP_COMPLETION")
+              "DEEP_COMPLETION", "REASONING", "SPLIT_EMOJI",
+              "SURROGATE_ERROR", "NULL_USAGE", "OTHER_USAGE",
+              "NULL_CHOICES", "SSE_AS_TEXT", "SSE_AS_JSON", "TEXT_ERROR")
 DEEP = 5000   # JSON arrays nested this deep: past any recursive decoder's depth (10 KB)
+ROLES_ERROR = "Conversation roles must alternate user/assistant/user/assistant/..."
 MODELS_MODES = ("ok", "endless", "wrong_types", "mixed", "many", "html", "stall", "missing",
                 "deep")
 
@@ -76,6 +83,8 @@ class HostileModelServer:
         self.cut_off: list[str] = []
         self.exhausted: list[str] = []
         self.stalled: list[str] = []     # stalls under way (appended when they begin)
+        self.strict_roles = False
+        self.authorizations: list[str] = []   # each request's Authorization header
         self._bomb: bytes | None = None
 
     # -- the connection ----------------------------------------------------------------
@@ -85,7 +94,8 @@ class HostileModelServer:
                 request = await _read_request(stream)
                 if request is None:
                     return
-                method, path, body = request
+                method, path, headers, body = request
+                self.authorizations.append(headers.get("authorization", ""))
                 if method == "GET" and path.endswith("/models"):
                     await self._models(stream)
                 elif method == "POST" and path.endswith("/chat/completions"):
@@ -100,8 +110,17 @@ class HostileModelServer:
     async def _completions(self, stream: anyio.abc.SocketStream, raw: bytes) -> None:
         body = json.loads(raw)
         self.requests.append(body)
+        roles = [m.get("role") for m in body["messages"]]
+        if self.strict_roles and roles != ["user", "assistant"] * (len(roles) // 2) + \
+                ["user"] * (len(roles) % 2):
+            self.seen.append("roles_refused")
+            error = {"error": {"message": ROLES_ERROR, "type": "BadRequestError", "code": 400}}
+            await stream.send(head(400, "Bad Request", {"Content-Type": "application/json"})
+                              + json.dumps(error).encode())
+            return
         content = body["messages"][-1].get("content")
         last = content if isinstance(content, str) else json.dumps(content)
+        last = last.rsplit("\n\n", 1)[-1]   # the newest prompt of a joined message
         behaviour = next((b for b in BEHAVIOURS if b in last), "")
         self.seen.append(behaviour or "normal")
         if not behaviour:
@@ -183,7 +202,8 @@ class HostileModelServer:
     async def _whole(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
         completion = {"object": "chat.completion", "choices": [
             {"index": 0, "finish_reason": "stop",
-             "message": {"role": "assistant", "content": "a whole answer"}}],
+             "message": {"role": "assistant", "content": "a whole answer",
+                         "reasoning_content": "thought through"}}],
             "usage": {"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7}}
         await stream.send(head(200, "OK", {"Content-Type": "application/json"})
                           + json.dumps(completion).encode())
@@ -301,6 +321,68 @@ class HostileModelServer:
         await stream.send(head(200, "OK", {"Content-Type": "application/json"})
                           + b'{"error": ' + b"[" * DEEP + b"]" * DEEP + b"}")
 
+    async def _reasoning(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
+        """A thinking model: its reasoning first (``reasoning_content`` as vLLM, DeepSeek
+        and LM Studio send it, ``reasoning`` as Ollama and OpenRouter do), then the answer."""
+        def delta(**fields: str) -> bytes:
+            return b"data: " + json.dumps({"object": "chat.completion.chunk", "choices": [
+                {"index": 0, "delta": fields, "finish_reason": None}]}).encode() + b"\n\n"
+        await stream.send(head(200, "OK", SSE) + delta(role="assistant", content="")
+                          + delta(reasoning_content="Let me think. ")
+                          + delta(reasoning="Still thinking.") + chunk("the answer")
+                          + chunk(finish="stop") + b"data: [DONE]\n\n")
+
+    async def _split_emoji(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
+        """An emoji in two chunks, a UTF-16 surrogate escape in each (a proxy cutting text
+        by UTF-16 units, as JavaScript strings are), then a lone low surrogate."""
+        def raw(content: bytes) -> bytes:
+            return (b'data: {"choices": [{"index": 0, "delta": {"content": "' + content
+                    + b'"}, "finish_reason": null}]}\n\n')
+        await stream.send(head(200, "OK", SSE) + chunk("smile ") + raw(b"\\ud83d")
+                          + raw(b"\\ude00 then ") + raw(b"lone \\udc00") + chunk(finish="stop")
+                          + b"data: [DONE]\n\n")
+
+    async def _surrogate_error(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
+        await stream.send(head(200, "OK", SSE)
+                          + b'data: {"error": {"message": "bad \\ud800 thing"}}\n\n')
+
+    async def _null_usage(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
+        """Usage counts given as null (some servers and models do)."""
+        await stream.send(head(200, "OK", SSE) + chunk("counted") + chunk(finish="stop")
+                          + b'data: {"choices": [], "usage": {"prompt_tokens": null, '
+                            b'"completion_tokens": 2, "total_tokens": null}}\n\n'
+                          + b"data: [DONE]\n\n")
+
+    async def _other_usage(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
+        """Usage named as mlx-vlm names it (``input_tokens``/``output_tokens``)."""
+        await stream.send(head(200, "OK", SSE) + chunk("counted") + chunk(finish="stop")
+                          + chunk(usage={"input_tokens": 11, "output_tokens": 5,
+                                         "total_tokens": 16, "prompt_tps": 21.5})
+                          + b"data: [DONE]\n\n")
+
+    async def _null_choices(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
+        """The usage chunk with ``choices: null`` (DeepSeek, Groq, OpenWebUI, Azure)."""
+        await stream.send(head(200, "OK", SSE) + chunk("counted") + chunk(finish="stop")
+                          + b'data: {"choices": null, "usage": {"prompt_tokens": 3, '
+                            b'"completion_tokens": 1, "total_tokens": 4}}\n\n'
+                          + b"data: [DONE]\n\n")
+
+    async def _mislabelled(self, stream: anyio.abc.SocketStream, kind: str) -> None:
+        await stream.send(head(200, "OK", {"Content-Type": kind}) + b"\n" + chunk("labelled ")
+                          + chunk("wrong") + chunk(finish="stop") + b"data: [DONE]\n\n")
+
+    async def _sse_as_text(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
+        """An event stream labelled text/plain (as ramalama's RAG proxy sent it)."""
+        await self._mislabelled(stream, "text/plain; charset=utf-8")
+
+    async def _sse_as_json(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
+        """An event stream labelled application/json (as vLLM-Ascend's proxy sent it)."""
+        await self._mislabelled(stream, "application/json")
+
+    async def _text_error(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
+        await stream.send(head(200, "OK", {"Content-Type": "text/plain"})
+                          + b"upstream says no")
+
     async def _brotli(self, stream: anyio.abc.SocketStream, behaviour: str) -> None:
         await stream.send(head(200, "OK", {**SSE, "Content-Encoding": "br"}) + b"\x0b\x02\x80")
 
@@ -336,8 +418,10 @@ class HostileModelServer:
                               + b'{"error": {"message": "no such route /v1/models"}}')
 
 
-async def _read_request(stream: anyio.abc.SocketStream) -> tuple[str, str, bytes] | None:
-    """Method, path and body of one request (``Content-Length`` bodies only)."""
+async def _read_request(stream: anyio.abc.SocketStream
+                        ) -> tuple[str, str, dict[str, str], bytes] | None:
+    """Method, path, headers (lower-case names) and body of one request
+    (``Content-Length`` bodies only)."""
     data = b""
     while b"\r\n\r\n" not in data:
         if len(data) > 1024 * 1024:
@@ -349,14 +433,14 @@ async def _read_request(stream: anyio.abc.SocketStream) -> tuple[str, str, bytes
     header_block, _, body = data.partition(b"\r\n\r\n")
     lines = header_block.decode("latin-1").split("\r\n")
     method, path, _version = lines[0].split(" ", 2)
-    length = 0
+    headers = {}
     for line in lines[1:]:
         name, _, value = line.partition(":")
-        if name.strip().lower() == "content-length":
-            length = int(value.strip())
+        headers[name.strip().lower()] = value.strip()
+    length = int(headers.get("content-length", "0"))
     while len(body) < length:
         body += await stream.receive()
-    return method, path, body
+    return method, path, headers, body
 
 
 @contextlib.asynccontextmanager

@@ -69,5 +69,8 @@ async def test_unreachable_server_is_a_clear_turn_error(tmp_path):
     factory = ModelAgentFactory("http://127.0.0.1:9/v1", model="nothing", timeout_s=2)
     async with Bridge(factory, workspace_cwd=str(tmp_path)) as bridge:
         sid = (await bridge.create_session()).session_id
-        with pytest.raises(AgentError, match="Cannot reach model server http://127.0.0.1:9/v1"):
+        with pytest.raises(AgentError) as caught:
             await bridge.send_prompt(sid, text("hi"))
+        # as docs/agents.md shows it: the cause after a colon, not in parentheses
+        assert caught.value.message.startswith(
+            "Cannot reach model server http://127.0.0.1:9/v1: ConnectError: "), caught.value

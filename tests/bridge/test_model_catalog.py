@@ -17,7 +17,7 @@ import anyio
 import pytest
 
 from bridge import Bridge, BridgeOptions
-from bridge.agents.catalog import LOG_EVERY_S, ModelCatalog
+from bridge.agents.catalog import LOG_EVERY_S, MAX_OFFERED, ModelCatalog
 from bridge.agents.model import ModelAgentFactory
 from bridge.agents.reference import ReferenceAgentFactory
 from bridge.errors import AgentNotFoundError
@@ -212,3 +212,24 @@ async def test_a_model_the_bridge_could_not_take_is_handed_over_again(
         info = await bridge.create_session(agent="fake-new")
         assert handed == [["fake-new"], ["fake-new"]] and "fake-new" in catalog.offered
         assert info.agent == "fake-new"
+
+
+async def test_the_models_offered_in_all_are_bounded(tmp_path: Path, caplog) -> None:
+    """Listings only add, so a model server whose listing changes every time (an
+    untrusted upstream, a proxy listing what it routes to) grew the agents without end,
+    1000 at a time. At most ``MAX_OFFERED`` are offered in all; the rest is logged."""
+    clock = Clock()
+    async with fake_models() as (state, url), \
+            model_bridge(tmp_path, url, clock) as (bridge, catalog):
+        for listing in range(3):
+            state.models = [f"m{listing}-{n}" for n in range(600)]
+            clock.now += 30
+            with caplog.at_level(logging.WARNING, logger="acp_server"):
+                await bridge.refresh_agents()
+        assert state.models_asked == 4
+        assert len(catalog.offered) == MAX_OFFERED
+        assert len(bridge.agents.names) == MAX_OFFERED + 2   # reference, fake-small
+        assert list(catalog.offered)[-1] == f"m1-{MAX_OFFERED - 600 - 1 - 1}"
+        full = [r.getMessage() for r in caplog.records if "offers" in r.getMessage()
+                and "already" in r.getMessage()]
+        assert len(full) == 1, full   # logged once

@@ -11,11 +11,11 @@ import anyio
 import httpx
 import pytest
 
-from bridge import Bridge
+from bridge import Bridge, BridgeOptions
 from bridge.agents.model import MAX_MODELS, ModelAgentFactory, discover_models
 from bridge.agents.upstream import (INFLATE_STEP, BoundedBody, SseParser, UpstreamError,
                                     error_detail)
-from bridge.errors import AgentError
+from bridge.errors import AgentError, PromptDeadlineExceededError
 from tests.bridge.helpers import drain, envelope, text, wait_until
 from tests.bridge.hostile_model_server import hostile_model_server, refused_url
 
@@ -36,6 +36,8 @@ FAULTS = [
     ("JSON_ERROR", r"reported an error: Invalid API key \(type invalid_request_error\)"),
     ("HTML", r"answered 200 with Content-Type 'text/html', not an event stream: "
              r"<html><body><h1>Sign in to the proxy"),
+    ("TEXT_ERROR", r"answered 200 with Content-Type 'text/plain', not an event stream: "
+                   r"upstream says no$"),
     ("BAD_JSON", r"sent a chunk that is not a chat.completion.chunk \(JSON is malformed"),
     ("WRONG_TYPE", r"sent a chunk that is not a chat.completion.chunk \(Expected `str \| null`, "
                    r"got `int`"),
@@ -82,7 +84,8 @@ async def test_a_fault_ends_the_turn_with_its_cause_and_the_next_turn_works(
             assert upstream.seen == [behaviour]   # once: no retry
             result = await bridge.send_prompt(sid, text("fine now"))
             assert result.stop_reason == "end_turn"
-            assert upstream.requests[-1]["messages"][-1]["content"] == "fine now"
+            sent = upstream.requests[-1]["messages"][-1]["content"]   # joined when no reply
+            assert sent in ("fine now", f"{behaviour} please\n\nfine now"), sent
 
 
 async def test_an_endless_reply_ends_max_tokens_and_keeps_at_most_the_cap(tmp_path) -> None:
@@ -152,6 +155,8 @@ async def test_a_whole_json_completion_and_a_gzipped_crlf_stream_are_understood(
     ("DEFLATE_RAW", ["raw ", "deflate"]),         # deflate without its zlib header
     ("DEFLATE_ZLIB", ["zlib ", "deflate"]),
     ("BYTE_ORDER_MARK", ["marked"]),              # a BOM before the first line
+    ("SSE_AS_TEXT", ["labelled ", "wrong"]),      # an event stream labelled text/plain
+    ("SSE_AS_JSON", ["labelled ", "wrong"]),      # ... or application/json
 ])
 async def test_each_valid_encoding_of_a_stream_is_understood(tmp_path, behaviour: str,
                                                              shown: list[str]) -> None:
@@ -203,7 +208,7 @@ async def test_cancel_ends_a_stalled_turn_at_once(tmp_path, behaviour: str) -> N
             await wait_until(lambda: upstream.cut_off == [behaviour])
             await bridge.send_prompt(sid, text("after"))
             history = [m["content"] for m in upstream.requests[-1]["messages"]]
-            assert history == ([behaviour, "after"] if behaviour == "STALL_HEADERS"
+            assert history == ([f"{behaviour}\n\nafter"] if behaviour == "STALL_HEADERS"
                                else [behaviour, "first ", "after"])
 
 
@@ -397,3 +402,16 @@ def test_the_sse_parser_keeps_no_more_than_its_cap() -> None:
 
 def _updates(sub) -> list[dict]:  # type: ignore[no-untyped-def]
     return [envelope(f).data["update"] for f in drain(sub) if f.type == "session_update"]
+
+
+async def test_the_prompt_deadline_ends_a_trickling_turn_and_closes_the_upstream(
+        tmp_path) -> None:
+    """The read timeout is between bytes: a server that keeps sending a little never
+    meets it. ``--prompt-deadline-ms`` bounds the turn, and the connection is closed."""
+    async with hostile_model_server() as upstream:
+        async with Bridge(small_caps(upstream.url), workspace_cwd=str(tmp_path),
+                          options=BridgeOptions(prompt_deadline_ms=300)) as bridge:
+            sid = (await bridge.create_session()).session_id
+            with pytest.raises(PromptDeadlineExceededError):
+                await bridge.send_prompt(sid, text("STALL_CHUNKS"))
+            await wait_until(lambda: upstream.cut_off == ["STALL_CHUNKS"])

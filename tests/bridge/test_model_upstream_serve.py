@@ -5,6 +5,7 @@ starting with one clear log line (no traceback)."""
 
 from __future__ import annotations
 
+import base64
 import json
 import sys
 from collections.abc import Awaitable, Callable
@@ -129,3 +130,48 @@ async def test_a_model_named_like_a_configured_agent_is_not_offered(tmp_path) ->
         assert f"model server {upstream.url}: not offering m-one: an agent configured by " \
                f"name has it" in log
         assert "Traceback" not in log
+
+
+async def test_credentials_in_the_model_server_url_are_sent_never_shown(tmp_path) -> None:
+    """``--model-server http://user:password@host/v1`` (a proxy behind basic auth): the
+    credentials go to the model server, never into a turn's error (every reader of the
+    session sees it) nor the log."""
+    async with hostile_model_server() as upstream:
+        url = upstream.url.replace("http://", "http://alice:s3cret@")
+        async with ServeProcess(tmp_path, "--model-server", url) as child:
+            sid = (await child.client.post("/session", json={"agent": "m-one"})).json()["sessionId"]
+            kind, data, _shown = await run_turn(child, sid, "RATE_LIMITED please")
+            assert kind == "turn_error"
+            assert data["message"].startswith(
+                f"Model server http://***@127.0.0.1:{upstream.port}/v1 answered 429"), data
+            log = child.stderr_text()
+        assert f"model server http://***@127.0.0.1:{upstream.port}/v1 offers: m-one" in log
+        assert "s3cret" not in log
+        basic = "Basic " + base64.b64encode(b"alice:s3cret").decode()
+        assert upstream.authorizations == [basic, basic]   # /models, then the prompt
+
+
+async def test_a_session_goes_on_after_a_turn_without_a_reply(tmp_path) -> None:
+    """Over REST on a real server, against a model server whose chat template wants
+    alternating roles: a failed turn and a turn cancelled before its first word leave
+    the session usable (they were two user messages in a row: 400 for ever after)."""
+    async with hostile_model_server() as upstream, \
+            ServeProcess(tmp_path, "--model-server", upstream.url) as child:
+        upstream.strict_roles = True
+        sid = (await child.client.post("/session", json={"agent": "m-one"})).json()["sessionId"]
+        kind, _data, _shown = await run_turn(child, sid, "RATE_LIMITED please")
+        assert kind == "turn_error"
+
+        async def cancel_when_stalled() -> None:
+            await wait_until(lambda: upstream.stalled == ["STALL_HEADERS"], timeout=30)
+            assert (await child.client.post(f"/session/{sid}/cancel")).status_code == 204
+
+        kind, data, _shown = await run_turn(child, sid, "STALL_HEADERS",
+                                            meanwhile=cancel_when_stalled)
+        assert (kind, data["stopReason"]) == ("turn_complete", "cancelled")
+        for prompt in ("hello", "and again"):
+            kind, data, shown = await run_turn(child, sid, prompt)
+            assert (kind, shown) == ("turn_complete", f"pong: {prompt}"), data
+        assert "roles_refused" not in upstream.seen
+        assert [m["role"] for m in upstream.requests[-1]["messages"]] == [
+            "user", "assistant", "user"]
