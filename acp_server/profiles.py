@@ -166,9 +166,11 @@ def unfound(profiles: Iterable[AgentProfile], workspace: str) -> list[tuple[str,
 
 
 def build_factory(item: AgentProfile, *, workspace: str, hidden_env: Iterable[str] = (),
-                  registry: ChildRegistry | None = None) -> AgentFactory:
+                  registry: ChildRegistry | None = None,
+                  model_options: Mapping[str, Any] | None = None) -> AgentFactory:
     """The factory of one profile; a stdio child inherits the server's environment
-    plus the profile's ``env``, minus ``hidden_env``."""
+    plus the profile's ``env``, minus ``hidden_env``; a model agent gets
+    ``model_options`` (``ModelAgentFactory``'s keyword arguments)."""
     if item.kind == "reference":
         from bridge.agents.reference import ReferenceAgentFactory
 
@@ -177,7 +179,8 @@ def build_factory(item: AgentProfile, *, workspace: str, hidden_env: Iterable[st
         from bridge.agents.model import ModelAgentFactory
 
         assert item.model_server is not None
-        return ModelAgentFactory(item.model_server, model=item.name, name=item.name)
+        return ModelAgentFactory(item.model_server, model=item.name, name=item.name,
+                                 **(model_options or {}))
     from bridge.agents.stdio import StdioAgentFactory
 
     return StdioAgentFactory(list(item.command), cwd=item.cwd or workspace, env=dict(item.env),

@@ -150,6 +150,14 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
                        help="list the model server's models again at most this often, when "
                             "a model nobody knows is named or the agents are listed; 0 = only "
                             "at start (default 30000)")
+    serve.add_argument("--model-history-chars", default=str(16 * 1024 * 1024), metavar="N",
+                       help="send each model session's newest N characters of conversation "
+                            "(whole messages), for a model whose context is smaller "
+                            "(default 16777216)")
+    serve.add_argument("--model-api-key-env", metavar="NAME",
+                       help="the environment variable holding the model server's API key, "
+                            "sent as Authorization: Bearer (default: "
+                            "ACP_SERVER_MODEL_API_KEY when set)")
     serve.add_argument("--no-web", action="store_true",
                        help="do not serve the web console at / (404 there)")
     serve.add_argument("--log-format", choices=("text", "json"), default="text",
@@ -311,7 +319,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         hostname=args.hostname, port=args.port, workspace=args.workspace, token=args.token,
         require_auth=args.require_auth, allow_origin=args.allow_origin,
         agent=args.agent or ["reference"], config=args.config, model_server=args.model_server,
-        model_refresh_ms=args.model_refresh_ms,
+        model_refresh_ms=args.model_refresh_ms, model_history_chars=args.model_history_chars,
+        model_api_key_env=args.model_api_key_env,
         state_dir=args.state_dir, max_acp_connections=args.max_acp_connections,
         store=args.store, max_running_tasks=args.max_running_tasks, web=not args.no_web,
         log_format=args.log_format,

@@ -168,6 +168,7 @@ async def open_server(settings: Settings, *, agent_factory: AgentFactory | None 
         catalog = models = None
         if settings.model_server:
             catalog = ModelCatalog(settings.model_server, taken=settings.agent_names,
+                                   api_key=settings.model_api_key,
                                    interval_s=settings.model_refresh_ms / 1000,
                                    clock=models_clock or time.monotonic)
             models = await catalog.start()

@@ -59,6 +59,8 @@ DEFAULT_HEADER_TIMEOUT_MS = 10_000
 DEFAULT_MAX_CONNECTIONS = 2560
 DEFAULT_STORE_LEASE_MS, DEFAULT_STORE_RENEW_MS, DEFAULT_STORE_POLL_MS = 30_000, 10_000, 1_000
 TOKEN_ENV = "ACP_SERVER_TOKEN"
+MODEL_API_KEY_ENV = "ACP_SERVER_MODEL_API_KEY"   # the model server's key, unless named
+DEFAULT_MODEL_HISTORY_CHARS = 16 * 1024 * 1024
 DEFAULT_AUDIT_RETENTION_S = 30 * 86400
 DEFAULT_RATE_LIMITS = {"prompt": 10, "mutation": 30, "read": 120}   # per minute
 _ORIGIN = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/\s?#]+$")
@@ -125,6 +127,13 @@ class Settings:
     # nobody knows is asked for or the agents are listed (bridge.agents.catalog);
     # 0 = only at start.
     model_refresh_ms: int = 30_000
+    # each model session's conversation sent upstream: its newest characters, at most
+    model_history_chars: int = DEFAULT_MODEL_HISTORY_CHARS
+    # from the environment only (never a flag: ps shows those); never shown
+    model_api_key: str | None = dataclasses.field(default=None, repr=False)
+    # what the agents of ``--model-server`` learn of it (``ModelServerState``)
+    model_upstream: Any = dataclasses.field(default_factory=lambda: _model_server_state(),
+                                            repr=False, compare=False)
     # "" = the workspace's own folder (``default_state_dir``); ``--state-dir`` chooses.
     state_dir: str = ""
     options: BridgeOptions = dataclasses.field(default_factory=BridgeOptions)
@@ -240,6 +249,10 @@ class Settings:
                 or self.model_refresh_ms < 0:
             raise SettingsError(f"Invalid model-refresh-ms: {self.model_refresh_ms!r}. Must be "
                                 "a non-negative integer (0 = list the models only at start).")
+        if isinstance(self.model_history_chars, bool) \
+                or not isinstance(self.model_history_chars, int) or self.model_history_chars < 1:
+            raise SettingsError(f"Invalid model-history-chars: {self.model_history_chars!r}. "
+                                "Must be a positive integer.")
         if isinstance(self.max_acp_connections, bool) or not isinstance(self.max_acp_connections, int) \
                 or self.max_acp_connections < 1:
             raise SettingsError(f"Invalid max_acp_connections: {self.max_acp_connections!r}. "
@@ -351,8 +364,11 @@ class Settings:
         return self._factory(AgentProfile(model, model_server=self.model_server), registry)
 
     def _factory(self, profile: AgentProfile, registry: ChildRegistry | None) -> AgentFactory:
-        return build_factory(profile, workspace=self.workspace, hidden_env=[TOKEN_ENV],
-                             registry=registry)
+        return build_factory(profile, workspace=self.workspace,
+                             hidden_env=[TOKEN_ENV, MODEL_API_KEY_ENV], registry=registry,
+                             model_options={"max_history_chars": self.model_history_chars,
+                                            "api_key": self.model_api_key,
+                                            "upstream": self.model_upstream})
 
     @property
     def store_url(self) -> str:
@@ -410,6 +426,8 @@ class Settings:
                    require_auth: bool = False, allow_origin: Iterable[str] = (),
                    agent: str | Iterable[str] = REFERENCE_AGENT, config: str | None = None,
                    model_server: str | None = None, model_refresh_ms: str | int = 30_000,
+                   model_history_chars: str | int = DEFAULT_MODEL_HISTORY_CHARS,
+                   model_api_key_env: str | None = None,
                    state_dir: str | None = None,
                    max_acp_connections: str | int = 64, store: str | None = None,
                    max_running_tasks: str | int = DEFAULT_MAX_RUNNING_TASKS,
@@ -457,7 +475,9 @@ class Settings:
         if token == "":
             raise SettingsError(f"Invalid token: {TOKEN_ENV} is set but empty or blank. "
                                 "Set a token, or unset it for none.")
-        return cls(workspace=workspace or os.getcwd(), hostname=hostname, port=parsed_port,
+        return cls(model_history_chars=_number(model_history_chars),
+                   model_api_key=_model_api_key(model_api_key_env),
+                   workspace=workspace or os.getcwd(), hostname=hostname, port=parsed_port,
                    token=token or None, require_auth=require_auth,
                    allow_origins=tuple(allow_origin),
                    agent=shlex.join(default.command) if default.command else REFERENCE_AGENT,
@@ -490,6 +510,27 @@ class Settings:
                    session_lease_renew_ms=_number(session_lease_renew_ms),
                    advertise_url=advertise_url.rstrip("/") if advertise_url else None,
                    options=build_options(**option_flags))
+
+
+def _model_server_state() -> Any:
+    from bridge.agents.model import ModelServerState
+
+    return ModelServerState()
+
+
+def _model_api_key(env: str | None) -> str | None:
+    """The model server's API key: from ``$env`` (``--model-api-key-env``), which must
+    then be set, else from ``$ACP_SERVER_MODEL_API_KEY`` if set."""
+    if env is None:
+        return os.environ.get(MODEL_API_KEY_ENV, "").strip() or None
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", env):
+        raise SettingsError(f"Invalid model-api-key-env: {env!r}. Name an environment "
+                            f"variable (e.g. OPENAI_API_KEY), not the key itself.")
+    key = os.environ.get(env, "").strip()
+    if not key:
+        raise SettingsError(f"Invalid model-api-key-env: {env} is not set or empty. "
+                            f"Set it to the model server's API key.")
+    return key
 
 
 def _number(value: str | int) -> Any:

@@ -352,3 +352,18 @@ def error_details(exc: BaseException) -> dict[str, Any]:
 
 __all__ = ["DETAILS", "TWINS", "EventEnvelope", "EventMeta", "decode_envelope", "envelope",
            "error_details", "event_from_envelope", "wire_data"]
+
+
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"   # an agent's: over the model's context
+
+
+def agent_error_data(kind: str) -> dict[str, Any]:
+    """The ``data`` of an in-process agent's JSON-RPC error that has a kind a client may
+    switch on (``/acp`` passes it as it is: ``data.errorKind``, like the bridge's own)."""
+    return {"errorKind": kind}
+
+
+def agent_error_kind(data: Any) -> str | None:
+    """The kind of an agent error's ``data`` (``agent_error_data``), if it has one."""
+    kind = data.get("errorKind") if isinstance(data, dict) else None
+    return kind if isinstance(kind, str) else None

@@ -51,22 +51,26 @@ DEFAULT_INTERVAL_S = 30.0
 Lister = Callable[[str], Awaitable[list[str]]]
 
 
-async def _list(url: str) -> list[str]:
-    from bridge.agents.model import discover_models
+def _lister(api_key: str | None) -> Lister:
+    async def listing(url: str) -> list[str]:
+        from bridge.agents.model import discover_models
 
-    return await discover_models(url)
+        return await discover_models(url, api_key=api_key)
+
+    return listing
 
 
 class ModelCatalog:
     def __init__(self, url: str, *, taken: Iterable[str] = (),
                  interval_s: float = DEFAULT_INTERVAL_S,
-                 clock: Callable[[], float] = time.monotonic, lister: Lister = _list) -> None:
+                 clock: Callable[[], float] = time.monotonic, lister: Lister | None = None,
+                 api_key: str | None = None) -> None:
         self.url = url
         self.shown = public_url(url)   # in the log: credentials in the URL hidden
         self.taken = frozenset(taken)
         self.interval_s = interval_s
         self.clock = clock
-        self.lister = lister
+        self.lister = lister or _lister(api_key)   # the key: Authorization: Bearer
         self.offered: dict[str, None] = {}   # every model offered, in first-listed order
         self.listings = 0                      # listings started (the first included)
         self.on_models: Callable[[list[str]], Any] | None = None

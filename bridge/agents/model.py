@@ -64,6 +64,7 @@ import httpx
 import msgspec
 
 from bridge.agents.base import AgentClient
+from bridge.agents.model_history import context_exceeded, prompt_text, trim
 from bridge.agents.chat_wire import (Chunk, Usage, chunk_decoder, completion_decoder,
                                      models_decoder, read_usage)
 from bridge.agents.upstream import (MAX_EVENT_BYTES, MAX_STREAM_BYTES, BoundedBody, SseParser,
@@ -71,6 +72,7 @@ from bridge.agents.upstream import (MAX_EVENT_BYTES, MAX_STREAM_BYTES, BoundedBo
                                     error_detail, error_message, public_url, size_text,
                                     split_credentials)
 from bridge.errors import AgentDiedError, AgentError
+from bridge.wire import CONTEXT_LENGTH_EXCEEDED, agent_error_data, agent_error_kind
 from bridge.ids import uuid4_str
 from bridge.transcript import seeded
 
@@ -197,9 +199,24 @@ def _turn_error(base_url: str, cause: str) -> AgentError:
     return AgentError(INTERNAL_ERROR, f"Model server {base_url} {cause}")
 
 
+class ModelServerState:
+    """What the agents of one model server learn of it (the factories of its models
+    share one): whether it takes ``stream_options``."""
+
+    __slots__ = ("stream_options",)
+
+    def __init__(self) -> None:
+        self.stream_options = True
+
+
+class _StreamOptionsRefused(Exception):
+    """A 400 naming ``stream_options``: the turn is sent again without them."""
+
+
 class ModelAgentFactory:
     """``AgentFactory`` for one model of one OpenAI-compatible server. The limits are
-    the module's constants unless given (tests give small ones)."""
+    the module's constants unless given (tests give small ones). ``api_key`` is sent as
+    ``Authorization: Bearer``; ``upstream`` is shared by the models of one server."""
 
     def __init__(self, base_url: str, *, model: str, name: str | None = None,
                  api_key: str | None = None, timeout_s: float = READ_TIMEOUT_S,
@@ -207,7 +224,8 @@ class ModelAgentFactory:
                  max_reply_bytes: int = MAX_REPLY_BYTES,
                  max_event_bytes: int = MAX_EVENT_BYTES,
                  max_stream_bytes: int = MAX_STREAM_BYTES,
-                 finish_grace_s: float = FINISH_GRACE_S) -> None:
+                 finish_grace_s: float = FINISH_GRACE_S,
+                 upstream: ModelServerState | None = None) -> None:
         # credentials in the URL (a proxy behind basic auth) are sent, never shown
         self.shown_url = public_url(base_url.rstrip("/"))
         self.base_url, self.basic_auth = split_credentials(base_url.rstrip("/"))
@@ -221,6 +239,7 @@ class ModelAgentFactory:
         self.max_event_bytes = max_event_bytes
         self.max_stream_bytes = max_stream_bytes
         self.finish_grace_s = finish_grace_s
+        self.upstream = upstream or ModelServerState()
 
     async def connect(self, client: AgentClient, task_group: anyio.abc.TaskGroup) -> ModelConnection:
         return ModelConnection(self, client)
@@ -334,7 +353,8 @@ class ModelConnection:
     async def _prompt(self, session: _ModelSession, prompt: Any) -> dict[str, Any]:
         if session.scope is not None:
             raise AgentError(-32602, "A prompt is already running in this session")
-        session.history.append({"role": "user", "content": _prompt_text(prompt)})
+        before = list(session.history)
+        session.history.append({"role": "user", "content": prompt_text(prompt)})
         self._trim(session)
         reply = _Reply(self._factory.max_reply_bytes)
         outcome: dict[str, Any] = {"stopReason": "end_turn"}
@@ -343,6 +363,11 @@ class ModelConnection:
                 session.scope = scope
                 try:
                     outcome = await self._stream(session, reply)
+                except AgentError as exc:   # over the context: this prompt is not kept
+                    if agent_error_kind(exc.data) == CONTEXT_LENGTH_EXCEEDED:
+                        session.history[:] = before
+                        reply.parts.clear()
+                    raise
                 finally:
                     session.scope = None
             if scope.cancelled_caught:
@@ -354,38 +379,63 @@ class ModelConnection:
         return outcome
 
     def _trim(self, session: _ModelSession) -> None:
-        _trim(session.history, self._factory.max_history_messages,
+        trim(session.history, self._factory.max_history_messages,
               self._factory.max_history_chars)
 
     async def _stream(self, session: _ModelSession, reply: _Reply) -> dict[str, Any]:
-        url = self._factory.base_url + "/chat/completions"
-        body = {"model": self._factory.model, "messages": session.history, "stream": True,
-                "stream_options": {"include_usage": True}}
         try:
-            async with self._http.stream("POST", url, json=body,
-                                         headers=_STREAM_HEADERS) as response:
-                if response.status_code >= 300:
-                    raise UpstreamError(_status_text(response, "")
-                                        + _colon(await error_detail(response)))
-                kind = _content_type(response)
-                source = BoundedBody(response, limit=self._factory.max_stream_bytes)
-                start = b""
-                if kind not in ("", "text/event-stream"):   # mislabelled? what it opens with
-                    start = await _opening(source)
-                    if not start.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(_SSE_FIELDS):
-                        if kind == "application/json":
-                            return self._result(session, *await self._whole(
-                                session, reply, source, start, response.status_code))
-                        start += await _opening(source, 200 - len(start))   # to quote
-                        raise UpstreamError(
-                            f"answered {response.status_code} with Content-Type {kind!r}, not "
-                            f"an event stream" + _colon(body_message(start[:200])[:200]))
-                return self._result(session, *await self._events(session, reply, source, start))
+            try:
+                return await self._post(session, reply)
+            except _StreamOptionsRefused as exc:   # once more without them, from now on
+                self._factory.upstream.stream_options = False
+                logger.warning("model server %s refused stream_options (%s): not sending "
+                               "them again (usage only if it reports it unasked)",
+                               self._factory.shown_url, exc)
+                return await self._post(session, reply)
         except UpstreamError as exc:
-            raise _turn_error(self._factory.shown_url, str(exc)) from None
+            raise self._fault(session, str(exc)) from None
         except httpx.HTTPError as exc:
-            raise _turn_error(self._factory.shown_url,
-                              _transport_text(exc, self._factory.timeout_s)) from None
+            raise self._fault(session, _transport_text(exc, self._factory.timeout_s)) from None
+
+    def _fault(self, session: _ModelSession, cause: str) -> AgentError:
+        error = _turn_error(self._factory.shown_url, cause)
+        if not context_exceeded(cause):
+            return error
+        chars = sum(len(message["content"]) for message in session.history)
+        return AgentError(INTERNAL_ERROR, (
+            f"{error.message}: the conversation ({chars} characters) exceeds the model's "
+            f"context window. Start a new session, or have fewer of its newest characters "
+            f"sent (--model-history-chars, now {self._factory.max_history_chars})"),
+            agent_error_data(CONTEXT_LENGTH_EXCEEDED))
+
+    async def _post(self, session: _ModelSession, reply: _Reply) -> dict[str, Any]:
+        url = self._factory.base_url + "/chat/completions"
+        body: dict[str, Any] = {"model": self._factory.model, "messages": session.history,
+                                "stream": True}
+        if self._factory.upstream.stream_options:
+            body["stream_options"] = {"include_usage": True}
+        async with self._http.stream("POST", url, json=body,
+                                     headers=_STREAM_HEADERS) as response:
+            if response.status_code >= 300:
+                detail = await error_detail(response)
+                if response.status_code == 400 and "stream_options" in body \
+                        and "stream_options" in detail:
+                    raise _StreamOptionsRefused(detail)
+                raise UpstreamError(_status_text(response, "") + _colon(detail))
+            kind = _content_type(response)
+            source = BoundedBody(response, limit=self._factory.max_stream_bytes)
+            start = b""
+            if kind not in ("", "text/event-stream"):   # mislabelled? what it opens with
+                start = await _opening(source)
+                if not start.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(_SSE_FIELDS):
+                    if kind == "application/json":
+                        return self._result(session, *await self._whole(
+                            session, reply, source, start, response.status_code))
+                    start += await _opening(source, 200 - len(start))   # to quote
+                    raise UpstreamError(
+                        f"answered {response.status_code} with Content-Type {kind!r}, not "
+                        f"an event stream" + _colon(body_message(start[:200])[:200]))
+            return self._result(session, *await self._events(session, reply, source, start))
 
     async def _events(self, session: _ModelSession, reply: _Reply, source: BoundedBody,
                       start: bytes) -> tuple[str, Usage | None]:
@@ -523,50 +573,3 @@ async def _opening(source: BoundedBody, enough: int = 8) -> bytes:
             and (chunk := await source.read()):
         start += chunk
     return start
-
-
-def _trim(history: list[dict[str, str]], max_messages: int, max_chars: int) -> None:
-    """Make ``history`` what a chat template takes: roles alternating, a user message
-    first (messages of one role in a row are one, joined by a blank line: a prompt that
-    got no reply goes with the next; an assistant message first is dropped). Then drop
-    the oldest messages past ``max_messages`` or ``max_chars`` in all; the newest
-    message stays, whatever its size. Messages are replaced, never changed in place (a
-    fork shares them)."""
-    joined: list[dict[str, str]] = []
-    for message in history:
-        if not joined and message["role"] != "user":
-            continue
-        if joined and joined[-1]["role"] == message["role"]:
-            parts = [p for p in (joined[-1]["content"], message["content"]) if p]
-            joined[-1] = {"role": message["role"], "content": "\n\n".join(parts)}
-        else:
-            joined.append(message)
-    if not joined and history:   # only an assistant message (a reply whose prompt went)
-        joined = history[-1:]
-    del joined[:-max_messages]
-    total = sum(len(message["content"]) for message in joined)
-    drop = 0
-    while drop < len(joined) - 1 and (total > max_chars or joined[drop]["role"] != "user"):
-        total -= len(joined[drop]["content"])
-        drop += 1
-    history[:] = joined[drop:]
-
-
-def _prompt_text(prompt: Any) -> str:
-    """The text of a prompt's blocks: text, the text of embedded resources, resource
-    links as Markdown links."""
-    parts = []
-    for block in prompt if isinstance(prompt, list) else ():
-        if not isinstance(block, dict):
-            continue
-        if block.get("type") == "text" and isinstance(block.get("text"), str):
-            parts.append(block["text"])
-        elif block.get("type") == "resource":
-            resource = block.get("resource")
-            if isinstance(resource, dict) and isinstance(resource.get("text"), str):
-                parts.append(resource["text"])
-        elif block.get("type") == "resource_link" and isinstance(block.get("uri"), str):
-            name = block.get("name")   # every ACP agent takes links: the model sees one
-            parts.append(f"[{name if isinstance(name, str) and name else block['uri']}]"
-                         f"({block['uri']})")
-    return "\n".join(parts)

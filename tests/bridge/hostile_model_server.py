@@ -17,6 +17,12 @@ Contracts:
 * ``strict_roles``: answer 400, as vLLM or llama.cpp do with a chat template that
   requires it (Gemma's, Mistral's), a conversation whose roles do not alternate
   user/assistant starting with user (``ROLES_ERROR``).
+* ``context_chars``: answer 400 as llama.cpp does (``CONTEXT_ERROR``,
+  ``exceed_context_size_error``) a conversation of more characters in all (``seen``:
+  ``context_refused``), as a server with a small ``--ctx-size``.
+* ``refuse_stream_options``: answer 400 as older Azure OpenAI API versions do
+  (``STREAM_OPTIONS_ERROR``) a request with ``stream_options`` (``seen``:
+  ``stream_options_refused``).
 * ``GET /v1/models``: ``models_mode`` picks (``MODELS_MODES``); ``"ok"`` lists
   ``["m-one", "m-two"]``.
 * One request per connection (``Connection: close``); bodies are close-delimited.
@@ -57,6 +63,8 @@ BEHAVIOURS = ("ENDLESS_LINE", "ENDLESS_EVENT", "ENDLESS_REPLY", "ENDLESS_ERROR",
               "NULL_CHOICES", "SSE_AS_TEXT", "SSE_AS_JSON", "TEXT_ERROR")
 DEEP = 5000   # JSON arrays nested this deep: past any recursive decoder's depth (10 KB)
 ROLES_ERROR = "Conversation roles must alternate user/assistant/user/assistant/..."
+CONTEXT_ERROR = "the request exceeds the available context size, try increasing it"
+STREAM_OPTIONS_ERROR = "Unrecognized request argument supplied: stream_options"
 MODELS_MODES = ("ok", "endless", "wrong_types", "mixed", "many", "html", "stall", "missing",
                 "deep")
 
@@ -84,6 +92,8 @@ class HostileModelServer:
         self.exhausted: list[str] = []
         self.stalled: list[str] = []     # stalls under way (appended when they begin)
         self.strict_roles = False
+        self.context_chars: int | None = None
+        self.refuse_stream_options = False
         self.authorizations: list[str] = []   # each request's Authorization header
         self._bomb: bytes | None = None
 
@@ -118,6 +128,11 @@ class HostileModelServer:
             await stream.send(head(400, "Bad Request", {"Content-Type": "application/json"})
                               + json.dumps(error).encode())
             return
+        refusal = self._refusal(body)
+        if refusal is not None:
+            await stream.send(head(400, "Bad Request", {"Content-Type": "application/json"})
+                              + json.dumps(refusal).encode())
+            return
         content = body["messages"][-1].get("content")
         last = content if isinstance(content, str) else json.dumps(content)
         last = last.rsplit("\n\n", 1)[-1]   # the newest prompt of a joined message
@@ -133,6 +148,20 @@ class HostileModelServer:
                 + b"data: [DONE]\n\n")
             return
         await getattr(self, "_" + behaviour.lower())(stream, behaviour)
+
+    def _refusal(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """The 400 body of ``context_chars`` / ``refuse_stream_options``, if due."""
+        chars = sum(len(m.get("content") or "") for m in body["messages"])
+        if self.context_chars is not None and chars > self.context_chars:
+            self.seen.append("context_refused")
+            return {"error": {"code": 400, "message": CONTEXT_ERROR,
+                              "type": "exceed_context_size_error",
+                              "n_prompt_tokens": chars, "n_ctx": self.context_chars}}
+        if self.refuse_stream_options and "stream_options" in body:
+            self.seen.append("stream_options_refused")
+            return {"error": {"message": STREAM_OPTIONS_ERROR, "type": "invalid_request_error",
+                              "param": None, "code": None}}
+        return None
 
     async def _endless(self, stream: anyio.abc.SocketStream, behaviour: str,
                        block: bytes) -> None:
