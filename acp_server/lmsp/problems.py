@@ -47,6 +47,7 @@ CODES: dict[str, tuple[int, str, dict[str, str]]] = {
     "store_unavailable": (503, "Store unavailable", {"Retry-After": str(RETRY_AFTER_S)}),
     "server_restarted": (0, "Server restarted", {}),
     "agent_error": (0, "Agent error", {}),
+    "context_length_exceeded": (0, "Context length exceeded", {}),   # the model's window
     "agent_unavailable": (0, "Agent unavailable", {}),   # its process could not start
     "server_error": (0, "Server error", {}),
     "output_lost": (0, "Output lost", {}),   # a slow store: the turn's events outran the ring

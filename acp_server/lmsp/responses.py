@@ -7,7 +7,11 @@
 Mapping from ACP (issue 5): ``agent_message_chunk`` → ``response.output_text.delta``
 (the output item and content part events open before the first delta and close
 before the terminal event); stopReason ``end_turn`` → ``response.completed``;
-``max_tokens`` / ``max_turn_requests`` → ``response.incomplete`` (reason
+``agent_thought_chunk`` → ``response.reasoning_text.delta`` in a ``reasoning`` output
+item (``content: [{type: "reasoning_text", text}]``, ``summary: []``), opened before
+its first delta, in the order the items began (thoughts first: index 0, the message
+1), closed before the terminal event; ``max_tokens`` / ``max_turn_requests`` →
+``response.incomplete`` (reason
 ``max_output_tokens`` / ``max_turn_requests``); ``refusal`` → ``response.incomplete``
 (reason ``content_filter``); ``cancelled`` → ``response.cancelled``; errors →
 ``response.failed`` with ``response.error``. The task is ``succeeded`` for completed
@@ -36,8 +40,13 @@ from acp_server.lmsp.wire import (
     ContentPartEvent,
     IncompleteDetails,
     OutputItemEvent,
+    OutputItem,
     OutputMessage,
+    OutputReasoning,
     OutputText,
+    ReasoningDeltaEvent,
+    ReasoningDoneEvent,
+    ReasoningText,
     ResponseError,
     ResponseEvent,
     ResponseObject,
@@ -133,14 +142,37 @@ class Attempt:
         self.counted = 0            # output tokens, counted delta by delta
         self.truncated = False      # the limit was reached: later text is dropped
         self.item_id = "msg_" + record.response_id.removeprefix("resp_") + f"_{record.attempt}"
+        self.thought_id = "rs_" + self.item_id.removeprefix("msg_")
         self.text_parts: list[str] = []
-        self.opened = False
+        self.thought_parts: list[str] = []
+        self.order: list[str] = []   # the output items as they opened: message, reasoning
         self.input_tokens = count_tokens(input_text)
         self.reported_usage: Usage | None = None
 
     @property
     def output_text(self) -> str:
         return "".join(self.text_parts)
+
+    @property
+    def opened(self) -> bool:
+        return "message" in self.order
+
+    def _open(self, kind: str, item: OutputItem) -> list[AnyEvent]:
+        if kind in self.order:
+            return []
+        self.order.append(kind)
+        return [OutputItemEvent(type="response.output_item.added",
+                                output_index=len(self.order) - 1, item=item)]
+
+    def thought(self, delta: str) -> list[AnyEvent]:
+        """Events for a chunk of the agent's thoughts (none once ``truncated``)."""
+        if self.truncated or not delta:
+            return []
+        drafts = self._open("reasoning", OutputReasoning(id=self.thought_id))
+        self.thought_parts.append(delta)
+        drafts.append(ReasoningDeltaEvent(item_id=self.thought_id, delta=delta,
+                                          output_index=self.order.index("reasoning")))
+        return drafts
 
     def text(self, delta: str) -> list[AnyEvent]:
         """Events for a chunk of text; past ``max_output_tokens`` it is cut (at a token
@@ -160,13 +192,13 @@ class Attempt:
                 self.counted += len(tokens)
         drafts: list[AnyEvent] = []
         if not self.opened:
-            self.opened = True
-            drafts.append(OutputItemEvent(type="response.output_item.added",
-                                          item=OutputMessage(id=self.item_id)))
+            drafts += self._open("message", OutputMessage(id=self.item_id))
             drafts.append(ContentPartEvent(type="response.content_part.added",
-                                           item_id=self.item_id, part=OutputText()))
+                                           item_id=self.item_id, part=OutputText(),
+                                           output_index=self.order.index("message")))
         self.text_parts.append(delta)
-        drafts.append(TextDeltaEvent(item_id=self.item_id, delta=delta))
+        drafts.append(TextDeltaEvent(item_id=self.item_id, delta=delta,
+                                     output_index=self.order.index("message")))
         return drafts
 
     def usage_update(self, update: dict[str, Any]) -> None:
@@ -186,23 +218,31 @@ class Attempt:
         return Usage(input_tokens=self.input_tokens, output_tokens=out,
                      total_tokens=self.input_tokens + out)
 
-    def _output(self, item_status: str) -> list[OutputMessage]:
-        if not self.opened:
-            return []
-        return [OutputMessage(id=self.item_id, status=item_status,  # type: ignore[arg-type]
-                              content=[OutputText(text=self.output_text)])]
+    def _item(self, kind: str, item_status: str) -> OutputItem:
+        if kind == "reasoning":
+            return OutputReasoning(id=self.thought_id, status=item_status,  # type: ignore[arg-type]
+                                   content=[ReasoningText(text="".join(self.thought_parts))])
+        return OutputMessage(id=self.item_id, status=item_status,  # type: ignore[arg-type]
+                             content=[OutputText(text=self.output_text)])
+
+    def _output(self, item_status: str) -> list[OutputItem]:
+        return [self._item(kind, item_status) for kind in self.order]
 
     def _close_item(self, item_status: str) -> list[AnyEvent]:
-        if not self.opened:
-            return []
-        text = self.output_text
-        part = OutputText(text=text)
-        return [TextDoneEvent(item_id=self.item_id, text=text),
-                ContentPartEvent(type="response.content_part.done", item_id=self.item_id,
-                                 part=part),
-                OutputItemEvent(type="response.output_item.done",
-                                item=OutputMessage(id=self.item_id, status=item_status,
-                                                   content=[part]))]  # type: ignore[arg-type]
+        events: list[AnyEvent] = []
+        for index, kind in enumerate(self.order):
+            item = self._item(kind, item_status)
+            if isinstance(item, OutputReasoning):
+                events.append(ReasoningDoneEvent(item_id=item.id, output_index=index,
+                                                 text=item.content[0].text))
+            else:
+                part = item.content[0]
+                events += [TextDoneEvent(item_id=item.id, text=part.text, output_index=index),
+                           ContentPartEvent(type="response.content_part.done", item_id=item.id,
+                                            part=part, output_index=index)]
+            events.append(OutputItemEvent(type="response.output_item.done", output_index=index,
+                                          item=item))
+        return events
 
     def finish(self, stop_reason: str) -> tuple[str, Finish]:
         """(task status, what the terminal transition writes) for a stopReason."""

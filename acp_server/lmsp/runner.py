@@ -73,11 +73,13 @@ from bridge import Bridge
 from bridge import events as ev
 from bridge.errors import (
     AgentDiedError,
+    AgentError,
     AgentUnavailableError,
     BridgeError,
     SessionLimitExceededError,
 )
 from bridge.ticket import PromptResult, PromptTicket
+from bridge.wire import CONTEXT_LENGTH_EXCEEDED, agent_error_kind
 
 log = logging.getLogger("acp_server.lmsp")
 
@@ -495,7 +497,10 @@ class Runner:
                 log.warning("lmsp task %s: the agent died (%s); attempt %d of %d queued again",
                             record.id, error, record.attempt + 1, self.max_attempts)
                 return
-        await self._end_failed(record, attempt, "agent_error", str(error))
+        code = "agent_error"   # over the model's context: a code of its own, as OpenAI's
+        if isinstance(error, AgentError) and agent_error_kind(error.data) == CONTEXT_LENGTH_EXCEEDED:
+            code = CONTEXT_LENGTH_EXCEEDED
+        await self._end_failed(record, attempt, code, str(error))
 
     async def _end_failed(self, record: TaskRecord, attempt: Attempt, code: str,
                           message: str) -> None:
@@ -528,6 +533,11 @@ def _map_update(attempt: Attempt, data: Any) -> list[AnyEvent]:
         text = content.get("text") if isinstance(content, dict) else None
         if isinstance(text, str) and text:
             return attempt.text(text)
+    elif kind == "agent_thought_chunk":
+        content = update.get("content")
+        text = content.get("text") if isinstance(content, dict) else None
+        if isinstance(text, str) and text:
+            return attempt.thought(text)
     elif kind == "usage_update":
         attempt.usage_update(update)
     return []

@@ -37,12 +37,29 @@ class OutputText(msgspec.Struct, kw_only=True):
     annotations: list[Any] = msgspec.field(default_factory=list)
 
 
-class OutputMessage(msgspec.Struct, kw_only=True):
+class OutputMessage(msgspec.Struct, kw_only=True, tag_field="type", tag="message"):
     id: str
-    type: Literal["message"] = "message"
     status: Literal["in_progress", "completed", "incomplete"] = "in_progress"
     role: Literal["assistant"] = "assistant"
     content: list[OutputText] = msgspec.field(default_factory=list)
+
+
+class ReasoningText(msgspec.Struct, kw_only=True):
+    type: Literal["reasoning_text"] = "reasoning_text"
+    text: str = ""
+
+
+class OutputReasoning(msgspec.Struct, kw_only=True, tag_field="type", tag="reasoning"):
+    """The agent's thoughts (ACP ``agent_thought_chunk``) as the OpenAI Responses API's
+    reasoning item with raw ``reasoning_text`` content (no summary is made)."""
+
+    id: str
+    status: Literal["in_progress", "completed", "incomplete"] = "in_progress"
+    summary: list[Any] = msgspec.field(default_factory=list)
+    content: list[ReasoningText] = msgspec.field(default_factory=list)
+
+
+OutputItem = Union[OutputMessage, OutputReasoning]
 
 
 class Usage(msgspec.Struct, kw_only=True):
@@ -66,7 +83,7 @@ class ResponseObject(msgspec.Struct, kw_only=True):
     created_at: int
     status: ResponseStatus
     model: str
-    output: list[OutputMessage] = msgspec.field(default_factory=list)
+    output: list[OutputItem] = msgspec.field(default_factory=list)
     usage: Usage | None = None
     error: ResponseError | None = None
     incomplete_details: IncompleteDetails | None = None
@@ -128,7 +145,7 @@ class OutputItemEvent(msgspec.Struct, kw_only=True):
     type: str   # response.output_item.added / .done
     sequence_number: int = -1
     output_index: int = 0
-    item: OutputMessage
+    item: OutputItem
 
 
 class ContentPartEvent(msgspec.Struct, kw_only=True):
@@ -160,6 +177,24 @@ class TextDoneEvent(msgspec.Struct, kw_only=True):
     logprobs: list[Any] = msgspec.field(default_factory=list)
 
 
+class ReasoningDeltaEvent(msgspec.Struct, kw_only=True):
+    type: Literal["response.reasoning_text.delta"] = "response.reasoning_text.delta"
+    sequence_number: int = -1
+    item_id: str
+    output_index: int = 0
+    content_index: int = 0
+    delta: str
+
+
+class ReasoningDoneEvent(msgspec.Struct, kw_only=True):
+    type: Literal["response.reasoning_text.done"] = "response.reasoning_text.done"
+    sequence_number: int = -1
+    item_id: str
+    output_index: int = 0
+    content_index: int = 0
+    text: str
+
+
 class PermissionDecidedEvent(msgspec.Struct, kw_only=True):
     """A permission the agent asked during the task, answered by the server's policy
     (``--lmsp-permissions``; ``acp_server/lmsp/permissions.py``)."""
@@ -174,7 +209,7 @@ class PermissionDecidedEvent(msgspec.Struct, kw_only=True):
 
 
 AnyEvent = Union[ResponseEvent, OutputItemEvent, ContentPartEvent, TextDeltaEvent,
-                 TextDoneEvent, PermissionDecidedEvent]
+                 TextDoneEvent, ReasoningDeltaEvent, ReasoningDoneEvent, PermissionDecidedEvent]
 TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed",
                              "response.cancelled"})
 

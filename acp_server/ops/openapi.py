@@ -85,6 +85,8 @@ LMSP_EVENTS = Events("ResponseStreamEvent", (
      lmsp_wire.ContentPartEvent),
     (("response.output_text.delta",), lmsp_wire.TextDeltaEvent),
     (("response.output_text.done",), lmsp_wire.TextDoneEvent),
+    (("response.reasoning_text.delta",), lmsp_wire.ReasoningDeltaEvent),
+    (("response.reasoning_text.done",), lmsp_wire.ReasoningDoneEvent),
 ))
 SESSION_EVENTS = Events("SessionStreamEvent", (((), EventEnvelope),))
 

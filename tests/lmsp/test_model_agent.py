@@ -5,6 +5,7 @@ upstream fault fails the task with the cause."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -68,3 +69,56 @@ async def test_an_upstream_fault_fails_the_task_with_its_cause(tmp_path: Path) -
                 f"Model server {upstream.url} reported an error: The upstream model crashed "
                 "(type server_error, code model_crashed)")
             assert (await run("fine"))["status"] == "succeeded"
+
+
+async def test_a_thinking_model_s_reasoning_is_a_reasoning_item(tmp_path: Path) -> None:
+    """``agent_thought_chunk`` (the model agent's ``reasoning_content``) → a ``reasoning``
+    output item before the message (OpenAI Responses: ``response.reasoning_text.delta``,
+    ``content: [{type: "reasoning_text"}]``), each item at its own ``output_index``; the
+    conversation carried by ``previous_response_id`` takes the message only. A
+    conversation over the model's context fails ``context_length_exceeded``."""
+    async with hostile_model_server() as upstream:
+        model = AgentProfile("m-one", model_server=upstream.url)
+        async with local_server(tmp_path, kind=LmspServer, agent_profiles=(model,)) as srv:
+            response = await srv.client.post("/lmsp/v1/tasks", json={
+                "type": "response", "input": {"model": "m-one", "input": "REASONING"}})
+            done = await srv.wait(response.json()["id"])
+            assert done["status"] == "succeeded", done
+            output = done["response"]["output"]
+            rs_id, msg_id = output[0]["id"], output[1]["id"]
+            assert rs_id.startswith("rs_") and msg_id.startswith("msg_")
+            assert output == [
+                {"type": "reasoning", "id": rs_id, "status": "completed", "summary": [],
+                 "content": [{"type": "reasoning_text",
+                              "text": "Let me think. Still thinking."}]},
+                {"type": "message", "id": msg_id, "status": "completed", "role": "assistant",
+                 "content": [{"type": "output_text", "text": "the answer",
+                              "annotations": []}]}]
+            frames = [(kind, data) for _id, kind, data in await srv.events(done["id"])]
+            kinds = [kind for kind, _data in frames]
+            assert kinds == [
+                "response.created", "response.in_progress",
+                "response.output_item.added", "response.reasoning_text.delta",
+                "response.reasoning_text.delta", "response.output_item.added",
+                "response.content_part.added", "response.output_text.delta",
+                "response.reasoning_text.done", "response.output_item.done",
+                "response.output_text.done", "response.content_part.done",
+                "response.output_item.done", "response.completed"], kinds
+            indices = {(kind, data.get("output_index")) for kind, data in frames[2:-1]}
+            assert ("response.reasoning_text.delta", 0) in indices
+            assert ("response.output_text.delta", 1) in indices
+            assert [d["delta"] for k, d in frames if k == "response.reasoning_text.delta"] \
+                == ["Let me think. ", "Still thinking."]
+            follow = await srv.client.post("/lmsp/v1/responses", json={
+                "model": "m-one", "input": "and then?", "previous_response_id":
+                done["response_id"]})
+            assert follow.status_code == 200, follow.text
+            assert "Let me think" not in json.dumps(upstream.requests[-1]["messages"])
+
+            upstream.context_chars = 10
+            response = await srv.client.post("/lmsp/v1/tasks", json={
+                "type": "response", "input": {"model": "m-one", "input": "a" * 20}})
+            failed = await srv.wait(response.json()["id"])
+            assert failed["status"] == "failed"
+            assert failed["error"]["code"] == "context_length_exceeded"
+            assert "exceeds the model's context window" in failed["error"]["detail"]

@@ -36,7 +36,8 @@ export function mount(root, [taskId]) {
       task.error ? [h("dt", {}, "Error"), h("dd", {}, `${task.error.code}: ${task.error.detail || ""}`)] : null);
     cancelButton.disabled = TERMINAL.has(task.status);
     if (response && !output.textContent) {
-      output.textContent = (response.output || []).flatMap((m) => m.content || []).map((c) => c.text || "").join("");
+      output.textContent = (response.output || []).filter((m) => m.type === "message")
+        .flatMap((m) => m.content || []).map((c) => c.text || "").join("");
     }
   }
 
