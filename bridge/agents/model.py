@@ -15,7 +15,10 @@ Contracts:
   reply, on a fault or a cancel, goes with the next), an assistant message first is
   dropped. A ``session/new``
   with ``_meta["acp-server/transcript"]`` (``bridge.transcript``: a session the server
-  restores from its journal) starts with that conversation.
+  restores from its journal) starts with that conversation. A fault that says the
+  conversation is over the model's context (``model_history.context_exceeded``) ends
+  the turn with a message that says so and how to go on, ``data`` ``{"errorKind":
+  "context_length_exceeded"}``; the prompt is then not kept.
 * Streamed ``delta.content`` becomes ``agent_message_chunk`` updates in order, a
   thinking model's ``delta.reasoning_content`` (or ``delta.reasoning``)
   ``agent_thought_chunk`` updates, never kept in the history (counted in the reply's
@@ -23,7 +26,9 @@ Contracts:
   ``finish_reason`` maps ``stop``/``tool_calls`` → ``end_turn``, ``length`` →
   ``max_tokens``, ``content_filter`` → ``refusal``. Usage (``stream_options.include_usage``)
   is passed on as the response's ``usage`` and a ``usage_update``, whatever its shape
-  (``bridge.agents.chat_wire.read_usage``: never a reason to fail the turn).
+  (``bridge.agents.chat_wire.read_usage``: never a reason to fail the turn). A 400 whose
+  error names ``stream_options`` sends the turn again without them, and the factory's
+  ``upstream`` (``ModelServerState``, shared by a server's models) remembers it.
 * Every session's turn has its own connection at once (no pool limit: the sessions
   bound them); at most 20 idle ones are kept for the next turns.
 * ``session/cancel`` closes the upstream stream at once (also while it is silent, before
