@@ -48,6 +48,7 @@ def test_stdio_profile_does_not_inherit_the_token(tmp_path, monkeypatch):
     settings = Settings.from_flags(workspace=str(tmp_path), agent=["x=python -m some.agent"])
     factory = settings.extra_agents()["x"]
     assert "ACP_SERVER_TOKEN" in factory.unset_env
+    assert "ACP_SERVER_MODEL_API_KEY" in factory.unset_env   # the model server's key too
 
 
 @pytest.mark.anyio
