@@ -524,8 +524,8 @@ def _model_api_key(env: str | None) -> str | None:
     if env is None:
         return os.environ.get(MODEL_API_KEY_ENV, "").strip() or None
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", env):
-        raise SettingsError(f"Invalid model-api-key-env: {env!r}. Name an environment "
-                            f"variable (e.g. OPENAI_API_KEY), not the key itself.")
+        raise SettingsError("Invalid model-api-key-env: name an environment variable "
+                            "(e.g. OPENAI_API_KEY), not the key itself (not repeated here).")
     key = os.environ.get(env, "").strip()
     if not key:
         raise SettingsError(f"Invalid model-api-key-env: {env} is not set or empty. "

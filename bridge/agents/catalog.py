@@ -9,7 +9,8 @@
 
 Contracts:
 
-* ``start`` lists once (within ``discover_models``' bounds). Afterwards ``refresh``
+* ``start`` lists once (within ``discover_models``' bounds; ``api_key``, if any, sent as
+  ``Authorization: Bearer``). Afterwards ``refresh``
   lists again, at most once per ``interval_s`` (measured on ``clock``, a monotonic one,
   from the start of the previous listing; ``0`` = never again after ``start``), and
   single-flight: callers arriving while a listing runs wait for that one. A listing runs

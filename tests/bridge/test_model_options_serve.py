@@ -60,8 +60,9 @@ def test_the_api_key_comes_from_the_environment_only(tmp_path, monkeypatch) -> N
     assert Settings.from_flags(workspace=str(tmp_path)).model_api_key is None
     with pytest.raises(SettingsError, match="MISSING_KEY is not set or empty"):
         Settings.from_flags(workspace=str(tmp_path), model_api_key_env="MISSING_KEY")
-    with pytest.raises(SettingsError, match="Name an environment variable"):
+    with pytest.raises(SettingsError, match="name an environment variable") as caught:
         Settings.from_flags(workspace=str(tmp_path), model_api_key_env="sk-abc123")
+    assert "sk-abc123" not in str(caught.value)   # a key given by mistake is not echoed
     monkeypatch.setenv("ACP_SERVER_MODEL_API_KEY", KEY)
     settings = Settings.from_flags(workspace=str(tmp_path), model_history_chars="1000")
     assert (settings.model_api_key, settings.model_history_chars) == (KEY, 1000)
