@@ -290,7 +290,12 @@ async def _load_or_reseed(bridge: Bridge, method: str, agent_name: str, session_
     try:
         if not offered:
             raise NotSupportedError(f"The agent does not support {method}")
-        return await spawn(bridge, method, agent_name, restore_id=session_id, owner=owner)
+        # a branch's new life keeps what its record says it was forked from
+        record = kept.record if kept is not None and kept.record.agent == agent_name \
+            else None
+        return await spawn(bridge, method, agent_name, restore_id=session_id, owner=owner,
+                           forked_from=record.forked_from if record else None,
+                           seed=record.seed if record else None)
     except (AgentError, NotSupportedError) as exc:
         if isinstance(exc, AgentError) and exc.rpc_code != RESOURCE_NOT_FOUND:
             raise
@@ -339,7 +344,7 @@ async def reseed_closed(bridge: Bridge, agent_name: str, found: RestoredSession 
     try:
         return await spawn(bridge, "session/new", agent_name, requested_id=session_id,
                            owner=found.record.owner or owner, seeded=found.events,
-                           seed=found.record.seed)
+                           seed=found.record.seed, forked_from=found.record.forked_from)
     except SessionIdNotHonoredError:
         log.warning("session %s: its agent %r made the reseeded session under another id",
                     session_id, agent_name)

@@ -58,11 +58,14 @@ async def spawn(bridge: Bridge, method: str, agent_name: str, *,
                 requested_id: str | None = None, restore_id: str | None = None,
                 fork_of: str | None = None, origin: str | None = None,
                 scope: str = "thread", owner: str | None = None,
-                seeded: list[Event] | None = None, seed: str | None = None) -> Session:
+                seeded: list[Event] | None = None, seed: str | None = None,
+                forked_from: str | None = None) -> Session:
     """Make a session on the agent (the module's contracts). ``seeded``: a closed
     session's journaled events (``restore.reseed_closed``): the new session gets their
     transcript after its ``seed`` (a branch's: the conversation it was made from, kept
-    by its record), and their conversation as its first events."""
+    by its record), and their conversation as its first events. ``forked_from`` (and
+    ``seed``): what the id's record says it was forked from, which a new life of a
+    branch (a cold load, a reseed) keeps in its own record (``fork_of`` makes one)."""
     bridge.capacity.take(agent_name)
     bridge._in_flight_spawns += 1
     registered = False
@@ -78,6 +81,7 @@ async def spawn(bridge: Bridge, method: str, agent_name: str, *,
         if restore_id is not None:
             session = await new_session(bridge, restore_id, agent, agent_name,
                                         origin=origin, owner=owner)
+            session.forked_from, session.seed = forked_from, seed
             registered = True   # the session holds the slot: dropped, it frees it
             try:
                 await load_on(bridge, session, agent, method, params)
@@ -93,6 +97,7 @@ async def spawn(bridge: Bridge, method: str, agent_name: str, *,
                 agent = await bridge._ensure_agent(agent_name)
                 session = await new_session(bridge, restore_id, agent, agent_name,
                                             origin=origin, owner=owner)
+                session.forked_from, session.seed = forked_from, seed
                 registered = True
                 await load_on(bridge, session, agent, method, params)
             await bridge._record_session(session, scope, loaded=True)
@@ -126,7 +131,7 @@ async def spawn(bridge: Bridge, method: str, agent_name: str, *,
         session = await new_session(bridge, sid, agent, agent_name, origin=origin,
                                     owner=owner)
         registered = True
-        session.forked_from = fork_of
+        session.forked_from = fork_of or forked_from   # a reseeded branch: its origin
         session.seed = seed   # a reseeded branch's record keeps what it was made from
         parent = bridge._sessions.get(fork_of) if fork_of is not None else None
         if parent is not None and bridge.journal.durable:   # what its agent side has

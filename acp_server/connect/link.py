@@ -21,7 +21,9 @@ Contracts:
   ``TOO_BIG``, ``LinkLost.code``); a POST answered 4xx with a JSON-RPC error
   body hands that body to ``receive`` (as the server's answer), a 403 ``forbidden``
   (the token lacks a scope for that message) included, logged once; a 503 is retried
-  after its ``Retry-After`` (at most ``POST_RETRIES`` times), and so is a session's
+  after its ``Retry-After`` (at most ``POST_RETRIES`` times; the wait is the
+  sender's ``wait`` when it passes one, and holds no lock: another task's message
+  may go meanwhile, a cancel), and so is a session's
   ``GET`` stream answered 429 or 503, before the message whose reply it carries
   goes (then the link is lost: left unopened, that reply never came).
 * Every message of the server is bounded by ``max_bytes`` as it arrives: a WebSocket
@@ -43,7 +45,7 @@ import contextlib
 import json
 import logging
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
@@ -123,10 +125,15 @@ class Target:
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
 
+# The wait before a message answered 503 goes again (``Retry-After`` s; may raise).
+Wait = Callable[[float], Awaitable[None]]
+
+
 class Link(Protocol):
     transport: str
 
-    async def send(self, payload: bytes, *, session_id: str | None = None) -> None: ...
+    async def send(self, payload: bytes, *, session_id: str | None = None,
+                   wait: Wait | None = None) -> None: ...
 
     async def receive(self) -> bytes: ...
 
@@ -190,7 +197,8 @@ class WebSocketLink:
                     self._receive_scope.cancel()
                 return
 
-    async def send(self, payload: bytes, *, session_id: str | None = None) -> None:
+    async def send(self, payload: bytes, *, session_id: str | None = None,
+                   wait: Wait | None = None) -> None:
         try:
             await self._ws.send_text(payload.decode())
         except Exception as exc:   # wsproto's state errors included: the socket is done
@@ -374,20 +382,21 @@ class HttpLink:
                 with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
                     self._send.send_nowait(lost)
 
-    async def send(self, payload: bytes, *, session_id: str | None = None) -> None:
+    async def send(self, payload: bytes, *, session_id: str | None = None,
+                   wait: Wait | None = None) -> None:
         if session_id is not None:
             await self.watch_session(session_id)
-        async with self._post_lock:   # one at a time: the order is the editor's
-            for _attempt in range(POST_RETRIES + 1):
+        for attempt in range(POST_RETRIES + 1):
+            async with self._post_lock:   # one POST at a time, not the waits between
                 try:
                     response = await _post(
                         self._client, self._target, payload,
                         {**self._headers(session_id), "Content-Type": "application/json"})
                 except (httpx.HTTPError, OSError) as exc:
                     raise LinkLost(f"POST failed: {_reason(exc)}") from None
-                if response.status_code != 503:
-                    break
-                await anyio.sleep(_retry_after(response))
+            if response.status_code != 503 or attempt == POST_RETRIES:
+                break
+            await (wait or anyio.sleep)(_retry_after(response))
         status = response.status_code
         if status in (200, 202):
             return
@@ -458,7 +467,6 @@ def _retry_after(response: httpx.Response) -> float:
         return 1.0
 
 
-
 async def _post(client: httpx.AsyncClient, target: Target, content: bytes,
                 headers: dict[str, str]) -> httpx.Response:
     """A POST whose answer is read whole but never past ``target.max_bytes``
@@ -517,8 +525,6 @@ async def _http(target: Target, init: bytes) -> AsyncIterator[tuple[Link, bytes]
     finally:
         with anyio.CancelScope(shield=True):
             await client.aclose()
-
-
 
 
 def _check_answer(target: Target, response: httpx.Response) -> None:

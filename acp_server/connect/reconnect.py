@@ -18,6 +18,8 @@ Contracts (``relay``'s **Reconnect**, **Refused credentials**, **Giving up**,
 * ``_serve`` relays over one link: the server's messages to ``_from_server`` (one that
   fails is logged and dropped), and after a reconnect ``_reattach`` first, then the
   outbox in order. ``Relay.link`` is the link only while the outbox may be sent on it.
+  While the head waits to go again after a 503 (the link's ``wait``), the cancels
+  behind it go (``_cancel_early``), or withdraw it when they cancel it (``_withdrawn``).
 * ``_reattach`` re-attaches every session (``Reattach``), then puts back in front of
   the outbox the requests in flight that are ``REPEATABLE`` (a prompt only when the
   server is resumable), failing the others with ``connection_lost``, and the editor's
@@ -49,6 +51,7 @@ from acp_server.connect import wire
 from acp_server.connect.link import TOO_BIG, Link, LinkLost, MessageTooLarge, StartupError, Target
 from acp_server.connect.reattach import ENDS_OR_LOADS, ReattachFailed
 from acp_server.connect.state import REPEATABLE, Book, Call
+from acp_server.connect.stdio import EditorWriter
 
 log = logging.getLogger("acp_server.connect")
 
@@ -87,6 +90,25 @@ class Outgoing:
     session_id: str | None
     call: Call | None = None
     on_sent: Callable[[], None] | None = None
+    cancels: str | None = None        # a ``session/cancel`` of this session
+    cancel_of: Call | None = None     # a ``$/cancel_request`` of this request
+    refused: bool = False             # answered 503 when it went ahead (``_cancel_early``)
+
+
+class Withdrawn(Exception):
+    """The editor cancelled the message waiting to go again after a 503 (``by``)."""
+
+    def __init__(self, by: Outgoing) -> None:
+        super().__init__("withdrawn")
+        self.by = by
+
+
+class _NotNow(Exception):
+    pass
+
+
+async def _not_now(seconds: float) -> None:
+    raise _NotNow
 
 
 Connect = Callable[[Target, bytes],
@@ -104,6 +126,7 @@ class Reconnect:
 
     target: Target
     connect: Connect
+    out: EditorWriter
     clock: Clock
     backoff: Backoff
     give_up_after_s: float
@@ -271,11 +294,15 @@ class Reconnect:
             if item.call is not None:
                 item.call.sent = True   # before the write: an answer may come at once
             try:
-                await link.send(item.payload, session_id=item.session_id)
+                await link.send(item.payload, session_id=item.session_id,
+                                wait=lambda s, head=item: self._retry_wait(link, head, s))
             except LinkLost:
                 if item.call is not None:
                     item.call.sent = False
                 raise
+            except Withdrawn as exc:
+                await self._withdrawn(item, exc.by)
+                continue
             except MessageTooLarge as exc:
                 if item.call is not None:
                     item.call.sent = False
@@ -288,6 +315,77 @@ class Reconnect:
                 self._largest_sent = item
             if item.on_sent is not None:
                 item.on_sent()
+
+    async def _retry_wait(self, link: Link, head: Outgoing, seconds: float) -> None:
+        """The server answered ``head`` 503: until it goes again, after ``seconds``,
+        the editor's cancels queued behind it go at once (``_cancel_early``)."""
+        deadline = anyio.current_time() + seconds
+        while True:
+            await self._cancel_early(link, head)
+            self._wake = anyio.Event()
+            with anyio.move_on_at(deadline):
+                await self._wake.wait()
+            if anyio.current_time() >= deadline:
+                return
+
+    async def _cancel_early(self, link: Link, head: Outgoing) -> None:
+        """Send the cancels queued behind ``head`` (waiting to go again after a 503)
+        that nothing of their session precedes but ``head``; a cancel of ``head``
+        itself (a ``session/cancel`` of its prompt, a ``$/cancel_request`` of it)
+        withdraws it (``Withdrawn``): the server never took it."""
+        call = head.call
+        earlier: set[str | None] = set()   # sessions with a message waiting before
+        for item in list(self.outbox):
+            if item is head:
+                continue
+            if call is not None and (item.cancel_of is call or (
+                    item.cancels is not None and item.cancels == head.session_id
+                    and call.method == "session/prompt")):
+                raise Withdrawn(item)
+            if (item.cancels is None and item.cancel_of is None) or item.refused \
+                    or item.session_id in earlier:
+                earlier.add(item.session_id)
+                continue
+            try:
+                await link.send(item.payload, session_id=item.session_id, wait=_not_now)
+            except _NotNow:   # the server refuses it too for now: it keeps its place
+                item.refused = True
+                earlier.add(item.session_id)
+                log.warning("the server answered a cancel of the editor 503 (busy): "
+                            "it goes in order, after the message it answered 503 before")
+                continue
+            except MessageTooLarge as exc:
+                self._remove(item)
+                await self._too_large(item, str(exc))
+                continue
+            self._remove(item)
+
+    async def _withdrawn(self, item: Outgoing, by: Outgoing) -> None:
+        """``item`` (a request waiting to go again after a 503) was cancelled by ``by``:
+        it is not sent; a prompt ends ``cancelled`` (as the agent would end it), a
+        request cancelled by ``$/cancel_request`` gets ``-32800``."""
+        call = item.call
+        assert call is not None
+        call.sent = False
+        self._unqueue(item)
+        self.book.calls.pop(call.server_id, None)
+        log.warning("the editor cancelled a %s the server had not taken yet (HTTP 503): "
+                    "it is not sent again", call.method)
+        if call.editor_id is None:
+            return
+        if by.cancel_of is call:
+            self._remove(by)   # it would name a request the server never had
+            await self.out.send(wire.error(call.editor_id, wire.REQUEST_CANCELLED,
+                                           "Request cancelled"))
+        else:
+            await self.out.send(wire.result(call.editor_id, {"stopReason": "cancelled"}))
+
+    def _remove(self, item: Outgoing) -> None:
+        with contextlib.suppress(ValueError):
+            self.outbox.remove(item)
+            self.outbox_bytes -= len(item.payload)
+        if not self.outbox:
+            self._dropping = False
 
     async def _load_ended(self, link: Link, item: Outgoing) -> bool:
         """Before a message of a session the server ended but keeps (its agent died:

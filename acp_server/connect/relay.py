@@ -50,6 +50,11 @@ Contracts:
   (a notification is dropped with a line on stderr), and nothing as large is sent
   again. A request in flight on ``MAX_ATTEMPTS`` links lost within
   ``HEALTHY_AFTER_S`` of connecting fails with ``connection_lost``.
+* **Cancels do not wait behind a 503** (Streamable HTTP): while the message at the
+  head of the outbox waits to go again after a 503, the editor's cancels behind it
+  (``session/cancel``, ``$/cancel_request``) that no message of their session
+  precedes go at once; a cancel of that message withdraws it (a prompt is answered
+  ``stopReason: "cancelled"``, a request ``-32800``; ``reconnect._cancel_early``).
 * **Seams.** ``clock`` (monotonic seconds and sleeping) and ``connect`` (``open_link``)
   are injected; tests pass a fake clock and a scripted server.
 * **Bounds.** Messages waiting for the link: ``OUTBOX_BYTES`` (past it a request is
@@ -245,7 +250,8 @@ class Relay(FromServer, Reconnect, Reattach):
                           "too large", len(msg.raw), self.refused_size)
                 return
             self._enqueue(Outgoing(wire.encode(members) if members is not msg.members
-                                   else msg.raw, sid))
+                                   else msg.raw, sid,
+                                   cancels=sid if method == "session/cancel" else None))
             return
         if method == "session/prompt":
             members = wire.set_meta(members, PROMPT_ID_META, uuid.uuid4().hex, replace=False)
@@ -317,7 +323,7 @@ class Relay(FromServer, Reconnect, Reattach):
             return
         self._enqueue(Outgoing(wire.notification("$/cancel_request",
                                                  {"requestId": call.server_id}),
-                               call.session_id))
+                               call.session_id, cancel_of=call))
 
     def _enqueue(self, item: Outgoing) -> None:
         """Queue ``item`` for the link; past ``OUTBOX_BYTES`` a notification or an answer

@@ -68,7 +68,8 @@ class FakeLink:
     def lost(self) -> bool:
         return self.loss is not None
 
-    async def send(self, payload: bytes, *, session_id: str | None = None) -> None:
+    async def send(self, payload: bytes, *, session_id: str | None = None,
+                   wait: Any = None) -> None:
         if self.loss is not None:
             raise self.loss
         message = json.loads(payload)

@@ -464,3 +464,44 @@ async def test_a_closed_branch_loaded_cold_keeps_what_it_was_made_from(
         async with httpx.AsyncClient(base_url=child.base_url, timeout=20) as client:
             said = await _said_to(client, bid, "/history")
     assert said.index("user: remember banana") < said.index("user: hello"), said
+
+
+@pytest.mark.parametrize("how", ["loaded", "reseeded"])
+async def test_a_closed_branch_loaded_cold_stays_a_branch(tmp_path: Path, store_name: str,
+                                                          how: str) -> None:
+    """A branch closed (the idle timeout) and loaded again, by its agent's own load or
+    reseeded (the agent forgot it): its new life still says what it was forked from,
+    in the load's answer, the live session, its record (the ended-sessions listing's
+    ``forkedFrom``), and after a restart; it got none before, a branch no more."""
+    store, _ = _store(tmp_path, store_name)
+    agent = ReplayingAgent()
+    agent.refuse = how == "reseeded"
+    async with store:
+        async with StoreSessionJournal(store) as journal:
+            async with Bridge(agent, workspace_cwd=str(tmp_path), journal=journal) as bridge:
+                sid = (await bridge.create_session()).session_id
+                await bridge.send_prompt(sid, text("apricot")).result()
+                bid = (await bridge.branch_session(sid)).session_id
+                await bridge.close_session(bid, reason="idle_timeout")   # kept, closed
+                await journal.wait(journal.appended)
+                kept = await journal.read(bid, seed=True)
+                assert kept is not None and kept.record.forked_from == sid
+                seed = kept.record.seed
+                assert seed is not None   # the conversation it was made from
+                agent.calls.clear()
+                loaded = await bridge.load_session(bid)
+                assert [m for m, _ in agent.calls if m in ("session/load", "session/new")] \
+                    == (["session/load"] if how == "loaded" else ["session/load",
+                                                                  "session/new"])
+                assert loaded.forked_from == sid
+                assert bridge.get_session(bid).forked_from == sid
+                await bridge.close_session(bid, reason="idle_timeout")   # ended again
+                await journal.wait(journal.appended)
+                again = await journal.read(bid, seed=True)
+                assert again is not None and again.record.epoch == loaded.event_epoch
+                assert (again.record.forked_from, again.record.seed) == (sid, seed)
+                await bridge.load_session(bid)   # live again, then a restart
+        async with StoreSessionJournal(store) as journal:
+            found = {f.record.session_id: f for f in await journal.restore()}
+    assert found[bid].record.forked_from == sid
+    assert found[bid].record.seed == seed
