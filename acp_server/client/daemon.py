@@ -486,11 +486,18 @@ class DaemonClient:
     async def _replays_prompt_ids(self, unreachable: bool | None = False) -> bool | None:
         """The server says (``/capabilities``: ``prompt_id_replay``) that a prompt sent
         again under its id runs once: an older one would run it twice. Asked once (a
-        failed ask is not remembered: ``False``, or ``unreachable`` when no answer came)."""
+        failed ask is not remembered: ``False``, or ``unreachable`` when no answer came).
+        With ``unreachable=None`` (a cut send waits for the server to answer), a failure
+        the next ask would repeat (``errors.lasting_failure``: a certificate that does
+        not verify, a name that does not resolve) is raised, as a send's is: it is no
+        server out of reach for now."""
         if self._prompt_id_replay is None:
             try:
                 features = (await self.capabilities()).features
-            except DaemonConnectionError:
+            except DaemonConnectionError as exc:
+                if unreachable is None and exc.__cause__ is not None \
+                        and lasting_failure(exc.__cause__):
+                    raise
                 return unreachable
             except DaemonError:
                 return False
