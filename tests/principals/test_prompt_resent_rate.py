@@ -9,7 +9,9 @@ from typing import Any
 
 import pytest
 
+from acp_server.client import CreateSessionRequest, DaemonClient
 from tests.principals.helpers import bearer, mint
+from tests.sdk.cutter import cutter
 from tests.rest.server import RunningServer, running_server
 
 pytestmark = pytest.mark.anyio
@@ -107,3 +109,22 @@ async def test_what_is_not_a_replay_stays_refused(tmp_path: Path) -> None:
                                       json=named("/sleep 60s held", "p1"))
         assert again.status_code == 202 and again.headers["idempotent-replayed"] == "true"
         await srv.client.post(f"/session/{sid}/cancel", headers=ci)
+
+
+async def test_the_sdks_resend_after_a_cut_is_not_refused(tmp_path: Path) -> None:
+    """The SDK sends its prompt again under its id after the answer was cut on the way
+    (``tests.sdk.cutter``): with the token's one prompt a minute spent by the first
+    send, the second was 429 (``DaemonRateLimitError``) of a prompt its agent ran."""
+    async with serving(tmp_path) as srv, \
+            cutter(int(srv.base_url.rsplit(":", 1)[1])) as proxy:
+        token = await mint(srv.server, "ci")
+        async with DaemonClient(proxy.url, token=token, max_retry_wait_s=0) as client:
+            sid = (await client.create_or_attach_session(
+                CreateSessionRequest(session_scope="thread"))).session_id
+            proxy.cut_prompts = 1
+            result = await client.prompt(sid, "/chunks 1 once")
+            assert result.stop_reason == "end_turn"
+            assert proxy.prompt_posts == 2   # the first was taken, its answer lost
+            terminals = [t.terminal for t in srv.bridge.get_session(sid).prompt_terminals
+                         if t.prompt_id == result.prompt_id]
+            assert terminals == ["completed"]   # it ran once
