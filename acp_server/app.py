@@ -24,6 +24,7 @@ With ``--http-server granian`` the front layer also caps requests in flight at
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -51,7 +52,7 @@ from acp_server.ops import openapi
 from acp_server.ops.metrics import Metrics
 from acp_server.ops.metrics import routes as metrics_routes
 from acp_server.ops.request_log import AccessRecorder
-from acp_server.rest import PermissionReport, RestConfig, fast_routes
+from acp_server.rest import PermissionReport, PromptSentAgain, RestConfig, fast_routes
 from acp_server.rest import routes as rest_routes
 from acp_server.rest.access import access as rest_access
 from acp_server.rest.errors import EXCEPTION_HANDLERS as REST_HANDLERS
@@ -155,7 +156,9 @@ def build_app(settings: Settings, *, bridge: Bridge, acp: ConnectionRegistry,
            fast_routes(bridge, config).items() for route in _routes_at(app.router, path)]
     route = sessions_router or (lambda stack: stack)
     mounts = workspace_mounts(bridge.workspace_cwd)
-    app.front = lambda stack: FrontLayer(route(stack), policy, doors=DOORS, observer=recorder,
+    # REST: a prompt its rate limit refused goes on when sent again under its id
+    doors = (*DOORS[:-1], dataclasses.replace(DOORS[-1], resent=PromptSentAgain(bridge, config)))
+    app.front = lambda stack: FrontLayer(route(stack), policy, doors=doors, observer=recorder,
                                          max_in_flight=max_in_flight, stats=guard_stats, hot=hot,
                                          aliases=mounts.exact, stray_alias=mounts.of_stray)
     return app

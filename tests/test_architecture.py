@@ -136,14 +136,20 @@ def test_the_bridge_serves_no_http_and_knows_no_door() -> None:
 @pytest.mark.parametrize("package", ["acp_server.client", "acp_server.conformance",
                                      "acp_server.connect"])
 def test_the_client_and_the_conformance_import_nothing_of_the_server(package: str) -> None:
-    allowed = ("acp_server.client", "acp_server.conformance", "acp_server.__version__")
+    # ``acp_server.bearer``: the one token check every client shares (no imports)
+    allowed = ("acp_server.client", "acp_server.conformance", "acp_server.__version__",
+               "acp_server.bearer")
     if package == "acp_server.connect":   # the stdio adapter: itself only
-        allowed = ("acp_server.connect",)
+        allowed = ("acp_server.connect", "acp_server.bearer")
     paths = _modules(package)
     found = [v for v in _violations(paths, ("acp_server", "bridge", "starlette", "uvicorn"))
              if not any(_within(v.split(" imports ")[1], ok) for ok in allowed)
              and v.split(" imports ")[1] != "acp_server"]
     assert found == []
+
+
+def test_the_shared_token_check_imports_nothing_of_ours() -> None:
+    assert _violations([ROOT / "acp_server" / "bearer.py"], ("acp_server", "bridge")) == []
 
 
 def test_the_rules_see_the_imports() -> None:

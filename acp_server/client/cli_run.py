@@ -26,7 +26,9 @@ Contracts:
 * ``checked_text`` (``prompt_text``: an argument, or stdin for ``-``) refuses a prompt
   that is not text (bytes that are not UTF-8, read
   from stdin or given as an argument): ``UsageError`` (the commands say so in a line,
-  status 2). So is an address httpx cannot parse (``--url http://[::1``).
+  status 2). So is an address httpx cannot parse (``--url http://[::1``), and a token
+  no header can carry (``check_token``, ``acp_server.bearer``: a control character, CR
+  LF, non-ASCII), said without the token.
 """
 
 from __future__ import annotations
@@ -43,7 +45,9 @@ import anyio
 import anyio.abc
 import httpx
 
+from acp_server.bearer import UnsendableTokenError, bearer_token
 from acp_server.client.arguments import URL_ENV
+from acp_server.client.daemon import TOKEN_ENV
 from acp_server.client.errors import one_line, redact
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -122,6 +126,13 @@ def checked_text(text: str, where: str) -> str:
     return text
 
 
+def check_token(token: str | None) -> None:
+    """A token (``--token``, else ``$ACP_SERVER_TOKEN``) no header can carry:
+    ``UnsendableTokenError`` before the command reads or sends anything (exit 2, the
+    token not shown; the clients' constructors check it the same way)."""
+    bearer_token(token) or bearer_token(os.environ.get(TOKEN_ENV))
+
+
 def _leaves(exc: BaseException) -> list[BaseException]:
     if isinstance(exc, BaseExceptionGroup):
         return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
@@ -182,7 +193,7 @@ def run_command(prog: str, command: Command, args: argparse.Namespace, *, out: T
 
 
 def _report(prog: str, leaf: BaseException, whole: BaseException, err: TextIO) -> int:
-    if isinstance(leaf, UsageError):
+    if isinstance(leaf, (UsageError, UnsendableTokenError)):   # the latter never shows it
         print(f"{prog}: {one_line(str(leaf))}", file=err)
         return EXIT_USAGE
     if isinstance(leaf, httpx.InvalidURL):
@@ -198,5 +209,5 @@ def _report(prog: str, leaf: BaseException, whole: BaseException, err: TextIO) -
 
 
 __all__ = ["DEBUG_ENV", "EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_PIPE",
-           "EXIT_USAGE", "GuardedOutput", "OutputClosed", "UsageError", "checked_text",
+           "EXIT_USAGE", "GuardedOutput", "OutputClosed", "UsageError", "check_token", "checked_text",
            "prompt_text", "run_command"]

@@ -59,6 +59,7 @@ import anyio.lowlevel
 import httpx
 import msgspec
 
+from acp_server.bearer import bearer_token
 from acp_server.client import wire
 from acp_server.client.bounded import MAX_ANSWER_BYTES, MAX_EVENT_BYTES, read_answer
 from acp_server.client.errors import (DaemonConnectionError, DaemonError, DaemonHttpError,
@@ -185,11 +186,6 @@ def _ended(content: bytes, session_id: str) -> PromptResult:
                         prompt_id=prompt_id)
 
 
-def _env_token() -> str | None:
-    token = os.environ.get(TOKEN_ENV, "").strip()
-    return token or None
-
-
 class _TurnWatch:
     """What ``prompt()`` has seen of its own turn (decides how to cancel it)."""
 
@@ -219,6 +215,8 @@ class DaemonClient:
                  max_answer_bytes: int = MAX_ANSWER_BYTES,
                  max_event_bytes: int = MAX_EVENT_BYTES,
                  max_retry_wait_s: float = 5.0) -> None:
+        # first: a token no header can carry is UnsendableTokenError (it is not shown)
+        self.token = bearer_token(token) or bearer_token(os.environ.get(TOKEN_ENV))
         self.base_url = base_url.rstrip("/")
         self.max_retry_wait_s = max_retry_wait_s   # between two sends of one prompt
         self._prompt_id_replay: bool | None = None   # the server's feature, once asked
@@ -226,7 +224,6 @@ class DaemonClient:
         self.max_event_bytes = max_event_bytes
         self.max_pending_prompts_per_session = normalize_pending_prompt_limit(
             max_pending_prompts_per_session)
-        self.token = token.strip() if token is not None and token.strip() else _env_token()
         self.timeout = timeout
         headers = request_headers(self.token)
         self._stream_timeout = httpx.Timeout(
@@ -489,11 +486,18 @@ class DaemonClient:
     async def _replays_prompt_ids(self, unreachable: bool | None = False) -> bool | None:
         """The server says (``/capabilities``: ``prompt_id_replay``) that a prompt sent
         again under its id runs once: an older one would run it twice. Asked once (a
-        failed ask is not remembered: ``False``, or ``unreachable`` when no answer came)."""
+        failed ask is not remembered: ``False``, or ``unreachable`` when no answer came).
+        With ``unreachable=None`` (a cut send waits for the server to answer), a failure
+        the next ask would repeat (``errors.lasting_failure``: a certificate that does
+        not verify, a name that does not resolve) is raised, as a send's is: it is no
+        server out of reach for now."""
         if self._prompt_id_replay is None:
             try:
                 features = (await self.capabilities()).features
-            except DaemonConnectionError:
+            except DaemonConnectionError as exc:
+                if unreachable is None and exc.__cause__ is not None \
+                        and lasting_failure(exc.__cause__):
+                    raise
                 return unreachable
             except DaemonError:
                 return False

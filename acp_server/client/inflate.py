@@ -30,6 +30,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import httpx
 
+from acp_server.bearer import bearer_token
 from acp_server.client.errors import DaemonProtocolError
 
 STEP = 64 * 1024
@@ -37,8 +38,12 @@ IDENTITY = {"Accept-Encoding": "identity"}
 
 
 def request_headers(token: str | None) -> dict[str, str]:
-    """What every client request carries: ``IDENTITY``, and the bearer ``token`` if any."""
+    """What every client request carries: ``IDENTITY``, and the bearer ``token`` if any
+    (``acp_server.bearer``: stripped; one no header can carry is ``UnsendableTokenError``,
+    which never shows it)."""
+    token = bearer_token(token)
     return {**IDENTITY, **({"Authorization": f"Bearer {token}"} if token else {})}
+
 _GZIP = 16 + zlib.MAX_WBITS
 
 

@@ -43,7 +43,7 @@ from acp_server.client import (CreateSessionRequest, DaemonClient, DaemonError, 
                                DaemonHttpError, DaemonPendingPromptLimitError)
 from acp_server.client.arguments import DEFAULT_URL, URL_ENV, daemon_url, positive_seconds
 from acp_server.client.cli_run import (EXIT_ERROR, EXIT_OK, EXIT_PIPE, EXIT_USAGE,
-                                       OutputClosed, prompt_text, run_command)
+                                       OutputClosed, check_token, prompt_text, run_command)
 from acp_server.client.errors import DaemonForbiddenError, hint, one_line
 from acp_server.client.permissions_cli import POLICIES, PermissionAnswerer, TerminalAsker
 
@@ -140,6 +140,7 @@ async def prompt_command(args: argparse.Namespace, *, out: TextIO, err: TextIO,
     """The command's body (async: usable from a running event loop). ``source`` is
     where a person's answers are read (default stdin)."""
     source = source or sys.stdin
+    check_token(args.token)   # before the prompt is read
     text = prompt_text(args.text, source)
     url = daemon_url(args.url)
     printer = _Printer(out)

@@ -47,6 +47,7 @@ import anyio
 import httpx
 import msgspec
 
+from acp_server.bearer import bearer_token
 from acp_server.client.errors import (DaemonConnectionError, DaemonError, DaemonProtocolError,
                                       one_line, redirect_detail, retry_seconds, text_summary)
 from acp_server.client.bounded import (
@@ -269,10 +270,11 @@ class TaskClient:
                  transport: httpx.AsyncBaseTransport | None = None, max_reconnects: int = 5,
                  reconnect_delay: float = 0.25, max_answer_bytes: int = MAX_ANSWER_BYTES,
                  max_event_bytes: int = MAX_EVENT_BYTES) -> None:
+        # first: a token no header can carry is UnsendableTokenError (it is not shown)
+        token = bearer_token(token) or bearer_token(os.environ.get(TOKEN_ENV))
         self.base_url = base_url.rstrip("/")
         self.max_answer_bytes = max_answer_bytes
         self.max_event_bytes = max_event_bytes
-        token = (token or "").strip() or os.environ.get(TOKEN_ENV, "").strip() or None
         headers = request_headers(token)
         self.max_reconnects = max_reconnects
         self.reconnect_delay = reconnect_delay

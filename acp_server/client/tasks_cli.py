@@ -44,7 +44,8 @@ import msgspec
 from acp_server.client import DaemonError, TaskClient, TaskEvent
 from acp_server.client.arguments import (DEFAULT_URL, URL_ENV, daemon_url, page_size,
                                         positive_seconds)
-from acp_server.client.cli_run import EXIT_ERROR, EXIT_OK, EXIT_USAGE, prompt_text, run_command
+from acp_server.client.cli_run import (EXIT_ERROR, EXIT_OK, EXIT_USAGE, check_token, prompt_text,
+                                       run_command)
 from acp_server.client.errors import hint, one_line
 from acp_server.client.tasks import ForbiddenError, LmspProblem, Task, TaskSummary
 
@@ -230,6 +231,7 @@ def task_line(task: TaskSummary) -> str:
 
 async def tasks_command(args: argparse.Namespace, *, out: TextIO, err: TextIO) -> int:
     url = daemon_url(args.url)
+    check_token(args.token)
     try:
         async with TaskClient(url, token=args.token, timeout=args.timeout) as tasks:
             if args.action == "create":

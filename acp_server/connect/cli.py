@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 import anyio
 
+from acp_server.bearer import BLANKS, unsendable
 from acp_server.connect.link import Target
 from acp_server.connect.relay import Relay
 from acp_server.connect.stdio import (
@@ -90,18 +91,6 @@ def add_connect_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     return parser
 
 
-def _unsendable(token: str | None) -> str | None:
-    """Why ``token`` (its surrounding blanks stripped, as the server strips them) cannot
-    be an HTTP header's value, else ``None``. Refused at start, exit 2: httpx's own
-    refusal came at each ``initialize`` with a message that quoted the header, the
-    token in it, to stderr and to the editor."""
-    for at, char in enumerate(token or ""):
-        if not " " <= char <= "~":
-            kind = "a control character" if char < " " or char == "\x7f" else "non-ASCII"
-            return f"holds {kind} at position {at + 1}"
-    return None
-
-
 def _loopback(host: str) -> bool:
     try:
         return ipaddress.ip_address(host).is_loopback
@@ -116,8 +105,9 @@ def run_connect_args(args: argparse.Namespace) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     token = args.token if args.token is not None else os.environ.get(TOKEN_ENV) or None
     if token is not None:   # a pasted token's blanks, which the server strips too
-        token = token.strip(" \t\r\n") or None
-    refused = _unsendable(token)
+        token = token.strip(BLANKS) or None
+    # httpx's own refusal came at each ``initialize``, quoting the header, token and all
+    refused = unsendable(token) if token is not None else None
     if refused is not None:
         print(f"acp-server connect: the token {refused}; it cannot go in an Authorization "
               "header (the token itself is not shown)", file=sys.stderr)

@@ -45,7 +45,9 @@ Contracts:
   ``Caller``; the door's ``access(method, path)`` says what it needs (a scope, a rate
   class; ``PER_MESSAGE``: the door decides per message, ``/acp``'s JSON-RPC), and a
   missing scope (403 ``forbidden``) or an exhausted rate limit (429
-  ``rate_limit_exceeded`` with ``Retry-After``) is answered here, in the door's shape.
+  ``rate_limit_exceeded`` with ``Retry-After``) is answered here, in the door's shape;
+  a door's ``resent`` may let a request its rate limit refused through (its body read
+  here, under the door's cap: ``acp_server.http.resent``).
   A stored token not yet cached is looked up in the store first (``admit``). A
   stored token's requests run under its ``StreamRegistry`` hold (the hot path
   excepted), and so do the ``local`` principal's (``stream_id``; all but ``POST
@@ -87,6 +89,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from acp_server.http.policy import LOOKUP, UNAUTHORIZED, GuardPolicy, Refusal, Renderer
+from acp_server.http.resent import Resent, let_through
 from acp_server.principals import CALLER_KEY, Access, Caller
 from acp_server.principals.model import MUTATING, READING
 from acp_server.principals.streams import stream_id
@@ -157,12 +160,14 @@ def default_access(method: str, path: str) -> Access:
 @dataclass(frozen=True, slots=True)
 class Door:
     """A path prefix, the door's name (logs, metrics), how it renders a refusal, and
-    what its requests need of a principal."""
+    what its requests need of a principal; ``resent``: which requests its rate limit
+    refused go on all the same (``acp_server.http.resent``: a prompt sent again)."""
 
     prefix: str
     name: str
     render: Renderer
     access: Callable[[str, str], Access] = default_access
+    resent: Resent | None = None
     _base: str = field(init=False, repr=False, compare=False)
     _under: str = field(init=False, repr=False, compare=False)
 
@@ -349,7 +354,11 @@ class FrontLayer:
                     else door.access(scope["method"], path)
                 if not access.per_message:
                     denial = caller.check(access)
-                    if denial is not None:
+                    passed = None if denial is None or door.resent is None else \
+                        await let_through(door.resent, scope, receive, path, caller, denial)
+                    if passed is not None:   # a prompt sent again: its 429 read its body
+                        receive = passed
+                    elif denial is not None:
                         refusal = Refusal.of(denial)
             if refusal is not None:
                 status = refusal.status

@@ -40,6 +40,7 @@ from typing import Any
 import anyio
 import httpx
 
+from acp_server.bearer import UnsendableTokenError, bearer_token
 from acp_server.client.errors import redact_address
 from acp_server.principals.admin import create_token, iso, revoke_token, token_json
 from acp_server.principals.audit import AuditLog, as_json
@@ -205,11 +206,10 @@ def _authorization(args: argparse.Namespace) -> dict[str, str]:
     """The bearer header; a token no header can carry (a control character, CR LF,
     non-ASCII) is refused here without showing it (httpx's own error quoted it, or
     was a traceback)."""
-    token = (args.token or os.environ.get(TOKEN_ENV, "")).strip()
-    if any(not " " <= char <= "~" for char in token):
-        raise InvalidPrincipalError("The token holds a control character or a non-ASCII "
-                                    "one: no Authorization header can carry it (the "
-                                    "token is not shown).")
+    try:
+        token = bearer_token(args.token or os.environ.get(TOKEN_ENV))
+    except UnsendableTokenError as exc:
+        raise InvalidPrincipalError(str(exc)) from None
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 

@@ -35,9 +35,10 @@ from acp_server.principals import Gate
 from acp_server.store.errors import Probed
 from bridge import Bridge
 
-__all__ = ["PermissionReport", "RestConfig", "fast_routes", "routes"]
+__all__ = ["PermissionReport", "PromptSentAgain", "RestConfig", "fast_routes", "routes"]
 
 fast_routes = prompts.fast_routes   # the front layer's hot path: path -> (fast handler, declines)
+PromptSentAgain = prompts.PromptSentAgain   # the door's ``resent``: a prompt sent again
 
 
 def routes(bridge: Bridge, config: RestConfig, *,

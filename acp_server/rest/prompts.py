@@ -31,7 +31,7 @@ from starlette.routing import BaseRoute
 
 from acp_server.http.body import BodyError, decode_json
 from acp_server.http.endpoints import route
-from acp_server.principals import CALLER_KEY, LOCAL_CALLER, caller_of
+from acp_server.principals import CALLER_KEY, LOCAL_CALLER, Caller, caller_of
 from acp_server.rest import wire
 from acp_server.rest.config import RestConfig
 from acp_server.rest.errors import RestError, error_response, json_response
@@ -192,6 +192,41 @@ class FastPrompt:
         return _messages(json_response(202, wire.PromptAccepted(
             promptId=ticket.prompt_id, lastEventId=ticket.last_event_id,
             eventEpoch=ticket.epoch)))
+
+
+class PromptSentAgain:
+    """The REST door's ``resent`` (``acp_server.http.resent``): a ``POST
+    /session/{id}/prompt`` refused for its rate goes on when its body names a
+    ``promptId`` the session admitted already (queued, running or ended; ended in a
+    session no longer live too) and the caller sees the session: the route answers its
+    replay (202 / 200, ``Idempotent-Replayed``), which admits nothing new. The SDK
+    sends its prompt again under its id after a cut or an ``owner_lost``; refused, it
+    was told "rate limit exceeded" of a prompt its agent ran."""
+
+    __slots__ = ("bridge", "limit")
+
+    def __init__(self, bridge: Bridge, config: RestConfig) -> None:
+        self.bridge = bridge
+        self.limit = config.max_body_bytes
+
+    def wants(self, method: str, path: str) -> bool:
+        return method == "POST" and path.startswith("/session/") \
+            and path.endswith("/prompt") and path.count("/") == 3
+
+    def __call__(self, scope: Any, path: str, caller: Caller, body: bytes) -> bool:
+        session_id = path[len("/session/"):-len("/prompt")]
+        try:
+            prompt_id = wire.prompt_id(decode_json(body, _PROMPT_DECODER).promptId)
+        except (BodyError, ValueError, RestError):
+            return False
+        if prompt_id is None or not session_id or not caller.sees_session(session_id):
+            return False
+        bridge = self.bridge
+        if bridge.ended_prompt_terminal(session_id, prompt_id) is not None:
+            return True
+        return bridge.has_session(session_id) and (
+            bridge.prompt_ticket(session_id, prompt_id) is not None
+            or bridge.prompt_terminal(session_id, prompt_id) is not None)
 
 
 # What a prompt's commit (``ticket.committed()``) raises once it has settled the prompt:
