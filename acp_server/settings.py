@@ -521,15 +521,24 @@ def _model_server_state() -> Any:
 def _model_api_key(env: str | None) -> str | None:
     """The model server's API key: from ``$env`` (``--model-api-key-env``), which must
     then be set, else from ``$ACP_SERVER_MODEL_API_KEY`` if set."""
+    from acp_server.bearer import BLANKS, unsendable
+
     if env is None:
-        return os.environ.get(MODEL_API_KEY_ENV, "").strip() or None
-    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", env):
-        raise SettingsError("Invalid model-api-key-env: name an environment variable "
-                            "(e.g. OPENAI_API_KEY), not the key itself (not repeated here).")
-    key = os.environ.get(env, "").strip()
-    if not key:
-        raise SettingsError(f"Invalid model-api-key-env: {env} is not set or empty. "
-                            f"Set it to the model server's API key.")
+        key: str | None = os.environ.get(MODEL_API_KEY_ENV, "").strip(BLANKS) or None
+        source = MODEL_API_KEY_ENV
+    else:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", env):
+            raise SettingsError("Invalid model-api-key-env: name an environment variable "
+                                "(e.g. OPENAI_API_KEY), not the key itself (not repeated "
+                                "here).")
+        key, source = os.environ.get(env, "").strip(BLANKS), env
+        if not key:
+            raise SettingsError(f"Invalid model-api-key-env: {env} is not set or empty. "
+                                f"Set it to the model server's API key.")
+    why = None if key is None else unsendable(key)
+    if why is not None:   # sent, httpx's refusal would quote it (logs, turn errors)
+        raise SettingsError(f"Invalid model API key: ${source} {why}: no Authorization "
+                            f"header can carry it (the key itself is not shown).")
     return key
 
 

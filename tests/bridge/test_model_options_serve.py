@@ -69,3 +69,15 @@ def test_the_api_key_comes_from_the_environment_only(tmp_path, monkeypatch) -> N
     assert KEY not in repr(settings)
     with pytest.raises(SettingsError, match="model-history-chars"):
         Settings.from_flags(workspace=str(tmp_path), model_history_chars="0")
+
+
+@pytest.mark.parametrize("key", ["sk-two\nlines", "sk-\r\nX-Evil: 1", "sk-clé"])
+@pytest.mark.parametrize("env", [None, "OPENAI_API_KEY"])
+def test_a_key_no_header_can_carry_is_refused_without_showing_it(
+        tmp_path, monkeypatch, key: str, env: str | None) -> None:
+    """Sent, httpx's refusal quoted the header (``Illegal header value b'Bearer …'``) in
+    the log, every turn's error and the journal; a non-ASCII one failed every listing."""
+    monkeypatch.setenv(env or "ACP_SERVER_MODEL_API_KEY", key)
+    with pytest.raises(SettingsError, match="no Authorization header can carry it") as caught:
+        Settings.from_flags(workspace=str(tmp_path), model_api_key_env=env)
+    assert key not in str(caught.value) and "sk-" not in str(caught.value)
