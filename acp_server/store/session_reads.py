@@ -93,7 +93,13 @@ def with_seed(record: SessionOpened, seed: Any) -> SessionOpened:
     inside a record written before the column (an instance of an older version)."""
     if seed is None:
         return record
-    return msgspec.structs.replace(record, seed=stored(seed).decode("utf-8", "surrogatepass"))
+    try:
+        text = stored(seed).decode("utf-8", "surrogatepass")
+    except UnicodeDecodeError:   # a column written by hand, or damaged: as no seed
+        log.warning("session %s: its seed cannot be decoded; it is restored without it",
+                    record.session_id)
+        return record
+    return msgspec.structs.replace(record, seed=text)
 
 
 def _unbroken_tail(events: list[Event], last: int) -> list[Event]:

@@ -73,6 +73,27 @@ async def test_the_seed_is_kept_apart_and_read_by_what_restores_alone(
     assert restored["ended"].seed == SEED
 
 
+async def test_a_seed_that_cannot_be_decoded_restores_the_branch_without_it(
+        tmp_path: Path, store_name: str) -> None:
+    """A damaged ``seed`` column (not UTF-8) failed the whole restore: the instance
+    could not start. The branch now restores without it (as an unreadable seed counts
+    as none, ``bridge.transcript.after_seed``), the others untouched."""
+    store, url = _store(tmp_path, store_name)
+    async with store:
+        async with StoreSessionJournal(store) as journal:
+            journal.append(_opened("branch", 1.0, SEED))
+            journal.append(_opened("other", 2.0, SEED))
+            await journal.wait(journal.appended)
+        _run_sql(tmp_path, store_name, url, "UPDATE sessions SET seed = ? WHERE id = ?",
+                 (b"\xff\xfe", "branch"))
+        async with StoreSessionJournal(store) as journal:
+            restored = {f.record.session_id: f.record for f in await journal.restore()}
+            cold = await journal.read("branch", seed=True)
+    assert restored["branch"].seed is None and restored["branch"].forked_from == "parent"
+    assert restored["other"].seed == SEED
+    assert cold is not None and cold.record.seed is None
+
+
 async def test_a_store_with_seeds_inside_records_is_migrated(tmp_path: Path,
                                                              store_name: str) -> None:
     store, url = _store(tmp_path, store_name)
