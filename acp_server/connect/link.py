@@ -353,13 +353,13 @@ class HttpLink:
                 async with self._client.stream("GET", self._target.url, headers=headers,
                                                timeout=timeout) as response:
                     status = response.status_code
-                    if status in (429, 503) and session_id is not None \
+                    if status in FOR_NOW and session_id is not None \
                             and attempt < POST_RETRIES:
                         wait = _retry_after(response)
                     elif status != 200:
                         task_status.started()
                         started = True
-                        if session_id is None or status in (401, 403, 404, 429, 503):
+                        if session_id is None or status in (401, 403, 404, *FOR_NOW):
                             lost = LinkLost(f"GET stream answered HTTP {status}")
                         return
                     else:
@@ -458,6 +458,10 @@ async def sse_data(response: httpx.Response, max_bytes: int) -> AsyncIterator[by
                 size += len(data[-1]) + 1
                 if size > max_bytes:
                     raise httpx.DecodingError(f"an SSE event over {max_bytes} bytes")
+
+
+# a session's stream refused for now (the rate, an outage, a proxy without a server)
+FOR_NOW = (429, 502, 503, 504)
 
 
 def _retry_after(response: httpx.Response) -> float:
