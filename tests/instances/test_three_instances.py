@@ -348,6 +348,8 @@ def test_reads_answer_while_the_owner_is_paused(
         last = owner.http.get(f"/session/{sid}/status").json()["lastEventId"]
         _wait(lambda: db.execute("SELECT count(*) FROM session_events WHERE session_id = %s "
                                  "AND id > 0", (sid,)).fetchone()[0] == last)   # committed
+        _wait(lambda: db.execute("SELECT settled_at FROM session_prompts WHERE session_id = %s "
+                                 "AND prompt_id = %s", (sid, pid)).fetchone()[0] is not None)
         os.kill(owner.pid, signal.SIGSTOP)
         try:
             db.execute("UPDATE session_leases SET expires_at = expires_at + 3600 "
