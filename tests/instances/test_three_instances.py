@@ -345,11 +345,18 @@ def test_reads_answer_while_the_owner_is_paused(
         pid = done.json()["promptId"]
         _wait(lambda: owner.http.get(f"/session/{sid}/pending-prompts").json()[
             "pendingPrompts"] == [])
-        last = owner.http.get(f"/session/{sid}/status").json()["lastEventId"]
-        _wait(lambda: db.execute("SELECT count(*) FROM session_events WHERE session_id = %s "
-                                 "AND id > 0", (sid,)).fetchone()[0] == last)   # committed
-        _wait(lambda: db.execute("SELECT settled_at FROM session_prompts WHERE session_id = %s "
-                                 "AND prompt_id = %s", (sid, pid)).fetchone()[0] is not None)
+
+        def committed() -> int | None:
+            """The owner's last event id once the turn's end and its prompt's settle
+            are committed (status says the committed id; the settle follows the end)."""
+            settled = db.execute("SELECT settled_at FROM session_prompts WHERE session_id = %s "
+                                 "AND prompt_id = %s", (sid, pid)).fetchone()[0] is not None
+            count = db.execute("SELECT count(*) FROM session_events WHERE session_id = %s "
+                               "AND id > 0", (sid,)).fetchone()[0]
+            last = owner.http.get(f"/session/{sid}/status").json()["lastEventId"]
+            return last if settled and last == count else None
+
+        last = _wait(committed)
         os.kill(owner.pid, signal.SIGSTOP)
         try:
             db.execute("UPDATE session_leases SET expires_at = expires_at + 3600 "
