@@ -110,6 +110,16 @@ class PromptsAPI:
         and its id may be admitted again)."""
         return self.get_session(session_id).prompt_terminals.latest(prompt_id)
 
+    def admitted_prompt(self, session_id: str, prompt_id: str) -> bool:
+        """Whether the live session admitted a prompt under ``prompt_id`` already
+        (pending, or ended: not refused at admission): sent again, it admits nothing
+        new (the doors let it past their rate limits). ``False`` for a session that is
+        not live."""
+        session = self._sessions.get(session_id)
+        return session is not None and (prompt_id in session.pending
+                                        or session.prompt_terminals.latest(prompt_id)
+                                        is not None)
+
     def ended_prompt_terminal(self, session_id: str, prompt_id: str) -> PromptTerminal | None:
         """How a prompt of a session that is no longer live ended (its agent died, it
         was closed: the terminals the bridge keeps of closed sessions), else ``None``

@@ -36,6 +36,7 @@ import msgspec
 
 from acp_server.acp_http.connection import AcpConnection, RpcId, SessionChannel
 from acp_server.acp_http.errors import InvalidParamsError, PromptFailedError
+from acp_server.http.resent import RATE_LIMITED
 from acp_server.principals import Caller, Denial
 from bridge import Bridge
 from bridge.jsonrpc import Message, decode_value
@@ -74,7 +75,7 @@ def sent_again(bridge: Bridge, caller: Caller, msg: Message, denial: Denial,
     """Whether ``denial`` is the rate limit refusing a ``session/prompt`` that the
     session admitted already under its prompt id (see the contracts): then it passes.
     ``session_id``: the ``Acp-Session-Id`` header, when ``params`` name none."""
-    if denial.code != "rate_limit_exceeded" or msg.method != "session/prompt":
+    if denial.code != RATE_LIMITED or msg.method != "session/prompt":
         return False
     try:
         params = decode_value(msg.params) if msg.params is not msgspec.UNSET else None
@@ -82,11 +83,8 @@ def sent_again(bridge: Bridge, caller: Caller, msg: Message, denial: Denial,
     except (msgspec.MsgspecError, InvalidParamsError):
         return False
     sid = params.get("sessionId", session_id) if isinstance(params, dict) else None
-    if prompt_id is None or not isinstance(sid, str) or not bridge.has_session(sid) \
-            or not caller.sees_session(sid):
-        return False
-    return bridge.prompt_ticket(sid, prompt_id) is not None \
-        or bridge.prompt_terminal(sid, prompt_id) is not None
+    return prompt_id is not None and isinstance(sid, str) and caller.sees_session(sid) \
+        and bridge.admitted_prompt(sid, prompt_id)
 
 
 def rejoin_prompt(conn: AcpConnection, channel: SessionChannel, prompt_id: str,

@@ -222,11 +222,8 @@ class PromptSentAgain:
         if prompt_id is None or not session_id or not caller.sees_session(session_id):
             return False
         bridge = self.bridge
-        if bridge.ended_prompt_terminal(session_id, prompt_id) is not None:
-            return True
-        return bridge.has_session(session_id) and (
-            bridge.prompt_ticket(session_id, prompt_id) is not None
-            or bridge.prompt_terminal(session_id, prompt_id) is not None)
+        return bridge.admitted_prompt(session_id, prompt_id) \
+            or bridge.ended_prompt_terminal(session_id, prompt_id) is not None
 
 
 # What a prompt's commit (``ticket.committed()``) raises once it has settled the prompt:
