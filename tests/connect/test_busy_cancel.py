@@ -13,6 +13,7 @@ from typing import Any
 import anyio
 import pytest
 
+from tests.connect.endpoint import lifespan, read_body
 from tests.connect.harness import spawn_adapter
 from tests.harness.local import serving
 
@@ -47,13 +48,7 @@ class Busy:
         return app   # a function: uvicorn takes a bound method for ASGI2
 
     async def serve(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            while True:
-                kind = (await receive())["type"].rsplit(".", 1)[-1]
-                await send({"type": f"lifespan.{kind}.complete"})
-                if kind == "shutdown":
-                    return
-        if scope["type"] != "http":
+        if await lifespan(scope, receive, send):
             return
 
         async def answer(status: int, body: bytes = b"",
@@ -71,16 +66,10 @@ class Busy:
             while (await receive())["type"] != "http.disconnect":
                 pass   # until the client goes away
             return
-        body = b""
-        while scope["method"] == "POST":
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
         if scope["method"] != "POST":
             await answer(202)
             return
-        msg = json.loads(body)
+        msg = json.loads(await read_body(receive))
         if msg.get("method") == "initialize":
             result = {"jsonrpc": "2.0", "id": msg["id"],
                       "result": {"protocolVersion": 1, "agentCapabilities": {}}}

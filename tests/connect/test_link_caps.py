@@ -15,6 +15,7 @@ import wsproto
 import wsproto.events
 
 from acp_server.connect.link import INCOMING_TOO_BIG, LinkLost, Target, open_link
+from tests.connect.endpoint import lifespan, read_body
 from tests.harness.local import serving
 
 pytestmark = pytest.mark.anyio
@@ -31,22 +32,10 @@ def hostile_http(mode: str) -> Any:
     a POST after initialize is answered with an endless body."""
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                kind = message["type"].rsplit(".", 1)[-1]
-                await send({"type": f"lifespan.{kind}.complete"})
-                if kind == "shutdown":
-                    return
-        if scope["type"] != "http":
+        if await lifespan(scope, receive, send):
             return
         if scope["method"] == "POST":
-            body = b""
-            while True:
-                message = await receive()
-                body += message.get("body", b"")
-                if not message.get("more_body"):
-                    break
+            body = await read_body(receive)
             if json.loads(body).get("method") == "initialize":
                 await send({"type": "http.response.start", "status": 200, "headers": [
                     (b"content-type", b"application/json"), (b"acp-connection-id", b"c1")]})

@@ -12,6 +12,7 @@ from typing import Any
 import anyio
 import pytest
 
+from tests.connect.endpoint import lifespan, read_body
 from tests.connect.harness import spawn_adapter
 from tests.harness.local import serving
 
@@ -41,13 +42,7 @@ class Flaky:
         return self.replies[sid]
 
     async def serve(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            while True:
-                kind = (await receive())["type"].rsplit(".", 1)[-1]
-                await send({"type": f"lifespan.{kind}.complete"})
-                if kind == "shutdown":
-                    return
-        if scope["type"] != "http":
+        if await lifespan(scope, receive, send):
             return
         headers = dict(scope["headers"])
         sid = headers.get(b"acp-session-id", b"").decode() or None
@@ -76,13 +71,7 @@ class Flaky:
                     await send({"type": "http.response.body", "body": frame,
                                 "more_body": True})
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        msg = json.loads(body)
+        msg = json.loads(await read_body(receive))
         if msg.get("method") == "initialize":
             result = {"jsonrpc": "2.0", "id": msg["id"],
                       "result": {"protocolVersion": 1, "agentCapabilities": {}}}
