@@ -24,8 +24,9 @@ Contracts:
   after its ``Retry-After`` (at most ``POST_RETRIES`` times; the wait is the
   sender's ``wait`` when it passes one, and holds no lock: another task's message
   may go meanwhile, a cancel), and so is a session's
-  ``GET`` stream answered 429 or 503, before the message whose reply it carries
-  goes (then the link is lost: left unopened, that reply never came).
+  ``GET`` stream answered 429, 502, 503 or 504 (``FOR_NOW``), before the message
+  whose reply it carries goes, waited by the same ``wait`` (past the retries the link
+  is lost: left unopened, that reply never came).
 * Every message of the server is bounded by ``max_bytes`` as it arrives: a WebSocket
   message (its fragments counted; past it the socket is closed, ``INCOMING_TOO_BIG``),
   an SSE line and event, a POST answer; past it the link is lost.
@@ -337,45 +338,54 @@ class HttpLink:
     async def open_connection_stream(self) -> None:
         await self._tg.start(self._stream, None)
 
-    async def watch_session(self, session_id: str) -> None:
-        if session_id not in self._watched:
+    async def watch_session(self, session_id: str, wait: Wait | None = None) -> None:
+        """Open the session's stream unless it is open; one answered 429/502/503/504 is
+        asked again after its ``Retry-After``, waited by ``wait`` (a sender's, as for a
+        POST answered 503: the cancels behind its message go meanwhile) or a sleep."""
+        for attempt in range(POST_RETRIES + 1):
+            if session_id in self._watched:
+                return
             self._watched.add(session_id)
-            await self._tg.start(self._stream, session_id)
+            retry = await self._tg.start(self._stream, session_id, attempt < POST_RETRIES)
+            if retry is None:
+                return
+            await (wait or anyio.sleep)(retry)   # the rate limit, a store outage
 
-    async def _stream(self, session_id: str | None, *,
-                      task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+    async def _stream(self, session_id: str | None, may_retry: bool = False, *,
+                      task_status: anyio.abc.TaskStatus[float | None]
+                      = anyio.TASK_STATUS_IGNORED) -> None:
+        """One ``GET`` stream; ``task_status`` gets ``None`` once it is open or lost,
+        or (``may_retry``) the seconds to wait before a session's stream refused for
+        now is asked again."""
         headers = {**self._headers(session_id), "Accept": "text/event-stream"}
         timeout = httpx.Timeout(STREAM_READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
         lost: LinkLost | None = None
         started = False
         try:
-            for attempt in range(POST_RETRIES + 1):
-                async with self._client.stream("GET", self._target.url, headers=headers,
-                                               timeout=timeout) as response:
-                    status = response.status_code
-                    if status in FOR_NOW and session_id is not None \
-                            and attempt < POST_RETRIES:
-                        wait = _retry_after(response)
-                    elif status != 200:
-                        task_status.started()
-                        started = True
-                        if session_id is None or status in (401, 403, 404, *FOR_NOW):
-                            lost = LinkLost(f"GET stream answered HTTP {status}")
-                        return
-                    else:
-                        task_status.started()
-                        started = True
-                        async for data in sse_data(response, self._target.max_bytes):
-                            await self._send.send(data)
-                        break
-                await anyio.sleep(wait)   # the rate limit, a store outage: wait, again
+            async with self._client.stream("GET", self._target.url, headers=headers,
+                                           timeout=timeout) as response:
+                status = response.status_code
+                if status in FOR_NOW and session_id is not None and may_retry:
+                    self._watched.discard(session_id)
+                    session_id = None   # the next attempt owns the session's entry
+                    started = True
+                    task_status.started(_retry_after(response))
+                    return
+                task_status.started(None)
+                started = True
+                if status != 200:
+                    if session_id is None or status in (401, 403, 404, *FOR_NOW):
+                        lost = LinkLost(f"GET stream answered HTTP {status}")
+                    return
+                async for data in sse_data(response, self._target.max_bytes):
+                    await self._send.send(data)
             if session_id is None:
                 lost = LinkLost("the server ended the connection stream")
         except (httpx.HTTPError, OSError, anyio.BrokenResourceError) as exc:
             lost = LinkLost(f"stream failed: {_reason(exc)}")
         finally:
             if not started:
-                task_status.started()
+                task_status.started(None)
             if session_id is not None:
                 self._watched.discard(session_id)
             if lost is not None:
@@ -385,7 +395,7 @@ class HttpLink:
     async def send(self, payload: bytes, *, session_id: str | None = None,
                    wait: Wait | None = None) -> None:
         if session_id is not None:
-            await self.watch_session(session_id)
+            await self.watch_session(session_id, wait)
         for attempt in range(POST_RETRIES + 1):
             async with self._post_lock:   # one POST at a time, not the waits between
                 try:

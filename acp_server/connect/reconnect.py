@@ -321,10 +321,11 @@ class Reconnect:
         the editor's cancels queued behind it go at once (``_cancel_early``)."""
         deadline = anyio.current_time() + seconds
         while True:
+            # made before the cancels go: one the editor sends while they do wakes it
+            wake = self._wake = anyio.Event()
             await self._cancel_early(link, head)
-            self._wake = anyio.Event()
             with anyio.move_on_at(deadline):
-                await self._wake.wait()
+                await wake.wait()
             if anyio.current_time() >= deadline:
                 return
 

@@ -96,3 +96,72 @@ async def test_a_session_stream_a_proxy_refused_is_opened_again(status: int) -> 
         answer = await adapter.response(2, timeout=GUARD_S)
         assert answer.get("result") == {"stopReason": "end_turn"}, answer
         assert flaky.refused == ["s1"]
+
+
+class Stuck(Flaky):
+    """Session ``s1``'s stream is refused 503 with a long ``Retry-After`` every time;
+    every POST's method and session are recorded."""
+
+    def __init__(self) -> None:
+        super().__init__(503)
+        self.posted: list[tuple[str, str | None]] = []
+        self.cancel_arrived = anyio.Event()
+
+    async def serve(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] == "GET" \
+                and dict(scope["headers"]).get(b"acp-session-id") == b"s1":
+            self.refused.append("s1")
+            await send({"type": "http.response.start", "status": 503,
+                        "headers": [(b"content-type", b"application/json"),
+                                    (b"retry-after", b"60")]})
+            await send({"type": "http.response.body", "body": b'{"error":"busy"}'})
+            return
+        if scope["type"] == "http" and scope["method"] == "GET":
+            sid = dict(scope["headers"]).get(b"acp-session-id")
+            if sid is not None and sid.decode() not in self.refused:
+                self.refused.append(sid.decode())   # the others' streams open at once
+        if scope["type"] == "http" and scope["method"] != "GET":
+            body = await read_body(receive)
+            if not body:   # the adapter's DELETE as it ends
+                await send({"type": "http.response.start", "status": 200, "headers": []})
+                await send({"type": "http.response.body", "body": b""})
+                return
+            msg = json.loads(body)
+            self.posted.append((msg.get("method"), (msg.get("params") or {}).get("sessionId")))
+            if msg.get("method") == "session/cancel":
+                self.cancel_arrived.set()
+            replay = [{"type": "http.request", "body": body, "more_body": False}]
+
+            async def again() -> Any:
+                return replay.pop() if replay else await receive()
+            await super().serve(scope, again, send)
+            return
+        await super().serve(scope, receive, send)
+
+
+async def test_a_cancel_goes_while_a_session_stream_waits_to_be_asked_again() -> None:
+    """A prompt waits for its session's stream, refused for now (503, Retry-After 60):
+    a cancel of another session goes meanwhile, and a cancel of that prompt withdraws
+    it (the server never had it). Before, both waited out the retries (5 x 60 s)."""
+    stuck = Stuck()
+    async with serving(stuck.asgi()) as base, \
+            spawn_adapter(f"{base}/acp", "--transport", "http1") as adapter:
+        assert "result" in await adapter.request("initialize", INIT)
+        await adapter.send({"jsonrpc": "2.0", "id": 2, "method": "session/prompt",
+                            "params": {"sessionId": "s1",
+                                       "prompt": [{"type": "text", "text": "hi"}]}})
+        await adapter.send({"jsonrpc": "2.0", "method": "session/cancel",
+                            "params": {"sessionId": "s2"}})
+        with anyio.fail_after(GUARD_S):
+            await stuck.cancel_arrived.wait()
+        assert ("session/cancel", "s2") in stuck.posted
+        await adapter.send({"jsonrpc": "2.0", "method": "session/cancel",
+                            "params": {"sessionId": "s1"}})
+        try:
+            answer = await adapter.response(2, timeout=GUARD_S)
+        except BaseException:
+            print("\n".join(adapter.stderr), stuck.posted, stuck.refused)
+            raise
+        assert answer.get("result") == {"stopReason": "cancelled"}, answer
+        assert ("session/prompt", "s1") not in stuck.posted
+        assert "s1" in stuck.refused
