@@ -27,8 +27,8 @@ Contracts:
   ``max_tokens``, ``content_filter`` → ``refusal``. Usage (``stream_options.include_usage``)
   is passed on as the response's ``usage`` and a ``usage_update``, whatever its shape
   (``bridge.agents.chat_wire.read_usage``: never a reason to fail the turn). A 400 whose
-  error names ``stream_options`` sends the turn again without them, and the factory's
-  ``upstream`` (``ModelServerState``, shared by a server's models) remembers it.
+  error names ``stream_options`` (its message or its ``param``) sends the turn again
+  without them, and the factory's ``upstream`` (``ModelServerState``, shared by a server's models) remembers it.
 * Every session's turn has its own connection at once (no pool limit: the sessions
   bound them); at most 20 idle ones are kept for the next turns.
 * ``session/cancel`` closes the upstream stream at once (also while it is silent, before
@@ -74,7 +74,7 @@ from bridge.agents.chat_wire import (Chunk, Usage, chunk_decoder, completion_dec
                                      models_decoder, read_usage)
 from bridge.agents.upstream import (MAX_EVENT_BYTES, MAX_STREAM_BYTES, BoundedBody, SseParser,
                                     Surrogates, UpstreamError, body_message, decode_lenient,
-                                    error_detail, error_message, public_url, size_text,
+                                    error_body, error_detail, error_message, public_url, size_text,
                                     split_credentials)
 from bridge.errors import AgentDiedError, AgentError
 from bridge.wire import CONTEXT_LENGTH_EXCEEDED, agent_error_data, agent_error_kind
@@ -422,9 +422,10 @@ class ModelConnection:
         async with self._http.stream("POST", url, json=body,
                                      headers=_STREAM_HEADERS) as response:
             if response.status_code >= 300:
-                detail = await error_detail(response)
+                data = await error_body(response)
+                detail = body_message(data)[:500]
                 if response.status_code == 400 and "stream_options" in body \
-                        and "stream_options" in detail:
+                        and b"stream_options" in data:   # its message, or its ``param``
                     raise _StreamOptionsRefused(detail)
                 raise UpstreamError(_status_text(response, "") + _colon(detail))
             kind = _content_type(response)

@@ -305,11 +305,15 @@ def body_message(data: bytes) -> str:
     return " ".join(data.decode("utf-8", "replace").split())
 
 
+async def error_body(response: httpx.Response, *, limit: int = ERROR_DETAIL_BYTES) -> bytes:
+    """At most ``limit`` bytes of an error body (``b""`` for one that cannot be read)."""
+    try:
+        return await BoundedBody(response, limit=MAX_EVENT_BYTES).read_at_most(limit)
+    except (UpstreamError, httpx.HTTPError):
+        return b""
+
+
 async def error_detail(response: httpx.Response, *, limit: int = ERROR_DETAIL_BYTES) -> str:
     """At most ``limit`` bytes of an error body, as one short text (``""`` for none,
     and for a body that cannot be read: the status says enough)."""
-    try:
-        data = await BoundedBody(response, limit=MAX_EVENT_BYTES).read_at_most(limit)
-    except (UpstreamError, httpx.HTTPError):
-        return ""
-    return body_message(data)[:500]
+    return body_message(await error_body(response, limit=limit))[:500]

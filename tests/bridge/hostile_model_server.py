@@ -21,7 +21,8 @@ Contracts:
   ``exceed_context_size_error``) a conversation of more characters in all (``seen``:
   ``context_refused``), as a server with a small ``--ctx-size``.
 * ``refuse_stream_options``: answer 400 as older Azure OpenAI API versions do
-  (``STREAM_OPTIONS_ERROR``) a request with ``stream_options`` (``seen``:
+  (``STREAM_OPTIONS_ERROR``; ``"param"``: a generic message naming the field in
+  ``param`` only) a request with ``stream_options`` (``seen``:
   ``stream_options_refused``).
 * ``GET /v1/models``: ``models_mode`` picks (``MODELS_MODES``); ``"ok"`` lists
   ``["m-one", "m-two"]``.
@@ -65,6 +66,7 @@ DEEP = 5000   # JSON arrays nested this deep: past any recursive decoder's depth
 ROLES_ERROR = "Conversation roles must alternate user/assistant/user/assistant/..."
 CONTEXT_ERROR = "the request exceeds the available context size, try increasing it"
 STREAM_OPTIONS_ERROR = "Unrecognized request argument supplied: stream_options"
+EXTRA_FIELD_ERROR = "Extra inputs are not permitted"
 MODELS_MODES = ("ok", "endless", "wrong_types", "mixed", "many", "html", "stall", "missing",
                 "deep")
 
@@ -93,7 +95,7 @@ class HostileModelServer:
         self.stalled: list[str] = []     # stalls under way (appended when they begin)
         self.strict_roles = False
         self.context_chars: int | None = None
-        self.refuse_stream_options = False
+        self.refuse_stream_options: bool | str = False   # "param": named in ``param`` only
         self.authorizations: list[str] = []   # each request's Authorization header
         self._bomb: bytes | None = None
 
@@ -159,6 +161,10 @@ class HostileModelServer:
                               "n_prompt_tokens": chars, "n_ctx": self.context_chars}}
         if self.refuse_stream_options and "stream_options" in body:
             self.seen.append("stream_options_refused")
+            if self.refuse_stream_options == "param":   # the field named apart
+                return {"error": {"message": EXTRA_FIELD_ERROR,
+                                  "type": "invalid_request_error",
+                                  "param": "stream_options", "code": None}}
             return {"error": {"message": STREAM_OPTIONS_ERROR, "type": "invalid_request_error",
                               "param": None, "code": None}}
         return None

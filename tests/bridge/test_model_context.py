@@ -61,9 +61,12 @@ async def test_max_history_chars_keeps_a_long_conversation_under_the_context(tmp
             assert set(upstream.seen) == {"normal"}
 
 
-async def test_a_refused_stream_options_is_sent_again_without_them(tmp_path) -> None:
+@pytest.mark.parametrize("named_in", [True, "param"])
+async def test_a_refused_stream_options_is_sent_again_without_them(
+        tmp_path, named_in: bool | str) -> None:
+    """Named in the error's message, or only in its ``param`` (a generic message)."""
     async with hostile_model_server() as upstream:
-        upstream.refuse_stream_options = True
+        upstream.refuse_stream_options = named_in
         shared = ModelServerState()
         one = ModelAgentFactory(upstream.url, model="m-one", upstream=shared)
         two = ModelAgentFactory(upstream.url, model="m-two", upstream=shared)
