@@ -28,7 +28,8 @@ Contracts:
   is passed on as the response's ``usage`` and a ``usage_update``, whatever its shape
   (``bridge.agents.chat_wire.read_usage``: never a reason to fail the turn). A 400 whose
   error names ``stream_options`` (its message or its ``param``) sends the turn again
-  without them, and the factory's ``upstream`` (``ModelServerState``, shared by a server's models) remembers it.
+  without them, and the factory's ``upstream`` (``ModelServerState``, shared by a
+  server's models) remembers it.
 * Every session's turn has its own connection at once (no pool limit: the sessions
   bound them); at most 20 idle ones are kept for the next turns.
 * ``session/cancel`` closes the upstream stream at once (also while it is silent, before
