@@ -22,7 +22,9 @@ Contracts:
 * One session that hangs or fails does not hold the others; a lost link or a
   ``ReattachFailed`` is raised once all are done.
 * A session the editor is ending (a ``session/close`` or ``session/delete`` of it
-  waiting or in flight, ``FORGETS``) is not re-attached: that request goes as it is.
+  waiting or in flight, ``FORGETS``) is not re-attached: that request goes as it is;
+  nor asked again when the rate limit refused its re-attach and the editor ended it
+  during the wait.
 """
 
 from __future__ import annotations
@@ -90,15 +92,19 @@ class Reattach:
                 except LinkLost as exc:
                     failures.append(exc)
 
-        ending = {c.session_id for c in self.book.calls.values()
-                  if c.method in FORGETS and not c.internal}
         async with anyio.create_task_group() as tg:
             for sid in list(self.book.sessions):
-                if sid not in ending:
+                if not self._ending(sid):
                     tg.start_soon(one, sid)
         lost = [f for f in failures if not isinstance(f, ReattachFailed)]
         if lost or failures:
             raise (lost or failures)[0]
+
+    def _ending(self, sid: str) -> bool:
+        """The editor ends ``sid``: a ``session/close`` or ``session/delete`` of it waits
+        or is in flight."""
+        return any(c.session_id == sid and c.method in FORGETS and not c.internal
+                   for c in self.book.calls.values())
 
     @property
     def resumable(self) -> bool:
@@ -128,6 +134,8 @@ class Reattach:
             log.info("session %s: re-attaching it was refused by the rate limit; again "
                      "in %.1f s", sid, wait)
             await self.clock.sleep(wait)
+            if self._ending(sid):
+                return   # the editor ends it meanwhile: that request goes as it is
         if "error" in answer.members:
             error = wire.decode(answer.members["error"])
             error = error if isinstance(error, dict) else {"message": str(error)}

@@ -269,6 +269,31 @@ async def test_a_reattach_refused_by_the_rate_limit_waits_on_the_same_link() -> 
     assert relay.exit_code == 0
 
 
+async def test_a_close_while_the_rate_limit_refuses_the_reattach_ends_the_waiting() -> None:
+    """The editor closes a session whose re-attach the rate limit keeps refusing: the
+    adapter stops asking (the session is being ended) and the close goes, answered.
+    Before, it went on asking on the same link, with the close waiting behind it."""
+    limited = {"code": -32600, "message": "Rate limit exceeded",
+               "data": {"errorKind": "rate_limit_exceeded", "tier": "mutation",
+                        "retryAfterMs": 2500}}
+    server = session_server([limited] * 1_000_000)
+
+    def loads() -> int:
+        return sum(m.get("method") == "session/load" for m in server.received)
+
+    async with editor_and_relay(server, FakeClock(), give_up_after_s=5) as (editor, relay):
+        assert (await _open_session(editor))["result"] == {"sessionId": "s1"}
+        server.lose_all()
+        await _until(lambda: loads() >= 3)
+        await editor.request("session/close", {"sessionId": "s1"}, 3)
+        assert (await editor.response(3))["result"] == {"method": "session/close"}
+        asked = loads()
+        assert "s1" not in relay.book.sessions
+        assert relay.exit_code == 0
+    assert loads() == asked   # nothing more after the close
+    assert [m.get("method") for m in server.received].count("session/close") == 1
+
+
 async def test_a_reattach_answered_no_such_session_loses_the_session() -> None:
     server = session_server([{"code": -32602, "message": "Session not found: s1"}])
     async with editor_and_relay(server, FakeClock()) as (editor, relay):
