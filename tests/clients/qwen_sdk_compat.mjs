@@ -1,0 +1,88 @@
+// qwen's SDK (@qwen-code/sdk) on the answers where our server once differed from
+// `qwen serve` 0.24.4. Driven by tests/clients/test_qwen_sdk_compat.py.
+//
+//   node qwen_sdk_compat.mjs <sdk folder> <base url> pending|branch|heartbeat
+//   node qwen_sdk_compat.mjs <sdk folder> - known '[envelope, …]'   (no server)
+//
+// `pending`: DaemonClient.removePendingPrompt (200 {removed}) on a queued prompt, then
+// on the same id once it is gone; the queue's `pending_prompt_completed` events as the
+// SDK's typed reader sees them. `branch`: DaemonClient.branchSession at a point
+// (`atRecordId`) this server cannot branch at, and without one. `heartbeat`:
+// DaemonSessionClient.heartbeat. `known`: the SDK's typed reader
+// (`isKnownDaemonEvent`) on each event envelope given.
+// Prints one JSON object of what the SDK reported.
+import { pathToFileURL } from "node:url";
+import path from "node:path";
+
+const [sdkDir, baseUrl, mode, arg] = process.argv.slice(2);
+const daemon = await import(pathToFileURL(path.join(sdkDir, "dist/daemon/index.js")).href);
+const { DaemonClient, DaemonSessionClient, isKnownDaemonEvent,
+        isStaleBranchPointError } = daemon;
+
+const text = (t) => ({ prompt: [{ type: "text", text: t }] });
+const outcome = async (call) => {
+  try {
+    return { value: await call() };
+  } catch (e) {
+    return { error: { name: e.name, status: e.status, code: e.body && e.body.code,
+                      stale: isStaleBranchPointError(e), message: String(e.message) } };
+  }
+};
+
+async function pending() {
+  const client = new DaemonClient({ baseUrl });
+  const s = await client.createOrAttachSession({ sessionScope: "thread" });
+  const running = await client.promptNonBlocking(s.sessionId, text("/sleep 60s running"));
+  const queued = await client.promptNonBlocking(s.sessionId, text("queued one"));
+  const last = await client.promptNonBlocking(s.sessionId, text("queued two"));
+  const first = await outcome(() => client.removePendingPrompt(s.sessionId, queued.promptId));
+  const left = (await client.getPendingPrompts(s.sessionId)).pendingPrompts.map((p) => p.promptId);
+  const again = await outcome(() => client.removePendingPrompt(s.sessionId, queued.promptId));
+  const running2 = await outcome(() => client.removePendingPrompt(s.sessionId, running.promptId));
+  const unknownSession = await outcome(() => client.removePendingPrompt("no-such-session", "p"));
+  // the session's queue events, up to the last prompt's end, as the SDK reads them
+  const events = [];
+  for await (const ev of client.subscribeEvents(s.sessionId, { lastEventId: 0 })) {
+    events.push(ev);
+    if (ev.type === "pending_prompt_completed" && ev.data.promptId === last.promptId) break;
+  }
+  const completed = events.filter((ev) => ev.type === "pending_prompt_completed")
+    .map((ev) => ({ promptId: ev.data.promptId, state: ev.data.state,
+                    known: isKnownDaemonEvent(ev) }));
+  await client.closeSession(s.sessionId);
+  return { running: running.promptId, queued: queued.promptId, last: last.promptId, first,
+           left, again, running2, unknownSession, completed };
+}
+
+async function branch() {
+  const client = new DaemonClient({ baseUrl });
+  const s = await client.createOrAttachSession({ sessionScope: "thread" });
+  await client.prompt(s.sessionId, text("hello"));
+  const atPoint = await outcome(() => client.branchSession(s.sessionId,
+    { name: "b", atRecordId: "3c0ff91b-0000-4000-8000-000000000000" }));
+  const notString = await outcome(() => client.branchSession(s.sessionId,
+    { name: "b", atRecordId: 5 }));
+  const whole = await outcome(() => client.branchSession(s.sessionId, { name: "b" }));
+  return { atPoint, notString,
+           whole: whole.error ?? { forkedFrom: whole.value.forkedFrom.sessionId,
+                                   source: s.sessionId } };
+}
+
+// DaemonSessionClient.heartbeat: `lastSeenAt` is epoch milliseconds (HeartbeatResult).
+async function heartbeat() {
+  const client = new DaemonClient({ baseUrl });
+  const before = Date.now();
+  const s = await DaemonSessionClient.createOrAttach(client, { sessionScope: "thread" });
+  const beat = await s.heartbeat();
+  const after = Date.now();
+  await s.close();
+  return { type: typeof beat.lastSeenAt, withinCall: beat.lastSeenAt >= before - 1000
+             && beat.lastSeenAt <= after + 1000, clientId: beat.clientId === s.clientId };
+}
+
+const out = mode === "pending" ? await pending()
+  : mode === "heartbeat" ? await heartbeat()
+  : mode === "known" ? JSON.parse(arg).map((ev) => isKnownDaemonEvent(ev))
+  : await branch();
+process.stdout.write(JSON.stringify(out) + "\n");
+process.exit(0);

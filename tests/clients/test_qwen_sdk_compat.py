@@ -1,0 +1,51 @@
+"""``@qwen-code/sdk`` 0.1.14 on the answers where this server once differed from
+``qwen serve`` 0.24.4 (``qwen_sdk_compat.mjs`` reports what the SDK returned or
+raised; the assertions are on that)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.acp_http.server import running_acp_server
+from tests.clients.node import run_script
+
+pytestmark = [pytest.mark.anyio, pytest.mark.clients]
+
+
+async def test_remove_pending_prompt(qwen_sdk: str, tmp_path: Path) -> None:
+    """``removePendingPrompt`` reads a 200 ``{removed}`` (a 204 made it throw on the
+    empty body); an id no longer pending is ``{removed: false}``, not an error."""
+    async with running_acp_server(tmp_path) as srv:
+        r = await run_script("qwen_sdk_compat.mjs", qwen_sdk, srv.base_url, "pending")
+    assert r["first"] == {"value": {"removed": True}}
+    assert r["left"] == [r["running"], r["last"]]
+    assert r["again"] == {"value": {"removed": False}}
+    assert r["running2"] == {"value": {"removed": True}}   # the running one: cancelled
+    assert r["unknownSession"]["error"]["status"] == 404
+    assert r["unknownSession"]["error"]["code"] == "session_not_found"
+
+
+async def test_branch_at_a_point(qwen_sdk: str, tmp_path: Path) -> None:
+    """A branch at a transcript record (``atRecordId``) is refused as the peer refuses
+    one it cannot branch at (409 ``branch_point_invalid``: the SDK's
+    ``isStaleBranchPointError``; 400 when the id is not a string), never made silently
+    of the whole session; without one the branch is made."""
+    async with running_acp_server(tmp_path) as srv:
+        r = await run_script("qwen_sdk_compat.mjs", qwen_sdk, srv.base_url, "branch")
+    at_point = r["atPoint"]["error"]
+    assert (at_point["status"], at_point["code"], at_point["stale"]) == \
+        (409, "branch_point_invalid", True)
+    not_string = r["notString"]["error"]
+    assert (not_string["status"], not_string["code"], not_string["stale"]) == \
+        (400, "branch_point_invalid", False)
+    assert r["whole"]["forkedFrom"] == r["whole"]["source"]
+
+
+async def test_heartbeat_last_seen_is_epoch_ms(qwen_sdk: str, tmp_path: Path) -> None:
+    """``heartbeat()``'s ``lastSeenAt`` is a number of epoch milliseconds (the SDK's
+    ``HeartbeatResult``), not an ISO string."""
+    async with running_acp_server(tmp_path) as srv:
+        r = await run_script("qwen_sdk_compat.mjs", qwen_sdk, srv.base_url, "heartbeat")
+    assert r == {"type": "number", "withinCall": True, "clientId": True}
