@@ -461,8 +461,12 @@ class Session:
                 session_id=sid, prompt_id=pid, terminal=terminal.terminal, at=terminal.at,
                 stop_reason=terminal.stop_reason, error_code=terminal.error_code))
         if pending.was_queued:
+            # qwen serve's two states (its SDK drops any other as malformed): "removed"
+            # for a queued prompt dropped by its removal, "completed" for every other
+            # end (the terminal above says how it ended)
             self.bus.publish(ev.PENDING_PROMPT_COMPLETED, ev.PendingPromptCompleted(
-                session_id=sid, prompt_id=pid, state=state), prompt_id=pid)
+                session_id=sid, prompt_id=pid,
+                state="removed" if pending.removed else "completed"), prompt_id=pid)
 
     # -- cancellation ----------------------------------------------------------------
     def cancel_prompt(self, prompt_id: str, reason: str | None = None) -> bool:
@@ -473,6 +477,7 @@ class Session:
             return False
         if pending.state == QUEUED:
             self._drop_queued(pending)
+            pending.removed = reason == "removed"
             self.bus.publish(ev.PROMPT_CANCELLED, ev.PromptCancelled(
                 session_id=self.session_id, reason=reason or "cancelled"), prompt_id=prompt_id)
             self._settle(pending, PromptResult("cancelled", {"stopReason": "cancelled"}))

@@ -4,9 +4,15 @@ raised; the assertions are on that)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import msgspec
 import pytest
+
+from bridge import wire
+from bridge.bus import EventBus
+from tests.bridge.helpers import drain
 
 from tests.acp_http.server import running_acp_server
 from tests.clients.node import run_script
@@ -25,6 +31,18 @@ async def test_remove_pending_prompt(qwen_sdk: str, tmp_path: Path) -> None:
     assert r["running2"] == {"value": {"removed": True}}   # the running one: cancelled
     assert r["unknownSession"]["error"]["status"] == 404
     assert r["unknownSession"]["error"]["code"] == "session_not_found"
+
+
+async def test_pending_prompt_completed_states(qwen_sdk: str, tmp_path: Path) -> None:
+    """``pending_prompt_completed`` says ``removed`` for a queued prompt dropped by its
+    removal and ``completed`` for any other end, as the peer does: the SDK's typed
+    reader (``isKnownDaemonEvent``, its session reducer) took the ``cancelled`` /
+    ``failed`` this server sent for malformed payloads and left them out."""
+    async with running_acp_server(tmp_path) as srv:
+        r = await run_script("qwen_sdk_compat.mjs", qwen_sdk, srv.base_url, "pending")
+    assert r["completed"] == [
+        {"promptId": r["queued"], "state": "removed", "known": True},
+        {"promptId": r["last"], "state": "completed", "known": True}]
 
 
 async def test_branch_at_a_point(qwen_sdk: str, tmp_path: Path) -> None:
@@ -49,3 +67,21 @@ async def test_heartbeat_last_seen_is_epoch_ms(qwen_sdk: str, tmp_path: Path) ->
     async with running_acp_server(tmp_path) as srv:
         r = await run_script("qwen_sdk_compat.mjs", qwen_sdk, srv.base_url, "heartbeat")
     assert r == {"type": "number", "withinCall": True, "clientId": True}
+
+
+async def test_slow_client_warning_is_typed(qwen_sdk: str) -> None:
+    """``slow_client_warning``'s ``threshold`` names the bound (``frames``, ``bytes``,
+    ``frames_and_bytes``), as the peer's: the SDK's typed reader took the ``0.75``
+    this server sent for a malformed payload."""
+    warnings = []
+    for max_queued, max_bytes, blob in ((16, 2 << 20, 10), (256, 4096, 1000)):
+        bus = EventBus(max_queued=max_queued, max_queued_bytes=max_bytes)
+        sub = bus.subscribe()
+        for _ in range(16):
+            bus.publish("session_update", {"blob": "x" * blob})
+        warnings += [msgspec.json.decode(wire.envelope(f)) for f in drain(sub)
+                     if f.type == "slow_client_warning"]
+    assert [w["data"]["threshold"] for w in warnings] == ["frames", "bytes"]
+    known = await run_script("qwen_sdk_compat.mjs", qwen_sdk, "-", "known",
+                             json.dumps(warnings))
+    assert known == [True, True]
