@@ -261,6 +261,8 @@ class DaemonStatus(msgspec.Struct):
     agents: list[AgentStatus]
     capabilities: dict[str, Any]
     runtime: dict[str, Any]
+    # ``?detail=full`` only: {"sessions": [...]}, this instance's live sessions
+    full: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
 
 
 class SessionStatus(msgspec.Struct):

@@ -1,14 +1,14 @@
 // qwen's SDK (@qwen-code/sdk) on the answers where our server once differed from
 // `qwen serve` 0.24.4. Driven by tests/clients/test_qwen_sdk_compat.py.
 //
-//   node qwen_sdk_compat.mjs <sdk folder> <base url> pending|branch|heartbeat
+//   node qwen_sdk_compat.mjs <sdk folder> <base url> pending|branch|heartbeat|status
 //   node qwen_sdk_compat.mjs <sdk folder> - known '[envelope, …]'   (no server)
 //
 // `pending`: DaemonClient.removePendingPrompt (200 {removed}) on a queued prompt, then
 // on the same id once it is gone; the queue's `pending_prompt_completed` events as the
 // SDK's typed reader sees them. `branch`: DaemonClient.branchSession at a point
 // (`atRecordId`) this server cannot branch at, and without one. `heartbeat`:
-// DaemonSessionClient.heartbeat. `known`: the SDK's typed reader
+// DaemonSessionClient.heartbeat. `status`: DaemonClient.daemonStatus. `known`: the SDK's typed reader
 // (`isKnownDaemonEvent`) on each event envelope given.
 // Prints one JSON object of what the SDK reported.
 import { pathToFileURL } from "node:url";
@@ -80,7 +80,20 @@ async function heartbeat() {
              && beat.lastSeenAt <= after + 1000, clientId: beat.clientId === s.clientId };
 }
 
+// DaemonClient.daemonStatus("full"): `detail` and `full.sessions`; an unknown detail.
+async function status() {
+  const client = new DaemonClient({ baseUrl });
+  const s = await client.createOrAttachSession({ sessionScope: "thread" });
+  const summary = await client.daemonStatus();
+  const full = await client.daemonStatus("full");
+  const bogus = await outcome(() => client.daemonStatus("bogus"));
+  await client.closeSession(s.sessionId);
+  return { sessionId: s.sessionId, summary: { detail: summary.detail, full: summary.full },
+           detail: full.detail, sessions: full.full && full.full.sessions, bogus };
+}
+
 const out = mode === "pending" ? await pending()
+  : mode === "status" ? await status()
   : mode === "heartbeat" ? await heartbeat()
   : mode === "known" ? JSON.parse(arg).map((ev) => isKnownDaemonEvent(ev))
   : await branch();

@@ -69,6 +69,24 @@ async def test_heartbeat_last_seen_is_epoch_ms(qwen_sdk: str, tmp_path: Path) ->
     assert r == {"type": "number", "withinCall": True, "clientId": True}
 
 
+async def test_daemon_status_detail_full(qwen_sdk: str, tmp_path: Path) -> None:
+    """``daemonStatus("full")`` gets ``detail: "full"`` and ``full.sessions`` (the
+    SDK's ``DaemonStatusReportSession``); the summary has no ``full``; another detail
+    is 400 ``invalid_detail``, as the peer answers (it was the summary, silently)."""
+    async with running_acp_server(tmp_path) as srv:
+        r = await run_script("qwen_sdk_compat.mjs", qwen_sdk, srv.base_url, "status")
+    assert r["summary"] == {"detail": "summary"}
+    assert r["detail"] == "full"
+    [session] = [s for s in r["sessions"] if s["sessionId"] == r["sessionId"]]
+    assert session | {"createdAt": "", "workspaceCwd": ""} == {
+        "sessionId": r["sessionId"], "workspaceCwd": "", "createdAt": "", "clientCount": 1,
+        "subscriberCount": 0, "attachCount": 1, "pendingPromptCount": 0,
+        "pendingPermissionCount": 0, "hasActivePrompt": False, "lastEventId": 0,
+        "agent": "reference"}
+    bogus = r["bogus"]["error"]
+    assert (bogus["status"], bogus["code"]) == (400, "invalid_detail")
+
+
 async def test_slow_client_warning_is_typed(qwen_sdk: str) -> None:
     """``slow_client_warning``'s ``threshold`` names the bound (``frames``, ``bytes``,
     ``frames_and_bytes``), as the peer's: the SDK's typed reader took the ``0.75``
