@@ -1,14 +1,15 @@
 // qwen's SDK (@qwen-code/sdk) on the answers where our server once differed from
 // `qwen serve` 0.24.4. Driven by tests/clients/test_qwen_sdk_compat.py.
 //
-//   node qwen_sdk_compat.mjs <sdk folder> <base url> pending|branch|heartbeat|status
+//   node qwen_sdk_compat.mjs <sdk folder> <base url> pending|branch|heartbeat|status|echo
 //   node qwen_sdk_compat.mjs <sdk folder> - known '[envelope, …]'   (no server)
 //
 // `pending`: DaemonClient.removePendingPrompt (200 {removed}) on a queued prompt, then
 // on the same id once it is gone; the queue's `pending_prompt_completed` events as the
 // SDK's typed reader sees them. `branch`: DaemonClient.branchSession at a point
 // (`atRecordId`) this server cannot branch at, and without one. `heartbeat`:
-// DaemonSessionClient.heartbeat. `status`: DaemonClient.daemonStatus. `known`: the SDK's typed reader
+// DaemonSessionClient.heartbeat. `status`: DaemonClient.daemonStatus. `echo`: a prompt's
+// originatorClientId as normalizeDaemonEvent reads it. `known`: the SDK's typed reader
 // (`isKnownDaemonEvent`) on each event envelope given.
 // Prints one JSON object of what the SDK reported.
 import { pathToFileURL } from "node:url";
@@ -16,8 +17,8 @@ import path from "node:path";
 
 const [sdkDir, baseUrl, mode, arg] = process.argv.slice(2);
 const daemon = await import(pathToFileURL(path.join(sdkDir, "dist/daemon/index.js")).href);
-const { DaemonClient, DaemonSessionClient, isKnownDaemonEvent,
-        isStaleBranchPointError } = daemon;
+const { DaemonClient, DaemonSessionClient, isKnownDaemonEvent, isStaleBranchPointError,
+        normalizeDaemonEvent } = daemon;
 
 const text = (t) => ({ prompt: [{ type: "text", text: t }] });
 const outcome = async (call) => {
@@ -92,7 +93,28 @@ async function status() {
            detail: full.detail, sessions: full.full && full.full.sessions, bogus };
 }
 
+// A prompt sent under the session's client id: its events' originatorClientId, and
+// normalizeDaemonEvent's suppressOwnUserEcho for that client and for another.
+async function echo() {
+  const client = new DaemonClient({ baseUrl });
+  const s = await client.createOrAttachSession({ sessionScope: "thread" });
+  await client.prompt(s.sessionId, text("hello"), undefined, s.clientId);
+  const events = [];
+  for await (const ev of client.subscribeEvents(s.sessionId, { lastEventId: 0 })) {
+    events.push(ev);
+    if (ev.type === "turn_complete") break;
+  }
+  const userText = (clientId) => events
+    .flatMap((ev) => normalizeDaemonEvent(ev, { suppressOwnUserEcho: true, clientId }))
+    .filter((e) => e.type.startsWith("user.")).length;
+  await client.closeSession(s.sessionId);
+  return { clientId: s.clientId,
+           originators: events.map((ev) => [ev.type, ev.originatorClientId ?? null]),
+           ownView: userText(s.clientId), otherView: userText("client_someone-else") };
+}
+
 const out = mode === "pending" ? await pending()
+  : mode === "echo" ? await echo()
   : mode === "status" ? await status()
   : mode === "heartbeat" ? await heartbeat()
   : mode === "known" ? JSON.parse(arg).map((ev) => isKnownDaemonEvent(ev))

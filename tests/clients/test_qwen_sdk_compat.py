@@ -69,6 +69,20 @@ async def test_heartbeat_last_seen_is_epoch_ms(qwen_sdk: str, tmp_path: Path) ->
     assert r == {"type": "number", "withinCall": True, "clientId": True}
 
 
+async def test_own_echo_carries_the_originator(qwen_sdk: str, tmp_path: Path) -> None:
+    """A prompt sent under a client id: its echo (and its turn's end) carry
+    ``originatorClientId``, as qwen's, so ``normalizeDaemonEvent``'s
+    ``suppressOwnUserEcho`` hides the echo from that client (it showed its own input
+    twice) and not from another; the agent's own updates carry none."""
+    async with running_acp_server(tmp_path) as srv:
+        r = await run_script("qwen_sdk_compat.mjs", qwen_sdk, srv.base_url, "echo")
+    cid = r["clientId"]
+    assert r["originators"][0] == ["session_update", cid]        # the echo
+    assert r["originators"][-1] == ["turn_complete", cid]
+    assert {o for _t, o in r["originators"][1:-1]} == {None}      # the agent's chunks
+    assert (r["ownView"], r["otherView"]) == (0, 1)
+
+
 async def test_daemon_status_detail_full(qwen_sdk: str, tmp_path: Path) -> None:
     """``daemonStatus("full")`` gets ``detail: "full"`` and ``full.sessions`` (the
     SDK's ``DaemonStatusReportSession``); the summary has no ``full``; another detail
