@@ -107,8 +107,20 @@ async function echo() {
   const userText = (clientId) => events
     .flatMap((ev) => normalizeDaemonEvent(ev, { suppressOwnUserEcho: true, clientId }))
     .filter((e) => e.type.startsWith("user.")).length;
-  await client.closeSession(s.sessionId);
-  return { clientId: s.clientId,
+  // its close, by that client: session_closed names it too
+  let onLive;
+  const live = new Promise((resolve) => { onLive = resolve; });
+  const closing = (async () => {
+    for await (const ev of client.subscribeEvents(s.sessionId,
+                                                  { lastEventId: events.at(-1).id })) {
+      if (ev.type === "replay_complete") onLive();   // the stream is live from here
+      if (ev.type === "session_closed") return ev.originatorClientId ?? null;
+    }
+    return "stream ended";
+  })();
+  await live;
+  await client.closeSession(s.sessionId, s.clientId);
+  return { clientId: s.clientId, closedBy: await closing,
            originators: events.map((ev) => [ev.type, ev.originatorClientId ?? null]),
            ownView: userText(s.clientId), otherView: userText("client_someone-else") };
 }

@@ -73,7 +73,8 @@ async def test_own_echo_carries_the_originator(qwen_sdk: str, tmp_path: Path) ->
     """A prompt sent under a client id: its echo (and its turn's end) carry
     ``originatorClientId``, as qwen's, so ``normalizeDaemonEvent``'s
     ``suppressOwnUserEcho`` hides the echo from that client (it showed its own input
-    twice) and not from another; the agent's own updates carry none."""
+    twice) and not from another; the agent's own updates carry none. A close under a
+    client id: ``session_closed`` carries it too."""
     async with running_acp_server(tmp_path) as srv:
         r = await run_script("qwen_sdk_compat.mjs", qwen_sdk, srv.base_url, "echo")
     cid = r["clientId"]
@@ -81,6 +82,7 @@ async def test_own_echo_carries_the_originator(qwen_sdk: str, tmp_path: Path) ->
     assert r["originators"][-1] == ["turn_complete", cid]
     assert {o for _t, o in r["originators"][1:-1]} == {None}      # the agent's chunks
     assert (r["ownView"], r["otherView"]) == (0, 1)
+    assert r["closedBy"] == cid   # session_closed, of a DELETE under that client id
 
 
 async def test_daemon_status_detail_full(qwen_sdk: str, tmp_path: Path) -> None:
