@@ -1,7 +1,7 @@
 // qwen's SDK (@qwen-code/sdk) on the answers where our server once differed from
 // `qwen serve` 0.24.4. Driven by tests/clients/test_qwen_sdk_compat.py.
 //
-//   node qwen_sdk_compat.mjs <sdk folder> <base url> pending|branch|heartbeat|status|echo
+//   node qwen_sdk_compat.mjs <sdk folder> <base url> pending|branch|heartbeat|status|echo|stream
 //   node qwen_sdk_compat.mjs <sdk folder> - known '[envelope, …]'   (no server)
 //
 // `pending`: DaemonClient.removePendingPrompt (200 {removed}) on a queued prompt, then
@@ -9,7 +9,8 @@
 // SDK's typed reader sees them. `branch`: DaemonClient.branchSession at a point
 // (`atRecordId`) this server cannot branch at, and without one. `heartbeat`:
 // DaemonSessionClient.heartbeat. `status`: DaemonClient.daemonStatus. `echo`: a prompt's
-// originatorClientId as normalizeDaemonEvent reads it. `known`: the SDK's typed reader
+// originatorClientId as normalizeDaemonEvent reads it. `stream`: events() under a
+// client id the server does not know. `known`: the SDK's typed reader
 // (`isKnownDaemonEvent`) on each event envelope given.
 // Prints one JSON object of what the SDK reported.
 import { pathToFileURL } from "node:url";
@@ -125,7 +126,29 @@ async function echo() {
            ownView: userText(s.clientId), otherView: userText("client_someone-else") };
 }
 
+// DaemonSessionClient.events() under a client id the server does not know (one it
+// forgot, say): the stream opens, as qwen's (it does not attach again on a refusal).
+async function stream() {
+  const client = new DaemonClient({ baseUrl });
+  const made = await client.createOrAttachSession({ sessionScope: "thread" });
+  await client.prompt(made.sessionId, text("hello"));
+  const s = new DaemonSessionClient({ client,
+    session: { ...made, clientId: "client_00000000-0000-4000-8000-000000000000" } });
+  const seen = [];
+  try {
+    for await (const ev of s.events({ lastEventId: 0 })) {
+      seen.push(ev.type);
+      if (ev.type === "turn_complete") break;
+    }
+  } catch (e) {
+    seen.push({ name: e.name, status: e.status, code: e.body && e.body.code });
+  }
+  await client.closeSession(made.sessionId);
+  return { seen };
+}
+
 const out = mode === "pending" ? await pending()
+  : mode === "stream" ? await stream()
   : mode === "echo" ? await echo()
   : mode === "status" ? await status()
   : mode === "heartbeat" ? await heartbeat()

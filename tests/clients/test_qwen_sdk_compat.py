@@ -85,6 +85,15 @@ async def test_own_echo_carries_the_originator(qwen_sdk: str, tmp_path: Path) ->
     assert r["closedBy"] == cid   # session_closed, of a DELETE under that client id
 
 
+async def test_stream_under_an_unknown_client_id(qwen_sdk: str, tmp_path: Path) -> None:
+    """``DaemonSessionClient.events()`` sends its client id; one the server does not
+    know (forgotten) no longer refuses the stream (400 ``invalid_client_id``, on which
+    the SDK does not attach again): as qwen, the header is a hint on a stream."""
+    async with running_acp_server(tmp_path) as srv:
+        r = await run_script("qwen_sdk_compat.mjs", qwen_sdk, srv.base_url, "stream")
+    assert r["seen"][0] == "session_update" and r["seen"][-1] == "turn_complete"
+
+
 async def test_daemon_status_detail_full(qwen_sdk: str, tmp_path: Path) -> None:
     """``daemonStatus("full")`` gets ``detail: "full"`` and ``full.sessions`` (the
     SDK's ``DaemonStatusReportSession``); the summary has no ``full``; another detail
