@@ -456,8 +456,9 @@ class Bridge(Journaling, ListingAPI, PromptsAPI, PresenceAPI, AgentCallsAPI,
         running = session.active is not None
         session.fail_all(session.close_error(reason))
         self._cancel_questions(session, "session_closed")
-        session.bus.publish(ev.SESSION_CLOSED, ev.SessionClosed(
-            session_id=session.session_id, reason=reason, closed_by=closed_by))
+        session.bus.publish(ev.SESSION_CLOSED, ev.SessionClosed(   # the closer, as the peer
+            session_id=session.session_id, reason=reason, closed_by=closed_by),
+            originator_client_id=closed_by)
         ended = self._record_end(session, deleted=reason in DELETIONS)   # after its
         session.bus.close()                                                   # last event
         session.stop()

@@ -179,7 +179,7 @@ class SlowClientWarning(Payload):
     last_event_id: int
     queued_bytes: int
     max_queued_bytes: int
-    threshold: float
+    threshold: str   # frames | bytes | frames_and_bytes: the bound(s) at 75 %
 
 
 class ClientEvicted(Payload):

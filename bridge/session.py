@@ -332,7 +332,8 @@ class Session:
         if was_queued:
             self.bus.publish(ev.PENDING_PROMPT_ADDED, ev.PendingPromptAdded(
                 session_id=self.session_id, prompt_id=prompt_id, text=pending.text,
-                queued_at=pending.queued_at_ms), prompt_id=prompt_id)
+                queued_at=pending.queued_at_ms), prompt_id=prompt_id,
+                originator_client_id=client_id)
         if deadline_ms is not None:
             self._start_side(self._deadline_timer, pending)
         if cancel is not None:
@@ -436,6 +437,7 @@ class Session:
         if pending.unhook_cancel is not None:
             pending.unhook_cancel()
         sid, pid = self.session_id, pending.prompt_id
+        origin = pending.client_id   # the prompt's X-Qwen-Client-Id: its events carry it
         if pending.started_at is not None:
             self.on_turn_end(self, pid)
             self.observer.turn_settled(
@@ -443,7 +445,8 @@ class Session:
                 time.monotonic() - pending.started_at)
         if isinstance(outcome, PromptResult):
             self.bus.publish(ev.TURN_COMPLETE, ev.TurnComplete(
-                session_id=sid, stop_reason=outcome.stop_reason, prompt_id=pid), prompt_id=pid)
+                session_id=sid, stop_reason=outcome.stop_reason, prompt_id=pid), prompt_id=pid,
+                originator_client_id=origin)
             state = "cancelled" if outcome.stop_reason == "cancelled" else "completed"
             terminal = PromptTerminal(prompt_id=pid, terminal=state,
                                       stop_reason=outcome.stop_reason, at=ev.now_ms())
@@ -451,7 +454,7 @@ class Session:
             code = _error_code(outcome)
             self.bus.publish(ev.TURN_ERROR, ev.TurnError(
                 session_id=sid, message=str(outcome), code=code, prompt_id=pid),
-                prompt_id=pid)
+                prompt_id=pid, originator_client_id=origin)
             state = "failed"
             terminal = PromptTerminal(prompt_id=pid, terminal=state, error_code=code,
                                       at=ev.now_ms())
@@ -461,8 +464,13 @@ class Session:
                 session_id=sid, prompt_id=pid, terminal=terminal.terminal, at=terminal.at,
                 stop_reason=terminal.stop_reason, error_code=terminal.error_code))
         if pending.was_queued:
+            # qwen serve's two states (its SDK drops any other as malformed): "removed"
+            # for a queued prompt dropped by its removal, "completed" for every other
+            # end (the terminal above says how it ended)
             self.bus.publish(ev.PENDING_PROMPT_COMPLETED, ev.PendingPromptCompleted(
-                session_id=sid, prompt_id=pid, state=state), prompt_id=pid)
+                session_id=sid, prompt_id=pid,
+                state="removed" if pending.removed else "completed"), prompt_id=pid,
+                originator_client_id=origin)
 
     # -- cancellation ----------------------------------------------------------------
     def cancel_prompt(self, prompt_id: str, reason: str | None = None) -> bool:
@@ -473,6 +481,7 @@ class Session:
             return False
         if pending.state == QUEUED:
             self._drop_queued(pending)
+            pending.removed = reason == "removed"
             self.bus.publish(ev.PROMPT_CANCELLED, ev.PromptCancelled(
                 session_id=self.session_id, reason=reason or "cancelled"), prompt_id=prompt_id)
             self._settle(pending, PromptResult("cancelled", {"stopReason": "cancelled"}))

@@ -230,11 +230,17 @@ class Subscription(BoundedFifo[Event]):
             self._warn(self.items, self.max_queued, self.nbytes)
 
     def _warn(self, queue_size: int, max_queued: int, queued_bytes: int) -> None:
+        """One ``slow_client_warning``; its ``threshold`` names the bound(s) at 75 %,
+        as the peer's (``frames``, ``bytes`` or ``frames_and_bytes``; ``frames`` for a
+        held reader warned before its eviction below both)."""
         self._warned = True
+        frames = queue_size * 4 >= max_queued * 3
+        nbytes = queued_bytes * 4 >= self.max_queued_bytes * 3
+        threshold = "frames_and_bytes" if frames and nbytes else "bytes" if nbytes else "frames"
         self.put_uncounted(Event(None, ev.SLOW_CLIENT_WARNING, ev.SlowClientWarning(
             queue_size=queue_size, max_queued=max_queued, last_event_id=self.last_queued_id,
             queued_bytes=queued_bytes, max_queued_bytes=self.max_queued_bytes,
-            threshold=0.75)))
+            threshold=threshold)))
 
     # -- a held bus: the backlog is what the reader has not taken of the ring ----------
     def evict_at(self) -> int:

@@ -76,7 +76,8 @@ async def run_turn(session: Session, pending: PendingPrompt) -> None:
     sid, pid = session.session_id, pending.prompt_id
     if pending.was_queued:
         session.bus.publish(ev.PENDING_PROMPT_STARTED, ev.PendingPromptStarted(
-            session_id=sid, prompt_id=pid, text=pending.text), prompt_id=pid)
+            session_id=sid, prompt_id=pid, text=pending.text), prompt_id=pid,
+            originator_client_id=pending.client_id)
     echo: dict[str, Any] = {"source": "bridge-echo"}
     params: dict[str, Any] = {"sessionId": sid, "prompt": pending.prompt}
     if pending.continued is not None:   # a turn interrupted by a restart, continued
@@ -98,7 +99,7 @@ async def run_turn(session: Session, pending: PendingPrompt) -> None:
             for i, block in enumerate(pending.prompt):
                 session.bus.publish(ev.SESSION_UPDATE, {"sessionId": sid, "update": {
                     "sessionUpdate": "user_message_chunk", "content": block,
-                    "_meta": echo}}, prompt_id=pid)
+                    "_meta": echo}}, prompt_id=pid, originator_client_id=pending.client_id)
                 await session.bus.wait_for_readers()   # readers that keep up: never evicted
                 if i % ECHO_SLICE == ECHO_SLICE - 1:
                     await anyio.lowlevel.checkpoint()   # a large prompt, in slices

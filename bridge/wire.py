@@ -153,7 +153,7 @@ class SlowClientWarning(_Data):
     lastEventId: int
     queuedBytes: int
     maxQueuedBytes: int
-    threshold: float
+    threshold: str   # frames | bytes | frames_and_bytes: the bound(s) at 75 %
 
 
 class ClientEvicted(_Data):

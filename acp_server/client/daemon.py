@@ -379,10 +379,14 @@ class DaemonClient:
 
     async def remove_pending_prompt(self, session_id: str, prompt_id: str,
                                     client_id: str | None = None) -> bool:
-        """Drop a queued prompt. ``False`` when the server no longer has it (404)."""
+        """Drop a queued prompt. ``False`` when the server no longer has it: 200
+        ``{"removed": false}`` (this server and ``qwen serve``), or 404 (earlier
+        versions of this server, which answered 204 when they dropped it)."""
         path = _session_path(session_id, "pending-prompts", prompt_id)
         response = await self._call("DELETE", path, client_id=client_id, ok=(200, 204, 404))
-        return response.status_code != 404
+        if response.status_code == 200:
+            return wire.decode(wire.PENDING_PROMPT_REMOVED, response.content).removed
+        return response.status_code == 204
 
     # -- prompts -------------------------------------------------------------------------------
     async def prompt_nonblocking(self, session_id: str, req: PromptInput,

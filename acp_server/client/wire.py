@@ -102,6 +102,12 @@ class PendingPrompts(msgspec.Struct, rename="camel"):
     pending_prompts: list[dict[str, Any]] = msgspec.field(default_factory=list)
 
 
+class PendingPromptRemoved(msgspec.Struct):
+    """``DELETE /session/{id}/pending-prompts/{promptId}``'s 200."""
+
+    removed: bool
+
+
 # -- requests -------------------------------------------------------------------------------
 class CreateSessionRequest(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):
     """Body of ``POST /session``; ``workspace_cwd`` is sent as ``cwd``."""
@@ -142,6 +148,7 @@ SESSION_INFO = msgspec.json.Decoder(SessionInfo)
 CAPABILITIES = msgspec.json.Decoder(Capabilities)
 EVENT = msgspec.json.Decoder(DaemonEvent)
 PENDING_PROMPTS = msgspec.json.Decoder(PendingPrompts)
+PENDING_PROMPT_REMOVED = msgspec.json.Decoder(PendingPromptRemoved)
 ANY = msgspec.json.Decoder()
 ENCODER = msgspec.json.Encoder()
 

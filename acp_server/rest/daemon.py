@@ -3,6 +3,10 @@
     $ curl -s localhost:4170/daemon/status
     {"v":1,"status":"ok","limits":{...},"runtime":{"activity":{"activePrompts":1,
      "pendingPrompts":7,"queuedPrompts":6},"perf":{"promptQueueWait":{"count":..}}},...}
+
+``?detail=full`` adds ``full.sessions`` (this instance's live sessions the caller sees,
+in the peer's ``DaemonStatusReportSession`` shape); ``detail`` other than ``summary``
+or ``full`` is 400 ``invalid_detail``, as the peer answers.
 """
 
 from __future__ import annotations
@@ -21,8 +25,9 @@ from acp_server.http.endpoints import route
 from acp_server.rest.capabilities import features
 from acp_server.rest import wire
 from acp_server.rest.config import RestConfig
-from acp_server.rest.errors import json_response
-from bridge import Bridge
+from acp_server.principals import caller_of
+from acp_server.rest.errors import bad_request, json_response
+from bridge import Bridge, SessionStatus
 from bridge.agent_calls import LISTING_WAIT_S
 from bridge.status import QueueWait
 
@@ -97,11 +102,31 @@ def agents(bridge: Bridge) -> list[wire.AgentStatus]:
     return out
 
 
+def full_session(status: SessionStatus) -> dict[str, Any]:
+    """One session of ``?detail=full``, as the peer reports it (``attachCount``: the
+    clients attached, each attach being one)."""
+    return {"sessionId": status.session_id, "workspaceCwd": status.workspace_cwd,
+            "createdAt": wire.iso(status.created_at), "clientCount": status.client_count,
+            "subscriberCount": status.subscribers, "attachCount": status.client_count,
+            "pendingPromptCount": status.pending_prompts,
+            "pendingPermissionCount": status.pending_permissions,
+            "hasActivePrompt": status.has_active_prompt,
+            "lastEventId": status.last_event_id, "agent": status.agent}
+
+
 async def daemon_status(request: Request, *, bridge: Bridge, config: RestConfig,
                         lmsp_permissions: PermissionReport | None,
                         instances: InstancesReport | None = None) -> Response:
+    detail = request.query_params.get("detail", "summary")
+    if detail not in ("summary", "full"):
+        raise bad_request("detail must be one of: summary, full", "invalid_detail")
     await bridge.refresh_agents(wait_s=LISTING_WAIT_S)   # models listed since (if due)
     body = status_body(bridge, config)
+    if detail == "full":
+        caller = caller_of(request.scope)
+        body.detail = "full"
+        body.full = {"sessions": [full_session(s) for s in bridge.list_sessions()
+                                  if caller.sees_session(s.session_id)]}
     # The guards' counters (acp_server/http/guard.py, the front layer), one per server.
     guard = config.guard_stats
     body.runtime["transport"]["connectionsRefused"] = guard["connections"] if guard else 0

@@ -9,7 +9,10 @@
     data: {"id":2,"v":1,"type":"pending_prompt_started",...}
 
 Contracts: a malformed ``Last-Event-ID`` or ``X-Qwen-Event-Epoch`` is ignored (as
-the peer does); ``maxQueued`` outside [16, 2048] is 400 ``invalid_max_queued``;
+the peer does), and so is ``X-Qwen-Client-Id``, malformed or not issued for the session
+(the peer reads it as a diagnostic hint and never refuses a stream for it: its SDK does
+not attach again on a refused stream, as it does for a refused prompt);
+``maxQueued`` outside [16, 2048] is 400 ``invalid_max_queued``;
 past the per-session subscriber cap the answer is 429 with ``Retry-After: 5``; an
 unknown session is 404 before any stream starts.
 """
@@ -31,10 +34,7 @@ from bridge import Bridge
 
 async def session_events(request: Request, *, bridge: Bridge, config: RestConfig) -> ASGIApp:
     session_id = request.path_params["session_id"]
-    client_id = wire.client_id(request)
     max_queued = wire.max_queued(request)
-    if client_id is not None:
-        bridge.check_client(session_id, client_id)
     subscription = bridge.subscribe(session_id, last_event_id=last_event_id(request),
                                     epoch=event_epoch(request), max_queued=max_queued)
     return EventStreamResponse(subscription, epoch=subscription.epoch,

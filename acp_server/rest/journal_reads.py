@@ -68,8 +68,7 @@ async def replica_load(request: Request, *, replicas: JournalReplicas,
 
 async def replica_events(request: Request, *, replicas: JournalReplicas,
                          config: RestConfig) -> Any:
-    wire.client_id(request)
-    max_queued = wire.max_queued(request)
+    max_queued = wire.max_queued(request)   # X-Qwen-Client-Id: ignored, as on the owner
     view = await replicas.view(request.path_params["session_id"])
     visible_session(request)
     subscription = replicas.subscribe(view, last_event_id=last_event_id(request),

@@ -40,6 +40,7 @@ from bridge import Bridge
 from bridge.errors import (
     BridgeError,
     JournalUnavailableError,
+    PromptNotFoundError,
     PromptQueueFullError,
     SessionClosedError,
     SessionNotRestorableError,
@@ -102,10 +103,17 @@ async def pending_prompts(request: Request, *, bridge: Bridge) -> Response:
 
 
 async def remove_pending_prompt(request: Request, *, bridge: Bridge) -> Response:
+    """200 ``{"removed": true}`` (a queued prompt dropped, or the running one
+    cancelled), ``{"removed": false}`` when the session has no such pending prompt
+    (ended, never admitted): as the peer answers, and what ``@qwen-code/sdk``'s
+    ``removePendingPrompt`` reads. An unknown session is 404 ``session_not_found``."""
     wire.client_id(request)
-    bridge.remove_pending_prompt(request.path_params["session_id"],
-                                 request.path_params["prompt_id"])
-    return Response(status_code=204)
+    try:
+        bridge.remove_pending_prompt(request.path_params["session_id"],
+                                     request.path_params["prompt_id"])
+    except PromptNotFoundError:
+        return json_response(200, wire.PendingPromptRemoved(removed=False))
+    return json_response(200, wire.PendingPromptRemoved(removed=True))
 
 
 _PROMPT_DECODER = wire._decoders[wire.PromptBody]

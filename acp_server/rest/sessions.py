@@ -32,10 +32,11 @@ from acp_server.http.origin import session_origin
 from acp_server.principals import caller_of
 from acp_server.rest import wire
 from acp_server.rest.config import RestConfig
-from acp_server.rest.errors import bad_request, json_response
+from acp_server.rest.errors import RestError, bad_request, json_response
 from acp_server.rest.owners import check_restore, claim, own_default, owned, visible_session
 from acp_server.rest.wire import iso
 from bridge import Bridge, Event, SessionInfo, SessionStatus
+from bridge.errors import SessionNotFoundError
 from bridge.wire import envelope
 
 
@@ -152,10 +153,29 @@ async def _restore(request: Request, bridge: Bridge,
     return json_response(200, restored(info))
 
 
+def _refuse_branch_point(bridge: Bridge, session_id: str, at_record_id: Any) -> None:
+    """A branch at a point (``atRecordId``), as the peer answers one it cannot branch
+    at: 400 ``branch_point_invalid`` for an id that is not a string, 409 for a string
+    (a record this server does not keep: its branches are always of the whole session,
+    and it never falls back to one silently). An unknown session stays 404."""
+    if not isinstance(at_record_id, str):
+        raise RestError(400, {"error": "`atRecordId` must be a string",
+                              "code": "branch_point_invalid", "sessionId": session_id})
+    if not bridge.has_session(session_id):
+        raise SessionNotFoundError(session_id)
+    raise RestError(409, {"error": f'No branch point "{at_record_id[:200]}" in session '
+                                   f'"{session_id}": this server branches a whole session only '
+                                   "(send no `atRecordId`)",
+                          "code": "branch_point_invalid", "sessionId": session_id,
+                          "atRecordId": at_record_id[:200]})
+
+
 async def branch_session(request: Request, *, bridge: Bridge, config: RestConfig) -> Response:
     wire.client_id(request)
-    await wire.read_json(request, wire.EmptyBody, limit=config.max_body_bytes)
+    body = await wire.read_json(request, wire.BranchBody, limit=config.max_body_bytes)
     session_id = request.path_params["session_id"]
+    if body.atRecordId is not msgspec.UNSET:
+        _refuse_branch_point(bridge, session_id, body.atRecordId)
     caller = caller_of(request.scope)
     info = await until_disconnect(request, lambda: bridge.branch_session(
         session_id, owner=caller.name))
@@ -204,8 +224,8 @@ async def heartbeat(request: Request, *, bridge: Bridge) -> Response:
     client_id = wire.client_id(request)
     session_id = request.path_params["session_id"]
     seen = bridge.heartbeat(session_id, client_id)
-    return json_response(200, wire.Heartbeat(sessionId=session_id, lastSeenAt=iso(seen),
-                                             clientId=client_id))
+    return json_response(200, wire.Heartbeat(sessionId=session_id,
+                                             lastSeenAt=int(seen * 1000), clientId=client_id))
 
 
 def routes(bridge: Bridge, config: RestConfig) -> list[BaseRoute]:

@@ -63,7 +63,15 @@ class RestoreBody(msgspec.Struct):
 
 
 class EmptyBody(msgspec.Struct):
-    """Routes whose body is optional and ignored (cancel, branch, heartbeat)."""
+    """Routes whose body is optional and ignored (cancel, heartbeat)."""
+
+
+class BranchBody(msgspec.Struct):
+    """``POST /session/{id}/branch``: ``name`` is taken and not kept; ``atRecordId``
+    names a record of the peer's transcript to branch at (a branch point), which this
+    server does not keep: present, it is refused as the peer refuses a stale one."""
+    name: Any = None
+    atRecordId: Any = msgspec.UNSET
 
 
 # -- response bodies ----------------------------------------------------------------------
@@ -149,8 +157,9 @@ class PromptAccepted(msgspec.Struct):
 
 
 class Heartbeat(msgspec.Struct, omit_defaults=True):
+    """``lastSeenAt``: epoch milliseconds, as the peer's (``Date.now()``)."""
     sessionId: str
-    lastSeenAt: str
+    lastSeenAt: int
     clientId: str | None = None
 
 
@@ -252,6 +261,8 @@ class DaemonStatus(msgspec.Struct):
     agents: list[AgentStatus]
     capabilities: dict[str, Any]
     runtime: dict[str, Any]
+    # ``?detail=full`` only: {"sessions": [...]}, this instance's live sessions
+    full: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
 
 
 class SessionStatus(msgspec.Struct):
@@ -324,6 +335,12 @@ class PendingPrompts(msgspec.Struct):
     pendingPrompts: list[PendingPrompt]
 
 
+class PendingPromptRemoved(msgspec.Struct):
+    """``DELETE /session/{id}/pending-prompts/{promptId}``'s answer, as the peer's:
+    ``removed`` is ``False`` when the session has no such pending prompt."""
+    removed: bool
+
+
 class EmptyObject(msgspec.Struct):
     """An empty JSON object."""
 
@@ -332,7 +349,7 @@ class EmptyObject(msgspec.Struct):
 _decoders: dict[type, msgspec.json.Decoder[Any]] = {
     t: msgspec.json.Decoder(t)
     for t in (CreateSessionBody, PromptBody, PermissionVoteBody, RestoreBody, EmptyBody,
-              CreateTokenBody)
+              BranchBody, CreateTokenBody)
 }
 
 

@@ -91,6 +91,7 @@ async def test_slow_subscriber_warned_once_then_evicted():
     kinds = [f.type for f in frames]
     assert kinds.count("slow_client_warning") == 1
     assert kinds.index("slow_client_warning") == 12
+    assert envelope(frames[12]).data["threshold"] == "frames"   # the frame bound at 75 %
     assert kinds[-1] == "client_evicted"
     evicted = envelope(frames[-1]).data
     assert evicted["reason"] == "queue_overflow" and evicted["droppedAfter"] == 16
@@ -106,6 +107,25 @@ async def test_byte_bound_evicts():
         bus.publish("session_update", {"blob": "x" * 1000})
     frames = drain(sub)
     assert envelope(frames[-1]).data["reason"] == "queue_bytes_overflow"
+
+
+async def test_warning_names_the_byte_bound():
+    """``threshold`` says which bound reached 75 %, as qwen serve's: ``bytes`` when
+    only the byte bound did, ``frames_and_bytes`` when both did."""
+    bus = EventBus(max_queued=256, max_queued_bytes=4096)
+    sub = bus.subscribe()
+    for _ in range(5):
+        bus.publish("session_update", {"blob": "x" * 1000})
+    warnings = [f for f in drain(sub) if f.type == "slow_client_warning"]
+    assert [envelope(f).data["threshold"] for f in warnings] == ["bytes"]
+    size = EventBus().publish("session_update", {"blob": "x" * 1000}).size
+    # the 12th event: 75 % of 16 frames, and of the bytes (the 11 before it), at once
+    bus = EventBus(max_queued=16, max_queued_bytes=14 * size)
+    sub = bus.subscribe()
+    for _ in range(12):
+        bus.publish("session_update", {"blob": "x" * 1000})
+    warnings = [f for f in drain(sub) if f.type == "slow_client_warning"]
+    assert [envelope(f).data["threshold"] for f in warnings] == ["frames_and_bytes"]
 
 
 async def test_warning_rearms_after_draining():
@@ -172,7 +192,7 @@ async def test_held_reader_warned_at_75_percent_then_evicted():
     kinds = [f.type for f in frames]
     assert kinds == ["session_update"] * 8 + ["slow_client_warning", "client_evicted"]
     assert envelope(frames[8]).data == {
-        "queueSize": 24, "maxQueued": 32, "lastEventId": 8, "threshold": 0.75,
+        "queueSize": 24, "maxQueued": 32, "lastEventId": 8, "threshold": "frames",
         "queuedBytes": sum(e.size for e in bus.ring_events()[:24]),
         "maxQueuedBytes": bus.max_queued_bytes}
     assert envelope(frames[9]).data["reason"] == "queue_overflow"

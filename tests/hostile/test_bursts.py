@@ -138,7 +138,7 @@ async def _stall_until_evicted(server: RunningServer) -> None:
     kinds = _kinds(frames)
     assert kinds.count("slow_client_warning") == 1 and kinds[-1] == "client_evicted"
     warning = frames[kinds.index("slow_client_warning")][1]["data"]
-    assert warning["threshold"] == 0.75 and warning["queueSize"] * 4 >= warning["maxQueued"] * 3
+    assert warning["threshold"] == "frames" and warning["queueSize"] * 4 >= warning["maxQueued"] * 3
     evicted = frames[-1][1]["data"]
     assert evicted["reason"] == "queue_overflow"
     assert warning["lastEventId"] <= evicted["droppedAfter"]

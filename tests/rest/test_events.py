@@ -130,6 +130,20 @@ async def test_bad_cursor_headers_are_ignored(server: RunningServer) -> None:
     assert frames[0][1]["id"] == before + 1
 
 
+@pytest.mark.parametrize("client_id", ["bad id", "client_unknown"])
+async def test_client_id_is_not_checked_on_a_stream(server: RunningServer,
+                                                    client_id: str) -> None:
+    """``X-Qwen-Client-Id`` on a stream, malformed or not issued for the session, is
+    ignored, as the peer reads it there (a hint); a prompt still checks it."""
+    sid = (await server.create_session())["sessionId"]
+    await server.prompt(sid, "hello")
+    frames = await server.events_until(sid, "turn_complete", last_event_id=0,
+                                       headers={"X-Qwen-Client-Id": client_id})
+    assert frames[-1][0] == "turn_complete"
+    refused = await server.prompt(sid, "again", **{"X-Qwen-Client-Id": client_id})
+    assert (refused.status_code, refused.json()["code"]) == (400, "invalid_client_id")
+
+
 async def test_stream_ends_when_session_closes(server: RunningServer) -> None:
     sid = (await server.create_session())["sessionId"]
 

@@ -366,7 +366,7 @@ class Workload(ReaderGroup):
 
     async def drop(self, session: Session, prompt: Prompt) -> None:
         await self._expect(await self.client.delete(
-            f"/session/{session.session_id}/pending-prompts/{prompt.prompt_id}"), 204, "drop")
+            f"/session/{session.session_id}/pending-prompts/{prompt.prompt_id}"), 200, "drop")
         self._settle(session, prompt, "cancelled")
         await self.stable(session)
 

@@ -91,7 +91,7 @@ def test_each_event_goes_under_its_own_prompt_and_a_drop_is_a_drop(console: Cons
         _event("pending_prompt_added", "q2", promptId="q2", text="queued two", queuedAt=2),
         _event("prompt_cancelled", "q1", reason="removed"),
         _event("turn_complete", "q1", stopReason="cancelled", promptId="q1"),
-        _event("pending_prompt_completed", "q1", promptId="q1", state="cancelled"),
+        _event("pending_prompt_completed", "q1", promptId="q1", state="removed"),
         update("r", sessionUpdate="agent_message_chunk", content={"type": "text", "text": "Done."}),
         _event("turn_complete", "r", stopReason="end_turn", promptId="r"),
         _event("pending_prompt_started", "q2", promptId="q2", text="queued two"),

@@ -1,0 +1,158 @@
+// qwen's SDK (@qwen-code/sdk) on the answers where our server once differed from
+// `qwen serve` 0.24.4. Driven by tests/clients/test_qwen_sdk_compat.py.
+//
+//   node qwen_sdk_compat.mjs <sdk folder> <base url> pending|branch|heartbeat|status|echo|stream
+//   node qwen_sdk_compat.mjs <sdk folder> - known '[envelope, …]'   (no server)
+//
+// `pending`: DaemonClient.removePendingPrompt (200 {removed}) on a queued prompt, then
+// on the same id once it is gone; the queue's `pending_prompt_completed` events as the
+// SDK's typed reader sees them. `branch`: DaemonClient.branchSession at a point
+// (`atRecordId`) this server cannot branch at, and without one. `heartbeat`:
+// DaemonSessionClient.heartbeat. `status`: DaemonClient.daemonStatus. `echo`: a prompt's
+// originatorClientId as normalizeDaemonEvent reads it. `stream`: events() under a
+// client id the server does not know. `known`: the SDK's typed reader
+// (`isKnownDaemonEvent`) on each event envelope given.
+// Prints one JSON object of what the SDK reported.
+import { pathToFileURL } from "node:url";
+import path from "node:path";
+
+const [sdkDir, baseUrl, mode, arg] = process.argv.slice(2);
+const daemon = await import(pathToFileURL(path.join(sdkDir, "dist/daemon/index.js")).href);
+const { DaemonClient, DaemonSessionClient, isKnownDaemonEvent, isStaleBranchPointError,
+        normalizeDaemonEvent } = daemon;
+
+const text = (t) => ({ prompt: [{ type: "text", text: t }] });
+const outcome = async (call) => {
+  try {
+    return { value: await call() };
+  } catch (e) {
+    return { error: { name: e.name, status: e.status, code: e.body && e.body.code,
+                      stale: isStaleBranchPointError(e), message: String(e.message) } };
+  }
+};
+
+async function pending() {
+  const client = new DaemonClient({ baseUrl });
+  const s = await client.createOrAttachSession({ sessionScope: "thread" });
+  const running = await client.promptNonBlocking(s.sessionId, text("/sleep 60s running"));
+  const queued = await client.promptNonBlocking(s.sessionId, text("queued one"));
+  const last = await client.promptNonBlocking(s.sessionId, text("queued two"));
+  const first = await outcome(() => client.removePendingPrompt(s.sessionId, queued.promptId));
+  const left = (await client.getPendingPrompts(s.sessionId)).pendingPrompts.map((p) => p.promptId);
+  const again = await outcome(() => client.removePendingPrompt(s.sessionId, queued.promptId));
+  const running2 = await outcome(() => client.removePendingPrompt(s.sessionId, running.promptId));
+  const unknownSession = await outcome(() => client.removePendingPrompt("no-such-session", "p"));
+  // the session's queue events, up to the last prompt's end, as the SDK reads them
+  const events = [];
+  for await (const ev of client.subscribeEvents(s.sessionId, { lastEventId: 0 })) {
+    events.push(ev);
+    if (ev.type === "pending_prompt_completed" && ev.data.promptId === last.promptId) break;
+  }
+  const completed = events.filter((ev) => ev.type === "pending_prompt_completed")
+    .map((ev) => ({ promptId: ev.data.promptId, state: ev.data.state,
+                    known: isKnownDaemonEvent(ev) }));
+  await client.closeSession(s.sessionId);
+  return { running: running.promptId, queued: queued.promptId, last: last.promptId, first,
+           left, again, running2, unknownSession, completed };
+}
+
+async function branch() {
+  const client = new DaemonClient({ baseUrl });
+  const s = await client.createOrAttachSession({ sessionScope: "thread" });
+  await client.prompt(s.sessionId, text("hello"));
+  const atPoint = await outcome(() => client.branchSession(s.sessionId,
+    { name: "b", atRecordId: "3c0ff91b-0000-4000-8000-000000000000" }));
+  const notString = await outcome(() => client.branchSession(s.sessionId,
+    { name: "b", atRecordId: 5 }));
+  const whole = await outcome(() => client.branchSession(s.sessionId, { name: "b" }));
+  return { atPoint, notString,
+           whole: whole.error ?? { forkedFrom: whole.value.forkedFrom.sessionId,
+                                   source: s.sessionId } };
+}
+
+// DaemonSessionClient.heartbeat: `lastSeenAt` is epoch milliseconds (HeartbeatResult).
+async function heartbeat() {
+  const client = new DaemonClient({ baseUrl });
+  const before = Date.now();
+  const s = await DaemonSessionClient.createOrAttach(client, { sessionScope: "thread" });
+  const beat = await s.heartbeat();
+  const after = Date.now();
+  await s.close();
+  return { type: typeof beat.lastSeenAt, withinCall: beat.lastSeenAt >= before - 1000
+             && beat.lastSeenAt <= after + 1000, clientId: beat.clientId === s.clientId };
+}
+
+// DaemonClient.daemonStatus("full"): `detail` and `full.sessions`; an unknown detail.
+async function status() {
+  const client = new DaemonClient({ baseUrl });
+  const s = await client.createOrAttachSession({ sessionScope: "thread" });
+  const summary = await client.daemonStatus();
+  const full = await client.daemonStatus("full");
+  const bogus = await outcome(() => client.daemonStatus("bogus"));
+  await client.closeSession(s.sessionId);
+  return { sessionId: s.sessionId, summary: { detail: summary.detail, full: summary.full },
+           detail: full.detail, sessions: full.full && full.full.sessions, bogus };
+}
+
+// A prompt sent under the session's client id: its events' originatorClientId, and
+// normalizeDaemonEvent's suppressOwnUserEcho for that client and for another.
+async function echo() {
+  const client = new DaemonClient({ baseUrl });
+  const s = await client.createOrAttachSession({ sessionScope: "thread" });
+  await client.prompt(s.sessionId, text("hello"), undefined, s.clientId);
+  const events = [];
+  for await (const ev of client.subscribeEvents(s.sessionId, { lastEventId: 0 })) {
+    events.push(ev);
+    if (ev.type === "turn_complete") break;
+  }
+  const userText = (clientId) => events
+    .flatMap((ev) => normalizeDaemonEvent(ev, { suppressOwnUserEcho: true, clientId }))
+    .filter((e) => e.type.startsWith("user.")).length;
+  // its close, by that client: session_closed names it too
+  let onLive;
+  const live = new Promise((resolve) => { onLive = resolve; });
+  const closing = (async () => {
+    for await (const ev of client.subscribeEvents(s.sessionId,
+                                                  { lastEventId: events.at(-1).id })) {
+      if (ev.type === "replay_complete") onLive();   // the stream is live from here
+      if (ev.type === "session_closed") return ev.originatorClientId ?? null;
+    }
+    return "stream ended";
+  })();
+  await live;
+  await client.closeSession(s.sessionId, s.clientId);
+  return { clientId: s.clientId, closedBy: await closing,
+           originators: events.map((ev) => [ev.type, ev.originatorClientId ?? null]),
+           ownView: userText(s.clientId), otherView: userText("client_someone-else") };
+}
+
+// DaemonSessionClient.events() under a client id the server does not know (one it
+// forgot, say): the stream opens, as qwen's (it does not attach again on a refusal).
+async function stream() {
+  const client = new DaemonClient({ baseUrl });
+  const made = await client.createOrAttachSession({ sessionScope: "thread" });
+  await client.prompt(made.sessionId, text("hello"));
+  const s = new DaemonSessionClient({ client,
+    session: { ...made, clientId: "client_00000000-0000-4000-8000-000000000000" } });
+  const seen = [];
+  try {
+    for await (const ev of s.events({ lastEventId: 0 })) {
+      seen.push(ev.type);
+      if (ev.type === "turn_complete") break;
+    }
+  } catch (e) {
+    seen.push({ name: e.name, status: e.status, code: e.body && e.body.code });
+  }
+  await client.closeSession(made.sessionId);
+  return { seen };
+}
+
+const out = mode === "pending" ? await pending()
+  : mode === "stream" ? await stream()
+  : mode === "echo" ? await echo()
+  : mode === "status" ? await status()
+  : mode === "heartbeat" ? await heartbeat()
+  : mode === "known" ? JSON.parse(arg).map((ev) => isKnownDaemonEvent(ev))
+  : await branch();
+process.stdout.write(JSON.stringify(out) + "\n");
+process.exit(0);
