@@ -137,3 +137,9 @@ class BridgeOptions:
     @property
     def session_limit(self) -> int | None:
         return limit_or_none(self.max_sessions)
+
+    @property
+    def restore_timeout_ms(self) -> int:
+        """The longest restoring a session's agent takes: its start (``initialize``),
+        ``session/load``, and a ``session/new`` when the agent no longer knows it."""
+        return self.initialize_timeout_ms + 2 * self.agent_request_timeout_ms

@@ -53,7 +53,8 @@ def features(config: RestConfig) -> list[str]:
 def limits(bridge: Bridge) -> wire.RestLimits:
     options = bridge.options
     return wire.RestLimits(maxPendingPromptsPerSession=options.pending_prompt_limit,
-                           maxSessionsPerWorkspace=options.session_limit)
+                           maxSessionsPerWorkspace=options.session_limit,
+                           sessionRestoreTimeoutMs=options.restore_timeout_ms)
 
 
 # What this server serves, under the names @qwen-code/sdk's negotiateTransport() looks

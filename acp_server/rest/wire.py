@@ -209,6 +209,8 @@ class Health(msgspec.Struct, omit_defaults=True):
 class RestLimits(msgspec.Struct):
     maxPendingPromptsPerSession: int | None
     maxSessionsPerWorkspace: int | None
+    # what @qwen-code/sdk waits on a load or resume, plus its 10 s (else 70 s in all)
+    sessionRestoreTimeoutMs: int
 
 
 class AgentsInfo(msgspec.Struct):

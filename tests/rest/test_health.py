@@ -37,6 +37,8 @@ async def test_capabilities_envelope(server: RunningServer) -> None:
     assert body["policy"] == {"permission": "first-responder"}
     assert body["workspaceCwd"] == server.settings.workspace
     assert body["limits"]["maxPendingPromptsPerSession"] == 5
+    # the agent's start, its session/load, and a session/new (10 + 30 + 30 s)
+    assert body["limits"]["sessionRestoreTimeoutMs"] == 70_000
     for tag in ("health", "capabilities", "daemon_status", "session_create", "session_prompt",
                 "non_blocking_prompt", "session_events", "session_cancel", "session_branch",
                 "session_permission_vote", "permission_vote", "session_load", "session_resume",
