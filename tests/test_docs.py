@@ -1,6 +1,7 @@
 """Every relative link in README.md, CHANGELOG.md and docs/ resolves, anchors included;
-every ``acp-server`` command the pages show is one the CLI takes, and every ``serve``
-flag is in operations.md's table.
+every ``acp-server`` command the pages show is one the CLI takes, every ``serve``
+flag is in operations.md's table, and the flag tables (``serve``, ``connect``,
+``conformance``) state the defaults the commands have.
 
     .venv/bin/python -m pytest tests/test_docs.py -q
 
@@ -151,3 +152,130 @@ def test_the_command_checker_sees_a_wrong_flag_and_a_wrong_command(tmp_path: Pat
                                    "serve --no-such-flag", "serv"]
     assert [_usage_error(line) is None for line in command_lines(page)] == [True, True,
                                                                            False, False]
+
+
+# -- the flag tables' defaults ------------------------------------------------------------
+_FLAG_TABLES = {"operations.md": "serve", "editors.md": "connect",
+                "conformance.md": "conformance"}
+_UNITS = {"KiB": 1024, "MiB": 1024 ** 2, "GiB": 1024 ** 3,
+          "ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def subcommand(name: str):  # type: ignore[no-untyped-def]
+    from acp_server.cli import build_parser
+
+    parser, _ = build_parser()
+    [commands] = [a for a in parser._actions if a.choices and name in a.choices]
+    return commands.choices[name]
+
+
+def effective_defaults(command: str) -> dict[str, object]:
+    """Each ``--flag`` of the subcommand and the value it has when not given: argparse's
+    default, or for a bridge option left ``None`` the ``BridgeOptions`` field's."""
+    from acp_server.settings import OPTION_FLAGS
+    from bridge.options import BridgeOptions
+
+    bridge = BridgeOptions()
+    found: dict[str, object] = {}
+    for action in subcommand(command)._actions:
+        for flag in action.option_strings:
+            if not flag.startswith("--") or flag == "--help":
+                continue
+            value = action.default
+            if value is None and action.dest in OPTION_FLAGS:
+                value = getattr(bridge, OPTION_FLAGS[action.dest])
+            found[flag] = value
+    return found
+
+
+def flag_table(page: Path) -> list[tuple[str, str]]:
+    """``(flag, default cell)`` for each flag of the page's ``| flag | default |`` table;
+    a row of several flags (``--a`` / ``--b``) with as many ``/``-separated defaults
+    gives each its own."""
+    text = page.read_text()
+    table = text.split("| flag | default |", 1)[1].split("\n\n", 1)[0]
+    rows = []
+    for line in table.splitlines()[2:]:
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
+        flags = re.findall(r"`(--[a-z0-9-]+)", cells[0])
+        defaults = [d.strip() for d in cells[1].split(" / ")]
+        if len(defaults) != len(flags):
+            defaults = [cells[1]] * len(flags)
+        rows += zip(flags, defaults, strict=True)
+    return rows
+
+
+def quantity(text: str) -> float | None:
+    """The first number a default cell states, its unit applied (``32 MiB``, ``10m``,
+    ``67108864``, ``2,560``); None when it states none."""
+    match = re.search(r"(?<![\w.$-])(\d[\d,]*(?:\.\d+)?)\s?(KiB|MiB|GiB|ms|s|m|h|d)?(?![\w.])",
+                      text.replace("`", ""))
+    if not match:
+        return None
+    return float(match.group(1).replace(",", "")) * _UNITS.get(match.group(2) or "", 1)
+
+
+def default_drift(page: Path, command: str) -> list[str]:
+    actual = effective_defaults(command)
+    problems = []
+    for flag, cell in flag_table(page):
+        if flag not in actual:
+            problems.append(f"{flag}: no such flag of `acp-server {command}`")
+            continue
+        value = actual[flag]
+        if isinstance(value, bool) or value in (None, []):
+            if value is True or (value is False and cell != "off"):
+                problems.append(f"{flag}: documented {cell!r}, the flag is {value}")
+            continue
+        number = value if isinstance(value, int | float) else _number(str(value))
+        if number is not None:
+            if command == "connect" and flag == "--give-up-after":
+                number = float(number)             # seconds, documented as a duration
+            if quantity(cell) != float(number):
+                problems.append(f"{flag}: documented {cell!r}, the default is {value!r}")
+        elif f"`{value}`" not in cell and cell != str(value):
+            problems.append(f"{flag}: documented {cell!r}, the default is {value!r}")
+    return problems
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+@pytest.mark.parametrize("page", sorted(_FLAG_TABLES))
+def test_every_flag_table_states_the_defaults_the_cli_has(page: str,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A default changed in the code (or the table) without the other, or a table row
+    naming a flag the command no longer takes, fails here."""
+    monkeypatch.delenv("ACP_SERVER_GRANIAN_INTERFACE", raising=False)
+    assert default_drift(ROOT / "docs" / page, _FLAG_TABLES[page]) == []
+
+
+def test_every_serve_help_default_is_the_one_in_force() -> None:
+    """``--help`` says ``(default N)`` in words for the bridge options (their argparse
+    default is None): each such N must be the default the server runs with."""
+    actual = effective_defaults("serve")
+    wrong = {}
+    for action in subcommand("serve")._actions:
+        said = re.search(r"\(default (\d+)\)", action.help or "")
+        flag = action.option_strings[-1]
+        if said and _number(str(actual[flag])) != float(said.group(1)):
+            wrong[flag] = (said.group(1), actual[flag])
+    assert wrong == {}
+
+
+def test_the_default_checker_sees_a_wrong_default_and_an_unknown_flag(tmp_path: Path) -> None:
+    page = tmp_path / "p.md"
+    page.write_text("| flag | default | meaning |\n|---|---|---|\n"
+                    "| `--port` | 4170 | fine |\n| `--max-sessions` | 64 | wrong |\n"
+                    "| `--store-lease-ms` / `--store-renew-ms` | 30000 / 1000 | one wrong |\n"
+                    "| `--log-format` | `json` | wrong |\n| `--no-web` | off | fine |\n"
+                    "| `--no-such-flag` | 1 | gone |\n\nprose\n")
+    assert default_drift(page, "serve") == [
+        "--max-sessions: documented '64', the default is 32",
+        "--store-renew-ms: documented '1000', the default is '10000'",
+        "--log-format: documented '`json`', the default is 'text'",
+        "--no-such-flag: no such flag of `acp-server serve`"]
