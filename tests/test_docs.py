@@ -279,3 +279,28 @@ def test_the_default_checker_sees_a_wrong_default_and_an_unknown_flag(tmp_path: 
         "--store-renew-ms: documented '1000', the default is '10000'",
         "--log-format: documented '`json`', the default is 'text'",
         "--no-such-flag: no such flag of `acp-server serve`"]
+
+
+# -- the answers rest.md's route table spells out -----------------------------------------
+def route_answer_keys(page: Path, route: str) -> list[str]:
+    """The keys of the first ``{…}`` the answer cell of ``route``'s row spells out."""
+    [row] = [line for line in page.read_text().splitlines()
+             if line.startswith(f"| `{route}`")]
+    answer = re.split(r"(?<!\\)\|", row)[2]
+    braces = re.search(r"`(?:\d{3} )?\{([^{}`]*)\}`", answer)
+    assert braces, row
+    return [key.strip() for key in braces.group(1).split(",")]
+
+
+@pytest.mark.parametrize(("route", "struct"), [
+    ("GET /capabilities", "RestCapabilities"), ("POST /session", "SessionCreated"),
+    ("POST /session/{id}/prompt", "PromptAccepted")])
+def test_the_rest_table_names_every_field_of_the_answer(route: str, struct: str) -> None:
+    """A field added to (or dropped from) a wire answer is added to (dropped from) the
+    list rest.md gives of it."""
+    import msgspec
+
+    from acp_server.rest import wire
+
+    fields = list(msgspec.structs.fields(getattr(wire, struct)))
+    assert route_answer_keys(ROOT / "docs" / "rest.md", route) == [f.name for f in fields]
