@@ -304,3 +304,22 @@ def test_the_rest_table_names_every_field_of_the_answer(route: str, struct: str)
 
     fields = list(msgspec.structs.fields(getattr(wire, struct)))
     assert route_answer_keys(ROOT / "docs" / "rest.md", route) == [f.name for f in fields]
+
+
+def test_every_route_of_the_openapi_document_is_in_the_manual() -> None:
+    """Each operation of ``openapi.json`` is named (``METHOD /path``, any parameter
+    spelling; LMSP's under ``/lmsp/v1`` or relative to it) by a page of the manual."""
+    import json
+
+    manual = "".join((ROOT / "docs" / page).read_text()
+                     for page in ("rest.md", "lmsp.md", "security.md", "console.md",
+                                  "operations.md"))
+    missing = []
+    for path, operations in json.loads((ROOT / "openapi.json").read_text())["paths"].items():
+        pattern = re.sub(r"\\\{[^}]*\\\}", r"(?:\\{[^}]*\\}|[A-Z]+)",
+                         re.escape(path.removeprefix("/lmsp/v1")))
+        for method in operations:
+            if method in ("get", "post", "put", "patch", "delete") and not re.search(
+                    rf"`{method.upper()} (?:/lmsp/v1)?{pattern}(?![\w/])", manual):
+                missing.append(f"{method.upper()} {path}")
+    assert missing == []
