@@ -79,7 +79,7 @@ def test_every_relative_link_resolves(page: Path) -> None:
 
 def test_the_readme_is_a_front_door_that_links_every_page() -> None:
     readme = ROOT / "README.md"
-    assert len(readme.read_text().splitlines()) < 200
+    assert len(readme.read_text().splitlines()) <= 155   # a front door, not a manual
     linked = {(ROOT / target.partition("#")[0]).resolve() for target in links(readme)}
     for page in PAGES:
         if page != readme:
