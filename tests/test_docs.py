@@ -1,7 +1,7 @@
 """Every relative link in README.md, CHANGELOG.md and docs/ resolves, anchors included;
 every ``acp-server`` command the pages show is one the CLI takes, every ``serve``
-flag is in operations.md's table, and the flag tables (``serve``, ``connect``,
-``conformance``) state the defaults the commands have.
+flag is in operations.md's table, and the flag tables (``serve`` in operations.md and
+deployment.md, ``connect``, ``conformance``) state the defaults the commands have.
 
     .venv/bin/python -m pytest tests/test_docs.py -q
 
@@ -155,7 +155,7 @@ def test_the_command_checker_sees_a_wrong_flag_and_a_wrong_command(tmp_path: Pat
 
 
 # -- the flag tables' defaults ------------------------------------------------------------
-_FLAG_TABLES = {"operations.md": "serve", "editors.md": "connect",
+_FLAG_TABLES = {"operations.md": "serve", "deployment.md": "serve", "editors.md": "connect",
                 "conformance.md": "conformance"}
 _UNITS = {"KiB": 1024, "MiB": 1024 ** 2, "GiB": 1024 ** 3,
           "ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -193,7 +193,7 @@ def flag_table(page: Path) -> list[tuple[str, str]]:
     a row of several flags (``--a`` / ``--b``) with as many ``/``-separated defaults
     gives each its own."""
     text = page.read_text()
-    table = text.split("| flag | default |", 1)[1].split("\n\n", 1)[0]
+    table = re.split(r"\| flag \| default \|", text, maxsplit=1, flags=re.I)[1].split("\n\n", 1)[0]
     rows = []
     for line in table.splitlines()[2:]:
         cells = [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
