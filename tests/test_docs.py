@@ -323,3 +323,26 @@ def test_every_route_of_the_openapi_document_is_in_the_manual() -> None:
                     rf"`{method.upper()} (?:/lmsp/v1)?{pattern}(?![\w/])", manual):
                 missing.append(f"{method.upper()} {path}")
     assert missing == []
+
+
+_REPO_PATH = re.compile(r"`((?:acp_server|bridge|tests|bench|docs|schemas|\.ci)/[\w./-]*)")
+
+
+def missing_paths(page: Path) -> list[str]:
+    """The repository paths a page names in code spans (``acp_server/…``, ``tests/…``,
+    …) that do not exist; ``bridge/fifo.BoundedFifo`` names ``bridge/fifo.py``."""
+    missing = []
+    for path in dict.fromkeys(_REPO_PATH.findall(page.read_text())):
+        path = path.rstrip(".")
+        module = re.sub(r"\.[A-Za-z_]\w*$", ".py", path)
+        if not (ROOT / path).exists() and not (ROOT / module).exists():
+            missing.append(path)
+    return missing
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if p.name != "CHANGELOG.md"],
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_repository_path_a_page_names_exists(page: Path) -> None:
+    """A module, test or script moved or renamed leaves no page pointing at its old
+    place (the CHANGELOG names the past, so it is not checked)."""
+    assert missing_paths(page) == []
