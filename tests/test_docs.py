@@ -346,3 +346,13 @@ def test_every_repository_path_a_page_names_exists(page: Path) -> None:
     """A module, test or script moved or renamed leaves no page pointing at its old
     place (the CHANGELOG names the past, so it is not checked)."""
     assert missing_paths(page) == []
+
+
+def test_every_page_the_code_cites_exists() -> None:
+    """``docs/NAME.md`` in a module's text (a docstring's "see …") names a page there is."""
+    cited = {f"{source.relative_to(ROOT)}: {page}"
+             for folder in ("acp_server", "bridge", "bench", "tests")
+             for source in (ROOT / folder).rglob("*.py")
+             for page in re.findall(r"docs/[a-z0-9_/-]+\.md", source.read_text())
+             if not (ROOT / page).exists()}
+    assert cited == set()
