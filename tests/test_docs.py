@@ -356,3 +356,17 @@ def test_every_page_the_code_cites_exists() -> None:
              for page in re.findall(r"docs/[a-z0-9_/-]+\.md", source.read_text())
              if not (ROOT / page).exists()}
     assert cited == set()
+
+
+def test_the_sdk_page_gives_the_client_signature_the_sdk_has() -> None:
+    """sdk-and-cli.md's ``DaemonClient(…)`` line: every parameter, with its default."""
+    import inspect
+
+    from acp_server.client import DaemonClient
+
+    text = (ROOT / "docs" / "sdk-and-cli.md").read_text()
+    [said] = re.findall(r"`DaemonClient\((base_url, \*, [^`]*)\)`", text.replace("\n  ", " "))
+    wanted = ["base_url", "*"]
+    for parameter in list(inspect.signature(DaemonClient).parameters.values())[1:]:
+        wanted.append(f"{parameter.name}={parameter.default!r}")
+    assert [part.strip() for part in said.split(",")] == wanted
