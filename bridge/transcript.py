@@ -26,7 +26,7 @@ Contracts:
   (``after_seed``).
 * Bounded: the newest messages whose texts total at most ``max_bytes`` (UTF-8) are
   kept, oldest first; the journal itself keeps only the newest events of a session
-  (``docs/durability.md``), so the transcript starts where they do.
+  (``docs/restarts.md``, "Compaction"), so the transcript starts where they do.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Every relative link in README.md, CHANGELOG.md and docs/ resolves, anchors included;
-every ``acp-server`` command the pages show is one the CLI takes, and every ``serve``
-flag is in operations.md's table.
+every ``acp-server`` command the pages show is one the CLI takes, every ``serve``
+flag is in operations.md's table, and the flag tables (``serve`` in operations.md and
+deployment.md, ``connect``, ``conformance``) state the defaults the commands have.
 
     .venv/bin/python -m pytest tests/test_docs.py -q
 
@@ -78,7 +79,7 @@ def test_every_relative_link_resolves(page: Path) -> None:
 
 def test_the_readme_is_a_front_door_that_links_every_page() -> None:
     readme = ROOT / "README.md"
-    assert len(readme.read_text().splitlines()) < 200
+    assert len(readme.read_text().splitlines()) <= 155   # a front door, not a manual
     linked = {(ROOT / target.partition("#")[0]).resolve() for target in links(readme)}
     for page in PAGES:
         if page != readme:
@@ -151,3 +152,224 @@ def test_the_command_checker_sees_a_wrong_flag_and_a_wrong_command(tmp_path: Pat
                                    "serve --no-such-flag", "serv"]
     assert [_usage_error(line) is None for line in command_lines(page)] == [True, True,
                                                                            False, False]
+
+
+# -- the flag tables' defaults ------------------------------------------------------------
+_FLAG_TABLES = {"operations.md": "serve", "deployment.md": "serve", "editors.md": "connect",
+                "conformance.md": "conformance"}
+_UNITS = {"KiB": 1024, "MiB": 1024 ** 2, "GiB": 1024 ** 3,
+          "ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def subcommand(name: str):  # type: ignore[no-untyped-def]
+    from acp_server.cli import build_parser
+
+    parser, _ = build_parser()
+    [commands] = [a for a in parser._actions if a.choices and name in a.choices]
+    return commands.choices[name]
+
+
+def effective_defaults(command: str) -> dict[str, object]:
+    """Each ``--flag`` of the subcommand and the value it has when not given: argparse's
+    default, or for a bridge option left ``None`` the ``BridgeOptions`` field's."""
+    from acp_server.settings import OPTION_FLAGS
+    from bridge.options import BridgeOptions
+
+    bridge = BridgeOptions()
+    found: dict[str, object] = {}
+    for action in subcommand(command)._actions:
+        for flag in action.option_strings:
+            if not flag.startswith("--") or flag == "--help":
+                continue
+            value = action.default
+            if value is None and action.dest in OPTION_FLAGS:
+                value = getattr(bridge, OPTION_FLAGS[action.dest])
+            found[flag] = value
+    return found
+
+
+def flag_table(page: Path) -> list[tuple[str, str]]:
+    """``(flag, default cell)`` for each flag of the page's ``| flag | default |`` table;
+    a row of several flags (``--a`` / ``--b``) with as many ``/``-separated defaults
+    gives each its own."""
+    text = page.read_text()
+    table = re.split(r"\| flag \| default \|", text, maxsplit=1, flags=re.I)[1].split("\n\n", 1)[0]
+    rows = []
+    for line in table.splitlines()[2:]:
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
+        flags = re.findall(r"`(--[a-z0-9-]+)", cells[0])
+        defaults = [d.strip() for d in cells[1].split(" / ")]
+        if len(defaults) != len(flags):
+            defaults = [cells[1]] * len(flags)
+        rows += zip(flags, defaults, strict=True)
+    return rows
+
+
+def quantity(text: str) -> float | None:
+    """The first number a default cell states, its unit applied (``32 MiB``, ``10m``,
+    ``67108864``, ``2,560``); None when it states none."""
+    match = re.search(r"(?<![\w.$-])(\d[\d,]*(?:\.\d+)?)\s?(KiB|MiB|GiB|ms|s|m|h|d)?(?![\w.])",
+                      text.replace("`", ""))
+    if not match:
+        return None
+    return float(match.group(1).replace(",", "")) * _UNITS.get(match.group(2) or "", 1)
+
+
+def default_drift(page: Path, command: str) -> list[str]:
+    actual = effective_defaults(command)
+    problems = []
+    for flag, cell in flag_table(page):
+        if flag not in actual:
+            problems.append(f"{flag}: no such flag of `acp-server {command}`")
+            continue
+        value = actual[flag]
+        if isinstance(value, bool) or value in (None, []):
+            if value is True or (value is False and cell != "off"):
+                problems.append(f"{flag}: documented {cell!r}, the flag is {value}")
+            continue
+        number = value if isinstance(value, int | float) else _number(str(value))
+        if number is not None:
+            if command == "connect" and flag == "--give-up-after":
+                number = float(number)             # seconds, documented as a duration
+            if quantity(cell) != float(number):
+                problems.append(f"{flag}: documented {cell!r}, the default is {value!r}")
+        elif f"`{value}`" not in cell and cell != str(value):
+            problems.append(f"{flag}: documented {cell!r}, the default is {value!r}")
+    return problems
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+@pytest.mark.parametrize("page", sorted(_FLAG_TABLES))
+def test_every_flag_table_states_the_defaults_the_cli_has(page: str,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A default changed in the code (or the table) without the other, or a table row
+    naming a flag the command no longer takes, fails here."""
+    monkeypatch.delenv("ACP_SERVER_GRANIAN_INTERFACE", raising=False)
+    assert default_drift(ROOT / "docs" / page, _FLAG_TABLES[page]) == []
+    if page != "deployment.md":   # the fleet's flags only; the others: the whole command
+        listed = {flag for flag, _ in flag_table(ROOT / "docs" / page)}
+        assert set(effective_defaults(_FLAG_TABLES[page])) - listed == set()
+
+
+def test_every_serve_help_default_is_the_one_in_force() -> None:
+    """``--help`` says ``(default N)`` in words for the bridge options (their argparse
+    default is None): each such N must be the default the server runs with."""
+    actual = effective_defaults("serve")
+    wrong = {}
+    for action in subcommand("serve")._actions:
+        said = re.search(r"\(default (\d+)\)", action.help or "")
+        flag = action.option_strings[-1]
+        if said and _number(str(actual[flag])) != float(said.group(1)):
+            wrong[flag] = (said.group(1), actual[flag])
+    assert wrong == {}
+
+
+def test_the_default_checker_sees_a_wrong_default_and_an_unknown_flag(tmp_path: Path) -> None:
+    page = tmp_path / "p.md"
+    page.write_text("| flag | default | meaning |\n|---|---|---|\n"
+                    "| `--port` | 4170 | fine |\n| `--max-sessions` | 64 | wrong |\n"
+                    "| `--store-lease-ms` / `--store-renew-ms` | 30000 / 1000 | one wrong |\n"
+                    "| `--log-format` | `json` | wrong |\n| `--no-web` | off | fine |\n"
+                    "| `--no-such-flag` | 1 | gone |\n\nprose\n")
+    assert default_drift(page, "serve") == [
+        "--max-sessions: documented '64', the default is 32",
+        "--store-renew-ms: documented '1000', the default is '10000'",
+        "--log-format: documented '`json`', the default is 'text'",
+        "--no-such-flag: no such flag of `acp-server serve`"]
+
+
+# -- the answers rest.md's route table spells out -----------------------------------------
+def route_answer_keys(page: Path, route: str) -> list[str]:
+    """The keys of the first ``{…}`` the answer cell of ``route``'s row spells out."""
+    [row] = [line for line in page.read_text().splitlines()
+             if line.startswith(f"| `{route}`")]
+    answer = re.split(r"(?<!\\)\|", row)[2]
+    braces = re.search(r"`(?:\d{3} )?\{([^{}`]*)\}`", answer)
+    assert braces, row
+    return [key.strip() for key in braces.group(1).split(",")]
+
+
+@pytest.mark.parametrize(("route", "struct"), [
+    ("GET /capabilities", "RestCapabilities"), ("POST /session", "SessionCreated"),
+    ("POST /session/{id}/prompt", "PromptAccepted")])
+def test_the_rest_table_names_every_field_of_the_answer(route: str, struct: str) -> None:
+    """A field added to (or dropped from) a wire answer is added to (dropped from) the
+    list rest.md gives of it."""
+    import msgspec
+
+    from acp_server.rest import wire
+
+    fields = list(msgspec.structs.fields(getattr(wire, struct)))
+    assert route_answer_keys(ROOT / "docs" / "rest.md", route) == [f.name for f in fields]
+
+
+def test_every_route_of_the_openapi_document_is_in_the_manual() -> None:
+    """Each operation of ``openapi.json`` is named (``METHOD /path``, any parameter
+    spelling; LMSP's under ``/lmsp/v1`` or relative to it) by a page of the manual."""
+    import json
+
+    manual = "".join((ROOT / "docs" / page).read_text()
+                     for page in ("rest.md", "lmsp.md", "security.md", "console.md",
+                                  "operations.md"))
+    missing = []
+    for path, operations in json.loads((ROOT / "openapi.json").read_text())["paths"].items():
+        pattern = re.sub(r"\\\{[^}]*\\\}", r"(?:\\{[^}]*\\}|[A-Z]+)",
+                         re.escape(path.removeprefix("/lmsp/v1")))
+        for method in operations:
+            if method in ("get", "post", "put", "patch", "delete") and not re.search(
+                    rf"`{method.upper()} (?:/lmsp/v1)?{pattern}(?![\w/])", manual):
+                missing.append(f"{method.upper()} {path}")
+    assert missing == []
+
+
+_REPO_PATH = re.compile(r"`((?:acp_server|bridge|tests|bench|docs|schemas|\.ci)/[\w./-]*)")
+
+
+def missing_paths(page: Path) -> list[str]:
+    """The repository paths a page names in code spans (``acp_server/…``, ``tests/…``,
+    …) that do not exist; ``bridge/fifo.BoundedFifo`` names ``bridge/fifo.py``."""
+    missing = []
+    for path in dict.fromkeys(_REPO_PATH.findall(page.read_text())):
+        path = path.rstrip(".")
+        module = re.sub(r"\.[A-Za-z_]\w*$", ".py", path)
+        if not (ROOT / path).exists() and not (ROOT / module).exists():
+            missing.append(path)
+    return missing
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if p.name != "CHANGELOG.md"],
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_repository_path_a_page_names_exists(page: Path) -> None:
+    """A module, test or script moved or renamed leaves no page pointing at its old
+    place (the CHANGELOG names the past, so it is not checked)."""
+    assert missing_paths(page) == []
+
+
+def test_every_page_the_code_cites_exists() -> None:
+    """``docs/NAME.md`` in a module's text (a docstring's "see …") names a page there is."""
+    cited = {f"{source.relative_to(ROOT)}: {page}"
+             for folder in ("acp_server", "bridge", "bench", "tests")
+             for source in (ROOT / folder).rglob("*.py")
+             for page in re.findall(r"docs/[a-z0-9_/-]+\.md", source.read_text())
+             if not (ROOT / page).exists()}
+    assert cited == set()
+
+
+def test_the_sdk_page_gives_the_client_signature_the_sdk_has() -> None:
+    """sdk-and-cli.md's ``DaemonClient(…)`` line: every parameter, with its default."""
+    import inspect
+
+    from acp_server.client import DaemonClient
+
+    text = (ROOT / "docs" / "sdk-and-cli.md").read_text()
+    [said] = re.findall(r"`DaemonClient\((base_url, \*, [^`]*)\)`", text.replace("\n  ", " "))
+    wanted = ["base_url", "*"]
+    for parameter in list(inspect.signature(DaemonClient).parameters.values())[1:]:
+        wanted.append(f"{parameter.name}={parameter.default!r}")
+    assert [part.strip() for part in said.split(",")] == wanted
