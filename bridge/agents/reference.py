@@ -54,7 +54,8 @@ Without directives the reply is ``Echo: <message>``. Reply lines (permission, to
 echo) are joined with ``"\\n"``. Each finished turn stores (user text, reply) in the
 session history that ``session/load`` replays as ``user_message_chunk`` /
 ``agent_message_chunk`` updates. History is bounded (256 sessions, LRU; 1000
-messages each). ``session/new`` honours ``_meta["acp-server/requestedSessionId"]``
+messages and 16 Mi characters each, the oldest going first; 64 Mi characters in all,
+the least recently used sessions losing their oldest messages first). ``session/new`` honours ``_meta["acp-server/requestedSessionId"]``
 (an existing session under that id is replaced) and starts the session's history with
 ``_meta["acp-server/transcript"]`` (``bridge.transcript``: how the server restores a
 journaled session on an agent that forgot it). The in-process factory keeps one

@@ -31,6 +31,7 @@ from bridge.transcript import seeded
 __all__ = [
     "AgentPeer",
     "Directives",
+    "History",
     "ReferenceAgent",
     "SessionStore",
     "StoredSession",
@@ -68,28 +69,79 @@ class AgentPeer(Protocol):
 # --- session history -------------------------------------------------------------
 
 
+MAX_HISTORY_CHARS = 16 * 1024 * 1024   # one session's history: its newest messages within
+MAX_STORE_CHARS = 64 * 1024 * 1024     # every history kept: the least recently used lose first
+
+
+class History(deque[tuple[str, str]]):
+    """A session's messages, oldest first: at most ``max_messages`` of at most
+    ``max_chars`` characters in all (the oldest go first, a message over the bound goes
+    whole); ``chars`` is their sum, reported to ``on_change`` (the store's total)."""
+
+    def __init__(self, messages: Iterable[tuple[str, str]] = (), *, max_messages: int,
+                 max_chars: int, on_change: Callable[[int], None] | None = None) -> None:
+        super().__init__()
+        self.chars = 0
+        self.max_messages = max_messages
+        self.max_chars = max_chars
+        self._on_change = on_change
+        self.extend(messages)
+
+    def append(self, message: tuple[str, str]) -> None:
+        super().append(message)
+        self._count(len(message[1]))
+        while self and (len(self) > self.max_messages or self.chars > self.max_chars):
+            self.popleft()
+
+    def extend(self, messages: Iterable[tuple[str, str]]) -> None:
+        for message in messages:
+            self.append(message)
+
+    def popleft(self) -> tuple[str, str]:
+        message = super().popleft()
+        self._count(-len(message[1]))
+        return message
+
+    def _count(self, delta: int) -> None:
+        self.chars += delta
+        if self._on_change is not None:
+            self._on_change(delta)
+
+
 @dataclass(eq=False)
 class StoredSession:
     session_id: str
     cwd: str
-    history: deque[tuple[str, str]]  # ("user" | "agent", text)
+    history: History  # ("user" | "agent", text)
     counter: itertools.count = field(default_factory=lambda: itertools.count(1))
 
 
 class SessionStore:
-    """Bounded session histories: LRU over ``max_sessions``, ``max_messages`` each."""
+    """Bounded session histories: LRU over ``max_sessions``, each within ``max_messages``
+    and ``max_chars`` characters, all of them within ``max_total_chars`` (past it the
+    least recently used sessions lose their oldest messages first). Closed sessions
+    keep their history (a later ``session/load``), so without the total a client could
+    fill ``max_sessions`` histories with prompts just under the body cap."""
 
-    def __init__(self, max_sessions: int = 256, max_messages: int = 1000) -> None:
+    def __init__(self, max_sessions: int = 256, max_messages: int = 1000,
+                 max_chars: int = MAX_HISTORY_CHARS,
+                 max_total_chars: int = MAX_STORE_CHARS) -> None:
         self._sessions: OrderedDict[str, StoredSession] = OrderedDict()
         self._max_sessions = max_sessions
         self._max_messages = max_messages
+        self._max_chars = max_chars
+        self._max_total_chars = max_total_chars
+        self.chars = 0   # every kept history's characters
 
     def create(self, session_id: str, cwd: str, history: Iterable[tuple[str, str]] = ()) -> StoredSession:
-        session = StoredSession(session_id, cwd, deque(history, maxlen=self._max_messages))
-        self._sessions.pop(session_id, None)
+        self._drop(self._sessions.pop(session_id, None))
+        session = StoredSession(session_id, cwd, History(
+            history, max_messages=self._max_messages, max_chars=self._max_chars,
+            on_change=self._counted))
         self._sessions[session_id] = session
         while len(self._sessions) > self._max_sessions:
-            self._sessions.popitem(last=False)
+            self._drop(self._sessions.popitem(last=False)[1])
+        self._within_total()
         return session
 
     def get(self, session_id: str) -> StoredSession | None:
@@ -100,6 +152,25 @@ class SessionStore:
 
     def all(self) -> list[StoredSession]:
         return list(self._sessions.values())
+
+    def _drop(self, session: StoredSession | None) -> None:
+        if session is not None:
+            self.chars -= session.history.chars
+            session.history._on_change = None   # what it keeps no longer counts here
+
+    def _counted(self, delta: int) -> None:
+        self.chars += delta
+        if delta > 0:
+            self._within_total()
+
+    def _within_total(self) -> None:
+        if self.chars <= self._max_total_chars:
+            return
+        for session in list(self._sessions.values()):   # least recently used first
+            while session.history and self.chars > self._max_total_chars:
+                session.history.popleft()
+            if self.chars <= self._max_total_chars:
+                return
 
 
 # --- directives ------------------------------------------------------------------

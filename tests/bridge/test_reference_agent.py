@@ -78,6 +78,42 @@ def test_session_store_is_bounded() -> None:
     assert [text for _, text in first.history] == ["2", "3", "4"]
 
 
+def _history_chars(store: SessionStore) -> int:
+    return sum(len(text) for session in store.all() for _, text in session.history)
+
+
+def test_session_history_is_bounded_in_characters() -> None:
+    """One session keeps its newest messages within ``max_chars``; a message over it
+    goes whole; all sessions together stay within ``max_total_chars``, the least
+    recently used losing their oldest messages first."""
+    store = SessionStore(max_chars=100, max_total_chars=250)
+    a = store.create("a", "/w", [("user", "x" * 40), ("agent", "y" * 40)])
+    a.history.append(("user", "z" * 40))                 # 120 > 100: the oldest goes
+    assert [t[0] for _, t in a.history] == ["y", "z"] and a.history.chars == 80
+    a.history.append(("user", "w" * 101))                # over the bound by itself
+    assert [t[0] for _, t in a.history] == [] and a.history.chars == 0
+    b = store.create("b", "/w", [("user", "b" * 90)])
+    c = store.create("c", "/w", [("user", "c" * 90)])
+    store.get("a")                                       # a is used: b is the oldest
+    a.history.extend([("user", "a" * 60), ("agent", "a" * 30)])  # a: 90; b, c: 90 each
+    assert store.chars == _history_chars(store) == 270 - 90   # b, least recently used, lost
+    assert [len(s.history) for s in (a, b, c)] == [2, 0, 1]
+    store.create("c", "/w")                              # replaced: its characters go
+    assert store.chars == _history_chars(store) == 90
+
+
+async def test_prompts_under_the_body_cap_keep_the_history_bounded() -> None:
+    """Prompts of a mebibyte each, echoed: the session's history stays within the
+    default 16 Mi characters (it grew by two mebibytes a prompt, without end)."""
+    store = SessionStore()
+    client = FakeClient()
+    async with connected(client, ReferenceAgentFactory(store=store)) as conn:
+        sid = await new_session(conn)
+        for _ in range(12):
+            await conn.request("session/prompt", prompt(sid, "m" * (1 << 20)))
+    assert 14 * (1 << 20) < _history_chars(store) <= 16 * (1 << 20)
+
+
 # --- protocol ---------------------------------------------------------------------
 
 
