@@ -153,6 +153,9 @@ class SessionRefusals:
     def _signal(self) -> None:
         raise NotImplementedError
 
+    def _requeue(self, items: list[tuple[int, Record]]) -> None:
+        raise NotImplementedError
+
     def _sql(self, text: str) -> str:
         raise NotImplementedError
 
@@ -186,7 +189,7 @@ class SessionRefusals:
         if not isolated:
             log.warning("session journal: a commit failed (%s); its %d record(s) are "
                         "written again, each one the store refuses alone", reason, len(batch))
-            self._pending[:0] = batch
+            self._requeue(batch)
             self._isolate = True
         else:
             log.error("session journal: a commit isolating refused records failed too (%s): "

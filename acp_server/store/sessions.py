@@ -20,8 +20,8 @@ Contracts (besides ``bridge.journal``'s):
   for (``SessionOpened``, ``PromptAccepted``: their callers answer 503,
   ``JournalUnavailableError``) and keeps the others (events, terminals, closes) in
   order for the next attempt, retried with a capped backoff. At most ``MAX_PENDING``
-  records wait: past it the oldest events are let through to readers without being
-  journaled, and their sessions get a new epoch in the next commit (the next start
+  records, and ``MAX_PENDING_BYTES`` of event envelopes, wait: past either the oldest
+  events are let through to readers without being journaled, and their sessions get a new epoch in the next commit (the next start
   restores them under it: never a silent gap).
 * A commit that fails for any other reason (a record the store refuses every time: a
   constraint, a value, a trigger, a bug) is not retried as it was: the next commit
@@ -110,6 +110,9 @@ from bridge.journal import (
 log = logging.getLogger("acp_server.store.sessions")
 
 MAX_PENDING = 200_000
+# event envelopes waiting for a store that does not commit: an agent's updates may be
+# megabytes each (a stdio line is capped at 64 MiB), so the count alone held gigabytes
+MAX_PENDING_BYTES = 256 * 1024 * 1024
 
 
 CRITICAL = (SessionOpened, PromptAccepted)
@@ -169,6 +172,8 @@ class StoreSessionJournal(SessionTrims, SessionWrites, SessionRefusals, SessionR
         self._reepoch: set[str] = set()   # sessions due a new epoch in the next commit
         self._held: set[str] = set()   # sessions whose events are never shed (``hold``)
         self._shed_at = MAX_PENDING   # past this many queued records, ``_shed``
+        self._pending_bytes = 0   # the queued events' envelopes
+        self._shed_bytes_at = MAX_PENDING_BYTES   # ... past this many bytes too
         self._batch_reepoch: set[str] = set()   # ... in the commit in flight
         self._wake = anyio.Event()
         self._flushed = anyio.Event()
@@ -236,11 +241,13 @@ class StoreSessionJournal(SessionTrims, SessionWrites, SessionRefusals, SessionR
         seq = self._next
         self._next += 1
         self._pending.append((seq, record))
+        if isinstance(record, EventRecord):
+            self._pending_bytes += len(record.envelope)
         if self._inflight is None:
             self._kick()
         if self._failing and isinstance(record, CRITICAL):
             self._wake.set()   # somebody waits for it: the backoff ends now
-        if len(self._pending) > self._shed_at:
+        if len(self._pending) > self._shed_at or self._pending_bytes > self._shed_bytes_at:
             self._shed()
         return seq
 
@@ -287,7 +294,8 @@ class StoreSessionJournal(SessionTrims, SessionWrites, SessionRefusals, SessionR
 
     def _take(self) -> None:
         self._batch, self._pending = self._pending, []
-        self._shed_at = MAX_PENDING
+        self._shed_at, self._pending_bytes = MAX_PENDING, 0
+        self._shed_bytes_at = MAX_PENDING_BYTES
         self._isolating, self._isolate = self._isolate, False
         if self._reepoch:
             self._batch_reepoch, self._reepoch = self._reepoch, set()
@@ -535,7 +543,7 @@ class StoreSessionJournal(SessionTrims, SessionWrites, SessionRefusals, SessionR
         if len(self._failed) > 65536:   # nobody waits for the oldest any more
             for seq in sorted(self._failed)[:32768]:
                 del self._failed[seq]
-        self._pending[:0] = keep
+        self._requeue(keep)
         self._signal()
 
     def hold(self, session_id: str, held: bool) -> None:
@@ -546,22 +554,41 @@ class StoreSessionJournal(SessionTrims, SessionWrites, SessionRefusals, SessionR
         else:
             self._held.discard(session_id)
 
+    def _requeue(self, items: list[tuple[int, Record]]) -> None:
+        """A failed commit's records, back at the head of the queue, in order."""
+        self._pending[:0] = items
+        self._pending_bytes += envelope_bytes(items)
+
     def _shed(self) -> None:
         """Too much waits for a store that does not commit: the oldest events go to
         readers unjournaled (the next start gives their session a new epoch), but for
-        those of the sessions ``hold`` keeps (each bounded by its bus's journal window),
-        so the next shed comes once another half of ``MAX_PENDING`` is queued."""
+        those of the sessions ``hold`` keeps (each bounded by its bus's journal window):
+        past ``MAX_PENDING`` records the oldest half of them, past ``MAX_PENDING_BYTES``
+        the oldest events until half of that is left; so the next shed comes once
+        another half of either is queued."""
         half, held = MAX_PENDING // 2, self._held
-        kept, shed = [], []
-        for item in self._pending[:half]:
-            record = item[1]
+        by_count = len(self._pending) > self._shed_at
+        left = self._pending_bytes
+        target = MAX_PENDING_BYTES // 2 if left > self._shed_bytes_at else left
+        pending, kept, shed, end = self._pending, [], [], 0
+        while end < len(pending) and ((by_count and end < half) or left > target):
+            record = pending[end][1]
             if isinstance(record, EventRecord) and record.session_id not in held:
                 shed.append(record)
+                left -= len(record.envelope)
             else:
-                kept.append(item)
-        self._pending = kept + self._pending[half:]
+                kept.append(pending[end])
+            end += 1
+        self._pending = kept + pending[end:]
+        self._pending_bytes = left
         self._shed_at = max(MAX_PENDING, len(self._pending) + half)
+        self._shed_bytes_at = max(MAX_PENDING_BYTES, left + MAX_PENDING_BYTES // 2)
         log.error("session journal: %d events let through unjournaled (the store does not "
                   "commit)", len(shed))
         self._reepoch.update(r.session_id for r in shed)   # a new epoch, next commit
         self._on_events(shed)
+
+
+def envelope_bytes(items: Sequence[tuple[int, Record]]) -> int:
+    """The envelopes' bytes of the events among ``items``."""
+    return sum(len(record.envelope) for _, record in items if isinstance(record, EventRecord))

@@ -183,6 +183,46 @@ async def _shed_and_wake(journal: StoreSessionJournal, started: threading.Event,
     assert journal._wake.is_set()   # the flusher ends its backoff and commits
 
 
+async def test_events_waiting_for_the_store_are_bounded_in_bytes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Large events pile up behind a commit that does not land: past
+    ``MAX_PENDING_BYTES`` of envelopes the oldest go to readers unjournaled until half
+    of it is left, long before ``MAX_PENDING`` records (a stdio agent's updates may be
+    megabytes each: 200,000 of them were all kept)."""
+    size = len(_event("s", 1, 1000).envelope)
+    monkeypatch.setattr(sessions, "MAX_PENDING_BYTES", 10 * size + 50, raising=False)
+    gate, started = threading.Event(), threading.Event()
+
+    def held(conn: Any, out: Any, *state: Any) -> None:
+        started.set()
+        gate.wait(10)
+
+    shed: list[EventRecord] = []
+    async with SqliteTaskStore(str(tmp_path / "store.db")) as store, \
+            StoreSessionJournal(store) as journal:
+        journal.bind(lambda records: shed.extend(records))
+        assert store.submit(Op(held))
+        try:
+            await wait_until(started.is_set)
+            journal.append(_opened("s"))
+            await wait_until(lambda: journal._inflight is not None)
+            for n in range(1, 11):
+                journal.append(_event("s", n, 1000))
+            assert shed == []                             # at the bound: all kept
+            journal.append(_event("s", 11, 1000))         # past it: down to half
+            assert [r.event_id for r in shed] == [1, 2, 3, 4, 5, 6]
+            for n in range(12, 200):
+                journal.append(_event("s", n, 1000))
+            waiting = [r for _, r in journal._pending if isinstance(r, EventRecord)]
+            assert len(waiting) <= 15 and waiting[-1].event_id == 199
+            assert [r.event_id for r in shed] + [r.event_id for r in waiting] \
+                == list(range(1, 200))                    # each once, in order
+        finally:
+            gate.set()
+        await journal.wait(journal.appended)
+    assert journal._reepoch == set()   # the shed session got its new epoch, committed
+
+
 async def test_statement_texts_are_kept_for_small_and_full_row_counts(tmp_path: Path) -> None:
     """Every row count up to ``ROWS_PER_STATEMENT`` once held up to 1,500 texts (~5.8 MB
     a journal on PostgreSQL): only the small counts and the full statement stay."""
