@@ -264,6 +264,10 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
                             "(default fail)")
     serve.add_argument("--session-retention-ms", default=str(7 * 24 * 3600 * 1000),
                        help="how long a closed session's journal is kept (default 7 days)")
+    serve.add_argument("--session-retention-bytes", default=str(4 << 30),
+                       help="the closed sessions' journaled events, in all: past it the "
+                            "longest closed are purged first; 0 = no bound (default "
+                            "4294967296, 4 GiB)")
     serve.add_argument("--session-lease-ttl-ms", default="8000",
                        help="PostgreSQL store shared by several instances: how long a "
                             "session stays this instance's without renewal; another instance "
@@ -335,6 +339,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         session_write_behind=args.session_write_behind,
         session_journal_fsync=args.session_journal_fsync,
         session_retention_ms=args.session_retention_ms,
+        session_retention_bytes=args.session_retention_bytes,
         session_lease_ttl_ms=args.session_lease_ttl_ms,
         session_lease_renew_ms=args.session_lease_renew_ms, advertise_url=args.advertise_url,
         **{flag: getattr(args, flag) for flag in OPTION_FLAGS})

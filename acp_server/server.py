@@ -121,10 +121,11 @@ class Server:
 
     async def purge_sessions(self) -> int:
         """Remove the journals of sessions closed longer than the retention ago (on
-        ``session_clock``); run at start, then every ``PURGE_INTERVAL_S``, and on demand
+        ``session_clock``), and the longest closed past the retention's bytes; run at start, then every ``PURGE_INTERVAL_S``, and on demand
         (tests)."""
         retention = self.settings.session_retention_ms / 1000
-        return await self.bridge.journal.purge(self.session_clock() - retention)
+        return await self.bridge.journal.purge(self.session_clock() - retention,
+                                               self.settings.session_retention_bytes)
 
     async def _purge_loop(self) -> None:
         """Purge at start, then every ``PURGE_INTERVAL_S``: a server restarted more

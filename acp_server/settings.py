@@ -58,6 +58,7 @@ DEFAULT_HEADER_TIMEOUT_MS = 10_000
 # 512 for requests, /acp streams and WebSockets; kept below the descriptor limit.
 DEFAULT_MAX_CONNECTIONS = 2560
 DEFAULT_STORE_LEASE_MS, DEFAULT_STORE_RENEW_MS, DEFAULT_STORE_POLL_MS = 30_000, 10_000, 1_000
+DEFAULT_SESSION_RETENTION_BYTES = 4 << 30   # closed sessions' journaled events, in all
 TOKEN_ENV = "ACP_SERVER_TOKEN"
 MODEL_API_KEY_ENV = "ACP_SERVER_MODEL_API_KEY"   # the model server's key, unless named
 DEFAULT_MODEL_HISTORY_CHARS = 16 * 1024 * 1024
@@ -187,6 +188,7 @@ class Settings:
     session_journal_fsync: bool = False
     session_on_restart: str = "fail"
     session_retention_ms: int = 7 * 24 * 3600 * 1000
+    session_retention_bytes: int = DEFAULT_SESSION_RETENTION_BYTES
     # Sessions across instances on a PostgreSQL store (issue #24, docs/deployment.md):
     # the lease that makes one instance a session's owner, how often it is renewed,
     # and the base URL other instances forward that session's requests to (default:
@@ -299,6 +301,12 @@ class Settings:
                 or not isinstance(self.session_retention_ms, int) or self.session_retention_ms < 1:
             raise SettingsError(f"Invalid session-retention: {self.session_retention_ms!r}. "
                                 "Must be a positive number of milliseconds.")
+        if isinstance(self.session_retention_bytes, bool) \
+                or not isinstance(self.session_retention_bytes, int) \
+                or self.session_retention_bytes < 0:
+            raise SettingsError(f"Invalid session-retention-bytes: "
+                                f"{self.session_retention_bytes!r}. Must be 0 (no bound) "
+                                "or a positive number of bytes.")
         if not self.lmsp_keepalive_s > 0:
             raise SettingsError(f"Invalid LMSP keep-alive interval: {self.lmsp_keepalive_s!r}.")
         for klass in DEFAULT_RATE_LIMITS:
@@ -449,6 +457,7 @@ class Settings:
                    session_journal: str = "store", session_on_restart: str = "fail",
                    session_write_behind: int = 0, session_journal_fsync: bool = False,
                    session_retention_ms: str | int = 7 * 24 * 3600 * 1000,
+                   session_retention_bytes: str | int = DEFAULT_SESSION_RETENTION_BYTES,
                    session_lease_ttl_ms: str | int = 8000,
                    session_lease_renew_ms: str | int = 2000,
                    advertise_url: str | None = None,
@@ -506,6 +515,7 @@ class Settings:
                    session_write_behind=session_write_behind,
                    session_journal_fsync=session_journal_fsync,
                    session_retention_ms=_number(session_retention_ms),
+                   session_retention_bytes=_number(session_retention_bytes),
                    session_lease_ttl_ms=_number(session_lease_ttl_ms),
                    session_lease_renew_ms=_number(session_lease_renew_ms),
                    advertise_url=advertise_url.rstrip("/") if advertise_url else None,

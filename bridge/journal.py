@@ -202,8 +202,10 @@ class SessionJournal(Protocol):
 
     async def restore(self) -> list[RestoredSession]: ...
 
-    async def purge(self, closed_before: float) -> int:
-        """Remove the sessions closed before ``closed_before`` (epoch seconds)."""
+    async def purge(self, closed_before: float, max_bytes: int = 0) -> int:
+        """Remove the sessions closed before ``closed_before`` (epoch seconds); with
+        ``max_bytes``, also the longest closed of the others while the closed sessions'
+        events take more than that in all (the most recently closed are kept)."""
         ...
 
     async def record_of(self, session_id: str) -> SessionOpened | None:
@@ -253,7 +255,7 @@ class MemoryJournal:
     async def restore(self) -> list[RestoredSession]:
         return []
 
-    async def purge(self, closed_before: float) -> int:
+    async def purge(self, closed_before: float, max_bytes: int = 0) -> int:
         return 0
 
     async def record_of(self, session_id: str) -> SessionOpened | None:

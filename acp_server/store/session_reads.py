@@ -43,6 +43,11 @@ SESSION_TABLES = (("session_events", "session_id"), ("session_prompts", "session
                   ("session_leases", "session_id"), ("sessions", "id"))
 
 
+# the closed sessions kept, most recently closed first, with their events' bytes
+CLOSED_SIZES = ("SELECT s.id, (SELECT SUM(LENGTH(e.envelope)) FROM session_events e "
+                "WHERE e.session_id = s.id) FROM sessions s WHERE s.closed_at IS NOT NULL "
+                "AND s.closed_at >= ? ORDER BY s.closed_at DESC, s.id DESC")
+
 def delete_session(conn: Any, sql: Any, session_id: str) -> None:
     """Every row of ``session_id`` in every journal table (``sql``: the dialect's
     statement text, the journal's ``_sql``)."""
@@ -394,13 +399,24 @@ class SessionReads:
         except StoreUnavailableError as exc:
             raise JournalUnavailableError(exc.reason) from exc
 
-    async def purge(self, closed_before: float) -> int:
-        """Remove the sessions closed before ``closed_before`` (epoch seconds)."""
+    async def purge(self, closed_before: float, max_bytes: int = 0) -> int:
+        """Remove the sessions closed before ``closed_before`` (epoch seconds); with
+        ``max_bytes``, also the longest closed of the others once the closed sessions'
+        events (their envelopes' lengths, read from the rows' headers) take more than
+        that in all, newest closed first: without it, sessions left to close (the idle
+        timeout, an agent's death), each holding up to its 80 MiB, filled the disk
+        within the retention."""
         def op(conn: Any, out: Any, *state: Any) -> int:
             sql = self._sql
             ids = [row[0] for row in conn.execute(sql(
                 "SELECT id FROM sessions WHERE closed_at IS NOT NULL AND closed_at < ?"),
                 (closed_before,)).fetchall()]
+            if max_bytes > 0:
+                total = 0
+                for sid, size in conn.execute(sql(CLOSED_SIZES), (closed_before,)).fetchall():
+                    total += int(size or 0)
+                    if total > max_bytes:
+                        ids.append(sid)
             for sid in ids:
                 delete_session(conn, sql, sid)
             return len(ids)

@@ -133,6 +133,37 @@ async def test_a_clean_stop_keeps_sessions_delete_and_retention_remove_them(
             assert rows == {ids[0]} and events == {ids[0]}
 
 
+async def test_the_retention_bounds_the_closed_sessions_bytes(
+        tmp_path: Path, store_name: str) -> None:
+    """Closed sessions within the time retention are purged, the longest closed first,
+    once their journaled events take more than ``session_retention_bytes`` in all; the
+    live ones are never counted (before, only time purged: sessions left to close, up
+    to 80 MiB each, filled the disk within the seven days)."""
+    now = [1_000_000.0]
+    settings: dict[str, Any] = {**_journal_url(tmp_path, store_name),
+                                "session_retention_ms": 3_600_000,
+                                "session_retention_bytes": 500_000,
+                                "session_clock": lambda: now[0]}
+    async with local_server(tmp_path, **settings) as srv:
+        ids = [(await srv.client.post("/session", json={"sessionScope": "thread"})
+                ).json()["sessionId"] for _ in range(4)]
+        for sid in ids:   # ~200 kB of events each: the prompt's echo and the reply
+            accepted = await srv.client.post(f"/session/{sid}/prompt",
+                                             json=_prompt("x" * 100_000))
+            await _settled(srv.client, sid, accepted.json()["promptId"])
+        for sid in ids[:3]:
+            now[0] += 1
+            await srv.bridge.close_session(sid, reason="idle_timeout")   # closed, kept
+        assert await srv.server.purge_sessions() == 1   # the longest closed: 600 kB > 500 kB
+        ended = f"/workspace/{workspace_id(str(tmp_path))}/ended-sessions"
+        kept = [s["sessionId"] for s in (await srv.client.get(ended)).json()["sessions"]]
+        assert sorted(kept) == sorted(ids[1:3])
+        assert await srv.bridge.journal.record_of(ids[0]) is None   # its rows are gone
+        assert await srv.bridge.journal.record_of(ids[1]) is not None
+        assert [s.session_id for s in srv.bridge.list_sessions()] == [ids[3]]
+        assert await srv.server.purge_sessions() == 0
+
+
 async def test_the_retention_is_applied_at_start(tmp_path: Path, store_name: str) -> None:
     """A server restarted more often than the purge interval purges all the same: the
     first purge runs at start (the injected clock: past the retention between runs)."""
