@@ -210,6 +210,12 @@ class Bridge(Journaling, ListingAPI, PromptsAPI, PresenceAPI, AgentCallsAPI,
     def has_session(self, session_id: str) -> bool:   # a live session
         return session_id in self._sessions
 
+    def history_bytes(self, session_id: str) -> int:
+        """The bytes of the live session's replayable events (its ring's envelopes),
+        what its history weighs; 0 for a session that is not live."""
+        session = self._sessions.get(session_id)
+        return session.bus.ring_size_bytes if session is not None else 0
+
     def session_owner(self, session_id: str) -> str | None:
         """The principal that made the session (the ``owner=`` of its creation, kept
         in the journal across restarts), for a live or a closed session; ``None``

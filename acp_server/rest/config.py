@@ -11,9 +11,10 @@ the guard itself (``acp_server.http.policy``) enforces them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from acp_server.http.guard import GuardStats
+from acp_server.rest.budget import BodyBudget
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,3 +31,5 @@ class RestConfig:
     prompt_deadline_ms: int | None = None
     # The connection guard's counters (acp_server/http/guard.py), when one runs.
     guard_stats: GuardStats | None = None
+    # The bytes of ``/load`` answers in flight (``acp_server.rest.budget``), per server.
+    load_bodies: BodyBudget = field(default_factory=BodyBudget)

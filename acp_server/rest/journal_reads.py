@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Router
@@ -63,7 +64,8 @@ async def replica_load(request: Request, *, replicas: JournalReplicas,
     # live on its owner (``view`` raised for a closed one): decided as the owner would,
     # so a session no principal owns (the LMSP runner's) is 404 here too
     check_restore(caller_of(request.scope), session_id, live=True)
-    return json_response(200, restored(view.load_info()))
+    with config.load_bodies.taken(0) as held:
+        return held.response(msgspec.json.encode(restored(view.load_info())), 200)
 
 
 async def replica_events(request: Request, *, replicas: JournalReplicas,

@@ -13,11 +13,13 @@ is 201. ``/load`` carries the history (``compactedReplay``, ``liveJournal``,
 ``promptTerminals``, with ``lastEventId`` after them, ``bridge.history``, each event as
 its ``bridge.wire`` envelope); ``/resume`` carries none. A client that goes away while
 its session is being made (create, load, resume, branch) cancels the making: the slot
-comes back.
+comes back. ``/load`` answers are within the server's budget of them
+(``acp_server.rest.budget``: past it 503 ``server_busy``).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -144,12 +146,18 @@ async def _restore(request: Request, bridge: Bridge,
     await bridge.recall_owner(session_id)   # a closed session's maker, even forgotten
     check_restore(caller, session_id, live=bridge.has_session(session_id))
     body = await wire.read_json(request, wire.RestoreBody, limit=config.max_body_bytes)
-    info = await until_disconnect(request, lambda: restore(
-        session_id, cwd=body.cwd, agent=body.agent,
-        owner=caller.name))   # unknown to the agent: 404
-    claim(caller, info)
-    if not info.attached:
-        caller.record("session.created", session_id, how=how, agent=body.agent)
+    # the history: within the server's budget of such answers, taken before it is built
+    budget = config.load_bodies.taken(bridge.history_bytes(session_id)) \
+        if how == "load" else contextlib.nullcontext()
+    with budget as held:
+        info = await until_disconnect(request, lambda: restore(
+            session_id, cwd=body.cwd, agent=body.agent,
+            owner=caller.name))   # unknown to the agent: 404
+        claim(caller, info)
+        if not info.attached:
+            caller.record("session.created", session_id, how=how, agent=body.agent)
+        if held is not None:
+            return held.response(msgspec.json.encode(restored(info)), 200)
     return json_response(200, restored(info))
 
 
