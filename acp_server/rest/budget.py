@@ -29,14 +29,14 @@ from starlette.types import Receive, Scope, Send
 
 from acp_server.rest.errors import RestError
 
-LOAD_BODY_BUDGET = 256 * 1024 * 1024   # bytes of ``/load`` answers in flight, per server
+LARGE_ANSWERS_BUDGET = 256 * 1024 * 1024   # bytes of ``/load`` answers in flight, per server
 RETRY_AFTER_S = 1
 CHUNK = 256 * 1024   # the pieces an answer is sent in
 
 
 class BodyBudget:
     def __init__(self, limit: int | None = None) -> None:
-        self.limit = LOAD_BODY_BUDGET if limit is None else limit
+        self.limit = LARGE_ANSWERS_BUDGET if limit is None else limit
         self.used = 0
         self.refused = 0
 

@@ -32,4 +32,4 @@ class RestConfig:
     # The connection guard's counters (acp_server/http/guard.py), when one runs.
     guard_stats: GuardStats | None = None
     # The bytes of ``/load`` answers in flight (``acp_server.rest.budget``), per server.
-    load_bodies: BodyBudget = field(default_factory=BodyBudget)
+    large_answers: BodyBudget = field(default_factory=BodyBudget)

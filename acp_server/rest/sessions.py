@@ -147,7 +147,7 @@ async def _restore(request: Request, bridge: Bridge,
     check_restore(caller, session_id, live=bridge.has_session(session_id))
     body = await wire.read_json(request, wire.RestoreBody, limit=config.max_body_bytes)
     # the history: within the server's budget of such answers, taken before it is built
-    budget = config.load_bodies.taken(bridge.history_bytes(session_id)) \
+    budget = config.large_answers.taken(bridge.history_bytes(session_id)) \
         if how == "load" else contextlib.nullcontext()
     with budget as held:
         info = await until_disconnect(request, lambda: restore(

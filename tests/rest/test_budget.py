@@ -31,7 +31,7 @@ async def _filled(srv: Any, text: str) -> str:
 
 async def test_load_answers_in_flight_are_bounded_in_bytes(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(budget_module, "LOAD_BODY_BUDGET", 20 * 1024 * 1024, raising=False)
+    monkeypatch.setattr(budget_module, "LARGE_ANSWERS_BUDGET", 20 * 1024 * 1024, raising=False)
     made: list[BodyBudget] = []
     init = BodyBudget.__init__
 
