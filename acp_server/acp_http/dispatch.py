@@ -49,6 +49,7 @@ Reconnecting clients (``acp-server connect``) use ``_meta`` keys, all optional:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -209,13 +210,16 @@ async def _session_load(conn: AcpConnection, rpc_id: RpcId, params: dict[str, An
     with may_hand_off(conn.caller.sees), conn.channel_room(sid):   # may be asked for
         info = await conn.bridge.load_session(sid, cwd=_cwd(params), agent=agent,
                                               owner=conn.caller.name)
+    # only the cursor of the history: the bridge compacted its chunks into new events
+    # (up to the ring's size), which the waits below for a slow reader must not hold
+    through = info.last_event_id if info.history is None else info.history.last_event_id
+    info = dataclasses.replace(info, history=None)
     restored(conn, sid, info.attached, "load", agent)   # restored here: it made it
     result = {k: v for k, v in info.agent_result.items() if k != "sessionId"}
     if cursor is not None:
         return with_events_meta(result, await replay_after(conn, info, cursor))
     channel = conn.channel(sid)
     channel.subscribe(last_event_id=0)
-    history = info.history
     if not conn.websocket and not channel.reader_attached:
         # Streamable HTTP with no session stream open: a client that opens it once a
         # message names the session (the ACP Python SDK) would never see the history
@@ -228,8 +232,7 @@ async def _session_load(conn: AcpConnection, rpc_id: RpcId, params: dict[str, An
                             sid, FLUSH_TIMEOUT_S)
                 break
         return result
-    await channel.flush_through(info.last_event_id if history is None
-                                else history.last_event_id)
+    await channel.flush_through(through)
     return result
 
 
