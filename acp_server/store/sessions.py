@@ -21,8 +21,9 @@ Contracts (besides ``bridge.journal``'s):
   ``JournalUnavailableError``) and keeps the others (events, terminals, closes) in
   order for the next attempt, retried with a capped backoff. At most ``MAX_PENDING``
   records, and ``MAX_PENDING_BYTES`` of event envelopes, wait: past either the oldest
-  events are let through to readers without being journaled, and their sessions get a new epoch in the next commit (the next start
-  restores them under it: never a silent gap).
+  events are let through to readers without being journaled, and their sessions get a
+  new epoch in the next commit (the next start restores them under it: never a silent
+  gap).
 * A commit that fails for any other reason (a record the store refuses every time: a
   constraint, a value, a trigger, a bug) is not retried as it was: the next commit
   isolates the records it refuses, which are never run again, and commits the others
