@@ -215,7 +215,7 @@ async def _session_load(conn: AcpConnection, rpc_id: RpcId, params: dict[str, An
     through = info.last_event_id if info.history is None else info.history.last_event_id
     info = dataclasses.replace(info, history=None)
     restored(conn, sid, info.attached, "load", agent)   # restored here: it made it
-    result = {k: v for k, v in info.agent_result.items() if k != "sessionId"}
+    result = _session_state(info.agent_result)
     if cursor is not None:
         return with_events_meta(result, await replay_after(conn, info, cursor))
     channel = conn.channel(sid)
@@ -244,10 +244,18 @@ async def _session_resume(conn: AcpConnection, rpc_id: RpcId, params: dict[str, 
         info = await conn.bridge.resume_session(sid, cwd=_cwd(params), agent=agent,
                                                 owner=conn.caller.name)
     restored(conn, sid, info.attached, "resume", agent)
+    result = _session_state(info.agent_result)   # as load's: modes, configOptions, ...
     if cursor is not None:
-        return with_events_meta({}, await replay_after(conn, info, cursor))
+        return with_events_meta(result, await replay_after(conn, info, cursor))
     conn.channel(sid)
-    return {}
+    return result
+
+
+def _session_state(agent_result: dict[str, Any]) -> dict[str, Any]:
+    """The agent's answer for the session (to its ``session/new``, ``load`` or
+    ``resume``), as ``session/load`` and ``session/resume`` answer it: its modes,
+    configOptions, models, ... (the ``sessionId`` of a ``session/new`` left out)."""
+    return {k: v for k, v in agent_result.items() if k != "sessionId"}
 
 
 async def _session_prompt(conn: AcpConnection, rpc_id: RpcId, params: dict[str, Any]) -> Any:
