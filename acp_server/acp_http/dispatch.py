@@ -351,12 +351,19 @@ METHODS: dict[str, Handler] = {
 
 
 # -- ACP v1.21: session/delete, session/fork, logout, $/cancel_request -------------------
+OWN_SESSION_CAPABILITIES = ("list", "close", "delete")
+
+
 def with_own_capabilities(capabilities: dict[str, Any]) -> dict[str, Any]:
     """The agent's capabilities plus what ``/acp`` implements whatever the agent:
-    ``sessionCapabilities.delete``."""
+    ``sessionCapabilities.list`` (the server's own listing), ``close`` (the server
+    closes; the agent is told when it offers ``close``) and ``delete``. So they are
+    advertised alike before the agent has started and after, for any agent."""
     session_caps = capabilities.get("sessionCapabilities")
     session_caps = dict(session_caps) if isinstance(session_caps, dict) else {}
-    session_caps.setdefault("delete", {})
+    for name in OWN_SESSION_CAPABILITIES:
+        if not isinstance(session_caps.get(name), dict):   # absent or null: not offered
+            session_caps[name] = {}
     return {**capabilities, "sessionCapabilities": session_caps}
 
 

@@ -1,0 +1,101 @@
+"""``/acp`` answers checked against the ACP schema's response types: what
+``initialize`` advertises, and what ``session/resume`` answers (``ResumeSessionResponse``:
+the session's ``modes`` and ``configOptions``, as ``session/load`` answers them).
+
+The agent here is the reference agent with session state (``modes``,
+``configOptions``) in its ``session/new`` answer and no ``sessionCapabilities`` but
+``resume`` (as agents that list nothing and close nothing themselves)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import anyio.abc
+import pytest
+
+from bridge.agents.reference import ReferenceAgentFactory, ReferenceConnection
+from tests.acp_http.server import request, running_acp_server
+
+pytestmark = pytest.mark.anyio
+
+MODES = {"currentModeId": "ask", "availableModes": [{"id": "ask", "name": "Ask"},
+                                                    {"id": "code", "name": "Code"}]}
+CONFIG = [{"id": "model", "name": "Model", "type": "select", "currentValue": "small",
+           "options": [{"value": "small", "name": "Small"}]}]
+
+
+class _StatefulConnection:
+    def __init__(self, inner: ReferenceConnection) -> None:
+        self.inner = inner
+
+    @property
+    def closed(self) -> bool:
+        return self.inner.closed
+
+    async def request(self, method: str, params: Any) -> Any:
+        result = await self.inner.request(method, params)
+        if method == "initialize":
+            result["agentCapabilities"]["sessionCapabilities"] = {"resume": {}, "list": None}
+        elif method in ("session/new", "session/load", "session/resume"):
+            result = {**result, "modes": copy.deepcopy(MODES), "configOptions": CONFIG}
+        return result
+
+    async def notify(self, method: str, params: Any) -> None:
+        await self.inner.notify(method, params)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class StatefulFactory:
+    name = "reference"
+
+    def __init__(self) -> None:
+        self.inner = ReferenceAgentFactory()
+
+    async def connect(self, client: Any, task_group: anyio.abc.TaskGroup) -> _StatefulConnection:
+        return _StatefulConnection(await self.inner.connect(client, task_group))
+
+
+async def test_initialize_advertises_what_acp_implements_whatever_the_agent(
+        tmp_path: Path) -> None:
+    """``session/list``, ``close`` and ``delete`` are the server's own: advertised
+    before the agent has started and after, though this agent offers none of them."""
+    async with running_acp_server(tmp_path, agent_factory=StatefulFactory()) as srv:
+        _conn_id, before = await srv.initialize()
+        conn_id, _ = await srv.initialize()
+        async with srv.stream(conn_id) as conn_stream:
+            await srv.new_session(conn_id, conn_stream)   # the agent runs now
+            _, after = await srv.initialize()
+            for answer in (before, after):
+                caps = answer["result"]["agentCapabilities"]["sessionCapabilities"]
+                assert {"list", "close", "delete"} <= set(caps), caps
+                assert all(caps[name] == {} for name in ("list", "close", "delete")), caps
+            assert after["result"]["agentCapabilities"]["sessionCapabilities"]["resume"] == {}
+            await srv.post(conn_id, request(2, "session/list", {}))
+            assert len((await conn_stream.wait_for_id(2))["result"]["sessions"]) == 1
+
+
+async def test_session_resume_answers_the_session_state(tmp_path: Path) -> None:
+    """A second connection's ``session/resume`` gets the session's modes and
+    configOptions, as its ``session/load`` does (with a cursor too)."""
+    async with running_acp_server(tmp_path, agent_factory=StatefulFactory()) as srv:
+        conn_id, _ = await srv.initialize()
+        async with srv.stream(conn_id) as conn_stream:
+            sid = await srv.new_session(conn_id, conn_stream)
+        other, _ = await srv.initialize()
+        async with srv.stream(other) as conn_stream:
+            params = {"sessionId": sid, "cwd": srv.workspace, "mcpServers": []}
+            await srv.post(other, request(2, "session/load", params))
+            await srv.post(other, request(3, "session/resume", params))
+            with_cursor = {**params, "_meta": {"acp-server/lastEventId": 0}}
+            await srv.post(other, request(4, "session/resume", with_cursor))
+            load = (await conn_stream.wait_for_id(2))["result"]
+            resume = (await conn_stream.wait_for_id(3))["result"]
+            resumed_after = (await conn_stream.wait_for_id(4))["result"]
+        assert load == {"modes": MODES, "configOptions": CONFIG}
+        assert resume == load
+        assert {k: v for k, v in resumed_after.items() if k != "_meta"} == load
+        assert "acp-server/events" in resumed_after["_meta"]
