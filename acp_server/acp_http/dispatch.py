@@ -352,19 +352,27 @@ METHODS: dict[str, Handler] = {
 
 # -- ACP v1.21: session/delete, session/fork, logout, $/cancel_request -------------------
 OWN_SESSION_CAPABILITIES = ("list", "close", "delete")
+# What the agent may offer that ``/acp`` does not pass on: a client's ``mcpServers``
+# (read, never sent: the agent gets ``[]``) and ``additionalDirectories``.
+NO_MCP = {"http": False, "sse": False}
+NOT_PASSED_ON = ("additionalDirectories",)
 
 
 def with_own_capabilities(capabilities: dict[str, Any]) -> dict[str, Any]:
-    """The agent's capabilities plus what ``/acp`` implements whatever the agent:
-    ``sessionCapabilities.list`` (the server's own listing), ``close`` (the server
-    closes; the agent is told when it offers ``close``) and ``delete``. So they are
-    advertised alike before the agent has started and after, for any agent."""
+    """The agent's capabilities as ``/acp`` keeps them true: plus what it implements
+    whatever the agent (``sessionCapabilities.list``: the server's own listing;
+    ``close``: the server closes, the agent is told when it offers ``close``;
+    ``delete``), advertised alike before the agent has started and after; minus what
+    it does not pass on to the agent (``mcpCapabilities``: no MCP server of the client
+    reaches it; ``sessionCapabilities.additionalDirectories``)."""
     session_caps = capabilities.get("sessionCapabilities")
     session_caps = dict(session_caps) if isinstance(session_caps, dict) else {}
     for name in OWN_SESSION_CAPABILITIES:
         if not isinstance(session_caps.get(name), dict):   # absent or null: not offered
             session_caps[name] = {}
-    return {**capabilities, "sessionCapabilities": session_caps}
+    for name in NOT_PASSED_ON:
+        session_caps.pop(name, None)
+    return {**capabilities, "sessionCapabilities": session_caps, "mcpCapabilities": dict(NO_MCP)}
 
 
 def initialize_connection(bridge: Bridge, conn: AcpConnection,

@@ -3,8 +3,9 @@
 the session's ``modes`` and ``configOptions``, as ``session/load`` answers them).
 
 The agent here is the reference agent with session state (``modes``,
-``configOptions``) in its ``session/new`` answer and no ``sessionCapabilities`` but
-``resume`` (as agents that list nothing and close nothing themselves)."""
+``configOptions``) in its ``session/new`` answer, no ``sessionCapabilities`` but
+``resume`` (as agents that list nothing and close nothing themselves) and
+``additionalDirectories``, and HTTP and SSE MCP servers (as qwen, claude, gemini)."""
 
 from __future__ import annotations
 
@@ -37,7 +38,10 @@ class _StatefulConnection:
     async def request(self, method: str, params: Any) -> Any:
         result = await self.inner.request(method, params)
         if method == "initialize":
-            result["agentCapabilities"]["sessionCapabilities"] = {"resume": {}, "list": None}
+            caps = result["agentCapabilities"]
+            caps["sessionCapabilities"] = {"resume": {}, "list": None,
+                                           "additionalDirectories": {}}
+            caps["mcpCapabilities"] = {"http": True, "sse": True}   # as qwen, claude, gemini
         elif method in ("session/new", "session/load", "session/resume"):
             result = {**result, "modes": copy.deepcopy(MODES), "configOptions": CONFIG}
         return result
@@ -76,6 +80,20 @@ async def test_initialize_advertises_what_acp_implements_whatever_the_agent(
             assert after["result"]["agentCapabilities"]["sessionCapabilities"]["resume"] == {}
             await srv.post(conn_id, request(2, "session/list", {}))
             assert len((await conn_stream.wait_for_id(2))["result"]["sessions"]) == 1
+
+
+async def test_initialize_does_not_advertise_what_acp_does_not_pass_on(tmp_path: Path) -> None:
+    """The client's ``mcpServers`` and ``additionalDirectories`` never reach the agent,
+    so the agent's ``mcpCapabilities`` and ``additionalDirectories`` are not offered."""
+    async with running_acp_server(tmp_path, agent_factory=StatefulFactory()) as srv:
+        conn_id, before = await srv.initialize()
+        async with srv.stream(conn_id) as conn_stream:
+            await srv.new_session(conn_id, conn_stream)   # the agent runs now
+            _, after = await srv.initialize()
+        for answer in (before, after):
+            caps = answer["result"]["agentCapabilities"]
+            assert caps["mcpCapabilities"] == {"http": False, "sse": False}, caps
+            assert "additionalDirectories" not in caps["sessionCapabilities"], caps
 
 
 async def test_session_resume_answers_the_session_state(tmp_path: Path) -> None:
