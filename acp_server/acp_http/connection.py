@@ -52,7 +52,9 @@ Contracts:
   epoch of every event frame in ``params._meta`` (``frames.with_event_meta``).
 * At most ``MAX_CHANNELS_PER_CONNECTION`` channels. A request that makes or restores
   a session holds one (``channel_room``) before the bridge makes it: past the cap it
-  is refused with no session made.
+  is refused with no session made. At the cap, the channels of sessions the bridge
+  no longer holds, with no reader and no reply or prompt of this connection pending
+  (``SessionChannel.releasable``), are dropped first.
 * ``in_flight`` maps the request ids of the requests running now to their cancel
   scopes (``$/cancel_request``, and ``close()``), bounded by the requests a client can
   have running.
@@ -355,6 +357,14 @@ class SessionChannel:
                 return True
         return False
 
+    def releasable(self) -> bool:
+        """No reader, no request of this connection waiting on it (a tracked prompt, a
+        reply not taken), and a session the bridge does not hold: closed elsewhere, its
+        agent dead, or never made (a stream opened for a ``session/load`` that failed).
+        Only the events of that gone session may be left, which no reader asked for."""
+        return not self.reader_attached and not self.prompts and not len(self.replies) \
+            and not self.conn.bridge.has_session(self.session_id)
+
     def retire(self) -> None:
         """End this stream: no more frames; the reader ends after the buffered ones."""
         if self.retired:
@@ -461,7 +471,7 @@ class AcpConnection:
         if session_id is not None and session_id in self.channels:
             yield
             return
-        if len(self.channels) + self.making >= MAX_CHANNELS_PER_CONNECTION:
+        if not self._room_for_one():
             raise ChannelLimitError(MAX_CHANNELS_PER_CONNECTION)
         self.making += 1
         try:
@@ -480,13 +490,24 @@ class AcpConnection:
             raise ConnectionClosedError(self.id)
         channel = self.channels.get(session_id)
         if channel is None:
-            if len(self.channels) + self.making >= MAX_CHANNELS_PER_CONNECTION:
+            if not self._room_for_one():
                 raise ChannelLimitError(MAX_CHANNELS_PER_CONNECTION)
             channel = self.channels[session_id] = SessionChannel(self, session_id)
             if self.on_channel is not None:
                 self.on_channel(channel)
         channel.ensure_subscribed()
         return channel
+
+    def _room_for_one(self) -> bool:
+        """Room for one more channel; at the cap, the ``releasable`` channels are
+        dropped first (a long-lived connection keeps no channel of every session that
+        ended elsewhere, nor of every id a client opened a stream for)."""
+        if len(self.channels) + self.making < MAX_CHANNELS_PER_CONNECTION:
+            return True
+        for session_id, channel in list(self.channels.items()):
+            if channel.releasable():
+                self.drop_channel(session_id)
+        return len(self.channels) + self.making < MAX_CHANNELS_PER_CONNECTION
 
     def drop_channel(self, session_id: str) -> None:
         channel = self.channels.pop(session_id, None)

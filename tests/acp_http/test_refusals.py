@@ -301,3 +301,38 @@ async def test_a_fault_while_a_restore_looks_up_its_maker_is_answered(tmp_path: 
                 == 202
             answer = await stream.wait_for_id(3)
             assert answer["error"]["data"]["errorKind"] == "internal", answer
+
+
+async def test_the_channels_of_gone_sessions_do_not_fill_the_cap(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long-lived connection whose sessions were closed elsewhere (another
+    connection's ``session/close``), and which opened streams for ids that are no
+    session (as the TypeScript SDK does before a ``session/load`` that then fails),
+    still makes sessions: at the cap those channels go, not the new session."""
+    monkeypatch.setattr(connection, "MAX_CHANNELS_PER_CONNECTION", 2)
+    async with running_acp_server(tmp_path) as srv:
+        conn_id, _ = await srv.initialize()
+        other, _ = await srv.initialize()
+        async with srv.stream(conn_id) as conn_stream:
+            made = [await srv.new_session(conn_id, conn_stream, rpc_id=i) for i in (1, 2)]
+            for rpc_id, sid in enumerate(made, start=3):
+                async with srv.stream(other, sid) as closing:
+                    await srv.post(other, request(rpc_id, "session/close", {"sessionId": sid}),
+                                   sid)
+                    assert (await closing.wait_for_id(rpc_id))["result"] == {}
+            third = await srv.new_session(conn_id, conn_stream, rpc_id=5)
+            for gone in ("no-such-1", "no-such-2"):   # a stream, then a load that fails
+                async with srv.stream(conn_id, gone):
+                    pass
+            response = await srv.post(conn_id, request(6, "session/load", {
+                "sessionId": "no-such-1", "cwd": srv.workspace, "mcpServers": []}), "no-such-1")
+            assert response.status_code == 202, response.text
+            assert (await conn_stream.wait_for_id(6))["error"]["code"] == -32602
+            fourth = await srv.new_session(conn_id, conn_stream, rpc_id=7)
+            async with srv.stream(conn_id, fourth) as session_stream:   # both still served
+                await srv.prompt(conn_id, fourth, 8, "hi")
+                assert (await session_stream.wait_for_id(8))["result"]["stopReason"] == "end_turn"
+                await srv.prompt(conn_id, third, 9, "hi")
+                async with srv.stream(conn_id, third) as third_stream:
+                    assert (await third_stream.wait_for_id(9))["result"] == {
+                        "stopReason": "end_turn"}
