@@ -151,19 +151,18 @@ def _cwd(params: dict[str, Any]) -> str | None:
 
 # -- initialize -------------------------------------------------------------------------
 def initialize_result(bridge: Bridge, params: dict[str, Any], connection_id: str) -> dict[str, Any]:
-    """Protocol version ``min(requested, 1)``; the agent's capabilities once the
-    bridge has started it, else what the bridge offers with the reference agent."""
-    requested = params.get("protocolVersion")
-    version = PROTOCOL_VERSION
-    if isinstance(requested, int) and not isinstance(requested, bool):
-        version = max(0, min(requested, PROTOCOL_VERSION))
+    """Protocol version 1, the one this server speaks, whatever the client asked: ACP
+    answers the client's version when it is supported, else the latest supported (a
+    client asking for 0 or 2 learns it is 1, and may disconnect). The agent's
+    capabilities once the bridge has started it, else what the bridge offers with the
+    reference agent."""
     agent_info = bridge.agent_info()
     agent_caps = agent_info.get("agentCapabilities")
     capabilities = with_own_capabilities(
         agent_caps if isinstance(agent_caps, dict) else DEFAULT_AGENT_CAPABILITIES)
     auth_methods = agent_info.get("authMethods")
     return {
-        "protocolVersion": version,
+        "protocolVersion": PROTOCOL_VERSION,
         "agentCapabilities": capabilities,
         "authMethods": auth_methods if isinstance(auth_methods, list) else [],
         "agentInfo": {"name": "acp-server", "title": "acp-server", "version": __version__},

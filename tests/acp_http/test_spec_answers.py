@@ -1,5 +1,5 @@
 """``/acp`` answers checked against the ACP schema's response types: what
-``initialize`` advertises, and what ``session/resume`` answers (``ResumeSessionResponse``:
+``initialize`` advertises and the protocol version it answers, and what ``session/resume`` answers (``ResumeSessionResponse``:
 the session's ``modes`` and ``configOptions``, as ``session/load`` answers them).
 
 The agent here is the reference agent with session state (``modes``,
@@ -17,7 +17,7 @@ import anyio.abc
 import pytest
 
 from bridge.agents.reference import ReferenceAgentFactory, ReferenceConnection
-from tests.acp_http.server import request, running_acp_server
+from tests.acp_http.server import RunningAcpServer, request, running_acp_server
 
 pytestmark = pytest.mark.anyio
 
@@ -94,6 +94,16 @@ async def test_initialize_does_not_advertise_what_acp_does_not_pass_on(tmp_path:
             caps = answer["result"]["agentCapabilities"]
             assert caps["mcpCapabilities"] == {"http": False, "sse": False}, caps
             assert "additionalDirectories" not in caps["sessionCapabilities"], caps
+
+
+@pytest.mark.parametrize("asked", [0, -1, 2, 65535, "1", None])
+async def test_initialize_answers_the_one_protocol_version_it_speaks(
+        server: RunningAcpServer, asked: Any) -> None:
+    """ACP: the client's version when supported, else the latest supported. This
+    server speaks 1 only, so a client asking for 0 (pre-1.0 ACP) is not told 0."""
+    response = await server.post(None, request(0, "initialize", {"protocolVersion": asked}))
+    assert response.status_code == 200, response.text
+    assert response.json()["result"]["protocolVersion"] == 1
 
 
 async def test_session_resume_answers_the_session_state(tmp_path: Path) -> None:
