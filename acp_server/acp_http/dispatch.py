@@ -355,6 +355,10 @@ OWN_SESSION_CAPABILITIES = ("list", "close", "delete")
 # (read, never sent: the agent gets ``[]``) and ``additionalDirectories``.
 NO_MCP = {"http": False, "sse": False}
 NOT_PASSED_ON = ("additionalDirectories",)
+# Unstable capabilities whose methods ``/acp`` cannot serve: ``providers/*`` and
+# ``nes/start`` name no ACP session, and only session-scoped methods reach an agent
+# (``passthrough``); ``positionEncoding`` is NES's.
+NOT_SERVED = ("providers", "nes", "positionEncoding")
 
 
 def with_own_capabilities(capabilities: dict[str, Any]) -> dict[str, Any]:
@@ -363,7 +367,8 @@ def with_own_capabilities(capabilities: dict[str, Any]) -> dict[str, Any]:
     ``close``: the server closes, the agent is told when it offers ``close``;
     ``delete``), advertised alike before the agent has started and after; minus what
     it does not pass on to the agent (``mcpCapabilities``: no MCP server of the client
-    reaches it; ``sessionCapabilities.additionalDirectories``)."""
+    reaches it; ``sessionCapabilities.additionalDirectories``) and what it cannot
+    serve (``NOT_SERVED``)."""
     session_caps = capabilities.get("sessionCapabilities")
     session_caps = dict(session_caps) if isinstance(session_caps, dict) else {}
     for name in OWN_SESSION_CAPABILITIES:
@@ -371,7 +376,8 @@ def with_own_capabilities(capabilities: dict[str, Any]) -> dict[str, Any]:
             session_caps[name] = {}
     for name in NOT_PASSED_ON:
         session_caps.pop(name, None)
-    return {**capabilities, "sessionCapabilities": session_caps, "mcpCapabilities": dict(NO_MCP)}
+    served = {k: v for k, v in capabilities.items() if k not in NOT_SERVED}
+    return {**served, "sessionCapabilities": session_caps, "mcpCapabilities": dict(NO_MCP)}
 
 
 def initialize_connection(bridge: Bridge, conn: AcpConnection,

@@ -5,7 +5,8 @@ the session's ``modes`` and ``configOptions``, as ``session/load`` answers them)
 The agent here is the reference agent with session state (``modes``,
 ``configOptions``) in its ``session/new`` answer, no ``sessionCapabilities`` but
 ``resume`` (as agents that list nothing and close nothing themselves) and
-``additionalDirectories``, and HTTP and SSE MCP servers (as qwen, claude, gemini)."""
+``additionalDirectories``, HTTP and SSE MCP servers (as qwen, claude, gemini), and the
+unstable ``providers`` and ``nes``."""
 
 from __future__ import annotations
 
@@ -42,6 +43,9 @@ class _StatefulConnection:
             caps["sessionCapabilities"] = {"resume": {}, "list": None,
                                            "additionalDirectories": {}}
             caps["mcpCapabilities"] = {"http": True, "sse": True}   # as qwen, claude, gemini
+            caps["providers"] = {}
+            caps["nes"] = {"events": {}}
+            caps["positionEncoding"] = "utf-16"
         elif method in ("session/new", "session/load", "session/resume"):
             result = {**result, "modes": copy.deepcopy(MODES), "configOptions": CONFIG}
         return result
@@ -84,7 +88,9 @@ async def test_initialize_advertises_what_acp_implements_whatever_the_agent(
 
 async def test_initialize_does_not_advertise_what_acp_does_not_pass_on(tmp_path: Path) -> None:
     """The client's ``mcpServers`` and ``additionalDirectories`` never reach the agent,
-    so the agent's ``mcpCapabilities`` and ``additionalDirectories`` are not offered."""
+    so the agent's ``mcpCapabilities`` and ``additionalDirectories`` are not offered;
+    nor are ``providers`` and ``nes``, whose methods (``providers/list``,
+    ``nes/start``) name no session, so never reach the agent."""
     async with running_acp_server(tmp_path, agent_factory=StatefulFactory()) as srv:
         conn_id, before = await srv.initialize()
         async with srv.stream(conn_id) as conn_stream:
@@ -94,6 +100,12 @@ async def test_initialize_does_not_advertise_what_acp_does_not_pass_on(tmp_path:
             caps = answer["result"]["agentCapabilities"]
             assert caps["mcpCapabilities"] == {"http": False, "sse": False}, caps
             assert "additionalDirectories" not in caps["sessionCapabilities"], caps
+            assert not {"providers", "nes", "positionEncoding"} & set(caps), caps
+        await srv.post(conn_id, request(2, "providers/list", {}))
+        await srv.post(conn_id, request(3, "nes/start", {}))
+        async with srv.stream(conn_id) as conn_stream:   # names no session: not served
+            assert (await conn_stream.wait_for_id(2))["error"]["code"] == -32601
+            assert (await conn_stream.wait_for_id(3))["error"]["code"] == -32601
 
 
 @pytest.mark.parametrize("asked", [0, -1, 2, 65535, "1", None])
