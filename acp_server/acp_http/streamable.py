@@ -60,7 +60,7 @@ from acp_server.acp_http.resume import sent_again
 from acp_server.acp_http.streams import FrameStream
 from acp_server.acp_http.inbound import BatchRefused, read_message, refusal
 from acp_server.http import body
-from acp_server.http.headers import event_epoch, last_event_id
+from acp_server.http.headers import accepts, event_epoch, last_event_id
 from acp_server.principals import caller_of
 from bridge.errors import BridgeError
 from bridge.jsonrpc import (
@@ -192,7 +192,7 @@ def _initialize(request: Request, registry: ConnectionRegistry, msg: Message,
 async def get_acp(request: Request, registry: ConnectionRegistry,
                   config: AcpConfig) -> Response | ASGIApp:
     registry.sweep()
-    if "text/event-stream" not in request.headers.get("accept", "").lower():
+    if not accepts(request, "text/event-stream"):
         return _json(406, _NOT_ACCEPTABLE)
     conn = _connection(request, registry)
     if isinstance(conn, Response):

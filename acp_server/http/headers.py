@@ -2,9 +2,13 @@
 
     last_event_id(request)   # Last-Event-ID as a safe decimal integer, else None
     event_epoch(request)     # X-Qwen-Event-Epoch when it is a short token, else None
+    accepts(request, "text/event-stream")   # Accept names it, with a weight above 0
 
 Contracts: a malformed value is ignored (``None``), never an error, as ``qwen serve``
-0.24.4 does for both headers; only ASCII digits count as digits.
+0.24.4 does for both headers; only ASCII digits count as digits. ``accepts`` reads
+every ``Accept`` header (RFC 9110 §12.5.1): the media type itself must be named
+(``*/*`` or ``text/*`` is not enough, as the ACP transport says: "MUST include"), and
+``q=0`` means "not acceptable"; a weight that is not a number counts as 1.
 """
 
 from __future__ import annotations
@@ -32,4 +36,24 @@ def event_epoch(request: HTTPConnection) -> str | None:
     return value if value is not None and _EPOCH.fullmatch(value) else None
 
 
-__all__ = ["DECIMAL", "MAX_SAFE_INTEGER", "event_epoch", "last_event_id"]
+def accepts(request: HTTPConnection, media_type: str) -> bool:
+    """Does the request's ``Accept`` name ``media_type`` with a weight above 0?"""
+    for value in request.headers.getlist("accept"):
+        for entry in value.split(","):
+            name, *parameters = entry.split(";")
+            if name.strip().lower() != media_type:
+                continue
+            weight = 1.0
+            for parameter in parameters:
+                key, _, raw = parameter.partition("=")
+                if key.strip().lower() == "q":
+                    try:
+                        weight = float(raw.strip())
+                    except ValueError:
+                        pass
+            if weight > 0:
+                return True
+    return False
+
+
+__all__ = ["DECIMAL", "MAX_SAFE_INTEGER", "accepts", "event_epoch", "last_event_id"]

@@ -111,6 +111,27 @@ async def test_get_without_event_stream_accept_406(server: RunningAcpServer) -> 
     assert response.status_code == 406
 
 
+@pytest.mark.parametrize("accept", ["text/event-stream;q=0", "text/event-stream; Q=0.000",
+                                    "application/x-text/event-stream-like", "*/*", "text/*"])
+async def test_get_accept_that_refuses_event_stream_406(server: RunningAcpServer,
+                                                        accept: str) -> None:
+    """The RFD: ``Accept`` MUST include ``text/event-stream``; ``q=0`` refuses it."""
+    conn_id, _ = await server.initialize()
+    response = await server.client.get("/acp", headers={"Acp-Connection-Id": conn_id,
+                                                        "Accept": accept})
+    assert response.status_code == 406, accept
+
+
+@pytest.mark.parametrize("accept", ["application/json, text/event-stream;q=0.5",
+                                    "TEXT/Event-Stream", "text/event-stream; q=oops"])
+async def test_get_accept_naming_event_stream_opens_it(server: RunningAcpServer,
+                                                       accept: str) -> None:
+    conn_id, _ = await server.initialize()
+    async with server.client.stream("GET", "/acp", headers={"Acp-Connection-Id": conn_id,
+                                                            "Accept": accept}) as response:
+        assert response.status_code == 200, accept
+
+
 async def test_get_connection_header_rules(server: RunningAcpServer) -> None:
     sse = {"Accept": "text/event-stream"}
     response = await server.client.get("/acp", headers=sse)
