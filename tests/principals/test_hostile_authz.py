@@ -150,7 +150,8 @@ async def test_every_rest_route_of_anothers_session_is_an_unknown_id(tmp_path: P
         # her prompt's and her request's ids on bob's own session: not his to touch
         b = await _thread(srv, bob)
         dropped = await c.delete(f"/session/{b}/pending-prompts/{prompt_id}", headers=bob)
-        assert (dropped.status_code, dropped.json()["code"]) == (404, "prompt_not_found")
+        # as for a prompt his session never had (qwen's answer): nothing of hers told
+        assert (dropped.status_code, dropped.json()) == (200, {"removed": False})
         voted = await c.post(f"/session/{b}/permission/{request_id}", json=vote, headers=bob)
         assert voted.status_code == 404, voted.text
         head = await c.head(f"/session/{a}/status", headers=bob)
