@@ -255,6 +255,9 @@ class Problem(msgspec.Struct, kw_only=True):
     detail: str | UnsetType = UNSET
     instance: str | UnsetType = UNSET
     code: str
+    # ``detail`` again, in an answer's problem (not in ``task.error``): the OpenAI SDKs
+    # put only an error's ``message`` in their exception text
+    message: str | UnsetType = UNSET
     param: str | UnsetType = UNSET
     errors: list[ErrorPointer] | UnsetType = UNSET
     capability: str | UnsetType = UNSET
