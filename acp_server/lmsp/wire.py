@@ -88,6 +88,8 @@ class ResponseObject(msgspec.Struct, kw_only=True):
     error: ResponseError | None = None
     incomplete_details: IncompleteDetails | None = None
     metadata: dict[str, str] = msgspec.field(default_factory=dict)
+    instructions: str | None = None           # the request's, repeated (as OpenAI does)
+    max_output_tokens: int | None = None      # likewise
     background: bool = False                  # created with ``background: true``
     previous_response_id: str | None = None   # the response it continues
 

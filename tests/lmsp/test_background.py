@@ -203,6 +203,22 @@ async def test_sdk_errors_say_why(server: LmspServer) -> None:
     assert body["message"] == body["detail"]
 
 
+async def test_instructions_and_max_output_tokens_are_echoed(server: LmspServer) -> None:
+    """As OpenAI's response object repeats them (the SDK's ``Response`` has both): they
+    read ``None`` whatever was asked, on the answer, on retrieve and in the events."""
+    async with client_of(server) as client:
+        done = await client.responses.create(model="reference", input="hi",
+                                             instructions="be brief", max_output_tokens=50)
+        assert (done.instructions, done.max_output_tokens) == ("be brief", 50)
+        again = await client.responses.retrieve(done.id)
+        assert (again.instructions, again.max_output_tokens) == ("be brief", 50)
+        async for event in await client.responses.retrieve(done.id, stream=True):
+            if event.type in ("response.created", "response.completed"):
+                assert event.response.instructions == "be brief"
+        plain = await client.responses.create(model="reference", input="hi")
+        assert (plain.instructions, plain.max_output_tokens) == (None, None)
+
+
 async def test_bad_stream_flag_is_a_problem(server: LmspServer) -> None:
     done = await server.client.post("/lmsp/v1/responses",
                                     json={"model": "reference", "input": "x"})

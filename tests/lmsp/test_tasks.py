@@ -17,7 +17,8 @@ pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("store_name")]
 def _response(task: dict[str, Any], status: str, **fields: Any) -> dict[str, Any]:
     return {"id": task["response_id"], "object": "response", "created_at": task["created_at"],
             "status": status, "model": "reference", "output": [], "usage": None, "error": None,
-            "incomplete_details": None, "metadata": {}, "background": False,
+            "incomplete_details": None, "metadata": {}, "instructions": None,
+            "max_output_tokens": None, "background": False,
             "previous_response_id": None, **fields}
 
 
