@@ -94,6 +94,33 @@ class ResponseObject(msgspec.Struct, kw_only=True):
     previous_response_id: str | None = None   # the response it continues
 
 
+class ItemText(msgspec.Struct, kw_only=True):
+    """A text part of an input item: ``input_text`` (``output_text`` in an assistant's)."""
+
+    type: Literal["input_text", "output_text"] = "input_text"
+    text: str = ""
+
+
+class InputItem(msgspec.Struct, kw_only=True):
+    """One message of a response's ``input`` (``GET /responses/{id}/input_items``)."""
+
+    id: str
+    type: Literal["message"] = "message"
+    role: str
+    status: Literal["completed"] = "completed"
+    content: list[ItemText]
+
+
+class InputItemList(msgspec.Struct, kw_only=True):
+    """A page of a response's input items (OpenAI's ``input_items`` list)."""
+
+    object: Literal["list"] = "list"
+    data: list[InputItem]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
 class DeletedResponse(msgspec.Struct, kw_only=True):
     """The answer of ``DELETE /responses/{id}``."""
 
