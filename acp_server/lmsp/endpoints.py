@@ -32,6 +32,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import Send
 
+from acp_server.lmsp.input_items import list_input_items
 from acp_server.lmsp.listing import list_tasks
 from acp_server.lmsp.models import refresh_models
 from acp_server.lmsp.problems import LmspError, problem_response, shown, store_unavailable
@@ -292,6 +293,7 @@ def routes(service: LmspService) -> list[BaseRoute]:
         ("/tasks", {"POST": create_task, "GET": list_tasks}),
         ("/responses/{response_id}", {"GET": get_response, "DELETE": delete_response}),
         ("/responses/{response_id}/cancel", {"POST": cancel_response}),
+        ("/responses/{response_id}/input_items", {"GET": list_input_items}),
         ("/tasks/{task_id}", {"GET": get_task}),
         ("/tasks/{task_id}/cancel", {"POST": cancel_task}),
         ("/tasks/{task_id}/events", {"GET": task_events}),

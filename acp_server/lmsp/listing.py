@@ -49,17 +49,21 @@ def _invalid(param: str, detail: str) -> LmspError:
     return LmspError("invalid_request", detail, param=param, errors=[])
 
 
+def parse_limit(raw_limit: str | None) -> int:
+    """``limit``: 1..``MAX_LIMIT``, ``DEFAULT_LIMIT`` when absent; else 400."""
+    if raw_limit is None:
+        return DEFAULT_LIMIT
+    # digits only, and few of them: int() refuses more than 4300 digits (ValueError)
+    digits = raw_limit.lstrip("0")
+    if not (raw_limit.isascii() and raw_limit.isdigit()) or len(digits) > 3 or \
+            not 1 <= int(digits or "0") <= MAX_LIMIT:
+        raise _invalid("limit", f"limit must be an integer from 1 to {MAX_LIMIT}.")
+    return int(digits)
+
+
 def parse_query(request: Request) -> tuple[int, str | None, str | None]:
     query = request.query_params
-    raw_limit = query.get("limit")
-    limit = DEFAULT_LIMIT
-    if raw_limit is not None:
-        # digits only, and few of them: int() refuses more than 4300 digits (ValueError)
-        digits = raw_limit.lstrip("0")
-        if not (raw_limit.isascii() and raw_limit.isdigit()) or len(digits) > 3 or \
-                not 1 <= int(digits or "0") <= MAX_LIMIT:
-            raise _invalid("limit", f"limit must be an integer from 1 to {MAX_LIMIT}.")
-        limit = int(digits)
+    limit = parse_limit(query.get("limit"))
     status = query.get("status")
     if status is not None and status not in STATUSES:
         raise _invalid("status", f"status must be one of {', '.join(STATUSES)}.")

@@ -105,11 +105,15 @@ def pointer_to_param(pointer: str) -> str:
 
 def problem(code: str, detail: str | None = None, *, instance: str | None = None,
             with_status: bool = True, **extensions: Any) -> Problem:
+    """An answer's problem (``with_status``) repeats ``detail`` as ``message``, the
+    member the OpenAI SDKs show; a problem inside ``task.error`` has neither."""
     status, title, _ = CODES[code]
+    answer = with_status and bool(status)
     return Problem(type=PROBLEM_BASE + code, title=title,
-                   status=status if with_status and status else UNSET,
+                   status=status if answer else UNSET,
                    detail=UNSET if detail is None else detail,
-                   instance=UNSET if instance is None else instance, code=code, **extensions)
+                   instance=UNSET if instance is None else instance, code=code,
+                   message=detail if answer and detail is not None else UNSET, **extensions)
 
 
 def store_unavailable(exc: StoreUnavailableError) -> LmspError:
@@ -145,5 +149,6 @@ def render_refusal(refusal: Refusal) -> tuple[bytes, bytes]:
     else:
         body = Problem(type=PROBLEM_BASE + refusal.code, code=refusal.code,
                        title=_REFUSAL_TITLES.get(refusal.status, "Refused"),
-                       status=refusal.status, detail=refusal.message)
+                       status=refusal.status, detail=refusal.message,
+                       message=refusal.message)
     return PROBLEM_JSON.encode(), encode(body)

@@ -65,12 +65,14 @@ def count_tokens(text: str) -> int:
     return len(_TOKEN.findall(text))
 
 
-_ECHOED = (b'"metadata"', b'"background"', b'"previous_response_id"')
+_ECHOED = (b'"metadata"', b'"instructions"', b'"max_output_tokens"', b'"background"',
+           b'"previous_response_id"')
 
 
 def _echoed(record: TaskRecord) -> dict[str, Any]:
-    """The request members a response object repeats: ``metadata``, ``background``,
-    ``previous_response_id`` (decoded once per stored request, then remembered)."""
+    """The request members a response object repeats: ``metadata``, ``instructions``,
+    ``max_output_tokens``, ``background``, ``previous_response_id`` (decoded once per
+    stored request, then remembered)."""
     if not any(name in record.request for name in _ECHOED):   # common: nothing to decode
         return {}
     request = record.request
@@ -88,6 +90,10 @@ def _echo_of(request: bytes) -> tuple[tuple[str, Any], ...]:
     fields: list[tuple[str, Any]] = []
     if stored.metadata is not None:
         fields.append(("metadata", dict(stored.metadata)))
+    if stored.instructions is not None:
+        fields.append(("instructions", stored.instructions))
+    if stored.max_output_tokens is not None:
+        fields.append(("max_output_tokens", stored.max_output_tokens))
     if stored.background is True:
         fields.append(("background", True))
     if stored.previous_response_id is not None:

@@ -88,8 +88,37 @@ class ResponseObject(msgspec.Struct, kw_only=True):
     error: ResponseError | None = None
     incomplete_details: IncompleteDetails | None = None
     metadata: dict[str, str] = msgspec.field(default_factory=dict)
+    instructions: str | None = None           # the request's, repeated (as OpenAI does)
+    max_output_tokens: int | None = None      # likewise
     background: bool = False                  # created with ``background: true``
     previous_response_id: str | None = None   # the response it continues
+
+
+class ItemText(msgspec.Struct, kw_only=True):
+    """A text part of an input item: ``input_text`` (``output_text`` in an assistant's)."""
+
+    type: Literal["input_text", "output_text"] = "input_text"
+    text: str = ""
+
+
+class InputItem(msgspec.Struct, kw_only=True):
+    """One message of a response's ``input`` (``GET /responses/{id}/input_items``)."""
+
+    id: str
+    type: Literal["message"] = "message"
+    role: str
+    status: Literal["completed"] = "completed"
+    content: list[ItemText]
+
+
+class InputItemList(msgspec.Struct, kw_only=True):
+    """A page of a response's input items (OpenAI's ``input_items`` list)."""
+
+    object: Literal["list"] = "list"
+    data: list[InputItem]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
 
 
 class DeletedResponse(msgspec.Struct, kw_only=True):
@@ -255,6 +284,9 @@ class Problem(msgspec.Struct, kw_only=True):
     detail: str | UnsetType = UNSET
     instance: str | UnsetType = UNSET
     code: str
+    # ``detail`` again, in an answer's problem (not in ``task.error``): the OpenAI SDKs
+    # put only an error's ``message`` in their exception text
+    message: str | UnsetType = UNSET
     param: str | UnsetType = UNSET
     errors: list[ErrorPointer] | UnsetType = UNSET
     capability: str | UnsetType = UNSET

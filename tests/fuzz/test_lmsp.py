@@ -34,6 +34,7 @@ ROUTES = [
     ("DELETE", "/lmsp/v1/tasks/{id}"), ("OPTIONS", "/lmsp/v1/tasks"), ("GET", "/lmsp/v1/{id}"),
     ("GET", "/lmsp/v1/tasks"), ("GET", "/lmsp/v1/responses/{id}"),
     ("POST", "/lmsp/v1/responses/{id}/cancel"), ("DELETE", "/lmsp/v1/responses/{id}"),
+    ("GET", "/lmsp/v1/responses/{id}/input_items"),
 ]
 # the listing's and the response stream's parameters, and values past what int() reads
 LMSP_QUERY = st.one_of(QUERY, st.dictionaries(

@@ -27,6 +27,14 @@ from tests.lmsp.stores import STORE_FACTORIES, current
 TERMINAL = {"succeeded", "failed", "cancelled"}
 
 
+def problem_of(response: Any) -> dict[str, Any]:
+    """An answer's problem object less its ``message``, which must repeat ``detail``
+    (the member the OpenAI SDKs show): the bodies the tests compare whole."""
+    body: dict[str, Any] = response.json()
+    assert body.pop("message") == body["detail"], body
+    return body
+
+
 def envelope(text: str, **extra: Any) -> dict[str, Any]:
     return {"type": "response", "input": {"model": "reference", "input": text}, **extra}
 

@@ -183,6 +183,42 @@ async def test_unknown_ids(server: LmspServer) -> None:
         assert caught.value.param == "previous_response_id"
 
 
+async def test_sdk_errors_say_why(server: LmspServer) -> None:
+    """The SDK puts only an error's ``message`` member in its exception text: without
+    one every failure read "Error code: 404", whatever the server explained."""
+    async with client_of(server) as client:
+        with pytest.raises(openai.NotFoundError) as caught:
+            await client.responses.retrieve("resp_nope")
+        assert str(caught.value) == "Error code: 404 - No response 'resp_nope'."
+        with pytest.raises(openai.NotFoundError) as caught:
+            await client.responses.create(model="nope", input="x")
+        assert "reference" in str(caught.value)          # the models there are
+        with pytest.raises(openai.BadRequestError) as caught:
+            await client.responses.create(model="reference", input="x", background=True,
+                                          store=False)
+        assert str(caught.value).startswith("Error code: 400 - ")
+        assert caught.value.param == "store"
+    answer = await server.client.get("/lmsp/v1/responses/resp_nope")
+    body = answer.json()
+    assert body["message"] == body["detail"]
+
+
+async def test_instructions_and_max_output_tokens_are_echoed(server: LmspServer) -> None:
+    """As OpenAI's response object repeats them (the SDK's ``Response`` has both): they
+    read ``None`` whatever was asked, on the answer, on retrieve and in the events."""
+    async with client_of(server) as client:
+        done = await client.responses.create(model="reference", input="hi",
+                                             instructions="be brief", max_output_tokens=50)
+        assert (done.instructions, done.max_output_tokens) == ("be brief", 50)
+        again = await client.responses.retrieve(done.id)
+        assert (again.instructions, again.max_output_tokens) == ("be brief", 50)
+        async for event in await client.responses.retrieve(done.id, stream=True):
+            if event.type in ("response.created", "response.completed"):
+                assert event.response.instructions == "be brief"
+        plain = await client.responses.create(model="reference", input="hi")
+        assert (plain.instructions, plain.max_output_tokens) == (None, None)
+
+
 async def test_bad_stream_flag_is_a_problem(server: LmspServer) -> None:
     done = await server.client.post("/lmsp/v1/responses",
                                     json={"model": "reference", "input": "x"})

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from acp_server.lmsp import LmspConfig
-from tests.lmsp.server import LmspServer, envelope, running_lmsp
+from tests.lmsp.server import LmspServer, envelope, problem_of, running_lmsp
 
 pytestmark = pytest.mark.anyio
 BASE = "https://lmsp.invalid/problems/"
@@ -68,7 +68,7 @@ async def test_malformed_fields_are_400_with_pointers(server: LmspServer, body: 
                                                       errors: list[tuple[str, str]]) -> None:
     response = await _post(server, body)
     assert response.status_code == 400
-    assert response.json() == invalid(errors[0][1], param, errors)
+    assert problem_of(response) == invalid(errors[0][1], param, errors)
 
 
 async def test_body_not_json_or_not_object(server: LmspServer) -> None:
@@ -86,7 +86,7 @@ async def test_body_not_json_or_not_object(server: LmspServer) -> None:
 async def test_bad_idempotency_key_is_400(server: LmspServer, key: str | bytes) -> None:
     response = await _post(server, envelope("x"), headers={"Idempotency-Key": key})
     assert response.status_code == 400
-    assert response.json() == {
+    assert problem_of(response) == {
         "type": BASE + "invalid_request", "title": "Invalid request", "status": 400,
         "detail": "Idempotency-Key must be 1-255 visible ASCII characters, bare or as a "
                   "quoted string.", "instance": "/lmsp/v1/tasks", "code": "invalid_request",
@@ -96,7 +96,7 @@ async def test_bad_idempotency_key_is_400(server: LmspServer, key: str | bytes) 
 async def test_resume_is_unsupported_capability(server: LmspServer) -> None:
     response = await _post(server, envelope("x", on_restart="resume"))
     assert response.status_code == 400
-    assert response.json() == {
+    assert problem_of(response) == {
         "type": BASE + "unsupported_capability", "title": "Unsupported capability",
         "status": 400, "detail": "on_restart 'resume' needs snapshots, which no configured "
         "agent supports.", "instance": "/lmsp/v1/tasks", "code": "unsupported_capability",
@@ -107,7 +107,7 @@ async def test_unknown_model_is_404(server: LmspServer) -> None:
     body = {"type": "response", "input": {"model": "qwen3:14b", "input": "x"}}
     response = await _post(server, body)
     assert response.status_code == 404
-    assert response.json() == {
+    assert problem_of(response) == {
         "type": BASE + "model_not_found", "title": "Model not found", "status": 404,
         "detail": "The model 'qwen3:14b' does not exist (available: reference).",
         "instance": "/lmsp/v1/tasks", "code": "model_not_found", "model": "qwen3:14b"}
@@ -127,7 +127,7 @@ def test_the_models_a_model_not_found_lists_are_bounded() -> None:
 async def test_oversized_body_is_413(server: LmspServer) -> None:
     response = await _post(server, envelope("x" * (1 << 20)))
     assert response.status_code == 413
-    assert response.json() == {
+    assert problem_of(response) == {
         "type": BASE + "payload_too_large", "title": "Payload too large", "status": 413,
         "detail": "The body exceeds 1048576 bytes.", "instance": "/lmsp/v1/tasks",
         "code": "payload_too_large", "limit": 1048576}
@@ -155,7 +155,7 @@ async def test_queue_full_is_503(tmp_path: Path) -> None:
         response = await _post(srv, envelope("c"))
         assert response.status_code == 503
         assert response.headers["retry-after"] == "5"
-        assert response.json() == {
+        assert problem_of(response) == {
             "type": BASE + "prompt_queue_full", "title": "Prompt queue full", "status": 503,
             "detail": "2 tasks are already queued.", "instance": "/lmsp/v1/tasks",
             "code": "prompt_queue_full", "limit": 2, "pendingCount": 2}
@@ -170,7 +170,7 @@ async def test_unauthorized_is_a_problem(tmp_path: Path) -> None:
                                                 headers={"Authorization": "Bearer wrong"})
             assert response.status_code == 401
             assert response.headers["content-type"] == "application/problem+json"
-            assert response.json() == {
+            assert problem_of(response) == {
                 "type": BASE + "unauthorized", "title": "Unauthorized", "status": 401,
                 "detail": "A valid bearer token is required.", "code": "unauthorized"}
         # the REST surface keeps its own shape

@@ -11,7 +11,7 @@ from httpx_sse import aconnect_sse
 
 from acp_server.lmsp import LmspConfig
 from tests.agents.held import HeldAgent
-from tests.lmsp.server import FakeClock, LmspServer, running_lmsp
+from tests.lmsp.server import FakeClock, LmspServer, problem_of, running_lmsp
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("store_name")]
 
@@ -169,7 +169,7 @@ async def test_retention_410_then_404(tmp_path: Path) -> None:
         response = await srv.client.get(f"/lmsp/v1/tasks/{task['id']}/events")
         assert response.status_code == 410
         assert response.headers["x-should-retry"] == "false"
-        assert response.json() == {
+        assert problem_of(response) == {
             "type": "https://lmsp.invalid/problems/event_history_expired",
             "title": "Event history expired", "status": 410,
             "detail": f"The events of task {task['id']} are older than the retention period.",

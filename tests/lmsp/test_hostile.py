@@ -54,7 +54,8 @@ async def test_an_id_with_a_nul_is_not_found_everywhere(server: LmspServer, raw_
             ("GET", "/lmsp/v1/responses/{}", "response_not_found"),
             ("GET", "/lmsp/v1/responses/{}?stream=true", "response_not_found"),
             ("POST", "/lmsp/v1/responses/{}/cancel", "response_not_found"),
-            ("DELETE", "/lmsp/v1/responses/{}", "response_not_found")]:
+            ("DELETE", "/lmsp/v1/responses/{}", "response_not_found"),
+            ("GET", "/lmsp/v1/responses/{}/input_items", "response_not_found")]:
         response = await server.client.request(method, path.format(raw_id))
         assert_problem(response, 404, code)
 

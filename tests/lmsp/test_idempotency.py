@@ -13,7 +13,7 @@ import pytest
 from acp_server.store.postgres import PostgresTaskStore
 from acp_server.store.sqlite import SqliteTaskStore
 from tests.agents.held import HeldAgent
-from tests.lmsp.server import LmspServer, envelope, running_lmsp
+from tests.lmsp.server import LmspServer, envelope, problem_of, running_lmsp
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("store_name")]
 
@@ -44,7 +44,7 @@ async def test_changed_body_is_422(server: LmspServer) -> None:
     response = await server.client.post("/lmsp/v1/tasks", json=envelope("two"), headers=headers)
     assert response.status_code == 422
     assert response.headers["content-type"] == "application/problem+json"
-    assert response.json() == {
+    assert problem_of(response) == {
         "type": "https://lmsp.invalid/problems/idempotency_key_reused",
         "title": "Idempotency key reused", "status": 422,
         "detail": "This Idempotency-Key was used with a different request body.",
@@ -107,7 +107,7 @@ async def test_store_wait_timeout_is_409_in_use(tmp_path: Path) -> None:
                                          headers={"Idempotency-Key": "slow"})
         assert response.status_code == 409
         assert response.headers["retry-after"] == "1"
-        assert response.json() == {
+        assert problem_of(response) == {
             "type": "https://lmsp.invalid/problems/idempotency_key_in_use",
             "title": "Idempotency key in use", "status": 409,
             "detail": "A request with this Idempotency-Key is still being processed.",

@@ -9,7 +9,7 @@ import anyio
 import pytest
 
 from tests.agents.held import HeldAgent
-from tests.lmsp.server import LmspServer, running_lmsp
+from tests.lmsp.server import LmspServer, problem_of, running_lmsp
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("store_name")]
 
@@ -17,7 +17,8 @@ pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("store_name")]
 def _response(task: dict[str, Any], status: str, **fields: Any) -> dict[str, Any]:
     return {"id": task["response_id"], "object": "response", "created_at": task["created_at"],
             "status": status, "model": "reference", "output": [], "usage": None, "error": None,
-            "incomplete_details": None, "metadata": {}, "background": False,
+            "incomplete_details": None, "metadata": {}, "instructions": None,
+            "max_output_tokens": None, "background": False,
             "previous_response_id": None, **fields}
 
 
@@ -154,7 +155,7 @@ async def test_cancel_finished_is_409(server: LmspServer) -> None:
         assert response.status_code == 409
         assert response.headers["content-type"] == "application/problem+json"
         assert response.headers["x-should-retry"] == "false"
-        assert response.json() == {
+        assert problem_of(response) == {
             "type": "https://lmsp.invalid/problems/task_not_cancelable",
             "title": "Task cannot be cancelled", "status": 409,
             "detail": f"Task {task['id']} already finished with status '{status}'.",
@@ -166,7 +167,7 @@ async def test_unknown_task_is_404_everywhere(server: LmspServer) -> None:
     for method, path in (("GET", ""), ("POST", "/cancel"), ("GET", "/events")):
         response = await server.client.request(method, f"/lmsp/v1/tasks/task_nope{path}")
         assert response.status_code == 404
-        assert response.json() == {
+        assert problem_of(response) == {
             "type": "https://lmsp.invalid/problems/task_not_found", "title": "Task not found",
             "status": 404, "detail": "No task 'task_nope'.",
             "instance": f"/lmsp/v1/tasks/task_nope{path}", "code": "task_not_found",
