@@ -3,6 +3,10 @@
 //
 //   mount(root, [], { caps })  // polls GET /workspace/{id}/sessions every second
 //
+// While the server does not answer, the page says so (not "Failed to fetch"), asks
+// less often (poll's backoff), and keeps the last lists to read but inert: no Open,
+// Delete or Load again on rows that may be gone.
+//
 // Sessions made by programs (an "origin": LMSP tasks, conformance runs) are hidden
 // unless "Show sessions made by programs" is ticked (kept for the tab); their rows
 // carry the origin as a badge. An admin sees every principal's sessions, each marked
@@ -16,7 +20,7 @@
 // yes); a read-only token only sees them.
 
 import { request } from "./api.js";
-import { ago, can, confirmAction, errorText, h, limitText, poll, reconcile, shortId } from "./dom.js";
+import { ago, can, confirmAction, errorText, h, limitText, poll, reconcile, shortId, stale } from "./dom.js";
 
 const REFRESH_MS = 1000;
 const ENDED_EVERY = 5;   // refreshes between two reads of the ended sessions
@@ -54,6 +58,8 @@ export function mount(root, _params, ctx) {
       status.textContent = errorText(error);
     }
   };
+  let liveWrap = null;
+  let endedWrap = null;
   root.append(
     h("section", { class: "toolbar" },
       h("h1", {}, "Sessions"),
@@ -64,7 +70,7 @@ export function mount(root, _params, ctx) {
         "This token may only read: creating, prompting and deleting need the \"prompt\" scope."),
       h("label", { class: "filter" }, showAll, " Show sessions made by programs ", hiddenCount)),
     status, listError,
-    h("div", { class: "table-wrap" },
+    liveWrap = h("div", { class: "table-wrap" },
       h("table", { class: "list", testid: "live-sessions" },
         h("thead", {}, h("tr", {},
           ["Session", "Agent", "Pending / limit", "Running prompt", "Subscribers", "Age", ""].map((t) => h("th", {}, t)))),
@@ -73,7 +79,7 @@ export function mount(root, _params, ctx) {
     h("p", { class: "hint" },
       "Closed but kept: their agent died, they were idle, or the /acp client that made them left. Load one again to go on with it."),
     endedError,
-    h("div", { class: "table-wrap" },
+    endedWrap = h("div", { class: "table-wrap" },
       h("table", { class: "list", testid: "ended-sessions" },
         h("thead", {}, h("tr", {}, ["Session", "Agent", "Ended", ""].map((t) => h("th", {}, t)))),
         endedBody)),
@@ -132,10 +138,10 @@ export function mount(root, _params, ctx) {
     try {
       page = await request("GET", `/workspace/${workspace}/ended-sessions?size=100`);
     } catch (error) {
-      endedError.textContent = errorText(error);
+      stale(endedWrap, endedError, error);
       return;
     }
-    endedError.textContent = "";
+    stale(endedWrap, endedError, null);
     endedMore.hidden = !page.nextCursor;
     reconcile(endedBody, page.sessions, (s) => s.sessionId, endedRow,
       (s) => JSON.stringify([s.agent, s.endedAt, s.origin, s.owner]),
@@ -158,10 +164,11 @@ export function mount(root, _params, ctx) {
         cursor = page.nextCursor || null;
       } while (cursor);
     } catch (error) {
-      listError.textContent = errorText(error);
+      stale(liveWrap, listError, error);
+      if (error.unreachable) endedCountdown = 0;   // read both again once it answers
       throw error;
     }
-    listError.textContent = "";
+    stale(liveWrap, listError, null);
     const hidden = showAll.checked ? 0 : sessions.filter((s) => s.origin).length;
     hiddenCount.textContent = hidden ? `(${hidden} hidden)` : "";
     const shown = showAll.checked ? sessions : sessions.filter((s) => !s.origin);
