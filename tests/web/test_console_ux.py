@@ -47,3 +47,84 @@ def test_lists_say_the_server_is_not_answering_keep_rows_inert_and_ask_less_ofte
         assert page.page_errors == []  # type: ignore[attr-defined]
     finally:
         page.context.close()
+
+
+def test_right_to_left_text_reads_right_to_left(console: Console, page: Page) -> None:
+    """Hebrew typed and echoed: the box, the prompt and the reply's Hebrew paragraph
+    run right to left; the reply's "Echo: …" paragraph (Latin first) stays left to
+    right."""
+    sid = console.session()
+    page.goto(console.url(f"/#/session/{sid}"))
+    expect(page.get_by_test_id("stream-state")).to_have_text("live")
+    box = page.get_by_test_id("prompt-input")
+    box.fill("שלום\n\nעולם טוב")
+    direction = "e => getComputedStyle(e).direction"
+    assert box.evaluate(direction) == "rtl"
+    page.get_by_test_id("send-prompt").click()
+    turn = page.get_by_test_id("turn").first
+    expect(turn).to_have_attribute("data-state", "completed")
+    assert turn.get_by_test_id("msg-user").locator(".text").evaluate(direction) == "rtl"
+    paragraphs = turn.get_by_test_id("msg-agent").locator("p")
+    expect(paragraphs).to_have_count(2)
+    assert paragraphs.nth(0).evaluate(direction) == "ltr"
+    assert paragraphs.nth(1).evaluate(direction) == "rtl"
+    console.client.delete(f"/session/{sid}")
+
+
+STREAMING = (
+    "retry: 3600000\n\n"
+    'id: 1\nevent: pending_prompt_started\ndata: {"promptId":"p1","data":{"promptId":"p1"}}\n\n'
+    'id: 2\nevent: session_update\ndata: {"promptId":"p1","data":{"update":'
+    '{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"Hal"}}}}\n\n'
+)
+
+
+def test_a_screen_reader_hears_the_streamed_reply_once_and_whole(console: Console,
+                                                                  page: Page) -> None:
+    """The transcript is the one log: the page is no live region (the lists refresh
+    every second: the whole page was read again and again); the agent's message is
+    aria-busy while it streams, not once its turn has ended; the nav says which page
+    is current."""
+    sid = console.session()
+    page.route(f"**/session/{sid}/events", lambda route: route.fulfill(
+        status=200, headers={"content-type": "text/event-stream"}, body=STREAMING))
+    page.goto(console.url(f"/#/session/{sid}"))
+    expect(page.get_by_test_id("msg-agent")).to_have_text("AgentHal")
+    expect(page.get_by_test_id("msg-agent")).to_have_attribute("aria-busy", "true")
+    assert page.locator("[aria-live]").count() == 0
+    expect(page.get_by_test_id("transcript")).to_have_attribute("role", "log")
+    expect(page.get_by_test_id("nav-sessions")).to_have_attribute("aria-current", "page")
+    expect(page.get_by_test_id("nav-tasks")).not_to_have_attribute("aria-current", "page")
+    page.unroute(f"**/session/{sid}/events")
+
+    page.goto(console.url("/#/"))   # the real stream
+    page.goto(console.url(f"/#/session/{sid}"))
+    expect(page.get_by_test_id("stream-state")).to_have_text("live")
+    assert console.prompt(sid, "/chunks 20 a reply in twenty pieces").status_code == 202
+    turn = page.get_by_test_id("turn").first
+    expect(turn).to_have_attribute("data-state", "completed")
+    expect(turn.get_by_test_id("msg-agent")).to_have_attribute("aria-busy", "false")
+    assert console.prompt(sid, "/crash").status_code == 202
+    failed = page.get_by_test_id("turn").nth(1)
+    expect(failed).to_have_attribute("data-state", "failed")
+    expect(failed.get_by_test_id("msg-agent")).to_have_attribute("aria-busy", "false")
+
+
+def test_the_cancel_note_is_not_left_on_the_next_prompt(console: Console, page: Page) -> None:
+    sid = console.session()
+    page.goto(console.url(f"/#/session/{sid}"))
+    expect(page.get_by_test_id("stream-state")).to_have_text("live")
+    box = page.get_by_test_id("prompt-input")
+    box.fill("/sleep 60s first")
+    page.get_by_test_id("send-prompt").click()
+    cancel = page.get_by_test_id("cancel-prompt")
+    expect(cancel).to_be_enabled()
+    cancel.click()
+    note = page.get_by_test_id("cancel-feedback")
+    expect(note).to_have_text("The prompt was cancelled.")
+    box.fill("/sleep 60s second")
+    page.get_by_test_id("send-prompt").click()
+    expect(page.get_by_test_id("pending-prompt")).to_contain_text("/sleep 60s second")
+    expect(cancel).to_be_enabled()
+    expect(note).to_have_text("")   # not "cancelled" beside a button for a prompt that runs
+    console.client.delete(f"/session/{sid}")

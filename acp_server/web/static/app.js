@@ -76,6 +76,8 @@ function route() {
     if (!match) continue;
     for (const link of document.querySelectorAll("[data-nav]")) {
       link.classList.toggle("active", link.dataset.nav === nav);
+      if (link.dataset.nav === nav) link.setAttribute("aria-current", "page");
+      else link.removeAttribute("aria-current");
     }
     clear(view);
     unmount = module.mount(view, match.slice(1).map(decodeURIComponent), ctx);

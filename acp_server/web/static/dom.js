@@ -119,9 +119,10 @@ export function stale(wrap, error, failure, what = "list") {
     return;
   }
   wrap.dataset.since = since;
-  error.textContent = failure.unreachable
+  const text = failure.unreachable
     ? `${errorText(failure)} Retrying; the ${what} below is from ${since}.`
     : errorText(failure);
+  if (error.textContent !== text) error.textContent = text;   // an alert said once, not per retry
 }
 
 export function time(seconds) {

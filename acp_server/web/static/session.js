@@ -14,7 +14,8 @@
 // the transcript is replayed and the page goes on; not found, the page says plainly
 // that the session ended and offers the list. A session whose agent died (or that was
 // closed, not deleted) says so and offers "Load it again" (the same load). "Cancel
-// running" is enabled only while a prompt runs, and says what it did.
+// running" is enabled only while a prompt runs, and says what it did (until another
+// prompt runs).
 
 import { follow, request } from "./api.js";
 import { can, clear, errorText, h, limitText, shortId, toolKind } from "./dom.js";
@@ -34,7 +35,7 @@ export function mount(root, [sessionId], ctx) {
   const transcript = new Transcript();
   const depth = h("span", { class: "depth", testid: "queue-depth" }, `– / ${limitText(limit)}`);
   const state = h("span", { class: "badge", testid: "stream-state" }, "connecting");
-  const input = h("textarea", { testid: "prompt-input", rows: 3, "aria-label": "Prompt", disabled: !mayPrompt,
+  const input = h("textarea", { testid: "prompt-input", rows: 3, "aria-label": "Prompt", dir: "auto", disabled: !mayPrompt,
     placeholder: mayPrompt ? "Prompt (Ctrl+Enter sends)" : "This token may only read: prompting needs the \"prompt\" scope." });
   const banner = h("div", { class: "banner", testid: "session-banner", role: "status", hidden: true });
   const refusal = h("div", { class: "refusal", testid: "prompt-error", role: "alert", hidden: true });
@@ -50,6 +51,7 @@ export function mount(root, [sessionId], ctx) {
   let stream = null;
   let running = null;          // the running prompt's id, from the last queue read
   let cancelling = null;       // the prompt id a cancel was sent for
+  let notedWhile = undefined;  // what ran when "cancelled" was said; the note goes when that changes
   let queueFull = false;       // a 503 notice is shown
   let replaying = false;       // a reloaded session's stream: its history replaces the old
 
@@ -200,7 +202,7 @@ export function mount(root, [sessionId], ctx) {
     depth.textContent = `${pendingPrompts.length} / ${limitText(limit)}`;
     clear(queue, pendingPrompts.length === 0 ? h("li", { class: "empty" }, "Nothing pending.") : null,
       pendingPrompts.map((p) => h("li", { testid: "pending-prompt", dataset: { promptId: p.promptId, state: p.state } },
-        h("span", { class: `badge ${p.state}` }, p.state), " ", h("span", { class: "prompt-text" }, p.text),
+        h("span", { class: `badge ${p.state}` }, p.state), " ", h("span", { class: "prompt-text", dir: "auto" }, p.text),
         p.state === "queued" && mayPrompt
           ? h("button", { class: "danger small", testid: "drop-prompt", dataset: { promptId: p.promptId }, onclick: () => drop(p.promptId) }, "Drop")
           : null)));
@@ -210,6 +212,10 @@ export function mount(root, [sessionId], ctx) {
     if (cancelling && running !== cancelling) {
       cancelNote.textContent = "The prompt was cancelled.";
       cancelling = null;
+      notedWhile = running;
+    } else if (notedWhile !== undefined && running !== notedWhile) {
+      cancelNote.textContent = "";   // said of a prompt that is over: not of this one
+      notedWhile = undefined;
     }
     if (queueFull && (limit === null || pendingPrompts.length < limit)) clearRefusal();
   }

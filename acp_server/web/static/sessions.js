@@ -102,7 +102,7 @@ export function mount(root, _params, ctx) {
       s.owner && s.owner !== me ? h("span", { class: "badge owner", testid: "row-owner", title: "made by this principal" }, s.owner) : null),
     h("td", {}, s.agent),
     h("td", { class: "num", testid: "row-pending" }, `${s.pendingPrompts} / ${limitText(s.maxPendingPrompts)}`),
-    h("td", { class: "prompt-text" }, s.activePromptText || (s.isWaitingForPermission ? "waiting for approval" : "—"),
+    h("td", { class: "prompt-text", dir: s.activePromptText ? "auto" : null }, s.activePromptText || (s.isWaitingForPermission ? "waiting for approval" : "—"),
       s.isWaitingForPermission ? h("span", { class: "badge warn" }, "approval") : null),
     h("td", { class: "num" }, String(s.subscribers)),
     h("td", { testid: "row-age", dataset: { created: s.createdAt } }, ago(Date.parse(s.createdAt))),

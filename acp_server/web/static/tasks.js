@@ -20,7 +20,7 @@ export function mount(root) {
   const body = h("tbody");
   const status = h("p", { class: "error", testid: "tasks-error" });
   const model = h("select", { testid: "task-model", "aria-label": "Model" });
-  const input = h("input", { testid: "task-input", placeholder: "Input text", "aria-label": "Input" });
+  const input = h("input", { testid: "task-input", placeholder: "Input text", "aria-label": "Input", dir: "auto" });
   request("GET", "/lmsp/v1/capabilities").then((caps) => {
     for (const name of caps.models || []) model.append(h("option", { value: name }, name));
   }).catch((error) => { status.textContent = errorText(error); });
@@ -66,7 +66,7 @@ export function mount(root) {
   const row = (t) => h("tr", { testid: "task-row", dataset: { taskId: t.id, status: t.status } },
     h("td", { class: "mono" }, h("a", { href: `#/task/${encodeURIComponent(t.id)}`, title: t.id }, shortId(t.id))),
     h("td", {}, h("span", { class: `badge ${t.status}` }, t.status)),
-    h("td", { class: "prompt-text input-text", testid: "task-input-text", title: t.input_text || "" }, t.input_text || "—"),
+    h("td", { class: "prompt-text input-text", testid: "task-input-text", dir: "auto", title: t.input_text || "" }, t.input_text || "—"),
     h("td", {}, t.model),
     h("td", {}, time(t.created_at)),
     h("td", { class: "num" }, tokens(t.usage)),
