@@ -128,3 +128,40 @@ def test_the_cancel_note_is_not_left_on_the_next_prompt(console: Console, page: 
     expect(cancel).to_be_enabled()
     expect(note).to_have_text("")   # not "cancelled" beside a button for a prompt that runs
     console.client.delete(f"/session/{sid}")
+
+
+def test_change_token_can_be_dismissed_and_keeps_the_token(browser: Browser,
+                                                           tmp_path: Path) -> None:
+    """"Change token" clicked by mistake: Escape (or Cancel) closes the question and
+    the tab goes on with its token; it used to drop the token first and allow no way
+    out but typing one. On a daemon with no token, there is no Change token at all."""
+    page = open_page(browser)
+    try:
+        with running_console(tmp_path, token="s3cret-token") as server:
+            sid = server.session()
+            page.goto(server.url("/#/"))
+            page.get_by_test_id("token-input").fill("s3cret-token")
+            page.get_by_test_id("token-submit").click()
+            expect(page.get_by_test_id("session-row")).to_have_attribute("data-session-id", sid)
+            expect(page.get_by_test_id("token-cancel")).to_be_hidden()   # the first ask
+            dialog = page.locator("#token-dialog")
+            change = page.get_by_test_id("change-token")
+            change.click()
+            expect(dialog).to_be_visible()
+            page.keyboard.press("Escape")
+            expect(dialog).to_be_hidden()
+            assert page.evaluate("sessionStorage.getItem('acp-server.token')") == "s3cret-token"
+            change.click()
+            page.get_by_test_id("token-cancel").click()
+            expect(dialog).to_be_hidden()
+            page.get_by_test_id("session-row").get_by_test_id("open-session").click()
+            expect(page.get_by_test_id("stream-state")).to_have_text("live")
+            assert page.page_errors == []  # type: ignore[attr-defined]
+    finally:
+        page.context.close()
+
+
+def test_no_change_token_without_a_token(console: Console, page: Page) -> None:
+    page.goto(console.url("/#/"))
+    expect(page.get_by_test_id("principal")).to_contain_text("local")
+    expect(page.get_by_test_id("change-token")).to_be_hidden()

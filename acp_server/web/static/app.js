@@ -31,26 +31,39 @@ const dialog = document.getElementById("token-dialog");
 let unmount = null;
 let ctx = null;
 let asking = null;
+let cancellable = false;   // the question open may be dismissed (Change token)
 
-function askToken(message = "") {
+// Asks for a token; resolves true once one is entered. mayCancel (Change token): Escape
+// or Cancel closes the question, resolves false, and the token in use stays.
+function askToken(message = "", { mayCancel = false } = {}) {
   if (asking) {
     if (!dialog.open) dialog.showModal();   // closed with Escape: the question stands
     return asking;
   }
   document.getElementById("token-error").textContent = message;
   const input = document.getElementById("token-input");
+  const cancel = document.getElementById("token-cancel");
   input.value = "";
+  cancellable = mayCancel;
+  cancel.hidden = !mayCancel;
   asking = new Promise((resolve) => {
     const form = document.getElementById("token-form");
+    const done = (entered) => {
+      form.removeEventListener("submit", submit);
+      dialog.removeEventListener("close", closed);
+      cancellable = false;
+      asking = null;
+      resolve(entered);
+    };
     const submit = (event) => {
       event.preventDefault();
-      form.removeEventListener("submit", submit);
       setToken(input.value.trim());
+      done(true);
       dialog.close();
-      asking = null;
-      resolve();
     };
+    const closed = () => { if (mayCancel) done(false); };
     form.addEventListener("submit", submit);
+    dialog.addEventListener("close", closed);
   });
   if (!dialog.open) dialog.showModal();
   return asking;
@@ -86,7 +99,8 @@ function route() {
   clear(view, h("p", { class: "empty" }, "No such page. ", h("a", { href: "#/" }, "Sessions")));
 }
 
-dialog.addEventListener("cancel", (event) => event.preventDefault());
+dialog.addEventListener("cancel", (event) => { if (!cancellable) event.preventDefault(); });
+document.getElementById("token-cancel").addEventListener("click", () => dialog.close());
 
 // Who this tab is (GET /whoami): shown in the header, with a way to change the token.
 async function showPrincipal() {
@@ -114,8 +128,7 @@ async function boot() {
   }
   await showPrincipal();
   document.getElementById("change-token").addEventListener("click", async () => {
-    setToken(null);
-    await askToken();
+    if (!await askToken("", { mayCancel: true })) return;   // dismissed: the old token stays
     await showPrincipal();
     route();
   });
