@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from playwright.sync_api import Browser, Page, Request, expect
+from playwright.sync_api import Browser, Page, Request, Route, expect
 
 from tests.web.conftest import Console, open_page, running_console
 
@@ -165,3 +165,24 @@ def test_no_change_token_without_a_token(console: Console, page: Page) -> None:
     page.goto(console.url("/#/"))
     expect(page.get_by_test_id("principal")).to_contain_text("local")
     expect(page.get_by_test_id("change-token")).to_be_hidden()
+
+
+def test_a_page_that_came_up_while_the_server_did_not_answer_goes_on_by_itself(
+        console: Console, page: Page) -> None:
+    """The page's files came, /capabilities did not (the server restarting under it):
+    the page says so and tries again, and shows the sessions once the server answers;
+    it used to stay on "Failed to fetch" until reloaded by hand."""
+    refused = {"n": 0}
+
+    def down_twice(route: Route) -> None:
+        if refused["n"] < 2:
+            refused["n"] += 1
+            route.abort("connectionrefused")
+        else:
+            route.continue_()
+
+    page.route("**/capabilities", down_twice)
+    page.goto(console.url("/#/"))
+    expect(page.get_by_test_id("boot-error")).to_contain_text("The server is not answering")
+    expect(page.get_by_test_id("new-session")).to_be_visible()
+    assert refused["n"] == 2

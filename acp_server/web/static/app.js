@@ -119,11 +119,16 @@ async function showPrincipal() {
   }
 }
 
-async function boot() {
+// The first read of /capabilities; while the server does not answer (the page came
+// up as it restarted), asked again after 1, 2, 4, up to 8 s, and the page goes on by
+// itself once it answers.
+async function boot(wait = 1000) {
   try {
     ctx = { caps: await connect(), me: null };
   } catch (error) {
-    clear(view, h("p", { class: "error", testid: "boot-error" }, errorText(error)));
+    const retry = error.unreachable ? ` Trying again in ${wait / 1000} s.` : "";
+    clear(view, h("p", { class: "error", testid: "boot-error", role: "alert" }, errorText(error), retry));
+    if (error.unreachable) setTimeout(() => boot(Math.min(wait * 2, 8000)), wait);
     return;
   }
   await showPrincipal();
