@@ -186,3 +186,18 @@ def test_a_page_that_came_up_while_the_server_did_not_answer_goes_on_by_itself(
     expect(page.get_by_test_id("boot-error")).to_contain_text("The server is not answering")
     expect(page.get_by_test_id("new-session")).to_be_visible()
     assert refused["n"] == 2
+
+
+def test_row_buttons_say_what_they_act_on(console: Console, page: Page) -> None:
+    """A screen reader listing the buttons heard "Delete, Delete, Drop, Drop": each now
+    names its session, task or queued prompt (the visible word first)."""
+    sid = console.session()
+    short = f"{sid[:8]}…{sid[-4:]}"
+    for i in range(2):
+        assert console.prompt(sid, f"/sleep 60s hold {i}").status_code == 202
+    page.goto(console.url("/#/"))
+    expect(page.get_by_role("button", name=f"Delete session {short}")).to_be_visible()
+    expect(page.get_by_role("link", name=f"Open session {short}")).to_be_visible()
+    page.goto(console.url(f"/#/session/{sid}"))
+    expect(page.get_by_role("button", name="Drop queued prompt: /sleep 60s hold 1")).to_be_visible()
+    console.client.delete(f"/session/{sid}")

@@ -204,7 +204,8 @@ export function mount(root, [sessionId], ctx) {
       pendingPrompts.map((p) => h("li", { testid: "pending-prompt", dataset: { promptId: p.promptId, state: p.state } },
         h("span", { class: `badge ${p.state}` }, p.state), " ", h("span", { class: "prompt-text", dir: "auto" }, p.text),
         p.state === "queued" && mayPrompt
-          ? h("button", { class: "danger small", testid: "drop-prompt", dataset: { promptId: p.promptId }, onclick: () => drop(p.promptId) }, "Drop")
+          ? h("button", { class: "danger small", testid: "drop-prompt", dataset: { promptId: p.promptId },
+            "aria-label": `Drop queued prompt: ${p.text.slice(0, 80)}`, onclick: () => drop(p.promptId) }, "Drop")
           : null)));
     const active = pendingPrompts.find((p) => p.state === "running");
     running = active ? active.promptId : null;

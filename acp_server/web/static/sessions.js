@@ -107,8 +107,10 @@ export function mount(root, _params, ctx) {
     h("td", { class: "num" }, String(s.subscribers)),
     h("td", { testid: "row-age", dataset: { created: s.createdAt } }, ago(Date.parse(s.createdAt))),
     h("td", { class: "actions" },
-      h("a", { class: "button", href: `#/session/${encodeURIComponent(s.sessionId)}`, testid: "open-session" }, "Open"),
-      mayPrompt ? h("button", { class: "danger", testid: "delete-session", onclick: () => remove(s.sessionId) }, "Delete") : null));
+      h("a", { class: "button", href: `#/session/${encodeURIComponent(s.sessionId)}`, testid: "open-session",
+        "aria-label": `Open session ${shortId(s.sessionId)}` }, "Open"),
+      mayPrompt ? h("button", { class: "danger", testid: "delete-session", "aria-label": `Delete session ${shortId(s.sessionId)}`,
+        onclick: () => remove(s.sessionId) }, "Delete") : null));
 
   const endedRow = (s) => h("tr", { testid: "ended-row", dataset: { sessionId: s.sessionId } },
     h("td", { class: "mono" }, h("span", { title: s.sessionId }, shortId(s.sessionId)),
@@ -118,8 +120,9 @@ export function mount(root, _params, ctx) {
     h("td", { testid: "ended-age", dataset: { ended: s.endedAt } }, ago(Date.parse(s.endedAt))),
     h("td", { class: "actions" }, mayPrompt
       ? [h("a", { class: "button", href: `#/session/${encodeURIComponent(s.sessionId)}`, testid: "load-ended",
-        title: "starts its agent again with the conversation" }, "Load again"),
-        h("button", { class: "danger", testid: "delete-ended", onclick: () => removeEnded(s.sessionId) }, "Delete")]
+        title: "starts its agent again with the conversation", "aria-label": `Load again: session ${shortId(s.sessionId)}` }, "Load again"),
+        h("button", { class: "danger", testid: "delete-ended", "aria-label": `Delete ended session ${shortId(s.sessionId)}`,
+          onclick: () => removeEnded(s.sessionId) }, "Delete")]
       : h("span", { class: "hint" }, "loading needs the prompt scope")));
 
   const removeEnded = async (id) => {

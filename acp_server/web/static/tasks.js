@@ -71,9 +71,10 @@ export function mount(root) {
     h("td", {}, time(t.created_at)),
     h("td", { class: "num" }, tokens(t.usage)),
     h("td", { class: "actions" },
-      h("a", { class: "button", href: `#/task/${encodeURIComponent(t.id)}` }, "Open"),
+      h("a", { class: "button", href: `#/task/${encodeURIComponent(t.id)}`, "aria-label": `Open task ${shortId(t.id)}` }, "Open"),
       TERMINAL.has(t.status) ? null
-        : h("button", { class: "danger", testid: "cancel-task", onclick: () => cancel(t.id) }, "Cancel")));
+        : h("button", { class: "danger", testid: "cancel-task", "aria-label": `Cancel task ${shortId(t.id)}`,
+          onclick: () => cancel(t.id) }, "Cancel")));
 
   // A failed read is said (the list kept, inert, when the server does not answer).
   async function refresh() {
