@@ -201,3 +201,21 @@ def test_row_buttons_say_what_they_act_on(console: Console, page: Page) -> None:
     page.goto(console.url(f"/#/session/{sid}"))
     expect(page.get_by_role("button", name="Drop queued prompt: /sleep 60s hold 1")).to_be_visible()
     console.client.delete(f"/session/{sid}")
+
+
+def test_when_the_session_ends_the_focus_goes_to_what_can_be_done(console: Console,
+                                                                   page: Page) -> None:
+    """Typing in the prompt box when the agent dies: the box is disabled and the focus
+    fell to the page's top; it goes to "Load it again", so Enter loads it."""
+    sid = console.session()
+    page.goto(console.url(f"/#/session/{sid}"))
+    expect(page.get_by_test_id("stream-state")).to_have_text("live")
+    box = page.get_by_test_id("prompt-input")
+    box.fill("/crash")
+    page.keyboard.press("Control+Enter")
+    again = page.get_by_test_id("load-again")
+    expect(again).to_be_focused()
+    page.keyboard.press("Enter")
+    expect(page.get_by_test_id("stream-state")).to_have_text("live")
+    expect(box).to_be_focused()   # loaded again: back to the prompt box
+    console.client.delete(f"/session/{sid}")

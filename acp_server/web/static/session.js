@@ -13,7 +13,8 @@
 // gone (404), the page tries POST /session/{id}/load until the server answers: loaded,
 // the transcript is replayed and the page goes on; not found, the page says plainly
 // that the session ended and offers the list. A session whose agent died (or that was
-// closed, not deleted) says so and offers "Load it again" (the same load). "Cancel
+// closed, not deleted) says so and offers "Load it again" (the same load), which takes
+// the focus if the prompt box had it. "Cancel
 // running" is enabled only while a prompt runs, and says what it did (until another
 // prompt runs).
 
@@ -142,7 +143,13 @@ export function mount(root, [sessionId], ctx) {
     ended = true;
     disconnected(null);
     say(text, { ended: true, again: again && mayPrompt });
+    const lost = document.activeElement === input || document.activeElement === document.body
+      || !document.activeElement;
     input.disabled = true;
+    if (lost) {   // the prompt box (or nothing) had the focus: give it to what can be done now
+      const next = banner.querySelector("button, a");
+      if (next) next.focus();
+    }
     state.textContent = "ended";
     state.className = "badge ended";
     if (stream) stream.stop();
@@ -322,6 +329,7 @@ export function mount(root, [sessionId], ctx) {
           connected = true;
           sendButton.disabled = !mayPrompt;
           banner.hidden = true;
+          if (document.activeElement === document.body && mayPrompt) input.focus();   // lost with the banner
           refreshQueue();
         } else if (s === "reconnecting") {
           disconnected("Connection to the server lost; reconnecting…");
