@@ -8,8 +8,9 @@
 // Contracts: the token lives in sessionStorage (asked once per tab); a 401 from any
 // request dispatches "acp:unauthorized" on window and rejects with an HttpError; a
 // non-2xx answer rejects with an HttpError carrying the status, the decoded body and
-// Retry-After. Streams are read with fetch() and a body reader (EventSource cannot send
-// headers) and parsed by SseParser; follow() reconnects after the server's retry delay
+// Retry-After; no answer at all (the server down) rejects with Unreachable. Streams
+// are read with fetch() and a body reader (EventSource cannot send headers) and parsed
+// by SseParser; follow() reconnects after the server's retry delay
 // with Last-Event-ID (and X-Qwen-Event-Epoch when the stream announced one).
 
 import { SseParser } from "./sse.js";
@@ -36,6 +37,24 @@ export class HttpError extends Error {
 
   get code() {
     return this.body && typeof this.body.code === "string" ? this.body.code : null;
+  }
+}
+
+// No answer at all (fetch() rejected: the server is down, restarting, or unreachable),
+// as opposed to an HttpError; error.unreachable is true.
+export class Unreachable extends Error {
+  constructor(cause) {
+    super(`no answer from the server (${cause && cause.message})`);
+    this.unreachable = true;
+  }
+}
+
+async function send(path, init) {
+  try {
+    return await fetch(path, init);
+  } catch (error) {
+    if (error.name === "AbortError") throw error;
+    throw new Unreachable(error);
   }
 }
 
@@ -66,7 +85,7 @@ export async function request(method, path, body, { signal } = {}) {
     init.headers["Content-Type"] = "application/json";
     init.body = JSON.stringify(body);
   }
-  const response = await check(await fetch(path, init));
+  const response = await check(await send(path, init));
   return decode(response);
 }
 
@@ -76,7 +95,7 @@ export async function readStream(path, { lastEventId = null, epoch = null, signa
   const extra = { Accept: "text/event-stream" };
   if (lastEventId !== null && lastEventId !== undefined) extra["Last-Event-ID"] = String(lastEventId);
   if (epoch) extra["X-Qwen-Event-Epoch"] = epoch;
-  const response = await check(await fetch(path, { headers: headers(extra), cache: "no-store", signal }));
+  const response = await check(await send(path, { headers: headers(extra), cache: "no-store", signal }));
   if (response.status === 204) return null;
   if (onOpen) onOpen(response.headers);
   const parser = new SseParser({ onEvent, onRetry, onComment });

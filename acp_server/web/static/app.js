@@ -31,26 +31,39 @@ const dialog = document.getElementById("token-dialog");
 let unmount = null;
 let ctx = null;
 let asking = null;
+let cancellable = false;   // the question open may be dismissed (Change token)
 
-function askToken(message = "") {
+// Asks for a token; resolves true once one is entered. mayCancel (Change token): Escape
+// or Cancel closes the question, resolves false, and the token in use stays.
+function askToken(message = "", { mayCancel = false } = {}) {
   if (asking) {
     if (!dialog.open) dialog.showModal();   // closed with Escape: the question stands
     return asking;
   }
   document.getElementById("token-error").textContent = message;
   const input = document.getElementById("token-input");
+  const cancel = document.getElementById("token-cancel");
   input.value = "";
+  cancellable = mayCancel;
+  cancel.hidden = !mayCancel;
   asking = new Promise((resolve) => {
     const form = document.getElementById("token-form");
+    const done = (entered) => {
+      form.removeEventListener("submit", submit);
+      dialog.removeEventListener("close", closed);
+      cancellable = false;
+      asking = null;
+      resolve(entered);
+    };
     const submit = (event) => {
       event.preventDefault();
-      form.removeEventListener("submit", submit);
       setToken(input.value.trim());
+      done(true);
       dialog.close();
-      asking = null;
-      resolve();
     };
+    const closed = () => { if (mayCancel) done(false); };
     form.addEventListener("submit", submit);
+    dialog.addEventListener("close", closed);
   });
   if (!dialog.open) dialog.showModal();
   return asking;
@@ -76,6 +89,8 @@ function route() {
     if (!match) continue;
     for (const link of document.querySelectorAll("[data-nav]")) {
       link.classList.toggle("active", link.dataset.nav === nav);
+      if (link.dataset.nav === nav) link.setAttribute("aria-current", "page");
+      else link.removeAttribute("aria-current");
     }
     clear(view);
     unmount = module.mount(view, match.slice(1).map(decodeURIComponent), ctx);
@@ -84,7 +99,8 @@ function route() {
   clear(view, h("p", { class: "empty" }, "No such page. ", h("a", { href: "#/" }, "Sessions")));
 }
 
-dialog.addEventListener("cancel", (event) => event.preventDefault());
+dialog.addEventListener("cancel", (event) => { if (!cancellable) event.preventDefault(); });
+document.getElementById("token-cancel").addEventListener("click", () => dialog.close());
 
 // Who this tab is (GET /whoami): shown in the header, with a way to change the token.
 async function showPrincipal() {
@@ -103,17 +119,21 @@ async function showPrincipal() {
   }
 }
 
-async function boot() {
+// The first read of /capabilities; while the server does not answer (the page came
+// up as it restarted), asked again after 1, 2, 4, up to 8 s, and the page goes on by
+// itself once it answers.
+async function boot(wait = 1000) {
   try {
     ctx = { caps: await connect(), me: null };
   } catch (error) {
-    clear(view, h("p", { class: "error", testid: "boot-error" }, errorText(error)));
+    const retry = error.unreachable ? ` Trying again in ${wait / 1000} s.` : "";
+    clear(view, h("p", { class: "error", testid: "boot-error", role: "alert" }, errorText(error), retry));
+    if (error.unreachable) setTimeout(() => boot(Math.min(wait * 2, 8000)), wait);
     return;
   }
   await showPrincipal();
   document.getElementById("change-token").addEventListener("click", async () => {
-    setToken(null);
-    await askToken();
+    if (!await askToken("", { mayCancel: true })) return;   // dismissed: the old token stays
     await showPrincipal();
     route();
   });

@@ -35,8 +35,8 @@ export function mount(root) {
     try {
       status = await request("GET", "/daemon/status");
     } catch (e) {
-      error.textContent = errorText(e);
-      return;
+      error.textContent = e.unreachable ? `${errorText(e)} Retrying; the figures below are old.` : errorText(e);
+      throw e;   // poll asks less often while it fails
     }
     error.textContent = "";
     const l = status.limits;

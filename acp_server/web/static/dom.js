@@ -106,21 +106,46 @@ export function confirmAction(message, { ok = "OK", danger = false } = {}) {
   });
 }
 
+// A list the server cannot be asked about now: said in `error` ("… the list below is
+// from 14:02:11"), the list kept to read but inert (no button acts on what may be
+// gone). stale(wrap, error, null) when the server answers again.
+export function stale(wrap, error, failure, what = "list") {
+  const since = wrap.dataset.since || new Date().toLocaleTimeString();
+  wrap.inert = Boolean(failure);
+  wrap.classList.toggle("stale", Boolean(failure));
+  if (!failure) {
+    delete wrap.dataset.since;
+    error.textContent = "";
+    return;
+  }
+  wrap.dataset.since = since;
+  const text = failure.unreachable
+    ? `${errorText(failure)} Retrying; the ${what} below is from ${since}.`
+    : errorText(failure);
+  if (error.textContent !== text) error.textContent = text;   // an alert said once, not per retry
+}
+
 export function time(seconds) {
   return new Date(seconds * 1000).toLocaleTimeString();
 }
 
-// Re-runs fn every ms until the returned stop() is called; one run at a time.
+// Re-runs fn every ms until the returned stop() is called; one run at a time. While fn
+// fails (throws), the wait doubles, up to POLL_MAX_MS: a server that is down is asked
+// less and less often, not every ms.
+export const POLL_MAX_MS = 8000;
 export function poll(fn, ms) {
   let timer = null;
   let stopped = false;
+  let failures = 0;
   const tick = async () => {
     try {
       await fn();
+      failures = 0;
     } catch (error) {
-      if (!stopped) console.warn("refresh failed:", error.message);
+      failures += 1;   // fn says on the page what went wrong; a bug is logged too
+      if (!stopped && !error.unreachable && !error.status) console.warn("refresh failed:", error);
     }
-    if (!stopped) timer = setTimeout(tick, ms);
+    if (!stopped) timer = setTimeout(tick, Math.min(ms * 2 ** failures, Math.max(ms, POLL_MAX_MS)));
   };
   tick();
   return () => {
@@ -130,6 +155,7 @@ export function poll(fn, ms) {
 }
 
 export function errorText(error) {
+  if (error && error.unreachable) return "The server is not answering (stopped, restarting, or the network is down).";
   if (error && error.status) {
     const code = error.code ? ` ${error.code}` : "";
     return `${error.status}${code}: ${error.message}${advice(error)}`;

@@ -61,8 +61,13 @@ function addCopyButtons(fragment) {
   }
 }
 
+// Each block takes its direction from its own text: an Arabic or Hebrew paragraph
+// reads right to left beside an English one.
+const BLOCKS = "p, li, h1, h2, h3, h4, h5, h6, blockquote, td, th";
+
 export function renderMarkdown(node, text) {
   const fragment = DOMPurify.sanitize(marked.parse(text, { async: false }), PURIFY);
+  for (const block of fragment.querySelectorAll(BLOCKS)) block.setAttribute("dir", "auto");
   addCopyButtons(fragment);
   node.replaceChildren(fragment);
 }

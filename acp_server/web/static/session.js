@@ -13,8 +13,10 @@
 // gone (404), the page tries POST /session/{id}/load until the server answers: loaded,
 // the transcript is replayed and the page goes on; not found, the page says plainly
 // that the session ended and offers the list. A session whose agent died (or that was
-// closed, not deleted) says so and offers "Load it again" (the same load). "Cancel
-// running" is enabled only while a prompt runs, and says what it did.
+// closed, not deleted) says so and offers "Load it again" (the same load), which takes
+// the focus if the prompt box had it. "Cancel
+// running" is enabled only while a prompt runs, and says what it did (until another
+// prompt runs).
 
 import { follow, request } from "./api.js";
 import { can, clear, errorText, h, limitText, shortId, toolKind } from "./dom.js";
@@ -34,7 +36,7 @@ export function mount(root, [sessionId], ctx) {
   const transcript = new Transcript();
   const depth = h("span", { class: "depth", testid: "queue-depth" }, `– / ${limitText(limit)}`);
   const state = h("span", { class: "badge", testid: "stream-state" }, "connecting");
-  const input = h("textarea", { testid: "prompt-input", rows: 3, "aria-label": "Prompt", disabled: !mayPrompt,
+  const input = h("textarea", { testid: "prompt-input", rows: 3, "aria-label": "Prompt", dir: "auto", disabled: !mayPrompt,
     placeholder: mayPrompt ? "Prompt (Ctrl+Enter sends)" : "This token may only read: prompting needs the \"prompt\" scope." });
   const banner = h("div", { class: "banner", testid: "session-banner", role: "status", hidden: true });
   const refusal = h("div", { class: "refusal", testid: "prompt-error", role: "alert", hidden: true });
@@ -50,6 +52,7 @@ export function mount(root, [sessionId], ctx) {
   let stream = null;
   let running = null;          // the running prompt's id, from the last queue read
   let cancelling = null;       // the prompt id a cancel was sent for
+  let notedWhile = undefined;  // what ran when "cancelled" was said; the note goes when that changes
   let queueFull = false;       // a 503 notice is shown
   let replaying = false;       // a reloaded session's stream: its history replaces the old
 
@@ -140,7 +143,13 @@ export function mount(root, [sessionId], ctx) {
     ended = true;
     disconnected(null);
     say(text, { ended: true, again: again && mayPrompt });
+    const lost = document.activeElement === input || document.activeElement === document.body
+      || !document.activeElement;
     input.disabled = true;
+    if (lost) {   // the prompt box (or nothing) had the focus: give it to what can be done now
+      const next = banner.querySelector("button, a");
+      if (next) next.focus();
+    }
     state.textContent = "ended";
     state.className = "badge ended";
     if (stream) stream.stop();
@@ -200,9 +209,10 @@ export function mount(root, [sessionId], ctx) {
     depth.textContent = `${pendingPrompts.length} / ${limitText(limit)}`;
     clear(queue, pendingPrompts.length === 0 ? h("li", { class: "empty" }, "Nothing pending.") : null,
       pendingPrompts.map((p) => h("li", { testid: "pending-prompt", dataset: { promptId: p.promptId, state: p.state } },
-        h("span", { class: `badge ${p.state}` }, p.state), " ", h("span", { class: "prompt-text" }, p.text),
+        h("span", { class: `badge ${p.state}` }, p.state), " ", h("span", { class: "prompt-text", dir: "auto" }, p.text),
         p.state === "queued" && mayPrompt
-          ? h("button", { class: "danger small", testid: "drop-prompt", dataset: { promptId: p.promptId }, onclick: () => drop(p.promptId) }, "Drop")
+          ? h("button", { class: "danger small", testid: "drop-prompt", dataset: { promptId: p.promptId },
+            "aria-label": `Drop queued prompt: ${p.text.slice(0, 80)}`, onclick: () => drop(p.promptId) }, "Drop")
           : null)));
     const active = pendingPrompts.find((p) => p.state === "running");
     running = active ? active.promptId : null;
@@ -210,6 +220,10 @@ export function mount(root, [sessionId], ctx) {
     if (cancelling && running !== cancelling) {
       cancelNote.textContent = "The prompt was cancelled.";
       cancelling = null;
+      notedWhile = running;
+    } else if (notedWhile !== undefined && running !== notedWhile) {
+      cancelNote.textContent = "";   // said of a prompt that is over: not of this one
+      notedWhile = undefined;
     }
     if (queueFull && (limit === null || pendingPrompts.length < limit)) clearRefusal();
   }
@@ -315,6 +329,7 @@ export function mount(root, [sessionId], ctx) {
           connected = true;
           sendButton.disabled = !mayPrompt;
           banner.hidden = true;
+          if (document.activeElement === document.body && mayPrompt) input.focus();   // lost with the banner
           refreshQueue();
         } else if (s === "reconnecting") {
           disconnected("Connection to the server lost; reconnecting…");

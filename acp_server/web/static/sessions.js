@@ -3,6 +3,10 @@
 //
 //   mount(root, [], { caps })  // polls GET /workspace/{id}/sessions every second
 //
+// While the server does not answer, the page says so (not "Failed to fetch"), asks
+// less often (poll's backoff), and keeps the last lists to read but inert: no Open,
+// Delete or Load again on rows that may be gone.
+//
 // Sessions made by programs (an "origin": LMSP tasks, conformance runs) are hidden
 // unless "Show sessions made by programs" is ticked (kept for the tab); their rows
 // carry the origin as a badge. An admin sees every principal's sessions, each marked
@@ -16,7 +20,7 @@
 // yes); a read-only token only sees them.
 
 import { request } from "./api.js";
-import { ago, can, confirmAction, errorText, h, limitText, poll, reconcile, shortId } from "./dom.js";
+import { ago, can, confirmAction, errorText, h, limitText, poll, reconcile, shortId, stale } from "./dom.js";
 
 const REFRESH_MS = 1000;
 const ENDED_EVERY = 5;   // refreshes between two reads of the ended sessions
@@ -54,6 +58,8 @@ export function mount(root, _params, ctx) {
       status.textContent = errorText(error);
     }
   };
+  let liveWrap = null;
+  let endedWrap = null;
   root.append(
     h("section", { class: "toolbar" },
       h("h1", {}, "Sessions"),
@@ -64,7 +70,7 @@ export function mount(root, _params, ctx) {
         "This token may only read: creating, prompting and deleting need the \"prompt\" scope."),
       h("label", { class: "filter" }, showAll, " Show sessions made by programs ", hiddenCount)),
     status, listError,
-    h("div", { class: "table-wrap" },
+    liveWrap = h("div", { class: "table-wrap" },
       h("table", { class: "list", testid: "live-sessions" },
         h("thead", {}, h("tr", {},
           ["Session", "Agent", "Pending / limit", "Running prompt", "Subscribers", "Age", ""].map((t) => h("th", {}, t)))),
@@ -73,7 +79,7 @@ export function mount(root, _params, ctx) {
     h("p", { class: "hint" },
       "Closed but kept: their agent died, they were idle, or the /acp client that made them left. Load one again to go on with it."),
     endedError,
-    h("div", { class: "table-wrap" },
+    endedWrap = h("div", { class: "table-wrap" },
       h("table", { class: "list", testid: "ended-sessions" },
         h("thead", {}, h("tr", {}, ["Session", "Agent", "Ended", ""].map((t) => h("th", {}, t)))),
         endedBody)),
@@ -96,13 +102,15 @@ export function mount(root, _params, ctx) {
       s.owner && s.owner !== me ? h("span", { class: "badge owner", testid: "row-owner", title: "made by this principal" }, s.owner) : null),
     h("td", {}, s.agent),
     h("td", { class: "num", testid: "row-pending" }, `${s.pendingPrompts} / ${limitText(s.maxPendingPrompts)}`),
-    h("td", { class: "prompt-text" }, s.activePromptText || (s.isWaitingForPermission ? "waiting for approval" : "—"),
+    h("td", { class: "prompt-text", dir: s.activePromptText ? "auto" : null }, s.activePromptText || (s.isWaitingForPermission ? "waiting for approval" : "—"),
       s.isWaitingForPermission ? h("span", { class: "badge warn" }, "approval") : null),
     h("td", { class: "num" }, String(s.subscribers)),
     h("td", { testid: "row-age", dataset: { created: s.createdAt } }, ago(Date.parse(s.createdAt))),
     h("td", { class: "actions" },
-      h("a", { class: "button", href: `#/session/${encodeURIComponent(s.sessionId)}`, testid: "open-session" }, "Open"),
-      mayPrompt ? h("button", { class: "danger", testid: "delete-session", onclick: () => remove(s.sessionId) }, "Delete") : null));
+      h("a", { class: "button", href: `#/session/${encodeURIComponent(s.sessionId)}`, testid: "open-session",
+        "aria-label": `Open session ${shortId(s.sessionId)}` }, "Open"),
+      mayPrompt ? h("button", { class: "danger", testid: "delete-session", "aria-label": `Delete session ${shortId(s.sessionId)}`,
+        onclick: () => remove(s.sessionId) }, "Delete") : null));
 
   const endedRow = (s) => h("tr", { testid: "ended-row", dataset: { sessionId: s.sessionId } },
     h("td", { class: "mono" }, h("span", { title: s.sessionId }, shortId(s.sessionId)),
@@ -112,8 +120,9 @@ export function mount(root, _params, ctx) {
     h("td", { testid: "ended-age", dataset: { ended: s.endedAt } }, ago(Date.parse(s.endedAt))),
     h("td", { class: "actions" }, mayPrompt
       ? [h("a", { class: "button", href: `#/session/${encodeURIComponent(s.sessionId)}`, testid: "load-ended",
-        title: "starts its agent again with the conversation" }, "Load again"),
-        h("button", { class: "danger", testid: "delete-ended", onclick: () => removeEnded(s.sessionId) }, "Delete")]
+        title: "starts its agent again with the conversation", "aria-label": `Load again: session ${shortId(s.sessionId)}` }, "Load again"),
+        h("button", { class: "danger", testid: "delete-ended", "aria-label": `Delete ended session ${shortId(s.sessionId)}`,
+          onclick: () => removeEnded(s.sessionId) }, "Delete")]
       : h("span", { class: "hint" }, "loading needs the prompt scope")));
 
   const removeEnded = async (id) => {
@@ -132,10 +141,10 @@ export function mount(root, _params, ctx) {
     try {
       page = await request("GET", `/workspace/${workspace}/ended-sessions?size=100`);
     } catch (error) {
-      endedError.textContent = errorText(error);
+      stale(endedWrap, endedError, error);
       return;
     }
-    endedError.textContent = "";
+    stale(endedWrap, endedError, null);
     endedMore.hidden = !page.nextCursor;
     reconcile(endedBody, page.sessions, (s) => s.sessionId, endedRow,
       (s) => JSON.stringify([s.agent, s.endedAt, s.origin, s.owner]),
@@ -158,10 +167,11 @@ export function mount(root, _params, ctx) {
         cursor = page.nextCursor || null;
       } while (cursor);
     } catch (error) {
-      listError.textContent = errorText(error);
+      stale(liveWrap, listError, error);
+      if (error.unreachable) endedCountdown = 0;   // read both again once it answers
       throw error;
     }
-    listError.textContent = "";
+    stale(liveWrap, listError, null);
     const hidden = showAll.checked ? 0 : sessions.filter((s) => s.origin).length;
     hiddenCount.textContent = hidden ? `(${hidden} hidden)` : "";
     const shown = showAll.checked ? sessions : sessions.filter((s) => !s.origin);

@@ -15,8 +15,8 @@ export function mount(root, [taskId]) {
   const path = `/lmsp/v1/tasks/${encodeURIComponent(taskId)}`;
   const status = h("span", { class: "badge", testid: "task-status" }, "…");
   const facts = h("dl", { class: "facts" });
-  const output = h("pre", { class: "output", testid: "task-output" });
-  const inputText = h("pre", { class: "output input", testid: "task-input" }, "…");
+  const output = h("pre", { class: "output", testid: "task-output", dir: "auto" });
+  const inputText = h("pre", { class: "output input", testid: "task-input", dir: "auto" }, "…");
   const log = h("ol", { class: "events", testid: "task-events" });
   const error = h("p", { class: "error", testid: "task-error" });
   const cancelButton = h("button", { class: "danger", testid: "cancel-task", onclick: () => cancel() }, "Cancel");

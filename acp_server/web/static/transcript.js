@@ -15,6 +15,12 @@
 // re-rendered once per frame and only the message that is streaming; tool calls are
 // one block each, updated in place; a plan replaces the prompt's previous plan.
 // state_resync_required empties the transcript and leaves a notice.
+//
+// For a screen reader the transcript is a log (role="log": what is added is read); an
+// agent message is aria-busy while it streams (re-rendered once per frame, it would
+// otherwise be read again and again) and read once whole: when the turn ends or
+// another block follows it. Message text is dir="auto" (and each Markdown block), so
+// right-to-left text reads right to left.
 
 import { clear, h, toolKind } from "./dom.js";
 import { renderMarkdown } from "./markdown.js";
@@ -48,8 +54,15 @@ class Turn {
   set state(value) { this.node.dataset.state = value; }
 
   append(node) {
+    this.settle();
     this.node.append(node);
     this.last = null;
+  }
+
+  // The streaming message is done (another block follows it, or the turn ended): a
+  // screen reader may read it now (aria-busy false).
+  settle() {
+    if (this.last && this.last.kind === "agent") this.last.node.setAttribute("aria-busy", "false");
   }
 
   note(text, cls = "note", testid = undefined) {
@@ -119,6 +132,12 @@ export class Transcript {
         + "the transcript starts there.", "notice", "resync-notice");
       return;
     }
+    if (type === "replay_complete") {   // history is whole but for a turn still running
+      for (const node of this.node.querySelectorAll('[aria-busy="true"]')) {
+        if (!node.closest('[data-state="running"]')) node.setAttribute("aria-busy", "false");
+      }
+      return;
+    }
     if (type === "client_evicted") {
       this.note("this page fell behind the stream; reconnecting", "note error");
       return;
@@ -133,10 +152,12 @@ export class Transcript {
       case "prompt_cancelled": this.cancelled(turn, data.reason); break;
       case "turn_complete":
         if (turn.state === "dropped") break;
+        turn.settle();
         turn.state = data.stopReason === "cancelled" ? "cancelled" : "completed";
         turn.note(`turn ended: ${data.stopReason}`);
         break;
       case "turn_error":
+        turn.settle();
         turn.state = "failed";
         turn.note(`turn failed: ${data.code}: ${data.message}`, "note error");
         break;
@@ -160,7 +181,7 @@ export class Transcript {
     turn.state = "queued";
     turn.queued = h("div", { class: "msg user queued", testid: "msg-queued" },
       h("span", { class: "who" }, "You ", h("span", { class: "badge queued" }, "queued")),
-      h("div", { class: "text" }, text || ""));
+      h("div", { class: "text", dir: "auto" }, text || ""));
     turn.append(turn.queued);
   }
 
@@ -204,9 +225,11 @@ export class Transcript {
   chunk(turn, kind, text) {
     let last = turn.last;
     if (!last || last.kind !== kind) {
-      const body = h("div", { class: kind === "agent" ? "text markdown" : "text" });
-      turn.append(h("div", { class: `msg ${kind}`, testid: `msg-${kind}` }, h("span", { class: "who" }, LABELS[kind]), body));
-      last = turn.last = { kind, body, source: "" };
+      const body = h("div", { class: kind === "agent" ? "text markdown" : "text", dir: "auto" });
+      const node = h("div", { class: `msg ${kind}`, testid: `msg-${kind}`, "aria-busy": kind === "agent" ? "true" : null },
+        h("span", { class: "who" }, LABELS[kind]), body);
+      turn.append(node);
+      last = turn.last = { kind, body, node, source: "" };
     }
     last.source += text;
     if (kind === "agent") this.render(last);
@@ -249,6 +272,7 @@ export class Transcript {
   }
 
   plan(turn, u) {
+    turn.settle();
     const items = (u.entries || []).map((e) => h("li", { class: e.status }, `${e.content} — ${e.status}`));
     const node = h("div", { class: "plan", testid: "plan" }, h("span", { class: "who" }, "Plan"), h("ol", {}, items));
     if (turn.plan) turn.plan.replaceWith(node);
