@@ -99,6 +99,8 @@ class TurnError(Payload):
     message: str
     code: str  # a string, as the peer sends it ("-32603", "prompt_deadline_exceeded", ...)
     prompt_id: str
+    # the agent's ``data.errorKind`` (``context_length_exceeded``: the prompt was not kept)
+    error_kind: str | None = None
 
 
 class PromptCancelled(Payload):

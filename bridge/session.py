@@ -453,7 +453,8 @@ class Session:
         else:
             code = _error_code(outcome)
             self.bus.publish(ev.TURN_ERROR, ev.TurnError(
-                session_id=sid, message=str(outcome), code=code, prompt_id=pid),
+                session_id=sid, message=str(outcome), code=code, prompt_id=pid,
+                error_kind=_error_kind(outcome)),
                 prompt_id=pid, originator_client_id=origin)
             state = "failed"
             terminal = PromptTerminal(prompt_id=pid, terminal=state, error_code=code,
@@ -550,6 +551,13 @@ class Session:
 
     def close_error(self, reason: str) -> SessionClosedError:
         return SessionClosedError(self.session_id, reason)
+
+
+def _error_kind(error: BaseException) -> str | None:
+    """An agent error's ``data.errorKind`` (``bridge.wire.agent_error_data``), if any."""
+    data = error.data if isinstance(error, AgentError) else None
+    kind = data.get("errorKind") if isinstance(data, dict) else None
+    return kind if isinstance(kind, str) else None
 
 
 def _error_code(error: BaseException) -> str:

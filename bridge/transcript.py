@@ -20,7 +20,9 @@ Contracts:
   prompt's text blocks; agent chunks joined as sent). Chunks with no prompt (an
   agent's own ``session/load`` replay) are one message each.
 * Events of the prompts in ``skip`` are left out (a turn that runs again after the
-  restart: the agent gets its prompt anew, never twice).
+  restart: the agent gets its prompt anew, never twice), and those of a prompt whose
+  ``turn_error`` has ``errorKind`` ``context_length_exceeded`` (the agent did not keep
+  it: the model agent's conversation goes on without it).
 * A branch's or fork's record keeps its parent's conversation at its making
   (``seed_of``; ``SessionOpened.seed``): its restored agent gets that, then its own
   (``after_seed``).
@@ -39,6 +41,7 @@ import msgspec
 from bridge import events as ev
 from bridge.events import Event
 from bridge.history import text_update
+from bridge.wire import CONTEXT_LENGTH_EXCEEDED
 
 TRANSCRIPT_META = "acp-server/transcript"
 MAX_TRANSCRIPT_BYTES = 1 << 20
@@ -48,6 +51,8 @@ _ROLES = {"user_message_chunk": "user", "agent_message_chunk": "agent"}
 def transcript(events: Iterable[Event], *, skip: Collection[str] = (),
                max_bytes: int = MAX_TRANSCRIPT_BYTES) -> list[dict[str, str]]:
     """The conversation the events record (see the module contracts)."""
+    events = list(events)
+    skip = {*skip, *_not_kept(events)}
     messages: list[dict[str, str]] = []
     parts: list[str] = []
     key: tuple[str, str | None] | None = None   # (role, prompt id) of the open message
@@ -97,6 +102,20 @@ def after_seed(seed: str | None, messages: list[dict[str, str]],
     except msgspec.MsgspecError:
         return messages
     return _newest([*before, *messages], max_bytes)
+
+
+def _not_kept(events: list[Event]) -> set[str]:
+    """The prompts whose turn failed as over the model's context: the agent did not
+    keep them (the model agent drops such a prompt from its conversation)."""
+    ids = set()
+    for event in events:
+        if event.type == ev.TURN_ERROR and event.prompt_id is not None:
+            data = event.data
+            kind = data.get("errorKind") if isinstance(data, dict) \
+                else getattr(data, "error_kind", None)
+            if kind == CONTEXT_LENGTH_EXCEEDED:
+                ids.add(event.prompt_id)
+    return ids
 
 
 def _chunk(data: Any) -> tuple[str, str] | None:

@@ -99,6 +99,7 @@ class TurnError(_Data):
     message: str
     code: str
     promptId: str
+    errorKind: str | None = None   # an agent's own kind of error, when it names one
 
 
 class PromptCancelled(_Data):

@@ -9,11 +9,16 @@ server's other models never send them either."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from bridge import Bridge
+from bridge import events as ev
 from bridge.agents.model import ModelAgentFactory, ModelServerState
 from bridge.errors import AgentError
+from bridge.transcript import transcript
+from bridge.wire import envelope
 from tests.bridge.helpers import text
 from tests.bridge.hostile_model_server import CONTEXT_ERROR, hostile_model_server
 
@@ -44,6 +49,14 @@ async def test_a_conversation_over_the_context_fails_saying_so(tmp_path) -> None
             assert _sent(upstream) == [("user", "a" * 100), ("assistant", "pong: " + "a" * 100),
                                        ("user", "c")]
             assert upstream.seen == ["normal", "context_refused", "normal"]
+            # the turn's error says so on the wire too, and a restored agent's transcript
+            # (the journal's events) leaves the prompt out, as the live agent did
+            ring = bridge._sessions[sid].bus.ring_events()
+            failed = next(e for e in ring if e.type == ev.TURN_ERROR)
+            assert json.loads(envelope(failed))["data"]["errorKind"] == \
+                "context_length_exceeded"
+            assert [(m["role"], m["text"][:7]) for m in transcript(ring)] == [
+                ("user", "a" * 7), ("agent", "pong: a"), ("user", "c"), ("agent", "pong: c")]
 
 
 async def test_max_history_chars_keeps_a_long_conversation_under_the_context(tmp_path) -> None:

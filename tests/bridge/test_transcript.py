@@ -46,3 +46,28 @@ def test_an_agent_reads_only_well_formed_entries() -> None:
                                                                       "text": "hello"}]}
     assert seeded(meta) == [("user", "hi"), ("agent", "hello")]
     assert seeded({TRANSCRIPT_META: "junk"}) == seeded(None) == []
+
+
+def test_a_prompt_over_the_models_context_is_left_out() -> None:
+    """The model agent keeps no prompt its model refused as over the context: a
+    restored agent must not get it back either (its next turn would fail the same
+    way). Another failed turn's prompt stays."""
+    failed = {"sessionId": "s", "message": "over", "code": "-32603", "promptId": "p1",
+              "errorKind": "context_length_exceeded"}
+    events = [
+        _chunk(1, "user_message_chunk", "x" * 100, "p1"),
+        Event(2, ev.TURN_ERROR, failed, prompt_id="p1"),
+        _chunk(3, "user_message_chunk", "short", "p2"),
+        _chunk(4, "agent_message_chunk", "ok", "p2"),
+        _chunk(5, "user_message_chunk", "boom", "p3"),
+        Event(6, ev.TURN_ERROR, ev.TurnError(session_id="s", message="500", code="-32603",
+                                             prompt_id="p3"), prompt_id="p3"),
+        _chunk(7, "user_message_chunk", "too", "p4"),
+        Event(8, ev.TURN_ERROR, ev.TurnError(session_id="s", message="over", code="-32603",
+                                             prompt_id="p4",
+                                             error_kind="context_length_exceeded"),
+              prompt_id="p4"),
+    ]
+    assert transcript(events) == [{"role": "user", "text": "short"},
+                                  {"role": "agent", "text": "ok"},
+                                  {"role": "user", "text": "boom"}]
