@@ -29,11 +29,12 @@ T = TypeVar("T")
 
 
 class _Call:
-    __slots__ = ("done", "error", "result")
+    __slots__ = ("done", "error", "result", "returned")
 
     def __init__(self) -> None:
         self.done = anyio.Event()
         self.result: Any = None
+        self.returned = False   # not when the store's task group was cancelled (closing)
         self.error: BaseException | None = None
 
 
@@ -51,7 +52,7 @@ class BoundedCalls:
             self.tg.start_soon(self._run, key, pending, call)
         with anyio.move_on_after(timeout):
             await pending.done.wait()
-        if not pending.done.is_set():
+        if not pending.done.is_set() or (pending.error is None and not pending.returned):
             raise TimeoutError(f"no answer within {timeout:g} s")
         if pending.error is not None:
             raise pending.error
@@ -60,6 +61,7 @@ class BoundedCalls:
     async def _run(self, key: str, pending: _Call, call: Callable[[], Awaitable[Any]]) -> None:
         try:
             pending.result = await call()
+            pending.returned = True
         except Exception as exc:
             pending.error = exc
         finally:
