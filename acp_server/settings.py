@@ -247,6 +247,12 @@ class Settings:
         if self.model_server is not None and not re.match(r"^https?://[^\s/]+", self.model_server):
             raise SettingsError(f"Invalid model server: {redact_address(self.model_server)!r}. "
                                 "Must be an http(s) URL such as http://127.0.0.1:11434/v1.")
+        if self.model_server is not None and re.search(r"[?#]", self.model_server):
+            # the paths are appended to it (/models after a query string), and httpx logs
+            # each request's URL: a key there reached the log; it goes by --model-api-key-env
+            raise SettingsError(f"Invalid model server: {redact_address(self.model_server)!r}. "
+                                "Must have no query string or fragment (pass an API key "
+                                "with --model-api-key-env).")
         if isinstance(self.model_refresh_ms, bool) or not isinstance(self.model_refresh_ms, int) \
                 or self.model_refresh_ms < 0:
             raise SettingsError(f"Invalid model-refresh-ms: {self.model_refresh_ms!r}. Must be "

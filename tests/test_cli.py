@@ -48,6 +48,10 @@ def _no_env_token(monkeypatch: pytest.MonkeyPatch) -> None:
     (["--store", "mysql://x"], "Invalid store: 'mysql://x'"),
     (["--store", "/plain/path.db"], "Invalid store: '/plain/path.db'"),
     (["--max-running-tasks", "-1"], "Invalid max-running-tasks: -1"),
+    # the query string was appended to (/v1?key=…/models) and logged by httpx, key and all
+    (["--model-server", "http://127.0.0.1:9/v1?api_key=s3cret"],
+     "Invalid model server: 'http://127.0.0.1:9/v1?api_key=***'. Must have no query string"),
+    (["--model-server", "http://127.0.0.1:9/v1#frag"], "Invalid model server: "),
     (["--max-pending-prompts-per-session", "five"], "Invalid max_pending_prompts_per_session: 'five'"),
     (["--prompt-deadline-ms", "0"], "Invalid prompt_deadline_ms: 0. Must be a positive integer"),
     (["--prompt-deadline-ms", "-5"], "Invalid prompt_deadline_ms: -5"),

@@ -21,7 +21,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from acp_server.http.body import ClientDisconnected
-from acp_server.http.handlers import handle_disconnect
+from acp_server.http.handlers import handle_disconnect, request_line
 
 log = logging.getLogger("acp_server.acp_http")
 _INTERNAL = b'{"error":"Internal error"}'
@@ -36,7 +36,7 @@ async def handle_http(request: Request, exc: Exception) -> Response:
 async def handle_unexpected(request: Request, exc: Exception) -> Response:
     # Starlette's ServerErrorMiddleware calls this, then re-raises it to the HTTP server,
     # which logs nothing of it in the daemon (granian runs with its log off): logged here
-    log.error("acp: %s %s failed", request.method, request.url.path, exc_info=exc)
+    log.error("acp: %s failed", request_line(request), exc_info=exc)
     return Response(_INTERNAL, 500, media_type="application/json")
 
 

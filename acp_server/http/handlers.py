@@ -32,6 +32,8 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
+from bridge.loggable import loggable
+
 log = logging.getLogger("acp_server.http")
 
 Handler = Callable[[Request, Exception], Awaitable[Response]]
@@ -71,9 +73,14 @@ def by_prefix(doors: Sequence[tuple[str, Mapping[Any, Handler]]]) -> dict[Any, H
 async def handle_disconnect(request: Request, exc: Exception) -> Response:
     # A client gone in the middle of its body: one quiet line, no traceback; the
     # answer is never read.
-    log.info("client disconnected during the request body: %s %s", request.method,
-             request.url.path)
+    log.info("client disconnected during the request body: %s", request_line(request))
     return Response(status_code=400)
 
 
-__all__ = ["Handler", "by_prefix", "handle_disconnect"]
+def request_line(request: Request) -> str:
+    """``METHOD PATH`` as a log line may say it: the client chose both, so each is
+    ``loggable`` (no CR/LF to forge a line, no terminal escape, bounded)."""
+    return f"{loggable(request.method, 64)} {loggable(request.scope.get('path', ''))}"
+
+
+__all__ = ["Handler", "by_prefix", "handle_disconnect", "request_line"]

@@ -48,6 +48,7 @@ from acp_server.lmsp.service import LmspService
 from acp_server.store.tasks import TERMINAL, CommittedEvent
 from acp_server.lmsp.responses import base_response
 from acp_server.lmsp.wire import DeletedResponse, encode
+from acp_server.http.handlers import request_line
 from acp_server.http.sse import SseResponse, frame
 from acp_server.principals import caller_of
 from acp_server.principals.model import INFO, MUTATING, PROMPTING, READING, Access
@@ -80,8 +81,8 @@ def _endpoint(methods: dict[str, Endpoint],
         except StoreUnavailableError as exc:
             return problem_response(store_unavailable(exc), instance=request.url.path)
         except ENGINE_ERRORS as exc:   # the store refused this write for good
-            log.warning("lmsp: %s %s: the store refused the write: %s", request.method,
-                        request.url.path, first_line(exc, 200))
+            log.warning("lmsp: %s: the store refused the write: %s", request_line(request),
+                        first_line(exc, 200))
             return problem_response(store_unavailable(StoreUnavailableError("refused")),
                                     instance=request.url.path)
 

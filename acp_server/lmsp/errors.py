@@ -21,7 +21,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from acp_server.http.body import ClientDisconnected
-from acp_server.http.handlers import handle_disconnect
+from acp_server.http.handlers import handle_disconnect, request_line
 from acp_server.lmsp.problems import (
     PROBLEM_JSON,
     problem,
@@ -54,7 +54,7 @@ async def handle_store(request: Request, exc: Exception) -> Response:
 async def handle_unexpected(request: Request, exc: Exception) -> Response:
     # Starlette's ServerErrorMiddleware calls this, then re-raises it to the HTTP server,
     # which logs nothing of it in the daemon (granian runs with its log off): logged here
-    log.error("lmsp: %s %s failed", request.method, request.url.path, exc_info=exc)
+    log.error("lmsp: %s failed", request_line(request), exc_info=exc)
     body = encode(problem("server_error", "Internal error.", instance=request.url.path))
     return Response(body, 500, media_type=PROBLEM_JSON)
 

@@ -22,7 +22,10 @@ Contracts:
   the store. The task counts (one ``GROUP BY status`` over the ``tasks_status``
   index) are cached for ``task_ttl_s`` (5 s), fetched by at most one scrape at a
   time, so with PostgreSQL and several instances a scrape of every instance costs
-  the shared store one query per instance per 5 s at most.
+  the shared store one query per instance per 5 s at most. A scrape waits for them at
+  most ``SCRAPE_WAIT_S``, then serves the last counts (the query goes on in the
+  store's task group: ``acp_server.store.bounded``), so a store that hangs or is down
+  never holds ``/metrics``.
 * ``route`` labels are route templates (``/session/{session_id}/prompt``) or
   ``unmatched``, never a raw path. ``stop_reason`` labels are ACP's stop reasons,
   ``error`` (a failed turn) or ``other`` (whatever else an agent answered): no label
@@ -71,6 +74,7 @@ DOORS = ("rest", "acp", "lmsp")   # the doors with event streams
 TRANSPORTS = ("http", "websocket")
 TASK_STATUSES: tuple[str, ...] = get_args(TaskStatus)
 DEFAULT_TASK_TTL_S = 5.0
+SCRAPE_WAIT_S = 1.0   # a scrape waits this long for the task counts, then serves the last
 HTTP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
                 5.0, 10.0)
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0)
@@ -100,9 +104,12 @@ class _TaskCounts:
         async with self._lock:
             if time.monotonic() - self.fetched_at < self.ttl_s:
                 return   # another scrape fetched them meanwhile
+            bounded = getattr(self.store, "bounded", None)   # acp_server.store.bounded
             try:
-                self.counts = await self.store.status_counts()
-            except StoreUnavailableError:
+                self.counts = await (self.store.status_counts() if bounded is None else
+                                     bounded.ask("status_counts", self.store.status_counts,
+                                                 SCRAPE_WAIT_S))
+            except (StoreUnavailableError, TimeoutError):
                 return   # the last counts stand; /health?deep=1 says the store is down
             self.fetched_at = time.monotonic()
             self.fetches += 1

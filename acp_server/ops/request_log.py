@@ -12,7 +12,8 @@
 
 Contracts:
 
-* One line per HTTP request (logger ``acp_server.access``, level INFO): method, route
+* One line per HTTP request (logger ``acp_server.access``, level INFO): method (another
+  than HTTP's own cut to ``MAX_METHOD_CHARS``, then "…"), route
   template (``unmatched`` when no route matched; never the raw path or the query),
   status, duration in ms, door (``rest``, ``acp``, ``lmsp``, ``ops``), and the
   ``session_id`` / ``task_id`` of the path when it has one (at most 128 characters,
@@ -57,6 +58,9 @@ TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 UNMATCHED = "unmatched"
 _ID_PARAMS = ("session_id", "task_id")
 MAX_ID_CHARS = 128
+MAX_METHOD_CHARS = 16
+HTTP_METHODS = frozenset(("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS",
+                          "CONNECT", "TRACE"))
 
 
 class AccessRecorder:
@@ -89,7 +93,7 @@ class AccessRecorder:
                 metrics.stream_closed(door)
         writer = access_writer
         if writer is not None and not writer.json and events is None:   # the hot case
-            writer.text("request", scope["method"], route, status, seconds * 1000, door,
+            writer.text("request", method_of(scope), route, status, seconds * 1000, door,
                         params.get("session_id"), params.get("task_id"), None)
         elif writer is not None or access_log.isEnabledFor(logging.INFO):
             self._log(scope, "request" if events is None else "stream_close", door, status,
@@ -118,11 +122,11 @@ class AccessRecorder:
         writer = access_writer
         if writer is not None and not writer.json:   # the hot case: straight to the line
             ids = params or {}
-            writer.text(kind, scope["method"], route, status,
+            writer.text(kind, method_of(scope), route, status,
                         None if seconds is None else seconds * 1000, door,
                         ids.get("session_id"), ids.get("task_id"), events)
             return
-        fields: dict[str, Any] = {"kind": kind, "method": scope["method"], "route": route,
+        fields: dict[str, Any] = {"kind": kind, "method": method_of(scope), "route": route,
                                   "status": status, "door": door}
         if seconds is not None:
             fields["duration_ms"] = round(seconds * 1000, 3)
@@ -150,6 +154,17 @@ class _Line:
         f = self.fields
         return text_line(f["kind"], f["method"], f["route"], f["status"], f.get("duration_ms"),
                          f["door"], f.get("session_id"), f.get("task_id"), f.get("events"))
+
+
+def method_of(scope: Scope) -> str:
+    """The request's method as a line says it: HTTP's own as they are; another (the
+    client chose it: the HTTP server takes any token, 8 KB long) cut to
+    ``MAX_METHOD_CHARS`` then "…", so neither a line nor the line cache grows with it."""
+    method: str = scope["method"]
+    if method in HTTP_METHODS:
+        return method
+    return printable(method[:MAX_METHOD_CHARS] + "…" if len(method) > MAX_METHOD_CHARS
+                     else method)
 
 
 def capped(value: str) -> str:

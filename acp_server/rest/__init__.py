@@ -51,7 +51,7 @@ def routes(bridge: Bridge, config: RestConfig, *,
     return [*(admin.routes(gate, config) if gate is not None else ()),
             *health.routes(bridge, store), *capabilities.routes(bridge, config),
             *daemon.routes(bridge, config, lmsp_permissions=lmsp_permissions,
-                           instances=instances),
+                           instances=instances, store=store),
             *sessions.routes(bridge, config), *prompts.routes(bridge, config),
             *events.routes(bridge, config), *permissions.routes(bridge, config),
             *workspace.routes(bridge), *ended.routes(bridge)]

@@ -7,6 +7,11 @@
 ``?detail=full`` adds ``full.sessions`` (this instance's live sessions the caller sees,
 in the peer's ``DaemonStatusReportSession`` shape); ``detail`` other than ``summary``
 or ``full`` is 400 ``invalid_detail``, as the peer answers.
+
+``status`` is ``"ok"`` with no ``issues``, or ``"degraded"`` while the store is down
+as it last answered (no store call here: the answer never waits on an outage;
+``/health?deep=1`` asks it): ``issues`` then holds ``{"code": "store_unavailable",
+"message", "since"}``. The answer stays 200 (a report, not a probe).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from acp_server.rest import wire
 from acp_server.rest.config import RestConfig
 from acp_server.principals import caller_of
 from acp_server.rest.errors import bad_request, json_response
+from acp_server.store.errors import Probed
 from bridge import Bridge, SessionStatus
 from bridge.agent_calls import LISTING_WAIT_S
 from bridge.status import QueueWait
@@ -116,12 +122,19 @@ def full_session(status: SessionStatus) -> dict[str, Any]:
 
 async def daemon_status(request: Request, *, bridge: Bridge, config: RestConfig,
                         lmsp_permissions: PermissionReport | None,
-                        instances: InstancesReport | None = None) -> Response:
+                        instances: InstancesReport | None = None,
+                        store: Probed | None = None) -> Response:
     detail = request.query_params.get("detail", "summary")
     if detail not in ("summary", "full"):
         raise bad_request("detail must be one of: summary, full", "invalid_detail")
     await bridge.refresh_agents(wait_s=LISTING_WAIT_S)   # models listed since (if due)
     body = status_body(bridge, config)
+    if store is not None and not store.health.up:   # as it last answered: no store call
+        since = store.health.down_since
+        body.status = "degraded"
+        body.issues.append({"code": "store_unavailable",
+                            "message": f"The store is unavailable: {store.health.reason}",
+                            "since": wire.iso(since) if since is not None else None})
     if detail == "full":
         caller = caller_of(request.scope)
         body.detail = "full"
@@ -142,6 +155,7 @@ async def daemon_status(request: Request, *, bridge: Bridge, config: RestConfig,
 
 def routes(bridge: Bridge, config: RestConfig, *,
            lmsp_permissions: PermissionReport | None = None,
-           instances: InstancesReport | None = None) -> list[BaseRoute]:
+           instances: InstancesReport | None = None,
+           store: Probed | None = None) -> list[BaseRoute]:
     return [route("/daemon/status", daemon_status, ["GET"], bridge=bridge, config=config,
-                  lmsp_permissions=lmsp_permissions, instances=instances)]
+                  lmsp_permissions=lmsp_permissions, instances=instances, store=store)]

@@ -43,7 +43,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from acp_server.http.body import ClientDisconnected
-from acp_server.http.handlers import handle_disconnect
+from acp_server.http.handlers import handle_disconnect, request_line
 from acp_server.http.policy import Refusal
 from acp_server.store.errors import (
     ENGINE_ERRORS,
@@ -221,7 +221,7 @@ async def handle_error(request: Request, exc: Exception) -> Response:
 async def handle_unexpected(request: Request, exc: Exception) -> Response:
     # Starlette's ServerErrorMiddleware calls this, then re-raises it to the HTTP server,
     # which logs nothing of it in the daemon (granian runs with its log off): logged here
-    log.error("rest: %s %s failed", request.method, request.url.path, exc_info=exc)
+    log.error("rest: %s failed", request_line(request), exc_info=exc)
     return error_response(exc)
 
 

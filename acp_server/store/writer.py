@@ -48,7 +48,8 @@ Contracts:
   and rolls back (``_abort``). A writer whose new thread fails too before settling a
   batch is gone: the other writers serve, and the last one fails what is queued at
   once. No caller, and no closing, waits for a writer that is gone.
-* ``probe()`` answers ``None`` when the store serves, else why not (``/health?deep=1``).
+* ``probe()`` answers ``None`` when the store serves, else why not (``/health?deep=1``),
+  within its timeout even when the store hangs (``bounded``).
 * An operation queued with ``durable=False`` (the session journal's) asks only to
   survive a crash of the server's process; a batch of nothing else may commit without
   flushing the disk (the SQLite engine does: ``synchronous=NORMAL``), a batch with one
@@ -84,6 +85,7 @@ import anyio
 import anyio.abc
 import anyio.from_thread
 
+from acp_server.store.bounded import BoundedCalls
 from acp_server.store.errors import StoreHealth, StoreUnavailableError, first_line
 from acp_server.store.tasks import CommittedEvent
 
@@ -188,6 +190,7 @@ class GroupCommitStore(Generic[C]):
         self._live_writers = writers   # writers with a thread (``_thread``'s ``gone``)
         self._send, self._receive = anyio.create_memory_object_stream[Op](QUEUE_SIZE)
         self._exit: contextlib.AsyncExitStack | None = None
+        self.bounded = BoundedCalls()   # the operator's checks: never held by a hung store
 
     # -- hooks ---------------------------------------------------------------------
     async def _connect_all(self) -> None:
@@ -254,6 +257,7 @@ class GroupCommitStore(Generic[C]):
                     self._live_writers = self.writers
                     for index in range(self.writers):
                         tg.start_soon(self._write_loop, index)
+                    self.bounded.tg = tg
                     await self._background(tg)
                     try:
                         yield self
@@ -261,6 +265,7 @@ class GroupCommitStore(Generic[C]):
                         with anyio.CancelScope(shield=True):
                             await self._closing()
                 finally:   # also when the store's scope is cancelled or start-up failed
+                    self.bounded.tg = None
                     self._send.close()   # the loops drain what is queued, then end
                     self._stopping()
         finally:
@@ -587,12 +592,16 @@ class GroupCommitStore(Generic[C]):
         """``None`` when the store answers within ``timeout`` and its last write did not
         fail; else the reason (``/health?deep=1``). A store down for its writes is
         asked again with an empty write, so a probe also sees it come back."""
-        with anyio.move_on_after(timeout):
-            try:
-                if not self.health.up:
-                    await self._write(lambda *args: None)
-                await self._ping()
-            except StoreUnavailableError as exc:
-                return exc.reason
-            return self.health.reason
-        return f"no answer within {timeout:g} s"
+        try:   # in the store's task group: a store that hangs holds no asker
+            return await self.bounded.ask("probe", self._probe, timeout)
+        except TimeoutError:
+            return f"no answer within {timeout:g} s"
+
+    async def _probe(self) -> str | None:
+        try:
+            if not self.health.up:
+                await self._write(lambda *args: None)
+            await self._ping()
+        except StoreUnavailableError as exc:
+            return exc.reason
+        return self.health.reason

@@ -7,7 +7,9 @@
     bad = StderrLog(prefix, what="invalid stdout", logger=other, level=logging.WARNING)
     bad.say("ignoring invalid message: …")   # any other stream of an agent's lines
 
-Contracts: every line goes to ``tail``; at most ``burst`` lines are logged at once and
+Contracts: every line goes to ``tail`` as it is, and to the log
+``loggable`` (CR, ESC and the other controls escaped: an agent's line can neither forge
+a server log line nor drive the reader's terminal); at most ``burst`` lines are logged at once and
 ``per_s`` a second after that (a token bucket on ``clock``); the lines past it are
 counted, not logged, and the count is logged (WARNING) with the next line logged or at
 ``close``. An agent that floods its stderr so costs the server's log (and disk) at
@@ -21,11 +23,14 @@ import logging
 import time
 from collections.abc import Callable
 
+from bridge.loggable import loggable
+
 log = logging.getLogger("bridge.agents.stdio.stderr")
 
 TAIL_LINES = 50
 BURST = 200
 PER_S = 20.0
+LINE_CHARS = 4096   # of a logged line; ``tail`` keeps it whole
 
 
 class StderrLog:
@@ -58,7 +63,7 @@ class StderrLog:
             return
         self._allowance -= 1.0
         self._report()
-        self.logger.log(self.level, "%s %s", self.prefix, text)
+        self.logger.log(self.level, "%s %s", self.prefix, loggable(text, LINE_CHARS))
 
     def close(self) -> None:
         self._report()

@@ -69,3 +69,17 @@ async def test_an_agent_flooding_its_stderr(caplog: pytest.LogCaptureFixture) ->
     assert "not logged" in lines[-1]
     suppressed = sum(int(line.split()[3]) for line in lines if "not logged" in line)
     assert suppressed + len(lines) - sum("not logged" in line for line in lines) == 50000
+
+
+def test_a_line_is_logged_escaped_and_kept_whole(caplog: pytest.LogCaptureFixture) -> None:
+    """An agent's stderr line went to the log raw: a CR or an ANSI escape in it forged
+    or recoloured the server's log (a terminal's title too); a 64 KB line whole."""
+    log = StderrLog("[agent x]", clock=Clock())
+    head = "\x1b[31mred\x1b[0m\r2026-12-06 INFO forged\x00"
+    raw = head + "y" * 5000
+    with caplog.at_level(logging.INFO, logger="bridge.agents.stdio.stderr"):
+        log.line(raw.encode() + b"\n")
+    (message,) = logged(caplog)
+    assert message == ("[agent x] \\x1b[31mred\\x1b[0m\\r2026-12-06 INFO forged\\x00"
+                       + "y" * (4096 - len(head)) + "…")
+    assert log.tail[-1] == raw   # the death message's tail: the agent's own words

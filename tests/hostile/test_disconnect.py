@@ -55,3 +55,24 @@ async def test_a_prompt_whose_body_was_cut_short_is_not_admitted(tmp_path: Path,
                 await anyio.sleep(0.02)
         status = (await daemon.client.get(f"/session/{sid}/status")).json()
         assert status["pendingPrompts"] == 0 and status["lastEventId"] == 0, status
+
+
+async def test_the_disconnect_line_escapes_the_clients_path(tmp_path: Path) -> None:
+    """The path is the client's (percent-decoded): a terminal escape, a CR or a NUL in it
+    reached the log raw, and a path of 8 KB whole; now each is escaped and it is cut."""
+    async with ServeProcess(tmp_path) as daemon:
+        stream = await daemon.raw()
+        junk = "%1b[31m%1b]0;owned%07%0dFORGED%00" + "x" * 3000
+        await stream.send(f"POST /session/{junk}/prompt HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                          "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"a\":"
+                          .encode())
+        await stream.aclose()
+        with anyio.fail_after(10):
+            while "client disconnected during the request body" not in daemon.stderr_text():
+                await anyio.sleep(0.02)
+        log = daemon.stderr_text()
+    line = next(line for line in log.splitlines() if "client disconnected" in line)
+    decoded = "/session/\x1b[31m\x1b]0;owned\x07\rFORGED\x00"   # 32 characters
+    assert line.endswith("POST /session/\\x1b[31m\\x1b]0;owned\\x07\\rFORGED\\x00"
+                         + "x" * (512 - len(decoded)) + "…"), line
+    assert not any(c in log for c in "\x1b\x07\r\x00"), repr(log)
