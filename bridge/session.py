@@ -74,6 +74,7 @@ from bridge.status import (
 from bridge.terminals import Terminals
 from bridge.ticket import PromptResult, PromptTicket
 from bridge.turn import forward_cancel, run_turn
+from bridge.wire import agent_error_kind
 from bridge.wakeup import Wakeup
 
 if TYPE_CHECKING:
@@ -554,10 +555,8 @@ class Session:
 
 
 def _error_kind(error: BaseException) -> str | None:
-    """An agent error's ``data.errorKind`` (``bridge.wire.agent_error_data``), if any."""
-    data = error.data if isinstance(error, AgentError) else None
-    kind = data.get("errorKind") if isinstance(data, dict) else None
-    return kind if isinstance(kind, str) else None
+    """An agent error's kind (``bridge.wire.agent_error_data``), if it names one."""
+    return agent_error_kind(error.data) if isinstance(error, AgentError) else None
 
 
 def _error_code(error: BaseException) -> str:

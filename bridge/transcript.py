@@ -41,7 +41,7 @@ import msgspec
 from bridge import events as ev
 from bridge.events import Event
 from bridge.history import text_update
-from bridge.wire import CONTEXT_LENGTH_EXCEEDED
+from bridge.wire import CONTEXT_LENGTH_EXCEEDED, agent_error_kind
 
 TRANSCRIPT_META = "acp-server/transcript"
 MAX_TRANSCRIPT_BYTES = 1 << 20
@@ -110,8 +110,8 @@ def _not_kept(events: list[Event]) -> set[str]:
     ids = set()
     for event in events:
         if event.type == ev.TURN_ERROR and event.prompt_id is not None:
-            data = event.data
-            kind = data.get("errorKind") if isinstance(data, dict) \
+            data = event.data   # typed, or (an event built from its wire form) a dict
+            kind = agent_error_kind(data) if isinstance(data, dict) \
                 else getattr(data, "error_kind", None)
             if kind == CONTEXT_LENGTH_EXCEEDED:
                 ids.add(event.prompt_id)
