@@ -200,6 +200,30 @@ async def test_data_on_a_closed_stream(daemon: ServeProcess) -> None:
     assert raw.got.goaway not in (None, 0) or raw.got.closed, raw.got
 
 
+# -- attacks acp-server ends itself ----------------------------------------------------
+BODY_PATHS = ("/session", "/acp", "/lmsp/v1/responses")   # REST, /acp, LMSP
+
+
+async def test_a_body_that_never_comes(daemon: ServeProcess) -> None:
+    """Requests whose body never arrives (HEADERS without END_STREAM, a declared length,
+    then nothing) from a client that answers every PING: each door answers 408 once
+    the header timeout passed with none of it, so the streams are not held in flight
+    (against ``--max-connections``) for as long as the connection lives; the
+    connection, with no stream left, is then ended by the idle sweep."""
+    async def attack(raw: RawH2) -> None:
+        for n, path in enumerate(BODY_PATHS * 10):
+            head = request_head(raw.port, path, [("content-type", "application/json"),
+                                                 ("content-length", "100")], method="POST")
+            await raw.send(headers(2 * n + 1, raw.block(head)))
+        with anyio.fail_after(BOUND_S):
+            while len(raw.got.statuses) + len(raw.got.resets) < 3 * 10 \
+                    and not raw.got.closed:
+                await raw.changed.wait()
+    raw = await endure(daemon, attack, answer_pings=True)
+    assert set(raw.got.statuses.values()) == {408}, raw.got
+    assert len(raw.got.statuses) == 3 * 10
+
+
 # -- attacks the keep-alive PING ends (our configuration) ------------------------------
 @pytest.mark.parametrize("flood", ["settings", "ping"])
 async def test_control_flood_that_never_reads(daemon: ServeProcess, flood: str) -> None:
