@@ -26,7 +26,7 @@ import pytest
 from tests.harness import ServeProcess
 from tests.hostile.h2frames import (
     HEADER_TABLE_SIZE, INITIAL_WINDOW_SIZE, MAX_WINDOW, PREFACE, RawH2, Stalled, continuation,
-    data, headers, ping, priority, request_head, rst_stream, settings, window_update)
+    data, frame, headers, ping, priority, request_head, rst_stream, settings, window_update)
 
 pytestmark = pytest.mark.anyio
 HEADER_TIMEOUT_MS = 2000
@@ -200,6 +200,33 @@ async def test_data_on_a_closed_stream(daemon: ServeProcess) -> None:
     assert raw.got.goaway not in (None, 0) or raw.got.closed, raw.got
 
 
+@pytest.mark.parametrize("on", ["stream", "connection"])
+async def test_window_update_of_zero(daemon: ServeProcess, on: str) -> None:
+    """A WINDOW_UPDATE with an increment of 0, on an open stream or on the connection:
+    a PROTOCOL_ERROR (h2 makes both connection errors: GOAWAY)."""
+    async def attack(raw: RawH2) -> None:
+        await raw.send(get(raw, 1) + window_update(1 if on == "stream" else 0, 0))
+    raw = await endure(daemon, attack)
+    assert raw.got.goaway == PROTOCOL_ERROR or raw.got.resets.get(1) == PROTOCOL_ERROR \
+        or raw.got.closed, raw.got
+
+
+async def test_empty_data_flood(daemon: ServeProcess) -> None:
+    """A request body sent as empty DATA frames without end (2019's "empty frames"
+    flood, CVE-2019-9518): GOAWAY within a few thousand frames; never served."""
+    async def attack(raw: RawH2) -> None:
+        head = request_head(raw.port, "/session", [("content-type", "application/json")],
+                            method="POST")
+        await raw.send(headers(1, raw.block(head)))
+        for _ in range(1000):
+            await raw.send(data(1, b"") * 500)
+            if raw.got.closed or raw.got.goaway is not None:
+                return
+    raw = await endure(daemon, attack)
+    assert raw.got.goaway not in (None, 0) or raw.got.closed, raw.got
+    assert raw.got.statuses.get(1) != 200
+
+
 # -- attacks acp-server ends itself ----------------------------------------------------
 BODY_PATHS = ("/session", "/acp", "/lmsp/v1/responses")   # REST, /acp, LMSP
 
@@ -287,6 +314,10 @@ CHEAP_FLOODS = {
     "ping": lambda raw, n: ping(n.to_bytes(8, "big")),
     "settings": lambda raw, n: settings({INITIAL_WINDOW_SIZE: 65535}),
     "priority": lambda raw, n: priority(2 * (n % 1000) + 1),
+    # RFC 9218's PRIORITY_UPDATE (type 0x10, unknown to h2) and a type nobody defines:
+    # read and dropped, as RFC 9113 says of unknown frames
+    "priority_update": lambda raw, n: frame(0x10, 0, 0, (1).to_bytes(4, "big") + b"u=0"),
+    "unknown": lambda raw, n: frame(0xFA, 0, 0, b"x" * 16),
 }
 
 
@@ -309,16 +340,16 @@ async def flood_while_reading(daemon: ServeProcess, kind: str) -> RawH2:
 
 @pytest.mark.parametrize("kind", list(CHEAP_FLOODS))
 async def test_cheap_frame_floods_are_absorbed(daemon: ServeProcess, kind: str) -> None:
-    """20 000 PING, SETTINGS or PRIORITY frames from a client that reads
-    its answers: each costs the server no more than reading it (no amplification, no
+    """20 000 PING, SETTINGS, PRIORITY, PRIORITY_UPDATE or unknown frames from a client
+    that reads its answers: each costs the server no more than reading it (no amplification, no
     queue), the others are served and memory stays flat."""
     raw = await flood_while_reading(daemon, kind)
     assert raw.got.goaway is None and not raw.got.closed   # served, as the xfail below says
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "granian 2.8 (hyper 1.x, h2 0.4) has no rate limit on PING, PRIORITY or "
-    "SETTINGS frames, and exposes no setting for one: a client that reads its "
+    "granian 2.8 (hyper 1.x, h2 0.4) has no rate limit on PING, PRIORITY, "
+    "SETTINGS or unknown (PRIORITY_UPDATE) frames, and exposes no setting for one: a client that reads its "
     "answers is served for as long as it floods (docs/security.md, HTTP/2)"))
 @pytest.mark.parametrize("kind", list(CHEAP_FLOODS))
 async def test_cheap_frame_floods_are_cut_off(daemon: ServeProcess, kind: str) -> None:
