@@ -42,8 +42,8 @@ from starlette.types import Message, Receive, Send
 from acp_server.http.policy import Refusal
 
 BODY_TIMEOUT = Refusal(408, "request_timeout",
-                       "The request body stopped arriving (the header timeout passed "
-                       "with none of it received).")
+                       "The request body stopped arriving: none of what was left of it "
+                       "came within the header timeout.")
 DISCONNECT: Message = {"type": "http.disconnect"}
 
 Answer = Callable[[Send], Awaitable[None]]

@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 import anyio
 import pytest
 
+from tests.harness import ServeProcess
 from tests.rest.server import running_server
 
 pytestmark = pytest.mark.anyio
@@ -45,6 +46,15 @@ async def test_each_door_answers_408(tmp_path: Path) -> None:
         assert status == 408 and acp["error"]["data"]["errorKind"] == "request_timeout", acp
         status, lmsp = await answer_to_a_stalled_body(srv.base_url, "/lmsp/v1/responses")
         assert status == 408 and lmsp["code"] == "request_timeout", lmsp
+        assert lmsp["title"] == "Request timeout"
         # the server goes on: a whole body is served as before
         created = await srv.client.post("/session", json={})
         assert created.status_code == 200, created.text
+
+
+@pytest.mark.parametrize("server", ["granian", "uvicorn"])
+async def test_the_daemon_answers_408_over_http1(tmp_path: Path, server: str) -> None:
+    async with ServeProcess(tmp_path, "--session-journal", "memory", "--http-server", server,
+                            "--header-timeout-ms", "500") as daemon:
+        status, rest = await answer_to_a_stalled_body(daemon.base_url, "/session")
+        assert status == 408 and rest["code"] == "request_timeout", rest
