@@ -25,8 +25,9 @@ import pytest
 
 from tests.harness import ServeProcess
 from tests.hostile.h2frames import (
-    HEADER_TABLE_SIZE, INITIAL_WINDOW_SIZE, MAX_WINDOW, PREFACE, RawH2, Stalled, continuation,
-    data, frame, headers, ping, priority, request_head, rst_stream, settings, window_update)
+    ENABLE_PUSH, HEADER_TABLE_SIZE, INITIAL_WINDOW_SIZE, MAX_FRAME_SIZE, MAX_WINDOW, PING,
+    PREFACE, PUSH_PROMISE, SETTINGS, RawH2, Stalled, continuation, data, frame, headers, ping,
+    priority, request_head, rst_stream, settings, window_update)
 
 pytestmark = pytest.mark.anyio
 HEADER_TIMEOUT_MS = 2000
@@ -225,6 +226,42 @@ async def test_empty_data_flood(daemon: ServeProcess) -> None:
     raw = await endure(daemon, attack)
     assert raw.got.goaway not in (None, 0) or raw.got.closed, raw.got
     assert raw.got.statuses.get(1) != 200
+
+
+FRAME_SIZE_ERROR = 6
+MALFORMED = {   # what RFC 9113 makes a connection error: (frames, the GOAWAY codes allowed)
+    # h2 answers PROTOCOL_ERROR where the RFC says FLOW_CONTROL_ERROR (6.5.2)
+    "initial window over 2^31-1": (lambda raw: settings({INITIAL_WINDOW_SIZE: 1 << 31}),
+                                   {PROTOCOL_ERROR, FLOW_CONTROL_ERROR}),
+    "max frame size under 16 KiB": (lambda raw: settings({MAX_FRAME_SIZE: 100}),
+                                    {PROTOCOL_ERROR}),
+    "max frame size over 2^24-1": (lambda raw: settings({MAX_FRAME_SIZE: 1 << 24}),
+                                   {PROTOCOL_ERROR}),
+    "enable push 2": (lambda raw: settings({ENABLE_PUSH: 2}), {PROTOCOL_ERROR}),
+    "settings of odd length": (lambda raw: frame(SETTINGS, 0, 0, b"\0\1\0"),
+                               {PROTOCOL_ERROR, FRAME_SIZE_ERROR}),
+    "settings on a stream": (lambda raw: frame(SETTINGS, 0, 1), {PROTOCOL_ERROR}),
+    "ping of 1 byte": (lambda raw: frame(PING, 0, 0, b"x"), {PROTOCOL_ERROR, FRAME_SIZE_ERROR}),
+    "headers on stream 0": (lambda raw: get(raw, 0, end_stream=True), {PROTOCOL_ERROR}),
+    "an even stream id": (lambda raw: get(raw, 2, end_stream=True), {PROTOCOL_ERROR}),
+    "push promise from a client": (lambda raw: frame(PUSH_PROMISE, 4, 1, b"\0\0\0\2"),
+                                   {PROTOCOL_ERROR}),
+    "a frame over the max frame size": (lambda raw: data(1, b"x" * 70000),
+                                        {FRAME_SIZE_ERROR}),
+    "stream windows pushed past 2^31-1 by SETTINGS": (
+        lambda raw: get(raw, 1, "/health") + window_update(1, MAX_WINDOW - 65535)
+        + settings({INITIAL_WINDOW_SIZE: 65536}), {FLOW_CONTROL_ERROR}),
+}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED))
+async def test_malformed_frames_end_the_connection(daemon: ServeProcess, case: str) -> None:
+    make, codes = MALFORMED[case]
+
+    async def attack(raw: RawH2) -> None:
+        await raw.send(make(raw))
+    raw = await endure(daemon, attack)
+    assert raw.got.goaway in codes, raw.got
 
 
 # -- attacks acp-server ends itself ----------------------------------------------------
