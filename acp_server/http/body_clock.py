@@ -34,7 +34,8 @@ Contracts:
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Generator, Iterator
+from typing import Any
 
 import anyio
 from starlette.types import Message, Receive, Send
@@ -67,13 +68,12 @@ class BodyClock:
             return await self._receive()   # type: ignore[no-any-return]
         if self.timed_out:
             return DISCONNECT
-        with anyio.move_on_after(self._timeout):
-            message: Message = await self._receive()
-            if message["type"] != "http.request" or not message.get("more_body", False):
-                self._complete = True
-            return message
-        self.timed_out = True
-        return DISCONNECT
+        message: Message = await _Timed(self._receive(), self._timeout)
+        if message is DISCONNECT:
+            self.timed_out = True
+        elif message["type"] != "http.request" or not message.get("more_body", False):
+            self._complete = True
+        return message
 
     def bind(self, send: Send, answer: Answer) -> Send:
         self._send, self._answer = send, answer
@@ -98,6 +98,55 @@ class BodyClock:
                 await self._answer(self._send)
             except OSError:
                 pass   # the client went away meanwhile
+
+
+class _Timed:
+    """``awaitable``'s value, or ``DISCONNECT`` once it waited ``timeout_s``. The clock
+    (a cancel scope, ~10 µs on asyncio) is started only when the awaitable suspends: a
+    body already received, the common case, costs one step of its coroutine."""
+
+    __slots__ = ("_awaitable", "_timeout")
+
+    def __init__(self, awaitable: Awaitable[Message], timeout_s: float) -> None:
+        self._awaitable = awaitable
+        self._timeout = timeout_s
+
+    def __await__(self) -> Generator[Any, Any, Message]:
+        steps = self._awaitable.__await__()
+        try:
+            suspended = next(steps)
+        except StopIteration as done:
+            return done.value   # type: ignore[no-any-return]
+        with anyio.move_on_after(self._timeout):
+            return (yield from _resume(steps, suspended))
+        return DISCONNECT
+
+
+def _resume(steps: Iterator[Any], suspended: Any) -> Generator[Any, Any, Message]:
+    """Go on driving ``steps`` from where it suspended, as ``yield from`` would (a
+    server's awaitable may be a plain iterator: granian's has no ``send`` nor
+    ``throw``; what is thrown in is then raised here, the awaitable abandoned)."""
+    while True:
+        try:
+            sent = yield suspended
+        except GeneratorExit:
+            close = getattr(steps, "close", None)
+            if close is not None:
+                close()
+            raise
+        except BaseException as exc:   # noqa: BLE001 - a cancellation, passed on
+            throw = getattr(steps, "throw", None)
+            if throw is None:
+                raise
+            try:
+                suspended = throw(exc)
+            except StopIteration as done:
+                return done.value   # type: ignore[no-any-return]
+        else:
+            try:
+                suspended = next(steps) if sent is None else steps.send(sent)  # type: ignore[attr-defined]
+            except StopIteration as done:
+                return done.value   # type: ignore[no-any-return]
 
 
 def replay(chunks: list[bytes], last: Message | None, receive: Receive) -> Receive:

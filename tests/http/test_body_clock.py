@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 import anyio
 import pytest
 
+from acp_server.http.body_clock import BodyClock
 from tests.harness import ServeProcess
 from tests.rest.server import running_server
 
@@ -58,3 +59,61 @@ async def test_the_daemon_answers_408_over_http1(tmp_path: Path, server: str) ->
                             "--header-timeout-ms", "500") as daemon:
         status, rest = await answer_to_a_stalled_body(daemon.base_url, "/session")
         assert status == 408 and rest["code"] == "request_timeout", rest
+
+
+# -- the clock itself, under both backends ------------------------------------------------
+BODY = {"type": "http.request", "body": b"{}", "more_body": False}
+
+
+async def test_a_body_already_there_passes_and_then_the_clock_stops() -> None:
+    async def receive() -> dict[str, object]:
+        return BODY
+    clock = BodyClock(receive, timeout_s=0.01)
+    assert await clock.receive() is BODY and not clock.timed_out
+
+
+async def test_a_piece_that_comes_after_a_wait_passes() -> None:
+    arrived = anyio.Event()
+
+    async def receive() -> dict[str, object]:
+        await arrived.wait()
+        return BODY
+    async def arrive() -> None:
+        arrived.set()
+    clock = BodyClock(receive, timeout_s=BOUND_S)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(arrive)
+        assert await clock.receive() is BODY
+    assert not clock.timed_out
+
+
+async def test_a_piece_that_never_comes_is_a_disconnect_then_an_answer() -> None:
+    async def receive() -> dict[str, object]:
+        await anyio.Event().wait()
+        raise AssertionError("unreachable")
+    sent: list[object] = []
+
+    async def send(message: dict[str, object]) -> None:
+        sent.append(message)
+
+    async def answer(send: object) -> None:
+        sent.append("408")
+    clock = BodyClock(receive, timeout_s=0.05)
+    guarded = clock.bind(send, answer)   # type: ignore[arg-type]
+    assert (await clock.receive())["type"] == "http.disconnect" and clock.timed_out
+    assert (await clock.receive())["type"] == "http.disconnect"
+    await guarded({"type": "http.response.start", "status": 400})
+    await guarded({"type": "http.response.body", "body": b""})
+    await clock.settle()
+    assert sent == ["408"]
+
+
+async def test_an_outer_cancellation_is_not_taken_for_a_timeout() -> None:
+    async def receive() -> dict[str, object]:
+        await anyio.Event().wait()
+        raise AssertionError("unreachable")
+    clock = BodyClock(receive, timeout_s=BOUND_S)
+    with anyio.CancelScope() as outer:
+        outer.cancel()
+        await clock.receive()
+    assert outer.cancelled_caught and not clock.timed_out
