@@ -160,7 +160,8 @@ def build_app(settings: Settings, *, bridge: Bridge, acp: ConnectionRegistry,
     doors = (*DOORS[:-1], dataclasses.replace(DOORS[-1], resent=PromptSentAgain(bridge, config)))
     app.front = lambda stack: FrontLayer(route(stack), policy, doors=doors, observer=recorder,
                                          max_in_flight=max_in_flight, stats=guard_stats, hot=hot,
-                                         aliases=mounts.exact, stray_alias=mounts.of_stray)
+                                         aliases=mounts.exact, stray_alias=mounts.of_stray,
+                                         body_timeout_s=settings.header_timeout_ms / 1000)
     return app
 
 

@@ -37,6 +37,10 @@ Contracts:
   path that would be a 404 for its empty or dot segment (a URL-encoded absolute path,
   ``/workspaces/%2Fsrv%2Fws/acp``, reaches the app as ``/workspaces//srv/ws/acp``):
   its answer is rewritten in as an alias's target is (``acp_server.http.mounts``).
+* ``body_timeout_s`` (the header timeout): a request body (any method but GET, HEAD,
+  OPTIONS) whose next piece does not arrive within it of the app asking is abandoned
+  and answered ``408`` ``request_timeout`` in the door's shape (``body_clock``), so a
+  body that never comes does not hold a request in flight, nor the cap, for ever.
 * ``max_in_flight`` (for servers that cannot cap connections below ASGI): past that
   many http requests and WebSockets in progress (SSE streams included), a new one is
   answered ``503`` ``connection_limit`` with ``Retry-After: 5`` and ``Connection:
@@ -86,8 +90,10 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Protocol
 
+from acp_server.http.body_clock import BODY_TIMEOUT, BodyClock, replay
 from acp_server.http.policy import LOOKUP, UNAUTHORIZED, GuardPolicy, Refusal, Renderer
 from acp_server.http.resent import Resent, let_through
 from acp_server.principals import CALLER_KEY, Access, Caller
@@ -120,6 +126,7 @@ _now = time.perf_counter
 
 HOT_BODY_MAX = 1 << 20
 _HOT_DIGITS = len(str(HOT_BODY_MAX))   # a shorter length cannot be over it
+_BODILESS = frozenset({"GET", "HEAD", "OPTIONS"})   # no body read: no body clock
 HOT_PATHS_KEPT = 1024   # hot-route matches kept by path (cleared when full) ...
 HOT_PATH_CHARS_KEPT = 256   # ... for paths this long at most (a head may be ~73 KB)
 # -> awaitable (start message, body message), or None: declined, nothing done
@@ -257,8 +264,10 @@ class FrontLayer:
                  stats: MutableMapping[str, int] | None = None,
                  hot: Sequence[HotRoute] = (),
                  aliases: Mapping[str, str] | None = None,
-                 stray_alias: Callable[[str], str | None] | None = None) -> None:
+                 stray_alias: Callable[[str], str | None] | None = None,
+                 body_timeout_s: float | None = None) -> None:
         self.app = app
+        self.body_timeout_s = body_timeout_s
         self.aliases = dict(aliases) if aliases else None
         self.stray_alias = stray_alias
         self.policy = policy
@@ -343,6 +352,10 @@ class FrontLayer:
                 status = CONNECTION_LIMIT.status
                 await self._refuse(send, CONNECTION_LIMIT, door, None)
                 return
+            clock = None   # a body that stops arriving: 408 (``body_clock``)
+            if self.body_timeout_s is not None and scope["method"] not in _BODILESS:
+                clock = BodyClock(receive, self.body_timeout_s)
+                receive = clock.receive
             refusal, origin = self.policy.inspect(scope)
             if refusal is LOOKUP:
                 refusal, origin = await self.policy.admit(scope)
@@ -387,8 +400,13 @@ class FrontLayer:
                     receive = answered   # type: ignore[assignment]
                 exchange = _Exchange(self, door, scope, send,
                                      None if origin is None else cors_headers(origin))
+                app_send = exchange.send if clock is None else clock.bind(
+                    exchange.send, partial(self._refuse, refusal=BODY_TIMEOUT, door=door,
+                                           origin=origin))
                 try:
-                    await self._app(scope, receive, exchange, caller)
+                    await self._app(scope, receive, exchange, caller, app_send)
+                    if clock is not None:
+                        await clock.settle()
                 finally:
                     status, events = exchange.status, exchange.events
             finally:
@@ -421,7 +439,7 @@ class FrontLayer:
         return canonical, False
 
     async def _app(self, scope: Scope, receive: Receive, exchange: _Exchange,
-                   caller: Caller | None) -> None:
+                   caller: Caller | None, send: Send) -> None:
         """The app, under the caller's stream hold when a stored token calls."""
         token_id = None
         if caller is not None:
@@ -430,10 +448,10 @@ class FrontLayer:
                                      or scope["path"] != TOKENS_PATH):   # answers, never
                 token_id = stream_id(caller.principal)   # the POST that ends them
         if token_id is None:
-            await self.app(scope, receive, exchange.send)
+            await self.app(scope, receive, send)
             return
         with caller.gate.streams.hold(token_id) as held:   # type: ignore[union-attr]
-            await self.app(scope, receive, exchange.send)
+            await self.app(scope, receive, send)
         if held.cancelled_caught:
             await exchange.cut()
 
@@ -477,7 +495,7 @@ class FrontLayer:
                 return receive
         message = await receive()
         if message["type"] != "http.request":   # gone: the app sees it as it was
-            return _replay([], message, receive)
+            return replay([], message, receive)
         body = message.get("body", b"")
         if message.get("more_body", False):
             chunks = [body]
@@ -485,18 +503,18 @@ class FrontLayer:
             while more and size <= HOT_BODY_MAX:
                 message = await receive()
                 if message["type"] != "http.request":
-                    return _replay(chunks, message, receive)
+                    return replay(chunks, message, receive)
                 chunk = message.get("body", b"")
                 chunks.append(chunk)
                 size += len(chunk)
                 more = message.get("more_body", False)
             if more:
-                return _replay(chunks, {"more": True}, receive)
+                return replay(chunks, {"more": True}, receive)
             body = b"".join(chunks)
         scope["route"], scope["path_params"] = plan.hot.route, params
         answer = await plan.hot.handler(scope, body)
         if answer is None:
-            return _replay([body], None, receive)
+            return replay([body], None, receive)
         if origin is not None:
             start, end = answer
             return {**start, "headers": [*start["headers"], *cors_headers(origin)]}, end
@@ -558,29 +576,6 @@ def canonical_path(path: str) -> str | None:
 def _collapsed(path: str) -> str:
     """A stray path without its empty and dot segments: which door answers it."""
     return "/" + "/".join(part for part in path.split("/") if part not in ("", ".", ".."))
-
-
-def _replay(chunks: list[bytes], last: Message | None, receive: Receive) -> Receive:
-    """A ``receive`` that gives the body read so far as one message, then the rest. A
-    disconnect seen while reading (``last``) follows an unfinished body: the body was
-    never complete, and the app's reader says so (``ClientDisconnected``)."""
-    pending: list[Message] = []
-    if last is not None and "more" in last:
-        pending.append({"type": "http.request", "body": b"".join(chunks), "more_body": True})
-    elif last is not None:   # a disconnect seen while reading
-        if chunks:
-            pending.append({"type": "http.request", "body": b"".join(chunks),
-                            "more_body": True})
-        pending.append(last)
-    else:
-        pending.append({"type": "http.request", "body": b"".join(chunks), "more_body": False})
-
-    async def replayed() -> Message:
-        if pending:
-            return pending.pop(0)
-        return await receive()   # type: ignore[no-any-return]
-
-    return replayed
 
 
 def _has(scope: Scope, name: bytes) -> bool:

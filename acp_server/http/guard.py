@@ -20,7 +20,7 @@ Contracts:
   ``header_timeout_s`` of being accepted, or of its previous response, once it
   starts a new one, is closed, at most ``header_timeout_s / SWEEPS`` later. The
   clock ends when the head is complete (the request then runs without a timeout of
-  ours) or the connection is upgraded to a WebSocket. Between requests uvicorn's
+  ours but its body's: ``body_clock``) or the connection is upgraded to a WebSocket. Between requests uvicorn's
   keep-alive timeout still applies. One timer per server sweeps the heads being
   received (``HeadDeadlines``): a timer per request cost ~2 µs on uvloop, about a
   tenth of a raw callable's whole request on uvicorn.

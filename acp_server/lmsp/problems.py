@@ -128,7 +128,7 @@ def problem_response(exc: LmspError, *, instance: str | None = None) -> Response
     return Response(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
 
 
-_REFUSAL_TITLES = {414: "URI too long", 421: "Misdirected request",
+_REFUSAL_TITLES = {408: "Request timeout", 414: "URI too long", 421: "Misdirected request",
                    431: "Request header fields too large", 501: "Not implemented",
                    503: "Service unavailable"}
 
