@@ -60,6 +60,8 @@ def _fuzz_http(live: Live) -> None:
             extra: dict[str, str]) -> None:
         if budget.spent:
             return
+        if not live.sendable(body if method == "POST" else None):
+            return
         headers = {**extra, "content-type": content_type, "accept": accept}
         if connection is not None:
             headers["acp-connection-id"] = connection

@@ -78,6 +78,8 @@ def _fuzz(live: Live) -> None:
         if budget.spent:
             return
         method, template = route
+        if not live.sendable(body if method == "POST" else None):
+            return
         sent = {**headers, "content-type": content_type} if content_type else headers
         path = template.replace("{id}", task_id)
         sent_query: dict[str, str] | None = query

@@ -100,6 +100,8 @@ def _fuzz_routes(live: Live) -> None:
             return   # a dot segment the client resolved (``/workspaces/../acp``): another door
         if template == "/tokens" and method == "POST" and _makes_a_token(body):
             return
+        if not live.sendable(body if method != "GET" else None):
+            return
         sent_query: dict[str, str] | None = query
         if raw:   # as it is (httpx would encode it, and drops a path's query given params)
             path, sent_query = f"{path}?{raw}", None
