@@ -257,7 +257,15 @@ def cursors(minted: str) -> st.SearchStrategy[str]:
         JSON.map(lambda v: _b64(json.dumps(v).encode())),
         keys.map(lambda v: _b64(json.dumps(v).encode())),
         st.binary(max_size=120).map(_b64),
-        st.sampled_from(["0", "20", "-1", "9" * 40, "\u00b2", "\u0661", minted + "="]))
+        st.sampled_from(["0", "20", "-1", "9" * 40, "\u00b2", "\u0661", minted + "="])
+    ).map(_encodable)
+
+
+def _encodable(text: str) -> str:
+    """``text`` with its lone surrogates as ``?``: a query parameter httpx can encode
+    (``RAW_QUERIES`` sends invalid UTF-8 as it is)."""
+    return text.encode("utf-8", "replace").decode() if any(
+        "\ud800" <= c <= "\udfff" for c in text) else text
 
 
 def path_ids(real: list[str]) -> st.SearchStrategy[str]:
