@@ -36,7 +36,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
 
 def _three_times(daemon: ServeProcess, method: str, path: str) -> list[object]:
     answers: list[object] = []
-    with httpx.Client(base_url=daemon.base_url, timeout=5, http1=False, http2=True) as http:
+    with httpx.Client(base_url=daemon.base_url, timeout=2, http1=False, http2=True) as http:
         for _ in range(3):
             try:
                 answers.append(http.request(method, path, content=BODY).status_code)
