@@ -9,11 +9,15 @@ twice fails the test.
 from __future__ import annotations
 
 import httpx
+from hypothesis import note
 
 
 def send(http: httpx.Client, method: str, path: str, *, content: bytes | None = None,
          headers: dict[str, str] | None = None, params: dict[str, str] | None = None
          ) -> httpx.Response:
+    # a short account of the request (a huge body's repr is no use in a failure report)
+    note(f"{method} {path} params={params!r} headers={headers!r} "
+         f"body[{len(content or b'')}]={(content or b'')[:300]!r}")
     try:
         return _send(http, method, path, content, headers, params)
     except httpx.RemoteProtocolError:

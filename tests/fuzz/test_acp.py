@@ -23,7 +23,8 @@ from tests.fuzz.budget import Budget, fuzz_settings
 from tests.fuzz.http import send
 from tests.fuzz.live import Live, live_on_postgres
 from tests.fuzz.shapes import check_acp, check_rpc_message
-from tests.fuzz.strategies import CONTENT_TYPE, HEADER_VALUE, bodies, deep, rpc_messages
+from tests.fuzz.strategies import (
+    CONTENT_TYPE, HEADER_VALUE, HEADERS, bodies, deep, rpc_messages)
 
 pytestmark = pytest.mark.slow   # hypothesis against a live server: tens of seconds
 
@@ -53,12 +54,15 @@ def _fuzz_http(live: Live) -> None:
            connection=st.one_of(st.just(live.connection_id), HEADER_VALUE, st.none()),
            session=st.one_of(st.just(live.session_id), HEADER_VALUE, st.none()),
            accept=st.sampled_from(["text/event-stream", "application/json", ""]),
-           content_type=CONTENT_TYPE)
+           content_type=CONTENT_TYPE, extra=HEADERS)
     def run(path: str, method: str, body: bytes, connection: str | None,
-            session: str | None, accept: str, content_type: str) -> None:
+            session: str | None, accept: str, content_type: str,
+            extra: dict[str, str]) -> None:
         if budget.spent:
             return
-        headers = {"content-type": content_type, "accept": accept}
+        if not live.sendable(body if method == "POST" else None):
+            return
+        headers = {**extra, "content-type": content_type, "accept": accept}
         if connection is not None:
             headers["acp-connection-id"] = connection
         if session is not None:
