@@ -28,6 +28,8 @@ Contracts:
   response the app starts is replaced by ``answer(send)`` (the door's 408), and the
   app's own messages are dropped; a response already started before is left alone.
 * ``settle()``: when the body timed out and the app answered nothing, ``answer`` now.
+* ``drain(limit)``: once answered, what the app left unread of the body is read and
+  dropped (at most ``limit`` bytes; the front layer does it over HTTP/2).
 * ``replay(chunks, last, receive)``: a ``receive`` that gives a body already read
   (the front layer's hot path) and then the rest.
 """
@@ -75,6 +77,11 @@ class BodyClock:
             self._complete = True
         return message
 
+    @property
+    def complete(self) -> bool:
+        """The body was read to its end, or the client is gone, or it timed out."""
+        return self._complete or self.timed_out
+
     def bind(self, send: Send, answer: Answer) -> Send:
         self._send, self._answer = send, answer
 
@@ -89,6 +96,19 @@ class BodyClock:
             await send(message)
 
         return guarded
+
+    async def drain(self, limit: int) -> None:
+        """Read and drop what is left of a body the app answered without reading, at
+        most ``limit`` bytes more (each piece within the timeout, as any read): over
+        HTTP/2 granian resets a stream whose body is left unread, so a client still
+        sending it loses the answer (httpx: ``LocalProtocolError``), and the window
+        the unread data held stalls the connection by the third such request."""
+        read = 0
+        while not self._complete and not self.timed_out and read <= limit:
+            message = await self.receive()
+            if message["type"] != "http.request":
+                return
+            read += len(message.get("body", b""))
 
     async def settle(self) -> None:
         if self.timed_out and not self._started and self._send is not None \

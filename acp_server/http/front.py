@@ -41,6 +41,9 @@ Contracts:
   OPTIONS) whose next piece does not arrive within it of the app asking is abandoned
   and answered ``408`` ``request_timeout`` in the door's shape (``body_clock``), so a
   body that never comes does not hold a request in flight, nor the cap, for ever.
+  Over HTTP/2, what the answer left unread of a body is read and dropped after it (up
+  to ``UNREAD_DRAINED``): granian resets a stream whose body is left unread, and the
+  client still sending it lost its answer.
 * ``max_in_flight`` (for servers that cannot cap connections below ASGI): past that
   many http requests and WebSockets in progress (SSE streams included), a new one is
   answered ``503`` ``connection_limit`` with ``Retry-After: 5`` and ``Connection:
@@ -87,6 +90,7 @@ Contracts:
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
@@ -127,6 +131,9 @@ _now = time.perf_counter
 HOT_BODY_MAX = 1 << 20
 _HOT_DIGITS = len(str(HOT_BODY_MAX))   # a shorter length cannot be over it
 _BODILESS = frozenset({"GET", "HEAD", "OPTIONS"})   # no body read: no body clock
+# What of a body left unread is read and dropped after the answer, over HTTP/2 (past
+# it the stream is left as the server leaves it: the client may lose the answer)
+UNREAD_DRAINED = 16 * 1024 * 1024
 HOT_PATHS_KEPT = 1024   # hot-route matches kept by path (cleared when full) ...
 HOT_PATH_CHARS_KEPT = 256   # ... for paths this long at most (a head may be ~73 KB)
 # -> awaitable (start message, body message), or None: declined, nothing done
@@ -346,13 +353,13 @@ class FrontLayer:
         # Each answer's status is set before it is sent: a send that fails (the client
         # gone) still reports what was answered; 500 when nothing was.
         status, events = 500, None
+        clock = None   # a body that stops arriving: 408 (``body_clock``)
         try:
             if self.max_in_flight is not None and self.in_flight >= self.max_in_flight:
                 self.stats["connections"] = self.stats.get("connections", 0) + 1
                 status = CONNECTION_LIMIT.status
                 await self._refuse(send, CONNECTION_LIMIT, door, None)
                 return
-            clock = None   # a body that stops arriving: 408 (``body_clock``)
             if self.body_timeout_s is not None and scope["method"] not in _BODILESS:
                 clock = BodyClock(receive, self.body_timeout_s)
                 receive = clock.receive
@@ -412,6 +419,9 @@ class FrontLayer:
             finally:
                 self.in_flight -= 1
         finally:   # every http exchange ends here, refused or answered
+            if clock is not None and not clock.complete and sys.exc_info()[0] is None \
+                    and scope.get("http_version") == "2":
+                await clock.drain(UNREAD_DRAINED)   # the answer reaches an HTTP/2 client
             observer = self.observer
             if observer is not None:
                 observer.done(door.name, scope, status, _now() - start, events)
