@@ -5,8 +5,9 @@ towards the byte trim; ``append`` and ``_push`` shed and wake alike."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -137,13 +138,11 @@ async def test_a_session_opened_again_in_the_same_commit_counts_its_later_events
         assert plan.byte_trims == set() and plan.unsized == {"s": None}   # ended
 
 
-@pytest.mark.parametrize("write_behind", [0, 4])
-async def test_append_and_push_shed_and_wake_alike(tmp_path: Path, write_behind: int,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """``append`` with and without a write-behind window (both through ``_push``):
-    both shed the oldest events past ``MAX_PENDING`` to readers and wake a backing-off
-    flusher for a record somebody waits for."""
-    monkeypatch.setattr(sessions, "MAX_PENDING", 20)
+@contextlib.asynccontextmanager
+async def _behind_a_held_commit(tmp_path: Path, **options: Any) -> AsyncIterator[
+        tuple[StoreSessionJournal, list[EventRecord], Callable[[], None]]]:
+    """A journal whose store's writer is busy (an ``Op`` that waits) until the block ends
+    or ``release()``: its commits wait. ``shed``: what it lets through to readers."""
     gate, started = threading.Event(), threading.Event()
 
     def held(conn: Any, out: Any, *state: Any) -> None:
@@ -152,35 +151,42 @@ async def test_append_and_push_shed_and_wake_alike(tmp_path: Path, write_behind:
 
     shed: list[EventRecord] = []
     async with SqliteTaskStore(str(tmp_path / "store.db")) as store, \
-            StoreSessionJournal(store, write_behind=write_behind) as journal:
+            StoreSessionJournal(store, **options) as journal:
         journal.bind(lambda records: shed.extend(records))
         assert store.submit(Op(held))
         try:
-            await _shed_and_wake(journal, started, write_behind, shed)
+            await wait_until(started.is_set)   # the writer is busy: commits wait
+            yield journal, shed, gate.set
         finally:
             gate.set()
 
 
-async def _shed_and_wake(journal: StoreSessionJournal, started: threading.Event,
-                         write_behind: int, shed: list[EventRecord]) -> None:
-    """The journal's commit waits behind ``held``: 21 records pile up past
-    ``MAX_PENDING`` (20), then a record somebody waits for comes while it backs off."""
-    await wait_until(started.is_set)   # the writer is busy: the journal's commit waits
-    journal.append(_opened("s"))
-    await wait_until(lambda: journal._inflight is not None)
-    appended = [_event("s", n, 10) for n in range(1, 22)]
-    for record in appended:
-        journal.append(record)
-    # the first half of the records waiting went (the session's record and, with a
-    # window, the marker opening it stay queued): readers got each of the oldest
-    # events once, before any commit (the window's first ones early, the rest shed)
-    first = 9 if not write_behind else 8
-    assert [r.event_id for r in shed] == [r.event_id for r in appended[:first]]
-    assert len(journal._pending) <= sessions.MAX_PENDING
-    assert not journal._wake.is_set()
-    journal._failing = True   # as if backing off after a failed commit
-    journal.append(_opened("t"))
-    assert journal._wake.is_set()   # the flusher ends its backoff and commits
+@pytest.mark.parametrize("write_behind", [0, 4])
+async def test_append_and_push_shed_and_wake_alike(tmp_path: Path, write_behind: int,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """``append`` with and without a write-behind window (both through ``_push``):
+    both shed the oldest events past ``MAX_PENDING`` to readers and wake a backing-off
+    flusher for a record somebody waits for: 21 records pile up past ``MAX_PENDING``
+    (20) behind a commit that waits, then a record somebody waits for comes while it
+    backs off."""
+    monkeypatch.setattr(sessions, "MAX_PENDING", 20)
+    async with _behind_a_held_commit(tmp_path, write_behind=write_behind) as (
+            journal, shed, _):
+        journal.append(_opened("s"))
+        await wait_until(lambda: journal._inflight is not None)
+        appended = [_event("s", n, 10) for n in range(1, 22)]
+        for record in appended:
+            journal.append(record)
+        # the first half of the records waiting went (the session's record and, with a
+        # window, the marker opening it stay queued): readers got each of the oldest
+        # events once, before any commit (the window's first ones early, the rest shed)
+        first = 9 if not write_behind else 8
+        assert [r.event_id for r in shed] == [r.event_id for r in appended[:first]]
+        assert len(journal._pending) <= sessions.MAX_PENDING
+        assert not journal._wake.is_set()
+        journal._failing = True   # as if backing off after a failed commit
+        journal.append(_opened("t"))
+        assert journal._wake.is_set()   # the flusher ends its backoff and commits
 
 
 async def test_events_waiting_for_the_store_are_bounded_in_bytes(
@@ -191,36 +197,23 @@ async def test_events_waiting_for_the_store_are_bounded_in_bytes(
     megabytes each: 200,000 of them were all kept)."""
     size = len(_event("s", 1, 1000).envelope)
     monkeypatch.setattr(sessions, "MAX_PENDING_BYTES", 10 * size + 50, raising=False)
-    gate, started = threading.Event(), threading.Event()
-
-    def held(conn: Any, out: Any, *state: Any) -> None:
-        started.set()
-        gate.wait(10)
-
-    shed: list[EventRecord] = []
-    async with SqliteTaskStore(str(tmp_path / "store.db")) as store, \
-            StoreSessionJournal(store) as journal:
-        journal.bind(lambda records: shed.extend(records))
-        assert store.submit(Op(held))
-        try:
-            await wait_until(started.is_set)
-            journal.append(_opened("s"))
-            await wait_until(lambda: journal._inflight is not None)
-            for n in range(1, 11):
-                journal.append(_event("s", n, 1000))
-            assert shed == []                             # at the bound: all kept
-            journal.append(_event("s", 11, 1000))         # past it: down to half
-            assert [r.event_id for r in shed] == [1, 2, 3, 4, 5, 6]
-            for n in range(12, 200):
-                journal.append(_event("s", n, 1000))
-            waiting = [r for _, r in journal._pending if isinstance(r, EventRecord)]
-            assert len(waiting) <= 15 and waiting[-1].event_id == 199
-            assert [r.event_id for r in shed] + [r.event_id for r in waiting] \
-                == list(range(1, 200))                    # each once, in order
-        finally:
-            gate.set()
+    async with _behind_a_held_commit(tmp_path) as (journal, shed, release):
+        journal.append(_opened("s"))
+        await wait_until(lambda: journal._inflight is not None)
+        for n in range(1, 11):
+            journal.append(_event("s", n, 1000))
+        assert shed == []                             # at the bound: all kept
+        journal.append(_event("s", 11, 1000))         # past it: down to half
+        assert [r.event_id for r in shed] == [1, 2, 3, 4, 5, 6]
+        for n in range(12, 200):
+            journal.append(_event("s", n, 1000))
+        waiting = [r for _, r in journal._pending if isinstance(r, EventRecord)]
+        assert len(waiting) <= 15 and waiting[-1].event_id == 199
+        assert [r.event_id for r in shed] + [r.event_id for r in waiting] \
+            == list(range(1, 200))                    # each once, in order
+        release()
         await journal.wait(journal.appended)
-    assert journal._reepoch == set()   # the shed session got its new epoch, committed
+        assert journal._reepoch == set()   # the shed session got its new epoch, committed
 
 
 async def test_statement_texts_are_kept_for_small_and_full_row_counts(tmp_path: Path) -> None:
