@@ -104,7 +104,7 @@ class BodyClock:
         sending it loses the answer (httpx: ``LocalProtocolError``), and the window
         the unread data held stalls the connection by the third such request."""
         read = 0
-        while not self._complete and not self.timed_out and read <= limit:
+        while not self.complete and read <= limit:
             message = await self.receive()
             if message["type"] != "http.request":
                 return

@@ -20,6 +20,8 @@ pytestmark = pytest.mark.anyio
 
 INIT = {"protocolVersion": 1, "clientCapabilities": {}}
 GUARD_S = 20.0
+PROMPT_S1 = {"jsonrpc": "2.0", "id": 2, "method": "session/prompt",
+             "params": {"sessionId": "s1", "prompt": [{"type": "text", "text": "hi"}]}}
 
 
 class Flaky:
@@ -90,9 +92,7 @@ async def test_a_session_stream_a_proxy_refused_is_opened_again(status: int) -> 
     async with serving(flaky.asgi()) as base, \
             spawn_adapter(f"{base}/acp", "--transport", "http1") as adapter:
         assert "result" in await adapter.request("initialize", INIT)
-        await adapter.send({"jsonrpc": "2.0", "id": 2, "method": "session/prompt",
-                            "params": {"sessionId": "s1",
-                                       "prompt": [{"type": "text", "text": "hi"}]}})
+        await adapter.send(PROMPT_S1)
         answer = await adapter.response(2, timeout=GUARD_S)
         assert answer.get("result") == {"stopReason": "end_turn"}, answer
         assert flaky.refused == ["s1"]
@@ -147,9 +147,7 @@ async def test_a_cancel_goes_while_a_session_stream_waits_to_be_asked_again() ->
     async with serving(stuck.asgi()) as base, \
             spawn_adapter(f"{base}/acp", "--transport", "http1") as adapter:
         assert "result" in await adapter.request("initialize", INIT)
-        await adapter.send({"jsonrpc": "2.0", "id": 2, "method": "session/prompt",
-                            "params": {"sessionId": "s1",
-                                       "prompt": [{"type": "text", "text": "hi"}]}})
+        await adapter.send(PROMPT_S1)
         await adapter.send({"jsonrpc": "2.0", "method": "session/cancel",
                             "params": {"sessionId": "s2"}})
         with anyio.fail_after(GUARD_S):
@@ -157,11 +155,7 @@ async def test_a_cancel_goes_while_a_session_stream_waits_to_be_asked_again() ->
         assert ("session/cancel", "s2") in stuck.posted
         await adapter.send({"jsonrpc": "2.0", "method": "session/cancel",
                             "params": {"sessionId": "s1"}})
-        try:
-            answer = await adapter.response(2, timeout=GUARD_S)
-        except BaseException:
-            print("\n".join(adapter.stderr), stuck.posted, stuck.refused)
-            raise
+        answer = await adapter.response(2, timeout=GUARD_S)
         assert answer.get("result") == {"stopReason": "cancelled"}, answer
         assert ("session/prompt", "s1") not in stuck.posted
         assert "s1" in stuck.refused
