@@ -26,6 +26,7 @@ import msgspec
 from starlette.requests import Request
 
 from acp_server.http import body
+from acp_server.lmsp.params import check_params
 from acp_server.lmsp.problems import LmspError, invalid, pointer_to_param
 from acp_server.lmsp.wire import canonical
 
@@ -101,8 +102,8 @@ def _check_content(content: Any, pointer: str, errors: list[tuple[str, str]]) ->
             errors.append((f"{where}/text", "Must be a string."))
 
 
-def _check_response_request(body: Any, base: str, errors: list[tuple[str, str]]
-                            ) -> ResponseRequest | None:
+def _check_response_request(body: Any, base: str, errors: list[tuple[str, str]],
+                            refusals: list[LmspError]) -> ResponseRequest | None:
     if not isinstance(body, dict):
         errors.append((base, "Must be a JSON object (the response request)."))
         return None
@@ -153,6 +154,9 @@ def _check_response_request(body: Any, base: str, errors: list[tuple[str, str]]
     previous = body.get("previous_response_id")
     if previous is not None and (not isinstance(previous, str) or not previous):
         errors.append((f"{base}/previous_response_id", "Must be a non-empty string."))
+    refusal = check_params(body, base, errors)
+    if refusal is not None:
+        refusals.append(refusal)
     if errors:
         return None
     return ResponseRequest(model=model, prompt_text=prompt_text(value, instructions),
@@ -210,25 +214,31 @@ def prompt_text(value: Any, instructions: Any) -> str:
     return "\n".join(texts)
 
 
-def _raise(errors: list[tuple[str, str]]) -> None:
+def _raise(errors: list[tuple[str, str]], refusals: list[LmspError]) -> None:
+    """A malformed request is 400 ``invalid_request``; a well-formed one asking for what
+    cannot be honoured, 400 ``unsupported_capability`` (``acp_server.lmsp.params``)."""
     if errors:
         (pointer, detail), *more = errors
         raise invalid(pointer, detail, *more)
+    if refusals:
+        raise refusals[0]
 
 
 def parse_response_request(body: Any) -> ResponseRequest:
     errors: list[tuple[str, str]] = []
-    parsed = _check_response_request(body, "", errors)
+    refusals: list[LmspError] = []
+    parsed = _check_response_request(body, "", errors, refusals)
     if parsed is not None and parsed.background and not parsed.store:
         errors.append(("/store", "Background responses must be stored: 'background: true' "
                                  "needs 'store' true or absent."))
-    _raise(errors)
+    _raise(errors, refusals)
     assert parsed is not None
     return parsed
 
 
 def parse_task_envelope(body: Any) -> TaskEnvelope:
     errors: list[tuple[str, str]] = []
+    refusals: list[LmspError] = []
     if not isinstance(body, dict):
         raise invalid("", "The body must be a JSON object (a task envelope).", param="body")
     if "type" not in body:
@@ -242,11 +252,11 @@ def parse_task_envelope(body: Any) -> TaskEnvelope:
         errors.append(("/input", _required("/input", "the response request to run, "
                                                      '{"model": …, "input": …}')))
     else:
-        parsed = _check_response_request(body["input"], "/input", errors)
+        parsed = _check_response_request(body["input"], "/input", errors, refusals)
     on_restart = body.get("on_restart", "fail")
     if on_restart not in ON_RESTART:
         errors.append(("/on_restart", "Must be one of fail, retry, resume."))
-    _raise(errors)
+    _raise(errors, refusals)
     assert parsed is not None
     return TaskEnvelope(request=parsed, on_restart=on_restart)
 

@@ -2,7 +2,7 @@
 
     build = Attempt(record)                     # one per run of a task
     drafts = build.text("Hel")                  # [output_item.added, content_part.added, delta]
-    finish = build.finish("end_turn")           # done events + response.completed, response
+    finish = build.finish("end_turn", now)      # done events + response.completed, response
 
 Mapping from ACP (issue 5): ``agent_message_chunk`` → ``response.output_text.delta``
 (the output item and content part events open before the first delta and close
@@ -32,6 +32,7 @@ import functools
 import re
 from typing import Any
 
+from acp_server.lmsp.params import ECHO_NAMES, echoed_params
 from acp_server.lmsp.problems import problem
 from acp_server.lmsp.requests import decode_stored
 from acp_server.store.tasks import Finish, TaskRecord
@@ -39,7 +40,9 @@ from acp_server.lmsp.wire import (
     AnyEvent,
     ContentPartEvent,
     IncompleteDetails,
+    InputTokensDetails,
     OutputItemEvent,
+    OutputTokensDetails,
     OutputItem,
     OutputMessage,
     OutputReasoning,
@@ -66,13 +69,13 @@ def count_tokens(text: str) -> int:
 
 
 _ECHOED = (b'"metadata"', b'"instructions"', b'"max_output_tokens"', b'"background"',
-           b'"previous_response_id"')
+           b'"previous_response_id"', *ECHO_NAMES)
 
 
 def _echoed(record: TaskRecord) -> dict[str, Any]:
     """The request members a response object repeats: ``metadata``, ``instructions``,
-    ``max_output_tokens``, ``background``, ``previous_response_id`` (decoded once per
-    stored request, then remembered)."""
+    ``max_output_tokens``, ``background``, ``previous_response_id`` and the parameters
+    of ``acp_server.lmsp.params`` (decoded once per stored request, then remembered)."""
     if not any(name in record.request for name in _ECHOED):   # common: nothing to decode
         return {}
     request = record.request
@@ -98,6 +101,7 @@ def _echo_of(request: bytes) -> tuple[tuple[str, Any], ...]:
         fields.append(("background", True))
     if stored.previous_response_id is not None:
         fields.append(("previous_response_id", stored.previous_response_id))
+    fields += echoed_params(request)
     return tuple(fields)
 
 
@@ -212,8 +216,17 @@ class Attempt:
         inp = update.get("inputTokens", update.get("input_tokens"))
         out = update.get("outputTokens", update.get("output_tokens"))
         if isinstance(inp, int) and isinstance(out, int):
-            self.reported_usage = Usage(input_tokens=inp, output_tokens=out,
-                                        total_tokens=inp + out)
+            def count(*names: str) -> int:
+                found = [update[n] for n in names if isinstance(update.get(n), int)]
+                return found[0] if found else 0
+
+            self.reported_usage = Usage(
+                input_tokens=inp, output_tokens=out, total_tokens=inp + out,
+                input_tokens_details=InputTokensDetails(
+                    cached_tokens=count("cachedReadTokens", "cached_tokens"),
+                    cache_write_tokens=count("cachedWriteTokens", "cache_write_tokens")),
+                output_tokens_details=OutputTokensDetails(
+                    reasoning_tokens=count("thoughtTokens", "reasoning_tokens")))
 
     def usage(self) -> Usage:
         if self.reported_usage is not None:
@@ -250,8 +263,9 @@ class Attempt:
                                           item=item))
         return events
 
-    def finish(self, stop_reason: str) -> tuple[str, Finish]:
-        """(task status, what the terminal transition writes) for a stopReason."""
+    def finish(self, stop_reason: str, now: float) -> tuple[str, Finish]:
+        """(task status, what the terminal transition writes) for a stopReason; a
+        completed response's ``completed_at`` is ``now`` (wall-clock seconds)."""
         if self.truncated:
             stop_reason = "max_tokens"   # we stopped it at max_output_tokens
         elif stop_reason == "cancelled":
@@ -261,6 +275,7 @@ class Attempt:
         response = base_response(
             self.record, "incomplete" if reason else "completed",
             output=self._output(item_status), usage=self.usage(),
+            completed_at=None if reason else int(now),
             incomplete_details=IncompleteDetails(reason=reason) if reason else None)
         kind = "response.incomplete" if reason else "response.completed"
         events = [*self._close_item(item_status), ResponseEvent(type=kind, response=response)]

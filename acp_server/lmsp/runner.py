@@ -312,7 +312,7 @@ class Runner:
                 await writer.write(writer.tail)
                 await self._end_agent_error(record, attempt, exc)
                 return
-            status, finish = attempt.finish(result.stop_reason)
+            status, finish = attempt.finish(result.stop_reason, self.clock())
             if status == "cancelled":
                 await writer.write(writer.tail)
                 await self._end_cancelled(record, attempt)

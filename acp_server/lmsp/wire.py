@@ -62,9 +62,24 @@ class OutputReasoning(msgspec.Struct, kw_only=True, tag_field="type", tag="reaso
 OutputItem = Union[OutputMessage, OutputReasoning]
 
 
+class InputTokensDetails(msgspec.Struct, kw_only=True):
+    cached_tokens: int = 0          # no prompt cache here: 0 unless the agent reports some
+    cache_write_tokens: int = 0
+
+
+class OutputTokensDetails(msgspec.Struct, kw_only=True):
+    reasoning_tokens: int = 0       # counted usage leaves reasoning out: 0 unless reported
+
+
 class Usage(msgspec.Struct, kw_only=True):
+    """OpenAI's ``ResponseUsage``: the ``*_details`` members are required by its SDK."""
+
     input_tokens: int
+    input_tokens_details: InputTokensDetails = msgspec.field(
+        default_factory=InputTokensDetails)
     output_tokens: int
+    output_tokens_details: OutputTokensDetails = msgspec.field(
+        default_factory=OutputTokensDetails)
     total_tokens: int
 
 
@@ -77,10 +92,28 @@ class IncompleteDetails(msgspec.Struct, kw_only=True):
     reason: str
 
 
+class TextFormat(msgspec.Struct, kw_only=True):
+    type: Literal["text"] = "text"   # the only format served (structured output refused)
+
+
+class TextConfig(msgspec.Struct, kw_only=True):
+    format: TextFormat = msgspec.field(default_factory=TextFormat)
+    verbosity: Literal["low", "medium", "high"] | None = None   # a hint, repeated
+
+
+class ReasoningConfig(msgspec.Struct, kw_only=True):
+    effort: None = None    # refused when set: no agent takes a reasoning effort
+    summary: None = None   # refused when set: no agent writes summaries
+
+
 class ResponseObject(msgspec.Struct, kw_only=True):
+    """OpenAI's ``Response`` (every member its SDK requires), with the request's
+    parameters repeated as they were applied (``acp_server.lmsp.params``)."""
+
     id: str
     object: Literal["response"] = "response"
     created_at: int
+    completed_at: int | None = None   # only when ``status`` is ``completed``
     status: ResponseStatus
     model: str
     output: list[OutputItem] = msgspec.field(default_factory=list)
@@ -92,6 +125,21 @@ class ResponseObject(msgspec.Struct, kw_only=True):
     max_output_tokens: int | None = None      # likewise
     background: bool = False                  # created with ``background: true``
     previous_response_id: str | None = None   # the response it continues
+    store: bool = True
+    parallel_tool_calls: bool = True
+    tool_choice: Literal["auto", "none"] = "auto"
+    tools: list[Any] = msgspec.field(default_factory=list)   # function tools are refused
+    temperature: float | None = None          # sampling is the agent's: refused when set
+    top_p: float | None = None                # likewise
+    top_logprobs: int = 0                     # no logprobs: more than 0 is refused
+    max_tool_calls: int | None = None         # refused when set (an agent's tools are its own)
+    text: TextConfig = msgspec.field(default_factory=TextConfig)
+    truncation: Literal["auto", "disabled"] = "disabled"
+    reasoning: ReasoningConfig = msgspec.field(default_factory=ReasoningConfig)
+    service_tier: Literal["default"] = "default"   # the tier used, whatever was asked
+    user: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
 
 
 class ItemText(msgspec.Struct, kw_only=True):

@@ -100,6 +100,28 @@ class ResponseRequest(msgspec.Struct):
     previous_response_id: Annotated[str, msgspec.Meta(min_length=1, description=(
         "Continue this finished response's conversation (404 unknown, 409 unfinished)"
     ))] | None = None
+    # OpenAI's parameters (acp_server.lmsp.params): repeated in the response as applied;
+    # where only a no-op value is accepted, any other is 400 unsupported_capability
+    parallel_tool_calls: bool | None = None
+    truncation: Literal["auto", "disabled"] | None = None
+    text: Annotated[dict[str, Any], msgspec.Meta(description=(
+        '`{"format": {"type": "text"}, "verbosity": …}`; another format is refused'))] | None = None
+    user: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    service_tier: Annotated[Literal["auto", "default", "flex", "scale", "priority"],
+                            msgspec.Meta(description="Accepted; the response says `default`")
+                            ] | None = None
+    tools: Annotated[list[Any], msgspec.Meta(max_length=0, description=(
+        "Only `[]`: an agent runs its own tools"))] | None = None
+    tool_choice: Literal["auto", "none"] | None = None
+    top_logprobs: Annotated[int, msgspec.Meta(ge=0, le=0)] | None = None
+    temperature: Annotated[None, msgspec.Meta(description=(
+        "Only `null`: the agents choose their own sampling"))] = None
+    top_p: Annotated[None, msgspec.Meta(description="Only `null`, as `temperature`")] = None
+    max_tool_calls: Annotated[None, msgspec.Meta(description="Only `null`")] = None
+    reasoning: Annotated[dict[str, None], msgspec.Meta(description=(
+        "`effort` and `summary` only `null`"))] | None = None
 
 
 class TaskEnvelope(msgspec.Struct):

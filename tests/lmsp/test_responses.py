@@ -22,7 +22,10 @@ async def test_non_streaming_returns_the_response_object(server: LmspServer) -> 
     assert body["object"] == "response" and body["status"] == "completed"
     assert body["metadata"] == {"k": "v"}
     assert body["output"][0]["content"][0]["text"] == "Echo: hi"
-    assert body["usage"] == {"input_tokens": 1, "output_tokens": 3, "total_tokens": 4}
+    assert body["usage"] == {"input_tokens": 1, "output_tokens": 3, "total_tokens": 4,
+                             "input_tokens_details": {"cached_tokens": 0,
+                                                      "cache_write_tokens": 0},
+                             "output_tokens_details": {"reasoning_tokens": 0}}
 
 
 async def test_non_streaming_failure_is_a_failed_response(server: LmspServer) -> None:

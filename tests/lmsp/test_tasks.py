@@ -19,7 +19,19 @@ def _response(task: dict[str, Any], status: str, **fields: Any) -> dict[str, Any
             "status": status, "model": "reference", "output": [], "usage": None, "error": None,
             "incomplete_details": None, "metadata": {}, "instructions": None,
             "max_output_tokens": None, "background": False,
-            "previous_response_id": None, **fields}
+            "previous_response_id": None, "completed_at": None, "store": True,
+            "parallel_tool_calls": True, "tool_choice": "auto", "tools": [],
+            "temperature": None, "top_p": None, "top_logprobs": 0, "max_tool_calls": None,
+            "text": {"format": {"type": "text"}, "verbosity": None}, "truncation": "disabled",
+            "reasoning": {"effort": None, "summary": None}, "service_tier": "default",
+            "user": None, "safety_identifier": None, "prompt_cache_key": None, **fields}
+
+
+def _usage(input_tokens: int, output_tokens: int) -> dict[str, Any]:
+    return {"input_tokens": input_tokens, "output_tokens": output_tokens,
+            "total_tokens": input_tokens + output_tokens,
+            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": 0}}
 
 
 def _message(task: dict[str, Any], text: str, status: str = "completed") -> dict[str, Any]:
@@ -53,7 +65,8 @@ async def test_succeeded_task_carries_the_full_response(server: LmspServer) -> N
     assert done["status"] == "succeeded" and done["error"] is None
     assert done["response"] == _response(
         task, "completed", output=[_message(task, "Echo: hello there")],
-        usage={"input_tokens": 5, "output_tokens": 4, "total_tokens": 9})
+        usage=_usage(5, 4), completed_at=done["response"]["completed_at"])
+    assert done["response"]["completed_at"] >= task["created_at"]
 
 
 @pytest.mark.parametrize(("directive", "reason"), [("/max_tokens", "max_output_tokens"),
