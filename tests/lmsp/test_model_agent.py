@@ -13,6 +13,7 @@ import pytest
 from acp_server.profiles import AgentProfile
 from tests.bridge.fake_model_server import FakeModelState, build_fake_model_app
 from tests.bridge.hostile_model_server import hostile_model_server
+from tests.clients.openai_strict import strict_event
 from tests.harness import local_server, serving
 from tests.lmsp.server import LmspServer
 
@@ -104,6 +105,8 @@ async def test_a_thinking_model_s_reasoning_is_a_reasoning_item(tmp_path: Path) 
                 "response.reasoning_text.done", "response.output_item.done",
                 "response.output_text.done", "response.content_part.done",
                 "response.output_item.done", "response.completed"], kinds
+            for _kind, data in frames:   # each one as the openai SDK's types read it
+                strict_event(data)
             indices = {(kind, data.get("output_index")) for kind, data in frames[2:-1]}
             assert ("response.reasoning_text.delta", 0) in indices
             assert ("response.output_text.delta", 1) in indices
