@@ -212,7 +212,13 @@ class Attempt:
         return drafts
 
     def usage_update(self, update: dict[str, Any]) -> None:
-        """ACP ``usage_update``; accepts the shapes agents send (best effort)."""
+        """ACP ``usage_update``; accepts the shapes agents send (best effort): token
+        counts at the top, or (the model agent's: ACP's own members are the context
+        window's ``used`` / ``size``) under ``_meta["acp-server/usage"]``."""
+        meta = update.get("_meta")
+        reported = meta.get("acp-server/usage") if isinstance(meta, dict) else None
+        if isinstance(reported, dict):
+            update = reported
         inp = update.get("inputTokens", update.get("input_tokens"))
         out = update.get("outputTokens", update.get("output_tokens"))
         if isinstance(inp, int) and isinstance(out, int):

@@ -40,6 +40,11 @@ async def test_model_agent_tasks(tmp_path: Path) -> None:
             assert done["response"]["status"] == "completed"
             text = done["response"]["output"][0]["content"][0]["text"]
             assert text.startswith("pong: ")
+            # the model server's own counts (its usage chunk), not words counted here
+            assert done["response"]["usage"] == {
+                "input_tokens": 7, "output_tokens": 3, "total_tokens": 10,
+                "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+                "output_tokens_details": {"reasoning_tokens": 0}}
             deltas = [f for f in await srv.events(done["id"])
                       if f[1] == "response.output_text.delta"]
             assert "".join(f[2]["delta"] for f in deltas) == text and len(deltas) == 3
