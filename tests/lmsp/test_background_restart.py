@@ -93,6 +93,8 @@ async def test_sigkill_then_restart_fails_the_running_response(
     assert failed.error is not None and failed.error.code == "server_restarted"
     kept = await client.responses.retrieve(done.id)
     assert kept.model_dump() == done.model_dump() and kept.output_text == "Echo: kept"
+    assert kept.completed_at is not None and kept.completed_at >= kept.created_at
+    assert failed.completed_at is None   # only a completed response has one
     ran = await poll(client, queued.id, timeout=20)
     assert ran.status == "completed" and ran.output_text == "Echo: after the restart"
     with pytest.raises(openai.BadRequestError):   # finished, so not cancelable
