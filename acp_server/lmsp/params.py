@@ -15,7 +15,8 @@ Per parameter (docs/lmsp.md, "Request parameters"):
   the ``param``): ``tools`` (``[]``), ``tool_choice`` (``auto`` / ``none``: with no
   function tools they mean the same), ``text.format`` (``{"type": "text"}``),
   ``top_logprobs`` (``0``), ``temperature`` / ``top_p`` / ``max_tool_calls`` /
-  ``reasoning.effort`` / ``reasoning.summary`` (``null``): the agents behind the
+  ``reasoning.effort`` / ``reasoning.summary`` (``null``), ``conversation`` and
+  ``prompt`` (absent: no conversation objects, no prompt templates): the agents behind the
   server choose their own sampling and run their own tools, so a value here would
   be silently ignored and the caller misled (a ``temperature: 0`` that is not
   deterministic, a ``json_schema`` that is not followed, functions never called);
@@ -38,6 +39,11 @@ _NULL_ONLY = {
     "temperature": ("sampling", "the agents behind this server choose their own sampling"),
     "top_p": ("sampling", "the agents behind this server choose their own sampling"),
     "max_tool_calls": ("tools", "an agent runs its own tools and takes no limit on them"),
+}
+_ABSENT_ONLY = {
+    "conversation": ("conversations", "there are no conversation objects here; continue "
+                     "a response with 'previous_response_id'"),
+    "prompt": ("prompt_templates", "there are no stored prompt templates here"),
 }
 _ERRORS = list[tuple[str, str]]
 
@@ -128,6 +134,9 @@ def check_params(body: dict[str, Any], base: str, errors: _ERRORS) -> LmspError 
                            "to choose ('auto' and 'none' are accepted)"))
         else:
             errors.append((f"{base}/tool_choice", "Must be a string or an object."))
+    for name, (capability, why) in _ABSENT_ONLY.items():
+        if body.get(name) is not None:
+            refuse(_refuse(f"{base}/{name}", capability, why))
     if body.get("text") is not None:
         refuse(_check_text(body["text"], f"{base}/text", errors))
     if body.get("reasoning") is not None:

@@ -122,6 +122,9 @@ class ResponseRequest(msgspec.Struct):
     max_tool_calls: Annotated[None, msgspec.Meta(description="Only `null`")] = None
     reasoning: Annotated[dict[str, None], msgspec.Meta(description=(
         "`effort` and `summary` only `null`"))] | None = None
+    conversation: Annotated[None, msgspec.Meta(description=(
+        "Only `null`: continue with `previous_response_id`"))] = None
+    prompt: Annotated[None, msgspec.Meta(description="Only `null`: no prompt templates")] = None
 
 
 class TaskEnvelope(msgspec.Struct):

@@ -109,7 +109,8 @@ REFUSED = [("temperature", 0.2, "temperature"), ("top_p", 0.5, "top_p"),
             "tools"),
            ("tool_choice", "required", "tool_choice"),
            ("text", {"format": {"type": "json_object"}}, "text.format"),
-           ("reasoning", {"effort": "high"}, "reasoning.effort")]
+           ("reasoning", {"effort": "high"}, "reasoning.effort"),
+           ("conversation", "conv_1", "conversation"), ("prompt", {"id": "pmpt_1"}, "prompt")]
 
 
 async def test_parameters_that_cannot_be_honoured_are_refused(server: LmspServer) -> None:
