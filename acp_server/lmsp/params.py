@@ -153,7 +153,7 @@ class _Echo(msgspec.Struct):
 
     store: bool | None = None
     parallel_tool_calls: bool | None = None
-    tool_choice: str | None = None
+    tool_choice: Literal["auto", "none"] | None = None   # (others refused)
     truncation: Literal["auto", "disabled"] | None = None
     text: _Text | None = None
     user: str | None = None

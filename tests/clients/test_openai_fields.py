@@ -199,7 +199,7 @@ async def test_completed_at_is_stored_and_survives_a_restart(tmp_path: Path) -> 
     async with running_lmsp(tmp_path, config=config) as srv:
         raw = await anyio.to_thread.run_sync(lambda: _raw_create(
             srv, model="reference", input="/sleep 300ms later", background=True))
-        assert raw["status"] == "queued" and raw["completed_at"] is None
+        assert raw["status"] == "queued" and strict_response(raw).completed_at is None
         with anyio.fail_after(10):
             while (await srv.service.get_response(raw["id"])).status != "running":
                 await anyio.sleep(0.01)
