@@ -101,6 +101,9 @@ async def test_defaults_are_echoed(server: LmspServer) -> None:
             response.truncation, response.service_tier, raw["store"]) == \
         (True, "auto", [], "disabled", "default", True)
     assert response.user is None and response.metadata == {}
+    unstored = await anyio.to_thread.run_sync(lambda: _raw_create(
+        server, model="reference", input="not kept", store=False))
+    assert strict_response(unstored).status == "completed" and unstored["store"] is False
 
 
 REFUSED = [("temperature", 0.2, "temperature"), ("top_p", 0.5, "top_p"),
