@@ -17,7 +17,9 @@ Contracts:
   template (``unmatched`` when no route matched; never the raw path or the query),
   status, duration in ms, door (``rest``, ``acp``, ``lmsp``, ``ops``), and the
   ``session_id`` / ``task_id`` of the path when it has one (at most 128 characters,
-  then "…", in both formats; escaped in text lines unless printable). Never a header, a token or a body.
+  then "…"). What the client chose (an id, a method not HTTP's own) goes through
+  ``bridge.loggable.loggable`` in both formats: readable text as it is, controls, bidi
+  overrides and lone surrogates escaped. Never a header, a token or a body.
 * An event stream (a ``text/event-stream`` answer) logs ``stream_open`` when its
   headers go out and ``stream_close`` (its request line) when it ends, with its
   duration and the number of events sent (SSE frames other than comments and
@@ -50,6 +52,7 @@ from starlette.types import Scope
 
 from acp_server.http.front import count_events
 from acp_server.ops.metrics import Metrics
+from bridge.loggable import loggable
 from bridge.wire import iso as _iso
 
 access_log = logging.getLogger("acp_server.access")
@@ -132,8 +135,8 @@ class AccessRecorder:
             fields["duration_ms"] = round(seconds * 1000, 3)
         for name in _ID_PARAMS:
             value = (params or {}).get(name)
-            if value is not None:   # the client chose it: as long as a text line's
-                fields[name] = capped(value)
+            if value is not None:   # the client chose it: as a text line says it
+                fields[name] = loggable(value, MAX_ID_CHARS)
         if kind == "stream_close":
             fields["events"] = events
         if access_writer is not None:
@@ -159,37 +162,25 @@ class _Line:
 def method_of(scope: Scope) -> str:
     """The request's method as a line says it: HTTP's own as they are; another (the
     client chose it: the HTTP server takes any token, 8 KB long) cut to
-    ``MAX_METHOD_CHARS`` then "…", so neither a line nor the line cache grows with it."""
+    ``MAX_METHOD_CHARS`` then "…", so neither a line nor the line cache grows with it;
+    escaped as every client-chosen value is (``loggable``)."""
     method: str = scope["method"]
     if method in HTTP_METHODS:
         return method
-    return printable(method[:MAX_METHOD_CHARS] + "…" if len(method) > MAX_METHOD_CHARS
-                     else method)
+    return loggable(method, MAX_METHOD_CHARS)
 
 
-def capped(value: str) -> str:
-    """A client-chosen id kept to ``MAX_ID_CHARS``, then "…" (both formats)."""
-    return value if len(value) <= MAX_ID_CHARS else value[:MAX_ID_CHARS] + "…"
-
-
-def printable(value: str) -> str:
-    """A path parameter as it may appear in a text line: escaped unless printable,
-    at most ``MAX_ID_CHARS`` (the client chose it; a newline must not forge a line)."""
-    value = capped(value)
-    return value if value.isprintable() else value.encode("unicode_escape").decode("ascii")
-
-
-_SESSION_PARTS: dict[str, str] = {}   # session id -> " session=<printable id>"
+_SESSION_PARTS: dict[str, str] = {}   # session id -> " session=<loggable id>"
 _MAX_SESSION_PARTS = 4096
 
 
 def _session_part(session_id: str) -> str:
-    """`` session=<printable id>``, kept for the ids seen (bounded: cleared when full),
+    """`` session=<loggable id>``, kept for the ids seen (bounded: cleared when full),
     ids of ``MAX_ID_CHARS`` at most: a longer one (the client's, a refused request's
     too) is formatted each time, so the memo's bytes are bounded as well."""
     part = _SESSION_PARTS.get(session_id)
     if part is None:
-        part = " session=" + printable(session_id)
+        part = " session=" + loggable(session_id, MAX_ID_CHARS)
         if len(session_id) <= MAX_ID_CHARS:
             if len(_SESSION_PARTS) >= _MAX_SESSION_PARTS:
                 _SESSION_PARTS.clear()
@@ -212,7 +203,7 @@ def text_line(kind: str, method: str, route: str, status: int, duration_ms: floa
     if session_id is not None:
         text += _session_part(session_id)
     if task_id is not None:
-        text += " task=" + printable(task_id)
+        text += " task=" + loggable(task_id, MAX_ID_CHARS)
     if kind == "stream_close":
         text += f" events={events}"
     return text

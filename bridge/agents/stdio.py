@@ -59,6 +59,7 @@ from bridge.agents.children import ChildRegistry
 from bridge.agents.headroom import ensure_descriptor_headroom
 from bridge.agents.stderr import StderrLog
 from bridge.errors import AgentDiedError, AgentError, AgentUnavailableError, said_line
+from bridge.loggable import loggable
 from bridge.jsonrpc import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
@@ -420,7 +421,8 @@ class StdioAgentConnection:
         if self._stray:
             message += f"; its last line on stdout was no JSON-RPC: {self._stray}"
         if self.stderr_tail:
-            message += "; last stderr: " + " | ".join(list(self.stderr_tail)[-3:])[-500:]
+            message += "; last stderr: " + " | ".join(   # the log's rule: one line
+                loggable(line, 500) for line in list(self.stderr_tail)[-3:])[-500:]
         if not self._closing:
             logger.warning("%s %s", self._prefix, message)
         self._lose(AgentDiedError(message, code))
