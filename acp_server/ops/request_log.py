@@ -42,6 +42,7 @@ import logging
 import sys
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -52,6 +53,7 @@ from starlette.types import Scope
 
 from acp_server.http.front import count_events
 from acp_server.ops.metrics import Metrics
+from acp_server.ops.refusals import RefusalLog, Summary, refused
 from bridge.loggable import loggable
 from bridge.wire import iso as _iso
 
@@ -71,10 +73,17 @@ class AccessRecorder:
     (``acp_server.http.front.Observer``): called on the event loop when a stream
     opens and when an exchange ends; never awaits."""
 
-    def __init__(self, *, router_of: Callable[[], Router], metrics: Metrics | None = None
-                 ) -> None:
+    def __init__(self, *, router_of: Callable[[], Router], metrics: Metrics | None = None,
+                 refusals: RefusalLog | None = None) -> None:
         self.router_of = router_of
         self.metrics = metrics
+        self.refusals = refusals if refusals is not None else RefusalLog()
+        _open_refusals.add(self.refusals)   # the writer's thread closes their windows
+
+    def close(self) -> None:
+        """The server stops: every refusal window's summary is written now."""
+        _open_refusals.discard(self.refusals)
+        write_summaries(self.refusals.due(final=True))
 
     def stream_opened(self, door: str, scope: Scope) -> None:
         if self.metrics is not None:
@@ -95,6 +104,11 @@ class AccessRecorder:
             if events is not None:
                 metrics.stream_closed(door)
         writer = access_writer
+        if refused(status) and (writer is not None or access_log.isEnabledFor(logging.INFO)):
+            admitted = self.refusals.admit((status, route, door))
+            write_summaries(self.refusals.due())
+            if not admitted:   # a flood: counted in its window's summary
+                return
         if writer is not None and not writer.json and events is None:   # the hot case
             writer.text("request", method_of(scope), route, status, seconds * 1000, door,
                         params.get("session_id"), params.get("task_id"), None)
@@ -315,6 +329,9 @@ class AccessWriter:
         return f"{self._stamp},{int((now - second) * 1000):03d}"
 
     def flush(self) -> None:
+        for refusals in list(_open_refusals):   # refusal windows over by now
+            for summary in refusals.due():
+                self.summary(summary)
         with self._lock:
             lines = []
             dropped, self.dropped = self.dropped, 0   # a count lost to a race is one line
@@ -328,6 +345,18 @@ class AccessWriter:
                     self.stream.flush()
                 except (OSError, ValueError):   # the stream is gone (exit)
                     pass
+
+    def summary(self, summary: Summary) -> None:
+        """A refusal window's summary line (WARNING), queued as any line."""
+        now = time.time()
+        if self.json:
+            line = JsonFormatter._encode({"ts": _iso(now), "level": "WARNING",
+                                          "logger": access_log.name,
+                                          "message": summary.message(),
+                                          **summary.fields()}).decode()
+        else:
+            line = f"{self._asctime(now)} WARNING {access_log.name}: {summary.message()}"
+        self.queue.append(line)
 
     def _dropped_line(self, count: int) -> str:
         message = f"{count} access lines dropped: the log stream did not keep up"
@@ -349,6 +378,16 @@ class AccessWriter:
 
 
 access_writer: AccessWriter | None = None
+_open_refusals: weakref.WeakSet[RefusalLog] = weakref.WeakSet()
+
+
+def write_summaries(summaries: list[Summary]) -> None:
+    """Refusal windows' summaries: through the writer, else the logger (WARNING)."""
+    for summary in summaries:
+        if access_writer is not None:
+            access_writer.summary(summary)
+        else:
+            access_log.warning("%s", summary.message(), extra={"access": summary.fields()})
 
 
 def configure_logging(log_format: str = "text", *, stream: Any = None) -> None:
