@@ -20,6 +20,10 @@ Contracts:
   then "…"). What the client chose (an id, a method not HTTP's own) goes through
   ``bridge.loggable.loggable`` in both formats: readable text as it is, controls, bidi
   overrides and lone surrogates escaped. Never a header, a token or a body.
+* A refused request (4xx, 503) is logged unless its cause's window has had its lines
+  (``acp_server.ops.refusals``): then it is counted, and a WARNING summary line says how
+  many once the window is over (the writer's thread asks on each write; ``close`` when
+  the server stops). The metrics count it either way.
 * An event stream (a ``text/event-stream`` answer) logs ``stream_open`` when its
   headers go out and ``stream_close`` (its request line) when it ends, with its
   duration and the number of events sent (SSE frames other than comments and
