@@ -472,7 +472,7 @@ class StdioAgentConnection:
             self._withdraw(msg)
             return
         if msg.method != "session/update":
-            logger.info("%s ignoring notification %s", self._prefix, msg.method)
+            logger.info("%s ignoring notification %s", self._prefix, loggable(msg.method, 128))
             return
         if msg.params is UNSET:
             logger.warning("%s session/update without params", self._prefix)
@@ -534,7 +534,7 @@ class StdioAgentConnection:
         method = msg.method
         handler = self._handlers.get(method)  # type: ignore[arg-type]
         if handler is None:
-            logger.info("%s unknown agent request %s", self._prefix, method)
+            logger.info("%s unknown agent request %s", self._prefix, loggable(method, 128))
             return encode_error(msg.id, METHOD_NOT_FOUND, "Method not found", {"method": method})
         try:
             params = decode_value(msg.params)
@@ -545,7 +545,7 @@ class StdioAgentConnection:
         except RequestError as exc:
             return encode_error(msg.id, exc.code, exc.message, exc.data)
         except Exception as exc:
-            logger.exception("%s handler for %s failed", self._prefix, method)
+            logger.exception("%s handler for %s failed", self._prefix, loggable(method, 128))
             return encode_error(msg.id, INTERNAL_ERROR, "Internal error", {"details": str(exc)})
 
     async def _read_stderr(self) -> None:

@@ -59,18 +59,22 @@ def test_a_session_id_in_the_request_log(tmp_path: Path, log_format: str) -> Non
 
 def test_an_agents_stderr(tmp_path: Path) -> None:
     script = tmp_path / "noisy_agent.py"
+    notification = json.dumps({"jsonrpc": "2.0", "method": HOSTILE + " method?"})
     script.write_text("import sys\n"
+                      f"print({notification!r}, flush=True)\n"
                       f"sys.stderr.write({HOSTILE + ' forged?'!r} + '\\n')\n"
                       "sys.stderr.flush()\n")
     with ServeProcess(tmp_path, "--agent", f"{sys.executable} {script}") as child:
         made = child.http.post("/session", json={"sessionScope": "thread"})
         assert made.status_code >= 500, made.text   # it said that much and died
-        text = _wait_for(child, " forged?")
         text = _wait_for(child, "last stderr: ")
     said, died = [line for line in text.splitlines() if " forged?" in line]
     assert said.endswith("] " + ESCAPED + " forged?"), said
     # its death message quotes its last stderr lines: it had them raw
     assert died.endswith("last stderr: " + ESCAPED + " forged?"), died
+    # a notification it may not send, named by its method (which it chose): it was raw
+    ignored, = [line for line in text.splitlines() if " method?" in line]
+    assert ignored.endswith("ignoring notification " + ESCAPED + " method?"), ignored
 
 
 def test_a_start_up_line_that_names_a_path(tmp_path: Path) -> None:
