@@ -89,32 +89,40 @@ def test_the_recorder_bounds_refused_lines_and_not_the_others(log_format: str) -
     assert "… and 495 more refused 401 /health door=rest in the last 10.0 s" in refused[-1]
 
 
-def _refused_lines(log: str) -> tuple[int, list[int]]:
+def _refused_lines(log: str, status: int, route: str) -> tuple[int, list[int]]:
     lines = log.splitlines()
-    logged = sum(line.endswith("door=rest") and " GET unmatched 404 " in line
-                 for line in lines)
-    counted = [int(m.group(1)) for line in lines
-               if (m := re.search(r"… and (\d+) more refused 404 unmatched door=rest", line))]
+    logged = sum(f"acp_server.access: GET {route} {status} " in line for line in lines)
+    counted = [int(m.group(1)) for line in lines if (m := re.search(
+        rf"… and (\d+) more refused {status} {re.escape(route)} door=rest", line))]
     return logged, counted
 
 
-def test_a_real_server_logs_ten_thousand_refusals_in_few_lines(tmp_path: Path) -> None:
-    """10,000 requests for a path no route has, pipelined on 4 connections: a handful of
-    lines and a summary that counts the rest exactly, written when the server stops."""
+@pytest.mark.parametrize(("flags", "head", "status", "route"), [
+    ((), "GET /no/such/path HTTP/1.1\r\nHost: 127.0.0.1", 404, "unmatched"),
+    (("--token", "t0k"), "GET /session/s1/status HTTP/1.1\r\nHost: 127.0.0.1", 401,
+     "/session/{session_id}/status"),
+    ((), "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: http://evil.example", 403,
+     "/health"),
+], ids=["404", "401", "origin"])
+def test_a_real_server_logs_ten_thousand_refusals_in_few_lines(
+        tmp_path: Path, flags: tuple[str, ...], head: str, status: int, route: str) -> None:
+    """10,000 refused requests, pipelined on 4 connections: a handful of lines and a
+    summary that counts the rest exactly (written at the latest when the server stops)."""
     total, per_connection = 10_000, 2_500
-    request = b"GET /no/such/path HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
-    with ServeProcess(tmp_path) as child:
+    request = (head + "\r\n\r\n").encode()
+    answer = f"HTTP/1.1 {status}".encode()
+    with ServeProcess(tmp_path, *flags) as child:
         connections = [socket.create_connection(("127.0.0.1", child.port), timeout=60)
                        for _ in range(4)]
         for sock in connections:
             sock.sendall(request * per_connection)
         for sock in connections:
             seen = b""
-            while seen.count(b"HTTP/1.1 404") < per_connection:
+            while seen.count(answer) < per_connection:
                 chunk = sock.recv(1 << 20)
-                assert chunk, seen.count(b"HTTP/1.1 404")
+                assert chunk, (seen.count(answer), seen[-300:])
                 seen += chunk
             sock.close()
-    logged, counted = _refused_lines(child.stderr_text())
+    logged, counted = _refused_lines(child.stderr_text(), status, route)
     assert logged + sum(counted) == total, (logged, counted)
     assert 1 <= len(counted) and logged <= 20 * len(counted) + 20, (logged, counted)
