@@ -6,6 +6,7 @@ the rest exactly (``acp_server.ops.refusals``), on an injected clock; and a real
 from __future__ import annotations
 
 import io
+import logging
 import re
 import socket
 from pathlib import Path
@@ -126,3 +127,27 @@ def test_a_real_server_logs_ten_thousand_refusals_in_few_lines(
     logged, counted = _refused_lines(child.stderr_text(), status, route)
     assert logged + sum(counted) == total, (logged, counted)
     assert 1 <= len(counted) and logged <= 20 * len(counted) + 20, (logged, counted)
+
+
+def test_without_the_writer_the_logger_gets_the_summary(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """An embedding application (no ``configure_logging``): the lines and the summary go
+    through the ``acp_server.access`` logger, the summary when the cause's next request
+    finds its window over."""
+    clock = Clock()
+    recorder = r.AccessRecorder(router_of=lambda: None,  # type: ignore[arg-type,return-value]
+                                refusals=RefusalLog(lines=2, window_s=10, clock=clock))
+    route = type("Route", (), {"path": "/session"})()
+    scope = {"method": "POST", "route": route, "path": "/session"}
+    assert r.access_writer is None
+    with caplog.at_level(logging.INFO, logger="acp_server.access"):
+        for _ in range(7):
+            recorder.done("rest", scope, 429, 0.001, None)
+        clock.t += 10
+        recorder.done("rest", scope, 429, 0.001, None)
+    messages = [(rec.levelname, rec.getMessage()) for rec in caplog.records
+                if rec.name == "acp_server.access"]
+    assert len(messages) == 4 and messages[-2] == (
+        "WARNING", "… and 5 more refused 429 /session door=rest in the last 10.0 s "
+                   "(not logged)")
+    assert caplog.records[-2].access["count"] == 5   # type: ignore[attr-defined]
