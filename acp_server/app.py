@@ -120,6 +120,7 @@ class _App(Starlette):
     included), so that a refusal or a 503 costs one layer."""
 
     front: Any = None
+    recorder: AccessRecorder | None = None   # closed when the server stops (summaries)
 
     def build_middleware_stack(self) -> Any:
         stack = super().build_middleware_stack()
@@ -151,7 +152,7 @@ def build_app(settings: Settings, *, bridge: Bridge, acp: ConnectionRegistry,
         *metrics_routes(metrics), *openapi.routes(),
         *acp_routes(acp, acp_config(settings, policy)), *lmsp_routes(lmsp),
         *(web_routes() if settings.web else ())])
-    recorder = AccessRecorder(router_of=lambda: app.router, metrics=metrics)
+    recorder = app.recorder = AccessRecorder(router_of=lambda: app.router, metrics=metrics)
     hot = [HotRoute("POST", route, handler, declines) for path, (handler, declines) in
            fast_routes(bridge, config).items() for route in _routes_at(app.router, path)]
     route = sessions_router or (lambda stack: stack)

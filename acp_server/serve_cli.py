@@ -76,6 +76,7 @@ from acp_server.store.errors import StoreUnavailableError
 from acp_server.store.exclusive import StoreInUseError, claim_sqlite_store
 from acp_server.store.postgres import is_postgres_url
 from acp_server.store.sqlite import store_path
+from bridge.loggable import loggable
 from acp_server.settings import (
     DEFAULT_HOSTNAME,
     DEFAULT_PORT,
@@ -354,7 +355,7 @@ def run_serve_args(args: argparse.Namespace) -> int:
     try:
         sock = listen(settings)   # before anything starts: a port in use is one line
     except ListenError as exc:
-        print(f"acp-server: {exc}", file=sys.stderr)
+        print(f"acp-server: {loggable(str(exc), MESSAGE_CHARS)}", file=sys.stderr)
         return 2
     try:
         if settings.store is not None:   # before the state folder: a typo makes nothing
@@ -367,17 +368,17 @@ def run_serve_args(args: argparse.Namespace) -> int:
         store_lock = claim_sqlite_store(settings.store_url)   # held until the process ends
     except StoreInUseError as exc:
         sock.close()
-        print(f"acp-server: {exc}", file=sys.stderr)
+        print(f"acp-server: {loggable(str(exc), MESSAGE_CHARS)}", file=sys.stderr)
         return 2
     configure_logging(settings.log_format)
     if settings.token is None:
         log.warning("no token configured: trusted loopback mode, every local process has "
                     "full access (set --token or %s to require one)", TOKEN_ENV)
     if not settings.loopback and not settings.http.tls:
-        log.warning(PLAIN_HTTP_WARNING, settings.hostname)
+        log.warning(PLAIN_HTTP_WARNING, loggable(settings.hostname))
     for warning in (settings.lease_margin_warning(), settings.fleet_tls_warning()):
-        if warning is not None:
-            log.warning(warning)
+        if warning is not None:   # may name a path (--tls-cert)
+            log.warning("%s", loggable(warning, MESSAGE_CHARS))
     for name, program in unfound(merge(settings.default_profile, settings.agent_profiles),
                                  settings.workspace):
         log.warning("agent %r: %r is not found (not on PATH, or not an executable file): "
@@ -392,10 +393,13 @@ def run_serve_args(args: argparse.Namespace) -> int:
     return 0
 
 
+MESSAGE_CHARS = 4096   # a start-up line that echoes a flag or a path: one line, escaped
+
+
 def _refuse(message: str) -> NoReturn:
     """A value refused after parsing: one line on stderr, exit 2. (argparse's ``error``
     would print serve's whole usage first, some fifty lines above the reason.)"""
-    print(f"acp-server serve: error: {message}", file=sys.stderr)
+    print(f"acp-server serve: error: {loggable(message, MESSAGE_CHARS)}", file=sys.stderr)
     raise SystemExit(2)
 
 

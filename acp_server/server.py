@@ -270,6 +270,8 @@ async def open_server(settings: Settings, *, agent_factory: AgentFactory | None 
                     yield server
                 finally:
                     await server.drain()
+                    if app.recorder is not None:   # the refusals not logged: counted
+                        app.recorder.close()
                     if fleet is not None:
                         with anyio.CancelScope(shield=True):
                             await fleet.forwarder.aclose()

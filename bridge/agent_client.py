@@ -30,6 +30,7 @@ from bridge import events as ev
 from bridge import fs
 from bridge.agents.base import RESOURCE_NOT_FOUND, RequestError
 from bridge.errors import AgentDiedError
+from bridge.loggable import loggable
 
 if TYPE_CHECKING:
     from bridge.bridge import Bridge
@@ -51,12 +52,13 @@ class AgentSide:
         """The session if this agent owns it (see the module contracts), else ``None``."""
         session = self._bridge._sessions.get(session_id)
         if session is None or session.closing:
-            log.debug("agent %s: %s for unknown session %s dropped", self.agent_name, method,
-                      session_id)
+            log.debug("agent %s: %s for unknown session %s dropped", self.agent_name,
+                      loggable(method, 128), loggable(session_id, 128))
             return None
         if session.agent_name != self.agent_name:
             log.warning("agent %s: %s for session %s of agent %s dropped (not its session)",
-                        self.agent_name, method, session_id, session.agent_name)
+                        self.agent_name, loggable(method, 128), loggable(session_id, 128),
+                        session.agent_name)
             self._bridge._foreign_message(self.agent_name, method)
             return None
         return session

@@ -33,6 +33,8 @@ import errno
 import os
 from typing import Any
 
+from bridge.loggable import loggable
+
 
 class BridgeError(Exception):
     """Base class. ``code`` is the stable machine-readable name."""
@@ -261,9 +263,12 @@ MAX_SAID = 600   # characters of what an agent said, in the message of its faile
 
 def said_line(text: str, limit: int) -> str:
     """What an agent wrote or answered, as one line (runs of whitespace, line breaks
-    included, one space) of at most ``limit`` characters, cut with "…"."""
+    included, one space) of at most ``limit`` characters, cut with "…"; then what is
+    left that a log line must not hold (ESC, NUL, bidi overrides) escaped as
+    ``bridge.loggable`` does (a message may be logged)."""
     line = " ".join(text.split())
-    return line if len(line) <= limit else line[:limit - 1] + "…"
+    line = line if len(line) <= limit else line[:limit - 1] + "…"
+    return loggable(line, len(line))
 
 
 class AgentStartError(AgentUnavailableError):

@@ -86,6 +86,7 @@ from bridge.errors import (
     SessionNotRestorableError,
 )
 from bridge.jsonrpc import UNSET, Message, decode_value, encode_result
+from bridge.loggable import loggable
 from acp_server.acp_http.elicitation import answer_elicitation, offers_elicitation
 from acp_server.acp_http.listing import session_list
 from acp_server.acp_http.passthrough import pass_through
@@ -514,7 +515,7 @@ async def dispatch(conn: AcpConnection, msg: Message, params: dict[str, Any]) ->
         result = await _run(conn, rpc_id, is_request, handler, params)
     except Exception as exc:
         if not isinstance(exc, (BridgeError, StoreUnavailableError, *ENGINE_ERRORS)):
-            log.exception("acp %s failed", method)   # the store's: logged as answered
+            log.exception("acp %s failed", loggable(method, 128))   # logged as answered
         if is_request:
             target.push(encode_bridge_error(rpc_id, exc))
         return

@@ -54,6 +54,7 @@ from acp_server.store.errors import StoreUnavailableError
 from acp_server.store.postgres import PostgresTaskStore, is_postgres_url
 from acp_server.store.sqlite import SqliteTaskStore
 from acp_server.store.tokens import TokenNameTakenError
+from bridge.loggable import loggable
 
 
 class Refused(Exception):
@@ -257,10 +258,12 @@ def _print(args: argparse.Namespace, result: Any) -> None:
     if args.json:
         print(json.dumps(result, indent=2))
     elif args.command == "audit":
-        for r in result["records"]:
-            detail = json.dumps(r["detail"], separators=(",", ":"))
-            print(f"{r['seq']:>6}  {iso(r['at'])}  {r['principal']:<16} {r['action']:<20} "
-                  f"{r['target'] or '-'}  {r['client'] or '-'}  {detail}")
+        for r in result["records"]:   # one line each, by the log's rule (``loggable``)
+            detail = json.dumps(r["detail"], separators=(",", ":"), ensure_ascii=False)
+            principal, action, target, client = (loggable(r[k] or "-", 256) for k in (
+                "principal", "action", "target", "client"))
+            print(f"{r['seq']:>6}  {iso(r['at'])}  {principal:<16} {action:<20} "
+                  f"{target}  {client}  {loggable(detail, 8192)}")
     elif args.token_command == "create":
         print(result["token"])
         expires = f", expires {result['expiresAt']}" if result["expiresAt"] else ""

@@ -17,7 +17,13 @@ Contracts:
   template (``unmatched`` when no route matched; never the raw path or the query),
   status, duration in ms, door (``rest``, ``acp``, ``lmsp``, ``ops``), and the
   ``session_id`` / ``task_id`` of the path when it has one (at most 128 characters,
-  then "…", in both formats; escaped in text lines unless printable). Never a header, a token or a body.
+  then "…"). What the client chose (an id, a method not HTTP's own) goes through
+  ``bridge.loggable.loggable`` in both formats: readable text as it is, controls, bidi
+  overrides and lone surrogates escaped. Never a header, a token or a body.
+* A refused request (4xx, 503) is logged unless its cause's window has had its lines
+  (``acp_server.ops.refusals``): then it is counted, and a WARNING summary line says how
+  many once the window is over (the writer's thread asks on each write; ``close`` when
+  the server stops). The metrics count it either way.
 * An event stream (a ``text/event-stream`` answer) logs ``stream_open`` when its
   headers go out and ``stream_close`` (its request line) when it ends, with its
   duration and the number of events sent (SSE frames other than comments and
@@ -40,6 +46,7 @@ import logging
 import sys
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -50,6 +57,8 @@ from starlette.types import Scope
 
 from acp_server.http.front import count_events
 from acp_server.ops.metrics import Metrics
+from acp_server.ops.refusals import RefusalLog, Summary, refused
+from bridge.loggable import loggable
 from bridge.wire import iso as _iso
 
 access_log = logging.getLogger("acp_server.access")
@@ -68,10 +77,17 @@ class AccessRecorder:
     (``acp_server.http.front.Observer``): called on the event loop when a stream
     opens and when an exchange ends; never awaits."""
 
-    def __init__(self, *, router_of: Callable[[], Router], metrics: Metrics | None = None
-                 ) -> None:
+    def __init__(self, *, router_of: Callable[[], Router], metrics: Metrics | None = None,
+                 refusals: RefusalLog | None = None) -> None:
         self.router_of = router_of
         self.metrics = metrics
+        self.refusals = refusals if refusals is not None else RefusalLog()
+        _open_refusals.add(self.refusals)   # the writer's thread closes their windows
+
+    def close(self) -> None:
+        """The server stops: every refusal window's summary is written now."""
+        _open_refusals.discard(self.refusals)
+        write_summaries(self.refusals.due(final=True))
 
     def stream_opened(self, door: str, scope: Scope) -> None:
         if self.metrics is not None:
@@ -92,6 +108,11 @@ class AccessRecorder:
             if events is not None:
                 metrics.stream_closed(door)
         writer = access_writer
+        if refused(status) and (writer is not None or access_log.isEnabledFor(logging.INFO)):
+            admitted = self.refusals.admit((status, route, door))
+            write_summaries(self.refusals.due())
+            if not admitted:   # a flood: counted in its window's summary
+                return
         if writer is not None and not writer.json and events is None:   # the hot case
             writer.text("request", method_of(scope), route, status, seconds * 1000, door,
                         params.get("session_id"), params.get("task_id"), None)
@@ -132,8 +153,8 @@ class AccessRecorder:
             fields["duration_ms"] = round(seconds * 1000, 3)
         for name in _ID_PARAMS:
             value = (params or {}).get(name)
-            if value is not None:   # the client chose it: as long as a text line's
-                fields[name] = capped(value)
+            if value is not None:   # the client chose it: as a text line says it
+                fields[name] = loggable(value, MAX_ID_CHARS)
         if kind == "stream_close":
             fields["events"] = events
         if access_writer is not None:
@@ -159,37 +180,25 @@ class _Line:
 def method_of(scope: Scope) -> str:
     """The request's method as a line says it: HTTP's own as they are; another (the
     client chose it: the HTTP server takes any token, 8 KB long) cut to
-    ``MAX_METHOD_CHARS`` then "…", so neither a line nor the line cache grows with it."""
+    ``MAX_METHOD_CHARS`` then "…", so neither a line nor the line cache grows with it;
+    escaped as every client-chosen value is (``loggable``)."""
     method: str = scope["method"]
     if method in HTTP_METHODS:
         return method
-    return printable(method[:MAX_METHOD_CHARS] + "…" if len(method) > MAX_METHOD_CHARS
-                     else method)
+    return loggable(method, MAX_METHOD_CHARS)
 
 
-def capped(value: str) -> str:
-    """A client-chosen id kept to ``MAX_ID_CHARS``, then "…" (both formats)."""
-    return value if len(value) <= MAX_ID_CHARS else value[:MAX_ID_CHARS] + "…"
-
-
-def printable(value: str) -> str:
-    """A path parameter as it may appear in a text line: escaped unless printable,
-    at most ``MAX_ID_CHARS`` (the client chose it; a newline must not forge a line)."""
-    value = capped(value)
-    return value if value.isprintable() else value.encode("unicode_escape").decode("ascii")
-
-
-_SESSION_PARTS: dict[str, str] = {}   # session id -> " session=<printable id>"
+_SESSION_PARTS: dict[str, str] = {}   # session id -> " session=<loggable id>"
 _MAX_SESSION_PARTS = 4096
 
 
 def _session_part(session_id: str) -> str:
-    """`` session=<printable id>``, kept for the ids seen (bounded: cleared when full),
+    """`` session=<loggable id>``, kept for the ids seen (bounded: cleared when full),
     ids of ``MAX_ID_CHARS`` at most: a longer one (the client's, a refused request's
     too) is formatted each time, so the memo's bytes are bounded as well."""
     part = _SESSION_PARTS.get(session_id)
     if part is None:
-        part = " session=" + printable(session_id)
+        part = " session=" + loggable(session_id, MAX_ID_CHARS)
         if len(session_id) <= MAX_ID_CHARS:
             if len(_SESSION_PARTS) >= _MAX_SESSION_PARTS:
                 _SESSION_PARTS.clear()
@@ -212,7 +221,7 @@ def text_line(kind: str, method: str, route: str, status: int, duration_ms: floa
     if session_id is not None:
         text += _session_part(session_id)
     if task_id is not None:
-        text += " task=" + printable(task_id)
+        text += " task=" + loggable(task_id, MAX_ID_CHARS)
     if kind == "stream_close":
         text += f" events={events}"
     return text
@@ -324,6 +333,9 @@ class AccessWriter:
         return f"{self._stamp},{int((now - second) * 1000):03d}"
 
     def flush(self) -> None:
+        for refusals in list(_open_refusals):   # refusal windows over by now
+            for summary in refusals.due():
+                self.summary(summary)
         with self._lock:
             lines = []
             dropped, self.dropped = self.dropped, 0   # a count lost to a race is one line
@@ -337,6 +349,18 @@ class AccessWriter:
                     self.stream.flush()
                 except (OSError, ValueError):   # the stream is gone (exit)
                     pass
+
+    def summary(self, summary: Summary) -> None:
+        """A refusal window's summary line (WARNING), queued as any line."""
+        now = time.time()
+        if self.json:
+            line = JsonFormatter._encode({"ts": _iso(now), "level": "WARNING",
+                                          "logger": access_log.name,
+                                          "message": summary.message(),
+                                          **summary.fields()}).decode()
+        else:
+            line = f"{self._asctime(now)} WARNING {access_log.name}: {summary.message()}"
+        self.queue.append(line)
 
     def _dropped_line(self, count: int) -> str:
         message = f"{count} access lines dropped: the log stream did not keep up"
@@ -358,6 +382,16 @@ class AccessWriter:
 
 
 access_writer: AccessWriter | None = None
+_open_refusals: weakref.WeakSet[RefusalLog] = weakref.WeakSet()
+
+
+def write_summaries(summaries: list[Summary]) -> None:
+    """Refusal windows' summaries: through the writer, else the logger (WARNING)."""
+    for summary in summaries:
+        if access_writer is not None:
+            access_writer.summary(summary)
+        else:
+            access_log.warning("%s", summary.message(), extra={"access": summary.fields()})
 
 
 def configure_logging(log_format: str = "text", *, stream: Any = None) -> None:

@@ -64,6 +64,7 @@ import msgspec
 
 from acp_server.store.audit import AuditQuery, AuditRecord
 from acp_server.store.errors import Backoff, StoreUnavailableError, first_line
+from bridge.loggable import loggable
 
 log = logging.getLogger("acp_server.principals")
 
@@ -257,7 +258,8 @@ class AuditLog:
     def _refused(self, record: AuditRecord, exc: Exception) -> None:
         self.refused += 1
         log.warning("audit: the store refused a record (%s by %s): %s; not retried",
-                    record.action[:80], record.principal[:80], first_line(exc, 200))
+                    loggable(record.action, 80), loggable(record.principal, 80),
+                    loggable(first_line(exc, 200)))
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None]
                   = anyio.TASK_STATUS_IGNORED) -> None:

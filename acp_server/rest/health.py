@@ -6,7 +6,8 @@
 Open without a token on a loopback bind unless ``--require-auth`` (see ``security``).
 The deep check also asks the durable store (``store``, when composed; see
 ``acp_server.store``): while it cannot serve, the answer is 503 with
-``"status": "unavailable"`` and ``store: {status: "down", reason, downSince}``. With a
+``"status": "unavailable"`` and ``store: {status: "down", reason, downSince}``
+(``downSince`` an ISO 8601 UTC time, as every time the REST door writes). With a
 durable session journal, ``journal: {recordsRefused, lastRefused?}``: the records the
 store refused for good (a constraint, a trigger; ``acp_server.store.session_refusals``);
 the process serves on, so they do not change the status.
@@ -15,7 +16,6 @@ the process serves on, so they do not change the status.
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import msgspec
 
@@ -37,10 +37,12 @@ async def health(request: Request, *, bridge: Bridge, store: Probed | None) -> R
         return Response(_OK, 200, media_type="application/json")
     stats = bridge.stats()
     down = await store.probe() if store is not None else None
-    report: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
+    report: wire.StoreReport | msgspec.UnsetType = msgspec.UNSET
     if store is not None:
-        report = {"status": "ok"} if down is None else {
-            "status": "down", "reason": down, "downSince": store.health.down_since}
+        since = store.health.down_since
+        report = wire.StoreReport("ok") if down is None else wire.StoreReport(
+            "down", reason=down,
+            downSince=msgspec.UNSET if since is None else wire.iso(since))
     return json_response(200 if down is None else 503, wire.Health(
         status="ok" if down is None else "unavailable", store=report,
         journal=_journal(bridge),

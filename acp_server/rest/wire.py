@@ -190,11 +190,20 @@ class JournalHealth(msgspec.Struct, omit_defaults=True):
     lastRefused: JournalRefusal | UnsetType = UNSET
 
 
+class StoreReport(msgspec.Struct, omit_defaults=True):
+    """The durable store in `GET /health?deep=1`: `ok`, or `down` with why and since when
+    (ISO 8601 UTC with milliseconds, as every time the REST door writes)."""
+
+    status: Literal["ok", "down"]
+    reason: str | UnsetType = UNSET
+    downSince: str | UnsetType = UNSET
+
+
 class Health(msgspec.Struct, omit_defaults=True):
     """`GET /health?deep=1` (a plain `/health` answers `{"status": "ok"}`)."""
 
     status: str
-    store: dict[str, Any] | UnsetType = UNSET   # {status, reason?, downSince?} when composed
+    store: StoreReport | UnsetType = UNSET   # when composed
     journal: JournalHealth | UnsetType = UNSET   # with a durable session journal
     workspaceCount: int | UnsetType = UNSET
     sessions: int | UnsetType = UNSET

@@ -42,6 +42,7 @@ import anyio
 import anyio.abc
 
 from bridge.agents.upstream import public_url
+from bridge.loggable import loggable
 
 log = logging.getLogger("acp_server")
 
@@ -139,7 +140,7 @@ class ModelCatalog:
         if clash:
             self._clashed.update(clash)
             log.warning("model server %s: not offering %s: an agent configured by name has "
-                        "it", self.shown, ", ".join(clash))
+                        "it", self.shown, loggable(", ".join(clash)))
         new = [m for m in models if m not in self.taken and m not in self.offered]
         room = MAX_OFFERED - len(self.offered)
         if len(new) > room:

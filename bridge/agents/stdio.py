@@ -59,6 +59,7 @@ from bridge.agents.children import ChildRegistry
 from bridge.agents.headroom import ensure_descriptor_headroom
 from bridge.agents.stderr import StderrLog
 from bridge.errors import AgentDiedError, AgentError, AgentUnavailableError, said_line
+from bridge.loggable import loggable
 from bridge.jsonrpc import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
@@ -420,7 +421,8 @@ class StdioAgentConnection:
         if self._stray:
             message += f"; its last line on stdout was no JSON-RPC: {self._stray}"
         if self.stderr_tail:
-            message += "; last stderr: " + " | ".join(list(self.stderr_tail)[-3:])[-500:]
+            message += "; last stderr: " + " | ".join(   # the log's rule: one line
+                loggable(line, 500) for line in list(self.stderr_tail)[-3:])[-500:]
         if not self._closing:
             logger.warning("%s %s", self._prefix, message)
         self._lose(AgentDiedError(message, code))
@@ -470,7 +472,7 @@ class StdioAgentConnection:
             self._withdraw(msg)
             return
         if msg.method != "session/update":
-            logger.info("%s ignoring notification %s", self._prefix, msg.method)
+            logger.info("%s ignoring notification %s", self._prefix, loggable(msg.method, 128))
             return
         if msg.params is UNSET:
             logger.warning("%s session/update without params", self._prefix)
@@ -532,7 +534,7 @@ class StdioAgentConnection:
         method = msg.method
         handler = self._handlers.get(method)  # type: ignore[arg-type]
         if handler is None:
-            logger.info("%s unknown agent request %s", self._prefix, method)
+            logger.info("%s unknown agent request %s", self._prefix, loggable(method, 128))
             return encode_error(msg.id, METHOD_NOT_FOUND, "Method not found", {"method": method})
         try:
             params = decode_value(msg.params)
@@ -543,7 +545,7 @@ class StdioAgentConnection:
         except RequestError as exc:
             return encode_error(msg.id, exc.code, exc.message, exc.data)
         except Exception as exc:
-            logger.exception("%s handler for %s failed", self._prefix, method)
+            logger.exception("%s handler for %s failed", self._prefix, loggable(method, 128))
             return encode_error(msg.id, INTERNAL_ERROR, "Internal error", {"details": str(exc)})
 
     async def _read_stderr(self) -> None:

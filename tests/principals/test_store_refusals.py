@@ -59,6 +59,21 @@ async def test_a_refused_audit_record_fails_alone(tmp_path: Path, store_name: st
         assert all("prompt.accepted by ci" in m and MARK not in m for m in refused)
 
 
+async def test_a_refused_audit_records_principal_is_escaped_in_its_line(
+        tmp_path: Path, store_name: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The principal (a token's name, which its admin chose) as the log's one rule says
+    it (``bridge.loggable``): it was cut only, so a bidi override or ESC reached the line."""
+    caplog.set_level(logging.INFO, logger="acp_server.principals")
+    async with stores.STORE_FACTORIES[store_name](tmp_path, "audit.db", True) as store:
+        _refuse_marked(tmp_path, store_name, store)
+        audit = AuditLog(store, clock=lambda: 100.0, flush_interval_s=0)
+        audit.record("café\u202e\x1b[2J", "prompt.accepted", "s0", text=MARK)
+        await audit.flush()
+        refused, = [r.getMessage() for r in caplog.records
+                    if "the store refused a record" in r.getMessage()]
+    assert "prompt.accepted by café\\u202e\\x1b[2J" in refused, refused
+
+
 def _refuse_token_updates(tmp_path: Path, store_name: str, store: Any, name: str) -> None:
     """A real trigger: an UPDATE of the token named ``name`` is refused."""
     refuse_rows(url=store.url if store_name == "postgres" else None,

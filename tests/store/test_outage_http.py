@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
+import time
+from datetime import datetime
 from pathlib import Path
 
 import anyio
@@ -62,6 +64,10 @@ async def test_an_outage_answers_503_and_the_running_task_finishes_after(
         assert health.json()["status"] == "unavailable"
         assert health.json()["store"]["status"] == "down"
         assert health.json()["store"]["reason"]
+        # a time as the REST door writes every other (it was epoch seconds, a float)
+        since = health.json()["store"]["downSince"]
+        assert isinstance(since, str) and since.endswith("Z"), since
+        assert abs(datetime.fromisoformat(since).timestamp() - time.time()) < 60
         assert (await client.get("/health")).status_code == 200   # liveness stays
         store.faults.off()
         done = await server.wait(task["id"])
