@@ -55,6 +55,7 @@ export function mount(root, _params, ctx) {
     status.textContent = "";
     try {
       const created = await request("POST", "/session", { sessionScope: "thread", agent: select.value });
+      ctx.focusPrompt = true;   // into it to write: the prompt box has the focus, not the heading
       location.hash = `#/session/${encodeURIComponent(created.sessionId)}`;
     } catch (error) {
       status.textContent = errorText(error);
