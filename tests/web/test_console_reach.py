@@ -17,6 +17,8 @@ from tests.web.conftest import DESKTOP, Console, open_page
 PHONE_360 = {"viewport": {"width": 360, "height": 740}}
 # 1280 x 800 at 200 % zoom: the page lays out in 640 x 400 CSS px, each drawn twice as big.
 ZOOM_200 = {"viewport": {"width": 640, "height": 400}, "device_scale_factor": 2}
+# WCAG 1.4.10 (reflow): 320 CSS px wide, 1280 px at 400 %.
+REFLOW_320 = {"viewport": {"width": 320, "height": 640}}
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +85,8 @@ def _each_view(browser: Browser, console: Console, filled: dict[str, str],
         page.context.close()
 
 
-@pytest.mark.parametrize("context", [PHONE_360, ZOOM_200], ids=["phone-360", "zoom-200"])
+@pytest.mark.parametrize("context", [PHONE_360, ZOOM_200, REFLOW_320],
+                         ids=["phone-360", "zoom-200", "reflow-320"])
 def test_every_view_fits_the_width_and_every_control_is_a_finger_wide(
         browser: Browser, console: Console, filled: dict[str, str], context: dict[str, Any]) -> None:
     """At 360 px (and at 200 % zoom) the sessions table scrolled sideways inside its
