@@ -108,6 +108,32 @@ def test_every_view_fits_the_width_and_every_control_is_a_finger_wide(
 
 
 @pytest.mark.parametrize("scheme", ["light", "dark"])
+def test_an_ended_session_and_a_question_fit_a_phone(browser: Browser, console: Console,
+                                                     scheme: str) -> None:
+    """What comes and goes: the Delete question, and the banner of a session deleted
+    under the page, whose "Back to the sessions" link was 16 px tall."""
+    sid = console.session()
+    page = open_page(browser, color_scheme=scheme, **PHONE_360)
+    try:
+        page.goto(console.url("/#/"))
+        page.locator(f'[data-testid=session-row][data-session-id="{sid}"]').get_by_test_id("delete-session").click()
+        expect(page.get_by_test_id("confirm")).to_be_visible()
+        assert page.evaluate(TARGETS) == []
+        assert page.evaluate(CONTRAST) == []
+        page.get_by_test_id("confirm-cancel").click()
+        page.goto(console.url(f"/#/session/{sid}"))
+        expect(page.get_by_test_id("stream-state")).to_have_text("live")
+        console.client.delete(f"/session/{sid}")
+        expect(page.get_by_test_id("back-to-list")).to_be_visible()
+        assert page.evaluate(SIDEWAYS) == []
+        assert page.evaluate(TARGETS) == []
+        assert page.evaluate(CONTRAST) == []
+        assert page.page_errors == []  # type: ignore[attr-defined]
+    finally:
+        page.context.close()
+
+
+@pytest.mark.parametrize("scheme", ["light", "dark"])
 def test_every_text_has_aa_contrast(browser: Browser, console: Console, filled: dict[str, str],
                                     scheme: str) -> None:
     """WCAG AA: 4.5:1 for every piece of text against what is under it, in light and
