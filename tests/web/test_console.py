@@ -339,12 +339,12 @@ def test_with_a_token_nothing_works_until_it_is_entered(browser: Browser, tmp_pa
 
 def _visit_every_view(page: Page, console: Console, shots: Path, suffix: str) -> None:
     """Every view with something in it; a screenshot of each (only the session view
-    for the dark and phone variants)."""
+    for the dark variant, the session and sessions views for the phone)."""
     def shot(name: str) -> None:
         # Usable at this width: nothing wider than the window (tables scroll inside).
         width = page.evaluate("document.documentElement.scrollWidth")
         assert width <= page.viewport_size["width"], name  # type: ignore[index]
-        if not suffix or name == "session":
+        if not suffix or name == "session" or (suffix == "-phone" and name == "sessions"):
             page.screenshot(path=str(shots / f"{name}{suffix}.png"))
 
     idle = console.session()

@@ -82,7 +82,8 @@ STREAMING = (
 def test_a_screen_reader_hears_the_streamed_reply_once_and_whole(console: Console,
                                                                   page: Page) -> None:
     """The transcript is the one log: the page is no live region (the lists refresh
-    every second: the whole page was read again and again); the agent's message is
+    every second: the whole page was read again and again; the only other live region
+    is the view announcer, silent until the person goes to another view); the agent's message is
     aria-busy while it streams, not once its turn has ended; the nav says which page
     is current."""
     sid = console.session()
@@ -91,7 +92,8 @@ def test_a_screen_reader_hears_the_streamed_reply_once_and_whole(console: Consol
     page.goto(console.url(f"/#/session/{sid}"))
     expect(page.get_by_test_id("msg-agent")).to_have_text("AgentHal")
     expect(page.get_by_test_id("msg-agent")).to_have_attribute("aria-busy", "true")
-    assert page.locator("[aria-live]").count() == 0
+    assert page.locator("[aria-live]").count() == 1   # the view announcer only, empty on a first load
+    expect(page.get_by_test_id("view-announcer")).to_have_text("")
     expect(page.get_by_test_id("transcript")).to_have_attribute("role", "log")
     expect(page.get_by_test_id("nav-sessions")).to_have_attribute("aria-current", "page")
     expect(page.get_by_test_id("nav-tasks")).not_to_have_attribute("aria-current", "page")

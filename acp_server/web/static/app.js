@@ -8,10 +8,16 @@
 //   #/daemon         limits, activity, agents
 //
 // A view is mount(root, params, ctx) returning a function that stops everything it
-// started (streams, timers); ctx = { caps, me } (the /capabilities and /whoami bodies).
+// started (streams, timers); ctx = { caps, me, moved } (the /capabilities and /whoami
+// bodies; moved: the person went to this view from another, not a first load).
+//
+// Each view names the tab ("Session 1a2b3c4d…9f0e — acp-server", so tabs and history
+// entries differ). Going to a view (a link, the nav, back or forward) puts the focus
+// on its heading, unless the view took it itself, and says the view's name in the
+// page's one polite live region (#announcer), so a screen reader hears where it is.
 
 import { request, setToken, token } from "./api.js";
-import { clear, errorText, h } from "./dom.js";
+import { clear, errorText, h, shortId } from "./dom.js";
 import * as daemon from "./daemon.js";
 import * as session from "./session.js";
 import * as sessions from "./sessions.js";
@@ -19,15 +25,16 @@ import * as task from "./task.js";
 import * as tasks from "./tasks.js";
 
 const ROUTES = [
-  [/^#?\/?$/, sessions, "sessions"],
-  [/^#\/session\/([^/]+)$/, session, "sessions"],
-  [/^#\/tasks$/, tasks, "tasks"],
-  [/^#\/task\/([^/]+)$/, task, "tasks"],
-  [/^#\/daemon$/, daemon, "daemon"],
+  [/^#?\/?$/, sessions, "sessions", () => "Sessions"],
+  [/^#\/session\/([^/]+)$/, session, "sessions", (id) => `Session ${shortId(id)}`],
+  [/^#\/tasks$/, tasks, "tasks", () => "Tasks"],
+  [/^#\/task\/([^/]+)$/, task, "tasks", (id) => `Task ${shortId(id)}`],
+  [/^#\/daemon$/, daemon, "daemon", () => "Daemon"],
 ];
 
 const view = document.getElementById("view");
 const dialog = document.getElementById("token-dialog");
+const announcer = document.getElementById("announcer");
 let unmount = null;
 let ctx = null;
 let asking = null;
@@ -80,11 +87,14 @@ async function connect() {
   }
 }
 
-function route() {
+// Shows the view the URL names; moved: the person came from another view (hashchange:
+// a link, the nav, back or forward), not the first load or the same view again.
+function route({ moved = false } = {}) {
   if (unmount) unmount();
   unmount = null;
+  ctx.moved = moved;
   const hash = location.hash || "#/";
-  for (const [pattern, module, nav] of ROUTES) {
+  for (const [pattern, module, nav, title] of ROUTES) {
     const match = pattern.exec(hash);
     if (!match) continue;
     for (const link of document.querySelectorAll("[data-nav]")) {
@@ -92,11 +102,25 @@ function route() {
       if (link.dataset.nav === nav) link.setAttribute("aria-current", "page");
       else link.removeAttribute("aria-current");
     }
+    const params = match.slice(1).map(decodeURIComponent);
     clear(view);
-    unmount = module.mount(view, match.slice(1).map(decodeURIComponent), ctx);
+    unmount = module.mount(view, params, ctx);
+    arrived(title(...params), moved);
     return;
   }
-  clear(view, h("p", { class: "empty" }, "No such page. ", h("a", { href: "#/" }, "Sessions")));
+  clear(view, h("h1", {}, "No such page"), h("p", { class: "empty" }, h("a", { href: "#/" }, "Sessions")));
+  arrived("No such page", moved);
+}
+
+function arrived(name, moved) {
+  document.title = `${name} — acp-server`;
+  if (!moved) return;
+  const heading = view.querySelector("h1");
+  if (heading && !view.contains(document.activeElement)) {   // the view may have taken it (the new session's prompt box)
+    heading.tabIndex = -1;
+    heading.focus();
+  }
+  announcer.textContent = name;
 }
 
 dialog.addEventListener("cancel", (event) => { if (!cancellable) event.preventDefault(); });
@@ -138,7 +162,7 @@ async function boot(wait = 1000) {
     route();
   });
   document.getElementById("workspace").textContent = ctx.caps.workspaceCwd || "";
-  window.addEventListener("hashchange", route);
+  window.addEventListener("hashchange", () => route({ moved: true }));
   window.addEventListener("acp:unauthorized", async () => {
     if (asking) return;   // every refused request of the moment shares one question
     await askToken("The daemon refused the token (wrong, revoked or expired).");

@@ -4,9 +4,10 @@
 //   mount(root, [], ctx)
 
 import { request } from "./api.js";
-import { clear, duration, errorText, h, limitText, poll } from "./dom.js";
+import { clear, duration, errorText, h, labelled, limitText, poll } from "./dom.js";
 
 const REFRESH_MS = 2000;
+const AGENT_COLUMNS = ["Agent", "State", "Sessions", "Reports as"];
 
 function bytes(n) {
   if (n === null || n === undefined) return "—";
@@ -63,12 +64,12 @@ export function mount(root) {
       ["Up for", duration(status.daemon.uptimeMs)],
     ]));
     clear(agents, h("table", { class: "list" },
-      h("thead", {}, h("tr", {}, ["Agent", "State", "Sessions", "Reports as"].map((t) => h("th", {}, t)))),
-      h("tbody", {}, (status.agents || []).map((g) => h("tr", { testid: "agent-row", dataset: { agent: g.name, state: g.state } },
+      h("thead", {}, h("tr", {}, AGENT_COLUMNS.map((t) => h("th", {}, t)))),
+      h("tbody", {}, (status.agents || []).map((g) => labelled(AGENT_COLUMNS, h("tr", { testid: "agent-row", dataset: { agent: g.name, state: g.state } },
         h("td", {}, g.name, g.default ? h("span", { class: "badge" }, "default") : null),
         h("td", {}, h("span", { class: `badge ${g.state}` }, g.state.replace("_", " "))),
         h("td", { class: "num" }, g.sessions),
-        h("td", {}, g.agentInfo ? `${g.agentInfo.name || ""} ${g.agentInfo.version || ""}` : "—"))))));
+        h("td", {}, g.agentInfo ? `${g.agentInfo.name || ""} ${g.agentInfo.version || ""}` : "—")))))));
   }
 
   return poll(refresh, REFRESH_MS);

@@ -35,6 +35,14 @@ export function clear(node, ...children) {
   return node;
 }
 
+// A table row whose cells carry their column's name (data-label): below 760 px the
+// rows are stacked cards and each cell shows its name before it (style.css).
+//   labelled(["Session", "Agent", ""], h("tr", {}, h("td", {}, …), …))
+export function labelled(headers, row) {
+  [...row.children].forEach((cell, i) => { if (headers[i]) cell.dataset.label = headers[i]; });
+  return row;
+}
+
 export function ago(ms) {
   const seconds = Math.max(0, Math.round((Date.now() - ms) / 1000));
   if (seconds < 60) return `${seconds} s`;

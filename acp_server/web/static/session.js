@@ -345,7 +345,10 @@ export function mount(root, [sessionId], ctx) {
 
   renderPermissions();
   open();
-  input.focus();
+  // A first load, or a new session: straight to the prompt box. Opened from elsewhere
+  // (a link, back, forward): the focus goes to the heading (app.js).
+  if (!ctx.moved || ctx.focusPrompt) input.focus();
+  ctx.focusPrompt = false;
   return () => {
     unmounted = true;
     if (stream) stream.stop();

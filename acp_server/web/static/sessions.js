@@ -20,11 +20,13 @@
 // yes); a read-only token only sees them.
 
 import { request } from "./api.js";
-import { ago, can, confirmAction, errorText, h, limitText, poll, reconcile, shortId, stale } from "./dom.js";
+import { ago, can, confirmAction, errorText, h, labelled, limitText, poll, reconcile, shortId, stale } from "./dom.js";
 
 const REFRESH_MS = 1000;
 const ENDED_EVERY = 5;   // refreshes between two reads of the ended sessions
 const SHOW_ALL_KEY = "acp-server.sessions.all";
+const LIVE_COLUMNS = ["Session", "Agent", "Pending / limit", "Running prompt", "Subscribers", "Age", ""];
+const ENDED_COLUMNS = ["Session", "Agent", "Ended", ""];
 
 export function mount(root, _params, ctx) {
   const { caps } = ctx;
@@ -53,6 +55,7 @@ export function mount(root, _params, ctx) {
     status.textContent = "";
     try {
       const created = await request("POST", "/session", { sessionScope: "thread", agent: select.value });
+      ctx.focusPrompt = true;   // into it to write: the prompt box has the focus, not the heading
       location.hash = `#/session/${encodeURIComponent(created.sessionId)}`;
     } catch (error) {
       status.textContent = errorText(error);
@@ -73,7 +76,7 @@ export function mount(root, _params, ctx) {
     liveWrap = h("div", { class: "table-wrap" },
       h("table", { class: "list", testid: "live-sessions" },
         h("thead", {}, h("tr", {},
-          ["Session", "Agent", "Pending / limit", "Running prompt", "Subscribers", "Age", ""].map((t) => h("th", {}, t)))),
+          LIVE_COLUMNS.map((t) => h("th", {}, t)))),
         body)),
     h("h2", {}, "Ended"),
     h("p", { class: "hint" },
@@ -81,7 +84,7 @@ export function mount(root, _params, ctx) {
     endedError,
     endedWrap = h("div", { class: "table-wrap" },
       h("table", { class: "list", testid: "ended-sessions" },
-        h("thead", {}, h("tr", {}, ["Session", "Agent", "Ended", ""].map((t) => h("th", {}, t)))),
+        h("thead", {}, h("tr", {}, ENDED_COLUMNS.map((t) => h("th", {}, t)))),
         endedBody)),
     endedMore);
 
@@ -96,7 +99,7 @@ export function mount(root, _params, ctx) {
     await refresh();
   };
 
-  const row = (s) => h("tr", { testid: "session-row", dataset: { sessionId: s.sessionId } },
+  const row = (s) => labelled(LIVE_COLUMNS, h("tr", { testid: "session-row", dataset: { sessionId: s.sessionId } },
     h("td", { class: "mono" }, h("a", { href: `#/session/${encodeURIComponent(s.sessionId)}`, title: s.sessionId }, shortId(s.sessionId)),
       s.origin ? h("span", { class: "badge origin", testid: "row-origin", title: "made by a program, not a person" }, s.origin) : null,
       s.owner && s.owner !== me ? h("span", { class: "badge owner", testid: "row-owner", title: "made by this principal" }, s.owner) : null),
@@ -110,9 +113,9 @@ export function mount(root, _params, ctx) {
       h("a", { class: "button", href: `#/session/${encodeURIComponent(s.sessionId)}`, testid: "open-session",
         "aria-label": `Open session ${shortId(s.sessionId)}` }, "Open"),
       mayPrompt ? h("button", { class: "danger", testid: "delete-session", "aria-label": `Delete session ${shortId(s.sessionId)}`,
-        onclick: () => remove(s.sessionId) }, "Delete") : null));
+        onclick: () => remove(s.sessionId) }, "Delete") : null)));
 
-  const endedRow = (s) => h("tr", { testid: "ended-row", dataset: { sessionId: s.sessionId } },
+  const endedRow = (s) => labelled(ENDED_COLUMNS, h("tr", { testid: "ended-row", dataset: { sessionId: s.sessionId } },
     h("td", { class: "mono" }, h("span", { title: s.sessionId }, shortId(s.sessionId)),
       s.origin ? h("span", { class: "badge origin", title: "made by a program, not a person" }, s.origin) : null,
       s.owner && s.owner !== me ? h("span", { class: "badge owner", title: "made by this principal" }, s.owner) : null),
@@ -123,7 +126,7 @@ export function mount(root, _params, ctx) {
         title: "starts its agent again with the conversation", "aria-label": `Load again: session ${shortId(s.sessionId)}` }, "Load again"),
         h("button", { class: "danger", testid: "delete-ended", "aria-label": `Delete ended session ${shortId(s.sessionId)}`,
           onclick: () => removeEnded(s.sessionId) }, "Delete")]
-      : h("span", { class: "hint" }, "loading needs the prompt scope")));
+      : h("span", { class: "hint" }, "loading needs the prompt scope"))));
 
   const removeEnded = async (id) => {
     if (!await confirmAction(`Delete session ${shortId(id)}? Its conversation is gone for good.`,

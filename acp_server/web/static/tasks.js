@@ -6,9 +6,10 @@
 //   mount(root, [], ctx)
 
 import { request } from "./api.js";
-import { errorText, h, poll, reconcile, shortId, stale, time } from "./dom.js";
+import { errorText, h, labelled, poll, reconcile, shortId, stale, time } from "./dom.js";
 
 const REFRESH_MS = 1000;
+const COLUMNS = ["Task", "Status", "Input", "Model", "Created", "Tokens", ""];
 export const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
 
 export function tokens(usage) {
@@ -60,10 +61,10 @@ export function mount(root) {
       h("button", { class: "primary", testid: "new-task", onclick: create }, "New task")),
     status,
     wrap = h("div", { class: "table-wrap" }, h("table", { class: "list", testid: "task-list" },
-      h("thead", {}, h("tr", {}, ["Task", "Status", "Input", "Model", "Created", "Tokens", ""].map((t) => h("th", {}, t)))),
+      h("thead", {}, h("tr", {}, COLUMNS.map((t) => h("th", {}, t)))),
       body)));
 
-  const row = (t) => h("tr", { testid: "task-row", dataset: { taskId: t.id, status: t.status } },
+  const row = (t) => labelled(COLUMNS, h("tr", { testid: "task-row", dataset: { taskId: t.id, status: t.status } },
     h("td", { class: "mono" }, h("a", { href: `#/task/${encodeURIComponent(t.id)}`, title: t.id }, shortId(t.id))),
     h("td", {}, h("span", { class: `badge ${t.status}` }, t.status)),
     h("td", { class: "prompt-text input-text", testid: "task-input-text", dir: "auto", title: t.input_text || "" }, t.input_text || "—"),
@@ -74,7 +75,7 @@ export function mount(root) {
       h("a", { class: "button", href: `#/task/${encodeURIComponent(t.id)}`, "aria-label": `Open task ${shortId(t.id)}` }, "Open"),
       TERMINAL.has(t.status) ? null
         : h("button", { class: "danger", testid: "cancel-task", "aria-label": `Cancel task ${shortId(t.id)}`,
-          onclick: () => cancel(t.id) }, "Cancel")));
+          onclick: () => cancel(t.id) }, "Cancel"))));
 
   // A failed read is said (the list kept, inert, when the server does not answer).
   async function refresh() {
