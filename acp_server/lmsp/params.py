@@ -14,12 +14,15 @@ Per parameter (docs/lmsp.md, "Request parameters"):
 * accepted only as no-ops (refused otherwise, 400 ``unsupported_capability`` naming
   the ``param``): ``tools`` (``[]``), ``tool_choice`` (``auto`` / ``none``: with no
   function tools they mean the same), ``text.format`` (``{"type": "text"}``),
-  ``top_logprobs`` (``0``), ``temperature`` / ``top_p`` / ``max_tool_calls`` /
+  ``top_logprobs`` (``0``), ``max_tool_calls`` /
   ``reasoning.effort`` / ``reasoning.summary`` (``null``), ``conversation`` and
   ``prompt`` (absent: no conversation objects, no prompt templates): the agents behind the
   server choose their own sampling and run their own tools, so a value here would
-  be silently ignored and the caller misled (a ``temperature: 0`` that is not
-  deterministic, a ``json_schema`` that is not followed, functions never called);
+  be silently ignored and the caller misled (a limit on tool calls that is not kept,
+  a ``json_schema`` that is not followed, functions never called);
+* ``temperature`` / ``top_p``: any number in OpenAI's range is accepted and not applied
+  (echoed ``null``): clients send them by default whatever the model, and a refusal
+  would lock them out; the ``null`` says what was applied;
 * ``service_tier``: any of OpenAI's values is accepted; the response says
   ``default``, the tier it was served with (as OpenAI's does).
 """
@@ -36,10 +39,12 @@ from acp_server.lmsp.wire import TextConfig
 _TIERS = ("auto", "default", "flex", "scale", "priority")
 _STRINGS = ("user", "safety_identifier", "prompt_cache_key")
 _NULL_ONLY = {
-    "temperature": ("sampling", "the agents behind this server choose their own sampling"),
-    "top_p": ("sampling", "the agents behind this server choose their own sampling"),
     "max_tool_calls": ("tools", "an agent runs its own tools and takes no limit on them"),
 }
+# Sampling: accepted and not applied (echoed ``null``): the agents choose their own, and
+# many clients send a temperature whatever the model (LangChain, LlamaIndex), so a refusal
+# would lock them out for a value OpenAI itself treats as a hint to a model.
+_SAMPLING = {"temperature": 2.0, "top_p": 1.0}
 _ABSENT_ONLY = {
     "conversation": ("conversations", "there are no conversation objects here; continue "
                      "a response with 'previous_response_id'"),
@@ -105,6 +110,11 @@ def check_params(body: dict[str, Any], base: str, errors: _ERRORS) -> LmspError 
     tier = body.get("service_tier")
     if tier is not None and tier not in _TIERS:
         errors.append((f"{base}/service_tier", f"Must be one of {', '.join(_TIERS)}."))
+    for name, most in _SAMPLING.items():
+        value = body.get(name)
+        if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool)
+                                  or not 0 <= value <= most):
+            errors.append((f"{base}/{name}", f"Must be a number from 0 to {most:g}."))
     for name, (capability, why) in _NULL_ONLY.items():
         value = body.get(name)
         if value is None:

@@ -129,7 +129,7 @@ class ResponseObject(msgspec.Struct, kw_only=True):
     parallel_tool_calls: bool = True
     tool_choice: Literal["auto", "none"] = "auto"
     tools: list[Any] = msgspec.field(default_factory=list)   # function tools are refused
-    temperature: float | None = None          # sampling is the agent's: refused when set
+    temperature: float | None = None          # sampling is the agent's: always null (not applied)
     top_p: float | None = None                # likewise
     top_logprobs: int = 0                     # no logprobs: more than 0 is refused
     max_tool_calls: int | None = None         # refused when set (an agent's tools are its own)

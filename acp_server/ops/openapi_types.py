@@ -116,9 +116,11 @@ class ResponseRequest(msgspec.Struct):
         "Only `[]`: an agent runs its own tools"))] | None = None
     tool_choice: Literal["auto", "none"] | None = None
     top_logprobs: Annotated[int, msgspec.Meta(ge=0, le=0)] | None = None
-    temperature: Annotated[None, msgspec.Meta(description=(
-        "Only `null`: the agents choose their own sampling"))] = None
-    top_p: Annotated[None, msgspec.Meta(description="Only `null`, as `temperature`")] = None
+    temperature: Annotated[float, msgspec.Meta(ge=0, le=2, description=(
+        "Accepted, not applied (the agents choose their own sampling): "
+        "the response says `null`"))] | None = None
+    top_p: Annotated[float, msgspec.Meta(ge=0, le=1, description=(
+        "Accepted, not applied, as `temperature`"))] | None = None
     max_tool_calls: Annotated[None, msgspec.Meta(description="Only `null`")] = None
     reasoning: Annotated[dict[str, None], msgspec.Meta(description=(
         "`effort` and `summary` only `null`"))] | None = None

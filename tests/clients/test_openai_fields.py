@@ -106,8 +106,7 @@ async def test_defaults_are_echoed(server: LmspServer) -> None:
     assert strict_response(unstored).status == "completed" and unstored["store"] is False
 
 
-REFUSED = [("temperature", 0.2, "temperature"), ("top_p", 0.5, "top_p"),
-           ("max_tool_calls", 3, "max_tool_calls"), ("top_logprobs", 2, "top_logprobs"),
+REFUSED = [("max_tool_calls", 3, "max_tool_calls"), ("top_logprobs", 2, "top_logprobs"),
            ("tools", [{"type": "function", "name": "f", "parameters": {}, "strict": True}],
             "tools"),
            ("tool_choice", "required", "tool_choice"),
@@ -131,12 +130,27 @@ async def test_parameters_that_cannot_be_honoured_are_refused(server: LmspServer
         assert error.code == "unsupported_capability" and error.param == param, error.body
         assert "is not supported" in error.message
     task = await server.client.post("/lmsp/v1/tasks", json={
-        "type": "response", "input": {"model": "reference", "input": "x", "temperature": 0}})
-    assert task.status_code == 400 and task.json()["param"] == "input.temperature"
+        "type": "response", "input": {"model": "reference", "input": "x", "max_tool_calls": 1}})
+    assert task.status_code == 400 and task.json()["param"] == "input.max_tool_calls"
     bad = await server.client.post("/lmsp/v1/responses", json={
-        "model": "reference", "input": "x", "temperature": "hot", "truncation": "some"})
+        "model": "reference", "input": "x", "temperature": "hot", "truncation": "some",
+        "top_p": 1.5})
     assert bad.status_code == 400 and bad.json()["code"] == "invalid_request"
-    assert [e["pointer"] for e in bad.json()["errors"]] == ["/truncation", "/temperature"]
+    assert [e["pointer"] for e in bad.json()["errors"]] == \
+        ["/truncation", "/temperature", "/top_p"]
+
+
+async def test_sampling_is_accepted_and_said_not_applied(server: LmspServer) -> None:
+    """Frameworks send a temperature whatever the model (LangChain, LlamaIndex): it is
+    accepted, and the response says what was applied: nothing (``null``)."""
+    def run() -> Any:
+        with _client(server) as client:
+            return client.responses.create(model="reference", input="x", temperature=0.1,
+                                           top_p=0.9)
+
+    response = await anyio.to_thread.run_sync(run)
+    assert response.status == "completed"
+    assert (response.temperature, response.top_p) == (None, None)
 
 
 async def test_every_streamed_event_is_an_sdk_type(server: LmspServer) -> None:
