@@ -259,7 +259,7 @@ class AuditLog:
         self.refused += 1
         log.warning("audit: the store refused a record (%s by %s): %s; not retried",
                     loggable(record.action, 80), loggable(record.principal, 80),
-                    loggable(first_line(exc, 200)))
+                    first_line(exc, 200))
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None]
                   = anyio.TASK_STATUS_IGNORED) -> None:

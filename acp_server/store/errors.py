@@ -40,6 +40,8 @@ from typing import Protocol, TypeVar
 import anyio
 import psycopg
 
+from bridge.loggable import loggable
+
 log = logging.getLogger("acp_server.store")
 
 RETRY_AFTER_S = 5
@@ -64,10 +66,12 @@ ENGINE_ERRORS = (sqlite3.Error, psycopg.Error)
 
 def first_line(exc: BaseException, limit: int | None = None) -> str:
     """The first line of an error's message (its type's name when it has none), at most
-    ``limit`` characters: what a log line or ``/health`` says of it, never a payload."""
+    ``limit`` characters (then "…"): what a log line or ``/health`` says of it, never a
+    payload; escaped by the log lines' one rule (``bridge.loggable``: a database's
+    message may quote a value a client chose)."""
     lines = str(exc).strip().splitlines()
     text = lines[0] if lines else type(exc).__name__
-    return text if limit is None else text[:limit]
+    return loggable(text, len(text) if limit is None else limit)
 
 
 class Backoff:
