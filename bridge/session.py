@@ -66,6 +66,7 @@ from bridge.pending import (  # re-exported: the FIFO's items live in bridge.pen
     prompt_text,
 )
 from bridge.status import (
+    AskedPermission,
     PromptTerminal,
     SessionHistory,
     SessionInfo,
@@ -276,7 +277,8 @@ class Session:
             agent=self.agent_name, agent_result=self.agent_result,
             history=history)
 
-    def status(self, pending_permissions: int) -> SessionStatus:
+    def status(self, pending_permissions: int,
+               asked: tuple[AskedPermission, ...] = ()) -> SessionStatus:
         active = self.active
         return SessionStatus(
             session_id=self.session_id, workspace_cwd=self.workspace_cwd,
@@ -290,7 +292,7 @@ class Session:
             updated_at=self.journaled_activity if self.journaled_activity is not None
             else time.time() - max(0.0, time.monotonic() - self.last_seen),
             origin=self.origin, earliest_event_id=self.bus.earliest_available_id,
-            turn_ended_at=self.turn_ended_at, turn_failure=self.turn_failure)
+            turn_ended_at=self.turn_ended_at, turn_failure=self.turn_failure, asked=asked)
 
     @property
     def pending_count(self) -> int:

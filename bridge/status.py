@@ -53,6 +53,17 @@ class TurnFailure:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class AskedPermission:
+    """A permission request of the session's agent not answered yet: its id, the
+    agent's ``session/request_permission`` params as sent, when it was asked (epoch
+    seconds)."""
+
+    request_id: str
+    params: dict[str, Any]
+    asked_at: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class SessionHistory:
     """A session's history as ``load`` hands it over (``bridge.history``): the events
     before the running prompt, adjacent text chunks of a prompt joined; the running
@@ -108,6 +119,7 @@ class SessionStatus:
     # after a restart: the instance's own observation, as qwen serve's)
     turn_ended_at: float | None = None
     turn_failure: TurnFailure | None = None   # its last turn that ran failed (else None)
+    asked: tuple[AskedPermission, ...] = ()   # its permission requests open, oldest first
 
     @property
     def has_active_prompt(self) -> bool:

@@ -51,7 +51,14 @@ from bridge.history import history_of
 from bridge.ids import uuid4_str
 from bridge.journal import RestoredSession
 from bridge.session import QUEUED, RUNNING, prompt_text
-from bridge.status import PendingPromptInfo, SessionInfo, SessionStatus, TurnFailure, refused
+from bridge.status import (
+    AskedPermission,
+    PendingPromptInfo,
+    SessionInfo,
+    SessionStatus,
+    TurnFailure,
+    refused,
+)
 from bridge.wire import event_from_envelope
 
 log = logging.getLogger("acp_server.fleet")
@@ -87,6 +94,19 @@ class SessionView:
                 asked.discard(event.data.request_id)
         return len(asked)
 
+    def asked(self) -> tuple[AskedPermission, ...]:
+        """Its permission requests asked and not resolved, oldest first, as the owner's
+        ``PermissionMediator.asked`` (asked when the event was published)."""
+        asked: dict[str, AskedPermission] = {}
+        for event in self.found.events:
+            if event.type == ev.PERMISSION_REQUEST:
+                at = (event.timestamp_ms or 0) / 1000
+                asked[event.data.request_id] = AskedPermission(
+                    event.data.request_id, event.data.params, at)
+            elif event.type == ev.PERMISSION_RESOLVED:
+                asked.pop(event.data.request_id, None)
+        return tuple(asked.values())
+
     def last_turn(self) -> tuple[float | None, TurnFailure | None]:
         """When its last turn ended (epoch seconds) and how it failed, as the owner
         reports them (``Session.turn_ended_at``, ``turn_failure``), from its newest
@@ -121,7 +141,7 @@ class SessionView:
             last_event_id=found.last_event_id, event_epoch=record.epoch, agent=record.agent,
             max_pending_prompts=self.limit, active_prompt_text=active_text,
             updated_at=found.last_activity(), origin=record.origin,
-            turn_ended_at=turn_ended_at, turn_failure=turn_failure,
+            turn_ended_at=turn_ended_at, turn_failure=turn_failure, asked=self.asked(),
             earliest_event_id=found.events[0].id if found.events  # type: ignore[arg-type]
             else found.last_event_id + 1)
 

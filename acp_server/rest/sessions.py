@@ -35,6 +35,7 @@ from acp_server.principals import caller_of
 from acp_server.rest import wire
 from acp_server.rest.config import RestConfig
 from acp_server.rest.errors import RestError, bad_request, json_response
+from acp_server.rest.interactions import pending_interactions, user_questions
 from acp_server.rest.owners import check_restore, claim, own_default, owned, visible_session
 from acp_server.rest.wire import iso
 from bridge import Bridge, Event, SessionInfo, SessionStatus
@@ -48,15 +49,19 @@ def status_fields(status: SessionStatus) -> dict[str, Any]:
     the end of the last prompt that ran; ``hasTurnError`` / ``turnError`` how that one
     failed, until the next starts running; ``activeWorkState`` ``active`` while a
     prompt is queued or running, else ``unsupported`` (qwen's for a runtime that does
-    not report its own work: an ACP agent has no such report)."""
+    not report its own work: an ACP agent has no such report); ``pendingInteractions``
+    the open permission requests (``rest.interactions``)."""
     failure = status.turn_failure
+    interactions = pending_interactions(status.asked)
+    questions = user_questions(interactions)
     return {
         "sessionId": status.session_id, "workspaceCwd": status.workspace_cwd,
         "createdAt": iso(status.created_at), "clientCount": status.client_count,
         "hasActivePrompt": status.has_active_prompt, "activePromptId": status.active_prompt_id,
         "pendingPrompts": status.pending_prompts, "queuedPrompts": status.queued_prompts,
-        "isWaitingForPermission": status.pending_permissions > 0,
+        "isWaitingForPermission": status.pending_permissions > questions,
         "pendingInteractionCount": status.pending_permissions,
+        "isWaitingForUserQuestion": questions > 0, "pendingInteractions": interactions,
         "subscribers": status.subscribers, "lastEventId": status.last_event_id,
         "eventEpoch": status.event_epoch,
         "activeWorkState": "active" if status.pending_prompts else "unsupported",

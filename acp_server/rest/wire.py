@@ -277,6 +277,26 @@ class TurnErrorInfo(msgspec.Struct, omit_defaults=True):
     errorKind: str | UnsetType = UNSET
 
 
+class InteractionOption(msgspec.Struct, omit_defaults=True):
+    optionId: str
+    label: str | UnsetType = UNSET   # the option's ``name``
+    kind: str | UnsetType = UNSET
+
+
+class PendingInteraction(msgspec.Struct, omit_defaults=True):
+    """An open permission request as qwen serve lists it (``rest.interactions``)."""
+
+    requestId: str
+    kind: Literal["permission", "user_question"]
+    createdAt: str
+    options: list[InteractionOption]
+    action: Annotated[dict[str, Any], msgspec.Meta(
+        description="`permission`: the tool call's `{type, title, content, locations, "
+                    "input}`, each when present")] | UnsetType = UNSET
+    title: str | UnsetType = UNSET                      # ``user_question``
+    questions: list[dict[str, Any]] | UnsetType = UNSET   # ``user_question``
+
+
 class SessionStatus(msgspec.Struct):
     sessionId: str
     workspaceCwd: str
@@ -291,6 +311,8 @@ class SessionStatus(msgspec.Struct):
     subscribers: int
     lastEventId: int
     eventEpoch: str
+    isWaitingForUserQuestion: bool
+    pendingInteractions: list[PendingInteraction]
     activeWorkState: Annotated[Literal["active", "idle", "unknown", "unsupported"], msgspec.Meta(
         description="qwen serve's: `active` while the session has a prompt queued or "
                     "running; else `unsupported` (an ACP agent does not report work of its "
