@@ -79,9 +79,14 @@ def _no_content() -> Response:
 
 
 def created(info: SessionInfo) -> wire.SessionCreated:
+    """``POST /session``'s answer; an attach adds the peer's ``hasRunningBackgroundTasks``
+    and ``hasActivePrompt`` (a new session has neither, as on the peer)."""
+    attach: dict[str, Any] = {"hasRunningBackgroundTasks": False,
+                              "hasActivePrompt": info.has_active_prompt} if info.attached else {}
     return wire.SessionCreated(sessionId=info.session_id, workspaceCwd=info.workspace_cwd,
                                attached=info.attached, clientId=info.client_id,
-                               createdAt=iso(info.created_at), eventEpoch=info.event_epoch)
+                               createdAt=iso(info.created_at), eventEpoch=info.event_epoch,
+                               **attach)
 
 
 def _state(info: SessionInfo) -> dict[str, Any]:

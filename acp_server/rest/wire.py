@@ -84,6 +84,10 @@ class SessionCreated(msgspec.Struct, omit_defaults=True):
     clientId: str
     createdAt: str
     eventEpoch: str | None = None
+    # an attach only (``attached``), as the peer's: a prompt is queued or running there
+    # (its SDK's ``DaemonSessionClient.createOrAttach`` keeps it); never ``true``
+    hasRunningBackgroundTasks: bool | UnsetType = UNSET
+    hasActivePrompt: bool | UnsetType = UNSET
 
 
 class SessionRestored(msgspec.Struct):

@@ -2,7 +2,7 @@
 // `qwen serve` 0.24.4. Driven by tests/clients/test_qwen_sdk_compat.py.
 //
 //   node qwen_sdk_compat.mjs <sdk folder> <base url> pending|branch|heartbeat|status|echo|stream
-//                                                     |session-status
+//                                                     |session-status|attach
 //   node qwen_sdk_compat.mjs <sdk folder> - known '[envelope, …]'   (no server)
 //
 // `pending`: DaemonClient.removePendingPrompt (200 {removed}) on a queued prompt, then
@@ -10,7 +10,8 @@
 // SDK's typed reader sees them. `branch`: DaemonClient.branchSession at a point
 // (`atRecordId`) this server cannot branch at, and without one. `heartbeat`:
 // DaemonSessionClient.heartbeat. `status`: DaemonClient.daemonStatus. `session-status`:
-// DaemonClient.sessionStatus through a failed turn. `echo`: a prompt's
+// DaemonClient.sessionStatus through a failed turn. `attach`: DaemonSessionClient's
+// hasActivePrompt on an attach. `echo`: a prompt's
 // originatorClientId as normalizeDaemonEvent reads it. `stream`: events() under a
 // client id the server does not know. `known`: the SDK's typed reader
 // (`isKnownDaemonEvent`) on each event envelope given.
@@ -117,6 +118,25 @@ async function sessionStatus() {
            afterError, whileRunning, badMode: badMode.error };
 }
 
+// DaemonSessionClient.createOrAttach (single scope) onto the default session while a
+// prompt runs there, and while none does: the session client's hasActivePrompt.
+async function attach() {
+  const client = new DaemonClient({ baseUrl });
+  const first = await DaemonSessionClient.createOrAttach(client, {});
+  const running = await client.promptNonBlocking(first.sessionId, text("/sleep 60s busy"));
+  const busy = await DaemonSessionClient.createOrAttach(client, {});
+  await client.removePendingPrompt(first.sessionId, running.promptId);   // cancels it
+  for await (const ev of client.subscribeEvents(first.sessionId,
+                                                { lastEventId: running.lastEventId })) {
+    if (ev.type === "turn_complete" || ev.type === "turn_error") break;
+  }
+  const idle = await DaemonSessionClient.createOrAttach(client, {});
+  await client.closeSession(first.sessionId);
+  return { fresh: first.hasActivePrompt, same: busy.sessionId === first.sessionId,
+           busy: busy.hasActivePrompt, idle: idle.hasActivePrompt,
+           background: [busy.hasRunningBackgroundTasks, idle.hasRunningBackgroundTasks] };
+}
+
 // A prompt sent under the session's client id: its events' originatorClientId, and
 // normalizeDaemonEvent's suppressOwnUserEcho for that client and for another.
 async function echo() {
@@ -175,6 +195,7 @@ const out = mode === "pending" ? await pending()
   : mode === "echo" ? await echo()
   : mode === "status" ? await status()
   : mode === "session-status" ? await sessionStatus()
+  : mode === "attach" ? await attach()
   : mode === "heartbeat" ? await heartbeat()
   : mode === "known" ? JSON.parse(arg).map((ev) => isKnownDaemonEvent(ev))
   : await branch();

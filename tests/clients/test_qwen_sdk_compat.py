@@ -136,6 +136,16 @@ async def test_session_status_turn_fields(qwen_sdk: str, tmp_path: Path) -> None
     assert (bad["status"], bad["code"]) == (400, "invalid_approval_mode")
 
 
+async def test_attach_says_a_prompt_is_active(qwen_sdk: str, tmp_path: Path) -> None:
+    """An attach (``createOrAttach``, single scope) answers the peer's
+    ``hasActivePrompt`` and ``hasRunningBackgroundTasks``, which the SDK's session
+    client keeps: it said no prompt was active while one ran."""
+    async with running_acp_server(tmp_path) as srv:
+        r = await run_script("qwen_sdk_compat.mjs", qwen_sdk, srv.base_url, "attach")
+    assert r == {"fresh": False, "same": True, "busy": True, "idle": False,
+                 "background": [False, False]}
+
+
 async def test_slow_client_warning_is_typed(qwen_sdk: str) -> None:
     """``slow_client_warning``'s ``threshold`` names the bound (``frames``, ``bytes``,
     ``frames_and_bytes``), as the peer's: the SDK's typed reader took the ``0.75``

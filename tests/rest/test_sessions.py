@@ -30,6 +30,8 @@ async def test_single_scope_attaches(server: RunningServer) -> None:
     assert second["sessionId"] == first["sessionId"]
     assert second["attached"] is True
     assert second["clientId"] != first["clientId"]
+    # an attach adds the peer's two flags (a new session has neither)
+    assert (second["hasActivePrompt"], second["hasRunningBackgroundTasks"]) == (False, False)
 
 
 async def test_thread_scope_spawns(server: RunningServer) -> None:
