@@ -73,7 +73,7 @@ class ListingAPI:
 
     def _status(self, session: Session) -> SessionStatus:
         """The session's status (its ``last_event_id``: ``Session.status``)."""
-        return session.status(self.permissions.count(session))
+        return session.status(self.permissions.count(session), self.permissions.asked(session))
 
     def stats(self) -> BridgeStats:
         sessions = list(self._sessions.values())

@@ -17,8 +17,8 @@ The API (the bridge calls ``request`` for its agents; doors reach ``vote`` throu
   ``{"outcome": "cancelled"}``) from any voter (a REST client, an ``/acp`` client, the
   LMSP policy, ...).
 * ``cancel_session(session, reason, prompt_id=None)`` (with ``prompt_id``: only the
-  requests asked during that prompt's turn), ``count(session)``, ``pending_count``,
-  ``is_pending(request_id)``.
+  requests asked during that prompt's turn), ``count(session)``, ``asked(session)``,
+  ``pending_count``, ``is_pending(request_id)``.
 
 Contracts: the first valid vote resolves a request; a later vote, or a vote for an
 unknown request (or one of another session, when ``session_id`` is given), raises
@@ -36,6 +36,7 @@ session) a request is answered ``cancelled`` at once.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -43,6 +44,7 @@ import anyio
 from bridge import events as ev
 from bridge.errors import InvalidPermissionOptionError, PermissionNotFoundError
 from bridge.ids import uuid4_str
+from bridge.status import AskedPermission
 
 if TYPE_CHECKING:
     from bridge.session import Session
@@ -53,7 +55,8 @@ MAX_PENDING_PER_SESSION = 64
 
 
 class PendingPermission:
-    __slots__ = ("request_id", "session", "params", "option_ids", "done", "outcome", "prompt_id")
+    __slots__ = ("request_id", "session", "params", "option_ids", "done", "outcome", "prompt_id",
+                 "asked_at")
 
     def __init__(self, request_id: str, session: Session, params: dict[str, Any],
                  prompt_id: str | None) -> None:
@@ -66,6 +69,7 @@ class PendingPermission:
         self.done = anyio.Event()
         self.outcome: dict[str, Any] | None = None
         self.prompt_id = prompt_id
+        self.asked_at = time.time()
 
 
 class PermissionMediator:
@@ -84,6 +88,11 @@ class PermissionMediator:
         """The session's pending requests."""
         return len(self._by_session.get(session.session_id, ()))
 
+    def asked(self, session: Session) -> tuple[AskedPermission, ...]:
+        """The session's pending requests, oldest first."""
+        return tuple(AskedPermission(p.request_id, p.params, p.asked_at)
+                     for p in self._by_session.get(session.session_id, {}).values())
+
     def is_pending(self, request_id: str) -> bool:
         return request_id in self._by_id
 
@@ -100,9 +109,11 @@ class PermissionMediator:
         pending = PendingPermission(request_id, session, params, prompt_id)
         self._by_id[request_id] = pending
         self._by_session.setdefault(session.session_id, {})[request_id] = pending
-        session.bus.publish(ev.PERMISSION_REQUEST, ev.PermissionRequest(
+        published = session.bus.publish(ev.PERMISSION_REQUEST, ev.PermissionRequest(
             request_id=request_id, session_id=session.session_id, params=params),
             prompt_id=prompt_id)
+        if published is not None and published.timestamp_ms is not None:
+            pending.asked_at = published.timestamp_ms / 1000   # as the journal has it
         reason = "request_cancelled"   # our caller was cancelled (the agent withdrew it)
         try:
             if self.timeout_ms:

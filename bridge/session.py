@@ -66,10 +66,12 @@ from bridge.pending import (  # re-exported: the FIFO's items live in bridge.pen
     prompt_text,
 )
 from bridge.status import (
+    AskedPermission,
     PromptTerminal,
     SessionHistory,
     SessionInfo,
     SessionStatus,
+    TurnFailure,
 )
 from bridge.terminals import Terminals
 from bridge.ticket import PromptResult, PromptTicket
@@ -142,6 +144,11 @@ class Session:
         # A restored session's last activity the journal knows (epoch seconds): its
         # ``updated_at`` until it is next touched (not the restart's time).
         self.journaled_activity: float | None = None
+        # The end of its last prompt that ran (epoch seconds, strictly increasing; None
+        # before the first), and how that turn failed, until the next one starts
+        # running (``run_turn``): status's ``updatedAt`` and ``turnError``, as qwen's.
+        self.turn_ended_at: float | None = None
+        self.turn_failure: TurnFailure | None = None
         # Restored from the journal, its agent side not yet (bridge.restore): awaited
         # before the agent is first used (a prompt's acknowledgement and its turn, a
         # load, a fork, a forwarded request); ``None`` once done, or never needed.
@@ -270,7 +277,8 @@ class Session:
             agent=self.agent_name, agent_result=self.agent_result,
             history=history)
 
-    def status(self, pending_permissions: int) -> SessionStatus:
+    def status(self, pending_permissions: int,
+               asked: tuple[AskedPermission, ...] = ()) -> SessionStatus:
         active = self.active
         return SessionStatus(
             session_id=self.session_id, workspace_cwd=self.workspace_cwd,
@@ -283,7 +291,8 @@ class Session:
             active_prompt_text=active.text if active else None,
             updated_at=self.journaled_activity if self.journaled_activity is not None
             else time.time() - max(0.0, time.monotonic() - self.last_seen),
-            origin=self.origin, earliest_event_id=self.bus.earliest_available_id)
+            origin=self.origin, earliest_event_id=self.bus.earliest_available_id,
+            turn_ended_at=self.turn_ended_at, turn_failure=self.turn_failure, asked=asked)
 
     @property
     def pending_count(self) -> int:
@@ -439,7 +448,10 @@ class Session:
             pending.unhook_cancel()
         sid, pid = self.session_id, pending.prompt_id
         origin = pending.client_id   # the prompt's X-Qwen-Client-Id: its events carry it
+        at = ev.now_ms()   # its terminal's time
         if pending.started_at is not None:
+            previous = self.created_at if self.turn_ended_at is None else self.turn_ended_at
+            self.turn_ended_at = max(at / 1000, previous + 0.001)   # strictly increasing
             self.on_turn_end(self, pid)
             self.observer.turn_settled(
                 outcome.stop_reason if isinstance(outcome, PromptResult) else "error",
@@ -450,16 +462,16 @@ class Session:
                 originator_client_id=origin)
             state = "cancelled" if outcome.stop_reason == "cancelled" else "completed"
             terminal = PromptTerminal(prompt_id=pid, terminal=state,
-                                      stop_reason=outcome.stop_reason, at=ev.now_ms())
+                                      stop_reason=outcome.stop_reason, at=at)
         else:
-            code = _error_code(outcome)
+            code, kind = _error_code(outcome), _error_kind(outcome)
             self.bus.publish(ev.TURN_ERROR, ev.TurnError(
                 session_id=sid, message=str(outcome), code=code, prompt_id=pid,
-                error_kind=_error_kind(outcome)),
-                prompt_id=pid, originator_client_id=origin)
+                error_kind=kind), prompt_id=pid, originator_client_id=origin)
+            if pending.started_at is not None:   # a turn that ran: until the next runs
+                self.turn_failure = TurnFailure(str(outcome), code, kind)
             state = "failed"
-            terminal = PromptTerminal(prompt_id=pid, terminal=state, error_code=code,
-                                      at=ev.now_ms())
+            terminal = PromptTerminal(prompt_id=pid, terminal=state, error_code=code, at=at)
         self.prompt_terminals.keep(terminal)
         if self.journal.durable:
             self.journal.append(PromptSettled(

@@ -43,6 +43,27 @@ class PromptTerminal:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class TurnFailure:
+    """How the session's last turn that ran failed (its ``turn_error``'s message, code
+    and kind): kept until the session's next prompt starts running."""
+
+    message: str
+    code: str
+    error_kind: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AskedPermission:
+    """A permission request of the session's agent not answered yet: its id, the
+    agent's ``session/request_permission`` params as sent, when it was asked (epoch
+    seconds)."""
+
+    request_id: str
+    params: dict[str, Any]
+    asked_at: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class SessionHistory:
     """A session's history as ``load`` hands it over (``bridge.history``): the events
     before the running prompt, adjacent text chunks of a prompt joined; the running
@@ -94,6 +115,11 @@ class SessionStatus:
     updated_at: float = 0.0                # epoch seconds of its last activity
     earliest_event_id: int = 1             # the oldest event id its ring still holds
     origin: str | None = None              # create_session's label ("lmsp", …); None: a person's
+    # epoch seconds of the end of its last prompt that ran (None before the first, and
+    # after a restart: the instance's own observation, as qwen serve's)
+    turn_ended_at: float | None = None
+    turn_failure: TurnFailure | None = None   # its last turn that ran failed (else None)
+    asked: tuple[AskedPermission, ...] = ()   # its permission requests open, oldest first
 
     @property
     def has_active_prompt(self) -> bool:

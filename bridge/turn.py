@@ -69,6 +69,7 @@ async def run_turn(session: Session, pending: PendingPrompt) -> None:
             return
     pending.state = RUNNING
     session.active = pending
+    session.turn_failure = None   # the last turn's failure: cleared as the next runs
     pending.started_at = time.monotonic()
     waited = pending.started_at - pending.admitted_at
     session._queue_wait.record(waited * 1000.0)

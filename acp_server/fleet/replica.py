@@ -51,13 +51,21 @@ from bridge.history import history_of
 from bridge.ids import uuid4_str
 from bridge.journal import RestoredSession
 from bridge.session import QUEUED, RUNNING, prompt_text
-from bridge.status import PendingPromptInfo, SessionInfo, SessionStatus
+from bridge.status import (
+    AskedPermission,
+    PendingPromptInfo,
+    SessionInfo,
+    SessionStatus,
+    TurnFailure,
+    refused,
+)
 from bridge.wire import event_from_envelope
 
 log = logging.getLogger("acp_server.fleet")
 BATCH = 512   # rows a tail reads at a time
 QUESTIONS = (ev.PERMISSION_REQUEST, ev.PERMISSION_RESOLVED, ev.ELICITATION_REQUEST,
-             ev.ELICITATION_RESOLVED)   # what a status counts open questions from
+             ev.ELICITATION_RESOLVED,   # what a status counts open questions from,
+             ev.TURN_ERROR)             # and says how its last turn failed from
 
 
 @dataclasses.dataclass
@@ -86,8 +94,41 @@ class SessionView:
                 asked.discard(event.data.request_id)
         return len(asked)
 
+    def asked(self) -> tuple[AskedPermission, ...]:
+        """Its permission requests asked and not resolved, oldest first, as the owner's
+        ``PermissionMediator.asked`` (asked when the event was published)."""
+        asked: dict[str, AskedPermission] = {}
+        for event in self.found.events:
+            if event.type == ev.PERMISSION_REQUEST:
+                at = (event.timestamp_ms or 0) / 1000
+                asked[event.data.request_id] = AskedPermission(
+                    event.data.request_id, event.data.params, at)
+            elif event.type == ev.PERMISSION_RESOLVED:
+                asked.pop(event.data.request_id, None)
+        return tuple(asked.values())
+
+    def last_turn(self) -> tuple[float | None, TurnFailure | None]:
+        """When its last turn ended (epoch seconds) and how it failed, as the owner
+        reports them (``Session.turn_ended_at``, ``turn_failure``), from its newest
+        prompt terminal (not one refused at admission: it never ran); a failure is
+        over once another prompt's turn started. The journal does not say whether a
+        prompt ended in the queue ran, so one ended there counts as the owner's last
+        turn here."""
+        ended = next((t for t in reversed(self.found.terminals) if not refused(t)), None)
+        if ended is None:
+            return None, None
+        if ended.terminal != "failed" or self.active() is not None:
+            return ended.at / 1000, None
+        said = next((e.data for e in reversed(self.found.events) if e.type == ev.TURN_ERROR
+                     and e.data.prompt_id == ended.prompt_id), None)
+        code = ended.error_code or "internal_error"
+        failure = TurnFailure(code, code) if said is None \
+            else TurnFailure(said.message, said.code, said.error_kind)
+        return ended.at / 1000, failure
+
     def status(self) -> SessionStatus:
         found, record = self.found, self.found.record
+        turn_ended_at, turn_failure = self.last_turn()
         active = self.active()
         pending = len(found.unsettled)
         active_text = next((prompt_text(p.prompt) for p in found.unsettled
@@ -100,6 +141,7 @@ class SessionView:
             last_event_id=found.last_event_id, event_epoch=record.epoch, agent=record.agent,
             max_pending_prompts=self.limit, active_prompt_text=active_text,
             updated_at=found.last_activity(), origin=record.origin,
+            turn_ended_at=turn_ended_at, turn_failure=turn_failure, asked=self.asked(),
             earliest_event_id=found.events[0].id if found.events  # type: ignore[arg-type]
             else found.last_event_id + 1)
 

@@ -60,6 +60,7 @@ async def replica_load(request: Request, *, replicas: JournalReplicas,
     session_id = request.path_params["session_id"]
     body = await wire.read_json(request, wire.RestoreBody, limit=config.max_body_bytes)
     replicas.bridge.check_workspace(body.cwd)
+    wire.check_approval_mode(body.approvalMode)
     view = await replicas.view(session_id)
     # live on its owner (``view`` raised for a closed one): decided as the owner would,
     # so a session no principal owns (the LMSP runner's) is 404 here too

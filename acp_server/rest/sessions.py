@@ -35,6 +35,7 @@ from acp_server.principals import caller_of
 from acp_server.rest import wire
 from acp_server.rest.config import RestConfig
 from acp_server.rest.errors import RestError, bad_request, json_response
+from acp_server.rest.interactions import pending_interactions, user_questions
 from acp_server.rest.owners import check_restore, claim, own_default, owned, visible_session
 from acp_server.rest.wire import iso
 from bridge import Bridge, Event, SessionInfo, SessionStatus
@@ -43,16 +44,33 @@ from bridge.wire import envelope
 
 
 def status_fields(status: SessionStatus) -> dict[str, Any]:
-    """The fields of ``wire.SessionStatus`` (also the start of a listing's summary)."""
+    """The fields of ``wire.SessionStatus`` (also the start of a listing's summary,
+    whose ``updatedAt`` is its own), with qwen serve 0.24.4's meanings: ``updatedAt``
+    the end of the last prompt that ran; ``hasTurnError`` / ``turnError`` how that one
+    failed, until the next starts running; ``activeWorkState`` ``active`` while a
+    prompt is queued or running, else ``unsupported`` (qwen's for a runtime that does
+    not report its own work: an ACP agent has no such report); ``pendingInteractions``
+    the open permission requests (``rest.interactions``)."""
+    failure = status.turn_failure
+    interactions = pending_interactions(status.asked)
+    questions = user_questions(interactions)
     return {
         "sessionId": status.session_id, "workspaceCwd": status.workspace_cwd,
         "createdAt": iso(status.created_at), "clientCount": status.client_count,
         "hasActivePrompt": status.has_active_prompt, "activePromptId": status.active_prompt_id,
         "pendingPrompts": status.pending_prompts, "queuedPrompts": status.queued_prompts,
-        "isWaitingForPermission": status.pending_permissions > 0,
+        "isWaitingForPermission": status.pending_permissions > questions,
         "pendingInteractionCount": status.pending_permissions,
+        "isWaitingForUserQuestion": questions > 0, "pendingInteractions": interactions,
         "subscribers": status.subscribers, "lastEventId": status.last_event_id,
         "eventEpoch": status.event_epoch,
+        "activeWorkState": "active" if status.pending_prompts else "unsupported",
+        "hasRunningBackgroundTasks": False, "hasTurnError": failure is not None,
+        "updatedAt": msgspec.UNSET if status.turn_ended_at is None
+        else iso(status.turn_ended_at),
+        "turnError": msgspec.UNSET if failure is None else wire.TurnErrorInfo(
+            message=failure.message, code=failure.code,
+            errorKind=msgspec.UNSET if failure.error_kind is None else failure.error_kind),
     }
 
 
@@ -61,9 +79,14 @@ def _no_content() -> Response:
 
 
 def created(info: SessionInfo) -> wire.SessionCreated:
+    """``POST /session``'s answer; an attach adds the peer's ``hasRunningBackgroundTasks``
+    and ``hasActivePrompt`` (a new session has neither, as on the peer)."""
+    attach: dict[str, Any] = {"hasRunningBackgroundTasks": False,
+                              "hasActivePrompt": info.has_active_prompt} if info.attached else {}
     return wire.SessionCreated(sessionId=info.session_id, workspaceCwd=info.workspace_cwd,
                                attached=info.attached, clientId=info.client_id,
-                               createdAt=iso(info.created_at), eventEpoch=info.event_epoch)
+                               createdAt=iso(info.created_at), eventEpoch=info.event_epoch,
+                               **attach)
 
 
 def _state(info: SessionInfo) -> dict[str, Any]:
@@ -98,9 +121,11 @@ def _envelopes(events: list[Event]) -> list[msgspec.Raw]:
 async def create_session(request: Request, *, bridge: Bridge, config: RestConfig) -> Response:
     wire.client_id(request)  # validated as on every route; a new id is issued anyway
     body = await wire.read_json(request, wire.CreateSessionBody, limit=config.max_body_bytes)
+    bridge.check_workspace(body.cwd)   # the peer's order: workspace, scope, mode, id
     scope = "single" if body.sessionScope is None else body.sessionScope
     if scope not in ("single", "thread"):
         raise bad_request('`sessionScope` must be "single" or "thread"', "invalid_session_scope")
+    wire.check_approval_mode(body.approvalMode)
     if body.sessionId is not None and not wire.is_uuid(body.sessionId):
         raise bad_request("`sessionId` must be a UUID (RFC 4122, versions 1-5)",
                           "invalid_session_id")
@@ -146,6 +171,8 @@ async def _restore(request: Request, bridge: Bridge,
     await bridge.recall_owner(session_id)   # a closed session's maker, even forgotten
     check_restore(caller, session_id, live=bridge.has_session(session_id))
     body = await wire.read_json(request, wire.RestoreBody, limit=config.max_body_bytes)
+    bridge.check_workspace(body.cwd)   # the peer's order: the workspace, then the mode
+    wire.check_approval_mode(body.approvalMode)
     # the history: within the server's budget of such answers, taken before it is built
     budget = config.large_answers.taken(bridge.history_bytes(session_id)) \
         if how == "load" else contextlib.nullcontext()

@@ -43,6 +43,7 @@ class CreateSessionBody(msgspec.Struct):
     cwd: str | None = None
     sessionScope: Any = None
     sessionId: Any = None
+    approvalMode: Any = UNSET   # checked (``check_approval_mode``), then not used
     agent: str | None = None   # an agent profile name (default: the server's default agent)
     meta: Any = msgspec.field(default=None, name="_meta")   # {"acp-server/origin": label}
 
@@ -60,6 +61,7 @@ class PermissionVoteBody(msgspec.Struct):
 class RestoreBody(msgspec.Struct):
     cwd: str | None = None
     agent: str | None = None
+    approvalMode: Any = UNSET   # as CreateSessionBody's
 
 
 class EmptyBody(msgspec.Struct):
@@ -82,6 +84,10 @@ class SessionCreated(msgspec.Struct, omit_defaults=True):
     clientId: str
     createdAt: str
     eventEpoch: str | None = None
+    # an attach only (``attached``), as the peer's: a prompt is queued or running there
+    # (its SDK's ``DaemonSessionClient.createOrAttach`` keeps it); never ``true``
+    hasRunningBackgroundTasks: bool | UnsetType = UNSET
+    hasActivePrompt: bool | UnsetType = UNSET
 
 
 class SessionRestored(msgspec.Struct):
@@ -276,6 +282,34 @@ class DaemonStatus(msgspec.Struct):
     full: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
 
 
+class TurnErrorInfo(msgspec.Struct, omit_defaults=True):
+    """How the session's last turn that ran failed (its ``turn_error``)."""
+
+    message: str
+    code: str
+    errorKind: str | UnsetType = UNSET
+
+
+class InteractionOption(msgspec.Struct, omit_defaults=True):
+    optionId: str
+    label: str | UnsetType = UNSET   # the option's ``name``
+    kind: str | UnsetType = UNSET
+
+
+class PendingInteraction(msgspec.Struct, omit_defaults=True):
+    """An open permission request as qwen serve lists it (``rest.interactions``)."""
+
+    requestId: str
+    kind: Literal["permission", "user_question"]
+    createdAt: str
+    options: list[InteractionOption]
+    action: Annotated[dict[str, Any], msgspec.Meta(
+        description="`permission`: the tool call's `{type, title, content, locations, "
+                    "input}`, each when present")] | UnsetType = UNSET
+    title: str | UnsetType = UNSET                      # ``user_question``
+    questions: list[dict[str, Any]] | UnsetType = UNSET   # ``user_question``
+
+
 class SessionStatus(msgspec.Struct):
     sessionId: str
     workspaceCwd: str
@@ -290,9 +324,24 @@ class SessionStatus(msgspec.Struct):
     subscribers: int
     lastEventId: int
     eventEpoch: str
+    isWaitingForUserQuestion: bool
+    pendingInteractions: list[PendingInteraction]
+    activeWorkState: Annotated[Literal["active", "idle", "unknown", "unsupported"], msgspec.Meta(
+        description="qwen serve's: `active` while the session has a prompt queued or "
+                    "running; else `unsupported` (an ACP agent does not report work of its "
+                    "own between turns, so `idle` and `unknown` are never answered)")]
+    hasRunningBackgroundTasks: bool
+    hasTurnError: Annotated[bool, msgspec.Meta(
+        description="The last prompt that ran ended in `turn_error` (`turnError` says how); "
+                    "false again once the next prompt starts running")]
+    updatedAt: Annotated[str, msgspec.Meta(
+        description="When the last prompt that ran ended (strictly increasing); absent "
+                    "before the first, and after a restart. The listing's is the last "
+                    "activity and always there")] | UnsetType = UNSET
+    turnError: TurnErrorInfo | UnsetType = UNSET
 
 
-class SessionSummary(SessionStatus):
+class SessionSummary(SessionStatus, kw_only=True):
     """An item of ``GET /workspace/{workspace}/sessions``: the status and more."""
 
     updatedAt: str
@@ -442,3 +491,16 @@ def is_uuid(value: Any) -> bool:
         return False
     return parsed.variant == uuid.RFC_4122 and parsed.version in (1, 2, 3, 4, 5) \
         and str(parsed) == value.lower()
+
+
+# qwen serve's approval modes (its ``APPROVAL_MODES``, in its order, which its 400 lists)
+APPROVAL_MODES = ("plan", "default", "auto-edit", "auto", "yolo")
+
+
+def check_approval_mode(value: Any) -> None:
+    """``approvalMode`` of a create, load or resume body: absent, or one of qwen's
+    modes; anything else (``null`` too) is its 400 ``invalid_approval_mode`` with the
+    ``allowed`` modes. A known mode is not used: an ACP agent's modes are its own."""
+    if value is not UNSET and value not in APPROVAL_MODES:
+        raise bad_request("`approvalMode` must be a known approval mode when provided",
+                          "invalid_approval_mode", allowed=list(APPROVAL_MODES))

@@ -59,8 +59,10 @@ def workspaces(bridge: Bridge) -> list[wire.WorkspaceInfo]:
 
 
 def session_summary(status: SessionStatus, owner: str | None = None) -> wire.SessionSummary:
+    fields = status_fields(status)
+    fields["updatedAt"] = wire.iso(status.updated_at)   # the listing's: the last activity
     return wire.SessionSummary(
-        **status_fields(status), updatedAt=wire.iso(status.updated_at), agent=status.agent,
+        **fields, agent=status.agent,
         maxPendingPrompts=status.max_pending_prompts,
         activePromptText=status.active_prompt_text, origin=status.origin, owner=owner)
 

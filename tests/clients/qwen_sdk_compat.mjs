@@ -2,13 +2,16 @@
 // `qwen serve` 0.24.4. Driven by tests/clients/test_qwen_sdk_compat.py.
 //
 //   node qwen_sdk_compat.mjs <sdk folder> <base url> pending|branch|heartbeat|status|echo|stream
+//                                                     |session-status|attach
 //   node qwen_sdk_compat.mjs <sdk folder> - known '[envelope, …]'   (no server)
 //
 // `pending`: DaemonClient.removePendingPrompt (200 {removed}) on a queued prompt, then
 // on the same id once it is gone; the queue's `pending_prompt_completed` events as the
 // SDK's typed reader sees them. `branch`: DaemonClient.branchSession at a point
 // (`atRecordId`) this server cannot branch at, and without one. `heartbeat`:
-// DaemonSessionClient.heartbeat. `status`: DaemonClient.daemonStatus. `echo`: a prompt's
+// DaemonSessionClient.heartbeat. `status`: DaemonClient.daemonStatus. `session-status`:
+// DaemonClient.sessionStatus through a failed turn. `attach`: DaemonSessionClient's
+// hasActivePrompt on an attach. `echo`: a prompt's
 // originatorClientId as normalizeDaemonEvent reads it. `stream`: events() under a
 // client id the server does not know. `known`: the SDK's typed reader
 // (`isKnownDaemonEvent`) on each event envelope given.
@@ -94,6 +97,46 @@ async function status() {
            detail: full.detail, sessions: full.full && full.full.sessions, bogus };
 }
 
+// DaemonClient.sessionStatus (DaemonSessionSummary) on a new session, after a turn that
+// failed, while the next runs; createOrAttachSession under an unknown approvalMode.
+async function sessionStatus() {
+  const client = new DaemonClient({ baseUrl });
+  const s = await client.createOrAttachSession({ sessionScope: "thread", approvalMode: "plan" });
+  const fresh = await client.sessionStatus(s.sessionId);
+  const failed = await outcome(() => client.prompt(s.sessionId, text("/fail")));
+  const afterError = await client.sessionStatus(s.sessionId);
+  const running = await client.promptNonBlocking(s.sessionId, text("/sleep 60s next"));
+  for await (const ev of client.subscribeEvents(s.sessionId,
+                                                { lastEventId: running.lastEventId })) {
+    if (ev.type === "session_update" && ev.promptId === running.promptId) break;   // it runs
+  }
+  const whileRunning = await client.sessionStatus(s.sessionId);
+  const badMode = await outcome(() => client.createOrAttachSession(
+    { sessionScope: "thread", approvalMode: "super-yolo" }));
+  await client.closeSession(s.sessionId);
+  return { createdAt: s.createdAt, fresh, failed: failed.error ? "threw" : failed.value,
+           afterError, whileRunning, badMode: badMode.error };
+}
+
+// DaemonSessionClient.createOrAttach (single scope) onto the default session while a
+// prompt runs there, and while none does: the session client's hasActivePrompt.
+async function attach() {
+  const client = new DaemonClient({ baseUrl });
+  const first = await DaemonSessionClient.createOrAttach(client, {});
+  const running = await client.promptNonBlocking(first.sessionId, text("/sleep 60s busy"));
+  const busy = await DaemonSessionClient.createOrAttach(client, {});
+  await client.removePendingPrompt(first.sessionId, running.promptId);   // cancels it
+  for await (const ev of client.subscribeEvents(first.sessionId,
+                                                { lastEventId: running.lastEventId })) {
+    if (ev.type === "turn_complete" || ev.type === "turn_error") break;
+  }
+  const idle = await DaemonSessionClient.createOrAttach(client, {});
+  await client.closeSession(first.sessionId);
+  return { fresh: first.hasActivePrompt, same: busy.sessionId === first.sessionId,
+           busy: busy.hasActivePrompt, idle: idle.hasActivePrompt,
+           background: [busy.hasRunningBackgroundTasks, idle.hasRunningBackgroundTasks] };
+}
+
 // A prompt sent under the session's client id: its events' originatorClientId, and
 // normalizeDaemonEvent's suppressOwnUserEcho for that client and for another.
 async function echo() {
@@ -151,6 +194,8 @@ const out = mode === "pending" ? await pending()
   : mode === "stream" ? await stream()
   : mode === "echo" ? await echo()
   : mode === "status" ? await status()
+  : mode === "session-status" ? await sessionStatus()
+  : mode === "attach" ? await attach()
   : mode === "heartbeat" ? await heartbeat()
   : mode === "known" ? JSON.parse(arg).map((ev) => isKnownDaemonEvent(ev))
   : await branch();

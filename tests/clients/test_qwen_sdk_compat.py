@@ -112,6 +112,40 @@ async def test_daemon_status_detail_full(qwen_sdk: str, tmp_path: Path) -> None:
     assert (bogus["status"], bogus["code"]) == (400, "invalid_detail")
 
 
+async def test_session_status_turn_fields(qwen_sdk: str, tmp_path: Path) -> None:
+    """``sessionStatus()`` has qwen's ``activeWorkState`` (``active`` while a prompt is
+    queued or running, else ``unsupported``), ``hasTurnError`` and ``turnError`` (set by
+    a turn that failed, cleared once the next starts running) and ``updatedAt`` (the end
+    of the last turn that ran; absent before the first); ``createOrAttachSession``
+    under an unknown ``approvalMode`` is qwen's 400 ``invalid_approval_mode``, a known
+    one is taken."""
+    async with running_acp_server(tmp_path) as srv:
+        r = await run_script("qwen_sdk_compat.mjs", qwen_sdk, srv.base_url, "session-status")
+    fresh, after, running = r["fresh"], r["afterError"], r["whileRunning"]
+    assert (fresh["activeWorkState"], fresh["hasTurnError"],
+            fresh["hasRunningBackgroundTasks"]) == ("unsupported", False, False)
+    assert "updatedAt" not in fresh and "turnError" not in fresh
+    assert r["failed"] == "threw"   # the SDK's prompt() raises on the turn_error
+    assert (after["activeWorkState"], after["hasTurnError"]) == ("unsupported", True)
+    assert after["turnError"] == {"message": "Reference agent failure (/fail)",
+                                  "code": "-32603"}
+    assert after["updatedAt"] > r["createdAt"]
+    assert (running["activeWorkState"], running["hasTurnError"]) == ("active", False)
+    assert "turnError" not in running and running["updatedAt"] == after["updatedAt"]
+    bad = r["badMode"]
+    assert (bad["status"], bad["code"]) == (400, "invalid_approval_mode")
+
+
+async def test_attach_says_a_prompt_is_active(qwen_sdk: str, tmp_path: Path) -> None:
+    """An attach (``createOrAttach``, single scope) answers the peer's
+    ``hasActivePrompt`` and ``hasRunningBackgroundTasks``, which the SDK's session
+    client keeps: it said no prompt was active while one ran."""
+    async with running_acp_server(tmp_path) as srv:
+        r = await run_script("qwen_sdk_compat.mjs", qwen_sdk, srv.base_url, "attach")
+    assert r == {"fresh": False, "same": True, "busy": True, "idle": False,
+                 "background": [False, False]}
+
+
 async def test_slow_client_warning_is_typed(qwen_sdk: str) -> None:
     """``slow_client_warning``'s ``threshold`` names the bound (``frames``, ``bytes``,
     ``frames_and_bytes``), as the peer's: the SDK's typed reader took the ``0.75``

@@ -103,6 +103,36 @@ async def test_forwarded_to_the_owner_then_adopted_when_its_lease_expired(
             assert line in text
 
 
+async def test_a_replica_status_says_how_the_last_turn_failed(tmp_path: Path) -> None:
+    """A session's status read from the journal on another instance has the owner's
+    ``updatedAt``, ``hasTurnError``, ``turnError`` and ``pendingInteractions`` (qwen
+    serve's status fields)."""
+    now = [0.0]
+    async with _pair(tmp_path, now) as (a, b):
+        sid = await _session(a.client)
+        fresh = (await b.client.get(f"/session/{sid}/status")).json()
+        assert (fresh["hasTurnError"], fresh["activeWorkState"]) == (False, "unsupported")
+        assert "updatedAt" not in fresh and "turnError" not in fresh
+        pid = (await a.client.post(f"/session/{sid}/prompt", json=_prompt("/fail"))
+               ).json()["promptId"]
+        await read_events(b.client, sid, _is("turn_error", pid), last_event_id=0)
+        owner = (await a.client.get(f"/session/{sid}/status")).json()
+        replica = (await b.client.get(f"/session/{sid}/status")).json()
+        assert owner["hasTurnError"] is True
+        for key in ("updatedAt", "hasTurnError", "turnError", "activeWorkState"):
+            assert replica[key] == owner[key], key
+        # a permission request waiting: listed the same (``pendingInteractions``)
+        asking = (await a.client.post(f"/session/{sid}/prompt", json=_prompt("/permission x"))
+                  ).json()["promptId"]
+        await read_events(b.client, sid, _is("permission_request", asking), last_event_id=0)
+        owner = (await a.client.get(f"/session/{sid}/status")).json()
+        replica = (await b.client.get(f"/session/{sid}/status")).json()
+        assert len(owner["pendingInteractions"]) == 1
+        for key in ("pendingInteractions", "isWaitingForPermission", "hasTurnError"):
+            assert replica[key] == owner[key], key
+        await a.client.delete(f"/session/{sid}")
+
+
 async def test_an_owner_that_cannot_be_reached_is_a_503(tmp_path: Path) -> None:
     now = [0.0]
     async with _pair(tmp_path, now) as (a, b):

@@ -93,3 +93,34 @@ async def test_bad_vote_body(server: RunningServer, body: object) -> None:
     response = await server.client.post("/permission/whatever", json=body)
     assert response.status_code == 400
     assert response.json() == {"error": OUTCOME_REQUIRED}
+
+
+async def test_status_lists_the_open_request(server: RunningServer) -> None:
+    """A permission request waiting is in the status and the listing as qwen serve
+    lists it (``pendingInteractions``, its SDK's ``DaemonPendingInteraction``), and
+    gone once answered."""
+    sid = (await server.create_session(sessionScope="thread"))["sessionId"]
+    accepted = (await server.prompt(sid, "/permission please")).json()
+    request_id = (await _await_request(server, sid, accepted["lastEventId"]))["requestId"]
+    status = (await server.client.get(f"/session/{sid}/status")).json()
+    [asked] = [dict(i) for i in status["pendingInteractions"]]
+    assert asked.pop("createdAt").endswith("Z")
+    assert asked == {
+        "requestId": request_id, "kind": "permission",
+        "action": {"type": "other", "title": "Reference permission check"},
+        "options": [{"optionId": "allow_once", "label": "Allow once", "kind": "allow_once"},
+                    {"optionId": "allow_always", "label": "Allow always",
+                     "kind": "allow_always"},
+                    {"optionId": "reject_once", "label": "Reject", "kind": "reject_once"}]}
+    assert (status["isWaitingForPermission"], status["isWaitingForUserQuestion"],
+            status["pendingInteractionCount"]) == (True, False, 1)
+    wid = (await server.client.get("/capabilities")).json()["workspaces"][0]["id"]
+    listed = (await server.client.get(f"/workspace/{wid}/sessions")).json()["sessions"]
+    assert [s["pendingInteractions"] for s in listed if s["sessionId"] == sid] == \
+        [status["pendingInteractions"]]
+    voted = await server.client.post(f"/session/{sid}/permission/{request_id}",
+                                     json=_selected("allow_once"))
+    assert voted.status_code == 200
+    status = (await server.client.get(f"/session/{sid}/status")).json()
+    assert (status["pendingInteractions"], status["isWaitingForPermission"]) == ([], False)
+    await server.events_until(sid, "turn_complete", last_event_id=accepted["lastEventId"])

@@ -11,6 +11,7 @@ import pytest
 from bridge import BridgeOptions
 from tests.rest.server import RunningServer, running_server, text_prompt
 from tests.rest.test_load import PEER_KEYS
+from tests.rest.test_workspace import _workspace_id
 
 pytestmark = pytest.mark.anyio
 
@@ -29,6 +30,8 @@ async def test_single_scope_attaches(server: RunningServer) -> None:
     assert second["sessionId"] == first["sessionId"]
     assert second["attached"] is True
     assert second["clientId"] != first["clientId"]
+    # an attach adds the peer's two flags (a new session has neither)
+    assert (second["hasActivePrompt"], second["hasRunningBackgroundTasks"]) == (False, False)
 
 
 async def test_thread_scope_spawns(server: RunningServer) -> None:
@@ -61,6 +64,38 @@ async def test_invalid_session_scope(server: RunningServer, bad: object) -> None
     response = await server.client.post("/session", json={"sessionScope": bad})
     assert response.status_code == 400
     assert response.json()["code"] == "invalid_session_scope"
+
+
+BAD_APPROVAL_MODE = {"error": "`approvalMode` must be a known approval mode when provided",
+                     "code": "invalid_approval_mode",
+                     "allowed": ["plan", "default", "auto-edit", "auto", "yolo"]}
+
+
+@pytest.mark.parametrize("bad", ["super-yolo", "YOLO", "", None, 3, ["plan"]])
+async def test_invalid_approval_mode(server: RunningServer, bad: object) -> None:
+    """An unknown ``approvalMode`` (``null`` too) is qwen serve's 400 on create, load and
+    resume, body for body; nothing is made or restored."""
+    response = await server.client.post("/session", json={"approvalMode": bad})
+    assert (response.status_code, response.json()) == (400, BAD_APPROVAL_MODE)
+    sid = (await server.create_session(sessionScope="thread"))["sessionId"]
+    for route in ("load", "resume"):
+        response = await server.client.post(f"/session/{sid}/{route}",
+                                            json={"approvalMode": bad})
+        assert (response.status_code, response.json()) == (400, BAD_APPROVAL_MODE)
+    listed = (await server.client.get(f"/workspace/{await _workspace_id(server)}/sessions")).json()
+    assert [s["sessionId"] for s in listed["sessions"]] == [sid]
+
+
+async def test_known_approval_modes_are_taken(server: RunningServer) -> None:
+    for mode in BAD_APPROVAL_MODE["allowed"]:
+        created = await server.create_session(sessionScope="thread", approvalMode=mode)
+        response = await server.client.post(f"/session/{created['sessionId']}/load",
+                                            json={"approvalMode": mode})
+        assert response.status_code == 200
+    # the workspace is checked first, as the peer does
+    response = await server.client.post("/session", json={"cwd": "/elsewhere",
+                                                           "approvalMode": "bogus"})
+    assert response.json()["code"] == "workspace_mismatch"
 
 
 async def test_workspace_mismatch(server: RunningServer, tmp_path: Path) -> None:
@@ -219,6 +254,41 @@ async def test_status(server: RunningServer) -> None:
     assert body["pendingPrompts"] == 2
     assert body["hasActivePrompt"] is True
     assert body["clientCount"] == 1
+    await server.client.delete(f"/session/{sid}")
+
+
+async def test_status_turn_fields(server: RunningServer) -> None:
+    """qwen serve's status fields: ``updatedAt`` (the end of the last turn that ran,
+    absent before the first), ``hasTurnError`` / ``turnError`` (that turn failed; false
+    once the next one runs), ``activeWorkState`` (``active`` with a prompt queued or
+    running, else ``unsupported``); the listing has them too, its ``updatedAt`` its own."""
+    sid = (await server.create_session(sessionScope="thread"))["sessionId"]
+    body = (await server.client.get(f"/session/{sid}/status")).json()
+    assert (body["activeWorkState"], body["hasTurnError"], body["hasRunningBackgroundTasks"]) \
+        == ("unsupported", False, False)
+    assert "updatedAt" not in body and "turnError" not in body
+    failed = (await server.prompt(sid, "/fail")).json()
+    await server.events_until(sid, "turn_error", last_event_id=failed["lastEventId"])
+    body = (await server.client.get(f"/session/{sid}/status")).json()
+    assert (body["activeWorkState"], body["hasTurnError"]) == ("unsupported", True)
+    assert body["turnError"] == {"message": "Reference agent failure (/fail)", "code": "-32603"}
+    ended = body["updatedAt"]
+    assert ended > body["createdAt"]
+    listed = (await server.client.get(f"/workspace/{await _workspace_id(server)}/sessions")).json()
+    [summary] = [s for s in listed["sessions"] if s["sessionId"] == sid]
+    assert (summary["hasTurnError"], summary["turnError"], summary["activeWorkState"]) == \
+        (True, body["turnError"], "unsupported")
+    running = (await server.prompt(sid, "/sleep 60s next")).json()
+    await server.events_until(sid, lambda kind, frame: kind == "session_update",
+                              last_event_id=running["lastEventId"])   # its echo: it runs
+    body = (await server.client.get(f"/session/{sid}/status")).json()
+    assert (body["activeWorkState"], body["hasTurnError"], body["updatedAt"]) == \
+        ("active", False, ended)
+    assert "turnError" not in body
+    await server.client.post(f"/session/{sid}/cancel")
+    await server.events_until(sid, "turn_complete", last_event_id=running["lastEventId"])
+    body = (await server.client.get(f"/session/{sid}/status")).json()
+    assert body["updatedAt"] > ended and body["hasTurnError"] is False   # cancelled: no error
     await server.client.delete(f"/session/{sid}")
 
 
