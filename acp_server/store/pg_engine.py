@@ -26,15 +26,20 @@ Contracts:
   network gone silent: its connections stay open, no timeout of the server's fires).
   Every round trip on every connection (writers, readers, the LISTEN connection's
   own statements, start-up) is given ``answer_s`` (``lock_timeout_s`` plus
-  ``ANSWER_MARGIN_S``: a statement may wait a lock that long, then the server answers
-  at once), the schema migration ``MIGRATION_ANSWERS`` times as long; past it the
-  connection is abandoned from the client's side (``pg_answers.Watchdog``) and the
-  call fails as on a lost connection: a batch not yet at its COMMIT fails (its re-send
-  finds the gate shut), one whose COMMIT was sent fails with its outcome unknown, a
-  read fails, each with ``StoreUnavailableError`` (the doors' 503). The abandoned
-  connection shuts the connection gate as a failed connection attempt does (no new
-  connection is tried at once against a server that hangs); new connections are made
-  once the gate opens, so everything resumes by itself when the server answers again.
+  ``ANSWER_MARGIN_S``, at least ``MIN_ANSWER_S``: a statement may wait a lock that
+  long, then the server answers at once), the schema migration ``MIGRATION_ANSWERS``
+  times as long; past it the connection is abandoned from the client's side
+  (``pg_answers.Watchdog``) and the call goes on as on any lost connection: a batch
+  not yet at its COMMIT is re-sent once on a new connection, one whose COMMIT was sent
+  fails with its outcome unknown, a read is tried once more on a new connection. A
+  server that hangs whole answers no new connection either (``CONNECT_TIMEOUT_S``,
+  then the connection gate shuts): the call fails with ``StoreUnavailableError`` (the
+  doors' 503) within ``answer_s`` plus ``CONNECT_TIMEOUT_S``, and the calls after it
+  fail at once while the gate is shut. When only the connection went silent (a
+  firewall that dropped it, its backend stuck) the new connection serves: a lease
+  renewal lands before its lease expires whenever ``lock_timeout_s`` leaves the
+  margin ``Settings.lease_margin_warning`` asks for. New connections are made as for
+  any outage, so everything resumes by itself once the server answers.
 * A connection idle inside a transaction for ``IDLE_IN_TRANSACTION_S`` (its process
   paused or hung mid-batch) is ended by the server, which releases its locks; the
   batch then fails or re-runs as for any lost connection.
@@ -97,9 +102,10 @@ RECONNECT_CAP_S = 5.0
 LISTEN_READY_S = 10   # start-up waits this long at most for LISTEN (polling covers)
 NOTICE_BYTES = 7000   # a pg_notify payload stays under PostgreSQL's 8000 bytes
 IDLE_IN_TRANSACTION_S = 2.0   # a batch's statements follow each other within milliseconds
-# A round trip unanswered this long past the lock timeout: the server hangs (its COMMIT's
-# flush included: a slow disk under load takes seconds, never this long)
-ANSWER_MARGIN_S = 5.0
+# A round trip unanswered this long past the lock timeout (and at least MIN_ANSWER_S in
+# all): the server hangs (a COMMIT's flush waits no lock: it has the whole bound)
+ANSWER_MARGIN_S = 0.5
+MIN_ANSWER_S = 2.0
 MIGRATION_ANSWERS = 10   # the schema migration may rewrite a table: this many times as long
 TRANSIENT = (pg_errors.DeadlockDetected, pg_errors.SerializationFailure)
 # A batch that waited ``lock_timeout_s`` for a lock: how long its other statements wait.
@@ -166,7 +172,7 @@ class PostgresEngine(GroupCommitStore[Conn]):
         self.channel = "lmsp"
         self.lock_timeout_s = lock_timeout_s   # every lock wait, at most (module docstring)
         # every round trip, at most: then the connection is abandoned (module docstring)
-        self.answer_s = lock_timeout_s + ANSWER_MARGIN_S
+        self.answer_s = max(lock_timeout_s + ANSWER_MARGIN_S, MIN_ANSWER_S)
         self._watchdog = Watchdog(self._no_answer)
         self._contended_until = 0.0   # monotonic: till then, batches wait CONTENDED_LOCK_S
         self._writers: list[Conn] = []
@@ -244,16 +250,11 @@ class PostgresEngine(GroupCommitStore[Conn]):
         self._listen_wake.set()
         return conn
 
-    def _no_answer(self, reason: str) -> None:
+    @staticmethod
+    def _no_answer(reason: str) -> None:
         """A connection abandoned because the server did not answer (the watchdog's
-        thread): no new connection is tried before the backoff's next try, as after a
-        failed connection attempt (a connection to a server that hangs would wait out
-        ``CONNECT_TIMEOUT_S``)."""
-        log.warning("%s: it hangs or cannot be reached; the call fails as on a lost "
-                    "connection", reason)
-        with self._gate:
-            self._retry_at = max(self._retry_at, time.monotonic() + self._backoff.next())
-            self._down = reason
+        thread); its call goes on as on a lost connection (module docstring)."""
+        log.warning("%s: the server hangs, or the connection went silent", reason)
 
     async def _connect_all(self) -> None:
         try:
