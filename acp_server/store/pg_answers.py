@@ -26,7 +26,9 @@ Contracts:
   once per abandoned connection, on the watchdog's thread (not under its lock).
 * The socket is only ever shut down while its round trip is armed (arming, disarming
   and firing hold one lock), never between two statements: a round trip whose answer
-  came just before its deadline completes.
+  came just before its deadline completes. Nor while an answer is waiting to be read
+  on it (the deadline is moved on instead): the process itself may have been paused
+  past the deadline (SIGSTOP, a VM paused) while the server answered.
 * A connection with ``answer_s = None`` is not watched (a LISTEN connection waiting
   for notices: silence is what it expects).
 * Shutting the socket down sends a FIN: a COMMIT already sent may still be committed
@@ -39,6 +41,7 @@ from __future__ import annotations
 
 import math
 import os
+import select
 import socket
 import threading
 import time
@@ -125,10 +128,15 @@ class Watchdog:
                     return
                 now = time.monotonic()
                 for key, (deadline, conn) in list(self._armed.items()):
-                    if deadline <= now:
-                        del self._armed[key]
-                        fired.append((conn, conn.answer_s or 0.0))
-                        _shut_down(conn)
+                    if deadline > now:
+                        continue
+                    bound = conn.answer_s or 0.0
+                    if _answering(conn):   # its thread has yet to read it
+                        self._armed[key] = (now + bound, conn)
+                        continue
+                    del self._armed[key]
+                    fired.append((conn, bound))
+                    _shut_down(conn)
                 if not fired:
                     self._wake_at = min((d for d, _ in self._armed.values()),
                                         default=math.inf)
@@ -141,6 +149,16 @@ class Watchdog:
                                   f"connection abandoned)")
                 except Exception:   # noqa: BLE001 - a hook's bug must not end the watch
                     pass
+
+
+def _answering(conn: Answered) -> bool:
+    """Whether bytes from the server wait on ``conn``'s socket."""
+    try:
+        poller = select.poll()
+        poller.register(conn.pgconn.socket, select.POLLIN)
+        return bool(poller.poll(0))
+    except (OSError, psycopg.Error):
+        return False
 
 
 def _shut_down(conn: Answered) -> None:

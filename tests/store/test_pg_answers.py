@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -82,6 +84,31 @@ def test_a_closed_watchdog_watches_again_on_the_next_round_trip(pg_url: str) -> 
         with _paused(conn), pytest.raises(NoAnswer):
             conn.execute("SELECT 1")   # a new thread watches
         assert len(hung) == 1
+    finally:
+        conn.close()
+        watchdog.close()
+
+
+def test_an_answer_waiting_to_be_read_is_not_cut(pg_url: str) -> None:
+    """The process itself paused past a deadline (SIGSTOP, a VM paused) while the
+    server answered: the answer waits on the socket, and the deadline moves on."""
+    watchdog, conn, hung = _watched(pg_url, 0.05)
+    try:
+        conn.pgconn.send_query(b"SELECT 1")   # sent; its answer not read yet
+        while conn.pgconn.flush():
+            pass
+        fd = conn.pgconn.socket
+        assert select.select([fd], [], [], 30)[0]   # the answer is there
+        watchdog.arm(conn, 0.05)
+        first = watchdog._armed[id(conn)][0]
+        deadline = time.monotonic() + 30
+        while watchdog._armed[id(conn)][0] == first:   # past it: moved on, not fired
+            assert time.monotonic() < deadline
+            time.sleep(0.01)   # a tick of the wait for the condition above
+        watchdog.disarm(conn)
+        conn.pgconn.consume_input()
+        assert conn.pgconn.get_result() is not None
+        assert not conn.abandoned and hung == []
     finally:
         conn.close()
         watchdog.close()
