@@ -227,7 +227,8 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
                        help="SQLite store: how long a write waits for a lock another process "
                             "holds before it answers 503; PostgreSQL store: how long any "
                             "statement waits for a lock another session holds before it "
-                            "answers 503 (default 5000)")
+                            "answers 503, and, plus 500 ms (at least 2000), for an answer "
+                            "before its connection is given up (default 5000)")
     serve.add_argument("--share-sessions", action="store_true",
                        help="every principal sees every session, task and response (by "
                             "default each is its creator's; admins see all)")

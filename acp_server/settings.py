@@ -39,6 +39,7 @@ from acp_server.profiles import (
     merge,
     parse_agent_flags,
 )
+from acp_server.store.pg_engine import ANSWER_MARGIN_S, MIN_ANSWER_S
 from acp_server.store.postgres import is_postgres_url
 from bridge.errors import InvalidOptionError
 from bridge.options import BridgeOptions
@@ -391,21 +392,26 @@ class Settings:
 
     def lease_margin_warning(self) -> str | None:
         """On a PostgreSQL store: a warning when ``--store-busy-timeout-ms`` leaves a
-        renewal held up by a lock no time before its lease expires (a session's:
-        ``ttl - renew``; an LMSP task's: ``lease - renew``), else ``None``. Another
-        instance may then adopt what this one still runs (fenced: this one's writes are
-        refused and it stops), so it is a warning, not a refusal."""
+        renewal held up by a lock, or by a connection gone silent (given up after the
+        busy timeout plus ``ANSWER_MARGIN_S``, at least ``MIN_ANSWER_S``:
+        ``store.pg_engine``), no time before its lease expires (a session's: ``ttl -
+        renew``; an LMSP task's: ``lease - renew``), else ``None``. Another instance may
+        then adopt what this one still runs (fenced: this one's writes are refused and it
+        stops), so it is a warning, not a refusal."""
         if not is_postgres_url(self.store_url):
             return None
         busy = self.store_busy_timeout_ms
+        margin = int(ANSWER_MARGIN_S * 1000)
         for what, ttl, renew in (
                 ("session-lease-ttl-ms", self.session_lease_ttl_ms, self.session_lease_renew_ms),
                 ("store-lease-ms", self.store_lease_ms, self.store_renew_ms)):
-            if busy >= ttl - renew:
+            if max(busy + margin, MIN_ANSWER_S * 1000) >= ttl - renew:
                 return (f"--store-busy-timeout-ms {busy} is not below --{what} {ttl} minus its "
-                        f"renewal interval {renew}: a renewal held up by a lock another session "
-                        f"holds may let the lease expire while this instance still runs its "
-                        f"work (another instance then adopts it)")
+                        f"renewal interval {renew} and {margin} ms (at least "
+                        f"{int(MIN_ANSWER_S * 1000)} ms in all): a renewal held up by a lock "
+                        f"another session holds, or by a connection to PostgreSQL gone silent, "
+                        f"may let the lease expire while this instance still runs its work "
+                        f"(another instance then adopts it)")
         return None
 
     def fleet_tls_warning(self) -> str | None:

@@ -7,7 +7,9 @@ A store can hang rather than fail: a PostgreSQL paused (SIGSTOP) or behind a net
 gone silent keeps its TCP connections open, and a statement on them never returns (no
 timeout of the engine's fires). A read runs on a worker thread, which cancelling the
 asker cannot stop, so ``move_on_after`` around it waited as long as the store: the
-operator's own checks (``/health?deep=1``, ``/metrics``) hung with it.
+operator's own checks (``/health?deep=1``, ``/metrics``) hung with it. (The PostgreSQL
+engine now gives such a statement up itself, after its own bound: ``pg_answers``; the
+checks answer within their shorter timeout all the same.)
 
 Contracts: ``ask(key, call, timeout)`` runs ``call()`` in the store's task group and
 waits for it at most ``timeout`` seconds, then raises ``TimeoutError``; the call goes

@@ -22,6 +22,24 @@ Contracts:
   was cut fails with ``StoreUnavailableError`` (it may have landed: an idempotent
   retry replays it). A read whose connection broke is retried once on a fresh one.
 * The schema is migrated at start-up (``schema.migrate_postgres``).
+* No statement waits for ever for a server that does not answer (paused, or behind a
+  network gone silent: its connections stay open, no timeout of the server's fires).
+  Every round trip on every connection (writers, readers, the LISTEN connection's
+  own statements, start-up) is given ``answer_s`` (``lock_timeout_s`` plus
+  ``ANSWER_MARGIN_S``, at least ``MIN_ANSWER_S``: a statement may wait a lock that
+  long, then the server answers at once), the schema migration ``MIGRATION_ANSWERS``
+  times as long; past it the connection is abandoned from the client's side
+  (``pg_answers.Watchdog``) and the call goes on as on any lost connection: a batch
+  not yet at its COMMIT is re-sent once on a new connection, one whose COMMIT was sent
+  fails with its outcome unknown, a read is tried once more on a new connection. A
+  server that hangs whole answers no new connection either (``CONNECT_TIMEOUT_S``,
+  then the connection gate shuts): the call fails with ``StoreUnavailableError`` (the
+  doors' 503) within ``answer_s`` plus ``CONNECT_TIMEOUT_S``, and the calls after it
+  fail at once while the gate is shut. When only the connection went silent (a
+  firewall that dropped it, its backend stuck) the new connection serves: a lease
+  renewal lands before its lease expires whenever ``lock_timeout_s`` leaves the
+  margin ``Settings.lease_margin_warning`` asks for. New connections are made as for
+  any outage, so everything resumes by itself once the server answers.
 * A connection idle inside a transaction for ``IDLE_IN_TRANSACTION_S`` (its process
   paused or hung mid-batch) is ended by the server, which releases its locks; the
   batch then fails or re-runs as for any lost connection.
@@ -68,13 +86,14 @@ from psycopg import errors as pg_errors
 from psycopg import sql
 
 from acp_server.store.errors import Backoff, StoreUnavailableError, first_line
+from acp_server.store.pg_answers import Answered, Watchdog
 from acp_server.store.schema import migrate_postgres
 from acp_server.store.tasks import CommittedEvent
 from acp_server.store.writer import GroupCommitStore, Op
 
 log = logging.getLogger("acp_server.store")
 
-Conn = psycopg.Connection[Any]
+Conn = Answered
 WRITERS = 1   # measured: one writer batches more than two contend (GIL, locks)
 READERS = 4
 RETRIES = 5
@@ -83,6 +102,11 @@ RECONNECT_CAP_S = 5.0
 LISTEN_READY_S = 10   # start-up waits this long at most for LISTEN (polling covers)
 NOTICE_BYTES = 7000   # a pg_notify payload stays under PostgreSQL's 8000 bytes
 IDLE_IN_TRANSACTION_S = 2.0   # a batch's statements follow each other within milliseconds
+# A round trip unanswered this long past the lock timeout (and at least MIN_ANSWER_S in
+# all): the server hangs (a COMMIT's flush waits no lock: it has the whole bound)
+ANSWER_MARGIN_S = 0.5
+MIN_ANSWER_S = 2.0
+MIGRATION_ANSWERS = 10   # the schema migration may rewrite a table: this many times as long
 TRANSIENT = (pg_errors.DeadlockDetected, pg_errors.SerializationFailure)
 # A batch that waited ``lock_timeout_s`` for a lock: how long its other statements wait.
 CONTENDED_LOCK_S = 0.02
@@ -147,6 +171,9 @@ class PostgresEngine(GroupCommitStore[Conn]):
         self.instance = instance or secrets.token_hex(6)
         self.channel = "lmsp"
         self.lock_timeout_s = lock_timeout_s   # every lock wait, at most (module docstring)
+        # every round trip, at most: then the connection is abandoned (module docstring)
+        self.answer_s = max(lock_timeout_s + ANSWER_MARGIN_S, MIN_ANSWER_S)
+        self._watchdog = Watchdog(self._no_answer)
         self._contended_until = 0.0   # monotonic: till then, batches wait CONTENDED_LOCK_S
         self._writers: list[Conn] = []
         # writers + the listener: a reservation of long-lived threads (each holds its
@@ -196,9 +223,11 @@ class PostgresEngine(GroupCommitStore[Conn]):
         with self._gate:
             if time.monotonic() < self._retry_at:
                 raise StoreUnavailableError(self._down)
+        conn: Conn | None = None
         try:
-            conn = psycopg.connect(self.url, autocommit=autocommit,
-                                   connect_timeout=CONNECT_TIMEOUT_S)
+            conn = self._watchdog.connect(self.url, answer_s=self.answer_s,
+                                          autocommit=autocommit,
+                                          connect_timeout=CONNECT_TIMEOUT_S)
             conn.execute("SET synchronous_commit = on")   # durable on COMMIT, always
             # A process paused (SIGSTOP) or hung inside a transaction must not hold its
             # row locks for ever: the server ends such a session and rolls it back, so
@@ -209,6 +238,8 @@ class PostgresEngine(GroupCommitStore[Conn]):
             if not autocommit:
                 conn.commit()
         except psycopg.Error as exc:
+            if conn is not None:
+                conn.close()
             with self._gate:
                 self._retry_at = time.monotonic() + self._backoff.next()
                 self._down = f"PostgreSQL: {first_line(exc)}"
@@ -219,11 +250,19 @@ class PostgresEngine(GroupCommitStore[Conn]):
         self._listen_wake.set()
         return conn
 
+    @staticmethod
+    def _no_answer(reason: str) -> None:
+        """A connection abandoned because the server did not answer (the watchdog's
+        thread); its call goes on as on a lost connection (module docstring)."""
+        log.warning("%s: the server hangs, or the connection went silent", reason)
+
     async def _connect_all(self) -> None:
         try:
             first = await anyio.to_thread.run_sync(self._connect)
             self._writers.append(first)
+            first.answer_s = self.answer_s * MIGRATION_ANSWERS
             await anyio.to_thread.run_sync(migrate_postgres, first)
+            first.answer_s = self.answer_s
             row = await anyio.to_thread.run_sync(
                 lambda: first.execute("SELECT current_schema()").fetchone())
             first.commit()
@@ -244,6 +283,7 @@ class PostgresEngine(GroupCommitStore[Conn]):
             conn.close()
         self._writers.clear()
         self._readers.clear()
+        self._watchdog.close()
 
     async def _background(self, tg: anyio.abc.TaskGroup) -> None:
         # notices committed after start-up reach us (unless LISTEN fails: polling then)
@@ -455,9 +495,11 @@ class PostgresEngine(GroupCommitStore[Conn]):
         store is back); the service's polling covers notices lost meanwhile."""
         while not self._stop.is_set():
             try:
-                with psycopg.connect(self.url, autocommit=True,
-                                     connect_timeout=CONNECT_TIMEOUT_S) as conn:
+                with self._watchdog.connect(self.url, answer_s=self.answer_s,
+                                            autocommit=True,
+                                            connect_timeout=CONNECT_TIMEOUT_S) as conn:
                     conn.execute(f'LISTEN "{self.channel}"')
+                    conn.answer_s = None   # waiting for notices: silence is no hang
                     ready.set()
                     self._listen_backoff.reset()
                     while not self._stop.is_set():   # each notice as soon as it arrives

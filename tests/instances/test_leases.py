@@ -292,6 +292,9 @@ def test_a_busy_timeout_that_outlasts_a_lease_is_warned_of(tmp_path: Path, pg_ur
     assert warning(store_busy_timeout_ms="60000") is None   # SQLite: no leases
     said = warning(store=pg_url, store_busy_timeout_ms="6000")
     assert said is not None and "--session-lease-ttl-ms 8000" in said, said
+    # a renewal on a connection gone silent is given up 500 ms past the busy timeout
+    said = warning(store=pg_url, store_busy_timeout_ms="5600")
+    assert said is not None and "renewal interval 2000 and 500 ms" in said, said
     said = warning(store=pg_url, session_lease_ttl_ms="60000", store_busy_timeout_ms="20000")
     assert said is not None and "--store-lease-ms 30000" in said, said
     with ServeProcess(tmp_path, "--store", pg_url, "--store-busy-timeout-ms", "7000") as child:
