@@ -65,6 +65,8 @@ class AgentSide:
         session = self._own(session_id, "session/update")
         if session is None or session.replaying:   # a restore's replay: journaled already
             return
+        if session.straggler is not None:   # of a turn given up on (``bridge.turn``)
+            return
         prompt_id = session.active.prompt_id if session.active is not None else None
         session.bus.publish(ev.SESSION_UPDATE, params, prompt_id=prompt_id)
 
@@ -76,13 +78,13 @@ class AgentSide:
 
     async def request_permission(self, session_id: str, params: dict[str, Any]) -> dict[str, Any]:
         session = self._own(session_id, "session/request_permission")
-        if session is None:
+        if session is None or session.straggler is not None:   # (a turn given up on)
             return {"outcome": dict(CANCELLED["outcome"])}
         return await self._bridge.permissions.request(session, params)
 
     async def create_elicitation(self, session_id: str, params: dict[str, Any]) -> dict[str, Any]:
         session = self._own(session_id, "elicitation/create")
-        if session is None:
+        if session is None or session.straggler is not None:   # (a turn given up on)
             return {"action": "cancel"}
         return await self._bridge.elicitations.request(session, params)
 

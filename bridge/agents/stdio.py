@@ -164,6 +164,10 @@ class StdioAgentFactory:
 class StdioAgentConnection:
     """``AgentConnection`` over a child process's stdin/stdout. Build it via the factory."""
 
+    # A request given up on goes on in the agent: ``bridge.turn`` keeps waiting for a
+    # cancelled turn's answer past its grace (``Session.straggler``).
+    out_of_process = True
+
     def __init__(
         self,
         process: anyio.abc.Process,
