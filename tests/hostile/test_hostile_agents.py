@@ -80,10 +80,11 @@ def said(events: list[dict[str, Any]], prefix: str) -> Any:
     raise AssertionError(f"no {prefix!r} in {events[-5:]}")
 
 
-async def still_served(daemon: ServeProcess) -> None:
+async def still_served(daemon: ServeProcess, timeout: float = 10) -> None:
     """The reference agent's sessions keep working."""
-    sid = (await create(daemon.client, "reference")).json()["sessionId"]
-    assert ends(await turn(daemon.client, sid, "hi")) == [("turn_complete", "end_turn")]
+    async with httpx.AsyncClient(base_url=daemon.base_url, timeout=timeout) as client:
+        sid = (await create(client, "reference")).json()["sessionId"]
+        assert ends(await turn(client, sid, "hi")) == [("turn_complete", "end_turn")]
 
 
 @pytest.mark.parametrize("init", ["never", "exit", "close-stdout"])
@@ -205,4 +206,42 @@ async def test_an_agent_that_breaks_mid_turn(tmp_path: Path, text: str) -> None:
         print(text, ends(events), before // MIB, after // MIB)
         assert after - before < 300 * MIB, (before, after)
         await still_served(daemon)
+    assert daemon.returncode == 0
+
+
+@pytest.mark.xfail(strict=True, reason="under uvloop (what serve runs on) libuv leaves the child "
+                   "a duplicate of its stdout pipe (its UV_INHERIT_FD copy), so an agent that "
+                   "closes fd 1 and stays alive is not seen to close it: its turn waits until "
+                   "a cancel (or the agent's exit); trio and plain asyncio see the end")
+async def test_an_agent_that_closes_its_stdout_mid_turn(tmp_path: Path) -> None:
+    async with ServeProcess(tmp_path, "--agent", "reference", *hostile()) as daemon:
+        sid = (await create(daemon.client, "hostile")).json()["sessionId"]
+        events = await turn(daemon.client, sid, "closeout", timeout=8)
+        assert ends(events) == [("turn_error", "agent_died")], ends(events)
+    assert daemon.returncode == 0
+
+
+async def test_a_flood_during_a_turn_keeps_the_server_bounded(tmp_path: Path) -> None:
+    """100 MiB of updates in one turn (1 KiB each, nobody reading): the session's ring
+    (64 MiB) and the journal's backlog (at most 200,000 records, 256 MiB of envelopes,
+    ``acp_server.store.sessions``) take them; the server's memory stays within those
+    bounds (measured: a plateau near 780 MiB over the start past 250,000 updates)."""
+    async with ServeProcess(tmp_path, "--agent", "reference", *hostile(),
+                            "--cancel-grace-ms", "300") as daemon:
+        client = daemon.client
+        sid = (await create(client, "hostile")).json()["sessionId"]
+        before = peak = rss(daemon.pid)
+        posted = await client.post(f"/session/{sid}/prompt", json={
+            "prompt": [{"type": "text", "text": "flood"}]})
+        assert posted.status_code == 202
+        with anyio.fail_after(120):
+            while (await client.get(f"/session/{sid}/status")).json()["lastEventId"] < 100_000:
+                peak = max(peak, rss(daemon.pid))
+                await anyio.sleep(0.2)   # a sampling period, not a wait for a condition
+        assert peak - before < 1024 * MIB, (before // MIB, peak // MIB)
+        assert (await client.post(f"/session/{sid}/cancel")).status_code < 300
+        # Not fixed: every session's commit waits behind the flood's journal backlog
+        # (a session made meanwhile took 4 to 6 s here), hence the longer timeout.
+        await still_served(daemon, timeout=120)
+        assert (await client.delete(f"/session/{sid}")).status_code < 300
     assert daemon.returncode == 0
