@@ -26,7 +26,8 @@ SIGTERM). Otherwise it answers (``loadSession`` false, nothing else) and makes s
 * ``stderr <MiB>``: that many MiB on stderr (lines, then one line of it all), then
   ``end_turn``.
 * ``closeout``: closes stdout and stays alive (ignoring stdin's end and SIGTERM).
-* anything else: a chunk ``hostile: <text>`` and ``end_turn``.
+* anything else: a chunk ``hostile: <text>`` (``hostile: <text> (while <n> stalled)``
+  while ``stall`` prompts wait at their gate) and ``end_turn``.
 """
 
 from __future__ import annotations
@@ -98,6 +99,8 @@ class Agent:
         self.sessions = itertools.count(1)
         self.out_ids = itertools.count(10_000)
         self.waiting: dict[int, Any] = {}
+        self.lock = threading.Lock()
+        self.stalled = 0   # ``stall`` prompts not yet past their gate
 
     def run(self) -> None:
         for line in sys.stdin.buffer:
@@ -148,9 +151,13 @@ class Agent:
             while True:
                 send(chunk(sid, filler))
         if word == "stall":
+            with self.lock:
+                self.stalled += 1
             send(chunk(sid, "stalling"))
             while not os.path.exists(rest):   # the test opens the gate
                 time.sleep(0.01)
+            with self.lock:
+                self.stalled -= 1
             send(chunk(sid, "LATE"))
             answered = threading.Event()
             self.ask("session/request_permission", {
@@ -193,7 +200,9 @@ class Agent:
         elif word == "closeout":
             stay_alive_without_stdout()
         else:
-            send(chunk(sid, f"hostile: {text}"))
+            with self.lock:
+                stalled = f" (while {self.stalled} stalled)" if self.stalled else ""
+            send(chunk(sid, f"hostile: {text}{stalled}"))
         send({"id": rpc_id, "result": {"stopReason": "end_turn"}})
 
     def ask(self, method: str, params: dict[str, Any], on_answer: Any) -> None:
