@@ -71,9 +71,12 @@ class AgentSide:
         session.bus.publish(ev.SESSION_UPDATE, params, prompt_id=prompt_id)
 
     async def wait_for_readers(self, session_id: str) -> None:
-        """Flow control for an agent that can wait (the in-process one): see ``bus``."""
-        session = self._own(session_id, "session/update")
-        if session is not None:
+        """Flow control for an agent that can wait (the in-process one; a stdio agent's
+        reader after each update): see ``bus``. Nothing is logged or counted here (the
+        update itself was)."""
+        session = self._bridge._sessions.get(session_id)
+        if session is not None and session.agent_name == self.agent_name \
+                and not session.closing and session.straggler is None:
             await session.bus.wait_for_readers()
 
     async def request_permission(self, session_id: str, params: dict[str, Any]) -> dict[str, Any]:
