@@ -222,10 +222,10 @@ async def test_an_agent_that_closes_its_stdout_mid_turn(tmp_path: Path) -> None:
 
 
 async def test_a_flood_during_a_turn_keeps_the_server_bounded(tmp_path: Path) -> None:
-    """100 MiB of updates in one turn (1 KiB each, nobody reading): the session's ring
-    (64 MiB) and the journal's backlog (at most 200,000 records, 256 MiB of envelopes,
-    ``acp_server.store.sessions``) take them; the server's memory stays within those
-    bounds (measured: a plateau near 780 MiB over the start past 250,000 updates)."""
+    """100 MiB of updates in one turn (1 KiB each, nobody reading): the agent's reader
+    waits for the journal (flow control), so the server's memory stays within the
+    session's ring (64 MiB; measured: +64 MiB at 200,000 updates, where the journal's
+    backlog took it to +780 MiB before), and other sessions' commits go on."""
     async with ServeProcess(tmp_path, "--agent", "reference", *hostile(),
                             "--cancel-grace-ms", "300") as daemon:
         client = daemon.client
@@ -238,7 +238,7 @@ async def test_a_flood_during_a_turn_keeps_the_server_bounded(tmp_path: Path) ->
             while (await client.get(f"/session/{sid}/status")).json()["lastEventId"] < 100_000:
                 peak = max(peak, rss(daemon.pid))
                 await anyio.sleep(0.2)   # a sampling period, not a wait for a condition
-        assert peak - before < 1024 * MIB, (before // MIB, peak // MIB)
+        assert peak - before < 256 * MIB, (before // MIB, peak // MIB)
         await still_served(daemon)   # meanwhile: its commits wait behind no backlog
         assert (await client.post(f"/session/{sid}/cancel")).status_code < 300
         assert (await client.delete(f"/session/{sid}")).status_code < 300
