@@ -127,6 +127,9 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--agent-request-timeout-ms",
                        help="how long an agent may take to answer session/new, load, resume, "
                             "fork or close (default 30000)")
+    serve.add_argument("--cancel-grace-ms",
+                       help="how long an agent may take to end a cancelled turn before the "
+                            "turn ends cancelled without it (default 5000)")
     serve.add_argument("--agent", action="append", default=[], metavar="[NAME=]COMMAND",
                        help="the default agent: 'reference' (default) or the command line of a "
                             "stdio ACP agent; NAME=COMMAND adds a named agent (repeatable)")

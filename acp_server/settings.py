@@ -80,6 +80,7 @@ OPTION_FLAGS = {
     "permission_response_timeout_ms": "permission_response_timeout_ms",
     "initialize_timeout_ms": "initialize_timeout_ms",
     "agent_request_timeout_ms": "agent_request_timeout_ms",
+    "cancel_grace_ms": "cancel_grace_ms",
     "max_prompt_blocks": "max_prompt_blocks",
 }
 

@@ -3,6 +3,7 @@ deadline, requests the bridge has no rule for, what the agents report, and the a
 offered while the bridge runs.
 
     answer = await bridge.forward(session_id, "session/set_mode", {"modeId": "plan"})
+    info = await bridge.start_agent()   # the default agent, started: its initialize answer
     await bridge.forward_notification(session_id, "session/cancel", {"sessionId": sid})
     bridge.agent_capability("qwen", "sessionCapabilities", "fork")   # None: not offered
     [a.name for a in bridge.list_agents()]                            # the default first
@@ -102,6 +103,33 @@ class AgentCallsAPI:
 
     async def _ensure_agent(self, name: str) -> AgentConnection:
         return await self.agents.ensure(name, self._clients[name], self._tasks())
+
+    async def start_agent(self, name: str | None = None) -> dict[str, Any]:
+        """Agent ``name`` (default: the default agent) started if it is not running,
+        and its ``initialize`` answer (``agent_info``). At once when it runs; else
+        within the ``initialize`` timeout, or the start's error (``AgentStartError``,
+        ``AgentTimeoutError``, ``AgentUnavailableError``). The start is the agent's,
+        not the caller's: a caller that gives up does not cut it short (others may
+        share it)."""
+        name = self.agents.resolve(name)
+        if self.agents.state(name) == "running":
+            return self.agents.info(name)
+        done = anyio.Event()
+        failure: list[BaseException] = []
+
+        async def start() -> None:
+            try:
+                await self._ensure_agent(name)
+            except Exception as exc:
+                failure.append(exc)
+            finally:
+                done.set()
+
+        self._tasks().start_soon(start)
+        await done.wait()
+        if failure:
+            raise failure[0]
+        return self.agents.info(name)
 
     async def _agent_request(self, agent: AgentConnection, method: str, params: Any) -> Any:
         """``agent.request`` within ``agent_request_timeout_ms``, else

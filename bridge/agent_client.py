@@ -67,24 +67,29 @@ class AgentSide:
         session = self._own(session_id, "session/update")
         if session is None or session.replaying:   # a restore's replay: journaled already
             return
+        if session.straggler is not None:   # of a turn given up on (``bridge.turn``)
+            return
         prompt_id = session.active.prompt_id if session.active is not None else None
         session.bus.publish(ev.SESSION_UPDATE, params, prompt_id=prompt_id)
 
     async def wait_for_readers(self, session_id: str) -> None:
-        """Flow control for an agent that can wait (the in-process one): see ``bus``."""
-        session = self._own(session_id, "session/update")
-        if session is not None:
+        """Flow control for an agent that can wait (the in-process one; a stdio agent's
+        reader after each update): see ``bus``. Nothing is logged or counted here (the
+        update itself was)."""
+        session = self._bridge._sessions.get(session_id)
+        if session is not None and session.agent_name == self.agent_name \
+                and not session.closing and session.straggler is None:
             await session.bus.wait_for_readers()
 
     async def request_permission(self, session_id: str, params: dict[str, Any]) -> dict[str, Any]:
         session = self._own(session_id, "session/request_permission")
-        if session is None:
+        if session is None or session.straggler is not None:   # (a turn given up on)
             return {"outcome": dict(CANCELLED["outcome"])}
         return await self._bridge.permissions.request(session, params)
 
     async def create_elicitation(self, session_id: str, params: dict[str, Any]) -> dict[str, Any]:
         session = self._own(session_id, "elicitation/create")
-        if session is None:
+        if session is None or session.straggler is not None:   # (a turn given up on)
             return {"action": "cancel"}
         return await self._bridge.elicitations.request(session, params)
 

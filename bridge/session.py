@@ -153,6 +153,11 @@ class Session:
         # before the agent is first used (a prompt's acknowledgement and its turn, a
         # load, a fork, a forwarded request); ``None`` once done, or never needed.
         self.agent_side: Callable[[], Awaitable[None]] | None = None
+        # A turn the agent did not end within ``cancel_grace_ms`` of its cancel, still
+        # running at the agent (``bridge.turn``): set when the agent answers it or is
+        # gone. Meanwhile its updates and questions are dropped, and the next prompt
+        # waits for it.
+        self.straggler: anyio.Event | None = None
 
     def journal_to(self, journal: SessionJournal) -> None:
         """Journal this session from now on: its events are held on the bus until

@@ -24,6 +24,12 @@ outcome). Contracts:
 * A cancel of the running turn (``forward_cancel``) ends at once a turn its agent
   does not have yet; otherwise the agent gets ACP ``session/cancel`` and at most
   ``cancel_grace_ms`` more to answer, and never once the next turn went out.
+* An agent in another process (``out_of_process``: a stdio child) that lets the grace
+  pass still runs that turn: it is the session's ``straggler`` until the agent answers
+  it (or dies). Its updates and questions are dropped meanwhile (``bridge.agent_client``),
+  and the session's next prompt is sent only after it (ACP: one prompt at a time per
+  session), waiting as an unsent prompt does: a cancel, its deadline or a close ends it
+  at once. So the updates of a turn given up on never show up in the next one.
 """
 
 from __future__ import annotations
@@ -112,12 +118,17 @@ async def run_turn(session: Session, pending: PendingPrompt) -> None:
                     await anyio.sleep_forever()      # never sent; the close settles it
                 journal.hold(sid, False)
                 held = False
+            if session.straggler is not None:   # the agent still runs a turn given up on
+                await session.straggler.wait()
             # cancelled (or past its deadline) while echoed: the agent never sees
             # it (a session/cancel it got meanwhile was for nothing)
             unsent = pending.cancel_requested or pending.state == DONE
             if not unsent:
                 pending.sent = True
-                response = await session.agent.request("session/prompt", params)
+                if getattr(session.agent, "out_of_process", False):
+                    response = await _prompt_elsewhere(session, params)
+                else:
+                    response = await session.agent.request("session/prompt", params)
         if unsent or scope.cancelled_caught:
             outcome = PromptResult("cancelled", {"stopReason": "cancelled"})
         else:
@@ -133,6 +144,44 @@ async def run_turn(session: Session, pending: PendingPrompt) -> None:
         pending.run_scope = None
         session.active = None
     session._settle(pending, outcome)
+
+
+async def _prompt_elsewhere(session: Session, params: dict[str, Any]) -> Any:
+    """``session/prompt`` to an agent in another process, asked in a task of its own:
+    a turn given up on (cancelled past ``cancel_grace_ms``) leaves that task waiting
+    for the agent's answer as the session's ``straggler`` (the module's contracts)."""
+    agent = session.agent
+    assert agent is not None
+    done = anyio.Event()
+    answer: list[Any] = []
+
+    async def ask() -> None:
+        try:
+            answer.append(await agent.request("session/prompt", params))
+        except Exception as exc:
+            answer.append(exc)
+        finally:
+            done.set()
+            if session.straggler is done:
+                session.straggler = None
+                if not session.closing:
+                    log.info("session %s: the agent ended the turn given up on",
+                             session.session_id)
+
+    session._running().start_soon(ask)
+    try:
+        await done.wait()
+    finally:
+        if not done.is_set():   # given up on (its cancel's grace, a close)
+            session.straggler = done
+            if not session.closing:
+                log.warning("session %s: agent %s did not end its cancelled turn within "
+                            "%d ms: ended for its clients; its updates are dropped and the "
+                            "next prompt waits until it ends it", session.session_id,
+                            session.agent_name, session.options.cancel_grace_ms)
+    if isinstance(answer[0], Exception):
+        raise answer[0]
+    return answer[0]
 
 
 def prompt_result(response: Any) -> PromptResult:

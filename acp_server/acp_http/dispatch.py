@@ -113,11 +113,6 @@ SESSION_SCOPED = frozenset({"session/prompt", "session/cancel", "session/set_mod
 HEADER_REQUIRED = SESSION_SCOPED - {"session/set_model", "session/delete"}
 CLOSING = frozenset({"session/close", "session/delete"})   # the session stream ends after
 FORWARDED = frozenset({"session/set_mode", "session/set_config_option", "session/set_model"})
-DEFAULT_AGENT_CAPABILITIES: dict[str, Any] = {
-    "loadSession": True,
-    "promptCapabilities": {"image": False, "audio": False, "embeddedContext": True},
-    "sessionCapabilities": {"list": {}, "resume": {}, "close": {}},
-}
 
 
 # -- params -----------------------------------------------------------------------------
@@ -151,16 +146,29 @@ def _cwd(params: dict[str, Any]) -> str | None:
 
 
 # -- initialize -------------------------------------------------------------------------
-def initialize_result(bridge: Bridge, params: dict[str, Any], connection_id: str) -> dict[str, Any]:
+async def default_agent_info(bridge: Bridge) -> dict[str, Any]:
+    """The default agent's ``initialize`` answer, the agent started first when it does
+    not run (within the bridge's ``initialize`` timeout; at once when it runs), so
+    ``initialize`` answers what its sessions will have. ``{}`` when it cannot be
+    started (unavailable, failed or slow ``initialize``): then ``initialize`` claims
+    only what the server serves whatever the agent (``with_own_capabilities``), and
+    ``session/new`` answers the start's error."""
+    try:
+        return await bridge.start_agent()
+    except BridgeError as exc:
+        log.info("initialize: the default agent did not start (%s): answering the "
+                 "server's own capabilities only", exc)
+        return {}
+
+
+def initialize_result(bridge: Bridge, agent_info: dict[str, Any], params: dict[str, Any],
+                      connection_id: str) -> dict[str, Any]:
     """Protocol version 1, the one this server speaks, whatever the client asked: ACP
     answers the client's version when it is supported, else the latest supported (a
-    client asking for 0 or 2 learns it is 1, and may disconnect). The agent's
-    capabilities once the bridge has started it, else what the bridge offers with the
-    reference agent."""
-    agent_info = bridge.agent_info()
+    client asking for 0 or 2 learns it is 1, and may disconnect). The default agent's
+    capabilities (``agent_info``: ``default_agent_info``) as ``/acp`` keeps them true."""
     agent_caps = agent_info.get("agentCapabilities")
-    capabilities = with_own_capabilities(
-        agent_caps if isinstance(agent_caps, dict) else DEFAULT_AGENT_CAPABILITIES)
+    capabilities = with_own_capabilities(agent_caps if isinstance(agent_caps, dict) else {})
     auth_methods = agent_info.get("authMethods")
     return {
         "protocolVersion": PROTOCOL_VERSION,
@@ -381,11 +389,12 @@ def with_own_capabilities(capabilities: dict[str, Any]) -> dict[str, Any]:
     return {**served, "sessionCapabilities": session_caps, "mcpCapabilities": dict(NO_MCP)}
 
 
-def initialize_connection(bridge: Bridge, conn: AcpConnection,
+def initialize_connection(bridge: Bridge, conn: AcpConnection, agent_info: dict[str, Any],
                           params: dict[str, Any]) -> dict[str, Any]:
-    """``initialize``'s answer for ``conn``, and the options the client asked for
-    (``_meta["acp-server/resumable"]``, acknowledged in the answer's ``_meta``)."""
-    result = initialize_result(bridge, params, conn.id)
+    """``initialize``'s answer for ``conn`` (``agent_info``: ``default_agent_info``),
+    and the options the client asked for (``_meta["acp-server/resumable"]``,
+    acknowledged in the answer's ``_meta``)."""
+    result = initialize_result(bridge, agent_info, params, conn.id)
     conn.elicitation = offers_elicitation(params)
     if meta_value(params, RESUMABLE_META, object) is True:
         conn.resumable = True

@@ -51,6 +51,7 @@ from acp_server.acp_http.dispatch import (
     answer_agent_request,
     dispatch,
     encode_bridge_error,
+    default_agent_info,
     initialize_connection,
     request_params,
 )
@@ -144,7 +145,7 @@ async def post_acp(request: Request, registry: ConnectionRegistry,
     except InvalidParamsError as exc:
         return _rpc_error(400, rpc_id, INVALID_PARAMS, str(exc))
     if msg.method == "initialize":
-        return _initialize(request, registry, msg, params)
+        return await _initialize(request, registry, msg, params)
     if msg.is_notification and msg.method in REQUEST_ONLY:
         return _rpc_error(400, None, INVALID_REQUEST, f"{msg.method} must be a request")
     conn = _connection(request, registry, rpc_id)
@@ -172,7 +173,7 @@ async def post_acp(request: Request, registry: ConnectionRegistry,
     return Response(status_code=202, background=BackgroundTask(dispatch, conn, msg, params))
 
 
-def _initialize(request: Request, registry: ConnectionRegistry, msg: Message,
+async def _initialize(request: Request, registry: ConnectionRegistry, msg: Message,
                 params: dict[str, Any]) -> Response:
     rpc_id = None if msg.id is msgspec.UNSET else msg.id
     if msg.is_notification:
@@ -180,11 +181,12 @@ def _initialize(request: Request, registry: ConnectionRegistry, msg: Message,
     if request.headers.get(CONNECTION_HEADER):
         return _rpc_error(400, rpc_id, INVALID_REQUEST,
                           "initialize must not carry Acp-Connection-Id")
+    agent_info = await default_agent_info(registry.bridge)   # started, if it is not
     try:
         conn = registry.create(caller=caller_of(request.scope))
     except ConnectionCapError as exc:
         return _rpc_error(503, rpc_id, INTERNAL_ERROR, str(exc), {"Retry-After": "5"})
-    result = initialize_connection(registry.bridge, conn, params)
+    result = initialize_connection(registry.bridge, conn, agent_info, params)
     return _json(200, encode_result(rpc_id, result), {"Acp-Connection-Id": conn.id})
 
 

@@ -47,6 +47,7 @@ from acp_server.acp_http.dispatch import (
     InvalidParamsError,
     answer_agent_request,
     dispatch,
+    default_agent_info,
     initialize_connection,
     request_params,
 )
@@ -199,13 +200,14 @@ async def _handshake(ws: WebSocket, socket: _Socket, connection_id: str,
         await socket.send(denial_error(msg.id, denial))
         await ws.close(code=1008, reason=denial.code)
         return None
+    agent_info = await default_agent_info(registry.bridge)   # started, if it is not
     try:
         conn = registry.create(connection_id, websocket=True, caller=caller)
     except ConnectionCapError as exc:
         await socket.send(encode_error(msg.id, INTERNAL_ERROR, str(exc)))
         await ws.close(code=1013, reason="too many connections")
         return None
-    result = initialize_connection(registry.bridge, conn, params)
+    result = initialize_connection(registry.bridge, conn, agent_info, params)
     await socket.send(encode_result(msg.id, result))
     return conn
 

@@ -139,7 +139,10 @@ class AgentConnection(Protocol):
     turns have no effect outside the session's own events unless a client answered one
     of them (an in-process agent of ours). The bridge then hands it a prompt without
     waiting for the prompt's start to be committed (``bridge.session``): a turn it ran
-    whose start a crash lost left nothing anyone saw, and runs again after a restart."""
+    whose start a crash lost left nothing anyone saw, and runs again after a restart.
+    One with ``out_of_process = True`` (a stdio child) runs a request in another process,
+    where it goes on when the bridge stops waiting: ``bridge.turn`` then keeps waiting
+    for a cancelled turn's answer past its grace (``Session.straggler``)."""
 
     @property
     def closed(self) -> bool: ...

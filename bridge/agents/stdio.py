@@ -26,6 +26,11 @@ Contracts (see ``bridge.agents.base``):
   more is answered -32603 "Too many requests in flight" (``data: {limit}``) by the
   reader itself, which waits for that write (an agent that floods requests without
   reading the answers holds up only its own stdout).
+* After a ``session/update`` the reader waits for the client's flow control
+  (``wait_for_readers(session_id)`` when it has one: the session's uncommitted events
+  and slow readers, each wait bounded, ``bridge.bus``), as an in-process agent does:
+  an agent flooding updates fills its own stdout, never the journal's backlog that
+  every session's commits wait behind.
 * A line longer than ``max_line_bytes`` is a protocol failure: the agent is treated
   as lost and stopped. A line that is no JSON-RPC is ignored, with a warning at
   stderr's bounded rate (``bridge.agents.stderr``: an agent that floods its stdout
@@ -165,6 +170,10 @@ class StdioAgentFactory:
 class StdioAgentConnection:
     """``AgentConnection`` over a child process's stdin/stdout. Build it via the factory."""
 
+    # A request given up on goes on in the agent: ``bridge.turn`` keeps waiting for a
+    # cancelled turn's answer past its grace (``Session.straggler``).
+    out_of_process = True
+
     def __init__(
         self,
         process: anyio.abc.Process,
@@ -214,6 +223,10 @@ class StdioAgentConnection:
         self._serving = 0   # the agent's requests being handled (tasks alive)
         self._max_requests_in_flight = max_requests_in_flight
         self._over_cap_logged = False
+        # Flow control of its updates (``AgentSide.wait_for_readers``): the reader
+        # waits, after an update, as an in-process agent does, so its stdout fills
+        self._flow = getattr(client, "wait_for_readers", None)
+        self._updated: str | None = None   # the session of the update just dispatched
         self._handlers = {
             "session/request_permission": client.request_permission,
             "fs/read_text_file": client.read_text_file,
@@ -404,6 +417,9 @@ class StdioAgentConnection:
                         await self._send_line(refused)
                     except AgentDiedError:
                         pass
+                elif self._updated is not None and self._flow is not None:
+                    updated, self._updated = self._updated, None
+                    await self._flow(updated)   # bounded: ``bridge.bus`` flow control
 
     def _line_too_long(self) -> tuple[str, bool]:
         limit = self._max_line_bytes
@@ -486,6 +502,7 @@ class StdioAgentConnection:
             self._client.session_update(session_id, msg.params)
         except Exception:
             logger.exception("%s AgentClient.session_update failed", self._prefix)
+        self._updated = session_id
 
     def _elicitation_complete(self, msg: Message) -> None:
         params = decode_value(msg.params) if msg.params is not UNSET else None
