@@ -50,7 +50,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -60,8 +59,8 @@ import msgspec
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from bridge.agents.base import AgentClient, PendingRequests, RequestError
+from bridge.agents.child import open_child
 from bridge.agents.children import ChildRegistry
-from bridge.agents.headroom import ensure_descriptor_headroom
 from bridge.agents.stderr import StderrLog
 from bridge.errors import AgentDiedError, AgentError, AgentUnavailableError, said_line
 from bridge.loggable import loggable
@@ -140,16 +139,8 @@ class StdioAgentFactory:
             environ = {k: v for k, v in {**os.environ, **(self.env or {})}.items()
                        if k not in self.unset_env}
         try:
-            ensure_descriptor_headroom()   # a spawn that fails for want of them leaks
-            process = await anyio.open_process(
-                self.command,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                cwd=self.cwd,
-                env=environ,
-                start_new_session=True,   # its own process group: stopped as a whole
-            )
+            # Its own process group (stopped as a whole), fds 0-2 and nothing else.
+            process = open_child(self.command, cwd=self.cwd, env=environ)
         except OSError as exc:
             raise AgentUnavailableError(self.name, exc, self.cwd) from exc
         connection = StdioAgentConnection(

@@ -325,8 +325,9 @@ async def test_out_of_descriptors_agents_wait_and_the_store_commits(tmp_path: Pa
 @SERVERS
 async def test_a_start_refused_for_want_of_descriptors_leaks_none(tmp_path: Path,
                                                                   server: str) -> None:
-    """uvloop's spawn, failing in the middle for want of descriptors, kept the pipes
-    it had made (MagicStack/uvloop#185): the first start refused at the limit took
+    """uvloop's spawn (agents are no longer spawned by it: ``bridge.agents.child``),
+    failing in the middle for want of descriptors, kept the pipes it had made
+    (MagicStack/uvloop#185): the first start refused at the limit took
     the descriptors that were left for good, and once agents died to make room, each
     start tried took theirs too. Agents fill the process: the start refused (503
     ``EMFILE``), and three more tried, leave its descriptor count as it was. One agent
