@@ -1,0 +1,72 @@
+"""A hostile pass over credentials and the audit log, over real loopback HTTP and
+WebSocket (``docs/security.md``, "Principals"): a request offering two credentials is
+one 401 whatever their order and the cache's state.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.acp_http.server import request, running_acp_server
+from tests.acp_http.wsclient import WsRejected, ws_connect
+from tests.principals.helpers import bearer, mint
+
+pytestmark = pytest.mark.anyio
+BOOT = "boot-s3cret"
+UNKNOWN = "acps_0123456789abcdef_" + "x" * 43   # shaped as a stored token, on no row
+
+
+def serving(tmp_path: Path, **settings: object):
+    return running_acp_server(tmp_path, token=BOOT, headers=bearer(BOOT), **settings)
+
+
+def _two(first: str, second: str) -> list[tuple[str, str]]:
+    return [("Authorization", f"Bearer {first}"), ("Authorization", f"Bearer {second}")]
+
+
+class _Fields(list[tuple[str, str]]):
+    """Header fields, repeated names kept, where the WebSocket client wants a dict."""
+
+    def items(self) -> list[tuple[str, str]]:
+        return list(self)
+
+
+async def _audit(srv: Any, action: str) -> list[dict[str, Any]]:
+    page = await srv.client.get("/audit", params={"action": action, "limit": 1000})
+    assert page.status_code == 200, page.text
+    return list(page.json()["records"])
+
+
+async def test_two_authorization_headers_are_one_401_in_any_order(tmp_path: Path) -> None:
+    """Before, the guard's fast path took the last ``Authorization`` field and the store
+    lookup tried each: a request naming alice's and bob's tokens was served as bob or as
+    alice by their order, and a valid token beside an unknown one passed or got 401 by
+    which of them the cache knew."""
+    async with serving(tmp_path) as srv:
+        alice = (await mint(srv.server, "alice", unlimited=True))
+        bob = (await mint(srv.server, "bob", unlimited=True))
+        for token in (alice, bob):   # each alone: known to the cache from here
+            assert (await srv.client.get("/whoami", headers=bearer(token))).status_code == 200
+        pairs = [(alice, bob), (bob, alice), (alice, "junk"), ("junk", alice),
+                 (alice, UNKNOWN), (UNKNOWN, alice), (alice, alice)]
+        for first, second in pairs:
+            for method, path in (("GET", "/whoami"), ("GET", "/lmsp/v1/tasks"),
+                                 ("POST", "/acp")):
+                answer = await srv.client.request(
+                    method, path, headers=_two(first, second),
+                    json=request(0, "initialize", {"protocolVersion": 1})
+                    if path == "/acp" else None)
+                assert answer.status_code == 401, (first[:12], second[:12], path, answer.text)
+        # on a WebSocket handshake too
+        with pytest.raises(WsRejected) as rejected:
+            async with ws_connect(srv.base_url, headers=_Fields(_two(alice, bob))):  # type: ignore[arg-type]
+                pass
+        assert rejected.value.status == 401
+        # /health needs no credential on a loopback bind: two are not a refusal there
+        assert (await srv.client.get("/health", headers=_two(alice, bob))).status_code == 200
+        failed = await _audit(srv, "auth.failed")
+        assert failed and failed[0]["detail"]["reason"] == "repeated_credential"
+        assert alice not in str(failed) and bob not in str(failed)
