@@ -133,6 +133,20 @@ class Caller:
                 return rate_denial(access.klass, tier, wait, self.gate.clock())
         return None
 
+    def denied(self, denial: Denial, request: str) -> None:
+        """``denial`` (from ``check``) is the request's answer: the ``access.denied``
+        audit record (sampled), ``request`` naming what was asked (``POST /tokens``,
+        an ``/acp`` method)."""
+        extra = dict(denial.extra)
+        if denial.code == "forbidden":
+            self.gate.audit.access_denied(self.principal.name, client=self.client,
+                                          reason="missing_scope", request=request,
+                                          required_scope=extra.get("requiredScope"))
+        else:
+            self.gate.audit.access_denied(self.principal.name, client=self.client,
+                                          reason="rate_limited", request=request,
+                                          tier=extra.get("tier"))
+
     def sees(self, owner: str | None) -> bool:
         return self.principal.sees(owner, shared=self.gate.share_sessions)
 

@@ -1,6 +1,7 @@
 """A hostile pass over credentials and the audit log, over real loopback HTTP and
 WebSocket (``docs/security.md``, "Principals"): a request offering two credentials is
-one 401 whatever their order and the cache's state.
+one 401 whatever their order and the cache's state, and a refused scope or rate limit
+is in the audit log with its principal, sampled.
 """
 
 from __future__ import annotations
@@ -12,11 +13,19 @@ import pytest
 
 from tests.acp_http.server import request, running_acp_server
 from tests.acp_http.wsclient import WsRejected, ws_connect
+from tests.lmsp.server import envelope
 from tests.principals.helpers import bearer, mint
 
 pytestmark = pytest.mark.anyio
 BOOT = "boot-s3cret"
 UNKNOWN = "acps_0123456789abcdef_" + "x" * 43   # shaped as a stored token, on no row
+
+
+class Frozen:
+    """A monotonic clock that does not move: rate-limit buckets never refill."""
+
+    def __call__(self) -> float:
+        return 100.0
 
 
 def serving(tmp_path: Path, **settings: object):
@@ -70,3 +79,44 @@ async def test_two_authorization_headers_are_one_401_in_any_order(tmp_path: Path
         failed = await _audit(srv, "auth.failed")
         assert failed and failed[0]["detail"]["reason"] == "repeated_credential"
         assert alice not in str(failed) and bob not in str(failed)
+
+
+async def test_refused_scopes_and_rates_are_audited_with_their_principal(
+        tmp_path: Path) -> None:
+    """Before, only a failed credential was recorded: a read-only token asking for
+    ``/tokens`` or a prompt, on any door, and a token over its rate left no trace."""
+    async with serving(tmp_path, principals_clock=Frozen(), rate_limit_prompt=1) as srv:
+        reader = bearer(await mint(srv.server, "reader", "read"))
+        ci = bearer(await mint(srv.server, "ci"))
+        for _ in range(3):   # sampled: one record, the next one says how many were not
+            assert (await srv.client.post("/tokens", json={"name": "x"},
+                                          headers=reader)).status_code == 403
+        assert (await srv.client.post("/lmsp/v1/tasks", json=envelope("hi"),
+                                      headers=reader)).status_code == 403
+        async with ws_connect(srv.base_url, headers=reader) as ws:
+            await ws.send_json(request(0, "initialize", {"protocolVersion": 1}))
+            await ws.wait_for(lambda m: m.get("id") == 0)
+            await ws.send_json(request(1, "session/new", {"cwd": str(tmp_path),
+                                                          "mcpServers": []}))
+            refused = await ws.wait_for(lambda m: m.get("id") == 1)
+            assert refused["error"]["data"]["errorKind"] == "forbidden"
+        sid = (await srv.client.post("/session", json={"sessionScope": "thread"},
+                                     headers=ci)).json()["sessionId"]
+        prompt = {"prompt": [{"type": "text", "text": "hi"}]}
+        codes = [(await srv.client.post(f"/session/{sid}/prompt", json=prompt,
+                                        headers=ci)).status_code for _ in range(3)]
+        assert codes == [202, 429, 429]
+        denied = await _audit(srv, "access.denied")
+        seen = [(r["principal"], r["detail"]["reason"], r["detail"]["request"],
+                 r["detail"].get("required_scope"), r["detail"].get("tier"))
+                for r in denied]
+        assert seen == [
+            ("reader", "missing_scope", "POST /tokens", "admin", None),
+            ("ci", "rate_limited", f"POST /session/{sid}/prompt", None, "prompt"),
+        ], seen
+        assert all(r["client"] == "127.0.0.1" for r in denied)
+        # what was not recorded is counted: 2 more /tokens, the task, the socket's message
+        srv.server.gate.audit.failure_window_s = 0.0
+        assert (await srv.client.get("/tokens", headers=reader)).status_code == 403
+        last = (await _audit(srv, "access.denied"))[-1]
+        assert (last["principal"], last["detail"]["suppressed"]) == ("reader", 4)
