@@ -420,6 +420,8 @@ class LmspService:
                             response_status=_response_status(current))
         await self.runner.forget(response_id)
         self.hub.poke(record.id)
+        if caller is not None:
+            caller.record("task.deleted", record.id, response_id=response_id)
 
     # -- events -----------------------------------------------------------------------
     async def open_events(self, task_id: str, cursor: int | None, *,

@@ -120,3 +120,38 @@ async def test_refused_scopes_and_rates_are_audited_with_their_principal(
         assert (await srv.client.get("/tokens", headers=reader)).status_code == 403
         last = (await _audit(srv, "access.denied"))[-1]
         assert (last["principal"], last["detail"]["suppressed"]) == ("reader", 4)
+
+
+async def test_deleting_a_response_and_dropping_a_prompt_are_audited(tmp_path: Path) -> None:
+    """Before, an LMSP response deleted (an admin deleting another's, too) and a
+    pending prompt dropped left no record: they are ``task.deleted`` and
+    ``prompt.removed``, with who did it."""
+    async with serving(tmp_path) as srv:
+        alice = bearer(await mint(srv.server, "alice", unlimited=True))
+        ops = bearer(await mint(srv.server, "ops", "admin", unlimited=True))
+        made = await srv.client.post("/lmsp/v1/responses",
+                                     json={"model": "reference", "input": "hello"},
+                                     headers=alice)
+        assert made.status_code == 200 and made.json()["status"] == "completed", made.text
+        response_id = made.json()["id"]
+        assert (await srv.client.delete(f"/lmsp/v1/responses/{response_id}",
+                                        headers=ops)).status_code == 200
+        sid = (await srv.client.post("/session", json={"sessionScope": "thread"},
+                                     headers=alice)).json()["sessionId"]
+        asked = await srv.client.post(   # the reference agent waits for a permission
+            f"/session/{sid}/prompt", headers=alice,
+            json={"prompt": [{"type": "text", "text": "/permission please"}]})
+        assert asked.status_code == 202, asked.text
+        prompt_id = asked.json()["promptId"]
+        dropped = await srv.client.delete(f"/session/{sid}/pending-prompts/{prompt_id}",
+                                          headers=alice)
+        assert dropped.json() == {"removed": True}
+        again = await srv.client.delete(f"/session/{sid}/pending-prompts/{prompt_id}",
+                                        headers=alice)
+        assert again.json() == {"removed": False}   # nothing removed: nothing recorded
+        deleted = await _audit(srv, "task.deleted")
+        assert [(r["principal"], r["detail"]["response_id"]) for r in deleted] == \
+            [("ops", response_id)]
+        removed = await _audit(srv, "prompt.removed")
+        assert [(r["principal"], r["target"], r["detail"]) for r in removed] == \
+            [("alice", sid, {"prompt_id": prompt_id})]
