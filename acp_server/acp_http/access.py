@@ -80,9 +80,11 @@ def check_owner(conn: AcpConnection, method: str, params: dict[str, Any]) -> Non
     caller = conn.caller
     if caller.sees_session(sid):
         return
-    if method in RESTORING and caller.gate.sessions.owner(sid) is None \
-            and not conn.bridge.has_session(sid):
+    owner = caller.gate.sessions.owner(sid)
+    if method in RESTORING and owner is None and not conn.bridge.has_session(sid):
         return
+    if owner is not None:
+        caller.not_owner(sid, f"/acp {method}")
     raise SessionNotFoundError(sid)
 
 

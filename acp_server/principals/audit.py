@@ -174,9 +174,11 @@ class AuditLog:
         self.record("-", "auth.failed", None, client=client, **detail)
 
     def access_denied(self, principal: str, *, client: str | None, reason: str,
-                      request: str, **detail: Any) -> None:
-        """An authenticated request refused for a scope it lacks (``missing_scope``) or
-        its rate limit (``rate_limited``): one ``access.denied`` record per principal
+                      request: str, target: str | None = None, **detail: Any) -> None:
+        """An authenticated request refused for a scope it lacks (``missing_scope``),
+        its rate limit (``rate_limited``) or naming another principal's session, task
+        or response (``not_owner``, answered as an unknown id, the id the ``target``):
+        one ``access.denied`` record per principal
         and reason in ``failure_window_s``, the next one carrying ``suppressed`` (how
         many were not recorded since). At most ``FAILURE_CLIENTS_KEPT`` (principal,
         reason) pairs are counted at once; a forgotten pair's count is told in the
@@ -198,7 +200,7 @@ class AuditLog:
             forgotten += int(self._denials.popitem(last=False)[1][1])
         if suppressed:
             detail["suppressed"] = suppressed
-        self.record(principal, "access.denied", None, client=client, reason=reason,
+        self.record(principal, "access.denied", target, client=client, reason=reason,
                     request=request[:256], **detail)
         if forgotten:
             self.record("-", "access.denied", None, reason="sampled_out",

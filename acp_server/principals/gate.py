@@ -147,6 +147,13 @@ class Caller:
                                           reason="rate_limited", request=request,
                                           tier=extra.get("tier"))
 
+    def not_owner(self, target: str, request: str) -> None:
+        """``target`` exists and is another principal's: the request is answered as an
+        unknown id (404, ``-32602``) and recorded as ``access.denied`` of reason
+        ``not_owner`` (sampled); an id nobody owns records nothing."""
+        self.gate.audit.access_denied(self.principal.name, client=self.client,
+                                      reason="not_owner", request=request, target=target)
+
     def sees(self, owner: str | None) -> bool:
         return self.principal.sees(owner, shared=self.gate.share_sessions)
 

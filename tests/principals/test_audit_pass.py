@@ -155,3 +155,49 @@ async def test_deleting_a_response_and_dropping_a_prompt_are_audited(tmp_path: P
         removed = await _audit(srv, "prompt.removed")
         assert [(r["principal"], r["target"], r["detail"]) for r in removed] == \
             [("alice", sid, {"prompt_id": prompt_id})]
+
+
+async def test_naming_anothers_session_or_task_is_audited_and_still_a_404(
+        tmp_path: Path) -> None:
+    """Before, bob probing alice's session, task or response left no record (the 404
+    rightly told him nothing, but told the operator nothing either): each is an
+    ``access.denied`` record of reason ``not_owner`` with the id as its target; an
+    id nobody has records nothing (and both answers stay the same)."""
+    async with serving(tmp_path) as srv:
+        srv.server.gate.audit.failure_window_s = 0.0   # every one recorded, for the test
+        alice = bearer(await mint(srv.server, "alice", unlimited=True))
+        bob = bearer(await mint(srv.server, "bob", unlimited=True))
+        sid = (await srv.client.post("/session", json={"sessionScope": "thread"},
+                                     headers=alice)).json()["sessionId"]
+        task = (await srv.client.post("/lmsp/v1/tasks", json=envelope("hi"),
+                                      headers=alice)).json()["id"]
+        response = (await srv.client.post("/lmsp/v1/responses", headers=alice,
+                                          json={"model": "reference", "input": "hi"})
+                    ).json()["id"]
+        unknown = "00000000-0000-4000-8000-000000000000"
+        for target in (sid, unknown):
+            answer = await srv.client.get(f"/session/{target}/status", headers=bob)
+            assert answer.status_code == 404
+            load = await srv.client.post(f"/session/{target}/load", headers=bob,
+                                         json={"cwd": str(tmp_path)})
+            assert load.status_code == 404, load.text
+        assert (await srv.client.get(f"/lmsp/v1/tasks/{task}", headers=bob)).status_code == 404
+        assert (await srv.client.get(f"/lmsp/v1/responses/{response}",
+                                     headers=bob)).status_code == 404
+        async with ws_connect(srv.base_url, headers=bob) as ws:
+            await ws.send_json(request(0, "initialize", {"protocolVersion": 1}))
+            await ws.wait_for(lambda m: m.get("id") == 0)
+            await ws.send_json(request(1, "session/prompt", {
+                "sessionId": sid, "prompt": [{"type": "text", "text": "hi"}]}))
+            refused = await ws.wait_for(lambda m: m.get("id") == 1)
+            assert refused["error"]["code"] == -32602
+        denied = await _audit(srv, "access.denied")
+        seen = [(r["principal"], r["detail"]["reason"], r["detail"]["request"], r["target"])
+                for r in denied]
+        assert seen == [
+            ("bob", "not_owner", f"GET /session/{sid}/status", sid),
+            ("bob", "not_owner", f"POST /session/{sid}/load", sid),
+            ("bob", "not_owner", f"/lmsp/v1/tasks/{task}", task),
+            ("bob", "not_owner", f"/lmsp/v1/responses/{response}", seen[3][3]),
+            ("bob", "not_owner", "/acp session/prompt", sid),
+        ], seen
