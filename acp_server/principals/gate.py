@@ -8,6 +8,8 @@ audit log and revocation, as one object the guard and the doors share.
         caller.sees(session.owner)               # ownership: False → answer 404
         caller.sees_session(sid); caller.claim_session(sid)   # sessions (gate.sessions)
         caller.record("session.created", session_id, agent="reference")   # audit
+        caller.denied(denial, "POST /tokens")    # the 403/429 answered: access.denied
+        caller.not_owner(sid, "GET /session/ID/status")   # another's id, answered 404
         issued = await gate.create_token(caller, "ci", scopes=["read"])  # admin
         await gate.revoke_token(caller, "ci")    # refused within a second everywhere
 
@@ -19,6 +21,9 @@ Contracts:
   principals of the ``default`` rate class are limited (the bootstrap and local ones
   never are). ``sees(owner)`` is the ownership rule (``Principal.sees``, with
   ``--share-sessions``).
+* ``denied`` and ``not_owner`` record a refusal in the audit log (``access.denied``,
+  sampled per principal and reason: ``AuditLog.access_denied``); the doors call them
+  where they answer a 403/429 or answer another principal's id as an unknown one.
 * Revocation: revoking here drops the cached token and ends the token's open streams
   (``StreamRegistry``) at once; another instance learns it from the store's notice
   (PostgreSQL ``t``: ``tokens_changed`` re-reads those ids) or, failing that, from its
