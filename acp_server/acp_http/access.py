@@ -61,6 +61,13 @@ def message_access(msg: Message) -> Access:
     return INFO if method in INFO_METHODS else MUTATING
 
 
+def denied_request(msg: Message) -> str:
+    """What an audit record of a refused message names: ``/acp METHOD`` (a response:
+    ``/acp (response)``); the method as sent, cut by the audit log."""
+    method = msg.method
+    return f"/acp {method if isinstance(method, str) else '(response)'}"
+
+
 def check_owner(conn: AcpConnection, method: str, params: dict[str, Any]) -> None:
     """Another principal's session is no session here (``SessionNotFoundError``, as an
     unknown id): checked before the method runs and before a reply channel is opened.
@@ -73,9 +80,11 @@ def check_owner(conn: AcpConnection, method: str, params: dict[str, Any]) -> Non
     caller = conn.caller
     if caller.sees_session(sid):
         return
-    if method in RESTORING and caller.gate.sessions.owner(sid) is None \
-            and not conn.bridge.has_session(sid):
+    owner = caller.gate.sessions.owner(sid)
+    if method in RESTORING and owner is None and not conn.bridge.has_session(sid):
         return
+    if owner is not None:
+        caller.not_owner(sid, f"/acp {method}")
     raise SessionNotFoundError(sid)
 
 

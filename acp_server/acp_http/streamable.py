@@ -44,7 +44,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp
 
 from acp_server.acp_http.connection import AcpConnection, SessionChannel
-from acp_server.acp_http.access import denial_error, message_access
+from acp_server.acp_http.access import denial_error, denied_request, message_access
 from acp_server.acp_http.dispatch import (
     HEADER_REQUIRED,
     InvalidParamsError,
@@ -138,6 +138,7 @@ async def post_acp(request: Request, registry: ConnectionRegistry,
     if denial is not None and not sent_again(registry.bridge, caller, msg, denial,
                                              request.headers.get("acp-session-id")):
         # a scope it lacks (403), its rate limit (429; not a prompt sent again)
+        caller.denied(denial, denied_request(msg))
         return _json(denial.status, denial_error(rpc_id, denial),
                      {k.decode(): v.decode() for k, v in denial.headers})
     try:

@@ -42,7 +42,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from acp_server.acp_http.config import AcpConfig
 from acp_server.acp_http.connection import AcpConnection, SessionChannel
-from acp_server.acp_http.access import denial_error, message_access
+from acp_server.acp_http.access import denial_error, denied_request, message_access
 from acp_server.acp_http.dispatch import (
     InvalidParamsError,
     answer_agent_request,
@@ -197,6 +197,7 @@ async def _handshake(ws: WebSocket, socket: _Socket, connection_id: str,
         return None
     denial = caller.check(message_access(msg))
     if denial is not None:
+        caller.denied(denial, denied_request(msg))
         await socket.send(denial_error(msg.id, denial))
         await ws.close(code=1008, reason=denial.code)
         return None
@@ -266,6 +267,7 @@ async def _receive_loop(ws: WebSocket, socket: _Socket, conn: AcpConnection,
         denial = conn.caller.check(message_access(msg))
         if denial is not None and not sent_again(conn.bridge, conn.caller, msg, denial):
             # 403 / 429 as an error frame; the socket stays open
+            conn.caller.denied(denial, denied_request(msg))
             if msg.is_request:
                 await socket.send(denial_error(msg.id, denial))
             continue

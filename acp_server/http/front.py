@@ -379,6 +379,7 @@ class FrontLayer:
                     if passed is not None:   # a prompt sent again: its 429 read its body
                         receive = passed
                     elif denial is not None:
+                        caller.denied(denial, f"{scope['method']} {path}")
                         refusal = Refusal.of(denial)
             if refusal is not None:
                 status = refusal.status

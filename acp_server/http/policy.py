@@ -246,7 +246,7 @@ class GuardPolicy:
         if line > self.max_request_line:
             return LINE_TOO_LONG, None
         host = origin = authorization = coding = protocols = None
-        preflight = False
+        preflight = repeated = False
         size = 0
         for name, value in headers:
             size += len(name) + len(value)
@@ -255,7 +255,8 @@ class GuardPolicy:
             elif name == b"origin":
                 origin = value
             elif name == b"authorization":
-                authorization = value
+                repeated = authorization is not None
+                authorization = value if not repeated else authorization
             elif name == b"transfer-encoding":
                 coding = value if coding is None else coding + b"," + value
             elif name == b"sec-websocket-protocol":
@@ -280,6 +281,13 @@ class GuardPolicy:
             if preflight and allowed is not None and scope.get("method") == "OPTIONS":
                 return None, allowed   # a preflight is answered before authentication
         gate: Gate = self.gate   # type: ignore[assignment]
+        if repeated:   # two credentials: neither is taken (RFC 9110 allows one field)
+            if not gate.authenticator.required:
+                return self._local(scope), allowed   # what is offered is ignored
+            if self._exempt(scope):
+                return None, allowed
+            self._failed(scope, None, reason="repeated_credential")
+            return UNAUTHORIZED, allowed
         if not gate.authenticator.required:
             found = None if authorization is None and protocols is None \
                 else self._offered_token(scope, authorization, protocols)
@@ -430,11 +438,11 @@ class GuardPolicy:
                 protocols = value
         return found + (_protocol_credentials(protocols) if protocols is not None else [])
 
-    def _failed(self, scope: Any, credential: bytes | None) -> None:
+    def _failed(self, scope: Any, credential: bytes | None, reason: str | None = None) -> None:
         client = scope.get("client")
         self.gate.audit.auth_failed(  # type: ignore[union-attr]
             client=str(client[0]) if client else None,
-            reason="missing_credential" if not credential else "invalid_credential",
+            reason=reason or ("missing_credential" if not credential else "invalid_credential"),
             path=scope.get("path", ""), token_id=public_id(credential) if credential else None)
 
 

@@ -312,6 +312,9 @@ class LmspService:
     async def get_task(self, task_id: str, caller: Caller | None = None) -> TaskRecord:
         """The task; 404 when unknown, past retention, or not ``caller``'s to see."""
         record = await self.store.get_task(task_id)
+        if record is not None and record.principal is not None and caller is not None \
+                and not caller.sees(record.principal):
+            caller.not_owner(record.id, f"/lmsp/v1/tasks/{record.id}")
         if record is None or self._task_expired(record, self.config.clock()) or \
                 (caller is not None and not caller.sees(record.principal)):
             raise LmspError("task_not_found", f"No task {shown(task_id)!r}.",
@@ -363,6 +366,9 @@ class LmspService:
         deleted, past the task retention, created with ``store: false``, or not
         ``caller``'s to see."""
         record = await self.store.get_by_response(response_id)
+        if record is not None and record.principal is not None and caller is not None \
+                and not caller.sees(record.principal):
+            caller.not_owner(record.id, f"/lmsp/v1/responses/{response_id}")
         if record is None or self._task_expired(record, self.config.clock()) or \
                 (caller is not None and not caller.sees(record.principal)) or \
                 b'"store"' in record.request and _unstored(record):
@@ -420,6 +426,8 @@ class LmspService:
                             response_status=_response_status(current))
         await self.runner.forget(response_id)
         self.hub.poke(record.id)
+        if caller is not None:
+            caller.record("task.deleted", record.id, response_id=response_id)
 
     # -- events -----------------------------------------------------------------------
     async def open_events(self, task_id: str, cursor: int | None, *,

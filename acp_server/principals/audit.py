@@ -46,8 +46,10 @@ Contracts:
   (and once at start); 0 keeps them forever. ``clock`` is the wall clock (injected).
 * Actions: ``token.created``, ``token.revoked``, ``session.created``,
   ``session.closed``, ``session.cancelled``, ``prompt.accepted``,
-  ``permission.answered``, ``task.created``, ``task.cancelled``, ``auth.failed``,
-  ``audit.records_dropped``.
+  ``prompt.removed``, ``permission.answered``, ``task.created``, ``task.cancelled``,
+  ``task.deleted``, ``auth.failed``,
+  ``access.denied`` (sampled per principal and reason as ``auth.failed`` is per
+  client), ``audit.records_dropped``.
 """
 
 from __future__ import annotations
@@ -118,6 +120,8 @@ class AuditLog:
         self._failures: OrderedDict[str, list[float]] = OrderedDict()
         self._window = (0.0, 0)   # (start, records this window, all clients)
         self._unattributed = 0    # failures of clients forgotten before their next record
+        # (principal, reason) -> [window start, suppressed since its last record]
+        self._denials: OrderedDict[tuple[str, str], list[float]] = OrderedDict()
 
     # -- recording -------------------------------------------------------------------
     def record(self, principal: str, action: str, target: str | None = None, *,
@@ -168,6 +172,39 @@ class AuditLog:
         if suppressed:
             detail["suppressed"] = suppressed
         self.record("-", "auth.failed", None, client=client, **detail)
+
+    def access_denied(self, principal: str, *, client: str | None, reason: str,
+                      request: str, target: str | None = None, **detail: Any) -> None:
+        """An authenticated request refused for a scope it lacks (``missing_scope``),
+        its rate limit (``rate_limited``) or naming another principal's session, task
+        or response (``not_owner``, answered as an unknown id, the id the ``target``):
+        one ``access.denied`` record per principal
+        and reason in ``failure_window_s``, the next one carrying ``suppressed`` (how
+        many were not recorded since). At most ``FAILURE_CLIENTS_KEPT`` (principal,
+        reason) pairs are counted at once; a forgotten pair's count is told in the
+        next ``access.denied`` record of reason ``sampled_out``."""
+        if self.store is None:
+            return
+        now = self.clock()
+        key = (principal, reason)
+        seen = self._denials.get(key)
+        if seen is not None:
+            self._denials.move_to_end(key)
+            if now - seen[0] < self.failure_window_s:
+                seen[1] += 1
+                return
+        suppressed = int(seen[1]) if seen is not None else 0
+        self._denials[key] = [now, 0]
+        forgotten = 0
+        while len(self._denials) > FAILURE_CLIENTS_KEPT:
+            forgotten += int(self._denials.popitem(last=False)[1][1])
+        if suppressed:
+            detail["suppressed"] = suppressed
+        self.record(principal, "access.denied", target, client=client, reason=reason,
+                    request=request[:256], **detail)
+        if forgotten:
+            self.record("-", "access.denied", None, reason="sampled_out",
+                        suppressed=forgotten)
 
     def _remember(self, key: str, entry: list[float]) -> None:
         self._failures[key] = entry

@@ -8,6 +8,8 @@ audit log and revocation, as one object the guard and the doors share.
         caller.sees(session.owner)               # ownership: False → answer 404
         caller.sees_session(sid); caller.claim_session(sid)   # sessions (gate.sessions)
         caller.record("session.created", session_id, agent="reference")   # audit
+        caller.denied(denial, "POST /tokens")    # the 403/429 answered: access.denied
+        caller.not_owner(sid, "GET /session/ID/status")   # another's id, answered 404
         issued = await gate.create_token(caller, "ci", scopes=["read"])  # admin
         await gate.revoke_token(caller, "ci")    # refused within a second everywhere
 
@@ -19,6 +21,9 @@ Contracts:
   principals of the ``default`` rate class are limited (the bootstrap and local ones
   never are). ``sees(owner)`` is the ownership rule (``Principal.sees``, with
   ``--share-sessions``).
+* ``denied`` and ``not_owner`` record a refusal in the audit log (``access.denied``,
+  sampled per principal and reason: ``AuditLog.access_denied``); the doors call them
+  where they answer a 403/429 or answer another principal's id as an unknown one.
 * Revocation: revoking here drops the cached token and ends the token's open streams
   (``StreamRegistry``) at once; another instance learns it from the store's notice
   (PostgreSQL ``t``: ``tokens_changed`` re-reads those ids) or, failing that, from its
@@ -132,6 +137,27 @@ class Caller:
                 assert tier is not None
                 return rate_denial(access.klass, tier, wait, self.gate.clock())
         return None
+
+    def denied(self, denial: Denial, request: str) -> None:
+        """``denial`` (from ``check``) is the request's answer: the ``access.denied``
+        audit record (sampled), ``request`` naming what was asked (``POST /tokens``,
+        an ``/acp`` method)."""
+        extra = dict(denial.extra)
+        if denial.code == "forbidden":
+            self.gate.audit.access_denied(self.principal.name, client=self.client,
+                                          reason="missing_scope", request=request,
+                                          required_scope=extra.get("requiredScope"))
+        else:
+            self.gate.audit.access_denied(self.principal.name, client=self.client,
+                                          reason="rate_limited", request=request,
+                                          tier=extra.get("tier"))
+
+    def not_owner(self, target: str, request: str) -> None:
+        """``target`` exists and is another principal's: the request is answered as an
+        unknown id (404, ``-32602``) and recorded as ``access.denied`` of reason
+        ``not_owner`` (sampled); an id nobody owns records nothing."""
+        self.gate.audit.access_denied(self.principal.name, client=self.client,
+                                      reason="not_owner", request=request, target=target)
 
     def sees(self, owner: str | None) -> bool:
         return self.principal.sees(owner, shared=self.gate.share_sessions)

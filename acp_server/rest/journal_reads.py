@@ -64,7 +64,8 @@ async def replica_load(request: Request, *, replicas: JournalReplicas,
     view = await replicas.view(session_id)
     # live on its owner (``view`` raised for a closed one): decided as the owner would,
     # so a session no principal owns (the LMSP runner's) is 404 here too
-    check_restore(caller_of(request.scope), session_id, live=True)
+    check_restore(caller_of(request.scope), session_id, live=True,
+                  request=f"POST {request.scope['path']}")
     with config.large_answers.taken(0) as held:
         return held.response(msgspec.json.encode(restored(view.load_info())), 200)
 

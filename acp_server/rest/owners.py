@@ -28,7 +28,10 @@ from bridge.errors import SessionNotFoundError
 
 def visible_session(request: Request) -> str:
     sid: str = request.path_params["session_id"]
-    if not caller_of(request.scope).sees_session(sid):
+    caller = caller_of(request.scope)
+    if not caller.sees_session(sid):
+        if caller.gate.sessions.owner(sid) is not None:
+            caller.not_owner(sid, f"{request.method} {request.scope['path']}")
         raise SessionNotFoundError(sid)
     return sid
 
@@ -42,13 +45,17 @@ def owned(endpoint: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[An
     return checked
 
 
-def check_restore(caller: Caller, session_id: str, *, live: bool) -> None:
+def check_restore(caller: Caller, session_id: str, *, live: bool,
+                  request: str = "restore") -> None:
     """Before a create with a requested id, a load or a resume: a session another
     principal made (live, or closed and remembered) is 404, and so is a ``live``
     session no principal owns (the LMSP runner's: admins' only), as on ``/acp``."""
     if caller.sees_session(session_id):
         return
-    if live or caller.gate.sessions.owner(session_id) is not None:
+    owner = caller.gate.sessions.owner(session_id)
+    if owner is not None:
+        caller.not_owner(session_id, request)
+    if live or owner is not None:
         raise SessionNotFoundError(session_id)
 
 

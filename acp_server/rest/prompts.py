@@ -108,11 +108,12 @@ async def remove_pending_prompt(request: Request, *, bridge: Bridge) -> Response
     (ended, never admitted): as the peer answers, and what ``@qwen-code/sdk``'s
     ``removePendingPrompt`` reads. An unknown session is 404 ``session_not_found``."""
     wire.client_id(request)
+    session_id, prompt_id = request.path_params["session_id"], request.path_params["prompt_id"]
     try:
-        bridge.remove_pending_prompt(request.path_params["session_id"],
-                                     request.path_params["prompt_id"])
+        bridge.remove_pending_prompt(session_id, prompt_id)
     except PromptNotFoundError:
         return json_response(200, wire.PendingPromptRemoved(removed=False))
+    caller_of(request.scope).record("prompt.removed", session_id, prompt_id=prompt_id)
     return json_response(200, wire.PendingPromptRemoved(removed=True))
 
 

@@ -133,7 +133,8 @@ async def create_session(request: Request, *, bridge: Bridge, config: RestConfig
     caller = caller_of(request.scope)
     if body.sessionId is not None:
         await bridge.recall_owner(body.sessionId)
-        check_restore(caller, body.sessionId, live=bridge.has_session(body.sessionId))
+        check_restore(caller, body.sessionId, live=bridge.has_session(body.sessionId),
+                      request="POST /session")
 
     def spawn() -> Awaitable[SessionInfo]:
         if body.sessionId is not None:
@@ -169,7 +170,8 @@ async def _restore(request: Request, bridge: Bridge,
     caller = caller_of(request.scope)
     session_id = request.path_params["session_id"]
     await bridge.recall_owner(session_id)   # a closed session's maker, even forgotten
-    check_restore(caller, session_id, live=bridge.has_session(session_id))
+    check_restore(caller, session_id, live=bridge.has_session(session_id),
+                  request=f"POST {request.scope['path']}")
     body = await wire.read_json(request, wire.RestoreBody, limit=config.max_body_bytes)
     bridge.check_workspace(body.cwd)   # the peer's order: the workspace, then the mode
     wire.check_approval_mode(body.approvalMode)

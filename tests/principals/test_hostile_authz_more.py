@@ -552,7 +552,8 @@ async def test_forwarding_headers_from_a_client_prove_nothing(tmp_path: Path) ->
             assert bad.status_code == 401
         await srv.server.gate.audit.flush()
         records = (await srv.client.get("/audit", params={"principal": "bob"})).json()
-        assert [r["client"] for r in records["records"]] == ["127.0.0.9"]
+        assert [(r["action"], r["client"]) for r in records["records"]] == [
+            ("session.created", "127.0.0.9"), ("access.denied", "127.0.0.9")]   # its 404
         failed = (await srv.client.get("/audit", params={"action": "auth.failed"})).json()
         assert [r["client"] for r in failed["records"]] == ["127.0.0.9"]
 
