@@ -1,0 +1,78 @@
+"""Kill points the other restart tests do not reach (``kill -9`` of a real ``acp-server
+serve`` on SQLite and on PostgreSQL, started again on the same state): each kill waits
+on a condition seen from outside (an event on the stream), never on time.
+
+* ``--session-on-restart continue``, killed again during the continued turn: the turn
+  is continued once, never again: the second restart fails it ``server_restarted``
+  (no crash loop on a turn that brings the server down), one terminal per prompt, and
+  a reader resuming across both restarts sees no gap and no duplicate.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.harness import ServeProcess
+from tests.store.test_session_restart import _flags, _ids, _is, _prompt, read_events
+
+pytestmark = pytest.mark.anyio
+
+CONTINUED = "acp-server/continued"
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"   # the client side only; the server is its own process
+
+
+def _terminals(events: list[dict]) -> list[tuple[str, str]]:
+    return [(e["promptId"], e["type"]) for e in events
+            if e["type"] in ("turn_complete", "turn_error")]
+
+
+def _echoes(events: list[dict]) -> list[tuple[str, object]]:
+    return [(e["promptId"], e["data"]["update"].get("_meta", {}).get(CONTINUED))
+            for e in events if e["type"] == "session_update"
+            and e["data"]["update"]["sessionUpdate"] == "user_message_chunk"]
+
+
+async def test_a_continued_turn_killed_again_is_not_continued_twice(
+        tmp_path: Path, store_name: str) -> None:
+    child = ServeProcess(tmp_path, *_flags(tmp_path, store_name),
+                         "--session-on-restart", "continue").start()
+    try:
+        async with httpx.AsyncClient(base_url=child.base_url, timeout=10) as client:
+            created = (await client.post("/session", json={"sessionScope": "thread"})).json()
+            sid, epoch = created["sessionId"], created["eventEpoch"]
+            held = (await client.post(f"/session/{sid}/prompt",
+                                      json=_prompt("/sleep 60s"))).json()["promptId"]
+            queued = (await client.post(f"/session/{sid}/prompt",
+                                        json=_prompt("after"))).json()["promptId"]
+            seen = await read_events(client, sid, _is("session_update", held), last_event_id=0)
+        child.kill()
+        child.start()
+        async with httpx.AsyncClient(base_url=child.base_url, timeout=10) as client:
+            # the continued turn has started again (its marked echo): kill it there
+            second = await read_events(client, sid, lambda e: bool(_echoes([e])),
+                                       last_event_id=_ids(seen)[-1], epoch=epoch)
+            assert _echoes(second) == [(held, {"reason": "server_restarted"})]
+        child.kill()
+        child.start()
+        async with httpx.AsyncClient(base_url=child.base_url, timeout=10) as client:
+            third = await read_events(client, sid, _is("turn_complete", queued),
+                                      last_event_id=_ids(second)[-1], epoch=epoch)
+            assert not [e for e in third if e["type"] == "state_resync_required"]
+            assert _echoes(third) == [(queued, None)]   # the held turn did not run again
+            assert _terminals(third) == [(held, "turn_error"), (queued, "turn_complete")]
+            assert [e["data"]["code"] for e in third if e["type"] == "turn_error"] == [
+                "server_restarted"]
+            every = _ids(seen) + _ids(second) + _ids(third)
+            assert every == list(range(1, len(every) + 1))   # no gap, no duplicate
+            loaded = (await client.post(f"/session/{sid}/load", json={})).json()
+            assert [(t["promptId"], t["terminal"]) for t in loaded["promptTerminals"]] == [
+                (held, "failed"), (queued, "completed")]
+    finally:
+        child.stop()
