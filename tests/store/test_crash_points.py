@@ -6,15 +6,24 @@ on a condition seen from outside (an event on the stream), never on time.
   is continued once, never again: the second restart fails it ``server_restarted``
   (no crash loop on a turn that brings the server down), one terminal per prompt, and
   a reader resuming across both restarts sees no gap and no duplicate.
+* killed again right after a start, while the prompts queued at the first kill run
+  (the second one has reached its agent): every acknowledged prompt reaches the agent
+  at most once (policy ``fail``), each ends once, the last one runs.
+* ``continue`` with an agent that dies at every ``session/load``: the interrupted turn
+  fails ``server_restarted`` and the prompt queued behind it ``session_not_restorable``
+  (the documented terminals), no loop.
 """
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
+import anyio
 import httpx
 import pytest
 
+from tests.agents import fixture_command
 from tests.harness import ServeProcess
 from tests.store.test_session_restart import _flags, _ids, _is, _prompt, read_events
 
@@ -74,5 +83,84 @@ async def test_a_continued_turn_killed_again_is_not_continued_twice(
             loaded = (await client.post(f"/session/{sid}/load", json={})).json()
             assert [(t["promptId"], t["terminal"]) for t in loaded["promptTerminals"]] == [
                 (held, "failed"), (queued, "completed")]
+    finally:
+        child.stop()
+
+
+def _agent(*flags: str) -> list[str]:
+    return ["--agent", shlex.join(fixture_command("fx", *flags))]
+
+
+async def test_killed_again_while_the_queued_prompts_rerun_each_runs_at_most_once(
+        tmp_path: Path, store_name: str) -> None:
+    record = tmp_path / "prompts.txt"
+    child = ServeProcess(tmp_path, *_flags(tmp_path, store_name),
+                         *_agent("--record-prompts", str(record))).start()
+    said = [f"gate {tmp_path / 'never-1'}", f"gate {tmp_path / 'never-2'}", "three"]
+    try:
+        async with httpx.AsyncClient(base_url=child.base_url, timeout=10) as client:
+            created = (await client.post("/session", json={"sessionScope": "thread"})).json()
+            sid, epoch = created["sessionId"], created["eventEpoch"]
+            pids = [(await client.post(f"/session/{sid}/prompt", json=_prompt(text))
+                     ).json()["promptId"] for text in said]
+            seen = await read_events(client, sid, _is("session_update", pids[0]),
+                                     last_event_id=0)
+            seen += await read_events(client, sid, _is("pending_prompt_added", pids[2]),
+                                      last_event_id=_ids(seen)[-1])
+        child.kill()
+        child.start()
+        async with httpx.AsyncClient(base_url=child.base_url, timeout=10) as client:
+            second = await read_events(client, sid, _is("session_update", pids[1]),
+                                       last_event_id=_ids(seen)[-1], epoch=epoch)
+        with anyio.fail_after(20):
+            while said[1] not in record.read_text():   # it reached the agent: kill there
+                await anyio.sleep(0.02)
+        child.kill()
+        child.start()
+        async with httpx.AsyncClient(base_url=child.base_url, timeout=10) as client:
+            third = await read_events(client, sid, _is("turn_complete", pids[2]),
+                                      last_event_id=_ids(second)[-1], epoch=epoch)
+            every = seen + second + third
+            assert _terminals(every) == [(pids[0], "turn_error"), (pids[1], "turn_error"),
+                                         (pids[2], "turn_complete")]
+            ids = _ids(every)
+            assert ids == list(range(1, len(ids) + 1))
+            loaded = (await client.post(f"/session/{sid}/load", json={})).json()
+            assert [t["terminal"] for t in loaded["promptTerminals"]] == [
+                "failed", "failed", "completed"]
+        assert record.read_text().splitlines() == said   # each reached the agent once
+    finally:
+        child.stop()
+
+
+async def test_continue_with_an_agent_that_dies_at_every_load(tmp_path: Path,
+                                                              store_name: str) -> None:
+    deaths = tmp_path / "loads.txt"
+    child = ServeProcess(tmp_path, *_flags(tmp_path, store_name), "--session-on-restart",
+                         "continue", *_agent("--die-at-load", str(deaths),
+                                             "--die-times", "1000")).start()
+    try:
+        async with httpx.AsyncClient(base_url=child.base_url, timeout=10) as client:
+            created = (await client.post("/session", json={"sessionScope": "thread"})).json()
+            sid, epoch = created["sessionId"], created["eventEpoch"]
+            held = (await client.post(f"/session/{sid}/prompt", json=_prompt(
+                f"gate {tmp_path / 'never'}"))).json()["promptId"]
+            queued = (await client.post(f"/session/{sid}/prompt",
+                                        json=_prompt("after"))).json()["promptId"]
+            seen = await read_events(client, sid, _is("pending_prompt_added", queued),
+                                     last_event_id=0)
+        child.kill()
+        child.start()
+        async with httpx.AsyncClient(base_url=child.base_url, timeout=10) as client:
+            after = await read_events(client, sid, lambda e: e.get("promptId") == queued
+                                      and e["type"] in ("turn_error", "turn_complete"),
+                                      last_event_id=_ids(seen)[-1], epoch=epoch)
+            assert [(e["promptId"], e["data"]["code"]) for e in after
+                    if e["type"] == "turn_error"] == [(held, "server_restarted"),
+                                                      (queued, "session_not_restorable")]
+            assert _echoes(after) == []   # neither reached the agent
+            again = await client.post(f"/session/{sid}/prompt", json=_prompt("more"))
+            assert again.status_code == 409, again.text
+        assert len(deaths.read_text().splitlines()) == 2   # asked, restarted, asked once more
     finally:
         child.stop()
