@@ -90,6 +90,7 @@ from bridge.ids import uuid4_str
 from bridge.journal import EventRecord, EventsReset, RestoredSession
 from bridge.jsonrpc import RESOURCE_NOT_FOUND
 from bridge.session import NO_JOURNAL, QUEUED, Session
+from bridge.settings import apply_again
 from bridge.spawning import REQUESTED_SESSION_ID_META, spawn
 from bridge.terminals import Terminals
 from bridge.ticket import PromptResult
@@ -183,6 +184,8 @@ def _bridge_side(bridge: Bridge, found: RestoredSession) -> Session:
     session.created_at = record.created_at
     session.forked_from = record.forked_from
     session.seed = record.seed
+    session.scope = record.scope
+    session.settings = dict(record.settings or {})
     session.origin = record.origin
     session.owner = record.owner
     session.restored = True
@@ -429,6 +432,8 @@ class AgentSideRestore:
             else:
                 try:
                     session.agent_result, loaded = await self._at_agent()
+                    if session.settings:   # as acknowledged before the restart
+                        await apply_again(bridge, session, session.agent_result)
                 except Exception as exc:   # noqa: BLE001 - the history stays readable
                     reason = str(exc) or type(exc).__name__
             if reason is not None:

@@ -12,6 +12,9 @@ on a condition seen from outside (an event on the stream), never on time.
 * ``continue`` with an agent that dies at every ``session/load``: the interrupted turn
   fails ``server_restarted`` and the prompt queued behind it ``session_not_restorable``
   (the documented terminals), no loop.
+* ``/acp`` ``session/set_mode`` answered, then ``kill -9``: after the restart the
+  session's mode is the one acknowledged (an agent that forgot it, as a new process
+  does, is asked again), in the agent's own turns and in ``/load``'s ``state``.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import httpx
 import pytest
 
 from tests.agents import fixture_command
+from tests.acp_http.wsclient import ws_connect
 from tests.harness import ServeProcess
 from tests.store.test_session_restart import _flags, _ids, _is, _prompt, read_events
 
@@ -162,5 +166,44 @@ async def test_continue_with_an_agent_that_dies_at_every_load(tmp_path: Path,
             again = await client.post(f"/session/{sid}/prompt", json=_prompt("more"))
             assert again.status_code == 409, again.text
         assert len(deaths.read_text().splitlines()) == 2   # asked, restarted, asked once more
+    finally:
+        child.stop()
+
+
+async def _acp_call(ws: object, rpc_id: int, method: str, params: dict) -> dict:
+    await ws.send_json({"jsonrpc": "2.0", "id": rpc_id, "method": method,  # type: ignore[attr-defined]
+                        "params": params})
+    with anyio.fail_after(20):
+        while True:
+            message = await ws.receive_json()  # type: ignore[attr-defined]
+            if message.get("id") == rpc_id and "method" not in message:
+                assert "result" in message, message
+                return message["result"]  # type: ignore[no-any-return]
+
+
+async def test_a_mode_set_before_the_kill_is_the_sessions_after_it(
+        tmp_path: Path, store_name: str) -> None:
+    child = ServeProcess(tmp_path, *_flags(tmp_path, store_name), *_agent("--modes")).start()
+    try:
+        async with ws_connect(child.base_url, "/acp") as ws:
+            await _acp_call(ws, 1, "initialize", {"protocolVersion": 1})
+            made = await _acp_call(ws, 2, "session/new", {"cwd": str(tmp_path),
+                                                          "mcpServers": []})
+            sid = made["sessionId"]
+            assert made["modes"]["currentModeId"] == "ask"
+            assert await _acp_call(ws, 3, "session/set_mode",
+                                   {"sessionId": sid, "modeId": "code"}) == {}
+            child.kill()   # at once after the answer: acknowledged
+        child.start()
+        async with httpx.AsyncClient(base_url=child.base_url, timeout=10) as client:
+            loaded = (await client.post(f"/session/{sid}/load", json={})).json()
+            assert loaded["state"]["modes"]["currentModeId"] == "code", loaded["state"]
+            asked = (await client.post(f"/session/{sid}/prompt", json=_prompt("mode"))).json()
+            done = await read_events(client, sid, _is("turn_complete", asked["promptId"]),
+                                     last_event_id=loaded["lastEventId"])
+            said = [e["data"]["update"]["content"]["text"] for e in done
+                    if e["type"] == "session_update"
+                    and e["data"]["update"]["sessionUpdate"] == "agent_message_chunk"]
+            assert said == ["mode: code"]
     finally:
         child.stop()
