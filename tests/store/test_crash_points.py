@@ -6,6 +6,8 @@ on a condition seen from outside (an event on the stream), never on time.
   is continued once, never again: the second restart fails it ``server_restarted``
   (no crash loop on a turn that brings the server down), one terminal per prompt, and
   a reader resuming across both restarts sees no gap and no duplicate.
+* our SDK (``DaemonClient.prompt``) waiting on that turn across both restarts reports
+  its ``server_restarted`` failure once the second start fails it.
 * killed again right after a start, while the prompts queued at the first kill run
   (the second one has reached its agent): every acknowledged prompt reaches the agent
   at most once (policy ``fail``), each ends once, the last one runs.
@@ -23,13 +25,16 @@ import shlex
 from pathlib import Path
 
 import anyio
+import anyio.to_thread
 import httpx
 import pytest
 
 from tests.agents import fixture_command
+from acp_server.client import DaemonClient
+from acp_server.client.errors import DaemonTurnError
 from tests.acp_http.wsclient import ws_connect
 from tests.harness import ServeProcess
-from tests.store.test_session_restart import _flags, _ids, _is, _prompt, read_events
+from tests.store.test_session_restart import _flags, _Gate, _ids, _is, _prompt, read_events
 
 pytestmark = pytest.mark.anyio
 
@@ -89,6 +94,49 @@ async def test_a_continued_turn_killed_again_is_not_continued_twice(
                 (held, "failed"), (queued, "completed")]
     finally:
         child.stop()
+
+
+async def test_our_sdk_across_two_restarts_of_a_continued_turn(tmp_path: Path,
+                                                               store_name: str) -> None:
+    child = ServeProcess(tmp_path, *_flags(tmp_path, store_name),
+                         "--session-on-restart", "continue").start()
+    gate = _Gate()
+    try:
+        async with DaemonClient(child.base_url, transport=gate) as sdk, \
+                httpx.AsyncClient(base_url=child.base_url, timeout=10) as client:
+            session = await sdk.create_or_attach_session({"sessionScope": "thread"})
+            sid = session.session_id
+            outcome: dict[str, DaemonTurnError] = {}
+
+            async def wait_long() -> None:
+                try:
+                    await sdk.prompt(sid, _prompt("/sleep 60s long")["prompt"])
+                except DaemonTurnError as exc:
+                    outcome["error"] = exc
+
+            with anyio.fail_after(40):   # continued again, it would end in 60 s
+                await _twice(child, client, gate, sid, wait_long)
+            assert outcome["error"].code == "server_restarted"
+    finally:
+        child.stop()
+
+
+async def _twice(child: ServeProcess, client: httpx.AsyncClient, gate: _Gate, sid: str,
+                 wait_long: object) -> None:
+    """Kill while ``wait_long`` waits on the running turn, restart, kill again once the
+    continued turn has started, restart; the SDK's requests wait for the last start."""
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(wait_long)  # type: ignore[arg-type]
+        seen = await read_events(client, sid, lambda e: bool(_echoes([e])),
+                                 last_event_id=0)
+        gate.open = anyio.Event()   # reconnects wait for the restart
+        await anyio.to_thread.run_sync(child.kill)
+        await anyio.to_thread.run_sync(child.start)
+        await read_events(client, sid, lambda e: bool(_echoes([e])),
+                          last_event_id=_ids(seen)[-1])   # continued: kill again
+        await anyio.to_thread.run_sync(child.kill)
+        await anyio.to_thread.run_sync(child.start)
+        gate.open.set()
 
 
 def _agent(*flags: str) -> list[str]:
