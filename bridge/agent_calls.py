@@ -38,6 +38,8 @@ import anyio.abc
 from bridge.agent_client import AgentSide
 from bridge.agents.base import AgentConnection, AgentFactory
 from bridge.errors import AgentNotFoundError, AgentRequestTimeoutError, SessionNotRestorableError
+from bridge.journaling import session_record
+from bridge.settings import kept, setting_key
 from bridge.status import AgentStatus
 
 if TYPE_CHECKING:
@@ -144,6 +146,20 @@ class AgentCallsAPI:
         to the session's agent, unchanged; its answer, unchanged."""
         session = self.get_session(session_id)
         return await (await self._agent_of(session)).request(method, params)
+
+    async def forward_setting(self, session_id: str, method: str, params: Any) -> Any:
+        """``forward`` of a setting (``bridge.settings``): once the agent accepted it,
+        it is kept in the session's journal record, committed before the answer is
+        returned (``JournalUnavailableError`` when that fails: nothing acknowledged)."""
+        session = self.get_session(session_id)
+        answer = await (await self._agent_of(session)).request(method, params)
+        key = setting_key(method, params)
+        # still live here (closed or deleted meanwhile: its record is not written back)
+        if key is not None and session.journal.durable \
+                and self._sessions.get(session_id) is session and not session.closing:
+            session.settings[key] = kept(method, params)
+            await session.journal.wait(session.journal.append(session_record(session)))
+        return answer
 
     async def forward_notification(self, session_id: str, method: str, params: Any) -> None:
         """The same for an ACP notification."""

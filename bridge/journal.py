@@ -70,6 +70,9 @@ class SessionOpened(msgspec.Struct, kw_only=True, frozen=True, tag="session", ta
     # A branch's or fork's conversation at its making (its parent's transcript, JSON:
     # ``bridge.transcript``): a restored agent side is seeded with it before its own.
     seed: str | None = None
+    # The settings a client changed through the agent, as the agent accepted them
+    # (``bridge.settings``): applied to the agent again when the session is restored.
+    settings: dict[str, Any] | None = None
 
 
 class PromptAccepted(msgspec.Struct, kw_only=True, frozen=True, tag="prompt", tag_field="kind"):

@@ -168,11 +168,8 @@ class Journaling:
         (``loaded``: a load of an existing id, see ``_commit_record``)."""
         if session.journal is not self.journal or not self.journal.durable:
             return
-        seq = self.journal.append(SessionOpened(
-            session_id=session.session_id, agent=session.agent_name,
-            cwd=session.workspace_cwd, created_at=session.created_at,
-            epoch=session.bus.epoch, scope=scope, forked_from=session.forked_from,
-            origin=session.origin, owner=session.owner, seed=session.seed))
+        session.scope = scope
+        seq = self.journal.append(session_record(session))
         await self._commit_record(session, seq, loaded=loaded)
 
     def _record_end(self, session: Session, *, deleted: bool) -> int:
@@ -217,3 +214,13 @@ class Journaling:
         finally:
             del self._restoring[session_id]
             done.set()
+
+
+def session_record(session: Session) -> SessionOpened:
+    """The journal's record of ``session`` as it is now."""
+    return SessionOpened(
+        session_id=session.session_id, agent=session.agent_name,
+        cwd=session.workspace_cwd, created_at=session.created_at,
+        epoch=session.bus.epoch, scope=session.scope, forked_from=session.forked_from,
+        origin=session.origin, owner=session.owner, seed=session.seed,
+        settings=dict(session.settings) or None)

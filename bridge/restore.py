@@ -49,7 +49,10 @@ For each journaled session that was not closed, in creation order:
   restored its session by ``session/load`` (it has the turn so far) is asked to
   continue it (``CONTINUE_TEXT``); one that came back through ``session/new`` gets
   the prompt again (and a transcript without that turn); one that could not be
-  restored fails it with ``server_restarted``. The queued ones take their slots back
+  restored fails it with ``server_restarted``. A turn is continued once: one whose
+  continued run had started (its marked echo is journaled) fails with
+  ``server_restarted`` at the next start (no crash loop on a turn that brings the
+  server down). The queued ones take their slots back
   and run in their order (their first one restores the agent side), or fail with
   ``session_not_restorable``.
 
@@ -87,10 +90,12 @@ from bridge.ids import uuid4_str
 from bridge.journal import EventRecord, EventsReset, RestoredSession
 from bridge.jsonrpc import RESOURCE_NOT_FOUND
 from bridge.session import NO_JOURNAL, QUEUED, Session
+from bridge.settings import apply_again
 from bridge.spawning import REQUESTED_SESSION_ID_META, spawn
 from bridge.terminals import Terminals
 from bridge.ticket import PromptResult
 from bridge.transcript import TRANSCRIPT_META, after_seed, transcript
+from bridge.turn import CONTINUED_META
 from bridge.wire import envelope
 
 if TYPE_CHECKING:
@@ -179,6 +184,8 @@ def _bridge_side(bridge: Bridge, found: RestoredSession) -> Session:
     session.created_at = record.created_at
     session.forked_from = record.forked_from
     session.seed = record.seed
+    session.scope = record.scope
+    session.settings = dict(record.settings or {})
     session.origin = record.origin
     session.owner = record.owner
     session.restored = True
@@ -208,6 +215,7 @@ def _restore_prompts(bridge: Bridge, session: Session, found: RestoredSession
     # a cancel the journal holds was acknowledged: that prompt ends cancelled, whatever
     # the policy (its turn's end was lost, not the cancel)
     cancelled = {e.prompt_id for e in found.events if e.type == ev.PROMPT_CANCELLED}
+    continued = continued_before(found.events)
     for accepted in found.unsettled:
         pending = session.readmit(accepted)
         if accepted.prompt_id in cancelled:
@@ -216,12 +224,38 @@ def _restore_prompts(bridge: Bridge, session: Session, found: RestoredSession
             continue
         if accepted.prompt_id not in found.started:
             continue
-        if bridge.options.session_on_restart == "continue" and known:
+        # continued once already (the stop came during that run): never again, so a
+        # turn that brings the server down does not do it at every start
+        if bridge.options.session_on_restart == "continue" and known \
+                and accepted.prompt_id not in continued:
             pending.continued = {"reason": RESTARTED}
             side.rerun.add(accepted.prompt_id)
         else:
             session.fail_restored(pending, ServerRestartedError(accepted.prompt_id))
     return side if known else None
+
+
+_CONTINUED_KEY = CONTINUED_META.encode()
+
+
+def continued_before(events: list[Any]) -> set[str]:
+    """The prompts whose continued turn had started (its echo, marked
+    ``acp-server/continued``, is among ``events``)."""
+    found: set[str] = set()
+    for event in events:
+        if event.type != ev.SESSION_UPDATE or event.prompt_id is None:
+            continue
+        data = event.data   # as journaled: its JSON (``msgspec.Raw``), read only if marked
+        if isinstance(data, msgspec.Raw):
+            if _CONTINUED_KEY not in bytes(data):
+                continue
+            data = msgspec.json.decode(data)
+        update = data.get("update") if isinstance(data, dict) else None
+        meta = update.get("_meta") if isinstance(update, dict) else None
+        if isinstance(meta, dict) and CONTINUED_META in meta \
+                and update.get("sessionUpdate") == "user_message_chunk":
+            found.add(event.prompt_id)
+    return found
 
 
 class _Deferred:
@@ -398,6 +432,8 @@ class AgentSideRestore:
             else:
                 try:
                     session.agent_result, loaded = await self._at_agent()
+                    if session.settings:   # as acknowledged before the restart
+                        await apply_again(bridge, session, session.agent_result)
                 except Exception as exc:   # noqa: BLE001 - the history stays readable
                     reason = str(exc) or type(exc).__name__
             if reason is not None:

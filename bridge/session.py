@@ -141,6 +141,8 @@ class Session:
         self.replaying = False   # the agent's session/load replay: not published again
         self.restored = False    # brought back from the journal at start
         self.seed: str | None = None   # a branch's parent conversation (``SessionOpened.seed``)
+        self.scope = "thread"          # its record's (``single``: an agent's default session)
+        self.settings: dict[str, Any] = {}   # ``bridge.settings``: what the agent accepted
         # A restored session's last activity the journal knows (epoch seconds): its
         # ``updated_at`` until it is next touched (not the restart's time).
         self.journaled_activity: float | None = None

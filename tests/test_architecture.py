@@ -165,6 +165,7 @@ def test_the_rules_see_the_imports() -> None:
 # key of ours (``acp-server/requestedSessionId``), and the logging module's.
 ACP_NAMES = frozenset({
     "agentCapabilities", "agentInfo", "authMethods", "clientCapabilities", "clientInfo",
+    "configId", "configOptions", "currentModeId", "currentModelId", "modeId", "modelId",
     "elicitationId", "embeddedContext", "inputTokens", "loadSession", "mcpServers", "optionId",
     "outputTokens", "promptCapabilities", "protocolVersion", "rawInput", "readTextFile",
     "requestId", "requestedSessionId", "sessionCapabilities", "sessionId", "sessionUpdate",

@@ -38,6 +38,10 @@ Behaviour (newline-delimited JSON-RPC 2.0 on stdin/stdout):
   one ``agent_message_chunk`` ``<name>: <text>``. With ``--answer-twice`` every
   prompt is answered ``end_turn`` and then, under the same id, with an error.
   ``--record-prompts FILE`` appends each prompt's text (a line) to ``FILE`` first.
+* ``--modes``: ``session/new`` and ``session/load`` answer ``modes`` (``ask`` current,
+  ``code``), ``session/set_mode`` sets the session's mode (in memory: a new process
+  has forgotten it) and answers ``{}``, and a prompt ``mode`` is answered with a chunk
+  ``mode: <current mode id>``.
 """
 
 from __future__ import annotations
@@ -75,6 +79,20 @@ class Agent:
         self.held: dict[str, Any] = {}        # session id -> prompt request id (hold)
         self.waiting: dict[int, Callable[[dict[str, Any]], None]] = {}
         self.collide_with: str | None = None
+        self.modes: dict[str, str] = {}   # session id -> mode (--modes)
+
+    def state(self, sid: str) -> dict[str, Any]:
+        if not self.args.modes:
+            return {}
+        return {"modes": {"currentModeId": self.modes.get(sid, "ask"), "availableModes": [
+            {"id": "ask", "name": "Ask"}, {"id": "code", "name": "Code"}]}}
+
+    def on_session_set_mode(self, rpc_id: Any, params: dict[str, Any]) -> None:
+        if not self.args.modes:
+            send({"id": rpc_id, "error": {"code": -32601, "message": "Method not found"}})
+            return
+        self.modes[params["sessionId"]] = params["modeId"]
+        send({"id": rpc_id, "result": {}})
 
     def run(self) -> None:
         for line in sys.stdin.buffer:
@@ -107,7 +125,7 @@ class Agent:
             self.die_if_asked(self.args.die_at_new, "new")
         sid = self.collide_with or f"{self.args.name}-{next(self.ids)}"
         self.collide_with = None
-        send({"id": rpc_id, "result": {"sessionId": sid}},
+        send({"id": rpc_id, "result": {"sessionId": sid, **self.state(sid)}},
              prefix=b"x" * self.args.swallow_new if self.args.swallow_new else b"")
 
     def die_if_asked(self, path: str, what: str) -> None:
@@ -125,7 +143,7 @@ class Agent:
             sid = params.get("sessionId")
             send(chunk(sid, f"replayed {sid}"))
             self.die_if_asked(self.args.die_at_load, "load")
-        send({"id": rpc_id, "result": {}})
+        send({"id": rpc_id, "result": self.state(params.get("sessionId"))})
 
     on_session_resume = on_session_load
 
@@ -166,6 +184,9 @@ class Agent:
         elif word == "gate":
             threading.Thread(target=self.gate, args=(rpc_id, sid, text, rest.strip()),
                              daemon=True).start()
+        elif word == "mode" and self.args.modes:
+            send(chunk(sid, f"mode: {self.modes.get(sid, 'ask')}"))
+            self.end_turn(rpc_id)
         elif word == "die":
             os._exit(3)
         else:
@@ -238,6 +259,7 @@ def main() -> None:
     parser.add_argument("--die-at-load")
     parser.add_argument("--die-times", type=int, default=1)
     parser.add_argument("--record-prompts")
+    parser.add_argument("--modes", action="store_true")
     Agent(parser.parse_args()).run()
 
 
