@@ -61,6 +61,21 @@ def test_causes_past_the_cap_share_one() -> None:
     assert sum(s.count for s in summaries) == 6 - 3 and summaries[-1].cause[0] == 0
 
 
+def test_a_window_that_is_over_holds_no_room_under_the_cap() -> None:
+    """Windows were only dropped by ``due`` once one had a count, so causes refused a
+    few times (never a flood) stayed for the process's life: past ``max_causes`` of
+    them, every new cause was logged and summarised as "other causes"."""
+    clock = Clock()
+    log = RefusalLog(lines=1, window_s=10, clock=clock, max_causes=2)
+    a, b, cause = (404, "a", "rest"), (404, "b", "rest"), (401, "/session", "rest")
+    assert [log.admit(a), log.admit(a), log.admit(b)] == [True, False, True]
+    clock.t += 60   # both over; nothing asked ``due`` since
+    assert [log.admit(cause) for _ in range(3)] == [True, False, False]
+    assert log.due() == [Summary(a, 1, 10.0)]   # the swept window's count, said once
+    clock.t += 1
+    assert log.due(final=True) == [Summary(cause, 2, 1.0)]
+
+
 @pytest.mark.parametrize("log_format", ["text", "json"])
 def test_the_recorder_bounds_refused_lines_and_not_the_others(log_format: str) -> None:
     clock = Clock()
