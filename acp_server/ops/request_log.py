@@ -333,7 +333,7 @@ class AccessWriter:
         return f"{self._stamp},{int((now - second) * 1000):03d}"
 
     def flush(self) -> None:
-        for refusals in list(_open_refusals):   # refusal windows over by now
+        for refusals in _open_refusals.alive():   # refusal windows over by now
             for summary in refusals.due():
                 self.summary(summary)
         with self._lock:
@@ -382,7 +382,39 @@ class AccessWriter:
 
 
 access_writer: AccessWriter | None = None
-_open_refusals: weakref.WeakSet[RefusalLog] = weakref.WeakSet()
+class _Registry:
+    """The refusal logs of the recorders alive, which the writer's thread asks: added
+    and removed on the event loop (or any thread), read on the writer's, under one lock
+    (a ``WeakSet`` changed while the writer's thread copied it raised there, and the
+    thread ended: no access line was written again)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._refs: dict[int, weakref.ref[RefusalLog]] = {}
+
+    def add(self, refusals: RefusalLog) -> None:
+        with self._lock:
+            self._refs[id(refusals)] = weakref.ref(refusals)
+
+    def discard(self, refusals: RefusalLog) -> None:
+        with self._lock:
+            ref = self._refs.get(id(refusals))
+            if ref is not None and ref() is refusals:
+                del self._refs[id(refusals)]
+
+    def alive(self) -> list[RefusalLog]:
+        with self._lock:   # a copy under the lock, each one looked at without it
+            refs = list(self._refs.values())
+        out = [refusals for ref in refs if (refusals := ref()) is not None]
+        if len(out) < len(refs):   # a recorder gone without close (a test's)
+            with self._lock:
+                for key, ref in list(self._refs.items()):
+                    if ref() is None:
+                        del self._refs[key]
+        return out
+
+
+_open_refusals = _Registry()
 
 
 def write_summaries(summaries: list[Summary]) -> None:

@@ -9,7 +9,9 @@ import io
 import logging
 import re
 import socket
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -103,6 +105,36 @@ def test_the_recorder_bounds_refused_lines_and_not_the_others(log_format: str) -
     assert len(refused) == 6, refused   # 5 and the summary
     assert "WARNING" in refused[-1]
     assert "… and 495 more refused 401 /health door=rest in the last 10.0 s" in refused[-1]
+
+
+def test_recorders_made_and_closed_while_the_writer_runs_do_not_stop_it() -> None:
+    """The writer's thread copied a ``WeakSet`` of the recorders' refusal logs on each
+    write while the loop added and removed them: "Set changed size during iteration"
+    ended the thread, and no access line was written again. Many recorders (the copy
+    takes a while) and one made and closed after another until the writes are done."""
+    router_of: Any = lambda: None  # noqa: E731
+    many = [r.AccessRecorder(router_of=router_of) for _ in range(50_000)]
+    writer = r.AccessWriter(io.StringIO(), "text")
+    failed: list[BaseException] = []
+
+    def writes() -> None:
+        try:
+            for _ in range(4):
+                writer.flush()
+        except BaseException as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=writes)
+    thread.start()
+    try:
+        while thread.is_alive():
+            r.AccessRecorder(router_of=router_of).close()
+    finally:
+        thread.join()
+        writer.close()
+        for recorder in many:
+            recorder.close()
+    assert failed == []
 
 
 def _refused_lines(log: str, status: int, route: str) -> tuple[int, list[int]]:
