@@ -272,8 +272,11 @@ class AccessWriter:
         self.json = log_format == "json"
         self.queue: deque[str] = deque()
         self.dropped = 0   # lines not kept since the last write (event loop adds)
-        self._second = self._ms = -1
-        self._stamp = self._prefix = ""
+        self._ms = -1
+        self._prefix = ""
+        # (second, its text): one attribute, as the loop (a line's prefix) and the
+        # writer's thread (a summary, a "dropped" line) both format times
+        self._stamped: tuple[int, str] = (-1, "")
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="access-log", daemon=True)
@@ -327,10 +330,11 @@ class AccessWriter:
 
     def _asctime(self, now: float) -> str:
         second = int(now)
-        if second != self._second:   # logging.Formatter's default asctime, local time
-            self._second, self._stamp = second, time.strftime("%Y-%m-%d %H:%M:%S",
-                                                              time.localtime(second))
-        return f"{self._stamp},{int((now - second) * 1000):03d}"
+        stamped = self._stamped   # read once: another thread may replace it
+        if stamped[0] != second:   # logging.Formatter's default asctime, local time
+            stamped = self._stamped = (second, time.strftime("%Y-%m-%d %H:%M:%S",
+                                                             time.localtime(second)))
+        return f"{stamped[1]},{int((now - second) * 1000):03d}"
 
     def flush(self) -> None:
         for refusals in _open_refusals.alive():   # refusal windows over by now

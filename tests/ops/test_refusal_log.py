@@ -10,6 +10,7 @@ import logging
 import re
 import socket
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -135,6 +136,37 @@ def test_recorders_made_and_closed_while_the_writer_runs_do_not_stop_it() -> Non
         for recorder in many:
             recorder.close()
     assert failed == []
+
+
+def test_a_summary_written_by_the_writer_thread_does_not_tear_the_loops_time_stamp(
+        ) -> None:
+    """The writer's thread (a summary, a "dropped" line) and the loop (every line's
+    prefix) share the formatted second. It was two attributes set one after the other:
+    between the two, the other thread took the new second with the old text (a line
+    stamped a second early, or with no date at all on the first line). The writer's
+    thread is stopped right after its first attribute store, and the loop formats a
+    time in that same second."""
+    paused, go = threading.Event(), threading.Event()
+
+    class Paused(r.AccessWriter):
+        def __setattr__(self, name: str, value: Any) -> None:
+            super().__setattr__(name, value)
+            if threading.current_thread().name == "summary" and not paused.is_set():
+                paused.set()
+                go.wait(timeout=30)
+
+    writer = Paused(io.StringIO(), "text")
+    second = 1_800_000_000.0
+    thread = threading.Thread(target=writer._asctime, name="summary", args=(second + 0.25,))
+    try:
+        thread.start()   # as ``summary`` formats its time
+        assert paused.wait(timeout=30)
+        stamp = writer._asctime(second + 0.5)   # as the loop's next line does
+    finally:
+        go.set()
+        thread.join()
+        writer.close()
+    assert stamp == time.strftime("%Y-%m-%d %H:%M:%S,500", time.localtime(second)), stamp
 
 
 def _refused_lines(log: str, status: int, route: str) -> tuple[int, list[int]]:
