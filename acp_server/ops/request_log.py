@@ -356,23 +356,19 @@ class AccessWriter:
 
     def summary(self, summary: Summary) -> None:
         """A refusal window's summary line (WARNING), queued as any line."""
-        now = time.time()
-        if self.json:
-            line = JsonFormatter._encode({"ts": _iso(now), "level": "WARNING",
-                                          "logger": access_log.name,
-                                          "message": summary.message(),
-                                          **summary.fields()}).decode()
-        else:
-            line = f"{self._asctime(now)} WARNING {access_log.name}: {summary.message()}"
-        self.queue.append(line)
+        self.queue.append(self._warning(summary.message(), summary.fields()))
 
     def _dropped_line(self, count: int) -> str:
-        message = f"{count} access lines dropped: the log stream did not keep up"
+        return self._warning(f"{count} access lines dropped: the log stream did not keep up",
+                             {"kind": "dropped", "dropped": count})
+
+    def _warning(self, message: str, fields: dict[str, object]) -> str:
+        """A WARNING line of the access logger, as the handler would format it."""
         now = time.time()
         if self.json:
             return JsonFormatter._encode({"ts": _iso(now), "level": "WARNING",
                                           "logger": access_log.name, "message": message,
-                                          "kind": "dropped", "dropped": count}).decode()
+                                          **fields}).decode()
         return f"{self._asctime(now)} WARNING {access_log.name}: {message}"
 
     def _run(self) -> None:
