@@ -11,8 +11,9 @@ Contracts:
   missing or wrong, a Host or Origin refused, a rate limit, a body too large, a path
   no route has, the store or the capacity unavailable. Its *cause* is its status,
   route template (``unmatched`` when none matched) and door: a bounded set, since a
-  route is a template, never the raw path (past ``MAX_CAUSES`` causes at once, the
-  others share one, ``OVERFLOW``).
+  route is a template, never the raw path (past ``MAX_CAUSES`` causes with a window
+  open at once, the others share one, ``OVERFLOW``; a window that is over is closed
+  first, so a cause refused once long ago holds no room).
 * Per cause, a window opens with its first refused request and lasts ``window_s`` on
   ``clock``: its first ``lines`` requests are logged as any other, the rest only
   counted. Once it is over, one summary says how many were not logged (none when all
@@ -86,6 +87,7 @@ class RefusalLog:
         self._windows: dict[Cause, _Window] = {}
         self._lock = threading.Lock()
         self._next_close = math.inf   # the earliest end of a window with a count
+        self._next_sweep = -math.inf   # the earliest end of a window, when the map is full
         self.closed: list[Summary] = []   # closed by ``admit``: written by its caller
 
     def admit(self, cause: Cause) -> bool:
@@ -94,8 +96,10 @@ class RefusalLog:
         with self._lock:
             window = self._windows.get(cause)
             if window is None and len(self._windows) >= self.max_causes:
-                cause = OVERFLOW
-                window = self._windows.get(cause)
+                self._sweep(now)   # windows over hold no room (nor do they block a cause)
+                if len(self._windows) >= self.max_causes:
+                    cause = OVERFLOW
+                    window = self._windows.get(cause)
             if window is not None and now - window.start >= self.window_s:
                 del self._windows[cause]
                 if window.more:
@@ -110,6 +114,21 @@ class RefusalLog:
                 self._next_close = min(self._next_close, window.start + self.window_s)
             window.more += 1
             return False
+
+    def _sweep(self, now: float) -> None:
+        """The windows over by ``now`` closed (under the lock), their summaries to
+        ``closed``; at most once per ``window_s`` while every window is open."""
+        if now < self._next_sweep:
+            return
+        oldest = math.inf
+        for cause, window in list(self._windows.items()):
+            if now - window.start >= self.window_s:
+                del self._windows[cause]
+                if window.more:
+                    self.closed.append(Summary(cause, window.more, self.window_s))
+            else:
+                oldest = min(oldest, window.start)
+        self._next_sweep = oldest + self.window_s if oldest < math.inf else -math.inf
 
     def due(self, *, final: bool = False) -> list[Summary]:
         """The summaries of the windows over by now (all of them when ``final``),

@@ -272,8 +272,11 @@ class AccessWriter:
         self.json = log_format == "json"
         self.queue: deque[str] = deque()
         self.dropped = 0   # lines not kept since the last write (event loop adds)
-        self._second = self._ms = -1
-        self._stamp = self._prefix = ""
+        self._ms = -1
+        self._prefix = ""
+        # (second, its text): one attribute, as the loop (a line's prefix) and the
+        # writer's thread (a summary, a "dropped" line) both format times
+        self._stamped: tuple[int, str] = (-1, "")
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="access-log", daemon=True)
@@ -327,13 +330,14 @@ class AccessWriter:
 
     def _asctime(self, now: float) -> str:
         second = int(now)
-        if second != self._second:   # logging.Formatter's default asctime, local time
-            self._second, self._stamp = second, time.strftime("%Y-%m-%d %H:%M:%S",
-                                                              time.localtime(second))
-        return f"{self._stamp},{int((now - second) * 1000):03d}"
+        stamped = self._stamped   # read once: another thread may replace it
+        if stamped[0] != second:   # logging.Formatter's default asctime, local time
+            stamped = self._stamped = (second, time.strftime("%Y-%m-%d %H:%M:%S",
+                                                             time.localtime(second)))
+        return f"{stamped[1]},{int((now - second) * 1000):03d}"
 
     def flush(self) -> None:
-        for refusals in list(_open_refusals):   # refusal windows over by now
+        for refusals in _open_refusals.alive():   # refusal windows over by now
             for summary in refusals.due():
                 self.summary(summary)
         with self._lock:
@@ -352,23 +356,19 @@ class AccessWriter:
 
     def summary(self, summary: Summary) -> None:
         """A refusal window's summary line (WARNING), queued as any line."""
-        now = time.time()
-        if self.json:
-            line = JsonFormatter._encode({"ts": _iso(now), "level": "WARNING",
-                                          "logger": access_log.name,
-                                          "message": summary.message(),
-                                          **summary.fields()}).decode()
-        else:
-            line = f"{self._asctime(now)} WARNING {access_log.name}: {summary.message()}"
-        self.queue.append(line)
+        self.queue.append(self._warning(summary.message(), summary.fields()))
 
     def _dropped_line(self, count: int) -> str:
-        message = f"{count} access lines dropped: the log stream did not keep up"
+        return self._warning(f"{count} access lines dropped: the log stream did not keep up",
+                             {"kind": "dropped", "dropped": count})
+
+    def _warning(self, message: str, fields: dict[str, object]) -> str:
+        """A WARNING line of the access logger, as the handler would format it."""
         now = time.time()
         if self.json:
             return JsonFormatter._encode({"ts": _iso(now), "level": "WARNING",
                                           "logger": access_log.name, "message": message,
-                                          "kind": "dropped", "dropped": count}).decode()
+                                          **fields}).decode()
         return f"{self._asctime(now)} WARNING {access_log.name}: {message}"
 
     def _run(self) -> None:
@@ -382,7 +382,39 @@ class AccessWriter:
 
 
 access_writer: AccessWriter | None = None
-_open_refusals: weakref.WeakSet[RefusalLog] = weakref.WeakSet()
+class _Registry:
+    """The refusal logs of the recorders alive, which the writer's thread asks: added
+    and removed on the event loop (or any thread), read on the writer's, under one lock
+    (a ``WeakSet`` changed while the writer's thread copied it raised there, and the
+    thread ended: no access line was written again)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._refs: dict[int, weakref.ref[RefusalLog]] = {}
+
+    def add(self, refusals: RefusalLog) -> None:
+        with self._lock:
+            self._refs[id(refusals)] = weakref.ref(refusals)
+
+    def discard(self, refusals: RefusalLog) -> None:
+        with self._lock:
+            ref = self._refs.get(id(refusals))
+            if ref is not None and ref() is refusals:
+                del self._refs[id(refusals)]
+
+    def alive(self) -> list[RefusalLog]:
+        with self._lock:   # a copy under the lock, each one looked at without it
+            refs = list(self._refs.values())
+        out = [refusals for ref in refs if (refusals := ref()) is not None]
+        if len(out) < len(refs):   # a recorder gone without close (a test's)
+            with self._lock:
+                for key, ref in list(self._refs.items()):
+                    if ref() is None:
+                        del self._refs[key]
+        return out
+
+
+_open_refusals = _Registry()
 
 
 def write_summaries(summaries: list[Summary]) -> None:

@@ -21,6 +21,7 @@ import pytest
 openai = pytest.importorskip("openai")
 
 from acp_server.lmsp import LmspConfig  # noqa: E402
+from tests.agents.held import HeldAgent  # noqa: E402
 from tests.clients.openai_strict import strict_event, strict_response  # noqa: E402
 from tests.lmsp.server import FakeClock, LmspServer, running_lmsp  # noqa: E402
 
@@ -210,17 +211,20 @@ async def test_ends_other_than_completed(server: LmspServer) -> None:
 
 
 async def test_completed_at_is_stored_and_survives_a_restart(tmp_path: Path) -> None:
+    """The turn is held in the agent while the clock moves (a ``/sleep 300ms`` turn
+    raced the poll for ``running`` on a loaded machine: over before it was seen, the
+    poll waited out its 10 s, or the clock moved after the end)."""
     clock = FakeClock()
     started = clock.now
     config = LmspConfig(clock=clock)
-    async with running_lmsp(tmp_path, config=config) as srv:
+    agent = HeldAgent()
+    async with running_lmsp(tmp_path, config=config, agent_factory=agent) as srv:
         raw = await anyio.to_thread.run_sync(lambda: _raw_create(
-            srv, model="reference", input="/sleep 300ms later", background=True))
+            srv, model="reference", input="later", background=True))
         assert raw["status"] == "queued" and strict_response(raw).completed_at is None
-        with anyio.fail_after(10):
-            while (await srv.service.get_response(raw["id"])).status != "running":
-                await anyio.sleep(0.01)
+        turn = await agent.arrived(1)   # in the agent until released
         clock.advance(100)   # the turn ends after this: completed at t0 + 100
+        turn.release()
         with anyio.fail_after(10):
             while (await srv.service.get_response(raw["id"])).status != "succeeded":
                 await anyio.sleep(0.01)

@@ -9,7 +9,10 @@ import io
 import logging
 import re
 import socket
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -61,6 +64,21 @@ def test_causes_past_the_cap_share_one() -> None:
     assert sum(s.count for s in summaries) == 6 - 3 and summaries[-1].cause[0] == 0
 
 
+def test_a_window_that_is_over_holds_no_room_under_the_cap() -> None:
+    """Windows were only dropped by ``due`` once one had a count, so causes refused a
+    few times (never a flood) stayed for the process's life: past ``max_causes`` of
+    them, every new cause was logged and summarised as "other causes"."""
+    clock = Clock()
+    log = RefusalLog(lines=1, window_s=10, clock=clock, max_causes=2)
+    a, b, cause = (404, "a", "rest"), (404, "b", "rest"), (401, "/session", "rest")
+    assert [log.admit(a), log.admit(a), log.admit(b)] == [True, False, True]
+    clock.t += 60   # both over; nothing asked ``due`` since
+    assert [log.admit(cause) for _ in range(3)] == [True, False, False]
+    assert log.due() == [Summary(a, 1, 10.0)]   # the swept window's count, said once
+    clock.t += 1
+    assert log.due(final=True) == [Summary(cause, 2, 1.0)]
+
+
 @pytest.mark.parametrize("log_format", ["text", "json"])
 def test_the_recorder_bounds_refused_lines_and_not_the_others(log_format: str) -> None:
     clock = Clock()
@@ -88,6 +106,67 @@ def test_the_recorder_bounds_refused_lines_and_not_the_others(log_format: str) -
     assert len(refused) == 6, refused   # 5 and the summary
     assert "WARNING" in refused[-1]
     assert "… and 495 more refused 401 /health door=rest in the last 10.0 s" in refused[-1]
+
+
+def test_recorders_made_and_closed_while_the_writer_runs_do_not_stop_it() -> None:
+    """The writer's thread copied a ``WeakSet`` of the recorders' refusal logs on each
+    write while the loop added and removed them: "Set changed size during iteration"
+    ended the thread, and no access line was written again. Many recorders (the copy
+    takes a while) and one made and closed after another until the writes are done."""
+    router_of: Any = lambda: None  # noqa: E731
+    many = [r.AccessRecorder(router_of=router_of) for _ in range(50_000)]
+    writer = r.AccessWriter(io.StringIO(), "text")
+    failed: list[BaseException] = []
+
+    def writes() -> None:
+        try:
+            for _ in range(4):
+                writer.flush()
+        except BaseException as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=writes)
+    thread.start()
+    try:
+        while thread.is_alive():
+            r.AccessRecorder(router_of=router_of).close()
+    finally:
+        thread.join()
+        writer.close()
+        for recorder in many:
+            recorder.close()
+    assert failed == []
+
+
+def test_a_summary_written_by_the_writer_thread_does_not_tear_the_loops_time_stamp(
+        ) -> None:
+    """The writer's thread (a summary, a "dropped" line) and the loop (every line's
+    prefix) share the formatted second. It was two attributes set one after the other:
+    between the two, the other thread took the new second with the old text (a line
+    stamped a second early, or with no date at all on the first line). The writer's
+    thread is stopped right after its first attribute store, and the loop formats a
+    time in that same second."""
+    paused, go = threading.Event(), threading.Event()
+
+    class Paused(r.AccessWriter):
+        def __setattr__(self, name: str, value: Any) -> None:
+            super().__setattr__(name, value)
+            if threading.current_thread().name == "summary" and not paused.is_set():
+                paused.set()
+                go.wait(timeout=30)
+
+    writer = Paused(io.StringIO(), "text")
+    second = 1_800_000_000.0
+    thread = threading.Thread(target=writer._asctime, name="summary", args=(second + 0.25,))
+    try:
+        thread.start()   # as ``summary`` formats its time
+        assert paused.wait(timeout=30)
+        stamp = writer._asctime(second + 0.5)   # as the loop's next line does
+    finally:
+        go.set()
+        thread.join()
+        writer.close()
+    assert stamp == time.strftime("%Y-%m-%d %H:%M:%S,500", time.localtime(second)), stamp
 
 
 def _refused_lines(log: str, status: int, route: str) -> tuple[int, list[int]]:

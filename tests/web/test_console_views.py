@@ -86,3 +86,19 @@ def test_back_and_forward_restore_the_view(console: Console, page: Page) -> None
     arrived(page, "Tasks")
     expect(page).to_have_url(re.compile(r"#/tasks$"))
     console.client.delete(f"/session/{sid}")
+
+
+def test_an_id_that_does_not_decode_is_no_such_page(console: Console, page: Page) -> None:
+    """``#/session/%E0%A4%A`` (a link cut short, typed by hand): decodeURIComponent threw,
+    the page error left the view unmounted (its lists no longer refreshed) under the
+    previous title and heading. It is the "No such page" view, as an unknown path is,
+    and no nav link says it is the current page."""
+    page.goto(console.url("/#/"))
+    expect(page.get_by_test_id("nav-sessions")).to_have_attribute("aria-current", "page")
+    for bad in ("#/session/%E0%A4%A", "#/task/%"):
+        page.evaluate("hash => { location.hash = hash; }", bad)
+        arrived(page, "No such page")
+        expect(page.locator("[data-nav][aria-current]")).to_have_count(0)
+        page.get_by_role("link", name="Sessions", exact=True).last.click()
+        arrived(page, "Sessions")
+    assert page.page_errors == []  # type: ignore[attr-defined]

@@ -93,23 +93,36 @@ function route({ moved = false } = {}) {
   if (unmount) unmount();
   unmount = null;
   ctx.moved = moved;
-  const hash = location.hash || "#/";
+  const [module, nav, title, params] = resolve(location.hash || "#/");
+  for (const link of document.querySelectorAll("[data-nav]")) {
+    link.classList.toggle("active", link.dataset.nav === nav);
+    if (link.dataset.nav === nav) link.setAttribute("aria-current", "page");
+    else link.removeAttribute("aria-current");
+  }
+  if (!module) {
+    clear(view, h("h1", {}, "No such page"), h("p", { class: "empty" }, h("a", { href: "#/" }, "Sessions")));
+    arrived("No such page", moved);
+    return;
+  }
+  clear(view);
+  unmount = module.mount(view, params, ctx);
+  arrived(title(...params), moved);
+}
+
+// [module, nav, title, params] of the route the hash names, or [] (no such page: no
+// route, or an id that is not percent-encoded UTF-8, "#/session/%E0%A4%A", which
+// decodeURIComponent throws on).
+function resolve(hash) {
   for (const [pattern, module, nav, title] of ROUTES) {
     const match = pattern.exec(hash);
     if (!match) continue;
-    for (const link of document.querySelectorAll("[data-nav]")) {
-      link.classList.toggle("active", link.dataset.nav === nav);
-      if (link.dataset.nav === nav) link.setAttribute("aria-current", "page");
-      else link.removeAttribute("aria-current");
+    try {
+      return [module, nav, title, match.slice(1).map(decodeURIComponent)];
+    } catch {
+      return [];
     }
-    const params = match.slice(1).map(decodeURIComponent);
-    clear(view);
-    unmount = module.mount(view, params, ctx);
-    arrived(title(...params), moved);
-    return;
   }
-  clear(view, h("h1", {}, "No such page"), h("p", { class: "empty" }, h("a", { href: "#/" }, "Sessions")));
-  arrived("No such page", moved);
+  return [];
 }
 
 function arrived(name, moved) {
