@@ -269,9 +269,11 @@ async def open_server(settings: Settings, *, agent_factory: AgentFactory | None 
                 try:
                     yield server
                 finally:
-                    await server.drain()
-                    if app.recorder is not None:   # the refusals not logged: counted
-                        app.recorder.close()
+                    try:
+                        await server.drain()
+                    finally:
+                        if app.recorder is not None:   # the refusals not logged: counted
+                            app.recorder.close()
                     if fleet is not None:
                         with anyio.CancelScope(shield=True):
                             await fleet.forwarder.aclose()

@@ -373,7 +373,11 @@ class AccessWriter:
 
     def _run(self) -> None:
         while not self._stop.wait(self.FLUSH_S):
-            self.flush()
+            try:
+                self.flush()
+            except Exception:   # noqa: BLE001 - a bug here must not end the access log
+                logging.getLogger("acp_server").exception(
+                    "access log: a flush failed; the writer goes on")
 
     def close(self) -> None:
         self._stop.set()
@@ -382,6 +386,8 @@ class AccessWriter:
 
 
 access_writer: AccessWriter | None = None
+
+
 class _Registry:
     """The refusal logs of the recorders alive, which the writer's thread asks: added
     and removed on the event loop (or any thread), read on the writer's, under one lock

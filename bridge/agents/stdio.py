@@ -468,8 +468,8 @@ class StdioAgentConnection:
 
     def _resolve(self, msg: Message) -> None:
         if not self._requests.resolve(msg, AgentError):
-            logger.warning("%s response to an unknown or already answered request id %r: ignored",
-                           self._prefix, msg.id)
+            logger.warning("%s response to an unknown or already answered request id %s: ignored",
+                           self._prefix, loggable(repr(msg.id), 128))
 
     def _on_notification(self, msg: Message) -> None:
         if msg.method == "elicitation/complete":

@@ -8,7 +8,7 @@ import io
 import json
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import anyio
@@ -310,3 +310,38 @@ def test_the_session_part_memo_is_bounded_in_entries_and_bytes() -> None:
     # kept, they would be ~245 MB; the bound leaves room for what the worker's other
     # threads allocate meanwhile (tracemalloc traces them all: 65,752 bytes seen in CI)
     assert grown < 1 << 20, grown
+
+
+def test_a_flush_that_fails_does_not_end_the_writer(caplog: pytest.LogCaptureFixture) -> None:
+    """A bug in one flush (here: the stream raising what it never should) is logged, and
+    the writer's thread goes on writing the lines that come after it."""
+    from acp_server.ops.request_log import AccessWriter
+
+    class Once(io.StringIO):
+        failed = False
+
+        def write(self, text: str) -> int:
+            if not self.failed:
+                self.failed = True
+                raise RuntimeError("a bug")
+            return super().write(text)
+
+    def until(condition: Callable[[], bool]) -> None:
+        for _ in range(2000):   # the guard: 20 s
+            if condition():
+                return
+            assert writer._thread.is_alive(), "the writer's thread ended"
+            threading.Event().wait(0.01)
+        raise AssertionError("not within 20 s")
+
+    stream = Once()
+    with caplog.at_level(logging.ERROR):
+        writer = AccessWriter(stream, "text")
+        try:
+            writer.queue.append("first")
+            until(lambda: stream.failed)
+            writer.queue.append("second")
+            until(lambda: "second" in stream.getvalue())
+        finally:
+            writer.close()
+    assert "a flush failed" in caplog.text
