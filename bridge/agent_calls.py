@@ -5,6 +5,8 @@ offered while the bridge runs.
     answer = await bridge.forward(session_id, "session/set_mode", {"modeId": "plan"})
     await bridge.forward_notification(session_id, "session/cancel", {"sessionId": sid})
     bridge.agent_capability("qwen", "sessionCapabilities", "fork")   # None: not offered
+    state = await bridge.agent_state(session_id)   # {"modes": {...}, "models": ..., ...}
+    await bridge.set_setting(session_id, "session/set_mode", {"modeId": "plan"})
     [a.name for a in bridge.list_agents()]                            # the default first
     bridge.agent_finder = catalog       # lists agents again (bridge.agents.catalog)
     bridge.add_agents({"llama3:8b": factory})                         # offered from now on
@@ -15,7 +17,13 @@ offered while the bridge runs.
 ``forward`` and ``forward_notification`` pass the agent's answer through unchanged,
 after restoring the agent side of a session restored from the journal
 (``SessionNotRestorableError`` when it cannot be); an unknown agent name is
-``AgentNotFoundError``.
+``AgentNotFoundError``. ``agent_state`` is the session's state as the agent answered
+it (its ``session/new``, ``load`` or ``resume`` answer less the id: ``modes``,
+``models``, ``configOptions``), with the changes the setters made through
+``set_setting`` (a setter ``forward``ed with the session's id, whose success is
+recorded there: the current mode, the current model, the options the agent answered);
+what the agent reports on its own (``current_mode_update``) reaches the session's
+stream only.
 
 Agents offered while the bridge runs: ``add_agents`` adds them (pool, client, a share
 of the session cap) in one step with no await, so every caller sees an agent whole or
@@ -117,6 +125,23 @@ class AgentCallsAPI:
         session = self.get_session(session_id)
         return await (await self._agent_of(session)).request(method, params)
 
+    async def agent_state(self, session_id: str) -> dict[str, Any]:
+        """The session's state as its agent answered it (the module docstring), the
+        agent side restored first."""
+        session = self.get_session(session_id)
+        await self._agent_of(session)
+        return {k: v for k, v in session.agent_result.items() if k != "sessionId"}
+
+    async def set_setting(self, session_id: str, method: str, params: dict[str, Any]) -> Any:
+        """``session/set_mode``, ``session/set_model`` or ``session/set_config_option``
+        with ``params`` (the session's id added), forwarded; the agent's answer, its
+        change recorded in ``agent_state``."""
+        session = self.get_session(session_id)
+        answer = await (await self._agent_of(session)).request(
+            method, {**params, "sessionId": session_id})
+        _record(session.agent_result, method, params, answer)
+        return answer
+
     async def forward_notification(self, session_id: str, method: str, params: Any) -> None:
         """The same for an ACP notification."""
         session = self.get_session(session_id)
@@ -154,3 +179,14 @@ class AgentCallsAPI:
     def _foreign_message(self, agent: str, method: str) -> None:   # bridge.agent_client
         self._foreign_dropped += 1
         self.observer.foreign_message_dropped(agent, method)
+
+
+def _record(state: dict[str, Any], method: str, params: dict[str, Any], answer: Any) -> None:
+    """A setter's success in a session's state (``AgentCallsAPI.agent_state``)."""
+    modes, models = state.get("modes"), state.get("models")
+    if method == "session/set_mode" and isinstance(modes, dict):
+        state["modes"] = {**modes, "currentModeId": params.get("modeId")}
+    elif method == "session/set_model" and isinstance(models, dict):
+        state["models"] = {**models, "currentModelId": params.get("modelId")}
+    elif isinstance(answer, dict) and isinstance(answer.get("configOptions"), list):
+        state["configOptions"] = answer["configOptions"]   # set_config_option's answer
