@@ -6,7 +6,6 @@ offered while the bridge runs.
     await bridge.forward_notification(session_id, "session/cancel", {"sessionId": sid})
     bridge.agent_capability("qwen", "sessionCapabilities", "fork")   # None: not offered
     state = await bridge.agent_state(session_id)   # {"modes": {...}, "models": ..., ...}
-    await bridge.set_setting(session_id, "session/set_mode", {"modeId": "plan"})
     [a.name for a in bridge.list_agents()]                            # the default first
     bridge.agent_finder = catalog       # lists agents again (bridge.agents.catalog)
     bridge.add_agents({"llama3:8b": factory})                         # offered from now on
@@ -19,9 +18,8 @@ after restoring the agent side of a session restored from the journal
 (``SessionNotRestorableError`` when it cannot be); an unknown agent name is
 ``AgentNotFoundError``. ``agent_state`` is the session's state as the agent answered
 it (its ``session/new``, ``load`` or ``resume`` answer less the id: ``modes``,
-``models``, ``configOptions``), with the changes the setters made through
-``set_setting`` (a setter ``forward``ed with the session's id, whose success is
-recorded there: the current mode, the current model, the options the agent answered);
+``models``, ``configOptions``), with the changes the setters ``forward``ed made (``SETTERS``, any door: a success is
+recorded there, the current mode, the current model, the options the agent answered);
 what the agent reports on its own (``current_mode_update``) reaches the session's
 stream only.
 
@@ -55,6 +53,8 @@ if TYPE_CHECKING:
     from bridge.session import Session
 
 
+# the setters whose success ``forward`` records in the session's state (``agent_state``)
+SETTERS = frozenset({"session/set_mode", "session/set_model", "session/set_config_option"})
 LISTING_WAIT_S = 2.0   # a listing of the agents waits at most this long for the finder
 
 
@@ -121,9 +121,13 @@ class AgentCallsAPI:
 
     async def forward(self, session_id: str, method: str, params: Any) -> Any:
         """Send an ACP request the bridge has no rule for (``session/set_mode``, ...)
-        to the session's agent, unchanged; its answer, unchanged."""
+        to the session's agent, unchanged; its answer, unchanged (a setter's success
+        recorded in ``agent_state``)."""
         session = self.get_session(session_id)
-        return await (await self._agent_of(session)).request(method, params)
+        answer = await (await self._agent_of(session)).request(method, params)
+        if method in SETTERS and isinstance(params, dict):
+            _record(session.agent_result, method, params, answer)
+        return answer
 
     async def agent_state(self, session_id: str) -> dict[str, Any]:
         """The session's state as its agent answered it (the module docstring), the
@@ -131,16 +135,6 @@ class AgentCallsAPI:
         session = self.get_session(session_id)
         await self._agent_of(session)
         return {k: v for k, v in session.agent_result.items() if k != "sessionId"}
-
-    async def set_setting(self, session_id: str, method: str, params: dict[str, Any]) -> Any:
-        """``session/set_mode``, ``session/set_model`` or ``session/set_config_option``
-        with ``params`` (the session's id added), forwarded; the agent's answer, its
-        change recorded in ``agent_state``."""
-        session = self.get_session(session_id)
-        answer = await (await self._agent_of(session)).request(
-            method, {**params, "sessionId": session_id})
-        _record(session.agent_result, method, params, answer)
-        return answer
 
     async def forward_notification(self, session_id: str, method: str, params: Any) -> None:
         """The same for an ACP notification."""

@@ -22,7 +22,8 @@ Contracts (``docs/rest.md``):
   ``modes.availableModes``): another (or a mode that is not a string) is qwen's 400
   ``invalid_approval_mode`` with ``allowed``, the session's agent's ids (``[]`` for an
   agent with no modes), and the agent is not asked. ``previous`` is the agent's current
-  mode as last known (its session answer, then the modes set here).
+  mode as last known (its session answer, then the modes set through either door:
+  ``Bridge.agent_state``).
 * ``model`` is ``session/set_model`` when the agent advertises ``models``, else
   ``session/set_config_option`` on its option of category ``model`` when it has one
   (else ``session/set_model`` all the same); the answer is the agent's, as qwen's.
@@ -60,7 +61,7 @@ MAX_MESSAGE = 1000        # characters of the agent's message in an answer
 async def _set(bridge: Bridge, session_id: str, method: str, params: dict[str, Any]) -> Any:
     """The setter on the agent; its JSON-RPC error is the door's ``agent_refused``."""
     try:
-        return await bridge.set_setting(session_id, method, params)
+        return await bridge.forward(session_id, method, {**params, "sessionId": session_id})
     except AgentError as exc:
         body: dict[str, Any] = {"error": str(exc.message)[:MAX_MESSAGE] or "Refused by the agent",
                                 "code": "agent_refused", "rpcCode": exc.rpc_code}
