@@ -6,6 +6,7 @@ offered while the bridge runs.
     await bridge.forward_notification(session_id, "session/cancel", {"sessionId": sid})
     bridge.agent_capability("qwen", "sessionCapabilities", "fork")   # None: not offered
     state = await bridge.agent_state(session_id)   # {"modes": {...}, "models": ..., ...}
+    previous = await bridge.set_mode(session_id, "plan")   # "default"
     [a.name for a in bridge.list_agents()]                            # the default first
     bridge.agent_finder = catalog       # lists agents again (bridge.agents.catalog)
     bridge.add_agents({"llama3:8b": factory})                         # offered from now on
@@ -19,7 +20,8 @@ after restoring the agent side of a session restored from the journal
 ``AgentNotFoundError``. ``agent_state`` is the session's state as the agent answered
 it (its ``session/new``, ``load`` or ``resume`` answer less the id: ``modes``,
 ``models``, ``configOptions``), with the changes the setters ``forward``ed made (``SETTERS``, any door: a success is
-recorded there, the current mode, the current model, the options the agent answered);
+recorded there, the current mode, the current model, the options the agent answered;
+one setter at a time per session: ``set_mode`` answers the mode it replaced);
 what the agent reports on its own (``current_mode_update``) reaches the session's
 stream only.
 
@@ -124,10 +126,25 @@ class AgentCallsAPI:
         to the session's agent, unchanged; its answer, unchanged (a setter's success
         recorded in ``agent_state``)."""
         session = self.get_session(session_id)
-        answer = await (await self._agent_of(session)).request(method, params)
-        if method in SETTERS and isinstance(params, dict):
+        if method not in SETTERS or not isinstance(params, dict):
+            return await (await self._agent_of(session)).request(method, params)
+        async with session.setting:
+            answer = await (await self._agent_of(session)).request(method, params)
             _record(session.agent_result, method, params, answer)
-        return answer
+            return answer
+
+    async def set_mode(self, session_id: str, mode_id: str) -> Any:
+        """``session/set_mode`` forwarded; the mode before it as last known (``None``
+        when the agent reported none), read and changed under the session's setter
+        lock, so two at once each get the one the other left."""
+        session = self.get_session(session_id)
+        async with session.setting:
+            modes = session.agent_result.get("modes")
+            previous = modes.get("currentModeId") if isinstance(modes, dict) else None
+            params = {"sessionId": session_id, "modeId": mode_id}
+            answer = await (await self._agent_of(session)).request("session/set_mode", params)
+            _record(session.agent_result, "session/set_mode", params, answer)
+        return previous
 
     async def agent_state(self, session_id: str) -> dict[str, Any]:
         """The session's state as its agent answered it (the module docstring), the

@@ -40,6 +40,7 @@ Contracts (``docs/rest.md``):
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import Any
 
 from starlette.requests import Request
@@ -60,8 +61,13 @@ MAX_MESSAGE = 1000        # characters of the agent's message in an answer
 
 async def _set(bridge: Bridge, session_id: str, method: str, params: dict[str, Any]) -> Any:
     """The setter on the agent; its JSON-RPC error is the door's ``agent_refused``."""
+    return await _refused_as_rest(
+        bridge.forward(session_id, method, {**params, "sessionId": session_id}))
+
+
+async def _refused_as_rest(call: Awaitable[Any]) -> Any:
     try:
-        return await bridge.forward(session_id, method, {**params, "sessionId": session_id})
+        return await call
     except AgentError as exc:
         body: dict[str, Any] = {"error": str(exc.message)[:MAX_MESSAGE] or "Refused by the agent",
                                 "code": "agent_refused", "rpcCode": exc.rpc_code}
@@ -99,9 +105,7 @@ async def set_approval_mode(request: Request, *, bridge: Bridge, config: RestCon
         raise bad_request("`planMode` must be a boolean with a non-plan execution mode",
                           "invalid_plan_mode")
     wire.client_id(request)
-    modes = state.get("modes")
-    previous = modes.get("currentModeId") if isinstance(modes, dict) else None
-    await _set(bridge, session_id, "session/set_mode", {"modeId": body.mode})
+    previous = await _refused_as_rest(bridge.set_mode(session_id, body.mode))
     return json_response(200, wire.ApprovalModeSet(
         sessionId=session_id, mode=body.mode,
         previous=previous if isinstance(previous, str) else body.mode, persisted=False))

@@ -7,6 +7,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import anyio
 import anyio.abc
 import pytest
 
@@ -40,6 +41,27 @@ async def test_approval_mode_sets_the_agents_mode(server: RunningServer) -> None
     modes = [data["data"]["update"]["currentModeId"] for kind, data in frames
              if data["data"].get("update", {}).get("sessionUpdate") == "current_mode_update"]
     assert modes == ["plan", "auto-edit"]
+
+
+async def test_approval_modes_at_once_chain(server: RunningServer) -> None:
+    """Modes set at once are set one at a time: each ``previous`` is the mode the other
+    left (never both ``default``), as qwen queues them."""
+    sid = (await server.create_session())["sessionId"]
+    answers: dict[str, Any] = {}
+
+    async def one(mode: str) -> None:
+        answers[mode] = await _post(server, sid, "approval-mode", {"mode": mode})
+
+    async with anyio.create_task_group() as tg:
+        for mode in ("plan", "yolo", "auto-edit"):
+            tg.start_soon(one, mode)
+    chain = {body["previous"]: body["mode"] for _status, body in answers.values()}
+    assert len(chain) == 3 and "default" in chain
+    mode, seen = "default", []
+    while mode in chain:
+        mode = chain[mode]
+        seen.append(mode)
+    assert sorted(seen) == ["auto-edit", "plan", "yolo"]
 
 
 async def test_approval_mode_errors(server: RunningServer) -> None:
