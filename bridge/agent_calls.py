@@ -22,8 +22,8 @@ it (its ``session/new``, ``load`` or ``resume`` answer less the id: ``modes``,
 ``models``, ``configOptions``), with the changes the setters ``forward``ed made (``SETTERS``, any door: a success is
 recorded there, the current mode, the current model, the options the agent answered;
 one setter at a time per session: ``set_mode`` answers the mode it replaced);
-what the agent reports on its own (``current_mode_update``) reaches the session's
-stream only.
+and what the agent reports on its own (``current_mode_update``,
+``config_option_update``: ``bridge.agent_state``).
 
 Agents offered while the bridge runs: ``add_agents`` adds them (pool, client, a share
 of the session cap) in one step with no await, so every caller sees an agent whole or
@@ -43,6 +43,7 @@ import anyio
 import anyio.abc
 
 from bridge.agent_client import AgentSide
+from bridge.agent_state import record
 from bridge.agents.base import AgentConnection, AgentFactory
 from bridge.errors import AgentNotFoundError, AgentRequestTimeoutError, SessionNotRestorableError
 from bridge.status import AgentStatus
@@ -130,7 +131,7 @@ class AgentCallsAPI:
             return await (await self._agent_of(session)).request(method, params)
         async with session.setting:
             answer = await (await self._agent_of(session)).request(method, params)
-            _record(session.agent_result, method, params, answer)
+            record(session.agent_result, method, params, answer)
             return answer
 
     async def set_mode(self, session_id: str, mode_id: str) -> Any:
@@ -143,7 +144,7 @@ class AgentCallsAPI:
             previous = modes.get("currentModeId") if isinstance(modes, dict) else None
             params = {"sessionId": session_id, "modeId": mode_id}
             answer = await (await self._agent_of(session)).request("session/set_mode", params)
-            _record(session.agent_result, "session/set_mode", params, answer)
+            record(session.agent_result, "session/set_mode", params, answer)
         return previous
 
     async def agent_state(self, session_id: str) -> dict[str, Any]:
@@ -191,13 +192,3 @@ class AgentCallsAPI:
         self._foreign_dropped += 1
         self.observer.foreign_message_dropped(agent, method)
 
-
-def _record(state: dict[str, Any], method: str, params: dict[str, Any], answer: Any) -> None:
-    """A setter's success in a session's state (``AgentCallsAPI.agent_state``)."""
-    modes, models = state.get("modes"), state.get("models")
-    if method == "session/set_mode" and isinstance(modes, dict):
-        state["modes"] = {**modes, "currentModeId": params.get("modeId")}
-    elif method == "session/set_model" and isinstance(models, dict):
-        state["models"] = {**models, "currentModelId": params.get("modelId")}
-    elif isinstance(answer, dict) and isinstance(answer.get("configOptions"), list):
-        state["configOptions"] = answer["configOptions"]   # set_config_option's answer

@@ -22,8 +22,8 @@ Contracts (``docs/rest.md``):
   ``modes.availableModes``): another (or a mode that is not a string) is qwen's 400
   ``invalid_approval_mode`` with ``allowed``, the session's agent's ids (``[]`` for an
   agent with no modes), and the agent is not asked. ``previous`` is the agent's current
-  mode as last known (its session answer, then the modes set through either door:
-  ``Bridge.agent_state``).
+  mode as last known (its session answer, the modes set through either door, the
+  agent's own reports: ``bridge.agent_state``); setters run one at a time per session.
 * ``model`` is ``session/set_model`` when the agent advertises ``models``, else
   ``session/set_config_option`` on its option of category ``model`` when it has one
   (else ``session/set_model`` all the same); the answer is the agent's, as qwen's.
