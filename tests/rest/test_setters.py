@@ -166,3 +166,59 @@ async def test_the_agent_failing(tmp_path: Path, failure: BaseException, status:
                 assert answer.json()["error"] == str(failure)
             else:
                 assert answer.headers["Retry-After"] == "5"
+
+
+class _OptionsOnly:
+    """An agent whose model and effort are config options (``model``, ``effort``):
+    no ``models``; it records the setters it is sent and answers its options."""
+
+    name = "reference"
+
+    def __init__(self) -> None:
+        self.inner = ReferenceAgentFactory()
+        self.sent: list[tuple[str, Any]] = []
+
+    async def connect(self, client: Any, task_group: anyio.abc.TaskGroup) -> Any:
+        inner, sent = await self.inner.connect(client, task_group), self.sent
+        options = [{"id": "model", "category": "model", "type": "select", "currentValue": "a"},
+                   {"id": "effort", "category": "thought_level", "type": "select",
+                    "currentValue": "low"}]
+
+        class Connection:
+            closed = property(lambda self: inner.closed)
+
+            async def request(self, method: str, params: Any) -> Any:
+                if method.startswith("session/set_"):
+                    sent.append((method, params))
+                    return {"configOptions": options}
+                answer = await inner.request(method, params)
+                if method == "session/new":
+                    return {"sessionId": answer["sessionId"], "configOptions": options}
+                return answer
+
+            async def notify(self, method: str, params: Any) -> None:
+                await inner.notify(method, params)
+
+            async def aclose(self) -> None:
+                await inner.aclose()
+
+        return Connection()
+
+
+async def test_model_and_effort_as_config_options(tmp_path: Path) -> None:
+    """An agent with no ``models`` but a ``model`` option: ``/model`` sets that option;
+    qwen's ``reasoning_effort`` names the agent's one ``thought_level`` option."""
+    agent = _OptionsOnly()
+    async with running_server(tmp_path, agent_factory=agent) as srv:
+        sid = (await srv.create_session())["sessionId"]
+        assert (await srv.client.post(f"/session/{sid}/model", json={"modelId": "b"})
+                ).status_code == 200
+        effort = await srv.client.post(f"/session/{sid}/config-option",
+                                       json={"configId": "reasoning_effort", "value": "high"})
+        assert effort.status_code == 200, effort.text
+        modes = await srv.client.post(f"/session/{sid}/approval-mode", json={"mode": "plan"})
+        assert (modes.status_code, modes.json()["allowed"]) == (400, [])   # no modes
+    assert agent.sent == [
+        ("session/set_config_option", {"configId": "model", "value": "b", "sessionId": sid}),
+        ("session/set_config_option", {"configId": "effort", "value": "high",
+                                       "sessionId": sid})]
