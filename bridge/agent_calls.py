@@ -6,6 +6,8 @@ offered while the bridge runs.
     info = await bridge.start_agent()   # the default agent, started: its initialize answer
     await bridge.forward_notification(session_id, "session/cancel", {"sessionId": sid})
     bridge.agent_capability("qwen", "sessionCapabilities", "fork")   # None: not offered
+    state = await bridge.agent_state(session_id)   # {"modes": {...}, "models": ..., ...}
+    previous = await bridge.set_mode(session_id, "plan")   # "default"
     [a.name for a in bridge.list_agents()]                            # the default first
     bridge.agent_finder = catalog       # lists agents again (bridge.agents.catalog)
     bridge.add_agents({"llama3:8b": factory})                         # offered from now on
@@ -16,7 +18,13 @@ offered while the bridge runs.
 ``forward`` and ``forward_notification`` pass the agent's answer through unchanged,
 after restoring the agent side of a session restored from the journal
 (``SessionNotRestorableError`` when it cannot be); an unknown agent name is
-``AgentNotFoundError``.
+``AgentNotFoundError``. ``agent_state`` is the session's state as the agent answered
+it (its ``session/new``, ``load`` or ``resume`` answer less the id: ``modes``,
+``models``, ``configOptions``), with the changes the setters ``forward``ed made (``SETTERS``, any door: a success is
+recorded there, the current mode, the current model, the options the agent answered;
+one setter at a time per session: ``set_mode`` answers the mode it replaced);
+and what the agent reports on its own (``current_mode_update``,
+``config_option_update``: ``bridge.agent_state``).
 
 Agents offered while the bridge runs: ``add_agents`` adds them (pool, client, a share
 of the session cap) in one step with no await, so every caller sees an agent whole or
@@ -36,6 +44,7 @@ import anyio
 import anyio.abc
 
 from bridge.agent_client import AgentSide
+from bridge.agent_state import record
 from bridge.agents.base import AgentConnection, AgentFactory
 from bridge.errors import AgentNotFoundError, AgentRequestTimeoutError, SessionNotRestorableError
 from bridge.journaling import session_record
@@ -50,6 +59,8 @@ if TYPE_CHECKING:
     from bridge.session import Session
 
 
+# the setters whose success ``forward`` records in the session's state (``agent_state``)
+SETTERS = frozenset({"session/set_mode", "session/set_model", "session/set_config_option"})
 LISTING_WAIT_S = 2.0   # a listing of the agents waits at most this long for the finder
 
 
@@ -143,9 +154,35 @@ class AgentCallsAPI:
 
     async def forward(self, session_id: str, method: str, params: Any) -> Any:
         """Send an ACP request the bridge has no rule for (``session/set_mode``, ...)
-        to the session's agent, unchanged; its answer, unchanged."""
+        to the session's agent, unchanged; its answer, unchanged (a setter's success
+        recorded in ``agent_state``)."""
         session = self.get_session(session_id)
-        return await (await self._agent_of(session)).request(method, params)
+        if method not in SETTERS or not isinstance(params, dict):
+            return await (await self._agent_of(session)).request(method, params)
+        async with session.setting:
+            answer = await (await self._agent_of(session)).request(method, params)
+            record(session.agent_result, method, params, answer)
+            return answer
+
+    async def set_mode(self, session_id: str, mode_id: str) -> Any:
+        """``session/set_mode`` forwarded; the mode before it as last known (``None``
+        when the agent reported none), read and changed under the session's setter
+        lock, so two at once each get the one the other left."""
+        session = self.get_session(session_id)
+        async with session.setting:
+            modes = session.agent_result.get("modes")
+            previous = modes.get("currentModeId") if isinstance(modes, dict) else None
+            params = {"sessionId": session_id, "modeId": mode_id}
+            answer = await (await self._agent_of(session)).request("session/set_mode", params)
+            record(session.agent_result, "session/set_mode", params, answer)
+        return previous
+
+    async def agent_state(self, session_id: str) -> dict[str, Any]:
+        """The session's state as its agent answered it (the module docstring), the
+        agent side restored first."""
+        session = self.get_session(session_id)
+        await self._agent_of(session)
+        return {k: v for k, v in session.agent_result.items() if k != "sessionId"}
 
     async def forward_setting(self, session_id: str, method: str, params: Any) -> Any:
         """``forward`` of a setting (``bridge.settings``): once the agent accepted it,
@@ -198,3 +235,4 @@ class AgentCallsAPI:
     def _foreign_message(self, agent: str, method: str) -> None:   # bridge.agent_client
         self._foreign_dropped += 1
         self.observer.foreign_message_dropped(agent, method)
+

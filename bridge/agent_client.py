@@ -28,6 +28,7 @@ import msgspec
 
 from bridge import events as ev
 from bridge import fs
+from bridge.agent_state import reported
 from bridge.agents.base import RESOURCE_NOT_FOUND, RequestError
 from bridge.errors import AgentDiedError
 from bridge.loggable import loggable
@@ -67,6 +68,7 @@ class AgentSide:
         session = self._own(session_id, "session/update")
         if session is None or session.replaying:   # a restore's replay: journaled already
             return
+        reported(session.agent_result, params)   # its mode, its options (agent_state)
         if session.straggler is not None:   # of a turn given up on (``bridge.turn``)
             return
         prompt_id = session.active.prompt_id if session.active is not None else None

@@ -117,6 +117,7 @@ class Session:
         # even while that agent is not configured here (bridge.restore)
         self.agent_name = ""
         self.agent_result: dict[str, Any] = {}   # the agent's session/new (load, ...) answer
+        self.setting = anyio.Lock()   # one setter on the agent at a time (agent_calls)
         # How its prompts ended (bridge.status), kept across a close and a cold load.
         self.prompt_terminals = Terminals()
         self._work: deque[PendingPrompt | WorkItem] = deque()

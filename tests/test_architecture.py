@@ -164,8 +164,9 @@ def test_the_rules_see_the_imports() -> None:
 # bridge speaks ACP to its agents and passes their payloads through), an ACP ``_meta``
 # key of ours (``acp-server/requestedSessionId``), and the logging module's.
 ACP_NAMES = frozenset({
-    "agentCapabilities", "agentInfo", "authMethods", "clientCapabilities", "clientInfo",
-    "configId", "configOptions", "currentModeId", "currentModelId", "modeId", "modelId",
+    "agentCapabilities", "agentInfo", "authMethods", "availableModels", "availableModes",
+    "configId", "configOptions", "currentModeId", "currentModelId", "currentValue",
+    "modeId", "modelId", "clientCapabilities", "clientInfo",
     "elicitationId", "embeddedContext", "inputTokens", "loadSession", "mcpServers", "optionId",
     "outputTokens", "promptCapabilities", "protocolVersion", "rawInput", "readTextFile",
     "requestId", "requestedSessionId", "sessionCapabilities", "sessionId", "sessionUpdate",

@@ -27,6 +27,7 @@ from acp_server.rest import (
     permissions,
     prompts,
     sessions,
+    setters,
     workspace,
 )
 from acp_server.rest.config import RestConfig
@@ -52,6 +53,7 @@ def routes(bridge: Bridge, config: RestConfig, *,
             *health.routes(bridge, store), *capabilities.routes(bridge, config),
             *daemon.routes(bridge, config, lmsp_permissions=lmsp_permissions,
                            instances=instances, store=store),
-            *sessions.routes(bridge, config), *prompts.routes(bridge, config),
+            *sessions.routes(bridge, config), *setters.routes(bridge, config),
+            *prompts.routes(bridge, config),
             *events.routes(bridge, config), *permissions.routes(bridge, config),
             *workspace.routes(bridge), *ended.routes(bridge)]

@@ -34,6 +34,7 @@ FEATURES = (
     "slow_client_warning", "typed_event_schema", "client_identity", "client_heartbeat",
     "session_permission_vote", "permission_vote", "permission_mediation",
     "session_close", "session_branch", "session_status", "session_pending_prompts",
+    "session_approval_mode_control", "session_set_model",   # rest.setters
     "agent_profiles",
     "prompt_id_replay",   # ours: a prompt sent again under its promptId runs once
 )

@@ -76,7 +76,45 @@ class BranchBody(msgspec.Struct):
     atRecordId: Any = msgspec.UNSET
 
 
+class ApprovalModeBody(msgspec.Struct):
+    """``POST /session/{id}/approval-mode`` (qwen's): ``mode`` one of the agent's mode
+    ids; ``persist`` and ``planMode`` checked as qwen checks them, then not used."""
+    mode: Any = None
+    persist: Any = UNSET
+    planMode: Any = UNSET
+
+
+class ModelBody(msgspec.Struct):
+    """``POST /session/{id}/model`` (qwen's)."""
+    modelId: Any = None
+
+
+class ConfigOptionBody(msgspec.Struct):
+    """``POST /session/{id}/config-option`` (qwen's): ``configId`` one of the agent's
+    options (qwen's ``reasoning_effort`` stands for its ``thought_level`` one), ``value``
+    a non-empty string (or a boolean, for an ACP boolean option); ``persist`` checked,
+    then not used."""
+    configId: Any = None
+    value: Any = None
+    persist: Any = UNSET
+
+
 # -- response bodies ----------------------------------------------------------------------
+class ApprovalModeSet(msgspec.Struct):
+    """qwen's ``DaemonApprovalModeResult``: ``previous`` the mode before (the agent's
+    current mode as last known); ``persisted`` always ``false`` (no settings are written)."""
+    sessionId: str
+    mode: str
+    previous: str
+    persisted: bool
+
+
+class ConfigOptionSet(msgspec.Struct):
+    """qwen's ``DaemonSessionConfigOptionResult``: the agent's options after the change."""
+    configOptions: list[Any]
+    persisted: bool
+
+
 class SessionCreated(msgspec.Struct, omit_defaults=True):
     sessionId: str
     workspaceCwd: str
@@ -409,7 +447,7 @@ class EmptyObject(msgspec.Struct):
 _decoders: dict[type, msgspec.json.Decoder[Any]] = {
     t: msgspec.json.Decoder(t)
     for t in (CreateSessionBody, PromptBody, PermissionVoteBody, RestoreBody, EmptyBody,
-              BranchBody, CreateTokenBody)
+              BranchBody, CreateTokenBody, ApprovalModeBody, ModelBody, ConfigOptionBody)
 }
 
 

@@ -60,6 +60,11 @@ the least recently used sessions losing their oldest messages first). ``session/
 ``_meta["acp-server/transcript"]`` (``bridge.transcript``: how the server restores a
 journaled session on an agent that forgot it). The in-process factory keeps one
 store for all its connections, like an agent that persists sessions on disk.
+
+Each session has modes, models and a ``reasoning_effort`` option, answered by
+``session/new``, ``load``, ``resume`` and ``fork`` and changed by ``session/set_mode``,
+``session/set_model`` and ``session/set_config_option``
+(``bridge.agents.reference_settings``).
 """
 
 from __future__ import annotations

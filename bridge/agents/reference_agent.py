@@ -24,6 +24,7 @@ from typing import Any, Protocol
 import anyio
 
 from bridge.agents.base import RequestError
+from bridge.agents.reference_settings import SessionSettings
 from bridge.ids import uuid4_str
 from bridge.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND, RESOURCE_NOT_FOUND
 from bridge.transcript import seeded
@@ -113,6 +114,7 @@ class StoredSession:
     session_id: str
     cwd: str
     history: History  # ("user" | "agent", text)
+    settings: SessionSettings = field(default_factory=SessionSettings)
     counter: itertools.count = field(default_factory=lambda: itertools.count(1))
 
 
@@ -299,6 +301,9 @@ class ReferenceAgent:
             "session/fork": self._fork,
             "session/close": self._close,
             "session/list": self._list,
+            "session/set_mode": self._set_mode,
+            "session/set_model": self._set_model,
+            "session/set_config_option": self._set_config_option,
         }
 
     def dispatch(self, method: str, params: Any) -> Coroutine[Any, Any, Any]:
@@ -349,8 +354,8 @@ class ReferenceAgent:
         meta = params.get("_meta")
         requested = meta.get(REQUESTED_SESSION_ID_META) if isinstance(meta, dict) else None
         session_id = requested if isinstance(requested, str) and requested else uuid4_str()
-        self._store.create(session_id, cwd, seeded(meta))   # a restored session's transcript
-        return {"sessionId": session_id}
+        session = self._store.create(session_id, cwd, seeded(meta))   # restored: its transcript
+        return {"sessionId": session_id, **session.settings.state()}
 
     async def _load(self, params: dict[str, Any]) -> dict[str, Any]:
         session = self._session(params)
@@ -358,18 +363,18 @@ class ReferenceAgent:
         for role, text in list(session.history):
             kind = "user_message_chunk" if role == "user" else "agent_message_chunk"
             await self._update(session.session_id, {"sessionUpdate": kind, "content": _text(text)})
-        return {}
+        return session.settings.state()
 
     async def _resume(self, params: dict[str, Any]) -> dict[str, Any]:
         session = self._session(params)
         session.cwd = params.get("cwd") if isinstance(params.get("cwd"), str) else session.cwd
-        return {}
+        return session.settings.state()
 
     async def _fork(self, params: dict[str, Any]) -> dict[str, Any]:
         source = self._session(params)
         cwd = params.get("cwd") if isinstance(params.get("cwd"), str) else source.cwd
         fork = self._store.create(uuid4_str(), cwd, list(source.history))
-        return {"sessionId": fork.session_id}
+        return {"sessionId": fork.session_id, **fork.settings.state()}
 
     async def _close(self, params: dict[str, Any]) -> dict[str, Any]:
         # Keeps the history (a later session/load still works); stops the running turn.
@@ -387,6 +392,23 @@ class ReferenceAgent:
             if not isinstance(cwd, str) or s.cwd == cwd
         ]
         return {"sessions": sessions}
+
+    # -- settings (bridge.agents.reference_settings)
+
+    async def _set_mode(self, params: dict[str, Any]) -> dict[str, Any]:
+        session = self._session(params)
+        await self._update(session.session_id, session.settings.set_mode(params.get("modeId")))
+        return {}
+
+    async def _set_model(self, params: dict[str, Any]) -> dict[str, Any]:
+        self._session(params).settings.set_model(params.get("modelId"))
+        return {}
+
+    async def _set_config_option(self, params: dict[str, Any]) -> dict[str, Any]:
+        session = self._session(params)
+        update = session.settings.set_option(params.get("configId"), params.get("value"))
+        await self._update(session.session_id, update)
+        return {"configOptions": update["configOptions"]}
 
     # -- prompt turns
 

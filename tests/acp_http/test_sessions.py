@@ -8,7 +8,10 @@ from typing import Any
 import anyio
 import pytest
 
+from bridge.agents.reference_settings import SessionSettings
 from tests.acp_http.server import RunningAcpServer, request, said, text
+
+REFERENCE_STATE = SessionSettings().state()   # the reference agent's, unchanged
 
 pytestmark = pytest.mark.anyio
 
@@ -98,11 +101,12 @@ async def test_agent_error_passthrough_and_internal(server: RunningAcpServer) ->
             reply = await session_stream.wait_for_id(2)
             assert reply["error"]["code"] == -32603
             assert reply["error"]["message"] == "Reference agent failure (/fail)"
-            # Forwarded method the reference agent does not know: its -32601 passes through.
+            # A forwarded method's error passes through: a mode the agent does not have.
             await server.post(conn_id, request(3, "session/set_mode",
                                                {"sessionId": sid, "modeId": "x"}), sid)
             reply = await session_stream.wait_for_id(3)
-            assert reply["error"]["code"] == -32601
+            assert reply["error"] == {"code": -32602, "message": 'Unknown mode "x"',
+                                      "data": {"modeId": "x"}}
 
 
 async def test_bad_params_and_unknown_session(server: RunningAcpServer) -> None:
@@ -135,7 +139,7 @@ async def test_a_live_session_loaded_without_its_stream_answers_behind_the_histo
         await server.post(other, request(3, "session/load",
                                          {"sessionId": sid, "cwd": server.workspace,
                                           "mcpServers": []}), sid)
-        assert (await other_stream.wait_for_id(3))["result"] == {}
+        assert (await other_stream.wait_for_id(3))["result"] == REFERENCE_STATE
         before = other_stream.messages[:other_stream.messages.index(
             next(m for m in other_stream.messages if m.get("id") == 3))]
         assert said(before) == "Echo: remember me"
@@ -157,7 +161,7 @@ async def test_a_history_longer_than_the_stream_buffer_is_paced_not_cut(
         await server.post(other, request(3, "session/load",
                                          {"sessionId": sid, "cwd": server.workspace,
                                           "mcpServers": []}), sid)
-        assert (await other_stream.wait_for_id(3, timeout=60))["result"] == {}
+        assert (await other_stream.wait_for_id(3, timeout=60))["result"] == REFERENCE_STATE
         chunks = [m for m in other_stream.messages if m.get("method") == "session/update"
                   and m["params"]["update"]["sessionUpdate"] == "agent_message_chunk"]
         assert len(chunks) == 3000
@@ -183,14 +187,14 @@ async def test_list_close_resume_load(server: RunningAcpServer) -> None:
                 await server.post(other, request(5, "session/load",
                                                  {"sessionId": sid, "cwd": server.workspace,
                                                   "mcpServers": []}), sid)
-                assert (await other_stream.wait_for_id(5))["result"] == {}
+                assert (await other_stream.wait_for_id(5))["result"] == REFERENCE_STATE
                 update = await restored.wait_for(
                     lambda m: m.get("method") == "session/update"
                     and m["params"]["update"]["sessionUpdate"] == "agent_message_chunk")
                 assert update["params"]["update"]["content"]["text"] == "Echo: remember me"
                 await server.post(other, request(6, "session/resume",
                                                  {"sessionId": sid, "cwd": server.workspace}))
-                assert (await other_stream.wait_for_id(6))["result"] == {}
+                assert (await other_stream.wait_for_id(6))["result"] == REFERENCE_STATE
         await server.post(other, request(7, "authenticate", {"methodId": "x"}))
 
 
@@ -310,7 +314,7 @@ async def test_set_model_without_session_header(server: RunningAcpServer) -> Non
         assert response.status_code == 202
         async with server.stream(conn_id, sid) as session_stream:
             reply = await session_stream.wait_for_id(3)
-            assert reply["error"]["code"] == -32601   # the reference agent has no models
+            assert reply["error"]["code"] == -32602   # a model the reference agent lacks
 
 
 async def test_a_question_resolved_elsewhere_is_withdrawn(server: RunningAcpServer) -> None:

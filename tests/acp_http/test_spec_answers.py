@@ -47,7 +47,8 @@ class _StatefulConnection:
             caps["nes"] = {"events": {}}
             caps["positionEncoding"] = "utf-16"
         elif method in ("session/new", "session/load", "session/resume"):
-            result = {**result, "modes": copy.deepcopy(MODES), "configOptions": CONFIG}
+            result = {**{k: v for k, v in result.items() if k != "models"},
+                      "modes": copy.deepcopy(MODES), "configOptions": CONFIG}
         return result
 
     async def notify(self, method: str, params: Any) -> None:

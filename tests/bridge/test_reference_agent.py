@@ -17,6 +17,7 @@ from bridge.agents.reference import (
     parse_directives,
 )
 from bridge.agents.reference_agent import split_chunks
+from bridge.agents.reference_settings import SessionSettings
 from bridge.errors import AgentDiedError, AgentError
 from tests.bridge.fake_agent_client import CANCELLED, REJECT, FakeClient, prompt
 
@@ -239,7 +240,8 @@ async def test_load_replays_history_and_unknown_session() -> None:
     # A new connection of the same factory sees the stored history (like a restart).
     client = FakeClient()
     async with connected(client, factory) as conn:
-        assert await conn.request("session/load", {"sessionId": sid, "cwd": "/work", "mcpServers": []}) == {}
+        assert await conn.request("session/load", {"sessionId": sid, "cwd": "/work", "mcpServers": []}) == \
+            SessionSettings().state()
         replay = [(u["sessionUpdate"], u["content"]["text"]) for u in client.session_updates(sid)]
         assert replay == [
             ("user_message_chunk", "one"),
@@ -258,7 +260,8 @@ async def test_resume_fork_list_close() -> None:
         sid = await new_session(conn, cwd="/a")
         await conn.request("session/prompt", prompt(sid, "base"))
         client.clear()
-        assert await conn.request("session/resume", {"sessionId": sid, "cwd": "/a"}) == {}
+        assert await conn.request("session/resume", {"sessionId": sid, "cwd": "/a"}) == \
+            SessionSettings().state()
         assert client.updates == []  # no replay
         with pytest.raises(AgentError) as info:
             await conn.request("session/resume", {"sessionId": "missing", "cwd": "/a"})
@@ -396,3 +399,37 @@ async def test_aclose_fails_pending_calls_without_connection_lost() -> None:
         with pytest.raises(AgentDiedError):
             await conn.notify("session/cancel", {"sessionId": sid})
     assert client.lost == []
+
+
+async def test_session_settings() -> None:
+    """The reference agent's modes, models and ``reasoning_effort``: advertised by
+    ``session/new``, set by their setters (a mode and an option reported by a
+    ``session/update``), kept by ``session/load``; an id it does not have is -32602
+    and changes nothing."""
+    client = FakeClient()
+    async with connected(client) as conn:
+        created = await conn.request("session/new", {"cwd": "/w", "mcpServers": []})
+        sid = created.pop("sessionId")
+        assert created == SessionSettings().state()
+        assert [m["id"] for m in created["modes"]["availableModes"]] == \
+            ["default", "plan", "auto-edit", "yolo"]
+        assert await conn.request("session/set_mode", {"sessionId": sid, "modeId": "plan"}) == {}
+        assert await conn.request("session/set_model",
+                                  {"sessionId": sid, "modelId": "reference-large"}) == {}
+        options = await conn.request("session/set_config_option", {
+            "sessionId": sid, "configId": "reasoning_effort", "value": "high"})
+        assert options["configOptions"][0]["currentValue"] == "high"
+        assert [u["sessionUpdate"] for u in client.session_updates(sid)] == \
+            ["current_mode_update", "config_option_update"]
+        for method, params in [("session/set_mode", {"modeId": "auto"}),
+                               ("session/set_model", {"modelId": "gpt"}),
+                               ("session/set_config_option", {"configId": "x", "value": "y"}),
+                               ("session/set_config_option",
+                                {"configId": "reasoning_effort", "value": 3})]:
+            with pytest.raises(AgentError) as info:
+                await conn.request(method, {"sessionId": sid, **params})
+            assert info.value.rpc_code == -32602, method
+        state = await conn.request("session/load", {"sessionId": sid, "cwd": "/w",
+                                                    "mcpServers": []})
+        assert (state["modes"]["currentModeId"], state["models"]["currentModelId"],
+                state["configOptions"][0]["currentValue"]) == ("plan", "reference-large", "high")

@@ -2,7 +2,7 @@
 // `qwen serve` 0.24.4. Driven by tests/clients/test_qwen_sdk_compat.py.
 //
 //   node qwen_sdk_compat.mjs <sdk folder> <base url> pending|branch|heartbeat|status|echo|stream
-//                                                     |session-status|attach
+//                                                     |session-status|attach|setters
 //   node qwen_sdk_compat.mjs <sdk folder> - known '[envelope, …]'   (no server)
 //
 // `pending`: DaemonClient.removePendingPrompt (200 {removed}) on a queued prompt, then
@@ -13,7 +13,8 @@
 // DaemonClient.sessionStatus through a failed turn. `attach`: DaemonSessionClient's
 // hasActivePrompt on an attach. `echo`: a prompt's
 // originatorClientId as normalizeDaemonEvent reads it. `stream`: events() under a
-// client id the server does not know. `known`: the SDK's typed reader
+// client id the server does not know. `setters`: DaemonClient.setSessionApprovalMode,
+// DaemonSessionClient.setModel and setConfigOption, and what they refuse. `known`: the SDK's typed reader
 // (`isKnownDaemonEvent`) on each event envelope given.
 // Prints one JSON object of what the SDK reported.
 import { pathToFileURL } from "node:url";
@@ -190,7 +191,31 @@ async function stream() {
   return { seen };
 }
 
+// qwen's setters, as its SDK calls them (no capability checked), on the reference
+// agent: a mode, a model, reasoning_effort; a qwen mode the agent lacks, a model it
+// refuses; the agent's updates on the stream.
+async function setters() {
+  const client = new DaemonClient({ baseUrl });
+  const s = await DaemonSessionClient.createOrAttach(client, { sessionScope: "thread" });
+  const mode = await outcome(() => client.setSessionApprovalMode(s.sessionId, "plan",
+                                                                 { clientId: s.clientId }));
+  const again = await outcome(() => client.setSessionApprovalMode(s.sessionId, "yolo"));
+  const lacking = await outcome(() => client.setSessionApprovalMode(s.sessionId, "auto"));
+  const model = await outcome(() => s.setModel("reference-large"));
+  const refused = await outcome(() => s.setModel("gpt-9"));
+  const option = await outcome(() => s.setConfigOption("reasoning_effort", "high"));
+  const updates = [];
+  for await (const ev of client.subscribeEvents(s.sessionId, { lastEventId: 0 })) {
+    const update = ev.data && ev.data.update;
+    if (update) updates.push(update.sessionUpdate);
+    if (update && update.sessionUpdate === "config_option_update") break;
+  }
+  await s.close();
+  return { sessionId: s.sessionId, mode, again, lacking, model, refused, option, updates };
+}
+
 const out = mode === "pending" ? await pending()
+  : mode === "setters" ? await setters()
   : mode === "stream" ? await stream()
   : mode === "echo" ? await echo()
   : mode === "status" ? await status()

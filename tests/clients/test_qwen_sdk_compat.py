@@ -162,3 +162,27 @@ async def test_slow_client_warning_is_typed(qwen_sdk: str) -> None:
     known = await run_script("qwen_sdk_compat.mjs", qwen_sdk, "-", "known",
                              json.dumps(warnings))
     assert known == [True, True]
+
+
+async def test_session_setters(qwen_sdk: str, tmp_path: Path) -> None:
+    """qwen's setters as its SDK calls them (they were 404): ``setSessionApprovalMode``
+    gets ``{sessionId, mode, previous, persisted}``, a qwen mode the agent does not
+    offer is qwen's 400 ``invalid_approval_mode``; ``setModel`` the agent's answer, a
+    model it refuses 400 ``agent_refused``; ``setConfigOption`` ``{configOptions,
+    persisted}``; the agent's mode and option updates reach the stream."""
+    async with running_acp_server(tmp_path) as srv:
+        r = await run_script("qwen_sdk_compat.mjs", qwen_sdk, srv.base_url, "setters")
+    sid = r["sessionId"]
+    assert r["mode"] == {"value": {"sessionId": sid, "mode": "plan", "previous": "default",
+                                   "persisted": False}}
+    assert r["again"]["value"]["previous"] == "plan"
+    assert (r["lacking"]["error"]["status"], r["lacking"]["error"]["code"]) == \
+        (400, "invalid_approval_mode")
+    assert r["model"] == {"value": {}}
+    assert (r["refused"]["error"]["status"], r["refused"]["error"]["code"]) == \
+        (400, "agent_refused")
+    option = r["option"]["value"]
+    assert option["persisted"] is False
+    assert [o["currentValue"] for o in option["configOptions"]] == ["high"]
+    assert r["updates"] == ["current_mode_update", "current_mode_update",
+                            "config_option_update"]

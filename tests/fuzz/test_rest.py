@@ -35,6 +35,8 @@ ROUTES = [
     ("POST", "/session/{id}/load"), ("POST", "/session/{id}/resume"),
     ("GET", "/session/{id}/status"), ("GET", "/session/{id}/pending-prompts"),
     ("DELETE", "/session/{id}/pending-prompts/{other}"), ("POST", "/session/{id}/heartbeat"),
+    ("POST", "/session/{id}/approval-mode"), ("POST", "/session/{id}/model"),
+    ("POST", "/session/{id}/config-option"),
     ("DELETE", "/session/{id}"), ("PUT", "/session/{id}"), ("GET", "/nope/{id}"),
     ("GET", "/workspaces/{id}/sessions"), ("GET", "/workspace/{id}/ended-sessions"),
     ("POST", "/workspaces/{id}/acp"),

@@ -444,3 +444,18 @@ async def test_a_forwarded_request_is_audited_with_the_callers_address(
                                   headers=bearer("boot-s3cret-for-the-fleet"))
         assert read.status_code == 200, read.text
         assert [r["client"] for r in read.json()["records"]] == ["127.0.0.9", "127.0.0.1"]
+
+
+async def test_a_setter_goes_to_the_owner(tmp_path: Path) -> None:
+    """qwen's setters for a session the other instance runs are forwarded there (a
+    write): its agent's mode changes, and the answer comes back as the owner's."""
+    now = [0.0]
+    async with _pair(tmp_path, now) as (a, b):
+        sid = await _session(a.client)
+        answer = await b.client.post(f"/session/{sid}/approval-mode", json={"mode": "plan"})
+        assert (answer.status_code, answer.json()) == (200, {
+            "sessionId": sid, "mode": "plan", "previous": "default", "persisted": False})
+        refused = await b.client.post(f"/session/{sid}/approval-mode", json={"mode": "auto"})
+        assert (refused.status_code, refused.json()["code"]) == (400, "invalid_approval_mode")
+        assert (await a.bridge.agent_state(sid))["modes"]["currentModeId"] == "plan"
+        assert not b.bridge.has_session(sid) and b.server.fleet.stats.forwards == 2

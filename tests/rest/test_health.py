@@ -42,7 +42,8 @@ async def test_capabilities_envelope(server: RunningServer) -> None:
     for tag in ("health", "capabilities", "daemon_status", "session_create", "session_prompt",
                 "non_blocking_prompt", "session_events", "session_cancel", "session_branch",
                 "session_permission_vote", "permission_vote", "session_load", "session_resume",
-                "session_close", "session_status"):
+                "session_close", "session_status", "session_approval_mode_control",
+                "session_set_model"):
         assert tag in body["features"]
     # Conditional tags only when their option is on.
     assert "prompt_absolute_deadline" not in body["features"]
