@@ -48,7 +48,7 @@ from bridge.agent_state import record
 from bridge.agents.base import AgentConnection, AgentFactory
 from bridge.errors import AgentNotFoundError, AgentRequestTimeoutError, SessionNotRestorableError
 from bridge.journaling import session_record
-from bridge.settings import kept, setting_key
+from bridge.settings import SETTING_METHODS, kept, setting_key
 from bridge.status import AgentStatus
 
 if TYPE_CHECKING:
@@ -60,7 +60,7 @@ if TYPE_CHECKING:
 
 
 # the setters whose success ``forward`` records in the session's state (``agent_state``)
-SETTERS = frozenset({"session/set_mode", "session/set_model", "session/set_config_option"})
+SETTERS = SETTING_METHODS
 LISTING_WAIT_S = 2.0   # a listing of the agents waits at most this long for the finder
 
 
@@ -154,15 +154,14 @@ class AgentCallsAPI:
 
     async def forward(self, session_id: str, method: str, params: Any) -> Any:
         """Send an ACP request the bridge has no rule for (``session/set_mode``, ...)
-        to the session's agent, unchanged; its answer, unchanged (a setter's success
-        recorded in ``agent_state``)."""
+        to the session's agent, unchanged; its answer, unchanged. A setter (``SETTERS``,
+        any door) runs under the session's setter lock and its success is kept
+        (``_set``)."""
         session = self.get_session(session_id)
         if method not in SETTERS or not isinstance(params, dict):
             return await (await self._agent_of(session)).request(method, params)
         async with session.setting:
-            answer = await (await self._agent_of(session)).request(method, params)
-            record(session.agent_result, method, params, answer)
-            return answer
+            return await self._set(session, method, params)
 
     async def set_mode(self, session_id: str, mode_id: str) -> Any:
         """``session/set_mode`` forwarded; the mode before it as last known (``None``
@@ -172,10 +171,23 @@ class AgentCallsAPI:
         async with session.setting:
             modes = session.agent_result.get("modes")
             previous = modes.get("currentModeId") if isinstance(modes, dict) else None
-            params = {"sessionId": session_id, "modeId": mode_id}
-            answer = await (await self._agent_of(session)).request("session/set_mode", params)
-            record(session.agent_result, "session/set_mode", params, answer)
+            await self._set(session, "session/set_mode",
+                            {"sessionId": session_id, "modeId": mode_id})
         return previous
+
+    async def _set(self, session: Session, method: str, params: dict[str, Any]) -> Any:
+        """A setter asked of the agent. Once it accepted: recorded in the session's state
+        (``agent_state``) and kept in its journal record (``bridge.settings``), committed
+        before the answer is returned (``JournalUnavailableError`` when that fails:
+        nothing acknowledged); not for a session closed or deleted meanwhile."""
+        answer = await (await self._agent_of(session)).request(method, params)
+        record(session.agent_result, method, params, answer)
+        key = setting_key(method, params)
+        if key is not None and session.journal.durable \
+                and self._sessions.get(session.session_id) is session and not session.closing:
+            session.settings[key] = kept(method, params)
+            await session.journal.wait(session.journal.append(session_record(session)))
+        return answer
 
     async def agent_state(self, session_id: str) -> dict[str, Any]:
         """The session's state as its agent answered it (the module docstring), the
@@ -183,20 +195,6 @@ class AgentCallsAPI:
         session = self.get_session(session_id)
         await self._agent_of(session)
         return {k: v for k, v in session.agent_result.items() if k != "sessionId"}
-
-    async def forward_setting(self, session_id: str, method: str, params: Any) -> Any:
-        """``forward`` of a setting (``bridge.settings``): once the agent accepted it,
-        it is kept in the session's journal record, committed before the answer is
-        returned (``JournalUnavailableError`` when that fails: nothing acknowledged)."""
-        session = self.get_session(session_id)
-        answer = await (await self._agent_of(session)).request(method, params)
-        key = setting_key(method, params)
-        # still live here (closed or deleted meanwhile: its record is not written back)
-        if key is not None and session.journal.durable \
-                and self._sessions.get(session_id) is session and not session.closing:
-            session.settings[key] = kept(method, params)
-            await session.journal.wait(session.journal.append(session_record(session)))
-        return answer
 
     async def forward_notification(self, session_id: str, method: str, params: Any) -> None:
         """The same for an ACP notification."""

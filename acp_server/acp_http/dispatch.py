@@ -342,7 +342,7 @@ async def _session_permission(conn: AcpConnection, rpc_id: RpcId,
 
 
 async def _forward(conn: AcpConnection, method: str, params: dict[str, Any]) -> Any:
-    return await conn.bridge.forward_setting(_session_id(params), method, params)
+    return await conn.bridge.forward(_session_id(params), method, params)
 
 
 METHODS: dict[str, Handler] = {

@@ -255,3 +255,23 @@ async def test_a_mode_set_before_the_kill_is_the_sessions_after_it(
             assert said == ["mode: code"]
     finally:
         child.stop()
+
+
+async def test_a_mode_set_through_rest_before_the_kill_is_kept_too(
+        tmp_path: Path, store_name: str) -> None:
+    """qwen's ``POST /session/{id}/approval-mode`` keeps what it set as ``/acp``'s
+    ``session/set_mode`` does (one path for every door's setters)."""
+    child = ServeProcess(tmp_path, *_flags(tmp_path, store_name), *_agent("--modes")).start()
+    try:
+        async with httpx.AsyncClient(base_url=child.base_url, timeout=10) as client:
+            sid = (await client.post("/session", json={"cwd": str(tmp_path)})).json()["sessionId"]
+            answer = await client.post(f"/session/{sid}/approval-mode", json={"mode": "code"})
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["previous"] == "ask"
+        child.kill()   # at once after the answer: acknowledged
+        child.start()
+        async with httpx.AsyncClient(base_url=child.base_url, timeout=10) as client:
+            loaded = (await client.post(f"/session/{sid}/load", json={})).json()
+            assert loaded["state"]["modes"]["currentModeId"] == "code", loaded["state"]
+    finally:
+        child.stop()
