@@ -146,8 +146,11 @@ async def test_the_token_cli_works_on_the_store_beside_a_running_server(tmp_path
                    for r in json.loads(audit.stdout)["records"] if r["action"] != "auth.failed"]
         user = actions[0][0]
         assert user.startswith("cli")
-        assert actions == [(user, "token.created", "ci"), (user, "token.revoked", "ci"),
-                           ("bootstrap", "token.created", "ops")]
+        assert actions == [(user, "token.created", "ci"),
+                           ("ci", "access.denied", None),    # its POST /session: 403
+                           (user, "token.revoked", "ci"),
+                           ("bootstrap", "token.created", "ops"),
+                           ("ops", "access.denied", None)]   # its list: no admin scope
         over_http = acp_server("audit", "--url", server.base_url, "--token", BOOT,
                                "--action", "token.revoked")
         assert over_http.returncode == 0 and len(over_http.stdout.splitlines()) == 1
