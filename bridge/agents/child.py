@@ -23,11 +23,15 @@ Contracts:
 * ``Child`` is an ``anyio.abc.Process``: ``stdin`` a ``ByteSendStream``, ``stdout`` and
   ``stderr`` ``ByteReceiveStream``\\ s over non-blocking pipes, each waited on with
   ``anyio.wait_readable`` / ``wait_writable`` (asyncio, uvloop and trio alike). Every
-  ``send`` and ``receive`` is a checkpoint. A receive stream closes its descriptor at
-  the end of the stream (``EndOfStream``, then ``ClosedResourceError``), as asyncio's
-  pipe transports do: a dead child's pipes are given back without an ``aclose``. A
-  write to a pipe whose reader is gone raises ``BrokenResourceError``; a stream closed
-  while a task waits on it wakes that task with ``ClosedResourceError``.
+  ``send`` and ``receive`` is a checkpoint. An item is written whole or not at all: a
+  ``send`` cancelled after part of it went keeps the rest, written first by the next
+  ``send`` (a JSON-RPC line is never cut in two by another), as an asyncio transport's
+  buffer does; one cancelled before any of it went is not sent. A receive stream
+  closes its descriptor at the end of the stream (``EndOfStream``, then
+  ``ClosedResourceError``), as asyncio's pipe transports do: a dead child's pipes are
+  given back without an ``aclose``. A write to a pipe whose reader is gone raises
+  ``BrokenResourceError``; a stream closed while a task waits on it wakes that task
+  with ``ClosedResourceError``.
 * ``returncode`` is the exit status once the child was reaped (``None`` before);
   ``wait()`` reaps it, waiting on a pidfd (Linux) or, where there is none, on a worker
   thread; any number of tasks may wait at once.
@@ -97,22 +101,35 @@ class PipeReceiveStream(anyio.abc.ByteReceiveStream):
 class PipeSendStream(anyio.abc.ByteSendStream):
     def __init__(self, file: IO[bytes]) -> None:
         self._pipe = _Pipe(file)
+        self._rest = memoryview(b"")   # what a send cancelled midway had left to write
 
     async def send(self, item: bytes) -> None:
         await anyio.lowlevel.checkpoint()
-        view = memoryview(item)
-        while view:
+        await self._drain()   # the rest of a send cancelled midway: items stay whole
+        self._rest = memoryview(item)
+        try:
+            await self._drain()
+        except anyio.get_cancelled_exc_class():
+            if len(self._rest) == len(item):   # none of it written: not sent at all
+                self._rest = memoryview(b"")
+            raise
+
+    async def _drain(self) -> None:
+        """Write ``_rest`` out; cancelled, what is unwritten stays in it."""
+        while self._rest:
             fd = self._pipe.fd
             if fd < 0:
                 raise anyio.ClosedResourceError
             try:
-                view = view[os.write(fd, view):]
+                self._rest = self._rest[os.write(fd, self._rest):]
             except BlockingIOError:
                 await anyio.wait_writable(fd)
             except OSError as exc:   # EPIPE: the child closed its stdin, or is gone
+                self._rest = memoryview(b"")
                 raise anyio.BrokenResourceError from exc
 
     async def aclose(self) -> None:
+        self._rest = memoryview(b"")
         self._pipe.close()
         await anyio.lowlevel.checkpoint()
 

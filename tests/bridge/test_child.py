@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 
 import anyio
@@ -124,3 +125,38 @@ async def test_aclose_cancelled_kills_the_child() -> None:
         await child.aclose()
     assert scope.cancelled_caught
     assert child.returncode is not None and child.returncode < 0
+
+
+async def test_a_send_cancelled_midway_never_cuts_a_line_in_two() -> None:
+    """The child reads nothing until told (its pipe fills): a 300 KB line's send is
+    cancelled midway, the next line's send writes the rest of it first, and one
+    cancelled before any of it went is not sent at all."""
+    child = open_child(script(
+        "import signal, sys\n"
+        "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})\n"
+        "print('ready', flush=True)\n"
+        "signal.sigwait({signal.SIGUSR1})\n"
+        "print([len(line) for line in sys.stdin.buffer], flush=True)\n"))
+    with anyio.fail_after(20):
+        assert await child.stdout.receive() == b"ready\n"
+        with anyio.CancelScope() as scope:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(child.stdin.send, b"x" * 300_000 + b"\n")
+                await anyio.wait_all_tasks_blocked()   # the pipe is full
+                scope.cancel()
+        with anyio.CancelScope() as scope:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(child.stdin.send, b"never\n")   # waits for the rest
+                await anyio.wait_all_tasks_blocked()
+                scope.cancel()
+        child.send_signal(signal.SIGUSR1)
+        await child.stdin.send(b"second\n")
+        await child.stdin.aclose()
+        out = b""
+        try:
+            while True:
+                out += await child.stdout.receive()
+        except anyio.EndOfStream:
+            pass
+        assert out == b"[300001, 7]\n"
+        await child.aclose()
