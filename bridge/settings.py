@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from bridge.agent_state import record
 from bridge.errors import BridgeError
 
 if TYPE_CHECKING:
@@ -64,17 +65,5 @@ async def apply_again(bridge: Bridge, session: Session, result: dict[str, Any]) 
             log.warning("session %s: its agent refused the %s it had accepted before the "
                         "restart (%s); left as the agent has it", sid, key, exc)
             continue
-        _reflect(result, method, params, answer)
+        record(result, method, params, answer)   # the state as that setting left it
 
-
-def _reflect(result: dict[str, Any], method: str, params: dict[str, Any],
-             answer: Any) -> None:
-    """The session state in ``result`` as the setting left it."""
-    if method == "session/set_mode" and isinstance(result.get("modes"), dict):
-        result["modes"] = {**result["modes"], "currentModeId": params["modeId"]}
-    elif method == "session/set_model" and isinstance(result.get("models"), dict):
-        result["models"] = {**result["models"], "currentModelId": params["modelId"]}
-    elif method == "session/set_config_option":
-        options = answer.get("configOptions") if isinstance(answer, dict) else None
-        if isinstance(options, list):   # ACP: the answer lists every option as now set
-            result["configOptions"] = options
