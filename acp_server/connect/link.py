@@ -64,6 +64,7 @@ from httpx_ws import (
 )
 
 from acp_server.connect import wire
+from acp_server.connect.http_reads import FOR_NOW, post_capped, retry_after, sse_data
 
 log = logging.getLogger("acp_server.connect")
 
@@ -369,7 +370,7 @@ class HttpLink:
                     self._watched.discard(session_id)
                     session_id = None   # the next attempt owns the session's entry
                     started = True
-                    task_status.started(_retry_after(response))
+                    task_status.started(retry_after(response))
                     return
                 task_status.started(None)
                 started = True
@@ -399,14 +400,14 @@ class HttpLink:
         for attempt in range(POST_RETRIES + 1):
             async with self._post_lock:   # one POST at a time, not the waits between
                 try:
-                    response = await _post(
+                    response = await post_capped(
                         self._client, self._target, payload,
                         {**self._headers(session_id), "Content-Type": "application/json"})
                 except (httpx.HTTPError, OSError) as exc:
                     raise LinkLost(f"POST failed: {_reason(exc)}") from None
             if response.status_code != 503 or attempt == POST_RETRIES:
                 break
-            await (wait or anyio.sleep)(_retry_after(response))
+            await (wait or anyio.sleep)(retry_after(response))
         status = response.status_code
         if status in (200, 202):
             return
@@ -442,64 +443,9 @@ class HttpLink:
             await self._client.request("DELETE", self._target.url, headers=self._headers())
 
 
-async def sse_data(response: httpx.Response, max_bytes: int) -> AsyncIterator[bytes]:
-    """The ``data`` of each SSE event (comments and ``id:`` lines skipped), every line
-    and every event's data bounded by ``max_bytes`` (a longer one fails the stream)."""
-    buffer = bytearray()
-    data: list[bytes] = []
-    size = 0
-    async for chunk in response.aiter_bytes():
-        buffer += chunk
-        while True:
-            end = buffer.find(b"\n")
-            if end < 0:
-                if len(buffer) > max_bytes:
-                    raise httpx.DecodingError(f"an SSE line over {max_bytes} bytes")
-                break
-            line = bytes(buffer[:end]).rstrip(b"\r")
-            del buffer[:end + 1]
-            if not line:
-                if data:
-                    yield b"\n".join(data)
-                    data, size = [], 0
-            elif line.startswith(b"data:"):
-                value = line[5:]
-                data.append(value[1:] if value.startswith(b" ") else value)
-                size += len(data[-1]) + 1
-                if size > max_bytes:
-                    raise httpx.DecodingError(f"an SSE event over {max_bytes} bytes")
-
-
-# a session's stream refused for now (the rate, an outage, a proxy without a server)
-FOR_NOW = (429, 502, 503, 504)
-
-
-def _retry_after(response: httpx.Response) -> float:
-    try:
-        return min(30.0, max(0.1, float(response.headers.get("retry-after", "1"))))
-    except ValueError:
-        return 1.0
-
-
-async def _post(client: httpx.AsyncClient, target: Target, content: bytes,
-                headers: dict[str, str]) -> httpx.Response:
-    """A POST whose answer is read whole but never past ``target.max_bytes``
-    (``httpx.DecodingError`` then)."""
-    async with client.stream("POST", target.url, content=content, headers=headers) as response:
-        body = bytearray()
-        async for chunk in response.aiter_bytes():   # decoded: the cap is what is kept
-            body += chunk
-            if len(body) > target.max_bytes:
-                raise httpx.DecodingError(f"an answer over {target.max_bytes} bytes")
-    headers = [(k, v) for k, v in response.headers.multi_items()
-               if k not in ("content-encoding", "content-length", "transfer-encoding")]
-    return httpx.Response(response.status_code, headers=headers, content=bytes(body),
-                          request=response.request, extensions=response.extensions)
-
-
 async def _http_initialize(client: httpx.AsyncClient, target: Target,
                            init: bytes) -> httpx.Response:
-    return await _post(client, target, init, {"Content-Type": "application/json",
+    return await post_capped(client, target, init, {"Content-Type": "application/json",
                                               "Accept": "application/json"})
 
 

@@ -56,7 +56,7 @@ Contracts:
   durable operation is flushed whole (``synchronous=FULL``, and in WAL mode that
   flush covers every commit before it too). PostgreSQL commits every batch durably.
 * While a batch or a read runs on a worker thread, the interpreter's switch interval is
-  lowered to ``SWITCH_INTERVAL_S``; when no store work is on a thread any more, it is
+  lowered to ``switching.SWITCH_INTERVAL_S``; when no store work is on a thread any more, it is
   put back (``store_work``; a parked writer thread does no store work, and the writer
   leaves ``store_work`` on every path, a hook's bug or a cancellation included). The
   writer gives up the GIL in every statement (SQLite's step, a PostgreSQL round trip)
@@ -75,8 +75,6 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import logging
-import sys
-import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Generic, Self, TypeVar, cast
@@ -87,48 +85,15 @@ import anyio.from_thread
 
 from acp_server.store.bounded import BoundedCalls
 from acp_server.store.errors import StoreHealth, StoreUnavailableError, first_line
+from acp_server.store.switching import store_work
 from acp_server.store.tasks import CommittedEvent
 
 log = logging.getLogger("acp_server.store.writer")
 
 MAX_BATCH = 256
 QUEUE_SIZE = 4096
-SWITCH_INTERVAL_S = 0.0005
 
 
-class _StoreWork:
-    """``with store_work:`` (or ``async with``) around store work on a worker thread:
-    the first to enter lowers the switch interval to ``SWITCH_INTERVAL_S`` (never
-    raises it), the last to leave puts back what it was. Any thread, any store."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._inside = 0
-        self._saved: float | None = None
-
-    def __enter__(self) -> None:
-        with self._lock:
-            if self._inside == 0:
-                self._saved = sys.getswitchinterval()
-                if self._saved > SWITCH_INTERVAL_S:
-                    sys.setswitchinterval(SWITCH_INTERVAL_S)
-            self._inside += 1
-
-    def __exit__(self, *exc: object) -> None:
-        with self._lock:
-            self._inside -= 1
-            if self._inside == 0 and self._saved is not None:
-                sys.setswitchinterval(self._saved)
-                self._saved = None
-
-    async def __aenter__(self) -> None:
-        self.__enter__()
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.__exit__()
-
-
-store_work = _StoreWork()
 
 C = TypeVar("C")   # the engine's connection
 T = TypeVar("T")

@@ -12,7 +12,8 @@ import anyio
 import pytest
 
 from acp_server.store.errors import StoreUnavailableError
-from acp_server.store.writer import SWITCH_INTERVAL_S, Op, store_work
+from acp_server.store.switching import SWITCH_INTERVAL_S, store_work
+from acp_server.store.writer import Op
 from tests.bridge.helpers import wait_until
 
 
