@@ -162,3 +162,41 @@ def test_the_bound_is_validated() -> None:
         with pytest.raises(InvalidOptionError, match="abandoned_turn_timeout_ms"):
             BridgeOptions(abandoned_turn_timeout_ms=bad)
     assert BridgeOptions().abandoned_turn_timeout_ms == 60_000
+
+
+def hostile(workspace: Path) -> StdioAgentFactory:
+    """``tests.agents.hostile_agent``: no ``session/load``, its ``session/new`` ignores
+    the id asked for (``hostile-<n>``), ``ignore`` prompts never answered."""
+    env = {"PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return StdioAgentFactory([sys.executable, "-m", "tests.agents.hostile_agent"],
+                             cwd=str(workspace), env=env, name="hostile", shutdown_grace_s=0.5)
+
+
+async def test_a_session_that_cannot_be_restored_refuses_prompts(tmp_path: Path) -> None:
+    """Detached from a shared agent that can neither load it nor make it again under
+    its id: the queued prompt fails ``session_not_restorable``, later ones are refused
+    at admission; the other session goes on."""
+    from bridge.errors import SessionNotRestorableError
+
+    with anyio.fail_after(60):
+        async with Bridge(hostile(tmp_path), workspace_cwd=str(tmp_path),
+                          options=options()) as bridge:
+            other = (await bridge.create_session()).session_id
+            sid = (await bridge.create_session()).session_id
+            sub = bridge.subscribe(sid)
+            ticket = bridge.send_prompt(sid, text("ignore"))
+            await wait_until(lambda: (active := bridge.get_session(sid).active) is not None
+                             and active.sent)
+            queued = bridge.send_prompt(sid, text("next"))
+            await bridge.cancel_session(sid)
+            assert (await ticket).stop_reason == "cancelled"
+            with pytest.raises(SessionNotRestorableError):
+                await queued
+            events = drain(sub)
+            assert [envelope(e).data["action"] for e in events
+                    if e.type == "agent_abandoned"] == ["session_detached"]
+            errors = [envelope(e).data["code"] for e in events if e.type == "turn_error"]
+            assert errors == ["session_not_restorable"], errors
+            with pytest.raises(SessionNotRestorableError):
+                bridge.send_prompt(sid, text("again"))
+            assert (await bridge.send_prompt(other, text("hi"))).stop_reason == "end_turn"
