@@ -130,6 +130,10 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--cancel-grace-ms",
                        help="how long an agent may take to end a cancelled turn before the "
                             "turn ends cancelled without it (default 5000)")
+    serve.add_argument("--abandoned-turn-timeout-ms",
+                       help="how long past that a stdio agent may still not end the cancelled "
+                            "turn before the server gives up on it (stops it, or detaches the "
+                            "session from it) and restores the session anew (default 60000)")
     serve.add_argument("--agent", action="append", default=[], metavar="[NAME=]COMMAND",
                        help="the default agent: 'reference' (default) or the command line of a "
                             "stdio ACP agent; NAME=COMMAND adds a named agent (repeatable)")

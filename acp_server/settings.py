@@ -81,6 +81,7 @@ OPTION_FLAGS = {
     "initialize_timeout_ms": "initialize_timeout_ms",
     "agent_request_timeout_ms": "agent_request_timeout_ms",
     "cancel_grace_ms": "cancel_grace_ms",
+    "abandoned_turn_timeout_ms": "abandoned_turn_timeout_ms",
     "max_prompt_blocks": "max_prompt_blocks",
 }
 

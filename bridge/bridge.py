@@ -49,6 +49,7 @@ import anyio
 import anyio.abc
 
 from bridge import events as ev
+from bridge.abandoning import give_up
 from bridge.agent_calls import AgentCallsAPI
 from bridge.agent_client import AgentSide
 from bridge.agent_pool import AgentPool
@@ -389,6 +390,12 @@ class Bridge(Journaling, ListingAPI, PromptsAPI, PresenceAPI, AgentCallsAPI,
         ``prompt_id``: those asked during its turn), cancelled."""
         self.permissions.cancel_session(session, reason, prompt_id)
         self.elicitations.cancel_session(session, reason, prompt_id)
+
+    def _agent_abandoned(self, session: Session, prompt_id: str | None, done: anyio.Event,
+                         asking: anyio.CancelScope, waited_ms: int) -> None:
+        """A turn its agent never ended: give up on the agent for ``session``
+        (``bridge.abandoning``), in the bridge's task group."""
+        self._tasks().start_soon(give_up, self, session, prompt_id, done, asking, waited_ms)
 
     def _end_turn_questions(self, session: Session, prompt_id: str) -> None:
         """The questions asked during a turn that has ended, still open: cancelled."""

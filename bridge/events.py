@@ -44,6 +44,7 @@ PERMISSION_REQUEST = "permission_request"
 PERMISSION_RESOLVED = "permission_resolved"
 SESSION_CLOSED = "session_closed"
 SESSION_DIED = "session_died"
+AGENT_ABANDONED = "agent_abandoned"   # bridge.abandoning: a turn the agent never ended
 
 # Stream-control frames (never stored in the ring, no id).
 REPLAY_COMPLETE = "replay_complete"
@@ -59,7 +60,7 @@ BUS_EVENT_TYPES = (
     SESSION_UPDATE, PENDING_PROMPT_ADDED, PENDING_PROMPT_STARTED, PENDING_PROMPT_COMPLETED,
     TURN_COMPLETE, TURN_ERROR, PROMPT_CANCELLED, PERMISSION_REQUEST, PERMISSION_RESOLVED,
     SESSION_CLOSED, SESSION_DIED, ELICITATION_REQUEST, ELICITATION_RESOLVED,
-    ELICITATION_COMPLETE,
+    ELICITATION_COMPLETE, AGENT_ABANDONED,
 )
 SYNTHETIC_EVENT_TYPES = (REPLAY_COMPLETE, STATE_RESYNC_REQUIRED, SLOW_CLIENT_WARNING, CLIENT_EVICTED)
 
@@ -162,6 +163,20 @@ class SessionDied(Payload):
     exit_code: int | None = None
 
 
+class AgentAbandoned(Payload):
+    """The agent did not end a cancelled turn within ``abandoned_turn_timeout_ms`` past
+    its grace: the bridge gave up on it (``bridge.abandoning``). ``action``:
+    ``agent_stopped`` (its process was stopped: the session was its only user) or
+    ``session_detached`` (other sessions share it); the session's next prompt runs on
+    its agent side restored anew."""
+
+    session_id: str
+    action: str
+    waited_ms: int
+    message: str
+    prompt_id: str | None = None
+
+
 class ReplayComplete(Payload):
     last_replayed_event_id: int
     last_event_id: int  # deprecated alias of last_replayed_event_id
@@ -208,6 +223,7 @@ PAYLOADS: dict[str, type[Payload]] = {
     ELICITATION_COMPLETE: ElicitationComplete,
     SESSION_CLOSED: SessionClosed,
     SESSION_DIED: SessionDied,
+    AGENT_ABANDONED: AgentAbandoned,
     REPLAY_COMPLETE: ReplayComplete,
     STATE_RESYNC_REQUIRED: StateResyncRequired,
     SLOW_CLIENT_WARNING: SlowClientWarning,

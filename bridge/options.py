@@ -99,6 +99,11 @@ class BridgeOptions:
     # How long a cancelled or timed-out prompt may keep the FIFO busy while the
     # agent winds down before the bridge abandons the agent call.
     cancel_grace_ms: int = 5_000
+    # How long past that grace a stdio agent may go on without answering the cancelled
+    # turn before the bridge gives up on the agent (``bridge.abandoning``): its process
+    # stopped (this session its only user) or the session detached from it, then the
+    # session's agent side restored anew as after a restart.
+    abandoned_turn_timeout_ms: int = 60_000
     # Content blocks per prompt; more is refused before admission (each block of a
     # prompt becomes one user_message_chunk event).
     max_prompt_blocks: int = 1024
@@ -124,6 +129,7 @@ class BridgeOptions:
         validate_int_range("subscriber_max_queued", self.subscriber_max_queued, 16, 2048)
         validate_int_range("subscriber_max_queued_bytes", self.subscriber_max_queued_bytes, 1024, 1 << 30)
         validate_positive_ms("cancel_grace_ms", self.cancel_grace_ms)
+        validate_positive_ms("abandoned_turn_timeout_ms", self.abandoned_turn_timeout_ms)
         validate_int_range("max_prompt_blocks", self.max_prompt_blocks, 1, 1_000_000)
         validate_non_negative_ms("subscriber_flow_wait_ms", self.subscriber_flow_wait_ms)
         if self.session_on_restart not in ("fail", "continue"):

@@ -181,6 +181,7 @@ def _bridge_side(bridge: Bridge, found: RestoredSession) -> Session:
     session.agent_name = record.agent   # its slot is counted there, listed or not
     session.on_cancel = bridge._cancel_questions
     session.on_turn_end = bridge._end_turn_questions
+    session.on_abandoned = bridge._agent_abandoned
     session.created_at = record.created_at
     session.forked_from = record.forked_from
     session.seed = record.seed

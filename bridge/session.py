@@ -161,6 +161,11 @@ class Session:
         # gone. Meanwhile its updates and questions are dropped, and the next prompt
         # waits for it.
         self.straggler: anyio.Event | None = None
+        # Called when the agent has not ended that turn ``abandoned_turn_timeout_ms``
+        # later, with its prompt id, the straggler, the wait for the agent's answer and
+        # the time waited: the bridge gives up on the agent (``bridge.abandoning``).
+        self.on_abandoned: Callable[[Session, str | None, anyio.Event, anyio.CancelScope,
+                                     int], None] = lambda *args: None
 
     def journal_to(self, journal: SessionJournal) -> None:
         """Journal this session from now on: its events are held on the bus until

@@ -159,6 +159,7 @@ async def new_session(bridge: Bridge, session_id: str, agent: AgentConnection,
     session.owner = bridge._closed_owners.get(session_id) or owner
     session.on_cancel = bridge._cancel_questions
     session.on_turn_end = bridge._end_turn_questions
+    session.on_abandoned = bridge._agent_abandoned
     session.start(bridge._tasks())
     terminals = bridge._closed_terminals.pop(session_id, None)
     if terminals is not None:

@@ -30,6 +30,11 @@ outcome). Contracts:
   and the session's next prompt is sent only after it (ACP: one prompt at a time per
   session), waiting as an unsent prompt does: a cancel, its deadline or a close ends it
   at once. So the updates of a turn given up on never show up in the next one.
+* An agent that has not answered that turn ``abandoned_turn_timeout_ms`` later is
+  given up on for the session (``bridge.abandoning``): its process stopped, or the
+  session detached from it, the straggler released; the prompt that waited then runs
+  once the session's agent side is restored anew (``Session.agent_side``), or fails
+  with ``session_not_restorable``.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ import anyio
 import anyio.lowlevel
 
 from bridge import events as ev
+from bridge.abandoning import give_up_after
 from bridge.errors import (
     AgentDiedError,
     AgentError,
@@ -120,13 +126,15 @@ async def run_turn(session: Session, pending: PendingPrompt) -> None:
                 held = False
             if session.straggler is not None:   # the agent still runs a turn given up on
                 await session.straggler.wait()
+                if session.agent_side is not None:   # the agent given up on in turn
+                    await session._admitted(pending)   # (bridge.abandoning): restored
             # cancelled (or past its deadline) while echoed: the agent never sees
             # it (a session/cancel it got meanwhile was for nothing)
             unsent = pending.cancel_requested or pending.state == DONE
             if not unsent:
                 pending.sent = True
                 if getattr(session.agent, "out_of_process", False):
-                    response = await _prompt_elsewhere(session, params)
+                    response = await _prompt_elsewhere(session, params, pending)
                 else:
                     response = await session.agent.request("session/prompt", params)
         if unsent or scope.cancelled_caught:
@@ -135,6 +143,8 @@ async def run_turn(session: Session, pending: PendingPrompt) -> None:
             outcome = prompt_result(response)
     except (AgentError, AgentDiedError) as exc:
         outcome = exc
+    except (SessionNotRestorableError, SessionClosedError, JournalUnavailableError) as exc:
+        outcome = exc   # its restore after a give-up failed: settled already (_admitted)
     except Exception as exc:
         log.exception("session %s: prompt %s failed", sid, pid)
         outcome = AgentError(-32603, f"Internal error: {exc}")
@@ -146,25 +156,29 @@ async def run_turn(session: Session, pending: PendingPrompt) -> None:
     session._settle(pending, outcome)
 
 
-async def _prompt_elsewhere(session: Session, params: dict[str, Any]) -> Any:
+async def _prompt_elsewhere(session: Session, params: dict[str, Any],
+                            pending: PendingPrompt) -> Any:
     """``session/prompt`` to an agent in another process, asked in a task of its own:
     a turn given up on (cancelled past ``cancel_grace_ms``) leaves that task waiting
-    for the agent's answer as the session's ``straggler`` (the module's contracts)."""
+    for the agent's answer as the session's ``straggler``, for at most
+    ``abandoned_turn_timeout_ms`` more (the module's contracts)."""
     agent = session.agent
     assert agent is not None
     done = anyio.Event()
     answer: list[Any] = []
+    asking = anyio.CancelScope()   # the wait for its answer (ended by a give-up)
 
     async def ask() -> None:
         try:
-            answer.append(await agent.request("session/prompt", params))
+            with asking:
+                answer.append(await agent.request("session/prompt", params))
         except Exception as exc:
             answer.append(exc)
         finally:
             done.set()
             if session.straggler is done:
                 session.straggler = None
-                if not session.closing:
+                if not session.closing and not agent.closed:
                     log.info("session %s: the agent ended the turn given up on",
                              session.session_id)
 
@@ -179,6 +193,7 @@ async def _prompt_elsewhere(session: Session, params: dict[str, Any]) -> Any:
                             "%d ms: ended for its clients; its updates are dropped and the "
                             "next prompt waits until it ends it", session.session_id,
                             session.agent_name, session.options.cancel_grace_ms)
+                session._start_side(partial(give_up_after, session, done, asking), pending)
     if isinstance(answer[0], Exception):
         raise answer[0]
     return answer[0]

@@ -135,6 +135,14 @@ class SessionDied(_Data):
     exitCode: int | None = None
 
 
+class AgentAbandoned(_Data):
+    sessionId: str
+    action: str   # agent_stopped | session_detached
+    waitedMs: int
+    message: str
+    promptId: str | None = None
+
+
 class ReplayComplete(_Data):
     lastReplayedEventId: int
     lastEventId: int
@@ -178,6 +186,7 @@ TWINS: dict[type[ev.Payload], type[_Data]] = {
     ev.ElicitationResolved: ElicitationResolved,
     ev.SessionClosed: SessionClosed,
     ev.SessionDied: SessionDied,
+    ev.AgentAbandoned: AgentAbandoned,
     ev.ReplayComplete: ReplayComplete,
     ev.StateResyncRequired: StateResyncRequired,
     ev.SlowClientWarning: SlowClientWarning,

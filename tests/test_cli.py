@@ -43,6 +43,9 @@ def _no_env_token(monkeypatch: pytest.MonkeyPatch) -> None:
     (["--session-reap-interval-ms", "-5"], "Invalid session_reap_interval_ms: -5"),
     (["--permission-response-timeout-ms", "2.5"], "Invalid permission_response_timeout_ms: 2.5"),
     (["--initialize-timeout-ms", "0"], "Invalid initialize_timeout_ms: 0"),
+    (["--abandoned-turn-timeout-ms", "0"], "Invalid abandoned_turn_timeout_ms: 0. Must be a "
+                                           "positive integer (milliseconds)."),
+    (["--abandoned-turn-timeout-ms", "1.5"], "Invalid abandoned_turn_timeout_ms: 1.5"),
     (["--max-acp-connections", "0"], "Invalid max_acp_connections: 0"),
     (["--max-acp-connections", "1.5"], "Invalid max_acp_connections: 1.5"),
     (["--store", "mysql://x"], "Invalid store: 'mysql://x'"),
@@ -199,7 +202,8 @@ def test_valid_flags(tmp_path: Path) -> None:
     settings = _settings("--workspace", str(tmp_path), "--port", "0",
                          "--max-pending-prompts-per-session", "inf", "--max-sessions", "0",
                          "--prompt-deadline-ms", "60000", "--event-ring-size", "3",
-                         "--session-idle-timeout-ms", "0", "--allow-origin", "http://a.example",
+                         "--session-idle-timeout-ms", "0", "--abandoned-turn-timeout-ms", "1500",
+                         "--allow-origin", "http://a.example",
                          "--agent", "python -m some.agent --flag")
     assert settings.port == 0
     assert settings.workspace == os.path.realpath(tmp_path)
@@ -208,6 +212,7 @@ def test_valid_flags(tmp_path: Path) -> None:
     assert settings.options.session_limit is None
     assert settings.options.prompt_deadline_ms == 60000
     assert settings.options.event_ring_size == 3
+    assert settings.options.abandoned_turn_timeout_ms == 1500
     assert settings.allow_origins == ("http://a.example",)
     assert settings.agent_argv == ["python", "-m", "some.agent", "--flag"]
     defaults = _settings("--workspace", str(tmp_path))

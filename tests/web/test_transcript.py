@@ -129,3 +129,19 @@ def test_a_drop_is_a_drop_when_the_page_never_saw_the_prompt_queued(console: Con
         ["turn", "r", "cancelled", [["note", "cancel requested (client_cancel)", None],
                                     ["note", "turn ended: cancelled", None]]],
     ]
+
+
+def test_an_agent_given_up_on_is_a_notice(console: Console, page: Page) -> None:
+    """``agent_abandoned``: the server's message, as a notice of the session."""
+    page.goto(console.url("/web/transcript.js"))
+    message = ("agent 'gated' did not end the cancelled turn within 400 ms of its grace: "
+               "its process was stopped; the next prompt runs on the session restored anew")
+    blocks = page.evaluate(RENDER, [
+        _event("turn_complete", "r", stopReason="cancelled", promptId="r"),
+        _event("agent_abandoned", "r", action="agent_stopped", waitedMs=400, message=message,
+               promptId="r"),
+    ])
+    assert blocks == [
+        ["turn", "r", "cancelled", [["note", "turn ended: cancelled", None]]],
+        ["abandoned-notice", message, None],
+    ]

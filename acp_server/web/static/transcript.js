@@ -142,6 +142,11 @@ export class Transcript {
       this.note("this page fell behind the stream; reconnecting", "note error");
       return;
     }
+    if (type === "agent_abandoned") {   // a turn its agent never ended: given up on
+      this.note(data.message || `the agent was given up on (${data.action})`, "notice",
+        "abandoned-notice");
+      return;
+    }
     if (!TURN_EVENTS.has(type)) return;   // session_closed and the like: the view says it
     const promptId = (event && event.promptId) || data.promptId || null;
     const turn = this.turn(promptId);
