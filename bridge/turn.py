@@ -29,7 +29,9 @@ outcome). Contracts:
   it (or dies). Its updates and questions are dropped meanwhile (``bridge.agent_client``),
   and the session's next prompt is sent only after it (ACP: one prompt at a time per
   session), waiting as an unsent prompt does: a cancel, its deadline or a close ends it
-  at once. So the updates of a turn given up on never show up in the next one.
+  at once. So the updates of a turn given up on never show up in the next one. Once
+  the session is closed (``Session.stop``) its prompt's answer is awaited
+  ``cancel_grace_ms`` more, then given up (a late answer is logged and ignored).
 """
 
 from __future__ import annotations
@@ -156,17 +158,20 @@ async def _prompt_elsewhere(session: Session, params: dict[str, Any]) -> Any:
     answer: list[Any] = []
 
     async def ask() -> None:
-        try:
-            answer.append(await agent.request("session/prompt", params))
-        except Exception as exc:
-            answer.append(exc)
-        finally:
-            done.set()
-            if session.straggler is done:
-                session.straggler = None
-                if not session.closing:
-                    log.info("session %s: the agent ended the turn given up on",
-                             session.session_id)
+        # A close gives the agent ``cancel_grace_ms`` more, then gives it up (``Session.
+        # stop``): an agent that never answers holds no task nor request for ever.
+        with session.awaited():
+            try:
+                answer.append(await agent.request("session/prompt", params))
+            except Exception as exc:
+                answer.append(exc)
+            finally:
+                done.set()
+                if session.straggler is done:
+                    session.straggler = None
+                    if not session.closing:
+                        log.info("session %s: the agent ended the turn given up on",
+                                 session.session_id)
 
     session._running().start_soon(ask)
     try:
@@ -179,6 +184,8 @@ async def _prompt_elsewhere(session: Session, params: dict[str, Any]) -> Any:
                             "%d ms: ended for its clients; its updates are dropped and the "
                             "next prompt waits until it ends it", session.session_id,
                             session.agent_name, session.options.cancel_grace_ms)
+    if not answer:   # given up on at a close (its cancel was not delivered here first)
+        raise AgentDiedError("The session closed before its agent answered the prompt")
     if isinstance(answer[0], Exception):
         raise answer[0]
     return answer[0]

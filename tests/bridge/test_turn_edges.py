@@ -247,3 +247,65 @@ async def test_a_branch_whose_caller_left_makes_no_session(tmp_path: Any, when: 
         assert sum(m == "session/fork" for m, _ in agent.calls) == 1
         if when == "forking":   # told in the background (``close_session_soon``)
             await wait_until(lambda: any(m == "session/close" for m, _ in agent.calls))
+
+
+class IgnoringAgent:
+    """An agent in another process as ``bridge.turn`` sees it (``out_of_process``): it
+    never answers a prompt and ignores every cancel; ``waiting`` counts the
+    ``session/prompt`` requests still awaited from it."""
+
+    name = "ignoring"
+    out_of_process = True
+
+    def __init__(self) -> None:
+        self.closed = False
+        self.waiting = 0
+        self.made = 0
+
+    async def connect(self, client: Any, tg: Any) -> IgnoringAgent:
+        return self
+
+    async def request(self, method: str, params: dict[str, Any]) -> Any:
+        if method == "initialize":
+            return {"protocolVersion": 1, "agentCapabilities": {}}
+        if method == "session/new":
+            self.made += 1
+            return {"sessionId": f"s{self.made}"}
+        if method == "session/prompt":
+            self.waiting += 1
+            try:
+                await anyio.sleep_forever()
+            finally:
+                self.waiting -= 1
+        return {}
+
+    async def notify(self, method: str, params: Any) -> None:
+        pass
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+@pytest.mark.parametrize("cancelled_first", [True, False])
+async def test_a_closed_sessions_turn_is_not_awaited_for_ever(tmp_path: Any,
+                                                              cancelled_first: bool) -> None:
+    """A session closed with a turn its agent never ends (given up on after a cancel's
+    grace, or running at the close): the agent gets ``cancel_grace_ms`` more to answer,
+    then the prompt's request is given up. It was awaited until the agent answered or
+    died, a task and a pending request per session closed, for ever."""
+    agent = IgnoringAgent()
+    options = BridgeOptions(cancel_grace_ms=50)
+    async with Bridge(agent, workspace_cwd=str(tmp_path), options=options) as bridge:
+        for _ in range(3):
+            sid = (await bridge.create_session()).session_id
+            ticket = bridge.send_prompt(sid, text("hello"))
+            await wait_until(lambda: agent.waiting == 1)
+            if cancelled_first:
+                await bridge.cancel_session(sid)
+                assert (await ticket).stop_reason == "cancelled"
+                assert bridge.get_session(sid).straggler is not None
+            await bridge.close_session(sid)
+            if not cancelled_first:
+                with pytest.raises(SessionClosedError):
+                    await ticket
+            await wait_until(lambda: agent.waiting == 0, timeout=10)
