@@ -128,7 +128,7 @@ async def run_turn(session: Session, pending: PendingPrompt) -> None:
             if not unsent:
                 pending.sent = True
                 if getattr(session.agent, "out_of_process", False):
-                    response = await _prompt_elsewhere(session, params)
+                    response = await _prompt_elsewhere(session, pending, params)
                 else:
                     response = await session.agent.request("session/prompt", params)
         if unsent or scope.cancelled_caught:
@@ -148,7 +148,8 @@ async def run_turn(session: Session, pending: PendingPrompt) -> None:
     session._settle(pending, outcome)
 
 
-async def _prompt_elsewhere(session: Session, params: dict[str, Any]) -> Any:
+async def _prompt_elsewhere(session: Session, pending: PendingPrompt,
+                            params: dict[str, Any]) -> Any:
     """``session/prompt`` to an agent in another process, asked in a task of its own:
     a turn given up on (cancelled past ``cancel_grace_ms``) leaves that task waiting
     for the agent's answer as the session's ``straggler`` (the module's contracts)."""
@@ -156,12 +157,14 @@ async def _prompt_elsewhere(session: Session, params: dict[str, Any]) -> Any:
     assert agent is not None
     done = anyio.Event()
     answer: list[Any] = []
+    handed = pending.handed = anyio.Event()
 
     async def ask() -> None:
         # A close gives the agent ``cancel_grace_ms`` more, then gives it up (``Session.
         # stop``): an agent that never answers holds no task nor request for ever.
         with session.awaited():
             try:
+                handed.set()   # and, with no checkpoint between, the prompt goes out
                 answer.append(await agent.request("session/prompt", params))
             except Exception as exc:
                 answer.append(exc)
@@ -224,6 +227,12 @@ async def _notify_cancel(session: Session, pending: PendingPrompt) -> None:
         return
     if session.active is not pending:   # (a deadline settles it while it still runs)
         return
+    if pending.handed is not None and not pending.handed.is_set():
+        # its prompt goes out from a task of its own (``_prompt_elsewhere``) that has not
+        # run yet: after it (trio runs ready tasks in any order), never before it
+        await pending.handed.wait()
+        if session.active is not pending:
+            return
     try:
         await session.agent.notify("session/cancel", {"sessionId": session.session_id})
     except Exception as exc:  # the agent may already be gone
