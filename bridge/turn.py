@@ -164,6 +164,8 @@ async def _prompt_elsewhere(session: Session, pending: PendingPrompt,
         # stop``): an agent that never answers holds no task nor request for ever.
         with session.awaited():
             try:
+                if session._stopped:   # closed before this task ran: it never goes out
+                    return
                 handed.set()   # and, with no checkpoint between, the prompt goes out
                 answer.append(await agent.request("session/prompt", params))
             except Exception as exc:

@@ -386,3 +386,46 @@ async def test_a_cancel_never_reaches_the_agent_before_its_prompt(tmp_path: Any)
             await bridge.close_session(sid)
             sent = agent.log[2:]
             assert sent in ([], ["prompt second"], ["prompt second", "cancel"]), agent.log
+
+
+async def test_a_prompt_whose_session_closed_as_it_went_out_is_not_sent(tmp_path: Any) -> None:
+    """A session closed as its prompt goes out (the prompt's own task not run yet): the
+    agent is not sent a prompt for a session that is gone (it was, and ran that turn
+    with nobody to read it)."""
+    agent = OrderedAgent()
+    after_close: list[str] = []
+    request = agent.request
+
+    async def checked(method: str, params: dict[str, Any]) -> Any:
+        if method == "session/prompt" and not bridge.has_session(params["sessionId"]):
+            after_close.append(params["prompt"][0]["text"])
+        return await request(method, params)
+
+    agent.request = checked  # type: ignore[method-assign]
+    async with Bridge(agent, workspace_cwd=str(tmp_path),
+                      options=BridgeOptions(cancel_grace_ms=10)) as bridge:
+        for _ in range(10):
+            agent.log.clear()
+            agent.release = anyio.Event()
+            sid = (await bridge.create_session()).session_id
+            session = bridge.get_session(sid)
+            first = bridge.send_prompt(sid, text("first"))
+            await wait_until(lambda: agent.log == ["prompt first"])
+            await bridge.cancel_session(sid)
+            assert (await first).stop_reason == "cancelled"
+            straggler = session.straggler
+            assert straggler is not None
+            second = bridge.send_prompt(sid, text("second"))
+            await wait_until(lambda: session.active is not None)
+
+            async def close_as_it_goes(ended: anyio.Event = straggler) -> None:
+                await ended.wait()   # woken with the second prompt's turn
+                await bridge.close_session(sid)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(close_as_it_goes)
+                await wait_until(lambda: len(agent.log) == 2)
+                agent.release.set()
+            with pytest.raises(SessionClosedError):
+                await second
+    assert after_close == []
