@@ -223,9 +223,10 @@ class Session:
             item.done.set()
         for scope in self._side_scopes:
             scope.cancel()
-        grace = anyio.current_time() + self.options.cancel_grace_ms / 1000
-        for scope in self._awaited:
-            scope.deadline = min(scope.deadline, grace)
+        if self._awaited:
+            grace = anyio.current_time() + self.options.cancel_grace_ms / 1000
+            for scope in self._awaited:
+                scope.deadline = min(scope.deadline, grace)
         if self._work_added.waiting:
             self._work_added.set()
         else:
