@@ -126,7 +126,8 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
                        help="how long the agent may take to answer initialize (default 10000)")
     serve.add_argument("--agent-request-timeout-ms",
                        help="how long an agent may take to answer session/new, load, resume, "
-                            "fork or close (default 30000)")
+                            "fork, close or a setter (set_mode, set_model, set_config_option; "
+                            "default 30000)")
     serve.add_argument("--cancel-grace-ms",
                        help="how long an agent may take to end a cancelled turn before the "
                             "turn ends cancelled without it (default 5000)")

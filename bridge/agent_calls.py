@@ -179,8 +179,10 @@ class AgentCallsAPI:
         """A setter asked of the agent. Once it accepted: recorded in the session's state
         (``agent_state``) and kept in its journal record (``bridge.settings``), committed
         before the answer is returned (``JournalUnavailableError`` when that fails:
-        nothing acknowledged); not for a session closed or deleted meanwhile."""
-        answer = await (await self._agent_of(session)).request(method, params)
+        nothing acknowledged); not for a session closed or deleted meanwhile. Within
+        ``agent_request_timeout_ms`` (``AgentRequestTimeoutError``): an agent that never
+        answers one holds neither its caller nor the session's setter lock for ever."""
+        answer = await self._agent_request(await self._agent_of(session), method, params)
         record(session.agent_result, method, params, answer)
         key = setting_key(method, params)
         if key is not None and session.journal.durable \

@@ -37,7 +37,7 @@ class PendingPrompt:
     __slots__ = ("prompt_id", "prompt", "text", "queued_at_ms", "admitted_at", "deadline_ms",
                  "state", "was_queued", "ticket", "cancel_requested", "run_scope",
                  "timer_scope", "unhook_cancel", "client_id", "started_at", "commit_seq",
-                 "continued", "sent", "removed")
+                 "continued", "sent", "removed", "handed")
 
     def __init__(self, prompt_id: str, prompt: list[Any], ticket: PromptTicket,
                  deadline_ms: int | None, was_queued: bool, client_id: str | None) -> None:
@@ -52,6 +52,9 @@ class PendingPrompt:
         self.ticket = ticket
         self.cancel_requested = False
         self.sent = False   # handed to the agent (``session/prompt`` on its way)
+        # Sent from a task of its own (``bridge.turn``: an agent in another process): set
+        # as that task sends it; a cancel notice waits for it, so never goes first.
+        self.handed: anyio.Event | None = None
         self.removed = False   # dropped from the queue by its removal (``remove_pending_prompt``)
         self.run_scope: anyio.CancelScope | None = None
         self.timer_scope: anyio.CancelScope | None = None

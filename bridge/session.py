@@ -25,9 +25,10 @@ Contracts:
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -127,6 +128,7 @@ class Session:
         self._scope = anyio.CancelScope()   # the worker's: cancels the job it runs
         self._stopped = False
         self._side_scopes: set[anyio.CancelScope] = set()   # timers, cancel notices
+        self._awaited: set[anyio.CancelScope] = set()   # requests past their turn (awaited)
         self._queue_wait = queue_wait
         # Called once per cancel (of the running prompt, or by its deadline) with a
         # reason: cancels the session's pending permission requests.
@@ -215,7 +217,8 @@ class Session:
         """End the worker: the job it runs and every job queued fail (``fail_all``'s
         error, else closed); a waiter is never left waiting. A worker waiting for work
         returns (no cancellation to deliver); one running a job is cancelled, and so
-        is every timer and cancel notice of the session."""
+        is every timer and cancel notice of the session; a request ``awaited`` past its
+        turn gets ``cancel_grace_ms`` more."""
         if self._ended is None:
             self._ended = self.close_error("closed")
         self._stopped = True
@@ -225,10 +228,28 @@ class Session:
             item.done.set()
         for scope in self._side_scopes:
             scope.cancel()
+        if self._awaited:
+            grace = anyio.current_time() + self.options.cancel_grace_ms / 1000
+            for scope in self._awaited:
+                scope.deadline = min(scope.deadline, grace)
         if self._work_added.waiting:
             self._work_added.set()
         else:
             self._scope.cancel()
+
+    @contextlib.contextmanager
+    def awaited(self) -> Iterator[anyio.CancelScope]:
+        """The scope of a request that may outlive its turn (``bridge.turn``: an agent
+        in another process's ``session/prompt``), cancelled ``cancel_grace_ms`` after
+        ``stop`` (or after it is entered, when stopped already)."""
+        with anyio.CancelScope() as scope:
+            self._awaited.add(scope)
+            if self._stopped:
+                scope.deadline = anyio.current_time() + self.options.cancel_grace_ms / 1000
+            try:
+                yield scope
+            finally:
+                self._awaited.discard(scope)
 
     def _start_side(self, job: Callable[[PendingPrompt], Awaitable[None]],
                     pending: PendingPrompt) -> None:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from bridge.agent_state import record
 from bridge.errors import BridgeError
+from bridge.loggable import loggable
 
 if TYPE_CHECKING:
     from bridge.bridge import Bridge
@@ -63,7 +64,8 @@ async def apply_again(bridge: Bridge, session: Session, result: dict[str, Any]) 
                                                  {**params, "sessionId": sid})
         except BridgeError as exc:
             log.warning("session %s: its agent refused the %s it had accepted before the "
-                        "restart (%s); left as the agent has it", sid, key, exc)
+                        "restart (%s); left as the agent has it", sid, loggable(key, 128),
+                        loggable(str(exc)))   # a client's id, the agent's message
             continue
         record(result, method, params, answer)   # the state as that setting left it
 

@@ -29,7 +29,9 @@ outcome). Contracts:
   it (or dies). Its updates and questions are dropped meanwhile (``bridge.agent_client``),
   and the session's next prompt is sent only after it (ACP: one prompt at a time per
   session), waiting as an unsent prompt does: a cancel, its deadline or a close ends it
-  at once. So the updates of a turn given up on never show up in the next one.
+  at once. So the updates of a turn given up on never show up in the next one. Once
+  the session is closed (``Session.stop``) its prompt's answer is awaited
+  ``cancel_grace_ms`` more, then given up (a late answer is logged and ignored).
 * An agent that has not answered that turn ``abandoned_turn_timeout_ms`` later is
   given up on for the session (``bridge.abandoning``): its process stopped, or the
   session detached from it, the straggler released; the prompt that waited then runs
@@ -134,7 +136,7 @@ async def run_turn(session: Session, pending: PendingPrompt) -> None:
             if not unsent:
                 pending.sent = True
                 if getattr(session.agent, "out_of_process", False):
-                    response = await _prompt_elsewhere(session, params, pending)
+                    response = await _prompt_elsewhere(session, pending, params)
                 else:
                     response = await session.agent.request("session/prompt", params)
         if unsent or scope.cancelled_caught:
@@ -156,8 +158,8 @@ async def run_turn(session: Session, pending: PendingPrompt) -> None:
     session._settle(pending, outcome)
 
 
-async def _prompt_elsewhere(session: Session, params: dict[str, Any],
-                            pending: PendingPrompt) -> Any:
+async def _prompt_elsewhere(session: Session, pending: PendingPrompt,
+                            params: dict[str, Any]) -> Any:
     """``session/prompt`` to an agent in another process, asked in a task of its own:
     a turn given up on (cancelled past ``cancel_grace_ms``) leaves that task waiting
     for the agent's answer as the session's ``straggler``, for at most
@@ -167,20 +169,27 @@ async def _prompt_elsewhere(session: Session, params: dict[str, Any],
     done = anyio.Event()
     answer: list[Any] = []
     asking = anyio.CancelScope()   # the wait for its answer (ended by a give-up)
+    handed = pending.handed = anyio.Event()
 
     async def ask() -> None:
-        try:
-            with asking:
-                answer.append(await agent.request("session/prompt", params))
-        except Exception as exc:
-            answer.append(exc)
-        finally:
-            done.set()
-            if session.straggler is done:
-                session.straggler = None
-                if not session.closing and not agent.closed:
-                    log.info("session %s: the agent ended the turn given up on",
-                             session.session_id)
+        # A close gives the agent ``cancel_grace_ms`` more, then gives it up (``Session.
+        # stop``): an agent that never answers holds no task nor request for ever.
+        with session.awaited():
+            try:
+                if session._stopped:   # closed before this task ran: it never goes out
+                    return
+                handed.set()   # and, with no checkpoint between, the prompt goes out
+                with asking:
+                    answer.append(await agent.request("session/prompt", params))
+            except Exception as exc:
+                answer.append(exc)
+            finally:
+                done.set()
+                if session.straggler is done:
+                    session.straggler = None
+                    if not session.closing and not agent.closed:
+                        log.info("session %s: the agent ended the turn given up on",
+                                 session.session_id)
 
     session._running().start_soon(ask)
     try:
@@ -194,6 +203,8 @@ async def _prompt_elsewhere(session: Session, params: dict[str, Any],
                             "next prompt waits until it ends it", session.session_id,
                             session.agent_name, session.options.cancel_grace_ms)
                 session._start_side(partial(give_up_after, session, done, asking), pending)
+    if not answer:   # given up on at a close (its cancel was not delivered here first)
+        raise AgentDiedError("The session closed before its agent answered the prompt")
     if isinstance(answer[0], Exception):
         raise answer[0]
     return answer[0]
@@ -232,6 +243,12 @@ async def _notify_cancel(session: Session, pending: PendingPrompt) -> None:
         return
     if session.active is not pending:   # (a deadline settles it while it still runs)
         return
+    if pending.handed is not None and not pending.handed.is_set():
+        # its prompt goes out from a task of its own (``_prompt_elsewhere``) that has not
+        # run yet: after it (trio runs ready tasks in any order), never before it
+        await pending.handed.wait()
+        if session.active is not pending:
+            return
     try:
         await session.agent.notify("session/cancel", {"sessionId": session.session_id})
     except Exception as exc:  # the agent may already be gone

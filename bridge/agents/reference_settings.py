@@ -58,14 +58,14 @@ class SessionSettings:
 
     def set_mode(self, mode: Any) -> dict[str, Any]:
         """Set the mode; the ``session/update`` that reports it."""
-        if mode not in {m for m, _n, _a in MODES}:
+        if not isinstance(mode, str) or mode not in {m for m, _n, _a in MODES}:
             raise RequestError(INVALID_PARAMS, f"Unknown mode {_shown(mode)}",
                                {"modeId": mode})
         self.mode = mode
         return {"sessionUpdate": "current_mode_update", "currentModeId": mode}
 
     def set_model(self, model: Any) -> None:
-        if model not in {m for m, _n in MODELS}:
+        if not isinstance(model, str) or model not in {m for m, _n in MODELS}:
             raise RequestError(INVALID_PARAMS, f"Unknown model {_shown(model)}",
                                {"modelId": model})
         self.model = model

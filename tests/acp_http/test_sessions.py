@@ -9,7 +9,9 @@ import anyio
 import pytest
 
 from bridge.agents.reference_settings import SessionSettings
-from tests.acp_http.server import RunningAcpServer, request, said, text
+from bridge.options import BridgeOptions
+from tests.acp_http.server import RunningAcpServer, request, running_acp_server, said, text
+from tests.rest.test_setters import _Silent
 
 REFERENCE_STATE = SessionSettings().state()   # the reference agent's, unchanged
 
@@ -411,3 +413,23 @@ async def test_an_agent_withdraws_its_permission_request(tmp_path: Any) -> None:
                 assert said(session_stream.messages) == \
                     'withdrawn: {"code": -32800, "message": "Request cancelled"}'
                 assert not srv.bridge.permissions.pending_count
+
+
+async def test_a_setter_the_agent_does_not_answer(tmp_path: Any) -> None:
+    """``session/set_mode`` has the agent requests' deadline: -32603 ``errorKind:
+    agent_request_timeout`` (it waited for ever), and the next setter is served."""
+    async with running_acp_server(tmp_path, agent_factory=_Silent(),
+                                  options=BridgeOptions(agent_request_timeout_ms=300)) as server:
+        conn_id, _ = await server.initialize()
+        async with server.stream(conn_id) as conn_stream:
+            sid = await server.new_session(conn_id, conn_stream)
+            async with server.stream(conn_id, sid) as session_stream:
+                for n, mode in ((3, "plan"), (4, "yolo")):
+                    await server.post(conn_id, request(n, "session/set_mode",
+                                                       {"sessionId": sid, "modeId": mode}), sid)
+                with anyio.fail_after(15):
+                    timed_out = await session_stream.wait_for_id(3)
+                    answered = await session_stream.wait_for_id(4)
+    assert timed_out["error"]["code"] == -32603
+    assert timed_out["error"]["data"]["errorKind"] == "agent_request_timeout"
+    assert answered["result"] == {}

@@ -423,6 +423,10 @@ async def test_session_settings() -> None:
             ["current_mode_update", "config_option_update"]
         for method, params in [("session/set_mode", {"modeId": "auto"}),
                                ("session/set_model", {"modelId": "gpt"}),
+                               # not strings: -32602 too (an unhashable id was a
+                               # TypeError, -32603 and a traceback in the log)
+                               ("session/set_mode", {"modeId": ["plan"]}),
+                               ("session/set_model", {"modelId": {"id": "reference"}}),
                                ("session/set_config_option", {"configId": "x", "value": "y"}),
                                ("session/set_config_option",
                                 {"configId": "reasoning_effort", "value": 3})]:

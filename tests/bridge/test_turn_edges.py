@@ -247,3 +247,185 @@ async def test_a_branch_whose_caller_left_makes_no_session(tmp_path: Any, when: 
         assert sum(m == "session/fork" for m, _ in agent.calls) == 1
         if when == "forking":   # told in the background (``close_session_soon``)
             await wait_until(lambda: any(m == "session/close" for m, _ in agent.calls))
+
+
+class IgnoringAgent:
+    """An agent in another process as ``bridge.turn`` sees it (``out_of_process``): it
+    never answers a prompt and ignores every cancel; ``waiting`` counts the
+    ``session/prompt`` requests still awaited from it."""
+
+    name = "ignoring"
+    out_of_process = True
+
+    def __init__(self) -> None:
+        self.closed = False
+        self.waiting = 0
+        self.made = 0
+
+    async def connect(self, client: Any, tg: Any) -> IgnoringAgent:
+        return self
+
+    async def request(self, method: str, params: dict[str, Any]) -> Any:
+        if method == "initialize":
+            return {"protocolVersion": 1, "agentCapabilities": {}}
+        if method == "session/new":
+            self.made += 1
+            return {"sessionId": f"s{self.made}"}
+        if method == "session/prompt":
+            self.waiting += 1
+            try:
+                await anyio.sleep_forever()
+            finally:
+                self.waiting -= 1
+        return {}
+
+    async def notify(self, method: str, params: Any) -> None:
+        pass
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+@pytest.mark.parametrize("cancelled_first", [True, False])
+async def test_a_closed_sessions_turn_is_not_awaited_for_ever(tmp_path: Any,
+                                                              cancelled_first: bool) -> None:
+    """A session closed with a turn its agent never ends (given up on after a cancel's
+    grace, or running at the close): the agent gets ``cancel_grace_ms`` more to answer,
+    then the prompt's request is given up. It was awaited until the agent answered or
+    died, a task and a pending request per session closed, for ever."""
+    agent = IgnoringAgent()
+    options = BridgeOptions(cancel_grace_ms=50)
+    async with Bridge(agent, workspace_cwd=str(tmp_path), options=options) as bridge:
+        for _ in range(3):
+            sid = (await bridge.create_session()).session_id
+            ticket = bridge.send_prompt(sid, text("hello"))
+            await wait_until(lambda: agent.waiting == 1)
+            if cancelled_first:
+                await bridge.cancel_session(sid)
+                assert (await ticket).stop_reason == "cancelled"
+                assert bridge.get_session(sid).straggler is not None
+            await bridge.close_session(sid)
+            if not cancelled_first:
+                with pytest.raises(SessionClosedError):
+                    await ticket
+            await wait_until(lambda: agent.waiting == 0, timeout=10)
+
+
+class OrderedAgent:
+    """An agent in another process as ``bridge.turn`` sees it: ``log`` is what it was
+    sent, in order (``prompt <text>``, ``cancel``); the ``first`` prompt of a session is
+    answered only once ``release`` is set, every other at once."""
+
+    name = "ordered"
+    out_of_process = True
+
+    def __init__(self) -> None:
+        self.closed = False
+        self.log: list[str] = []
+        self.release = anyio.Event()
+        self.made = 0
+
+    async def connect(self, client: Any, tg: Any) -> OrderedAgent:
+        return self
+
+    async def request(self, method: str, params: dict[str, Any]) -> Any:
+        if method == "initialize":
+            return {"protocolVersion": 1, "agentCapabilities": {}}
+        if method == "session/new":
+            self.made += 1
+            return {"sessionId": f"o{self.made}"}
+        if method == "session/prompt":
+            said = params["prompt"][0]["text"]
+            self.log.append(f"prompt {said}")
+            if said == "first":
+                await self.release.wait()
+            return {"stopReason": "end_turn"}
+        return {}
+
+    async def notify(self, method: str, params: Any) -> None:
+        if method == "session/cancel":
+            self.log.append("cancel")
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+async def test_a_cancel_never_reaches_the_agent_before_its_prompt(tmp_path: Any) -> None:
+    """A cancel of the prompt that was waiting for a turn given up on, made as that
+    prompt goes out: the agent gets ``session/prompt`` first, then ``session/cancel``
+    (ACP: a cancel names the session's running turn). The prompt went out from a task of
+    its own, so on trio (which runs a batch of tasks in random order) the cancel went
+    first about one time in four, and the agent ran the whole turn it was never told to
+    stop."""
+    options = BridgeOptions(cancel_grace_ms=10)
+    async with Bridge(agent := OrderedAgent(), workspace_cwd=str(tmp_path),
+                      options=options) as bridge:
+        for _ in range(40):
+            agent.log.clear()
+            agent.release = anyio.Event()
+            sid = (await bridge.create_session()).session_id
+            session = bridge.get_session(sid)
+            first = bridge.send_prompt(sid, text("first"))
+            await wait_until(lambda: agent.log == ["prompt first"])
+            await bridge.cancel_session(sid)
+            assert (await first).stop_reason == "cancelled"   # given up on: a straggler
+            straggler = session.straggler
+            assert straggler is not None
+            second = bridge.send_prompt(sid, text("second"))   # waits for the straggler
+            await wait_until(lambda: session.active is not None)
+
+            async def cancel_as_it_goes(ended: anyio.Event = straggler) -> None:
+                await ended.wait()   # woken with the second prompt's turn
+                await bridge.cancel_session(sid)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(cancel_as_it_goes)
+                await wait_until(lambda: len(agent.log) == 2)   # the first's cancel
+                agent.release.set()
+            await second
+            await bridge.close_session(sid)
+            sent = agent.log[2:]
+            assert sent in ([], ["prompt second"], ["prompt second", "cancel"]), agent.log
+
+
+async def test_a_prompt_whose_session_closed_as_it_went_out_is_not_sent(tmp_path: Any) -> None:
+    """A session closed as its prompt goes out (the prompt's own task not run yet): the
+    agent is not sent a prompt for a session that is gone (it was, and ran that turn
+    with nobody to read it)."""
+    agent = OrderedAgent()
+    after_close: list[str] = []
+    request = agent.request
+
+    async def checked(method: str, params: dict[str, Any]) -> Any:
+        if method == "session/prompt" and not bridge.has_session(params["sessionId"]):
+            after_close.append(params["prompt"][0]["text"])
+        return await request(method, params)
+
+    agent.request = checked  # type: ignore[method-assign]
+    async with Bridge(agent, workspace_cwd=str(tmp_path),
+                      options=BridgeOptions(cancel_grace_ms=10)) as bridge:
+        for _ in range(10):
+            agent.log.clear()
+            agent.release = anyio.Event()
+            sid = (await bridge.create_session()).session_id
+            session = bridge.get_session(sid)
+            first = bridge.send_prompt(sid, text("first"))
+            await wait_until(lambda: agent.log == ["prompt first"])
+            await bridge.cancel_session(sid)
+            assert (await first).stop_reason == "cancelled"
+            straggler = session.straggler
+            assert straggler is not None
+            second = bridge.send_prompt(sid, text("second"))
+            await wait_until(lambda: session.active is not None)
+
+            async def close_as_it_goes(ended: anyio.Event = straggler) -> None:
+                await ended.wait()   # woken with the second prompt's turn
+                await bridge.close_session(sid)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(close_as_it_goes)
+                await wait_until(lambda: len(agent.log) == 2)
+                agent.release.set()
+            with pytest.raises(SessionClosedError):
+                await second
+    assert after_close == []

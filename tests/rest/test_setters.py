@@ -12,6 +12,7 @@ import anyio.abc
 import pytest
 
 from bridge.agents.reference import ReferenceAgentFactory
+from bridge.options import BridgeOptions
 from bridge.errors import AgentDiedError, AgentError
 from tests.rest.server import RunningServer, running_server
 
@@ -222,3 +223,50 @@ async def test_model_and_effort_as_config_options(tmp_path: Path) -> None:
         ("session/set_config_option", {"configId": "model", "value": "b", "sessionId": sid}),
         ("session/set_config_option", {"configId": "effort", "value": "high",
                                        "sessionId": sid})]
+
+
+class _Silent:
+    """The reference agent, whose first setter is never answered (the rest are)."""
+
+    name = "reference"
+
+    def __init__(self) -> None:
+        self.inner = ReferenceAgentFactory()
+        self.asked = 0
+
+    async def connect(self, client: Any, task_group: anyio.abc.TaskGroup) -> Any:
+        inner, agent = await self.inner.connect(client, task_group), self
+
+        class Connection:
+            closed = property(lambda self: inner.closed)
+
+            async def request(self, method: str, params: Any) -> Any:
+                if method.startswith("session/set_"):
+                    agent.asked += 1
+                    if agent.asked == 1:
+                        await anyio.sleep_forever()
+                return await inner.request(method, params)
+
+            async def notify(self, method: str, params: Any) -> None:
+                await inner.notify(method, params)
+
+            async def aclose(self) -> None:
+                await inner.aclose()
+
+        return Connection()
+
+
+async def test_a_setter_the_agent_does_not_answer(tmp_path: Path) -> None:
+    """A setter has the agent requests' deadline (``--agent-request-timeout-ms``): 504
+    ``agent_request_timeout``, as docs/rest.md says, and the session's next setter is
+    not held behind it (it waited for ever, holding the setter lock)."""
+    options = BridgeOptions(agent_request_timeout_ms=300)
+    async with running_server(tmp_path, agent_factory=_Silent(), options=options,
+                              timeout=20) as srv:
+        sid = (await srv.create_session())["sessionId"]
+        with anyio.fail_after(15):
+            status, body = await _post(srv, sid, "approval-mode", {"mode": "plan"})
+        assert (status, body["code"], body["timeoutMs"]) == (504, "agent_request_timeout", 300)
+        with anyio.fail_after(15):
+            assert await _post(srv, sid, "approval-mode", {"mode": "yolo"}) == (200, {
+                "sessionId": sid, "mode": "yolo", "previous": "default", "persisted": False})
