@@ -152,14 +152,19 @@ class AgentCallsAPI:
             return await agent.request(method, params)
         raise AgentRequestTimeoutError(method, timeout_ms)
 
-    async def forward(self, session_id: str, method: str, params: Any) -> Any:
+    async def forward(self, session_id: str, method: str, params: Any, *,
+                      bounded: bool = False) -> Any:
         """Send an ACP request the bridge has no rule for (``session/set_mode``, ...)
         to the session's agent, unchanged; its answer, unchanged. A setter (``SETTERS``,
         any door) runs under the session's setter lock and its success is kept
-        (``_set``)."""
+        (``_set``); a setter, or any request when ``bounded``, within
+        ``agent_request_timeout_ms`` (``AgentRequestTimeoutError``)."""
         session = self.get_session(session_id)
         if method not in SETTERS or not isinstance(params, dict):
-            return await (await self._agent_of(session)).request(method, params)
+            agent = await self._agent_of(session)
+            if bounded:
+                return await self._agent_request(agent, method, params)
+            return await agent.request(method, params)
         async with session.setting:
             return await self._set(session, method, params)
 

@@ -78,6 +78,7 @@ from acp_server.acp_http.errors import (  # noqa: F401 - re-exported for the rou
 from acp_server.store.errors import ENGINE_ERRORS, StoreUnavailableError
 from bridge import Bridge
 from bridge.errors import (
+    AgentRequestTimeoutError,
     BridgeError,
     InvalidPermissionOptionError,
     JournalUnavailableError,
@@ -158,7 +159,10 @@ async def default_agent_info(bridge: Bridge) -> dict[str, Any]:
     except BridgeError as exc:
         log.info("initialize: the default agent did not start (%s): answering the "
                  "server's own capabilities only", exc)
-        return {}
+    except Exception:   # a bug in a start must not fail every client's initialize
+        log.exception("initialize: starting the default agent failed: answering the "
+                      "server's own capabilities only")
+    return {}
 
 
 def initialize_result(bridge: Bridge, agent_info: dict[str, Any], params: dict[str, Any],
@@ -417,7 +421,11 @@ async def _session_delete(conn: AcpConnection, rpc_id: RpcId, params: dict[str, 
             return {}
     agent = bridge.session_status(sid).agent
     if bridge.agent_capability(agent, "sessionCapabilities", "delete") is not None:
-        await bridge.forward(sid, "session/delete", {"sessionId": sid})
+        try:   # an agent that refuses keeps the session; one that never answers does not
+            await bridge.forward(sid, "session/delete", {"sessionId": sid}, bounded=True)
+        except AgentRequestTimeoutError as exc:
+            log.warning("session %s: the agent did not answer session/delete (%s): the "
+                        "session is closed here all the same", loggable(sid, 128), exc)
     with contextlib.suppress(SessionNotFoundError):
         await bridge.close_session(sid, reason="deleted", closed_by=conn.id)
         conn.caller.record("session.closed", sid, how="delete")

@@ -63,3 +63,19 @@ async def test_an_agent_that_cannot_start_is_offered_nothing_of_its_own(
                 "cwd": srv.workspace, "mcpServers": []}))
             refused = await conn_stream.wait_for_id(1)
         assert refused["error"]["data"]["errorKind"] == "agent_unavailable", refused
+
+
+async def test_a_start_that_fails_unexpectedly_still_answers_initialize(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """An error of the agent's start that is not a ``BridgeError`` (a bug) is logged and
+    ``initialize`` answers the server's own capabilities; it answered 500 (every
+    client's first message)."""
+    async with running_acp_server(tmp_path) as srv:
+        async def broken() -> dict[str, Any]:
+            raise RuntimeError("a bug in the start")
+
+        monkeypatch.setattr(srv.server.bridge, "start_agent", broken)
+        _, first = await srv.initialize()
+        assert caps(first) == {"sessionCapabilities": SERVED,
+                               "mcpCapabilities": {"http": False, "sse": False}}
+    assert "a bug in the start" in caplog.text

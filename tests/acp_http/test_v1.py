@@ -4,6 +4,7 @@ what reconnecting clients ask through ``_meta`` (event ids, prompt ids, cursors)
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -11,10 +12,12 @@ import anyio
 import pytest
 
 from acp_server.acp_http.passthrough import advertised
+from bridge import BridgeOptions
 from bridge.wire import envelope
 from tests.acp_http.extended_agent import ExtendedFactory
 from tests.acp_http.server import RunningAcpServer, request, running_acp_server, text
 from tests.acp_http.wsclient import ws_connect
+from tests.agents import fixture_command
 
 pytestmark = pytest.mark.anyio
 
@@ -308,3 +311,26 @@ async def test_bad_meta_values(server: RunningAcpServer) -> None:
                 "sessionId": sid, "cwd": server.workspace, "mcpServers": [], "_meta": meta}))
             reply = await conn_stream.wait_for_id(rpc_id)
             assert reply["error"]["code"] == -32602, reply
+
+
+@pytest.mark.parametrize("behaviour", ["answer", "hang"])
+async def test_session_delete_forwarded_to_an_agent_that_offers_it(
+        tmp_path: Path, behaviour: str) -> None:
+    """An agent offering ``session/delete`` gets it first; one that never answers it
+    (``hang``) holds it for ``--agent-request-timeout-ms`` at most: the session is then
+    closed here all the same (it held the delete, and the session, for ever)."""
+    agent = shlex.join(fixture_command("del", "--delete", behaviour))
+    async with running_acp_server(tmp_path, agent=agent,
+                                  options=BridgeOptions(agent_request_timeout_ms=300)) as srv:
+        conn_id, _ = await srv.initialize()
+        async with srv.stream(conn_id) as conn_stream:
+            sid = await srv.new_session(conn_id, conn_stream)
+            async with srv.stream(conn_id, sid) as session_stream:
+                await srv.post(conn_id, request(2, "session/delete", {"sessionId": sid}))
+                with anyio.fail_after(15):
+                    assert (await session_stream.wait_for_id(2))["result"] == {}
+                    await session_stream.wait_for_end()
+            await srv.post(conn_id, request(3, "session/list", {}))
+            listed = await conn_stream.wait_for_id(3)
+            assert sid not in [s["sessionId"] for s in listed["result"]["sessions"]]
+        assert list(tmp_path.rglob("deleted-*")), "the agent was not asked"

@@ -23,6 +23,9 @@ Behaviour (newline-delimited JSON-RPC 2.0 on stdin/stdout):
 * ``session/fork`` (offered with ``--fork hang|answer``): creates the file
   ``fork-asked`` in the request's ``cwd``, then ``hang`` never answers; ``answer``
   answers ``{"sessionId": "<name>-fork-<n>"}`` and then creates ``fork-answered``.
+* ``session/delete`` (offered with ``--delete hang|answer``): creates the file
+  ``deleted-<sessionId>`` in the agent's folder, then ``hang`` never answers;
+  ``answer`` answers ``{}``.
 * ``session/prompt``, by the text of its first text block:
   ``hold`` answers ``cancelled`` at ``session/cancel`` (and only then);
   ``inject <sid>`` sends a ``session/update`` naming session ``<sid>``
@@ -114,6 +117,8 @@ class Agent:
         session_caps: dict[str, Any] = {} if self.args.no_close else {"close": {}}
         if self.args.fork:
             session_caps["fork"] = {}
+        if self.args.delete:
+            session_caps["delete"] = {}
         send({"id": rpc_id, "result": {"protocolVersion": 1, "agentCapabilities": {
             "loadSession": True, "sessionCapabilities": session_caps},
             "agentInfo": {"name": self.args.name, "version": "1"}}})
@@ -153,6 +158,11 @@ class Agent:
         if self.args.fork == "answer":
             send({"id": rpc_id, "result": {"sessionId": f"{self.args.name}-fork-{next(self.ids)}"}})
             open(os.path.join(folder, "fork-answered"), "w").close()
+
+    def on_session_delete(self, rpc_id: Any, params: dict[str, Any]) -> None:
+        open(f"deleted-{params.get('sessionId')}", "w").close()
+        if self.args.delete == "answer":
+            send({"id": rpc_id, "result": {}})
 
     def on_session_close(self, rpc_id: Any, params: dict[str, Any]) -> None:
         delay = self.args.slow_close_ms / 1000
@@ -255,6 +265,7 @@ def main() -> None:
     parser.add_argument("--slow-close-ms", type=int, default=0)
     parser.add_argument("--no-close", action="store_true")
     parser.add_argument("--fork", choices=("hang", "answer"))
+    parser.add_argument("--delete", choices=("hang", "answer"))
     parser.add_argument("--die-at-new")
     parser.add_argument("--die-at-load")
     parser.add_argument("--die-times", type=int, default=1)
