@@ -48,7 +48,7 @@ from bridge.agent_state import record
 from bridge.agents.base import AgentConnection, AgentFactory
 from bridge.errors import AgentNotFoundError, AgentRequestTimeoutError, SessionNotRestorableError
 from bridge.journaling import session_record
-from bridge.settings import SETTING_METHODS, kept, setting_key
+from bridge.settings import SETTING_METHODS, keep, setting_key
 from bridge.status import AgentStatus
 
 if TYPE_CHECKING:
@@ -192,8 +192,8 @@ class AgentCallsAPI:
         key = setting_key(method, params)
         if key is not None and session.journal.durable \
                 and self._sessions.get(session.session_id) is session and not session.closing:
-            session.settings[key] = kept(method, params)
-            await session.journal.wait(session.journal.append(session_record(session)))
+            if keep(session.settings, key, method, params, session.session_id):
+                await session.journal.wait(session.journal.append(session_record(session)))
         return answer
 
     async def agent_state(self, session_id: str) -> dict[str, Any]:

@@ -10,7 +10,10 @@ one acknowledged.
 
 Contracts: one entry per setting (``mode``, ``model``, ``config:<configId>``; a later
 change replaces it, keeping the order the settings were first made), its value
-``[method, params]`` (the params without ``sessionId``). Applying them again asks the
+``[method, params]`` (the params without ``sessionId``); at most ``MAX_KEPT`` of them
+and ``MAX_KEPT_BYTES`` of params each (``keep``: one past either is applied by the agent
+but not kept for a restart, logged). An entry that is not ``[method, params]`` when
+read back is dropped (logged), the others applied. Applying them again asks the
 agent each in turn with ``sessionId`` set; one it refuses (or does not answer in time)
 is logged and left as the agent has it, never failing the restore. The agent's answer
 to the restore (``result``, its session state) is updated to say what was applied:
@@ -22,6 +25,8 @@ from __future__ import annotations
 
 import logging
 from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from bridge.agent_state import record
 from bridge.errors import BridgeError
@@ -35,6 +40,9 @@ log = logging.getLogger("bridge.settings")
 
 SETTING_METHODS = frozenset({"session/set_mode", "session/set_model",
                              "session/set_config_option"})
+MAX_KEPT = 32             # settings kept per session (``keep``)
+MAX_KEPT_BYTES = 16_384   # a setting's params, JSON-encoded
+_encoder = msgspec.json.Encoder()
 
 
 def setting_key(method: str, params: Any) -> str | None:
@@ -54,11 +62,40 @@ def kept(method: str, params: dict[str, Any]) -> list[Any]:
     return [method, {k: v for k, v in params.items() if k != "sessionId"}]
 
 
+def keep(settings: dict[str, Any], key: str, method: str, params: dict[str, Any],
+         session_id: str) -> bool:
+    """Keep ``method`` with ``params`` in ``settings`` under ``key`` (``kept``);
+    ``False`` (logged, nothing kept) for a new key past ``MAX_KEPT`` or params over
+    ``MAX_KEPT_BYTES`` encoded: the record is rewritten whole at every setter, and an
+    agent that accepts any ``configId`` would let a client grow it without end."""
+    entry = kept(method, params)
+    size = len(_encoder.encode(entry[1]))
+    if size > MAX_KEPT_BYTES or (key not in settings and len(settings) >= MAX_KEPT):
+        log.warning("session %s: the %s the agent accepted is not kept for a restart "
+                    "(%s)", session_id, loggable(key, 128),
+                    f"{size} bytes, over {MAX_KEPT_BYTES}" if size > MAX_KEPT_BYTES
+                    else f"{MAX_KEPT} settings kept already")
+        return False
+    settings[key] = entry
+    return True
+
+
+def _well_formed(entry: Any) -> bool:
+    return (isinstance(entry, (list, tuple)) and len(entry) == 2
+            and entry[0] in SETTING_METHODS and isinstance(entry[1], dict))
+
+
 async def apply_again(bridge: Bridge, session: Session, result: dict[str, Any]) -> None:
     """Ask the restored agent for each of ``session.settings`` again (the module's
     contracts); ``result`` (the restore's answer) is updated in place."""
     sid = session.session_id
-    for key, (method, params) in list(session.settings.items()):
+    for key, entry in list(session.settings.items()):
+        if not _well_formed(entry):   # a record written otherwise: never asked
+            log.warning("session %s: a kept setting %s is not [method, params]: dropped",
+                        sid, loggable(key, 128))
+            del session.settings[key]
+            continue
+        method, params = entry
         try:
             answer = await bridge._agent_request(session.agent, method,
                                                  {**params, "sessionId": sid})
