@@ -342,17 +342,18 @@ class UvicornServer:
             max_header_bytes=limits.max_header_bytes, max_headers=limits.max_headers,
             max_request_line=limits.max_request_line, stats=stats)
         tls: dict[str, Any] = {}
+        if options.tls:   # TLS wherever the sweep below can run or not
+            tls = {"ssl_certfile": options.tls_cert, "ssl_keyfile": options.tls_key}
+            if options.tls_client_ca is not None:
+                tls.update(ssl_ca_certs=options.tls_client_ca, ssl_cert_reqs=ssl.CERT_REQUIRED)
         # With TLS, asyncio runs the handshake before the guard sees the connection (and
-        # gives it 60 s): the idle sweep closes those, as on granian.
+        # gives it 60 s): the idle sweep closes those, as on granian (Linux only).
         self._sweep: IdleConnections | None = None
         if options.tls and IdleConnections.supported():
             activity = Activity()
             app = Tracked(app, activity)
             self._sweep = IdleConnections(port=port, timeout_s=limits.header_timeout_s,
                                           activity=activity, stats=stats)
-            tls = {"ssl_certfile": options.tls_cert, "ssl_keyfile": options.tls_key}
-            if options.tls_client_ca is not None:
-                tls.update(ssl_ca_certs=options.tls_client_ca, ssl_cert_reqs=ssl.CERT_REQUIRED)
         config = uvicorn.Config(app, host=host, port=port, http=protocol, backlog=BACKLOG,
                                 ws_max_size=limits.ws_max_bytes, lifespan="off",
                                 proxy_headers=False,   # acp_server.http.clients decides

@@ -118,6 +118,34 @@ async def test_tls_and_websocket_over_tls(tmp_path: Path, server: str) -> None:
                     assert (await ws.receive_json())["result"]["protocolVersion"] == 1
 
 
+# ``serve`` with the idle sweep unsupported, as on any platform but Linux
+NO_SWEEP = ("-c", "import runpy, sys; from acp_server.http.idle import IdleConnections; "
+                  "IdleConnections.supported = staticmethod(lambda: False); "
+                  "sys.argv[0] = 'acp_server'; runpy.run_module('acp_server', "
+                  "run_name='__main__', alter_sys=True)")
+
+
+@pytest.mark.skipif(OPENSSL is None, reason="openssl is not installed")
+async def test_uvicorn_serves_tls_where_the_idle_sweep_cannot_run(tmp_path: Path) -> None:
+    """Security pass: uvicorn's TLS settings were made only where the idle sweep runs
+    (Linux, ``TCP_INFO``, ``/proc/self/fd``): elsewhere ``--tls-cert`` served plain
+    HTTP, the listening line saying ``https://`` all the same. TLS is now on with or
+    without the sweep."""
+    certs = make_certificates(tmp_path)
+    async with ServeProcess(tmp_path, "--http-server", "uvicorn", "--tls-cert",
+                            str(certs["server"]), "--tls-key", str(certs["server-key"]),
+                            runner=NO_SWEEP) as daemon:
+        assert daemon.base_url.startswith("https://")
+        context = ssl.create_default_context(cafile=str(certs["ca"]))
+        base = daemon.base_url.replace("127.0.0.1", "localhost")
+        async with httpx.AsyncClient(base_url=base, verify=context) as client:
+            assert (await client.get("/health")).json() == {"status": "ok"}
+        plain = base.replace("https://", "http://")
+        async with httpx.AsyncClient(base_url=plain) as client:
+            with pytest.raises(httpx.HTTPError):   # no plain HTTP on that port
+                await client.get("/health")
+
+
 def test_plain_http_off_loopback_is_loud(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
     with subprocess.Popen([sys.executable, "-m", "acp_server", "serve", "--hostname",
