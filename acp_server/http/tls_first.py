@@ -111,7 +111,7 @@ class TlsFirst(asyncio.Protocol):
             waited = handshake.send(None)
         except StopIteration as done:
             self._made(done.value)
-        except Exception as exc:   # noqa: BLE001 - a failed handshake is the client's
+        except (Exception, asyncio.CancelledError) as exc:   # noqa: BLE001 - the client's
             self._failed(exc)
         else:
             waited.add_done_callback(self._step)
