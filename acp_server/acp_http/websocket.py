@@ -36,6 +36,7 @@ Contracts:
 from __future__ import annotations
 
 import logging
+import re
 
 import anyio
 import anyio.abc
@@ -83,6 +84,9 @@ INLINE_METHODS = frozenset({"session/prompt", "session/cancel", "$/cancel_reques
 
 
 # -- handshake checks -----------------------------------------------------------------------
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+
+
 def _protocols(ws: WebSocket) -> list[str]:
     header = ws.headers.get("sec-websocket-protocol", "")
     return [p.strip() for p in header.split(",") if p.strip()]
@@ -93,8 +97,11 @@ def chosen_subprotocol(offered: list[str]) -> str | None:
     ``qwen-bearer.*`` credential, else none. The answer never carries the token (it
     would land in every proxy's and client's log of response headers); a client that
     must see a subprotocol chosen (a browser, the ``ws`` package) offers a marker beside
-    the bearer one, as ``qwen serve``'s web shell does (``qwen-ws``), and gets it."""
-    return next((p for p in offered if not p.startswith(BEARER_PROTOCOL)), None)
+    the bearer one, as ``qwen serve``'s web shell does (``qwen-ws``), and gets it. An
+    entry that is no HTTP token (RFC 9110 5.6.2: what a subprotocol name must be; ``a b``,
+    ``"q"``) is never chosen: uvicorn's WebSocket layer refuses such a header itself."""
+    return next((p for p in offered
+                 if not p.startswith(BEARER_PROTOCOL) and _TOKEN.fullmatch(p)), None)
 
 
 async def handshake_refusal(ws: WebSocket, policy: GuardPolicy) -> Refusal | None:
