@@ -60,6 +60,7 @@ from bridge.capacity import SessionCapacity
 from bridge.elicitation import ElicitationMediator
 from bridge.errors import (
     AgentDiedError,
+    JournalUnavailableError,
     SessionClosedError,
     SessionNotFoundError,
     SessionNotRestorableError,
@@ -229,16 +230,27 @@ class Bridge(Journaling, ListingAPI, PromptsAPI, PresenceAPI, AgentCallsAPI,
     async def recall_owner(self, session_id: str) -> str | None:
         """``session_owner``, else the maker journaled with the session's record (a
         closed session forgotten past ``MAX_CLOSED_SESSION_OWNERS``), remembered: what a
-        door asks before it lets a caller restore a session by id. Raises
-        ``JournalUnavailableError`` when the journal cannot answer."""
+        door asks before it lets a caller restore a session by id. The record is read
+        for every storable id, the maker known or not: a door's 404 for another
+        principal's session then costs the store read an unknown id's costs (its
+        existence does not show in the work done). Raises ``JournalUnavailableError``
+        when the journal cannot answer and nothing is known of the session here."""
         known = self.session_owner(session_id)
-        if known is None and session_id not in self._sessions and storable(session_id):
+        if not storable(session_id):
+            return known
+        try:
             record = await self.journal.record_of(session_id)
-            known = record.owner if record is not None else None
-            if session_id not in self._sessions:
-                self.remember_owner(session_id, known)
-            else:
-                known = self._sessions[session_id].owner
+        except JournalUnavailableError:
+            if known is not None or session_id in self._sessions:
+                return self.session_owner(session_id)   # what this instance knows holds
+            raise
+        live = self._sessions.get(session_id)
+        if live is not None:   # live (or made live while the record was read)
+            return live.owner
+        known = self.session_owner(session_id)
+        if known is None and record is not None:
+            known = record.owner
+            self.remember_owner(session_id, known)
         return known
 
     def remember_owner(self, session_id: str, owner: str | None) -> None:

@@ -26,7 +26,8 @@ Contracts:
 * The handshake is checked by the same ``GuardPolicy.check`` as every HTTP request
   (the front layer leaves WebSocket scopes to this door): Host, Origin, the token as
   ``Authorization: Bearer <token>`` or ``Sec-WebSocket-Protocol:
-  qwen-bearer.<base64url(token)>``, loopback clients only without a token. A refusal
+  qwen-bearer.<base64url(token)>``, loopback clients only without a token (the
+  answer never echoes that secret: ``chosen_subprotocol``). A refusal
   is an HTTP answer in this door's shape where the server supports it
   (``websocket.http.response``: its status, e.g. 401, 403, 421), else a close before
   the handshake completes (the server answers 403).
@@ -35,6 +36,7 @@ Contracts:
 from __future__ import annotations
 
 import logging
+import re
 
 import anyio
 import anyio.abc
@@ -82,9 +84,24 @@ INLINE_METHODS = frozenset({"session/prompt", "session/cancel", "$/cancel_reques
 
 
 # -- handshake checks -----------------------------------------------------------------------
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+
+
 def _protocols(ws: WebSocket) -> list[str]:
     header = ws.headers.get("sec-websocket-protocol", "")
     return [p.strip() for p in header.split(",") if p.strip()]
+
+
+def chosen_subprotocol(offered: list[str]) -> str | None:
+    """The subprotocol the handshake answers: the first offered one that is not a
+    ``qwen-bearer.*`` credential, else none. The answer never carries the token (it
+    would land in every proxy's and client's log of response headers); a client that
+    must see a subprotocol chosen (a browser, the ``ws`` package) offers a marker beside
+    the bearer one, as ``qwen serve``'s web shell does (``qwen-ws``), and gets it. An
+    entry that is no HTTP token (RFC 9110 5.6.2: what a subprotocol name must be; ``a b``,
+    ``"q"``) is never chosen: uvicorn's WebSocket layer refuses such a header itself."""
+    return next((p for p in offered
+                 if not p.startswith(BEARER_PROTOCOL) and _TOKEN.fullmatch(p)), None)
 
 
 async def handshake_refusal(ws: WebSocket, policy: GuardPolicy) -> Refusal | None:
@@ -130,8 +147,7 @@ async def acp_websocket(ws: WebSocket, *, registry: ConnectionRegistry,
         await refuse_handshake(ws, refusal)
         return
     connection_id = uuid4_str()
-    subprotocol = next((p for p in _protocols(ws) if p.startswith(BEARER_PROTOCOL)), None)
-    await ws.accept(subprotocol=subprotocol,
+    await ws.accept(subprotocol=chosen_subprotocol(_protocols(ws)),
                     headers=[(b"acp-connection-id", connection_id.encode())])
     socket = _Socket(ws)
     limit = config.max_body_bytes

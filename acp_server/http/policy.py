@@ -453,8 +453,9 @@ def _bearer(value: bytes | None) -> bytes | None:
 
 
 def _protocol_credentials(value: bytes | None) -> list[bytes]:
-    """The credential of the first ``qwen-bearer.*`` entry (the one the socket echoes),
-    if any: one handshake costs at most two store reads (with ``Authorization``), not
+    """The credential of the first ``qwen-bearer.*`` entry, if any (never echoed in the
+    handshake's answer: ``acp_http.websocket.chosen_subprotocol``): one handshake costs
+    at most two store reads (with ``Authorization``), not
     one per entry of a 64 KiB header."""
     for protocol in bearer_protocols(value)[:1]:
         encoded = protocol[len(BEARER_PROTOCOL):]

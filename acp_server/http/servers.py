@@ -22,7 +22,10 @@ header timeout              hyper ``header_read_timeout`` (h1);   ``guard.guarde
                             no request in flight (h2 with no      with TLS, ``idle`` too
                             stream, TLS, silence): ``idle``       (asyncio's handshake)
 connection cap, 503         the front layer's request cap (503)   ``guard.guarded_protocol``
-                            and an accept cap above it (queued)   (answered before reading)
+                            and an accept cap above it (queued)   (answered before reading);
+                                                                  TLS handshakes counted
+                                                                  from the accept
+                                                                  (``tls_first``)
 head caps 414 / 431         hyper's head buffer (431), then the   ``guard.guarded_protocol``
                             front layer's exact checks            (before parsing), then the
                                                                   front layer's
@@ -67,6 +70,7 @@ import anyio
 import uvicorn
 
 from acp_server.http.guard import GuardStats, guarded_protocol
+from acp_server.http.tls_first import Handshakes
 from acp_server.http.idle import Activity, IdleConnections, Tracked
 from acp_server.http.options import HttpOptions
 from acp_server.http.silence import SilentConnections
@@ -342,17 +346,23 @@ class UvicornServer:
             max_header_bytes=limits.max_header_bytes, max_headers=limits.max_headers,
             max_request_line=limits.max_request_line, stats=stats)
         tls: dict[str, Any] = {}
+        if options.tls:   # TLS wherever the sweep below can run or not
+            tls = {"ssl_certfile": options.tls_cert, "ssl_keyfile": options.tls_key}
+            if options.tls_client_ca is not None:
+                tls.update(ssl_ca_certs=options.tls_client_ca, ssl_cert_reqs=ssl.CERT_REQUIRED)
         # With TLS, asyncio runs the handshake before the guard sees the connection (and
-        # gives it 60 s): the idle sweep closes those, as on granian.
+        # gives it 60 s): the idle sweep closes those, as on granian (Linux only).
         self._sweep: IdleConnections | None = None
         if options.tls and IdleConnections.supported():
             activity = Activity()
             app = Tracked(app, activity)
             self._sweep = IdleConnections(port=port, timeout_s=limits.header_timeout_s,
                                           activity=activity, stats=stats)
-            tls = {"ssl_certfile": options.tls_cert, "ssl_keyfile": options.tls_key}
-            if options.tls_client_ca is not None:
-                tls.update(ssl_ca_certs=options.tls_client_ca, ssl_cert_reqs=ssl.CERT_REQUIRED)
+        # ... and before it, asyncio hands the guard a connection only once its handshake
+        # is done: ``tls_first`` counts it against the cap from its accept
+        handshakes = Handshakes(max_connections=limits.max_connections,
+                                timeout_s=limits.header_timeout_s, stats=stats) \
+            if options.tls else None
         config = uvicorn.Config(app, host=host, port=port, http=protocol, backlog=BACKLOG,
                                 ws_max_size=limits.ws_max_bytes, lifespan="off",
                                 proxy_headers=False,   # acp_server.http.clients decides
@@ -360,6 +370,7 @@ class UvicornServer:
                                 timeout_graceful_shutdown=int(limits.graceful_s), **tls)
         self.options = options
         self._server = _Uvicorn(config)
+        self._server.handshakes = handshakes
 
     async def serve(self, started: Callable[[str], None]) -> None:
         self._server.announce = lambda: started(self._url())
@@ -384,14 +395,22 @@ class _Uvicorn(uvicorn.Server):
     """No signal handling of its own (the caller drains first); says when it listens."""
 
     announce: Callable[[], None] | None = None
+    handshakes: Handshakes | None = None   # TLS: counted from the accept (``tls_first``)
 
     def capture_signals(self) -> Any:
         return contextlib.nullcontext()
 
     async def startup(self, sockets: Any = None) -> None:
+        if self.handshakes is not None:
+            self.handshakes.take_over(self.config)
         await super().startup(sockets=sockets)
         if self.started and self.announce is not None:
             self.announce()
+
+    async def shutdown(self, sockets: Any = None) -> None:
+        if self.handshakes is not None:
+            self.handshakes.abort_pending()
+        await super().shutdown(sockets=sockets)
 
 
 __all__ = ["GRACEFUL_SHUTDOWN_S", "GranianServer", "HttpServer", "Limits", "UvicornServer",

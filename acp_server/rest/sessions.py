@@ -240,8 +240,10 @@ async def close_session(request: Request, *, bridge: Bridge) -> Response:
     client_id = wire.client_id(request)
     session_id = request.path_params["session_id"]
     caller = caller_of(request.scope)
+    # a kept session's maker, even forgotten; read for a live one too, so that another
+    # principal's 404 costs what an unknown id's does
+    await bridge.recall_owner(session_id)
     if not bridge.has_session(session_id):
-        await bridge.recall_owner(session_id)   # a kept session's maker, even forgotten
         visible_session(request)
         if await bridge.delete_ended(session_id):
             caller.record("session.closed", session_id, how="ended")

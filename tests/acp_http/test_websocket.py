@@ -192,3 +192,14 @@ async def test_a_close_frame_1000_ends_a_resumable_connection(server: RunningAcp
     else:
         assert running()
         assert [s for _, s in server.registry.lingering_sessions] == [sid]
+
+
+def test_the_chosen_subprotocol_is_never_the_bearer_nor_a_non_token() -> None:
+    """The handshake's answer: the first offered subprotocol that is neither a
+    ``qwen-bearer.*`` credential nor anything but an HTTP token (granian would echo
+    ``a b`` or ``"q"`` as they came; uvicorn refuses such a header itself)."""
+    bearer = "qwen-bearer." + base64.urlsafe_b64encode(b"s3cret").decode().rstrip("=")
+    assert acp_ws.chosen_subprotocol([bearer]) is None
+    assert acp_ws.chosen_subprotocol([bearer, "qwen-ws"]) == "qwen-ws"
+    assert acp_ws.chosen_subprotocol(["a b", '"q"', "()", "é", bearer, "qwen-ws"]) == "qwen-ws"
+    assert acp_ws.chosen_subprotocol([]) is None

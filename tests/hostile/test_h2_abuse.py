@@ -288,6 +288,27 @@ async def test_a_body_that_never_comes(daemon: ServeProcess) -> None:
     assert len(raw.got.statuses) == 3 * 10
 
 
+async def test_a_body_that_stops_leaves_the_connections_other_streams_served(
+        daemon: ServeProcess) -> None:
+    """A guarantee that held already (security pass): a body that stops after its
+    first byte (one byte a minute is such a stall at any header timeout under a
+    minute) on one stream, while the same connection asks for ``/health`` on ten
+    others: each of those is answered at once, the stalled one 408 after the header
+    timeout, last."""
+    async def attack(raw: RawH2) -> None:
+        head = request_head(raw.port, "/session", [("content-type", "application/json"),
+                                                   ("content-length", "100")], method="POST")
+        await raw.send(headers(1, raw.block(head)) + data(1, b"{"))
+        for n in range(10):
+            await raw.send(get(raw, 3 + 2 * n, end_stream=True))
+        with anyio.fail_after(BOUND_S):
+            while len(raw.got.statuses) < 11 and not raw.got.closed:
+                await raw.changed.wait()
+    raw = await endure(daemon, attack, answer_pings=True)
+    assert list(raw.got.statuses.items())[-1] == (1, 408), raw.got
+    assert sorted(raw.got.statuses.values()) == [200] * 10 + [408], raw.got
+
+
 # -- attacks the keep-alive PING ends (our configuration) ------------------------------
 @pytest.mark.parametrize("flood", ["settings", "ping"])
 async def test_control_flood_that_never_reads(daemon: ServeProcess, flood: str) -> None:

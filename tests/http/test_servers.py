@@ -66,6 +66,12 @@ async def test_body_cap_is_413_and_read_by_a_client_that_sends_it_all(tmp_path: 
 @SERVERS
 async def test_websocket_with_the_bearer_subprotocol(tmp_path: Path, server: str,
                                                      request: pytest.FixtureRequest) -> None:
+    """The token as a ``qwen-bearer.*`` subprotocol opens the socket, and the answer
+    never carries it (it would land in proxies' logs): a marker offered beside it
+    (``qwen-ws``, as ``qwen serve``'s web shell offers) is the one chosen, so a client
+    that needs a subprotocol chosen (a browser, the ``ws`` package) has one; offered
+    alone, none is chosen, as ``qwen serve`` 0.24.4 does. Before, the bearer entry itself
+    was echoed."""
     if server == "granian-rsgi":   # RSGI's accept() takes no subprotocol: a browser or
         request.applymarker(pytest.mark.xfail(   # the ``ws`` package fails the handshake
             strict=True, reason="granian's RSGI WebSocket accept cannot echo a subprotocol"))
@@ -73,12 +79,18 @@ async def test_websocket_with_the_bearer_subprotocol(tmp_path: Path, server: str
         url = daemon.base_url.replace("http", "ws") + "/acp"
         token = base64.urlsafe_b64encode(b"s3cret").decode().rstrip("=")
         async with httpx.AsyncClient() as client:
-            async with aconnect_ws(url, client, subprotocols=[f"qwen-bearer.{token}"]) as ws:
-                assert ws.subprotocol == f"qwen-bearer.{token}"
-                await ws.send_json(INITIALIZE)
-                with anyio.fail_after(10):
-                    reply = await ws.receive_json()
-                assert reply["result"]["protocolVersion"] == 1
+            for offered, chosen in (([f"qwen-bearer.{token}"], None),
+                                    ([f"qwen-bearer.{token}", "qwen-ws"], "qwen-ws"),
+                                    (["qwen-ws", f"qwen-bearer.{token}"], "qwen-ws")):
+                async with aconnect_ws(url, client, subprotocols=offered) as ws:
+                    answered = ws.response.headers if ws.response is not None else {}
+                    assert not any(token in value or "s3cret" in value
+                                   for value in answered.values()), answered
+                    await ws.send_json(INITIALIZE)
+                    with anyio.fail_after(10):
+                        reply = await ws.receive_json()
+                    assert reply["result"]["protocolVersion"] == 1
+                    assert answered.get("sec-websocket-protocol") == chosen, offered
             with pytest.raises(WebSocketUpgradeError) as refused:
                 async with aconnect_ws(url, client):
                     pass
@@ -104,6 +116,34 @@ async def test_tls_and_websocket_over_tls(tmp_path: Path, server: str) -> None:
                 await ws.send_json(INITIALIZE)
                 with anyio.fail_after(10):
                     assert (await ws.receive_json())["result"]["protocolVersion"] == 1
+
+
+# ``serve`` with the idle sweep unsupported, as on any platform but Linux
+NO_SWEEP = ("-c", "import runpy, sys; from acp_server.http.idle import IdleConnections; "
+                  "IdleConnections.supported = staticmethod(lambda: False); "
+                  "sys.argv[0] = 'acp_server'; runpy.run_module('acp_server', "
+                  "run_name='__main__', alter_sys=True)")
+
+
+@pytest.mark.skipif(OPENSSL is None, reason="openssl is not installed")
+async def test_uvicorn_serves_tls_where_the_idle_sweep_cannot_run(tmp_path: Path) -> None:
+    """Security pass: uvicorn's TLS settings were made only where the idle sweep runs
+    (Linux, ``TCP_INFO``, ``/proc/self/fd``): elsewhere ``--tls-cert`` served plain
+    HTTP, the listening line saying ``https://`` all the same. TLS is now on with or
+    without the sweep."""
+    certs = make_certificates(tmp_path)
+    async with ServeProcess(tmp_path, "--http-server", "uvicorn", "--tls-cert",
+                            str(certs["server"]), "--tls-key", str(certs["server-key"]),
+                            runner=NO_SWEEP) as daemon:
+        assert daemon.base_url.startswith("https://")
+        context = ssl.create_default_context(cafile=str(certs["ca"]))
+        base = daemon.base_url.replace("127.0.0.1", "localhost")
+        async with httpx.AsyncClient(base_url=base, verify=context) as client:
+            assert (await client.get("/health")).json() == {"status": "ok"}
+        plain = base.replace("https://", "http://")
+        async with httpx.AsyncClient(base_url=plain) as client:
+            with pytest.raises(httpx.HTTPError):   # no plain HTTP on that port
+                await client.get("/health")
 
 
 def test_plain_http_off_loopback_is_loud(tmp_path: Path) -> None:
