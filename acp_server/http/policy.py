@@ -32,7 +32,11 @@ Contracts (the checks run in this order; the first that fails is the answer):
    ``Sec-WebSocket-Protocol: qwen-bearer.<base64url>``, the first such entry only):
    the bootstrap token or a stored ``acps_…`` token, compared in constant time → ``401`` otherwise (one
    answer for missing, unknown, wrong, revoked and expired; each failure is an
-   ``auth.failed`` audit record, sampled). ``OPEN_PATHS`` are exempt unless
+   ``auth.failed`` audit record, sampled). A client not on loopback that failed
+   ``FAILURE_TIERS`` times (20 at once, then one every 3 s: ``Gate.failures``) → ``429``
+   ``too_many_failed_credentials`` with ``Retry-After``, its credential not compared,
+   until its bucket holds one again (a loopback client is never throttled: all local
+   processes share its address, and they can be refused by other means). ``OPEN_PATHS`` are exempt unless
    ``health_needs_auth``, and so are ``public(method, path)`` requests (the web
    console's files; never a WebSocket), and so is an allowed CORS preflight
    (``OPTIONS`` with ``Access-Control-Request-Method``). **Without** any credential
@@ -51,7 +55,9 @@ CORS headers (the front layer needs it; the WebSocket does not).
 from __future__ import annotations
 
 import base64
+import dataclasses
 import ipaddress
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,6 +65,7 @@ from urllib.parse import urlsplit
 
 from acp_server.principals import CALLER_KEY, LOCAL, Caller, Denial, Gate
 from acp_server.principals.auth import MISS, bootstrap_only
+from acp_server.principals.limits import CREDENTIAL_FAILURE
 from acp_server.principals.model import Principal
 from acp_server.principals.tokens import parse as parse_token
 from acp_server.principals.tokens import public_id
@@ -109,6 +116,11 @@ TOO_MANY_HEADERS = Refusal(431, "header_fields_too_large", "Too many header fiel
 HEADERS_TOO_LARGE = Refusal(431, "header_fields_too_large", "Header fields too large.")
 CODING_UNSUPPORTED = Refusal(501, "transfer_coding_unsupported",
                              "Transfer-Encoding other than chunked is not supported.")
+# A client not on loopback past its failed credentials (``GuardPolicy._guessing``): its
+# ``Retry-After`` is set per answer.
+TOO_MANY_FAILURES = Refusal(429, "too_many_failed_credentials",
+                            "Too many failed credentials from this address; retry later.",
+                            cacheable=False)
 STORE_UNAVAILABLE = Refusal(503, "store_unavailable",
                             "The token store is unavailable; retry later.",
                             headers=((b"retry-after", b"5"),))
@@ -286,6 +298,9 @@ class GuardPolicy:
                 return self._local(scope), allowed   # what is offered is ignored
             if self._exempt(scope):
                 return None, allowed
+            throttled = self._guessing(scope)
+            if throttled is not None:
+                return throttled, allowed
             self._failed(scope, None, reason="repeated_credential")
             return UNAUTHORIZED, allowed
         if not gate.authenticator.required:
@@ -299,6 +314,9 @@ class GuardPolicy:
             return self._local(scope), allowed
         if self._exempt(scope):
             return None, allowed
+        throttled = self._guessing(scope)
+        if throttled is not None:
+            return throttled, allowed
         return self._authenticate(scope, authorization, protocols), allowed
 
     async def admit(self, scope: Any) -> tuple[Refusal | None, bytes | None]:
@@ -438,12 +456,28 @@ class GuardPolicy:
                 protocols = value
         return found + (_protocol_credentials(protocols) if protocols is not None else [])
 
+    def _guessing(self, scope: Any) -> Refusal | None:
+        """``TOO_MANY_FAILURES`` (429, its wait) when the client, not on loopback, has
+        used up its failed credentials (``Gate.failures``): its credential is then not
+        even compared, so guessing a token runs at that rate, not the server's."""
+        client = scope.get("client")
+        if not client or self._loopback_client(client[0]):
+            return None
+        wait = self.gate.failures.waiting(str(client[0]), CREDENTIAL_FAILURE)  # type: ignore[union-attr]
+        if wait is None:
+            return None
+        return dataclasses.replace(TOO_MANY_FAILURES, headers=(
+            (b"retry-after", str(max(1, math.ceil(wait))).encode()),))
+
     def _failed(self, scope: Any, credential: bytes | None, reason: str | None = None) -> None:
         client = scope.get("client")
-        self.gate.audit.auth_failed(  # type: ignore[union-attr]
+        gate: Gate = self.gate   # type: ignore[assignment]
+        gate.audit.auth_failed(
             client=str(client[0]) if client else None,
             reason=reason or ("missing_credential" if not credential else "invalid_credential"),
             path=scope.get("path", ""), token_id=public_id(credential) if credential else None)
+        if client and not self._loopback_client(client[0]):
+            gate.failures.take(str(client[0]), CREDENTIAL_FAILURE)
 
 
 def _bearer(value: bytes | None) -> bytes | None:

@@ -51,7 +51,7 @@ import anyio.abc
 from acp_server.principals import admin
 from acp_server.principals.audit import AuditLog, prompt_text
 from acp_server.principals.auth import TTL_S, Authenticator
-from acp_server.principals.limits import RateLimiter, Tier
+from acp_server.principals.limits import FAILURE_TIERS, RateLimiter, Tier
 from acp_server.principals.model import ADMIN, LOCAL, Access, Principal
 from acp_server.principals.ownership import SessionOwners
 from acp_server.principals.streams import LOCAL_STREAMS, StreamRegistry
@@ -198,9 +198,13 @@ class Caller:
 class Gate:
     def __init__(self, authenticator: Authenticator, *, limiter: RateLimiter | None = None,
                  audit: AuditLog | None = None, share_sessions: bool = False,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 failures: RateLimiter | None = None) -> None:
+        """``failures``: the failed credentials per client address not on loopback
+        (``acp_server.http.policy``; default ``FAILURE_TIERS`` on the monotonic clock)."""
         self.authenticator = authenticator
         self.limiter = limiter or RateLimiter({})
+        self.failures = failures if failures is not None else RateLimiter(FAILURE_TIERS)
         self.audit = audit or AuditLog(None)
         self.streams = StreamRegistry()
         self.sessions = SessionOwners()   # is_live set by the composition

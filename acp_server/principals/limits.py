@@ -46,6 +46,11 @@ class Tier:
         return self.per_minute / self.window_s
 
 
+# Failed credentials per client address not on loopback (``Gate.failures``): 20 at
+# once, then one every 3 s; past them the address's requests are refused unchecked.
+CREDENTIAL_FAILURE = "credential_failure"
+FAILURE_TIERS = {CREDENTIAL_FAILURE: Tier(20)}
+
 # qwen serve's --rate-limit tiers: the defaults for stored tokens.
 DEFAULT_TIERS = {PROMPT_CLASS: Tier(10), MUTATION_CLASS: Tier(30), READ_CLASS: Tier(120)}
 
@@ -88,6 +93,16 @@ class RateLimiter:
         self.refused[klass] = self.refused.get(klass, 0) + 1
         return (1 - bucket[0]) / rate
 
+    def waiting(self, key: str, klass: str) -> float | None:
+        """Seconds until ``key``'s bucket of ``klass`` holds one token again, ``None``
+        when it does (or is not tracked); takes nothing."""
+        found = self._classes.get(klass)
+        bucket = found[2].get(key) if found is not None else None
+        if found is None or bucket is None:
+            return None
+        tokens = bucket[0] + (self.clock() - bucket[1]) * found[1]
+        return None if tokens >= 1 else (1 - tokens) / found[1]
+
     def give_back(self, key: str, klass: str) -> None:
         """Undo one ``take`` that was allowed: the request is counted elsewhere (another
         instance serves it: ``acp_server.fleet``). Never past the bucket's capacity."""
@@ -107,4 +122,5 @@ class RateLimiter:
         return self._size < self.max_keys
 
 
-__all__ = ["DEFAULT_TIERS", "RateLimiter", "Tier", "WINDOW_S"]
+__all__ = ["CREDENTIAL_FAILURE", "DEFAULT_TIERS", "FAILURE_TIERS", "RateLimiter", "Tier",
+           "WINDOW_S"]

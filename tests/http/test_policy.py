@@ -171,3 +171,34 @@ def test_the_local_caller_memo_is_bounded_and_answers_when_full() -> None:
     assert policy.check(late) is None and late[CALLER_KEY].client == addresses[-1]
     assert policy.check(scope(client="192.0.2.7")) is p.NOT_LOOPBACK   # never kept
     assert "192.0.2.7" not in policy._local_callers
+
+
+def test_a_remote_client_guessing_tokens_is_throttled() -> None:
+    """20 failed credentials from one address not on loopback, then one every 3 s: past
+    them a request from it is 429 ``too_many_failed_credentials`` with its wait, its
+    credential not compared (the right token too); other addresses and loopback
+    clients are not touched."""
+    from acp_server.principals import Gate
+    from acp_server.principals.auth import bootstrap_only
+    from acp_server.principals.limits import FAILURE_TIERS, RateLimiter
+
+    now = [100.0]
+    gate = Gate(bootstrap_only("s3cret"), failures=RateLimiter(FAILURE_TIERS, clock=lambda: now[0]))
+    policy = GuardPolicy(token="s3cret", loopback_bind=False, gate=gate)
+    wrong, right = ("authorization", "Bearer guess"), ("authorization", "Bearer s3cret")
+    remote = "203.0.113.9"
+    for _ in range(20):
+        assert policy.check(scope(wrong, client=remote)) is p.UNAUTHORIZED
+    refused = policy.check(scope(wrong, client=remote))
+    assert refused is not None and (refused.status, refused.code) == (
+        429, "too_many_failed_credentials")
+    assert refused.headers == ((b"retry-after", b"3"),)
+    assert policy.check(scope(right, client=remote)).status == 429   # type: ignore[union-attr]
+    assert policy.check(scope(right, client="198.51.100.4")) is None
+    for _ in range(50):   # loopback: never throttled
+        assert policy.check(scope(wrong)) is p.UNAUTHORIZED
+    assert policy.check(scope(right)) is None
+    now[0] += 3.0   # one failure's worth back
+    assert policy.check(scope(right, client=remote)) is None
+    assert policy.check(scope(wrong, client=remote)) is p.UNAUTHORIZED
+    assert policy.check(scope(wrong, client=remote)).status == 429   # type: ignore[union-attr]

@@ -69,3 +69,30 @@ async def test_a_bad_trusted_proxy_is_refused_at_start(tmp_path: Path) -> None:
     daemon = ServeProcess(tmp_path, "--trusted-proxy", "lb.internal")
     with pytest.raises(AssertionError, match="Invalid trusted-proxy: 'lb.internal'"):
         daemon.start()
+
+
+async def test_a_remote_client_guessing_the_token_is_throttled(tmp_path: Path) -> None:
+    """Over real HTTP behind a trusted proxy: 20 wrong tokens from one remote address,
+    then 429 ``too_many_failed_credentials`` with ``Retry-After`` in each door's shape,
+    the right token included; another address and the proxy's own host are served."""
+    async with ServeProcess(tmp_path, "--token", TOKEN, "--trusted-proxy", "127.0.0.1") \
+            as daemon:
+        guesser = {"X-Forwarded-For": "203.0.113.7"}
+        for n in range(20):
+            told = await daemon.client.get("/capabilities", headers={
+                **guesser, "Authorization": f"Bearer guess-{n}"})
+            assert told.status_code == 401, told.text
+        rest = await daemon.client.get("/capabilities", headers=guesser)   # the right token
+        assert rest.status_code == 429, rest.text
+        assert rest.json()["code"] == "too_many_failed_credentials"
+        assert int(rest.headers["retry-after"]) >= 1
+        lmsp = await daemon.client.get("/lmsp/v1/tasks", headers=guesser)
+        assert lmsp.status_code == 429 and lmsp.json()["code"] == "too_many_failed_credentials"
+        acp = await daemon.client.post("/acp", headers=guesser, json={
+            "jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": 1}})
+        assert acp.status_code == 429
+        assert acp.json()["error"]["data"]["errorKind"] == "too_many_failed_credentials"
+        other = await daemon.client.get("/capabilities",
+                                        headers={"X-Forwarded-For": "198.51.100.1"})
+        assert other.status_code == 200
+        assert (await daemon.client.get("/capabilities")).status_code == 200   # the proxy's host
