@@ -186,3 +186,22 @@ async def test_session_setters(qwen_sdk: str, tmp_path: Path) -> None:
     assert [o["currentValue"] for o in option["configOptions"]] == ["high"]
     assert r["updates"] == ["current_mode_update", "current_mode_update",
                             "config_option_update"]
+    # qwen's own events of the setters, with its field names: the SDK's typed reader
+    # knows each, its session reducer follows them (they were never sent)
+    client = r["clientId"]
+    assert r["announced"] == [
+        {"type": "approval_mode_changed", "known": True, "originatorClientId": client,
+         "data": {"sessionId": sid, "previous": "default", "next": "plan",
+                  "persisted": False}},
+        {"type": "approval_mode_changed", "known": True, "originatorClientId": None,
+         "data": {"sessionId": sid, "previous": "plan", "next": "yolo", "persisted": False}},
+        {"type": "model_switched", "known": True, "originatorClientId": client,
+         "data": {"sessionId": sid, "modelId": "reference-large"}},
+        {"type": "model_switch_failed", "known": True, "originatorClientId": client,
+         "data": {"sessionId": sid, "requestedModelId": "gpt-9",
+                  "error": 'Unknown model "gpt-9"'}}]
+    assert r["view"] == {"approvalMode": "yolo", "currentModelId": "reference-large",
+                         "approvalModeChangedCount": 2,
+                         "lastModelSwitchFailure": {"sessionId": sid,
+                                                    "requestedModelId": "gpt-9",
+                                                    "error": 'Unknown model "gpt-9"'}}
