@@ -223,4 +223,4 @@ def session_record(session: Session) -> SessionOpened:
         cwd=session.workspace_cwd, created_at=session.created_at,
         epoch=session.bus.epoch, scope=session.scope, forked_from=session.forked_from,
         origin=session.origin, owner=session.owner, seed=session.seed,
-        settings=dict(session.settings) or None)
+        settings=dict(session.settings) or None, display_name=session.display_name)
