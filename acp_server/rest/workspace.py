@@ -64,7 +64,8 @@ def session_summary(status: SessionStatus, owner: str | None = None) -> wire.Ses
     return wire.SessionSummary(
         **fields, agent=status.agent,
         maxPendingPrompts=status.max_pending_prompts,
-        activePromptText=status.active_prompt_text, origin=status.origin, owner=owner)
+        activePromptText=status.active_prompt_text, origin=status.origin, owner=owner,
+        displayName=msgspec.UNSET if status.display_name is None else status.display_name)
 
 
 _SIGNED_DIGITS = re.compile(r"[+-]?[0-9]+", re.ASCII)
