@@ -2,7 +2,7 @@
 // `qwen serve` 0.24.4. Driven by tests/clients/test_qwen_sdk_compat.py.
 //
 //   node qwen_sdk_compat.mjs <sdk folder> <base url> pending|branch|heartbeat|status|echo|stream
-//                                                     |session-status|attach|setters
+//                                                     |session-status|attach|setters|named
 //   node qwen_sdk_compat.mjs <sdk folder> - known '[envelope, …]'   (no server)
 //
 // `pending`: DaemonClient.removePendingPrompt (200 {removed}) on a queued prompt, then
@@ -227,7 +227,24 @@ async function setters() {
                    lastModelSwitchFailure: view.lastModelSwitchFailure } };
 }
 
+// `named`: DaemonClient.listWorkspaceSessions after a session's first prompt: its
+// displayName and isArchived as the SDK hands them to a session picker.
+async function named() {
+  const client = new DaemonClient({ baseUrl });
+  const s = await client.createOrAttachSession({ sessionScope: "thread" });
+  const quiet = await client.createOrAttachSession({ sessionScope: "thread" });
+  await client.prompt(s.sessionId, text("hello listing"));
+  const cwd = (await client.capabilities()).workspaces[0].cwd;
+  const listed = await client.listWorkspaceSessions(cwd, { pageSize: 1000 });
+  const of = (sid) => {
+    const row = listed.find((x) => x.sessionId === sid);
+    return { displayName: row.displayName ?? null, isArchived: row.isArchived };
+  };
+  return { named: of(s.sessionId), quiet: of(quiet.sessionId) };
+}
+
 const out = mode === "pending" ? await pending()
+  : mode === "named" ? await named()
   : mode === "setters" ? await setters()
   : mode === "stream" ? await stream()
   : mode === "echo" ? await echo()

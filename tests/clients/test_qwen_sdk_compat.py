@@ -205,3 +205,13 @@ async def test_session_setters(qwen_sdk: str, tmp_path: Path) -> None:
                          "lastModelSwitchFailure": {"sessionId": sid,
                                                     "requestedModelId": "gpt-9",
                                                     "error": 'Unknown model "gpt-9"'}}
+
+
+async def test_the_listing_names_a_session_by_its_first_prompt(qwen_sdk: str,
+                                                               tmp_path: Path) -> None:
+    """``listWorkspaceSessions`` (a session picker's source) gets qwen's
+    ``displayName``, the first prompt, and ``isArchived: false``: both were absent."""
+    async with running_acp_server(tmp_path) as srv:
+        r = await run_script("qwen_sdk_compat.mjs", qwen_sdk, srv.base_url, "named")
+    assert r == {"named": {"displayName": "hello listing", "isArchived": False},
+                 "quiet": {"displayName": None, "isArchived": False}}
