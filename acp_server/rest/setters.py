@@ -13,7 +13,8 @@ Contracts (``docs/rest.md``):
 
 * Checked as qwen checks them, in its order: the session (another principal's, or
   unknown: 404 ``session_not_found``; a session restored after a restart is restored on
-  its agent first), the body, the client id. ``persist`` must be a boolean when given
+  its agent first), the body, the client id (for a mode or a model one the session
+  issued, else 400 ``invalid_client_id``; for an option only its form, as qwen's). ``persist`` must be a boolean when given
   (approval mode: 400 ``invalid_persist_flag``), ``planMode`` a boolean with a mode
   other than ``plan`` (400 ``invalid_plan_mode``); both are then not used: nothing is
   written to settings, so ``persisted`` is always ``false``.
@@ -93,6 +94,16 @@ async def _refused_as_rest(call: Awaitable[Any]) -> Any:
         raise RestError(400 if exc.rpc_code == INVALID_PARAMS else 409, body) from None
 
 
+def _trusted(bridge: Bridge, session_id: str, request: Request) -> str | None:
+    """``X-Qwen-Client-Id``, which must be one the session issued (400
+    ``invalid_client_id`` otherwise, the agent not asked), as qwen's mode and model
+    setters check it (``resolveTrustedClientId``)."""
+    client_id = wire.client_id(request)
+    if client_id is not None:
+        bridge.check_client(session_id, client_id)
+    return client_id
+
+
 def _mode_ids(state: dict[str, Any]) -> list[str]:
     modes = state.get("modes")
     available = modes.get("availableModes") if isinstance(modes, dict) else None
@@ -121,7 +132,7 @@ async def set_approval_mode(request: Request, *, bridge: Bridge, config: RestCon
                                             or body.mode == "plan"):
         raise bad_request("`planMode` must be a boolean with a non-plan execution mode",
                           "invalid_plan_mode")
-    client_id = wire.client_id(request)
+    client_id = _trusted(bridge, session_id, request)
     _answer, change = await _refused_as_rest(bridge.set_setting(
         session_id, "session/set_mode", {"sessionId": session_id, "modeId": body.mode},
         client_id=client_id))
@@ -138,7 +149,7 @@ async def set_model(request: Request, *, bridge: Bridge, config: RestConfig) -> 
     body = await wire.read_json(request, wire.ModelBody, limit=config.max_body_bytes)
     if not isinstance(body.modelId, str) or not body.modelId:
         raise bad_request("`modelId` is required and must be a non-empty string")
-    client_id = wire.client_id(request)
+    client_id = _trusted(bridge, session_id, request)
     by_option = [o for o in _options(state) if o.get("category") == "model"]
     if not isinstance(state.get("models"), dict) and by_option:
         answer = await _set(request, bridge, session_id, "session/set_config_option",
