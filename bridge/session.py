@@ -375,8 +375,10 @@ class Session:
                 queued_at_ms=pending.queued_at_ms, seq=time.time_ns(),
                 deadline_ms=deadline_ms, was_queued=was_queued,
                 last_event_id=ticket.last_event_id, epoch=ticket.epoch))
-        if self.display_name is None:
-            self._named(prompt)
+        if self.display_name is None and (name := display_name(prompt)) is not None:
+            self.display_name = name   # its first prompt with text names it: journaled
+            if self.journal.durable:   # with its record, in the prompt's commit
+                self.journal.append(session_record(self))
         if pending.commit_seq or self.agent_side is not None:
             ticket._commit = lambda: self._admitted(pending)
         if was_queued:
@@ -391,13 +393,6 @@ class Session:
         self._enqueue(pending)
         self.observer.prompt_admitted()
         return ticket
-
-    def _named(self, prompt: list[Any]) -> None:
-        """Its first prompt with text names it (``display_name``), journaled with the
-        session's record in the prompt's commit."""
-        self.display_name = display_name(prompt)
-        if self.display_name is not None and self.journal.durable:
-            self.journal.append(session_record(self))
 
     async def _admitted(self, pending: PendingPrompt) -> None:
         """Wait for the prompt's PromptAccepted, then for the session's agent side (a
