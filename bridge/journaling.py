@@ -37,6 +37,7 @@ import anyio
 
 from bridge.bus import EventBus
 from bridge.journal import EventsReset, SessionEnded, SessionJournal, SessionOpened, storable
+from bridge.pending import display_name
 
 if TYPE_CHECKING:
     import anyio.abc
@@ -214,6 +215,14 @@ class Journaling:
         finally:
             del self._restoring[session_id]
             done.set()
+
+
+def named(session: Session, prompt: list[Any]) -> None:
+    """A session's first prompt with text names it (``display_name``: the listings'),
+    journaled with its record in that prompt's commit."""
+    session.display_name = display_name(prompt)
+    if session.display_name is not None and session.journal.durable:
+        session.journal.append(session_record(session))
 
 
 def session_record(session: Session) -> SessionOpened:

@@ -55,7 +55,7 @@ from bridge.journal import (
     PromptSettled,
     SessionJournal,
 )
-from bridge.journaling import session_record
+from bridge.journaling import named
 from bridge.observer import NO_OBSERVER, BridgeObserver
 from bridge.options import BridgeOptions
 from bridge.pending import (  # re-exported: the FIFO's items live in bridge.pending
@@ -65,7 +65,6 @@ from bridge.pending import (  # re-exported: the FIFO's items live in bridge.pen
     PendingPrompt,
     QueueWaitStats,
     WorkItem,
-    display_name,
     prompt_text,
 )
 from bridge.status import (
@@ -375,10 +374,8 @@ class Session:
                 queued_at_ms=pending.queued_at_ms, seq=time.time_ns(),
                 deadline_ms=deadline_ms, was_queued=was_queued,
                 last_event_id=ticket.last_event_id, epoch=ticket.epoch))
-        if self.display_name is None and (name := display_name(prompt)) is not None:
-            self.display_name = name   # its first prompt with text names it: journaled
-            if self.journal.durable:   # with its record, in the prompt's commit
-                self.journal.append(session_record(self))
+        if self.display_name is None:
+            named(self, prompt)
         if pending.commit_seq or self.agent_side is not None:
             ticket._commit = lambda: self._admitted(pending)
         if was_queued:
