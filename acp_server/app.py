@@ -172,9 +172,13 @@ def workspace_mounts(cwd: str) -> WorkspaceMounts:
     ``/workspace/{id}/sessions``, where ``{ws}`` is the workspace id of ``/capabilities``
     or the workspace's absolute path (URL-encoded, ``%2F``; as the server decodes it).
     Any other ``{ws}`` reaches ``rest.workspace``'s 400 ``workspace_mismatch``
-    (``acp_server.http.mounts``)."""
+    (``acp_server.http.mounts``). ``/workspace/{path}/sessions`` (the peer's listing
+    under the workspace's path, as its SDK's ``listWorkspaceSessions(cwd)`` asks) is
+    ``/workspace/{id}/sessions`` too."""
     wid = workspace_id(cwd)
-    return WorkspaceMounts(cwd, wid, {"acp": ACP_PATH, "sessions": f"/workspace/{wid}/sessions"})
+    listing = f"/workspace/{wid}/sessions"
+    return WorkspaceMounts(cwd, wid, {"acp": ACP_PATH, "sessions": listing},
+                           by_path={"sessions": listing})
 
 
 def _routes_at(router: IndexedRouter, path: str) -> list[BaseRoute]:

@@ -8,6 +8,7 @@ offered while the bridge runs.
     bridge.agent_capability("qwen", "sessionCapabilities", "fork")   # None: not offered
     state = await bridge.agent_state(session_id)   # {"modes": {...}, "models": ..., ...}
     previous = await bridge.set_mode(session_id, "plan")   # "default"
+    answer, change = await bridge.set_setting(session_id, "session/set_model", params)
     [a.name for a in bridge.list_agents()]                            # the default first
     bridge.agent_finder = catalog       # lists agents again (bridge.agents.catalog)
     bridge.add_agents({"llama3:8b": factory})                         # offered from now on
@@ -22,9 +23,11 @@ after restoring the agent side of a session restored from the journal
 it (its ``session/new``, ``load`` or ``resume`` answer less the id: ``modes``,
 ``models``, ``configOptions``), with the changes the setters ``forward``ed made (``SETTERS``, any door: a success is
 recorded there, the current mode, the current model, the options the agent answered;
-one setter at a time per session: ``set_mode`` answers the mode it replaced);
-and what the agent reports on its own (``current_mode_update``,
-``config_option_update``: ``bridge.agent_state``).
+one setter at a time per session: ``set_mode`` answers the mode it replaced,
+``set_setting`` what changed); and what the agent reports on its own
+(``current_mode_update``, ``config_option_update``: ``bridge.agent_state``). Every
+setter, whichever door, goes through ``_set``, which publishes qwen's events for it
+(``bridge.setting_changes``).
 
 Agents offered while the bridge runs: ``add_agents`` adds them (pool, client, a share
 of the session cap) in one step with no await, so every caller sees an agent whole or
@@ -38,7 +41,7 @@ listing (``refresh_agents``).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import anyio
 import anyio.abc
@@ -46,8 +49,14 @@ import anyio.abc
 from bridge.agent_client import AgentSide
 from bridge.agent_state import record
 from bridge.agents.base import AgentConnection, AgentFactory
-from bridge.errors import AgentNotFoundError, AgentRequestTimeoutError, SessionNotRestorableError
+from bridge.errors import (
+    AgentNotFoundError,
+    AgentRequestTimeoutError,
+    BridgeError,
+    SessionNotRestorableError,
+)
 from bridge.journaling import session_record
+from bridge.setting_changes import SettingChange, announce, announce_failure, change_of
 from bridge.settings import SETTING_METHODS, keep, setting_key
 from bridge.status import AgentStatus
 
@@ -62,6 +71,13 @@ if TYPE_CHECKING:
 # the setters whose success ``forward`` records in the session's state (``agent_state``)
 SETTERS = SETTING_METHODS
 LISTING_WAIT_S = 2.0   # a listing of the agents waits at most this long for the finder
+
+
+class SetResult(NamedTuple):
+    """``set_setting``'s: the agent's answer and what it changed."""
+
+    answer: Any
+    change: SettingChange | None
 
 
 class AgentFinder(Protocol):
@@ -156,45 +172,64 @@ class AgentCallsAPI:
                       bounded: bool = False) -> Any:
         """Send an ACP request the bridge has no rule for (``session/set_mode``, ...)
         to the session's agent, unchanged; its answer, unchanged. A setter (``SETTERS``,
-        any door) runs under the session's setter lock and its success is kept
-        (``_set``); a setter, or any request when ``bounded``, within
-        ``agent_request_timeout_ms`` (``AgentRequestTimeoutError``)."""
-        session = self.get_session(session_id)
+        any door) is ``set_setting``'s, within ``agent_request_timeout_ms``
+        (``AgentRequestTimeoutError``); any other request too when ``bounded``."""
         if method not in SETTERS or not isinstance(params, dict):
-            agent = await self._agent_of(session)
+            agent = await self._agent_of(self.get_session(session_id))
             if bounded:
                 return await self._agent_request(agent, method, params)
             return await agent.request(method, params)
-        async with session.setting:
-            return await self._set(session, method, params)
+        return (await self.set_setting(session_id, method, params)).answer
 
-    async def set_mode(self, session_id: str, mode_id: str) -> Any:
+    async def set_setting(self, session_id: str, method: str, params: dict[str, Any], *,
+                          client_id: str | None = None) -> SetResult:
+        """A setter (``SETTERS``) forwarded under the session's setter lock (``_set``):
+        the agent's answer, unchanged, and what it changed (``change``: the setting,
+        its value before as last known and after; ``None`` for params naming none).
+        ``client_id``: the caller's, its events' ``originatorClientId`` when the
+        session issued it."""
+        session = self.get_session(session_id)
+        async with session.setting:
+            return await self._set(session, method, params, client_id)
+
+    async def set_mode(self, session_id: str, mode_id: str, *,
+                       client_id: str | None = None) -> Any:
         """``session/set_mode`` forwarded; the mode before it as last known (``None``
         when the agent reported none), read and changed under the session's setter
         lock, so two at once each get the one the other left."""
-        session = self.get_session(session_id)
-        async with session.setting:
-            modes = session.agent_result.get("modes")
-            previous = modes.get("currentModeId") if isinstance(modes, dict) else None
-            await self._set(session, "session/set_mode",
-                            {"sessionId": session_id, "modeId": mode_id})
-        return previous
+        result = await self.set_setting(session_id, "session/set_mode",
+                                        {"sessionId": session_id, "modeId": mode_id},
+                                        client_id=client_id)
+        return result.change.old if result.change is not None else None
 
-    async def _set(self, session: Session, method: str, params: dict[str, Any]) -> Any:
+    async def _set(self, session: Session, method: str, params: dict[str, Any],
+                   client_id: str | None) -> SetResult:
         """A setter asked of the agent. Once it accepted: recorded in the session's state
-        (``agent_state``) and kept in its journal record (``bridge.settings``), committed
-        before the answer is returned (``JournalUnavailableError`` when that fails:
-        nothing acknowledged); not for a session closed or deleted meanwhile. Within
-        ``agent_request_timeout_ms`` (``AgentRequestTimeoutError``): an agent that never
-        answers one holds neither its caller nor the session's setter lock for ever."""
-        answer = await self._agent_request(await self._agent_of(session), method, params)
+        (``agent_state``), announced on its bus (``bridge.setting_changes``: qwen's
+        ``approval_mode_changed``, ``model_switched``; a model refused or not answered:
+        ``model_switch_failed``) and kept in its journal record (``bridge.settings``),
+        committed (the event with it, appended first) before the answer is returned
+        (``JournalUnavailableError`` when that fails: nothing acknowledged); not kept for
+        a session closed or deleted meanwhile. Within ``agent_request_timeout_ms``
+        (``AgentRequestTimeoutError``): an agent that never answers one holds neither its
+        caller nor the session's setter lock for ever."""
+        change = change_of(session.agent_result, method, params)
+        agent = await self._agent_of(session)
+        try:
+            answer = await self._agent_request(agent, method, params)
+        except BridgeError as exc:
+            if change is not None:
+                announce_failure(session, change, exc, client_id)
+            raise
         record(session.agent_result, method, params, answer)
+        if change is not None:
+            announce(session, change, client_id)
         key = setting_key(method, params)
         if key is not None and session.journal.durable \
                 and self._sessions.get(session.session_id) is session and not session.closing:
             if keep(session.settings, key, method, params, session.session_id):
                 await session.journal.wait(session.journal.append(session_record(session)))
-        return answer
+        return SetResult(answer, change)
 
     async def agent_state(self, session_id: str) -> dict[str, Any]:
         """The session's state as its agent answered it (the module docstring), the

@@ -45,6 +45,9 @@ PERMISSION_RESOLVED = "permission_resolved"
 SESSION_CLOSED = "session_closed"
 SESSION_DIED = "session_died"
 AGENT_ABANDONED = "agent_abandoned"   # bridge.abandoning: a turn the agent never ended
+APPROVAL_MODE_CHANGED = "approval_mode_changed"   # a setter's success (bridge.setting_changes)
+MODEL_SWITCHED = "model_switched"
+MODEL_SWITCH_FAILED = "model_switch_failed"
 
 # Stream-control frames (never stored in the ring, no id).
 REPLAY_COMPLETE = "replay_complete"
@@ -60,7 +63,8 @@ BUS_EVENT_TYPES = (
     SESSION_UPDATE, PENDING_PROMPT_ADDED, PENDING_PROMPT_STARTED, PENDING_PROMPT_COMPLETED,
     TURN_COMPLETE, TURN_ERROR, PROMPT_CANCELLED, PERMISSION_REQUEST, PERMISSION_RESOLVED,
     SESSION_CLOSED, SESSION_DIED, ELICITATION_REQUEST, ELICITATION_RESOLVED,
-    ELICITATION_COMPLETE, AGENT_ABANDONED,
+    ELICITATION_COMPLETE, AGENT_ABANDONED, APPROVAL_MODE_CHANGED, MODEL_SWITCHED,
+    MODEL_SWITCH_FAILED,
 )
 SYNTHETIC_EVENT_TYPES = (REPLAY_COMPLETE, STATE_RESYNC_REQUIRED, SLOW_CLIENT_WARNING, CLIENT_EVICTED)
 
@@ -177,6 +181,31 @@ class AgentAbandoned(Payload):
     prompt_id: str | None = None
 
 
+class ApprovalModeChanged(Payload):
+    """A session's mode set through a setter (qwen's ``approval_mode_changed``)."""
+
+    session_id: str
+    previous: str
+    next: str
+    persisted: bool   # always False: no settings file is written
+
+
+class ModelSwitched(Payload):
+    """A session's model set through a setter (qwen's ``model_switched``)."""
+
+    session_id: str
+    model_id: str
+
+
+class ModelSwitchFailed(Payload):
+    """The session's agent refused a model (or failed to answer): qwen's
+    ``model_switch_failed``."""
+
+    session_id: str
+    requested_model_id: str
+    error: str
+
+
 class ReplayComplete(Payload):
     last_replayed_event_id: int
     last_event_id: int  # deprecated alias of last_replayed_event_id
@@ -224,6 +253,9 @@ PAYLOADS: dict[str, type[Payload]] = {
     SESSION_CLOSED: SessionClosed,
     SESSION_DIED: SessionDied,
     AGENT_ABANDONED: AgentAbandoned,
+    APPROVAL_MODE_CHANGED: ApprovalModeChanged,
+    MODEL_SWITCHED: ModelSwitched,
+    MODEL_SWITCH_FAILED: ModelSwitchFailed,
     REPLAY_COMPLETE: ReplayComplete,
     STATE_RESYNC_REQUIRED: StateResyncRequired,
     SLOW_CLIENT_WARNING: SlowClientWarning,

@@ -73,6 +73,8 @@ class SessionOpened(msgspec.Struct, kw_only=True, frozen=True, tag="session", ta
     # The settings a client changed through the agent, as the agent accepted them
     # (``bridge.settings``): applied to the agent again when the session is restored.
     settings: dict[str, Any] | None = None
+    # Its first prompt's name (``bridge.pending.display_name``), once it had one.
+    display_name: str | None = None
 
 
 class PromptAccepted(msgspec.Struct, kw_only=True, frozen=True, tag="prompt", tag_field="kind"):

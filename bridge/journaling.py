@@ -37,6 +37,7 @@ import anyio
 
 from bridge.bus import EventBus
 from bridge.journal import EventsReset, SessionEnded, SessionJournal, SessionOpened, storable
+from bridge.pending import display_name
 
 if TYPE_CHECKING:
     import anyio.abc
@@ -216,6 +217,14 @@ class Journaling:
             done.set()
 
 
+def named(session: Session, prompt: list[Any]) -> None:
+    """A session's first prompt with text names it (``display_name``: the listings'),
+    journaled with its record in that prompt's commit."""
+    session.display_name = display_name(prompt)
+    if session.display_name is not None and session.journal.durable:
+        session.journal.append(session_record(session))
+
+
 def session_record(session: Session) -> SessionOpened:
     """The journal's record of ``session`` as it is now."""
     return SessionOpened(
@@ -223,4 +232,4 @@ def session_record(session: Session) -> SessionOpened:
         cwd=session.workspace_cwd, created_at=session.created_at,
         epoch=session.bus.epoch, scope=session.scope, forked_from=session.forked_from,
         origin=session.origin, owner=session.owner, seed=session.seed,
-        settings=dict(session.settings) or None)
+        settings=dict(session.settings) or None, display_name=session.display_name)

@@ -24,6 +24,7 @@ from bridge.ticket import PromptTicket
 
 QUEUED, RUNNING, DONE = "queued", "running", "done"
 PROMPT_TEXT_PREVIEW = 500
+DISPLAY_NAME_MAX = 200   # code points, then "...": qwen serve's truncatePromptForDisplay
 
 
 def prompt_text(prompt: list[Any]) -> str:
@@ -31,6 +32,18 @@ def prompt_text(prompt: list[Any]) -> str:
              if isinstance(block, dict) and block.get("type") == "text"]
     text = "\n".join(p for p in parts if isinstance(p, str))
     return text[:PROMPT_TEXT_PREVIEW]
+
+
+def display_name(prompt: list[Any]) -> str | None:
+    """The name qwen serve lists a session under when it has no title: its first
+    prompt's first text block that is not empty, cut to ``DISPLAY_NAME_MAX`` code points
+    and ``...`` (``None``: no text)."""
+    text = next((block["text"] for block in prompt if isinstance(block, dict)
+                 and block.get("type") == "text" and isinstance(block.get("text"), str)
+                 and block["text"]), None)
+    if text is None or len(text) <= DISPLAY_NAME_MAX:
+        return text
+    return text[:DISPLAY_NAME_MAX] + "..."
 
 
 class PendingPrompt:

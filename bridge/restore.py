@@ -189,6 +189,7 @@ def _bridge_side(bridge: Bridge, found: RestoredSession) -> Session:
     session.settings = dict(record.settings or {})
     session.origin = record.origin
     session.owner = record.owner
+    session.display_name = record.display_name
     session.restored = True
     session.journaled_activity = found.last_activity()
     session.bus.epoch = uuid4_str() if found.gap else record.epoch
@@ -330,7 +331,8 @@ async def _load_or_reseed(bridge: Bridge, method: str, agent_name: str, session_
             else None
         return await spawn(bridge, method, agent_name, restore_id=session_id, owner=owner,
                            forked_from=record.forked_from if record else None,
-                           seed=record.seed if record else None)
+                           seed=record.seed if record else None,
+                           display_name=record.display_name if record else None)
     except (AgentError, NotSupportedError) as exc:
         if isinstance(exc, AgentError) and exc.rpc_code != RESOURCE_NOT_FOUND:
             raise
@@ -379,7 +381,8 @@ async def reseed_closed(bridge: Bridge, agent_name: str, found: RestoredSession 
     try:
         return await spawn(bridge, "session/new", agent_name, requested_id=session_id,
                            owner=found.record.owner or owner, seeded=found.events,
-                           seed=found.record.seed, forked_from=found.record.forked_from)
+                           seed=found.record.seed, forked_from=found.record.forked_from,
+                           display_name=found.record.display_name)
     except SessionIdNotHonoredError:
         log.warning("session %s: its agent %r made the reseeded session under another id",
                     session_id, agent_name)

@@ -55,6 +55,7 @@ from bridge.journal import (
     PromptSettled,
     SessionJournal,
 )
+from bridge.journaling import named
 from bridge.observer import NO_OBSERVER, BridgeObserver
 from bridge.options import BridgeOptions
 from bridge.pending import (  # re-exported: the FIFO's items live in bridge.pending
@@ -146,6 +147,7 @@ class Session:
         self.seed: str | None = None   # a branch's parent conversation (``SessionOpened.seed``)
         self.scope = "thread"          # its record's (``single``: an agent's default session)
         self.settings: dict[str, Any] = {}   # ``bridge.settings``: what the agent accepted
+        self.display_name: str | None = None   # its first prompt's (listings; journaled)
         # A restored session's last activity the journal knows (epoch seconds): its
         # ``updated_at`` until it is next touched (not the restart's time).
         self.journaled_activity: float | None = None
@@ -326,7 +328,8 @@ class Session:
             updated_at=self.journaled_activity if self.journaled_activity is not None
             else time.time() - max(0.0, time.monotonic() - self.last_seen),
             origin=self.origin, earliest_event_id=self.bus.earliest_available_id,
-            turn_ended_at=self.turn_ended_at, turn_failure=self.turn_failure, asked=asked)
+            turn_ended_at=self.turn_ended_at, turn_failure=self.turn_failure, asked=asked,
+            display_name=self.display_name)
 
     @property
     def pending_count(self) -> int:
@@ -371,6 +374,8 @@ class Session:
                 queued_at_ms=pending.queued_at_ms, seq=time.time_ns(),
                 deadline_ms=deadline_ms, was_queued=was_queued,
                 last_event_id=ticket.last_event_id, epoch=ticket.epoch))
+        if self.display_name is None:
+            named(self, prompt)
         if pending.commit_seq or self.agent_side is not None:
             ticket._commit = lambda: self._admitted(pending)
         if was_queued:

@@ -59,13 +59,14 @@ async def spawn(bridge: Bridge, method: str, agent_name: str, *,
                 fork_of: str | None = None, origin: str | None = None,
                 scope: str = "thread", owner: str | None = None,
                 seeded: list[Event] | None = None, seed: str | None = None,
-                forked_from: str | None = None) -> Session:
+                forked_from: str | None = None, display_name: str | None = None) -> Session:
     """Make a session on the agent (the module's contracts). ``seeded``: a closed
     session's journaled events (``restore.reseed_closed``): the new session gets their
     transcript after its ``seed`` (a branch's: the conversation it was made from, kept
     by its record), and their conversation as its first events. ``forked_from`` (and
     ``seed``): what the id's record says it was forked from, which a new life of a
-    branch (a cold load, a reseed) keeps in its own record (``fork_of`` makes one)."""
+    branch (a cold load, a reseed) keeps in its own record (``fork_of`` makes one);
+    ``display_name`` too (a branch takes its parent's: its conversation starts there)."""
     bridge.capacity.take(agent_name)
     bridge._in_flight_spawns += 1
     registered = False
@@ -82,6 +83,7 @@ async def spawn(bridge: Bridge, method: str, agent_name: str, *,
             session = await new_session(bridge, restore_id, agent, agent_name,
                                         origin=origin, owner=owner)
             session.forked_from, session.seed = forked_from, seed
+            session.display_name = display_name
             registered = True   # the session holds the slot: dropped, it frees it
             try:
                 await load_on(bridge, session, agent, method, params)
@@ -98,6 +100,7 @@ async def spawn(bridge: Bridge, method: str, agent_name: str, *,
                 session = await new_session(bridge, restore_id, agent, agent_name,
                                             origin=origin, owner=owner)
                 session.forked_from, session.seed = forked_from, seed
+                session.display_name = display_name
                 registered = True
                 await load_on(bridge, session, agent, method, params)
             await bridge._record_session(session, scope, loaded=True)
@@ -134,6 +137,7 @@ async def spawn(bridge: Bridge, method: str, agent_name: str, *,
         session.forked_from = fork_of or forked_from   # a reseeded branch: its origin
         session.seed = seed   # a reseeded branch's record keeps what it was made from
         parent = bridge._sessions.get(fork_of) if fork_of is not None else None
+        session.display_name = parent.display_name if parent is not None else display_name
         if parent is not None and bridge.journal.durable:   # what its agent side has
             session.seed = seed_of(parent.seed, parent.bus.ring_events())
         session.agent_result = result

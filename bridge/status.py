@@ -120,6 +120,7 @@ class SessionStatus:
     turn_ended_at: float | None = None
     turn_failure: TurnFailure | None = None   # its last turn that ran failed (else None)
     asked: tuple[AskedPermission, ...] = ()   # its permission requests open, oldest first
+    display_name: str | None = None   # its first prompt's name (bridge.pending.display_name)
 
     @property
     def has_active_prompt(self) -> bool:

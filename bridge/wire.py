@@ -143,6 +143,24 @@ class AgentAbandoned(_Data):
     promptId: str | None = None
 
 
+class ApprovalModeChanged(_Data):
+    sessionId: str
+    previous: str
+    next: str
+    persisted: bool
+
+
+class ModelSwitched(_Data):
+    sessionId: str
+    modelId: str
+
+
+class ModelSwitchFailed(_Data):
+    sessionId: str
+    requestedModelId: str
+    error: str
+
+
 class ReplayComplete(_Data):
     lastReplayedEventId: int
     lastEventId: int
@@ -187,6 +205,9 @@ TWINS: dict[type[ev.Payload], type[_Data]] = {
     ev.SessionClosed: SessionClosed,
     ev.SessionDied: SessionDied,
     ev.AgentAbandoned: AgentAbandoned,
+    ev.ApprovalModeChanged: ApprovalModeChanged,
+    ev.ModelSwitched: ModelSwitched,
+    ev.ModelSwitchFailed: ModelSwitchFailed,
     ev.ReplayComplete: ReplayComplete,
     ev.StateResyncRequired: StateResyncRequired,
     ev.SlowClientWarning: SlowClientWarning,

@@ -346,7 +346,13 @@ async def _session_permission(conn: AcpConnection, rpc_id: RpcId,
 
 
 async def _forward(conn: AcpConnection, method: str, params: dict[str, Any]) -> Any:
-    return await conn.bridge.forward(_session_id(params), method, params)
+    """A setter (``FORWARDED``) on the session's agent, through the bridge's one setter
+    path (its events: ``bridge.setting_changes``); once accepted, in the audit log."""
+    sid = _session_id(params)
+    answer, change = await conn.bridge.set_setting(sid, method, params)
+    if change is not None:
+        conn.caller.setting_changed(sid, change.setting, change.old, change.new, "acp")
+    return answer
 
 
 METHODS: dict[str, Handler] = {

@@ -14,6 +14,8 @@ ACP v1 (schema 1.21): ``ListSessionsRequest {cwd?, cursor?}`` →
   first by creation, a keyset cursor that is opaque to clients; a session live for the
   whole walk is on exactly one page whatever is created or closed between the reads.
   ``nextCursor`` is there only when more sessions follow; its absence ends the walk.
+* ``title`` is the session's first prompt's name (``bridge.pending.display_name``, as
+  REST's ``displayName`` and qwen's ``title``), absent before its first prompt with text.
 * A page holds at most ``PAGE_SIZE`` sessions (the schema has no size parameter).
 * ``cwd`` (an absolute path, or absent/``null``) keeps the sessions of that folder,
   resolved as ``session/new`` resolves its ``cwd`` (symbolic links, ``..``, a trailing
@@ -107,6 +109,11 @@ def _after(params: dict[str, Any]) -> SessionKey | tuple[float, str] | str | Non
             "start again without one") from None
 
 
+def _titled(name: str | None) -> dict[str, str]:
+    """ACP's ``title`` of a listed session: its first prompt's name, when it has one."""
+    return {} if name is None else {"title": name}
+
+
 async def session_list(conn: AcpConnection, rpc_id: RpcId, params: dict[str, Any]) -> Any:
     cwd, after = _cwd(params), _after(params)
     sessions: list[dict[str, Any]] = []
@@ -117,7 +124,8 @@ async def session_list(conn: AcpConnection, rpc_id: RpcId, params: dict[str, Any
         page, more = session_cursor.page_after(session_cursor.ordered(visible), after,
                                                PAGE_SIZE)
         sessions = [{"sessionId": s.session_id, "cwd": s.workspace_cwd,
-                     "updatedAt": iso(s.updated_at)} for _, s in page]
+                     **_titled(s.display_name), "updatedAt": iso(s.updated_at)}
+                    for _, s in page]
         if more:
             return {"sessions": sessions, "nextCursor": session_cursor.encode(page[-1][0])}
         after = ENDED_START
@@ -141,7 +149,8 @@ async def session_list(conn: AcpConnection, rpc_id: RpcId, params: dict[str, Any
         # the live ones answer; the client asks for the ended ones again from here
         return {"sessions": sessions, "nextCursor": ENDED_START}
     sessions += [{"sessionId": r.record.session_id, "cwd": r.record.cwd,
-                  "updatedAt": iso(r.ended_at)} for r in rows]
+                  **_titled(r.record.display_name), "updatedAt": iso(r.ended_at)}
+                 for r in rows]
     result: dict[str, Any] = {"sessions": sessions}
     if more is not None:
         result["nextCursor"] = ended.encode(more)

@@ -142,6 +142,7 @@ class SessionView:
             max_pending_prompts=self.limit, active_prompt_text=active_text,
             updated_at=found.last_activity(), origin=record.origin,
             turn_ended_at=turn_ended_at, turn_failure=turn_failure, asked=self.asked(),
+            display_name=record.display_name,
             earliest_event_id=found.events[0].id if found.events  # type: ignore[arg-type]
             else found.last_event_id + 1)
 

@@ -32,6 +32,11 @@ Contracts:
   a route of this workspace. Every other path → ``None`` (it stays a 404). No file
   system access: a symlink to the workspace is not followed (the peer follows it), so
   a request never makes the server look at a path it names.
+* ``by_path``: the same for ``/workspace/{S}/{tail}`` (``@qwen-code/sdk``'s
+  ``listWorkspaceSessions(cwd)`` sends the path there): ``S`` this workspace's path
+  (however spelt, as above) → the tail's target; another path → the plural's
+  ``/workspaces/{S URL-encoded}/{tail}`` (400 ``workspace_mismatch``, as the peer
+  answers it). The id form ``/workspace/{id}/{tail}`` is the route itself.
 """
 
 from __future__ import annotations
@@ -42,29 +47,39 @@ from collections.abc import Mapping
 from urllib.parse import quote
 
 PREFIX = "/workspaces/"
+SINGULAR = "/workspace/"   # qwen's ``/workspace/:id/sessions`` takes the path too
 
 
 class WorkspaceMounts:
     """The mounts of one workspace (``cwd``, its id ``wid``) for ``targets``: tail →
-    the path it stands for (``{"acp": "/acp", …}``)."""
+    the path it stands for (``{"acp": "/acp", …}``); ``by_path``: the same for
+    ``/workspace/{path}/{tail}`` (the singular prefix, whose id form is the route
+    itself), another path there reaching ``/workspaces/{S URL-encoded}/{tail}`` too."""
 
-    __slots__ = ("exact", "paths", "targets")
+    __slots__ = ("by_path", "exact", "paths", "targets")
 
-    def __init__(self, cwd: str, wid: str, targets: Mapping[str, str]) -> None:
+    def __init__(self, cwd: str, wid: str, targets: Mapping[str, str],
+                 by_path: Mapping[str, str] | None = None) -> None:
         self.targets = dict(targets)
+        self.by_path = dict(by_path or {})
         self.paths = frozenset({cwd, os.path.realpath(cwd)})
         self.exact = {f"{PREFIX}{sel}/{tail}": target
                       for sel in {wid, *self.paths} for tail, target in self.targets.items()}
+        self.exact.update({f"{SINGULAR}{sel}/{tail}": target
+                           for sel in self.paths for tail, target in self.by_path.items()})
 
     def of_stray(self, path: str) -> str | None:
-        if not path.startswith(PREFIX):
+        if path.startswith(PREFIX):
+            rest, targets = path[len(PREFIX):], self.targets
+        elif path.startswith(SINGULAR):
+            rest, targets = path[len(SINGULAR):], self.by_path
+        else:
             return None
-        rest = path[len(PREFIX):]
         if rest.endswith("/"):
             rest = rest[:-1]
         selector, slash, tail = rest.rpartition("/")
-        target = self.targets.get(tail)
-        if target is None or not slash or not selector:
+        target = targets.get(tail)
+        if target is None or not slash or not selector or tail not in self.targets:
             return None
         if selector.startswith("/"):
             normal = posixpath.normpath(selector)

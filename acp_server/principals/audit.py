@@ -46,7 +46,8 @@ Contracts:
   (and once at start); 0 keeps them forever. ``clock`` is the wall clock (injected).
 * Actions: ``token.created``, ``token.revoked``, ``session.created``,
   ``session.closed``, ``session.cancelled``, ``prompt.accepted``,
-  ``prompt.removed``, ``permission.answered``, ``task.created``, ``task.cancelled``,
+  ``prompt.removed``, ``permission.answered``, ``setting.changed`` (a session's mode,
+  model or config option: ``setting``, ``old``, ``new``), ``task.created``, ``task.cancelled``,
   ``task.deleted``, ``auth.failed``,
   ``access.denied`` (sampled per principal and reason as ``auth.failed`` is per
   client), ``audit.records_dropped``.

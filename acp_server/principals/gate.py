@@ -187,6 +187,15 @@ class Caller:
         audit.record(self.principal.name, "prompt.accepted", session_id, client=self.client,
                      prompt_id=prompt_id, door=door, **extra)
 
+    def setting_changed(self, session_id: str, setting: str, old: Any, new: Any,
+                        door: str) -> None:
+        """The ``setting.changed`` record of a setter the session's agent accepted
+        (approval mode, model, config option): the setting (``mode``, ``model``,
+        ``config:<configId>``), its value before as last known (``null``: the agent
+        never said) and after."""
+        self.record("setting.changed", session_id, setting=setting, old=old, new=new,
+                    door=door)
+
     def permission_answered(self, session_id: str, request_id: str,
                             outcome: Mapping[str, Any], door: str) -> None:
         option = outcome.get("optionId")

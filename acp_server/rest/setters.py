@@ -13,7 +13,8 @@ Contracts (``docs/rest.md``):
 
 * Checked as qwen checks them, in its order: the session (another principal's, or
   unknown: 404 ``session_not_found``; a session restored after a restart is restored on
-  its agent first), the body, the client id. ``persist`` must be a boolean when given
+  its agent first), the body, the client id (for a mode or a model one the session
+  issued, else 400 ``invalid_client_id``; for an option only its form, as qwen's). ``persist`` must be a boolean when given
   (approval mode: 400 ``invalid_persist_flag``), ``planMode`` a boolean with a mode
   other than ``plan`` (400 ``invalid_plan_mode``); both are then not used: nothing is
   written to settings, so ``persisted`` is always ``false``.
@@ -35,7 +36,12 @@ Contracts (``docs/rest.md``):
   ``rpcCode`` (and its ``data``); an agent that died or did not answer is answered as
   on every route (503 ``agent_died``, 504 ``agent_timeout``).
 * What the agent reports afterwards (``current_mode_update``, ``config_option_update``)
-  reaches the session's event stream as any ``session/update``.
+  reaches the session's event stream as any ``session/update``; the bridge publishes
+  qwen's own events for a mode and a model (``approval_mode_changed``,
+  ``model_switched``, ``model_switch_failed``: ``bridge.setting_changes``), with the
+  ``X-Qwen-Client-Id`` as their ``originatorClientId`` when the session issued it.
+* A setter the agent accepted is in the audit log: ``setting.changed`` with the
+  setting, its value before (as last known) and after.
 """
 
 from __future__ import annotations
@@ -51,18 +57,30 @@ from acp_server.http.endpoints import route
 from acp_server.rest import wire
 from acp_server.rest.config import RestConfig
 from acp_server.rest.errors import RestError, bad_request, json_response
+from acp_server.principals import caller_of
 from acp_server.rest.owners import owned
 from bridge import Bridge
 from bridge.errors import AgentError
+from bridge.setting_changes import SettingChange
 
 INVALID_PARAMS = -32602   # JSON-RPC's: the agent called the value invalid
 MAX_MESSAGE = 1000        # characters of the agent's message in an answer
 
 
-async def _set(bridge: Bridge, session_id: str, method: str, params: dict[str, Any]) -> Any:
-    """The setter on the agent; its JSON-RPC error is the door's ``agent_refused``."""
-    return await _refused_as_rest(
-        bridge.forward(session_id, method, {**params, "sessionId": session_id}))
+async def _set(request: Request, bridge: Bridge, session_id: str, method: str,
+               params: dict[str, Any], client_id: str | None) -> Any:
+    """The setter on the agent (its JSON-RPC error is the door's ``agent_refused``),
+    recorded in the audit log once accepted; the agent's answer."""
+    answer, change = await _refused_as_rest(bridge.set_setting(
+        session_id, method, {**params, "sessionId": session_id}, client_id=client_id))
+    _audited(request, session_id, change)
+    return answer
+
+
+def _audited(request: Request, session_id: str, change: SettingChange | None) -> None:
+    if change is not None:
+        caller_of(request.scope).setting_changed(session_id, change.setting, change.old,
+                                                 change.new, "rest")
 
 
 async def _refused_as_rest(call: Awaitable[Any]) -> Any:
@@ -74,6 +92,16 @@ async def _refused_as_rest(call: Awaitable[Any]) -> Any:
         if exc.data is not None:
             body["data"] = exc.data
         raise RestError(400 if exc.rpc_code == INVALID_PARAMS else 409, body) from None
+
+
+def _trusted(bridge: Bridge, session_id: str, request: Request) -> str | None:
+    """``X-Qwen-Client-Id``, which must be one the session issued (400
+    ``invalid_client_id`` otherwise, the agent not asked), as qwen's mode and model
+    setters check it (``resolveTrustedClientId``)."""
+    client_id = wire.client_id(request)
+    if client_id is not None:
+        bridge.check_client(session_id, client_id)
+    return client_id
 
 
 def _mode_ids(state: dict[str, Any]) -> list[str]:
@@ -104,8 +132,12 @@ async def set_approval_mode(request: Request, *, bridge: Bridge, config: RestCon
                                             or body.mode == "plan"):
         raise bad_request("`planMode` must be a boolean with a non-plan execution mode",
                           "invalid_plan_mode")
-    wire.client_id(request)
-    previous = await _refused_as_rest(bridge.set_mode(session_id, body.mode))
+    client_id = _trusted(bridge, session_id, request)
+    _answer, change = await _refused_as_rest(bridge.set_setting(
+        session_id, "session/set_mode", {"sessionId": session_id, "modeId": body.mode},
+        client_id=client_id))
+    _audited(request, session_id, change)
+    previous = change.old if change is not None else None
     return json_response(200, wire.ApprovalModeSet(
         sessionId=session_id, mode=body.mode,
         previous=previous if isinstance(previous, str) else body.mode, persisted=False))
@@ -117,13 +149,15 @@ async def set_model(request: Request, *, bridge: Bridge, config: RestConfig) -> 
     body = await wire.read_json(request, wire.ModelBody, limit=config.max_body_bytes)
     if not isinstance(body.modelId, str) or not body.modelId:
         raise bad_request("`modelId` is required and must be a non-empty string")
-    wire.client_id(request)
+    client_id = _trusted(bridge, session_id, request)
     by_option = [o for o in _options(state) if o.get("category") == "model"]
     if not isinstance(state.get("models"), dict) and by_option:
-        answer = await _set(bridge, session_id, "session/set_config_option",
-                            {"configId": by_option[0].get("id"), "value": body.modelId})
+        answer = await _set(request, bridge, session_id, "session/set_config_option",
+                            {"configId": by_option[0].get("id"), "value": body.modelId},
+                            client_id)
     else:
-        answer = await _set(bridge, session_id, "session/set_model", {"modelId": body.modelId})
+        answer = await _set(request, bridge, session_id, "session/set_model",
+                            {"modelId": body.modelId}, client_id)
     return json_response(200, answer if isinstance(answer, dict) else {})
 
 
@@ -137,15 +171,15 @@ async def set_config_option(request: Request, *, bridge: Bridge, config: RestCon
         raise bad_request("`value` is required and must be a non-empty string")
     if body.persist is not wire.UNSET and not isinstance(body.persist, bool):
         raise bad_request("`persist` must be a boolean when provided")
-    wire.client_id(request)
+    client_id = wire.client_id(request)
     options = _options(state)
     config_id = body.configId
     thought = [o.get("id") for o in options if o.get("category") == "thought_level"]
     if config_id == "reasoning_effort" and len(thought) == 1 and \
             all(o.get("id") != config_id for o in options):
         config_id = thought[0]
-    answer = await _set(bridge, session_id, "session/set_config_option",
-                        {"configId": config_id, "value": body.value})
+    answer = await _set(request, bridge, session_id, "session/set_config_option",
+                        {"configId": config_id, "value": body.value}, client_id)
     after = answer.get("configOptions") if isinstance(answer, dict) else None
     return json_response(200, wire.ConfigOptionSet(
         configOptions=after if isinstance(after, list) else

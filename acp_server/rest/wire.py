@@ -392,6 +392,14 @@ class SessionSummary(SessionStatus, kw_only=True):
     owner: Annotated[str, msgspec.Meta(
         description="The principal that made it (`bootstrap`, `local` or a token's name); "
                     "null when this instance does not know")] | None = None
+    displayName: Annotated[str, msgspec.Meta(
+        description="qwen serve's name of a session without a title: its first prompt's "
+                    "first text, cut to 200 code points and `...`; absent before its first "
+                    "prompt with text (a session its agent loaded from the agent's own "
+                    "store is named by its first prompt here)")] | UnsetType = UNSET
+    isArchived: Annotated[bool, msgspec.Meta(
+        description="Always false: a live session is never archived (as qwen's live "
+                    "listing says)")] = False
 
 
 class SessionPage(msgspec.Struct, omit_defaults=True):

@@ -11,7 +11,9 @@ The peer serves this route (``GET /workspace/:id/sessions``, also
 ``/workspaces/:workspace/sessions``, an alias here too: ``acp_server.app``) with
 persisted sessions merged in; this daemon lists its live ones (restored ones
 included). Contracts: ``{id}`` is the workspace id of ``/capabilities``
-(``workspaces[0].id``); another id is 404 ``workspace_not_found``. ``size`` 1..100
+(``workspaces[0].id``); another id is 404 ``workspace_not_found``. The workspace's
+absolute path there (URL-encoded, as the peer takes it) is the same listing through the
+front layer's mounts (``acp_server.app.workspace_mounts``). ``size`` 1..100
 (default 20; clamped, and anything not a number is the default, as the peer reads
 it); ``cursor`` is the ``nextCursor`` of the previous page (empty: the first page),
 else 400 ``invalid_cursor``. Paging is by
@@ -64,7 +66,8 @@ def session_summary(status: SessionStatus, owner: str | None = None) -> wire.Ses
     return wire.SessionSummary(
         **fields, agent=status.agent,
         maxPendingPrompts=status.max_pending_prompts,
-        activePromptText=status.active_prompt_text, origin=status.origin, owner=owner)
+        activePromptText=status.active_prompt_text, origin=status.origin, owner=owner,
+        displayName=msgspec.UNSET if status.display_name is None else status.display_name)
 
 
 _SIGNED_DIGITS = re.compile(r"[+-]?[0-9]+", re.ASCII)

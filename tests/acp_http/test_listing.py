@@ -343,3 +343,15 @@ async def test_each_principal_lists_its_own_ended_sessions(tmp_path: Path) -> No
                 lister = await _lister(ws)
                 assert [s["sessionId"] for s in (await lister.call({}))["result"]["sessions"]] \
                     == [made[name]], name
+
+
+async def test_a_session_is_titled_by_its_first_prompt(server: RunningAcpServer) -> None:
+    """ACP's ``title`` (qwen's too): the session's first prompt's name, as REST's
+    ``displayName``; absent before its first prompt with text."""
+    named, blank = await _make(server, 2)
+    ticket = server.bridge.send_prompt(named, [{"type": "text", "text": "name me"}])
+    await ticket
+    async with ws_connect(server.base_url, "/acp") as ws:
+        listed = (await (await _lister(ws)).call({}))["result"]["sessions"]
+    titles = {s["sessionId"]: s.get("title") for s in listed}
+    assert titles == {named: "name me", blank: None}

@@ -195,3 +195,18 @@ async def test_agent_death_fails_prompts_and_publishes_session_died(tmp_path):
         # a new session restarts the agent
         sid2 = (await bridge.create_session()).session_id
         assert (await bridge.send_prompt(sid2, text("ok"))).stop_reason == "end_turn"
+
+
+def test_display_name_is_the_first_text_as_qwen_cuts_it() -> None:
+    """``bridge.pending.display_name``: the first text block that is not empty (an
+    image, an empty text skipped), cut to 200 code points then ``...`` (qwen's
+    ``truncatePromptForDisplay``); ``None`` without text."""
+    from bridge.pending import display_name
+    image = {"type": "image", "data": "…", "mimeType": "image/png"}
+    assert display_name([image, {"type": "text", "text": ""},
+                         {"type": "text", "text": "fix the bug"},
+                         {"type": "text", "text": "later"}]) == "fix the bug"
+    assert display_name([{"type": "text", "text": "😀" * 200}]) == "😀" * 200
+    assert display_name([{"type": "text", "text": "😀" * 201}]) == "😀" * 200 + "..."
+    assert display_name([image]) is None and display_name([]) is None
+    assert display_name([{"type": "text", "text": 7}]) is None

@@ -2,7 +2,7 @@
 // `qwen serve` 0.24.4. Driven by tests/clients/test_qwen_sdk_compat.py.
 //
 //   node qwen_sdk_compat.mjs <sdk folder> <base url> pending|branch|heartbeat|status|echo|stream
-//                                                     |session-status|attach|setters
+//                                                     |session-status|attach|setters|named
 //   node qwen_sdk_compat.mjs <sdk folder> - known '[envelope, …]'   (no server)
 //
 // `pending`: DaemonClient.removePendingPrompt (200 {removed}) on a queued prompt, then
@@ -14,7 +14,8 @@
 // hasActivePrompt on an attach. `echo`: a prompt's
 // originatorClientId as normalizeDaemonEvent reads it. `stream`: events() under a
 // client id the server does not know. `setters`: DaemonClient.setSessionApprovalMode,
-// DaemonSessionClient.setModel and setConfigOption, and what they refuse. `known`: the SDK's typed reader
+// DaemonSessionClient.setModel and setConfigOption, and what they refuse; their events as
+// the SDK's typed reader and session reducer take them. `known`: the SDK's typed reader
 // (`isKnownDaemonEvent`) on each event envelope given.
 // Prints one JSON object of what the SDK reported.
 import { pathToFileURL } from "node:url";
@@ -23,7 +24,7 @@ import path from "node:path";
 const [sdkDir, baseUrl, mode, arg] = process.argv.slice(2);
 const daemon = await import(pathToFileURL(path.join(sdkDir, "dist/daemon/index.js")).href);
 const { DaemonClient, DaemonSessionClient, isKnownDaemonEvent, isStaleBranchPointError,
-        normalizeDaemonEvent } = daemon;
+        normalizeDaemonEvent, reduceDaemonSessionEvents } = daemon;
 
 const text = (t) => ({ prompt: [{ type: "text", text: t }] });
 const outcome = async (call) => {
@@ -205,16 +206,45 @@ async function setters() {
   const refused = await outcome(() => s.setModel("gpt-9"));
   const option = await outcome(() => s.setConfigOption("reasoning_effort", "high"));
   const updates = [];
+  const announced = [];   // qwen's own events of the setters, as the SDK's typed reader sees them
+  const seen = [];
   for await (const ev of client.subscribeEvents(s.sessionId, { lastEventId: 0 })) {
+    seen.push(ev);
     const update = ev.data && ev.data.update;
     if (update) updates.push(update.sessionUpdate);
+    if (["approval_mode_changed", "model_switched", "model_switch_failed"].includes(ev.type)) {
+      announced.push({ type: ev.type, data: ev.data, known: isKnownDaemonEvent(ev),
+                       originatorClientId: ev.originatorClientId ?? null });
+    }
     if (update && update.sessionUpdate === "config_option_update") break;
   }
+  const view = reduceDaemonSessionEvents(seen);
   await s.close();
-  return { sessionId: s.sessionId, mode, again, lacking, model, refused, option, updates };
+  return { sessionId: s.sessionId, clientId: s.clientId, mode, again, lacking, model, refused,
+           option, updates, announced,
+           view: { approvalMode: view.approvalMode, currentModelId: view.currentModelId,
+                   approvalModeChangedCount: view.approvalModeChangedCount,
+                   lastModelSwitchFailure: view.lastModelSwitchFailure } };
+}
+
+// `named`: DaemonClient.listWorkspaceSessions after a session's first prompt: its
+// displayName and isArchived as the SDK hands them to a session picker.
+async function named() {
+  const client = new DaemonClient({ baseUrl });
+  const s = await client.createOrAttachSession({ sessionScope: "thread" });
+  const quiet = await client.createOrAttachSession({ sessionScope: "thread" });
+  await client.prompt(s.sessionId, text("hello listing"));
+  const cwd = (await client.capabilities()).workspaces[0].cwd;
+  const listed = await client.listWorkspaceSessions(cwd, { pageSize: 1000 });
+  const of = (sid) => {
+    const row = listed.find((x) => x.sessionId === sid);
+    return { displayName: row.displayName ?? null, isArchived: row.isArchived };
+  };
+  return { named: of(s.sessionId), quiet: of(quiet.sessionId) };
 }
 
 const out = mode === "pending" ? await pending()
+  : mode === "named" ? await named()
   : mode === "setters" ? await setters()
   : mode === "stream" ? await stream()
   : mode === "echo" ? await echo()

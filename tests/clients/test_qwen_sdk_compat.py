@@ -186,3 +186,32 @@ async def test_session_setters(qwen_sdk: str, tmp_path: Path) -> None:
     assert [o["currentValue"] for o in option["configOptions"]] == ["high"]
     assert r["updates"] == ["current_mode_update", "current_mode_update",
                             "config_option_update"]
+    # qwen's own events of the setters, with its field names: the SDK's typed reader
+    # knows each, its session reducer follows them (they were never sent)
+    client = r["clientId"]
+    assert r["announced"] == [
+        {"type": "approval_mode_changed", "known": True, "originatorClientId": client,
+         "data": {"sessionId": sid, "previous": "default", "next": "plan",
+                  "persisted": False}},
+        {"type": "approval_mode_changed", "known": True, "originatorClientId": None,
+         "data": {"sessionId": sid, "previous": "plan", "next": "yolo", "persisted": False}},
+        {"type": "model_switched", "known": True, "originatorClientId": client,
+         "data": {"sessionId": sid, "modelId": "reference-large"}},
+        {"type": "model_switch_failed", "known": True, "originatorClientId": client,
+         "data": {"sessionId": sid, "requestedModelId": "gpt-9",
+                  "error": 'Unknown model "gpt-9"'}}]
+    assert r["view"] == {"approvalMode": "yolo", "currentModelId": "reference-large",
+                         "approvalModeChangedCount": 2,
+                         "lastModelSwitchFailure": {"sessionId": sid,
+                                                    "requestedModelId": "gpt-9",
+                                                    "error": 'Unknown model "gpt-9"'}}
+
+
+async def test_the_listing_names_a_session_by_its_first_prompt(qwen_sdk: str,
+                                                               tmp_path: Path) -> None:
+    """``listWorkspaceSessions`` (a session picker's source) gets qwen's
+    ``displayName``, the first prompt, and ``isArchived: false``: both were absent."""
+    async with running_acp_server(tmp_path) as srv:
+        r = await run_script("qwen_sdk_compat.mjs", qwen_sdk, srv.base_url, "named")
+    assert r == {"named": {"displayName": "hello listing", "isArchived": False},
+                 "quiet": {"displayName": None, "isArchived": False}}

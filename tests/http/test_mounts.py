@@ -64,3 +64,18 @@ def test_any_other_selector_is_the_route_of_another_workspace(mounts: WorkspaceM
                                   "/workspace//srv/ws/sessions", "/workspaces/", "/workspaces//"])
 def test_other_paths_stay_unknown(mounts: WorkspaceMounts, path: str) -> None:
     assert mounts.of_stray(path) is None
+
+
+def test_the_singular_prefix_takes_the_path_only(tmp_path: Path) -> None:
+    """``by_path``: ``/workspace/{path}/{tail}`` (qwen's listing under its path) is the
+    tail's target however the path is spelt; another path is the plural's route of
+    another workspace; the id form is the route itself, not an alias."""
+    real = tmp_path / "real"
+    real.mkdir()
+    mounts = WorkspaceMounts(str(real), WID, TARGETS, by_path={"sessions": TARGETS["sessions"]})
+    assert mounts.exact[f"/workspace/{real}/sessions"] == TARGETS["sessions"]
+    assert f"/workspace/{WID}/sessions" not in mounts.exact
+    assert mounts.of_stray(f"/workspace/{real}//sessions/") == TARGETS["sessions"]
+    assert mounts.of_stray("/workspace//srv/other/sessions") == \
+        "/workspaces/%2Fsrv%2Fother/sessions"
+    assert mounts.of_stray(f"/workspace/{real}/acp") is None   # not a tail of it

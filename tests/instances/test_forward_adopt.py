@@ -121,6 +121,11 @@ async def test_a_replica_status_says_how_the_last_turn_failed(tmp_path: Path) ->
         assert owner["hasTurnError"] is True
         for key in ("updatedAt", "hasTurnError", "turnError", "activeWorkState"):
             assert replica[key] == owner[key], key
+        # the listing there names it by its first prompt too (its journaled record)
+        wid = (await b.client.get("/capabilities")).json()["workspaces"][0]["id"]
+        listed = {s["sessionId"]: s for s in
+                  (await b.client.get(f"/workspace/{wid}/sessions")).json()["sessions"]}
+        assert (listed[sid]["displayName"], listed[sid]["isArchived"]) == ("/fail", False)
         # a permission request waiting: listed the same (``pendingInteractions``)
         asking = (await a.client.post(f"/session/{sid}/prompt", json=_prompt("/permission x"))
                   ).json()["promptId"]
@@ -459,3 +464,8 @@ async def test_a_setter_goes_to_the_owner(tmp_path: Path) -> None:
         assert (refused.status_code, refused.json()["code"]) == (400, "invalid_approval_mode")
         assert (await a.bridge.agent_state(sid))["modes"]["currentModeId"] == "plan"
         assert not b.bridge.has_session(sid) and b.server.fleet.stats.forwards == 2
+        # its event, published by the owner, read here from the journal
+        seen = await read_events(b.client, sid, lambda e: e["type"] == "approval_mode_changed",
+                                 last_event_id=0)
+        assert seen[-1]["data"] == {"sessionId": sid, "previous": "default", "next": "plan",
+                                    "persisted": False}

@@ -201,3 +201,40 @@ async def test_naming_anothers_session_or_task_is_audited_and_still_a_404(
             ("bob", "not_owner", f"/lmsp/v1/responses/{response}", seen[3][3]),
             ("bob", "not_owner", "/acp session/prompt", sid),
         ], seen
+
+
+async def test_the_setters_are_audited_with_the_old_and_new_value(tmp_path: Path) -> None:
+    """Before, a session's mode, model or option changed (REST's qwen setters, ``/acp``'s
+    ``session/set_*``) left no record: each the agent accepted is ``setting.changed``
+    with who did it, the setting, its value before and after, and the door; one the
+    agent refused records nothing."""
+    async with serving(tmp_path) as srv:
+        alice = bearer(await mint(srv.server, "alice", unlimited=True))
+        sid = (await srv.client.post("/session", json={"sessionScope": "thread"},
+                                     headers=alice)).json()["sessionId"]
+        for route, body in (("approval-mode", {"mode": "plan"}),
+                            ("model", {"modelId": "reference-large"}),
+                            ("config-option", {"configId": "reasoning_effort", "value": "high"})):
+            answer = await srv.client.post(f"/session/{sid}/{route}", json=body, headers=alice)
+            assert answer.status_code == 200, answer.text
+        refused = await srv.client.post(f"/session/{sid}/model", json={"modelId": "gpt-9"},
+                                        headers=alice)
+        assert refused.status_code == 400
+        async with ws_connect(srv.base_url, headers=alice) as ws:
+            await ws.send_json(request(0, "initialize", {"protocolVersion": 1}))
+            await ws.wait_for(lambda m: m.get("id") == 0)
+            await ws.send_json(request(1, "session/new", {"cwd": str(tmp_path),
+                                                          "mcpServers": []}))
+            acp_sid = (await ws.wait_for(lambda m: m.get("id") == 1))["result"]["sessionId"]
+            await ws.send_json(request(2, "session/set_mode",
+                                       {"sessionId": acp_sid, "modeId": "yolo"}))
+            assert "result" in await ws.wait_for(lambda m: m.get("id") == 2)
+        changed = await _audit(srv, "setting.changed")
+        assert [(r["principal"], r["target"], r["detail"]) for r in changed] == [
+            ("alice", sid, {"setting": "mode", "old": "default", "new": "plan", "door": "rest"}),
+            ("alice", sid, {"setting": "model", "old": "reference", "new": "reference-large",
+                            "door": "rest"}),
+            ("alice", sid, {"setting": "config:reasoning_effort", "old": "default",
+                            "new": "high", "door": "rest"}),
+            ("alice", acp_sid, {"setting": "mode", "old": "default", "new": "yolo",
+                                "door": "acp"})]

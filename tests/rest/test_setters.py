@@ -90,6 +90,33 @@ async def test_approval_mode_errors(server: RunningServer) -> None:
         "default"
 
 
+async def test_a_mode_or_model_under_a_client_id_not_issued_is_refused(
+        server: RunningServer) -> None:
+    """qwen's mode and model setters take only a client id the session issued (its
+    ``resolveTrustedClientId``: 400 ``invalid_client_id``, nothing asked of the agent);
+    its config-option setter checks only the form. An issued one is the events'
+    ``originatorClientId``."""
+    made = await server.create_session()
+    sid, issued = made["sessionId"], made["clientId"]
+    stranger = {"X-Qwen-Client-Id": "client_00000000-0000-4000-8000-000000000000"}
+    for route, body in (("approval-mode", {"mode": "plan"}),
+                        ("model", {"modelId": "reference-large"})):
+        status, answer = await _post(server, sid, route, body, **stranger)
+        assert (status, answer["code"], answer["clientId"]) == \
+            (400, "invalid_client_id", stranger["X-Qwen-Client-Id"]), route
+    status, _ = await _post(server, sid, "config-option",
+                            {"configId": "reasoning_effort", "value": "high"}, **stranger)
+    assert status == 200
+    state = (await server.client.post(f"/session/{sid}/approval-mode", json={"mode": "yolo"},
+                                      headers={"X-Qwen-Client-Id": issued})).json()
+    assert state["previous"] == "default"   # the refused one changed nothing
+    frames = await server.events_until(sid, lambda kind, data: kind == "approval_mode_changed",
+                                       last_event_id=0)
+    changed = [data for kind, data in frames if kind == "approval_mode_changed"]
+    assert [(d["data"]["next"], d["originatorClientId"]) for d in changed] == \
+        [("yolo", issued)]
+
+
 async def test_model_and_config_option(server: RunningServer) -> None:
     sid = (await server.create_session())["sessionId"]
     assert await _post(server, sid, "model", {"modelId": "reference-large"}) == (200, {})

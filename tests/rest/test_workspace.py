@@ -290,3 +290,51 @@ async def test_the_peers_plural_path_is_the_same_listing(server: RunningServer) 
         assert body["code"] == "workspace_mismatch" and body["workspace"] == other[:256]
     # the singular path keeps its own answer for another id
     assert (await server.client.get("/workspace/0123456789abcdef/sessions")).status_code == 404
+
+
+async def test_the_singular_path_takes_the_workspaces_path_as_qwens(
+        server: RunningServer) -> None:
+    """qwen's ``/workspace/:id/sessions`` takes the workspace's absolute path too (its
+    SDK's ``listWorkspaceSessions(cwd)`` sends it there, URL-encoded): it was 404 here.
+    It is the same listing; another folder's path is 400 ``workspace_mismatch``."""
+    wid = await _workspace_id(server)
+    await server.create_session(sessionScope="thread")
+    by_id = await server.client.get(f"/workspace/{wid}/sessions")
+    absolute = quote(server.settings.workspace, safe="")
+    for path in (f"/workspace/{absolute}/sessions", f"/workspace/{absolute}%2F/sessions",
+                 f"/workspace/%2F{absolute}%2F.%2F/sessions/"):
+        answer = await server.client.get(path)
+        assert (answer.status_code, answer.content) == (200, by_id.content), path
+    elsewhere = quote(str(Path(server.settings.workspace).parent / "elsewhere"), safe="")
+    mismatch = await server.client.get(f"/workspace/{elsewhere}/sessions")
+    assert (mismatch.status_code, mismatch.json()["code"]) == (400, "workspace_mismatch")
+
+
+async def test_a_session_is_listed_under_its_first_prompt_as_qwens(tmp_path: Path) -> None:
+    """qwen's listing names a session without a title by its first prompt
+    (``displayName``: its first text, 200 code points then ``...``) and says
+    ``isArchived: false`` of a live one (both were missing); the name is journaled, so a
+    restart keeps it, and a branch has its parent's (its conversation starts there)."""
+    async with running_server(tmp_path) as srv:
+        wid = await _workspace_id(srv)
+        named, long, blank = [(await srv.create_session(sessionScope="thread"))["sessionId"]
+                              for _ in range(3)]
+        for sid, words in ((named, "hello there"), (named, "second"), (long, "é" * 250)):
+            assert (await srv.prompt(sid, words)).status_code == 202
+        for sid in (named, long):
+            await _pending(srv, sid, 0)
+        branched = await srv.client.post(f"/session/{named}/branch", json={})
+        assert branched.status_code == 201, branched.text
+        rows = {s["sessionId"]: s for s in
+                (await srv.client.get(f"/workspace/{wid}/sessions")).json()["sessions"]}
+        assert rows[named]["displayName"] == "hello there"
+        assert rows[long]["displayName"] == "é" * 200 + "..."
+        assert "displayName" not in rows[blank]
+        assert rows[branched.json()["sessionId"]]["displayName"] == "hello there"
+        assert {s["isArchived"] for s in rows.values()} == {False}
+    async with running_server(tmp_path) as srv:   # the same state: restored
+        rows = {s["sessionId"]: s for s in
+                (await srv.client.get(f"/workspace/{wid}/sessions")).json()["sessions"]}
+        assert (rows[named]["displayName"], rows[long]["displayName"]) == \
+            ("hello there", "é" * 200 + "...")
+        assert "displayName" not in rows[blank]

@@ -260,7 +260,9 @@ async def test_a_mode_set_before_the_kill_is_the_sessions_after_it(
 async def test_a_mode_set_through_rest_before_the_kill_is_kept_too(
         tmp_path: Path, store_name: str) -> None:
     """qwen's ``POST /session/{id}/approval-mode`` keeps what it set as ``/acp``'s
-    ``session/set_mode`` does (one path for every door's setters)."""
+    ``session/set_mode`` does (one path for every door's setters), and its
+    ``approval_mode_changed`` event, committed before the answer, is replayed after
+    the kill."""
     child = ServeProcess(tmp_path, *_flags(tmp_path, store_name), *_agent("--modes")).start()
     try:
         async with httpx.AsyncClient(base_url=child.base_url, timeout=10) as client:
@@ -273,5 +275,10 @@ async def test_a_mode_set_through_rest_before_the_kill_is_kept_too(
         async with httpx.AsyncClient(base_url=child.base_url, timeout=10) as client:
             loaded = (await client.post(f"/session/{sid}/load", json={})).json()
             assert loaded["state"]["modes"]["currentModeId"] == "code", loaded["state"]
+            seen = await read_events(client, sid,
+                                     lambda e: e["type"] == "approval_mode_changed",
+                                     last_event_id=0)
+            assert seen[-1]["data"] == {"sessionId": sid, "previous": "ask", "next": "code",
+                                        "persisted": False}
     finally:
         child.stop()
