@@ -229,6 +229,9 @@ class AgentCallsAPI:
                 and self._sessions.get(session.session_id) is session and not session.closing:
             if keep(session.settings, key, method, params, session.session_id):
                 await session.journal.wait(session.journal.append(session_record(session)))
+                return SetResult(answer, change)
+        if change is not None and session.journal.durable:   # its event, committed first
+            await session.journal.wait(session.journal.appended)
         return SetResult(answer, change)
 
     async def agent_state(self, session_id: str) -> dict[str, Any]:

@@ -108,3 +108,25 @@ def test_change_of_options_of_category_mode_and_model() -> None:
         SettingChange("mode", "mode", None, "plan")
     assert change_of({}, "session/set_mode", {"modeId": 3}) is None
     assert change_of({}, "session/other", {"modeId": "plan"}) is None
+
+
+async def test_a_setter_whose_setting_is_not_kept_still_waits_for_its_event(
+        tmp_path: Path) -> None:
+    """With the session's kept settings full (``bridge.settings.MAX_KEPT``) a new one is
+    not kept for a restart, but its event is committed before the answer all the same
+    (the answer came back with the event still pending)."""
+    from acp_server.store.sessions import StoreSessionJournal
+    from acp_server.store.sqlite import SqliteTaskStore
+    from bridge.settings import MAX_KEPT
+
+    async with SqliteTaskStore(str(tmp_path / "store.db")) as store, \
+            StoreSessionJournal(store) as journal, \
+            Bridge(ReferenceAgentFactory(), workspace_cwd=str(tmp_path),
+                   options=BridgeOptions(), journal=journal) as bridge:
+        sid = (await bridge.create_session()).session_id
+        session = bridge.get_session(sid)
+        for n in range(MAX_KEPT):
+            session.settings[f"config:{n}"] = ["session/set_config_option", {"configId": str(n)}]
+        await bridge.forward(sid, "session/set_mode", {"sessionId": sid, "modeId": "plan"})
+        assert "mode" not in session.settings
+        assert journal.appended == journal._durable_through
