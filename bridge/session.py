@@ -75,6 +75,7 @@ from bridge.status import (
     SessionStatus,
     TurnFailure,
 )
+from bridge.session_views import session_info, session_status
 from bridge.terminals import Terminals
 from bridge.ticket import PromptResult, PromptTicket
 from bridge.turn import forward_cancel, run_turn
@@ -298,38 +299,12 @@ class Session:
         return client_id
 
     def info(self, attached: bool, history: SessionHistory | None = None) -> SessionInfo:
-        """What a create, attach, load, resume or branch answers (a new client id). Its
-        ``last_event_id``, as ``status``'s, is the last one readers may see
-        (``EventBus.released_id``: on a durable journal, the last committed): an event
-        held in a store outage is not yet the session's, and a client resuming from it
-        after a restart would skip the one that takes its id."""
-        self.touch()
-        return SessionInfo(
-            session_id=self.session_id, workspace_cwd=self.workspace_cwd, attached=attached,
-            client_id=self.register_client(), created_at=self.created_at,
-            event_epoch=self.bus.epoch,
-            last_event_id=self.bus.released_id if history is None else history.last_event_id,
-            has_active_prompt=self.pending_count > 0, forked_from=self.forked_from,
-            agent=self.agent_name, agent_result=self.agent_result,
-            history=history)
+        """What a create, attach, load, resume or branch answers (``session_views``)."""
+        return session_info(self, attached, history)
 
     def status(self, pending_permissions: int,
                asked: tuple[AskedPermission, ...] = ()) -> SessionStatus:
-        active = self.active
-        return SessionStatus(
-            session_id=self.session_id, workspace_cwd=self.workspace_cwd,
-            created_at=self.created_at, client_count=len(self.clients),
-            active_prompt_id=active.prompt_id if active else None,
-            pending_prompts=self.pending_count, queued_prompts=self.queued_count,
-            pending_permissions=pending_permissions, subscribers=self.bus.subscriber_count,
-            last_event_id=self.bus.released_id, event_epoch=self.bus.epoch,
-            agent=self.agent_name, max_pending_prompts=self.limit,
-            active_prompt_text=active.text if active else None,
-            updated_at=self.journaled_activity if self.journaled_activity is not None
-            else time.time() - max(0.0, time.monotonic() - self.last_seen),
-            origin=self.origin, earliest_event_id=self.bus.earliest_available_id,
-            turn_ended_at=self.turn_ended_at, turn_failure=self.turn_failure, asked=asked,
-            display_name=self.display_name)
+        return session_status(self, pending_permissions, asked)
 
     @property
     def pending_count(self) -> int:
