@@ -63,9 +63,8 @@ from bridge.wire import event_from_envelope
 
 log = logging.getLogger("acp_server.fleet")
 BATCH = 512   # rows a tail reads at a time
-QUESTIONS = (ev.PERMISSION_REQUEST, ev.PERMISSION_RESOLVED, ev.ELICITATION_REQUEST,
-             ev.ELICITATION_RESOLVED,   # what a status counts open questions from,
-             ev.TURN_ERROR)             # and says how its last turn failed from
+QUESTIONS = (ev.PERMISSION_REQUEST, ev.PERMISSION_RESOLVED,   # a status's open permissions,
+             ev.TURN_ERROR)             # and how its last turn failed
 
 
 @dataclasses.dataclass
@@ -84,15 +83,11 @@ class SessionView:
         return next((p.prompt_id for p in self.found.unsettled
                      if p.prompt_id in self.found.started), None)
 
-    def open_questions(self) -> int:
-        """Permission requests and elicitations asked and not resolved."""
-        asked: set[str] = set()
-        for event in self.found.events:
-            if event.type in (ev.PERMISSION_REQUEST, ev.ELICITATION_REQUEST):
-                asked.add(event.data.request_id)
-            elif event.type in (ev.PERMISSION_RESOLVED, ev.ELICITATION_RESOLVED):
-                asked.discard(event.data.request_id)
-        return len(asked)
+    def open_permissions(self) -> int:
+        """Permission requests asked and not resolved: the owner's
+        ``pending_permissions`` (its ``PermissionMediator.count``; elicitations are not
+        counted there either)."""
+        return len(self.asked())
 
     def asked(self) -> tuple[AskedPermission, ...]:
         """Its permission requests asked and not resolved, oldest first, as the owner's
@@ -137,7 +132,7 @@ class SessionView:
             session_id=self.session_id, workspace_cwd=record.cwd,
             created_at=record.created_at, client_count=0, active_prompt_id=active,
             pending_prompts=pending, queued_prompts=pending - (active is not None),
-            pending_permissions=self.open_questions(), subscribers=self.subscribers,
+            pending_permissions=self.open_permissions(), subscribers=self.subscribers,
             last_event_id=found.last_event_id, event_epoch=record.epoch, agent=record.agent,
             max_pending_prompts=self.limit, active_prompt_text=active_text,
             updated_at=found.last_activity(), origin=record.origin,

@@ -125,3 +125,23 @@ async def test_the_open_sessions_read_at_once_are_what_each_read_alone_is(
             assert by_id["empty"].last_event_id == 0
             everything = await journal.read_open(QUESTIONS)
             assert "excluded" in [f.record.session_id for f in everything]
+
+
+def test_a_replica_counts_what_the_owner_counts_as_pending_permissions() -> None:
+    """An open elicitation is not a pending permission on the owner
+    (``PermissionMediator.count``): another instance's view of the session said
+    ``isWaitingForPermission`` for it where the owner did not."""
+    import types
+
+    events = [
+        Event(1, ev.PERMISSION_REQUEST, ev.PermissionRequest(
+            request_id="p-open", session_id="s", params={"toolCall": {}})),
+        Event(2, ev.ELICITATION_REQUEST, ev.ElicitationRequest(
+            request_id="e-open", session_id="s", params={})),
+        Event(3, ev.PERMISSION_REQUEST, ev.PermissionRequest(
+            request_id="p-done", session_id="s", params={"toolCall": {}})),
+        Event(4, ev.PERMISSION_RESOLVED, ev.PermissionResolved(
+            request_id="p-done", session_id="s", outcome={"outcome": "cancelled"}))]
+    view = SessionView(types.SimpleNamespace(events=events), 5)   # type: ignore[arg-type]
+    assert view.open_permissions() == 1
+    assert [a.request_id for a in view.asked()] == ["p-open"]
