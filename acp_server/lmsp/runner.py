@@ -296,7 +296,8 @@ class Runner:
                                                    last_event_id=ticket.last_event_id,
                                                    max_queued=SUBSCRIPTION_QUEUE)
             handle.last_read = ticket.last_event_id
-            writer = DeltaWriter(self.store, record.id, in_progress_event(record), self.clock)
+            writer = DeltaWriter(self.store, record.id,
+                                 in_progress_event(record, attempt.echo), self.clock)
             try:
                 await self._pump(attempt, ticket, handle, bridge, writer)
             except OutputLost as exc:
