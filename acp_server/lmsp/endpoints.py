@@ -32,6 +32,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import Send
 
+from acp_server.lmsp.errors import handle_unexpected
 from acp_server.lmsp.input_items import list_input_items
 from acp_server.lmsp.listing import list_tasks
 from acp_server.lmsp.models import refresh_models
@@ -129,7 +130,8 @@ class FastCreate:
     two ASGI messages. ``None`` (nothing done: the route then runs on the same body)
     for a body over the limit or one the route refuses before creating anything (not
     JSON, not a task, a malformed ``Idempotency-Key``); from the create on (a refusal
-    of the service, an outage), it answers as the route would."""
+    of the service, an outage, a bug: ``errors.handle_unexpected``'s 500), it answers
+    as the route and the door's handlers would."""
 
     __slots__ = ("service",)
 
@@ -147,12 +149,14 @@ class FastCreate:
                     key = parse_idempotency_key(value.decode("latin-1"))
                     break
             envelope = parse_task_envelope(decode_json(body))
-        except LmspError:
-            return None   # refused before anything was done: the route says why
+        except Exception:   # noqa: BLE001 - nothing done yet: the route says why
+            return None
         try:
             response = await _created(service, envelope, key, scope)
         except (LmspError, StoreUnavailableError, *ENGINE_ERRORS) as exc:
             response = _problem(exc, Request(scope))
+        except Exception as exc:   # noqa: BLE001 - a bug: the door's 500, logged
+            response = await handle_unexpected(Request(scope), exc)
         return ({"type": "http.response.start", "status": response.status_code,
                  "headers": response.raw_headers},
                 {"type": "http.response.body", "body": bytes(response.body)})

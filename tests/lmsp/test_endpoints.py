@@ -96,3 +96,19 @@ async def test_a_body_the_route_refuses_before_creating_is_declined(
     assert paths == ["declined"]
     assert answer.status_code == 400 and answer.json()["code"] == "invalid_request"
     assert answer.headers["content-type"] == "application/problem+json"
+
+
+async def test_a_bug_in_the_create_is_the_doors_500_problem(
+        server: LmspServer, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    paths = _spied(monkeypatch)
+
+    async def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(type(server.service), "create_task", broken)
+    answer = await server.client.post("/lmsp/v1/tasks", json=TASK)
+    assert paths == ["fast"]
+    assert answer.status_code == 500 and answer.json()["code"] == "server_error"
+    assert answer.headers["content-type"] == "application/problem+json"
+    assert "a bug" not in answer.text and "lmsp: POST /lmsp/v1/tasks failed" in caplog.text
