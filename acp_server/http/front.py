@@ -285,11 +285,9 @@ class FrontLayer:
         self.stats = stats if stats is not None else {"connections": 0}
         self._encoded: dict[tuple[Refusal, str], tuple[Message, Message]] = {}
         self._by_segment = _doors_by_segment(self.doors)
-        # by (method, number of segments): the plans to try, in the order given
-        self._hot: dict[tuple[str, int], tuple[_HotPlan, ...]] = {}
-        for h in hot:
-            key = (h.method, len(h.template()))
-            self._hot[key] = (*self._hot.get(key, ()), self._plan(h))
+        self._hot: dict[tuple[str, int], list[_HotPlan]] = {}
+        for h in hot:   # by (method, number of segments): the plans to try, in order
+            self._hot.setdefault((h.method, len(h.template())), []).append(self._plan(h))
         self._hot_seen: dict[str, tuple[_HotPlan, dict[str, str]]] = {}
 
     def _plan(self, hot: HotRoute) -> _HotPlan:

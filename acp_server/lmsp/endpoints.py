@@ -38,13 +38,13 @@ from acp_server.lmsp.listing import list_tasks
 from acp_server.lmsp.models import refresh_models
 from acp_server.lmsp.problems import LmspError, problem_response, shown, store_unavailable
 from acp_server.lmsp.requests import (
+    TaskEnvelope,
     decode_json,
     parse_cursor,
     parse_idempotency_key,
     parse_response_request,
     parse_task_envelope,
     read_body,
-    TaskEnvelope,
 )
 from acp_server.lmsp.service import LmspService
 from acp_server.store.tasks import TERMINAL, CommittedEvent
