@@ -47,6 +47,7 @@ from acp_server.lmsp import EXCEPTION_HANDLERS as LMSP_HANDLERS
 from acp_server.lmsp import LmspService
 from acp_server.lmsp import routes as lmsp_routes
 from acp_server.lmsp.endpoints import access as lmsp_access
+from acp_server.lmsp.endpoints import fast_routes as lmsp_fast_routes
 from acp_server.lmsp.problems import render_refusal as lmsp_refusal
 from acp_server.ops import openapi
 from acp_server.ops.metrics import Metrics
@@ -153,8 +154,9 @@ def build_app(settings: Settings, *, bridge: Bridge, acp: ConnectionRegistry,
         *acp_routes(acp, acp_config(settings, policy)), *lmsp_routes(lmsp),
         *(web_routes() if settings.web else ())])
     recorder = app.recorder = AccessRecorder(router_of=lambda: app.router, metrics=metrics)
+    fast = {**fast_routes(bridge, config), **lmsp_fast_routes(lmsp)}
     hot = [HotRoute("POST", route, handler, declines) for path, (handler, declines) in
-           fast_routes(bridge, config).items() for route in _routes_at(app.router, path)]
+           fast.items() for route in _routes_at(app.router, path)]
     route = sessions_router or (lambda stack: stack)
     mounts = workspace_mounts(bridge.workspace_cwd)
     # REST: a prompt its rate limit refused goes on when sent again under its id

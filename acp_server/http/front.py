@@ -285,7 +285,9 @@ class FrontLayer:
         self.stats = stats if stats is not None else {"connections": 0}
         self._encoded: dict[tuple[Refusal, str], tuple[Message, Message]] = {}
         self._by_segment = _doors_by_segment(self.doors)
-        self._hot = {(h.method, len(h.template())): self._plan(h) for h in hot}
+        self._hot: dict[tuple[str, int], list[_HotPlan]] = {}
+        for h in hot:   # by (method, number of segments): the plans to try, in order
+            self._hot.setdefault((h.method, len(h.template())), []).append(self._plan(h))
         self._hot_seen: dict[str, tuple[_HotPlan, dict[str, str]]] = {}
 
     def _plan(self, hot: HotRoute) -> _HotPlan:
@@ -316,18 +318,18 @@ class FrontLayer:
         if path[:1] != "/":   # ``xsession/…`` is no ``/session/…`` (``canonical_path``)
             return None
         segments = path[1:].split("/")
-        plan = self._hot.get((method, len(segments)))
-        if plan is None:
-            return None
-        params: dict[str, str] = {}
-        for want, got in zip(plan.template, segments):
-            if type(want) is tuple:
-                if not got:
-                    return None
-                params[want[0]] = got
-            elif want != got:
-                return None
-        return plan, params
+        for plan in self._hot.get((method, len(segments)), ()):
+            params: dict[str, str] = {}
+            for want, got in zip(plan.template, segments):
+                if type(want) is tuple:
+                    if not got:
+                        break
+                    params[want[0]] = got
+                elif want != got:
+                    break
+            else:
+                return plan, params
+        return None
 
     def door_of(self, path: str) -> Door:
         """The first door whose prefix matches ``path``, else the last door."""

@@ -56,27 +56,36 @@ class DeltaWriter:
         # caller's next commit (the final transition) instead of a commit of their own.
         self.hold_tail = False
         self.tail: list[AnyEvent] = []
-        self._some = anyio.Event()    # pending is not empty (or closed, or to open)
-        self._full = anyio.Event()    # FLUSH_EVENTS pending (or closed)
-        self._space = anyio.Event()   # set after each flush
-        self._some.set()              # the opening is due
+        # Made when ``run`` starts (a turn that ends first, the common case, never
+        # waits on them): pending is not empty (or closed, or to open); FLUSH_EVENTS
+        # pending (or closed); set after each flush (``add`` waits on it past
+        # MAX_PENDING, which only a running writer drains).
+        self._some: anyio.Event | None = None
+        self._full: anyio.Event | None = None
+        self._space: anyio.Event | None = None
 
     async def add(self, drafts: list[AnyEvent]) -> None:
-        while len(self.pending) >= MAX_PENDING:
+        while len(self.pending) >= MAX_PENDING and self._space is not None:
             await self._space.wait()
         self.pending.extend(drafts)
-        self._some.set()
-        if len(self.pending) >= FLUSH_EVENTS:
-            self._full.set()
+        if self._some is not None and self._full is not None:
+            self._some.set()
+            if len(self.pending) >= FLUSH_EVENTS:
+                self._full.set()
 
     def close(self) -> None:
         self.closed = True
-        self._some.set()
-        self._full.set()
+        if self._some is not None and self._full is not None:
+            self._some.set()
+            self._full.set()
 
     async def run(self, due: bool = False) -> None:
         """``due``: the opening is already due (``Runner._pump``'s first ``FLUSH_S``
         passed, or ``FLUSH_EVENTS`` piled up, before this started): no first wait."""
+        self._some, self._full, self._space = anyio.Event(), anyio.Event(), anyio.Event()
+        self._some.set()   # the opening is due
+        if self.closed or len(self.pending) >= FLUSH_EVENTS:
+            self._full.set()
         while True:
             await self._some.wait()
             if not due:

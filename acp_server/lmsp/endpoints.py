@@ -32,11 +32,13 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import Send
 
+from acp_server.lmsp.errors import handle_unexpected
 from acp_server.lmsp.input_items import list_input_items
 from acp_server.lmsp.listing import list_tasks
 from acp_server.lmsp.models import refresh_models
 from acp_server.lmsp.problems import LmspError, problem_response, shown, store_unavailable
 from acp_server.lmsp.requests import (
+    TaskEnvelope,
     decode_json,
     parse_cursor,
     parse_idempotency_key,
@@ -76,17 +78,23 @@ def _endpoint(methods: dict[str, Endpoint],
                 raise LmspError("method_not_allowed",
                                 f"{request.method} is not allowed on {request.url.path}.")
             return await handler(request, service)
-        except LmspError as exc:
-            return problem_response(exc, instance=request.url.path)
-        except StoreUnavailableError as exc:
-            return problem_response(store_unavailable(exc), instance=request.url.path)
-        except ENGINE_ERRORS as exc:   # the store refused this write for good
-            log.warning("lmsp: %s: the store refused the write: %s", request_line(request),
-                        first_line(exc, 200))
-            return problem_response(store_unavailable(StoreUnavailableError("refused")),
-                                    instance=request.url.path)
+        except (LmspError, StoreUnavailableError, *ENGINE_ERRORS) as exc:
+            return _problem(exc, request)
 
     return handle
+
+
+def _problem(exc: Exception, request: Request) -> Response:
+    """The problem answer of an ``LmspError``, a store outage or a write the store
+    refused for good (logged)."""
+    if isinstance(exc, LmspError):
+        return problem_response(exc, instance=request.url.path)
+    if isinstance(exc, StoreUnavailableError):
+        return problem_response(store_unavailable(exc), instance=request.url.path)
+    log.warning("lmsp: %s: the store refused the write: %s", request_line(request),
+                first_line(exc, 200))
+    return problem_response(store_unavailable(StoreUnavailableError("refused")),
+                            instance=request.url.path)
 
 
 # -- endpoints ---------------------------------------------------------------------------
@@ -98,14 +106,66 @@ async def capabilities(request: Request, service: LmspService) -> Response:
 async def create_task(request: Request, service: LmspService) -> Response:
     key = parse_idempotency_key(request.headers.get("idempotency-key"))
     body = decode_json(await read_body(request, limit=service.config.max_request_bytes))
-    envelope = parse_task_envelope(body)
+    return await _created(service, parse_task_envelope(body), key, request.scope)
+
+
+async def _created(service: LmspService, envelope: TaskEnvelope, key: str | None,
+                   scope: Any) -> Response:
     record, replayed = await service.create_task(
         envelope.request, on_restart=envelope.on_restart, key=key, route="POST /lmsp/v1/tasks",
-        caller=caller_of(request.scope))
+        caller=caller_of(scope))
     headers = {"Location": f"{PREFIX}/tasks/{record.id}"}
     if replayed:
         headers["Idempotent-Replayed"] = "true"
     return _json(202, encode(service.task_object(record)), headers)
+
+
+Answer = tuple[dict[str, Any], dict[str, Any]]   # (http.response.start, http.response.body)
+
+
+class FastCreate:
+    """``POST /lmsp/v1/tasks`` for the front layer's hot path (``acp_server.http.front``,
+    which has read the body and checked the caller): the route's answers, bytes for
+    bytes, without the framework's layers (its middleware, router and ``Request``), as
+    two ASGI messages. ``None`` (nothing done: the route then runs on the same body)
+    for a body over the limit or one the route refuses before creating anything (not
+    JSON, not a task, a malformed ``Idempotency-Key``); from the create on (a refusal
+    of the service, an outage, a bug: ``errors.handle_unexpected``'s 500), it answers
+    as the route and the door's handlers would."""
+
+    __slots__ = ("service",)
+
+    def __init__(self, service: LmspService) -> None:
+        self.service = service
+
+    async def __call__(self, scope: Any, body: bytes) -> Answer | None:
+        service = self.service
+        if len(body) > service.config.max_request_bytes:
+            return None   # the route's 413
+        try:
+            key = None
+            for name, value in scope["headers"]:
+                if name == b"idempotency-key":   # the first, as ``request.headers.get``
+                    key = parse_idempotency_key(value.decode("latin-1"))
+                    break
+            envelope = parse_task_envelope(decode_json(body))
+        except Exception:   # noqa: BLE001 - nothing done yet: the route says why
+            return None
+        try:
+            response = await _created(service, envelope, key, scope)
+        except (LmspError, StoreUnavailableError, *ENGINE_ERRORS) as exc:
+            response = _problem(exc, Request(scope))
+        except Exception as exc:   # noqa: BLE001 - a bug: the door's 500, logged
+            response = await handle_unexpected(Request(scope), exc)
+        return ({"type": "http.response.start", "status": response.status_code,
+                 "headers": response.raw_headers},
+                {"type": "http.response.body", "body": bytes(response.body)})
+
+
+def fast_routes(service: LmspService) -> dict[str, tuple[Any, frozenset[bytes]]]:
+    """The front layer's fast handlers of this door, by route path, with the headers
+    they leave to the route (``acp_server.app``)."""
+    return {PREFIX + "/tasks": (FastCreate(service), frozenset())}
 
 
 async def get_task(request: Request, service: LmspService) -> Response:
@@ -303,4 +363,4 @@ def routes(service: LmspService) -> list[BaseRoute]:
             for path, methods in table]
 
 
-__all__ = ["access", "routes"]
+__all__ = ["FastCreate", "access", "fast_routes", "routes"]

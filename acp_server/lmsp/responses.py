@@ -68,15 +68,17 @@ def count_tokens(text: str) -> int:
     return len(_TOKEN.findall(text))
 
 
-_ECHOED = (b'"metadata"', b'"instructions"', b'"max_output_tokens"', b'"background"',
-           b'"previous_response_id"', *ECHO_NAMES)
+_ECHOED = re.compile(b"|".join(re.escape(name) for name in (
+    b'"metadata"', b'"instructions"', b'"max_output_tokens"', b'"background"',
+    b'"previous_response_id"', *ECHO_NAMES)))   # one scan of the bytes for any of them
 
 
-def _echoed(record: TaskRecord) -> dict[str, Any]:
+def echoed(record: TaskRecord) -> dict[str, Any]:
     """The request members a response object repeats: ``metadata``, ``instructions``,
     ``max_output_tokens``, ``background``, ``previous_response_id`` and the parameters
-    of ``acp_server.lmsp.params`` (decoded once per stored request, then remembered)."""
-    if not any(name in record.request for name in _ECHOED):   # common: nothing to decode
+    of ``acp_server.lmsp.params`` (decoded once per stored request, then remembered).
+    A run of a task takes them once (``Attempt.echo``) for every response it builds."""
+    if _ECHOED.search(record.request) is None:   # common: nothing to decode
         return {}
     request = record.request
     if len(request) > ECHO_CACHED_BYTES:   # (a cache of 1 MiB keys would hold GBs)
@@ -105,19 +107,22 @@ def _echo_of(request: bytes) -> tuple[tuple[str, Any], ...]:
     return tuple(fields)
 
 
-def base_response(record: TaskRecord, status: str, **fields: Any) -> ResponseObject:
+def base_response(record: TaskRecord, status: str, echo: dict[str, Any] | None = None,
+                  **fields: Any) -> ResponseObject:
+    """``echo``: ``echoed(record)`` when the caller has it already."""
     return ResponseObject(id=record.response_id, created_at=int(record.created_at),
                           status=status, model=record.model,  # type: ignore[arg-type]
-                          **_echoed(record), **fields)
+                          **(echoed(record) if echo is None else echo), **fields)
 
 
 def created_event(record: TaskRecord) -> ResponseEvent:
     return ResponseEvent(type="response.created", response=base_response(record, "queued"))
 
 
-def in_progress_event(record: TaskRecord) -> ResponseEvent:
+def in_progress_event(record: TaskRecord, echo: dict[str, Any] | None = None
+                      ) -> ResponseEvent:
     return ResponseEvent(type="response.in_progress",
-                         response=base_response(record, "in_progress"))
+                         response=base_response(record, "in_progress", echo))
 
 
 def error_finish(record: TaskRecord, code: str, message: str, *, status: str = "failed"
@@ -158,6 +163,7 @@ class Attempt:
         self.order: list[str] = []   # the output items as they opened: message, reasoning
         self.input_tokens = count_tokens(input_text)
         self.reported_usage: Usage | None = None
+        self.echo = echoed(record)   # what each of its response objects repeats
 
     @property
     def output_text(self) -> str:
@@ -279,7 +285,7 @@ class Attempt:
         reason = INCOMPLETE_REASONS.get(stop_reason)
         item_status = "incomplete" if reason else "completed"
         response = base_response(
-            self.record, "incomplete" if reason else "completed",
+            self.record, "incomplete" if reason else "completed", self.echo,
             output=self._output(item_status), usage=self.usage(),
             completed_at=None if reason else int(now),
             incomplete_details=IncompleteDetails(reason=reason) if reason else None)
@@ -288,14 +294,14 @@ class Attempt:
         return "succeeded", Finish(events=events, response=encode(response))
 
     def cancelled(self) -> Finish:
-        response = base_response(self.record, "cancelled", output=self._output("incomplete"),
-                                 usage=self.usage())
+        response = base_response(self.record, "cancelled", self.echo,
+                                 output=self._output("incomplete"), usage=self.usage())
         return Finish(events=[ResponseEvent(type="response.cancelled", response=response)],
                       response=encode(response))
 
     def failed(self, code: str, message: str) -> Finish:
-        response = base_response(self.record, "failed", output=self._output("incomplete"),
-                                 usage=self.usage(),
+        response = base_response(self.record, "failed", self.echo,
+                                 output=self._output("incomplete"), usage=self.usage(),
                                  error=ResponseError(code=code, message=message))
         return Finish(events=[ResponseEvent(type="response.failed", response=response)],
                       response=encode(response),

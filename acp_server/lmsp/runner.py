@@ -125,7 +125,7 @@ class Runner:
         # ours ends (``_slot_freed``) or the backoff delay passes.
         self._slot_backoff = Backoff(0.05, 2.0)
         self._slot_wait = 0.0
-        self._slot_freed = anyio.Event()
+        self._slot_freed: anyio.Event | None = None   # made by the one waiting for it
 
     @property
     def running(self) -> int:
@@ -207,8 +207,10 @@ class Runner:
         """After a task met the bridge's session limit: wait until one of ours ends or
         the backoff passes (doubling while the limit holds, up to 2 s)."""
         if self._slot_wait > 0:
+            freed = self._slot_freed = anyio.Event()
             with anyio.move_on_after(self._slot_wait):
-                await self._slot_freed.wait()
+                await freed.wait()
+            self._slot_freed = None
             self._slot_wait = 0.0
 
     async def _run(self, record: TaskRecord, handle: _Handle) -> None:
@@ -232,8 +234,9 @@ class Runner:
         """The task's runner slot is free (idempotent): the next task may be claimed."""
         if handle in self._slots:
             self._slots.discard(handle)
-            self._slot_freed.set()
-            self._slot_freed = anyio.Event()
+            if self._slot_freed is not None:   # (no event made a task when none waits)
+                self._slot_freed.set()
+                self._slot_freed = None
             self.wake()
 
     async def _execute(self, record: TaskRecord, handle: _Handle) -> None:
@@ -296,7 +299,8 @@ class Runner:
                                                    last_event_id=ticket.last_event_id,
                                                    max_queued=SUBSCRIPTION_QUEUE)
             handle.last_read = ticket.last_event_id
-            writer = DeltaWriter(self.store, record.id, in_progress_event(record), self.clock)
+            writer = DeltaWriter(self.store, record.id,
+                                 in_progress_event(record, attempt.echo), self.clock)
             try:
                 await self._pump(attempt, ticket, handle, bridge, writer)
             except OutputLost as exc:

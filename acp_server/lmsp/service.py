@@ -91,13 +91,24 @@ from bridge.ids import random_bits
 
 log = logging.getLogger("acp_server.lmsp")
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+_PAIRS = [a + b for a in _CROCKFORD for b in _CROCKFORD]   # 10 bits → two characters
 
 
 def new_id(prefix: str) -> str:
-    """``prefix_`` + a ULID (48-bit ms time, 80 random bits, Crockford base32)."""
+    """``prefix_`` + a ULID (48-bit ms time, 80 random bits, Crockford base32: 26
+    characters of 5 bits, the first two bits zero)."""
     value = (time.time_ns() // 1_000_000) << 80 | random_bits(80)   # bridge.ids: pooled
-    chars = [_CROCKFORD[(value >> shift) & 31] for shift in range(125, -1, -5)]
-    return f"{prefix}_{''.join(chars)}"
+    return f"{prefix}_{crockford(value)}"
+
+
+def crockford(value: int) -> str:
+    """A 128-bit value in 26 Crockford base32 characters, the most significant first."""
+    p = _PAIRS
+    return (f"{p[value >> 120 & 1023]}{p[value >> 110 & 1023]}"
+            f"{p[value >> 100 & 1023]}{p[value >> 90 & 1023]}{p[value >> 80 & 1023]}"
+            f"{p[value >> 70 & 1023]}{p[value >> 60 & 1023]}{p[value >> 50 & 1023]}"
+            f"{p[value >> 40 & 1023]}{p[value >> 30 & 1023]}{p[value >> 20 & 1023]}"
+            f"{p[value >> 10 & 1023]}{p[value & 1023]}")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

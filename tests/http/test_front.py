@@ -270,3 +270,25 @@ async def test_a_stray_path_is_asked_of_stray_alias_and_only_a_stray_one() -> No
                      "/workspaces//srv/ws/acp"]
     assert seen == ["/acp", "/acp", "/capabilities", "/acp"]
     assert [m["status"] for m in answers if m["type"] == "http.response.start"] == [503, 404]
+
+
+def test_hot_routes_of_one_method_and_length_are_each_matched() -> None:
+    """``POST /session/{id}/prompt`` (REST) and ``POST /lmsp/v1/tasks`` (LMSP) both
+    have three segments: each path finds its own route, and neither hides the other."""
+    async def handler(scope: dict, body: bytes) -> tuple[dict, dict]:
+        return START, END
+
+    render = lambda refusal: (b"application/json", b"{}")   # noqa: E731
+    tasks = SimpleNamespace(path="/lmsp/v1/tasks")
+    doors = [Door("/lmsp/", "lmsp", render), Door("", "rest", render)]
+    front = FrontLayer(lambda *a: None, GuardPolicy(), doors=doors,   # type: ignore[arg-type]
+                       hot=[HotRoute("POST", PROMPT_ROUTE, handler),
+                            HotRoute("POST", tasks, handler)])
+    prompt = front._hot_route("POST", "/session/s1/prompt")
+    assert prompt is not None and prompt[0].hot.route is PROMPT_ROUTE
+    assert prompt[1] == {"session_id": "s1"} and prompt[0].door.name == "rest"
+    task = front._hot_route("POST", "/lmsp/v1/tasks")
+    assert task is not None and task[0].hot.route is tasks and task[1] == {}
+    assert task[0].door.name == "lmsp"
+    for path in ("/lmsp/v1/responses", "/session/s1/other", "/lmsp/v2/tasks"):
+        assert front._hot_route("POST", path) is None

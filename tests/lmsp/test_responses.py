@@ -77,3 +77,35 @@ async def test_closing_a_stream_cancels_the_response(server: LmspServer) -> None
     with anyio.fail_after(30):   # a hang bound (the 60 s turn ends only by the cancel)
         while (await server.get(task_id))["status"] != "cancelled":
             await anyio.sleep(0.02)
+
+
+@pytest.mark.parametrize("request_body", [
+    {"model": "reference", "input": "hi"},
+    {"model": "reference", "input": "hi", "metadata": {"k": "v"}, "store": True,
+     "instructions": "Be brief.", "max_output_tokens": 50, "user": "u1"},
+])
+def test_a_run_looks_for_the_echoed_members_once(monkeypatch: pytest.MonkeyPatch,
+                                                request_body: dict) -> None:
+    """An attempt's ``response.in_progress`` and its final response repeat the same
+    request members, taken from the stored request once (``Attempt.echo``)."""
+    from acp_server.lmsp import responses
+    from acp_server.store.tasks import NewTask, queued_record
+
+    record = queued_record(NewTask(id="task_1", response_id="resp_1", on_restart="fail",
+                                   model="reference", principal=None,
+                                   request=json.dumps(request_body).encode(),
+                                   created_at=1.0))
+    looked = []
+    real = responses.echoed
+    monkeypatch.setattr(responses, "echoed", lambda r: looked.append(r) or real(r))
+    attempt = responses.Attempt(record, "hi")
+    opening = responses.in_progress_event(record, attempt.echo)
+    attempt.text("Echo: hi")
+    _, finish = attempt.finish("end_turn", 2.0)
+    assert len(looked) == 1
+    final = json.loads(finish.response)
+    assert attempt.echo == ({} if len(request_body) == 2 else {
+        "metadata": {"k": "v"}, "store": True, "instructions": "Be brief.",
+        "max_output_tokens": 50, "user": "u1"})
+    for name, value in attempt.echo.items():
+        assert final[name] == value and getattr(opening.response, name) == value
