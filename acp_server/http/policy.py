@@ -136,9 +136,11 @@ def is_loopback(hostname: str) -> bool:
     if host.lower() == "localhost":
         return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        address = ipaddress.ip_address(host)
     except ValueError:
         return False
+    mapped = getattr(address, "ipv4_mapped", None)   # ::ffff:127.0.0.1 on a dual-stack bind
+    return address.is_loopback or (mapped is not None and mapped.is_loopback)
 
 
 def _port(value: Any) -> int | None:

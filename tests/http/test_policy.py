@@ -120,6 +120,10 @@ def test_without_a_token_only_loopback_clients_are_served() -> None:
     for kind in ("http", "websocket"):
         assert GuardPolicy().check(scope(client="192.0.2.7", kind=kind)) is p.NOT_LOOPBACK
         assert GuardPolicy().check(scope(client="::1", kind=kind)) is None
+        # an IPv4 loopback client on a dual-stack (``::``) bind: loopback too
+        assert GuardPolicy().check(scope(client="::ffff:127.0.0.1", kind=kind)) is None
+        assert GuardPolicy().check(scope(client="::ffff:192.0.2.7", kind=kind)) \
+            is p.NOT_LOOPBACK
     assert GuardPolicy(token="t").check(scope(("authorization", "Bearer t"),
                                               client="192.0.2.7")) is None
 
