@@ -169,17 +169,21 @@ async def test_a_prompt_id_still_pending_is_refused(tmp_path: Any) -> None:
         assert bridge.session_status(sid).pending_prompts == 0
 
 
-class ElicitingAgent:
-    """Each turn asks a URL elicitation the user never finishes, then ends."""
+class _ElsewhereAgent:
+    """An agent in another process as ``bridge.turn`` sees it (``out_of_process``):
+    ``initialize`` and ``session/new`` answered (ids ``<PREFIX><n>``), a prompt by
+    ``prompt`` (a subclass's), anything else ``{}``."""
 
-    name = "e"
+    name = "elsewhere"
+    out_of_process = True
+    PREFIX = "s"
 
     def __init__(self) -> None:
-        self.n = 0
         self.closed = False
+        self.made = 0
         self.client: Any = None
 
-    async def connect(self, client: Any, tg: Any) -> ElicitingAgent:
+    async def connect(self, client: Any, tg: Any) -> Any:
         self.client = client
         return self
 
@@ -187,22 +191,36 @@ class ElicitingAgent:
         if method == "initialize":
             return {"protocolVersion": 1, "agentCapabilities": {}}
         if method == "session/new":
-            self.n += 1
-            return {"sessionId": f"s{self.n}"}
+            self.made += 1
+            return {"sessionId": f"{self.PREFIX}{self.made}"}
         if method == "session/prompt":
-            sid = params["sessionId"]
-            with anyio.move_on_after(0):
-                await self.client.create_elicitation(sid, {
-                    "sessionId": sid, "mode": "url", "elicitationId": f"el-{sid}",
-                    "url": "https://example.invalid", "message": "m"})
-            return {"stopReason": "end_turn"}
+            return await self.prompt(params)
         return {}
 
-    async def notify(self, method: str, params: dict[str, Any]) -> None:
+    async def prompt(self, params: dict[str, Any]) -> Any:
+        return {"stopReason": "end_turn"}
+
+    async def notify(self, method: str, params: Any) -> None:
         pass
 
     async def aclose(self) -> None:
         self.closed = True
+
+
+class ElicitingAgent(_ElsewhereAgent):
+    """Each turn asks a URL elicitation the user never finishes, then ends (in
+    process)."""
+
+    name = "e"
+    out_of_process = False
+
+    async def prompt(self, params: dict[str, Any]) -> Any:
+        sid = params["sessionId"]
+        with anyio.move_on_after(0):
+            await self.client.create_elicitation(sid, {
+                "sessionId": sid, "mode": "url", "elicitationId": f"el-{sid}",
+                "url": "https://example.invalid", "message": "m"})
+        return {"stopReason": "end_turn"}
 
 
 async def test_a_closed_session_is_not_kept_alive_by_its_url_elicitation() -> None:
@@ -249,41 +267,22 @@ async def test_a_branch_whose_caller_left_makes_no_session(tmp_path: Any, when: 
             await wait_until(lambda: any(m == "session/close" for m, _ in agent.calls))
 
 
-class IgnoringAgent:
-    """An agent in another process as ``bridge.turn`` sees it (``out_of_process``): it
-    never answers a prompt and ignores every cancel; ``waiting`` counts the
+class IgnoringAgent(_ElsewhereAgent):
+    """It never answers a prompt and ignores every cancel; ``waiting`` counts the
     ``session/prompt`` requests still awaited from it."""
 
     name = "ignoring"
-    out_of_process = True
 
     def __init__(self) -> None:
-        self.closed = False
+        super().__init__()
         self.waiting = 0
-        self.made = 0
 
-    async def connect(self, client: Any, tg: Any) -> IgnoringAgent:
-        return self
-
-    async def request(self, method: str, params: dict[str, Any]) -> Any:
-        if method == "initialize":
-            return {"protocolVersion": 1, "agentCapabilities": {}}
-        if method == "session/new":
-            self.made += 1
-            return {"sessionId": f"s{self.made}"}
-        if method == "session/prompt":
-            self.waiting += 1
-            try:
-                await anyio.sleep_forever()
-            finally:
-                self.waiting -= 1
-        return {}
-
-    async def notify(self, method: str, params: Any) -> None:
-        pass
-
-    async def aclose(self) -> None:
-        self.closed = True
+    async def prompt(self, params: dict[str, Any]) -> Any:
+        self.waiting += 1
+        try:
+            await anyio.sleep_forever()
+        finally:
+            self.waiting -= 1
 
 
 @pytest.mark.parametrize("cancelled_first", [True, False])
@@ -311,43 +310,49 @@ async def test_a_closed_sessions_turn_is_not_awaited_for_ever(tmp_path: Any,
             await wait_until(lambda: agent.waiting == 0, timeout=10)
 
 
-class OrderedAgent:
-    """An agent in another process as ``bridge.turn`` sees it: ``log`` is what it was
-    sent, in order (``prompt <text>``, ``cancel``); the ``first`` prompt of a session is
-    answered only once ``release`` is set, every other at once."""
+class OrderedAgent(_ElsewhereAgent):
+    """``log`` is what it was sent, in order (``prompt <text>``, ``cancel``); the
+    ``first`` prompt of a session is answered only once ``release`` is set, every other
+    at once."""
 
     name = "ordered"
-    out_of_process = True
+    PREFIX = "o"
 
     def __init__(self) -> None:
-        self.closed = False
+        super().__init__()
         self.log: list[str] = []
         self.release = anyio.Event()
-        self.made = 0
 
-    async def connect(self, client: Any, tg: Any) -> OrderedAgent:
-        return self
-
-    async def request(self, method: str, params: dict[str, Any]) -> Any:
-        if method == "initialize":
-            return {"protocolVersion": 1, "agentCapabilities": {}}
-        if method == "session/new":
-            self.made += 1
-            return {"sessionId": f"o{self.made}"}
-        if method == "session/prompt":
-            said = params["prompt"][0]["text"]
-            self.log.append(f"prompt {said}")
-            if said == "first":
-                await self.release.wait()
-            return {"stopReason": "end_turn"}
-        return {}
+    async def prompt(self, params: dict[str, Any]) -> Any:
+        said = params["prompt"][0]["text"]
+        self.log.append(f"prompt {said}")
+        if said == "first":
+            await self.release.wait()
+        return {"stopReason": "end_turn"}
 
     async def notify(self, method: str, params: Any) -> None:
         if method == "session/cancel":
             self.log.append("cancel")
 
-    async def aclose(self) -> None:
-        self.closed = True
+
+async def _second_behind_a_straggler(bridge: Bridge, agent: OrderedAgent
+                                     ) -> tuple[str, anyio.Event, Any]:
+    """A new session whose ``first`` prompt was cancelled and given up on (the agent
+    still holds it: the session's straggler) and whose ``second`` waits for it, its
+    turn started: (the session's id, the straggler, the second prompt's ticket)."""
+    agent.log.clear()
+    agent.release = anyio.Event()
+    sid = (await bridge.create_session()).session_id
+    session = bridge.get_session(sid)
+    first = bridge.send_prompt(sid, text("first"))
+    await wait_until(lambda: agent.log == ["prompt first"])
+    await bridge.cancel_session(sid)
+    assert (await first).stop_reason == "cancelled"   # given up on: a straggler
+    straggler = session.straggler
+    assert straggler is not None
+    second = bridge.send_prompt(sid, text("second"))   # waits for the straggler
+    await wait_until(lambda: session.active is not None)
+    return sid, straggler, second
 
 
 async def test_a_cancel_never_reaches_the_agent_before_its_prompt(tmp_path: Any) -> None:
@@ -361,18 +366,7 @@ async def test_a_cancel_never_reaches_the_agent_before_its_prompt(tmp_path: Any)
     async with Bridge(agent := OrderedAgent(), workspace_cwd=str(tmp_path),
                       options=options) as bridge:
         for _ in range(40):
-            agent.log.clear()
-            agent.release = anyio.Event()
-            sid = (await bridge.create_session()).session_id
-            session = bridge.get_session(sid)
-            first = bridge.send_prompt(sid, text("first"))
-            await wait_until(lambda: agent.log == ["prompt first"])
-            await bridge.cancel_session(sid)
-            assert (await first).stop_reason == "cancelled"   # given up on: a straggler
-            straggler = session.straggler
-            assert straggler is not None
-            second = bridge.send_prompt(sid, text("second"))   # waits for the straggler
-            await wait_until(lambda: session.active is not None)
+            sid, straggler, second = await _second_behind_a_straggler(bridge, agent)
 
             async def cancel_as_it_goes(ended: anyio.Event = straggler) -> None:
                 await ended.wait()   # woken with the second prompt's turn
@@ -405,18 +399,7 @@ async def test_a_prompt_whose_session_closed_as_it_went_out_is_not_sent(tmp_path
     async with Bridge(agent, workspace_cwd=str(tmp_path),
                       options=BridgeOptions(cancel_grace_ms=10)) as bridge:
         for _ in range(10):
-            agent.log.clear()
-            agent.release = anyio.Event()
-            sid = (await bridge.create_session()).session_id
-            session = bridge.get_session(sid)
-            first = bridge.send_prompt(sid, text("first"))
-            await wait_until(lambda: agent.log == ["prompt first"])
-            await bridge.cancel_session(sid)
-            assert (await first).stop_reason == "cancelled"
-            straggler = session.straggler
-            assert straggler is not None
-            second = bridge.send_prompt(sid, text("second"))
-            await wait_until(lambda: session.active is not None)
+            sid, straggler, second = await _second_behind_a_straggler(bridge, agent)
 
             async def close_as_it_goes(ended: anyio.Event = straggler) -> None:
                 await ended.wait()   # woken with the second prompt's turn

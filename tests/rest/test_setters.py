@@ -196,33 +196,26 @@ async def test_the_agent_failing(tmp_path: Path, failure: BaseException, status:
                 assert answer.headers["Retry-After"] == "5"
 
 
-class _OptionsOnly:
-    """An agent whose model and effort are config options (``model``, ``effort``):
-    no ``models``; it records the setters it is sent and answers its options."""
+class _Wrapped:
+    """The reference agent, each request going through ``ask(inner, method, params)``
+    first (a subclass's): a test's agent that answers some requests its own way."""
 
     name = "reference"
 
     def __init__(self) -> None:
         self.inner = ReferenceAgentFactory()
-        self.sent: list[tuple[str, Any]] = []
+
+    async def ask(self, inner: Any, method: str, params: Any) -> Any:
+        return await inner.request(method, params)
 
     async def connect(self, client: Any, task_group: anyio.abc.TaskGroup) -> Any:
-        inner, sent = await self.inner.connect(client, task_group), self.sent
-        options = [{"id": "model", "category": "model", "type": "select", "currentValue": "a"},
-                   {"id": "effort", "category": "thought_level", "type": "select",
-                    "currentValue": "low"}]
+        inner, ask = await self.inner.connect(client, task_group), self.ask
 
         class Connection:
             closed = property(lambda self: inner.closed)
 
             async def request(self, method: str, params: Any) -> Any:
-                if method.startswith("session/set_"):
-                    sent.append((method, params))
-                    return {"configOptions": options}
-                answer = await inner.request(method, params)
-                if method == "session/new":
-                    return {"sessionId": answer["sessionId"], "configOptions": options}
-                return answer
+                return await ask(inner, method, params)
 
             async def notify(self, method: str, params: Any) -> None:
                 await inner.notify(method, params)
@@ -231,6 +224,28 @@ class _OptionsOnly:
                 await inner.aclose()
 
         return Connection()
+
+
+class _OptionsOnly(_Wrapped):
+    """An agent whose model and effort are config options (``model``, ``effort``):
+    no ``models``; it records the setters it is sent and answers its options."""
+
+    OPTIONS = [{"id": "model", "category": "model", "type": "select", "currentValue": "a"},
+               {"id": "effort", "category": "thought_level", "type": "select",
+                "currentValue": "low"}]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: list[tuple[str, Any]] = []
+
+    async def ask(self, inner: Any, method: str, params: Any) -> Any:
+        if method.startswith("session/set_"):
+            self.sent.append((method, params))
+            return {"configOptions": self.OPTIONS}
+        answer = await inner.request(method, params)
+        if method == "session/new":
+            return {"sessionId": answer["sessionId"], "configOptions": self.OPTIONS}
+        return answer
 
 
 async def test_model_and_effort_as_config_options(tmp_path: Path) -> None:
@@ -252,35 +267,19 @@ async def test_model_and_effort_as_config_options(tmp_path: Path) -> None:
                                        "sessionId": sid})]
 
 
-class _Silent:
+class _Silent(_Wrapped):
     """The reference agent, whose first setter is never answered (the rest are)."""
 
-    name = "reference"
-
     def __init__(self) -> None:
-        self.inner = ReferenceAgentFactory()
+        super().__init__()
         self.asked = 0
 
-    async def connect(self, client: Any, task_group: anyio.abc.TaskGroup) -> Any:
-        inner, agent = await self.inner.connect(client, task_group), self
-
-        class Connection:
-            closed = property(lambda self: inner.closed)
-
-            async def request(self, method: str, params: Any) -> Any:
-                if method.startswith("session/set_"):
-                    agent.asked += 1
-                    if agent.asked == 1:
-                        await anyio.sleep_forever()
-                return await inner.request(method, params)
-
-            async def notify(self, method: str, params: Any) -> None:
-                await inner.notify(method, params)
-
-            async def aclose(self) -> None:
-                await inner.aclose()
-
-        return Connection()
+    async def ask(self, inner: Any, method: str, params: Any) -> Any:
+        if method.startswith("session/set_"):
+            self.asked += 1
+            if self.asked == 1:
+                await anyio.sleep_forever()
+        return await inner.request(method, params)
 
 
 async def test_a_setter_the_agent_does_not_answer(tmp_path: Path) -> None:
