@@ -171,6 +171,7 @@ class Journaling:
             return
         session.scope = scope
         seq = self.journal.append(session_record(session))
+        session.recorded = True
         await self._commit_record(session, seq, loaded=loaded)
 
     def _record_end(self, session: Session, *, deleted: bool) -> int:
@@ -219,9 +220,12 @@ class Journaling:
 
 def named(session: Session, prompt: list[Any]) -> None:
     """A session's first prompt with text names it (``display_name``: the listings'),
-    journaled with its record in that prompt's commit."""
+    journaled with its record in that prompt's commit, once the session has one: a
+    prompt admitted while a load waits for its agent names it in the record the load
+    then writes (a record written here for it would outlive a refused load, keeping
+    the prompt rows its undo deletes)."""
     session.display_name = display_name(prompt)
-    if session.display_name is not None and session.journal.durable:
+    if session.display_name is not None and session.journal.durable and session.recorded:
         session.journal.append(session_record(session))
 
 

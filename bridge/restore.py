@@ -191,6 +191,7 @@ def _bridge_side(bridge: Bridge, found: RestoredSession) -> Session:
     session.owner = record.owner
     session.display_name = record.display_name
     session.restored = True
+    session.recorded = True
     session.journaled_activity = found.last_activity()
     session.bus.epoch = uuid4_str() if found.gap else record.epoch
     session.bus.restore(found.events, found.last_event_id)

@@ -145,6 +145,7 @@ class Session:
         self.not_restorable: str | None = None
         self.replaying = False   # the agent's session/load replay: not published again
         self.restored = False    # brought back from the journal at start
+        self.recorded = False    # its record is in the journal (``journaling.named``)
         self.seed: str | None = None   # a branch's parent conversation (``SessionOpened.seed``)
         self.scope = "thread"          # its record's (``single``: an agent's default session)
         self.settings: dict[str, Any] = {}   # ``bridge.settings``: what the agent accepted

@@ -69,8 +69,10 @@ async def test_connects_that_never_say_hello_are_capped(tmp_path: Path) -> None:
                     await plain.get("/health")
 
 
-@pytest.mark.xfail(strict=True, reason="granian 2.8 applies its accept cap (backpressure) "
-                   "only to connections whose TLS handshake is done")
+@pytest.mark.xfail(strict=False, reason="granian 2.8 applies its accept cap (backpressure) "
+                   "only to connections whose TLS handshake is done (not strict: on a slow "
+                   "machine granian's own 10 s handshake timeout may end some silent "
+                   "connects before they are counted)")
 async def test_granian_caps_connects_that_never_say_hello(tmp_path: Path) -> None:
     """Kept visible (docs/security.md): on granian with TLS, connects that never send a
     ClientHello are all accepted, whatever ``--max-connections`` (its accept cap, the
