@@ -32,8 +32,8 @@ Contracts (the checks run in this order; the first that fails is the answer):
    ``Sec-WebSocket-Protocol: qwen-bearer.<base64url>``, the first such entry only):
    the bootstrap token or a stored ``acps_…`` token, compared in constant time → ``401`` otherwise (one
    answer for missing, unknown, wrong, revoked and expired; each failure is an
-   ``auth.failed`` audit record, sampled). A client not on loopback that failed
-   ``FAILURE_TIERS`` times (20 at once, then one every 3 s: ``Gate.failures``) → ``429``
+   ``auth.failed`` audit record, sampled). A client not on loopback that offered a
+   wrong credential (or two) ``FAILURE_TIERS`` times (20 at once, then one every 3 s: ``Gate.failures``) → ``429``
    ``too_many_failed_credentials`` with ``Retry-After``, its credential not compared,
    until its bucket holds one again (a loopback client is never throttled: all local
    processes share its address, and they can be refused by other means). ``OPEN_PATHS`` are exempt unless
@@ -474,11 +474,12 @@ class GuardPolicy:
     def _failed(self, scope: Any, credential: bytes | None, reason: str | None = None) -> None:
         client = scope.get("client")
         gate: Gate = self.gate   # type: ignore[assignment]
+        reason = reason or ("missing_credential" if not credential else "invalid_credential")
         gate.audit.auth_failed(
-            client=str(client[0]) if client else None,
-            reason=reason or ("missing_credential" if not credential else "invalid_credential"),
+            client=str(client[0]) if client else None, reason=reason,
             path=scope.get("path", ""), token_id=public_id(credential) if credential else None)
-        if client and not self._loopback_client(client[0]):
+        if reason != "missing_credential" and client \
+                and not self._loopback_client(client[0]):   # a guess (``_guessing``)
             gate.failures.take(str(client[0]), CREDENTIAL_FAILURE)
 
 

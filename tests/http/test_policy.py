@@ -199,8 +199,10 @@ def test_a_remote_client_guessing_tokens_is_throttled() -> None:
     assert refused.headers == ((b"retry-after", b"3"),)
     assert policy.check(scope(right, client=remote)).status == 429   # type: ignore[union-attr]
     assert policy.check(scope(right, client="198.51.100.4")) is None
-    for _ in range(50):   # loopback: never throttled
+    for _ in range(50):   # loopback: never throttled; no credential at all: no guess
         assert policy.check(scope(wrong)) is p.UNAUTHORIZED
+        assert policy.check(scope(client="198.51.100.4")) is p.UNAUTHORIZED
+    assert policy.check(scope(right, client="198.51.100.4")) is None
     assert policy.check(scope(right)) is None
     now[0] += 3.0   # one failure's worth back
     assert policy.check(scope(right, client=remote)) is None
