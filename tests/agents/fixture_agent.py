@@ -53,26 +53,12 @@ import argparse
 import itertools
 import json
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-_write_lock = threading.Lock()
-
-
-def send(message: dict[str, Any], prefix: bytes = b"") -> None:
-    data = prefix + json.dumps({"jsonrpc": "2.0", **message}).encode() + b"\n"
-    with _write_lock:
-        sys.stdout.buffer.write(data)
-        sys.stdout.buffer.flush()
-
-
-def chunk(session_id: str, text: str) -> dict[str, Any]:
-    return {"method": "session/update", "params": {"sessionId": session_id, "update": {
-        "sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": text}}}}
-
+from tests.agents.stdio import chunk, requests, send
 
 class Agent:
     def __init__(self, args: argparse.Namespace) -> None:
@@ -98,20 +84,12 @@ class Agent:
         send({"id": rpc_id, "result": {}})
 
     def run(self) -> None:
-        for line in sys.stdin.buffer:
-            if not line.strip():
-                continue
-            message = json.loads(line)
-            if "method" not in message:
-                callback = self.waiting.pop(message.get("id"), None)
-                if callback is not None:
-                    callback(message)
-                continue
-            handler = getattr(self, "on_" + message["method"].replace("/", "_"), None)
+        for method, rpc_id, params in requests(self.waiting):
+            handler = getattr(self, "on_" + method.replace("/", "_"), None)
             if handler is not None:
-                handler(message.get("id"), message.get("params") or {})
-            elif "id" in message:
-                send({"id": message["id"], "error": {"code": -32601, "message": "Method not found"}})
+                handler(rpc_id, params)
+            elif rpc_id is not None:
+                send({"id": rpc_id, "error": {"code": -32601, "message": "Method not found"}})
 
     def on_initialize(self, rpc_id: Any, params: dict[str, Any]) -> None:
         session_caps: dict[str, Any] = {} if self.args.no_close else {"close": {}}

@@ -43,7 +43,8 @@ import time
 from collections import Counter
 from typing import Any
 
-_lock = threading.Lock()
+from tests.agents.stdio import chunk, requests, send, send_raw
+
 BIG = 20 * 1024 * 1024 + 7   # past the server's 16 MiB read cap
 
 FS_PROBES: dict[str, tuple[str, dict[str, Any]]] = {
@@ -67,21 +68,6 @@ FS_PROBES: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-def send_raw(data: bytes) -> None:
-    with _lock:
-        sys.stdout.buffer.write(data)
-        sys.stdout.buffer.flush()
-
-
-def send(message: dict[str, Any]) -> None:
-    send_raw(json.dumps({"jsonrpc": "2.0", **message}).encode() + b"\n")
-
-
-def chunk(sid: str, text: str) -> dict[str, Any]:
-    return {"method": "session/update", "params": {"sessionId": sid, "update": {
-        "sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": text}}}}
-
-
 STAYING = threading.Event()   # stdout closed: the process stays past stdin's end
 
 
@@ -103,17 +89,7 @@ class Agent:
         self.stalled = 0   # ``stall`` prompts not yet past their gate
 
     def run(self) -> None:
-        for line in sys.stdin.buffer:
-            if not line.strip():
-                continue
-            message = json.loads(line)
-            if "method" not in message:
-                callback = self.waiting.pop(message.get("id"), None)
-                if callback is not None:
-                    callback(message)
-                continue
-            method, rpc_id = message["method"], message.get("id")
-            params = message.get("params") or {}
+        for method, rpc_id, params in requests(self.waiting):
             if method == "initialize":
                 self.initialize(rpc_id)
             elif method == "session/new":
