@@ -21,8 +21,9 @@ after restoring the agent side of a session restored from the journal
 (``SessionNotRestorableError`` when it cannot be); an unknown agent name is
 ``AgentNotFoundError``. ``agent_state`` is the session's state as the agent answered
 it (its ``session/new``, ``load`` or ``resume`` answer less the id: ``modes``,
-``models``, ``configOptions``), with the changes the setters ``forward``ed made (``SETTERS``, any door: a success is
-recorded there, the current mode, the current model, the options the agent answered;
+``models``, ``configOptions``), with the changes the setters made (``SETTING_METHODS``,
+any door: a success is recorded there, the current mode, the current model, the options
+the agent answered;
 one setter at a time per session: ``set_mode`` answers the mode it replaced,
 ``set_setting`` what changed); and what the agent reports on its own
 (``current_mode_update``, ``config_option_update``: ``bridge.agent_state``). Every
@@ -57,7 +58,7 @@ from bridge.errors import (
 )
 from bridge.journaling import session_record
 from bridge.setting_changes import SettingChange, announce, announce_failure, change_of
-from bridge.settings import SETTING_METHODS, keep, setting_key
+from bridge.settings import SETTING_METHODS, keep
 from bridge.status import AgentStatus
 
 if TYPE_CHECKING:
@@ -68,8 +69,6 @@ if TYPE_CHECKING:
     from bridge.session import Session
 
 
-# the setters whose success ``forward`` records in the session's state (``agent_state``)
-SETTERS = SETTING_METHODS
 LISTING_WAIT_S = 2.0   # a listing of the agents waits at most this long for the finder
 
 
@@ -171,10 +170,10 @@ class AgentCallsAPI:
     async def forward(self, session_id: str, method: str, params: Any, *,
                       bounded: bool = False) -> Any:
         """Send an ACP request the bridge has no rule for (``session/set_mode``, ...)
-        to the session's agent, unchanged; its answer, unchanged. A setter (``SETTERS``,
+        to the session's agent, unchanged; its answer, unchanged. A setter (``SETTING_METHODS``,
         any door) is ``set_setting``'s, within ``agent_request_timeout_ms``
         (``AgentRequestTimeoutError``); any other request too when ``bounded``."""
-        if method not in SETTERS or not isinstance(params, dict):
+        if method not in SETTING_METHODS or not isinstance(params, dict):
             agent = await self._agent_of(self.get_session(session_id))
             if bounded:
                 return await self._agent_request(agent, method, params)
@@ -183,7 +182,7 @@ class AgentCallsAPI:
 
     async def set_setting(self, session_id: str, method: str, params: dict[str, Any], *,
                           client_id: str | None = None) -> SetResult:
-        """A setter (``SETTERS``) forwarded under the session's setter lock (``_set``):
+        """A setter (``SETTING_METHODS``) forwarded under the session's setter lock (``_set``):
         the agent's answer, unchanged, and what it changed (``change``: the setting,
         its value before as last known and after; ``None`` for params naming none).
         ``client_id``: the caller's, its events' ``originatorClientId`` when the
@@ -224,10 +223,9 @@ class AgentCallsAPI:
         record(session.agent_result, method, params, answer)
         if change is not None:
             announce(session, change, client_id)
-        key = setting_key(method, params)
-        if key is not None and session.journal.durable \
+        if change is not None and session.journal.durable \
                 and self._sessions.get(session.session_id) is session and not session.closing:
-            if keep(session.settings, key, method, params, session.session_id):
+            if keep(session.settings, change.setting, method, params, session.session_id):
                 await session.journal.wait(session.journal.append(session_record(session)))
                 return SetResult(answer, change)
         if change is not None and session.journal.durable:   # its event, committed first

@@ -5,10 +5,11 @@ the client gets the agent's answer, and applied to the agent again when the sess
 agent side is restored (``bridge.restore``), so the setting after a restart is the
 one acknowledged.
 
-    key = setting_key("session/set_mode", params)          # "mode"
+    keep(session.settings, "mode", "session/set_mode", params, sid)   # kept: True
     await apply_again(bridge, session, result)             # after a restore, in order
 
-Contracts: one entry per setting (``mode``, ``model``, ``config:<configId>``; a later
+Contracts: one entry per setting (``mode``, ``model``, ``config:<configId>``: a
+``change_of``'s ``setting``, ``bridge.setting_changes``; a later
 change replaces it, keeping the order the settings were first made), its value
 ``[method, params]`` (the params without ``sessionId``); at most ``MAX_KEPT`` of them
 and ``MAX_KEPT_BYTES`` of params each (``keep``: one past either is applied by the agent
@@ -43,19 +44,6 @@ SETTING_METHODS = frozenset({"session/set_mode", "session/set_model",
 MAX_KEPT = 32             # settings kept per session (``keep``)
 MAX_KEPT_BYTES = 16_384   # a setting's params, JSON-encoded
 _encoder = msgspec.json.Encoder()
-
-
-def setting_key(method: str, params: Any) -> str | None:
-    """The setting ``method`` with ``params`` changes (``None``: not one kept)."""
-    if not isinstance(params, dict):
-        return None
-    if method == "session/set_mode" and isinstance(params.get("modeId"), str):
-        return "mode"
-    if method == "session/set_model" and isinstance(params.get("modelId"), str):
-        return "model"
-    if method == "session/set_config_option" and isinstance(params.get("configId"), str):
-        return f"config:{params['configId']}"
-    return None
 
 
 def kept(method: str, params: dict[str, Any]) -> list[Any]:

@@ -46,7 +46,6 @@ Contracts (``docs/rest.md``):
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
 from typing import Any
 
 from starlette.requests import Request
@@ -61,37 +60,31 @@ from acp_server.principals import caller_of
 from acp_server.rest.owners import owned
 from bridge import Bridge
 from bridge.errors import AgentError
-from bridge.setting_changes import SettingChange
+from bridge.agent_calls import SetResult
 
 INVALID_PARAMS = -32602   # JSON-RPC's: the agent called the value invalid
 MAX_MESSAGE = 1000        # characters of the agent's message in an answer
 
 
 async def _set(request: Request, bridge: Bridge, session_id: str, method: str,
-               params: dict[str, Any], client_id: str | None) -> Any:
+               params: dict[str, Any], client_id: str | None) -> SetResult:
     """The setter on the agent (its JSON-RPC error is the door's ``agent_refused``),
-    recorded in the audit log once accepted; the agent's answer."""
-    answer, change = await _refused_as_rest(bridge.set_setting(
-        session_id, method, {**params, "sessionId": session_id}, client_id=client_id))
-    _audited(request, session_id, change)
-    return answer
-
-
-def _audited(request: Request, session_id: str, change: SettingChange | None) -> None:
-    if change is not None:
-        caller_of(request.scope).setting_changed(session_id, change.setting, change.old,
-                                                 change.new, "rest")
-
-
-async def _refused_as_rest(call: Awaitable[Any]) -> Any:
+    recorded in the audit log once accepted; the agent's answer and what it changed."""
     try:
-        return await call
+        result = await bridge.set_setting(session_id, method,
+                                          {**params, "sessionId": session_id},
+                                          client_id=client_id)
     except AgentError as exc:
         body: dict[str, Any] = {"error": str(exc.message)[:MAX_MESSAGE] or "Refused by the agent",
                                 "code": "agent_refused", "rpcCode": exc.rpc_code}
         if exc.data is not None:
             body["data"] = exc.data
         raise RestError(400 if exc.rpc_code == INVALID_PARAMS else 409, body) from None
+    change = result.change
+    if change is not None:
+        caller_of(request.scope).setting_changed(session_id, change.setting, change.old,
+                                                 change.new, "rest")
+    return result
 
 
 def _trusted(bridge: Bridge, session_id: str, request: Request) -> str | None:
@@ -133,10 +126,8 @@ async def set_approval_mode(request: Request, *, bridge: Bridge, config: RestCon
         raise bad_request("`planMode` must be a boolean with a non-plan execution mode",
                           "invalid_plan_mode")
     client_id = _trusted(bridge, session_id, request)
-    _answer, change = await _refused_as_rest(bridge.set_setting(
-        session_id, "session/set_mode", {"sessionId": session_id, "modeId": body.mode},
-        client_id=client_id))
-    _audited(request, session_id, change)
+    change = (await _set(request, bridge, session_id, "session/set_mode",
+                         {"modeId": body.mode}, client_id)).change
     previous = change.old if change is not None else None
     return json_response(200, wire.ApprovalModeSet(
         sessionId=session_id, mode=body.mode,
@@ -152,12 +143,12 @@ async def set_model(request: Request, *, bridge: Bridge, config: RestConfig) -> 
     client_id = _trusted(bridge, session_id, request)
     by_option = [o for o in _options(state) if o.get("category") == "model"]
     if not isinstance(state.get("models"), dict) and by_option:
-        answer = await _set(request, bridge, session_id, "session/set_config_option",
-                            {"configId": by_option[0].get("id"), "value": body.modelId},
-                            client_id)
+        answer = (await _set(request, bridge, session_id, "session/set_config_option",
+                             {"configId": by_option[0].get("id"), "value": body.modelId},
+                             client_id)).answer
     else:
-        answer = await _set(request, bridge, session_id, "session/set_model",
-                            {"modelId": body.modelId}, client_id)
+        answer = (await _set(request, bridge, session_id, "session/set_model",
+                             {"modelId": body.modelId}, client_id)).answer
     return json_response(200, answer if isinstance(answer, dict) else {})
 
 
@@ -178,8 +169,8 @@ async def set_config_option(request: Request, *, bridge: Bridge, config: RestCon
     if config_id == "reasoning_effort" and len(thought) == 1 and \
             all(o.get("id") != config_id for o in options):
         config_id = thought[0]
-    answer = await _set(request, bridge, session_id, "session/set_config_option",
-                        {"configId": config_id, "value": body.value}, client_id)
+    answer = (await _set(request, bridge, session_id, "session/set_config_option",
+                         {"configId": config_id, "value": body.value}, client_id)).answer
     after = answer.get("configOptions") if isinstance(answer, dict) else None
     return json_response(200, wire.ConfigOptionSet(
         configOptions=after if isinstance(after, list) else
