@@ -111,6 +111,16 @@ def crockford(value: int) -> str:
             f"{p[value >> 10 & 1023]}{p[value & 1023]}")
 
 
+def _hidden(record: TaskRecord | None, caller: Caller | None, path: str) -> bool:
+    """Whether ``record`` is there but not ``caller``'s to see (answered as unknown); a
+    probe of another principal's task is an audit record (``not_owner``)."""
+    if record is None or caller is None or caller.sees(record.principal):
+        return False
+    if record.principal is not None:
+        caller.not_owner(record.id, path)
+    return True
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class LmspConfig:
     event_retention_s: float = 600
@@ -323,11 +333,8 @@ class LmspService:
     async def get_task(self, task_id: str, caller: Caller | None = None) -> TaskRecord:
         """The task; 404 when unknown, past retention, or not ``caller``'s to see."""
         record = await self.store.get_task(task_id)
-        if record is not None and record.principal is not None and caller is not None \
-                and not caller.sees(record.principal):
-            caller.not_owner(record.id, f"/lmsp/v1/tasks/{record.id}")
-        if record is None or self._task_expired(record, self.config.clock()) or \
-                (caller is not None and not caller.sees(record.principal)):
+        hidden = _hidden(record, caller, f"/lmsp/v1/tasks/{task_id}")
+        if record is None or self._task_expired(record, self.config.clock()) or hidden:
             raise LmspError("task_not_found", f"No task {shown(task_id)!r}.",
                             task_id=shown(task_id))
         return record
@@ -377,11 +384,8 @@ class LmspService:
         deleted, past the task retention, created with ``store: false``, or not
         ``caller``'s to see."""
         record = await self.store.get_by_response(response_id)
-        if record is not None and record.principal is not None and caller is not None \
-                and not caller.sees(record.principal):
-            caller.not_owner(record.id, f"/lmsp/v1/responses/{response_id}")
-        if record is None or self._task_expired(record, self.config.clock()) or \
-                (caller is not None and not caller.sees(record.principal)) or \
+        hidden = _hidden(record, caller, f"/lmsp/v1/responses/{response_id}")
+        if record is None or self._task_expired(record, self.config.clock()) or hidden or \
                 b'"store"' in record.request and _unstored(record):
             raise LmspError("response_not_found", f"No response {shown(response_id)!r}.",
                             response_id=shown(response_id),
