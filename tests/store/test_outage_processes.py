@@ -244,6 +244,32 @@ async def test_sqlite_file_deleted_while_running(tmp_path: Path) -> None:
         assert proc.returncode is None
 
 
+async def test_a_live_session_loads_on_a_lost_store_and_an_unknown_id_is_a_503(
+        tmp_path: Path) -> None:
+    """Every load reads the session's journal record (``Bridge.recall_owner``: so that
+    another principal's id costs the read an unknown one does); with the database file
+    deleted under the server (found by the next write), a live session's owner still
+    loads it (what this instance
+    knows holds), an id it knows nothing of is 503 ``store_unavailable``, and the
+    process lives."""
+    db = tmp_path / "lmsp.db"
+    with server(tmp_path, "--store", f"sqlite:///{db}") as (proc, url):
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            made = await client.post("/session", json={"sessionScope": "thread"})
+            assert made.status_code == 200, made.text
+            sid = made.json()["sessionId"]
+            os.unlink(db)
+            lost = await client.post("/session", json={"sessionScope": "thread"})
+            assert lost.status_code == 503   # the next write finds the file gone
+            loaded = await client.post(f"/session/{sid}/load", json={})
+            assert loaded.status_code == 200, loaded.text
+            assert loaded.json()["sessionId"] == sid
+            unknown = await client.post("/session/never-made/load", json={})
+            assert unknown.status_code == 503 and unknown.headers["retry-after"]
+            assert unknown.json()["code"] == "store_unavailable"
+        assert proc.returncode is None
+
+
 def test_state_files_are_private(tmp_path: Path) -> None:
     from acp_server.store import prepare_state_dir
     from acp_server.store.sqlite import private_files
