@@ -51,13 +51,20 @@ from bridge.agent_client import AgentSide
 from bridge.agent_state import record
 from bridge.agents.base import AgentConnection, AgentFactory
 from bridge.errors import (
+    AgentError,
     AgentNotFoundError,
     AgentRequestTimeoutError,
     BridgeError,
     SessionNotRestorableError,
 )
 from bridge.journaling import session_record
-from bridge.setting_changes import SettingChange, announce, announce_failure, change_of
+from bridge.setting_changes import (
+    SettingChange,
+    announce,
+    announce_failure,
+    change_of,
+    refused,
+)
 from bridge.settings import SETTING_METHODS, keep
 from bridge.status import AgentStatus
 
@@ -209,13 +216,19 @@ class AgentCallsAPI:
         ``model_switch_failed``) and kept in its journal record (``bridge.settings``),
         committed (the event with it, appended first) before the answer is returned
         (``JournalUnavailableError`` when that fails: nothing acknowledged); not kept for
-        a session closed or deleted meanwhile. Within ``agent_request_timeout_ms``
+        a session closed or deleted meanwhile. A refusal (the agent's JSON-RPC error) is
+        raised bounded (``bridge.setting_changes.refused``). Within ``agent_request_timeout_ms``
         (``AgentRequestTimeoutError``): an agent that never answers one holds neither its
         caller nor the session's setter lock for ever."""
         change = change_of(session.agent_result, method, params)
         agent = await self._agent_of(session)
         try:
             answer = await self._agent_request(agent, method, params)
+        except AgentError as exc:   # its message and data bounded (``refused``)
+            refusal = refused(exc)
+            if change is not None:
+                announce_failure(session, change, refusal, client_id)
+            raise refusal from None
         except BridgeError as exc:
             if change is not None:
                 announce_failure(session, change, exc, client_id)

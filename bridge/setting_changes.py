@@ -29,6 +29,11 @@ Contracts:
   (qwen's ``activePromptId``) and the setter's client id as ``originatorClientId``
   when the session issued it. On a closed bus nothing is published. The events are
   the bus's like any other: journaled, replayed.
+* ``refused`` is the agent's refusal (its JSON-RPC error) as every door passes it on:
+  its ``message`` cut at ``MAX_ERROR`` characters, its ``data`` as it is when it
+  encodes to at most ``MAX_ERROR_DATA`` bytes of JSON, else replaced by a marker
+  ``{errorKind?, truncated: true, bytes}`` (``bridge.wire.cut_agent_data``): an agent
+  does not make every setter answer megabytes.
 """
 
 from __future__ import annotations
@@ -36,12 +41,17 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from bridge import events as ev
+from bridge.errors import AgentError
+from bridge.wire import cut_agent_data
 
 if TYPE_CHECKING:
     from bridge.session import Session
 
-MAX_ERROR = 1000   # characters of the agent's message in model_switch_failed
+MAX_ERROR = 1000   # characters of the agent's message (model_switch_failed, a refusal)
+MAX_ERROR_DATA = 16_384   # bytes of a refusal's data, JSON-encoded (``refused``)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -108,3 +118,16 @@ def announce_failure(session: Session, change: SettingChange, error: BaseExcepti
         session.bus.publish(ev.MODEL_SWITCH_FAILED, ev.ModelSwitchFailed(
             session_id=session.session_id, requested_model_id=change.new, error=message),
             **_envelope(session, client_id))
+
+
+def refused(error: AgentError) -> AgentError:
+    """The agent's refusal of a setter as the doors pass it on (the module contracts)."""
+    data = error.data
+    if data is not None:
+        try:
+            size: int | None = len(msgspec.json.encode(data))
+        except (TypeError, ValueError, OverflowError):   # an in-process agent's object
+            size = None
+        if size is None or size > MAX_ERROR_DATA:
+            data = cut_agent_data(data, size)
+    return AgentError(error.rpc_code, str(error.message)[:MAX_ERROR], data)

@@ -33,7 +33,8 @@ Contracts (``docs/rest.md``):
   option when it has exactly one. The answer is ``{configOptions, persisted}``.
 * The agent refusing (a JSON-RPC error answer) is 400 ``agent_refused`` when it called
   the parameters invalid (-32602), else 409 ``agent_refused``, with its message and
-  ``rpcCode`` (and its ``data``); an agent that died or did not answer is answered as
+  ``rpcCode`` (and its ``data``, bounded by the bridge: ``bridge.setting_changes.refused``);
+  an agent that died or did not answer is answered as
   on every route (503 ``agent_died``, 504 ``agent_timeout``).
 * What the agent reports afterwards (``current_mode_update``, ``config_option_update``)
   reaches the session's event stream as any ``session/update``; the bridge publishes

@@ -44,7 +44,14 @@ Behaviour (newline-delimited JSON-RPC 2.0 on stdin/stdout):
 * ``--modes``: ``session/new`` and ``session/load`` answer ``modes`` (``ask`` current,
   ``code``), ``session/set_mode`` sets the session's mode (in memory: a new process
   has forgotten it) and answers ``{}``, and a prompt ``mode`` is answered with a chunk
-  ``mode: <current mode id>``.
+  ``mode: <current mode id>``. ``session/set_config_option`` answers ``{}`` (any
+  option); ``session/set_model`` is not offered.
+* ``--refuse-setters BYTES``: every ``session/set_mode``, ``set_model`` and
+  ``set_config_option`` is refused (-32603) with a message of 5,000 ``r`` and a
+  ``data`` of ``{"errorKind": "hostile", "blob": <BYTES x>}``: an agent whose
+  refusals are as big as it likes.
+* ``--hang-setters-after-load``: once this process answered a ``session/load``, the
+  setters are never answered (a restored session's kept settings hang).
 """
 
 from __future__ import annotations
@@ -69,6 +76,7 @@ class Agent:
         self.waiting: dict[int, Callable[[dict[str, Any]], None]] = {}
         self.collide_with: str | None = None
         self.modes: dict[str, str] = {}   # session id -> mode (--modes)
+        self.loaded = False   # a session/load answered (--hang-setters-after-load)
 
     def state(self, sid: str) -> dict[str, Any]:
         if not self.args.modes:
@@ -76,12 +84,33 @@ class Agent:
         return {"modes": {"currentModeId": self.modes.get(sid, "ask"), "availableModes": [
             {"id": "ask", "name": "Ask"}, {"id": "code", "name": "Code"}]}}
 
+    def setter_answered(self, rpc_id: Any) -> bool:
+        """``--refuse-setters``, ``--hang-setters-after-load``: whether the setter was
+        answered (refused) or is never to be."""
+        if self.args.refuse_setters:
+            send({"id": rpc_id, "error": {"code": -32603, "message": "r" * 5000, "data": {
+                "errorKind": "hostile", "blob": "x" * self.args.refuse_setters}}})
+            return True
+        return self.args.hang_setters_after_load and self.loaded
+
     def on_session_set_mode(self, rpc_id: Any, params: dict[str, Any]) -> None:
+        if self.setter_answered(rpc_id):
+            return
         if not self.args.modes:
             send({"id": rpc_id, "error": {"code": -32601, "message": "Method not found"}})
             return
         self.modes[params["sessionId"]] = params["modeId"]
         send({"id": rpc_id, "result": {}})
+
+    def on_session_set_model(self, rpc_id: Any, params: dict[str, Any]) -> None:
+        if not self.setter_answered(rpc_id):
+            send({"id": rpc_id, "error": {"code": -32601, "message": "Method not found"}})
+
+    def on_session_set_config_option(self, rpc_id: Any, params: dict[str, Any]) -> None:
+        if self.setter_answered(rpc_id):
+            return
+        send({"id": rpc_id, "result": {}} if self.args.modes else
+             {"id": rpc_id, "error": {"code": -32601, "message": "Method not found"}})
 
     def run(self) -> None:
         for method, rpc_id, params in requests(self.waiting):
@@ -127,6 +156,7 @@ class Agent:
             send(chunk(sid, f"replayed {sid}"))
             self.die_if_asked(self.args.die_at_load, "load")
         send({"id": rpc_id, "result": self.state(params.get("sessionId"))})
+        self.loaded = True
 
     on_session_resume = on_session_load
 
@@ -249,6 +279,8 @@ def main() -> None:
     parser.add_argument("--die-times", type=int, default=1)
     parser.add_argument("--record-prompts")
     parser.add_argument("--modes", action="store_true")
+    parser.add_argument("--refuse-setters", type=int, default=0)
+    parser.add_argument("--hang-setters-after-load", action="store_true")
     Agent(parser.parse_args()).run()
 
 
