@@ -15,7 +15,9 @@ that never does (hung, hostile) would hold the session for ever. Contracts:
     restart: ``bridge.restore.AgentSideRestore``), so the agent's death neither ends the
     session nor fails its prompts;
   - ``agent_abandoned`` is published on its bus (``action`` ``agent_stopped`` or
-    ``session_detached``, the prompt given up on, the time waited);
+    ``session_detached``, the prompt given up on, the time waited), and the bridge's
+    observer told (``agent_abandoned``: the metric
+    ``acp_server_agent_abandoned_total{action}``);
   - when no other session uses the agent's connection (no live session on it, no
     session being made on its name), its process is stopped (``aclose``: stdin closed,
     SIGTERM, SIGKILL; bounded) and the next use starts it anew (``agent_stopped``);
@@ -105,6 +107,7 @@ async def give_up(bridge: Bridge, session: Session, prompt_id: str | None, done:
     session.bus.publish(ev.AGENT_ABANDONED, ev.AgentAbandoned(
         session_id=sid, action=action, waited_ms=waited_ms, message=message,
         prompt_id=prompt_id), prompt_id=prompt_id)
+    bridge.observer.agent_abandoned(session.agent_name, action)
     with anyio.CancelScope(shield=True):
         try:
             if action == AGENT_STOPPED:

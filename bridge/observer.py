@@ -38,6 +38,11 @@ class BridgeObserver:
     def agent_restarted(self, agent: str) -> None:
         """The agent ``agent`` is being started again after its process died."""
 
+    def agent_abandoned(self, agent: str, action: str) -> None:
+        """A session gave up on agent ``agent``, which never ended a cancelled turn
+        (``bridge.abandoning``): ``action`` is the ``agent_abandoned`` event's,
+        ``agent_stopped`` or ``session_detached``."""
+
     def foreign_message_dropped(self, agent: str, method: str) -> None:
         """The agent ``agent`` sent ``method`` (``session/update``,
         ``session/request_permission``, ``fs/...``) naming another agent's session:

@@ -68,6 +68,7 @@ from acp_server.lmsp.wire import TaskStatus
 from acp_server.store.errors import StoreUnavailableError
 from acp_server.store.session_refusals import KINDS
 from bridge import Bridge, BridgeStats
+from bridge.abandoning import AGENT_STOPPED, SESSION_DETACHED
 from bridge.observer import BridgeObserver
 
 DOORS = ("rest", "acp", "lmsp")   # the doors with event streams
@@ -82,6 +83,7 @@ REFUSED_KINDS = tuple(KINDS.values())   # the journal's record kinds
 # ACP's stopReason values and the bridge's "error"; any other word an agent says is "other".
 STOP_REASONS = frozenset(("end_turn", "max_tokens", "max_turn_requests", "refusal", "cancelled",
                           "error"))
+ABANDON_ACTIONS = (AGENT_STOPPED, SESSION_DETACHED)   # agent_abandoned's actions
 TURN_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0)
 
 
@@ -355,6 +357,11 @@ class Metrics(BridgeObserver):
         self._restarts = Counter("acp_server_agent_restarts",
                                  "Agent process (re)starts after a death.", ["agent"],
                                  registry=registry)
+        abandoned = Counter("acp_server_agent_abandoned",
+                            "Sessions that gave up on an agent that never ended a cancelled "
+                            "turn, by what was done (bridge.abandoning).", ["action"],
+                            registry=registry)
+        self._abandoned = {action: abandoned.labels(action) for action in ABANDON_ACTIONS}
         self._foreign = Counter("acp_server_agent_foreign_messages_dropped",
                                 "Agent messages naming another agent's session, dropped.",
                                 ["agent", "method"], registry=registry)
@@ -376,6 +383,11 @@ class Metrics(BridgeObserver):
 
     def agent_restarted(self, agent: str) -> None:
         self._restarts.labels(agent).inc()
+
+    def agent_abandoned(self, agent: str, action: str) -> None:
+        child = self._abandoned.get(action)
+        if child is not None:   # the bridge's two actions: no other series
+            child.inc()
 
     def foreign_message_dropped(self, agent: str, method: str) -> None:
         self._foreign.labels(agent, method).inc()

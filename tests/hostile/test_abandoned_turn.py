@@ -3,7 +3,8 @@ over real HTTP on both anyio backends: a real child (``tests.agents.fixture_agen
 whose ``gate <file>`` prompt ignores ``session/cancel`` and never ends while the file
 is missing). Past ``--abandoned-turn-timeout-ms`` the stream says so in the door's shape
 (REST SSE ``agent_abandoned``; ``/acp`` ``_qwen/notify`` of that kind), the prompt
-queued behind the turn runs, and the server stops."""
+queued behind the turn runs, ``/metrics`` counts the give-up by its action
+(``acp_server_agent_abandoned_total``), and the server stops."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Any
 import anyio
 import pytest
 from httpx_sse import aconnect_sse
+from prometheus_client.parser import text_string_to_metric_families
 
 from bridge.options import BridgeOptions
 from tests.acp_http.server import request, running_acp_server
@@ -24,6 +26,29 @@ from tests.bridge.helpers import wait_until
 
 pytestmark = pytest.mark.anyio
 OPTIONS = BridgeOptions(cancel_grace_ms=100, abandoned_turn_timeout_ms=400)
+
+
+async def give_ups(client: Any) -> dict[str, float]:
+    """``acp_server_agent_abandoned_total`` by action, as ``/metrics`` says."""
+    scraped = await client.get("/metrics")
+    assert scraped.status_code == 200, scraped.text
+    return {s.labels["action"]: s.value
+            for family in text_string_to_metric_families(scraped.text)
+            for s in family.samples if s.name == "acp_server_agent_abandoned_total"}
+
+
+async def hang_then_cancel(client: Any, sid: str, record: Path, gate: Path) -> str:
+    """A turn the agent never ends, cancelled, and a prompt queued behind it: the
+    queued prompt's id."""
+    hung = await client.post(f"/session/{sid}/prompt", json={
+        "prompt": [{"type": "text", "text": f"gate {gate}"}]})
+    assert hung.status_code == 202, hung.text
+    await wait_until(lambda: record.exists() and gate.name in record.read_text())
+    queued = await client.post(f"/session/{sid}/prompt", json={
+        "prompt": [{"type": "text", "text": "next"}]})
+    assert queued.status_code == 202, queued.text
+    assert (await client.post(f"/session/{sid}/cancel")).status_code < 300
+    return queued.json()["promptId"]  # type: ignore[no-any-return]
 
 
 def gated(record: Path) -> str:
@@ -68,6 +93,28 @@ async def test_rest_stream_shows_the_agent_given_up_on(tmp_path: Path) -> None:
                     if e["type"] == "session_update"
                     and e["data"]["update"]["sessionUpdate"] == "agent_message_chunk"]
             assert said == ["gated: next"], said
+            assert await give_ups(client) == {"agent_stopped": 1, "session_detached": 0}
+
+
+async def test_metrics_count_a_session_detached_from_a_shared_agent(tmp_path: Path) -> None:
+    """Two sessions on one agent process: the one whose turn is given up on lets go of
+    it (``session_detached``), the process stays for the other; ``/metrics`` counts
+    it under that action."""
+    record = tmp_path / "prompts.txt"
+    with anyio.fail_after(90):
+        async with running_acp_server(tmp_path, agent=gated(record), options=OPTIONS) as srv:
+            client = srv.client
+            assert await give_ups(client) == {"agent_stopped": 0, "session_detached": 0}
+            other, sid = [(await client.post("/session", json={"sessionScope": "thread"})
+                           ).json()["sessionId"] for _ in range(2)]
+            async with aconnect_sse(client, "GET", f"/session/{sid}/events") as source:
+                queued = await hang_then_cancel(client, sid, record, tmp_path / "never")
+                async for sse in source.aiter_sse():
+                    event = json.loads(sse.data) if sse.data else {}
+                    if event.get("type") == "turn_complete" and event["promptId"] == queued:
+                        break
+            assert await give_ups(client) == {"agent_stopped": 0, "session_detached": 1}
+            assert other != sid
 
 
 async def test_acp_stream_shows_the_agent_given_up_on(tmp_path: Path) -> None:
