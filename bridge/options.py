@@ -147,5 +147,6 @@ class BridgeOptions:
     @property
     def restore_timeout_ms(self) -> int:
         """The longest restoring a session's agent takes: its start (``initialize``),
-        ``session/load``, and a ``session/new`` when the agent no longer knows it."""
+        ``session/load``, and a ``session/new`` when the agent no longer knows it; its
+        kept settings are applied again within what is left of it (``bridge.settings``)."""
         return self.initialize_timeout_ms + 2 * self.agent_request_timeout_ms

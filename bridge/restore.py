@@ -24,7 +24,11 @@ For each journaled session that was not closed, in creation order:
   (``bridge.transcript``, ``acp-server/transcript``: the reference and model agents
   take it, so the next turn has the conversation). An agent that dies as it is asked
   is started anew and asked once more (its death neither ends the session nor fails
-  the prompt that waits for the restore). When neither works the session
+  the prompt that waits for the restore). The settings the session kept are then asked
+  of the agent again (``bridge.settings``) within what is left of
+  ``BridgeOptions.restore_timeout_ms`` since the restore began (the start, the load
+  and the new have their own deadlines, which add up to it): one restore, one bound
+  (an agent that died and is asked once more may take longer). When neither works the session
   keeps its readable history and refuses prompts with ``SessionNotRestorableError``
   (``session_not_restorable``, a 409: the one that found out, and every later one);
   so does a session whose agent is not configured (another agent never takes over its
@@ -417,6 +421,7 @@ class AgentSideRestore:
         sid, name = session.session_id, session.agent_name
         reason: str | None = None
         loaded = False   # the agent restored its own session (session/load)
+        started = anyio.current_time()   # the restore's bound: restore_timeout_ms
         if name not in bridge.agents:   # its model may be listed since: look again
             try:
                 await bridge.refresh_agents()
@@ -437,8 +442,12 @@ class AgentSideRestore:
             else:
                 try:
                     session.agent_result, loaded = await self._at_agent()
-                    if session.settings:   # as acknowledged before the restart
-                        await apply_again(bridge, session, session.agent_result)
+                    if session.settings:   # as acknowledged before the restart,
+                        # within what is left of the restore's bound
+                        left = (bridge.options.restore_timeout_ms / 1000
+                                - (anyio.current_time() - started))
+                        await apply_again(bridge, session, session.agent_result,
+                                          within_s=left)
                 except Exception as exc:   # noqa: BLE001 - the history stays readable
                     reason = str(exc) or type(exc).__name__
             if reason is not None:

@@ -16,7 +16,12 @@ and ``MAX_KEPT_BYTES`` of params each (``keep``: one past either is applied by t
 but not kept for a restart, logged). An entry that is not ``[method, params]`` when
 read back is dropped (logged), the others applied. Applying them again asks the
 agent each in turn with ``sessionId`` set; one it refuses (or does not answer in time)
-is logged and left as the agent has it, never failing the restore. The agent's answer
+is logged and left as the agent has it, never failing the restore. They are asked
+within what is left of the restore's time (``within_s``: ``restore_timeout_ms`` less
+the agent's start and its ``session/load`` or ``new``, ``bridge.restore``): once it
+has run out, the ones not answered yet are left as the agent has them (one line
+naming them), and the restore goes on, so an agent that hangs on them does not hold
+it past its bound. The agent's answer
 to the restore (``result``, its session state) is updated to say what was applied:
 ``modes.currentModeId``, ``models.currentModelId``, a ``configOptions`` entry's
 ``currentValue``.
@@ -25,8 +30,10 @@ to the restore (``result``, its session state) is updated to say what was applie
 from __future__ import annotations
 
 import logging
+import math
 from typing import TYPE_CHECKING, Any
 
+import anyio
 import msgspec
 
 from bridge.agent_state import record
@@ -73,24 +80,41 @@ def _well_formed(entry: Any) -> bool:
             and entry[0] in SETTING_METHODS and isinstance(entry[1], dict))
 
 
-async def apply_again(bridge: Bridge, session: Session, result: dict[str, Any]) -> None:
-    """Ask the restored agent for each of ``session.settings`` again (the module's
-    contracts); ``result`` (the restore's answer) is updated in place."""
+async def apply_again(bridge: Bridge, session: Session, result: dict[str, Any], *,
+                      within_s: float = math.inf) -> None:
+    """Ask the restored agent for each of ``session.settings`` again, within
+    ``within_s`` seconds in all (the module's contracts); ``result`` (the restore's
+    answer) is updated in place."""
     sid = session.session_id
-    for key, entry in list(session.settings.items()):
-        if not _well_formed(entry):   # a record written otherwise: never asked
-            log.warning("session %s: a kept setting %s is not [method, params]: dropped",
-                        sid, loggable(key, 128))
-            del session.settings[key]
-            continue
-        method, params = entry
-        try:
-            answer = await bridge._agent_request(session.agent, method,
-                                                 {**params, "sessionId": sid})
-        except BridgeError as exc:
-            log.warning("session %s: its agent refused the %s it had accepted before the "
-                        "restart (%s); left as the agent has it", sid, loggable(key, 128),
-                        loggable(str(exc)))   # a client's id, the agent's message
-            continue
-        record(result, method, params, answer)   # the state as that setting left it
+    entries = list(session.settings.items())
+    asked = 0   # entries done with (applied, refused or dropped)
+    with anyio.move_on_after(max(within_s, 0)):
+        for key, entry in entries:
+            await _apply(bridge, session, key, entry, result)
+            asked += 1
+        return
+    left = ", ".join(loggable(key, 128) for key, _ in entries[asked:])
+    log.warning("session %s: the restore's time ran out before its agent answered %d "
+                "kept setting(s) again (%s); left as the agent has them", sid,
+                len(entries) - asked, loggable(left, 1024))
 
+
+async def _apply(bridge: Bridge, session: Session, key: str, entry: Any,
+                 result: dict[str, Any]) -> None:
+    """One kept setting asked of the agent again (``apply_again``)."""
+    sid = session.session_id
+    if not _well_formed(entry):   # a record written otherwise: never asked
+        log.warning("session %s: a kept setting %s is not [method, params]: dropped",
+                    sid, loggable(key, 128))
+        del session.settings[key]
+        return
+    method, params = entry
+    try:
+        answer = await bridge._agent_request(session.agent, method,
+                                             {**params, "sessionId": sid})
+    except BridgeError as exc:
+        log.warning("session %s: its agent refused the %s it had accepted before the "
+                    "restart (%s); left as the agent has it", sid, loggable(key, 128),
+                    loggable(str(exc)))   # a client's id, the agent's message
+        return
+    record(result, method, params, answer)   # the state as that setting left it

@@ -1,17 +1,22 @@
 """``bridge.settings``: the settings a session's record keeps, applied to its agent
-again at restore (real SQLite journal, the reference agent)."""
+again at restore (real SQLite journal, the reference agent; a real stdio child,
+``tests.agents.fixture_agent``, for an agent that hangs on them)."""
 
 from __future__ import annotations
 
 import logging
+import shlex
 from pathlib import Path
 
+import anyio
 import pytest
 
 from acp_server.store.sessions import StoreSessionJournal
 from acp_server.store.sqlite import SqliteTaskStore
 from bridge.journal import SessionOpened
+from bridge.options import BridgeOptions
 from bridge.settings import MAX_KEPT, MAX_KEPT_BYTES, keep
+from tests.agents import fixture_command
 from tests.harness import local_server
 
 pytestmark = pytest.mark.anyio
@@ -89,3 +94,46 @@ def test_keep_bounds_what_a_record_keeps(caplog: pytest.LogCaptureFixture) -> No
     assert not keep(settings, "config:1", method, big, "s")
     assert settings["config:1"] == [method, {"configId": "1", "value": 1}]   # unchanged
     assert len([r for r in caplog.records if r.name == "bridge.settings"]) == 2
+
+
+async def test_settings_that_hang_at_restore_stay_within_its_bound(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A restored session's kept settings are applied again within what is left of
+    ``restore_timeout_ms`` (``sessionRestoreTimeoutMs``): an agent that never answers
+    them after its ``session/load`` (``--hang-setters-after-load``) holds the load no
+    longer than that (it took one ``agent_request_timeout_ms`` per setting: 20 x 0.5 s
+    here, past the 3 s bound); the settings not answered are left as the agent has
+    them, one line, and the session runs its prompts."""
+    options = BridgeOptions(initialize_timeout_ms=2000, agent_request_timeout_ms=500)
+    bound_s = options.restore_timeout_ms / 1000
+    assert bound_s == 3.0
+    agent = shlex.join(fixture_command("hanging", "--modes", "--hang-setters-after-load"))
+    async with local_server(tmp_path, agent=agent, options=options) as srv:
+        sid = (await srv.client.post("/session", json={"sessionScope": "thread"})
+               ).json()["sessionId"]
+        mode = await srv.client.post(f"/session/{sid}/approval-mode", json={"mode": "code"})
+        assert mode.status_code == 200, mode.text
+        for n in range(19):
+            option = await srv.client.post(f"/session/{sid}/config-option",
+                                           json={"configId": f"c{n}", "value": "v"})
+            assert option.status_code == 200, option.text
+        assert len(srv.bridge.get_session(sid).settings) == 20
+    with caplog.at_level(logging.WARNING, logger="bridge.settings"):
+        async with local_server(tmp_path, agent=agent, options=options, timeout=30) as srv:
+            assert srv.bridge.restored == [sid]
+            began = anyio.current_time()
+            with anyio.fail_after(30):
+                loaded = await srv.client.post(f"/session/{sid}/load", json={})
+            took = anyio.current_time() - began
+            assert loaded.status_code == 200, loaded.text
+            assert took < bound_s + 3.0, took   # before: 10 s and more
+            assert loaded.json()["state"]["modes"]["currentModeId"] == "ask"   # the agent's
+            with anyio.fail_after(30):
+                result = await srv.bridge.send_prompt(sid, [{"type": "text", "text": "mode"}])
+            assert result.stop_reason == "end_turn"
+            assert list(srv.bridge.get_session(sid).settings) == \
+                ["mode", *(f"config:c{n}" for n in range(19))]   # still kept
+    lines = [r.getMessage() for r in caplog.records if r.name == "bridge.settings"
+             and "ran out" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert "config:c18" in lines[0]
