@@ -11,7 +11,9 @@ The peer serves this route (``GET /workspace/:id/sessions``, also
 ``/workspaces/:workspace/sessions``, an alias here too: ``acp_server.app``) with
 persisted sessions merged in; this daemon lists its live ones (restored ones
 included). Contracts: ``{id}`` is the workspace id of ``/capabilities``
-(``workspaces[0].id``); another id is 404 ``workspace_not_found``. The workspace's
+(``workspaces[0].id``); another id is 400 with qwen's message (its
+``resolveRuntimeFromWorkspaceParam``: "`:id` must decode to a workspace id or absolute
+path") and ``code`` ``workspace_not_found`` (qwen's has none). The workspace's
 absolute path there (URL-encoded, as the peer takes it) is the same listing through the
 front layer's mounts (``acp_server.app.workspace_mounts``). ``size`` 1..100
 (default 20; clamped, and anything not a number is the default, as the peer reads
@@ -99,16 +101,22 @@ def _after(request: Request) -> SessionKey | None:
                           "invalid_cursor") from None
 
 
-def check_workspace(request: Request, bridge: Bridge) -> None:
-    """404 ``workspace_not_found`` unless ``{workspace}`` is this daemon's."""
+NOT_AN_ID = "`:id` must decode to a workspace id or absolute path"   # qwen 0.24.4's
+
+
+def check_workspace(request: Request, bridge: Bridge, *, as_peer: bool = False) -> None:
+    """404 ``workspace_not_found`` unless ``{workspace}`` is this daemon's; ``as_peer``
+    (the peer's route, ``/workspace/{id}/sessions``): 400, with qwen's message, as
+    qwen serve 0.24.4 answers an id it does not know that is no absolute path."""
     requested = request.path_params["workspace"]
     if requested != workspace_id(bridge.workspace_cwd):
-        raise RestError(404, {"error": "Workspace is not registered with this daemon.",
-                              "code": "workspace_not_found", "workspace": requested[:256]})
+        raise RestError(400 if as_peer else 404, {
+            "error": NOT_AN_ID if as_peer else "Workspace is not registered with this daemon.",
+            "code": "workspace_not_found", "workspace": requested[:256]})
 
 
 async def list_sessions(request: Request, *, bridge: Bridge) -> Response:
-    check_workspace(request, bridge)
+    check_workspace(request, bridge, as_peer=True)
     size, after = page_size(request), _after(request)
     caller = caller_of(request.scope)
     owners = caller.gate.sessions

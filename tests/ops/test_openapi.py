@@ -291,7 +291,7 @@ def test_the_live_server_conforms_on_a_real_workspace(live_url: str) -> None:
     call(page, 200, path_parameters={"workspace": workspace},
          query={"size": "100", "cursor": cursor})
     call(page, 400, path_parameters={"workspace": workspace}, query={"cursor": "x"})
-    call(page, 404, path_parameters={"workspace": "0" * 16})
+    call(page, 400, path_parameters={"workspace": "0" * 16})   # as the peer
     agents = call("GET /daemon/status", 200).json()["agents"]
     assert any(a["name"] == "reference" and a["default"] for a in agents)
     assert call("GET /", 200).headers["content-type"][0].startswith("text/html")

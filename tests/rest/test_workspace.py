@@ -256,11 +256,17 @@ async def test_size_is_read_as_the_peer_reads_it(tmp_path: Path, size: str,
         assert len(response.json()["sessions"]) == listed
 
 
-async def test_unknown_workspace_is_404(server: RunningServer) -> None:
+async def test_unknown_workspace_is_400_as_the_peers(server: RunningServer) -> None:
+    """An id that is not this daemon's workspace (nor an absolute path) is qwen serve
+    0.24.4's 400 with its message (``resolveRuntimeFromWorkspaceParam``), and our
+    ``code``; the ended sessions' route (not the peer's) keeps its 404."""
     response = await server.client.get("/workspace/0123456789abcdef/sessions")
-    assert response.status_code == 404
-    assert response.json() == {"error": "Workspace is not registered with this daemon.",
+    assert response.status_code == 400
+    assert response.json() == {"error": "`:id` must decode to a workspace id or absolute path",
                                "code": "workspace_not_found", "workspace": "0123456789abcdef"}
+    ended = await server.client.get("/workspace/0123456789abcdef/ended-sessions")
+    assert ended.status_code == 404, ended.text
+    assert ended.json()["code"] == "workspace_not_found"
 
 
 async def test_the_peers_plural_path_is_the_same_listing(server: RunningServer) -> None:
@@ -288,8 +294,9 @@ async def test_the_peers_plural_path_is_the_same_listing(server: RunningServer) 
         assert mismatch.status_code == 400, (other, mismatch.text)
         body = mismatch.json()
         assert body["code"] == "workspace_mismatch" and body["workspace"] == other[:256]
-    # the singular path keeps its own answer for another id
-    assert (await server.client.get("/workspace/0123456789abcdef/sessions")).status_code == 404
+    # the singular path keeps its own answer for another id (qwen's for /workspace/:id)
+    unknown = await server.client.get("/workspace/0123456789abcdef/sessions")
+    assert (unknown.status_code, unknown.json()["code"]) == (400, "workspace_not_found")
 
 
 async def test_the_singular_path_takes_the_workspaces_path_as_qwens(
