@@ -164,9 +164,15 @@ def _base_protocol() -> type:
 def guarded_protocol(*, header_timeout_s: float, max_connections: int,
                      max_header_bytes: int = 64 * 1024, max_headers: int = 100,
                      max_request_line: int = 8 * 1024, stats: GuardStats | None = None,
-                     base: type | None = None) -> type:
+                     base: type | None = None, http2: Any = None) -> type:
     """An HTTP protocol class for ``uvicorn.Config(http=...)`` with the guards,
-    counting in ``stats`` (a fresh ``GuardStats`` when none is given)."""
+    counting in ``stats`` (a fresh ``GuardStats`` when none is given). With ``http2``
+    (an ``http2.Http2Limits``) a connection whose first bytes are the HTTP/2 preface,
+    or whose TLS handshake chose ``h2``, is handed to ``http2.Http2Connection``."""
+    take_over: Any = None
+    if http2 is not None:
+        from acp_server.http.http2 import PREFACE, Http2Connection
+        take_over = Http2Connection.take_over
     counts = stats if stats is not None else GuardStats()
     parent: Any = base or _base_protocol()
     deadlines = HeadDeadlines(header_timeout_s)
@@ -178,6 +184,8 @@ def guarded_protocol(*, header_timeout_s: float, max_connections: int,
     class GuardedProtocol(parent):  # type: ignore[misc, valid-type]
         _refused = False
         _accepted = False
+        _first = take_over is not None   # no byte seen yet, and HTTP/2 is served
+        _start = b""                     # the first bytes, while they may be the preface
         _timing = False            # a head is being received (its deadline is in ``deadlines``)
         _waiting_for: Any = None   # the cycle in force when the head's clock started
         # The head being received: bytes of its request line (None once complete), of
@@ -196,6 +204,10 @@ def guarded_protocol(*, header_timeout_s: float, max_connections: int,
                 return
             super().connection_made(transport)
             self._accepted = True
+            if self._first and (tls := transport.get_extra_info("ssl_object")) is not None \
+                    and tls.selected_alpn_protocol() == "h2":
+                take_over(self, b"", http2, counts)
+                return
             self._arm()
 
         def connection_lost(self, exc: Exception | None) -> None:
@@ -207,6 +219,16 @@ def guarded_protocol(*, header_timeout_s: float, max_connections: int,
         def data_received(self, data: bytes) -> None:
             if self._refused:
                 return
+            if self._first:   # HTTP/2 by prior knowledge?
+                start = self._start + data
+                if PREFACE.startswith(start[:len(PREFACE)]):
+                    if len(start) < len(PREFACE):   # the head's deadline still runs
+                        self._start = start
+                        return
+                    self._disarm()
+                    take_over(self, start, http2, counts)
+                    return
+                self._first, self._start, data = False, b"", start
             if not self._timing and (self.cycle is None or self.cycle.response_complete):
                 # A new request starts after a response. Its whole head at once, within
                 # every cap (the common case): nothing to time or measure further.

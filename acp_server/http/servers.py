@@ -70,6 +70,7 @@ import anyio
 import uvicorn
 
 from acp_server.http.guard import GuardStats, guarded_protocol
+from acp_server.http.http2 import Http2Limits
 from acp_server.http.tls_first import Handshakes
 from acp_server.http.idle import Activity, IdleConnections, Tracked
 from acp_server.http.options import HttpOptions
@@ -341,10 +342,14 @@ class UvicornServer:
                  limits: Limits, stats: GuardStats | None = None) -> None:
         host, port = sock.getsockname()[:2]
         self._sock = sock
+        counts = stats if stats is not None else GuardStats()
         protocol = guarded_protocol(
             header_timeout_s=limits.header_timeout_s, max_connections=limits.max_connections,
             max_header_bytes=limits.max_header_bytes, max_headers=limits.max_headers,
-            max_request_line=limits.max_request_line, stats=stats)
+            max_request_line=limits.max_request_line, stats=counts,
+            http2=Http2Limits(idle_s=limits.header_timeout_s,
+                              max_header_list=limits.max_header_bytes + limits.max_request_line,
+                              max_streams=H2_MAX_CONCURRENT_STREAMS))
         tls: dict[str, Any] = {}
         if options.tls:   # TLS wherever the sweep below can run or not
             tls = {"ssl_certfile": options.tls_cert, "ssl_keyfile": options.tls_key}
@@ -361,7 +366,8 @@ class UvicornServer:
         # ... and before it, asyncio hands the guard a connection only once its handshake
         # is done: ``tls_first`` counts it against the cap from its accept
         handshakes = Handshakes(max_connections=limits.max_connections,
-                                timeout_s=limits.header_timeout_s, stats=stats) \
+                                timeout_s=limits.header_timeout_s, stats=counts,
+                                alpn=("h2", "http/1.1")) \
             if options.tls else None
         config = uvicorn.Config(app, host=host, port=port, http=protocol, backlog=BACKLOG,
                                 ws_max_size=limits.ws_max_bytes, lifespan="off",

@@ -46,8 +46,9 @@ class Handshakes:
     """The handshakes in progress on one server, and the factory of ``TlsFirst``."""
 
     def __init__(self, *, max_connections: int, timeout_s: float,
-                 stats: GuardStats | None = None) -> None:
+                 stats: GuardStats | None = None, alpn: tuple[str, ...] = ()) -> None:
         self.max_connections = max_connections
+        self.alpn = alpn   # offered in the handshake: ("h2", "http/1.1") with HTTP/2
         self.timeout_s = timeout_s
         self.stats = stats if stats is not None else GuardStats()
         self.context: ssl.SSLContext | None = None
@@ -59,6 +60,8 @@ class Handshakes:
         if config.ssl is None or self.context is not None:
             return
         self.context, config.ssl = config.ssl, None
+        if self.alpn:
+            self.context.set_alpn_protocols(list(self.alpn))
         inner = config.http_protocol_class
 
         def make(**kwargs: Any) -> TlsFirst:
@@ -134,11 +137,11 @@ class TlsFirst(asyncio.Protocol):
         protocol = self.inner_class(**self.kwargs)
         tls.set_protocol(protocol)
         protocol.connection_made(tls)
-        for data in self.early:
-            protocol.data_received(data)
+        for data in self.early:   # to the protocol in force (the guard's HTTP/2, by ALPN)
+            tls.get_protocol().data_received(data)
         self.early.clear()
         if self.ended:
-            protocol.eof_received()
+            tls.get_protocol().eof_received()
 
     def abort(self) -> None:
         handshake, self.handshake = self.handshake, None

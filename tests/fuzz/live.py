@@ -92,9 +92,10 @@ DAEMON_FLAGS = ("--max-sessions", "0", "--max-pending-prompts-per-session", "0",
 
 
 @contextlib.contextmanager
-def live_daemon(workspace: Path) -> Iterator[Live]:
-    """``acp-server serve`` (granian) in a child process; an HTTP/2-only client."""
-    with ServeProcess(workspace, *DAEMON_FLAGS) as child, \
+def live_daemon(workspace: Path, server: str = "granian") -> Iterator[Live]:
+    """``acp-server serve`` (granian, or ``server``) in a child process; an HTTP/2-only
+    client."""
+    with ServeProcess(workspace, *DAEMON_FLAGS, "--http-server", server) as child, \
             anyio.from_thread.start_blocking_portal("asyncio") as portal, \
             httpx.Client(base_url=child.base_url, timeout=15, http1=False, http2=True) as http:
         live = _seeded(child.base_url, http, portal)

@@ -43,11 +43,14 @@ def rss_kb(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
-@pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
-    """One daemon for the module: every test checks it is still healthy afterwards."""
+@pytest.fixture(scope="module", params=["granian", "uvicorn"])
+def daemon(request: pytest.FixtureRequest,
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
+    """One daemon per server for the module: every test checks it is still healthy
+    afterwards (granian's HTTP/2 is hyper's; uvicorn's is ``acp_server.http.http2``)."""
     with ServeProcess(tmp_path_factory.mktemp("h2abuse"), "--session-journal", "memory",
-                      "--header-timeout-ms", str(HEADER_TIMEOUT_MS)) as child:
+                      "--header-timeout-ms", str(HEADER_TIMEOUT_MS),
+                      "--http-server", request.param) as child:
         yield child
 
 

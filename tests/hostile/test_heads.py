@@ -173,14 +173,15 @@ async def test_transfer_codings_other_than_chunked_are_501(tmp_path: Path,
         assert (await daemon.client.get("/health")).status_code == 200
 
 
-async def test_http2_abuse(tmp_path: Path) -> None:
+@SERVERS
+async def test_http2_abuse(tmp_path: Path, server: str) -> None:
     """Too many streams, a stream that never reads, headers over the cap: each refused
     or contained; the process and the other streams stay healthy."""
     # The in-memory journal: its bus pushes at publish, so the stream that never reads
     # overflows while granian still buffers its writes (a journaled bus feeds each
     # reader as it takes, and granian's buffering hides this stall from it for 1 MB).
     async with ServeProcess(tmp_path, "--max-header-bytes", "8192",
-                            "--session-journal", "memory") as daemon:
+                            "--session-journal", "memory", "--http-server", server) as daemon:
         sid = (await daemon.client.post("/session", json={})).json()["sessionId"]
         async with await H2Client.connect(daemon.port) as h2:
             # 1. More concurrent streams than the server allows (100).

@@ -212,18 +212,20 @@ def test_silent_tls_connections_are_closed(tmp_path: Path, certs: dict[str, Path
         half.sendall(PARTIAL_HELLO)
         silent = socket.create_connection(address)   # not even that
         done = [tls(socket.create_connection(address), alpn)
-                for alpn in (("h2", "http/1.1") if server == "granian" else ("http/1.1",))]
+                for alpn in ("h2", "http/1.1")]
         for sock in (half, silent, *done):
             assert closed_by_server(sock, CLOSED_WITHIN_S) < CLOSED_WITHIN_S
             sock.close()
         assert daemon.http.get("/health").status_code == 200
 
 
-def test_a_reader_that_stopped_reading_loses_its_connection(tmp_path: Path) -> None:
+@pytest.mark.parametrize("server", ["granian", "uvicorn"])
+def test_a_reader_that_stopped_reading_loses_its_connection(tmp_path: Path,
+                                                             server: str) -> None:
     """The bytes queued for it kept the connection: in the process, or once closed, in
     the kernel (an orphan in FIN_WAIT1 that a reader with a zero window keeps for ever).
     Once nothing moved for the header timeout, its close is a reset."""
-    with ServeProcess(tmp_path, "--session-journal", "memory",
+    with ServeProcess(tmp_path, "--session-journal", "memory", "--http-server", server,
                       "--header-timeout-ms", str(TIMEOUT_MS)) as daemon:
         client = daemon.http
         sid = client.post("/session", json={}).json()["sessionId"]

@@ -120,12 +120,13 @@ def test_a_second_signal_skips_the_graceful_wait(stuck: ServeProcess) -> None:
     assert "a second signal; " in log and "graceful wait ended" not in log, log[-3000:]
 
 
-def test_an_idle_http2_connection_does_not_delay_the_stop(tmp_path: Path) -> None:
+@pytest.mark.parametrize("server", ["granian", "uvicorn"])
+def test_an_idle_http2_connection_does_not_delay_the_stop(tmp_path: Path, server: str) -> None:
     """An HTTP/2 connection left idle in a client's pool (it reads nothing while idle,
     so granian's GOAWAY and PING go unanswered): cut at once, not after the wait."""
     # A long header timeout: granian alone would wait for its PING (twice this) to go
     # unanswered.
-    with ServeProcess(tmp_path, "--session-journal", "memory",
+    with ServeProcess(tmp_path, "--session-journal", "memory", "--http-server", server,
                       "--header-timeout-ms", "60000") as daemon, \
             httpx.Client(base_url=daemon.base_url, http1=False, http2=True) as pooled:
         assert pooled.get("/health").http_version == "HTTP/2"

@@ -26,9 +26,11 @@ UNREAD = [("POST", "/session/nope/cancel", 404), ("POST", "/workspaces/%2Fx%2Fy/
           ("DELETE", "/session/nope/pending-prompts/x", 404)]
 
 
-@pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
-    with ServeProcess(tmp_path_factory.mktemp("unread")) as child:
+@pytest.fixture(scope="module", params=["granian", "uvicorn"])
+def daemon(request: pytest.FixtureRequest,
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
+    with ServeProcess(tmp_path_factory.mktemp("unread"), "--http-server",
+                      request.param) as child:
         yield child
 
 

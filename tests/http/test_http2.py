@@ -1,6 +1,7 @@
-"""HTTP/2 on the server we ship (granian): h2c by prior knowledge on the HTTP/1.1 port,
-HTTP/2 over TLS by ALPN, mutual TLS; REST, ``/acp`` (Streamable HTTP) and LMSP through
-``httpx`` with ``http2=True``; ``curl`` as a second client (issue #26)."""
+"""HTTP/2 on both servers (granian, hyper's HTTP/2; uvicorn, ``acp_server.http.http2``):
+h2c by prior knowledge on the HTTP/1.1 port, HTTP/2 over TLS by ALPN, mutual TLS; REST,
+``/acp`` (Streamable HTTP) and LMSP through ``httpx`` with ``http2=True``; ``curl`` as a
+second client (issue #26)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ CURL = shutil.which("curl")
 OPENSSL = shutil.which("openssl")
 needs_curl = pytest.mark.skipif(CURL is None, reason="curl is not installed")
 needs_openssl = pytest.mark.skipif(OPENSSL is None, reason="openssl is not installed")
+SERVERS = pytest.mark.parametrize("server", ["granian", "uvicorn"])
 
 
 def h2c(base_url: str, **kwargs: Any) -> httpx.AsyncClient:
@@ -35,8 +37,9 @@ def rpc(rpc_id: Any, method: str, params: dict[str, Any]) -> dict[str, Any]:
     return {"jsonrpc": "2.0", "id": rpc_id, "method": method, "params": params}
 
 
-async def test_rest_acp_and_lmsp_over_h2c(tmp_path: Path) -> None:
-    async with ServeProcess(tmp_path) as daemon, h2c(daemon.base_url) as client:
+@SERVERS
+async def test_rest_acp_and_lmsp_over_h2c(tmp_path: Path, server: str) -> None:
+    async with ServeProcess(tmp_path, "--http-server", server) as daemon, h2c(daemon.base_url) as client:
         # REST: a session, a prompt, its events on an SSE stream of the same connection
         created = await client.post("/session", json={})
         assert created.http_version == "HTTP/2" and created.status_code == 200
@@ -85,15 +88,10 @@ async def test_rest_acp_and_lmsp_over_h2c(tmp_path: Path) -> None:
         assert read.http_version == "HTTP/2" and read.json()["status"] == "succeeded"
 
 
-async def test_uvicorn_stays_http1(tmp_path: Path) -> None:
-    async with ServeProcess(tmp_path, "--http-server", "uvicorn") as daemon:
-        response = await daemon.client.get("/health")
-        assert response.http_version == "HTTP/1.1" and response.json() == {"status": "ok"}
-
-
 @needs_curl
-async def test_curl_prior_knowledge_and_http1_on_one_port(tmp_path: Path) -> None:
-    async with ServeProcess(tmp_path) as daemon:
+@SERVERS
+async def test_curl_prior_knowledge_and_http1_on_one_port(tmp_path: Path, server: str) -> None:
+    async with ServeProcess(tmp_path, "--http-server", server) as daemon:
         for flag, version in (("--http2-prior-knowledge", "2"), ("--http1.1", "1.1")):
             out = await anyio.run_process([CURL, "-sS", flag, "-w", "\n%{http_version}",
                                            daemon.base_url + "/health"])
@@ -127,9 +125,10 @@ def make_certificates(folder: Path) -> dict[str, Path]:
 
 @needs_openssl
 @needs_curl
-async def test_tls_with_alpn_h2_and_http1(tmp_path: Path) -> None:
+@SERVERS
+async def test_tls_with_alpn_h2_and_http1(tmp_path: Path, server: str) -> None:
     certs = make_certificates(tmp_path)
-    async with ServeProcess(tmp_path, "--tls-cert", str(certs["server"]),
+    async with ServeProcess(tmp_path, "--http-server", server, "--tls-cert", str(certs["server"]),
                               "--tls-key", str(certs["server-key"])) as daemon:
         assert daemon.base_url.startswith("https://127.0.0.1:")
         url = daemon.base_url.replace("127.0.0.1", "localhost")
@@ -150,9 +149,10 @@ async def test_tls_with_alpn_h2_and_http1(tmp_path: Path) -> None:
 
 @needs_openssl
 @needs_curl
-async def test_mutual_tls(tmp_path: Path) -> None:
+@SERVERS
+async def test_mutual_tls(tmp_path: Path, server: str) -> None:
     certs = make_certificates(tmp_path)
-    async with ServeProcess(tmp_path, "--tls-cert", str(certs["server"]),
+    async with ServeProcess(tmp_path, "--http-server", server, "--tls-cert", str(certs["server"]),
                               "--tls-key", str(certs["server-key"]),
                               "--tls-client-ca", str(certs["ca"])) as daemon:
         url = daemon.base_url.replace("127.0.0.1", "localhost") + "/health"
@@ -166,7 +166,8 @@ async def test_mutual_tls(tmp_path: Path) -> None:
 
 @needs_openssl
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])   # the ACP SDK is asyncio's
-async def test_acp_websocket_over_tls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@SERVERS
+async def test_acp_websocket_over_tls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, server: str) -> None:
     """The ACP Python SDK's WebSocket transport over ``wss://`` (its default TLS context,
     trusting the test's CA through ``SSL_CERT_FILE``): a session made and prompted."""
     from acp import PROTOCOL_VERSION, Client, connect_to_agent, text_block
@@ -183,7 +184,7 @@ async def test_acp_websocket_over_tls(tmp_path: Path, monkeypatch: pytest.Monkey
 
     certs = make_certificates(tmp_path)
     monkeypatch.setenv("SSL_CERT_FILE", str(certs["ca"]))
-    async with ServeProcess(tmp_path, "--tls-cert", str(certs["server"]),
+    async with ServeProcess(tmp_path, "--http-server", server, "--tls-cert", str(certs["server"]),
                               "--tls-key", str(certs["server-key"])) as daemon:
         url = daemon.base_url.replace("https://127.0.0.1", "wss://localhost") + "/acp"
         client = Recording()

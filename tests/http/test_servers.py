@@ -109,8 +109,7 @@ async def test_tls_and_websocket_over_tls(tmp_path: Path, server: str) -> None:
         async with httpx.AsyncClient(base_url=base, verify=context, http2=True) as client:
             health = await client.get("/health")
             assert health.json() == {"status": "ok"}
-            assert health.http_version == ("HTTP/2" if server.startswith("granian")
-                                           else "HTTP/1.1")
+            assert health.http_version == "HTTP/2"   # ALPN h2 on each server
         async with httpx.AsyncClient(verify=context) as client:
             async with aconnect_ws(base.replace("https", "wss") + "/acp", client) as ws:
                 await ws.send_json(INITIALIZE)

@@ -1,0 +1,616 @@
+"""HTTP/2 on uvicorn: h2c by prior knowledge and ``h2`` by ALPN, served in the event loop.
+
+    # the connection guard (``guard.guarded_protocol``) hands a connection over when
+    # its first bytes are the HTTP/2 client preface, or its TLS handshake chose "h2":
+    Http2Connection.take_over(guarded_protocol_instance, first_bytes, limits, stats)
+
+Why: on granian every request is handed between its Rust threads and the event loop
+(about ten context switches a request on one core, ``docs/benchmark-log.md``); uvicorn
+parses HTTP/1.1 in the loop itself. This module gives uvicorn HTTP/2 the same way: the
+``h2`` state machine (python-hyper) turns bytes into events in the loop's thread, each
+stream runs the ASGI app in a task of its own, and the answers go back through the same
+transport. HTTP/1.1 connections never pass through here.
+
+Contracts (``Http2Limits`` sets the numbers):
+
+* A stream is one ASGI ``http`` exchange (``http_version`` ``"2"``); ``:authority``
+  becomes ``host``; a request that also carries a ``host`` that differs is answered
+  400, never served. Connection-specific response headers (``connection``,
+  ``keep-alive``, ``transfer-encoding``, ``upgrade``) are dropped, as RFC 9113 requires.
+* Flow control both ways: a request body is acknowledged (WINDOW_UPDATE) only as the
+  app reads it, so what is buffered per connection is bounded by its windows; a
+  response waits for the client's windows and for the transport's write buffer (a
+  stream that never reads holds only its own ``send``). While the transport's writes
+  back up the connection is not read (its PING and SETTINGS acknowledgements cannot
+  pile up).
+* At most ``max_streams`` streams run at once per connection (advertised as
+  ``SETTINGS_MAX_CONCURRENT_STREAMS``; a stream the client reset counts until its app
+  returns); more are refused (``REFUSED_STREAM``).
+* Floods end the connection with GOAWAY ``ENHANCE_YOUR_CALM``: more than
+  ``max_resets`` streams reset by the client before their answer, beyond the streams
+  answered (CVE-2023-44487), more than ``max_empty_frames`` empty DATA frames
+  without END_STREAM (CVE-2019-9518), or more than 1,000 DATA frames on closed
+  streams (4 more for each stream answered: a body cut short). Malformed frames, HPACK bombs and CONTINUATION
+  floods are ``h2``'s connection errors (GOAWAY with its code).
+* A connection with no stream for ``idle_s`` (the header timeout) is sent GOAWAY and
+  closed (counted in ``stats["header_timeouts"]``): a preface then silence, a control
+  flood, a header block that never ends.
+* ``shutdown`` (uvicorn's graceful stop) sends GOAWAY with the last stream taken; the
+  streams in flight finish, later ones are refused, and the connection closes when
+  none is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import socket
+import struct
+import termios
+from collections import deque
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+from urllib.parse import unquote
+
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import h2.exceptions
+import h2.settings
+from hyperframe.frame import GoAwayFrame
+from uvicorn.protocols.utils import get_local_addr, get_remote_addr, is_ssl
+
+log = logging.getLogger("acp_server.http")
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+_DROPPED = frozenset({b"connection", b"keep-alive", b"proxy-connection",
+                      b"transfer-encoding", b"upgrade"})
+_CALM = h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+_ASGI = {"version": "3.0", "spec_version": "2.3"}
+_LINGER_0 = struct.pack("ii", 1, 0)
+_BAD_REQUEST = b'{"error":"Bad request.","code":"bad_request"}'
+
+
+@dataclass(frozen=True, slots=True)
+class Http2Limits:
+    idle_s: float                   # no stream for this long: GOAWAY, closed
+    max_header_list: int            # SETTINGS_MAX_HEADER_LIST_SIZE (HPACK-decoded bytes)
+    max_streams: int = 100          # SETTINGS_MAX_CONCURRENT_STREAMS, and running tasks
+    max_resets: int = 100           # client resets before an answer, beyond the answered
+    max_empty_frames: int = 100     # empty DATA frames without END_STREAM, per connection
+
+
+class _Calm(h2.exceptions.ProtocolError):
+    """A flood ``h2`` itself would keep answering: a connection error of ours."""
+
+    error_code = h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+
+
+class _H2(h2.connection.H2Connection):
+    """``h2``'s state machine, counting the DATA frames on closed streams: ``h2``
+    answers each with RST_STREAM and gives its bytes back to the connection's window,
+    so a flood of them is never ended by flow control."""
+
+    closed_frames = 0
+    closed_frames_allowed = 1000
+
+    @property
+    def open_inbound_streams(self) -> int:
+        """Never at ``h2``'s cap: a stream past it is a connection error there, where
+        ``Http2Connection`` refuses that stream alone (``REFUSED_STREAM``, RFC 9113
+        5.1.2), counting the streams whose app still runs."""
+        return min(super().open_inbound_streams, self.local_settings.max_concurrent_streams - 1)
+
+    def _handle_data_on_closed_stream(self, events: Any, exc: Any, frame: Any) -> Any:
+        self.closed_frames += 1
+        if self.closed_frames > self.closed_frames_allowed:
+            raise _Calm("DATA frames on closed streams")
+        return super()._handle_data_on_closed_stream(events, exc, frame)
+
+
+def unsent(transport: Any) -> int:
+    """Bytes written to ``transport`` that its client has not acknowledged: in the
+    transport's buffer, and in the kernel's (``TIOCOUTQ``: Linux; 0 elsewhere)."""
+    size = int(transport.get_write_buffer_size())
+    sock = transport.get_extra_info("socket")
+    if sock is not None and hasattr(termios, "TIOCOUTQ"):
+        with contextlib.suppress(OSError, ValueError):
+            size += struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ,
+                                                   b"\0\0\0\0"))[0]
+    return size
+
+
+def starts_http2(data: bytes) -> bool:
+    """Whether a connection's first bytes are (the start of) the HTTP/2 preface."""
+    return PREFACE.startswith(data[:len(PREFACE)])
+
+
+class _Stream:
+    __slots__ = ("answered", "body", "body_done", "ended", "gone", "head", "id", "started",
+                 "wake", "window")
+
+    def __init__(self, stream_id: int) -> None:
+        self.id = stream_id
+        self.body: deque[tuple[bytes, int]] = deque()   # (data, flow-controlled length)
+        self.ended = False       # END_STREAM received
+        self.body_done = False   # the app was given the body's end
+        self.gone = False        # reset by the client, or the connection lost
+        self.head: tuple[int, list[tuple[bytes, bytes]]] | None = None   # held until a body
+        self.started = False     # HEADERS sent
+        self.answered = False    # END_STREAM sent
+        self.wake: asyncio.Future[None] | None = None     # a receive waiting for data
+        self.window: asyncio.Future[None] | None = None   # a send waiting for a window
+
+
+class Http2Connection(asyncio.Protocol):
+    """One HTTP/2 connection of a uvicorn server (see the module)."""
+
+    @classmethod
+    def take_over(cls, h1: Any, data: bytes, limits: Http2Limits,
+                  stats: dict[str, int]) -> Http2Connection:
+        """Replaces uvicorn's HTTP/1.1 protocol ``h1`` (just made, nothing parsed) on
+        its transport, with ``data`` (what it received) as the first bytes."""
+        transport = h1.transport
+        h1.connections.discard(h1)
+        handle = getattr(h1, "timeout_keep_alive_task", None)
+        if handle is not None:
+            handle.cancel()
+        protocol = cls(app=h1.app, server_state=h1.server_state, app_state=h1.app_state,
+                       loop=h1.loop, limits=limits, stats=stats)
+        transport.set_protocol(protocol)
+        protocol.connection_made(transport)
+        if data:
+            protocol.data_received(data)
+        return protocol
+
+    def __init__(self, *, app: Any, server_state: Any, app_state: dict[str, Any],
+                 loop: asyncio.AbstractEventLoop, limits: Http2Limits,
+                 stats: dict[str, int]) -> None:
+        self.app = app
+        self.server_state = server_state
+        self.app_state = app_state
+        self.loop = loop
+        self.limits = limits
+        self.stats = stats
+        self.conn = _H2(config=h2.config.H2Configuration(
+            client_side=False, header_encoding=None))
+        S = h2.settings.SettingCodes
+        self.conn.local_settings = h2.settings.Settings(client=False, initial_values={
+            S.MAX_CONCURRENT_STREAMS: limits.max_streams,
+            S.MAX_HEADER_LIST_SIZE: limits.max_header_list,
+            S.ENABLE_PUSH: 0})
+        self.conn.decoder.max_header_list_size = limits.max_header_list
+        self.streams: dict[int, _Stream] = {}
+        self.transport: Any = None
+        self.lost = False
+        self.closing = False        # GOAWAY sent: no new stream is taken
+        self.last_taken = 0         # the GOAWAY's last stream id, once closing
+        self.write_paused = False
+        self.drains: list[asyncio.Future[None]] = []
+        self.timer: asyncio.TimerHandle | None = None
+        self.idle_since: float | None = None   # when its last stream ended (or it began)
+        self.last_read = 0.0                   # when a frame last came
+        self.pinged = False                    # a keep-alive PING unanswered since
+        self.resets = 0             # streams reset by the client before their answer
+        self.answered = 0
+        self.empty_frames = 0
+
+    # -- the transport ---------------------------------------------------------------
+    def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+        self.transport = transport
+        self.server_state.connections.add(self)
+        self.client = get_remote_addr(transport)
+        self.server = get_local_addr(transport)
+        self.scheme = "https" if is_ssl(transport) else "http"
+        self.conn.initiate_connection()
+        self._flush()
+        self.last_read = self.idle_since = self.loop.time()
+        self.timer = self.loop.call_later(self.limits.idle_s, self._tick)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        self.server_state.connections.discard(self)
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        for stream in self.streams.values():
+            stream.gone = True
+            self._wake(stream)
+            self._resolve_window(stream)
+        self._resolve(self.drains)
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+        self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        if not self.lost:
+            self.transport.resume_reading()
+        self._resolve(self.drains)
+
+    def shutdown(self) -> None:
+        """uvicorn's graceful stop: GOAWAY, the streams in flight finish, then closed."""
+        if self.closing or self.lost:
+            return
+        self.closing = True
+        self.last_taken = self.conn.highest_inbound_stream_id
+        self._flush()
+        self.transport.write(GoAwayFrame(0, last_stream_id=self.last_taken).serialize())
+        if not self.streams:
+            self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        self.last_read = self.loop.time()
+        self.pinged = False
+        try:
+            events = self.conn.receive_data(data)
+        except h2.exceptions.ProtocolError as exc:   # h2 queued its GOAWAY
+            log.debug("HTTP/2 connection error from %s: %s", self.client, exc)
+            self._end()
+            return
+        for event in events:
+            kind = type(event)
+            if kind is h2.events.RequestReceived:
+                self._request(event)
+            elif kind is h2.events.DataReceived:
+                self._data(event)
+            elif kind is h2.events.StreamEnded:
+                stream = self.streams.get(event.stream_id)
+                if stream is not None:
+                    stream.ended = True
+                    self._wake(stream)
+            elif kind is h2.events.StreamReset:
+                self._reset(event)
+            elif kind is h2.events.WindowUpdated or kind is h2.events.RemoteSettingsChanged:
+                sid = getattr(event, "stream_id", 0)
+                for stream in (self.streams.values() if not sid else
+                               filter(None, (self.streams.get(sid),))):
+                    self._resolve_window(stream)
+            elif kind is h2.events.ConnectionTerminated:
+                self.closing = True
+                self.last_taken = self.conn.highest_inbound_stream_id
+                if not self.streams:
+                    self._flush()
+                    self.transport.close()
+                    return
+            elif kind is h2.events.TrailersReceived:
+                stream = self.streams.get(event.stream_id)
+                if stream is not None:
+                    stream.ended = True
+                    self._wake(stream)
+            if self.lost or self.transport.is_closing():
+                return
+        self._flush()
+
+    # -- events ----------------------------------------------------------------------
+    def _request(self, event: Any) -> None:
+        sid = event.stream_id
+        if self.closing and sid > self.last_taken or len(self.streams) >= self.limits.max_streams:
+            self.conn.reset_stream(sid, h2.errors.ErrorCodes.REFUSED_STREAM)
+            return
+        scope = self._scope(event.headers)
+        if scope is None:
+            self.conn.send_headers(sid, [(b":status", b"400"),
+                                         (b"content-type", b"application/json"),
+                                         (b"content-length", str(len(_BAD_REQUEST)).encode())])
+            self.conn.send_data(sid, _BAD_REQUEST, end_stream=True)
+            return
+        stream = _Stream(sid)
+        stream.ended = bool(event.stream_ended)
+        self.streams[sid] = stream
+        self.idle_since = None
+        task = self.loop.create_task(self._run(stream, scope))
+        tasks = self.server_state.tasks
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    def _scope(self, fields: list[tuple[bytes, bytes]]) -> dict[str, Any] | None:
+        method = path = authority = host = None
+        headers = []
+        for name, value in fields:
+            if name[:1] == b":":
+                if name == b":method":
+                    method = value
+                elif name == b":path":
+                    path = value
+                elif name == b":authority":
+                    authority = value
+                continue
+            if name == b"host":
+                if host is not None:
+                    return None
+                host = value
+            headers.append((name, value))
+        if method is None or not path or method == b"CONNECT":
+            return None
+        if authority is not None:
+            if host is None:
+                headers.append((b"host", authority))
+            elif host != authority:
+                return None
+        raw_path, _, query = path.partition(b"?")
+        try:
+            text = raw_path.decode("ascii")
+            decoded_method = method.decode("ascii")
+        except UnicodeDecodeError:
+            return None
+        return {"type": "http", "asgi": _ASGI, "http_version": "2",
+                "server": self.server, "client": self.client, "scheme": self.scheme,
+                "method": decoded_method, "root_path": "",
+                "path": unquote(text) if "%" in text else text, "raw_path": raw_path,
+                "query_string": query, "headers": headers, "state": self.app_state.copy()}
+
+    def _data(self, event: Any) -> None:
+        stream = self.streams.get(event.stream_id)
+        if stream is None:   # its app returned: the connection's window only
+            self.conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+            return
+        if not event.data and not event.stream_ended:
+            self.empty_frames += 1
+            if self.empty_frames > self.limits.max_empty_frames:
+                self._calm("empty DATA frames")
+                return
+        stream.body.append((event.data, event.flow_controlled_length))
+        if event.stream_ended:
+            stream.ended = True
+        self._wake(stream)
+
+    def _reset(self, event: Any) -> None:
+        stream = self.streams.get(event.stream_id)
+        if stream is None:
+            return
+        stream.gone = True
+        self._wake(stream)
+        self._resolve_window(stream)
+        if event.remote_reset and not stream.answered:
+            self.resets += 1
+            if self.resets > self.limits.max_resets + self.answered:
+                self._calm("streams reset before their answer")
+
+    def _calm(self, why: str) -> None:
+        log.warning("HTTP/2 connection from %s ended: %s", self.client, why)
+        self.conn.close_connection(error_code=_CALM)
+        self._end()
+
+    def _end(self) -> None:
+        self._flush()
+        self.transport.close()
+
+    # -- one stream's ASGI exchange -------------------------------------------------------
+    async def _run(self, stream: _Stream, scope: dict[str, Any]) -> None:
+        try:
+            await self.app(scope, partial(self._receive, stream), partial(self._send, stream))
+        except BaseException as exc:
+            if not isinstance(exc, asyncio.CancelledError):
+                log.exception("the app failed on an HTTP/2 stream")
+            self._abandon(stream)
+            if not isinstance(exc, Exception):
+                raise
+        else:
+            if not stream.answered and not stream.gone:
+                log.error("the app returned without completing its HTTP/2 response")
+                self._abandon(stream)
+        finally:
+            self._done(stream)
+
+    def _abandon(self, stream: _Stream) -> None:
+        """A stream whose app failed: 500 when nothing was sent, else reset."""
+        if stream.answered or stream.gone or self.lost:
+            return
+        try:
+            if not stream.started:
+                body = b'{"error":"Internal server error.","code":"internal_error"}'
+                self.conn.send_headers(stream.id, [(b":status", b"500"),
+                                                   (b"content-type", b"application/json"),
+                                                   (b"content-length", str(len(body)).encode())])
+                self.conn.send_data(stream.id, body, end_stream=True)
+                stream.answered = True
+            else:
+                self.conn.reset_stream(stream.id, h2.errors.ErrorCodes.INTERNAL_ERROR)
+                stream.gone = True
+        except h2.exceptions.ProtocolError:   # the stream closed meanwhile
+            stream.gone = True
+        self._flush()
+
+    def _done(self, stream: _Stream) -> None:
+        self.streams.pop(stream.id, None)
+        if self.lost:
+            return
+        unread = sum(flow for _, flow in stream.body)
+        stream.body.clear()
+        try:
+            if not stream.answered and not stream.gone:
+                self.conn.reset_stream(stream.id, h2.errors.ErrorCodes.CANCEL)
+            elif not stream.ended and not stream.gone:   # answered before its body ended
+                self.conn.reset_stream(stream.id, h2.errors.ErrorCodes.NO_ERROR)
+            if unread:
+                self.conn.acknowledge_received_data(unread, stream.id)
+        except h2.exceptions.ProtocolError:
+            pass
+        if stream.answered:
+            self.answered += 1
+            self.conn.closed_frames_allowed += 4   # a body still coming when answered
+        self._flush()
+        if not self.streams:
+            if self.closing:
+                self.transport.close()
+            else:
+                self.idle_since = self.loop.time()
+
+    async def _receive(self, stream: _Stream) -> dict[str, Any]:
+        while True:
+            if stream.body:
+                data, flow = stream.body.popleft()
+                if flow and not self.lost:   # a stream gone: the connection's window
+                    try:
+                        self.conn.acknowledge_received_data(flow, stream.id)
+                    except h2.exceptions.ProtocolError:
+                        pass
+                    self._flush()
+                last = stream.ended and not stream.body
+                stream.body_done = last
+                return {"type": "http.request", "body": data, "more_body": not last}
+            if stream.gone or self.lost:
+                return {"type": "http.disconnect"}
+            if stream.ended and not stream.body_done:
+                stream.body_done = True
+                return {"type": "http.request", "body": b"", "more_body": False}
+            if stream.answered and stream.body_done:
+                return {"type": "http.disconnect"}
+            stream.wake = self.loop.create_future()
+            try:
+                await stream.wake
+            finally:
+                stream.wake = None
+
+    async def _send(self, stream: _Stream, message: dict[str, Any]) -> None:
+        kind = message["type"]
+        if kind == "http.response.start":
+            if stream.head is not None:
+                raise RuntimeError("http.response.start sent twice")
+            stream.head = (message["status"], list(message.get("headers", ())))
+            return
+        if kind != "http.response.body":
+            raise RuntimeError(f"unexpected ASGI message {kind!r} on an HTTP/2 stream")
+        if stream.head is None:
+            raise RuntimeError("http.response.body before http.response.start")
+        if stream.answered or stream.gone or self.lost:
+            return
+        body = bytes(message.get("body", b""))
+        end = not message.get("more_body", False)
+        if not stream.started:
+            stream.started = True
+            status, fields = stream.head
+            head = [(b":status", str(status).encode())]
+            head += self.server_state.default_headers
+            head += [(name.lower(), value) for name, value in fields
+                     if name.lower() not in _DROPPED]
+            try:
+                self.conn.send_headers(stream.id, head, end_stream=end and not body)
+            except h2.exceptions.ProtocolError:
+                stream.gone = True
+                return
+            if end and not body:
+                stream.answered = True
+                self._flush()
+                return
+        await self._send_data(stream, body, end)
+
+    async def _send_data(self, stream: _Stream, body: bytes, end: bool) -> None:
+        offset, size = 0, len(body)
+        while True:
+            if stream.gone or self.lost:
+                return
+            if self.write_paused:
+                await self._drain()
+                continue
+            left = size - offset
+            try:
+                window = min(self.conn.local_flow_control_window(stream.id),
+                             self.conn.max_outbound_frame_size, left)
+                if left and window <= 0:
+                    self._flush()
+                    await self._window(stream)
+                    continue
+                chunk = body[offset:offset + window] if offset or window < size else body
+                offset += window
+                last = end and offset == size
+                self.conn.send_data(stream.id, chunk, end_stream=last)
+            except h2.exceptions.ProtocolError:   # reset meanwhile
+                stream.gone = True
+                return
+            if last:
+                stream.answered = True
+            if offset == size:
+                self._flush()
+                return
+
+    # -- waiting ---------------------------------------------------------------------------
+    async def _window(self, stream: _Stream) -> None:
+        stream.window = self.loop.create_future()
+        try:
+            await stream.window
+        finally:
+            stream.window = None
+
+    async def _drain(self) -> None:
+        waiter = self.loop.create_future()
+        self.drains.append(waiter)
+        try:
+            await waiter
+        finally:
+            if waiter in self.drains:
+                self.drains.remove(waiter)
+
+    @staticmethod
+    def _wake(stream: _Stream) -> None:
+        if stream.wake is not None and not stream.wake.done():
+            stream.wake.set_result(None)
+
+    @staticmethod
+    def _resolve_window(stream: _Stream) -> None:
+        if stream.window is not None and not stream.window.done():
+            stream.window.set_result(None)
+
+    @staticmethod
+    def _resolve(waiters: list[asyncio.Future[None]]) -> None:
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        waiters.clear()
+
+    def _flush(self) -> None:
+        data = self.conn.data_to_send()
+        if data and not self.lost:
+            self.transport.write(data)
+
+    def _tick(self) -> None:
+        """The connection's one timer: closed with no stream for ``idle_s``; with
+        streams, a PING after ``idle_s`` with no frame from the client, and closed when
+        nothing came for ``idle_s`` more (a client gone silent, a window never given)."""
+        self.timer = None
+        if self.lost or self.transport.is_closing():
+            return
+        now, idle_s = self.loop.time(), self.limits.idle_s
+        if self.idle_since is not None:
+            due = self.idle_since + idle_s
+            if now >= due:
+                self._quiet("no stream")
+                return
+        else:
+            due = self.last_read + idle_s
+            if now >= due:
+                if self.pinged:
+                    self._quiet("a PING unanswered")
+                    return
+                self.pinged = True
+                self.conn.ping(b"\0keepalv")
+                self._flush()
+                due = now + idle_s
+        self.timer = self.loop.call_at(due, self._tick)
+
+    def _quiet(self, why: str) -> None:
+        """GOAWAY and closed; reset instead when bytes are still queued for the client
+        (in the transport or the kernel): a client that stopped reading would keep a
+        closed socket's queue for ever (an orphan in FIN_WAIT1)."""
+        log.debug("HTTP/2 connection from %s closed: %s", self.client, why)
+        self.stats["header_timeouts"] = self.stats.get("header_timeouts", 0) + 1
+        try:
+            self.conn.close_connection()
+        except h2.exceptions.ProtocolError:
+            pass
+        if not unsent(self.transport):
+            self._end()
+            return
+        sock = self.transport.get_extra_info("socket")
+        with contextlib.suppress(OSError, AttributeError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_0)
+        self.transport.abort()
+
+
+__all__ = ["PREFACE", "Http2Connection", "Http2Limits", "starts_http2"]
