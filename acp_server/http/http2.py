@@ -14,8 +14,8 @@ transport. HTTP/1.1 connections never pass through here.
 Contracts (``Http2Limits`` sets the numbers):
 
 * A stream is one ASGI ``http`` exchange (``http_version`` ``"2"``); ``:authority``
-  becomes ``host``; a request that also carries a ``host`` that differs is answered
-  400, never served. Connection-specific response headers (``connection``,
+  becomes ``host``; a request that also carries a ``host`` that differs is never
+  served (``h2``'s connection error), one with two ``host`` fields is answered 400. Connection-specific response headers (``connection``,
   ``keep-alive``, ``transfer-encoding``, ``upgrade``) are dropped, as RFC 9113 requires.
 * Flow control both ways: a request body is acknowledged (WINDOW_UPDATE) only as the
   app reads it, so what is buffered per connection is bounded by its windows; a
@@ -29,12 +29,15 @@ Contracts (``Http2Limits`` sets the numbers):
 * Floods end the connection with GOAWAY ``ENHANCE_YOUR_CALM``: more than
   ``max_resets`` streams reset by the client before their answer, beyond the streams
   answered (CVE-2023-44487), more than ``max_empty_frames`` empty DATA frames
-  without END_STREAM (CVE-2019-9518), or more than 1,000 DATA frames on closed
-  streams (4 more for each stream answered: a body cut short). Malformed frames, HPACK bombs and CONTINUATION
-  floods are ``h2``'s connection errors (GOAWAY with its code).
+  without END_STREAM (CVE-2019-9518), or DATA floods on closed streams
+  (``h2_machine``). Malformed frames, HPACK bombs and CONTINUATION floods are ``h2``'s
+  connection errors (GOAWAY with its code).
 * A connection with no stream for ``idle_s`` (the header timeout) is sent GOAWAY and
   closed (counted in ``stats["header_timeouts"]``): a preface then silence, a control
-  flood, a header block that never ends.
+  flood, a header block that never ends. One with streams is sent a PING once nothing
+  came from its client for ``idle_s``, and closed when nothing came for as long again
+  (a client gone silent, a window never given). Closed with bytes still queued for the
+  client, the connection is reset (``SO_LINGER`` 0): no orphan socket keeps them.
 * ``shutdown`` (uvicorn's graceful stop) sends GOAWAY with the last stream taken; the
   streams in flight finish, later ones are refused, and the connection closes when
   none is left.
@@ -50,66 +53,25 @@ import socket
 import struct
 import termios
 from collections import deque
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 from urllib.parse import unquote
 
-import h2.config
-import h2.connection
 import h2.errors
 import h2.events
 import h2.exceptions
-import h2.settings
 from hyperframe.frame import GoAwayFrame
 from uvicorn.protocols.utils import get_local_addr, get_remote_addr, is_ssl
 
+from acp_server.http.h2_machine import CALM, PREFACE, Http2Limits, Machine, starts_http2
+
 log = logging.getLogger("acp_server.http")
 
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 _DROPPED = frozenset({b"connection", b"keep-alive", b"proxy-connection",
                       b"transfer-encoding", b"upgrade"})
-_CALM = h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
 _ASGI = {"version": "3.0", "spec_version": "2.3"}
 _LINGER_0 = struct.pack("ii", 1, 0)
 _BAD_REQUEST = b'{"error":"Bad request.","code":"bad_request"}'
-
-
-@dataclass(frozen=True, slots=True)
-class Http2Limits:
-    idle_s: float                   # no stream for this long: GOAWAY, closed
-    max_header_list: int            # SETTINGS_MAX_HEADER_LIST_SIZE (HPACK-decoded bytes)
-    max_streams: int = 100          # SETTINGS_MAX_CONCURRENT_STREAMS, and running tasks
-    max_resets: int = 100           # client resets before an answer, beyond the answered
-    max_empty_frames: int = 100     # empty DATA frames without END_STREAM, per connection
-
-
-class _Calm(h2.exceptions.ProtocolError):
-    """A flood ``h2`` itself would keep answering: a connection error of ours."""
-
-    error_code = h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
-
-
-class _H2(h2.connection.H2Connection):
-    """``h2``'s state machine, counting the DATA frames on closed streams: ``h2``
-    answers each with RST_STREAM and gives its bytes back to the connection's window,
-    so a flood of them is never ended by flow control."""
-
-    closed_frames = 0
-    closed_frames_allowed = 1000
-
-    @property
-    def open_inbound_streams(self) -> int:
-        """Never at ``h2``'s cap: a stream past it is a connection error there, where
-        ``Http2Connection`` refuses that stream alone (``REFUSED_STREAM``, RFC 9113
-        5.1.2), counting the streams whose app still runs."""
-        return min(super().open_inbound_streams, self.local_settings.max_concurrent_streams - 1)
-
-    def _handle_data_on_closed_stream(self, events: Any, exc: Any, frame: Any) -> Any:
-        self.closed_frames += 1
-        if self.closed_frames > self.closed_frames_allowed:
-            raise _Calm("DATA frames on closed streams")
-        return super()._handle_data_on_closed_stream(events, exc, frame)
 
 
 def unsent(transport: Any) -> int:
@@ -122,11 +84,6 @@ def unsent(transport: Any) -> int:
             size += struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ,
                                                    b"\0\0\0\0"))[0]
     return size
-
-
-def starts_http2(data: bytes) -> bool:
-    """Whether a connection's first bytes are (the start of) the HTTP/2 preface."""
-    return PREFACE.startswith(data[:len(PREFACE)])
 
 
 class _Stream:
@@ -176,14 +133,7 @@ class Http2Connection(asyncio.Protocol):
         self.loop = loop
         self.limits = limits
         self.stats = stats
-        self.conn = _H2(config=h2.config.H2Configuration(
-            client_side=False, header_encoding=None))
-        S = h2.settings.SettingCodes
-        self.conn.local_settings = h2.settings.Settings(client=False, initial_values={
-            S.MAX_CONCURRENT_STREAMS: limits.max_streams,
-            S.MAX_HEADER_LIST_SIZE: limits.max_header_list,
-            S.ENABLE_PUSH: 0})
-        self.conn.decoder.max_header_list_size = limits.max_header_list
+        self.conn = Machine.for_server(limits)
         self.streams: dict[int, _Stream] = {}
         self.transport: Any = None
         self.lost = False
@@ -328,11 +278,8 @@ class Http2Connection(asyncio.Protocol):
             headers.append((name, value))
         if method is None or not path or method == b"CONNECT":
             return None
-        if authority is not None:
-            if host is None:
-                headers.append((b"host", authority))
-            elif host != authority:
-                return None
+        if authority is not None and host is None:   # (both, and differing: h2 refused it)
+            headers.append((b"host", authority))
         raw_path, _, query = path.partition(b"?")
         try:
             text = raw_path.decode("ascii")
@@ -374,7 +321,7 @@ class Http2Connection(asyncio.Protocol):
 
     def _calm(self, why: str) -> None:
         log.warning("HTTP/2 connection from %s ended: %s", self.client, why)
-        self.conn.close_connection(error_code=_CALM)
+        self.conn.close_connection(error_code=CALM)
         self._end()
 
     def _end(self) -> None:
@@ -613,4 +560,4 @@ class Http2Connection(asyncio.Protocol):
         self.transport.abort()
 
 
-__all__ = ["PREFACE", "Http2Connection", "Http2Limits", "starts_http2"]
+__all__ = ["PREFACE", "Http2Connection", "Http2Limits", "starts_http2", "unsent"]

@@ -15,8 +15,11 @@ What each gives (``docs/benchmarks.md`` has the measurements behind the choice):
 ==========================  ====================================  ==============================
                             granian (embedded, Rust/hyper)        uvicorn (httptools)
 ==========================  ====================================  ==============================
-HTTP/1.1, h2c, WebSocket    one port; h2c by prior knowledge      HTTP/1.1 and WebSocket only
-TLS (``--tls-cert/-key``)   rustls, ALPN ``h2`` and ``http/1.1``  ``ssl``, ``http/1.1``
+HTTP/1.1, h2c, WebSocket    one port; h2c by prior knowledge      one port; h2c by prior
+                                                                  knowledge (``http2``, in
+                                                                  the event loop)
+TLS (``--tls-cert/-key``)   rustls, ALPN ``h2`` and ``http/1.1``  ``ssl``, ALPN ``h2`` and
+                                                                  ``http/1.1``
 mutual TLS                  ``--tls-client-ca``                   ``--tls-client-ca``
 header timeout              hyper ``header_read_timeout`` (h1);   ``guard.guarded_protocol``;
                             no request in flight (h2 with no      with TLS, ``idle`` too
@@ -29,11 +32,11 @@ connection cap, 503         the front layer's request cap (503)   ``guard.guarde
 head caps 414 / 431         hyper's head buffer (431), then the   ``guard.guarded_protocol``
                             front layer's exact checks            (before parsing), then the
                                                                   front layer's
-HTTP/2 abuse                hyper/h2: stream cap, header list     n/a
-                            cap, flow-control windows, reset and
-                            CONTINUATION floods; a PING after the
-                            header timeout's quiet, unanswered
-                            for as long again: closed
+HTTP/2 abuse                hyper/h2: stream cap, header list     python-hyper's h2 and
+                            cap, flow-control windows, reset and  ``http2``: the same caps
+                            CONTINUATION floods; a PING after the and floods, the same PING;
+                            header timeout's quiet, unanswered    no stream for the header
+                            for as long again: closed             timeout: closed
 ==========================  ====================================  ==============================
 
 granian calls the app through its ASGI interface, or with ``--granian-interface rsgi``
@@ -70,7 +73,7 @@ import anyio
 import uvicorn
 
 from acp_server.http.guard import GuardStats, guarded_protocol
-from acp_server.http.http2 import Http2Limits
+from acp_server.http.h2_machine import Http2Limits
 from acp_server.http.tls_first import Handshakes
 from acp_server.http.idle import Activity, IdleConnections, Tracked
 from acp_server.http.options import HttpOptions

@@ -1,0 +1,86 @@
+"""python-hyper's ``h2`` state machine as the uvicorn server's HTTP/2 uses it.
+
+    machine = Machine.for_server(Http2Limits(idle_s=10.0, max_header_list=73_728))
+    events = machine.receive_data(data)       # h2's API, with the limits below enforced
+
+Contracts: the SETTINGS sent are ``limits``' stream cap and header-list cap (HPACK
+decoding past it is ``h2``'s connection error) and no server push. Two of ``h2``'s
+answers are changed: a stream past the cap is not a connection error (``open_inbound_streams``
+never reaches it; ``http2.Http2Connection`` refuses that stream alone), and more than
+1,000 DATA frames on closed streams (4 more per stream answered) end the connection
+with ``ENHANCE_YOUR_CALM`` (``h2`` answers each with RST_STREAM and gives its bytes
+back to the connection window, so flow control never ends such a flood).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import h2.config
+import h2.connection
+import h2.errors
+import h2.exceptions
+import h2.settings
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+CALM = h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+
+
+@dataclass(frozen=True, slots=True)
+class Http2Limits:
+    idle_s: float                   # no stream for this long: GOAWAY, closed
+    max_header_list: int            # SETTINGS_MAX_HEADER_LIST_SIZE (HPACK-decoded bytes)
+    max_streams: int = 100          # SETTINGS_MAX_CONCURRENT_STREAMS, and running tasks
+    max_resets: int = 100           # client resets before an answer, beyond the answered
+    max_empty_frames: int = 100     # empty DATA frames without END_STREAM, per connection
+
+
+class Calm(h2.exceptions.ProtocolError):
+    """A flood ``h2`` itself would keep answering: a connection error of ours."""
+
+    error_code = h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+
+
+class Machine(h2.connection.H2Connection):
+    """``h2``'s state machine, counting the DATA frames on closed streams: ``h2``
+    answers each with RST_STREAM and gives its bytes back to the connection's window,
+    so a flood of them is never ended by flow control."""
+
+    closed_frames = 0
+    closed_frames_allowed = 1000
+
+    @property
+    def open_inbound_streams(self) -> int:
+        """Never at ``h2``'s cap: a stream past it is a connection error there, where
+        ``Http2Connection`` refuses that stream alone (``REFUSED_STREAM``, RFC 9113
+        5.1.2), counting the streams whose app still runs."""
+        cap = self.local_settings.max_concurrent_streams
+        return min(super().open_inbound_streams, cap - 1)
+
+    @classmethod
+    def for_server(cls, limits: Http2Limits) -> Machine:
+        """A server's machine with ``limits`` as its SETTINGS (no server push)."""
+        machine = cls(config=h2.config.H2Configuration(client_side=False,
+                                                       header_encoding=None))
+        codes = h2.settings.SettingCodes
+        machine.local_settings = h2.settings.Settings(client=False, initial_values={
+            codes.MAX_CONCURRENT_STREAMS: limits.max_streams,
+            codes.MAX_HEADER_LIST_SIZE: limits.max_header_list,
+            codes.ENABLE_PUSH: 0})
+        machine.decoder.max_header_list_size = limits.max_header_list   # before any ACK
+        return machine
+
+    def _handle_data_on_closed_stream(self, events: Any, exc: Any, frame: Any) -> Any:
+        self.closed_frames += 1
+        if self.closed_frames > self.closed_frames_allowed:
+            raise Calm("DATA frames on closed streams")
+        return super()._handle_data_on_closed_stream(events, exc, frame)
+
+
+def starts_http2(data: bytes) -> bool:
+    """Whether a connection's first bytes are (the start of) the HTTP/2 preface."""
+    return PREFACE.startswith(data[:len(PREFACE)])
+
+
+__all__ = ["CALM", "PREFACE", "Calm", "Http2Limits", "Machine", "starts_http2"]

@@ -1,0 +1,112 @@
+"""What ``acp_server.http.http2`` (HTTP/2 on uvicorn) does of its own, on a real daemon:
+``:authority`` against ``host``, request bodies past the flow-control windows, the
+stream cap as ``REFUSED_STREAM`` on a connection that stays up, a graceful stop as
+GOAWAY with the stream in flight answered. (The HTTP/2 suites that both servers pass are
+``test_http2``, ``tests/hostile/test_h2_abuse.py`` and the fuzz suite.)"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+import anyio.abc
+import httpx
+import pytest
+
+from tests.harness import ServeProcess
+from tests.hostile.h2frames import RawH2, headers, request_head
+
+pytestmark = pytest.mark.anyio
+BOUND_S = 30
+REFUSED_STREAM = 7
+
+
+@pytest.fixture
+async def daemon(tmp_path: Path) -> AsyncIterator[ServeProcess]:
+    async with ServeProcess(tmp_path, "--http-server", "uvicorn", "--session-journal",
+                            "memory") as child:
+        yield child
+
+
+async def answered(raw: RawH2, streams: set[int]) -> None:
+    with anyio.fail_after(BOUND_S):
+        while not streams <= set(raw.got.statuses) | set(raw.got.resets) \
+                and not raw.got.closed:
+            await raw.changed.wait()
+
+
+async def test_an_authority_and_a_host_that_differ_are_never_served(
+        daemon: ServeProcess) -> None:
+    """The same value in both is served; a ``host`` that differs from ``:authority``
+    is ``h2``'s connection error (PROTOCOL_ERROR), never routed by either."""
+    async with anyio.create_task_group() as tg:
+        raw = await RawH2.connect(daemon.port, tg)
+        async with raw:
+            same = request_head(daemon.port, "/health", [("host", f"127.0.0.1:{daemon.port}")])
+            await raw.send(headers(1, raw.block(same), end_stream=True))
+            await answered(raw, {1})
+            other = request_head(daemon.port, "/health", [("host", "evil.example")])
+            await raw.send(headers(3, raw.block(other), end_stream=True))
+            await answered(raw, {3})
+    assert raw.got.statuses[1] == 200, raw.got
+    assert raw.got.statuses.get(3, 400) == 400 and (3 in raw.got.statuses or raw.got.goaway == 1)
+
+
+async def test_a_body_past_the_windows_is_read_whole(daemon: ServeProcess) -> None:
+    """A 1 MB prompt (16 times the initial windows): acknowledged as the app reads it,
+    so the client can send it all and gets its 202; the turn echoes every byte."""
+    text = "x" * 1_000_000
+    async with httpx.AsyncClient(base_url=daemon.base_url, http1=False, http2=True,
+                                 timeout=BOUND_S) as client:
+        sid = (await client.post("/session", json={})).json()["sessionId"]
+        posted = await client.post(f"/session/{sid}/prompt",
+                                   json={"prompt": [{"type": "text", "text": text}]})
+        assert posted.http_version == "HTTP/2" and posted.status_code == 202, posted.text
+
+
+async def test_streams_past_the_cap_are_refused_and_the_connection_kept(
+        daemon: ServeProcess) -> None:
+    """150 streams opened at once before the server's SETTINGS were read: 100 served,
+    50 refused (``REFUSED_STREAM``, RFC 9113 5.1.2: the client may retry them), the
+    connection still serving."""
+    async with anyio.create_task_group() as tg:
+        raw = await RawH2.connect(daemon.port, tg)
+        async with raw:
+            ids = [2 * n + 1 for n in range(150)]
+            await raw.send(b"".join(headers(i, raw.block(request_head(
+                daemon.port, "/health")), end_stream=True) for i in ids))
+            await answered(raw, set(ids))
+            assert sorted(raw.got.resets.values()) == [REFUSED_STREAM] * 50, raw.got
+            assert list(raw.got.statuses.values()) == [200] * 100
+            await raw.send(headers(1001, raw.block(request_head(daemon.port, "/health")),
+                                   end_stream=True))
+            await answered(raw, {1001})
+    assert raw.got.statuses[1001] == 200 and raw.got.goaway is None
+
+
+async def test_a_graceful_stop_answers_the_stream_in_flight(tmp_path: Path) -> None:
+    """SIGTERM while a request is in flight on an HTTP/2 connection: GOAWAY (no error)
+    naming that stream, the stream answered, then the process exits 0."""
+    async with ServeProcess(tmp_path, "--http-server", "uvicorn") as daemon:
+        sid = (await daemon.client.post("/session", json={})).json()["sessionId"]
+        async with anyio.create_task_group() as tg:
+            raw = await RawH2.connect(daemon.port, tg, answer_pings=True)
+            async with raw:
+                await raw.send(headers(1, raw.block(request_head(
+                    daemon.port, f"/session/{sid}/events")), end_stream=True))
+                await answered(raw, {1})
+                assert daemon.process is not None
+                daemon.process.send_signal(signal.SIGTERM)
+                with anyio.fail_after(BOUND_S):
+                    while raw.got.goaway is None and not raw.got.closed:
+                        await raw.changed.wait()
+                assert raw.got.goaway == 0, raw.got
+                with anyio.fail_after(BOUND_S):
+                    while not raw.got.closed:
+                        await raw.changed.wait()
+        with anyio.fail_after(BOUND_S):
+            while daemon.process.poll() is None:
+                await anyio.sleep(0.05)
+        assert daemon.process.returncode == 0, daemon.stderr_text()[-2000:]
