@@ -143,8 +143,9 @@ def build_app(settings: Settings, *, bridge: Bridge, acp: ConnectionRegistry,
     forwarding instance names (``acp_server.http.clients``)."""
     guard_stats = guard_stats if guard_stats is not None else GuardStats()
     policy = guard_policy(settings, gate, forwarded_secret)
-    # granian cannot cap connections below ASGI: the front layer caps requests in flight
-    max_in_flight = settings.max_connections if settings.http.server == "granian" else None
+    # The front layer caps requests in flight: granian cannot cap connections below
+    # ASGI, and over HTTP/2 one connection carries up to 100 requests on either server
+    max_in_flight = settings.max_connections
     config = rest_config(settings, guard_stats)
     app = _App(exception_handlers=EXCEPTION_HANDLERS)
     app.router = IndexedRouter(routes=[

@@ -181,8 +181,9 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
                        help="live connections (SSE streams and WebSockets included); past it a "
                             "new one is refused at once with 503 (default 2560)")
     serve.add_argument("--http-server", choices=SERVERS, default=DEFAULT_SERVER,
-                       help="the HTTP server: granian (HTTP/1.1 and HTTP/2 on one port, TLS "
-                            "with ALPN) or uvicorn (HTTP/1.1 only) (default %(default)s)")
+                       help="the HTTP server, each with HTTP/1.1 and HTTP/2 on one port "
+                            "and TLS with ALPN: uvicorn (HTTP/2 in the event loop) or "
+                            "granian (default %(default)s)")
     serve.add_argument("--granian-interface", choices=GRANIAN_INTERFACES,
                        default=os.environ.get(GRANIAN_INTERFACE_ENV, DEFAULT_GRANIAN_INTERFACE),
                        help="how granian calls the app: asgi, or rsgi (granian's own "

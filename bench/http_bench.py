@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 import httpx
 from httpx_sse import connect_sse
 
+from acp_server.http.options import DEFAULT_SERVER
 from tests.harness import ServeProcess
 from bench.server import INTERVAL_S as PROBE_INTERVAL_S
 from bench.server import lag_p99
@@ -258,7 +259,7 @@ async def _burst(port: int, readers: int, chunks: int) -> tuple[int, float]:
     return sum(seen), max(done_at) - start
 
 
-SHIPPED = "granian"
+SHIPPED = DEFAULT_SERVER
 RSGI_FLAGS = ("--http-server", "granian", "--granian-interface", "rsgi")
 HOLD = {"prompt": [{"type": "text", "text": "/sleep 600s hold"}]}
 FLOOR_PATH = "/session/00000000-0000-4000-8000-000000000000/prompt"
@@ -353,7 +354,7 @@ def floors_and_503(workspace: str) -> tuple[dict[str, float], dict[str, Rounds]]
     measured in the same rounds."""
     runs: dict[str, Callable[[], dict]] = {
         "bare/uvicorn": lambda: floor("bare", "uvicorn"),
-        f"ours/{SHIPPED}": lambda: refused_503(workspace, "--http-server", SHIPPED),
+        "ours/granian": lambda: refused_503(workspace, "--http-server", "granian"),
         "raw/granian": lambda: floor("raw", "granian"),
         "ours/uvicorn": lambda: refused_503(workspace, "--http-server", "uvicorn"),
         "raw/uvicorn": lambda: floor("raw", "uvicorn"),
@@ -364,7 +365,8 @@ def floors_and_503(workspace: str) -> tuple[dict[str, float], dict[str, Rounds]]
     before = os.environ.get("BENCH_BEFORE")
     if before:
         source = os.path.abspath(before)
-        runs["before/uvicorn"] = lambda: refused_503(workspace, source=source)
+        runs["before/shipped"] = lambda: refused_503(workspace, "--http-server", SHIPPED,
+                                                     source=source)
         runs["before/granian-rsgi"] = lambda: refused_503(workspace, *RSGI_FLAGS,
                                                           source=source)
     rounds = {name: Rounds() for name in runs}
@@ -435,19 +437,24 @@ def main() -> list[str]:
     placement = ("the scheduler places server and client" if cores is None else
                  f"server pinned to CPU {','.join(map(str, sorted(cores.server)))}, client to "
                  f"CPU {','.join(map(str, sorted(cores.client)))}")
-    rows = [(f"raw ASGI callable, {SHIPPED}", f"raw/{SHIPPED}"),
-            ("raw ASGI callable, uvicorn", "raw/uvicorn"),
-            (f"bare Starlette route, {SHIPPED}", f"bare/{SHIPPED}"),
-            ("bare Starlette route, uvicorn (the floor)", "bare/uvicorn"),
-            (f"**acp-server 503 path, {SHIPPED} (shipped)**", f"ours/{SHIPPED}"),
-            ("acp-server 503 path, uvicorn", "ours/uvicorn"),
-            (f"acp-server 503 path, {SHIPPED}, `--granian-interface rsgi` (off by default)",
+    def mark(server: str) -> str:
+        return f"{server} (shipped)" if server == SHIPPED else server
+
+    rows = [(f"raw ASGI callable, {mark('granian')}", "raw/granian"),
+            (f"raw ASGI callable, {mark('uvicorn')}", "raw/uvicorn"),
+            (f"bare Starlette route, {mark('granian')}", "bare/granian"),
+            (f"bare Starlette route, {mark('uvicorn')} (the floor)", "bare/uvicorn"),
+            *sorted([(f"**acp-server 503 path, {SHIPPED} (shipped)**", f"ours/{SHIPPED}")]
+                    + [(f"acp-server 503 path, {other}", f"ours/{other}")
+                       for other in ("granian", "uvicorn") if other != SHIPPED],
+                    key=lambda row: row[1] != f"ours/{SHIPPED}"),
+            ("acp-server 503 path, granian, `--granian-interface rsgi` (off by default)",
              "ours/granian-rsgi"),
-            (f"raw callable written for RSGI, {SHIPPED}", "rawrsgi/granian"),
+            ("raw callable written for RSGI, granian", "rawrsgi/granian"),
             (f"acp-server 503 path, {SHIPPED}, bootstrap token", "auth/bootstrap"),
             (f"acp-server 503 path, {SHIPPED}, stored token", "auth/stored"),
-            ("acp-server 503 path before this change (BENCH_BEFORE, its default server)",
-             "before/uvicorn"),
+            (f"acp-server 503 path before this change (BENCH_BEFORE, {SHIPPED})",
+             "before/shipped"),
             ("the same before this change, `--granian-interface rsgi`", "before/granian-rsgi")]
     lines = [
         f"## HTTP ({CONNECTIONS} keep-alive connections, {client} in a separate process, "

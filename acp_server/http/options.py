@@ -35,7 +35,7 @@ from acp_server.http.policy import (
 )
 
 SERVERS = ("granian", "uvicorn")   # hypercorn runs only the tests' in-process server (trio)
-DEFAULT_SERVER = "granian"
+DEFAULT_SERVER = "uvicorn"   # HTTP/1.1 and HTTP/2 in the event loop (docs/benchmarks.md)
 GRANIAN_INTERFACES = ("asgi", "rsgi")   # rsgi: acp_server.http.rsgi (no stream back-pressure)
 DEFAULT_GRANIAN_INTERFACE = "asgi"
 GRANIAN_INTERFACE_ENV = "ACP_SERVER_GRANIAN_INTERFACE"   # the flag's default when set

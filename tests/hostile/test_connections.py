@@ -9,9 +9,12 @@ front layer, where uvicorn's is on connections, answered before reading
 
 from __future__ import annotations
 
+import contextlib
+
 from pathlib import Path
 
 import anyio
+import httpx
 import pytest
 
 from tests.harness import ServeProcess, read_until_closed
@@ -118,6 +121,28 @@ async def test_request_cap_refuses_at_once_on_granian(tmp_path: Path) -> None:
         assert status["runtime"]["transport"]["connectionsRefused"] >= 1
         for stream in streams:
             await stream.aclose()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])   # the server is a child process
+async def test_request_cap_holds_over_one_http2_connection_on_uvicorn(tmp_path: Path) -> None:
+    """One HTTP/2 connection carries many requests, so uvicorn's connection cap alone
+    would not bound them: with four event streams in flight on it, a fifth request on
+    the same connection is answered 503 ``connection_limit`` at once."""
+    async with ServeProcess(tmp_path, "--max-connections", "4", "--http-server", "uvicorn",
+                              ) as daemon:
+        async with httpx.AsyncClient(base_url=daemon.base_url, http1=False, http2=True,
+                                     timeout=20) as h2, contextlib.AsyncExitStack() as streams:
+            sid = (await h2.post("/session", json={})).json()["sessionId"]
+            for _ in range(4):
+                stream = await streams.enter_async_context(
+                    h2.stream("GET", f"/session/{sid}/events"))
+                assert stream.status_code == 200 and stream.http_version == "HTTP/2"
+            refused = await h2.get("/health")
+            assert refused.status_code == 503 and refused.headers["retry-after"] == "5"
+            assert refused.json()["code"] == "connection_limit"
+        with anyio.fail_after(10):   # the connection closed: its streams end
+            while (await daemon.client.get("/health")).status_code != 200:
+                await anyio.sleep(0.01)
 
 
 @SERVERS
