@@ -303,7 +303,7 @@ async def test_the_singular_path_takes_the_workspaces_path_as_qwens(
         server: RunningServer) -> None:
     """qwen's ``/workspace/:id/sessions`` takes the workspace's absolute path too (its
     SDK's ``listWorkspaceSessions(cwd)`` sends it there, URL-encoded): it was 404 here.
-    It is the same listing; another folder's path is 400 ``workspace_mismatch``."""
+    It is the same listing."""
     wid = await _workspace_id(server)
     await server.create_session(sessionScope="thread")
     by_id = await server.client.get(f"/workspace/{wid}/sessions")
@@ -312,9 +312,40 @@ async def test_the_singular_path_takes_the_workspaces_path_as_qwens(
                  f"/workspace/%2F{absolute}%2F.%2F/sessions/"):
         answer = await server.client.get(path)
         assert (answer.status_code, answer.content) == (200, by_id.content), path
-    elsewhere = quote(str(Path(server.settings.workspace).parent / "elsewhere"), safe="")
-    mismatch = await server.client.get(f"/workspace/{elsewhere}/sessions")
-    assert (mismatch.status_code, mismatch.json()["code"]) == (400, "workspace_mismatch")
+
+
+async def test_the_singular_path_answers_another_folder_as_qwens(
+        server: RunningServer) -> None:
+    """Another folder's absolute path on ``/workspace/:id/sessions`` is qwen serve
+    0.24.4's 400 of ``sendWorkspaceMismatch`` (its ``resolveRuntimeFromWorkspaceParam``),
+    naming the path normalized; not the plural route's answer."""
+    bound = server.settings.workspace
+    parent = str(Path(bound).parent)
+    for sent, named in ((f"{parent}/elsewhere", f"{parent}/elsewhere"),
+                        (f"{parent}/x/..//elsewhere/", f"{parent}/elsewhere"),
+                        ("/", "/"), (f"{bound}/..", parent)):
+        answer = await server.client.get(f"/workspace/{quote(sent, safe='')}/sessions")
+        assert answer.status_code == 400, (sent, answer.text)
+        assert answer.json() == {"error": f'Workspace mismatch: daemon is bound to "{bound}"',
+                                 "code": "workspace_mismatch", "boundWorkspace": bound,
+                                 "requestedWorkspace": named}, sent
+
+
+@pytest.mark.parametrize(("sent", "echoed"), [
+    ("rel%2Fx", "rel/x"), ("a%2Fb%2Fc", "a/b/c"), ("rel%2F%2Fx", "rel//x"),
+    ("rel%2F..%2Fx", "rel/../x"), ("%2E%2E", ".."),
+])
+async def test_the_singular_path_answers_a_relative_path_as_qwens(
+        server: RunningServer, sent: str, echoed: str) -> None:
+    """A relative path as ``:id`` (``rel%2Fx``: the server decodes it into segments no
+    route has) is qwen's 400 "`:id` must decode to a workspace id or absolute path" (with
+    our ``code``), as an unknown id is; it was a plain 404."""
+    answer = await server.client.get(f"/workspace/{sent}/sessions")
+    assert answer.status_code == 400, answer.text
+    assert answer.json() == {"error": "`:id` must decode to a workspace id or absolute path",
+                             "code": "workspace_not_found", "workspace": echoed}
+    other = await server.client.get(f"/workspace/{sent}/ended-sessions")   # not qwen's
+    assert other.status_code == 404, other.text
 
 
 async def test_a_session_is_listed_under_its_first_prompt_as_qwens(tmp_path: Path) -> None:
