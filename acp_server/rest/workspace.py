@@ -145,16 +145,25 @@ async def list_sessions(request: Request, *, bridge: Bridge) -> Response:
         nextCursor=session_cursor.encode(page[-1][0]) if more else msgspec.UNSET))
 
 
+PLURAL_MISMATCH = ("Workspace mismatch: the requested workspace is not registered with this "
+                   "daemon.")   # qwen 0.24.4's, for another folder on its plural routes
+
+
 async def workspace_mismatch(request: Request) -> Response:
     """``/workspaces/{ws}/sessions`` and ``/workspaces/{ws}/acp`` of a ``{ws}`` that is
-    not this daemon's workspace (its own are aliases, ``acp_server.app``), as the peer
-    answers them: 400 ``workspace_mismatch``; ``workspace`` echoes ``{ws}`` (an absolute
-    path URL-encoded, ``%2Fsrv%2Fother``: ``acp_server.http.mounts``)."""
+    not this daemon's workspace (its own are aliases, ``acp_server.app``), as qwen serve
+    0.24.4's ``resolveWorkspaceEntryFromParam`` answers them: 400 ``workspace_mismatch``,
+    for another folder's absolute path (``%2Fsrv%2Fother``, as ``acp_server.http.mounts``
+    hands it over) with qwen's ``sendWorkspaceMismatch`` message and ``workspaceCount``,
+    else (an id, a relative path) with its "`:workspace` must decode …"; ``workspace``
+    (ours) echoes ``{ws}`` as routed."""
     requested = request.path_params["workspace"]
-    raise RestError(400, {"error": "`:workspace` must decode to a workspace id or absolute "
-                                   "path of a workspace registered with this daemon.",
-                          "code": "workspace_mismatch", "workspace": requested[:256],
-                          "workspaceCount": 1})
+    if requested.startswith(ABSOLUTE):
+        raise RestError(400, {"error": PLURAL_MISMATCH, "code": "workspace_mismatch",
+                              "workspaceCount": 1, "workspace": requested[:256]})
+    raise RestError(400, {"error": "`:workspace` must decode to a workspace id or absolute path",
+                          "code": "workspace_mismatch", "workspace": requested[:256]})
+
 
 
 def routes(bridge: Bridge) -> list[BaseRoute]:

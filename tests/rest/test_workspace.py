@@ -272,8 +272,9 @@ async def test_unknown_workspace_is_400_as_the_peers(server: RunningServer) -> N
 async def test_the_peers_plural_path_is_the_same_listing(server: RunningServer) -> None:
     """``/workspaces/{ws}/sessions`` (qwen serve's per-workspace path, ``{ws}`` the id or
     the absolute path, URL-encoded, however spelled) answers byte for byte what the
-    singular path does, paging included; another ``{ws}`` (an id, another folder's path,
-    a relative one) is 400 ``workspace_mismatch``, echoing ``{ws}`` as sent."""
+    singular path does, paging included; another ``{ws}`` is 400 ``workspace_mismatch``
+    with qwen serve 0.24.4's message for it (``resolveWorkspaceEntryFromParam``: an id
+    or a relative path, another folder's path), echoing ``{ws}`` as sent."""
     wid = await _workspace_id(server)
     for _ in range(3):
         await server.create_session(sessionScope="thread")
@@ -289,11 +290,19 @@ async def test_the_peers_plural_path_is_the_same_listing(server: RunningServer) 
     assert rest.content == (await server.client.get(f"/workspace/{wid}/sessions",
                                                     params={"cursor": cursor})).content
     elsewhere = quote(str(Path(server.settings.workspace).parent / "elsewhere"), safe="")
-    for other in ("0123456789abcdef", "x" * 300, elsewhere, f"{absolute}%2F..", "%2E%2E"):
+    for other in ("0123456789abcdef", "x" * 300, "%2E%2E"):   # qwen's: not an id nor a path
         mismatch = await server.client.get(f"/workspaces/{other}/sessions")
         assert mismatch.status_code == 400, (other, mismatch.text)
-        body = mismatch.json()
-        assert body["code"] == "workspace_mismatch" and body["workspace"] == other[:256]
+        assert mismatch.json() == {
+            "error": "`:workspace` must decode to a workspace id or absolute path",
+            "code": "workspace_mismatch", "workspace": other[:256]}
+    for other in (elsewhere, f"{absolute}%2F.."):   # qwen's: another folder
+        mismatch = await server.client.get(f"/workspaces/{other}/sessions")
+        assert mismatch.status_code == 400, (other, mismatch.text)
+        assert mismatch.json() == {
+            "error": "Workspace mismatch: the requested workspace is not registered with "
+                     "this daemon.", "code": "workspace_mismatch", "workspaceCount": 1,
+            "workspace": other}
     # the singular path keeps its own answer for another id (qwen's for /workspace/:id)
     unknown = await server.client.get("/workspace/0123456789abcdef/sessions")
     assert (unknown.status_code, unknown.json()["code"]) == (400, "workspace_not_found")
