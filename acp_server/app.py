@@ -177,7 +177,8 @@ def workspace_mounts(cwd: str) -> WorkspaceMounts:
     Any other ``{ws}`` reaches ``rest.workspace``'s 400 ``workspace_mismatch``
     (``acp_server.http.mounts``). ``/workspace/{path}/sessions`` (the peer's listing
     under the workspace's path, as its SDK's ``listWorkspaceSessions(cwd)`` asks) is
-    ``/workspace/{id}/sessions`` too."""
+    ``/workspace/{id}/sessions`` too; another path there reaches that route with the
+    path as its one segment, answered as qwen's (``rest.workspace``)."""
     wid = workspace_id(cwd)
     listing = f"/workspace/{wid}/sessions"
     return WorkspaceMounts(cwd, wid, {"acp": ACP_PATH, "sessions": listing},

@@ -51,7 +51,6 @@ from bridge.agent_client import AgentSide
 from bridge.agent_state import record
 from bridge.agents.base import AgentConnection, AgentFactory
 from bridge.errors import (
-    AgentError,
     AgentNotFoundError,
     AgentRequestTimeoutError,
     BridgeError,
@@ -63,7 +62,6 @@ from bridge.setting_changes import (
     announce,
     announce_failure,
     change_of,
-    refused,
 )
 from bridge.settings import SETTING_METHODS, keep
 from bridge.status import AgentStatus
@@ -217,19 +215,14 @@ class AgentCallsAPI:
         committed (the event with it, appended first) before the answer is returned
         (``JournalUnavailableError`` when that fails: nothing acknowledged); not kept for
         a session closed or deleted meanwhile. A refusal (the agent's JSON-RPC error) is
-        raised bounded (``bridge.setting_changes.refused``). Within ``agent_request_timeout_ms``
+        raised as its connection made it, bounded (``bridge.wire.agent_error``). Within ``agent_request_timeout_ms``
         (``AgentRequestTimeoutError``): an agent that never answers one holds neither its
         caller nor the session's setter lock for ever."""
         change = change_of(session.agent_result, method, params)
         agent = await self._agent_of(session)
         try:
             answer = await self._agent_request(agent, method, params)
-        except AgentError as exc:   # its message and data bounded (``refused``)
-            refusal = refused(exc)
-            if change is not None:
-                announce_failure(session, change, refusal, client_id)
-            raise refusal from None
-        except BridgeError as exc:
+        except BridgeError as exc:   # a refusal: bounded (``bridge.wire.agent_error``)
             if change is not None:
                 announce_failure(session, change, exc, client_id)
             raise

@@ -14,7 +14,9 @@ Contracts:
   (``acp_server.acp_http.errors``), and both name the fields as the peer does with
   ``bridge.wire.error_details``.
 * ``AgentError`` is an agent's own JSON-RPC error answer: ``rpc_code``, ``message`` and
-  ``data`` are what the agent sent (the bridge speaks JSON-RPC to its agents).
+  ``data`` are what the agent sent (the bridge speaks JSON-RPC to its agents), bounded
+  where the agent connections make it (``bridge.wire.agent_error``: the message cut,
+  a big ``data`` replaced by a marker).
 * Errors the doors' callers (the LMSP runner, embedders) may want to wait out rather
   than fail on: ``SessionLimitExceededError`` (no session slot now: retry when one
   frees, ``Bridge.wait_for_session_slot``) and ``AgentRequestTimeoutError`` (an
@@ -211,7 +213,8 @@ class SessionClosedError(BridgeError):
 
 class AgentError(BridgeError):
     """A JSON-RPC error answered by the agent: its integer ``rpc_code``, ``message``
-    and ``data``, as sent."""
+    and ``data``, as sent; an agent connection makes it bounded
+    (``bridge.wire.agent_error``)."""
 
     code = "agent_error"
 

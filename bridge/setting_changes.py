@@ -29,11 +29,10 @@ Contracts:
   (qwen's ``activePromptId``) and the setter's client id as ``originatorClientId``
   when the session issued it. On a closed bus nothing is published. The events are
   the bus's like any other: journaled, replayed.
-* ``refused`` is the agent's refusal (its JSON-RPC error) as every door passes it on:
-  its ``message`` cut at ``MAX_ERROR`` characters, its ``data`` as it is when it
-  encodes to at most ``MAX_ERROR_DATA`` bytes of JSON, else replaced by a marker
-  ``{errorKind?, truncated: true, bytes}`` (``bridge.wire.cut_agent_data``): an agent
-  does not make every setter answer megabytes.
+* The agent's refusal of a setter (its JSON-RPC error) is bounded as every agent
+  error is, where its connection makes it (``bridge.wire.agent_error``: the message cut
+  at ``MAX_ERROR`` characters, a ``data`` over ``MAX_ERROR_DATA`` bytes of JSON
+  replaced by a marker): an agent does not make every setter answer megabytes.
 """
 
 from __future__ import annotations
@@ -41,17 +40,14 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-import msgspec
-
 from bridge import events as ev
-from bridge.errors import AgentError
-from bridge.wire import cut_agent_data
+from bridge.wire import MAX_AGENT_DATA, MAX_AGENT_MESSAGE
 
 if TYPE_CHECKING:
     from bridge.session import Session
 
-MAX_ERROR = 1000   # characters of the agent's message (model_switch_failed, a refusal)
-MAX_ERROR_DATA = 16_384   # bytes of a refusal's data, JSON-encoded (``refused``)
+MAX_ERROR = MAX_AGENT_MESSAGE   # characters of the agent's message (model_switch_failed)
+MAX_ERROR_DATA = MAX_AGENT_DATA   # bytes of a refusal's data, JSON-encoded
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -119,15 +115,3 @@ def announce_failure(session: Session, change: SettingChange, error: BaseExcepti
             session_id=session.session_id, requested_model_id=change.new, error=message),
             **_envelope(session, client_id))
 
-
-def refused(error: AgentError) -> AgentError:
-    """The agent's refusal of a setter as the doors pass it on (the module contracts)."""
-    data = error.data
-    if data is not None:
-        try:
-            size: int | None = len(msgspec.json.encode(data))
-        except (TypeError, ValueError, OverflowError):   # an in-process agent's object
-            size = None
-        if size is None or size > MAX_ERROR_DATA:
-            data = cut_agent_data(data, size)
-    return AgentError(error.rpc_code, str(error.message)[:MAX_ERROR], data)

@@ -60,6 +60,7 @@ from bridge.errors import (
 )
 from bridge.pending import DONE, QUEUED, RUNNING, PendingPrompt
 from bridge.ticket import PromptResult
+from bridge.wire import agent_error
 
 if TYPE_CHECKING:
     from bridge.session import Session
@@ -149,7 +150,7 @@ async def run_turn(session: Session, pending: PendingPrompt) -> None:
         outcome = exc   # its restore after a give-up failed: settled already (_admitted)
     except Exception as exc:
         log.exception("session %s: prompt %s failed", sid, pid)
-        outcome = AgentError(-32603, f"Internal error: {exc}")
+        outcome = agent_error(-32603, f"Internal error: {exc}")
     finally:
         if held:
             journal.hold(sid, False)
@@ -214,7 +215,7 @@ def prompt_result(response: Any) -> PromptResult:
     """The agent's ``session/prompt`` answer as the turn's outcome (``AgentError`` for
     one without a ``stopReason``)."""
     if not isinstance(response, dict):
-        raise AgentError(-32603, f"Invalid session/prompt response: {response!r}")
+        raise agent_error(-32603, f"Invalid session/prompt response: {response!r}")
     stop_reason = response.get("stopReason")
     if not isinstance(stop_reason, str):
         raise AgentError(-32603, "Invalid session/prompt response: missing stopReason")

@@ -31,6 +31,16 @@ Contracts:
   a session journal can store, issue #23).
 * ``error_details`` gives a bridge error's typed fields under the peer's names, in
   the peer's order (both doors put them in their error bodies).
+* ``agent_error`` is an agent's JSON-RPC error as the bridge holds it, and so as every
+  door passes it on (a setter's refusal, a forwarded request's, an extension's, a
+  refused ``session/new``, ``load`` or ``delete``, a failed prompt's ``turn_error``,
+  REST's ``data``, ``/acp``'s ``message`` and ``data``): its ``message`` cut at
+  ``MAX_AGENT_MESSAGE`` characters, its ``data`` as it is when it encodes to at most
+  ``MAX_AGENT_DATA`` bytes of JSON, else the marker ``{errorKind?, truncated: true,
+  bytes}`` (``cut_agent_data``; ``bytes`` is ``null`` for an in-process agent's value
+  that does not encode). The agent connections build their ``AgentError`` with it (the
+  stdio child's answer, the in-process agent's ``RequestError``), and so does a turn
+  whose failure quotes the agent: a hostile agent does not make answers megabytes.
 """
 
 from __future__ import annotations
@@ -395,6 +405,20 @@ def agent_error_data(kind: str) -> dict[str, Any]:
 
 
 MAX_KIND = 128   # characters of an agent's errorKind kept in a cut data's marker
+MAX_AGENT_MESSAGE = 1000   # characters of an agent error's message kept (``agent_error``)
+MAX_AGENT_DATA = 16_384   # bytes of an agent error's data, JSON-encoded, kept as it is
+
+
+def agent_error(rpc_code: int, message: Any, data: Any = None) -> errors.AgentError:
+    """An agent's JSON-RPC error, bounded (the module contracts)."""
+    if data is not None:
+        try:
+            size: int | None = len(msgspec.json.encode(data))
+        except (TypeError, ValueError, OverflowError):   # an in-process agent's object
+            size = None
+        if size is None or size > MAX_AGENT_DATA:
+            data = cut_agent_data(data, size)
+    return errors.AgentError(rpc_code, str(message)[:MAX_AGENT_MESSAGE], data)
 
 
 def cut_agent_data(data: Any, size: int | None) -> dict[str, Any]:

@@ -34,9 +34,13 @@ Contracts:
   a request never makes the server look at a path it names.
 * ``by_path``: the same for ``/workspace/{S}/{tail}`` (``@qwen-code/sdk``'s
   ``listWorkspaceSessions(cwd)`` sends the path there): ``S`` this workspace's path
-  (however spelt, as above) → the tail's target; another path → the plural's
-  ``/workspaces/{S URL-encoded}/{tail}`` (400 ``workspace_mismatch``, as the peer
-  answers it). The id form ``/workspace/{id}/{tail}`` is the route itself.
+  (however spelt, as above) → the tail's target; any other ``S`` → the singular route
+  itself, ``/workspace/{S URL-encoded}/{tail}``, an absolute ``S`` normalized first
+  (so its one segment starts with ``%2F``: ``ABSOLUTE``), where the route answers as
+  qwen's ``resolveRuntimeFromWorkspaceParam`` (``rest.workspace``: an absolute path is
+  400 ``workspace_mismatch`` naming it, a relative one 400 "`:id` must decode to a
+  workspace id or absolute path"). The id form ``/workspace/{id}/{tail}`` is the route
+  itself.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from urllib.parse import quote
 
 PREFIX = "/workspaces/"
 SINGULAR = "/workspace/"   # qwen's ``/workspace/:id/sessions`` takes the path too
+ABSOLUTE = "%2F"   # how an absolute ``S`` begins once encoded as one segment
 
 
 class WorkspaceMounts:
@@ -81,16 +86,20 @@ class WorkspaceMounts:
         target = targets.get(tail)
         if target is None or not slash or not selector or tail not in self.targets:
             return None
+        named = selector
         if selector.startswith("/"):
             normal = posixpath.normpath(selector)
             if normal.startswith("//"):   # POSIX keeps two leading slashes; the peer does not
                 normal = "/" + normal.lstrip("/")
             if normal in self.paths:
                 return target
-        encoded = quote(selector, safe="")
+            if targets is self.by_path:   # the singular route names the path it was given
+                named = normal
+        encoded = quote(named, safe="")
         if encoded in (".", ".."):   # no dot segment in a path that reaches a route
             encoded = encoded.replace(".", "%2E")
-        return f"{PREFIX}{encoded}/{tail}"
+        prefix = SINGULAR if targets is self.by_path else PREFIX
+        return f"{prefix}{encoded}/{tail}"
 
 
-__all__ = ["PREFIX", "WorkspaceMounts"]
+__all__ = ["ABSOLUTE", "PREFIX", "SINGULAR", "WorkspaceMounts"]

@@ -184,9 +184,10 @@ OPERATIONS: tuple[Op, ...] = (
                     {"type": "string", "enum": ["summary", "full"]}),)),
     Op("GET", "/workspace/{workspace}/sessions",
        "The workspace's live sessions, newest first, a page at a time: `{workspace}` is "
-       "the workspace id (another is 400 `workspace_not_found`, as the peer's 400) or, as "
-       "the peer, its absolute path URL-encoded (another folder's is 400 "
-       "`workspace_mismatch`)",
+       "the workspace id (another, or a relative path, is 400 `workspace_not_found`, as "
+       "the peer's 400) or, as the peer, its absolute path URL-encoded (another folder's "
+       "is the peer's 400 `workspace_mismatch` with `boundWorkspace` and "
+       "`requestedWorkspace`)",
        (Answer(200, "A page of sessions", W.SessionPage),), (400,),
        query=(Query("size", "Page size (default 20; clamped to 1..100, as the peer)", PAGE_SIZE),
               Query("cursor", "The `nextCursor` of the previous page (opaque)",

@@ -29,6 +29,10 @@ Contracts:
   answered the same as an outage, and logged with the database's first line.
 * Anything unrecognised is a 500 ``{"error": "Internal error"}``: no message from an
   unexpected exception reaches the client; it is logged with its traceback.
+* Starlette's own ``HTTPException`` is ``{"error": <its detail>}`` with its status,
+  except the 404 of a ``GET /workspace/{a/b}/sessions``: qwen's listing takes its
+  ``:id`` decoded, so an id with a ``/`` in it (``rel%2Fx``) is its 400 ``NOT_AN_ID``
+  there, not an unknown path (``rest.workspace``).
 """
 
 from __future__ import annotations
@@ -225,8 +229,23 @@ async def handle_unexpected(request: Request, exc: Exception) -> Response:
     return error_response(exc)
 
 
+NOT_AN_ID = "`:id` must decode to a workspace id or absolute path"   # qwen 0.24.4's
+
+
+def _relative_workspace(request: Request) -> bool:
+    """``GET /workspace/{a/b}/sessions``: qwen's listing under an ``:id`` with a ``/``
+    in it (``rel%2Fx``, which the server decodes into segments no route has)."""
+    path = request.scope["path"]
+    return request.method in ("GET", "HEAD") and path.startswith("/workspace/") \
+        and path.endswith("/sessions") and path.count("/") > 3
+
+
 async def handle_http(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
+    if exc.status_code == 404 and _relative_workspace(request):   # qwen's 400 for it
+        selector = request.scope["path"][len("/workspace/"):-len("/sessions")]
+        return json_response(400, {"error": NOT_AN_ID, "code": "workspace_not_found",
+                                   "workspace": selector[:256]})
     return json_response(exc.status_code, {"error": exc.detail}, exc.headers)
 
 

@@ -11,11 +11,15 @@ The peer serves this route (``GET /workspace/:id/sessions``, also
 ``/workspaces/:workspace/sessions``, an alias here too: ``acp_server.app``) with
 persisted sessions merged in; this daemon lists its live ones (restored ones
 included). Contracts: ``{id}`` is the workspace id of ``/capabilities``
-(``workspaces[0].id``); another id is 400 with qwen's message (its
-``resolveRuntimeFromWorkspaceParam``: "`:id` must decode to a workspace id or absolute
-path") and ``code`` ``workspace_not_found`` (qwen's has none). The workspace's
-absolute path there (URL-encoded, as the peer takes it) is the same listing through the
-front layer's mounts (``acp_server.app.workspace_mounts``). ``size`` 1..100
+(``workspaces[0].id``); another id, a relative path (``rel%2Fx``, decoded by the
+server into segments no route has: ``rest.errors.handle_http``) is 400 with qwen's
+message (its ``resolveRuntimeFromWorkspaceParam``: "`:id` must decode to a workspace id
+or absolute path") and ``code`` ``workspace_not_found`` (qwen's has none). The
+workspace's absolute path there (URL-encoded, as the peer takes it) is the same listing
+through the front layer's mounts (``acp_server.app.workspace_mounts``); another
+folder's is qwen's 400 ``{error: 'Workspace mismatch: daemon is bound to "<cwd>"',
+code: "workspace_mismatch", boundWorkspace, requestedWorkspace}`` (the path normalized
+as the mounts do, no symlink followed: qwen's follows them). ``size`` 1..100
 (default 20; clamped, and anything not a number is the default, as the peer reads
 it); ``cursor`` is the ``nextCursor`` of the previous page (empty: the first page),
 else 400 ``invalid_cursor``. Paging is by
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from urllib.parse import unquote
 
 import msgspec
 from starlette.requests import Request
@@ -40,10 +45,11 @@ from starlette.routing import BaseRoute
 
 from acp_server.http import session_cursor
 from acp_server.http.endpoints import route
+from acp_server.http.mounts import ABSOLUTE
 from acp_server.http.session_cursor import SessionKey
 from acp_server.principals import caller_of
 from acp_server.rest import wire
-from acp_server.rest.errors import RestError, bad_request, json_response
+from acp_server.rest.errors import NOT_AN_ID, RestError, bad_request, json_response
 from acp_server.rest.sessions import status_fields
 from bridge import Bridge, SessionStatus
 
@@ -101,18 +107,29 @@ def _after(request: Request) -> SessionKey | None:
                           "invalid_cursor") from None
 
 
-NOT_AN_ID = "`:id` must decode to a workspace id or absolute path"   # qwen 0.24.4's
+MAX_ECHOED_PATH = 4096   # characters of another folder's path named in the answer
 
 
 def check_workspace(request: Request, bridge: Bridge, *, as_peer: bool = False) -> None:
     """404 ``workspace_not_found`` unless ``{workspace}`` is this daemon's; ``as_peer``
-    (the peer's route, ``/workspace/{id}/sessions``): 400, with qwen's message, as
-    qwen serve 0.24.4 answers an id it does not know that is no absolute path."""
+    (the peer's route, ``/workspace/{id}/sessions``): 400 as qwen serve 0.24.4's
+    ``resolveRuntimeFromWorkspaceParam`` answers, another folder's absolute path (one
+    segment starting ``%2F``, as ``acp_server.http.mounts`` hands it over)
+    ``workspace_mismatch`` with qwen's message and fields, anything else qwen's
+    ``NOT_AN_ID`` (and our ``code`` ``workspace_not_found``)."""
     requested = request.path_params["workspace"]
-    if requested != workspace_id(bridge.workspace_cwd):
-        raise RestError(400 if as_peer else 404, {
-            "error": NOT_AN_ID if as_peer else "Workspace is not registered with this daemon.",
-            "code": "workspace_not_found", "workspace": requested[:256]})
+    if requested == workspace_id(bridge.workspace_cwd):
+        return
+    if not as_peer:
+        raise RestError(404, {"error": "Workspace is not registered with this daemon.",
+                              "code": "workspace_not_found", "workspace": requested[:256]})
+    if requested.startswith(ABSOLUTE):
+        bound = bridge.workspace_cwd
+        raise RestError(400, {"error": f'Workspace mismatch: daemon is bound to "{bound}"',
+                              "code": "workspace_mismatch", "boundWorkspace": bound,
+                              "requestedWorkspace": unquote(requested)[:MAX_ECHOED_PATH]})
+    raise RestError(400, {"error": NOT_AN_ID, "code": "workspace_not_found",
+                          "workspace": unquote(requested)[:256]})
 
 
 async def list_sessions(request: Request, *, bridge: Bridge) -> Response:
@@ -128,16 +145,25 @@ async def list_sessions(request: Request, *, bridge: Bridge) -> Response:
         nextCursor=session_cursor.encode(page[-1][0]) if more else msgspec.UNSET))
 
 
+PLURAL_MISMATCH = ("Workspace mismatch: the requested workspace is not registered with this "
+                   "daemon.")   # qwen 0.24.4's, for another folder on its plural routes
+
+
 async def workspace_mismatch(request: Request) -> Response:
     """``/workspaces/{ws}/sessions`` and ``/workspaces/{ws}/acp`` of a ``{ws}`` that is
-    not this daemon's workspace (its own are aliases, ``acp_server.app``), as the peer
-    answers them: 400 ``workspace_mismatch``; ``workspace`` echoes ``{ws}`` (an absolute
-    path URL-encoded, ``%2Fsrv%2Fother``: ``acp_server.http.mounts``)."""
+    not this daemon's workspace (its own are aliases, ``acp_server.app``), as qwen serve
+    0.24.4's ``resolveWorkspaceEntryFromParam`` answers them: 400 ``workspace_mismatch``,
+    for another folder's absolute path (``%2Fsrv%2Fother``, as ``acp_server.http.mounts``
+    hands it over) with qwen's ``sendWorkspaceMismatch`` message and ``workspaceCount``,
+    else (an id, a relative path) with its "`:workspace` must decode …"; ``workspace``
+    (ours) echoes ``{ws}`` as routed."""
     requested = request.path_params["workspace"]
-    raise RestError(400, {"error": "`:workspace` must decode to a workspace id or absolute "
-                                   "path of a workspace registered with this daemon.",
-                          "code": "workspace_mismatch", "workspace": requested[:256],
-                          "workspaceCount": 1})
+    if requested.startswith(ABSOLUTE):
+        raise RestError(400, {"error": PLURAL_MISMATCH, "code": "workspace_mismatch",
+                              "workspaceCount": 1, "workspace": requested[:256]})
+    raise RestError(400, {"error": "`:workspace` must decode to a workspace id or absolute path",
+                          "code": "workspace_mismatch", "workspace": requested[:256]})
+
 
 
 def routes(bridge: Bridge) -> list[BaseRoute]:

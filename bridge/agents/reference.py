@@ -89,7 +89,7 @@ from bridge.agents.reference_agent import (
     StoredSession,
     parse_directives,
 )
-from bridge.errors import AgentDiedError, AgentError
+from bridge.errors import AgentDiedError
 from bridge.jsonrpc import (
     INTERNAL_ERROR,
     METHOD_NOT_FOUND,
@@ -103,6 +103,7 @@ from bridge.jsonrpc import (
     encode_result,
     encode_value,
 )
+from bridge.wire import agent_error
 
 __all__ = [
     "AgentPeer",
@@ -166,9 +167,10 @@ class ReferenceConnection:
     """An in-process ``AgentConnection`` to a ``ReferenceAgent``.
 
     Contracts (same as ``StdioAgentConnection``): updates reach the client before the
-    request that produced them returns; JSON-RPC errors raise ``AgentError``; a crash
-    fails every pending call with ``AgentDiedError`` and calls ``connection_lost``
-    once; ``aclose`` fails pending calls without calling ``connection_lost``.
+    request that produced them returns; JSON-RPC errors raise ``AgentError`` (bounded:
+    ``bridge.wire.agent_error``); a crash fails every pending call with
+    ``AgentDiedError`` and calls ``connection_lost`` once; ``aclose`` fails pending
+    calls without calling ``connection_lost``.
     """
 
     # Its turns touch nothing outside the session unless a client answered a
@@ -198,10 +200,10 @@ class ReferenceConnection:
                 result = await call
                 answered = True
         except RequestError as exc:
-            raise AgentError(exc.code, exc.message, exc.data) from None
+            raise agent_error(exc.code, exc.message, exc.data) from None
         except Exception as exc:
             logger.exception("reference agent failed on %s", method)
-            raise AgentError(INTERNAL_ERROR, f"Internal error: {exc}") from None
+            raise agent_error(INTERNAL_ERROR, f"Internal error: {exc}") from None
         finally:
             self._scopes.discard(scope)
         if not answered:  # only our scope was cancelled: the connection went away

@@ -14,7 +14,8 @@ Contracts (see ``bridge.agents.base``):
 * One reader task dispatches stdout lines in order. ``session/update`` reaches
   ``client.session_update`` synchronously as ``msgspec.Raw`` (the agent's exact
   params bytes), before any later response resolves its ``request()``. Results are
-  decoded to plain values (unknown fields survive); error answers raise ``AgentError``.
+  decoded to plain values (unknown fields survive); error answers raise ``AgentError``,
+  bounded (``bridge.wire.agent_error``).
 * Agent-to-client requests run concurrently, each in its own task of the task group;
   unknown methods are answered -32601 with ``data: {method}``. When the connection
   goes away, handlers still running are cancelled. The agent may withdraw one it
@@ -62,8 +63,9 @@ from bridge.agents.base import AgentClient, PendingRequests, RequestError
 from bridge.agents.child import open_child
 from bridge.agents.children import ChildRegistry
 from bridge.agents.stderr import StderrLog
-from bridge.errors import AgentDiedError, AgentError, AgentUnavailableError, said_line
+from bridge.errors import AgentDiedError, AgentUnavailableError, said_line
 from bridge.loggable import loggable
+from bridge.wire import agent_error
 from bridge.jsonrpc import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
@@ -467,7 +469,7 @@ class StdioAgentConnection:
         return None
 
     def _resolve(self, msg: Message) -> None:
-        if not self._requests.resolve(msg, AgentError):
+        if not self._requests.resolve(msg, agent_error):   # bounded
             logger.warning("%s response to an unknown or already answered request id %s: ignored",
                            self._prefix, loggable(repr(msg.id), 128))
 

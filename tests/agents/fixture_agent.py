@@ -52,6 +52,11 @@ Behaviour (newline-delimited JSON-RPC 2.0 on stdin/stdout):
   refusals are as big as it likes.
 * ``--hang-setters-after-load``: once this process answered a ``session/load``, the
   setters are never answered (a restored session's kept settings hang).
+* ``--refuse-new BYTES``: every ``session/new`` is refused the same way.
+* ``--refuse-others BYTES``: ``initialize`` also offers ``sessionCapabilities.delete``
+  and the extension namespace ``fixture`` (``agentCapabilities._meta``); then
+  ``session/delete`` (after its file), every request without a handler here (such as
+  ``_fixture/refuse``) and a prompt ``refuse`` are refused the same way.
 """
 
 from __future__ import annotations
@@ -66,6 +71,13 @@ from collections.abc import Callable
 from typing import Any
 
 from tests.agents.stdio import chunk, requests, send
+
+
+def refuse(rpc_id: Any, size: int) -> None:
+    """A refusal as big as the agent likes: -32603, a message of 5,000 ``r``, a ``data``
+    of ``{"errorKind": "hostile", "blob": <size x>}``."""
+    send({"id": rpc_id, "error": {"code": -32603, "message": "r" * 5000, "data": {
+        "errorKind": "hostile", "blob": "x" * size}}})
 
 class Agent:
     def __init__(self, args: argparse.Namespace) -> None:
@@ -88,8 +100,7 @@ class Agent:
         """``--refuse-setters``, ``--hang-setters-after-load``: whether the setter was
         answered (refused) or is never to be."""
         if self.args.refuse_setters:
-            send({"id": rpc_id, "error": {"code": -32603, "message": "r" * 5000, "data": {
-                "errorKind": "hostile", "blob": "x" * self.args.refuse_setters}}})
+            refuse(rpc_id, self.args.refuse_setters)
             return True
         return self.args.hang_setters_after_load and self.loaded
 
@@ -117,6 +128,8 @@ class Agent:
             handler = getattr(self, "on_" + method.replace("/", "_"), None)
             if handler is not None:
                 handler(rpc_id, params)
+            elif rpc_id is not None and self.args.refuse_others:
+                refuse(rpc_id, self.args.refuse_others)
             elif rpc_id is not None:
                 send({"id": rpc_id, "error": {"code": -32601, "message": "Method not found"}})
 
@@ -124,14 +137,19 @@ class Agent:
         session_caps: dict[str, Any] = {} if self.args.no_close else {"close": {}}
         if self.args.fork:
             session_caps["fork"] = {}
-        if self.args.delete:
+        if self.args.delete or self.args.refuse_others:
             session_caps["delete"] = {}
-        send({"id": rpc_id, "result": {"protocolVersion": 1, "agentCapabilities": {
-            "loadSession": True, "sessionCapabilities": session_caps},
-            "agentInfo": {"name": self.args.name, "version": "1"}}})
+        caps: dict[str, Any] = {"loadSession": True, "sessionCapabilities": session_caps}
+        if self.args.refuse_others:
+            caps["_meta"] = {"fixture": True}
+        send({"id": rpc_id, "result": {"protocolVersion": 1, "agentCapabilities": caps,
+                                       "agentInfo": {"name": self.args.name, "version": "1"}}})
 
     def on_session_new(self, rpc_id: Any, params: dict[str, Any]) -> None:
         if self.args.never_answer_new:
+            return
+        if self.args.refuse_new:
+            refuse(rpc_id, self.args.refuse_new)
             return
         if self.args.die_at_new:
             self.die_if_asked(self.args.die_at_new, "new")
@@ -169,7 +187,9 @@ class Agent:
 
     def on_session_delete(self, rpc_id: Any, params: dict[str, Any]) -> None:
         open(f"deleted-{params.get('sessionId')}", "w").close()
-        if self.args.delete == "answer":
+        if self.args.refuse_others:
+            refuse(rpc_id, self.args.refuse_others)
+        elif self.args.delete == "answer":
             send({"id": rpc_id, "result": {}})
 
     def on_session_close(self, rpc_id: Any, params: dict[str, Any]) -> None:
@@ -207,6 +227,8 @@ class Agent:
             self.end_turn(rpc_id)
         elif word == "die":
             os._exit(3)
+        elif word == "refuse" and self.args.refuse_others:
+            refuse(rpc_id, self.args.refuse_others)
         else:
             send(chunk(sid, f"{self.args.name}: {text}"))
             self.end_turn(rpc_id)
@@ -281,6 +303,8 @@ def main() -> None:
     parser.add_argument("--modes", action="store_true")
     parser.add_argument("--refuse-setters", type=int, default=0)
     parser.add_argument("--hang-setters-after-load", action="store_true")
+    parser.add_argument("--refuse-new", type=int, default=0)
+    parser.add_argument("--refuse-others", type=int, default=0)
     Agent(parser.parse_args()).run()
 
 

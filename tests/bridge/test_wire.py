@@ -7,11 +7,14 @@ import inspect
 import re
 
 import msgspec
+import pytest
 
 from bridge import events as ev
 from bridge import wire
 from bridge.bus import EventBus
+from bridge.errors import AgentError
 from bridge.events import Event
+from bridge.turn import prompt_result
 
 
 def _camel(name: str) -> str:
@@ -141,3 +144,29 @@ def test_a_request_of_the_wrong_shape_is_a_validation_error() -> None:
                 wire.event_from_envelope(raw)
     with pytest.raises(msgspec.ValidationError):
         wire.event_from_envelope(b'{"id":2,"v":1,"type":"turn_complete","data":"x"}')
+
+
+def test_agent_error_bounds_what_an_agent_sent() -> None:
+    """``agent_error``: the message cut, a ``data`` over the cap replaced by the marker
+    (its ``errorKind`` kept; ``bytes`` ``None`` for a value that does not encode), a
+    small one kept, and bounding twice changes nothing."""
+    small = {"errorKind": "k", "blob": "x" * 100}
+    error = wire.agent_error(-32000, "m" * 5000, small)
+    assert (error.rpc_code, error.message, error.data) == \
+        (-32000, "m" * wire.MAX_AGENT_MESSAGE, small)
+    big = {"errorKind": "k", "blob": "x" * wire.MAX_AGENT_DATA}
+    size = len(msgspec.json.encode(big))
+    cut = wire.agent_error(1, "no", big)
+    assert cut.data == {"errorKind": "k", "truncated": True, "bytes": size}
+    assert wire.agent_error(1, cut.message, cut.data).data == cut.data
+    assert wire.agent_error(1, "no", object()).data == {"truncated": True, "bytes": None}
+    assert wire.agent_error(1, "no").data is None
+
+
+def test_a_turn_that_quotes_its_agent_is_bounded() -> None:
+    """A ``session/prompt`` answer of the wrong shape fails the turn with a message
+    that quotes it, cut (``bridge.turn.prompt_result``)."""
+    with pytest.raises(AgentError) as caught:
+        prompt_result(["x" * 100_000])
+    assert len(caught.value.message) == wire.MAX_AGENT_MESSAGE
+    assert caught.value.message.startswith("Invalid session/prompt response: ['xxx")

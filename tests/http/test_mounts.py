@@ -68,14 +68,23 @@ def test_other_paths_stay_unknown(mounts: WorkspaceMounts, path: str) -> None:
 
 def test_the_singular_prefix_takes_the_path_only(tmp_path: Path) -> None:
     """``by_path``: ``/workspace/{path}/{tail}`` (qwen's listing under its path) is the
-    tail's target however the path is spelt; another path is the plural's route of
-    another workspace; the id form is the route itself, not an alias."""
+    tail's target however the path is spelt; any other selector is the singular route
+    itself with it as one segment (an absolute one normalized, so it starts ``%2F``: qwen
+    names it in its answer); the id form is the route itself, not an alias."""
     real = tmp_path / "real"
     real.mkdir()
     mounts = WorkspaceMounts(str(real), WID, TARGETS, by_path={"sessions": TARGETS["sessions"]})
     assert mounts.exact[f"/workspace/{real}/sessions"] == TARGETS["sessions"]
     assert f"/workspace/{WID}/sessions" not in mounts.exact
     assert mounts.of_stray(f"/workspace/{real}//sessions/") == TARGETS["sessions"]
-    assert mounts.of_stray("/workspace//srv/other/sessions") == \
-        "/workspaces/%2Fsrv%2Fother/sessions"
+    for stray, target in (
+            ("/workspace//srv/other/sessions", "/workspace/%2Fsrv%2Fother/sessions"),
+            ("/workspace//srv/x/../other//sessions/", "/workspace/%2Fsrv%2Fother/sessions"),
+            ("/workspace////sessions", "/workspace/%2F/sessions"),
+            ("/workspace/rel//x/sessions", "/workspace/rel%2F%2Fx/sessions"),
+            ("/workspace/rel/../x/sessions", "/workspace/rel%2F..%2Fx/sessions"),
+            ("/workspace/%2Fx//y/sessions", "/workspace/%252Fx%2F%2Fy/sessions"),
+            ("/workspace/../sessions", "/workspace/%2E%2E/sessions")):
+        assert mounts.of_stray(stray) == target, stray
+        assert canonical_path(target) == target   # a route's path
     assert mounts.of_stray(f"/workspace/{real}/acp") is None   # not a tail of it

@@ -272,8 +272,9 @@ async def test_unknown_workspace_is_400_as_the_peers(server: RunningServer) -> N
 async def test_the_peers_plural_path_is_the_same_listing(server: RunningServer) -> None:
     """``/workspaces/{ws}/sessions`` (qwen serve's per-workspace path, ``{ws}`` the id or
     the absolute path, URL-encoded, however spelled) answers byte for byte what the
-    singular path does, paging included; another ``{ws}`` (an id, another folder's path,
-    a relative one) is 400 ``workspace_mismatch``, echoing ``{ws}`` as sent."""
+    singular path does, paging included; another ``{ws}`` is 400 ``workspace_mismatch``
+    with qwen serve 0.24.4's message for it (``resolveWorkspaceEntryFromParam``: an id
+    or a relative path, another folder's path), echoing ``{ws}`` as sent."""
     wid = await _workspace_id(server)
     for _ in range(3):
         await server.create_session(sessionScope="thread")
@@ -289,11 +290,19 @@ async def test_the_peers_plural_path_is_the_same_listing(server: RunningServer) 
     assert rest.content == (await server.client.get(f"/workspace/{wid}/sessions",
                                                     params={"cursor": cursor})).content
     elsewhere = quote(str(Path(server.settings.workspace).parent / "elsewhere"), safe="")
-    for other in ("0123456789abcdef", "x" * 300, elsewhere, f"{absolute}%2F..", "%2E%2E"):
+    for other in ("0123456789abcdef", "x" * 300, "%2E%2E"):   # qwen's: not an id nor a path
         mismatch = await server.client.get(f"/workspaces/{other}/sessions")
         assert mismatch.status_code == 400, (other, mismatch.text)
-        body = mismatch.json()
-        assert body["code"] == "workspace_mismatch" and body["workspace"] == other[:256]
+        assert mismatch.json() == {
+            "error": "`:workspace` must decode to a workspace id or absolute path",
+            "code": "workspace_mismatch", "workspace": other[:256]}
+    for other in (elsewhere, f"{absolute}%2F.."):   # qwen's: another folder
+        mismatch = await server.client.get(f"/workspaces/{other}/sessions")
+        assert mismatch.status_code == 400, (other, mismatch.text)
+        assert mismatch.json() == {
+            "error": "Workspace mismatch: the requested workspace is not registered with "
+                     "this daemon.", "code": "workspace_mismatch", "workspaceCount": 1,
+            "workspace": other}
     # the singular path keeps its own answer for another id (qwen's for /workspace/:id)
     unknown = await server.client.get("/workspace/0123456789abcdef/sessions")
     assert (unknown.status_code, unknown.json()["code"]) == (400, "workspace_not_found")
@@ -303,7 +312,7 @@ async def test_the_singular_path_takes_the_workspaces_path_as_qwens(
         server: RunningServer) -> None:
     """qwen's ``/workspace/:id/sessions`` takes the workspace's absolute path too (its
     SDK's ``listWorkspaceSessions(cwd)`` sends it there, URL-encoded): it was 404 here.
-    It is the same listing; another folder's path is 400 ``workspace_mismatch``."""
+    It is the same listing."""
     wid = await _workspace_id(server)
     await server.create_session(sessionScope="thread")
     by_id = await server.client.get(f"/workspace/{wid}/sessions")
@@ -312,9 +321,40 @@ async def test_the_singular_path_takes_the_workspaces_path_as_qwens(
                  f"/workspace/%2F{absolute}%2F.%2F/sessions/"):
         answer = await server.client.get(path)
         assert (answer.status_code, answer.content) == (200, by_id.content), path
-    elsewhere = quote(str(Path(server.settings.workspace).parent / "elsewhere"), safe="")
-    mismatch = await server.client.get(f"/workspace/{elsewhere}/sessions")
-    assert (mismatch.status_code, mismatch.json()["code"]) == (400, "workspace_mismatch")
+
+
+async def test_the_singular_path_answers_another_folder_as_qwens(
+        server: RunningServer) -> None:
+    """Another folder's absolute path on ``/workspace/:id/sessions`` is qwen serve
+    0.24.4's 400 of ``sendWorkspaceMismatch`` (its ``resolveRuntimeFromWorkspaceParam``),
+    naming the path normalized; not the plural route's answer."""
+    bound = server.settings.workspace
+    parent = str(Path(bound).parent)
+    for sent, named in ((f"{parent}/elsewhere", f"{parent}/elsewhere"),
+                        (f"{parent}/x/..//elsewhere/", f"{parent}/elsewhere"),
+                        ("/", "/"), (f"{bound}/..", parent)):
+        answer = await server.client.get(f"/workspace/{quote(sent, safe='')}/sessions")
+        assert answer.status_code == 400, (sent, answer.text)
+        assert answer.json() == {"error": f'Workspace mismatch: daemon is bound to "{bound}"',
+                                 "code": "workspace_mismatch", "boundWorkspace": bound,
+                                 "requestedWorkspace": named}, sent
+
+
+@pytest.mark.parametrize(("sent", "echoed"), [
+    ("rel%2Fx", "rel/x"), ("a%2Fb%2Fc", "a/b/c"), ("rel%2F%2Fx", "rel//x"),
+    ("rel%2F..%2Fx", "rel/../x"), ("%2E%2E", ".."),
+])
+async def test_the_singular_path_answers_a_relative_path_as_qwens(
+        server: RunningServer, sent: str, echoed: str) -> None:
+    """A relative path as ``:id`` (``rel%2Fx``: the server decodes it into segments no
+    route has) is qwen's 400 "`:id` must decode to a workspace id or absolute path" (with
+    our ``code``), as an unknown id is; it was a plain 404."""
+    answer = await server.client.get(f"/workspace/{sent}/sessions")
+    assert answer.status_code == 400, answer.text
+    assert answer.json() == {"error": "`:id` must decode to a workspace id or absolute path",
+                             "code": "workspace_not_found", "workspace": echoed}
+    other = await server.client.get(f"/workspace/{sent}/ended-sessions")   # not qwen's
+    assert other.status_code == 404, other.text
 
 
 async def test_a_session_is_listed_under_its_first_prompt_as_qwens(tmp_path: Path) -> None:
