@@ -65,7 +65,7 @@ def test_granian_starts_beside_the_reservation_and_releases_it() -> None:
                     max_headers=100, max_request_line=8192, ws_max_bytes=1 << 20)
     sock = _listening_socket()
     port = sock.getsockname()[1]
-    server = http_server(app, HttpOptions(), sock, limits=limits)
+    server = http_server(app, HttpOptions(server="granian"), sock, limits=limits)
     assert _bind_refused(port)   # held between the close and granian's own bind
     listening: queue.Queue[str] = queue.Queue()
     loop = asyncio.new_event_loop()
@@ -93,7 +93,8 @@ def test_a_granian_server_that_cannot_be_made_leaves_no_reservation(tmp_path) ->
     no PEM certificate), the reservation is closed with it, not left holding the port
     until the exception's frames are collected."""
     certs = make_certificates(tmp_path)
-    options = HttpOptions(tls_cert=str(certs["server"]), tls_key=str(certs["server-key"]))
+    options = HttpOptions(server="granian", tls_cert=str(certs["server"]),
+                          tls_key=str(certs["server-key"]))
     certs["server"].write_text("not a certificate\n")
     limits = Limits(header_timeout_s=10, max_connections=100, max_header_bytes=16384,
                     max_headers=100, max_request_line=8192, ws_max_bytes=1 << 20)

@@ -16,7 +16,8 @@ pytestmark = pytest.mark.anyio
 
 
 async def test_a_long_unknown_method_is_cut_in_the_line(tmp_path: Path) -> None:
-    async with ServeProcess(tmp_path) as daemon:
+    # granian passes such a method to the app; uvicorn's parser answers it 400 itself
+    async with ServeProcess(tmp_path, "--http-server", "granian") as daemon:
         for n in range(3):
             stream = await daemon.raw()
             method = "X" * 7000 + str(n)
