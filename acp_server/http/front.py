@@ -100,6 +100,7 @@ from typing import Any, Protocol
 from acp_server.http.body_clock import BODY_TIMEOUT, BodyClock, replay
 from acp_server.http.policy import LOOKUP, UNAUTHORIZED, GuardPolicy, Refusal, Renderer
 from acp_server.http.resent import Resent, let_through
+from acp_server.http.whole import send_whole
 from acp_server.principals import CALLER_KEY, Access, Caller
 from acp_server.principals.model import MUTATING, READING
 from acp_server.principals.streams import stream_id
@@ -404,8 +405,7 @@ class FrontLayer:
                     if type(answered) is tuple:
                         answer, end = answered
                         status = answer["status"]
-                        await send(answer)
-                        await send(end)
+                        await send_whole(send, answer, end)
                         return
                     receive = answered   # type: ignore[assignment]
                 exchange = _Exchange(self, door, scope, send,
@@ -550,8 +550,7 @@ class FrontLayer:
         if origin is not None:
             start = {**start, "headers": [*start["headers"], *cors_headers(origin)]}
         # Fresh dicts: a server may keep or change what it is sent.
-        await send(dict(start))
-        await send(dict(body_message))
+        await send_whole(send, dict(start), dict(body_message))
 
 
 def _doors_by_segment(doors: Sequence[Door]) -> tuple[dict[str, Door], Door] | None:
