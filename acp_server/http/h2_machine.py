@@ -34,6 +34,8 @@ class Http2Limits:
     max_streams: int = 100          # SETTINGS_MAX_CONCURRENT_STREAMS, and running tasks
     max_resets: int = 100           # client resets before an answer, beyond the answered
     max_empty_frames: int = 100     # empty DATA frames without END_STREAM, per connection
+    control_rate: float = 100.0     # PING, SETTINGS, PRIORITY, unknown frames a second ...
+    control_burst: int = 1000       # ... beyond a burst of this many
 
 
 class Calm(h2.exceptions.ProtocolError):

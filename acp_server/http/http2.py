@@ -29,8 +29,10 @@ Contracts (``Http2Limits`` sets the numbers):
 * Floods end the connection with GOAWAY ``ENHANCE_YOUR_CALM``: more than
   ``max_resets`` streams reset by the client before their answer, beyond the streams
   answered (CVE-2023-44487), more than ``max_empty_frames`` empty DATA frames
-  without END_STREAM (CVE-2019-9518), or DATA floods on closed streams
-  (``h2_machine``). Malformed frames, HPACK bombs and CONTINUATION floods are ``h2``'s
+  without END_STREAM (CVE-2019-9518), DATA floods on closed streams
+  (``h2_machine``), or PING, SETTINGS, PRIORITY and unknown frames past
+  ``control_rate`` a second beyond a burst of ``control_burst`` (each answered at no
+  cost to its sender). Malformed frames, HPACK bombs and CONTINUATION floods are ``h2``'s
   connection errors (GOAWAY with its code).
 * A connection with no stream for ``idle_s`` (the header timeout) is sent GOAWAY and
   closed (counted in ``stats["header_timeouts"]``): a preface then silence, a control
@@ -70,6 +72,8 @@ log = logging.getLogger("acp_server.http")
 _DROPPED = frozenset({b"connection", b"keep-alive", b"proxy-connection",
                       b"transfer-encoding", b"upgrade"})
 _ASGI = {"version": "3.0", "spec_version": "2.3"}
+_CONTROL = (h2.events.PingReceived, h2.events.RemoteSettingsChanged,
+            h2.events.PriorityUpdated, h2.events.UnknownFrameReceived)
 _LINGER_0 = struct.pack("ii", 1, 0)
 _BAD_REQUEST = b'{"error":"Bad request.","code":"bad_request"}'
 
@@ -148,6 +152,8 @@ class Http2Connection(asyncio.Protocol):
         self.resets = 0             # streams reset by the client before their answer
         self.answered = 0
         self.empty_frames = 0
+        self.control_tokens = float(limits.control_burst)   # the control frames' bucket
+        self.control_at = 0.0
 
     # -- the transport ---------------------------------------------------------------
     def connection_made(self, transport: Any) -> None:  # type: ignore[override]
@@ -205,6 +211,8 @@ class Http2Connection(asyncio.Protocol):
             return
         for event in events:
             kind = type(event)
+            if kind in _CONTROL and not self._control():
+                return
             if kind is h2.events.RequestReceived:
                 self._request(event)
             elif kind is h2.events.DataReceived:
@@ -318,6 +326,20 @@ class Http2Connection(asyncio.Protocol):
             self.resets += 1
             if self.resets > self.limits.max_resets + self.answered:
                 self._calm("streams reset before their answer")
+
+    def _control(self) -> bool:
+        """One PING, SETTINGS, PRIORITY or unknown frame, taken from its bucket: h2
+        answers each (an ACK) at no cost to the client; past the rate, the flood ends."""
+        now = self.loop.time()
+        limits = self.limits
+        tokens = min(limits.control_burst,
+                     self.control_tokens + (now - self.control_at) * limits.control_rate)
+        self.control_at = now
+        if tokens < 1:
+            self._calm("control frames (PING, SETTINGS, PRIORITY, unknown) past their rate")
+            return False
+        self.control_tokens = tokens - 1
+        return True
 
     def _calm(self, why: str) -> None:
         log.warning("HTTP/2 connection from %s ended: %s", self.client, why)
