@@ -72,6 +72,7 @@ _DROPPED = frozenset({b"connection", b"keep-alive", b"proxy-connection",
 _ASGI = {"version": "3.0", "spec_version": "2.3"}
 _LINGER_0 = struct.pack("ii", 1, 0)
 _BAD_REQUEST = b'{"error":"Bad request.","code":"bad_request"}'
+_INTERNAL_ERROR = b'{"error":"Internal server error.","code":"internal_error"}'
 
 
 def unsent(transport: Any) -> int:
@@ -167,6 +168,10 @@ class Http2Connection(asyncio.Protocol):
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
+        self._drop_streams()
+
+    def _drop_streams(self) -> None:
+        """Nothing more will be sent: every stream's ``receive`` and ``send`` told."""
         for stream in self.streams.values():
             stream.gone = True
             self._wake(stream)
@@ -244,11 +249,11 @@ class Http2Connection(asyncio.Protocol):
             self.conn.reset_stream(sid, h2.errors.ErrorCodes.REFUSED_STREAM)
             return
         scope = self._scope(event.headers)
-        if scope is None:
-            self.conn.send_headers(sid, [(b":status", b"400"),
-                                         (b"content-type", b"application/json"),
-                                         (b"content-length", str(len(_BAD_REQUEST)).encode())])
-            self.conn.send_data(sid, _BAD_REQUEST, end_stream=True)
+        if scope is None:   # malformed: a stream error (RFC 9113 8.1.1), 400 if it fits
+            if not self._answer(sid, b"400", _BAD_REQUEST):
+                self.conn.reset_stream(sid, h2.errors.ErrorCodes.PROTOCOL_ERROR)
+            elif not event.stream_ended:   # its body still coming: not held open in h2
+                self.conn.reset_stream(sid, h2.errors.ErrorCodes.NO_ERROR)
             return
         stream = _Stream(sid)
         stream.ended = bool(event.stream_ended)
@@ -319,6 +324,25 @@ class Http2Connection(asyncio.Protocol):
             if self.resets > self.limits.max_resets + self.answered:
                 self._calm("streams reset before their answer")
 
+    def _answer(self, sid: int, status: bytes, body: bytes) -> bool:
+        """A small JSON answer sent whole, when the client's windows take its body now
+        (else False: nothing sent, the caller resets the stream)."""
+        if self.conn.local_flow_control_window(sid) < len(body):
+            return False
+        self.conn.send_headers(sid, [(b":status", status), (b"content-type", b"application/json"),
+                                     (b"content-length", str(len(body)).encode())])
+        self.conn.send_data(sid, body, end_stream=True)
+        return True
+
+    def _gone(self, stream: _Stream) -> None:
+        """A stream that can send no more (``h2`` refused a frame): reset, and its
+        ``receive`` told (``http.disconnect``)."""
+        stream.gone = True
+        with contextlib.suppress(h2.exceptions.ProtocolError):
+            self.conn.reset_stream(stream.id, h2.errors.ErrorCodes.INTERNAL_ERROR)
+        self._flush()
+        self._wake(stream)
+
     def _calm(self, why: str) -> None:
         log.warning("HTTP/2 connection from %s ended: %s", self.client, why)
         self.conn.close_connection(error_code=CALM)
@@ -327,6 +351,7 @@ class Http2Connection(asyncio.Protocol):
     def _end(self) -> None:
         self._flush()
         self.transport.close()
+        self._drop_streams()
 
     # -- one stream's ASGI exchange -------------------------------------------------------
     async def _run(self, stream: _Stream, scope: dict[str, Any]) -> None:
@@ -350,19 +375,13 @@ class Http2Connection(asyncio.Protocol):
         if stream.answered or stream.gone or self.lost:
             return
         try:
-            if not stream.started:
-                body = b'{"error":"Internal server error.","code":"internal_error"}'
-                self.conn.send_headers(stream.id, [(b":status", b"500"),
-                                                   (b"content-type", b"application/json"),
-                                                   (b"content-length", str(len(body)).encode())])
-                self.conn.send_data(stream.id, body, end_stream=True)
+            if not stream.started and self._answer(stream.id, b"500", _INTERNAL_ERROR):
                 stream.answered = True
-            else:
-                self.conn.reset_stream(stream.id, h2.errors.ErrorCodes.INTERNAL_ERROR)
-                stream.gone = True
+                self._flush()
+                return
         except h2.exceptions.ProtocolError:   # the stream closed meanwhile
-            stream.gone = True
-        self._flush()
+            pass
+        self._gone(stream)   # begun, or its windows shut: reset
 
     def _done(self, stream: _Stream) -> None:
         self.streams.pop(stream.id, None)
@@ -439,9 +458,9 @@ class Http2Connection(asyncio.Protocol):
                      if name.lower() not in _DROPPED]
             try:
                 self.conn.send_headers(stream.id, head, end_stream=end and not body)
-            except h2.exceptions.ProtocolError:
-                stream.gone = True
-                return
+            except h2.exceptions.ProtocolError as exc:   # a field h2 refuses (as HTTP/1.1)
+                self._gone(stream)
+                raise RuntimeError(f"HTTP/2 response head refused: {exc}") from exc
             if end and not body:
                 stream.answered = True
                 self._flush()
@@ -469,7 +488,7 @@ class Http2Connection(asyncio.Protocol):
                 last = end and offset == size
                 self.conn.send_data(stream.id, chunk, end_stream=last)
             except h2.exceptions.ProtocolError:   # reset meanwhile
-                stream.gone = True
+                self._gone(stream)
                 return
             if last:
                 stream.answered = True

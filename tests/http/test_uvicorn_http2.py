@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from tests.harness import ServeProcess
-from tests.hostile.h2frames import RawH2, headers, request_head
+from tests.hostile.h2frames import INITIAL_WINDOW_SIZE, RawH2, headers, request_head, settings
 
 pytestmark = pytest.mark.anyio
 BOUND_S = 30
@@ -110,3 +110,48 @@ async def test_a_graceful_stop_answers_the_stream_in_flight(tmp_path: Path) -> N
             while daemon.process.poll() is None:
                 await anyio.sleep(0.05)
         assert daemon.process.returncode == 0, daemon.stderr_text()[-2000:]
+
+
+# -- found by the hostile review of http2.py ----------------------------------------------
+PROTOCOL_ERROR, NO_ERROR = 1, 0
+
+
+async def test_a_malformed_request_on_a_closed_window_is_reset_not_fatal(
+        daemon: ServeProcess) -> None:
+    """A request ``_scope`` cannot serve (a path not ASCII: 400) from a client whose
+    windows hold less than the 400's body (SETTINGS_INITIAL_WINDOW_SIZE 0): the stream
+    is reset (PROTOCOL_ERROR, RFC 9113 8.1.1), the connection kept and serving once the
+    client opens its windows. Was ``FlowControlError`` raised out of ``data_received``:
+    the connection killed, a traceback logged."""
+    async with anyio.create_task_group() as tg:
+        raw = await RawH2.connect(daemon.port, tg, local={INITIAL_WINDOW_SIZE: 0})
+        async with raw:
+            await raw.send(headers(1, raw.block(request_head(daemon.port, "/h\xffx")),
+                                   end_stream=True))
+            await answered(raw, {1})
+            await raw.send(settings({INITIAL_WINDOW_SIZE: 65535}))
+            await raw.send(headers(3, raw.block(request_head(daemon.port, "/health")),
+                                   end_stream=True))
+            await answered(raw, {3})
+            with anyio.fail_after(BOUND_S):
+                while raw.got.data_bytes == 0 and not raw.got.closed:
+                    await raw.changed.wait()
+    assert raw.got.resets.get(1) == PROTOCOL_ERROR and 1 not in raw.got.statuses, raw.got
+    assert raw.got.statuses.get(3) == 200 and raw.got.goaway is None, raw.got
+    assert "Traceback" not in daemon.stderr_text()
+
+
+async def test_a_malformed_request_whose_body_is_still_coming_is_closed(
+        daemon: ServeProcess) -> None:
+    """A CONNECT (400) whose HEADERS did not end the stream: answered 400, then
+    RST_STREAM NO_ERROR, as for any stream answered before its body ended. Was left
+    half-closed in ``h2`` for the connection's life (a client could pile them up)."""
+    async with anyio.create_task_group() as tg:
+        raw = await RawH2.connect(daemon.port, tg)
+        async with raw:
+            await raw.send(headers(1, raw.block([(":method", "CONNECT"), (
+                ":authority", f"127.0.0.1:{daemon.port}")])))
+            with anyio.fail_after(BOUND_S):
+                while 1 not in raw.got.resets and not raw.got.closed:
+                    await raw.changed.wait()
+    assert raw.got.statuses.get(1) == 400 and raw.got.resets.get(1) == NO_ERROR, raw.got
