@@ -16,7 +16,8 @@ Contracts (``Http2Limits`` sets the numbers):
 * A stream is one ASGI ``http`` exchange (``http_version`` ``"2"``); ``:authority``
   becomes ``host``; a request that also carries a ``host`` that differs is never
   served (``h2``'s connection error), one with two ``host`` fields is answered 400. Connection-specific response headers (``connection``,
-  ``keep-alive``, ``transfer-encoding``, ``upgrade``) are dropped, as RFC 9113 requires.
+  ``keep-alive``, ``transfer-encoding``, ``upgrade``) are dropped, as RFC 9113 requires;
+  so is the body of an answer to HEAD (its HEADERS end the stream, as HTTP/1.1 sends none).
 * Flow control both ways: a request body is acknowledged (WINDOW_UPDATE) only as the
   app reads it, so what is buffered per connection is bounded by its windows; a
   response waits for the client's windows and for the transport's write buffer (a
@@ -88,11 +89,12 @@ def unsent(transport: Any) -> int:
 
 
 class _Stream:
-    __slots__ = ("answered", "body", "body_done", "ended", "gone", "head", "id", "started",
-                 "wake", "window")
+    __slots__ = ("answered", "body", "body_done", "bodiless", "ended", "gone", "head", "id",
+                 "started", "wake", "window")
 
-    def __init__(self, stream_id: int) -> None:
+    def __init__(self, stream_id: int, bodiless: bool = False) -> None:
         self.id = stream_id
+        self.bodiless = bodiless   # HEAD: the app's body is not sent (RFC 9110 9.3.2)
         self.body: deque[tuple[bytes, int]] = deque()   # (data, flow-controlled length)
         self.ended = False       # END_STREAM received
         self.body_done = False   # the app was given the body's end
@@ -255,7 +257,7 @@ class Http2Connection(asyncio.Protocol):
             elif not event.stream_ended:   # its body still coming: not held open in h2
                 self.conn.reset_stream(sid, h2.errors.ErrorCodes.NO_ERROR)
             return
-        stream = _Stream(sid)
+        stream = _Stream(sid, bodiless=scope["method"] == "HEAD")
         stream.ended = bool(event.stream_ended)
         self.streams[sid] = stream
         self.idle_since = None
@@ -447,7 +449,7 @@ class Http2Connection(asyncio.Protocol):
             raise RuntimeError("http.response.body before http.response.start")
         if stream.answered or stream.gone or self.lost:
             return
-        body = bytes(message.get("body", b""))
+        body = b"" if stream.bodiless else bytes(message.get("body", b""))
         end = not message.get("more_body", False)
         if not stream.started:
             stream.started = True

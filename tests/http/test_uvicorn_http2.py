@@ -155,3 +155,21 @@ async def test_a_malformed_request_whose_body_is_still_coming_is_closed(
                 while 1 not in raw.got.resets and not raw.got.closed:
                     await raw.changed.wait()
     assert raw.got.statuses.get(1) == 400 and raw.got.resets.get(1) == NO_ERROR, raw.got
+
+
+async def test_a_head_response_has_no_content(daemon: ServeProcess) -> None:
+    """HEAD over HTTP/2 between two GETs: its headers end the stream, no DATA (RFC 9110
+    9.3.2; uvicorn's HTTP/1.1 drops a HEAD body too). Was the app's body sent as DATA."""
+    body = len(b'{"status":"ok"}')
+    async with anyio.create_task_group() as tg:
+        raw = await RawH2.connect(daemon.port, tg)
+        async with raw:
+            for sid, method in ((1, "GET"), (3, "HEAD"), (5, "GET")):
+                await raw.send(headers(sid, raw.block(request_head(
+                    daemon.port, "/health", method=method)), end_stream=True))
+                await answered(raw, {sid})
+            with anyio.fail_after(BOUND_S):
+                while raw.got.data_bytes < 2 * body and not raw.got.closed:
+                    await raw.changed.wait()
+    assert raw.got.statuses == {1: 200, 3: 200, 5: 200}, raw.got
+    assert raw.got.data_bytes == 2 * body, raw.got
