@@ -4,12 +4,14 @@
     events = machine.receive_data(data)       # h2's API, with the limits below enforced
 
 Contracts: the SETTINGS sent are ``limits``' stream cap and header-list cap (HPACK
-decoding past it is ``h2``'s connection error) and no server push. Two of ``h2``'s
+decoding past it is ``h2``'s connection error) and no server push. Three of ``h2``'s
 answers are changed: a stream past the cap is not a connection error (``open_inbound_streams``
-never reaches it; ``http2.Http2Connection`` refuses that stream alone), and more than
-1,000 DATA frames on closed streams (4 more per stream answered) end the connection
-with ``ENHANCE_YOUR_CALM`` (``h2`` answers each with RST_STREAM and gives its bytes
-back to the connection window, so flow control never ends such a flood).
+never reaches it; ``http2.Http2Connection`` refuses that stream alone); a client's GOAWAY
+with NO_ERROR leaves the connection open for the streams in flight (``h2`` would close
+its state, and then refuse every frame to them and every PING); and more than 1,000
+DATA frames on closed streams (4 more per stream answered) end the connection with
+``ENHANCE_YOUR_CALM`` (``h2`` answers each with RST_STREAM and gives its bytes back to
+the connection window, so flow control never ends such a flood).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 import h2.config
 import h2.connection
 import h2.errors
+import h2.events
 import h2.exceptions
 import h2.settings
 
@@ -70,6 +73,18 @@ class Machine(h2.connection.H2Connection):
             codes.ENABLE_PUSH: 0})
         machine.decoder.max_header_list_size = limits.max_header_list   # before any ACK
         return machine
+
+    def _receive_goaway_frame(self, frame: Any) -> Any:
+        """A client's GOAWAY with NO_ERROR opens no more streams (RFC 9113 6.8); those
+        in flight go on: the state machine stays open (``h2`` would close it, then
+        refuse every frame to those streams and every PING), with the event given."""
+        if frame.error_code:
+            return super()._receive_goaway_frame(frame)
+        event = h2.events.ConnectionTerminated()
+        event.error_code = h2.errors.ErrorCodes.NO_ERROR
+        event.last_stream_id = frame.last_stream_id
+        event.additional_data = frame.additional_data or None
+        return [], [event]
 
     def _handle_data_on_closed_stream(self, events: Any, exc: Any, frame: Any) -> Any:
         self.closed_frames += 1

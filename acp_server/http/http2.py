@@ -14,8 +14,10 @@ transport. HTTP/1.1 connections never pass through here.
 Contracts (``Http2Limits`` sets the numbers):
 
 * A stream is one ASGI ``http`` exchange (``http_version`` ``"2"``); ``:authority``
-  becomes ``host``; a request that also carries a ``host`` that differs is never
-  served (``h2``'s connection error), one with two ``host`` fields is answered 400. Connection-specific response headers (``connection``,
+  becomes ``host``; a request that also carries a ``host`` that differs, or two
+  ``host`` fields, is never served (``h2``'s connection error); one with no ``:path``,
+  a CONNECT or a path not ASCII is answered 400 (RST_STREAM PROTOCOL_ERROR when the
+  client's windows cannot take it). Connection-specific response headers (``connection``,
   ``keep-alive``, ``transfer-encoding``, ``upgrade``) are dropped, as RFC 9113 requires;
   so is the body of an answer to HEAD (its HEADERS end the stream, as HTTP/1.1 sends none).
 * Flow control both ways: a request body is acknowledged (WINDOW_UPDATE) only as the
@@ -41,7 +43,8 @@ Contracts (``Http2Limits`` sets the numbers):
   client, the connection is reset (``SO_LINGER`` 0): no orphan socket keeps them.
 * ``shutdown`` (uvicorn's graceful stop) sends GOAWAY with the last stream taken; the
   streams in flight finish, later ones are refused, and the connection closes when
-  none is left.
+  none is left. A client's GOAWAY with NO_ERROR is the same from its side (its streams
+  in flight are answered); with an error code the connection is closed at once.
 """
 
 from __future__ import annotations
@@ -229,7 +232,10 @@ class Http2Connection(asyncio.Protocol):
                                filter(None, (self.streams.get(sid),))):
                     self._resolve_window(stream)
             elif kind is h2.events.ConnectionTerminated:
-                self.closing = True
+                if event.error_code:   # the client's connection error: nothing more to say
+                    self._end()
+                    return
+                self.closing = True   # NO_ERROR: its streams in flight finish (h2_machine)
                 self.last_taken = self.conn.highest_inbound_stream_id
                 if not self.streams:
                     self._flush()
@@ -557,7 +563,11 @@ class Http2Connection(asyncio.Protocol):
                     self._quiet("a PING unanswered")
                     return
                 self.pinged = True
-                self.conn.ping(b"\0keepalv")
+                try:
+                    self.conn.ping(b"\0keepalv")
+                except h2.exceptions.ProtocolError:   # h2 can send nothing more
+                    self._quiet("closed by h2")
+                    return
                 self._flush()
                 due = now + idle_s
         self.timer = self.loop.call_at(due, self._tick)

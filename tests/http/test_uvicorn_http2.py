@@ -7,6 +7,7 @@ GOAWAY with the stream in flight answered. (The HTTP/2 suites that both servers 
 from __future__ import annotations
 
 import signal
+import struct
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -16,7 +17,8 @@ import httpx
 import pytest
 
 from tests.harness import ServeProcess
-from tests.hostile.h2frames import INITIAL_WINDOW_SIZE, RawH2, headers, request_head, settings
+from tests.hostile.h2frames import (GOAWAY, INITIAL_WINDOW_SIZE, RawH2, frame, headers,
+                                    request_head, settings)
 
 pytestmark = pytest.mark.anyio
 BOUND_S = 30
@@ -173,3 +175,57 @@ async def test_a_head_response_has_no_content(daemon: ServeProcess) -> None:
                     await raw.changed.wait()
     assert raw.got.statuses == {1: 200, 3: 200, 5: 200}, raw.got
     assert raw.got.data_bytes == 2 * body, raw.got
+
+
+async def test_a_client_goaway_lets_its_streams_in_flight_finish(tmp_path: Path) -> None:
+    """A client's GOAWAY (NO_ERROR: it opens no more streams, RFC 9113 6.8, as Go's
+    ``ClientConn.Shutdown`` does) with an event stream in flight: the stream goes on
+    (a prompt's turn arrives on it), and once the client is silent the keep-alive PING
+    goes unanswered and the connection is closed. Was: ``h2`` took its connection as
+    closed, every later frame was dropped, and the PING raised in the timer (a
+    traceback; the connection never closed while the stream's app ran)."""
+    async with ServeProcess(tmp_path, "--http-server", "uvicorn", "--session-journal",
+                            "memory", "--header-timeout-ms", "2000") as daemon:
+        sid = (await daemon.client.post("/session", json={})).json()["sessionId"]
+        async with anyio.create_task_group() as tg:
+            raw = await RawH2.connect(daemon.port, tg)
+            async with raw:
+                await raw.send(headers(1, raw.block(request_head(
+                    daemon.port, f"/session/{sid}/events")), end_stream=True))
+                await answered(raw, {1})
+                with anyio.fail_after(BOUND_S):
+                    while raw.got.data_bytes == 0:
+                        await raw.changed.wait()
+                before = raw.got.data_bytes
+                await raw.send(frame(GOAWAY, 0, 0, struct.pack(">II", 0, NO_ERROR)))
+                posted = await daemon.client.post(f"/session/{sid}/prompt", json={
+                    "prompt": [{"type": "text", "text": "after the goaway"}]})
+                assert posted.status_code == 202, posted.text
+                with anyio.fail_after(BOUND_S):
+                    while raw.got.data_bytes == before and not raw.got.closed:
+                        await raw.changed.wait()
+                assert raw.got.data_bytes > before, raw.got
+                with anyio.fail_after(BOUND_S):
+                    while not raw.got.closed:
+                        await raw.changed.wait()
+        assert "Traceback" not in daemon.stderr_text(), daemon.stderr_text()[-3000:]
+
+
+async def test_a_client_goaway_with_an_error_closes_the_connection(
+        daemon: ServeProcess) -> None:
+    """A client's GOAWAY with an error code (its connection error) while an event
+    stream is open: the connection is closed at once, the stream's app told. Was kept
+    open with nothing sendable until the header timeout, its PING raising in the
+    timer (a traceback)."""
+    sid = (await daemon.client.post("/session", json={})).json()["sessionId"]
+    async with anyio.create_task_group() as tg:
+        raw = await RawH2.connect(daemon.port, tg, answer_pings=True)
+        async with raw:
+            await raw.send(headers(1, raw.block(request_head(
+                daemon.port, f"/session/{sid}/events")), end_stream=True))
+            await answered(raw, {1})
+            await raw.send(frame(GOAWAY, 0, 0, struct.pack(">II", 1, PROTOCOL_ERROR)))
+            with anyio.fail_after(BOUND_S):
+                while not raw.got.closed:
+                    await raw.changed.wait()
+    assert "Traceback" not in daemon.stderr_text(), daemon.stderr_text()[-3000:]
