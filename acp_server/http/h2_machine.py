@@ -4,7 +4,8 @@
     events = machine.receive_data(data)       # h2's API, with the limits below enforced
 
 Contracts: the SETTINGS sent are ``limits``' stream cap and header-list cap (HPACK
-decoding past it is ``h2``'s connection error) and no server push. Three of ``h2``'s
+decoding past it is ``h2``'s connection error) and no server push; the answers' HPACK
+table is 4,096 bytes at most, whatever the client allows. Three of ``h2``'s
 answers are changed: a stream past the cap is not a connection error (``open_inbound_streams``
 never reaches it; ``http2.Http2Connection`` refuses that stream alone); a client's GOAWAY
 with NO_ERROR leaves the connection open for the streams in flight (``h2`` would close
@@ -25,9 +26,11 @@ import h2.errors
 import h2.events
 import h2.exceptions
 import h2.settings
+import hpack
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 CALM = h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+ENCODER_TABLE = 4096   # bytes of HPACK dynamic table for the answers, whatever a client allows
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +46,21 @@ class Calm(h2.exceptions.ProtocolError):
     """A flood ``h2`` itself would keep answering: a connection error of ours."""
 
     error_code = h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+
+
+class _Encoder(hpack.Encoder):
+    """HPACK's encoder with its dynamic table kept to ``ENCODER_TABLE`` bytes: ``h2``
+    gives it the client's SETTINGS_HEADER_TABLE_SIZE (up to 2^32-1), and a table that
+    large never evicts, so every distinct field answered (a ``date`` a second, ids)
+    would stay for the connection's life (RFC 7541 4.2: an encoder may use less)."""
+
+    @property
+    def header_table_size(self) -> int:
+        return int(self.header_table.maxsize)
+
+    @header_table_size.setter
+    def header_table_size(self, value: int) -> None:
+        hpack.Encoder.header_table_size.fset(self, min(value, ENCODER_TABLE))  # type: ignore[attr-defined]
 
 
 class Machine(h2.connection.H2Connection):
@@ -72,6 +90,7 @@ class Machine(h2.connection.H2Connection):
             codes.MAX_HEADER_LIST_SIZE: limits.max_header_list,
             codes.ENABLE_PUSH: 0})
         machine.decoder.max_header_list_size = limits.max_header_list   # before any ACK
+        machine.encoder = _Encoder()
         return machine
 
     def _receive_goaway_frame(self, frame: Any) -> Any:

@@ -17,8 +17,8 @@ import httpx
 import pytest
 
 from tests.harness import ServeProcess
-from tests.hostile.h2frames import (GOAWAY, INITIAL_WINDOW_SIZE, RawH2, frame, headers,
-                                    request_head, settings)
+from tests.hostile.h2frames import (GOAWAY, HEADER_TABLE_SIZE, INITIAL_WINDOW_SIZE, RawH2, frame,
+                                    headers, request_head, settings)
 
 pytestmark = pytest.mark.anyio
 BOUND_S = 30
@@ -229,3 +229,21 @@ async def test_a_client_goaway_with_an_error_closes_the_connection(
                 while not raw.got.closed:
                     await raw.changed.wait()
     assert "Traceback" not in daemon.stderr_text(), daemon.stderr_text()[-3000:]
+
+
+async def test_the_hpack_encoder_keeps_a_small_table(daemon: ServeProcess) -> None:
+    """A client allowing an HPACK dynamic table of 2^32-1 bytes (SETTINGS_HEADER_TABLE_SIZE):
+    the server's encoder keeps 4,096 bytes (RFC 7541 4.2 lets an encoder use less than
+    its peer allows), so the distinct response fields of a long-lived connection (a
+    ``date`` a second, ids) are evicted. Was the client's size: no entry ever evicted,
+    ~150 bytes a second of ``date`` alone for the connection's life. On the wire: no
+    table size update, which a decoder held to 4,096 bytes would refuse."""
+    async with anyio.create_task_group() as tg:
+        raw = await RawH2.connect(daemon.port, tg, local={HEADER_TABLE_SIZE: (1 << 32) - 1})
+        async with raw:
+            await raw.send(headers(1, raw.block(request_head(daemon.port, "/health")),
+                                   end_stream=True))
+            with anyio.fail_after(BOUND_S):
+                while raw.got.data_bytes == 0 and not raw.got.closed:
+                    await raw.changed.wait()
+    assert raw.got.statuses == {1: 200}, raw.got
