@@ -38,7 +38,7 @@ class Http2Limits:
     idle_s: float                   # no stream for this long: GOAWAY, closed
     max_header_list: int            # SETTINGS_MAX_HEADER_LIST_SIZE (HPACK-decoded bytes)
     max_streams: int = 100          # SETTINGS_MAX_CONCURRENT_STREAMS, and running tasks
-    max_resets: int = 100           # client resets before an answer, beyond the answered
+    max_resets: int = 100           # client resets before an answer began, beyond the answered
     max_empty_frames: int = 100     # empty DATA frames without END_STREAM, per connection
 
 
@@ -60,7 +60,8 @@ class _Encoder(hpack.Encoder):
 
     @header_table_size.setter
     def header_table_size(self, value: int) -> None:
-        hpack.Encoder.header_table_size.fset(self, min(value, ENCODER_TABLE))  # type: ignore[attr-defined]
+        setter: Any = hpack.Encoder.header_table_size.fset   # type: ignore[attr-defined]
+        setter(self, min(value, ENCODER_TABLE))
 
 
 class Machine(h2.connection.H2Connection):

@@ -30,8 +30,9 @@ Contracts (``Http2Limits`` sets the numbers):
   ``SETTINGS_MAX_CONCURRENT_STREAMS``; a stream the client reset counts until its app
   returns); more are refused (``REFUSED_STREAM``).
 * Floods end the connection with GOAWAY ``ENHANCE_YOUR_CALM``: more than
-  ``max_resets`` streams reset by the client before their answer, beyond the streams
-  answered (CVE-2023-44487), more than ``max_empty_frames`` empty DATA frames
+  ``max_resets`` streams reset by the client before their answer began, beyond the
+  streams answered (CVE-2023-44487; an event stream the client closes is not one),
+  more than ``max_empty_frames`` empty DATA frames
   without END_STREAM (CVE-2019-9518), or DATA floods on closed streams
   (``h2_machine``). Malformed frames, HPACK bombs and CONTINUATION floods are ``h2``'s
   connection errors (GOAWAY with its code).
@@ -151,7 +152,7 @@ class Http2Connection(asyncio.Protocol):
         self.idle_since: float | None = None   # when its last stream ended (or it began)
         self.last_read = 0.0                   # when a frame last came
         self.pinged = False                    # a keep-alive PING unanswered since
-        self.resets = 0             # streams reset by the client before their answer
+        self.resets = 0             # streams reset by the client before their answer began
         self.answered = 0
         self.empty_frames = 0
 
@@ -327,10 +328,10 @@ class Http2Connection(asyncio.Protocol):
         stream.gone = True
         self._wake(stream)
         self._resolve_window(stream)
-        if event.remote_reset and not stream.answered:
+        if event.remote_reset and not stream.started:   # work its client never waited for
             self.resets += 1
             if self.resets > self.limits.max_resets + self.answered:
-                self._calm("streams reset before their answer")
+                self._calm("streams reset before their answer began")
 
     def _answer(self, sid: int, status: bytes, body: bytes) -> bool:
         """A small JSON answer sent whole, when the client's windows take its body now

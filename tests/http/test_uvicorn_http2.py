@@ -18,7 +18,7 @@ import pytest
 
 from tests.harness import ServeProcess
 from tests.hostile.h2frames import (GOAWAY, HEADER_TABLE_SIZE, INITIAL_WINDOW_SIZE, RawH2, frame,
-                                    headers, request_head, settings)
+                                    headers, request_head, rst_stream, settings)
 
 pytestmark = pytest.mark.anyio
 BOUND_S = 30
@@ -247,3 +247,25 @@ async def test_the_hpack_encoder_keeps_a_small_table(daemon: ServeProcess) -> No
                 while raw.got.data_bytes == 0 and not raw.got.closed:
                     await raw.changed.wait()
     assert raw.got.statuses == {1: 200}, raw.got
+
+
+async def test_event_streams_closed_by_their_client_are_not_a_reset_flood(
+        daemon: ServeProcess) -> None:
+    """120 event streams opened one after another on one connection, each closed by the
+    client once its answer began (RST_STREAM CANCEL: a browser's ``EventSource.close()``,
+    a UI switching sessions): the connection is kept. Only streams reset before their
+    answer began count towards the rapid-reset limit (CVE-2023-44487: work the client
+    never waits for), as on granian. Was GOAWAY ENHANCE_YOUR_CALM after 101."""
+    sid = (await daemon.client.post("/session", json={})).json()["sessionId"]
+    async with anyio.create_task_group() as tg:
+        raw = await RawH2.connect(daemon.port, tg)
+        async with raw:
+            for n in range(120):
+                await raw.send(headers(2 * n + 1, raw.block(request_head(
+                    daemon.port, f"/session/{sid}/events")), end_stream=True))
+                await answered(raw, {2 * n + 1})
+                await raw.send(rst_stream(2 * n + 1))
+            await raw.send(headers(1001, raw.block(request_head(daemon.port, "/health")),
+                                   end_stream=True))
+            await answered(raw, {1001})
+    assert raw.got.goaway is None and raw.got.statuses[1001] == 200, raw.got
