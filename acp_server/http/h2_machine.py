@@ -12,11 +12,14 @@ with NO_ERROR leaves the connection open for the streams in flight (``h2`` would
 its state, and then refuse every frame to them and every PING); and more than 1,000
 DATA frames on closed streams (4 more per stream answered) end the connection with
 ``ENHANCE_YOUR_CALM`` (``h2`` answers each with RST_STREAM and gives its bytes back to
-the connection window, so flow control never ends such a flood).
+the connection window, so flow control never ends such a flood). ``Stream`` is what
+the connection keeps of one stream while its app runs.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,9 +116,30 @@ class Machine(h2.connection.H2Connection):
         return super()._handle_data_on_closed_stream(events, exc, frame)
 
 
+class Stream:
+    """One stream's state as ``http2.Http2Connection`` keeps it, while its app runs."""
+
+    __slots__ = ("answered", "body", "body_done", "bodiless", "ended", "gone", "head", "id",
+                 "stalled", "started", "wake", "window")
+
+    def __init__(self, stream_id: int, bodiless: bool = False) -> None:
+        self.id = stream_id
+        self.bodiless = bodiless   # HEAD: the app's body is not sent (RFC 9110 9.3.2)
+        self.body: deque[tuple[bytes, int]] = deque()   # (data, flow-controlled length)
+        self.ended = False       # END_STREAM received
+        self.body_done = False   # the app was given the body's end
+        self.gone = False        # reset by the client, or the connection lost
+        self.head: tuple[int, list[tuple[bytes, bytes]]] | None = None   # held until a body
+        self.started = False     # HEADERS sent
+        self.answered = False    # END_STREAM sent
+        self.wake: asyncio.Future[None] | None = None     # a receive waiting for data
+        self.window: asyncio.Future[None] | None = None   # a send waiting for a window
+        self.stalled: float | None = None   # since when a send waits with no byte sent
+
+
 def starts_http2(data: bytes) -> bool:
     """Whether a connection's first bytes are (the start of) the HTTP/2 preface."""
     return PREFACE.startswith(data[:len(PREFACE)])
 
 
-__all__ = ["CALM", "PREFACE", "Calm", "Http2Limits", "Machine", "starts_http2"]
+__all__ = ["CALM", "PREFACE", "Calm", "Http2Limits", "Machine", "Stream", "starts_http2"]

@@ -40,7 +40,9 @@ Contracts (``Http2Limits`` sets the numbers):
   closed (counted in ``stats["header_timeouts"]``): a preface then silence, a control
   flood, a header block that never ends. One with streams is sent a PING once nothing
   came from its client for ``idle_s``, and closed when nothing came for as long again
-  (a client gone silent, a window never given). Closed with bytes still queued for the
+  (a client gone silent). A stream whose answer waited ``idle_s`` for a window with no
+  byte sent is reset (CANCEL), its request no longer in flight (a stall, not a
+  trickle: any byte sent starts the wait again). Closed with bytes still queued for the
   client, the connection is reset (``SO_LINGER`` 0): no orphan socket keeps them.
 * ``shutdown`` (uvicorn's graceful stop) sends GOAWAY with the last stream taken; the
   streams in flight finish, later ones are refused, and the connection closes when
@@ -57,7 +59,6 @@ import logging
 import socket
 import struct
 import termios
-from collections import deque
 from functools import partial
 from typing import Any
 from urllib.parse import unquote
@@ -68,7 +69,7 @@ import h2.exceptions
 from hyperframe.frame import GoAwayFrame
 from uvicorn.protocols.utils import get_local_addr, get_remote_addr, is_ssl
 
-from acp_server.http.h2_machine import CALM, PREFACE, Http2Limits, Machine, starts_http2
+from acp_server.http.h2_machine import CALM, PREFACE, Http2Limits, Machine, Stream, starts_http2
 
 log = logging.getLogger("acp_server.http")
 
@@ -90,24 +91,6 @@ def unsent(transport: Any) -> int:
             size += struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ,
                                                    b"\0\0\0\0"))[0]
     return size
-
-
-class _Stream:
-    __slots__ = ("answered", "body", "body_done", "bodiless", "ended", "gone", "head", "id",
-                 "started", "wake", "window")
-
-    def __init__(self, stream_id: int, bodiless: bool = False) -> None:
-        self.id = stream_id
-        self.bodiless = bodiless   # HEAD: the app's body is not sent (RFC 9110 9.3.2)
-        self.body: deque[tuple[bytes, int]] = deque()   # (data, flow-controlled length)
-        self.ended = False       # END_STREAM received
-        self.body_done = False   # the app was given the body's end
-        self.gone = False        # reset by the client, or the connection lost
-        self.head: tuple[int, list[tuple[bytes, bytes]]] | None = None   # held until a body
-        self.started = False     # HEADERS sent
-        self.answered = False    # END_STREAM sent
-        self.wake: asyncio.Future[None] | None = None     # a receive waiting for data
-        self.window: asyncio.Future[None] | None = None   # a send waiting for a window
 
 
 class Http2Connection(asyncio.Protocol):
@@ -141,7 +124,7 @@ class Http2Connection(asyncio.Protocol):
         self.limits = limits
         self.stats = stats
         self.conn = Machine.for_server(limits)
-        self.streams: dict[int, _Stream] = {}
+        self.streams: dict[int, Stream] = {}
         self.transport: Any = None
         self.lost = False
         self.closing = False        # GOAWAY sent: no new stream is taken
@@ -264,7 +247,7 @@ class Http2Connection(asyncio.Protocol):
             elif not event.stream_ended:   # its body still coming: not held open in h2
                 self.conn.reset_stream(sid, h2.errors.ErrorCodes.NO_ERROR)
             return
-        stream = _Stream(sid, bodiless=scope["method"] == "HEAD")
+        stream = Stream(sid, bodiless=scope["method"] == "HEAD")
         stream.ended = bool(event.stream_ended)
         self.streams[sid] = stream
         self.idle_since = None
@@ -343,12 +326,13 @@ class Http2Connection(asyncio.Protocol):
         self.conn.send_data(sid, body, end_stream=True)
         return True
 
-    def _gone(self, stream: _Stream) -> None:
-        """A stream that can send no more (``h2`` refused a frame): reset, and its
-        ``receive`` told (``http.disconnect``)."""
+    def _gone(self, stream: Stream,
+              code: h2.errors.ErrorCodes = h2.errors.ErrorCodes.INTERNAL_ERROR) -> None:
+        """A stream that can send no more (``h2`` refused a frame, its window stayed
+        shut): reset, and its ``receive`` told (``http.disconnect``)."""
         stream.gone = True
         with contextlib.suppress(h2.exceptions.ProtocolError):
-            self.conn.reset_stream(stream.id, h2.errors.ErrorCodes.INTERNAL_ERROR)
+            self.conn.reset_stream(stream.id, code)
         self._flush()
         self._wake(stream)
 
@@ -363,7 +347,7 @@ class Http2Connection(asyncio.Protocol):
         self._drop_streams()
 
     # -- one stream's ASGI exchange -------------------------------------------------------
-    async def _run(self, stream: _Stream, scope: dict[str, Any]) -> None:
+    async def _run(self, stream: Stream, scope: dict[str, Any]) -> None:
         try:
             await self.app(scope, partial(self._receive, stream), partial(self._send, stream))
         except BaseException as exc:
@@ -379,7 +363,7 @@ class Http2Connection(asyncio.Protocol):
         finally:
             self._done(stream)
 
-    def _abandon(self, stream: _Stream) -> None:
+    def _abandon(self, stream: Stream) -> None:
         """A stream whose app failed: 500 when nothing was sent, else reset."""
         if stream.answered or stream.gone or self.lost:
             return
@@ -392,7 +376,7 @@ class Http2Connection(asyncio.Protocol):
             pass
         self._gone(stream)   # begun, or its windows shut: reset
 
-    def _done(self, stream: _Stream) -> None:
+    def _done(self, stream: Stream) -> None:
         self.streams.pop(stream.id, None)
         if self.lost:
             return
@@ -417,7 +401,7 @@ class Http2Connection(asyncio.Protocol):
             else:
                 self.idle_since = self.loop.time()
 
-    async def _receive(self, stream: _Stream) -> dict[str, Any]:
+    async def _receive(self, stream: Stream) -> dict[str, Any]:
         while True:
             if stream.body:
                 data, flow = stream.body.popleft()
@@ -443,7 +427,7 @@ class Http2Connection(asyncio.Protocol):
             finally:
                 stream.wake = None
 
-    async def _send(self, stream: _Stream, message: dict[str, Any]) -> None:
+    async def _send(self, stream: Stream, message: dict[str, Any]) -> None:
         kind = message["type"]
         if kind == "http.response.start":
             if stream.head is not None:
@@ -476,7 +460,7 @@ class Http2Connection(asyncio.Protocol):
                 return
         await self._send_data(stream, body, end)
 
-    async def _send_data(self, stream: _Stream, body: bytes, end: bool) -> None:
+    async def _send_data(self, stream: Stream, body: bytes, end: bool) -> None:
         offset, size = 0, len(body)
         while True:
             if stream.gone or self.lost:
@@ -490,12 +474,15 @@ class Http2Connection(asyncio.Protocol):
                              self.conn.max_outbound_frame_size, left)
                 if left and window <= 0:
                     self._flush()
-                    await self._window(stream)
+                    if not await self._window(stream):   # shut for the header timeout
+                        self._gone(stream, h2.errors.ErrorCodes.CANCEL)
+                        return
                     continue
                 chunk = body[offset:offset + window] if offset or window < size else body
                 offset += window
                 last = end and offset == size
                 self.conn.send_data(stream.id, chunk, end_stream=last)
+                stream.stalled = None
             except h2.exceptions.ProtocolError:   # reset meanwhile
                 self._gone(stream)
                 return
@@ -506,12 +493,26 @@ class Http2Connection(asyncio.Protocol):
                 return
 
     # -- waiting ---------------------------------------------------------------------------
-    async def _window(self, stream: _Stream) -> None:
+    async def _window(self, stream: Stream) -> bool:
+        """Until the stream's window may have opened; False once ``idle_s`` passed since
+        it began waiting with no byte sent (a window moved by a WINDOW_UPDATE elsewhere,
+        or of 0, does not count): then its request is not held in flight for ever."""
+        now = self.loop.time()
+        if stream.stalled is None:
+            stream.stalled = now
+        delay = stream.stalled + self.limits.idle_s - now
+        if delay <= 0:
+            log.debug("HTTP/2 stream %d of %s reset: its window stayed shut", stream.id,
+                      self.client)
+            return False
         stream.window = self.loop.create_future()
+        timer = self.loop.call_later(delay, self._resolve_window, stream)
         try:
             await stream.window
         finally:
+            timer.cancel()
             stream.window = None
+        return True
 
     async def _drain(self) -> None:
         waiter = self.loop.create_future()
@@ -523,12 +524,12 @@ class Http2Connection(asyncio.Protocol):
                 self.drains.remove(waiter)
 
     @staticmethod
-    def _wake(stream: _Stream) -> None:
+    def _wake(stream: Stream) -> None:
         if stream.wake is not None and not stream.wake.done():
             stream.wake.set_result(None)
 
     @staticmethod
-    def _resolve_window(stream: _Stream) -> None:
+    def _resolve_window(stream: Stream) -> None:
         if stream.window is not None and not stream.window.done():
             stream.window.set_result(None)
 

@@ -115,7 +115,7 @@ async def test_a_graceful_stop_answers_the_stream_in_flight(tmp_path: Path) -> N
 
 
 # -- found by the hostile review of http2.py ----------------------------------------------
-PROTOCOL_ERROR, NO_ERROR = 1, 0
+PROTOCOL_ERROR, NO_ERROR, CANCEL = 1, 0, 8
 
 
 async def test_a_malformed_request_on_a_closed_window_is_reset_not_fatal(
@@ -269,3 +269,33 @@ async def test_event_streams_closed_by_their_client_are_not_a_reset_flood(
                                    end_stream=True))
             await answered(raw, {1001})
     assert raw.got.goaway is None and raw.got.statuses[1001] == 200, raw.got
+
+
+async def test_answers_a_closed_window_holds_are_reset_after_the_header_timeout(
+        tmp_path: Path) -> None:
+    """A connection whose client keeps its windows shut (SETTINGS_INITIAL_WINDOW_SIZE 0)
+    and answers every PING, asking for as many answers as ``--max-connections``: each
+    answer waits for a window, its request in flight; once one has waited the header
+    timeout with no byte sent, its stream is reset (CANCEL) and its request ends, so the
+    front layer's cap is given back. Was held for ever: every other client's request
+    ``503 connection_limit`` for as long as that one connection lived (granian buffers
+    the answers and is not held)."""
+    async with ServeProcess(tmp_path, "--http-server", "uvicorn", "--session-journal",
+                            "memory", "--header-timeout-ms", "1000",
+                            "--max-connections", "20") as daemon:
+        async with anyio.create_task_group() as tg:
+            raw = await RawH2.connect(daemon.port, tg, local={INITIAL_WINDOW_SIZE: 0},
+                                      answer_pings=True)
+            async with raw:
+                ids = [2 * n + 1 for n in range(20)]
+                await raw.send(b"".join(headers(i, raw.block(request_head(
+                    daemon.port, "/health")), end_stream=True) for i in ids))
+                await answered(raw, set(ids))
+                with anyio.fail_after(BOUND_S):
+                    while (await daemon.client.get("/health")).status_code != 200:
+                        await anyio.sleep(0.1)
+                with anyio.fail_after(BOUND_S):
+                    while len(raw.got.resets) < len(ids) and not raw.got.closed:
+                        await raw.changed.wait()
+        assert set(raw.got.resets.values()) == {CANCEL}, raw.got
+        assert raw.got.data_bytes == 0 and raw.got.goaway is None, raw.got
