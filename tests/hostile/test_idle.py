@@ -152,8 +152,8 @@ def test_http2_connections_with_no_stream_are_closed_and_do_not_lock_out(
         tmp_path: Path) -> None:
     """More ping-answering HTTP/2 connections than granian's accept cap (2 + 64): all
     closed after the header timeout, and a new client is answered meanwhile."""
-    with ServeProcess(tmp_path, "--header-timeout-ms", str(TIMEOUT_MS),
-                      "--max-connections", "2") as daemon:
+    with ServeProcess(tmp_path, "--header-timeout-ms", str(TIMEOUT_MS), "--http-server",
+                      "granian", "--max-connections", "2") as daemon:   # granian's accept cap
         holders = PingAnswerers(daemon.port, 70)
         try:
             with httpx.Client(base_url=daemon.base_url, timeout=BOUND_S) as client:

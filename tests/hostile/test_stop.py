@@ -1,4 +1,5 @@
-"""A stop that one client cannot hold up (granian, the default server, as a child process).
+"""A stop that one client cannot hold up (granian as a child process, where its own stop
+waits with no bound; the idle connection's test runs on both servers).
 
 A reader that stops reading its event stream keeps granian's connection open with bytes
 queued it will never take; granian's own stop waits for every connection to end, with no
@@ -65,8 +66,8 @@ def stuck(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[ServeProce
     mode = request.param
     # A long header timeout: granian's keep-alive PING (which can end such a connection
     # after twice this) stays out of the picture.
-    with ServeProcess(tmp_path, "--session-journal", "memory",
-                      "--header-timeout-ms", "60000") as daemon:
+    with ServeProcess(tmp_path, "--session-journal", "memory", "--http-server", "granian",
+                      "--header-timeout-ms", "60000") as daemon:   # GranianServer's cut
         client = daemon.http
         sid = client.post("/session", json={}).json()["sessionId"]
         sock = stalled_reader(daemon.port, f"/session/{sid}/events", mode)
