@@ -74,6 +74,10 @@ class Machine(h2.connection.H2Connection):
 
     closed_frames = 0
     closed_frames_allowed = 1000
+    # The streams h2 remembers as closed, and how (a late frame on one reset is answered
+    # RST_STREAM; forgotten, a DATA frame still is): h2 keeps 65,536, ~7.5 MB a
+    # connection that asked that many; 10 times the streams running at once is plenty.
+    MAX_CLOSED_STREAMS = 1000
 
     @property
     def open_inbound_streams(self) -> int:
