@@ -4,27 +4,36 @@
     events = machine.receive_data(data)       # h2's API, with the limits below enforced
 
 Contracts: the SETTINGS sent are ``limits``' stream cap and header-list cap (HPACK
-decoding past it is ``h2``'s connection error) and no server push. Two of ``h2``'s
+decoding past it is ``h2``'s connection error) and no server push; the answers' HPACK
+table is 4,096 bytes at most, whatever the client allows. Three of ``h2``'s
 answers are changed: a stream past the cap is not a connection error (``open_inbound_streams``
-never reaches it; ``http2.Http2Connection`` refuses that stream alone), and more than
-1,000 DATA frames on closed streams (4 more per stream answered) end the connection
-with ``ENHANCE_YOUR_CALM`` (``h2`` answers each with RST_STREAM and gives its bytes
-back to the connection window, so flow control never ends such a flood).
+never reaches it; ``http2.Http2Connection`` refuses that stream alone); a client's GOAWAY
+with NO_ERROR leaves the connection open for the streams in flight (``h2`` would close
+its state, and then refuse every frame to them and every PING); and more than 1,000
+DATA frames on closed streams (4 more per stream answered) end the connection with
+``ENHANCE_YOUR_CALM`` (``h2`` answers each with RST_STREAM and gives its bytes back to
+the connection window, so flow control never ends such a flood). ``Stream`` is what
+the connection keeps of one stream while its app runs.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
 import h2.config
 import h2.connection
 import h2.errors
+import h2.events
 import h2.exceptions
 import h2.settings
+import hpack
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 CALM = h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+ENCODER_TABLE = 4096   # bytes of HPACK dynamic table for the answers, whatever a client allows
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +41,7 @@ class Http2Limits:
     idle_s: float                   # no stream for this long: GOAWAY, closed
     max_header_list: int            # SETTINGS_MAX_HEADER_LIST_SIZE (HPACK-decoded bytes)
     max_streams: int = 100          # SETTINGS_MAX_CONCURRENT_STREAMS, and running tasks
-    max_resets: int = 100           # client resets before an answer, beyond the answered
+    max_resets: int = 100           # client resets before an answer began, beyond the answered
     max_empty_frames: int = 100     # empty DATA frames without END_STREAM, per connection
     control_rate: float = 100.0     # PING, SETTINGS, PRIORITY, unknown frames a second ...
     control_burst: int = 1000       # ... beyond a burst of this many
@@ -44,6 +53,22 @@ class Calm(h2.exceptions.ProtocolError):
     error_code = h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
 
 
+class _Encoder(hpack.Encoder):
+    """HPACK's encoder with its dynamic table kept to ``ENCODER_TABLE`` bytes: ``h2``
+    gives it the client's SETTINGS_HEADER_TABLE_SIZE (up to 2^32-1), and a table that
+    large never evicts, so every distinct field answered (a ``date`` a second, ids)
+    would stay for the connection's life (RFC 7541 4.2: an encoder may use less)."""
+
+    @property
+    def header_table_size(self) -> int:
+        return int(self.header_table.maxsize)
+
+    @header_table_size.setter
+    def header_table_size(self, value: int) -> None:
+        setter: Any = hpack.Encoder.header_table_size.fset   # type: ignore[attr-defined]
+        setter(self, min(value, ENCODER_TABLE))
+
+
 class Machine(h2.connection.H2Connection):
     """``h2``'s state machine, counting the DATA frames on closed streams: ``h2``
     answers each with RST_STREAM and gives its bytes back to the connection's window,
@@ -51,6 +76,10 @@ class Machine(h2.connection.H2Connection):
 
     closed_frames = 0
     closed_frames_allowed = 1000
+    # The streams h2 remembers as closed, and how (a late frame on one reset is answered
+    # RST_STREAM; forgotten, a DATA frame still is): h2 keeps 65,536, ~7.5 MB a
+    # connection that asked that many; 10 times the streams running at once is plenty.
+    MAX_CLOSED_STREAMS = 1000
 
     @property
     def open_inbound_streams(self) -> int:
@@ -71,7 +100,20 @@ class Machine(h2.connection.H2Connection):
             codes.MAX_HEADER_LIST_SIZE: limits.max_header_list,
             codes.ENABLE_PUSH: 0})
         machine.decoder.max_header_list_size = limits.max_header_list   # before any ACK
+        machine.encoder = _Encoder()
         return machine
+
+    def _receive_goaway_frame(self, frame: Any) -> Any:
+        """A client's GOAWAY with NO_ERROR opens no more streams (RFC 9113 6.8); those
+        in flight go on: the state machine stays open (``h2`` would close it, then
+        refuse every frame to those streams and every PING), with the event given."""
+        if frame.error_code:
+            return super()._receive_goaway_frame(frame)
+        event = h2.events.ConnectionTerminated()
+        event.error_code = h2.errors.ErrorCodes.NO_ERROR
+        event.last_stream_id = frame.last_stream_id
+        event.additional_data = frame.additional_data or None
+        return [], [event]
 
     def _handle_data_on_closed_stream(self, events: Any, exc: Any, frame: Any) -> Any:
         self.closed_frames += 1
@@ -80,9 +122,30 @@ class Machine(h2.connection.H2Connection):
         return super()._handle_data_on_closed_stream(events, exc, frame)
 
 
+class Stream:
+    """One stream's state as ``http2.Http2Connection`` keeps it, while its app runs."""
+
+    __slots__ = ("answered", "body", "body_done", "bodiless", "ended", "gone", "head", "id",
+                 "stalled", "started", "wake", "window")
+
+    def __init__(self, stream_id: int, bodiless: bool = False) -> None:
+        self.id = stream_id
+        self.bodiless = bodiless   # HEAD: the app's body is not sent (RFC 9110 9.3.2)
+        self.body: deque[tuple[bytes, int]] = deque()   # (data, flow-controlled length)
+        self.ended = False       # END_STREAM received
+        self.body_done = False   # the app was given the body's end
+        self.gone = False        # reset by the client, or the connection lost
+        self.head: tuple[int, list[tuple[bytes, bytes]]] | None = None   # held until a body
+        self.started = False     # HEADERS sent
+        self.answered = False    # END_STREAM sent
+        self.wake: asyncio.Future[None] | None = None     # a receive waiting for data
+        self.window: asyncio.Future[None] | None = None   # a send waiting for a window
+        self.stalled: float | None = None   # since when a send waits with no byte sent
+
+
 def starts_http2(data: bytes) -> bool:
     """Whether a connection's first bytes are (the start of) the HTTP/2 preface."""
     return PREFACE.startswith(data[:len(PREFACE)])
 
 
-__all__ = ["CALM", "PREFACE", "Calm", "Http2Limits", "Machine", "starts_http2"]
+__all__ = ["CALM", "PREFACE", "Calm", "Http2Limits", "Machine", "Stream", "starts_http2"]

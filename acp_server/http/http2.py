@@ -14,9 +14,12 @@ transport. HTTP/1.1 connections never pass through here.
 Contracts (``Http2Limits`` sets the numbers):
 
 * A stream is one ASGI ``http`` exchange (``http_version`` ``"2"``); ``:authority``
-  becomes ``host``; a request that also carries a ``host`` that differs is never
-  served (``h2``'s connection error), one with two ``host`` fields is answered 400. Connection-specific response headers (``connection``,
-  ``keep-alive``, ``transfer-encoding``, ``upgrade``) are dropped, as RFC 9113 requires.
+  becomes ``host``; a request that also carries a ``host`` that differs, or two
+  ``host`` fields, is never served (``h2``'s connection error); one with no ``:path``,
+  a CONNECT or a path not ASCII is answered 400 (RST_STREAM PROTOCOL_ERROR when the
+  client's windows cannot take it). Connection-specific response headers (``connection``,
+  ``keep-alive``, ``transfer-encoding``, ``upgrade``) are dropped, as RFC 9113 requires;
+  so is the body of an answer to HEAD (its HEADERS end the stream, as HTTP/1.1 sends none).
 * Flow control both ways: a request body is acknowledged (WINDOW_UPDATE) only as the
   app reads it, so what is buffered per connection is bounded by its windows; a
   response waits for the client's windows and for the transport's write buffer (a
@@ -27,22 +30,26 @@ Contracts (``Http2Limits`` sets the numbers):
   ``SETTINGS_MAX_CONCURRENT_STREAMS``; a stream the client reset counts until its app
   returns); more are refused (``REFUSED_STREAM``).
 * Floods end the connection with GOAWAY ``ENHANCE_YOUR_CALM``: more than
-  ``max_resets`` streams reset by the client before their answer, beyond the streams
-  answered (CVE-2023-44487), more than ``max_empty_frames`` empty DATA frames
-  without END_STREAM (CVE-2019-9518), DATA floods on closed streams
-  (``h2_machine``), or PING, SETTINGS, PRIORITY and unknown frames past
-  ``control_rate`` a second beyond a burst of ``control_burst`` (each answered at no
-  cost to its sender). Malformed frames, HPACK bombs and CONTINUATION floods are ``h2``'s
+  ``max_resets`` streams reset by the client before their answer began, beyond the
+  streams answered (CVE-2023-44487; an event stream the client closes is not one),
+  more than ``max_empty_frames`` empty DATA frames without END_STREAM
+  (CVE-2019-9518), DATA floods on closed streams (``h2_machine``), or PING, SETTINGS,
+  PRIORITY and unknown frames past ``control_rate`` a second beyond a burst of
+  ``control_burst`` (each answered at no cost to its sender). Malformed frames, HPACK
+  bombs and CONTINUATION floods are ``h2``'s
   connection errors (GOAWAY with its code).
 * A connection with no stream for ``idle_s`` (the header timeout) is sent GOAWAY and
   closed (counted in ``stats["header_timeouts"]``): a preface then silence, a control
   flood, a header block that never ends. One with streams is sent a PING once nothing
   came from its client for ``idle_s``, and closed when nothing came for as long again
-  (a client gone silent, a window never given). Closed with bytes still queued for the
+  (a client gone silent). A stream whose answer waited ``idle_s`` for a window with no
+  byte sent is reset (CANCEL), its request no longer in flight (a stall, not a
+  trickle: any byte sent starts the wait again). Closed with bytes still queued for the
   client, the connection is reset (``SO_LINGER`` 0): no orphan socket keeps them.
 * ``shutdown`` (uvicorn's graceful stop) sends GOAWAY with the last stream taken; the
   streams in flight finish, later ones are refused, and the connection closes when
-  none is left.
+  none is left. A client's GOAWAY with NO_ERROR is the same from its side (its streams
+  in flight are answered); with an error code the connection is closed at once.
 """
 
 from __future__ import annotations
@@ -54,7 +61,6 @@ import logging
 import socket
 import struct
 import termios
-from collections import deque
 from functools import partial
 from typing import Any
 from urllib.parse import unquote
@@ -65,7 +71,7 @@ import h2.exceptions
 from hyperframe.frame import GoAwayFrame
 from uvicorn.protocols.utils import get_local_addr, get_remote_addr, is_ssl
 
-from acp_server.http.h2_machine import CALM, PREFACE, Http2Limits, Machine, starts_http2
+from acp_server.http.h2_machine import CALM, PREFACE, Http2Limits, Machine, Stream, starts_http2
 
 log = logging.getLogger("acp_server.http")
 
@@ -76,6 +82,7 @@ _CONTROL = (h2.events.PingReceived, h2.events.RemoteSettingsChanged,
             h2.events.PriorityUpdated, h2.events.UnknownFrameReceived)
 _LINGER_0 = struct.pack("ii", 1, 0)
 _BAD_REQUEST = b'{"error":"Bad request.","code":"bad_request"}'
+_INTERNAL_ERROR = b'{"error":"Internal server error.","code":"internal_error"}'
 
 
 def unsent(transport: Any) -> int:
@@ -88,23 +95,6 @@ def unsent(transport: Any) -> int:
             size += struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ,
                                                    b"\0\0\0\0"))[0]
     return size
-
-
-class _Stream:
-    __slots__ = ("answered", "body", "body_done", "ended", "gone", "head", "id", "started",
-                 "wake", "window")
-
-    def __init__(self, stream_id: int) -> None:
-        self.id = stream_id
-        self.body: deque[tuple[bytes, int]] = deque()   # (data, flow-controlled length)
-        self.ended = False       # END_STREAM received
-        self.body_done = False   # the app was given the body's end
-        self.gone = False        # reset by the client, or the connection lost
-        self.head: tuple[int, list[tuple[bytes, bytes]]] | None = None   # held until a body
-        self.started = False     # HEADERS sent
-        self.answered = False    # END_STREAM sent
-        self.wake: asyncio.Future[None] | None = None     # a receive waiting for data
-        self.window: asyncio.Future[None] | None = None   # a send waiting for a window
 
 
 class Http2Connection(asyncio.Protocol):
@@ -138,7 +128,7 @@ class Http2Connection(asyncio.Protocol):
         self.limits = limits
         self.stats = stats
         self.conn = Machine.for_server(limits)
-        self.streams: dict[int, _Stream] = {}
+        self.streams: dict[int, Stream] = {}
         self.transport: Any = None
         self.lost = False
         self.closing = False        # GOAWAY sent: no new stream is taken
@@ -149,7 +139,7 @@ class Http2Connection(asyncio.Protocol):
         self.idle_since: float | None = None   # when its last stream ended (or it began)
         self.last_read = 0.0                   # when a frame last came
         self.pinged = False                    # a keep-alive PING unanswered since
-        self.resets = 0             # streams reset by the client before their answer
+        self.resets = 0             # streams reset by the client before their answer began
         self.answered = 0
         self.empty_frames = 0
         self.control_tokens = float(limits.control_burst)   # the control frames' bucket
@@ -173,6 +163,10 @@ class Http2Connection(asyncio.Protocol):
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
+        self._drop_streams()
+
+    def _drop_streams(self) -> None:
+        """Nothing more will be sent: every stream's ``receive`` and ``send`` told."""
         for stream in self.streams.values():
             stream.gone = True
             self._wake(stream)
@@ -230,7 +224,10 @@ class Http2Connection(asyncio.Protocol):
                                filter(None, (self.streams.get(sid),))):
                     self._resolve_window(stream)
             elif kind is h2.events.ConnectionTerminated:
-                self.closing = True
+                if event.error_code:   # the client's connection error: nothing more to say
+                    self._end()
+                    return
+                self.closing = True   # NO_ERROR: its streams in flight finish (h2_machine)
                 self.last_taken = self.conn.highest_inbound_stream_id
                 if not self.streams:
                     self._flush()
@@ -252,13 +249,13 @@ class Http2Connection(asyncio.Protocol):
             self.conn.reset_stream(sid, h2.errors.ErrorCodes.REFUSED_STREAM)
             return
         scope = self._scope(event.headers)
-        if scope is None:
-            self.conn.send_headers(sid, [(b":status", b"400"),
-                                         (b"content-type", b"application/json"),
-                                         (b"content-length", str(len(_BAD_REQUEST)).encode())])
-            self.conn.send_data(sid, _BAD_REQUEST, end_stream=True)
+        if scope is None:   # malformed: a stream error (RFC 9113 8.1.1), 400 if it fits
+            if not self._answer(sid, b"400", _BAD_REQUEST):
+                self.conn.reset_stream(sid, h2.errors.ErrorCodes.PROTOCOL_ERROR)
+            elif not event.stream_ended:   # its body still coming: not held open in h2
+                self.conn.reset_stream(sid, h2.errors.ErrorCodes.NO_ERROR)
             return
-        stream = _Stream(sid)
+        stream = Stream(sid, bodiless=scope["method"] == "HEAD")
         stream.ended = bool(event.stream_ended)
         self.streams[sid] = stream
         self.idle_since = None
@@ -322,10 +319,30 @@ class Http2Connection(asyncio.Protocol):
         stream.gone = True
         self._wake(stream)
         self._resolve_window(stream)
-        if event.remote_reset and not stream.answered:
+        if event.remote_reset and not stream.started:   # work its client never waited for
             self.resets += 1
             if self.resets > self.limits.max_resets + self.answered:
-                self._calm("streams reset before their answer")
+                self._calm("streams reset before their answer began")
+
+    def _answer(self, sid: int, status: bytes, body: bytes) -> bool:
+        """A small JSON answer sent whole, when the client's windows take its body now
+        (else False: nothing sent, the caller resets the stream)."""
+        if self.conn.local_flow_control_window(sid) < len(body):
+            return False
+        self.conn.send_headers(sid, [(b":status", status), (b"content-type", b"application/json"),
+                                     (b"content-length", str(len(body)).encode())])
+        self.conn.send_data(sid, body, end_stream=True)
+        return True
+
+    def _gone(self, stream: Stream,
+              code: h2.errors.ErrorCodes = h2.errors.ErrorCodes.INTERNAL_ERROR) -> None:
+        """A stream that can send no more (``h2`` refused a frame, its window stayed
+        shut): reset, and its ``receive`` told (``http.disconnect``)."""
+        stream.gone = True
+        with contextlib.suppress(h2.exceptions.ProtocolError):
+            self.conn.reset_stream(stream.id, code)
+        self._flush()
+        self._wake(stream)
 
     def _control(self) -> bool:
         """One PING, SETTINGS, PRIORITY or unknown frame, taken from its bucket: h2
@@ -349,9 +366,10 @@ class Http2Connection(asyncio.Protocol):
     def _end(self) -> None:
         self._flush()
         self.transport.close()
+        self._drop_streams()
 
     # -- one stream's ASGI exchange -------------------------------------------------------
-    async def _run(self, stream: _Stream, scope: dict[str, Any]) -> None:
+    async def _run(self, stream: Stream, scope: dict[str, Any]) -> None:
         try:
             await self.app(scope, partial(self._receive, stream), partial(self._send, stream))
         except BaseException as exc:
@@ -367,26 +385,20 @@ class Http2Connection(asyncio.Protocol):
         finally:
             self._done(stream)
 
-    def _abandon(self, stream: _Stream) -> None:
+    def _abandon(self, stream: Stream) -> None:
         """A stream whose app failed: 500 when nothing was sent, else reset."""
         if stream.answered or stream.gone or self.lost:
             return
         try:
-            if not stream.started:
-                body = b'{"error":"Internal server error.","code":"internal_error"}'
-                self.conn.send_headers(stream.id, [(b":status", b"500"),
-                                                   (b"content-type", b"application/json"),
-                                                   (b"content-length", str(len(body)).encode())])
-                self.conn.send_data(stream.id, body, end_stream=True)
+            if not stream.started and self._answer(stream.id, b"500", _INTERNAL_ERROR):
                 stream.answered = True
-            else:
-                self.conn.reset_stream(stream.id, h2.errors.ErrorCodes.INTERNAL_ERROR)
-                stream.gone = True
+                self._flush()
+                return
         except h2.exceptions.ProtocolError:   # the stream closed meanwhile
-            stream.gone = True
-        self._flush()
+            pass
+        self._gone(stream)   # begun, or its windows shut: reset
 
-    def _done(self, stream: _Stream) -> None:
+    def _done(self, stream: Stream) -> None:
         self.streams.pop(stream.id, None)
         if self.lost:
             return
@@ -411,7 +423,7 @@ class Http2Connection(asyncio.Protocol):
             else:
                 self.idle_since = self.loop.time()
 
-    async def _receive(self, stream: _Stream) -> dict[str, Any]:
+    async def _receive(self, stream: Stream) -> dict[str, Any]:
         while True:
             if stream.body:
                 data, flow = stream.body.popleft()
@@ -437,7 +449,7 @@ class Http2Connection(asyncio.Protocol):
             finally:
                 stream.wake = None
 
-    async def _send(self, stream: _Stream, message: dict[str, Any]) -> None:
+    async def _send(self, stream: Stream, message: dict[str, Any]) -> None:
         kind = message["type"]
         if kind == "http.response.start":
             if stream.head is not None:
@@ -450,7 +462,7 @@ class Http2Connection(asyncio.Protocol):
             raise RuntimeError("http.response.body before http.response.start")
         if stream.answered or stream.gone or self.lost:
             return
-        body = bytes(message.get("body", b""))
+        body = b"" if stream.bodiless else bytes(message.get("body", b""))
         end = not message.get("more_body", False)
         if not stream.started:
             stream.started = True
@@ -461,16 +473,16 @@ class Http2Connection(asyncio.Protocol):
                      if name.lower() not in _DROPPED]
             try:
                 self.conn.send_headers(stream.id, head, end_stream=end and not body)
-            except h2.exceptions.ProtocolError:
-                stream.gone = True
-                return
+            except h2.exceptions.ProtocolError as exc:   # a field h2 refuses (as HTTP/1.1)
+                self._gone(stream)
+                raise RuntimeError(f"HTTP/2 response head refused: {exc}") from exc
             if end and not body:
                 stream.answered = True
                 self._flush()
                 return
         await self._send_data(stream, body, end)
 
-    async def _send_data(self, stream: _Stream, body: bytes, end: bool) -> None:
+    async def _send_data(self, stream: Stream, body: bytes, end: bool) -> None:
         offset, size = 0, len(body)
         while True:
             if stream.gone or self.lost:
@@ -484,14 +496,17 @@ class Http2Connection(asyncio.Protocol):
                              self.conn.max_outbound_frame_size, left)
                 if left and window <= 0:
                     self._flush()
-                    await self._window(stream)
+                    if not await self._window(stream):   # shut for the header timeout
+                        self._gone(stream, h2.errors.ErrorCodes.CANCEL)
+                        return
                     continue
                 chunk = body[offset:offset + window] if offset or window < size else body
                 offset += window
                 last = end and offset == size
                 self.conn.send_data(stream.id, chunk, end_stream=last)
+                stream.stalled = None
             except h2.exceptions.ProtocolError:   # reset meanwhile
-                stream.gone = True
+                self._gone(stream)
                 return
             if last:
                 stream.answered = True
@@ -500,12 +515,26 @@ class Http2Connection(asyncio.Protocol):
                 return
 
     # -- waiting ---------------------------------------------------------------------------
-    async def _window(self, stream: _Stream) -> None:
+    async def _window(self, stream: Stream) -> bool:
+        """Until the stream's window may have opened; False once ``idle_s`` passed since
+        it began waiting with no byte sent (a window moved by a WINDOW_UPDATE elsewhere,
+        or of 0, does not count): then its request is not held in flight for ever."""
+        now = self.loop.time()
+        if stream.stalled is None:
+            stream.stalled = now
+        delay = stream.stalled + self.limits.idle_s - now
+        if delay <= 0:
+            log.debug("HTTP/2 stream %d of %s reset: its window stayed shut", stream.id,
+                      self.client)
+            return False
         stream.window = self.loop.create_future()
+        timer = self.loop.call_later(delay, self._resolve_window, stream)
         try:
             await stream.window
         finally:
+            timer.cancel()
             stream.window = None
+        return True
 
     async def _drain(self) -> None:
         waiter = self.loop.create_future()
@@ -517,12 +546,12 @@ class Http2Connection(asyncio.Protocol):
                 self.drains.remove(waiter)
 
     @staticmethod
-    def _wake(stream: _Stream) -> None:
+    def _wake(stream: Stream) -> None:
         if stream.wake is not None and not stream.wake.done():
             stream.wake.set_result(None)
 
     @staticmethod
-    def _resolve_window(stream: _Stream) -> None:
+    def _resolve_window(stream: Stream) -> None:
         if stream.window is not None and not stream.window.done():
             stream.window.set_result(None)
 
@@ -558,7 +587,11 @@ class Http2Connection(asyncio.Protocol):
                     self._quiet("a PING unanswered")
                     return
                 self.pinged = True
-                self.conn.ping(b"\0keepalv")
+                try:
+                    self.conn.ping(b"\0keepalv")
+                except h2.exceptions.ProtocolError:   # h2 can send nothing more
+                    self._quiet("closed by h2")
+                    return
                 self._flush()
                 due = now + idle_s
         self.timer = self.loop.call_at(due, self._tick)
