@@ -13,7 +13,8 @@ its state, and then refuse every frame to them and every PING); and more than 1,
 DATA frames on closed streams (4 more per stream answered) end the connection with
 ``ENHANCE_YOUR_CALM`` (``h2`` answers each with RST_STREAM and gives its bytes back to
 the connection window, so flow control never ends such a flood). ``Stream`` is what
-the connection keeps of one stream while its app runs.
+the connection keeps of one stream while its app runs; ``request_scope`` makes a
+request's header block its ASGI scope.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import asyncio
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 import h2.config
 import h2.connection
@@ -31,6 +33,7 @@ import h2.exceptions
 import h2.settings
 import hpack
 
+_ASGI = {"version": "3.0", "spec_version": "2.3"}
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 CALM = h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
 ENCODER_TABLE = 4096   # bytes of HPACK dynamic table for the answers, whatever a client allows
@@ -148,4 +151,43 @@ def starts_http2(data: bytes) -> bool:
     return PREFACE.startswith(data[:len(PREFACE)])
 
 
-__all__ = ["CALM", "PREFACE", "Calm", "Http2Limits", "Machine", "Stream", "starts_http2"]
+def request_scope(fields: list[tuple[bytes, bytes]], server: Any, client: Any, scheme: str,
+                  app_state: dict[str, Any]) -> dict[str, Any] | None:
+    """A request's header block (h2's validated fields) as an ASGI ``http`` scope;
+    None for one that cannot be served (no method or path, CONNECT, two ``host``
+    fields, a path or method not ASCII): answered 400."""
+    method = path = authority = host = None
+    headers = []
+    for name, value in fields:
+        if name[:1] == b":":
+            if name == b":method":
+                method = value
+            elif name == b":path":
+                path = value
+            elif name == b":authority":
+                authority = value
+            continue
+        if name == b"host":
+            if host is not None:
+                return None
+            host = value
+        headers.append((name, value))
+    if method is None or not path or method == b"CONNECT":
+        return None
+    if authority is not None and host is None:   # (both, and differing: h2 refused it)
+        headers.append((b"host", authority))
+    raw_path, _, query = path.partition(b"?")
+    try:
+        text = raw_path.decode("ascii")
+        decoded_method = method.decode("ascii")
+    except UnicodeDecodeError:
+        return None
+    return {"type": "http", "asgi": _ASGI, "http_version": "2",
+            "server": server, "client": client, "scheme": scheme,
+            "method": decoded_method, "root_path": "",
+            "path": unquote(text) if "%" in text else text, "raw_path": raw_path,
+            "query_string": query, "headers": headers, "state": app_state.copy()}
+
+
+__all__ = ["CALM", "PREFACE", "Calm", "Http2Limits", "Machine", "Stream", "request_scope",
+           "starts_http2"]

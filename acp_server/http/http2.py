@@ -63,7 +63,6 @@ import struct
 import termios
 from functools import partial
 from typing import Any
-from urllib.parse import unquote
 
 import h2.errors
 import h2.events
@@ -71,13 +70,13 @@ import h2.exceptions
 from hyperframe.frame import GoAwayFrame
 from uvicorn.protocols.utils import get_local_addr, get_remote_addr, is_ssl
 
-from acp_server.http.h2_machine import CALM, PREFACE, Http2Limits, Machine, Stream, starts_http2
+from acp_server.http.h2_machine import request_scope, CALM, PREFACE, Http2Limits, Machine, Stream, starts_http2
 
 log = logging.getLogger("acp_server.http")
 
 _DROPPED = frozenset({b"connection", b"keep-alive", b"proxy-connection",
                       b"transfer-encoding", b"upgrade"})
-_ASGI = {"version": "3.0", "spec_version": "2.3"}
+LINGER_S = 1.0   # how long an ended connection is read (and dropped) before its close
 _CONTROL = (h2.events.PingReceived, h2.events.RemoteSettingsChanged,
             h2.events.PriorityUpdated, h2.events.UnknownFrameReceived)
 _LINGER_0 = struct.pack("ii", 1, 0)
@@ -131,6 +130,7 @@ class Http2Connection(asyncio.Protocol):
         self.streams: dict[int, Stream] = {}
         self.transport: Any = None
         self.lost = False
+        self.lingering = False      # ended: the write side shut, reads dropped (``_end``)
         self.closing = False        # GOAWAY sent: no new stream is taken
         self.last_taken = 0         # the GOAWAY's last stream id, once closing
         self.write_paused = False
@@ -195,6 +195,8 @@ class Http2Connection(asyncio.Protocol):
             self.transport.close()
 
     def data_received(self, data: bytes) -> None:
+        if self.lingering:   # ended: read and dropped until closed
+            return
         self.last_read = self.loop.time()
         self.pinged = False
         try:
@@ -248,7 +250,8 @@ class Http2Connection(asyncio.Protocol):
         if self.closing and sid > self.last_taken or len(self.streams) >= self.limits.max_streams:
             self.conn.reset_stream(sid, h2.errors.ErrorCodes.REFUSED_STREAM)
             return
-        scope = self._scope(event.headers)
+        scope = request_scope(event.headers, self.server, self.client, self.scheme,
+                              self.app_state)
         if scope is None:   # malformed: a stream error (RFC 9113 8.1.1), 400 if it fits
             if not self._answer(sid, b"400", _BAD_REQUEST):
                 self.conn.reset_stream(sid, h2.errors.ErrorCodes.PROTOCOL_ERROR)
@@ -263,39 +266,6 @@ class Http2Connection(asyncio.Protocol):
         tasks = self.server_state.tasks
         tasks.add(task)
         task.add_done_callback(tasks.discard)
-
-    def _scope(self, fields: list[tuple[bytes, bytes]]) -> dict[str, Any] | None:
-        method = path = authority = host = None
-        headers = []
-        for name, value in fields:
-            if name[:1] == b":":
-                if name == b":method":
-                    method = value
-                elif name == b":path":
-                    path = value
-                elif name == b":authority":
-                    authority = value
-                continue
-            if name == b"host":
-                if host is not None:
-                    return None
-                host = value
-            headers.append((name, value))
-        if method is None or not path or method == b"CONNECT":
-            return None
-        if authority is not None and host is None:   # (both, and differing: h2 refused it)
-            headers.append((b"host", authority))
-        raw_path, _, query = path.partition(b"?")
-        try:
-            text = raw_path.decode("ascii")
-            decoded_method = method.decode("ascii")
-        except UnicodeDecodeError:
-            return None
-        return {"type": "http", "asgi": _ASGI, "http_version": "2",
-                "server": self.server, "client": self.client, "scheme": self.scheme,
-                "method": decoded_method, "root_path": "",
-                "path": unquote(text) if "%" in text else text, "raw_path": raw_path,
-                "query_string": query, "headers": headers, "state": self.app_state.copy()}
 
     def _data(self, event: Any) -> None:
         stream = self.streams.get(event.stream_id)
@@ -364,9 +334,21 @@ class Http2Connection(asyncio.Protocol):
         self._end()
 
     def _end(self) -> None:
+        """Closed after what h2 queued (its GOAWAY): the write side at once, the
+        connection after ``LINGER_S`` of reading and dropping what the client still
+        sends (closed at once with bytes unread, the kernel would reset the connection,
+        and the client could lose the GOAWAY that says why)."""
         self._flush()
-        self.transport.close()
         self._drop_streams()
+        transport = self.transport
+        if self.lingering or transport.is_closing():
+            return
+        self.lingering = True
+        if not transport.can_write_eof():   # TLS: no half-close
+            transport.close()
+            return
+        transport.write_eof()
+        self.loop.call_later(LINGER_S, transport.close)
 
     # -- one stream's ASGI exchange -------------------------------------------------------
     async def _run(self, stream: Stream, scope: dict[str, Any]) -> None:

@@ -233,6 +233,10 @@ def test_a_reader_that_stopped_reading_loses_its_connection(tmp_path: Path,
         try:
             client_port = sock.getsockname()[1]
             deadline = time.monotonic() + BOUND_S
+            while client.get("/daemon/status").json()["runtime"]["transport"][
+                    "restSseActive"] < 1:   # subscribed before the turn: its chunks reach it
+                assert time.monotonic() < deadline, "the event stream never opened"
+                time.sleep(0.02)
             posted = client.post(f"/session/{sid}/prompt", json={"prompt": [
                 {"type": "text", "text": "/chunks 3000 " + "y" * 3000}]})
             assert posted.status_code == 202, posted.text
