@@ -42,6 +42,13 @@ async def answered(raw: RawH2, streams: set[int]) -> None:
             await raw.changed.wait()
 
 
+async def open_events(raw: RawH2, port: int, sid: str, stream_id: int = 1) -> None:
+    """The session's event stream on ``stream_id``, waited on until answered."""
+    await raw.send(headers(stream_id, raw.block(request_head(
+        port, f"/session/{sid}/events")), end_stream=True))
+    await answered(raw, {stream_id})
+
+
 async def test_an_authority_and_a_host_that_differ_are_never_served(
         daemon: ServeProcess) -> None:
     """The same value in both is served; a ``host`` that differs from ``:authority``
@@ -99,9 +106,7 @@ async def test_a_graceful_stop_answers_the_stream_in_flight(tmp_path: Path) -> N
         async with anyio.create_task_group() as tg:
             raw = await RawH2.connect(daemon.port, tg, answer_pings=True)
             async with raw:
-                await raw.send(headers(1, raw.block(request_head(
-                    daemon.port, f"/session/{sid}/events")), end_stream=True))
-                await answered(raw, {1})
+                await open_events(raw, daemon.port, sid)
                 assert daemon.process is not None
                 daemon.process.send_signal(signal.SIGTERM)
                 with anyio.fail_after(BOUND_S):
@@ -193,9 +198,7 @@ async def test_a_client_goaway_lets_its_streams_in_flight_finish(tmp_path: Path)
         async with anyio.create_task_group() as tg:
             raw = await RawH2.connect(daemon.port, tg)
             async with raw:
-                await raw.send(headers(1, raw.block(request_head(
-                    daemon.port, f"/session/{sid}/events")), end_stream=True))
-                await answered(raw, {1})
+                await open_events(raw, daemon.port, sid)
                 with anyio.fail_after(BOUND_S):
                     while raw.got.data_bytes == 0:
                         await raw.changed.wait()
@@ -224,9 +227,7 @@ async def test_a_client_goaway_with_an_error_closes_the_connection(
     async with anyio.create_task_group() as tg:
         raw = await RawH2.connect(daemon.port, tg, answer_pings=True)
         async with raw:
-            await raw.send(headers(1, raw.block(request_head(
-                daemon.port, f"/session/{sid}/events")), end_stream=True))
-            await answered(raw, {1})
+            await open_events(raw, daemon.port, sid)
             await raw.send(frame(GOAWAY, 0, 0, struct.pack(">II", 1, PROTOCOL_ERROR)))
             with anyio.fail_after(BOUND_S):
                 while not raw.got.closed:
@@ -264,9 +265,7 @@ async def test_event_streams_closed_by_their_client_are_not_a_reset_flood(
         raw = await RawH2.connect(daemon.port, tg)
         async with raw:
             for n in range(120):
-                await raw.send(headers(2 * n + 1, raw.block(request_head(
-                    daemon.port, f"/session/{sid}/events")), end_stream=True))
-                await answered(raw, {2 * n + 1})
+                await open_events(raw, daemon.port, sid, 2 * n + 1)
                 await raw.send(rst_stream(2 * n + 1))
             await raw.send(headers(1001, raw.block(request_head(daemon.port, "/health")),
                                    end_stream=True))
