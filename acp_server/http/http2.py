@@ -185,7 +185,7 @@ class Http2Connection(asyncio.Protocol):
 
     def shutdown(self) -> None:
         """uvicorn's graceful stop: GOAWAY, the streams in flight finish, then closed."""
-        if self.closing or self.lost:
+        if self.closing or self.lost or self.lingering or self.transport.is_closing():
             return
         self.closing = True
         self.last_taken = self.conn.highest_inbound_stream_id
@@ -240,7 +240,7 @@ class Http2Connection(asyncio.Protocol):
                 if stream is not None:
                     stream.ended = True
                     self._wake(stream)
-            if self.lost or self.transport.is_closing():
+            if self.lost or self.lingering or self.transport.is_closing():
                 return
         self._flush()
 
@@ -546,7 +546,7 @@ class Http2Connection(asyncio.Protocol):
 
     def _flush(self) -> None:
         data = self.conn.data_to_send()
-        if data and not self.lost:
+        if data and not self.lost and not self.lingering:   # (past write_eof: dropped)
             self.transport.write(data)
 
     def _tick(self) -> None:
