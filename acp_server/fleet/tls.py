@@ -23,8 +23,10 @@ Contracts:
   exception or one it was raised from says the handshake failed: the peer's
   certificate not trusted here or not naming its host (``SSLCertVerificationError``),
   the peer refusing this one's by a handshake alert (``REFUSALS``), a peer that does
-  not speak TLS; ``None`` for any other failure (an ``SSLEOFError`` too: a peer that
-  stopped, perhaps after it read the request). A peer that refuses the handshake
+  not speak TLS, a peer that closed the handshake itself (an ``SSLEOFError`` while
+  connecting: asyncio's TLS, uvicorn's, refuses a client certificate without an alert);
+  ``None`` for any other failure (an ``SSLEOFError`` after the connection was made too:
+  a peer that stopped, perhaps after it read the request). A peer that refuses the handshake
   never reads the request, whatever was written before its alert arrived (in TLS 1.3
   a client may write before the server has checked its certificate).
 * ``client_auth_allowed``: whether the first certificate of a PEM file may be
@@ -37,6 +39,7 @@ from __future__ import annotations
 import ssl
 
 import certifi
+import httpx
 
 EKU_OID = bytes.fromhex("551d25")                   # 2.5.29.37
 CLIENT_AUTH = bytes.fromhex("2b06010505070302")     # 1.3.6.1.5.5.7.3.2
@@ -80,6 +83,12 @@ def tls_failure(exc: BaseException) -> str | None:
                         f"extended key usage lacks clientAuth), or none was presented")
             if reason == "WRONG_VERSION_NUMBER":
                 return "the owner does not speak TLS at its advertised URL"
+            if isinstance(current, ssl.SSLEOFError) and isinstance(exc, httpx.ConnectError):
+                return ("the owner closed the TLS handshake without an alert: its "
+                        "--tls-client-ca may not accept this instance's --tls-cert (another "
+                        "CA signed it, or its extended key usage lacks clientAuth; uvicorn, "
+                        "the default server, refuses a client certificate so), or it was at "
+                        "its connection cap")
             return None   # an EOF, say: an owner that stopped, maybe after the request
         current = current.__cause__ or current.__context__
     return None
