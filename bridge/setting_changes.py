@@ -31,8 +31,8 @@ Contracts:
   the bus's like any other: journaled, replayed.
 * The agent's refusal of a setter (its JSON-RPC error) is bounded as every agent
   error is, where its connection makes it (``bridge.wire.agent_error``: the message cut
-  at ``MAX_ERROR`` characters, a ``data`` over ``MAX_ERROR_DATA`` bytes of JSON
-  replaced by a marker): an agent does not make every setter answer megabytes.
+  at ``MAX_AGENT_MESSAGE`` characters, a ``data`` over ``MAX_AGENT_DATA`` bytes of
+  JSON replaced by a marker): an agent does not make every setter answer megabytes.
 """
 
 from __future__ import annotations
@@ -41,13 +41,11 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from bridge import events as ev
-from bridge.wire import MAX_AGENT_DATA, MAX_AGENT_MESSAGE
+from bridge.wire import MAX_AGENT_MESSAGE
 
 if TYPE_CHECKING:
     from bridge.session import Session
 
-MAX_ERROR = MAX_AGENT_MESSAGE   # characters of the agent's message (model_switch_failed)
-MAX_ERROR_DATA = MAX_AGENT_DATA   # bytes of a refusal's data, JSON-encoded
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -110,8 +108,7 @@ def announce_failure(session: Session, change: SettingChange, error: BaseExcepti
                      client_id: str | None) -> None:
     """qwen's event for a model the agent refused or did not answer."""
     if change.kind == "model" and isinstance(change.new, str):
-        message = str(getattr(error, "message", None) or error)[:MAX_ERROR] or "Refused"
+        message = str(getattr(error, "message", None) or error)[:MAX_AGENT_MESSAGE] or "Refused"
         session.bus.publish(ev.MODEL_SWITCH_FAILED, ev.ModelSwitchFailed(
             session_id=session.session_id, requested_model_id=change.new, error=message),
             **_envelope(session, client_id))
-

@@ -171,7 +171,8 @@ def guarded_protocol(*, header_timeout_s: float, max_connections: int,
     or whose TLS handshake chose ``h2``, is handed to ``http2.Http2Connection``."""
     take_over: Any = None
     if http2 is not None:
-        from acp_server.http.http2 import PREFACE, Http2Connection
+        from acp_server.http.h2_machine import PREFACE, starts_http2
+        from acp_server.http.http2 import Http2Connection
         take_over = Http2Connection.take_over
     counts = stats if stats is not None else GuardStats()
     parent: Any = base or _base_protocol()
@@ -221,7 +222,7 @@ def guarded_protocol(*, header_timeout_s: float, max_connections: int,
                 return
             if self._first:   # HTTP/2 by prior knowledge?
                 start = self._start + data
-                if PREFACE.startswith(start[:len(PREFACE)]):
+                if starts_http2(start):
                     if len(start) < len(PREFACE):   # the head's deadline still runs
                         self._start = start
                         return

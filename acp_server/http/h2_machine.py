@@ -53,7 +53,7 @@ class Http2Limits:
 class Calm(h2.exceptions.ProtocolError):
     """A flood ``h2`` itself would keep answering: a connection error of ours."""
 
-    error_code = h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+    error_code = CALM
 
 
 class _Encoder(hpack.Encoder):

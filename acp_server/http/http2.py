@@ -70,7 +70,15 @@ import h2.exceptions
 from hyperframe.frame import GoAwayFrame
 from uvicorn.protocols.utils import get_local_addr, get_remote_addr, is_ssl
 
-from acp_server.http.h2_machine import request_scope, CALM, PREFACE, Http2Limits, Machine, Stream, starts_http2
+from acp_server.http.h2_machine import (
+    CALM,
+    PREFACE,
+    Http2Limits,
+    Machine,
+    Stream,
+    request_scope,
+    starts_http2,
+)
 
 log = logging.getLogger("acp_server.http")
 

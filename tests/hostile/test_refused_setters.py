@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 import pytest
 
-from bridge.setting_changes import MAX_ERROR, MAX_ERROR_DATA
+from bridge.wire import MAX_AGENT_DATA, MAX_AGENT_MESSAGE
 from tests.acp_http.server import request, running_acp_server
 from tests.agents import fixture_command
 
@@ -45,7 +45,7 @@ async def test_rest_setters_answer_a_bounded_refusal(tmp_path: Path) -> None:
                 assert len(answer.content) < 4 * 1024, (route, len(answer.content))
                 refusal = answer.json()
                 assert refusal["code"] == "agent_refused"
-                assert refusal["error"] == "r" * MAX_ERROR
+                assert refusal["error"] == "r" * MAX_AGENT_MESSAGE
                 assert refusal["data"] == marker(BIG), route
 
 
@@ -67,12 +67,12 @@ async def test_acp_setters_answer_a_bounded_refusal(tmp_path: Path) -> None:
                         reply = await session_stream.wait_for_id(rpc_id)
                         error = reply["error"]
                         assert error["code"] == -32603
-                        assert error["message"] == "r" * MAX_ERROR
+                        assert error["message"] == "r" * MAX_AGENT_MESSAGE
                         assert error["data"] == marker(BIG), method
 
 
 async def test_a_refusals_small_data_passes_as_it_is(tmp_path: Path) -> None:
-    size = MAX_ERROR_DATA - BLOB_OVERHEAD   # exactly the cap, encoded
+    size = MAX_AGENT_DATA - BLOB_OVERHEAD   # exactly the cap, encoded
     with anyio.fail_after(60):
         async with running_acp_server(tmp_path, agent=refusing(size)) as srv:
             sid = (await srv.client.post("/session", json={})).json()["sessionId"]
