@@ -14,9 +14,11 @@ Contracts:
   (``acp_server.acp_http.errors``), and both name the fields as the peer does with
   ``bridge.wire.error_details``.
 * ``AgentError`` is an agent's own JSON-RPC error answer: ``rpc_code``, ``message`` and
-  ``data`` are what the agent sent (the bridge speaks JSON-RPC to its agents), bounded
-  where the agent connections make it (``bridge.wire.agent_error``: the message cut,
-  a big ``data`` replaced by a marker).
+  ``data`` are what the agent sent (the bridge speaks JSON-RPC to its agents),
+  bounded as it is made, whoever makes it (our agent connections, an embedder's own
+  ``AgentConnection``): the message cut at ``MAX_AGENT_MESSAGE`` characters, a ``data``
+  over ``MAX_AGENT_DATA`` bytes of JSON (or one that does not encode) replaced by the
+  marker ``{errorKind?, truncated: true, bytes}`` (``cut_agent_data``).
 * Errors the doors' callers (the LMSP runner, embedders) may want to wait out rather
   than fail on: ``SessionLimitExceededError`` (no session slot now: retry when one
   frees, ``Bridge.wait_for_session_slot``) and ``AgentRequestTimeoutError`` (an
@@ -34,6 +36,8 @@ from __future__ import annotations
 import errno
 import os
 from typing import Any
+
+import msgspec
 
 from bridge.loggable import loggable
 
@@ -211,18 +215,43 @@ class SessionClosedError(BridgeError):
         self.reason = reason
 
 
+MAX_KIND = 128   # characters of an agent's errorKind kept in a cut data's marker
+MAX_AGENT_MESSAGE = 1000   # characters of an agent error's message kept
+MAX_AGENT_DATA = 16_384   # bytes of an agent error's data, JSON-encoded, kept as it is
+
+
 class AgentError(BridgeError):
     """A JSON-RPC error answered by the agent: its integer ``rpc_code``, ``message``
-    and ``data``, as sent; an agent connection makes it bounded
-    (``bridge.wire.agent_error``)."""
+    and ``data``, as sent, bounded here (the module contracts): a hostile agent, or an
+    embedder's connection passing one on, never makes an answer megabytes."""
 
     code = "agent_error"
 
     def __init__(self, rpc_code: int, message: str, data: Any = None) -> None:
+        message = str(message)[:MAX_AGENT_MESSAGE]
+        if data is not None:
+            try:
+                size: int | None = len(msgspec.json.encode(data))
+            except (TypeError, ValueError, OverflowError):   # an in-process value
+                size = None
+            if size is None or size > MAX_AGENT_DATA:
+                data = cut_agent_data(data, size)
         super().__init__(message)
         self.rpc_code = rpc_code
         self.message = message
         self.data = data
+
+
+def cut_agent_data(data: Any, size: int | None) -> dict[str, Any]:
+    """What stands for an agent error's ``data`` too big to pass on (``size``: its
+    JSON-encoded bytes, ``None`` when it does not encode): ``{"truncated": true,
+    "bytes": size}``, with its ``errorKind`` when it had one of at most ``MAX_KIND``
+    characters, so a client that switches on it still can."""
+    marker: dict[str, Any] = {"truncated": True, "bytes": size}
+    kind = data.get("errorKind") if isinstance(data, dict) else None
+    if isinstance(kind, str) and len(kind) <= MAX_KIND:
+        marker = {"errorKind": kind, **marker}
+    return marker
 
 
 class AgentDiedError(BridgeError):

@@ -38,9 +38,9 @@ Contracts:
   ``MAX_AGENT_MESSAGE`` characters, its ``data`` as it is when it encodes to at most
   ``MAX_AGENT_DATA`` bytes of JSON, else the marker ``{errorKind?, truncated: true,
   bytes}`` (``cut_agent_data``; ``bytes`` is ``null`` for an in-process agent's value
-  that does not encode). The agent connections build their ``AgentError`` with it (the
-  stdio child's answer, the in-process agent's ``RequestError``), and so does a turn
-  whose failure quotes the agent: a hostile agent does not make answers megabytes.
+  that does not encode). ``AgentError`` bounds itself as it is made, so an embedder's
+  own connection's errors are bounded too: a hostile agent does not make answers
+  megabytes.
 """
 
 from __future__ import annotations
@@ -404,33 +404,14 @@ def agent_error_data(kind: str) -> dict[str, Any]:
     return {"errorKind": kind}
 
 
-MAX_KIND = 128   # characters of an agent's errorKind kept in a cut data's marker
-MAX_AGENT_MESSAGE = 1000   # characters of an agent error's message kept (``agent_error``)
-MAX_AGENT_DATA = 16_384   # bytes of an agent error's data, JSON-encoded, kept as it is
+MAX_KIND, MAX_AGENT_MESSAGE, MAX_AGENT_DATA = errors.MAX_KIND, errors.MAX_AGENT_MESSAGE, \
+    errors.MAX_AGENT_DATA
+cut_agent_data = errors.cut_agent_data
 
 
 def agent_error(rpc_code: int, message: Any, data: Any = None) -> errors.AgentError:
-    """An agent's JSON-RPC error, bounded (the module contracts)."""
-    if data is not None:
-        try:
-            size: int | None = len(msgspec.json.encode(data))
-        except (TypeError, ValueError, OverflowError):   # an in-process agent's object
-            size = None
-        if size is None or size > MAX_AGENT_DATA:
-            data = cut_agent_data(data, size)
-    return errors.AgentError(rpc_code, str(message)[:MAX_AGENT_MESSAGE], data)
-
-
-def cut_agent_data(data: Any, size: int | None) -> dict[str, Any]:
-    """What stands for an agent error's ``data`` too big to pass on (``size``: its
-    JSON-encoded bytes, ``None`` when it does not encode): ``{"truncated": true,
-    "bytes": size}``, with its ``errorKind`` (``agent_error_kind``) when it had one of
-    at most ``MAX_KIND`` characters, so a client that switches on it still can."""
-    marker: dict[str, Any] = {"truncated": True, "bytes": size}
-    kind = agent_error_kind(data)
-    if kind is not None and len(kind) <= MAX_KIND:
-        marker = {"errorKind": kind, **marker}
-    return marker
+    """An agent's JSON-RPC error, bounded (``bridge.errors.AgentError`` cuts it)."""
+    return errors.AgentError(rpc_code, message, data)
 
 
 def agent_error_kind(data: Any) -> str | None:

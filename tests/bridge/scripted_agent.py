@@ -2,7 +2,7 @@
 
 Prompt text drives it: ``hold <key>`` waits until ``agent.release(key, stop_reason)``
 (or a cancel: then it answers ``cancelled``); ``stubborn <key>`` waits for release and
-ignores cancel; ``fail`` answers a JSON-RPC error; ``perm`` asks for a permission and
+ignores cancel; ``fail`` answers a JSON-RPC error (``hostile`` a huge one); ``perm`` asks for a permission and
 answers with the chosen option id as the stop reason; anything else ends the turn at
 once with ``end_turn``. Every call is recorded in ``agent.calls``. ``session/new``
 answers ``<name>-<n>``, or the ids queued in ``next_ids``; it waits while
@@ -91,6 +91,8 @@ class ScriptedAgent:
             "sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": text}}})
         if word == "fail":
             raise AgentError(-32603, "scripted failure")
+        if word == "hostile":   # an embedder's connection passing on a huge error
+            raise AgentError(-32603, "r" * 100_000, {"errorKind": "k", "blob": "x" * 100_000})
         if word == "perm":
             answer = await self.client.request_permission(sid, {
                 "sessionId": sid, "toolCall": {"toolCallId": "t1", "title": "x"},

@@ -5,10 +5,11 @@ from __future__ import annotations
 import math
 
 import anyio
+import msgspec
 import pytest
 
 from bridge import BridgeOptions, CancelToken
-from bridge.errors import AgentError, InvalidOptionError, PromptCancelledError, PromptQueueFullError
+from bridge.errors import MAX_AGENT_MESSAGE, AgentError, InvalidOptionError, PromptCancelledError, PromptQueueFullError
 from tests.bridge.helpers import open_bridge, text, wait_until
 
 pytestmark = pytest.mark.anyio
@@ -75,6 +76,19 @@ async def test_failure_does_not_poison_the_fifo(tmp_path):
         assert (await after).stop_reason == "end_turn"
         assert agent.prompts() == ["hold a", "fail", "ok"]
         assert bridge.get_session(sid).pending_count == 0
+
+
+async def test_an_embedders_agent_error_is_bounded(tmp_path):
+    """An ``AgentError`` raised by an embedder's own ``AgentConnection`` (not one of our
+    connections, which bounded theirs) is bounded as it is made: its message cut, its
+    big ``data`` replaced by the marker that keeps its ``errorKind``."""
+    async with open_bridge(tmp_path) as (bridge, agent):
+        sid = (await bridge.create_session()).session_id
+        with pytest.raises(AgentError) as info:
+            await bridge.send_prompt(sid, text("hostile"))
+        assert info.value.message == "r" * MAX_AGENT_MESSAGE
+        assert info.value.data["errorKind"] == "k" and info.value.data["truncated"] is True
+        assert len(msgspec.json.encode(info.value.data)) < 100
 
 
 @pytest.mark.parametrize("limit", [0, math.inf])
