@@ -4,27 +4,43 @@ screen reader is told, and the cancel note."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
-from playwright.sync_api import Browser, Page, Request, Route, expect
+import pytest
+
+from playwright.sync_api import Browser, Page, Route, expect
 
 from tests.web.conftest import Console, open_page, running_console
+
+
+# Each ``/sessions?`` fetch the page starts, at the page's clock (Playwright's fake
+# one: the moment its timer fired), and how many of them have settled.
+POLL_LOG = """(() => {
+  window.__polls = []; window.__settled = 0;
+  const real = window.fetch;
+  window.fetch = function (resource, init) {
+    const url = String(resource && resource.url ? resource.url : resource);
+    if (!url.includes("/sessions?")) return real.call(this, resource, init);
+    window.__polls.push(Date.now());
+    const settled = () => { window.__settled += 1; };
+    const answer = real.call(this, resource, init);
+    answer.then(settled, settled);
+    return answer;
+  };
+})();"""
+STEP_MS = 100   # the fake clock's step: a poll's moment is known within one
 
 
 def test_lists_say_the_server_is_not_answering_keep_rows_inert_and_ask_less_often(
         browser: Browser, tmp_path: Path) -> None:
     """Server stopped under the Sessions page: not "Failed to fetch" over rows that
     still offer Delete, and not one request a second for ever: the page says the server
-    is not answering, keeps the rows to read but inert, and waits longer each time."""
+    is not answering, keeps the rows to read but inert, and waits longer each time:
+    measured on the page's own clock (Playwright's, stepped), not the machine's."""
     page = open_page(browser)
-    failed: list[float] = []
-
-    def note(request: Request) -> None:
-        if "/sessions?" in request.url:
-            failed.append(time.monotonic())
-
-    page.on("requestfailed", note)
+    page.add_init_script(POLL_LOG)
+    page.clock.install()   # runs as a real clock until paused
+    settled = "() => window.__polls.length === window.__settled"
     try:
         with running_console(tmp_path) as server:
             sid = server.session()
@@ -33,20 +49,31 @@ def test_lists_say_the_server_is_not_answering_keep_rows_inert_and_ask_less_ofte
             expect(row).to_have_attribute("data-session-id", sid)
             expect(page.get_by_test_id("live-sessions").locator("xpath=..")).not_to_have_attribute(
                 "inert", "")
+            # time stands still from here: every later poll is one the page's timer
+            # started as the clock is stepped
+            page.wait_for_function(settled)
+            page.clock.pause_at(page.evaluate("Date.now()") + 1)
+            page.wait_for_function(settled)
+        start = len(page.evaluate("window.__polls"))   # the server has stopped
+        for _ in range(40_000 // STEP_MS):
+            page.clock.run_for(STEP_MS)
+            # a fetch started settles (refused at once) before the clock moves on, so
+            # its failure's wait is timed from within one step of its start
+            page.wait_for_function(settled)
+            if len(page.evaluate("window.__polls")) >= start + 5:
+                break
+        polls = page.evaluate("window.__polls")[start:]
+        gaps = [b - a for a, b in zip(polls, polls[1:])]
+        # backing off: twice the wait after each failure, up to POLL_MAX_MS (8 s)
+        assert len(gaps) == 4, polls
+        assert all(want <= gap <= want + STEP_MS
+                   for gap, want in zip(gaps, [2000, 4000, 8000, 8000])), gaps
         error = page.get_by_test_id("list-error")
         expect(error).to_contain_text("The server is not answering")
         expect(error).to_contain_text("the list below is from")
         expect(row).to_be_visible()   # kept to read
         expect(page.get_by_test_id("live-sessions").locator("xpath=..")).to_have_attribute("inert", "")
         expect(page.get_by_test_id("ended-sessions").locator("xpath=..")).to_have_attribute("inert", "")
-        deadline = time.monotonic() + 45
-        while len(failed) < 4 and time.monotonic() < deadline:
-            page.wait_for_event("requestfailed", timeout=15_000)
-        gaps = [b - a for a, b in zip(failed, failed[1:])]
-        # backing off, not every second. The first failure's moment is the server's stop
-        # (a request in flight, or one queued while it drained), not the page's timer:
-        # the timer's own gaps are the later ones (4 s, then 8 s)
-        assert gaps[2] > 1.5 * gaps[1], gaps
         assert page.page_errors == []  # type: ignore[attr-defined]
     finally:
         page.context.close()
