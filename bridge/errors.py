@@ -100,14 +100,25 @@ class BranchWhilePromptActiveError(BridgeError):
         self.session_id = session_id
 
 
+MAX_WORKSPACE_PATH = 4096   # characters of a refused workspace path named (as qwen 0.24.4)
+
+
 class WorkspaceMismatchError(BridgeError):
+    """Another folder than the server's workspace asked for (``session/new``, ``POST
+    /session``, a load): ``qwen serve`` 0.24.4's message, the requested path cut at
+    ``MAX_WORKSPACE_PATH`` characters (``…[truncated]``) there and in
+    ``requested_workspace``."""
+
     code = "workspace_mismatch"
 
     def __init__(self, bound_workspace: str, requested_workspace: str) -> None:
+        if len(requested_workspace) > MAX_WORKSPACE_PATH:
+            requested_workspace = requested_workspace[:MAX_WORKSPACE_PATH] + "\u2026[truncated]"
         super().__init__(
-            f'Requested workspace "{requested_workspace}" does not match the daemon\'s '
-            f'workspace "{bound_workspace}"'
-        )
+            f'Workspace mismatch: runtime is bound to "{bound_workspace}" but request asked '
+            f'for "{requested_workspace}". Select a registered runtime for '
+            f'"{requested_workspace}" or register it before retrying; this bridge will not '
+            "fall back to the primary workspace.")
         self.bound_workspace = bound_workspace
         self.requested_workspace = requested_workspace
 

@@ -105,8 +105,18 @@ async def test_workspace_mismatch(server: RunningServer, tmp_path: Path) -> None
     assert response.status_code == 400
     body = response.json()
     assert body["code"] == "workspace_mismatch"
-    assert body["boundWorkspace"] == server.settings.workspace
+    bound = server.settings.workspace
+    assert body["boundWorkspace"] == bound
     assert body["requestedWorkspace"] == str(other)
+    # qwen serve 0.24.4's words (read from its bundle), a long path cut as it cuts it
+    assert body["error"] == (
+        f'Workspace mismatch: runtime is bound to "{bound}" but request asked for '
+        f'"{other}". Select a registered runtime for "{other}" or register it before '
+        "retrying; this bridge will not fall back to the primary workspace.")
+    long = "/" + "d" * 5000
+    body = (await server.client.post("/session", json={"cwd": long})).json()
+    assert body["requestedWorkspace"] == long[:4096] + "\u2026[truncated]"
+    assert long[:4097] not in body["error"]
 
 
 async def test_session_limit(tmp_path: Path) -> None:
