@@ -129,7 +129,7 @@ class Stream:
     """One stream's state as ``http2.Http2Connection`` keeps it, while its app runs."""
 
     __slots__ = ("answered", "body", "body_done", "bodiless", "ended", "gone", "head", "id",
-                 "stalled", "started", "wake", "window")
+                 "stalled", "started", "wakes", "window")
 
     def __init__(self, stream_id: int, bodiless: bool = False) -> None:
         self.id = stream_id
@@ -141,7 +141,7 @@ class Stream:
         self.head: tuple[int, list[tuple[bytes, bytes]]] | None = None   # held until a body
         self.started = False     # HEADERS sent
         self.answered = False    # END_STREAM sent
-        self.wake: asyncio.Future[None] | None = None     # a receive waiting for data
+        self.wakes: list[asyncio.Future[None]] = []       # the receives waiting for data
         self.window: asyncio.Future[None] | None = None   # a send waiting for a window
         self.stalled: float | None = None   # since when a send waits with no byte sent
 
@@ -155,7 +155,8 @@ def request_scope(fields: list[tuple[bytes, bytes]], server: Any, client: Any, s
                   app_state: dict[str, Any]) -> dict[str, Any] | None:
     """A request's header block (h2's validated fields) as an ASGI ``http`` scope;
     None for one that cannot be served (no method or path, CONNECT, two ``host``
-    fields, a path or method not ASCII): answered 400."""
+    fields, a path or method not ASCII): answered 400. (Split ``cookie`` fields come
+    joined with "; ", after the others: h2's ``normalize_inbound_headers``.)"""
     method = path = authority = host = None
     headers = []
     for name, value in fields:

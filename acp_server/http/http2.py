@@ -433,11 +433,13 @@ class Http2Connection(asyncio.Protocol):
                 return {"type": "http.request", "body": b"", "more_body": False}
             if stream.answered and stream.body_done:
                 return {"type": "http.disconnect"}
-            stream.wake = self.loop.create_future()
+            wake = self.loop.create_future()   # one per waiter: two tasks may receive
+            stream.wakes.append(wake)
             try:
-                await stream.wake
+                await wake
             finally:
-                stream.wake = None
+                if wake in stream.wakes:
+                    stream.wakes.remove(wake)
 
     async def _send(self, stream: Stream, message: dict[str, Any]) -> None:
         kind = message["type"]
@@ -473,6 +475,9 @@ class Http2Connection(asyncio.Protocol):
         await self._send_data(stream, body, end)
 
     async def _send_data(self, stream: Stream, body: bytes, end: bool) -> None:
+        if not body and not end:   # nothing to say: no empty DATA frame
+            self._flush()
+            return
         offset, size = 0, len(body)
         while True:
             if stream.gone or self.lost:
@@ -537,8 +542,10 @@ class Http2Connection(asyncio.Protocol):
 
     @staticmethod
     def _wake(stream: Stream) -> None:
-        if stream.wake is not None and not stream.wake.done():
-            stream.wake.set_result(None)
+        for wake in stream.wakes:   # each receive waiting looks again
+            if not wake.done():
+                wake.set_result(None)
+        stream.wakes.clear()
 
     @staticmethod
     def _resolve_window(stream: Stream) -> None:
