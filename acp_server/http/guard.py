@@ -25,8 +25,11 @@ Contracts:
   received (``HeadDeadlines``): a timer per request cost ~2 µs on uvloop, about a
   tenth of a raw callable's whole request on uvicorn.
 * Past ``max_connections`` live connections (HTTP and WebSocket, SSE streams
-  included), a new connection is answered at once with ``503`` (``Retry-After: 5``,
-  ``Connection: close``) without reading it, and closed; it is counted in
+  included), a new connection is answered ``503`` (``Retry-After: 5``, ``Connection:
+  close``) and closed: with HTTP/2 served, in the protocol its first bytes show
+  (``h2_refusal``: HTTP/2 by prior knowledge gets its stream answered 503, then
+  GOAWAY), else, or with too many refusals waiting, at once without reading it; it is
+  counted in
   ``stats["connections"]`` (a header timeout in ``stats["header_timeouts"]``, a head
   over a cap in ``stats["oversized_heads"]``).
 * A request head whose request line passes ``max_request_line`` bytes is answered
@@ -170,10 +173,13 @@ def guarded_protocol(*, header_timeout_s: float, max_connections: int,
     (an ``http2.Http2Limits``) a connection whose first bytes are the HTTP/2 preface,
     or whose TLS handshake chose ``h2``, is handed to ``http2.Http2Connection``."""
     take_over: Any = None
+    refusals: Any = None
     if http2 is not None:
         from acp_server.http.h2_machine import PREFACE, starts_http2
+        from acp_server.http.h2_refusal import Refusals
         from acp_server.http.http2 import Http2Connection
         take_over = Http2Connection.take_over
+        refusals = Refusals(http2, max_waiting=FD_RESERVE // 4)
     counts = stats if stats is not None else GuardStats()
     parent: Any = base or _base_protocol()
     deadlines = HeadDeadlines(header_timeout_s)
@@ -200,8 +206,9 @@ def guarded_protocol(*, header_timeout_s: float, max_connections: int,
             if len(self.connections) >= max_connections:
                 self._refused = True
                 counts["connections"] += 1
-                transport.write(_REFUSAL)
-                transport.close()
+                if refusals is None or not refusals.refuse(transport, self.loop):
+                    transport.write(_REFUSAL)
+                    transport.close()
                 return
             super().connection_made(transport)
             self._accepted = True
