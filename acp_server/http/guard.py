@@ -38,6 +38,8 @@ Contracts:
   ``Connection: close``), as soon as the bytes received show it, before the parser
   buffers more, and the connection is closed: a hostile head costs at most the cap in
   memory. The front layer checks the same caps exactly on the parsed request.
+* A request asking to upgrade to ``h2c`` is answered in HTTP/1.1, one log line a process
+  saying so (uvicorn warned on each).
 * ``raise_fd_limit`` raises the soft file-descriptor limit to the hard one and
   returns it; ``connection_cap`` keeps the cap ``FD_RESERVE`` below that limit.
 """
@@ -57,6 +59,9 @@ _REFUSAL_BODY = b'{"error":"Too many connections","code":"connection_limit"}'
 _REFUSAL = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
             b"retry-after: 5\r\nconnection: close\r\ncontent-length: "
             + str(len(_REFUSAL_BODY)).encode() + b"\r\n\r\n" + _REFUSAL_BODY)
+
+
+_h2c_told: list[bool] = []   # the h2c upgrade's one log line of the process was written
 
 
 class GuardStats(dict[str, int]):
@@ -292,6 +297,17 @@ def guarded_protocol(*, header_timeout_s: float, max_connections: int,
             if self._fields > head_bytes or self._lines > max_headers + 1:
                 return HEAD_TOO_LARGE
             return None
+
+        def _unsupported_upgrade_warning(self) -> None:
+            """``Upgrade: h2c`` (curl's ``--http2`` on http://) is answered in HTTP/1.1
+            (RFC 9113 3.1: h2c by prior knowledge only): said once a process, not
+            uvicorn's warning on every such request; other upgrades keep it."""
+            if self._get_upgrade() != b"h2c":
+                super()._unsupported_upgrade_warning()
+            elif not _h2c_told:
+                _h2c_told.append(True)
+                log.info("HTTP/1.1 requests asking to upgrade to h2c are answered in "
+                         "HTTP/1.1 (HTTP/2 is served by prior knowledge and by ALPN)")
 
         def _arm(self) -> None:
             self._line, self._fields, self._lines, self._tail = 0, 0, 0, b""

@@ -406,3 +406,41 @@ async def test_malformed_trailers_end_their_stream_and_its_app(daemon: ServeProc
     assert raw.got.resets.get(1) == PROTOCOL_ERROR and 1 not in raw.got.statuses, raw.got
     assert raw.got.statuses.get(3) == 200 and raw.got.goaway is None, raw.got
     assert "Traceback" not in daemon.stderr_text()
+
+
+async def read_response(stream: anyio.abc.SocketStream) -> bytes:
+    """One HTTP/1.1 response with a ``content-length``, whole."""
+    got = b""
+    with anyio.fail_after(BOUND_S):
+        while b"\r\n\r\n" not in got:
+            got += await stream.receive()
+        head, _, body = got.partition(b"\r\n\r\n")
+        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length:"))
+        while len(body) < length:
+            body += await stream.receive()
+    return head + b"\r\n\r\n" + body
+
+
+async def test_an_h2c_upgrade_is_answered_in_http1_quietly(daemon: ServeProcess) -> None:
+    """HTTP/1.1 requests asking to upgrade to h2c (curl's ``--http2`` on http://), three
+    on each of two connections: each answered 200 in HTTP/1.1, the connection kept, and
+    one log line for the process. Was uvicorn's "Unsupported upgrade request." warning
+    on every one (a log an h2c-upgrading client fills at its request rate)."""
+    upgrade = (f"GET /health HTTP/1.1\r\nHost: 127.0.0.1:{daemon.port}\r\n"
+               "Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
+               "HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n").encode()
+    for _ in range(2):
+        stream = await daemon.raw()
+        async with stream:
+            for _ in range(3):
+                await stream.send(upgrade)
+                answer = await read_response(stream)
+                assert answer.startswith(b"HTTP/1.1 200"), answer
+    assert (await daemon.client.get("/health")).status_code == 200
+    with anyio.fail_after(BOUND_S):   # the access log's lines are written as answered
+        while daemon.stderr_text().count("GET /health 200") < 7:
+            await anyio.sleep(0.05)
+    log = daemon.stderr_text()
+    assert "Unsupported upgrade request" not in log, log[-2000:]
+    assert log.count("asking to upgrade to h2c") == 1, log[-2000:]
