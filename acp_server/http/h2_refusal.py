@@ -23,7 +23,9 @@ Contracts:
   until it closes (its request bytes unread, the kernel could reset the connection and
   the client lose the answer); a connection is held ``wait_s`` at most in all, and
   nothing answered by then (silence, half a preface, no request) is told so (the HTTP/1.1
-  503, or GOAWAY ``NO_ERROR`` with last stream 0) and closed.
+  503, or GOAWAY ``NO_ERROR`` with last stream 0) and closed. Past ``READ_CAP`` bytes
+  with nothing answered (a PING or SETTINGS flood, each acknowledged) it is closed at
+  once: what is written to a client that may not read stays bounded.
 * At most ``max_waiting`` refused connections are held at once (a quarter of the
   descriptors ``guard.FD_RESERVE`` keeps); past them ``refuse`` returns False and the
   guard answers in HTTP/1.1 at once, unread, as before.
@@ -44,6 +46,7 @@ from acp_server.http.h2_machine import PREFACE, Http2Limits, Machine, starts_htt
 _HEAD = [(b":status", b"503"), (b"content-type", b"application/json"),
          (b"retry-after", b"5"), (b"content-length", str(len(REFUSAL_BODY)).encode())]
 DEBUG = b"too many connections"
+READ_CAP = 64 * 1024   # bytes read from a refused connection before its answer, at most
 
 
 class Refusals:
@@ -77,11 +80,17 @@ class RefusedConnection(asyncio.Protocol):
         self.conn: Machine | None = None
         self.answered = False
         self.lost = False
+        self.read = 0
         refusals.waiting += 1
         self.timer = loop.call_later(refusals.wait_s, self._expire)
 
     def data_received(self, data: bytes) -> None:
         if self.answered:   # read and dropped until the client closes
+            return
+        self.read += len(data)
+        if self.read > READ_CAP:   # a control flood, no request: what it is owed is nothing
+            self.answered = True
+            self.transport.close()
             return
         if self.conn is None:
             start = self.start + data

@@ -12,7 +12,7 @@ import h2.connection
 import h2.events
 
 from acp_server.http.h2_machine import PREFACE, Http2Limits
-from acp_server.http.h2_refusal import HTTP1_REFUSAL, Refusals
+from acp_server.http.h2_refusal import HTTP1_REFUSAL, READ_CAP, Refusals
 LIMITS = Http2Limits(idle_s=10.0, max_header_list=65536)
 
 
@@ -136,3 +136,20 @@ def test_an_http2_request_is_answered_503_then_goaway() -> None:
     assert transport.eof and not transport.closed
     loop.advance(1.0)   # the client never closed: closed at wait_s
     assert transport.closed and refusals.waiting == 0
+
+
+def test_a_control_flood_before_any_request_is_cut_off() -> None:
+    """PINGs (each acknowledged) and no request: closed once ``READ_CAP`` bytes were
+    read, so the acknowledgements written to a client that may not read stay bounded."""
+    loop, refusals = FakeLoop(), Refusals(LIMITS, wait_s=1.0)
+    transport = refused(refusals, loop)
+    client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    client.initiate_connection()
+    transport.protocol.data_received(client.data_to_send())
+    for n in range(READ_CAP // 17 + 1):
+        client.ping(n.to_bytes(8, "big"))
+        transport.protocol.data_received(client.data_to_send())
+        if transport.closed:
+            break
+    assert transport.closed and refusals.waiting == 0
+    assert len(transport.written) <= READ_CAP + 1024
