@@ -125,7 +125,7 @@ async def test_a_graceful_stop_answers_the_stream_in_flight(tmp_path: Path) -> N
 
 
 # -- found by the hostile review of http2.py ----------------------------------------------
-PROTOCOL_ERROR, NO_ERROR, CANCEL = 1, 0, 8
+PROTOCOL_ERROR, NO_ERROR, CANCEL, ENHANCE_YOUR_CALM = 1, 0, 8, 11
 
 
 async def test_a_malformed_request_on_a_closed_window_is_reset_not_fatal(
@@ -444,3 +444,27 @@ async def test_an_h2c_upgrade_is_answered_in_http1_quietly(daemon: ServeProcess)
     log = daemon.stderr_text()
     assert "Unsupported upgrade request" not in log, log[-2000:]
     assert log.count("asking to upgrade to h2c") == 1, log[-2000:]
+
+
+async def test_bodies_past_their_content_length_count_as_rapid_resets(
+        daemon: ServeProcess) -> None:
+    """150 requests whose body passes its ``content-length`` (each stream reset by the
+    server, its app's work begun for nothing: "MadeYouReset", a CVE-2023-44487 variant):
+    past 100 beyond those answered, GOAWAY ``ENHANCE_YOUR_CALM``, as for a client's own
+    resets. Was never counted: a client could make the server reset for ever."""
+    async with anyio.create_task_group() as tg:
+        raw = await RawH2.connect(daemon.port, tg)
+        async with raw:
+            fields = head(daemon.port, [("content-length", "1")], method="POST",
+                          path="/session")
+            for batch in range(3):
+                ids = [2 * (50 * batch + n) + 1 for n in range(50)]
+                await raw.send(b"".join(headers(i, raw.block(fields)) + data(i, b"{}")
+                                        for i in ids))
+                await answered(raw, set(ids))
+                if raw.got.goaway is not None or raw.got.closed:
+                    break
+            with anyio.fail_after(BOUND_S):
+                while raw.got.goaway is None and not raw.got.closed:
+                    await raw.changed.wait()
+    assert raw.got.goaway == ENHANCE_YOUR_CALM, raw.got
