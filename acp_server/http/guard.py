@@ -39,7 +39,8 @@ Contracts:
   buffers more, and the connection is closed: a hostile head costs at most the cap in
   memory. The front layer checks the same caps exactly on the parsed request.
 * A request asking to upgrade to ``h2c`` is answered in HTTP/1.1, one log line a process
-  saying so (uvicorn warned on each).
+  saying so (uvicorn warned on each), and a request pipelined after it in the same
+  bytes is parsed and answered (httptools stopped at the upgrade: uvicorn dropped it).
 * ``raise_fd_limit`` raises the soft file-descriptor limit to the hard one and
   returns it; ``connection_cap`` keeps the cap ``FD_RESERVE`` below that limit.
 """
@@ -49,6 +50,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import resource
+import sys
 from typing import Any
 
 log = logging.getLogger("acp_server.http")
@@ -206,6 +208,8 @@ def guarded_protocol(*, header_timeout_s: float, max_connections: int,
         _fields = 0
         _lines = 0
         _tail = b""
+        _fed = b""    # the bytes being parsed (httptools says where an upgrade stopped in them)
+        _rest = b""   # what followed a request asking for h2c in them, parsed next
 
         def connection_made(self, transport: Any) -> None:
             if len(self.connections) >= max_connections:
@@ -247,7 +251,11 @@ def guarded_protocol(*, header_timeout_s: float, max_connections: int,
                 # every cap (the common case): nothing to time or measure further.
                 if len(data) <= whole_head and (end := data.find(b"\r\n\r\n")) >= 0 \
                         and data.count(b"\n", 0, end) <= max_headers:
+                    self._fed = data
                     super().data_received(data)
+                    self._fed = b""
+                    if self._rest:
+                        self._feed_rest()
                     return
                 self._arm()   # else its head is timed and measured as it comes
             if self._timing:
@@ -259,11 +267,22 @@ def guarded_protocol(*, header_timeout_s: float, max_connections: int,
                     self.transport.close()
                     self._refused = True
                     return
+            self._fed = data
             super().data_received(data)
+            self._fed = b""
             if self._timing and (
                     self.cycle is not self._waiting_for
                     or self.transport.get_protocol() is not self):
                 self._disarm()   # the head is complete, or the connection was upgraded
+            if self._rest:
+                self._feed_rest()
+
+        def _feed_rest(self) -> None:
+            """What followed a request asking for h2c, in the bytes received with it
+            (a pipelined request): httptools stopped at the upgrade and uvicorn dropped
+            it; parsed now, as any other bytes."""
+            rest, self._rest = self._rest, b""
+            self.data_received(rest)
 
         def _measure(self, data: bytes) -> bytes | None:
             """The refusal when the head so far passes a cap, else None."""
@@ -304,7 +323,11 @@ def guarded_protocol(*, header_timeout_s: float, max_connections: int,
             uvicorn's warning on every such request; other upgrades keep it."""
             if self._get_upgrade() != b"h2c":
                 super()._unsupported_upgrade_warning()
-            elif not _h2c_told:
+                return
+            stopped = sys.exc_info()[1]   # httptools' HttpParserUpgrade: where it stopped
+            if stopped is not None and stopped.args and isinstance(stopped.args[0], int):
+                self._rest = self._fed[stopped.args[0]:]
+            if not _h2c_told:
                 _h2c_told.append(True)
                 log.info("HTTP/1.1 requests asking to upgrade to h2c are answered in "
                          "HTTP/1.1 (HTTP/2 is served by prior knowledge and by ALPN)")

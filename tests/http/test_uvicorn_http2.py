@@ -424,9 +424,11 @@ async def read_response(stream: anyio.abc.SocketStream) -> bytes:
 
 async def test_an_h2c_upgrade_is_answered_in_http1_quietly(daemon: ServeProcess) -> None:
     """HTTP/1.1 requests asking to upgrade to h2c (curl's ``--http2`` on http://), three
-    on each of two connections: each answered 200 in HTTP/1.1, the connection kept, and
-    one log line for the process. Was uvicorn's "Unsupported upgrade request." warning
-    on every one (a log an h2c-upgrading client fills at its request rate)."""
+    on each of two connections, then one with a plain request pipelined after it in the
+    same write: each answered 200 in HTTP/1.1, the connection kept, and one log line for
+    the process. Was uvicorn's "Unsupported upgrade request." warning on every one (a
+    log an h2c-upgrading client fills at its request rate), and the pipelined request
+    dropped (httptools stops at the upgrade; its client waited for ever)."""
     upgrade = (f"GET /health HTTP/1.1\r\nHost: 127.0.0.1:{daemon.port}\r\n"
                "Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
                "HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n").encode()
@@ -437,9 +439,16 @@ async def test_an_h2c_upgrade_is_answered_in_http1_quietly(daemon: ServeProcess)
                 await stream.send(upgrade)
                 answer = await read_response(stream)
                 assert answer.startswith(b"HTTP/1.1 200"), answer
+            await stream.send(upgrade + f"GET /health HTTP/1.1\r\nHost: 127.0.0.1:"
+                                        f"{daemon.port}\r\n\r\n".encode())
+            both = b""
+            with anyio.fail_after(BOUND_S):
+                while both.count(b'{"status":"ok"}') < 2:
+                    both += await stream.receive()
+            assert both.count(b"HTTP/1.1 200") == 2, both
     assert (await daemon.client.get("/health")).status_code == 200
     with anyio.fail_after(BOUND_S):   # the access log's lines are written as answered
-        while daemon.stderr_text().count("GET /health 200") < 7:
+        while daemon.stderr_text().count("GET /health 200") < 11:
             await anyio.sleep(0.05)
     log = daemon.stderr_text()
     assert "Unsupported upgrade request" not in log, log[-2000:]
