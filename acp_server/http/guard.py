@@ -25,8 +25,11 @@ Contracts:
   received (``HeadDeadlines``): a timer per request cost ~2 µs on uvloop, about a
   tenth of a raw callable's whole request on uvicorn.
 * Past ``max_connections`` live connections (HTTP and WebSocket, SSE streams
-  included), a new connection is answered at once with ``503`` (``Retry-After: 5``,
-  ``Connection: close``) without reading it, and closed; it is counted in
+  included), a new connection is answered ``503`` (``Retry-After: 5``, ``Connection:
+  close``) and closed: with HTTP/2 served, in the protocol its first bytes show
+  (``h2_refusal``: HTTP/2 by prior knowledge gets its stream answered 503, then
+  GOAWAY), else, or with too many refusals waiting, at once without reading it; it is
+  counted in
   ``stats["connections"]`` (a header timeout in ``stats["header_timeouts"]``, a head
   over a cap in ``stats["oversized_heads"]``).
 * A request head whose request line passes ``max_request_line`` bytes is answered
@@ -35,6 +38,9 @@ Contracts:
   ``Connection: close``), as soon as the bytes received show it, before the parser
   buffers more, and the connection is closed: a hostile head costs at most the cap in
   memory. The front layer checks the same caps exactly on the parsed request.
+* A request asking to upgrade to ``h2c`` is answered in HTTP/1.1, one log line a process
+  saying so (uvicorn warned on each), and a request pipelined after it in the same
+  bytes is parsed and answered (httptools stopped at the upgrade: uvicorn dropped it).
 * ``raise_fd_limit`` raises the soft file-descriptor limit to the hard one and
   returns it; ``connection_cap`` keeps the cap ``FD_RESERVE`` below that limit.
 """
@@ -44,6 +50,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import resource
+import sys
 from typing import Any
 
 log = logging.getLogger("acp_server.http")
@@ -54,6 +61,9 @@ _REFUSAL_BODY = b'{"error":"Too many connections","code":"connection_limit"}'
 _REFUSAL = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
             b"retry-after: 5\r\nconnection: close\r\ncontent-length: "
             + str(len(_REFUSAL_BODY)).encode() + b"\r\n\r\n" + _REFUSAL_BODY)
+
+
+_h2c_told: list[bool] = []   # the h2c upgrade's one log line of the process was written
 
 
 class GuardStats(dict[str, int]):
@@ -170,10 +180,13 @@ def guarded_protocol(*, header_timeout_s: float, max_connections: int,
     (an ``http2.Http2Limits``) a connection whose first bytes are the HTTP/2 preface,
     or whose TLS handshake chose ``h2``, is handed to ``http2.Http2Connection``."""
     take_over: Any = None
+    refusals: Any = None
     if http2 is not None:
         from acp_server.http.h2_machine import PREFACE, starts_http2
+        from acp_server.http.h2_refusal import Refusals
         from acp_server.http.http2 import Http2Connection
         take_over = Http2Connection.take_over
+        refusals = Refusals(http2, max_waiting=FD_RESERVE // 4)
     counts = stats if stats is not None else GuardStats()
     parent: Any = base or _base_protocol()
     deadlines = HeadDeadlines(header_timeout_s)
@@ -195,13 +208,16 @@ def guarded_protocol(*, header_timeout_s: float, max_connections: int,
         _fields = 0
         _lines = 0
         _tail = b""
+        _fed = b""    # the bytes being parsed (httptools says where an upgrade stopped in them)
+        _rest = b""   # what followed a request asking for h2c in them, parsed next
 
         def connection_made(self, transport: Any) -> None:
             if len(self.connections) >= max_connections:
                 self._refused = True
                 counts["connections"] += 1
-                transport.write(_REFUSAL)
-                transport.close()
+                if refusals is None or not refusals.refuse(transport, self.loop):
+                    transport.write(_REFUSAL)
+                    transport.close()
                 return
             super().connection_made(transport)
             self._accepted = True
@@ -235,7 +251,11 @@ def guarded_protocol(*, header_timeout_s: float, max_connections: int,
                 # every cap (the common case): nothing to time or measure further.
                 if len(data) <= whole_head and (end := data.find(b"\r\n\r\n")) >= 0 \
                         and data.count(b"\n", 0, end) <= max_headers:
+                    self._fed = data
                     super().data_received(data)
+                    self._fed = b""
+                    if self._rest:
+                        self._feed_rest()
                     return
                 self._arm()   # else its head is timed and measured as it comes
             if self._timing:
@@ -247,11 +267,22 @@ def guarded_protocol(*, header_timeout_s: float, max_connections: int,
                     self.transport.close()
                     self._refused = True
                     return
+            self._fed = data
             super().data_received(data)
+            self._fed = b""
             if self._timing and (
                     self.cycle is not self._waiting_for
                     or self.transport.get_protocol() is not self):
                 self._disarm()   # the head is complete, or the connection was upgraded
+            if self._rest:
+                self._feed_rest()
+
+        def _feed_rest(self) -> None:
+            """What followed a request asking for h2c, in the bytes received with it
+            (a pipelined request): httptools stopped at the upgrade and uvicorn dropped
+            it; parsed now, as any other bytes."""
+            rest, self._rest = self._rest, b""
+            self.data_received(rest)
 
         def _measure(self, data: bytes) -> bytes | None:
             """The refusal when the head so far passes a cap, else None."""
@@ -285,6 +316,21 @@ def guarded_protocol(*, header_timeout_s: float, max_connections: int,
             if self._fields > head_bytes or self._lines > max_headers + 1:
                 return HEAD_TOO_LARGE
             return None
+
+        def _unsupported_upgrade_warning(self) -> None:
+            """``Upgrade: h2c`` (curl's ``--http2`` on http://) is answered in HTTP/1.1
+            (RFC 9113 3.1: h2c by prior knowledge only): said once a process, not
+            uvicorn's warning on every such request; other upgrades keep it."""
+            if self._get_upgrade() != b"h2c":
+                super()._unsupported_upgrade_warning()
+                return
+            stopped = sys.exc_info()[1]   # httptools' HttpParserUpgrade: where it stopped
+            if stopped is not None and stopped.args and isinstance(stopped.args[0], int):
+                self._rest = self._fed[stopped.args[0]:]
+            if not _h2c_told:
+                _h2c_told.append(True)
+                log.info("HTTP/1.1 requests asking to upgrade to h2c are answered in "
+                         "HTTP/1.1 (HTTP/2 is served by prior knowledge and by ALPN)")
 
         def _arm(self) -> None:
             self._line, self._fields, self._lines, self._tail = 0, 0, 0, b""

@@ -12,14 +12,23 @@ with NO_ERROR leaves the connection open for the streams in flight (``h2`` would
 its state, and then refuse every frame to them and every PING); and more than 1,000
 DATA frames on closed streams (4 more per stream answered) end the connection with
 ``ENHANCE_YOUR_CALM`` (``h2`` answers each with RST_STREAM and gives its bytes back to
-the connection window, so flow control never ends such a flood). ``Stream`` is what
+the connection window, so flow control never ends such a flood). A malformed request
+(RFC 9113 8.1.1: a header block ``h2`` refuses once decoded, a body that disagrees with
+its ``content-length``) is reset ``PROTOCOL_ERROR``, a stream error, where ``h2``
+ends the connection; HPACK, frame and flow-control errors stay connection errors.
+``Stream`` is what
 the connection keeps of one stream while its app runs; ``request_scope`` makes a
-request's header block its ASGI scope.
+request's header block its ASGI scope; ``unsent`` counts a transport's bytes its client
+has not acknowledged.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
+import struct
+import termios
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -118,6 +127,58 @@ class Machine(h2.connection.H2Connection):
         event.additional_data = frame.additional_data or None
         return [], [event]
 
+    # -- malformed requests: stream errors (RFC 9113 8.1.1), not h2's connection errors --
+    _opened: int | None = None   # the stream a HEADERS frame opened, once HPACK decoded it
+
+    def _get_or_create_stream(self, stream_id: int, allowed_ids: Any) -> Any:
+        stream = super()._get_or_create_stream(stream_id, allowed_ids)
+        self._opened = stream_id
+        return stream
+
+    def _receive_headers_frame(self, frame: Any) -> Any:
+        """A header block h2 refuses once it is decoded and its stream exists (a field
+        name in uppercase, a connection-specific field, ``te`` other than ``trailers``,
+        a pseudo-header missing, repeated or unknown, a ``content-length`` not a number,
+        trailers without END_STREAM): that stream reset ``PROTOCOL_ERROR``, its other
+        streams served. Before that point (HPACK, stream ids, the connection's state)
+        the error stays the connection's: the decoder's state is shared. ``StreamReset``
+        (not remote) is given, so malformed trailers end their stream's app too."""
+        self._opened = None
+        try:
+            return super()._receive_headers_frame(frame)
+        except h2.exceptions.StreamClosedError:
+            raise
+        except h2.exceptions.ProtocolError:
+            if self._opened != frame.stream_id or not self._malformed(frame.stream_id):
+                raise
+            return [], [self._reset_event(frame.stream_id)]   # (trailers: its app told)
+
+    def _receive_data_frame(self, frame: Any) -> Any:
+        """A body longer, or ending shorter, than its ``content-length``: that stream
+        reset ``PROTOCOL_ERROR`` (``StreamReset`` given, not remote), its frame's bytes
+        given back to the connection's window."""
+        try:
+            return super()._receive_data_frame(frame)
+        except h2.exceptions.InvalidBodyLengthError:
+            if not self._malformed(frame.stream_id):
+                raise
+            self.acknowledge_received_data(frame.flow_controlled_length, frame.stream_id)
+            return [], [self._reset_event(frame.stream_id)]
+
+    @staticmethod
+    def _reset_event(stream_id: int) -> Any:
+        return h2.events.StreamReset(stream_id=stream_id, remote_reset=False,
+                                     error_code=h2.errors.ErrorCodes.PROTOCOL_ERROR)
+
+    def _malformed(self, stream_id: int) -> bool:
+        """``stream_id`` reset as malformed; False when it cannot be (then the
+        connection's error)."""
+        try:
+            self.reset_stream(stream_id, h2.errors.ErrorCodes.PROTOCOL_ERROR)
+        except h2.exceptions.ProtocolError:
+            return False
+        return True
+
     def _handle_data_on_closed_stream(self, events: Any, exc: Any, frame: Any) -> Any:
         self.closed_frames += 1
         if self.closed_frames > self.closed_frames_allowed:
@@ -129,7 +190,7 @@ class Stream:
     """One stream's state as ``http2.Http2Connection`` keeps it, while its app runs."""
 
     __slots__ = ("answered", "body", "body_done", "bodiless", "ended", "gone", "head", "id",
-                 "stalled", "started", "wake", "window")
+                 "stalled", "started", "wakes", "window")
 
     def __init__(self, stream_id: int, bodiless: bool = False) -> None:
         self.id = stream_id
@@ -141,7 +202,7 @@ class Stream:
         self.head: tuple[int, list[tuple[bytes, bytes]]] | None = None   # held until a body
         self.started = False     # HEADERS sent
         self.answered = False    # END_STREAM sent
-        self.wake: asyncio.Future[None] | None = None     # a receive waiting for data
+        self.wakes: list[asyncio.Future[None]] = []       # the receives waiting for data
         self.window: asyncio.Future[None] | None = None   # a send waiting for a window
         self.stalled: float | None = None   # since when a send waits with no byte sent
 
@@ -155,7 +216,8 @@ def request_scope(fields: list[tuple[bytes, bytes]], server: Any, client: Any, s
                   app_state: dict[str, Any]) -> dict[str, Any] | None:
     """A request's header block (h2's validated fields) as an ASGI ``http`` scope;
     None for one that cannot be served (no method or path, CONNECT, two ``host``
-    fields, a path or method not ASCII): answered 400."""
+    fields, a path or method not ASCII): answered 400. (Split ``cookie`` fields come
+    joined with "; ", after the others: h2's ``normalize_inbound_headers``.)"""
     method = path = authority = host = None
     headers = []
     for name, value in fields:
@@ -189,5 +251,17 @@ def request_scope(fields: list[tuple[bytes, bytes]], server: Any, client: Any, s
             "query_string": query, "headers": headers, "state": app_state.copy()}
 
 
+def unsent(transport: Any) -> int:
+    """Bytes written to ``transport`` that its client has not acknowledged: in the
+    transport's buffer, and in the kernel's (``TIOCOUTQ``: Linux; 0 elsewhere)."""
+    size = int(transport.get_write_buffer_size())
+    sock = transport.get_extra_info("socket")
+    if sock is not None and hasattr(termios, "TIOCOUTQ"):
+        with contextlib.suppress(OSError, ValueError):
+            size += struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ,
+                                                   b"\0\0\0\0"))[0]
+    return size
+
+
 __all__ = ["CALM", "PREFACE", "Calm", "Http2Limits", "Machine", "Stream", "request_scope",
-           "starts_http2"]
+           "starts_http2", "unsent"]

@@ -14,10 +14,12 @@ transport. HTTP/1.1 connections never pass through here.
 Contracts (``Http2Limits`` sets the numbers):
 
 * A stream is one ASGI ``http`` exchange (``http_version`` ``"2"``); ``:authority``
-  becomes ``host``; a request that also carries a ``host`` that differs, or two
-  ``host`` fields, is never served (``h2``'s connection error); one with no ``:path``,
-  a CONNECT or a path not ASCII is answered 400 (RST_STREAM PROTOCOL_ERROR when the
-  client's windows cannot take it). Connection-specific response headers (``connection``,
+  becomes ``host``; a malformed request (RFC 9113 8.1.1: a ``host`` that differs from
+  it, an uppercase or connection-specific field, a pseudo-header missing or repeated,
+  a body that disagrees with its ``content-length``, ``h2_machine``) is reset
+  PROTOCOL_ERROR, that stream alone; one with no ``:path``, a CONNECT or a path not
+  ASCII is answered 400 (RST_STREAM PROTOCOL_ERROR when the client's windows cannot
+  take it). Connection-specific response headers (``connection``,
   ``keep-alive``, ``transfer-encoding``, ``upgrade``) are dropped, as RFC 9113 requires;
   so is the body of an answer to HEAD (its HEADERS end the stream, as HTTP/1.1 sends none).
 * Flow control both ways: a request body is acknowledged (WINDOW_UPDATE) only as the
@@ -30,8 +32,9 @@ Contracts (``Http2Limits`` sets the numbers):
   ``SETTINGS_MAX_CONCURRENT_STREAMS``; a stream the client reset counts until its app
   returns); more are refused (``REFUSED_STREAM``).
 * Floods end the connection with GOAWAY ``ENHANCE_YOUR_CALM``: more than
-  ``max_resets`` streams reset by the client before their answer began, beyond the
-  streams answered (CVE-2023-44487; an event stream the client closes is not one),
+  ``max_resets`` streams reset by the client (or by us, for a body that disagreed with
+  its ``content-length``) before their answer began, beyond the streams answered
+  (CVE-2023-44487; an event stream the client closes is not one),
   more than ``max_empty_frames`` empty DATA frames without END_STREAM
   (CVE-2019-9518), DATA floods on closed streams (``h2_machine``), or PING, SETTINGS,
   PRIORITY and unknown frames past ``control_rate`` a second beyond a burst of
@@ -56,11 +59,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import logging
 import socket
 import struct
-import termios
 from functools import partial
 from typing import Any
 
@@ -78,6 +79,7 @@ from acp_server.http.h2_machine import (
     Stream,
     request_scope,
     starts_http2,
+    unsent,
 )
 
 log = logging.getLogger("acp_server.http")
@@ -90,18 +92,6 @@ _CONTROL = (h2.events.PingReceived, h2.events.RemoteSettingsChanged,
 _LINGER_0 = struct.pack("ii", 1, 0)
 _BAD_REQUEST = b'{"error":"Bad request.","code":"bad_request"}'
 _INTERNAL_ERROR = b'{"error":"Internal server error.","code":"internal_error"}'
-
-
-def unsent(transport: Any) -> int:
-    """Bytes written to ``transport`` that its client has not acknowledged: in the
-    transport's buffer, and in the kernel's (``TIOCOUTQ``: Linux; 0 elsewhere)."""
-    size = int(transport.get_write_buffer_size())
-    sock = transport.get_extra_info("socket")
-    if sock is not None and hasattr(termios, "TIOCOUTQ"):
-        with contextlib.suppress(OSError, ValueError):
-            size += struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ,
-                                                   b"\0\0\0\0"))[0]
-    return size
 
 
 class Http2Connection(asyncio.Protocol):
@@ -297,7 +287,8 @@ class Http2Connection(asyncio.Protocol):
         stream.gone = True
         self._wake(stream)
         self._resolve_window(stream)
-        if event.remote_reset and not stream.started:   # work its client never waited for
+        if not stream.started:   # work its client never waited for (or made us reset:
+            # a body past its content-length, a window overflowed)
             self.resets += 1
             if self.resets > self.limits.max_resets + self.answered:
                 self._calm("streams reset before their answer began")
@@ -433,11 +424,13 @@ class Http2Connection(asyncio.Protocol):
                 return {"type": "http.request", "body": b"", "more_body": False}
             if stream.answered and stream.body_done:
                 return {"type": "http.disconnect"}
-            stream.wake = self.loop.create_future()
+            wake = self.loop.create_future()   # one per waiter: two tasks may receive
+            stream.wakes.append(wake)
             try:
-                await stream.wake
+                await wake
             finally:
-                stream.wake = None
+                if wake in stream.wakes:
+                    stream.wakes.remove(wake)
 
     async def _send(self, stream: Stream, message: dict[str, Any]) -> None:
         kind = message["type"]
@@ -473,6 +466,9 @@ class Http2Connection(asyncio.Protocol):
         await self._send_data(stream, body, end)
 
     async def _send_data(self, stream: Stream, body: bytes, end: bool) -> None:
+        if not body and not end:   # nothing to say: no empty DATA frame
+            self._flush()
+            return
         offset, size = 0, len(body)
         while True:
             if stream.gone or self.lost:
@@ -537,8 +533,10 @@ class Http2Connection(asyncio.Protocol):
 
     @staticmethod
     def _wake(stream: Stream) -> None:
-        if stream.wake is not None and not stream.wake.done():
-            stream.wake.set_result(None)
+        for wake in stream.wakes:   # each receive waiting looks again
+            if not wake.done():
+                wake.set_result(None)
+        stream.wakes.clear()
 
     @staticmethod
     def _resolve_window(stream: Stream) -> None:

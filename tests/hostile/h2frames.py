@@ -94,6 +94,8 @@ class Received:
     resets: dict[int, int] = field(default_factory=dict)   # stream -> RST_STREAM code
     statuses: dict[int, int] = field(default_factory=dict)
     data_bytes: int = 0
+    data_frames: list[tuple[int, int, int]] = field(default_factory=list)   # (stream, length, flags)
+    bodies: dict[int, bytes] = field(default_factory=dict)   # stream -> its DATA, in order
     ping_acks: int = 0
     settings_acks: int = 0
     closed: bool = False             # the server ended the connection (EOF or reset)
@@ -214,6 +216,8 @@ class RawH2:
                 self.got.settings_acks += 1
             elif kind == DATA:
                 self.got.data_bytes += length
+                self.got.data_frames.append((stream_id, length, flags))
+                self.got.bodies[stream_id] = self.got.bodies.get(stream_id, b"") + payload
             elif kind == HEADERS:
                 try:
                     fields = dict(self._decoder.decode(payload))

@@ -10,7 +10,7 @@ front layer, where uvicorn's is on connections, answered before reading
 from __future__ import annotations
 
 import contextlib
-
+import shutil
 from pathlib import Path
 
 import anyio
@@ -20,6 +20,7 @@ import pytest
 from tests.harness import ServeProcess, read_until_closed
 
 pytestmark = pytest.mark.anyio
+CURL = shutil.which("curl")
 # Each server once, the client side (the test's own code: the servers are child
 # processes) on one backend each.
 SERVERS = pytest.mark.parametrize(("server", "anyio_backend"),
@@ -95,6 +96,49 @@ async def test_connection_cap_refuses_at_once(tmp_path: Path) -> None:
         assert status["limits"]["maxConnections"] == 4
         for stream in held:
             await stream.aclose()
+
+
+async def cap_reached(daemon: ServeProcess) -> None:
+    """Until a new HTTP/1.1 connection is refused (the held ones accepted)."""
+    with anyio.fail_after(10):
+        while True:
+            extra = await daemon.raw()
+            await extra.send(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            if (await read_until_closed(extra)).startswith(b"HTTP/1.1 503"):
+                return
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])   # the server is a child process
+async def test_connection_cap_refuses_http2_in_http2(tmp_path: Path) -> None:
+    """Past uvicorn's connection cap, an HTTP/2 client by prior knowledge (httpx with
+    ``http2=True``) reads a plain ``503 connection_limit`` with ``Retry-After: 5`` over
+    HTTP/2 (its stream answered, then GOAWAY), as an HTTP/1.1 client does. Was the
+    HTTP/1.1 bytes: httpx reported a protocol error, not the 503. ``curl
+    --http2-prior-knowledge`` reads the same 503 when installed."""
+    async with ServeProcess(tmp_path, "--max-connections", "2", "--http-server", "uvicorn",
+                              "--header-timeout-ms", "60000") as daemon:
+        held = [await daemon.raw() for _ in range(2)]
+        await cap_reached(daemon)
+        for _ in range(3):   # each a new connection, each refused the same way
+            async with httpx.AsyncClient(base_url=daemon.base_url, http1=False, http2=True,
+                                         timeout=20) as h2:
+                refused = await h2.get("/health")
+            assert refused.http_version == "HTTP/2" and refused.status_code == 503
+            assert refused.headers["retry-after"] == "5", refused.headers
+            assert refused.json()["code"] == "connection_limit"
+        if CURL is not None:
+            done = await anyio.run_process([CURL, "-s", "--http2-prior-knowledge", "-o",
+                                            "/dev/null", "-w", "%{http_code}",
+                                            f"{daemon.base_url}/health"], check=False)
+            assert done.stdout == b"503", done
+        for stream in held:
+            await stream.aclose()
+        with anyio.fail_after(10):
+            while (await daemon.client.get("/health")).status_code != 200:
+                await anyio.sleep(0.01)
+        status = (await daemon.client.get("/daemon/status")).json()
+        assert status["runtime"]["transport"]["connectionsRefused"] >= 4
+        assert "Traceback" not in daemon.stderr_text()
 
 
 @pytest.mark.parametrize("anyio_backend", ["trio"])   # the servers are child processes
