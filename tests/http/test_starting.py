@@ -136,3 +136,50 @@ def test_a_tls_port_answers_starting_over_tls_only(tmp_path: Path) -> None:
         assert answer.startswith(b"HTTP/1.1 503") and answer.endswith(b'{"status":"starting"}')
     finally:
         child.kill()
+
+
+# -- HTTP/2 by prior knowledge (h2c), as both servers will speak it ----------------------
+async def test_an_http2_client_gets_each_doors_503_in_http2() -> None:
+    """``httpx`` with prior knowledge (``http2=True``, no HTTP/1.1) reads the same 503s
+    an HTTP/1.1 client does (it got none before: the preface was no HTTP/1.1 head);
+    a connection that breaks the protocol after the preface gets a GOAWAY
+    PROTOCOL_ERROR, and the socket still listens afterwards."""
+    import h2.connection
+    import h2.errors
+    import h2.events
+    import httpx
+
+    sock = socket.create_server(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    with sock:
+        async with anyio.create_task_group() as tg:
+            async def serve() -> None:
+                await answer_starting(sock, DOORS, seconds=30)   # cancelled below
+
+            tg.start_soon(serve)
+            answers = {}
+            for name, method, path in [("health", "GET", "/health"),
+                                       ("lmsp", "GET", "/lmsp/v1/tasks?x=1"),
+                                       ("acp", "POST", "/acp"),
+                                       ("rest", "GET", "/session/x/status")]:
+                async with httpx.AsyncClient(http1=False, http2=True,
+                                             base_url=f"http://127.0.0.1:{port}") as client:
+                    answers[name] = await client.request(method, path)
+            # the preface, then a DATA frame on stream 0 (a connection error)
+            garbage = await _ask(port, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00" * 9)
+            tg.cancel_scope.cancel()
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass
+    for name, answer in answers.items():
+        assert answer.http_version == "HTTP/2", name
+        assert answer.status_code == 503 and answer.headers["retry-after"] == "5", name
+    assert answers["health"].json() == {"status": "starting"}
+    assert answers["lmsp"].json()["code"] == answers["rest"].json()["code"] \
+        == "store_unavailable"
+    assert answers["lmsp"].headers["content-type"] == "application/problem+json"
+    assert answers["acp"].json()["error"]["data"]["errorKind"] == "store_unavailable"
+    client_side = h2.connection.H2Connection()
+    client_side.initiate_connection()
+    events = client_side.receive_data(garbage)
+    assert any(isinstance(e, h2.events.ConnectionTerminated)
+               and e.error_code == h2.errors.ErrorCodes.PROTOCOL_ERROR for e in events), events

@@ -374,7 +374,8 @@ async def test_a_session_lookup_while_postgresql_is_down_is_503(tmp_path: Path,
 async def test_a_start_while_postgresql_is_down_waits_for_it(tmp_path: Path, own_cluster: Path,
                                                             http_server: str) -> None:
     """The store down at start: the process does not end. Its socket answers 503 in
-    each door's shape (``/health``: starting) until PostgreSQL is back, then it starts
+    each door's shape (``/health``: starting; over HTTP/2 by prior knowledge too) until
+    PostgreSQL is back, then it starts
     and serves; with the store up again, what it made before is there."""
     url = os.environ["_ACP_OWN_PG"]
     port = urllib.parse.urlsplit(url).port
@@ -409,6 +410,11 @@ async def test_a_start_while_postgresql_is_down_waits_for_it(tmp_path: Path, own
                                                       "method": "initialize", "params": {}})
                 assert acp.status_code == 503
                 assert acp.json()["error"]["data"]["errorKind"] == "store_unavailable"
+                async with httpx.AsyncClient(base_url=base, timeout=10, http1=False,
+                                             http2=True) as h2c:   # prior knowledge
+                    over_h2 = await h2c.post("/session", json={"sessionScope": "thread"})
+                assert over_h2.http_version == "HTTP/2"
+                assert (over_h2.status_code, over_h2.json()["code"]) == (503, "store_unavailable")
                 assert child.returncode is None
                 subprocess.run(["bash", str(PG_SCRIPT), "start", str(own_cluster), str(port)],
                                check=True, capture_output=True)
