@@ -210,6 +210,7 @@ def guarded_protocol(*, header_timeout_s: float, max_connections: int,
         _tail = b""
         _fed = b""    # the bytes being parsed (httptools says where an upgrade stopped in them)
         _rest = b""   # what followed a request asking for h2c in them, parsed next
+        _feeding = False   # ``_feed_rest``'s loop runs: the calls inside it leave it the rest
 
         def connection_made(self, transport: Any) -> None:
             if len(self.connections) >= max_connections:
@@ -254,7 +255,7 @@ def guarded_protocol(*, header_timeout_s: float, max_connections: int,
                     self._fed = data
                     super().data_received(data)
                     self._fed = b""
-                    if self._rest:
+                    if self._rest and not self._feeding:
                         self._feed_rest()
                     return
                 self._arm()   # else its head is timed and measured as it comes
@@ -274,15 +275,22 @@ def guarded_protocol(*, header_timeout_s: float, max_connections: int,
                     self.cycle is not self._waiting_for
                     or self.transport.get_protocol() is not self):
                 self._disarm()   # the head is complete, or the connection was upgraded
-            if self._rest:
+            if self._rest and not self._feeding:
                 self._feed_rest()
 
         def _feed_rest(self) -> None:
             """What followed a request asking for h2c, in the bytes received with it
             (a pipelined request): httptools stopped at the upgrade and uvicorn dropped
-            it; parsed now, as any other bytes."""
-            rest, self._rest = self._rest, b""
-            self.data_received(rest)
+            it; parsed now, as any other bytes. In a loop, each rest after the last (a
+            write of 1,500 pipelined upgrades nested as deep passed the recursion limit)."""
+            self._feeding = True
+            try:
+                while self._rest and not self.transport.is_closing():
+                    rest, self._rest = self._rest, b""
+                    self.data_received(rest)
+            finally:
+                self._feeding = False
+                self._rest = b""
 
         def _measure(self, data: bytes) -> bytes | None:
             """The refusal when the head so far passes a cap, else None."""

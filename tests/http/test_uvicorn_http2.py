@@ -455,6 +455,27 @@ async def test_an_h2c_upgrade_is_answered_in_http1_quietly(daemon: ServeProcess)
     assert log.count("asking to upgrade to h2c") == 1, log[-2000:]
 
 
+async def test_many_h2c_upgrades_pipelined_in_one_write_are_each_answered(
+        daemon: ServeProcess) -> None:
+    """1,500 small requests asking for h2c, pipelined in one write (~70 KiB): each is
+    answered 200 in order, with no error logged. The bytes after each upgrade are parsed
+    in a loop, not by one call per request nested in the last (which passed Python's
+    recursion limit: a traceback and the connection dropped)."""
+    one = (f"GET /health HTTP/1.1\r\nHost: 127.0.0.1:{daemon.port}\r\n"
+           "Connection: Upgrade\r\nUpgrade: h2c\r\n\r\n").encode()
+    count = 1500
+    stream = await daemon.raw()
+    async with stream:
+        await stream.send(one * count)
+        received = b""
+        with anyio.fail_after(BOUND_S * 4):
+            while received.count(b'{"status":"ok"}') < count:
+                received += await stream.receive()
+    assert received.count(b"HTTP/1.1 200") == count
+    log = daemon.stderr_text()
+    assert "Traceback" not in log and "RecursionError" not in log, log[-3000:]
+
+
 async def test_bodies_past_their_content_length_count_as_rapid_resets(
         daemon: ServeProcess) -> None:
     """150 requests whose body passes its ``content-length`` (each stream reset by the
