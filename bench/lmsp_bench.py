@@ -87,11 +87,12 @@ def _load(port: int, connections: int = CONNECTIONS) -> dict:
 
 
 def _all_terminal(port: int) -> float:
-    """``time.monotonic()`` once no task is queued or running."""
+    """``time.monotonic()`` once no task is queued, loading, running or cancelling (a
+    claimed task is ``loading`` while its agent session is made)."""
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
         while True:
             busy = [client.get("/lmsp/v1/tasks", params={"status": status, "limit": 1}).json()
-                    ["data"] for status in ("queued", "running")]
+                    ["data"] for status in ("queued", "loading", "running", "cancelling")]
             if not any(busy):
                 return time.monotonic()
             time.sleep(0.01)
