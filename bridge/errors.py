@@ -18,7 +18,7 @@ Contracts:
   bounded as it is made, whoever makes it (our agent connections, an embedder's own
   ``AgentConnection``): the message cut at ``MAX_AGENT_MESSAGE`` characters, a ``data``
   over ``MAX_AGENT_DATA`` bytes of JSON (or one that does not encode) replaced by the
-  marker ``{errorKind?, truncated: true, bytes}`` (``cut_agent_data``).
+  marker ``{errorKind?, truncated: true, bytes}`` (``bridge.wire.cut_agent_data``).
 * Errors the doors' callers (the LMSP runner, embedders) may want to wait out rather
   than fail on: ``SessionLimitExceededError`` (no session slot now: retry when one
   frees, ``Bridge.wait_for_session_slot``) and ``AgentRequestTimeoutError`` (an
@@ -226,7 +226,6 @@ class SessionClosedError(BridgeError):
         self.reason = reason
 
 
-MAX_KIND = 128   # characters of an agent's errorKind kept in a cut data's marker
 MAX_AGENT_MESSAGE = 1000   # characters of an agent error's message kept
 MAX_AGENT_DATA = 16_384   # bytes of an agent error's data, JSON-encoded, kept as it is
 
@@ -246,23 +245,12 @@ class AgentError(BridgeError):
             except (TypeError, ValueError, OverflowError):   # an in-process value
                 size = None
             if size is None or size > MAX_AGENT_DATA:
+                from bridge.wire import cut_agent_data   # the marker's wire (it imports us)
                 data = cut_agent_data(data, size)
         super().__init__(message)
         self.rpc_code = rpc_code
         self.message = message
         self.data = data
-
-
-def cut_agent_data(data: Any, size: int | None) -> dict[str, Any]:
-    """What stands for an agent error's ``data`` too big to pass on (``size``: its
-    JSON-encoded bytes, ``None`` when it does not encode): ``{"truncated": true,
-    "bytes": size}``, with its ``errorKind`` when it had one of at most ``MAX_KIND``
-    characters, so a client that switches on it still can."""
-    marker: dict[str, Any] = {"truncated": True, "bytes": size}
-    kind = data.get("errorKind") if isinstance(data, dict) else None
-    if isinstance(kind, str) and len(kind) <= MAX_KIND:
-        marker = {"errorKind": kind, **marker}
-    return marker
 
 
 class AgentDiedError(BridgeError):

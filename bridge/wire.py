@@ -404,14 +404,25 @@ def agent_error_data(kind: str) -> dict[str, Any]:
     return {"errorKind": kind}
 
 
-MAX_KIND, MAX_AGENT_MESSAGE, MAX_AGENT_DATA = errors.MAX_KIND, errors.MAX_AGENT_MESSAGE, \
-    errors.MAX_AGENT_DATA
-cut_agent_data = errors.cut_agent_data
+MAX_KIND = 128   # characters of an agent's errorKind kept in a cut data's marker
+MAX_AGENT_MESSAGE, MAX_AGENT_DATA = errors.MAX_AGENT_MESSAGE, errors.MAX_AGENT_DATA
 
 
 def agent_error(rpc_code: int, message: Any, data: Any = None) -> errors.AgentError:
     """An agent's JSON-RPC error, bounded (``bridge.errors.AgentError`` cuts it)."""
     return errors.AgentError(rpc_code, message, data)
+
+
+def cut_agent_data(data: Any, size: int | None) -> dict[str, Any]:
+    """What stands for an agent error's ``data`` too big to pass on (``size``: its
+    JSON-encoded bytes, ``None`` when it does not encode): ``{"truncated": true,
+    "bytes": size}``, with its ``errorKind`` (``agent_error_kind``) when it had one of
+    at most ``MAX_KIND`` characters, so a client that switches on it still can."""
+    marker: dict[str, Any] = {"truncated": True, "bytes": size}
+    kind = agent_error_kind(data)
+    if kind is not None and len(kind) <= MAX_KIND:
+        marker = {"errorKind": kind, **marker}
+    return marker
 
 
 def agent_error_kind(data: Any) -> str | None:
