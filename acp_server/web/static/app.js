@@ -156,6 +156,10 @@ async function showPrincipal() {
   }
 }
 
+// The URL's fragment as the page loaded: a view chosen (the nav, a link) while the
+// console still waits for the server's first answer is a move, focused as any other.
+const loadedHash = location.hash;
+
 // The first read of /capabilities; while the server does not answer (the page came
 // up as it restarted), asked again after 1, 2, 4, up to 8 s, and the page goes on by
 // itself once it answers.
@@ -182,7 +186,7 @@ async function boot(wait = 1000) {
     await showPrincipal();
     route();
   });
-  route();
+  route({ moved: location.hash !== loadedHash });
 }
 
 boot();
