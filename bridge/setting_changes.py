@@ -30,7 +30,7 @@ Contracts:
   when the session issued it. On a closed bus nothing is published. The events are
   the bus's like any other: journaled, replayed.
 * The agent's refusal of a setter (its JSON-RPC error) is bounded as every agent
-  error is, where its connection makes it (``bridge.wire.agent_error``: the message cut
+  error is, as it is made (``bridge.errors.AgentError``: the message cut
   at ``MAX_AGENT_MESSAGE`` characters, a ``data`` over ``MAX_AGENT_DATA`` bytes of
   JSON replaced by a marker): an agent does not make every setter answer megabytes.
 """
@@ -45,7 +45,6 @@ from bridge.wire import MAX_AGENT_MESSAGE
 
 if TYPE_CHECKING:
     from bridge.session import Session
-
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -251,6 +251,18 @@ def request_scope(fields: list[tuple[bytes, bytes]], server: Any, client: Any, s
             "query_string": query, "headers": headers, "state": app_state.copy()}
 
 
+def answer_whole(conn: h2.connection.H2Connection, stream_id: int,
+                 head: list[tuple[bytes, bytes]], body: bytes) -> bool:
+    """A small answer sent whole (HEADERS, then ``body`` with END_STREAM) when the
+    client's windows take its body now; False when they do not (nothing sent: the
+    caller resets the stream)."""
+    if conn.local_flow_control_window(stream_id) < len(body):
+        return False
+    conn.send_headers(stream_id, head)
+    conn.send_data(stream_id, body, end_stream=True)
+    return True
+
+
 def unsent(transport: Any) -> int:
     """Bytes written to ``transport`` that its client has not acknowledged: in the
     transport's buffer, and in the kernel's (``TIOCOUTQ``: Linux; 0 elsewhere)."""
@@ -263,5 +275,6 @@ def unsent(transport: Any) -> int:
     return size
 
 
-__all__ = ["CALM", "PREFACE", "Calm", "Http2Limits", "Machine", "Stream", "request_scope",
+__all__ = ["CALM", "PREFACE", "Calm", "Http2Limits", "Machine", "Stream", "answer_whole",
+           "request_scope",
            "starts_http2", "unsent"]

@@ -42,7 +42,13 @@ import h2.exceptions
 
 from acp_server.http.guard import _REFUSAL as HTTP1_REFUSAL
 from acp_server.http.guard import _REFUSAL_BODY as REFUSAL_BODY
-from acp_server.http.h2_machine import PREFACE, Http2Limits, Machine, starts_http2
+from acp_server.http.h2_machine import (
+    PREFACE,
+    Http2Limits,
+    Machine,
+    answer_whole,
+    starts_http2,
+)
 _HEAD = [(b":status", b"503"), (b"content-type", b"application/json"),
          (b"retry-after", b"5"), (b"content-length", str(len(REFUSAL_BODY)).encode())]
 DEBUG = b"too many connections"
@@ -123,10 +129,7 @@ class RefusedConnection(asyncio.Protocol):
         assert self.conn is not None
         conn = self.conn
         try:
-            if conn.local_flow_control_window(stream_id) >= len(REFUSAL_BODY):
-                conn.send_headers(stream_id, _HEAD)
-                conn.send_data(stream_id, REFUSAL_BODY, end_stream=True)
-            else:
+            if not answer_whole(conn, stream_id, _HEAD, REFUSAL_BODY):
                 conn.reset_stream(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
         except h2.exceptions.ProtocolError:   # its window shut, or reset meanwhile
             pass

@@ -77,6 +77,7 @@ from acp_server.http.h2_machine import (
     Http2Limits,
     Machine,
     Stream,
+    answer_whole,
     request_scope,
     starts_http2,
     unsent,
@@ -296,12 +297,9 @@ class Http2Connection(asyncio.Protocol):
     def _answer(self, sid: int, status: bytes, body: bytes) -> bool:
         """A small JSON answer sent whole, when the client's windows take its body now
         (else False: nothing sent, the caller resets the stream)."""
-        if self.conn.local_flow_control_window(sid) < len(body):
-            return False
-        self.conn.send_headers(sid, [(b":status", status), (b"content-type", b"application/json"),
-                                     (b"content-length", str(len(body)).encode())])
-        self.conn.send_data(sid, body, end_stream=True)
-        return True
+        return answer_whole(self.conn, sid, [
+            (b":status", status), (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode())], body)
 
     def _gone(self, stream: Stream,
               code: h2.errors.ErrorCodes = h2.errors.ErrorCodes.INTERNAL_ERROR) -> None:

@@ -48,7 +48,7 @@ import h2.exceptions
 from anyio.streams.tls import TLSStream
 
 from acp_server.http.front import Door
-from acp_server.http.h2_machine import Http2Limits, Machine, starts_http2
+from acp_server.http.h2_machine import Http2Limits, Machine, answer_whole, starts_http2
 from acp_server.http.options import HttpOptions
 from acp_server.http.policy import Refusal
 
@@ -189,14 +189,10 @@ def _refuse_stream(conn: Machine, stream_id: int, fields: list[tuple[bytes, byte
                    doors: Sequence[Door]) -> None:
     path = next((value for name, value in fields if name == b":path"), b"/")
     content_type, body = answer_body(path.decode("latin-1").split("?", 1)[0] or "/", doors)
+    head = [(b":status", b"503"), (b"content-type", content_type),
+            (b"content-length", str(len(body)).encode()), *STARTING.headers]
     try:
-        conn.send_headers(stream_id, [
-            (b":status", b"503"), (b"content-type", content_type),
-            (b"content-length", str(len(body)).encode()),
-            *((name, value) for name, value in STARTING.headers)])
-        if conn.local_flow_control_window(stream_id) >= len(body):
-            conn.send_data(stream_id, body, end_stream=True)
-        else:
+        if not answer_whole(conn, stream_id, head, body):
             conn.reset_stream(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
     except h2.exceptions.ProtocolError:   # reset by its client meanwhile
         pass
