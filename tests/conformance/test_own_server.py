@@ -4,7 +4,11 @@ check passes, under asyncio and trio."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import AsyncIterator
+from typing import Any
 
+import anyio
+import httpx
 import pytest
 
 from acp_server.conformance import CHECKS, SUITES, run_conformance
@@ -50,3 +54,56 @@ async def test_the_token_is_sent_on_every_request_and_the_websocket(tmp_path):
             await run_conformance(url, options=FAST, suites=["acp-http"])   # no token
     assert {r.id for r in report.results if r.outcome != "pass"} <= set(KNOWN_FAILING)
     assert len(report.results) == len(CHECKS)
+
+
+class _SessionStreamsLate(httpx.AsyncBaseTransport):
+    """The runner's transport, with every ``/acp`` session stream's bytes held back
+    once ``session/load`` is posted until the connection stream has delivered its
+    answer: the order in which a loaded machine may wake the runner's two readers."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+        self.load_posted = False
+        self.answered = anyio.Event()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.method == "POST" and b'"session/load"' in request.content:
+            self.load_posted = True
+        response = await self.inner.handle_async_request(request)
+        if request.method == "GET" and request.url.path == "/acp":
+            session = "acp-session-id" in request.headers
+            response.stream = _Held(self, response.stream, session)   # type: ignore[arg-type]
+        return response
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class _Held(httpx.AsyncByteStream):
+    def __init__(self, owner: _SessionStreamsLate, inner: Any, session: bool) -> None:
+        self.owner, self.inner, self.session = owner, inner, session
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self.inner:
+            if self.session and self.owner.load_posted:
+                await self.owner.answered.wait()
+            elif not self.session and self.owner.load_posted and b'"id":3,' in chunk:
+                self.owner.answered.set()
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def test_the_history_read_after_the_answer_still_counts_as_first(tmp_path):
+    """The session stream and the connection stream are two TCP connections: the
+    runner read the answer first on a loaded machine, though the server wrote the
+    history first (CI: "session/update before the answer: 0"). Here the runner's
+    session stream is held until the answer is read; the check passes."""
+    transport = _SessionStreamsLate()
+    async with running_target(tmp_path) as url:
+        report = await run_conformance(url, options=FAST, suites=["acp-http"],
+                                       transport=transport)
+    assert transport.answered.is_set()
+    result = next(r for r in report.results if r.id == "acp-http.load.history-first")
+    assert result.outcome == "pass", result.detail

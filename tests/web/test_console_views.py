@@ -70,11 +70,17 @@ def test_a_view_chosen_before_the_console_has_started_gets_the_focus(
     slow server, a loaded machine): once it answers, the view chosen is shown with its
     heading focused, as any move between views. Was the first load's (no focus: the
     hash changed before the console listened for changes; found as a CI flake of the
-    test below)."""
+    test below). The first request may be routed after ``goto`` returns (CI: 0 held
+    at once)."""
     held: list[Route] = []
     page.route("**/capabilities", lambda route: held.append(route))
     page.goto(console.url("/#/"))
-    assert len(held) == 1   # the console's first request, not answered yet
+    # the console's first request, held: it may reach the route after goto's "load"
+    for _ in range(600):   # a hang bound (30 s), not a duration to beat
+        if held:
+            break
+        page.wait_for_timeout(50)   # lets Playwright dispatch the route to its handler
+    assert len(held) == 1
     page.get_by_test_id("nav-daemon").click()
     held[0].continue_()
     page.unroute("**/capabilities")
