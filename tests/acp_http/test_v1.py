@@ -4,6 +4,7 @@ what reconnecting clients ask through ``_meta`` (event ids, prompt ids, cursors)
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,6 @@ import anyio
 import pytest
 
 from acp_server.acp_http.passthrough import advertised
-from bridge import BridgeOptions
 from bridge.wire import envelope
 from tests.acp_http.extended_agent import ExtendedFactory
 from tests.acp_http.server import RunningAcpServer, request, running_acp_server, text
@@ -318,13 +318,17 @@ async def test_session_delete_forwarded_to_an_agent_that_offers_it(
         tmp_path: Path, behaviour: str) -> None:
     """An agent offering ``session/delete`` gets it first; one that never answers it
     (``hang``) holds it for ``--agent-request-timeout-ms`` at most: the session is then
-    closed here all the same (it held the delete, and the session, for ever)."""
+    closed here all the same (it held the delete, and the session, for ever). The
+    short deadline is set only once the session is made: ``session/new`` has it too,
+    and a loaded machine may keep the agent's process from answering within 300 ms."""
     agent = shlex.join(fixture_command("del", "--delete", behaviour))
-    async with running_acp_server(tmp_path, agent=agent,
-                                  options=BridgeOptions(agent_request_timeout_ms=300)) as srv:
+    async with running_acp_server(tmp_path, agent=agent) as srv:
         conn_id, _ = await srv.initialize()
         async with srv.stream(conn_id) as conn_stream:
             sid = await srv.new_session(conn_id, conn_stream)
+            if behaviour == "hang":   # the deadline is the subject here, and only here
+                srv.bridge.options = dataclasses.replace(srv.bridge.options,
+                                                         agent_request_timeout_ms=300)
             async with srv.stream(conn_id, sid) as session_stream:
                 await srv.post(conn_id, request(2, "session/delete", {"sessionId": sid}))
                 with anyio.fail_after(15):
