@@ -3,6 +3,7 @@ model and config option on the session's agent, their answers and their errors."
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,6 @@ import anyio.abc
 import pytest
 
 from bridge.agents.reference import ReferenceAgentFactory
-from bridge.options import BridgeOptions
 from bridge.errors import AgentDiedError, AgentError
 from tests.rest.server import RunningServer, running_server
 
@@ -285,14 +285,18 @@ class _Silent(_Wrapped):
 async def test_a_setter_the_agent_does_not_answer(tmp_path: Path) -> None:
     """A setter has the agent requests' deadline (``--agent-request-timeout-ms``): 504
     ``agent_request_timeout``, as docs/rest.md says, and the session's next setter is
-    not held behind it (it waited for ever, holding the setter lock)."""
-    options = BridgeOptions(agent_request_timeout_ms=300)
-    async with running_server(tmp_path, agent_factory=_Silent(), options=options,
-                              timeout=20) as srv:
+    not held behind it (it waited for ever, holding the setter lock). The short
+    deadline is the bridge's only for the setter that meets it: ``session/new`` and
+    the next setter have it too, and a loaded machine may stall the process for 300 ms
+    while the agent answers them."""
+    async with running_server(tmp_path, agent_factory=_Silent(), timeout=20) as srv:
         sid = (await srv.create_session())["sessionId"]
+        patient = srv.bridge.options
+        srv.bridge.options = dataclasses.replace(patient, agent_request_timeout_ms=300)
         with anyio.fail_after(15):
             status, body = await _post(srv, sid, "approval-mode", {"mode": "plan"})
         assert (status, body["code"], body["timeoutMs"]) == (504, "agent_request_timeout", 300)
+        srv.bridge.options = patient
         with anyio.fail_after(15):
             assert await _post(srv, sid, "approval-mode", {"mode": "yolo"}) == (200, {
                 "sessionId": sid, "mode": "yolo", "previous": "default", "persisted": False})
