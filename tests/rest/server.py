@@ -38,10 +38,12 @@ class RunningServer(LocalServer):
 
     async def events_until(self, session_id: str, stop: str | Callable[[str, Any], bool], *,
                            last_event_id: int | None = None, epoch: str | None = None,
-                           timeout: float = 5.0,
+                           timeout: float = 30.0,
                            on_open: Callable[[], Any] | None = None,
                            headers: dict[str, str] | None = None) -> list[tuple[str, Any]]:
-        """(event type, decoded data) of every frame up to and including ``stop``."""
+        """(event type, decoded data) of every frame up to and including ``stop``.
+        ``timeout`` bounds a hang, generously: a loaded machine may not run this process,
+        or commit the turn's journal, for seconds (it was 5 s)."""
         headers = dict(headers or {})
         if last_event_id is not None:
             headers["Last-Event-ID"] = str(last_event_id)
