@@ -192,12 +192,38 @@ async def test_a_watch_still_queued_after_a_while_says_why_it_may_be(
 
 async def test_a_watch_that_runs_at_once_gives_no_hint(tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hint's moment comes while the task runs: no hint. That moment is the test's
+    (once the watch has shown ``running``, the turn held in the agent until the hint
+    has looked): with a real 0.3 s, a loaded machine may not start the task that soon,
+    and the hint was then right to be printed."""
     from acp_server.client import tasks_cli
 
-    monkeypatch.setattr(tasks_cli, "QUEUED_HINT_S", 0.3)
-    async with lmsp_daemon(tmp_path) as srv:
-        code, _, err = await run(["create", "/sleep 1s slow", "--watch", "--url", srv.url])
-    assert code == 0 and "still queued" not in err, err
+    shown_running, looked = anyio.Event(), anyio.Event()
+    hint = tasks_cli._hint_while_queued
+
+    async def hint_once_running(shown: tasks_cli.Watch) -> None:
+        await shown_running.wait()
+        await hint(shown)   # QUEUED_HINT_S is 0 here: it looks at once
+        looked.set()
+
+    monkeypatch.setattr(tasks_cli, "QUEUED_HINT_S", 0)
+    monkeypatch.setattr(tasks_cli, "_hint_while_queued", hint_once_running)
+    agent = HeldAgent()
+    async with lmsp_daemon(tmp_path, agent_factory=agent) as srv:
+        out, err = io.StringIO(), io.StringIO()
+        args = build_parser().parse_args(["create", "at once", "--watch", "--url", srv.url])
+        codes: list[int] = []
+        async with anyio.create_task_group() as tg:
+            async def watched() -> None:
+                codes.append(await tasks_command(args, out=out, err=err))
+            tg.start_soon(watched)
+            await wait_until_text(err, "  running")
+            shown_running.set()
+            with anyio.fail_after(30):   # a hang bound
+                await looked.wait()
+            (await agent.arrived(1)).release()
+    assert codes == [0] and "still queued" not in err.getvalue(), err.getvalue()
+    assert out.getvalue() == "Echo: at once\n"
 
 
 async def wait_until_text(stream: io.StringIO, text: str) -> None:
