@@ -193,12 +193,15 @@ async def test_a_client_goaway_lets_its_streams_in_flight_finish(tmp_path: Path)
     (a prompt's turn arrives on it), and once the client is silent the keep-alive PING
     goes unanswered and the connection is closed. Was: ``h2`` took its connection as
     closed, every later frame was dropped, and the PING raised in the timer (a
-    traceback; the connection never closed while the stream's app ran)."""
+    traceback; the connection never closed while the stream's app ran). The client
+    answers the PINGs until the turn has arrived, and only then falls silent: silent
+    from its GOAWAY on, a loaded machine that takes 4 s (twice the header timeout) to
+    bring the turn saw the connection closed first."""
     async with ServeProcess(tmp_path, "--http-server", "uvicorn", "--session-journal",
                             "memory", "--header-timeout-ms", "2000") as daemon:
         sid = (await daemon.client.post("/session", json={})).json()["sessionId"]
         async with anyio.create_task_group() as tg:
-            raw = await RawH2.connect(daemon.port, tg)
+            raw = await RawH2.connect(daemon.port, tg, answer_pings=True)
             async with raw:
                 await open_events(raw, daemon.port, sid)
                 with anyio.fail_after(BOUND_S):
@@ -213,6 +216,7 @@ async def test_a_client_goaway_lets_its_streams_in_flight_finish(tmp_path: Path)
                     while raw.got.data_bytes == before and not raw.got.closed:
                         await raw.changed.wait()
                 assert raw.got.data_bytes > before, raw.got
+                raw.answer_pings = False   # silent from here
                 with anyio.fail_after(BOUND_S):
                     while not raw.got.closed:
                         await raw.changed.wait()
