@@ -180,6 +180,7 @@ def test_a_whole_head_within_the_caps_is_neither_timed_nor_measured() -> None:
     assert len(Guarded.deadlines) == 0 and protocol._line == 0
 
 
+@settings(deadline=None)   # the verdict, not its speed: a loaded machine may stall one
 @given(fields=st.integers(0, 8), path=st.integers(0, 40))
 def test_a_whole_head_over_a_cap_is_refused_as_when_measured(fields: int, path: int) -> None:
     head = (b"GET /" + b"p" * path + b" HTTP/1.1\r\n"

@@ -26,6 +26,9 @@ from acp_server.http.session_cursor import (
 from bridge import SessionStatus
 
 HEX = "0123456789abcdef"
+# TIMINGS: no deadline per example (Hypothesis's is 200 ms): what is checked is the
+# cursors, not their speed, and one example descheduled on a loaded machine failed the
+# test ("Unreliable test timings!", the replay being fast)
 KEYS = st.builds(SessionKey, createdUs=st.integers(0, MAX_CREATED_US),
                  sessionHash=st.text(HEX, min_size=32, max_size=32))
 JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
@@ -44,6 +47,7 @@ def _status(session_id: str, created_at: float) -> SessionStatus:
                          last_event_id=0, event_epoch="e")
 
 
+@settings(deadline=None)   # see TIMINGS
 @given(KEYS)
 def test_a_key_round_trips_within_the_cap(key: SessionKey) -> None:
     cursor = encode(key)
@@ -66,7 +70,7 @@ CANDIDATES = st.one_of(
 )
 
 
-@settings(max_examples=2000)
+@settings(max_examples=2000, deadline=None)
 @given(CANDIDATES)
 def test_decode_takes_only_what_encode_spells(cursor: str) -> None:
     try:
@@ -103,7 +107,7 @@ TIMES = st.sampled_from([1.0, 1.0000005, 2.0, 3.0, 3.0000001])
 STEP = st.tuples(st.lists(st.integers(0, 50), max_size=3), st.lists(TIMES, max_size=3))
 
 
-@settings(max_examples=400)
+@settings(max_examples=400, deadline=None)
 @given(st.lists(TIMES, max_size=25), st.integers(1, 4), st.lists(STEP, max_size=12))
 def test_a_walk_lists_each_survivor_once_and_nothing_twice(
         initial: list[float], size: int, steps: list[tuple[list[int], list[float]]]) -> None:
