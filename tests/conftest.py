@@ -13,6 +13,14 @@ group here (``SERIAL_GROUPS``: ``--dist loadgroup`` runs a group on one worker, 
 import sys
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# No property test is timed: Hypothesis's per-example deadline (200 ms) and its
+# too-slow health check fail a correct test on a loaded machine ("Unreliable test
+# timings"). Loaded before any test module, so their own ``settings(...)`` inherit it.
+settings.register_profile("acp-server", deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("acp-server")
 
 
 @pytest.fixture(params=[pytest.param("asyncio", id="asyncio"), pytest.param("trio", id="trio")])
