@@ -5,6 +5,7 @@ the prompt ran once; permissions asked before or during the cut are answered."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -343,6 +344,7 @@ async def test_a_rate_limited_token_re_attaches_its_sessions(tmp_path: Path) -> 
                 spawn_adapter(f"http://127.0.0.1:{relay.port}/acp", "--give-up-after", "3s",
                               env={"ACP_SERVER_TOKEN": token}) as adapter:
             await adapter.request("initialize", INIT)
+            started = time.monotonic()   # the bucket refills one a second from here on
             sids = [(await adapter.request("session/new", {"cwd": str(tmp_path),
                                                            "mcpServers": []}))
                     ["result"]["sessionId"] for _ in range(3)]
@@ -355,7 +357,8 @@ async def test_a_rate_limited_token_re_attaches_its_sessions(tmp_path: Path) -> 
                                          headers={"Authorization": f"Bearer {token}"}) as http:
                 while (await http.delete("/session/none")).status_code != 429:
                     spent += 1   # the mutation bucket, emptied
-            assert spent <= 62
+            # 60, and what refilled meanwhile: a loaded machine spends seconds on these
+            assert spent <= 60 + (time.monotonic() - started) + 1, spent
             relay.cut()
             done = await adapter.response("turn", timeout=60)
             assert done.get("result") == {"stopReason": "end_turn"}, done
