@@ -128,8 +128,8 @@ class HAProxy:
                 try:
                     response = client.get("/daemon/status")
                 except httpx.TransportError:
-                    continue
-                if response.status_code == 200:
+                    response = None
+                if response is not None and response.status_code == 200:
                     seen.add(str(response.json()["daemon"]["pid"]))
                 time.sleep(0.02)
 
