@@ -6,7 +6,7 @@ import json
 
 import msgspec
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bridge import jsonrpc
@@ -146,7 +146,10 @@ json_values = st.recursive(
 ids = st.none() | st.integers(-(2**31), 2**31) | st.text(max_size=8)
 
 
+# no deadline: a loaded machine that does not run this process for 200 ms (Hypothesis's
+# default) in one example is no failure of the code (Hypothesis reports it Flaky)
 @given(ident=ids, method=st.text(min_size=1), params=st.dictionaries(st.text(), json_values, max_size=4))
+@settings(deadline=None)
 def test_request_round_trip(ident: int | str | None, method: str, params: dict) -> None:
     msg = decode_message(encode_request(ident, method, params))
     assert (msg.id, msg.method, decode_value(msg.params)) == (ident, method, params)
@@ -155,6 +158,7 @@ def test_request_round_trip(ident: int | str | None, method: str, params: dict) 
 
 
 @given(ident=ids, result=json_values, code=st.integers(-(2**31), 2**31), data=json_values)
+@settings(deadline=None)
 def test_response_round_trip(ident: int | str | None, result: object, code: int, data: object) -> None:
     ok = decode_message(encode_result(ident, result))
     assert ok.id == ident and decode_value(ok.result) == result

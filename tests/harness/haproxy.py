@@ -115,16 +115,21 @@ class HAProxy:
     def wait_up(self, count: int, timeout: float = START_TIMEOUT_S,
                 headers: dict[str, str] | None = None) -> None:
         """Until ``count`` different instances have answered ``/health`` through us
-        (``headers``: the token, when the instances need one)."""
+        (``headers``: the token, when the instances need one). An answer slower than
+        the client's timeout (an instance a loaded machine did not run for a while) is
+        asked again, as a refusal is: only the deadline gives up."""
         seen: set[str] = set()
         deadline = time.monotonic() + timeout
-        with httpx.Client(base_url=self.base_url, timeout=2, headers=headers) as client:
+        with httpx.Client(base_url=self.base_url, timeout=5, headers=headers) as client:
             while len(seen) < count:
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"only {sorted(seen)} of {count} instances came up")
                 client.cookies.clear()   # no affinity: let the balancer choose
-                response = client.get("/daemon/status")
-                if response.status_code == 200:
+                try:
+                    response = client.get("/daemon/status")
+                except httpx.TransportError:
+                    response = None
+                if response is not None and response.status_code == 200:
                     seen.add(str(response.json()["daemon"]["pid"]))
                 time.sleep(0.02)
 

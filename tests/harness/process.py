@@ -49,6 +49,9 @@ import httpx
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN_ENV = "ACP_SERVER_TOKEN"
 START_TIMEOUT_S = 30
+# the clients' timeout: a bound against a hang, never a timing (a loaded machine
+# may not run the child for seconds: a CI worker once took an answer past 10 s)
+CLIENT_TIMEOUT_S = 30
 LISTENING = re.compile(r"acp-server listening on (https?://(?:\[[^\]]+\]|[^:\s]+):(\d+)) ")
 
 
@@ -196,7 +199,7 @@ class ServeProcess:
     def http(self) -> httpx.Client:
         """A synchronous client on the child (with its token), closed on stop."""
         if self._http is None:
-            self._http = httpx.Client(base_url=self.base_url, timeout=10,
+            self._http = httpx.Client(base_url=self.base_url, timeout=CLIENT_TIMEOUT_S,
                                       headers=self._headers(), verify=False)
         return self._http
 
@@ -221,7 +224,7 @@ class ServeProcess:
 
     async def __aenter__(self) -> ServeProcess:
         await anyio.to_thread.run_sync(self.start)
-        self._client = httpx.AsyncClient(base_url=self.base_url, timeout=10,
+        self._client = httpx.AsyncClient(base_url=self.base_url, timeout=CLIENT_TIMEOUT_S,
                                          headers=self._headers(), verify=False)
         return self
 

@@ -116,8 +116,16 @@ async def test_a_taken_over_session_is_fenced_and_stopped_here(
             frames.extend(await read_events(srv.client, sid, lambda e: False,
                                             last_event_id=written))
 
+        bus = srv.bridge.get_session(sid).bus
+        earlier = list(bus._subscribers)   # the first reader's, until its close is seen
         async with anyio.create_task_group() as tg:
             tg.start_soon(reader)
+            # the reader attached before the take-over (its GET could reach the server
+            # after the stop, on another connection than the prompt's: then served
+            # from the journal as any session of another instance's, and not ended)
+            with anyio.fail_after(30):
+                while not any(s not in earlier for s in bus._subscribers):
+                    await anyio.sleep(0.01)
             _take_over(db, sid)
             refused = await srv.client.post(f"/session/{sid}/prompt", json=_prompt("late"))
             assert refused.status_code == 503   # its record was refused: not accepted

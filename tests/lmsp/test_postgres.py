@@ -91,12 +91,14 @@ async def test_idempotency_key_across_instances(url: str) -> None:
 
 
 async def test_lost_lease_writes_nothing_and_expiry_is_recovered(url: str) -> None:
-    async with two_stores(url, lease_s=0.5) as (a, b):
+    # the lease is long and its expiry played on B's clock: a 0.5 s lease on the real
+    # clock expired by itself when a loaded machine took that long to B's first look
+    async with two_stores(url, lease_s=30) as (a, b):
         task_id = await create(a, "fail")
         assert (await a.claim_next(time.time())) is not None
         assert await a.transition(task_id, ("loading",), "running", now=1) is not None
         assert (await b.recover(recovery_finish, max_attempts=3, now=2)).failed == 0
-        b.clock_offset_s = 0.7   # 0.7 s on, A has not renewed: its lease expired
+        b.clock_offset_s = 31   # 31 s on, A has not renewed: its lease expired
         assert (await b.recover(recovery_finish, max_attempts=3, now=3)).failed == 1
         # A's late writes lose: the task is B's verdict
         assert await a.transition(task_id, ("running",), "succeeded", terminal(), now=4) is None
@@ -108,12 +110,14 @@ async def test_lost_lease_writes_nothing_and_expiry_is_recovered(url: str) -> No
 
 
 async def test_renewal_keeps_the_lease(url: str) -> None:
-    async with two_stores(url, lease_s=0.5) as (a, b):
+    # time passes on the stores' clocks only: with a 0.5 s lease on the real clock, a
+    # loaded machine taking that long from the last renewal to B's look expired it
+    async with two_stores(url, lease_s=30) as (a, b):
         task_id = await create(a, "fail")
         await a.claim_next(time.time())
-        for _ in range(4):   # 1 s on the database clock, past the 0.5 s lease
-            a.clock_offset_s += 0.25
-            b.clock_offset_s += 0.25
+        for _ in range(4):   # 60 s on the database clock, past the 30 s lease
+            a.clock_offset_s += 15
+            b.clock_offset_s += 15
             owned, cancelling = await a.renew_leases()
             assert owned == {task_id} and not cancelling
         assert (await b.recover(recovery_finish, max_attempts=3, now=2)).failed == 0

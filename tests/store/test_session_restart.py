@@ -167,8 +167,10 @@ async def test_our_sdk_client_across_a_restart(tmp_path: Path, store_name: str) 
     child = ServeProcess(tmp_path, *_flags(tmp_path, store_name)).start()
     gate = _Gate()
     try:
+        # the client's timeout bounds a hang (httpx's default, 5 s between two bytes of
+        # an event stream, a loaded machine can pass while the queued prompt reruns)
         async with DaemonClient(child.base_url, transport=gate) as sdk, \
-                httpx.AsyncClient(base_url=child.base_url) as client:
+                httpx.AsyncClient(base_url=child.base_url, timeout=30) as client:
             session = await sdk.create_or_attach_session({"sessionScope": "thread"})
             sid = session.session_id
             outcome: dict[str, Any] = {}
