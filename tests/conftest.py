@@ -12,6 +12,8 @@ group here (``SERIAL_GROUPS``: ``--dist loadgroup`` runs a group on one worker, 
 
 import sys
 
+import httpx
+import httpx._api
 import pytest
 from hypothesis import HealthCheck, settings
 
@@ -21,6 +23,17 @@ from hypothesis import HealthCheck, settings
 settings.register_profile("acp-server", deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("acp-server")
+
+# httpx's default timeout (5 s) on the suite's own clients that name none, a 30 s hang
+# bound instead: a loaded machine may not run a child server for seconds, and a test
+# waiting on a condition must not fail on the client's clock. (The project's code
+# names its clients' timeouts; this changes none of them.)
+_HANG_BOUND = httpx.Timeout(30.0)
+for _made in (httpx.Client.__init__, httpx.AsyncClient.__init__,
+              *(getattr(httpx._api, name) for name in (
+                  "request", "get", "options", "head", "post", "put", "patch", "delete"))):
+    if (_made.__kwdefaults__ or {}).get("timeout") == httpx.Timeout(5.0):
+        _made.__kwdefaults__["timeout"] = _HANG_BOUND
 
 
 @pytest.fixture(params=[pytest.param("asyncio", id="asyncio"), pytest.param("trio", id="trio")])
