@@ -276,5 +276,4 @@ def unsent(transport: Any) -> int:
 
 
 __all__ = ["CALM", "PREFACE", "Calm", "Http2Limits", "Machine", "Stream", "answer_whole",
-           "request_scope",
-           "starts_http2", "unsent"]
+           "request_scope", "starts_http2", "unsent"]
