@@ -63,6 +63,11 @@ def _turn_running(process: subprocess.Popen[bytes], workspace: Path) -> str:
     return sid
 
 
+def _turn_ended(status: Any) -> bool:
+    """The session closed (404), or open with no prompt running (``SessionStatus``)."""
+    return bool(status.status_code == 404 or not status.json()["hasActivePrompt"])
+
+
 def test_a_closed_stdout_stops_the_adapter_with_one_line(tmp_path: Path) -> None:
     log = tmp_path / "adapter.err"
     with ServeProcess(tmp_path) as server, log.open("wb") as stderr:
@@ -72,9 +77,11 @@ def test_a_closed_stdout_stops_the_adapter_with_one_line(tmp_path: Path) -> None
             assert process.stdout is not None
             process.stdout.close()            # the editor's end of the pipe
             assert process.wait(timeout=30) == 0
-            # its turn was cancelled (and the connection closed, as DELETE would)
-            status = server.http.get(f"/session/{sid}/status")
-            assert status.status_code == 404 or status.json()["state"] != "prompting"
+            # its turn was cancelled (and the connection closed, as DELETE would); the
+            # server closes the connection's sessions soon after its 202, not before it
+            deadline = time.monotonic() + 30
+            while not _turn_ended(server.http.get(f"/session/{sid}/status")):
+                assert time.monotonic() < deadline, "the turn still runs"
         finally:
             process.kill()
             process.wait()
