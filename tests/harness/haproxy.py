@@ -11,10 +11,11 @@ there, as the ACP Streamable HTTP RFD asks of clients) or ``"hash"`` (the first 
 segments, ``/session/<id>``, hashed consistently: one session's requests reach one
 instance, whatever the client keeps). Each server is health-checked on ``GET /health`` every 200 ms, so a killed
 instance leaves the rotation without a test waiting on a timer: refused twice in a row
-(400 ms), or not answering within ``timeout check`` (1 s) twice, a paused one. One slow
+(400 ms), or not answering within ``timeout check`` (2 s) twice, a paused one. One slow
 answer on a loaded machine does not take a live instance out (``fall 1`` and the
 200 ms default check timeout did: a client's next request then reached the other
-instance, which did not know its ``Acp-Connection-Id``). ``start()`` returns once
+instance, which did not know its ``Acp-Connection-Id``; a 1 s check let a live
+instance the machine did not run for ~1.4 s leave the rotation). ``start()`` returns once
 the listener answers; the configuration is ``config_path`` and HAProxy's output goes to
 ``log_path``. ``haproxy_binary()`` is ``None`` where HAProxy is not installed (the
 tests then skip; CI installs it, ``.ci/run``).
@@ -68,7 +69,7 @@ def config(port: int, servers: list[str], affinity: Affinity) -> str:
         # the check names a loopback Host: the server refuses requests without one (421)
         + "    option httpchk\n"
         + "    http-check send meth GET uri /health ver HTTP/1.1 hdr Host localhost\n"
-        + "    timeout check 1s\n"
+        + "    timeout check 2s\n"
         + "    default-server inter 200ms fall 2 rise 1\n",
     ]
     for index, url in enumerate(servers):
