@@ -224,8 +224,9 @@ class EventBus:
             self.sink(event, envelope)
         if not self.hold:
             self._released_id = self._last_id
-            for subscriber in tuple(self._subscribers):
-                subscriber._push(event)
+            if self._subscribers:   # (a copy: a push may evict, so unsubscribe)
+                for subscriber in tuple(self._subscribers):
+                    subscriber._push(event)
         return event
 
     def release(self, through: int) -> None:
