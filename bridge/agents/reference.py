@@ -192,23 +192,36 @@ class ReferenceConnection:
         if self._death is not None:
             raise self._death
         call = self._agent.dispatch(method, _plain(params))
+        if method == "session/prompt":
+            # A turn runs in a cancel scope of its own, which ``_lose`` cancels too:
+            # no second scope per turn here (one costs ~4 µs on asyncio).
+            result = await self._answer(method, call)
+            if self._death is not None:   # its turn ended by the connection's loss
+                raise self._death
+            return _plain(result)
         scope = anyio.CancelScope()
         self._scopes.add(scope)
         answered = False
         try:
             with scope:
-                result = await call
+                result = await self._answer(method, call)
                 answered = True
-        except RequestError as exc:
-            raise agent_error(exc.code, exc.message, exc.data) from None
-        except Exception as exc:
-            logger.exception("reference agent failed on %s", method)
-            raise agent_error(INTERNAL_ERROR, f"Internal error: {exc}") from None
         finally:
             self._scopes.discard(scope)
         if not answered:  # only our scope was cancelled: the connection went away
             raise self._death or AgentDiedError("Agent connection closed")
         return _plain(result)
+
+    @staticmethod
+    async def _answer(method: str, call: Coroutine[Any, Any, Any]) -> Any:
+        """The agent's answer; its JSON-RPC errors as ``AgentError``."""
+        try:
+            return await call
+        except RequestError as exc:
+            raise agent_error(exc.code, exc.message, exc.data) from None
+        except Exception as exc:
+            logger.exception("reference agent failed on %s", method)
+            raise agent_error(INTERNAL_ERROR, f"Internal error: {exc}") from None
 
     async def notify(self, method: str, params: Any) -> None:
         if self._death is not None:
@@ -224,6 +237,7 @@ class ReferenceConnection:
         self._death = error
         for scope in list(self._scopes):
             scope.cancel()
+        self._agent.cancel_turns()   # (their requests have no scope of their own)
         if notify:
             try:
                 self.client.connection_lost(error)

@@ -320,6 +320,11 @@ class ReferenceAgent:
             return _raise(RequestError(INVALID_PARAMS, "Invalid params: expected an object"))
         return handler(params)
 
+    def cancel_turns(self) -> None:
+        """Every running turn ends, as by ``session/cancel`` (its connection is gone)."""
+        for turn in list(self._turns.values()):
+            turn.scope.cancel()
+
     def handle_notification(self, method: str, params: Any) -> None:
         if method == "session/cancel" and isinstance(params, dict):
             turn = self._turns.get(params.get("sessionId"))  # type: ignore[arg-type]
