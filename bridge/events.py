@@ -275,9 +275,9 @@ class Event:
     __slots__ = ("id", "type", "data", "prompt_id", "originator_client_id", "timestamp_ms",
                  "size", "_fmt0", "_enc0", "_fmt1", "_enc1", "_encoded")
 
-    def __init__(self, event_id: int | None, type_: str, data: Any, *,
+    def __init__(self, event_id: int | None, type_: str, data: Any,
                  prompt_id: str | None = None, originator_client_id: str | None = None,
-                 timestamp_ms: int | None = None) -> None:
+                 *, timestamp_ms: int | None = None) -> None:
         self.id = event_id
         self.type = type_
         self.data = data
