@@ -177,8 +177,8 @@ class SessionStore:
 
 # --- directives ------------------------------------------------------------------
 
-_DIRECTIVE_RE = re.compile(
-    r"/(?:sleep[ \t]+(?P<sleep>\d+)(?P<unit>ms|s)"
+_DIRECTIVE_RE = re.compile(   # (the whitespace before it: ``\s`` is ``str.isspace``)
+    r"\s*/(?:sleep[ \t]+(?P<sleep>\d+)(?P<unit>ms|s)"
     r"|chunks[ \t]+(?P<chunks>\d+)"
     r"|tool[ \t]+write[ \t]+(?P<path>\S+)"
     r"|(?P<flag>permission|fail|max_tokens|refuse|crash|history))(?=\s|\Z)"
@@ -205,8 +205,6 @@ def parse_directives(text: str) -> Directives:
     found = Directives()
     pos = 0
     while True:
-        while pos < len(text) and text[pos].isspace():
-            pos += 1
         match = _DIRECTIVE_RE.match(text, pos)
         if match is None:
             break
