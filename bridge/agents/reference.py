@@ -129,6 +129,15 @@ def _plain(value: Any) -> Any:
     return decode_value(encode_value(value))
 
 
+def _failed(method: str, exc: Exception) -> Exception:
+    """What a request raises for the agent's error: its JSON-RPC error as
+    ``AgentError``, anything else (logged) as an internal error."""
+    if isinstance(exc, RequestError):
+        return agent_error(exc.code, exc.message, exc.data)
+    logger.exception("reference agent failed on %s", method, exc_info=exc)
+    return agent_error(INTERNAL_ERROR, f"Internal error: {exc}")
+
+
 class _InProcessPeer:
     """What the in-process agent talks to: the ``AgentClient`` behind the connection."""
 
@@ -195,7 +204,10 @@ class ReferenceConnection:
         if method == "session/prompt":
             # A turn runs in a cancel scope of its own, which ``_lose`` cancels too:
             # no second scope per turn here (one costs ~4 µs on asyncio).
-            result = await self._answer(method, call)
+            try:
+                result = await call
+            except Exception as exc:
+                raise _failed(method, exc) from None
             if self._death is not None:   # its turn ended by the connection's loss
                 raise self._death
             return result   # a dict made for this answer ({"stopReason": ...}): no copy
@@ -204,24 +216,15 @@ class ReferenceConnection:
         answered = False
         try:
             with scope:
-                result = await self._answer(method, call)
+                result = await call
                 answered = True
+        except Exception as exc:
+            raise _failed(method, exc) from None
         finally:
             self._scopes.discard(scope)
         if not answered:  # only our scope was cancelled: the connection went away
             raise self._death or AgentDiedError("Agent connection closed")
         return _plain(result)
-
-    @staticmethod
-    async def _answer(method: str, call: Coroutine[Any, Any, Any]) -> Any:
-        """The agent's answer; its JSON-RPC errors as ``AgentError``."""
-        try:
-            return await call
-        except RequestError as exc:
-            raise agent_error(exc.code, exc.message, exc.data) from None
-        except Exception as exc:
-            logger.exception("reference agent failed on %s", method)
-            raise agent_error(INTERNAL_ERROR, f"Internal error: {exc}") from None
 
     async def notify(self, method: str, params: Any) -> None:
         if self._death is not None:
