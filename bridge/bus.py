@@ -209,23 +209,23 @@ class EventBus:
         if self.closed:
             return None
         self._last_id += 1
-        event = Event(self._last_id, type_, data, prompt_id=prompt_id,
-                      originator_client_id=originator_client_id)
-        envelope = wire.envelope(event)   # encoded once, here, for every door
-        event.size = len(envelope)
+        event = Event(self._last_id, type_, data, prompt_id, originator_client_id)
+        envelope = wire.first_envelope(event)   # encoded once, here, for every door
+        event.size = size = len(envelope)
         ring = self._ring
         if len(ring) == ring.maxlen:
-            self._ring_size_bytes -= ring[0].size
+            size -= ring[0].size
         ring.append(event)
-        self._ring_size_bytes += event.size
+        self._ring_size_bytes += size
         if self._ring_size_bytes > self.ring_bytes:
             self._trim_bytes()
         if self.sink is not None:
             self.sink(event, envelope)
         if not self.hold:
             self._released_id = self._last_id
-            for subscriber in tuple(self._subscribers):
-                subscriber._push(event)
+            if self._subscribers:   # (a copy: a push may evict, so unsubscribe)
+                for subscriber in tuple(self._subscribers):
+                    subscriber._push(event)
         return event
 
     def release(self, through: int) -> None:

@@ -270,26 +270,43 @@ def now_ms() -> int:
 class Event:
     """One published event (or a stream-control frame, ``id`` ``None``)."""
 
+    # The first two formats built (the bus's envelope, then a door's frame) are kept in
+    # slots of their own, any further one in a dict: no dict per event on the hot path.
     __slots__ = ("id", "type", "data", "prompt_id", "originator_client_id", "timestamp_ms",
-                 "size", "_encoded")
+                 "size", "_fmt0", "_enc0", "_fmt1", "_enc1", "_encoded")
 
-    def __init__(self, event_id: int | None, type_: str, data: Any, *,
+    def __init__(self, event_id: int | None, type_: str, data: Any,
                  prompt_id: str | None = None, originator_client_id: str | None = None,
-                 timestamp_ms: int | None = None) -> None:
+                 *, timestamp_ms: int | None = None) -> None:
         self.id = event_id
         self.type = type_
         self.data = data
         self.prompt_id = prompt_id
         self.originator_client_id = originator_client_id
-        self.timestamp_ms = now_ms() if timestamp_ms is None else timestamp_ms
+        self.timestamp_ms = time.time_ns() // 1_000_000 if timestamp_ms is None else timestamp_ms
         self.size = 0
-        self._encoded: dict[Callable[[Event], bytes], bytes] = {}
+        self._fmt0: Callable[[Event], bytes] | None = None
+        self._fmt1: Callable[[Event], bytes] | None = None
+        self._encoded: dict[Callable[[Event], bytes], bytes] | None = None
 
     def encoded(self, fmt: Callable[[Event], bytes]) -> bytes:
         """This event in format ``fmt``, built once and kept (see the module contracts)."""
-        found = self._encoded.get(fmt)
+        if self._fmt0 is fmt:
+            return self._enc0  # type: ignore[no-any-return]
+        if self._fmt1 is fmt:
+            return self._enc1  # type: ignore[no-any-return]
+        cache = self._encoded
+        found = cache.get(fmt) if cache is not None else None
         if found is None:
-            found = self._encoded[fmt] = fmt(self)
+            found = fmt(self)   # (it may build other formats of this event first)
+            if self._fmt0 is None:
+                self._fmt0, self._enc0 = fmt, found
+            elif self._fmt1 is None:
+                self._fmt1, self._enc1 = fmt, found
+            else:
+                if self._encoded is None:
+                    self._encoded = {}
+                self._encoded[fmt] = found
         return found
 
     def __repr__(self) -> str:

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Generator
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -36,7 +37,8 @@ class PromptTicket:
         self.session_id = session_id
         self.last_event_id = last_event_id
         self.epoch = epoch
-        self._done = anyio.Event()
+        # made by the first ``result()`` only: a door that answers 202 never awaits it
+        self._done: anyio.Event | None = None
         self._outcome: PromptResult | BaseException | None = None
         self._cancel = cancel
         # With a durable journal: awaits the commit of the accepted prompt (see
@@ -65,7 +67,12 @@ class PromptTicket:
             self._cancel(reason)
 
     async def result(self) -> PromptResult:
-        await self._done.wait()
+        if self._outcome is None:   # (no await between this check and the wait)
+            if self._done is None:
+                self._done = anyio.Event()
+            await self._done.wait()
+        else:
+            await anyio.lowlevel.checkpoint()   # as the set event's wait() did
         outcome = self._outcome
         if isinstance(outcome, BaseException):
             raise outcome
@@ -80,5 +87,6 @@ class PromptTicket:
         if self._outcome is not None:
             return False
         self._outcome = outcome
-        self._done.set()
+        if self._done is not None:
+            self._done.set()
         return True

@@ -271,6 +271,14 @@ def envelope(event: Event) -> bytes:
     return event.encoded(_encode_envelope)
 
 
+def first_envelope(event: Event) -> bytes:
+    """``envelope`` of an event just made (nothing encoded yet: the bus's publish),
+    kept as ``envelope`` keeps it, without the look-up."""
+    encoded = event._enc0 = _encode_envelope(event)
+    event._fmt0 = _encode_envelope
+    return encoded
+
+
 def decode_envelope(raw: bytes | msgspec.Raw) -> EventEnvelope:
     return _envelope_decoder.decode(raw)
 

@@ -91,6 +91,9 @@ def json_response(status: int, body: Any, headers: Mapping[str, str] | None = No
     return Response(_encoder.encode(body), status, headers, "application/json")
 
 
+encode_body = _encoder.encode   # ``json_response``'s body bytes
+
+
 def bad_request(message: str, code: str | None = None, **extra: Any) -> RestError:
     body: dict[str, Any] = {"error": message}
     if code is not None:

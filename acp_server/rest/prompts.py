@@ -34,7 +34,7 @@ from acp_server.http.endpoints import route
 from acp_server.principals import CALLER_KEY, LOCAL_CALLER, Caller, caller_of
 from acp_server.rest import wire
 from acp_server.rest.config import RestConfig
-from acp_server.rest.errors import RestError, error_response, json_response
+from acp_server.rest.errors import RestError, encode_body, error_response, json_response
 from acp_server.rest.owners import owned
 from bridge import Bridge
 from bridge.errors import (
@@ -198,9 +198,19 @@ class FastPrompt:
         except SETTLED as exc:   # settled: 503 / 409 / 404, answered here
             return _messages(error_response(exc))
         caller.prompt_accepted(session_id, ticket.prompt_id, parsed.prompt, "rest")
-        return _messages(json_response(202, wire.PromptAccepted(
+        return accepted_messages(wire.PromptAccepted(
             promptId=ticket.prompt_id, lastEventId=ticket.last_event_id,
-            eventEpoch=ticket.epoch)))
+            eventEpoch=ticket.epoch))
+
+
+def accepted_messages(body: wire.PromptAccepted) -> Answer:
+    """``_messages(json_response(202, body))`` without building a ``Response``: the same
+    two messages (its headers in its order), at a third of the cost per prompt."""
+    raw = encode_body(body)
+    return ({"type": "http.response.start", "status": 202,
+             "headers": [(b"content-length", str(len(raw)).encode()),
+                         (b"content-type", b"application/json")]},
+            {"type": "http.response.body", "body": raw})
 
 
 class PromptSentAgain:

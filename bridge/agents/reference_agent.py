@@ -177,8 +177,8 @@ class SessionStore:
 
 # --- directives ------------------------------------------------------------------
 
-_DIRECTIVE_RE = re.compile(
-    r"/(?:sleep[ \t]+(?P<sleep>\d+)(?P<unit>ms|s)"
+_DIRECTIVE_RE = re.compile(   # (the whitespace before it: ``\s`` is ``str.isspace``)
+    r"\s*/(?:sleep[ \t]+(?P<sleep>\d+)(?P<unit>ms|s)"
     r"|chunks[ \t]+(?P<chunks>\d+)"
     r"|tool[ \t]+write[ \t]+(?P<path>\S+)"
     r"|(?P<flag>permission|fail|max_tokens|refuse|crash|history))(?=\s|\Z)"
@@ -205,8 +205,6 @@ def parse_directives(text: str) -> Directives:
     found = Directives()
     pos = 0
     while True:
-        while pos < len(text) and text[pos].isspace():
-            pos += 1
         match = _DIRECTIVE_RE.match(text, pos)
         if match is None:
             break
@@ -319,6 +317,11 @@ class ReferenceAgent:
         if not isinstance(params, dict):
             return _raise(RequestError(INVALID_PARAMS, "Invalid params: expected an object"))
         return handler(params)
+
+    def cancel_turns(self) -> None:
+        """Every running turn ends, as by ``session/cancel`` (its connection is gone)."""
+        for turn in list(self._turns.values()):
+            turn.scope.cancel()
 
     def handle_notification(self, method: str, params: Any) -> None:
         if method == "session/cancel" and isinstance(params, dict):

@@ -144,3 +144,17 @@ async def test_agent_error_reaches_the_stream(server: RunningServer) -> None:
                                        last_event_id=accepted["lastEventId"])
     assert frames[-1][0] == "turn_error"
     assert frames[-1][1]["promptId"] == accepted["promptId"]
+
+
+@pytest.mark.parametrize("epoch", ["e" * 36, "é\u2028\"q\""])
+def test_fast_accepted_messages_are_the_routes(epoch: str) -> None:
+    """The front layer's 202 (``accepted_messages``, no ``Response`` built) is the
+    route's ``json_response(202, ...)``, message for message, bytes for bytes."""
+    from acp_server.rest import wire
+    from acp_server.rest.errors import json_response
+    from acp_server.rest.prompts import _messages, accepted_messages
+
+    for last in (0, 12, 10**12):
+        body = wire.PromptAccepted(promptId="019ad7c4-5e1b-7a3c-9f02-0123456789ab",
+                                   lastEventId=last, eventEpoch=epoch)
+        assert accepted_messages(body) == _messages(json_response(202, body))
