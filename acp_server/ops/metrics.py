@@ -45,9 +45,9 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
-    Histogram,
     generate_latest,
 )
+from prometheus_client import metrics as prometheus_metrics
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -58,6 +58,8 @@ from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
+from prometheus_client.utils import floatToGoString
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute
@@ -246,6 +248,66 @@ class _Timing:
         self.sum = 0.0
 
 
+class _Series:
+    """One histogram series kept as plain numbers on the event loop: observations per
+    bucket (the last is +Inf), their sum, and when it was made (its ``_created``), as
+    ``prometheus_client.Histogram`` keeps them (an observation lands in the first
+    bucket whose bound is not below it), without its lock and value objects."""
+
+    __slots__ = ("bounds", "counts", "created", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+        self.created = time.time()
+
+    def observe(self, amount: float) -> None:
+        self.counts[bisect_left(self.bounds, amount)] += 1
+        self.sum += amount
+
+    def add_to(self, family: HistogramMetricFamily, labels: list[str]) -> None:
+        total, buckets = 0, []
+        for bound, count in zip((*map(floatToGoString, self.bounds), "+Inf"), self.counts):
+            total += count
+            buckets.append((bound, total))
+        family.add_metric(labels, buckets, self.sum)
+        if prometheus_metrics._use_created:   # as a Histogram's child exposes it
+            family.samples.append(Sample(family.name + "_created",
+                                         dict(zip(family._labelnames, labels)), self.created))
+
+
+class _TurnCollector(Collector):
+    """``acp_server_prompt_queue_wait_seconds`` and ``acp_server_turn_duration_seconds``
+    {stop_reason}: two observations per turn, plain numbers on the event loop (was two
+    ``Histogram.observe``, a lock and a loop over the buckets each), exposed when scraped
+    with the same samples (a stop reason's series from its first turn on)."""
+
+    def __init__(self) -> None:
+        self.wait = _Series(WAIT_BUCKETS)
+        self.turns: dict[str, _Series] = {}
+
+    def describe(self) -> Iterator[Metric]:
+        return self._families(None, {})
+
+    def collect(self) -> Iterator[Metric]:
+        return self._families(self.wait, dict(self.turns))
+
+    @staticmethod
+    def _families(wait: _Series | None, turns: dict[str, _Series]) -> Iterator[Metric]:
+        family = HistogramMetricFamily("acp_server_prompt_queue_wait_seconds",
+                                       "Admission to the start of the turn.")
+        if wait is not None:
+            wait.add_to(family, [])
+        yield family
+        family = HistogramMetricFamily("acp_server_turn_duration_seconds",
+                                       "Start of the turn to its settlement.",
+                                       labels=["stop_reason"])
+        for stop_reason, series in turns.items():
+            series.add_to(family, [stop_reason])
+        yield family
+
+
 class _Admissions(Collector):
     """``acp_server_prompt_admissions_total``: counts the bridge's hooks keep (on the
     event loop), read when scraped."""
@@ -334,13 +396,10 @@ class Metrics(BridgeObserver):
 
         self._admissions = _Admissions()
         registry.register(self._admissions)
-        self.turn_started = Histogram(  # type: ignore[method-assign]
-            "acp_server_prompt_queue_wait_seconds", "Admission to the start of the turn.",
-            buckets=WAIT_BUCKETS, registry=registry).observe
-        self._turns = Histogram("acp_server_turn_duration_seconds",
-                                "Start of the turn to its settlement.", ["stop_reason"],
-                                buckets=TURN_BUCKETS, registry=registry)
-        self._turn_children: dict[str, Any] = {}
+        self._turns = _TurnCollector()
+        registry.register(self._turns)
+        self.turn_started = self._turns.wait.observe  # type: ignore[method-assign]
+        self._turn_children = self._turns.turns
         self.subscriber_evicted = Counter(  # type: ignore[method-assign]
             "acp_server_sse_evictions", "Event subscribers evicted for reading too slowly.",
             registry=registry).inc
@@ -378,7 +437,9 @@ class Metrics(BridgeObserver):
         if child is None:
             if stop_reason not in STOP_REASONS:
                 stop_reason = "other"   # an agent's own word: one series, not one each
-            child = self._turn_children[stop_reason] = self._turns.labels(stop_reason)
+            child = self._turn_children.get(stop_reason)
+            if child is None:
+                child = self._turn_children[stop_reason] = _Series(TURN_BUCKETS)
         child.observe(duration_s)
 
     def agent_restarted(self, agent: str) -> None:
