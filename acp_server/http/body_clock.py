@@ -65,12 +65,28 @@ class BodyClock:
         self._answer: Answer | None = None
         self.timed_out = False
 
-    async def receive(self) -> Message:
+    def receive(self) -> Awaitable[Message]:
+        """The app's ``receive``: an awaitable, not a coroutine (the clock itself until
+        the body is complete, then the server's own read), so a timed read is one
+        generator step over the server's. The clock (a cancel scope, ~10 µs on asyncio)
+        is started only when the server's read suspends: a body already received, the
+        common case, costs one step of its coroutine."""
         if self._complete:
-            return await self._receive()   # type: ignore[no-any-return]
+            return self._receive()   # type: ignore[no-any-return]
+        return self
+
+    def __await__(self) -> Generator[Any, Any, Message]:
         if self.timed_out:
             return DISCONNECT
-        message: Message = await _Timed(self._receive(), self._timeout)
+        steps = self._receive().__await__()
+        try:
+            suspended = next(steps)
+        except StopIteration as done:   # the body already there: no clock started
+            message: Message = done.value
+        else:
+            message = DISCONNECT
+            with anyio.move_on_after(self._timeout):
+                message = yield from _resume(steps, suspended)
         if message is DISCONNECT:
             self.timed_out = True
         elif message["type"] != "http.request" or not message.get("more_body", False):
@@ -118,28 +134,6 @@ class BodyClock:
                 await self._answer(self._send)
             except OSError:
                 pass   # the client went away meanwhile
-
-
-class _Timed:
-    """``awaitable``'s value, or ``DISCONNECT`` once it waited ``timeout_s``. The clock
-    (a cancel scope, ~10 µs on asyncio) is started only when the awaitable suspends: a
-    body already received, the common case, costs one step of its coroutine."""
-
-    __slots__ = ("_awaitable", "_timeout")
-
-    def __init__(self, awaitable: Awaitable[Message], timeout_s: float) -> None:
-        self._awaitable = awaitable
-        self._timeout = timeout_s
-
-    def __await__(self) -> Generator[Any, Any, Message]:
-        steps = self._awaitable.__await__()
-        try:
-            suspended = next(steps)
-        except StopIteration as done:
-            return done.value   # type: ignore[no-any-return]
-        with anyio.move_on_after(self._timeout):
-            return (yield from _resume(steps, suspended))
-        return DISCONNECT
 
 
 def _resume(steps: Iterator[Any], suspended: Any) -> Generator[Any, Any, Message]:
