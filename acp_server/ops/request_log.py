@@ -57,7 +57,7 @@ from starlette.types import Scope
 
 from acp_server.http.front import count_events
 from acp_server.ops.metrics import Metrics
-from acp_server.ops.refusals import RefusalLog, Summary, refused
+from acp_server.ops.refusals import RefusalLog, Summary
 from bridge.loggable import loggable
 from bridge.wire import iso as _iso
 
@@ -108,9 +108,14 @@ class AccessRecorder:
             if events is not None:
                 metrics.stream_closed(door)
         writer = access_writer
-        if refused(status) and (writer is not None or access_log.isEnabledFor(logging.INFO)):
-            admitted = self.refusals.admit((status, route, door))
-            write_summaries(self.refusals.due())
+        # refused(status), inline: every refused request (the 503 path) pays this test
+        if (400 <= status < 500 or status == 503) \
+                and (writer is not None or access_log.isEnabledFor(logging.INFO)):
+            refusals = self.refusals
+            admitted = refusals.admit((status, route, door))
+            summaries = refusals.due()
+            if summaries:
+                write_summaries(summaries)
             if not admitted:   # a flood: counted in its window's summary
                 return
         if writer is not None and not writer.json and events is None:   # the hot case
