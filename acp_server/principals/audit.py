@@ -127,15 +127,21 @@ class AuditLog:
     # -- recording -------------------------------------------------------------------
     def record(self, principal: str, action: str, target: str | None = None, *,
                client: str | None = None, **detail: Any) -> None:
+        self.append(principal, action, target, client, detail)
+
+    def append(self, principal: str, action: str, target: str | None, client: str | None,
+               detail: dict[str, Any]) -> None:
+        """``record`` with its detail as a dict (an accepted prompt's record, made on
+        the request path: no keywords packed and unpacked on the way)."""
         if self.store is None:
             return
         if len(self._buffer) >= self.max_buffered:
             self.dropped += 1
             self._pending_dropped += 1
             return
-        self._buffer.append(AuditRecord(at=self.clock(), principal=principal, action=action,
-                                        target=target, client=client,
-                                        detail=_encode(detail).decode()))
+        # positional: the frozen dataclass's __init__ is ~0.2 µs cheaper so
+        self._buffer.append(AuditRecord(self.clock(), principal, action, target, client,
+                                        _encode(detail).decode()))
         self._wake.set()
 
     def auth_failed(self, *, client: str | None, reason: str, path: str,

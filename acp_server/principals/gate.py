@@ -183,9 +183,10 @@ class Caller:
         audit = self.gate.audit
         if audit.store is None:
             return
-        extra = {"text": prompt_text(prompt)} if audit.prompts else {}
-        audit.record(self.principal.name, "prompt.accepted", session_id, client=self.client,
-                     prompt_id=prompt_id, door=door, **extra)
+        detail = {"prompt_id": prompt_id, "door": door}
+        if audit.prompts:
+            detail["text"] = prompt_text(prompt)
+        audit.append(self.principal.name, "prompt.accepted", session_id, self.client, detail)
 
     def setting_changed(self, session_id: str, setting: str, old: Any, new: Any,
                         door: str) -> None:
