@@ -100,7 +100,7 @@ from typing import Any, Protocol
 from acp_server.http.body_clock import BODY_TIMEOUT, BodyClock, replay
 from acp_server.http.policy import LOOKUP, UNAUTHORIZED, GuardPolicy, Refusal, Renderer
 from acp_server.http.resent import Resent, let_through
-from acp_server.http.whole import send_whole
+from acp_server.http.whole import body_in_hand, send_whole
 from acp_server.principals import CALLER_KEY, Access, Caller
 from acp_server.principals.model import MUTATING, READING
 from acp_server.principals.streams import stream_id
@@ -363,7 +363,8 @@ class FrontLayer:
                 status = CONNECTION_LIMIT.status
                 await self._refuse(send, CONNECTION_LIMIT, door, None)
                 return
-            if self.body_timeout_s is not None and scope["method"] not in _BODILESS:
+            if self.body_timeout_s is not None and scope["method"] not in _BODILESS \
+                    and not body_in_hand(receive):
                 clock = BodyClock(receive, self.body_timeout_s)
                 receive = clock.receive
             refusal, origin = self.policy.inspect(scope)

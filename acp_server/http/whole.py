@@ -15,7 +15,8 @@ uvicorn's access log off), the status line, uvicorn's default headers (``date``,
 not be kept) and the body go in one ``transport.write``, and the cycle ends as uvicorn
 ends it (waiting on the write buffer first, closing a connection not kept alive, then
 the next pipelined request). Anything else, HTTP/2 and granian included, is sent as the
-two messages, unchanged.
+two messages, unchanged. ``body_in_hand(receive)``: uvicorn's HTTP/1.1 cycle has the
+whole body already (no body clock needed: ``acp_server.http.body_clock``).
 """
 
 from __future__ import annotations
@@ -68,6 +69,16 @@ async def send_whole(send: Any, start: dict[str, Any], end: dict[str, Any]) -> N
     cycle.on_response()
 
 
+def body_in_hand(receive: Any) -> bool:
+    """uvicorn (httptools) has the request's whole body already (its parser saw the
+    message's end before the app was called: wrk's and most clients' small POSTs):
+    reading it cannot stall, so the front layer starts no body clock for it (each read
+    then is uvicorn's own, immediate: its message event is set with the last byte)."""
+    cycle = getattr(receive, "__self__", None)
+    return type(cycle) is RequestResponseCycle and not cycle.more_body \
+        and not cycle.disconnected
+
+
 def _defaults(headers: list[tuple[bytes, bytes]]) -> bytes:
     global _default_list, _default_bytes
     if headers is not _default_list:
@@ -76,4 +87,4 @@ def _defaults(headers: list[tuple[bytes, bytes]]) -> bytes:
     return _default_bytes
 
 
-__all__ = ["send_whole"]
+__all__ = ["body_in_hand", "send_whole"]
