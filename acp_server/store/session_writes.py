@@ -58,6 +58,11 @@ def _encode(record: JournalRecord) -> bytes:
 Record = JournalRecord | Marker   # what the journal commits
 ROWS_PER_STATEMENT = 500   # x 5 parameters: under SQLite's and PostgreSQL's limits
 CACHED_ROWS = 64   # statement texts kept for up to this many rows (and the full one)
+# SQLite: the events' INSERT of more than CACHED_ROWS rows is padded to a multiple of
+# PAD_ROWS rows (the last row again: ``ON CONFLICT DO NOTHING`` makes it a no-op), so a
+# commit of any size runs a statement SQLite has prepared before: preparing one costs
+# about as much as running it (~1.5 us a row), and commits of a burst have every size
+PAD_ROWS = 32
 EVENT_INSERT = ("INSERT INTO session_events(session_id, id, type, prompt_id, envelope) "
                 "VALUES {} ON CONFLICT DO NOTHING", 5)
 # A prompt id admitted again (a client's id, its first admission refused: ``bridge.
@@ -173,30 +178,36 @@ class SessionWrites:
                 settled.clear()
 
         for record in records:
+            if type(record) is EventRecord:   # most records (a final class: no subclass)
+                sid = record.session_id
+                if sid in refused:
+                    continue
+                event_id = record.event_id
+                events += (sid, event_id, record.type, record.prompt_id, record.envelope)
+                if event_id % COMPACT_EVERY == 0 and event_id > ring:
+                    trim[sid] = event_id - ring
+                continue
             if record.session_id in refused:
                 continue
-            if isinstance(record, SessionOpened) and self.leases is not None:
+            # ``type() is``: the records' classes are final, and ``isinstance`` of a
+            # msgspec struct costs more
+            if type(record) is SessionOpened and self.leases is not None:
                 token = self.leases.open(conn, record.session_id)
                 if token is None:
                     refused.add(record.session_id)
                     continue
                 taken[record.session_id] = token
-            if isinstance(record, EventRecord):
-                sid, event_id, envelope = record.session_id, record.event_id, record.envelope
-                events += (sid, event_id, record.type, record.prompt_id, envelope)
-                if event_id % COMPACT_EVERY == 0 and event_id > ring:
-                    trim[sid] = event_id - ring
-            elif isinstance(record, PromptAccepted):
+            if type(record) is PromptAccepted:
                 key = (record.session_id, record.prompt_id)
                 if key in prompts:   # its id admitted again: after the earlier rows
                     flush()
                 prompts.add(key)
                 accepted += (record.session_id, record.prompt_id, record.seq,
                              _encode(record))
-            elif isinstance(record, PromptSettled):
+            elif type(record) is PromptSettled:
                 prompts.add((record.session_id, record.prompt_id))
                 settled.append(record)
-            elif isinstance(record, Marker):
+            elif type(record) is Marker:
                 flush()
                 if record.on:
                     conn.execute(self._sql(EVENT_INSERT[0].format("(?,?,?,NULL,?)")),
@@ -241,23 +252,30 @@ class SessionWrites:
 
     def _insert_rows(self, conn: Any, head: tuple[str, int], values: list[Any]) -> None:
         """``INSERT ... VALUES (..),(..) ON CONFLICT …`` (``head``'s) of ``values`` (the
-        rows' values in a row), ``ROWS_PER_STATEMENT`` rows a statement."""
+        rows' values in a row), ``ROWS_PER_STATEMENT`` rows a statement (the events'
+        padded on SQLite, ``PAD_ROWS``)."""
         sql, width = head
         step = width * ROWS_PER_STATEMENT
         for start in range(0, len(values), step):
             chunk = values[start:start + step] if len(values) > step else values
-            conn.execute(self._statement(sql, width, len(chunk) // width), chunk)
+            rows = len(chunk) // width
+            if rows > CACHED_ROWS and rows % PAD_ROWS and head is EVENT_INSERT \
+                    and not self.postgres:
+                padded = min(ROWS_PER_STATEMENT, -(-rows // PAD_ROWS) * PAD_ROWS)
+                chunk = chunk + chunk[-width:] * (padded - rows)   # a copy: rows padded
+                rows = padded
+            conn.execute(self._statement(sql, width, rows), chunk)
 
     def _statement(self, sql: str, width: int, rows: int) -> str:
         """``sql`` with ``rows`` rows of ``width`` parameters. Kept for the small row
-        counts (at most ``CACHED_ROWS``) and the full statement (``ROWS_PER_STATEMENT``);
-        the others are built each time (caching every count held up to 1,500 texts,
-        ~5.8 MB a journal on PostgreSQL)."""
+        counts (at most ``CACHED_ROWS``), the padded ones (``PAD_ROWS``) and the full
+        statement (``ROWS_PER_STATEMENT``); the others are built each time (caching
+        every count held up to 1,500 texts, ~5.8 MB a journal on PostgreSQL)."""
         text = self._statements.get((sql, rows))
         if text is None:
             one = "(" + ",".join("?" * width) + ")"
             text = self._sql(sql.format(",".join([one] * rows)))
-            if rows <= CACHED_ROWS or rows == ROWS_PER_STATEMENT:
+            if rows <= CACHED_ROWS or rows == ROWS_PER_STATEMENT or rows % PAD_ROWS == 0:
                 self._statements[sql, rows] = text
         return text
 

@@ -218,7 +218,9 @@ async def test_events_waiting_for_the_store_are_bounded_in_bytes(
 
 async def test_statement_texts_are_kept_for_small_and_full_row_counts(tmp_path: Path) -> None:
     """Every row count up to ``ROWS_PER_STATEMENT`` once held up to 1,500 texts (~5.8 MB
-    a journal on PostgreSQL): only the small counts and the full statement stay."""
+    a journal on PostgreSQL): only the small counts, the padded ones (SQLite: a
+    multiple of ``PAD_ROWS``) and the full statement stay; the padding rows change
+    nothing (each row once)."""
     from acp_server.store import session_writes as sw
 
     async with SqliteTaskStore(str(tmp_path / "store.db")) as store, \
@@ -234,5 +236,7 @@ async def test_statement_texts_are_kept_for_small_and_full_row_counts(tmp_path: 
             "SELECT count(*) FROM session_events WHERE session_id = 's'").fetchone()[0])
     assert rows == written
     counts = {rows for (sql, rows) in journal._statements if sql == sw.EVENT_INSERT[0]}
-    assert counts and all(n <= sw.CACHED_ROWS or n == sw.ROWS_PER_STATEMENT for n in counts)
+    assert counts and all(n <= sw.CACHED_ROWS or n == sw.ROWS_PER_STATEMENT
+                          or n % sw.PAD_ROWS == 0 for n in counts)
     assert sw.ROWS_PER_STATEMENT in counts
+    assert {96, 320} <= counts   # 65 and 300 rows, padded
