@@ -7,6 +7,13 @@ journal's own bookkeeping.
     python -m bench.held_inprocess instant 5       # only the instant journal
     python -m bench.held_inprocess instant prompts profile   # cProfile one run
 
+Journals (any of them, in that order each round): ``memory``; ``memyield`` (in
+memory, each client giving the loop a turn after each prompt, as the 202's wait
+does); ``minsync`` (``MinimalJournal`` landing each record as it is appended);
+``minimal`` (``MinimalJournal``: records land on the loop's next turn, each waiter
+woken once); ``instant`` (the store's journal over ``InstantStore``); ``store``
+(SQLite); ``behind`` (SQLite, write-behind window 1,024).
+
 The stand-in store queues nothing: ``submit`` takes the commit's records at once
 (``prepare``) and lands it on the loop's next turn (``on_done``), as a store whose
 commits took no time would. Reads and everything else go to a real SQLite store.
@@ -170,7 +177,8 @@ async def _one(journal_name: str, run: str, profile: bool) -> dict[str, float]:
             real = SqliteTaskStore(os.path.join(folder, "store.db"))
             await real.__aenter__()
             store = InstantStore(real) if journal_name == "instant" else real
-            journal = StoreSessionJournal(store)
+            journal = StoreSessionJournal(store, write_behind=1024 if journal_name == "behind"
+                                          else 0)
             await journal.__aenter__()
         try:
             async with Bridge(factory, workspace_cwd=folder, options=options,
@@ -216,7 +224,8 @@ def main(journals: list[str], rounds: int, runs: tuple[str, ...], profile: bool)
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    names = [a for a in args if a in ("memory", "memyield", "minsync", "minimal", "instant", "store")] or ["memory", "instant"]
+    names = [a for a in args if a in ("memory", "memyield", "minsync", "minimal", "instant", "store",
+                                   "behind")] or ["memory", "instant"]
     runs = tuple(a for a in args if a in ji.RUNS) or ji.RUNS
     count = next((int(a) for a in args if a.isdigit()), 1 if "profile" in args else 3)
     main(names, count, runs, "profile" in args)
