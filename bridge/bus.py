@@ -57,10 +57,13 @@ Contracts:
   uncommitted and waits (``flow_wait_s`` at most) while a reader lags by half of
   ``evict_at`` or more, counting events not yet committed (``lag``), so a reader that
   keeps up is never warned however large a commit; one that has not drained by then
-  is ``stalled`` as above and evicted once past ``evict_at``. It also gives the event
-  loop a turn every ``HELD_SLICE`` uncommitted events, so the journal's writer takes
-  them and commits while the publisher goes on (else the two alternate: a publisher
-  that never suspends runs to its bound before the writer starts).
+  is ``stalled`` as above and evicted once past ``evict_at``. A publisher that never
+  suspends otherwise (the in-process agent) thus runs to one of those bounds, then the
+  journal commits what it published while it waits: production and commit alternate,
+  in commits of up to a quarter ring. (Giving the loop a turn every 128 uncommitted
+  events, so the writer committed while the publisher went on, cost more than it
+  overlapped: the two contend for the GIL. Measured in docs/benchmark-log.md,
+  2026-12-07, "held events".)
 """
 
 from __future__ import annotations
@@ -71,7 +74,6 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio
-import anyio.lowlevel
 
 from bridge import events as ev
 from bridge import wire
@@ -83,12 +85,11 @@ from bridge.subscription import Subscription
 from bridge.wakeup import Wakeup
 
 __all__ = ["EventBus", "Subscription", "REPLAY_BUDGET_BYTES", "DEFAULT_RING_BYTES",
-           "FLOW_WAIT_S", "HELD_SLICE"]
+           "FLOW_WAIT_S"]
 
 REPLAY_BUDGET_BYTES = 8 * 1024 * 1024
 DEFAULT_RING_BYTES = 64 * 1024 * 1024   # a session's ring, in its events' envelopes
 FLOW_WAIT_S = 0.5
-HELD_SLICE = 128   # uncommitted events between two turns a held publisher gives
 
 
 class EventBus:
@@ -267,10 +268,8 @@ class EventBus:
         most ``flow_wait_s`` (default ``FLOW_WAIT_S``) whatever the number of slow
         readers."""
         if self.hold:
-            unreleased = self._last_id - self._released_id
-            if unreleased and unreleased % HELD_SLICE == 0:
-                await anyio.lowlevel.checkpoint()   # the writer takes them now
-            if unreleased >= self._journal_window or self._journal_stalled:
+            if self._last_id - self._released_id >= self._journal_window \
+                    or self._journal_stalled:
                 await self._wait_for_journal()
             # no reader can be half its ``evict_at`` behind before ``_lag_check_at``
             if (self._last_id >= self._lag_check_at or self._journal_stalled) \
