@@ -547,3 +547,29 @@ def test_a_resync_on_a_held_bus_names_the_next_event_released() -> None:
     assert frames[0].data.earliest_available_id == 31
     bus.release(32)
     assert [frame.id for frame in reader.take(1 << 20) if frame.id is not None] == [31, 32]
+
+
+async def test_a_held_publisher_over_a_stalled_journal_still_gives_the_loop_turns():
+    """The journal stops committing (a store outage: ``_journal_stalled`` after one
+    ``flow_wait_s``): a publisher that never suspends otherwise (the in-process agent)
+    must still let the event loop run within a journal window of events, or nothing
+    else runs until its turn ends (a ``session/cancel``, the commit that would end the
+    stall, every other request)."""
+    bus = held_bus(flow_wait_s=0)   # a journal window of 16 events
+    while not bus._journal_stalled:
+        bus.publish("session_update", {})
+        await bus.wait_for_readers()
+    seen: list[int] = []
+    start = bus.last_event_id
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_note, seen, bus)
+        for _ in range(1000):
+            bus.publish("session_update", {})
+            await bus.wait_for_readers()
+            if seen:
+                break
+        assert seen and seen[0] - start <= 16, (start, bus.last_event_id)
+
+
+async def _note(seen: list[int], bus: EventBus) -> None:
+    seen.append(bus.last_event_id)
