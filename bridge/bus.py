@@ -54,17 +54,17 @@ Contracts:
   ``evict_at`` (``queueSize`` its backlog, ``maxQueued`` ``evict_at``, ``queuedBytes``
   the backlog's bytes), re-armed once it had drained below 37.5 %, and always one
   before ``client_evicted``. A publisher that can wait keeps at most a quarter ring
-  uncommitted and waits (``flow_wait_s`` at most) while a reader lags by half of
+  (``JOURNAL_WINDOW_MAX`` at most: the journal window) uncommitted and waits (``flow_wait_s`` at most) while a reader lags by half of
   ``evict_at`` or more, counting events not yet committed (``lag``), so a reader that
   keeps up is never warned however large a commit; one that has not drained by then
   is ``stalled`` as above and evicted once past ``evict_at``. A publisher that never
   suspends otherwise (the in-process agent) thus runs to one of those bounds, then the
   journal commits what it published while it waits: production and commit alternate,
-  in commits of up to a quarter ring; while the journal is stalled (not waited for
-  again) it still gives the loop a turn every quarter ring of events. (Giving the
-  loop a turn every 128 uncommitted events, so the writer committed while the
-  publisher went on, cost more than it overlapped: the two contend for the GIL. Measured in docs/benchmark-log.md,
-  2026-12-07, "held events".)
+  in commits of up to a journal window; while the journal is stalled (not waited for
+  again) it still gives the loop a turn every window of events. (Giving the loop a
+  turn every 128 uncommitted events, so the writer committed while the publisher went
+  on, cost more than it overlapped: the two contend for the GIL. Measured in
+  docs/benchmark-log.md, 2026-12-07, "held events".)
 """
 
 from __future__ import annotations
@@ -87,11 +87,15 @@ from bridge.subscription import Subscription
 from bridge.wakeup import Wakeup
 
 __all__ = ["EventBus", "Subscription", "REPLAY_BUDGET_BYTES", "DEFAULT_RING_BYTES",
-           "FLOW_WAIT_S"]
+           "FLOW_WAIT_S", "JOURNAL_WINDOW_MAX"]
 
 REPLAY_BUDGET_BYTES = 8 * 1024 * 1024
 DEFAULT_RING_BYTES = 64 * 1024 * 1024   # a session's ring, in its events' envelopes
 FLOW_WAIT_S = 0.5
+# The most events a held publisher leaves uncommitted before it waits for the journal
+# (the default ring's quarter): a ring of up to 1,000,000 events (``event_ring_size``)
+# would otherwise let an in-process agent run 250,000 events without a loop turn.
+JOURNAL_WINDOW_MAX = 2000
 
 
 class EventBus:
@@ -112,7 +116,8 @@ class EventBus:
         # its oldest events readers were released are dropped, as the count drops them.
         self.ring_bytes = ring_bytes
         self._ring_size_bytes = 0
-        self._journal_window = max(1, ring_size // 4)   # uncommitted events (see hold)
+        # uncommitted events (see hold): a quarter ring, at most JOURNAL_WINDOW_MAX
+        self._journal_window = max(1, min(ring_size // 4, JOURNAL_WINDOW_MAX))
         self._last_id = 0
         # Held (a durable journal, see ``hold``): events are in the ring at once but
         # reach readers when ``release`` says they are committed. ``_released_id`` is
