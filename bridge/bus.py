@@ -64,7 +64,8 @@ Contracts:
   again) it still gives the loop a turn every window of events. (Giving the loop a
   turn every 128 uncommitted events, so the writer committed while the publisher went
   on, cost more than it overlapped: the two contend for the GIL. Measured in
-  docs/benchmark-log.md, 2026-12-07, "held events".)
+  docs/benchmark-log.md, 2026-12-07, "held events".) Not held, a publisher that
+  waited for no reader gives the loop a turn every ``JOURNAL_WINDOW_MAX`` events.
 """
 
 from __future__ import annotations
@@ -94,7 +95,9 @@ DEFAULT_RING_BYTES = 64 * 1024 * 1024   # a session's ring, in its events' envel
 FLOW_WAIT_S = 0.5
 # The most events a held publisher leaves uncommitted before it waits for the journal
 # (the default ring's quarter): a ring of up to 1,000,000 events (``event_ring_size``)
-# would otherwise let an in-process agent run 250,000 events without a loop turn.
+# would otherwise let an in-process agent run 250,000 events without a loop turn. On a
+# bus that does not hold, a publisher that waited for no reader gives the loop a turn
+# as often (else an in-process agent's turn of 100,000 chunks kept it whole).
 JOURNAL_WINDOW_MAX = 2000
 
 
@@ -290,6 +293,8 @@ class EventBus:
             if deadline is None:
                 deadline = anyio.current_time() + self.flow_wait_s
             await subscriber.wait_drained(deadline)
+        if deadline is None and self._last_id % JOURNAL_WINDOW_MAX == 0:
+            await anyio.lowlevel.checkpoint()   # a publisher that never waited: a turn
 
     async def _wait_for_journal(self) -> None:
         """Held events are released in commit-sized batches: a publisher that can

@@ -597,5 +597,25 @@ async def test_a_held_publisher_on_a_large_ring_waits_for_the_journal_within_its
         assert seen and seen[0] <= 2000, bus.last_event_id   # the default ring's quarter
 
 
+async def test_a_publisher_on_a_bus_not_held_gives_the_loop_turns():
+    """The in-memory journal: a publisher that never suspends otherwise (the in-process
+    agent's ``/chunks 100000``) and has no slow reader to wait for still lets the event
+    loop run every 2,000 events (a ``session/cancel``, every other request)."""
+    bus = EventBus(ring_size=8000)
+    sub = bus.subscribe()   # a reader that keeps up: nothing to wait for
+    seen: list[int] = []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_note, seen, bus)
+        for _ in range(10_000):
+            bus.publish("session_update", {})
+            while sub.get_nowait() is not None:
+                pass
+            await bus.wait_for_readers()
+            if seen:
+                break
+        # within two turns: trio runs a ready batch in either order
+        assert seen and seen[0] <= 2 * 2000, bus.last_event_id
+
+
 async def _note(seen: list[int], bus: EventBus) -> None:
     seen.append(bus.last_event_id)
