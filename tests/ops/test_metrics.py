@@ -218,3 +218,43 @@ async def test_the_task_gauge_reads_postgres_once_per_ttl(tmp_path: Path) -> Non
         samples = await scrape(client)
         assert metrics.tasks.fetches == fetched + 1
         assert value(samples, "acp_server_lmsp_tasks", status="succeeded") == 2
+
+
+@pytest.mark.parametrize("observed", [
+    [0.0, 0.001, 0.0011, 0.005, 2.5, 60.0, 299.9, 300.0, 301.0, 1e9],
+    [],
+])
+def test_the_turn_histograms_expose_what_prometheus_histograms_would(
+        observed: list[float]) -> None:
+    """The turn histograms are plain numbers folded in when scraped
+    (``metrics._TurnCollector``): their exposition is a ``prometheus_client``
+    ``Histogram``'s fed the same observations, line for line (bucket bounds on their
+    edges included), ``_created`` but for its value."""
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    from acp_server.ops.metrics import TURN_BUCKETS, WAIT_BUCKETS, _TurnCollector
+
+    ours, theirs = CollectorRegistry(), CollectorRegistry()
+    collector = _TurnCollector()
+    ours.register(collector)
+    wait = Histogram("acp_server_prompt_queue_wait_seconds",
+                     "Admission to the start of the turn.", buckets=WAIT_BUCKETS,
+                     registry=theirs)
+    turns = Histogram("acp_server_turn_duration_seconds",
+                      "Start of the turn to its settlement.", ["stop_reason"],
+                      buckets=TURN_BUCKETS, registry=theirs)
+    for n, seconds in enumerate(observed):
+        collector.wait.observe(seconds)
+        wait.observe(seconds)
+        reason = ("end_turn", "cancelled")[n % 2]
+        series = collector.turns.get(reason)
+        if series is None:
+            series = collector.turns[reason] = type(collector.wait)(TURN_BUCKETS)
+        series.observe(seconds)
+        turns.labels(reason).observe(seconds)
+
+    def lines(registry: CollectorRegistry) -> list[str]:
+        return [line.rsplit(" ", 1)[0] if "_created" in line else line
+                for line in generate_latest(registry).decode().splitlines()]
+
+    assert lines(ours) == lines(theirs)
