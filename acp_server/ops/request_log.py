@@ -57,7 +57,7 @@ from starlette.types import Scope
 
 from acp_server.http.front import count_events
 from acp_server.ops.metrics import Metrics
-from acp_server.ops.refusals import RefusalLog, Summary
+from acp_server.ops.refusals import RefusalLog, Summary, refused
 from bridge.loggable import loggable
 from bridge.wire import iso as _iso
 
@@ -108,9 +108,7 @@ class AccessRecorder:
             if events is not None:
                 metrics.stream_closed(door)
         writer = access_writer
-        # refused(status), inline: every refused request (the 503 path) pays this test
-        if (400 <= status < 500 or status == 503) \
-                and (writer is not None or access_log.isEnabledFor(logging.INFO)):
+        if refused(status) and (writer is not None or access_log.isEnabledFor(logging.INFO)):
             refusals = self.refusals
             admitted = refusals.admit((status, route, door))
             summaries = refusals.due()
