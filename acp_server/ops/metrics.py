@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any, get_args
 
 import anyio
@@ -80,6 +80,7 @@ DEFAULT_TASK_TTL_S = 5.0
 SCRAPE_WAIT_S = 1.0   # a scrape waits this long for the task counts, then serves the last
 HTTP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
                 5.0, 10.0)
+_HTTP_BUCKET_NAMES = (*map(str, HTTP_BUCKETS), "+Inf")
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0)
 REFUSED_KINDS = tuple(KINDS.values())   # the journal's record kinds
 # ACP's stopReason values and the bridge's "error"; any other word an agent says is "other".
@@ -239,39 +240,44 @@ class _FleetCollector(Collector):
 
 
 class _Timing:
-    """One (door, route): observations per bucket (the last is +Inf) and their sum."""
+    """One histogram series as plain numbers on the event loop: observations per bucket
+    of ``bounds`` (the last is +Inf; an observation lands in the first bucket whose
+    bound is not below it, as ``prometheus_client.Histogram`` puts it) and their sum.
+    Also one (door, route) of the HTTP requests, ``HTTP_BUCKETS``."""
 
-    __slots__ = ("counts", "sum")
+    __slots__ = ("bounds", "counts", "sum")
 
-    def __init__(self) -> None:
-        self.counts = [0] * (len(HTTP_BUCKETS) + 1)
-        self.sum = 0.0
-
-
-class _Series:
-    """One histogram series kept as plain numbers on the event loop: observations per
-    bucket (the last is +Inf), their sum, and when it was made (its ``_created``), as
-    ``prometheus_client.Histogram`` keeps them (an observation lands in the first
-    bucket whose bound is not below it), without its lock and value objects."""
-
-    __slots__ = ("bounds", "counts", "created", "sum")
-
-    def __init__(self, bounds: tuple[float, ...]) -> None:
+    def __init__(self, bounds: tuple[float, ...] = HTTP_BUCKETS) -> None:
         self.bounds = bounds
         self.counts = [0] * (len(bounds) + 1)
         self.sum = 0.0
-        self.created = time.time()
 
     def observe(self, amount: float) -> None:
         self.counts[bisect_left(self.bounds, amount)] += 1
         self.sum += amount
 
-    def add_to(self, family: HistogramMetricFamily, labels: list[str]) -> None:
+    def buckets(self, names: Iterable[str]) -> list[tuple[str, float]]:
+        """The cumulative counts, each under its bound's name in ``names``."""
         total, buckets = 0, []
-        for bound, count in zip((*map(floatToGoString, self.bounds), "+Inf"), self.counts):
+        for name, count in zip(names, self.counts):
             total += count
-            buckets.append((bound, total))
-        family.add_metric(labels, buckets, self.sum)
+            buckets.append((name, total))
+        return buckets
+
+
+class _Series(_Timing):
+    """A ``_Timing`` with when it was made, exposed as ``prometheus_client.Histogram``
+    exposes a series (``_created`` included), without its lock and value objects."""
+
+    __slots__ = ("created",)
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        super().__init__(bounds)
+        self.created = time.time()
+
+    def add_to(self, family: HistogramMetricFamily, labels: list[str]) -> None:
+        names = (*map(floatToGoString, self.bounds), "+Inf")
+        family.add_metric(labels, self.buckets(names), self.sum)
         if prometheus_metrics._use_created:   # as a Histogram's child exposes it
             family.samples.append(Sample(family.name + "_created",
                                          dict(zip(family._labelnames, labels)), self.created))
@@ -373,11 +379,8 @@ class _RequestCollector(Collector):
             "acp_server_http_request_duration_seconds",
             "HTTP request duration (streams: until they close).", labels=["door", "route"])
         for (door, route), timing in timings.items():
-            total, buckets = 0, []
-            for bound, count in zip((*map(str, HTTP_BUCKETS), "+Inf"), timing.counts):
-                total += count
-                buckets.append((bound, total))
-            histogram.add_metric([door, route], buckets, timing.sum)
+            histogram.add_metric([door, route], timing.buckets(_HTTP_BUCKET_NAMES),
+                                 timing.sum)
         yield histogram
 
 
