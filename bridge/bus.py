@@ -221,7 +221,7 @@ class EventBus:
             return None
         self._last_id += 1
         event = Event(self._last_id, type_, data, prompt_id, originator_client_id)
-        envelope = wire.first_envelope(event)   # encoded once, here, for every door
+        envelope = event.encode_first(wire.encode_envelope)   # once, for every door
         event.size = size = len(envelope)
         ring = self._ring
         if len(ring) == ring.maxlen:

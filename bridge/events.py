@@ -289,6 +289,12 @@ class Event:
         self._fmt1: Callable[[Event], bytes] | None = None
         self._encoded: dict[Callable[[Event], bytes], bytes] | None = None
 
+    def encode_first(self, fmt: Callable[[Event], bytes]) -> bytes:
+        """``encoded(fmt)`` of an event nothing has encoded yet (the bus's publish),
+        without the look-up."""
+        self._fmt0, self._enc0 = fmt, fmt(self)
+        return self._enc0  # type: ignore[no-any-return]
+
     def encoded(self, fmt: Callable[[Event], bytes]) -> bytes:
         """This event in format ``fmt``, built once and kept (see the module contracts)."""
         if self._fmt0 is fmt:

@@ -259,7 +259,9 @@ _encoder = msgspec.json.Encoder()
 _envelope_decoder = msgspec.json.Decoder(EventEnvelope)
 
 
-def _encode_envelope(event: Event) -> bytes:
+def encode_envelope(event: Event) -> bytes:
+    """The envelope's format (``Event.encoded``'s key): encodes anew; ``envelope``
+    keeps it."""
     return _encoder.encode(EventEnvelope(
         v=1, type=event.type, data=wire_data(event), id=event.id, promptId=event.prompt_id,
         originatorClientId=event.originator_client_id,
@@ -268,15 +270,7 @@ def _encode_envelope(event: Event) -> bytes:
 
 def envelope(event: Event) -> bytes:
     """The event's JSON envelope, built once per event."""
-    return event.encoded(_encode_envelope)
-
-
-def first_envelope(event: Event) -> bytes:
-    """``envelope`` of an event just made (nothing encoded yet: the bus's publish),
-    kept as ``envelope`` keeps it, without the look-up."""
-    encoded = event._enc0 = _encode_envelope(event)
-    event._fmt0 = _encode_envelope
-    return encoded
+    return event.encoded(encode_envelope)
 
 
 def decode_envelope(raw: bytes | msgspec.Raw) -> EventEnvelope:
@@ -399,8 +393,8 @@ def error_details(exc: BaseException) -> dict[str, Any]:
     return {}
 
 
-__all__ = ["DETAILS", "TWINS", "EventEnvelope", "EventMeta", "decode_envelope", "envelope",
-           "error_details", "event_from_envelope", "wire_data"]
+__all__ = ["DETAILS", "TWINS", "EventEnvelope", "EventMeta", "decode_envelope",
+           "encode_envelope", "envelope", "error_details", "event_from_envelope", "wire_data"]
 
 
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"   # an agent's: over the model's context
