@@ -54,18 +54,19 @@ Contracts:
   ``evict_at`` (``queueSize`` its backlog, ``maxQueued`` ``evict_at``, ``queuedBytes``
   the backlog's bytes), re-armed once it had drained below 37.5 %, and always one
   before ``client_evicted``. A publisher that can wait keeps at most a quarter ring
-  (``JOURNAL_WINDOW_MAX`` at most: the journal window) uncommitted and waits (``flow_wait_s`` at most) while a reader lags by half of
-  ``evict_at`` or more, counting events not yet committed (``lag``), so a reader that
-  keeps up is never warned however large a commit; one that has not drained by then
-  is ``stalled`` as above and evicted once past ``evict_at``. A publisher that never
-  suspends otherwise (the in-process agent) thus runs to one of those bounds, then the
-  journal commits what it published while it waits: production and commit alternate,
-  in commits of up to a journal window; while the journal is stalled (not waited for
-  again) it still gives the loop a turn every window of events. (Giving the loop a
-  turn every 128 uncommitted events, so the writer committed while the publisher went
-  on, cost more than it overlapped: the two contend for the GIL. Measured in
-  docs/benchmark-log.md, 2026-12-07, "held events".) Not held, a publisher that
-  waited for no reader gives the loop a turn every ``JOURNAL_WINDOW_MAX`` events.
+  (``JOURNAL_WINDOW_MAX`` at most: the journal window) uncommitted and waits
+  (``flow_wait_s`` at most) while a reader lags by half of ``evict_at`` or more,
+  counting events not yet committed (``lag``), so a reader that keeps up is never warned
+  however large a commit; one that has not drained by then is ``stalled`` as above and
+  evicted once past ``evict_at``. A publisher that never suspends otherwise (the
+  in-process agent) thus runs to one of those bounds, then the journal commits what it
+  published while it waits: production and commit alternate, in commits of up to a
+  journal window; while the journal is stalled (not waited for again) it still gives the
+  loop a turn every window of events. (Giving the loop a turn every 128 uncommitted
+  events, so the writer committed while the publisher went on, cost more than it
+  overlapped: the two contend for the GIL. Measured in docs/benchmark-log.md,
+  2026-12-07, "held events".) Not held, a publisher that waited for no reader gives the
+  loop a turn every ``JOURNAL_WINDOW_MAX`` events.
 """
 
 from __future__ import annotations
