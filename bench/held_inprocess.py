@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import cProfile
-import gc
 import json
 import os
 import pstats
@@ -183,24 +182,22 @@ async def _one(journal_name: str, run: str, profile: bool) -> dict[str, float]:
         try:
             async with Bridge(factory, workspace_cwd=folder, options=options,
                               journal=journal) as bridge:
-                sid = (await bridge.create_session(cwd=folder)).session_id
-                await (bridge.send_prompt(sid, ji.CHUNK))
-                gc.collect()
-                gc.freeze()
-                commits = store.commits if store is not None else 0
-                prof = cProfile.Profile() if profile else None
-                if prof:
-                    prof.enable()
                 prompts = _prompts_yielding if journal_name in ("memyield", "minsync") \
                     else ji._prompts
-                figures = await (prompts if run == "prompts" else ji._burst)(bridge, sid)
-                if prof:
-                    prof.disable()
-                    pstats.Stats(prof).sort_stats("tottime").print_stats(45)
-                if store is not None and run == "prompts":
-                    figures["commits_per_prompt"] = (store.commits - commits) / ji.PROMPTS
-                gc.unfreeze()
-                return figures
+                chosen = prompts if run == "prompts" else ji._burst
+
+                async def profiled(bridge: Bridge, sid: str) -> dict[str, float]:
+                    prof = cProfile.Profile() if profile else None
+                    if prof:
+                        prof.enable()
+                    figures = await chosen(bridge, sid)
+                    if prof:
+                        prof.disable()
+                        pstats.Stats(prof).sort_stats("tottime").print_stats(45)
+                    return figures
+
+                return await ji.measured(bridge, folder, store, profiled,
+                                         prompts=run == "prompts")
         finally:
             if real is not None:
                 await journal.__aexit__(None, None, None)

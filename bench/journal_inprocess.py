@@ -28,6 +28,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -85,6 +86,24 @@ async def _burst(bridge: Bridge, sid: str) -> dict[str, float]:
             "events_s": BURST / wall}
 
 
+async def measured(bridge: Bridge, folder: str, store: Any,
+                   run: Callable[[Bridge, str], Awaitable[dict[str, float]]], *,
+                   prompts: bool) -> dict[str, float]:
+    """``run``'s figures on a new session whose agent has started (a prompt first), the
+    garbage collector frozen meanwhile; ``prompts``: with the store's commits a prompt
+    (``store``: one with a ``commits`` count, or ``None``)."""
+    sid = (await bridge.create_session(cwd=folder)).session_id
+    await bridge.send_prompt(sid, CHUNK)   # the agent started, warm
+    gc.collect()
+    gc.freeze()
+    commits = store.commits if store is not None else 0
+    figures = await run(bridge, sid)
+    if store is not None and prompts:
+        figures["commits_per_prompt"] = (store.commits - commits) / PROMPTS
+    gc.unfreeze()
+    return figures
+
+
 async def _one(journal_name: str, run: str) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as folder:
         factory = ReferenceAgentFactory()
@@ -100,16 +119,9 @@ async def _one(journal_name: str, run: str) -> dict[str, float]:
         try:
             async with Bridge(factory, workspace_cwd=folder, options=options,
                               journal=journal) as bridge:
-                sid = (await bridge.create_session(cwd=folder)).session_id
-                await (bridge.send_prompt(sid, CHUNK))   # the agent started, warm
-                gc.collect()
-                gc.freeze()
-                commits = store.commits if store is not None else 0
-                figures = await (_prompts if run == "prompts" else _burst)(bridge, sid)
-                if store is not None and run == "prompts":
-                    figures["commits_per_prompt"] = (store.commits - commits) / PROMPTS
-                gc.unfreeze()
-                return figures
+                return await measured(bridge, folder, store,
+                                      _prompts if run == "prompts" else _burst,
+                                      prompts=run == "prompts")
         finally:
             if store is not None:
                 await journal.__aexit__(None, None, None)
