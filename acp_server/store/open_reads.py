@@ -20,11 +20,12 @@ a status is as of the listing's moment, give or take a commit.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Container, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from typing import Any
 
 import msgspec
 
+from acp_server.store.segments import events_of
 from bridge.journal import PromptAccepted, PromptSettled, RestoredSession, SessionOpened
 from bridge.status import PromptTerminal
 from bridge.wire import Event, event_from_envelope
@@ -77,7 +78,7 @@ def decode_settled(blob: Any) -> PromptTerminal:
 
 
 def decode_event(envelope: Any, event_id: int | None = None) -> Event:
-    """A ``session_events.envelope``'s event (as stored: ``stored``). ``msgspec.
+    """An event's envelope (``acp_server.store.segments``) (as stored: ``stored``). ``msgspec.
     MsgspecError`` when it cannot be decoded: ``event_from_envelope`` validates the
     payload's shape, and a journal's event has an id (a positive integer), its row's
     (``event_id``, when given)."""
@@ -118,10 +119,10 @@ def read_open_in(conn: Any, sql: Callable[[str], str], only: Sequence[str],
             "(SELECT p.terminal FROM session_prompts p WHERE p.session_id = s.id "
             "AND p.terminal IS NOT NULL "
             "ORDER BY COALESCE(p.settled_at, 0) DESC, p.seq DESC LIMIT 1), "
-            "(SELECT MAX(e.id) FROM session_events e WHERE e.session_id = s.id "
-            "AND e.id > 0), "
-            "(SELECT e.envelope FROM session_events e WHERE e.session_id = s.id "
-            "AND e.id > 0 ORDER BY e.id DESC LIMIT 1) "
+            "(SELECT MAX(e.last_id) FROM session_segments e WHERE e.session_id = s.id "
+            "AND e.last_id > 0), "
+            "(SELECT e.events FROM session_segments e WHERE e.session_id = s.id "
+            "AND e.last_id > 0 ORDER BY e.last_id DESC LIMIT 1) "
             f"{_OPEN} ORDER BY s.created_at")).fetchall():
         if sid in exclude:
             continue
@@ -138,21 +139,41 @@ def read_open_in(conn: Any, sql: Callable[[str], str], only: Sequence[str],
                 log.error("session journal: a settled prompt of session %s is unreadable "
                           "(%s): skipped", sid, exc)
         if newest is not None:
-            _add_event(session, newest)
+            for event in list(events_of(sid, [(last, newest)]))[-1:]:
+                _add_event(session, event[3])
     if not found:
         return []
-    kinds = ",".join("?" * len(only))
-    for sid, envelope in conn.execute(sql(
-            f"SELECT e.session_id, e.envelope FROM session_events e "
-            f"{_OPEN_JOIN.format(t='e')} AND e.type IN ({kinds}) ORDER BY e.session_id, e.id"),
-            tuple(only)).fetchall():
-        if sid in found:
-            _add_event(found[sid], envelope)
+    wanted = set(only)
+    for sid, segments in _segments_by_session(conn.execute(sql(
+            f"SELECT e.session_id, e.first_id, e.events FROM session_segments e "
+            f"{_OPEN_JOIN.format(t='e')} AND e.last_id > 0 ORDER BY e.session_id, e.last_id"))):
+        session = found.get(sid)
+        if session is None:
+            continue
+        for _, kind, _, envelope in events_of(sid, segments, logged=False):
+            if kind in wanted:
+                _add_event(session, envelope)
     for session in found.values():
         session.events.sort(key=lambda event: event.id)   # type: ignore[arg-type,return-value]
     if _read_unsettled(conn, sql, found):
         _read_started(conn, sql, found)
     return list(found.values())
+
+
+def _segments_by_session(rows: Iterable[tuple[Any, ...]]
+                         ) -> Iterator[tuple[str, list[tuple[Any, Any]]]]:
+    """``(session_id, first_id, events)`` rows, in session order, as each session's
+    segments (``(first_id, events)``, in their order)."""
+    sid: str | None = None
+    segments: list[tuple[Any, Any]] = []
+    for row_sid, first_id, blob in rows:
+        if row_sid != sid:
+            if sid is not None:
+                yield sid, segments
+            sid, segments = row_sid, []
+        segments.append((first_id, blob))
+    if sid is not None:
+        yield sid, segments
 
 
 def _add_event(session: RestoredSession, envelope: Any) -> None:
@@ -194,20 +215,21 @@ def _read_started(conn: Any, sql: Callable[[str], str],
     which ended though their rows say otherwise (their ``turn_complete`` or
     ``turn_error``, ``settled_from_events``): those are settled, their end a terminal."""
     ended: dict[tuple[str, str], Any] = {}
-    for sid, pid, kind, envelope in conn.execute(sql(
-            "SELECT e.session_id, e.prompt_id, e.type, "
-            "CASE WHEN e.type IN (?, ?) THEN e.envelope END "
-            "FROM session_events e JOIN session_prompts p "
-            "ON p.session_id = e.session_id AND p.prompt_id = e.prompt_id "
-            f"{_OPEN_JOIN.format(t='e')} AND p.terminal IS NULL "
-            "AND e.type <> 'pending_prompt_added' ORDER BY e.session_id, e.id"),
-            TURN_ENDS).fetchall():
+    for sid, segments in _segments_by_session(conn.execute(sql(
+            "SELECT e.session_id, e.first_id, e.events FROM session_segments e "
+            f"{_OPEN_JOIN.format(t='e')} AND e.last_id > 0 AND EXISTS (SELECT 1 FROM "
+            "session_prompts p WHERE p.session_id = e.session_id AND p.terminal IS NULL) "
+            "ORDER BY e.session_id, e.last_id"))):
         session = found.get(sid)
         if session is None:
             continue
-        session.started.add(pid)
-        if kind in TURN_ENDS and (sid, pid) not in ended:
-            ended[sid, pid] = envelope
+        ids = {p.prompt_id for p in session.unsettled}
+        for _, kind, pid, envelope in events_of(sid, segments, logged=False):
+            if pid not in ids or kind == "pending_prompt_added":
+                continue
+            session.started.add(pid)   # type: ignore[arg-type]
+            if kind in TURN_ENDS and (sid, pid) not in ended:
+                ended[sid, pid] = envelope   # type: ignore[index]
     for (sid, pid), envelope in ended.items():
         terminal = terminal_from_event(envelope, pid)
         if terminal is None:

@@ -18,7 +18,8 @@ Contracts:
   instances starting together migrate once.
 * A migration may also rewrite rows (``Migration.then``: a function of the connection
   and whether it is PostgreSQL, run after its statements in the same transaction):
-  migration 7 moves each branch's seed out of its session record into its own column.
+  migration 7 moves each branch's seed out of its session record into its own column,
+  migration 8 a session's event rows into segment rows (``acp_server.store.segments``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any
 
 import msgspec
 
+from acp_server.store.segments import segments_apart
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Migration:
@@ -333,6 +335,25 @@ CREATE TABLE IF NOT EXISTS instances (
     #    column of its own, read by the restore alone (``_seeds_apart``)
     Migration("session seeds apart", "",
               "ALTER TABLE sessions ADD COLUMN seed BYTEA;", then=_seeds_apart),
+    # 8: a session's events of one commit in one row (``acp_server.store.segments``):
+    #    ``session_events`` (one row an event) converted, then dropped
+    Migration("session event segments", """CREATE TABLE IF NOT EXISTS session_segments (
+    session_id TEXT NOT NULL,
+    last_id INTEGER NOT NULL,
+    first_id INTEGER NOT NULL,
+    size INTEGER NOT NULL,
+    events BLOB NOT NULL,
+    PRIMARY KEY (session_id, last_id)
+) WITHOUT ROWID;
+""", """    CREATE TABLE session_segments (
+        session_id TEXT NOT NULL,
+        last_id BIGINT NOT NULL,
+        first_id BIGINT NOT NULL,
+        size BIGINT NOT NULL,
+        events BYTEA NOT NULL,
+        PRIMARY KEY (session_id, last_id)
+    );
+""", then=segments_apart),
 ]
 
 

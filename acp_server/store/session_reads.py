@@ -30,6 +30,7 @@ from acp_server.store.leases import SessionLeases
 from acp_server.store.open_reads import (OPENED, TURN_ENDS, decode_accepted, decode_event,
                                          decode_opened, decode_settled, read_open_in,
                                          stored, terminal_from_event)
+from acp_server.store.segments import UNREADABLE, decode_segment, events_of
 from acp_server.store.write_behind import MARKER_ID
 from bridge.errors import JournalUnavailableError
 from bridge.journal import (EndedSession, PromptAccepted, PromptSettled, RestoredSession,
@@ -39,12 +40,12 @@ from bridge.wire import Event
 
 log = logging.getLogger("acp_server.store.sessions")
 
-SESSION_TABLES = (("session_events", "session_id"), ("session_prompts", "session_id"),
+SESSION_TABLES = (("session_segments", "session_id"), ("session_prompts", "session_id"),
                   ("session_leases", "session_id"), ("sessions", "id"))
 
 
 # the closed sessions kept, most recently closed first, with their events' bytes
-CLOSED_SIZES = ("SELECT s.id, (SELECT SUM(LENGTH(e.envelope)) FROM session_events e "
+CLOSED_SIZES = ("SELECT s.id, (SELECT SUM(e.size) FROM session_segments e "
                 "WHERE e.session_id = s.id) FROM sessions s WHERE s.closed_at IS NOT NULL "
                 "AND s.closed_at >= ? ORDER BY s.closed_at DESC, s.id DESC")
 
@@ -60,11 +61,10 @@ def settled_from_events(conn: Any, sql: Any, sid: str, ids: set[str]
     """The prompts of ``ids`` (unsettled in their rows) whose end the session's events
     hold: their terminal as ``Session._settle`` gave it (``sql``: the dialect's text)."""
     found: dict[str, PromptTerminal] = {}
-    for pid, envelope in conn.execute(sql(
-            "SELECT prompt_id, envelope FROM session_events WHERE session_id = ? "
-            "AND type IN (?, ?) AND prompt_id IS NOT NULL ORDER BY id"),
-            (sid, *TURN_ENDS)).fetchall():
-        if pid not in ids or pid in found:
+    for _, kind, pid, envelope in events_of(sid, conn.execute(sql(
+            "SELECT first_id, events FROM session_segments WHERE session_id = ? "
+            "AND last_id > ? ORDER BY last_id"), (sid, MARKER_ID)), logged=False):
+        if kind not in TURN_ENDS or pid is None or pid not in ids or pid in found:
             continue
         terminal = terminal_from_event(envelope, pid)
         if terminal is not None:
@@ -105,6 +105,31 @@ def with_seed(record: SessionOpened, seed: Any) -> SessionOpened:
                     record.session_id)
         return record
     return msgspec.structs.replace(record, seed=text)
+
+
+def read_segments_after(conn: Any, sql: Any, sid: str, after: int, limit: int
+                        ) -> list[tuple[int, bytes]]:
+    """Up to ``limit`` of the session's events past id ``after``, oldest first, as ``(id,
+    envelope)``; a segment that cannot be decoded comes as one row, its first id and
+    ``UNREADABLE`` (no envelope decodes: its reader resumes)."""
+    found: list[tuple[int, bytes]] = []
+    cursor = max(after, MARKER_ID)
+    while len(found) < limit:
+        segments = conn.execute(sql(
+            "SELECT last_id, first_id, events FROM session_segments WHERE session_id = ? "
+            "AND last_id > ? ORDER BY last_id LIMIT ?"), (sid, cursor, limit)).fetchall()
+        for last_id, first_id, blob in segments:
+            unreadable: list[int] = []
+            for event in events_of(sid, [(first_id, blob)], cursor, unreadable):
+                found.append((event[0], event[3]))
+            if unreadable:
+                found.append((max(int(first_id), cursor + 1), UNREADABLE))
+            cursor = max(cursor, int(last_id))
+            if len(found) >= limit:
+                break
+        if len(segments) < limit:
+            break
+    return found[:limit]
 
 
 def _unbroken_tail(events: list[Event], last: int) -> list[Event]:
@@ -234,36 +259,15 @@ class SessionReads:
             terminals.sort(key=lambda t: t.at)   # as trimmed: by settle time, then seq
             if settled is not None and closed_at is None:
                 settled[sid] = len(terminals)
-            rows = conn.execute(sql(
-                "SELECT id, envelope FROM session_events WHERE session_id = ? AND id > ? "
-                "ORDER BY id DESC LIMIT ?"), (sid, MARKER_ID, ring or self.ring_size)).fetchall()
-            rows.reverse()
-            events = []
-            # readers may have seen events ahead of the journal (write-behind): resync
-            gap = conn.execute(sql("SELECT 1 FROM session_events WHERE session_id = ? AND "
-                                   "id = ?"), (sid, MARKER_ID)).fetchone() is not None
-            for event_id, envelope in rows:
-                try:
-                    event = decode_event(envelope, event_id)
-                except msgspec.MsgspecError as exc:
-                    log.error("session journal: event %s of session %s is unreadable (%s): "
-                              "skipped", event_id, sid, exc)
-                    gap = True
-                    continue
-                if events and event.id != events[-1].id + 1:
-                    gap = True
-                events.append(event)
-            last = rows[-1][0] if rows else 0
-            if gap:   # the ring holds the run of ids up to the last, without a hole
-                events = _unbroken_tail(events, last)
+            events, last, gap = self._ring_in(conn, sid, ring or self.ring_size)
             started: set[str] = set()
             if unsettled:
                 ids = {p.prompt_id for p in unsettled}
-                for (pid,) in conn.execute(sql(
-                        "SELECT DISTINCT prompt_id FROM session_events WHERE session_id = ? "
-                        "AND prompt_id IS NOT NULL AND type <> 'pending_prompt_added'"),
-                        (sid,)).fetchall():
-                    if pid in ids:
+                for _, kind, pid, _ in events_of(sid, conn.execute(sql(
+                        "SELECT first_id, events FROM session_segments WHERE session_id = ? "
+                        "AND last_id > ? ORDER BY last_id"), (sid, MARKER_ID)),
+                        logged=False):
+                    if pid in ids and kind != "pending_prompt_added":
                         started.add(pid)
             if gap:
                 log.warning("session journal: session %s lost events: a new epoch", sid)
@@ -272,6 +276,56 @@ class SessionReads:
                 terminals=terminals[-MAX_PROMPT_TERMINALS:], unsettled=unsettled,
                 started=started, closed_at=closed_at, gap=gap))
         return found
+
+    def _ring_in(self, conn: Any, sid: str, ring: int) -> tuple[list[Event], int, bool]:
+        """The session's newest ``ring`` events (the newest segments', oldest first),
+        its last event id (its newest segment's, readable or not) and whether it lost
+        events: a write-behind marker set, an event or a segment unreadable, a hole
+        in the ids (then the ring is the run of ids up to the last, ``_unbroken_tail``)."""
+        sql = self._sql
+        # readers may have seen events ahead of the journal (write-behind): resync
+        gap = conn.execute(sql("SELECT 1 FROM session_segments WHERE session_id = ? AND "
+                               "last_id = ?"), (sid, MARKER_ID)).fetchone() is not None
+        decoded: list[list[tuple[int, str, str | None, bytes]]] = []
+        count, last = 0, 0
+        # newest first, each segment at least one event: ``ring`` segments are enough
+        for first_id, last_id, blob in conn.execute(sql(
+                "SELECT first_id, last_id, events FROM session_segments WHERE session_id = ? "
+                "AND last_id > ? ORDER BY last_id DESC LIMIT ?"),
+                (sid, MARKER_ID, ring)):   # (SQLite: read as far as needed)
+            last = last or int(last_id)
+            try:
+                segment = decode_segment(blob)
+            except msgspec.MsgspecError as exc:
+                log.error("session journal: the events of session %s from id %s are "
+                          "unreadable (%s): skipped", sid, first_id, exc)
+                gap = True
+                continue
+            decoded.append(segment)
+            count += len(segment)
+            if count >= ring:
+                break
+        rows: list[tuple[int, str, str | None, bytes]] = []
+        for segment in reversed(decoded):   # oldest first, each id once
+            rows += segment if not rows else [e for e in segment if e[0] > rows[-1][0]]
+        rows = rows[-ring:]
+        events: list[Event] = []
+        for event_id, _, _, envelope in rows:
+            try:
+                event = decode_event(envelope, event_id)
+            except msgspec.MsgspecError as exc:
+                log.error("session journal: event %s of session %s is unreadable (%s): "
+                          "skipped", event_id, sid, exc)
+                gap = True
+                continue
+            if events and event.id != events[-1].id + 1:
+                gap = True
+            events.append(event)
+        if events and events[-1].id != last:
+            gap = True   # the newest segment was unreadable
+        if gap:   # the ring holds the run of ids up to the last, without a hole
+            events = _unbroken_tail(events, last)
+        return events, last, gap
 
     # -- reads for other instances (``acp_server.fleet.replica``) ------------------------
     async def read(self, session_id: str, *, only: Sequence[str] | None = None,
@@ -313,14 +367,14 @@ class SessionReads:
     def _with_events(self, conn: Any, session: RestoredSession, only: Sequence[str]) -> None:
         """Add the session's events of the types ``only`` to the newest it has."""
         asked = {event.id: event for event in session.events}
-        kinds = ",".join("?" * len(only))
-        for _, envelope in conn.execute(self._sql(
-                f"SELECT id, envelope FROM session_events WHERE session_id = ? "
-                f"AND type IN ({kinds}) ORDER BY id"),
-                (session.record.session_id, *only)).fetchall():
-            with contextlib.suppress(msgspec.MsgspecError):
-                event = decode_event(envelope)
-                asked[event.id] = event
+        sid = session.record.session_id
+        for _, kind, _, envelope in events_of(sid, conn.execute(self._sql(
+                "SELECT first_id, events FROM session_segments WHERE session_id = ? "
+                "AND last_id > ? ORDER BY last_id"), (sid, MARKER_ID)), logged=False):
+            if kind in only:
+                with contextlib.suppress(msgspec.MsgspecError):
+                    event = decode_event(envelope)
+                    asked[event.id] = event
         session.events = [asked[i] for i in sorted(asked)]  # type: ignore[type-var]
 
     async def read_after(self, session_id: str, after: int, limit: int = 512
@@ -335,11 +389,8 @@ class SessionReads:
                                (session_id,)).fetchone()
             if row is None:
                 return None, True, []
-            rows = conn.execute(sql(
-                "SELECT id, envelope FROM session_events WHERE session_id = ? AND id > ? "
-                "ORDER BY id LIMIT ?"), (session_id, max(after, MARKER_ID), limit)).fetchall()
             return (decode_opened(session_id, row[0]), row[1] is not None,
-                    [(int(i), stored(e)) for i, e in rows])
+                    read_segments_after(conn, sql, session_id, after, limit))
 
         return await self.store._read(read)
 

@@ -13,9 +13,9 @@ next byte trim. Between two trims a session's events take at most
 (a session under the bound starts from none, and is not trimmed at once). One
 statement per store (``seed_bytes_in``): on SQLite the live sessions' sums, on
 PostgreSQL those of the sessions restored (``= ANY``: never the whole fleet's); the
-lengths come from the rows' headers (SQLite's ``length`` of a blob, PostgreSQL's of a
-TOASTed ``bytea``: neither reads the envelopes), and only the sessions past the bound
-come back. An adopted session (``adopt``) is seeded the same way.
+lengths are the segment rows' ``size`` column (their envelopes' bytes, written with
+them: ``acp_server.store.segments``; no envelope is read), and only the sessions past
+the bound come back. An adopted session (``adopt``) is seeded the same way.
 """
 
 from __future__ import annotations
@@ -40,13 +40,13 @@ log = logging.getLogger("acp_server.store.sessions")
 TRIM_TERMINALS_EVERY = 64   # settled prompts per session between two trims of terminals
 MAX_SESSION_BYTES = 64 * 1024 * 1024   # event envelopes kept per session (see trim_bytes)
 
-_OVER = (f"AND e.id > {MARKER_ID} GROUP BY e.session_id "
-         "HAVING SUM(LENGTH(e.envelope)) > ?")
+_OVER = (f"AND e.last_id > {MARKER_ID} GROUP BY e.session_id "
+         "HAVING SUM(e.size) > ?")
 # SQLite: one instance per store, every live session is restored (a join, not a list
 # of ids: no limit on their number)
-SQLITE_SIZES = ("SELECT e.session_id, SUM(LENGTH(e.envelope)) FROM session_events e "
+SQLITE_SIZES = ("SELECT e.session_id, SUM(e.size) FROM session_segments e "
                 "JOIN sessions s ON s.id = e.session_id WHERE s.closed_at IS NULL " + _OVER)
-POSTGRES_SIZES = ("SELECT e.session_id, SUM(LENGTH(e.envelope)) FROM session_events e "
+POSTGRES_SIZES = ("SELECT e.session_id, SUM(e.size) FROM session_segments e "
                   "WHERE e.session_id = ANY(?) " + _OVER)
 
 

@@ -26,8 +26,10 @@ from typing import Any
 import msgspec
 
 from acp_server.store.leases import SessionLeases
+from acp_server.store.segments import (MARKER_INSERT, SEGMENT_INSERT, decode_segment,
+                                       encode_segment, split_newest)
 from acp_server.store.session_reads import delete_session
-from acp_server.store.write_behind import MARKER_ID, MARKER_TYPE, Marker
+from acp_server.store.write_behind import MARKER_ID, Marker
 from bridge.journal import (
     RECORD_ENCODER,
     EventRecord,
@@ -63,8 +65,6 @@ CACHED_ROWS = 64   # statement texts kept for up to this many rows (and the full
 # commit of any size runs a statement SQLite has prepared before: preparing one costs
 # about as much as running it (~1.5 us a row), and commits of a burst have every size
 PAD_ROWS = 32
-EVENT_INSERT = ("INSERT INTO session_events(session_id, id, type, prompt_id, envelope) "
-                "VALUES {} ON CONFLICT DO NOTHING", 5)
 # A prompt id admitted again (a client's id, its first admission refused: ``bridge.
 # status.REFUSED_CODES``) names a new prompt: its row starts over, unsettled. A batch
 # run again writes the same rows in the same order (``_put`` ends a statement before a
@@ -89,6 +89,17 @@ SETTLE_UPDATE = ("WITH v(sid, pid, terminal, at) AS (VALUES {}) "
                  "record = substr(v.terminal, 1, 0), "
                  "settled_at = CAST(v.at AS BIGINT) FROM v "
                  "WHERE session_prompts.session_id = v.sid AND session_prompts.prompt_id = v.pid")
+
+
+def segment_rows(events: dict[str, list[tuple[int, str, str | None, bytes]]]) -> list[Any]:
+    """One ``SEGMENT_INSERT`` row (its 5 values in a row) per session of ``events``."""
+    values: list[Any] = []
+    for sid, run in events.items():
+        size = 0
+        for event in run:
+            size += len(event[3])
+        values += (sid, run[0][0], run[-1][0], size, encode_segment(run))
+    return values
 
 
 @dataclasses.dataclass(slots=True)
@@ -159,7 +170,8 @@ class SessionWrites:
         after its prompt). The records of a ``refused`` session are skipped (a
         ``SessionOpened`` whose lease is elsewhere adds its session); ``taken`` gets the
         leases taken, ``trim`` each session's oldest events due to be deleted."""
-        events: list[Any] = []     # the rows' values in a row, EVENT_INSERT's 5 a row
+        # each session's events since the last flush: one segment row each (``segments``)
+        events: dict[str, list[tuple[int, str, str | None, bytes]]] = {}
         accepted: list[Any] = []   # PROMPT_INSERT's 4 a row
         settled: list[PromptSettled] = []
         prompts: set[tuple[str, str]] = set()   # the prompt rows of those statements
@@ -168,7 +180,7 @@ class SessionWrites:
         def flush() -> None:
             prompts.clear()
             if events:
-                self._insert_rows(conn, EVENT_INSERT, events)
+                self._insert_rows(conn, SEGMENT_INSERT, segment_rows(events))
                 events.clear()
             if accepted:
                 self._insert_rows(conn, PROMPT_INSERT, accepted)
@@ -183,7 +195,16 @@ class SessionWrites:
                 if sid in refused:
                     continue
                 event_id = record.event_id
-                events += (sid, event_id, record.type, record.prompt_id, record.envelope)
+                run = events.get(sid)
+                if run is None:
+                    events[sid] = [(event_id, record.type, record.prompt_id,
+                                    record.envelope)]
+                elif event_id > run[-1][0]:
+                    run.append((event_id, record.type, record.prompt_id, record.envelope))
+                else:   # not past the segment's last id (never from one bus): on its own
+                    flush()
+                    events[sid] = [(event_id, record.type, record.prompt_id,
+                                    record.envelope)]
                 if event_id % COMPACT_EVERY == 0 and event_id > ring:
                     trim[sid] = event_id - ring
                 continue
@@ -210,11 +231,10 @@ class SessionWrites:
             elif type(record) is Marker:
                 flush()
                 if record.on:
-                    conn.execute(self._sql(EVENT_INSERT[0].format("(?,?,?,NULL,?)")),
-                                 (record.session_id, MARKER_ID, MARKER_TYPE, b""))
+                    conn.execute(self._sql(MARKER_INSERT), (record.session_id, b""))
                 else:
-                    conn.execute(self._sql("DELETE FROM session_events WHERE session_id = ? "
-                                           "AND id = ?"), (record.session_id, MARKER_ID))
+                    conn.execute(self._sql("DELETE FROM session_segments WHERE session_id = ? "
+                                           "AND last_id = ?"), (record.session_id, MARKER_ID))
             else:
                 flush()
                 if isinstance(record, EventsReset):
@@ -225,9 +245,9 @@ class SessionWrites:
     def _trims(self, conn: Any, trim: dict[str, int], refused: set[str]) -> None:
         """The oldest events past the ring (``trim``), the old terminals and the byte
         trims planned (``_planned``): once, after every record of the commit is in."""
-        for sid, through in trim.items():
-            conn.execute(self._sql("DELETE FROM session_events WHERE session_id = ? AND id > ? "
-                                   "AND id <= ?"), (sid, MARKER_ID, through))
+        for sid, through in trim.items():   # the segments wholly at or below ``through``
+            conn.execute(self._sql("DELETE FROM session_segments WHERE session_id = ? "
+                                   "AND last_id > ? AND last_id <= ?"), (sid, MARKER_ID, through))
         for sid in self._plan.trims:   # the newest terminals only (``_planned``)
             if sid not in refused:
                 conn.execute(self._sql(TERMINALS_TRIM), (sid, sid, MAX_PROMPT_TERMINALS - 1))
@@ -237,18 +257,31 @@ class SessionWrites:
 
     def _trim_bytes(self, conn: Any, sid: str) -> None:
         """Delete the session's oldest events until the rest take at most
-        ``max_session_bytes`` (its newest event always stays)."""
-        sizes = conn.execute(self._sql(
-            "SELECT id, LENGTH(envelope) FROM session_events WHERE session_id = ? AND id > ? "
-            "ORDER BY id DESC"), (sid, MARKER_ID)).fetchall()
+        ``max_session_bytes`` (its newest event always stays): whole segments, and the
+        one straddling the bound rewritten to its newest events that fit."""
+        sql, bound = self._sql, self.max_session_bytes
+        sizes = conn.execute(sql(
+            "SELECT last_id, first_id, size FROM session_segments WHERE session_id = ? "
+            "AND last_id > ? ORDER BY last_id DESC"), (sid, MARKER_ID)).fetchall()
         total = 0
-        for n, (event_id, size) in enumerate(sizes):
-            total += int(size)
-            if total > self.max_session_bytes and n > 0:
-                conn.execute(self._sql(
-                    "DELETE FROM session_events WHERE session_id = ? AND id > ? AND id <= ?"),
-                    (sid, MARKER_ID, event_id))
-                return
+        for n, (last_id, first_id, size) in enumerate(sizes):
+            if total + int(size) <= bound:
+                total += int(size)
+                continue
+            cut = int(last_id)   # every segment through this one goes, but what it keeps
+            row = conn.execute(sql("SELECT events FROM session_segments WHERE session_id = ? "
+                                   "AND last_id = ?"), (sid, cut)).fetchone()
+            try:
+                kept = split_newest(decode_segment(row[0]), bound - total, n == 0)
+            except msgspec.MsgspecError:
+                kept = []   # unreadable: dropped whole (the restore skipped it anyway)
+            conn.execute(sql("DELETE FROM session_segments WHERE session_id = ? AND "
+                             "last_id > ? AND last_id <= ?"), (sid, MARKER_ID, cut))
+            if kept:
+                conn.execute(sql(SEGMENT_INSERT[0].format("(?,?,?,?,?)")),
+                             (sid, kept[0][0], kept[-1][0], sum(len(e[3]) for e in kept),
+                              encode_segment(kept)))
+            return
 
     def _insert_rows(self, conn: Any, head: tuple[str, int], values: list[Any]) -> None:
         """``INSERT ... VALUES (..),(..) ON CONFLICT …`` (``head``'s) of ``values`` (the
@@ -259,7 +292,7 @@ class SessionWrites:
         for start in range(0, len(values), step):
             chunk = values[start:start + step] if len(values) > step else values
             rows = len(chunk) // width
-            if rows > CACHED_ROWS and rows % PAD_ROWS and head is EVENT_INSERT \
+            if rows > CACHED_ROWS and rows % PAD_ROWS and head is SEGMENT_INSERT \
                     and not self.postgres:
                 padded = min(ROWS_PER_STATEMENT, -(-rows // PAD_ROWS) * PAD_ROWS)
                 chunk = chunk + chunk[-width:] * (padded - rows)   # a copy: rows padded
@@ -323,9 +356,9 @@ class SessionWrites:
             return
         sql = self._sql
         if conn.execute(sql("SELECT 1 FROM sessions WHERE id = ?"), (sid,)).fetchone() is None:
-            conn.execute(sql("DELETE FROM session_events WHERE session_id = ?"), (sid,))
+            conn.execute(sql("DELETE FROM session_segments WHERE session_id = ?"), (sid,))
             conn.execute(sql("DELETE FROM session_prompts WHERE session_id = ?"), (sid,))
             self._plan.orphans.add(sid)
         else:
-            conn.execute(sql("DELETE FROM session_events WHERE session_id = ? AND id > ?"),
-                         (sid, MARKER_ID))
+            conn.execute(sql("DELETE FROM session_segments WHERE session_id = ? "
+                             "AND last_id > ?"), (sid, MARKER_ID))

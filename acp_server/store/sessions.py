@@ -44,8 +44,10 @@ Contracts (besides ``bridge.journal``'s):
   alone, never by a listing),
   ``session_prompts`` (each accepted prompt; once settled only its terminal: the
   commit that settles it empties its record, the body nothing reads any more),
-  ``session_events`` (each event's envelope by id). Per session at most
-  ``ring_size`` events are kept (older ones are deleted as newer ones commit: a reader
+  ``session_segments`` (migration 8: a session's events of one commit in one row,
+  ``acp_server.store.segments``; it replaced ``session_events``, one row an event).
+  Per session at most ``ring_size`` events are kept, plus the rest of the segment
+  straddling the bound (older segments are deleted as newer ones commit: a reader
   behind them gets ``ring_evicted``, as from the in-memory ring) and the newest
   ``MAX_PROMPT_TERMINALS`` settled prompts by settle time, as restore reads them
   (trimmed every ``TRIM_TERMINALS_EVERY`` settles of a session: at most that many
@@ -54,14 +56,15 @@ Contracts (besides ``bridge.journal``'s):
 * Bounded in bytes too: once a session has had a quarter of ``max_session_bytes``
   of envelopes journaled since its last byte trim, its oldest events are deleted until
   the rest take at most ``max_session_bytes`` (never its newest event: the event ids
-  go on from it). So a session's events take at most 1.25 × ``max_session_bytes``
+  go on from it; the segment straddling the bound is rewritten to its newest events). So a session's events take at most 1.25 × ``max_session_bytes``
   plus one batch, across restarts too: the count is seeded at restore (and adopt)
   with what its events on disk take past the bound (``acp_server.store.session_trims``).
 * After a power loss or a kernel crash (SQLite, the journal's commits not fsynced:
   ``SqliteTaskStore.unsynced_loss``, the last run had no clean stop and the boot id
   changed) ``restore`` gives every session a new epoch (``RestoredSession.gap``): the
   last commits readers saw may be gone, and their ids will be reused.
-* ``restore`` logs and skips a row it cannot decode. On a PostgreSQL store shared by
+* ``restore`` logs and skips a row it cannot decode (a segment too: its events are a
+  hole in the ids, so its session gets a new epoch). On a PostgreSQL store shared by
   several instances each restores only the sessions it made (``owner``: the store's
   stable instance id).
 * Leases (``leases``: a ``SessionLeases``, PostgreSQL only; ``acp_server.store.leases``):

@@ -13,7 +13,7 @@ window, readers of a session may see up to ``window`` events before their commit
 That is never a silent gap, thanks to a durable marker:
 
 * Before the first event a session publishes ahead of its commit, a marker
-  (``session_events`` row ``id = 0``) is committed: until that commit lands the
+  (a ``session_segments`` row of no events, ``last_id = 0``) is committed: until that commit lands the
   session's events are held as without a window (``arming``). Once it has landed
   (``armed``), each event is released at once while it is at most ``window`` events
   past the session's last committed event; past that it waits for a commit.
@@ -43,7 +43,6 @@ import msgspec
 
 ARMING, ARMED = "arming", "armed"
 MARKER_ID = 0
-MARKER_TYPE = "_write_behind"
 
 
 class Marker(msgspec.Struct, frozen=True):

@@ -1,0 +1,173 @@
+"""The session journal's events on disk: segment rows (schema migration 8).
+
+    blob = encode_segment([(1, "user_message_chunk", "p1", envelope), ...])
+    for event_id, kind, prompt_id, envelope in events_of(sid, rows):   # rows: (last_id, blob)
+        ...
+
+A session's events of one commit (of one run of records between two session records,
+``session_writes._put``) are ONE row of ``session_segments``: ``(session_id, last_id)``
+its key, ``first_id`` and ``last_id`` the ids of its first and last event, ``size`` the
+sum of its envelopes' lengths (what the byte bound counts: ``SUM(size)`` where the
+rows were ``SUM(LENGTH(envelope))``), ``events`` the events themselves: a msgpack array
+of ``[id, type, prompt_id, envelope]`` arrays, ids increasing (one ``msgspec`` call
+decodes a segment, the envelopes as ``bin``: their bytes, never re-encoded). A SQLite
+commit of a prompt's six events is one row instead of six: the rows' own cost (~3.5 µs
+of SQLite CPU a row) is paid once a session a commit.
+
+Readers keep the semantics of one row an event:
+
+* By cursor (``id > after``): the segments with ``last_id > after``, in key order, their
+  events past ``after`` (a segment straddling the cursor gives only its newer events).
+* An event never comes twice: a segment that repeats ids an earlier one holds (a commit
+  retried after its first attempt landed, say) gives only the ids past the last one
+  given (``events_of``).
+* A segment that cannot be decoded is logged and skipped, as an unreadable event row
+  was: the restore then sees a hole in the ids (a new epoch), a reader by cursor a row
+  it cannot decode (``UNREADABLE``: it resumes). An envelope that cannot be decoded
+  inside a readable segment is the caller's to skip, as before.
+* The write-behind marker is a segment of no events: ``last_id = 0`` (``MARKER_ID``),
+  ``size`` 0; every reader of events asks for ``last_id > 0``.
+* Trims delete whole segments: the ring's those wholly below its bound (a segment
+  straddling it is kept: at most one commit's events more than ``ring_size``, and a
+  restore reads only the newest ``ring_size``); the byte trim rewrites the segment
+  straddling its bound to its newest events that fit (``session_writes._trim_bytes``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import msgspec
+
+log = logging.getLogger("acp_server.store.sessions")
+
+Row = tuple[int, str, "str | None", bytes]   # an event: id, type, prompt id, envelope
+_DECODER = msgspec.msgpack.Decoder(list[tuple[int, str, str | None, bytes]])
+_ENCODER = msgspec.msgpack.Encoder()
+# A reader by cursor's stand-in for a segment it cannot decode: no envelope decodes
+UNREADABLE = b""
+
+SEGMENT_INSERT = ("INSERT INTO session_segments(session_id, first_id, last_id, size, events) "
+                  "VALUES {} ON CONFLICT DO NOTHING", 5)
+MARKER_INSERT = ("INSERT INTO session_segments(session_id, first_id, last_id, size, events) "
+                 "VALUES (?, 0, 0, 0, ?) ON CONFLICT DO NOTHING")
+
+
+def encode_segment(rows: list[tuple[int, str, str | None, bytes]]) -> bytes:
+    """``rows`` (ids increasing) as a segment's ``events``."""
+    return _ENCODER.encode(rows)
+
+
+def decode_segment(blob: Any) -> list[tuple[int, str, str | None, bytes]]:
+    """A segment's events (as stored: a blob, ``bytea``'s memoryview, or a TEXT value
+    written by hand). ``msgspec.MsgspecError`` when it cannot be decoded, or its ids
+    are not positive and increasing."""
+    if isinstance(blob, str):
+        blob = blob.encode("utf-8", "surrogatepass")
+    elif not isinstance(blob, (bytes, bytearray, memoryview)):
+        raise msgspec.DecodeError(f"a segment of type {type(blob).__name__}")
+    rows = _DECODER.decode(blob)
+    last = 0
+    for row in rows:
+        if row[0] <= last:
+            raise msgspec.ValidationError(f"event id {row[0]} after {last}")
+        last = row[0]
+    if not rows:
+        raise msgspec.ValidationError("a segment without events")
+    return rows
+
+
+def events_of(sid: str, segments: Iterable[tuple[Any, ...]], after: int = 0,
+              unreadable: list[int] | None = None, *, logged: bool = True
+              ) -> Iterator[tuple[int, str, str | None, bytes]]:
+    """The events of ``segments`` (rows whose last two columns are ``first_id`` and
+    ``events``, in ``last_id`` order) past ``after``, each id once. A segment that
+    cannot be decoded is skipped (logged unless not ``logged``: a read beside the
+    ring's, which logs it); its ``first_id`` is added to ``unreadable`` when given."""
+    last = after
+    for row in segments:
+        first, blob = row[-2], row[-1]
+        try:
+            events = decode_segment(blob)
+        except msgspec.MsgspecError as exc:
+            if logged:
+                log.error("session journal: the events of session %s from id %s are "
+                          "unreadable (%s): skipped", sid, first, exc)
+            if unreadable is not None:
+                unreadable.append(int(first))
+            continue
+        for event in events:
+            if event[0] > last:
+                last = event[0]
+                yield event
+
+
+def split_newest(events: list[tuple[int, str, str | None, bytes]], bound: int,
+                 keep_one: bool) -> list[tuple[int, str, str | None, bytes]]:
+    """The newest of ``events`` whose envelopes take at most ``bound`` bytes (at least
+    the newest one when ``keep_one``)."""
+    total, start = 0, len(events)
+    while start:
+        total += len(events[start - 1][3])
+        if total > bound and not (keep_one and start == len(events)):
+            break
+        start -= 1
+    return events[start:]
+
+
+def segments_apart(conn: Any, postgres: bool) -> None:
+    """Migration 8: every row of ``session_events`` (one an event) into
+    ``session_segments``, a session's run of consecutive ids (at most ``RUN`` events)
+    a segment, the write-behind marker (``id = 0``) its own empty one; then
+    ``session_events`` is dropped. The envelopes are copied as stored (one that
+    cannot be decoded stays so: the restore skips it, as before)."""
+    mark = "%s" if postgres else "?"
+    exists = conn.execute(
+        "SELECT 1 FROM information_schema.tables WHERE table_name = 'session_events' "
+        "AND table_schema = current_schema()" if postgres else
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'session_events'"
+    ).fetchone()
+    if exists is None:
+        return
+    envelope = "envelope" if postgres else "CAST(envelope AS BLOB)"
+    marker = MARKER_INSERT[0].replace("?", mark)
+    insert = SEGMENT_INSERT[0].format("(" + ",".join([mark] * 5) + ")")
+    sids = [row[0] for row in conn.execute(
+        "SELECT DISTINCT session_id FROM session_events").fetchall()]
+    for sid in sids:
+        after = -1
+        while True:   # at most BATCH rows of a session in memory at a time
+            rows = conn.execute(
+                f"SELECT id, type, prompt_id, {envelope} FROM session_events "
+                f"WHERE session_id = {mark} AND id > {mark} ORDER BY id LIMIT {BATCH}",
+                (sid, after)).fetchall()
+            run: list[tuple[int, str, str | None, bytes]] = []
+            for event_id, kind, pid, env in rows:
+                event_id = int(event_id)
+                if event_id == 0:
+                    conn.execute(marker, (sid, b""))
+                    continue
+                if run and (event_id != run[-1][0] + 1 or len(run) >= RUN):
+                    _copy(conn, insert, sid, run)
+                    run = []
+                run.append((event_id, str(kind), None if pid is None else str(pid),
+                            bytes(env) if isinstance(env, (bytes, bytearray, memoryview))
+                            else str(env).encode("utf-8", "surrogatepass")))
+            if run:
+                _copy(conn, insert, sid, run)
+            if len(rows) < BATCH:
+                break
+            after = int(rows[-1][0])
+    conn.execute("DROP TABLE session_events")
+
+
+RUN = 64      # events a migrated segment (the byte trim's unit on what was migrated)
+BATCH = 4096  # rows a migration reads at a time
+
+
+def _copy(conn: Any, insert: str, sid: str, run: list[tuple[int, str, str | None, bytes]]
+          ) -> None:
+    conn.execute(insert, (sid, run[0][0], run[-1][0], sum(len(r[3]) for r in run),
+                          encode_segment(run)))
