@@ -293,8 +293,8 @@ async def test_postgresql_stops_during_the_adoption_of_a_killed_owners_session(
                 with anyio.fail_after(30):   # the turn runs, its events are all committed
                     while True:
                         status = (await on_a.get(f"/session/{sid}/status")).json()
-                        row = watch.execute("SELECT max(id) FROM session_events WHERE "
-                                            "session_id = %s", (sid,)).fetchone()
+                        row = watch.execute("SELECT max(last_id) FROM session_segments "
+                                            "WHERE session_id = %s", (sid,)).fetchone()
                         if status["activePromptId"] == pids[1] and row is not None \
                                 and row[0] == status["lastEventId"]:
                             break

@@ -23,6 +23,7 @@ from acp_server.store.sessions import LOST
 from tests.harness import local_server
 from tests.lmsp import stores
 from tests.store.test_session_restart import _prompt, read_events
+from tests.store.segment_rows import stored_events
 
 pytestmark = pytest.mark.anyio
 
@@ -76,8 +77,7 @@ def _take_over(db: psycopg.Connection[Any], sid: str) -> None:
 
 
 def _event_count(db: psycopg.Connection[Any], sid: str) -> int:
-    return db.execute("SELECT count(*) FROM session_events WHERE session_id = %s",
-                      (sid,)).fetchone()[0]
+    return len(stored_events(db.execute, sid, "%s"))
 
 
 async def _session(client: httpx.AsyncClient) -> str:

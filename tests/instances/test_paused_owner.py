@@ -20,6 +20,7 @@ import pytest
 from tests.agents.gated import gated_agent
 from tests.harness import ServeProcess
 from tests.lmsp import stores
+from tests.store.segment_rows import stored_events
 
 pytestmark = pytest.mark.slow
 
@@ -47,12 +48,11 @@ def test_a_paused_owner_writes_nothing_after_losing_its_lease(tmp_path: Path) ->
         assert accepted.status_code == 202
 
         def ended() -> int:
-            return db.execute("SELECT count(*) FROM session_events WHERE session_id = %s "
-                              "AND type IN ('turn_complete', 'turn_error')", (sid,)).fetchone()[0]
+            return sum(1 for e in stored_events(db.execute, sid, "%s")
+                       if e[1] in ("turn_complete", "turn_error"))
 
         def count() -> int:
-            return db.execute("SELECT count(*) FROM session_events WHERE session_id = %s",
-                              (sid,)).fetchone()[0]
+            return len(stored_events(db.execute, sid, "%s"))
 
         _wait(lambda: count() >= 1)   # the prompt started (its echo is journaled)
         os.kill(owner.pid, signal.SIGSTOP)

@@ -44,6 +44,7 @@ from tests.harness import ServeProcess
 from tests.harness.haproxy import SKIP, HAProxy, haproxy_binary
 from tests.clients.conftest import acp_sdk, qwen_sdk  # noqa: F401 - the fixtures
 from tests.lmsp import stores
+from tests.store.segment_rows import stored_events
 
 pytestmark = pytest.mark.slow
 TTL_MS, RENEW_MS = 1500, 300
@@ -260,11 +261,9 @@ def test_a_paused_owner_is_replaced_and_writes_nothing_more(
         _wait(lambda: all(reader.saw("turn_complete", p) for p in pids))
         _wait(lambda: paused.http.get("/daemon/status").json()["runtime"]["instances"][
             "sessionsOwned"] == 0)
-        written = db.execute("SELECT count(*) FROM session_events WHERE session_id = %s",
-                             (sid,)).fetchone()[0]
+        written = len(stored_events(db.execute, sid, "%s"))
         reader.stop.set()
-        rows = db.execute("SELECT id FROM session_events WHERE session_id = %s ORDER BY id",
-                          (sid,)).fetchall()
+        rows = stored_events(db.execute, sid, "%s")
         assert [r[0] for r in rows] == list(range(1, len(rows) + 1)) and len(rows) == written
         assert reader.ids() == sorted(set(reader.ids()))   # no event twice
         assert _owner(db, sid) == new_owner
@@ -351,8 +350,7 @@ def test_reads_answer_while_the_owner_is_paused(
             are committed (status says the committed id; the settle follows the end)."""
             settled = db.execute("SELECT settled_at FROM session_prompts WHERE session_id = %s "
                                  "AND prompt_id = %s", (sid, pid)).fetchone()[0] is not None
-            count = db.execute("SELECT count(*) FROM session_events WHERE session_id = %s "
-                               "AND id > 0", (sid,)).fetchone()[0]
+            count = len(stored_events(db.execute, sid, "%s"))
             last = owner.http.get(f"/session/{sid}/status").json()["lastEventId"]
             return last if settled and last == count else None
 
@@ -395,9 +393,8 @@ def test_reads_answer_while_the_owner_is_paused(
         _wait(lambda: others[0].http.post(f"/session/{sid}/prompt", json=lost,
                                           timeout=20).status_code in (200, 202))
         def ends() -> list[str]:
-            return [row[0] for row in db.execute(
-                "SELECT type FROM session_events WHERE session_id = %s AND prompt_id = %s "
-                "AND type IN ('turn_complete', 'turn_error')", (sid, "lost-1"))]
+            return [e[1] for e in stored_events(db.execute, sid, "%s")
+                    if e[2] == "lost-1" and e[1] in ("turn_complete", "turn_error")]
 
         _wait(lambda: ends() and others[1].http.get(f"/session/{sid}/status").json()[
             "pendingPrompts"] == 0)
@@ -527,8 +524,7 @@ async def test_acp_python_sdk_loads_a_session_live_elsewhere(
             await wait_until(lambda: "".join(client.chunks).endswith("Echo: after"))
         last = b.http.get(f"/session/{sid}/status").json()["lastEventId"]
         assert owner.http.get(f"/session/{sid}/status").json()["lastEventId"] == last
-        ids = [i for (i,) in db.execute("SELECT id FROM session_events WHERE session_id = %s "
-                                        "AND id > 0 ORDER BY id", (sid,)).fetchall()]
+        ids = [e[0] for e in stored_events(db.execute, sid, "%s")]
         assert ids == list(range(ids[0], last + 1))   # continuous: nothing written twice
         report = b.http.get("/daemon/status").json()["runtime"]["instances"]
         assert report["handOffsTaken"] >= 1 and report["handOffsRefused"] >= 1

@@ -33,7 +33,8 @@ from tests.store.test_write_behind import _until_marker
 
 
 def _newest_committed(store: str, sid: str) -> int:
-    query = "SELECT max(id) FROM session_events WHERE session_id = {p} AND id > {p}"
+    query = ("SELECT max(last_id) FROM session_segments WHERE session_id = {p} "
+             "AND last_id > {p}")
     if store.startswith("postgresql"):
         import psycopg
 

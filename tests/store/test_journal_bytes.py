@@ -116,8 +116,8 @@ def _store(tmp_path: Path, store_name: str) -> tuple[Any, str | None]:
 
 def _sizes(tmp_path: Path, store_name: str, url: str | None, sid: str) -> tuple[int, int]:
     """(the session's envelope bytes, its prompt rows' record bytes) on disk."""
-    [(events,)] = _run_sql(tmp_path, store_name, url, "SELECT COALESCE(SUM(LENGTH(envelope)), "
-                           "0) FROM session_events WHERE session_id = ?", (sid,))
+    [(events,)] = _run_sql(tmp_path, store_name, url, "SELECT COALESCE(SUM(size), 0) "
+                           "FROM session_segments WHERE session_id = ?", (sid,))
     [(prompts,)] = _run_sql(tmp_path, store_name, url, "SELECT COALESCE(SUM(LENGTH(record)), "
                             "0) FROM session_prompts WHERE session_id = ?", (sid,))
     return int(events), int(prompts)

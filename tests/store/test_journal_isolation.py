@@ -23,6 +23,7 @@ from bridge.errors import JournalUnavailableError
 from bridge.journal import EventRecord, PromptAccepted, SessionOpened
 from tests.bridge.helpers import wait_until
 from tests.lmsp import stores
+from tests.store.segment_rows import stored_events
 from tests.store.test_journal_bytes import _event
 from tests.store.test_journal_refusals import MARK, REASON, _run_sql, poison, stored_epoch
 
@@ -54,7 +55,7 @@ async def test_only_the_refused_records_fail_among_many(
     bad = {50, 120, 121}
     released: list[EventRecord] = []
     async with store:
-        poison(tmp_path, store_name, url, "session_events", "envelope")
+        poison(tmp_path, store_name, url, "session_segments", "events")
         async with StoreSessionJournal(store) as journal:
             journal.bind(released.extend)
             journal.append(_opened("a"))
@@ -68,9 +69,8 @@ async def test_only_the_refused_records_fail_among_many(
             assert journal.refusals.by_kind == {"event": 3}
             assert journal.commits == 1   # the isolating one (the failed one counts not)
             assert {(r.session_id, r.event_id) for r in released} >= {("a", 200), ("b", 200)}
-    rows = _run_sql(tmp_path, store_name, url,
-                    "SELECT session_id, id FROM session_events ORDER BY session_id, id")
-    assert [tuple(r) for r in rows] == [("a", n) for n in range(1, 201) if n not in bad] + [
+    rows = stored_events(lambda s, p=(): _run_sql(tmp_path, store_name, url, s, p))
+    assert [tuple(r[:2]) for r in rows] == [("a", n) for n in range(1, 201) if n not in bad] + [
         ("b", n) for n in range(1, 201)]
     assert _run_sql(tmp_path, store_name, url, "SELECT prompt_id FROM session_prompts") == [
         ("p1",)]

@@ -30,6 +30,7 @@ from bridge import BridgeOptions
 from bridge.journal import SessionOpened
 from tests.harness import ServeProcess, local_server
 from tests.lmsp import stores
+from tests.store.segment_rows import stored_events
 from tests.store.test_session_restart import _flags, _ids, _is, _prompt, read_events
 from tests.store.triggers import REASON, refuse_rows
 
@@ -119,7 +120,7 @@ async def test_a_refused_event_is_isolated_and_the_journal_goes_on(
         client = srv.client
         a, b = await _new_session(client), await _new_session(client)
         sid_a, sid_b = a["sessionId"], b["sessionId"]
-        poison(tmp_path, store_name, url, "session_events", "envelope")
+        poison(tmp_path, store_name, url, "session_segments", "events")
         seen = await _run_prompt(client, sid_a, f"{MARK} one")
         ids = _ids(seen)
         assert ids == list(range(1, len(ids) + 1))   # no silent gap: the reader had all
@@ -188,7 +189,7 @@ async def test_a_postgres_limit_is_a_refusal_not_an_outage(
     async with local_server(tmp_path, **settings) as srv:
         client = srv.client
         a, b = await _new_session(client), await _new_session(client)
-        poison(tmp_path, store_name, url, "session_events", "envelope", errcode="54000")
+        poison(tmp_path, store_name, url, "session_segments", "events", errcode="54000")
         seen = await _run_prompt(client, a["sessionId"], f"{MARK} one")
         assert _ids(seen) == list(range(1, len(_ids(seen)) + 1))
         seen_b = await _run_prompt(client, b["sessionId"], "fine")
@@ -196,10 +197,9 @@ async def test_a_postgres_limit_is_a_refusal_not_an_outage(
         health = (await client.get("/health", params={"deep": "1"})).json()
         assert health["status"] == "ok"
         assert _lines(caplog, "retrying") == 0
-    rows = _run_sql(tmp_path, store_name, url,
-                    "SELECT count(*) FROM session_events WHERE session_id = ?",
-                    (b["sessionId"],))
-    assert rows[0][0] == len(_ids(seen_b))   # the other session's events all committed
+    rows = stored_events(lambda s, p=(): _run_sql(tmp_path, store_name, url, s, p),
+                         b["sessionId"])
+    assert len(rows) == len(_ids(seen_b))   # the other session's events all committed
 
 
 async def test_a_refused_last_event_still_gives_a_new_epoch(tmp_path: Path,
@@ -212,13 +212,17 @@ async def test_a_refused_last_event_still_gives_a_new_epoch(tmp_path: Path,
     async with local_server(tmp_path, **settings) as srv:
         a = await _new_session(srv.client)
         sid = a["sessionId"]
-        poison(tmp_path, store_name, url, "session_events", None,
-               when=f"NEW.type = 'turn_complete' AND NEW.session_id = '{sid}'")
+        kind = ("position('turn_complete'::bytea IN NEW.events) > 0"
+                if store_name == "postgres" else
+                "instr(NEW.events, CAST('turn_complete' AS BLOB)) > 0")
+        poison(tmp_path, store_name, url, "session_segments", None,
+               when=f"{kind} AND NEW.session_id = '{sid}'")
         seen = await _run_prompt(srv.client, sid, "hi")
         last = _ids(seen)[-1]
         assert srv.bridge.journal.refusals.by_kind == {"event": 1}
     newest = _run_sql(tmp_path, store_name, url,
-                      "SELECT MAX(id) FROM session_events WHERE session_id = ?", (sid,))
+                      "SELECT MAX(last_id) FROM session_segments WHERE session_id = ?",
+                      (sid,))
     assert newest[0][0] == last - 1   # the last one is not in the journal
     async with local_server(tmp_path, **settings) as srv:
         assert srv.bridge.session_status(sid).event_epoch != a["eventEpoch"]
@@ -301,7 +305,7 @@ async def test_a_serve_process_journals_on_past_a_refused_event(tmp_path: Path,
         async with httpx.AsyncClient(base_url=child.base_url, timeout=10) as client:
             a, b = await _new_session(client), await _new_session(client)
             sid_a, sid_b = a["sessionId"], b["sessionId"]
-            poison(tmp_path, store_name, url, "session_events", "envelope")
+            poison(tmp_path, store_name, url, "session_segments", "events")
             seen = await _run_prompt(client, sid_a, f"{MARK} one")
             assert _ids(seen) == list(range(1, len(_ids(seen)) + 1))   # no silent gap
             seen_b = await _run_prompt(client, sid_b, "fine")

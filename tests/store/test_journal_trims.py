@@ -31,6 +31,7 @@ from bridge.journal import (
 from bridge.status import MAX_PROMPT_TERMINALS
 from tests.bridge.helpers import wait_until
 from tests.lmsp import stores
+from tests.store.segment_rows import stored_events
 from tests.store.test_journal_bytes import _event
 
 pytestmark = pytest.mark.anyio
@@ -225,17 +226,15 @@ async def test_statement_texts_are_kept_for_small_and_full_row_counts(tmp_path: 
 
     async with SqliteTaskStore(str(tmp_path / "store.db")) as store, \
             StoreSessionJournal(store) as journal:
-        journal.append(_opened("s"))
         written = 0
-        for count in (3, sw.CACHED_ROWS + 1, 300, sw.ROWS_PER_STATEMENT + 7):   # a commit each
-            for n in range(written + 1, written + count + 1):
-                journal.append(_event("s", n, 5))
+        for turn, count in enumerate((3, sw.CACHED_ROWS + 1, 300, sw.ROWS_PER_STATEMENT + 7)):
+            for n in range(count):   # a commit each, a segment row of each of ``count``
+                journal.append(_event(f"s{n}", turn + 1, 5))   # sessions
             written += count
             await journal.wait(journal.appended)
-        rows = await store._read(lambda conn: conn.execute(
-            "SELECT count(*) FROM session_events WHERE session_id = 's'").fetchone()[0])
+        rows = await store._read(lambda conn: len(stored_events(conn.execute)))
     assert rows == written
-    counts = {rows for (sql, rows) in journal._statements if sql == sw.EVENT_INSERT[0]}
+    counts = {rows for (sql, rows) in journal._statements if sql == sw.SEGMENT_INSERT[0]}
     assert counts and all(n <= sw.CACHED_ROWS or n == sw.ROWS_PER_STATEMENT
                           or n % sw.PAD_ROWS == 0 for n in counts)
     assert sw.ROWS_PER_STATEMENT in counts

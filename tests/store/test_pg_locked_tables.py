@@ -41,6 +41,7 @@ import pytest
 from tests.agents.gated import gated_agent
 from tests.harness import ServeProcess
 from tests.lmsp import stores
+from tests.store.segment_rows import stored_events
 
 pytestmark = pytest.mark.slow
 
@@ -158,13 +159,13 @@ def test_locked_tasks_do_not_let_a_session_be_adopted_from_its_running_owner(
                 return now[2] > expires + 3   # renewed past a whole TTL after the lock
             _until(renewed_past, "the owner's session lease was not renewed under the lock")
         gate.touch()
-        _until(lambda: db.execute(
-            "SELECT count(*) FROM session_events WHERE session_id = %s AND type = "
-            "'turn_complete'", (sid,)).fetchone()[0] >= 1, "the turn never ended")
+        def turns() -> int:
+            return sum(1 for e in stored_events(db.execute, sid, "%s")
+                       if e[1] == "turn_complete")
+
+        _until(lambda: turns() >= 1, "the turn never ended")
         assert lease()[:2] == (instance, token)
-        turns = db.execute("SELECT count(*) FROM session_events WHERE session_id = %s AND "
-                           "type = 'turn_complete'", (sid,)).fetchone()[0]
-        assert turns == 1   # the one turn ran once, on its owner
+        assert turns() == 1   # the one turn ran once, on its owner
         assert other.http.get(f"/session/{sid}/status").status_code == 200
         for child in (owner, other):
             assert "Traceback" not in child.stderr_text(), child.stderr_text()[-4000:]

@@ -133,7 +133,7 @@ async def test_a_refused_load_under_write_behind_leaves_no_row(
                         agent.answer.set()
                 await journal.wait(journal.appended)
                 rows = await store._read(lambda conn: conn.execute(
-                    "SELECT COUNT(*) FROM session_events").fetchone())
+                    "SELECT COUNT(*) FROM session_segments").fetchone())
     assert rows[0] == 0
 
 

@@ -91,8 +91,8 @@ def _rows(tmp_path: Path, store_name: str, url: str | None, sid: str) -> list[An
                 "SELECT record, closed_at, seed FROM sessions WHERE id = ?",
                 "SELECT prompt_id, seq, record, terminal FROM session_prompts "
                 "WHERE session_id = ? ORDER BY seq",
-                "SELECT id, type, prompt_id, envelope FROM session_events "
-                "WHERE session_id = ? ORDER BY id")]
+                "SELECT first_id, last_id, size, events FROM session_segments "
+                "WHERE session_id = ? ORDER BY last_id")]
 
 
 async def test_a_session_whose_restore_raises_midway_is_not_restored_at_all(

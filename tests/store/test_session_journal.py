@@ -24,6 +24,7 @@ from tests.bridge.helpers import wait_until
 from tests.harness import ServeProcess, local_server
 from tests.lmsp import stores
 from tests.store.faults import faulty
+from tests.store.segment_rows import rewrite_event
 from tests.store.test_session_restart import _flags, _is, _prompt, read_events
 
 pytestmark = pytest.mark.anyio
@@ -129,7 +130,7 @@ async def test_a_clean_stop_keeps_sessions_delete_and_retention_remove_them(
             with sqlite3.connect(tmp_path / "state" / "lmsp.sqlite3") as db:
                 rows = {r[0] for r in db.execute("SELECT id FROM sessions")}
                 events = {r[0] for r in db.execute("SELECT DISTINCT session_id "
-                                                   "FROM session_events")}
+                                                   "FROM session_segments")}
             assert rows == {ids[0]} and events == {ids[0]}
 
 
@@ -196,8 +197,7 @@ async def test_an_undecodable_record_is_skipped(tmp_path: Path) -> None:
             await _settled(srv.client, sid, accepted.json()["promptId"])
     with sqlite3.connect(tmp_path / "state" / "lmsp.sqlite3") as db:
         db.execute("UPDATE sessions SET record = x'c1ff' WHERE id = ?", (bad["sessionId"],))
-        db.execute("UPDATE session_events SET envelope = x'7b7b' WHERE session_id = ? AND id = 2",
-                   (good["sessionId"],))
+        rewrite_event(db.execute, good["sessionId"], lambda e: e[0] == 2, b"{{")
     async with local_server(tmp_path) as srv:
         assert [s.session_id for s in srv.bridge.list_sessions()] == [good["sessionId"]]
         status = srv.bridge.session_status(good["sessionId"])

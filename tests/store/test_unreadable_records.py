@@ -19,6 +19,7 @@ import pytest
 from acp_server.rest.workspace import workspace_id
 from tests.harness import ServeProcess, local_server
 from tests.lmsp import stores
+from tests.store.segment_rows import rewrite_event
 from tests.store.test_journal_refusals import _run_sql
 from tests.store.test_session_journal import _settled
 from tests.store.test_session_restart import _flags, _is, _prompt, read_events
@@ -74,9 +75,9 @@ async def test_unreadable_rows_after_kill_9_are_skipped_and_the_server_starts(
                  "WHERE prompt_id = 'q1'", ("garbage",))
         _run_sql(tmp_path, store_name, url, f"UPDATE session_prompts SET terminal = {value} "
                  "WHERE prompt_id = ?", ("garbage", first))
-        _run_sql(tmp_path, store_name, url, f"UPDATE session_events SET envelope = {value} "
-                 "WHERE session_id = ? AND type = 'permission_request'",
-                 (_request(2, {"sessionId": 5, "requestId": [1]}, "perm1"), ask))
+        rewrite_event(lambda s, p=(): _run_sql(tmp_path, store_name, url, s, p), ask,
+                      lambda e: e[1] == "permission_request",
+                      _request(2, {"sessionId": 5, "requestId": [1]}, "perm1"))
         child.start()   # it starts: no crash
         async with httpx.AsyncClient(base_url=child.base_url, timeout=10) as client:
             listed = (await client.get(f"/workspace/{workspace_id(str(tmp_path))}/sessions")
@@ -135,10 +136,11 @@ async def test_unreadable_rows_of_every_kind_are_skipped(tmp_path: Path,
     def run(statement: str, *params: Any) -> None:
         _run_sql(tmp_path, store_name, url, statement, params)
 
-    run(f"UPDATE session_events SET envelope = {value} WHERE session_id = ? AND id = 2",
-        _request(2, "x"), ids["no_data"])
-    run(f"UPDATE session_events SET envelope = {value} WHERE session_id = ? AND id = 3",
-        _request(3, None), ids["null_data"])
+    def sql(statement: str, params: tuple[Any, ...] = ()) -> list[Any]:
+        return _run_sql(tmp_path, store_name, url, statement, params)
+
+    rewrite_event(sql, ids["no_data"], lambda e: e[0] == 2, _request(2, "x"))
+    rewrite_event(sql, ids["null_data"], lambda e: e[0] == 3, _request(3, None))
     for name in ("text_record", "closed"):
         run(f"UPDATE sessions SET record = {value} WHERE id = ?", "garbage", ids[name])
     run(f"UPDATE session_prompts SET terminal = {value} WHERE session_id = ?", "garbage",
@@ -181,8 +183,9 @@ async def test_text_that_is_not_utf8_is_skipped_not_the_start(tmp_path: Path) ->
             await _settled(srv.client, ids[-1], accepted.json()["promptId"])
     _run_sql(tmp_path, "sqlite", None,
              "UPDATE sessions SET record = CAST(x'c1ff' AS TEXT) WHERE id = ?", (ids[0],))
-    _run_sql(tmp_path, "sqlite", None, "UPDATE session_events SET envelope = "
-             "CAST(x'7bc1ff' AS TEXT) WHERE session_id = ? AND id = 2", (ids[1],))
+    _run_sql(tmp_path, "sqlite", None, "UPDATE session_segments SET events = "   # event 2's
+             "CAST(x'7bc1ff' AS TEXT) WHERE session_id = ? AND first_id <= 2 "
+             "AND last_id >= 2", (ids[1],))
     async with local_server(tmp_path) as srv:
         assert [s.session_id for s in srv.bridge.list_sessions()] == [ids[1]]
         accepted = await srv.client.post(f"/session/{ids[1]}/prompt", json=_prompt("on"))

@@ -78,11 +78,13 @@ def _marker_set(store: str, sid: str) -> bool:
         import psycopg
 
         with psycopg.connect(store) as conn:
-            row = conn.execute("SELECT 1 FROM session_events WHERE session_id = %s AND id = %s",
+            row = conn.execute("SELECT 1 FROM session_segments WHERE session_id = %s "
+                               "AND last_id = %s",
                                (sid, MARKER_ID)).fetchone()
     else:
         with sqlite3.connect(f"file:{store}?mode=ro", uri=True) as conn:
-            row = conn.execute("SELECT 1 FROM session_events WHERE session_id = ? AND id = ?",
+            row = conn.execute("SELECT 1 FROM session_segments WHERE session_id = ? "
+                               "AND last_id = ?",
                                (sid, MARKER_ID)).fetchone()
     return row is not None
 
