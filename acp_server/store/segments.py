@@ -132,7 +132,7 @@ def segments_apart(conn: Any, postgres: bool) -> None:
     if exists is None:
         return
     envelope = "envelope" if postgres else "CAST(envelope AS BLOB)"
-    marker = MARKER_INSERT[0].replace("?", mark)
+    marker = MARKER_INSERT.replace("?", mark)
     insert = SEGMENT_INSERT[0].format("(" + ",".join([mark] * 5) + ")")
     sids = [row[0] for row in conn.execute(
         "SELECT DISTINCT session_id FROM session_events").fetchall()]
