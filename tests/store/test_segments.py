@@ -1,0 +1,79 @@
+"""Segment rows (``acp_server.store.segments``), on SQLite and PostgreSQL: a segment that
+cannot be decoded is logged and skipped (its session restored with a new epoch and the
+run of ids after it; a reader by cursor gets a row it cannot decode, and resumes),
+never a crash; segments that repeat ids give each event once; a commit writes one
+segment row per session it touches."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from acp_server.store.segments import UNREADABLE, encode_segment
+from acp_server.store.sessions import StoreSessionJournal
+from tests.store.test_journal_bytes import _event, _store
+from tests.store.test_journal_refusals import _run_sql
+from tests.store.test_journal_trims import _opened
+
+pytestmark = pytest.mark.anyio
+
+
+async def _three_commits(store: Any) -> None:
+    async with StoreSessionJournal(store) as journal:
+        journal.append(_opened("s"))
+        journal.append(_opened("t"))
+        for first in (1, 4, 7):   # a commit each: three segments of "s"
+            for n in range(first, first + 3):
+                journal.append(_event("s", n, 10))
+                journal.append(_event("t", n, 10))
+            await journal.wait(journal.appended)
+
+
+async def test_an_unreadable_segment_is_skipped_with_a_new_epoch(
+        tmp_path: Path, store_name: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.ERROR, logger="acp_server.store.sessions")
+    store, url = _store(tmp_path, store_name)
+    async with store:
+        await _three_commits(store)
+    segments = _run_sql(tmp_path, store_name, url, "SELECT first_id, last_id FROM "
+                        "session_segments WHERE session_id = 's' ORDER BY last_id")
+    assert [tuple(r) for r in segments] == [(1, 3), (4, 6), (7, 9)]   # one row a commit
+    _run_sql(tmp_path, store_name, url, "UPDATE session_segments SET events = ? WHERE "
+             "session_id = 's' AND last_id = 6", (b"\xc1 not a segment",))
+    store, url = _store(tmp_path, store_name)
+    async with store, StoreSessionJournal(store) as journal:
+        found = {s.record.session_id: s for s in await journal.restore()}
+        s, t = found["s"], found["t"]
+        assert s.gap and [e.id for e in s.events] == [7, 8, 9] and s.last_event_id == 9
+        assert not t.gap and [e.id for e in t.events] == list(range(1, 10))
+        _, _, rows = await journal.read_after("s", 0)
+        assert [i for i, _ in rows] == [1, 2, 3, 4, 7, 8, 9] and rows[3][1] == UNREADABLE
+        _, _, rows = await journal.read_after("s", 5)   # from inside it
+        assert rows[0] == (6, UNREADABLE) and [i for i, _ in rows[1:]] == [7, 8, 9]
+    assert any("session s from id 4 are unreadable" in r.getMessage() for r in caplog.records)
+
+
+async def test_segments_that_repeat_ids_give_each_event_once(tmp_path: Path,
+                                                              store_name: str) -> None:
+    store, url = _store(tmp_path, store_name)
+    async with store:
+        await _three_commits(store)
+    # 1..6 and 4..9: a commit retried after its first attempt landed, say
+    def segment(first: int, last: int) -> bytes:
+        return encode_segment([(r.event_id, r.type, r.prompt_id, r.envelope) for r in (
+            _event("s", n, 10) for n in range(first, last + 1))])
+
+    _run_sql(tmp_path, store_name, url, "DELETE FROM session_segments WHERE session_id = 's'")
+    for first, last in ((1, 6), (4, 9)):
+        _run_sql(tmp_path, store_name, url, "INSERT INTO session_segments(session_id, "
+                 "first_id, last_id, size, events) VALUES ('s', ?, ?, 0, ?)",
+                 (first, last, segment(first, last)))
+    store, url = _store(tmp_path, store_name)
+    async with store, StoreSessionJournal(store) as journal:
+        found = {s.record.session_id: s for s in await journal.restore()}
+        _, _, rows = await journal.read_after("s", 2)
+    assert [i for i, _ in rows] == [3, 4, 5, 6, 7, 8, 9]
+    assert [e.id for e in found["s"].events] == list(range(1, 10))
