@@ -25,7 +25,7 @@ from typing import Any
 
 import msgspec
 
-from acp_server.store.segments import events_of
+from acp_server.store.segments import AROUND, around, contains, events_of
 from bridge.journal import PromptAccepted, PromptSettled, RestoredSession, SessionOpened
 from bridge.status import PromptTerminal
 from bridge.wire import Event, event_from_envelope
@@ -144,9 +144,11 @@ def read_open_in(conn: Any, sql: Callable[[str], str], only: Sequence[str],
     if not found:
         return []
     wanted = set(only)
+    kinds = " OR ".join(contains("e.types") for _ in only) or "FALSE"
     for sid, segments in _segments_by_session(conn.execute(sql(
             f"SELECT e.session_id, e.first_id, e.events FROM session_segments e "
-            f"{_OPEN_JOIN.format(t='e')} AND e.last_id > 0 ORDER BY e.session_id, e.last_id"))):
+            f"{_OPEN_JOIN.format(t='e')} AND e.last_id > 0 AND ({kinds}) "
+            "ORDER BY e.session_id, e.last_id"), around(*only))):
         session = found.get(sid)
         if session is None:
             continue
@@ -218,8 +220,9 @@ def _read_started(conn: Any, sql: Callable[[str], str],
     for sid, segments in _segments_by_session(conn.execute(sql(
             "SELECT e.session_id, e.first_id, e.events FROM session_segments e "
             f"{_OPEN_JOIN.format(t='e')} AND e.last_id > 0 AND EXISTS (SELECT 1 FROM "
-            "session_prompts p WHERE p.session_id = e.session_id AND p.terminal IS NULL) "
-            "ORDER BY e.session_id, e.last_id"))):
+            "session_prompts p WHERE p.session_id = e.session_id AND p.terminal IS NULL "
+            f"AND {contains('e.prompts', 'p.prompt_id')}) "
+            "ORDER BY e.session_id, e.last_id"), AROUND)):
         session = found.get(sid)
         if session is None:
             continue

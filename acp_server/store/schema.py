@@ -342,6 +342,8 @@ CREATE TABLE IF NOT EXISTS instances (
     last_id INTEGER NOT NULL,
     first_id INTEGER NOT NULL,
     size INTEGER NOT NULL,
+    types TEXT NOT NULL,
+    prompts TEXT NOT NULL,
     events BLOB NOT NULL,
     PRIMARY KEY (session_id, last_id)
 ) WITHOUT ROWID;
@@ -350,6 +352,8 @@ CREATE TABLE IF NOT EXISTS instances (
         last_id BIGINT NOT NULL,
         first_id BIGINT NOT NULL,
         size BIGINT NOT NULL,
+        types TEXT NOT NULL,
+        prompts TEXT NOT NULL,
         events BYTEA NOT NULL,
         PRIMARY KEY (session_id, last_id)
     );

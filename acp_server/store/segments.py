@@ -8,7 +8,10 @@ A session's events of one commit (of one run of records between two session reco
 ``session_writes._put``) are ONE row of ``session_segments``: ``(session_id, last_id)``
 its key, ``first_id`` and ``last_id`` the ids of its first and last event, ``size`` the
 sum of its envelopes' lengths (what the byte bound counts: ``SUM(size)`` where the
-rows were ``SUM(LENGTH(envelope))``), ``events`` the events themselves: a msgpack array
+rows were ``SUM(LENGTH(envelope))``), ``types`` and ``prompts`` its events' types and
+prompt ids as ``,a,b,`` (a filter in SQL, ``contains``, where the rows had a column
+each: the fleet's listing reads only the segments with the types it asks, never every
+open session's whole ring), ``events`` the events themselves: a msgpack array
 of ``[id, type, prompt_id, envelope]`` arrays, ids increasing (one ``msgspec`` call
 decodes a segment, the envelopes as ``bin``: their bytes, never re-encoded). A SQLite
 commit of a prompt's six events is one row instead of six: the rows' own cost (~3.5 µs
@@ -49,15 +52,55 @@ _ENCODER = msgspec.msgpack.Encoder()
 # A reader by cursor's stand-in for a segment it cannot decode: no envelope decodes
 UNREADABLE = b""
 
-SEGMENT_INSERT = ("INSERT INTO session_segments(session_id, first_id, last_id, size, events) "
-                  "VALUES {} ON CONFLICT DO NOTHING", 5)
-MARKER_INSERT = ("INSERT INTO session_segments(session_id, first_id, last_id, size, events) "
-                 "VALUES (?, 0, 0, 0, ?) ON CONFLICT DO NOTHING")
+SEGMENT_INSERT = ("INSERT INTO session_segments(session_id, first_id, last_id, size, types, "
+                  "prompts, events) VALUES {} ON CONFLICT DO NOTHING", 7)
+MARKER_INSERT = ("INSERT INTO session_segments(session_id, first_id, last_id, size, types, "
+                 "prompts, events) VALUES (?, 0, 0, 0, '', '', ?) ON CONFLICT DO NOTHING")
 
 
 def encode_segment(rows: list[tuple[int, str, str | None, bytes]]) -> bytes:
     """``rows`` (ids increasing) as a segment's ``events``."""
     return _ENCODER.encode(rows)
+
+
+def segment_values(sid: str, rows: list[tuple[int, str, str | None, bytes]]
+                   ) -> tuple[Any, ...]:
+    """``SEGMENT_INSERT``'s values of one segment of ``sid`` holding ``rows``."""
+    size = 0
+    types: set[str] = set()
+    prompts: set[str | None] = set()
+    for event in rows:
+        size += len(event[3])
+        types.add(event[1])
+        prompts.add(event[2])
+    prompts.discard(None)
+    return (sid, rows[0][0], rows[-1][0], size, _listed(types), _listed(prompts),
+            _ENCODER.encode(rows))
+
+
+def _listed(values: Iterable[Any]) -> str:
+    """``,a,b,``: what ``LIKE '%,a,%'`` finds (``contains``)."""
+    return "," + ",".join(values) + "," if values else ""
+
+
+def contains(column: str, value: str = "?") -> str:
+    """SQL true when the ``types`` or ``prompts`` list ``column`` may hold ``value`` (a
+    parameter, ``?``, or a column): a superset (``LIKE``'s ``_`` and ``%`` in a value, a
+    comma in a prompt id, ASCII case in SQLite), so its readers check each event. Its
+    parameters: ``around(value)`` (``AROUND`` for a column): the pattern's ends are
+    parameters, no ``%`` in the statement's text (psycopg's placeholders)."""
+    return f"{column} LIKE ? || {value} || ?"
+
+
+AROUND = ("%,", ",%")   # the parameters of a ``contains`` of a column
+
+
+def around(*values: str) -> tuple[str, ...]:
+    """``contains``'s parameters for each of ``values``."""
+    out: tuple[str, ...] = ()
+    for value in values:
+        out += ("%,", value, ",%")
+    return out
 
 
 def decode_segment(blob: Any) -> list[tuple[int, str, str | None, bytes]]:
@@ -133,7 +176,7 @@ def segments_apart(conn: Any, postgres: bool) -> None:
         return
     envelope = "envelope" if postgres else "CAST(envelope AS BLOB)"
     marker = MARKER_INSERT.replace("?", mark)
-    insert = SEGMENT_INSERT[0].format("(" + ",".join([mark] * 5) + ")")
+    insert = SEGMENT_INSERT[0].format("(" + ",".join([mark] * SEGMENT_INSERT[1]) + ")")
     sids = [row[0] for row in conn.execute(
         "SELECT DISTINCT session_id FROM session_events").fetchall()]
     for sid in sids:
@@ -169,5 +212,4 @@ BATCH = 4096  # rows a migration reads at a time
 
 def _copy(conn: Any, insert: str, sid: str, run: list[tuple[int, str, str | None, bytes]]
           ) -> None:
-    conn.execute(insert, (sid, run[0][0], run[-1][0], sum(len(r[3]) for r in run),
-                          encode_segment(run)))
+    conn.execute(insert, segment_values(sid, run))

@@ -30,7 +30,8 @@ from acp_server.store.leases import SessionLeases
 from acp_server.store.open_reads import (OPENED, TURN_ENDS, decode_accepted, decode_event,
                                          decode_opened, decode_settled, read_open_in,
                                          stored, terminal_from_event)
-from acp_server.store.segments import UNREADABLE, decode_segment, events_of
+from acp_server.store.segments import (UNREADABLE, around, contains, decode_segment,
+                                       events_of)
 from acp_server.store.write_behind import MARKER_ID
 from bridge.errors import JournalUnavailableError
 from bridge.journal import (EndedSession, PromptAccepted, PromptSettled, RestoredSession,
@@ -63,7 +64,8 @@ def settled_from_events(conn: Any, sql: Any, sid: str, ids: set[str]
     found: dict[str, PromptTerminal] = {}
     for _, kind, pid, envelope in events_of(sid, conn.execute(sql(
             "SELECT first_id, events FROM session_segments WHERE session_id = ? "
-            "AND last_id > ? ORDER BY last_id"), (sid, MARKER_ID)), logged=False):
+            f"AND last_id > ? AND ({contains('types')} OR {contains('types')}) "
+            "ORDER BY last_id"), (sid, MARKER_ID, *around(*TURN_ENDS))), logged=False):
         if kind not in TURN_ENDS or pid is None or pid not in ids or pid in found:
             continue
         terminal = terminal_from_event(envelope, pid)
@@ -368,9 +370,11 @@ class SessionReads:
         """Add the session's events of the types ``only`` to the newest it has."""
         asked = {event.id: event for event in session.events}
         sid = session.record.session_id
+        kinds = " OR ".join(contains("types") for _ in only) or "FALSE"
         for _, kind, _, envelope in events_of(sid, conn.execute(self._sql(
                 "SELECT first_id, events FROM session_segments WHERE session_id = ? "
-                "AND last_id > ? ORDER BY last_id"), (sid, MARKER_ID)), logged=False):
+                f"AND last_id > ? AND ({kinds}) ORDER BY last_id"),
+                (sid, MARKER_ID, *around(*only))), logged=False):
             if kind in only:
                 with contextlib.suppress(msgspec.MsgspecError):
                     event = decode_event(envelope)

@@ -27,7 +27,7 @@ import msgspec
 
 from acp_server.store.leases import SessionLeases
 from acp_server.store.segments import (MARKER_INSERT, SEGMENT_INSERT, decode_segment,
-                                       encode_segment, split_newest)
+                                       segment_values, split_newest)
 from acp_server.store.session_reads import delete_session
 from acp_server.store.write_behind import MARKER_ID, Marker
 from bridge.journal import (
@@ -58,7 +58,7 @@ def _encode(record: JournalRecord) -> bytes:
 
 
 Record = JournalRecord | Marker   # what the journal commits
-ROWS_PER_STATEMENT = 500   # x 5 parameters: under SQLite's and PostgreSQL's limits
+ROWS_PER_STATEMENT = 500   # x 7 parameters: under SQLite's and PostgreSQL's limits
 CACHED_ROWS = 64   # statement texts kept for up to this many rows (and the full one)
 # SQLite: the events' INSERT of more than CACHED_ROWS rows is padded to a multiple of
 # PAD_ROWS rows (the last row again: ``ON CONFLICT DO NOTHING`` makes it a no-op), so a
@@ -92,13 +92,10 @@ SETTLE_UPDATE = ("WITH v(sid, pid, terminal, at) AS (VALUES {}) "
 
 
 def segment_rows(events: dict[str, list[tuple[int, str, str | None, bytes]]]) -> list[Any]:
-    """One ``SEGMENT_INSERT`` row (its 5 values in a row) per session of ``events``."""
+    """One ``SEGMENT_INSERT`` row (its values in a row) per session of ``events``."""
     values: list[Any] = []
     for sid, run in events.items():
-        size = 0
-        for event in run:
-            size += len(event[3])
-        values += (sid, run[0][0], run[-1][0], size, encode_segment(run))
+        values += segment_values(sid, run)
     return values
 
 
@@ -278,9 +275,8 @@ class SessionWrites:
             conn.execute(sql("DELETE FROM session_segments WHERE session_id = ? AND "
                              "last_id > ? AND last_id <= ?"), (sid, MARKER_ID, cut))
             if kept:
-                conn.execute(sql(SEGMENT_INSERT[0].format("(?,?,?,?,?)")),
-                             (sid, kept[0][0], kept[-1][0], sum(len(e[3]) for e in kept),
-                              encode_segment(kept)))
+                conn.execute(sql(SEGMENT_INSERT[0].format("(?,?,?,?,?,?,?)")),
+                             segment_values(sid, kept))
             return
 
     def _insert_rows(self, conn: Any, head: tuple[str, int], values: list[Any]) -> None:

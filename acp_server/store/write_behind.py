@@ -12,9 +12,9 @@ window, readers of a session may see up to ``window`` events before their commit
 (lower latency, no commit round trip per burst), and a crash may lose what they saw.
 That is never a silent gap, thanks to a durable marker:
 
-* Before the first event a session publishes ahead of its commit, a marker
-  (a ``session_segments`` row of no events, ``last_id = 0``) is committed: until that commit lands the
-  session's events are held as without a window (``arming``). Once it has landed
+* Before the first event a session publishes ahead of its commit, a marker (a
+  ``session_segments`` row of no events, ``last_id = 0``) is committed: until that
+  commit lands the session's events are held as without a window (``arming``). Once it has landed
   (``armed``), each event is released at once while it is at most ``window`` events
   past the session's last committed event; past that it waits for a commit.
 * When a commit leaves an armed session with every appended event committed and no

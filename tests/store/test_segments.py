@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from acp_server.store.segments import UNREADABLE, encode_segment
+from acp_server.store.segments import SEGMENT_INSERT, UNREADABLE, segment_values
 from acp_server.store.sessions import StoreSessionJournal
 from tests.store.test_journal_bytes import _event, _store
 from tests.store.test_journal_refusals import _run_sql
@@ -62,15 +62,14 @@ async def test_segments_that_repeat_ids_give_each_event_once(tmp_path: Path,
     async with store:
         await _three_commits(store)
     # 1..6 and 4..9: a commit retried after its first attempt landed, say
-    def segment(first: int, last: int) -> bytes:
-        return encode_segment([(r.event_id, r.type, r.prompt_id, r.envelope) for r in (
+    def segment(first: int, last: int) -> tuple[Any, ...]:
+        return segment_values("s", [(r.event_id, r.type, r.prompt_id, r.envelope) for r in (
             _event("s", n, 10) for n in range(first, last + 1))])
 
     _run_sql(tmp_path, store_name, url, "DELETE FROM session_segments WHERE session_id = 's'")
     for first, last in ((1, 6), (4, 9)):
-        _run_sql(tmp_path, store_name, url, "INSERT INTO session_segments(session_id, "
-                 "first_id, last_id, size, events) VALUES ('s', ?, ?, 0, ?)",
-                 (first, last, segment(first, last)))
+        _run_sql(tmp_path, store_name, url, SEGMENT_INSERT[0].format("(?,?,?,?,?,?,?)"),
+                 segment(first, last))
     store, url = _store(tmp_path, store_name)
     async with store, StoreSessionJournal(store) as journal:
         found = {s.record.session_id: s for s in await journal.restore()}
