@@ -57,8 +57,9 @@ Contracts (besides ``bridge.journal``'s):
   of envelopes journaled since its last byte trim, its oldest events are deleted until
   the rest take at most ``max_session_bytes`` (never its newest event: the event ids
   go on from it; the segment straddling the bound is rewritten to its newest events).
-  So a session's events take at most 1.25 × ``max_session_bytes`` plus one batch, across restarts too: the count is seeded at restore (and adopt)
-  with what its events on disk take past the bound (``acp_server.store.session_trims``).
+  So a session's events take at most 1.25 × ``max_session_bytes`` plus one batch,
+  across restarts too: the count is seeded at restore (and adopt) with what its
+  events on disk take past the bound (``acp_server.store.session_trims``).
 * After a power loss or a kernel crash (SQLite, the journal's commits not fsynced:
   ``SqliteTaskStore.unsynced_loss``, the last run had no clean stop and the boot id
   changed) ``restore`` gives every session a new epoch (``RestoredSession.gap``): the
