@@ -5,7 +5,7 @@
         ...
 
 A session's events of one commit (of one run of records between two session records,
-``session_writes._put``) are ONE row of ``session_segments``: ``(session_id, last_id)``
+``session_writes._put``; at most ``SEGMENT_EVENTS``) are ONE row of ``session_segments``: ``(session_id, last_id)``
 its key, ``first_id`` and ``last_id`` the ids of its first and last event, ``size`` the
 sum of its envelopes' lengths (what the byte bound counts: ``SUM(size)`` where the
 rows were ``SUM(LENGTH(envelope))``), ``types`` and ``prompts`` its events' types and
@@ -30,9 +30,10 @@ Readers keep the semantics of one row an event:
   inside a readable segment is the caller's to skip, as before.
 * The write-behind marker is a segment of no events: ``last_id = 0`` (``MARKER_ID``),
   ``size`` 0; every reader of events asks for ``last_id > 0``.
+* A segment holds at most ``SEGMENT_EVENTS`` events (a larger commit's are cut).
 * Trims delete whole segments: the ring's those wholly below its bound (a segment
-  straddling it is kept: at most one commit's events more than ``ring_size``, and a
-  restore reads only the newest ``ring_size``); the byte trim rewrites the segment
+  straddling it is kept: fewer than ``SEGMENT_EVENTS`` events more than ``ring_size``,
+  and a restore reads only the newest ``ring_size``); the byte trim rewrites the segment
   straddling its bound to its newest events that fit (``session_writes._trim_bytes``).
 """
 
@@ -51,6 +52,10 @@ _DECODER = msgspec.msgpack.Decoder(list[tuple[int, str, str | None, bytes]])
 _ENCODER = msgspec.msgpack.Encoder()
 # A reader by cursor's stand-in for a segment it cannot decode: no envelope decodes
 UNREADABLE = b""
+# Events a segment at most (a commit of more, a burst's or one after an outage, is cut
+# in segments of this many): what a read decodes past what it asks (a reader by cursor
+# reads 512 events at a time), and what the ring keeps past ``ring_size``
+SEGMENT_EVENTS = 256
 
 SEGMENT_INSERT = ("INSERT INTO session_segments(session_id, first_id, last_id, size, types, "
                   "prompts, events) VALUES {} ON CONFLICT DO NOTHING", 7)

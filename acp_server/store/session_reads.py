@@ -116,10 +116,12 @@ def read_segments_after(conn: Any, sql: Any, sid: str, after: int, limit: int
     ``UNREADABLE`` (no envelope decodes: its reader resumes)."""
     found: list[tuple[int, bytes]] = []
     cursor = max(after, MARKER_ID)
+    step = 4   # segments a statement, doubled each time: at most a few decoded past need
     while len(found) < limit:
+        step = min(step, limit)
         segments = conn.execute(sql(
             "SELECT last_id, first_id, events FROM session_segments WHERE session_id = ? "
-            "AND last_id > ? ORDER BY last_id LIMIT ?"), (sid, cursor, limit)).fetchall()
+            "AND last_id > ? ORDER BY last_id LIMIT ?"), (sid, cursor, step)).fetchall()
         for last_id, first_id, blob in segments:
             unreadable: list[int] = []
             for event in events_of(sid, [(first_id, blob)], cursor, unreadable):
@@ -129,8 +131,9 @@ def read_segments_after(conn: Any, sql: Any, sid: str, after: int, limit: int
             cursor = max(cursor, int(last_id))
             if len(found) >= limit:
                 break
-        if len(segments) < limit:
+        if len(segments) < step:
             break
+        step *= 2
     return found[:limit]
 
 

@@ -26,8 +26,8 @@ from typing import Any
 import msgspec
 
 from acp_server.store.leases import SessionLeases
-from acp_server.store.segments import (MARKER_INSERT, SEGMENT_INSERT, decode_segment,
-                                       segment_values, split_newest)
+from acp_server.store.segments import (MARKER_INSERT, SEGMENT_EVENTS, SEGMENT_INSERT,
+                                       decode_segment, segment_values, split_newest)
 from acp_server.store.session_reads import delete_session
 from acp_server.store.write_behind import MARKER_ID, Marker
 from bridge.journal import (
@@ -167,8 +167,10 @@ class SessionWrites:
         after its prompt). The records of a ``refused`` session are skipped (a
         ``SessionOpened`` whose lease is elsewhere adds its session); ``taken`` gets the
         leases taken, ``trim`` each session's oldest events due to be deleted."""
-        # each session's events since the last flush: one segment row each (``segments``)
+        # each session's events since the last flush: one segment row each (``segments``;
+        # ``full``: the values of those that reached ``SEGMENT_EVENTS``)
         events: dict[str, list[tuple[int, str, str | None, bytes]]] = {}
+        full: list[Any] = []
         accepted: list[Any] = []   # PROMPT_INSERT's 4 a row
         settled: list[PromptSettled] = []
         prompts: set[tuple[str, str]] = set()   # the prompt rows of those statements
@@ -177,8 +179,11 @@ class SessionWrites:
         def flush() -> None:
             prompts.clear()
             if events:
-                self._insert_rows(conn, SEGMENT_INSERT, segment_rows(events))
+                full.extend(segment_rows(events))
                 events.clear()
+            if full:
+                self._insert_rows(conn, SEGMENT_INSERT, full)
+                full.clear()
             if accepted:
                 self._insert_rows(conn, PROMPT_INSERT, accepted)
                 accepted.clear()
@@ -196,8 +201,12 @@ class SessionWrites:
                 if run is None:
                     events[sid] = [(event_id, record.type, record.prompt_id,
                                     record.envelope)]
-                elif event_id > run[-1][0]:
+                elif event_id > run[-1][0] and len(run) < SEGMENT_EVENTS:
                     run.append((event_id, record.type, record.prompt_id, record.envelope))
+                elif event_id > run[-1][0]:   # full: the next segment starts
+                    full.extend(segment_values(sid, run))
+                    events[sid] = [(event_id, record.type, record.prompt_id,
+                                    record.envelope)]
                 else:   # not past the segment's last id (never from one bus): on its own
                     flush()
                     events[sid] = [(event_id, record.type, record.prompt_id,

@@ -76,3 +76,32 @@ async def test_segments_that_repeat_ids_give_each_event_once(tmp_path: Path,
         _, _, rows = await journal.read_after("s", 2)
     assert [i for i, _ in rows] == [3, 4, 5, 6, 7, 8, 9]
     assert [e.id for e in found["s"].events] == list(range(1, 10))
+
+
+async def test_a_large_commit_is_cut_in_segments_and_read_by_cursor(
+        tmp_path: Path, store_name: str) -> None:
+    """A commit of more than ``SEGMENT_EVENTS`` events of a session is cut (a reader by
+    cursor decodes at most a segment past what it asks); every event read once, in
+    order, in pages."""
+    from acp_server.store.segments import SEGMENT_EVENTS
+
+    store, url = _store(tmp_path, store_name)
+    async with store, StoreSessionJournal(store) as journal:
+        journal.append(_opened("s"))
+        count = 2 * SEGMENT_EVENTS + 88
+        for n in range(1, count + 1):   # appended at once: one commit
+            journal.append(_event("s", n, 10))
+        await journal.wait(journal.appended)
+        assert journal.commits == 1
+        segments = _run_sql(tmp_path, store_name, url, "SELECT first_id, last_id FROM "
+                            "session_segments WHERE session_id = 's' ORDER BY last_id")
+        assert [tuple(r) for r in segments] == [
+            (1, SEGMENT_EVENTS), (SEGMENT_EVENTS + 1, 2 * SEGMENT_EVENTS),
+            (2 * SEGMENT_EVENTS + 1, count)]
+        ids: list[int] = []
+        while True:
+            _, _, rows = await journal.read_after("s", ids[-1] if ids else 0, 100)
+            ids += [i for i, _ in rows]
+            if len(rows) < 100:
+                break
+        assert ids == list(range(1, count + 1))
