@@ -105,3 +105,31 @@ async def test_a_large_commit_is_cut_in_segments_and_read_by_cursor(
             if len(rows) < 100:
                 break
         assert ids == list(range(1, count + 1))
+
+
+async def test_the_byte_trim_rewrites_the_segment_straddling_its_bound(
+        tmp_path: Path, store_name: str) -> None:
+    """Whole segments below the bound go, the one across it keeps its newest events that
+    fit (its ``size`` theirs), and the newest event stays even alone past the bound."""
+    store, url = _store(tmp_path, store_name)
+    async with store, StoreSessionJournal(store) as journal:
+        journal.append(_opened("s"))
+        for first in (1, 11):   # two segments of ten events
+            for n in range(first, first + 10):
+                journal.append(_event("s", n, 100))
+            await journal.wait(journal.appended)
+        size = {n: len(_event("s", n, 100).envelope) for n in range(1, 21)}
+        journal.max_session_bytes = sum(size[n] for n in range(8, 21)) + 5   # the newest
+        # 13: three of the first segment's
+        await store._write(lambda conn, out, *state: journal._trim_bytes(conn, "s"))
+        rows = _run_sql(tmp_path, store_name, url, "SELECT first_id, last_id, size FROM "
+                        "session_segments WHERE session_id = 's' ORDER BY last_id")
+        assert [tuple(r) for r in rows] == [(8, 10, size[8] + size[9] + size[10]),
+                                            (11, 20, sum(size[n] for n in range(11, 21)))]
+        found = {s.record.session_id: s for s in await journal.restore()}
+        assert [e.id for e in found["s"].events] == list(range(8, 21))
+        journal.max_session_bytes = 10   # under one event: the newest alone stays
+        await store._write(lambda conn, out, *state: journal._trim_bytes(conn, "s"))
+        rows = _run_sql(tmp_path, store_name, url, "SELECT first_id, last_id, size FROM "
+                        "session_segments WHERE session_id = 's' ORDER BY last_id")
+        assert [tuple(r) for r in rows] == [(20, 20, size[20])]
