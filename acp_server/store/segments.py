@@ -90,21 +90,26 @@ def _listed(values: Iterable[Any]) -> str:
 
 def contains(column: str, value: str = "?") -> str:
     """SQL true when the ``types`` or ``prompts`` list ``column`` may hold ``value`` (a
-    parameter, ``?``, or a column): a superset (``LIKE``'s ``_`` and ``%`` in a value, a
-    comma in a prompt id, ASCII case in SQLite), so its readers check each event. Its
-    parameters: ``around(value)`` (``AROUND`` for a column): the pattern's ends are
-    parameters, no ``%`` in the statement's text (psycopg's placeholders)."""
-    return f"{column} LIKE ? || {value} || ?"
+    parameter, ``?``, or a column): a superset (a comma in a value, ASCII case in
+    SQLite), so its readers check each event. ``value``'s ``\\``, ``%`` and ``_`` are
+    escaped in SQL (``ESCAPE '\\'``): PostgreSQL's LIKE takes a backslash as its escape
+    by default, so an /acp prompt id ``a\\b`` (any characters) unescaped found no segment
+    of its own. Its parameters: ``around(value)`` (``AROUND`` for a column): the
+    pattern's ends and escapes are parameters, no ``%`` in the statement's text
+    (psycopg's placeholders)."""
+    return (f"{column} LIKE ? || replace(replace(replace({value}, ?, ?), ?, ?), ?, ?) "
+            "|| ? ESCAPE ?")
 
 
-AROUND = ("%,", ",%")   # the parameters of a ``contains`` of a column
+_ESCAPES = ("\\", "\\\\", "%", "\\%", "_", "\\_")   # replace()'s, the escape first
+AROUND = ("%,", *_ESCAPES, ",%", "\\")   # the parameters of a ``contains`` of a column
 
 
 def around(*values: str) -> tuple[str, ...]:
     """``contains``'s parameters for each of ``values``."""
     out: tuple[str, ...] = ()
     for value in values:
-        out += ("%,", value, ",%")
+        out += ("%,", value, *_ESCAPES, ",%", "\\")
     return out
 
 
