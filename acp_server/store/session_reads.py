@@ -113,7 +113,14 @@ def read_segments_after(conn: Any, sql: Any, sid: str, after: int, limit: int
                         ) -> list[tuple[int, bytes]]:
     """Up to ``limit`` of the session's events past id ``after``, oldest first, as ``(id,
     envelope)``; a segment that cannot be decoded comes as one row, its first id and
-    ``UNREADABLE`` (no envelope decodes: its reader resumes)."""
+    ``UNREADABLE`` (no envelope decodes: its reader resumes).
+
+    The statements are each their own snapshot (no transaction): a trim committed
+    between two of them may have deleted segments past the ones read. So a statement
+    after the first whose first segment does not go on from the ids read (its
+    ``first_id`` past the cursor + 1) ends the page there: the next read starts past
+    that hole, which its reader sees (a first id not the one it asked after), as with
+    one statement, never a hole inside a page."""
     found: list[tuple[int, bytes]] = []
     cursor = max(after, MARKER_ID)
     step = 4   # segments a statement, doubled each time: at most a few decoded past need
@@ -122,6 +129,8 @@ def read_segments_after(conn: Any, sql: Any, sid: str, after: int, limit: int
         segments = conn.execute(sql(
             "SELECT last_id, first_id, events FROM session_segments WHERE session_id = ? "
             "AND last_id > ? ORDER BY last_id LIMIT ?"), (sid, cursor, step)).fetchall()
+        if found and segments and int(segments[0][1]) > cursor + 1:
+            break   # a hole after what this page holds (maybe a trim meanwhile)
         for last_id, first_id, blob in segments:
             unreadable: list[int] = []
             for event in events_of(sid, [(first_id, blob)], cursor, unreadable):

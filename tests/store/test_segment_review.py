@@ -38,3 +38,47 @@ async def test_a_prompt_id_with_like_s_characters_is_found_in_the_segments(
             assert SessionView(alone, 5).status().active_prompt_id == "next"
             assert SessionView(bulk, 5).status() == SessionView(alone, 5).status()
             assert [p.prompt_id for p in bulk.unsettled] == ["next"]
+
+
+async def test_a_page_by_cursor_never_holds_a_hole_made_between_its_statements(
+        tmp_path: Path) -> None:
+    """A reader by cursor (the fleet's replica, ``read_after``) reads a page of segments
+    in several statements (doubling), each its own snapshot: a trim landing between two
+    of them (the owner's ring or byte trim past a lagging reader) deleted segments past
+    the page's first ones, and the page went on after the hole, the events in between
+    silently missing (the replica checks only a page's first id). The page stops at
+    such a hole: the next read starts past it, and its reader resumes (ring_evicted)."""
+    import sqlite3
+
+    from acp_server.store.session_reads import read_segments_after
+    from tests.store.test_journal_bytes import _event
+    from tests.store.test_journal_trims import _opened
+
+    store, _ = _store(tmp_path, "sqlite")
+    async with store, StoreSessionJournal(store) as journal:
+        journal.append(_opened("s"))
+        for first in range(1, 61, 3):   # a commit each: 20 segments of 3 events
+            for n in range(first, first + 3):
+                journal.append(_event("s", n, 10))
+            await journal.wait(journal.appended)
+    conn = sqlite3.connect(str(tmp_path / "state" / "lmsp.sqlite3"), isolation_level=None)
+
+    class Racing:   # the owner's trim commits between the page's first two statements
+        reads = 0
+
+        def execute(self, text: str, params: tuple[object, ...] = ()) -> sqlite3.Cursor:
+            if text.startswith("SELECT last_id, first_id, events FROM session_segments"):
+                self.reads += 1
+                if self.reads == 2:
+                    conn.execute("DELETE FROM session_segments WHERE session_id = 's' "
+                                 "AND last_id > 0 AND last_id <= 30")
+            return conn.execute(text, params)
+
+    try:
+        rows = read_segments_after(Racing(), lambda text: text, "s", 0, 512)
+        ids = [i for i, _ in rows]
+        assert ids == list(range(1, len(ids) + 1)), ids   # no hole inside the page
+        rest = read_segments_after(conn, lambda text: text, "s", ids[-1], 512)
+        assert rest[0][0] == 31   # the next page starts past the hole: its reader resumes
+    finally:
+        conn.close()
