@@ -300,7 +300,10 @@ class SessionWrites:
             if rows > CACHED_ROWS and rows % PAD_ROWS and head is SEGMENT_INSERT \
                     and not self.postgres:
                 padded = min(ROWS_PER_STATEMENT, -(-rows // PAD_ROWS) * PAD_ROWS)
-                chunk = chunk + chunk[-width:] * (padded - rows)   # a copy: rows padded
+                # its smallest row again: a segment's blob is bound (copied) each time
+                # it pads, and one may hold SEGMENT_EVENTS large envelopes
+                at = min(range(0, len(chunk), width), key=lambda i: len(chunk[i + width - 1]))
+                chunk = chunk + chunk[at:at + width] * (padded - rows)   # a copy: rows padded
                 rows = padded
             conn.execute(self._statement(sql, width, rows), chunk)
 
