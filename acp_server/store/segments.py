@@ -175,7 +175,26 @@ def segments_apart(conn: Any, postgres: bool) -> None:
     ``session_segments``, a session's run of consecutive ids (at most ``RUN`` events)
     a segment, the write-behind marker (``id = 0``) its own empty one; then
     ``session_events`` is dropped. The envelopes are copied as stored (one that
-    cannot be decoded stays so: the restore skips it, as before)."""
+    cannot be decoded stays so: the restore skips it, as before). On SQLite a TEXT
+    value that is not UTF-8 (a row written by hand) reads as U+FFFD, as the restore
+    read it before (``session_reads._tolerant_text``): never a migration that fails,
+    so a store that can never be opened."""
+    if postgres:
+        _segments_apart(conn, postgres)
+        return
+    before = conn.text_factory
+    conn.text_factory = _replacing
+    try:
+        _segments_apart(conn, postgres)
+    finally:
+        conn.text_factory = before
+
+
+def _replacing(raw: bytes) -> str:
+    return raw.decode("utf-8", "replace")
+
+
+def _segments_apart(conn: Any, postgres: bool) -> None:
     mark = "%s" if postgres else "?"
     exists = conn.execute(
         "SELECT 1 FROM information_schema.tables WHERE table_name = 'session_events' "

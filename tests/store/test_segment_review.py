@@ -110,3 +110,31 @@ async def test_sqlite_pads_a_segment_insert_with_its_smallest_row(tmp_path: Path
         padding = params[len(values):]
         assert sum(len(v) for v in padding if isinstance(v, bytes)) \
             == (len(padding) // SEGMENT_INSERT[1]) * len(values[6])   # a 10-byte segment's
+
+
+async def test_migration_8_takes_event_rows_whose_text_is_not_utf8(tmp_path: Path) -> None:
+    """SQLite: an event row's ``type`` or ``prompt_id`` that is TEXT and not UTF-8 (a row
+    overwritten by hand) was read by the migration as Python's sqlite3 fetches TEXT,
+    which raised mid-fetch: the migration rolled back and the store could never be
+    opened again, where the version before read such rows as U+FFFD and started
+    (``session_reads._tolerant_text``). The row is migrated, its text replaced."""
+    from tests.store.test_journal_bytes import _event
+    from tests.store.test_journal_refusals import _run_sql
+    from tests.store.test_journal_trims import _opened
+    from tests.store.test_segments_migration import _rewind
+
+    store, _ = _store(tmp_path, "sqlite")
+    async with store, StoreSessionJournal(store) as journal:
+        journal.append(_opened("s"))
+        for n in range(1, 6):
+            journal.append(_event("s", n, 10))
+        await journal.wait(journal.appended)
+    _rewind(tmp_path, "sqlite", None)
+    _run_sql(tmp_path, "sqlite", None, "UPDATE session_events SET prompt_id = "
+             "CAST(x'c1ff' AS TEXT) WHERE session_id = 's' AND id = 2")
+    _run_sql(tmp_path, "sqlite", None, "UPDATE session_events SET type = "
+             "CAST(x'c1ff' AS TEXT) WHERE session_id = 's' AND id = 3")
+    store, _ = _store(tmp_path, "sqlite")
+    async with store, StoreSessionJournal(store) as journal:   # migrated as it opens
+        [found] = await journal.restore()
+        assert [e.id for e in found.events] == [1, 2, 3, 4, 5] and not found.gap
