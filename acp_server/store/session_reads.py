@@ -20,8 +20,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import sqlite3
-from collections.abc import Container, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Container, Iterator, Sequence
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -40,6 +40,7 @@ from bridge.status import MAX_PROMPT_TERMINALS, PromptTerminal
 from bridge.wire import Event
 
 log = logging.getLogger("acp_server.store.sessions")
+T = TypeVar("T")
 
 SESSION_TABLES = (("session_segments", "session_id"), ("session_prompts", "session_id"),
                   ("session_leases", "session_id"), ("sessions", "id"))
@@ -109,18 +110,33 @@ def with_seed(record: SessionOpened, seed: Any) -> SessionOpened:
     return msgspec.structs.replace(record, seed=text)
 
 
+def snapshot(conn: Any, postgres: bool, read: Callable[[Any], T]) -> T:
+    """``read(conn)`` in one read-only snapshot of the store (a reader's connection runs
+    each statement in its own otherwise): SQLite's deferred transaction (WAL: its first
+    read fixes what it sees), PostgreSQL's ``REPEATABLE READ``. Ended by a rollback
+    whatever happens (nothing was written), so the connection goes back to its pool
+    outside a transaction; a rollback that fails (the connection lost) is the read's
+    own error's to report, not its."""
+    conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY" if postgres else "BEGIN")
+    try:
+        return read(conn)
+    finally:
+        with contextlib.suppress(Exception):
+            conn.execute("ROLLBACK")
+
+
 def read_segments_after(conn: Any, sql: Any, sid: str, after: int, limit: int
                         ) -> list[tuple[int, bytes]]:
     """Up to ``limit`` of the session's events past id ``after``, oldest first, as ``(id,
     envelope)``; a segment that cannot be decoded comes as one row, its first id and
     ``UNREADABLE`` (no envelope decodes: its reader resumes).
 
-    The statements are each their own snapshot (no transaction): a trim committed
-    between two of them may have deleted segments past the ones read. So a statement
-    after the first whose first segment does not go on from the ids read (its
-    ``first_id`` past the cursor + 1) ends the page there: the next read starts past
-    that hole, which its reader sees (a first id not the one it asked after), as with
-    one statement, never a hole inside a page."""
+    ``read_after`` runs it in one snapshot (``snapshot``). Outside one, its statements
+    are each their own: a trim committed between two of them may have deleted segments
+    past the ones read. So a statement after the first whose first segment does not go
+    on from the ids read (its ``first_id`` past the cursor + 1) ends the page there: the
+    next read starts past that hole, which its reader sees (a first id not the one it
+    asked after), never a hole inside a page."""
     found: list[tuple[int, bytes]] = []
     cursor = max(after, MARKER_ID)
     step = 4   # segments a statement, doubled each time: at most a few decoded past need
@@ -397,7 +413,10 @@ class SessionReads:
                          ) -> tuple[SessionOpened | None, bool, list[tuple[int, bytes]]]:
         """A reader's next rows: (the session's record, ``None`` when it is gone;
         whether it is closed; up to ``limit`` of its event envelopes after id
-        ``after``, oldest first, as ``(id, envelope)``)."""
+        ``after``, oldest first, as ``(id, envelope)``). One snapshot: the record and
+        the events are of one moment, so a reset committed meanwhile (a new life of the
+        id: a new epoch, its ids from 1) never gives the old record with the new life's
+        events, nor a trim a hole inside the page (``snapshot``)."""
         sql = self._sql
 
         def read(conn: Any) -> tuple[SessionOpened | None, bool, list[tuple[int, bytes]]]:
@@ -408,7 +427,8 @@ class SessionReads:
             return (decode_opened(session_id, row[0]), row[1] is not None,
                     read_segments_after(conn, sql, session_id, after, limit))
 
-        return await self.store._read(read)
+        postgres = self.postgres
+        return await self.store._read(lambda conn: snapshot(conn, postgres, read))
 
     async def record_of(self, session_id: str) -> SessionOpened | None:
         """The session's record, live or closed (its maker: a cold restore of a closed

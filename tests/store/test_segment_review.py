@@ -9,6 +9,7 @@ import pytest
 
 from acp_server.fleet.replica import QUESTIONS, SessionView
 from acp_server.store.sessions import StoreSessionJournal
+from bridge.journal import EventRecord
 from tests.store.test_journal_isolation import _store
 from tests.store.test_open_reads import _Book
 
@@ -138,3 +139,64 @@ async def test_migration_8_takes_event_rows_whose_text_is_not_utf8(tmp_path: Pat
     async with store, StoreSessionJournal(store) as journal:   # migrated as it opens
         [found] = await journal.restore()
         assert [e.id for e in found.events] == [1, 2, 3, 4, 5] and not found.gap
+
+
+async def test_a_page_by_cursor_is_one_snapshot_of_the_record_and_its_events(
+        tmp_path: Path, store_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``read_after`` (the fleet's replica) reads the session's record, then its events,
+    in several statements: a new life of the id (``EventsReset``: its events deleted,
+    a new epoch's numbered from 1) committed between them gave the old record, whose
+    epoch the replica trusts, with the new life's events as if they went on. In one
+    snapshot the page is the record's own life, whatever commits meanwhile."""
+    import sqlite3
+
+    from acp_server.store import session_reads
+    from acp_server.store.segments import SEGMENT_INSERT, segment_values
+    from tests.store.test_journal_trims import _opened
+
+    store, url = _store(tmp_path, store_name)
+    async with store, StoreSessionJournal(store) as journal:
+        journal.append(_opened("s"))
+        for first in range(1, 61, 3):   # a commit each: 20 segments of 3 events
+            for n in range(first, first + 3):
+                journal.append(EventRecord(session_id="s", event_id=n, type="t",
+                                           prompt_id=None, envelope=b'{"old":%d}' % n))
+            await journal.wait(journal.appended)
+
+        def new_life() -> None:   # another instance's commit, on its own connection
+            values = segment_values("s", [(n, "t", None, b'{"new":%d}' % n)
+                                          for n in range(1, 61)])
+            if url is not None:
+                import psycopg
+
+                with psycopg.connect(url, autocommit=True) as conn, conn.transaction():
+                    conn.execute("DELETE FROM session_segments WHERE session_id = 's'")
+                    conn.execute(SEGMENT_INSERT[0].format(
+                        "(" + ",".join(["%s"] * SEGMENT_INSERT[1]) + ")"), values)
+                return
+            conn = sqlite3.connect(str(tmp_path / "state" / "lmsp.sqlite3"),
+                                   isolation_level=None)
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                conn.execute("DELETE FROM session_segments WHERE session_id = 's'")
+                conn.execute(SEGMENT_INSERT[0].format("(?,?,?,?,?,?,?)"), values)
+                conn.execute("COMMIT")
+            finally:
+                conn.close()
+
+        page_of = session_reads.read_segments_after
+        raced: list[bool] = []
+
+        def racing(*args: object, **kwargs: object) -> list[tuple[int, bytes]]:
+            if not raced:   # after the record's read, before the events'
+                raced.append(True)
+                new_life()
+            return page_of(*args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(session_reads, "read_segments_after", racing)
+        record, closed, rows = await journal.read_after("s", 0)
+        assert raced and record is not None and not closed
+        assert [bytes(e) for _, e in rows] == [b'{"old":%d}' % n for n in range(1, 61)]
+        monkeypatch.undo()
+        _, _, rows = await journal.read_after("s", 0)   # the next read: the new life
+        assert [bytes(e) for _, e in rows] == [b'{"new":%d}' % n for n in range(1, 61)]
