@@ -190,7 +190,7 @@ class Stream:
     """One stream's state as ``http2.Http2Connection`` keeps it, while its app runs."""
 
     __slots__ = ("answered", "body", "body_done", "bodiless", "ended", "gone", "head", "id",
-                 "stalled", "started", "wakes", "window")
+                 "stall_sent", "stalled", "started", "wakes", "window")
 
     def __init__(self, stream_id: int, bodiless: bool = False) -> None:
         self.id = stream_id
@@ -204,7 +204,8 @@ class Stream:
         self.answered = False    # END_STREAM sent
         self.wakes: list[asyncio.Future[None]] = []       # the receives waiting for data
         self.window: asyncio.Future[None] | None = None   # a send waiting for a window
-        self.stalled: float | None = None   # since when a send waits with no byte sent
+        self.stalled: float | None = None   # since when a send waits, short of progress
+        self.stall_sent = 0   # bytes sent since ``stalled`` (``http2.PROGRESS_BYTES``)
 
 
 def starts_http2(data: bytes) -> bool:

@@ -45,9 +45,11 @@ Contracts (``Http2Limits`` sets the numbers):
   closed (counted in ``stats["header_timeouts"]``): a preface then silence, a control
   flood, a header block that never ends. One with streams is sent a PING once nothing
   came from its client for ``idle_s``, and closed when nothing came for as long again
-  (a client gone silent). A stream whose answer waited ``idle_s`` for a window with no
-  byte sent is reset (CANCEL), its request no longer in flight (a stall, not a
-  trickle: any byte sent starts the wait again). Closed with bytes still queued for the
+  (a client gone silent). A stream whose answer waits for its client's window must get
+  ``PROGRESS_BYTES`` through (or the rest of what it sends) within ``idle_s`` of its
+  first wait, else it is reset (CANCEL), its request no longer in flight: a window shut,
+  or opened a few bytes at a time (a trickle would hold ``--max-connections`` requests
+  for ever, every other client answered 503). Closed with bytes still queued for the
   client, the connection is reset (``SO_LINGER`` 0): no orphan socket keeps them.
 * ``shutdown`` (uvicorn's graceful stop) sends GOAWAY with the last stream taken; the
   streams in flight finish, later ones are refused, and the connection closes when
@@ -88,6 +90,10 @@ log = logging.getLogger("acp_server.http")
 _DROPPED = frozenset({b"connection", b"keep-alive", b"proxy-connection",
                       b"transfer-encoding", b"upgrade"})
 LINGER_S = 1.0   # how long an ended connection is read (and dropped) before its close
+# What an answer waiting for its client's window must get through within the header
+# timeout of its first wait (or the rest of it): any client reading at 100 bytes a
+# second does, a window opened a byte at a time does not
+PROGRESS_BYTES = 1024
 _CONTROL = (h2.events.PingReceived, h2.events.RemoteSettingsChanged,
             h2.events.PriorityUpdated, h2.events.UnknownFrameReceived)
 _LINGER_0 = struct.pack("ii", 1, 0)
@@ -467,7 +473,7 @@ class Http2Connection(asyncio.Protocol):
         if not body and not end:   # nothing to say: no empty DATA frame
             self._flush()
             return
-        offset, size = 0, len(body)
+        offset, size, waited = 0, len(body), False
         while True:
             if stream.gone or self.lost:
                 return
@@ -480,15 +486,19 @@ class Http2Connection(asyncio.Protocol):
                              self.conn.max_outbound_frame_size, left)
                 if left and window <= 0:
                     self._flush()
-                    if not await self._window(stream):   # shut for the header timeout
+                    if not await self._window(stream):   # short of progress: reset
                         self._gone(stream, h2.errors.ErrorCodes.CANCEL)
                         return
+                    waited = True
                     continue
                 chunk = body[offset:offset + window] if offset or window < size else body
                 offset += window
                 last = end and offset == size
                 self.conn.send_data(stream.id, chunk, end_stream=last)
-                stream.stalled = None
+                if stream.stalled is not None:   # waiting since: enough came through?
+                    stream.stall_sent += window
+                    if stream.stall_sent >= PROGRESS_BYTES or (offset == size and not waited):
+                        stream.stalled, stream.stall_sent = None, 0
             except h2.exceptions.ProtocolError:   # reset meanwhile
                 self._gone(stream)
                 return
@@ -501,8 +511,9 @@ class Http2Connection(asyncio.Protocol):
     # -- waiting ---------------------------------------------------------------------------
     async def _window(self, stream: Stream) -> bool:
         """Until the stream's window may have opened; False once ``idle_s`` passed since
-        it began waiting with no byte sent (a window moved by a WINDOW_UPDATE elsewhere,
-        or of 0, does not count): then its request is not held in flight for ever."""
+        it began waiting short of progress (``PROGRESS_BYTES`` sent since, or the rest
+        of a body sent with no wait; a window moved by a WINDOW_UPDATE elsewhere, or of
+        0, does not count): then its request is not held in flight for ever."""
         now = self.loop.time()
         if stream.stalled is None:
             stream.stalled = now

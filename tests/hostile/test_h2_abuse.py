@@ -371,6 +371,27 @@ async def test_zero_window_with_a_stream_pending(daemon: ServeProcess) -> None:
     assert raw.got.goaway is not None or raw.got.closed, raw.got
 
 
+async def test_a_window_opened_a_byte_at_a_time(daemon: ServeProcess) -> None:
+    """A client that opens its stream's window one byte every quarter of the header
+    timeout (a trickle, not a stall: each byte restarted the stall's clock) held its
+    request in flight for as long as its answer lasted, and ``--max-connections`` such
+    requests answered every other client 503. On uvicorn an answer waiting for its
+    window must get ``PROGRESS_BYTES`` (1 KiB) through within the header timeout of its
+    first wait: the stream is reset (CANCEL) a few bytes in. granian 2.8 (hyper) has no
+    such rule and exposes no setting for one (docs/security.md, HTTP/2)."""
+    if "uvicorn" not in daemon.argv:
+        pytest.skip("granian 2.8's HTTP/2 (hyper) serves a trickled window as it comes")
+
+    async def attack(raw: RawH2) -> None:
+        await raw.send(get(raw, 1, "/openapi.json", end_stream=True))
+        with anyio.fail_after(BOUND_S):
+            while raw.got.resets.get(1) != CANCEL:
+                await raw.send(window_update(1, 1))
+                await anyio.sleep(HEADER_TIMEOUT_MS / 4000)   # the attack's pace
+    raw = await endure(daemon, attack, local={INITIAL_WINDOW_SIZE: 0})
+    assert raw.got.statuses[1] == 200 and 0 < raw.got.data_bytes < 1024, raw.got
+
+
 # -- what granian 2.8 cannot be made to do ---------------------------------------------
 CHEAP_FLOODS = {
     "ping": lambda raw, n: ping(n.to_bytes(8, "big")),
