@@ -227,8 +227,11 @@ class Http2Connection(asyncio.Protocol):
                 self._reset(event)
             elif kind is h2.events.WindowUpdated or kind is h2.events.RemoteSettingsChanged:
                 sid = getattr(event, "stream_id", 0)
-                for stream in (self.streams.values() if not sid else
-                               filter(None, (self.streams.get(sid),))):
+                waiting = ([s for s in self.streams.values() if s.window is not None]
+                           if not sid else filter(None, (self.streams.get(sid),)))
+                # the stream that waited longest takes the connection's window first (in
+                # the order opened, the first took every chunk and the last starved)
+                for stream in sorted(waiting, key=lambda s: -(s.stalled or 0.0)):
                     self._resolve_window(stream)
             elif kind is h2.events.ConnectionTerminated:
                 if event.error_code:   # the client's connection error: nothing more to say

@@ -162,3 +162,37 @@ async def test_an_event_stream_read_promptly_is_not_reset_by_a_stall_long_past()
                         continue
                     await raw.changed.wait()
     assert raw.got.resets == {} and raw.got.bodies[1] == event * 2, raw.got
+
+
+async def test_streams_sharing_a_connection_window_refilled_in_chunks_all_progress() -> None:
+    """Two answers past the connection's window (65,535 bytes, the default) to a client
+    that reads steadily and gives the connection window back 8 KiB at a time: each
+    chunk woke the waiting streams in the order they were opened, so the first took it
+    whole every time and the second, sent nothing, was reset (CANCEL) once it had
+    waited the header timeout, while the first went on. The stream that waited longest
+    goes first: both get through."""
+    body = b"x" * (256 * 1024)
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": body})
+
+    def done(raw: RawH2, sid: int) -> bool:
+        return ended(raw, sid) or sid in raw.got.resets
+
+    async with h2_serving(app, 1.0) as port, anyio.create_task_group() as tg:
+        raw = await RawH2.connect(port, tg, local={INITIAL_WINDOW_SIZE: 1 << 24},
+                                  answer_pings=True)
+        async with raw:
+            await raw.send(headers(1, raw.block(request_head(port, "/")), end_stream=True)
+                           + headers(3, raw.block(request_head(port, "/")), end_stream=True))
+            given = 0
+            with anyio.fail_after(BOUND_S * 3):
+                while not (done(raw, 1) and done(raw, 3)) and not raw.got.closed:
+                    await anyio.sleep(0.05)   # the client's pace: 160 KiB a second
+                    more = min(raw.got.data_bytes - given, 8192)
+                    if more:
+                        given += more
+                        await raw.send(window_update(0, more))
+    assert raw.got.resets == {} and raw.got.bodies == {1: body, 3: body}, (
+        raw.got.resets, {sid: len(got) for sid, got in raw.got.bodies.items()})
