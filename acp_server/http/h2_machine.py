@@ -204,7 +204,7 @@ class Stream:
         self.answered = False    # END_STREAM sent
         self.wakes: list[asyncio.Future[None]] = []       # the receives waiting for data
         self.window: asyncio.Future[None] | None = None   # a send waiting for a window
-        self.stalled: float | None = None   # since when a send waits, short of progress
+        self.stalled: float | None = None   # seconds a send waited, short of progress
         self.stall_sent = 0   # bytes sent since ``stalled`` (``http2.PROGRESS_BYTES``)
 
 

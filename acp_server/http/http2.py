@@ -46,10 +46,10 @@ Contracts (``Http2Limits`` sets the numbers):
   flood, a header block that never ends. One with streams is sent a PING once nothing
   came from its client for ``idle_s``, and closed when nothing came for as long again
   (a client gone silent). A stream whose answer waits for its client's window must get
-  ``PROGRESS_BYTES`` through (or the rest of what it sends) within ``idle_s`` of its
-  first wait, else it is reset (CANCEL), its request no longer in flight: a window shut,
-  or opened a few bytes at a time (a trickle would hold ``--max-connections`` requests
-  for ever, every other client answered 503). Closed with bytes still queued for the
+  ``PROGRESS_BYTES`` through (or the rest of what it sends) within ``idle_s`` spent
+  waiting (not the app's pauses), else it is reset (CANCEL), its request no longer in
+  flight: a window shut, or opened a few bytes at a time (a trickle would hold
+  ``--max-connections`` requests for ever, every other client answered 503). Closed with bytes still queued for the
   client, the connection is reset (``SO_LINGER`` 0): no orphan socket keeps them.
 * ``shutdown`` (uvicorn's graceful stop) sends GOAWAY with the last stream taken; the
   streams in flight finish, later ones are refused, and the connection closes when
@@ -227,8 +227,11 @@ class Http2Connection(asyncio.Protocol):
                 self._reset(event)
             elif kind is h2.events.WindowUpdated or kind is h2.events.RemoteSettingsChanged:
                 sid = getattr(event, "stream_id", 0)
-                for stream in (self.streams.values() if not sid else
-                               filter(None, (self.streams.get(sid),))):
+                waiting = ([s for s in self.streams.values() if s.window is not None]
+                           if not sid else filter(None, (self.streams.get(sid),)))
+                # the stream that waited longest takes the connection's window first (in
+                # the order opened, the first took every chunk and the last starved)
+                for stream in sorted(waiting, key=lambda s: -(s.stalled or 0.0)):
                     self._resolve_window(stream)
             elif kind is h2.events.ConnectionTerminated:
                 if event.error_code:   # the client's connection error: nothing more to say
@@ -510,25 +513,24 @@ class Http2Connection(asyncio.Protocol):
 
     # -- waiting ---------------------------------------------------------------------------
     async def _window(self, stream: Stream) -> bool:
-        """Until the stream's window may have opened; False once ``idle_s`` passed since
-        it began waiting short of progress (``PROGRESS_BYTES`` sent since, or the rest
+        """Until the stream's window may have opened; False once it waited ``idle_s`` in
+        all short of progress (``PROGRESS_BYTES`` sent since its first wait, or the rest
         of a body sent with no wait; a window moved by a WINDOW_UPDATE elsewhere, or of
-        0, does not count): then its request is not held in flight for ever."""
-        now = self.loop.time()
-        if stream.stalled is None:
-            stream.stalled = now
-        delay = stream.stalled + self.limits.idle_s - now
-        if delay <= 0:
+        0, does not count): then its request is not held in flight for ever. The app's
+        own pauses between bodies are not the client's, and not counted."""
+        waited, since = stream.stalled or 0.0, self.loop.time()
+        if waited >= self.limits.idle_s:
             log.debug("HTTP/2 stream %d of %s reset: its window stayed shut", stream.id,
                       self.client)
             return False
         stream.window = self.loop.create_future()
-        timer = self.loop.call_later(delay, self._resolve_window, stream)
+        timer = self.loop.call_later(self.limits.idle_s - waited, self._resolve_window, stream)
         try:
             await stream.window
         finally:
             timer.cancel()
             stream.window = None
+            stream.stalled = waited + self.loop.time() - since
         return True
 
     async def _drain(self) -> None:

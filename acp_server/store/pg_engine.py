@@ -301,8 +301,10 @@ class PostgresEngine(GroupCommitStore[Conn]):
 
     def _read_lost(self, conn: Conn, exc: BaseException) -> bool:
         # a pooled connection whose backend ended (a restart, ``pg_terminate_backend``)
-        # looks usable until a query fails on it; psycopg marks it broken then
-        return isinstance(exc, psycopg.OperationalError) and not self._usable(conn)
+        # looks usable until a query fails on it; psycopg marks it broken then. Any
+        # error class: a snapshot's (``session_reads.snapshot``) ended by the server's
+        # idle-in-transaction timeout is an InternalError (class 25)
+        return isinstance(exc, psycopg.Error) and not self._usable(conn)
 
     def _unavailable(self, exc: BaseException) -> str | None:
         if isinstance(exc, UNAVAILABLE) and not _refused_for_good(exc):

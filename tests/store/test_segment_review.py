@@ -200,3 +200,46 @@ async def test_a_page_by_cursor_is_one_snapshot_of_the_record_and_its_events(
         monkeypatch.undo()
         _, _, rows = await journal.read_after("s", 0)   # the next read: the new life
         assert [bytes(e) for _, e in rows] == [b'{"new":%d}' % n for n in range(1, 61)]
+
+
+async def test_a_page_whose_snapshot_the_server_ended_while_idle_is_read_again(
+        tmp_path: Path, store_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``read_after`` holds its reader connection in a transaction between its
+    statements, and PostgreSQL ends a session idle in a transaction past
+    ``idle_in_transaction_session_timeout`` (2 s: a process paused between two of its
+    statements). psycopg raises that as an ``InternalError``, not an
+    ``OperationalError``: the read failed with it rather than being read again on a
+    new connection, as a read whose connection broke is."""
+    if store_name != "postgres":
+        pytest.skip("PostgreSQL's idle-in-transaction timeout")
+    import time
+
+    import psycopg
+
+    from acp_server.store import session_reads
+    from tests.store.test_journal_trims import _opened
+
+    store, url = _store(tmp_path, store_name)
+    async with store, StoreSessionJournal(store) as journal:
+        journal.append(_opened("s"))
+        for n in range(1, 4):
+            journal.append(EventRecord(session_id="s", event_id=n, type="t",
+                                       prompt_id=None, envelope=b'{"n":%d}' % n))
+        await journal.wait(journal.appended)
+        page_of = session_reads.read_segments_after
+        paused: list[int] = []
+
+        def pausing(conn: psycopg.Connection, *args: object) -> list[tuple[int, bytes]]:
+            if not paused:   # the first read: idle in its snapshot till the server ends it
+                paused.append(conn.info.backend_pid)
+                conn.execute("SET idle_in_transaction_session_timeout = 50")
+                with psycopg.connect(url, autocommit=True) as other:
+                    while other.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s",
+                                        (paused[0],)).fetchone():
+                        time.sleep(0.01)   # a worker thread's wait for the server's end
+            return page_of(conn, *args)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(session_reads, "read_segments_after", pausing)
+        record, closed, rows = await journal.read_after("s", 0)
+        assert paused and record is not None and not closed
+        assert [bytes(e) for _, e in rows] == [b'{"n":%d}' % n for n in range(1, 4)]
