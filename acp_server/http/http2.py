@@ -49,8 +49,9 @@ Contracts (``Http2Limits`` sets the numbers):
   ``PROGRESS_BYTES`` through (or the rest of what it sends) within ``idle_s`` spent
   waiting (not the app's pauses), else it is reset (CANCEL), its request no longer in
   flight: a window shut, or opened a few bytes at a time (a trickle would hold
-  ``--max-connections`` requests for ever, every other client answered 503). Closed with bytes still queued for the
-  client, the connection is reset (``SO_LINGER`` 0): no orphan socket keeps them.
+  ``--max-connections`` requests for ever, every other client answered 503). Closed
+  with bytes still queued for the client, the connection is reset (``SO_LINGER`` 0): no
+  orphan socket keeps them.
 * ``shutdown`` (uvicorn's graceful stop) sends GOAWAY with the last stream taken; the
   streams in flight finish, later ones are refused, and the connection closes when
   none is left. A client's GOAWAY with NO_ERROR is the same from its side (its streams
