@@ -33,6 +33,7 @@ import msgspec
 
 from acp_server.store.segments import segments_apart
 
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Migration:
     name: str

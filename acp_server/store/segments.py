@@ -5,17 +5,17 @@
         ...
 
 A session's events of one commit (of one run of records between two session records,
-``session_writes._put``; at most ``SEGMENT_EVENTS``) are ONE row of ``session_segments``: ``(session_id, last_id)``
-its key, ``first_id`` and ``last_id`` the ids of its first and last event, ``size`` the
-sum of its envelopes' lengths (what the byte bound counts: ``SUM(size)`` where the
-rows were ``SUM(LENGTH(envelope))``), ``types`` and ``prompts`` its events' types and
-prompt ids as ``,a,b,`` (a filter in SQL, ``contains``, where the rows had a column
-each: the fleet's listing reads only the segments with the types it asks, never every
-open session's whole ring), ``events`` the events themselves: a msgpack array
-of ``[id, type, prompt_id, envelope]`` arrays, ids increasing (one ``msgspec`` call
-decodes a segment, the envelopes as ``bin``: their bytes, never re-encoded). A SQLite
-commit of a prompt's six events is one row instead of six: the rows' own cost (~3.5 µs
-of SQLite CPU a row) is paid once a session a commit.
+``session_writes._put``; at most ``SEGMENT_EVENTS``) are ONE row of
+``session_segments``: ``(session_id, last_id)`` its key, ``first_id`` and ``last_id``
+the ids of its first and last event, ``size`` the sum of its envelopes' lengths (what
+the byte bound counts: ``SUM(size)`` where the rows were ``SUM(LENGTH(envelope))``),
+``types`` and ``prompts`` its events' types and prompt ids as ``,a,b,`` (a filter in
+SQL, ``contains``, where the rows had a column each: the fleet's listing reads only the
+segments with the types it asks, never every open session's whole ring), ``events`` the
+events themselves: a msgpack array of ``[id, type, prompt_id, envelope]`` arrays, ids
+increasing (one ``msgspec`` call decodes a segment, the envelopes as ``bin``: their
+bytes, never re-encoded). A SQLite commit of a prompt's six events is one row instead of
+six: the rows' own cost (~3.5 µs of SQLite CPU a row) is paid once a session a commit.
 
 Readers keep the semantics of one row an event:
 

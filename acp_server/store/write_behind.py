@@ -14,9 +14,10 @@ That is never a silent gap, thanks to a durable marker:
 
 * Before the first event a session publishes ahead of its commit, a marker (a
   ``session_segments`` row of no events, ``last_id = 0``) is committed: until that
-  commit lands the session's events are held as without a window (``arming``). Once it has landed
-  (``armed``), each event is released at once while it is at most ``window`` events
-  past the session's last committed event; past that it waits for a commit.
+  commit lands the session's events are held as without a window (``arming``). Once
+  it has landed (``armed``), each event is released at once while it is at most
+  ``window`` events past the session's last committed event; past that it waits for a
+  commit.
 * When a commit leaves an armed session with every appended event committed and no
   accepted prompt unsettled, the marker is cleared (its deletion appended; the
   session holds its events again from that moment, until a new marker commits).
