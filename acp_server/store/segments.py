@@ -47,8 +47,8 @@ import msgspec
 
 log = logging.getLogger("acp_server.store.sessions")
 
-Row = tuple[int, str, "str | None", bytes]   # an event: id, type, prompt id, envelope
-_DECODER = msgspec.msgpack.Decoder(list[tuple[int, str, str | None, bytes]])
+Row = tuple[int, str, str | None, bytes]   # an event: id, type, prompt id, envelope
+_DECODER = msgspec.msgpack.Decoder(list[Row])
 _ENCODER = msgspec.msgpack.Encoder()
 # A reader by cursor's stand-in for a segment it cannot decode: no envelope decodes
 UNREADABLE = b""
@@ -63,12 +63,12 @@ MARKER_INSERT = ("INSERT INTO session_segments(session_id, first_id, last_id, si
                  "prompts, events) VALUES (?, 0, 0, 0, '', '', ?) ON CONFLICT DO NOTHING")
 
 
-def encode_segment(rows: list[tuple[int, str, str | None, bytes]]) -> bytes:
+def encode_segment(rows: list[Row]) -> bytes:
     """``rows`` (ids increasing) as a segment's ``events``."""
     return _ENCODER.encode(rows)
 
 
-def segment_values(sid: str, rows: list[tuple[int, str, str | None, bytes]]
+def segment_values(sid: str, rows: list[Row]
                    ) -> tuple[Any, ...]:
     """``SEGMENT_INSERT``'s values of one segment of ``sid`` holding ``rows``."""
     size = 0
@@ -80,7 +80,7 @@ def segment_values(sid: str, rows: list[tuple[int, str, str | None, bytes]]
         prompts.add(event[2])
     prompts.discard(None)
     return (sid, rows[0][0], rows[-1][0], size, _listed(types), _listed(prompts),
-            _ENCODER.encode(rows))
+            encode_segment(rows))
 
 
 def _listed(values: Iterable[Any]) -> str:
@@ -113,7 +113,7 @@ def around(*values: str) -> tuple[str, ...]:
     return out
 
 
-def decode_segment(blob: Any) -> list[tuple[int, str, str | None, bytes]]:
+def decode_segment(blob: Any) -> list[Row]:
     """A segment's events (as stored: a blob, ``bytea``'s memoryview, or a TEXT value
     written by hand). ``msgspec.MsgspecError`` when it cannot be decoded, or its ids
     are not positive and increasing."""
@@ -132,22 +132,30 @@ def decode_segment(blob: Any) -> list[tuple[int, str, str | None, bytes]]:
     return rows
 
 
+def readable(sid: str, first: Any, blob: Any, *, logged: bool = True) -> list[Row] | None:
+    """``decode_segment(blob)``, or ``None`` for a segment that cannot be decoded
+    (logged unless not ``logged``: ``first`` its first id, ``sid`` its session's)."""
+    try:
+        return decode_segment(blob)
+    except msgspec.MsgspecError as exc:
+        if logged:
+            log.error("session journal: the events of session %s from id %s are "
+                      "unreadable (%s): skipped", sid, first, exc)
+        return None
+
+
 def events_of(sid: str, segments: Iterable[tuple[Any, ...]], after: int = 0,
               unreadable: list[int] | None = None, *, logged: bool = True
-              ) -> Iterator[tuple[int, str, str | None, bytes]]:
+              ) -> Iterator[Row]:
     """The events of ``segments`` (rows whose last two columns are ``first_id`` and
     ``events``, in ``last_id`` order) past ``after``, each id once. A segment that
     cannot be decoded is skipped (logged unless not ``logged``: a read beside the
     ring's, which logs it); its ``first_id`` is added to ``unreadable`` when given."""
     last = after
     for row in segments:
-        first, blob = row[-2], row[-1]
-        try:
-            events = decode_segment(blob)
-        except msgspec.MsgspecError as exc:
-            if logged:
-                log.error("session journal: the events of session %s from id %s are "
-                          "unreadable (%s): skipped", sid, first, exc)
+        first = row[-2]
+        events = readable(sid, first, row[-1], logged=logged)
+        if events is None:
             if unreadable is not None:
                 unreadable.append(int(first))
             continue
@@ -157,8 +165,8 @@ def events_of(sid: str, segments: Iterable[tuple[Any, ...]], after: int = 0,
                 yield event
 
 
-def split_newest(events: list[tuple[int, str, str | None, bytes]], bound: int,
-                 keep_one: bool) -> list[tuple[int, str, str | None, bytes]]:
+def split_newest(events: list[Row], bound: int,
+                 keep_one: bool) -> list[Row]:
     """The newest of ``events`` whose envelopes take at most ``bound`` bytes (at least
     the newest one when ``keep_one``)."""
     total, start = 0, len(events)
@@ -215,20 +223,20 @@ def _segments_apart(conn: Any, postgres: bool) -> None:
                 f"SELECT id, type, prompt_id, {envelope} FROM session_events "
                 f"WHERE session_id = {mark} AND id > {mark} ORDER BY id LIMIT {BATCH}",
                 (sid, after)).fetchall()
-            run: list[tuple[int, str, str | None, bytes]] = []
+            run: list[Row] = []
             for event_id, kind, pid, env in rows:
                 event_id = int(event_id)
                 if event_id == 0:
                     conn.execute(marker, (sid, b""))
                     continue
                 if run and (event_id != run[-1][0] + 1 or len(run) >= RUN):
-                    _copy(conn, insert, sid, run)
+                    conn.execute(insert, segment_values(sid, run))
                     run = []
                 run.append((event_id, str(kind), None if pid is None else str(pid),
                             bytes(env) if isinstance(env, (bytes, bytearray, memoryview))
                             else str(env).encode("utf-8", "surrogatepass")))
             if run:
-                _copy(conn, insert, sid, run)
+                conn.execute(insert, segment_values(sid, run))
             if len(rows) < BATCH:
                 break
             after = int(rows[-1][0])
@@ -238,7 +246,3 @@ def _segments_apart(conn: Any, postgres: bool) -> None:
 RUN = 64      # events a migrated segment (the byte trim's unit on what was migrated)
 BATCH = 4096  # rows a migration reads at a time
 
-
-def _copy(conn: Any, insert: str, sid: str, run: list[tuple[int, str, str | None, bytes]]
-          ) -> None:
-    conn.execute(insert, segment_values(sid, run))

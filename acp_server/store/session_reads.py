@@ -30,8 +30,8 @@ from acp_server.store.leases import SessionLeases
 from acp_server.store.open_reads import (OPENED, TURN_ENDS, decode_accepted, decode_event,
                                          decode_opened, decode_settled, read_open_in,
                                          stored, terminal_from_event)
-from acp_server.store.segments import (UNREADABLE, around, contains, decode_segment,
-                                       events_of)
+from acp_server.store.segments import (UNREADABLE, Row, around, contains, events_of,
+                                       readable)
 from acp_server.store.write_behind import MARKER_ID
 from bridge.errors import JournalUnavailableError
 from bridge.journal import (EndedSession, PromptAccepted, PromptSettled, RestoredSession,
@@ -316,7 +316,7 @@ class SessionReads:
         # readers may have seen events ahead of the journal (write-behind): resync
         gap = conn.execute(sql("SELECT 1 FROM session_segments WHERE session_id = ? AND "
                                "last_id = ?"), (sid, MARKER_ID)).fetchone() is not None
-        decoded: list[list[tuple[int, str, str | None, bytes]]] = []
+        decoded: list[list[Row]] = []
         count, last = 0, 0
         # newest first, each segment at least one event: ``ring`` segments are enough
         for first_id, last_id, blob in conn.execute(sql(
@@ -324,18 +324,15 @@ class SessionReads:
                 "AND last_id > ? ORDER BY last_id DESC LIMIT ?"),
                 (sid, MARKER_ID, ring)):   # (SQLite: read as far as needed)
             last = last or int(last_id)
-            try:
-                segment = decode_segment(blob)
-            except msgspec.MsgspecError as exc:
-                log.error("session journal: the events of session %s from id %s are "
-                          "unreadable (%s): skipped", sid, first_id, exc)
+            segment = readable(sid, first_id, blob)
+            if segment is None:
                 gap = True
                 continue
             decoded.append(segment)
             count += len(segment)
             if count >= ring:
                 break
-        rows: list[tuple[int, str, str | None, bytes]] = []
+        rows: list[Row] = []
         for segment in reversed(decoded):   # oldest first, each id once
             rows += segment if not rows else [e for e in segment if e[0] > rows[-1][0]]
         rows = rows[-ring:]

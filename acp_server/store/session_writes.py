@@ -26,7 +26,7 @@ from typing import Any
 import msgspec
 
 from acp_server.store.leases import SessionLeases
-from acp_server.store.segments import (MARKER_INSERT, SEGMENT_EVENTS, SEGMENT_INSERT,
+from acp_server.store.segments import (MARKER_INSERT, SEGMENT_EVENTS, SEGMENT_INSERT, Row,
                                        decode_segment, segment_values, split_newest)
 from acp_server.store.session_reads import delete_session
 from acp_server.store.write_behind import MARKER_ID, Marker
@@ -91,7 +91,7 @@ SETTLE_UPDATE = ("WITH v(sid, pid, terminal, at) AS (VALUES {}) "
                  "WHERE session_prompts.session_id = v.sid AND session_prompts.prompt_id = v.pid")
 
 
-def segment_rows(events: dict[str, list[tuple[int, str, str | None, bytes]]]) -> list[Any]:
+def segment_rows(events: dict[str, list[Row]]) -> list[Any]:
     """One ``SEGMENT_INSERT`` row (its values in a row) per session of ``events``."""
     values: list[Any] = []
     for sid, run in events.items():
@@ -169,7 +169,7 @@ class SessionWrites:
         leases taken, ``trim`` each session's oldest events due to be deleted."""
         # each session's events since the last flush: one segment row each (``segments``;
         # ``full``: the values of those that reached ``SEGMENT_EVENTS``)
-        events: dict[str, list[tuple[int, str, str | None, bytes]]] = {}
+        events: dict[str, list[Row]] = {}
         full: list[Any] = []
         accepted: list[Any] = []   # PROMPT_INSERT's 4 a row
         settled: list[PromptSettled] = []
@@ -197,20 +197,18 @@ class SessionWrites:
                 if sid in refused:
                     continue
                 event_id = record.event_id
+                event = (event_id, record.type, record.prompt_id, record.envelope)
                 run = events.get(sid)
                 if run is None:
-                    events[sid] = [(event_id, record.type, record.prompt_id,
-                                    record.envelope)]
+                    events[sid] = [event]
                 elif event_id > run[-1][0] and len(run) < SEGMENT_EVENTS:
-                    run.append((event_id, record.type, record.prompt_id, record.envelope))
-                elif event_id > run[-1][0]:   # full: the next segment starts
-                    full.extend(segment_values(sid, run))
-                    events[sid] = [(event_id, record.type, record.prompt_id,
-                                    record.envelope)]
-                else:   # not past the segment's last id (never from one bus): on its own
-                    flush()
-                    events[sid] = [(event_id, record.type, record.prompt_id,
-                                    record.envelope)]
+                    run.append(event)
+                else:
+                    if event_id > run[-1][0]:   # full: the next segment starts
+                        full.extend(segment_values(sid, run))
+                    else:   # not past the segment's last id (never from one bus): alone
+                        flush()
+                    events[sid] = [event]
                 if event_id % COMPACT_EVERY == 0 and event_id > ring:
                     trim[sid] = event_id - ring
                 continue
