@@ -171,7 +171,7 @@ async def test_streams_sharing_a_connection_window_refilled_in_chunks_all_progre
     whole every time and the second, sent nothing, was reset (CANCEL) once it had
     waited the header timeout, while the first went on. The stream that waited longest
     goes first: both get through."""
-    body = b"x" * (256 * 1024)
+    body = b"x" * (512 * 1024)   # 3.2 s alone at the client's pace: past the timeout
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": []})
@@ -180,7 +180,9 @@ async def test_streams_sharing_a_connection_window_refilled_in_chunks_all_progre
     def done(raw: RawH2, sid: int) -> bool:
         return ended(raw, sid) or sid in raw.got.resets
 
-    async with h2_serving(app, 1.0) as port, anyio.create_task_group() as tg:
+    # a header timeout of 2 s: a stream that gets through waits ~0.1 s at a time, so a
+    # loaded machine's stall of this process is not taken for a starved stream
+    async with h2_serving(app, 2.0) as port, anyio.create_task_group() as tg:
         raw = await RawH2.connect(port, tg, local={INITIAL_WINDOW_SIZE: 1 << 24},
                                   answer_pings=True)
         async with raw:
