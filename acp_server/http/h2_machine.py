@@ -205,7 +205,7 @@ class Stream:
         self.wakes: list[asyncio.Future[None]] = []       # the receives waiting for data
         self.window: asyncio.Future[None] | None = None   # a send waiting for a window
         self.stalled: float | None = None   # seconds a send waited, short of progress
-        self.stall_sent = 0   # bytes sent since ``stalled`` (``http2.PROGRESS_BYTES``)
+        self.stall_sent = 0   # bytes sent since ``stalled`` (``h2_answers.PROGRESS_BYTES``)
 
 
 def starts_http2(data: bytes) -> bool:
