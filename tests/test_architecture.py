@@ -71,7 +71,8 @@ def test_the_store_imports_no_door_and_serves_no_http() -> None:
     session journal's seam (``store/sessions.py`` implements ``bridge.journal``, its
     reads in ``store/session_reads.py`` and ``store/open_reads.py``, its writes in
     ``store/session_writes.py``, what a commit trims in ``store/session_trims.py``,
-    the records the store refuses in ``store/session_refusals.py``: its records, the error
+    the records the store refuses in ``store/session_refusals.py``, its leases in
+    ``store/session_leasing.py``: its records, the error
     it raises, the terminals and the event envelopes it reads); and, anywhere, the one
     rule of log lines (``bridge.loggable``, a leaf that imports nothing)."""
     seam = ("bridge.journal", "bridge.errors", "bridge.status", "bridge.wire")
@@ -81,6 +82,7 @@ def test_the_store_imports_no_door_and_serves_no_http() -> None:
                "acp_server.store.session_writes imports ",
                "acp_server.store.session_trims imports ",
                "acp_server.store.session_refusals imports ",
+               "acp_server.store.session_leasing imports ",
                "acp_server.store.open_reads imports ")
     assert [v for v in found if not (v.startswith(journal)
                                      and any(_within(v.rsplit(" ", 1)[1], m) for m in seam))

@@ -107,7 +107,7 @@ class Fleet:
         try:
             # what this instance journaled lands first: a session it just ended (its
             # agent died) still looks live in the store until its end commits
-            await self.journal.wait(self.journal.appended, fail_fast=True)
+            await self.journal.wait_through(self.journal.appended, fail_fast=True)
             if self.bridge.has_session(sid):
                 return True
             found = await self.journal.adopt(sid)

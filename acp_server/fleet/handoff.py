@@ -174,7 +174,7 @@ class HandOffs:
                 return False
             seq = journal.appended
             with anyio.move_on_after(self.wait_s) as waiting:
-                await journal.wait(seq)
+                await journal.wait_through(seq)   # (not a refused record's fate)
             if waiting.cancelled_caught:
                 return False   # not committed in time (a store blip): busy, asked again
             if journal.appended == seq and self.idle(sid) \

@@ -90,6 +90,7 @@ import anyio.abc
 from acp_server.store.errors import Backoff, StoreUnavailableError
 from acp_server.store.leases import SessionLeases
 from acp_server.store.pg_engine import PostgresEngine
+from acp_server.store.session_leasing import LOST, MAX_LOST, SessionLeasing  # noqa: F401
 from acp_server.store.session_reads import SessionReads
 from acp_server.store.session_refusals import Refusals, SessionRefusals
 from acp_server.store.session_trims import (  # noqa: F401 - TRIM_TERMINALS_EVERY: theirs
@@ -123,11 +124,8 @@ MAX_PENDING_BYTES = 256 * 1024 * 1024
 CRITICAL = (SessionOpened, PromptAccepted)
 SESSION_NOTICE = "s"   # a commit's NOTIFY kind: a session's events or its end (``read_after``)
 MOVED = "session moved: another instance holds its lease"
-LOST = -1   # the fence of a session this instance lost: every write of it is refused
-# Lost sessions kept fenced (``lose``): the bridge stops one at once, so its last
-# records are long refused when it is forgotten; past this the oldest are forgotten.
-MAX_LOST = 4096
-class StoreSessionJournal(SessionTrims, SessionWrites, SessionRefusals, SessionReads):
+class StoreSessionJournal(SessionLeasing, SessionTrims, SessionWrites, SessionRefusals,
+                          SessionReads):
     """See the module docstring. ``store`` is an open ``GroupCommitStore``."""
 
     durable = True
@@ -258,8 +256,9 @@ class StoreSessionJournal(SessionTrims, SessionWrites, SessionRefusals, SessionR
 
     @property
     def appended(self) -> int:
-        """The last record's sequence number: ``wait(appended)`` returns once all that
-        was appended so far is committed (a hand-off waits for it: issue #24)."""
+        """The last record's sequence number: ``wait_through(appended)`` returns once
+        all that was appended so far (and is to commit) is committed (a hand-off, an
+        adoption wait for it: issue #24)."""
         return self._next - 1
 
     async def wait(self, seq: int, *, fail_fast: bool = False) -> None:
@@ -276,6 +275,20 @@ class StoreSessionJournal(SessionTrims, SessionWrites, SessionRefusals, SessionR
                 raise JournalUnavailableError("the store is unavailable; the record is "
                                               "committed once it is back")
             await self._flushed.wait()
+
+    async def wait_through(self, seq: int, *, fail_fast: bool = False) -> None:
+        """A barrier (an adoption, a hand-off: issue #24): once every record through
+        ``seq`` that is to commit has committed. One whose commit failed for good (its
+        own waiter was told: a session moved, a 503) does not fail it; ``fail_fast``
+        as ``wait``'s."""
+        while True:
+            while seq in self._failed:   # dropped: the barrier is the record before it
+                seq -= 1
+            try:
+                return await self.wait(seq, fail_fast=fail_fast)
+            except JournalUnavailableError:
+                if seq not in self._failed:
+                    raise   # the store is failing (``fail_fast``), or the journal stopped
 
     # -- committing: one operation of the store's writer at a time ----------------------
     def _kick(self) -> None:
@@ -426,111 +439,6 @@ class StoreSessionJournal(SessionTrims, SessionWrites, SessionRefusals, SessionR
                 self.fence.pop(record.session_id, None)
         for sid in refused:
             self.lose(sid)
-
-    def lose(self, session_id: str) -> None:
-        """This instance no longer holds ``session_id``'s lease: every record of it is
-        refused from now on (``LOST``). At most ``MAX_LOST`` are kept so; the oldest
-        are forgotten (their sessions were stopped long before)."""
-        self.fence[session_id] = LOST
-        lost = self._lost
-        lost.pop(session_id, None)
-        lost[session_id] = None
-        while len(lost) > MAX_LOST:
-            oldest = next(iter(lost))
-            del lost[oldest]
-            if self.fence.get(oldest) == LOST:
-                del self.fence[oldest]
-
-    async def let_go(self, session_id: str) -> None:
-        """An adoption that could not restore the session: its lease expires now (and
-        is fenced ``LOST`` here), so the next sweep, here or elsewhere, tries again."""
-        assert self.leases is not None
-        token = self.fence.get(session_id)
-        self.lose(session_id)
-        if token is None or token == LOST:
-            return
-        me = self.leases.instance
-        await self.store._write(lambda conn, out, *state: conn.execute(
-            "UPDATE session_leases SET expires_at = 0 WHERE session_id = %s "
-            "AND instance = %s AND token = %s", (session_id, me, token)))
-
-    # -- leases --------------------------------------------------------------------------
-    def advertise(self, url: str) -> None:
-        """This instance is reached at ``url`` (the registry): written at once."""
-        assert self.leases is not None
-        self.leases.url = url
-        self._renew_now.set()
-
-    async def _renewer(self) -> None:
-        assert self.leases is not None
-        while not self._closing:
-            with anyio.move_on_after(self.leases.renew_s):
-                await self._renew_now.wait()
-            self._renew_now = anyio.Event()
-            try:
-                await self.renew()
-            except Exception as exc:   # noqa: BLE001 - the store's fault: next time
-                log.warning("session leases: renewal failed (%s)", exc)
-
-    async def renew(self) -> set[str]:
-        """Renew every lease this instance holds (one statement) and its heartbeat; the
-        sessions it lost are dropped from the fence and handed to ``on_moved``."""
-        assert self.leases is not None
-        leases = self.leases
-        tokens = {sid: token for sid, token in self.fence.items() if token != LOST}
-        lost = await self.store._write(lambda conn, out, *state: leases.renew(conn, tokens))
-        lost = {sid for sid in lost if self.fence.get(sid) == tokens[sid]}
-        for sid in lost:
-            self.lose(sid)
-        if lost:
-            log.warning("session leases: %d session(s) taken over by another instance",
-                        len(lost))
-            self.on_moved(lost)
-        return lost
-
-    async def _release_leases(self) -> None:
-        """A clean stop: this instance's leases expire now, so another instance adopts
-        its sessions at once (this one takes back those nobody did at its next start)."""
-        if self.leases is None or not self.fence:
-            return
-        sids = sorted(sid for sid, token in self.fence.items() if token != LOST)
-        me = self.leases.instance
-        self.fence.clear()
-        with contextlib.suppress(Exception):
-            await self.store._write(lambda conn, out, *state: conn.execute(
-                "UPDATE session_leases SET expires_at = 0 WHERE instance = %s "
-                "AND session_id = ANY(%s)", (me, sids)))
-
-    async def adopt(self, session_id: str) -> RestoredSession | None:
-        """Take over ``session_id`` when its lease expired (or it has none) and read it
-        back from the journal; ``None`` when a live lease is elsewhere, it is closed or
-        unknown. The caller restores it (``bridge.restore``) and fences it from now."""
-        assert self.leases is not None
-        leases = self.leases
-        token = await self.store._write(
-            lambda conn, out, *state: leases.adopt(conn, session_id))
-        if token is None:
-            return None
-        self.fence[session_id] = token
-        self._lost.pop(session_id, None)
-        settled: dict[str, int] = {}
-        resettle: dict[str, list[Any]] = {}
-        try:
-            found = await self.store._read(
-                lambda conn: self._restore_in(conn, "id = %s", (session_id,),
-                                              settled=settled, resettle=resettle))
-        except BaseException:
-            with anyio.move_on_after(5, shield=True):   # a dead store: the lease expires
-                with contextlib.suppress(Exception):
-                    await self.let_go(session_id)
-            raise
-        self._seed_untrimmed(settled)
-        if not found:   # unreadable: let go, or its lease would be renewed here for ever
-            await self.let_go(session_id)
-            return None
-        self._resettle(resettle)
-        await self._seed_unsized([session_id])
-        return found[0]
 
     def _signal(self) -> None:
         self._flushed.set()

@@ -159,6 +159,33 @@ async def test_a_renewal_finds_a_lost_lease_and_stops_the_session(
         assert journal.fence[lost] == LOST and journal.fence[kept] == 1
 
 
+async def test_a_refused_record_does_not_fail_a_later_adoption(
+        tmp_path: Path, pg_url: str, db: psycopg.Connection[Any]) -> None:
+    """The last record this instance journaled was refused (a prompt for a session
+    another instance took over: its caller got 503 ``session_moved``). An adoption
+    after it waits for what this instance journaled so far (``wait_through``), not for
+    that record's fate: the session whose lease expired is adopted, and a hand-off
+    asked of this instance is not failed by it either. It was: every adoption and
+    load of a session live elsewhere answered ``session_moved`` until this instance
+    journaled something else (test_three_instances' hand-off under load)."""
+    now = [0.0]
+    async with local_server(tmp_path, store=pg_url, lease_offset=lambda: now[0]) as srv:
+        journal: Any = srv.bridge.journal
+        fleet: Any = srv.server.fleet
+        taken, orphan = await _session(srv.client), await _session(srv.client)
+        # the orphan's owner died elsewhere: its lease there, expired
+        db.execute("UPDATE session_leases SET instance = 'elsewhere', token = token + 1, "
+                   "expires_at = 0 WHERE session_id = %s", (orphan,))
+        assert await journal.renew() == {orphan}   # stopped here: not live here any more
+        _take_over(db, taken)
+        refused = await srv.client.post(f"/session/{taken}/prompt", json=_prompt("late"))
+        assert refused.status_code == 503 and refused.json()["code"] == "session_moved"
+        await journal.wait_through(journal.appended)   # the barrier: not that record's
+        assert await fleet.adopt(orphan) is True
+        assert srv.bridge.has_session(orphan)
+        assert _lease(db, orphan)[:2] == (srv.server.leases.instance, 3)   # type: ignore
+
+
 async def test_a_clean_stop_releases_the_leases_and_the_next_start_takes_them_back(
         tmp_path: Path, pg_url: str, db: psycopg.Connection[Any]) -> None:
     now = [0.0]

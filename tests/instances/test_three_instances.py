@@ -512,7 +512,10 @@ async def test_acp_python_sdk_loads_a_session_live_elsewhere(
                 "/chunks 3 before the hand-off")).status_code == 202
             _wait(lambda: _idle(owner, sid))
             with anyio.fail_after(30):
-                await conn.load_session(cwd=workspace, session_id=sid, mcp_servers=[])
+                try:
+                    await conn.load_session(cwd=workspace, session_id=sid, mcp_servers=[])
+                except RequestError as exc:   # the failure's data in the report
+                    raise AssertionError(f"session/load failed: {exc} {exc.data}") from exc
             # the whole history (the SDK runs each notification's handler in its own task)
             await wait_until(lambda: "before the hand-off" in "".join(client.chunks))
             assert _owner(db, sid) == _instance_of(b)
