@@ -73,13 +73,7 @@ class StreamAnswers:
                 return {"type": "http.request", "body": b"", "more_body": False}
             if stream.answered and stream.body_done:
                 return {"type": "http.disconnect"}
-            wake = self.loop.create_future()   # one per waiter: two tasks may receive
-            stream.wakes.append(wake)
-            try:
-                await wake
-            finally:
-                if wake in stream.wakes:
-                    stream.wakes.remove(wake)
+            await self._parked(stream.wakes)   # one per waiter: two tasks may receive
 
     async def _send(self, stream: Stream, message: dict[str, Any]) -> None:
         kind = message["type"]
@@ -176,13 +170,17 @@ class StreamAnswers:
         return True
 
     async def _drain(self) -> None:
+        await self._parked(self.drains)
+
+    async def _parked(self, waiters: list[asyncio.Future[None]]) -> None:
+        """Until woken (each of ``waiters`` resolved), with a future of its own there."""
         waiter = self.loop.create_future()
-        self.drains.append(waiter)
+        waiters.append(waiter)
         try:
             await waiter
         finally:
-            if waiter in self.drains:
-                self.drains.remove(waiter)
+            if waiter in waiters:
+                waiters.remove(waiter)
 
     @staticmethod
     def _wake(stream: Stream) -> None:
