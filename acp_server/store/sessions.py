@@ -124,6 +124,8 @@ MAX_PENDING_BYTES = 256 * 1024 * 1024
 CRITICAL = (SessionOpened, PromptAccepted)
 SESSION_NOTICE = "s"   # a commit's NOTIFY kind: a session's events or its end (``read_after``)
 MOVED = "session moved: another instance holds its lease"
+
+
 class StoreSessionJournal(SessionLeasing, SessionTrims, SessionWrites, SessionRefusals,
                           SessionReads):
     """See the module docstring. ``store`` is an open ``GroupCommitStore``."""

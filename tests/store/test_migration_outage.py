@@ -100,31 +100,31 @@ def test_postgresql_stopped_in_the_middle_of_migration_8(
     assert len(events[sids[0]]) > 300
     _rewind(tmp_path, "postgres", url)   # schema 7, as the version before wrote it
 
-    with psycopg.connect(url, autocommit=True) as db:
-        db.execute(PAUSE)
-        db.execute("SELECT pg_advisory_lock(%s)", (PAUSE_LOCK,))   # the pause holds
-        child.spawn()   # the same state dir: the same instance, its sessions restored
-        _until(lambda: _waiting_on_pause(url), "the migration never reached the drop")
-        copied = db.execute("SELECT count(*) FROM session_events").fetchone()[0]
-        assert copied == sum(len(e) for e in events.values())   # nothing committed yet
-        _pg("stop", own_cluster)   # the migration's transaction dies with the server
-    assert child.returncode is None   # no crash: the start is tried again
-    _pg("start", own_cluster, port)
-    child.wait_listening()   # migrated (the pause's lock is free now), then served
     try:
-        http = httpx.Client(base_url=child.base_url, timeout=30)   # (its new port)
-        assert {sid: _loaded(http, sid) for sid in sids} == before
         with psycopg.connect(url, autocommit=True) as db:
-            assert {sid: stored_events(db.execute, sid, "%s") for sid in sids} == events
-            assert db.execute("SELECT max(version) FROM schema_version").fetchone()[0] == 8
-            assert db.execute("SELECT to_regclass('session_events')").fetchone()[0] is None
-        last = before[sids[1]]["lastEventId"]
-        assert http.post(f"/session/{sids[1]}/prompt", json=_prompt("on")).status_code == 202
-        _until(lambda: _idle(http, sids[1]), "the prompt after the migration never ended")
+            db.execute(PAUSE)
+            db.execute("SELECT pg_advisory_lock(%s)", (PAUSE_LOCK,))   # the pause holds
+            child.spawn()   # the same state dir: the same instance, its sessions restored
+            _until(lambda: _waiting_on_pause(url), "the migration never reached the drop")
+            copied = db.execute("SELECT count(*) FROM session_events").fetchone()[0]
+            assert copied == sum(len(e) for e in events.values())   # nothing committed yet
+            _pg("stop", own_cluster)   # the migration's transaction dies with the server
+        assert child.returncode is None   # no crash: the start is tried again
+        _pg("start", own_cluster, port)
+        child.wait_listening()   # migrated (the pause's lock is free now), then served
+        with httpx.Client(base_url=child.base_url, timeout=30) as http:   # (its new port)
+            assert {sid: _loaded(http, sid) for sid in sids} == before
+            with psycopg.connect(url, autocommit=True) as db:
+                assert {sid: stored_events(db.execute, sid, "%s") for sid in sids} == events
+                assert db.execute("SELECT max(version) FROM schema_version").fetchone()[0] == 8
+                assert db.execute("SELECT to_regclass('session_events')").fetchone()[0] is None
+            last = before[sids[1]]["lastEventId"]
+            assert http.post(f"/session/{sids[1]}/prompt",
+                             json=_prompt("on")).status_code == 202
+            _until(lambda: _idle(http, sids[1]), "the prompt after the migration never ended")
         with psycopg.connect(url, autocommit=True) as db:
             ids = [e[0] for e in stored_events(db.execute, sids[1], "%s")]
         assert ids == list(range(1, ids[-1] + 1)) and ids[-1] > last   # on from the migrated
         assert "cannot start" in child.stderr_text()   # the outage was waited out, logged
     finally:
-        http.close()
         child.stop()
