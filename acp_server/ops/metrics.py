@@ -275,12 +275,14 @@ class _Series(_Timing):
         super().__init__(bounds)
         self.created = time.time()
 
-    def add_to(self, family: HistogramMetricFamily, labels: list[str]) -> None:
+    def add_to(self, family: HistogramMetricFamily, labels: dict[str, str]) -> None:
+        """This series in ``family``, under ``labels`` (the family's label names, in
+        its order, to their values)."""
         names = (*map(floatToGoString, self.bounds), "+Inf")
-        family.add_metric(labels, self.buckets(names), self.sum)
-        if prometheus_metrics._use_created:   # as a Histogram's child exposes it
-            family.samples.append(Sample(family.name + "_created",
-                                         dict(zip(family._labelnames, labels)), self.created))
+        family.add_metric(list(labels.values()), self.buckets(names), self.sum)
+        # as a Histogram's child exposes it (the module's switch: no public getter)
+        if prometheus_metrics._use_created:
+            family.samples.append(Sample(family.name + "_created", labels, self.created))
 
 
 class _TurnCollector(Collector):
@@ -304,13 +306,13 @@ class _TurnCollector(Collector):
         family = HistogramMetricFamily("acp_server_prompt_queue_wait_seconds",
                                        "Admission to the start of the turn.")
         if wait is not None:
-            wait.add_to(family, [])
+            wait.add_to(family, {})
         yield family
         family = HistogramMetricFamily("acp_server_turn_duration_seconds",
                                        "Start of the turn to its settlement.",
                                        labels=["stop_reason"])
         for stop_reason, series in turns.items():
-            series.add_to(family, [stop_reason])
+            series.add_to(family, {"stop_reason": stop_reason})
         yield family
 
 
