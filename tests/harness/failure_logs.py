@@ -1,8 +1,9 @@
-"""On a failed test, the tails of its servers' logs (every ``ServeProcess`` among its
-fixtures' values, one level into tuples and lists) in the report: a failure under
-load in CI is read from the servers' own words, not guessed at. A server writes its
-log every 50 ms (``request_log.AccessWriter``): each live one is asked ``GET /health``
-first and its log read once that request's line is in it (at most ``FLUSH_WAIT_S``)."""
+"""A pytest plugin (``tests/conftest.py`` loads it for the whole suite): a failed test's
+report carries the tails of its servers' logs, every ``ServeProcess`` among its
+fixtures' values (into tuples and lists), so a failure under load in CI is read from
+the servers' own words, not guessed at. A server writes its log every 50 ms
+(``request_log.AccessWriter``): each live one is asked ``GET /health`` first and its
+log read once that request's line is in it (at most ``FLUSH_WAIT_S``)."""
 
 from __future__ import annotations
 
