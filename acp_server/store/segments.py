@@ -21,9 +21,10 @@ Readers keep the semantics of one row an event:
 
 * By cursor (``id > after``): the segments with ``last_id > after``, in key order, their
   events past ``after`` (a segment straddling the cursor gives only its newer events).
-* An event never comes twice: a segment that repeats ids an earlier one holds (a commit
-  retried after its first attempt landed, say) gives only the ids past the last one
-  given (``events_of``).
+* An event never comes twice: a segment that repeats ids an earlier one holds gives
+  only the ids past the last one given (``events_of``). A commit sent again after one
+  that may have landed (its answer lost) deletes the stored segments its own cover
+  first (``session_writes._drop_covered``), so no size counts twice either.
 * A segment that cannot be decoded is logged and skipped, as an unreadable event row
   was: the restore then sees a hole in the ids (a new epoch), a reader by cursor a row
   it cannot decode (``UNREADABLE``: it resumes). An envelope that cannot be decoded

@@ -134,6 +134,7 @@ class SessionWrites:
     max_session_bytes: int
     _plan: CommitPlan
     _statements: dict[tuple[str, int], str]
+    _batch_resend: bool   # the commit in flight follows a failed one (``_drop_covered``)
 
     def _sql(self, text: str) -> str:
         return text.replace("?", "%s") if self.postgres else text
@@ -182,6 +183,8 @@ class SessionWrites:
                 full.extend(segment_rows(events))
                 events.clear()
             if full:
+                if self._batch_resend:
+                    self._drop_covered(conn, full)
                 self._insert_rows(conn, SEGMENT_INSERT, full)
                 full.clear()
             if accepted:
@@ -245,6 +248,18 @@ class SessionWrites:
                     trim.pop(record.session_id, None)   # of the events it deletes
                 self._apply_one(conn, record)
         flush()
+
+    def _drop_covered(self, conn: Any, values: list[Any]) -> None:
+        """A commit that follows a failed one, whose records it carries again: that one
+        may have landed with only its answer lost (PostgreSQL, a connection dropped
+        after COMMIT), and a session's events then come again in a longer segment with
+        the same first ids. Each stored segment a new one of ``values`` covers (its
+        ids within the new one's) is deleted first: no id is in two segments, no size
+        counts twice."""
+        sql = self._sql("DELETE FROM session_segments WHERE session_id = ? AND last_id > 0 "
+                        "AND first_id >= ? AND last_id <= ?")
+        for at in range(0, len(values), SEGMENT_INSERT[1]):
+            conn.execute(sql, (values[at], values[at + 1], values[at + 2]))
 
     def _trims(self, conn: Any, trim: dict[str, int], refused: set[str]) -> None:
         """The oldest events past the ring (``trim``), the old terminals and the byte

@@ -172,6 +172,8 @@ class StoreSessionJournal(SessionLeasing, SessionTrims, SessionWrites, SessionRe
         self._durable_through = 0
         self._failed: dict[int, str] = {}
         self.refusals = Refusals()   # the records the store refused (session_refusals)
+        self._resend = False     # the next commit carries a failed one's records again
+        self._batch_resend = False   # ... the commit in flight does (``_drop_covered``)
         self._isolate = False    # the next commit isolates what the store refuses
         self._isolating = False  # the commit in flight does
         self._reepoch: set[str] = set()   # sessions due a new epoch in the next commit
@@ -317,6 +319,7 @@ class StoreSessionJournal(SessionLeasing, SessionTrims, SessionWrites, SessionRe
         self._shed_at, self._pending_bytes = MAX_PENDING, 0
         self._shed_bytes_at = MAX_PENDING_BYTES
         self._isolating, self._isolate = self._isolate, False
+        self._batch_resend, self._resend = self._resend, False
         if self._reepoch:
             self._batch_reepoch, self._reepoch = self._reepoch, set()
         self._plan = self._planned(self._batch)
@@ -459,6 +462,7 @@ class StoreSessionJournal(SessionLeasing, SessionTrims, SessionWrites, SessionRe
             for seq in sorted(self._failed)[:32768]:
                 del self._failed[seq]
         self._requeue(keep)
+        self._resend = True   # it may have landed, its answer lost: ``_drop_covered``
         self._signal()
 
     def hold(self, session_id: str, held: bool) -> None:

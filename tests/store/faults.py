@@ -3,6 +3,8 @@
     store = faulty(tmp_path)                  # the store ``store_name`` selected
     store.faults.on()                         # every batch and read fails as the engine would
     store.faults.off()                        # the engine answers again
+    store.faults.land_then_fail()             # the next batch commits, then fails (its
+                                              # answer lost), the later ones fail till off
     store.faults.on_at("succeeded")           # on when a task moves to that state, so
                                               # its turn ends in the outage, whatever the
                                               # machine's load (no race with a sleep)
@@ -45,6 +47,7 @@ class Faults:
         self.held_at: str | None = None
         self.gate: anyio.Event | None = None
         self.holding: anyio.Event | None = None
+        self.landing = False   # ``land_then_fail``
 
     def hold_at(self, state: str) -> anyio.Event:
         """Every ``transition`` to ``state`` waits until the returned gate is set;
@@ -54,6 +57,12 @@ class Faults:
 
     def on(self) -> None:
         self.active = True
+
+    def land_then_fail(self) -> None:
+        """The next batch commits, then fails as if its answer was lost (a connection
+        dropped after COMMIT: the outcome unknown to the store); the batches after it
+        fail until ``off``."""
+        self.landing = True
 
     def on_at(self, state: str) -> None:
         """On from the first ``transition`` of a task to ``state`` (that one refused)."""
@@ -67,6 +76,12 @@ class _Faulty:
     faults: Faults
 
     def _run_batch(self, index: int, batch: list[Any]) -> None:
+        if self.faults.landing:
+            self.faults.landing = False
+            super()._run_batch(index, batch)  # type: ignore[misc]
+            self.faults.refused_writes += 1
+            self.faults.active = True
+            raise self.faults.make()   # committed: only its answer is lost
         if self.faults.active:
             self.faults.refused_writes += 1
             raise self.faults.make()
