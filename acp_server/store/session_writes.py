@@ -256,10 +256,11 @@ class SessionWrites:
         the same first ids. Each stored segment a new one of ``values`` covers (its
         ids within the new one's) is deleted first: no id is in two segments, no size
         counts twice."""
-        sql = self._sql("DELETE FROM session_segments WHERE session_id = ? AND last_id > 0 "
-                        "AND first_id >= ? AND last_id <= ?")
+        sql = self._sql("DELETE FROM session_segments WHERE session_id = ? "
+                        "AND last_id BETWEEN ? AND ? AND first_id >= ?")   # (its key's range)
         for at in range(0, len(values), SEGMENT_INSERT[1]):
-            conn.execute(sql, (values[at], values[at + 1], values[at + 2]))
+            sid, first, last = values[at:at + 3]
+            conn.execute(sql, (sid, first, last, first))
 
     def _trims(self, conn: Any, trim: dict[str, int], refused: set[str]) -> None:
         """The oldest events past the ring (``trim``), the old terminals and the byte
