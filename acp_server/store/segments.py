@@ -69,8 +69,7 @@ def encode_segment(rows: list[Row]) -> bytes:
     return _ENCODER.encode(rows)
 
 
-def segment_values(sid: str, rows: list[Row]
-                   ) -> tuple[Any, ...]:
+def segment_values(sid: str, rows: list[Row]) -> tuple[Any, ...]:
     """``SEGMENT_INSERT``'s values of one segment of ``sid`` holding ``rows``."""
     size = 0
     types: set[str] = set()
@@ -166,8 +165,7 @@ def events_of(sid: str, segments: Iterable[tuple[Any, ...]], after: int = 0,
                 yield event
 
 
-def split_newest(events: list[Row], bound: int,
-                 keep_one: bool) -> list[Row]:
+def split_newest(events: list[Row], bound: int, keep_one: bool) -> list[Row]:
     """The newest of ``events`` whose envelopes take at most ``bound`` bytes (at least
     the newest one when ``keep_one``)."""
     total, start = 0, len(events)
