@@ -15,7 +15,6 @@ PostgreSQL once the migration's connection waits there.
 from __future__ import annotations
 
 import os
-import time
 import urllib.parse
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,9 @@ from tests.lmsp import stores
 from tests.store.segment_rows import stored_events
 from tests.store.test_durable_start_outage import _pg
 from tests.store.test_outage_processes import own_cluster  # noqa: F401 (the fixture)
+from tests.store.test_pg_locked_tables import _until
 from tests.store.test_segments_migration import _rewind
+from tests.store.test_session_restart import _prompt
 
 PAUSE_LOCK = 424242
 PAUSE = f"""
@@ -44,18 +45,6 @@ CREATE EVENT TRIGGER migration_pause ON sql_drop EXECUTE FUNCTION migration_paus
 """
 
 
-def _until(condition: Any, what: str, timeout: float = 60) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := condition()):
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
-    return value
-
-
-def _prompt(text: str) -> dict[str, Any]:
-    return {"prompt": [{"type": "text", "text": text}]}
-
-
 def _idle(http: httpx.Client, sid: str) -> bool:
     status = http.get(f"/session/{sid}/status").json()
     return status.get("activePromptId") is None and not status.get("pendingPrompts")
@@ -68,6 +57,15 @@ def _loaded(http: httpx.Client, sid: str) -> dict[str, Any]:
     body = answer.json()
     return {"lastEventId": body["lastEventId"], "eventEpoch": body.get("eventEpoch"),
             "terminals": [(t["promptId"], t["terminal"]) for t in body["promptTerminals"]]}
+
+
+def _ended_after(url: str, sid: str, last: int) -> list[int]:
+    """The session's stored event ids once a turn ended past event ``last`` (its
+    ``turn_complete`` committed), else none."""
+    with psycopg.connect(url, autocommit=True) as db:
+        stored = stored_events(db.execute, sid, "%s")
+    ended = any(e[1] == "turn_complete" and e[0] > last for e in stored)
+    return [e[0] for e in stored] if ended else []
 
 
 def _waiting_on_pause(url: str) -> bool:
@@ -92,12 +90,21 @@ def test_postgresql_stopped_in_the_middle_of_migration_8(
         assert http.post(f"/session/{sids[1]}/prompt", json=_prompt("one")).status_code == 202
         for sid in sids:
             _until(lambda sid=sid: _idle(http, sid), "the prompts never ended")
-        before = {sid: _loaded(http, sid) for sid in sids}
+    finally:
+        assert child.stop() == 0   # a clean stop: what it journaled is committed
+    # what a restart on schema 8 restores (an idle session's status is settled before
+    # its last commit lands: read back from the store, not from the live session)
+    child.start()
+    try:
+        with httpx.Client(base_url=child.base_url, timeout=30) as http:   # (its new port)
+            before = {sid: _loaded(http, sid) for sid in sids}
     finally:
         assert child.stop() == 0
     with psycopg.connect(url, autocommit=True) as db:
         events = {sid: stored_events(db.execute, sid, "%s") for sid in sids}
     assert len(events[sids[0]]) > 300
+    assert [[t for _, t in before[sid]["terminals"]] for sid in sids] == [
+        ["completed", "completed"], ["completed"]]   # every prompt ran before the stop
     _rewind(tmp_path, "postgres", url)   # schema 7, as the version before wrote it
 
     try:
@@ -121,9 +128,8 @@ def test_postgresql_stopped_in_the_middle_of_migration_8(
             last = before[sids[1]]["lastEventId"]
             assert http.post(f"/session/{sids[1]}/prompt",
                              json=_prompt("on")).status_code == 202
-            _until(lambda: _idle(http, sids[1]), "the prompt after the migration never ended")
-        with psycopg.connect(url, autocommit=True) as db:
-            ids = [e[0] for e in stored_events(db.execute, sids[1], "%s")]
+        ids = _until(lambda: _ended_after(url, sids[1], last),
+                     "the prompt after the migration never ended")
         assert ids == list(range(1, ids[-1] + 1)) and ids[-1] > last   # on from the migrated
         assert "cannot start" in child.stderr_text()   # the outage was waited out, logged
     finally:
