@@ -45,12 +45,14 @@ streams; off by default, ``docs/benchmarks.md``).
 
 Contracts: ``serve(started)`` calls ``started(url)`` once the socket accepts
 connections (the real port when ``port=0``; ``https://`` with TLS) and returns after
-``stop()``. ``stop(force=True)`` (a second signal) skips the wait for open responses.
+``stop()``. ``stop(force=True)`` (a second signal) skips the wait for open responses
+(on granian, what is still open ``FORCED_FLUSH_S`` later is cut).
 granian's own stop waits for every open connection with no bound (a reader that stopped
 reading holds it for ever; an idle HTTP/2 connection until its PING goes unanswered):
 ``GranianServer`` shuts down, from its stop on, the connections with nothing in flight
 and nothing left to send, and every connection once ``graceful_s`` has passed or at a
-second ``stop(force=True)`` (``idle.IdleConnections.cut``; logged as a warning).
+second ``stop(force=True)`` (after ``FORCED_FLUSH_S``, so that the streams the drain
+ended write their last event; ``idle.IdleConnections.cut``; logged as a warning).
 granian binds its own listener: from the caller's socket's close until granian listens,
 the port is held by a bound socket that does not listen (``SO_REUSEPORT``, which
 granian's listener sets too: ``reserve_port``), so no other socket takes it meanwhile
@@ -82,6 +84,7 @@ from acp_server.http.silence import SilentConnections
 log = logging.getLogger("acp_server.http")
 
 GRACEFUL_SHUTDOWN_S = 5
+FORCED_FLUSH_S = 1.0                # a second signal: what is left is cut after this
 BACKLOG = 2048
 H2_MAX_CONCURRENT_STREAMS = 100     # per connection; more is refused by the peer's SETTINGS
 HEAD_SLACK = 1024                   # the request line and framing around the header fields
@@ -285,16 +288,21 @@ class GranianServer:
     async def _enforce_stop(self) -> None:
         """granian's stop waits for every open connection to end, with no bound (a
         reader that stopped reading holds it for ever): once stopping, the connections
-        with nothing in flight are cut at once, and every one past ``graceful_s`` or a
-        second ``stop(force=True)``, again until granian returns."""
+        with nothing in flight are cut at once, and every one past ``graceful_s``, or
+        ``FORCED_FLUSH_S`` after a second ``stop(force=True)`` (so that a stream the
+        drain ended is not cut before its last bytes), again until granian returns."""
         await self._stopping.wait()
         sweep = self._sweep or IdleConnections(port=self._port, timeout_s=0,
                                                activity=self._activity or Activity())
-        with anyio.move_on_after(self.limits.graceful_s):
+        with anyio.move_on_after(self.limits.graceful_s) as graceful:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._cut_idle, sweep)
                 await self._forced.wait()
-                tg.cancel_scope.cancel()
+                # the responses the drain just ended (``session_closed``) still write
+                # their last bytes, and granian closes those connections itself
+                graceful.deadline = min(graceful.deadline,
+                                        anyio.current_time() + FORCED_FLUSH_S)
+                await anyio.sleep_forever()
         reason = "a second signal" if self._forced.is_set() else \
             f"the {self.limits.graceful_s:g} s graceful wait ended"
         while True:
