@@ -5,6 +5,7 @@
     store.faults.off()                        # the engine answers again
     store.faults.land_then_fail()             # the next batch commits, then fails (its
                                               # answer lost), the later ones fail till off
+    store.faults.land_then_fail(when)         # the next batch for which when() is true
     store.faults.on_at("succeeded")           # on when a task moves to that state, so
                                               # its turn ends in the outage, whatever the
                                               # machine's load (no race with a sleep)
@@ -48,6 +49,7 @@ class Faults:
         self.gate: anyio.Event | None = None
         self.holding: anyio.Event | None = None
         self.landing = False   # ``land_then_fail``
+        self.landing_when: Callable[[], bool] | None = None
 
     def hold_at(self, state: str) -> anyio.Event:
         """Every ``transition`` to ``state`` waits until the returned gate is set;
@@ -58,11 +60,12 @@ class Faults:
     def on(self) -> None:
         self.active = True
 
-    def land_then_fail(self) -> None:
-        """The next batch commits, then fails as if its answer was lost (a connection
-        dropped after COMMIT: the outcome unknown to the store); the batches after it
-        fail until ``off``."""
-        self.landing = True
+    def land_then_fail(self, when: Callable[[], bool] | None = None) -> None:
+        """The next batch (the next one for which ``when()`` is true, called in the
+        writer's thread as the batch starts) commits, then fails as if its answer was
+        lost (a connection dropped after COMMIT: the outcome unknown to the store); the
+        batches after it fail until ``off``."""
+        self.landing, self.landing_when = True, when
 
     def on_at(self, state: str) -> None:
         """On from the first ``transition`` of a task to ``state`` (that one refused)."""
@@ -76,7 +79,8 @@ class _Faulty:
     faults: Faults
 
     def _run_batch(self, index: int, batch: list[Any]) -> None:
-        if self.faults.landing:
+        when = self.faults.landing_when
+        if self.faults.landing and (when is None or when()):
             self.faults.landing = False
             super()._run_batch(index, batch)  # type: ignore[misc]
             self.faults.refused_writes += 1
@@ -119,12 +123,15 @@ class FaultyPostgres(_Faulty, PostgresTaskStore):
     pass
 
 
-def faulty(tmp: Path) -> Any:
-    """The selected store (``tests.lmsp.stores.current``) with ``faults``."""
+def faulty(tmp: Path, *, state_dir: Path | None = None) -> Any:
+    """The selected store (``tests.lmsp.stores.current``) with ``faults``; ``state_dir``
+    (PostgreSQL): where its instance id is kept, so a store opened again on it after a
+    stop is the same instance (its sessions restored at start)."""
     if stores.current["name"] == "postgres":
         store: Any = FaultyPostgres(stores.postgres_url_for(tmp, "faulty"),
                                     lease_s=stores.TEST_LEASE_S, renew_s=stores.TEST_RENEW_S,
-                                    poll_s=stores.TEST_POLL_S)
+                                    poll_s=stores.TEST_POLL_S,
+                                    state_dir=None if state_dir is None else str(state_dir))
         store.faults = Faults(lambda: psycopg.OperationalError(
             "server closed the connection unexpectedly"))
     else:
