@@ -25,7 +25,7 @@ from typing import Any
 
 import msgspec
 
-from acp_server.store.segments import AROUND, around, contains, events_of
+from acp_server.store.segments import AROUND, around, contains, decode_segment, events_of
 from bridge.journal import PromptAccepted, PromptSettled, RestoredSession, SessionOpened
 from bridge.status import PromptTerminal
 from bridge.wire import Event, event_from_envelope
@@ -139,8 +139,11 @@ def read_open_in(conn: Any, sql: Callable[[str], str], only: Sequence[str],
                 log.error("session journal: a settled prompt of session %s is unreadable "
                           "(%s): skipped", sid, exc)
         if newest is not None:
-            for event in list(events_of(sid, [(last, newest)]))[-1:]:
-                _add_event(session, event[3])
+            try:
+                _add_event(session, decode_segment(newest)[-1][3])
+            except msgspec.MsgspecError as exc:
+                log.error("session journal: the newest events of session %s (through id "
+                          "%s) are unreadable (%s): skipped", sid, last, exc)
     if not found:
         return []
     wanted = set(only)

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from acp_server.fleet.replica import QUESTIONS
 from acp_server.store.segments import SEGMENT_INSERT, UNREADABLE, segment_values
 from acp_server.store.sessions import StoreSessionJournal
 from tests.store.test_journal_bytes import _event, _store
@@ -54,6 +55,26 @@ async def test_an_unreadable_segment_is_skipped_with_a_new_epoch(
         _, _, rows = await journal.read_after("s", 5)   # from inside it
         assert rows[0] == (6, UNREADABLE) and [i for i, _ in rows[1:]] == [7, 8, 9]
     assert any("session s from id 4 are unreadable" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_listing_skips_an_unreadable_newest_segment(
+        tmp_path: Path, store_name: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The listing's read of every open session (``read_open``) takes each one's newest
+    event from its newest segment: one that cannot be decoded is logged with the last
+    id it holds, and the session is still listed, with its last id."""
+    caplog.set_level(logging.ERROR, logger="acp_server.store.sessions")
+    store, url = _store(tmp_path, store_name)
+    async with store:
+        await _three_commits(store)
+    _run_sql(tmp_path, store_name, url, "UPDATE session_segments SET events = ? WHERE "
+             "session_id = 's' AND last_id = 9", (b"\xc1 not a segment",))
+    store, url = _store(tmp_path, store_name)
+    async with store, StoreSessionJournal(store) as journal:
+        found = {s.record.session_id: s for s in await journal.read_open(QUESTIONS)}
+    assert found["s"].last_event_id == 9 and found["s"].events == []
+    assert [e.id for e in found["t"].events] == [9]
+    assert any("session s (through id 9) are unreadable" in r.getMessage()
+               for r in caplog.records), [r.getMessage() for r in caplog.records]
 
 
 async def test_segments_that_repeat_ids_give_each_event_once(tmp_path: Path,
