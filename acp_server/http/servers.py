@@ -46,7 +46,8 @@ streams; off by default, ``docs/benchmarks.md``).
 Contracts: ``serve(started)`` calls ``started(url)`` once the socket accepts
 connections (the real port when ``port=0``; ``https://`` with TLS) and returns after
 ``stop()``. ``stop(force=True)`` (a second signal) skips the wait for open responses
-(on granian, what is still open ``FORCED_FLUSH_S`` later is cut).
+but ``FORCED_FLUSH_S`` of it (the streams the drain ended send their last event; on
+granian, what is still open then is cut).
 granian's own stop waits for every open connection with no bound (a reader that stopped
 reading holds it for ever; an idle HTTP/2 connection until its PING goes unanswered):
 ``GranianServer`` shuts down, from its stop on, the connections with nothing in flight
@@ -67,6 +68,7 @@ import math
 import socket
 import ssl
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -409,10 +411,25 @@ class UvicornServer:
 
 
 class _Uvicorn(uvicorn.Server):
-    """No signal handling of its own (the caller drains first); says when it listens."""
+    """No signal handling of its own (the caller drains first); says when it listens.
+    ``force_exit`` set (a second signal) holds ``FORCED_FLUSH_S`` later: until then
+    uvicorn's stop still waits for the open responses (the streams the drain ended
+    send their last event), then it stops waiting, as on granian."""
 
     announce: Callable[[], None] | None = None
     handshakes: Handshakes | None = None   # TLS: counted from the accept (``tls_first``)
+    _force_at: float | None = None
+
+    @property   # type: ignore[override]
+    def force_exit(self) -> bool:
+        return self._force_at is not None and time.monotonic() >= self._force_at
+
+    @force_exit.setter
+    def force_exit(self, value: bool) -> None:
+        if not value:
+            self._force_at = None
+        elif self._force_at is None:
+            self._force_at = time.monotonic() + FORCED_FLUSH_S
 
     def capture_signals(self) -> Any:
         return contextlib.nullcontext()
