@@ -152,25 +152,31 @@ async def acp_websocket(ws: WebSocket, *, registry: ConnectionRegistry,
     socket = _Socket(ws)
     limit = config.max_body_bytes
     caller = caller_of(ws.scope)
-    conn = await _handshake(ws, socket, connection_id, registry, limit, caller)
+    try:
+        conn = await _handshake(ws, socket, connection_id, registry, limit, caller)
+    except WebSocketDisconnect:
+        return   # gone before it was served (a write to it failed): nothing to undo
     if conn is None:
         return
     deliberate = False
     try:
-        # a revoked token ends the socket (1008) within about a second; so does a
-        # credential configured after a ``local`` socket opened
-        with caller.gate.streams.hold(stream_id(caller.principal)) as held:
-            async with anyio.create_task_group() as tg:
-                conn.stream_opened()
-                tg.start_soon(_forward, conn, socket)
-                conn.on_channel = lambda channel: _attach_channel(tg, channel, socket)
-                deliberate = await _receive_loop(ws, socket, conn, tg, limit)
-                tg.cancel_scope.cancel()
+        try:
+            # a revoked token ends the socket (1008) within about a second; so does a
+            # credential configured after a ``local`` socket opened
+            with caller.gate.streams.hold(stream_id(caller.principal)) as held:
+                async with anyio.create_task_group() as tg:
+                    conn.stream_opened()
+                    tg.start_soon(_forward, conn, socket)
+                    conn.on_channel = lambda channel: _attach_channel(tg, channel, socket)
+                    deliberate = await _receive_loop(ws, socket, conn, tg, limit)
+                    tg.cancel_scope.cancel()
+        except* WebSocketDisconnect:   # a write found the client gone: a lost connection
+            deliberate = False
         if held.cancelled_caught and ws.client_state == WebSocketState.CONNECTED:
             with anyio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
                 try:
                     await ws.close(code=1008, reason="credential revoked")
-                except (RuntimeError, OSError):
+                except (RuntimeError, OSError, WebSocketDisconnect):
                     pass
     finally:
         conn.on_channel = None
@@ -181,7 +187,7 @@ async def acp_websocket(ws: WebSocket, *, registry: ConnectionRegistry,
             with anyio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
                 try:
                     await ws.close()
-                except (RuntimeError, OSError):
+                except (RuntimeError, OSError, WebSocketDisconnect):
                     pass
     if conn.resumable and registry.lingering:
         await registry.sweep_after_grace()   # its permission requests wait for it, bounded

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import socket
+import struct
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -369,7 +370,9 @@ async def test_hundreds_of_sockets_at_once_meet_the_connection_cap(
     """300 sockets opened at once, each sending ``initialize``: every upgrade is
     accepted (101), 48 are served (three quarters of ``--max-acp-connections`` 64,
     what one principal may hold) and every other one gets the -32603 error frame,
-    then close 1013. Once they are closed, a well-behaved client is served."""
+    then close 1013. Once the server has seen them closed, a well-behaved client is
+    served (right after the client closed them, some may still hold their slots: it
+    would get 1013, "retry later")."""
     with anyio.fail_after(BOUND_S):   # the earlier tests' sockets are gone
         while await websocket_connections(daemon) != 0:
             await anyio.sleep(0.05)
@@ -398,6 +401,9 @@ async def test_hundreds_of_sockets_at_once_meet_the_connection_cap(
     finally:
         for raw in sockets:
             await raw.aclose()
+    with anyio.fail_after(BOUND_S):   # the server has seen them go: their slots are free
+        while await websocket_connections(daemon) != 0:
+            await anyio.sleep(0.05)
     await well_behaved(daemon)
 
 
@@ -430,3 +436,33 @@ async def test_a_hostile_upgrade_is_refused_before_the_handshake(daemon: ServePr
         assert raw.body == b'{"error":"Request denied by CORS policy"}'
     await raw.aclose()
     await well_behaved(daemon)
+
+
+async def test_a_client_gone_mid_stream_ends_its_connection_quietly(
+        daemon: ServeProcess) -> None:
+    """A client that vanishes (a reset: no close frame) while its session streams a
+    long turn: the server's next write to it fails, and the connection ends as a lost
+    one (its slot freed), with no ASGI error and no traceback in the log."""
+    logged = len(daemon.stderr_text())
+    raw = await RawWs.open(daemon.port)
+    assert raw.status == 101, raw.head
+    await raw.send(frame(TEXT, json.dumps(INIT).encode()))
+    await raw.next_text(BOUND_S)
+    new = rpc(1, "session/new", {"cwd": str(daemon.workspace), "mcpServers": []})
+    await raw.send(frame(TEXT, json.dumps(new).encode()))
+    while "result" not in (reply := json.loads(await raw.next_text(BOUND_S))) \
+            or reply.get("id") != 1:
+        pass
+    prompt = rpc(2, "session/prompt", {"sessionId": reply["result"]["sessionId"], "prompt": [
+        {"type": "text", "text": "/chunks 20000 " + "w" * 20000}]})
+    await raw.send(frame(TEXT, json.dumps(prompt).encode()))
+    await raw.next_text(BOUND_S)   # the turn streams
+    sock = raw.stream.extra(anyio.abc.SocketAttribute.raw_socket)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    await raw.aclose()   # a reset
+    with anyio.fail_after(BOUND_S):
+        while await websocket_connections(daemon) != 0:
+            await anyio.sleep(0.05)
+    await well_behaved(daemon)
+    log = daemon.stderr_text()[logged:]
+    assert "Exception in ASGI application" not in log and "Traceback" not in log, log[-3000:]
