@@ -348,6 +348,25 @@ def _path(value: str | None) -> Any:
 
 
 # -- uvicorn ------------------------------------------------------------------------
+class ClientFaultLines(logging.Filter):
+    """uvicorn logs a client's text frame that is not UTF-8 at ERROR with a traceback (a
+    remote client could fill the log with them at will): one WARNING line instead."""
+
+    MESSAGES = frozenset({"Invalid UTF-8 sequence received from client."})
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg in self.MESSAGES:
+            record.exc_info, record.exc_text = None, None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+def _quiet_client_faults() -> None:
+    logger = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, ClientFaultLines) for f in logger.filters):
+        logger.addFilter(ClientFaultLines())
+
+
 class UvicornServer:
     """uvicorn with the connection guard below ASGI (``acp_server.http.guard``)."""
 
@@ -388,6 +407,7 @@ class UvicornServer:
                                 access_log=False, log_level="warning",
                                 timeout_graceful_shutdown=int(limits.graceful_s), **tls)
         self.options = options
+        _quiet_client_faults()
         self._server = _Uvicorn(config)
         self._server.handshakes = handshakes
 

@@ -123,8 +123,8 @@ class SseResponse:
                 tg.cancel_scope.cancel()
             if not self.disconnected:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except OSError:
-            self.disconnected = True   # the client went away mid-write
+        except* OSError:   # the client went away mid-write (raised in the task group too)
+            self.disconnected = True
         finally:
             if self.on_close is not None:
                 self.on_close()

@@ -116,6 +116,8 @@ async def test_a_stopped_reader_is_not_felt(tmp_path: Path) -> None:
         assert _evictions((await client.get("/metrics")).text) == 0
         assert await _sse_active(client) >= 1   # the stalled reader: still subscribed
         await stalled.aclose()
+    log = daemon.stderr_text()   # its stream's next write, at the latest the drain's,
+    assert "Traceback" not in log, log[-3000:]   # finds it gone: no error, no traceback
 
 
 # -- the adapter's edges, on granian's embedded server with a small ASGI app -------------
