@@ -170,8 +170,8 @@ async def acp_websocket(ws: WebSocket, *, registry: ConnectionRegistry,
                     conn.on_channel = lambda channel: _attach_channel(tg, channel, socket)
                     deliberate = await _receive_loop(ws, socket, conn, tg, limit)
                     tg.cancel_scope.cancel()
-        except* WebSocketDisconnect:   # a write found the client gone: a lost connection
-            deliberate = False
+        except* WebSocketDisconnect:   # a write found the client gone: lost, unless
+            pass                       # its close frame (1000) was read first
         if held.cancelled_caught and ws.client_state == WebSocketState.CONNECTED:
             with anyio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
                 try:
