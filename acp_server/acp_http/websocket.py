@@ -155,7 +155,7 @@ async def acp_websocket(ws: WebSocket, *, registry: ConnectionRegistry,
     try:
         conn = await _handshake(ws, socket, connection_id, registry, limit, caller)
     except WebSocketDisconnect:
-        return   # gone before it was served (a write to it failed): nothing to undo
+        return   # gone before it was served (a write to it failed): nothing kept
     if conn is None:
         return
     deliberate = False
@@ -231,7 +231,11 @@ async def _handshake(ws: WebSocket, socket: _Socket, connection_id: str,
         await ws.close(code=1013, reason="too many connections")
         return None
     result = initialize_connection(registry.bridge, conn, agent_info, params)
-    await socket.send(encode_result(msg.id, result))
+    try:
+        await socket.send(encode_result(msg.id, result))
+    except WebSocketDisconnect:
+        registry.close(conn)   # gone before its answer: its slot is free again
+        raise
     return conn
 
 
