@@ -366,6 +366,13 @@ async def websocket_connections(daemon: ServeProcess) -> float:
     return float(line.split()[-1])
 
 
+async def no_websocket_connections(daemon: ServeProcess) -> None:
+    """Once the server counts no open ``/acp`` WebSocket connection."""
+    with anyio.fail_after(BOUND_S):
+        while await websocket_connections(daemon) != 0:
+            await anyio.sleep(0.05)
+
+
 async def daemon_get(daemon: ServeProcess, path: str) -> httpx.Response:
     async with httpx.AsyncClient(base_url=daemon.base_url, timeout=BOUND_S) as client:
         return await client.get(path)
@@ -379,9 +386,7 @@ async def test_hundreds_of_sockets_at_once_meet_the_connection_cap(
     then close 1013. Once the server has seen them closed, a well-behaved client is
     served (right after the client closed them, some may still hold their slots: it
     would get 1013, "retry later")."""
-    with anyio.fail_after(BOUND_S):   # the earlier tests' sockets are gone
-        while await websocket_connections(daemon) != 0:
-            await anyio.sleep(0.05)
+    await no_websocket_connections(daemon)   # the earlier tests' sockets are gone
     outcomes: list[str] = []
     sockets: list[RawWs] = []
 
@@ -407,9 +412,7 @@ async def test_hundreds_of_sockets_at_once_meet_the_connection_cap(
     finally:
         for raw in sockets:
             await raw.aclose()
-    with anyio.fail_after(BOUND_S):   # the server has seen them go: their slots are free
-        while await websocket_connections(daemon) != 0:
-            await anyio.sleep(0.05)
+    await no_websocket_connections(daemon)   # seen closed by the server: slots free
     await well_behaved(daemon)
 
 
@@ -450,25 +453,18 @@ async def test_a_client_gone_mid_stream_ends_its_connection_quietly(
     long turn: the server's next write to it fails, and the connection ends as a lost
     one (its slot freed), with no ASGI error and no traceback in the log."""
     logged = len(daemon.stderr_text())
-    raw = await RawWs.open(daemon.port)
-    assert raw.status == 101, raw.head
-    await raw.send(frame(TEXT, json.dumps(INIT).encode()))
-    await raw.next_text(BOUND_S)
+    raw = await initialized(daemon)
     new = rpc(1, "session/new", {"cwd": str(daemon.workspace), "mcpServers": []})
     await raw.send(frame(TEXT, json.dumps(new).encode()))
-    while "result" not in (reply := json.loads(await raw.next_text(BOUND_S))) \
-            or reply.get("id") != 1:
-        pass
-    prompt = rpc(2, "session/prompt", {"sessionId": reply["result"]["sessionId"], "prompt": [
+    sid = json.loads(await raw.next_text(BOUND_S))["result"]["sessionId"]
+    prompt = rpc(2, "session/prompt", {"sessionId": sid, "prompt": [
         {"type": "text", "text": "/chunks 20000 " + "w" * 20000}]})
     await raw.send(frame(TEXT, json.dumps(prompt).encode()))
     await raw.next_text(BOUND_S)   # the turn streams
     sock = raw.stream.extra(anyio.abc.SocketAttribute.raw_socket)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     await raw.aclose()   # a reset
-    with anyio.fail_after(BOUND_S):
-        while await websocket_connections(daemon) != 0:
-            await anyio.sleep(0.05)
+    await no_websocket_connections(daemon)
     await well_behaved(daemon)
     log = daemon.stderr_text()[logged:]
     assert "Exception in ASGI application" not in log and "Traceback" not in log, log[-3000:]
