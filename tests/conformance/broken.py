@@ -199,8 +199,8 @@ def _keep_completed_slots(bridge: Bridge) -> None:
 def _branch_takes_a_slot(bridge: Bridge) -> None:
     original = bridge.branch_session
 
-    async def branch_session(session_id: str) -> Any:
-        info = await original(session_id)
+    async def branch_session(session_id: str, **how: Any) -> Any:   # owner= as the door passes it
+        info = await original(session_id, **how)
         _leak_slot(bridge.get_session(session_id))
         return info
     bridge.branch_session = branch_session  # type: ignore[method-assign]
