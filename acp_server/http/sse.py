@@ -44,7 +44,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 import anyio
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 RETRY_MS = 3000
 RETRY_LINE = b"retry: %d\n" % RETRY_MS
@@ -118,12 +118,15 @@ class SseResponse:
             await send({"type": "http.response.body", "body": RETRY_LINE, "more_body": True})
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._watch_disconnect, receive, tg.cancel_scope)
-                await self.write_frames(send)
-                self.finished = True
+                try:
+                    await self.write_frames(_WriteFailures(send))
+                    self.finished = True
+                except _ClientGone:   # caught here, not by the group: a cancel from
+                    self.disconnected = True   # outside still propagates (no error group)
                 tg.cancel_scope.cancel()
             if not self.disconnected:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except* OSError:   # the client went away mid-write (raised in the task group too)
+        except OSError:   # the client went away during the head or the final chunk
             self.disconnected = True
         finally:
             if self.on_close is not None:
@@ -156,3 +159,25 @@ class SseResponse:
                 await send({"type": "http.response.body", "body": b"".join(chunk),
                             "more_body": True})
                 self.frames_sent(len(chunk))
+
+
+class _ClientGone(Exception):
+    """A write of the stream's frames failed: the client's transport is gone."""
+
+
+class _WriteFailures:
+    """``send`` with a failed write (the server's ``OSError``: uvicorn's
+    ``ClientDisconnected``, granian's closed transport) raised as ``_ClientGone``, so
+    that only the server's own write counts as the client gone, never an ``OSError``
+    (a ``TimeoutError``) of the frames' source."""
+
+    __slots__ = ("send",)
+
+    def __init__(self, send: Send) -> None:
+        self.send = send
+
+    async def __call__(self, message: Message) -> None:
+        try:
+            await self.send(message)
+        except OSError as exc:
+            raise _ClientGone from exc
