@@ -160,18 +160,18 @@ async def acp_websocket(ws: WebSocket, *, registry: ConnectionRegistry,
         return
     deliberate = False
     try:
-        try:
-            # a revoked token ends the socket (1008) within about a second; so does a
-            # credential configured after a ``local`` socket opened
-            with caller.gate.streams.hold(stream_id(caller.principal)) as held:
-                async with anyio.create_task_group() as tg:
-                    conn.stream_opened()
-                    tg.start_soon(_forward, conn, socket)
-                    conn.on_channel = lambda channel: _attach_channel(tg, channel, socket)
+        # a revoked token ends the socket (1008) within about a second; so does a
+        # credential configured after a ``local`` socket opened
+        with caller.gate.streams.hold(stream_id(caller.principal)) as held:
+            async with anyio.create_task_group() as tg:
+                conn.stream_opened()
+                tg.start_soon(_forward, conn, socket, tg.cancel_scope)
+                conn.on_channel = lambda channel: _attach_channel(tg, channel, socket)
+                try:
                     deliberate = await _receive_loop(ws, socket, conn, tg, limit)
-                    tg.cancel_scope.cancel()
-        except* WebSocketDisconnect:   # a write found the client gone: lost, unless
-            pass                       # its close frame (1000) was read first
+                except WebSocketDisconnect:   # a write found the client gone: lost
+                    pass
+                tg.cancel_scope.cancel()
         if held.cancelled_caught and ws.client_state == WebSocketState.CONNECTED:
             with anyio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
                 try:
@@ -267,14 +267,21 @@ def _frame_size(text: str | None, data: bytes | None, limit: int) -> int:
 
 def _attach_channel(tg: anyio.abc.TaskGroup, channel: SessionChannel, socket: _Socket) -> None:
     channel.reader_attached = True
-    tg.start_soon(_forward, channel, socket)
+    tg.start_soon(_forward, channel, socket, tg.cancel_scope)
 
 
-async def _forward(source: FrameSource, socket: _Socket) -> None:
+async def _forward(source: FrameSource, socket: _Socket, connection: anyio.CancelScope) -> None:
+    """Write ``source``'s frames. A write that finds the client gone ends the
+    ``connection`` (its scope cancelled, no error raised into the task group, so a
+    cancel from outside still propagates); that frame is not counted as sent."""
     while await source.wait_ready():
         frame = source.pop()
         if frame is not None:
-            await socket.send(frame.payload)
+            try:
+                await socket.send(frame.payload)
+            except WebSocketDisconnect:
+                connection.cancel()
+                return
             source.sent(1)
 
 
@@ -302,7 +309,7 @@ async def _receive_loop(ws: WebSocket, socket: _Socket, conn: AcpConnection,
             continue
         if conn.replies_full():   # the client does not read its replies: fail it
             await ws.close(code=1013, reason="reply buffer full")
-            return
+            return False
         rpc_id = None if msg.id is UNSET else msg.id
         try:
             params = request_params(msg)
