@@ -355,7 +355,7 @@ class ClientFaultLines(logging.Filter):
     MESSAGES = frozenset({"Invalid UTF-8 sequence received from client."})
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.msg in self.MESSAGES:
+        if isinstance(record.msg, str) and record.msg in self.MESSAGES:   # msg may be any object
             record.exc_info, record.exc_text = None, None
             record.levelno, record.levelname = logging.WARNING, "WARNING"
         return True

@@ -5,6 +5,7 @@ subprotocol, and over TLS), TLS itself, the loud warning on plain HTTP off loopb
 from __future__ import annotations
 
 import base64
+import logging
 import os
 import ssl
 import subprocess
@@ -164,3 +165,18 @@ def test_plain_http_off_loopback_is_loud(tmp_path: Path) -> None:
         finally:
             proc.terminate()
             proc.wait(15)
+
+
+def test_the_client_fault_filter_lowers_its_line_and_passes_any_other_record() -> None:
+    from acp_server.http.servers import ClientFaultLines
+
+    quiet = ClientFaultLines()
+    line = logging.LogRecord("uvicorn.error", logging.ERROR, __file__, 1,
+                             "Invalid UTF-8 sequence received from client.", None,
+                             (UnicodeDecodeError, UnicodeDecodeError("utf-8", b"\xff", 0, 1,
+                                                                     "invalid"), None))
+    assert quiet.filter(line)
+    assert (line.levelno, line.levelname, line.exc_info) == (logging.WARNING, "WARNING", None)
+    for msg in ({"a": "dict"}, ["a list"], "Exception in ASGI application\n"):
+        other = logging.LogRecord("uvicorn.error", logging.ERROR, __file__, 1, msg, None, None)
+        assert quiet.filter(other) and other.levelno == logging.ERROR   # untouched
