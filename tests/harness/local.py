@@ -11,7 +11,8 @@ support), inside the test's own event loop. Settings are keyword arguments
 ``open_server``'s test overrides pass through (``agent_factory``, ``lmsp_store``,
 ``lmsp_config``, ``group_commit``, ``acp_clock``, ``principals_clock``). ``wrap`` puts an
 ASGI middleware in front of the app (a recorder, a fault); ``headers`` and ``timeout``
-are the client's. A door's tests add their helpers with ``kind=`` (a ``LocalServer`` subclass). At the end the server
+are the client's; ``app_errors_expected`` for a test that makes an exception escape the
+app (otherwise one fails the block: ``tests.harness.unhandled``). A door's tests add their helpers with ``kind=`` (a ``LocalServer`` subclass). At the end the server
 is told to stop and ``Server.drain()`` runs (open streams end), as on SIGTERM.
 
 ``serving(app)`` serves any other ASGI app the same way (fake model servers, peers).
@@ -37,6 +38,7 @@ from acp_server.lmsp import LmspService
 from acp_server.server import Server, open_server
 from acp_server.settings import Settings
 from bridge import Bridge, BridgeOptions
+from tests.harness.unhandled import Escapes
 
 OVERRIDES = ("agent_factory", "lmsp_store", "lmsp_config", "group_commit", "acp_clock",
              "session_clock", "principals_clock", "models_clock", "lease_offset")
@@ -111,23 +113,27 @@ async def _serve_hypercorn(tg: anyio.abc.TaskGroup, app: Any,
 
 @contextlib.asynccontextmanager
 async def serving(app: Any, *, on_stop: Callable[[], Awaitable[Any]] | None = None,
-                  port: int = 0) -> AsyncIterator[str]:
+                  port: int = 0, app_errors_expected: bool = False) -> AsyncIterator[str]:
     """Serve any ASGI app on a loopback port for the block (uvicorn under asyncio,
     hypercorn under trio); yields its base URL. ``on_stop`` runs right after the server
     is told to stop (e.g. to end open event streams, so it stops at once). ``port``:
     that one (``free_port()``: a server started later at an address known before), else
-    any free one."""
+    any free one. An exception out of the app fails the block at its end
+    (``tests.harness.unhandled``) unless ``app_errors_expected``."""
+    escapes = Escapes(app)
     async with anyio.create_task_group() as tg:
         if sniffio.current_async_library() == "trio":
-            port, stop = await _serve_hypercorn(tg, app, port)
+            port, stop = await _serve_hypercorn(tg, escapes, port)
         else:
-            port, stop = await _serve_uvicorn(tg, app, port)
+            port, stop = await _serve_uvicorn(tg, escapes, port)
         try:
             yield f"http://127.0.0.1:{port}"
         finally:
             stop()
             if on_stop is not None:
                 await on_stop()
+    if not app_errors_expected:
+        escapes.check()
 
 
 @contextlib.asynccontextmanager
@@ -135,13 +141,15 @@ async def local_server(workspace: Any, *, kind: type[Kind] = LocalServer,  # typ
                        options: BridgeOptions | None = None, state_dir: Any = None,
                        wrap: Callable[[ASGIApp], ASGIApp] | None = None,
                        headers: dict[str, str] | None = None, timeout: float = 10,
+                       app_errors_expected: bool = False,
                        **settings: Any) -> AsyncIterator[Kind]:
     overrides = {name: settings.pop(name) for name in OVERRIDES if name in settings}
     config = Settings(workspace=str(workspace), port=0, options=options or BridgeOptions(),
                       state_dir=str(state_dir or Path(workspace) / "state"), **settings)
     async with open_server(config, **overrides) as server:
         app = wrap(server.app) if wrap is not None else server.app
-        async with serving(app, on_stop=server.drain) as base_url, \
+        async with serving(app, on_stop=server.drain,
+                           app_errors_expected=app_errors_expected) as base_url, \
                 httpx.AsyncClient(base_url=base_url, timeout=timeout, headers=headers) as client:
             server.advertise(base_url)
             yield kind(base_url, server, client)

@@ -46,6 +46,8 @@ import anyio.abc
 import anyio.to_thread
 import httpx
 
+from tests.harness.unhandled import unhandled_lines
+
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN_ENV = "ACP_SERVER_TOKEN"
 START_TIMEOUT_S = 30
@@ -87,9 +89,13 @@ def free_port() -> int:
 class ServeProcess:
     def __init__(self, workspace: Path | str, *flags: str, state_dir: Path | str | None = "state",
                  env: dict[str, str] | None = None, cwd: Path | str | None = None,
-                 shell_prefix: str = "", runner: Sequence[str] = ("-m", "acp_server")) -> None:
+                 shell_prefix: str = "", runner: Sequence[str] = ("-m", "acp_server"),
+                 app_errors_expected: bool = False) -> None:
         """``shell_prefix`` runs before ``exec`` in ``sh -c`` (``ulimit -Sn 1024;``);
-        ``runner`` is what Python runs before ``serve`` (the benchmarks' ``bench.server``)."""
+        ``runner`` is what Python runs before ``serve`` (the benchmarks' ``bench.server``).
+        A block that ends without an error of its own fails when the child's log has a
+        server's line for an exception out of the app (``tests.harness.unhandled``),
+        unless ``app_errors_expected``."""
         self.workspace = Path(workspace)
         self.state_dir = self.workspace / state_dir if state_dir is not None else None
         self.flags = flags
@@ -97,6 +103,7 @@ class ServeProcess:
         self.cwd = cwd
         self.shell_prefix = shell_prefix
         self.runner = tuple(runner)
+        self.app_errors_expected = app_errors_expected
         self.stderr_path = (self.state_dir.with_name(self.state_dir.name + ".log")
                             if self.state_dir is not None
                             else self.workspace.with_name(self.workspace.name + ".serve.log"))
@@ -217,10 +224,14 @@ class ServeProcess:
     def __enter__(self) -> ServeProcess:
         return self.start()
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object = None, *exc: object) -> None:
         if self._http is not None:
             self._http.close()
         self.stop()
+        if exc_type is None and not self.app_errors_expected:
+            found = unhandled_lines(self.stderr_text())
+            assert not found, (f"the server logged {len(found)} exception(s) out of the app:\n"
+                               f"{self.stderr_text()[-4000:]}")
 
     async def __aenter__(self) -> ServeProcess:
         await anyio.to_thread.run_sync(self.start)
