@@ -24,8 +24,9 @@ async def boom(request: Request) -> Response:
 
 @pytest.fixture
 async def client(tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
-    async with local_server(tmp_path) as srv:
-        # A route of each door that fails unexpectedly (the 500 of its own shape).
+    async with local_server(tmp_path, app_errors_expected=True) as srv:
+        # A route of each door that fails unexpectedly (the 500 of its own shape; the
+        # door logs it and re-raises it to the server, as starlette's error layer does).
         srv.server.app.router.routes.extend([Route("/lmsp/v1/boom", boom),
                                              Route("/acp/boom", boom),
                                              Route("/session/x/boom", boom)])

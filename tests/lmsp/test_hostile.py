@@ -136,7 +136,7 @@ async def test_an_unexpected_error_is_a_500_problem_with_its_traceback_logged(
     # runs with its log off): the door's own handler logs it, or it leaves no trace.
     store = FaultyStore(str(tmp_path / "lmsp.sqlite3"))
     with caplog.at_level(logging.ERROR, logger="acp_server.lmsp"):
-        async with running_lmsp(tmp_path, store=store) as srv:
+        async with running_lmsp(tmp_path, store=store, app_errors_expected=True) as srv:
             response = await srv.client.get(f"/lmsp/v1/tasks/{BOOM}")
             body = assert_problem_500(response)
             assert body["detail"] == "Internal error." and "bug" not in response.text

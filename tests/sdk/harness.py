@@ -97,8 +97,10 @@ class DropEvents:
                         raise _Dropped("dropping the event stream")
                 await send(message)
 
-            with contextlib.suppress(_Dropped):
+            try:
                 await app(scope, receive, counting_send)
+            except* _Dropped:   # raised inside the stream's task group: in a group
+                pass
             # returning with the response unfinished: the server closes the connection
         return dropping
 
