@@ -111,6 +111,10 @@ NOT_LOOPBACK = Refusal(403, "forbidden",
                        "No token is configured: only loopback clients are served.")
 MISDIRECTED = Refusal(421, "misdirected_request",
                       "Host not accepted by this server (see --allow-host).")
+# RFC 9112 §3.2: a request with more than one Host field is answered 400 (each server
+# hands them all to the app; which one a proxy in front read is unknown).
+HTTP_1_0 = ("1.0", "1")   # ``http_version`` of an HTTP/1.0 request (granian's ASGI: "1")
+TWO_HOSTS = Refusal(400, "bad_request", "More than one Host header field.")
 LINE_TOO_LONG = Refusal(414, "uri_too_long", "Request line too long.")
 TOO_MANY_HEADERS = Refusal(431, "header_fields_too_large", "Too many header fields.")
 HEADERS_TOO_LARGE = Refusal(431, "header_fields_too_large", "Header fields too large.")
@@ -260,11 +264,12 @@ class GuardPolicy:
         if line > self.max_request_line:
             return LINE_TOO_LONG, None
         host = origin = authorization = coding = protocols = None
-        preflight = repeated = False
+        preflight = repeated = hosts = False
         size = 0
         for name, value in headers:
             size += len(name) + len(value)
             if name == b"host":
+                hosts = host is not None
                 host = value
             elif name == b"origin":
                 origin = value
@@ -282,8 +287,13 @@ class GuardPolicy:
         if coding is not None and coding.strip().lower() != b"chunked" \
                 and scope["type"] == "http":
             return CODING_UNSUPPORTED, None
+        if hosts:
+            return TWO_HOSTS, None
+        # HTTP/1.0 without a Host: granian's ASGI side gives ``host: ""`` (and its
+        # ``http_version`` is "1"); none passes
         if host is not None and self._check_host \
-                and not (self._good_hosts.get(host) or self._host_ok(host)):
+                and not (self._good_hosts.get(host) or self._host_ok(host)) \
+                and (host or scope.get("http_version") not in HTTP_1_0):
             return MISDIRECTED, None
         allowed: bytes | None = None
         if origin is not None:

@@ -210,3 +210,21 @@ async def test_http2_abuse(tmp_path: Path, server: str) -> None:
             assert evicted and float(evicted[0].split()[-1]) >= 1, evicted
         assert (await daemon.client.get("/health")).json() == {"status": "ok"}
         assert rss_kb(daemon.pid) < RSS_LIMIT_KB
+
+
+@SERVERS
+async def test_two_host_fields_are_400_and_an_http_1_0_request_without_one_is_served(
+        tmp_path: Path, server: str) -> None:
+    """RFC 9112 §3.2: more than one Host is a 400 (the check read only the last one, so
+    ``Host: evil`` then ``Host: 127.0.0.1`` passed); HTTP/1.0 tools send none."""
+    async with ServeProcess(tmp_path, "--http-server", server) as daemon:
+        for first, second in (("evil.example", "127.0.0.1"), ("127.0.0.1", "evil.example")):
+            answer = await raw_exchange(daemon, (
+                f"GET /capabilities HTTP/1.1\r\nHost: {first}\r\nHost: {second}\r\n"
+                "Connection: close\r\n\r\n").encode())
+            head, _, body = answer.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 400"), answer[:300]
+            assert json.loads(body)["code"] == "bad_request", body
+        answer = await raw_exchange(daemon, b"GET /health HTTP/1.0\r\n\r\n")
+        assert answer.split(b"\r\n", 1)[0].split()[1] == b"200", answer[:300]
+        assert b'"status":"ok"' in answer

@@ -208,3 +208,24 @@ def test_a_remote_client_guessing_tokens_is_throttled() -> None:
     assert policy.check(scope(right, client=remote)) is None
     assert policy.check(scope(wrong, client=remote)) is p.UNAUTHORIZED
     assert policy.check(scope(wrong, client=remote)).status == 429   # type: ignore[union-attr]
+
+
+def test_two_host_fields_are_a_400_even_when_one_is_good() -> None:
+    for hosts in (("evil.example", "127.0.0.1"), ("127.0.0.1", "127.0.0.1"),
+                  ("127.0.0.1", "evil.example", "localhost")):
+        refusal = GuardPolicy().check(scope(*(("host", h) for h in hosts)))
+        assert refusal is p.TWO_HOSTS and refusal.status == 400, hosts
+        assert GuardPolicy(token="t", loopback_bind=False).check(
+            scope(*(("host", h) for h in hosts), ("authorization", "Bearer t"))) is p.TWO_HOSTS
+
+
+def test_an_empty_host_passes_only_on_http_1_0() -> None:
+    """granian's ASGI side gives an HTTP/1.0 request without a Host ``host: ""``; an
+    HTTP/1.1 request must name one (an empty value is for URIs without an authority)."""
+    for version in ("1.0", "1"):   # granian's ASGI side says "1"
+        old = scope(("host", ""))
+        old["http_version"] = version
+        assert GuardPolicy().check(old) is None
+    new = scope(("host", ""))
+    new["http_version"] = "1.1"
+    assert GuardPolicy().check(new).status == 421   # type: ignore[union-attr]
