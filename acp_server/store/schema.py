@@ -383,7 +383,10 @@ def migrate_sqlite(conn: sqlite3.Connection) -> int:
         conn.execute(f"PRAGMA user_version = {len(MIGRATIONS)}")
         conn.execute("COMMIT")
     except BaseException:
-        conn.execute("ROLLBACK")
+        # SQLite rolls a transaction back by itself on some errors (a full disk): a
+        # ROLLBACK then fails, and its error would hide the cause
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
         raise
     return len(MIGRATIONS)
 
