@@ -111,9 +111,9 @@ NOT_LOOPBACK = Refusal(403, "forbidden",
                        "No token is configured: only loopback clients are served.")
 MISDIRECTED = Refusal(421, "misdirected_request",
                       "Host not accepted by this server (see --allow-host).")
+HTTP_1_0 = ("1.0", "1")   # ``http_version`` of an HTTP/1.0 request (granian's ASGI: "1")
 # RFC 9112 §3.2: a request with more than one Host field is answered 400 (each server
 # hands them all to the app; which one a proxy in front read is unknown).
-HTTP_1_0 = ("1.0", "1")   # ``http_version`` of an HTTP/1.0 request (granian's ASGI: "1")
 TWO_HOSTS = Refusal(400, "bad_request", "More than one Host header field.")
 LINE_TOO_LONG = Refusal(414, "uri_too_long", "Request line too long.")
 TOO_MANY_HEADERS = Refusal(431, "header_fields_too_large", "Too many header fields.")
