@@ -12,8 +12,9 @@ support), inside the test's own event loop. Settings are keyword arguments
 ``lmsp_config``, ``group_commit``, ``acp_clock``, ``principals_clock``). ``wrap`` puts an
 ASGI middleware in front of the app (a recorder, a fault); ``headers`` and ``timeout``
 are the client's; ``app_errors_expected`` for a test that makes an exception escape the
-app (otherwise one fails the block: ``tests.harness.unhandled``). A door's tests add their helpers with ``kind=`` (a ``LocalServer`` subclass). At the end the server
-is told to stop and ``Server.drain()`` runs (open streams end), as on SIGTERM.
+app (otherwise one fails the block: ``tests.harness.unhandled``). A door's tests add
+their helpers with ``kind=`` (a ``LocalServer`` subclass). At the end the server is
+told to stop and ``Server.drain()`` runs (open streams end), as on SIGTERM.
 
 ``serving(app)`` serves any other ASGI app the same way (fake model servers, peers).
 """
