@@ -75,7 +75,7 @@ from bridge.status import (
     SessionStatus,
     TurnFailure,
 )
-from bridge.session_views import session_info, session_status
+from bridge.session_views import HeldTurn, hold_turn, session_info, session_status
 from bridge.terminals import Terminals
 from bridge.ticket import PromptResult, PromptTicket
 from bridge.turn import forward_cancel, run_turn
@@ -158,6 +158,8 @@ class Session:
         # running (``run_turn``): status's ``updatedAt`` and ``turnError``, as qwen's.
         self.turn_ended_at: float | None = None
         self.turn_failure: TurnFailure | None = None
+        # Its prompts settled whose terminals readers cannot see yet (``session_views``)
+        self.held_turns: list[HeldTurn] | None = None
         # Restored from the journal, its agent side not yet (bridge.restore): awaited
         # before the agent is first used (a prompt's acknowledgement and its turn, a
         # load, a fork, a forwarded request); ``None`` once done, or never needed.
@@ -464,6 +466,7 @@ class Session:
         sid, pid = self.session_id, pending.prompt_id
         origin = pending.client_id   # the prompt's X-Qwen-Client-Id: its events carry it
         at = ev.now_ms()   # its terminal's time
+        ended, failure = self.turn_ended_at, self.turn_failure   # before it (status)
         if pending.started_at is not None:
             previous = self.created_at if self.turn_ended_at is None else self.turn_ended_at
             self.turn_ended_at = max(at / 1000, previous + 0.001)   # strictly increasing
@@ -500,6 +503,8 @@ class Session:
                 session_id=sid, prompt_id=pid,
                 state="removed" if pending.removed else "completed"), prompt_id=pid,
                 originator_client_id=origin)
+        if pending.started_at is not None and self.bus.released_id < self.bus.last_event_id:
+            hold_turn(self, pending, ended, failure)   # held: status says running
 
     # -- cancellation ----------------------------------------------------------------
     def cancel_prompt(self, prompt_id: str, reason: str | None = None) -> bool:

@@ -87,10 +87,16 @@ async def test_a_turn_started_while_postgresql_is_down_runs_once_across_a_kill(
             assert (await client.post(f"/session/{sid}/cancel")).status_code == 204
 
             async def waiting() -> bool:   # or handed over: the failure asserted below
-                status = (await client.get(f"/session/{sid}/status")).json()
-                return status.get("activePromptId") == queued_id or len(_handed(record)) > 1
+                activity = (await client.get("/daemon/status")).json()["runtime"]["activity"]
+                return activity == {"activePrompts": 1, "pendingPrompts": 1,
+                                    "queuedPrompts": 0} or len(_handed(record)) > 1
             await _until(waiting, "the queued prompt never started")
             assert _handed(record) == ["hold"]   # echoed, not committed: not handed over
+            # its readers saw neither the first turn's end nor this start: the
+            # session's status says what they saw, the first prompt running
+            status = (await client.get(f"/session/{sid}/status")).json()
+            assert status["activePromptId"] == first.json()["promptId"]
+            assert (status["pendingPrompts"], status["queuedPrompts"]) == (2, 1)
         child.kill()   # its start never committed: after the restart it is still to run
         await anyio.to_thread.run_sync(_pg, "start", own_cluster, pg_port)
         child.start()

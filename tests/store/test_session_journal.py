@@ -66,8 +66,10 @@ async def test_status_and_listing_say_the_committed_id_in_an_outage(
         tmp_path: Path, store_name: str) -> None:
     """Events published while the store is down are held (not committed): the status
     and the listing say the last committed id, as ``/load`` and the stream do, so a
-    client resuming from it after a restart skips nothing; once the store is back and
-    they are committed, the newest."""
+    client resuming from it after a restart skips nothing, and a turn that ended
+    meanwhile still running, as readers see it (no ``updatedAt`` of its end, no
+    terminal in ``/load``); once the store is back and they are committed, the
+    newest, and the turn ended."""
     store, agent = faulty(tmp_path), HeldAgent()
     async with local_server(tmp_path, lmsp_store=store, agent_factory=agent) as srv:
         client = srv.client
@@ -80,7 +82,8 @@ async def test_status_and_listing_say_the_committed_id_in_an_outage(
         committed = bus.released_id
         store.faults.on()
         turn.release()   # its events are published in the outage, and held
-        await wait_until(lambda: bus.last_event_id > committed)
+        session = srv.bridge.get_session(sid)
+        await wait_until(lambda: session.pending_count == 0)   # it ended, in memory
         assert bus.released_id == committed
         wid = workspace_id(str(tmp_path))
         status = (await client.get(f"/session/{sid}/status")).json()
@@ -90,11 +93,23 @@ async def test_status_and_listing_say_the_committed_id_in_an_outage(
         assert status["lastEventId"] == listed[0]["lastEventId"] == committed
         assert loaded.json()["lastEventId"] == committed
         assert srv.bridge.published_event_id(sid) == bus.last_event_id > committed
+        prompt_id = accepted.json()["promptId"]
+        for shown in (status, listed[0]):   # still running, as its readers see it
+            assert shown["hasActivePrompt"] is True
+            assert shown["activePromptId"] == prompt_id
+            assert shown["activeWorkState"] == "active"
+        assert "updatedAt" not in status   # no turn ended, for its readers
+        assert status["pendingPrompts"] == 1 and status["queuedPrompts"] == 0
+        assert listed[0]["activePromptText"] == "/chunks 5 x"
+        assert loaded.json()["promptTerminals"] == []
         store.faults.off()
-        await _settled(client, sid, accepted.json()["promptId"])
+        await _settled(client, sid, prompt_id)
         await wait_until(lambda: bus.released_id == bus.last_event_id)
         status = (await client.get(f"/session/{sid}/status")).json()
         assert status["lastEventId"] == bus.last_event_id > committed
+        assert status["hasActivePrompt"] is False and status["pendingPrompts"] == 0
+        assert status["activeWorkState"] == "unsupported" and "updatedAt" in status
+        assert session.held_turns is None
 
 
 def _journal_url(tmp_path: Path, store_name: str) -> dict[str, Any]:
