@@ -428,3 +428,42 @@ async def test_a_prompt_msgpack_cannot_hold_is_journaled(tmp_path: Path,
         assert echo == [{"type": "text", "text": "queued", "x": big}]
     finally:
         child.stop()
+
+
+async def test_a_clean_stop_in_an_outage_shows_readers_nothing_uncommitted(
+        tmp_path: Path, store_name: str) -> None:
+    """The stop's last commit fails (the store is down): the events held meanwhile and
+    the drain's own (the prompt's end, ``session_closed``) never reach the reader; its
+    stream ends after the last committed event (where the next start numbers on from:
+    no id it saw is taken again)."""
+    store, agent = faulty(tmp_path), HeldAgent()
+    async with local_server(tmp_path, lmsp_store=store, agent_factory=agent) as srv:
+        client = srv.client
+        sid = (await client.post("/session", json={"sessionScope": "thread"})).json()["sessionId"]
+        accepted = await client.post(f"/session/{sid}/prompt", json=_prompt("/chunks 5 x"))
+        assert accepted.status_code == 202
+        turn = await agent.arrived(1)
+        bus = srv.bridge.get_session(sid).bus
+        await wait_until(lambda: bus.released_id == bus.last_event_id)   # all committed
+        committed = bus.released_id
+        seen: list[int] = []
+        ended = anyio.Event()
+
+        async def read() -> None:
+            async with client.stream("GET", f"/session/{sid}/events",
+                                     headers={"Last-Event-ID": "0"}) as response:
+                async for line in response.aiter_lines():
+                    if line.startswith("id: "):
+                        seen.append(int(line[4:]))
+            ended.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(read)
+            await wait_until(lambda: seen and seen[-1] == committed)
+            store.faults.on()
+            turn.release()   # its events are published in the outage, and held
+            await wait_until(lambda: bus.last_event_id > committed)
+            await srv.bridge.aclose()   # the stop: its last commit fails
+            with anyio.fail_after(10):
+                await ended.wait()
+        assert seen == list(range(1, committed + 1))   # nothing past the committed
