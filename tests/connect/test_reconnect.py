@@ -46,11 +46,15 @@ async def start(adapter: Adapter, srv: RunningAcpServer) -> str:
     return created["result"]["sessionId"]  # type: ignore[no-any-return]
 
 
-def restart_behind(relay: TcpRelay, child: ServeProcess) -> None:
-    """``kill -9`` the server behind ``relay`` and start it again on the same state (a
-    new port): the adapter's links are cut and its next one reaches the new server."""
+def restart_behind(relay: TcpRelay, child: ServeProcess, *, clean: bool = False) -> None:
+    """``kill -9`` the server behind ``relay`` (``clean``: SIGTERM, its drain) and start
+    it again on the same state (a new port): the adapter's links are cut and its next
+    one reaches the new server."""
     relay.refusing = True
-    child.kill()
+    if clean:
+        child.stop()
+    else:
+        child.kill()
     child.start()
     relay.target_port = child.port
     relay.cut()
@@ -192,11 +196,14 @@ async def test_a_server_restart_keeps_the_session(tmp_path: Path) -> None:
         assert any("reconnected" in line for line in adapter.stderr)
 
 
-async def test_kill_9_of_a_real_server_through_the_adapter(tmp_path: Path) -> None:
-    """A real ``acp-server serve`` killed with SIGKILL mid-turn and started again on the
-    same state: the adapter re-attaches the session, the turn that was running gets its
-    ``server_restarted`` terminal, the conversation goes on, and the editor saw every
-    update of the earlier turn once."""
+@pytest.mark.parametrize("clean", [False, True], ids=["kill-9", "SIGTERM"])
+async def test_kill_9_of_a_real_server_through_the_adapter(tmp_path: Path, clean: bool) -> None:
+    """A real ``acp-server serve`` killed with SIGKILL mid-turn (or stopped with SIGTERM:
+    its drain shows the session's stream events it does not journal, and the session
+    comes back under a new epoch) and started again on the same state: the adapter
+    re-attaches the session, the turn that was running gets its ``server_restarted``
+    terminal, the conversation goes on, and the editor saw every update of the earlier
+    turn once."""
     child = ServeProcess(tmp_path).start()
     try:
         async with tcp_relay(child.port) as relay, \
@@ -211,7 +218,7 @@ async def test_kill_9_of_a_real_server_through_the_adapter(tmp_path: Path) -> No
             await adapter.send({"jsonrpc": "2.0", "id": "turn", "method": "session/prompt",
                                 "params": {"sessionId": sid, "prompt": text("/sleep 30s slow")}})
             await adapter.until(echo_of("/sleep 30s slow"))
-            restart_behind(relay, child)
+            restart_behind(relay, child, clean=clean)
             error = (await adapter.response("turn", timeout=60))["error"]
             assert error["data"]["errorCode"] == "server_restarted"
             later = await adapter.request("session/prompt", {"sessionId": sid,
