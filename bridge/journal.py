@@ -45,7 +45,7 @@ Contracts:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import msgspec
@@ -237,12 +237,7 @@ class SessionJournal(Protocol):
         cannot answer."""
         ...
 
-    async def aclose(self, new_epochs: Collection[str] = ()) -> bool:
-        """Commit what is queued (one last attempt), then write nothing more. The
-        sessions in ``new_epochs`` get a new epoch in that commit: their readers are
-        about to see events it does not hold (a clean stop's drain), so the next start
-        restores them under it. ``True`` when all of it was committed."""
-        ...
+    async def aclose(self) -> None: ...
 
 
 class MemoryJournal:
@@ -278,8 +273,8 @@ class MemoryJournal:
                     ) -> list[EndedSession]:
         return []
 
-    async def aclose(self, new_epochs: Collection[str] = ()) -> bool:
-        return True
+    async def aclose(self) -> None:
+        return None
 
 
 MAX_SESSION_ID_BYTES = 1024   # real agents' ids are UUIDs (36)

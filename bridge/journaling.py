@@ -21,9 +21,9 @@
   id's events in the journal from none (``EventsReset``: a closed session's, a refused
   load's), as its bus starts its ids from 1; a load undone resets them too, so what of
   it landed is not kept (with no record of the id: its prompts either).
-* A clean stop commits what is queued, then records nothing more
-  (``_stop_journaling``): the sessions it closes come back at the next start; those
-  with readers under a new epoch, since the drain's events reach them unjournaled.
+* A clean stop commits what is queued, then records nothing more and shows readers
+  nothing more (``_stop_journaling``): the sessions it closes come back at the next
+  start, their readers resume by cursor, as after a crash.
 * A closed session the journal keeps (not live here) is deleted by ``delete_ended``:
   its journal removed, answered once committed; a cold load of the id meanwhile waits
   for it (the two share the bridge's gate of cold loads, ``_restoring``).
@@ -75,27 +75,20 @@ class Journaling:
 
     async def _stop_journaling(self) -> None:
         """A clean stop: commit what is queued, then record nothing more (the sessions
-        closed by the shutdown stay open in the journal, to be restored). What the
-        drain publishes then (each prompt's end, ``session_closed``) is not journaled,
-        and the next start numbers the sessions' events on from the last committed:
-        so the sessions someone reads get a new epoch in that last commit (a reader
-        who saw those events resyncs after the restart, never takes another event
-        for one it saw). If that commit fails (the store is down), readers get
-        nothing uncommitted: each stream ends after its last committed event."""
+        closed by the shutdown stay open in the journal, to be restored), and show
+        readers nothing more either: each held bus is abandoned (``EventBus.abandon``:
+        what is not committed dropped, its streams ended after the last committed
+        event). So the drain's own events (each prompt's end, ``session_closed``),
+        which the journal does not hold, never reach a reader: the next start numbers
+        the sessions' events on from the last committed, and a reader resumes there
+        by cursor exactly, as after a crash (no id it saw is given another event)."""
         if not self.journal.durable:
             return
-        watched = [session.session_id for session in self._sessions.values()
-                   if session.bus.subscriber_count and session.journal.durable]
-        whole = False
         try:
-            whole = await self.journal.aclose(new_epochs=watched)
+            await self.journal.aclose()
         finally:
             for bus in list(self._held.values()):
-                if whole:
-                    bus.hold, bus.sink = False, None
-                    bus.release(bus.last_event_id)
-                else:
-                    bus.abandon()
+                bus.abandon()
             self._held.clear()
             for session in self._sessions.values():
                 session.unjournal()

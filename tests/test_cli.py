@@ -454,7 +454,8 @@ async def test_drain_closes_the_front_doors_then_the_sessions_then_the_agents(
         tmp_path: Path) -> None:
     """``Server.drain`` (what SIGTERM runs), recorded on the real objects: LMSP stops
     first, then the ``/acp`` connections close (their streams end), then each session
-    (its REST stream ends with ``session_closed``), then the agents."""
+    (its REST stream ends with ``session_closed``: the in-memory journal's, whose
+    sessions end with the process), then the agents."""
     import inspect
     import json
     from typing import Any
@@ -464,7 +465,7 @@ async def test_drain_closes_the_front_doors_then_the_sessions_then_the_agents(
 
     from tests.acp_http.server import running_acp_server
 
-    async with running_acp_server(tmp_path) as srv:
+    async with running_acp_server(tmp_path, session_journal="memory") as srv:
         conn_id, _ = await srv.initialize()
         order: list[str] = []
 
@@ -515,11 +516,13 @@ async def test_drain_closes_the_front_doors_then_the_sessions_then_the_agents(
 def test_sigterm_ends_open_streams_in_order_and_exits_0(tmp_path: Path, server: str) -> None:
     """On each HTTP server: SIGTERM with a REST event stream and an /acp stream open;
     the /acp stream ends, the REST stream ends with ``session_closed`` (front doors,
-    then sessions), then the process exits 0."""
+    then sessions; the in-memory journal's sessions end with the process), then the
+    process exits 0."""
     import json
     import signal
 
-    with ServeProcess(tmp_path, "--http-server", server) as child:
+    with ServeProcess(tmp_path, "--http-server", server,
+                      "--session-journal", "memory") as child:
         with httpx.Client(base_url=child.base_url, timeout=20) as client:
             sid = client.post("/session", json={}).json()["sessionId"]
             conn = client.post("/acp", json={"jsonrpc": "2.0", "id": 0, "method": "initialize",

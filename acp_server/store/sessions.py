@@ -81,7 +81,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Collection, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Self
 
 import anyio
@@ -212,17 +212,13 @@ class StoreSessionJournal(SessionLeasing, SessionTrims, SessionWrites, SessionRe
     async def __aexit__(self, *exc: Any) -> None:
         await self._exit.__aexit__(*exc)
 
-    async def aclose(self, new_epochs: Collection[str] = ()) -> bool:
-        """Commit what is queued (one last attempt), with a new epoch for each session
-        of ``new_epochs`` (``SessionJournal.aclose``: a clean stop's), then write
-        nothing more; ``True`` when all of it was committed."""
+    async def aclose(self) -> None:
+        """Commit what is queued (one last attempt), then write nothing more."""
         if not self._closing:
-            self._reepoch.update(new_epochs)
             self._closing = True
             self._kick()
             self._wake.set()
         await self._stopped.wait()
-        return not self._pending and not self._reepoch and self._inflight is None
 
     # -- the SessionJournal protocol -----------------------------------------------------
     def bind(self, on_events: Callable[[Sequence[EventRecord]], None]) -> None:
@@ -303,8 +299,8 @@ class StoreSessionJournal(SessionLeasing, SessionTrims, SessionWrites, SessionRe
         """Queue the next commit when none is queued or running: its records are taken
         when the writer starts it (``_take``), so whatever is appended meanwhile joins;
         its outcome comes back in ``_landed`` (no task hop either way)."""
-        if self._inflight is not None or self._failing or self._stopped.is_set() \
-                or not (self._pending or self._reepoch):
+        if self._inflight is not None or self._failing or not self._pending \
+                or self._stopped.is_set():
             return
         op = Op(self._commit_in, prepare=self._take, on_done=self._landed,
                 durable=self.fsync)
@@ -387,7 +383,7 @@ class StoreSessionJournal(SessionLeasing, SessionTrims, SessionWrites, SessionRe
                 self._behind_landed(self._write_behind, batch)
             if refused:
                 self.on_moved(refused)
-        if self._closing and not self._pending and not self._reepoch:
+        if self._closing and not self._pending:
             self._wake.set()   # the last commit landed: the flusher ends
         else:
             self._kick()
@@ -427,8 +423,7 @@ class StoreSessionJournal(SessionLeasing, SessionTrims, SessionWrites, SessionRe
                             self._wake = anyio.Event()
                     self._failing = False
                     self._kick()
-                if self._closing and self._inflight is None and not self._pending \
-                        and not self._reepoch:
+                if self._closing and self._inflight is None and not self._pending:
                     return
         finally:
             self._closing = True

@@ -353,6 +353,11 @@ async def test_a_start_refused_for_want_of_descriptors_leaks_none(tmp_path: Path
 
 
 # -- signals --------------------------------------------------------------------------------
+# sessions that end with the process: the drain closes them, their streams end with
+# ``session_closed`` (a journaled session's show nothing of the drain)
+MEMORY = ("--session-journal", "memory")
+
+
 async def closed_with(daemon: ServeProcess, signals: list[int]) -> list[str]:
     """Open a session's event stream, send ``signals`` to the server back to back, and
     read the stream to its end: its ``data:`` lines."""
@@ -373,9 +378,11 @@ async def closed_with(daemon: ServeProcess, signals: list[int]) -> list[str]:
 @SERVERS
 async def test_sighup_drains_like_sigterm(tmp_path: Path, server: str) -> None:
     """The terminal the server was started from goes away (SIGHUP): it drains as on
-    SIGTERM (streams end with ``session_closed``) and exits 0, rather than dying
-    of the signal with nothing drained."""
-    async with ServeProcess(tmp_path, "--http-server", server) as daemon:
+    SIGTERM (streams end with ``session_closed``: on the in-memory journal, whose
+    sessions end with the process; a journaled one's stream ends after its last
+    committed event, ``tests/store/test_clean_stop_readers.py``) and exits 0, rather
+    than dying of the signal with nothing drained."""
+    async with ServeProcess(tmp_path, "--http-server", server, *MEMORY) as daemon:
         lines = await closed_with(daemon, [signal.SIGHUP])
         assert json.loads(lines[-1][5:])["type"] == "session_closed", lines
         assert await anyio.to_thread.run_sync(daemon.process.wait, 20) == 0
@@ -402,8 +409,10 @@ async def test_a_sighup_ignored_at_start_stays_ignored(tmp_path: Path) -> None:
 @SERVERS
 async def test_two_sigterms_back_to_back_exit_0(tmp_path: Path, server: str) -> None:
     """A second SIGTERM while the first drains skips the wait for open connections:
-    still a clean exit 0, the stream ended with ``session_closed``, no traceback."""
-    async with ServeProcess(tmp_path, "--http-server", server) as daemon:
+    still a clean exit 0, the stream ended with ``session_closed`` (the in-memory
+    journal: the drain's last event, which the second signal must not cut), no
+    traceback."""
+    async with ServeProcess(tmp_path, "--http-server", server, *MEMORY) as daemon:
         lines = await closed_with(daemon, [signal.SIGTERM, signal.SIGTERM])
         assert json.loads(lines[-1][5:])["type"] == "session_closed", lines
         assert await anyio.to_thread.run_sync(daemon.process.wait, 20) == 0
