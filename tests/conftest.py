@@ -20,8 +20,9 @@ from hypothesis import HealthCheck, settings
 # No property test is timed: Hypothesis's per-example deadline (200 ms) and its
 # too-slow health check fail a correct test on a loaded machine ("Unreliable test
 # timings"). Loaded before any test module, so their own ``settings(...)`` inherit it.
-# A failed test's report carries the log tails of its ``acp-server serve`` children.
-pytest_plugins = ["tests.harness.failure_logs"]
+# A failed test's report carries the log tails of its ``acp-server serve`` children;
+# an error the asyncio loop only logs fails the test it was logged in.
+pytest_plugins = ["tests.harness.failure_logs", "tests.harness.loop_errors"]
 
 settings.register_profile("acp-server", deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])

@@ -49,3 +49,6 @@ def test_the_servers_lines_are_found_in_a_log() -> None:
            "ERROR Error in ASGI Framework\nWARNING: a client's fault\n")
     assert len(unhandled_lines(log)) == 3
     assert unhandled_lines("ERROR rest: POST /session failed\n") == []
+    loop = ("ERROR asyncio: Task exception was never retrieved\n"
+            "ERROR asyncio: Exception in callback Handle._run()\n")
+    assert len(unhandled_lines(loop)) == 2

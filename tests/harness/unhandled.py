@@ -14,7 +14,9 @@ failure the test may well have expected for another reason. So:
   ``websocket`` call (not a cancellation, which is how a server stops its calls, nor
   hypercorn's own send race, ``_hypercorns_own``) is kept, and the ``serving`` block raises ``AssertionError`` with them at its end;
 * for a child, ``ServeProcess`` looks for those log lines when its block ends without
-  an error of its own.
+  an error of its own, and for the lines of an error the asyncio loop only logs (a
+  task nobody awaited, a callback that raised: ``tests.harness.loop_errors`` fails
+  them in process).
 """
 
 from __future__ import annotations
@@ -25,7 +27,10 @@ from typing import Any
 import anyio
 
 SERVER_LINES = ("Exception in ASGI application", "Error in ASGI Framework",
-                "Application callable raised an exception")
+                "Application callable raised an exception",
+                # and what the asyncio loop only logs (``tests.harness.loop_errors``)
+                "Task exception was never retrieved", "Future exception was never retrieved",
+                "Exception in callback ")
 
 
 def unhandled_lines(log: str) -> list[str]:
