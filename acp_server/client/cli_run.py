@@ -19,6 +19,11 @@ Contracts:
   write or flush then raises ``OutputClosed`` (``prompt`` catches it to cancel its
   prompt on the server first, as on Ctrl-C). ``out`` is flushed when the command
   returns, so output still buffered meets the closed pipe there, not at exit.
+  ``printed(show, out)`` gives a command that prints its answer outside ``run_command``
+  (``acp-server token``, ``acp-server audit``) the same ending: ``show`` writes to a
+  ``GuardedOutput``, flushed; ``EXIT_OK``, or ``EXIT_PIPE`` when the reader has gone.
+  ``reader_gone(exc)`` tells that ending apart in what another command's run raised
+  (``acp-server conformance``, whose console writes to a ``GuardedOutput``).
 * An exception the command did not turn into its own message (a bug) is one line,
   ``PROG: unexpected error: TYPE: message`` (``errors.one_line``), status 1; with
   ``ACP_SERVER_DEBUG=1`` in the environment its traceback follows (``errors.redact``:
@@ -109,6 +114,18 @@ class GuardedOutput:
             os.close(devnull)
 
 
+def printed(show: Callable[[TextIO], object], out: TextIO) -> int:
+    """``show(out)`` guarded and flushed: ``EXIT_OK``, or ``EXIT_PIPE`` (nothing said)
+    when the reader of ``out`` has gone (module contract)."""
+    guarded = GuardedOutput(out)
+    try:
+        show(cast(TextIO, guarded))
+        guarded.flush()
+    except OutputClosed:
+        return EXIT_PIPE
+    return EXIT_OK
+
+
 def prompt_text(argument: str, stdin: TextIO) -> str:
     """The text a command was given: ``argument``, or all of ``stdin`` when it is
     ``-``; ``checked_text`` either way."""
@@ -137,6 +154,12 @@ def _leaves(exc: BaseException) -> list[BaseException]:
     if isinstance(exc, BaseExceptionGroup):
         return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
     return [exc]
+
+
+def reader_gone(exc: BaseException) -> bool:
+    """``exc`` is (or holds, within exception groups) the reader of the output going:
+    ``OutputClosed`` or a ``BrokenPipeError``."""
+    return any(isinstance(leaf, (OutputClosed, BrokenPipeError)) for leaf in _leaves(exc))
 
 
 def _flush(*streams: TextIO) -> None:
@@ -185,7 +208,7 @@ def run_command(prog: str, command: Command, args: argparse.Namespace, *, out: T
         leaves = _leaves(exc)
         if any(isinstance(leaf, KeyboardInterrupt) for leaf in leaves):
             return EXIT_INTERRUPTED
-        if any(isinstance(leaf, (OutputClosed, BrokenPipeError)) for leaf in leaves):
+        if reader_gone(exc):
             return EXIT_PIPE   # the reader has gone: nothing to say, no one to say it to
         if any(not isinstance(leaf, Exception) for leaf in leaves):
             raise   # SystemExit and the like: not a failure of the command
@@ -209,5 +232,5 @@ def _report(prog: str, leaf: BaseException, whole: BaseException, err: TextIO) -
 
 
 __all__ = ["DEBUG_ENV", "EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_PIPE",
-           "EXIT_USAGE", "GuardedOutput", "OutputClosed", "UsageError", "check_token", "checked_text",
-           "prompt_text", "run_command"]
+           "EXIT_USAGE", "GuardedOutput", "OutputClosed", "UsageError", "check_token",
+           "checked_text", "printed", "prompt_text", "reader_gone", "run_command"]

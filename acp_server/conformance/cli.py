@@ -14,7 +14,9 @@ runner (a 429 of the rate limit: the run stops, no check is blamed; the line nam
 ``errors.redact``); a run stopped before it began shows no table and writes no
 report. Without ``--suite`` every suite the target advertises runs. The results go to
 stdout (``display``: a live table in a terminal, one line per check otherwise);
-``--json`` / ``--junit`` write the reports.
+``--json`` / ``--junit`` write the reports. The reader of stdout going (``| head -3``)
+stops the run quietly with status 141 (as ``acp-server tasks``: ``cli_run``), no
+report written.
 """
 
 from __future__ import annotations
@@ -24,11 +26,13 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TextIO, cast
 from urllib.parse import urlsplit
 
 import anyio
 from rich.console import Console
 
+from acp_server.client.cli_run import EXIT_PIPE, GuardedOutput, reader_gone
 from acp_server.client.errors import one_line, redact, redact_address
 from acp_server.conformance.catalog import SUITES
 from acp_server.conformance.context import Options, RunStopped
@@ -107,7 +111,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
 
 
 def run_conformance_args(args: argparse.Namespace, console: Console | None = None) -> int:
-    console = console or Console()
+    console = console or Console(file=cast(TextIO, GuardedOutput(sys.stdout)))
     display = display_for(console, f"conformance: {redact(args.url)}")
 
     async def run() -> Report:
@@ -118,10 +122,14 @@ def run_conformance_args(args: argparse.Namespace, console: Console | None = Non
 
     try:
         report = anyio.run(run)
+        display.print_summary(report)
     except RunStopped as exc:
         print(f"acp-server conformance: {one_line(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
-    display.print_summary(report)
+    except BaseException as exc:   # the reader of stdout has gone (`| head`): 141, quietly
+        if reader_gone(exc):
+            return EXIT_PIPE
+        raise
     if args.json is not None:
         args.json.write_bytes(report.json_bytes())
     if args.junit is not None:

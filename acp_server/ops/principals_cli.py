@@ -23,7 +23,9 @@ Contracts:
 * ``token create`` prints the token alone on stdout (``--json``: an object with it)
   and never again; the first of a store (revoked ones count) adds a line on stderr:
   from then on its servers need a credential from loopback clients too; ``list`` never shows a secret. Exit status: 0 done, 1 refused (a
-  name taken, no such token, the server said no), 2 invalid arguments.
+  name taken, no such token, the server said no), 2 invalid arguments, 141 when the
+  reader of stdout goes before all is printed (``| head -1``: nothing said, as
+  ``acp-server tasks``; ``cli_run.printed``). A ``create`` or ``revoke`` is done by then.
 """
 
 from __future__ import annotations
@@ -35,12 +37,13 @@ import json
 import os
 import sys
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, TextIO
 
 import anyio
 import httpx
 
 from acp_server.bearer import UnsendableTokenError, bearer_token
+from acp_server.client.cli_run import printed
 from acp_server.client.errors import redact_address
 from acp_server.principals.admin import create_token, iso, revoke_token, token_json
 from acp_server.principals.audit import AuditLog, as_json
@@ -254,18 +257,18 @@ def _message(response: httpx.Response) -> str:
 
 
 # -- printing ----------------------------------------------------------------------------
-def _print(args: argparse.Namespace, result: Any) -> None:
+def _print(args: argparse.Namespace, result: Any, out: TextIO) -> None:
     if args.json:
-        print(json.dumps(result, indent=2))
+        print(json.dumps(result, indent=2), file=out)
     elif args.command == "audit":
         for r in result["records"]:   # one line each, by the log's rule (``loggable``)
             detail = json.dumps(r["detail"], separators=(",", ":"), ensure_ascii=False)
             principal, action, target, client = (loggable(r[k] or "-", 256) for k in (
                 "principal", "action", "target", "client"))
             print(f"{r['seq']:>6}  {iso(r['at'])}  {principal:<16} {action:<20} "
-                  f"{target}  {client}  {loggable(detail, 8192)}")
+                  f"{target}  {client}  {loggable(detail, 8192)}", file=out)
     elif args.token_command == "create":
-        print(result["token"])
+        print(result["token"], file=out)
         expires = f", expires {result['expiresAt']}" if result["expiresAt"] else ""
         print(f"token {result['name']!r} ({', '.join(result['scopes'])}{expires}): shown "
               "once, keep it now", file=sys.stderr)
@@ -276,10 +279,10 @@ def _print(args: argparse.Namespace, result: Any) -> None:
                  for t in result["tokens"]]
         widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
         for row in rows:
-            print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+            print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip(), file=out)
     else:
         for t in result["revoked"]:
-            print(f"revoked {t['name']!r} ({t['id']})")
+            print(f"revoked {t['name']!r} ({t['id']})", file=out)
 
 
 def run_principals_args(args: argparse.Namespace) -> int:
@@ -294,8 +297,7 @@ def run_principals_args(args: argparse.Namespace) -> int:
     except (StoreUnavailableError, httpx.HTTPError) as exc:
         print(f"acp-server: {exc}", file=sys.stderr)
         return 1
-    _print(args, result)
-    return 0
+    return printed(lambda out: _print(args, result, out), sys.stdout)   # 141: `| head`
 
 
 __all__ = ["add_audit_arguments", "add_token_arguments", "run_principals_args", "store_url"]

@@ -1,12 +1,17 @@
 """``acp-server conformance`` as a person runs it against ``acp-server serve``: piped
 to a file (one line per check), in terminals of 80 and 120 columns (every id whole),
-and three runs in a row against one server with a low session cap (nothing leaks)."""
+three runs in a row against one server with a low session cap (nothing leaks), and
+piped to a reader that goes (``| head -3``: 141, nothing said)."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -15,7 +20,7 @@ from acp_server.conformance import CHECKS
 from acp_server.conformance.catalog import checks_of
 from tests.conformance.conftest import KNOWN_FAILING
 from tests.harness import ServeProcess
-from tests.terminal import Terminal, piped
+from tests.terminal import CEILING_S, Terminal, cli_env, piped
 
 FAST = ["--timeout", "5", "--settle-timeout", "15", "--saturate-tasks", "3"]
 SESSION_CAP = 6
@@ -74,3 +79,26 @@ def test_runs_leave_no_session_behind(url: str, tmp_path) -> None:  # type: igno
         assert len(checks) == len(CHECKS)
         left = [s for s in _sessions(url) if s["origin"] != "lmsp"]
         assert left == [], f"run {run + 1} left {left}"
+
+
+def test_a_run_whose_reader_goes_ends_quietly_with_141(tmp_path: Path) -> None:
+    """``acp-server conformance URL | head -3``: the reader gone (here before the first
+    line, so the first write meets the closed pipe, deterministically), the run stops
+    quietly with status 141, as ``acp-server tasks`` (``cli_run``); before, rich's own
+    handler made it status 1, a failed MUST check's. Its own server: the stopped run
+    leaves nothing for the other tests to meet."""
+    report = tmp_path / "report.json"
+    with ServeProcess(tmp_path) as server:
+        read_end, write_end = os.pipe()
+        os.close(read_end)
+        try:
+            done = subprocess.run([sys.executable, "-m", "acp_server", "conformance",
+                                   server.base_url, "--suite", "backpressure",
+                                   "--json", str(report), *FAST],
+                                  stdin=subprocess.DEVNULL, stdout=write_end,
+                                  stderr=subprocess.PIPE, text=True, env=cli_env(),
+                                  timeout=CEILING_S)
+        finally:
+            os.close(write_end)
+    assert (done.returncode, done.stderr) == (141, "")
+    assert not report.exists()   # stopped, as on Ctrl-C: no report of a partial run

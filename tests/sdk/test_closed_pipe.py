@@ -1,5 +1,6 @@
-"""``acp-server prompt … | head -c 10`` and ``acp-server tasks … | head -1``: the reader of
-stdout goes before the command is done. The command ends quietly (no traceback, no
+"""``acp-server prompt … | head -c 10``, ``acp-server tasks … | head -1`` and ``acp-server
+token list … | head -1`` (``audit`` too): the reader of stdout goes before the command
+is done. The command ends quietly (no traceback, no
 "unexpected error", nothing on stderr) with status 141 (128 + SIGPIPE, as ``git log |
 head`` ends), and ``prompt`` first cancels its prompt on the server, as on Ctrl-C: the
 person has stopped reading it. A watched task runs on (as on Ctrl-C).
@@ -153,6 +154,38 @@ async def test_a_watched_task_whose_reader_goes_ends_quietly() -> None:
     code, err = await run_until_the_reader_goes(["tasks", "watch", "task_1"], table,
                                                 b"first words", reader_gone)
     assert (code, err) == (EXIT_PIPE, "task_1  running\n")   # its status line, no more
+
+
+TOKEN = (b'{"name": "ci-%d", "id": "tok_%d", "scopes": ["read"], '
+         b'"createdAt": "2026-01-01T00:00:00Z", "lastUsedAt": null, "expiresAt": null, '
+         b'"revokedAt": null}')
+RECORD = (b'{"seq": %d, "at": 1700000000.0, "principal": "ci", "action": "session.created", '
+          b'"target": "s-1", "client": "127.0.0.1", "detail": {}}')
+
+
+@pytest.mark.parametrize(("args", "route", "page"), [
+    (["token", "list"], "GET /tokens",
+     b'{"tokens": [' + b", ".join(TOKEN % (n, n) for n in range(50)) + b"]}"),
+    (["audit"], "GET /audit",
+     b'{"records": [' + b", ".join(RECORD % n for n in range(50)) + b"]}"),
+    (["audit", "--json"], "GET /audit",
+     b'{"records": [' + b", ".join(RECORD % n for n in range(50)) + b"]}"),
+], ids=["token-list", "audit", "audit-json"])
+async def test_a_principals_listing_whose_reader_goes_ends_quietly(
+        args: list[str], route: str, page: bytes) -> None:
+    """``acp-server token list --url … | head -1``, ``audit``: 141 and nothing said, as
+    ``tasks list`` (``cli_run.printed``); the listing meets the closed pipe on its first
+    line."""
+    reader_gone, asked = anyio.Event(), anyio.Event()
+
+    async def listing(conn: Conn) -> None:
+        asked.set()
+        await reader_gone.wait()
+        await conn.answer(200, page)
+
+    code, err = await _closed_before([*args, "--token", "admin-token"], {route: listing},
+                                     reader_gone, asked)
+    assert (code, err) == (EXIT_PIPE, "")
 
 
 async def _closed_before(args: list[str], table: dict, reader_gone: anyio.Event,
