@@ -25,8 +25,10 @@ Contracts:
   disconnect for as long as it lasts). An app slow to ask is never timed: the clock
   runs while a call waits.
 * ``bind(send, answer)``: the app's ``send``. Once the body timed out, the first
-  response the app starts is replaced by ``answer(send)`` (the door's 408), and the
-  app's own messages are dropped; a response already started before is left alone.
+  response the app starts is replaced by ``answer(send)`` (the door's 408, sent as
+  soon as the timeout passes: nothing of the body is read or awaited before it; over
+  HTTP/1.x with ``Connection: close``, ``BODY_TIMEOUT_CLOSE``), and the app's own
+  messages are dropped; a response already started before is left alone.
 * ``settle()``: when the body timed out and the app answered nothing, ``answer`` now.
 * ``drain(limit)``: once answered, what the app left unread of the body is read and
   dropped (at most ``limit`` bytes; the front layer does it over HTTP/2).
@@ -37,6 +39,7 @@ Contracts:
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Generator, Iterator
+from dataclasses import replace
 from typing import Any
 
 import anyio
@@ -47,6 +50,12 @@ from acp_server.http.policy import Refusal
 BODY_TIMEOUT = Refusal(408, "request_timeout",
                        "The request body stopped arriving: none of what was left of it "
                        "came within the header timeout.")
+# Over HTTP/1.x the 408 closes the connection (RFC 9110: the server has chosen to close
+# it rather than wait on): the body's rest is not coming, and without it uvicorn kept the
+# connection open after the answer for its keep-alive timeout (5 s) against the cap;
+# granian closed it already. HTTP/2 has no such header: the stream ends, the connection
+# serves on.
+BODY_TIMEOUT_CLOSE = replace(BODY_TIMEOUT, headers=((b"connection", b"close"),))
 DISCONNECT: Message = {"type": "http.disconnect"}
 
 Answer = Callable[[Send], Awaitable[None]]
@@ -186,4 +195,4 @@ def replay(chunks: list[bytes], last: Message | None, receive: Receive) -> Recei
     return replayed
 
 
-__all__ = ["BODY_TIMEOUT", "BodyClock", "replay"]
+__all__ = ["BODY_TIMEOUT", "BODY_TIMEOUT_CLOSE", "BodyClock", "replay"]

@@ -39,7 +39,8 @@ Contracts:
   its answer is rewritten in as an alias's target is (``acp_server.http.mounts``).
 * ``body_timeout_s`` (the header timeout): a request body (any method but GET, HEAD,
   OPTIONS) whose next piece does not arrive within it of the app asking is abandoned
-  and answered ``408`` ``request_timeout`` in the door's shape (``body_clock``), so a
+  and answered ``408`` ``request_timeout`` in the door's shape (``body_clock``) at
+  once, over HTTP/1.x with ``Connection: close`` (the connection closed with it), so a
   body that never comes does not hold a request in flight, nor the cap, for ever.
   Over HTTP/2, what the answer left unread of a body is read and dropped after it (up
   to ``UNREAD_DRAINED``): granian resets a stream whose body is left unread, and the
@@ -97,7 +98,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
 
-from acp_server.http.body_clock import BODY_TIMEOUT, BodyClock, replay
+from acp_server.http.body_clock import BODY_TIMEOUT, BODY_TIMEOUT_CLOSE, BodyClock, replay
 from acp_server.http.policy import LOOKUP, UNAUTHORIZED, GuardPolicy, Refusal, Renderer
 from acp_server.http.resent import Resent, let_through
 from acp_server.http.whole import body_in_hand, send_whole
@@ -412,7 +413,9 @@ class FrontLayer:
                 exchange = _Exchange(self, door, scope, send,
                                      None if origin is None else cors_headers(origin))
                 app_send = exchange.send if clock is None else clock.bind(
-                    exchange.send, partial(self._refuse, refusal=BODY_TIMEOUT, door=door,
+                    exchange.send, partial(self._refuse, refusal=BODY_TIMEOUT
+                                           if scope.get("http_version") == "2"
+                                           else BODY_TIMEOUT_CLOSE, door=door,
                                            origin=origin))
                 try:
                     await self._app(scope, receive, exchange, caller, app_send)

@@ -1,6 +1,7 @@
 """A request body that stops arriving is answered 408 in its door's shape
 (``acp_server.http.body_clock``), over real HTTP/1.1 on the in-process server (both
-backends); HTTP/2 against the shipped daemon: ``tests/hostile/test_h2_abuse.py``."""
+backends), with ``Connection: close`` and the connection closed with it; HTTP/2
+against the shipped daemon: ``tests/hostile/test_h2_abuse.py``."""
 
 from __future__ import annotations
 
@@ -19,11 +20,15 @@ pytestmark = pytest.mark.anyio
 BOUND_S = 30   # generous: the answer is waited on, not timed
 
 
-async def answer_to_a_stalled_body(base_url: str, path: str) -> tuple[int, dict[str, object]]:
-    """``POST path`` declaring 100 bytes, sending 10 and then nothing: the answer. A
-    connection closed with no answer at all is the header timeout's (the head did not
-    come within it: on a loaded machine the test's process may not run between its
-    connect and its send for that long, 500 ms against the daemon): another is tried."""
+async def answer_to_a_stalled_body(base_url: str, path: str
+                                   ) -> tuple[int, dict[str, object], dict[str, str]]:
+    """``POST path`` declaring 100 bytes, sending 10 and then nothing: the answer (its
+    status, its JSON body, its headers, lowercased), read to the end of the connection:
+    the server closes it with the 408 (``Connection: close``) rather than waiting on for
+    a body it gave up on. A connection closed with no answer at all is the header
+    timeout's (the head did not come within it: on a loaded machine the test's process
+    may not run between its connect and its send for that long, 500 ms against the
+    daemon): another is tried."""
     url = urlsplit(base_url)
     with anyio.fail_after(BOUND_S):
         while True:
@@ -42,22 +47,29 @@ async def answer_to_a_stalled_body(base_url: str, path: str) -> tuple[int, dict[
                     continue   # closed before the head came: the header timeout's
                 head, _, body = received.partition(b"\r\n\r\n")
                 lines = head.decode("latin-1").split("\r\n")
-                length = next(int(line.split(":", 1)[1]) for line in lines
-                              if line.lower().startswith("content-length:"))
-                while len(body) < length:
-                    body += await sock.receive()
-            return int(lines[0].split()[1]), json.loads(body)
+                headers = {name.strip().lower(): value.strip() for name, _, value in
+                           (line.partition(":") for line in lines[1:])}
+                while True:   # to the end: the server closes the connection
+                    try:
+                        body += await sock.receive()
+                    except anyio.EndOfStream:
+                        break
+            assert len(body) == int(headers["content-length"]), (headers, body)
+            return int(lines[0].split()[1]), json.loads(body), headers
 
 
 async def test_each_door_answers_408(tmp_path: Path) -> None:
     async with running_server(tmp_path, header_timeout_ms=300) as srv:
-        status, rest = await answer_to_a_stalled_body(srv.base_url, "/session")
+        status, rest, headers = await answer_to_a_stalled_body(srv.base_url, "/session")
         assert status == 408 and rest["code"] == "request_timeout", rest
-        status, acp = await answer_to_a_stalled_body(srv.base_url, "/acp")
+        assert headers["connection"] == "close", headers
+        status, acp, headers = await answer_to_a_stalled_body(srv.base_url, "/acp")
         assert status == 408 and acp["error"]["data"]["errorKind"] == "request_timeout", acp
-        status, lmsp = await answer_to_a_stalled_body(srv.base_url, "/lmsp/v1/responses")
+        assert headers["connection"] == "close", headers
+        status, lmsp, headers = await answer_to_a_stalled_body(srv.base_url,
+                                                              "/lmsp/v1/responses")
         assert status == 408 and lmsp["code"] == "request_timeout", lmsp
-        assert lmsp["title"] == "Request timeout"
+        assert lmsp["title"] == "Request timeout" and headers["connection"] == "close"
         # the server goes on: a whole body is served as before
         created = await srv.client.post("/session", json={})
         assert created.status_code == 200, created.text
@@ -67,8 +79,10 @@ async def test_each_door_answers_408(tmp_path: Path) -> None:
 async def test_the_daemon_answers_408_over_http1(tmp_path: Path, server: str) -> None:
     async with ServeProcess(tmp_path, "--session-journal", "memory", "--http-server", server,
                             "--header-timeout-ms", "500") as daemon:
-        status, rest = await answer_to_a_stalled_body(daemon.base_url, "/session")
+        status, rest, headers = await answer_to_a_stalled_body(daemon.base_url, "/session")
         assert status == 408 and rest["code"] == "request_timeout", rest
+        # closed with its answer: uvicorn kept it open for its keep-alive timeout (5 s)
+        assert headers["connection"] == "close", headers
 
 
 # -- the clock itself, under both backends ------------------------------------------------
