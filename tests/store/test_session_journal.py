@@ -62,6 +62,19 @@ async def test_a_failed_commit_is_503_and_releases_the_slot_once(tmp_path: Path,
         assert srv.bridge.session_status(sid).pending_prompts == 0
 
 
+async def _a_turn_held(srv: Any, agent: HeldAgent) -> tuple[str, httpx.Response, Any, Any]:
+    """A session whose prompt's turn the agent holds, all its events so far committed:
+    its id, the 202, the turn, its bus."""
+    client = srv.client
+    sid = (await client.post("/session", json={"sessionScope": "thread"})).json()["sessionId"]
+    accepted = await client.post(f"/session/{sid}/prompt", json=_prompt("/chunks 5 x"))
+    assert accepted.status_code == 202
+    turn = await agent.arrived(1)
+    bus = srv.bridge.get_session(sid).bus
+    await wait_until(lambda: bus.released_id == bus.last_event_id)
+    return sid, accepted, turn, bus
+
+
 async def test_status_and_listing_say_the_committed_id_in_an_outage(
         tmp_path: Path, store_name: str) -> None:
     """Events published while the store is down are held (not committed): the status
@@ -73,13 +86,8 @@ async def test_status_and_listing_say_the_committed_id_in_an_outage(
     store, agent = faulty(tmp_path), HeldAgent()
     async with local_server(tmp_path, lmsp_store=store, agent_factory=agent) as srv:
         client = srv.client
-        sid = (await client.post("/session", json={"sessionScope": "thread"})).json()["sessionId"]
-        accepted = await client.post(f"/session/{sid}/prompt", json=_prompt("/chunks 5 x"))
-        assert accepted.status_code == 202
-        turn = await agent.arrived(1)
-        bus = srv.bridge.get_session(sid).bus
-        await wait_until(lambda: bus.released_id == bus.last_event_id)   # all committed
-        committed = bus.released_id
+        sid, accepted, turn, bus = await _a_turn_held(srv, agent)
+        committed = bus.released_id   # all of it so far
         store.faults.on()
         turn.release()   # its events are published in the outage, and held
         session = srv.bridge.get_session(sid)
@@ -439,13 +447,8 @@ async def test_a_clean_stop_in_an_outage_shows_readers_nothing_uncommitted(
     store, agent = faulty(tmp_path), HeldAgent()
     async with local_server(tmp_path, lmsp_store=store, agent_factory=agent) as srv:
         client = srv.client
-        sid = (await client.post("/session", json={"sessionScope": "thread"})).json()["sessionId"]
-        accepted = await client.post(f"/session/{sid}/prompt", json=_prompt("/chunks 5 x"))
-        assert accepted.status_code == 202
-        turn = await agent.arrived(1)
-        bus = srv.bridge.get_session(sid).bus
-        await wait_until(lambda: bus.released_id == bus.last_event_id)   # all committed
-        committed = bus.released_id
+        sid, accepted, turn, bus = await _a_turn_held(srv, agent)
+        committed = bus.released_id   # all of it so far
         seen: list[int] = []
         ended = anyio.Event()
 
