@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 from playwright.sync_api import Browser, Page, Route, expect
 
 from tests.harness import free_port
@@ -189,11 +190,13 @@ def test_the_daemon_page_speaks_in_human_units(console: Console, page: Page) -> 
     assert "(ms)" not in page.locator("main").inner_text()
 
 
+@pytest.mark.parametrize("clean", [False, True], ids=["kill-9", "SIGTERM"])
 def test_a_killed_server_restarted_on_its_state_restores_the_session(
-        browser: Browser, tmp_path: Path) -> None:
-    """``kill -9``, then the server again on the same state folder and address: the
-    page finds the session restored (issue #23), the history as it was, the prompt
-    that was running failed with ``server_restarted``, and the session goes on."""
+        browser: Browser, tmp_path: Path, clean: bool) -> None:
+    """``kill -9`` (or SIGTERM: its drain shows the page nothing, the stream just
+    ends), then the server again on the same state folder and address: the page finds
+    the session restored (issue #23), the history as it was, the prompt that was
+    running failed with ``server_restarted``, and the session goes on."""
     port = free_port()
     page = open_page(browser)
     try:
@@ -205,7 +208,10 @@ def test_a_killed_server_restarted_on_its_state_restores_the_session(
             expect(transcript.get_by_test_id("msg-agent")).to_have_text("AgentEcho: before the kill")
             assert first.prompt(sid, SLEEP).status_code == 202
             expect(transcript).to_contain_text(SLEEP)   # its echo: the turn runs
-            first.process.kill()   # SIGKILL: no drain
+            if clean:
+                first.process.terminate()   # SIGTERM: the drain
+            else:
+                first.process.kill()   # SIGKILL: no drain
             first.process.wait()
         with running_console(tmp_path, "--port", str(port)):
             expect(page.get_by_test_id("stream-state")).to_have_text("live")
