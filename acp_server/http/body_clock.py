@@ -27,7 +27,7 @@ Contracts:
 * ``bind(send, answer)``: the app's ``send``. Once the body timed out, the first
   response the app starts is replaced by ``answer(send)`` (the door's 408, sent as
   soon as the timeout passes: nothing of the body is read or awaited before it; over
-  HTTP/1.x with ``Connection: close``, ``BODY_TIMEOUT_CLOSE``), and the app's own
+  HTTP/1.x with ``Connection: close``: ``body_timeout(scope)``), and the app's own
   messages are dropped; a response already started before is left alone.
 * ``settle()``: when the body timed out and the app answered nothing, ``answer`` now.
 * ``drain(limit)``: once answered, what the app left unread of the body is read and
@@ -43,7 +43,7 @@ from dataclasses import replace
 from typing import Any
 
 import anyio
-from starlette.types import Message, Receive, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from acp_server.http.policy import Refusal
 
@@ -56,6 +56,13 @@ BODY_TIMEOUT = Refusal(408, "request_timeout",
 # granian closed it already. HTTP/2 has no such header: the stream ends, the connection
 # serves on.
 BODY_TIMEOUT_CLOSE = replace(BODY_TIMEOUT, headers=((b"connection", b"close"),))
+
+
+def body_timeout(scope: Scope) -> Refusal:
+    """The 408 for ``scope``'s connection: ``BODY_TIMEOUT_CLOSE`` over HTTP/1.x,
+    ``BODY_TIMEOUT`` over HTTP/2."""
+    return BODY_TIMEOUT if scope.get("http_version") == "2" else BODY_TIMEOUT_CLOSE
+
 DISCONNECT: Message = {"type": "http.disconnect"}
 
 Answer = Callable[[Send], Awaitable[None]]
@@ -195,4 +202,4 @@ def replay(chunks: list[bytes], last: Message | None, receive: Receive) -> Recei
     return replayed
 
 
-__all__ = ["BODY_TIMEOUT", "BODY_TIMEOUT_CLOSE", "BodyClock", "replay"]
+__all__ = ["BODY_TIMEOUT", "BODY_TIMEOUT_CLOSE", "BodyClock", "body_timeout", "replay"]

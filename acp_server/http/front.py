@@ -98,7 +98,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
 
-from acp_server.http.body_clock import BODY_TIMEOUT, BODY_TIMEOUT_CLOSE, BodyClock, replay
+from acp_server.http.body_clock import BodyClock, body_timeout, replay
 from acp_server.http.policy import LOOKUP, UNAUTHORIZED, GuardPolicy, Refusal, Renderer
 from acp_server.http.resent import Resent, let_through
 from acp_server.http.whole import body_in_hand, send_whole
@@ -413,10 +413,8 @@ class FrontLayer:
                 exchange = _Exchange(self, door, scope, send,
                                      None if origin is None else cors_headers(origin))
                 app_send = exchange.send if clock is None else clock.bind(
-                    exchange.send, partial(self._refuse, refusal=BODY_TIMEOUT
-                                           if scope.get("http_version") == "2"
-                                           else BODY_TIMEOUT_CLOSE, door=door,
-                                           origin=origin))
+                    exchange.send, partial(self._refuse, refusal=body_timeout(scope),
+                                           door=door, origin=origin))
                 try:
                     await self._app(scope, receive, exchange, caller, app_send)
                     if clock is not None:
