@@ -11,7 +11,6 @@ PostgreSQL, with the reference agent.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ import httpx
 import pytest
 
 from tests.harness import ServeProcess
+from tests.store.crash_workload import Reader
 from tests.store.test_session_restart import _flags, _is, _prompt, read_events
 
 pytestmark = pytest.mark.anyio
@@ -28,33 +28,6 @@ pytestmark = pytest.mark.anyio
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"   # the client side only; the server is its own process
-
-
-class Reader:
-    """One SSE reader of a session from its first event, until its stream ends."""
-
-    def __init__(self, client: httpx.AsyncClient, sid: str) -> None:
-        self.client, self.sid = client, sid
-        self.seen: list[dict[str, Any]] = []
-        self.changed = anyio.Event()
-
-    async def run(self) -> None:
-        async with self.client.stream("GET", f"/session/{self.sid}/events",
-                                      headers={"Last-Event-ID": "0"}) as response:
-            assert response.status_code == 200
-            try:
-                async for line in response.aiter_lines():
-                    if line.startswith("data: "):
-                        self.seen.append(json.loads(line[len("data: "):]))
-                        self.changed.set()
-                        self.changed = anyio.Event()
-            except httpx.RemoteProtocolError:
-                pass   # the server went away mid-stream: what it sent is kept
-
-    async def until(self, match: Any) -> None:
-        with anyio.fail_after(30):
-            while not any(match(e) for e in self.seen):
-                await self.changed.wait()
 
 
 async def _status(client: httpx.AsyncClient, sid: str) -> dict[str, Any]:
@@ -70,17 +43,19 @@ async def test_a_clean_stop_shows_readers_nothing_it_does_not_journal(
         async with httpx.AsyncClient(base_url=child.base_url, timeout=30) as client:
             sid = (await client.post("/session", json={"sessionScope": "thread"})
                    ).json()["sessionId"]
-            reader = Reader(client, sid)
+            reader = Reader(sid, "reader")   # from its first event, until its stream ends
             async with anyio.create_task_group() as tg:
-                tg.start_soon(reader.run)
+                tg.start_soon(reader.run, client)
                 running = (await client.post(f"/session/{sid}/prompt",
                                              json=_prompt("/sleep 60s long"))).json()["promptId"]
                 queued = (await client.post(f"/session/{sid}/prompt",
                                             json=_prompt("after the restart"))).json()["promptId"]
-                await reader.until(lambda e: e["type"] == "pending_prompt_added"
-                                   and e.get("promptId") == queued)
+                await reader.wait_for(lambda seen: any(
+                    e["type"] == "pending_prompt_added" and e.get("promptId") == queued
+                    for e in seen), "the queued prompt's pending_prompt_added")
                 epoch = (await _status(client, sid))["eventEpoch"]
                 assert await anyio.to_thread.run_sync(child.stop) == 0
+            assert reader.statuses == [200] and reader.ended
             shown = [e for e in reader.seen if e.get("id") is not None]
             assert not [e for e in shown if e["type"] in ("session_closed", "turn_error",
                                                            "turn_complete")], shown
