@@ -15,8 +15,9 @@ Contracts:
 
 * HTTP scope: the ASGI 3 ``http`` scope (bytes header pairs, lower-case names, a
   ``host`` from HTTP/2's ``:authority`` when the request has none, as granian's ASGI
-  side gives; ``client``/``server`` tuples, ``raw_path`` re-encoded from granian's
-  decoded path).
+  side gives; over HTTP/2 an ``:authority`` beside a ``host`` that differs becomes a
+  second ``host``: malformed, RFC 9113 §8.3.1, which the Host check answers 400;
+  ``client``/``server`` tuples, ``raw_path`` re-encoded from granian's decoded path).
   granian drops header values that are not visible ASCII (``HeaderValue::to_str``);
   a ``Host`` so dropped becomes ``DROPPED_HOST``, which the Host check refuses (the
   check is never skipped for want of a host). ``http_version`` is ``1.0``, ``1.1``
@@ -96,12 +97,16 @@ def asgi_scope(scope: Any, kind: str) -> MutableMapping[str, Any]:
     fields = scope.headers
     headers = [(name.encode("latin-1"), value.encode("latin-1"))
                for name, value in fields.items()]
+    version = scope.http_version
     if not any(name == b"host" for name, _ in headers):
         # HTTP/2's :authority, as granian's ASGI side does; a Host that granian dropped
         # (``contains_key`` sees it, ``items`` does not) as one no Host check accepts
         headers.insert(0, (b"host", DROPPED_HOST if "host" in fields
                            else (scope.authority or "").encode("latin-1")))
-    version = scope.http_version
+    elif version == "2" and scope.authority and scope.authority != fields.get("host"):
+        # a ``host`` differing from ``:authority`` is malformed (RFC 9113 §8.3.1): both
+        # go to the app as two Host fields, which the Host check answers 400
+        headers.insert(0, (b"host", scope.authority.encode("latin-1")))
     out: MutableMapping[str, Any] = {
         "type": kind, "asgi": _ASGI, "http_version": "1.0" if version == "1" else version,
         "scheme": scope.scheme if kind == "http" else

@@ -9,11 +9,14 @@ decides what the Host check can see (``docs/security.md``, "DNS rebinding"):
   two ``host`` fields, or neither) is malformed: the stream is reset ``PROTOCOL_ERROR``
   before the app, the connection's other streams served. ``:authority`` alone becomes
   the ``host`` the check reads.
-* granian (ASGI and RSGI alike): its scope carries the ``host`` field when there is one
-  and ``:authority`` only when there is not; the check reads that ``host``. So a
-  ``host`` naming us beside an ``:authority`` naming another is served: only a client
-  that sets both itself can send that (no browser does), and it could send the good
-  ``host`` alone.
+* granian's ASGI: its scope carries the ``host`` field when there is one and
+  ``:authority`` only when there is not; the check reads that ``host``. So a ``host``
+  naming us beside an ``:authority`` naming another is served: only a client that sets
+  both itself can send that (no browser does), and it could send the good ``host``
+  alone.
+* granian's RSGI (``acp_server.http.rsgi``): RSGI's scope has both, and the adapter
+  hands a differing ``:authority`` to the app as a second ``host``: 400, as two
+  ``Host`` fields over HTTP/1.1.
 
 Asserted: each outcome as documented, the refusals in the door's own shape.
 """
@@ -152,10 +155,14 @@ async def test_authority_and_host_differing(tmp_path: Path, flags: tuple[str, ..
         if uvicorn:   # malformed (RFC 9113 §8.1.1, §8.3.1): that stream alone reset
             assert a.reset and b.reset and two.reset, (a, b, two)
             return
-        # granian hands the app the ``host`` field, never ``:authority`` beside it
+        assert two.status == 400 and two.json()["code"] == "bad_request", two
+        if "rsgi" in flags:   # the adapter hands the app both: two Host fields, 400
+            assert a.status == 400 and a.json()["code"] == "bad_request", a
+            assert b.status == 400 and b.json()["code"] == "bad_request", b
+            return
+        # granian's ASGI hands the app the ``host`` field, never ``:authority`` beside it
         assert a.status == 421 and a.json()["code"] == "misdirected_request", a
         assert b.status == 200, b   # :authority dropped by granian (docs/security.md)
-        assert two.status == 400 and two.json()["code"] == "bad_request", two
 
 
 @SERVERS
