@@ -18,6 +18,7 @@ import dataclasses
 import time
 from typing import TYPE_CHECKING
 
+from bridge.pending import DONE
 from bridge.status import (
     AskedPermission,
     SessionHistory,
@@ -100,7 +101,9 @@ def session_status(session: Session, pending_permissions: int,
     if held is not None:   # what readers see: the first running, any other queued
         first = held[0]
         pending += len(held)
-        queued += len(held) - 1 + (active is not None)
+        # the active prompt queued behind it, unless settled (one of the held: a prompt
+        # past its deadline settles while its agent still runs the turn)
+        queued += len(held) - 1 + (active is not None and active.state != DONE)
         active_id, active_text = first.prompt_id, first.text
         ended, failure = first.turn_ended_at, first.turn_failure
     return SessionStatus(

@@ -470,3 +470,36 @@ async def test_a_clean_stop_in_an_outage_shows_readers_nothing_uncommitted(
             with anyio.fail_after(10):
                 await ended.wait()
         assert seen == list(range(1, committed + 1))   # nothing past the committed
+
+
+async def test_a_turn_past_its_deadline_held_is_counted_once(
+        tmp_path: Path, store_name: str) -> None:
+    """A prompt past its deadline settles while its agent still runs the turn (the
+    cancel's grace): its end, held in an outage, is reported as the one running prompt,
+    not also counted queued (it was both the held turn and the session's active one)."""
+    store = faulty(tmp_path)
+    agent = HeldAgent(hold=lambda text: text.startswith("held"))
+    options = BridgeOptions(prompt_deadline_ms=2000, cancel_grace_ms=60_000)
+    async with local_server(tmp_path, lmsp_store=store, agent_factory=agent,
+                            options=options) as srv:
+        client = srv.client
+        sid = (await client.post("/session", json={"sessionScope": "thread"})
+               ).json()["sessionId"]
+        accepted = await client.post(f"/session/{sid}/prompt", json=_prompt("held x"))
+        assert accepted.status_code == 202
+        turn = await agent.arrived(1)   # its start committed, the agent holds it
+        session = srv.bridge.get_session(sid)
+        bus = session.bus
+        await wait_until(lambda: bus.released_id == bus.last_event_id)
+        store.faults.on()
+        await wait_until(lambda: session.pending_count == 0)   # past its deadline
+        assert session.active is not None   # the agent still runs it
+        status = (await client.get(f"/session/{sid}/status")).json()
+        assert status["activePromptId"] == accepted.json()["promptId"]
+        assert status["pendingPrompts"] == 1 and status["queuedPrompts"] == 0, status
+        store.faults.off()
+        turn.release()
+        await wait_until(lambda: session.active is None
+                         and bus.released_id == bus.last_event_id)
+        status = (await client.get(f"/session/{sid}/status")).json()
+        assert status["pendingPrompts"] == 0 and status["queuedPrompts"] == 0
