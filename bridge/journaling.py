@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from bridge.bus import EventBus
+from bridge.errors import JournalUnavailableError
 from bridge.journal import EventsReset, SessionEnded, SessionJournal, SessionOpened, storable
 from bridge.pending import display_name
 
@@ -56,6 +57,7 @@ class Journaling:
     _restoring: dict[str, anyio.Event]   # cold loads (and deletions of closed ones) by id
     _closed_terminals: dict[str, Any]
     _closed_owners: dict[str, str]
+    unjournaled_origins: Any
     moved_sessions = 0   # sessions another instance took over from this one
 
     def _forget(self, session: Session) -> None:
@@ -154,12 +156,16 @@ class Journaling:
             if bus.closed and bus.released_id >= bus.last_event_id:
                 del self._held[key]
 
-    async def _commit_record(self, session: Session, seq: int, *, loaded: bool) -> None:
-        """Wait for a session's record; a failed commit, or a caller that gives up
+    async def _commit_record(self, session: Session, seq: int | None, *,
+                             loaded: bool) -> None:
+        """Wait for a session's record (``None``: it cannot be journaled, a stop has
+        ended the journal); a failed commit, or a caller that gives up
         meanwhile (cancelled), undoes the session: whatever of its record landed is
         deleted, or (``loaded``: an id that may be a closed session kept for the
         retention) marked closed, so a kept session is not deleted with the undo."""
         try:
+            if seq is None:   # made as a clean stop ends the journal: never journaled
+                raise JournalUnavailableError("the server is stopping")
             await self.journal.wait(seq)
         except BaseException:
             self._drop_session(session)
@@ -173,11 +179,13 @@ class Journaling:
         """Commit the session's record before its creation is answered (a durable
         journal); ``JournalUnavailableError`` (the session undone) when it fails
         (``loaded``: a load of an existing id, see ``_commit_record``)."""
-        if session.journal is not self.journal or not self.journal.durable:
+        if not self.journal.durable or session.origin in self.unjournaled_origins:
             return
         session.scope = scope
-        seq = self.journal.append(session_record(session))
-        session.recorded = True
+        seq: int | None = None   # registered during a clean stop: not journaled
+        if session.journal is self.journal:
+            seq = self.journal.append(session_record(session))
+            session.recorded = True
         await self._commit_record(session, seq, loaded=loaded)
 
     def _record_end(self, session: Session, *, deleted: bool) -> int:

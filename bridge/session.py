@@ -139,6 +139,7 @@ class Session:
         # its turn and still open are cancelled (the agent answered the prompt).
         self.on_turn_end: Callable[[Session, str], None] = lambda session, prompt_id: None
         self.journal: SessionJournal = NO_JOURNAL
+        self.journal_stopped = False   # a clean stop ended its journal (``unjournal``)
         # Restored from the journal, but its agent could not restore it: why (prompts
         # are refused with SessionNotRestorableError), else None. While ``agent_side``
         # is still set (its agent not listed yet, bridge.restore) each use looks again.
@@ -194,7 +195,9 @@ class Session:
 
     def unjournal(self) -> None:
         """Stop journaling (a clean stop: what follows is not recorded) and let every
-        held event through."""
+        held event through. A journaled session admits no prompt from then on
+        (``JournalUnavailableError``): none would be journaled, and it closes anyway."""
+        self.journal_stopped = self.journal_stopped or self.journal.durable
         self.journal = NO_JOURNAL
         self.bus.sink = None
         self.bus.hold = False
@@ -329,6 +332,8 @@ class Session:
                                        reason=cancel.reason)
         if self.not_restorable is not None and self.agent_side is None:   # for good
             raise SessionNotRestorableError(self.session_id, self.not_restorable)
+        if self.journal_stopped:   # never acknowledged unjournaled (it would be lost)
+            raise JournalUnavailableError("the server is stopping")
         limit = self.limit
         if limit is not None and len(self.pending) >= limit:
             self.observer.prompt_rejected()

@@ -124,6 +124,7 @@ MAX_PENDING_BYTES = 256 * 1024 * 1024
 CRITICAL = (SessionOpened, PromptAccepted)
 SESSION_NOTICE = "s"   # a commit's NOTIFY kind: a session's events or its end (``read_after``)
 MOVED = "session moved: another instance holds its lease"
+STOPPING = "the server is stopping"
 
 
 class StoreSessionJournal(SessionLeasing, SessionTrims, SessionWrites, SessionRefusals,
@@ -225,8 +226,8 @@ class StoreSessionJournal(SessionLeasing, SessionTrims, SessionWrites, SessionRe
         self._on_events = on_events
 
     def append(self, record: JournalRecord) -> int:
-        if self._closing:
-            return 0
+        if self._closing:   # a clean stop: nothing more is journaled, nor acknowledged
+            return self._refused_at_stop() if isinstance(record, CRITICAL) else 0
         wb = self._write_behind
         if wb is None:
             return self._push(record)
@@ -258,6 +259,15 @@ class StoreSessionJournal(SessionLeasing, SessionTrims, SessionWrites, SessionRe
             self._shed()
         return seq
 
+    def _refused_at_stop(self) -> int:
+        """A record somebody waits for (a session made, a prompt admitted) while the
+        stop ends the journal: its sequence number, failed (``wait`` raises
+        ``JournalUnavailableError``, its caller answers 503), never 0 (committed)."""
+        seq = self._next
+        self._next += 1
+        self._failed[seq] = STOPPING
+        return seq
+
     @property
     def appended(self) -> int:
         """The last record's sequence number: ``wait_through(appended)`` returns once
@@ -274,7 +284,7 @@ class StoreSessionJournal(SessionLeasing, SessionTrims, SessionWrites, SessionRe
             if seq <= self._durable_through or seq == 0:
                 return
             if self._stopped.is_set():
-                raise JournalUnavailableError("the server is stopping")
+                raise JournalUnavailableError(STOPPING)
             if fail_fast and self._failing:   # kept for the next attempt, not waited for
                 raise JournalUnavailableError("the store is unavailable; the record is "
                                               "committed once it is back")

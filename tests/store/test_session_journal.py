@@ -8,6 +8,7 @@ whole history after a ``kill -9``."""
 from __future__ import annotations
 
 import sqlite3
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import pytest
 from acp_server.rest.workspace import workspace_id
 from bridge import BridgeOptions
 from bridge.agents.reference import ReferenceAgentFactory
+from bridge.errors import JournalUnavailableError
 from tests.acp_http.wsclient import ws_connect
 from tests.agents.held import HeldAgent
 from tests.bridge.helpers import wait_until
@@ -503,3 +505,63 @@ async def test_a_turn_past_its_deadline_held_is_counted_once(
                          and bus.released_id == bus.last_event_id)
         status = (await client.get(f"/session/{sid}/status")).json()
         assert status["pendingPrompts"] == 0 and status["queuedPrompts"] == 0
+
+
+async def test_nothing_is_acknowledged_while_a_clean_stop_ends_the_journal(
+        tmp_path: Path, store_name: str) -> None:
+    """A prompt or a session made while the stop's last commit is in flight (the REST
+    door still serves) cannot be journaled any more: it is refused with a 503
+    ``store_unavailable`` (sent again after the restart), never a 202 or a 200 that the
+    next start knows nothing of."""
+    store = faulty(tmp_path)
+    gate, entered = threading.Event(), threading.Event()
+    armed = [False]
+    run_batch = store._run_batch
+
+    def slow_batch(index: int, batch: list[Any]) -> None:
+        if armed[0] and any(op.on_done is not None for op in batch):   # the journal's
+            armed[0] = False
+            entered.set()
+            gate.wait()   # the writer's thread: the commit in flight until the test opens
+        run_batch(index, batch)
+
+    store._run_batch = slow_batch
+    async with local_server(tmp_path, lmsp_store=store) as srv:
+        client = srv.client
+        sid = (await client.post("/session", json={"sessionScope": "thread"})
+               ).json()["sessionId"]
+        answers: dict[str, httpx.Response] = {}
+
+        async def post(name: str, path: str, body: dict[str, Any]) -> None:
+            answers[name] = await client.post(path, json=body)
+
+        try:
+            async with anyio.create_task_group() as tg:
+                armed[0] = True
+                tg.start_soon(post, "first", f"/session/{sid}/prompt", _prompt("first"))
+                await wait_until(entered.is_set)   # its commit is in flight, held
+                tg.start_soon(srv.bridge.aclose)   # the stop: waits for that commit
+                await wait_until(lambda: srv.bridge._closed)
+                await post("late", f"/session/{sid}/prompt", _prompt("late"))
+                await post("new", "/session", {"sessionScope": "thread"})
+                gate.set()
+        finally:
+            gate.set()
+        assert answers["first"].status_code == 202   # committed before the stop ended
+        for name in ("late", "new"):
+            assert answers[name].status_code == 503, (name, answers[name].status_code, answers[name].text)
+            assert answers[name].json()["code"] == "store_unavailable"
+
+
+async def test_a_session_whose_journal_a_stop_ended_admits_no_prompt(
+        tmp_path: Path, store_name: str) -> None:
+    """Between the journal's end and the session's close (the stop's next step), a
+    prompt is refused (``JournalUnavailableError``: 503), no slot taken, never admitted
+    unjournaled."""
+    async with local_server(tmp_path, lmsp_store=faulty(tmp_path)) as srv:
+        sid = (await srv.client.post("/session", json={"sessionScope": "thread"})
+               ).json()["sessionId"]
+        await srv.bridge._stop_journaling()   # the stop's first step, alone
+        with pytest.raises(JournalUnavailableError):
+            srv.bridge.send_prompt(sid, [{"type": "text", "text": "late"}])
+        assert srv.bridge.session_status(sid).pending_prompts == 0
