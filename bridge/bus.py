@@ -196,9 +196,10 @@ class EventBus:
     def earliest_available_id(self) -> int:
         return self._ring[0].id if self._ring else self._last_id + 1  # type: ignore[return-value]
 
-    def ring_events(self) -> list[Event]:
-        """The events the ring still holds that readers may see, oldest first."""
-        if self._released_id == self._last_id:
+    def ring_events(self, *, held: bool = False) -> list[Event]:
+        """The events the ring still holds that readers may see, oldest first (``held``:
+        those not committed yet too, every event published)."""
+        if held or self._released_id == self._last_id:
             return list(self._ring)
         return [event for event in self._ring if event.id <= self._released_id]  # type: ignore[operator]
 

@@ -138,8 +138,9 @@ async def spawn(bridge: Bridge, method: str, agent_name: str, *,
         session.seed = seed   # a reseeded branch's record keeps what it was made from
         parent = bridge._sessions.get(fork_of) if fork_of is not None else None
         session.display_name = parent.display_name if parent is not None else display_name
-        if parent is not None and bridge.journal.durable:   # what its agent side has
-            session.seed = seed_of(parent.seed, parent.bus.ring_events())
+        if parent is not None and bridge.journal.durable:   # what its agent side has:
+            # the parent's turns not committed yet too (its record commits after them)
+            session.seed = seed_of(parent.seed, parent.bus.ring_events(held=True))
         session.agent_result = result
         if seeded is not None:
             replay_closed(session, seeded)

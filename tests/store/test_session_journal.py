@@ -20,6 +20,7 @@ from acp_server.rest.workspace import workspace_id
 from bridge import BridgeOptions
 from bridge.agents.reference import ReferenceAgentFactory
 from bridge.errors import JournalUnavailableError
+from bridge.transcript import seed_of
 from tests.acp_http.wsclient import ws_connect
 from tests.agents.held import HeldAgent
 from tests.bridge.helpers import wait_until
@@ -565,3 +566,49 @@ async def test_a_session_whose_journal_a_stop_ended_admits_no_prompt(
         with pytest.raises(JournalUnavailableError):
             srv.bridge.send_prompt(sid, [{"type": "text", "text": "late"}])
         assert srv.bridge.session_status(sid).pending_prompts == 0
+
+
+async def test_a_branch_taken_as_its_parents_turn_commits_keeps_that_turn(
+        tmp_path: Path, store_name: str) -> None:
+    """A branch made while its parent's last turn has ended but is not committed yet
+    (held: its readers do not see it yet) keeps that turn in its seed, the conversation
+    it is restored with after a restart: its agent forked it with that turn, and the
+    branch's record commits after the turn's events."""
+    store, agent = faulty(tmp_path), HeldAgent()
+    gate, entered = threading.Event(), threading.Event()
+    armed = [False]
+    run_batch = store._run_batch
+
+    def slow_batch(index: int, batch: list[Any]) -> None:
+        if armed[0] and any(op.on_done is not None for op in batch):   # the journal's
+            armed[0] = False
+            entered.set()
+            gate.wait()
+        run_batch(index, batch)
+
+    store._run_batch = slow_batch
+    async with local_server(tmp_path, lmsp_store=store, agent_factory=agent) as srv:
+        client = srv.client
+        try:
+            sid, accepted, turn, bus = await _a_turn_held(srv, agent)
+            session = srv.bridge.get_session(sid)
+            armed[0] = True
+            turn.release()   # its reply and its end: the first in a commit held, the rest after
+            await wait_until(lambda: session.pending_count == 0)
+            await wait_until(entered.is_set)
+            assert bus.released_id < bus.last_event_id
+            branched: list[httpx.Response] = []
+
+            async def branch() -> None:
+                branched.append(await client.post(f"/session/{sid}/branch", json={}))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(branch)
+                await wait_until(lambda: len(srv.bridge.list_sessions()) == 2)
+                gate.set()
+        finally:
+            gate.set()
+        assert branched[0].status_code == 201, branched[0].text
+        fork = srv.bridge.get_session(branched[0].json()["sessionId"])
+        await wait_until(lambda: bus.released_id == bus.last_event_id)
+        assert fork.seed == seed_of(None, bus.ring_events())   # the parent's whole turn
