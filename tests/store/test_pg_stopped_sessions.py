@@ -18,7 +18,11 @@ really break, the writer really reconnects.
   ran through the outage and the prompt queued behind it end by themselves once it
   is back, a prompt accepted after that completes, and the reader, never
   reconnected, saw every event once, in order, ids without a gap, the same envelopes
-  a fresh read from 0 gets.
+  a fresh read from 0 gets. A prompt refused in the outage never reaches the agent
+  (its refusal is journaled: ``turn_error`` ``store_unavailable``).
+* PostgreSQL restarted and crashed under a load of prompts on three sessions (``slow``):
+  connections cut wherever they are, mid-batch or mid-COMMIT; the same promises,
+  every acknowledged prompt ending once, in order.
 
 Every wait is on a condition; each bound is only against a hang.
 """
@@ -30,6 +34,7 @@ from functools import partial
 import signal
 import time
 import urllib.parse
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -262,5 +267,83 @@ async def test_postgresql_stopped_and_started_again_under_a_running_server(
         for prompt_id in refused:   # refused: never run (or journaled as refused)
             assert terminals.get(prompt_id) in (None, "failed"), terminals
         _never_ran(whole, refused)
+        assert child.returncode is None
+    assert "Traceback" not in child.stderr_text()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])   # the server is a child process
+async def test_postgresql_restarted_and_crashed_under_a_session_load(
+        tmp_path: Path, own_cluster: Path) -> None:  # noqa: F811
+    """Prompts sent back to back to three sessions, a reader on each, while PostgreSQL
+    is restarted (``-m fast``) and crashed (``-m immediate``, then started) twice
+    each: connections cut mid-batch and mid-COMMIT, whenever they happen to be. Every
+    answer is a 202 or a 503 ``store_unavailable``; every prompt acknowledged ends
+    ``turn_complete``, once, in the order of its 202; each reader, on one stream
+    throughout, saw ids without a gap or a duplicate, the envelopes a read from 0
+    gets."""
+    url = os.environ["_ACP_OWN_PG"]
+    pg_port = urllib.parse.urlsplit(url).port
+    async with ServeProcess(tmp_path, *_flags(url)) as child:
+        client = child.client
+        readers = [Reader((await client.post("/session", json={"sessionScope": "thread"})
+                           ).json()["sessionId"], f"reader {n}") for n in range(3)]
+        accepted: dict[str, list[str]] = {r.session_id: [] for r in readers}
+        answers: Counter[tuple[int, str]] = Counter()
+        done = anyio.Event()
+
+        async def prompts(reader: Reader) -> None:   # at most 3 pending at once
+            sid, n = reader.session_id, 0
+            while not done.is_set():
+                n += 1
+                answer = await client.post(f"/session/{sid}/prompt",
+                                           json=_prompt(f"/chunks 20 load {n}"))
+                answers[answer.status_code, answer.json().get("code", "")] += 1
+                if answer.status_code == 202:
+                    accepted[sid].append(answer.json()["promptId"])
+                with anyio.fail_after(HANG_S):
+                    while len(accepted[sid]) >= 3 and not done.is_set() and not settled_in(
+                            reader.seen, accepted[sid][-3]):
+                        await anyio.sleep(0.01)
+                if answer.status_code != 202:
+                    await anyio.sleep(0.02)
+
+        async def more(count: int) -> None:
+            target = sum(map(len, accepted.values())) + count
+            with anyio.fail_after(HANG_S):
+                while sum(map(len, accepted.values())) < target:
+                    await anyio.sleep(0.01)
+
+        async with anyio.create_task_group() as tg:
+            for reader in readers:
+                tg.start_soon(reader.run, client)
+            async with anyio.create_task_group() as load:
+                for reader in readers:
+                    load.start_soon(prompts, reader)
+                for how in ("restart", "crash", "restart", "crash"):
+                    await more(12)
+                    await anyio.to_thread.run_sync(_pg, how, own_cluster)
+                    if how == "crash":
+                        await anyio.to_thread.run_sync(_pg, "start", own_cluster, pg_port)
+                await more(12)   # accepted again after the last one
+                done.set()
+            for reader in readers:
+                sid = reader.session_id
+                await reader.wait_for(lambda seen, sid=sid: all(
+                    settled_in(seen, p) for p in accepted[sid]), "every prompt's end")
+                reader.stop()
+        assert set(answers) <= {(202, ""), (503, "store_unavailable")}, answers
+        for reader in readers:
+            sid, shown = reader.session_id, _shown(reader)
+            assert reader.statuses == [200]
+            assert _ids(shown) == list(range(1, len(shown) + 1))
+            assert "state_resync_required" not in [e["type"] for e in reader.seen]
+            ends = [e for e in shown if e["type"] in ("turn_complete", "turn_error")
+                    and e.get("promptId") in accepted[sid]]
+            assert [(e["type"], e["promptId"]) for e in ends] == [
+                ("turn_complete", p) for p in accepted[sid]]
+            whole = await read_events(client, sid, _is("turn_complete", accepted[sid][-1]),
+                                      last_event_id=0, timeout=HANG_S)
+            assert [e for e in whole if e.get("id") is not None] == shown[:len(_ids(whole))]
         assert child.returncode is None
     assert "Traceback" not in child.stderr_text()
