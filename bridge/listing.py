@@ -2,6 +2,7 @@
 
     bridge.session_status(session_id)         # SessionStatus, or SessionNotFoundError
     bridge.published_event_id(session_id)     # its last event id, committed or not
+    bridge.settled_pending(session_id)        # its ended turns the status counts until committed
     bridge.list_sessions()                    # this bridge's live sessions, creation order
     await bridge.list_all_sessions()          # and, with several instances, the others'
     bridge.stats()                            # BridgeStats: what /daemon/status counts
@@ -22,6 +23,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from bridge.errors import JournalUnavailableError
+from bridge.session_views import held_turns
 from bridge.status import BridgeStats, SessionStatus
 
 if TYPE_CHECKING:
@@ -65,6 +67,12 @@ class ListingAPI:
 
     def session_status(self, session_id: str) -> SessionStatus:
         return self._status(self.get_session(session_id))
+
+    def settled_pending(self, session_id: str) -> int:
+        """The session's prompts that ended whose ends are not committed yet: counted
+        pending by ``session_status`` (as its readers see them) until they are."""
+        held = held_turns(self.get_session(session_id))
+        return len(held) if held is not None else 0
 
     def published_event_id(self, session_id: str) -> int:
         """The session's last event id published, committed or not (``session_status``

@@ -146,13 +146,18 @@ class HandOffs:
                 self._answers.pop(sid, None)
 
     # -- the owner -----------------------------------------------------------------------
-    def idle(self, sid: str) -> bool:
-        """Live here with no prompt running or queued and no question pending."""
+    def idle(self, sid: str, *, committed: bool = True) -> bool:
+        """Live here with no prompt running or queued and no question pending;
+        ``committed``: nor a turn whose end is not committed yet (ended in memory: the
+        status still counts it, ``Bridge.settled_pending``)."""
         if not self.bridge.has_session(sid):
             return False
         status = self.bridge.session_status(sid)
+        pending = status.pending_prompts
+        if not committed:
+            pending -= self.bridge.settled_pending(sid)
         # an elicitation is asked within a prompt's turn: a pending prompt covers it
-        return status.pending_prompts == 0 and status.pending_permissions == 0
+        return pending == 0 and status.pending_permissions == 0
 
     async def answer(self, sid: str, asker: str) -> None:
         """Let ``sid`` go to ``asker`` when idle, else answer busy (never raises)."""
@@ -170,7 +175,9 @@ class HandOffs:
         if token == LOST or not self.bridge.has_session(sid):
             return None
         for _ in range(3):   # what it journaled so far committed, and still idle
-            if not self.idle(sid):
+            # (a turn ended whose end is not committed yet is idle once that lands: the
+            # status counts it running until then, as its readers see it)
+            if not self.idle(sid, committed=False):
                 return False
             seq = journal.appended
             with anyio.move_on_after(self.wait_s) as waiting:

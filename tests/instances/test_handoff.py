@@ -8,15 +8,19 @@ the session causes no hand-off (nor, once the lease expired, an adoption)."""
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import anyio
 import pytest
 
 from bridge.agents.stdio import StdioAgentFactory
 from tests.agents import ROOT, fixture_command
+from tests.agents.held import HeldAgent
+from tests.bridge.helpers import wait_until
 from tests.acp_http.wsclient import ws_connect
 from tests.harness.local import LocalServer
 from tests.instances.test_forward_adopt import _pair
@@ -202,3 +206,62 @@ async def test_a_rest_caller_who_may_not_see_the_session_causes_no_adoption(
         mine = await b.client.get(f"/session/{sid}/status", headers=bearer(alpha))
         assert mine.status_code == 200, mine.text
         assert b.bridge.has_session(sid) and b.server.fleet.stats.adoptions == 1
+
+
+async def test_a_session_whose_last_turn_commits_is_handed_over_once_committed(
+        tmp_path: Path) -> None:
+    """Asked as its last turn has ended but is not committed yet (its status still
+    says running, as its readers see it): the owner waits for that commit, as for
+    anything else it journaled, and lets the session go, not answers busy."""
+    now = [0.0]
+    agent = HeldAgent()
+    async with _pair(tmp_path, now, agent_factory=agent) as (a, b):
+        sid = await _session(a.client)
+        accepted = await a.client.post(f"/session/{sid}/prompt", json=_prompt("x"))
+        assert accepted.status_code == 202
+        turn = await agent.arrived(1)
+        session = a.bridge.get_session(sid)
+        bus = session.bus
+        await wait_until(lambda: bus.released_id == bus.last_event_id)
+        handoffs, journal = a.server.fleet.handoffs, a.server.fleet.journal
+        store = journal.store
+        gate, entered = threading.Event(), threading.Event()
+        armed = [True]
+        run_batch = store._run_batch
+
+        def slow_batch(index: int, batch: list[Any]) -> None:
+            if armed[0] and any(op.on_done is not None for op in batch):   # the journal's
+                armed[0] = False
+                entered.set()
+                gate.wait()
+            run_batch(index, batch)
+
+        store._run_batch = slow_batch
+        waiting = anyio.Event()
+        wait_through = journal.wait_through
+
+        async def wait_through_seen(seq: int, **kwargs: Any) -> None:
+            waiting.set()
+            await wait_through(seq, **kwargs)
+
+        journal.wait_through = wait_through_seen
+        given: list[bool | None] = []
+
+        async def let_go() -> None:
+            given.append(await handoffs._let_go(sid, b.server.fleet.handoffs.instance))
+
+        try:
+            turn.release()   # its reply and its end: held until the gate opens
+            await wait_until(lambda: session.pending_count == 0 and entered.is_set())
+            shown = a.bridge.session_status(sid).pending_prompts   # as readers see it
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(let_go)
+                await wait_until(lambda: bool(given) or waiting.is_set())
+                early = list(given)   # answered before the commit landed
+                gate.set()
+        finally:
+            gate.set()
+        moved = not a.bridge.has_session(sid)
+    assert shown == 1
+    assert early == [], "answered busy without waiting for the commit"
+    assert given == [True] and moved
