@@ -29,7 +29,9 @@ Contracts:
   A session closed or deleted ends the streams (after what was committed), as on the
   owner; so does a new epoch (an adoption that found a gap): the client resumes and
   gets ``state_resync_required``. A store outage keeps the streams open and silent
-  until it heals. Only committed events are read: with ``--session-write-behind`` a
+  until it heals. A clean stop (the journal closing) ends them, and starts no new one
+  (``JournalUnavailableError``): the readers resume by cursor, here after the restart
+  or on another instance. Only committed events are read: with ``--session-write-behind`` a
   reader here sees an event once it is committed.
 """
 
@@ -185,15 +187,18 @@ class JournalReplicas:
         self._listing = anyio.Lock()
 
     async def run(self) -> None:
-        """Own the tails until cancelled (the server's task group)."""
+        """Own the tails until cancelled (the server's task group) or the journal
+        closes (a clean stop: the streams end after what they were given, as the
+        sessions run here do, and no new one starts)."""
         async with anyio.create_task_group() as tg:
             self._tg = tg
             try:
-                await anyio.sleep_forever()
+                await self.journal.closing.wait()
             finally:
                 self._tg = None
                 for tail in list(self._tails.values()):
                     tail.bus.close()
+                tg.cancel_scope.cancel()   # the tails' reads of the store
 
     @property
     def followed(self) -> Container[str]:

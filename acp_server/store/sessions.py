@@ -186,6 +186,7 @@ class StoreSessionJournal(SessionLeasing, SessionTrims, SessionWrites, SessionRe
         self._wake = anyio.Event()
         self._flushed = anyio.Event()
         self._closing = False
+        self.closing = anyio.Event()   # set as ``aclose`` begins (the stop): nothing more
         self._stopped = anyio.Event()
         self._tg: anyio.abc.TaskGroup | None = None
 
@@ -217,6 +218,7 @@ class StoreSessionJournal(SessionLeasing, SessionTrims, SessionWrites, SessionRe
         """Commit what is queued (one last attempt), then write nothing more."""
         if not self._closing:
             self._closing = True
+            self.closing.set()
             self._kick()
             self._wake.set()
         await self._stopped.wait()

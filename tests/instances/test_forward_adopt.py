@@ -469,3 +469,38 @@ async def test_a_setter_goes_to_the_owner(tmp_path: Path) -> None:
                                  last_event_id=0)
         assert seen[-1]["data"] == {"sessionId": sid, "previous": "default", "next": "plan",
                                     "persisted": False}
+
+
+async def test_a_clean_stop_ends_the_streams_read_from_the_journal(tmp_path: Path) -> None:
+    """B's drain ends B's readers of a session A runs (served from the journal) as it
+    ends those of its own sessions, after what they were given, and opens no new one:
+    they resume by cursor, not held open until the HTTP server's grace runs out and
+    cut."""
+    now = [0.0]
+    async with _pair(tmp_path, now) as (a, b):
+        sid = await _session(a.client)
+        pid = (await a.client.post(f"/session/{sid}/prompt", json=_prompt("/chunks 2 x"))
+               ).json()["promptId"]
+        await read_events(a.client, sid, _is("turn_complete", pid), last_event_id=0)
+        ids: list[int] = []
+        ended = anyio.Event()
+
+        async def read() -> None:
+            async with b.client.stream("GET", f"/session/{sid}/events",
+                                       headers={"Last-Event-ID": "0"}) as response:
+                assert response.status_code == 200
+                async for line in response.aiter_lines():
+                    if line.startswith("id: "):
+                        ids.append(int(line[4:]))
+            ended.set()
+
+        last = a.bridge.session_status(sid).last_event_id
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(read)
+            await wait_until(lambda: bool(ids) and ids[-1] == last)
+            await b.server.drain()
+            with anyio.fail_after(10):   # a hang bound: the stream ends at once
+                await ended.wait()
+        assert ids == list(range(1, last + 1))
+        late = await b.client.get(f"/session/{sid}/events", headers={"Last-Event-ID": "0"})
+        assert late.status_code == 503, late.text
