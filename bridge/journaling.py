@@ -170,6 +170,9 @@ class Journaling:
         except BaseException:
             self._drop_session(session)
             self._held.pop((session.session_id, session.bus.epoch), None)
+            # no commit will release what it holds now: dropped, and the streams of
+            # readers that came meanwhile (a load's id is known) end after what they had
+            session.bus.abandon()
             self._record_end(session, deleted=not loaded)
             self._tasks().start_soon(self._close_at_agent, session, False)
             raise

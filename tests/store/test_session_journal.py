@@ -20,6 +20,7 @@ from acp_server.rest.workspace import workspace_id
 from bridge import BridgeOptions
 from bridge.agents.reference import ReferenceAgentFactory
 from bridge.errors import JournalUnavailableError
+from bridge.journal import EventsReset
 from bridge.transcript import seed_of
 from tests.acp_http.wsclient import ws_connect
 from tests.agents.held import HeldAgent
@@ -612,3 +613,73 @@ async def test_a_branch_taken_as_its_parents_turn_commits_keeps_that_turn(
         fork = srv.bridge.get_session(branched[0].json()["sessionId"])
         await wait_until(lambda: bus.released_id == bus.last_event_id)
         assert fork.seed == seed_of(None, bus.ring_events())   # the parent's whole turn
+
+
+async def test_a_load_undone_ends_its_readers_streams(tmp_path: Path,
+                                                      store_name: str) -> None:
+    """A load of a closed session whose record fails to commit is undone (503): a
+    reader that subscribed meanwhile sees nothing uncommitted (the closed life's
+    conversation the load published again, held) and its stream ends, not left open
+    on a bus no commit will ever release."""
+    store = faulty(tmp_path)
+    gate, entered = threading.Event(), threading.Event()
+    armed = [False]
+    run_batch = store._run_batch
+
+    def slow_batch(index: int, batch: list[Any]) -> None:
+        # the load's first commit: its new life's events reset (the journal's batch)
+        if armed[0] and any(isinstance(record, EventsReset)
+                            for _, record in journal[0]._batch):
+            armed[0] = False
+            entered.set()
+            gate.wait()
+        run_batch(index, batch)
+
+    store._run_batch = slow_batch
+    journal: list[Any] = []
+    async with local_server(tmp_path, lmsp_store=store) as srv:
+        journal.append(srv.bridge.journal)
+        client = srv.client
+        sid = (await client.post("/session", json={"sessionScope": "thread"})
+               ).json()["sessionId"]
+        accepted = await client.post(f"/session/{sid}/prompt", json=_prompt("hello"))
+        await _settled(client, sid, accepted.json()["promptId"])
+        await srv.bridge.close_session(sid, reason="idle_timeout")   # closed, kept
+        loaded: list[httpx.Response] = []
+        lines: list[str] = []
+        ended = anyio.Event()
+
+        async def load() -> None:
+            loaded.append(await client.post(f"/session/{sid}/load", json={}))
+
+        async def read() -> None:
+            async with client.stream("GET", f"/session/{sid}/events", timeout=None,
+                                     headers={"Last-Event-ID": "0"}) as response:
+                lines.append(str(response.status_code))
+                async for line in response.aiter_lines():
+                    lines.append(line)
+            ended.set()
+
+        try:
+            async with anyio.create_task_group() as tg:
+                armed[0] = True
+                tg.start_soon(load)
+                await wait_until(lambda: entered.is_set() and srv.bridge.has_session(sid))
+                session = srv.bridge.get_session(sid)
+                tg.start_soon(read)
+                await wait_until(lambda: session.bus.subscriber_count == 1)
+                held = session.bus.last_event_id > session.bus.released_id
+                store.faults.on()
+                gate.set()   # the load's commits fail: the session is undone
+                await wait_until(lambda: bool(loaded))
+                with anyio.move_on_after(10):   # a hang bound
+                    await ended.wait()
+                hung = not ended.is_set()
+                tg.cancel_scope.cancel()
+        finally:
+            gate.set()
+            store.faults.off()
+    assert loaded[0].status_code == 503, loaded[0].text
+    assert held   # (what makes the case: events the journal holds)
+    assert not hung, lines
+    assert not [line for line in lines if line.startswith("id: ")]
