@@ -53,6 +53,9 @@ class IdleBridge:
     def session_status(self, sid: str) -> Any:
         return SimpleNamespace(pending_prompts=0, pending_permissions=0)
 
+    def settled_pending(self, sid: str) -> int:
+        return 0
+
     def sessions_moved(self, sids: list[str]) -> None:
         self.moved += sids
 
