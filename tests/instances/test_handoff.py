@@ -8,7 +8,6 @@ the session causes no hand-off (nor, once the lease expired, an adoption)."""
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from tests.harness.local import LocalServer
 from tests.instances.test_forward_adopt import _pair
 from tests.instances.test_leases import _session
 from tests.principals.helpers import bearer, mint
+from tests.store.faults import CommitHold
 from tests.store.test_session_restart import _is, _prompt, read_events
 
 pytestmark = pytest.mark.anyio
@@ -225,18 +225,8 @@ async def test_a_session_whose_last_turn_commits_is_handed_over_once_committed(
         await wait_until(lambda: bus.released_id == bus.last_event_id)
         handoffs, journal = a.server.fleet.handoffs, a.server.fleet.journal
         store = journal.store
-        gate, entered = threading.Event(), threading.Event()
-        armed = [True]
-        run_batch = store._run_batch
-
-        def slow_batch(index: int, batch: list[Any]) -> None:
-            if armed[0] and any(op.on_done is not None for op in batch):   # the journal's
-                armed[0] = False
-                entered.set()
-                gate.wait()
-            run_batch(index, batch)
-
-        store._run_batch = slow_batch
+        hold = CommitHold(store)   # the journal's next commit
+        hold.arm()
         waiting = anyio.Event()
         wait_through = journal.wait_through
 
@@ -251,16 +241,16 @@ async def test_a_session_whose_last_turn_commits_is_handed_over_once_committed(
             given.append(await handoffs._let_go(sid, b.server.fleet.handoffs.instance))
 
         try:
-            turn.release()   # its reply and its end: held until the gate opens
-            await wait_until(lambda: session.pending_count == 0 and entered.is_set())
+            turn.release()   # its reply and its end: held until the hold is released
+            await wait_until(lambda: session.pending_count == 0 and hold.entered.is_set())
             shown = a.bridge.session_status(sid).pending_prompts   # as readers see it
             async with anyio.create_task_group() as tg:
                 tg.start_soon(let_go)
                 await wait_until(lambda: bool(given) or waiting.is_set())
                 early = list(given)   # answered before the commit landed
-                gate.set()
+                hold.release()
         finally:
-            gate.set()
+            hold.release()
         moved = not a.bridge.has_session(sid)
     assert shown == 1
     assert early == [], "answered busy without waiting for the commit"

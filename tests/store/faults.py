@@ -12,6 +12,8 @@
     gate = store.faults.hold_at("succeeded")  # that move waits (a slow commit) until
     await store.faults.holding.wait()         # the test opens the gate: the task stays
     gate.set()                                # 'running' as long as the test needs it
+    hold = CommitHold(store)                  # any store: the next journal batch armed
+    hold.arm(); ...; await wait_until(hold.entered.is_set); ...; hold.release()
 
 The failure is the engine's own exception type raised where the engine raises it (a
 write batch, a read), so the store's classification, health and the doors' 503 are
@@ -25,6 +27,7 @@ nothing is refused.
 from __future__ import annotations
 
 import sqlite3
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -73,6 +76,39 @@ class Faults:
 
     def off(self) -> None:
         self.active = False
+
+
+def journal_batch(batch: list[Any]) -> bool:
+    """A write batch the session journal waits on (its ops report their outcome)."""
+    return any(op.on_done is not None for op in batch)
+
+
+class CommitHold:
+    """A commit in flight for as long as the test wants: once armed, the next write
+    batch of ``store`` for which ``when(batch)`` is true (called in the writer's thread;
+    by default the session journal's) waits in the writer's thread, ``entered`` set,
+    until ``release``. Nothing is refused; the batch then runs as it would have."""
+
+    def __init__(self, store: Any, when: Callable[[list[Any]], bool] = journal_batch
+                 ) -> None:
+        self.gate, self.entered = threading.Event(), threading.Event()
+        self.armed = False
+        run_batch = store._run_batch
+
+        def held(index: int, batch: list[Any]) -> None:
+            if self.armed and when(batch):
+                self.armed = False
+                self.entered.set()
+                self.gate.wait()
+            run_batch(index, batch)
+
+        store._run_batch = held
+
+    def arm(self) -> None:
+        self.armed = True
+
+    def release(self) -> None:
+        self.gate.set()
 
 
 class _Faulty:

@@ -8,7 +8,6 @@ whole history after a ``kill -9``."""
 from __future__ import annotations
 
 import sqlite3
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,7 @@ from tests.agents.held import HeldAgent
 from tests.bridge.helpers import wait_until
 from tests.harness import ServeProcess, local_server
 from tests.lmsp import stores
-from tests.store.faults import faulty
+from tests.store.faults import CommitHold, faulty
 from tests.store.segment_rows import rewrite_event
 from tests.store.test_session_restart import _flags, _is, _prompt, read_events
 
@@ -516,18 +515,7 @@ async def test_nothing_is_acknowledged_while_a_clean_stop_ends_the_journal(
     ``store_unavailable`` (sent again after the restart), never a 202 or a 200 that the
     next start knows nothing of."""
     store = faulty(tmp_path)
-    gate, entered = threading.Event(), threading.Event()
-    armed = [False]
-    run_batch = store._run_batch
-
-    def slow_batch(index: int, batch: list[Any]) -> None:
-        if armed[0] and any(op.on_done is not None for op in batch):   # the journal's
-            armed[0] = False
-            entered.set()
-            gate.wait()   # the writer's thread: the commit in flight until the test opens
-        run_batch(index, batch)
-
-    store._run_batch = slow_batch
+    hold = CommitHold(store)   # the journal's commit in flight until the test releases it
     async with local_server(tmp_path, lmsp_store=store) as srv:
         client = srv.client
         sid = (await client.post("/session", json={"sessionScope": "thread"})
@@ -539,16 +527,16 @@ async def test_nothing_is_acknowledged_while_a_clean_stop_ends_the_journal(
 
         try:
             async with anyio.create_task_group() as tg:
-                armed[0] = True
+                hold.arm()
                 tg.start_soon(post, "first", f"/session/{sid}/prompt", _prompt("first"))
-                await wait_until(entered.is_set)   # its commit is in flight, held
+                await wait_until(hold.entered.is_set)   # its commit is in flight, held
                 tg.start_soon(srv.bridge.aclose)   # the stop: waits for that commit
                 await wait_until(lambda: srv.bridge._closed)
                 await post("late", f"/session/{sid}/prompt", _prompt("late"))
                 await post("new", "/session", {"sessionScope": "thread"})
-                gate.set()
+                hold.release()
         finally:
-            gate.set()
+            hold.release()
         assert answers["first"].status_code == 202   # committed before the stop ended
         for name in ("late", "new"):
             assert answers[name].status_code == 503, (name, answers[name].status_code, answers[name].text)
@@ -576,27 +564,16 @@ async def test_a_branch_taken_as_its_parents_turn_commits_keeps_that_turn(
     it is restored with after a restart: its agent forked it with that turn, and the
     branch's record commits after the turn's events."""
     store, agent = faulty(tmp_path), HeldAgent()
-    gate, entered = threading.Event(), threading.Event()
-    armed = [False]
-    run_batch = store._run_batch
-
-    def slow_batch(index: int, batch: list[Any]) -> None:
-        if armed[0] and any(op.on_done is not None for op in batch):   # the journal's
-            armed[0] = False
-            entered.set()
-            gate.wait()
-        run_batch(index, batch)
-
-    store._run_batch = slow_batch
+    hold = CommitHold(store)
     async with local_server(tmp_path, lmsp_store=store, agent_factory=agent) as srv:
         client = srv.client
         try:
             sid, accepted, turn, bus = await _a_turn_held(srv, agent)
             session = srv.bridge.get_session(sid)
-            armed[0] = True
+            hold.arm()
             turn.release()   # its reply and its end: the first in a commit held, the rest after
             await wait_until(lambda: session.pending_count == 0)
-            await wait_until(entered.is_set)
+            await wait_until(hold.entered.is_set)
             assert bus.released_id < bus.last_event_id
             branched: list[httpx.Response] = []
 
@@ -606,9 +583,9 @@ async def test_a_branch_taken_as_its_parents_turn_commits_keeps_that_turn(
             async with anyio.create_task_group() as tg:
                 tg.start_soon(branch)
                 await wait_until(lambda: len(srv.bridge.list_sessions()) == 2)
-                gate.set()
+                hold.release()
         finally:
-            gate.set()
+            hold.release()
         assert branched[0].status_code == 201, branched[0].text
         fork = srv.bridge.get_session(branched[0].json()["sessionId"])
         await wait_until(lambda: bus.released_id == bus.last_event_id)
@@ -622,21 +599,10 @@ async def test_a_load_undone_ends_its_readers_streams(tmp_path: Path,
     conversation the load published again, held) and its stream ends, not left open
     on a bus no commit will ever release."""
     store = faulty(tmp_path)
-    gate, entered = threading.Event(), threading.Event()
-    armed = [False]
-    run_batch = store._run_batch
-
-    def slow_batch(index: int, batch: list[Any]) -> None:
-        # the load's first commit: its new life's events reset (the journal's batch)
-        if armed[0] and any(isinstance(record, EventsReset)
-                            for _, record in journal[0]._batch):
-            armed[0] = False
-            entered.set()
-            gate.wait()
-        run_batch(index, batch)
-
-    store._run_batch = slow_batch
     journal: list[Any] = []
+    # the load's first commit: its new life's events reset (the journal's batch)
+    hold = CommitHold(store, lambda batch: any(isinstance(record, EventsReset)
+                                               for _, record in journal[0]._batch))
     async with local_server(tmp_path, lmsp_store=store) as srv:
         journal.append(srv.bridge.journal)
         client = srv.client
@@ -662,22 +628,22 @@ async def test_a_load_undone_ends_its_readers_streams(tmp_path: Path,
 
         try:
             async with anyio.create_task_group() as tg:
-                armed[0] = True
+                hold.arm()
                 tg.start_soon(load)
-                await wait_until(lambda: entered.is_set() and srv.bridge.has_session(sid))
+                await wait_until(lambda: hold.entered.is_set() and srv.bridge.has_session(sid))
                 session = srv.bridge.get_session(sid)
                 tg.start_soon(read)
                 await wait_until(lambda: session.bus.subscriber_count == 1)
                 held = session.bus.last_event_id > session.bus.released_id
                 store.faults.on()
-                gate.set()   # the load's commits fail: the session is undone
+                hold.release()   # the load's commits fail: the session is undone
                 await wait_until(lambda: bool(loaded))
                 with anyio.move_on_after(10):   # a hang bound
                     await ended.wait()
                 hung = not ended.is_set()
                 tg.cancel_scope.cancel()
         finally:
-            gate.set()
+            hold.release()
             store.faults.off()
     assert loaded[0].status_code == 503, loaded[0].text
     assert held   # (what makes the case: events the journal holds)
