@@ -394,10 +394,13 @@ class InvalidDeadlineError(BridgeError, ValueError):
         self.deadline_ms = deadline_ms
 
 
+STOPPING = "the server is stopping"   # a JournalUnavailableError's reason at a clean stop
+
+
 class JournalUnavailableError(BridgeError):
-    """The session journal could not commit (the store is down, the disk full): the
-    request that needed the commit is refused (each door's 503); nothing was
-    acknowledged."""
+    """The session journal could not commit (the store is down, the disk full, the
+    server stopping: ``STOPPING``): the request that needed the commit is refused (each
+    door's 503); nothing was acknowledged."""
 
     code = "store_unavailable"
 

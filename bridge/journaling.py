@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from bridge.bus import EventBus
-from bridge.errors import JournalUnavailableError
+from bridge.errors import STOPPING, JournalUnavailableError
 from bridge.journal import EventsReset, SessionEnded, SessionJournal, SessionOpened, storable
 from bridge.pending import display_name
 
@@ -165,7 +165,7 @@ class Journaling:
         retention) marked closed, so a kept session is not deleted with the undo."""
         try:
             if seq is None:   # made as a clean stop ends the journal: never journaled
-                raise JournalUnavailableError("the server is stopping")
+                raise JournalUnavailableError(STOPPING)
             await self.journal.wait(seq)
         except BaseException:
             self._drop_session(session)

@@ -38,6 +38,7 @@ from bridge import events as ev
 from bridge.bus import EventBus
 from bridge.cancel import CancelToken
 from bridge.errors import (
+    STOPPING,
     AgentError,
     JournalUnavailableError,
     PromptCancelledError,
@@ -333,7 +334,7 @@ class Session:
         if self.not_restorable is not None and self.agent_side is None:   # for good
             raise SessionNotRestorableError(self.session_id, self.not_restorable)
         if self.journal_stopped:   # never acknowledged unjournaled (it would be lost)
-            raise JournalUnavailableError("the server is stopping")
+            raise JournalUnavailableError(STOPPING)
         limit = self.limit
         if limit is not None and len(self.pending) >= limit:
             self.observer.prompt_rejected()

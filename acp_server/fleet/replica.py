@@ -48,7 +48,7 @@ import msgspec
 from acp_server.store.sessions import StoreSessionJournal
 from bridge import Bridge, EventBus, Subscription
 from bridge import events as ev
-from bridge.errors import JournalUnavailableError, SessionNotFoundError
+from bridge.errors import STOPPING, JournalUnavailableError, SessionNotFoundError
 from bridge.history import history_of
 from bridge.ids import uuid4_str
 from bridge.journal import RestoredSession
@@ -268,7 +268,7 @@ class JournalReplicas:
         tail = self._tails.get(sid)
         if tail is None:
             if self._tg is None:
-                raise JournalUnavailableError("the server is stopping")
+                raise JournalUnavailableError(STOPPING)
             tail = self._tails[sid] = _Tail(self._bus(view.found))
             self._tg.start_soon(self._follow, sid, tail)
         else:   # the view may be newer than the tail: a cursor from it is not ahead

@@ -101,7 +101,7 @@ from acp_server.store.session_trims import (  # noqa: F401 - TRIM_TERMINALS_EVER
 from acp_server.store.session_writes import CommitPlan, Record, SessionWrites
 from acp_server.store.write_behind import Marker, WriteBehind
 from acp_server.store.writer import Op
-from bridge.errors import JournalUnavailableError, SessionMovedError
+from bridge.errors import STOPPING, JournalUnavailableError, SessionMovedError
 from bridge.journal import (
     EventRecord,
     EventsReset,
@@ -124,7 +124,6 @@ MAX_PENDING_BYTES = 256 * 1024 * 1024
 CRITICAL = (SessionOpened, PromptAccepted)
 SESSION_NOTICE = "s"   # a commit's NOTIFY kind: a session's events or its end (``read_after``)
 MOVED = "session moved: another instance holds its lease"
-STOPPING = "the server is stopping"
 
 
 class StoreSessionJournal(SessionLeasing, SessionTrims, SessionWrites, SessionRefusals,
