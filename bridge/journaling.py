@@ -57,7 +57,7 @@ class Journaling:
     _restoring: dict[str, anyio.Event]   # cold loads (and deletions of closed ones) by id
     _closed_terminals: dict[str, Any]
     _closed_owners: dict[str, str]
-    unjournaled_origins: Any
+    unjournaled_origins: frozenset[str]   # origins whose sessions are not journaled (Bridge)
     moved_sessions = 0   # sessions another instance took over from this one
 
     def _forget(self, session: Session) -> None:
